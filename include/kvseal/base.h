@@ -1,0 +1,221 @@
+/* base.h — errors, logging, assertions, clocks, aligned memory, the thread
+ * pool, CPU feature detection and the tensor element-type table.
+ *
+ * Everything here is model- and network-agnostic (DESIGN.md, module `base`).
+ * One ks_err enum for the whole project; details travel in a ks_errbuf owned
+ * by the caller, never in a global (STYLE.md section 4). */
+#ifndef KS_BASE_H
+#define KS_BASE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+// ----------------------------------------------------------------------------
+// Errors
+
+#define KS_ERR_MAP(XX)                                                         \
+    XX(NOMEM, "out of memory")                                                 \
+    XX(IO, "i/o error")                                                        \
+    XX(FORMAT, "malformed input")                                              \
+    XX(UNSUPPORTED, "unsupported")                                             \
+    XX(INVAL, "invalid argument")                                              \
+    XX(NOSPACE, "kv cache full")                                               \
+    XX(TIMEOUT, "timed out")                                                   \
+    XX(PROTO, "protocol error")                                                \
+    XX(PEER_CLOSED, "peer closed the connection")                              \
+    XX(CANCELLED, "cancelled")                                                 \
+    XX(AGAIN, "try again")                                                     \
+    XX(INTERNAL, "internal error")
+
+typedef enum ks_err {
+    KS_OK = 0,
+#define KS__ERR_ENUM(name, msg) KS_ERR_##name,
+    KS_ERR_MAP(KS__ERR_ENUM)
+#undef KS__ERR_ENUM
+    KS_ERR__COUNT
+} ks_err;
+
+#define KS_MUST_USE __attribute__((warn_unused_result))
+
+/* Returns the enum name ("KS_ERR_FORMAT"); never NULL, static storage. */
+const char *ks_err_name(ks_err e);
+/* Returns a short English description; never NULL, static storage. */
+const char *ks_strerror(ks_err e);
+
+#define KS_ERRMSG_CAP 512
+
+/* Caller-owned error detail: the code and a message naming what was wrong.
+ * Any function taking a ks_errbuf * accepts NULL (details are dropped). */
+typedef struct ks_errbuf {
+    ks_err code;              /* public */
+    char msg[KS_ERRMSG_CAP];  /* public: NUL-terminated, "" when code is KS_OK */
+} ks_errbuf;
+
+/* Fills eb (if non-NULL) with code and a printf-formatted message; returns code
+ * so callers can write `return ks_seterr(eb, KS_ERR_FORMAT, ...)`. */
+ks_err ks_seterr(ks_errbuf *eb, ks_err code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Clears eb to KS_OK and an empty message. eb may be NULL. */
+void ks_errbuf_clear(ks_errbuf *eb);
+
+/* Aborts after printing file:line and the failed expression. Stays on in
+ * release builds: use it for programmer errors, never for bad input. */
+#define KS_ASSERT(x)                                                           \
+    do {                                                                       \
+        if (!(x)) ks__assert_fail(__FILE__, __LINE__, #x);                     \
+    } while (0)
+_Noreturn void ks__assert_fail(const char *file, int line, const char *expr);
+
+// ----------------------------------------------------------------------------
+// Logging (stderr only: stdout belongs to the tools' real output)
+
+typedef enum ks_log_level {
+    KS_LOG_DEBUG = 0,
+    KS_LOG_INFO = 1,
+    KS_LOG_WARN = 2,
+    KS_LOG_ERROR = 3,
+    KS_LOG_OFF = 4,
+} ks_log_level;
+
+/* Sets the minimum level written; thread-safe (atomic). Default KS_LOG_INFO,
+ * or the value of KS_LOG=debug|info|warn|error|off read by ks_log_init_env. */
+void ks_log_set_level(ks_log_level lvl);
+/* Reads the KS_LOG environment variable once; can't fail. */
+void ks_log_init_env(void);
+/* Writes one line "kvseal LEVEL: message" to stderr; thread-safe. */
+void ks_log(ks_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// ----------------------------------------------------------------------------
+// Clocks and memory
+
+/* Monotonic clock in nanoseconds; can't fail. */
+uint64_t ks_now_ns(void);
+
+/* 64-byte aligned allocation of n bytes (n may be 0); NULL on failure.
+ * Free with ks_free_aligned. */
+void *ks_alloc_aligned(size_t n);
+/* Frees memory from ks_alloc_aligned; accepts NULL. */
+void ks_free_aligned(void *p);
+
+/* a*b with overflow detection: returns false (and leaves *out unchanged) on
+ * overflow. */
+static inline bool ks_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
+    uint64_t r;
+    if (__builtin_mul_overflow(a, b, &r)) return false;
+    *out = r;
+    return true;
+}
+/* a+b with overflow detection, as ks_mul_ok. */
+static inline bool ks_add_ok(uint64_t a, uint64_t b, uint64_t *out) {
+    uint64_t r;
+    if (__builtin_add_overflow(a, b, &r)) return false;
+    *out = r;
+    return true;
+}
+
+// ----------------------------------------------------------------------------
+// Thread pool: persistent workers woken once per op (ggml's ith/nth split).
+
+typedef struct ks_pool ks_pool;
+
+/* One parallel task: called once on each of nth threads with ith in [0,nth).
+ * It must split its work by (ith, nth) and take no locks. */
+typedef void (*ks_pool_fn)(void *arg, int ith, int nth);
+
+/* Starts n_threads-1 workers (the caller is thread 0). n_threads >= 1.
+ * Returns NULL on failure (threads or memory). Owned by the caller. */
+ks_pool *ks_pool_create(int n_threads);
+/* Runs fn on every thread and returns when all have finished. Blocks. Must be
+ * called from one thread at a time (the owner). Can't fail. */
+void ks_pool_run(ks_pool *p, ks_pool_fn fn, void *arg);
+/* Number of threads including the caller; can't fail. */
+int ks_pool_nth(const ks_pool *p);
+/* Stops and joins the workers; accepts NULL. */
+void ks_pool_destroy(ks_pool *p);
+
+// ----------------------------------------------------------------------------
+// CPU features
+
+typedef struct ks_cpu {
+    bool avx2;     /* AVX2 + FMA + F16C, with OS support for YMM state */
+    bool avx512;   /* AVX-512 F/BW/VL/DQ, with OS support for ZMM state */
+    bool avx512vnni;
+    bool avx512bf16;
+} ks_cpu;
+
+/* Detects the CPU once (CPUID + XGETBV) and caches it; thread-safe. */
+const ks_cpu *ks_cpu_get(void);
+
+// ----------------------------------------------------------------------------
+// Tensor element types (ggml type ids as stored in GGUF; append-only)
+
+typedef enum ks_dtype {
+    KS_DTYPE_F32 = 0,
+    KS_DTYPE_F16 = 1,
+    KS_DTYPE_Q4_0 = 2,
+    KS_DTYPE_Q4_1 = 3,
+    /* 4, 5: retired (Q4_2, Q4_3) */
+    KS_DTYPE_Q5_0 = 6,
+    KS_DTYPE_Q5_1 = 7,
+    KS_DTYPE_Q8_0 = 8,
+    KS_DTYPE_Q8_1 = 9,
+    KS_DTYPE_Q2_K = 10,
+    KS_DTYPE_Q3_K = 11,
+    KS_DTYPE_Q4_K = 12,
+    KS_DTYPE_Q5_K = 13,
+    KS_DTYPE_Q6_K = 14,
+    KS_DTYPE_Q8_K = 15,
+    KS_DTYPE_IQ2_XXS = 16,
+    KS_DTYPE_IQ2_XS = 17,
+    KS_DTYPE_IQ3_XXS = 18,
+    KS_DTYPE_IQ1_S = 19,
+    KS_DTYPE_IQ4_NL = 20,
+    KS_DTYPE_IQ3_S = 21,
+    KS_DTYPE_IQ2_S = 22,
+    KS_DTYPE_IQ4_XS = 23,
+    KS_DTYPE_I8 = 24,
+    KS_DTYPE_I16 = 25,
+    KS_DTYPE_I32 = 26,
+    KS_DTYPE_I64 = 27,
+    KS_DTYPE_F64 = 28,
+    KS_DTYPE_IQ1_M = 29,
+    KS_DTYPE_BF16 = 30,
+    /* 31-33: retired (Q4_0_4_4, Q4_0_4_8, Q4_0_8_8) */
+    KS_DTYPE_TQ1_0 = 34,
+    KS_DTYPE_TQ2_0 = 35,
+    KS_DTYPE__COUNT = 36
+} ks_dtype;
+
+/* True when t is a known ggml type id (its block layout is known). */
+bool ks_dtype_known(uint32_t t);
+/* Elements per block (1 for plain types); 0 for an unknown type. */
+uint32_t ks_dtype_block_elems(uint32_t t);
+/* Bytes per block; 0 for an unknown type. */
+uint32_t ks_dtype_block_bytes(uint32_t t);
+/* Name such as "Q4_K"; "?" for an unknown type. Static storage. */
+const char *ks_dtype_name(uint32_t t);
+/* Parses a name ("q8_0", case-insensitive); false if unknown. */
+bool ks_dtype_parse(const char *name, ks_dtype *out);
+/* Bytes for a row of n elements; false if n is not a multiple of the block
+ * size, the type is unknown, or the size overflows. */
+bool ks_dtype_row_bytes(uint32_t t, uint64_t n, uint64_t *out);
+
+// ----------------------------------------------------------------------------
+// Half-precision conversions (exact IEEE round-to-nearest-even).
+
+/* Converts IEEE binary16 bits to float; can't fail. */
+float ks_f16_to_f32(uint16_t h);
+/* Converts float to binary16 bits, round to nearest even; can't fail. */
+uint16_t ks_f32_to_f16(float f);
+/* Converts bfloat16 bits to float; can't fail. */
+static inline float ks_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+/* Converts float to bfloat16 bits, round to nearest even (NaN kept quiet). */
+uint16_t ks_f32_to_bf16(float f);
+
+#endif /* KS_BASE_H */

@@ -1,0 +1,82 @@
+/* kern.h — compute kernels: quantized matmul, activation quantization and
+ * the vector ops of the forward pass, each with a scalar reference (ref.c)
+ * and AVX2 / AVX-512 versions chosen once at run time.
+ *
+ * Batch invariance (the server's isolation tests depend on it): every output
+ * element of a matmul is computed by one fixed sequence of operations that
+ * depends only on K, the weight row and the activation row — never on
+ * n_rows, n_cols, the element's position inside the tile, or the thread
+ * count. Callers may therefore split a matmul into any tiles on any threads
+ * and get bit-identical results. Within one vtab, results are deterministic;
+ * across vtabs (ref vs avx2 vs avx512) they agree within per-type tolerances
+ * documented in tests/unit/test_kern.c. */
+#ifndef KS_KERN_H
+#define KS_KERN_H
+
+#include "kvseal/base.h"
+
+/* Y[c*y_stride + r] = sum_k W[r][k] * X[c][k], for r < n_rows, c < n_cols.
+ * W: n_rows rows of K elements of the weight type, row r at W + r*w_stride
+ *    bytes (rows are raw GGUF rows, K a multiple of the type's block size).
+ * X: n_cols rows of K elements already in kern_act_type(weight type),
+ *    row c at X + c*x_stride bytes.
+ * Y: f32, y_stride in floats. Pointers need no alignment. */
+typedef void (*kern_matmul_fn)(int64_t K, int n_rows, int n_cols, const void *W,
+                               size_t w_stride, const void *X, size_t x_stride, float *Y,
+                               size_t y_stride);
+
+/* Converts one row of n f32 values to an activation format (F32 copy, Q8_0
+ * or Q8_K); n is a multiple of the format's block size. */
+typedef void (*kern_quant_fn)(const float *x, void *y, int64_t n);
+
+typedef struct kern_vtab {
+    const char *name; /* "ref", "avx2", "avx512" */
+    /* indexed by weight ks_dtype; NULL where the type is unsupported */
+    kern_matmul_fn matmul[KS_DTYPE__COUNT];
+    /* indexed by activation ks_dtype (F32, Q8_0, Q8_K) */
+    kern_quant_fn quantize_act[KS_DTYPE__COUNT];
+    /* sum a[i]*b[i] */
+    float (*dot_f32)(int64_t n, const float *a, const float *b);
+    /* y[i] += a * x[i] */
+    void (*axpy_f32)(int64_t n, float a, const float *x, float *y);
+    /* y = x / sqrt(mean(x^2) + eps) * w ; y may alias x */
+    void (*rmsnorm)(int64_t n, const float *x, const float *w, float eps, float *y);
+    /* y[i] = silu(g[i]) * u[i] ; y may alias g or u */
+    void (*silu_mul)(int64_t n, const float *g, const float *u, float *y);
+    /* x = softmax(x) in place */
+    void (*softmax)(int64_t n, float *x);
+} kern_vtab;
+
+/* Selects the best vtab the CPU and OS support, or the one named by isa
+ * ("ref", "avx2", "avx512"); isa NULL reads KS_FORCE_ISA from the
+ * environment. Errors: KS_ERR_UNSUPPORTED if the named ISA is unavailable,
+ * KS_ERR_INVAL for an unknown name. Call once at startup; thread-safe after. */
+ks_err kern_init(const char *isa, ks_errbuf *eb) KS_MUST_USE;
+/* The vtab chosen by kern_init (the best available if kern_init was never
+ * called). Never NULL; static storage. */
+const kern_vtab *kern_get(void);
+/* The vtab for isa if this CPU supports it, else NULL. Static storage. */
+const kern_vtab *kern_vtab_for(const char *isa);
+
+/* True for weight types the matmul supports: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K. */
+bool kern_wtype_supported(ks_dtype t);
+/* The activation format a weight type multiplies against: F32 for
+ * F32/F16/BF16, Q8_0 for Q8_0/Q4_0, Q8_K for Q4_K/Q6_K. */
+ks_dtype kern_act_type(ks_dtype wtype);
+
+/* Reference (scalar) conversion of n floats into type t, for weights and
+ * tests: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, Q8_K. n must be a multiple
+ * of the block size. Deterministic; can't fail (asserts on bad t/n). */
+void kern_quantize_row(ks_dtype t, const float *x, void *y, int64_t n);
+/* Reference conversion of n elements of type t back to floats (same types). */
+void kern_dequantize_row(ks_dtype t, const void *x, float *y, int64_t n);
+
+/* RoPE on one head vector of n_dims (even) values at position pos, in place.
+ * neox=false rotates adjacent pairs (x[2i], x[2i+1]) — llama.cpp "normal";
+ * neox=true rotates (x[i], x[i+n/2]) — qwen2/qwen3. theta_i =
+ * pos/freq_scale * base^(-2i/n_rot); only the first n_rot dims rotate.
+ * Scalar, shared by all ISAs (cheap next to the matmuls). */
+void kern_rope(float *x, int n_dims, int n_rot, int64_t pos, float freq_base,
+               float freq_scale, bool neox);
+
+#endif /* KS_KERN_H */

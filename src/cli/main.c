@@ -1,0 +1,63 @@
+/* main.c — subcommand dispatch for the `kvseal` binary. Subcommands that
+ * are not linked in yet are weak symbols and report "not available". */
+#include "kvseal/cli.h"
+#include "kvseal/base.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef KS_SOURCE_DIR
+#define KS_SOURCE_DIR "."
+#endif
+
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} cli__cmd;
+
+int cli_inspect(int argc, char **argv) __attribute__((weak));
+int cli_tokenize(int argc, char **argv) __attribute__((weak));
+int cli_run(int argc, char **argv) __attribute__((weak));
+int cli_perplexity(int argc, char **argv) __attribute__((weak));
+int cli_mkmodel(int argc, char **argv) __attribute__((weak));
+int cli_bench(int argc, char **argv) __attribute__((weak));
+
+const char *cli_default_model(void) {
+    const char *e = getenv("KS_MODEL");
+    return e && *e ? e : KS_SOURCE_DIR "/models/kjv-mini.gguf";
+}
+
+static void cli__usage(const cli__cmd *cmds, size_t n) {
+    fprintf(stderr, "usage: kvseal COMMAND [options]\n\ncommands:\n");
+    for (size_t i = 0; i < n; i++) fprintf(stderr, "  %-11s %s\n", cmds[i].name, cmds[i].help);
+}
+
+int cli_main(int argc, char **argv) {
+    ks_log_init_env();
+    const cli__cmd cmds[] = {
+        {"run", cli_run, "generate text from a prompt (text to stdout)"},
+        {"perplexity", cli_perplexity, "perplexity of a text file"},
+        {"tokenize", cli_tokenize, "print the tokens of a text"},
+        {"inspect", cli_inspect, "print a GGUF file's metadata and tensors"},
+        {"mkmodel", cli_mkmodel, "write a deterministic random-weight GGUF model"},
+        {"bench", cli_bench, "prompt/generation speed against the memory roofline"},
+    };
+    size_t n = sizeof cmds / sizeof cmds[0];
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        cli__usage(cmds, n);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(argv[1], cmds[i].name) != 0) continue;
+        if (!cmds[i].fn) {
+            fprintf(stderr, "kvseal: '%s' is not available in this build\n", argv[1]);
+            return 2;
+        }
+        return cmds[i].fn(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "kvseal: unknown command '%s'\n\n", argv[1]);
+    cli__usage(cmds, n);
+    return 2;
+}
