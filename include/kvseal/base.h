@@ -117,24 +117,46 @@ static inline bool ks_add_ok(uint64_t a, uint64_t b, uint64_t *out) {
 }
 
 // ----------------------------------------------------------------------------
-// Thread pool: persistent workers woken once per op (ggml's ith/nth split).
+// Thread pool: persistent workers woken once per op.
+//
+// Work is claimed dynamically: a task splits its range into chunks and every
+// participating thread claims chunks from a shared counter (ks_pool_claim)
+// until none are left. The owner always participates; a worker that is not
+// scheduled in time (a busy, shared machine) simply misses the op instead of
+// stalling it. So a task must never assume that every ith runs: ith only
+// indexes per-thread scratch. Results must not depend on who computed what
+// (each output element is computed whole by whichever thread claims it).
+
+#include <stdatomic.h>
 
 typedef struct ks_pool ks_pool;
 
-/* One parallel task: called once on each of nth threads with ith in [0,nth).
- * It must split its work by (ith, nth) and take no locks. */
+/* One parallel task: called on the owner (ith 0) and on each worker that
+ * joins the op in time (distinct ith in [1, nth)). */
 typedef void (*ks_pool_fn)(void *arg, int ith, int nth);
 
 /* Starts n_threads-1 workers (the caller is thread 0). n_threads >= 1.
  * Returns NULL on failure (threads or memory). Owned by the caller. */
 ks_pool *ks_pool_create(int n_threads);
-/* Runs fn on every thread and returns when all have finished. Blocks. Must be
- * called from one thread at a time (the owner). Can't fail. */
+/* Runs fn on the owner and on the workers that join, and returns when every
+ * participant has finished. Blocks. Must be called from one thread at a
+ * time (the owner). Can't fail. */
 void ks_pool_run(ks_pool *p, ks_pool_fn fn, void *arg);
 /* Number of threads including the caller; can't fail. */
 int ks_pool_nth(const ks_pool *p);
 /* Stops and joins the workers; accepts NULL. */
 void ks_pool_destroy(ks_pool *p);
+
+/* Claims the next chunk [*i0, *i1) of [0, n) in steps of `chunk` from the
+ * shared counter *next (start it at 0); false when the range is exhausted. */
+static inline bool ks_pool_claim(atomic_llong *next, int64_t n, int64_t chunk, int64_t *i0,
+                                 int64_t *i1) {
+    int64_t i = (int64_t)atomic_fetch_add_explicit(next, chunk, memory_order_relaxed);
+    if (i >= n) return false;
+    *i0 = i;
+    *i1 = i + chunk < n ? i + chunk : n;
+    return true;
+}
 
 // ----------------------------------------------------------------------------
 // CPU features

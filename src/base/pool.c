@@ -1,61 +1,73 @@
-/* pool.c — the persistent compute thread pool.
+/* pool.c — the persistent compute thread pool (see base.h).
  *
- * Workers are started once and woken for every op: the owner bumps a
- * generation counter, workers spin briefly on it and then sleep on a condition
- * variable. Each op is split by (ith, nth) inside the task function; the pool
- * itself never looks at the work. Completion is a countdown the owner waits
- * on, so there is a full barrier between consecutive ks_pool_run calls. */
+ * One 64-bit state word coordinates an op: [gen:31 | closed:1 | active:32].
+ * The owner opens op g (new gen, active 0), runs its share, then closes it;
+ * a worker joins by CAS-incrementing `active` while the op is open and
+ * leaves by decrementing it. The owner returns once the op is closed and no
+ * worker is active. Work itself is claimed chunk by chunk inside the task,
+ * so a worker that joins late (or never) costs nothing: on a shared,
+ * oversubscribed machine the owner never waits for a thread that is not
+ * running. Idle workers spin briefly, then sleep on a condition variable. */
 #include "kvseal/base.h"
 
 #include <pthread.h>
 #include <sched.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 
-#define KS_POOL_SPIN 5000  // polls before a worker sleeps (~0.3 ms)
+#define POOL_SPIN 4000  // polls before an idle worker sleeps (~0.2 ms)
+#define POOL_GEN_SHIFT 33
+#define POOL_CLOSED (1ull << 32)
+#define POOL_ACTIVE_MASK 0xffffffffull
 
 struct ks_pool {
     int nth;                    // threads including the owner (thread 0)
     pthread_t *threads;         // (nth-1)
     pthread_mutex_t mu;
-    pthread_cond_t cv;          // signalled when gen changes
-    atomic_uint gen;            // bumped by the owner for each op
-    atomic_int pending;         // workers still running the current op
+    pthread_cond_t cv;          // signalled when a new op opens or on stop
+    atomic_ullong state;        // [gen | closed | active], see above
+    atomic_int n_sleeping;      // workers blocked on cv
+    atomic_int next_ith;        // ith handed to the next joiner of this op
     atomic_bool stop;
-    ks_pool_fn fn;              // current op; written before gen is bumped
+    ks_pool_fn fn;              // current op: written before the gen bump
     void *arg;
 };
 
-typedef struct {
-    ks_pool *p;
-    int ith;
-} pool__worker_arg;
+static uint64_t pool__gen(uint64_t s) { return s >> POOL_GEN_SHIFT; }
 
 static void *pool__worker(void *v) {
-    pool__worker_arg wa = *(pool__worker_arg *)v;
-    free(v);
-    ks_pool *p = wa.p;
-    unsigned seen = 0;
+    ks_pool *p = v;
+    uint64_t seen = 0;
     for (;;) {
-        unsigned g;
+        uint64_t s;
         int spins = 0;
-        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
-            if (++spins < KS_POOL_SPIN) {
+        while (pool__gen(s = atomic_load_explicit(&p->state, memory_order_acquire)) == seen) {
+            if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
+            if (++spins < POOL_SPIN) {
                 __builtin_ia32_pause();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
-            while (atomic_load_explicit(&p->gen, memory_order_acquire) == seen &&
-                   !atomic_load_explicit(&p->stop, memory_order_acquire))
+            atomic_fetch_add(&p->n_sleeping, 1);
+            while (pool__gen(atomic_load(&p->state)) == seen && !atomic_load(&p->stop))
                 pthread_cond_wait(&p->cv, &p->mu);
+            atomic_fetch_sub(&p->n_sleeping, 1);
             pthread_mutex_unlock(&p->mu);
             spins = 0;
-            if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
         }
-        seen = g;
-        if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
-        p->fn(p->arg, wa.ith, p->nth);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
+        seen = pool__gen(s);
+        // join only while this very op is still open
+        bool joined = false;
+        while (!(s & POOL_CLOSED) && pool__gen(s) == seen) {
+            if (atomic_compare_exchange_weak_explicit(&p->state, &s, s + 1, memory_order_acq_rel,
+                                                      memory_order_acquire)) {
+                joined = true;
+                break;
+            }
+        }
+        if (!joined) continue;
+        int ith = atomic_fetch_add_explicit(&p->next_ith, 1, memory_order_relaxed);
+        p->fn(p->arg, ith, p->nth);
+        atomic_fetch_sub_explicit(&p->state, 1, memory_order_acq_rel);
     }
 }
 
@@ -63,32 +75,22 @@ ks_pool *ks_pool_create(int n_threads) {
     if (n_threads < 1) n_threads = 1;
     ks_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
-    p->nth = n_threads;
+    p->nth = 1;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
-    if (!p->threads) goto fail;
-    for (int i = 1; i < n_threads; i++) {
-        pool__worker_arg *wa = malloc(sizeof *wa);
-        if (!wa) goto fail_threads;
-        wa->p = p;
-        wa->ith = i;
-        if (pthread_create(&p->threads[i - 1], NULL, pool__worker, wa) != 0) {
-            free(wa);
-            goto fail_threads;
-        }
-        continue;
-    fail_threads:
-        p->nth = i;  // join only the ones that started
+    if (!p->threads) {
         ks_pool_destroy(p);
         return NULL;
     }
+    for (int i = 1; i < n_threads; i++) {
+        if (pthread_create(&p->threads[i - 1], NULL, pool__worker, p) != 0) {
+            ks_pool_destroy(p);  // joins the ones that started
+            return NULL;
+        }
+        p->nth = i + 1;
+    }
     return p;
-fail:
-    pthread_cond_destroy(&p->cv);
-    pthread_mutex_destroy(&p->mu);
-    free(p);
-    return NULL;
 }
 
 void ks_pool_run(ks_pool *p, ks_pool_fn fn, void *arg) {
@@ -98,17 +100,21 @@ void ks_pool_run(ks_pool *p, ks_pool_fn fn, void *arg) {
     }
     p->fn = fn;
     p->arg = arg;
-    atomic_store_explicit(&p->pending, p->nth - 1, memory_order_relaxed);
-    pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
+    atomic_store_explicit(&p->next_ith, 1, memory_order_relaxed);
+    uint64_t gen = pool__gen(atomic_load_explicit(&p->state, memory_order_relaxed)) + 1;
+    atomic_store(&p->state, (gen & ((1ull << 31) - 1)) << POOL_GEN_SHIFT);  // open, 0 active
+    if (atomic_load(&p->n_sleeping) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
     fn(arg, 0, p->nth);
-    // spin, then yield: with more threads than cores a pure spin starves the
-    // very workers it waits for
-    for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) != 0; spins++) {
-        if (spins < KS_POOL_SPIN) __builtin_ia32_pause();
+    uint64_t s = atomic_fetch_or_explicit(&p->state, POOL_CLOSED, memory_order_acq_rel);
+    // wait for the workers that joined; they are running, so this is short
+    for (int spins = 0; (s & POOL_ACTIVE_MASK) != 0; spins++) {
+        if (spins < POOL_SPIN) __builtin_ia32_pause();
         else sched_yield();
+        s = atomic_load_explicit(&p->state, memory_order_acquire);
     }
 }
 
@@ -117,8 +123,7 @@ int ks_pool_nth(const ks_pool *p) { return p->nth; }
 void ks_pool_destroy(ks_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    atomic_store_explicit(&p->stop, true, memory_order_release);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    atomic_store(&p->stop, true);
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->nth; i++) pthread_join(p->threads[i - 1], NULL);
