@@ -79,10 +79,11 @@ typedef struct gguf_tensor {
 typedef struct gguf_file gguf_file;
 
 /* Maps and validates path. On success *out owns the mapping (close with
- * gguf_close). Errors: KS_ERR_IO (open/stat/mmap, with strerror),
- * KS_ERR_FORMAT (bad magic, truncation, overflow, data outside the file,
- * duplicate key/tensor, misaligned offset, ...), KS_ERR_UNSUPPORTED (version
- * other than 2/3, unknown tensor type), KS_ERR_NOMEM. Blocks on file I/O. */
+ * gguf_close); the file must not be truncated while it is open (mmap).
+ * Errors: KS_ERR_IO (open/stat/mmap, with strerror), KS_ERR_FORMAT (bad
+ * magic, truncation, overflow, data outside the file, duplicate key/tensor,
+ * misaligned offset, ...), KS_ERR_UNSUPPORTED (version other than 2/3,
+ * unknown tensor type), KS_ERR_NOMEM. Blocks on file I/O. */
 ks_err gguf_open(const char *path, gguf_file **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 /* Same as gguf_open over a caller-owned buffer (must outlive the file);
  * `name` is used in error messages. */
@@ -95,7 +96,8 @@ void gguf_close(gguf_file *f);
 const char *gguf_path(const gguf_file *f);
 uint32_t gguf_version(const gguf_file *f);
 uint64_t gguf_alignment(const gguf_file *f);
-uint64_t gguf_data_offset(const gguf_file *f); /* byte offset of the data section */
+/* Start of the data section (aligned; past EOF in a file without tensors). */
+uint64_t gguf_data_offset(const gguf_file *f);
 uint64_t gguf_file_size(const gguf_file *f);
 
 uint64_t gguf_n_kv(const gguf_file *f);
@@ -167,20 +169,43 @@ ks_err gguf_writer_set_arr(gguf_writer *w, const char *key, gguf_type elem_type,
 /* String array of n NUL-terminated strings (copied). */
 ks_err gguf_writer_set_arr_str(gguf_writer *w, const char *key, const char *const *strs,
                                uint64_t n) KS_MUST_USE;
-/* Copies one metadata entry (any type, nested arrays included) from src. */
+/* Copies one metadata entry (any type, nested arrays included) from src.
+ * Errors: INVAL (src has no such key), NOMEM. */
 ks_err gguf_writer_copy_kv(gguf_writer *w, const gguf_file *src, const char *key) KS_MUST_USE;
+/* Copies any value (scalars, strings, numeric arrays from arr.raw, string and
+ * nested arrays from arr.items, recursively). Errors: NOMEM, INVAL (bad type,
+ * empty key, general.alignment not a uint32 power of two). */
+ks_err gguf_writer_set_value(gguf_writer *w, const char *key, const gguf_value *v) KS_MUST_USE;
 /* Sets general.alignment (power of two) and uses it for tensor data. */
 ks_err gguf_writer_set_alignment(gguf_writer *w, uint32_t align) KS_MUST_USE;
 
 /* Adds a tensor. ne has n_dims entries (fastest first); data (n_bytes, must
  * equal the size implied by type and ne) is NOT copied and must stay valid
  * until gguf_writer_write returns. Errors: INVAL (size mismatch, duplicate
- * name, bad dims), NOMEM. */
+ * or empty name, name over 64 bytes, n_dims not 1..4, a dim <= 0, unknown
+ * type, ne[0] not a multiple of the type's block size), NOMEM. */
 ks_err gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims,
                               const int64_t *ne, ks_dtype type, const void *data,
                               uint64_t n_bytes) KS_MUST_USE;
+/* Streaming tensor data: a fill callback writes the tensor's bytes, in any
+ * number of pieces, through gguf_sink_write while the file is being written,
+ * so a large model never has to sit in memory. */
+typedef struct gguf_sink gguf_sink;
+/* Appends n bytes of the current tensor's data. Errors: KS_ERR_INVAL (more
+ * bytes than the tensor's size), KS_ERR_IO (write failed; stop and return it). */
+ks_err gguf_sink_write(gguf_sink *s, const void *data, size_t n) KS_MUST_USE;
+/* Called once per tensor, in order, from gguf_writer_write; must write
+ * exactly the tensor's n_bytes and return KS_OK, or return an error (with a
+ * message in eb) to abort the write. */
+typedef ks_err (*gguf_fill_fn)(void *ctx, const char *name, gguf_sink *sink, ks_errbuf *eb);
+/* Adds a tensor whose data comes from fill(ctx, ...) at write time. ctx must
+ * stay valid until gguf_writer_write returns. Errors as gguf_writer_add_tensor. */
+ks_err gguf_writer_add_tensor_fill(gguf_writer *w, const char *name, uint32_t n_dims,
+                                   const int64_t *ne, ks_dtype type, gguf_fill_fn fill,
+                                   void *ctx) KS_MUST_USE;
 /* Writes the file (GGUF v3) to path, atomically via a temporary file.
- * Errors: KS_ERR_IO with strerror. Blocks. */
+ * Errors: KS_ERR_IO with strerror, or whatever a fill callback returned
+ * (the temporary file is removed and path is left untouched). Blocks. */
 ks_err gguf_writer_write(gguf_writer *w, const char *path, ks_errbuf *eb) KS_MUST_USE;
 
 #endif /* KS_GGUF_H */
