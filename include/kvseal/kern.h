@@ -73,8 +73,9 @@ void kern_dequantize_row(ks_dtype t, const void *x, float *y, int64_t n);
 
 /* RoPE on one head vector of n_dims (even) values at position pos, in place.
  * neox=false rotates adjacent pairs (x[2i], x[2i+1]) — llama.cpp "normal";
- * neox=true rotates (x[i], x[i+n/2]) — qwen2/qwen3. theta_i =
- * pos/freq_scale * base^(-2i/n_rot); only the first n_rot dims rotate.
+ * neox=true rotates (x[i], x[i+n_rot/2]) — qwen2/qwen3. The angle of pair i
+ * is pos * freq_scale * freq_base^(-2i/n_rot), where freq_scale = 1/factor
+ * for linear RoPE scaling (1 = none); only the first n_rot dims rotate.
  * Scalar, shared by all ISAs (cheap next to the matmuls). */
 void kern_rope(float *x, int n_dims, int n_rot, int64_t pos, float freq_base,
                float freq_scale, bool neox);

@@ -1,0 +1,802 @@
+/* avx512.c — AVX-512 (F/BW/VL/DQ) versions of every kern_vtab entry; built
+ * with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c and
+ * only called when ks_cpu_get()->avx512 (dispatch.c).
+ *
+ * Matmuls are register-blocked tiles of R weight rows x C activation rows
+ * (R, C <= 4; 4x1 for a matvec). Batch invariance (kern.h): every output
+ * element owns its own accumulators and sees exactly the same sequence of
+ * operations whatever the tile shape, its position in the tile, n_rows,
+ * n_cols or the caller's threading; the tile shape only decides which loads
+ * are shared. K tails are part of that sequence (masked loads of zeros, or
+ * zeroed blocks in a last partial group), so they too depend only on K.
+ *
+ * Quantized dots: integer lanes are exact (so block sums equal ref.c's isum),
+ * then scaled and accumulated in f32; only that f32 part differs from ref.c's
+ * double accumulation. Where the CPU has AVX512-VNNI, vpdpbusd / vpdpwssd
+ * (inline asm, so no extra -m flag) replace maddubs/madd pairs; both forms
+ * produce the same integer lanes, so results are bit-identical either way.
+ * KS_AVX512_NO_VNNI=1 forces the plain form (for tests).
+ * Each function names the ref it matches and its expected error. */
+#include "kern/kern_int.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define A512_INLINE static inline __attribute__((always_inline))
+
+// ----------------------------------------------------------------------------
+// Small helpers
+
+/* f16 bits at an unaligned address, to f32 (exact). */
+A512_INLINE float a512__f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+A512_INLINE float a512__f32(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+/* Two 32-byte halves (unaligned) as one zmm. */
+A512_INLINE __m512i a512__load2x32(const uint8_t *lo, const uint8_t *hi) {
+    __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)lo));
+    return _mm512_inserti64x4(v, _mm256_loadu_si256((const __m256i *)hi), 1);
+}
+
+// ----------------------------------------------------------------------------
+// Tiling driver
+
+typedef struct a512_tile {
+    int64_t K;
+    const uint8_t *W; /* weight row 0 of the tile */
+    size_t ws;
+    const uint8_t *X; /* activation row 0 of the tile */
+    size_t xs;
+    float *Y; /* Y of (row 0, col 0) */
+    size_t ys;
+} a512_tile;
+
+typedef void (*a512_tile_fn)(const a512_tile *t);
+
+/* Splits the matmul into R x C tiles (rows in chunks of about 256 KiB of
+ * weights, so a chunk stays in L2 while every column tile passes over it).
+ * The tile shape never changes any element's value (see file header). */
+static void a512__run(const a512_tile_fn tab[4][4], int RB, int CB, int64_t K, int n_rows,
+                      int n_cols, const void *W, size_t ws, const void *X, size_t xs, float *Y,
+                      size_t ys) {
+    if (getenv("A512_RB")) RB = atoi(getenv("A512_RB")); /* TEMP */
+    if (getenv("A512_CB")) CB = atoi(getenv("A512_CB")); /* TEMP */
+    if (n_cols < CB) CB = n_cols;
+    if (n_cols == 1) RB = 4;
+    int chunk = ws > 0 ? (int)((256u * 1024u) / ws) : n_rows;
+    chunk = chunk < RB ? RB : chunk - chunk % RB;
+    for (int r1 = 0; r1 < n_rows; r1 += chunk) {
+        int r1_end = n_rows - r1 < chunk ? n_rows : r1 + chunk;
+        for (int c0 = 0; c0 < n_cols; c0 += CB) {
+            int nc = n_cols - c0 < CB ? n_cols - c0 : CB;
+            for (int r0 = r1; r0 < r1_end; r0 += RB) {
+                int nr = r1_end - r0 < RB ? r1_end - r0 : RB;
+                a512_tile t = {.K = K,
+                               .W = (const uint8_t *)W + (size_t)r0 * ws,
+                               .ws = ws,
+                               .X = (const uint8_t *)X + (size_t)c0 * xs,
+                               .xs = xs,
+                               .Y = Y + (size_t)c0 * ys + r0,
+                               .ys = ys};
+                tab[nr - 1][nc - 1](&t);
+            }
+        }
+    }
+}
+
+/* Instantiates body(R, C, t, V) for R, C in 1..4 and V in {0, 1} (VNNI off /
+ * on): tables body##_tab[V][R-1][C-1]. A512_TILES_V1(body, 0) alone gives
+ * body##_tab0 for bodies without a VNNI form. */
+#define A512_TILES_V(body)                                                                         \
+    A512_TILES_V1(body, 0)                                                                         \
+    A512_TILES_V1(body, 1)                                                                         \
+    static const a512_tile_fn(*const body##_tab[2])[4] = {body##_tab0, body##_tab1};
+
+#define A512_TILES_V1(body, V)                                                                     \
+    static void body##_##V##_11(const a512_tile *t) { body(1, 1, t, V); }                          \
+    static void body##_##V##_12(const a512_tile *t) { body(1, 2, t, V); }                          \
+    static void body##_##V##_13(const a512_tile *t) { body(1, 3, t, V); }                          \
+    static void body##_##V##_14(const a512_tile *t) { body(1, 4, t, V); }                          \
+    static void body##_##V##_21(const a512_tile *t) { body(2, 1, t, V); }                          \
+    static void body##_##V##_22(const a512_tile *t) { body(2, 2, t, V); }                          \
+    static void body##_##V##_23(const a512_tile *t) { body(2, 3, t, V); }                          \
+    static void body##_##V##_24(const a512_tile *t) { body(2, 4, t, V); }                          \
+    static void body##_##V##_31(const a512_tile *t) { body(3, 1, t, V); }                          \
+    static void body##_##V##_32(const a512_tile *t) { body(3, 2, t, V); }                          \
+    static void body##_##V##_33(const a512_tile *t) { body(3, 3, t, V); }                          \
+    static void body##_##V##_34(const a512_tile *t) { body(3, 4, t, V); }                          \
+    static void body##_##V##_41(const a512_tile *t) { body(4, 1, t, V); }                          \
+    static void body##_##V##_42(const a512_tile *t) { body(4, 2, t, V); }                          \
+    static void body##_##V##_43(const a512_tile *t) { body(4, 3, t, V); }                          \
+    static void body##_##V##_44(const a512_tile *t) { body(4, 4, t, V); }                          \
+    static const a512_tile_fn body##_tab##V[4][4] = {                                              \
+        {body##_##V##_11, body##_##V##_12, body##_##V##_13, body##_##V##_14},                      \
+        {body##_##V##_21, body##_##V##_22, body##_##V##_23, body##_##V##_24},                      \
+        {body##_##V##_31, body##_##V##_32, body##_##V##_33, body##_##V##_34},                      \
+        {body##_##V##_41, body##_##V##_42, body##_##V##_43, body##_##V##_44},                      \
+    };
+
+#define A512_FOR_R _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+#define A512_FOR_C _Pragma("GCC unroll 4") for (int c = 0; c < C; c++)
+
+// ----------------------------------------------------------------------------
+// F32 / F16 / BF16 weights x F32 activations
+// Per element: 16 f32 lanes, lane l accumulates k = l (mod 16) with fma in
+// increasing k; the K tail is a masked load of zeros; then one fixed
+// horizontal reduction.
+
+enum { A512_WF32, A512_WF16, A512_WBF16 };
+
+/* 16 weights starting at element k of a row, as f32 (exact). */
+A512_INLINE __m512 a512__wload(int wt, const uint8_t *row, int64_t k, __mmask16 m) {
+    if (wt == A512_WF32) return _mm512_maskz_loadu_ps(m, row + 4 * k);
+    __m256i h = _mm256_maskz_loadu_epi16(m, row + 2 * k);
+    if (wt == A512_WF16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+A512_INLINE void a512__fl_tile(int wt, int R, int C, const a512_tile *t) {
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t K = t->K;
+    int64_t k = 0;
+    for (; k <= K - 16; k += 16) {
+        __m512 x[4];
+        A512_FOR_C x[c] = _mm512_loadu_ps((const float *)(t->X + c * t->xs) + k);
+        A512_FOR_R {
+            __m512 w = a512__wload(wt, t->W + r * t->ws, k, 0xFFFF);
+            A512_FOR_C acc[r][c] = _mm512_fmadd_ps(w, x[c], acc[r][c]);
+        }
+    }
+    if (k < K) {
+        __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
+        __m512 x[4];
+        A512_FOR_C x[c] = _mm512_maskz_loadu_ps(m, (const float *)(t->X + c * t->xs) + k);
+        A512_FOR_R {
+            __m512 w = a512__wload(wt, t->W + r * t->ws, k, m);
+            A512_FOR_C acc[r][c] = _mm512_fmadd_ps(w, x[c], acc[r][c]);
+        }
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+#define a512__f32_tile(R, C, t, V) a512__fl_tile(A512_WF32, R, C, t)
+#define a512__f16_tile(R, C, t, V) a512__fl_tile(A512_WF16, R, C, t)
+#define a512__bf16_tile(R, C, t, V) a512__fl_tile(A512_WBF16, R, C, t)
+A512_TILES_V1(a512__f32_tile, 0)
+A512_TILES_V1(a512__f16_tile, 0)
+A512_TILES_V1(a512__bf16_tile, 0)
+
+/* Matches kern__matmul_f32_ref (double accumulation): relative error about
+ * K * 2^-24 of sum |w*x| (f32 fma accumulation, 16 lanes). */
+static void a512__matmul_f32(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__f32_tile_tab0, 4, 4, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+/* Matches kern__matmul_f16_ref; tolerance as a512__matmul_f32 (f16->f32 is
+ * exact). */
+static void a512__matmul_f16(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__f16_tile_tab0, 4, 4, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+/* Matches kern__matmul_bf16_ref; tolerance as a512__matmul_f32. */
+static void a512__matmul_bf16(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                              const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__bf16_tile_tab0, 4, 4, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+// ----------------------------------------------------------------------------
+// Integer dot steps, with and without AVX512-VNNI
+// The VNNI forms are inline asm, so this file needs no -mavx512vnni and the
+// choice is made per call (a512__use_vnni). Both forms compute the same exact
+// int32 lanes (lane l = the products of bytes 4l..4l+3), so results are
+// bit-identical whichever runs.
+
+/* acc + sum of 4 u8*s8 products per int32 lane (vpdpbusd, no saturation). */
+A512_INLINE __m512i a512__dpbusd(__m512i acc, __m512i u, __m512i s) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+    return acc;
+}
+
+/* acc + sum of 2 s16*s16 products per int32 lane (vpdpwssd). */
+A512_INLINE __m512i a512__dpwssd(__m512i acc, __m512i a, __m512i b) {
+    __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+}
+
+/* acc + madd(a, b) (int16 pairs -> int32), VNNI-fused when V. */
+A512_INLINE __m512i a512__madd_acc(int V, __m512i acc, __m512i a, __m512i b) {
+    return V ? a512__dpwssd(acc, a, b) : _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+}
+
+/* Whether the quantized matmuls use the VNNI forms: the CPU has it and
+ * KS_AVX512_NO_VNNI is unset or "0" (a test hook; results are identical). */
+static bool a512__use_vnni(void) {
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("KS_AVX512_NO_VNNI");
+        v = ks_cpu_get()->avx512vnni && !(e && *e && strcmp(e, "0") != 0);
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v != 0;
+}
+
+// ----------------------------------------------------------------------------
+// Q8_0 / Q4_0 weights x Q8_0 activations
+// Groups of four 32-element blocks (the missing ones zeroed in a last
+// partial group). Two zmm per group: "lo" holds elements 0-15 of blocks
+// 0..3 (16 bytes each), "hi" elements 16-31, so int32 lanes 4k..4k+3 belong
+// to block k only. Each lane gets the exact sum of the 8 products of its
+// bytes in lo and hi. Per element and group: acc = fma((float)isum,
+// d_w*d_x per lane, acc), groups in order, then one reduction. Scales of
+// 8 full blocks come from one gather; the values are the same as when read
+// one at a time, so the results are too.
+
+/* The f16 scales of blocks 0..7 (stride bytes apart, at offset 0) as f32. */
+A512_INLINE __m512 a512__d8(const uint8_t *b, int stride) {
+    const __m256i idx =
+        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
+    __m256i g = _mm256_i32gather_epi32((const int *)(const void *)b, idx, 1);
+    return _mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)));
+}
+
+/* Lanes 4k..4k+3 = d[4g + k] of an 8- (or 4-) scale vector. */
+A512_INLINE __m512 a512__d_group(__m512 d8, int g) {
+    const __m512i i0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm512_permutexvar_ps(_mm512_add_epi32(i0, _mm512_set1_epi32(4 * g)), d8);
+}
+
+/* Scales of n (1..4) blocks stride bytes apart, one at a time, 0 for the
+ * missing ones, in a512__d_group's lanes. */
+A512_INLINE __m512 a512__d4(const uint8_t *b, int stride, int n) {
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k = 0; k < n; k++)
+        d[k] = a512__f16(b + k * stride);
+    return a512__d_group(_mm512_castps128_ps512(_mm_loadu_ps(d)), 0);
+}
+
+/* lo / hi vectors of n (1..4) Q8_0 blocks at b (qs of block k at b+34k+2). */
+A512_INLINE void a512__q8_0_lohi(const uint8_t *b, int n, __m512i *lo, __m512i *hi) {
+    __m512i ab, cd;
+    if (n == 4) {
+        ab = a512__load2x32(b + 2, b + 36);
+        cd = a512__load2x32(b + 70, b + 104);
+    } else {
+        ab = n >= 2 ? a512__load2x32(b + 2, b + 36)
+                    : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(b + 2)));
+        cd = n == 3 ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(b + 70)))
+                    : _mm512_setzero_si512();
+    }
+    *lo = _mm512_shuffle_i64x2(ab, cd, _MM_SHUFFLE(2, 0, 2, 0));
+    *hi = _mm512_shuffle_i64x2(ab, cd, _MM_SHUFFLE(3, 1, 3, 1));
+}
+
+/* lo / hi nibble vectors (0..15) of n (1..4) Q4_0 blocks at b. */
+A512_INLINE void a512__q4_0_lohi(const uint8_t *b, int n, __m512i *lo, __m512i *hi) {
+    __m512i q = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)(b + 2)));
+    if (n > 1) q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(b + 20)), 1);
+    if (n > 2) q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(b + 38)), 2);
+    if (n > 3) q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(b + 56)), 3);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    *lo = _mm512_and_si512(q, m4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+}
+
+/* One group (blocks ib .. ib+n-1) of a Q8_0-activation tile; Q4 selects
+ * Q4_0 weights. wd/xd: the group's scales per row / column.
+ * Q8_0: without VNNI the weight's sign moves onto x (|w| * (sign(w) x); x is
+ * never -128, kern_int.h); with VNNI x+128 is the unsigned side and
+ * 128*sum(w) is subtracted. Q4_0: sum(q*x) - 8*sum(x). */
+A512_INLINE void a512__q80x_group(int Q4, int R, int C, const a512_tile *t, int V, int64_t ib,
+                                  int n, const __m512 wd[4], const __m512 xd[4], __m512 acc[4][4]) {
+    const __m512i ones16 = _mm512_set1_epi16(1), ones8 = _mm512_set1_epi8(1),
+                  c80 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
+    const int wbs = Q4 ? 18 : 34;
+    __m512i xl[4], xh[4], xs8[4];
+    A512_FOR_C {
+        a512__q8_0_lohi(t->X + c * t->xs + ib * 34, n, &xl[c], &xh[c]);
+        if (Q4 && V) // -8 * (sum of the lane's 8 x bytes) per int32 lane
+            xs8[c] = _mm512_sub_epi32(
+                z, _mm512_slli_epi32(a512__dpbusd(a512__dpbusd(z, ones8, xl[c]), ones8, xh[c]), 3));
+        else if (Q4) // 8 * (x pair sums of lo + hi) per int16 lane
+            xs8[c] = _mm512_slli_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(ones8, xl[c]),
+                                                        _mm512_maddubs_epi16(ones8, xh[c])),
+                                       3);
+        if (!Q4 && V) {
+            xl[c] = _mm512_xor_si512(xl[c], c80); // x + 128, as u8
+            xh[c] = _mm512_xor_si512(xh[c], c80);
+        }
+    }
+    A512_FOR_R {
+        const uint8_t *wb = t->W + r * t->ws + ib * wbs;
+        __m512i wl, wh;
+        if (Q4)
+            a512__q4_0_lohi(wb, n, &wl, &wh);
+        else
+            a512__q8_0_lohi(wb, n, &wl, &wh);
+        if (Q4) {
+            A512_FOR_C {
+                __m512i p;
+                if (V) {
+                    p = a512__dpbusd(a512__dpbusd(xs8[c], wl, xl[c]), wh, xh[c]);
+                } else {
+                    __m512i p16 = _mm512_add_epi16(_mm512_maddubs_epi16(wl, xl[c]),
+                                                   _mm512_maddubs_epi16(wh, xh[c]));
+                    p = _mm512_madd_epi16(_mm512_sub_epi16(p16, xs8[c]), ones16);
+                }
+                acc[r][c] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd[r], xd[c]), acc[r][c]);
+            }
+        } else if (V) {
+            __m512i neg = _mm512_sub_epi32(z, a512__dpbusd(a512__dpbusd(z, c80, wl), c80, wh));
+            A512_FOR_C {
+                __m512i p = a512__dpbusd(a512__dpbusd(neg, xl[c], wl), xh[c], wh);
+                acc[r][c] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd[r], xd[c]), acc[r][c]);
+            }
+        } else {
+            __m512i al = _mm512_abs_epi8(wl), ah = _mm512_abs_epi8(wh);
+            __mmask64 sl = _mm512_movepi8_mask(wl), sh = _mm512_movepi8_mask(wh);
+            A512_FOR_C {
+                __m512i pl = _mm512_maddubs_epi16(al, _mm512_mask_sub_epi8(xl[c], sl, z, xl[c]));
+                __m512i ph = _mm512_maddubs_epi16(ah, _mm512_mask_sub_epi8(xh[c], sh, z, xh[c]));
+                __m512i p =
+                    _mm512_add_epi32(_mm512_madd_epi16(pl, ones16), _mm512_madd_epi16(ph, ones16));
+                acc[r][c] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd[r], xd[c]), acc[r][c]);
+            }
+        }
+    }
+}
+
+/* A Q8_0-activation tile; Q4 selects Q4_0 weights (18-byte blocks). */
+A512_INLINE void a512__q80x_tile(int Q4, int R, int C, const a512_tile *t, int V) {
+    const int wbs = Q4 ? 18 : 34;
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nb = t->K / 32;
+    int64_t ib = 0;
+    for (; ib + 8 <= nb; ib += 8) {
+        __m512 w8[4], x8[4];
+        A512_FOR_R w8[r] = a512__d8(t->W + r * t->ws + ib * wbs, wbs);
+        A512_FOR_C x8[c] = a512__d8(t->X + c * t->xs + ib * 34, 34);
+        _Pragma("GCC unroll 2") for (int g = 0; g < 2; g++) {
+            __m512 wd[4], xd[4];
+            A512_FOR_R wd[r] = a512__d_group(w8[r], g);
+            A512_FOR_C xd[c] = a512__d_group(x8[c], g);
+            a512__q80x_group(Q4, R, C, t, V, ib + 4 * g, 4, wd, xd, acc);
+        }
+    }
+    for (; ib < nb; ib += 4) {
+        int n = nb - ib < 4 ? (int)(nb - ib) : 4;
+        __m512 wd[4], xd[4];
+        A512_FOR_R wd[r] = a512__d4(t->W + r * t->ws + ib * wbs, wbs, n);
+        A512_FOR_C xd[c] = a512__d4(t->X + c * t->xs + ib * 34, 34, n);
+        a512__q80x_group(Q4, R, C, t, V, ib, n, wd, xd, acc);
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+#define a512__q8_0_tile(R, C, t, V) a512__q80x_tile(0, R, C, t, V)
+#define a512__q4_0_tile(R, C, t, V) a512__q80x_tile(1, R, C, t, V)
+A512_TILES_V(a512__q8_0_tile)
+A512_TILES_V(a512__q4_0_tile)
+
+/* Matches kern__matmul_q8_0_ref: block integer sums are exact; error is the
+ * f32 rounding of d_w*d_x, of each lane term and of the accumulation, about
+ * (K/32 + 3) * 2^-24 of sum |block terms|. */
+static void a512__matmul_q8_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                              const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__q8_0_tile_tab[a512__use_vnni()], 4, 3, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+/* Matches kern__matmul_q4_0_ref; tolerance as a512__matmul_q8_0. */
+static void a512__matmul_q4_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                              const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__q4_0_tile_tab[a512__use_vnni()], 2, 4, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+// ----------------------------------------------------------------------------
+// Q4_K / Q6_K weights x Q8_K activations
+// Per super-block of 256 and element: four 64-element steps each add, into 16
+// int32 lanes, madd(maddubs(q_w, x), sub-block scale) (exact); the Q6_K "-32"
+// (via bsums) is subtracted in int32 too. Then acc = fma((float)isum,
+// d_w*d_x, acc) and, for Q4_K, acc = fnmadd((float)msum_lane, dmin*d_x, acc)
+// with msum = m*bsum pairs in lanes 0-7. One reduction at the end.
+
+/* Per-row data of one Q4_K super-block: scale vectors per 64-element step,
+ * duplicated mins for the bsums madd, the two f16 scales. */
+typedef struct a512_q4kw {
+    __m512i sc[4];
+    __m256i mins;
+    float d, dmin;
+} a512_q4kw;
+
+A512_INLINE a512_q4kw a512__q4k_wprep(const uint8_t *b) {
+    a512_q4kw s;
+    uint32_t u[3], o[4];
+    memcpy(u, b + 4, 12);
+    const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
+    o[0] = u[0] & k1;                                      // sc 0..3
+    o[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);        // sc 4..7
+    o[2] = u[1] & k1;                                      // m 0..3
+    o[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4); // m 4..7
+    __m128i v = _mm_loadu_si128((const __m128i *)o);
+    __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(v));
+    __m256i m16 = _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_srli_si128(v, 8)));
+    // step v: int16 lanes 0-15 scale a, lanes 16-31 scale a+2, a = {0,1,4,5}[v]
+    const __m512i i0 = _mm512_set_epi16(2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0,
+                                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    s.sc[0] = _mm512_permutexvar_epi16(i0, sc16);
+    s.sc[1] = _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16(1)), sc16);
+    s.sc[2] = _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16(4)), sc16);
+    s.sc[3] = _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16(5)), sc16);
+    const __m256i im = _mm256_set_epi16(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    s.mins = _mm256_permutexvar_epi16(im, m16);
+    s.d = a512__f16(b);
+    s.dmin = a512__f16(b + 2);
+    return s;
+}
+
+/* Step v of a Q4_K super-block: the nibbles of sub-blocks a and a+2
+ * (a = {0,1,4,5}[v]): one 64-byte load of qs, low (v even) or high nibbles.
+ * The activation bytes are gathered to match (a512__q4k_x). */
+A512_INLINE __m512i a512__q4k_wq(const uint8_t *b, int v) {
+    __m512i q = _mm512_loadu_si512(b + 16 + 64 * (v >> 1));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    return (v & 1) ? _mm512_and_si512(_mm512_srli_epi16(q, 4), m4) : _mm512_and_si512(q, m4);
+}
+
+/* Activations of step v: elements of sub-blocks a and a+2. */
+A512_INLINE __m512i a512__q4k_x(const uint8_t *qs, int v) {
+    const uint8_t *p = qs + 128 * (v >> 1) + 32 * (v & 1);
+    return a512__load2x32(p, p + 64);
+}
+
+A512_INLINE void a512__q4k_tile(int R, int C, const a512_tile *t, int V) {
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nsb = t->K / 256;
+    for (int64_t i = 0; i < nsb; i++) {
+        a512_q4kw w[4];
+        A512_FOR_R w[r] = a512__q4k_wprep(t->W + r * t->ws + i * 144);
+        __m512i isum[4][4];
+        A512_FOR_R A512_FOR_C isum[r][c] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
+            __m512i xq[4];
+            A512_FOR_C xq[c] = a512__q4k_x(t->X + c * t->xs + i * 292 + 4, v);
+            A512_FOR_R {
+                __m512i wq = a512__q4k_wq(t->W + r * t->ws + i * 144, v);
+                A512_FOR_C isum[r][c] =
+                    a512__madd_acc(V, isum[r][c], _mm512_maddubs_epi16(wq, xq[c]), w[r].sc[v]);
+            }
+        }
+        A512_FOR_C {
+            const uint8_t *xb = t->X + c * t->xs + i * 292;
+            float dx = a512__f32(xb);
+            __m256i bs = _mm256_loadu_si256((const __m256i *)(xb + 260));
+            A512_FOR_R {
+                __m512i ms = _mm512_zextsi256_si512(_mm256_madd_epi16(bs, w[r].mins));
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][c]),
+                                            _mm512_set1_ps(w[r].d * dx), acc[r][c]);
+                acc[r][c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_set1_ps(w[r].dmin * dx),
+                                             acc[r][c]);
+            }
+        }
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+A512_TILES_V(a512__q4k_tile)
+
+/* Matches kern__matmul_q4_K_ref: integer sums exact; error from rounding
+ * d*dx, dmin*dx, the lane terms and the f32 accumulation, about
+ * (K/256 + 4) * 2^-24 of sum |super-block terms| (the d and dmin terms
+ * can cancel, so measure against their magnitudes, not the result's). */
+static void a512__matmul_q4_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                              const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__q4k_tile_tab[a512__use_vnni()], 2, 4, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+/* Per-row data of one Q6_K super-block. */
+typedef struct a512_q6kw {
+    __m512i sc[4]; /* step k: int16 lanes 8s..8s+7 = scale 4k+s */
+    __m256i sc16;  /* the 16 scales as int16, for the bsums madd */
+    float d;
+} a512_q6kw;
+
+A512_INLINE a512_q6kw a512__q6k_wprep(const uint8_t *b) {
+    a512_q6kw s;
+    s.sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+    __m512i z = _mm512_castsi256_si512(s.sc16);
+    // lane l -> l/8
+    const __m512i i0 = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1,
+                                        1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i four = _mm512_set1_epi16(4);
+    s.sc[0] = _mm512_permutexvar_epi16(i0, z);
+    __m512i i1 = _mm512_add_epi16(i0, four);
+    s.sc[1] = _mm512_permutexvar_epi16(i1, z);
+    __m512i i2 = _mm512_add_epi16(i1, four);
+    s.sc[2] = _mm512_permutexvar_epi16(i2, z);
+    s.sc[3] = _mm512_permutexvar_epi16(_mm512_add_epi16(i2, four), z);
+    s.d = a512__f16(b + 208);
+    return s;
+}
+
+/* High-bit vector of half n: bytes 0-31 qh (groups 0/2), bytes 32-63
+ * qh >> 2 (groups 1/3), masked to bits 0-1 (groups 0/1) and 4-5 (2/3). */
+A512_INLINE __m512i a512__q6k_h(const uint8_t *b, int n) {
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n));
+    __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+    return _mm512_and_si512(h, _mm512_set1_epi8(0x33));
+}
+
+/* 64 Q6_K values (0..63) of elements 64k..64k+63 in element order; h is
+ * a512__q6k_h of half k/2. Bit-select: low nibble from ql, high from h. */
+A512_INLINE __m512i a512__q6k_wq(const uint8_t *b, __m512i h, int k) {
+    __m512i ql = _mm512_loadu_si512(b + 64 * (k >> 1));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    if ((k & 1) == 0) return _mm512_ternarylogic_epi32(ql, _mm512_slli_epi16(h, 4), m4, 0xE4);
+    return _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), h, m4, 0xE4);
+}
+
+A512_INLINE void a512__q6k_tile(int R, int C, const a512_tile *t, int V) {
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nsb = t->K / 256;
+    for (int64_t i = 0; i < nsb; i++) {
+        a512_q6kw w[4];
+        A512_FOR_R w[r] = a512__q6k_wprep(t->W + r * t->ws + i * 210);
+        __m512i isum[4][4];
+        A512_FOR_R A512_FOR_C isum[r][c] = _mm512_setzero_si512();
+        __m512i h[4];
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+            __m512i xq[4];
+            A512_FOR_C xq[c] = _mm512_loadu_si512(t->X + c * t->xs + i * 292 + 4 + 64 * k);
+            A512_FOR_R {
+                const uint8_t *wb = t->W + r * t->ws + i * 210;
+                if ((k & 1) == 0) h[r] = a512__q6k_h(wb, k >> 1);
+                __m512i wq = a512__q6k_wq(wb, h[r], k);
+                A512_FOR_C isum[r][c] =
+                    a512__madd_acc(V, isum[r][c], _mm512_maddubs_epi16(wq, xq[c]), w[r].sc[k]);
+            }
+        }
+        A512_FOR_C {
+            const uint8_t *xb = t->X + c * t->xs + i * 292;
+            float dx = a512__f32(xb);
+            __m256i bs = _mm256_loadu_si256((const __m256i *)(xb + 260));
+            A512_FOR_R {
+                // - 32 * sum_j sc[j] * bsum[j], in lanes 0-7
+                __m256i m = _mm256_slli_epi32(_mm256_madd_epi16(bs, w[r].sc16), 5);
+                __m512i s = _mm512_sub_epi32(isum[r][c], _mm512_zextsi256_si512(m));
+                acc[r][c] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(w[r].d * dx), acc[r][c]);
+            }
+        }
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+A512_TILES_V(a512__q6k_tile)
+
+/* Matches kern__matmul_q6_K_ref: integer sums exact; error about
+ * (K/256 + 3) * 2^-24 of sum |super-block terms|. */
+static void a512__matmul_q6_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                              const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__q6k_tile_tab[a512__use_vnni()], 2, 4, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+// ----------------------------------------------------------------------------
+// Activation quantizers (byte-identical to ref.c)
+
+/* 16 floats * id, rounded half-even and clamped to [-127, 127] as int32.
+ * A non-finite product (inf * 0, a NaN input, or id = inf for a block of
+ * subnormals) gives 0, as ref's (int)lrintf does on x86-64. */
+A512_INLINE __m512i a512__q8_round(__m512 v) {
+    __mmask16 ok = _mm512_cmp_ps_mask(_mm512_abs_ps(v), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+    return _mm512_maskz_cvtps_epi32(ok, v);
+}
+
+/* amax of 16*nv floats: fabs then max, NaN lanes ignored (as fmaxf). */
+A512_INLINE float a512__amax(const float *x, int nv) {
+    __m512 m = _mm512_setzero_ps();
+    for (int v = 0; v < nv; v++)
+        m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + 16 * v)), m);
+    return _mm512_reduce_max_ps(m);
+}
+
+/* Matches kern__quantize_q8_0_ref byte for byte. */
+static void a512__quantize_q8_0(const float *x, void *y, int64_t n) {
+    uint8_t *out = y;
+    for (int64_t i = 0; i < n / 32; i++, out += 34) {
+        const float *xb = x + 32 * i;
+        float amax = a512__amax(xb, 2);
+        uint16_t d16 = ks_f32_to_f16(amax / 127.0f);
+        float d = ks_f16_to_f32(d16);
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        memcpy(out, &d16, 2);
+        __m512 vid = _mm512_set1_ps(id);
+        for (int v = 0; v < 2; v++) {
+            __m512i q = a512__q8_round(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * v), vid));
+            _mm_storeu_si128((__m128i *)(out + 2 + 16 * v), _mm512_cvtepi32_epi8(q));
+        }
+    }
+}
+
+/* Matches kern__quantize_q8_K_ref byte for byte. */
+static void a512__quantize_q8_K(const float *x, void *y, int64_t n) {
+    uint8_t *out = y;
+    for (int64_t i = 0; i < n / 256; i++, out += 292) {
+        const float *xb = x + 256 * i;
+        float amax = a512__amax(xb, 16);
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        memcpy(out, &d, 4);
+        __m512 vid = _mm512_set1_ps(id);
+        int16_t bsums[16];
+        for (int v = 0; v < 16; v++) {
+            __m512i q = a512__q8_round(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * v), vid));
+            _mm_storeu_si128((__m128i *)(out + 4 + 16 * v), _mm512_cvtepi32_epi8(q));
+            bsums[v] = (int16_t)_mm512_reduce_add_epi32(q);
+        }
+        memcpy(out + 260, bsums, sizeof bsums);
+    }
+}
+
+/* F32 "quantization" is a copy (kern__quantize_f32_ref; y may equal x). */
+static void a512__quantize_f32(const float *x, void *y, int64_t n) {
+    if ((const void *)x != y) memmove(y, x, (size_t)n * sizeof(float));
+}
+
+// ----------------------------------------------------------------------------
+// Vector ops
+
+/* Matches kern__dot_f32_ref (double): f32 fma in 4 x 16 lanes, relative error
+ * about n * 2^-24 of sum |a*b|. */
+static float a512__dot_f32(int64_t n, const float *a, const float *b) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i <= n - 64; i += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+/* Matches kern__axpy_f32_ref exactly (mul then add, no fma). */
+static void a512__axpy_f32(int64_t n, float a, const float *x, float *y) {
+    __m512 va = _mm512_set1_ps(a);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 p = _mm512_mul_ps(va, _mm512_maskz_loadu_ps(m, x + i));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), p));
+    }
+}
+
+/* Matches kern__rmsnorm_ref: sum of squares in double (other order), then
+ * the same float ops; results within 1 ulp, usually equal. */
+static void a512__rmsnorm(int64_t n, const float *x, const float *w, float eps, float *y) {
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0;
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        __m512d hi =
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        s0 = _mm512_fmadd_pd(lo, lo, s0);
+        s1 = _mm512_fmadd_pd(hi, hi, s1);
+    }
+    double ss = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+    __m512 sc = _mm512_set1_ps((float)(1.0 / sqrt(ss / (double)n + (double)eps)));
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), sc);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
+    }
+}
+
+/* e^x for 16 lanes, within about 2 ulp of expf: x = n*ln2 + r, |r| <= ln2/2,
+ * degree-7 Taylor polynomial of e^r, scaled by 2^n (scalef gives inf / 0
+ * for out-of-range n). */
+A512_INLINE __m512 a512__exp(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(100.0f));
+    __m512 nn = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(nn, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(nn, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, nn);
+}
+
+/* Matches kern__silu_mul_ref within a few ulp (a512__exp vs expf). */
+static void a512__silu_mul(int64_t n, const float *g, const float *u, float *y) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 vg = _mm512_maskz_loadu_ps(m, g + i), vu = _mm512_maskz_loadu_ps(m, u + i);
+        __m512 e = a512__exp(_mm512_sub_ps(_mm512_setzero_ps(), vg));
+        __m512 s = _mm512_div_ps(vg, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(s, vu));
+    }
+}
+
+/* Matches kern__softmax_ref within a few ulp (a512__exp vs expf; the sum is
+ * in double like ref's, in another order). */
+static void a512__softmax(int64_t n, float *x) {
+    if (n <= 0) return;
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        mx = _mm512_mask_max_ps(mx, m, _mm512_maskz_loadu_ps(m, x + i), mx);
+    }
+    __m512 vmx = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0;
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 e = a512__exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmx));
+        e = _mm512_maskz_mov_ps(m, e);
+        _mm512_mask_storeu_ps(x + i, m, e);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        s1 = _mm512_add_pd(
+            s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    }
+    __m512 inv = _mm512_set1_ps((float)(1.0 / _mm512_reduce_add_pd(_mm512_add_pd(s0, s1))));
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Vtab
+
+const kern_vtab kern__vtab_avx512 = {
+    .name = "avx512",
+    .matmul =
+        {
+            [KS_DTYPE_F32] = a512__matmul_f32,
+            [KS_DTYPE_F16] = a512__matmul_f16,
+            [KS_DTYPE_BF16] = a512__matmul_bf16,
+            [KS_DTYPE_Q8_0] = a512__matmul_q8_0,
+            [KS_DTYPE_Q4_0] = a512__matmul_q4_0,
+            [KS_DTYPE_Q4_K] = a512__matmul_q4_K,
+            [KS_DTYPE_Q6_K] = a512__matmul_q6_K,
+        },
+    .quantize_act =
+        {
+            [KS_DTYPE_F32] = a512__quantize_f32,
+            [KS_DTYPE_Q8_0] = a512__quantize_q8_0,
+            [KS_DTYPE_Q8_K] = a512__quantize_q8_K,
+        },
+    .dot_f32 = a512__dot_f32,
+    .axpy_f32 = a512__axpy_f32,
+    .rmsnorm = a512__rmsnorm,
+    .silu_mul = a512__silu_mul,
+    .softmax = a512__softmax,
+};

@@ -1,0 +1,148 @@
+/* dispatch.c — run-time ISA selection (kern_init / kern_get), the weight
+ * type table, reference (de)quantization of whole rows, and RoPE.
+ *
+ * The CPU is probed once through ks_cpu_get() (CPUID + XGETBV, base/cpu.c);
+ * the chosen vtab is published with release/acquire so kern_get is safe from
+ * any thread after kern_init. STYLE.md section 9 has the rules. */
+#include "kern/kern_int.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// ISA selection
+
+static _Atomic(const kern_vtab *) kern__chosen = NULL;
+
+static bool kern__isa_ok(const char *isa) {
+    const ks_cpu *cpu = ks_cpu_get();
+    if (strcmp(isa, "ref") == 0) return true;
+    if (strcmp(isa, "avx2") == 0) return cpu->avx2;
+    if (strcmp(isa, "avx512") == 0) return cpu->avx512;
+    return false;
+}
+
+const kern_vtab *kern_vtab_for(const char *isa) {
+    if (!isa || !kern__isa_ok(isa)) return NULL;
+    if (strcmp(isa, "avx512") == 0) return &kern__vtab_avx512;
+    if (strcmp(isa, "avx2") == 0) return &kern__vtab_avx2;
+    return &kern__vtab_ref;
+}
+
+static const kern_vtab *kern__best(void) {
+    const kern_vtab *v = kern_vtab_for("avx512");
+    if (!v) v = kern_vtab_for("avx2");
+    if (!v) v = &kern__vtab_ref;
+    return v;
+}
+
+ks_err kern_init(const char *isa, ks_errbuf *eb) {
+    const char *src = "argument";
+    if (!isa) {
+        isa = getenv("KS_FORCE_ISA");
+        src = "KS_FORCE_ISA";
+        if (isa && !*isa) isa = NULL;
+    }
+    const kern_vtab *v;
+    if (!isa) {
+        v = kern__best();
+        ks_log(KS_LOG_INFO, "kern: using %s kernels (best supported)", v->name);
+    } else {
+        if (strcmp(isa, "ref") != 0 && strcmp(isa, "avx2") != 0 && strcmp(isa, "avx512") != 0)
+            return ks_seterr(eb, KS_ERR_INVAL, "kern: unknown ISA '%s' (%s); want ref, avx2 or avx512",
+                             isa, src);
+        v = kern_vtab_for(isa);
+        if (!v)
+            return ks_seterr(eb, KS_ERR_UNSUPPORTED,
+                             "kern: ISA '%s' (%s) is not supported by this CPU/OS", isa, src);
+        ks_log(KS_LOG_INFO, "kern: using %s kernels (forced by %s)", v->name, src);
+    }
+    atomic_store_explicit(&kern__chosen, v, memory_order_release);
+    ks_errbuf_clear(eb);
+    return KS_OK;
+}
+
+const kern_vtab *kern_get(void) {
+    const kern_vtab *v = atomic_load_explicit(&kern__chosen, memory_order_acquire);
+    return v ? v : kern__best();
+}
+
+// ----------------------------------------------------------------------------
+// Types
+
+bool kern_wtype_supported(ks_dtype t) {
+    switch (t) {
+    case KS_DTYPE_F32:
+    case KS_DTYPE_F16:
+    case KS_DTYPE_BF16:
+    case KS_DTYPE_Q8_0:
+    case KS_DTYPE_Q4_0:
+    case KS_DTYPE_Q4_K:
+    case KS_DTYPE_Q6_K: return true;
+    default: return false;
+    }
+}
+
+ks_dtype kern_act_type(ks_dtype wtype) {
+    switch (wtype) {
+    case KS_DTYPE_Q8_0:
+    case KS_DTYPE_Q4_0: return KS_DTYPE_Q8_0;
+    case KS_DTYPE_Q4_K:
+    case KS_DTYPE_Q6_K: return KS_DTYPE_Q8_K;
+    default: return KS_DTYPE_F32;
+    }
+}
+
+void kern_quantize_row(ks_dtype t, const float *x, void *y, int64_t n) {
+    KS_ASSERT(n >= 0 && ks_dtype_block_elems(t) > 0 && n % ks_dtype_block_elems(t) == 0);
+    switch (t) {
+    case KS_DTYPE_F32: kern__quantize_f32_ref(x, y, n); break;
+    case KS_DTYPE_F16: kern__quantize_f16_ref(x, y, n); break;
+    case KS_DTYPE_BF16: kern__quantize_bf16_ref(x, y, n); break;
+    case KS_DTYPE_Q8_0: kern__quantize_q8_0_ref(x, y, n); break;
+    case KS_DTYPE_Q4_0: kern__quantize_q4_0_ref(x, y, n); break;
+    case KS_DTYPE_Q4_K: kern__quantize_q4_K_ref(x, y, n); break;
+    case KS_DTYPE_Q6_K: kern__quantize_q6_K_ref(x, y, n); break;
+    case KS_DTYPE_Q8_K: kern__quantize_q8_K_ref(x, y, n); break;
+    default: KS_ASSERT(!"kern_quantize_row: unsupported type");
+    }
+}
+
+void kern_dequantize_row(ks_dtype t, const void *x, float *y, int64_t n) {
+    KS_ASSERT(n >= 0 && ks_dtype_block_elems(t) > 0 && n % ks_dtype_block_elems(t) == 0);
+    switch (t) {
+    case KS_DTYPE_F32: kern__dequantize_f32_ref(x, y, n); break;
+    case KS_DTYPE_F16: kern__dequantize_f16_ref(x, y, n); break;
+    case KS_DTYPE_BF16: kern__dequantize_bf16_ref(x, y, n); break;
+    case KS_DTYPE_Q8_0: kern__dequantize_q8_0_ref(x, y, n); break;
+    case KS_DTYPE_Q4_0: kern__dequantize_q4_0_ref(x, y, n); break;
+    case KS_DTYPE_Q4_K: kern__dequantize_q4_K_ref(x, y, n); break;
+    case KS_DTYPE_Q6_K: kern__dequantize_q6_K_ref(x, y, n); break;
+    case KS_DTYPE_Q8_K: kern__dequantize_q8_K_ref(x, y, n); break;
+    default: KS_ASSERT(!"kern_dequantize_row: unsupported type");
+    }
+}
+
+// ----------------------------------------------------------------------------
+// RoPE
+
+/* Angles are computed in double (pos can be large; float pos*theta loses
+ * the low bits) and applied in float. Pair i (i < n_rot/2) rotates by
+ * pos * freq_scale * base^(-2i/n_rot) (freq_scale = 1/factor, kern.h). neox pairs are (x[i], x[i + n_rot/2]),
+ * as llama.cpp's NEOX mode with n_dims = n_rot. */
+void kern_rope(float *x, int n_dims, int n_rot, int64_t pos, float freq_base, float freq_scale,
+               bool neox) {
+    KS_ASSERT(n_rot >= 0 && n_rot <= n_dims && n_rot % 2 == 0);
+    int half = n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        double theta = (double)pos * (double)freq_scale *
+                       pow((double)freq_base, -2.0 * (double)i / (double)n_rot);
+        float c = (float)cos(theta), s = (float)sin(theta);
+        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float x0 = x[i0], x1 = x[i1];
+        x[i0] = x0 * c - x1 * s;
+        x[i1] = x0 * s + x1 * c;
+    }
+}

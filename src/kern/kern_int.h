@@ -1,0 +1,156 @@
+/* kern_int.h — private to src/kern: the ggml quant block layouts shared by
+ * ref.c, avx2.c and avx512.c, the three vtabs, and the scalar reference
+ * functions (kern__*_ref) that SIMD files may call for tails.
+ *
+ * Blocks are declared packed (alignment 1) because kern.h promises that no
+ * pointer needs alignment: a block may start at any byte of an mmapped GGUF
+ * or a caller's scratch buffer, and member access through a packed struct is
+ * well defined there (plain casts would be UB for the f16/f32/i16 fields).
+ * Layouts follow ggml's ggml-common.h exactly (element order documented per
+ * block below). */
+#ifndef KS_KERN_INT_H
+#define KS_KERN_INT_H
+
+#include "kvseal/kern.h"
+
+#define KERN_QK8_0 32 /* elements per Q8_0 / Q4_0 block */
+#define KERN_QK_K 256 /* elements per K-quant super-block */
+
+// ----------------------------------------------------------------------------
+// Block layouts
+
+/* Q8_0: value[i] = d * qs[i]. qs in [-127, 127] when written by us
+ * (avx2 matmul relies on activations never being -128). */
+typedef struct __attribute__((packed)) kern_block_q8_0 {
+    uint16_t d;     /* f16 scale */
+    int8_t qs[32];  /* element i */
+} kern_block_q8_0;
+_Static_assert(sizeof(kern_block_q8_0) == 34, "q8_0 block is 34 bytes");
+
+/* Q4_0: value[i] = d * (q[i] - 8); qs[j] low nibble = element j, high nibble
+ * = element j+16. */
+typedef struct __attribute__((packed)) kern_block_q4_0 {
+    uint16_t d;     /* f16 scale */
+    uint8_t qs[16]; /* nibbles, see above */
+} kern_block_q4_0;
+_Static_assert(sizeof(kern_block_q4_0) == 18, "q4_0 block is 18 bytes");
+
+/* Q4_K: 256 elements in 8 sub-blocks of 32; sub-block j has a 6-bit scale
+ * sc[j] and 6-bit min m[j]; value = d*sc[j]*q - dmin*m[j], q in [0,15].
+ * Elements 64c..64c+31 are the low nibbles of qs[32c..32c+31] (sub-block
+ * 2c), elements 64c+32..64c+63 the high nibbles (sub-block 2c+1).
+ * scales[12] packing (kern__q4k_scale_min decodes it):
+ *   j<4:  sc[j] = scales[j] & 63,           m[j] = scales[j+4] & 63
+ *   j>=4: sc[j] = (scales[j+4] & 15) | (scales[j-4] >> 6) << 4,
+ *         m[j]  = (scales[j+4] >> 4) | (scales[j]   >> 6) << 4 */
+typedef struct __attribute__((packed)) kern_block_q4_K {
+    uint16_t d;          /* f16 super-scale of the scales */
+    uint16_t dmin;       /* f16 super-scale of the mins */
+    uint8_t scales[12];  /* 6-bit scales and mins, see above */
+    uint8_t qs[128];     /* nibbles, see above */
+} kern_block_q4_K;
+_Static_assert(sizeof(kern_block_q4_K) == 144, "q4_K block is 144 bytes");
+
+/* Q6_K: 256 elements in 16 sub-blocks of 16; value[e] = d * scales[e/16] *
+ * (q - 32), q in [0,63]. For e = 128n + 32g + i (n<2, g<4, i<32):
+ *   low 4 bits: g=0 ql[64n+i] & 15, g=1 ql[64n+32+i] & 15,
+ *               g=2 ql[64n+i] >> 4, g=3 ql[64n+32+i] >> 4
+ *   high 2 bits: (qh[32n+i] >> 2g) & 3 */
+typedef struct __attribute__((packed)) kern_block_q6_K {
+    uint8_t ql[128];    /* low 4 bits, see above */
+    uint8_t qh[64];     /* high 2 bits, see above */
+    int8_t scales[16];  /* signed 8-bit sub-block scales */
+    uint16_t d;         /* f16 super-scale */
+} kern_block_q6_K;
+_Static_assert(sizeof(kern_block_q6_K) == 210, "q6_K block is 210 bytes");
+
+/* Q8_K (activations for Q4_K / Q6_K): value[i] = d * qs[i];
+ * bsums[j] = sum of qs[16j .. 16j+15] (exact). */
+typedef struct __attribute__((packed)) kern_block_q8_K {
+    float d;            /* f32 scale */
+    int8_t qs[256];     /* element i, in [-127, 127] when written by us */
+    int16_t bsums[16];  /* per-16 sums of qs */
+} kern_block_q8_K;
+_Static_assert(sizeof(kern_block_q8_K) == 292, "q8_K block is 292 bytes");
+
+/* Decodes the 6-bit scale and min of Q4_K sub-block j (0..7). */
+static inline void kern__q4k_scale_min(const uint8_t *scales, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = scales[j] & 63;
+        *m = scales[j + 4] & 63;
+    } else {
+        *sc = (scales[j + 4] & 15) | ((scales[j - 4] >> 6) << 4);
+        *m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Vtabs (ref.c, avx2.c, avx512.c)
+
+extern const kern_vtab kern__vtab_ref;
+extern const kern_vtab kern__vtab_avx2;
+extern const kern_vtab kern__vtab_avx512;
+
+// ----------------------------------------------------------------------------
+// Reference functions (ref.c). Every f32 reduction accumulates in double, in
+// increasing k (or block) order, and rounds to float once at the end; each
+// term is exact (products of two floats, integer block sums) or rounded once.
+// This is the most accurate order that is still cheap, so a SIMD kernel's
+// tolerance is just its own rounding (tests/unit/test_kern.c).
+
+/* One output element: dot of a weight row and an activation row of K
+ * elements (same formats as kern_matmul_fn). */
+float kern__dot_row_f32_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_f16_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_bf16_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_q8_0_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_q4_0_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_q4_K_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_q6_K_ref(int64_t K, const void *w, const void *x);
+
+void kern__matmul_f32_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                          const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_f16_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                          const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_bf16_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                           const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_q8_0_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                           const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_q4_0_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                           const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_q4_K_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                           const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_q6_K_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                           const void *X, size_t x_stride, float *Y, size_t y_stride);
+
+/* Activation quantizers (kern_quant_fn). Q8_0 and Q8_K use d = amax/127
+ * (Q8_0: d rounded to f16 first), q = round-half-even(x * (1/d)); SIMD
+ * versions must produce the same bytes. */
+void kern__quantize_f32_ref(const float *x, void *y, int64_t n);
+void kern__quantize_q8_0_ref(const float *x, void *y, int64_t n);
+void kern__quantize_q8_K_ref(const float *x, void *y, int64_t n);
+
+/* Weight quantizers and dequantizers (used by kern_quantize_row /
+ * kern_dequantize_row). n is a multiple of the block size. */
+void kern__quantize_f16_ref(const float *x, void *y, int64_t n);
+void kern__quantize_bf16_ref(const float *x, void *y, int64_t n);
+void kern__quantize_q4_0_ref(const float *x, void *y, int64_t n);
+void kern__quantize_q4_K_ref(const float *x, void *y, int64_t n);
+void kern__quantize_q6_K_ref(const float *x, void *y, int64_t n);
+void kern__dequantize_f32_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_f16_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_bf16_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_q8_0_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_q4_0_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_q4_K_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_q6_K_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_q8_K_ref(const void *x, float *y, int64_t n);
+
+/* Vector ops (kern_vtab fields of the same names). */
+float kern__dot_f32_ref(int64_t n, const float *a, const float *b);
+void kern__axpy_f32_ref(int64_t n, float a, const float *x, float *y);
+void kern__rmsnorm_ref(int64_t n, const float *x, const float *w, float eps, float *y);
+void kern__silu_mul_ref(int64_t n, const float *g, const float *u, float *y);
+void kern__softmax_ref(int64_t n, float *x);
+
+#endif /* KS_KERN_INT_H */

@@ -1,0 +1,475 @@
+/* ref.c — the scalar reference kernels: the spec, the fallback and the test
+ * oracle for avx2.c / avx512.c (STYLE.md section 9). Plain C11, no
+ * intrinsics, no -march.
+ *
+ * Accumulation order (the documented spec the SIMD tolerances are measured
+ * against): every reduction sums in double, in increasing k (or block) order,
+ * and rounds to float once at the end. Each term is exact (a product of two
+ * floats, or an integer block dot product) or rounded once (a block term
+ * d_w * d_x * isum). Quantizers are deterministic and round half to even
+ * (lrintf under the default rounding mode, the same as cvtps2dq).
+ * Block layouts: kern_int.h. */
+#include "kern/kern_int.h"
+
+#include <math.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// Small helpers
+
+/* f16 bits of the smallest f16 >= v (v >= 0, finite): scales rounded up so
+ * the 6/8-bit sub-scales derived from them never overflow their range. */
+static uint16_t ref__f16_ceil(float v) {
+    uint16_t h = ks_f32_to_f16(v);
+    if (ks_f16_to_f32(h) < v) h++;
+    return h;
+}
+
+/* Loads element k of an f32 row that may be unaligned (kern.h: W and X
+ * pointers need no alignment). */
+static float ref__ldf(const void *p, int64_t k) {
+    float v;
+    memcpy(&v, (const uint8_t *)p + 4 * k, 4);
+    return v;
+}
+
+static int ref__clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+// ----------------------------------------------------------------------------
+// Row dot products (one matmul output element each)
+
+float kern__dot_row_f32_ref(int64_t K, const void *w, const void *x) {
+    double s = 0.0;
+    for (int64_t k = 0; k < K; k++) s += (double)ref__ldf(w, k) * (double)ref__ldf(x, k);
+    return (float)s;
+}
+
+float kern__dot_row_f16_ref(int64_t K, const void *w, const void *x) {
+    const uint8_t *a = w; // (K) f16, possibly unaligned
+    double s = 0.0;
+    for (int64_t k = 0; k < K; k++) {
+        uint16_t h;
+        memcpy(&h, a + 2 * k, 2);
+        s += (double)ks_f16_to_f32(h) * (double)ref__ldf(x, k);
+    }
+    return (float)s;
+}
+
+float kern__dot_row_bf16_ref(int64_t K, const void *w, const void *x) {
+    const uint8_t *a = w; // (K) bf16, possibly unaligned
+    double s = 0.0;
+    for (int64_t k = 0; k < K; k++) {
+        uint16_t h;
+        memcpy(&h, a + 2 * k, 2);
+        s += (double)ks_bf16_to_f32(h) * (double)ref__ldf(x, k);
+    }
+    return (float)s;
+}
+
+float kern__dot_row_q8_0_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_q8_0 *a = w, *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK8_0; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < 32; j++) isum += (int32_t)a[i].qs[j] * b[i].qs[j];
+        s += (double)ks_f16_to_f32(a[i].d) * (double)ks_f16_to_f32(b[i].d) * (double)isum;
+    }
+    return (float)s;
+}
+
+float kern__dot_row_q4_0_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_q4_0 *a = w;
+    const kern_block_q8_0 *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK8_0; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) {
+            isum += ((a[i].qs[j] & 15) - 8) * b[i].qs[j];
+            isum += ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + 16];
+        }
+        s += (double)ks_f16_to_f32(a[i].d) * (double)ks_f16_to_f32(b[i].d) * (double)isum;
+    }
+    return (float)s;
+}
+
+float kern__dot_row_q4_K_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_q4_K *a = w;
+    const kern_block_q8_K *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        int32_t isum = 0, msum = 0; // sum sc*q*x, sum m*x (exact)
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            kern__q4k_scale_min(a[i].scales, j, &sc, &m);
+            const uint8_t *q = a[i].qs + 32 * (j / 2);
+            const int8_t *y = b[i].qs + 32 * j;
+            int shift = (j & 1) ? 4 : 0;
+            int32_t sub = 0;
+            for (int l = 0; l < 32; l++) sub += ((q[l] >> shift) & 15) * y[l];
+            isum += sc * sub;
+            msum += m * (b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
+        }
+        double dx = b[i].d;
+        s += (double)ks_f16_to_f32(a[i].d) * dx * (double)isum -
+             (double)ks_f16_to_f32(a[i].dmin) * dx * (double)msum;
+    }
+    return (float)s;
+}
+
+/* Unpacks the 256 6-bit values of a Q6_K block to q - 32 in [-32, 31]
+ * (layout: kern_int.h). */
+static void ref__q6k_unpack(const kern_block_q6_K *b, int8_t *q) {
+    for (int n = 0; n < 2; n++)
+        for (int t = 0; t < 32; t++) {
+            const uint8_t l0 = b->ql[64 * n + t], l1 = b->ql[64 * n + 32 + t], h = b->qh[32 * n + t];
+            int8_t *o = q + 128 * n + t;
+            o[0] = (int8_t)(((l0 & 15) | ((h >> 0) & 3) << 4) - 32);
+            o[32] = (int8_t)(((l1 & 15) | ((h >> 2) & 3) << 4) - 32);
+            o[64] = (int8_t)(((l0 >> 4) | ((h >> 4) & 3) << 4) - 32);
+            o[96] = (int8_t)(((l1 >> 4) | ((h >> 6) & 3) << 4) - 32);
+        }
+}
+
+float kern__dot_row_q6_K_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_q6_K *a = w;
+    const kern_block_q8_K *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        int8_t q[KERN_QK_K];
+        ref__q6k_unpack(&a[i], q);
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) { // sub-block j: elements 16j .. 16j+15
+            int32_t sub = 0;
+            for (int l = 0; l < 16; l++) sub += q[16 * j + l] * b[i].qs[16 * j + l];
+            isum += a[i].scales[j] * sub;
+        }
+        s += (double)ks_f16_to_f32(a[i].d) * (double)b[i].d * (double)isum;
+    }
+    return (float)s;
+}
+
+// ----------------------------------------------------------------------------
+// Matmuls: Y[c*y_stride + r] = dot(W row r, X row c), one element at a time.
+
+#define REF_MATMUL(name, dotfn)                                                         \
+    void kern__matmul_##name##_ref(int64_t K, int n_rows, int n_cols, const void *W,     \
+                                   size_t w_stride, const void *X, size_t x_stride,     \
+                                   float *Y, size_t y_stride) {                         \
+        for (int c = 0; c < n_cols; c++) {                                              \
+            const uint8_t *xr = (const uint8_t *)X + (size_t)c * x_stride;              \
+            for (int r = 0; r < n_rows; r++)                                            \
+                Y[(size_t)c * y_stride + r] =                                           \
+                    dotfn(K, (const uint8_t *)W + (size_t)r * w_stride, xr);            \
+        }                                                                               \
+    }
+
+REF_MATMUL(f32, kern__dot_row_f32_ref)
+REF_MATMUL(f16, kern__dot_row_f16_ref)
+REF_MATMUL(bf16, kern__dot_row_bf16_ref)
+REF_MATMUL(q8_0, kern__dot_row_q8_0_ref)
+REF_MATMUL(q4_0, kern__dot_row_q4_0_ref)
+REF_MATMUL(q4_K, kern__dot_row_q4_K_ref)
+REF_MATMUL(q6_K, kern__dot_row_q6_K_ref)
+
+// ----------------------------------------------------------------------------
+// Activation quantizers
+
+void kern__quantize_f32_ref(const float *x, void *y, int64_t n) {
+    memmove(y, x, (size_t)n * sizeof(float));
+}
+
+void kern__quantize_q8_0_ref(const float *x, void *y, int64_t n) {
+    kern_block_q8_0 *b = y;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        const float *xb = x + 32 * i;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        uint16_t d16 = ks_f32_to_f16(amax / 127.0f);
+        float d = ks_f16_to_f32(d16);
+        float id = d != 0.0f ? 1.0f / d : 0.0f; // of the stored d: error <= d/2
+        b[i].d = d16;
+        for (int j = 0; j < 32; j++)
+            b[i].qs[j] = (int8_t)ref__clampi((int)lrintf(xb[j] * id), -127, 127);
+    }
+}
+
+void kern__quantize_q8_K_ref(const float *x, void *y, int64_t n) {
+    kern_block_q8_K *b = y;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        const float *xb = x + KERN_QK_K * i;
+        float amax = 0.0f;
+        for (int j = 0; j < KERN_QK_K; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = d;
+        for (int j = 0; j < KERN_QK_K; j++)
+            b[i].qs[j] = (int8_t)ref__clampi((int)lrintf(xb[j] * id), -127, 127);
+        for (int j = 0; j < 16; j++) {
+            int s = 0;
+            for (int l = 0; l < 16; l++) s += b[i].qs[16 * j + l];
+            b[i].bsums[j] = (int16_t)s;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Weight quantizers. Sub-block scales are rounded *up* (ceil) so every
+// element is inside the representable range: error <= step/2, except the
+// one-sided symmetric formats (Q4_0, Q6_K) whose positive extreme may clamp
+// (error <= step), as in ggml.
+
+void kern__quantize_f16_ref(const float *x, void *y, int64_t n) {
+    uint8_t *o = y;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h = ks_f32_to_f16(x[i]);
+        memcpy(o + 2 * i, &h, 2);
+    }
+}
+
+void kern__quantize_bf16_ref(const float *x, void *y, int64_t n) {
+    uint8_t *o = y;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h = ks_f32_to_bf16(x[i]);
+        memcpy(o + 2 * i, &h, 2);
+    }
+}
+
+void kern__quantize_q4_0_ref(const float *x, void *y, int64_t n) {
+    kern_block_q4_0 *b = y;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        const float *xb = x + 32 * i;
+        float amax = 0.0f, mx = 0.0f; // mx: the signed value of largest magnitude
+        for (int j = 0; j < 32; j++)
+            if (fabsf(xb[j]) > amax) amax = fabsf(xb[j]), mx = xb[j];
+        uint16_t d16 = ks_f32_to_f16(mx / -8.0f); // mx maps to q=0, i.e. -8*d
+        float d = ks_f16_to_f32(d16);
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = d16;
+        for (int j = 0; j < 16; j++) {
+            int lo = ref__clampi((int)lrintf(xb[j] * id) + 8, 0, 15);
+            int hi = ref__clampi((int)lrintf(xb[j + 16] * id) + 8, 0, 15);
+            b[i].qs[j] = (uint8_t)(lo | hi << 4);
+        }
+    }
+}
+
+void kern__quantize_q4_K_ref(const float *x, void *y, int64_t n) {
+    kern_block_q4_K *b = y;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        const float *xb = x + KERN_QK_K * i;
+        float lo[8], hi[8], need[8], max_min = 0.0f, max_need = 0.0f;
+        for (int j = 0; j < 8; j++) {
+            lo[j] = 0.0f; // the offset is -dmin*m with m >= 0, so min <= 0
+            hi[j] = -INFINITY;
+            for (int l = 0; l < 32; l++) {
+                lo[j] = fminf(lo[j], xb[32 * j + l]);
+                hi[j] = fmaxf(hi[j], xb[32 * j + l]);
+            }
+            max_min = fmaxf(max_min, -lo[j]);
+        }
+        uint16_t dmin16 = ref__f16_ceil(max_min / 63.0f);
+        float dmin = ks_f16_to_f32(dmin16);
+        int sc[8], m[8];
+        for (int j = 0; j < 8; j++) {
+            m[j] = dmin > 0.0f ? ref__clampi((int)ceilf(-lo[j] / dmin), 0, 63) : 0;
+            need[j] = (hi[j] + dmin * (float)m[j]) / 15.0f; // step covering [-dmin*m, hi]
+            max_need = fmaxf(max_need, need[j]);
+        }
+        uint16_t d16 = ref__f16_ceil(max_need / 63.0f);
+        float d = ks_f16_to_f32(d16);
+        for (int j = 0; j < 8; j++)
+            sc[j] = d > 0.0f ? ref__clampi((int)ceilf(need[j] / d), 0, 63) : 0;
+        b[i].d = d16;
+        b[i].dmin = dmin16;
+        for (int j = 0; j < 4; j++) {
+            b[i].scales[j] = (uint8_t)((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
+            b[i].scales[j + 4] = (uint8_t)((m[j] & 63) | (m[j + 4] >> 4) << 6);
+            b[i].scales[j + 8] = (uint8_t)((sc[j + 4] & 15) | (m[j + 4] & 15) << 4);
+        }
+        memset(b[i].qs, 0, sizeof b[i].qs);
+        for (int j = 0; j < 8; j++) {
+            float ds = d * (float)sc[j], dm = dmin * (float)m[j]; // value = ds*q - dm
+            for (int l = 0; l < 32; l++) {
+                int q = ds > 0.0f ? ref__clampi((int)lrintf((xb[32 * j + l] + dm) / ds), 0, 15)
+                                  : 0;
+                b[i].qs[32 * (j / 2) + l] |= (uint8_t)(q << ((j & 1) ? 4 : 0));
+            }
+        }
+    }
+}
+
+void kern__quantize_q6_K_ref(const float *x, void *y, int64_t n) {
+    kern_block_q6_K *b = y;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        const float *xb = x + KERN_QK_K * i;
+        float s[16], max_s = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            float amax = 0.0f, mx = 0.0f;
+            for (int l = 0; l < 16; l++)
+                if (fabsf(xb[16 * j + l]) > amax) amax = fabsf(xb[16 * j + l]), mx = xb[16 * j + l];
+            s[j] = mx / -32.0f; // mx maps to q-32 = -32
+            max_s = fmaxf(max_s, fabsf(s[j]));
+        }
+        uint16_t d16 = ref__f16_ceil(max_s / 127.0f);
+        float d = ks_f16_to_f32(d16);
+        b[i].d = d16;
+        memset(b[i].ql, 0, sizeof b[i].ql);
+        memset(b[i].qh, 0, sizeof b[i].qh);
+        for (int j = 0; j < 16; j++) {
+            int sc = d > 0.0f ? ref__clampi((int)ceilf(fabsf(s[j]) / d), 0, 127) : 0;
+            if (s[j] < 0.0f) sc = -sc;
+            b[i].scales[j] = (int8_t)sc;
+            float ds = d * (float)sc;
+            for (int l = 0; l < 16; l++) {
+                int e = 16 * j + l, nn = e / 128, g = (e % 128) / 32, t = e % 32;
+                int q = ds != 0.0f ? ref__clampi((int)lrintf(xb[e] / ds), -32, 31) : 0;
+                q += 32;
+                b[i].ql[64 * nn + 32 * (g & 1) + t] |= (uint8_t)((q & 15) << ((g & 2) ? 4 : 0));
+                b[i].qh[32 * nn + t] |= (uint8_t)((q >> 4) << (2 * g));
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Dequantizers (float op order as ggml's dequantize_row_*)
+
+void kern__dequantize_f32_ref(const void *x, float *y, int64_t n) {
+    memmove(y, x, (size_t)n * sizeof(float));
+}
+
+void kern__dequantize_f16_ref(const void *x, float *y, int64_t n) {
+    const uint8_t *p = x;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        y[i] = ks_f16_to_f32(h);
+    }
+}
+
+void kern__dequantize_bf16_ref(const void *x, float *y, int64_t n) {
+    const uint8_t *p = x;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        y[i] = ks_bf16_to_f32(h);
+    }
+}
+
+void kern__dequantize_q8_0_ref(const void *x, float *y, int64_t n) {
+    const kern_block_q8_0 *b = x;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        float d = ks_f16_to_f32(b[i].d);
+        for (int j = 0; j < 32; j++) y[32 * i + j] = d * (float)b[i].qs[j];
+    }
+}
+
+void kern__dequantize_q4_0_ref(const void *x, float *y, int64_t n) {
+    const kern_block_q4_0 *b = x;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        float d = ks_f16_to_f32(b[i].d);
+        for (int j = 0; j < 16; j++) {
+            y[32 * i + j] = d * (float)((b[i].qs[j] & 15) - 8);
+            y[32 * i + j + 16] = d * (float)((b[i].qs[j] >> 4) - 8);
+        }
+    }
+}
+
+void kern__dequantize_q4_K_ref(const void *x, float *y, int64_t n) {
+    const kern_block_q4_K *b = x;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        float d = ks_f16_to_f32(b[i].d), dmin = ks_f16_to_f32(b[i].dmin);
+        float *yb = y + KERN_QK_K * i;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            kern__q4k_scale_min(b[i].scales, j, &sc, &m);
+            float ds = d * (float)sc, dm = dmin * (float)m;
+            const uint8_t *q = b[i].qs + 32 * (j / 2);
+            int shift = (j & 1) ? 4 : 0;
+            for (int l = 0; l < 32; l++) yb[32 * j + l] = ds * (float)((q[l] >> shift) & 15) - dm;
+        }
+    }
+}
+
+void kern__dequantize_q6_K_ref(const void *x, float *y, int64_t n) {
+    const kern_block_q6_K *b = x;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        float d = ks_f16_to_f32(b[i].d);
+        int8_t q[KERN_QK_K];
+        ref__q6k_unpack(&b[i], q);
+        for (int e = 0; e < KERN_QK_K; e++)
+            y[KERN_QK_K * i + e] = d * (float)b[i].scales[e / 16] * (float)q[e];
+    }
+}
+
+void kern__dequantize_q8_K_ref(const void *x, float *y, int64_t n) {
+    const kern_block_q8_K *b = x;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++)
+        for (int j = 0; j < KERN_QK_K; j++) y[KERN_QK_K * i + j] = b[i].d * (float)b[i].qs[j];
+}
+
+// ----------------------------------------------------------------------------
+// Vector ops
+
+float kern__dot_f32_ref(int64_t n, const float *a, const float *b) {
+    return kern__dot_row_f32_ref(n, a, b);
+}
+
+void kern__axpy_f32_ref(int64_t n, float a, const float *x, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = y[i] + a * x[i]; // mul then add, no fma
+}
+
+void kern__rmsnorm_ref(int64_t n, const float *x, const float *w, float eps, float *y) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (int64_t i = 0; i < n; i++) y[i] = (x[i] * scale) * w[i];
+}
+
+void kern__silu_mul_ref(int64_t n, const float *g, const float *u, float *y) {
+    for (int64_t i = 0; i < n; i++) {
+        float s = g[i] / (1.0f + expf(-g[i]));
+        y[i] = s * u[i];
+    }
+}
+
+void kern__softmax_ref(int64_t n, float *x) {
+    if (n <= 0) return;
+    float mx = x[0];
+    for (int64_t i = 1; i < n; i++) mx = fmaxf(mx, x[i]);
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+// ----------------------------------------------------------------------------
+// Vtab
+
+const kern_vtab kern__vtab_ref = {
+    .name = "ref",
+    .matmul =
+        {
+            [KS_DTYPE_F32] = kern__matmul_f32_ref,
+            [KS_DTYPE_F16] = kern__matmul_f16_ref,
+            [KS_DTYPE_BF16] = kern__matmul_bf16_ref,
+            [KS_DTYPE_Q8_0] = kern__matmul_q8_0_ref,
+            [KS_DTYPE_Q4_0] = kern__matmul_q4_0_ref,
+            [KS_DTYPE_Q4_K] = kern__matmul_q4_K_ref,
+            [KS_DTYPE_Q6_K] = kern__matmul_q6_K_ref,
+        },
+    .quantize_act =
+        {
+            [KS_DTYPE_F32] = kern__quantize_f32_ref,
+            [KS_DTYPE_Q8_0] = kern__quantize_q8_0_ref,
+            [KS_DTYPE_Q8_K] = kern__quantize_q8_K_ref,
+        },
+    .dot_f32 = kern__dot_f32_ref,
+    .axpy_f32 = kern__axpy_f32_ref,
+    .rmsnorm = kern__rmsnorm_ref,
+    .silu_mul = kern__silu_mul_ref,
+    .softmax = kern__softmax_ref,
+};

@@ -1,0 +1,627 @@
+/* test_kern.c — kernels against the _ref oracle (STYLE.md section 8): every
+ * vtab this CPU supports x every weight type, odd sizes, unaligned buffers,
+ * bit-exact batch invariance, activation quantizer bytes, quantization
+ * round-trip bounds, hand-built Q4_K / Q6_K blocks decoded by the ggml
+ * formula, vector ops, f16/bf16 conversions, RoPE and dispatch.
+ *
+ * Tolerances (each justified where it is defined, section "Tolerances"). */
+#include "kern/kern_int.h"
+
+#include "../check.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// Helpers
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rng_u64(void) { // splitmix64
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1). */
+static float rng_f(void) { return (float)((double)(rng_u64() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+
+static int rng_int(int n) { return (int)(rng_u64() % (uint64_t)n); }
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    CHECK(p != NULL);
+    return p;
+}
+
+static size_t row_bytes(ks_dtype t, int64_t n) {
+    uint64_t b = 0;
+    CHECK(ks_dtype_row_bytes(t, (uint64_t)n, &b));
+    return (size_t)b;
+}
+
+static bool same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+static const char *const isas[] = {"ref", "avx2", "avx512"};
+static const ks_dtype wtypes[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16, KS_DTYPE_Q8_0,
+                                  KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K};
+#define N_WTYPES ((int)(sizeof wtypes / sizeof wtypes[0]))
+
+// ----------------------------------------------------------------------------
+// Tolerances
+//
+// MATMUL_REL: |y - y_ref| <= MATMUL_REL * S, S = sum_k |w_k| * |x_k| over the
+//   dequantized operands (for Q4_K |w_k| is |d*sc*q| + |dmin*m|, the two
+//   terms the kernel actually sums). Quantized block dot products are exact
+//   integers in every ISA, and ref sums in double, so the difference is only
+//   the SIMD f32 rounding: per block scaling (~2 ulp) plus an f32 sum over
+//   at most K/32 terms per lane (4097/32 -> ~130 ulp worst case,
+//   7.7e-6 * S), which fits 1e-5, the STYLE.md bound for f32 reductions.
+// VEC_REL: vector ops, per element relative 1e-5 (+1e-37 absolute for
+//   outputs in the f32 subnormal range, where exp's last-bit differences
+//   are 1 subnormal ulp): rmsnorm and softmax differ from ref only in an f32
+//   vs double sum (n <= 4097 -> < 1e-5); silu and softmax use a ~2 ulp exp.
+// AXPY and quantize_act (Q8_0, Q8_K): bit-exact (same f32 ops, same
+//   rounding mode, order-free max).
+// Round trips: per element, from the quantizer's construction (ref.c):
+//   F16 2^-11 |x|, BF16 2^-8 |x| (round to nearest), Q8_0 / Q8_K d/2,
+//   Q4_0 |d| (the positive extreme clamps from 8 to 7), Q4_K ds/2 (scales
+//   rounded up cover the sub-block range), Q6_K |ds| (as Q4_0), each plus
+//   1e-5 of the block's max |x| for f32 rounding.
+#define MATMUL_REL 1e-5
+#define VEC_REL 1e-5
+#define VEC_ABS 1e-37
+
+/* |w| per element for the tolerance S (see MATMUL_REL). */
+static void abs_weights(ks_dtype t, const void *row, float *out, int64_t K) {
+    if (t != KS_DTYPE_Q4_K) {
+        kern_dequantize_row(t, row, out, K);
+        for (int64_t k = 0; k < K; k++) out[k] = fabsf(out[k]);
+        return;
+    }
+    const kern_block_q4_K *b = row;
+    for (int64_t i = 0; i < K / 256; i++)
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            kern__q4k_scale_min(b[i].scales, j, &sc, &m);
+            for (int l = 0; l < 32; l++) {
+                int q = (b[i].qs[32 * (j / 2) + l] >> ((j & 1) ? 4 : 0)) & 15;
+                out[256 * i + 32 * j + l] = ks_f16_to_f32(b[i].d) * (float)(sc * q) +
+                                            ks_f16_to_f32(b[i].dmin) * (float)m;
+            }
+        }
+}
+
+// ----------------------------------------------------------------------------
+// Matmul vs ref
+
+typedef struct mm_case {
+    ks_dtype wt, at;
+    int64_t K;
+    int n_rows, n_cols;
+    size_t w_stride, x_stride, y_stride;
+    uint8_t *wbuf, *xbuf; /* allocations; W = wbuf+1, X = xbuf+1 (unaligned) */
+    float *wabs, *xabs;   /* (n_rows, K), (n_cols, K) |dequantized| */
+} mm_case;
+
+static void mm_case_init(mm_case *c, ks_dtype wt, int64_t K, int n_rows, int n_cols) {
+    c->wt = wt;
+    c->at = kern_act_type(wt);
+    c->K = K;
+    c->n_rows = n_rows;
+    c->n_cols = n_cols;
+    c->w_stride = row_bytes(wt, K) + 3; // odd strides: every row unaligned
+    c->x_stride = row_bytes(c->at, K) + 5;
+    c->y_stride = (size_t)n_rows + 2;
+    c->wbuf = xmalloc(1 + c->w_stride * (size_t)n_rows);
+    c->xbuf = xmalloc(1 + c->x_stride * (size_t)n_cols);
+    c->wabs = xmalloc(sizeof(float) * (size_t)(K * n_rows));
+    c->xabs = xmalloc(sizeof(float) * (size_t)(K * n_cols));
+    float *tmp = xmalloc(sizeof(float) * (size_t)K);
+    for (int r = 0; r < n_rows; r++) {
+        float scale = 0.01f + 2.0f * (float)rng_int(100) / 100.0f; // rows of varied magnitude
+        for (int64_t k = 0; k < K; k++) tmp[k] = rng_f() * scale;
+        uint8_t *row = c->wbuf + 1 + c->w_stride * (size_t)r;
+        kern_quantize_row(wt, tmp, row, K);
+        abs_weights(wt, row, c->wabs + K * r, K);
+    }
+    for (int j = 0; j < n_cols; j++) {
+        for (int64_t k = 0; k < K; k++) tmp[k] = rng_f() * 3.0f;
+        if (j == 1 && K > 2) tmp[K / 2] = 40.0f; // one outlier column
+        uint8_t *row = c->xbuf + 1 + c->x_stride * (size_t)j;
+        kern_quantize_row(c->at, tmp, row, K);
+        kern_dequantize_row(c->at, row, c->xabs + K * j, K);
+        for (int64_t k = 0; k < K; k++) c->xabs[K * j + k] = fabsf(c->xabs[K * j + k]);
+    }
+    free(tmp);
+}
+
+static void mm_case_free(mm_case *c) {
+    free(c->wbuf);
+    free(c->xbuf);
+    free(c->wabs);
+    free(c->xabs);
+}
+
+static void mm_run(const kern_vtab *v, const mm_case *c, float *Y) {
+    v->matmul[c->wt](c->K, c->n_rows, c->n_cols, c->wbuf + 1, c->w_stride, c->xbuf + 1,
+                     c->x_stride, Y, c->y_stride);
+}
+
+static void test_matmul_vs_ref(const kern_vtab *v) {
+    static const int64_t fsizes[] = {1,  2,  3,  5,   7,   8,   15,  16,   17,  31,
+                                     33, 63, 64, 65, 127, 129, 255, 1023, 4096, 4097};
+    static const int64_t nblocks[] = {1, 2, 3, 5, 7, 8, 16, 17};
+    static const int dims[] = {1, 3, 7, 17};
+    int n_checked = 0;
+    for (int t = 0; t < N_WTYPES; t++) {
+        ks_dtype wt = wtypes[t];
+        CHECK(v->matmul[wt] != NULL);
+        int64_t bs = ks_dtype_block_elems(wt);
+        bool fl = bs == 1;
+        int n_k = fl ? (int)(sizeof fsizes / sizeof fsizes[0]) : (int)(sizeof nblocks / sizeof nblocks[0]);
+        for (int ik = 0; ik < n_k; ik++) {
+            int64_t K = fl ? fsizes[ik] : nblocks[ik] * bs;
+            if (bs == 32 && !fl && ik == n_k - 1) K = 4096 + 32; // big odd block count
+            int nr = dims[rng_int(4)], ncol = dims[rng_int(4)];
+            if (K >= 1024) nr = nr > 7 ? 7 : nr; // keep ref time small under ASan
+            mm_case c;
+            mm_case_init(&c, wt, K, nr, ncol);
+            size_t ny = c.y_stride * (size_t)ncol;
+            float *Y = xmalloc(ny * sizeof(float)), *Yr = xmalloc(ny * sizeof(float));
+            for (size_t i = 0; i < ny; i++) Y[i] = Yr[i] = -7.0f; // padding must survive
+            mm_run(v, &c, Y);
+            mm_run(&kern__vtab_ref, &c, Yr);
+            for (int j = 0; j < ncol; j++) {
+                for (int r = 0; r < nr; r++) {
+                    double S = 0.0;
+                    for (int64_t k = 0; k < K; k++)
+                        S += (double)c.wabs[K * r + k] * (double)c.xabs[K * j + k];
+                    float y = Y[c.y_stride * (size_t)j + (size_t)r];
+                    float yr = Yr[c.y_stride * (size_t)j + (size_t)r];
+                    if (!(fabs((double)y - (double)yr) <= MATMUL_REL * S + 1e-30)) {
+                        fprintf(stderr, "%s %s K=%lld r=%d c=%d: %.9g vs ref %.9g (S %g)\n",
+                                v->name, ks_dtype_name(wt), (long long)K, r, j, y, yr, S);
+                        CHECK(!"matmul differs from ref beyond MATMUL_REL");
+                    }
+                    n_checked++;
+                }
+                for (size_t r = (size_t)nr; r < c.y_stride; r++)
+                    CHECK(Y[c.y_stride * (size_t)j + r] == -7.0f); // no write past n_rows
+            }
+            free(Y);
+            free(Yr);
+            mm_case_free(&c);
+        }
+    }
+    printf("  %s: matmul vs ref ok (%d elements)\n", v->name, n_checked);
+}
+
+/* Bit-exact batch invariance: the full tile, a sub-tile at another offset,
+ * and each element alone as 1x1 all give the same bits. */
+static void test_batch_invariance(const kern_vtab *v) {
+    for (int t = 0; t < N_WTYPES; t++) {
+        ks_dtype wt = wtypes[t];
+        int64_t bs = ks_dtype_block_elems(wt);
+        int64_t Ks[2] = {bs == 1 ? 77 : 3 * bs, bs == 1 ? 1000 : (bs == 32 ? 37 : 5) * bs};
+        for (int ik = 0; ik < 2; ik++) {
+            mm_case c;
+            mm_case_init(&c, wt, Ks[ik], 17, 7);
+            size_t ny = c.y_stride * 7;
+            float *Y = xmalloc(ny * sizeof(float)), *Y2 = xmalloc(ny * sizeof(float));
+            mm_run(v, &c, Y);
+            for (int j = 0; j < 7; j++)
+                for (int r = 0; r < 17; r++) {
+                    float y1;
+                    v->matmul[wt](c.K, 1, 1, c.wbuf + 1 + c.w_stride * (size_t)r, 0,
+                                  c.xbuf + 1 + c.x_stride * (size_t)j, 0, &y1, 1);
+                    CHECK(same_bits(y1, Y[c.y_stride * (size_t)j + (size_t)r]));
+                }
+            // rows 1..13, cols 1..5: a different tile split (other row pairs,
+            // other column groups) of the same elements
+            v->matmul[wt](c.K, 13, 5, c.wbuf + 1 + c.w_stride * 1, c.w_stride,
+                          c.xbuf + 1 + c.x_stride * 1, c.x_stride, Y2, c.y_stride);
+            for (int j = 0; j < 5; j++)
+                for (int r = 0; r < 13; r++)
+                    CHECK(same_bits(Y2[c.y_stride * (size_t)j + (size_t)r],
+                                    Y[c.y_stride * (size_t)(j + 1) + (size_t)(r + 1)]));
+            free(Y);
+            free(Y2);
+            mm_case_free(&c);
+        }
+    }
+    printf("  %s: batch invariance bit-exact\n", v->name);
+}
+
+// ----------------------------------------------------------------------------
+// Activation quantizers
+
+static void fill_act(float *x, int64_t n, int pattern) {
+    for (int64_t i = 0; i < n; i++) {
+        switch (pattern) {
+        case 0: x[i] = rng_f() * 5.0f; break;
+        case 1: x[i] = 0.0f; break;                        // all-zero blocks: d = 0
+        case 2: x[i] = rng_f() * 1e-6f; break;             // f16 d underflows / subnormal
+        case 3: x[i] = (float)(rng_int(255) - 127) * 0.5f; // many exact .5 ties
+            break;
+        default: x[i] = rng_f() * 1e4f; break;
+        }
+    }
+}
+
+static void test_quantize_act(const kern_vtab *v) {
+    static const ks_dtype ats[] = {KS_DTYPE_F32, KS_DTYPE_Q8_0, KS_DTYPE_Q8_K};
+    for (int a = 0; a < 3; a++) {
+        ks_dtype at = ats[a];
+        CHECK(v->quantize_act[at] != NULL);
+        int64_t bs = at == KS_DTYPE_F32 ? 32 : ks_dtype_block_elems(at);
+        for (int nb = 1; nb <= 9; nb += 2)
+            for (int pat = 0; pat < 5; pat++) {
+                int64_t n = nb * bs;
+                float *xb = xmalloc(sizeof(float) * (size_t)(n + 1)), *x = xb + 1;
+                fill_act(x, n, pat);
+                size_t rb = row_bytes(at, n);
+                uint8_t *y = xmalloc(rb + 1), *yr = xmalloc(rb);
+                v->quantize_act[at](x, y + 1, n); // unaligned output
+                kern__vtab_ref.quantize_act[at](x, yr, n);
+                CHECK_MEM_EQ(y + 1, yr, rb);
+                // kern_quantize_row is the same reference conversion
+                kern_quantize_row(at, x, y, n);
+                CHECK_MEM_EQ(y, yr, rb);
+                free(xb);
+                free(y);
+                free(yr);
+            }
+    }
+    printf("  %s: quantize_act bytes == ref\n", v->name);
+}
+
+// ----------------------------------------------------------------------------
+// Quantize -> dequantize round trips
+
+/* Per-element bound for element e of a row (see "Tolerances"). */
+static double rt_bound(ks_dtype t, const uint8_t *q, const float *x, int64_t e) {
+    switch (t) {
+    case KS_DTYPE_F32: return 0.0;
+    case KS_DTYPE_F16: return ldexp(fabs(x[e]), -11) + 6e-8; // + f16 subnormal half-ulp
+    case KS_DTYPE_BF16: return ldexp(fabs(x[e]), -8);
+    default: break;
+    }
+    int64_t bs = ks_dtype_block_elems(t), bi = e / bs;
+    double amax = 0.0;
+    for (int64_t i = bi * bs; i < (bi + 1) * bs; i++) amax = fmax(amax, fabs(x[i]));
+    double slack = 1e-5 * amax + 1e-30;
+    switch (t) {
+    case KS_DTYPE_Q8_0: return 0.5 * ks_f16_to_f32(((const kern_block_q8_0 *)q)[bi].d) + slack;
+    case KS_DTYPE_Q8_K: return 0.5 * ((const kern_block_q8_K *)q)[bi].d + slack;
+    case KS_DTYPE_Q4_0: return fabs(ks_f16_to_f32(((const kern_block_q4_0 *)q)[bi].d)) + slack;
+    case KS_DTYPE_Q4_K: {
+        const kern_block_q4_K *b = (const kern_block_q4_K *)q + bi;
+        int sc, m;
+        kern__q4k_scale_min(b->scales, (int)(e % 256) / 32, &sc, &m);
+        return 0.5 * ks_f16_to_f32(b->d) * sc + slack;
+    }
+    case KS_DTYPE_Q6_K: {
+        const kern_block_q6_K *b = (const kern_block_q6_K *)q + bi;
+        return fabs(ks_f16_to_f32(b->d) * b->scales[(e % 256) / 16]) + slack;
+    }
+    default: CHECK(!"type"); return 0.0;
+    }
+}
+
+static void test_round_trip(void) {
+    static const ks_dtype ts[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16, KS_DTYPE_Q8_0,
+                                  KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K, KS_DTYPE_Q8_K};
+    // rms(err)/rms(x) ceilings on uniform data: a guard against a quantizer
+    // that meets the per-element bound with needlessly large scales.
+    static const double rms_max[] = {0, 3e-4, 3e-3, 6e-3, 0.08, 0.08, 0.02, 6e-3};
+    int64_t n = 256 * 8;
+    float *x = xmalloc(sizeof(float) * (size_t)n), *y = xmalloc(sizeof(float) * (size_t)n);
+    uint8_t *q = xmalloc(row_bytes(KS_DTYPE_F32, n));
+    for (int t = 0; t < 8; t++) {
+        for (int pat = 0; pat < 4; pat++) {
+            for (int64_t i = 0; i < n; i++) {
+                float u = rng_f();
+                x[i] = pat == 0 ? u : pat == 1 ? u * 1e-3f + 2e-3f /* all positive */
+                                  : pat == 2 ? -fabsf(u) * 50.0f  /* all negative */
+                                             : (i % 97 == 0 ? 8.0f * u : 0.1f * u); // outliers
+            }
+            for (int64_t i = 0; i < 40; i++) x[i] = 0.0f; // a zero sub-block
+            kern_quantize_row(ts[t], x, q, n);
+            kern_dequantize_row(ts[t], q, y, n);
+            double se = 0.0, sx = 0.0;
+            for (int64_t e = 0; e < n; e++) {
+                double err = fabs((double)x[e] - (double)y[e]);
+                double bound = rt_bound(ts[t], q, x, e);
+                if (!(err <= bound)) {
+                    fprintf(stderr, "%s pattern %d e=%lld: x %.9g y %.9g bound %g\n",
+                            ks_dtype_name(ts[t]), pat, (long long)e, x[e], y[e], bound);
+                    CHECK(!"round-trip error over bound");
+                }
+                se += err * err;
+                sx += (double)x[e] * x[e];
+            }
+            if (pat == 0) {
+                double rel = sqrt(se / sx);
+                printf("  round trip %-5s rms rel err %.3g\n", ks_dtype_name(ts[t]), rel);
+                CHECK(rel <= rms_max[t]);
+            }
+        }
+    }
+    free(x);
+    free(y);
+    free(q);
+}
+
+// ----------------------------------------------------------------------------
+// Hand-built blocks decoded by the ggml formula (layout, independent of our
+// quantizer: catches a quantize/dequantize pair that agree with each other
+// but not with llama.cpp files).
+
+static void test_known_blocks(void) {
+    // Q4_K: d = 0.5, dmin = 0.25; sub-block j has sc = 33 + 3j (> 15, so the
+    // packed high bits matter), m = 60 - 7j.
+    kern_block_q4_K b4;
+    memset(&b4, 0, sizeof b4);
+    b4.d = ks_f32_to_f16(0.5f);
+    b4.dmin = ks_f32_to_f16(0.25f);
+    int sc[8], mn[8];
+    for (int j = 0; j < 8; j++) sc[j] = 33 + 3 * j, mn[j] = 60 - 7 * j;
+    for (int j = 0; j < 4; j++) { // the packing spelled out by bytes
+        b4.scales[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+        b4.scales[j + 4] = (uint8_t)(mn[j] | (mn[j + 4] >> 4) << 6);
+        b4.scales[j + 8] = (uint8_t)((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
+    }
+    for (int i = 0; i < 128; i++) b4.qs[i] = (uint8_t)(i * 37 + 11);
+    float y[256];
+    kern_dequantize_row(KS_DTYPE_Q4_K, &b4, y, 256);
+    for (int e = 0; e < 256; e++) {
+        // element e: 64-chunk c, low nibble of qs[32c + l] for l < 32, else high
+        int c = e / 64, l = e % 64;
+        int q = l < 32 ? (b4.qs[32 * c + l] & 15) : (b4.qs[32 * c + l - 32] >> 4);
+        int j = 2 * c + (l >= 32);
+        float want = 0.5f * (float)sc[j] * (float)q - 0.25f * (float)mn[j];
+        CHECK_NEAR(y[e], want, 1e-6);
+    }
+    // Q6_K: d = 0.125; scales[s] = s*9 - 70 (negative and positive)
+    kern_block_q6_K b6;
+    for (int i = 0; i < 128; i++) b6.ql[i] = (uint8_t)(i * 53 + 7);
+    for (int i = 0; i < 64; i++) b6.qh[i] = (uint8_t)(i * 29 + 3);
+    for (int s = 0; s < 16; s++) b6.scales[s] = (int8_t)(s * 9 - 70);
+    b6.d = ks_f32_to_f16(0.125f);
+    kern_dequantize_row(KS_DTYPE_Q6_K, &b6, y, 256);
+    for (int n = 0; n < 2; n++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *ql = b6.ql + 64 * n, *qh = b6.qh + 32 * n;
+            int q1 = ((ql[l] & 15) | ((qh[l] >> 0) & 3) << 4) - 32;
+            int q2 = ((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4) - 32;
+            int q3 = ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32;
+            int q4 = ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32;
+            const int8_t *s = b6.scales + 8 * n + l / 16;
+            CHECK_NEAR(y[128 * n + l], 0.125f * s[0] * q1, 1e-6);
+            CHECK_NEAR(y[128 * n + l + 32], 0.125f * s[2] * q2, 1e-6);
+            CHECK_NEAR(y[128 * n + l + 64], 0.125f * s[4] * q3, 1e-6);
+            CHECK_NEAR(y[128 * n + l + 96], 0.125f * s[6] * q4, 1e-6);
+        }
+    // Q4_0: low nibbles are elements 0..15, high nibbles 16..31
+    kern_block_q4_0 b0;
+    b0.d = ks_f32_to_f16(2.0f);
+    for (int i = 0; i < 16; i++) b0.qs[i] = (uint8_t)(i | (15 - i) << 4);
+    kern_dequantize_row(KS_DTYPE_Q4_0, &b0, y, 32);
+    for (int i = 0; i < 16; i++) {
+        CHECK_NEAR(y[i], 2.0f * (i - 8), 0);
+        CHECK_NEAR(y[i + 16], 2.0f * (7 - i), 0);
+    }
+    // Q8_0 / Q4_0 / Q4_K / Q6_K matmul of the hand-built Q4_K / Q6_K blocks
+    // against the decoded values, through every vtab
+    float xa[256];
+    for (int i = 0; i < 256; i++) xa[i] = (float)((i * 7) % 19 - 9);
+    kern_block_q8_K xq;
+    kern_quantize_row(KS_DTYPE_Q8_K, xa, &xq, 256);
+    float xd[256];
+    kern_dequantize_row(KS_DTYPE_Q8_K, &xq, xd, 256);
+    for (int w = 0; w < 2; w++) {
+        const void *blk = w ? (const void *)&b6 : (const void *)&b4;
+        ks_dtype t = w ? KS_DTYPE_Q6_K : KS_DTYPE_Q4_K;
+        kern_dequantize_row(t, blk, y, 256);
+        double want = 0.0;
+        for (int i = 0; i < 256; i++) want += (double)y[i] * xd[i];
+        for (int iv = 0; iv < 3; iv++) {
+            const kern_vtab *v = kern_vtab_for(isas[iv]);
+            if (!v) continue;
+            float got;
+            v->matmul[t](256, 1, 1, blk, 0, &xq, 0, &got, 1);
+            CHECK_NEAR(got, want, 1e-4 * fabs(want) + 1e-3);
+        }
+    }
+    printf("  known Q4_K / Q6_K / Q4_0 blocks decode as the ggml formula\n");
+}
+
+// ----------------------------------------------------------------------------
+// Vector ops
+
+static void check_vec(const char *what, const kern_vtab *v, int64_t n, const float *a,
+                      const float *b) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs((double)a[i] - (double)b[i]) <= VEC_REL * fabs((double)b[i]) + VEC_ABS) &&
+            !(isinf(a[i]) && a[i] == b[i])) {
+            fprintf(stderr, "%s %s n=%lld i=%lld: %.9g vs ref %.9g\n", v->name, what,
+                    (long long)n, (long long)i, a[i], b[i]);
+            CHECK(!"vector op differs from ref beyond VEC_REL");
+        }
+}
+
+static void test_vec_ops(const kern_vtab *v) {
+    static const int64_t sizes[] = {1,  2,  3,  5,  7,   8,   15,  16,  17,   31,
+                                    33, 63, 64, 65, 127, 128, 129, 255, 1000, 4097};
+    for (size_t is = 0; is < sizeof sizes / sizeof sizes[0]; is++) {
+        int64_t n = sizes[is];
+        size_t sz = sizeof(float) * (size_t)(n + 1);
+        float *a = xmalloc(sz), *b = xmalloc(sz), *w = xmalloc(sz), *y = xmalloc(sz),
+              *yr = xmalloc(sz);
+        // +1 element: the SIMD path gets pointers off its natural 32-byte grid
+        float *a1 = a + 1, *b1 = b + 1;
+        for (int64_t i = 0; i < n; i++) a1[i] = rng_f() * 4.0f, b1[i] = rng_f() * 4.0f, w[i] = rng_f();
+        // dot
+        double S = 0.0;
+        for (int64_t i = 0; i < n; i++) S += fabs((double)a1[i] * b1[i]);
+        float d = v->dot_f32(n, a1, b1), dr = kern__dot_f32_ref(n, a1, b1);
+        CHECK_NEAR(d, dr, VEC_REL * S + 1e-30);
+        // axpy: bit-exact
+        memcpy(y, b1, sizeof(float) * (size_t)n);
+        memcpy(yr, b1, sizeof(float) * (size_t)n);
+        v->axpy_f32(n, 0.3f, a1, y);
+        kern__axpy_f32_ref(n, 0.3f, a1, yr);
+        CHECK_MEM_EQ(y, yr, sizeof(float) * (size_t)n);
+        // rmsnorm, also in place (y aliases x)
+        v->rmsnorm(n, a1, w, 1e-5f, y);
+        kern__rmsnorm_ref(n, a1, w, 1e-5f, yr);
+        check_vec("rmsnorm", v, n, y, yr);
+        memcpy(y, a1, sizeof(float) * (size_t)n);
+        v->rmsnorm(n, y, w, 1e-5f, y);
+        check_vec("rmsnorm in place", v, n, y, yr);
+        // silu_mul over a wide range (exp overflow / underflow), y aliasing g
+        for (int64_t i = 0; i < n; i++) a1[i] = rng_f() * (i % 3 == 0 ? 120.0f : 8.0f);
+        v->silu_mul(n, a1, b1, y);
+        kern__silu_mul_ref(n, a1, b1, yr);
+        check_vec("silu_mul", v, n, y, yr);
+        memcpy(y, a1, sizeof(float) * (size_t)n);
+        v->silu_mul(n, y, b1, y);
+        check_vec("silu_mul in place", v, n, y, yr);
+        // softmax with a large spread and masked (-inf) entries
+        for (int64_t i = 0; i < n; i++) a1[i] = rng_f() * 60.0f;
+        if (n > 4) a1[n / 3] = -INFINITY;
+        memcpy(y, a1, sizeof(float) * (size_t)n);
+        memcpy(yr, a1, sizeof(float) * (size_t)n);
+        v->softmax(n, y);
+        kern__softmax_ref(n, yr);
+        check_vec("softmax", v, n, y, yr);
+        free(a);
+        free(b);
+        free(w);
+        free(y);
+        free(yr);
+    }
+    printf("  %s: vector ops vs ref ok\n", v->name);
+}
+
+// ----------------------------------------------------------------------------
+// f16 / bf16 conversions: every bit pattern, through kern_dequantize_row and
+// each vtab's matmul (K=1, x=1 gives w exactly), against base.h.
+
+static void test_half_conversions(void) {
+    uint16_t *h = xmalloc(2 * 65536 + 1);
+    float *f = xmalloc(sizeof(float) * 65536), *y = xmalloc(sizeof(float) * 65536);
+    for (uint32_t i = 0; i < 65536; i++) memcpy((uint8_t *)h + 2 * i, &(uint16_t){(uint16_t)i}, 2);
+    float one = 1.0f;
+    for (int bf = 0; bf < 2; bf++) {
+        ks_dtype t = bf ? KS_DTYPE_BF16 : KS_DTYPE_F16;
+        kern_dequantize_row(t, h, f, 65536);
+        for (uint32_t i = 0; i < 65536; i++) {
+            float want = bf ? ks_bf16_to_f32((uint16_t)i) : ks_f16_to_f32((uint16_t)i);
+            CHECK(isnan(want) ? isnan(f[i]) : same_bits(f[i], want));
+        }
+        for (int iv = 0; iv < 3; iv++) {
+            const kern_vtab *v = kern_vtab_for(isas[iv]);
+            if (!v) continue;
+            v->matmul[t](1, 65536, 1, h, 2, &one, 4, y, 65536);
+            for (uint32_t i = 0; i < 65536; i++)
+                CHECK(isnan(f[i]) ? isnan(y[i]) : (y[i] == f[i]));
+        }
+        // f32 -> half through kern_quantize_row == base.h
+        for (int i = 0; i < 10000; i++) {
+            union { uint32_t u; float x; } r = {.u = (uint32_t)rng_u64()};
+            if (isnan(r.x)) continue;
+            uint16_t got;
+            kern_quantize_row(t, &r.x, &got, 1);
+            CHECK_EQ(got, bf ? ks_f32_to_bf16(r.x) : ks_f32_to_f16(r.x));
+        }
+    }
+    free(h);
+    free(f);
+    free(y);
+    printf("  f16/bf16 conversions match base.h (all 65536 patterns)\n");
+}
+
+// ----------------------------------------------------------------------------
+// RoPE and dispatch
+
+static void test_rope(void) {
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, x0[8];
+    memcpy(x0, x, sizeof x);
+    kern_rope(x, 8, 8, 0, 10000.0f, 1.0f, false); // pos 0 = identity
+    for (int i = 0; i < 8; i++) CHECK_NEAR(x[i], x0[i], 0);
+    // normal: pairs (2i, 2i+1); pair 0 rotates by pos, pair 1 by pos*base^(-2/8)
+    kern_rope(x, 8, 8, 3, 10000.0f, 1.0f, false);
+    CHECK_NEAR(x[0], 1 * cos(3.0) - 2 * sin(3.0), 1e-5);
+    CHECK_NEAR(x[1], 1 * sin(3.0) + 2 * cos(3.0), 1e-5);
+    double th1 = 3.0 * pow(10000.0, -0.25);
+    CHECK_NEAR(x[2], 3 * cos(th1) - 4 * sin(th1), 1e-5);
+    CHECK_NEAR(x[3], 3 * sin(th1) + 4 * cos(th1), 1e-5);
+    // neox: pairs (i, i + n_rot/2); only n_rot = 4 dims rotate; freq_scale
+    // 0.5 (linear scaling factor 2) halves the angle
+    memcpy(x, x0, sizeof x);
+    kern_rope(x, 8, 4, 6, 10000.0f, 0.5f, true);
+    CHECK_NEAR(x[0], 1 * cos(3.0) - 3 * sin(3.0), 1e-5);
+    CHECK_NEAR(x[2], 1 * sin(3.0) + 3 * cos(3.0), 1e-5);
+    double th = 3.0 * pow(10000.0, -0.5);
+    CHECK_NEAR(x[1], 2 * cos(th) - 4 * sin(th), 1e-5);
+    CHECK_NEAR(x[3], 2 * sin(th) + 4 * cos(th), 1e-5);
+    for (int i = 4; i < 8; i++) CHECK_NEAR(x[i], x0[i], 0);
+    printf("  rope ok\n");
+}
+
+static void test_dispatch(void) {
+    ks_errbuf eb;
+    CHECK_EQ(kern_init("bogus", &eb), KS_ERR_INVAL);
+    CHECK_STR_HAS(eb.msg, "bogus");
+    ks_err e = kern_init("avx512", &eb);
+    CHECK_EQ(e, ks_cpu_get()->avx512 ? KS_OK : KS_ERR_UNSUPPORTED);
+    if (e != KS_OK) CHECK_STR_HAS(eb.msg, "avx512");
+    CHECK_EQ(kern_vtab_for("avx2") != NULL, ks_cpu_get()->avx2);
+    CHECK(kern_vtab_for("nope") == NULL);
+    CHECK_EQ(kern_init("ref", &eb), KS_OK);
+    CHECK_STR_EQ(kern_get()->name, "ref");
+    setenv("KS_FORCE_ISA", "ref", 1);
+    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
+    CHECK_STR_EQ(kern_get()->name, "ref");
+    setenv("KS_FORCE_ISA", "", 1); // empty = best
+    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
+    CHECK_STR_EQ(kern_get()->name, ks_cpu_get()->avx512 ? "avx512" : ks_cpu_get()->avx2 ? "avx2" : "ref");
+    for (int t = 0; t < KS_DTYPE__COUNT; t++) {
+        bool sup = kern_wtype_supported((ks_dtype)t);
+        for (int iv = 0; iv < 3; iv++) {
+            const kern_vtab *v = kern_vtab_for(isas[iv]);
+            if (v) CHECK_EQ(v->matmul[t] != NULL, sup);
+        }
+    }
+    CHECK_EQ(kern_act_type(KS_DTYPE_F16), KS_DTYPE_F32);
+    CHECK_EQ(kern_act_type(KS_DTYPE_BF16), KS_DTYPE_F32);
+    CHECK_EQ(kern_act_type(KS_DTYPE_Q4_0), KS_DTYPE_Q8_0);
+    CHECK_EQ(kern_act_type(KS_DTYPE_Q6_K), KS_DTYPE_Q8_K);
+    printf("  dispatch ok\n");
+}
+
+int main(void) {
+    ks_log_set_level(KS_LOG_WARN);
+    test_dispatch();
+    test_rope();
+    test_known_blocks();
+    test_round_trip();
+    test_half_conversions();
+    for (int iv = 0; iv < 3; iv++) {
+        const kern_vtab *v = kern_vtab_for(isas[iv]);
+        if (!v) {
+            printf("  %s: not supported here, skipped\n", isas[iv]);
+            continue;
+        }
+        test_quantize_act(v);
+        test_vec_ops(v);
+        test_matmul_vs_ref(v);
+        test_batch_invariance(v);
+    }
+    printf("test_kern: ok\n");
+    return 0;
+}
