@@ -1,0 +1,143 @@
+/* sample.h — token sampling over a logits vector, and stop-string matching
+ * over the streamed text (module `engine`, sampling part).
+ *
+ * The sampler applies llama.cpp's default chain: penalties -> top-k -> top-p
+ * -> min-p -> temperature -> seeded random draw (temperature 0: argmax).
+ * Each stage works on the survivors of the one before, renormalized; top-p
+ * and min-p see temperature-1 probabilities (temperature only shapes the
+ * final draw). Candidates are ordered by (logit desc, id asc), so ties at a
+ * cut always keep the lower ids.
+ * It is reproducible: the same params (seed included) and the same sequence
+ * of logits give the same tokens on every IEEE-754 machine, because it uses
+ * its own PRNG (xoshiro256** seeded by splitmix64) and its own exp/log for
+ * every value a decision depends on (no rand(), no libm in the decisions).
+ * Design notes: DESIGN.md (engine), comments at the top of src/engine/sample.c. */
+#ifndef KS_SAMPLE_H
+#define KS_SAMPLE_H
+
+#include "kvseal/base.h"
+
+// ----------------------------------------------------------------------------
+// Parameters
+
+#define SAMPLE_MAX_TOP 20            /* most alternatives a result can carry */
+#define SAMPLE_MAX_LAST_N (1 << 20)  /* largest penalty window, in tokens */
+
+/* Caller-allocated; fill with sample_params_default, then override. */
+typedef struct sample_params {
+    float temperature;       /* >= 0; 0 means greedy: argmax, ties to the lowest id */
+    int32_t top_k;           /* >= -1; 0 or -1 disables; >= n_vocab disables */
+    float top_p;             /* (0, 1]; 1 disables */
+    float min_p;             /* [0, 1]; 0 disables; relative to the top token */
+    float repeat_penalty;    /* > 0; 1 disables; llama.cpp: logit>0 divide, else multiply */
+    int32_t repeat_last_n;   /* [0, SAMPLE_MAX_LAST_N]: window of accepted tokens the
+                                three penalties count over; 0 disables all penalties */
+    float frequency_penalty; /* [-2, 2]; logit -= freq * count (OpenAI) */
+    float presence_penalty;  /* [-2, 2]; logit -= presence * (count > 0) (OpenAI) */
+    uint64_t seed;           /* PRNG seed; the caller picks a random one if the
+                                request has none (the sampler never does) */
+    bool logprobs;           /* fill sample_result.logprob (costs one pass over the
+                                vocabulary; implied by n_probs > 0) */
+    int32_t n_probs;         /* [0, SAMPLE_MAX_TOP]: alternatives to report */
+} sample_params;
+
+/* Fills p with llama.cpp-like defaults: temperature 0.8, top_k 40, top_p
+ * 0.95, min_p 0.05, penalties off (repeat_penalty 1, repeat_last_n 64,
+ * frequency/presence 0), seed 0, logprobs off, n_probs 0. Can't fail. */
+void sample_params_default(sample_params *p);
+
+/* Checks every field's range. Returns KS_OK, or KS_ERR_INVAL with a message
+ * in eb naming the first bad field, its allowed range and the value given
+ * ("top_p must be in (0, 1], got 0"). eb may be NULL. Pure; thread-safe. */
+ks_err sample_params_validate(const sample_params *p, ks_errbuf *eb) KS_MUST_USE;
+
+// ----------------------------------------------------------------------------
+// Sampler: one per sequence, owned and used by one thread at a time.
+
+typedef struct sampler sampler;
+
+/* What sampler_sample chose. Caller-allocated.
+ *
+ * Log-probabilities are reported under ONE documented distribution: the
+ * log-softmax of the PENALIZED logits over the FULL vocabulary at
+ * temperature 1, i.e. before top-k/top-p/min-p truncation and before
+ * temperature: the model's penalty-adjusted belief, taken as what OpenAI's
+ * `logprobs` report. It does not depend on the truncation knobs, and the
+ * greedy and sampled paths agree on it. (llama.cpp's n_probs and vLLM's
+ * default logprobs use the logits before penalties; with penalties off,
+ * the default, all three agree.) */
+typedef struct sample_result {
+    int32_t token;                       /* chosen id, in [0, n_vocab) */
+    float logprob;                       /* log p(token); 0 unless logprobs or n_probs > 0 */
+    int n_top;                           /* entries in top_* (= n_probs, or n_vocab if smaller) */
+    int32_t top_ids[SAMPLE_MAX_TOP];     /* most likely ids, best first (ties: lower id first);
+                                            the chosen token may or may not be among them */
+    float top_logprobs[SAMPLE_MAX_TOP];  /* their log-probabilities */
+} sample_result;
+
+/* Creates a sampler for a vocabulary of n_vocab ids with a copy of *p. It
+ * preallocates every buffer sampler_sample needs (8*n_vocab bytes + 16 KiB,
+ * plus 4*n_vocab + 4*repeat_last_n when penalties are on), so sampling
+ * never allocates. On success *out is owned by the caller (free
+ * with sampler_destroy). Errors: KS_ERR_INVAL (bad params, as
+ * sample_params_validate; n_vocab <= 0), KS_ERR_NOMEM. *out is NULL on error. */
+ks_err sampler_create(const sample_params *p, int32_t n_vocab, sampler **out /* OUT */,
+                      ks_errbuf *eb) KS_MUST_USE;
+/* Frees the sampler; accepts NULL. */
+void sampler_destroy(sampler *s);
+/* Forgets the penalty history and restarts the PRNG from params.seed, so the
+ * sampler behaves exactly like a fresh one. Can't fail. */
+void sampler_reset(sampler *s);
+/* Appends tok (0 <= tok < n_vocab, asserted) to the penalty history; only the
+ * last repeat_last_n accepted tokens count. The caller decides what counts:
+ * accept the prompt too for llama.cpp behaviour, only generated tokens for
+ * OpenAI's. A no-op when penalties are off. O(1); can't fail. */
+void sampler_accept(sampler *s, int32_t tok);
+/* sampler_accept for each of toks[0..n). */
+void sampler_accept_n(sampler *s, const int32_t *toks, int64_t n);
+/* Chooses the next token from logits (n_vocab floats, caller-owned). The
+ * penalties are applied IN PLACE (only to tokens in the window); nothing
+ * else in logits changes, so on return it holds the penalized logits. NaN
+ * logits count as -FLT_MAX and +-inf as +-FLT_MAX. Does not accept the token
+ * (call sampler_accept). Never allocates; O(n_vocab) plus small sorts;
+ * can't fail. */
+void sampler_sample(sampler *s, float *logits, sample_result *out /* OUT */);
+
+// ----------------------------------------------------------------------------
+// Stop strings over streamed text
+
+typedef struct stop_matcher stop_matcher;
+
+/* What stop_matcher_push / _flush allow the caller to send now. */
+typedef struct stop_result {
+    const char *text; /* bytes safe to emit; points into the matcher, valid until
+                         its next call; not NUL-terminated */
+    size_t len;       /* number of bytes at text */
+    bool matched;     /* a stop string occurred: text ends right before it and
+                         generation must stop; later pushes emit nothing */
+    int stop_index;   /* index of the matched stop string, -1 if none */
+} stop_result;
+
+/* Creates a matcher for n_stops stop strings (NUL-terminated, copied; the
+ * caller keeps ownership of its array). n_stops may be 0 (text passes through
+ * unchanged). Errors: KS_ERR_INVAL (n_stops < 0, a NULL or empty string),
+ * KS_ERR_NOMEM. On success *out is owned by the caller. */
+ks_err stop_matcher_create(const char *const *stops, int n_stops, stop_matcher **out /* OUT */,
+                           ks_errbuf *eb) KS_MUST_USE;
+/* Frees the matcher; accepts NULL. */
+void stop_matcher_destroy(stop_matcher *m);
+/* Feeds the next detokenized piece (len bytes, may be 0). Holds back the
+ * longest suffix of the text that is a proper prefix of a stop string and
+ * emits the rest. When several stop strings occur, the one that ENDS first
+ * wins (ties: the longer one), which is what a byte-by-byte stream would see,
+ * so the output does not depend on how the text is split into pieces. With
+ * valid UTF-8 pieces and stop strings, emitted text ends on a character
+ * boundary. Errors: KS_ERR_NOMEM (out then emits nothing; the matcher is
+ * unchanged). */
+ks_err stop_matcher_push(stop_matcher *m, const char *piece, size_t len,
+                         stop_result *out /* OUT */) KS_MUST_USE;
+/* Ends the stream (EOS, max tokens): emits whatever is still held back (no
+ * stop string can complete any more). Nothing after a match. Can't fail. */
+void stop_matcher_flush(stop_matcher *m, stop_result *out /* OUT */);
+
+#endif /* KS_SAMPLE_H */
