@@ -1,0 +1,98 @@
+/* model.h — hyper-parameters, weights and the batched forward pass of
+ * Llama-family models (llama, qwen2, qwen3) from GGUF.
+ *
+ * The forward pass takes a batch of tokens from any number of sequences at
+ * any positions; each sequence reads and writes its K/V through its kv_seq
+ * block table in a kv_pool. Batch invariance: a token's logits are
+ * bit-identical whatever else shares the batch, however the prompt was
+ * chunked, and however many threads run (kern.h states the kernel contract;
+ * attention and norms here are per-row with a fixed reduction order). */
+#ifndef KS_MODEL_H
+#define KS_MODEL_H
+
+#include "kvseal/base.h"
+#include "kvseal/gguf.h"
+#include "kvseal/kv.h"
+#include "kvseal/tok.h"
+
+typedef enum model_arch {
+    MODEL_ARCH_LLAMA = 0,
+    MODEL_ARCH_QWEN2 = 1,
+    MODEL_ARCH_QWEN3 = 2,
+} model_arch;
+
+typedef struct model_hparams {
+    model_arch arch;
+    char arch_name[16];
+    int32_t n_vocab;     /* rows of token_embd */
+    int32_t n_ctx_train; /* <arch>.context_length */
+    int32_t n_embd;      /* E */
+    int32_t n_layer;
+    int32_t n_head;      /* query heads */
+    int32_t n_head_kv;   /* K/V heads (GQA when < n_head) */
+    int32_t head_dim;    /* D */
+    int32_t n_ff;        /* FFN hidden size */
+    int32_t n_rot;       /* rotary dims (<= head_dim) */
+    float rope_base;     /* rope.freq_base */
+    float rope_scale;    /* freq_scale = 1/linear factor (1 = none) */
+    float norm_eps;      /* attention.layer_norm_rms_epsilon */
+    bool rope_neox;      /* pairs (i, i+n_rot/2) instead of (2i, 2i+1) */
+    bool tied_output;    /* output = token_embd */
+} model_hparams;
+
+typedef struct model model;
+
+/* Loads (mmaps) a GGUF model and its vocabulary, validating every tensor's
+ * presence, shape and type. Errors: those of gguf_open, KS_ERR_UNSUPPORTED
+ * (architecture or weight type, named), KS_ERR_FORMAT (missing key or
+ * tensor, wrong shape, named), KS_ERR_NOMEM. Caller owns *out. Blocks. */
+ks_err model_load(const char *path, model **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* Frees the model and unmaps the file; accepts NULL. */
+void model_free(model *m);
+/* Read-only views; can't fail. */
+const model_hparams *model_hp(const model *m);
+const tok_vocab *model_vocab(const model *m);
+const gguf_file *model_gguf(const model *m);
+/* Bytes of weights read to produce one token (all matmul weights once plus
+ * one embedding row), for the roofline in `kvseal bench`. */
+uint64_t model_bytes_per_token(const model *m);
+
+/* K/V geometry for a pool serving this model (page_tokens as given). */
+kv_geom model_kv_geom(const model *m, int page_tokens);
+
+/* One forward batch. Token i of sequence seqs[seq[i]] sits at position
+ * pos[i]; its K/V is written there, and it attends to positions
+ * [0, pos[i]] of its sequence — all of which must be written by now or in
+ * this batch. out_row[i] >= 0 asks for its logits in row out_row[i] of the
+ * output (rows must be distinct and < n_out); -1 skips them. */
+typedef struct model_batch {
+    int32_t n_tokens;
+    const int32_t *tokens;  /* (n_tokens) */
+    const int32_t *pos;     /* (n_tokens) */
+    const int32_t *seq;     /* (n_tokens) index into seqs */
+    const int32_t *out_row; /* (n_tokens) */
+    int32_t n_out;          /* rows of logits produced */
+    int32_t n_seqs;         /* entries in seqs (<= the context's max_tokens) */
+    kv_seq *const *seqs;    /* (n_seqs) block tables, reserved for every pos in the batch */
+} model_batch;
+
+typedef struct model_ctx model_ctx;
+
+/* Scratch for batches of up to max_tokens tokens attending to up to max_ctx
+ * positions, computed on n_threads threads (a persistent pool). The model
+ * and pool must outlive the context. Errors: KS_ERR_NOMEM, KS_ERR_INVAL. */
+ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t max_tokens,
+                        int32_t max_ctx, model_ctx **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* Frees the context and stops its threads; accepts NULL. */
+void model_ctx_free(model_ctx *c);
+
+/* Runs the batch and writes n_out * n_vocab logits (row-major) to logits.
+ * Updates each sequence's filled-token count. Errors: KS_ERR_INVAL (batch
+ * larger than the context, token id or position out of range, page not
+ * reserved), KS_ERR_INTERNAL (a block-table entry does not resolve): the
+ * batch then produced no logits. Blocks for the duration of the pass; must
+ * not be called concurrently on one context. */
+ks_err model_forward(model_ctx *c, const model_batch *b, float *logits /* OUT */,
+                     ks_errbuf *eb) KS_MUST_USE;
+
+#endif /* KS_MODEL_H */

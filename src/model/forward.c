@@ -1,0 +1,435 @@
+/* forward.c — the batched forward pass over paged KV (see model.h).
+ *
+ * One pass runs layer by layer over all T tokens of the batch. Each op is a
+ * ks_pool task split by (ith, nth): matmuls split output rows, row ops split
+ * tokens, attention splits (token, head) pairs. Every output element is
+ * produced by exactly one thread with a fixed reduction order, so results do
+ * not depend on the thread count or on what else is in the batch.
+ *
+ * Shape legend: T tokens in the batch, E n_embd, H query heads, Hkv K/V
+ * heads, D head_dim, F n_ff, V n_vocab, P page_tokens. */
+#include "model_int.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FWD_ROW_TILE 32  // weight rows per matmul call: a tile stays in L1/L2
+
+struct model_ctx {
+    const model *m;
+    kv_pool *pool;
+    ks_pool *threads;
+    const kern_vtab *kv;  // kernels
+    int32_t max_tokens, max_ctx;
+    // activations, all (T, ...) row-major
+    float *x;     // (T, E) residual stream
+    float *xn;    // (T, max(E, H*D)) normed input / gathered output rows
+    float *q;     // (T, H*D)
+    float *k;     // (T, Hkv*D)
+    float *v;     // (T, Hkv*D)
+    float *att;   // (T, H*D)
+    float *tmp;   // (T, E)
+    float *g;     // (T, F)
+    float *u;     // (T, F)
+    float *scores;  // (nth, max_ctx) attention scratch per thread
+    int32_t *seq_next;  // (max_tokens) per-sequence next position, for validation
+    // quantized activations: one slot per act type, tagged with its source
+    struct {
+        void *buf;            // (T, row_bytes)
+        size_t cap_row;       // bytes per row available
+        const float *src;     // which input it holds (NULL = none)
+        int64_t K;
+    } act[2];                 // [0] Q8_0, [1] Q8_K
+};
+
+// ----------------------------------------------------------------------------
+// Context
+
+ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t max_tokens,
+                        int32_t max_ctx, model_ctx **out, ks_errbuf *eb) {
+    *out = NULL;
+    const model_hparams *hp = &m->hp;
+    if (max_tokens < 1 || max_ctx < 1 || n_threads < 1)
+        return ks_seterr(eb, KS_ERR_INVAL, "model context: bad sizes (tokens %d, ctx %d, threads %d)",
+                         max_tokens, max_ctx, n_threads);
+    const kv_geom *g = kv_pool_geom(pool);
+    if (g->n_layer != hp->n_layer || g->kv_dim != hp->n_head_kv * hp->head_dim)
+        return ks_seterr(eb, KS_ERR_INVAL, "model context: kv pool geometry does not match the model");
+    model_ctx *c = calloc(1, sizeof *c);
+    if (!c) return ks_seterr(eb, KS_ERR_NOMEM, "model context");
+    c->m = m;
+    c->pool = pool;
+    c->kv = kern_get();
+    c->max_tokens = max_tokens;
+    c->max_ctx = max_ctx;
+    c->threads = ks_pool_create(n_threads);
+    size_t T = (size_t)max_tokens, E = (size_t)hp->n_embd, HD = (size_t)hp->n_head * hp->head_dim;
+    size_t KVD = (size_t)hp->n_head_kv * hp->head_dim, F = (size_t)hp->n_ff;
+    size_t XN = E > HD ? E : HD;
+    c->x = ks_alloc_aligned(T * E * sizeof(float));
+    c->xn = ks_alloc_aligned(T * XN * sizeof(float));
+    c->q = ks_alloc_aligned(T * HD * sizeof(float));
+    c->k = ks_alloc_aligned(T * KVD * sizeof(float));
+    c->v = ks_alloc_aligned(T * KVD * sizeof(float));
+    c->att = ks_alloc_aligned(T * HD * sizeof(float));
+    c->tmp = ks_alloc_aligned(T * E * sizeof(float));
+    c->g = ks_alloc_aligned(T * F * sizeof(float));
+    c->u = ks_alloc_aligned(T * F * sizeof(float));
+    c->scores = ks_alloc_aligned((size_t)n_threads * (size_t)max_ctx * sizeof(float));
+    c->seq_next = malloc(T * sizeof(int32_t));
+    // largest activation row: K is one of E, H*D, F
+    size_t Kmax = XN > F ? XN : F;
+    uint64_t rb0 = 0, rbk = 0;
+    ks_dtype_row_bytes(KS_DTYPE_Q8_0, (Kmax + 31) / 32 * 32, &rb0);
+    ks_dtype_row_bytes(KS_DTYPE_Q8_K, (Kmax + 255) / 256 * 256, &rbk);
+    c->act[0].cap_row = (size_t)rb0;
+    c->act[1].cap_row = (size_t)rbk;
+    c->act[0].buf = ks_alloc_aligned(T * (size_t)rb0);
+    c->act[1].buf = ks_alloc_aligned(T * (size_t)rbk);
+    if (!c->threads || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->g ||
+        !c->u || !c->scores || !c->seq_next || !c->act[0].buf || !c->act[1].buf) {
+        model_ctx_free(c);
+        return ks_seterr(eb, KS_ERR_NOMEM, "model context: scratch for %d tokens", max_tokens);
+    }
+    *out = c;
+    return KS_OK;
+}
+
+void model_ctx_free(model_ctx *c) {
+    if (!c) return;
+    ks_pool_destroy(c->threads);
+    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->att, c->tmp, c->g, c->u, c->scores};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ks_free_aligned(bufs[i]);
+    ks_free_aligned(c->act[0].buf);
+    ks_free_aligned(c->act[1].buf);
+    free(c->seq_next);
+    free(c);
+}
+
+// ----------------------------------------------------------------------------
+// Matmul: Y (T, N) = X (T, K) @ W^T, W (N, K) in its GGUF type
+
+typedef struct {
+    const model__mat *w;
+    const void *X;     // (T, x_stride bytes) in kern_act_type(w->type)
+    size_t x_stride;
+    int T;
+    float *Y;          // (T, N)
+    kern_matmul_fn fn;
+    atomic_llong next; // next weight row to claim
+} fwd__mm;
+
+static void fwd__mm_task(void *arg, int ith, int nth) {
+    fwd__mm *a = arg;
+    const model__mat *w = a->w;
+    (void)ith, (void)nth;
+    int64_t r, r1;
+    while (ks_pool_claim(&a->next, w->N, FWD_ROW_TILE, &r, &r1))
+        a->fn(w->K, (int)(r1 - r), a->T, (const char *)w->data + (size_t)r * w->row_bytes,
+              w->row_bytes, a->X, a->x_stride, a->Y + r, (size_t)w->N);
+}
+
+typedef struct {
+    const kern_vtab *kv;
+    kern_quant_fn fn;
+    const float *src;  // (T, K)
+    int64_t K;
+    void *dst;         // (T, dst_stride)
+    size_t dst_stride;
+    int T;
+    atomic_llong next;  // next token row to claim
+} fwd__quant;
+
+static void fwd__quant_task(void *arg, int ith, int nth) {
+    fwd__quant *a = arg;
+    (void)ith, (void)nth;
+    int64_t t0, t1;
+    while (ks_pool_claim(&a->next, a->T, 4, &t0, &t1))
+        for (int64_t t = t0; t < t1; t++)
+            a->fn(a->src + (size_t)t * (size_t)a->K, (char *)a->dst + (size_t)t * a->dst_stride, a->K);
+}
+
+/* Forgets cached quantized activations (call when an input buffer changes). */
+static void fwd__act_reset(model_ctx *c) { c->act[0].src = c->act[1].src = NULL; }
+
+/* Y = X @ W^T for T rows of X (K floats each). Quantizes X once per
+ * activation type and reuses it for other weights reading the same X. */
+static void fwd__matmul(model_ctx *c, const model__mat *w, const float *X, int T, float *Y) {
+    ks_dtype at = kern_act_type(w->type);
+    fwd__mm a = {.w = w, .T = T, .Y = Y, .fn = c->kv->matmul[w->type]};
+    KS_ASSERT(a.fn);
+    if (at == KS_DTYPE_F32) {
+        a.X = X;
+        a.x_stride = (size_t)w->K * sizeof(float);
+    } else {
+        int slot = at == KS_DTYPE_Q8_0 ? 0 : 1;
+        KS_ASSERT(at == KS_DTYPE_Q8_0 || at == KS_DTYPE_Q8_K);
+        uint64_t rb = 0;
+        KS_ASSERT(ks_dtype_row_bytes(at, (uint64_t)w->K, &rb) && rb <= c->act[slot].cap_row);
+        if (c->act[slot].src != X || c->act[slot].K != w->K) {
+            fwd__quant q = {.kv = c->kv, .fn = c->kv->quantize_act[at], .src = X, .K = w->K,
+                            .dst = c->act[slot].buf, .dst_stride = (size_t)rb, .T = T};
+            KS_ASSERT(q.fn);
+            ks_pool_run(c->threads, fwd__quant_task, &q);
+            c->act[slot].src = X;
+            c->act[slot].K = w->K;
+        }
+        a.X = c->act[slot].buf;
+        a.x_stride = (size_t)rb;
+    }
+    ks_pool_run(c->threads, fwd__mm_task, &a);
+}
+
+// ----------------------------------------------------------------------------
+// Row ops (split by token)
+
+typedef enum {
+    FWD_EMBED,     // x[t] = token_embd[tok[t]]
+    FWD_NORM,      // xn[t] = rmsnorm(x[t]) * w
+    FWD_ADD_NORM,  // x[t] += tmp[t]; xn[t] = rmsnorm(x[t]) * w  (w NULL: add only)
+    FWD_QKV,       // biases, q/k norm, rope on q[t], k[t]; write k, v to the KV page
+    FWD_SWIGLU,    // g[t] = silu(g[t]) * u[t]
+} fwd__rowop;
+
+typedef struct {
+    model_ctx *c;
+    const model_batch *b;
+    fwd__rowop op;
+    const float *w;  // norm weight
+    int layer;
+    atomic_int err;     // first KS_ERR_* seen by any thread
+    atomic_llong next;  // next token to claim
+} fwd__rows;
+
+static void fwd__qkv_row(fwd__rows *a, int t) {
+    model_ctx *c = a->c;
+    const model_hparams *hp = &c->m->hp;
+    const model__layer *L = &c->m->layers[a->layer];
+    const kern_vtab *kv = c->kv;
+    const int D = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv, KVD = Hkv * D;
+    float *q = c->q + (size_t)t * (size_t)(H * D);
+    float *k = c->k + (size_t)t * (size_t)KVD;
+    float *v = c->v + (size_t)t * (size_t)KVD;
+    if (L->bq) {
+        for (int i = 0; i < H * D; i++) q[i] += L->bq[i];
+        for (int i = 0; i < KVD; i++) k[i] += L->bk[i];
+        for (int i = 0; i < KVD; i++) v[i] += L->bv[i];
+    }
+    const int32_t pos = a->b->pos[t];
+    for (int h = 0; h < H; h++) {
+        if (L->q_norm) kv->rmsnorm(D, q + h * D, L->q_norm, hp->norm_eps, q + h * D);
+        kern_rope(q + h * D, D, hp->n_rot, pos, hp->rope_base, hp->rope_scale, hp->rope_neox);
+    }
+    for (int h = 0; h < Hkv; h++) {
+        if (L->k_norm) kv->rmsnorm(D, k + h * D, L->k_norm, hp->norm_eps, k + h * D);
+        kern_rope(k + h * D, D, hp->n_rot, pos, hp->rope_base, hp->rope_scale, hp->rope_neox);
+    }
+    // K/V rows go to their page through kv (the only code that knows addresses)
+    const kv_seq *s = a->b->seqs[a->b->seq[t]];
+    const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
+    float *kp, *vp;
+    if (kv_seq_span(c->pool, s, (uint32_t)pos / P, a->layer, &kp, &vp) != KS_OK) {
+        int zero = 0;
+        atomic_compare_exchange_strong(&a->err, &zero, KS_ERR_INTERNAL);
+        return;
+    }
+    memcpy(kp + (size_t)((uint32_t)pos % P) * (size_t)KVD, k, sizeof(float) * (size_t)KVD);
+    memcpy(vp + (size_t)((uint32_t)pos % P) * (size_t)KVD, v, sizeof(float) * (size_t)KVD);
+}
+
+static void fwd__rows_task(void *arg, int ith, int nth) {
+    fwd__rows *a = arg;
+    model_ctx *c = a->c;
+    const model *m = c->m;
+    const int T = a->b->n_tokens;
+    const int64_t E = m->hp.n_embd, F = m->hp.n_ff;
+    (void)ith, (void)nth;
+    int64_t t0, t1;
+    while (ks_pool_claim(&a->next, T, 1, &t0, &t1)) {
+        const int t = (int)t0;
+        float *x = c->x + (size_t)t * (size_t)E, *xn = c->xn + (size_t)t * (size_t)E;
+        switch (a->op) {
+        case FWD_EMBED: {
+            const model__mat *w = &m->tok_embd;
+            kern_dequantize_row(w->type, (const char *)w->data + (size_t)a->b->tokens[t] * w->row_bytes,
+                                x, E);
+            break;
+        }
+        case FWD_ADD_NORM:
+            for (int64_t i = 0; i < E; i++) x[i] += c->tmp[(size_t)t * (size_t)E + (size_t)i];
+            if (!a->w) break;
+            // fall through
+        case FWD_NORM: c->kv->rmsnorm(E, x, a->w, m->hp.norm_eps, xn); break;
+        case FWD_QKV: fwd__qkv_row(a, t); break;
+        case FWD_SWIGLU:
+            c->kv->silu_mul(F, c->g + (size_t)t * (size_t)F, c->u + (size_t)t * (size_t)F,
+                            c->g + (size_t)t * (size_t)F);
+            break;
+        }
+    }
+}
+
+static ks_err fwd__rows_run(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w, int layer) {
+    fwd__rows a = {.c = c, .b = b, .op = op, .w = w, .layer = layer};
+    atomic_init(&a.err, KS_OK);
+    atomic_init(&a.next, 0);
+    ks_pool_run(c->threads, fwd__rows_task, &a);
+    return (ks_err)atomic_load(&a.err);
+}
+
+// ----------------------------------------------------------------------------
+// Attention: for every (token t, head h), softmax(q·K^T * scale) · V over the
+// positions [0, pos[t]] of t's sequence, read page by page through kv.
+
+typedef struct {
+    model_ctx *c;
+    const model_batch *b;
+    int layer;
+    atomic_int err;
+    atomic_llong next;  // next (token, head) pair to claim
+} fwd__attn;
+
+/* Attention of query head h of batch token t, into att[t][h*D..]. scores
+ * has room for pos[t]+1 floats. Fails only if a page does not resolve. */
+static ks_err fwd__attn_one(fwd__attn *a, int t, int h, float *scores) {
+    model_ctx *c = a->c;
+    const model_hparams *hp = &c->m->hp;
+    const kern_vtab *kv = c->kv;
+    const int D = hp->head_dim, H = hp->n_head, KVD = hp->n_head_kv * D;
+    const size_t koff = (size_t)(h / (H / hp->n_head_kv)) * (size_t)D;  // this head's K/V columns
+    const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
+    const float scale = 1.0f / sqrtf((float)D);
+    const kv_seq *s = a->b->seqs[a->b->seq[t]];
+    const uint32_t n_ctx = (uint32_t)a->b->pos[t] + 1;
+    const float *q = c->q + (size_t)t * (size_t)(H * D) + (size_t)h * (size_t)D;
+    float *out = c->att + (size_t)t * (size_t)(H * D) + (size_t)h * (size_t)D;
+    float *kp, *vp;
+    // page rows are (P, KVD): position j0+j of the page at j0 is row j
+    for (uint32_t j0 = 0; j0 < n_ctx; j0 += P) {
+        if (kv_seq_span(c->pool, s, j0 / P, a->layer, &kp, &vp) != KS_OK) return KS_ERR_INTERNAL;
+        uint32_t nj = n_ctx - j0 < P ? n_ctx - j0 : P;
+        for (uint32_t j = 0; j < nj; j++)
+            scores[j0 + j] = kv->dot_f32(D, q, kp + (size_t)j * (size_t)KVD + koff) * scale;
+    }
+    kv->softmax(n_ctx, scores);
+    memset(out, 0, sizeof(float) * (size_t)D);
+    for (uint32_t j0 = 0; j0 < n_ctx; j0 += P) {
+        if (kv_seq_span(c->pool, s, j0 / P, a->layer, &kp, &vp) != KS_OK) return KS_ERR_INTERNAL;
+        uint32_t nj = n_ctx - j0 < P ? n_ctx - j0 : P;
+        for (uint32_t j = 0; j < nj; j++)
+            kv->axpy_f32(D, scores[j0 + j], vp + (size_t)j * (size_t)KVD + koff, out);
+    }
+    return KS_OK;
+}
+
+static void fwd__attn_task(void *arg, int ith, int nth) {
+    fwd__attn *a = arg;
+    const int H = a->c->m->hp.n_head;
+    float *scores = a->c->scores + (size_t)ith * (size_t)a->c->max_ctx;
+    (void)nth;
+    int64_t p0, p1;
+    while (ks_pool_claim(&a->next, (int64_t)a->b->n_tokens * H, 2, &p0, &p1)) {
+        for (int64_t pi = p0; pi < p1; pi++) {
+            if (fwd__attn_one(a, (int)(pi / H), (int)(pi % H), scores) != KS_OK) {
+                int zero = 0;
+                atomic_compare_exchange_strong(&a->err, &zero, KS_ERR_INTERNAL);
+                return;
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// The pass
+
+static ks_err fwd__validate(model_ctx *c, const model_batch *b, ks_errbuf *eb) {
+    const model_hparams *hp = &c->m->hp;
+    if (b->n_tokens < 1 || b->n_tokens > c->max_tokens)
+        return ks_seterr(eb, KS_ERR_INVAL, "batch of %d tokens (context allows 1..%d)", b->n_tokens,
+                         c->max_tokens);
+    if (b->n_out < 0 || b->n_out > b->n_tokens)
+        return ks_seterr(eb, KS_ERR_INVAL, "batch asks for %d logit rows of %d tokens", b->n_out,
+                         b->n_tokens);
+    if (b->n_seqs < 1 || b->n_seqs > c->max_tokens)
+        return ks_seterr(eb, KS_ERR_INVAL, "batch has %d sequences", b->n_seqs);
+    const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
+    for (int s = 0; s < b->n_seqs; s++) c->seq_next[s] = (int32_t)b->seqs[s]->n_tokens;
+    int n_out = 0;
+    for (int t = 0; t < b->n_tokens; t++) {
+        int s = b->seq[t];
+        if (s < 0 || s >= b->n_seqs)
+            return ks_seterr(eb, KS_ERR_INVAL, "token %d: sequence index %d out of range", t, s);
+        if (b->tokens[t] < 0 || b->tokens[t] >= hp->n_vocab)
+            return ks_seterr(eb, KS_ERR_INVAL, "token %d: id %d out of range [0, %d)", t,
+                             b->tokens[t], hp->n_vocab);
+        // positions of a sequence must continue where its KV ends, in order:
+        // attention never reads a position that has not been written
+        if (b->pos[t] != c->seq_next[s] || b->pos[t] >= c->max_ctx)
+            return ks_seterr(eb, KS_ERR_INVAL, "token %d: position %d (sequence expects %d, context %d)",
+                             t, b->pos[t], c->seq_next[s], c->max_ctx);
+        if ((uint32_t)b->pos[t] / P >= b->seqs[s]->n_pages)
+            return ks_seterr(eb, KS_ERR_INVAL, "token %d: position %d has no reserved page", t, b->pos[t]);
+        c->seq_next[s]++;
+        if (b->out_row[t] >= 0) {
+            if (b->out_row[t] >= b->n_out)
+                return ks_seterr(eb, KS_ERR_INVAL, "token %d: logits row %d >= %d", t, b->out_row[t],
+                                 b->n_out);
+            n_out++;
+        }
+    }
+    if (n_out != b->n_out)
+        return ks_seterr(eb, KS_ERR_INVAL, "batch asks for %d logit rows but marks %d", b->n_out, n_out);
+    return KS_OK;
+}
+
+ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbuf *eb) {
+    ks_err e = fwd__validate(c, b, eb);
+    if (e) return e;
+    const model *m = c->m;
+    const model_hparams *hp = &m->hp;
+    const int T = b->n_tokens;
+    const int64_t E = hp->n_embd;
+    fwd__act_reset(c);
+    (void)fwd__rows_run(c, b, FWD_EMBED, NULL, 0);
+    int il;
+    for (il = 0; il < hp->n_layer; il++) {
+        const model__layer *L = &m->layers[il];
+        // attention block (the first norm; later ones are fused with the residual add)
+        if (il == 0) (void)fwd__rows_run(c, b, FWD_NORM, L->attn_norm, il);
+        fwd__act_reset(c);
+        fwd__matmul(c, &L->wq, c->xn, T, c->q);
+        fwd__matmul(c, &L->wk, c->xn, T, c->k);
+        fwd__matmul(c, &L->wv, c->xn, T, c->v);
+        if ((e = fwd__rows_run(c, b, FWD_QKV, NULL, il))) goto kv_fail;
+        fwd__attn at = {.c = c, .b = b, .layer = il};
+        atomic_init(&at.err, KS_OK);
+        atomic_init(&at.next, 0);
+        ks_pool_run(c->threads, fwd__attn_task, &at);
+        if ((e = (ks_err)atomic_load(&at.err))) goto kv_fail;
+        fwd__matmul(c, &L->wo, c->att, T, c->tmp);
+        (void)fwd__rows_run(c, b, FWD_ADD_NORM, L->ffn_norm, il);
+        // feed-forward block
+        fwd__act_reset(c);
+        fwd__matmul(c, &L->w_gate, c->xn, T, c->g);
+        fwd__matmul(c, &L->w_up, c->xn, T, c->u);
+        (void)fwd__rows_run(c, b, FWD_SWIGLU, NULL, il);
+        fwd__matmul(c, &L->w_down, c->g, T, c->tmp);
+        const float *next_norm = il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : m->output_norm;
+        (void)fwd__rows_run(c, b, FWD_ADD_NORM, next_norm, il);
+    }
+    for (int s = 0; s < b->n_seqs; s++) kv_seq_set_filled(b->seqs[s], (uint32_t)c->seq_next[s]);
+    if (b->n_out == 0) return KS_OK;
+    // gather the normed rows that want logits, in output-row order
+    float *rows = c->tmp;  // (n_out, E); tmp is (T, E) and free now
+    for (int t = 0; t < T; t++)
+        if (b->out_row[t] >= 0)
+            memcpy(rows + (size_t)b->out_row[t] * (size_t)E, c->xn + (size_t)t * (size_t)E,
+                   sizeof(float) * (size_t)E);
+    fwd__act_reset(c);
+    fwd__matmul(c, &m->output, rows, b->n_out, logits);
+    return KS_OK;
+kv_fail:
+    return ks_seterr(eb, e, "layer %d: a block-table entry did not resolve to a page", il);
+}

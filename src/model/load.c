@@ -1,0 +1,292 @@
+/* load.c — reads hyper-parameters and binds weight tensors of a GGUF model.
+ *
+ * Everything comes from metadata (`<arch>.*` keys) and tensor shapes; every
+ * tensor is checked for presence, shape and a supported type before any
+ * pointer is taken, and errors name the file and the key or tensor. Weights
+ * stay in the read-only mapping; only small vectors (norms, biases) stored
+ * as F16/BF16 are converted to f32 copies. */
+#include "model_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// Metadata
+
+typedef struct {
+    const gguf_file *f;
+    const char *arch;
+    ks_errbuf *eb;
+} load__ctx;
+
+static ks_err load__u32(load__ctx *c, const char *suffix, bool required, uint32_t dflt,
+                        int32_t *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", c->arch, suffix);
+    if (!gguf_get(c->f, key)) {
+        if (required)
+            return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: missing required key '%s'",
+                             gguf_path(c->f), key);
+        *out = (int32_t)dflt;
+        return KS_OK;
+    }
+    uint32_t v;
+    ks_err e = gguf_get_u32(c->f, key, &v, c->eb);
+    if (e) return e;
+    if (v > INT32_MAX || (required && v == 0))
+        return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: key '%s' has invalid value %u", gguf_path(c->f),
+                         key, v);
+    *out = (int32_t)v;
+    return KS_OK;
+}
+
+static ks_err load__f32(load__ctx *c, const char *suffix, float dflt, float *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", c->arch, suffix);
+    if (!gguf_get(c->f, key)) {
+        *out = dflt;
+        return KS_OK;
+    }
+    return gguf_get_f32(c->f, key, out, c->eb);
+}
+
+static ks_err load__hparams(model *m, ks_errbuf *eb) {
+    const gguf_file *f = m->gguf;
+    model_hparams *hp = &m->hp;
+    gguf_str a;
+    ks_err e = gguf_get_str(f, "general.architecture", &a, eb);
+    if (e) return e;
+    if (a.len >= sizeof hp->arch_name) a.len = sizeof hp->arch_name - 1;
+    memcpy(hp->arch_name, a.ptr, a.len);
+    hp->arch_name[a.len] = '\0';
+    if (!strcmp(hp->arch_name, "llama")) hp->arch = MODEL_ARCH_LLAMA;
+    else if (!strcmp(hp->arch_name, "qwen2")) hp->arch = MODEL_ARCH_QWEN2;
+    else if (!strcmp(hp->arch_name, "qwen3")) hp->arch = MODEL_ARCH_QWEN3;
+    else
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED,
+                         "%s: unsupported architecture '%s' (supported: llama, qwen2, qwen3)",
+                         gguf_path(f), hp->arch_name);
+    load__ctx c = {f, hp->arch_name, eb};
+    if ((e = load__u32(&c, "context_length", true, 0, &hp->n_ctx_train)) ||
+        (e = load__u32(&c, "embedding_length", true, 0, &hp->n_embd)) ||
+        (e = load__u32(&c, "block_count", true, 0, &hp->n_layer)) ||
+        (e = load__u32(&c, "feed_forward_length", true, 0, &hp->n_ff)) ||
+        (e = load__u32(&c, "attention.head_count", true, 0, &hp->n_head)) ||
+        (e = load__u32(&c, "attention.head_count_kv", false, (uint32_t)hp->n_head, &hp->n_head_kv)))
+        return e;
+    if (hp->n_embd % hp->n_head)
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: embedding_length %d is not a multiple of head_count %d",
+                         gguf_path(f), hp->n_embd, hp->n_head);
+    if ((e = load__u32(&c, "attention.key_length", false, (uint32_t)(hp->n_embd / hp->n_head),
+                       &hp->head_dim)) ||
+        (e = load__u32(&c, "rope.dimension_count", false, (uint32_t)hp->head_dim, &hp->n_rot)))
+        return e;
+    int32_t vlen;
+    if ((e = load__u32(&c, "attention.value_length", false, (uint32_t)hp->head_dim, &vlen))) return e;
+    if (vlen != hp->head_dim)
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED, "%s: value_length %d differs from key_length %d",
+                         gguf_path(f), vlen, hp->head_dim);
+    if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv)
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: head_count %d is not a multiple of head_count_kv %d",
+                         gguf_path(f), hp->n_head, hp->n_head_kv);
+    if (hp->n_rot > hp->head_dim || hp->n_rot % 2)
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: rope.dimension_count %d invalid for head size %d",
+                         gguf_path(f), hp->n_rot, hp->head_dim);
+    if ((e = load__f32(&c, "rope.freq_base", 10000.0f, &hp->rope_base)) ||
+        (e = load__f32(&c, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->norm_eps)))
+        return e;
+    // linear RoPE scaling: rope.scaling.type = "linear" + rope.scaling.factor,
+    // or the older rope.scale_linear
+    float factor = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch_name);
+    gguf_str st;
+    if (gguf_get(f, key)) {
+        if ((e = gguf_get_str(f, key, &st, eb))) return e;
+        bool linear = st.len == 6 && !memcmp(st.ptr, "linear", 6);
+        bool none = st.len == 4 && !memcmp(st.ptr, "none", 4);
+        if (!linear && !none)
+            return ks_seterr(eb, KS_ERR_UNSUPPORTED, "%s: %s '%.*s' is not supported (linear, none)",
+                             gguf_path(f), key, (int)st.len, st.ptr);
+        if (linear && (e = load__f32(&c, "rope.scaling.factor", 1.0f, &factor))) return e;
+    } else if ((e = load__f32(&c, "rope.scale_linear", 1.0f, &factor))) {
+        return e;
+    }
+    if (!(factor > 0.0f))
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: rope scaling factor %g must be positive", gguf_path(f),
+                         (double)factor);
+    hp->rope_scale = 1.0f / factor;
+    hp->rope_neox = hp->arch != MODEL_ARCH_LLAMA;
+    return KS_OK;
+}
+
+// ----------------------------------------------------------------------------
+// Tensors
+
+static const gguf_tensor *load__tensor(model *m, const char *name, bool required, ks_errbuf *eb,
+                                       ks_err *err) {
+    const gguf_tensor *t = gguf_find_tensor(m->gguf, name);
+    if (!t && required)
+        *err = ks_seterr(eb, KS_ERR_FORMAT, "%s: missing tensor '%s'", gguf_path(m->gguf), name);
+    return t;
+}
+
+/* Binds matrix `name` with ggml shape [K, N]. */
+static ks_err load__mat(model *m, const char *name, int64_t K, int64_t N, model__mat *out,
+                        ks_errbuf *eb) {
+    ks_err e = KS_OK;
+    const gguf_tensor *t = load__tensor(m, name, true, eb, &e);
+    if (!t) return e;
+    if (t->n_dims != 2 || t->ne[0] != K || t->ne[1] != N)
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: tensor '%s' has shape [%lld, %lld] (%u dims), expected [%lld, %lld]",
+                         gguf_path(m->gguf), name, (long long)t->ne[0], (long long)t->ne[1],
+                         t->n_dims, (long long)K, (long long)N);
+    if (!kern_wtype_supported((ks_dtype)t->type))
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED,
+                         "%s: tensor '%s' has type %s, not supported (F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K)",
+                         gguf_path(m->gguf), name, ks_dtype_name(t->type));
+    out->data = t->data;
+    out->type = (ks_dtype)t->type;
+    out->K = K;
+    out->N = N;
+    out->row_bytes = (size_t)(t->n_bytes / (uint64_t)N);
+    return KS_OK;
+}
+
+/* Binds vector `name` of n floats (F32 in place; F16/BF16 converted). */
+static ks_err load__vec(model *m, const char *name, int64_t n, bool required, const float **out,
+                        ks_errbuf *eb) {
+    ks_err e = KS_OK;
+    *out = NULL;
+    const gguf_tensor *t = load__tensor(m, name, required, eb, &e);
+    if (!t) return e;
+    if (t->n_elems != (uint64_t)n || t->ne[0] != n)
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: tensor '%s' has %llu elements, expected %lld",
+                         gguf_path(m->gguf), name, (unsigned long long)t->n_elems, (long long)n);
+    if (t->type == KS_DTYPE_F32 && ((uintptr_t)t->data % sizeof(float)) == 0) {
+        *out = t->data;
+        return KS_OK;
+    }
+    if (t->type != KS_DTYPE_F32 && t->type != KS_DTYPE_F16 && t->type != KS_DTYPE_BF16)
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s (vectors must be F32/F16/BF16)",
+                         gguf_path(m->gguf), name, ks_dtype_name(t->type));
+    float *v = malloc(sizeof(float) * (size_t)n);
+    float **owned = realloc(m->owned, sizeof *owned * (size_t)(m->n_owned + 1));
+    if (!v || !owned) {
+        free(v);
+        if (owned) m->owned = owned;
+        return ks_seterr(eb, KS_ERR_NOMEM, "%s: tensor '%s'", gguf_path(m->gguf), name);
+    }
+    m->owned = owned;
+    m->owned[m->n_owned++] = v;
+    if (t->type == KS_DTYPE_F32) memcpy(v, t->data, sizeof(float) * (size_t)n);
+    else kern_dequantize_row((ks_dtype)t->type, t->data, v, n);
+    *out = v;
+    return KS_OK;
+}
+
+static ks_err load__weights(model *m, ks_errbuf *eb) {
+    model_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, D = hp->head_dim, F = hp->n_ff;
+    const int64_t HD = (int64_t)hp->n_head * D, KVD = (int64_t)hp->n_head_kv * D;
+    ks_err e;
+    const gguf_tensor *te = load__tensor(m, "token_embd.weight", true, eb, &e);
+    if (!te) return e;
+    if (te->n_dims != 2 || te->ne[0] != E || te->ne[1] < 1 || te->ne[1] > INT32_MAX)
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: tensor 'token_embd.weight' has shape [%lld, %lld], expected [%lld, n_vocab]",
+                         gguf_path(m->gguf), (long long)te->ne[0], (long long)te->ne[1], (long long)E);
+    hp->n_vocab = (int32_t)te->ne[1];
+    if ((e = load__mat(m, "token_embd.weight", E, hp->n_vocab, &m->tok_embd, eb))) return e;
+    if ((e = load__vec(m, "output_norm.weight", E, true, &m->output_norm, eb))) return e;
+    hp->tied_output = !gguf_find_tensor(m->gguf, "output.weight");
+    if (hp->tied_output) m->output = m->tok_embd;
+    else if ((e = load__mat(m, "output.weight", E, hp->n_vocab, &m->output, eb))) return e;
+
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) return ks_seterr(eb, KS_ERR_NOMEM, "%s: layers", gguf_path(m->gguf));
+    for (int il = 0; il < hp->n_layer; il++) {
+        model__layer *L = &m->layers[il];
+        char n[96];
+#define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
+        if ((e = load__vec(m, LNAME("attn_norm.weight"), E, true, &L->attn_norm, eb)) ||
+            (e = load__mat(m, LNAME("attn_q.weight"), E, HD, &L->wq, eb)) ||
+            (e = load__mat(m, LNAME("attn_k.weight"), E, KVD, &L->wk, eb)) ||
+            (e = load__mat(m, LNAME("attn_v.weight"), E, KVD, &L->wv, eb)) ||
+            (e = load__mat(m, LNAME("attn_output.weight"), HD, E, &L->wo, eb)) ||
+            (e = load__vec(m, LNAME("ffn_norm.weight"), E, true, &L->ffn_norm, eb)) ||
+            (e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
+            (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)) ||
+            (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb)))
+            return e;
+        if (hp->arch == MODEL_ARCH_QWEN2 &&
+            ((e = load__vec(m, LNAME("attn_q.bias"), HD, true, &L->bq, eb)) ||
+             (e = load__vec(m, LNAME("attn_k.bias"), KVD, true, &L->bk, eb)) ||
+             (e = load__vec(m, LNAME("attn_v.bias"), KVD, true, &L->bv, eb))))
+            return e;
+        if (hp->arch == MODEL_ARCH_QWEN3 &&
+            ((e = load__vec(m, LNAME("attn_q_norm.weight"), D, true, &L->q_norm, eb)) ||
+             (e = load__vec(m, LNAME("attn_k_norm.weight"), D, true, &L->k_norm, eb))))
+            return e;
+#undef LNAME
+    }
+    return KS_OK;
+}
+
+// ----------------------------------------------------------------------------
+// Public
+
+ks_err model_load(const char *path, model **out, ks_errbuf *eb) {
+    *out = NULL;
+    model *m = calloc(1, sizeof *m);
+    if (!m) return ks_seterr(eb, KS_ERR_NOMEM, "%s: model", path);
+    ks_err e = gguf_open(path, &m->gguf, eb);
+    if (e) goto fail;
+    if ((e = load__hparams(m, eb))) goto fail;
+    if ((e = load__weights(m, eb))) goto fail;
+    if ((e = tok_vocab_load(m->gguf, &m->vocab, eb))) goto fail;
+    if (tok_n_vocab(m->vocab) > m->hp.n_vocab) {
+        e = ks_seterr(eb, KS_ERR_FORMAT, "%s: vocabulary has %d tokens but token_embd has %d rows",
+                      path, tok_n_vocab(m->vocab), m->hp.n_vocab);
+        goto fail;
+    }
+    *out = m;
+    return KS_OK;
+fail:
+    model_free(m);
+    return e;
+}
+
+void model_free(model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    tok_vocab_free(m->vocab);
+    gguf_close(m->gguf);
+    free(m);
+}
+
+const model_hparams *model_hp(const model *m) { return &m->hp; }
+const tok_vocab *model_vocab(const model *m) { return m->vocab; }
+const gguf_file *model_gguf(const model *m) { return m->gguf; }
+
+static uint64_t load__mat_bytes(const model__mat *w) { return (uint64_t)w->row_bytes * (uint64_t)w->N; }
+
+uint64_t model_bytes_per_token(const model *m) {
+    uint64_t b = m->tok_embd.row_bytes + load__mat_bytes(&m->output);
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const model__layer *L = &m->layers[il];
+        b += load__mat_bytes(&L->wq) + load__mat_bytes(&L->wk) + load__mat_bytes(&L->wv) +
+             load__mat_bytes(&L->wo) + load__mat_bytes(&L->w_gate) + load__mat_bytes(&L->w_up) +
+             load__mat_bytes(&L->w_down);
+    }
+    return b;
+}
+
+kv_geom model_kv_geom(const model *m, int page_tokens) {
+    kv_geom g = {.n_layer = m->hp.n_layer,
+                 .kv_dim = m->hp.n_head_kv * m->hp.head_dim,
+                 .page_tokens = page_tokens};
+    return g;
+}

@@ -1,0 +1,38 @@
+/* model_int.h — private model structures shared by load.c and forward.c. */
+#ifndef KS_MODEL_INT_H
+#define KS_MODEL_INT_H
+
+#include "kvseal/kern.h"
+#include "kvseal/model.h"
+
+/* A weight matrix of N rows of K elements, pointing into the GGUF mapping
+ * (never copied). GGUF/ggml shape is ne = [K, N]. */
+typedef struct model__mat {
+    const void *data;  // (N, row_bytes) raw GGUF rows
+    ks_dtype type;
+    int64_t K, N;
+    size_t row_bytes;
+} model__mat;
+
+typedef struct model__layer {
+    const float *attn_norm;           // (E)
+    model__mat wq, wk, wv, wo;        // wq: (H*D, E); wk, wv: (Hkv*D, E); wo: (E, H*D)
+    const float *bq, *bk, *bv;        // (H*D), (Hkv*D), (Hkv*D) or NULL (qwen2 only)
+    const float *q_norm, *k_norm;     // (D) or NULL (qwen3 only)
+    const float *ffn_norm;            // (E)
+    model__mat w_gate, w_up, w_down;  // (F, E), (F, E), (E, F)
+} model__layer;
+
+struct model {
+    gguf_file *gguf;
+    tok_vocab *vocab;
+    model_hparams hp;
+    model__mat tok_embd;  // (V, E)
+    model__mat output;    // (V, E); = tok_embd when tied
+    const float *output_norm;  // (E)
+    model__layer *layers;      // (n_layer)
+    float **owned;             // f32 copies of non-F32 vectors (norms, biases)
+    int n_owned;
+};
+
+#endif

@@ -1,0 +1,300 @@
+/* test_model.c — the forward pass on the shipped kjv-mini model:
+ * - greedy continuations equal the reference ids recorded with llama.cpp and
+ *   PyTorch (models/kjv-mini.README.md), token for token;
+ * - batch invariance: logits of a sequence are bit-identical alone, batched
+ *   with others at other positions, prefilled in chunks, and on 1 or 3
+ *   threads;
+ * - loader errors name the file and the tensor/key (unsupported arch,
+ *   missing tensor, wrong shape, unsupported type). */
+#include "kvseal/kern.h"
+#include "kvseal/model.h"
+
+#include "../check.h"
+
+#include <unistd.h>
+
+static const char *model_path(char *buf, size_t cap) {
+    const char *src = getenv("KS_SRC");
+    snprintf(buf, cap, "%s/models/kjv-mini.gguf", src ? src : ".");
+    return buf;
+}
+
+typedef struct {
+    kv_pool *pool;
+    model_ctx *ctx;
+    int32_t V;
+} env;
+
+static void env_open(env *e, const model *m, int n_threads) {
+    kv_geom g = model_kv_geom(m, 16);
+    ks_errbuf eb;
+    CHECK_EQ(kv_pool_create(&g, 256, &e->pool, &eb), KS_OK);
+    CHECK_EQ(model_ctx_create(m, e->pool, n_threads, 64, 512, &e->ctx, &eb), KS_OK);
+    e->V = model_hp(m)->n_vocab;
+}
+
+static void env_close(env *e) {
+    model_ctx_free(e->ctx);
+    kv_pool_destroy(e->pool);
+}
+
+static int32_t argmax(const float *x, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Greedy decoding of one sequence alone. Prefill in chunks of `chunk`
+ * tokens; records the logits of every generated step in `all` (n_gen, V). */
+static void greedy(env *e, const int32_t *prompt, int n_prompt, int n_gen, int chunk, int32_t *out,
+                   float *all) {
+    kv_seq s;
+    kv_seq_init(&s);
+    kv_seq *seqs[1] = {&s};
+    ks_errbuf eb;
+    CHECK_EQ(kv_seq_reserve(e->pool, &s, (uint32_t)(n_prompt + n_gen), &eb), KS_OK);
+    int32_t pos[64], seqi[64] = {0}, outr[64];
+    int32_t cur = 0;
+    for (int i0 = 0; i0 < n_prompt; i0 += chunk) {
+        int nb = n_prompt - i0 < chunk ? n_prompt - i0 : chunk;
+        for (int j = 0; j < nb; j++) {
+            pos[j] = i0 + j;
+            outr[j] = (i0 + j == n_prompt - 1) ? 0 : -1;
+        }
+        int n_out = i0 + nb == n_prompt;
+        model_batch b = {nb, prompt + i0, pos, seqi, outr, n_out, 1, seqs};
+        CHECK_EQ(model_forward(e->ctx, &b, all, &eb), KS_OK);
+    }
+    for (int i = 0; i < n_gen; i++) {
+        cur = argmax(all + (size_t)i * (size_t)e->V, e->V);
+        out[i] = cur;
+        if (i + 1 == n_gen) break;
+        pos[0] = n_prompt + i;
+        outr[0] = 0;
+        model_batch b = {1, &cur, pos, seqi, outr, 1, 1, seqs};
+        CHECK_EQ(model_forward(e->ctx, &b, all + (size_t)(i + 1) * (size_t)e->V, &eb), KS_OK);
+    }
+    kv_seq_release(e->pool, &s);
+}
+
+static const int32_t P1[] = {1, 1043, 261, 1786, 1244};
+static const int32_t G1[] = {271, 261, 612, 2001, 270, 290, 261, 612, 632, 833, 2009, 300, 299, 397, 1305, 384, 873, 2001, 270, 397, 346, 456, 261, 576, 271, 390, 2001, 447, 301, 261, 612, 632, 833, 339, 290, 261, 612, 632, 2009, 300, 299, 443, 325, 368, 2001, 301, 402, 593, 298, 261, 612, 632, 833, 2001, 270, 261, 612, 632, 833, 2001};
+static const int32_t P2[] = {1, 300, 261, 345, 828, 325, 687, 2001, 548, 2001};
+static const int32_t G2[] = {1259, 770, 325, 261, 498, 271, 437, 2001, 548, 2001, 929, 569, 261, 345, 2001, 819, 2001, 299, 397, 713, 261, 498, 271, 437, 406, 503, 400, 2001, 270, 397, 595, 341, 380, 262, 1660, 485, 363, 323, 341, 2001, 270, 397, 595, 341, 380, 262, 1660, 485, 363, 323, 341, 2009, 300, 261, 345, 828, 325, 687, 2001, 548};
+static const int32_t P3[] = {1, 1915, 425, 261};
+static const int32_t G3[] = {472, 2001, 270, 261, 472, 301, 425, 290, 261, 502, 2009, 300, 261, 345, 394, 325, 687, 2001, 1258, 2001, 270, 443, 325, 261, 472, 2001, 929, 569, 261, 345, 2001, 261, 390, 271, 437, 2001, 301, 299, 397, 346, 651, 368, 262, 1152, 342, 261, 498, 271, 437, 2001, 270, 397, 595, 368, 262, 1152, 342, 368, 2001, 270};
+
+#define N_GEN 60
+
+static void test_golden(const model *m, const char *isa) {
+    ks_errbuf eb;
+    CHECK_EQ(kern_init(isa, &eb), KS_OK);
+    env e;
+    env_open(&e, m, 2);
+    float *lg = malloc(sizeof(float) * (size_t)e.V * N_GEN);
+    int32_t out[N_GEN];
+    const int32_t *ps[] = {P1, P2, P3}, *gs[] = {G1, G2, G3};
+    int np[] = {5, 10, 4};
+    for (int k = 0; k < 3; k++) {
+        greedy(&e, ps[k], np[k], N_GEN, 64, out, lg);
+        for (int i = 0; i < N_GEN; i++) {
+            if (out[i] != gs[k][i])
+                fprintf(stderr, "[%s] prompt %d: token %d is %d, reference %d\n", isa, k + 1, i, out[i], gs[k][i]);
+            CHECK_EQ(out[i], gs[k][i]);
+        }
+    }
+    free(lg);
+    env_close(&e);
+}
+
+/* Batch invariance: 3 sequences decoded together (different prompt lengths,
+ * so different positions in every batch; prefills interleaved with decodes)
+ * give bit-identical logits to each sequence decoded alone on 1 thread with
+ * a different prefill chunking. */
+static void test_batch_invariance(const model *m) {
+    env solo, multi;
+    env_open(&solo, m, 1);
+    env_open(&multi, m, 3);
+    const int32_t V = solo.V;
+    const int32_t *ps[] = {P1, P2, P3};
+    int np[] = {5, 10, 4};
+    enum { NG = 12 };
+    float *ref = malloc(sizeof(float) * (size_t)V * NG * 3);
+    int32_t toks[3][NG];
+    for (int k = 0; k < 3; k++) greedy(&solo, ps[k], np[k], NG, 3, toks[k], ref + (size_t)k * NG * (size_t)V);
+
+    kv_seq s[3];
+    kv_seq *seqs[3] = {&s[0], &s[1], &s[2]};
+    ks_errbuf eb;
+    for (int k = 0; k < 3; k++) {
+        kv_seq_init(&s[k]);
+        CHECK_EQ(kv_seq_reserve(multi.pool, &s[k], 64, &eb), KS_OK);
+    }
+    float *lg = malloc(sizeof(float) * (size_t)V * 3);
+    // step 0: seq 0 prefills whole; step 1: seq 1 prefills while seq 0 decodes;
+    // step 2: seq 2 prefills while 0 and 1 decode; then all decode together
+    int start[3] = {0, 1, 2}, gen[3] = {0, 0, 0};
+    int32_t last[3];
+    for (int step = 0; step < NG + 2; step++) {
+        int32_t tk[64], pos[64], sq[64], outr[64], n = 0, n_out = 0, who[3];
+        for (int k = 0; k < 3; k++) {
+            if (step < start[k] || gen[k] >= NG) continue;
+            if (step == start[k]) {
+                for (int j = 0; j < np[k]; j++) {
+                    tk[n] = ps[k][j];
+                    pos[n] = j;
+                    sq[n] = k;
+                    outr[n] = j == np[k] - 1 ? n_out : -1;
+                    n++;
+                }
+            } else {
+                tk[n] = last[k];
+                pos[n] = np[k] + gen[k] - 1;
+                sq[n] = k;
+                outr[n] = n_out;
+                n++;
+            }
+            who[n_out++] = k;
+        }
+        if (!n) break;
+        model_batch b = {n, tk, pos, sq, outr, n_out, 3, seqs};
+        CHECK_EQ(model_forward(multi.ctx, &b, lg, &eb), KS_OK);
+        for (int o = 0; o < n_out; o++) {
+            int k = who[o];
+            const float *r = ref + ((size_t)k * NG + (size_t)gen[k]) * (size_t)V;
+            CHECK_MEM_EQ(lg + (size_t)o * (size_t)V, r, sizeof(float) * (size_t)V);
+            last[k] = argmax(lg + (size_t)o * (size_t)V, V);
+            CHECK_EQ(last[k], toks[k][gen[k]]);
+            gen[k]++;
+        }
+    }
+    for (int k = 0; k < 3; k++) {
+        CHECK_EQ(gen[k], NG);
+        kv_seq_release(multi.pool, &s[k]);
+    }
+    free(lg);
+    free(ref);
+    env_close(&solo);
+    env_close(&multi);
+}
+
+/* Batches that would read unwritten KV or overflow are refused, untouched. */
+static void test_bad_batches(const model *m) {
+    env e;
+    env_open(&e, m, 1);
+    kv_seq s;
+    kv_seq_init(&s);
+    kv_seq *seqs[1] = {&s};
+    ks_errbuf eb;
+    float *lg = malloc(sizeof(float) * (size_t)e.V);
+    int32_t tk[2] = {1, 5}, pos[2] = {0, 1}, sq[2] = {0, 0}, outr[2] = {-1, 0};
+    model_batch b = {2, tk, pos, sq, outr, 1, 1, seqs};
+    CHECK_EQ(model_forward(e.ctx, &b, lg, &eb), KS_ERR_INVAL);  // no pages reserved
+    CHECK_STR_HAS(eb.msg, "no reserved page");
+    CHECK_EQ(kv_seq_reserve(e.pool, &s, 32, &eb), KS_OK);
+    pos[1] = 2;  // skips position 1: would attend to an unwritten row
+    CHECK_EQ(model_forward(e.ctx, &b, lg, &eb), KS_ERR_INVAL);
+    CHECK_STR_HAS(eb.msg, "position 2 (sequence expects 1");
+    pos[1] = 1;
+    tk[1] = 5000;
+    CHECK_EQ(model_forward(e.ctx, &b, lg, &eb), KS_ERR_INVAL);
+    CHECK_STR_HAS(eb.msg, "id 5000 out of range");
+    tk[1] = 5;
+    CHECK_EQ(model_forward(e.ctx, &b, lg, &eb), KS_OK);
+    CHECK_EQ(s.n_tokens, 2);
+    kv_seq_release(e.pool, &s);
+    free(lg);
+    env_close(&e);
+}
+
+// ----------------------------------------------------------------------------
+// Loader errors: rewrite kjv-mini with one thing changed
+
+typedef enum { MUT_ARCH, MUT_DROP_TENSOR, MUT_SHAPE, MUT_TYPE, MUT_DROP_KEY } mutation;
+
+static void write_mutant(const char *src, const char *dst, mutation mu) {
+    gguf_file *f;
+    ks_errbuf eb;
+    CHECK_EQ(gguf_open(src, &f, &eb), KS_OK);
+    gguf_writer *w = gguf_writer_create();
+    for (uint64_t i = 0; i < gguf_n_kv(f); i++) {
+        const char *key = gguf_kv_at(f, i)->key;
+        if (mu == MUT_ARCH && !strcmp(key, "general.architecture")) {
+            CHECK_EQ(gguf_writer_set_str(w, key, "mamba"), KS_OK);
+            continue;
+        }
+        if (mu == MUT_DROP_KEY && !strcmp(key, "llama.block_count")) continue;
+        CHECK_EQ(gguf_writer_copy_kv(w, f, key), KS_OK);
+    }
+    static int64_t ne_bad[2] = {256, 200};
+    static uint8_t junk[256 * 256 * 4];
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        bool target = !strcmp(t->name, "blk.3.attn_k.weight");
+        if (target && mu == MUT_DROP_TENSOR) continue;
+        if (target && mu == MUT_SHAPE) {
+            CHECK_EQ(gguf_writer_add_tensor(w, t->name, 2, ne_bad, KS_DTYPE_F16, junk, 256 * 200 * 2), KS_OK);
+            continue;
+        }
+        if (target && mu == MUT_TYPE) {  // Q5_0 is a valid GGUF type kvseal doesn't run
+            CHECK_EQ(gguf_writer_add_tensor(w, t->name, 2, t->ne, KS_DTYPE_Q5_0, junk, 256 / 32 * 22 * 128), KS_OK);
+            continue;
+        }
+        CHECK_EQ(gguf_writer_add_tensor(w, t->name, t->n_dims, t->ne, (ks_dtype)t->type, t->data, t->n_bytes), KS_OK);
+    }
+    CHECK_EQ(gguf_writer_write(w, dst, &eb), KS_OK);
+    gguf_writer_destroy(w);
+    gguf_close(f);
+}
+
+static void test_load_errors(const char *src) {
+    struct {
+        mutation mu;
+        ks_err err;
+        const char *msg;
+    } cases[] = {
+        {MUT_ARCH, KS_ERR_UNSUPPORTED, "unsupported architecture 'mamba'"},
+        {MUT_DROP_TENSOR, KS_ERR_FORMAT, "missing tensor 'blk.3.attn_k.weight'"},
+        {MUT_SHAPE, KS_ERR_FORMAT, "tensor 'blk.3.attn_k.weight' has shape [256, 200] (2 dims), expected [256, 128]"},
+        {MUT_TYPE, KS_ERR_UNSUPPORTED, "tensor 'blk.3.attn_k.weight' has type Q5_0"},
+        {MUT_DROP_KEY, KS_ERR_FORMAT, "missing required key 'llama.block_count'"},
+    };
+    char dst[256];
+    snprintf(dst, sizeof dst, "/tmp/ks_test_model_%d.gguf", (int)getpid());
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_mutant(src, dst, cases[i].mu);
+        model *m = NULL;
+        ks_errbuf eb;
+        CHECK_EQ(model_load(dst, &m, &eb), cases[i].err);
+        CHECK(m == NULL);
+        CHECK_STR_HAS(eb.msg, cases[i].msg);
+        CHECK_STR_HAS(eb.msg, dst);  // the file is named
+    }
+    unlink(dst);
+}
+
+int main(void) {
+    char path[1024];
+    model *m;
+    ks_errbuf eb;
+    if (model_load(model_path(path, sizeof path), &m, &eb) != KS_OK) {
+        fprintf(stderr, "%s\n", eb.msg);
+        return 1;
+    }
+    const model_hparams *hp = model_hp(m);
+    CHECK_EQ(hp->n_layer, 6);
+    CHECK_EQ(hp->n_head_kv, 4);
+    CHECK_EQ(hp->head_dim, 32);
+    CHECK(!hp->tied_output && !hp->rope_neox);
+    const char *isas[] = {"ref", "avx2", "avx512"};
+    for (int i = 0; i < 3; i++)
+        if (kern_vtab_for(isas[i])) test_golden(m, isas[i]);
+    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
+    test_batch_invariance(m);
+    test_bad_batches(m);
+    model_free(m);
+    test_load_errors(path);
+    printf("model ok\n");
+    return 0;
+}
