@@ -1,0 +1,26 @@
+# kvseal — thin wrapper over CMake. `make help` lists the targets.
+JOBS ?= $(shell nproc)
+BUILD ?= build
+
+.PHONY: all test asan bench clean help
+
+all: ## configure and build build/kvseal (Release, -Werror)
+	@cmake -S . -B $(BUILD) -DKS_WERROR=ON >/dev/null
+	@cmake --build $(BUILD) -j$(JOBS)
+
+test: all ## build and run the whole test suite
+	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+
+asan: ## build with AddressSanitizer+UBSan in build-asan and run the suite
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKS_WERROR=ON -DKS_SANITIZE=address,undefined >/dev/null
+	@cmake --build build-asan -j$(JOBS)
+	@cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
+
+bench: all ## build the kernel micro-benchmark (build/bench_kern)
+	@cmake --build $(BUILD) --target bench_kern -j$(JOBS)
+
+clean: ## remove build directories
+	rm -rf build build-asan
+
+help:
+	@grep -E '^[a-z]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kvseal needs to build and test, only those
+# that are missing (so it is quick when everything is there). Run as root
+# or with sudo available.
+set -euo pipefail
+pkgs=(pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev libsodium-dev libxxhash-dev
+      cmake make gcc)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  echo "install-deps: installing ${missing[*]}" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,49 @@
+/* cli_int.h — helpers shared by the subcommands: option parsing, loading a
+ * model with a KV pool and a forward context, and a one-sequence runner. */
+#ifndef KS_CLI_INT_H
+#define KS_CLI_INT_H
+
+#include "kvseal/cli.h"
+#include "kvseal/model.h"
+
+#include <stdio.h>
+
+/* A loaded model ready to run single sequences. */
+typedef struct cli__session {
+    model *m;
+    kv_pool *pool;
+    model_ctx *ctx;
+    kv_seq seq;
+    int n_threads;
+    int32_t n_ctx;      // positions available to the sequence
+    int32_t n_batch;    // tokens per forward call
+} cli__session;
+
+/* Default thread count: online CPUs. */
+int cli__default_threads(void);
+
+/* Loads path with a pool of n_ctx positions and batches of n_batch tokens.
+ * n_ctx <= 0 means the model's training context. On failure prints the
+ * error (naming the file) to stderr and returns it. */
+ks_err cli__session_open(cli__session *s, const char *path, int n_threads, int32_t n_ctx,
+                         int32_t n_batch);
+/* Frees everything; accepts a zeroed session. */
+void cli__session_close(cli__session *s);
+
+/* Feeds tokens [0, n) to the empty-or-partial sequence in n_batch chunks.
+ * If logits is non-NULL, writes the logits of every token whose index i
+ * satisfies i >= first_logit into logits[(i - first_logit) * V]; if
+ * last_logits is non-NULL, writes the last token's logits there. */
+ks_err cli__session_eval(cli__session *s, const int32_t *toks, int32_t n, int32_t first_logit,
+                         float *logits, float *last_logits, ks_errbuf *eb);
+
+/* Parses a non-negative int / float option value; prints and returns false
+ * on junk. */
+bool cli__parse_int(const char *opt, const char *v, long lo, long hi, long *out);
+bool cli__parse_float(const char *opt, const char *v, double *out);
+
+/* Reads a whole file into a malloc'd NUL-terminated buffer; NULL + message
+ * on failure. */
+char *cli__read_file(const char *path, size_t *len);
+
+#endif

@@ -1,0 +1,144 @@
+/* cmd_bench.c — `kvseal bench`: prompt processing (pp, one batch of N
+ * tokens) and text generation (tg, N single-token steps from an empty
+ * cache) in tokens/s, like llama-bench's pp512/tg128, plus the machine's
+ * memory read bandwidth measured in this process right before the
+ * generation phase, and tg as a fraction of the bandwidth roofline
+ * (bandwidth / bytes read per generated token). */
+#include "cli_int.h"
+
+#include "kvseal/kern.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+uint64_t cli__membw_sum_avx2(const void *buf, size_t n_bytes);
+
+#define BENCH_BW_CHUNK (4 << 20)  // bytes claimed at a time
+
+typedef struct {
+    const uint8_t *buf;
+    size_t n;           // multiple of BENCH_BW_CHUNK
+    uint64_t sink[64];  // per thread, keeps the reads observable
+    atomic_llong next;
+} bench__bw;
+
+/* XOR of a 64-byte-aligned chunk, streamed. */
+static uint64_t bench__bw_chunk(const uint8_t *p, size_t per) {
+    uint64_t s = 0;
+    if (ks_cpu_get()->avx2) {
+        s = cli__membw_sum_avx2(p, per);
+    } else {
+        const uint64_t *q = (const uint64_t *)p;
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (size_t i = 0; i < per / 8; i += 4) {
+            s0 ^= q[i];
+            s1 ^= q[i + 1];
+            s2 ^= q[i + 2];
+            s3 ^= q[i + 3];
+        }
+        s = s0 ^ s1 ^ s2 ^ s3;
+    }
+    return s;
+}
+
+static void bench__bw_task(void *arg, int ith, int nth) {
+    bench__bw *a = arg;
+    (void)nth;
+    int64_t i0, i1;
+    while (ks_pool_claim(&a->next, (int64_t)(a->n / BENCH_BW_CHUNK), 1, &i0, &i1))
+        a->sink[ith & 63] ^= bench__bw_chunk(a->buf + (size_t)i0 * BENCH_BW_CHUNK, BENCH_BW_CHUNK);
+}
+
+/* Best-of-3 read bandwidth in bytes/s over a buffer far larger than the
+ * caches, read by every thread of the pool at once; 0 on NOMEM. */
+static double bench__membw(int n_threads) {
+    const size_t n = (size_t)1 << 30;
+    uint8_t *buf = ks_alloc_aligned(n);
+    ks_pool *pool = ks_pool_create(n_threads);
+    double best = 0;
+    if (buf && pool) {
+        memset(buf, 1, n);  // fault every page in before timing
+        bench__bw a = {.buf = buf, .n = n};
+        for (int r = 0; r < 3; r++) {
+            atomic_store(&a.next, 0);
+            uint64_t t0 = ks_now_ns();
+            ks_pool_run(pool, bench__bw_task, &a);
+            double bw = (double)n / ((double)(ks_now_ns() - t0) / 1e9);
+            best = bw > best ? bw : best;
+        }
+        if (a.sink[0] == 0x1234567) fprintf(stderr, " ");  // keep the reads observable
+    }
+    ks_pool_destroy(pool);
+    ks_free_aligned(buf);
+    return best;
+}
+
+int cli_bench(int argc, char **argv) {
+    const char *path = cli_default_model();
+    long n_pp = 512, n_tg = 128, threads = 0, reps = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-m") && v) path = argv[++i];
+        else if (!strcmp(a, "-p") && v) { if (!cli__parse_int("-p", argv[++i], 1, 1 << 16, &n_pp)) return 2; }
+        else if (!strcmp(a, "-n") && v) { if (!cli__parse_int("-n", argv[++i], 1, 1 << 16, &n_tg)) return 2; }
+        else if (!strcmp(a, "-t") && v) { if (!cli__parse_int("-t", argv[++i], 1, 256, &threads)) return 2; }
+        else if (!strcmp(a, "-r") && v) { if (!cli__parse_int("-r", argv[++i], 1, 100, &reps)) return 2; }
+        else {
+            fprintf(stderr, "usage: kvseal bench [-m MODEL] [-p PP_TOKENS] [-n TG_TOKENS] [-t THREADS] [-r REPS]\n");
+            return 2;
+        }
+    }
+    int32_t ctx = (int32_t)(n_pp > n_tg ? n_pp : n_tg);
+    cli__session s;
+    if (cli__session_open(&s, path, (int)threads, ctx, (int32_t)n_pp)) return 1;
+    const model_hparams *hp = model_hp(s.m);
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)ctx);
+    float *logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
+    int rc = 1;
+    ks_errbuf eb = {0};
+    if (!toks || !logits) goto done;
+    uint64_t x = 0x9e3779b97f4a7c15ull;  // deterministic token ids
+    for (int32_t i = 0; i < ctx; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        toks[i] = (int32_t)(x % (uint64_t)hp->n_vocab);
+    }
+    double pp_best = 0, tg_best = 0;
+    for (long r = 0; r < reps; r++) {
+        kv_seq_release(s.pool, &s.seq);
+        uint64_t t0 = ks_now_ns();
+        if (cli__session_eval(&s, toks, (int32_t)n_pp, 0, NULL, logits, &eb)) goto fail;
+        double pp = (double)n_pp / ((double)(ks_now_ns() - t0) / 1e9);
+        pp_best = pp > pp_best ? pp : pp_best;
+    }
+    double bw = bench__membw(s.n_threads);  // right before generation: it drifts minute to minute
+    for (long r = 0; r < reps; r++) {
+        kv_seq_release(s.pool, &s.seq);
+        uint64_t t0 = ks_now_ns();
+        for (int32_t i = 0; i < (int32_t)n_tg; i++)
+            if (cli__session_eval(&s, toks + i, 1, 0, NULL, logits, &eb)) goto fail;
+        double tg = (double)n_tg / ((double)(ks_now_ns() - t0) / 1e9);
+        tg_best = tg > tg_best ? tg : tg_best;
+    }
+    // bytes per generated token: every weight once, plus K/V of the average
+    // context (n_tg/2 positions) read by attention
+    double kv_bytes = (double)hp->n_layer * 2.0 * hp->n_head_kv * hp->head_dim * sizeof(float) * ((double)n_tg / 2);
+    double bpt = (double)model_bytes_per_token(s.m) + kv_bytes;
+    double roof = bw / bpt;
+    printf("model: %s (%s, %d layers, n_embd %d, %.1f MiB of weights/token)\n", path, hp->arch_name,
+           hp->n_layer, hp->n_embd, (double)model_bytes_per_token(s.m) / 1048576.0);
+    printf("kernels: %s, threads: %d\n", kern_get()->name, s.n_threads);
+    printf("pp%ld: %.2f tokens/s\n", n_pp, pp_best);
+    printf("tg%ld: %.2f tokens/s\n", n_tg, tg_best);
+    printf("memory read bandwidth: %.2f GB/s\n", bw / 1e9);
+    printf("roofline tg: %.2f tokens/s (%.1f MB read per token)\n", roof, bpt / 1e6);
+    printf("tg / roofline: %.3f\n", tg_best / roof);
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "kvseal bench: %s\n", eb.msg);
+done:
+    free(toks);
+    free(logits);
+    cli__session_close(&s);
+    return rc;
+}

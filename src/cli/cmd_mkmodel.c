@@ -1,0 +1,484 @@
+/* cmd_mkmodel.c — `kvseal mkmodel`: a deterministic random-weight GGUF
+ * model with real llama.cpp tensor names and shapes, so tests and benchmarks
+ * run on realistic sizes without downloads.
+ *
+ * The tokenizer comes from a vocab GGUF (every tokenizer.* key is copied;
+ * n_vocab = len(tokenizer.ggml.tokens)). Weights are uniform noise from a
+ * splitmix64 stream seeded per (seed, tensor name, row), so the file is
+ * byte-identical for the same arguments whatever the thread count. Rows are
+ * generated, quantized (kern_quantize_row) and streamed to the writer in
+ * chunks: a 1.1B-parameter model never sits in memory as floats.
+ * Scales keep activations sane: matrices std 1/sqrt(fan_in), residual
+ * outputs (attn_output, ffn_down) further / sqrt(2 n_layer), embedding std 1,
+ * output.weight std 4/sqrt(n_embd) so logits have std ~4 (clear top-1). */
+#include "cli_int.h"
+#include "kvseal/gguf.h"
+#include "kvseal/kern.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// Options and tensor plan
+
+typedef struct {
+    const char *out, *vocab, *arch, *name;
+    ks_dtype type;
+    long n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx, head_dim;
+    bool tied;
+    uint64_t seed;
+    double rope_base, rope_scale, eps;
+    int n_threads;
+} mk__opts;
+
+enum { MK__RAND = 0, MK__ONES = 1 };
+
+typedef struct mk__plan mk__plan;
+
+typedef struct {
+    char name[64];
+    uint32_t n_dims;
+    int64_t ne[2]; /* ne[0] = row length (fastest), ne[1] = rows */
+    ks_dtype type;
+    int kind; /* MK__RAND: uniform, std `scale`; MK__ONES: 1 + uniform noise */
+    float scale;
+    uint64_t seed; /* per-tensor stream seed */
+    mk__plan *plan;
+} mk__tensor;
+
+struct mk__plan {
+    mk__tensor *t; /* (n_t) */
+    int n_t, cap_t;
+    ks_pool *pool;
+    int64_t max_row; /* longest ne[0]: per-thread float scratch */
+    float *scratch;  /* (nth, max_row) */
+    uint8_t *chunk;  /* (chunk_cap) quantized rows handed to the sink */
+    size_t chunk_cap;
+    uint64_t n_params;
+};
+
+// ----------------------------------------------------------------------------
+// Deterministic noise
+
+static uint64_t mk__mix(uint64_t z) { // splitmix64 finalizer
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t mk__hash_str(const char *s) {
+    uint64_t h = 1469598103934665603ull; // FNV-1a
+    while (*s)
+        h = (h ^ (unsigned char)*s++) * 1099511628211ull;
+    return h;
+}
+
+/* Fills x[0..n) for row `row` of t: uniform in [-a, a] (std a/sqrt(3)),
+ * plus 1 for MK__ONES. Two 24-bit uniforms per splitmix64 output. */
+static void mk__gen_row(const mk__tensor *t, int64_t row, float *x) {
+    int64_t n = t->ne[0];
+    uint64_t s = mk__mix(t->seed ^ mk__mix((uint64_t)row + 0x632be59bd9b4e019ull));
+    float a = t->scale * 1.7320508f, c = t->kind == MK__ONES ? 1.0f : 0.0f;
+    const float k = 1.0f / 8388608.0f; // 2^-23: u in [0, 2)
+    for (int64_t i = 0; i < n; i += 2) {
+        uint64_t z = mk__mix(s += 0x9e3779b97f4a7c15ull);
+        x[i] = c + a * ((float)(z >> 40) * k - 1.0f);
+        if (i + 1 < n) x[i + 1] = c + a * ((float)(z & 0xffffff) * k - 1.0f);
+    }
+}
+
+typedef struct {
+    const mk__tensor *t;
+    int64_t row0, n_rows;
+    uint64_t row_bytes;
+    atomic_llong next; /* next row of [0, n_rows) to claim */
+} mk__job;
+
+/* Pool task: claims rows dynamically (a worker may never join, see base.h);
+ * each row depends only on (tensor seed, row), so who computes it is moot. */
+static void mk__job_run(void *arg, int ith, int nth) {
+    mk__job *j = arg;
+    const mk__plan *p = j->t->plan;
+    float *x = p->scratch + (size_t)ith * (size_t)p->max_row;
+    (void)nth;
+    int64_t r0, r1;
+    int64_t step = 1 + 16384 / j->t->ne[0]; // ~16K elements per claim
+    while (ks_pool_claim(&j->next, j->n_rows, step, &r0, &r1)) {
+        for (int64_t r = r0; r < r1; r++) {
+            mk__gen_row(j->t, j->row0 + r, x);
+            kern_quantize_row(j->t->type, x, p->chunk + (size_t)r * j->row_bytes, j->t->ne[0]);
+        }
+    }
+}
+
+/* gguf_fill_fn: generates, quantizes and streams the tensor in chunks. */
+static ks_err mk__fill(void *ctx, const char *name, gguf_sink *sink, ks_errbuf *eb) {
+    const mk__tensor *t = ctx;
+    mk__plan *p = t->plan;
+    uint64_t row_bytes;
+    if (!ks_dtype_row_bytes(t->type, (uint64_t)t->ne[0], &row_bytes))
+        return ks_seterr(eb, KS_ERR_INTERNAL, "%s: bad row", name);
+    int64_t per_chunk = (int64_t)(p->chunk_cap / row_bytes);
+    KS_ASSERT(per_chunk >= 1);
+    for (int64_t r0 = 0; r0 < t->ne[1]; r0 += per_chunk) {
+        mk__job j = {.t = t,
+                     .row0 = r0,
+                     .row_bytes = row_bytes,
+                     .n_rows = t->ne[1] - r0 < per_chunk ? t->ne[1] - r0 : per_chunk};
+        atomic_init(&j.next, 0);
+        ks_pool_run(p->pool, mk__job_run, &j);
+        ks_err e = gguf_sink_write(sink, p->chunk, (size_t)((uint64_t)j.n_rows * row_bytes));
+        if (e) return ks_seterr(eb, e, "write failed");
+    }
+    return KS_OK;
+}
+
+static bool mk__add(mk__plan *p, const mk__opts *o, ks_dtype type, int kind, float scale,
+                    int64_t ne0, int64_t ne1, const char *fmt, int layer) {
+    if (p->n_t == p->cap_t) {
+        int cap = p->cap_t ? 2 * p->cap_t : 64;
+        mk__tensor *t = realloc(p->t, (size_t)cap * sizeof *t);
+        if (!t) return false;
+        p->t = t;
+        p->cap_t = cap;
+    }
+    mk__tensor *t = &p->t[p->n_t++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, fmt, layer);
+    t->n_dims = ne1 > 0 ? 2 : 1;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1 > 0 ? ne1 : 1;
+    t->type = type;
+    t->kind = kind;
+    t->scale = scale;
+    t->seed = mk__mix(o->seed ^ mk__hash_str(t->name));
+    t->plan = p;
+    if (ne0 > p->max_row) p->max_row = ne0;
+    p->n_params += (uint64_t)ne0 * (uint64_t)t->ne[1];
+    return true;
+}
+
+/* The llama.cpp tensor set for o, in llama.cpp's file order. */
+static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
+    const int64_t E = o->n_embd, HD = o->head_dim, F = o->n_ff;
+    const int64_t QD = o->n_head * HD, KD = o->n_head_kv * HD;
+    const ks_dtype W = o->type;
+    const float s_in = 1.0f / sqrtf((float)E), res = 1.0f / sqrtf(2.0f * (float)o->n_layer);
+    const bool qwen2 = !strcmp(o->arch, "qwen2"), qwen3 = !strcmp(o->arch, "qwen3");
+    const float noise = 0.02f;
+    bool ok = mk__add(p, o, W, MK__RAND, o->tied ? 4.0f / sqrtf((float)E) : 1.0f, E, n_vocab,
+                      "token_embd.weight", 0);
+    for (int l = 0; ok && l < o->n_layer; l++) {
+        ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, QD, "blk.%d.attn_q.weight", l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, KD, "blk.%d.attn_k.weight", l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, KD, "blk.%d.attn_v.weight", l);
+        if (ok && qwen2)
+            ok = mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, QD, 0, "blk.%d.attn_q.bias", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, KD, 0, "blk.%d.attn_k.bias", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, KD, 0, "blk.%d.attn_v.bias", l);
+        if (ok && qwen3)
+            ok =
+                mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, HD, 0, "blk.%d.attn_q_norm.weight",
+                        l) &&
+                mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, HD, 0, "blk.%d.attn_k_norm.weight", l);
+        ok = ok &&
+             mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E, "blk.%d.attn_output.weight",
+                     l) &&
+             mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.ffn_norm.weight", l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_gate.weight", l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_up.weight", l) &&
+             mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight", l);
+    }
+    ok = ok && mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "output_norm.weight", 0);
+    if (ok && !o->tied)
+        ok = mk__add(p, o, W, MK__RAND, 4.0f / sqrtf((float)E), E, n_vocab, "output.weight", 0);
+    return ok;
+}
+
+// ----------------------------------------------------------------------------
+// Command
+
+static void mk__usage(FILE *fp) {
+    fprintf(
+        fp,
+        "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
+        "  --arch llama|qwen2|qwen3     architecture (default llama)\n"
+        "  --type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k   2-D weight type (default f16)\n"
+        "  --shape tiny|1.1b            preset (default tiny: 256 embd, 2 layers, 8/2 heads,\n"
+        "                               512 ff, ctx 512; 1.1b: TinyLlama 2048/22/32/4/5632/2048)\n"
+        "  --n-embd N --n-layer N --n-head N --n-head-kv N --n-ff N --ctx N --head-dim N\n"
+        "  --tied                       no output.weight (logits use token_embd)\n"
+        "  --seed S                     weight seed (default 1)\n"
+        "  --rope-base F --rope-scale F (linear scaling when != 1)\n"
+        "  --name NAME                  general.name\n"
+        "  -t N                         threads (output does not depend on it)\n");
+}
+
+/* general.file_type (llama.cpp's llama_ftype) for an all-`t` model. */
+static uint32_t mk__file_type(ks_dtype t) {
+    switch (t) {
+    case KS_DTYPE_F32:
+        return 0;
+    case KS_DTYPE_F16:
+        return 1;
+    case KS_DTYPE_Q4_0:
+        return 2;
+    case KS_DTYPE_Q8_0:
+        return 7;
+    case KS_DTYPE_Q4_K:
+        return 14; // Q4_K_S
+    case KS_DTYPE_Q6_K:
+        return 18;
+    case KS_DTYPE_BF16:
+        return 32;
+    default:
+        return 0;
+    }
+}
+
+/* Checks the shape against the weight type's block size; prints why not. */
+static bool mk__check_shape(const mk__opts *o) {
+    if (o->n_embd < 1 || o->n_layer < 1 || o->n_head < 1 || o->n_head_kv < 1 || o->n_ff < 1 ||
+        o->n_ctx < 1 || o->head_dim < 2) {
+        fprintf(stderr, "kvseal mkmodel: all sizes must be positive\n");
+        return false;
+    }
+    if (o->n_head % o->n_head_kv) {
+        fprintf(stderr, "kvseal mkmodel: --n-head %ld is not a multiple of --n-head-kv %ld\n",
+                o->n_head, o->n_head_kv);
+        return false;
+    }
+    if (o->head_dim % 2) {
+        fprintf(stderr, "kvseal mkmodel: head dim %ld must be even (RoPE rotates pairs)\n",
+                o->head_dim);
+        return false;
+    }
+    uint32_t be = ks_dtype_block_elems(o->type);
+    const struct {
+        const char *what;
+        long n;
+    } rows[] = {{"n_embd (rows of token_embd, attn_q/k/v, ffn_gate/up, output)", o->n_embd},
+                {"n_head*head_dim (rows of attn_output)", o->n_head * o->head_dim},
+                {"n_ff (rows of ffn_down)", o->n_ff}};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        if (rows[i].n % be) {
+            fprintf(stderr,
+                    "kvseal mkmodel: --type %s needs rows that are a multiple of its block size "
+                    "%u, but %s = %ld\n",
+                    ks_dtype_name(o->type), be, rows[i].what, rows[i].n);
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *vocab,
+                         int64_t n_vocab) {
+    char k[128];
+    const char *a = o->arch;
+    bool ok = !gguf_writer_set_str(w, "general.architecture", a) &&
+              !gguf_writer_set_str(w, "general.name", o->name) &&
+              !gguf_writer_set_u32(w, "general.file_type", mk__file_type(o->type));
+    if (ok && ks_dtype_block_elems(o->type) > 1)
+        ok = !gguf_writer_set_u32(w, "general.quantization_version", 2);
+#define MK__U32(suffix, v)                                                                         \
+    (snprintf(k, sizeof k, "%s." suffix, a), !gguf_writer_set_u32(w, k, (uint32_t)(v)))
+#define MK__F32(suffix, v)                                                                         \
+    (snprintf(k, sizeof k, "%s." suffix, a), !gguf_writer_set_f32(w, k, (float)(v)))
+    ok = ok && MK__U32("vocab_size", n_vocab) && MK__U32("context_length", o->n_ctx) &&
+         MK__U32("embedding_length", o->n_embd) && MK__U32("block_count", o->n_layer) &&
+         MK__U32("feed_forward_length", o->n_ff) && MK__U32("attention.head_count", o->n_head) &&
+         MK__U32("attention.head_count_kv", o->n_head_kv) &&
+         MK__F32("rope.freq_base", o->rope_base) && MK__U32("rope.dimension_count", o->head_dim) &&
+         MK__F32("attention.layer_norm_rms_epsilon", o->eps);
+    if (ok && (!strcmp(a, "qwen3") || o->head_dim * o->n_head != o->n_embd))
+        ok = MK__U32("attention.key_length", o->head_dim) &&
+             MK__U32("attention.value_length", o->head_dim);
+    if (ok && o->rope_scale != 1.0) {
+        snprintf(k, sizeof k, "%s.rope.scaling.type", a);
+        ok = !gguf_writer_set_str(w, k, "linear") && MK__F32("rope.scaling.factor", o->rope_scale);
+    }
+#undef MK__U32
+#undef MK__F32
+    for (uint64_t i = 0; ok && i < gguf_n_kv(vocab); i++) {
+        const char *key = gguf_kv_at(vocab, i)->key;
+        if (!strncmp(key, "tokenizer.", 10)) ok = !gguf_writer_copy_kv(w, vocab, key);
+    }
+    return ok;
+}
+
+int cli_mkmodel(int argc, char **argv) {
+    mk__opts o = {.arch = "llama",
+                  .type = KS_DTYPE_F16,
+                  .seed = 1,
+                  .rope_scale = 1.0,
+                  .n_threads = cli__default_threads()};
+    const char *shape = "tiny";
+    long v_embd = 0, v_layer = 0, v_head = 0, v_head_kv = 0, v_ff = 0, v_ctx = 0, v_hd = 0;
+    double rope_base = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long x;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            mk__usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--tied")) {
+            o.tied = true;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "kvseal mkmodel: %s needs a value (or is unknown)\n", a);
+            mk__usage(stderr);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "-o"))
+            o.out = v;
+        else if (!strcmp(a, "--vocab"))
+            o.vocab = v;
+        else if (!strcmp(a, "--arch"))
+            o.arch = v;
+        else if (!strcmp(a, "--shape"))
+            shape = v;
+        else if (!strcmp(a, "--name"))
+            o.name = v;
+        else if (!strcmp(a, "--type")) {
+            if (!ks_dtype_parse(v, &o.type) || !kern_wtype_supported(o.type)) {
+                fprintf(stderr,
+                        "kvseal mkmodel: --type '%s' is not one of f32 f16 bf16 q8_0 "
+                        "q4_0 q4_k q6_k\n",
+                        v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--seed")) {
+            if (!cli__parse_int(a, v, 0, 0x7fffffffffffffffL, &x)) return 2;
+            o.seed = (uint64_t)x;
+        } else if (!strcmp(a, "-t")) {
+            if (!cli__parse_int(a, v, 1, 256, &x)) return 2;
+            o.n_threads = (int)x;
+        } else if (!strcmp(a, "--rope-base")) {
+            if (!cli__parse_float(a, v, &rope_base) || !(rope_base > 0)) return 2;
+        } else if (!strcmp(a, "--rope-scale")) {
+            if (!cli__parse_float(a, v, &o.rope_scale) || !(o.rope_scale > 0)) return 2;
+        } else {
+            long *dst = !strcmp(a, "--n-embd")      ? &v_embd
+                        : !strcmp(a, "--n-layer")   ? &v_layer
+                        : !strcmp(a, "--n-head")    ? &v_head
+                        : !strcmp(a, "--n-head-kv") ? &v_head_kv
+                        : !strcmp(a, "--n-ff")      ? &v_ff
+                        : !strcmp(a, "--ctx")       ? &v_ctx
+                        : !strcmp(a, "--head-dim")  ? &v_hd
+                                                    : NULL;
+            if (!dst) {
+                fprintf(stderr, "kvseal mkmodel: unknown option '%s'\n", a);
+                mk__usage(stderr);
+                return 2;
+            }
+            if (!cli__parse_int(a, v, 1, 1L << 20, dst)) return 2;
+        }
+    }
+    if (!o.out || !o.vocab) {
+        fprintf(stderr, "kvseal mkmodel: -o and --vocab are required\n");
+        mk__usage(stderr);
+        return 2;
+    }
+    bool qwen = !strcmp(o.arch, "qwen2") || !strcmp(o.arch, "qwen3");
+    if (!qwen && strcmp(o.arch, "llama")) {
+        fprintf(stderr, "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3\n", o.arch);
+        return 2;
+    }
+    if (!strcmp(shape, "tiny")) {
+        o.n_embd = 256, o.n_layer = 2, o.n_head = 8, o.n_head_kv = 2, o.n_ff = 512, o.n_ctx = 512;
+    } else if (!strcmp(shape, "1.1b")) {
+        o.n_embd = 2048, o.n_layer = 22, o.n_head = 32, o.n_head_kv = 4, o.n_ff = 5632,
+        o.n_ctx = 2048;
+    } else {
+        fprintf(stderr, "kvseal mkmodel: --shape '%s' is not one of tiny 1.1b\n", shape);
+        return 2;
+    }
+    if (v_embd) o.n_embd = v_embd;
+    if (v_layer) o.n_layer = v_layer;
+    if (v_head) o.n_head = v_head;
+    if (v_head_kv) o.n_head_kv = v_head_kv;
+    if (v_ff) o.n_ff = v_ff;
+    if (v_ctx) o.n_ctx = v_ctx;
+    o.head_dim = v_hd ? v_hd : o.n_embd / o.n_head;
+    if (!v_hd && o.n_embd % o.n_head) {
+        fprintf(stderr,
+                "kvseal mkmodel: --n-embd %ld is not a multiple of --n-head %ld "
+                "(give --head-dim)\n",
+                o.n_embd, o.n_head);
+        return 2;
+    }
+    o.rope_base = rope_base > 0 ? rope_base : qwen ? 1000000.0 : 10000.0;
+    o.eps = qwen ? 1e-6 : 1e-5;
+    char name[128];
+    if (!o.name) {
+        snprintf(name, sizeof name, "mkmodel-%s-%s-%s-seed%llu", o.arch, shape,
+                 ks_dtype_name(o.type), (unsigned long long)o.seed);
+        o.name = name;
+    }
+    if (!mk__check_shape(&o)) return 2;
+
+    ks_errbuf eb;
+    ks_errbuf_clear(&eb);
+    gguf_file *vocab = NULL;
+    gguf_writer *w = NULL;
+    mk__plan p = {0};
+    int rc = 1;
+    const gguf_value *toks;
+    if (gguf_open(o.vocab, &vocab, &eb) ||
+        gguf_get_arr(vocab, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks, &eb)) {
+        fprintf(stderr, "kvseal mkmodel: %s\n", eb.msg);
+        goto done;
+    }
+    int64_t n_vocab = (int64_t)toks->v.arr.n;
+    if (n_vocab < 1 || n_vocab > INT32_MAX) {
+        fprintf(stderr, "kvseal mkmodel: %s: %lld tokens\n", o.vocab, (long long)n_vocab);
+        goto done;
+    }
+    w = gguf_writer_create();
+    if (!w || !mk__set_keys(w, &o, vocab, n_vocab) || !mk__build_plan(&p, &o, n_vocab)) {
+        fprintf(stderr, "kvseal mkmodel: out of memory\n");
+        goto done;
+    }
+    p.pool = ks_pool_create(o.n_threads);
+    p.chunk_cap = 8u << 20;
+    uint64_t max_row_bytes;
+    if (!ks_dtype_row_bytes(KS_DTYPE_F32, (uint64_t)p.max_row, &max_row_bytes)) goto done;
+    if (max_row_bytes > p.chunk_cap) p.chunk_cap = max_row_bytes;
+    p.scratch = malloc((size_t)o.n_threads * (size_t)p.max_row * sizeof(float));
+    p.chunk = malloc(p.chunk_cap);
+    if (!p.pool || !p.scratch || !p.chunk) {
+        fprintf(stderr, "kvseal mkmodel: out of memory (or threads)\n");
+        goto done;
+    }
+    for (int i = 0; i < p.n_t; i++) {
+        const mk__tensor *t = &p.t[i];
+        if (gguf_writer_add_tensor_fill(w, t->name, t->n_dims, t->ne, t->type, mk__fill, &p.t[i])) {
+            fprintf(stderr, "kvseal mkmodel: cannot add tensor '%s'\n", t->name);
+            goto done;
+        }
+    }
+    uint64_t t0 = ks_now_ns();
+    if (gguf_writer_write(w, o.out, &eb)) {
+        fprintf(stderr, "kvseal mkmodel: %s\n", eb.msg);
+        goto done;
+    }
+    printf("wrote %s: %s %s, %d tensors, %llu parameters, n_vocab %lld (%.1f s)\n", o.out, o.arch,
+           ks_dtype_name(o.type), p.n_t, (unsigned long long)p.n_params, (long long)n_vocab,
+           (double)(ks_now_ns() - t0) * 1e-9);
+    rc = 0;
+done:
+    ks_pool_destroy(p.pool);
+    free(p.scratch);
+    free(p.chunk);
+    free(p.t);
+    gguf_writer_destroy(w);
+    gguf_close(vocab);
+    return rc;
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# kvseal run on the shipped kjv-mini: greedy continuations equal the
+# reference text of models/kjv-mini.README.md exactly (stdout holds only the
+# generated text), stop strings cut the text, and bad invocations fail with
+# a precise message.
+. "$(dirname "$0")/lib.sh"
+M=$KS_SRC/models/kjv-mini.gguf
+
+out=$("$KS_BIN" run -m "$M" -p "In the beginning" -n 60 --temp 0 2>"$TMPD/err") || fail "run: $(cat "$TMPD/err")"
+expect_eq "greedy 1" "$out" " of the Lord, and in the Lord Jesus Christ. And I will send my voice, and will not hear the word of God, but that the Lord Jesus Christ is in the Lord Jesus. And I say unto you, that ye may be the Lord Jesus Christ, and the Lord Jesus Christ,"
+
+out=$("$KS_BIN" run -m "$M" -p "Blessed are the" -n 60 --temp 0 2>/dev/null)
+expect_eq "greedy 3" "$out" " people, and the people that are in the land. And the LORD said unto Moses, Go, and say unto the people, Thus saith the LORD, the God of Israel, that I will not give you a covenant with the children of Israel, and will make you a covenant with you, and"
+
+# the shipped model is the default; a stop string spanning tokens ends the text before it
+out=$("$KS_BIN" run -p "Blessed are the" -n 60 --temp 0 --stop "the LORD said" 2>/dev/null)
+expect_eq "stop string" "$out" " people, and the people that are in the land. And "
+
+# seeded sampling is reproducible, and a different seed gives other text
+a=$("$KS_BIN" run -p "And God said" -n 30 --temp 1.0 --seed 7 2>/dev/null)
+b=$("$KS_BIN" run -p "And God said" -n 30 --temp 1.0 --seed 7 2>/dev/null)
+c=$("$KS_BIN" run -p "And God said" -n 30 --temp 1.0 --seed 8 2>/dev/null)
+expect_eq "seeded" "$a" "$b"
+[ "$a" != "$c" ] || fail "seeds 7 and 8 gave the same text"
+
+# errors: missing prompt, bad model path, corrupt model, bad parameter
+"$KS_BIN" run -m "$M" 2>"$TMPD/err" && fail "run without -p succeeded"
+expect_has "no prompt" "$(cat "$TMPD/err")" "-p PROMPT is required"
+"$KS_BIN" run -m "$TMPD/nope.gguf" -p hi 2>"$TMPD/err" && fail "missing model succeeded"
+expect_has "missing model" "$(cat "$TMPD/err")" "$TMPD/nope.gguf"
+head -c 5000 "$M" >"$TMPD/trunc.gguf"
+"$KS_BIN" run -m "$TMPD/trunc.gguf" -p hi 2>"$TMPD/err" && fail "truncated model succeeded"
+expect_has "truncated model" "$(cat "$TMPD/err")" "trunc.gguf"
+"$KS_BIN" run -m "$M" -p hi --top-p 0 2>"$TMPD/err" && fail "top-p 0 accepted"
+expect_has "bad top-p" "$(cat "$TMPD/err")" "top_p"
+echo "run ok"
