@@ -2,8 +2,11 @@
  * ../shared/vocab token for token, round trips through the detokenizer, the
  * kjv-mini reference tokenizations, special-token parsing on and off, the
  * streaming UTF-8 decoder, a synthetic BPE vocabulary (unknown pre-tokenizer
- * fallback, merges by rank) and speed on a whole held-out text. */
+ * fallback, merges by rank) and speed on a whole held-out text. The last
+ * section tests chat templates (kvseal/chat.h, src/tok/chat.c). */
 #include "kvseal/tok.h"
+
+#include "kvseal/chat.h"
 
 #include "../check.h"
 
@@ -654,12 +657,334 @@ static void test_robustness_shared(void) {
     }
 }
 
+// ----------------------------------------------------------------------------
+// Chat templates (kvseal/chat.h): every family's exact text for a
+// system+user+assistant+user conversation, BOS handling against the
+// tokenizer, the plain fallback, detection and errors.
+
+static const chat_message k_conv[] = {
+    {"system", "You are terse."},
+    {"user", "Hello"},
+    {"assistant", "Hi!"},
+    {"user", "Who are you?"},
+};
+
+static char *render(chat_family fam, const tok_vocab *v, const chat_message *m, size_t n,
+                    bool gen) {
+    char *out = (char *)1;
+    ks_errbuf eb;
+    ks_err e = chat_render_family(fam, v, m, n, gen, &out, &eb);
+    if (e) fprintf(stderr, "chat_render_family(%s): %s\n", chat_family_name(fam), eb.msg);
+    CHECK_EQ(e, KS_OK);
+    CHECK(out != NULL);
+    return out;
+}
+
+static void check_render(chat_family fam, const tok_vocab *v, const chat_message *m, size_t n,
+                         bool gen, const char *want) {
+    char *got = render(fam, v, m, n, gen);
+    CHECK_STR_EQ(got, want);
+    free(got);
+}
+
+/* Expects INVAL whose message mentions `has`; *out must come back NULL. */
+static void check_render_inval(chat_family fam, const chat_message *m, size_t n, const char *has) {
+    char *out = (char *)1;
+    ks_errbuf eb;
+    CHECK_EQ(chat_render_family(fam, NULL, m, n, true, &out, &eb), KS_ERR_INVAL);
+    CHECK(out == NULL);
+    CHECK_STR_HAS(eb.msg, has);
+}
+
+static void test_chat_families(void) {
+    /* v == NULL: as if the tokenizer adds BOS itself, so no leading BOS text */
+    check_render(CHAT_CHATML, NULL, k_conv, 4, true,
+                 "<|im_start|>system\nYou are terse.<|im_end|>\n"
+                 "<|im_start|>user\nHello<|im_end|>\n"
+                 "<|im_start|>assistant\nHi!<|im_end|>\n"
+                 "<|im_start|>user\nWho are you?<|im_end|>\n"
+                 "<|im_start|>assistant\n");
+    check_render(CHAT_CHATML, NULL, k_conv, 4, false,
+                 "<|im_start|>system\nYou are terse.<|im_end|>\n"
+                 "<|im_start|>user\nHello<|im_end|>\n"
+                 "<|im_start|>assistant\nHi!<|im_end|>\n"
+                 "<|im_start|>user\nWho are you?<|im_end|>\n");
+    check_render(CHAT_LLAMA3, NULL, k_conv, 4, true,
+                 "<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+                 "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+                 "<|start_header_id|>assistant<|end_header_id|>\n\nHi!<|eot_id|>"
+                 "<|start_header_id|>user<|end_header_id|>\n\nWho are you?<|eot_id|>"
+                 "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    check_render(CHAT_LLAMA2, NULL, k_conv, 4, true,
+                 "[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHello [/INST] Hi! </s>"
+                 "<s>[INST] Who are you? [/INST]");
+    check_render(CHAT_MISTRAL, NULL, k_conv, 4, true,
+                 "[INST] You are terse.\n\nHello [/INST] Hi!</s>[INST] Who are you? [/INST]");
+    check_render(CHAT_PHI3, NULL, k_conv, 4, true,
+                 "<|system|>\nYou are terse.<|end|>\n<|user|>\nHello<|end|>\n"
+                 "<|assistant|>\nHi!<|end|>\n<|user|>\nWho are you?<|end|>\n<|assistant|>\n");
+    check_render(CHAT_GEMMA, NULL, k_conv, 4, true,
+                 "<start_of_turn>user\nYou are terse.\n\nHello<end_of_turn>\n"
+                 "<start_of_turn>model\nHi!<end_of_turn>\n"
+                 "<start_of_turn>user\nWho are you?<end_of_turn>\n"
+                 "<start_of_turn>model\n");
+    check_render(CHAT_GEMMA, NULL, k_conv, 4, false,
+                 "<start_of_turn>user\nYou are terse.\n\nHello<end_of_turn>\n"
+                 "<start_of_turn>model\nHi!<end_of_turn>\n"
+                 "<start_of_turn>user\nWho are you?<end_of_turn>\n");
+    check_render(CHAT_PLAIN, NULL, k_conv, 4, true,
+                 "You are terse.\n\nUser: Hello\nAssistant: Hi!\nUser: Who are you?\nAssistant:");
+    /* without a system message the merging families start at the user turn */
+    check_render(CHAT_LLAMA2, NULL, k_conv + 1, 3, true,
+                 "[INST] Hello [/INST] Hi! </s><s>[INST] Who are you? [/INST]");
+    check_render(CHAT_GEMMA, NULL, k_conv + 1, 1, true,
+                 "<start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n");
+
+    /* trimming: Llama 2/3 and Gemma trim contents, ChatML/Phi-3/Mistral keep them */
+    const chat_message padded[] = {{"user", "  Hi \n"}};
+    check_render(CHAT_LLAMA3, NULL, padded, 1, false,
+                 "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>");
+    check_render(CHAT_LLAMA2, NULL, padded, 1, false, "[INST] Hi [/INST]");
+    check_render(CHAT_GEMMA, NULL, padded, 1, false, "<start_of_turn>user\nHi<end_of_turn>\n");
+    check_render(CHAT_CHATML, NULL, padded, 1, false, "<|im_start|>user\n  Hi \n<|im_end|>\n");
+
+    /* plain fallback: a lone user message is the raw text (base LMs continue it) */
+    const chat_message lone[] = {{"user", "In the beginning"}};
+    check_render(CHAT_PLAIN, NULL, lone, 1, true, "In the beginning");
+    check_render(CHAT_PLAIN, NULL, lone, 1, false, "In the beginning");
+    check_render(CHAT_PLAIN, NULL, k_conv, 2, false, "You are terse.\n\nUser: Hello\n");
+    /* empty content is allowed */
+    const chat_message empty[] = {{"user", ""}};
+    check_render(CHAT_PLAIN, NULL, empty, 1, true, "");
+    check_render(CHAT_CHATML, NULL, empty, 1, true,
+                 "<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n");
+    /* ChatML-like families accept any order, several system messages included */
+    const chat_message free_order[] = {{"assistant", "A"}, {"system", "S"}, {"user", "U"}};
+    check_render(CHAT_PHI3, NULL, free_order, 3, false,
+                 "<|assistant|>\nA<|end|>\n<|system|>\nS<|end|>\n<|user|>\nU<|end|>\n");
+}
+
+static void test_chat_errors(void) {
+    char *out = (char *)1;
+    ks_errbuf eb;
+    for (int fam = CHAT_PLAIN; fam <= CHAT_GEMMA; fam++) {
+        out = (char *)1;
+        CHECK_EQ(chat_render_family((chat_family)fam, NULL, k_conv, 0, true, &out, &eb),
+                 KS_ERR_INVAL);
+        CHECK(out == NULL);
+        const chat_message tool[] = {{"user", "x"}, {"tool", "y"}};
+        check_render_inval((chat_family)fam, tool, 2, "message 1: unknown role 'tool'");
+        const chat_message nocontent[] = {{"user", NULL}};
+        check_render_inval((chat_family)fam, nocontent, 1, "message 0 (user): missing content");
+        const chat_message norole[] = {{NULL, "x"}};
+        check_render_inval((chat_family)fam, norole, 1, "message 0: missing role");
+    }
+    CHECK_EQ(chat_render_family((chat_family)99, NULL, k_conv, 4, true, &out, &eb), KS_ERR_INVAL);
+    CHECK(out == NULL);
+    const chat_family merging[] = {CHAT_LLAMA2, CHAT_MISTRAL, CHAT_GEMMA};
+    for (size_t i = 0; i < 3; i++) {
+        const chat_message asst_first[] = {{"assistant", "A"}, {"user", "U"}};
+        check_render_inval(merging[i], asst_first, 2, "message 0 (assistant)");
+        const chat_message two_users[] = {{"system", "S"}, {"user", "U"}, {"user", "V"}};
+        check_render_inval(merging[i], two_users, 3, "message 2 (user)");
+        const chat_message late_sys[] = {{"user", "U"}, {"assistant", "A"}, {"system", "S"}};
+        check_render_inval(merging[i], late_sys, 3, "message 2 (system)");
+        const chat_message sys_only[] = {{"system", "S"}};
+        check_render_inval(merging[i], sys_only, 1, "message 0 (system)");
+    }
+    /* the same orders are fine where the template can express them */
+    const chat_message late_sys[] = {{"user", "U"}, {"assistant", "A"}, {"system", "S"}};
+    free(render(CHAT_CHATML, NULL, late_sys, 3, true));
+    free(render(CHAT_LLAMA3, NULL, late_sys, 3, true));
+    free(render(CHAT_PLAIN, NULL, late_sys, 3, true));
+}
+
+/* Writes a GGUF with the given KVs: an optional chat template and, if
+ * with_vocab, a tiny byte-level BPE vocabulary with a BOS token whose
+ * automatic use is add_bos. Returns the open file (the path is unlinked). */
+static gguf_file *chat_gguf(const char *tmpl, bool with_vocab, bool add_bos) {
+    gguf_writer *w = gguf_writer_create();
+    CHECK(w != NULL);
+    if (tmpl) CHECK_EQ(gguf_writer_set_str(w, "tokenizer.chat_template", tmpl), KS_OK);
+    if (with_vocab) {
+        const char *toks[] = {"a", "b", "ab", "<|begin_of_text|>", "<|eot_id|>",
+                              "<|start_header_id|>", "<|end_header_id|>", "\xc4\x8a"};
+        const int32_t types[] = {1, 1, 1, 3, 3, 3, 3, 1};
+        const char *merges[] = {"a b"};
+        CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), KS_OK);
+        CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.pre", "default"), KS_OK);
+        CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 8), KS_OK);
+        CHECK_EQ(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 8),
+                 KS_OK);
+        CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1), KS_OK);
+        CHECK_EQ(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 3), KS_OK);
+        CHECK_EQ(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 4), KS_OK);
+        CHECK_EQ(gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", add_bos), KS_OK);
+    }
+    char path[] = "/tmp/test_chat_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    ks_errbuf eb;
+    CHECK_EQ(gguf_writer_write(w, path, &eb), KS_OK);
+    gguf_writer_destroy(w);
+    gguf_file *f = NULL;
+    CHECK_EQ(gguf_open(path, &f, &eb), KS_OK);
+    unlink(path);
+    return f;
+}
+
+static void test_chat_detect(void) {
+    static const struct {
+        const char *tmpl;
+        chat_family want;
+    } cases[] = {
+        {"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+         "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}",
+         CHAT_CHATML},
+        {"{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' "
+         "+ message['content'] | trim + '<|eot_id|>' %}",
+         CHAT_LLAMA3},
+        {"{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + role + '\\n' + "
+         "message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}",
+         CHAT_GEMMA},
+        {"{{ bos_token }}{% for message in messages %}{{'<|' + message['role'] + '|>' + '\\n' + "
+         "message['content'] + '<|end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+         "{{ '<|assistant|>\\n' }}{% endif %}",
+         CHAT_PHI3}, /* Phi-3-small: role spliced in, "<|assistant|>" only in the prompt */
+        {"{% if message['role'] == 'user' %}{{'<|user|>\\n' + message['content'] + "
+         "'<|end|>\\n'}}{% endif %}",
+         CHAT_PHI3},
+        {"{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' %}"
+         "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}",
+         CHAT_LLAMA2},
+        {"{{ bos_token }}{% for message in messages %}{{ '[INST] ' + message['content'] + "
+         "' [/INST]' }}{% endfor %}",
+         CHAT_MISTRAL},
+        {"{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{% endfor %}", CHAT_PLAIN},
+        {"", CHAT_PLAIN},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        chat_family got = chat_detect_text(cases[i].tmpl, strlen(cases[i].tmpl));
+        if (got != cases[i].want)
+            fprintf(stderr, "template %zu: got %s, want %s\n", i, chat_family_name(got),
+                    chat_family_name(cases[i].want));
+        CHECK_EQ(got, cases[i].want);
+    }
+    CHECK_EQ(chat_detect_text(NULL, 10), CHAT_PLAIN);
+    /* length is honoured: the marker past len is not seen */
+    CHECK_EQ(chat_detect_text("xx<|im_start|>", 2), CHAT_PLAIN);
+    CHECK_EQ(chat_detect(NULL), CHAT_PLAIN);
+
+    /* names */
+    for (int fam = CHAT_PLAIN; fam <= CHAT_GEMMA; fam++) {
+        chat_family back = CHAT_PLAIN;
+        CHECK(chat_family_parse(chat_family_name((chat_family)fam), &back));
+        CHECK_EQ(back, fam);
+    }
+    CHECK_STR_EQ(chat_family_name(CHAT_CHATML), "chatml");
+    CHECK_STR_EQ(chat_family_name((chat_family)42), "unknown");
+    chat_family untouched = CHAT_GEMMA;
+    CHECK(!chat_family_parse("jinja", &untouched));
+    CHECK_EQ(untouched, CHAT_GEMMA);
+
+    /* from a GGUF: template present, absent, and not a string */
+    gguf_file *f = chat_gguf(cases[0].tmpl, false, false);
+    CHECK_EQ(chat_detect(f), CHAT_CHATML);
+    char *out = NULL;
+    ks_errbuf eb;
+    CHECK_EQ(chat_render(NULL, f, k_conv + 1, 1, true, &out, &eb), KS_OK);
+    CHECK_STR_EQ(out, "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n");
+    free(out);
+    gguf_close(f);
+    f = chat_gguf(NULL, false, false);
+    CHECK_EQ(chat_detect(f), CHAT_PLAIN);
+    gguf_close(f);
+}
+
+/* BOS text appears at the start only when the tokenizer does not add BOS;
+ * either way the tokenized prompt starts with exactly one BOS. */
+static void test_chat_bos(const tok_vocab *kjv) {
+    const char *tmpl = "{{ bos_token }}<|start_header_id|>";
+    for (int add_bos = 0; add_bos <= 1; add_bos++) {
+        gguf_file *f = chat_gguf(tmpl, true, add_bos);
+        tok_vocab *v = NULL;
+        ks_errbuf eb;
+        CHECK_EQ(tok_vocab_load(f, &v, &eb), KS_OK);
+        CHECK_EQ(tok_add_bos(v), add_bos);
+        char *out = NULL;
+        const chat_message m[] = {{"user", "ab"}};
+        CHECK_EQ(chat_render(v, f, m, 1, true, &out, &eb), KS_OK);
+        const char *body = "<|start_header_id|>user<|end_header_id|>\n\nab<|eot_id|>"
+                           "<|start_header_id|>assistant<|end_header_id|>\n\n";
+        char want[256];
+        snprintf(want, sizeof want, "%s%s", add_bos ? "" : "<|begin_of_text|>", body);
+        CHECK_STR_EQ(out, want);
+        int32_t *ids;
+        size_t n = encode(v, out, strlen(out), true, true, &ids);
+        CHECK(n > 2);
+        CHECK_EQ(ids[0], 3);
+        size_t n_bos = 0;
+        for (size_t i = 0; i < n; i++)
+            n_bos += ids[i] == 3;
+        CHECK_EQ(n_bos, 1);
+        CHECK_EQ(ids[1], 5); /* <|start_header_id|> parsed as the special token */
+        free(ids);
+        free(out);
+        tok_vocab_free(v);
+        gguf_close(f);
+    }
+
+    /* kjv-mini adds BOS itself: no leading "<s>", but Llama 2's in-conversation
+     * "</s><s>" stay and tokenize to EOS, BOS */
+    CHECK(tok_add_bos(kjv));
+    char *out = render(CHAT_LLAMA2, kjv, k_conv + 1, 3, true);
+    CHECK_STR_EQ(out, "[INST] Hello [/INST] Hi! </s><s>[INST] Who are you? [/INST]");
+    int32_t *ids;
+    size_t n = encode(kjv, out, strlen(out), true, true, &ids);
+    size_t n_bos = 0, n_eos = 0;
+    for (size_t i = 0; i < n; i++) {
+        n_bos += ids[i] == tok_bos(kjv);
+        n_eos += ids[i] == tok_eos(kjv);
+    }
+    CHECK_EQ(ids[0], tok_bos(kjv));
+    CHECK_EQ(n_bos, 2);
+    CHECK_EQ(n_eos, 1);
+    free(ids);
+    free(out);
+    /* ChatML never has BOS text, whatever the vocabulary */
+    out = render(CHAT_CHATML, kjv, k_conv + 1, 1, false);
+    CHECK_STR_EQ(out, "<|im_start|>user\nHello<|im_end|>\n");
+    free(out);
+}
+
+/* The shipped kjv-mini has no chat template: plain, and a lone user message
+ * renders to exactly its text so chat completions continue it. */
+static void test_chat_kjv(const char *kjv_file, const tok_vocab *v) {
+    gguf_file *f = NULL;
+    ks_errbuf eb;
+    CHECK_EQ(gguf_open(kjv_file, &f, &eb), KS_OK);
+    CHECK(gguf_get(f, "tokenizer.chat_template") == NULL);
+    CHECK_EQ(chat_detect(f), CHAT_PLAIN);
+    const chat_message m[] = {{"user", "In the beginning"}};
+    char *out = NULL;
+    CHECK_EQ(chat_render(v, f, m, 1, true, &out, &eb), KS_OK);
+    CHECK_STR_EQ(out, "In the beginning");
+    free(out);
+    gguf_close(f);
+}
+
 int main(void) {
+    test_chat_families();
+    test_chat_errors();
+    test_chat_detect();
     test_synthetic_bpe();
     char p[1024];
     const char *kjv = kjv_path(p, sizeof p);
     CHECK(kjv != NULL); /* shipped in the repository */
     tok_vocab *v = load_vocab(kjv);
+    test_chat_bos(v);
+    test_chat_kjv(kjv, v);
     test_kjv_reference(v);
     test_special_parsing(v);
     test_stream(v);
