@@ -4,7 +4,7 @@
 # or with sudo available.
 set -euo pipefail
 pkgs=(pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev libsodium-dev libxxhash-dev
-      cmake make gcc)
+      cmake make gcc curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,17 +1,27 @@
-/* kv.h — the paged KV cache: a pool of fixed-size pages and per-sequence
- * block tables.
+/* kv.h — the sealed, paged KV cache: a pool of tagged fixed-size pages,
+ * per-sequence block tables, and the tenant-scoped prefix cache.
  *
- * A page holds K and V for page_tokens consecutive positions of one
- * sequence, for every layer. Layout of one page (floats):
+ * A page holds K and V for page_tokens consecutive positions of a sequence,
+ * for every layer. Page payload layout (floats):
  *   [layer][0=K,1=V][page_tokens][kv_dim]
- * kv is the ONLY module that computes a page address (DESIGN.md, module
- * map): the forward pass asks kv_seq_span() for the K/V rows of a page and
- * never does pointer arithmetic on the pool. Freed pages are zeroed before
- * they return to the free list (I3).
+ * Each page has a header {tag {seq_uid, gen}, state, refcount, filled} kept
+ * beside the payload. A block-table entry holds a page id AND the tag the
+ * sequence expects; kv_seq_span_read/_write are the only ways to turn an
+ * entry into memory, and they check the tag and the state there (I1). kv is
+ * the ONLY module that computes a page address.
  *
- * Threading: a pool and its sequences are owned by one thread (the
- * scheduler); kv_seq_span may be called from kernel worker threads while the
- * owner is inside a forward pass (it only reads). */
+ * Invariants served: I1 (tag check at resolution; a mismatch increments the
+ * violation counter, reports a security event and fails), I2 (seq_uid =
+ * boot nonce + counter, never reused; gen increments on every allocation),
+ * I3 (a page is scrubbed — zero, or a poison pattern — before it returns to
+ * FREE; allocation of an unclean page is caught by KS_KV_CHECK_CLEAN
+ * builds), I7 (prefix-cache keys are a SHA-256 chain whose root is
+ * domain-separated by tenant).
+ *
+ * Threading: the pool, its sequences and the prefix cache are owned by one
+ * thread (the scheduler). kv_seq_span_read/_write may be called from kernel
+ * worker threads during a forward pass (they only read headers; the
+ * violation counter is atomic). kv_pool_stats may be called from any thread. */
 #ifndef KS_KV_H
 #define KS_KV_H
 
@@ -23,48 +33,180 @@ typedef struct kv_geom {
     int page_tokens; /* positions per page (default 16) */
 } kv_geom;
 
+typedef struct kv_tag {
+    uint64_t seq_uid; /* the allocating sequence (I2) */
+    uint64_t gen;     /* the page's allocation count (I2) */
+} kv_tag;
+
+typedef enum kv_page_state {
+    KV_PAGE_FREE = 0,       /* on the free list, scrubbed */
+    KV_PAGE_ALLOCATED = 1,  /* owned, no row written yet */
+    KV_PAGE_READY = 2,      /* owned, rows [0, filled) readable */
+    KV_PAGE_QUARANTINE = 3, /* a writer may still be live (pd): neither read nor reused */
+} kv_page_state;
+
+typedef enum kv_scrub {
+    KV_SCRUB_ZERO = 0,   /* default: freed pages are zeroed */
+    KV_SCRUB_POISON = 1, /* debugging: freed pages are filled with NaN-poison */
+} kv_scrub;
+
 typedef struct kv_pool kv_pool;
 
-/* Allocates a pool of n_pages zeroed pages. Errors: KS_ERR_INVAL (bad
+/* Called (on the thread that found it) for every isolation violation, with
+ * the page and the expected/found tags — never page content. */
+typedef void (*kv_violation_fn)(void *ctx, uint64_t seq_uid, uint32_t page, kv_tag expected,
+                                kv_tag found, kv_page_state state);
+
+/* Allocates a pool of n_pages scrubbed pages. Errors: KS_ERR_INVAL (bad
  * geometry), KS_ERR_NOMEM. The caller owns *out. */
-ks_err kv_pool_create(const kv_geom *g, uint32_t n_pages, kv_pool **out /* OUT */,
+ks_err kv_pool_create(const kv_geom *g, uint32_t n_pages, kv_scrub scrub, kv_pool **out /* OUT */,
                       ks_errbuf *eb) KS_MUST_USE;
 /* Frees the pool; accepts NULL. Every sequence must have been released. */
 void kv_pool_destroy(kv_pool *p);
+/* Installs the violation callback (NULL to remove); owner thread only. */
+void kv_pool_set_violation_cb(kv_pool *p, kv_violation_fn fn, void *ctx);
 /* Geometry, page count, free page count, bytes per page; can't fail. */
 const kv_geom *kv_pool_geom(const kv_pool *p);
 uint32_t kv_pool_n_pages(const kv_pool *p);
 uint32_t kv_pool_n_free(const kv_pool *p);
 size_t kv_pool_page_bytes(const kv_pool *p);
 
+typedef struct kv_stats {
+    uint32_t pages[4];   /* pages by kv_page_state */
+    uint64_t violations; /* isolation violations detected since start */
+    uint64_t prefix_hits_pages;   /* pages reused from the prefix cache */
+    uint64_t prefix_cached_pages; /* pages held by the prefix cache now */
+} kv_stats;
+/* Snapshot of counters; safe from any thread (values may be a step stale). */
+void kv_pool_stats(const kv_pool *p, kv_stats *out /* OUT */);
+/* True when every page is FREE and its payload is entirely scrubbed (zero,
+ * or poison in POISON mode). O(pool bytes); for tests and shutdown checks. */
+bool kv_pool_all_free_and_scrubbed(const kv_pool *p);
+
+/* One page's header, for tests, metrics and the pd receiver. */
+typedef struct kv_page_info {
+    kv_tag tag;          /* seq_uid 0 while FREE; gen = allocations so far */
+    kv_page_state state;
+    uint32_t refcount;   /* sequences + prefix cache holding it */
+    uint32_t filled;     /* rows [0, filled) readable */
+} kv_page_info;
+/* Copies page's header into *out. Errors: KS_ERR_INVAL (no such page).
+ * Owner thread (or while no forward pass runs). */
+ks_err kv_pool_page_info(const kv_pool *p, uint32_t page, kv_page_info *out /* OUT */) KS_MUST_USE;
+
 /* Pages needed for a pool of mem_bytes; can't fail. */
 uint32_t kv_pages_for_bytes(const kv_geom *g, uint64_t mem_bytes);
+
+// ----------------------------------------------------------------------------
+// Block tables
+
+typedef struct kv_entry {
+    uint32_t page; /* page id */
+    kv_tag tag;    /* the tag this sequence expects to find on it */
+} kv_entry;
 
 /* A sequence's block table: logical page i holds positions
  * [i*page_tokens, (i+1)*page_tokens). Caller-allocated (kv_seq_init). */
 typedef struct kv_seq {
-    uint32_t *pages;   /* private: (cap) page ids */
+    kv_entry *ent;     /* private: (cap) entries */
     uint32_t n_pages;  /* read-only */
     uint32_t cap;      /* private */
-    uint32_t n_tokens; /* read-only: positions [0, n_tokens) have K/V written */
+    uint32_t n_shared; /* read-only: leading entries shared read-only (prefix cache) */
+    uint32_t n_tokens; /* read-only: positions [0, n_tokens) hold K/V */
+    uint64_t uid;      /* read-only: unique for the process lifetime (I2) */
 } kv_seq;
 
-/* Initializes an empty block table; can't fail. */
-void kv_seq_init(kv_seq *s);
-/* Makes sure positions [0, n_tokens) have pages, allocating from the pool.
- * Errors: KS_ERR_NOSPACE when the pool is short (nothing is allocated then),
- * KS_ERR_NOMEM. */
+/* Initializes an empty block table with a fresh uid; can't fail. */
+void kv_seq_init(kv_pool *p, kv_seq *s);
+/* Makes sure positions [0, n_tokens) have pages, allocating fresh ones
+ * (FREE -> ALLOCATED, gen+1, tagged with s->uid). Errors: KS_ERR_NOSPACE
+ * when the pool is short (nothing is allocated then), KS_ERR_NOMEM. */
 ks_err kv_seq_reserve(kv_pool *p, kv_seq *s, uint32_t n_tokens, ks_errbuf *eb) KS_MUST_USE;
-/* Records that positions [0, n_tokens) now hold K/V; n_tokens must be
- * covered by reserved pages. Can't fail. */
-void kv_seq_set_filled(kv_seq *s, uint32_t n_tokens);
-/* Returns every page to the pool (scrubbed) and empties the table; can't fail. */
+/* Records that positions [0, n_tokens) now hold K/V for every layer: pages
+ * covering them become READY with their filled counts. Can't fail. */
+void kv_seq_set_filled(kv_pool *p, kv_seq *s, uint32_t n_tokens);
+/* Drops the sequence's references; pages nobody else holds are scrubbed and
+ * become FREE. Empties the table (the uid stays). Can't fail. */
 void kv_seq_release(kv_pool *p, kv_seq *s);
 
-/* K and V rows of one page of a sequence for one layer:
- * *k and *v point at (page_tokens, kv_dim) floats. page_idx < s->n_pages.
- * Errors: KS_ERR_INTERNAL when the block table entry is invalid. */
-ks_err kv_seq_span(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer, float **k /* OUT */,
-                   float **v /* OUT */) KS_MUST_USE;
+/* For a request aborted while a writer (a pd transfer) may still be live
+ * (I5): the pages s owns alone go to QUARANTINE — neither readable, nor
+ * writable, nor reusable — keeping their tags; shared prefix pages just lose
+ * s's reference. Empties the table (the uid stays). Returns the number of
+ * pages quarantined. Can't fail. */
+uint32_t kv_seq_quarantine(kv_pool *p, kv_seq *s);
+/* Once the writer is quiesced: scrubs every QUARANTINE page tagged with
+ * seq_uid and returns it to FREE; returns how many. O(pool pages). */
+uint32_t kv_pool_quarantine_free(kv_pool *p, uint64_t seq_uid);
+
+/* K and V rows of page page_idx of s for one layer, for reading rows
+ * [0, n_rows): checks the entry's tag against the page header, that the page
+ * is READY and that filled >= n_rows. *k and *v point at (page_tokens,
+ * kv_dim) floats. Errors: KS_ERR_INTERNAL on any mismatch — counted as an
+ * isolation violation and reported through the callback. Thread-safe for
+ * concurrent readers. */
+ks_err kv_seq_span_read(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer,
+                        uint32_t n_rows, const float **k /* OUT */,
+                        const float **v /* OUT */) KS_MUST_USE;
+/* kv_seq_span_read for every page covering positions [0, n_tokens) of s at
+ * one layer (the last page needs only the rows it covers): k[i], v[i] get
+ * page i's planes; both arrays have room for ceil(n_tokens/page_tokens)
+ * pointers (caller-owned). Lets attention check each page once per layer
+ * per step instead of once per (token, head); the pointers stay valid until
+ * the owner thread next changes s or the pool. Errors: KS_ERR_INTERNAL as
+ * kv_seq_span_read, for the first failing page (counted and reported once);
+ * k and v are then partly filled and must not be used. Thread-safe. */
+ks_err kv_seq_span_read_all(kv_pool *p, const kv_seq *s, int layer, uint32_t n_tokens,
+                            const float **k /* OUT */, const float **v /* OUT */) KS_MUST_USE;
+/* The same for writing: the tag must match, the page must be ALLOCATED or
+ * READY, owned by s (not a shared prefix page). Errors: KS_ERR_INTERNAL,
+ * counted and reported like a read violation. */
+ks_err kv_seq_span_write(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer,
+                         float **k /* OUT */, float **v /* OUT */) KS_MUST_USE;
+
+// ----------------------------------------------------------------------------
+// Prefix cache (I7): full prompt pages reused by later requests of the same
+// tenant. Key of page i = SHA-256(key of page i-1 || token ids of page i as
+// int32 LE), and the key of "page -1" is the tenant root. Cached pages are
+// READY, shared read-only with reference counts, and keep their tags.
+
+#define KV_ROOT_BYTES 32
+
+/* Domain-separated root for a tenant name (from authentication, never from a
+ * request body): SHA-256("kvseal/prefix/v1/tenant" || u32 LE len || name). */
+void kv_prefix_root(const char *tenant, size_t len, uint8_t root[KV_ROOT_BYTES] /* OUT */);
+
+typedef struct kv_prefix kv_prefix;
+
+/* A prefix cache over pool holding at most max_pages pages. Errors:
+ * KS_ERR_NOMEM. Owner thread only. */
+ks_err kv_prefix_create(kv_pool *p, uint32_t max_pages, kv_prefix **out /* OUT */,
+                        ks_errbuf *eb) KS_MUST_USE;
+/* Releases every cached page; accepts NULL. */
+void kv_prefix_destroy(kv_prefix *c);
+/* Attaches to the EMPTY sequence s the longest run of cached full pages
+ * matching toks under root, but never the page holding the last token (its
+ * logits must be computed). Returns the number of tokens covered (a multiple
+ * of page_tokens); s->n_shared and s->n_tokens are set. Can't fail. */
+uint32_t kv_prefix_attach(kv_prefix *c, const uint8_t root[KV_ROOT_BYTES], const int32_t *toks,
+                          uint32_t n_toks, kv_seq *s);
+/* Offers the full pages of s covering toks[0, n_toks) (already computed) to
+ * the cache under root; the cache takes a reference on pages it keeps. Pages
+ * already cached are skipped. Can't fail (keeps fewer pages on pressure). */
+void kv_prefix_publish(kv_prefix *c, const uint8_t root[KV_ROOT_BYTES], const int32_t *toks,
+                       uint32_t n_toks, const kv_seq *s);
+/* Frees up to n_pages cached pages that no sequence uses (least recently
+ * used first); returns how many became FREE. */
+uint32_t kv_prefix_evict(kv_prefix *c, uint32_t n_pages);
+
+/* Pages the cache holds now; can't fail. */
+uint32_t kv_prefix_n_pages(const kv_prefix *c);
+
+#ifdef KS_TEST_FAULTS
+/* Test-only fault injector: points entry `idx` of victim at the page of
+ * entry `idx` of other, keeping victim's expected tag — what a corrupted
+ * block table looks like. The tag check must catch the read. */
+void kv_fault_swap_entry(kv_seq *victim, const kv_seq *other, uint32_t idx);
+#endif
 
 #endif /* KS_KV_H */

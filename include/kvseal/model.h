@@ -74,6 +74,7 @@ typedef struct model_batch {
     int32_t n_out;          /* rows of logits produced */
     int32_t n_seqs;         /* entries in seqs (<= the context's max_tokens) */
     kv_seq *const *seqs;    /* (n_seqs) block tables, reserved for every pos in the batch */
+    ks_err *seq_err;        /* OUT (n_seqs) or NULL: per-sequence result, see model_forward */
 } model_batch;
 
 typedef struct model_ctx model_ctx;
@@ -89,9 +90,11 @@ void model_ctx_free(model_ctx *c);
 /* Runs the batch and writes n_out * n_vocab logits (row-major) to logits.
  * Updates each sequence's filled-token count. Errors: KS_ERR_INVAL (batch
  * larger than the context, token id or position out of range, page not
- * reserved), KS_ERR_INTERNAL (a block-table entry does not resolve): the
- * batch then produced no logits. Blocks for the duration of the pass; must
- * not be called concurrently on one context. */
+ * reserved; nothing ran). A block-table entry that fails kv's page check
+ * (I1) stops only its own sequence: with seq_err set, that sequence gets
+ * KS_ERR_INTERNAL there (its logits rows must be discarded) and the others
+ * complete normally; without seq_err the call returns KS_ERR_INTERNAL.
+ * Blocks for the duration of the pass; not concurrently on one context. */
 ks_err model_forward(model_ctx *c, const model_batch *b, float *logits /* OUT */,
                      ks_errbuf *eb) KS_MUST_USE;
 

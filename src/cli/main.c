@@ -24,6 +24,8 @@ int cli_run(int argc, char **argv) __attribute__((weak));
 int cli_perplexity(int argc, char **argv) __attribute__((weak));
 int cli_mkmodel(int argc, char **argv) __attribute__((weak));
 int cli_bench(int argc, char **argv) __attribute__((weak));
+int cli_serve(int argc, char **argv) __attribute__((weak));
+int cli_check(int argc, char **argv) __attribute__((weak));
 
 const char *cli_default_model(void) {
     const char *e = getenv("KS_MODEL");
@@ -58,6 +60,8 @@ int cli_main(int argc, char **argv) {
         {"inspect", cli_inspect, "print a GGUF file's metadata and tensors"},
         {"mkmodel", cli_mkmodel, "write a deterministic random-weight GGUF model"},
         {"bench", cli_bench, "prompt/generation speed against the memory roofline"},
+        {"serve", cli_serve, "OpenAI-compatible HTTP server with tenants (see serve --help)"},
+        {"check", cli_check, "print the KV pool sizing arithmetic and exit 0/1 (I8)"},
     };
     size_t n = sizeof cmds / sizeof cmds[0];
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {

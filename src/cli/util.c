@@ -16,7 +16,6 @@ int cli__default_threads(void) {
 ks_err cli__session_open(cli__session *s, const char *path, int n_threads, int32_t n_ctx,
                          int32_t n_batch) {
     memset(s, 0, sizeof *s);
-    kv_seq_init(&s->seq);
     ks_errbuf eb = {0};
     ks_err e = kern_init(NULL, &eb);
     if (e) goto fail;
@@ -27,7 +26,8 @@ ks_err cli__session_open(cli__session *s, const char *path, int n_threads, int32
     s->n_threads = n_threads > 0 ? n_threads : cli__default_threads();
     kv_geom g = model_kv_geom(s->m, 16);
     uint32_t pages = (uint32_t)((s->n_ctx + g.page_tokens - 1) / g.page_tokens);
-    if ((e = kv_pool_create(&g, pages, &s->pool, &eb))) goto fail;
+    if ((e = kv_pool_create(&g, pages, KV_SCRUB_ZERO, &s->pool, &eb))) goto fail;
+    kv_seq_init(s->pool, &s->seq);
     if ((e = model_ctx_create(s->m, s->pool, s->n_threads, s->n_batch, s->n_ctx, &s->ctx, &eb))) goto fail;
     ks_log(KS_LOG_INFO, "loaded %s: %s, %d layers, n_embd %d, vocab %d, kernels %s, %d threads",
            path, hp->arch_name, hp->n_layer, hp->n_embd, hp->n_vocab, kern_get()->name, s->n_threads);

@@ -64,16 +64,14 @@ typedef struct a512_tile {
 
 typedef void (*a512_tile_fn)(const a512_tile *t);
 
-/* Splits the matmul into R x C tiles (rows in chunks of about 256 KiB of
- * weights, so a chunk stays in L2 while every column tile passes over it).
- * The tile shape never changes any element's value (see file header). */
-static void a512__run(const a512_tile_fn tab[4][4], int RB, int CB, int64_t K, int n_rows,
-                      int n_cols, const void *W, size_t ws, const void *X, size_t xs, float *Y,
-                      size_t ys) {
-    if (getenv("A512_RB")) RB = atoi(getenv("A512_RB")); /* TEMP */
-    if (getenv("A512_CB")) CB = atoi(getenv("A512_CB")); /* TEMP */
-    if (n_cols < CB) CB = n_cols;
-    if (n_cols == 1) RB = 4;
+/* Splits the matmul into 4 x 4 tiles (measured best for every type, despite
+ * some register spills; 4 x 1 for a matvec) and rows into chunks of about
+ * 256 KiB of weights, so a chunk stays in L2 while every column tile passes
+ * over it. Edge tiles are smaller. The tile shape never changes any
+ * element's value (see file header). */
+static void a512__run(const a512_tile_fn tab[4][4], int64_t K, int n_rows, int n_cols,
+                      const void *W, size_t ws, const void *X, size_t xs, float *Y, size_t ys) {
+    const int RB = 4, CB = 4;
     int chunk = ws > 0 ? (int)((256u * 1024u) / ws) : n_rows;
     chunk = chunk < RB ? RB : chunk - chunk % RB;
     for (int r1 = 0; r1 < n_rows; r1 += chunk) {
@@ -182,20 +180,20 @@ A512_TILES_V1(a512__bf16_tile, 0)
  * K * 2^-24 of sum |w*x| (f32 fma accumulation, 16 lanes). */
 static void a512__matmul_f32(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                              const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__f32_tile_tab0, 4, 4, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    a512__run(a512__f32_tile_tab0, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 /* Matches kern__matmul_f16_ref; tolerance as a512__matmul_f32 (f16->f32 is
  * exact). */
 static void a512__matmul_f16(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                              const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__f16_tile_tab0, 4, 4, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    a512__run(a512__f16_tile_tab0, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 /* Matches kern__matmul_bf16_ref; tolerance as a512__matmul_f32. */
 static void a512__matmul_bf16(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                               const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__bf16_tile_tab0, 4, 4, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    a512__run(a512__bf16_tile_tab0, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 // ----------------------------------------------------------------------------
@@ -401,20 +399,22 @@ A512_TILES_V(a512__q4_0_tile)
  * (K/32 + 3) * 2^-24 of sum |block terms|. */
 static void a512__matmul_q8_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                               const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__q8_0_tile_tab[a512__use_vnni()], 4, 3, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    a512__run(a512__q8_0_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 /* Matches kern__matmul_q4_0_ref; tolerance as a512__matmul_q8_0. */
 static void a512__matmul_q4_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                               const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__q4_0_tile_tab[a512__use_vnni()], 2, 4, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    a512__run(a512__q4_0_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 // ----------------------------------------------------------------------------
 // Q4_K / Q6_K weights x Q8_K activations
-// Per super-block of 256 and element: four 64-element steps each add, into 16
-// int32 lanes, madd(maddubs(q_w, x), sub-block scale) (exact); the Q6_K "-32"
-// (via bsums) is subtracted in int32 too. Then acc = fma((float)isum,
+// Per super-block of 256 and element: four 64-element steps (Q4_K: the
+// sub-blocks a and a+2, a = 0, 1, 4, 5; Q6_K: elements 64k..64k+63) each add,
+// into 16 int32 lanes, madd(maddubs(q_w, x), sub-block scale) (exact, no
+// saturation: q_w <= 63, |x| <= 128); the Q6_K "-32" (via bsums) is
+// subtracted in int32 too. Then acc = fma((float)isum,
 // d_w*d_x, acc) and, for Q4_K, acc = fnmadd((float)msum_lane, dmin*d_x, acc)
 // with msum = m*bsum pairs in lanes 0-7. One reduction at the end.
 
@@ -428,25 +428,28 @@ typedef struct a512_q4kw {
 
 A512_INLINE a512_q4kw a512__q4k_wprep(const uint8_t *b) {
     a512_q4kw s;
-    uint32_t u[3], o[4];
-    memcpy(u, b + 4, 12);
-    const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
-    o[0] = u[0] & k1;                                      // sc 0..3
-    o[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);        // sc 4..7
-    o[2] = u[1] & k1;                                      // m 0..3
-    o[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4); // m 4..7
-    __m128i v = _mm_loadu_si128((const __m128i *)o);
-    __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(v));
-    __m256i m16 = _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_srli_si128(v, 8)));
+    // scales[12] as u32 words u0 u1 u2 (the 4th word read is qs, unused).
+    // Bytes out: sc 0..3 = u0 & 0x3f.., sc 4..7 = (u2 & 0x0f..) | (u0 >> 6 &
+    // 0x03..) << 4, m 0..3 = u1 & 0x3f.., m 4..7 = (u2 >> 4 & 0x0f..) |
+    // (u1 >> 6 & 0x03..) << 4 (kern__q4k_scale_min, four bytes at a time).
+    __m128i u = _mm_loadu_si128((const __m128i *)(b + 4));
+    __m128i a = _mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)),
+                               _mm_setr_epi32(0, 0, 0, 4));     // u0 u2 u1 u2>>4
+    __m128i hb = _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0)); // u0 u0 u1 u1
+    const __m128i klo = _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f);
+    const __m128i khi = _mm_setr_epi32(0, 0x03030303, 0, 0x03030303);
+    __m128i v = _mm_or_si128(_mm_and_si128(a, klo),
+                             _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(hb, 6), khi), 4));
+    __m512i scm = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(v)); // sc 0..7, m 0..7
     // step v: int16 lanes 0-15 scale a, lanes 16-31 scale a+2, a = {0,1,4,5}[v]
     const __m512i i0 = _mm512_set_epi16(2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0,
                                         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    s.sc[0] = _mm512_permutexvar_epi16(i0, sc16);
-    s.sc[1] = _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16(1)), sc16);
-    s.sc[2] = _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16(4)), sc16);
-    s.sc[3] = _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16(5)), sc16);
-    const __m256i im = _mm256_set_epi16(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    s.mins = _mm256_permutexvar_epi16(im, m16);
+    s.sc[0] = _mm512_permutexvar_epi16(i0, scm);
+    s.sc[1] = _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16(1)), scm);
+    s.sc[2] = _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16(4)), scm);
+    s.sc[3] = _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16(5)), scm);
+    const __m256i im = _mm256_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+    s.mins = _mm256_permutexvar_epi16(im, _mm512_castsi512_si256(scm));
     s.d = a512__f16(b);
     s.dmin = a512__f16(b + 2);
     return s;
@@ -508,7 +511,7 @@ A512_TILES_V(a512__q4k_tile)
  * can cancel, so measure against their magnitudes, not the result's). */
 static void a512__matmul_q4_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                               const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__q4k_tile_tab[a512__use_vnni()], 2, 4, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    a512__run(a512__q4k_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 /* Per-row data of one Q6_K super-block. */
@@ -595,7 +598,7 @@ A512_TILES_V(a512__q6k_tile)
  * (K/256 + 3) * 2^-24 of sum |super-block terms|. */
 static void a512__matmul_q6_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                               const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__q6k_tile_tab[a512__use_vnni()], 2, 4, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    a512__run(a512__q6k_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 // ----------------------------------------------------------------------------

@@ -1,52 +1,134 @@
-/* pool.c — KV page pool and block tables (see include/kvseal/kv.h).
+/* pool.c — the sealed KV page pool and block tables (see include/kvseal/kv.h).
  *
- * Pages live in one 64-byte-aligned slab; the free list is a stack of page
- * ids. Every page is zeroed on free (I3), so allocation hands out clean
- * pages; a debug check (KS_KV_CHECK_CLEAN) verifies that on allocation. */
-#include "kvseal/kv.h"
+ * Pages live in one 64-byte-aligned slab; their headers {tag, state,
+ * refcount, filled} in an array beside it (kv_int.h). The free list is a
+ * stack of page ids. The contract, in DESIGN.md terms:
+ *   I1  kv_seq_span_read/_write are the only code that turns a block-table
+ *       entry into an address, and they check the entry's tag and the page
+ *       state there; any mismatch is counted, reported, and fails.
+ *   I2  seq_uid = boot nonce (random, high 32 bits) + a process-wide counter;
+ *       a page's gen increments on every allocation.
+ *   I3  a page is scrubbed (zero or NaN-poison) when its last reference
+ *       goes; allocation checks (sampled, or fully under KS_KV_CHECK_CLEAN)
+ *       that the page is clean.
+ * The TEST ONLY (I9) switches KS_BROKEN_NO_SCRUB / KS_BROKEN_NO_TAG_CHECK
+ * each disable one of these safeguards; they are marked where they act. */
+#include "kv_int.h"
 
+#include <pthread.h>
+#include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
 
-struct kv_pool {
-    kv_geom g;
-    uint32_t n_pages;
-    size_t page_floats;  // n_layer * 2 * page_tokens * kv_dim
-    float *slab;         // (n_pages, page_floats)
-    uint32_t *free_ids;  // stack of free page ids
-    uint32_t n_free;
-    uint8_t *in_use;     // (n_pages) 1 while owned by a sequence
-};
+// ----------------------------------------------------------------------------
+// Process identity (I2): boot nonce + counter, never reused in the process
+
+static pthread_once_t kv__once = PTHREAD_ONCE_INIT;
+static uint32_t kv__boot_nonce;
+static atomic_ullong kv__uid_counter = 1;
+
+static void kv__boot(void) {
+    KS_ASSERT(sodium_init() >= 0);
+    randombytes_buf(&kv__boot_nonce, sizeof kv__boot_nonce);
+}
+
+void kv__sodium_once(void) { KS_ASSERT(pthread_once(&kv__once, kv__boot) == 0); }
+
+/* (nonce << 32) + counter is injective in the 64-bit counter, so uids never
+ * repeat even after 2^32 sequences (the counter then carries into the nonce
+ * bits). 0 is reserved for "no owner" (the tag of a FREE page). */
+static uint64_t kv__next_uid(void) {
+    kv__sodium_once();
+    for (;;) {
+        uint64_t c = atomic_fetch_add_explicit(&kv__uid_counter, 1, memory_order_relaxed);
+        uint64_t uid = ((uint64_t)kv__boot_nonce << 32) + c;
+        if (uid != 0) return uid;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Pool
 
 static size_t kv__page_floats(const kv_geom *g) {
     return (size_t)g->n_layer * 2 * (size_t)g->page_tokens * (size_t)g->kv_dim;
 }
 
 uint32_t kv_pages_for_bytes(const kv_geom *g, uint64_t mem_bytes) {
+    if (g->n_layer <= 0 || g->kv_dim <= 0 || g->page_tokens <= 0) return 0;
     uint64_t pb = kv__page_floats(g) * sizeof(float);
-    uint64_t n = pb ? mem_bytes / pb : 0;
+    uint64_t n = mem_bytes / pb;
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
-ks_err kv_pool_create(const kv_geom *g, uint32_t n_pages, kv_pool **out, ks_errbuf *eb) {
+static float *kv__page_base(const kv_pool *p, uint32_t id) {
+    return p->slab + (size_t)id * p->page_floats;
+}
+
+/* Fills a page's payload with the scrub pattern (I3). */
+static void kv__scrub(kv_pool *p, uint32_t id) {
+    float *b = kv__page_base(p, id);
+    if (p->scrub == KV_SCRUB_ZERO) {
+        memset(b, 0, p->page_floats * sizeof(float));
+        return;
+    }
+    uint32_t w = KV__POISON_WORD;
+    float f;
+    memcpy(&f, &w, sizeof f);  // a float store moves the NaN bits unchanged
+    for (size_t i = 0; i < p->page_floats; i++) b[i] = f;
+}
+
+/* True when floats [i0, i1) of page id hold the scrub pattern. */
+static bool kv__range_clean(const kv_pool *p, uint32_t id, size_t i0, size_t i1) {
+    const float *b = kv__page_base(p, id);
+    const uint32_t want = p->scrub == KV_SCRUB_ZERO ? 0u : KV__POISON_WORD;
+    for (size_t i = i0; i < i1; i++) {
+        uint32_t w;
+        memcpy(&w, b + i, sizeof w);
+        if (w != want) return false;
+    }
+    return true;
+}
+
+static void kv__set_state(kv_pool *p, kv__page *h, kv_page_state st) {
+    if (h->state == (uint32_t)st) return;
+    atomic_fetch_sub_explicit(&p->n_state[h->state], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->n_state[st], 1, memory_order_relaxed);
+    h->state = (uint32_t)st;
+}
+
+ks_err kv_pool_create(const kv_geom *g, uint32_t n_pages, kv_scrub scrub, kv_pool **out,
+                      ks_errbuf *eb) {
     *out = NULL;
-    if (g->n_layer <= 0 || g->kv_dim <= 0 || g->page_tokens <= 0 || n_pages == 0)
-        return ks_seterr(eb, KS_ERR_INVAL, "kv pool: bad geometry (layers %d, kv_dim %d, page %d, pages %u)",
-                         g->n_layer, g->kv_dim, g->page_tokens, n_pages);
+    if (g->n_layer <= 0 || g->kv_dim <= 0 || g->page_tokens <= 0 || n_pages == 0 ||
+        (scrub != KV_SCRUB_ZERO && scrub != KV_SCRUB_POISON))
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "kv pool: bad geometry (layers %d, kv_dim %d, page %d, pages %u, scrub %d)",
+                         g->n_layer, g->kv_dim, g->page_tokens, n_pages, (int)scrub);
+    kv__sodium_once();
+    uint64_t bytes;
+    if (!ks_mul_ok(kv__page_floats(g) * sizeof(float), n_pages, &bytes) || bytes > SIZE_MAX)
+        return ks_seterr(eb, KS_ERR_NOMEM, "kv pool: %u pages overflow the address space", n_pages);
     kv_pool *p = calloc(1, sizeof *p);
     if (!p) goto fail;
     p->g = *g;
     p->n_pages = n_pages;
+    p->scrub = scrub;
+    p->plane_floats = (size_t)g->page_tokens * (size_t)g->kv_dim;
     p->page_floats = kv__page_floats(g);
-    uint64_t bytes;
-    if (!ks_mul_ok(p->page_floats * sizeof(float), n_pages, &bytes) || bytes > SIZE_MAX) goto fail;
     p->slab = ks_alloc_aligned((size_t)bytes);
+    p->hdr = calloc(n_pages, sizeof *p->hdr);
     p->free_ids = malloc(sizeof *p->free_ids * n_pages);
-    p->in_use = calloc(n_pages, 1);
-    if (!p->slab || !p->free_ids || !p->in_use) goto fail;
-    memset(p->slab, 0, (size_t)bytes);
-    for (uint32_t i = 0; i < n_pages; i++) p->free_ids[i] = n_pages - 1 - i;  // pop low ids first
+    if (!p->slab || !p->hdr || !p->free_ids) goto fail;
+    for (uint32_t i = 0; i < n_pages; i++) {
+        kv__scrub(p, i);
+        p->free_ids[i] = n_pages - 1 - i;  // pop low ids first
+    }
     p->n_free = n_pages;
+    for (int s = 0; s < 4; s++) atomic_init(&p->n_state[s], 0);
+    atomic_init(&p->n_state[KV_PAGE_FREE], n_pages);
+    atomic_init(&p->violations, 0);
+    atomic_init(&p->prefix_hits_pages, 0);
+    atomic_init(&p->prefix_cached, 0);
     *out = p;
     return KS_OK;
 fail:
@@ -57,10 +139,18 @@ fail:
 
 void kv_pool_destroy(kv_pool *p) {
     if (!p) return;
+    if (p->hdr && p->n_free != p->n_pages)
+        ks_log(KS_LOG_WARN, "kv pool: destroyed with %u of %u pages still held", p->n_pages - p->n_free,
+               p->n_pages);
     ks_free_aligned(p->slab);
+    free(p->hdr);
     free(p->free_ids);
-    free(p->in_use);
     free(p);
+}
+
+void kv_pool_set_violation_cb(kv_pool *p, kv_violation_fn fn, void *ctx) {
+    p->on_violation = fn;
+    p->on_violation_ctx = ctx;
 }
 
 const kv_geom *kv_pool_geom(const kv_pool *p) { return &p->g; }
@@ -68,63 +158,320 @@ uint32_t kv_pool_n_pages(const kv_pool *p) { return p->n_pages; }
 uint32_t kv_pool_n_free(const kv_pool *p) { return p->n_free; }
 size_t kv_pool_page_bytes(const kv_pool *p) { return p->page_floats * sizeof(float); }
 
-static float *kv__page_base(kv_pool *p, uint32_t id) { return p->slab + (size_t)id * p->page_floats; }
+void kv_pool_stats(const kv_pool *p, kv_stats *out) {
+    kv_pool *q = (kv_pool *)p;  // atomic loads take non-const pointers in C11
+    for (int s = 0; s < 4; s++) out->pages[s] = atomic_load_explicit(&q->n_state[s], memory_order_relaxed);
+    out->violations = atomic_load_explicit(&q->violations, memory_order_relaxed);
+    out->prefix_hits_pages = atomic_load_explicit(&q->prefix_hits_pages, memory_order_relaxed);
+    out->prefix_cached_pages = atomic_load_explicit(&q->prefix_cached, memory_order_relaxed);
+}
+
+/* Truthful in every build, KS_BROKEN_NO_SCRUB included: it reads the payload
+ * itself rather than trusting that kv__page_unref scrubbed it. */
+bool kv_pool_all_free_and_scrubbed(const kv_pool *p) {
+    if (p->n_free != p->n_pages) return false;
+    for (uint32_t i = 0; i < p->n_pages; i++)
+        if (p->hdr[i].state != KV_PAGE_FREE || p->hdr[i].refcount != 0 ||
+            !kv__range_clean(p, i, 0, p->page_floats))
+            return false;
+    return true;
+}
+
+ks_err kv_pool_page_info(const kv_pool *p, uint32_t page, kv_page_info *out) {
+    if (page >= p->n_pages) return KS_ERR_INVAL;
+    const kv__page *h = &p->hdr[page];
+    out->tag = h->tag;
+    out->state = (kv_page_state)h->state;
+    out->refcount = h->refcount;
+    out->filled = h->filled;
+    return KS_OK;
+}
+
+// ----------------------------------------------------------------------------
+// Page ownership: allocation, references, scrub on free (I2, I3)
+
+/* Pops a FREE page, checks it is clean, and hands it to uid with a new gen. */
+static uint32_t kv__page_alloc(kv_pool *p, uint64_t uid) {
+    KS_ASSERT(p->n_free > 0);
+    uint32_t id = p->free_ids[--p->n_free];
+    kv__page *h = &p->hdr[id];
+    KS_ASSERT(h->state == KV_PAGE_FREE && h->refcount == 0);
+#ifndef KS_BROKEN_NO_SCRUB  // TEST ONLY (I9): the no-scrub build must let dirty pages through
+#if defined(KS_KV_CHECK_CLEAN)
+    KS_ASSERT(kv__range_clean(p, id, 0, p->page_floats));
+#elif !defined(NDEBUG)
+    // sampled: the first and last cache line of the page, cheap enough for every
+    // allocation (our Release builds keep it: they don't define NDEBUG)
+    size_t n = p->page_floats < 16 ? p->page_floats : 16;
+    KS_ASSERT(kv__range_clean(p, id, 0, n) &&
+              kv__range_clean(p, id, p->page_floats - n, p->page_floats));
+#endif
+#endif
+    h->tag.seq_uid = uid;
+    h->tag.gen++;
+    h->refcount = 1;
+    h->filled = 0;
+    kv__set_state(p, h, KV_PAGE_ALLOCATED);
+    return id;
+}
+
+/* Scrubs page id and returns it to the free list. */
+static void kv__page_free(kv_pool *p, uint32_t id) {
+    kv__page *h = &p->hdr[id];
+#ifndef KS_BROKEN_NO_SCRUB  // TEST ONLY (I9): the no-scrub build leaves freed pages dirty
+    kv__scrub(p, id);
+#endif
+    h->tag.seq_uid = 0;  // gen stays: the next allocation increments it
+    h->refcount = 0;
+    h->filled = 0;
+    kv__set_state(p, h, KV_PAGE_FREE);
+    KS_ASSERT(p->n_free < p->n_pages);
+    p->free_ids[p->n_free++] = id;
+}
+
+void kv__page_unref(kv_pool *p, uint32_t id) {
+    KS_ASSERT(id < p->n_pages);
+    kv__page *h = &p->hdr[id];
+    KS_ASSERT(h->refcount > 0 && (h->state == KV_PAGE_ALLOCATED || h->state == KV_PAGE_READY));
+    if (--h->refcount == 0) kv__page_free(p, id);
+}
+
+// ----------------------------------------------------------------------------
+// Violations (I1)
+
+ks_err kv__violation(kv_pool *p, uint64_t seq_uid, uint32_t page, kv_tag expected, kv_tag found,
+                     kv_page_state state) {
+    uint64_t nth = atomic_fetch_add_explicit(&p->violations, 1, memory_order_relaxed) + 1;
+    // an aborted sequence can fail once per (token, head): log the 1st..16th, then powers of 2
+    if (nth <= 16 || (nth & (nth - 1)) == 0)
+        ks_log(KS_LOG_ERROR,
+               "kv: isolation violation #%llu: seq %016llx page %u expected tag %016llx/%llu, "
+               "found %016llx/%llu state %d",
+               (unsigned long long)nth, (unsigned long long)seq_uid, page,
+               (unsigned long long)expected.seq_uid, (unsigned long long)expected.gen,
+               (unsigned long long)found.seq_uid, (unsigned long long)found.gen, (int)state);
+    kv_violation_fn fn = p->on_violation;
+    if (fn) fn(p->on_violation_ctx, seq_uid, page, expected, found, state);
+    return KS_ERR_INTERNAL;
+}
+
+/* The slow path of a failed resolution: works out what was found and
+ * reports it. Kept out of line so the checks stay a few inlined compares. */
+__attribute__((noinline, cold)) static ks_err kv__span_fail(kv_pool *p, const kv_seq *s,
+                                                             uint32_t idx) {
+    kv_tag none = {0, 0};
+    if (idx >= s->n_pages) return kv__violation(p, s->uid, UINT32_MAX, none, none, KV_PAGE_FREE);
+    const kv_entry *e = &s->ent[idx];
+    if (e->page >= p->n_pages) return kv__violation(p, s->uid, e->page, e->tag, none, KV_PAGE_FREE);
+    const kv__page *h = &p->hdr[e->page];
+    return kv__violation(p, s->uid, e->page, e->tag, h->tag, (kv_page_state)h->state);
+}
 
 // ----------------------------------------------------------------------------
 // Block tables
 
-void kv_seq_init(kv_seq *s) { memset(s, 0, sizeof *s); }
+void kv_seq_init(kv_pool *p, kv_seq *s) {
+    (void)p;
+    memset(s, 0, sizeof *s);
+    s->uid = kv__next_uid();
+}
+
+static ks_err kv__seq_grow(kv_seq *s, uint32_t need, ks_errbuf *eb) {
+    if (need <= s->cap) return KS_OK;
+    uint32_t cap = s->cap ? s->cap : 8;
+    while (cap < need) cap = cap > UINT32_MAX / 2 ? need : cap * 2;
+    kv_entry *ne = realloc(s->ent, sizeof *ne * cap);
+    if (!ne) return ks_seterr(eb, KS_ERR_NOMEM, "kv: block table of %u entries", cap);
+    s->ent = ne;
+    s->cap = cap;
+    return KS_OK;
+}
+
+ks_err kv__seq_push(kv_seq *s, uint32_t page, kv_tag tag) {
+    ks_err e = kv__seq_grow(s, s->n_pages + 1, NULL);
+    if (e) return e;
+    s->ent[s->n_pages].page = page;
+    s->ent[s->n_pages].tag = tag;
+    s->n_pages++;
+    return KS_OK;
+}
 
 ks_err kv_seq_reserve(kv_pool *p, kv_seq *s, uint32_t n_tokens, ks_errbuf *eb) {
-    uint32_t pt = (uint32_t)p->g.page_tokens;
+    uint64_t pt = (uint64_t)p->g.page_tokens;
     uint32_t need = (uint32_t)(((uint64_t)n_tokens + pt - 1) / pt);
     if (need <= s->n_pages) return KS_OK;
     uint32_t more = need - s->n_pages;
-    if (more > p->n_free)
-        return ks_seterr(eb, KS_ERR_NOSPACE, "kv pool: need %u more pages for %u tokens, %u free", more,
-                         n_tokens, p->n_free);
-    if (need > s->cap) {
-        uint32_t cap = s->cap ? s->cap : 8;
-        while (cap < need) cap *= 2;
-        uint32_t *np = realloc(s->pages, sizeof *np * cap);
-        if (!np) return ks_seterr(eb, KS_ERR_NOMEM, "kv pool: block table of %u entries", cap);
-        s->pages = np;
-        s->cap = cap;
-    }
+    if (more > p->n_free)  // checked first: on NOSPACE nothing is taken
+        return ks_seterr(eb, KS_ERR_NOSPACE, "kv pool: need %u more pages for %u tokens, %u free",
+                         more, n_tokens, p->n_free);
+    ks_err e = kv__seq_grow(s, need, eb);
+    if (e) return e;
     while (s->n_pages < need) {
-        uint32_t id = p->free_ids[--p->n_free];
-        KS_ASSERT(!p->in_use[id]);
-        p->in_use[id] = 1;
-#ifdef KS_KV_CHECK_CLEAN
-        const float *b = kv__page_base(p, id);
-        for (size_t i = 0; i < p->page_floats; i++) KS_ASSERT(b[i] == 0.0f);
-#endif
-        s->pages[s->n_pages++] = id;
+        uint32_t id = kv__page_alloc(p, s->uid);
+        s->ent[s->n_pages].page = id;
+        s->ent[s->n_pages].tag = p->hdr[id].tag;
+        s->n_pages++;
     }
     return KS_OK;
 }
 
-void kv_seq_set_filled(kv_seq *s, uint32_t n_tokens) { s->n_tokens = n_tokens; }
+/* The header of entry i when it still carries the entry's tag, else NULL. */
+static kv__page *kv__entry_hdr(kv_pool *p, const kv_seq *s, uint32_t i) {
+    const kv_entry *e = &s->ent[i];
+    if (e->page >= p->n_pages || !kv__tag_eq(p->hdr[e->page].tag, e->tag)) return NULL;
+    return &p->hdr[e->page];
+}
+
+void kv_seq_set_filled(kv_pool *p, kv_seq *s, uint32_t n_tokens) {
+    const uint32_t P = (uint32_t)p->g.page_tokens;
+    KS_ASSERT((uint64_t)n_tokens <= (uint64_t)s->n_pages * P);
+    KS_ASSERT((uint64_t)n_tokens >= (uint64_t)s->n_shared * P);
+    for (uint32_t i = s->n_shared; i < s->n_pages; i++) {
+        kv__page *h = kv__entry_hdr(p, s, i);
+        if (!h) {  // a corrupt entry: never touch a page this sequence doesn't own
+            (void)kv__span_fail(p, s, i);
+            continue;
+        }
+        // published pages (refcount > 1) are full and immutable; owned pages only
+        if (h->refcount != 1 || (h->state != KV_PAGE_ALLOCATED && h->state != KV_PAGE_READY))
+            continue;
+        uint64_t lo = (uint64_t)i * P;
+        uint32_t f = n_tokens <= lo ? 0 : n_tokens - lo >= P ? P : (uint32_t)(n_tokens - lo);
+        h->filled = f;
+        kv__set_state(p, h, f ? KV_PAGE_READY : KV_PAGE_ALLOCATED);
+    }
+    s->n_tokens = n_tokens;
+}
+
+/* The page that entry i really refers to. A corrupt entry (its page carries
+ * another tag) is reported, and the page that does carry the entry's tag —
+ * the sequence's real page — is found by a scan, so the right page is
+ * released and nobody else's. UINT32_MAX when no page carries the tag. */
+static uint32_t kv__entry_page_for_release(kv_pool *p, const kv_seq *s, uint32_t i) {
+    if (kv__entry_hdr(p, s, i)) return s->ent[i].page;
+    (void)kv__span_fail(p, s, i);
+    for (uint32_t id = 0; id < p->n_pages; id++) {
+        const kv__page *h = &p->hdr[id];
+        if (h->refcount > 0 && kv__tag_eq(h->tag, s->ent[i].tag)) return id;
+    }
+    return UINT32_MAX;
+}
+
+static void kv__seq_clear(kv_seq *s) {
+    free(s->ent);
+    s->ent = NULL;
+    s->cap = s->n_pages = s->n_shared = s->n_tokens = 0;
+}
 
 void kv_seq_release(kv_pool *p, kv_seq *s) {
     for (uint32_t i = 0; i < s->n_pages; i++) {
-        uint32_t id = s->pages[i];
-        KS_ASSERT(id < p->n_pages && p->in_use[id]);
-        memset(kv__page_base(p, id), 0, p->page_floats * sizeof(float));  // I3: scrub on free
-        p->in_use[id] = 0;
-        p->free_ids[p->n_free++] = id;
+        uint32_t id = kv__entry_page_for_release(p, s, i);
+        if (id != UINT32_MAX) kv__page_unref(p, id);
     }
-    free(s->pages);
-    kv_seq_init(s);
+    kv__seq_clear(s);
 }
 
-ks_err kv_seq_span(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer, float **k, float **v) {
-    if (page_idx >= s->n_pages || layer < 0 || layer >= p->g.n_layer) return KS_ERR_INTERNAL;
-    uint32_t id = s->pages[page_idx];
-    if (id >= p->n_pages || !p->in_use[id]) return KS_ERR_INTERNAL;
-    size_t plane = (size_t)p->g.page_tokens * (size_t)p->g.kv_dim;
-    float *base = kv__page_base(p, id) + (size_t)layer * 2 * plane;
-    *k = base;
-    *v = base + plane;
+uint32_t kv_seq_quarantine(kv_pool *p, kv_seq *s) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->n_pages; i++) {
+        uint32_t id = kv__entry_page_for_release(p, s, i);
+        if (id == UINT32_MAX) continue;
+        kv__page *h = &p->hdr[id];
+        if (i < s->n_shared || h->refcount > 1) {  // shared read-only: no transfer writes it
+            kv__page_unref(p, id);
+            continue;
+        }
+        KS_ASSERT(h->refcount == 1);
+        h->refcount = 0;  // the tag stays: kv_pool_quarantine_free finds the pages by it
+        kv__set_state(p, h, KV_PAGE_QUARANTINE);
+        n++;
+    }
+    kv__seq_clear(s);
+    return n;
+}
+
+uint32_t kv_pool_quarantine_free(kv_pool *p, uint64_t seq_uid) {
+    uint32_t n = 0;
+    for (uint32_t id = 0; id < p->n_pages; id++) {
+        kv__page *h = &p->hdr[id];
+        if (h->state != KV_PAGE_QUARANTINE || h->tag.seq_uid != seq_uid) continue;
+        kv__page_free(p, id);
+        n++;
+    }
+    return n;
+}
+
+// ----------------------------------------------------------------------------
+// Resolution (I1): the only code that computes a page address. Called per
+// page per (token, head) from kernel workers, so the checks are a handful of
+// loads and compares on a header the entry already points at.
+
+static inline ks_err kv__read(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer,
+                              uint32_t n_rows, const float **k, const float **v) {
+    if (page_idx < s->n_pages && (unsigned)layer < (unsigned)p->g.n_layer) {
+        const kv_entry *e = &s->ent[page_idx];
+        if (e->page < p->n_pages) {
+            const kv__page *h = &p->hdr[e->page];
+#ifndef KS_BROKEN_NO_TAG_CHECK  // TEST ONLY (I9): the no-tag-check build resolves any entry
+            if (kv__tag_eq(h->tag, e->tag) && h->state == KV_PAGE_READY && h->filled >= n_rows)
+#else
+            (void)h, (void)n_rows;
+#endif
+            {
+                const float *base = kv__page_base(p, e->page) + (size_t)layer * 2 * p->plane_floats;
+                *k = base;
+                *v = base + p->plane_floats;
+                return KS_OK;
+            }
+        }
+    }
+    return kv__span_fail(p, s, page_idx);
+}
+
+ks_err kv_seq_span_read(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer, uint32_t n_rows,
+                        const float **k, const float **v) {
+    return kv__read(p, s, page_idx, layer, n_rows, k, v);
+}
+
+ks_err kv_seq_span_read_all(kv_pool *p, const kv_seq *s, int layer, uint32_t n_tokens,
+                            const float **k, const float **v) {
+    const uint32_t P = (uint32_t)p->g.page_tokens;
+    for (uint32_t i = 0, j0 = 0; j0 < n_tokens; i++, j0 += P) {
+        uint32_t n_rows = n_tokens - j0 < P ? n_tokens - j0 : P;
+        ks_err e = kv__read(p, s, i, layer, n_rows, &k[i], &v[i]);
+        if (e) return e;
+    }
     return KS_OK;
 }
+
+ks_err kv_seq_span_write(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer, float **k,
+                         float **v) {
+    if (page_idx < s->n_pages && (unsigned)layer < (unsigned)p->g.n_layer) {
+        const kv_entry *e = &s->ent[page_idx];
+        if (e->page < p->n_pages) {
+            const kv__page *h = &p->hdr[e->page];
+#ifndef KS_BROKEN_NO_TAG_CHECK  // TEST ONLY (I9): the no-tag-check build resolves any entry
+            if (kv__tag_eq(h->tag, e->tag) &&
+                (h->state == KV_PAGE_ALLOCATED || h->state == KV_PAGE_READY) &&
+                page_idx >= s->n_shared && h->refcount == 1)
+#else
+            (void)h;
+#endif
+            {
+                float *base = kv__page_base(p, e->page) + (size_t)layer * 2 * p->plane_floats;
+                *k = base;
+                *v = base + p->plane_floats;
+                return KS_OK;
+            }
+        }
+    }
+    return kv__span_fail(p, s, page_idx);
+}
+
+#ifdef KS_TEST_FAULTS
+// TEST ONLY (I9): corrupts a block table the way a bug would, for the leak suite.
+void kv_fault_swap_entry(kv_seq *victim, const kv_seq *other, uint32_t idx) {
+    KS_ASSERT(idx < victim->n_pages && idx < other->n_pages);
+    victim->ent[idx].page = other->ent[idx].page;
+}
+#endif

@@ -35,6 +35,7 @@ struct model_ctx {
     float *u;     // (T, F)
     float *scores;  // (nth, max_ctx) attention scratch per thread
     int32_t *seq_next;  // (max_tokens) per-sequence next position, for validation
+    atomic_int *seq_bad; // (max_tokens) per-sequence: a page failed to resolve this pass
     // quantized activations: one slot per act type, tagged with its source
     struct {
         void *buf;            // (T, row_bytes)
@@ -79,6 +80,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     c->u = ks_alloc_aligned(T * F * sizeof(float));
     c->scores = ks_alloc_aligned((size_t)n_threads * (size_t)max_ctx * sizeof(float));
     c->seq_next = malloc(T * sizeof(int32_t));
+    c->seq_bad = malloc(T * sizeof(atomic_int));
     // largest activation row: K is one of E, H*D, F
     size_t Kmax = XN > F ? XN : F;
     uint64_t rb0 = 0, rbk = 0;
@@ -89,7 +91,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     c->act[0].buf = ks_alloc_aligned(T * (size_t)rb0);
     c->act[1].buf = ks_alloc_aligned(T * (size_t)rbk);
     if (!c->threads || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->g ||
-        !c->u || !c->scores || !c->seq_next || !c->act[0].buf || !c->act[1].buf) {
+        !c->u || !c->scores || !c->seq_next || !c->seq_bad || !c->act[0].buf || !c->act[1].buf) {
         model_ctx_free(c);
         return ks_seterr(eb, KS_ERR_NOMEM, "model context: scratch for %d tokens", max_tokens);
     }
@@ -105,6 +107,7 @@ void model_ctx_free(model_ctx *c) {
     ks_free_aligned(c->act[0].buf);
     ks_free_aligned(c->act[1].buf);
     free(c->seq_next);
+    free(c->seq_bad);
     free(c);
 }
 
@@ -199,7 +202,6 @@ typedef struct {
     fwd__rowop op;
     const float *w;  // norm weight
     int layer;
-    atomic_int err;     // first KS_ERR_* seen by any thread
     atomic_llong next;  // next token to claim
 } fwd__rows;
 
@@ -227,12 +229,13 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
         kern_rope(k + h * D, D, hp->n_rot, pos, hp->rope_base, hp->rope_scale, hp->rope_neox);
     }
     // K/V rows go to their page through kv (the only code that knows addresses)
-    const kv_seq *s = a->b->seqs[a->b->seq[t]];
+    const int si = a->b->seq[t];
+    const kv_seq *s = a->b->seqs[si];
     const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
     float *kp, *vp;
-    if (kv_seq_span(c->pool, s, (uint32_t)pos / P, a->layer, &kp, &vp) != KS_OK) {
-        int zero = 0;
-        atomic_compare_exchange_strong(&a->err, &zero, KS_ERR_INTERNAL);
+    if (atomic_load_explicit(&c->seq_bad[si], memory_order_relaxed)) return;
+    if (kv_seq_span_write(c->pool, s, (uint32_t)pos / P, a->layer, &kp, &vp) != KS_OK) {
+        atomic_store(&c->seq_bad[si], 1);  // I1: this sequence stops here; others go on
         return;
     }
     memcpy(kp + (size_t)((uint32_t)pos % P) * (size_t)KVD, k, sizeof(float) * (size_t)KVD);
@@ -271,12 +274,10 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
     }
 }
 
-static ks_err fwd__rows_run(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w, int layer) {
+static void fwd__rows_run(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w, int layer) {
     fwd__rows a = {.c = c, .b = b, .op = op, .w = w, .layer = layer};
-    atomic_init(&a.err, KS_OK);
     atomic_init(&a.next, 0);
     ks_pool_run(c->threads, fwd__rows_task, &a);
-    return (ks_err)atomic_load(&a.err);
 }
 
 // ----------------------------------------------------------------------------
@@ -287,7 +288,6 @@ typedef struct {
     model_ctx *c;
     const model_batch *b;
     int layer;
-    atomic_int err;
     atomic_llong next;  // next (token, head) pair to claim
 } fwd__attn;
 
@@ -305,19 +305,20 @@ static ks_err fwd__attn_one(fwd__attn *a, int t, int h, float *scores) {
     const uint32_t n_ctx = (uint32_t)a->b->pos[t] + 1;
     const float *q = c->q + (size_t)t * (size_t)(H * D) + (size_t)h * (size_t)D;
     float *out = c->att + (size_t)t * (size_t)(H * D) + (size_t)h * (size_t)D;
-    float *kp, *vp;
-    // page rows are (P, KVD): position j0+j of the page at j0 is row j
+    const float *kp, *vp;
+    // page rows are (P, KVD): position j0+j of the page at j0 is row j; every
+    // page is resolved through the tag check (I1), for every (token, head)
     for (uint32_t j0 = 0; j0 < n_ctx; j0 += P) {
-        if (kv_seq_span(c->pool, s, j0 / P, a->layer, &kp, &vp) != KS_OK) return KS_ERR_INTERNAL;
         uint32_t nj = n_ctx - j0 < P ? n_ctx - j0 : P;
+        if (kv_seq_span_read(c->pool, s, j0 / P, a->layer, nj, &kp, &vp) != KS_OK) return KS_ERR_INTERNAL;
         for (uint32_t j = 0; j < nj; j++)
             scores[j0 + j] = kv->dot_f32(D, q, kp + (size_t)j * (size_t)KVD + koff) * scale;
     }
     kv->softmax(n_ctx, scores);
     memset(out, 0, sizeof(float) * (size_t)D);
     for (uint32_t j0 = 0; j0 < n_ctx; j0 += P) {
-        if (kv_seq_span(c->pool, s, j0 / P, a->layer, &kp, &vp) != KS_OK) return KS_ERR_INTERNAL;
         uint32_t nj = n_ctx - j0 < P ? n_ctx - j0 : P;
+        if (kv_seq_span_read(c->pool, s, j0 / P, a->layer, nj, &kp, &vp) != KS_OK) return KS_ERR_INTERNAL;
         for (uint32_t j = 0; j < nj; j++)
             kv->axpy_f32(D, scores[j0 + j], vp + (size_t)j * (size_t)KVD + koff, out);
     }
@@ -332,11 +333,10 @@ static void fwd__attn_task(void *arg, int ith, int nth) {
     int64_t p0, p1;
     while (ks_pool_claim(&a->next, (int64_t)a->b->n_tokens * H, 2, &p0, &p1)) {
         for (int64_t pi = p0; pi < p1; pi++) {
-            if (fwd__attn_one(a, (int)(pi / H), (int)(pi % H), scores) != KS_OK) {
-                int zero = 0;
-                atomic_compare_exchange_strong(&a->err, &zero, KS_ERR_INTERNAL);
-                return;
-            }
+            const int t = (int)(pi / H), si = a->b->seq[t];
+            if (atomic_load_explicit(&a->c->seq_bad[si], memory_order_relaxed)) continue;
+            if (fwd__attn_one(a, t, (int)(pi % H), scores) != KS_OK)
+                atomic_store(&a->c->seq_bad[si], 1);  // I1: never yields tokens
         }
     }
 }
@@ -391,37 +391,48 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
     const model_hparams *hp = &m->hp;
     const int T = b->n_tokens;
     const int64_t E = hp->n_embd;
+    for (int s = 0; s < b->n_seqs; s++) atomic_store_explicit(&c->seq_bad[s], 0, memory_order_relaxed);
     fwd__act_reset(c);
-    (void)fwd__rows_run(c, b, FWD_EMBED, NULL, 0);
-    int il;
-    for (il = 0; il < hp->n_layer; il++) {
+    fwd__rows_run(c, b, FWD_EMBED, NULL, 0);
+    for (int il = 0; il < hp->n_layer; il++) {
         const model__layer *L = &m->layers[il];
         // attention block (the first norm; later ones are fused with the residual add)
-        if (il == 0) (void)fwd__rows_run(c, b, FWD_NORM, L->attn_norm, il);
+        if (il == 0) fwd__rows_run(c, b, FWD_NORM, L->attn_norm, il);
         fwd__act_reset(c);
         fwd__matmul(c, &L->wq, c->xn, T, c->q);
         fwd__matmul(c, &L->wk, c->xn, T, c->k);
         fwd__matmul(c, &L->wv, c->xn, T, c->v);
-        if ((e = fwd__rows_run(c, b, FWD_QKV, NULL, il))) goto kv_fail;
+        fwd__rows_run(c, b, FWD_QKV, NULL, il);
+        if (il == 0)  // rows of every layer at these positions are written before they are read
+            for (int s = 0; s < b->n_seqs; s++)
+                if (!atomic_load(&c->seq_bad[s]))
+                    kv_seq_set_filled(c->pool, b->seqs[s], (uint32_t)c->seq_next[s]);
         fwd__attn at = {.c = c, .b = b, .layer = il};
-        atomic_init(&at.err, KS_OK);
         atomic_init(&at.next, 0);
         ks_pool_run(c->threads, fwd__attn_task, &at);
-        if ((e = (ks_err)atomic_load(&at.err))) goto kv_fail;
         fwd__matmul(c, &L->wo, c->att, T, c->tmp);
-        (void)fwd__rows_run(c, b, FWD_ADD_NORM, L->ffn_norm, il);
+        fwd__rows_run(c, b, FWD_ADD_NORM, L->ffn_norm, il);
         // feed-forward block
         fwd__act_reset(c);
         fwd__matmul(c, &L->w_gate, c->xn, T, c->g);
         fwd__matmul(c, &L->w_up, c->xn, T, c->u);
-        (void)fwd__rows_run(c, b, FWD_SWIGLU, NULL, il);
+        fwd__rows_run(c, b, FWD_SWIGLU, NULL, il);
         fwd__matmul(c, &L->w_down, c->g, T, c->tmp);
         const float *next_norm = il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : m->output_norm;
-        (void)fwd__rows_run(c, b, FWD_ADD_NORM, next_norm, il);
+        fwd__rows_run(c, b, FWD_ADD_NORM, next_norm, il);
     }
-    for (int s = 0; s < b->n_seqs; s++) kv_seq_set_filled(b->seqs[s], (uint32_t)c->seq_next[s]);
+    int n_bad = 0, first_bad = -1;
+    for (int s = 0; s < b->n_seqs; s++) {
+        bool bad = atomic_load(&c->seq_bad[s]);
+        if (b->seq_err) b->seq_err[s] = bad ? KS_ERR_INTERNAL : KS_OK;
+        if (bad && n_bad++ == 0) first_bad = s;
+    }
+    if (n_bad && !b->seq_err)
+        return ks_seterr(eb, KS_ERR_INTERNAL, "sequence %d: a block-table entry failed the page check",
+                         first_bad);
     if (b->n_out == 0) return KS_OK;
-    // gather the normed rows that want logits, in output-row order
+    // gather the normed rows that want logits, in output-row order (rows of a
+    // failed sequence are computed but must not be used: seq_err says so)
     float *rows = c->tmp;  // (n_out, E); tmp is (T, E) and free now
     for (int t = 0; t < T; t++)
         if (b->out_row[t] >= 0)
@@ -430,6 +441,4 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
     fwd__act_reset(c);
     fwd__matmul(c, &m->output, rows, b->n_out, logits);
     return KS_OK;
-kv_fail:
-    return ks_seterr(eb, e, "layer %d: a block-table entry did not resolve to a page", il);
 }

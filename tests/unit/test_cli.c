@@ -27,10 +27,10 @@ static void run_greedy(const char *path, const char *isa, int32_t *toks, float *
     kv_geom g = model_kv_geom(m, 16);
     kv_pool *pool;
     model_ctx *ctx;
-    CHECK_EQ(kv_pool_create(&g, 4, &pool, &eb), KS_OK);
+    CHECK_EQ(kv_pool_create(&g, 4, KV_SCRUB_ZERO, &pool, &eb), KS_OK);
     CHECK_EQ(model_ctx_create(m, pool, 2, N_PROMPT, 64, &ctx, &eb), KS_OK);
     kv_seq s;
-    kv_seq_init(&s);
+    kv_seq_init(pool, &s);
     kv_seq *seqs[1] = {&s};
     CHECK_EQ(kv_seq_reserve(pool, &s, N_PROMPT + N_GEN, &eb), KS_OK);
     int32_t prompt[N_PROMPT] = {1, 300, 261, 345, 828, 325, 687, 2001};
@@ -39,7 +39,7 @@ static void run_greedy(const char *path, const char *isa, int32_t *toks, float *
         pos[i] = i;
         outr[i] = i == N_PROMPT - 1 ? 0 : -1;
     }
-    model_batch b = {N_PROMPT, prompt, pos, sq, outr, 1, 1, seqs};
+    model_batch b = {N_PROMPT, prompt, pos, sq, outr, 1, 1, seqs, NULL};
     CHECK_EQ(model_forward(ctx, &b, lg, &eb), KS_OK);
     for (int i = 0; i < N_GEN; i++) {
         const float *l = lg + (size_t)i * (size_t)*V;
@@ -50,7 +50,7 @@ static void run_greedy(const char *path, const char *isa, int32_t *toks, float *
         if (i + 1 == N_GEN) break;
         pos[0] = N_PROMPT + i;
         outr[0] = 0;
-        model_batch d = {1, &toks[i], pos, sq, outr, 1, 1, seqs};
+        model_batch d = {1, &toks[i], pos, sq, outr, 1, 1, seqs, NULL};
         CHECK_EQ(model_forward(ctx, &d, lg + (size_t)(i + 1) * (size_t)*V, &eb), KS_OK);
     }
     kv_seq_release(pool, &s);

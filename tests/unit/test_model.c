@@ -28,7 +28,7 @@ typedef struct {
 static void env_open(env *e, const model *m, int n_threads) {
     kv_geom g = model_kv_geom(m, 16);
     ks_errbuf eb;
-    CHECK_EQ(kv_pool_create(&g, 256, &e->pool, &eb), KS_OK);
+    CHECK_EQ(kv_pool_create(&g, 256, KV_SCRUB_ZERO, &e->pool, &eb), KS_OK);
     CHECK_EQ(model_ctx_create(m, e->pool, n_threads, 64, 512, &e->ctx, &eb), KS_OK);
     e->V = model_hp(m)->n_vocab;
 }
@@ -50,7 +50,7 @@ static int32_t argmax(const float *x, int32_t n) {
 static void greedy(env *e, const int32_t *prompt, int n_prompt, int n_gen, int chunk, int32_t *out,
                    float *all) {
     kv_seq s;
-    kv_seq_init(&s);
+    kv_seq_init(e->pool, &s);
     kv_seq *seqs[1] = {&s};
     ks_errbuf eb;
     CHECK_EQ(kv_seq_reserve(e->pool, &s, (uint32_t)(n_prompt + n_gen), &eb), KS_OK);
@@ -63,7 +63,7 @@ static void greedy(env *e, const int32_t *prompt, int n_prompt, int n_gen, int c
             outr[j] = (i0 + j == n_prompt - 1) ? 0 : -1;
         }
         int n_out = i0 + nb == n_prompt;
-        model_batch b = {nb, prompt + i0, pos, seqi, outr, n_out, 1, seqs};
+        model_batch b = {nb, prompt + i0, pos, seqi, outr, n_out, 1, seqs, NULL};
         CHECK_EQ(model_forward(e->ctx, &b, all, &eb), KS_OK);
     }
     for (int i = 0; i < n_gen; i++) {
@@ -72,7 +72,7 @@ static void greedy(env *e, const int32_t *prompt, int n_prompt, int n_gen, int c
         if (i + 1 == n_gen) break;
         pos[0] = n_prompt + i;
         outr[0] = 0;
-        model_batch b = {1, &cur, pos, seqi, outr, 1, 1, seqs};
+        model_batch b = {1, &cur, pos, seqi, outr, 1, 1, seqs, NULL};
         CHECK_EQ(model_forward(e->ctx, &b, all + (size_t)(i + 1) * (size_t)e->V, &eb), KS_OK);
     }
     kv_seq_release(e->pool, &s);
@@ -128,7 +128,7 @@ static void test_batch_invariance(const model *m) {
     kv_seq *seqs[3] = {&s[0], &s[1], &s[2]};
     ks_errbuf eb;
     for (int k = 0; k < 3; k++) {
-        kv_seq_init(&s[k]);
+        kv_seq_init(multi.pool, &s[k]);
         CHECK_EQ(kv_seq_reserve(multi.pool, &s[k], 64, &eb), KS_OK);
     }
     float *lg = malloc(sizeof(float) * (size_t)V * 3);
@@ -158,7 +158,7 @@ static void test_batch_invariance(const model *m) {
             who[n_out++] = k;
         }
         if (!n) break;
-        model_batch b = {n, tk, pos, sq, outr, n_out, 3, seqs};
+        model_batch b = {n, tk, pos, sq, outr, n_out, 3, seqs, NULL};
         CHECK_EQ(model_forward(multi.ctx, &b, lg, &eb), KS_OK);
         for (int o = 0; o < n_out; o++) {
             int k = who[o];
@@ -184,12 +184,12 @@ static void test_bad_batches(const model *m) {
     env e;
     env_open(&e, m, 1);
     kv_seq s;
-    kv_seq_init(&s);
+    kv_seq_init(e.pool, &s);
     kv_seq *seqs[1] = {&s};
     ks_errbuf eb;
     float *lg = malloc(sizeof(float) * (size_t)e.V);
     int32_t tk[2] = {1, 5}, pos[2] = {0, 1}, sq[2] = {0, 0}, outr[2] = {-1, 0};
-    model_batch b = {2, tk, pos, sq, outr, 1, 1, seqs};
+    model_batch b = {2, tk, pos, sq, outr, 1, 1, seqs, NULL};
     CHECK_EQ(model_forward(e.ctx, &b, lg, &eb), KS_ERR_INVAL);  // no pages reserved
     CHECK_STR_HAS(eb.msg, "no reserved page");
     CHECK_EQ(kv_seq_reserve(e.pool, &s, 32, &eb), KS_OK);

@@ -1,0 +1,160 @@
+/* engine.h — requests, admission and the continuous-batching scheduler.
+ *
+ * One scheduler thread owns the KV pool, the prefix cache and every running
+ * sequence. Callers (HTTP threads) submit requests and pull their events;
+ * they never touch model or KV state. Admission (I4) runs inside
+ * engine_submit, before any page is allocated: a rejected request never
+ * reaches the scheduler and has no edge out of REJECTED.
+ *
+ * Request states and the only legal transitions (checked at run time):
+ *   QUEUED -> PREFILLING | ABORTED
+ *   PREFILLING -> DECODING | FINISHED | ABORTED
+ *   DECODING -> FINISHED | ABORTED
+ *   (REJECTED is entered only from admission; FINISHED, REJECTED and
+ *   ABORTED are terminal.) */
+#ifndef KS_ENGINE_H
+#define KS_ENGINE_H
+
+#include "kvseal/base.h"
+#include "kvseal/kv.h"
+#include "kvseal/model.h"
+#include "kvseal/sample.h"
+
+typedef enum engine_state {
+    ENGINE_QUEUED = 0,
+    ENGINE_PREFILLING = 1,
+    ENGINE_DECODING = 2,
+    ENGINE_FINISHED = 3,
+    ENGINE_REJECTED = 4,
+    ENGINE_ABORTED = 5,
+} engine_state;
+
+/* Name of a state ("QUEUED", ...); static storage. */
+const char *engine_state_name(engine_state s);
+/* True when from -> to is a legal transition (the table above). */
+bool engine_transition_ok(engine_state from, engine_state to);
+
+typedef enum engine_finish {
+    ENGINE_FINISH_NONE = 0,
+    ENGINE_FINISH_STOP = 1,   /* EOS/EOG token or a stop string */
+    ENGINE_FINISH_LENGTH = 2, /* max_tokens or the context limit */
+    ENGINE_FINISH_ABORT = 3,  /* cancelled (client gone, model taken offline) */
+    ENGINE_FINISH_ERROR = 4,  /* internal error, e.g. an isolation violation */
+} engine_finish;
+
+typedef struct engine_opts {
+    const model *m;            /* borrowed; outlives the engine */
+    int n_threads;             /* compute threads */
+    int32_t n_ctx;             /* per-request limit: prompt + max_tokens */
+    uint32_t kv_pages;         /* pool size in pages */
+    int page_tokens;           /* positions per page (16) */
+    kv_scrub scrub;            /* zero (default) or poison */
+    int32_t max_batch_tokens;  /* tokens per forward pass; prefills are chunked to fit (256) */
+    int32_t max_running;       /* sequences in the running batch (16) */
+    int32_t queue_max;         /* admitted requests waiting for room (64); past it: AGAIN */
+    uint32_t queue_timeout_ms; /* a queued request waiting longer is aborted (30000) */
+    bool prefix_cache;         /* tenant-scoped prefix reuse (true) */
+    uint32_t prefix_max_pages; /* pages the prefix cache may hold (pool/4) */
+    /* structured security events (one JSON object per call, no content);
+     * called on the scheduler thread */
+    void (*on_security_event)(void *ctx, const char *json);
+    void *event_ctx;
+} engine_opts;
+
+/* Fills defaults for everything but m, n_ctx and kv_pages. Can't fail. */
+void engine_opts_default(engine_opts *o);
+
+/* Pool capacity arithmetic for `kvseal check` and the deploy-time check (I8):
+ * writes a human-readable explanation to buf and returns KS_OK when one
+ * request of n_ctx tokens fits (warn_out set when below 2x), or
+ * KS_ERR_NOSPACE when it cannot. */
+ks_err engine_capacity_check(const engine_opts *o, bool *warn_out /* OUT */, char *buf,
+                             size_t cap) KS_MUST_USE;
+
+typedef struct engine engine;
+
+/* Starts the scheduler thread. Errors: KS_ERR_NOSPACE (I8 check failed,
+ * message gives the arithmetic), KS_ERR_NOMEM, KS_ERR_INVAL. */
+ks_err engine_create(const engine_opts *o, engine **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* Aborts every request, joins the scheduler, frees everything; accepts NULL.
+ * Handles still held by callers stay valid until released. */
+void engine_destroy(engine *e);
+
+typedef struct engine_params {
+    const char *tenant;          /* from authentication; prefix-cache domain; copied */
+    const int32_t *prompt;       /* (n_prompt) token ids; copied */
+    int32_t n_prompt;
+    int32_t max_tokens;          /* >= 1 */
+    sample_params sp;
+    const char *const *stops;    /* (n_stops) stop strings; copied */
+    int n_stops;
+    bool ignore_eos;
+} engine_params;
+
+typedef struct engine_req engine_req;
+
+/* Admission, then enqueue. On success *out is a handle owned by the caller
+ * (engine_req_release). Rejections never touch the pool:
+ *   KS_ERR_INVAL  — context_length_exceeded (message: "This model's maximum
+ *                   context length is N tokens. However, you requested M
+ *                   tokens (P in the prompt, K for the completion)."),
+ *                   empty prompt, token id out of range, bad sampling params;
+ *   KS_ERR_NOSPACE — prompt + max_tokens can never fit the pool;
+ *   KS_ERR_AGAIN  — the wait queue is full, or the engine is offline (503).
+ * Thread-safe; does not block on the scheduler. */
+ks_err engine_submit(engine *e, const engine_params *p, engine_req **out /* OUT */,
+                     ks_errbuf *eb) KS_MUST_USE;
+
+#define ENGINE_TEXT_CAP 512
+
+typedef struct engine_event {
+    bool done;                  /* last event of the request */
+    int32_t token;              /* generated id, or -1 (text-only / done event) */
+    sample_result sr;           /* logprobs of token (when requested) */
+    char text[ENGINE_TEXT_CAP]; /* UTF-8 text now safe to send (stop strings held back) */
+    size_t text_len;
+    /* on done: */
+    engine_finish finish;
+    engine_state state;         /* FINISHED or ABORTED */
+    ks_err err;                 /* KS_OK unless finish is ERROR/ABORT */
+    char errmsg[256];
+    int32_t n_prompt, n_gen;    /* usage */
+    int32_t n_cached;           /* prompt tokens served from the prefix cache */
+    double ttft_ms;             /* submit -> first token */
+} engine_event;
+
+/* Waits up to timeout_ms for the next event. KS_OK: *ev filled; KS_ERR_TIMEOUT:
+ * nothing yet; KS_ERR_CANCELLED: the done event was already consumed.
+ * Thread-safe w.r.t. the scheduler; one consumer per request. */
+ks_err engine_req_next(engine_req *r, engine_event *ev /* OUT */, uint32_t timeout_ms) KS_MUST_USE;
+/* Aborts the request (client disconnected); its pages are freed within one
+ * scheduler step. Idempotent; thread-safe. */
+void engine_req_cancel(engine_req *r);
+/* Drops the caller's handle (cancels first if still running). */
+void engine_req_release(engine_req *r);
+/* The request's current state; thread-safe. */
+engine_state engine_req_state(const engine_req *r);
+
+/* Takes the engine offline (new submits get KS_ERR_AGAIN "offline"; with
+ * abort_running, running requests are aborted, else they finish) or back
+ * online. Thread-safe. */
+void engine_set_online(engine *e, bool online, bool abort_running);
+bool engine_is_online(const engine *e);
+
+/* Waits (up to timeout_ms) until no request is queued or running, then has
+ * the scheduler drop the prefix cache and verify that every page is FREE
+ * and scrubbed (I3). KS_OK when clean; KS_ERR_INTERNAL with the page counts
+ * in eb when not; KS_ERR_TIMEOUT when requests were still active. For the
+ * leak suite and the admin route; thread-safe. */
+ks_err engine_check_quiescent(engine *e, uint32_t timeout_ms, ks_errbuf *eb) KS_MUST_USE;
+
+typedef struct engine_stats {
+    kv_stats kv;
+    uint32_t n_queued, n_running;
+    uint64_t n_finished, n_aborted, n_rejected;
+    uint64_t tokens_in, tokens_out;
+} engine_stats;
+/* Snapshot; thread-safe. */
+void engine_get_stats(engine *e, engine_stats *out /* OUT */);
+
+#endif /* KS_ENGINE_H */

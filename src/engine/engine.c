@@ -1,0 +1,855 @@
+/* engine.c — request lifecycle, admission (I4) and the continuous-batching
+ * scheduler (see engine.h).
+ *
+ * Threads: callers run engine_submit / engine_req_next / _cancel; one
+ * scheduler thread owns the pool, the prefix cache, the model context and
+ * every sequence. They meet at two places only: the engine's incoming queue
+ * (e->mu) and each request's event queue (r->mu).
+ *
+ * Scheduling, one step: retire cancelled / timed-out requests; admit waiting
+ * requests FIFO while their pages fit (every page a request can need,
+ * prompt + max_tokens, is reserved at admission, so a running request never
+ * runs out of KV and nothing is ever preempted); build one batch with one
+ * decode token per DECODING request plus prefill chunks up to
+ * max_batch_tokens; run the forward pass; sample, detokenize, match stop
+ * strings and post events. Sampling is per request with its own seeded
+ * sampler, and the forward pass is batch-invariant, so a request's tokens do
+ * not depend on what it was batched with. */
+#include "kvseal/engine.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+// ----------------------------------------------------------------------------
+// State machine
+
+static const char *const engine__state_names[] = {"QUEUED",   "PREFILLING", "DECODING",
+                                                  "FINISHED", "REJECTED",   "ABORTED"};
+
+const char *engine_state_name(engine_state s) {
+    return (unsigned)s < 6 ? engine__state_names[s] : "?";
+}
+
+bool engine_transition_ok(engine_state from, engine_state to) {
+    // rows: from; columns: to. REJECTED has no incoming edge from a running
+    // state and no terminal state has an outgoing edge (I4).
+    static const bool ok[6][6] = {
+        /* QUEUED     */ {0, 1, 0, 0, 0, 1},
+        /* PREFILLING */ {0, 0, 1, 1, 0, 1},
+        /* DECODING   */ {0, 0, 0, 1, 0, 1},
+        /* FINISHED   */ {0, 0, 0, 0, 0, 0},
+        /* REJECTED   */ {0, 0, 0, 0, 0, 0},
+        /* ABORTED    */ {0, 0, 0, 0, 0, 0},
+    };
+    return (unsigned)from < 6 && (unsigned)to < 6 && ok[from][to];
+}
+
+// ----------------------------------------------------------------------------
+// Types
+
+typedef struct engine__evq {
+    engine_event *ev;  // ring of cap events
+    size_t head, n, cap;
+} engine__evq;
+
+struct engine_req {
+    atomic_int refs;  // the caller's handle + the scheduler's
+    engine *e;
+    uint64_t id;
+    // immutable after submit
+    char tenant[128];
+    uint8_t root[KV_ROOT_BYTES];  // prefix-cache domain of the tenant (I7)
+    int32_t *prompt;              // (n_prompt)
+    int32_t n_prompt, max_tokens;
+    sample_params sp;
+    char **stops;
+    int n_stops;
+    bool ignore_eos;
+    uint64_t t_submit;
+    uint64_t t_first;  // first token sampled (0 = not yet)
+    // scheduler-owned
+    atomic_int state;  // engine_state, readable from any thread
+    kv_seq seq;
+    bool has_seq;
+    sampler *smp;
+    stop_matcher *stop;
+    tok_stream ts;
+    int32_t n_past;    // prompt tokens computed (or attached from the cache)
+    int32_t n_cached;  // prompt tokens attached from the prefix cache
+    int32_t n_gen;
+    int32_t last;      // last sampled token, fed next step
+    int batch_slot;    // index in this step's seqs[], -1 if not in the batch
+    int out_row;       // logits row this step, -1 if none
+    struct engine_req *next;  // waiting / running list link
+    // events (r->mu)
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    engine__evq q;
+    bool done_posted, done_taken;
+    atomic_bool cancelled;
+};
+
+typedef struct {
+    uint64_t seq_uid;
+    uint32_t page;
+    kv_tag expected, found;
+    kv_page_state state;
+} engine__violation;
+
+struct engine {
+    engine_opts o;
+    const model *m;
+    const tok_vocab *vocab;
+    int32_t V;
+    kv_pool *pool;
+    kv_prefix *prefix;
+    model_ctx *ctx;
+    pthread_t thread;
+    // shared with submitters (mu)
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    engine_req *wait_head, *wait_tail;  // QUEUED, FIFO
+    uint32_t n_waiting;
+    bool stop;
+    atomic_bool online;
+    atomic_bool abort_all;
+    atomic_ullong next_id;
+    // scheduler-owned
+    engine_req **running;  // (max_running)
+    int n_running;
+    float *logits;         // (max_running, V)
+    int32_t *b_tok, *b_pos, *b_seq, *b_out;  // (max_batch_tokens)
+    kv_seq **b_seqs;       // (max_running)
+    ks_err *b_err;         // (max_running)
+    char *piece;           // (piece_cap) detokenizer output
+    size_t piece_cap;
+    // isolation violations reported by kv during a pass (any thread)
+    pthread_mutex_t vmu;
+    engine__violation viol[16];
+    int n_viol;
+    // stats
+    atomic_ullong n_finished, n_aborted, n_rejected, tokens_in, tokens_out;
+    atomic_uint st_queued, st_running;
+    // engine_check_quiescent handshake (mu)
+    int check_state;  // 0 idle, 1 requested, 2 answered
+    bool check_clean;
+    char check_msg[256];
+#ifdef KS_TEST_FAULTS
+    bool fault_done;
+#endif
+};
+
+// ----------------------------------------------------------------------------
+// Options and capacity (I8)
+
+void engine_opts_default(engine_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_threads = 1;
+    o->page_tokens = 16;
+    o->scrub = KV_SCRUB_ZERO;
+    o->max_batch_tokens = 256;
+    o->max_running = 16;
+    o->queue_max = 64;
+    o->queue_timeout_ms = 30000;
+    o->prefix_cache = true;
+}
+
+ks_err engine_capacity_check(const engine_opts *o, bool *warn_out, char *buf, size_t cap) {
+    kv_geom g = model_kv_geom(o->m, o->page_tokens);
+    uint64_t page_bytes = (uint64_t)g.n_layer * 2 * (uint64_t)g.page_tokens * (uint64_t)g.kv_dim * 4;
+    uint64_t cap_tokens = (uint64_t)o->kv_pages * (uint64_t)o->page_tokens;
+    uint64_t need_pages = ((uint64_t)o->n_ctx + (uint64_t)o->page_tokens - 1) / (uint64_t)o->page_tokens;
+    bool fits = o->kv_pages >= need_pages;
+    bool warn = fits && cap_tokens < 2 * (uint64_t)o->n_ctx;
+    *warn_out = warn;
+    snprintf(buf, cap,
+             "kv pool: %u pages x %d tokens = %" PRIu64 " tokens (%.1f MiB; %" PRIu64
+             " bytes/page = %d layers x 2 x %d tokens x %d floats x 4 B); context length %d needs %" PRIu64
+             " pages: %s (%.2fx the context)",
+             o->kv_pages, o->page_tokens, cap_tokens, (double)(page_bytes * o->kv_pages) / 1048576.0,
+             page_bytes, g.n_layer, g.page_tokens, g.kv_dim, o->n_ctx, need_pages,
+             !fits ? "DOES NOT FIT, refusing to start" : warn ? "fits, but below 2x" : "ok",
+             (double)cap_tokens / (double)o->n_ctx);
+    return fits ? KS_OK : KS_ERR_NOSPACE;
+}
+
+// ----------------------------------------------------------------------------
+// Events
+
+static void engine__post(engine_req *r, const engine_event *ev) {
+    pthread_mutex_lock(&r->mu);
+    if (r->q.n == r->q.cap) {  // grow the ring (keeps order)
+        size_t cap = r->q.cap ? r->q.cap * 2 : 8;
+        engine_event *nv = malloc(sizeof *nv * cap);
+        if (!nv) {  // out of memory: drop text events, never the done event
+            pthread_mutex_unlock(&r->mu);
+            KS_ASSERT(!ev->done);
+            return;
+        }
+        for (size_t i = 0; i < r->q.n; i++) nv[i] = r->q.ev[(r->q.head + i) % r->q.cap];
+        free(r->q.ev);
+        r->q.ev = nv;
+        r->q.head = 0;
+        r->q.cap = cap;
+    }
+    r->q.ev[(r->q.head + r->q.n) % r->q.cap] = *ev;
+    r->q.n++;
+    if (ev->done) r->done_posted = true;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+ks_err engine_req_next(engine_req *r, engine_event *ev, uint32_t timeout_ms) {
+    pthread_mutex_lock(&r->mu);
+    if (r->done_taken) {
+        pthread_mutex_unlock(&r->mu);
+        return KS_ERR_CANCELLED;
+    }
+    if (r->q.n == 0 && timeout_ms) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        while (r->q.n == 0)
+            if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) != 0) break;
+    }
+    if (r->q.n == 0) {
+        pthread_mutex_unlock(&r->mu);
+        return KS_ERR_TIMEOUT;
+    }
+    *ev = r->q.ev[r->q.head];
+    r->q.head = (r->q.head + 1) % r->q.cap;
+    r->q.n--;
+    if (ev->done) r->done_taken = true;
+    pthread_mutex_unlock(&r->mu);
+    return KS_OK;
+}
+
+/* Posts text (split across events if long); token goes with the first. */
+static void engine__post_text(engine_req *r, int32_t token, const sample_result *sr, const char *text,
+                              size_t len) {
+    engine_event ev;
+    memset(&ev, 0, offsetof(engine_event, text));
+    ev.token = token;
+    if (sr) ev.sr = *sr;
+    do {
+        size_t n = len < ENGINE_TEXT_CAP ? len : ENGINE_TEXT_CAP;
+        // never split inside a UTF-8 sequence
+        while (n < len && n > 0 && ((unsigned char)text[n] & 0xc0) == 0x80) n--;
+        memcpy(ev.text, text, n);
+        ev.text_len = n;
+        engine__post(r, &ev);
+        text += n;
+        len -= n;
+        ev.token = -1;
+    } while (len > 0);
+}
+
+// ----------------------------------------------------------------------------
+// Request objects
+
+static void engine__req_free(engine_req *r) {
+    KS_ASSERT(!r->has_seq);  // pages are released by the scheduler, exactly once
+    sampler_destroy(r->smp);
+    stop_matcher_destroy(r->stop);
+    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    free(r->stops);
+    free(r->prompt);
+    free(r->q.ev);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+static void engine__req_unref(engine_req *r) {
+    if (atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) == 1) engine__req_free(r);
+}
+
+static void engine__set_state(engine_req *r, engine_state to) {
+    engine_state from = (engine_state)atomic_load(&r->state);
+    KS_ASSERT(engine_transition_ok(from, to));  // the table is the only way between states
+    atomic_store(&r->state, (int)to);
+}
+
+engine_state engine_req_state(const engine_req *r) {
+    return (engine_state)atomic_load(&((engine_req *)r)->state);
+}
+
+void engine_req_cancel(engine_req *r) {
+    if (atomic_exchange(&r->cancelled, true)) return;
+    engine *e = r->e;
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_broadcast(&e->cv);  // the scheduler retires it at the next step
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_req_release(engine_req *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    bool done = r->done_posted;
+    pthread_mutex_unlock(&r->mu);
+    if (!done) engine_req_cancel(r);
+    engine__req_unref(r);
+}
+
+// ----------------------------------------------------------------------------
+// Admission (I4): everything is checked before a request exists
+
+ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_errbuf *eb) {
+    *out = NULL;
+    const int32_t n_ctx = e->o.n_ctx;
+    const char *reject = NULL;
+    ks_err err = KS_OK;
+    int32_t n_prompt = p->n_prompt;
+    const int32_t *prompt = p->prompt;
+#ifdef KS_BROKEN_PLACEHOLDER
+    int32_t placeholder = 1;
+#endif
+    if (n_prompt < 1 || !prompt) {
+        err = ks_seterr(eb, KS_ERR_INVAL, "the prompt is empty");
+        reject = "invalid";
+    } else if (p->max_tokens < 1) {
+        err = ks_seterr(eb, KS_ERR_INVAL, "max_tokens must be at least 1, got %d", p->max_tokens);
+        reject = "invalid";
+    } else if ((int64_t)n_prompt + p->max_tokens > n_ctx) {
+#ifdef KS_BROKEN_PLACEHOLDER
+        // TEST ONLY (I9): the incident's bug — a rejected request continues
+        // with a one-token placeholder instead of stopping at admission
+        prompt = &placeholder;
+        n_prompt = 1;
+#else
+        err = ks_seterr(eb, KS_ERR_INVAL,
+                        "This model's maximum context length is %d tokens. However, you requested %" PRId64
+                        " tokens (%d in the prompt, %d for the completion). Please reduce the length "
+                        "of the prompt or completion.",
+                        n_ctx, (int64_t)n_prompt + p->max_tokens, n_prompt, p->max_tokens);
+        reject = "context_length";
+#endif
+    }
+    if (!err) {
+        for (int32_t i = 0; i < n_prompt; i++)
+            if (prompt[i] < 0 || prompt[i] >= e->V) {
+                err = ks_seterr(eb, KS_ERR_INVAL, "prompt token %d: id %d out of range [0, %d)", i,
+                                prompt[i], e->V);
+                reject = "invalid";
+                break;
+            }
+    }
+    if (!err && (err = sample_params_validate(&p->sp, eb))) reject = "invalid";
+    int32_t max_tokens = p->max_tokens;
+#ifdef KS_BROKEN_PLACEHOLDER
+    if (max_tokens > n_ctx - 1) max_tokens = n_ctx - 1;
+#endif
+    if (!err) {
+        uint64_t pages = ((uint64_t)n_prompt + (uint64_t)max_tokens + (uint64_t)e->o.page_tokens - 1) /
+                         (uint64_t)e->o.page_tokens;
+        if (pages > kv_pool_n_pages(e->pool)) {
+            err = ks_seterr(eb, KS_ERR_NOSPACE, "request needs %" PRIu64 " KV pages, the pool has %u",
+                            pages, kv_pool_n_pages(e->pool));
+            reject = "pool";
+        }
+    }
+    if (!err && !atomic_load(&e->online)) {
+        err = ks_seterr(eb, KS_ERR_AGAIN, "the model is offline");
+        reject = "offline";
+    }
+    if (err) {
+        (void)reject;
+        atomic_fetch_add(&e->n_rejected, 1);
+        return err;
+    }
+    engine_req *r = calloc(1, sizeof *r);
+    if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    atomic_init(&r->refs, 2);
+    atomic_init(&r->state, ENGINE_QUEUED);
+    r->e = e;
+    r->id = atomic_fetch_add(&e->next_id, 1);
+    snprintf(r->tenant, sizeof r->tenant, "%s", p->tenant ? p->tenant : "default");
+    kv_prefix_root(r->tenant, strlen(r->tenant), r->root);
+    r->prompt = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    r->n_prompt = n_prompt;
+    r->max_tokens = max_tokens;
+    r->sp = p->sp;
+    r->ignore_eos = p->ignore_eos;
+    r->t_submit = ks_now_ns();
+    r->batch_slot = r->out_row = -1;
+    tok_stream_init(&r->ts);
+    ks_err ce = KS_OK;
+    if (r->prompt) memcpy(r->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    if (!r->prompt || (ce = sampler_create(&p->sp, e->V, &r->smp, eb)) ||
+        (ce = stop_matcher_create(p->stops, p->n_stops, &r->stop, eb))) {
+        engine__req_free(r);
+        return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
+    }
+    pthread_mutex_lock(&e->mu);
+    if (e->n_waiting >= (uint32_t)e->o.queue_max || e->stop) {
+        pthread_mutex_unlock(&e->mu);
+        engine__req_free(r);
+        atomic_fetch_add(&e->n_rejected, 1);
+        return ks_seterr(eb, KS_ERR_AGAIN, "server busy: %d requests already waiting", e->o.queue_max);
+    }
+    if (e->wait_tail) e->wait_tail->next = r;
+    else e->wait_head = r;
+    e->wait_tail = r;
+    e->n_waiting++;
+    atomic_store(&e->st_queued, e->n_waiting);
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    *out = r;
+    return KS_OK;
+}
+
+// ----------------------------------------------------------------------------
+// Scheduler helpers
+
+/* Ends a request: releases its pages (exactly once), posts the done event,
+ * drops the scheduler's reference. */
+static void engine__finish(engine *e, engine_req *r, engine_state to, engine_finish fin, ks_err err,
+                           const char *msg) {
+    engine__set_state(r, to);
+    if (r->has_seq) {
+        kv_seq_release(e->pool, &r->seq);
+        r->has_seq = false;
+    }
+    engine_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.done = true;
+    ev.token = -1;
+    ev.finish = fin;
+    ev.state = to;
+    ev.err = err;
+    if (msg) snprintf(ev.errmsg, sizeof ev.errmsg, "%s", msg);
+    ev.n_prompt = r->n_prompt;
+    ev.n_gen = r->n_gen;
+    ev.n_cached = r->n_cached;
+    ev.ttft_ms = r->t_first ? (double)(r->t_first - r->t_submit) / 1e6 : 0.0;
+    if (fin == ENGINE_FINISH_STOP || fin == ENGINE_FINISH_LENGTH) {
+        // whatever the detokenizer and the stop matcher still hold
+        size_t n = tok_stream_flush(&r->ts, e->piece, e->piece_cap);
+        stop_result sr = {0};
+        if (stop_matcher_push(r->stop, e->piece, n, &sr) == KS_OK && sr.len)
+            engine__post_text(r, -1, NULL, sr.text, sr.len);
+        if (!sr.matched) {
+            stop_matcher_flush(r->stop, &sr);
+            if (sr.len) engine__post_text(r, -1, NULL, sr.text, sr.len);
+        }
+    }
+    atomic_fetch_add(to == ENGINE_FINISHED ? &e->n_finished : &e->n_aborted, 1);
+    engine__post(r, &ev);
+    engine__req_unref(r);
+}
+
+static void engine__violation_cb(void *ctx, uint64_t seq_uid, uint32_t page, kv_tag expected,
+                                 kv_tag found, kv_page_state state) {
+    engine *e = ctx;
+    pthread_mutex_lock(&e->vmu);
+    if (e->n_viol < (int)(sizeof e->viol / sizeof e->viol[0]))
+        e->viol[e->n_viol++] = (engine__violation){seq_uid, page, expected, found, state};
+    pthread_mutex_unlock(&e->vmu);
+}
+
+/* Writes the structured security events for violations seen in the last
+ * pass (request id, tenant, page, tags — never content). */
+static void engine__report_violations(engine *e) {
+    pthread_mutex_lock(&e->vmu);
+    int n = e->n_viol;
+    engine__violation v[16];
+    memcpy(v, e->viol, sizeof(engine__violation) * (size_t)n);
+    e->n_viol = 0;
+    pthread_mutex_unlock(&e->vmu);
+    static const char *states[] = {"FREE", "ALLOCATED", "READY", "QUARANTINE"};
+    for (int i = 0; i < n; i++) {
+        const engine_req *r = NULL;
+        for (int j = 0; j < e->n_running; j++)
+            if (e->running[j]->seq.uid == v[i].seq_uid) r = e->running[j];
+        char json[768];
+        snprintf(json, sizeof json,
+                 "{\"event\":\"isolation_violation\",\"request_id\":%" PRIu64 ",\"tenant\":\"%s\","
+                 "\"seq_uid\":\"%016" PRIx64 "\",\"page\":%u,\"expected\":{\"seq_uid\":\"%016" PRIx64
+                 "\",\"gen\":%" PRIu64 "},\"found\":{\"seq_uid\":\"%016" PRIx64 "\",\"gen\":%" PRIu64
+                 "},\"page_state\":\"%s\"}",
+                 r ? r->id : 0, r ? r->tenant : "?", v[i].seq_uid, v[i].page, v[i].expected.seq_uid,
+                 v[i].expected.gen, v[i].found.seq_uid, v[i].found.gen,
+                 (unsigned)v[i].state < 4 ? states[v[i].state] : "?");
+        if (e->o.on_security_event) e->o.on_security_event(e->o.event_ctx, json);
+        else ks_log(KS_LOG_ERROR, "SECURITY %s", json);
+    }
+}
+
+/* Moves waiting requests into the running set while their pages fit. */
+static void engine__admit(engine *e) {
+    const uint32_t P = (uint32_t)e->o.page_tokens;
+    uint64_t now = ks_now_ns();
+    pthread_mutex_lock(&e->mu);
+    // queue timeouts and cancellations of waiting requests
+    engine_req **pp = &e->wait_head, *prev = NULL;
+    while (*pp) {
+        engine_req *r = *pp;
+        bool timeout = now - r->t_submit > (uint64_t)e->o.queue_timeout_ms * 1000000ull;
+        if (timeout || atomic_load(&r->cancelled) || atomic_load(&e->abort_all)) {
+            *pp = r->next;
+            if (e->wait_tail == r) e->wait_tail = prev;
+            e->n_waiting--;
+            r->next = NULL;
+            pthread_mutex_unlock(&e->mu);
+            engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ABORT,
+                           timeout ? KS_ERR_TIMEOUT : KS_ERR_CANCELLED,
+                           timeout ? "timed out waiting for KV capacity" : "cancelled");
+            pthread_mutex_lock(&e->mu);
+            continue;
+        }
+        prev = r;
+        pp = &r->next;
+    }
+    while (e->wait_head && e->n_running < e->o.max_running) {
+        engine_req *r = e->wait_head;
+        kv_seq_init(e->pool, &r->seq);
+        r->has_seq = true;
+        uint32_t cached = 0;
+        if (e->prefix) cached = kv_prefix_attach(e->prefix, r->root, r->prompt, (uint32_t)r->n_prompt, &r->seq);
+        uint32_t need = (uint32_t)(r->n_prompt + r->max_tokens);
+        uint32_t need_pages = (need + P - 1) / P - r->seq.n_pages;
+        if (need_pages > kv_pool_n_free(e->pool) && e->prefix)
+            kv_prefix_evict(e->prefix, need_pages - kv_pool_n_free(e->pool));
+        ks_errbuf eb;
+        if (kv_seq_reserve(e->pool, &r->seq, need, &eb) != KS_OK) {
+            // momentarily full: it waits at the head of the queue (FIFO)
+            kv_seq_release(e->pool, &r->seq);
+            r->has_seq = false;
+            break;
+        }
+        e->wait_head = r->next;
+        if (!e->wait_head) e->wait_tail = NULL;
+        e->n_waiting--;
+        r->next = NULL;
+        r->n_past = r->n_cached = (int32_t)cached;
+        engine__set_state(r, ENGINE_PREFILLING);
+        e->running[e->n_running++] = r;
+        atomic_fetch_add(&e->tokens_in, (unsigned long long)r->n_prompt);
+    }
+    atomic_store(&e->st_queued, e->n_waiting);
+    pthread_mutex_unlock(&e->mu);
+    atomic_store(&e->st_running, (unsigned)e->n_running);
+}
+
+/* Handles one sampled token of r; returns true if r finished. */
+static bool engine__emit(engine *e, engine_req *r, float *logits_row) {
+    sample_result sr;
+    sampler_sample(r->smp, logits_row, &sr);  // penalizes this step's row in place
+    if (!r->t_first) r->t_first = ks_now_ns();
+    if (!r->ignore_eos && tok_is_eog(e->vocab, sr.token)) {
+        engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
+        return true;
+    }
+    sampler_accept(r->smp, sr.token);
+    r->n_gen++;
+    r->last = sr.token;
+    atomic_fetch_add(&e->tokens_out, 1);
+    size_t n = tok_stream_push(&r->ts, e->vocab, sr.token, e->piece, e->piece_cap);
+    stop_result st = {0};
+    if (stop_matcher_push(r->stop, e->piece, n, &st) != KS_OK) {
+        engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_NOMEM, "out of memory");
+        return true;
+    }
+    engine__post_text(r, sr.token, &sr, st.text, st.len);
+    if (st.matched) {
+        engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
+        return true;
+    }
+    if (r->n_gen >= r->max_tokens) {
+        engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_LENGTH, KS_OK, NULL);
+        return true;
+    }
+    return false;
+}
+
+#ifdef KS_TEST_FAULTS
+/* TEST ONLY (I9): with KS_FAULT=swap_page, once two requests are decoding,
+ * point the newer one's first block-table entry at the older one's page. */
+static void engine__inject_fault(engine *e) {
+    const char *f = getenv("KS_FAULT");
+    if (e->fault_done || !f || strcmp(f, "swap_page") != 0) return;
+    engine_req *a = NULL, *b = NULL;
+    for (int i = 0; i < e->n_running; i++) {
+        engine_req *r = e->running[i];
+        if (atomic_load(&r->state) != ENGINE_DECODING || r->seq.n_shared) continue;
+        if (!a) a = r;
+        else b = r;
+    }
+    if (!a || !b) return;
+    kv_fault_swap_entry(&b->seq, &a->seq, 0);
+    e->fault_done = true;
+    ks_log(KS_LOG_WARN, "TEST FAULT: request %" PRIu64 " now points at a page of request %" PRIu64,
+           b->id, a->id);
+}
+#endif
+
+/* One scheduling step; returns false when there was nothing to run. */
+static bool engine__step(engine *e) {
+    // retire cancelled requests first: their pages are freed within one step
+    for (int i = 0; i < e->n_running;) {
+        engine_req *r = e->running[i];
+        if (atomic_load(&r->cancelled) || atomic_load(&e->abort_all)) {
+            e->running[i] = e->running[--e->n_running];
+            engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ABORT, KS_ERR_CANCELLED,
+                           atomic_load(&e->abort_all) ? "aborted: model taken offline" : "cancelled");
+            continue;
+        }
+        i++;
+    }
+    engine__admit(e);
+    if (e->n_running == 0) return false;
+#ifdef KS_TEST_FAULTS
+    engine__inject_fault(e);
+#endif
+    // build the batch: decodes first (one token each), then prefill chunks
+    int32_t n = 0, n_out = 0, budget = e->o.max_batch_tokens;
+    for (int i = 0; i < e->n_running; i++) {
+        engine_req *r = e->running[i];
+        r->batch_slot = i;
+        r->out_row = -1;
+        e->b_seqs[i] = &r->seq;
+        if (atomic_load(&r->state) != ENGINE_DECODING || n >= budget) continue;
+        e->b_tok[n] = r->last;
+        e->b_pos[n] = r->n_prompt + r->n_gen - 1;
+        e->b_seq[n] = i;
+        e->b_out[n] = r->out_row = n_out++;
+        n++;
+    }
+    for (int i = 0; i < e->n_running && n < budget; i++) {
+        engine_req *r = e->running[i];
+        if (atomic_load(&r->state) != ENGINE_PREFILLING) continue;
+        int32_t chunk = r->n_prompt - r->n_past;
+        if (chunk > budget - n) chunk = budget - n;
+        for (int32_t j = 0; j < chunk; j++) {
+            e->b_tok[n] = r->prompt[r->n_past + j];
+            e->b_pos[n] = r->n_past + j;
+            e->b_seq[n] = i;
+            bool last = r->n_past + j == r->n_prompt - 1;
+            e->b_out[n] = last ? (r->out_row = n_out++) : -1;
+            n++;
+        }
+        r->n_past += chunk;
+    }
+    if (n == 0) return true;
+    model_batch b = {.n_tokens = n, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq,
+                     .out_row = e->b_out, .n_out = n_out, .n_seqs = e->n_running,
+                     .seqs = e->b_seqs, .seq_err = e->b_err};
+    ks_errbuf eb;
+    ks_err err = model_forward(e->ctx, &b, e->logits, &eb);
+    engine__report_violations(e);
+    // results, in running order; finished requests leave the running set
+    engine_req **run = e->running;
+    int kept = 0, n_run = e->n_running;
+    for (int i = 0; i < n_run; i++) {
+        engine_req *r = run[i];
+        bool gone = false;
+        if (err || e->b_err[i]) {
+            ks_log(KS_LOG_ERROR, "request %" PRIu64 ": %s", r->id,
+                   err ? eb.msg : "KV page check failed (isolation violation); request stopped");
+            engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_INTERNAL,
+                           err ? "internal error" : "internal error: KV integrity check failed");
+            gone = true;
+        } else if (r->out_row >= 0) {
+            if (atomic_load(&r->state) == ENGINE_PREFILLING) {
+                engine__set_state(r, ENGINE_DECODING);
+                if (e->prefix)  // full prompt pages become reusable by this tenant (I7)
+                    kv_prefix_publish(e->prefix, r->root, r->prompt, (uint32_t)r->n_prompt, &r->seq);
+            }
+            gone = engine__emit(e, r, e->logits + (size_t)r->out_row * (size_t)e->V);
+        }
+        if (!gone) run[kept++] = r;
+    }
+    e->n_running = kept;
+    atomic_store(&e->st_running, (unsigned)kept);
+    return true;
+}
+
+static void *engine__main(void *arg) {
+    engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        bool stop = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        if (engine__step(e)) continue;
+        // idle: sleep until a submit or cancel (or a queue timeout is due)
+        pthread_mutex_lock(&e->mu);
+        if (e->check_state == 1 && !e->wait_head && e->n_running == 0) {
+            pthread_mutex_unlock(&e->mu);
+            if (e->prefix) kv_prefix_evict(e->prefix, UINT32_MAX);
+            kv_stats st;
+            kv_pool_stats(e->pool, &st);
+            bool clean = kv_pool_all_free_and_scrubbed(e->pool);
+            pthread_mutex_lock(&e->mu);
+            e->check_clean = clean;
+            snprintf(e->check_msg, sizeof e->check_msg,
+                     "kv pool: %u free, %u allocated, %u ready, %u quarantined; payload %s",
+                     st.pages[KV_PAGE_FREE], st.pages[KV_PAGE_ALLOCATED], st.pages[KV_PAGE_READY],
+                     st.pages[KV_PAGE_QUARANTINE], clean ? "scrubbed" : "NOT all free and scrubbed");
+            e->check_state = 2;
+            pthread_cond_broadcast(&e->cv);
+        }
+        if (!e->stop && (!e->wait_head || e->n_running >= e->o.max_running)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+        }
+        pthread_mutex_unlock(&e->mu);
+    }
+    // shutdown: abort everything still here
+    atomic_store(&e->abort_all, true);
+    engine__step(e);
+    engine__admit(e);
+    return NULL;
+}
+
+// ----------------------------------------------------------------------------
+// Lifecycle
+
+ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
+    *out = NULL;
+    if (!o->m || o->n_ctx < 1 || o->page_tokens < 1 || o->max_batch_tokens < 1 || o->max_running < 1 ||
+        o->queue_max < 0 || o->kv_pages < 1)
+        return ks_seterr(eb, KS_ERR_INVAL, "engine: invalid options");
+    char msg[512];
+    bool warn;
+    if (engine_capacity_check(o, &warn, msg, sizeof msg))
+        return ks_seterr(eb, KS_ERR_NOSPACE, "%s", msg);
+    engine *e = calloc(1, sizeof *e);
+    if (!e) return ks_seterr(eb, KS_ERR_NOMEM, "engine");
+    e->o = *o;
+    e->m = o->m;
+    e->vocab = model_vocab(o->m);
+    e->V = model_hp(o->m)->n_vocab;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    pthread_mutex_init(&e->vmu, NULL);
+    atomic_init(&e->online, true);
+    atomic_init(&e->next_id, 1);
+    kv_geom g = model_kv_geom(o->m, o->page_tokens);
+    ks_err err;
+    if ((err = kv_pool_create(&g, o->kv_pages, o->scrub, &e->pool, eb))) goto fail;
+    kv_pool_set_violation_cb(e->pool, engine__violation_cb, e);
+    if (o->prefix_cache &&
+        (err = kv_prefix_create(e->pool, o->prefix_max_pages ? o->prefix_max_pages : o->kv_pages / 4,
+                                &e->prefix, eb)))
+        goto fail;
+    if ((err = model_ctx_create(o->m, e->pool, o->n_threads, o->max_batch_tokens, o->n_ctx, &e->ctx, eb)))
+        goto fail;
+    size_t R = (size_t)o->max_running, B = (size_t)o->max_batch_tokens;
+    e->running = calloc(R, sizeof *e->running);
+    e->logits = malloc(sizeof(float) * R * (size_t)e->V);
+    e->b_tok = malloc(sizeof(int32_t) * B * 4);
+    e->b_seqs = calloc(R, sizeof *e->b_seqs);
+    e->b_err = calloc(R, sizeof *e->b_err);
+    e->piece_cap = tok_stream_bound(e->vocab);
+    e->piece = malloc(e->piece_cap);
+    if (!e->running || !e->logits || !e->b_tok || !e->b_seqs || !e->b_err || !e->piece) {
+        err = ks_seterr(eb, KS_ERR_NOMEM, "engine buffers");
+        goto fail;
+    }
+    e->b_pos = e->b_tok + B;
+    e->b_seq = e->b_pos + B;
+    e->b_out = e->b_seq + B;
+    if (pthread_create(&e->thread, NULL, engine__main, e) != 0) {
+        err = ks_seterr(eb, KS_ERR_NOMEM, "engine: cannot start the scheduler thread");
+        goto fail;
+    }
+    if (warn) ks_log(KS_LOG_WARN, "%s", msg);
+    else ks_log(KS_LOG_INFO, "%s", msg);
+#ifdef KS_BROKEN_NAME
+    ks_log(KS_LOG_WARN, "TEST BUILD: safeguard '%s' is switched off — never deploy this binary",
+           KS_BROKEN_NAME);
+#endif
+    *out = e;
+    return KS_OK;
+fail:
+    model_ctx_free(e->ctx);
+    kv_prefix_destroy(e->prefix);
+    kv_pool_destroy(e->pool);
+    free(e->running);
+    free(e->logits);
+    free(e->b_tok);
+    free(e->b_seqs);
+    free(e->b_err);
+    free(e->piece);
+    free(e);
+    return err;
+}
+
+void engine_destroy(engine *e) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = true;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    model_ctx_free(e->ctx);
+    kv_prefix_destroy(e->prefix);
+    kv_pool_destroy(e->pool);
+    free(e->running);
+    free(e->logits);
+    free(e->b_tok);
+    free(e->b_seqs);
+    free(e->b_err);
+    free(e->piece);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->vmu);
+    free(e);
+}
+
+ks_err engine_check_quiescent(engine *e, uint32_t timeout_ms, ks_errbuf *eb) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
+    ts.tv_sec += (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    pthread_mutex_lock(&e->mu);
+    e->check_state = 1;
+    pthread_cond_broadcast(&e->cv);
+    while (e->check_state != 2)
+        if (pthread_cond_timedwait(&e->cv, &e->mu, &ts) != 0) break;
+    ks_err err = KS_ERR_TIMEOUT;
+    if (e->check_state == 2) err = e->check_clean ? KS_OK : KS_ERR_INTERNAL;
+    ks_seterr(eb, err, "%s", err == KS_ERR_TIMEOUT ? "requests still active" : e->check_msg);
+    e->check_state = 0;
+    pthread_mutex_unlock(&e->mu);
+    return err;
+}
+
+void engine_set_online(engine *e, bool online, bool abort_running) {
+    atomic_store(&e->online, online);
+    if (!online && abort_running) atomic_store(&e->abort_all, true);
+    if (online) atomic_store(&e->abort_all, false);
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+bool engine_is_online(const engine *e) { return atomic_load(&((engine *)e)->online); }
+
+void engine_get_stats(engine *e, engine_stats *out) {
+    memset(out, 0, sizeof *out);
+    kv_pool_stats(e->pool, &out->kv);
+    out->n_queued = atomic_load(&e->st_queued);
+    out->n_running = atomic_load(&e->st_running);
+    out->n_finished = atomic_load(&e->n_finished);
+    out->n_aborted = atomic_load(&e->n_aborted);
+    out->n_rejected = atomic_load(&e->n_rejected);
+    out->tokens_in = atomic_load(&e->tokens_in);
+    out->tokens_out = atomic_load(&e->tokens_out);
+}

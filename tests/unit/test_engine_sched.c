@@ -1,0 +1,351 @@
+/* test_engine_sched.c — the engine on the shipped kjv-mini model:
+ * - the request state machine's transition table (no edge out of a terminal
+ *   state, REJECTED only from admission);
+ * - admission (I4): each rejection has its precise message and leaves the
+ *   pool untouched;
+ * - batched equals alone: 16 concurrent greedy requests with different
+ *   prompts, lengths and max_tokens give exactly the tokens they give alone;
+ * - cancel frees pages within a step; pool exhaustion makes requests wait,
+ *   not fail; after everything every page is FREE and scrubbed;
+ * - prefix cache (I7): same tenant -> reuse, other tenant -> none, and the
+ *   output is identical either way. */
+#include "kvseal/engine.h"
+#include "kvseal/kern.h"
+
+#include "../check.h"
+
+#include <pthread.h>
+
+static model *g_model;
+
+static engine *make_engine_ctx(int32_t n_ctx, uint32_t pages, int max_running, bool prefix) {
+    engine_opts o;
+    engine_opts_default(&o);
+    o.m = g_model;
+    o.n_threads = 2;
+    o.n_ctx = n_ctx;
+    o.kv_pages = pages;
+    o.max_running = max_running;
+    o.max_batch_tokens = 64;
+    o.prefix_cache = prefix;
+    o.queue_timeout_ms = 60000;
+    engine *e;
+    ks_errbuf eb;
+    if (engine_create(&o, &e, &eb) != KS_OK) {
+        fprintf(stderr, "%s\n", eb.msg);
+        CHECK(0);
+    }
+    return e;
+}
+
+static engine *make_engine(uint32_t pages, int max_running, bool prefix) {
+    return make_engine_ctx(512, pages, max_running, prefix);
+}
+
+static void tokenize(const char *text, int32_t **ids, size_t *n) {
+    ks_errbuf eb;
+    CHECK_EQ(tok_encode(model_vocab(g_model), text, strlen(text), true, false, ids, n, &eb), KS_OK);
+}
+
+typedef struct {
+    int32_t toks[256];
+    int n;
+    char text[4096];
+    size_t text_len;
+    engine_event done;
+} result;
+
+static void params_greedy(engine_params *p, const char *tenant, const int32_t *ids, size_t n, int max_tokens) {
+    memset(p, 0, sizeof *p);
+    p->tenant = tenant;
+    p->prompt = ids;
+    p->n_prompt = (int32_t)n;
+    p->max_tokens = max_tokens;
+    sample_params_default(&p->sp);
+    p->sp.temperature = 0;
+}
+
+static void collect(engine_req *r, result *res) {
+    memset(res, 0, sizeof *res);
+    for (;;) {
+        engine_event ev;
+        ks_err e = engine_req_next(r, &ev, 60000);
+        CHECK_EQ(e, KS_OK);
+        if (ev.token >= 0) res->toks[res->n++] = ev.token;
+        CHECK(res->text_len + ev.text_len < sizeof res->text);
+        memcpy(res->text + res->text_len, ev.text, ev.text_len);
+        res->text_len += ev.text_len;
+        if (ev.done) {
+            res->done = ev;
+            return;
+        }
+    }
+}
+
+static void run_one(engine *e, const char *tenant, const char *prompt, int max_tokens, result *res) {
+    int32_t *ids;
+    size_t n;
+    tokenize(prompt, &ids, &n);
+    engine_params p;
+    params_greedy(&p, tenant, ids, n, max_tokens);
+    engine_req *r;
+    ks_errbuf eb;
+    CHECK_EQ(engine_submit(e, &p, &r, &eb), KS_OK);
+    free(ids);
+    collect(r, res);
+    engine_req_release(r);
+}
+
+static void check_clean(engine *e) {
+    ks_errbuf eb;
+    ks_err err = engine_check_quiescent(e, 30000, &eb);
+    if (err) fprintf(stderr, "%s\n", eb.msg);
+    CHECK_EQ(err, KS_OK);
+}
+
+static void test_state_table(void) {
+    CHECK(engine_transition_ok(ENGINE_QUEUED, ENGINE_PREFILLING));
+    CHECK(engine_transition_ok(ENGINE_PREFILLING, ENGINE_DECODING));
+    CHECK(engine_transition_ok(ENGINE_DECODING, ENGINE_FINISHED));
+    CHECK(engine_transition_ok(ENGINE_DECODING, ENGINE_ABORTED));
+    CHECK(!engine_transition_ok(ENGINE_QUEUED, ENGINE_DECODING));
+    for (int to = 0; to < 6; to++) {
+        CHECK(!engine_transition_ok(ENGINE_REJECTED, (engine_state)to));
+        CHECK(!engine_transition_ok(ENGINE_FINISHED, (engine_state)to));
+        CHECK(!engine_transition_ok(ENGINE_ABORTED, (engine_state)to));
+        CHECK(!engine_transition_ok((engine_state)to, ENGINE_REJECTED));
+    }
+    CHECK_STR_EQ(engine_state_name(ENGINE_PREFILLING), "PREFILLING");
+}
+
+static void test_admission(void) {
+    engine *e = make_engine(40, 4, true);  // 640 tokens of KV
+    engine_stats st0, st1;
+    engine_get_stats(e, &st0);
+    int32_t ids[600];
+    for (int i = 0; i < 600; i++) ids[i] = 300 + i % 50;
+    engine_params p;
+    engine_req *r = NULL;
+    ks_errbuf eb;
+    params_greedy(&p, "t", ids, 500, 20);  // 520 > 512
+    CHECK_EQ(engine_submit(e, &p, &r, &eb), KS_ERR_INVAL);
+    CHECK(r == NULL);
+    CHECK_STR_HAS(eb.msg, "maximum context length is 512 tokens");
+    CHECK_STR_HAS(eb.msg, "you requested 520 tokens (500 in the prompt, 20 for the completion)");
+    params_greedy(&p, "t", ids, 0, 20);
+    CHECK_EQ(engine_submit(e, &p, &r, &eb), KS_ERR_INVAL);
+    CHECK_STR_HAS(eb.msg, "prompt is empty");
+    params_greedy(&p, "t", ids, 5, 0);
+    CHECK_EQ(engine_submit(e, &p, &r, &eb), KS_ERR_INVAL);
+    CHECK_STR_HAS(eb.msg, "max_tokens must be at least 1");
+    ids[2] = 99999;
+    params_greedy(&p, "t", ids, 5, 5);
+    CHECK_EQ(engine_submit(e, &p, &r, &eb), KS_ERR_INVAL);
+    CHECK_STR_HAS(eb.msg, "id 99999 out of range");
+    ids[2] = 300;
+    params_greedy(&p, "t", ids, 5, 5);
+    p.sp.top_p = 0;
+    CHECK_EQ(engine_submit(e, &p, &r, &eb), KS_ERR_INVAL);
+    CHECK_STR_HAS(eb.msg, "top_p");
+    engine_set_online(e, false, false);
+    params_greedy(&p, "t", ids, 5, 5);
+    CHECK_EQ(engine_submit(e, &p, &r, &eb), KS_ERR_AGAIN);
+    CHECK_STR_HAS(eb.msg, "offline");
+    engine_set_online(e, true, false);
+    // rejected requests never touched the pool
+    engine_get_stats(e, &st1);
+    CHECK_EQ(st1.kv.pages[KV_PAGE_FREE], 40);
+    CHECK_EQ(st1.n_rejected - st0.n_rejected, 6);
+    CHECK_EQ(st1.n_finished + st1.n_aborted, 0);
+    engine_destroy(e);
+    // I8: a pool that cannot hold one request of the context length refuses
+    // to start, and says why
+    engine_opts o;
+    engine_opts_default(&o);
+    o.m = g_model;
+    o.n_ctx = 512;
+    o.kv_pages = 5;
+    CHECK_EQ(engine_create(&o, &e, &eb), KS_ERR_NOSPACE);
+    CHECK_STR_HAS(eb.msg, "5 pages x 16 tokens = 80 tokens");
+    CHECK_STR_HAS(eb.msg, "context length 512 needs 32 pages: DOES NOT FIT");
+    bool warn;
+    char buf[512];
+    o.kv_pages = 40;
+    CHECK_EQ(engine_capacity_check(&o, &warn, buf, sizeof buf), KS_OK);
+    CHECK(warn);  // 640 tokens < 2 x 512
+    o.kv_pages = 64;
+    CHECK_EQ(engine_capacity_check(&o, &warn, buf, sizeof buf), KS_OK);
+    CHECK(!warn);
+}
+
+static const char *PROMPTS[16] = {
+    "In the beginning", "And the LORD spake unto Moses, saying,", "Blessed are the",
+    "Now it came to pass", "And God said, Let there be light", "The LORD is my shepherd",
+    "For God so loved the world", "And Jesus answered and said unto them,", "Hear, O Israel",
+    "Then said Jesus unto his disciples,", "Thus saith the LORD of hosts,",
+    "And the king said unto Esther", "O give thanks unto the LORD; for he is good",
+    "And he opened his mouth, and taught them, saying,", "Woe unto you, scribes and Pharisees",
+    "Behold, I stand at the door, and knock"};
+
+typedef struct {
+    engine *e;
+    int i;
+    result res;
+} job;
+
+static void *job_main(void *arg) {
+    job *j = arg;
+    char tenant[16];
+    snprintf(tenant, sizeof tenant, "tenant%d", j->i % 5);
+    run_one(j->e, tenant, PROMPTS[j->i], 8 + 5 * j->i, &j->res);
+    return NULL;
+}
+
+/* 16 concurrent requests, batched by the scheduler, against each alone. */
+static void test_batched_equals_alone(void) {
+    static result alone[16];
+    engine *e1 = make_engine(64, 1, false);  // one at a time: never batched
+    for (int i = 0; i < 16; i++) run_one(e1, "solo", PROMPTS[i], 8 + 5 * i, &alone[i]);
+    engine_destroy(e1);
+
+    engine *e = make_engine(256, 16, true);
+    static job jobs[16];
+    pthread_t th[16];
+    for (int i = 0; i < 16; i++) {
+        jobs[i].e = e;
+        jobs[i].i = i;
+        CHECK(pthread_create(&th[i], NULL, job_main, &jobs[i]) == 0);
+    }
+    for (int i = 0; i < 16; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 16; i++) {
+        CHECK_EQ(jobs[i].res.done.finish, ENGINE_FINISH_LENGTH);
+        CHECK_EQ(jobs[i].res.n, alone[i].n);
+        CHECK_EQ(jobs[i].res.n, 8 + 5 * i);
+        CHECK_MEM_EQ(jobs[i].res.toks, alone[i].toks, sizeof(int32_t) * (size_t)alone[i].n);
+        CHECK_EQ(jobs[i].res.text_len, alone[i].text_len);
+        CHECK_MEM_EQ(jobs[i].res.text, alone[i].text, alone[i].text_len);
+    }
+    engine_stats st;
+    engine_get_stats(e, &st);
+    CHECK_EQ(st.kv.violations, 0);
+    check_clean(e);
+    engine_destroy(e);
+}
+
+/* Reference text from models/kjv-mini.README.md, and a stop string. */
+static void test_golden_and_stop(void) {
+    engine *e = make_engine(64, 4, false);
+    result res;
+    run_one(e, "t", "In the beginning", 60, &res);
+    CHECK_EQ(res.done.n_prompt, 5);
+    CHECK_EQ(res.done.n_gen, 60);
+    res.text[res.text_len] = '\0';
+    CHECK_STR_EQ(res.text, " of the Lord, and in the Lord Jesus Christ. And I will send my voice, and will not hear the word of God, but that the Lord Jesus Christ is in the Lord Jesus. And I say unto you, that ye may be the Lord Jesus Christ, and the Lord Jesus Christ,");
+    int32_t *ids;
+    size_t n;
+    tokenize("Blessed are the", &ids, &n);
+    engine_params p;
+    params_greedy(&p, "t", ids, n, 60);
+    const char *stops[] = {"the LORD said"};
+    p.stops = stops;
+    p.n_stops = 1;
+    engine_req *r;
+    ks_errbuf eb;
+    CHECK_EQ(engine_submit(e, &p, &r, &eb), KS_OK);
+    collect(r, &res);
+    engine_req_release(r);
+    free(ids);
+    res.text[res.text_len] = '\0';
+    CHECK_STR_EQ(res.text, " people, and the people that are in the land. And ");
+    CHECK_EQ(res.done.finish, ENGINE_FINISH_STOP);
+    check_clean(e);
+    engine_destroy(e);
+}
+
+/* Cancel mid-generation: done event ABORTED, pages freed. Exhaustion: more
+ * requests than the pool holds at once all complete, in turn. */
+static void test_cancel_and_exhaustion(void) {
+    engine *e = make_engine_ctx(192, 12, 8, false);  // 192 tokens: two 90-token requests at a time
+    int32_t *ids;
+    size_t n;
+    tokenize("And it came to pass", &ids, &n);
+    engine_params p;
+    params_greedy(&p, "t", ids, n, 150);
+    engine_req *r;
+    ks_errbuf eb;
+    p.max_tokens = 150;
+    CHECK_EQ(engine_submit(e, &p, &r, &eb), KS_OK);
+    engine_event ev;
+    CHECK_EQ(engine_req_next(r, &ev, 60000), KS_OK);  // first token arrived
+    engine_req_cancel(r);
+    do CHECK_EQ(engine_req_next(r, &ev, 60000), KS_OK);
+    while (!ev.done);
+    CHECK_EQ(ev.state, ENGINE_ABORTED);
+    CHECK_EQ(ev.finish, ENGINE_FINISH_ABORT);
+    engine_req_release(r);
+    check_clean(e);
+    // exhaustion: 6 requests of 85 tokens each; only two fit at a time
+    engine_req *rs[6];
+    p.max_tokens = 80;
+    for (int i = 0; i < 6; i++) CHECK_EQ(engine_submit(e, &p, &rs[i], &eb), KS_OK);
+    result res0;
+    for (int i = 0; i < 6; i++) {
+        result res;
+        collect(rs[i], &res);
+        CHECK_EQ(res.done.state, ENGINE_FINISHED);
+        CHECK_EQ(res.n, 80);
+        if (i == 0) res0 = res;
+        else CHECK_MEM_EQ(res.toks, res0.toks, sizeof(int32_t) * 80);
+        engine_req_release(rs[i]);
+    }
+    free(ids);
+    check_clean(e);
+    engine_destroy(e);
+}
+
+/* I7: a 40-token prompt (2 full pages) is reused by the same tenant only. */
+static void test_prefix_cache(void) {
+    engine *e = make_engine(128, 4, true);
+    const char *prompt = "And the LORD spake unto Moses, saying, Speak unto the children of Israel, "
+                         "and say unto them, When any man of you bring an offering unto the LORD";
+    result a, b, c, d;
+    run_one(e, "alice", prompt, 10, &a);
+    CHECK_EQ(a.done.n_cached, 0);
+    CHECK(a.done.n_prompt > 32);
+    run_one(e, "bob", prompt, 10, &b);
+    CHECK_EQ(b.done.n_cached, 0);  // other tenant: no reuse
+    run_one(e, "alice", prompt, 10, &c);
+    CHECK(c.done.n_cached >= 32);  // same tenant: full pages reused
+    CHECK_EQ(c.done.n_cached % 16, 0);
+    run_one(e, "bob", prompt, 10, &d);
+    CHECK(d.done.n_cached >= 32);  // bob's own pages, from his first request
+    CHECK_MEM_EQ(a.toks, b.toks, sizeof(int32_t) * 10);
+    CHECK_MEM_EQ(a.toks, c.toks, sizeof(int32_t) * 10);
+    CHECK_MEM_EQ(a.toks, d.toks, sizeof(int32_t) * 10);
+    engine_stats st;
+    engine_get_stats(e, &st);
+    CHECK(st.kv.prefix_hits_pages >= 4);
+    check_clean(e);
+    engine_destroy(e);
+}
+
+int main(void) {
+    const char *src = getenv("KS_SRC");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/kjv-mini.gguf", src ? src : ".");
+    ks_errbuf eb;
+    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
+    if (model_load(path, &g_model, &eb) != KS_OK) {
+        fprintf(stderr, "%s\n", eb.msg);
+        return 1;
+    }
+    test_state_table();
+    test_admission();
+    test_golden_and_stop();
+    test_cancel_and_exhaustion();
+    test_prefix_cache();
+    test_batched_equals_alone();
+    model_free(g_model);
+    printf("engine sched ok\n");
+    return 0;
+}
