@@ -36,6 +36,9 @@ struct model_ctx {
     float *scores;  // (nth, max_ctx) attention scratch per thread
     int32_t *seq_next;  // (max_tokens) per-sequence next position, for validation
     atomic_int *seq_bad; // (max_tokens) per-sequence: a page failed to resolve this pass
+    int32_t *seq_first;  // (max_tokens) per-sequence n_tokens before this pass (-1: not in it)
+    int32_t max_pages;   // pages covering max_ctx
+    const float **kp, **vp;  // (max_tokens, max_pages) this layer's resolved K/V pages per sequence
     // quantized activations: one slot per act type, tagged with its source
     struct {
         void *buf;            // (T, row_bytes)
@@ -81,6 +84,10 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     c->scores = ks_alloc_aligned((size_t)n_threads * (size_t)max_ctx * sizeof(float));
     c->seq_next = malloc(T * sizeof(int32_t));
     c->seq_bad = malloc(T * sizeof(atomic_int));
+    c->seq_first = malloc(T * sizeof(int32_t));
+    c->max_pages = (max_ctx + g->page_tokens - 1) / g->page_tokens;
+    c->kp = malloc(T * (size_t)c->max_pages * sizeof(float *));
+    c->vp = malloc(T * (size_t)c->max_pages * sizeof(float *));
     // largest activation row: K is one of E, H*D, F
     size_t Kmax = XN > F ? XN : F;
     uint64_t rb0 = 0, rbk = 0;
@@ -91,7 +98,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     c->act[0].buf = ks_alloc_aligned(T * (size_t)rb0);
     c->act[1].buf = ks_alloc_aligned(T * (size_t)rbk);
     if (!c->threads || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->g ||
-        !c->u || !c->scores || !c->seq_next || !c->seq_bad || !c->act[0].buf || !c->act[1].buf) {
+        !c->u || !c->scores || !c->seq_next || !c->seq_bad || !c->seq_first || !c->kp || !c->vp || !c->act[0].buf || !c->act[1].buf) {
         model_ctx_free(c);
         return ks_seterr(eb, KS_ERR_NOMEM, "model context: scratch for %d tokens", max_tokens);
     }
@@ -108,6 +115,9 @@ void model_ctx_free(model_ctx *c) {
     ks_free_aligned(c->act[1].buf);
     free(c->seq_next);
     free(c->seq_bad);
+    free(c->seq_first);
+    free(c->kp);
+    free(c->vp);
     free(c);
 }
 
@@ -292,8 +302,9 @@ typedef struct {
 } fwd__attn;
 
 /* Attention of query head h of batch token t, into att[t][h*D..]. scores
- * has room for pos[t]+1 floats. Fails only if a page does not resolve. */
-static ks_err fwd__attn_one(fwd__attn *a, int t, int h, float *scores) {
+ * has room for pos[t]+1 floats. K/V pages come from the per-layer table
+ * that fwd__resolve filled through kv's tag check (I1). */
+static void fwd__attn_one(fwd__attn *a, int t, int h, float *scores) {
     model_ctx *c = a->c;
     const model_hparams *hp = &c->m->hp;
     const kern_vtab *kv = c->kv;
@@ -301,28 +312,40 @@ static ks_err fwd__attn_one(fwd__attn *a, int t, int h, float *scores) {
     const size_t koff = (size_t)(h / (H / hp->n_head_kv)) * (size_t)D;  // this head's K/V columns
     const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
     const float scale = 1.0f / sqrtf((float)D);
-    const kv_seq *s = a->b->seqs[a->b->seq[t]];
+    const int si = a->b->seq[t];
+    const float *const *kp = c->kp + (size_t)si * (size_t)c->max_pages;
+    const float *const *vp = c->vp + (size_t)si * (size_t)c->max_pages;
     const uint32_t n_ctx = (uint32_t)a->b->pos[t] + 1;
     const float *q = c->q + (size_t)t * (size_t)(H * D) + (size_t)h * (size_t)D;
     float *out = c->att + (size_t)t * (size_t)(H * D) + (size_t)h * (size_t)D;
-    const float *kp, *vp;
-    // page rows are (P, KVD): position j0+j of the page at j0 is row j; every
-    // page is resolved through the tag check (I1), for every (token, head)
+    // page rows are (P, KVD): position j0+j lives in page j0/P, row j
     for (uint32_t j0 = 0; j0 < n_ctx; j0 += P) {
         uint32_t nj = n_ctx - j0 < P ? n_ctx - j0 : P;
-        if (kv_seq_span_read(c->pool, s, j0 / P, a->layer, nj, &kp, &vp) != KS_OK) return KS_ERR_INTERNAL;
+        const float *k = kp[j0 / P];
         for (uint32_t j = 0; j < nj; j++)
-            scores[j0 + j] = kv->dot_f32(D, q, kp + (size_t)j * (size_t)KVD + koff) * scale;
+            scores[j0 + j] = kv->dot_f32(D, q, k + (size_t)j * (size_t)KVD + koff) * scale;
     }
     kv->softmax(n_ctx, scores);
     memset(out, 0, sizeof(float) * (size_t)D);
     for (uint32_t j0 = 0; j0 < n_ctx; j0 += P) {
         uint32_t nj = n_ctx - j0 < P ? n_ctx - j0 : P;
-        if (kv_seq_span_read(c->pool, s, j0 / P, a->layer, nj, &kp, &vp) != KS_OK) return KS_ERR_INTERNAL;
+        const float *v = vp[j0 / P];
         for (uint32_t j = 0; j < nj; j++)
-            kv->axpy_f32(D, scores[j0 + j], vp + (size_t)j * (size_t)KVD + koff, out);
+            kv->axpy_f32(D, scores[j0 + j], v + (size_t)j * (size_t)KVD + koff, out);
     }
-    return KS_OK;
+}
+
+/* Resolves every page each sequence of the batch reads at this layer,
+ * through kv's tag/state check (I1), once per layer per pass. A sequence
+ * whose table fails the check is marked bad and skipped from here on. */
+static void fwd__resolve(model_ctx *c, const model_batch *b, int layer) {
+    for (int s = 0; s < b->n_seqs; s++) {
+        if (c->seq_first[s] < 0 || atomic_load_explicit(&c->seq_bad[s], memory_order_relaxed)) continue;
+        size_t off = (size_t)s * (size_t)c->max_pages;
+        if (kv_seq_span_read_all(c->pool, b->seqs[s], layer, (uint32_t)c->seq_next[s], c->kp + off,
+                                 c->vp + off) != KS_OK)
+            atomic_store(&c->seq_bad[s], 1);  // I1: never yields tokens
+    }
 }
 
 static void fwd__attn_task(void *arg, int ith, int nth) {
@@ -335,8 +358,7 @@ static void fwd__attn_task(void *arg, int ith, int nth) {
         for (int64_t pi = p0; pi < p1; pi++) {
             const int t = (int)(pi / H), si = a->b->seq[t];
             if (atomic_load_explicit(&a->c->seq_bad[si], memory_order_relaxed)) continue;
-            if (fwd__attn_one(a, t, (int)(pi % H), scores) != KS_OK)
-                atomic_store(&a->c->seq_bad[si], 1);  // I1: never yields tokens
+            fwd__attn_one(a, t, (int)(pi % H), scores);
         }
     }
 }
@@ -355,7 +377,10 @@ static ks_err fwd__validate(model_ctx *c, const model_batch *b, ks_errbuf *eb) {
     if (b->n_seqs < 1 || b->n_seqs > c->max_tokens)
         return ks_seterr(eb, KS_ERR_INVAL, "batch has %d sequences", b->n_seqs);
     const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
-    for (int s = 0; s < b->n_seqs; s++) c->seq_next[s] = (int32_t)b->seqs[s]->n_tokens;
+    for (int s = 0; s < b->n_seqs; s++) {
+        c->seq_next[s] = (int32_t)b->seqs[s]->n_tokens;
+        c->seq_first[s] = -1;
+    }
     int n_out = 0;
     for (int t = 0; t < b->n_tokens; t++) {
         int s = b->seq[t];
@@ -371,6 +396,7 @@ static ks_err fwd__validate(model_ctx *c, const model_batch *b, ks_errbuf *eb) {
                              t, b->pos[t], c->seq_next[s], c->max_ctx);
         if ((uint32_t)b->pos[t] / P >= b->seqs[s]->n_pages)
             return ks_seterr(eb, KS_ERR_INVAL, "token %d: position %d has no reserved page", t, b->pos[t]);
+        if (c->seq_first[s] < 0) c->seq_first[s] = c->seq_next[s];
         c->seq_next[s]++;
         if (b->out_row[t] >= 0) {
             if (b->out_row[t] >= b->n_out)
@@ -407,6 +433,7 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
             for (int s = 0; s < b->n_seqs; s++)
                 if (!atomic_load(&c->seq_bad[s]))
                     kv_seq_set_filled(c->pool, b->seqs[s], (uint32_t)c->seq_next[s]);
+        fwd__resolve(c, b, il);
         fwd__attn at = {.c = c, .b = b, .layer = il};
         atomic_init(&at.next, 0);
         ks_pool_run(c->threads, fwd__attn_task, &at);
