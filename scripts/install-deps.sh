@@ -4,7 +4,7 @@
 # or with sudo available.
 set -euo pipefail
 pkgs=(pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev libsodium-dev libxxhash-dev
-      cmake make gcc curl)
+      cmake make gcc curl nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -15,4 +15,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}" >&2
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# the end-to-end tests drive the server with the official openai npm client
+# (versions pinned in tests/e2e/js/package-lock.json)
+js="$(dirname "$0")/../tests/e2e/js"
+if [ ! -d "$js/node_modules/openai" ]; then
+  echo "install-deps: npm ci in tests/e2e/js" >&2
+  (cd "$js" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi

@@ -153,6 +153,8 @@ typedef struct engine_stats {
     uint32_t n_queued, n_running;
     uint64_t n_finished, n_aborted, n_rejected;
     uint64_t tokens_in, tokens_out;
+    uint64_t n_violations; /* sequences stopped by a KV page check (I1), once each;
+                              kv.violations counts every failed check */
 } engine_stats;
 /* Snapshot; thread-safe. */
 void engine_get_stats(engine *e, engine_stats *out /* OUT */);

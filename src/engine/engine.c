@@ -131,6 +131,9 @@ struct engine {
     pthread_mutex_t vmu;
     engine__violation viol[16];
     int n_viol;
+    uint64_t seen_uid[64];  // sequences already reported (ring): one violation per sequence
+    int n_seen;
+    atomic_ullong n_violations;
     // stats
     atomic_ullong n_finished, n_aborted, n_rejected, tokens_in, tokens_out;
     atomic_uint st_queued, st_running;
@@ -450,8 +453,16 @@ static void engine__violation_cb(void *ctx, uint64_t seq_uid, uint32_t page, kv_
                                  kv_tag found, kv_page_state state) {
     engine *e = ctx;
     pthread_mutex_lock(&e->vmu);
-    if (e->n_viol < (int)(sizeof e->viol / sizeof e->viol[0]))
-        e->viol[e->n_viol++] = (engine__violation){seq_uid, page, expected, found, state};
+    // a corrupted table can fail several checks (write, read, release):
+    // it is one violation of one sequence, reported once
+    bool seen = false;
+    for (int i = 0; i < 64 && i < e->n_seen; i++) seen |= e->seen_uid[i] == seq_uid;
+    if (!seen) {
+        e->seen_uid[e->n_seen++ % 64] = seq_uid;
+        atomic_fetch_add(&e->n_violations, 1);
+        if (e->n_viol < (int)(sizeof e->viol / sizeof e->viol[0]))
+            e->viol[e->n_viol++] = (engine__violation){seq_uid, page, expected, found, state};
+    }
     pthread_mutex_unlock(&e->vmu);
 }
 
@@ -852,4 +863,5 @@ void engine_get_stats(engine *e, engine_stats *out) {
     out->n_rejected = atomic_load(&e->n_rejected);
     out->tokens_in = atomic_load(&e->tokens_in);
     out->tokens_out = atomic_load(&e->tokens_out);
+    out->n_violations = atomic_load(&e->n_violations);
 }

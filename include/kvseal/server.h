@@ -1,0 +1,74 @@
+/* server.h — the HTTP front end of `kvseal serve`: OpenAI-compatible and
+ * Workers-AI-style routes, SSE streaming, tenants and API keys, admin
+ * routes, /health and Prometheus /metrics (module `server`).
+ *
+ * The server never runs model code: for each request it authenticates the
+ * tenant (from the Authorization header only, I7), parses and validates the
+ * JSON, renders the chat template, tokenizes, applies the tenant's limits
+ * and hands the request to the engine (engine_submit, where admission I4
+ * happens); then it pulls engine events and writes them out. Rejections are
+ * answered with OpenAI's (or Workers AI's) JSON error shape and the right
+ * HTTP status. Design notes: DESIGN.md "Interfaces users expect", and the
+ * comment at the top of src/server/http.c (threading model). */
+#ifndef KS_SERVER_H
+#define KS_SERVER_H
+
+#include "kvseal/base.h"
+#include "kvseal/engine.h"
+#include "kvseal/model.h"
+
+typedef struct server_opts {
+    const char *host;           /* address to bind ("127.0.0.1") */
+    int port;                   /* TCP port; 0 picks a free one (server_port) */
+    const char *const *aliases; /* (n_aliases) extra model names; borrowed */
+    int n_aliases;
+    const char *model_name;   /* the model's own name (file basename); borrowed */
+    const char *tenants_path; /* tenants JSON file; NULL: one anonymous tenant */
+    const char *admin_key;    /* overrides the tenants file's admin_key; NULL: none */
+    bool log_content;         /* log prompts/outputs (also set by the tenants file) */
+    size_t max_body_bytes;    /* larger request bodies get 413 (1 MiB) */
+    int32_t n_ctx;            /* the engine's per-request limit (engine_opts.n_ctx) */
+    unsigned max_connections; /* concurrent connections (256) */
+    unsigned idle_timeout_s;  /* close a connection idle this long (120; 0: never) */
+} server_opts;
+
+/* Fills defaults (host 127.0.0.1, port 8080, 1 MiB bodies, 256
+ * connections, 120 s idle timeout; everything else zero/NULL). Can't fail. */
+void server_opts_default(server_opts *o);
+
+typedef struct server server;
+
+/* Loads the tenants file, binds and starts serving on internal threads.
+ * e and m are borrowed and must outlive the server. Errors: KS_ERR_IO
+ * (cannot read the tenants file, cannot bind: message names address and
+ * errno), KS_ERR_FORMAT (tenants file malformed: message says where),
+ * KS_ERR_INVAL (bad options), KS_ERR_NOMEM. *out owned by the caller. */
+ks_err server_create(const server_opts *o, engine *e, const model *m, server **out /* OUT */,
+                     ks_errbuf *eb) KS_MUST_USE;
+/* The bound TCP port (the real one when opts.port was 0); can't fail. */
+int server_port(const server *s);
+/* Stops accepting new connections; requests in flight continue. Thread-safe. */
+void server_stop_accepting(server *s);
+/* Aborts every request in flight (their engine requests are cancelled),
+ * closes all connections, joins the server's threads and frees everything;
+ * accepts NULL. Call before engine_destroy. Blocks. */
+void server_destroy(server *s);
+
+// ----------------------------------------------------------------------------
+// Security event log (engine_opts.on_security_event)
+
+typedef struct server_seclog server_seclog;
+
+/* Opens the security log: every event goes to stderr as "SECURITY <json>"
+ * and, when path is non-NULL, is appended to that file (flushed per line).
+ * Errors: KS_ERR_IO (cannot open path), KS_ERR_NOMEM. Caller owns *out. */
+ks_err server_seclog_open(const char *path, server_seclog **out /* OUT */,
+                          ks_errbuf *eb) KS_MUST_USE;
+/* engine_opts.on_security_event: ctx is a server_seclog *. Thread-safe. */
+void server_seclog_write(void *ctx, const char *json);
+/* Number of events written so far; thread-safe. */
+uint64_t server_seclog_count(const server_seclog *l);
+/* Closes the log; accepts NULL. */
+void server_seclog_close(server_seclog *l);
+
+#endif /* KS_SERVER_H */

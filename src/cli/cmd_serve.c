@@ -1,0 +1,341 @@
+/* cmd_serve.c — `kvseal serve` (the HTTP server) and `kvseal check` (the
+ * deploy-time pool sizing check, I8, without starting anything).
+ *
+ * Both size the KV pool the same way: --kv-pages or --kv-memory when given,
+ * else from free memory (at most a quarter of MemAvailable), aiming at 8x
+ * the context and never below 1x. Both print engine_capacity_check's
+ * arithmetic; serve refuses to start (exit 1) when one request of the
+ * advertised context cannot fit and warns below 2x. serve prints one line
+ * "listening on http://HOST:PORT" to stdout once bound, then waits for
+ * SIGTERM/SIGINT, aborts what is running and exits 0 after freeing all. */
+#include "cli_int.h"
+
+#include "kvseal/engine.h"
+#include "kvseal/kern.h"
+#include "kvseal/server.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define SERVE_MAX_ALIASES 16
+
+typedef struct serve__cfg {
+    const char *model_path, *host, *tenants, *admin_key, *security_log;
+    long port;
+    const char *aliases[SERVE_MAX_ALIASES];
+    int n_aliases;
+    long ctx, kv_pages, page_tokens, threads, max_running, queue_max, queue_timeout_ms, batch;
+    long idle_timeout;
+    uint64_t kv_memory;
+    bool no_prefix_cache, log_content;
+    kv_scrub scrub;
+} serve__cfg;
+
+static void serve__usage(const char *cmd) {
+    fprintf(stderr,
+            "usage: kvseal %s [-m MODEL] [--host 127.0.0.1] [--port 8080 (0: any free port)]\n"
+            "         [--alias NAME]... [--ctx N] [--kv-pages N | --kv-memory BYTES (512M, 4G)]\n"
+            "         [--page-tokens 16] [--threads N] [--batch-tokens 256] [--max-running 16]\n"
+            "         [--queue-max 64] [--queue-timeout-ms 30000] [--no-prefix-cache]\n"
+            "         [--scrub zero|poison] [--tenants FILE] [--admin-key KEY] [--log-content]\n"
+            "         [--security-log FILE] [--idle-timeout SECONDS (120)]\n"
+            "  --ctx defaults to the model's training context. Without --kv-pages/--kv-memory the\n"
+            "  pool takes at most 25%% of MemAvailable, between 1x and 8x the context.\n"
+            "  Without --tenants there is one anonymous tenant and no API key is required.\n",
+            cmd);
+}
+
+/* "512M", "4G", "1048576" -> bytes (binary suffixes). */
+static bool serve__parse_bytes(const char *v, uint64_t *out) {
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || !(x > 0)) return false;
+    double mul = 1;
+    if (*end) {
+        switch (*end) {
+        case 'k':
+        case 'K':
+            mul = 1024.0;
+            break;
+        case 'm':
+        case 'M':
+            mul = 1048576.0;
+            break;
+        case 'g':
+        case 'G':
+            mul = 1073741824.0;
+            break;
+        case 't':
+        case 'T':
+            mul = 1099511627776.0;
+            break;
+        default:
+            return false;
+        }
+        end++;
+        if (*end == 'i') end++;
+        if (*end == 'B' || *end == 'b') end++;
+        if (*end) return false;
+    }
+    x *= mul;
+    if (x > 1.8e19) return false;
+    *out = (uint64_t)x;
+    return true;
+}
+
+/* Returns 0 ok, 2 usage error, -1 help printed. */
+static int serve__parse(int argc, char **argv, serve__cfg *c) {
+    memset(c, 0, sizeof *c);
+    c->model_path = cli_default_model();
+    c->host = "127.0.0.1";
+    c->port = 8080;
+    c->page_tokens = 16;
+    c->max_running = 16;
+    c->queue_max = 64;
+    c->queue_timeout_ms = 30000;
+    c->batch = 256;
+    c->idle_timeout = 120;
+    c->scrub = KV_SCRUB_ZERO;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define INTOPT(name, field, lo, hi)                                                                \
+    else if (!strcmp(a, name) && v) {                                                              \
+        if (!cli__parse_int(name, argv[++i], lo, hi, &c->field)) return 2;                         \
+    }
+        if (!strcmp(a, "-m") && v)
+            c->model_path = argv[++i];
+        else if (!strcmp(a, "--host") && v)
+            c->host = argv[++i];
+        INTOPT("--port", port, 0, 65535)
+        INTOPT("--ctx", ctx, 1, 1 << 24)
+        INTOPT("-c", ctx, 1, 1 << 24)
+        INTOPT("--kv-pages", kv_pages, 1, UINT32_MAX)
+        INTOPT("--page-tokens", page_tokens, 1, 4096)
+        INTOPT("--threads", threads, 1, 256)
+        INTOPT("-t", threads, 1, 256)
+        INTOPT("--batch-tokens", batch, 1, 1 << 20)
+        INTOPT("--max-running", max_running, 1, 1 << 16)
+        INTOPT("--queue-max", queue_max, 1, 1 << 20)
+        INTOPT("--queue-timeout-ms", queue_timeout_ms, 1, UINT32_MAX)
+        INTOPT("--idle-timeout", idle_timeout, 0, 86400)
+        else if (!strcmp(a, "--kv-memory") && v) {
+            if (!serve__parse_bytes(argv[++i], &c->kv_memory)) {
+                fprintf(stderr, "kvseal: --kv-memory expects a size such as 512M or 4G, got '%s'\n",
+                        argv[i]);
+                return 2;
+            }
+        }
+        else if (!strcmp(a, "--alias") && v) {
+            if (c->n_aliases == SERVE_MAX_ALIASES) {
+                fprintf(stderr, "kvseal: at most %d --alias names\n", SERVE_MAX_ALIASES);
+                return 2;
+            }
+            c->aliases[c->n_aliases++] = argv[++i];
+        }
+        else if (!strcmp(a, "--scrub") && v) {
+            const char *s = argv[++i];
+            if (!strcmp(s, "zero"))
+                c->scrub = KV_SCRUB_ZERO;
+            else if (!strcmp(s, "poison"))
+                c->scrub = KV_SCRUB_POISON;
+            else {
+                fprintf(stderr, "kvseal: --scrub expects zero or poison, got '%s'\n", s);
+                return 2;
+            }
+        }
+        else if (!strcmp(a, "--tenants") && v) c->tenants = argv[++i];
+        else if (!strcmp(a, "--admin-key") && v) c->admin_key = argv[++i];
+        else if (!strcmp(a, "--security-log") && v) c->security_log = argv[++i];
+        else if (!strcmp(a, "--no-prefix-cache")) c->no_prefix_cache = true;
+        else if (!strcmp(a, "--log-content")) c->log_content = true;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            serve__usage(argv[0]);
+            return -1;
+        }
+        else {
+            fprintf(stderr, "kvseal %s: unknown or incomplete option '%s'\n", argv[0], a);
+            serve__usage(argv[0]);
+            return 2;
+        }
+#undef INTOPT
+    }
+    if (c->kv_pages && c->kv_memory) {
+        fprintf(stderr, "kvseal %s: give --kv-pages or --kv-memory, not both\n", argv[0]);
+        return 2;
+    }
+    return 0;
+}
+
+/* MemAvailable in bytes, 0 if unknown. */
+static uint64_t serve__mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    uint64_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+}
+
+/* Loads nothing; fills o from c and m, sizing the pool. Prints how it was
+ * sized to stderr. */
+static void serve__engine_opts(const serve__cfg *c, const model *m, engine_opts *o) {
+    engine_opts_default(o);
+    o->m = m;
+    o->n_ctx = c->ctx ? (int32_t)c->ctx : model_hp(m)->n_ctx_train;
+    o->page_tokens = (int)c->page_tokens;
+    if (c->threads) o->n_threads = (int)c->threads;
+    o->max_running = (int32_t)c->max_running;
+    o->queue_max = (int32_t)c->queue_max;
+    o->queue_timeout_ms = (uint32_t)c->queue_timeout_ms;
+    o->max_batch_tokens = (int32_t)c->batch;
+    o->prefix_cache = !c->no_prefix_cache;
+    o->scrub = c->scrub;
+    kv_geom g = model_kv_geom(m, o->page_tokens);
+    uint64_t ctx_pages =
+        ((uint64_t)o->n_ctx + (uint64_t)o->page_tokens - 1) / (uint64_t)o->page_tokens;
+    if (c->kv_pages) {
+        o->kv_pages = (uint32_t)c->kv_pages;
+    } else if (c->kv_memory) {
+        o->kv_pages = kv_pages_for_bytes(&g, c->kv_memory);
+    } else {
+        uint64_t avail = serve__mem_available();
+        uint64_t pages = kv_pages_for_bytes(&g, avail / 4);
+        if (pages > 8 * ctx_pages) pages = 8 * ctx_pages;
+        if (pages < ctx_pages) {
+            ks_log(KS_LOG_WARN,
+                   "25%% of MemAvailable (%.0f MiB) holds less than one context; "
+                   "sizing the pool to exactly one context",
+                   (double)avail / 4 / 1048576.0);
+            pages = ctx_pages;
+        }
+        if (pages > UINT32_MAX) pages = UINT32_MAX;
+        o->kv_pages = (uint32_t)pages;
+        ks_log(KS_LOG_INFO,
+               "kv pool sized from MemAvailable %.0f MiB: %u pages (%.1fx the context)",
+               (double)avail / 1048576.0, o->kv_pages, (double)o->kv_pages / (double)ctx_pages);
+    }
+    o->prefix_max_pages = o->kv_pages / 4;
+    if (o->n_ctx > model_hp(m)->n_ctx_train)
+        ks_log(KS_LOG_WARN, "--ctx %d exceeds the model's training context %d", o->n_ctx,
+               model_hp(m)->n_ctx_train);
+}
+
+/* The model's own name: the file's basename without ".gguf". */
+static void serve__model_name(const char *path, char *buf, size_t cap) {
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    size_t n = strlen(b);
+    if (n > 5 && !strcasecmp(b + n - 5, ".gguf")) n -= 5;
+    snprintf(buf, cap, "%.*s", (int)n, b);
+}
+
+/* Shared start of serve and check: parse, load, size, check. Returns -1 to
+ * continue, else the exit status. */
+static int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts *o,
+                          FILE *report) {
+    int rc = serve__parse(argc, argv, c);
+    if (rc) return rc < 0 ? 0 : rc;
+    ks_errbuf eb = {0};
+    if (kern_init(NULL, &eb) || model_load(c->model_path, m, &eb)) {
+        fprintf(stderr, "kvseal %s: %s\n", argv[0], eb.msg);
+        return 1;
+    }
+    serve__engine_opts(c, *m, o);
+    char buf[1024];
+    bool warn = false;
+    ks_err e = engine_capacity_check(o, &warn, buf, sizeof buf);
+    fprintf(report, "%s\n", buf);
+    fflush(report);
+    if (e) {
+        fprintf(stderr,
+                "kvseal %s: %s: the KV pool cannot hold one request of the advertised "
+                "context length %d (I8); raise --kv-pages/--kv-memory or lower --ctx\n",
+                argv[0], report == stdout ? "check failed" : "refusing to start", o->n_ctx);
+        return 1;
+    }
+    if (warn)
+        ks_log(KS_LOG_WARN,
+               "the KV pool holds less than 2 requests of the full context (%d tokens)", o->n_ctx);
+    return -1;
+}
+
+int cli_check(int argc, char **argv) {
+    serve__cfg c;
+    model *m = NULL;
+    engine_opts o;
+    int rc = serve__prepare(argc, argv, &c, &m, &o, stdout);
+    model_free(m);
+    return rc < 0 ? 0 : rc;
+}
+
+int cli_serve(int argc, char **argv) {
+    serve__cfg c;
+    model *m = NULL;
+    engine_opts o;
+    engine *e = NULL;
+    server *s = NULL;
+    server_seclog *sl = NULL;
+    int rc = serve__prepare(argc, argv, &c, &m, &o, stderr);
+    if (rc >= 0) {
+        model_free(m);
+        return rc;
+    }
+    rc = 1;
+    ks_errbuf eb = {0};
+    // every thread started from here on inherits this mask: only sigwait below
+    // sees SIGINT/SIGTERM
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    char name[256];
+    serve__model_name(c.model_path, name, sizeof name);
+    if (server_seclog_open(c.security_log, &sl, &eb)) goto fail;
+    o.on_security_event = server_seclog_write;
+    o.event_ctx = sl;
+    if (engine_create(&o, &e, &eb)) goto fail;
+    server_opts so;
+    server_opts_default(&so);
+    so.host = c.host;
+    so.port = (int)c.port;
+    so.aliases = c.aliases;
+    so.n_aliases = c.n_aliases;
+    so.model_name = name;
+    so.tenants_path = c.tenants;
+    so.admin_key = c.admin_key;
+    so.log_content = c.log_content;
+    so.n_ctx = o.n_ctx;
+    so.idle_timeout_s = (unsigned)c.idle_timeout;
+    if (server_create(&so, e, m, &s, &eb)) goto fail;
+    const char *h = c.host;
+    bool v6 = strchr(h, ':') != NULL;
+    printf("listening on http://%s%s%s:%d\n", v6 ? "[" : "", h, v6 ? "]" : "", server_port(s));
+    fflush(stdout);
+    ks_log(KS_LOG_INFO, "serving %s as '%s' (%d aliases), context %d, %u KV pages, kernels %s",
+           c.model_path, c.n_aliases ? c.aliases[0] : name, c.n_aliases, o.n_ctx, o.kv_pages,
+           kern_get()->name);
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0) {
+    }
+    ks_log(KS_LOG_INFO, "signal %d: shutting down", sig);
+    server_stop_accepting(s);
+    engine_set_online(e, false, true); // abort what is running: answers end now
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "kvseal serve: %s\n", eb.msg[0] ? eb.msg : ks_strerror(eb.code));
+done:
+    server_destroy(s);
+    engine_destroy(e);
+    server_seclog_close(sl);
+    model_free(m);
+    return rc;
+}

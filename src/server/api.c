@@ -1,0 +1,479 @@
+/* api.c — the pure half of the HTTP API: request JSON -> validated
+ * srv_request (OpenAI chat/completions and Workers-AI bodies), error bodies
+ * in OpenAI's and Workers AI's shapes, SSE framing and small response
+ * helpers. No I/O and no engine calls, so tests/unit/test_server.c covers
+ * it all. Validation says which parameter was wrong and why; the JSON text
+ * itself is checked by jansson (UTF-8 included: invalid UTF-8 and NUL
+ * escapes are malformed JSON, reported with line/column/position). */
+#include "server_int.h"
+
+#include <math.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// Names
+
+const char *srv_route_name(srv_route r) {
+    static const char *const names[SRV_ROUTE__COUNT] = {
+        "chat_completions", "completions", "workers_ai", "models",
+        "health",           "metrics",     "admin",      "other",
+    };
+    return (unsigned)r < SRV_ROUTE__COUNT ? names[r] : "other";
+}
+
+const char *srv_reject_name(srv_reject r) {
+    static const char *const names[SRV_REJECT__COUNT] = {
+        "context_length", "pool", "tenant_concurrency", "tenant_rate", "queue_full", "offline",
+        "invalid",        "auth",
+    };
+    return (unsigned)r < SRV_REJECT__COUNT ? names[r] : "none";
+}
+
+const char *srv_finish_name(engine_finish f) {
+    switch (f) {
+    case ENGINE_FINISH_STOP:
+        return "stop";
+    case ENGINE_FINISH_LENGTH:
+        return "length";
+    default:
+        return NULL;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Errors
+
+bool srv_error_set(srv_error *e, int status, const char *type, const char *code, const char *param,
+                   srv_reject reject, const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    e->reject = reject;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+char *srv_error_json(srv_route route, const srv_error *e) {
+    json_t *j;
+    if (route == SRV_ROUTE_WORKERS) {
+        // Workers AI numbers its errors; the HTTP status is the closest analogue we have
+        j = json_pack("{s:n, s:b, s:[{s:i, s:s}], s:[]}", "result", "success", 0, "errors", "code",
+                      e->status, "message", e->msg, "messages");
+    } else {
+        j = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", e->msg, "type",
+                      e->type ? e->type : "invalid_request_error", "param",
+                      e->param[0] ? json_string(e->param) : json_null(), "code",
+                      e->code ? json_string(e->code) : json_null());
+    }
+    if (!j) return NULL;
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return s;
+}
+
+// ----------------------------------------------------------------------------
+// Request parsing
+
+#define INVALID(err, param, ...)                                                                   \
+    srv_error_set(err, 400, "invalid_request_error", "invalid_parameter", param,                   \
+                  SRV_REJECT_INVALID, __VA_ARGS__)
+
+static const char *api__type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "object";
+    case JSON_ARRAY:
+        return "array";
+    case JSON_STRING:
+        return "string";
+    case JSON_INTEGER:
+        return "integer";
+    case JSON_REAL:
+        return "number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "boolean";
+    default:
+        return "null";
+    }
+}
+
+/* Reads an optional number field into *out; false (err set) on a wrong type
+ * or a value outside [lo, hi]. */
+static bool api__number(json_t *root, const char *key, double lo, double hi, double *out,
+                        srv_error *err) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) return true;
+    if (!json_is_number(v))
+        return INVALID(err, key, "'%s' must be a number, got %s", key, api__type_name(v));
+    double d = json_number_value(v);
+    if (!(d >= lo && d <= hi))
+        return INVALID(err, key, "'%s' must be in [%g, %g], got %g", key, lo, hi, d);
+    *out = d;
+    return true;
+}
+
+/* Optional integer field in [lo, hi]; *present tells whether it was given. */
+static bool api__int(json_t *root, const char *key, long long lo, long long hi, long long *out,
+                     bool *present, srv_error *err) {
+    json_t *v = json_object_get(root, key);
+    if (present) *present = false;
+    if (!v || json_is_null(v)) return true;
+    if (!json_is_integer(v))
+        return INVALID(err, key, "'%s' must be an integer, got %s", key, api__type_name(v));
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return INVALID(err, key, "'%s' must be in [%lld, %lld], got %lld", key, lo, hi, x);
+    *out = x;
+    if (present) *present = true;
+    return true;
+}
+
+static bool api__bool(json_t *root, const char *key, bool *out, srv_error *err) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) return true;
+    if (!json_is_boolean(v))
+        return INVALID(err, key, "'%s' must be a boolean, got %s", key, api__type_name(v));
+    *out = json_is_true(v);
+    return true;
+}
+
+/* prompt: a string, or an array holding exactly one string. */
+static bool api__prompt(srv_request *r, json_t *v, srv_error *err) {
+    if (json_is_array(v) && json_array_size(v) == 1)
+        v = json_array_get(v, 0);
+    else if (json_is_array(v))
+        return INVALID(err, "prompt",
+                       "'prompt' as an array must hold exactly one string (batches "
+                       "are not supported), got %zu elements",
+                       json_array_size(v));
+    if (!json_is_string(v))
+        return INVALID(err, "prompt", "'prompt' must be a string, got %s", api__type_name(v));
+    r->prompt = json_string_value(v);
+    return true;
+}
+
+/* messages: a non-empty array of {role: string, content: string | [{type:
+ * "text", text}] }; multi-part text is joined without separators. */
+static bool api__messages(srv_request *r, json_t *v, srv_error *err) {
+    if (!json_is_array(v))
+        return INVALID(err, "messages", "'messages' must be an array, got %s", api__type_name(v));
+    size_t n = json_array_size(v);
+    if (n == 0) return INVALID(err, "messages", "'messages' must not be empty");
+    r->msgs = calloc(n, sizeof *r->msgs);
+    r->owned = calloc(n, sizeof *r->owned);
+    if (!r->msgs || !r->owned)
+        return srv_error_set(err, 500, "server_error", NULL, NULL, SRV_REJECT_NONE,
+                             "out of memory");
+    r->n_msgs = n;
+    for (size_t i = 0; i < n; i++) {
+        char pname[64];
+        json_t *m = json_array_get(v, i);
+        if (!json_is_object(m)) {
+            snprintf(pname, sizeof pname, "messages[%zu]", i);
+            return INVALID(err, pname, "'%s' must be an object, got %s", pname, api__type_name(m));
+        }
+        json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+        if (!json_is_string(role)) {
+            snprintf(pname, sizeof pname, "messages[%zu].role", i);
+            return INVALID(err, pname, "'%s' must be a string, got %s", pname,
+                           role ? api__type_name(role) : "nothing");
+        }
+        r->msgs[i].role = json_string_value(role);
+        snprintf(pname, sizeof pname, "messages[%zu].content", i);
+        if (json_is_string(content)) {
+            r->msgs[i].content = json_string_value(content);
+        } else if (json_is_array(content)) {
+            size_t total = 0, k;
+            json_t *part;
+            json_array_foreach(content, k, part) {
+                json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+                if (!json_is_object(part) || !json_is_string(type) ||
+                    strcmp(json_string_value(type), "text") != 0 || !json_is_string(text))
+                    return INVALID(err, pname,
+                                   "'%s[%zu]' must be {\"type\": \"text\", \"text\": "
+                                   "string} (only text parts are supported)",
+                                   pname, k);
+                total += json_string_length(text);
+            }
+            char *joined = malloc(total + 1);
+            if (!joined)
+                return srv_error_set(err, 500, "server_error", NULL, NULL, SRV_REJECT_NONE,
+                                     "out of memory");
+            size_t off = 0;
+            json_array_foreach(content, k, part) {
+                json_t *text = json_object_get(part, "text");
+                memcpy(joined + off, json_string_value(text), json_string_length(text));
+                off += json_string_length(text);
+            }
+            joined[off] = '\0';
+            r->owned[i] = joined;
+            r->msgs[i].content = joined;
+        } else {
+            return INVALID(err, pname, "'%s' must be a string or an array of text parts, got %s",
+                           pname, content ? api__type_name(content) : "nothing");
+        }
+    }
+    return true;
+}
+
+static bool api__stop(srv_request *r, json_t *v, srv_error *err) {
+    if (!v || json_is_null(v)) return true;
+    if (json_is_string(v)) {
+        if (json_string_length(v) == 0)
+            return INVALID(err, "stop", "'stop' strings must not be empty");
+        r->stops[r->n_stops++] = json_string_value(v);
+        return true;
+    }
+    if (!json_is_array(v))
+        return INVALID(err, "stop", "'stop' must be a string or an array of strings, got %s",
+                       api__type_name(v));
+    if (json_array_size(v) > SRV_MAX_STOPS)
+        return INVALID(err, "stop", "'stop' may hold at most %d strings, got %zu", SRV_MAX_STOPS,
+                       json_array_size(v));
+    size_t i;
+    json_t *s;
+    json_array_foreach(v, i, s) {
+        if (!json_is_string(s))
+            return INVALID(err, "stop", "'stop[%zu]' must be a string, got %s", i,
+                           api__type_name(s));
+        if (json_string_length(s) == 0)
+            return INVALID(err, "stop", "'stop[%zu]' must not be empty", i);
+        r->stops[r->n_stops++] = json_string_value(s);
+    }
+    return true;
+}
+
+/* The sampling fields shared by every route. OpenAI's defaults (temperature
+ * 1, no top-k/top-p/min-p truncation, penalties off) unless the route says
+ * otherwise: Workers AI documents temperature 0.6. */
+static bool api__sampling(srv_request *r, json_t *root, srv_error *err) {
+    sample_params *sp = &r->sp;
+    sample_params_default(sp);
+    sp->temperature = r->route == SRV_ROUTE_WORKERS ? 0.6f : 1.0f;
+    sp->top_k = 0;
+    sp->top_p = 1.0f;
+    sp->min_p = 0.0f;
+    double d;
+    long long x;
+    bool present;
+#define NUM(key, lo, hi, field)                                                                    \
+    d = sp->field;                                                                                 \
+    if (!api__number(root, key, lo, hi, &d, err)) return false;                                    \
+    sp->field = (float)d;
+    NUM("temperature", 0, 2, temperature)
+    NUM("top_p", 0, 1, top_p)
+    NUM("min_p", 0, 1, min_p)
+    NUM("presence_penalty", -2, 2, presence_penalty)
+    NUM("frequency_penalty", -2, 2, frequency_penalty)
+    NUM("repetition_penalty", 0, 10, repeat_penalty)
+    NUM("repeat_penalty", 0, 10, repeat_penalty)
+#undef NUM
+    if (!(sp->top_p > 0))
+        return INVALID(err, "top_p", "'top_p' must be in (0, 1], got %g", (double)sp->top_p);
+    if (!(sp->repeat_penalty > 0))
+        return INVALID(err, "repetition_penalty", "'repetition_penalty' must be > 0, got %g",
+                       (double)sp->repeat_penalty);
+    x = sp->top_k;
+    if (!api__int(root, "top_k", -1, INT32_MAX, &x, NULL, err)) return false;
+    sp->top_k = (int32_t)x;
+    x = sp->repeat_last_n;
+    if (!api__int(root, "repeat_last_n", 0, SAMPLE_MAX_LAST_N, &x, NULL, err)) return false;
+    sp->repeat_last_n = (int32_t)x;
+    x = 0;
+    if (!api__int(root, "seed", INT64_MIN, INT64_MAX, &x, &present, err)) return false;
+    r->seeded = present;
+    sp->seed = (uint64_t)x;
+    ks_errbuf eb = {0};
+    if (sample_params_validate(sp, &eb)) {
+        // its message starts with the field name
+        char param[64];
+        size_t n = strcspn(eb.msg, " ");
+        snprintf(param, sizeof param, "%.*s", (int)(n < 63 ? n : 63), eb.msg);
+        return INVALID(err, param, "%s", eb.msg);
+    }
+    return true;
+}
+
+bool srv_request_parse(srv_route route, const char *body, size_t len, srv_request *r,
+                       srv_error *err) {
+    memset(r, 0, sizeof *r);
+    r->route = route;
+    r->max_tokens = -1;
+    json_error_t je;
+    // JSON_REJECT_DUPLICATES: {"model": "a", "model": "b"} is ambiguous, refuse it
+    r->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!r->root) {
+        srv_error_set(err, 400, "invalid_request_error", "invalid_json", NULL, SRV_REJECT_INVALID,
+                      "malformed JSON at line %d, column %d (position %d): %s", je.line, je.column,
+                      je.position, je.text);
+        return false;
+    }
+    json_t *root = r->root;
+    if (!json_is_object(root)) {
+        INVALID(err, NULL, "the request body must be a JSON object, got %s", api__type_name(root));
+        goto fail;
+    }
+    json_t *v;
+    if ((v = json_object_get(root, "model")) && !json_is_null(v)) {
+        if (!json_is_string(v)) {
+            INVALID(err, "model", "'model' must be a string, got %s", api__type_name(v));
+            goto fail;
+        }
+        r->model = json_string_value(v);
+    }
+    json_t *prompt = json_object_get(root, "prompt"), *msgs = json_object_get(root, "messages");
+    if (prompt && json_is_null(prompt)) prompt = NULL;
+    if (msgs && json_is_null(msgs)) msgs = NULL;
+    switch (route) {
+    case SRV_ROUTE_CHAT:
+        if (!msgs) {
+            srv_error_set(err, 400, "invalid_request_error", "missing_required_parameter",
+                          "messages", SRV_REJECT_INVALID, "'messages' is required");
+            goto fail;
+        }
+        if (!api__messages(r, msgs, err)) goto fail;
+        break;
+    case SRV_ROUTE_COMPLETIONS:
+        if (!prompt) {
+            srv_error_set(err, 400, "invalid_request_error", "missing_required_parameter", "prompt",
+                          SRV_REJECT_INVALID, "'prompt' is required");
+            goto fail;
+        }
+        if (!api__prompt(r, prompt, err)) goto fail;
+        break;
+    case SRV_ROUTE_WORKERS:
+        if (!prompt == !msgs) {
+            INVALID(err, prompt ? "prompt" : NULL,
+                    "exactly one of 'prompt' and 'messages' is required");
+            goto fail;
+        }
+        if (prompt ? !api__prompt(r, prompt, err) : !api__messages(r, msgs, err)) goto fail;
+        break;
+    default:
+        KS_ASSERT(!"srv_request_parse: not a generation route");
+    }
+
+    // max_tokens (max_completion_tokens is OpenAI's newer name; it wins)
+    long long mt = -1;
+    bool present;
+    if (!api__int(root, "max_tokens", 1, SRV_MAX_TOKENS_LIMIT, &mt, &present, err)) goto fail;
+    if (!api__int(root, "max_completion_tokens", 1, SRV_MAX_TOKENS_LIMIT, &mt, &present, err))
+        goto fail;
+    r->max_tokens = (int32_t)mt;
+    long long n = 1;
+    if (!api__int(root, "n", INT32_MIN, INT32_MAX, &n, NULL, err)) goto fail;
+    if (n != 1) {
+        INVALID(err, "n", "only n=1 is supported, got %lld", n);
+        goto fail;
+    }
+    if (!api__sampling(r, root, err)) goto fail;
+    if (!api__stop(r, json_object_get(root, "stop"), err)) goto fail;
+    if (!api__bool(root, "stream", &r->stream, err)) goto fail;
+    if (!api__bool(root, "ignore_eos", &r->ignore_eos, err)) goto fail;
+    if ((v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
+        if (!json_is_object(v)) {
+            INVALID(err, "stream_options", "'stream_options' must be an object, got %s",
+                    api__type_name(v));
+            goto fail;
+        }
+        if (!api__bool(v, "include_usage", &r->include_usage, err)) goto fail;
+    }
+
+    // logprobs: a boolean (+ top_logprobs) for chat, an integer for completions
+    v = json_object_get(root, "logprobs");
+    if (route == SRV_ROUTE_COMPLETIONS) {
+        long long k = 0;
+        if (!api__int(root, "logprobs", 0, SAMPLE_MAX_TOP, &k, &present, err)) goto fail;
+        if (!present && !api__int(root, "n_probs", 0, SAMPLE_MAX_TOP, &k, &present, err)) goto fail;
+        r->logprobs = present;
+        r->top_logprobs = (int)k;
+    } else {
+        if (!api__bool(root, "logprobs", &r->logprobs, err)) goto fail;
+        long long k = 0;
+        if (!api__int(root, "top_logprobs", 0, SAMPLE_MAX_TOP, &k, &present, err)) goto fail;
+        if (present && !r->logprobs) {
+            INVALID(err, "top_logprobs", "'top_logprobs' requires 'logprobs': true");
+            goto fail;
+        }
+        r->top_logprobs = (int)k;
+    }
+    if ((v = json_object_get(root, "user")) && !json_is_null(v) && !json_is_string(v)) {
+        INVALID(err, "user", "'user' must be a string, got %s", api__type_name(v));
+        goto fail;
+    }
+    r->sp.logprobs = r->logprobs;
+    r->sp.n_probs = r->top_logprobs;
+    return true;
+fail:
+    srv_request_free(r);
+    return false;
+}
+
+void srv_request_free(srv_request *r) {
+    if (r->owned)
+        for (size_t i = 0; i < r->n_msgs; i++)
+            free(r->owned[i]);
+    free(r->owned);
+    free(r->msgs);
+    if (r->root) json_decref(r->root);
+    memset(r, 0, sizeof *r);
+}
+
+// ----------------------------------------------------------------------------
+// Responses and SSE
+
+void srv_make_id(const char *prefix, char *buf, size_t cap) {
+    unsigned char rnd[12];
+    randombytes_buf(rnd, sizeof rnd);
+    char hex[2 * sizeof rnd + 1];
+    sodium_bin2hex(hex, sizeof hex, rnd, sizeof rnd);
+    snprintf(buf, cap, "%s%s", prefix, hex);
+}
+
+bool srv_buf_add(srv_buf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return false;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return true;
+}
+
+void srv_buf_free(srv_buf *b) {
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+bool srv_sse_json(srv_buf *b, const json_t *j) {
+    // compact JSON never contains a raw newline (strings escape it), so one
+    // data: line per event is always well-framed
+    char *s = json_dumps(j, JSON_COMPACT);
+    if (!s) return false;
+    bool ok =
+        srv_buf_add(b, "data: ", 6) && srv_buf_add(b, s, strlen(s)) && srv_buf_add(b, "\n\n", 2);
+    free(s);
+    return ok;
+}
+
+bool srv_sse_done(srv_buf *b) { return srv_buf_add(b, "data: [DONE]\n\n", 14); }
+
+json_t *srv_usage_json(int32_t n_prompt, int32_t n_gen, int32_t n_cached) {
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (int)n_prompt,
+                     "completion_tokens", (int)n_gen, "total_tokens", (int)(n_prompt + n_gen),
+                     "prompt_tokens_details", "cached_tokens", (int)n_cached);
+}

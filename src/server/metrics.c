@@ -1,0 +1,231 @@
+/* metrics.c — Prometheus counters and histograms for /metrics, and the
+ * security event log.
+ *
+ * Counters are lock-free atomics bumped from the connection threads;
+ * rendering reads them with relaxed loads (a scrape may be a request stale)
+ * and adds the engine's gauges (queue, running, KV pages by state,
+ * isolation violations, prefix-cache hits) from engine_get_stats. The text
+ * follows the exposition format 0.0.4: # HELP / # TYPE, cumulative
+ * histogram buckets with le="+Inf", _sum and _count. */
+#include "server_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const int met__status[SRV_N_STATUS] = {200, 400, 401, 403, 404, 405,
+                                              413, 429, 499, 500, 503, 0};
+static const double met__ttft_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                          0.5,   1,    2.5,   5,    10,  30};
+static const double met__tpot_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                          0.1,   0.25,   0.5,   1,    2.5};
+
+// ----------------------------------------------------------------------------
+// Counting
+
+void srv_metrics_init(srv_metrics *m) {
+    memset(m, 0, sizeof *m);
+    m->ttft.bounds = met__ttft_bounds;
+    m->ttft.n = (int)(sizeof met__ttft_bounds / sizeof met__ttft_bounds[0]);
+    m->tpot.bounds = met__tpot_bounds;
+    m->tpot.n = (int)(sizeof met__tpot_bounds / sizeof met__tpot_bounds[0]);
+}
+
+static int met__status_idx(int status) {
+    for (int i = 0; i < SRV_N_STATUS - 1; i++)
+        if (met__status[i] == status) return i;
+    return SRV_N_STATUS - 1;
+}
+
+void srv_metrics_request(srv_metrics *m, srv_route route, int status) {
+    if ((unsigned)route >= SRV_ROUTE__COUNT) route = SRV_ROUTE_OTHER;
+    atomic_fetch_add_explicit(&m->requests[route][met__status_idx(status)], 1,
+                              memory_order_relaxed);
+}
+
+void srv_metrics_reject(srv_metrics *m, srv_reject r) {
+    if ((unsigned)r < SRV_REJECT__COUNT)
+        atomic_fetch_add_explicit(&m->rejections[r], 1, memory_order_relaxed);
+}
+
+void srv_hist_observe(srv_hist *h, double seconds) {
+    if (!(seconds >= 0)) seconds = 0;
+    int b = 0;
+    while (b < h->n && seconds > h->bounds[b])
+        b++;
+    atomic_fetch_add_explicit(&h->count[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->n_obs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_ns, (unsigned long long)(seconds * 1e9),
+                              memory_order_relaxed);
+}
+
+// ----------------------------------------------------------------------------
+// Rendering
+
+#define LOAD(x) ((unsigned long long)atomic_load_explicit(&(x), memory_order_relaxed))
+
+static bool met__printf(srv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool met__printf(srv_buf *b, const char *fmt, ...) {
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof tmp) return false;
+    return srv_buf_add(b, tmp, (size_t)n);
+}
+
+static bool met__hist(srv_buf *b, const char *name, const char *help, srv_hist *h) {
+    bool ok = met__printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    unsigned long long cum = 0;
+    for (int i = 0; i <= h->n && ok; i++) {
+        cum += LOAD(h->count[i]);
+        if (i < h->n)
+            ok = met__printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], cum);
+        else
+            ok = met__printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, cum);
+    }
+    return ok && met__printf(b, "%s_sum %.9f\n%s_count %llu\n", name,
+                             (double)LOAD(h->sum_ns) * 1e-9, name, LOAD(h->n_obs));
+}
+
+char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
+    srv_buf b = {0};
+    bool ok = met__printf(&b, "# HELP kvseal_requests_total HTTP requests answered, by route "
+                              "and status.\n# TYPE kvseal_requests_total counter\n");
+    for (int r = 0; r < SRV_ROUTE__COUNT && ok; r++)
+        for (int s = 0; s < SRV_N_STATUS && ok; s++) {
+            unsigned long long v = LOAD(m->requests[r][s]);
+            if (!v) continue;
+            if (met__status[s])
+                ok = met__printf(&b, "kvseal_requests_total{route=\"%s\",status=\"%d\"} %llu\n",
+                                 srv_route_name((srv_route)r), met__status[s], v);
+            else
+                ok = met__printf(&b, "kvseal_requests_total{route=\"%s\",status=\"other\"} %llu\n",
+                                 srv_route_name((srv_route)r), v);
+        }
+    ok = ok && met__printf(&b, "# HELP kvseal_rejections_total Requests turned away before "
+                               "generation, by reason.\n# TYPE kvseal_rejections_total counter\n");
+    for (int r = 0; r < SRV_REJECT__COUNT && ok; r++)
+        ok = met__printf(&b, "kvseal_rejections_total{reason=\"%s\"} %llu\n",
+                         srv_reject_name((srv_reject)r), LOAD(m->rejections[r]));
+    ok = ok &&
+         met__printf(&b,
+                     "# HELP kvseal_tokens_in_total Prompt tokens of finished requests.\n"
+                     "# TYPE kvseal_tokens_in_total counter\nkvseal_tokens_in_total %llu\n",
+                     LOAD(m->tokens_in)) &&
+         met__printf(&b,
+                     "# HELP kvseal_tokens_out_total Generated tokens.\n"
+                     "# TYPE kvseal_tokens_out_total counter\nkvseal_tokens_out_total %llu\n",
+                     LOAD(m->tokens_out)) &&
+         met__printf(&b,
+                     "# HELP kvseal_client_disconnects_total Requests cancelled because the "
+                     "client went away.\n# TYPE kvseal_client_disconnects_total counter\n"
+                     "kvseal_client_disconnects_total %llu\n",
+                     LOAD(m->client_disconnects)) &&
+         met__hist(&b, "kvseal_ttft_seconds", "Time from submission to the first token.",
+                   &m->ttft) &&
+         met__hist(&b, "kvseal_tpot_seconds", "Time per output token after the first.", &m->tpot) &&
+         met__printf(&b,
+                     "# HELP kvseal_online Whether the model accepts new requests.\n"
+                     "# TYPE kvseal_online gauge\nkvseal_online %d\n",
+                     online ? 1 : 0);
+    if (es && ok) {
+        static const char *const states[4] = {"free", "allocated", "ready", "quarantine"};
+        ok = met__printf(&b, "# HELP kvseal_kv_pages KV pool pages by state.\n"
+                             "# TYPE kvseal_kv_pages gauge\n");
+        for (int i = 0; i < 4 && ok; i++)
+            ok = met__printf(&b, "kvseal_kv_pages{state=\"%s\"} %u\n", states[i], es->kv.pages[i]);
+        ok = ok &&
+             met__printf(&b,
+                         "# HELP kvseal_isolation_violations_total Sequences stopped by a KV "
+                         "page check (I1), counted once per sequence.\n"
+                         "# TYPE kvseal_isolation_violations_total counter\n"
+                         "kvseal_isolation_violations_total %llu\n",
+                         (unsigned long long)es->n_violations) &&
+             met__printf(&b,
+                         "# HELP kvseal_prefix_cache_hit_pages_total KV pages reused from "
+                         "the tenant-scoped prefix cache.\n"
+                         "# TYPE kvseal_prefix_cache_hit_pages_total counter\n"
+                         "kvseal_prefix_cache_hit_pages_total %llu\n",
+                         (unsigned long long)es->kv.prefix_hits_pages) &&
+             met__printf(&b,
+                         "# HELP kvseal_prefix_cache_pages KV pages held by the prefix "
+                         "cache.\n# TYPE kvseal_prefix_cache_pages gauge\n"
+                         "kvseal_prefix_cache_pages %llu\n",
+                         (unsigned long long)es->kv.prefix_cached_pages) &&
+             met__printf(&b,
+                         "# HELP kvseal_queue_requests Admitted requests waiting for room.\n"
+                         "# TYPE kvseal_queue_requests gauge\nkvseal_queue_requests %u\n",
+                         es->n_queued) &&
+             met__printf(&b,
+                         "# HELP kvseal_running_requests Sequences in the running batch.\n"
+                         "# TYPE kvseal_running_requests gauge\nkvseal_running_requests %u\n",
+                         es->n_running) &&
+             met__printf(&b,
+                         "# HELP kvseal_engine_requests_total Engine requests by outcome.\n"
+                         "# TYPE kvseal_engine_requests_total counter\n"
+                         "kvseal_engine_requests_total{outcome=\"finished\"} %llu\n"
+                         "kvseal_engine_requests_total{outcome=\"aborted\"} %llu\n"
+                         "kvseal_engine_requests_total{outcome=\"rejected\"} %llu\n",
+                         (unsigned long long)es->n_finished, (unsigned long long)es->n_aborted,
+                         (unsigned long long)es->n_rejected);
+    }
+    if (!ok) {
+        srv_buf_free(&b);
+        return NULL;
+    }
+    return b.p;
+}
+
+// ----------------------------------------------------------------------------
+// Security event log
+
+struct server_seclog {
+    FILE *f;            /* append-only file or NULL */
+    pthread_mutex_t mu; /* serializes lines from several threads */
+    atomic_ullong n;
+};
+
+ks_err server_seclog_open(const char *path, server_seclog **out, ks_errbuf *eb) {
+    *out = NULL;
+    server_seclog *l = calloc(1, sizeof *l);
+    if (!l) return ks_seterr(eb, KS_ERR_NOMEM, "security log: out of memory");
+    if (pthread_mutex_init(&l->mu, NULL) != 0) {
+        free(l);
+        return ks_seterr(eb, KS_ERR_NOMEM, "security log: mutex");
+    }
+    if (path && !(l->f = fopen(path, "ae"))) {
+        ks_err e = ks_seterr(eb, KS_ERR_IO, "security log %s: %s", path, strerror(errno));
+        pthread_mutex_destroy(&l->mu);
+        free(l);
+        return e;
+    }
+    *out = l;
+    return KS_OK;
+}
+
+void server_seclog_write(void *ctx, const char *json) {
+    server_seclog *l = ctx;
+    if (!l || !json) return;
+    pthread_mutex_lock(&l->mu);
+    fprintf(stderr, "SECURITY %s\n", json);
+    if (l->f) {
+        fprintf(l->f, "%s\n", json);
+        fflush(l->f);
+    }
+    atomic_fetch_add_explicit(&l->n, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&l->mu);
+}
+
+uint64_t server_seclog_count(const server_seclog *l) {
+    return l ? (uint64_t)atomic_load_explicit(&((server_seclog *)l)->n, memory_order_relaxed) : 0;
+}
+
+void server_seclog_close(server_seclog *l) {
+    if (!l) return;
+    if (l->f) fclose(l->f);
+    pthread_mutex_destroy(&l->mu);
+    free(l);
+}

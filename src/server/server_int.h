@@ -1,0 +1,227 @@
+/* server_int.h — the server module's private parts, shared by its files and
+ * reached by tests/unit/test_server.c: request parsing and validation
+ * (api.c), response/error JSON and SSE framing (api.c), tenants, keys and
+ * per-tenant limits (tenants.c), and metrics (metrics.c). Everything here
+ * except the tenants' limit counters is pure. */
+#ifndef KS_SERVER_INT_H
+#define KS_SERVER_INT_H
+
+#include "kvseal/chat.h"
+#include "kvseal/engine.h"
+#include "kvseal/sample.h"
+#include "kvseal/server.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+// ----------------------------------------------------------------------------
+// Routes and errors
+
+typedef enum srv_route {
+    SRV_ROUTE_CHAT = 0,        /* POST /v1/chat/completions */
+    SRV_ROUTE_COMPLETIONS = 1, /* POST /v1/completions */
+    SRV_ROUTE_WORKERS = 2,     /* POST /accounts/{a}/ai/run/{model} */
+    SRV_ROUTE_MODELS = 3,      /* GET /v1/models */
+    SRV_ROUTE_HEALTH = 4,      /* GET /health */
+    SRV_ROUTE_METRICS = 5,     /* GET /metrics */
+    SRV_ROUTE_ADMIN = 6,       /* POST /admin/models/{name}/offline|online */
+    SRV_ROUTE_OTHER = 7,       /* anything else (404/405) */
+    SRV_ROUTE__COUNT = 8,
+} srv_route;
+
+/* Label of a route for metrics ("chat_completions", ...); static storage. */
+const char *srv_route_name(srv_route r);
+
+/* Reasons a request is turned away (metric kvseal_rejections_total). */
+typedef enum srv_reject {
+    SRV_REJECT_NONE = -1,
+    SRV_REJECT_CONTEXT_LENGTH = 0,
+    SRV_REJECT_POOL = 1,
+    SRV_REJECT_TENANT_CONCURRENCY = 2,
+    SRV_REJECT_TENANT_RATE = 3,
+    SRV_REJECT_QUEUE_FULL = 4,
+    SRV_REJECT_OFFLINE = 5,
+    SRV_REJECT_INVALID = 6,
+    SRV_REJECT_AUTH = 7,
+    SRV_REJECT__COUNT = 8,
+} srv_reject;
+
+/* Label of a reason ("context_length", ...); static storage. */
+const char *srv_reject_name(srv_reject r);
+
+/* An error answer: HTTP status and OpenAI's error fields. */
+typedef struct srv_error {
+    int status;        /* HTTP status */
+    const char *type;  /* "invalid_request_error", ...; static storage */
+    const char *code;  /* "model_not_found", ... or NULL (JSON null); static storage */
+    char param[64];    /* the offending parameter, "" for JSON null */
+    char msg[512];     /* human-readable, says what was wrong and why */
+    srv_reject reject; /* metric reason, or SRV_REJECT_NONE */
+} srv_error;
+
+/* Fills e; returns false so parsers can `return srv_error_set(...)`. */
+bool srv_error_set(srv_error *e, int status, const char *type, const char *code, const char *param,
+                   srv_reject reject, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+
+/* Error body in the route's shape: OpenAI {"error":{message,type,param,code}}
+ * or, for SRV_ROUTE_WORKERS, {"result":null,"success":false,"errors":[{code,
+ * message}],"messages":[]}. Returns a malloc'd NUL-terminated string (caller
+ * frees) or NULL on out-of-memory. */
+char *srv_error_json(srv_route route, const srv_error *e);
+
+// ----------------------------------------------------------------------------
+// Requests
+
+#define SRV_MAX_STOPS 4
+#define SRV_MAX_TOKENS_LIMIT (1 << 24) /* larger max_tokens is invalid, not "too long" */
+
+/* A parsed, validated generation request. Strings point into root. */
+typedef struct srv_request {
+    srv_route route;
+    json_t *root;       /* owns every string below */
+    const char *model;  /* requested model name, NULL if absent */
+    const char *prompt; /* completions / workers prompt, or NULL */
+    chat_message *msgs; /* (n_msgs) malloc'd; strings in root or in owned */
+    size_t n_msgs;
+    char **owned;       /* (n_msgs) joined multi-part contents, or NULL entries */
+    int32_t max_tokens; /* -1: the route's default */
+    sample_params sp;   /* validated */
+    bool seeded;        /* seed given (else the server draws one) */
+    const char *stops[SRV_MAX_STOPS];
+    int n_stops;
+    bool stream, include_usage;
+    bool logprobs;    /* report logprobs */
+    int top_logprobs; /* alternatives per token, 0..SAMPLE_MAX_TOP */
+    bool ignore_eos;
+} srv_request;
+
+/* Parses and validates a request body for route (CHAT, COMPLETIONS or
+ * WORKERS). On success fills *r (free with srv_request_free) and returns
+ * true; otherwise fills *err (400: malformed JSON with line/column/position,
+ * wrong types, out-of-range values, unsupported n, missing prompt/messages)
+ * and returns false with *r empty. Pure; thread-safe. */
+bool srv_request_parse(srv_route route, const char *body, size_t len, srv_request *r /* OUT */,
+                       srv_error *err /* OUT */);
+/* Frees what srv_request_parse allocated; accepts a zeroed request. */
+void srv_request_free(srv_request *r);
+
+// ----------------------------------------------------------------------------
+// Responses and SSE framing
+
+/* A random id with prefix ("chatcmpl-", "cmpl-"): prefix + 24 hex digits. */
+void srv_make_id(const char *prefix, char *buf, size_t cap);
+
+/* A growing byte buffer, always NUL-terminated after len (p NULL when
+ * empty). Zero-initialize; owned by whoever holds it. */
+typedef struct srv_buf {
+    char *p;
+    size_t len, cap;
+} srv_buf;
+/* Appends n bytes of s; false on out-of-memory (b unchanged). */
+bool srv_buf_add(srv_buf *b, const char *s, size_t n) KS_MUST_USE;
+/* Frees the bytes and zeroes b; can't fail. */
+void srv_buf_free(srv_buf *b);
+/* Appends one SSE event carrying j (compact JSON); false on out-of-memory.
+ * Does not take ownership of j. */
+bool srv_sse_json(srv_buf *b, const json_t *j) KS_MUST_USE;
+/* Appends "data: [DONE]\n\n". */
+bool srv_sse_done(srv_buf *b) KS_MUST_USE;
+
+/* The usage object {prompt_tokens, completion_tokens, total_tokens,
+ * prompt_tokens_details: {cached_tokens}} (OpenAI's names); new reference. */
+json_t *srv_usage_json(int32_t n_prompt, int32_t n_gen, int32_t n_cached);
+/* "stop" / "length" (NULL for others). */
+const char *srv_finish_name(engine_finish f);
+
+// ----------------------------------------------------------------------------
+// Tenants and keys
+
+typedef struct srv_tenant {
+    char name[64];           /* from the file; engine_params.tenant */
+    uint8_t (*key_hash)[32]; /* (n_keys) SHA-256 of each key; keys are never stored */
+    size_t n_keys;
+    int32_t max_concurrent;    /* 0: unlimited */
+    int64_t tokens_per_minute; /* 0: unlimited */
+    /* runtime, under srv_tenants.mu: */
+    int32_t running;    /* admitted requests not yet finished */
+    double bucket;      /* tokens available now (<= tokens_per_minute) */
+    uint64_t bucket_ns; /* when bucket was last refilled */
+} srv_tenant;
+
+typedef struct srv_tenants {
+    srv_tenant *t; /* (n) */
+    size_t n;
+    bool anonymous; /* no tenants file: one tenant "default", no auth */
+    bool has_admin;
+    uint8_t admin_hash[32]; /* SHA-256 of the admin key */
+    bool log_content;
+    pthread_mutex_t mu; /* guards the runtime fields of every tenant */
+} srv_tenants;
+
+/* Parses a tenants file's text: {"tenants":[{"name","keys":[...],
+ * "max_concurrent","tokens_per_minute"}], "admin_key", "log_content"}.
+ * Names must be unique, non-empty, <= 63 bytes; keys non-empty and unique
+ * across tenants. Errors: KS_ERR_FORMAT with the JSON position or the
+ * offending field (never a key). Caller owns *out (srv_tenants_free). */
+ks_err srv_tenants_parse(const char *json, size_t len, srv_tenants **out /* OUT */,
+                         ks_errbuf *eb) KS_MUST_USE;
+/* The no-file configuration: one tenant "default", no auth. NULL on OOM. */
+srv_tenants *srv_tenants_anonymous(void);
+/* Sets (key non-NULL) the admin key, overriding the file's. */
+void srv_tenants_set_admin(srv_tenants *ts, const char *key);
+/* Frees; accepts NULL. */
+void srv_tenants_free(srv_tenants *ts);
+
+/* Index of the tenant owning key[0..len), or -1. Constant time in the key
+ * and in which tenant matched: hashes key once and compares the hash with
+ * every stored hash (sodium_memcmp), never stopping early. */
+int srv_tenants_auth(const srv_tenants *ts, const char *key, size_t len);
+/* True when key is the admin key (constant time); false when none is set. */
+bool srv_tenants_admin_ok(const srv_tenants *ts, const char *key, size_t len);
+
+/* Admits one request of `tokens` (prompt + max_tokens) for tenant i at time
+ * now_ns: checks the concurrency limit and takes the tokens from the bucket.
+ * Returns SRV_REJECT_NONE (then call srv_tenants_release exactly once),
+ * SRV_REJECT_TENANT_CONCURRENCY or SRV_REJECT_TENANT_RATE (msg says which
+ * limit and the numbers). Thread-safe. */
+srv_reject srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t now_ns, char *msg,
+                             size_t cap);
+/* Ends an admitted request, refunding `unused` tokens. Thread-safe. */
+void srv_tenants_release(srv_tenants *ts, int i, int64_t unused);
+
+// ----------------------------------------------------------------------------
+// Metrics
+
+#define SRV_N_STATUS 12
+
+typedef struct srv_hist {
+    const double *bounds; /* (n) upper bounds, seconds */
+    int n;
+    atomic_ullong count[16]; /* per bucket (non-cumulative), [n] = +Inf */
+    atomic_ullong n_obs;
+    atomic_ullong sum_ns; /* sum of observations, nanoseconds */
+} srv_hist;
+
+typedef struct srv_metrics {
+    atomic_ullong requests[SRV_ROUTE__COUNT][SRV_N_STATUS]; /* by route and status index */
+    atomic_ullong rejections[SRV_REJECT__COUNT];
+    atomic_ullong tokens_in, tokens_out;
+    atomic_ullong client_disconnects;
+    srv_hist ttft, tpot;
+} srv_metrics;
+
+/* Zeroes the counters and sets the histogram buckets. Can't fail. */
+void srv_metrics_init(srv_metrics *m);
+/* Counts one answer; statuses outside the known set count as "other".
+ * Lock-free; any thread. */
+void srv_metrics_request(srv_metrics *m, srv_route route, int status);
+/* Counts one rejection by reason (SRV_REJECT_NONE is ignored). Any thread. */
+void srv_metrics_reject(srv_metrics *m, srv_reject r);
+/* Records an observation in seconds (negative/NaN count as 0). Any thread. */
+void srv_hist_observe(srv_hist *h, double seconds);
+/* Prometheus text exposition of m plus the engine's gauges (es may be NULL).
+ * malloc'd (caller frees); NULL on out-of-memory. */
+char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online);
+
+#endif /* KS_SERVER_INT_H */

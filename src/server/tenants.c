@@ -1,0 +1,269 @@
+/* tenants.c — tenants, API keys and per-tenant limits.
+ *
+ * Only SHA-256 hashes of keys are kept (libsodium crypto_hash_sha256); a
+ * presented key is hashed once and compared with sodium_memcmp against
+ * EVERY stored hash, selecting the match without branching on it, so the
+ * time taken says nothing about which tenant (or which key) matched. Keys
+ * never appear in logs or error messages. The tenant name a request runs
+ * under comes only from here (I7), never from the request body.
+ *
+ * Limits: a concurrency counter and a token bucket per tenant
+ * (tokens_per_minute capacity, refilled continuously). Admission reserves
+ * prompt + max_tokens; the unused part is refunded when the request ends. */
+#include "server_int.h"
+
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// Parsing
+
+static void ten__hash(const char *key, size_t len, uint8_t out[32]) {
+    crypto_hash_sha256(out, (const unsigned char *)key, len);
+}
+
+static srv_tenants *ten__alloc(size_t n) {
+    srv_tenants *ts = calloc(1, sizeof *ts);
+    if (!ts) return NULL;
+    ts->t = calloc(n ? n : 1, sizeof *ts->t);
+    if (!ts->t || pthread_mutex_init(&ts->mu, NULL) != 0) {
+        free(ts->t);
+        free(ts);
+        return NULL;
+    }
+    ts->n = n;
+    return ts;
+}
+
+srv_tenants *srv_tenants_anonymous(void) {
+    srv_tenants *ts = ten__alloc(1);
+    if (!ts) return NULL;
+    ts->anonymous = true;
+    snprintf(ts->t[0].name, sizeof ts->t[0].name, "default");
+    return ts;
+}
+
+void srv_tenants_set_admin(srv_tenants *ts, const char *key) {
+    if (!key) return;
+    ten__hash(key, strlen(key), ts->admin_hash);
+    ts->has_admin = true;
+}
+
+void srv_tenants_free(srv_tenants *ts) {
+    if (!ts) return;
+    for (size_t i = 0; i < ts->n; i++) {
+        if (ts->t[i].key_hash) sodium_memzero(ts->t[i].key_hash, ts->t[i].n_keys * 32);
+        free(ts->t[i].key_hash);
+    }
+    sodium_memzero(ts->admin_hash, sizeof ts->admin_hash);
+    pthread_mutex_destroy(&ts->mu);
+    free(ts->t);
+    free(ts);
+}
+
+static ks_err ten__limit(json_t *t, const char *key, size_t i, int64_t max, int64_t *out,
+                         ks_errbuf *eb) {
+    json_t *v = json_object_get(t, key);
+    *out = 0;
+    if (!v || json_is_null(v)) return KS_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > max)
+        return ks_seterr(eb, KS_ERR_FORMAT,
+                         "tenants[%zu].%s must be an integer in [0, %lld] (0: unlimited)", i, key,
+                         (long long)max);
+    *out = json_integer_value(v);
+    return KS_OK;
+}
+
+ks_err srv_tenants_parse(const char *text, size_t len, srv_tenants **out, ks_errbuf *eb) {
+    *out = NULL;
+    json_error_t je;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return ks_seterr(eb, KS_ERR_FORMAT,
+                         "tenants file: malformed JSON at line %d, column %d: %s", je.line,
+                         je.column, je.text);
+    srv_tenants *ts = NULL;
+    ks_err e = KS_OK;
+    json_t *arr = json_object_get(root, "tenants");
+    if (!json_is_object(root) || !json_is_array(arr) || json_array_size(arr) == 0) {
+        e = ks_seterr(eb, KS_ERR_FORMAT,
+                      "tenants file: expected {\"tenants\": [...]} with at "
+                      "least one tenant");
+        goto fail;
+    }
+    size_t n = json_array_size(arr);
+    if (!(ts = ten__alloc(n))) {
+        e = ks_seterr(eb, KS_ERR_NOMEM, "tenants file: out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(arr, i);
+        json_t *name = json_object_get(t, "name"), *keys = json_object_get(t, "keys");
+        if (!json_is_object(t) || !json_is_string(name) || json_string_length(name) == 0 ||
+            json_string_length(name) >= sizeof ts->t[i].name) {
+            e = ks_seterr(eb, KS_ERR_FORMAT,
+                          "tenants[%zu]: needs a \"name\" string of 1 to %zu bytes", i,
+                          sizeof ts->t[i].name - 1);
+            goto fail;
+        }
+        srv_tenant *tt = &ts->t[i];
+        snprintf(tt->name, sizeof tt->name, "%s", json_string_value(name));
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(ts->t[j].name, tt->name)) {
+                e = ks_seterr(eb, KS_ERR_FORMAT, "tenants[%zu]: duplicate name \"%s\"", i,
+                              tt->name);
+                goto fail;
+            }
+        if (!json_is_array(keys) || json_array_size(keys) == 0) {
+            e = ks_seterr(eb, KS_ERR_FORMAT,
+                          "tenants[%zu] (\"%s\"): needs a non-empty \"keys\" array", i, tt->name);
+            goto fail;
+        }
+        tt->n_keys = json_array_size(keys);
+        if (!(tt->key_hash = calloc(tt->n_keys, 32))) {
+            e = ks_seterr(eb, KS_ERR_NOMEM, "tenants file: out of memory");
+            goto fail;
+        }
+        for (size_t k = 0; k < tt->n_keys; k++) {
+            json_t *key = json_array_get(keys, k);
+            if (!json_is_string(key) || json_string_length(key) == 0) {
+                e = ks_seterr(eb, KS_ERR_FORMAT,
+                              "tenants[%zu] (\"%s\"): keys[%zu] must be a non-empty string", i,
+                              tt->name, k);
+                goto fail;
+            }
+            ten__hash(json_string_value(key), json_string_length(key), tt->key_hash[k]);
+        }
+        int64_t v;
+        if ((e = ten__limit(t, "max_concurrent", i, INT32_MAX, &v, eb))) goto fail;
+        tt->max_concurrent = (int32_t)v;
+        if ((e = ten__limit(t, "tokens_per_minute", i, INT64_C(1) << 50, &v, eb))) goto fail;
+        tt->tokens_per_minute = v;
+        tt->bucket = (double)v;
+    }
+    // a key shared by two tenants would make the tenant ambiguous: refuse it
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < ts->t[i].n_keys; k++)
+            for (size_t j = i; j < n; j++)
+                for (size_t l = (j == i ? k + 1 : 0); l < ts->t[j].n_keys; l++)
+                    if (!memcmp(ts->t[i].key_hash[k], ts->t[j].key_hash[l], 32)) {
+                        e = ks_seterr(eb, KS_ERR_FORMAT,
+                                      "tenants file: tenants[%zu] keys[%zu] and tenants[%zu] "
+                                      "keys[%zu] are the same key",
+                                      i, k, j, l);
+                        goto fail;
+                    }
+    json_t *admin = json_object_get(root, "admin_key");
+    if (admin && !json_is_null(admin)) {
+        if (!json_is_string(admin) || json_string_length(admin) == 0) {
+            e = ks_seterr(eb, KS_ERR_FORMAT,
+                          "tenants file: \"admin_key\" must be a non-empty string");
+            goto fail;
+        }
+        srv_tenants_set_admin(ts, json_string_value(admin));
+    }
+    json_t *lc = json_object_get(root, "log_content");
+    if (lc && !json_is_null(lc)) {
+        if (!json_is_boolean(lc)) {
+            e = ks_seterr(eb, KS_ERR_FORMAT, "tenants file: \"log_content\" must be a boolean");
+            goto fail;
+        }
+        ts->log_content = json_is_true(lc);
+    }
+    json_decref(root);
+    *out = ts;
+    return KS_OK;
+fail:
+    srv_tenants_free(ts);
+    json_decref(root);
+    return e;
+}
+
+// ----------------------------------------------------------------------------
+// Authentication
+
+int srv_tenants_auth(const srv_tenants *ts, const char *key, size_t len) {
+    if (ts->anonymous) return 0;
+    uint8_t h[32];
+    ten__hash(key, len, h);
+    // branch-free selection: every hash is compared, the match is masked in
+    uint32_t found = 0, idx = 0;
+    for (size_t i = 0; i < ts->n; i++)
+        for (size_t k = 0; k < ts->t[i].n_keys; k++) {
+            uint32_t eq = (uint32_t)(sodium_memcmp(h, ts->t[i].key_hash[k], 32) == 0);
+            uint32_t mask = 0u - eq;
+            idx = (idx & ~mask) | ((uint32_t)i & mask);
+            found |= eq;
+        }
+    sodium_memzero(h, sizeof h);
+    return found ? (int)idx : -1;
+}
+
+bool srv_tenants_admin_ok(const srv_tenants *ts, const char *key, size_t len) {
+    uint8_t h[32];
+    ten__hash(key, len, h);
+    bool ok = sodium_memcmp(h, ts->admin_hash, 32) == 0;
+    sodium_memzero(h, sizeof h);
+    return ts->has_admin && ok;
+}
+
+// ----------------------------------------------------------------------------
+// Limits
+
+static void ten__refill(srv_tenant *t, uint64_t now_ns) {
+    if (!t->tokens_per_minute) return;
+    if (now_ns > t->bucket_ns) {
+        double add = (double)(now_ns - t->bucket_ns) * 1e-9 * (double)t->tokens_per_minute / 60.0;
+        t->bucket += add;
+        if (t->bucket > (double)t->tokens_per_minute) t->bucket = (double)t->tokens_per_minute;
+    }
+    t->bucket_ns = now_ns;
+}
+
+srv_reject srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t now_ns, char *msg,
+                             size_t cap) {
+    KS_ASSERT(i >= 0 && (size_t)i < ts->n);
+    srv_tenant *t = &ts->t[i];
+    srv_reject r = SRV_REJECT_NONE;
+    pthread_mutex_lock(&ts->mu);
+    if (t->bucket_ns == 0) t->bucket_ns = now_ns;
+    ten__refill(t, now_ns);
+    if (t->max_concurrent && t->running >= t->max_concurrent) {
+        snprintf(msg, cap, "tenant '%s' already has %d requests running (limit %d); retry later",
+                 t->name, t->running, t->max_concurrent);
+        r = SRV_REJECT_TENANT_CONCURRENCY;
+    } else if (t->tokens_per_minute && (double)tokens > t->bucket) {
+        if (tokens > t->tokens_per_minute)
+            snprintf(msg, cap,
+                     "request needs %lld tokens (prompt + max_tokens), more than tenant '%s''s "
+                     "limit of %lld tokens per minute; lower max_tokens",
+                     (long long)tokens, t->name, (long long)t->tokens_per_minute);
+        else
+            snprintf(msg, cap,
+                     "tenant '%s' exceeded its limit of %lld tokens per minute (request needs "
+                     "%lld, %lld available now); retry later",
+                     t->name, (long long)t->tokens_per_minute, (long long)tokens,
+                     (long long)t->bucket);
+        r = SRV_REJECT_TENANT_RATE;
+    } else {
+        t->running++;
+        if (t->tokens_per_minute) t->bucket -= (double)tokens;
+    }
+    pthread_mutex_unlock(&ts->mu);
+    return r;
+}
+
+void srv_tenants_release(srv_tenants *ts, int i, int64_t unused) {
+    KS_ASSERT(i >= 0 && (size_t)i < ts->n);
+    srv_tenant *t = &ts->t[i];
+    pthread_mutex_lock(&ts->mu);
+    KS_ASSERT(t->running > 0);
+    t->running--;
+    if (t->tokens_per_minute && unused > 0) {
+        t->bucket += (double)unused;
+        if (t->bucket > (double)t->tokens_per_minute) t->bucket = (double)t->tokens_per_minute;
+    }
+    pthread_mutex_unlock(&ts->mu);
+}

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# I9: the leak suite must catch every deliberately broken build. Each variant
+# is built from this tree with one safeguard switched off (-DKS_BROKEN=...,
+# a test-only option that is off in every normal build) and must make the
+# suite FAIL (exit 1). The fault injector (-DKS_TEST_FAULTS=ON, KS_FAULT=
+# swap_page) points one block-table entry at another live sequence's page:
+# with the tag check on, exactly that request fails cleanly and the violation
+# counter reads 1 (suite passes); with the check off (no_tag_check) the other
+# tenant's KV reaches the output and the suite fails.
+. "$(dirname "$0")/lib.sh"
+command -v node >/dev/null || skip "node is not installed"
+: "${KS_BUILD:?}"
+here=$(dirname "$0")
+
+build_variant() {  # build_variant DIR CMAKE-ARGS... -> DIR/kvseal
+    local dir=$1; shift
+    cmake -S "$KS_SRC" -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >"$dir.cmake.log" 2>&1 &&
+        cmake --build "$dir" --target kvseal -j2 >"$dir.build.log" 2>&1 ||
+        { tail -30 "$dir.build.log" >&2; fail "building $dir failed"; }
+}
+
+expect() {  # expect WANT_RC NAME ENV... : runs the suite on build NAME
+    local want=$1 name=$2; shift 2
+    echo "== $name: expecting the leak suite to $([ "$want" = 0 ] && echo pass || echo FAIL)" >&2
+    env "$@" KS_SERVE_BIN="$KS_BUILD/isolation-$name/kvseal" bash "$here/leak_run.sh" >"$TMPD/$name.log" 2>&1
+    local rc=$?
+    grep -E "LEAK SUITE FAILURE|leak suite:|SECURITY" "$TMPD/$name.log" | head -8 >&2
+    [ "$rc" = "$want" ] || { tail -40 "$TMPD/$name.log" >&2; fail "$name: leak suite exited $rc, expected $want"; }
+}
+
+build_variant "$KS_BUILD/isolation-faults" -DKS_TEST_FAULTS=ON
+for v in no_scrub no_tag_check placeholder shared_prefix; do
+    build_variant "$KS_BUILD/isolation-$v" -DKS_BROKEN=$v
+done
+
+expect 0 faults KS_FAULT=swap_page LEAK_EXPECT_VIOLATION=1
+expect 1 no_tag_check KS_FAULT=swap_page LEAK_EXPECT_VIOLATION=1
+expect 1 no_scrub
+expect 1 placeholder
+expect 1 shared_prefix
+echo "isolation: every broken build was caught"

@@ -1,0 +1,344 @@
+#!/usr/bin/env bash
+# test_serve_api.sh — runs the real `kvseal serve` on the shipped kjv-mini
+# with a tenants file and checks CONTENT, not just status codes (I9): greedy
+# completions equal the reference text of models/kjv-mini.README.md through
+# every route (OpenAI completions and chat, streaming and not, Workers AI),
+# usage numbers, /v1/models, every error with its status and code, tenant
+# limits (429), offline (503), a client disconnecting mid-stream (its
+# request is cancelled, its pages freed), /metrics, that neither keys nor
+# prompts reach the log, that the server still serves after all of it, and
+# a clean exit 0 on SIGTERM.
+. "$(dirname "$0")/lib.sh"
+command -v curl >/dev/null || skip "curl is not installed (scripts/install-deps.sh)"
+M=$KS_SRC/models/kjv-mini.gguf
+REF=" of the Lord, and in the Lord Jesus Christ. And I will send my voice, and will not hear the word of God, but that the Lord Jesus Christ is in the Lord Jesus. And I say unto you, that ye may be the Lord Jesus Christ, and the Lord Jesus Christ,"
+
+cat >"$TMPD/tenants.json" <<'EOF'
+{"tenants": [
+  {"name": "acme", "keys": ["sk-acme-1", "sk-acme-2"], "max_concurrent": 4, "tokens_per_minute": 1000000},
+  {"name": "solo", "keys": ["sk-solo"], "max_concurrent": 1, "tokens_per_minute": 1000000},
+  {"name": "small", "keys": ["sk-small"], "tokens_per_minute": 50},
+  {"name": "globex", "keys": ["sk-globex"]}
+ ],
+ "admin_key": "adm-key-123"}
+EOF
+
+SPID=
+cleanup() {
+    if [ -n "$SPID" ] && kill -0 "$SPID" 2>/dev/null; then
+        kill -TERM "$SPID" 2>/dev/null
+        for _ in $(seq 50); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$SPID" 2>/dev/null
+    fi
+    rm -rf "$TMPD"
+}
+trap cleanup EXIT
+
+"$KS_BIN" serve -m "$M" --port 0 --alias kjv --tenants "$TMPD/tenants.json" \
+    --security-log "$TMPD/security.log" >"$TMPD/out" 2>"$TMPD/err" &
+SPID=$!
+PORT=
+for _ in $(seq 300); do
+    PORT=$(sed -n 's#^listening on http://127\.0\.0\.1:\([0-9][0-9]*\)$#\1#p' "$TMPD/out")
+    [ -n "$PORT" ] && break
+    kill -0 "$SPID" 2>/dev/null || fail "server died: $(cat "$TMPD/err")"
+    sleep 0.1
+done
+[ -n "$PORT" ] || fail "no 'listening on' line: $(cat "$TMPD/out" "$TMPD/err")"
+U=http://127.0.0.1:$PORT
+for _ in $(seq 100); do curl -sf "$U/health" >/dev/null && break; sleep 0.1; done
+
+# req NAME WANT_STATUS CURL_ARGS... : sets BODY, checks the status
+req() {
+    local name=$1 want=$2
+    shift 2
+    local code
+    code=$(curl -sS -o "$TMPD/body" -w '%{http_code}' "$@") || fail "$name: curl failed"
+    BODY=$(cat "$TMPD/body")
+    expect_eq "$name: status ($BODY)" "$code" "$want"
+}
+A=(-H "Authorization: Bearer sk-acme-1")
+J=(-H "Content-Type: application/json")
+# concatenates the "FIELD":"..." values of every data: line (reference text has no escapes)
+sse_join() { grep '^data: {' "$1" | sed -n "s/.*\"$2\":\"\([^\"]*\)\".*/\1/p" | tr -d '\n'; }
+
+req health 200 "$U/health"
+expect_has "health" "$BODY" '"status":"ok"'
+expect_has "health model" "$BODY" '"model":"kjv"'
+expect_has "health isa" "$BODY" '"kernels":"'
+expect_has "health online" "$BODY" '"online":true'
+
+# ---- content: OpenAI completions, not streaming
+req "completion" 200 "${A[@]}" "${J[@]}" "$U/v1/completions" \
+    -d '{"model":"kjv","prompt":"In the beginning","max_tokens":60,"temperature":0}'
+expect_has "completion text" "$BODY" "\"text\":\"$REF\""
+expect_has "completion object" "$BODY" '"object":"text_completion"'
+expect_has "completion id" "$BODY" '"id":"cmpl-'
+expect_has "completion finish" "$BODY" '"finish_reason":"length"'
+expect_has "completion usage" "$BODY" '"usage":{"prompt_tokens":5,"completion_tokens":60,"total_tokens":65,'
+expect_has "completion model" "$BODY" '"model":"kjv"'
+
+# ---- content: completions streaming (concatenated deltas), usage chunk, [DONE]
+curl -sSN "${A[@]}" "$U/v1/completions" -o "$TMPD/sse" \
+    -d '{"model":"kjv","prompt":"In the beginning","max_tokens":60,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' ||
+    fail "stream curl"
+expect_eq "stream text" "$(sse_join "$TMPD/sse" text)" "$REF"
+expect_eq "stream ends with [DONE]" "$(grep '^data: ' "$TMPD/sse" | tail -1)" "data: [DONE]"
+expect_has "stream finish" "$(cat "$TMPD/sse")" '"finish_reason":"length"'
+expect_has "stream usage" "$(cat "$TMPD/sse")" '"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":60,"total_tokens":65,'
+# SSE framing: every event is one data: line followed by a blank line
+expect_eq "sse framing" "$(grep -c '^data: ' "$TMPD/sse")" "$(grep -c '^$' "$TMPD/sse")"
+
+# ---- content: chat (the shipped model's template renders a lone user turn as itself)
+req "chat" 200 "${A[@]}" "$U/v1/chat/completions" \
+    -d '{"model":"kjv-mini","messages":[{"role":"user","content":"In the beginning"}],"max_tokens":60,"temperature":0}'
+expect_has "chat content" "$BODY" "\"message\":{\"role\":\"assistant\",\"content\":\"$REF\"}"
+expect_has "chat object" "$BODY" '"object":"chat.completion"'
+expect_has "chat id" "$BODY" '"id":"chatcmpl-'
+expect_has "chat model echoed" "$BODY" '"model":"kjv-mini"'
+expect_has "chat usage" "$BODY" '"usage":{"prompt_tokens":5,"completion_tokens":60,"total_tokens":65,'
+curl -sSN "${A[@]}" "$U/v1/chat/completions" -o "$TMPD/sse" \
+    -d '{"messages":[{"role":"user","content":"In the beginning"}],"max_tokens":60,"temperature":0,"stream":true}' ||
+    fail "chat stream curl"
+expect_has "chat stream role first" "$(grep '^data: ' "$TMPD/sse" | head -1)" '"delta":{"role":"assistant"'
+expect_has "chat stream object" "$(head -1 "$TMPD/sse")" '"object":"chat.completion.chunk"'
+expect_eq "chat stream text" "$(sse_join "$TMPD/sse" content)" "$REF"
+expect_has "chat stream finish" "$(grep '^data: ' "$TMPD/sse" | tail -2 | head -1)" '"delta":{},"logprobs":null,"finish_reason":"length"'
+expect_eq "chat stream [DONE]" "$(grep '^data: ' "$TMPD/sse" | tail -1)" "data: [DONE]"
+
+# ---- logprobs: one entry per generated token, the greedy token is the top one
+req "logprobs" 200 "${A[@]}" "$U/v1/chat/completions" \
+    -d '{"messages":[{"role":"user","content":"In the beginning"}],"max_tokens":3,"temperature":0,"logprobs":true,"top_logprobs":2}'
+expect_has "logprobs first" "$BODY" '"logprobs":{"content":[{"token":" of","logprob":'
+expect_has "logprobs top" "$BODY" '"top_logprobs":[{"token":" of","logprob":'
+req "completion logprobs" 200 "${A[@]}" "$U/v1/completions" \
+    -d '{"prompt":"In the beginning","max_tokens":3,"temperature":0,"logprobs":1}'
+expect_has "completion logprobs" "$BODY" '"logprobs":{"tokens":[" of"," the"," Lord"],"token_logprobs":['
+
+# ---- stop strings end the text before them
+req "stop" 200 "${A[@]}" "$U/v1/completions" \
+    -d '{"prompt":"Blessed are the","max_tokens":60,"temperature":0,"stop":["the LORD said"]}'
+expect_has "stop text" "$BODY" '"text":" people, and the people that are in the land. And ","index":0,"logprobs":null,"finish_reason":"stop"'
+
+# ---- I7: prefix reuse is scoped by the AUTHENTICATED tenant. The same
+# tenant reuses its cached prefix pages; another tenant never does, even when
+# its body claims to be the first one; the text is the same every time.
+PR=$(printf 'And the word of the LORD came unto me, saying, %.0s' 1 2 3 4 5)
+pq() { req "prefix $1" 200 -H "Authorization: Bearer $1" "$U/v1/completions" \
+    -d "{\"prompt\":\"$PR\",\"max_tokens\":8,\"temperature\":0${2:-}}"; }
+cached() { sed -n 's/.*"cached_tokens":\([0-9]*\).*/\1/p' <<<"$BODY"; }
+ptext() { sed -n 's/.*"text":"\([^"]*\)".*/\1/p' <<<"$BODY"; }
+pq sk-acme-1
+expect_eq "prefix: first request, nothing cached" "$(cached)" 0
+T0=$(ptext)
+[ -n "$T0" ] || fail "prefix: empty text ($BODY)"
+pq sk-acme-2
+[ "$(cached)" -gt 0 ] || fail "prefix: same tenant did not reuse its prefix ($BODY)"
+expect_eq "prefix: same text on reuse" "$(ptext)" "$T0"
+pq sk-globex ',"user":"acme","tenant":"acme","account":"acme"'
+expect_eq "prefix: other tenant (claiming acme in the body) reused nothing" "$(cached)" 0
+expect_eq "prefix: other tenant text" "$(ptext)" "$T0"
+pq sk-globex
+[ "$(cached)" -gt 0 ] || fail "prefix: globex did not reuse its own prefix ($BODY)"
+
+# ---- models
+req "models" 200 "${A[@]}" "$U/v1/models"
+expect_has "models list" "$BODY" '"object":"list"'
+expect_has "models alias" "$BODY" '"id":"kjv"'
+expect_has "models name" "$BODY" '"id":"kjv-mini"'
+
+# ---- Workers AI route, both ways
+req "workers" 200 -H "Authorization: Bearer sk-acme-2" "$U/accounts/acct1/ai/run/kjv" \
+    -d '{"prompt":"In the beginning","max_tokens":60,"temperature":0}'
+expect_has "workers response" "$BODY" "{\"result\":{\"response\":\"$REF\""
+expect_has "workers envelope" "$BODY" '"success":true,"errors":[],"messages":[]}'
+curl -sSN -H "Authorization: Bearer sk-acme-2" "$U/accounts/acct1/ai/run/kjv" -o "$TMPD/sse" \
+    -d '{"messages":[{"role":"user","content":"In the beginning"}],"max_tokens":60,"temperature":0,"stream":true}' ||
+    fail "workers stream curl"
+expect_eq "workers stream text" "$(sse_join "$TMPD/sse" response)" "$REF"
+expect_eq "workers stream [DONE]" "$(grep '^data: ' "$TMPD/sse" | tail -1)" "data: [DONE]"
+req "workers 404" 404 "${A[@]}" "$U/accounts/acct1/ai/run/@cf/meta/llama-3-8b-instruct" -d '{"prompt":"x"}'
+expect_has "workers 404 shape" "$BODY" '{"result":null,"success":false,"errors":[{"code":404,"message":"The model '"'"'@cf/meta/llama-3-8b-instruct'"'"' does not exist'
+req "workers 400" 400 "${A[@]}" "$U/accounts/acct1/ai/run/kjv" -d '{}'
+expect_has "workers 400 shape" "$BODY" '"success":false,"errors":[{"code":400,"message":"exactly one of'
+
+# ---- concurrent requests batched together give the same text (streaming and not,
+# two tenants at once)
+pids=()
+for i in 1 2 3 4 5 6; do
+    key=sk-acme-1
+    [ $((i % 2)) -eq 0 ] && key=sk-globex
+    stream=false
+    [ "$i" -gt 3 ] && stream=true
+    curl -sSN -H "Authorization: Bearer $key" "$U/v1/completions" -o "$TMPD/par$i" \
+        -d "{\"prompt\":\"In the beginning\",\"max_tokens\":60,\"temperature\":0,\"stream\":$stream}" &
+    pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || fail "parallel curl failed"; done
+for i in 1 2 3; do expect_has "parallel $i" "$(cat "$TMPD/par$i")" "\"text\":\"$REF\""; done
+for i in 4 5 6; do expect_eq "parallel stream $i" "$(sse_join "$TMPD/par$i" text)" "$REF"; done
+
+# ---- errors: status + OpenAI error code
+req "context length" 400 "${A[@]}" "$U/v1/completions" -d '{"prompt":"In the beginning","max_tokens":1000}'
+expect_has "context length code" "$BODY" '"code":"context_length_exceeded"'
+expect_has "context length message" "$BODY" "maximum context length is 512 tokens"
+expect_has "context length numbers" "$BODY" "1005 tokens (5 in the prompt, 1000 for the completion)"
+LONG=$(printf 'and the word %.0s' $(seq 400))
+req "long prompt" 400 "${A[@]}" "$U/v1/chat/completions" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"$LONG\"}]}"
+expect_has "long prompt code" "$BODY" '"code":"context_length_exceeded"'
+req "bad type" 400 "${A[@]}" "$U/v1/completions" -d '{"prompt":"x","temperature":"hot"}'
+expect_has "bad type" "$BODY" '"message":"'"'"'temperature'"'"' must be a number, got string","type":"invalid_request_error","param":"temperature"'
+req "negative max_tokens" 400 "${A[@]}" "$U/v1/completions" -d '{"prompt":"x","max_tokens":-5}'
+expect_has "negative max_tokens" "$BODY" '"param":"max_tokens"'
+req "huge max_tokens" 400 "${A[@]}" "$U/v1/completions" -d '{"prompt":"x","max_tokens":99999999999}'
+expect_has "huge max_tokens" "$BODY" '"param":"max_tokens"'
+req "n=2" 400 "${A[@]}" "$U/v1/completions" -d '{"prompt":"x","n":2}'
+expect_has "n=2" "$BODY" 'only n=1 is supported'
+req "5 stops" 400 "${A[@]}" "$U/v1/completions" -d '{"prompt":"x","stop":["a","b","c","d","e"]}'
+expect_has "5 stops" "$BODY" '"param":"stop"'
+req "malformed json" 400 "${A[@]}" "$U/v1/completions" --data-binary $'{"prompt": "x",\n "max_tokens": }'
+expect_has "malformed json" "$BODY" 'malformed JSON at line 2, column'
+expect_has "malformed json code" "$BODY" '"code":"invalid_json"'
+req "invalid utf-8" 400 "${A[@]}" "$U/v1/completions" --data-binary $'{"prompt":"\xff\xfe"}'
+expect_has "invalid utf-8" "$BODY" 'malformed JSON'
+req "bad role" 400 "${A[@]}" "$U/v1/chat/completions" -d '{"messages":[{"role":"wizard","content":"x"}]}'
+expect_has "bad role" "$BODY" '"param":"messages"'
+req "no key" 401 "$U/v1/completions" -d '{"prompt":"x"}'
+expect_has "no key" "$BODY" '"code":"invalid_api_key"'
+req "wrong key" 401 -H "Authorization: Bearer sk-acme-3" "$U/v1/completions" -d '{"prompt":"x"}'
+expect_has "wrong key" "$BODY" '"code":"invalid_api_key"'
+req "models no key" 401 "$U/v1/models"
+req "model 404" 404 "${A[@]}" "$U/v1/chat/completions" -d '{"model":"gpt-4o","messages":[{"role":"user","content":"x"}]}'
+expect_has "model 404" "$BODY" '"code":"model_not_found"'
+req "route 404" 404 "${A[@]}" "$U/v1/embeddings" -d '{}'
+req "405" 405 "${A[@]}" "$U/v1/chat/completions"
+expect_has "405" "$BODY" '"code":"method_not_allowed"'
+head -c 2000000 /dev/zero | tr '\0' 'a' >"$TMPD/big"
+req "413" 413 "${A[@]}" "$U/v1/completions" --data-binary @"$TMPD/big"
+expect_has "413" "$BODY" '"code":"request_too_large"'
+req "413 chunked" 413 "${A[@]}" -H "Transfer-Encoding: chunked" "$U/v1/completions" --data-binary @"$TMPD/big"
+
+# ---- tenant limits: tokens per minute, then concurrency (a slow reader keeps
+# its request, and its slot, busy), then a client that disconnects mid-stream
+req "rate" 429 -H "Authorization: Bearer sk-small" "$U/v1/completions" -d '{"prompt":"x","max_tokens":100}'
+expect_has "rate code" "$BODY" '"code":"rate_limit_exceeded"'
+expect_has "rate message" "$BODY" "50 tokens per minute"
+req "rate ok" 200 -H "Authorization: Bearer sk-small" "$U/v1/completions" -d '{"prompt":"x","max_tokens":4}'
+curl -sSN --limit-rate 1k -H "Authorization: Bearer sk-solo" "$U/v1/completions" -o "$TMPD/slow" \
+    -d '{"prompt":"In","max_tokens":400,"ignore_eos":true,"stream":true}' 2>/dev/null &
+CPID=$!
+for _ in $(seq 200); do [ -s "$TMPD/slow" ] && break; sleep 0.05; done
+[ -s "$TMPD/slow" ] || fail "slow stream produced nothing"
+req "concurrency" 429 -H "Authorization: Bearer sk-solo" "$U/v1/completions" -d '{"prompt":"x","max_tokens":2}'
+expect_has "concurrency" "$BODY" "already has 1 requests running (limit 1)"
+# other tenants are not affected
+req "other tenant" 200 "${A[@]}" "$U/v1/completions" -d '{"prompt":"x","max_tokens":2}'
+kill "$CPID"
+wait "$CPID" 2>/dev/null
+ok=
+for _ in $(seq 100); do
+    if curl -s "$U/metrics" | grep -q '^kvseal_client_disconnects_total [1-9]'; then ok=1; break; fi
+    sleep 0.05
+done
+[ -n "$ok" ] || fail "disconnect not noticed: $(curl -s "$U/metrics" | grep disconnect)"
+ok=
+for _ in $(seq 100); do
+    m=$(curl -s "$U/metrics")
+    if grep -q '^kvseal_running_requests 0$' <<<"$m" && grep -q '^kvseal_kv_pages{state="allocated"} 0$' <<<"$m" &&
+        grep -q '^kvseal_kv_pages{state="ready"} [0-9]' <<<"$m"; then ok=1; break; fi
+    sleep 0.05
+done
+[ -n "$ok" ] || fail "cancelled request still running: $(grep -E 'running|kv_pages' <<<"$m")"
+# a non-streaming client that gives up is noticed too (socket polled between events)
+d0=$(curl -s "$U/metrics" | sed -n 's/^kvseal_client_disconnects_total //p')
+curl -s -m 0.1 "${A[@]}" "$U/v1/completions" -d '{"prompt":"In","max_tokens":500,"ignore_eos":true}' >/dev/null 2>&1
+ok=
+for _ in $(seq 100); do
+    d1=$(curl -s "$U/metrics" | sed -n 's/^kvseal_client_disconnects_total //p')
+    [ "$d1" -gt "$d0" ] && { ok=1; break; }
+    sleep 0.05
+done
+[ -n "$ok" ] || fail "non-streaming disconnect not noticed ($d0 -> $d1)"
+req "solo again" 200 -H "Authorization: Bearer sk-solo" "$U/v1/completions" -d '{"prompt":"x","max_tokens":2}'
+
+# ---- admin: offline -> 503 in both shapes, wrong key -> 401, back online
+req "admin no key" 401 -X POST "$U/admin/models/kjv/offline"
+req "admin tenant key" 401 "${A[@]}" -X POST "$U/admin/models/kjv/offline"
+req "admin unknown model" 404 -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/models/nope/offline"
+req "offline" 200 -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/models/kjv/offline"
+expect_has "offline" "$BODY" '"online":false'
+req "offline health" 200 "$U/health"
+expect_has "offline health" "$BODY" '"online":false'
+req "503" 503 "${A[@]}" "$U/v1/completions" -d '{"prompt":"x","max_tokens":2}'
+expect_has "503 code" "$BODY" '"code":"model_offline"'
+req "503 workers" 503 "${A[@]}" "$U/accounts/a/ai/run/kjv" -d '{"prompt":"x","max_tokens":2}'
+expect_has "503 workers" "$BODY" '"success":false,"errors":[{"code":503'
+req "online" 200 -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/models/kjv/online" -d '{"abort_running":false}'
+expect_has "online" "$BODY" '"online":true'
+
+# ---- abort while streaming: an SSE error event, no [DONE] (best effort: the
+# tiny model may finish before the abort lands; then it must end normally)
+curl -sSN "${A[@]}" "$U/v1/completions" -o "$TMPD/abort" \
+    -d '{"prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}' 2>/dev/null &
+CPID=$!
+for _ in $(seq 200); do [ -s "$TMPD/abort" ] && break; sleep 0.01; done
+curl -s -o /dev/null -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/models/kjv/offline?abort_running=true"
+wait "$CPID"
+if grep -q '"error":' "$TMPD/abort"; then
+    expect_has "abort event" "$(grep '^data: ' "$TMPD/abort" | tail -1)" '"code":"request_aborted"'
+    grep -q '^data: \[DONE\]' "$TMPD/abort" && fail "aborted stream sent [DONE]"
+else
+    echo "note: the stream finished before the abort landed"
+    expect_eq "unaborted stream [DONE]" "$(grep '^data: ' "$TMPD/abort" | tail -1)" "data: [DONE]"
+fi
+req "online again" 200 -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/models/kjv/online"
+
+# ---- still serving, same content
+req "after errors" 200 "${A[@]}" "$U/v1/completions" -d '{"prompt":"In the beginning","max_tokens":60,"temperature":0}'
+expect_has "after errors text" "$BODY" "\"text\":\"$REF\""
+
+# ---- metrics
+req "metrics" 200 "$U/metrics"
+for want in 'kvseal_requests_total{route="completions",status="200"}' \
+    'kvseal_requests_total{route="completions",status="400"}' \
+    'kvseal_requests_total{route="completions",status="401"}' \
+    'kvseal_requests_total{route="chat_completions",status="404"}' \
+    'kvseal_requests_total{route="chat_completions",status="405"}' \
+    'kvseal_requests_total{route="completions",status="413"}' \
+    'kvseal_requests_total{route="completions",status="429"}' \
+    'kvseal_requests_total{route="completions",status="503"}' \
+    'kvseal_requests_total{route="workers_ai",status="200"}' \
+    'kvseal_rejections_total{reason="context_length"} 2' \
+    'kvseal_rejections_total{reason="tenant_rate"} 1' \
+    'kvseal_rejections_total{reason="tenant_concurrency"} 1' \
+    'kvseal_rejections_total{reason="offline"} 2' \
+    'kvseal_rejections_total{reason="auth"} 5' \
+    'kvseal_isolation_violations_total 0' \
+    'kvseal_kv_pages{state="quarantine"} 0' \
+    'kvseal_ttft_seconds_bucket{le="+Inf"}' 'kvseal_tpot_seconds_count' \
+    'kvseal_prefix_cache_hit_pages_total' 'kvseal_queue_requests 0' \
+    '# TYPE kvseal_ttft_seconds histogram'; do
+    expect_has "metrics" "$BODY" "$want"
+done
+tout=$(sed -n 's/^kvseal_tokens_out_total \([0-9]*\)$/\1/p' <<<"$BODY")
+[ "${tout:-0}" -ge 420 ] || fail "tokens_out_total $tout < 420 (7 answers of 60)"
+
+# ---- quiescence: every KV page FREE and scrubbed once idle (admin only)
+req "kv check no key" 401 "$U/admin/kv/check"
+req "kv check POST" 405 -X POST -H "Authorization: Bearer adm-key-123" "$U/admin/kv/check"
+req "kv check" 200 -H "Authorization: Bearer adm-key-123" "$U/admin/kv/check?timeout_ms=5000"
+expect_has "kv check clean" "$BODY" '"clean":true'
+
+# ---- no keys and (log_content off) no prompt text in the logs
+for secret in sk-acme-1 sk-acme-2 sk-solo adm-key-123 "In the beginning" "Lord Jesus"; do
+    grep -qF -- "$secret" "$TMPD/err" && fail "log contains '$secret'"
+done
+grep -q "no --tenants" "$TMPD/err" && fail "anonymous warning with a tenants file"
+
+# ---- SIGTERM: clean exit 0
+kill -TERM "$SPID"
+rc=0
+wait "$SPID" || rc=$?
+SPID=
+expect_eq "exit status after SIGTERM ($(tail -3 "$TMPD/err"))" "$rc" 0
+echo "serve api ok"

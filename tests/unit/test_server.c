@@ -1,0 +1,463 @@
+/* test_server.c — the pure parts of the server module: request JSON ->
+ * validated parameters (and the 400s with their param and message),
+ * OpenAI / Workers-AI error shapes, SSE framing, tenants file parsing, key
+ * lookup and per-tenant limits, and the Prometheus text format. The HTTP
+ * routes against the real engine are covered by tests/e2e/test_serve_*.sh. */
+#include "../check.h"
+#include "server/server_int.h"
+
+#include <sodium.h>
+#include <unistd.h>
+
+// ----------------------------------------------------------------------------
+// Helpers
+
+/* Parses body for route and expects a 400 naming param (NULL: JSON null)
+ * whose message contains needle. */
+static void expect_invalid(srv_route route, const char *body, const char *param, const char *code,
+                           const char *needle) {
+    srv_request r;
+    srv_error e;
+    memset(&e, 0, sizeof e);
+    if (srv_request_parse(route, body, strlen(body), &r, &e)) {
+        fprintf(stderr, "accepted: %s\n", body);
+        CHECK(!"invalid body accepted");
+    }
+    CHECK_EQ(e.status, 400);
+    CHECK_STR_EQ(e.param, param ? param : "");
+    if (code) CHECK_STR_EQ(e.code, code);
+    CHECK_STR_HAS(e.msg, needle);
+    CHECK(r.root == NULL && r.msgs == NULL); // nothing left allocated
+}
+
+static srv_request parse_ok(srv_route route, const char *body) {
+    srv_request r;
+    srv_error e;
+    memset(&e, 0, sizeof e);
+    if (!srv_request_parse(route, body, strlen(body), &r, &e)) {
+        fprintf(stderr, "rejected: %s -> %s\n", body, e.msg);
+        CHECK(!"valid body rejected");
+    }
+    return r;
+}
+
+// ----------------------------------------------------------------------------
+// Requests
+
+static void test_request_valid(void) {
+    srv_request r = parse_ok(
+        SRV_ROUTE_COMPLETIONS,
+        "{\"model\":\"kjv\",\"prompt\":\"In the beginning\",\"max_tokens\":60,\"temperature\":0,"
+        "\"top_p\":0.9,\"top_k\":5,\"min_p\":0.1,\"seed\":42,\"stop\":[\"a\",\"bc\"],"
+        "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"logprobs\":3,"
+        "\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,\"repetition_penalty\":1.1,"
+        "\"n\":1,\"user\":\"u\",\"unknown_field\":[1,2]}");
+    CHECK_STR_EQ(r.model, "kjv");
+    CHECK_STR_EQ(r.prompt, "In the beginning");
+    CHECK_EQ(r.max_tokens, 60);
+    CHECK(r.sp.temperature == 0.0f);
+    CHECK_NEAR(r.sp.top_p, 0.9, 1e-6);
+    CHECK_EQ(r.sp.top_k, 5);
+    CHECK_NEAR(r.sp.min_p, 0.1, 1e-6);
+    CHECK(r.seeded && r.sp.seed == 42);
+    CHECK_EQ(r.n_stops, 2);
+    CHECK_STR_EQ(r.stops[1], "bc");
+    CHECK(r.stream && r.include_usage);
+    CHECK(r.logprobs && r.top_logprobs == 3 && r.sp.logprobs && r.sp.n_probs == 3);
+    CHECK_NEAR(r.sp.presence_penalty, 0.5, 1e-6);
+    CHECK_NEAR(r.sp.frequency_penalty, -0.5, 1e-6);
+    CHECK_NEAR(r.sp.repeat_penalty, 1.1, 1e-6);
+    srv_request_free(&r);
+
+    // defaults: OpenAI's sampling, max_tokens left to the route, a random seed
+    r = parse_ok(SRV_ROUTE_COMPLETIONS, "{\"prompt\":[\"only one\"]}");
+    CHECK_STR_EQ(r.prompt, "only one");
+    CHECK_EQ(r.max_tokens, -1);
+    CHECK(r.sp.temperature == 1.0f && r.sp.top_p == 1.0f && r.sp.top_k == 0 && r.sp.min_p == 0.0f);
+    CHECK(!r.seeded && !r.stream && !r.logprobs && r.n_stops == 0 && r.model == NULL);
+    srv_request_free(&r);
+    // max_completion_tokens is accepted; a stop string alone
+    r = parse_ok(SRV_ROUTE_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                 "\"max_completion_tokens\":7,\"stop\":\"\\n\",\"logprobs\":true,"
+                                 "\"top_logprobs\":2}");
+    CHECK_EQ(r.max_tokens, 7);
+    CHECK_EQ(r.n_stops, 1);
+    CHECK_STR_EQ(r.stops[0], "\n");
+    CHECK(r.logprobs && r.top_logprobs == 2);
+    srv_request_free(&r);
+
+    // chat messages, text parts joined
+    r = parse_ok(SRV_ROUTE_CHAT,
+                 "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                 "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hel\"},"
+                 "{\"type\":\"text\",\"text\":\"lo \\u00e9\"}]}]}");
+    CHECK_EQ(r.n_msgs, 2);
+    CHECK_STR_EQ(r.msgs[0].role, "system");
+    CHECK_STR_EQ(r.msgs[0].content, "Be brief.");
+    CHECK_STR_EQ(r.msgs[1].role, "user");
+    CHECK_STR_EQ(r.msgs[1].content, "Hello \xc3\xa9");
+    srv_request_free(&r);
+
+    // Workers AI: prompt or messages; its own temperature default
+    r = parse_ok(SRV_ROUTE_WORKERS, "{\"prompt\":\"hi\",\"max_tokens\":3}");
+    CHECK_STR_EQ(r.prompt, "hi");
+    CHECK_NEAR(r.sp.temperature, 0.6, 1e-6);
+    srv_request_free(&r);
+    r = parse_ok(SRV_ROUTE_WORKERS, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}");
+    CHECK_EQ(r.n_msgs, 1);
+    CHECK(r.prompt == NULL);
+    srv_request_free(&r);
+}
+
+static void test_request_invalid(void) {
+    const srv_route C = SRV_ROUTE_COMPLETIONS, H = SRV_ROUTE_CHAT, W = SRV_ROUTE_WORKERS;
+    // malformed JSON: line, column and position from jansson
+    expect_invalid(C, "{\"prompt\": \"x\",\n  \"max_tokens\": }", NULL, "invalid_json",
+                   "line 2, column");
+    expect_invalid(C, "{\"prompt\": \"x\",\n  \"max_tokens\": }", NULL, "invalid_json", "position");
+    expect_invalid(C, "", NULL, "invalid_json", "malformed JSON");
+    // invalid UTF-8, a lone surrogate, a NUL escape: all malformed
+    expect_invalid(C, "{\"prompt\":\"\xff\xfe\"}", NULL, "invalid_json", "malformed JSON");
+    expect_invalid(C, "{\"prompt\":\"\xc0\xaf\"}", NULL, "invalid_json", "malformed JSON");
+    expect_invalid(C, "{\"prompt\":\"\\ud800\"}", NULL, "invalid_json", "malformed JSON");
+    expect_invalid(C, "{\"prompt\":\"a\\u0000b\"}", NULL, "invalid_json", "malformed JSON");
+    expect_invalid(C, "{\"prompt\":\"a\",\"prompt\":\"b\"}", NULL, "invalid_json", "duplicate");
+    expect_invalid(C, "[1,2]", NULL, NULL, "must be a JSON object");
+    // wrong types, with the parameter named
+    expect_invalid(C, "{\"prompt\":\"x\",\"temperature\":\"hot\"}", "temperature",
+                   "invalid_parameter", "'temperature' must be a number, got string");
+    expect_invalid(C, "{\"prompt\":\"x\",\"max_tokens\":1.5}", "max_tokens", NULL,
+                   "must be an integer, got number");
+    expect_invalid(C, "{\"prompt\":\"x\",\"stream\":1}", "stream", NULL, "must be a boolean");
+    expect_invalid(C, "{\"prompt\":\"x\",\"model\":3}", "model", NULL, "'model' must be a string");
+    expect_invalid(C, "{\"prompt\":5}", "prompt", NULL, "'prompt' must be a string");
+    expect_invalid(C, "{\"prompt\":[\"a\",\"b\"]}", "prompt", NULL, "exactly one string");
+    expect_invalid(C, "{\"max_tokens\":5}", "prompt", "missing_required_parameter", "required");
+    expect_invalid(C, "{\"prompt\":\"x\",\"seed\":\"1\"}", "seed", NULL, "integer");
+    // ranges: negative or huge max_tokens, temperature, top_p, penalties
+    expect_invalid(C, "{\"prompt\":\"x\",\"max_tokens\":-1}", "max_tokens", NULL, "got -1");
+    expect_invalid(C, "{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens", NULL, "got 0");
+    expect_invalid(C, "{\"prompt\":\"x\",\"max_tokens\":99999999999}", "max_tokens", NULL,
+                   "got 99999999999");
+    expect_invalid(C, "{\"prompt\":\"x\",\"max_completion_tokens\":-3}", "max_completion_tokens",
+                   NULL, "got -3");
+    expect_invalid(C, "{\"prompt\":\"x\",\"temperature\":2.5}", "temperature", NULL, "[0, 2]");
+    expect_invalid(C, "{\"prompt\":\"x\",\"temperature\":-1}", "temperature", NULL, "got -1");
+    expect_invalid(C, "{\"prompt\":\"x\",\"top_p\":0}", "top_p", NULL, "(0, 1]");
+    expect_invalid(C, "{\"prompt\":\"x\",\"top_k\":-2}", "top_k", NULL, "got -2");
+    expect_invalid(C, "{\"prompt\":\"x\",\"min_p\":1.5}", "min_p", NULL, "got 1.5");
+    expect_invalid(C, "{\"prompt\":\"x\",\"presence_penalty\":3}", "presence_penalty", NULL,
+                   "got 3");
+    expect_invalid(C, "{\"prompt\":\"x\",\"repetition_penalty\":0}", "repetition_penalty", NULL,
+                   "> 0");
+    expect_invalid(C, "{\"prompt\":\"x\",\"logprobs\":21}", "logprobs", NULL, "got 21");
+    // n, stop
+    expect_invalid(C, "{\"prompt\":\"x\",\"n\":2}", "n", NULL, "only n=1");
+    expect_invalid(C, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", NULL,
+                   "at most 4");
+    expect_invalid(C, "{\"prompt\":\"x\",\"stop\":\"\"}", "stop", NULL, "empty");
+    expect_invalid(C, "{\"prompt\":\"x\",\"stop\":[\"a\",1]}", "stop", NULL,
+                   "'stop[1]' must be a string");
+    expect_invalid(C, "{\"prompt\":\"x\",\"stream_options\":3}", "stream_options", NULL, "object");
+    // chat: messages
+    expect_invalid(H, "{\"prompt\":\"x\"}", "messages", "missing_required_parameter", "required");
+    expect_invalid(H, "{\"messages\":[]}", "messages", NULL, "must not be empty");
+    expect_invalid(H, "{\"messages\":{}}", "messages", NULL, "must be an array");
+    expect_invalid(H, "{\"messages\":[\"hi\"]}", "messages[0]", NULL, "must be an object");
+    expect_invalid(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":1}]}",
+                   "messages[1].role", NULL, "must be a string");
+    expect_invalid(H, "{\"messages\":[{\"role\":\"user\",\"content\":7}]}", "messages[0].content",
+                   NULL, "string or an array");
+    expect_invalid(H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
+                   "messages[0].content", NULL, "only text parts");
+    expect_invalid(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"top_logprobs\":2}",
+                   "top_logprobs", NULL, "requires 'logprobs'");
+    expect_invalid(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":3}",
+                   "logprobs", NULL, "boolean");
+    // workers: exactly one of prompt / messages
+    expect_invalid(W, "{}", NULL, NULL, "exactly one of");
+    expect_invalid(W, "{\"prompt\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"b\"}]}",
+                   "prompt", NULL, "exactly one of");
+}
+
+// ----------------------------------------------------------------------------
+// Error shapes and SSE
+
+static void test_error_shapes(void) {
+    srv_error e;
+    srv_error_set(&e, 400, "invalid_request_error", "context_length_exceeded", "messages",
+                  SRV_REJECT_CONTEXT_LENGTH, "limit is %d tokens", 512);
+    char *s = srv_error_json(SRV_ROUTE_CHAT, &e);
+    json_error_t je;
+    json_t *j = json_loads(s, 0, &je);
+    CHECK(j);
+    json_t *err = json_object_get(j, "error");
+    CHECK_STR_EQ(json_string_value(json_object_get(err, "message")), "limit is 512 tokens");
+    CHECK_STR_EQ(json_string_value(json_object_get(err, "type")), "invalid_request_error");
+    CHECK_STR_EQ(json_string_value(json_object_get(err, "param")), "messages");
+    CHECK_STR_EQ(json_string_value(json_object_get(err, "code")), "context_length_exceeded");
+    CHECK_EQ(json_object_size(j), 1);
+    json_decref(j);
+    free(s);
+    // param and code null when absent
+    srv_error_set(&e, 401, "invalid_request_error", NULL, NULL, SRV_REJECT_AUTH, "no key");
+    s = srv_error_json(SRV_ROUTE_COMPLETIONS, &e);
+    CHECK_STR_EQ(s, "{\"error\":{\"message\":\"no key\",\"type\":\"invalid_request_error\","
+                    "\"param\":null,\"code\":null}}");
+    free(s);
+    // Workers AI shape
+    srv_error_set(&e, 503, "server_error", "model_offline", NULL, SRV_REJECT_OFFLINE, "offline");
+    s = srv_error_json(SRV_ROUTE_WORKERS, &e);
+    CHECK_STR_EQ(s, "{\"result\":null,\"success\":false,\"errors\":[{\"code\":503,"
+                    "\"message\":\"offline\"}],\"messages\":[]}");
+    free(s);
+    CHECK_STR_EQ(srv_reject_name(SRV_REJECT_TENANT_RATE), "tenant_rate");
+    CHECK_STR_EQ(srv_finish_name(ENGINE_FINISH_LENGTH), "length");
+    CHECK(srv_finish_name(ENGINE_FINISH_ABORT) == NULL);
+}
+
+static void test_sse(void) {
+    srv_buf b = {0};
+    json_t *j = json_pack("{s:s}", "response", "two\nlines\r\n and \"quotes\"");
+    CHECK(srv_sse_json(&b, j));
+    json_decref(j);
+    // one data: line per event, a blank line after it, newlines escaped
+    CHECK_STR_EQ(b.p, "data: {\"response\":\"two\\nlines\\r\\n and \\\"quotes\\\"\"}\n\n");
+    CHECK(srv_sse_done(&b));
+    CHECK_STR_HAS(b.p, "\n\ndata: [DONE]\n\n");
+    CHECK_EQ(b.len, strlen(b.p));
+    CHECK_EQ(b.p[b.len - 1], '\n');
+    srv_buf_free(&b);
+    j = srv_usage_json(5, 60, 3);
+    char *s = json_dumps(j, JSON_COMPACT);
+    CHECK_STR_EQ(s, "{\"prompt_tokens\":5,\"completion_tokens\":60,\"total_tokens\":65,"
+                    "\"prompt_tokens_details\":{\"cached_tokens\":3}}");
+    free(s);
+    json_decref(j);
+    char id[48];
+    srv_make_id("chatcmpl-", id, sizeof id);
+    CHECK_EQ(strlen(id), 9 + 24);
+    CHECK(!strncmp(id, "chatcmpl-", 9));
+    char id2[48];
+    srv_make_id("chatcmpl-", id2, sizeof id2);
+    CHECK(strcmp(id, id2) != 0);
+}
+
+// ----------------------------------------------------------------------------
+// Tenants
+
+static const char *TENANTS =
+    "{\"tenants\":[{\"name\":\"acme\",\"keys\":[\"sk-acme-1\",\"sk-acme-2\"],"
+    "\"max_concurrent\":2,\"tokens_per_minute\":600},"
+    "{\"name\":\"globex\",\"keys\":[\"sk-globex\"]}],\"admin_key\":\"adm-secret\","
+    "\"log_content\":true}";
+
+static void expect_tenants_error(const char *text, const char *needle) {
+    srv_tenants *ts = (srv_tenants *)1;
+    ks_errbuf eb = {0};
+    CHECK_EQ(srv_tenants_parse(text, strlen(text), &ts, &eb), KS_ERR_FORMAT);
+    CHECK(ts == NULL);
+    CHECK_STR_HAS(eb.msg, needle);
+}
+
+static void test_tenants(void) {
+    srv_tenants *ts = NULL;
+    ks_errbuf eb = {0};
+    CHECK_EQ(srv_tenants_parse(TENANTS, strlen(TENANTS), &ts, &eb), KS_OK);
+    CHECK_EQ(ts->n, 2);
+    CHECK(!ts->anonymous && ts->has_admin && ts->log_content);
+    CHECK_STR_EQ(ts->t[0].name, "acme");
+    CHECK_EQ(ts->t[0].max_concurrent, 2);
+    CHECK_EQ(ts->t[0].tokens_per_minute, 600);
+    CHECK_EQ(ts->t[1].max_concurrent, 0); // unlimited
+    // keys map to their tenant; every key of every tenant is found
+    CHECK_EQ(srv_tenants_auth(ts, "sk-acme-1", 9), 0);
+    CHECK_EQ(srv_tenants_auth(ts, "sk-acme-2", 9), 0);
+    CHECK_EQ(srv_tenants_auth(ts, "sk-globex", 9), 1);
+    CHECK_EQ(srv_tenants_auth(ts, "sk-acme-3", 9), -1);
+    CHECK_EQ(srv_tenants_auth(ts, "sk-acme-1x", 10), -1);
+    CHECK_EQ(srv_tenants_auth(ts, "sk-acme-", 8), -1);
+    CHECK_EQ(srv_tenants_auth(ts, "", 0), -1);
+    CHECK(srv_tenants_admin_ok(ts, "adm-secret", 10));
+    CHECK(!srv_tenants_admin_ok(ts, "sk-acme-1", 9));
+    // only hashes are kept: the stored value is SHA-256(key), not the key
+    uint8_t h[32];
+    crypto_hash_sha256(h, (const unsigned char *)"sk-globex", 9);
+    CHECK_MEM_EQ(ts->t[1].key_hash[0], h, 32);
+    CHECK(memcmp(ts->t[1].key_hash[0], "sk-globex", 9) != 0);
+    // --admin-key overrides the file's
+    srv_tenants_set_admin(ts, "other");
+    CHECK(!srv_tenants_admin_ok(ts, "adm-secret", 10));
+    CHECK(srv_tenants_admin_ok(ts, "other", 5));
+
+    // concurrency: two admitted, the third refused until one ends
+    char msg[256];
+    uint64_t t0 = 1000000000ull;
+    CHECK_EQ(srv_tenants_admit(ts, 0, 100, t0, msg, sizeof msg), SRV_REJECT_NONE);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 100, t0, msg, sizeof msg), SRV_REJECT_NONE);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 100, t0, msg, sizeof msg), SRV_REJECT_TENANT_CONCURRENCY);
+    CHECK_STR_HAS(msg, "limit 2");
+    // the other tenant is unaffected (no limits)
+    for (int i = 0; i < 10; i++)
+        CHECK_EQ(srv_tenants_admit(ts, 1, 1000000, t0, msg, sizeof msg), SRV_REJECT_NONE);
+    for (int i = 0; i < 10; i++)
+        srv_tenants_release(ts, 1, 0);
+    srv_tenants_release(ts, 0, 0);   // used everything: 400 left
+    srv_tenants_release(ts, 0, 100); // refunded: 500 left
+    CHECK_NEAR(ts->t[0].bucket, 500, 1e-9);
+    // token bucket: 500 available, 501 refused, larger than the limit says so
+    CHECK_EQ(srv_tenants_admit(ts, 0, 501, t0, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    CHECK_STR_HAS(msg, "600 tokens per minute");
+    CHECK_EQ(srv_tenants_admit(ts, 0, 601, t0, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    CHECK_STR_HAS(msg, "lower max_tokens");
+    CHECK_EQ(srv_tenants_admit(ts, 0, 500, t0, msg, sizeof msg), SRV_REJECT_NONE);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 1, t0, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    // refill: 600/min = 10 per second; capped at the limit
+    CHECK_EQ(srv_tenants_admit(ts, 0, 10, t0 + 1000000000ull, msg, sizeof msg), SRV_REJECT_NONE);
+    srv_tenants_release(ts, 0, 0);
+    srv_tenants_release(ts, 0, 0);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 600, t0 + 3600000000000ull, msg, sizeof msg),
+             SRV_REJECT_NONE);
+    CHECK_NEAR(ts->t[0].bucket, 0, 1e-6);
+    srv_tenants_release(ts, 0, 0);
+    CHECK_EQ(ts->t[0].running, 0);
+    srv_tenants_free(ts);
+
+    // anonymous: tenant 0 "default", any key
+    ts = srv_tenants_anonymous();
+    CHECK(ts && ts->anonymous);
+    CHECK_STR_EQ(ts->t[0].name, "default");
+    CHECK_EQ(srv_tenants_auth(ts, "whatever", 8), 0);
+    CHECK(!srv_tenants_admin_ok(ts, "", 0));
+    srv_tenants_free(ts);
+    srv_tenants_free(NULL);
+
+    // malformed files: the message says where, never a key
+    expect_tenants_error("{\"tenants\":[", "line 1");
+    expect_tenants_error("{\"tenants\":[]}", "at least one tenant");
+    expect_tenants_error("{\"tenants\":[{\"keys\":[\"k\"]}]}", "tenants[0]: needs a \"name\"");
+    expect_tenants_error("{\"tenants\":[{\"name\":\"a\"}]}", "non-empty \"keys\"");
+    expect_tenants_error("{\"tenants\":[{\"name\":\"a\",\"keys\":[\"\"]}]}", "keys[0]");
+    expect_tenants_error("{\"tenants\":[{\"name\":\"a\",\"keys\":[\"k1\"]},"
+                         "{\"name\":\"a\",\"keys\":[\"k2\"]}]}",
+                         "duplicate name");
+    expect_tenants_error("{\"tenants\":[{\"name\":\"a\",\"keys\":[\"secret-k\"]},"
+                         "{\"name\":\"b\",\"keys\":[\"secret-k\"]}]}",
+                         "same key");
+    expect_tenants_error("{\"tenants\":[{\"name\":\"a\",\"keys\":[\"k\"],\"max_concurrent\":-1}]}",
+                         "max_concurrent");
+    expect_tenants_error("{\"tenants\":[{\"name\":\"a\",\"keys\":[\"k\"]}],\"admin_key\":5}",
+                         "admin_key");
+    ks_errbuf eb2 = {0};
+    const char *t = "{\"tenants\":[{\"name\":\"a\",\"keys\":[\"secret-k\"]},"
+                    "{\"name\":\"b\",\"keys\":[\"secret-k\"]}]}";
+    CHECK(srv_tenants_parse(t, strlen(t), &ts, &eb2) != KS_OK);
+    CHECK(strstr(eb2.msg, "secret-k") == NULL);
+}
+
+// ----------------------------------------------------------------------------
+// Metrics
+
+/* Every line is a comment or `name{labels} value` with a numeric value. */
+static void check_exposition(const char *text) {
+    const char *p = text;
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        CHECK(nl != NULL); // every line ends with \n
+        if (*p != '#') {
+            const char *sp = memchr(p, ' ', (size_t)(nl - p));
+            CHECK(sp != NULL);
+            CHECK(!strncmp(p, "kvseal_", 7));
+            char *end;
+            strtod(sp + 1, &end);
+            CHECK(end == nl);
+        }
+        p = nl + 1;
+    }
+}
+
+static void test_metrics(void) {
+    srv_metrics m;
+    srv_metrics_init(&m);
+    srv_metrics_request(&m, SRV_ROUTE_CHAT, 200);
+    srv_metrics_request(&m, SRV_ROUTE_CHAT, 200);
+    srv_metrics_request(&m, SRV_ROUTE_COMPLETIONS, 429);
+    srv_metrics_request(&m, SRV_ROUTE_OTHER, 418);
+    srv_metrics_reject(&m, SRV_REJECT_CONTEXT_LENGTH);
+    srv_metrics_reject(&m, SRV_REJECT_TENANT_RATE);
+    srv_metrics_reject(&m, SRV_REJECT_TENANT_RATE);
+    srv_hist_observe(&m.ttft, 0.003);
+    srv_hist_observe(&m.ttft, 0.2);
+    srv_hist_observe(&m.ttft, 100);
+    atomic_store(&m.tokens_in, 12);
+    engine_stats es;
+    memset(&es, 0, sizeof es);
+    es.kv.pages[KV_PAGE_FREE] = 250;
+    es.kv.pages[KV_PAGE_READY] = 6;
+    es.kv.violations = 0;
+    es.kv.prefix_hits_pages = 9;
+    es.n_queued = 3;
+    es.n_running = 2;
+    char *s = srv_metrics_render(&m, &es, true);
+    CHECK(s);
+    check_exposition(s);
+    CHECK_STR_HAS(s, "# TYPE kvseal_requests_total counter\n");
+    CHECK_STR_HAS(s, "kvseal_requests_total{route=\"chat_completions\",status=\"200\"} 2\n");
+    CHECK_STR_HAS(s, "kvseal_requests_total{route=\"completions\",status=\"429\"} 1\n");
+    CHECK_STR_HAS(s, "kvseal_requests_total{route=\"other\",status=\"other\"} 1\n");
+    CHECK_STR_HAS(s, "kvseal_rejections_total{reason=\"context_length\"} 1\n");
+    CHECK_STR_HAS(s, "kvseal_rejections_total{reason=\"tenant_rate\"} 2\n");
+    CHECK_STR_HAS(s, "kvseal_rejections_total{reason=\"auth\"} 0\n"); // all reasons listed
+    CHECK_STR_HAS(s, "kvseal_tokens_in_total 12\n");
+    // cumulative buckets; +Inf equals _count
+    CHECK_STR_HAS(s, "# TYPE kvseal_ttft_seconds histogram\n");
+    CHECK_STR_HAS(s, "kvseal_ttft_seconds_bucket{le=\"0.005\"} 1\n");
+    CHECK_STR_HAS(s, "kvseal_ttft_seconds_bucket{le=\"0.25\"} 2\n");
+    CHECK_STR_HAS(s, "kvseal_ttft_seconds_bucket{le=\"30\"} 2\n");
+    CHECK_STR_HAS(s, "kvseal_ttft_seconds_bucket{le=\"+Inf\"} 3\n");
+    CHECK_STR_HAS(s, "kvseal_ttft_seconds_count 3\n");
+    CHECK_STR_HAS(s, "kvseal_ttft_seconds_sum 100.203");
+    CHECK_STR_HAS(s, "kvseal_tpot_seconds_count 0\n");
+    CHECK_STR_HAS(s, "kvseal_kv_pages{state=\"free\"} 250\n");
+    CHECK_STR_HAS(s, "kvseal_kv_pages{state=\"ready\"} 6\n");
+    CHECK_STR_HAS(s, "kvseal_kv_pages{state=\"quarantine\"} 0\n");
+    CHECK_STR_HAS(s, "kvseal_isolation_violations_total 0\n");
+    CHECK_STR_HAS(s, "kvseal_prefix_cache_hit_pages_total 9\n");
+    CHECK_STR_HAS(s, "kvseal_queue_requests 3\n");
+    CHECK_STR_HAS(s, "kvseal_running_requests 2\n");
+    free(s);
+}
+
+static void test_seclog(void) {
+    char path[] = "/tmp/ks_seclog_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    server_seclog *l = NULL;
+    CHECK_EQ(server_seclog_open(path, &l, NULL), KS_OK);
+    server_seclog_write(l, "{\"event\":\"isolation_violation\",\"page\":3}");
+    CHECK_EQ(server_seclog_count(l), 1);
+    server_seclog_close(l);
+    FILE *f = fopen(path, "r");
+    char line[256] = {0};
+    CHECK(fgets(line, sizeof line, f));
+    fclose(f);
+    unlink(path);
+    CHECK_STR_EQ(line, "{\"event\":\"isolation_violation\",\"page\":3}\n");
+    ks_errbuf eb = {0};
+    CHECK_EQ(server_seclog_open("/nonexistent-dir/x.log", &l, &eb), KS_ERR_IO);
+    CHECK_STR_HAS(eb.msg, "/nonexistent-dir/x.log");
+}
+
+int main(void) {
+    CHECK(sodium_init() >= 0);
+    test_request_valid();
+    test_request_invalid();
+    test_error_shapes();
+    test_sse();
+    test_tenants();
+    test_metrics();
+    test_seclog();
+    printf("server ok\n");
+    return 0;
+}
