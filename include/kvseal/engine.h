@@ -81,7 +81,9 @@ ks_err engine_create(const engine_opts *o, engine **out /* OUT */, ks_errbuf *eb
 void engine_destroy(engine *e);
 
 typedef struct engine_params {
-    const char *tenant;          /* from authentication; prefix-cache domain; copied */
+    const char *tenant;          /* from authentication; copied */
+    const char *cache_domain;    /* prefix-cache domain (I7): NULL = the tenant; an
+                                    operator-declared sharing group otherwise; copied */
     const int32_t *prompt;       /* (n_prompt) token ids; copied */
     int32_t n_prompt;
     int32_t max_tokens;          /* >= 1 */

@@ -375,7 +375,11 @@ ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_err
     r->e = e;
     r->id = atomic_fetch_add(&e->next_id, 1);
     snprintf(r->tenant, sizeof r->tenant, "%s", p->tenant ? p->tenant : "default");
-    kv_prefix_root(r->tenant, strlen(r->tenant), r->root);
+    // the cache domain is the tenant unless the operator declared a group
+    char domain[160];
+    if (p->cache_domain) snprintf(domain, sizeof domain, "%s", p->cache_domain);
+    else snprintf(domain, sizeof domain, "tenant:%s", r->tenant);
+    kv_prefix_root(domain, strlen(domain), r->root);
     r->prompt = malloc(sizeof(int32_t) * (size_t)n_prompt);
     r->n_prompt = n_prompt;
     r->max_tokens = max_tokens;

@@ -700,6 +700,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     }
     engine_params p = {0};
     p.tenant = s->ts->t[tenant].name; // from authentication only (I7)
+    p.cache_domain = s->ts->t[tenant].cache_domain;
     p.prompt = ids;
     p.n_prompt = n_prompt;
     p.max_tokens = max_tokens;

@@ -139,6 +139,8 @@ const char *srv_finish_name(engine_finish f);
 
 typedef struct srv_tenant {
     char name[64];           /* from the file; engine_params.tenant */
+    char cache_domain[80];   /* prefix-cache domain: the name, or "share:<group>" when the
+                                operator put this tenant in a prefix-sharing group (I7) */
     uint8_t (*key_hash)[32]; /* (n_keys) SHA-256 of each key; keys are never stored */
     size_t n_keys;
     int32_t max_concurrent;    /* 0: unlimited */

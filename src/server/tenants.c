@@ -42,6 +42,7 @@ srv_tenants *srv_tenants_anonymous(void) {
     if (!ts) return NULL;
     ts->anonymous = true;
     snprintf(ts->t[0].name, sizeof ts->t[0].name, "default");
+    snprintf(ts->t[0].cache_domain, sizeof ts->t[0].cache_domain, "tenant:default");
     return ts;
 }
 
@@ -135,6 +136,20 @@ ks_err srv_tenants_parse(const char *text, size_t len, srv_tenants **out, ks_err
                 goto fail;
             }
             ten__hash(json_string_value(key), json_string_length(key), tt->key_hash[k]);
+        }
+        // I7: tenants share cached prefixes only when the operator puts them
+        // in the same named group; the domain never comes from a request
+        json_t *grp = json_object_get(t, "prefix_share");
+        if (grp && !json_is_null(grp)) {
+            if (!json_is_string(grp) || json_string_length(grp) == 0 || json_string_length(grp) > 63) {
+                e = ks_seterr(eb, KS_ERR_FORMAT,
+                              "tenants[%zu] (\"%s\"): \"prefix_share\" must be a group name (1-63 bytes)",
+                              i, tt->name);
+                goto fail;
+            }
+            snprintf(tt->cache_domain, sizeof tt->cache_domain, "share:%s", json_string_value(grp));
+        } else {
+            snprintf(tt->cache_domain, sizeof tt->cache_domain, "tenant:%s", tt->name);
         }
         int64_t v;
         if ((e = ten__limit(t, "max_concurrent", i, INT32_MAX, &v, eb))) goto fail;
