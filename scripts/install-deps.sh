@@ -3,11 +3,15 @@
 # that are missing (so it is quick when everything is there). Run as root
 # or with sudo available.
 set -euo pipefail
-pkgs=(pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev libsodium-dev libxxhash-dev
-      cmake make gcc curl nodejs npm)
+pkgs=(pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev libsodium-dev libxxhash-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# tools are looked up as commands: a machine may have them from elsewhere
+# (e.g. a node build that bundles npm, which Debian's npm package conflicts with)
+for c in cmake:cmake make:make gcc:gcc curl:curl node:nodejs npm:npm; do
+  command -v "${c%%:*}" >/dev/null 2>&1 || missing+=("${c#*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
