@@ -734,6 +734,23 @@ static void *engine__main(void *arg) {
 // ----------------------------------------------------------------------------
 // Lifecycle
 
+/* Frees what engine_create built (any prefix of it); the thread is gone. */
+static void engine__free(engine *e) {
+    model_ctx_free(e->ctx);
+    kv_prefix_destroy(e->prefix);
+    kv_pool_destroy(e->pool);
+    free(e->running);
+    free(e->logits);
+    free(e->b_tok);
+    free(e->b_seqs);
+    free(e->b_err);
+    free(e->piece);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->vmu);
+    free(e);
+}
+
 ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
     *out = NULL;
     if (!o->m || o->n_ctx < 1 || o->page_tokens < 1 || o->max_batch_tokens < 1 || o->max_running < 1 ||
@@ -792,16 +809,7 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
     *out = e;
     return KS_OK;
 fail:
-    model_ctx_free(e->ctx);
-    kv_prefix_destroy(e->prefix);
-    kv_pool_destroy(e->pool);
-    free(e->running);
-    free(e->logits);
-    free(e->b_tok);
-    free(e->b_seqs);
-    free(e->b_err);
-    free(e->piece);
-    free(e);
+    engine__free(e);
     return err;
 }
 
@@ -812,19 +820,7 @@ void engine_destroy(engine *e) {
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->thread, NULL);
-    model_ctx_free(e->ctx);
-    kv_prefix_destroy(e->prefix);
-    kv_pool_destroy(e->pool);
-    free(e->running);
-    free(e->logits);
-    free(e->b_tok);
-    free(e->b_seqs);
-    free(e->b_err);
-    free(e->piece);
-    pthread_cond_destroy(&e->cv);
-    pthread_mutex_destroy(&e->mu);
-    pthread_mutex_destroy(&e->vmu);
-    free(e);
+    engine__free(e);
 }
 
 ks_err engine_check_quiescent(engine *e, uint32_t timeout_ms, ks_errbuf *eb) {
