@@ -10,7 +10,7 @@ for p in "${pkgs[@]}"; do
 done
 # tools are looked up as commands: a machine may have them from elsewhere
 # (e.g. a node build that bundles npm, which Debian's npm package conflicts with)
-for c in cmake:cmake make:make gcc:gcc curl:curl node:nodejs npm:npm; do
+for c in cmake:cmake make:make gcc:gcc curl:curl node:nodejs npm:npm spin:spin; do
   command -v "${c%%:*}" >/dev/null 2>&1 || missing+=("${c#*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then
