@@ -244,11 +244,14 @@ static void engine__post_text(engine_req *r, int32_t token, const sample_result 
         size_t n = len < ENGINE_TEXT_CAP ? len : ENGINE_TEXT_CAP;
         // never split inside a UTF-8 sequence
         while (n < len && n > 0 && ((unsigned char)text[n] & 0xc0) == 0x80) n--;
-        memcpy(ev.text, text, n);
+        if (n == 0 && len > 0) n = len < ENGINE_TEXT_CAP ? len : ENGINE_TEXT_CAP;  // not UTF-8: cut anyway
+        if (n) {  // text may be NULL when len is 0
+            memcpy(ev.text, text, n);
+            text += n;
+            len -= n;
+        }
         ev.text_len = n;
         engine__post(r, &ev);
-        text += n;
-        len -= n;
         ev.token = -1;
     } while (len > 0);
 }
