@@ -18,7 +18,7 @@ LEAK_TENANTS=$(node -e 'const t=require(process.argv[1]);console.log(JSON.string
 KS_ADMIN_KEY=$(node -e 'console.log(require(process.argv[1]).admin_key)' "$TMPD/tenants.json")
 # 48 pages x 16 = 768 tokens for ctx 512: at most a few requests fit at once
 start_server "$TMPD/server.log" -m "$KS_SRC/models/kjv-mini.gguf" --alias kjv-mini --ctx 512 \
-    --kv-pages 48 --tenants "$TMPD/tenants.json" --threads 2
+    --kv-pages 48 --queue-timeout-ms 300000 --tenants "$TMPD/tenants.json" --threads 2
 export KS_URL KS_ADMIN_KEY LEAK_TENANTS LEAK_MODEL=kjv-mini
 node "$(dirname "$0")/js/leak.mjs"
 rc=$?
