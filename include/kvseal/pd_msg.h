@@ -1,0 +1,417 @@
+/* pd_msg.h — typed payloads of the KVPD v1 protocol messages
+ * (docs/pd-protocol.md section 4): type numbers, per-type length bounds for
+ * the transport (pd_conn_cbs.type_max), and one encoder + one decoder per
+ * message.
+ *
+ * Decoders take (payload, len) and validate exactly as the doc says: fixed
+ * sizes, every length field consistent with len, no trailing bytes, counts
+ * and enum values within range; reserved fields are ignored. Every failure is
+ * KS_ERR_PROTO with a message naming the message and the field. Variable
+ * parts (grant entries, tokens, top-n arrays, strings) are returned as
+ * pointers INTO the payload plus a count — nothing is allocated, and the
+ * decoded struct is valid only as long as the payload is. Read elements with
+ * the *_at accessors (explicit little-endian loads; no struct is ever cast
+ * over received bytes, STYLE.md section 11).
+ *
+ * Encoders write into a caller buffer: pd_msg_X_encode(&m, ..., buf, cap,
+ * &len, eb). buf == NULL only computes *len (no validation). Otherwise the
+ * message is validated with the same rules the decoder applies (what we send
+ * we would accept): KS_ERR_INVAL with the decoder's message on a bad value,
+ * KS_ERR_NOSPACE when cap < the encoded length.
+ *
+ * Every struct below is caller-allocated with all fields public; pointer
+ * fields of a decoded struct borrow the payload (caller-owned). Wire offsets
+ * and sizes of every field: docs/pd-protocol.md section 4 (field order here
+ * follows the wire order). All functions are pure: thread-safe, never block.
+ *
+ * HELLO and AUTH (types 1, 2) belong to the transport (pd.h section 4) and
+ * have no codecs here. */
+#ifndef KS_PD_MSG_H
+#define KS_PD_MSG_H
+
+#include "kvseal/base.h"
+#include "kvseal/kv.h"
+
+// ----------------------------------------------------------------------------
+// Types, bounds, names
+
+/* Message types (u16 on the wire), append-only; numbers as in the doc. */
+typedef enum pd_msg_type {
+    PD_MSG_HELLO = 0x0001,
+    PD_MSG_AUTH = 0x0002,
+    PD_MSG_REGISTER = 0x0003,
+    PD_MSG_REGISTER_ACK = 0x0004,
+    PD_MSG_HEALTH = 0x0005,
+    PD_MSG_HEALTH_ACK = 0x0006,
+    PD_MSG_PEER = 0x0007,
+    PD_MSG_LINK = 0x0008,
+    PD_MSG_LINK_ACK = 0x0009,
+    PD_MSG_ADMIT = 0x0010,
+    PD_MSG_GRANT = 0x0011,
+    PD_MSG_DENY = 0x0012,
+    PD_MSG_PREFILL = 0x0013,
+    PD_MSG_KV_PAGE = 0x0014,
+    PD_MSG_DONE = 0x0015,
+    PD_MSG_REJECT = 0x0016,
+    PD_MSG_ABORT = 0x0017,
+    PD_MSG_ABORT_ACK = 0x0018,
+    PD_MSG_TOKEN = 0x0019,
+    PD_MSG_FINISH = 0x001A,
+    PD_MSG_ERROR = 0x001F,
+} pd_msg_type;
+
+/* Size of a type-indexed table (pd_msg_type_max); types >= this are unknown. */
+#define PD_MSG_N_TYPES 0x20u
+
+#define PD_MSG_MAX_FRAME 67108864u      /* KS_PD_MAX_FRAME: 64 MiB */
+#define PD_MSG_GRANT_MAX (4u << 20)     /* GRANT payload bound */
+#define PD_MSG_PREFILL_MAX (16u << 20)  /* PREFILL payload bound */
+#define PD_MSG_MAX_HOST 255u            /* REGISTER/PEER host_len */
+#define PD_MSG_MAX_TEXT 512u            /* DENY/REJECT/FINISH/ERROR msg_len */
+#define PD_MSG_MAX_TOP 64u              /* ADMIT n_probs, DONE/TOKEN n_top */
+#define PD_MSG_KV_PAGE_HDR 40u          /* KV_PAGE page header (sink_prefix) */
+#define PD_MSG_GRANT_FIXED 32u
+#define PD_MSG_GRANT_ENTRY 24u
+#define PD_MSG_PREFILL_FIXED 80u
+#define PD_MSG_HASH_BYTES 32u           /* model_id, domain_hash */
+
+/* Node roles (HELLO, REGISTER). */
+enum { PD_ROLE_ROUTER = 1, PD_ROLE_PREFILL = 2, PD_ROLE_DECODE = 3 };
+/* ADMIT/PREFILL flags. */
+enum { PD_FLAG_IGNORE_EOS = 1u };
+/* DENY reasons. */
+enum {
+    PD_DENY_NOSPACE = 1, PD_DENY_NO_LINK = 2, PD_DENY_CONTEXT = 3,
+    PD_DENY_DUPLICATE = 4, PD_DENY_DRAINING = 5
+};
+/* REJECT reasons. */
+enum {
+    PD_REJECT_CONTEXT = 1, PD_REJECT_NOSPACE = 2, PD_REJECT_INVALID = 3,
+    PD_REJECT_STALE_GRANT = 4, PD_REJECT_ABORTED = 5, PD_REJECT_DRAINING = 6
+};
+/* ABORT reasons. */
+enum {
+    PD_ABORT_CLIENT_GONE = 1, PD_ABORT_TIMEOUT = 2, PD_ABORT_WORKER_LOST = 3,
+    PD_ABORT_SHUTDOWN = 4, PD_ABORT_ERROR = 5, PD_ABORT_STOP = 6
+};
+/* FINISH finish values (as engine_finish). */
+enum { PD_FINISH_STOP = 1, PD_FINISH_LENGTH = 2, PD_FINISH_ABORT = 3, PD_FINISH_ERROR = 4 };
+
+/* The message name ("GRANT"), "UNKNOWN" for other values; never NULL, static. */
+const char *pd_msg_type_name(uint16_t type);
+
+/* Fills out[0..PD_MSG_N_TYPES) with every type's payload bound (doc section
+ * 4), for pd_conn_cbs.type_max / n_types = PD_MSG_N_TYPES. HELLO, AUTH and
+ * unassigned numbers get PD_TYPE_FORBIDDEN (type_max applies after the
+ * handshake). KV_PAGE's bound is pd_msg_kv_page_len(g, page_tokens, n_layer)
+ * — g NULL: KV_PAGE forbidden. Direction/phase restrictions are the caller's
+ * (it sets further entries to PD_TYPE_FORBIDDEN). Errors: KS_ERR_INVAL (a
+ * geometry field <= 0, or a full page frame over PD_MSG_MAX_FRAME). */
+ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES] /* OUT */,
+                       ks_errbuf *eb) KS_MUST_USE;
+
+/* One {id, logprob} of a DONE/TOKEN top-n list. */
+typedef struct pd_msg_top {
+    int32_t id;
+    float logprob;
+} pd_msg_top;
+
+/* Loads element i of a decoded top-n array (raw = the struct's `top`); the
+ * caller guarantees i < n_top. Can't fail. */
+pd_msg_top pd_msg_top_at(const uint8_t *raw, uint32_t i);
+
+// ----------------------------------------------------------------------------
+// Connection-level messages (req_id 0)
+
+/* REGISTER (60 + host_len): P/D -> R. */
+typedef struct pd_msg_register {
+    uint8_t role; /* PD_ROLE_PREFILL or PD_ROLE_DECODE */
+    uint32_t n_layer, kv_dim, page_tokens;
+    uint32_t n_pages; /* pool capacity */
+    uint32_t n_ctx;
+    uint16_t data_port; /* decode: data-link port; prefill: 0 */
+    uint8_t model_id[PD_MSG_HASH_BYTES];
+    const char *host; /* host_len bytes, not NUL-terminated */
+    uint16_t host_len; /* <= 255 */
+} pd_msg_register;
+
+/* REGISTER_ACK (8). */
+typedef struct pd_msg_register_ack {
+    uint32_t worker_id;
+    uint32_t health_interval_ms;
+} pd_msg_register_ack;
+
+/* HEALTH (8). */
+typedef struct pd_msg_health {
+    uint64_t seq;
+} pd_msg_health;
+
+/* HEALTH_ACK (24). */
+typedef struct pd_msg_health_ack {
+    uint64_t seq;
+    uint32_t active_requests, free_pages, quarantined_pages;
+} pd_msg_health_ack;
+
+/* PEER (8 + host_len). port 0: the decode worker was removed. */
+typedef struct pd_msg_peer {
+    uint32_t decode_worker_id;
+    uint16_t port;
+    const char *host; /* host_len bytes, not NUL-terminated */
+    uint16_t host_len;
+} pd_msg_peer;
+
+/* LINK (8). */
+typedef struct pd_msg_link {
+    uint32_t prefill_worker_id;
+} pd_msg_link;
+
+/* LINK_ACK (8). link_epoch is never 0. */
+typedef struct pd_msg_link_ack {
+    uint64_t link_epoch;
+} pd_msg_link_ack;
+
+/* ERROR (8 + msg_len). */
+typedef struct pd_msg_error {
+    uint32_t err; /* a ks_err value, 1 .. KS_ERR__COUNT-1 */
+    const char *msg;
+    uint32_t msg_len; /* <= 512 */
+} pd_msg_error;
+
+/* Decoders: parse payload[0..len) into *out (pointers into payload).
+ * Errors: KS_ERR_PROTO naming the message and field. Don't block. */
+ks_err pd_msg_register_decode(const uint8_t *payload, uint32_t len, pd_msg_register *out,
+                              ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_register_ack_decode(const uint8_t *payload, uint32_t len,
+                                  pd_msg_register_ack *out, ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_health_decode(const uint8_t *payload, uint32_t len, pd_msg_health *out,
+                            ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_health_ack_decode(const uint8_t *payload, uint32_t len, pd_msg_health_ack *out,
+                                ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_peer_decode(const uint8_t *payload, uint32_t len, pd_msg_peer *out,
+                          ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_link_decode(const uint8_t *payload, uint32_t len, pd_msg_link *out,
+                          ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_link_ack_decode(const uint8_t *payload, uint32_t len, pd_msg_link_ack *out,
+                              ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_error_decode(const uint8_t *payload, uint32_t len, pd_msg_error *out,
+                           ks_errbuf *eb) KS_MUST_USE;
+
+/* Encoders: see the header comment (buf NULL: size only; KS_ERR_INVAL,
+ * KS_ERR_NOSPACE). Don't block. */
+ks_err pd_msg_register_encode(const pd_msg_register *m, uint8_t *buf, size_t cap,
+                              uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_register_ack_encode(const pd_msg_register_ack *m, uint8_t *buf, size_t cap,
+                                  uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_health_encode(const pd_msg_health *m, uint8_t *buf, size_t cap,
+                            uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_health_ack_encode(const pd_msg_health_ack *m, uint8_t *buf, size_t cap,
+                                uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_peer_encode(const pd_msg_peer *m, uint8_t *buf, size_t cap,
+                          uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_link_encode(const pd_msg_link *m, uint8_t *buf, size_t cap,
+                          uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_link_ack_encode(const pd_msg_link_ack *m, uint8_t *buf, size_t cap,
+                              uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_error_encode(const pd_msg_error *m, uint8_t *buf, size_t cap,
+                           uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+
+// ----------------------------------------------------------------------------
+// Request messages (control connections)
+
+/* Sampling parameters shared by ADMIT and PREFILL. */
+typedef struct pd_msg_sampling {
+    uint32_t max_tokens; /* >= 1 (ADMIT) */
+    uint32_t flags;      /* PD_FLAG_*; other bits must be 0 */
+    uint64_t seed;
+    float temperature, top_p, min_p;
+    int32_t top_k;
+    uint32_t n_probs; /* <= 64 */
+} pd_msg_sampling;
+
+/* ADMIT (80): R -> D. */
+typedef struct pd_msg_admit {
+    uint32_t n_prompt; /* >= 1 */
+    uint32_t prefill_worker_id;
+    uint8_t domain_hash[PD_MSG_HASH_BYTES];
+    pd_msg_sampling s;
+} pd_msg_admit;
+
+/* One GRANT page entry (host order). */
+typedef struct pd_msg_grant_entry {
+    uint32_t page_id;
+    uint32_t first_token; /* = i * page_tokens */
+    uint32_t n_tokens;    /* min(page_tokens, n_prompt - first_token) */
+    uint64_t gen;         /* tag part 2 */
+} pd_msg_grant_entry;
+
+/* GRANT (32 + 24 n_pages, <= 4 MiB): D -> R. Decoded: entries points at the
+ * n_pages raw 24-byte entries inside the payload (pd_msg_grant_entry_at). */
+typedef struct pd_msg_grant {
+    uint64_t seq_uid;    /* tag part 1 */
+    uint64_t link_epoch; /* never 0 */
+    uint32_t n_prompt;   /* >= 1 */
+    uint32_t page_tokens;/* >= 1 */
+    uint32_t n_pages;    /* = ceil(n_prompt / page_tokens) */
+    const uint8_t *entries;
+} pd_msg_grant;
+
+/* Loads entry i of a decoded grant; the caller guarantees i < n_pages. */
+pd_msg_grant_entry pd_msg_grant_entry_at(const pd_msg_grant *g, uint32_t i);
+/* Payload bytes of a GRANT with n_pages entries (may exceed the bound). */
+uint64_t pd_msg_grant_size(uint32_t n_pages);
+
+/* DENY (8 + msg_len): D -> R. */
+typedef struct pd_msg_deny {
+    uint32_t reason; /* PD_DENY_* */
+    const char *msg;
+    uint32_t msg_len; /* <= 512 */
+} pd_msg_deny;
+
+/* PREFILL (80 + grant_len + 4 n_prompt, <= 16 MiB): R -> P. The decoder
+ * checks the layout (grant_len consistent with the embedded grant's n_pages
+ * and with len). It does NOT check the embedded grant's content: an
+ * inconsistent grant is a re-validation failure (REJECT INVALID, doc
+ * section 6), not a frame PROTO error — use pd_msg_prefill_grant. */
+typedef struct pd_msg_prefill {
+    uint32_t decode_worker_id;
+    uint32_t n_prompt;
+    uint8_t domain_hash[PD_MSG_HASH_BYTES];
+    pd_msg_sampling s;
+    const uint8_t *grant; /* the GRANT payload exactly as decode sent it */
+    uint32_t grant_len;
+    const uint8_t *tokens; /* n_prompt raw i32 (pd_msg_prefill_token) */
+} pd_msg_prefill;
+
+/* Loads prompt token i of a decoded PREFILL; i < n_prompt. Can't fail. */
+int32_t pd_msg_prefill_token(const pd_msg_prefill *p, uint32_t i);
+/* Fully decodes the embedded grant of a decoded PREFILL (all GRANT rules)
+ * and checks its n_prompt equals the PREFILL's. Errors: KS_ERR_PROTO with a
+ * "PREFILL: grant: ..." message (map it to REJECT INVALID). */
+ks_err pd_msg_prefill_grant(const pd_msg_prefill *p, pd_msg_grant *out /* OUT */,
+                            ks_errbuf *eb) KS_MUST_USE;
+/* Payload bytes of a PREFILL (may exceed the bound). */
+uint64_t pd_msg_prefill_size(uint32_t grant_len, uint32_t n_prompt);
+
+/* REJECT (12 + msg_len): P -> R and P -> D. */
+typedef struct pd_msg_reject {
+    uint32_t reason;      /* PD_REJECT_* */
+    uint16_t http_status; /* 400, 413 or 503 */
+    const char *msg;
+    uint32_t msg_len;     /* <= 512 */
+} pd_msg_reject;
+
+/* ABORT (4). */
+typedef struct pd_msg_abort {
+    uint32_t reason; /* PD_ABORT_* */
+} pd_msg_abort;
+
+/* TOKEN (12 + 8 n_top): D -> R. Decoded: top points at n_top raw pairs. */
+typedef struct pd_msg_token {
+    int32_t token;
+    float logprob;
+    uint32_t n_top; /* <= 64 */
+    const uint8_t *top;
+} pd_msg_token;
+
+/* FINISH (20 + msg_len): D -> R. */
+typedef struct pd_msg_finish {
+    uint32_t finish; /* PD_FINISH_* */
+    uint32_t n_prompt, n_gen;
+    uint32_t err;    /* ks_err; 0 unless finish is ABORT or ERROR */
+    const char *msg;
+    uint32_t msg_len; /* <= 512 */
+} pd_msg_finish;
+
+ks_err pd_msg_admit_decode(const uint8_t *payload, uint32_t len, pd_msg_admit *out,
+                           ks_errbuf *eb) KS_MUST_USE;
+/* GRANT: also checks n_pages = ceil(n_prompt/page_tokens) and that entry i
+ * covers exactly [i*page_tokens, min((i+1)*page_tokens, n_prompt)). */
+ks_err pd_msg_grant_decode(const uint8_t *payload, uint32_t len, pd_msg_grant *out,
+                           ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_deny_decode(const uint8_t *payload, uint32_t len, pd_msg_deny *out,
+                          ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_prefill_decode(const uint8_t *payload, uint32_t len, pd_msg_prefill *out,
+                             ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_reject_decode(const uint8_t *payload, uint32_t len, pd_msg_reject *out,
+                            ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_abort_decode(const uint8_t *payload, uint32_t len, pd_msg_abort *out,
+                           ks_errbuf *eb) KS_MUST_USE;
+/* ABORT_ACK has no payload: len must be 0. */
+ks_err pd_msg_abort_ack_decode(const uint8_t *payload, uint32_t len, ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_token_decode(const uint8_t *payload, uint32_t len, pd_msg_token *out,
+                           ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_finish_decode(const uint8_t *payload, uint32_t len, pd_msg_finish *out,
+                            ks_errbuf *eb) KS_MUST_USE;
+
+ks_err pd_msg_admit_encode(const pd_msg_admit *m, uint8_t *buf, size_t cap,
+                           uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* entries: m->n_pages of them (m->entries is ignored). */
+ks_err pd_msg_grant_encode(const pd_msg_grant *m, const pd_msg_grant_entry *entries,
+                           uint8_t *buf, size_t cap, uint32_t *out_len /* OUT */,
+                           ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_deny_encode(const pd_msg_deny *m, uint8_t *buf, size_t cap,
+                          uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* m->grant/grant_len are copied verbatim; tokens: m->n_prompt of them
+ * (m->tokens is ignored). The grant bytes get the same layout check as the
+ * decoder's, not the content check. */
+ks_err pd_msg_prefill_encode(const pd_msg_prefill *m, const int32_t *tokens, uint8_t *buf,
+                             size_t cap, uint32_t *out_len /* OUT */,
+                             ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_reject_encode(const pd_msg_reject *m, uint8_t *buf, size_t cap,
+                            uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_abort_encode(const pd_msg_abort *m, uint8_t *buf, size_t cap,
+                           uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* top: m->n_top of them (m->top is ignored). */
+ks_err pd_msg_token_encode(const pd_msg_token *m, const pd_msg_top *top, uint8_t *buf,
+                           size_t cap, uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_finish_encode(const pd_msg_finish *m, uint8_t *buf, size_t cap,
+                            uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+
+// ----------------------------------------------------------------------------
+// Data-link messages (KV_PAGE, DONE; REJECT/ABORT/ABORT_ACK as above)
+
+/* KV_PAGE page header (the first 40 payload bytes; the page data follows and
+ * goes straight into the pool page through the transport's sink). */
+typedef struct pd_msg_kv_page {
+    uint32_t page_index; /* into the grant */
+    uint32_t page_id;
+    uint64_t tag_seq_uid, tag_gen;
+    uint32_t n_rows;     /* 1 .. page_tokens (must equal the grant entry's n_tokens) */
+    uint32_t layer_first;
+    uint32_t layer_count; /* >= 1, layer_first + layer_count <= n_layer */
+} pd_msg_kv_page;
+
+/* Exact KV_PAGE payload length for a geometry: 40 + layer_count * 2 * n_rows *
+ * kv_dim * 4 (64-bit, no overflow for u32 inputs). Can't fail. */
+uint64_t pd_msg_kv_page_len(const kv_geom *g, uint32_t n_rows, uint32_t layer_count);
+/* Decodes the page header from prefix[0..prefix_len) (>= 40 bytes; only the
+ * first 40 are read) of a KV_PAGE frame whose payload is frame_len bytes, and
+ * checks the header against the link's geometry and frame_len ==
+ * pd_msg_kv_page_len. Grant/pool checks are the caller's. Errors:
+ * KS_ERR_PROTO (for the sink to return). */
+ks_err pd_msg_kv_page_decode(const uint8_t *prefix, uint32_t prefix_len, uint32_t frame_len,
+                             const kv_geom *g, pd_msg_kv_page *out, ks_errbuf *eb) KS_MUST_USE;
+/* Writes the 40-byte header (validated against g) into buf; *out_len = 40.
+ * The page data (pd_msg_kv_page_len - 40 bytes) is sent as further iovecs. */
+ks_err pd_msg_kv_page_encode(const pd_msg_kv_page *m, const kv_geom *g, uint8_t *buf,
+                             size_t cap, uint32_t *out_len /* OUT */,
+                             ks_errbuf *eb) KS_MUST_USE;
+
+/* DONE (24 + 8 n_top): P -> D. Decoded: top points at n_top raw pairs.
+ * n_top <= n_probs of the request is the caller's check. */
+typedef struct pd_msg_done {
+    uint32_t covered;
+    int32_t first_token;
+    float logprob;
+    uint32_t n_top; /* <= 64 */
+    uint64_t rng_state;
+    const uint8_t *top;
+} pd_msg_done;
+
+ks_err pd_msg_done_decode(const uint8_t *payload, uint32_t len, pd_msg_done *out,
+                          ks_errbuf *eb) KS_MUST_USE;
+/* top: m->n_top of them (m->top is ignored). */
+ks_err pd_msg_done_encode(const pd_msg_done *m, const pd_msg_top *top, uint8_t *buf,
+                          size_t cap, uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+
+#endif /* KS_PD_MSG_H */

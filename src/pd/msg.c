@@ -1,0 +1,850 @@
+/* msg.c — KVPD v1 message payloads: type names and bounds, one decoder and
+ * one encoder per message (include/kvseal/pd_msg.h; layouts in
+ * docs/pd-protocol.md section 4).
+ *
+ * Decoders check, in this order: the fixed part is present, length fields
+ * (and counts) are within their bounds, len equals the size they imply, then
+ * enum ranges and semantic rules. Encoders pre-check counts, write every
+ * field (reserved bytes zero), and then run the decoder over their own
+ * output, so nothing is sent that a peer would refuse. */
+#include "kvseal/pd_msg.h"
+#include "kvseal/pd.h"
+
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// Helpers
+
+#define PROTO(...) ks_seterr(eb, KS_ERR_PROTO, __VA_ARGS__)
+
+static void store_f32(uint8_t *p, float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    pd_store_u32(p, u);
+}
+
+static float load_f32(const uint8_t *p) {
+    uint32_t u = pd_load_u32(p);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static ks_err want_len(const char *name, uint32_t len, uint32_t want, ks_errbuf *eb) {
+    if (len != want) return PROTO("%s: payload is %u bytes, expected %u", name, len, want);
+    return KS_OK;
+}
+
+static ks_err want_min(const char *name, uint32_t len, uint32_t fixed, ks_errbuf *eb) {
+    if (len < fixed)
+        return PROTO("%s: payload is %u bytes, shorter than its fixed part (%u)", name, len,
+                     fixed);
+    return KS_OK;
+}
+
+/* The variable part after `fixed` bytes is `var` bytes: len must be exactly
+ * fixed + var (var computed in 64 bits by the caller). */
+static ks_err want_var(const char *name, const char *field, uint32_t len, uint32_t fixed,
+                       uint64_t var, ks_errbuf *eb) {
+    if ((uint64_t)len != (uint64_t)fixed + var)
+        return PROTO("%s: %s implies %llu payload bytes but len is %u", name, field,
+                     (unsigned long long)((uint64_t)fixed + var), len);
+    return KS_OK;
+}
+
+/* Turns a decoder failure over our own encoder's output into KS_ERR_INVAL. */
+static ks_err enc_check(ks_err e, const ks_errbuf *tmp, ks_errbuf *eb) {
+    if (e == KS_OK) return KS_OK;
+    return ks_seterr(eb, KS_ERR_INVAL, "encode: %s", tmp->msg);
+}
+
+/* Common start of an encoder: size-only mode and capacity. Returns true when
+ * the caller should return *ret right away. */
+static bool enc_begin(uint64_t size, uint8_t *buf, size_t cap, uint32_t *out_len, ks_err *ret,
+                      const char *name, ks_errbuf *eb) {
+    if (size > PD_MSG_MAX_FRAME) {
+        *ret = ks_seterr(eb, KS_ERR_INVAL, "%s: %llu payload bytes exceed the frame maximum",
+                         name, (unsigned long long)size);
+        return true;
+    }
+    *out_len = (uint32_t)size;
+    if (!buf) {
+        *ret = KS_OK;
+        return true;
+    }
+    if (cap < size) {
+        *ret = ks_seterr(eb, KS_ERR_NOSPACE, "%s: needs %llu bytes, buffer holds %zu", name,
+                         (unsigned long long)size, cap);
+        return true;
+    }
+    memset(buf, 0, (size_t)size);
+    return false;
+}
+
+pd_msg_top pd_msg_top_at(const uint8_t *raw, uint32_t i) {
+    pd_msg_top t;
+    t.id = (int32_t)pd_load_u32(raw + 8u * i);
+    t.logprob = load_f32(raw + 8u * i + 4);
+    return t;
+}
+
+static void store_top(uint8_t *p, const pd_msg_top *top, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        pd_store_u32(p + 8u * i, (uint32_t)top[i].id);
+        store_f32(p + 8u * i + 4, top[i].logprob);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Names and bounds
+
+const char *pd_msg_type_name(uint16_t type) {
+    switch (type) {
+    case PD_MSG_HELLO: return "HELLO";
+    case PD_MSG_AUTH: return "AUTH";
+    case PD_MSG_REGISTER: return "REGISTER";
+    case PD_MSG_REGISTER_ACK: return "REGISTER_ACK";
+    case PD_MSG_HEALTH: return "HEALTH";
+    case PD_MSG_HEALTH_ACK: return "HEALTH_ACK";
+    case PD_MSG_PEER: return "PEER";
+    case PD_MSG_LINK: return "LINK";
+    case PD_MSG_LINK_ACK: return "LINK_ACK";
+    case PD_MSG_ADMIT: return "ADMIT";
+    case PD_MSG_GRANT: return "GRANT";
+    case PD_MSG_DENY: return "DENY";
+    case PD_MSG_PREFILL: return "PREFILL";
+    case PD_MSG_KV_PAGE: return "KV_PAGE";
+    case PD_MSG_DONE: return "DONE";
+    case PD_MSG_REJECT: return "REJECT";
+    case PD_MSG_ABORT: return "ABORT";
+    case PD_MSG_ABORT_ACK: return "ABORT_ACK";
+    case PD_MSG_TOKEN: return "TOKEN";
+    case PD_MSG_FINISH: return "FINISH";
+    case PD_MSG_ERROR: return "ERROR";
+    default: return "UNKNOWN";
+    }
+}
+
+uint64_t pd_msg_kv_page_len(const kv_geom *g, uint32_t n_rows, uint32_t layer_count) {
+    uint64_t kv = g->kv_dim > 0 ? (uint64_t)g->kv_dim : 0;
+    return PD_MSG_KV_PAGE_HDR + (uint64_t)layer_count * 2u * n_rows * kv * 4u;
+}
+
+static ks_err geom_check(const kv_geom *g, ks_errbuf *eb) {
+    if (g->n_layer <= 0 || g->kv_dim <= 0 || g->page_tokens <= 0)
+        return ks_seterr(eb, KS_ERR_INVAL, "geometry n_layer %d kv_dim %d page_tokens %d",
+                         g->n_layer, g->kv_dim, g->page_tokens);
+    uint64_t full = pd_msg_kv_page_len(g, (uint32_t)g->page_tokens, (uint32_t)g->n_layer);
+    if (full > PD_MSG_MAX_FRAME)
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "geometry: a full KV_PAGE frame (%llu bytes) exceeds the %u-byte "
+                         "frame maximum",
+                         (unsigned long long)full, PD_MSG_MAX_FRAME);
+    return KS_OK;
+}
+
+ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES], ks_errbuf *eb) {
+    for (uint32_t t = 0; t < PD_MSG_N_TYPES; t++) out[t] = PD_TYPE_FORBIDDEN;
+    uint32_t kv = PD_TYPE_FORBIDDEN;
+    if (g) {
+        ks_err e = geom_check(g, eb);
+        if (e) return e;
+        kv = (uint32_t)pd_msg_kv_page_len(g, (uint32_t)g->page_tokens, (uint32_t)g->n_layer);
+    }
+    out[PD_MSG_REGISTER] = 60 + PD_MSG_MAX_HOST;
+    out[PD_MSG_REGISTER_ACK] = 8;
+    out[PD_MSG_HEALTH] = 8;
+    out[PD_MSG_HEALTH_ACK] = 24;
+    out[PD_MSG_PEER] = 8 + PD_MSG_MAX_HOST;
+    out[PD_MSG_LINK] = 8;
+    out[PD_MSG_LINK_ACK] = 8;
+    out[PD_MSG_ADMIT] = 80;
+    out[PD_MSG_GRANT] = PD_MSG_GRANT_MAX;
+    out[PD_MSG_DENY] = 8 + PD_MSG_MAX_TEXT;
+    out[PD_MSG_PREFILL] = PD_MSG_PREFILL_MAX;
+    out[PD_MSG_KV_PAGE] = kv;
+    out[PD_MSG_DONE] = 24 + 8 * PD_MSG_MAX_TOP;
+    out[PD_MSG_REJECT] = 12 + PD_MSG_MAX_TEXT;
+    out[PD_MSG_ABORT] = 4;
+    out[PD_MSG_ABORT_ACK] = 0;
+    out[PD_MSG_TOKEN] = 12 + 8 * PD_MSG_MAX_TOP;
+    out[PD_MSG_FINISH] = 20 + PD_MSG_MAX_TEXT;
+    out[PD_MSG_ERROR] = 8 + PD_MSG_MAX_TEXT;
+    return KS_OK;
+}
+
+// ----------------------------------------------------------------------------
+// Connection-level messages
+
+ks_err pd_msg_register_decode(const uint8_t *p, uint32_t len, pd_msg_register *out,
+                              ks_errbuf *eb) {
+    ks_err e = want_min("REGISTER", len, 60, eb);
+    if (e) return e;
+    uint16_t host_len = pd_load_u16(p + 26);
+    if (host_len > PD_MSG_MAX_HOST)
+        return PROTO("REGISTER: host_len %u exceeds %u", host_len, PD_MSG_MAX_HOST);
+    if ((e = want_var("REGISTER", "host_len", len, 60, host_len, eb))) return e;
+    pd_msg_register m;
+    m.role = p[0];
+    if (m.role != PD_ROLE_PREFILL && m.role != PD_ROLE_DECODE)
+        return PROTO("REGISTER: role %u is not prefill (2) or decode (3)", m.role);
+    m.n_layer = pd_load_u32(p + 4);
+    m.kv_dim = pd_load_u32(p + 8);
+    m.page_tokens = pd_load_u32(p + 12);
+    m.n_pages = pd_load_u32(p + 16);
+    m.n_ctx = pd_load_u32(p + 20);
+    m.data_port = pd_load_u16(p + 24);
+    m.host_len = host_len;
+    memcpy(m.model_id, p + 28, PD_MSG_HASH_BYTES);
+    m.host = (const char *)(p + 60);
+    *out = m;
+    return KS_OK;
+}
+
+ks_err pd_msg_register_encode(const pd_msg_register *m, uint8_t *buf, size_t cap,
+                              uint32_t *out_len, ks_errbuf *eb) {
+    if (m->host_len > PD_MSG_MAX_HOST)
+        return ks_seterr(eb, KS_ERR_INVAL, "REGISTER: host_len %u exceeds %u", m->host_len,
+                         PD_MSG_MAX_HOST);
+    ks_err ret;
+    if (enc_begin(60u + m->host_len, buf, cap, out_len, &ret, "REGISTER", eb)) return ret;
+    buf[0] = m->role;
+    pd_store_u32(buf + 4, m->n_layer);
+    pd_store_u32(buf + 8, m->kv_dim);
+    pd_store_u32(buf + 12, m->page_tokens);
+    pd_store_u32(buf + 16, m->n_pages);
+    pd_store_u32(buf + 20, m->n_ctx);
+    pd_store_u16(buf + 24, m->data_port);
+    pd_store_u16(buf + 26, m->host_len);
+    memcpy(buf + 28, m->model_id, PD_MSG_HASH_BYTES);
+    if (m->host_len) memcpy(buf + 60, m->host, m->host_len);
+    pd_msg_register chk;
+    ks_errbuf tmp;
+    return enc_check(pd_msg_register_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
+}
+
+ks_err pd_msg_register_ack_decode(const uint8_t *p, uint32_t len, pd_msg_register_ack *out,
+                                  ks_errbuf *eb) {
+    ks_err e = want_len("REGISTER_ACK", len, 8, eb);
+    if (e) return e;
+    out->worker_id = pd_load_u32(p);
+    out->health_interval_ms = pd_load_u32(p + 4);
+    return KS_OK;
+}
+
+ks_err pd_msg_register_ack_encode(const pd_msg_register_ack *m, uint8_t *buf, size_t cap,
+                                  uint32_t *out_len, ks_errbuf *eb) {
+    ks_err ret;
+    if (enc_begin(8, buf, cap, out_len, &ret, "REGISTER_ACK", eb)) return ret;
+    pd_store_u32(buf, m->worker_id);
+    pd_store_u32(buf + 4, m->health_interval_ms);
+    return KS_OK;
+}
+
+ks_err pd_msg_health_decode(const uint8_t *p, uint32_t len, pd_msg_health *out,
+                            ks_errbuf *eb) {
+    ks_err e = want_len("HEALTH", len, 8, eb);
+    if (e) return e;
+    out->seq = pd_load_u64(p);
+    return KS_OK;
+}
+
+ks_err pd_msg_health_encode(const pd_msg_health *m, uint8_t *buf, size_t cap,
+                            uint32_t *out_len, ks_errbuf *eb) {
+    ks_err ret;
+    if (enc_begin(8, buf, cap, out_len, &ret, "HEALTH", eb)) return ret;
+    pd_store_u64(buf, m->seq);
+    return KS_OK;
+}
+
+ks_err pd_msg_health_ack_decode(const uint8_t *p, uint32_t len, pd_msg_health_ack *out,
+                                ks_errbuf *eb) {
+    ks_err e = want_len("HEALTH_ACK", len, 24, eb);
+    if (e) return e;
+    out->seq = pd_load_u64(p);
+    out->active_requests = pd_load_u32(p + 8);
+    out->free_pages = pd_load_u32(p + 12);
+    out->quarantined_pages = pd_load_u32(p + 16);
+    return KS_OK;
+}
+
+ks_err pd_msg_health_ack_encode(const pd_msg_health_ack *m, uint8_t *buf, size_t cap,
+                                uint32_t *out_len, ks_errbuf *eb) {
+    ks_err ret;
+    if (enc_begin(24, buf, cap, out_len, &ret, "HEALTH_ACK", eb)) return ret;
+    pd_store_u64(buf, m->seq);
+    pd_store_u32(buf + 8, m->active_requests);
+    pd_store_u32(buf + 12, m->free_pages);
+    pd_store_u32(buf + 16, m->quarantined_pages);
+    return KS_OK;
+}
+
+ks_err pd_msg_peer_decode(const uint8_t *p, uint32_t len, pd_msg_peer *out, ks_errbuf *eb) {
+    ks_err e = want_min("PEER", len, 8, eb);
+    if (e) return e;
+    uint16_t host_len = pd_load_u16(p + 6);
+    if (host_len > PD_MSG_MAX_HOST)
+        return PROTO("PEER: host_len %u exceeds %u", host_len, PD_MSG_MAX_HOST);
+    if ((e = want_var("PEER", "host_len", len, 8, host_len, eb))) return e;
+    out->decode_worker_id = pd_load_u32(p);
+    out->port = pd_load_u16(p + 4);
+    out->host_len = host_len;
+    out->host = (const char *)(p + 8);
+    return KS_OK;
+}
+
+ks_err pd_msg_peer_encode(const pd_msg_peer *m, uint8_t *buf, size_t cap, uint32_t *out_len,
+                          ks_errbuf *eb) {
+    if (m->host_len > PD_MSG_MAX_HOST)
+        return ks_seterr(eb, KS_ERR_INVAL, "PEER: host_len %u exceeds %u", m->host_len,
+                         PD_MSG_MAX_HOST);
+    ks_err ret;
+    if (enc_begin(8u + m->host_len, buf, cap, out_len, &ret, "PEER", eb)) return ret;
+    pd_store_u32(buf, m->decode_worker_id);
+    pd_store_u16(buf + 4, m->port);
+    pd_store_u16(buf + 6, m->host_len);
+    if (m->host_len) memcpy(buf + 8, m->host, m->host_len);
+    return KS_OK;
+}
+
+ks_err pd_msg_link_decode(const uint8_t *p, uint32_t len, pd_msg_link *out, ks_errbuf *eb) {
+    ks_err e = want_len("LINK", len, 8, eb);
+    if (e) return e;
+    out->prefill_worker_id = pd_load_u32(p);
+    return KS_OK;
+}
+
+ks_err pd_msg_link_encode(const pd_msg_link *m, uint8_t *buf, size_t cap, uint32_t *out_len,
+                          ks_errbuf *eb) {
+    ks_err ret;
+    if (enc_begin(8, buf, cap, out_len, &ret, "LINK", eb)) return ret;
+    pd_store_u32(buf, m->prefill_worker_id);
+    return KS_OK;
+}
+
+ks_err pd_msg_link_ack_decode(const uint8_t *p, uint32_t len, pd_msg_link_ack *out,
+                              ks_errbuf *eb) {
+    ks_err e = want_len("LINK_ACK", len, 8, eb);
+    if (e) return e;
+    uint64_t epoch = pd_load_u64(p);
+    if (epoch == 0) return PROTO("LINK_ACK: link_epoch is 0");
+    out->link_epoch = epoch;
+    return KS_OK;
+}
+
+ks_err pd_msg_link_ack_encode(const pd_msg_link_ack *m, uint8_t *buf, size_t cap,
+                              uint32_t *out_len, ks_errbuf *eb) {
+    if (m->link_epoch == 0) return ks_seterr(eb, KS_ERR_INVAL, "LINK_ACK: link_epoch is 0");
+    ks_err ret;
+    if (enc_begin(8, buf, cap, out_len, &ret, "LINK_ACK", eb)) return ret;
+    pd_store_u64(buf, m->link_epoch);
+    return KS_OK;
+}
+
+/* Decodes {u32 msg_len at len_off, msg at fixed} after the fixed part. */
+static ks_err text_decode(const char *name, const uint8_t *p, uint32_t len, uint32_t fixed,
+                          uint32_t len_off, const char **msg, uint32_t *msg_len,
+                          ks_errbuf *eb) {
+    ks_err e = want_min(name, len, fixed, eb);
+    if (e) return e;
+    uint32_t n = pd_load_u32(p + len_off);
+    if (n > PD_MSG_MAX_TEXT) return PROTO("%s: msg_len %u exceeds %u", name, n, PD_MSG_MAX_TEXT);
+    if ((e = want_var(name, "msg_len", len, fixed, n, eb))) return e;
+    *msg = (const char *)(p + fixed);
+    *msg_len = n;
+    return KS_OK;
+}
+
+static ks_err text_pre(const char *name, uint32_t msg_len, ks_errbuf *eb) {
+    if (msg_len > PD_MSG_MAX_TEXT)
+        return ks_seterr(eb, KS_ERR_INVAL, "%s: msg_len %u exceeds %u", name, msg_len,
+                         PD_MSG_MAX_TEXT);
+    return KS_OK;
+}
+
+static bool ks_err_valid(uint32_t err) { return err > 0 && err < (uint32_t)KS_ERR__COUNT; }
+
+ks_err pd_msg_error_decode(const uint8_t *p, uint32_t len, pd_msg_error *out, ks_errbuf *eb) {
+    pd_msg_error m;
+    ks_err e = text_decode("ERROR", p, len, 8, 4, &m.msg, &m.msg_len, eb);
+    if (e) return e;
+    m.err = pd_load_u32(p);
+    if (!ks_err_valid(m.err)) return PROTO("ERROR: err %u is not a ks_err error value", m.err);
+    *out = m;
+    return KS_OK;
+}
+
+ks_err pd_msg_error_encode(const pd_msg_error *m, uint8_t *buf, size_t cap, uint32_t *out_len,
+                           ks_errbuf *eb) {
+    ks_err ret = text_pre("ERROR", m->msg_len, eb);
+    if (ret) return ret;
+    if (enc_begin(8u + m->msg_len, buf, cap, out_len, &ret, "ERROR", eb)) return ret;
+    pd_store_u32(buf, m->err);
+    pd_store_u32(buf + 4, m->msg_len);
+    if (m->msg_len) memcpy(buf + 8, m->msg, m->msg_len);
+    pd_msg_error chk;
+    ks_errbuf tmp;
+    return enc_check(pd_msg_error_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
+}
+
+// ----------------------------------------------------------------------------
+// ADMIT, GRANT, DENY, PREFILL
+
+/* Sampling fields of ADMIT and PREFILL: max_tokens at mt_off (ADMIT 4,
+ * PREFILL 8), flags at 12, seed..n_probs at 48..76 (the same in both). */
+static ks_err sampling_decode(const char *name, const uint8_t *p, uint32_t mt_off,
+                              bool need_max_tokens, pd_msg_sampling *s, ks_errbuf *eb) {
+    s->max_tokens = pd_load_u32(p + mt_off);
+    s->flags = pd_load_u32(p + 12);
+    s->seed = pd_load_u64(p + 48);
+    s->temperature = load_f32(p + 56);
+    s->top_p = load_f32(p + 60);
+    s->min_p = load_f32(p + 64);
+    s->top_k = (int32_t)pd_load_u32(p + 68);
+    s->n_probs = pd_load_u32(p + 72);
+    if (need_max_tokens && s->max_tokens < 1) return PROTO("%s: max_tokens is 0", name);
+    if (s->flags & ~(uint32_t)PD_FLAG_IGNORE_EOS)
+        return PROTO("%s: flags 0x%x has unknown bits", name, s->flags);
+    if (s->n_probs > PD_MSG_MAX_TOP)
+        return PROTO("%s: n_probs %u exceeds %u", name, s->n_probs, PD_MSG_MAX_TOP);
+    return KS_OK;
+}
+
+static void sampling_encode(uint8_t *p, uint32_t mt_off, const pd_msg_sampling *s) {
+    pd_store_u32(p + mt_off, s->max_tokens);
+    pd_store_u32(p + 12, s->flags);
+    pd_store_u64(p + 48, s->seed);
+    store_f32(p + 56, s->temperature);
+    store_f32(p + 60, s->top_p);
+    store_f32(p + 64, s->min_p);
+    pd_store_u32(p + 68, (uint32_t)s->top_k);
+    pd_store_u32(p + 72, s->n_probs);
+}
+
+ks_err pd_msg_admit_decode(const uint8_t *p, uint32_t len, pd_msg_admit *out, ks_errbuf *eb) {
+    ks_err e = want_len("ADMIT", len, 80, eb);
+    if (e) return e;
+    pd_msg_admit m;
+    m.n_prompt = pd_load_u32(p);
+    if (m.n_prompt < 1) return PROTO("ADMIT: n_prompt is 0");
+    m.prefill_worker_id = pd_load_u32(p + 8);
+    memcpy(m.domain_hash, p + 16, PD_MSG_HASH_BYTES);
+    if ((e = sampling_decode("ADMIT", p, 4, true, &m.s, eb))) return e;
+    *out = m;
+    return KS_OK;
+}
+
+ks_err pd_msg_admit_encode(const pd_msg_admit *m, uint8_t *buf, size_t cap, uint32_t *out_len,
+                           ks_errbuf *eb) {
+    ks_err ret;
+    if (enc_begin(80, buf, cap, out_len, &ret, "ADMIT", eb)) return ret;
+    pd_store_u32(buf, m->n_prompt);
+    pd_store_u32(buf + 8, m->prefill_worker_id);
+    memcpy(buf + 16, m->domain_hash, PD_MSG_HASH_BYTES);
+    sampling_encode(buf, 4, &m->s);
+    pd_msg_admit chk;
+    ks_errbuf tmp;
+    return enc_check(pd_msg_admit_decode(buf, 80, &chk, &tmp), &tmp, eb);
+}
+
+uint64_t pd_msg_grant_size(uint32_t n_pages) {
+    return PD_MSG_GRANT_FIXED + (uint64_t)PD_MSG_GRANT_ENTRY * n_pages;
+}
+
+pd_msg_grant_entry pd_msg_grant_entry_at(const pd_msg_grant *g, uint32_t i) {
+    const uint8_t *q = g->entries + (size_t)PD_MSG_GRANT_ENTRY * i;
+    pd_msg_grant_entry en;
+    en.page_id = pd_load_u32(q);
+    en.first_token = pd_load_u32(q + 4);
+    en.n_tokens = pd_load_u32(q + 8);
+    en.gen = pd_load_u64(q + 16);
+    return en;
+}
+
+/* The layout part of GRANT: fixed part, bound, len == 32 + 24 n_pages. */
+static ks_err grant_layout(const char *name, const uint8_t *p, uint32_t len, ks_errbuf *eb) {
+    ks_err e = want_min(name, len, PD_MSG_GRANT_FIXED, eb);
+    if (e) return e;
+    if (len > PD_MSG_GRANT_MAX)
+        return PROTO("%s: payload is %u bytes, over the %u-byte bound", name, len,
+                     PD_MSG_GRANT_MAX);
+    uint32_t n_pages = pd_load_u32(p + 24);
+    return want_var(name, "n_pages", len, PD_MSG_GRANT_FIXED,
+                    (uint64_t)PD_MSG_GRANT_ENTRY * n_pages, eb);
+}
+
+ks_err pd_msg_grant_decode(const uint8_t *p, uint32_t len, pd_msg_grant *out, ks_errbuf *eb) {
+    ks_err e = grant_layout("GRANT", p, len, eb);
+    if (e) return e;
+    pd_msg_grant g;
+    g.seq_uid = pd_load_u64(p);
+    g.link_epoch = pd_load_u64(p + 8);
+    g.n_prompt = pd_load_u32(p + 16);
+    g.page_tokens = pd_load_u32(p + 20);
+    g.n_pages = pd_load_u32(p + 24);
+    g.entries = p + PD_MSG_GRANT_FIXED;
+    if (g.link_epoch == 0) return PROTO("GRANT: link_epoch is 0");
+    if (g.n_prompt < 1) return PROTO("GRANT: n_prompt is 0");
+    if (g.page_tokens < 1) return PROTO("GRANT: page_tokens is 0");
+    uint64_t want = ((uint64_t)g.n_prompt + g.page_tokens - 1) / g.page_tokens;
+    if (g.n_pages != want)
+        return PROTO("GRANT: n_pages %u but ceil(n_prompt %u / page_tokens %u) is %llu",
+                     g.n_pages, g.n_prompt, g.page_tokens, (unsigned long long)want);
+    for (uint32_t i = 0; i < g.n_pages; i++) {
+        pd_msg_grant_entry en = pd_msg_grant_entry_at(&g, i);
+        uint64_t first = (uint64_t)i * g.page_tokens; /* < n_prompt since i < n_pages */
+        uint64_t end = (uint64_t)en.first_token + en.n_tokens;
+        if (en.first_token != first)
+            return PROTO("GRANT: page %u has first_token %u, expected %llu", i, en.first_token,
+                         (unsigned long long)first);
+        if (end > g.n_prompt)
+            return PROTO("GRANT: page %u covers tokens [%u, %llu) but n_prompt is %u", i,
+                         en.first_token, (unsigned long long)end, g.n_prompt);
+        uint64_t n_want = g.n_prompt - first < g.page_tokens ? g.n_prompt - first : g.page_tokens;
+        if (en.n_tokens != n_want)
+            return PROTO("GRANT: page %u covers tokens [%u, %llu), expected [%u, %llu)", i,
+                         en.first_token, (unsigned long long)end, en.first_token,
+                         (unsigned long long)(first + n_want));
+    }
+    *out = g;
+    return KS_OK;
+}
+
+ks_err pd_msg_grant_encode(const pd_msg_grant *m, const pd_msg_grant_entry *entries,
+                           uint8_t *buf, size_t cap, uint32_t *out_len, ks_errbuf *eb) {
+    uint64_t size = pd_msg_grant_size(m->n_pages);
+    if (size > PD_MSG_GRANT_MAX)
+        return ks_seterr(eb, KS_ERR_INVAL, "GRANT: %u pages exceed the %u-byte bound",
+                         m->n_pages, PD_MSG_GRANT_MAX);
+    ks_err ret;
+    if (enc_begin(size, buf, cap, out_len, &ret, "GRANT", eb)) return ret;
+    pd_store_u64(buf, m->seq_uid);
+    pd_store_u64(buf + 8, m->link_epoch);
+    pd_store_u32(buf + 16, m->n_prompt);
+    pd_store_u32(buf + 20, m->page_tokens);
+    pd_store_u32(buf + 24, m->n_pages);
+    for (uint32_t i = 0; i < m->n_pages; i++) {
+        uint8_t *q = buf + PD_MSG_GRANT_FIXED + (size_t)PD_MSG_GRANT_ENTRY * i;
+        pd_store_u32(q, entries[i].page_id);
+        pd_store_u32(q + 4, entries[i].first_token);
+        pd_store_u32(q + 8, entries[i].n_tokens);
+        pd_store_u64(q + 16, entries[i].gen);
+    }
+    pd_msg_grant chk;
+    ks_errbuf tmp;
+    return enc_check(pd_msg_grant_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
+}
+
+static const char *deny_name(uint32_t r) {
+    switch (r) {
+    case PD_DENY_NOSPACE: return "NOSPACE";
+    case PD_DENY_NO_LINK: return "NO_LINK";
+    case PD_DENY_CONTEXT: return "CONTEXT";
+    case PD_DENY_DUPLICATE: return "DUPLICATE";
+    case PD_DENY_DRAINING: return "DRAINING";
+    default: return NULL;
+    }
+}
+
+ks_err pd_msg_deny_decode(const uint8_t *p, uint32_t len, pd_msg_deny *out, ks_errbuf *eb) {
+    pd_msg_deny m;
+    ks_err e = text_decode("DENY", p, len, 8, 4, &m.msg, &m.msg_len, eb);
+    if (e) return e;
+    m.reason = pd_load_u32(p);
+    if (!deny_name(m.reason)) return PROTO("DENY: reason %u out of range [1, 5]", m.reason);
+    *out = m;
+    return KS_OK;
+}
+
+ks_err pd_msg_deny_encode(const pd_msg_deny *m, uint8_t *buf, size_t cap, uint32_t *out_len,
+                          ks_errbuf *eb) {
+    ks_err ret = text_pre("DENY", m->msg_len, eb);
+    if (ret) return ret;
+    if (enc_begin(8u + m->msg_len, buf, cap, out_len, &ret, "DENY", eb)) return ret;
+    pd_store_u32(buf, m->reason);
+    pd_store_u32(buf + 4, m->msg_len);
+    if (m->msg_len) memcpy(buf + 8, m->msg, m->msg_len);
+    pd_msg_deny chk;
+    ks_errbuf tmp;
+    return enc_check(pd_msg_deny_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
+}
+
+uint64_t pd_msg_prefill_size(uint32_t grant_len, uint32_t n_prompt) {
+    return PD_MSG_PREFILL_FIXED + (uint64_t)grant_len + 4u * (uint64_t)n_prompt;
+}
+
+int32_t pd_msg_prefill_token(const pd_msg_prefill *p, uint32_t i) {
+    return (int32_t)pd_load_u32(p->tokens + 4u * (size_t)i);
+}
+
+ks_err pd_msg_prefill_decode(const uint8_t *p, uint32_t len, pd_msg_prefill *out,
+                             ks_errbuf *eb) {
+    ks_err e = want_min("PREFILL", len, PD_MSG_PREFILL_FIXED, eb);
+    if (e) return e;
+    if (len > PD_MSG_PREFILL_MAX)
+        return PROTO("PREFILL: payload is %u bytes, over the %u-byte bound", len,
+                     PD_MSG_PREFILL_MAX);
+    pd_msg_prefill m;
+    m.decode_worker_id = pd_load_u32(p);
+    m.n_prompt = pd_load_u32(p + 4);
+    m.grant_len = pd_load_u32(p + 76);
+    if ((e = want_var("PREFILL", "grant_len and n_prompt", len, PD_MSG_PREFILL_FIXED,
+                      (uint64_t)m.grant_len + 4u * (uint64_t)m.n_prompt, eb)))
+        return e;
+    m.grant = p + PD_MSG_PREFILL_FIXED;
+    m.tokens = m.grant + m.grant_len;
+    if ((e = grant_layout("PREFILL: grant", m.grant, m.grant_len, eb))) return e;
+    memcpy(m.domain_hash, p + 16, PD_MSG_HASH_BYTES);
+    if ((e = sampling_decode("PREFILL", p, 8, false, &m.s, eb))) return e;
+    *out = m;
+    return KS_OK;
+}
+
+ks_err pd_msg_prefill_grant(const pd_msg_prefill *p, pd_msg_grant *out, ks_errbuf *eb) {
+    ks_errbuf tmp;
+    pd_msg_grant g;
+    if (pd_msg_grant_decode(p->grant, p->grant_len, &g, &tmp))
+        return PROTO("PREFILL: grant: %s", tmp.msg);
+    if (g.n_prompt != p->n_prompt)
+        return PROTO("PREFILL: n_prompt %u but its grant covers %u tokens", p->n_prompt,
+                     g.n_prompt);
+    *out = g;
+    return KS_OK;
+}
+
+ks_err pd_msg_prefill_encode(const pd_msg_prefill *m, const int32_t *tokens, uint8_t *buf,
+                             size_t cap, uint32_t *out_len, ks_errbuf *eb) {
+    uint64_t size = pd_msg_prefill_size(m->grant_len, m->n_prompt);
+    if (size > PD_MSG_PREFILL_MAX)
+        return ks_seterr(eb, KS_ERR_INVAL, "PREFILL: %llu bytes exceed the %u-byte bound",
+                         (unsigned long long)size, PD_MSG_PREFILL_MAX);
+    ks_err ret;
+    if (enc_begin(size, buf, cap, out_len, &ret, "PREFILL", eb)) return ret;
+    pd_store_u32(buf, m->decode_worker_id);
+    pd_store_u32(buf + 4, m->n_prompt);
+    memcpy(buf + 16, m->domain_hash, PD_MSG_HASH_BYTES);
+    sampling_encode(buf, 8, &m->s);
+    pd_store_u32(buf + 76, m->grant_len);
+    if (m->grant_len) memcpy(buf + PD_MSG_PREFILL_FIXED, m->grant, m->grant_len);
+    uint8_t *t = buf + PD_MSG_PREFILL_FIXED + m->grant_len;
+    for (uint32_t i = 0; i < m->n_prompt; i++) pd_store_u32(t + 4u * (size_t)i, (uint32_t)tokens[i]);
+    pd_msg_prefill chk;
+    ks_errbuf tmp;
+    return enc_check(pd_msg_prefill_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
+}
+
+// ----------------------------------------------------------------------------
+// REJECT, ABORT, ABORT_ACK, TOKEN, FINISH
+
+ks_err pd_msg_reject_decode(const uint8_t *p, uint32_t len, pd_msg_reject *out,
+                            ks_errbuf *eb) {
+    pd_msg_reject m;
+    ks_err e = text_decode("REJECT", p, len, 12, 8, &m.msg, &m.msg_len, eb);
+    if (e) return e;
+    m.reason = pd_load_u32(p);
+    m.http_status = pd_load_u16(p + 4);
+    if (m.reason < PD_REJECT_CONTEXT || m.reason > PD_REJECT_DRAINING)
+        return PROTO("REJECT: reason %u out of range [1, 6]", m.reason);
+    if (m.http_status != 400 && m.http_status != 413 && m.http_status != 503)
+        return PROTO("REJECT: http_status %u is not 400, 413 or 503", m.http_status);
+    *out = m;
+    return KS_OK;
+}
+
+ks_err pd_msg_reject_encode(const pd_msg_reject *m, uint8_t *buf, size_t cap,
+                            uint32_t *out_len, ks_errbuf *eb) {
+    ks_err ret = text_pre("REJECT", m->msg_len, eb);
+    if (ret) return ret;
+    if (enc_begin(12u + m->msg_len, buf, cap, out_len, &ret, "REJECT", eb)) return ret;
+    pd_store_u32(buf, m->reason);
+    pd_store_u16(buf + 4, m->http_status);
+    pd_store_u32(buf + 8, m->msg_len);
+    if (m->msg_len) memcpy(buf + 12, m->msg, m->msg_len);
+    pd_msg_reject chk;
+    ks_errbuf tmp;
+    return enc_check(pd_msg_reject_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
+}
+
+ks_err pd_msg_abort_decode(const uint8_t *p, uint32_t len, pd_msg_abort *out, ks_errbuf *eb) {
+    ks_err e = want_len("ABORT", len, 4, eb);
+    if (e) return e;
+    uint32_t r = pd_load_u32(p);
+    if (r < PD_ABORT_CLIENT_GONE || r > PD_ABORT_STOP)
+        return PROTO("ABORT: reason %u out of range [1, 6]", r);
+    out->reason = r;
+    return KS_OK;
+}
+
+ks_err pd_msg_abort_encode(const pd_msg_abort *m, uint8_t *buf, size_t cap, uint32_t *out_len,
+                           ks_errbuf *eb) {
+    ks_err ret;
+    if (enc_begin(4, buf, cap, out_len, &ret, "ABORT", eb)) return ret;
+    pd_store_u32(buf, m->reason);
+    pd_msg_abort chk;
+    ks_errbuf tmp;
+    return enc_check(pd_msg_abort_decode(buf, 4, &chk, &tmp), &tmp, eb);
+}
+
+ks_err pd_msg_abort_ack_decode(const uint8_t *payload, uint32_t len, ks_errbuf *eb) {
+    (void)payload;
+    return want_len("ABORT_ACK", len, 0, eb);
+}
+
+/* {u32 n_top at n_off} then n_top pairs after `fixed` bytes. */
+static ks_err top_decode(const char *name, const uint8_t *p, uint32_t len, uint32_t fixed,
+                         uint32_t n_off, uint32_t *n_top, ks_errbuf *eb) {
+    ks_err e = want_min(name, len, fixed, eb);
+    if (e) return e;
+    uint32_t n = pd_load_u32(p + n_off);
+    if (n > PD_MSG_MAX_TOP) return PROTO("%s: n_top %u exceeds %u", name, n, PD_MSG_MAX_TOP);
+    if ((e = want_var(name, "n_top", len, fixed, 8u * (uint64_t)n, eb))) return e;
+    *n_top = n;
+    return KS_OK;
+}
+
+static ks_err top_pre(const char *name, uint32_t n_top, ks_errbuf *eb) {
+    if (n_top > PD_MSG_MAX_TOP)
+        return ks_seterr(eb, KS_ERR_INVAL, "%s: n_top %u exceeds %u", name, n_top,
+                         PD_MSG_MAX_TOP);
+    return KS_OK;
+}
+
+ks_err pd_msg_token_decode(const uint8_t *p, uint32_t len, pd_msg_token *out, ks_errbuf *eb) {
+    pd_msg_token m;
+    ks_err e = top_decode("TOKEN", p, len, 12, 8, &m.n_top, eb);
+    if (e) return e;
+    m.token = (int32_t)pd_load_u32(p);
+    m.logprob = load_f32(p + 4);
+    m.top = p + 12;
+    *out = m;
+    return KS_OK;
+}
+
+ks_err pd_msg_token_encode(const pd_msg_token *m, const pd_msg_top *top, uint8_t *buf,
+                           size_t cap, uint32_t *out_len, ks_errbuf *eb) {
+    ks_err ret = top_pre("TOKEN", m->n_top, eb);
+    if (ret) return ret;
+    if (enc_begin(12u + 8u * m->n_top, buf, cap, out_len, &ret, "TOKEN", eb)) return ret;
+    pd_store_u32(buf, (uint32_t)m->token);
+    store_f32(buf + 4, m->logprob);
+    pd_store_u32(buf + 8, m->n_top);
+    store_top(buf + 12, top, m->n_top);
+    return KS_OK;
+}
+
+ks_err pd_msg_finish_decode(const uint8_t *p, uint32_t len, pd_msg_finish *out,
+                            ks_errbuf *eb) {
+    pd_msg_finish m;
+    ks_err e = text_decode("FINISH", p, len, 20, 16, &m.msg, &m.msg_len, eb);
+    if (e) return e;
+    m.finish = pd_load_u32(p);
+    m.n_prompt = pd_load_u32(p + 4);
+    m.n_gen = pd_load_u32(p + 8);
+    m.err = pd_load_u32(p + 12);
+    if (m.finish < PD_FINISH_STOP || m.finish > PD_FINISH_ERROR)
+        return PROTO("FINISH: finish %u out of range [1, 4]", m.finish);
+    if (m.err >= (uint32_t)KS_ERR__COUNT)
+        return PROTO("FINISH: err %u is not a ks_err value", m.err);
+    if (m.err != 0 && (m.finish == PD_FINISH_STOP || m.finish == PD_FINISH_LENGTH))
+        return PROTO("FINISH: err %u with finish %s (must be 0)", m.err,
+                     m.finish == PD_FINISH_STOP ? "STOP" : "LENGTH");
+    *out = m;
+    return KS_OK;
+}
+
+ks_err pd_msg_finish_encode(const pd_msg_finish *m, uint8_t *buf, size_t cap,
+                            uint32_t *out_len, ks_errbuf *eb) {
+    ks_err ret = text_pre("FINISH", m->msg_len, eb);
+    if (ret) return ret;
+    if (enc_begin(20u + m->msg_len, buf, cap, out_len, &ret, "FINISH", eb)) return ret;
+    pd_store_u32(buf, m->finish);
+    pd_store_u32(buf + 4, m->n_prompt);
+    pd_store_u32(buf + 8, m->n_gen);
+    pd_store_u32(buf + 12, m->err);
+    pd_store_u32(buf + 16, m->msg_len);
+    if (m->msg_len) memcpy(buf + 20, m->msg, m->msg_len);
+    pd_msg_finish chk;
+    ks_errbuf tmp;
+    return enc_check(pd_msg_finish_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
+}
+
+// ----------------------------------------------------------------------------
+// KV_PAGE header, DONE
+
+ks_err pd_msg_kv_page_decode(const uint8_t *p, uint32_t prefix_len, uint32_t frame_len,
+                             const kv_geom *g, pd_msg_kv_page *out, ks_errbuf *eb) {
+    if (prefix_len < PD_MSG_KV_PAGE_HDR)
+        return PROTO("KV_PAGE: page header is %u bytes, expected %u", prefix_len,
+                     PD_MSG_KV_PAGE_HDR);
+    if (g->n_layer <= 0 || g->kv_dim <= 0 || g->page_tokens <= 0)
+        return PROTO("KV_PAGE: link has no valid geometry");
+    pd_msg_kv_page m;
+    m.page_index = pd_load_u32(p);
+    m.page_id = pd_load_u32(p + 4);
+    m.tag_seq_uid = pd_load_u64(p + 8);
+    m.tag_gen = pd_load_u64(p + 16);
+    m.n_rows = pd_load_u32(p + 24);
+    m.layer_first = pd_load_u32(p + 28);
+    m.layer_count = pd_load_u32(p + 32);
+    if (m.n_rows < 1 || m.n_rows > (uint32_t)g->page_tokens)
+        return PROTO("KV_PAGE: n_rows %u out of range [1, %d]", m.n_rows, g->page_tokens);
+    if (m.layer_count < 1) return PROTO("KV_PAGE: layer_count is 0");
+    if ((uint64_t)m.layer_first + m.layer_count > (uint64_t)g->n_layer)
+        return PROTO("KV_PAGE: layers [%u, %llu) exceed n_layer %d", m.layer_first,
+                     (unsigned long long)((uint64_t)m.layer_first + m.layer_count), g->n_layer);
+    uint64_t want = pd_msg_kv_page_len(g, m.n_rows, m.layer_count);
+    if (frame_len != want)
+        return PROTO("KV_PAGE: len %u but %u layers x %u rows x kv_dim %d need %llu", frame_len,
+                     m.layer_count, m.n_rows, g->kv_dim, (unsigned long long)want);
+    *out = m;
+    return KS_OK;
+}
+
+ks_err pd_msg_kv_page_encode(const pd_msg_kv_page *m, const kv_geom *g, uint8_t *buf,
+                             size_t cap, uint32_t *out_len, ks_errbuf *eb) {
+    ks_err ret;
+    if (enc_begin(PD_MSG_KV_PAGE_HDR, buf, cap, out_len, &ret, "KV_PAGE", eb)) return ret;
+    pd_store_u32(buf, m->page_index);
+    pd_store_u32(buf + 4, m->page_id);
+    pd_store_u64(buf + 8, m->tag_seq_uid);
+    pd_store_u64(buf + 16, m->tag_gen);
+    pd_store_u32(buf + 24, m->n_rows);
+    pd_store_u32(buf + 28, m->layer_first);
+    pd_store_u32(buf + 32, m->layer_count);
+    uint64_t full = pd_msg_kv_page_len(g, m->n_rows, m->layer_count);
+    if (full > PD_MSG_MAX_FRAME)
+        return ks_seterr(eb, KS_ERR_INVAL, "KV_PAGE: %llu bytes exceed the frame maximum",
+                         (unsigned long long)full);
+    pd_msg_kv_page chk;
+    ks_errbuf tmp;
+    return enc_check(pd_msg_kv_page_decode(buf, PD_MSG_KV_PAGE_HDR, (uint32_t)full, g, &chk,
+                                           &tmp),
+                     &tmp, eb);
+}
+
+ks_err pd_msg_done_decode(const uint8_t *p, uint32_t len, pd_msg_done *out, ks_errbuf *eb) {
+    pd_msg_done m;
+    ks_err e = top_decode("DONE", p, len, 24, 12, &m.n_top, eb);
+    if (e) return e;
+    m.covered = pd_load_u32(p);
+    m.first_token = (int32_t)pd_load_u32(p + 4);
+    m.logprob = load_f32(p + 8);
+    m.rng_state = pd_load_u64(p + 16);
+    m.top = p + 24;
+    *out = m;
+    return KS_OK;
+}
+
+ks_err pd_msg_done_encode(const pd_msg_done *m, const pd_msg_top *top, uint8_t *buf,
+                          size_t cap, uint32_t *out_len, ks_errbuf *eb) {
+    ks_err ret = top_pre("DONE", m->n_top, eb);
+    if (ret) return ret;
+    if (enc_begin(24u + 8u * m->n_top, buf, cap, out_len, &ret, "DONE", eb)) return ret;
+    pd_store_u32(buf, m->covered);
+    pd_store_u32(buf + 4, (uint32_t)m->first_token);
+    store_f32(buf + 8, m->logprob);
+    pd_store_u32(buf + 12, m->n_top);
+    pd_store_u64(buf + 16, m->rng_state);
+    store_top(buf + 24, top, m->n_top);
+    return KS_OK;
+}
