@@ -1,5 +1,5 @@
-/* main.c — subcommand dispatch for the `kvseal` binary. Subcommands that
- * are not linked in yet are weak symbols and report "not available". */
+/* main.c — subcommand dispatch for the `kvseal` binary. The subcommands
+ * are declared in cli.h and live in the ks_cli library. */
 #include "kvseal/cli.h"
 #include "kvseal/base.h"
 
@@ -18,14 +18,6 @@ typedef struct {
     const char *help;
 } cli__cmd;
 
-int cli_inspect(int argc, char **argv) __attribute__((weak));
-int cli_tokenize(int argc, char **argv) __attribute__((weak));
-int cli_run(int argc, char **argv) __attribute__((weak));
-int cli_perplexity(int argc, char **argv) __attribute__((weak));
-int cli_mkmodel(int argc, char **argv) __attribute__((weak));
-int cli_bench(int argc, char **argv) __attribute__((weak));
-int cli_serve(int argc, char **argv) __attribute__((weak));
-int cli_check(int argc, char **argv) __attribute__((weak));
 
 const char *cli_default_model(void) {
     const char *e = getenv("KS_MODEL");
@@ -70,10 +62,6 @@ int cli_main(int argc, char **argv) {
     }
     for (size_t i = 0; i < n; i++) {
         if (strcmp(argv[1], cmds[i].name) != 0) continue;
-        if (!cmds[i].fn) {
-            fprintf(stderr, "kvseal: '%s' is not available in this build\n", argv[1]);
-            return 2;
-        }
         return cmds[i].fn(argc - 1, argv + 1);
     }
     fprintf(stderr, "kvseal: unknown command '%s'\n\n", argv[1]);
