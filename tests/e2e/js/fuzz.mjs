@@ -46,7 +46,6 @@ for (let i = 0; i < 24; i++) {
     body: JSON.stringify(i % 2 ? { ...body, messages: [{ role: 'user', content: body.prompt }] } : body) });
   const text = await res.text();
   if (res.status !== 200) fail(`flat sampling: status ${res.status}: ${text.slice(0, 200)}`);
-  if (text.includes('\ufffd') && !body.stream) { /* a lone byte at the end is flushed as U+FFFD: allowed */ }
 }
 const r = await post('/v1/completions', JSON.stringify({ prompt: 'In the beginning', max_tokens: 8, temperature: 0 }));
 if (r.status !== 200 || r.json.choices[0].text !== ' of the Lord, and in the Lord')
