@@ -139,6 +139,11 @@ uint32_t kv_seq_quarantine(kv_pool *p, kv_seq *s);
  * seq_uid and returns it to FREE; returns how many. O(pool pages). */
 uint32_t kv_pool_quarantine_free(kv_pool *p, uint64_t seq_uid);
 
+/* Entry i (< s->n_pages) of the block table: the page id and the tag the
+ * sequence expects there — what a grant announces to a remote writer. No
+ * address is involved; can't fail (asserts i). */
+kv_entry kv_seq_entry(const kv_seq *s, uint32_t i);
+
 /* K and V rows of page page_idx of s for one layer, for reading rows
  * [0, n_rows): checks the entry's tag against the page header, that the page
  * is READY and that filled >= n_rows. *k and *v point at (page_tokens,

@@ -287,6 +287,11 @@ static ks_err kv__seq_grow(kv_seq *s, uint32_t need, ks_errbuf *eb) {
     return KS_OK;
 }
 
+kv_entry kv_seq_entry(const kv_seq *s, uint32_t i) {
+    KS_ASSERT(i < s->n_pages);
+    return s->ent[i];
+}
+
 ks_err kv__seq_push(kv_seq *s, uint32_t page, kv_tag tag) {
     ks_err e = kv__seq_grow(s, s->n_pages + 1, NULL);
     if (e) return e;

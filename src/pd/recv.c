@@ -234,13 +234,12 @@ ks_err pd_recv_admit(pd_recv *r, uint64_t req_id, const pd_recv_admit_args *a,
     if (glen <= PD_MSG_GRANT_MAX) q->grant_buf = malloc((size_t)glen);
     if (!q->ent || !q->bits || !q->grant_buf) goto fail_nomem;
     for (uint32_t i = 0; i < q->n_grant; i++) {
-        // kv.h gives no accessor for a block-table entry; the grant needs the page ids.
-        const kv_entry *ke = &q->seq.ent[i];
-        KS_ASSERT(ke->tag.seq_uid == q->seq_uid);
-        q->ent[i].page_id = ke->page;
+        const kv_entry ke = kv_seq_entry(&q->seq, i);  // the grant announces id and tag
+        KS_ASSERT(ke.tag.seq_uid == q->seq_uid);
+        q->ent[i].page_id = ke.page;
         q->ent[i].first_token = i * pt;
         q->ent[i].n_tokens = (i + 1 == q->n_grant) ? a->n_prompt - i * pt : pt;
-        q->ent[i].gen = ke->tag.gen;
+        q->ent[i].gen = ke.tag.gen;
     }
     if (pd_msg_grant_encode(&gm, q->ent, q->grant_buf, (size_t)glen, &q->grant_len, &kb) != KS_OK) {
         ks_log(KS_LOG_ERROR, "pd_recv: grant for request %llu: %s", (unsigned long long)req_id,
