@@ -193,9 +193,9 @@ static bool spm__try_pair(enc__ctx *c, const char *w, int32_t left, int32_t righ
     return enc__heap_push(&c->heap, (enc__pair){c->v->scores[id], left, right, l->n + r->n});
 }
 
-/* Tokenizes w[0..n) (already space-escaped) and appends ids. */
-static bool spm__encode(enc__ctx *c, const char *w, size_t n) {
-    if (n == 0) return true;
+/* Starts a merge over w[0..n): one symbol per UTF-8 character (a truncated
+ * sequence at the end is one symbol) and an empty pair heap. */
+static bool enc__split_chars(enc__ctx *c, const char *w, size_t n) {
     if (!enc__symbols(c, n)) return false;
     for (size_t off = 0; off < n;) {
         size_t l = tok__utf8_len((uint8_t)w[off]);
@@ -204,6 +204,13 @@ static bool spm__encode(enc__ctx *c, const char *w, size_t n) {
         off += l;
     }
     c->heap.n = 0;
+    return true;
+}
+
+/* Tokenizes w[0..n) (already space-escaped) and appends ids. */
+static bool spm__encode(enc__ctx *c, const char *w, size_t n) {
+    if (n == 0) return true;
+    if (!enc__split_chars(c, w, n)) return false;
     for (size_t i = 1; i < c->n_sym; i++)
         if (!spm__try_pair(c, w, (int32_t)i - 1, (int32_t)i)) return false;
     while (c->heap.n) {
@@ -258,14 +265,7 @@ static bool bpe__word(enc__ctx *c, const char *w, size_t n) {
         int32_t id = tok_find(v, w, n);
         if (id != TOK_NULL) return tok__ids_push(c->out, id);
     }
-    if (!enc__symbols(c, n)) return false;
-    for (size_t off = 0; off < n;) {
-        size_t l = tok__utf8_len((uint8_t)w[off]);
-        if (l > n - off) l = n - off;
-        enc__add_sym(c, off, l, n);
-        off += l;
-    }
-    c->heap.n = 0;
+    if (!enc__split_chars(c, w, n)) return false;
     for (size_t i = 1; i < c->n_sym; i++)
         if (!bpe__try_pair(c, w, (int32_t)i - 1, (int32_t)i)) return false;
     while (c->heap.n) {
