@@ -93,13 +93,15 @@ static int serve__parse(int argc, char **argv, serve__cfg *c) {
     c->model_path = cli_default_model();
     c->host = "127.0.0.1";
     c->port = 8080;
-    c->page_tokens = 16;
-    c->max_running = 16;
-    c->queue_max = 64;
-    c->queue_timeout_ms = 30000;
-    c->batch = 256;
+    engine_opts d;  // the engine's defaults are the only copy of them
+    engine_opts_default(&d);
+    c->page_tokens = d.page_tokens;
+    c->max_running = d.max_running;
+    c->queue_max = d.queue_max;
+    c->queue_timeout_ms = d.queue_timeout_ms;
+    c->batch = d.max_batch_tokens;
     c->idle_timeout = 120;
-    c->scrub = KV_SCRUB_ZERO;
+    c->scrub = d.scrub;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define INTOPT(name, field, lo, hi)                                                                \
