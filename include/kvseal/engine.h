@@ -42,6 +42,8 @@ typedef enum engine_finish {
     ENGINE_FINISH_ERROR = 4,  /* internal error, e.g. an isolation violation */
 } engine_finish;
 
+typedef struct engine engine;
+
 typedef struct engine_opts {
     const model *m;            /* borrowed; outlives the engine */
     int n_threads;             /* compute threads */
@@ -59,6 +61,16 @@ typedef struct engine_opts {
      * called on the scheduler thread */
     void (*on_security_event)(void *ctx, const char *json);
     void *event_ctx;
+    /* Decode-worker hook (NULL: none). The scheduler thread calls
+     * poll(poll_ctx, e, timeout_ms) once per loop iteration: with 0 while
+     * requests run, and with up to 50 when idle, in place of its own wait (so
+     * the hook must block up to timeout_ms for its own events, e.g. in
+     * epoll). poll_end(poll_ctx, e) runs once on that thread after the final
+     * abort at shutdown. engine_pool and engine_adopt may be called only from
+     * inside these two. */
+    void (*poll)(void *poll_ctx, engine *e, int timeout_ms);
+    void (*poll_end)(void *poll_ctx, engine *e);
+    void *poll_ctx;
 } engine_opts;
 
 /* Fills defaults for everything but m, n_ctx and kv_pages. Can't fail. */
@@ -70,8 +82,6 @@ void engine_opts_default(engine_opts *o);
  * KS_ERR_NOSPACE when it cannot. */
 ks_err engine_capacity_check(const engine_opts *o, bool *warn_out /* OUT */, char *buf,
                              size_t cap) KS_MUST_USE;
-
-typedef struct engine engine;
 
 /* Starts the scheduler thread. Errors: KS_ERR_NOSPACE (I8 check failed,
  * message gives the arithmetic), KS_ERR_NOMEM, KS_ERR_INVAL. */
@@ -136,6 +146,39 @@ void engine_req_cancel(engine_req *r);
 void engine_req_release(engine_req *r);
 /* The request's current state; thread-safe. */
 engine_state engine_req_state(const engine_req *r);
+
+/* The engine's KV pool. Only from inside engine_opts.poll / poll_end (the
+ * scheduler thread owns it); can't fail. */
+kv_pool *engine_pool(engine *e);
+
+/* A request whose prompt KV was computed elsewhere (a decode worker's
+ * verified handoff, docs/pd-protocol.md section 6). */
+typedef struct engine_adopt_args {
+    const char *tenant;    /* copied; for logs and security events */
+    int32_t n_prompt;      /* positions [0, n_prompt) of seq hold the prompt's KV */
+    int32_t max_tokens;    /* >= 1, counting first_token */
+    sample_params sp;      /* validated; seed as the prefill side used */
+    bool ignore_eos;
+    kv_seq *seq;           /* borrowed: filled with n_prompt READY positions and
+                              reserved for n_prompt + max_tokens; the engine never
+                              releases it and stops touching it once the request's
+                              done event is posted */
+    sample_result first;   /* the first token (first.token) and its logprobs, sampled
+                              by the prefill side from the last prompt position */
+    uint64_t rng_draws;    /* sampler_draws() after the first token, on the prefill side */
+} engine_adopt_args;
+
+/* Starts generation of an adopted request at once in DECODING: the first
+ * token is handled exactly as the engine handles a token it sampled itself
+ * (EOS ends it with FINISH_STOP and n_gen 0, else it is posted as the first
+ * event and counts toward max_tokens), and the sampler continues from
+ * rng_draws, so the tokens equal what engine_submit would have produced.
+ * Stop strings are not applied (the caller's). Only from inside
+ * engine_opts.poll. *out as engine_submit. Errors: KS_ERR_INVAL (bad
+ * params, token out of range), KS_ERR_AGAIN (max_running reached or
+ * offline), KS_ERR_NOMEM. */
+ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out /* OUT */,
+                    ks_errbuf *eb) KS_MUST_USE;
 
 /* Takes the engine offline (new submits get KS_ERR_AGAIN "offline"; with
  * abort_running, running requests are aborted, else they finish) or back

@@ -43,8 +43,9 @@
 #define PD_MAX_PAYLOAD_DEFAULT ((4u << 20) + PD_HDR_BYTES)
 /* Largest payload accepted before authentication (HELLO is 36 bytes). */
 #define PD_MAX_PAYLOAD_UNAUTH 64u
-/* Most payload iovecs per send / per sink destination. */
-#define PD_MAX_IOV 16
+/* Most payload iovecs per send / per sink destination (a KV_PAGE of a partial page
+ * needs 1 + 2 * n_layer). */
+#define PD_MAX_IOV 128
 
 /* Frame types 1 and 2 are the transport's handshake; all others belong to the
  * protocol layer (docs/pd-protocol.md). Append-only. */

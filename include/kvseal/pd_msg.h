@@ -57,6 +57,8 @@ typedef enum pd_msg_type {
     PD_MSG_ABORT_ACK = 0x0018,
     PD_MSG_TOKEN = 0x0019,
     PD_MSG_FINISH = 0x001A,
+    PD_MSG_POOL_CHECK = 0x001B,
+    PD_MSG_POOL_CHECK_ACK = 0x001C,
     PD_MSG_ERROR = 0x001F,
 } pd_msg_type;
 
@@ -78,7 +80,7 @@ typedef enum pd_msg_type {
 /* Node roles (HELLO, REGISTER). */
 enum { PD_ROLE_ROUTER = 1, PD_ROLE_PREFILL = 2, PD_ROLE_DECODE = 3 };
 /* ADMIT/PREFILL flags. */
-enum { PD_FLAG_IGNORE_EOS = 1u };
+enum { PD_FLAG_IGNORE_EOS = 1u, PD_FLAG_LOGPROBS = 2u };
 /* DENY reasons. */
 enum {
     PD_DENY_NOSPACE = 1, PD_DENY_NO_LINK = 2, PD_DENY_CONTEXT = 3,
@@ -152,6 +154,15 @@ typedef struct pd_msg_health_ack {
     uint32_t active_requests, free_pages, quarantined_pages;
 } pd_msg_health_ack;
 
+/* POOL_CHECK_ACK (24): P/D -> R, answering POOL_CHECK (empty payload, req_id =
+ * the router's check id). clean = 1 only when the worker has no transfer or
+ * request in flight and every page of its pool is FREE and scrubbed (I3). */
+typedef struct pd_msg_pool_check_ack {
+    uint32_t clean; /* 0 or 1 */
+    uint32_t active; /* transfers/requests in flight */
+    uint32_t free_pages, allocated, ready, quarantined;
+} pd_msg_pool_check_ack;
+
 /* PEER (8 + host_len). port 0: the decode worker was removed. */
 typedef struct pd_msg_peer {
     uint32_t decode_worker_id;
@@ -187,6 +198,8 @@ ks_err pd_msg_health_decode(const uint8_t *payload, uint32_t len, pd_msg_health 
                             ks_errbuf *eb) KS_MUST_USE;
 ks_err pd_msg_health_ack_decode(const uint8_t *payload, uint32_t len, pd_msg_health_ack *out,
                                 ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_pool_check_ack_decode(const uint8_t *payload, uint32_t len,
+                                    pd_msg_pool_check_ack *out, ks_errbuf *eb) KS_MUST_USE;
 ks_err pd_msg_peer_decode(const uint8_t *payload, uint32_t len, pd_msg_peer *out,
                           ks_errbuf *eb) KS_MUST_USE;
 ks_err pd_msg_link_decode(const uint8_t *payload, uint32_t len, pd_msg_link *out,
@@ -206,6 +219,8 @@ ks_err pd_msg_health_encode(const pd_msg_health *m, uint8_t *buf, size_t cap,
                             uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 ks_err pd_msg_health_ack_encode(const pd_msg_health_ack *m, uint8_t *buf, size_t cap,
                                 uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_pool_check_ack_encode(const pd_msg_pool_check_ack *m, uint8_t *buf, size_t cap,
+                                    uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 ks_err pd_msg_peer_encode(const pd_msg_peer *m, uint8_t *buf, size_t cap,
                           uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 ks_err pd_msg_link_encode(const pd_msg_link *m, uint8_t *buf, size_t cap,

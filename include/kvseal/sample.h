@@ -95,6 +95,13 @@ void sampler_reset(sampler *s);
 void sampler_accept(sampler *s, int32_t tok);
 /* sampler_accept for each of toks[0..n). */
 void sampler_accept_n(sampler *s, const int32_t *toks, int64_t n);
+/* Random draws taken since creation or the last reset: with the seed, the
+ * whole PRNG state (what a prefill worker hands to decode in DONE). O(1). */
+uint64_t sampler_draws(const sampler *s);
+/* Restarts the PRNG from params.seed and advances it by n draws, so a fresh
+ * sampler continues another one's sequence; the penalty history is kept.
+ * O(n); can't fail. */
+void sampler_skip_draws(sampler *s, uint64_t n);
 /* Chooses the next token from logits (n_vocab floats, caller-owned). The
  * penalties are applied IN PLACE (only to tokens in the window); nothing
  * else in logits changes, so on return it holds the penalized logits. NaN

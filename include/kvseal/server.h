@@ -36,6 +36,26 @@ typedef struct server_opts {
  * connections, 120 s idle timeout; everything else zero/NULL). Can't fail. */
 void server_opts_default(server_opts *o);
 
+/* What the HTTP front runs requests on: the local engine (`kvseal serve`) or
+ * a cluster of prefill and decode workers (`kvseal router`). The calls and
+ * their contracts are exactly engine.h's (engine_submit, engine_req_next,
+ * ...), with the engine replaced by impl and a request handle by void *. */
+typedef struct server_backend {
+    void *impl;
+    /* engine_submit: admission (I4), then enqueue; *req owned by the caller */
+    ks_err (*submit)(void *impl, const engine_params *p, void **req /* OUT */, ks_errbuf *eb);
+    ks_err (*next)(void *req, engine_event *ev /* OUT */, uint32_t timeout_ms); /* engine_req_next */
+    void (*cancel)(void *req);                                                  /* engine_req_cancel */
+    void (*release)(void *req);                                                 /* engine_req_release */
+    bool (*is_online)(void *impl);                                              /* engine_is_online */
+    void (*set_online)(void *impl, bool online, bool abort_running);            /* engine_set_online */
+    void (*get_stats)(void *impl, engine_stats *out /* OUT */);                 /* engine_get_stats */
+    ks_err (*check_quiescent)(void *impl, uint32_t timeout_ms, ks_errbuf *eb);  /* engine_check_quiescent */
+} server_backend;
+
+/* The backend that runs requests on engine e (borrowed). Can't fail. */
+void server_engine_backend(engine *e, server_backend *out /* OUT */);
+
 typedef struct server server;
 
 /* Loads the tenants file, binds and starts serving on internal threads.
@@ -45,6 +65,10 @@ typedef struct server server;
  * KS_ERR_INVAL (bad options), KS_ERR_NOMEM. *out owned by the caller. */
 ks_err server_create(const server_opts *o, engine *e, const model *m, server **out /* OUT */,
                      ks_errbuf *eb) KS_MUST_USE;
+/* As server_create, on any backend (copied; its impl borrowed and outliving
+ * the server). m supplies the tokenizer and chat template. Same errors. */
+ks_err server_create_backend(const server_opts *o, const server_backend *b, const model *m,
+                             server **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 /* The bound TCP port (the real one when opts.port was 0); can't fail. */
 int server_port(const server *s);
 /* Stops accepting new connections; requests in flight continue. Thread-safe. */

@@ -120,6 +120,8 @@ const char *pd_msg_type_name(uint16_t type) {
     case PD_MSG_ABORT_ACK: return "ABORT_ACK";
     case PD_MSG_TOKEN: return "TOKEN";
     case PD_MSG_FINISH: return "FINISH";
+    case PD_MSG_POOL_CHECK: return "POOL_CHECK";
+    case PD_MSG_POOL_CHECK_ACK: return "POOL_CHECK_ACK";
     case PD_MSG_ERROR: return "ERROR";
     default: return "UNKNOWN";
     }
@@ -169,6 +171,8 @@ ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES], ks_errbuf
     out[PD_MSG_ABORT_ACK] = 0;
     out[PD_MSG_TOKEN] = 12 + 8 * PD_MSG_MAX_TOP;
     out[PD_MSG_FINISH] = 20 + PD_MSG_MAX_TEXT;
+    out[PD_MSG_POOL_CHECK] = 0;
+    out[PD_MSG_POOL_CHECK_ACK] = 24;
     out[PD_MSG_ERROR] = 8 + PD_MSG_MAX_TEXT;
     return KS_OK;
 }
@@ -276,6 +280,35 @@ ks_err pd_msg_health_ack_encode(const pd_msg_health_ack *m, uint8_t *buf, size_t
     pd_store_u32(buf + 8, m->active_requests);
     pd_store_u32(buf + 12, m->free_pages);
     pd_store_u32(buf + 16, m->quarantined_pages);
+    return KS_OK;
+}
+
+ks_err pd_msg_pool_check_ack_decode(const uint8_t *p, uint32_t len, pd_msg_pool_check_ack *out,
+                                    ks_errbuf *eb) {
+    ks_err e = want_len("POOL_CHECK_ACK", len, 24, eb);
+    if (e) return e;
+    out->clean = pd_load_u32(p);
+    out->active = pd_load_u32(p + 4);
+    out->free_pages = pd_load_u32(p + 8);
+    out->allocated = pd_load_u32(p + 12);
+    out->ready = pd_load_u32(p + 16);
+    out->quarantined = pd_load_u32(p + 20);
+    if (out->clean > 1) return PROTO("POOL_CHECK_ACK: clean %u is not 0 or 1", out->clean);
+    return KS_OK;
+}
+
+ks_err pd_msg_pool_check_ack_encode(const pd_msg_pool_check_ack *m, uint8_t *buf, size_t cap,
+                                    uint32_t *out_len, ks_errbuf *eb) {
+    ks_err ret;
+    if (enc_begin(24, buf, cap, out_len, &ret, "POOL_CHECK_ACK", eb)) return ret;
+    if (m->clean > 1)
+        return ks_seterr(eb, KS_ERR_INVAL, "POOL_CHECK_ACK: clean %u is not 0 or 1", m->clean);
+    pd_store_u32(buf, m->clean);
+    pd_store_u32(buf + 4, m->active);
+    pd_store_u32(buf + 8, m->free_pages);
+    pd_store_u32(buf + 12, m->allocated);
+    pd_store_u32(buf + 16, m->ready);
+    pd_store_u32(buf + 20, m->quarantined);
     return KS_OK;
 }
 
@@ -403,7 +436,7 @@ static ks_err sampling_decode(const char *name, const uint8_t *p, uint32_t mt_of
     s->top_k = (int32_t)pd_load_u32(p + 68);
     s->n_probs = pd_load_u32(p + 72);
     if (need_max_tokens && s->max_tokens < 1) return PROTO("%s: max_tokens is 0", name);
-    if (s->flags & ~(uint32_t)PD_FLAG_IGNORE_EOS)
+    if (s->flags & ~(uint32_t)(PD_FLAG_IGNORE_EOS | PD_FLAG_LOGPROBS))
         return PROTO("%s: flags 0x%x has unknown bits", name, s->flags);
     if (s->n_probs > PD_MSG_MAX_TOP)
         return PROTO("%s: n_probs %u exceeds %u", name, s->n_probs, PD_MSG_MAX_TOP);

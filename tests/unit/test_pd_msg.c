@@ -268,7 +268,9 @@ static void test_names_and_bounds(void) {
     CHECK_EQ(tm[PD_MSG_AUTH], PD_TYPE_FORBIDDEN);
     CHECK_EQ(tm[0], PD_TYPE_FORBIDDEN);
     CHECK_EQ(tm[0x0B], PD_TYPE_FORBIDDEN);
-    CHECK_EQ(tm[0x1B], PD_TYPE_FORBIDDEN);
+    CHECK_EQ(tm[0x1D], PD_TYPE_FORBIDDEN);
+    CHECK_EQ(tm[PD_MSG_POOL_CHECK], 0);
+    CHECK_EQ(tm[PD_MSG_POOL_CHECK_ACK], 24);
     CHECK_EQ(tm[PD_MSG_REGISTER], 315);
     CHECK_EQ(tm[PD_MSG_REGISTER_ACK], 8);
     CHECK_EQ(tm[PD_MSG_HEALTH], 8);
@@ -492,6 +494,17 @@ static void test_round_trip_small(void) {
         CHECK_EQ(pd_msg_health_ack_decode(buf, n, &r, &eb), KS_OK);
         CHECK(n == 24 && r.seq == 0x123456789ull && r.active_requests == 7 &&
               r.free_pages == 8 && r.quarantined_pages == 9);
+    }
+    {
+        pd_msg_pool_check_ack m = {1, 0, 10, 2, 3, 4}, r;
+        CHECK_EQ(pd_msg_pool_check_ack_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
+        CHECK_EQ(pd_msg_pool_check_ack_decode(buf, n, &r, &eb), KS_OK);
+        CHECK(n == 24 && r.clean == 1 && r.active == 0 && r.free_pages == 10 && r.allocated == 2 &&
+              r.ready == 3 && r.quarantined == 4);
+        buf[0] = 2;  // clean is a boolean on the wire
+        CHECK_EQ(pd_msg_pool_check_ack_decode(buf, n, &r, &eb), KS_ERR_PROTO);
+        CHECK_STR_HAS(eb.msg, "POOL_CHECK_ACK: clean 2");
+        CHECK_EQ(pd_msg_pool_check_ack_decode(buf, n - 1, &r, &eb), KS_ERR_PROTO);
     }
     {
         pd_msg_peer m = {12, 0, HOST255, 255}, r;
@@ -822,7 +835,7 @@ static void test_enums_and_ranges(void) {
     REJECTS(PD_MSG_ADMIT, cp, n, "n_prompt");
     put_u32(cp, buf, n, 4, 0);
     REJECTS(PD_MSG_ADMIT, cp, n, "max_tokens");
-    put_u32(cp, buf, n, 12, 2);
+    put_u32(cp, buf, n, 12, 4);
     REJECTS(PD_MSG_ADMIT, cp, n, "flags");
     put_u32(cp, buf, n, 72, 65);
     REJECTS(PD_MSG_ADMIT, cp, n, "n_probs 65");

@@ -1,0 +1,104 @@
+/* cluster.h — the three long-running roles of a disaggregated deployment
+ * (module `cluster`): `kvseal router` (the HTTP front: same API, tenants and
+ * admission as `kvseal serve`, pairing, token relay), `kvseal prefill`
+ * (re-validation, the prompt's forward pass, KV push) and `kvseal decode`
+ * (page grants, verified commit, generation). They talk KVPD v1
+ * (docs/pd-protocol.md) over authenticated TCP (include/kvseal/pd.h).
+ *
+ * Threading: each worker runs one pd_loop. The prefill worker runs it on the
+ * calling thread and computes there; the decode worker runs it on the
+ * engine's scheduler thread (engine_opts.poll), so the KV pool, the transfer
+ * receiver and every running sequence have one owner. The router runs its
+ * loop on a thread of its own; HTTP threads reach it through the server
+ * backend interface (server.h) and pd_loop_post. */
+#ifndef KS_CLUSTER_H
+#define KS_CLUSTER_H
+
+#include <signal.h>
+
+#include "kvseal/base.h"
+#include "kvseal/engine.h"
+#include "kvseal/model.h"
+#include "kvseal/server.h"
+
+/* Reads the shared cluster secret from path: the file's bytes with trailing
+ * whitespace removed, at least 16 and at most cap bytes. Refuses a file that
+ * group or others may read (mode & 077), as ssh does for keys. Errors:
+ * KS_ERR_IO (cannot read: names the path and errno), KS_ERR_INVAL (too short,
+ * too long, or readable by others). */
+ks_err cluster_secret_load(const char *path, uint8_t *buf, size_t cap, size_t *len /* OUT */,
+                           ks_errbuf *eb) KS_MUST_USE;
+
+/* SHA-256 of the model file's metadata + tensor-info block (bytes [0,
+ * data_offset) of the GGUF): the REGISTER model_id. Can't fail. */
+void cluster_model_id(const model *m, uint8_t out[32] /* OUT */);
+
+/* Options of a prefill or decode worker. */
+typedef struct cluster_worker_opts {
+    const model *m;          /* borrowed; outlives the worker */
+    const uint8_t *secret;   /* cluster secret, secret_len >= 16 bytes; borrowed */
+    size_t secret_len;
+    const char *router_host; /* the router's control address ("127.0.0.1") */
+    int router_port;
+    /* decode only: the data-link listener (prefill workers connect here) */
+    const char *data_host;      /* bind address ("127.0.0.1") */
+    int data_port;              /* 0: any free port */
+    const char *advertise_host; /* address sent in REGISTER (default data_host) */
+    /* both: KV geometry and limits. Decode: the engine's options (m, n_ctx,
+     * kv_pages, page_tokens, n_threads, max_batch_tokens, max_running, scrub;
+     * prefix_cache is ignored: off). Prefill: n_ctx, kv_pages (its local
+     * pool), page_tokens, n_threads, max_batch_tokens (forward chunk), scrub. */
+    engine_opts eng;
+    uint32_t t_grant_ms, t_xfer_ms, t_ack_ms; /* decode timers (0: protocol defaults) */
+} cluster_worker_opts;
+
+/* Runs a prefill worker until *stop becomes non-zero: connects to the router
+ * (retrying with back-off until registered, and again after losing it),
+ * opens a data link to every decode worker the router names, serves PREFILL
+ * and ABORT. Returns KS_OK after a clean stop. Errors (at start only):
+ * KS_ERR_INVAL (options), KS_ERR_NOMEM, KS_ERR_IO. Blocks. */
+ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atomic_t *stop,
+                           ks_errbuf *eb) KS_MUST_USE;
+
+/* Runs a decode worker until *stop becomes non-zero: listens for data links,
+ * registers with the router (as prefill does), grants pages for ADMIT,
+ * receives KV straight into its pool, commits only verified handoffs (I6)
+ * and generates, streaming TOKEN/FINISH to the router. Prints "data link on
+ * HOST:PORT" to stdout once listening. Errors (at start only): KS_ERR_INVAL,
+ * KS_ERR_NOSPACE (pool too small, I8), KS_ERR_NOMEM, KS_ERR_IO. Blocks. */
+ks_err cluster_decode_run(const cluster_worker_opts *o, const volatile sig_atomic_t *stop,
+                          ks_errbuf *eb) KS_MUST_USE;
+
+/* Options of the router. */
+typedef struct cluster_router_opts {
+    const model *m;        /* borrowed: tokenizer, vocabulary, model_id, geometry */
+    const uint8_t *secret; /* cluster secret, borrowed */
+    size_t secret_len;
+    const char *host;      /* control listener address ("127.0.0.1") */
+    int port;              /* 0: any free port (cluster_router_port) */
+    int32_t n_ctx;         /* per-request limit, as engine_opts.n_ctx */
+    int page_tokens;       /* workers must register this geometry (16) */
+    uint32_t health_interval_ms; /* HEALTH period (1000); 3 misses drop a worker */
+    uint32_t queue_timeout_ms;   /* a request waiting for decode capacity this long is aborted (30000) */
+    uint32_t ttft_timeout_ms;    /* admitted without a first token this long: aborted (60000) */
+} cluster_router_opts;
+
+/* Fills defaults for everything but m, secret and n_ctx. Can't fail. */
+void cluster_router_opts_default(cluster_router_opts *o);
+
+typedef struct cluster_router cluster_router;
+
+/* Starts the router's loop thread and control listener. Errors: KS_ERR_INVAL,
+ * KS_ERR_IO (bind), KS_ERR_NOMEM. *out owned by the caller. */
+ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out /* OUT */,
+                             ks_errbuf *eb) KS_MUST_USE;
+/* The bound control port; can't fail. */
+int cluster_router_port(const cluster_router *r);
+/* The server backend that runs requests on the cluster (server_create_backend).
+ * Valid until cluster_router_destroy. Can't fail. */
+void cluster_router_backend(cluster_router *r, server_backend *out /* OUT */);
+/* Aborts every request, closes every connection, joins the loop thread and
+ * frees everything; accepts NULL. Call after server_destroy. Blocks. */
+void cluster_router_destroy(cluster_router *r);
+
+#endif /* KS_CLUSTER_H */

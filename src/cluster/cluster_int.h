@@ -1,0 +1,80 @@
+/* cluster_int.h — parts shared by the cluster roles (src/cluster/): the
+ * worker's control connection to the router (ctrl.c), sampling-parameter
+ * conversion to and from the wire (common.c), and the per-role type tables.
+ * Protocol: docs/pd-protocol.md. */
+#ifndef KS_CLUSTER_INT_H
+#define KS_CLUSTER_INT_H
+
+#include "kvseal/cluster.h"
+#include "kvseal/pd.h"
+#include "kvseal/pd_msg.h"
+#include "kvseal/sample.h"
+
+// ----------------------------------------------------------------------------
+// Sampling parameters on the wire (ADMIT, PREFILL)
+
+/* Fills the wire form of a request's sampling: max_tokens, flags
+ * (ignore_eos, logprobs), seed, temperature, top_p, min_p, top_k, n_probs.
+ * Returns false when sp uses something the wire cannot carry (a penalty:
+ * repeat/frequency/presence), with the reason in msg. Pure. */
+bool cl_sampling_to_msg(const sample_params *sp, int32_t max_tokens, bool ignore_eos,
+                        pd_msg_sampling *out /* OUT */, char *msg, size_t cap);
+/* The inverse: sample_params with penalties off. Pure; can't fail (validate
+ * the result with sample_params_validate). */
+void cl_sampling_from_msg(const pd_msg_sampling *m, sample_params *sp /* OUT */,
+                          bool *ignore_eos /* OUT */);
+
+/* A millisecond monotonic clock for pd_send/pd_recv cfg.clock; ctx unused. */
+uint64_t cl_now_ms(void *ctx);
+
+// ----------------------------------------------------------------------------
+// A worker's control connection to the router (ctrl.c)
+//
+// Connects to the router, retrying with back-off (100 ms doubling to 2 s)
+// until the handshake and REGISTER succeed; answers HEALTH (health cb) and
+// POOL_CHECK (pool_check cb) itself; hands every other router frame to
+// on_frame; after losing a registered connection (close, ERROR, or T_router
+// without HEALTH) calls on_lost once and starts over. All on the loop thread.
+
+typedef struct cl_ctrl cl_ctrl;
+
+typedef struct cl_ctrl_cfg {
+    const char *router_host;
+    int router_port;
+    pd_msg_register reg;       /* sent on every (re)connect; host borrowed */
+    const uint32_t *type_max;  /* PD_MSG_N_TYPES entries (pd_msg_type_max with the role's
+                                  forbidden types), borrowed, outlives the ctrl */
+    uint32_t t_router_ms;      /* no HEALTH for this long: router lost (5000) */
+} cl_ctrl_cfg;
+
+typedef struct cl_ctrl_cbs {
+    void (*on_registered)(void *ud, uint32_t worker_id);
+    /* any router frame but REGISTER_ACK, HEALTH and POOL_CHECK */
+    void (*on_frame)(void *ud, const pd_frame *f);
+    /* the registered connection is gone (F6/F7); a reconnect follows */
+    void (*on_lost)(void *ud);
+    /* fill active_requests, free_pages, quarantined_pages (seq is set here) */
+    void (*health)(void *ud, pd_msg_health_ack *out /* OUT */);
+    /* fill the POOL_CHECK answer (I3 check of the worker's pool) */
+    void (*pool_check)(void *ud, pd_msg_pool_check_ack *out /* OUT */);
+} cl_ctrl_cbs;
+
+/* Starts connecting (cfg and cbs copied; cbs.on_frame, health, pool_check
+ * required). Errors: KS_ERR_INVAL, KS_ERR_NOMEM. Loop thread. */
+ks_err cl_ctrl_start(pd_loop *l, const cl_ctrl_cfg *cfg, const cl_ctrl_cbs *cbs, void *ud,
+                     cl_ctrl **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* Runs reconnect back-off and the T_router check; call at least every 50 ms
+ * from the loop thread. Can't fail. */
+void cl_ctrl_tick(cl_ctrl *c);
+/* Sends a frame to the router. Errors: KS_ERR_PEER_CLOSED (not registered:
+ * nothing sent), else as pd_conn_send. Loop thread. */
+ks_err cl_ctrl_send(cl_ctrl *c, uint16_t type, uint64_t req_id, const struct iovec *iov,
+                    int n_iov, ks_errbuf *eb) KS_MUST_USE;
+/* True while registered; can't fail. */
+bool cl_ctrl_registered(const cl_ctrl *c);
+/* The router-assigned worker id (0 before the first REGISTER_ACK). */
+uint32_t cl_ctrl_worker_id(const cl_ctrl *c);
+/* Closes the connection (no on_lost) and frees; accepts NULL. Loop thread. */
+void cl_ctrl_destroy(cl_ctrl *c);
+
+#endif /* KS_CLUSTER_INT_H */

@@ -1,0 +1,135 @@
+/* common.c — what every cluster role shares: the cluster secret file, the
+ * model id, and sampling parameters on the wire (cluster_int.h). */
+#include "cluster_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sodium.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+ks_err cluster_secret_load(const char *path, uint8_t *buf, size_t cap, size_t *len, ks_errbuf *eb) {
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ks_seterr(eb, KS_ERR_IO, "cluster secret %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return ks_seterr(eb, KS_ERR_IO, "cluster secret %s: %s", path, strerror(e));
+    }
+    if (st.st_mode & 077) {
+        close(fd);
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "cluster secret %s is readable by group or others (mode %03o); "
+                         "chmod 600 it",
+                         path, (unsigned)(st.st_mode & 0777));
+    }
+    size_t n = 0;
+    for (;;) {
+        if (n == cap) {  // one more byte would not fit: too long (unless whitespace)
+            uint8_t extra[64];
+            ssize_t k = read(fd, extra, sizeof extra);
+            bool only_ws = k >= 0;
+            for (ssize_t i = 0; i < k; i++)
+                only_ws &= extra[i] == '\n' || extra[i] == '\r' || extra[i] == ' ' || extra[i] == '\t';
+            if (k == 0 || (only_ws && k < (ssize_t)sizeof extra)) break;
+            close(fd);
+            sodium_memzero(buf, cap);
+            return ks_seterr(eb, KS_ERR_INVAL, "cluster secret %s is longer than %zu bytes", path, cap);
+        }
+        ssize_t k = read(fd, buf + n, cap - n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) {
+            int e = errno;
+            close(fd);
+            sodium_memzero(buf, cap);
+            return ks_seterr(eb, KS_ERR_IO, "cluster secret %s: %s", path, strerror(e));
+        }
+        if (k == 0) break;
+        n += (size_t)k;
+    }
+    close(fd);
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
+        n--;
+    if (n < 16) {
+        sodium_memzero(buf, cap);
+        return ks_seterr(eb, KS_ERR_INVAL, "cluster secret %s has %zu bytes; at least 16 are needed",
+                         path, n);
+    }
+    *len = n;
+    return KS_OK;
+}
+
+void cluster_model_id(const model *m, uint8_t out[32]) {
+    const gguf_file *f = model_gguf(m);
+    // the metadata and tensor-info block is mapped with the file: re-read it
+    // through the file so the id covers exactly the bytes on disk
+    crypto_hash_sha256_state st;
+    crypto_hash_sha256_init(&st);
+    uint64_t n = gguf_data_offset(f);
+    int fd = open(gguf_path(f), O_RDONLY | O_CLOEXEC);
+    uint8_t buf[65536];
+    uint64_t done = 0;
+    while (fd >= 0 && done < n) {
+        size_t want = n - done < sizeof buf ? (size_t)(n - done) : sizeof buf;
+        ssize_t k = read(fd, buf, want);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        crypto_hash_sha256_update(&st, buf, (size_t)k);
+        done += (uint64_t)k;
+    }
+    if (fd >= 0) close(fd);
+    // fold in the hyper-parameters too, so an unreadable file still yields a
+    // geometry-specific id (and never a constant one)
+    const model_hparams *hp = model_hp(m);
+    int32_t geo[6] = {hp->n_vocab, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim};
+    crypto_hash_sha256_update(&st, (const uint8_t *)geo, sizeof geo);
+    crypto_hash_sha256_final(&st, out);
+}
+
+bool cl_sampling_to_msg(const sample_params *sp, int32_t max_tokens, bool ignore_eos,
+                        pd_msg_sampling *out, char *msg, size_t cap) {
+    memset(out, 0, sizeof *out);
+    if (sp->repeat_last_n != 0 &&
+        (sp->repeat_penalty != 1.0f || sp->frequency_penalty != 0.0f || sp->presence_penalty != 0.0f)) {
+        snprintf(msg, cap,
+                 "repetition, frequency and presence penalties are not supported in "
+                 "disaggregated serving (kvseal router); use kvseal serve");
+        return false;
+    }
+    if (sp->n_probs < 0 || sp->n_probs > (int32_t)PD_MSG_MAX_TOP || max_tokens < 1) {
+        snprintf(msg, cap, "n_probs %d or max_tokens %d out of range", sp->n_probs, max_tokens);
+        return false;
+    }
+    out->max_tokens = (uint32_t)max_tokens;
+    out->flags = (ignore_eos ? PD_FLAG_IGNORE_EOS : 0u) | (sp->logprobs ? PD_FLAG_LOGPROBS : 0u);
+    out->seed = sp->seed;
+    out->temperature = sp->temperature;
+    out->top_p = sp->top_p;
+    out->min_p = sp->min_p;
+    out->top_k = sp->top_k;
+    out->n_probs = (uint32_t)sp->n_probs;
+    return true;
+}
+
+void cl_sampling_from_msg(const pd_msg_sampling *m, sample_params *sp, bool *ignore_eos) {
+    sample_params_default(sp);
+    sp->temperature = m->temperature;
+    sp->top_p = m->top_p;
+    sp->min_p = m->min_p;
+    sp->top_k = m->top_k;
+    sp->seed = m->seed;
+    sp->n_probs = (int32_t)m->n_probs;
+    sp->logprobs = (m->flags & PD_FLAG_LOGPROBS) != 0;
+    sp->repeat_penalty = 1.0f;
+    sp->frequency_penalty = 0.0f;
+    sp->presence_penalty = 0.0f;
+    *ignore_eos = (m->flags & PD_FLAG_IGNORE_EOS) != 0;
+}
+
+uint64_t cl_now_ms(void *ctx) {
+    (void)ctx;
+    return ks_now_ns() / 1000000u;
+}
