@@ -174,9 +174,11 @@ typedef struct engine_adopt_args {
  * event and counts toward max_tokens), and the sampler continues from
  * rng_draws, so the tokens equal what engine_submit would have produced.
  * Stop strings are not applied (the caller's). Only from inside
- * engine_opts.poll. *out as engine_submit. Errors: KS_ERR_INVAL (bad
- * params, token out of range), KS_ERR_AGAIN (max_running reached or
- * offline), KS_ERR_NOMEM. */
+ * engine_opts.poll (asserted); a done event may already be queued on
+ * return (first token EOS, or max_tokens 1). *out as engine_submit. Errors:
+ * KS_ERR_INVAL (bad params, a token id out of range, rng_draws above n_ctx,
+ * seq with fewer than n_prompt filled positions or too few pages),
+ * KS_ERR_AGAIN (max_running reached or offline), KS_ERR_NOMEM. */
 ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out /* OUT */,
                     ks_errbuf *eb) KS_MUST_USE;
 

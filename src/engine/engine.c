@@ -14,7 +14,14 @@
  * max_batch_tokens; run the forward pass; sample, detokenize, match stop
  * strings and post events. Sampling is per request with its own seeded
  * sampler, and the forward pass is batch-invariant, so a request's tokens do
- * not depend on what it was batched with. */
+ * not depend on what it was batched with.
+ *
+ * Decode workers (engine_opts.poll): the hook runs on the scheduler thread
+ * once per loop iteration and replaces the idle wait; from inside it
+ * engine_adopt starts a request whose prompt KV arrived over the network.
+ * Such a request borrows its kv_seq (r->ext): the step reads and appends to
+ * it like any other, but the engine never releases it and the prefix cache
+ * never sees it; the hook's owner frees it after the done event. */
 #include "kvseal/engine.h"
 
 #include <inttypes.h>
@@ -74,7 +81,8 @@ struct engine_req {
     // scheduler-owned
     atomic_int state;  // engine_state, readable from any thread
     kv_seq seq;
-    bool has_seq;
+    bool has_seq;      // seq holds pages the engine must release
+    kv_seq *ext;       // adopted requests: the caller's sequence (borrowed, never released)
     sampler *smp;
     stop_matcher *stop;
     tok_stream ts;
@@ -109,6 +117,8 @@ struct engine {
     kv_prefix *prefix;
     model_ctx *ctx;
     pthread_t thread;
+    pthread_t sched_tid;  // set by the scheduler thread itself before the first hook call
+    int in_hook;          // scheduler-owned: 1 inside o.poll, 2 inside o.poll_end, else 0
     // shared with submitters (mu)
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -281,6 +291,9 @@ static void engine__set_state(engine_req *r, engine_state to) {
     KS_ASSERT(engine_transition_ok(from, to));  // the table is the only way between states
     atomic_store(&r->state, (int)to);
 }
+
+/* The block table the step works on: the borrowed one for adopted requests. */
+static kv_seq *engine__seq(engine_req *r) { return r->ext ? r->ext : &r->seq; }
 
 engine_state engine_req_state(const engine_req *r) {
     return (engine_state)atomic_load(&((engine_req *)r)->state);
@@ -486,7 +499,7 @@ static void engine__report_violations(engine *e) {
     for (int i = 0; i < n; i++) {
         const engine_req *r = NULL;
         for (int j = 0; j < e->n_running; j++)
-            if (e->running[j]->seq.uid == v[i].seq_uid) r = e->running[j];
+            if (engine__seq(e->running[j])->uid == v[i].seq_uid) r = e->running[j];
         char json[768];
         snprintf(json, sizeof json,
                  "{\"event\":\"isolation_violation\",\"request_id\":%" PRIu64 ",\"tenant\":\"%s\","
@@ -557,26 +570,26 @@ static void engine__admit(engine *e) {
     atomic_store(&e->st_running, (unsigned)e->n_running);
 }
 
-/* Handles one sampled token of r; returns true if r finished. */
-static bool engine__emit(engine *e, engine_req *r, float *logits_row) {
-    sample_result sr;
-    sampler_sample(r->smp, logits_row, &sr);  // penalizes this step's row in place
+/* Handles one chosen token of r (sampled here, or by a prefill worker for an
+ * adopted request): EOS, penalty history, text, stop strings, max_tokens.
+ * Returns true if r finished. */
+static bool engine__take(engine *e, engine_req *r, const sample_result *sr) {
     if (!r->t_first) r->t_first = ks_now_ns();
-    if (!r->ignore_eos && tok_is_eog(e->vocab, sr.token)) {
+    if (!r->ignore_eos && tok_is_eog(e->vocab, sr->token)) {
         engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
         return true;
     }
-    sampler_accept(r->smp, sr.token);
+    sampler_accept(r->smp, sr->token);
     r->n_gen++;
-    r->last = sr.token;
+    r->last = sr->token;
     atomic_fetch_add(&e->tokens_out, 1);
-    size_t n = tok_stream_push(&r->ts, e->vocab, sr.token, e->piece, e->piece_cap);
+    size_t n = tok_stream_push(&r->ts, e->vocab, sr->token, e->piece, e->piece_cap);
     stop_result st = {0};
     if (stop_matcher_push(r->stop, e->piece, n, &st) != KS_OK) {
         engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_NOMEM, "out of memory");
         return true;
     }
-    engine__post_text(r, sr.token, &sr, st.text, st.len);
+    engine__post_text(r, sr->token, sr, st.text, st.len);
     if (st.matched) {
         engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
         return true;
@@ -588,6 +601,13 @@ static bool engine__emit(engine *e, engine_req *r, float *logits_row) {
     return false;
 }
 
+/* Samples the next token of r from its logits row, then engine__take. */
+static bool engine__emit(engine *e, engine_req *r, float *logits_row) {
+    sample_result sr;
+    sampler_sample(r->smp, logits_row, &sr);  // penalizes this step's row in place
+    return engine__take(e, r, &sr);
+}
+
 #ifdef KS_TEST_FAULTS
 /* TEST ONLY (I9): with KS_FAULT=swap_page, once two requests are decoding,
  * point the newer one's first block-table entry at the older one's page. */
@@ -597,12 +617,12 @@ static void engine__inject_fault(engine *e) {
     engine_req *a = NULL, *b = NULL;
     for (int i = 0; i < e->n_running; i++) {
         engine_req *r = e->running[i];
-        if (atomic_load(&r->state) != ENGINE_DECODING || r->seq.n_shared) continue;
+        if (atomic_load(&r->state) != ENGINE_DECODING || engine__seq(r)->n_shared) continue;
         if (!a) a = r;
         else b = r;
     }
     if (!a || !b) return;
-    kv_fault_swap_entry(&b->seq, &a->seq, 0);
+    kv_fault_swap_entry(engine__seq(b), engine__seq(a), 0);
     e->fault_done = true;
     ks_log(KS_LOG_WARN, "TEST FAULT: request %" PRIu64 " now points at a page of request %" PRIu64,
            b->id, a->id);
@@ -633,7 +653,7 @@ static bool engine__step(engine *e) {
         engine_req *r = e->running[i];
         r->batch_slot = i;
         r->out_row = -1;
-        e->b_seqs[i] = &r->seq;
+        e->b_seqs[i] = engine__seq(r);
         if (atomic_load(&r->state) != ENGINE_DECODING || n >= budget) continue;
         e->b_tok[n] = r->last;
         e->b_pos[n] = r->n_prompt + r->n_gen - 1;
@@ -690,14 +710,28 @@ static bool engine__step(engine *e) {
     return true;
 }
 
+/* Runs the decode-worker hook (kind 1: o.poll, 2: o.poll_end); engine_pool
+ * and engine_adopt assert that they are called from inside it. */
+static void engine__hook(engine *e, int kind, int timeout_ms) {
+    e->in_hook = kind;
+    if (kind == 1) e->o.poll(e->o.poll_ctx, e, timeout_ms);
+    else e->o.poll_end(e->o.poll_ctx, e);
+    e->in_hook = 0;
+}
+
 static void *engine__main(void *arg) {
     engine *e = arg;
+    e->sched_tid = pthread_self();
+    bool busy = false;  // the last step ran something
     for (;;) {
         pthread_mutex_lock(&e->mu);
         bool stop = e->stop;
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
-        if (engine__step(e)) continue;
+        // decode workers: the network first, so a request adopted now joins
+        // this step's batch (after an idle iteration the hook just ran)
+        if (e->o.poll && busy) engine__hook(e, 1, 0);
+        if ((busy = engine__step(e))) continue;
         // idle: sleep until a submit or cancel (or a queue timeout is due)
         pthread_mutex_lock(&e->mu);
         if (e->check_state == 1 && !e->wait_head && e->n_running == 0) {
@@ -715,7 +749,15 @@ static void *engine__main(void *arg) {
             e->check_state = 2;
             pthread_cond_broadcast(&e->cv);
         }
-        if (!e->stop && (!e->wait_head || e->n_running >= e->o.max_running)) {
+        bool wait = !e->stop && (!e->wait_head || e->n_running >= e->o.max_running);
+        if (e->o.poll) {
+            // the hook's own wait (its epoll) replaces the cond-var wait: a
+            // submit, cancel, check or stop is seen within its 50 ms
+            pthread_mutex_unlock(&e->mu);
+            engine__hook(e, 1, wait ? 50 : 0);
+            continue;
+        }
+        if (wait) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 50 * 1000000L;
@@ -727,11 +769,108 @@ static void *engine__main(void *arg) {
         }
         pthread_mutex_unlock(&e->mu);
     }
-    // shutdown: abort everything still here
+    // shutdown: abort everything still here; adopted requests' done events
+    // are posted before poll_end, so the hook may free their sequences there
     atomic_store(&e->abort_all, true);
     engine__step(e);
     engine__admit(e);
+    if (e->o.poll_end) engine__hook(e, 2, 0);
     return NULL;
+}
+
+// ----------------------------------------------------------------------------
+// Decode workers: adopting a request whose prompt KV was computed elsewhere
+
+kv_pool *engine_pool(engine *e) {
+    KS_ASSERT(e);
+    KS_ASSERT(pthread_equal(pthread_self(), e->sched_tid) && e->in_hook);  // poll / poll_end only
+    return e->pool;
+}
+
+ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out, ks_errbuf *eb) {
+    KS_ASSERT(e && a && out);
+    KS_ASSERT(pthread_equal(pthread_self(), e->sched_tid) && e->in_hook == 1);  // poll only
+    *out = NULL;
+    const uint64_t P = (uint64_t)e->o.page_tokens;
+    const int32_t n_prompt = a->n_prompt, max_tokens = a->max_tokens;
+    ks_err err = KS_OK;
+    if (!a->seq)
+        err = ks_seterr(eb, KS_ERR_INVAL, "adopt: no KV sequence");
+    else if (n_prompt < 1)
+        err = ks_seterr(eb, KS_ERR_INVAL, "adopt: n_prompt must be at least 1, got %d", n_prompt);
+    else if (max_tokens < 1)
+        err = ks_seterr(eb, KS_ERR_INVAL, "max_tokens must be at least 1, got %d", max_tokens);
+    else if ((int64_t)n_prompt + max_tokens > e->o.n_ctx)
+        err = ks_seterr(eb, KS_ERR_INVAL,
+                        "This model's maximum context length is %d tokens. However, you requested %" PRId64
+                        " tokens (%d in the prompt, %d for the completion). Please reduce the length "
+                        "of the prompt or completion.",
+                        e->o.n_ctx, (int64_t)n_prompt + max_tokens, n_prompt, max_tokens);
+    else if (a->first.token < 0 || a->first.token >= e->V)
+        err = ks_seterr(eb, KS_ERR_INVAL, "adopt: first token id %d out of range [0, %d)",
+                        a->first.token, e->V);
+    else if (a->first.n_top < 0 || a->first.n_top > SAMPLE_MAX_TOP)
+        err = ks_seterr(eb, KS_ERR_INVAL, "adopt: %d top logprobs (at most %d)", a->first.n_top,
+                        SAMPLE_MAX_TOP);
+    else if (a->rng_draws > (uint64_t)e->o.n_ctx)  // one draw per token at most: bounds the replay
+        err = ks_seterr(eb, KS_ERR_INVAL, "adopt: rng_draws %" PRIu64 " above the context length %d",
+                        a->rng_draws, e->o.n_ctx);
+    else if (a->seq->n_tokens < (uint32_t)n_prompt ||
+             (uint64_t)a->seq->n_pages * P < (uint64_t)n_prompt + (uint64_t)max_tokens)
+        err = ks_seterr(eb, KS_ERR_INVAL,
+                        "adopt: the sequence has %u positions filled and %u pages; the request "
+                        "needs %d filled and room for %d",
+                        a->seq->n_tokens, a->seq->n_pages, n_prompt, n_prompt + max_tokens);
+    for (int k = 0; !err && k < a->first.n_top; k++)
+        if (a->first.top_ids[k] < 0 || a->first.top_ids[k] >= e->V)
+            err = ks_seterr(eb, KS_ERR_INVAL, "adopt: top logprob id %d out of range [0, %d)",
+                            a->first.top_ids[k], e->V);
+    if (!err) err = sample_params_validate(&a->sp, eb);
+    if (!err && (!atomic_load(&e->online) || atomic_load(&e->abort_all)))
+        err = ks_seterr(eb, KS_ERR_AGAIN, "the model is offline");
+    if (!err && e->n_running >= e->o.max_running)
+        err = ks_seterr(eb, KS_ERR_AGAIN, "decode batch full: %d requests running", e->n_running);
+    if (err) {
+        atomic_fetch_add(&e->n_rejected, 1);
+        return err;
+    }
+    engine_req *r = calloc(1, sizeof *r);
+    if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    atomic_init(&r->refs, 2);
+    atomic_init(&r->state, ENGINE_QUEUED);
+    r->e = e;
+    r->id = atomic_fetch_add(&e->next_id, 1);
+    snprintf(r->tenant, sizeof r->tenant, "%s", a->tenant ? a->tenant : "default");
+    r->n_prompt = n_prompt;  // the prompt's ids stay with the prefill side (r->prompt NULL)
+    r->max_tokens = max_tokens;
+    r->sp = a->sp;
+    r->ignore_eos = a->ignore_eos;
+    r->t_submit = ks_now_ns();
+    r->batch_slot = r->out_row = -1;
+    tok_stream_init(&r->ts);
+    ks_err ce;
+    if ((ce = sampler_create(&a->sp, e->V, &r->smp, eb)) ||
+        (ce = stop_matcher_create(NULL, 0, &r->stop, eb))) {  // no stop strings: the router's
+        engine__req_free(r);
+        return ce;
+    }
+    sampler_skip_draws(r->smp, a->rng_draws);  // continue the prefill side's PRNG sequence
+    r->ext = a->seq;
+    r->n_past = n_prompt;
+    // through the table like any request: its prompt was prefilled elsewhere
+    engine__set_state(r, ENGINE_PREFILLING);
+    engine__set_state(r, ENGINE_DECODING);
+    atomic_fetch_add(&e->tokens_in, (unsigned long long)n_prompt);
+    *out = r;
+    // the first token exactly as engine__emit handles a sampled one; the step
+    // then feeds it at position n_prompt
+    if (!engine__take(e, r, &a->first)) {
+        e->running[e->n_running++] = r;
+        atomic_store(&e->st_running, (unsigned)e->n_running);
+    }
+    return KS_OK;
 }
 
 // ----------------------------------------------------------------------------

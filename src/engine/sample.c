@@ -204,6 +204,7 @@ struct sampler {
     double log_min_p;     // log(min_p), 0 when min_p is 0 (unused)
     bool penalties_on;
     uint64_t rng[4];      // xoshiro256** state
+    uint64_t draws;       // PRNG outputs taken since creation / reset / skip base
     sample__cand *cand;   // (n_vocab) scratch
     uint32_t bins[SAMPLE__BINS]; // radix-select histogram scratch
     int32_t *counts;      // (n_vocab) occurrences in the window; NULL if penalties off
@@ -454,6 +455,21 @@ void sampler_reset(sampler *s) {
     s->hist_head = 0;
     s->hist_len = 0;
     sample__seed(s->rng, s->p.seed);
+    s->draws = 0;
+}
+
+uint64_t sampler_draws(const sampler *s) {
+    KS_ASSERT(s);
+    return s->draws;
+}
+
+void sampler_skip_draws(sampler *s, uint64_t n) {
+    KS_ASSERT(s);
+    // (seed, draws) is the whole PRNG state: replaying the draws is exact,
+    // and O(n) is cheap next to the forward passes those draws came from
+    sample__seed(s->rng, s->p.seed);
+    for (uint64_t i = 0; i < n; i++) (void)sample__next(s->rng);
+    s->draws = n;
 }
 
 void sampler_accept(sampler *s, int32_t tok) {
@@ -681,6 +697,7 @@ void sampler_sample(sampler *s, float *logits, sample_result *out) {
         double Z = 0.0;
         for (int j = 0; j < SAMPLE__LANES; j++) Z += acc[j];
         double target = sample__uniform(s->rng) * Z, cum = 0.0;
+        s->draws++; // the only PRNG draw: sampler_draws counts exactly these
         int32_t pick = -1;
         for (int32_t i = 0; i < n_c; i++) {
             if (c[i].v <= 0.0f) continue;

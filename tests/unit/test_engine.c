@@ -1,5 +1,6 @@
-/* test_engine.c — unit tests of module `engine`: the sampler and the stop
- * matcher (include/kvseal/sample.h).
+/* test_engine.c — unit tests of module `engine`: the sampler (including the
+ * draw count a prefill worker hands to decode) and the stop matcher
+ * (include/kvseal/sample.h).
  *
  * Statistical tests use fixed seeds, so they are deterministic; their
  * tolerances are set so that each named bug moves the statistic far past
@@ -395,6 +396,91 @@ static void test_seed_reproducible(void) {
     sampler_destroy(s1);
     sampler_destroy(s2);
     sampler_destroy(s3);
+}
+
+/* sampler_draws / sampler_skip_draws: what a prefill worker hands to decode.
+ * A sampler takes token 1; a fresh one that accepts token 1 and skips the
+ * first one's draws must then choose exactly the same tokens 2..K (with
+ * penalties on, so the kept history matters too). Skipping the wrong count
+ * must diverge, and greedy sampling never draws. */
+static void test_draws_skip(void) {
+    enum { N = 50, K = 40 };
+    static float L[K][N];
+    uint64_t st = 77;
+    for (int k = 0; k < K; k++)
+        for (int i = 0; i < N; i++) L[k][i] = 3.0f * t_randf(&st);
+    sample_params p;
+    sample_params_default(&p);
+    p.temperature = 0.9f;
+    p.top_k = 0;
+    p.min_p = 0.0f;
+    p.repeat_penalty = 1.3f;
+    p.seed = 4242;
+    int32_t a[K], b[K], c[K];
+    float buf[N];
+    sample_result r;
+    sampler *s1 = mk(&p, N);
+    CHECK_EQ(sampler_draws(s1), (uint64_t)0);
+    for (int k = 0; k < K; k++) {
+        memcpy(buf, L[k], sizeof buf);
+        sampler_sample(s1, buf, &r);
+        sampler_accept(s1, r.token);
+        a[k] = r.token;
+        if (k == 0) CHECK_EQ(sampler_draws(s1), (uint64_t)1);
+    }
+    CHECK_EQ(sampler_draws(s1), (uint64_t)K);
+    sampler_reset(s1);
+    CHECK_EQ(sampler_draws(s1), (uint64_t)0);
+    sampler_destroy(s1);
+
+    // the continuing sampler, as decode builds it: fresh, history of token 1, skip
+    for (int variant = 0; variant < 2; variant++) {
+        sampler *s2 = mk(&p, N);
+        sampler_accept(s2, a[0]);
+        sampler_skip_draws(s2, variant == 0 ? 1 : 0); // variant 1: the wrong count
+        CHECK_EQ(sampler_draws(s2), (uint64_t)(variant == 0 ? 1 : 0));
+        int32_t *out = variant == 0 ? b : c;
+        out[0] = a[0];
+        for (int k = 1; k < K; k++) {
+            memcpy(buf, L[k], sizeof buf);
+            sampler_sample(s2, buf, &r);
+            sampler_accept(s2, r.token);
+            out[k] = r.token;
+        }
+        CHECK_EQ(sampler_draws(s2), (uint64_t)(K - 1 + (variant == 0 ? 1 : 0)));
+        sampler_destroy(s2);
+    }
+    CHECK_MEM_EQ(a, b, sizeof a);
+    int same = 0;
+    for (int k = 1; k < K; k++) same += a[k] == c[k];
+    CHECK(same < K - 1); // a skip of the wrong length is visible
+
+    // skipping n restarts from the seed: skip(5) then skip(1) equals skip(1)
+    sampler *s3 = mk(&p, N), *s4 = mk(&p, N);
+    sampler_skip_draws(s3, 5);
+    sampler_skip_draws(s3, 1);
+    sampler_skip_draws(s4, 1);
+    for (int k = 0; k < K; k++) {
+        sample_result r3, r4;
+        memcpy(buf, L[k], sizeof buf);
+        sampler_sample(s3, buf, &r3);
+        memcpy(buf, L[k], sizeof buf);
+        sampler_sample(s4, buf, &r4);
+        CHECK_EQ(r3.token, r4.token);
+    }
+    sampler_destroy(s3);
+    sampler_destroy(s4);
+
+    // greedy never draws
+    p.temperature = 0.0f;
+    sampler *g = mk(&p, N);
+    for (int k = 0; k < K; k++) {
+        memcpy(buf, L[k], sizeof buf);
+        sampler_sample(g, buf, &r);
+        sampler_accept(g, r.token);
+    }
+    CHECK_EQ(sampler_draws(g), (uint64_t)0);
+    sampler_destroy(g);
 }
 
 // ----------------------------------------------------------------------------
@@ -1042,6 +1128,7 @@ int main(void) {
     RUN(test_top_select_oracle);
     RUN(test_reference_prng);
     RUN(test_seed_reproducible);
+    RUN(test_draws_skip);
     RUN(test_distribution);
     RUN(test_top_p);
     RUN(test_top_p_large);
