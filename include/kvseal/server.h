@@ -39,7 +39,21 @@ void server_opts_default(server_opts *o);
 /* What the HTTP front runs requests on: the local engine (`kvseal serve`) or
  * a cluster of prefill and decode workers (`kvseal router`). The calls and
  * their contracts are exactly engine.h's (engine_submit, engine_req_next,
- * ...), with the engine replaced by impl and a request handle by void *. */
+ * ...), with the engine replaced by impl and a request handle by void *.
+ * next and cancel are called from HTTP connection threads, concurrently for
+ * different requests.
+ *
+ * A done event may also report a failure the local engine never posts after
+ * admission. The answer (non-streamed, or streamed when it is the request's
+ * first event: a stream's status line waits for it) is then the error JSON
+ * with ev.errmsg and a status from ev.err: INVAL 400, NOSPACE 400
+ * (context_length_exceeded) and AGAIN 503 as for a submit error,
+ * PEER_CLOSED / IO 502 (code upstream_error), TIMEOUT 504 (upstream_timeout),
+ * anything else 500. That applies when ev.state is REJECTED, or when ev.err
+ * is none of KS_OK, CANCELLED, INTERNAL, NOMEM and a TIMEOUT with
+ * finish ABORT; those keep the engine's answers (ABORT: 503 request_aborted,
+ * e.g. a queue timeout; ERROR: 500). After a streamed first token, a failure
+ * ends the stream with an error event in the same shape, no [DONE]. */
 typedef struct server_backend {
     void *impl;
     /* engine_submit: admission (I4), then enqueue; *req owned by the caller */

@@ -2,6 +2,10 @@
  * generation handlers (OpenAI chat/completions, Workers AI), SSE streaming,
  * admin, /health and /metrics.
  *
+ * The engine is reached only through a server_backend (server.h): the local
+ * engine for `kvseal serve`, the cluster for `kvseal router`; "the engine"
+ * below means whichever it is.
+ *
  * Threading: MHD runs one internal accept thread and one thread per
  * connection (MHD_USE_THREAD_PER_CONNECTION). The engine's interface is a
  * blocking pull (engine_req_next with a timeout), so a connection thread
@@ -12,6 +16,9 @@
  * suspended connections would need a wakeup from the engine, which it does
  * not offer, and would still have to poll. No model code runs here: a
  * handler only parses, tokenizes, calls engine_submit and copies events.
+ * A streamed answer's status line waits for the request's first event, so a
+ * request refused or lost before any output (a cluster's REJECT, a lost
+ * worker) is answered with its own status and error JSON, not 200 + SSE.
  *
  * Client disconnects: between events (every 50 ms at most) the waiting
  * thread polls the connection's socket for POLLRDHUP/POLLHUP and cancels
@@ -45,7 +52,7 @@
 
 struct server {
     server_opts o;          /* copy; the strings stay borrowed */
-    engine *e;              /* borrowed */
+    server_backend b;       /* copy; b.impl borrowed */
     const model *m;         /* borrowed */
     const tok_vocab *vocab; /* model's */
     srv_tenants *ts;        /* owned */
@@ -70,7 +77,7 @@ typedef struct srv_conn {
 typedef struct srv_gen {
     server *s;
     srv_route route;
-    engine_req *req;
+    void *req;                   /* the backend's request handle */
     int tenant;                  /* index into s->ts; -1 once released */
     int fd;                      /* connection socket, for disconnect checks */
     struct MHD_Connection *conn; /* its connection (this thread's) */
@@ -88,6 +95,8 @@ typedef struct srv_gen {
     srv_buf out;
     size_t out_off;
     bool head_sent, eof;
+    bool has_first;       /* first holds the first event, not yet streamed */
+    engine_event first;
     /* non-streaming: accumulated text and logprobs */
     srv_buf text;
     json_t *lp;      /* chat: content array; completions: logprobs object */
@@ -232,8 +241,8 @@ static void srv__gen_release_tenant(srv_gen *g) {
 static void srv__gen_free(srv_gen *g) {
     if (!g) return;
     if (g->req) {
-        if (!g->done) engine_req_cancel(g->req);
-        engine_req_release(g->req);
+        if (!g->done) g->s->b.cancel(g->req);
+        g->s->b.release(g->req);
     }
     srv__gen_release_tenant(g);
     srv_buf_free(&g->out);
@@ -250,11 +259,11 @@ static bool srv__gen_next(srv_gen *g, engine_event *ev) {
         if (atomic_load_explicit(&g->s->stopping, memory_order_acquire) || srv__peer_gone(g->fd)) {
             if (!g->gone && !atomic_load_explicit(&g->s->stopping, memory_order_acquire))
                 atomic_fetch_add_explicit(&g->s->met.client_disconnects, 1, memory_order_relaxed);
-            engine_req_cancel(g->req);
+            g->s->b.cancel(g->req);
             g->gone = true;
             return false;
         }
-        ks_err e = engine_req_next(g->req, ev, SRV_WAIT_MS);
+        ks_err e = g->s->b.next(g->req, ev, SRV_WAIT_MS);
         if (e == KS_OK) {
             if (ev->token >= 0 && !g->t_first_ns) g->t_first_ns = ks_now_ns();
             if (ev->token >= 0) g->n_gen++;
@@ -384,11 +393,69 @@ static json_t *srv__chunk(srv_gen *g, const engine_event *ev, bool *oom) {
     return j;
 }
 
+static void srv__submit_error(server *s, ks_err e, const ks_errbuf *eb, int32_t n_prompt,
+                              int32_t max_tokens, srv_route route, srv_error *err);
+
+/* True for a done event whose error the local engine never reports after
+ * admission: a rejection that came with the done event (a cluster's prefill
+ * REJECT or decode DENY: state REJECTED), or a failure elsewhere (a lost
+ * worker: PEER_CLOSED/IO; a first-token timeout: TIMEOUT other than a
+ * queue timeout's FINISH_ABORT; PROTO, ...). These get the status their
+ * error implies (srv__done_error). The engine's own (CANCELLED, a queue
+ * TIMEOUT, INTERNAL, NOMEM) keep their answers: 503 aborted, 500 failed. */
+static bool srv__done_mapped(const engine_event *ev) {
+    if (ev->state == ENGINE_REJECTED) return true;
+    switch (ev->err) {
+    case KS_OK:
+    case KS_ERR_CANCELLED:
+    case KS_ERR_INTERNAL:
+    case KS_ERR_NOMEM:
+        return false;
+    case KS_ERR_TIMEOUT:
+        return ev->finish != ENGINE_FINISH_ABORT;
+    default:
+        return true;
+    }
+}
+
+/* The answer to a srv__done_mapped event: INVAL, NOSPACE and AGAIN as an
+ * engine_submit failure (400 / 400 context_length_exceeded / 503),
+ * PEER_CLOSED and IO 502, TIMEOUT 504, anything else 500; the message is
+ * the event's. */
+static void srv__done_error(const srv_gen *g, const engine_event *ev, srv_error *err) {
+    ks_errbuf eb;
+    memset(&eb, 0, sizeof eb);
+    eb.code = ev->err;
+    snprintf(eb.msg, sizeof eb.msg, "%s",
+             ev->errmsg[0] ? ev->errmsg
+             : ev->err     ? ks_strerror(ev->err)
+                           : "the request was rejected");
+    switch (ev->err) {
+    case KS_ERR_INVAL:
+    case KS_ERR_NOSPACE:
+    case KS_ERR_AGAIN:
+        srv__submit_error(g->s, ev->err, &eb, g->n_prompt, g->max_tokens, g->route, err);
+        break;
+    case KS_ERR_PEER_CLOSED:
+    case KS_ERR_IO:
+        srv_error_set(err, 502, "server_error", "upstream_error", NULL, SRV_REJECT_NONE, "%s", eb.msg);
+        break;
+    case KS_ERR_TIMEOUT:
+        srv_error_set(err, 504, "server_error", "upstream_timeout", NULL, SRV_REJECT_NONE, "%s",
+                      eb.msg);
+        break;
+    default:
+        srv_error_set(err, 500, "server_error", "internal_error", NULL, SRV_REJECT_NONE, "%s", eb.msg);
+    }
+}
+
 /* Error details of an aborted/failed request, in the route's shape. */
 static void srv__gen_error(const srv_gen *g, const engine_event *ev, srv_error *err) {
     if (g->gone && atomic_load(&g->s->stopping))
         srv_error_set(err, 503, "server_error", "server_shutting_down", NULL, SRV_REJECT_NONE,
                       "the server is shutting down; the request was aborted");
+    else if (srv__done_mapped(ev))
+        srv__done_error(g, ev, err);
     else if (ev->finish == ENGINE_FINISH_ABORT)
         srv_error_set(err, 503, "server_error", "request_aborted", NULL, SRV_REJECT_NONE,
                       "the request was aborted: %s",
@@ -465,7 +532,14 @@ static ssize_t srv__stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
             continue;
         }
         engine_event ev;
-        if (!srv__gen_next(g, &ev)) {
+        bool got = g->has_first;  // the event srv__generate waited for comes first
+        if (got) {
+            ev = g->first;
+            g->has_first = false;
+        } else {
+            got = srv__gen_next(g, &ev);
+        }
+        if (!got) {
             if (!atomic_load_explicit(&g->s->stopping, memory_order_acquire))
                 return MHD_CONTENT_READER_END_WITH_ERROR; // the client is gone
             // shutting down: tell the client why the stream ends
@@ -486,7 +560,7 @@ static ssize_t srv__stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
             srv__gen_account(g, &ev);
         }
         if (!ok) {
-            engine_req_cancel(g->req);
+            g->s->b.cancel(g->req);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
     }
@@ -595,7 +669,7 @@ static void srv__submit_error(server *s, ks_err e, const ks_errbuf *eb, int32_t 
                       SRV_REJECT_POOL, "%s", eb->msg);
         break;
     case KS_ERR_AGAIN:
-        if (!engine_is_online(s->e))
+        if (!s->b.is_online(s->b.impl))
             srv_error_set(err, 503, "server_error", "model_offline", NULL, SRV_REJECT_OFFLINE, "%s",
                           strstr(eb->msg, "offline") ? eb->msg : "the model is offline");
         else
@@ -710,7 +784,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     p.n_stops = rq.n_stops;
     p.ignore_eos = rq.ignore_eos;
     g->t_submit_ns = ks_now_ns();
-    ks_err e = engine_submit(s->e, &p, &g->req, &eb);
+    ks_err e = s->b.submit(s->b.impl, &p, &g->req, &eb);
     if (e) {
         g->req = NULL;
         srv__submit_error(s, e, &eb, n_prompt, max_tokens, route, &err);
@@ -734,6 +808,21 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     // a generation may take longer than MHD's idle timeout
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     if (!stream) return srv__gen_blocking(s, c, g);
+
+    // The status line waits for the first event: a request refused or lost
+    // before any output is answered like a non-streamed one (its status, the
+    // error JSON). Any other first event is kept for the stream, which then
+    // reads exactly as if it had been pulled there; if the client left or the
+    // server is stopping, the stream's next pull sees that again.
+    if (srv__gen_next(g, &g->first)) {
+        if (g->first.done && !srv_finish_name(g->first.finish) && srv__done_mapped(&g->first)) {
+            srv__gen_account(g, &g->first);
+            srv__done_error(g, &g->first, &err);
+            srv__gen_free(g);
+            return srv__reply_error(s, c, route, &err);
+        }
+        g->has_first = true;
+    }
 
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024,
                                                                srv__stream_cb, g, srv__stream_free);
@@ -779,7 +868,7 @@ static enum MHD_Result srv__models(server *s, struct MHD_Connection *c) {
 }
 
 static enum MHD_Result srv__health(server *s, struct MHD_Connection *c) {
-    bool online = engine_is_online(s->e);
+    bool online = s->b.is_online(s->b.impl);
     json_t *j = json_pack("{s:s, s:s, s:s, s:b, s:i}", "status", online ? "ok" : "offline", "model",
                           srv__primary_name(s), "kernels", kern_get()->name, "online", online,
                           "n_ctx", (int)s->o.n_ctx);
@@ -788,8 +877,8 @@ static enum MHD_Result srv__health(server *s, struct MHD_Connection *c) {
 
 static enum MHD_Result srv__metrics(server *s, struct MHD_Connection *c) {
     engine_stats es;
-    engine_get_stats(s->e, &es);
-    char *text = srv_metrics_render(&s->met, &es, engine_is_online(s->e));
+    s->b.get_stats(s->b.impl, &es);
+    char *text = srv_metrics_render(&s->met, &es, s->b.is_online(s->b.impl));
     // count this scrape before rendering the next one; the text shows earlier ones
     enum MHD_Result r =
         srv__reply(s, c, SRV_ROUTE_METRICS, 200, text, "text/plain; version=0.0.4; charset=utf-8");
@@ -818,7 +907,7 @@ static enum MHD_Result srv__kv_check(server *s, struct MHD_Connection *c) {
         }
     }
     ks_errbuf eb = {0};
-    ks_err e = engine_check_quiescent(s->e, (uint32_t)timeout, &eb);
+    ks_err e = s->b.check_quiescent(s->b.impl, (uint32_t)timeout, &eb);
     return srv__reply_json(s, c, SRV_ROUTE_ADMIN, e == KS_ERR_TIMEOUT ? 409 : 200,
                            json_pack("{s:b, s:s}", "clean", e == KS_OK, "message",
                                      eb.msg[0] ? eb.msg : (e == KS_OK ? "clean" : ks_strerror(e))));
@@ -874,7 +963,7 @@ static enum MHD_Result srv__admin(server *s, struct MHD_Connection *c, const cha
         if (v) abort_running = json_is_true(v);
         json_decref(j);
     }
-    engine_set_online(s->e, online, abort_running);
+    s->b.set_online(s->b.impl, online, abort_running);
     ks_log(KS_LOG_WARN, "admin: model %s set %s%s", name, online ? "online" : "offline",
            !online && abort_running ? " (running requests aborted)" : "");
     return srv__reply_json(s, c, SRV_ROUTE_ADMIN, 200,
@@ -1038,16 +1127,61 @@ void server_opts_default(server_opts *o) {
     o->idle_timeout_s = 120;
 }
 
+// The local engine as a backend: engine.h's calls, with void * handles.
+static ks_err srv__eng_submit(void *impl, const engine_params *p, void **req, ks_errbuf *eb) {
+    engine_req *r = NULL;
+    ks_err e = engine_submit(impl, p, &r, eb);
+    *req = r;
+    return e;
+}
+static ks_err srv__eng_next(void *req, engine_event *ev, uint32_t timeout_ms) {
+    return engine_req_next(req, ev, timeout_ms);
+}
+static void srv__eng_cancel(void *req) { engine_req_cancel(req); }
+static void srv__eng_release(void *req) { engine_req_release(req); }
+static bool srv__eng_is_online(void *impl) { return engine_is_online(impl); }
+static void srv__eng_set_online(void *impl, bool online, bool abort_running) {
+    engine_set_online(impl, online, abort_running);
+}
+static void srv__eng_get_stats(void *impl, engine_stats *out) { engine_get_stats(impl, out); }
+static ks_err srv__eng_check(void *impl, uint32_t timeout_ms, ks_errbuf *eb) {
+    return engine_check_quiescent(impl, timeout_ms, eb);
+}
+
+void server_engine_backend(engine *e, server_backend *out) {
+    *out = (server_backend){.impl = e,
+                            .submit = srv__eng_submit,
+                            .next = srv__eng_next,
+                            .cancel = srv__eng_cancel,
+                            .release = srv__eng_release,
+                            .is_online = srv__eng_is_online,
+                            .set_online = srv__eng_set_online,
+                            .get_stats = srv__eng_get_stats,
+                            .check_quiescent = srv__eng_check};
+}
+
 ks_err server_create(const server_opts *o, engine *e, const model *m, server **out, ks_errbuf *eb) {
     *out = NULL;
-    if (!o->host || o->port < 0 || o->port > 65535 || o->n_ctx <= 0 || !e || !m)
+    if (!e) return ks_seterr(eb, KS_ERR_INVAL, "server: no engine");
+    server_backend b;
+    server_engine_backend(e, &b);
+    return server_create_backend(o, &b, m, out, eb);
+}
+
+ks_err server_create_backend(const server_opts *o, const server_backend *b, const model *m,
+                             server **out, ks_errbuf *eb) {
+    *out = NULL;
+    if (!o->host || o->port < 0 || o->port > 65535 || o->n_ctx <= 0 || !m)
         return ks_seterr(eb, KS_ERR_INVAL, "server: bad options (host, port 0-65535, n_ctx > 0)");
+    if (!b || !b->submit || !b->next || !b->cancel || !b->release || !b->is_online ||
+        !b->set_online || !b->get_stats || !b->check_quiescent)
+        return ks_seterr(eb, KS_ERR_INVAL, "server: incomplete backend");
     if (sodium_init() < 0) return ks_seterr(eb, KS_ERR_INTERNAL, "server: libsodium init failed");
     server *s = calloc(1, sizeof *s);
     if (!s) return ks_seterr(eb, KS_ERR_NOMEM, "server: out of memory");
     ks_err err = KS_OK;
     s->o = *o;
-    s->e = e;
+    s->b = *b;
     s->m = m;
     s->vocab = model_vocab(m);
     srv_metrics_init(&s->met);
@@ -1056,16 +1190,16 @@ ks_err server_create(const server_opts *o, engine *e, const model *m, server **o
         char *text = NULL;
         FILE *f = fopen(o->tenants_path, "rb");
         if (f) {
-            srv_buf b = {0};
+            srv_buf fb = {0};
             char chunk[4096];
             size_t n;
             bool ok = true;
             while (ok && (n = fread(chunk, 1, sizeof chunk, f)) > 0)
-                ok = srv_buf_add(&b, chunk, n);
-            if (ferror(f) || !ok) srv_buf_free(&b);
+                ok = srv_buf_add(&fb, chunk, n);
+            if (ferror(f) || !ok) srv_buf_free(&fb);
             fclose(f);
-            text = b.p ? b.p : (ok ? strdup("") : NULL);
-            len = b.len;
+            text = fb.p ? fb.p : (ok ? strdup("") : NULL);
+            len = fb.len;
         }
         if (!text) {
             err = ks_seterr(eb, KS_ERR_IO, "tenants file %s: %s", o->tenants_path, strerror(errno));
