@@ -378,6 +378,8 @@ void pd_auth_mac(const uint8_t *secret, size_t secret_len, bool sender_is_connec
 //                     TCP order) leaves MS milliseconds later
 //   trunc:T:N         header + half the payload are sent, then the conn closes
 //   corrupt:T:N       one payload byte is flipped after the checksum is computed
+//   stall:T:N:MS      header + half the payload are sent, the rest MS later (the
+//                     peer holds a half-received frame meanwhile)
 // Example: KS_PD_FAULT="drop:7:2,delay:5:0:200".
 
 #ifdef KS_TEST_FAULTS

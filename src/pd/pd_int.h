@@ -114,6 +114,8 @@ struct pd_conn {
     char peer[80];                 /* "ip:port" */
     uint64_t deadline_ns;          /* connect/handshake deadline, 0 = none */
     uint64_t hold_until_ns;        /* fault delay: output held until */
+    size_t stall_at;               /* fault stall: queued bytes until the cut (0: none) */
+    uint32_t stall_ms;             /* fault stall: how long the cut lasts */
     // auth (auth.c)
     uint8_t nonce[PD_NONCE_BYTES];      /* ours */
     uint8_t peer_nonce[PD_NONCE_BYTES];

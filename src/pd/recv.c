@@ -124,7 +124,12 @@ static void rec__free_quarantine(pd_recv *r, rec__req *q) {
 static void rec__go_aborting(pd_recv *r, rec__req *q, uint32_t abort_reason, uint32_t finish,
                              ks_err err, const char *msg) {
     KS_ASSERT(rec__live(q));
+#ifdef KS_BROKEN_FREE_BEFORE_QUIESCE
+    // TEST ONLY: frees pages a writer may still target (violates I5, F4/F5)
+    kv_seq_release(r->pool, &q->seq);
+#else
     (void)kv_seq_quarantine(r->pool, &q->seq);
+#endif
     q->state = PD_RECV_ABORTING;
     q->deadline_ms = rec__now(r) + r->cfg.t_ack_ms;
     q->teardown_asked = false;
@@ -416,7 +421,14 @@ bool pd_recv_done(pd_recv *r, uint64_t req_id, uint64_t link_epoch, const pd_msg
         else
             all = false;
     }
+#ifdef KS_BROKEN_NO_COVERAGE
+    // TEST ONLY: commits without the completeness and coverage checks (violates I6)
+    (void)all;
+    (void)covered;
+    if (false) {
+#else
     if (!all || covered != q->n_prompt || d->covered != q->n_prompt) {
+#endif
         ks_log(KS_LOG_WARN,
                "pd_recv: request %llu: DONE not verified (pages complete: %s, pages cover %llu, "
                "covered %u, n_prompt %u)",

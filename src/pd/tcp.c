@@ -38,7 +38,7 @@ static atomic_ullong pd__conn_ids = 1;
 // Test-only fault injection (KS_TEST_FAULTS)
 
 #ifdef KS_TEST_FAULTS
-enum { PD__F_NONE = 0, PD__F_DROP, PD__F_DUP, PD__F_DELAY, PD__F_TRUNC, PD__F_CORRUPT };
+enum { PD__F_NONE = 0, PD__F_DROP, PD__F_DUP, PD__F_DELAY, PD__F_TRUNC, PD__F_CORRUPT, PD__F_STALL };
 #define PD__MAX_FAULTS 8
 typedef struct pd__fault {
     int action;     /* PD__F_* */
@@ -70,9 +70,10 @@ ks_err pd_fault_set(const char *spec, ks_errbuf *eb) {
                     : !strcmp(act, "delay")   ? PD__F_DELAY
                     : !strcmp(act, "trunc")   ? PD__F_TRUNC
                     : !strcmp(act, "corrupt") ? PD__F_CORRUPT
+                    : !strcmp(act, "stall")   ? PD__F_STALL
                                               : PD__F_NONE;
         if (got < 3 || f->action == PD__F_NONE || type > 0xffff ||
-            (f->action == PD__F_DELAY && got < 4))
+            ((f->action == PD__F_DELAY || f->action == PD__F_STALL) && got < 4))
             return ks_seterr(eb, KS_ERR_INVAL,
                              "KS_PD_FAULT: bad item \"%s\" (want ACTION:TYPE:N[:MS])", it);
         f->type = (uint16_t)type;
@@ -349,9 +350,28 @@ static void pd__flush(pd_conn *c) {
                 n++;
             }
         }
+#ifdef KS_TEST_FAULTS
+        if (c->stall_at) {  // a stall fault: send nothing past its point
+            size_t room = c->stall_at;
+            for (int i = 0; i < n; i++) {
+                if (iov[i].iov_len >= room) {
+                    iov[i].iov_len = room;
+                    n = i + 1;
+                    break;
+                }
+                room -= iov[i].iov_len;
+            }
+        }
+#endif
         ssize_t r = pd__sendv(c->fd, iov, n);
         if (r < 0) return pd__fail_errno(c, "send");
         if (r == 0) break;
+#ifdef KS_TEST_FAULTS
+        if (c->stall_at && (c->stall_at -= (size_t)r) == 0) {  // reached: hold the rest
+            c->hold_until_ns = ks_now_ns() + (uint64_t)c->stall_ms * 1000000u;
+            ks_log(KS_LOG_WARN, "pd: TEST ONLY stall: frame cut mid-payload for %u ms", c->stall_ms);
+        }
+#endif
         c->loop->stats.bytes_out += (uint64_t)r;
         c->out_bytes -= (size_t)r;
         size_t left = (size_t)r;
@@ -464,6 +484,20 @@ ks_err pd__conn_send_raw(pd_conn *c, uint16_t type, uint64_t req_id, const struc
             snprintf(c->drain_msg, sizeof c->drain_msg,
                      "TEST ONLY fault: frame truncated, connection closed");
             pd__conn_update_events(c);
+            return KS_OK;
+        }
+        case PD__F_STALL: {  // header + half the payload now, the rest MS later
+            struct iovec iov[PD_MAX_IOV + 1];
+            iov[0].iov_base = hdr;
+            iov[0].iov_len = PD_HDR_BYTES;
+            memcpy(iov + 1, payload, (size_t)n_iov * sizeof *iov);
+            size_t before = c->out_bytes;
+            e = pd__queue(c, iov, 1 + n_iov, 0, NULL, NULL, eb);
+            if (!e && done) e = pd__queue(c, NULL, 0, 0, done, arg, eb);
+            if (e) return e;
+            c->stall_at = before + PD_HDR_BYTES + len / 2;
+            c->stall_ms = f->ms;
+            pd__flush(c);
             return KS_OK;
         }
         case PD__F_CORRUPT: {
