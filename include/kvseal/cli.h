@@ -15,6 +15,9 @@ int cli_mkmodel(int argc, char **argv);    /* kvseal mkmodel ... */
 int cli_bench(int argc, char **argv);      /* kvseal bench -m MODEL */
 int cli_serve(int argc, char **argv);      /* kvseal serve [-m MODEL] [--port N] ... */
 int cli_check(int argc, char **argv);      /* kvseal check: KV pool sizing (I8) */
+int cli_router(int argc, char **argv);     /* kvseal router: HTTP front of a cluster */
+int cli_prefill(int argc, char **argv);    /* kvseal prefill: a prefill worker */
+int cli_decode(int argc, char **argv);     /* kvseal decode: a decode worker */
 
 /* Path of the model shipped with kvseal (models/kjv-mini.gguf in the source
  * tree, or $KS_MODEL); static storage. */

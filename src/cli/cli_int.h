@@ -46,4 +46,40 @@ bool cli__parse_float(const char *opt, const char *v, double *out);
  * on failure. */
 char *cli__read_file(const char *path, size_t *len);
 
+// ----------------------------------------------------------------------------
+// Server and cluster options (cmd_serve.c), shared by serve, check, router,
+// prefill and decode
+
+#include "kvseal/engine.h"
+
+#define SERVE_MAX_ALIASES 16
+
+typedef struct serve__cfg {
+    const char *model_path, *host, *tenants, *admin_key, *security_log;
+    long port;
+    const char *aliases[SERVE_MAX_ALIASES];
+    int n_aliases;
+    long ctx, kv_pages, page_tokens, threads, max_running, queue_max, queue_timeout_ms, batch;
+    long idle_timeout;
+    uint64_t kv_memory;
+    bool no_prefix_cache, log_content;
+    kv_scrub scrub;
+    // cluster roles (kvseal router / prefill / decode)
+    const char *secret_file, *router, *data_host, *advertise_host, *cluster_host;
+    long data_port, cluster_port, health_interval_ms;
+} serve__cfg;
+
+/* Prints the options of serve and the cluster roles. */
+void serve__usage(const char *cmd);
+/* Parses argv into c. Returns 0 ok, 2 usage error, -1 help printed. */
+int serve__parse(int argc, char **argv, serve__cfg *c);
+/* Fills o from c and m (engine defaults, pool sized from --kv-pages,
+ * --kv-memory or MemAvailable); logs how the pool was sized. */
+void serve__engine_opts(const serve__cfg *c, const model *m, engine_opts *o);
+/* The model's own name: the file's basename without ".gguf". */
+void serve__model_name(const char *path, char *buf, size_t cap);
+/* Parse, load the model, size and check the pool (I8), report to `report`.
+ * Returns -1 to continue, else the exit status. */
+int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts *o, FILE *report);
+
 #endif

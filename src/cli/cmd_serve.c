@@ -21,21 +21,9 @@
 #include <string.h>
 #include <strings.h>
 
-#define SERVE_MAX_ALIASES 16
 
-typedef struct serve__cfg {
-    const char *model_path, *host, *tenants, *admin_key, *security_log;
-    long port;
-    const char *aliases[SERVE_MAX_ALIASES];
-    int n_aliases;
-    long ctx, kv_pages, page_tokens, threads, max_running, queue_max, queue_timeout_ms, batch;
-    long idle_timeout;
-    uint64_t kv_memory;
-    bool no_prefix_cache, log_content;
-    kv_scrub scrub;
-} serve__cfg;
 
-static void serve__usage(const char *cmd) {
+void serve__usage(const char *cmd) {
     fprintf(stderr,
             "usage: kvseal %s [-m MODEL] [--host 127.0.0.1] [--port 8080 (0: any free port)]\n"
             "         [--alias NAME]... [--ctx N] [--kv-pages N | --kv-memory BYTES (512M, 4G)]\n"
@@ -45,7 +33,16 @@ static void serve__usage(const char *cmd) {
             "         [--security-log FILE] [--idle-timeout SECONDS (120)]\n"
             "  --ctx defaults to the model's training context. Without --kv-pages/--kv-memory the\n"
             "  pool takes at most 25%% of MemAvailable, between 1x and 8x the context.\n"
-            "  Without --tenants there is one anonymous tenant and no API key is required.\n",
+            "  Without --tenants there is one anonymous tenant and no API key is required.\n"
+            "disaggregated serving (docs/pd-protocol.md); every node reads the same secret file\n"
+            "(>= 16 bytes, mode 600):\n"
+            "  kvseal router  [the options above] --secret-file FILE [--cluster-host 127.0.0.1]\n"
+            "                 [--cluster-port 7070 (0: any)] [--health-interval-ms 1000]\n"
+            "  kvseal prefill [-m MODEL] --router HOST:PORT --secret-file FILE [--ctx N] [--kv-pages N]\n"
+            "                 [--threads N] [--batch-tokens 256] [--page-tokens 16] [--scrub zero|poison]\n"
+            "  kvseal decode  [-m MODEL] --router HOST:PORT --secret-file FILE [--data-host 127.0.0.1]\n"
+            "                 [--data-port 0] [--advertise-host HOST] [--ctx N] [--kv-pages N]\n"
+            "                 [--threads N] [--max-running 16] [--page-tokens 16] [--scrub zero|poison]\n",
             cmd);
 }
 
@@ -88,7 +85,7 @@ static bool serve__parse_bytes(const char *v, uint64_t *out) {
 }
 
 /* Returns 0 ok, 2 usage error, -1 help printed. */
-static int serve__parse(int argc, char **argv, serve__cfg *c) {
+int serve__parse(int argc, char **argv, serve__cfg *c) {
     memset(c, 0, sizeof *c);
     c->model_path = cli_default_model();
     c->host = "127.0.0.1";
@@ -102,6 +99,7 @@ static int serve__parse(int argc, char **argv, serve__cfg *c) {
     c->batch = d.max_batch_tokens;
     c->idle_timeout = 120;
     c->scrub = d.scrub;
+    c->health_interval_ms = 1000;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define INTOPT(name, field, lo, hi)                                                                \
@@ -149,6 +147,14 @@ static int serve__parse(int argc, char **argv, serve__cfg *c) {
                 return 2;
             }
         }
+        INTOPT("--data-port", data_port, 0, 65535)
+        INTOPT("--cluster-port", cluster_port, 0, 65535)
+        INTOPT("--health-interval-ms", health_interval_ms, 10, 600000)
+        else if (!strcmp(a, "--secret-file") && v) c->secret_file = argv[++i];
+        else if (!strcmp(a, "--router") && v) c->router = argv[++i];
+        else if (!strcmp(a, "--data-host") && v) c->data_host = argv[++i];
+        else if (!strcmp(a, "--advertise-host") && v) c->advertise_host = argv[++i];
+        else if (!strcmp(a, "--cluster-host") && v) c->cluster_host = argv[++i];
         else if (!strcmp(a, "--tenants") && v) c->tenants = argv[++i];
         else if (!strcmp(a, "--admin-key") && v) c->admin_key = argv[++i];
         else if (!strcmp(a, "--security-log") && v) c->security_log = argv[++i];
@@ -186,7 +192,7 @@ static uint64_t serve__mem_available(void) {
 
 /* Loads nothing; fills o from c and m, sizing the pool. Prints how it was
  * sized to stderr. */
-static void serve__engine_opts(const serve__cfg *c, const model *m, engine_opts *o) {
+void serve__engine_opts(const serve__cfg *c, const model *m, engine_opts *o) {
     engine_opts_default(o);
     o->m = m;
     o->n_ctx = c->ctx ? (int32_t)c->ctx : model_hp(m)->n_ctx_train;
@@ -229,7 +235,7 @@ static void serve__engine_opts(const serve__cfg *c, const model *m, engine_opts 
 }
 
 /* The model's own name: the file's basename without ".gguf". */
-static void serve__model_name(const char *path, char *buf, size_t cap) {
+void serve__model_name(const char *path, char *buf, size_t cap) {
     const char *b = strrchr(path, '/');
     b = b ? b + 1 : path;
     size_t n = strlen(b);
@@ -239,7 +245,7 @@ static void serve__model_name(const char *path, char *buf, size_t cap) {
 
 /* Shared start of serve and check: parse, load, size, check. Returns -1 to
  * continue, else the exit status. */
-static int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts *o,
+int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts *o,
                           FILE *report) {
     int rc = serve__parse(argc, argv, c);
     if (rc) return rc < 0 ? 0 : rc;

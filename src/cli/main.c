@@ -54,6 +54,9 @@ int cli_main(int argc, char **argv) {
         {"bench", cli_bench, "prompt/generation speed against the memory roofline"},
         {"serve", cli_serve, "OpenAI-compatible HTTP server with tenants (see serve --help)"},
         {"check", cli_check, "print the KV pool sizing arithmetic and exit 0/1 (I8)"},
+        {"router", cli_router, "HTTP front of a prefill/decode cluster (see serve --help)"},
+        {"prefill", cli_prefill, "prefill worker of a cluster (see serve --help)"},
+        {"decode", cli_decode, "decode worker of a cluster (see serve --help)"},
     };
     size_t n = sizeof cmds / sizeof cmds[0];
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {

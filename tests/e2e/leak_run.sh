@@ -5,6 +5,10 @@
 # Exits with the suite's status: 0 clean, 1 a leak or wrong answer found.
 # Extra environment passes through (KS_FAULT for the fault injector;
 # LEAK_EXPECT_VIOLATION=1 when one violation is expected).
+# LEAK_DISAGG=1: the suite runs against `kvseal router` with 2 prefill and 2
+# decode workers instead (same tenants and pool per decode worker), while a
+# `kvseal serve` produces the references; PREFILL_ENV / DECODE_ENV (e.g.
+# KS_PD_FAULT=...) reach the workers, LEAK_EXPECT_FAILED=1 with a fault.
 . "$(dirname "$0")/lib.sh"
 command -v node >/dev/null || skip "node is not installed (scripts/install-deps.sh installs it)"
 tenants='[' ; list='['
@@ -17,11 +21,27 @@ echo "{\"tenants\":$tenants,\"admin_key\":\"adm-$RANDOM$RANDOM\"}" >"$TMPD/tenan
 LEAK_TENANTS=$(node -e 'const t=require(process.argv[1]);console.log(JSON.stringify(t.tenants.map(x=>({name:x.name,key:x.keys[0]}))))' "$TMPD/tenants.json")
 KS_ADMIN_KEY=$(node -e 'console.log(require(process.argv[1]).admin_key)' "$TMPD/tenants.json")
 # 48 pages x 16 = 768 tokens for ctx 512: at most a few requests fit at once
-start_server "$TMPD/server.log" -m "$KS_SRC/models/kjv-mini.gguf" --alias kjv-mini --ctx 512 \
-    --kv-pages 48 --queue-timeout-ms 300000 --tenants "$TMPD/tenants.json" --threads 2
+POOL=(-m "$KS_SRC/models/kjv-mini.gguf" --alias kjv-mini --ctx 512 --kv-pages 48
+      --queue-timeout-ms 300000 --threads ${LEAK_THREADS:-2})
+if [ "${LEAK_DISAGG:-0}" = 1 ]; then
+    start_server "$TMPD/ref.log" "${POOL[@]}" --tenants "$TMPD/tenants.json"
+    REF_URL=$KS_URL; REF_PID=$KS_PID
+    CLUSTER_PROBE_AUTH=$(node -e 'console.log(require(process.argv[1]).tenants[0].keys[0])' "$TMPD/tenants.json")
+    ROUTER_ARGS="--tenants $TMPD/tenants.json" start_cluster "$TMPD/c" 2 2 "${POOL[@]}"
+    trap 'kill -KILL $REF_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm -rf "$TMPD"' EXIT
+    export LEAK_REF_URL=$REF_URL LEAK_NO_PREFIX_CACHE=1
+fi
+[ "${LEAK_DISAGG:-0}" = 1 ] || start_server "$TMPD/server.log" "${POOL[@]}" --tenants "$TMPD/tenants.json"
 export KS_URL KS_ADMIN_KEY LEAK_TENANTS LEAK_MODEL=kjv-mini
 node "$(dirname "$0")/js/leak.mjs"
 rc=$?
-stop_server
-grep -h "SECURITY" "$TMPD/server.log" >&2 || true
+if [ "${LEAK_DISAGG:-0}" = 1 ]; then
+    [ $rc -eq 0 ] || tail -n 30 $KS_CLUSTER_LOGS >&2
+    stop_cluster
+    KS_PID=$REF_PID stop_server
+    grep -h "SECURITY" $KS_CLUSTER_LOGS >&2 || true
+else
+    stop_server
+    grep -h "SECURITY" "$TMPD/server.log" >&2 || true
+fi
 exit $rc

@@ -46,3 +46,76 @@ stop_server() {
     local rc=$?
     [ $rc -eq 0 ] || fail "server exited with status $rc"
 }
+
+# start_cluster LOGPREFIX NPREFILL NDECODE ARGS... — starts `kvseal router`
+# (HTTP and cluster ports picked freely; $ROUTER_ARGS are router-only
+# options such as --tenants), NPREFILL `kvseal prefill` and NDECODE `kvseal
+# decode` workers (ARGS go to every process; $PREFILL_ENV / $DECODE_ENV are
+# prepended as environment, e.g. KS_PD_FAULT=...), all with one fresh
+# secret. Waits until every worker has registered and sets KS_URL, KS_PID
+# (the router), KS_PREFILL_PIDS and KS_DECODE_PIDS (arrays), KS_CLUSTER_LOGS.
+start_cluster() {
+    local log=$1 np=$2 nd=$3; shift 3
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMPD/secret"
+    chmod 600 "$TMPD/secret"
+    "${KS_SERVE_BIN:-$KS_BIN}" router --host 127.0.0.1 --port 0 --cluster-port 0 \
+        --secret-file "$TMPD/secret" --health-interval-ms ${KS_HEALTH_MS:-300} ${ROUTER_ARGS:-} "$@" \
+        >"$log.router.out" 2>"$log.router" &
+    KS_PID=$!
+    KS_PREFILL_PIDS=(); KS_DECODE_PIDS=()
+    trap 'kill -KILL $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm -rf "$TMPD"' EXIT
+    local i cport=
+    for i in $(seq 1 300); do
+        cport=$(sed -n 's/^cluster port \([0-9]*\).*/\1/p' "$log.router.out" | head -1)
+        KS_URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$log.router.out" | head -1)
+        [ -n "$cport" ] && [ -n "$KS_URL" ] && break
+        kill -0 $KS_PID 2>/dev/null || { cat "$log.router" >&2; fail "router exited during start"; }
+        sleep 0.1
+    done
+    [ -n "$KS_URL" ] || fail "router did not come up"
+    KS_CLUSTER_LOGS="$log.router"
+    for i in $(seq 1 "$nd"); do
+        env ${DECODE_ENV:-} "${KS_SERVE_BIN:-$KS_BIN}" decode --router 127.0.0.1:$cport \
+            --secret-file "$TMPD/secret" "$@" >"$log.decode$i.out" 2>"$log.decode$i" &
+        KS_DECODE_PIDS+=($!); KS_CLUSTER_LOGS+=" $log.decode$i"
+    done
+    for i in $(seq 1 "$np"); do
+        env ${PREFILL_ENV:-} "${KS_SERVE_BIN:-$KS_BIN}" prefill --router 127.0.0.1:$cport \
+            --secret-file "$TMPD/secret" "$@" >"$log.prefill$i.out" 2>"$log.prefill$i" &
+        KS_PREFILL_PIDS+=($!); KS_CLUSTER_LOGS+=" $log.prefill$i"
+    done
+    local want=$((np + nd)) n=0
+    for i in $(seq 1 600); do
+        n=$(grep -c 'worker [0-9]* registered' "$log.router" 2>/dev/null)
+        [ "$n" -ge "$want" ] && break
+        sleep 0.1
+    done
+    [ "$n" -ge "$want" ] || { cat $KS_CLUSTER_LOGS >&2; fail "only $n of $want workers registered"; }
+    # data links come up right after registration: one tiny request proves the path
+    for i in $(seq 1 100); do
+        curl -fsS "$KS_URL/v1/completions" ${CLUSTER_PROBE_AUTH:+-H "Authorization: Bearer $CLUSTER_PROBE_AUTH"} \
+            -H 'Content-Type: application/json' \
+            -d '{"prompt":"In the","max_tokens":1,"temperature":0}' >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    cat $KS_CLUSTER_LOGS >&2
+    fail "the cluster does not answer a probe request"
+}
+
+# stop_cluster — SIGTERM to every process; fails unless all exit 0 in 10 s.
+stop_cluster() {
+    local p rc=0
+    for p in "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" $KS_PID; do
+        kill -TERM $p 2>/dev/null
+    done
+    for p in "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" $KS_PID; do
+        local i
+        for i in $(seq 1 100); do kill -0 $p 2>/dev/null || break; sleep 0.1; done
+        if kill -0 $p 2>/dev/null; then kill -KILL $p; fail "process $p ignored SIGTERM"; fi
+        wait $p 2>/dev/null
+        local s=$?
+        # a worker killed on purpose by a test exits 137: callers unset it first
+        [ $s -eq 0 ] || { echo "process $p exited with status $s" >&2; rc=1; }
+    done
+    [ $rc -eq 0 ] || { cat $KS_CLUSTER_LOGS >&2; fail "a cluster process did not exit cleanly"; }
+}

@@ -14,13 +14,6 @@ command -v node >/dev/null || skip "node is not installed"
 : "${KS_BUILD:?}"
 here=$(dirname "$0")
 
-build_variant() {  # build_variant DIR CMAKE-ARGS... -> DIR/kvseal
-    local dir=$1; shift
-    cmake -S "$KS_SRC" -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >"$dir.cmake.log" 2>&1 &&
-        cmake --build "$dir" --target kvseal -j2 >"$dir.build.log" 2>&1 ||
-        { tail -30 "$dir.build.log" >&2; fail "building $dir failed"; }
-}
-
 expect() {  # expect WANT_RC NAME ENV... : runs the suite on build NAME
     local want=$1 name=$2; shift 2
     echo "== $name: expecting the leak suite to $([ "$want" = 0 ] && echo pass || echo FAIL)" >&2
@@ -30,9 +23,8 @@ expect() {  # expect WANT_RC NAME ENV... : runs the suite on build NAME
     [ "$rc" = "$want" ] || { tail -40 "$TMPD/$name.log" >&2; fail "$name: leak suite exited $rc, expected $want"; }
 }
 
-build_variant "$KS_BUILD/isolation-faults" -DKS_TEST_FAULTS=ON
-for v in no_scrub no_tag_check placeholder shared_prefix; do
-    build_variant "$KS_BUILD/isolation-$v" -DKS_BROKEN=$v
+for v in faults no_scrub no_tag_check placeholder shared_prefix; do  # built by build_variants.sh
+    [ -x "$KS_BUILD/isolation-$v/kvseal" ] || fail "variant $v missing (the build_variants fixture failed)"
 done
 
 expect 0 faults KS_FAULT=swap_page LEAK_EXPECT_VIOLATION=1
@@ -40,4 +32,6 @@ expect 1 no_tag_check KS_FAULT=swap_page LEAK_EXPECT_VIOLATION=1
 expect 1 no_scrub
 expect 1 placeholder
 expect 1 shared_prefix
+# disaggregated: the same suite against router + 2 prefill + 2 decode
+expect 1 placeholder LEAK_DISAGG=1
 echo "isolation: every broken build was caught"

@@ -13,12 +13,22 @@
 //
 // Env: KS_URL (http://127.0.0.1:PORT), KS_ADMIN_KEY, LEAK_TENANTS (JSON
 // [{name, key}]), LEAK_EXPECT_VIOLATION (0/1), LEAK_MODEL (model name).
+// Disaggregated mode (a `kvseal router` at KS_URL): LEAK_REF_URL, a
+// `kvseal serve` of the same model and tenants, produces the references
+// (so every cluster output must equal the monolithic server's);
+// LEAK_NO_PREFIX_CACHE=1 drops the same-tenant reuse requirement (the
+// cross-tenant one stays); LEAK_EXPECT_FAILED=1 (fault injection) requires
+// at least one request to fail, cleanly (an error answer, never wrong or
+// foreign tokens), and skips the prefix probe.
 
 const URL_ = process.env.KS_URL;
 const ADMIN = process.env.KS_ADMIN_KEY;
 const TENANTS = JSON.parse(process.env.LEAK_TENANTS);
 const EXPECT_VIOLATION = process.env.LEAK_EXPECT_VIOLATION === '1';
 const MODEL = process.env.LEAK_MODEL || 'kjv-mini';
+const REF_URL = process.env.LEAK_REF_URL || URL_;
+const NO_PREFIX = process.env.LEAK_NO_PREFIX_CACHE === '1';
+const EXPECT_FAILED = process.env.LEAK_EXPECT_FAILED === '1';
 
 const failures = [];
 const fail = (msg) => { failures.push(msg); console.error('LEAK SUITE FAILURE: ' + msg); };
@@ -38,9 +48,9 @@ const SHARED_DOC = 'Hear, O Israel: The LORD our God is one LORD: And thou shalt
 
 function canary(i) { return `zq${(0x5a17 * (i + 7)).toString(36)}x${i}`; }
 
-async function complete(key, body, { stream = false, abortAfterChunks = 0 } = {}) {
+async function complete(key, body, { stream = false, abortAfterChunks = 0, base = URL_ } = {}) {
   const ctl = new AbortController();
-  const res = await fetch(`${URL_}/v1/completions`, {
+  const res = await fetch(`${base}/v1/completions`, {
     method: 'POST', signal: ctl.signal,
     headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
     body: JSON.stringify({ model: MODEL, temperature: 0, ...body, stream }),
@@ -106,19 +116,21 @@ async function main() {
     }
   });
   for (const j of jobs) {
-    const r = await complete(j.tenant.key, { prompt: j.prompt, max_tokens: j.max_tokens });
+    const r = await complete(j.tenant.key, { prompt: j.prompt, max_tokens: j.max_tokens }, { base: REF_URL });
     if (r.status !== 200) { fail(`reference ${j.tenant.name}: status ${r.status} ${r.raw}`); continue; }
     j.ref = r.json.choices[0].text;
     checkNoCanary(`reference ${j.tenant.name}`, j.ref);
   }
   // 2. prefix cache probe, alone: tenant 0 twice, then tenant 1 once
   const doc = (i, n) => complete(TENANTS[i].key, { prompt: SHARED_DOC, max_tokens: n });
-  const p0 = await doc(0, 8), p0b = await doc(0, 8), p1 = await doc(1, 8);
+  const p0 = EXPECT_FAILED ? null : await doc(0, 8), p0b = EXPECT_FAILED ? null : await doc(0, 8);
+  const p1 = EXPECT_FAILED ? null : await doc(1, 8);
   const cached = (r) => (r.json && r.json.usage && r.json.usage.prompt_tokens_details &&
     r.json.usage.prompt_tokens_details.cached_tokens) || 0;
-  if (p0.status !== 200 || p0b.status !== 200 || p1.status !== 200) fail('prefix probe: non-200');
+  if (EXPECT_FAILED) { /* faults may hit the probe: skipped */ }
+  else if (p0.status !== 200 || p0b.status !== 200 || p1.status !== 200) fail('prefix probe: non-200');
   else {
-    if (cached(p0b) <= 0) fail('prefix cache: the same tenant did not reuse its own prefix (cache off?)');
+    if (cached(p0b) <= 0 && !NO_PREFIX) fail('prefix cache: the same tenant did not reuse its own prefix (cache off?)');
     if (cached(p1) !== 0) fail(`prefix cache: tenant ${TENANTS[1].name} reused ${cached(p1)} tokens of another tenant's prompt`);
     if (p0.json.choices[0].text !== p1.json.choices[0].text || p0.json.choices[0].text !== p0b.json.choices[0].text)
       fail('prefix cache: cached and uncached outputs differ');
@@ -156,6 +168,14 @@ async function main() {
     if (r.status === 200 && kind === 'stream' && r.done && !r.error) text = r.text;
     if (text === null) {
       serverErrors++;
+      const clean = (r.status >= 400 && r.json && r.json.error && !r.json.choices) ||
+        (r.status === 200 && kind === 'stream' && r.error);
+      if (EXPECT_FAILED && clean) {
+        checkNoCanary(who, r.text || '');
+        // what streamed before the error must be the start of the right answer
+        if (r.text && !j.ref.startsWith(r.text)) fail(`${who}: partial output before the error is wrong: ${JSON.stringify(r.text)}`);
+        continue;
+      }
       if (!EXPECT_VIOLATION) fail(`${who}: failed (status ${r.status}, ${JSON.stringify(r.error || r.raw || '').slice(0, 200)})`);
       continue;
     }
@@ -167,6 +187,8 @@ async function main() {
     if (v !== 1) fail(`fault injected: isolation violations = ${v}, expected exactly 1`);
     if (serverErrors !== 1) fail(`fault injected: ${serverErrors} requests failed, expected exactly 1`);
   } else if (v !== 0) fail(`isolation violations = ${v}`);
+  if (EXPECT_FAILED && serverErrors === 0) fail('fault injected, but no request failed (the fault never fired?)');
+  if (EXPECT_FAILED) console.log(`fault run: ${serverErrors} requests failed cleanly`);
 
   // 4. afterwards: every page FREE and scrubbed
   const chk = await fetch(`${URL_}/admin/kv/check`, { headers: { authorization: `Bearer ${ADMIN}` } });

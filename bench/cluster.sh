@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# bench/cluster.sh [MODEL] — disaggregated vs monolithic serving on loopback:
+# the time to first token of `kvseal router` + 1 prefill + 1 decode against
+# `kvseal serve` for prompts of about 128, 1k and 4k tokens (one request at a
+# time, A/B alternated, medians of 5), and the KV transfer rate decode
+# measured (first KV_PAGE to verified DONE) as a ratio to the loopback TCP
+# bandwidth measured in the same run (a plain socket copy, test_pd bench).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${1:-models/kjv-mini.gguf}
+cmake -S . -B build -DKS_WERROR=ON >/dev/null && cmake --build build --target kvseal test_pd -j2 >/dev/null
+export KS_BIN=$PWD/build/kvseal KS_SRC=$PWD
+. tests/e2e/lib.sh
+ARGS=(-m "$MODEL" --ctx 4608 --kv-pages 600 --threads 2 --batch-tokens 512)
+start_server "$TMPD/serve.log" "${ARGS[@]}" --no-prefix-cache
+A=$KS_URL; SERVE_PID=$KS_PID
+start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
+trap 'kill -KILL $SERVE_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm -rf "$TMPD"' EXIT
+echo "TTFT, one request at a time (ms, median of ${REPEAT:-5}):"
+node bench/ttft.mjs "$A" "$KS_URL" 128 1024 4000 | tee "$TMPD/ttft.json" |
+    node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{for(const l of s.trim().split("\n")){const j=JSON.parse(l);
+      console.log(`  ${String(j.prompt_tokens).padStart(5)} tokens: serve ${j.a_ms.toFixed(1)}  cluster ${j.b_ms.toFixed(1)}  added ${(j.b_ms-j.a_ms).toFixed(1)} ms (${(j.b_ms/j.a_ms).toFixed(3)}x)`)}})'
+# decode logs one line per verified handoff: "... KV handoff: N bytes in T ms"
+rate=$(grep -h 'KV handoff' "$TMPD/c.decode1" | sed -n 's/.*: \([0-9]*\) bytes in \([0-9.]*\) ms.*/\1 \2/p' |
+       awk '$1 > 4000000 { b += $1; t += $2 } END { if (t > 0) printf "%.3f", b / t / 1e6 }')
+base=$(./build/test_pd bench 256 2>&1 | sed -n 's/.*plain socket copy \([0-9.]*\) GB\/s.*/\1/p' | head -1)
+echo "KV transfer (handoffs over 4 MB): ${rate:-?} GB/s; loopback TCP: ${base:-?} GB/s; ratio $(awk -v a="${rate:-0}" -v b="${base:-1}" 'BEGIN{printf "%.2f", a/b}')"
+stop_cluster
+KS_PID=$SERVE_PID stop_server

@@ -1,0 +1,191 @@
+/* cmd_cluster.c — `kvseal router`, `kvseal prefill` and `kvseal decode`: the
+ * three processes of disaggregated serving (cluster.h, docs/pd-protocol.md).
+ * They take serve's options (cmd_serve.c) plus the cluster's: every node
+ * reads the same secret file; workers name the router's control address.
+ *
+ * The router prints "cluster port N" and then "listening on http://HOST:PORT"
+ * to stdout; the decode worker prints "data link on HOST:PORT". All three
+ * run until SIGTERM/SIGINT and exit 0 after freeing everything. */
+#include "cli_int.h"
+
+#include "kvseal/cluster.h"
+#include "kvseal/kern.h"
+#include "kvseal/server.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CLUSTER_SECRET_MAX 256
+
+/* Blocks SIGINT/SIGTERM in every thread started after this (sigwait or the
+ * stop flag sees them); ignores SIGPIPE. */
+static void cluster__block_signals(sigset_t *sigs) {
+    sigemptyset(sigs);
+    sigaddset(sigs, SIGINT);
+    sigaddset(sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+static bool cluster__secret(const char *cmd, const serve__cfg *c, uint8_t *buf, size_t *len) {
+    if (!c->secret_file) {
+        fprintf(stderr, "kvseal %s: --secret-file is required (the shared cluster secret)\n", cmd);
+        return false;
+    }
+    ks_errbuf eb = {0};
+    if (cluster_secret_load(c->secret_file, buf, CLUSTER_SECRET_MAX, len, &eb)) {
+        fprintf(stderr, "kvseal %s: %s\n", cmd, eb.msg);
+        return false;
+    }
+    return true;
+}
+
+int cli_router(int argc, char **argv) {
+    serve__cfg c;
+    model *m = NULL;
+    engine_opts o;
+    int rc = serve__prepare(argc, argv, &c, &m, &o, stderr);
+    if (rc >= 0) {
+        model_free(m);
+        return rc;
+    }
+    uint8_t secret[CLUSTER_SECRET_MAX];
+    size_t secret_len = 0;
+    if (!cluster__secret(argv[0], &c, secret, &secret_len)) {
+        model_free(m);
+        return 2;
+    }
+    rc = 1;
+    ks_errbuf eb = {0};
+    sigset_t sigs;
+    cluster__block_signals(&sigs);
+    cluster_router *r = NULL;
+    server *s = NULL;
+    cluster_router_opts ro;
+    cluster_router_opts_default(&ro);
+    ro.m = m;
+    ro.secret = secret;
+    ro.secret_len = secret_len;
+    if (c.cluster_host) ro.host = c.cluster_host;
+    ro.port = c.cluster_port ? (int)c.cluster_port : 7070;
+    for (int i = 1; i < argc; i++)  // an explicit --cluster-port 0 picks any free port
+        if (!strcmp(argv[i], "--cluster-port") && i + 1 < argc && !strcmp(argv[i + 1], "0")) ro.port = 0;
+    ro.n_ctx = o.n_ctx;
+    ro.page_tokens = o.page_tokens;
+    ro.health_interval_ms = (uint32_t)c.health_interval_ms;
+    ro.queue_timeout_ms = o.queue_timeout_ms;
+    if (cluster_router_create(&ro, &r, &eb)) goto fail;
+    printf("cluster port %d\n", cluster_router_port(r));
+    fflush(stdout);
+    server_backend be;
+    cluster_router_backend(r, &be);
+    char name[256];
+    serve__model_name(c.model_path, name, sizeof name);
+    server_opts so;
+    server_opts_default(&so);
+    so.host = c.host;
+    so.port = (int)c.port;
+    so.aliases = c.aliases;
+    so.n_aliases = c.n_aliases;
+    so.model_name = name;
+    so.tenants_path = c.tenants;
+    so.admin_key = c.admin_key;
+    so.log_content = c.log_content;
+    so.n_ctx = o.n_ctx;
+    so.idle_timeout_s = (unsigned)c.idle_timeout;
+    if (server_create_backend(&so, &be, m, &s, &eb)) goto fail;
+    bool v6 = strchr(c.host, ':') != NULL;
+    printf("listening on http://%s%s%s:%d\n", v6 ? "[" : "", c.host, v6 ? "]" : "", server_port(s));
+    fflush(stdout);
+    ks_log(KS_LOG_INFO, "router for %s, context %d, cluster control on %s:%d", c.model_path, o.n_ctx,
+           ro.host, cluster_router_port(r));
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0) {
+    }
+    ks_log(KS_LOG_INFO, "signal %d: shutting down", sig);
+    server_stop_accepting(s);
+    be.set_online(be.impl, false, true);
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "kvseal router: %s\n", eb.msg[0] ? eb.msg : ks_strerror(eb.code));
+done:
+    server_destroy(s);
+    cluster_router_destroy(r);
+    sodium_memzero(secret, sizeof secret);
+    model_free(m);
+    return rc;
+}
+
+static volatile sig_atomic_t cluster__stop;
+
+static void *cluster__sigwaiter(void *arg) {
+    sigset_t *sigs = arg;
+    int sig = 0;
+    while (sigwait(sigs, &sig) != 0) {
+    }
+    ks_log(KS_LOG_INFO, "signal %d: shutting down", sig);
+    cluster__stop = 1;
+    return NULL;
+}
+
+/* Shared body of prefill and decode. */
+static int cluster__worker(int argc, char **argv, bool decode) {
+    serve__cfg c;
+    model *m = NULL;
+    engine_opts o;
+    int rc = serve__prepare(argc, argv, &c, &m, &o, stderr);
+    if (rc >= 0) {
+        model_free(m);
+        return rc;
+    }
+    uint8_t secret[CLUSTER_SECRET_MAX];
+    size_t secret_len = 0;
+    char host[256];
+    long port = 0;
+    const char *colon = c.router ? strrchr(c.router, ':') : NULL;
+    if (!c.router || !colon || colon == c.router || (size_t)(colon - c.router) >= sizeof host ||
+        !cli__parse_int("--router", colon + 1, 1, 65535, &port)) {
+        fprintf(stderr, "kvseal %s: --router HOST:PORT is required (the router's cluster port)\n",
+                argv[0]);
+        model_free(m);
+        return 2;
+    }
+    snprintf(host, sizeof host, "%.*s", (int)(colon - c.router), c.router);
+    if (!cluster__secret(argv[0], &c, secret, &secret_len)) {
+        model_free(m);
+        return 2;
+    }
+    sigset_t sigs;
+    cluster__block_signals(&sigs);
+    pthread_t waiter;
+    if (pthread_create(&waiter, NULL, cluster__sigwaiter, &sigs) != 0) {
+        fprintf(stderr, "kvseal %s: cannot start the signal thread\n", argv[0]);
+        model_free(m);
+        return 1;
+    }
+    cluster_worker_opts wo = {.m = m, .secret = secret, .secret_len = secret_len, .router_host = host,
+                              .router_port = (int)port,
+                              .data_host = c.data_host ? c.data_host : "127.0.0.1",
+                              .data_port = (int)c.data_port, .advertise_host = c.advertise_host,
+                              .eng = o};
+    wo.eng.prefix_cache = false;
+    ks_log(KS_LOG_INFO, "%s worker for %s, context %d, %u KV pages, kernels %s, router %s:%ld",
+           decode ? "decode" : "prefill", c.model_path, o.n_ctx, o.kv_pages, kern_get()->name, host, port);
+    ks_errbuf eb = {0};
+    ks_err e = decode ? cluster_decode_run(&wo, &cluster__stop, &eb)
+                      : cluster_prefill_run(&wo, &cluster__stop, &eb);
+    if (e) fprintf(stderr, "kvseal %s: %s\n", argv[0], eb.msg[0] ? eb.msg : ks_strerror(e));
+    if (!cluster__stop) pthread_kill(waiter, SIGTERM);  // it is blocked in sigwait: wake it
+    pthread_join(waiter, NULL);
+    sodium_memzero(secret, sizeof secret);
+    model_free(m);
+    return e ? 1 : 0;
+}
+
+int cli_prefill(int argc, char **argv) { return cluster__worker(argc, argv, false); }
+
+int cli_decode(int argc, char **argv) { return cluster__worker(argc, argv, true); }

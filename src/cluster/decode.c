@@ -1,0 +1,846 @@
+/* decode.c — the decode worker (`kvseal decode`, cluster.h): page grants for
+ * ADMIT, KV received straight into the engine's pool over data links from
+ * prefill workers, the verified commit (I6) and generation, streaming
+ * TOKEN/FINISH to the router (docs/pd-protocol.md sections 5-9).
+ *
+ * Everything network runs on the engine's scheduler thread through
+ * engine_opts.poll: the pd_loop, the data-link listener and links, the
+ * control connection (cl_ctrl) and the transfer receiver (pd_recv) are
+ * created on the first poll and destroyed in poll_end, so the pool, the
+ * receiver and every running sequence have one owner. The calling thread
+ * only waits for the start, then for *stop. */
+#include "cluster_int.h"
+
+#include <sodium.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvseal/pd_recv.h"
+
+// ----------------------------------------------------------------------------
+// State
+
+/* One data link from a prefill worker (accepted conn). */
+typedef struct dec__link {
+    struct dec__worker *w;
+    pd_conn *c;
+    uint64_t epoch;       /* 0 until LINK arrived */
+    uint32_t prefill_id;  /* from LINK */
+    bool superseded;      /* a newer LINK from the same prefill id: closing */
+    bool sink_pending;    /* a KV_PAGE payload is being received into a page */
+    uint64_t sink_req;
+    struct dec__link *next;
+} dec__link;
+
+/* One granted request (ADMIT we answered with GRANT), until its FINISH. */
+typedef struct dec__req {
+    uint64_t req_id;
+    uint32_t n_prompt;
+    pd_msg_sampling s;
+    engine_req *er; /* adopted: generation runs */
+    uint64_t t_first_page_ns; /* first KV_PAGE accepted (for the handoff log) */
+    uint64_t kv_bytes;        /* KV_PAGE payload bytes accepted */
+} dec__req;
+
+/* A verified DONE waiting for engine_adopt (EV_COMMIT is queued: emit runs
+ * inside pd_recv calls, and a failed adopt must call pd_recv_finish). */
+typedef struct dec__commit {
+    uint64_t req_id;
+    int32_t first_token;
+    float logprob;
+    uint32_t n_top;
+    pd_msg_top top[PD_MSG_MAX_TOP];
+    uint64_t rng_state;
+} dec__commit;
+
+enum { DEC__STARTING = 0, DEC__RUNNING = 1, DEC__FAILED = 2 };
+#define DEC__MAX_COMMITS 4
+
+typedef struct dec__worker {
+    const cluster_worker_opts *o;
+    engine *e;
+    kv_pool *pool;
+    kv_geom g;
+    int32_t max_running;
+    _Atomic int phase;     /* DEC__*; written by the scheduler thread */
+    ks_errbuf start_eb;    /* the start failure (read after phase = FAILED) */
+    pd_loop *l;
+    pd_listener *ls;
+    cl_ctrl *ctrl;
+    pd_recv *rcv;
+    uint32_t tm_data[PD_MSG_N_TYPES], tm_ctrl[PD_MSG_N_TYPES];
+    char host[PD_MSG_MAX_HOST + 1]; /* REGISTER host (borrowed by ctrl) */
+    dec__link *links;
+    dec__req *req;
+    uint32_t n_req, cap_req;
+    /* only pd_recv_done emits COMMIT (one per call) and every pd_recv call
+     * site flushes right after it: one slot would do */
+    dec__commit commits[DEC__MAX_COMMITS];
+    uint32_t n_commits;
+} dec__worker;
+
+// ----------------------------------------------------------------------------
+// Link epochs: unique in the process, never 0, from a random boot value
+
+static _Atomic uint64_t dec__epoch_ctr;
+
+static uint64_t dec__new_epoch(void) {
+    if (atomic_load(&dec__epoch_ctr) == 0) {
+        uint64_t boot = 0;
+        randombytes_buf(&boot, sizeof boot);
+        uint64_t zero = 0;
+        (void)atomic_compare_exchange_strong(&dec__epoch_ctr, &zero, boot | 1u);
+    }
+    uint64_t ep;
+    do {
+        ep = atomic_fetch_add(&dec__epoch_ctr, 1);
+    } while (ep == 0);
+    return ep;
+}
+
+// ----------------------------------------------------------------------------
+// Requests
+
+static dec__req *dec__find(dec__worker *w, uint64_t req_id) {
+    for (uint32_t i = 0; i < w->n_req; i++)
+        if (w->req[i].req_id == req_id) return &w->req[i];
+    return NULL;
+}
+
+/* Makes room for one more request entry; false when out of memory. */
+static bool dec__reserve(dec__worker *w) {
+    if (w->n_req < w->cap_req) return true;
+    uint32_t cap = w->cap_req ? 2 * w->cap_req : 16;
+    dec__req *p = realloc(w->req, cap * sizeof *p);
+    if (!p) return false;
+    w->req = p;
+    w->cap_req = cap;
+    return true;
+}
+
+/* Adds an entry; dec__reserve must have returned true since the last add. */
+static void dec__add(dec__worker *w, uint64_t req_id, uint32_t n_prompt, const pd_msg_sampling *s) {
+    KS_ASSERT(w->n_req < w->cap_req);
+    w->req[w->n_req++] = (dec__req){.req_id = req_id, .n_prompt = n_prompt, .s = *s};
+}
+
+static void dec__remove(dec__worker *w, uint64_t req_id) {
+    for (uint32_t i = 0; i < w->n_req; i++)
+        if (w->req[i].req_id == req_id) {
+            w->req[i] = w->req[--w->n_req];
+            return;
+        }
+}
+
+// ----------------------------------------------------------------------------
+// Frames to the router and to prefill
+
+static void dec__ctrl_send(dec__worker *w, uint16_t type, uint64_t req_id, const void *p,
+                           uint32_t len) {
+    if (!w->ctrl || !cl_ctrl_registered(w->ctrl)) return;  // lost: the router fails it (F6)
+    struct iovec iov = {.iov_base = (void *)p, .iov_len = len};
+    ks_errbuf eb;
+    ks_err e = cl_ctrl_send(w->ctrl, type, req_id, &iov, len ? 1 : 0, &eb);
+    if (e != KS_OK && e != KS_ERR_PEER_CLOSED)
+        ks_log(KS_LOG_WARN, "decode: %s for request %llu not sent: %s", pd_msg_type_name(type),
+               (unsigned long long)req_id, eb.msg);
+}
+
+static void dec__send_finish(dec__worker *w, uint64_t req_id, uint32_t finish, uint32_t n_prompt,
+                             uint32_t n_gen, ks_err err, const char *msg) {
+    if (finish == PD_FINISH_STOP || finish == PD_FINISH_LENGTH) err = KS_OK;
+    if ((finish == PD_FINISH_ABORT || finish == PD_FINISH_ERROR) && err == KS_OK)
+        err = finish == PD_FINISH_ABORT ? KS_ERR_CANCELLED : KS_ERR_INTERNAL;
+    size_t ml = msg ? strlen(msg) : 0;
+    if (ml > PD_MSG_MAX_TEXT) ml = PD_MSG_MAX_TEXT;
+    pd_msg_finish m = {.finish = finish, .n_prompt = n_prompt, .n_gen = n_gen, .err = (uint32_t)err,
+                       .msg = msg ? msg : "", .msg_len = (uint32_t)ml};
+    uint8_t buf[20 + PD_MSG_MAX_TEXT];
+    uint32_t len = 0;
+    ks_errbuf eb;
+    if (pd_msg_finish_encode(&m, buf, sizeof buf, &len, &eb) != KS_OK) {
+        ks_log(KS_LOG_ERROR, "decode: FINISH for request %llu: %s", (unsigned long long)req_id,
+               eb.msg);
+        return;
+    }
+    dec__ctrl_send(w, PD_MSG_FINISH, req_id, buf, len);
+}
+
+static dec__link *dec__link_by_epoch(dec__worker *w, uint64_t epoch) {
+    for (dec__link *k = w->links; k; k = k->next)
+        if (k->epoch == epoch && epoch != 0) return k;
+    return NULL;
+}
+
+static void dec__link_send(dec__link *k, uint16_t type, uint64_t req_id, const void *p,
+                           uint32_t len) {
+    struct iovec iov = {.iov_base = (void *)p, .iov_len = len};
+    ks_errbuf eb;
+    ks_err e = pd_conn_send(k->c, type, req_id, &iov, len ? 1 : 0, &eb);
+    if (e == KS_ERR_AGAIN) {
+        // the link is backed up with our own small frames only if prefill
+        // stopped reading: it is broken; tearing it down is F5
+        ks_log(KS_LOG_WARN, "decode: link %llu output full; closing it",
+               (unsigned long long)k->epoch);
+        pd_conn_close(k->c);
+    }
+}
+
+/* Best-effort ERROR, then close: a PROTO error ends only this peer's conn. */
+static void dec__proto_close(pd_conn *c, const char *why) {
+    ks_log(KS_LOG_WARN, "decode: closing %s: %s", pd_conn_peer_addr(c), why);
+    size_t ml = strlen(why);
+    if (ml > PD_MSG_MAX_TEXT) ml = PD_MSG_MAX_TEXT;
+    pd_msg_error m = {.err = KS_ERR_PROTO, .msg = why, .msg_len = (uint32_t)ml};
+    uint8_t buf[8 + PD_MSG_MAX_TEXT];
+    uint32_t len = 0;
+    if (pd_msg_error_encode(&m, buf, sizeof buf, &len, NULL) == KS_OK) {
+        struct iovec iov = {.iov_base = buf, .iov_len = len};
+        if (pd_conn_send(c, PD_MSG_ERROR, 0, &iov, 1, NULL) != KS_OK) {
+            // best effort: the close below happens either way
+        }
+    }
+    pd_conn_close_flush(c);
+}
+
+// ----------------------------------------------------------------------------
+// pd_recv events
+
+static void dec__emit(void *ctx, const pd_recv_ev *ev) {
+    dec__worker *w = ctx;
+    switch (ev->kind) {
+    case PD_RECV_EV_ABORT: {
+        dec__link *k = dec__link_by_epoch(w, ev->link_epoch);
+        if (!k) break;  // the link is gone: F5 already covers it
+        uint8_t buf[4];
+        uint32_t len = 0;
+        pd_msg_abort m = {.reason = ev->abort_reason};
+        if (pd_msg_abort_encode(&m, buf, sizeof buf, &len, NULL) == KS_OK)
+            dec__link_send(k, PD_MSG_ABORT, ev->req_id, buf, len);
+        break;
+    }
+    case PD_RECV_EV_FINISH:
+        dec__send_finish(w, ev->req_id, ev->finish, ev->n_prompt, 0, ev->err, ev->msg);
+        dec__remove(w, ev->req_id);
+        break;
+    case PD_RECV_EV_COMMIT: {
+        KS_ASSERT(w->n_commits < DEC__MAX_COMMITS);  // a pd_recv call site without dec__flush
+        dec__commit *c = &w->commits[w->n_commits++];
+        const pd_msg_done *d = ev->done;
+        c->req_id = ev->req_id;
+        c->first_token = d->first_token;
+        c->logprob = d->logprob;
+        c->n_top = d->n_top > PD_MSG_MAX_TOP ? PD_MSG_MAX_TOP : d->n_top;
+        for (uint32_t i = 0; i < c->n_top; i++) c->top[i] = pd_msg_top_at(d->top, i);
+        c->rng_state = d->rng_state;
+        dec__req *q = dec__find(w, ev->req_id);
+        if (q && q->t_first_page_ns)  // the figure bench/cluster.sh reports
+            ks_log(KS_LOG_INFO, "decode: request %llu: KV handoff: %llu bytes in %.3f ms",
+                   (unsigned long long)ev->req_id, (unsigned long long)q->kv_bytes,
+                   (double)(ks_now_ns() - q->t_first_page_ns) / 1e6);
+        break;
+    }
+    case PD_RECV_EV_TEARDOWN: {
+        dec__link *k = dec__link_by_epoch(w, ev->link_epoch);
+        if (k) {
+            ks_log(KS_LOG_INFO, "decode: link %llu torn down (no ABORT_ACK in time)",
+                   (unsigned long long)k->epoch);
+            pd_conn_close(k->c);  // on_close: pd_recv_link_closed (F5)
+        }
+        break;
+    }
+    }
+}
+
+/* Runs the queued commits: engine_adopt each (outside any pd_recv call). */
+static void dec__flush(dec__worker *w) {
+    for (uint32_t i = 0; i < w->n_commits; i++) {
+        const dec__commit *c = &w->commits[i];
+        dec__req *q = dec__find(w, c->req_id);
+        kv_seq *seq = pd_recv_seq(w->rcv, c->req_id);
+        ks_errbuf eb;
+        ks_errbuf_clear(&eb);
+        ks_err e = KS_ERR_INTERNAL;
+        if (q && seq) {
+            engine_adopt_args a;
+            memset(&a, 0, sizeof a);
+            a.tenant = "cluster";
+            a.n_prompt = (int32_t)q->n_prompt;
+            a.max_tokens = (int32_t)q->s.max_tokens;
+            cl_sampling_from_msg(&q->s, &a.sp, &a.ignore_eos);
+            a.seq = seq;
+            a.first.token = c->first_token;
+            a.first.logprob = c->logprob;
+            uint32_t nt = c->n_top < q->s.n_probs ? c->n_top : q->s.n_probs;
+            if (nt > SAMPLE_MAX_TOP) nt = SAMPLE_MAX_TOP;
+            a.first.n_top = (int)nt;
+            for (uint32_t j = 0; j < nt; j++) {
+                a.first.top_ids[j] = c->top[j].id;
+                a.first.top_logprobs[j] = c->top[j].logprob;
+            }
+            a.rng_draws = c->rng_state;
+            e = engine_adopt(w->e, &a, &q->er, &eb);
+            if (e != KS_OK) q->er = NULL;
+        } else {
+            ks_seterr(&eb, KS_ERR_INTERNAL, "committed request not found");
+        }
+        if (e != KS_OK) {
+            ks_log(KS_LOG_WARN, "decode: request %llu: cannot start generation: %s",
+                   (unsigned long long)c->req_id, eb.msg);
+            uint32_t np = q ? q->n_prompt : 0;
+            pd_recv_finish(w->rcv, c->req_id);  // F1: nothing generates from these pages
+            dec__send_finish(w, c->req_id, PD_FINISH_ERROR, np, 0, e,
+                             "decode worker could not start generation");
+            dec__remove(w, c->req_id);
+        }
+    }
+    w->n_commits = 0;
+}
+
+/* Streams every adopted request's pending events: TOKEN, and FINISH + F1. */
+static void dec__drain(dec__worker *w) {
+    for (uint32_t i = 0; i < w->n_req;) {
+        dec__req *q = &w->req[i];
+        if (!q->er) {
+            i++;
+            continue;
+        }
+        bool removed = false;
+        engine_event ev;
+        while (engine_req_next(q->er, &ev, 0) == KS_OK) {
+            if (ev.token >= 0) {
+                pd_msg_token t = {.token = ev.token, .logprob = ev.sr.logprob};
+                pd_msg_top top[PD_MSG_MAX_TOP];
+                uint32_t nt = ev.sr.n_top > 0 ? (uint32_t)ev.sr.n_top : 0;
+                if (nt > q->s.n_probs) nt = q->s.n_probs;
+                for (uint32_t j = 0; j < nt; j++)
+                    top[j] = (pd_msg_top){.id = ev.sr.top_ids[j], .logprob = ev.sr.top_logprobs[j]};
+                t.n_top = nt;
+                uint8_t buf[12 + 8 * PD_MSG_MAX_TOP];
+                uint32_t len = 0;
+                if (pd_msg_token_encode(&t, top, buf, sizeof buf, &len, NULL) == KS_OK)
+                    dec__ctrl_send(w, PD_MSG_TOKEN, q->req_id, buf, len);
+            }
+            if (ev.done) {
+                uint64_t id = q->req_id;
+                uint32_t fin = ev.finish >= ENGINE_FINISH_STOP && ev.finish <= ENGINE_FINISH_ERROR
+                                   ? (uint32_t)ev.finish
+                                   : PD_FINISH_ERROR;
+                dec__send_finish(w, id, fin, ev.n_prompt > 0 ? (uint32_t)ev.n_prompt : q->n_prompt,
+                                 ev.n_gen > 0 ? (uint32_t)ev.n_gen : 0, ev.err, ev.errmsg);
+                engine_req_release(q->er);
+                q->er = NULL;
+                pd_recv_finish(w->rcv, id);  // F1: the engine no longer touches the pages
+                dec__remove(w, id);
+                removed = true;
+                break;
+            }
+        }
+        if (!removed) i++;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Data links
+
+static void dl__on_open(pd_conn *c, void *ud) {
+    dec__worker *w = ud;
+    dec__link *k = calloc(1, sizeof *k);
+    if (!k) {
+        ks_log(KS_LOG_ERROR, "decode: out of memory for a data link; closing it");
+        pd_conn_close(c);
+        return;
+    }
+    k->w = w;
+    k->c = c;
+    k->next = w->links;
+    w->links = k;
+    pd_conn_set_ud(c, k);
+}
+
+static ks_err dl__sink(pd_conn *c, void *ud, const pd_frame_hdr *hdr, const uint8_t *prefix,
+                       uint32_t prefix_len, struct iovec *iov, int *n_iov) {
+    (void)c;
+    dec__link *k = ud;
+    dec__worker *w = k->w;
+    *n_iov = 0;
+    if (hdr->type != PD_MSG_KV_PAGE) return KS_OK;  // small frames: buffered as usual
+    if (k->epoch == 0) return KS_ERR_PROTO;         // KV_PAGE before LINK
+    pd_msg_kv_page ph;
+    ks_errbuf eb;
+    if (pd_msg_kv_page_decode(prefix, prefix_len, hdr->len, &w->g, &ph, &eb) != KS_OK) {
+        ks_log(KS_LOG_WARN, "decode: link %llu: %s", (unsigned long long)k->epoch, eb.msg);
+        return KS_ERR_PROTO;
+    }
+    if (2u * (uint64_t)ph.layer_count > PD_MAX_IOV) {
+        ks_log(KS_LOG_WARN, "decode: link %llu: KV_PAGE of %u layers exceeds one sink (%d iovecs)",
+               (unsigned long long)k->epoch, ph.layer_count, PD_MAX_IOV);
+        return KS_ERR_PROTO;
+    }
+    int nd = 0;
+    bool ok = pd_recv_kv_page_begin(w->rcv, hdr->req_id, k->epoch, &ph, iov, PD_MAX_IOV, &nd);
+    if (ok && nd > 0) {
+        dec__req *q = dec__find(w, hdr->req_id);
+        if (q) {
+            if (!q->t_first_page_ns) q->t_first_page_ns = ks_now_ns();
+            q->kv_bytes += hdr->len;
+        }
+        k->sink_pending = true;
+        k->sink_req = hdr->req_id;
+        *n_iov = nd;
+    }
+    return KS_OK;
+}
+
+static void dl__on_sink_fail(pd_conn *c, void *ud, const pd_frame_hdr *hdr, ks_err why) {
+    (void)c;
+    (void)why;
+    dec__link *k = ud;
+    if (!k->sink_pending) return;
+    k->sink_pending = false;
+    pd_recv_kv_page_end(k->w->rcv, hdr->req_id, false);
+    dec__flush(k->w);
+}
+
+static void dl__on_link(dec__link *k, const pd_frame *f) {
+    dec__worker *w = k->w;
+    pd_msg_link m;
+    ks_errbuf eb;
+    if (k->epoch != 0) {
+        dec__proto_close(k->c, "LINK: a second LINK on one data link");
+        return;
+    }
+    if (pd_msg_link_decode(f->payload, f->payload_len, &m, &eb) != KS_OK) {
+        dec__proto_close(k->c, eb.msg);
+        return;
+    }
+    for (dec__link *o = w->links; o; o = o->next)
+        if (o != k && o->epoch != 0 && !o->superseded && o->prefill_id == m.prefill_worker_id) {
+            // the prefill worker re-linked: the old link dies (F5 at its on_close)
+            ks_log(KS_LOG_INFO, "decode: prefill %u re-linked; closing its link %llu",
+                   m.prefill_worker_id, (unsigned long long)o->epoch);
+            o->superseded = true;
+            pd_conn_close(o->c);
+        }
+    k->epoch = dec__new_epoch();
+    k->prefill_id = m.prefill_worker_id;
+    pd_msg_link_ack ack = {.link_epoch = k->epoch};
+    uint8_t buf[8];
+    uint32_t len = 0;
+    if (pd_msg_link_ack_encode(&ack, buf, sizeof buf, &len, NULL) == KS_OK)
+        dec__link_send(k, PD_MSG_LINK_ACK, 0, buf, len);
+    ks_log(KS_LOG_INFO, "decode: link up: prefill %u from %s, epoch %llu", k->prefill_id,
+           pd_conn_peer_addr(k->c), (unsigned long long)k->epoch);
+}
+
+static void dl__on_frame(pd_conn *c, void *ud, const pd_frame *f) {
+    (void)c;
+    dec__link *k = ud;
+    dec__worker *w = k->w;
+    uint16_t t = f->hdr.type;
+    uint64_t id = f->hdr.req_id;
+    ks_errbuf eb;
+    ks_errbuf_clear(&eb);
+    if (t == PD_MSG_LINK) {
+        dl__on_link(k, f);
+        return;
+    }
+    if (t == PD_MSG_ERROR) {
+        pd_msg_error m;
+        if (pd_msg_error_decode(f->payload, f->payload_len, &m, NULL) == KS_OK)
+            ks_log(KS_LOG_WARN, "decode: link %llu: prefill sent ERROR %s: %.*s",
+                   (unsigned long long)k->epoch, ks_err_name((ks_err)m.err), (int)m.msg_len, m.msg);
+        pd_conn_close(k->c);
+        return;
+    }
+    if (k->epoch == 0) {
+        dec__proto_close(k->c, "data link: frame before LINK");
+        return;
+    }
+    switch (t) {
+    case PD_MSG_KV_PAGE:
+        if (f->sunk) {
+            if (k->sink_pending) {
+                k->sink_pending = false;
+                pd_recv_kv_page_end(w->rcv, id, true);
+            }
+        } else if (f->hdr.len <= PD_MSG_KV_PAGE_HDR) {
+            dec__proto_close(k->c, "KV_PAGE: payload shorter than its page header");
+            return;
+        }
+        // not sunk: pd_recv said discard (unknown, ABORTING or a failed check)
+        break;
+    case PD_MSG_DONE: {
+        pd_msg_done d;
+        if (pd_msg_done_decode(f->payload, f->payload_len, &d, &eb) != KS_OK) {
+            dec__proto_close(k->c, eb.msg);
+            return;
+        }
+        (void)pd_recv_done(w->rcv, id, k->epoch, &d);
+        break;
+    }
+    case PD_MSG_REJECT: {
+        pd_msg_reject m;
+        if (pd_msg_reject_decode(f->payload, f->payload_len, &m, &eb) != KS_OK) {
+            dec__proto_close(k->c, eb.msg);
+            return;
+        }
+        pd_recv_reject(w->rcv, id, k->epoch);
+        break;
+    }
+    case PD_MSG_ABORT: {
+        pd_msg_abort m;
+        if (pd_msg_abort_decode(f->payload, f->payload_len, &m, &eb) != KS_OK) {
+            dec__proto_close(k->c, eb.msg);
+            return;
+        }
+        pd_recv_prefill_abort(w->rcv, id, k->epoch);
+        break;
+    }
+    case PD_MSG_ABORT_ACK:
+        if (pd_msg_abort_ack_decode(f->payload, f->payload_len, &eb) != KS_OK) {
+            dec__proto_close(k->c, eb.msg);
+            return;
+        }
+        pd_recv_abort_ack(w->rcv, id, k->epoch);
+        break;
+    default:  // type_max forbids the rest; defensive
+        dec__proto_close(k->c, "data link: unexpected frame type");
+        return;
+    }
+    dec__flush(w);
+}
+
+static void dl__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
+    (void)c;
+    dec__link *k = ud;
+    dec__worker *w = k->w;
+    if (k->sink_pending) {  // on_sink_fail should have run; never leave a delivery open
+        k->sink_pending = false;
+        pd_recv_kv_page_end(w->rcv, k->sink_req, false);
+    }
+    for (dec__link **pp = &w->links; *pp; pp = &(*pp)->next)
+        if (*pp == k) {
+            *pp = k->next;
+            break;
+        }
+    if (k->epoch != 0) {
+        // the transport stopped delivering into pages for this link: F5
+        uint32_t n = w->rcv ? pd_recv_link_closed(w->rcv, k->epoch) : 0;
+        ks_log(KS_LOG_INFO, "decode: link down: prefill %u, epoch %llu (%s%s%s), %u request(s) ended",
+               k->prefill_id, (unsigned long long)k->epoch, ks_err_name(why), msg ? ": " : "",
+               msg ? msg : "", n);
+        dec__flush(w);
+    }
+    free(k);
+}
+
+// ----------------------------------------------------------------------------
+// Control connection (router)
+
+static dec__link *dec__link_of_prefill(dec__worker *w, uint32_t prefill_id) {
+    for (dec__link *k = w->links; k; k = k->next)
+        if (k->epoch != 0 && !k->superseded && k->prefill_id == prefill_id) return k;
+    return NULL;
+}
+
+static void dec__deny(dec__worker *w, uint64_t req_id, uint32_t reason, const char *text) {
+    size_t ml = strlen(text);
+    if (ml > PD_MSG_MAX_TEXT) ml = PD_MSG_MAX_TEXT;
+    pd_msg_deny m = {.reason = reason, .msg = text, .msg_len = (uint32_t)ml};
+    uint8_t buf[8 + PD_MSG_MAX_TEXT];
+    uint32_t len = 0;
+    if (pd_msg_deny_encode(&m, buf, sizeof buf, &len, NULL) == KS_OK)
+        dec__ctrl_send(w, PD_MSG_DENY, req_id, buf, len);
+}
+
+static void dec__on_admit(dec__worker *w, uint64_t req_id, const pd_frame *f) {
+    pd_msg_admit m;
+    ks_errbuf eb;
+    if (pd_msg_admit_decode(f->payload, f->payload_len, &m, &eb) != KS_OK) {
+        ks_log(KS_LOG_WARN, "decode: bad ADMIT from the router: %s", eb.msg);
+        return;
+    }
+    if (w->max_running > 0 && !dec__find(w, req_id) && w->n_req >= (uint32_t)w->max_running) {
+        dec__deny(w, req_id, PD_DENY_NOSPACE, "decode worker is at its running-request limit");
+        return;
+    }
+    if (!dec__reserve(w)) {
+        dec__deny(w, req_id, PD_DENY_NOSPACE, "decode worker: out of memory");
+        return;
+    }
+    dec__link *k = dec__link_of_prefill(w, m.prefill_worker_id);
+    pd_recv_admit_args a = {.n_prompt = m.n_prompt, .max_tokens = m.s.max_tokens,
+                            .prefill_worker_id = m.prefill_worker_id,
+                            .link_epoch = k ? k->epoch : 0};
+    const uint8_t *grant = NULL;
+    uint32_t grant_len = 0, deny = 0;
+    ks_errbuf_clear(&eb);
+    if (pd_recv_admit(w->rcv, req_id, &a, &grant, &grant_len, &deny, &eb) != KS_OK) {
+        dec__deny(w, req_id, deny ? deny : PD_DENY_NOSPACE, eb.msg);
+        return;
+    }
+    dec__add(w, req_id, m.n_prompt, &m.s);
+    dec__ctrl_send(w, PD_MSG_GRANT, req_id, grant, grant_len);
+}
+
+static void dec__on_ctrl_frame(void *ud, const pd_frame *f) {
+    dec__worker *w = ud;
+    uint64_t id = f->hdr.req_id;
+    switch (f->hdr.type) {
+    case PD_MSG_ADMIT:
+        dec__on_admit(w, id, f);
+        break;
+    case PD_MSG_ABORT: {
+        pd_msg_abort m;
+        if (pd_msg_abort_decode(f->payload, f->payload_len, &m, NULL) != KS_OK) {
+            ks_log(KS_LOG_WARN, "decode: bad ABORT from the router");
+            break;
+        }
+        if (!pd_recv_abort(w->rcv, id, m.reason)) {
+            dec__flush(w);
+            dec__req *q = dec__find(w, id);
+            if (q && q->er) engine_req_cancel(q->er);  // its done event FINISHes and frees (F1)
+        }
+        break;
+    }
+    case PD_MSG_ERROR: {
+        pd_msg_error m;
+        if (pd_msg_error_decode(f->payload, f->payload_len, &m, NULL) == KS_OK)
+            ks_log(KS_LOG_WARN, "decode: router sent ERROR %s: %.*s", ks_err_name((ks_err)m.err),
+                   (int)m.msg_len, m.msg);
+        break;
+    }
+    default:
+        break;
+    }
+    dec__flush(w);
+}
+
+static void dec__on_registered(void *ud, uint32_t worker_id) {
+    (void)ud;
+    ks_log(KS_LOG_INFO, "decode: registered with the router as worker %u", worker_id);
+}
+
+/* F6: every transfer in flight goes ABORTING; running generation stops. */
+static void dec__on_lost(void *ud) {
+    dec__worker *w = ud;
+    ks_log(KS_LOG_INFO, "decode: router lost; aborting %u request(s)", w->n_req);
+    (void)pd_recv_abort_all(w->rcv, PD_ABORT_WORKER_LOST);
+    dec__flush(w);
+    for (uint32_t i = 0; i < w->n_req; i++)
+        if (w->req[i].er) engine_req_cancel(w->req[i].er);
+}
+
+static void dec__health(void *ud, pd_msg_health_ack *out) {
+    dec__worker *w = ud;
+    pd_recv_stats rs;
+    pd_recv_get_stats(w->rcv, &rs);
+    kv_stats ks;
+    kv_pool_stats(w->pool, &ks);
+    out->active_requests = rs.active;
+    out->free_pages = ks.pages[KV_PAGE_FREE];
+    out->quarantined_pages = ks.pages[KV_PAGE_QUARANTINE];
+}
+
+static void dec__pool_check(void *ud, pd_msg_pool_check_ack *out) {
+    dec__worker *w = ud;
+    pd_recv_stats rs;
+    pd_recv_get_stats(w->rcv, &rs);
+    kv_stats ks;
+    kv_pool_stats(w->pool, &ks);
+    out->active = rs.active > w->n_req ? rs.active : w->n_req;
+    out->free_pages = ks.pages[KV_PAGE_FREE];
+    out->allocated = ks.pages[KV_PAGE_ALLOCATED];
+    out->ready = ks.pages[KV_PAGE_READY];
+    out->quarantined = ks.pages[KV_PAGE_QUARANTINE];
+    // we are on the scheduler thread: no forward pass runs while this reads
+    out->clean = out->active == 0 && w->n_commits == 0 && kv_pool_all_free_and_scrubbed(w->pool);
+}
+
+// ----------------------------------------------------------------------------
+// Start and stop (scheduler thread)
+
+static ks_err dec__type_tables(dec__worker *w, ks_errbuf *eb) {
+    ks_err e = pd_msg_type_max(&w->g, w->tm_data, eb);
+    if (e != KS_OK) return e;
+    memcpy(w->tm_ctrl, w->tm_data, sizeof w->tm_ctrl);
+    static const uint16_t data_ok[] = {PD_MSG_LINK,  PD_MSG_KV_PAGE,   PD_MSG_DONE, PD_MSG_REJECT,
+                                       PD_MSG_ABORT, PD_MSG_ABORT_ACK, PD_MSG_ERROR};
+    static const uint16_t ctrl_ok[] = {PD_MSG_REGISTER_ACK, PD_MSG_HEALTH,     PD_MSG_ADMIT,
+                                       PD_MSG_ABORT,        PD_MSG_POOL_CHECK, PD_MSG_ERROR};
+    for (uint32_t t = 0; t < PD_MSG_N_TYPES; t++) {
+        bool d = false, c = false;
+        for (size_t i = 0; i < sizeof data_ok / sizeof data_ok[0]; i++) d |= data_ok[i] == t;
+        for (size_t i = 0; i < sizeof ctrl_ok / sizeof ctrl_ok[0]; i++) c |= ctrl_ok[i] == t;
+        if (!d) w->tm_data[t] = PD_TYPE_FORBIDDEN;
+        if (!c) w->tm_ctrl[t] = PD_TYPE_FORBIDDEN;
+    }
+    return KS_OK;
+}
+
+static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
+    const cluster_worker_opts *o = w->o;
+    w->e = e;
+    w->pool = engine_pool(e);
+    w->g = *kv_pool_geom(w->pool);
+    ks_err err = dec__type_tables(w, eb);
+    if (err != KS_OK) return err;
+    pd_loop_cfg lc = {.secret = o->secret, .secret_len = o->secret_len, .role = PD_ROLE_DECODE,
+                      .max_payload = PD_MSG_MAX_FRAME};
+    if ((err = pd_loop_create(&lc, &w->l, eb)) != KS_OK) return err;
+    pd_recv_cfg rc = {.n_ctx = o->eng.n_ctx > 0 ? (uint32_t)o->eng.n_ctx : 0,
+                      .t_grant_ms = o->t_grant_ms, .t_xfer_ms = o->t_xfer_ms,
+                      .t_ack_ms = o->t_ack_ms, .emit = dec__emit, .emit_ctx = w,
+                      .clock = cl_now_ms};
+    if ((err = pd_recv_create(w->pool, &rc, &w->rcv, eb)) != KS_OK) return err;
+    pd_conn_cbs dc = {.on_open = dl__on_open, .on_frame = dl__on_frame, .sink = dl__sink,
+                      .sink_prefix = PD_MSG_KV_PAGE_HDR, .type_max = w->tm_data,
+                      .n_types = PD_MSG_N_TYPES, .peer_roles = 1u << PD_ROLE_PREFILL,
+                      .on_sink_fail = dl__on_sink_fail, .on_close = dl__on_close};
+    if ((err = pd_tcp_listen(w->l, o->data_host, (uint16_t)o->data_port, &dc, w, &w->ls, eb)) !=
+        KS_OK)
+        return err;
+    uint16_t port = pd_listener_port(w->ls);
+    printf("data link on %s:%u\n", o->data_host ? o->data_host : "0.0.0.0", (unsigned)port);
+    fflush(stdout);
+    const char *adv = o->advertise_host ? o->advertise_host
+                      : o->data_host    ? o->data_host
+                                        : "127.0.0.1";
+    snprintf(w->host, sizeof w->host, "%s", adv);
+    cl_ctrl_cfg cc;
+    memset(&cc, 0, sizeof cc);
+    cc.router_host = o->router_host;
+    cc.router_port = o->router_port;
+    cc.reg.role = PD_ROLE_DECODE;
+    cc.reg.n_layer = (uint32_t)w->g.n_layer;
+    cc.reg.kv_dim = (uint32_t)w->g.kv_dim;
+    cc.reg.page_tokens = (uint32_t)w->g.page_tokens;
+    cc.reg.n_pages = kv_pool_n_pages(w->pool);
+    cc.reg.n_ctx = (uint32_t)o->eng.n_ctx;
+    cc.reg.data_port = port;
+    cluster_model_id(o->m, cc.reg.model_id);
+    cc.reg.host = w->host;
+    cc.reg.host_len = (uint16_t)strlen(w->host);
+    cc.type_max = w->tm_ctrl;
+    cc.t_router_ms = 5000;
+    cl_ctrl_cbs cb = {.on_registered = dec__on_registered, .on_frame = dec__on_ctrl_frame,
+                      .on_lost = dec__on_lost, .health = dec__health,
+                      .pool_check = dec__pool_check};
+    return cl_ctrl_start(w->l, &cc, &cb, w, &w->ctrl, eb);
+}
+
+/* Tears down the network side: abort (SHUTDOWN), stop the control conn,
+ * close every link (F5 in on_close), then free the receiver. */
+static void dec__teardown(dec__worker *w) {
+    if (w->rcv) {
+        (void)pd_recv_abort_all(w->rcv, PD_ABORT_SHUTDOWN);
+        dec__flush(w);
+        for (uint32_t i = 0; i < w->n_req; i++)
+            if (w->req[i].er) engine_req_cancel(w->req[i].er);
+        dec__drain(w);  // the engine already aborted them: their done events
+        // a request whose done event has not been posted yet keeps nothing we
+        // own alive past here: release the handle, then F1
+        while (w->n_req > 0) {
+            dec__req *q = &w->req[w->n_req - 1];
+            uint64_t id = q->req_id;
+            if (q->er) engine_req_release(q->er);
+            q->er = NULL;
+            w->n_req--;
+            pd_recv_finish(w->rcv, id);
+        }
+    }
+    cl_ctrl_destroy(w->ctrl);
+    w->ctrl = NULL;
+    pd_listener_close(w->ls);
+    w->ls = NULL;
+    pd_loop_destroy(w->l);  // closes the links: on_close runs pd_recv_link_closed (F5)
+    w->l = NULL;
+    pd_recv_destroy(w->rcv);
+    w->rcv = NULL;
+    w->n_commits = 0;
+}
+
+static void dec__sleep_ms(int ms) {
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void dec__poll(void *ctx, engine *e, int timeout_ms) {
+    dec__worker *w = ctx;
+    int phase = atomic_load(&w->phase);
+    if (phase == DEC__STARTING) {
+        ks_errbuf_clear(&w->start_eb);
+        if (dec__start(w, e, &w->start_eb) != KS_OK) {
+            dec__teardown(w);
+            atomic_store(&w->phase, DEC__FAILED);
+            return;
+        }
+        atomic_store(&w->phase, DEC__RUNNING);
+    } else if (phase == DEC__FAILED) {
+        dec__sleep_ms(timeout_ms > 50 ? 50 : timeout_ms > 0 ? timeout_ms : 0);
+        return;
+    }
+    int t = timeout_ms < 0 || timeout_ms > 50 ? 50 : timeout_ms;
+    if (pd_loop_run_once(w->l, t) != KS_OK) dec__sleep_ms(t);
+    (void)pd_recv_tick(w->rcv);
+    dec__flush(w);
+    cl_ctrl_tick(w->ctrl);
+    dec__drain(w);
+}
+
+static void dec__poll_end(void *ctx, engine *e) {
+    (void)e;
+    dec__worker *w = ctx;
+    if (atomic_load(&w->phase) == DEC__RUNNING) dec__teardown(w);
+}
+
+// ----------------------------------------------------------------------------
+// Entry point
+
+ks_err cluster_decode_run(const cluster_worker_opts *o, const volatile sig_atomic_t *stop,
+                          ks_errbuf *eb) {
+    if (!o || !o->m || !o->secret || o->secret_len < 16 || !o->router_host || o->router_port <= 0 ||
+        o->router_port > 65535 || o->data_port < 0 || o->data_port > 65535 || !stop)
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "decode worker: model, secret (>= 16 bytes), router address and "
+                         "ports are required");
+    if (o->advertise_host && strlen(o->advertise_host) > PD_MSG_MAX_HOST)
+        return ks_seterr(eb, KS_ERR_INVAL, "decode worker: advertise host longer than %u bytes",
+                         PD_MSG_MAX_HOST);
+    dec__worker *w = calloc(1, sizeof *w);
+    if (!w) return ks_seterr(eb, KS_ERR_NOMEM, "decode worker: out of memory");
+    w->o = o;
+    atomic_init(&w->phase, DEC__STARTING);
+    engine_opts eo = o->eng;
+    if (!eo.m) eo.m = o->m;
+    eo.prefix_cache = false;
+    eo.poll = dec__poll;
+    eo.poll_end = dec__poll_end;
+    eo.poll_ctx = w;
+    w->max_running = eo.max_running;
+    engine *e = NULL;
+    ks_err err = engine_create(&eo, &e, eb);
+    if (err != KS_OK) {
+        free(w);
+        return err;
+    }
+    // the scheduler starts the network side on its first poll
+    while (atomic_load(&w->phase) == DEC__STARTING && !*stop) dec__sleep_ms(5);
+    if (atomic_load(&w->phase) == DEC__FAILED) {
+        engine_destroy(e);
+        err = ks_seterr(eb, w->start_eb.code ? w->start_eb.code : KS_ERR_IO, "decode worker: %s",
+                        w->start_eb.msg);
+        free(w->req);
+        free(w);
+        return err;
+    }
+    while (!*stop) dec__sleep_ms(50);
+    engine_destroy(e);  // runs poll_end: abort, links closed, receiver freed
+    free(w->req);
+    free(w);
+    return KS_OK;
+}

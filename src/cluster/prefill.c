@@ -1,0 +1,603 @@
+/* prefill.c — the prefill worker (`kvseal prefill`, cluster.h): one pd_loop
+ * on the calling thread carrying the control connection to the router
+ * (ctrl.c) and one data link per decode worker the router names (PEER),
+ * a local KV pool and model context, and a pd_send (pd_send.h) that
+ * re-validates every PREFILL, computes the prompt's KV here, and pushes it
+ * page by page to decode, followed by DONE with the first token.
+ * Protocol: docs/pd-protocol.md sections 1, 5-9 (prefill side; F7 when the
+ * router is lost: links keep serving ABORT/ABORT_ACK). */
+#include "cluster_int.h"
+
+#include "kvseal/pd_send.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PF_BACKOFF_MIN_MS 100u
+#define PF_BACKOFF_MAX_MS 2000u
+#define PF_CONNECT_TIMEOUT_MS 2000
+#define PF_TICK_MS 50
+#define PF_PUMP_BUDGET 8u                 /* KV_PAGE frames per loop iteration */
+#define PF_PUMP_PENDING_MAX (4u << 20)    /* stop pumping while a link holds more */
+/* send_frame's AGAIN threshold: above any pending a gated pump can reach
+ * (PF_PUMP_PENDING_MAX plus one maximal frame), so a queued frame is never
+ * refused for back-pressure alone. */
+#define PF_OUT_HIGH ((size_t)PF_PUMP_PENDING_MAX + 2u * (size_t)PD_MSG_MAX_FRAME)
+
+/* One decode worker the router named, and the data link to it. */
+typedef struct pf__link {
+    struct pf__worker *w;
+    uint32_t decode_id; /* the router's id for the decode worker */
+    char host[PD_MSG_MAX_HOST + 1];
+    uint16_t port;
+    bool listed;        /* the router still names it (PEER with port != 0) */
+    pd_conn *conn;      /* NULL while waiting to reconnect */
+    bool up;            /* LINK_ACK received: epoch valid, pd_send knows it */
+    uint32_t link_id;   /* our worker id as sent in LINK on conn */
+    bool closing;       /* conn is being closed: frames for it are dropped */
+    uint64_t epoch;
+    uint32_t backoff_ms;
+    uint64_t next_attempt_ms;
+} pf__link;
+
+typedef struct pf__worker {
+    const cluster_worker_opts *o;
+    const model *m;
+    int32_t V;
+    pd_loop *loop;
+    cl_ctrl *ctrl;
+    kv_pool *pool;
+    model_ctx *mctx;
+    pd_send *send;
+    float *logits;        /* (V) */
+    int32_t B;            /* forward chunk: max_batch_tokens */
+    int32_t *b_tok, *b_pos, *b_seq, *b_out; /* (B) */
+    pf__link **links;
+    int n_links, cap_links;
+    uint32_t router_tmax[PD_MSG_N_TYPES];
+    uint32_t link_tmax[PD_MSG_N_TYPES];
+} pf__worker;
+
+// ----------------------------------------------------------------------------
+// The forward pass and the first token (pd_send's compute)
+
+static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *tokens, uint32_t n,
+                          const pd_msg_sampling *msp, pd_send_first *out, ks_errbuf *eb) {
+    pf__worker *w = ctx;
+    (void)pool;
+    sample_params sp;
+    bool ignore_eos;
+    cl_sampling_from_msg(msp, &sp, &ignore_eos);
+    sampler *smp = NULL;
+    ks_err e = sampler_create(&sp, w->V, &smp, eb);
+    if (e != KS_OK) return e;
+    kv_seq *seqs[1] = {seq};
+    for (uint32_t off = 0; off < n;) {
+        int32_t chunk = n - off < (uint32_t)w->B ? (int32_t)(n - off) : w->B;
+        int32_t n_out = 0;
+        for (int32_t j = 0; j < chunk; j++) {
+            uint32_t p = off + (uint32_t)j;
+            w->b_tok[j] = tokens[p];
+            w->b_pos[j] = (int32_t)p;
+            w->b_seq[j] = 0;
+            w->b_out[j] = p == n - 1 ? n_out++ : -1; // logits only for the last prompt token
+        }
+        model_batch b = {.n_tokens = chunk, .tokens = w->b_tok, .pos = w->b_pos, .seq = w->b_seq,
+                         .out_row = w->b_out, .n_out = n_out, .n_seqs = 1, .seqs = seqs,
+                         .seq_err = NULL};
+        e = model_forward(w->mctx, &b, w->logits, eb);
+        if (e != KS_OK) {
+            sampler_destroy(smp);
+            return e;
+        }
+        off += (uint32_t)chunk;
+    }
+    // the first token exactly as `kvseal serve` samples it (engine__emit): a
+    // fresh sampler over the last prompt position's logits
+    sample_result sr;
+    sampler_sample(smp, w->logits, &sr);
+    memset(out, 0, sizeof *out);
+    out->first_token = sr.token;
+    out->logprob = sr.logprob;
+    out->n_top = sr.n_top > 0 ? (uint32_t)sr.n_top : 0;
+    if (out->n_top > PD_MSG_MAX_TOP) out->n_top = PD_MSG_MAX_TOP;
+    for (uint32_t i = 0; i < out->n_top; i++)
+        out->top[i] = (pd_msg_top){.id = sr.top_ids[i], .logprob = sr.top_logprobs[i]};
+    out->rng_state = sampler_draws(smp);
+    sampler_destroy(smp);
+    return KS_OK;
+}
+
+// ----------------------------------------------------------------------------
+// Links
+
+static pf__link *pf__find_link(pf__worker *w, uint32_t decode_id) {
+    for (int i = 0; i < w->n_links; i++)
+        if (w->links[i]->decode_id == decode_id) return w->links[i];
+    return NULL;
+}
+
+static void pf__remove_link(pf__worker *w, pf__link *k) {
+    for (int i = 0; i < w->n_links; i++)
+        if (w->links[i] == k) {
+            w->links[i] = w->links[--w->n_links];
+            break;
+        }
+    free(k);
+}
+
+/* Starts closing the link's conn; on_close follows from the loop. */
+static void pf__link_close(pf__link *k) {
+    k->closing = true;
+    pd_conn_close(k->conn);
+}
+
+/* Sends ERROR best-effort and closes the link after flushing. */
+static void pf__link_fail(pf__link *k, const char *msg) {
+    pd_msg_error m = {.err = KS_ERR_PROTO, .msg = msg, .msg_len = (uint32_t)strlen(msg)};
+    if (m.msg_len > PD_MSG_MAX_TEXT) m.msg_len = PD_MSG_MAX_TEXT;
+    uint8_t buf[8 + PD_MSG_MAX_TEXT];
+    uint32_t len = 0;
+    if (pd_msg_error_encode(&m, buf, sizeof buf, &len, NULL) == KS_OK) {
+        struct iovec iov = {buf, len};
+        if (pd_conn_send(k->conn, PD_MSG_ERROR, 0, &iov, 1, NULL) != KS_OK) { /* best effort */ }
+    }
+    k->closing = true;
+    pd_conn_close_flush(k->conn);
+}
+
+static void pf__link_on_open(pd_conn *c, void *ud) {
+    pf__link *k = ud;
+    if (!k) return;
+    k->link_id = cl_ctrl_worker_id(k->w->ctrl);
+    pd_msg_link m = {.prefill_worker_id = k->link_id};
+    uint8_t buf[8];
+    uint32_t len = 0;
+    ks_errbuf eb;
+    ks_err e = pd_msg_link_encode(&m, buf, sizeof buf, &len, &eb);
+    if (e == KS_OK) {
+        struct iovec iov = {buf, len};
+        e = pd_conn_send(c, PD_MSG_LINK, 0, &iov, 1, &eb);
+    }
+    if (e != KS_OK) {
+        ks_log(KS_LOG_WARN, "data link to decode worker %" PRIu32 ": LINK not sent: %s",
+               k->decode_id, eb.msg);
+        pf__link_close(k);
+    }
+}
+
+static void pf__link_on_frame(pd_conn *c, void *ud, const pd_frame *f) {
+    pf__link *k = ud;
+    if (!k || k->conn != c) return;
+    pf__worker *w = k->w;
+    ks_errbuf eb;
+    switch (f->hdr.type) {
+    case PD_MSG_LINK_ACK: {
+        pd_msg_link_ack a;
+        if (k->up) {
+            pf__link_fail(k, "duplicate LINK_ACK");
+            return;
+        }
+        if (pd_msg_link_ack_decode(f->payload, f->payload_len, &a, &eb) != KS_OK) {
+            pf__link_fail(k, eb.msg);
+            return;
+        }
+        if (pd_send_link_up(w->send, k->decode_id, a.link_epoch, &eb) != KS_OK) {
+            ks_log(KS_LOG_ERROR, "data link to decode worker %" PRIu32 ": %s", k->decode_id, eb.msg);
+            pf__link_close(k);
+            return;
+        }
+        k->up = true;
+        k->epoch = a.link_epoch;
+        k->backoff_ms = PF_BACKOFF_MIN_MS;
+        ks_log(KS_LOG_INFO, "data link to decode worker %" PRIu32 " (%s:%u) up, epoch %" PRIu64,
+               k->decode_id, k->host, (unsigned)k->port, k->epoch);
+        return;
+    }
+    case PD_MSG_ABORT: {
+        pd_msg_abort a;
+        if (!k->up) {
+            pf__link_fail(k, "ABORT before LINK_ACK");
+            return;
+        }
+        if (pd_msg_abort_decode(f->payload, f->payload_len, &a, &eb) != KS_OK) {
+            pf__link_fail(k, eb.msg);
+            return;
+        }
+        pd_send_abort(w->send, f->hdr.req_id, k->decode_id, k->epoch);
+        return;
+    }
+    case PD_MSG_ERROR: {
+        pd_msg_error m;
+        if (pd_msg_error_decode(f->payload, f->payload_len, &m, &eb) == KS_OK)
+            ks_log(KS_LOG_WARN, "decode worker %" PRIu32 " sent ERROR %s: %.*s; closing the link",
+                   k->decode_id, ks_err_name((ks_err)m.err), (int)m.msg_len, m.msg);
+        pf__link_close(k);
+        return;
+    }
+    default: // the type table forbids everything else
+        pf__link_fail(k, "unexpected frame type on a data link");
+        return;
+    }
+}
+
+static void pf__link_on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
+    pf__link *k = ud;
+    if (!k || k->conn != c) return;
+    pf__worker *w = k->w;
+    k->conn = NULL;
+    uint64_t now = cl_now_ms(NULL);
+    if (k->up) {
+        uint32_t dropped = pd_send_link_closed(w->send, k->decode_id, k->epoch);
+        ks_log(KS_LOG_INFO,
+               "data link to decode worker %" PRIu32 " down, epoch %" PRIu64
+               " (%s: %s); %" PRIu32 " transfers dropped",
+               k->decode_id, k->epoch, ks_err_name(why), msg ? msg : "", dropped);
+        k->up = false;
+        k->epoch = 0;
+        k->backoff_ms = PF_BACKOFF_MIN_MS;
+        k->next_attempt_ms = now + k->backoff_ms;
+    } else {
+        ks_log(KS_LOG_DEBUG, "data link to decode worker %" PRIu32 ": connect failed (%s: %s)",
+               k->decode_id, ks_err_name(why), msg ? msg : "");
+        k->next_attempt_ms = now + k->backoff_ms;
+        k->backoff_ms = k->backoff_ms * 2 > PF_BACKOFF_MAX_MS ? PF_BACKOFF_MAX_MS : k->backoff_ms * 2;
+    }
+    if (!k->listed) pf__remove_link(w, k);
+}
+
+static void pf__link_on_writable(pd_conn *c, void *ud) {
+    (void)c;
+    (void)ud; // the loop re-checks pd_conn_out_pending before every pump
+}
+
+static void pf__link_connect(pf__link *k) {
+    pf__worker *w = k->w;
+    pd_conn_cbs cbs = {
+        .on_open = pf__link_on_open,
+        .on_frame = pf__link_on_frame,
+        .on_writable = pf__link_on_writable,
+        .on_close = pf__link_on_close,
+        .type_max = w->link_tmax,
+        .n_types = PD_MSG_N_TYPES,
+        .peer_roles = 1u << PD_ROLE_DECODE,
+    };
+    ks_errbuf eb;
+    pd_conn *c = NULL;
+    if (pd_tcp_connect(w->loop, k->host, k->port, PF_CONNECT_TIMEOUT_MS, &cbs, k, &c, &eb) != KS_OK) {
+        ks_log(KS_LOG_DEBUG, "data link to decode worker %" PRIu32 ": %s", k->decode_id, eb.msg);
+        k->next_attempt_ms = cl_now_ms(NULL) + k->backoff_ms;
+        k->backoff_ms = k->backoff_ms * 2 > PF_BACKOFF_MAX_MS ? PF_BACKOFF_MAX_MS : k->backoff_ms * 2;
+        return;
+    }
+    k->conn = c;
+    k->up = false;
+    k->closing = false;
+    k->link_id = 0;
+}
+
+/* PEER from the router: open, move, or (port 0) close the link to a decode worker. */
+static void pf__peer(pf__worker *w, const pd_frame *f) {
+    pd_msg_peer p;
+    ks_errbuf eb;
+    if (pd_msg_peer_decode(f->payload, f->payload_len, &p, &eb) != KS_OK) {
+        ks_log(KS_LOG_WARN, "router: bad PEER: %s", eb.msg);
+        return;
+    }
+    pf__link *k = pf__find_link(w, p.decode_worker_id);
+    if (p.port == 0) {
+        if (!k) return;
+        ks_log(KS_LOG_INFO, "decode worker %" PRIu32 " removed by the router; closing its link",
+               p.decode_worker_id);
+        k->listed = false;
+        if (k->conn) pf__link_close(k); // on_close frees the link
+        else pf__remove_link(w, k);
+        return;
+    }
+    if (p.host_len == 0) {
+        ks_log(KS_LOG_WARN, "router: PEER for decode worker %" PRIu32 " without a host",
+               p.decode_worker_id);
+        return;
+    }
+    char host[PD_MSG_MAX_HOST + 1];
+    memcpy(host, p.host, p.host_len);
+    host[p.host_len] = '\0';
+    if (k && k->port == p.port && strcmp(k->host, host) == 0) {
+        k->listed = true; // known: a closed link is being re-opened already
+        return;
+    }
+    if (k) { // moved: the old link goes, a fresh record takes its place
+        k->listed = false;
+        if (k->conn) pf__link_close(k);
+        else pf__remove_link(w, k);
+    }
+    if (w->n_links == w->cap_links) {
+        int cap = w->cap_links ? 2 * w->cap_links : 8;
+        pf__link **nl = realloc(w->links, (size_t)cap * sizeof *nl);
+        if (!nl) {
+            ks_log(KS_LOG_ERROR, "out of memory for decode worker %" PRIu32, p.decode_worker_id);
+            return;
+        }
+        w->links = nl;
+        w->cap_links = cap;
+    }
+    k = calloc(1, sizeof *k);
+    if (!k) {
+        ks_log(KS_LOG_ERROR, "out of memory for decode worker %" PRIu32, p.decode_worker_id);
+        return;
+    }
+    k->w = w;
+    k->decode_id = p.decode_worker_id;
+    memcpy(k->host, host, sizeof host);
+    k->port = p.port;
+    k->listed = true;
+    k->backoff_ms = PF_BACKOFF_MIN_MS;
+    w->links[w->n_links++] = k;
+    pf__link_connect(k);
+}
+
+// ----------------------------------------------------------------------------
+// pd_send's emit, the router's frames, health
+
+static const char *pf__reject_name(uint32_t reason) {
+    switch (reason) {
+    case PD_REJECT_CONTEXT: return "CONTEXT";
+    case PD_REJECT_NOSPACE: return "NOSPACE";
+    case PD_REJECT_INVALID: return "INVALID";
+    case PD_REJECT_STALE_GRANT: return "STALE_GRANT";
+    case PD_REJECT_ABORTED: return "ABORTED";
+    case PD_REJECT_DRAINING: return "DRAINING";
+    default: return "?";
+    }
+}
+
+/* Logs a REJECT to the router: req_id, reason and HTTP status only (the
+ * message may quote request details; never log content). */
+static void pf__log_reject(uint64_t req_id, const struct iovec *iov, int n_iov) {
+    uint8_t buf[12 + PD_MSG_MAX_TEXT];
+    size_t len = 0;
+    for (int i = 0; i < n_iov; i++) {
+        if (len + iov[i].iov_len > sizeof buf) return;
+        memcpy(buf + len, iov[i].iov_base, iov[i].iov_len);
+        len += iov[i].iov_len;
+    }
+    pd_msg_reject r;
+    if (pd_msg_reject_decode(buf, (uint32_t)len, &r, NULL) != KS_OK) return;
+    ks_log(KS_LOG_INFO, "request %" PRIu64 " rejected: %s (HTTP %u)", req_id,
+           pf__reject_name(r.reason), (unsigned)r.http_status);
+}
+
+static void pf__emit(void *ctx, uint32_t decode_id, uint64_t epoch, uint16_t type, uint64_t req_id,
+                     const struct iovec *iov, int n_iov) {
+    pf__worker *w = ctx;
+    ks_errbuf eb;
+    if (epoch == PD_SEND_ROUTER) {
+        if (type == PD_MSG_REJECT) pf__log_reject(req_id, iov, n_iov);
+        if (cl_ctrl_send(w->ctrl, type, req_id, iov, n_iov, &eb) != KS_OK)
+            ks_log(KS_LOG_DEBUG, "request %" PRIu64 ": %s to the router dropped: %s", req_id,
+                   pd_msg_type_name(type), eb.msg);
+        return;
+    }
+    pf__link *k = pf__find_link(w, decode_id);
+    if (!k || !k->conn || k->closing || !k->up || k->epoch != epoch)
+        return; // link gone: drop (F5 on decode)
+    ks_err e = pd_conn_send(k->conn, type, req_id, iov, n_iov, &eb);
+    if (e == KS_OK) return;
+    // a frame of a transfer cannot be skipped silently: tear the link down
+    // (decode applies F5; pd_send drops the link's transfers on close)
+    ks_log(KS_LOG_WARN, "data link to decode worker %" PRIu32 ": %s for request %" PRIu64
+           " not sent (%s); closing the link", decode_id, pd_msg_type_name(type), req_id, eb.msg);
+    pf__link_close(k);
+}
+
+static void pf__router_frame(void *ud, const pd_frame *f) {
+    pf__worker *w = ud;
+    ks_errbuf eb;
+    switch (f->hdr.type) {
+    case PD_MSG_PREFILL: {
+        pd_send_state st = PD_SEND_NONE;
+        ks_err e = pd_send_prefill(w->send, f->hdr.req_id, f->payload, f->payload_len, &st, &eb);
+        if (e != KS_OK)
+            ks_log(KS_LOG_WARN, "request %" PRIu64 ": PREFILL not handled: %s", f->hdr.req_id, eb.msg);
+        return;
+    }
+    case PD_MSG_ABORT: {
+        pd_msg_abort a;
+        if (pd_msg_abort_decode(f->payload, f->payload_len, &a, &eb) != KS_OK) {
+            ks_log(KS_LOG_WARN, "router: bad ABORT: %s", eb.msg);
+            return;
+        }
+        pd_send_abort(w->send, f->hdr.req_id, 0, PD_SEND_ROUTER);
+        return;
+    }
+    case PD_MSG_PEER:
+        pf__peer(w, f);
+        return;
+    default: // ERROR: ctrl.c logged it and closes
+        return;
+    }
+}
+
+static void pf__on_registered(void *ud, uint32_t worker_id) {
+    pf__worker *w = ud;
+    // a link opened under an older registration announced an old worker id,
+    // which decode would never match against ADMIT: re-open it under the new one
+    for (int i = 0; i < w->n_links; i++) {
+        pf__link *k = w->links[i];
+        if (k->conn && k->link_id != 0 && k->link_id != worker_id) pf__link_close(k);
+    }
+}
+
+static void pf__on_lost(void *ud) {
+    (void)ud; // F7: links keep serving ABORT/ABORT_ACK; no router, so no new PREFILL
+}
+
+static void pf__health(void *ud, pd_msg_health_ack *out) {
+    pf__worker *w = ud;
+    pd_send_stats ss;
+    pd_send_get_stats(w->send, &ss);
+    kv_stats ks;
+    kv_pool_stats(w->pool, &ks);
+    out->active_requests = ss.active;
+    out->free_pages = kv_pool_n_free(w->pool);
+    out->quarantined_pages = ks.pages[KV_PAGE_QUARANTINE];
+}
+
+static void pf__pool_check(void *ud, pd_msg_pool_check_ack *out) {
+    pf__worker *w = ud;
+    pd_send_stats ss;
+    pd_send_get_stats(w->send, &ss);
+    kv_stats ks;
+    kv_pool_stats(w->pool, &ks);
+    out->active = ss.active;
+    out->free_pages = ks.pages[KV_PAGE_FREE];
+    out->allocated = ks.pages[KV_PAGE_ALLOCATED];
+    out->ready = ks.pages[KV_PAGE_READY];
+    out->quarantined = ks.pages[KV_PAGE_QUARANTINE];
+    out->clean = ss.active == 0 && kv_pool_all_free_and_scrubbed(w->pool);
+}
+
+// ----------------------------------------------------------------------------
+// The loop
+
+/* True when every up link can take more KV_PAGE frames. */
+static bool pf__can_pump(const pf__worker *w) {
+    for (int i = 0; i < w->n_links; i++) {
+        const pf__link *k = w->links[i];
+        if (k->conn && k->up && pd_conn_out_pending(k->conn) > PF_PUMP_PENDING_MAX) return false;
+    }
+    return true;
+}
+
+static void pf__links_tick(pf__worker *w, uint64_t now) {
+    for (int i = 0; i < w->n_links; i++) {
+        pf__link *k = w->links[i];
+        if (!k->conn && k->listed && now >= k->next_attempt_ms) pf__link_connect(k);
+    }
+}
+
+static ks_err pf__tables(pf__worker *w, const kv_geom *g, ks_errbuf *eb) {
+    ks_err e = pd_msg_type_max(g, w->router_tmax, eb);
+    if (e != KS_OK) return e;
+    memcpy(w->link_tmax, w->router_tmax, sizeof w->link_tmax);
+    static const uint16_t from_router[] = {PD_MSG_REGISTER_ACK, PD_MSG_HEALTH, PD_MSG_PEER,
+                                           PD_MSG_PREFILL, PD_MSG_ABORT, PD_MSG_POOL_CHECK,
+                                           PD_MSG_ERROR};
+    static const uint16_t from_decode[] = {PD_MSG_LINK_ACK, PD_MSG_ABORT, PD_MSG_ERROR};
+    for (uint32_t t = 0; t < PD_MSG_N_TYPES; t++) {
+        bool r = false, d = false;
+        for (size_t i = 0; i < sizeof from_router / sizeof *from_router; i++) r |= from_router[i] == t;
+        for (size_t i = 0; i < sizeof from_decode / sizeof *from_decode; i++) d |= from_decode[i] == t;
+        if (!r) w->router_tmax[t] = PD_TYPE_FORBIDDEN;
+        if (!d) w->link_tmax[t] = PD_TYPE_FORBIDDEN;
+    }
+    return KS_OK;
+}
+
+static void pf__free(pf__worker *w) {
+    for (int i = 0; i < w->n_links; i++) {
+        pf__link *k = w->links[i];
+        if (k->conn) {
+            pd_conn_set_ud(k->conn, NULL); // on_close runs in pd_loop_destroy: nothing to do
+            pd_conn_close(k->conn);
+        }
+        free(k);
+    }
+    free(w->links);
+    cl_ctrl_destroy(w->ctrl);
+    pd_loop_destroy(w->loop);
+    pd_send_destroy(w->send); // releases (scrubs) live transfers' local pages
+    model_ctx_free(w->mctx);
+    kv_pool_destroy(w->pool);
+    free(w->logits);
+    free(w->b_tok);
+    free(w->b_pos);
+    free(w->b_seq);
+    free(w->b_out);
+}
+
+ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atomic_t *stop,
+                           ks_errbuf *eb) {
+    if (!o || !o->m || !stop || !o->secret || o->secret_len < 16 || !o->router_host ||
+        o->router_port <= 0 || o->router_port > 65535)
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "prefill worker: model, cluster secret (>= 16 bytes) and router address "
+                         "are required");
+    const engine_opts *eo = &o->eng;
+    if (eo->n_ctx <= 0 || eo->kv_pages == 0 || eo->page_tokens <= 0 || eo->max_batch_tokens <= 0 ||
+        eo->n_threads <= 0)
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "prefill worker: n_ctx, kv_pages, page_tokens, max_batch_tokens and "
+                         "n_threads must be positive");
+    pf__worker w;
+    memset(&w, 0, sizeof w);
+    w.o = o;
+    w.m = o->m;
+    w.V = model_hp(o->m)->n_vocab;
+    w.B = eo->max_batch_tokens;
+    ks_err e;
+    kv_geom g = model_kv_geom(o->m, eo->page_tokens);
+    if ((e = pf__tables(&w, &g, eb))) return e;
+    w.logits = malloc((size_t)w.V * sizeof *w.logits);
+    w.b_tok = malloc((size_t)w.B * sizeof *w.b_tok);
+    w.b_pos = malloc((size_t)w.B * sizeof *w.b_pos);
+    w.b_seq = malloc((size_t)w.B * sizeof *w.b_seq);
+    w.b_out = malloc((size_t)w.B * sizeof *w.b_out);
+    if (!w.logits || !w.b_tok || !w.b_pos || !w.b_seq || !w.b_out) {
+        e = ks_seterr(eb, KS_ERR_NOMEM, "prefill worker: out of memory");
+        goto fail;
+    }
+    if ((e = kv_pool_create(&g, eo->kv_pages, eo->scrub, &w.pool, eb))) goto fail;
+    if ((e = model_ctx_create(o->m, w.pool, eo->n_threads, w.B, eo->n_ctx, &w.mctx, eb))) goto fail;
+    pd_send_cfg sc = {.n_ctx = (uint32_t)eo->n_ctx, .n_vocab = (uint32_t)w.V, .emit = pf__emit,
+                      .emit_ctx = &w, .compute = pf__compute, .compute_ctx = &w,
+                      .clock = cl_now_ms};
+    if ((e = pd_send_create(w.pool, &sc, &w.send, eb))) goto fail;
+    pd_loop_cfg lc = {.secret = o->secret, .secret_len = o->secret_len, .role = PD_ROLE_PREFILL,
+                      .max_payload = PD_MSG_MAX_FRAME, .out_high_bytes = PF_OUT_HIGH,
+                      .out_low_bytes = PF_PUMP_PENDING_MAX / 2};
+    if ((e = pd_loop_create(&lc, &w.loop, eb))) goto fail;
+    cl_ctrl_cfg cc = {.router_host = o->router_host, .router_port = o->router_port,
+                      .type_max = w.router_tmax};
+    cc.reg.role = PD_ROLE_PREFILL;
+    cc.reg.n_layer = (uint32_t)g.n_layer;
+    cc.reg.kv_dim = (uint32_t)g.kv_dim;
+    cc.reg.page_tokens = (uint32_t)g.page_tokens;
+    cc.reg.n_pages = eo->kv_pages;
+    cc.reg.n_ctx = (uint32_t)eo->n_ctx;
+    cc.reg.data_port = 0;
+    cc.reg.host = "";
+    cc.reg.host_len = 0;
+    cluster_model_id(o->m, cc.reg.model_id);
+    cl_ctrl_cbs cb = {.on_registered = pf__on_registered, .on_frame = pf__router_frame,
+                      .on_lost = pf__on_lost, .health = pf__health, .pool_check = pf__pool_check};
+    if ((e = cl_ctrl_start(w.loop, &cc, &cb, &w, &w.ctrl, eb))) goto fail;
+    ks_log(KS_LOG_INFO, "prefill worker: %u local KV pages, connecting to router %s:%d",
+           eo->kv_pages, o->router_host, o->router_port);
+
+    uint64_t last_tick = 0;
+    while (!*stop) {
+        pd_send_stats ss;
+        pd_send_get_stats(w.send, &ss);
+        bool pump = ss.active > 0 && pf__can_pump(&w);
+        if (pd_loop_run_once(w.loop, pump ? 0 : (ss.active > 0 ? 5 : PF_TICK_MS)) != KS_OK)
+            ks_log(KS_LOG_WARN, "prefill worker: epoll_wait failed");
+        // send: a budget of pages per iteration, while no link is backed up
+        for (uint32_t i = 0; i < PF_PUMP_BUDGET && pf__can_pump(&w); i++)
+            if (pd_send_pump(w.send, 1) == 0) break;
+        uint64_t now = cl_now_ms(NULL);
+        if (now - last_tick >= PF_TICK_MS / 2) {
+            last_tick = now;
+            (void)pd_send_tick(w.send);
+            cl_ctrl_tick(w.ctrl);
+            pf__links_tick(&w, now);
+        }
+    }
+    ks_log(KS_LOG_INFO, "prefill worker: stopping");
+    pf__free(&w);
+    return KS_OK;
+fail:
+    pf__free(&w);
+    return e;
+}

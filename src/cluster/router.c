@@ -1,0 +1,1198 @@
+/* router.c — `kvseal router`: the cluster's HTTP-facing side (cluster.h).
+ *
+ * The HTTP front (server.h) runs unchanged on the server_backend this file
+ * provides: rt__submit does the same admission as engine_submit (I4: a
+ * rejected request never reaches a worker), then hands the request to the
+ * router's loop thread, which owns every worker connection and every
+ * request's protocol state (docs/pd-protocol.md section 5):
+ *
+ *   WAITING --ADMIT--> ADMITTING --GRANT--> PREFILLING --TOKEN--> DECODING
+ *      ^                   | DENY NOSPACE / NO_LINK: back to WAITING (retry)
+ *      `-------------------'
+ *   any phase --> terminal: FINISH from decode, REJECT from prefill, DENY,
+ *   client gone, worker lost, T_ttft, queue timeout. The first terminal
+ *   event wins; later frames for the req_id are dropped (ids never repeat).
+ *
+ * Workers: one control connection each (accepted here, role checked on
+ * HELLO), REGISTER first (geometry and model id must equal the router's),
+ * then HEALTH every health_interval_ms; three missed answers or a closed
+ * connection drop the worker, and every request paired with it ends ABORTED
+ * (502) with an ABORT to the surviving worker of the pair. Pairing: the
+ * prefill and decode workers with the fewest requests in flight.
+ *
+ * Tokens: decode sends TOKEN ids; the router detokenizes and applies stop
+ * strings exactly as the engine does (a stop match ends the request here and
+ * sends ABORT STOP to decode), so clients see the same events as from
+ * `kvseal serve`. */
+#include "cluster_int.h"
+
+#include "kvseal/tok.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <sodium.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define RT_BUCKETS 256
+#define RT_RETRY_MS 20 /* DENY NOSPACE / NO_LINK: try the queue head again after */
+#define RT_QUEUE_MAX 256
+
+typedef enum rt_phase {
+    RT_WAITING = 0,    /* admitted here, no worker yet */
+    RT_ADMITTING = 1,  /* ADMIT sent to decode */
+    RT_PREFILLING = 2, /* GRANT received, PREFILL sent */
+    RT_DECODING = 3,   /* first TOKEN received */
+    RT_DONE = 4,       /* terminal (done event posted) */
+} rt_phase;
+
+typedef struct rt_worker {
+    struct cluster_router *r;
+    uint32_t id; /* 0 until registered */
+    uint8_t role;
+    pd_conn *c;
+    char host[PD_MSG_MAX_HOST + 1];
+    uint16_t data_port;
+    uint32_t n_pages, n_ctx;
+    uint32_t inflight;      /* requests paired with it, router's count */
+    uint32_t free_pages, quarantined, active; /* last HEALTH_ACK */
+    uint64_t health_seq, acked_seq;
+    uint64_t last_ack_ms;
+    bool check_pending;
+    pd_msg_pool_check_ack check;
+    struct rt_worker *next;
+} rt_worker;
+
+typedef struct rt_evq {
+    engine_event *ev;
+    size_t head, n, cap;
+} rt_evq;
+
+typedef struct rt_req {
+    atomic_int refs; /* the caller's handle + the loop's */
+    cluster_router *r;
+    uint64_t id;
+    char tenant[64];
+    int32_t *prompt;
+    int32_t n_prompt, max_tokens;
+    sample_params sp;
+    pd_msg_sampling ws;
+    uint8_t domain[32];
+    uint64_t t_submit_ns, t_first_ns;
+    // loop-owned
+    rt_phase phase;
+    uint32_t p_id, d_id; /* paired workers (0: none) */
+    bool p_sent;         /* PREFILL went to p_id */
+    uint64_t t_phase_ms; /* entered WAITING / ADMITTING */
+    uint64_t retry_ms;   /* WAITING: not before */
+    int retries;         /* restarts after a stale grant */
+    int32_t n_gen;
+    tok_stream ts;
+    stop_matcher *stop;
+    struct rt_req *hnext; /* hash chain */
+    struct rt_req *wnext; /* wait queue */
+    // events (mu)
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    rt_evq q;
+    bool done_posted, done_taken;
+    atomic_int state; /* engine_state */
+    atomic_bool cancelled;
+} rt_req;
+
+struct cluster_router {
+    cluster_router_opts o;
+    const model *m;
+    const tok_vocab *vocab;
+    int32_t V;
+    kv_geom g;
+    uint8_t model_id[32];
+    uint8_t secret[256];
+    size_t secret_len;
+    uint32_t type_max[PD_MSG_N_TYPES];
+    pd_loop *loop;
+    pd_listener *ls;
+    int port;
+    pthread_t thread;
+    atomic_bool stop;
+    // loop-owned
+    rt_worker *workers;
+    uint32_t next_worker_id;
+    rt_req *tab[RT_BUCKETS];
+    rt_req *wait_head, *wait_tail;
+    uint64_t last_health_ms;
+    char *piece;
+    size_t piece_cap;
+    // shared (atomics)
+    atomic_ullong next_req_id;
+    atomic_bool online;
+    atomic_uint n_waiting, n_inflight;
+    atomic_uint max_decode_pages; /* largest registered decode pool, for admission */
+    atomic_uint n_decode, n_prefill;
+    atomic_ullong n_finished, n_aborted, n_rejected, tokens_in, tokens_out;
+    atomic_uint kv_free, kv_quarantined, kv_total;
+    // pool check (mu)
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int check_state; /* 0 idle, 1 requested, 2 answered */
+    uint64_t check_req; /* bumped per request; the loop starts a check when it changes */
+    bool check_clean, check_busy;
+    char check_msg[512];
+    uint64_t check_id;
+};
+
+static uint64_t rt__now_ms(void) { return ks_now_ns() / 1000000u; }
+
+// ----------------------------------------------------------------------------
+// Events (caller side), as engine.c's
+
+static void rt__post(rt_req *q, const engine_event *ev) {
+    pthread_mutex_lock(&q->mu);
+    if (q->q.n == q->q.cap) {
+        size_t cap = q->q.cap ? q->q.cap * 2 : 8;
+        engine_event *nv = malloc(sizeof *nv * cap);
+        if (!nv) {  // out of memory: drop text events, never the done event
+            pthread_mutex_unlock(&q->mu);
+            KS_ASSERT(!ev->done);
+            return;
+        }
+        for (size_t i = 0; i < q->q.n; i++) nv[i] = q->q.ev[(q->q.head + i) % q->q.cap];
+        free(q->q.ev);
+        q->q.ev = nv;
+        q->q.head = 0;
+        q->q.cap = cap;
+    }
+    q->q.ev[(q->q.head + q->q.n) % q->q.cap] = *ev;
+    q->q.n++;
+    if (ev->done) q->done_posted = true;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static ks_err rt__next(void *req, engine_event *ev, uint32_t timeout_ms) {
+    rt_req *q = req;
+    pthread_mutex_lock(&q->mu);
+    if (q->done_taken) {
+        pthread_mutex_unlock(&q->mu);
+        return KS_ERR_CANCELLED;
+    }
+    if (q->q.n == 0 && timeout_ms) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        while (q->q.n == 0)
+            if (pthread_cond_timedwait(&q->cv, &q->mu, &ts) != 0) break;
+    }
+    if (q->q.n == 0) {
+        pthread_mutex_unlock(&q->mu);
+        return KS_ERR_TIMEOUT;
+    }
+    *ev = q->q.ev[q->q.head];
+    q->q.head = (q->q.head + 1) % q->q.cap;
+    q->q.n--;
+    if (ev->done) q->done_taken = true;
+    pthread_mutex_unlock(&q->mu);
+    return KS_OK;
+}
+
+/* Posts text split into ENGINE_TEXT_CAP events on UTF-8 boundaries; the
+ * token (and its logprobs) goes with the first. */
+static void rt__post_text(rt_req *q, int32_t token, const sample_result *sr, const char *text,
+                          size_t len) {
+    engine_event ev;
+    memset(&ev, 0, offsetof(engine_event, text));
+    ev.token = token;
+    if (sr) ev.sr = *sr;
+    do {
+        size_t n = len < ENGINE_TEXT_CAP ? len : ENGINE_TEXT_CAP;
+        while (n < len && n > 0 && ((unsigned char)text[n] & 0xc0) == 0x80) n--;
+        if (n == 0 && len > 0) n = len < ENGINE_TEXT_CAP ? len : ENGINE_TEXT_CAP;
+        if (n) {
+            memcpy(ev.text, text, n);
+            text += n;
+            len -= n;
+        }
+        ev.text_len = n;
+        rt__post(q, &ev);
+        ev.token = -1;
+    } while (len > 0);
+}
+
+static void rt__req_free(rt_req *q) {
+    stop_matcher_destroy(q->stop);
+    free(q->prompt);
+    free(q->q.ev);
+    pthread_cond_destroy(&q->cv);
+    pthread_mutex_destroy(&q->mu);
+    free(q);
+}
+
+static void rt__unref(rt_req *q) {
+    if (atomic_fetch_sub_explicit(&q->refs, 1, memory_order_acq_rel) == 1) rt__req_free(q);
+}
+
+// ----------------------------------------------------------------------------
+// Request table and terminal states (loop thread)
+
+static rt_req **rt__slot(cluster_router *r, uint64_t id) {
+    rt_req **pp = &r->tab[id % RT_BUCKETS];
+    while (*pp && (*pp)->id != id) pp = &(*pp)->hnext;
+    return pp;
+}
+
+static rt_req *rt__find(cluster_router *r, uint64_t id) { return *rt__slot(r, id); }
+
+static rt_worker *rt__worker(cluster_router *r, uint32_t id) {
+    if (!id) return NULL;
+    for (rt_worker *w = r->workers; w; w = w->next)
+        if (w->id == id) return w;
+    return NULL;
+}
+
+static void rt__send(cluster_router *r, rt_worker *w, uint16_t type, uint64_t req_id,
+                     const void *payload, uint32_t len) {
+    if (!w || !w->c) return;
+    struct iovec iov = {.iov_base = (void *)(uintptr_t)payload, .iov_len = len};
+    ks_errbuf eb;
+    ks_err e = pd_conn_send(w->c, type, req_id, &iov, len ? 1 : 0, &eb);
+    if (e == KS_ERR_AGAIN) {  // control frames are small: the queue only fills if the worker stalls
+        ks_log(KS_LOG_WARN, "router: worker %u is not reading; dropping it", w->id);
+        pd_conn_close(w->c);
+    } else if (e && e != KS_ERR_PEER_CLOSED) {
+        ks_log(KS_LOG_WARN, "router: send %s to worker %u: %s", pd_msg_type_name(type), w->id, eb.msg);
+    }
+    (void)r;
+}
+
+static void rt__send_abort(cluster_router *r, uint32_t worker_id, uint64_t req_id, uint32_t reason) {
+    uint8_t buf[4];
+    uint32_t n = 0;
+    pd_msg_abort a = {.reason = reason};
+    ks_errbuf eb;
+    if (pd_msg_abort_encode(&a, buf, sizeof buf, &n, &eb) == KS_OK)
+        rt__send(r, rt__worker(r, worker_id), PD_MSG_ABORT, req_id, buf, n);
+}
+
+/* Unlinks q from the wait queue if it is there. */
+static void rt__unwait(cluster_router *r, rt_req *q) {
+    rt_req **pp = &r->wait_head, *prev = NULL;
+    while (*pp && *pp != q) {
+        prev = *pp;
+        pp = &(*pp)->wnext;
+    }
+    if (!*pp) return;
+    *pp = q->wnext;
+    if (r->wait_tail == q) r->wait_tail = prev;
+    q->wnext = NULL;
+    atomic_fetch_sub(&r->n_waiting, 1);
+}
+
+/* Ends q (first terminal event wins): posts the done event, forgets the
+ * req_id, drops the loop's reference. Aborts sent by the caller. */
+static void rt__finish(cluster_router *r, rt_req *q, engine_state to, engine_finish fin, ks_err err,
+                       const char *msg) {
+    if (q->phase == RT_DONE) return;
+    if (q->phase == RT_WAITING) rt__unwait(r, q);
+    else atomic_fetch_sub(&r->n_inflight, 1);
+    rt_worker *d = rt__worker(r, q->d_id), *p = rt__worker(r, q->p_id);
+    if (d && q->phase != RT_WAITING && d->inflight) d->inflight--;
+    if (p && q->phase != RT_WAITING && q->phase != RT_DECODING && p->inflight) p->inflight--;
+    q->phase = RT_DONE;
+    rt_req **pp = rt__slot(r, q->id);
+    if (*pp == q) *pp = q->hnext;
+    if (fin == ENGINE_FINISH_STOP || fin == ENGINE_FINISH_LENGTH) {
+        size_t n = tok_stream_flush(&q->ts, r->piece, r->piece_cap);
+        stop_result sr = {0};
+        if (stop_matcher_push(q->stop, r->piece, n, &sr) == KS_OK && sr.len)
+            rt__post_text(q, -1, NULL, sr.text, sr.len);
+        if (!sr.matched) {
+            stop_matcher_flush(q->stop, &sr);
+            if (sr.len) rt__post_text(q, -1, NULL, sr.text, sr.len);
+        }
+    }
+    engine_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.done = true;
+    ev.token = -1;
+    ev.finish = fin;
+    ev.state = to;
+    ev.err = err;
+    if (msg) snprintf(ev.errmsg, sizeof ev.errmsg, "%s", msg);
+    ev.n_prompt = q->n_prompt;
+    ev.n_gen = q->n_gen;
+    ev.ttft_ms = q->t_first_ns ? (double)(q->t_first_ns - q->t_submit_ns) / 1e6 : 0.0;
+    atomic_store(&q->state, (int)to);
+    atomic_fetch_add(to == ENGINE_FINISHED   ? &r->n_finished
+                     : to == ENGINE_REJECTED ? &r->n_rejected
+                                             : &r->n_aborted,
+                     1);
+    rt__post(q, &ev);
+    rt__unref(q);
+}
+
+/* Ends q ABORTED and tells its paired workers (reason) which were reached. */
+static void rt__abort(cluster_router *r, rt_req *q, uint32_t reason, ks_err err, const char *msg) {
+    if (q->phase == RT_DONE) return;
+    if (q->phase >= RT_ADMITTING) rt__send_abort(r, q->d_id, q->id, reason);
+    if (q->p_sent && q->phase != RT_DECODING) rt__send_abort(r, q->p_id, q->id, reason);
+    rt__finish(r, q, ENGINE_ABORTED, ENGINE_FINISH_ABORT, err, msg);
+}
+
+// ----------------------------------------------------------------------------
+// Scheduling (loop thread)
+
+static rt_worker *rt__pick(cluster_router *r, uint8_t role, uint32_t need_pages) {
+    rt_worker *best = NULL;
+    for (rt_worker *w = r->workers; w; w = w->next) {
+        if (!w->id || w->role != role) continue;
+        if (role == PD_ROLE_DECODE && w->n_pages < need_pages) continue;
+        if (!best || w->inflight < best->inflight ||
+            (w->inflight == best->inflight && w->free_pages > best->free_pages))
+            best = w;
+    }
+    return best;
+}
+
+/* Sends ADMIT for waiting requests, FIFO, while workers are available. */
+static void rt__schedule(cluster_router *r) {
+    uint64_t now = rt__now_ms();
+    while (r->wait_head) {
+        rt_req *q = r->wait_head;
+        if (q->retry_ms > now) return;
+        uint32_t need = (uint32_t)((q->n_prompt + q->max_tokens + r->g.page_tokens - 1) / r->g.page_tokens);
+        rt_worker *d = rt__pick(r, PD_ROLE_DECODE, need), *p = rt__pick(r, PD_ROLE_PREFILL, 0);
+        if (!d || !p) {
+            q->retry_ms = now + RT_RETRY_MS;  // a worker may (re)register
+            return;
+        }
+        pd_msg_admit a = {.n_prompt = (uint32_t)q->n_prompt, .prefill_worker_id = p->id, .s = q->ws};
+        memcpy(a.domain_hash, q->domain, sizeof a.domain_hash);
+        uint8_t buf[80];
+        uint32_t n = 0;
+        ks_errbuf eb;
+        if (pd_msg_admit_encode(&a, buf, sizeof buf, &n, &eb) != KS_OK) {
+            rt__unwait(r, q);
+            q->phase = RT_ADMITTING;  // counted in flight for rt__finish
+            atomic_fetch_add(&r->n_inflight, 1);
+            rt__finish(r, q, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_INTERNAL, eb.msg);
+            continue;
+        }
+        rt__unwait(r, q);
+        atomic_fetch_add(&r->n_inflight, 1);
+        q->phase = RT_ADMITTING;
+        q->d_id = d->id;
+        q->p_id = p->id;
+        q->t_phase_ms = now;
+        d->inflight++;
+        p->inflight++;
+        rt__send(r, d, PD_MSG_ADMIT, q->id, buf, n);
+    }
+}
+
+/* Puts q back at the head of the wait queue (DENY NOSPACE / NO_LINK). */
+static void rt__requeue(cluster_router *r, rt_req *q, uint64_t retry_ms) {
+    rt_worker *d = rt__worker(r, q->d_id), *p = rt__worker(r, q->p_id);
+    if (d && d->inflight) d->inflight--;
+    if (p && p->inflight) p->inflight--;
+    atomic_fetch_sub(&r->n_inflight, 1);
+    q->phase = RT_WAITING;
+    q->d_id = q->p_id = 0;
+    q->retry_ms = retry_ms;
+    q->wnext = r->wait_head;
+    r->wait_head = q;
+    if (!r->wait_tail) r->wait_tail = q;
+    atomic_fetch_add(&r->n_waiting, 1);
+}
+
+/* Starts q over under a fresh req_id (the old one is spent at both workers). */
+static void rt__rekey(cluster_router *r, rt_req *q) {
+    rt_req **pp = rt__slot(r, q->id);
+    if (*pp == q) *pp = q->hnext;
+    q->hnext = NULL;
+    q->id = atomic_fetch_add(&r->next_req_id, 1);
+    pp = rt__slot(r, q->id);
+    *pp = q;
+    q->retries++;
+    q->p_sent = false;
+    rt__requeue(r, q, rt__now_ms() + RT_RETRY_MS);
+}
+
+static void rt__on_submit(void *arg) {
+    rt_req *q = arg;
+    cluster_router *r = q->r;
+    if (atomic_load(&q->cancelled) || atomic_load(&r->stop)) {
+        q->phase = RT_WAITING;
+        q->wnext = NULL;
+        atomic_fetch_add(&r->n_waiting, 1);
+        if (r->wait_tail) r->wait_tail->wnext = q;
+        else r->wait_head = q;
+        r->wait_tail = q;
+        rt__finish(r, q, ENGINE_ABORTED, ENGINE_FINISH_ABORT, KS_ERR_CANCELLED, "cancelled");
+        return;
+    }
+    rt_req **pp = rt__slot(r, q->id);
+    KS_ASSERT(!*pp);
+    *pp = q;
+    q->phase = RT_WAITING;
+    q->t_phase_ms = rt__now_ms();
+    atomic_fetch_add(&r->n_waiting, 1);
+    if (r->wait_tail) r->wait_tail->wnext = q;
+    else r->wait_head = q;
+    r->wait_tail = q;
+    rt__schedule(r);
+}
+
+static void rt__on_cancel(void *arg) {
+    rt_req *q = arg;
+    cluster_router *r = q->r;
+    if (q->phase != RT_DONE && rt__find(r, q->id) == q)
+        rt__abort(r, q, PD_ABORT_CLIENT_GONE, KS_ERR_CANCELLED, "cancelled");
+    rt__unref(q);
+}
+
+// ----------------------------------------------------------------------------
+// Frames from workers (loop thread)
+
+static void rt__broadcast_peer(cluster_router *r, const rt_worker *d, bool removed) {
+    uint8_t buf[8 + PD_MSG_MAX_HOST];
+    uint32_t n = 0;
+    pd_msg_peer m = {.decode_worker_id = d->id, .port = removed ? 0 : d->data_port, .host = d->host,
+                     .host_len = (uint16_t)strlen(d->host)};
+    ks_errbuf eb;
+    if (pd_msg_peer_encode(&m, buf, sizeof buf, &n, &eb) != KS_OK) return;
+    for (rt_worker *w = r->workers; w; w = w->next)
+        if (w->id && w->role == PD_ROLE_PREFILL) rt__send(r, w, PD_MSG_PEER, 0, buf, n);
+}
+
+static void rt__send_error(cluster_router *r, rt_worker *w, ks_err err, const char *msg) {
+    uint8_t buf[8 + PD_MSG_MAX_TEXT];
+    uint32_t n = 0;
+    size_t len = strlen(msg);
+    pd_msg_error m = {.err = (uint32_t)err, .msg = msg,
+                      .msg_len = (uint32_t)(len < PD_MSG_MAX_TEXT ? len : PD_MSG_MAX_TEXT)};
+    ks_errbuf eb;
+    if (pd_msg_error_encode(&m, buf, sizeof buf, &n, &eb) == KS_OK)
+        rt__send(r, w, PD_MSG_ERROR, 0, buf, n);
+    pd_conn_close_flush(w->c);
+}
+
+static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) {
+    pd_msg_register m;
+    ks_errbuf eb;
+    if (pd_msg_register_decode(f->payload, f->payload_len, &m, &eb) != KS_OK) {
+        ks_log(KS_LOG_WARN, "router: %s: %s", pd_conn_peer_addr(w->c), eb.msg);
+        rt__send_error(r, w, KS_ERR_PROTO, eb.msg);
+        return;
+    }
+    char why[256] = "";
+    if (m.role != pd_conn_peer_role(w->c))
+        snprintf(why, sizeof why, "REGISTER role %u differs from the HELLO role", m.role);
+    else if (memcmp(m.model_id, r->model_id, 32) != 0)
+        snprintf(why, sizeof why, "the worker serves a different model (model_id differs)");
+    else if ((int)m.n_layer != r->g.n_layer || (int)m.kv_dim != r->g.kv_dim ||
+             (int)m.page_tokens != r->g.page_tokens)
+        snprintf(why, sizeof why,
+                 "KV geometry n_layer %u kv_dim %u page_tokens %u differs from the router's %d/%d/%d",
+                 m.n_layer, m.kv_dim, m.page_tokens, r->g.n_layer, r->g.kv_dim, r->g.page_tokens);
+    else if (m.role == PD_ROLE_DECODE && (m.data_port == 0 || m.host_len == 0))
+        snprintf(why, sizeof why, "a decode worker must name its data-link host and port");
+    if (why[0]) {
+        ks_log(KS_LOG_WARN, "router: refusing worker at %s: %s", pd_conn_peer_addr(w->c), why);
+        rt__send_error(r, w, KS_ERR_INVAL, why);
+        return;
+    }
+    w->id = ++r->next_worker_id;
+    w->role = m.role;
+    memcpy(w->host, m.host, m.host_len);
+    w->host[m.host_len] = 0;
+    w->data_port = m.data_port;
+    w->n_pages = m.n_pages;
+    w->n_ctx = m.n_ctx;
+    w->free_pages = m.n_pages;
+    w->last_ack_ms = rt__now_ms();
+    if ((int32_t)m.n_ctx < r->o.n_ctx)
+        ks_log(KS_LOG_WARN,
+               "router: worker %u accepts %u-token contexts, less than the router's %d: longer "
+               "requests it is paired with will be rejected",
+               w->id, m.n_ctx, r->o.n_ctx);
+    pd_msg_register_ack ack = {.worker_id = w->id, .health_interval_ms = r->o.health_interval_ms};
+    uint8_t buf[8];
+    uint32_t n = 0;
+    if (pd_msg_register_ack_encode(&ack, buf, sizeof buf, &n, &eb) == KS_OK)
+        rt__send(r, w, PD_MSG_REGISTER_ACK, 0, buf, n);
+    ks_log(KS_LOG_INFO, "router: %s worker %u registered from %s (%u KV pages, context %u%s%s:%u)",
+           m.role == PD_ROLE_DECODE ? "decode" : "prefill", w->id, pd_conn_peer_addr(w->c),
+           m.n_pages, m.n_ctx, m.role == PD_ROLE_DECODE ? ", data link " : "",
+           m.role == PD_ROLE_DECODE ? w->host : "", m.role == PD_ROLE_DECODE ? m.data_port : 0);
+    if (m.role == PD_ROLE_DECODE) {
+        atomic_fetch_add(&r->n_decode, 1);
+        if (m.n_pages > atomic_load(&r->max_decode_pages)) atomic_store(&r->max_decode_pages, m.n_pages);
+        rt__broadcast_peer(r, w, false);
+    } else {
+        atomic_fetch_add(&r->n_prefill, 1);
+        for (rt_worker *d = r->workers; d; d = d->next) {  // tell it every decode worker
+            if (!d->id || d->role != PD_ROLE_DECODE) continue;
+            uint8_t pb[8 + PD_MSG_MAX_HOST];
+            uint32_t pn = 0;
+            pd_msg_peer pm = {.decode_worker_id = d->id, .port = d->data_port, .host = d->host,
+                              .host_len = (uint16_t)strlen(d->host)};
+            if (pd_msg_peer_encode(&pm, pb, sizeof pb, &pn, &eb) == KS_OK)
+                rt__send(r, w, PD_MSG_PEER, 0, pb, pn);
+        }
+    }
+    rt__schedule(r);
+}
+
+/* TOKEN for q: detokenize, stop strings, post. */
+static void rt__on_token(cluster_router *r, rt_req *q, const pd_msg_token *t) {
+    if (t->token < 0 || t->token >= r->V) {
+        rt__abort(r, q, PD_ABORT_ERROR, KS_ERR_PROTO, "internal error: decode sent a bad token");
+        return;
+    }
+    if (q->phase == RT_PREFILLING) {
+        q->phase = RT_DECODING;
+        q->t_first_ns = ks_now_ns();
+        rt_worker *p = rt__worker(r, q->p_id);
+        if (p && p->inflight) p->inflight--;  // prefill's part is over
+    }
+    sample_result sr;
+    memset(&sr, 0, sizeof sr);
+    sr.token = t->token;
+    sr.logprob = t->logprob;
+    sr.n_top = (int)(t->n_top < SAMPLE_MAX_TOP ? t->n_top : SAMPLE_MAX_TOP);
+    for (int i = 0; i < sr.n_top; i++) {
+        pd_msg_top top = pd_msg_top_at(t->top, (uint32_t)i);
+        sr.top_ids[i] = top.id;
+        sr.top_logprobs[i] = top.logprob;
+    }
+    q->n_gen++;
+    atomic_fetch_add(&r->tokens_out, 1);
+    size_t n = tok_stream_push(&q->ts, r->vocab, t->token, r->piece, r->piece_cap);
+    stop_result st = {0};
+    if (stop_matcher_push(q->stop, r->piece, n, &st) != KS_OK) {
+        rt__abort(r, q, PD_ABORT_ERROR, KS_ERR_NOMEM, "out of memory");
+        return;
+    }
+    rt__post_text(q, t->token, &sr, st.text, st.len);
+    if (st.matched) {
+        rt__send_abort(r, q->d_id, q->id, PD_ABORT_STOP);
+        rt__finish(r, q, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
+    }
+}
+
+static ks_err rt__err_of_status(uint16_t status) {
+    return status == 400 ? KS_ERR_INVAL : status == 413 ? KS_ERR_NOSPACE : KS_ERR_AGAIN;
+}
+
+static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f) {
+    rt_req *q = rt__find(r, f->hdr.req_id);
+    uint16_t type = f->hdr.type;
+    if (!q) return;  // terminal already (or never ours): dropped
+    ks_errbuf eb;
+    bool from_d = w->id == q->d_id, from_p = w->id == q->p_id;
+    char msg[PD_MSG_MAX_TEXT + 1];
+    if (type == PD_MSG_GRANT && from_d && q->phase == RT_ADMITTING) {
+        pd_msg_grant g;
+        if (pd_msg_grant_decode(f->payload, f->payload_len, &g, &eb) != KS_OK ||
+            g.n_prompt != (uint32_t)q->n_prompt) {
+            ks_log(KS_LOG_WARN, "router: request %" PRIu64 ": bad GRANT from worker %u", q->id, w->id);
+            rt__abort(r, q, PD_ABORT_ERROR, KS_ERR_PROTO, "internal error: bad grant");
+            return;
+        }
+        pd_msg_prefill p = {.decode_worker_id = q->d_id, .n_prompt = (uint32_t)q->n_prompt, .s = q->ws,
+                            .grant = f->payload, .grant_len = f->payload_len};
+        memcpy(p.domain_hash, q->domain, sizeof p.domain_hash);
+        uint64_t size = pd_msg_prefill_size(f->payload_len, (uint32_t)q->n_prompt);
+        uint8_t *buf = size <= PD_MSG_PREFILL_MAX ? malloc((size_t)size) : NULL;
+        uint32_t n = 0;
+        if (!buf || pd_msg_prefill_encode(&p, q->prompt, buf, (size_t)size, &n, &eb) != KS_OK) {
+            free(buf);
+            rt__abort(r, q, PD_ABORT_ERROR, KS_ERR_NOMEM, "internal error: cannot build PREFILL");
+            return;
+        }
+        q->phase = RT_PREFILLING;
+        q->p_sent = true;
+        rt__send(r, rt__worker(r, q->p_id), PD_MSG_PREFILL, q->id, buf, n);
+        free(buf);
+    } else if (type == PD_MSG_DENY && from_d && q->phase == RT_ADMITTING) {
+        pd_msg_deny d;
+        if (pd_msg_deny_decode(f->payload, f->payload_len, &d, &eb) != KS_OK) return;
+        snprintf(msg, sizeof msg, "%.*s", (int)d.msg_len, d.msg);
+        if (d.reason == PD_DENY_NOSPACE || d.reason == PD_DENY_NO_LINK) {
+            rt__requeue(r, q, rt__now_ms() + RT_RETRY_MS);
+        } else {
+            ks_err e = d.reason == PD_DENY_CONTEXT ? KS_ERR_INVAL : KS_ERR_AGAIN;
+            rt__finish(r, q, ENGINE_REJECTED, ENGINE_FINISH_ERROR, e, msg);
+        }
+    } else if (type == PD_MSG_REJECT && from_p && q->phase == RT_PREFILLING) {
+        pd_msg_reject j;
+        if (pd_msg_reject_decode(f->payload, f->payload_len, &j, &eb) != KS_OK) return;
+        snprintf(msg, sizeof msg, "%.*s", (int)j.msg_len, j.msg);
+        // decode frees the grant on prefill's REJECT (F3) if it got it; if
+        // prefill could not reach decode (a link just re-established), the
+        // ABORT makes decode quarantine and free it now instead of at T_grant
+        rt__send_abort(r, q->d_id, q->id, PD_ABORT_ERROR);
+        if (j.reason == PD_REJECT_STALE_GRANT && q->retries < 3) {
+            // the grant named a link prefill does not see (yet): nothing was
+            // computed or sent, so the request starts over under a new id
+            ks_log(KS_LOG_INFO, "router: request %" PRIu64 ": stale grant at prefill worker %u; retrying",
+                   q->id, w->id);
+            rt__rekey(r, q);
+            return;
+        }
+        ks_log(KS_LOG_INFO, "router: request %" PRIu64 " rejected by prefill worker %u", q->id, w->id);
+        rt__finish(r, q, ENGINE_REJECTED, ENGINE_FINISH_ERROR, rt__err_of_status(j.http_status), msg);
+    } else if (type == PD_MSG_TOKEN && from_d &&
+               (q->phase == RT_PREFILLING || q->phase == RT_DECODING)) {
+        pd_msg_token t;
+        if (pd_msg_token_decode(f->payload, f->payload_len, &t, &eb) != KS_OK) return;
+        rt__on_token(r, q, &t);
+    } else if (type == PD_MSG_FINISH && from_d && q->phase != RT_WAITING) {
+        pd_msg_finish fin;
+        if (pd_msg_finish_decode(f->payload, f->payload_len, &fin, &eb) != KS_OK) return;
+        snprintf(msg, sizeof msg, "%.*s", (int)fin.msg_len, fin.msg);
+        if (fin.finish == PD_FINISH_STOP || fin.finish == PD_FINISH_LENGTH) {
+            rt__finish(r, q, ENGINE_FINISHED,
+                       fin.finish == PD_FINISH_STOP ? ENGINE_FINISH_STOP : ENGINE_FINISH_LENGTH, KS_OK, NULL);
+        } else {
+            ks_err e = fin.err > 0 && fin.err < KS_ERR__COUNT ? (ks_err)fin.err : KS_ERR_INTERNAL;
+            if (q->p_sent && q->phase != RT_DECODING) rt__send_abort(r, q->p_id, q->id, PD_ABORT_ERROR);
+            rt__finish(r, q, ENGINE_ABORTED,
+                       fin.finish == PD_FINISH_ABORT ? ENGINE_FINISH_ABORT : ENGINE_FINISH_ERROR, e,
+                       msg[0] ? msg : "the request failed on the decode worker");
+        }
+    }
+    // anything else (wrong sender, wrong phase) is a late or duplicate frame: dropped
+}
+
+static void rt__on_check_ack(cluster_router *r, rt_worker *w, const pd_frame *f) {
+    pd_msg_pool_check_ack a;
+    ks_errbuf eb;
+    if (f->hdr.req_id != r->check_id || !w->check_pending ||
+        pd_msg_pool_check_ack_decode(f->payload, f->payload_len, &a, &eb) != KS_OK)
+        return;
+    w->check = a;
+    w->check_pending = false;
+}
+
+static void rt__on_frame(pd_conn *c, void *ud, const pd_frame *f) {
+    rt_worker *w = ud;
+    cluster_router *r = w->r;
+    uint16_t type = f->hdr.type;
+    if (!w->id) {  // the first frame must be REGISTER
+        if (type == PD_MSG_REGISTER) rt__on_register(r, w, f);
+        else rt__send_error(r, w, KS_ERR_PROTO, "the first frame must be REGISTER");
+        return;
+    }
+    ks_errbuf eb;
+    switch (type) {
+    case PD_MSG_HEALTH_ACK: {
+        pd_msg_health_ack a;
+        if (pd_msg_health_ack_decode(f->payload, f->payload_len, &a, &eb) != KS_OK) break;
+        if (a.seq > w->acked_seq && a.seq <= w->health_seq) {
+            w->acked_seq = a.seq;
+            w->last_ack_ms = rt__now_ms();
+            w->active = a.active_requests;
+            w->free_pages = a.free_pages;
+            w->quarantined = a.quarantined_pages;
+        }
+        break;
+    }
+    case PD_MSG_POOL_CHECK_ACK: rt__on_check_ack(r, w, f); break;
+    case PD_MSG_ERROR: {
+        pd_msg_error m;
+        if (pd_msg_error_decode(f->payload, f->payload_len, &m, &eb) == KS_OK)
+            ks_log(KS_LOG_WARN, "router: worker %u reports: %.*s", w->id, (int)m.msg_len, m.msg);
+        pd_conn_close(c);
+        break;
+    }
+    case PD_MSG_REGISTER: rt__send_error(r, w, KS_ERR_PROTO, "REGISTER sent twice"); break;
+    default: rt__on_req_frame(r, w, f); break;
+    }
+    rt__schedule(r);
+}
+
+static void rt__on_open(pd_conn *c, void *ud) {
+    cluster_router *r = ud;
+    rt_worker *w = calloc(1, sizeof *w);
+    if (!w) {
+        pd_conn_close(c);
+        return;
+    }
+    w->r = r;
+    w->c = c;
+    w->role = pd_conn_peer_role(c);
+    w->next = r->workers;
+    r->workers = w;
+    pd_conn_set_ud(c, w);
+}
+
+/* The worker's connection is gone: every request paired with it ends (502),
+ * the surviving worker of each pair gets ABORT WORKER_LOST (section 7). */
+static void rt__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
+    (void)c;
+    rt_worker *w = ud;  // on_close follows on_open only, so ud is the worker
+    cluster_router *r = w->r;
+    w->c = NULL;        // nothing more goes to it
+    rt_worker **pp = &r->workers;
+    while (*pp && *pp != w) pp = &(*pp)->next;
+    if (*pp) *pp = w->next;
+    if (w->id) {
+        ks_log(KS_LOG_WARN, "router: %s worker %u lost (%s: %s)",
+               w->role == PD_ROLE_DECODE ? "decode" : "prefill", w->id, ks_err_name(why), msg);
+        if (w->role == PD_ROLE_DECODE) {
+            atomic_fetch_sub(&r->n_decode, 1);
+            rt__broadcast_peer(r, w, true);
+            uint32_t mx = 0;
+            for (rt_worker *d = r->workers; d; d = d->next)
+                if (d->id && d->role == PD_ROLE_DECODE && d->n_pages > mx) mx = d->n_pages;
+            atomic_store(&r->max_decode_pages, mx);
+        } else {
+            atomic_fetch_sub(&r->n_prefill, 1);
+        }
+        for (int b = 0; b < RT_BUCKETS; b++) {
+            for (rt_req *q = r->tab[b], *nx; q; q = nx) {
+                nx = q->hnext;
+                if (q->phase == RT_WAITING) continue;
+                bool on_d = q->d_id == w->id, on_p = q->p_id == w->id && q->phase != RT_DECODING;
+                if (!on_d && !on_p) continue;
+                if (on_d) q->d_id = 0;
+                if (on_p) q->p_id = 0;
+                rt__abort(r, q, PD_ABORT_WORKER_LOST, KS_ERR_PEER_CLOSED,
+                          on_d ? "the decode worker serving this request was lost"
+                               : "the prefill worker serving this request was lost");
+            }
+        }
+    }
+    free(w);
+}
+
+// ----------------------------------------------------------------------------
+// Timers (loop thread)
+
+static void rt__tick(cluster_router *r) {
+    uint64_t now = rt__now_ms();
+    // health: HEALTH every interval; three intervals without an answer drop the worker
+    if (now - r->last_health_ms >= r->o.health_interval_ms) {
+        r->last_health_ms = now;
+        for (rt_worker *w = r->workers; w; w = w->next) {
+            if (!w->id || !w->c) continue;
+            if (now - w->last_ack_ms > 3ull * r->o.health_interval_ms) {
+                ks_log(KS_LOG_WARN, "router: worker %u missed 3 health checks; dropping it", w->id);
+                pd_conn_close(w->c);
+                continue;
+            }
+            pd_msg_health h = {.seq = ++w->health_seq};
+            uint8_t buf[8];
+            uint32_t n = 0;
+            ks_errbuf eb;
+            if (pd_msg_health_encode(&h, buf, sizeof buf, &n, &eb) == KS_OK)
+                rt__send(r, w, PD_MSG_HEALTH, 0, buf, n);
+        }
+    }
+    // queue and first-token timeouts
+    for (int b = 0; b < RT_BUCKETS; b++) {
+        for (rt_req *q = r->tab[b], *nx; q; q = nx) {
+            nx = q->hnext;
+            uint64_t age = now - q->t_phase_ms;
+            if (q->phase == RT_WAITING && age > r->o.queue_timeout_ms)
+                rt__finish(r, q, ENGINE_ABORTED, ENGINE_FINISH_ABORT, KS_ERR_TIMEOUT,
+                           "timed out waiting for KV capacity");
+            else if ((q->phase == RT_ADMITTING || q->phase == RT_PREFILLING) &&
+                     age > r->o.ttft_timeout_ms) {
+                rt__send_abort(r, q->d_id, q->id, PD_ABORT_TIMEOUT);
+                if (q->p_sent) rt__send_abort(r, q->p_id, q->id, PD_ABORT_TIMEOUT);
+                rt__finish(r, q, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_TIMEOUT,  // 504
+                           "timed out waiting for the first token");
+            }
+        }
+    }
+    // gauges for /metrics
+    uint32_t fr = 0, qu = 0, tot = 0;
+    for (rt_worker *w = r->workers; w; w = w->next)
+        if (w->id && w->role == PD_ROLE_DECODE) {
+            fr += w->free_pages;
+            qu += w->quarantined;
+            tot += w->n_pages;
+        }
+    atomic_store(&r->kv_free, fr);
+    atomic_store(&r->kv_quarantined, qu);
+    atomic_store(&r->kv_total, tot);
+    rt__schedule(r);
+}
+
+// ----------------------------------------------------------------------------
+// Cluster-wide pool check (admin route, leak suite)
+
+static void rt__on_check(void *arg) {
+    cluster_router *r = arg;
+    r->check_id++;
+    for (rt_worker *w = r->workers; w; w = w->next) {
+        w->check_pending = w->id && w->c;
+        if (w->check_pending) rt__send(r, w, PD_MSG_POOL_CHECK, r->check_id, NULL, 0);
+    }
+}
+
+/* Answers the caller of rt__check_quiescent once every worker replied (or
+ * after 2 s: a silent worker makes the check fail). */
+static void rt__check_progress(cluster_router *r, uint64_t started_ms) {
+    pthread_mutex_lock(&r->mu);
+    if (r->check_state != 1) {
+        pthread_mutex_unlock(&r->mu);
+        return;
+    }
+    pthread_mutex_unlock(&r->mu);
+    bool pending = false;
+    for (rt_worker *w = r->workers; w; w = w->next) pending |= w->check_pending;
+    if (pending && rt__now_ms() - started_ms < 2000) return;
+    bool clean = true, busy = atomic_load(&r->n_inflight) + atomic_load(&r->n_waiting) > 0;
+    char msg[512];
+    size_t off = 0;
+    msg[0] = 0;
+    for (rt_worker *w = r->workers; w; w = w->next) {
+        if (!w->id) continue;
+        const pd_msg_pool_check_ack *a = &w->check;
+        bool ok = !w->check_pending && a->clean;
+        busy |= !w->check_pending && a->active > 0;
+        clean &= ok;
+        if (off < sizeof msg)
+            off += (size_t)snprintf(msg + off, sizeof msg - off,
+                                    "%s%s worker %u: %s", off ? "; " : "",
+                                    w->role == PD_ROLE_DECODE ? "decode" : "prefill", w->id,
+                                    w->check_pending ? "no answer"
+                                    : ok ? "all pages free and scrubbed"
+                                         : "NOT all free and scrubbed");
+        if (!w->check_pending && off < sizeof msg)
+            off += (size_t)snprintf(msg + off, sizeof msg - off,
+                                    " (%u free, %u allocated, %u ready, %u quarantined, %u active)",
+                                    a->free_pages, a->allocated, a->ready, a->quarantined, a->active);
+        w->check_pending = false;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->check_clean = clean;
+    r->check_busy = busy;
+    snprintf(r->check_msg, sizeof r->check_msg, "%s", off ? msg : "no workers registered");
+    r->check_state = 2;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+// ----------------------------------------------------------------------------
+// The loop thread
+
+static void *rt__main(void *arg) {
+    cluster_router *r = arg;
+    uint64_t check_started = 0, check_seen = 0;
+    while (!atomic_load(&r->stop)) {
+        ks_err e = pd_loop_run_once(r->loop, 10);
+        if (e) ks_log(KS_LOG_ERROR, "router: event loop: %s", ks_err_name(e));
+        rt__tick(r);
+        pthread_mutex_lock(&r->mu);
+        int st = r->check_state;
+        uint64_t req = r->check_req;
+        pthread_mutex_unlock(&r->mu);
+        if (st == 1 && req != check_seen) {
+            check_seen = req;
+            check_started = rt__now_ms();
+            rt__on_check(r);
+        }
+        if (st == 1) rt__check_progress(r, check_started);
+    }
+    // shutdown: every request in flight ends, its workers are told
+    for (int b = 0; b < RT_BUCKETS; b++)
+        for (rt_req *q = r->tab[b], *nx; q; q = nx) {
+            nx = q->hnext;
+            rt__abort(r, q, PD_ABORT_SHUTDOWN, KS_ERR_CANCELLED, "the router is shutting down");
+        }
+    for (int i = 0; i < 20; i++)  // flush the aborts
+        if (pd_loop_run_once(r->loop, 5) != KS_OK) break;
+    return NULL;
+}
+
+// ----------------------------------------------------------------------------
+// Backend (HTTP threads)
+
+static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errbuf *eb) {
+    cluster_router *r = impl;
+    *out = NULL;
+    const int32_t n_ctx = r->o.n_ctx;
+    int32_t n_prompt = p->n_prompt, max_tokens = p->max_tokens;
+    const int32_t *prompt = p->prompt;
+    ks_err err = KS_OK;
+#ifdef KS_BROKEN_PLACEHOLDER
+    int32_t placeholder = 1;
+#endif
+    if (n_prompt < 1 || !prompt) {
+        err = ks_seterr(eb, KS_ERR_INVAL, "the prompt is empty");
+    } else if (max_tokens < 1) {
+        err = ks_seterr(eb, KS_ERR_INVAL, "max_tokens must be at least 1, got %d", max_tokens);
+    } else if ((int64_t)n_prompt + max_tokens > n_ctx) {
+#ifdef KS_BROKEN_PLACEHOLDER
+        // TEST ONLY (I9): the incident's bug, as in engine_submit
+        prompt = &placeholder;
+        n_prompt = 1;
+        if (max_tokens > n_ctx - 1) max_tokens = n_ctx - 1;
+#else
+        err = ks_seterr(eb, KS_ERR_INVAL,
+                        "This model's maximum context length is %d tokens. However, you requested %" PRId64
+                        " tokens (%d in the prompt, %d for the completion). Please reduce the length "
+                        "of the prompt or completion.",
+                        n_ctx, (int64_t)n_prompt + max_tokens, n_prompt, max_tokens);
+#endif
+    }
+    for (int32_t i = 0; !err && i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= r->V)
+            err = ks_seterr(eb, KS_ERR_INVAL, "prompt token %d: id %d out of range [0, %d)", i, prompt[i],
+                            r->V);
+    if (!err) err = sample_params_validate(&p->sp, eb);
+    pd_msg_sampling ws;
+    char why[256];
+    if (!err && !cl_sampling_to_msg(&p->sp, max_tokens, p->ignore_eos, &ws, why, sizeof why))
+        err = ks_seterr(eb, KS_ERR_INVAL, "%s", why);
+    if (!err) {
+        uint64_t pages = ((uint64_t)n_prompt + (uint64_t)max_tokens + (uint64_t)r->g.page_tokens - 1) /
+                         (uint64_t)r->g.page_tokens;
+        uint32_t mx = atomic_load(&r->max_decode_pages);
+        if (mx && pages > mx)
+            err = ks_seterr(eb, KS_ERR_NOSPACE,
+                            "request needs %" PRIu64 " KV pages, the largest decode worker has %u", pages, mx);
+    }
+    if (!err && !atomic_load(&r->online)) err = ks_seterr(eb, KS_ERR_AGAIN, "the model is offline");
+    if (!err && (!atomic_load(&r->n_decode) || !atomic_load(&r->n_prefill)))
+        err = ks_seterr(eb, KS_ERR_AGAIN, "no %s worker is registered with the router",
+                        !atomic_load(&r->n_prefill) ? "prefill" : "decode");
+    if (!err && atomic_load(&r->n_waiting) >= RT_QUEUE_MAX)
+        err = ks_seterr(eb, KS_ERR_AGAIN, "server busy: %d requests already waiting", RT_QUEUE_MAX);
+    if (err) {
+        atomic_fetch_add(&r->n_rejected, 1);
+        return err;
+    }
+    rt_req *q = calloc(1, sizeof *q);
+    if (!q) return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    atomic_init(&q->refs, 2);
+    atomic_init(&q->state, ENGINE_QUEUED);
+    q->r = r;
+    q->id = atomic_fetch_add(&r->next_req_id, 1);
+    snprintf(q->tenant, sizeof q->tenant, "%s", p->tenant ? p->tenant : "default");
+    char domain[160];
+    if (p->cache_domain) snprintf(domain, sizeof domain, "%s", p->cache_domain);
+    else snprintf(domain, sizeof domain, "tenant:%s", q->tenant);
+    kv_prefix_root(domain, strlen(domain), q->domain);
+    q->prompt = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    q->n_prompt = n_prompt;
+    q->max_tokens = max_tokens;
+    q->sp = p->sp;
+    q->ws = ws;
+    q->t_submit_ns = ks_now_ns();
+    tok_stream_init(&q->ts);
+    ks_err ce = KS_OK;
+    if (q->prompt) memcpy(q->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    if (!q->prompt || (ce = stop_matcher_create(p->stops, p->n_stops, &q->stop, eb))) {
+        rt__req_free(q);
+        return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
+    }
+    atomic_fetch_add(&r->n_waiting, 1);  // until the loop takes it (rt__on_submit)
+    atomic_fetch_add(&r->tokens_in, (unsigned long long)n_prompt);
+    if (pd_loop_post(r->loop, rt__on_submit, q) != KS_OK) {
+        atomic_fetch_sub(&r->n_waiting, 1);
+        rt__req_free(q);
+        return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    }
+    atomic_fetch_sub(&r->n_waiting, 1);  // rt__on_submit counts it again in the queue
+    *out = q;
+    return KS_OK;
+}
+
+static void rt__cancel(void *req) {
+    rt_req *q = req;
+    if (atomic_exchange(&q->cancelled, true)) return;
+    atomic_fetch_add(&q->refs, 1);
+    if (pd_loop_post(q->r->loop, rt__on_cancel, q) != KS_OK) rt__unref(q);
+}
+
+static void rt__release(void *req) {
+    rt_req *q = req;
+    if (!q) return;
+    pthread_mutex_lock(&q->mu);
+    bool done = q->done_posted;
+    pthread_mutex_unlock(&q->mu);
+    if (!done) rt__cancel(q);
+    rt__unref(q);
+}
+
+static bool rt__is_online(void *impl) { return atomic_load(&((cluster_router *)impl)->online); }
+
+static void rt__on_abort_all(void *arg) {
+    cluster_router *r = arg;
+    for (int b = 0; b < RT_BUCKETS; b++)
+        for (rt_req *q = r->tab[b], *nx; q; q = nx) {
+            nx = q->hnext;
+            rt__abort(r, q, PD_ABORT_SHUTDOWN, KS_ERR_CANCELLED, "aborted: model taken offline");
+        }
+}
+
+static void rt__set_online(void *impl, bool online, bool abort_running) {
+    cluster_router *r = impl;
+    atomic_store(&r->online, online);
+    if (!online && abort_running && pd_loop_post(r->loop, rt__on_abort_all, r) != KS_OK)
+        ks_log(KS_LOG_ERROR, "router: out of memory aborting requests");
+}
+
+static void rt__get_stats(void *impl, engine_stats *out) {
+    cluster_router *r = impl;
+    memset(out, 0, sizeof *out);
+    uint32_t fr = atomic_load(&r->kv_free), qu = atomic_load(&r->kv_quarantined),
+             tot = atomic_load(&r->kv_total);
+    out->kv.pages[KV_PAGE_FREE] = fr;
+    out->kv.pages[KV_PAGE_QUARANTINE] = qu;
+    out->kv.pages[KV_PAGE_ALLOCATED] = tot > fr + qu ? tot - fr - qu : 0;
+    out->n_queued = atomic_load(&r->n_waiting);
+    out->n_running = atomic_load(&r->n_inflight);
+    out->n_finished = atomic_load(&r->n_finished);
+    out->n_aborted = atomic_load(&r->n_aborted);
+    out->n_rejected = atomic_load(&r->n_rejected);
+    out->tokens_in = atomic_load(&r->tokens_in);
+    out->tokens_out = atomic_load(&r->tokens_out);
+}
+
+/* Waits until nothing is in flight anywhere (router and workers), then
+ * reports whether every worker's pool is all FREE and scrubbed. */
+static ks_err rt__check_quiescent(void *impl, uint32_t timeout_ms, ks_errbuf *eb) {
+    cluster_router *r = impl;
+    uint64_t deadline = rt__now_ms() + timeout_ms;
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        r->check_state = 1;
+        r->check_req++;
+        while (r->check_state != 2) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+            if (rt__now_ms() > deadline + 3000) break;
+        }
+        bool answered = r->check_state == 2, clean = r->check_clean, busy = r->check_busy;
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", r->check_msg);
+        r->check_state = 0;
+        pthread_mutex_unlock(&r->mu);
+        if (answered && !busy)
+            return clean ? (ks_seterr(eb, KS_OK, "%s", msg), KS_OK)
+                         : ks_seterr(eb, KS_ERR_INTERNAL, "%s", msg);
+        if (rt__now_ms() >= deadline)
+            return ks_seterr(eb, KS_ERR_TIMEOUT, "requests still active: %s", answered ? msg : "no answer");
+        struct timespec nap = {0, 50 * 1000000L};
+        nanosleep(&nap, NULL);
+    }
+}
+
+void cluster_router_backend(cluster_router *r, server_backend *out) {
+    *out = (server_backend){.impl = r, .submit = rt__submit, .next = rt__next, .cancel = rt__cancel,
+                            .release = rt__release, .is_online = rt__is_online,
+                            .set_online = rt__set_online, .get_stats = rt__get_stats,
+                            .check_quiescent = rt__check_quiescent};
+}
+
+// ----------------------------------------------------------------------------
+// Lifecycle
+
+void cluster_router_opts_default(cluster_router_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->page_tokens = 16;
+    o->health_interval_ms = 1000;
+    o->queue_timeout_ms = 30000;
+    o->ttft_timeout_ms = 60000;
+}
+
+static void rt__free(cluster_router *r) {
+    pd_loop_destroy(r->loop);  // closes every conn (their on_close frees the workers)
+    while (r->workers) {       // never opened ones
+        rt_worker *w = r->workers;
+        r->workers = w->next;
+        free(w);
+    }
+    free(r->piece);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    sodium_memzero(r->secret, sizeof r->secret);
+    free(r);
+}
+
+ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out, ks_errbuf *eb) {
+    *out = NULL;
+    if (!o->m || !o->secret || o->secret_len < 16 || o->secret_len > 256 || o->n_ctx < 1 ||
+        o->page_tokens < 1 || o->health_interval_ms < 1)
+        return ks_seterr(eb, KS_ERR_INVAL, "router: invalid options (model, secret of 16-256 bytes, "
+                                           "context, page tokens and health interval are required)");
+    cluster_router *r = calloc(1, sizeof *r);
+    if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "router");
+    r->o = *o;
+    r->m = o->m;
+    r->vocab = model_vocab(o->m);
+    r->V = model_hp(o->m)->n_vocab;
+    r->g = model_kv_geom(o->m, o->page_tokens);
+    memcpy(r->secret, o->secret, o->secret_len);
+    r->secret_len = o->secret_len;
+    r->o.secret = r->secret;
+    cluster_model_id(o->m, r->model_id);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    atomic_init(&r->next_req_id, 1);
+    atomic_init(&r->online, true);
+    r->piece_cap = tok_stream_bound(r->vocab);
+    r->piece = malloc(r->piece_cap);
+    ks_err err;
+    if (!r->piece) {
+        err = ks_seterr(eb, KS_ERR_NOMEM, "router");
+        goto fail;
+    }
+    // what workers may send on a control connection
+    if ((err = pd_msg_type_max(NULL, r->type_max, eb))) goto fail;
+    static const uint16_t allowed[] = {PD_MSG_REGISTER, PD_MSG_HEALTH_ACK, PD_MSG_GRANT,
+                                       PD_MSG_DENY,     PD_MSG_REJECT,     PD_MSG_TOKEN,
+                                       PD_MSG_FINISH,   PD_MSG_POOL_CHECK_ACK, PD_MSG_ERROR};
+    uint32_t keep[PD_MSG_N_TYPES];
+    memcpy(keep, r->type_max, sizeof keep);
+    for (uint32_t t = 0; t < PD_MSG_N_TYPES; t++) r->type_max[t] = PD_TYPE_FORBIDDEN;
+    for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++) r->type_max[allowed[i]] = keep[allowed[i]];
+    pd_loop_cfg lc = {.secret = r->secret, .secret_len = r->secret_len, .role = PD_ROLE_ROUTER,
+                      .max_payload = PD_MSG_MAX_FRAME};
+    if ((err = pd_loop_create(&lc, &r->loop, eb))) goto fail;
+    pd_conn_cbs cbs = {.on_open = rt__on_open, .on_frame = rt__on_frame, .on_close = rt__on_close,
+                       .type_max = r->type_max, .n_types = PD_MSG_N_TYPES,
+                       .peer_roles = (1u << PD_ROLE_PREFILL) | (1u << PD_ROLE_DECODE)};
+    if ((err = pd_tcp_listen(r->loop, o->host, (uint16_t)o->port, &cbs, r, &r->ls, eb))) goto fail;
+    r->port = pd_listener_port(r->ls);
+    r->last_health_ms = rt__now_ms();
+    if (pthread_create(&r->thread, NULL, rt__main, r) != 0) {
+        err = ks_seterr(eb, KS_ERR_NOMEM, "router: cannot start the loop thread");
+        goto fail;
+    }
+    *out = r;
+    return KS_OK;
+fail:
+    rt__free(r);
+    return err;
+}
+
+int cluster_router_port(const cluster_router *r) { return r->port; }
+
+void cluster_router_destroy(cluster_router *r) {
+    if (!r) return;
+    atomic_store(&r->stop, true);
+    pd_loop_stop(r->loop);
+    pthread_join(r->thread, NULL);
+    rt__free(r);
+}

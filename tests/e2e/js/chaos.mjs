@@ -1,0 +1,72 @@
+// chaos.mjs — kills a worker process in the middle of traffic and checks
+// that only the requests it was serving fail, cleanly. Runs N requests
+// alone first (references), then N at once (streamed) and SIGKILLs KILL_PID
+// after KILL_AFTER_MS; every answer must either equal its reference or be a
+// clean error (an error status with OpenAI's error JSON, or an SSE error
+// event after a correct prefix); at least one must fail (the kill landed)
+// and at least one must succeed; afterwards N fresh requests must all
+// succeed with their reference answers. Env: KS_URL, KILL_PID,
+// KILL_AFTER_MS, CHAOS_N. Exit 0 = pass, 1 = fail.
+const URL_ = process.env.KS_URL;
+const N = Number(process.env.CHAOS_N || 8);
+const fails = [];
+const fail = (m) => { fails.push(m); console.error('CHAOS FAILURE: ' + m); };
+const BASE = 'And the LORD spake unto Moses, saying, Speak unto the children of Israel, and say unto them, ';
+
+function body(i, stream) {
+  return { prompt: `${i}: ` + BASE.repeat(2 + (i % 4)), max_tokens: 48, temperature: 0, stream };
+}
+
+async function once(i, stream) {
+  const res = await fetch(`${URL_}/v1/completions`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body(i, stream)),
+  });
+  const txt = await res.text();
+  let json = null;
+  if (!stream || res.status !== 200) { try { json = JSON.parse(txt); } catch { /* */ } return { status: res.status, json, raw: txt }; }
+  let text = '', error = null, done = false;
+  for (const ev of txt.split('\n\n')) {
+    if (!ev.startsWith('data: ')) continue;
+    if (ev === 'data: [DONE]') { done = true; continue; }
+    const j = JSON.parse(ev.slice(6));
+    if (j.error) error = j.error;
+    if (j.choices && j.choices[0]) text += j.choices[0].text || '';
+  }
+  return { status: 200, text, error, done };
+}
+
+async function main() {
+  const ref = [];
+  for (let i = 0; i < N; i++) {
+    const r = await once(i, false);
+    if (r.status !== 200) { fail(`reference ${i}: ${r.status} ${r.raw}`); ref.push(null); continue; }
+    ref.push(r.json.choices[0].text);
+  }
+  const all = [];
+  for (let i = 0; i < N; i++) all.push(once(i, true).catch((e) => ({ status: 0, error: String(e), text: '' })));
+  await new Promise((res) => setTimeout(res, Number(process.env.KILL_AFTER_MS || 300)));
+  process.kill(Number(process.env.KILL_PID), 'SIGKILL');
+  const rs = await Promise.all(all);
+  let ok = 0, failed = 0;
+  rs.forEach((r, i) => {
+    if (r.status === 200 && !r.error && r.done) {
+      ok++;
+      if (r.text !== ref[i]) fail(`request ${i}: survived but its output differs: ${JSON.stringify(r.text)} vs ${JSON.stringify(ref[i])}`);
+      return;
+    }
+    failed++;
+    const clean = (r.status >= 400 && r.json && r.json.error) || (r.status === 200 && r.error);
+    if (!clean) fail(`request ${i}: not a clean failure: ${JSON.stringify(r).slice(0, 300)}`);
+    if (r.text && ref[i] && !ref[i].startsWith(r.text)) fail(`request ${i}: wrong partial output ${JSON.stringify(r.text)}`);
+  });
+  if (failed === 0) fail('the killed worker served none of the requests in flight (kill too late?)');
+  if (ok === 0) fail('no request survived: the kill took down requests of other workers too');
+  for (let i = 0; i < N; i++) {
+    const r = await once(i, false);
+    if (r.status !== 200) fail(`after the kill, request ${i}: ${r.status} ${r.raw.slice(0, 200)}`);
+    else if (r.json.choices[0].text !== ref[i]) fail(`after the kill, request ${i}: output differs`);
+  }
+  console.log(`chaos: ${ok} survived, ${failed} failed cleanly, ${fails.length} problems`);
+  process.exit(fails.length ? 1 : 0);
+}
+main().catch((e) => { console.error(e.stack || e); process.exit(2); });

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The cluster's processes (issue 4): workers may start before the router and
+# register once it is up; a node with the wrong secret, a worker serving
+# another model, and an insecure secret file are refused with a clear
+# message; a request with no workers registered gets 503; a worker that stops
+# answering health checks is dropped (SIGSTOP) while the router keeps
+# serving with the others; every process exits 0 on SIGTERM.
+. "$(dirname "$0")/lib.sh"
+M=(-m "$KS_SRC/models/kjv-mini.gguf" --ctx 256 --kv-pages 64 --threads 1)
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMPD/secret"; chmod 600 "$TMPD/secret"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMPD/other"; chmod 600 "$TMPD/other"
+
+# an insecure secret file is refused at start
+cp "$TMPD/secret" "$TMPD/loose"; chmod 644 "$TMPD/loose"
+out=$("$KS_BIN" prefill "${M[@]}" --router 127.0.0.1:1 --secret-file "$TMPD/loose" 2>&1); rc=$?
+expect_eq "insecure secret status" "$rc" 2
+expect_has "insecure secret message" "$out" "readable by group or others"
+out=$("$KS_BIN" decode "${M[@]}" --secret-file "$TMPD/secret" 2>&1); rc=$?
+expect_eq "missing --router status" "$rc" 2
+expect_has "missing --router message" "$out" "--router HOST:PORT is required"
+
+# workers first: they retry until the router is up
+port=$((20000 + RANDOM % 20000))
+"$KS_BIN" decode "${M[@]}" --router 127.0.0.1:$port --secret-file "$TMPD/secret" >"$TMPD/d.out" 2>"$TMPD/d.log" &
+D=$!
+"$KS_BIN" prefill "${M[@]}" --router 127.0.0.1:$port --secret-file "$TMPD/secret" >"$TMPD/p.out" 2>"$TMPD/p.log" &
+P=$!
+# an intruder with another secret, and a prefill worker of another model
+"$KS_BIN" prefill "${M[@]}" --router 127.0.0.1:$port --secret-file "$TMPD/other" >/dev/null 2>"$TMPD/x.log" &
+X=$!
+"$KS_BIN" mkmodel -o "$TMPD/other.gguf" --vocab "$KS_SRC/models/kjv-mini.gguf" --shape tiny --seed 3 >/dev/null 2>&1 ||
+    fail "mkmodel"
+"$KS_BIN" prefill -m "$TMPD/other.gguf" --ctx 256 --kv-pages 64 --threads 1 --router 127.0.0.1:$port \
+    --secret-file "$TMPD/secret" >/dev/null 2>"$TMPD/y.log" &
+Y=$!
+trap 'kill -KILL $D $P $X $Y $R 2>/dev/null; rm -rf "$TMPD"' EXIT
+sleep 1
+"$KS_BIN" router "${M[@]}" --host 127.0.0.1 --port 0 --cluster-port $port --secret-file "$TMPD/secret" \
+    --health-interval-ms 200 >"$TMPD/r.out" 2>"$TMPD/r.log" &
+R=$!
+for i in $(seq 1 100); do
+    [ "$(grep -c 'worker [0-9]* registered' "$TMPD/r.log")" -ge 2 ] && break
+    sleep 0.1
+done
+expect_eq "registered workers" "$(grep -c 'worker [0-9]* registered' "$TMPD/r.log")" 2
+URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$TMPD/r.out")
+for i in $(seq 1 50); do
+    grep -q 'auth failed' "$TMPD/r.log" && grep -q 'different model' "$TMPD/r.log" && break
+    sleep 0.1
+done
+expect_has "intruder refused" "$(cat "$TMPD/r.log")" "auth failed"
+expect_has "other model refused" "$(cat "$TMPD/r.log")" "different model"
+kill -KILL $X $Y 2>/dev/null
+
+ans=$(curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt":"In the beginning","max_tokens":6,"temperature":0}')
+expect_has "answer through the cluster" "$ans" '"text"'
+
+# a worker that stops answering is dropped; its requests fail, the router lives
+kill -STOP $D
+sleep 1.2
+expect_has "silent worker dropped" "$(cat "$TMPD/r.log")" "missed 3 health checks"
+code=$(curl -sS -o "$TMPD/busy" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt":"In the beginning","max_tokens":6}')
+expect_eq "no decode worker: status" "$code" 503
+expect_has "no decode worker: message" "$(cat "$TMPD/busy")" "no decode worker is registered"
+kill -CONT $D
+# it notices the lost router connection and registers again
+for i in $(seq 1 100); do
+    [ "$(grep -c 'decode worker [0-9]* registered' "$TMPD/r.log")" -ge 2 ] && break
+    sleep 0.1
+done
+expect_eq "decode worker re-registered" "$(grep -c 'decode worker [0-9]* registered' "$TMPD/r.log")" 2
+for i in $(seq 1 50); do
+    ans=$(curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"prompt":"In the beginning","max_tokens":6,"temperature":0}')
+    case "$ans" in *'"text"'*) break;; esac
+    sleep 0.1
+done
+expect_has "answer after re-registration" "$ans" '"text"'
+
+for p in $P $D $R; do kill -TERM $p; done
+for p in $P $D $R; do wait $p || fail "process $p exited with status $?"; done
+echo PASS

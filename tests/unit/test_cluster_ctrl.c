@@ -1,0 +1,327 @@
+/* test_cluster_ctrl.c — the worker's control client (src/cluster/ctrl.c,
+ * docs/pd-protocol.md sections 1, 4, 8) against an in-process fake router
+ * (a pd_listener with role ROUTER on a second pd_loop, both loops driven from
+ * this thread): a worker started before the router listens still registers
+ * (back-off retries), HEALTH is answered with the seq echoed, POOL_CHECK with
+ * the same req_id, other frames reach on_frame, and a lost router (close,
+ * ERROR, T_router silence) is reported through on_lost exactly once before
+ * the worker registers again. `test_cluster_ctrl NAME` runs one case. */
+#include "cluster/cluster_int.h"
+
+#include "../check.h"
+
+static const uint8_t SECRET[32] = "cluster-secret-ctrl-0123456789ab";
+
+// ----------------------------------------------------------------------------
+// Harness: the worker side (cl_ctrl on wl) and a fake router (listener on rl)
+
+typedef struct {
+    pd_loop *wl, *rl;
+    pd_listener *ls;
+    uint16_t port;
+    cl_ctrl *ctrl;
+    uint32_t tmax[PD_MSG_N_TYPES];
+    // worker-side observations
+    int n_registered, n_lost, n_frames;
+    uint32_t last_id;
+    uint16_t last_type;
+    // fake router
+    pd_conn *rc; /* the accepted worker conn */
+    int n_register;
+    uint8_t reg_role;
+    uint32_t next_id;
+    bool auto_ack;
+    int n_health_ack, n_pool_ack;
+    pd_msg_health_ack hack;
+    pd_msg_pool_check_ack pack;
+    uint64_t pack_req;
+    int n_router_closed;
+} harness;
+
+static void w_registered(void *ud, uint32_t id) {
+    harness *h = ud;
+    h->n_registered++;
+    h->last_id = id;
+}
+static void w_frame(void *ud, const pd_frame *f) {
+    harness *h = ud;
+    h->n_frames++;
+    h->last_type = f->hdr.type;
+}
+static void w_lost(void *ud) { ((harness *)ud)->n_lost++; }
+static void w_health(void *ud, pd_msg_health_ack *out) {
+    (void)ud;
+    out->active_requests = 3;
+    out->free_pages = 11;
+    out->quarantined_pages = 2;
+}
+static void w_pool_check(void *ud, pd_msg_pool_check_ack *out) {
+    (void)ud;
+    out->clean = 1;
+    out->active = 0;
+    out->free_pages = 12;
+}
+
+static void r_send(harness *h, uint16_t type, uint64_t req_id, const uint8_t *p, uint32_t len) {
+    struct iovec iov = {(void *)p, len};
+    CHECK(h->rc);
+    CHECK_EQ(pd_conn_send(h->rc, type, req_id, &iov, len ? 1 : 0, NULL), KS_OK);
+}
+
+static void r_open(pd_conn *c, void *ud) {
+    harness *h = ud;
+    h->rc = c;
+}
+static void r_frame(pd_conn *c, void *ud, const pd_frame *f) {
+    harness *h = ud;
+    (void)c;
+    switch (f->hdr.type) {
+    case PD_MSG_REGISTER: {
+        pd_msg_register m;
+        CHECK_EQ(pd_msg_register_decode(f->payload, f->payload_len, &m, NULL), KS_OK);
+        h->n_register++;
+        h->reg_role = m.role;
+        if (h->auto_ack) {
+            pd_msg_register_ack a = {.worker_id = h->next_id++, .health_interval_ms = 1000};
+            uint8_t buf[8];
+            uint32_t len;
+            CHECK_EQ(pd_msg_register_ack_encode(&a, buf, sizeof buf, &len, NULL), KS_OK);
+            r_send(h, PD_MSG_REGISTER_ACK, 0, buf, len);
+        }
+        break;
+    }
+    case PD_MSG_HEALTH_ACK:
+        CHECK_EQ(pd_msg_health_ack_decode(f->payload, f->payload_len, &h->hack, NULL), KS_OK);
+        h->n_health_ack++;
+        break;
+    case PD_MSG_POOL_CHECK_ACK:
+        CHECK_EQ(pd_msg_pool_check_ack_decode(f->payload, f->payload_len, &h->pack, NULL), KS_OK);
+        h->pack_req = f->hdr.req_id;
+        h->n_pool_ack++;
+        break;
+    default:
+        CHECK(!"unexpected frame at the fake router");
+    }
+}
+static void r_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
+    harness *h = ud;
+    (void)why;
+    (void)msg;
+    if (h->rc == c) h->rc = NULL;
+    h->n_router_closed++;
+}
+
+static void r_listen(harness *h, uint16_t port) {
+    pd_conn_cbs cbs = {.on_open = r_open, .on_frame = r_frame, .on_close = r_close,
+                       .peer_roles = (1u << PD_ROLE_PREFILL) | (1u << PD_ROLE_DECODE)};
+    ks_errbuf eb;
+    ks_err e = pd_tcp_listen(h->rl, "127.0.0.1", port, &cbs, h, &h->ls, &eb);
+    if (e) fprintf(stderr, "listen: %s\n", eb.msg);
+    CHECK_EQ(e, KS_OK);
+    h->port = pd_listener_port(h->ls);
+}
+
+static pd_loop *mkloop(uint8_t role) {
+    pd_loop_cfg cfg = {.secret = SECRET, .secret_len = sizeof SECRET, .role = role,
+                       .max_payload = PD_MSG_MAX_FRAME};
+    pd_loop *l = NULL;
+    CHECK_EQ(pd_loop_create(&cfg, &l, NULL), KS_OK);
+    return l;
+}
+
+static void h_init(harness *h, uint32_t t_router_ms, bool listen_first) {
+    memset(h, 0, sizeof *h);
+    h->wl = mkloop(PD_ROLE_PREFILL);
+    h->rl = mkloop(PD_ROLE_ROUTER);
+    h->next_id = 7;
+    h->auto_ack = true;
+    // a free port: bind, note it, close again
+    r_listen(h, 0);
+    if (!listen_first) {
+        pd_listener_close(h->ls);
+        h->ls = NULL;
+    }
+    kv_geom g = {.n_layer = 2, .kv_dim = 8, .page_tokens = 4};
+    CHECK_EQ(pd_msg_type_max(&g, h->tmax, NULL), KS_OK);
+    cl_ctrl_cfg cfg = {.router_host = "127.0.0.1", .router_port = h->port, .type_max = h->tmax,
+                       .t_router_ms = t_router_ms};
+    cfg.reg.role = PD_ROLE_PREFILL;
+    cfg.reg.n_layer = 2;
+    cfg.reg.kv_dim = 8;
+    cfg.reg.page_tokens = 4;
+    cfg.reg.n_pages = 12;
+    cfg.reg.n_ctx = 32;
+    cl_ctrl_cbs cbs = {.on_registered = w_registered, .on_frame = w_frame, .on_lost = w_lost,
+                       .health = w_health, .pool_check = w_pool_check};
+    CHECK_EQ(cl_ctrl_start(h->wl, &cfg, &cbs, h, &h->ctrl, NULL), KS_OK);
+}
+
+static void h_fini(harness *h) {
+    cl_ctrl_destroy(h->ctrl);
+    pd_loop_destroy(h->wl);
+    pd_loop_destroy(h->rl);
+}
+
+/* Drives both loops (and the ctrl's tick) for up to ms, or until *flag >= want. */
+static bool run_until(harness *h, const int *flag, int want, int ms) {
+    uint64_t end = cl_now_ms(NULL) + (uint64_t)ms;
+    while (cl_now_ms(NULL) < end) {
+        if (flag && *flag >= want) return true;
+        CHECK_EQ(pd_loop_run_once(h->wl, 2), KS_OK);
+        CHECK_EQ(pd_loop_run_once(h->rl, 2), KS_OK);
+        cl_ctrl_tick(h->ctrl);
+    }
+    return flag ? *flag >= want : true;
+}
+
+// ----------------------------------------------------------------------------
+// Cases
+
+/* Order independence: the worker starts while nothing listens, fails its
+ * connects with back-off, and registers once the router comes up. */
+static void test_register_after_router_starts(void) {
+    harness h;
+    h_init(&h, 5000, false);
+    run_until(&h, NULL, 0, 400); // several failed attempts (100, 200 ms back-off)
+    CHECK_EQ(h.n_registered, 0);
+    CHECK(!cl_ctrl_registered(h.ctrl));
+    CHECK_EQ(cl_ctrl_worker_id(h.ctrl), 0);
+    struct iovec none = {NULL, 0};
+    CHECK_EQ(cl_ctrl_send(h.ctrl, PD_MSG_REJECT, 1, &none, 0, NULL), KS_ERR_PEER_CLOSED);
+    r_listen(&h, h.port);
+    CHECK(run_until(&h, &h.n_registered, 1, 5000)); // back-off is at most 2 s
+    CHECK_EQ(h.n_register, 1);
+    CHECK_EQ(h.reg_role, PD_ROLE_PREFILL);
+    CHECK_EQ(h.last_id, 7);
+    CHECK(cl_ctrl_registered(h.ctrl));
+    CHECK_EQ(cl_ctrl_worker_id(h.ctrl), 7);
+    CHECK_EQ(h.n_lost, 0);
+    h_fini(&h);
+}
+
+/* HEALTH -> HEALTH_ACK with the seq echoed and the callback's numbers;
+ * POOL_CHECK -> POOL_CHECK_ACK with the same req_id; other frames go to
+ * on_frame; neither HEALTH nor POOL_CHECK does. */
+static void test_health_and_pool_check(void) {
+    harness h;
+    h_init(&h, 5000, true);
+    CHECK(run_until(&h, &h.n_registered, 1, 5000));
+    uint8_t buf[64];
+    uint32_t len;
+    pd_msg_health hm = {.seq = 0x1122334455ull};
+    CHECK_EQ(pd_msg_health_encode(&hm, buf, sizeof buf, &len, NULL), KS_OK);
+    r_send(&h, PD_MSG_HEALTH, 0, buf, len);
+    CHECK(run_until(&h, &h.n_health_ack, 1, 3000));
+    CHECK_EQ(h.hack.seq, 0x1122334455ull);
+    CHECK_EQ(h.hack.active_requests, 3);
+    CHECK_EQ(h.hack.free_pages, 11);
+    CHECK_EQ(h.hack.quarantined_pages, 2);
+
+    r_send(&h, PD_MSG_POOL_CHECK, 991, NULL, 0);
+    CHECK(run_until(&h, &h.n_pool_ack, 1, 3000));
+    CHECK_EQ(h.pack_req, 991);
+    CHECK_EQ(h.pack.clean, 1);
+    CHECK_EQ(h.pack.free_pages, 12);
+    CHECK_EQ(h.n_frames, 0);
+
+    pd_msg_peer pm = {.decode_worker_id = 4, .port = 1234, .host = "127.0.0.1", .host_len = 9};
+    CHECK_EQ(pd_msg_peer_encode(&pm, buf, sizeof buf, &len, NULL), KS_OK);
+    r_send(&h, PD_MSG_PEER, 0, buf, len);
+    CHECK(run_until(&h, &h.n_frames, 1, 3000));
+    CHECK_EQ(h.last_type, PD_MSG_PEER);
+    CHECK_EQ(h.n_lost, 0);
+    h_fini(&h);
+}
+
+/* The router closes the connection: on_lost exactly once, then the worker
+ * registers again (a new REGISTER, a new id). */
+static void test_router_close_then_reregister(void) {
+    harness h;
+    h_init(&h, 5000, true);
+    CHECK(run_until(&h, &h.n_registered, 1, 5000));
+    pd_conn_close(h.rc);
+    CHECK(run_until(&h, &h.n_registered, 2, 5000));
+    CHECK_EQ(h.n_lost, 1);
+    CHECK_EQ(h.n_register, 2);
+    CHECK_EQ(h.last_id, 8);
+    CHECK_EQ(cl_ctrl_worker_id(h.ctrl), 8);
+    run_until(&h, NULL, 0, 300);
+    CHECK_EQ(h.n_lost, 1); // once, not per retry
+    h_fini(&h);
+}
+
+/* ERROR from the router: logged, the connection closed, on_lost once, re-register. */
+static void test_router_error(void) {
+    harness h;
+    h_init(&h, 5000, true);
+    CHECK(run_until(&h, &h.n_registered, 1, 5000));
+    pd_msg_error em = {.err = KS_ERR_INVAL, .msg = "model mismatch", .msg_len = 14};
+    uint8_t buf[64];
+    uint32_t len;
+    CHECK_EQ(pd_msg_error_encode(&em, buf, sizeof buf, &len, NULL), KS_OK);
+    r_send(&h, PD_MSG_ERROR, 0, buf, len);
+    CHECK(run_until(&h, &h.n_lost, 1, 3000));
+    CHECK(run_until(&h, &h.n_registered, 2, 5000));
+    CHECK_EQ(h.n_lost, 1);
+    h_fini(&h);
+}
+
+/* T_router: a registered connection without HEALTH is given up (on_lost once)
+ * and re-registered; HEALTH keeps it alive. */
+static void test_t_router(void) {
+    harness h;
+    h_init(&h, 300, true);
+    CHECK(run_until(&h, &h.n_registered, 1, 5000));
+    // HEALTH every 100 ms for 600 ms: not lost
+    uint8_t buf[16];
+    uint32_t len;
+    for (int i = 0; i < 6; i++) {
+        pd_msg_health hm = {.seq = (uint64_t)i};
+        CHECK_EQ(pd_msg_health_encode(&hm, buf, sizeof buf, &len, NULL), KS_OK);
+        r_send(&h, PD_MSG_HEALTH, 0, buf, len);
+        run_until(&h, NULL, 0, 100);
+    }
+    CHECK_EQ(h.n_lost, 0);
+    CHECK_EQ(h.n_health_ack, 6);
+    // silence: lost after T_router, then registered again
+    CHECK(run_until(&h, &h.n_lost, 1, 3000));
+    CHECK(run_until(&h, &h.n_registered, 2, 5000));
+    CHECK_EQ(h.n_lost, 1);
+    h_fini(&h);
+}
+
+/* No REGISTER_ACK: the worker is not registered and keeps retrying; no on_lost
+ * (it never was registered). */
+static void test_no_ack_no_lost(void) {
+    harness h;
+    h_init(&h, 200, true);
+    h.auto_ack = false;
+    CHECK(run_until(&h, &h.n_register, 2, 5000));
+    CHECK_EQ(h.n_registered, 0);
+    CHECK_EQ(h.n_lost, 0);
+    h_fini(&h);
+}
+
+int main(int argc, char **argv) {
+    ks_log_init_env();
+    struct {
+        const char *name;
+        void (*fn)(void);
+    } cases[] = {
+        {"register_after_router_starts", test_register_after_router_starts},
+        {"health_and_pool_check", test_health_and_pool_check},
+        {"router_close_then_reregister", test_router_close_then_reregister},
+        {"router_error", test_router_error},
+        {"t_router", test_t_router},
+        {"no_ack_no_lost", test_no_ack_no_lost},
+    };
+    int n = (int)(sizeof cases / sizeof cases[0]), ran = 0;
+    for (int i = 0; i < n; i++) {
+        if (argc > 1 && strcmp(argv[1], cases[i].name) != 0) continue;
+        fprintf(stderr, "-- %s\n", cases[i].name);
+        cases[i].fn();
+        ran++;
+    }
+    CHECK(ran > 0);
+    return 0;
+}
