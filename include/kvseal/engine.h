@@ -105,6 +105,24 @@ typedef struct engine_params {
 
 typedef struct engine_req engine_req;
 
+/* What admission lets through (the prompt as given; only a TEST-ONLY
+ * placeholder build would rewrite it). */
+typedef struct engine_admitted {
+    const int32_t *prompt;
+    int32_t n_prompt, max_tokens;
+} engine_admitted;
+
+/* The request checks of admission (I4) every front end applies before
+ * anything is allocated: a non-empty prompt, max_tokens >= 1, prompt +
+ * max_tokens <= n_ctx (OpenAI's context_length_exceeded text), token ids in
+ * [0, n_vocab), sampling parameters. Errors: KS_ERR_INVAL with the message.
+ * Pure; thread-safe. */
+ks_err engine_admission(int32_t n_ctx, int32_t n_vocab, const engine_params *p,
+                        engine_admitted *out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* The prefix-cache / tenant domain root of a request (I7): the tenant, or
+ * the operator's sharing group. Can't fail. */
+void engine_domain_root(const engine_params *p, uint8_t root[KV_ROOT_BYTES] /* OUT */);
+
 /* Admission, then enqueue. On success *out is a handle owned by the caller
  * (engine_req_release). Rejections never touch the pool:
  *   KS_ERR_INVAL  — context_length_exceeded (message: "This model's maximum
@@ -194,6 +212,37 @@ bool engine_is_online(const engine *e);
  * in eb when not; KS_ERR_TIMEOUT when requests were still active. For the
  * leak suite and the admin route; thread-safe. */
 ks_err engine_check_quiescent(engine *e, uint32_t timeout_ms, ks_errbuf *eb) KS_MUST_USE;
+
+// ----------------------------------------------------------------------------
+// Event streams: what engine_req_next reads, reusable by other producers
+// (the cluster router), so that every front end emits the same events.
+
+typedef struct engine_stream engine_stream;
+
+/* Creates an empty stream whose text passes through stop strings
+ * stops[0..n_stops) (copied; n_stops may be 0). Errors: KS_ERR_INVAL (a bad
+ * stop string), KS_ERR_NOMEM. *out owned by the caller. */
+ks_err engine_stream_create(const char *const *stops, int n_stops, engine_stream **out /* OUT */,
+                            ks_errbuf *eb) KS_MUST_USE;
+/* Frees the stream and undelivered events; accepts NULL. */
+void engine_stream_destroy(engine_stream *s);
+/* Appends ev (copied); wakes the consumer. Never drops a done event (a text
+ * event may be dropped on out-of-memory). Thread-safe. */
+void engine_stream_post(engine_stream *s, const engine_event *ev);
+/* engine_req_next's contract on this stream. Thread-safe (one consumer). */
+ks_err engine_stream_next(engine_stream *s, engine_event *ev /* OUT */, uint32_t timeout_ms) KS_MUST_USE;
+/* True once the done event was posted. Thread-safe. */
+bool engine_stream_done_posted(engine_stream *s);
+/* Producer side: detokenizes sr->token (vocabulary v), runs the text through
+ * the stop strings and posts what is safe to send now, with the token and
+ * its logprobs. *matched: a stop string matched (generation must end).
+ * piece is scratch of cap >= tok_stream_bound(v) bytes. Errors: KS_ERR_NOMEM
+ * (nothing posted). One producer thread. */
+ks_err engine_stream_token(engine_stream *s, const tok_vocab *v, const sample_result *sr, char *piece,
+                           size_t cap, bool *matched /* OUT */) KS_MUST_USE;
+/* Producer side, at a normal finish: posts what the detokenizer and the stop
+ * matcher still hold. Can't fail. */
+void engine_stream_flush(engine_stream *s, char *piece, size_t cap);
 
 typedef struct engine_stats {
     kv_stats kv;

@@ -66,11 +66,6 @@ typedef struct rt_worker {
     struct rt_worker *next;
 } rt_worker;
 
-typedef struct rt_evq {
-    engine_event *ev;
-    size_t head, n, cap;
-} rt_evq;
-
 typedef struct rt_req {
     atomic_int refs; /* the caller's handle + the loop's */
     cluster_router *r;
@@ -90,15 +85,9 @@ typedef struct rt_req {
     uint64_t retry_ms;   /* WAITING: not before */
     int retries;         /* restarts after a stale grant */
     int32_t n_gen;
-    tok_stream ts;
-    stop_matcher *stop;
     struct rt_req *hnext; /* hash chain */
     struct rt_req *wnext; /* wait queue */
-    // events (mu)
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    rt_evq q;
-    bool done_posted, done_taken;
+    engine_stream *out;   /* events, detokenizer, stop strings: as the engine's */
     atomic_int state; /* engine_state */
     atomic_bool cancelled;
 } rt_req;
@@ -147,88 +136,15 @@ struct cluster_router {
 static uint64_t rt__now_ms(void) { return ks_now_ns() / 1000000u; }
 
 // ----------------------------------------------------------------------------
-// Events (caller side), as engine.c's
-
-static void rt__post(rt_req *q, const engine_event *ev) {
-    pthread_mutex_lock(&q->mu);
-    if (q->q.n == q->q.cap) {
-        size_t cap = q->q.cap ? q->q.cap * 2 : 8;
-        engine_event *nv = malloc(sizeof *nv * cap);
-        if (!nv) {  // out of memory: drop text events, never the done event
-            pthread_mutex_unlock(&q->mu);
-            KS_ASSERT(!ev->done);
-            return;
-        }
-        for (size_t i = 0; i < q->q.n; i++) nv[i] = q->q.ev[(q->q.head + i) % q->q.cap];
-        free(q->q.ev);
-        q->q.ev = nv;
-        q->q.head = 0;
-        q->q.cap = cap;
-    }
-    q->q.ev[(q->q.head + q->q.n) % q->q.cap] = *ev;
-    q->q.n++;
-    if (ev->done) q->done_posted = true;
-    pthread_cond_signal(&q->cv);
-    pthread_mutex_unlock(&q->mu);
-}
+// Request objects
 
 static ks_err rt__next(void *req, engine_event *ev, uint32_t timeout_ms) {
-    rt_req *q = req;
-    pthread_mutex_lock(&q->mu);
-    if (q->done_taken) {
-        pthread_mutex_unlock(&q->mu);
-        return KS_ERR_CANCELLED;
-    }
-    if (q->q.n == 0 && timeout_ms) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
-        ts.tv_sec += (time_t)(ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
-        while (q->q.n == 0)
-            if (pthread_cond_timedwait(&q->cv, &q->mu, &ts) != 0) break;
-    }
-    if (q->q.n == 0) {
-        pthread_mutex_unlock(&q->mu);
-        return KS_ERR_TIMEOUT;
-    }
-    *ev = q->q.ev[q->q.head];
-    q->q.head = (q->q.head + 1) % q->q.cap;
-    q->q.n--;
-    if (ev->done) q->done_taken = true;
-    pthread_mutex_unlock(&q->mu);
-    return KS_OK;
-}
-
-/* Posts text split into ENGINE_TEXT_CAP events on UTF-8 boundaries; the
- * token (and its logprobs) goes with the first. */
-static void rt__post_text(rt_req *q, int32_t token, const sample_result *sr, const char *text,
-                          size_t len) {
-    engine_event ev;
-    memset(&ev, 0, offsetof(engine_event, text));
-    ev.token = token;
-    if (sr) ev.sr = *sr;
-    do {
-        size_t n = len < ENGINE_TEXT_CAP ? len : ENGINE_TEXT_CAP;
-        while (n < len && n > 0 && ((unsigned char)text[n] & 0xc0) == 0x80) n--;
-        if (n == 0 && len > 0) n = len < ENGINE_TEXT_CAP ? len : ENGINE_TEXT_CAP;
-        if (n) {
-            memcpy(ev.text, text, n);
-            text += n;
-            len -= n;
-        }
-        ev.text_len = n;
-        rt__post(q, &ev);
-        ev.token = -1;
-    } while (len > 0);
+    return engine_stream_next(((rt_req *)req)->out, ev, timeout_ms);
 }
 
 static void rt__req_free(rt_req *q) {
-    stop_matcher_destroy(q->stop);
+    engine_stream_destroy(q->out);
     free(q->prompt);
-    free(q->q.ev);
-    pthread_cond_destroy(&q->cv);
-    pthread_mutex_destroy(&q->mu);
     free(q);
 }
 
@@ -305,16 +221,8 @@ static void rt__finish(cluster_router *r, rt_req *q, engine_state to, engine_fin
     q->phase = RT_DONE;
     rt_req **pp = rt__slot(r, q->id);
     if (*pp == q) *pp = q->hnext;
-    if (fin == ENGINE_FINISH_STOP || fin == ENGINE_FINISH_LENGTH) {
-        size_t n = tok_stream_flush(&q->ts, r->piece, r->piece_cap);
-        stop_result sr = {0};
-        if (stop_matcher_push(q->stop, r->piece, n, &sr) == KS_OK && sr.len)
-            rt__post_text(q, -1, NULL, sr.text, sr.len);
-        if (!sr.matched) {
-            stop_matcher_flush(q->stop, &sr);
-            if (sr.len) rt__post_text(q, -1, NULL, sr.text, sr.len);
-        }
-    }
+    if (fin == ENGINE_FINISH_STOP || fin == ENGINE_FINISH_LENGTH)  // what is still held back
+        engine_stream_flush(q->out, r->piece, r->piece_cap);
     engine_event ev;
     memset(&ev, 0, sizeof ev);
     ev.done = true;
@@ -331,7 +239,7 @@ static void rt__finish(cluster_router *r, rt_req *q, engine_state to, engine_fin
                      : to == ENGINE_REJECTED ? &r->n_rejected
                                              : &r->n_aborted,
                      1);
-    rt__post(q, &ev);
+    engine_stream_post(q->out, &ev);
     rt__unref(q);
 }
 
@@ -572,14 +480,12 @@ static void rt__on_token(cluster_router *r, rt_req *q, const pd_msg_token *t) {
     }
     q->n_gen++;
     atomic_fetch_add(&r->tokens_out, 1);
-    size_t n = tok_stream_push(&q->ts, r->vocab, t->token, r->piece, r->piece_cap);
-    stop_result st = {0};
-    if (stop_matcher_push(q->stop, r->piece, n, &st) != KS_OK) {
+    bool matched = false;
+    if (engine_stream_token(q->out, r->vocab, &sr, r->piece, r->piece_cap, &matched) != KS_OK) {
         rt__abort(r, q, PD_ABORT_ERROR, KS_ERR_NOMEM, "out of memory");
         return;
     }
-    rt__post_text(q, t->token, &sr, st.text, st.len);
-    if (st.matched) {
+    if (matched) {
         rt__send_abort(r, q->d_id, q->id, PD_ABORT_STOP);
         rt__finish(r, q, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
     }
@@ -920,36 +826,10 @@ static void *rt__main(void *arg) {
 static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errbuf *eb) {
     cluster_router *r = impl;
     *out = NULL;
-    const int32_t n_ctx = r->o.n_ctx;
-    int32_t n_prompt = p->n_prompt, max_tokens = p->max_tokens;
-    const int32_t *prompt = p->prompt;
-    ks_err err = KS_OK;
-#ifdef KS_BROKEN_PLACEHOLDER
-    int32_t placeholder = 1;
-#endif
-    if (n_prompt < 1 || !prompt) {
-        err = ks_seterr(eb, KS_ERR_INVAL, "the prompt is empty");
-    } else if (max_tokens < 1) {
-        err = ks_seterr(eb, KS_ERR_INVAL, "max_tokens must be at least 1, got %d", max_tokens);
-    } else if ((int64_t)n_prompt + max_tokens > n_ctx) {
-#ifdef KS_BROKEN_PLACEHOLDER
-        // TEST ONLY (I9): the incident's bug, as in engine_submit
-        prompt = &placeholder;
-        n_prompt = 1;
-        if (max_tokens > n_ctx - 1) max_tokens = n_ctx - 1;
-#else
-        err = ks_seterr(eb, KS_ERR_INVAL,
-                        "This model's maximum context length is %d tokens. However, you requested %" PRId64
-                        " tokens (%d in the prompt, %d for the completion). Please reduce the length "
-                        "of the prompt or completion.",
-                        n_ctx, (int64_t)n_prompt + max_tokens, n_prompt, max_tokens);
-#endif
-    }
-    for (int32_t i = 0; !err && i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= r->V)
-            err = ks_seterr(eb, KS_ERR_INVAL, "prompt token %d: id %d out of range [0, %d)", i, prompt[i],
-                            r->V);
-    if (!err) err = sample_params_validate(&p->sp, eb);
+    engine_admitted ad;  // the same admission as kvseal serve (I4)
+    ks_err err = engine_admission(r->o.n_ctx, r->V, p, &ad, eb);
+    const int32_t *prompt = ad.prompt;
+    const int32_t n_prompt = ad.n_prompt, max_tokens = ad.max_tokens;
     pd_msg_sampling ws;
     char why[256];
     if (!err && !cl_sampling_to_msg(&p->sp, max_tokens, p->ignore_eos, &ws, why, sizeof why))
@@ -974,27 +854,21 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     }
     rt_req *q = calloc(1, sizeof *q);
     if (!q) return ks_seterr(eb, KS_ERR_NOMEM, "request");
-    pthread_mutex_init(&q->mu, NULL);
-    pthread_cond_init(&q->cv, NULL);
     atomic_init(&q->refs, 2);
     atomic_init(&q->state, ENGINE_QUEUED);
     q->r = r;
     q->id = atomic_fetch_add(&r->next_req_id, 1);
     snprintf(q->tenant, sizeof q->tenant, "%s", p->tenant ? p->tenant : "default");
-    char domain[160];
-    if (p->cache_domain) snprintf(domain, sizeof domain, "%s", p->cache_domain);
-    else snprintf(domain, sizeof domain, "tenant:%s", q->tenant);
-    kv_prefix_root(domain, strlen(domain), q->domain);
+    engine_domain_root(p, q->domain);
     q->prompt = malloc(sizeof(int32_t) * (size_t)n_prompt);
     q->n_prompt = n_prompt;
     q->max_tokens = max_tokens;
     q->sp = p->sp;
     q->ws = ws;
     q->t_submit_ns = ks_now_ns();
-    tok_stream_init(&q->ts);
     ks_err ce = KS_OK;
     if (q->prompt) memcpy(q->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
-    if (!q->prompt || (ce = stop_matcher_create(p->stops, p->n_stops, &q->stop, eb))) {
+    if (!q->prompt || (ce = engine_stream_create(p->stops, p->n_stops, &q->out, eb))) {
         rt__req_free(q);
         return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
     }
@@ -1020,10 +894,7 @@ static void rt__cancel(void *req) {
 static void rt__release(void *req) {
     rt_req *q = req;
     if (!q) return;
-    pthread_mutex_lock(&q->mu);
-    bool done = q->done_posted;
-    pthread_mutex_unlock(&q->mu);
-    if (!done) rt__cancel(q);
+    if (!engine_stream_done_posted(q->out)) rt__cancel(q);
     rt__unref(q);
 }
 

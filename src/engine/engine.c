@@ -4,7 +4,7 @@
  * Threads: callers run engine_submit / engine_req_next / _cancel; one
  * scheduler thread owns the pool, the prefix cache, the model context and
  * every sequence. They meet at two places only: the engine's incoming queue
- * (e->mu) and each request's event queue (r->mu).
+ * (e->mu) and each request's event stream (engine_stream, stream.c).
  *
  * Scheduling, one step: retire cancelled / timed-out requests; admit waiting
  * requests FIFO while their pages fit (every page a request can need,
@@ -58,11 +58,6 @@ bool engine_transition_ok(engine_state from, engine_state to) {
 // ----------------------------------------------------------------------------
 // Types
 
-typedef struct engine__evq {
-    engine_event *ev;  // ring of cap events
-    size_t head, n, cap;
-} engine__evq;
-
 struct engine_req {
     atomic_int refs;  // the caller's handle + the scheduler's
     engine *e;
@@ -73,8 +68,6 @@ struct engine_req {
     int32_t *prompt;              // (n_prompt)
     int32_t n_prompt, max_tokens;
     sample_params sp;
-    char **stops;
-    int n_stops;
     bool ignore_eos;
     uint64_t t_submit;
     uint64_t t_first;  // first token sampled (0 = not yet)
@@ -84,8 +77,6 @@ struct engine_req {
     bool has_seq;      // seq holds pages the engine must release
     kv_seq *ext;       // adopted requests: the caller's sequence (borrowed, never released)
     sampler *smp;
-    stop_matcher *stop;
-    tok_stream ts;
     int32_t n_past;    // prompt tokens computed (or attached from the cache)
     int32_t n_cached;  // prompt tokens attached from the prefix cache
     int32_t n_gen;
@@ -93,11 +84,7 @@ struct engine_req {
     int batch_slot;    // index in this step's seqs[], -1 if not in the batch
     int out_row;       // logits row this step, -1 if none
     struct engine_req *next;  // waiting / running list link
-    // events (r->mu)
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    engine__evq q;
-    bool done_posted, done_taken;
+    engine_stream *out;  // events, detokenizer, stop strings (thread-safe)
     atomic_bool cancelled;
 };
 
@@ -193,77 +180,8 @@ ks_err engine_capacity_check(const engine_opts *o, bool *warn_out, char *buf, si
 // ----------------------------------------------------------------------------
 // Events
 
-static void engine__post(engine_req *r, const engine_event *ev) {
-    pthread_mutex_lock(&r->mu);
-    if (r->q.n == r->q.cap) {  // grow the ring (keeps order)
-        size_t cap = r->q.cap ? r->q.cap * 2 : 8;
-        engine_event *nv = malloc(sizeof *nv * cap);
-        if (!nv) {  // out of memory: drop text events, never the done event
-            pthread_mutex_unlock(&r->mu);
-            KS_ASSERT(!ev->done);
-            return;
-        }
-        for (size_t i = 0; i < r->q.n; i++) nv[i] = r->q.ev[(r->q.head + i) % r->q.cap];
-        free(r->q.ev);
-        r->q.ev = nv;
-        r->q.head = 0;
-        r->q.cap = cap;
-    }
-    r->q.ev[(r->q.head + r->q.n) % r->q.cap] = *ev;
-    r->q.n++;
-    if (ev->done) r->done_posted = true;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
 ks_err engine_req_next(engine_req *r, engine_event *ev, uint32_t timeout_ms) {
-    pthread_mutex_lock(&r->mu);
-    if (r->done_taken) {
-        pthread_mutex_unlock(&r->mu);
-        return KS_ERR_CANCELLED;
-    }
-    if (r->q.n == 0 && timeout_ms) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
-        ts.tv_sec += (time_t)(ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
-        while (r->q.n == 0)
-            if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) != 0) break;
-    }
-    if (r->q.n == 0) {
-        pthread_mutex_unlock(&r->mu);
-        return KS_ERR_TIMEOUT;
-    }
-    *ev = r->q.ev[r->q.head];
-    r->q.head = (r->q.head + 1) % r->q.cap;
-    r->q.n--;
-    if (ev->done) r->done_taken = true;
-    pthread_mutex_unlock(&r->mu);
-    return KS_OK;
-}
-
-/* Posts text (split across events if long); token goes with the first. */
-static void engine__post_text(engine_req *r, int32_t token, const sample_result *sr, const char *text,
-                              size_t len) {
-    engine_event ev;
-    memset(&ev, 0, offsetof(engine_event, text));
-    ev.token = token;
-    if (sr) ev.sr = *sr;
-    do {
-        size_t n = len < ENGINE_TEXT_CAP ? len : ENGINE_TEXT_CAP;
-        // never split inside a UTF-8 sequence
-        while (n < len && n > 0 && ((unsigned char)text[n] & 0xc0) == 0x80) n--;
-        if (n == 0 && len > 0) n = len < ENGINE_TEXT_CAP ? len : ENGINE_TEXT_CAP;  // not UTF-8: cut anyway
-        if (n) {  // text may be NULL when len is 0
-            memcpy(ev.text, text, n);
-            text += n;
-            len -= n;
-        }
-        ev.text_len = n;
-        engine__post(r, &ev);
-        ev.token = -1;
-    } while (len > 0);
+    return engine_stream_next(r->out, ev, timeout_ms);
 }
 
 // ----------------------------------------------------------------------------
@@ -272,13 +190,8 @@ static void engine__post_text(engine_req *r, int32_t token, const sample_result 
 static void engine__req_free(engine_req *r) {
     KS_ASSERT(!r->has_seq);  // pages are released by the scheduler, exactly once
     sampler_destroy(r->smp);
-    stop_matcher_destroy(r->stop);
-    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
-    free(r->stops);
+    engine_stream_destroy(r->out);
     free(r->prompt);
-    free(r->q.ev);
-    pthread_cond_destroy(&r->cv);
-    pthread_mutex_destroy(&r->mu);
     free(r);
 }
 
@@ -309,93 +222,82 @@ void engine_req_cancel(engine_req *r) {
 
 void engine_req_release(engine_req *r) {
     if (!r) return;
-    pthread_mutex_lock(&r->mu);
-    bool done = r->done_posted;
-    pthread_mutex_unlock(&r->mu);
-    if (!done) engine_req_cancel(r);
+    if (!engine_stream_done_posted(r->out)) engine_req_cancel(r);
     engine__req_unref(r);
 }
 
 // ----------------------------------------------------------------------------
 // Admission (I4): everything is checked before a request exists
 
-ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_errbuf *eb) {
-    *out = NULL;
-    const int32_t n_ctx = e->o.n_ctx;
-    const char *reject = NULL;
-    ks_err err = KS_OK;
-    int32_t n_prompt = p->n_prompt;
-    const int32_t *prompt = p->prompt;
 #ifdef KS_BROKEN_PLACEHOLDER
-    int32_t placeholder = 1;
+static const int32_t engine__placeholder = 1;
 #endif
-    if (n_prompt < 1 || !prompt) {
-        err = ks_seterr(eb, KS_ERR_INVAL, "the prompt is empty");
-        reject = "invalid";
-    } else if (p->max_tokens < 1) {
-        err = ks_seterr(eb, KS_ERR_INVAL, "max_tokens must be at least 1, got %d", p->max_tokens);
-        reject = "invalid";
-    } else if ((int64_t)n_prompt + p->max_tokens > n_ctx) {
+
+ks_err engine_admission(int32_t n_ctx, int32_t n_vocab, const engine_params *p, engine_admitted *out,
+                        ks_errbuf *eb) {
+    out->prompt = p->prompt;
+    out->n_prompt = p->n_prompt;
+    out->max_tokens = p->max_tokens;
+    if (p->n_prompt < 1 || !p->prompt) return ks_seterr(eb, KS_ERR_INVAL, "the prompt is empty");
+    if (p->max_tokens < 1)
+        return ks_seterr(eb, KS_ERR_INVAL, "max_tokens must be at least 1, got %d", p->max_tokens);
+    if ((int64_t)p->n_prompt + p->max_tokens > n_ctx) {
 #ifdef KS_BROKEN_PLACEHOLDER
         // TEST ONLY (I9): the incident's bug — a rejected request continues
         // with a one-token placeholder instead of stopping at admission
-        prompt = &placeholder;
-        n_prompt = 1;
+        out->prompt = &engine__placeholder;
+        out->n_prompt = 1;
+        if (out->max_tokens > n_ctx - 1) out->max_tokens = n_ctx - 1;
 #else
-        err = ks_seterr(eb, KS_ERR_INVAL,
-                        "This model's maximum context length is %d tokens. However, you requested %" PRId64
-                        " tokens (%d in the prompt, %d for the completion). Please reduce the length "
-                        "of the prompt or completion.",
-                        n_ctx, (int64_t)n_prompt + p->max_tokens, n_prompt, p->max_tokens);
-        reject = "context_length";
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "This model's maximum context length is %d tokens. However, you requested %" PRId64
+                         " tokens (%d in the prompt, %d for the completion). Please reduce the length "
+                         "of the prompt or completion.",
+                         n_ctx, (int64_t)p->n_prompt + p->max_tokens, p->n_prompt, p->max_tokens);
 #endif
     }
-    if (!err) {
-        for (int32_t i = 0; i < n_prompt; i++)
-            if (prompt[i] < 0 || prompt[i] >= e->V) {
-                err = ks_seterr(eb, KS_ERR_INVAL, "prompt token %d: id %d out of range [0, %d)", i,
-                                prompt[i], e->V);
-                reject = "invalid";
-                break;
-            }
-    }
-    if (!err && (err = sample_params_validate(&p->sp, eb))) reject = "invalid";
-    int32_t max_tokens = p->max_tokens;
-#ifdef KS_BROKEN_PLACEHOLDER
-    if (max_tokens > n_ctx - 1) max_tokens = n_ctx - 1;
-#endif
+    for (int32_t i = 0; i < out->n_prompt; i++)
+        if (out->prompt[i] < 0 || out->prompt[i] >= n_vocab)
+            return ks_seterr(eb, KS_ERR_INVAL, "prompt token %d: id %d out of range [0, %d)", i,
+                             out->prompt[i], n_vocab);
+    return sample_params_validate(&p->sp, eb);
+}
+
+void engine_domain_root(const engine_params *p, uint8_t root[KV_ROOT_BYTES]) {
+    // the cache domain is the tenant unless the operator declared a group
+    char domain[160];
+    if (p->cache_domain) snprintf(domain, sizeof domain, "%s", p->cache_domain);
+    else snprintf(domain, sizeof domain, "tenant:%s", p->tenant ? p->tenant : "default");
+    kv_prefix_root(domain, strlen(domain), root);
+}
+
+ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_errbuf *eb) {
+    *out = NULL;
+    engine_admitted ad;
+    ks_err err = engine_admission(e->o.n_ctx, e->V, p, &ad, eb);
+    const int32_t *prompt = ad.prompt;
+    const int32_t n_prompt = ad.n_prompt, max_tokens = ad.max_tokens;
     if (!err) {
         uint64_t pages = ((uint64_t)n_prompt + (uint64_t)max_tokens + (uint64_t)e->o.page_tokens - 1) /
                          (uint64_t)e->o.page_tokens;
         if (pages > kv_pool_n_pages(e->pool)) {
             err = ks_seterr(eb, KS_ERR_NOSPACE, "request needs %" PRIu64 " KV pages, the pool has %u",
                             pages, kv_pool_n_pages(e->pool));
-            reject = "pool";
         }
     }
-    if (!err && !atomic_load(&e->online)) {
-        err = ks_seterr(eb, KS_ERR_AGAIN, "the model is offline");
-        reject = "offline";
-    }
+    if (!err && !atomic_load(&e->online)) err = ks_seterr(eb, KS_ERR_AGAIN, "the model is offline");
     if (err) {
-        (void)reject;
         atomic_fetch_add(&e->n_rejected, 1);
         return err;
     }
     engine_req *r = calloc(1, sizeof *r);
     if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "request");
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
     atomic_init(&r->refs, 2);
     atomic_init(&r->state, ENGINE_QUEUED);
     r->e = e;
     r->id = atomic_fetch_add(&e->next_id, 1);
     snprintf(r->tenant, sizeof r->tenant, "%s", p->tenant ? p->tenant : "default");
-    // the cache domain is the tenant unless the operator declared a group
-    char domain[160];
-    if (p->cache_domain) snprintf(domain, sizeof domain, "%s", p->cache_domain);
-    else snprintf(domain, sizeof domain, "tenant:%s", r->tenant);
-    kv_prefix_root(domain, strlen(domain), r->root);
+    engine_domain_root(p, r->root);
     r->prompt = malloc(sizeof(int32_t) * (size_t)n_prompt);
     r->n_prompt = n_prompt;
     r->max_tokens = max_tokens;
@@ -403,11 +305,10 @@ ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_err
     r->ignore_eos = p->ignore_eos;
     r->t_submit = ks_now_ns();
     r->batch_slot = r->out_row = -1;
-    tok_stream_init(&r->ts);
     ks_err ce = KS_OK;
     if (r->prompt) memcpy(r->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
     if (!r->prompt || (ce = sampler_create(&p->sp, e->V, &r->smp, eb)) ||
-        (ce = stop_matcher_create(p->stops, p->n_stops, &r->stop, eb))) {
+        (ce = engine_stream_create(p->stops, p->n_stops, &r->out, eb))) {
         engine__req_free(r);
         return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
     }
@@ -453,19 +354,10 @@ static void engine__finish(engine *e, engine_req *r, engine_state to, engine_fin
     ev.n_gen = r->n_gen;
     ev.n_cached = r->n_cached;
     ev.ttft_ms = r->t_first ? (double)(r->t_first - r->t_submit) / 1e6 : 0.0;
-    if (fin == ENGINE_FINISH_STOP || fin == ENGINE_FINISH_LENGTH) {
-        // whatever the detokenizer and the stop matcher still hold
-        size_t n = tok_stream_flush(&r->ts, e->piece, e->piece_cap);
-        stop_result sr = {0};
-        if (stop_matcher_push(r->stop, e->piece, n, &sr) == KS_OK && sr.len)
-            engine__post_text(r, -1, NULL, sr.text, sr.len);
-        if (!sr.matched) {
-            stop_matcher_flush(r->stop, &sr);
-            if (sr.len) engine__post_text(r, -1, NULL, sr.text, sr.len);
-        }
-    }
+    if (fin == ENGINE_FINISH_STOP || fin == ENGINE_FINISH_LENGTH)  // what is still held back
+        engine_stream_flush(r->out, e->piece, e->piece_cap);
     atomic_fetch_add(to == ENGINE_FINISHED ? &e->n_finished : &e->n_aborted, 1);
-    engine__post(r, &ev);
+    engine_stream_post(r->out, &ev);
     engine__req_unref(r);
 }
 
@@ -583,14 +475,12 @@ static bool engine__take(engine *e, engine_req *r, const sample_result *sr) {
     r->n_gen++;
     r->last = sr->token;
     atomic_fetch_add(&e->tokens_out, 1);
-    size_t n = tok_stream_push(&r->ts, e->vocab, sr->token, e->piece, e->piece_cap);
-    stop_result st = {0};
-    if (stop_matcher_push(r->stop, e->piece, n, &st) != KS_OK) {
+    bool matched = false;
+    if (engine_stream_token(r->out, e->vocab, sr, e->piece, e->piece_cap, &matched) != KS_OK) {
         engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_NOMEM, "out of memory");
         return true;
     }
-    engine__post_text(r, sr->token, sr, st.text, st.len);
-    if (st.matched) {
+    if (matched) {
         engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
         return true;
     }
@@ -836,8 +726,6 @@ ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out, ks_
     }
     engine_req *r = calloc(1, sizeof *r);
     if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "request");
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
     atomic_init(&r->refs, 2);
     atomic_init(&r->state, ENGINE_QUEUED);
     r->e = e;
@@ -849,10 +737,9 @@ ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out, ks_
     r->ignore_eos = a->ignore_eos;
     r->t_submit = ks_now_ns();
     r->batch_slot = r->out_row = -1;
-    tok_stream_init(&r->ts);
     ks_err ce;
     if ((ce = sampler_create(&a->sp, e->V, &r->smp, eb)) ||
-        (ce = stop_matcher_create(NULL, 0, &r->stop, eb))) {  // no stop strings: the router's
+        (ce = engine_stream_create(NULL, 0, &r->out, eb))) {  // no stop strings: the router's
         engine__req_free(r);
         return ce;
     }
