@@ -620,11 +620,6 @@ static void dec__on_ctrl_frame(void *ud, const pd_frame *f) {
     dec__flush(w);
 }
 
-static void dec__on_registered(void *ud, uint32_t worker_id) {
-    (void)ud;
-    ks_log(KS_LOG_INFO, "decode: registered with the router as worker %u", worker_id);
-}
-
 /* F6: every transfer in flight goes ABORTING; running generation stops. */
 static void dec__on_lost(void *ud) {
     dec__worker *w = ud;
@@ -727,7 +722,7 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
     cc.reg.host_len = (uint16_t)strlen(w->host);
     cc.type_max = w->tm_ctrl;
     cc.t_router_ms = 5000;
-    cl_ctrl_cbs cb = {.on_registered = dec__on_registered, .on_frame = dec__on_ctrl_frame,
+    cl_ctrl_cbs cb = {.on_frame = dec__on_ctrl_frame,
                       .on_lost = dec__on_lost, .health = dec__health,
                       .pool_check = dec__pool_check};
     return cl_ctrl_start(w->l, &cc, &cb, w, &w->ctrl, eb);

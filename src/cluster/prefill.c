@@ -41,6 +41,21 @@ typedef struct pf__link {
     uint64_t next_attempt_ms;
 } pf__link;
 
+/* A pd_send call a frame asked for. Frame callbacks only queue them; the
+ * main loop runs them in arrival order outside any callback, because a
+ * PREFILL computes for a while and the loop is served between its forward
+ * chunks (HEALTH must be answered), which is only safe at the top level. */
+typedef enum pf__op_kind { PF_OP_PREFILL, PF_OP_ABORT, PF_OP_LINK_UP, PF_OP_LINK_CLOSED } pf__op_kind;
+typedef struct pf__op {
+    struct pf__op *next;
+    pf__op_kind kind;
+    uint64_t req_id;
+    uint32_t decode_id; /* ABORT: 0 for the router's */
+    uint64_t epoch;     /* ABORT: PD_SEND_ROUTER for the router's */
+    uint32_t len;
+    uint8_t payload[];  /* PREFILL */
+} pf__op;
+
 typedef struct pf__worker {
     const cluster_worker_opts *o;
     const model *m;
@@ -57,7 +72,51 @@ typedef struct pf__worker {
     int n_links, cap_links;
     uint32_t router_tmax[PD_MSG_N_TYPES];
     uint32_t link_tmax[PD_MSG_N_TYPES];
+    bool computing;          /* inside pd_send's compute: pd_send calls are deferred */
+    pf__op *ops, *ops_tail;  /* deferred pd_send calls, FIFO */
 } pf__worker;
+
+static void pf__op_run(pf__worker *w, pf__op *op);
+
+/* Queues a pd_send call (see pf__op). */
+static void pf__op_submit(pf__worker *w, pf__op_kind kind, uint64_t req_id, uint32_t decode_id,
+                          uint64_t epoch, const uint8_t *payload, uint32_t len) {
+    pf__op *op = malloc(sizeof *op + len);
+    if (!op) {  // a PREFILL lost here times out at decode (T_grant) and at the router
+        ks_log(KS_LOG_ERROR, "prefill worker: out of memory queueing request %" PRIu64, req_id);
+        return;
+    }
+    *op = (pf__op){.kind = kind, .req_id = req_id, .decode_id = decode_id, .epoch = epoch, .len = len};
+    if (len) memcpy(op->payload, payload, len);
+    if (w->ops_tail) w->ops_tail->next = op;
+    else w->ops = op;
+    w->ops_tail = op;
+}
+
+static void pf__service(pf__worker *w);
+
+/* Runs the queued pd_send calls, FIFO; main loop only (never in a callback,
+ * never while computing). */
+static void pf__ops_drain(pf__worker *w) {
+    while (w->ops && !w->computing) {
+        pf__op *o = w->ops;
+        w->ops = o->next;
+        if (!w->ops) w->ops_tail = NULL;
+        bool prefill = o->kind == PF_OP_PREFILL;
+        pf__op_run(w, o);
+        free(o);
+        if (prefill && w->ops) pf__service(w);  // a queue of prompts must not starve HEALTH either
+    }
+}
+
+/* Serves the network between forward chunks (we are at the top level of
+ * the main loop, inside pf__ops_drain): HEALTH and POOL_CHECK are answered
+ * by cl_ctrl; frames that need pd_send are queued (pf__op_submit). */
+static void pf__service(pf__worker *w) {
+    if (!w->loop) return;
+    if (pd_loop_run_once(w->loop, 0) != KS_OK) ks_log(KS_LOG_WARN, "prefill worker: epoll_wait failed");
+    cl_ctrl_tick(w->ctrl);
+}
 
 // ----------------------------------------------------------------------------
 // The forward pass and the first token (pd_send's compute)
@@ -92,6 +151,7 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
             return e;
         }
         off += (uint32_t)chunk;
+        if (off < n) pf__service(w);  // a long prompt must not starve health checks
     }
     // the first token exactly as `kvseal serve` samples it (engine__emit): a
     // fresh sampler over the last prompt position's logits
@@ -183,11 +243,11 @@ static void pf__link_on_frame(pd_conn *c, void *ud, const pd_frame *f) {
             pf__link_fail(k, eb.msg);
             return;
         }
-        if (pd_send_link_up(w->send, k->decode_id, a.link_epoch, &eb) != KS_OK) {
-            ks_log(KS_LOG_ERROR, "data link to decode worker %" PRIu32 ": %s", k->decode_id, eb.msg);
-            pf__link_close(k);
+        if (a.link_epoch == 0) {
+            pf__link_fail(k, "LINK_ACK with epoch 0");
             return;
         }
+        pf__op_submit(w, PF_OP_LINK_UP, 0, k->decode_id, a.link_epoch, NULL, 0);
         k->up = true;
         k->epoch = a.link_epoch;
         k->backoff_ms = PF_BACKOFF_MIN_MS;
@@ -205,7 +265,7 @@ static void pf__link_on_frame(pd_conn *c, void *ud, const pd_frame *f) {
             pf__link_fail(k, eb.msg);
             return;
         }
-        pd_send_abort(w->send, f->hdr.req_id, k->decode_id, k->epoch);
+        pf__op_submit(w, PF_OP_ABORT, f->hdr.req_id, k->decode_id, k->epoch, NULL, 0);
         return;
     }
     case PD_MSG_ERROR: {
@@ -229,11 +289,9 @@ static void pf__link_on_close(pd_conn *c, void *ud, ks_err why, const char *msg)
     k->conn = NULL;
     uint64_t now = cl_now_ms(NULL);
     if (k->up) {
-        uint32_t dropped = pd_send_link_closed(w->send, k->decode_id, k->epoch);
-        ks_log(KS_LOG_INFO,
-               "data link to decode worker %" PRIu32 " down, epoch %" PRIu64
-               " (%s: %s); %" PRIu32 " transfers dropped",
-               k->decode_id, k->epoch, ks_err_name(why), msg ? msg : "", dropped);
+        ks_log(KS_LOG_INFO, "data link to decode worker %" PRIu32 " down, epoch %" PRIu64 " (%s: %s)",
+               k->decode_id, k->epoch, ks_err_name(why), msg ? msg : "");
+        pf__op_submit(w, PF_OP_LINK_CLOSED, 0, k->decode_id, k->epoch, NULL, 0);
         k->up = false;
         k->epoch = 0;
         k->backoff_ms = PF_BACKOFF_MIN_MS;
@@ -395,20 +453,16 @@ static void pf__router_frame(void *ud, const pd_frame *f) {
     pf__worker *w = ud;
     ks_errbuf eb;
     switch (f->hdr.type) {
-    case PD_MSG_PREFILL: {
-        pd_send_state st = PD_SEND_NONE;
-        ks_err e = pd_send_prefill(w->send, f->hdr.req_id, f->payload, f->payload_len, &st, &eb);
-        if (e != KS_OK)
-            ks_log(KS_LOG_WARN, "request %" PRIu64 ": PREFILL not handled: %s", f->hdr.req_id, eb.msg);
+    case PD_MSG_PREFILL:
+        pf__op_submit(w, PF_OP_PREFILL, f->hdr.req_id, 0, 0, f->payload, f->payload_len);
         return;
-    }
     case PD_MSG_ABORT: {
         pd_msg_abort a;
         if (pd_msg_abort_decode(f->payload, f->payload_len, &a, &eb) != KS_OK) {
             ks_log(KS_LOG_WARN, "router: bad ABORT: %s", eb.msg);
             return;
         }
-        pd_send_abort(w->send, f->hdr.req_id, 0, PD_SEND_ROUTER);
+        pf__op_submit(w, PF_OP_ABORT, f->hdr.req_id, 0, PD_SEND_ROUTER, NULL, 0);
         return;
     }
     case PD_MSG_PEER:
@@ -416,6 +470,36 @@ static void pf__router_frame(void *ud, const pd_frame *f) {
         return;
     default: // ERROR: ctrl.c logged it and closes
         return;
+    }
+}
+
+static void pf__op_run(pf__worker *w, pf__op *op) {
+    ks_errbuf eb;
+    switch (op->kind) {
+    case PF_OP_PREFILL: {
+        pd_send_state st = PD_SEND_NONE;
+        w->computing = true;
+        ks_err e = pd_send_prefill(w->send, op->req_id, op->payload, op->len, &st, &eb);
+        w->computing = false;
+        if (e != KS_OK)
+            ks_log(KS_LOG_WARN, "request %" PRIu64 ": PREFILL not handled: %s", op->req_id, eb.msg);
+        break;
+    }
+    case PF_OP_ABORT: pd_send_abort(w->send, op->req_id, op->decode_id, op->epoch); break;
+    case PF_OP_LINK_UP:
+        if (pd_send_link_up(w->send, op->decode_id, op->epoch, &eb) != KS_OK) {
+            ks_log(KS_LOG_ERROR, "data link to decode worker %" PRIu32 ": %s", op->decode_id, eb.msg);
+            pf__link *k = pf__find_link(w, op->decode_id);
+            if (k && k->epoch == op->epoch) pf__link_close(k);
+        }
+        break;
+    case PF_OP_LINK_CLOSED: {
+        uint32_t dropped = pd_send_link_closed(w->send, op->decode_id, op->epoch);
+        if (dropped)
+            ks_log(KS_LOG_INFO, "data link to decode worker %" PRIu32 ": %" PRIu32 " transfers dropped",
+                   op->decode_id, dropped);
+        break;
+    }
     }
 }
 
@@ -505,6 +589,11 @@ static void pf__free(pf__worker *w) {
         free(k);
     }
     free(w->links);
+    while (w->ops) {
+        pf__op *op = w->ops;
+        w->ops = op->next;
+        free(op);
+    }
     cl_ctrl_destroy(w->ctrl);
     pd_loop_destroy(w->loop);
     pd_send_destroy(w->send); // releases (scrubs) live transfers' local pages
@@ -583,6 +672,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atom
         bool pump = ss.active > 0 && pf__can_pump(&w);
         if (pd_loop_run_once(w.loop, pump ? 0 : (ss.active > 0 ? 5 : PF_TICK_MS)) != KS_OK)
             ks_log(KS_LOG_WARN, "prefill worker: epoll_wait failed");
+        pf__ops_drain(&w);  // PREFILLs compute here, serving the loop between chunks
         // send: a budget of pages per iteration, while no link is backed up
         for (uint32_t i = 0; i < PF_PUMP_BUDGET && pf__can_pump(&w); i++)
             if (pd_send_pump(w.send, 1) == 0) break;

@@ -5,7 +5,7 @@ set -u
 : "${KS_SRC:?KS_SRC must point at the source tree}"
 KS_SHARED=${KS_SHARED:-$KS_SRC/../shared}
 TMPD=$(mktemp -d)
-trap 'rm -rf "$TMPD"' EXIT
+trap '[ -n "${KS_KEEP_TMP:-}" ] || rm -rf "$TMPD"' EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 skip() { echo "SKIP: $*" >&2; exit 77; }
@@ -59,7 +59,7 @@ start_cluster() {
     head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMPD/secret"
     chmod 600 "$TMPD/secret"
     "${KS_SERVE_BIN:-$KS_BIN}" router --host 127.0.0.1 --port 0 --cluster-port 0 \
-        --secret-file "$TMPD/secret" --health-interval-ms ${KS_HEALTH_MS:-300} ${ROUTER_ARGS:-} "$@" \
+        --secret-file "$TMPD/secret" --health-interval-ms ${KS_HEALTH_MS:-$([ -n "${KS_SANITIZE:-}" ] && echo 1000 || echo 300)} ${ROUTER_ARGS:-} "$@" \
         >"$log.router.out" 2>"$log.router" &
     KS_PID=$!
     KS_PREFILL_PIDS=(); KS_DECODE_PIDS=()
