@@ -8,7 +8,8 @@ const WORDS = 'In the beginning God created the heaven and the earth And the ear
 
 function prompt(n, salt) {  // ~n tokens of KJV-like words (about one token per word for kjv-mini)
   const w = [String(salt)];
-  for (let i = 0; w.length < n; i++) w.push(WORDS[(i * 7 + salt) % WORDS.length]);
+  const words = Math.round(n * 0.78);  // kjv-mini: about 1.28 tokens per word of this text
+  for (let i = 0; w.length < words; i++) w.push(WORDS[(i * 7 + salt) % WORDS.length]);
   return w.join(' ');
 }
 

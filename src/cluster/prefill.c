@@ -11,6 +11,8 @@
 #include "kvseal/pd_send.h"
 
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,6 +75,11 @@ typedef struct pf__worker {
     uint32_t router_tmax[PD_MSG_N_TYPES];
     uint32_t link_tmax[PD_MSG_N_TYPES];
     bool computing;          /* inside pd_send's compute: pd_send calls are deferred */
+    // one forward chunk runs on a compute thread while this thread serves the loop
+    const model_batch *job;
+    ks_err job_err;
+    ks_errbuf job_eb;
+    atomic_bool job_done;
     pf__op *ops, *ops_tail;  /* deferred pd_send calls, FIFO */
 } pf__worker;
 
@@ -109,13 +116,46 @@ static void pf__ops_drain(pf__worker *w) {
     }
 }
 
-/* Serves the network between forward chunks (we are at the top level of
- * the main loop, inside pf__ops_drain): HEALTH and POOL_CHECK are answered
- * by cl_ctrl; frames that need pd_send are queued (pf__op_submit). */
-static void pf__service(pf__worker *w) {
+/* Serves the network for up to timeout_ms (we are at the top level of the
+ * main loop, inside pf__ops_drain): HEALTH and POOL_CHECK are answered by
+ * cl_ctrl; frames that need pd_send are queued (pf__op_submit). */
+static void pf__service_for(pf__worker *w, int timeout_ms) {
     if (!w->loop) return;
-    if (pd_loop_run_once(w->loop, 0) != KS_OK) ks_log(KS_LOG_WARN, "prefill worker: epoll_wait failed");
+    if (pd_loop_run_once(w->loop, timeout_ms) != KS_OK)
+        ks_log(KS_LOG_WARN, "prefill worker: epoll_wait failed");
     cl_ctrl_tick(w->ctrl);
+}
+
+static void pf__service(pf__worker *w) { pf__service_for(w, 0); }
+
+static void pf__wake(void *arg) { (void)arg; }  // posted by the compute thread: ends the wait
+
+static void *pf__forward_thread(void *arg) {
+    pf__worker *w = arg;
+    ks_errbuf_clear(&w->job_eb);
+    w->job_err = model_forward(w->mctx, w->job, w->logits, &w->job_eb);
+    atomic_store(&w->job_done, true);
+    if (pd_loop_post(w->loop, pf__wake, NULL) != KS_OK) {
+        // no wake-up: the waiting loop still polls every 20 ms
+    }
+    return NULL;
+}
+
+/* One forward chunk on a compute thread while this (the loop's) thread keeps
+ * answering HEALTH: a long prompt must not make the router drop a healthy
+ * worker. The loop thread touches neither the model context nor the pool
+ * meanwhile (pool_check reports busy). Without a loop (never in practice):
+ * inline. */
+static ks_err pf__forward(pf__worker *w, const model_batch *b, ks_errbuf *eb) {
+    pthread_t th;
+    w->job = b;
+    atomic_store(&w->job_done, false);
+    if (!w->loop || pthread_create(&th, NULL, pf__forward_thread, w) != 0)
+        return model_forward(w->mctx, b, w->logits, eb);
+    while (!atomic_load(&w->job_done)) pf__service_for(w, 20);
+    pthread_join(th, NULL);
+    if (w->job_err) ks_seterr(eb, w->job_err, "%s", w->job_eb.msg);
+    return w->job_err;
 }
 
 // ----------------------------------------------------------------------------
@@ -145,13 +185,12 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
         model_batch b = {.n_tokens = chunk, .tokens = w->b_tok, .pos = w->b_pos, .seq = w->b_seq,
                          .out_row = w->b_out, .n_out = n_out, .n_seqs = 1, .seqs = seqs,
                          .seq_err = NULL};
-        e = model_forward(w->mctx, &b, w->logits, eb);
+        e = pf__forward(w, &b, eb);
         if (e != KS_OK) {
             sampler_destroy(smp);
             return e;
         }
         off += (uint32_t)chunk;
-        if (off < n) pf__service(w);  // a long prompt must not starve health checks
     }
     // the first token exactly as `kvseal serve` samples it (engine__emit): a
     // fresh sampler over the last prompt position's logits
@@ -539,7 +578,9 @@ static void pf__pool_check(void *ud, pd_msg_pool_check_ack *out) {
     out->allocated = ks.pages[KV_PAGE_ALLOCATED];
     out->ready = ks.pages[KV_PAGE_READY];
     out->quarantined = ks.pages[KV_PAGE_QUARANTINE];
-    out->clean = ss.active == 0 && kv_pool_all_free_and_scrubbed(w->pool);
+    // while a forward chunk runs, the compute thread owns the pool: busy
+    out->clean = !w->computing && ss.active == 0 && kv_pool_all_free_and_scrubbed(w->pool);
+    if (w->computing) out->active++;
 }
 
 // ----------------------------------------------------------------------------
