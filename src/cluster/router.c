@@ -706,7 +706,9 @@ static void rt__tick(cluster_router *r) {
         for (rt_req *q = r->tab[b], *nx; q; q = nx) {
             nx = q->hnext;
             uint64_t age = now - q->t_phase_ms;
-            if (q->phase == RT_WAITING && age > r->o.queue_timeout_ms)
+            // waiting counts from submit: a request DENYed again and again still times out
+            uint64_t waited = now - q->t_submit_ns / 1000000u;
+            if (q->phase == RT_WAITING && waited > r->o.queue_timeout_ms)
                 rt__finish(r, q, ENGINE_ABORTED, ENGINE_FINISH_ABORT, KS_ERR_TIMEOUT,
                            "timed out waiting for KV capacity");
             else if ((q->phase == RT_ADMITTING || q->phase == RT_PREFILLING) &&
