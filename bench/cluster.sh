@@ -15,7 +15,7 @@ ARGS=(-m "$MODEL" --ctx 4608 --kv-pages 600 --threads 2 --batch-tokens 512)
 start_server "$TMPD/serve.log" "${ARGS[@]}" --no-prefix-cache
 A=$KS_URL; SERVE_PID=$KS_PID
 start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
-trap 'kill -KILL $SERVE_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm -rf "$TMPD"' EXIT
+trap 'kill -KILL $SERVE_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
 echo "TTFT, one request at a time (ms, median of ${REPEAT:-5}):"
 node bench/ttft.mjs "$A" "$KS_URL" 128 1024 4000 | tee "$TMPD/ttft.json" |
     node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{for(const l of s.trim().split("\n")){const j=JSON.parse(l);

@@ -28,7 +28,7 @@ if [ "${LEAK_DISAGG:-0}" = 1 ]; then
     REF_URL=$KS_URL; REF_PID=$KS_PID
     CLUSTER_PROBE_AUTH=$(node -e 'console.log(require(process.argv[1]).tenants[0].keys[0])' "$TMPD/tenants.json")
     ROUTER_ARGS="--tenants $TMPD/tenants.json" start_cluster "$TMPD/c" 2 2 "${POOL[@]}"
-    trap 'kill -KILL $REF_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm -rf "$TMPD"' EXIT
+    trap 'kill -KILL $REF_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
     export LEAK_REF_URL=$REF_URL LEAK_NO_PREFIX_CACHE=1
 fi
 [ "${LEAK_DISAGG:-0}" = 1 ] || start_server "$TMPD/server.log" "${POOL[@]}" --tenants "$TMPD/tenants.json"

@@ -5,7 +5,10 @@ set -u
 : "${KS_SRC:?KS_SRC must point at the source tree}"
 KS_SHARED=${KS_SHARED:-$KS_SRC/../shared}
 TMPD=$(mktemp -d)
-trap '[ -n "${KS_KEEP_TMP:-}" ] || rm -rf "$TMPD"' EXIT
+# rm_tmpd — removes the test's scratch folder (logs included) unless
+# KS_KEEP_TMP is set, for debugging a failure.
+rm_tmpd() { [ -n "${KS_KEEP_TMP:-}" ] || rm -rf "$TMPD"; }
+trap rm_tmpd EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 skip() { echo "SKIP: $*" >&2; exit 77; }
@@ -21,7 +24,7 @@ start_server() {
     local log=$1; shift
     "${KS_SERVE_BIN:-$KS_BIN}" serve --host 127.0.0.1 --port 0 "$@" >"$log.out" 2>"$log" &
     KS_PID=$!
-    trap 'kill -KILL $KS_PID 2>/dev/null; rm -rf "$TMPD"' EXIT
+    trap 'kill -KILL $KS_PID 2>/dev/null; rm_tmpd' EXIT
     local i
     for i in $(seq 1 300); do
         KS_URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$log.out" | head -1)
@@ -63,7 +66,7 @@ start_cluster() {
         >"$log.router.out" 2>"$log.router" &
     KS_PID=$!
     KS_PREFILL_PIDS=(); KS_DECODE_PIDS=()
-    trap 'kill -KILL $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm -rf "$TMPD"' EXIT
+    trap 'kill -KILL $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
     local i cport=
     for i in $(seq 1 300); do
         cport=$(sed -n 's/^cluster port \([0-9]*\).*/\1/p' "$log.router.out" | head -1)

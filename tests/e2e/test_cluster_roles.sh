@@ -33,7 +33,7 @@ X=$!
 "$KS_BIN" prefill -m "$TMPD/other.gguf" --ctx 256 --kv-pages 64 --threads 1 --router 127.0.0.1:$port \
     --secret-file "$TMPD/secret" >/dev/null 2>"$TMPD/y.log" &
 Y=$!
-trap 'kill -KILL $D $P $X $Y $R 2>/dev/null; rm -rf "$TMPD"' EXIT
+trap 'kill -KILL $D $P $X $Y $R 2>/dev/null; rm_tmpd' EXIT
 sleep 1
 "$KS_BIN" router "${M[@]}" --host 127.0.0.1 --port 0 --cluster-port $port --secret-file "$TMPD/secret" \
     --health-interval-ms 200 >"$TMPD/r.out" 2>"$TMPD/r.log" &

@@ -10,7 +10,7 @@ ARGS=(-m "$KS_SRC/models/kjv-mini.gguf" --alias kjv-mini --ctx 512 --kv-pages 12
 start_server "$TMPD/serve.log" "${ARGS[@]}"
 URL_A=$KS_URL; SERVE_PID=$KS_PID
 ROUTER_ARGS="--admin-key adm-same" start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
-trap 'kill -KILL $SERVE_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm -rf "$TMPD"' EXIT
+trap 'kill -KILL $SERVE_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
 URL_A=$URL_A URL_B=$KS_URL node "$(dirname "$0")/js/same_tokens.mjs" || { tail -n 20 $KS_CLUSTER_LOGS >&2; fail "outputs differ"; }
 chk=$(curl -sS -H "Authorization: Bearer adm-same" "$KS_URL/admin/kv/check")
 expect_has "cluster pool check" "$chk" '"clean":true'
