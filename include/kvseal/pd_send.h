@@ -89,7 +89,7 @@ typedef struct pd_send_stats {
     uint32_t active;          /* requests in SENDING */
     uint64_t started;         /* PREFILLs that passed validation */
     uint64_t rejected;        /* PREFILLs answered with REJECT */
-    uint64_t pages_sent, done_sent;
+    uint64_t pages_sent, done_sent; /* KV_PAGE frames (a deep model's page takes several), DONEs */
     uint64_t aborts;          /* ABORT frames processed (any source, duplicates too) */
     uint64_t acks_sent;
     uint64_t compute_errors;

@@ -11,6 +11,8 @@
  * local page is computed or any KV_PAGE/DONE frame can exist for it. */
 #include "kvseal/pd_send.h"
 
+#include "kvseal/pd.h" /* PD_MAX_IOV: the transport's per-frame iovec budget */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,7 @@ typedef struct snd__req {
     bool abort_seen;         /* tombstone reason: ABORT processed */
     uint64_t seq_uid;        /* grant tag part 1 */
     uint32_t n_prompt, n_pages, next_page;
+    uint32_t next_layer; /* within next_page: a page goes out in layer groups */
     pd_msg_grant_entry *ent; /* n_pages grant entries */
     kv_seq seq;              /* local pages (SENDING only) */
     pd_send_first first;
@@ -396,13 +399,21 @@ void pd_send_abort(pd_send *s, uint64_t req_id, uint32_t decode_worker_id, uint6
 // ----------------------------------------------------------------------------
 // SENDING: one KV_PAGE per grant page, then DONE
 
-/* Emits KV_PAGE for page next_page of q; false when the local read failed. */
+/* Most layers one KV_PAGE frame carries: a partial page needs a K and a V
+ * iovec per layer plus the header within PD_MAX_IOV (a 64-layer model's
+ * pages go out as two frames each). */
+#define SND__MAX_LAYERS ((PD_MAX_IOV - 1) / 2)
+
+/* Emits the next KV_PAGE of q (page next_page, layers from next_layer);
+ * false when the local read failed. */
 static bool snd__send_page(pd_send *s, snd__req *q) {
     uint32_t i = q->next_page;
     const pd_msg_grant_entry *ge = &q->ent[i];
+    uint32_t l0 = q->next_layer, nl = (uint32_t)s->g.n_layer - l0;
+    if (nl > SND__MAX_LAYERS) nl = SND__MAX_LAYERS;
     pd_msg_kv_page h = {.page_index = i, .page_id = ge->page_id, .tag_seq_uid = q->seq_uid,
-                        .tag_gen = ge->gen, .n_rows = ge->n_tokens, .layer_first = 0,
-                        .layer_count = (uint32_t)s->g.n_layer};
+                        .tag_gen = ge->gen, .n_rows = ge->n_tokens, .layer_first = l0,
+                        .layer_count = nl};
     uint8_t hdr[PD_MSG_KV_PAGE_HDR];
     uint32_t hl = 0;
     ks_errbuf eb;
@@ -413,7 +424,7 @@ static bool snd__send_page(pd_send *s, snd__req *q) {
     s->iov[0] = (struct iovec){.iov_base = hdr, .iov_len = hl};
     int n = 1;
     size_t span = (size_t)ge->n_tokens * (size_t)s->g.kv_dim * sizeof(float);
-    for (int l = 0; l < s->g.n_layer; l++) {
+    for (int l = (int)l0; l < (int)(l0 + nl); l++) {
         const float *k, *v;
         if (kv_seq_span_read(s->pool, &q->seq, i, l, ge->n_tokens, &k, &v) != KS_OK) return false;
         const float *seg[2] = {k, v};
@@ -430,7 +441,11 @@ static bool snd__send_page(pd_send *s, snd__req *q) {
     }
     snd__emit(s, q->worker_id, q->link_epoch, PD_MSG_KV_PAGE, q->req_id, s->iov, n);
     s->st.pages_sent++;
-    q->next_page++;
+    q->next_layer = l0 + nl;
+    if (q->next_layer == (uint32_t)s->g.n_layer) {
+        q->next_layer = 0;
+        q->next_page++;
+    }
     return true;
 }
 

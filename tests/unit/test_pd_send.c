@@ -7,12 +7,13 @@
  * failing re-validation gets exactly one REJECT (per destination) and never a
  * KV_PAGE or DONE (no placeholder, no partial KV). `test_pd_send NAME` runs
  * one case. */
+#include "kvseal/pd.h"
 #include "kvseal/pd_recv.h"
 #include "kvseal/pd_send.h"
 
 #include "../check.h"
 
-static const kv_geom G = {.n_layer = 3, .kv_dim = 4, .page_tokens = 4};
+static kv_geom G = {.n_layer = 3, .kv_dim = 4, .page_tokens = 4}; /* test_deep_model deepens it */
 #define DEC_PAGES 48u /* decode pool */
 #define PRE_PAGES 12u /* prefill pool: 48 tokens */
 #define N_CTX 64u
@@ -221,9 +222,9 @@ static void deliver(harness *h, int from) {
             pd_msg_kv_page hdr;
             CHECK(pd_msg_kv_page_decode(f->data, (uint32_t)f->len, (uint32_t)f->len, &G, &hdr,
                                         NULL) == KS_OK);
-            struct iovec dst[16];
+            struct iovec dst[PD_MAX_IOV];
             int nd = 0;
-            if (!pd_recv_kv_page_begin(h->r, f->req_id, f->epoch, &hdr, dst, 16, &nd)) break;
+            if (!pd_recv_kv_page_begin(h->r, f->req_id, f->epoch, &hdr, dst, PD_MAX_IOV, &nd)) break;
             size_t off = PD_MSG_KV_PAGE_HDR;
             for (int j = 0; j < nd; j++) {
                 CHECK(off + dst[j].iov_len <= f->len);
@@ -366,6 +367,37 @@ static void test_happy_path(void) {
     check_decode_kv(&h, 11, 10);
     pd_recv_finish(h.r, 11);
     h_fini(&h);
+}
+
+/* A model deeper than one frame's iovec budget (70 layers: a partial page
+ * needs 141 iovecs, PD_MAX_IOV is 128): each page goes out as two KV_PAGE
+ * frames, layers [0, 63) then [63, 70), and decode still commits exactly
+ * prefill's KV. */
+static void test_deep_model(void) {
+    kv_geom keep = G;
+    G.n_layer = 70;
+    harness h;
+    h_init(&h, N_CTX);
+    CHECK_EQ(start(&h, 12, 6, 3), PD_SEND_SENDING);  // 2 pages: 4 + 2 rows
+    CHECK_EQ(pd_send_pump(h.s, 1000), 4);
+    CHECK_EQ(h.n, 5);
+    uint32_t firsts[4] = {0, 63, 0, 63}, counts[4] = {63, 7, 63, 7}, pages[4] = {0, 0, 1, 1};
+    for (int i = 0; i < 4; i++) {
+        pd_msg_kv_page hdr;
+        CHECK_EQ(h.f[i].type, PD_MSG_KV_PAGE);
+        CHECK(pd_msg_kv_page_decode(h.f[i].data, (uint32_t)h.f[i].len, (uint32_t)h.f[i].len, &G, &hdr,
+                                    NULL) == KS_OK);
+        CHECK_EQ(hdr.page_index, pages[i]);
+        CHECK_EQ(hdr.layer_first, firsts[i]);
+        CHECK_EQ(hdr.layer_count, counts[i]);
+    }
+    CHECK_EQ(h.f[4].type, PD_MSG_DONE);
+    deliver(&h, 0);
+    CHECK_EQ(pd_recv_state_of(h.r, 12), PD_RECV_COMMITTED);
+    check_decode_kv(&h, 12, 6);
+    pd_recv_finish(h.r, 12);
+    h_fini(&h);
+    G = keep;
 }
 
 /* Chunked sending of two requests: one page per pump, oldest first, and the
@@ -688,6 +720,7 @@ static const struct {
     void (*fn)(void);
 } CASES[] = {
     {"happy_path", test_happy_path},
+    {"deep_model", test_deep_model},
     {"chunked_two_requests", test_chunked_two_requests},
     {"revalidation_rejects", test_revalidation_rejects},
     {"stale_epoch", test_stale_epoch},
