@@ -80,6 +80,7 @@ typedef struct cluster_router_opts {
     int page_tokens;       /* workers must register this geometry (16) */
     uint32_t health_interval_ms; /* HEALTH period (1000); 3 misses drop a worker */
     uint32_t queue_timeout_ms;   /* a request waiting for decode capacity this long is aborted (30000) */
+    uint32_t queue_max;          /* requests waiting for capacity; past it: 503 (64) */
     uint32_t ttft_timeout_ms;    /* admitted without a first token this long: aborted (60000) */
 } cluster_router_opts;
 

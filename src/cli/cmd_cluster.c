@@ -77,6 +77,7 @@ int cli_router(int argc, char **argv) {
     ro.page_tokens = o.page_tokens;
     ro.health_interval_ms = (uint32_t)c.health_interval_ms;
     ro.queue_timeout_ms = o.queue_timeout_ms;
+    ro.queue_max = (uint32_t)o.queue_max;
     if (cluster_router_create(&ro, &r, &eb)) goto fail;
     printf("cluster port %d\n", cluster_router_port(r));
     fflush(stdout);

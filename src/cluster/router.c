@@ -39,7 +39,6 @@
 
 #define RT_BUCKETS 256
 #define RT_RETRY_MS 20 /* DENY NOSPACE / NO_LINK: try the queue head again after */
-#define RT_QUEUE_MAX 256
 
 typedef enum rt_phase {
     RT_WAITING = 0,    /* admitted here, no worker yet */
@@ -848,8 +847,8 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     if (!err && (!atomic_load(&r->n_decode) || !atomic_load(&r->n_prefill)))
         err = ks_seterr(eb, KS_ERR_AGAIN, "no %s worker is registered with the router",
                         !atomic_load(&r->n_prefill) ? "prefill" : "decode");
-    if (!err && atomic_load(&r->n_waiting) >= RT_QUEUE_MAX)
-        err = ks_seterr(eb, KS_ERR_AGAIN, "server busy: %d requests already waiting", RT_QUEUE_MAX);
+    if (!err && atomic_load(&r->n_waiting) >= r->o.queue_max)
+        err = ks_seterr(eb, KS_ERR_AGAIN, "server busy: %u requests already waiting", r->o.queue_max);
     if (err) {
         atomic_fetch_add(&r->n_rejected, 1);
         return err;
@@ -986,6 +985,7 @@ void cluster_router_opts_default(cluster_router_opts *o) {
     o->page_tokens = 16;
     o->health_interval_ms = 1000;
     o->queue_timeout_ms = 30000;
+    o->queue_max = 64;
     o->ttft_timeout_ms = 60000;
 }
 
@@ -1006,7 +1006,7 @@ static void rt__free(cluster_router *r) {
 ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out, ks_errbuf *eb) {
     *out = NULL;
     if (!o->m || !o->secret || o->secret_len < 16 || o->secret_len > 256 || o->n_ctx < 1 ||
-        o->page_tokens < 1 || o->health_interval_ms < 1)
+        o->page_tokens < 1 || o->health_interval_ms < 1 || o->queue_max < 1)
         return ks_seterr(eb, KS_ERR_INVAL, "router: invalid options (model, secret of 16-256 bytes, "
                                            "context, page tokens and health interval are required)");
     cluster_router *r = calloc(1, sizeof *r);
