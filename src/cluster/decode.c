@@ -42,6 +42,9 @@ typedef struct dec__req {
     pd_msg_sampling s;
     engine_req *er; /* adopted: generation runs */
     uint64_t t_first_page_ns; /* first KV_PAGE accepted (for the handoff log) */
+    char domain[24];          /* "domain:" + 16 hex digits of ADMIT's domain_hash: who the
+                                 request belongs to in logs and security events, without a
+                                 tenant name ever crossing the wire */
     uint64_t kv_bytes;        /* KV_PAGE payload bytes accepted */
 } dec__req;
 
@@ -122,9 +125,13 @@ static bool dec__reserve(dec__worker *w) {
 }
 
 /* Adds an entry; dec__reserve must have returned true since the last add. */
-static void dec__add(dec__worker *w, uint64_t req_id, uint32_t n_prompt, const pd_msg_sampling *s) {
+static void dec__add(dec__worker *w, uint64_t req_id, uint32_t n_prompt, const pd_msg_sampling *s,
+                     const uint8_t domain_hash[PD_MSG_HASH_BYTES]) {
     KS_ASSERT(w->n_req < w->cap_req);
-    w->req[w->n_req++] = (dec__req){.req_id = req_id, .n_prompt = n_prompt, .s = *s};
+    dec__req *q = &w->req[w->n_req++];
+    *q = (dec__req){.req_id = req_id, .n_prompt = n_prompt, .s = *s};
+    int off = snprintf(q->domain, sizeof q->domain, "domain:");
+    for (int i = 0; i < 8; i++) off += snprintf(q->domain + off, sizeof q->domain - (size_t)off, "%02x", domain_hash[i]);
 }
 
 static void dec__remove(dec__worker *w, uint64_t req_id) {
@@ -267,7 +274,7 @@ static void dec__flush(dec__worker *w) {
         if (q && seq) {
             engine_adopt_args a;
             memset(&a, 0, sizeof a);
-            a.tenant = "cluster";
+            a.tenant = q->domain;
             a.n_prompt = (int32_t)q->n_prompt;
             a.max_tokens = (int32_t)q->s.max_tokens;
             cl_sampling_from_msg(&q->s, &a.sp, &a.ignore_eos);
@@ -583,7 +590,7 @@ static void dec__on_admit(dec__worker *w, uint64_t req_id, const pd_frame *f) {
         dec__deny(w, req_id, deny ? deny : PD_DENY_NOSPACE, eb.msg);
         return;
     }
-    dec__add(w, req_id, m.n_prompt, &m.s);
+    dec__add(w, req_id, m.n_prompt, &m.s, m.domain_hash);
     dec__ctrl_send(w, PD_MSG_GRANT, req_id, grant, grant_len);
 }
 
