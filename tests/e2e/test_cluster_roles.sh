@@ -4,7 +4,8 @@
 # another model, and an insecure secret file are refused with a clear
 # message; a request with no workers registered gets 503; a worker that stops
 # answering health checks is dropped (SIGSTOP) while the router keeps
-# serving with the others; every process exits 0 on SIGTERM.
+# serving with the others; after a router restart the workers register with
+# the new one; every process exits 0 on SIGTERM.
 . "$(dirname "$0")/lib.sh"
 M=(-m "$KS_SRC/models/kjv-mini.gguf" --ctx 256 --kv-pages 64 --threads 1)
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMPD/secret"; chmod 600 "$TMPD/secret"
@@ -78,6 +79,25 @@ for i in $(seq 1 50); do
     sleep 0.1
 done
 expect_has "answer after re-registration" "$ans" '"text"'
+
+# the router restarts: both workers notice, register with the new one, serve on
+kill -TERM $R; wait $R || fail "router exited with status $?"
+"$KS_BIN" router "${M[@]}" --host 127.0.0.1 --port 0 --cluster-port $port --secret-file "$TMPD/secret" \
+    --health-interval-ms 200 >"$TMPD/r2.out" 2>"$TMPD/r2.log" &
+R=$!
+for i in $(seq 1 150); do
+    [ "$(grep -c 'worker [0-9]* registered' "$TMPD/r2.log")" -ge 2 ] && break
+    sleep 0.1
+done
+expect_eq "workers registered with the new router" "$(grep -c 'worker [0-9]* registered' "$TMPD/r2.log")" 2
+URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$TMPD/r2.out")
+for i in $(seq 1 50); do
+    ans=$(curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"prompt":"In the beginning","max_tokens":6,"temperature":0}')
+    case "$ans" in *'"text"'*) break;; esac
+    sleep 0.1
+done
+expect_has "answer after the router restarted" "$ans" '"text"'
 
 for p in $P $D $R; do kill -TERM $p; done
 for p in $P $D $R; do wait $p || fail "process $p exited with status $?"; done
