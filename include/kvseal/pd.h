@@ -31,7 +31,7 @@
 //   off  6  type     u16 LE  PD_TYPE_*
 //   off  8  req_id   u64 LE  request the frame belongs to (0: connection-level)
 //   off 16  len      u32 LE  payload bytes, <= the configured maximum
-//   off 20  checksum u32 LE  XXH32 (seed 0) over the header with this field
+//   off 20  checksum u32 LE  low 32 bits of XXH3-64 (seed 0) over the header with this field
 //                            zeroed, then over the payload
 // Fields are read with explicit load helpers; no struct is cast over bytes.
 

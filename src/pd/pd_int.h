@@ -10,7 +10,7 @@
 
 #include "kvseal/pd.h"
 
-#define XXH_STATIC_LINKING_ONLY /* XXH32_state_t by value: no malloc per conn */
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t by value: no malloc per conn */
 #include <pthread.h>
 #include <xxhash.h>
 
@@ -30,7 +30,9 @@ struct pd_decoder {
     uint8_t hdr[PD_HDR_BYTES];   /* header bytes as received */
     uint32_t hdr_have;           /* bytes of hdr filled */
     pd_frame_hdr cur;            /* parsed header of the frame in progress */
-    XXH32_state_t xs;            /* running checksum of the frame in progress */
+    XXH3_state_t xs;             /* running checksum of the frame in progress (64-byte
+                                    aligned: decoders and conns are allocated with
+                                    pd__alloc_aligned) */
     uint8_t *buf;                /* default payload buffer (grow-only, <= max) */
     size_t buf_cap;
     struct iovec dest[PD_MAX_IOV]; /* payload destination (buf or a sink's) */
@@ -44,6 +46,9 @@ struct pd_decoder {
 };
 
 /* Initializes an embedded decoder; can't fail (no allocation yet). */
+/* Zeroed memory of n bytes aligned for a pd_decoder (and a struct that
+ * embeds one); free() releases it. NULL on out-of-memory. */
+void *pd__alloc_aligned(size_t n);
 void pd__dec_init(pd_decoder *d, uint32_t max_payload);
 /* Frees the payload buffer; the decoder may be re-initialized. */
 void pd__dec_free(pd_decoder *d);

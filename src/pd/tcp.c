@@ -227,7 +227,7 @@ static void pd__fmt_addr(const struct sockaddr *sa, socklen_t sl, char *out, siz
 
 static ks_err pd__conn_new(pd_loop *l, int fd, bool initiator, const pd_conn_cbs *cbs, void *ud,
                            pd_conn **out, ks_errbuf *eb) {
-    pd_conn *c = calloc(1, sizeof *c);
+    pd_conn *c = pd__alloc_aligned(sizeof *c);  // its decoder's XXH3 state wants 64 bytes
     if (!c) return ks_seterr(eb, KS_ERR_NOMEM, "pd: no memory for a connection");
     c->ev.kind = PD__EV_CONN;
     c->ops = &pd__tcp_ops;

@@ -21,12 +21,12 @@ uint32_t pd_frame_checksum(const uint8_t hdr[PD_HDR_BYTES], const struct iovec *
     uint8_t h[PD_HDR_BYTES];
     memcpy(h, hdr, PD_HDR_BYTES);
     pd_store_u32(h + 20, 0);
-    XXH32_state_t st;
-    XXH32_reset(&st, 0);
-    XXH32_update(&st, h, PD_HDR_BYTES);
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, h, PD_HDR_BYTES);
     for (int i = 0; i < n_iov; i++)
-        if (payload[i].iov_len) XXH32_update(&st, payload[i].iov_base, payload[i].iov_len);
-    return XXH32_digest(&st);
+        if (payload[i].iov_len) XXH3_64bits_update(&st, payload[i].iov_base, payload[i].iov_len);
+    return (uint32_t)XXH3_64bits_digest(&st);  // the low 32 bits
 }
 
 ks_err pd_frame_encode_hdr(uint8_t hdr[PD_HDR_BYTES], uint16_t type, uint64_t req_id,
@@ -88,6 +88,13 @@ ks_err pd_hdr_parse(const uint8_t hdr[PD_HDR_BYTES], uint32_t max_payload, pd_fr
 // ----------------------------------------------------------------------------
 // Decoder state machine
 
+void *pd__alloc_aligned(size_t n) {
+    const size_t a = _Alignof(pd_decoder);
+    void *p = aligned_alloc(a, (n + a - 1) / a * a);  // C11: size a multiple of the alignment
+    if (p) memset(p, 0, n);
+    return p;
+}
+
 void pd__dec_init(pd_decoder *d, uint32_t max_payload) {
     memset(d, 0, sizeof *d);
     d->max_payload = max_payload;
@@ -121,7 +128,7 @@ int pd__dec_want(const pd_decoder *d, struct iovec *iov, int cap) {
 
 /* Completes the frame in progress: compares the checksum, fills *out. */
 static ks_err pd__dec_finish(pd_decoder *d, pd_frame *out, ks_errbuf *eb) {
-    uint32_t got = XXH32_digest(&d->xs);
+    uint32_t got = (uint32_t)XXH3_64bits_digest(&d->xs);
     if (got != d->cur.checksum) {
         d->state = PD__DEC_FAILED;
         return ks_seterr(eb, KS_ERR_PROTO,
@@ -154,8 +161,8 @@ ks_err pd__dec_advance(pd_decoder *d, size_t n, pd_frame *out, ks_errbuf *eb) {
         uint8_t h[PD_HDR_BYTES];
         memcpy(h, d->hdr, PD_HDR_BYTES);
         pd_store_u32(h + 20, 0);
-        XXH32_reset(&d->xs, 0);
-        XXH32_update(&d->xs, h, PD_HDR_BYTES);
+        XXH3_64bits_reset(&d->xs);
+        XXH3_64bits_update(&d->xs, h, PD_HDR_BYTES);
         d->sunk = false;
         d->pay_have = 0;
         d->prefix_len = 0;
@@ -172,7 +179,7 @@ ks_err pd__dec_advance(pd_decoder *d, size_t n, pd_frame *out, ks_errbuf *eb) {
         struct iovec *v = &d->dest[d->dest_i];
         size_t room = v->iov_len - d->dest_off;
         size_t k = left < room ? left : room;
-        if (k) XXH32_update(&d->xs, (uint8_t *)v->iov_base + d->dest_off, k);
+        if (k) XXH3_64bits_update(&d->xs, (uint8_t *)v->iov_base + d->dest_off, k);
         d->dest_off += k;
         left -= k;
         if (d->dest_off == v->iov_len && d->dest_i + 1 < d->n_dest) {
@@ -246,7 +253,7 @@ void pd__dec_use_sink(pd_decoder *d, const struct iovec *iov, int n) {
 // Public copying decoder
 
 ks_err pd_decoder_create(uint32_t max_payload, pd_decoder **out) {
-    pd_decoder *d = malloc(sizeof *d);
+    pd_decoder *d = pd__alloc_aligned(sizeof *d);
     if (!d) return KS_ERR_NOMEM;
     pd__dec_init(d, max_payload);
     *out = d;
