@@ -50,9 +50,12 @@ typedef struct cluster_worker_opts {
      * pool), page_tokens, n_threads, max_batch_tokens (forward chunk), scrub. */
     engine_opts eng;
     uint32_t t_grant_ms, t_xfer_ms, t_ack_ms; /* decode timers (0: protocol defaults) */
+    uint32_t drain_ms; /* on stop: finish what is held for up to this long, taking nothing
+                          new (HEALTH_ACK DRAINING, DENY/REJECT DRAINING); 0: abort at once */
 } cluster_worker_opts;
 
-/* Runs a prefill worker until *stop becomes non-zero: connects to the router
+/* Runs a prefill worker until *stop becomes non-zero (then drains, see
+ * drain_ms): connects to the router
  * (retrying with back-off until registered, and again after losing it),
  * opens a data link to every decode worker the router names, serves PREFILL
  * and ABORT. Returns KS_OK after a clean stop. Errors (at start only):
@@ -60,7 +63,8 @@ typedef struct cluster_worker_opts {
 ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atomic_t *stop,
                            ks_errbuf *eb) KS_MUST_USE;
 
-/* Runs a decode worker until *stop becomes non-zero: listens for data links,
+/* Runs a decode worker until *stop becomes non-zero (then drains, see
+ * drain_ms): listens for data links,
  * registers with the router (as prefill does), grants pages for ADMIT,
  * receives KV straight into its pool, commits only verified handoffs (I6)
  * and generates, streaming TOKEN/FINISH to the router. Prints "data link on

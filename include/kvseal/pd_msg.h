@@ -148,10 +148,14 @@ typedef struct pd_msg_health {
     uint64_t seq;
 } pd_msg_health;
 
+/* HEALTH_ACK flags. */
+enum { PD_HEALTH_DRAINING = 1u /* finishing its work, takes no new requests */ };
+
 /* HEALTH_ACK (24). */
 typedef struct pd_msg_health_ack {
     uint64_t seq;
     uint32_t active_requests, free_pages, quarantined_pages;
+    uint32_t flags; /* PD_HEALTH_*; other bits must be 0 */
 } pd_msg_health_ack;
 
 /* POOL_CHECK_ACK (24): P/D -> R, answering POOL_CHECK (empty payload, req_id =

@@ -142,6 +142,11 @@ uint32_t pd_send_pump(pd_send *s, uint32_t budget_pages);
  * that link is up. ABORT_ACK is then the last frame for req_id on the link. */
 void pd_send_abort(pd_send *s, uint64_t req_id, uint32_t decode_worker_id, uint64_t link_epoch);
 
+/* Draining (graceful shutdown): every later PREFILL is answered REJECT
+ * DRAINING (503) before any compute, like any failed re-validation; transfers
+ * already SENDING finish. Can't fail. */
+void pd_send_set_draining(pd_send *s, bool draining);
+
 /* Forgets terminal req_ids older than tombstone_ms; returns how many. */
 uint32_t pd_send_tick(pd_send *s);
 

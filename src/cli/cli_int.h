@@ -66,7 +66,7 @@ typedef struct serve__cfg {
     kv_scrub scrub;
     // cluster roles (kvseal router / prefill / decode)
     const char *secret_file, *router, *data_host, *advertise_host, *cluster_host;
-    long data_port, cluster_port, health_interval_ms;
+    long data_port, cluster_port, health_interval_ms, drain_timeout_ms;
 } serve__cfg;
 
 /* Prints the options of serve and the cluster roles. */

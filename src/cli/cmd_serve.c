@@ -40,9 +40,13 @@ void serve__usage(const char *cmd) {
             "                 [--cluster-port 7070 (0: any)] [--health-interval-ms 1000]\n"
             "  kvseal prefill [-m MODEL] --router HOST:PORT --secret-file FILE [--ctx N] [--kv-pages N]\n"
             "                 [--threads N] [--batch-tokens 256] [--page-tokens 16] [--scrub zero|poison]\n"
+            "                 [--drain-timeout-ms 30000]\n"
             "  kvseal decode  [-m MODEL] --router HOST:PORT --secret-file FILE [--data-host 127.0.0.1]\n"
             "                 [--data-port 0] [--advertise-host HOST] [--ctx N] [--kv-pages N]\n"
-            "                 [--threads N] [--max-running 16] [--page-tokens 16] [--scrub zero|poison]\n",
+            "                 [--threads N] [--max-running 16] [--page-tokens 16] [--scrub zero|poison]\n"
+            "                 [--drain-timeout-ms 30000]\n"
+            "  On SIGTERM a worker drains: it takes no new request, finishes what it holds (up to\n"
+            "  --drain-timeout-ms; 0 aborts at once) and exits 0.\n",
             cmd);
 }
 
@@ -100,6 +104,7 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
     c->idle_timeout = 120;
     c->scrub = d.scrub;
     c->health_interval_ms = 1000;
+    c->drain_timeout_ms = 30000;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define INTOPT(name, field, lo, hi)                                                                \
@@ -150,6 +155,7 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
         INTOPT("--data-port", data_port, 0, 65535)
         INTOPT("--cluster-port", cluster_port, 0, 65535)
         INTOPT("--health-interval-ms", health_interval_ms, 10, 600000)
+        INTOPT("--drain-timeout-ms", drain_timeout_ms, 0, 3600000)
         else if (!strcmp(a, "--secret-file") && v) c->secret_file = argv[++i];
         else if (!strcmp(a, "--router") && v) c->router = argv[++i];
         else if (!strcmp(a, "--data-host") && v) c->data_host = argv[++i];

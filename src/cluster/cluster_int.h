@@ -70,6 +70,9 @@ void cl_ctrl_tick(cl_ctrl *c);
  * nothing sent), else as pd_conn_send. Loop thread. */
 ks_err cl_ctrl_send(cl_ctrl *c, uint16_t type, uint64_t req_id, const struct iovec *iov,
                     int n_iov, ks_errbuf *eb) KS_MUST_USE;
+/* Draining: once the current connection ends (the router releases a drained
+ * worker by closing it), do not reconnect. Can't fail. */
+void cl_ctrl_quiesce(cl_ctrl *c);
 /* True while registered; can't fail. */
 bool cl_ctrl_registered(const cl_ctrl *c);
 /* The router-assigned worker id (0 before the first REGISTER_ACK). */

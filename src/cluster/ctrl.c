@@ -27,6 +27,7 @@ struct cl_ctrl {
     bool registered;  /* REGISTER_ACK received on conn */
     uint32_t worker_id;
     uint32_t backoff_ms;
+    bool quiesced;          /* draining: no reconnect once the router lets go */
     uint64_t next_attempt_ms; /* when conn == NULL: next connect */
     uint64_t opened_ms;       /* REGISTER sent at */
     uint64_t last_health_ms;  /* registered: last HEALTH (or the ACK) */
@@ -254,7 +255,7 @@ fail:
 void cl_ctrl_tick(cl_ctrl *c) {
     uint64_t now = cl_now_ms(NULL);
     if (!c->conn) {
-        if (now >= c->next_attempt_ms) ctrl__connect(c);
+        if (!c->quiesced && now >= c->next_attempt_ms) ctrl__connect(c);
         return;
     }
     if (c->registered && now - c->last_health_ms > c->cfg.t_router_ms) {
@@ -276,6 +277,8 @@ ks_err cl_ctrl_send(cl_ctrl *c, uint16_t type, uint64_t req_id, const struct iov
 }
 
 bool cl_ctrl_registered(const cl_ctrl *c) { return c->registered; }
+
+void cl_ctrl_quiesce(cl_ctrl *c) { c->quiesced = true; }
 
 uint32_t cl_ctrl_worker_id(const cl_ctrl *c) { return c->worker_id; }
 

@@ -69,6 +69,11 @@ typedef struct dec__worker {
     kv_geom g;
     int32_t max_running;
     _Atomic int phase;     /* DEC__*; written by the scheduler thread */
+    atomic_bool draining;  /* set by the main thread on stop: ADMIT gets DENY DRAINING */
+    atomic_uint live;      /* requests held (granted, transferring, generating, quarantined):
+                              the scheduler thread's count, for the main thread's drain */
+    atomic_bool released;  /* draining and the router let go (closed the control conn) */
+    bool quiesced;         /* scheduler thread: cl_ctrl_quiesce done */
     ks_errbuf start_eb;    /* the start failure (read after phase = FAILED) */
     pd_loop *l;
     pd_listener *ls;
@@ -571,6 +576,10 @@ static void dec__on_admit(dec__worker *w, uint64_t req_id, const pd_frame *f) {
         ks_log(KS_LOG_WARN, "decode: bad ADMIT from the router: %s", eb.msg);
         return;
     }
+    if (atomic_load(&w->draining)) {  // graceful stop: the router places it elsewhere
+        dec__deny(w, req_id, PD_DENY_DRAINING, "the decode worker is shutting down");
+        return;
+    }
     if (w->max_running > 0 && !dec__find(w, req_id) && w->n_req >= (uint32_t)w->max_running) {
         dec__deny(w, req_id, PD_DENY_NOSPACE, "decode worker is at its running-request limit");
         return;
@@ -646,6 +655,7 @@ static void dec__health(void *ud, pd_msg_health_ack *out) {
     out->active_requests = rs.active;
     out->free_pages = ks.pages[KV_PAGE_FREE];
     out->quarantined_pages = ks.pages[KV_PAGE_QUARANTINE];
+    out->flags = atomic_load(&w->draining) ? PD_HEALTH_DRAINING : 0;
 }
 
 static void dec__pool_check(void *ud, pd_msg_pool_check_ack *out) {
@@ -792,6 +802,14 @@ static void dec__poll(void *ctx, engine *e, int timeout_ms) {
     dec__flush(w);
     cl_ctrl_tick(w->ctrl);
     dec__drain(w);
+    pd_recv_stats rs;
+    pd_recv_get_stats(w->rcv, &rs);
+    atomic_store(&w->live, rs.active > w->n_req ? rs.active : w->n_req);
+    if (atomic_load(&w->draining)) {
+        if (!w->quiesced) cl_ctrl_quiesce(w->ctrl);
+        w->quiesced = true;
+        atomic_store(&w->released, !cl_ctrl_registered(w->ctrl));
+    }
 }
 
 static void dec__poll_end(void *ctx, engine *e) {
@@ -841,6 +859,18 @@ ks_err cluster_decode_run(const cluster_worker_opts *o, const volatile sig_atomi
         return err;
     }
     while (!*stop) dec__sleep_ms(50);
+    if (o->drain_ms) {  // graceful stop: finish what is held, take nothing new
+        atomic_store(&w->draining, true);
+        ks_log(KS_LOG_INFO, "decode worker: draining %u request(s) (up to %u ms)",
+               atomic_load(&w->live), o->drain_ms);
+        uint64_t deadline = cl_now_ms(NULL) + o->drain_ms;
+        // done once idle AND released by the router (no ADMIT can still come)
+        while ((atomic_load(&w->live) > 0 || !atomic_load(&w->released)) && cl_now_ms(NULL) < deadline)
+            dec__sleep_ms(20);
+        if (atomic_load(&w->live) > 0)
+            ks_log(KS_LOG_WARN, "decode worker: drain timed out; aborting %u request(s)",
+                   atomic_load(&w->live));
+    }
     engine_destroy(e);  // runs poll_end: abort, links closed, receiver freed
     free(w->req);
     free(w);

@@ -75,6 +75,7 @@ typedef struct pf__worker {
     uint32_t router_tmax[PD_MSG_N_TYPES];
     uint32_t link_tmax[PD_MSG_N_TYPES];
     bool computing;          /* inside pd_send's compute: pd_send calls are deferred */
+    bool draining;           /* stopping gracefully: new PREFILLs get REJECT DRAINING */
     // one forward chunk runs on a compute thread while this thread serves the loop
     const model_batch *job;
     ks_err job_err;
@@ -565,6 +566,7 @@ static void pf__health(void *ud, pd_msg_health_ack *out) {
     out->active_requests = ss.active;
     out->free_pages = kv_pool_n_free(w->pool);
     out->quarantined_pages = ks.pages[KV_PAGE_QUARANTINE];
+    out->flags = w->draining ? PD_HEALTH_DRAINING : 0;
 }
 
 static void pf__pool_check(void *ud, pd_msg_pool_check_ack *out) {
@@ -706,8 +708,29 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atom
     ks_log(KS_LOG_INFO, "prefill worker: %u local KV pages, connecting to router %s:%d",
            eo->kv_pages, o->router_host, o->router_port);
 
-    uint64_t last_tick = 0;
-    while (!*stop) {
+    uint64_t last_tick = 0, drain_deadline = 0;
+    for (;;) {
+        if (*stop && !w.draining) {  // graceful stop: finish what is held, take nothing new
+            if (!o->drain_ms) break;
+            w.draining = true;
+            drain_deadline = cl_now_ms(NULL) + o->drain_ms;
+            pd_send_set_draining(w.send, true);
+            cl_ctrl_quiesce(w.ctrl);
+            ks_log(KS_LOG_INFO, "prefill worker: draining (up to %u ms)", o->drain_ms);
+        }
+        if (w.draining) {
+            pd_send_stats ds;
+            pd_send_get_stats(w.send, &ds);
+            // done once idle AND released by the router (it closes the control
+            // connection when nothing paired with us is left, so no PREFILL can
+            // still be on its way)
+            if (ds.active == 0 && !w.ops && !cl_ctrl_registered(w.ctrl)) break;
+            if (cl_now_ms(NULL) >= drain_deadline) {
+                ks_log(KS_LOG_WARN, "prefill worker: drain timed out with %u transfers in flight",
+                       ds.active);
+                break;
+            }
+        }
         pd_send_stats ss;
         pd_send_get_stats(w.send, &ss);
         bool pump = ss.active > 0 && pf__can_pump(&w);

@@ -58,6 +58,7 @@ typedef struct rt_worker {
     uint32_t n_pages, n_ctx;
     uint32_t inflight;      /* requests paired with it, router's count */
     uint32_t free_pages, quarantined, active; /* last HEALTH_ACK */
+    bool draining;          /* shutting down gracefully: paired with nothing new */
     uint64_t health_seq, acked_seq;
     uint64_t last_ack_ms;
     bool check_pending;
@@ -256,7 +257,7 @@ static void rt__abort(cluster_router *r, rt_req *q, uint32_t reason, ks_err err,
 static rt_worker *rt__pick(cluster_router *r, uint8_t role, uint32_t need_pages) {
     rt_worker *best = NULL;
     for (rt_worker *w = r->workers; w; w = w->next) {
-        if (!w->id || w->role != role) continue;
+        if (!w->id || w->role != role || w->draining) continue;
         if (role == PD_ROLE_DECODE && w->n_pages < need_pages) continue;
         if (!best || w->inflight < best->inflight ||
             (w->inflight == best->inflight && w->free_pages > best->free_pages))
@@ -490,6 +491,13 @@ static void rt__on_token(cluster_router *r, rt_req *q, const pd_msg_token *t) {
     }
 }
 
+/* The worker is shutting down gracefully: no new request is paired with it. */
+static void rt__set_draining(rt_worker *w) {
+    if (w->draining) return;
+    w->draining = true;
+    ks_log(KS_LOG_INFO, "router: worker %u is draining; no new requests go to it", w->id);
+}
+
 static ks_err rt__err_of_status(uint16_t status) {
     return status == 400 ? KS_ERR_INVAL : status == 413 ? KS_ERR_NOSPACE : KS_ERR_AGAIN;
 }
@@ -528,7 +536,8 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
         pd_msg_deny d;
         if (pd_msg_deny_decode(f->payload, f->payload_len, &d, &eb) != KS_OK) return;
         snprintf(msg, sizeof msg, "%.*s", (int)d.msg_len, d.msg);
-        if (d.reason == PD_DENY_NOSPACE || d.reason == PD_DENY_NO_LINK) {
+        if (d.reason == PD_DENY_DRAINING) rt__set_draining(w);  // pair it elsewhere from now on
+        if (d.reason == PD_DENY_NOSPACE || d.reason == PD_DENY_NO_LINK || d.reason == PD_DENY_DRAINING) {
             rt__requeue(r, q, rt__now_ms() + RT_RETRY_MS);
         } else {
             ks_err e = d.reason == PD_DENY_CONTEXT ? KS_ERR_INVAL : KS_ERR_AGAIN;
@@ -542,11 +551,13 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
         // prefill could not reach decode (a link just re-established), the
         // ABORT makes decode quarantine and free it now instead of at T_grant
         rt__send_abort(r, q->d_id, q->id, PD_ABORT_ERROR);
-        if (j.reason == PD_REJECT_STALE_GRANT && q->retries < 3) {
-            // the grant named a link prefill does not see (yet): nothing was
-            // computed or sent, so the request starts over under a new id
-            ks_log(KS_LOG_INFO, "router: request %" PRIu64 ": stale grant at prefill worker %u; retrying",
-                   q->id, w->id);
+        if (j.reason == PD_REJECT_DRAINING) rt__set_draining(w);
+        if ((j.reason == PD_REJECT_STALE_GRANT || j.reason == PD_REJECT_DRAINING) && q->retries < 3) {
+            // the grant named a link prefill does not see (yet), or prefill is
+            // shutting down: nothing was computed or sent, so the request
+            // starts over under a new id
+            ks_log(KS_LOG_INFO, "router: request %" PRIu64 ": %s at prefill worker %u; retrying",
+                   q->id, j.reason == PD_REJECT_DRAINING ? "draining" : "stale grant", w->id);
             rt__rekey(r, q);
             return;
         }
@@ -605,6 +616,7 @@ static void rt__on_frame(pd_conn *c, void *ud, const pd_frame *f) {
             w->active = a.active_requests;
             w->free_pages = a.free_pages;
             w->quarantined = a.quarantined_pages;
+            if (a.flags & PD_HEALTH_DRAINING) rt__set_draining(w);
         }
         break;
     }
@@ -648,8 +660,12 @@ static void rt__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
     while (*pp && *pp != w) pp = &(*pp)->next;
     if (*pp) *pp = w->next;
     if (w->id) {
-        ks_log(KS_LOG_WARN, "router: %s worker %u lost (%s: %s)",
-               w->role == PD_ROLE_DECODE ? "decode" : "prefill", w->id, ks_err_name(why), msg);
+        if (w->draining && w->inflight == 0)
+            ks_log(KS_LOG_INFO, "router: %s worker %u left after draining",
+                   w->role == PD_ROLE_DECODE ? "decode" : "prefill", w->id);
+        else
+            ks_log(KS_LOG_WARN, "router: %s worker %u lost (%s: %s)",
+                   w->role == PD_ROLE_DECODE ? "decode" : "prefill", w->id, ks_err_name(why), msg);
         if (w->role == PD_ROLE_DECODE) {
             atomic_fetch_sub(&r->n_decode, 1);
             rt__broadcast_peer(r, w, true);
@@ -687,6 +703,11 @@ static void rt__tick(cluster_router *r) {
         r->last_health_ms = now;
         for (rt_worker *w = r->workers; w; w = w->next) {
             if (!w->id || !w->c) continue;
+            if (w->draining && w->inflight == 0) {  // nothing can reach it any more: let it go
+                ks_log(KS_LOG_INFO, "router: worker %u drained; releasing it", w->id);
+                pd_conn_close_flush(w->c);
+                continue;
+            }
             if (now - w->last_ack_ms > 3ull * r->o.health_interval_ms) {
                 ks_log(KS_LOG_WARN, "router: worker %u missed 3 health checks; dropping it", w->id);
                 pd_conn_close(w->c);

@@ -269,6 +269,9 @@ ks_err pd_msg_health_ack_decode(const uint8_t *p, uint32_t len, pd_msg_health_ac
     out->active_requests = pd_load_u32(p + 8);
     out->free_pages = pd_load_u32(p + 12);
     out->quarantined_pages = pd_load_u32(p + 16);
+    out->flags = pd_load_u32(p + 20);
+    if (out->flags & ~(uint32_t)PD_HEALTH_DRAINING)
+        return PROTO("HEALTH_ACK: flags 0x%x has unknown bits", out->flags);
     return KS_OK;
 }
 
@@ -280,6 +283,9 @@ ks_err pd_msg_health_ack_encode(const pd_msg_health_ack *m, uint8_t *buf, size_t
     pd_store_u32(buf + 8, m->active_requests);
     pd_store_u32(buf + 12, m->free_pages);
     pd_store_u32(buf + 16, m->quarantined_pages);
+    if (m->flags & ~(uint32_t)PD_HEALTH_DRAINING)
+        return ks_seterr(eb, KS_ERR_INVAL, "HEALTH_ACK: flags 0x%x has unknown bits", m->flags);
+    pd_store_u32(buf + 20, m->flags);
     return KS_OK;
 }
 

@@ -51,6 +51,7 @@ struct pd_send {
     uint32_t n_link, cap_link;
     struct iovec *iov; /* 1 + 2 * n_layer, for KV_PAGE frames */
     pd_send_stats st;
+    bool draining;     /* pd_send_set_draining: new PREFILLs are rejected */
 };
 
 static uint64_t snd__clock_default(void *ctx) {
@@ -288,6 +289,9 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
 
     char msg[PD_MSG_MAX_TEXT];
     uint32_t pt = (uint32_t)s->g.page_tokens;
+    if (s->draining)  // graceful shutdown: the router places the request elsewhere
+        return snd__reject(s, q, PD_REJECT_DRAINING, 503, "the prefill worker is shutting down",
+                           state_out);
     if (p.n_prompt < 1)
         return snd__reject(s, q, PD_REJECT_INVALID, 400, "the prompt is empty", state_out);
     uint64_t total = (uint64_t)p.n_prompt + p.s.max_tokens;
@@ -484,6 +488,8 @@ uint32_t pd_send_pump(pd_send *s, uint32_t budget_pages) {
 
 // ----------------------------------------------------------------------------
 // Timers, queries
+
+void pd_send_set_draining(pd_send *s, bool draining) { s->draining = draining; }
 
 uint32_t pd_send_tick(pd_send *s) {
     uint64_t now = snd__now(s);

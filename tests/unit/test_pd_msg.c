@@ -141,7 +141,7 @@ static uint32_t sample(uint16_t t, uint8_t *buf, size_t cap) {
         break;
     }
     case PD_MSG_HEALTH_ACK: {
-        pd_msg_health_ack m = {42, 3, 100, 2};
+        pd_msg_health_ack m = {42, 3, 100, 2, 0};
         e = pd_msg_health_ack_encode(&m, buf, cap, &n, &eb);
         break;
     }
@@ -489,11 +489,14 @@ static void test_round_trip_small(void) {
         CHECK(n == 8 && r.seq == UINT64_MAX);
     }
     {
-        pd_msg_health_ack m = {0x123456789ull, 7, 8, 9}, r;
+        pd_msg_health_ack m = {0x123456789ull, 7, 8, 9, PD_HEALTH_DRAINING}, r;
         CHECK_EQ(pd_msg_health_ack_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
         CHECK_EQ(pd_msg_health_ack_decode(buf, n, &r, &eb), KS_OK);
         CHECK(n == 24 && r.seq == 0x123456789ull && r.active_requests == 7 &&
-              r.free_pages == 8 && r.quarantined_pages == 9);
+              r.free_pages == 8 && r.quarantined_pages == 9 && r.flags == PD_HEALTH_DRAINING);
+        buf[20] = 2;  // an unknown flag
+        CHECK_EQ(pd_msg_health_ack_decode(buf, n, &r, &eb), KS_ERR_PROTO);
+        CHECK_STR_HAS(eb.msg, "HEALTH_ACK: flags 0x2");
     }
     {
         pd_msg_pool_check_ack m = {1, 0, 10, 2, 3, 4}, r;
@@ -890,8 +893,8 @@ static void test_enums_and_ranges(void) {
     REJECTS(PD_MSG_ERROR, cp, n, "err");
 
     n = sample(PD_MSG_HEALTH_ACK, buf, sizeof buf);
-    put_u32(cp, buf, n, 20, 0xffffffff); /* reserved */
-    CHECK_EQ(dec_any(PD_MSG_HEALTH_ACK, cp, n, &eb), KS_OK);
+    put_u32(cp, buf, n, 20, 0xffffffff); /* flags (once reserved): unknown bits */
+    REJECTS(PD_MSG_HEALTH_ACK, cp, n, "flags");
     n = sample(PD_MSG_LINK, buf, sizeof buf);
     put_u32(cp, buf, n, 4, 0xffffffff); /* reserved */
     CHECK_EQ(dec_any(PD_MSG_LINK, cp, n, &eb), KS_OK);

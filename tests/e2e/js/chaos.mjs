@@ -6,7 +6,10 @@
 // event after a correct prefix); at least one must fail (the kill landed)
 // and at least one must succeed; afterwards N fresh requests must all
 // succeed with their reference answers. Env: KS_URL, KILL_PID,
-// KILL_AFTER_MS, CHAOS_N. Exit 0 = pass, 1 = fail.
+// KILL_AFTER_MS, CHAOS_N. With KILL_SIGNAL=SIGTERM (a graceful drain,
+// KILL_PID may list several pids) a second wave of N requests starts right
+// after the signal, and every request of both waves must succeed with its
+// reference answer. Exit 0 = pass, 1 = fail.
 const URL_ = process.env.KS_URL;
 const N = Number(process.env.CHAOS_N || 8);
 const fails = [];
@@ -45,8 +48,19 @@ async function main() {
   const all = [];
   for (let i = 0; i < N; i++) all.push(once(i, true).catch((e) => ({ status: 0, error: String(e), text: '' })));
   await new Promise((res) => setTimeout(res, Number(process.env.KILL_AFTER_MS || 300)));
-  process.kill(Number(process.env.KILL_PID), 'SIGKILL');
+  const drain = process.env.KILL_SIGNAL === 'SIGTERM';
+  for (const pid of String(process.env.KILL_PID).split(',')) process.kill(Number(pid), drain ? 'SIGTERM' : 'SIGKILL');
+  if (drain) for (let i = 0; i < N; i++) all.push(once(i, true).catch((e) => ({ status: 0, error: String(e), text: '' })));
   const rs = await Promise.all(all);
+  if (drain) {
+    rs.forEach((r, k) => {
+      const i = k % N;
+      if (!(r.status === 200 && !r.error && r.done)) fail(`drain: request ${k} failed: ${JSON.stringify(r).slice(0, 300)}`);
+      else if (r.text !== ref[i]) fail(`drain: request ${k}: output differs`);
+    });
+    console.log(`drain: ${rs.length} requests, ${fails.length} problems`);
+    process.exit(fails.length ? 1 : 0);
+  }
   let ok = 0, failed = 0;
   rs.forEach((r, i) => {
     if (r.status === 200 && !r.error && r.done) {
