@@ -6,7 +6,8 @@
  * (docs/pd-protocol.md) over authenticated TCP (include/kvseal/pd.h).
  *
  * Threading: each worker runs one pd_loop. The prefill worker runs it on the
- * calling thread and computes there; the decode worker runs it on the
+ * calling thread and runs each forward chunk on a compute thread meanwhile
+ * (health checks are answered during long prompts); the decode worker runs it on the
  * engine's scheduler thread (engine_opts.poll), so the KV pool, the transfer
  * receiver and every running sequence have one owner. The router runs its
  * loop on a thread of its own; HTTP threads reach it through the server
@@ -30,7 +31,8 @@ ks_err cluster_secret_load(const char *path, uint8_t *buf, size_t cap, size_t *l
                            ks_errbuf *eb) KS_MUST_USE;
 
 /* SHA-256 of the model file's metadata + tensor-info block (bytes [0,
- * data_offset) of the GGUF): the REGISTER model_id. Can't fail. */
+ * data_offset) of the GGUF) and the model's geometry: the REGISTER model_id.
+ * Can't fail. */
 void cluster_model_id(const model *m, uint8_t out[32] /* OUT */);
 
 /* Options of a prefill or decode worker. */
