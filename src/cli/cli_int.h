@@ -51,6 +51,7 @@ char *cli__read_file(const char *path, size_t *len);
 // prefill and decode
 
 #include "kvseal/engine.h"
+#include "kvseal/server.h"
 
 #define SERVE_MAX_ALIASES 16
 
@@ -78,6 +79,12 @@ int serve__parse(int argc, char **argv, serve__cfg *c);
 void serve__engine_opts(const serve__cfg *c, const model *m, engine_opts *o);
 /* The model's own name: the file's basename without ".gguf". */
 void serve__model_name(const char *path, char *buf, size_t cap);
+/* Starts the HTTP front (server_create_backend) with c's server options on
+ * backend be, serving the model as name (borrowed: it must outlive the
+ * server), and prints "listening on http://HOST:PORT" to stdout. Errors:
+ * server_create's. */
+ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, const server_backend *be,
+                         const model *m, server **s /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 /* Parse, load the model, size and check the pool (I8), report to `report`.
  * Returns -1 to continue, else the exit status. */
 int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts *o, FILE *report);

@@ -83,24 +83,9 @@ int cli_router(int argc, char **argv) {
     fflush(stdout);
     server_backend be;
     cluster_router_backend(r, &be);
-    char name[256];
+    static char name[256];  // borrowed by the server for its lifetime
     serve__model_name(c.model_path, name, sizeof name);
-    server_opts so;
-    server_opts_default(&so);
-    so.host = c.host;
-    so.port = (int)c.port;
-    so.aliases = c.aliases;
-    so.n_aliases = c.n_aliases;
-    so.model_name = name;
-    so.tenants_path = c.tenants;
-    so.admin_key = c.admin_key;
-    so.log_content = c.log_content;
-    so.n_ctx = o.n_ctx;
-    so.idle_timeout_s = (unsigned)c.idle_timeout;
-    if (server_create_backend(&so, &be, m, &s, &eb)) goto fail;
-    bool v6 = strchr(c.host, ':') != NULL;
-    printf("listening on http://%s%s%s:%d\n", v6 ? "[" : "", c.host, v6 ? "]" : "", server_port(s));
-    fflush(stdout);
+    if (serve__http_start(&c, o.n_ctx, name, &be, m, &s, &eb)) goto fail;
     ks_log(KS_LOG_INFO, "router for %s, context %d, cluster control on %s:%d", c.model_path, o.n_ctx,
            ro.host, cluster_router_port(r));
     int sig = 0;

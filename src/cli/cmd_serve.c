@@ -249,6 +249,28 @@ void serve__model_name(const char *path, char *buf, size_t cap) {
     snprintf(buf, cap, "%.*s", (int)n, b);
 }
 
+ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, const server_backend *be,
+                         const model *m, server **s, ks_errbuf *eb) {
+    server_opts so;
+    server_opts_default(&so);
+    so.host = c->host;
+    so.port = (int)c->port;
+    so.aliases = c->aliases;
+    so.n_aliases = c->n_aliases;
+    so.model_name = name;
+    so.tenants_path = c->tenants;
+    so.admin_key = c->admin_key;
+    so.log_content = c->log_content;
+    so.n_ctx = n_ctx;
+    so.idle_timeout_s = (unsigned)c->idle_timeout;
+    ks_err e = server_create_backend(&so, be, m, s, eb);
+    if (e) return e;
+    bool v6 = strchr(c->host, ':') != NULL;
+    printf("listening on http://%s%s%s:%d\n", v6 ? "[" : "", c->host, v6 ? "]" : "", server_port(*s));
+    fflush(stdout);
+    return KS_OK;
+}
+
 /* Shared start of serve and check: parse, load, size, check. Returns -1 to
  * continue, else the exit status. */
 int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts *o,
@@ -316,23 +338,9 @@ int cli_serve(int argc, char **argv) {
     o.on_security_event = server_seclog_write;
     o.event_ctx = sl;
     if (engine_create(&o, &e, &eb)) goto fail;
-    server_opts so;
-    server_opts_default(&so);
-    so.host = c.host;
-    so.port = (int)c.port;
-    so.aliases = c.aliases;
-    so.n_aliases = c.n_aliases;
-    so.model_name = name;
-    so.tenants_path = c.tenants;
-    so.admin_key = c.admin_key;
-    so.log_content = c.log_content;
-    so.n_ctx = o.n_ctx;
-    so.idle_timeout_s = (unsigned)c.idle_timeout;
-    if (server_create(&so, e, m, &s, &eb)) goto fail;
-    const char *h = c.host;
-    bool v6 = strchr(h, ':') != NULL;
-    printf("listening on http://%s%s%s:%d\n", v6 ? "[" : "", h, v6 ? "]" : "", server_port(s));
-    fflush(stdout);
+    server_backend be;
+    server_engine_backend(e, &be);
+    if (serve__http_start(&c, o.n_ctx, name, &be, m, &s, &eb)) goto fail;
     ks_log(KS_LOG_INFO, "serving %s as '%s' (%d aliases), context %d, %u KV pages, kernels %s",
            c.model_path, c.n_aliases ? c.aliases[0] : name, c.n_aliases, o.n_ctx, o.kv_pages,
            kern_get()->name);
