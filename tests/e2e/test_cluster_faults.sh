@@ -44,7 +44,7 @@ KS_SERVE_BIN="$KS_BUILD/isolation-faults/kvseal" PREFILL_ENV="KS_PD_FAULT=delay:
 for victim in decode prefill; do
     if [ $victim = decode ]; then pid=${KS_DECODE_PIDS[0]}; KS_DECODE_PIDS=("${KS_DECODE_PIDS[@]:1}")
     else pid=${KS_PREFILL_PIDS[0]}; KS_PREFILL_PIDS=("${KS_PREFILL_PIDS[@]:1}"); fi
-    KS_URL=$KS_URL KILL_PID=$pid KILL_AFTER_MS=$([ $victim = decode ] && echo 300 || echo 150) CHAOS_N=8 \
+    KS_URL=$KS_URL KILL_PID=$pid CHAOS_N=8 \
         node "$here/js/chaos.mjs" || { tail -n 20 $KS_CLUSTER_LOGS >&2; fail "killing a $victim worker"; }
     wait $pid 2>/dev/null
     grep -q "$victim worker [0-9]* lost" "$TMPD/k.router" || fail "the router did not notice the $victim worker's death"

@@ -5,7 +5,8 @@
 // clean error (an error status with OpenAI's error JSON, or an SSE error
 // event after a correct prefix); at least one must fail (the kill landed)
 // and at least one must succeed; afterwards N fresh requests must all
-// succeed with their reference answers. Env: KS_URL, KILL_PID,
+// succeed with their reference answers. The signal goes KILL_AFTER_MS
+// (default 0) after the wave's first token arrives. Env: KS_URL, KILL_PID,
 // KILL_AFTER_MS, CHAOS_N. With KILL_SIGNAL=SIGTERM (a graceful drain,
 // KILL_PID may list several pids) a second wave of N requests starts right
 // after the signal, and every request of both waves must succeed with its
@@ -17,23 +18,40 @@ const fail = (m) => { fails.push(m); console.error('CHAOS FAILURE: ' + m); };
 const BASE = 'And the LORD spake unto Moses, saying, Speak unto the children of Israel, and say unto them, ';
 
 function body(i, stream) {
-  return { prompt: `${i}: ` + BASE.repeat(2 + (i % 4)), max_tokens: 48, temperature: 0, stream };
+  return { prompt: `${i}: ` + BASE.repeat(2 + (i % 4)), max_tokens: 96, temperature: 0, ignore_eos: true, stream };
 }
+
+// Resolved when the first token of the concurrent wave arrives: the moment to
+// strike, when every request of the wave is in flight somewhere.
+let firstToken;
+const firstTokenSeen = new Promise((res) => { firstToken = res; });
 
 async function once(i, stream) {
   const res = await fetch(`${URL_}/v1/completions`, {
     method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body(i, stream)),
   });
-  const txt = await res.text();
-  let json = null;
-  if (!stream || res.status !== 200) { try { json = JSON.parse(txt); } catch { /* */ } return { status: res.status, json, raw: txt }; }
-  let text = '', error = null, done = false;
-  for (const ev of txt.split('\n\n')) {
-    if (!ev.startsWith('data: ')) continue;
-    if (ev === 'data: [DONE]') { done = true; continue; }
-    const j = JSON.parse(ev.slice(6));
-    if (j.error) error = j.error;
-    if (j.choices && j.choices[0]) text += j.choices[0].text || '';
+  if (!stream || res.status !== 200) {
+    const txt = await res.text();
+    let json = null;
+    try { json = JSON.parse(txt); } catch { /* */ }
+    return { status: res.status, json, raw: txt };
+  }
+  const reader = res.body.getReader();
+  const dec = new TextDecoder();
+  let buf = '', text = '', error = null, done = false;
+  for (;;) {
+    const { value, done: eof } = await reader.read();
+    if (eof) break;
+    buf += dec.decode(value, { stream: true });
+    let k;
+    while ((k = buf.indexOf('\n\n')) >= 0) {
+      const ev = buf.slice(0, k); buf = buf.slice(k + 2);
+      if (!ev.startsWith('data: ')) continue;
+      if (ev === 'data: [DONE]') { done = true; continue; }
+      const j = JSON.parse(ev.slice(6));
+      if (j.error) error = j.error;
+      if (j.choices && j.choices[0]) { text += j.choices[0].text || ''; firstToken(); }
+    }
   }
   return { status: 200, text, error, done };
 }
@@ -47,7 +65,8 @@ async function main() {
   }
   const all = [];
   for (let i = 0; i < N; i++) all.push(once(i, true).catch((e) => ({ status: 0, error: String(e), text: '' })));
-  await new Promise((res) => setTimeout(res, Number(process.env.KILL_AFTER_MS || 300)));
+  await firstTokenSeen;  // the first request is decoding; the others are behind it
+  await new Promise((res) => setTimeout(res, Number(process.env.KILL_AFTER_MS || 0)));
   const drain = process.env.KILL_SIGNAL === 'SIGTERM';
   for (const pid of String(process.env.KILL_PID).split(',')) process.kill(Number(pid), drain ? 'SIGTERM' : 'SIGKILL');
   if (drain) for (let i = 0; i < N; i++) all.push(once(i, true).catch((e) => ({ status: 0, error: String(e), text: '' })));
