@@ -6,8 +6,8 @@
 // event after a correct prefix); at least one must fail (the kill landed)
 // and at least one must succeed; afterwards N fresh requests must all
 // succeed with their reference answers. The signal goes KILL_AFTER_MS
-// (default 0) after the wave's first token arrives. Env: KS_URL, KILL_PID,
-// KILL_AFTER_MS, CHAOS_N. With KILL_SIGNAL=SIGTERM (a graceful drain,
+// (default 0) after the wave's first token arrives (KILL_WHEN=start: after
+// the wave was sent). Env: KS_URL, KILL_PID, KILL_AFTER_MS, KILL_WHEN, CHAOS_N. With KILL_SIGNAL=SIGTERM (a graceful drain,
 // KILL_PID may list several pids) a second wave of N requests starts right
 // after the signal, and every request of both waves must succeed with its
 // reference answer. Exit 0 = pass, 1 = fail.
@@ -65,7 +65,10 @@ async function main() {
   }
   const all = [];
   for (let i = 0; i < N; i++) all.push(once(i, true).catch((e) => ({ status: 0, error: String(e), text: '' })));
-  await firstTokenSeen;  // the first request is decoding; the others are behind it
+  // KILL_WHEN=first-token (default): once the wave's first token arrives,
+  // every request is decoding somewhere. KILL_WHEN=start: KILL_AFTER_MS after
+  // the wave was sent (for a prefill worker, while transfers are held back).
+  if (process.env.KILL_WHEN !== 'start') await firstTokenSeen;
   await new Promise((res) => setTimeout(res, Number(process.env.KILL_AFTER_MS || 0)));
   const drain = process.env.KILL_SIGNAL === 'SIGTERM';
   for (const pid of String(process.env.KILL_PID).split(',')) process.kill(Number(pid), drain ? 'SIGTERM' : 'SIGKILL');
