@@ -43,21 +43,28 @@ static bool cluster__secret(const char *cmd, const serve__cfg *c, uint8_t *buf, 
     return true;
 }
 
+/* The start every role shares: serve's options, the model, the pool sizing
+ * check (I8) and the cluster secret. Returns -1 to continue (*m loaded),
+ * else the exit status (everything freed). */
+static int cluster__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts *o,
+                            uint8_t secret[CLUSTER_SECRET_MAX], size_t *secret_len) {
+    int rc = serve__prepare(argc, argv, c, m, o, stderr);
+    if (rc < 0 && !cluster__secret(argv[0], c, secret, secret_len)) rc = 2;
+    if (rc >= 0) {
+        model_free(*m);
+        *m = NULL;
+    }
+    return rc;
+}
+
 int cli_router(int argc, char **argv) {
     serve__cfg c;
     model *m = NULL;
     engine_opts o;
-    int rc = serve__prepare(argc, argv, &c, &m, &o, stderr);
-    if (rc >= 0) {
-        model_free(m);
-        return rc;
-    }
     uint8_t secret[CLUSTER_SECRET_MAX];
     size_t secret_len = 0;
-    if (!cluster__secret(argv[0], &c, secret, &secret_len)) {
-        model_free(m);
-        return 2;
-    }
+    int rc = cluster__prepare(argc, argv, &c, &m, &o, secret, &secret_len);
+    if (rc >= 0) return rc;
     rc = 1;
     ks_errbuf eb = {0};
     sigset_t sigs;
@@ -123,13 +130,10 @@ static int cluster__worker(int argc, char **argv, bool decode) {
     serve__cfg c;
     model *m = NULL;
     engine_opts o;
-    int rc = serve__prepare(argc, argv, &c, &m, &o, stderr);
-    if (rc >= 0) {
-        model_free(m);
-        return rc;
-    }
     uint8_t secret[CLUSTER_SECRET_MAX];
     size_t secret_len = 0;
+    int rc = cluster__prepare(argc, argv, &c, &m, &o, secret, &secret_len);
+    if (rc >= 0) return rc;
     char host[256];
     long port = 0;
     const char *colon = c.router ? strrchr(c.router, ':') : NULL;
@@ -137,14 +141,11 @@ static int cluster__worker(int argc, char **argv, bool decode) {
         !cli__parse_int("--router", colon + 1, 1, 65535, &port)) {
         fprintf(stderr, "kvseal %s: --router HOST:PORT is required (the router's cluster port)\n",
                 argv[0]);
+        sodium_memzero(secret, sizeof secret);
         model_free(m);
         return 2;
     }
     snprintf(host, sizeof host, "%.*s", (int)(colon - c.router), c.router);
-    if (!cluster__secret(argv[0], &c, secret, &secret_len)) {
-        model_free(m);
-        return 2;
-    }
     sigset_t sigs;
     cluster__block_signals(&sigs);
     pthread_t waiter;

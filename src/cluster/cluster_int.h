@@ -24,6 +24,16 @@ bool cl_sampling_to_msg(const sample_params *sp, int32_t max_tokens, bool ignore
 void cl_sampling_from_msg(const pd_msg_sampling *m, sample_params *sp /* OUT */,
                           bool *ignore_eos /* OUT */);
 
+/* A worker's HEALTH_ACK load fields from its pool: active (transfers or
+ * requests in flight), free and quarantined pages, the DRAINING flag. */
+void cl_health_fill(const kv_pool *pool, uint32_t active, bool draining,
+                    pd_msg_health_ack *out /* OUT */);
+/* A worker's POOL_CHECK_ACK: page counts by state; clean only when nothing is
+ * in flight (active == 0, !busy) and every page is FREE and scrubbed (I3).
+ * The caller must own the pool (no forward pass running on it). */
+void cl_pool_check_fill(const kv_pool *pool, uint32_t active, bool busy,
+                        pd_msg_pool_check_ack *out /* OUT */);
+
 /* A millisecond monotonic clock for pd_send/pd_recv cfg.clock; ctx unused. */
 uint64_t cl_now_ms(void *ctx);
 

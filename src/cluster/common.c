@@ -129,6 +129,26 @@ void cl_sampling_from_msg(const pd_msg_sampling *m, sample_params *sp, bool *ign
     *ignore_eos = (m->flags & PD_FLAG_IGNORE_EOS) != 0;
 }
 
+void cl_health_fill(const kv_pool *pool, uint32_t active, bool draining, pd_msg_health_ack *out) {
+    kv_stats ks;
+    kv_pool_stats(pool, &ks);
+    out->active_requests = active;
+    out->free_pages = ks.pages[KV_PAGE_FREE];
+    out->quarantined_pages = ks.pages[KV_PAGE_QUARANTINE];
+    out->flags = draining ? PD_HEALTH_DRAINING : 0;
+}
+
+void cl_pool_check_fill(const kv_pool *pool, uint32_t active, bool busy, pd_msg_pool_check_ack *out) {
+    kv_stats ks;
+    kv_pool_stats(pool, &ks);
+    out->active = active + (busy ? 1u : 0u);
+    out->free_pages = ks.pages[KV_PAGE_FREE];
+    out->allocated = ks.pages[KV_PAGE_ALLOCATED];
+    out->ready = ks.pages[KV_PAGE_READY];
+    out->quarantined = ks.pages[KV_PAGE_QUARANTINE];
+    out->clean = out->active == 0 && kv_pool_all_free_and_scrubbed(pool);
+}
+
 uint64_t cl_now_ms(void *ctx) {
     (void)ctx;
     return ks_now_ns() / 1000000u;

@@ -650,27 +650,15 @@ static void dec__health(void *ud, pd_msg_health_ack *out) {
     dec__worker *w = ud;
     pd_recv_stats rs;
     pd_recv_get_stats(w->rcv, &rs);
-    kv_stats ks;
-    kv_pool_stats(w->pool, &ks);
-    out->active_requests = rs.active;
-    out->free_pages = ks.pages[KV_PAGE_FREE];
-    out->quarantined_pages = ks.pages[KV_PAGE_QUARANTINE];
-    out->flags = atomic_load(&w->draining) ? PD_HEALTH_DRAINING : 0;
+    cl_health_fill(w->pool, rs.active, atomic_load(&w->draining), out);
 }
 
 static void dec__pool_check(void *ud, pd_msg_pool_check_ack *out) {
     dec__worker *w = ud;
     pd_recv_stats rs;
     pd_recv_get_stats(w->rcv, &rs);
-    kv_stats ks;
-    kv_pool_stats(w->pool, &ks);
-    out->active = rs.active > w->n_req ? rs.active : w->n_req;
-    out->free_pages = ks.pages[KV_PAGE_FREE];
-    out->allocated = ks.pages[KV_PAGE_ALLOCATED];
-    out->ready = ks.pages[KV_PAGE_READY];
-    out->quarantined = ks.pages[KV_PAGE_QUARANTINE];
     // we are on the scheduler thread: no forward pass runs while this reads
-    out->clean = out->active == 0 && w->n_commits == 0 && kv_pool_all_free_and_scrubbed(w->pool);
+    cl_pool_check_fill(w->pool, rs.active > w->n_req ? rs.active : w->n_req, w->n_commits > 0, out);
 }
 
 // ----------------------------------------------------------------------------

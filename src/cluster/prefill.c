@@ -561,28 +561,16 @@ static void pf__health(void *ud, pd_msg_health_ack *out) {
     pf__worker *w = ud;
     pd_send_stats ss;
     pd_send_get_stats(w->send, &ss);
-    kv_stats ks;
-    kv_pool_stats(w->pool, &ks);
-    out->active_requests = ss.active;
-    out->free_pages = kv_pool_n_free(w->pool);
-    out->quarantined_pages = ks.pages[KV_PAGE_QUARANTINE];
-    out->flags = w->draining ? PD_HEALTH_DRAINING : 0;
+    cl_health_fill(w->pool, ss.active, w->draining, out);
 }
 
 static void pf__pool_check(void *ud, pd_msg_pool_check_ack *out) {
     pf__worker *w = ud;
     pd_send_stats ss;
     pd_send_get_stats(w->send, &ss);
-    kv_stats ks;
-    kv_pool_stats(w->pool, &ks);
-    out->active = ss.active;
-    out->free_pages = ks.pages[KV_PAGE_FREE];
-    out->allocated = ks.pages[KV_PAGE_ALLOCATED];
-    out->ready = ks.pages[KV_PAGE_READY];
-    out->quarantined = ks.pages[KV_PAGE_QUARANTINE];
-    // while a forward chunk runs, the compute thread owns the pool: busy
-    out->clean = !w->computing && ss.active == 0 && kv_pool_all_free_and_scrubbed(w->pool);
-    if (w->computing) out->active++;
+    // while a forward chunk runs, the compute thread owns the pool: busy (and
+    // cl_pool_check_fill then never scans it)
+    cl_pool_check_fill(w->pool, ss.active, w->computing, out);
 }
 
 // ----------------------------------------------------------------------------

@@ -133,7 +133,6 @@ struct cluster_router {
     uint64_t check_id;
 };
 
-static uint64_t rt__now_ms(void) { return ks_now_ns() / 1000000u; }
 
 // ----------------------------------------------------------------------------
 // Request objects
@@ -268,7 +267,7 @@ static rt_worker *rt__pick(cluster_router *r, uint8_t role, uint32_t need_pages)
 
 /* Sends ADMIT for waiting requests, FIFO, while workers are available. */
 static void rt__schedule(cluster_router *r) {
-    uint64_t now = rt__now_ms();
+    uint64_t now = cl_now_ms(NULL);
     while (r->wait_head) {
         rt_req *q = r->wait_head;
         if (q->retry_ms > now) return;
@@ -327,7 +326,7 @@ static void rt__rekey(cluster_router *r, rt_req *q) {
     *pp = q;
     q->retries++;
     q->p_sent = false;
-    rt__requeue(r, q, rt__now_ms() + RT_RETRY_MS);
+    rt__requeue(r, q, cl_now_ms(NULL) + RT_RETRY_MS);
 }
 
 static void rt__on_submit(void *arg) {
@@ -347,7 +346,7 @@ static void rt__on_submit(void *arg) {
     KS_ASSERT(!*pp);
     *pp = q;
     q->phase = RT_WAITING;
-    q->t_phase_ms = rt__now_ms();
+    q->t_phase_ms = cl_now_ms(NULL);
     atomic_fetch_add(&r->n_waiting, 1);
     if (r->wait_tail) r->wait_tail->wnext = q;
     else r->wait_head = q;
@@ -422,7 +421,7 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
     w->n_pages = m.n_pages;
     w->n_ctx = m.n_ctx;
     w->free_pages = m.n_pages;
-    w->last_ack_ms = rt__now_ms();
+    w->last_ack_ms = cl_now_ms(NULL);
     if ((int32_t)m.n_ctx < r->o.n_ctx)
         ks_log(KS_LOG_WARN,
                "router: worker %u accepts %u-token contexts, less than the router's %d: longer "
@@ -538,7 +537,7 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
         snprintf(msg, sizeof msg, "%.*s", (int)d.msg_len, d.msg);
         if (d.reason == PD_DENY_DRAINING) rt__set_draining(w);  // pair it elsewhere from now on
         if (d.reason == PD_DENY_NOSPACE || d.reason == PD_DENY_NO_LINK || d.reason == PD_DENY_DRAINING) {
-            rt__requeue(r, q, rt__now_ms() + RT_RETRY_MS);
+            rt__requeue(r, q, cl_now_ms(NULL) + RT_RETRY_MS);
         } else {
             ks_err e = d.reason == PD_DENY_CONTEXT ? KS_ERR_INVAL : KS_ERR_AGAIN;
             rt__finish(r, q, ENGINE_REJECTED, ENGINE_FINISH_ERROR, e, msg);
@@ -612,7 +611,7 @@ static void rt__on_frame(pd_conn *c, void *ud, const pd_frame *f) {
         if (pd_msg_health_ack_decode(f->payload, f->payload_len, &a, &eb) != KS_OK) break;
         if (a.seq > w->acked_seq && a.seq <= w->health_seq) {
             w->acked_seq = a.seq;
-            w->last_ack_ms = rt__now_ms();
+            w->last_ack_ms = cl_now_ms(NULL);
             w->active = a.active_requests;
             w->free_pages = a.free_pages;
             w->quarantined = a.quarantined_pages;
@@ -697,7 +696,7 @@ static void rt__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
 // Timers (loop thread)
 
 static void rt__tick(cluster_router *r) {
-    uint64_t now = rt__now_ms();
+    uint64_t now = cl_now_ms(NULL);
     // health: HEALTH every interval; three intervals without an answer drop the worker
     if (now - r->last_health_ms >= r->o.health_interval_ms) {
         r->last_health_ms = now;
@@ -777,7 +776,7 @@ static void rt__check_progress(cluster_router *r, uint64_t started_ms) {
     pthread_mutex_unlock(&r->mu);
     bool pending = false;
     for (rt_worker *w = r->workers; w; w = w->next) pending |= w->check_pending;
-    if (pending && rt__now_ms() - started_ms < 2000) return;
+    if (pending && cl_now_ms(NULL) - started_ms < 2000) return;
     bool clean = true, busy = atomic_load(&r->n_inflight) + atomic_load(&r->n_waiting) > 0;
     char msg[512];
     size_t off = 0;
@@ -826,7 +825,7 @@ static void *rt__main(void *arg) {
         pthread_mutex_unlock(&r->mu);
         if (st == 1 && req != check_seen) {
             check_seen = req;
-            check_started = rt__now_ms();
+            check_started = cl_now_ms(NULL);
             rt__on_check(r);
         }
         if (st == 1) rt__check_progress(r, check_started);
@@ -959,7 +958,7 @@ static void rt__get_stats(void *impl, engine_stats *out) {
  * reports whether every worker's pool is all FREE and scrubbed. */
 static ks_err rt__check_quiescent(void *impl, uint32_t timeout_ms, ks_errbuf *eb) {
     cluster_router *r = impl;
-    uint64_t deadline = rt__now_ms() + timeout_ms;
+    uint64_t deadline = cl_now_ms(NULL) + timeout_ms;
     for (;;) {
         pthread_mutex_lock(&r->mu);
         r->check_state = 1;
@@ -973,7 +972,7 @@ static ks_err rt__check_quiescent(void *impl, uint32_t timeout_ms, ks_errbuf *eb
                 ts.tv_nsec -= 1000000000L;
             }
             pthread_cond_timedwait(&r->cv, &r->mu, &ts);
-            if (rt__now_ms() > deadline + 3000) break;
+            if (cl_now_ms(NULL) > deadline + 3000) break;
         }
         bool answered = r->check_state == 2, clean = r->check_clean, busy = r->check_busy;
         char msg[512];
@@ -983,7 +982,7 @@ static ks_err rt__check_quiescent(void *impl, uint32_t timeout_ms, ks_errbuf *eb
         if (answered && !busy)
             return clean ? (ks_seterr(eb, KS_OK, "%s", msg), KS_OK)
                          : ks_seterr(eb, KS_ERR_INTERNAL, "%s", msg);
-        if (rt__now_ms() >= deadline)
+        if (cl_now_ms(NULL) >= deadline)
             return ks_seterr(eb, KS_ERR_TIMEOUT, "requests still active: %s", answered ? msg : "no answer");
         struct timespec nap = {0, 50 * 1000000L};
         nanosleep(&nap, NULL);
@@ -1069,7 +1068,7 @@ ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out,
                        .peer_roles = (1u << PD_ROLE_PREFILL) | (1u << PD_ROLE_DECODE)};
     if ((err = pd_tcp_listen(r->loop, o->host, (uint16_t)o->port, &cbs, r, &r->ls, eb))) goto fail;
     r->port = pd_listener_port(r->ls);
-    r->last_health_ms = rt__now_ms();
+    r->last_health_ms = cl_now_ms(NULL);
     if (pthread_create(&r->thread, NULL, rt__main, r) != 0) {
         err = ks_seterr(eb, KS_ERR_NOMEM, "router: cannot start the loop thread");
         goto fail;

@@ -229,6 +229,20 @@ void engine_req_release(engine_req *r) {
 // ----------------------------------------------------------------------------
 // Admission (I4): everything is checked before a request exists
 
+/* A QUEUED request with both references (caller's + scheduler's) and its
+ * id; NULL on out-of-memory. The caller fills the rest. */
+static engine_req *engine__req_new(engine *e, const char *tenant) {
+    engine_req *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    atomic_init(&r->refs, 2);
+    atomic_init(&r->state, ENGINE_QUEUED);
+    r->e = e;
+    r->id = atomic_fetch_add(&e->next_id, 1);
+    snprintf(r->tenant, sizeof r->tenant, "%s", tenant ? tenant : "default");
+    r->batch_slot = r->out_row = -1;
+    return r;
+}
+
 #ifdef KS_BROKEN_PLACEHOLDER
 static const int32_t engine__placeholder = 1;
 #endif
@@ -290,13 +304,8 @@ ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_err
         atomic_fetch_add(&e->n_rejected, 1);
         return err;
     }
-    engine_req *r = calloc(1, sizeof *r);
+    engine_req *r = engine__req_new(e, p->tenant);
     if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "request");
-    atomic_init(&r->refs, 2);
-    atomic_init(&r->state, ENGINE_QUEUED);
-    r->e = e;
-    r->id = atomic_fetch_add(&e->next_id, 1);
-    snprintf(r->tenant, sizeof r->tenant, "%s", p->tenant ? p->tenant : "default");
     engine_domain_root(p, r->root);
     r->prompt = malloc(sizeof(int32_t) * (size_t)n_prompt);
     r->n_prompt = n_prompt;
@@ -304,7 +313,6 @@ ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_err
     r->sp = p->sp;
     r->ignore_eos = p->ignore_eos;
     r->t_submit = ks_now_ns();
-    r->batch_slot = r->out_row = -1;
     ks_err ce = KS_OK;
     if (r->prompt) memcpy(r->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
     if (!r->prompt || (ce = sampler_create(&p->sp, e->V, &r->smp, eb)) ||
@@ -724,19 +732,13 @@ ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out, ks_
         atomic_fetch_add(&e->n_rejected, 1);
         return err;
     }
-    engine_req *r = calloc(1, sizeof *r);
+    engine_req *r = engine__req_new(e, a->tenant);
     if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "request");
-    atomic_init(&r->refs, 2);
-    atomic_init(&r->state, ENGINE_QUEUED);
-    r->e = e;
-    r->id = atomic_fetch_add(&e->next_id, 1);
-    snprintf(r->tenant, sizeof r->tenant, "%s", a->tenant ? a->tenant : "default");
     r->n_prompt = n_prompt;  // the prompt's ids stay with the prefill side (r->prompt NULL)
     r->max_tokens = max_tokens;
     r->sp = a->sp;
     r->ignore_eos = a->ignore_eos;
     r->t_submit = ks_now_ns();
-    r->batch_slot = r->out_row = -1;
     ks_err ce;
     if ((ce = sampler_create(&a->sp, e->V, &r->smp, eb)) ||
         (ce = engine_stream_create(NULL, 0, &r->out, eb))) {  // no stop strings: the router's
