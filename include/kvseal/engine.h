@@ -244,6 +244,19 @@ ks_err engine_stream_token(engine_stream *s, const tok_vocab *v, const sample_re
  * matcher still hold. Can't fail. */
 void engine_stream_flush(engine_stream *s, char *piece, size_t cap);
 
+/* How a request ended, for engine_stream_finish. */
+typedef struct engine_outcome {
+    engine_state state;      /* FINISHED, REJECTED or ABORTED */
+    engine_finish finish;
+    ks_err err;
+    const char *msg;         /* NULL: none */
+    int32_t n_prompt, n_gen, n_cached;
+    uint64_t t_submit_ns, t_first_ns; /* t_first_ns 0: no token */
+} engine_outcome;
+/* Producer side, last call: on a STOP/LENGTH finish posts what is still held
+ * back (engine_stream_flush), then the done event for o. Can't fail. */
+void engine_stream_finish(engine_stream *s, const engine_outcome *o, char *piece, size_t cap);
+
 typedef struct engine_stats {
     kv_stats kv;
     uint32_t n_queued, n_running;

@@ -220,25 +220,14 @@ static void rt__finish(cluster_router *r, rt_req *q, engine_state to, engine_fin
     q->phase = RT_DONE;
     rt_req **pp = rt__slot(r, q->id);
     if (*pp == q) *pp = q->hnext;
-    if (fin == ENGINE_FINISH_STOP || fin == ENGINE_FINISH_LENGTH)  // what is still held back
-        engine_stream_flush(q->out, r->piece, r->piece_cap);
-    engine_event ev;
-    memset(&ev, 0, sizeof ev);
-    ev.done = true;
-    ev.token = -1;
-    ev.finish = fin;
-    ev.state = to;
-    ev.err = err;
-    if (msg) snprintf(ev.errmsg, sizeof ev.errmsg, "%s", msg);
-    ev.n_prompt = q->n_prompt;
-    ev.n_gen = q->n_gen;
-    ev.ttft_ms = q->t_first_ns ? (double)(q->t_first_ns - q->t_submit_ns) / 1e6 : 0.0;
     atomic_store(&q->state, (int)to);
     atomic_fetch_add(to == ENGINE_FINISHED   ? &r->n_finished
                      : to == ENGINE_REJECTED ? &r->n_rejected
                                              : &r->n_aborted,
                      1);
-    engine_stream_post(q->out, &ev);
+    engine_outcome o = {.state = to, .finish = fin, .err = err, .msg = msg, .n_prompt = q->n_prompt,
+                        .n_gen = q->n_gen, .t_submit_ns = q->t_submit_ns, .t_first_ns = q->t_first_ns};
+    engine_stream_finish(q->out, &o, r->piece, r->piece_cap);
     rt__unref(q);
 }
 

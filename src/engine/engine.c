@@ -350,22 +350,11 @@ static void engine__finish(engine *e, engine_req *r, engine_state to, engine_fin
         kv_seq_release(e->pool, &r->seq);
         r->has_seq = false;
     }
-    engine_event ev;
-    memset(&ev, 0, sizeof ev);
-    ev.done = true;
-    ev.token = -1;
-    ev.finish = fin;
-    ev.state = to;
-    ev.err = err;
-    if (msg) snprintf(ev.errmsg, sizeof ev.errmsg, "%s", msg);
-    ev.n_prompt = r->n_prompt;
-    ev.n_gen = r->n_gen;
-    ev.n_cached = r->n_cached;
-    ev.ttft_ms = r->t_first ? (double)(r->t_first - r->t_submit) / 1e6 : 0.0;
-    if (fin == ENGINE_FINISH_STOP || fin == ENGINE_FINISH_LENGTH)  // what is still held back
-        engine_stream_flush(r->out, e->piece, e->piece_cap);
     atomic_fetch_add(to == ENGINE_FINISHED ? &e->n_finished : &e->n_aborted, 1);
-    engine_stream_post(r->out, &ev);
+    engine_outcome o = {.state = to, .finish = fin, .err = err, .msg = msg, .n_prompt = r->n_prompt,
+                        .n_gen = r->n_gen, .n_cached = r->n_cached, .t_submit_ns = r->t_submit,
+                        .t_first_ns = r->t_first};
+    engine_stream_finish(r->out, &o, e->piece, e->piece_cap);
     engine__req_unref(r);
 }
 

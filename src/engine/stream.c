@@ -6,6 +6,7 @@
 #include "kvseal/engine.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -135,6 +136,24 @@ ks_err engine_stream_token(engine_stream *s, const tok_vocab *v, const sample_re
     stream__post_text(s, sr->token, sr, st.text, st.len);
     *matched = st.matched;
     return KS_OK;
+}
+
+void engine_stream_finish(engine_stream *s, const engine_outcome *o, char *piece, size_t cap) {
+    if (o->finish == ENGINE_FINISH_STOP || o->finish == ENGINE_FINISH_LENGTH)
+        engine_stream_flush(s, piece, cap);
+    engine_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.done = true;
+    ev.token = -1;
+    ev.finish = o->finish;
+    ev.state = o->state;
+    ev.err = o->err;
+    if (o->msg) snprintf(ev.errmsg, sizeof ev.errmsg, "%s", o->msg);
+    ev.n_prompt = o->n_prompt;
+    ev.n_gen = o->n_gen;
+    ev.n_cached = o->n_cached;
+    ev.ttft_ms = o->t_first_ns ? (double)(o->t_first_ns - o->t_submit_ns) / 1e6 : 0.0;
+    engine_stream_post(s, &ev);
 }
 
 void engine_stream_flush(engine_stream *s, char *piece, size_t cap) {
