@@ -87,6 +87,12 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
 int server_port(const server *s);
 /* Stops accepting new connections; requests in flight continue. Thread-safe. */
 void server_stop_accepting(server *s);
+/* Graceful shutdown, step one: from now on new generation requests get 503
+ * server_shutting_down and GET /health answers 503 {"status":"draining"}
+ * (load balancers stop sending); requests in flight go on. Thread-safe. */
+void server_drain(server *s);
+/* Generations the server is still answering (0 once a drain has finished). */
+int server_inflight(const server *s);
 /* Aborts every request in flight (their engine requests are cancelled),
  * closes all connections, joins the server's threads and frees everything;
  * accepts NULL. Call before engine_destroy. Blocks. */

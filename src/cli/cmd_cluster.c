@@ -5,7 +5,8 @@
  *
  * The router prints "cluster port N" and then "listening on http://HOST:PORT"
  * to stdout; the decode worker prints "data link on HOST:PORT". All three
- * run until SIGTERM/SIGINT and exit 0 after freeing everything. */
+ * run until SIGTERM/SIGINT, drain (the router as serve does; a worker as
+ * cluster.h says) and exit 0 after freeing everything. */
 #include "cli_int.h"
 
 #include "kvseal/cluster.h"
@@ -99,6 +100,7 @@ int cli_router(int argc, char **argv) {
     while (sigwait(&sigs, &sig) != 0) {
     }
     ks_log(KS_LOG_INFO, "signal %d: shutting down", sig);
+    serve__drain(s, &sigs, c.drain_timeout_ms);
     server_stop_accepting(s);
     be.set_online(be.impl, false, true);
     rc = 0;

@@ -7,7 +7,8 @@
  * arithmetic; serve refuses to start (exit 1) when one request of the
  * advertised context cannot fit and warns below 2x. serve prints one line
  * "listening on http://HOST:PORT" to stdout once bound, then waits for
- * SIGTERM/SIGINT, aborts what is running and exits 0 after freeing all. */
+ * SIGTERM/SIGINT, drains (new requests get 503, running ones finish, up to
+ * --drain-timeout-ms), aborts what is left and exits 0 after freeing all. */
 #include "cli_int.h"
 
 #include "kvseal/engine.h"
@@ -30,10 +31,13 @@ void serve__usage(const char *cmd) {
             "         [--page-tokens 16] [--threads N] [--batch-tokens 256] [--max-running 16]\n"
             "         [--queue-max 64] [--queue-timeout-ms 30000] [--no-prefix-cache]\n"
             "         [--scrub zero|poison] [--tenants FILE] [--admin-key KEY] [--log-content]\n"
-            "         [--security-log FILE] [--idle-timeout SECONDS (120)]\n"
+            "         [--security-log FILE] [--idle-timeout SECONDS (120)] [--drain-timeout-ms 30000]\n"
             "  --ctx defaults to the model's training context. Without --kv-pages/--kv-memory the\n"
             "  pool takes at most 25%% of MemAvailable, between 1x and 8x the context.\n"
             "  Without --tenants there is one anonymous tenant and no API key is required.\n"
+            "  On SIGTERM/SIGINT serve (and router) drain: new requests get 503 and /health 503,\n"
+            "  running ones finish for up to --drain-timeout-ms (0: abort at once); a second\n"
+            "  signal aborts them.\n"
             "disaggregated serving (docs/pd-protocol.md); every node reads the same secret file\n"
             "(>= 16 bytes, mode 600):\n"
             "  kvseal router  [the options above] --secret-file FILE [--cluster-host 127.0.0.1]\n"
@@ -301,6 +305,26 @@ int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts 
     return -1;
 }
 
+void serve__drain(server *s, const sigset_t *sigs, long timeout_ms) {
+    server_drain(s);
+    if (timeout_ms <= 0 || server_inflight(s) == 0) return;
+    ks_log(KS_LOG_INFO, "draining %d request(s) for up to %ld ms (signal again to abort them)",
+           server_inflight(s), timeout_ms);
+    uint64_t deadline = ks_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    const struct timespec tick = {0, 20 * 1000 * 1000};
+    while (server_inflight(s) > 0) {
+        if (ks_now_ns() >= deadline) {
+            ks_log(KS_LOG_WARN, "drain timeout: aborting %d request(s)", server_inflight(s));
+            return;
+        }
+        if (sigtimedwait(sigs, NULL, &tick) > 0) {
+            ks_log(KS_LOG_WARN, "second signal: aborting %d request(s)", server_inflight(s));
+            return;
+        }
+    }
+    ks_log(KS_LOG_INFO, "drained: every request finished");
+}
+
 int cli_check(int argc, char **argv) {
     serve__cfg c;
     model *m = NULL;
@@ -348,8 +372,9 @@ int cli_serve(int argc, char **argv) {
     while (sigwait(&sigs, &sig) != 0) {
     }
     ks_log(KS_LOG_INFO, "signal %d: shutting down", sig);
+    serve__drain(s, &sigs, c.drain_timeout_ms);
     server_stop_accepting(s);
-    engine_set_online(e, false, true); // abort what is running: answers end now
+    engine_set_online(e, false, true); // abort what is left: answers end now
     rc = 0;
     goto done;
 fail:

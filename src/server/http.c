@@ -61,6 +61,7 @@ struct server {
     struct MHD_Daemon *d;
     int port;
     atomic_bool stopping;
+    atomic_bool draining; /* server_drain: refuse new generations */
     atomic_int inflight; /* srv_gen objects alive (drained at shutdown) */
 };
 
@@ -451,7 +452,8 @@ static void srv__done_error(const srv_gen *g, const engine_event *ev, srv_error 
 
 /* Error details of an aborted/failed request, in the route's shape. */
 static void srv__gen_error(const srv_gen *g, const engine_event *ev, srv_error *err) {
-    if (g->gone && atomic_load(&g->s->stopping))
+    bool draining = atomic_load_explicit(&g->s->draining, memory_order_acquire);
+    if ((g->gone && atomic_load(&g->s->stopping)) || (draining && ev->finish == ENGINE_FINISH_ABORT))
         srv_error_set(err, 503, "server_error", "server_shutting_down", NULL, SRV_REJECT_NONE,
                       "the server is shutting down; the request was aborted");
     else if (srv__done_mapped(ev))
@@ -687,6 +689,12 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     srv_error err;
     int tenant = srv__auth(s, c, &err);
     if (tenant < 0) return srv__reply_error(s, c, route, &err);
+    if (atomic_load_explicit(&s->draining, memory_order_acquire)) {
+        srv_error_set(&err, 503, "server_error", "server_shutting_down", NULL, SRV_REJECT_SHUTDOWN,
+                      "the server is shutting down and takes no new requests; retry on another "
+                      "instance");
+        return srv__reply_error(s, c, route, &err);
+    }
     srv_request rq;
     if (!srv_request_parse(route, sc->body.p ? sc->body.p : "", sc->body.len, &rq, &err))
         return srv__reply_error(s, c, route, &err);
@@ -869,10 +877,12 @@ static enum MHD_Result srv__models(server *s, struct MHD_Connection *c) {
 
 static enum MHD_Result srv__health(server *s, struct MHD_Connection *c) {
     bool online = s->b.is_online(s->b.impl);
-    json_t *j = json_pack("{s:s, s:s, s:s, s:b, s:i}", "status", online ? "ok" : "offline", "model",
+    bool draining = atomic_load_explicit(&s->draining, memory_order_acquire);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:b, s:i}", "status",
+                          draining ? "draining" : online ? "ok" : "offline", "model",
                           srv__primary_name(s), "kernels", kern_get()->name, "online", online,
                           "n_ctx", (int)s->o.n_ctx);
-    return srv__reply_json(s, c, SRV_ROUTE_HEALTH, 200, j);
+    return srv__reply_json(s, c, SRV_ROUTE_HEALTH, draining ? 503 : 200, j);
 }
 
 static enum MHD_Result srv__metrics(server *s, struct MHD_Connection *c) {
@@ -1269,6 +1279,14 @@ void server_stop_accepting(server *s) {
     if (!s || !s->d) return;
     MHD_socket fd = MHD_quiesce_daemon(s->d);
     if (fd != MHD_INVALID_SOCKET) close(fd);
+}
+
+void server_drain(server *s) {
+    if (s) atomic_store_explicit(&s->draining, true, memory_order_release);
+}
+
+int server_inflight(const server *s) {
+    return s ? atomic_load_explicit(&s->inflight, memory_order_acquire) : 0;
 }
 
 void server_destroy(server *s) {

@@ -44,7 +44,8 @@ typedef enum srv_reject {
     SRV_REJECT_OFFLINE = 5,
     SRV_REJECT_INVALID = 6,
     SRV_REJECT_AUTH = 7,
-    SRV_REJECT__COUNT = 8,
+    SRV_REJECT_SHUTDOWN = 8,
+    SRV_REJECT__COUNT = 9,
 } srv_reject;
 
 /* Label of a reason ("context_length", ...); static storage. */

@@ -289,6 +289,23 @@ static void test_routes(int port) {
     CHECK(atomic_load(&g_fake.n_check) == 1 && atomic_load(&g_fake.n_set_online) == 2);
 }
 
+/* server_drain: new generations get 503 server_shutting_down before they
+ * reach the backend, and /health says draining (503). */
+static void test_drain(server *s) {
+    static reply r;
+    int port = server_port(s);
+    int submits = atomic_load(&g_fake.n_submit);
+    server_drain(s);
+    expect_error(port, S_OK, 503, "server_shutting_down", "shutting down");
+    CHECK_EQ(atomic_load(&g_fake.n_submit), submits);
+    CHECK_EQ(server_inflight(s), 0);
+    http(port, "GET", "/health", NULL, NULL, &r);
+    CHECK_EQ(r.status, 503);
+    CHECK_STR_HAS(r.body, "\"status\":\"draining\"");
+    http(port, "GET", "/metrics", NULL, NULL, &r);
+    CHECK_STR_HAS(r.body, "kvseal_rejections_total{reason=\"shutting_down\"} 2");
+}
+
 int main(void) {
     const char *src = getenv("KS_SRC");
     char path[1024];
@@ -327,6 +344,7 @@ int main(void) {
         return 1;
     }
     test_routes(server_port(s));
+    test_drain(s);
     server_destroy(s);
     // every request the backend took was released exactly once, and none
     // was pulled past its done event

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Graceful shutdown of the HTTP front (kvseal serve and kvseal router).
+# After SIGTERM: new requests get 503 server_shutting_down (with
+# Retry-After) and /health answers 503 "draining", while every request
+# already accepted, running or still queued, finishes with its whole answer;
+# then the process exits 0. A second signal, or --drain-timeout-ms running
+# out, aborts what is left: those requests end with a clean error (never a
+# cut answer passed off as complete) and the process still exits 0.
+. "$(dirname "$0")/lib.sh"
+command -v node >/dev/null || skip "node is not installed"
+N=6
+# long enough answers that the signal lands mid-work (sanitized builds are ~10x slower)
+MAXTOK=$([ -n "${KS_SANITIZE:-}" ] && echo 100 || echo 400)
+MODEL=(-m "$KS_SRC/models/kjv-mini.gguf" --alias kjv-mini --threads 1)
+BODY='{"model":"kjv-mini","prompt":"In the beginning God created the heaven","max_tokens":'$MAXTOK',"temperature":0'
+
+post() {  # post OUT BODY_SUFFIX [curl args]: the status code on stdout
+    local out=$1 suffix=$2; shift 2
+    curl -s -o "$out" -w '%{http_code}' "$@" "$KS_URL/v1/completions" \
+        -H 'content-type: application/json' -d "$BODY$suffix}"
+}
+# the text of a JSON answer, or of an SSE stream ("" plus a note on error)
+text_of() {
+    node -e '
+const s = require("fs").readFileSync(process.argv[1], "utf8");
+if (!s.startsWith("data:")) { const j = JSON.parse(s); process.stdout.write(j.choices ? j.choices[0].text : "ERROR " + j.error.code); process.exit(0); }
+let t = "", done = false, err = null;
+for (const l of s.split("\n")) {
+  if (!l.startsWith("data: ")) continue;
+  if (l === "data: [DONE]") { done = true; continue; }
+  const j = JSON.parse(l.slice(6));
+  if (j.error) err = j.error.code || j.error.message; else if (j.choices && j.choices[0]) t += j.choices[0].text;
+}
+process.stdout.write(err ? "ERROR " + err : done ? t : "ERROR no [DONE]");' "$1"
+}
+inflight() { curl -s "$KS_URL/metrics" | awk '/^kvseal_(queue|running)_requests /{n+=$2} END{print n+0}'; }
+
+# fire: N requests (the first one streams), returns once all are accepted
+fire() {
+    PIDS=()
+    local i
+    for i in $(seq 1 $N); do
+        if [ $i = 1 ]; then post "$TMPD/r$i.out" ',"stream":true' -N >"$TMPD/r$i.code" &
+        else post "$TMPD/r$i.out" '' >"$TMPD/r$i.code" &
+        fi
+        PIDS+=($!)
+    done
+    for i in $(seq 1 400); do [ "$(inflight)" -ge $N ] && return 0; sleep 0.02; done
+    fail "the $N requests were not all accepted (in flight: $(inflight))"
+}
+
+# probes while draining: /health and a new request both get 503
+probe_draining() {
+    local code
+    code=$(curl -s -o "$TMPD/health.json" -w '%{http_code}' "$KS_URL/health")
+    expect_eq "/health while draining" "$code" 503
+    expect_has "/health body" "$(cat "$TMPD/health.json")" '"status":"draining"'
+    code=$(post "$TMPD/late.json" '' -D "$TMPD/late.hdr")
+    expect_eq "a new request while draining" "$code" 503
+    expect_has "its error" "$(cat "$TMPD/late.json")" '"code":"server_shutting_down"'
+    grep -qi '^retry-after:' "$TMPD/late.hdr" || fail "the 503 has no Retry-After"
+}
+
+# every accepted request finished with the reference answer
+expect_all_complete() {
+    local i
+    for i in $(seq 1 $N); do
+        expect_eq "request $i status" "$(cat "$TMPD/r$i.code")" 200
+        expect_eq "request $i text" "$(text_of "$TMPD/r$i.out")" "$REF"
+    done
+}
+
+# the ones cut short ended with a clean error; sets ABORTED to how many
+count_aborted() {
+    local i t
+    ABORTED=0
+    for i in $(seq 1 $N); do
+        t=$(text_of "$TMPD/r$i.out")
+        case "$t" in
+        "ERROR server_shutting_down") ABORTED=$((ABORTED + 1)) ;;
+        "$REF") ;;
+        *) fail "request $i after an abort: neither the whole answer nor a clean error: [${t:0:120}]" ;;
+        esac
+    done
+}
+
+wait_exit() {  # wait_exit PID WHAT: it must exit 0 within 30 s
+    local i
+    for i in $(seq 1 300); do kill -0 $1 2>/dev/null || break; sleep 0.1; done
+    kill -0 $1 2>/dev/null && { kill -KILL $1; fail "$2 did not exit after draining"; }
+    wait $1
+    expect_eq "$2 exit status" "$?" 0
+}
+
+# 1. serve: queued and running requests all finish after SIGTERM
+start_server "$TMPD/s1.log" "${MODEL[@]}" --max-running 2 --drain-timeout-ms 60000
+post "$TMPD/ref.json" '' >/dev/null
+REF=$(text_of "$TMPD/ref.json")
+[ ${#REF} -gt 100 ] || fail "reference answer too short to take time: [$REF]"
+fire
+kill -TERM $KS_PID
+probe_draining
+wait "${PIDS[@]}"
+expect_all_complete
+wait_exit $KS_PID "serve"
+grep -q "drained: every request finished" "$TMPD/s1.log" || fail "serve did not log the drain"
+
+# 2. a second signal aborts what is left, cleanly
+start_server "$TMPD/s2.log" "${MODEL[@]}" --max-running 1 --drain-timeout-ms 60000
+fire
+kill -TERM $KS_PID
+probe_draining
+kill -TERM $KS_PID
+wait "${PIDS[@]}"
+count_aborted
+[ "$ABORTED" -ge 1 ] || fail "a second signal aborted nothing"
+wait_exit $KS_PID "serve (second signal)"
+grep -q "second signal: aborting" "$TMPD/s2.log" || fail "serve did not log the abort"
+
+# 3. so does the end of --drain-timeout-ms
+start_server "$TMPD/s3.log" "${MODEL[@]}" --max-running 1 --drain-timeout-ms 150
+fire
+kill -TERM $KS_PID
+wait "${PIDS[@]}"
+count_aborted
+[ "$ABORTED" -ge 1 ] || fail "the drain timeout aborted nothing"
+wait_exit $KS_PID "serve (drain timeout)"
+grep -q "drain timeout: aborting" "$TMPD/s3.log" || fail "serve did not log the timeout"
+
+# 4. the router drains the same way, its workers still serving
+ROUTER_ARGS="--drain-timeout-ms 60000" start_cluster "$TMPD/c" 1 1 "${MODEL[@]}"
+fire
+kill -TERM $KS_PID
+probe_draining
+wait "${PIDS[@]}"
+expect_all_complete
+wait_exit $KS_PID "router"
+grep -q "drained: every request finished" "$TMPD/c.router" || fail "the router did not log the drain"
+KS_PID= # the router is gone: stop only the workers
+for p in "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}"; do kill -TERM $p; done
+for p in "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}"; do wait_exit $p "worker $p"; done
+echo "drain: accepted requests finished, new ones got 503, aborts were clean"
