@@ -4,7 +4,9 @@
 # `kvseal serve` for prompts of about 128, 1k and 4k tokens (one request at a
 # time, A/B alternated, medians of 5), and the KV transfer rate decode
 # measured (first KV_PAGE to verified DONE) as a ratio to the loopback TCP
-# bandwidth measured in the same run (a plain socket copy, test_pd bench).
+# bandwidth measured in the same run (a plain socket copy, test_pd bench);
+# and the TTFT of a repeated document on the cluster, first vs again, which
+# the prefill workers' prefix cache serves.
 set -u
 cd "$(dirname "$0")/.."
 MODEL=${1:-models/kjv-mini.gguf}
@@ -20,6 +22,10 @@ echo "TTFT, one request at a time (ms, median of ${REPEAT:-5}):"
 node bench/ttft.mjs "$A" "$KS_URL" 128 1024 4000 | tee "$TMPD/ttft.json" |
     node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{for(const l of s.trim().split("\n")){const j=JSON.parse(l);
       console.log(`  ${String(j.prompt_tokens).padStart(5)} tokens: serve ${j.a_ms.toFixed(1)}  cluster ${j.b_ms.toFixed(1)}  added ${(j.b_ms-j.a_ms).toFixed(1)} ms (${(j.b_ms/j.a_ms).toFixed(3)}x)`)}})'
+echo "TTFT of a repeated document with a new question, cluster (prefill prefix cache):"
+SHARED=1 node bench/ttft.mjs "$A" "$KS_URL" 1024 4000 |
+    node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{for(const l of s.trim().split("\n")){const j=JSON.parse(l);
+      console.log(`  ${String(j.prompt_tokens).padStart(5)} tokens: first ${j.cold_ms.toFixed(1)}  repeated ${j.warm_ms.toFixed(1)} ms (${(j.warm_ms/j.cold_ms).toFixed(3)}x)`)}})'
 # decode logs one line per verified handoff: "... KV handoff: N bytes in T ms"
 rate=$(grep -h 'KV handoff' "$TMPD/c.decode1" | sed -n 's/.*: \([0-9]*\) bytes in \([0-9.]*\) ms.*/\1 \2/p' |
        awk '$1 > 4000000 { b += $1; t += $2 } END { if (t > 0) printf "%.3f", b / t / 1e6 }')

@@ -2,6 +2,7 @@
 // completion at a time, alternating A and B (A/B/A/B... so the machine's
 // drift hits both), REPEAT (env, 5) times per prompt length. Prints one JSON
 // line per length: {tokens, prompt_tokens, a_ms, b_ms} with medians.
+// SHARED=1: prefix reuse on B instead (see below).
 const [A, B, ...lens] = process.argv.slice(2);
 const REPEAT = Number(process.env.REPEAT || 5);
 const WORDS = 'In the beginning God created the heaven and the earth And the earth was without form and void'.split(' ');
@@ -41,6 +42,18 @@ async function ttft(base, text) {
 }
 
 const median = (xs) => { const s = [...xs].sort((x, y) => x - y); return s[s.length >> 1]; };
+if (process.env.SHARED === '1') {
+  // a tenant's repeated document with a new question each time, on B only:
+  // the first request computes the whole prompt, later ones find its full
+  // pages in the prefill worker's prefix cache. {tokens, cold_ms, warm_ms}
+  for (const n of lens.map(Number)) {
+    const doc = prompt(n, 0), warm = [];
+    const cold = await ttft(B, `${doc} question 0`);
+    for (let r = 1; r <= REPEAT; r++) warm.push((await ttft(B, `${doc} question ${r}`)).ms);
+    console.log(JSON.stringify({ tokens: n, prompt_tokens: cold.prompt_tokens, cold_ms: cold.ms, warm_ms: median(warm) }));
+  }
+  process.exit(0);
+}
 for (const n of lens.map(Number)) {
   const a = [], b = [];
   let pt = 0;

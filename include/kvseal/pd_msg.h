@@ -332,13 +332,14 @@ typedef struct pd_msg_token {
     const uint8_t *top;
 } pd_msg_token;
 
-/* FINISH (20 + msg_len): D -> R. */
+/* FINISH (24 + msg_len): D -> R. */
 typedef struct pd_msg_finish {
     uint32_t finish; /* PD_FINISH_* */
     uint32_t n_prompt, n_gen;
     uint32_t err;    /* ks_err; 0 unless finish is ABORT or ERROR */
     const char *msg;
     uint32_t msg_len; /* <= 512 */
+    uint32_t n_cached; /* <= n_prompt: prompt tokens prefill took from its prefix cache */
 } pd_msg_finish;
 
 ks_err pd_msg_admit_decode(const uint8_t *payload, uint32_t len, pd_msg_admit *out,
@@ -416,7 +417,7 @@ ks_err pd_msg_kv_page_encode(const pd_msg_kv_page *m, const kv_geom *g, uint8_t 
                              size_t cap, uint32_t *out_len /* OUT */,
                              ks_errbuf *eb) KS_MUST_USE;
 
-/* DONE (24 + 8 n_top): P -> D. Decoded: top points at n_top raw pairs.
+/* DONE (32 + 8 n_top): P -> D. Decoded: top points at n_top raw pairs.
  * n_top <= n_probs of the request is the caller's check. */
 typedef struct pd_msg_done {
     uint32_t covered;
@@ -424,6 +425,7 @@ typedef struct pd_msg_done {
     float logprob;
     uint32_t n_top; /* <= 64 */
     uint64_t rng_state;
+    uint32_t cached; /* <= covered: of those, tokens prefill took from its prefix cache */
     const uint8_t *top;
 } pd_msg_done;
 

@@ -61,8 +61,9 @@ typedef struct pd_send_first {
     uint64_t rng_state; /* sampler state after the first token */
 } pd_send_first;
 
-/* The prompt forward pass: writes K/V of tokens[0..n) for every layer into
- * seq (pages already reserved in pool, through kv_seq_span_write) and samples
+/* The prompt forward pass: writes K/V of tokens[seq->n_tokens..n) (0 unless
+ * cfg.prefix attached cached pages) for every layer into seq (pages already
+ * reserved in pool, through kv_seq_span_write) and samples
  * the first token into *out. Errors: any ks_err (the transfer is aborted:
  * ABORT{ERROR} to decode). */
 typedef ks_err (*pd_send_compute_fn)(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *tokens,
@@ -82,6 +83,13 @@ typedef struct pd_send_cfg {
     void *compute_ctx;
     pd_send_clock_fn clock;  /* NULL: ks_now_ns() / 1e6 */
     void *clock_ctx;
+    /* Optional prefix cache over the same pool (caller-owned, outliving the
+     * sender): before compute, the longest run of full prompt pages cached
+     * under the PREFILL's domain_hash is attached (I7: never another
+     * domain's), seq->n_tokens says how many tokens that covers and compute
+     * must start there; after compute the prompt's full pages are offered
+     * back. DONE reports the count as `cached`; the pages travel as usual. */
+    kv_prefix *prefix;
 } pd_send_cfg;
 
 /* Counters, for tests and HEALTH_ACK. */
@@ -94,6 +102,7 @@ typedef struct pd_send_stats {
     uint64_t acks_sent;
     uint64_t compute_errors;
     uint64_t link_drops;      /* transfers dropped because their link closed */
+    uint64_t cached_tokens;   /* prompt tokens taken from cfg.prefix instead of computed */
 } pd_send_stats;
 
 typedef struct pd_send pd_send;

@@ -161,7 +161,7 @@ static int cluster__worker(int argc, char **argv, bool decode) {
                               .data_host = c.data_host ? c.data_host : "127.0.0.1",
                               .data_port = (int)c.data_port, .advertise_host = c.advertise_host,
                               .eng = o, .drain_ms = (uint32_t)c.drain_timeout_ms};
-    wo.eng.prefix_cache = false;
+    if (decode) wo.eng.prefix_cache = false;  // prefill owns the cache (pd_send_cfg.prefix)
     ks_log(KS_LOG_INFO, "%s worker for %s, context %d, %u KV pages, kernels %s, router %s:%ld",
            decode ? "decode" : "prefill", c.model_path, o.n_ctx, o.kv_pages, kern_get()->name, host, port);
     ks_errbuf eb = {0};

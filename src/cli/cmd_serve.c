@@ -44,7 +44,7 @@ void serve__usage(const char *cmd) {
             "                 [--cluster-port 7070 (0: any)] [--health-interval-ms 1000]\n"
             "  kvseal prefill [-m MODEL] --router HOST:PORT --secret-file FILE [--ctx N] [--kv-pages N]\n"
             "                 [--threads N] [--batch-tokens 256] [--page-tokens 16] [--scrub zero|poison]\n"
-            "                 [--drain-timeout-ms 30000]\n"
+            "                 [--no-prefix-cache] [--drain-timeout-ms 30000]\n"
             "  kvseal decode  [-m MODEL] --router HOST:PORT --secret-file FILE [--data-host 127.0.0.1]\n"
             "                 [--data-port 0] [--advertise-host HOST] [--ctx N] [--kv-pages N]\n"
             "                 [--threads N] [--max-running 16] [--page-tokens 16] [--scrub zero|poison]\n"

@@ -46,6 +46,7 @@ typedef struct dec__req {
                                  request belongs to in logs and security events, without a
                                  tenant name ever crossing the wire */
     uint64_t kv_bytes;        /* KV_PAGE payload bytes accepted */
+    uint32_t n_cached;        /* DONE's cached: prompt tokens prefill took from its cache */
 } dec__req;
 
 /* A verified DONE waiting for engine_adopt (EV_COMMIT is queued: emit runs
@@ -168,9 +169,11 @@ static void dec__send_finish(dec__worker *w, uint64_t req_id, uint32_t finish, u
         err = finish == PD_FINISH_ABORT ? KS_ERR_CANCELLED : KS_ERR_INTERNAL;
     size_t ml = msg ? strlen(msg) : 0;
     if (ml > PD_MSG_MAX_TEXT) ml = PD_MSG_MAX_TEXT;
+    const dec__req *q = dec__find(w, req_id);
     pd_msg_finish m = {.finish = finish, .n_prompt = n_prompt, .n_gen = n_gen, .err = (uint32_t)err,
-                       .msg = msg ? msg : "", .msg_len = (uint32_t)ml};
-    uint8_t buf[20 + PD_MSG_MAX_TEXT];
+                       .msg = msg ? msg : "", .msg_len = (uint32_t)ml,
+                       .n_cached = q && q->n_cached <= n_prompt ? q->n_cached : 0};
+    uint8_t buf[24 + PD_MSG_MAX_TEXT];
     uint32_t len = 0;
     ks_errbuf eb;
     if (pd_msg_finish_encode(&m, buf, sizeof buf, &len, &eb) != KS_OK) {
@@ -249,6 +252,7 @@ static void dec__emit(void *ctx, const pd_recv_ev *ev) {
         for (uint32_t i = 0; i < c->n_top; i++) c->top[i] = pd_msg_top_at(d->top, i);
         c->rng_state = d->rng_state;
         dec__req *q = dec__find(w, ev->req_id);
+        if (q) q->n_cached = d->cached;
         if (q && q->t_first_page_ns)  // the figure bench/cluster.sh reports
             ks_log(KS_LOG_INFO, "decode: request %llu: KV handoff: %llu bytes in %.3f ms",
                    (unsigned long long)ev->req_id, (unsigned long long)q->kv_bytes,

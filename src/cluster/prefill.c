@@ -65,6 +65,7 @@ typedef struct pf__worker {
     pd_loop *loop;
     cl_ctrl *ctrl;
     kv_pool *pool;
+    kv_prefix *prefix;    /* NULL with --no-prefix-cache; keyed by PREFILL's domain_hash (I7) */
     model_ctx *mctx;
     pd_send *send;
     float *logits;        /* (V) */
@@ -173,7 +174,8 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
     ks_err e = sampler_create(&sp, w->V, &smp, eb);
     if (e != KS_OK) return e;
     kv_seq *seqs[1] = {seq};
-    for (uint32_t off = 0; off < n;) {
+    // positions below seq->n_tokens came from the prefix cache (pd_send_cfg.prefix)
+    for (uint32_t off = seq->n_tokens; off < n;) {
         int32_t chunk = n - off < (uint32_t)w->B ? (int32_t)(n - off) : w->B;
         int32_t n_out = 0;
         for (int32_t j = 0; j < chunk; j++) {
@@ -569,7 +571,9 @@ static void pf__pool_check(void *ud, pd_msg_pool_check_ack *out) {
     pd_send_stats ss;
     pd_send_get_stats(w->send, &ss);
     // while a forward chunk runs, the compute thread owns the pool: busy (and
-    // cl_pool_check_fill then never scans it)
+    // cl_pool_check_fill then never scans it). Otherwise, as `serve` does on
+    // /admin/kv/check, the prefix cache lets go of its pages first.
+    if (!w->computing && ss.active == 0 && w->prefix) kv_prefix_evict(w->prefix, UINT32_MAX);
     cl_pool_check_fill(w->pool, ss.active, w->computing, out);
 }
 
@@ -628,6 +632,7 @@ static void pf__free(pf__worker *w) {
     cl_ctrl_destroy(w->ctrl);
     pd_loop_destroy(w->loop);
     pd_send_destroy(w->send); // releases (scrubs) live transfers' local pages
+    kv_prefix_destroy(w->prefix);
     model_ctx_free(w->mctx);
     kv_pool_destroy(w->pool);
     free(w->logits);
@@ -670,9 +675,13 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atom
     }
     if ((e = kv_pool_create(&g, eo->kv_pages, eo->scrub, &w.pool, eb))) goto fail;
     if ((e = model_ctx_create(o->m, w.pool, eo->n_threads, w.B, eo->n_ctx, &w.mctx, eb))) goto fail;
+    if (eo->prefix_cache &&
+        (e = kv_prefix_create(w.pool, eo->prefix_max_pages ? eo->prefix_max_pages : eo->kv_pages / 4,
+                              &w.prefix, eb)))
+        goto fail;
     pd_send_cfg sc = {.n_ctx = (uint32_t)eo->n_ctx, .n_vocab = (uint32_t)w.V, .emit = pf__emit,
                       .emit_ctx = &w, .compute = pf__compute, .compute_ctx = &w,
-                      .clock = cl_now_ms};
+                      .clock = cl_now_ms, .prefix = w.prefix};
     if ((e = pd_send_create(w.pool, &sc, &w.send, eb))) goto fail;
     pd_loop_cfg lc = {.secret = o->secret, .secret_len = o->secret_len, .role = PD_ROLE_PREFILL,
                       .max_payload = PD_MSG_MAX_FRAME, .out_high_bytes = PF_OUT_HIGH,
@@ -693,8 +702,8 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atom
     cl_ctrl_cbs cb = {.on_registered = pf__on_registered, .on_frame = pf__router_frame,
                       .on_lost = pf__on_lost, .health = pf__health, .pool_check = pf__pool_check};
     if ((e = cl_ctrl_start(w.loop, &cc, &cb, &w, &w.ctrl, eb))) goto fail;
-    ks_log(KS_LOG_INFO, "prefill worker: %u local KV pages, connecting to router %s:%d",
-           eo->kv_pages, o->router_host, o->router_port);
+    ks_log(KS_LOG_INFO, "prefill worker: %u local KV pages, prefix cache %s, connecting to router %s:%d",
+           eo->kv_pages, w.prefix ? "on" : "off", o->router_host, o->router_port);
 
     uint64_t last_tick = 0, drain_deadline = 0;
     for (;;) {

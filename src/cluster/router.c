@@ -18,7 +18,10 @@
  * then HEALTH every health_interval_ms; three missed answers or a closed
  * connection drop the worker, and every request paired with it ends ABORTED
  * (502) with an ABORT to the surviving worker of the pair. Pairing: the
- * prefill and decode workers with the fewest requests in flight.
+ * prefill and decode workers with the fewest requests in flight; among
+ * prefill workers at most RT_AFFINITY_SLACK busier than that, the one a
+ * rendezvous hash of (domain, first prompt page) prefers, so a tenant's
+ * repeated prefix meets the prefill worker whose cache holds it.
  *
  * Tokens: decode sends TOKEN ids; the router detokenizes and applies stop
  * strings exactly as the engine does (a stop match ends the request here and
@@ -39,6 +42,7 @@
 
 #define RT_BUCKETS 256
 #define RT_RETRY_MS 20 /* DENY NOSPACE / NO_LINK: try the queue head again after */
+#define RT_AFFINITY_SLACK 1 /* extra requests in flight a prefix-preferred prefill may have */
 
 typedef enum rt_phase {
     RT_WAITING = 0,    /* admitted here, no worker yet */
@@ -76,6 +80,7 @@ typedef struct rt_req {
     sample_params sp;
     pd_msg_sampling ws;
     uint8_t domain[32];
+    uint8_t affinity[8];  /* hash of (domain, first prompt page); zero: no full page */
     uint64_t t_submit_ns, t_first_ns;
     // loop-owned
     rt_phase phase;
@@ -85,6 +90,7 @@ typedef struct rt_req {
     uint64_t retry_ms;   /* WAITING: not before */
     int retries;         /* restarts after a stale grant */
     int32_t n_gen;
+    int32_t n_cached;    /* FINISH: prompt tokens prefill took from its prefix cache */
     struct rt_req *hnext; /* hash chain */
     struct rt_req *wnext; /* wait queue */
     engine_stream *out;   /* events, detokenizer, stop strings: as the engine's */
@@ -226,7 +232,8 @@ static void rt__finish(cluster_router *r, rt_req *q, engine_state to, engine_fin
                                              : &r->n_aborted,
                      1);
     engine_outcome o = {.state = to, .finish = fin, .err = err, .msg = msg, .n_prompt = q->n_prompt,
-                        .n_gen = q->n_gen, .t_submit_ns = q->t_submit_ns, .t_first_ns = q->t_first_ns};
+                        .n_gen = q->n_gen, .n_cached = q->n_cached, .t_submit_ns = q->t_submit_ns,
+                        .t_first_ns = q->t_first_ns};
     engine_stream_finish(q->out, &o, r->piece, r->piece_cap);
     rt__unref(q);
 }
@@ -254,6 +261,36 @@ static rt_worker *rt__pick(cluster_router *r, uint8_t role, uint32_t need_pages)
     return best;
 }
 
+/* Rendezvous score of worker id for an affinity key: stable while workers
+ * come and go, so a key moves only when its worker does. */
+static uint64_t rt__score(const uint8_t aff[8], uint32_t id) {
+    static const unsigned char key[crypto_shorthash_KEYBYTES] = {0};
+    uint8_t in[12], out[crypto_shorthash_BYTES];
+    memcpy(in, aff, 8);
+    memcpy(in + 8, &id, 4);
+    crypto_shorthash(out, in, sizeof in, key);
+    uint64_t s;
+    memcpy(&s, out, sizeof s);
+    return s;
+}
+
+/* The prefill worker for q: the least loaded one, unless the worker q's
+ * prefix prefers is within RT_AFFINITY_SLACK requests of it (prefix reuse
+ * at prefill saves more than the small imbalance costs). */
+static rt_worker *rt__pick_prefill(cluster_router *r, const rt_req *q) {
+    rt_worker *least = rt__pick(r, PD_ROLE_PREFILL, 0);
+    static const uint8_t none[8] = {0};
+    if (!least || !memcmp(q->affinity, none, 8)) return least;
+    rt_worker *pref = NULL;
+    uint64_t best = 0;
+    for (rt_worker *w = r->workers; w; w = w->next) {
+        if (!w->id || w->role != PD_ROLE_PREFILL || w->draining) continue;
+        uint64_t s = rt__score(q->affinity, w->id);
+        if (!pref || s > best) pref = w, best = s;
+    }
+    return pref && pref->inflight <= least->inflight + RT_AFFINITY_SLACK ? pref : least;
+}
+
 /* Sends ADMIT for waiting requests, FIFO, while workers are available. */
 static void rt__schedule(cluster_router *r) {
     uint64_t now = cl_now_ms(NULL);
@@ -261,7 +298,7 @@ static void rt__schedule(cluster_router *r) {
         rt_req *q = r->wait_head;
         if (q->retry_ms > now) return;
         uint32_t need = (uint32_t)((q->n_prompt + q->max_tokens + r->g.page_tokens - 1) / r->g.page_tokens);
-        rt_worker *d = rt__pick(r, PD_ROLE_DECODE, need), *p = rt__pick(r, PD_ROLE_PREFILL, 0);
+        rt_worker *d = rt__pick(r, PD_ROLE_DECODE, need), *p = rt__pick_prefill(r, q);
         if (!d || !p) {
             q->retry_ms = now + RT_RETRY_MS;  // a worker may (re)register
             return;
@@ -560,6 +597,7 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
         pd_msg_finish fin;
         if (pd_msg_finish_decode(f->payload, f->payload_len, &fin, &eb) != KS_OK) return;
         snprintf(msg, sizeof msg, "%.*s", (int)fin.msg_len, fin.msg);
+        q->n_cached = fin.n_cached <= (uint32_t)q->n_prompt ? (int32_t)fin.n_cached : 0;
         if (fin.finish == PD_FINISH_STOP || fin.finish == PD_FINISH_LENGTH) {
             rt__finish(r, q, ENGINE_FINISHED,
                        fin.finish == PD_FINISH_STOP ? ENGINE_FINISH_STOP : ENGINE_FINISH_LENGTH, KS_OK, NULL);
@@ -878,6 +916,17 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     q->t_submit_ns = ks_now_ns();
     ks_err ce = KS_OK;
     if (q->prompt) memcpy(q->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    if (q->prompt && n_prompt > r->g.page_tokens) {  // a full page the prefill cache could hold
+        crypto_generichash_state hs;
+        uint8_t h[crypto_generichash_BYTES_MIN];
+        crypto_generichash_init(&hs, NULL, 0, sizeof h);
+        crypto_generichash_update(&hs, q->domain, sizeof q->domain);
+        crypto_generichash_update(&hs, (const unsigned char *)q->prompt,
+                                  sizeof(int32_t) * (size_t)r->g.page_tokens);
+        crypto_generichash_final(&hs, h, sizeof h);
+        memcpy(q->affinity, h, sizeof q->affinity);
+        if (!memcmp(q->affinity, (const uint8_t[8]){0}, 8)) q->affinity[0] = 1;
+    }
     if (!q->prompt || (ce = engine_stream_create(p->stops, p->n_stops, &q->out, eb))) {
         rt__req_free(q);
         return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");

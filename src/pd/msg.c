@@ -165,12 +165,12 @@ ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES], ks_errbuf
     out[PD_MSG_DENY] = 8 + PD_MSG_MAX_TEXT;
     out[PD_MSG_PREFILL] = PD_MSG_PREFILL_MAX;
     out[PD_MSG_KV_PAGE] = kv;
-    out[PD_MSG_DONE] = 24 + 8 * PD_MSG_MAX_TOP;
+    out[PD_MSG_DONE] = 32 + 8 * PD_MSG_MAX_TOP;
     out[PD_MSG_REJECT] = 12 + PD_MSG_MAX_TEXT;
     out[PD_MSG_ABORT] = 4;
     out[PD_MSG_ABORT_ACK] = 0;
     out[PD_MSG_TOKEN] = 12 + 8 * PD_MSG_MAX_TOP;
-    out[PD_MSG_FINISH] = 20 + PD_MSG_MAX_TEXT;
+    out[PD_MSG_FINISH] = 24 + PD_MSG_MAX_TEXT;
     out[PD_MSG_POOL_CHECK] = 0;
     out[PD_MSG_POOL_CHECK_ACK] = 24;
     out[PD_MSG_ERROR] = 8 + PD_MSG_MAX_TEXT;
@@ -774,12 +774,15 @@ ks_err pd_msg_token_encode(const pd_msg_token *m, const pd_msg_top *top, uint8_t
 ks_err pd_msg_finish_decode(const uint8_t *p, uint32_t len, pd_msg_finish *out,
                             ks_errbuf *eb) {
     pd_msg_finish m;
-    ks_err e = text_decode("FINISH", p, len, 20, 16, &m.msg, &m.msg_len, eb);
+    ks_err e = text_decode("FINISH", p, len, 24, 20, &m.msg, &m.msg_len, eb);
     if (e) return e;
     m.finish = pd_load_u32(p);
     m.n_prompt = pd_load_u32(p + 4);
     m.n_gen = pd_load_u32(p + 8);
     m.err = pd_load_u32(p + 12);
+    m.n_cached = pd_load_u32(p + 16);
+    if (m.n_cached > m.n_prompt)
+        return PROTO("FINISH: n_cached %u exceeds n_prompt %u", m.n_cached, m.n_prompt);
     if (m.finish < PD_FINISH_STOP || m.finish > PD_FINISH_ERROR)
         return PROTO("FINISH: finish %u out of range [1, 4]", m.finish);
     if (m.err >= (uint32_t)KS_ERR__COUNT)
@@ -795,13 +798,14 @@ ks_err pd_msg_finish_encode(const pd_msg_finish *m, uint8_t *buf, size_t cap,
                             uint32_t *out_len, ks_errbuf *eb) {
     ks_err ret = text_pre("FINISH", m->msg_len, eb);
     if (ret) return ret;
-    if (enc_begin(20u + m->msg_len, buf, cap, out_len, &ret, "FINISH", eb)) return ret;
+    if (enc_begin(24u + m->msg_len, buf, cap, out_len, &ret, "FINISH", eb)) return ret;
     pd_store_u32(buf, m->finish);
     pd_store_u32(buf + 4, m->n_prompt);
     pd_store_u32(buf + 8, m->n_gen);
     pd_store_u32(buf + 12, m->err);
-    pd_store_u32(buf + 16, m->msg_len);
-    if (m->msg_len) memcpy(buf + 20, m->msg, m->msg_len);
+    pd_store_u32(buf + 16, m->n_cached);
+    pd_store_u32(buf + 20, m->msg_len);
+    if (m->msg_len) memcpy(buf + 24, m->msg, m->msg_len);
     pd_msg_finish chk;
     ks_errbuf tmp;
     return enc_check(pd_msg_finish_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
@@ -863,13 +867,16 @@ ks_err pd_msg_kv_page_encode(const pd_msg_kv_page *m, const kv_geom *g, uint8_t 
 
 ks_err pd_msg_done_decode(const uint8_t *p, uint32_t len, pd_msg_done *out, ks_errbuf *eb) {
     pd_msg_done m;
-    ks_err e = top_decode("DONE", p, len, 24, 12, &m.n_top, eb);
+    ks_err e = top_decode("DONE", p, len, 32, 12, &m.n_top, eb);
     if (e) return e;
     m.covered = pd_load_u32(p);
     m.first_token = (int32_t)pd_load_u32(p + 4);
     m.logprob = load_f32(p + 8);
     m.rng_state = pd_load_u64(p + 16);
-    m.top = p + 24;
+    m.cached = pd_load_u32(p + 24);
+    if (m.cached > m.covered) return PROTO("DONE: cached %u exceeds covered %u", m.cached, m.covered);
+    if (pd_load_u32(p + 28) != 0) return PROTO("DONE: reserved field is not 0");
+    m.top = p + 32;
     *out = m;
     return KS_OK;
 }
@@ -878,12 +885,17 @@ ks_err pd_msg_done_encode(const pd_msg_done *m, const pd_msg_top *top, uint8_t *
                           size_t cap, uint32_t *out_len, ks_errbuf *eb) {
     ks_err ret = top_pre("DONE", m->n_top, eb);
     if (ret) return ret;
-    if (enc_begin(24u + 8u * m->n_top, buf, cap, out_len, &ret, "DONE", eb)) return ret;
+    if (m->cached > m->covered)
+        return ks_seterr(eb, KS_ERR_INVAL, "DONE: cached %u exceeds covered %u", m->cached,
+                         m->covered);
+    if (enc_begin(32u + 8u * m->n_top, buf, cap, out_len, &ret, "DONE", eb)) return ret;
     pd_store_u32(buf, m->covered);
     pd_store_u32(buf + 4, (uint32_t)m->first_token);
     store_f32(buf + 8, m->logprob);
     pd_store_u32(buf + 12, m->n_top);
     pd_store_u64(buf + 16, m->rng_state);
-    store_top(buf + 24, top, m->n_top);
+    pd_store_u32(buf + 24, m->cached);
+    pd_store_u32(buf + 28, 0);
+    store_top(buf + 32, top, m->n_top);
     return KS_OK;
 }

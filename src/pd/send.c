@@ -29,6 +29,7 @@ typedef struct snd__req {
     bool abort_seen;         /* tombstone reason: ABORT processed */
     uint64_t seq_uid;        /* grant tag part 1 */
     uint32_t n_prompt, n_pages, next_page;
+    uint32_t cached;     /* leading prompt tokens attached from cfg.prefix */
     uint32_t next_layer; /* within next_page: a page goes out in layer groups */
     pd_msg_grant_entry *ent; /* n_pages grant entries */
     kv_seq seq;              /* local pages (SENDING only) */
@@ -337,8 +338,18 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
     for (uint32_t i = 0; i < p.n_prompt; i++) toks[i] = pd_msg_prefill_token(&p, i);
     q->seq_uid = g.seq_uid;
     q->n_pages = g.n_pages;
+    // I7: only pages cached under this request's domain (the tenant root the
+    // router derived from authentication) can be attached
+    if (s->cfg.prefix)
+        q->cached = kv_prefix_attach(s->cfg.prefix, p.domain_hash, toks, p.n_prompt, &q->seq);
     ks_errbuf keb;
-    if (kv_seq_reserve(s->pool, &q->seq, p.n_prompt, &keb) != KS_OK) {
+    ks_err re = kv_seq_reserve(s->pool, &q->seq, p.n_prompt, &keb);
+    if (re == KS_ERR_NOSPACE && s->cfg.prefix) {  // cached pages nobody uses make room
+        uint32_t more = g.n_pages - q->seq.n_pages, nfree = kv_pool_n_free(s->pool);
+        if (more > nfree) kv_prefix_evict(s->cfg.prefix, more - nfree);
+        re = kv_seq_reserve(s->pool, &q->seq, p.n_prompt, &keb);
+    }
+    if (re != KS_OK) {
         free(toks);
         return snd__reject(s, q, PD_REJECT_NOSPACE, 503, "prefill worker's KV cache is full",
                            state_out);
@@ -353,6 +364,11 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
     ks_errbuf_clear(&ceb);
     e = s->cfg.compute(s->cfg.compute_ctx, s->pool, &q->seq, toks, p.n_prompt, &p.s, &q->first,
                        &ceb);
+    if (e == KS_OK) {
+        kv_seq_set_filled(s->pool, &q->seq, p.n_prompt);
+        if (s->cfg.prefix) kv_prefix_publish(s->cfg.prefix, p.domain_hash, toks, p.n_prompt, &q->seq);
+        s->st.cached_tokens += q->cached;
+    }
     free(toks);
     if (e != KS_OK) {
         ks_log(KS_LOG_WARN, "pd_send: request %llu: compute failed: %s", (unsigned long long)req_id,
@@ -365,7 +381,6 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
     }
     if (q->first.n_top > p.s.n_probs) q->first.n_top = p.s.n_probs;
     if (q->first.n_top > PD_MSG_MAX_TOP) q->first.n_top = PD_MSG_MAX_TOP;
-    kv_seq_set_filled(s->pool, &q->seq, p.n_prompt);
     if (state_out) *state_out = PD_SEND_SENDING;
     return KS_OK;
 }
@@ -456,8 +471,8 @@ static bool snd__send_page(pd_send *s, snd__req *q) {
 static void snd__send_done(pd_send *s, snd__req *q) {
     pd_msg_done d = {.covered = q->n_prompt, .first_token = q->first.first_token,
                      .logprob = q->first.logprob, .n_top = q->first.n_top,
-                     .rng_state = q->first.rng_state};
-    uint8_t buf[24 + 8 * PD_MSG_MAX_TOP];
+                     .rng_state = q->first.rng_state, .cached = q->cached};
+    uint8_t buf[32 + 8 * PD_MSG_MAX_TOP];
     uint32_t len = 0;
     ks_errbuf eb;
     ks_err e = pd_msg_done_encode(&d, q->first.top, buf, sizeof buf, &len, &eb);

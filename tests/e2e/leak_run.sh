@@ -29,7 +29,7 @@ if [ "${LEAK_DISAGG:-0}" = 1 ]; then
     CLUSTER_PROBE_AUTH=$(node -e 'console.log(require(process.argv[1]).tenants[0].keys[0])' "$TMPD/tenants.json")
     ROUTER_ARGS="--tenants $TMPD/tenants.json" start_cluster "$TMPD/c" 2 2 "${POOL[@]}"
     trap 'kill -KILL $REF_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
-    export LEAK_REF_URL=$REF_URL LEAK_NO_PREFIX_CACHE=1
+    export LEAK_REF_URL=$REF_URL  # the prefill workers cache prefixes as serve does
 fi
 [ "${LEAK_DISAGG:-0}" = 1 ] || start_server "$TMPD/server.log" "${POOL[@]}" --tenants "$TMPD/tenants.json"
 export KS_URL KS_ADMIN_KEY LEAK_TENANTS LEAK_MODEL=kjv-mini

@@ -34,4 +34,5 @@ expect 1 placeholder
 expect 1 shared_prefix
 # disaggregated: the same suite against router + 2 prefill + 2 decode
 expect 1 placeholder LEAK_DISAGG=1
+expect 1 shared_prefix LEAK_DISAGG=1  # the prefill workers' prefix cache (I7)
 echo "isolation: every broken build was caught"

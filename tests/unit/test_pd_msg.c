@@ -197,7 +197,7 @@ static uint32_t sample(uint16_t t, uint8_t *buf, size_t cap) {
     }
     case PD_MSG_DONE: {
         pd_msg_done m = {.covered = 60, .first_token = 1234, .logprob = -0.25f, .n_top = 3,
-                         .rng_state = 0xfeedfacefeedfaceull};
+                         .rng_state = 0xfeedfacefeedfaceull, .cached = 32};
         e = pd_msg_done_encode(&m, top, buf, cap, &n, &eb);
         break;
     }
@@ -218,7 +218,7 @@ static uint32_t sample(uint16_t t, uint8_t *buf, size_t cap) {
         break;
     }
     case PD_MSG_FINISH: {
-        pd_msg_finish m = {PD_FINISH_ERROR, 60, 17, KS_ERR_PROTO, "handoff failed", 14};
+        pd_msg_finish m = {PD_FINISH_ERROR, 60, 17, KS_ERR_PROTO, "handoff failed", 14, 16};
         e = pd_msg_finish_encode(&m, buf, cap, &n, &eb);
         break;
     }
@@ -283,12 +283,12 @@ static void test_names_and_bounds(void) {
     CHECK_EQ(tm[PD_MSG_DENY], 520);
     CHECK_EQ(tm[PD_MSG_PREFILL], 16777216);
     CHECK_EQ(tm[PD_MSG_KV_PAGE], 40 + 4 * 2 * 16 * 8 * 4);
-    CHECK_EQ(tm[PD_MSG_DONE], 24 + 8 * 64);
+    CHECK_EQ(tm[PD_MSG_DONE], 32 + 8 * 64);
     CHECK_EQ(tm[PD_MSG_REJECT], 524);
     CHECK_EQ(tm[PD_MSG_ABORT], 4);
     CHECK_EQ(tm[PD_MSG_ABORT_ACK], 0);
     CHECK_EQ(tm[PD_MSG_TOKEN], 12 + 8 * 64);
-    CHECK_EQ(tm[PD_MSG_FINISH], 532);
+    CHECK_EQ(tm[PD_MSG_FINISH], 536);
     CHECK_EQ(tm[PD_MSG_ERROR], 520);
     /* every sample fits its bound */
     static uint8_t buf[4096];
@@ -420,27 +420,30 @@ static void test_layout_kv_page(void) {
 }
 
 static void test_layout_done(void) {
-    uint8_t want[24 + 8] = {
+    uint8_t want[32 + 8] = {
         60, 0, 0, 0,                                    /* 0 covered */
         0xd2, 0x04, 0, 0,                               /* 4 first_token 1234 */
         0, 0, 0x80, 0xbe,                               /* 8 logprob -0.25f */
         1, 0, 0, 0,                                     /* 12 n_top */
         0xce, 0xfa, 0xed, 0xfe, 0xce, 0xfa, 0xed, 0xfe, /* 16 rng_state */
+        48, 0, 0, 0,                                    /* 24 cached */
+        0, 0, 0, 0,                                     /* 28 reserved */
         0xfb, 0xff, 0xff, 0xff,                         /* top[0].id -5 */
         0, 0, 0xa0, 0xbf,                               /* top[0].logprob -1.25f */
     };
     pd_msg_done m = {.covered = 60, .first_token = 1234, .logprob = -0.25f, .n_top = 1,
-                     .rng_state = 0xfeedfacefeedfaceull};
+                     .rng_state = 0xfeedfacefeedfaceull, .cached = 48};
     pd_msg_top top = {-5, -1.25f};
-    uint8_t buf[32];
+    uint8_t buf[40];
     uint32_t n;
     ks_errbuf eb;
     CHECK_EQ(pd_msg_done_encode(&m, &top, buf, sizeof buf, &n, &eb), KS_OK);
-    CHECK_EQ(n, 32);
-    CHECK_MEM_EQ(buf, want, 32);
+    CHECK_EQ(n, 40);
+    CHECK_MEM_EQ(buf, want, 40);
     pd_msg_done d;
-    CHECK_EQ(pd_msg_done_decode(want, 32, &d, &eb), KS_OK);
-    CHECK(d.covered == 60 && d.first_token == 1234 && d.logprob == -0.25f && d.n_top == 1);
+    CHECK_EQ(pd_msg_done_decode(want, 40, &d, &eb), KS_OK);
+    CHECK(d.covered == 60 && d.first_token == 1234 && d.logprob == -0.25f && d.n_top == 1 &&
+          d.cached == 48);
     CHECK(d.rng_state == 0xfeedfacefeedfaceull);
     pd_msg_top t0 = pd_msg_top_at(d.top, 0);
     CHECK(t0.id == -5 && t0.logprob == -1.25f);
@@ -583,23 +586,35 @@ static void test_round_trip_small(void) {
     }
     {
         pd_msg_done m = {.covered = 1, .first_token = 2, .logprob = -3.0f, .n_top = 64,
-                         .rng_state = 12345},
+                         .rng_state = 12345, .cached = 1},
                     r;
         CHECK_EQ(pd_msg_done_encode(&m, top, buf, sizeof buf, &n, &eb), KS_OK);
-        CHECK_EQ(n, 24 + 8 * 64);
+        CHECK_EQ(n, 32 + 8 * 64);
         CHECK_EQ(pd_msg_done_decode(buf, n, &r, &eb), KS_OK);
-        CHECK(r.covered == 1 && r.first_token == 2 && r.n_top == 64 && r.rng_state == 12345);
+        CHECK(r.covered == 1 && r.first_token == 2 && r.n_top == 64 && r.rng_state == 12345 &&
+              r.cached == 1);
         pd_msg_top t = pd_msg_top_at(r.top, 63);
         CHECK(t.id == top[63].id && t.logprob == top[63].logprob);
-        CHECK_EQ(pd_msg_done_encode(&m, top, buf, 24 + 8 * 64 - 1, &n, &eb), KS_ERR_NOSPACE);
+        CHECK_EQ(pd_msg_done_encode(&m, top, buf, 32 + 8 * 64 - 1, &n, &eb), KS_ERR_NOSPACE);
+        // cached beyond covered, or a reserved field that is not 0: refused
+        m.cached = 2;
+        CHECK_EQ(pd_msg_done_encode(&m, top, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
+        m.cached = 0;
+        CHECK_EQ(pd_msg_done_encode(&m, top, buf, sizeof buf, &n, &eb), KS_OK);
+        buf[28] = 1;
+        CHECK_EQ(pd_msg_done_decode(buf, n, &r, &eb), KS_ERR_PROTO);
+        CHECK_STR_HAS(eb.msg, "reserved");
     }
     {
-        pd_msg_finish m = {PD_FINISH_STOP, 60, 100, 0, TEXT512, 512}, r;
+        pd_msg_finish m = {PD_FINISH_STOP, 60, 100, 0, TEXT512, 512, 48}, r;
         CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
-        CHECK_EQ(n, 532);
+        CHECK_EQ(n, 536);
         CHECK_EQ(pd_msg_finish_decode(buf, n, &r, &eb), KS_OK);
         CHECK(r.finish == 1 && r.n_prompt == 60 && r.n_gen == 100 && r.err == 0 &&
-              r.msg_len == 512);
+              r.msg_len == 512 && r.n_cached == 48);
+        m.n_cached = 61;  // more cached than prompt tokens
+        CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
+        m.n_cached = 0;
         m.err = KS_ERR_PROTO;
         CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
         m.finish = PD_FINISH_ABORT;
@@ -746,7 +761,7 @@ static void test_length_fields(void) {
     } lf[] = {
         {PD_MSG_REGISTER, 26, 2, "host_len"}, {PD_MSG_PEER, 6, 2, "host_len"},
         {PD_MSG_DENY, 4, 4, "msg_len"},       {PD_MSG_REJECT, 8, 4, "msg_len"},
-        {PD_MSG_FINISH, 16, 4, "msg_len"},    {PD_MSG_ERROR, 4, 4, "msg_len"},
+        {PD_MSG_FINISH, 20, 4, "msg_len"},    {PD_MSG_ERROR, 4, 4, "msg_len"},
         {PD_MSG_DONE, 12, 4, "n_top"},        {PD_MSG_TOKEN, 8, 4, "n_top"},
         {PD_MSG_GRANT, 24, 4, "n_pages"},     {PD_MSG_PREFILL, 76, 4, "grant_len"},
         {PD_MSG_PREFILL, 4, 4, "n_prompt"},
@@ -783,7 +798,7 @@ static void test_length_fields(void) {
     struct {
         uint16_t type;
         uint32_t fixed, off;
-    } tx[] = {{PD_MSG_DENY, 8, 4}, {PD_MSG_REJECT, 12, 8}, {PD_MSG_FINISH, 20, 16},
+    } tx[] = {{PD_MSG_DENY, 8, 4}, {PD_MSG_REJECT, 12, 8}, {PD_MSG_FINISH, 24, 20},
               {PD_MSG_ERROR, 8, 4}};
     for (size_t i = 0; i < 4; i++) {
         memset(big, 0, sizeof big);

@@ -44,6 +44,7 @@ typedef struct {
     int n;
     uint64_t now;
     int computes;
+    uint32_t compute_from; /* seq->n_tokens at the last compute (prefix-cached tokens) */
     bool compute_fail;
     pd_recv_ev ev[64];
     int n_ev;
@@ -79,9 +80,11 @@ static ks_err fake_compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t 
     harness *h = ctx;
     (void)sp;
     h->computes++;
+    h->compute_from = seq->n_tokens;
     if (h->compute_fail) return ks_seterr(eb, KS_ERR_INTERNAL, "fake compute failure");
     uint32_t pt = (uint32_t)G.page_tokens;
-    for (uint32_t pg = 0; pg * pt < n; pg++) {
+    // pages below seq->n_tokens are shared prefix-cache pages: read-only
+    for (uint32_t pg = seq->n_tokens / pt; pg * pt < n; pg++) {
         for (int l = 0; l < G.n_layer; l++) {
             float *k, *v;
             CHECK(kv_seq_span_write(pool, seq, pg, l, &k, &v) == KS_OK);
@@ -163,6 +166,7 @@ static int last_link_frame(const harness *h, uint64_t req_id) {
 }
 
 static int32_t tok_of(uint32_t i) { return (int32_t)((i * 13u + 5u) % N_VOCAB); }
+static uint8_t g_domain; /* every byte of the next PREFILLs' domain_hash */
 
 /* ADMIT on decode for a link epoch; returns a copy of the grant. */
 static uint32_t admit(harness *h, uint64_t req_id, uint32_t n_prompt, uint32_t max_tokens,
@@ -186,6 +190,7 @@ static uint32_t prefill_payload(uint32_t n_prompt, uint32_t max_tokens, const ui
                                 size_t cap) {
     pd_msg_prefill m = {.decode_worker_id = W, .n_prompt = n_prompt, .grant = grant,
                         .grant_len = grant_len};
+    memset(m.domain_hash, g_domain, sizeof m.domain_hash);
     m.s.max_tokens = max_tokens;
     m.s.seed = 1;
     m.s.temperature = 1.0f;
@@ -424,6 +429,62 @@ static void test_chunked_two_requests(void) {
     check_decode_kv(&h, 22, 4);
     pd_recv_finish(h.r, 21);
     pd_recv_finish(h.r, 22);
+    h_fini(&h);
+}
+
+/* DONE's cached field for req_id (the request must have sent DONE). */
+static uint32_t done_cached(const harness *h, uint64_t req_id) {
+    int i = last_link_frame(h, req_id);
+    CHECK(i >= 0 && h->f[i].type == PD_MSG_DONE);
+    pd_msg_done d;
+    CHECK(pd_msg_done_decode(h->f[i].data, (uint32_t)h->f[i].len, &d, NULL) == KS_OK);
+    return d.cached;
+}
+
+/* One request through to COMMITTED and finished; returns DONE's cached. */
+static uint32_t run_one(harness *h, uint64_t req_id, uint32_t n_prompt) {
+    int from = h->n;
+    CHECK_EQ(start(h, req_id, n_prompt, 1), PD_SEND_SENDING);
+    while (pd_send_pump(h->s, 1) > 0) {
+    }
+    deliver(h, from);
+    CHECK_EQ(pd_recv_state_of(h->r, req_id), PD_RECV_COMMITTED);
+    check_decode_kv(h, req_id, n_prompt);
+    pd_recv_finish(h->r, req_id);
+    return done_cached(h, req_id);
+}
+
+/* cfg.prefix (I7): a repeated prompt of the same domain attaches its full
+ * pages (never the page holding the last token), compute starts after them,
+ * decode still receives exactly the KV a full compute gives and DONE says
+ * how many tokens were cached; another domain's identical prompt gets
+ * nothing. */
+static void test_prefix_cache(void) {
+    harness h;
+    h_init(&h, N_CTX);
+    pd_send_destroy(h.s);
+    kv_prefix *pc;
+    CHECK(kv_prefix_create(h.ppool, 4, &pc, NULL) == KS_OK);
+    pd_send_cfg sc = {.n_ctx = N_CTX, .n_vocab = N_VOCAB, .tombstone_ms = 60000,
+                      .emit = on_frame, .emit_ctx = &h, .compute = fake_compute,
+                      .compute_ctx = &h, .clock = fake_clock, .clock_ctx = &h, .prefix = pc};
+    CHECK(pd_send_create(h.ppool, &sc, &h.s, NULL) == KS_OK);
+    CHECK(pd_send_link_up(h.s, W, EP, NULL) == KS_OK);
+    g_domain = 1;
+    CHECK_EQ(run_one(&h, 31, 10), 0);  // cold
+    CHECK_EQ(h.compute_from, 0);
+    CHECK_EQ(kv_prefix_n_pages(pc), 2);  // the two full pages of 10 tokens
+    CHECK_EQ(run_one(&h, 32, 10), 8);  // warm: pages 0-1 reused, page 2 computed
+    CHECK_EQ(h.compute_from, 8);
+    CHECK_EQ(run_one(&h, 33, 9), 8);  // a longer shared run is not needed: 9 tokens, 2 pages
+    g_domain = 2;  // same tokens, another tenant
+    CHECK_EQ(run_one(&h, 34, 10), 0);
+    CHECK_EQ(h.compute_from, 0);
+    g_domain = 0;
+    pd_send_stats st;
+    pd_send_get_stats(h.s, &st);
+    CHECK_EQ(st.cached_tokens, 16);
+    kv_prefix_destroy(pc);  // every cached page back to FREE and scrubbed (h_fini checks)
     h_fini(&h);
 }
 
@@ -722,6 +783,7 @@ static const struct {
     {"happy_path", test_happy_path},
     {"deep_model", test_deep_model},
     {"chunked_two_requests", test_chunked_two_requests},
+    {"prefix_cache", test_prefix_cache},
     {"revalidation_rejects", test_revalidation_rejects},
     {"stale_epoch", test_stale_epoch},
     {"duplicate", test_duplicate},
