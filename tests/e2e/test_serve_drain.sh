@@ -70,18 +70,23 @@ expect_all_complete() {
     done
 }
 
-# the ones cut short ended with a clean error; sets ABORTED to how many
-count_aborted() {
-    local i t
-    ABORTED=0
+# expect_aborted WHAT LOG LINE: after an abort, every request has either its
+# whole answer or a clean error, at least one was cut, and the process
+# exits 0 having logged LINE
+expect_aborted() {
+    local i t n=0
+    wait "${PIDS[@]}"
     for i in $(seq 1 $N); do
         t=$(text_of "$TMPD/r$i.out")
         case "$t" in
-        "ERROR server_shutting_down") ABORTED=$((ABORTED + 1)) ;;
+        "ERROR server_shutting_down") n=$((n + 1)) ;;
         "$REF") ;;
-        *) fail "request $i after an abort: neither the whole answer nor a clean error: [${t:0:120}]" ;;
+        *) fail "$1: request $i is neither the whole answer nor a clean error: [${t:0:120}]" ;;
         esac
     done
+    [ $n -ge 1 ] || fail "$1 aborted nothing"
+    wait_exit $KS_PID "serve ($1)"
+    grep -q "$3" "$2" || fail "$1: serve did not log [$3]"
 }
 
 wait_exit() {  # wait_exit PID WHAT: it must exit 0 within 30 s
@@ -111,21 +116,13 @@ fire
 kill -TERM $KS_PID
 probe_draining
 kill -TERM $KS_PID
-wait "${PIDS[@]}"
-count_aborted
-[ "$ABORTED" -ge 1 ] || fail "a second signal aborted nothing"
-wait_exit $KS_PID "serve (second signal)"
-grep -q "second signal: aborting" "$TMPD/s2.log" || fail "serve did not log the abort"
+expect_aborted "a second signal" "$TMPD/s2.log" "second signal: aborting"
 
 # 3. so does the end of --drain-timeout-ms
 start_server "$TMPD/s3.log" "${MODEL[@]}" --max-running 1 --drain-timeout-ms 150
 fire
 kill -TERM $KS_PID
-wait "${PIDS[@]}"
-count_aborted
-[ "$ABORTED" -ge 1 ] || fail "the drain timeout aborted nothing"
-wait_exit $KS_PID "serve (drain timeout)"
-grep -q "drain timeout: aborting" "$TMPD/s3.log" || fail "serve did not log the timeout"
+expect_aborted "the drain timeout" "$TMPD/s3.log" "drain timeout: aborting"
 
 # 4. the router drains the same way, its workers still serving
 ROUTER_ARGS="--drain-timeout-ms 60000" start_cluster "$TMPD/c" 1 1 "${MODEL[@]}"
