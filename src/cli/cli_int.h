@@ -89,10 +89,12 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
 /* Parse, load the model, size and check the pool (I8), report to `report`.
  * Returns -1 to continue, else the exit status. */
 int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts *o, FILE *report);
-/* The graceful half of shutting down an HTTP front after the first signal
- * in sigs: s refuses new generations (server_drain) while those in flight
- * run to their end for up to timeout_ms; a second signal cuts it short.
- * Returns when none is left or time is up; the caller then aborts the rest. */
-void serve__drain(server *s, const sigset_t *sigs, long timeout_ms);
+/* Runs an HTTP front until the first signal in sigs (blocked in every
+ * thread), then shuts it down: s refuses new generations (server_drain)
+ * while those in flight run to their end for up to drain_ms (a second
+ * signal cuts it short), stops accepting and aborts what is left through be.
+ * The caller then destroys the server and the backend. */
+void serve__run_until_signal(server *s, const server_backend *be, const sigset_t *sigs,
+                             long drain_ms);
 
 #endif

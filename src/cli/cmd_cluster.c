@@ -96,13 +96,7 @@ int cli_router(int argc, char **argv) {
     if (serve__http_start(&c, o.n_ctx, name, &be, m, &s, &eb)) goto fail;
     ks_log(KS_LOG_INFO, "router for %s, context %d, cluster control on %s:%d", c.model_path, o.n_ctx,
            ro.host, cluster_router_port(r));
-    int sig = 0;
-    while (sigwait(&sigs, &sig) != 0) {
-    }
-    ks_log(KS_LOG_INFO, "signal %d: shutting down", sig);
-    serve__drain(s, &sigs, c.drain_timeout_ms);
-    server_stop_accepting(s);
-    be.set_online(be.impl, false, true);
+    serve__run_until_signal(s, &be, &sigs, c.drain_timeout_ms);
     rc = 0;
     goto done;
 fail:

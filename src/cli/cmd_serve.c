@@ -305,7 +305,9 @@ int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts 
     return -1;
 }
 
-void serve__drain(server *s, const sigset_t *sigs, long timeout_ms) {
+/* serve__run_until_signal's graceful part: returns once nothing is in
+ * flight, timeout_ms has passed or a second signal came. */
+static void serve__drain(server *s, const sigset_t *sigs, long timeout_ms) {
     server_drain(s);
     if (timeout_ms <= 0 || server_inflight(s) == 0) return;
     ks_log(KS_LOG_INFO, "draining %d request(s) for up to %ld ms (signal again to abort them)",
@@ -323,6 +325,17 @@ void serve__drain(server *s, const sigset_t *sigs, long timeout_ms) {
         }
     }
     ks_log(KS_LOG_INFO, "drained: every request finished");
+}
+
+void serve__run_until_signal(server *s, const server_backend *be, const sigset_t *sigs,
+                             long drain_ms) {
+    int sig = 0;
+    while (sigwait(sigs, &sig) != 0) {
+    }
+    ks_log(KS_LOG_INFO, "signal %d: shutting down", sig);
+    serve__drain(s, sigs, drain_ms);
+    server_stop_accepting(s);
+    be->set_online(be->impl, false, true);  // abort what is left: answers end now
 }
 
 int cli_check(int argc, char **argv) {
@@ -368,13 +381,7 @@ int cli_serve(int argc, char **argv) {
     ks_log(KS_LOG_INFO, "serving %s as '%s' (%d aliases), context %d, %u KV pages, kernels %s",
            c.model_path, c.n_aliases ? c.aliases[0] : name, c.n_aliases, o.n_ctx, o.kv_pages,
            kern_get()->name);
-    int sig = 0;
-    while (sigwait(&sigs, &sig) != 0) {
-    }
-    ks_log(KS_LOG_INFO, "signal %d: shutting down", sig);
-    serve__drain(s, &sigs, c.drain_timeout_ms);
-    server_stop_accepting(s);
-    engine_set_online(e, false, true); // abort what is left: answers end now
+    serve__run_until_signal(s, &be, &sigs, c.drain_timeout_ms);
     rc = 0;
     goto done;
 fail:

@@ -36,6 +36,9 @@ void cl_pool_check_fill(const kv_pool *pool, uint32_t active, bool busy,
 
 /* A millisecond monotonic clock for pd_send/pd_recv cfg.clock; ctx unused. */
 uint64_t cl_now_ms(void *ctx);
+/* Ends a connection with a reason: ERROR{err, msg (cut to 512 bytes)} sent
+ * best-effort, then closed once the output is flushed. Can't fail. */
+void cl_error_close(pd_conn *c, ks_err err, const char *msg);
 
 // ----------------------------------------------------------------------------
 // A worker's control connection to the router (ctrl.c)

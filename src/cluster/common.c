@@ -153,3 +153,18 @@ uint64_t cl_now_ms(void *ctx) {
     (void)ctx;
     return ks_now_ns() / 1000000u;
 }
+
+void cl_error_close(pd_conn *c, ks_err err, const char *msg) {
+    size_t ml = strlen(msg);
+    pd_msg_error m = {.err = (uint32_t)err, .msg = msg,
+                      .msg_len = (uint32_t)(ml < PD_MSG_MAX_TEXT ? ml : PD_MSG_MAX_TEXT)};
+    uint8_t buf[8 + PD_MSG_MAX_TEXT];
+    uint32_t len = 0;
+    if (pd_msg_error_encode(&m, buf, sizeof buf, &len, NULL) == KS_OK) {
+        struct iovec iov = {.iov_base = buf, .iov_len = len};
+        if (pd_conn_send(c, PD_MSG_ERROR, 0, &iov, 1, NULL) != KS_OK) {
+            // best effort: the close below happens either way
+        }
+    }
+    pd_conn_close_flush(c);
+}

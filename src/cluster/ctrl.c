@@ -39,15 +39,7 @@ struct cl_ctrl {
 /* Sends ERROR{err, msg} best-effort, then closes after flushing. */
 static void ctrl__fail(cl_ctrl *c, ks_err err, const char *msg) {
     if (!c->conn) return;
-    pd_msg_error m = {.err = (uint32_t)err, .msg = msg, .msg_len = (uint32_t)strlen(msg)};
-    if (m.msg_len > PD_MSG_MAX_TEXT) m.msg_len = PD_MSG_MAX_TEXT;
-    uint8_t buf[8 + PD_MSG_MAX_TEXT];
-    uint32_t len = 0;
-    if (pd_msg_error_encode(&m, buf, sizeof buf, &len, NULL) == KS_OK) {
-        struct iovec iov = {buf, len};
-        if (pd_conn_send(c->conn, PD_MSG_ERROR, 0, &iov, 1, NULL) != KS_OK) { /* best effort */ }
-    }
-    pd_conn_close_flush(c->conn);
+    cl_error_close(c->conn, err, msg);
 }
 
 static void ctrl__send_register(cl_ctrl *c) {

@@ -207,18 +207,7 @@ static void dec__link_send(dec__link *k, uint16_t type, uint64_t req_id, const v
 /* Best-effort ERROR, then close: a PROTO error ends only this peer's conn. */
 static void dec__proto_close(pd_conn *c, const char *why) {
     ks_log(KS_LOG_WARN, "decode: closing %s: %s", pd_conn_peer_addr(c), why);
-    size_t ml = strlen(why);
-    if (ml > PD_MSG_MAX_TEXT) ml = PD_MSG_MAX_TEXT;
-    pd_msg_error m = {.err = KS_ERR_PROTO, .msg = why, .msg_len = (uint32_t)ml};
-    uint8_t buf[8 + PD_MSG_MAX_TEXT];
-    uint32_t len = 0;
-    if (pd_msg_error_encode(&m, buf, sizeof buf, &len, NULL) == KS_OK) {
-        struct iovec iov = {.iov_base = buf, .iov_len = len};
-        if (pd_conn_send(c, PD_MSG_ERROR, 0, &iov, 1, NULL) != KS_OK) {
-            // best effort: the close below happens either way
-        }
-    }
-    pd_conn_close_flush(c);
+    cl_error_close(c, KS_ERR_PROTO, why);
 }
 
 // ----------------------------------------------------------------------------

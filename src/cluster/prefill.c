@@ -237,16 +237,8 @@ static void pf__link_close(pf__link *k) {
 
 /* Sends ERROR best-effort and closes the link after flushing. */
 static void pf__link_fail(pf__link *k, const char *msg) {
-    pd_msg_error m = {.err = KS_ERR_PROTO, .msg = msg, .msg_len = (uint32_t)strlen(msg)};
-    if (m.msg_len > PD_MSG_MAX_TEXT) m.msg_len = PD_MSG_MAX_TEXT;
-    uint8_t buf[8 + PD_MSG_MAX_TEXT];
-    uint32_t len = 0;
-    if (pd_msg_error_encode(&m, buf, sizeof buf, &len, NULL) == KS_OK) {
-        struct iovec iov = {buf, len};
-        if (pd_conn_send(k->conn, PD_MSG_ERROR, 0, &iov, 1, NULL) != KS_OK) { /* best effort */ }
-    }
     k->closing = true;
-    pd_conn_close_flush(k->conn);
+    cl_error_close(k->conn, KS_ERR_PROTO, msg);
 }
 
 static void pf__link_on_open(pd_conn *c, void *ud) {

@@ -402,24 +402,12 @@ static void rt__broadcast_peer(cluster_router *r, const rt_worker *d, bool remov
         if (w->id && w->role == PD_ROLE_PREFILL) rt__send(r, w, PD_MSG_PEER, 0, buf, n);
 }
 
-static void rt__send_error(cluster_router *r, rt_worker *w, ks_err err, const char *msg) {
-    uint8_t buf[8 + PD_MSG_MAX_TEXT];
-    uint32_t n = 0;
-    size_t len = strlen(msg);
-    pd_msg_error m = {.err = (uint32_t)err, .msg = msg,
-                      .msg_len = (uint32_t)(len < PD_MSG_MAX_TEXT ? len : PD_MSG_MAX_TEXT)};
-    ks_errbuf eb;
-    if (pd_msg_error_encode(&m, buf, sizeof buf, &n, &eb) == KS_OK)
-        rt__send(r, w, PD_MSG_ERROR, 0, buf, n);
-    pd_conn_close_flush(w->c);
-}
-
 static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) {
     pd_msg_register m;
     ks_errbuf eb;
     if (pd_msg_register_decode(f->payload, f->payload_len, &m, &eb) != KS_OK) {
         ks_log(KS_LOG_WARN, "router: %s: %s", pd_conn_peer_addr(w->c), eb.msg);
-        rt__send_error(r, w, KS_ERR_PROTO, eb.msg);
+        cl_error_close(w->c, KS_ERR_PROTO, eb.msg);
         return;
     }
     char why[256] = "";
@@ -436,7 +424,7 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
         snprintf(why, sizeof why, "a decode worker must name its data-link host and port");
     if (why[0]) {
         ks_log(KS_LOG_WARN, "router: refusing worker at %s: %s", pd_conn_peer_addr(w->c), why);
-        rt__send_error(r, w, KS_ERR_INVAL, why);
+        cl_error_close(w->c, KS_ERR_INVAL, why);
         return;
     }
     w->id = ++r->next_worker_id;
@@ -628,7 +616,7 @@ static void rt__on_frame(pd_conn *c, void *ud, const pd_frame *f) {
     uint16_t type = f->hdr.type;
     if (!w->id) {  // the first frame must be REGISTER
         if (type == PD_MSG_REGISTER) rt__on_register(r, w, f);
-        else rt__send_error(r, w, KS_ERR_PROTO, "the first frame must be REGISTER");
+        else cl_error_close(w->c, KS_ERR_PROTO, "the first frame must be REGISTER");
         return;
     }
     ks_errbuf eb;
@@ -654,7 +642,7 @@ static void rt__on_frame(pd_conn *c, void *ud, const pd_frame *f) {
         pd_conn_close(c);
         break;
     }
-    case PD_MSG_REGISTER: rt__send_error(r, w, KS_ERR_PROTO, "REGISTER sent twice"); break;
+    case PD_MSG_REGISTER: cl_error_close(w->c, KS_ERR_PROTO, "REGISTER sent twice"); break;
     default: rt__on_req_frame(r, w, f); break;
     }
     rt__schedule(r);

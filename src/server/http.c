@@ -452,8 +452,11 @@ static void srv__done_error(const srv_gen *g, const engine_event *ev, srv_error 
 
 /* Error details of an aborted/failed request, in the route's shape. */
 static void srv__gen_error(const srv_gen *g, const engine_event *ev, srv_error *err) {
-    bool draining = atomic_load_explicit(&g->s->draining, memory_order_acquire);
-    if ((g->gone && atomic_load(&g->s->stopping)) || (draining && ev->finish == ENGINE_FINISH_ABORT))
+    // a drain that ran out aborts with CANCELLED (set_online); other aborts
+    // during a drain (a queue timeout, a lost worker) keep their own error
+    bool shut = atomic_load_explicit(&g->s->draining, memory_order_acquire) &&
+                ev->finish == ENGINE_FINISH_ABORT && ev->err == KS_ERR_CANCELLED;
+    if ((g->gone && atomic_load(&g->s->stopping)) || shut)
         srv_error_set(err, 503, "server_error", "server_shutting_down", NULL, SRV_REJECT_NONE,
                       "the server is shutting down; the request was aborted");
     else if (srv__done_mapped(ev))

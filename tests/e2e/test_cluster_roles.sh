@@ -36,15 +36,20 @@ X=$!
 Y=$!
 trap 'kill -KILL $D $P $X $Y $R 2>/dev/null; rm_tmpd' EXIT
 sleep 1
-"$KS_BIN" router "${M[@]}" --host 127.0.0.1 --port 0 --cluster-port $port --secret-file "$TMPD/secret" \
-    --health-interval-ms 200 >"$TMPD/r.out" 2>"$TMPD/r.log" &
-R=$!
-for i in $(seq 1 100); do
-    [ "$(grep -c 'worker [0-9]* registered' "$TMPD/r.log")" -ge 2 ] && break
-    sleep 0.1
-done
-expect_eq "registered workers" "$(grep -c 'worker [0-9]* registered' "$TMPD/r.log")" 2
-URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$TMPD/r.out")
+# router NAME WHAT: starts the router on the fixed cluster port (logs
+# $TMPD/NAME.{out,log}), waits for both workers to register, sets R and URL
+router() {
+    "$KS_BIN" router "${M[@]}" --host 127.0.0.1 --port 0 --cluster-port $port --secret-file "$TMPD/secret" \
+        --health-interval-ms 200 >"$TMPD/$1.out" 2>"$TMPD/$1.log" &
+    R=$!
+    for i in $(seq 1 150); do
+        [ "$(grep -c 'worker [0-9]* registered' "$TMPD/$1.log")" -ge 2 ] && break
+        sleep 0.1
+    done
+    expect_eq "$2" "$(grep -c 'worker [0-9]* registered' "$TMPD/$1.log")" 2
+    URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$TMPD/$1.out")
+}
+router r "registered workers"
 for i in $(seq 1 50); do
     grep -q 'auth failed' "$TMPD/r.log" && grep -q 'different model' "$TMPD/r.log" && break
     sleep 0.1
@@ -82,15 +87,7 @@ expect_has "answer after re-registration" "$ans" '"text"'
 
 # the router restarts: both workers notice, register with the new one, serve on
 kill -TERM $R; wait $R || fail "router exited with status $?"
-"$KS_BIN" router "${M[@]}" --host 127.0.0.1 --port 0 --cluster-port $port --secret-file "$TMPD/secret" \
-    --health-interval-ms 200 >"$TMPD/r2.out" 2>"$TMPD/r2.log" &
-R=$!
-for i in $(seq 1 150); do
-    [ "$(grep -c 'worker [0-9]* registered' "$TMPD/r2.log")" -ge 2 ] && break
-    sleep 0.1
-done
-expect_eq "workers registered with the new router" "$(grep -c 'worker [0-9]* registered' "$TMPD/r2.log")" 2
-URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$TMPD/r2.out")
+router r2 "workers registered with the new router"
 for i in $(seq 1 50); do
     ans=$(curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
         -d '{"prompt":"In the beginning","max_tokens":6,"temperature":0}')
