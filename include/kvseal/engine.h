@@ -233,6 +233,18 @@ void engine_stream_post(engine_stream *s, const engine_event *ev);
 ks_err engine_stream_next(engine_stream *s, engine_event *ev /* OUT */, uint32_t timeout_ms) KS_MUST_USE;
 /* True once the done event was posted. Thread-safe. */
 bool engine_stream_done_posted(engine_stream *s);
+/* Undelivered events at which a producer holds its request back: a client
+ * that stops reading pauses its generation (its pages stay reserved)
+ * instead of growing the server's memory without bound. */
+#define ENGINE_STREAM_BACKLOG 32
+/* Producer side: true when the consumer has ENGINE_STREAM_BACKLOG or more
+ * events still to take. Each true answer arms the wake hook, which then
+ * runs once, on the consumer's thread, when the consumer has taken the
+ * backlog down to half. Thread-safe. */
+bool engine_stream_backlogged(engine_stream *s);
+/* Sets the hook engine_stream_backlogged arms (NULL: none); call before the
+ * stream is shared. The hook must not call back into this stream. */
+void engine_stream_set_wake(engine_stream *s, void (*wake)(void *ctx), void *ctx);
 /* Producer side: detokenizes sr->token (vocabulary v), runs the text through
  * the stop strings and posts what is safe to send now, with the token and
  * its logprobs. *matched: a stop string matched (generation must end).
@@ -260,6 +272,8 @@ void engine_stream_finish(engine_stream *s, const engine_outcome *o, char *piece
 typedef struct engine_stats {
     kv_stats kv;
     uint32_t n_queued, n_running;
+    uint32_t n_paused;     /* running, but skipped: the client has not taken its output
+                              (engine_stream_backlogged) */
     uint64_t n_finished, n_aborted, n_rejected;
     uint64_t tokens_in, tokens_out;
     uint64_t n_violations; /* sequences stopped by a KV page check (I1), once each;

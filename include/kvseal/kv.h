@@ -76,6 +76,7 @@ typedef struct kv_stats {
     uint64_t violations; /* isolation violations detected since start */
     uint64_t prefix_hits_pages;   /* pages reused from the prefix cache */
     uint64_t prefix_cached_pages; /* pages held by the prefix cache now */
+    uint64_t allocations;         /* page allocations since start (FREE -> ALLOCATED) */
 } kv_stats;
 /* Snapshot of counters; safe from any thread (values may be a step stale). */
 void kv_pool_stats(const kv_pool *p, kv_stats *out /* OUT */);

@@ -112,6 +112,7 @@ struct engine {
     engine_req *wait_head, *wait_tail;  // QUEUED, FIFO
     uint32_t n_waiting;
     bool stop;
+    uint64_t kick;       // bumped (with a broadcast) by everything the scheduler must see
     atomic_bool online;
     atomic_bool abort_all;
     atomic_ullong next_id;
@@ -133,7 +134,7 @@ struct engine {
     atomic_ullong n_violations;
     // stats
     atomic_ullong n_finished, n_aborted, n_rejected, tokens_in, tokens_out;
-    atomic_uint st_queued, st_running;
+    atomic_uint st_queued, st_running, st_paused;
     // engine_check_quiescent handshake (mu)
     int check_state;  // 0 idle, 1 requested, 2 answered
     bool check_clean;
@@ -212,10 +213,20 @@ engine_state engine_req_state(const engine_req *r) {
     return (engine_state)atomic_load(&((engine_req *)r)->state);
 }
 
+/* engine_stream wake hook: a paused request's client caught up. */
+static void engine__wake(void *ctx) {
+    engine *e = ctx;
+    pthread_mutex_lock(&e->mu);
+    e->kick++;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
 void engine_req_cancel(engine_req *r) {
     if (atomic_exchange(&r->cancelled, true)) return;
     engine *e = r->e;
     pthread_mutex_lock(&e->mu);
+    e->kick++;
     pthread_cond_broadcast(&e->cv);  // the scheduler retires it at the next step
     pthread_mutex_unlock(&e->mu);
 }
@@ -320,6 +331,7 @@ ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_err
         engine__req_free(r);
         return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
     }
+    engine_stream_set_wake(r->out, engine__wake, e);
     pthread_mutex_lock(&e->mu);
     if (e->n_waiting >= (uint32_t)e->o.queue_max || e->stop) {
         pthread_mutex_unlock(&e->mu);
@@ -332,6 +344,7 @@ ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_err
     e->wait_tail = r;
     e->n_waiting++;
     atomic_store(&e->st_queued, e->n_waiting);
+    e->kick++;
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     *out = r;
@@ -530,18 +543,27 @@ static bool engine__step(engine *e) {
         i++;
     }
     engine__admit(e);
-    if (e->n_running == 0) return false;
+    if (e->n_running == 0) {
+        atomic_store(&e->st_paused, 0);
+        return false;
+    }
 #ifdef KS_TEST_FAULTS
     engine__inject_fault(e);
 #endif
-    // build the batch: decodes first (one token each), then prefill chunks
+    // build the batch: decodes first (one token each), then prefill chunks; a
+    // request whose client has not taken its output sits this step out
     int32_t n = 0, n_out = 0, budget = e->o.max_batch_tokens;
+    unsigned n_paused = 0;
     for (int i = 0; i < e->n_running; i++) {
         engine_req *r = e->running[i];
         r->batch_slot = i;
         r->out_row = -1;
         e->b_seqs[i] = engine__seq(r);
         if (atomic_load(&r->state) != ENGINE_DECODING || n >= budget) continue;
+        if (engine_stream_backlogged(r->out)) {
+            n_paused++;
+            continue;
+        }
         e->b_tok[n] = r->last;
         e->b_pos[n] = r->n_prompt + r->n_gen - 1;
         e->b_seq[n] = i;
@@ -563,7 +585,8 @@ static bool engine__step(engine *e) {
         }
         r->n_past += chunk;
     }
-    if (n == 0) return true;
+    atomic_store(&e->st_paused, n_paused);
+    if (n == 0) return false;  // all paused: wait for a client (engine__wake) or a cancel
     model_batch b = {.n_tokens = n, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq,
                      .out_row = e->b_out, .n_out = n_out, .n_seqs = e->n_running,
                      .seqs = e->b_seqs, .seq_err = e->b_err};
@@ -613,13 +636,15 @@ static void *engine__main(void *arg) {
     for (;;) {
         pthread_mutex_lock(&e->mu);
         bool stop = e->stop;
+        uint64_t kick = e->kick;
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
         // decode workers: the network first, so a request adopted now joins
         // this step's batch (after an idle iteration the hook just ran)
         if (e->o.poll && busy) engine__hook(e, 1, 0);
         if ((busy = engine__step(e))) continue;
-        // idle: sleep until a submit or cancel (or a queue timeout is due)
+        // nothing ran: sleep until a submit, cancel or wake (or a queue timeout is
+        // due), unless one came in since this iteration began
         pthread_mutex_lock(&e->mu);
         if (e->check_state == 1 && !e->wait_head && e->n_running == 0) {
             pthread_mutex_unlock(&e->mu);
@@ -636,7 +661,7 @@ static void *engine__main(void *arg) {
             e->check_state = 2;
             pthread_cond_broadcast(&e->cv);
         }
-        bool wait = !e->stop && (!e->wait_head || e->n_running >= e->o.max_running);
+        bool wait = !e->stop && e->kick == kick;
         if (e->o.poll) {
             // the hook's own wait (its epoll) replaces the cond-var wait: a
             // submit, cancel, check or stop is seen within its 50 ms
@@ -734,6 +759,7 @@ ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out, ks_
         engine__req_free(r);
         return ce;
     }
+    engine_stream_set_wake(r->out, engine__wake, e);
     sampler_skip_draws(r->smp, a->rng_draws);  // continue the prefill side's PRNG sequence
     r->ext = a->seq;
     r->n_past = n_prompt;
@@ -837,6 +863,7 @@ void engine_destroy(engine *e) {
     if (!e) return;
     pthread_mutex_lock(&e->mu);
     e->stop = true;
+    e->kick++;
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->thread, NULL);
@@ -851,6 +878,7 @@ ks_err engine_check_quiescent(engine *e, uint32_t timeout_ms, ks_errbuf *eb) {
     ts.tv_nsec = (long)(ns % 1000000000ull);
     pthread_mutex_lock(&e->mu);
     e->check_state = 1;
+    e->kick++;
     pthread_cond_broadcast(&e->cv);
     while (e->check_state != 2)
         if (pthread_cond_timedwait(&e->cv, &e->mu, &ts) != 0) break;
@@ -867,6 +895,7 @@ void engine_set_online(engine *e, bool online, bool abort_running) {
     if (!online && abort_running) atomic_store(&e->abort_all, true);
     if (online) atomic_store(&e->abort_all, false);
     pthread_mutex_lock(&e->mu);
+    e->kick++;
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
 }
@@ -878,6 +907,7 @@ void engine_get_stats(engine *e, engine_stats *out) {
     kv_pool_stats(e->pool, &out->kv);
     out->n_queued = atomic_load(&e->st_queued);
     out->n_running = atomic_load(&e->st_running);
+    out->n_paused = atomic_load(&e->st_paused);
     out->n_finished = atomic_load(&e->n_finished);
     out->n_aborted = atomic_load(&e->n_aborted);
     out->n_rejected = atomic_load(&e->n_rejected);

@@ -17,6 +17,9 @@ struct engine_stream {
     engine_event *ev; /* ring of cap events */
     size_t head, n, cap;
     bool done_posted, done_taken;
+    bool wake_armed;                 /* engine_stream_backlogged said true */
+    void (*wake)(void *ctx);
+    void *wake_ctx;
     tok_stream ts;  /* producer side only */
     stop_matcher *stop;
 };
@@ -92,7 +95,10 @@ ks_err engine_stream_next(engine_stream *s, engine_event *ev, uint32_t timeout_m
     s->head = (s->head + 1) % s->cap;
     s->n--;
     if (ev->done) s->done_taken = true;
+    bool wake = s->wake_armed && s->n <= ENGINE_STREAM_BACKLOG / 2;
+    if (wake) s->wake_armed = false;
     pthread_mutex_unlock(&s->mu);
+    if (wake && s->wake) s->wake(s->wake_ctx);
     return KS_OK;
 }
 
@@ -101,6 +107,19 @@ bool engine_stream_done_posted(engine_stream *s) {
     bool d = s->done_posted;
     pthread_mutex_unlock(&s->mu);
     return d;
+}
+
+bool engine_stream_backlogged(engine_stream *s) {
+    pthread_mutex_lock(&s->mu);
+    bool full = s->n >= ENGINE_STREAM_BACKLOG;
+    if (full) s->wake_armed = true;
+    pthread_mutex_unlock(&s->mu);
+    return full;
+}
+
+void engine_stream_set_wake(engine_stream *s, void (*wake)(void *ctx), void *ctx) {
+    s->wake = wake;
+    s->wake_ctx = ctx;
 }
 
 /* Posts text split into ENGINE_TEXT_CAP events on UTF-8 boundaries; the

@@ -40,6 +40,7 @@ struct kv_pool {
     atomic_ullong violations;        /* I1 violations since start */
     atomic_ullong prefix_hits_pages; /* pages attached from the prefix cache */
     atomic_ullong prefix_cached;     /* pages held by the prefix cache now */
+    atomic_ullong allocations;       /* FREE -> ALLOCATED transitions since start */
 };
 
 /* The 32-bit word freed pages are filled with in KV_SCRUB_POISON mode: a

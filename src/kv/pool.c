@@ -129,6 +129,7 @@ ks_err kv_pool_create(const kv_geom *g, uint32_t n_pages, kv_scrub scrub, kv_poo
     atomic_init(&p->violations, 0);
     atomic_init(&p->prefix_hits_pages, 0);
     atomic_init(&p->prefix_cached, 0);
+    atomic_init(&p->allocations, 0);
     *out = p;
     return KS_OK;
 fail:
@@ -164,6 +165,7 @@ void kv_pool_stats(const kv_pool *p, kv_stats *out) {
     out->violations = atomic_load_explicit(&q->violations, memory_order_relaxed);
     out->prefix_hits_pages = atomic_load_explicit(&q->prefix_hits_pages, memory_order_relaxed);
     out->prefix_cached_pages = atomic_load_explicit(&q->prefix_cached, memory_order_relaxed);
+    out->allocations = atomic_load_explicit(&q->allocations, memory_order_relaxed);
 }
 
 /* Truthful in every build, KS_BROKEN_NO_SCRUB included: it reads the payload
@@ -209,6 +211,7 @@ static uint32_t kv__page_alloc(kv_pool *p, uint64_t uid) {
 #endif
     h->tag.seq_uid = uid;
     h->tag.gen++;
+    atomic_fetch_add_explicit(&p->allocations, 1, memory_order_relaxed);
     h->refcount = 1;
     h->filled = 0;
     kv__set_state(p, h, KV_PAGE_ALLOCATED);

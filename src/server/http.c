@@ -39,6 +39,8 @@
 #include <math.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sodium.h>
 #include <stdio.h>
@@ -576,6 +578,19 @@ static ssize_t srv__stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
     return (ssize_t)n;
 }
 
+/* Back-pressure for a streamed answer: the kernel keeps at most
+ * SRV_STREAM_UNSENT bytes the client has not taken (instead of megabytes
+ * with autotuning), so a client that stops reading soon stops MHD pulling
+ * events, and then the engine pauses the request (ENGINE_STREAM_BACKLOG)
+ * rather than generating into memory. A client that takes nothing for the
+ * idle timeout is dropped, and its request with it. */
+#define SRV_STREAM_UNSENT 16384
+static void srv__stream_socket(server *s, srv_gen *g) {
+    int lowat = SRV_STREAM_UNSENT;
+    if (g->fd >= 0) (void)setsockopt(g->fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof lowat);
+    MHD_set_connection_option(g->conn, MHD_CONNECTION_OPTION_TIMEOUT, s->o.idle_timeout_s);
+}
+
 /* MHD is done with the streaming response: the answer was sent whole, or
  * the client went away (a failed write) and the request is cancelled now. */
 static void srv__stream_free(void *cls) {
@@ -843,6 +858,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    srv__stream_socket(s, g);
     ret = MHD_queue_response(c, MHD_HTTP_OK, r);
     MHD_destroy_response(r); // g is freed with the response
     srv_metrics_request(&s->met, route, 200);

@@ -164,6 +164,17 @@ char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
                          "# TYPE kvseal_running_requests gauge\nkvseal_running_requests %u\n",
                          es->n_running) &&
              met__printf(&b,
+                         "# HELP kvseal_paused_requests Running requests held back because "
+                         "their client is not reading (output backlog full).\n"
+                         "# TYPE kvseal_paused_requests gauge\nkvseal_paused_requests %u\n",
+                         es->n_paused) &&
+             met__printf(&b,
+                         "# HELP kvseal_kv_page_allocations_total KV pages handed out "
+                         "(FREE -> ALLOCATED) since start.\n"
+                         "# TYPE kvseal_kv_page_allocations_total counter\n"
+                         "kvseal_kv_page_allocations_total %llu\n",
+                         (unsigned long long)es->kv.allocations) &&
+             met__printf(&b,
                          "# HELP kvseal_engine_requests_total Engine requests by outcome.\n"
                          "# TYPE kvseal_engine_requests_total counter\n"
                          "kvseal_engine_requests_total{outcome=\"finished\"} %llu\n"

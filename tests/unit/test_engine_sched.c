@@ -8,7 +8,10 @@
  * - cancel frees pages within a step; pool exhaustion makes requests wait,
  *   not fail; after everything every page is FREE and scrubbed;
  * - prefix cache (I7): same tenant -> reuse, other tenant -> none, and the
- *   output is identical either way. */
+ *   output is identical either way;
+ * - back-pressure: a request whose events are not taken pauses at exactly
+ *   ENGINE_STREAM_BACKLOG undelivered events without holding up the others,
+ *   and resumes with the same tokens once its consumer reads on. */
 #include "kvseal/engine.h"
 #include "kvseal/kern.h"
 
@@ -329,6 +332,52 @@ static void test_prefix_cache(void) {
     engine_destroy(e);
 }
 
+/* Waits (up to 60 s) until the engine reports n_paused == want. */
+static void wait_paused(engine *e, uint32_t want) {
+    engine_stats st;
+    for (int i = 0; i < 60000; i++) {
+        engine_get_stats(e, &st);
+        if (st.n_paused == want) return;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK_EQ(st.n_paused, want);
+}
+
+static void test_backlog_pauses(void) {
+    engine *e = make_engine(128, 4, false);
+    result alone, other, held;
+    run_one(e, "t", "And it came to pass", 100, &alone);
+    int32_t *ids;
+    size_t n;
+    tokenize("And it came to pass", &ids, &n);
+    engine_params p;
+    params_greedy(&p, "t", ids, n, 100);
+    p.ignore_eos = true;
+    engine_req *r;
+    ks_errbuf eb;
+    engine_stats st0, st;
+    engine_get_stats(e, &st0);
+    CHECK_EQ(engine_submit(e, &p, &r, &eb), KS_OK);
+    free(ids);
+    wait_paused(e, 1);  // nobody reads r
+    engine_get_stats(e, &st);
+    CHECK_EQ(st.tokens_out - st0.tokens_out, (uint64_t)ENGINE_STREAM_BACKLOG);
+    CHECK_EQ(st.n_running, 1u);
+    run_one(e, "u", "In the beginning", 20, &other);  // others still run
+    CHECK_EQ(other.done.state, ENGINE_FINISHED);
+    engine_get_stats(e, &st);
+    CHECK_EQ(st.n_paused, 1u);
+    collect(r, &held);  // reading on resumes it
+    CHECK_EQ(held.done.state, ENGINE_FINISHED);
+    CHECK_EQ(held.n, alone.n);
+    CHECK_MEM_EQ(held.toks, alone.toks, sizeof(int32_t) * (size_t)alone.n);
+    engine_req_release(r);
+    wait_paused(e, 0);
+    check_clean(e);
+    engine_destroy(e);
+}
+
 int main(void) {
     const char *src = getenv("KS_SRC");
     char path[1024];
@@ -343,6 +392,7 @@ int main(void) {
     test_admission();
     test_golden_and_stop();
     test_cancel_and_exhaustion();
+    test_backlog_pauses();
     test_prefix_cache();
     test_batched_equals_alone();
     model_free(g_model);
