@@ -2,7 +2,7 @@
 JOBS ?= $(shell nproc)
 BUILD ?= build
 
-.PHONY: all test asan bench clean help
+.PHONY: all test asan stress-test bench clean help
 
 all: ## configure and build build/kvseal (Release, -Werror)
 	@cmake -S . -B $(BUILD) -DKS_WERROR=ON >/dev/null
@@ -16,11 +16,14 @@ asan: ## build with AddressSanitizer+UBSan in build-asan and run the suite
 	@cmake --build build-asan -j$(JOBS)
 	@cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
 
+stress-test: ## the whole suite 10x (STRESS_RUNS) with ctest -j4 beside a CPU hog, then once under ASan
+	@scripts/stress-test.sh
+
 bench: all ## build the kernel micro-benchmark (build/bench_kern)
 	@cmake --build $(BUILD) --target bench_kern -j$(JOBS)
 
 clean: ## remove build directories
-	rm -rf build build-asan
+	rm -rf build build-asan build-stress-logs
 
 help:
-	@grep -E '^[a-z]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'

@@ -511,6 +511,8 @@ static void dl__on_frame(pd_conn *c, void *ud, const pd_frame *f) {
             return;
         }
         pd_recv_abort_ack(w->rcv, id, k->epoch);
+        ks_log(KS_LOG_INFO, "decode: request %llu: ABORT_ACK, the transfer is quiesced",
+               (unsigned long long)id);
         break;
     default:  // type_max forbids the rest; defensive
         dec__proto_close(k->c, "data link: unexpected frame type");

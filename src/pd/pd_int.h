@@ -120,7 +120,8 @@ struct pd_conn {
     uint64_t deadline_ns;          /* connect/handshake deadline, 0 = none */
     uint64_t hold_until_ns;        /* fault delay: output held until */
     size_t stall_at;               /* fault stall: queued bytes until the cut (0: none) */
-    uint32_t stall_ms;             /* fault stall: how long the cut lasts */
+    uint32_t stall_ms;             /* fault stall: how long the cut lasts at most */
+    bool stalled;                  /* fault stall: cut now; the next frame in ends it */
     // auth (auth.c)
     uint8_t nonce[PD_NONCE_BYTES];      /* ours */
     uint8_t peer_nonce[PD_NONCE_BYTES];

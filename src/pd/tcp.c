@@ -369,7 +369,10 @@ static void pd__flush(pd_conn *c) {
 #ifdef KS_TEST_FAULTS
         if (c->stall_at && (c->stall_at -= (size_t)r) == 0) {  // reached: hold the rest
             c->hold_until_ns = ks_now_ns() + (uint64_t)c->stall_ms * 1000000u;
-            ks_log(KS_LOG_WARN, "pd: TEST ONLY stall: frame cut mid-payload for %u ms", c->stall_ms);
+            c->stalled = true;
+            ks_log(KS_LOG_WARN,
+                   "pd: TEST ONLY stall: frame cut mid-payload until a frame comes in (at most %u ms)",
+                   c->stall_ms);
         }
 #endif
         c->loop->stats.bytes_out += (uint64_t)r;
@@ -597,6 +600,14 @@ static void pd__dispatch(pd_conn *c, const pd_frame *f) {
                              f->hdr.type);
     if (f->hdr.len == 0 && !pd__type_ok(c, &f->hdr)) return; // len > 0 was checked on the header
     c->loop->stats.frames_in++;
+#ifdef KS_TEST_FAULTS
+    if (c->stalled) {  // the peer spoke (e.g. an ABORT): the rest of the cut frame goes now
+        c->stalled = false;
+        c->hold_until_ns = 1;
+        ks_log(KS_LOG_WARN, "pd: TEST ONLY stall: released by an incoming frame (type %u)",
+               f->hdr.type);
+    }
+#endif
     if (c->cbs.on_frame) c->cbs.on_frame(c, c->ud, f);
 }
 

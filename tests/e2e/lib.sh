@@ -10,12 +10,65 @@ TMPD=$(mktemp -d)
 rm_tmpd() { [ -n "${KS_KEEP_TMP:-}" ] || rm -rf "$TMPD"; }
 trap rm_tmpd EXIT
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# fail MSG — ends the test; the tail of each server log goes with the message.
+fail() {
+    echo "FAIL: $*" >&2
+    local f
+    for f in ${KS_SERVER_LOG:-} ${KS_CLUSTER_LOGS:-}; do
+        [ -s "$f" ] && { echo "--- last lines of $(basename "$f"):" >&2; tail -n 15 "$f" >&2; }
+    done
+    exit 1
+}
 skip() { echo "SKIP: $*" >&2; exit 77; }
 # expect_eq WHAT GOT WANT
 expect_eq() { [ "$2" == "$3" ] || fail "$1: got [$2], want [$3]"; }
 # expect_has WHAT HAYSTACK NEEDLE
 expect_has() { case "$2" in *"$3"*) ;; *) fail "$1: [$2] lacks [$3]";; esac; }
+
+# Waiting: every wait is on a condition the server reports (a metric, a log
+# line, a file a client wrote), polled every 50 ms up to a deadline generous
+# enough for a sanitizer build on a loaded machine: KS_WAIT_S seconds (60;
+# x3 under a sanitizer). A deadline only turns a hang into a clear failure.
+export KS_WAIT_S=${KS_WAIT_S:-$([ -n "${KS_SANITIZE:-}" ] && echo 180 || echo 60)}
+KS_RAWC=${KS_RAWC:-${KS_BUILD:-}/rawc}
+
+# wait_for WHAT CMD... — runs CMD until it succeeds; fails naming WHAT at the deadline.
+wait_for() {
+    local what=$1; shift
+    local end=$((SECONDS + KS_WAIT_S))
+    until "$@" >/dev/null 2>&1; do
+        [ $SECONDS -lt $end ] || fail "timed out after ${KS_WAIT_S}s waiting for: $what"
+        sleep 0.05
+    done
+}
+
+# metric URL NAME — prints the value of the /metrics line NAME (with its labels), or nothing.
+metric() {
+    curl -sS "$1/metrics" | awk -v n="$2" '$1 == n && !f { print $2; f = 1 }'
+}
+# metric_is URL NAME VALUE / metric_ge URL NAME VALUE — for wait_for.
+metric_is() { [ "$(metric "$1" "$2")" = "$3" ]; }
+metric_ge() { local v; v=$(metric "$1" "$2"); [ -n "$v" ] && [ "${v%.*}" -ge "$3" ]; }
+# file_has FILE TEXT — for wait_for.
+file_has() { grep -qF -- "$2" "$1" 2>/dev/null; }
+# proc_gone PID — for wait_for.
+proc_gone() { ! kill -0 "$1" 2>/dev/null; }
+
+# rawc_request PATH BODY — prints a raw HTTP/1.1 POST of the JSON BODY (with
+# $RAWC_AUTH as the bearer key when set), for tests/e2e/rawc.c:
+#   rawc --pause-after 'data: ' ... $PORT < <(rawc_request /v1/completions "$body") &
+# ($! is then rawc itself, so the test can kill it).
+rawc_request() {
+    local nl=$'\r\n' auth=
+    [ -n "${RAWC_AUTH:-}" ] && auth="Authorization: Bearer $RAWC_AUTH$nl"
+    printf '%s' "POST $1 HTTP/1.1${nl}Host: 127.0.0.1${nl}Content-Type: application/json$nl${auth}Content-Length: ${#2}${nl}Connection: close$nl$nl$2"
+}
+# rawc ARGS... — runs rawc; in the background (`rawc ... &`) $! is rawc itself.
+rawc() {
+    [ -x "$KS_RAWC" ] || fail "the test client rawc is not built ($KS_RAWC)"
+    if [ "$BASHPID" != "$$" ]; then exec "$KS_RAWC" "$@"; fi
+    "$KS_RAWC" "$@"
+}
 
 # start_server LOGFILE ARGS... — starts `kvseal serve --port 0 ARGS` in the
 # background, waits for its "listening on" line and /health, and sets
@@ -25,26 +78,26 @@ start_server() {
     "${KS_SERVE_BIN:-$KS_BIN}" serve --host 127.0.0.1 --port 0 "$@" >"$log.out" 2>"$log" &
     KS_PID=$!
     trap 'kill -KILL $KS_PID 2>/dev/null; rm_tmpd' EXIT
-    local i
-    for i in $(seq 1 300); do
-        KS_URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$log.out" | head -1)
-        if [ -n "$KS_URL" ] && curl -fsS "$KS_URL/health" >/dev/null 2>&1; then return 0; fi
-        kill -0 $KS_PID 2>/dev/null || { cat "$log" >&2; fail "server exited during start"; }
-        sleep 0.1
-    done
-    cat "$log" >&2
-    fail "server did not come up"
+    KS_SERVER_LOG=$log
+    wait_for "the server to come up (log: $(basename "$log"))" server__up
+}
+# server__up — true once the server printed its URL and answers /health;
+# fails at once if it exited.
+server__up() {
+    KS_URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$KS_SERVER_LOG.out" | head -1)
+    [ -n "$KS_URL" ] && curl -fsS "$KS_URL/health" >/dev/null 2>&1 && return 0
+    kill -0 $KS_PID 2>/dev/null || { cat "$KS_SERVER_LOG" >&2; fail "server exited during start"; }
+    return 1
 }
 
-# stop_server — SIGTERM, then SIGKILL after 10 s; fails if the exit status is not 0.
+# stop_server — SIGTERM; fails unless the server exits 0 by the deadline.
 stop_server() {
     kill -TERM $KS_PID 2>/dev/null
-    local i
-    for i in $(seq 1 100); do
-        kill -0 $KS_PID 2>/dev/null || break
-        sleep 0.1
+    local end=$((SECONDS + KS_WAIT_S))
+    while kill -0 $KS_PID 2>/dev/null; do
+        [ $SECONDS -lt $end ] || { kill -KILL $KS_PID; fail "server ignored SIGTERM"; }
+        sleep 0.05
     done
-    if kill -0 $KS_PID 2>/dev/null; then kill -KILL $KS_PID; fail "server ignored SIGTERM"; fi
     wait $KS_PID
     local rc=$?
     [ $rc -eq 0 ] || fail "server exited with status $rc"
@@ -67,16 +120,11 @@ start_cluster() {
     KS_PID=$!
     KS_PREFILL_PIDS=(); KS_DECODE_PIDS=()
     trap 'kill -KILL $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
-    local i cport=
-    for i in $(seq 1 300); do
-        cport=$(sed -n 's/^cluster port \([0-9]*\).*/\1/p' "$log.router.out" | head -1)
-        KS_URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$log.router.out" | head -1)
-        [ -n "$cport" ] && [ -n "$KS_URL" ] && break
-        kill -0 $KS_PID 2>/dev/null || { cat "$log.router" >&2; fail "router exited during start"; }
-        sleep 0.1
-    done
-    [ -n "$KS_URL" ] || fail "router did not come up"
     KS_CLUSTER_LOGS="$log.router"
+    KS_ROUTER_LOG=$log.router
+    wait_for "the router to come up" cluster__router_up
+    local i cport
+    cport=$(sed -n 's/^cluster port \([0-9]*\).*/\1/p' "$log.router.out" | head -1)
     for i in $(seq 1 "$nd"); do
         env ${DECODE_ENV:-} "${KS_SERVE_BIN:-$KS_BIN}" decode --router 127.0.0.1:$cport \
             --secret-file "$TMPD/secret" "$@" >"$log.decode$i.out" 2>"$log.decode$i" &
@@ -87,34 +135,37 @@ start_cluster() {
             --secret-file "$TMPD/secret" "$@" >"$log.prefill$i.out" 2>"$log.prefill$i" &
         KS_PREFILL_PIDS+=($!); KS_CLUSTER_LOGS+=" $log.prefill$i"
     done
-    local want=$((np + nd)) n=0
-    for i in $(seq 1 600); do
-        n=$(grep -c 'worker [0-9]* registered' "$log.router" 2>/dev/null)
-        [ "$n" -ge "$want" ] && break
-        sleep 0.1
-    done
-    [ "$n" -ge "$want" ] || { cat $KS_CLUSTER_LOGS >&2; fail "only $n of $want workers registered"; }
+    KS_CLUSTER_WANT=$((np + nd))
+    wait_for "$KS_CLUSTER_WANT workers to register (logs: $KS_CLUSTER_LOGS)" cluster__registered
     # data links come up right after registration: one tiny request proves the path
-    for i in $(seq 1 100); do
-        curl -fsS "$KS_URL/v1/completions" ${CLUSTER_PROBE_AUTH:+-H "Authorization: Bearer $CLUSTER_PROBE_AUTH"} \
-            -H 'Content-Type: application/json' \
-            -d '{"prompt":"In the","max_tokens":1,"temperature":0}' >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    cat $KS_CLUSTER_LOGS >&2
-    fail "the cluster does not answer a probe request"
+    wait_for "the cluster to answer a probe request" cluster__probe
+}
+cluster__router_up() {
+    KS_URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$KS_ROUTER_LOG.out" | head -1)
+    [ -n "$KS_URL" ] && grep -q '^cluster port [0-9]' "$KS_ROUTER_LOG.out" && return 0
+    kill -0 $KS_PID 2>/dev/null || { cat "$KS_ROUTER_LOG" >&2; fail "router exited during start"; }
+    return 1
+}
+cluster__registered() {
+    [ "$(grep -c 'worker [0-9]* registered' "$KS_ROUTER_LOG" 2>/dev/null)" -ge "$KS_CLUSTER_WANT" ]
+}
+cluster__probe() {
+    curl -fsS "$KS_URL/v1/completions" ${CLUSTER_PROBE_AUTH:+-H "Authorization: Bearer $CLUSTER_PROBE_AUTH"} \
+        -H 'Content-Type: application/json' -d '{"prompt":"In the","max_tokens":1,"temperature":0}'
 }
 
-# stop_cluster — SIGTERM to every process; fails unless all exit 0 in 10 s.
+# stop_cluster — SIGTERM to every process; fails unless all exit 0 by the deadline.
 stop_cluster() {
     local p rc=0
     for p in "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" $KS_PID; do
         kill -TERM $p 2>/dev/null
     done
+    local end=$((SECONDS + KS_WAIT_S))
     for p in "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" $KS_PID; do
-        local i
-        for i in $(seq 1 100); do kill -0 $p 2>/dev/null || break; sleep 0.1; done
-        if kill -0 $p 2>/dev/null; then kill -KILL $p; fail "process $p ignored SIGTERM"; fi
+        while kill -0 $p 2>/dev/null; do
+            [ $SECONDS -lt $end ] || { kill -KILL $p; fail "process $p ignored SIGTERM"; }
+            sleep 0.05
+        done
         wait $p 2>/dev/null
         local s=$?
         # a worker killed on purpose by a test exits 137: callers unset it first

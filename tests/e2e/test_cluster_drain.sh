@@ -20,7 +20,7 @@ done
 grep -q 'decode worker: draining' "$TMPD/d.decode1" || fail "the decode worker did not drain"
 grep -q 'prefill worker: draining' "$TMPD/d.prefill1" || fail "the prefill worker did not drain"
 grep -q 'is draining; no new requests go to it' "$TMPD/d.router" || fail "the router did not see the drain"
-chk=$(curl -sS -H "Authorization: Bearer adm-d" "$KS_URL/admin/kv/check?timeout_ms=10000")
+chk=$(curl -sS -H "Authorization: Bearer adm-d" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
 expect_has "pools after the drain" "$chk" '"clean":true'
 stop_cluster
 echo PASS

@@ -11,9 +11,10 @@
 #  2. decode aborts while prefill is still sending (cluster_abort_run.sh):
 #     passes; with free-before-quiesce it fails
 #  3. a decode worker is SIGKILLed when the traffic's first token arrives
-#     (every request is decoding), then a prefill worker 250 ms into the
-#     traffic (DONE is held back 600 ms, so every transfer is in flight):
-#     only its requests fail, cleanly; the cluster serves on
+#     (every request is decoding), then a prefill worker as soon as it logs
+#     that it holds back a DONE of the traffic (each for 2 s, so the
+#     transfer is in flight): only its requests fail, cleanly; the cluster
+#     serves on
 . "$(dirname "$0")/lib.sh"
 command -v node >/dev/null || skip "node is not installed"
 [ -z "${KS_SANITIZE:-}" ] || skip "fault variants run in the Release suite, not under $KS_SANITIZE"
@@ -40,17 +41,17 @@ run 1 abort-free-before-quiesce cluster_abort_run.sh KS_SERVE_BIN="$KS_BUILD/iso
 
 # 3. kill -9 a worker mid-traffic
 ARGS=(-m "$KS_SRC/models/kjv-mini.gguf" --ctx 512 --kv-pages 96 --threads 1)
-KS_SERVE_BIN="$KS_BUILD/isolation-faults/kvseal" PREFILL_ENV="KS_PD_FAULT=delay:21:0:600" \
+KS_SERVE_BIN="$KS_BUILD/isolation-faults/kvseal" PREFILL_ENV="KS_PD_FAULT=delay:21:0:2000" \
     ROUTER_ARGS="--admin-key adm-k" start_cluster "$TMPD/k" 2 2 "${ARGS[@]}"
 for victim in decode prefill; do
     if [ $victim = decode ]; then pid=${KS_DECODE_PIDS[0]}; KS_DECODE_PIDS=("${KS_DECODE_PIDS[@]:1}")
     else pid=${KS_PREFILL_PIDS[0]}; KS_PREFILL_PIDS=("${KS_PREFILL_PIDS[@]:1}"); fi
-    when=$([ $victim = decode ] && echo first-token || echo start)
-    KS_URL=$KS_URL KILL_PID=$pid KILL_WHEN=$when KILL_AFTER_MS=$([ $victim = decode ] && echo 0 || echo 250) CHAOS_N=8 \
+    when=$([ $victim = decode ] && echo first-token || echo log)
+    KS_URL=$KS_URL KILL_PID=$pid KILL_WHEN=$when KILL_LOG="$TMPD/k.prefill1" KILL_LOG_TEXT="on frame type 21" CHAOS_N=8 \
         node "$here/js/chaos.mjs" || { tail -n 20 $KS_CLUSTER_LOGS >&2; fail "killing a $victim worker"; }
     wait $pid 2>/dev/null
-    grep -q "$victim worker [0-9]* lost" "$TMPD/k.router" || fail "the router did not notice the $victim worker's death"
-    chk=$(curl -sS -H "Authorization: Bearer adm-k" "$KS_URL/admin/kv/check?timeout_ms=10000")
+    wait_for "the router to log the $victim worker as lost" grep -q "$victim worker [0-9]* lost" "$TMPD/k.router"
+    chk=$(curl -sS -H "Authorization: Bearer adm-k" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
     expect_has "pools after killing a $victim worker" "$chk" '"clean":true'
 done
 stop_cluster

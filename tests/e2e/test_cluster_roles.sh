@@ -21,7 +21,7 @@ expect_eq "missing --router status" "$rc" 2
 expect_has "missing --router message" "$out" "--router HOST:PORT is required"
 
 # workers first: they retry until the router is up
-port=$((20000 + RANDOM % 20000))
+port=$(rawc --free-port)
 "$KS_BIN" decode "${M[@]}" --router 127.0.0.1:$port --secret-file "$TMPD/secret" >"$TMPD/d.out" 2>"$TMPD/d.log" &
 D=$!
 "$KS_BIN" prefill "${M[@]}" --router 127.0.0.1:$port --secret-file "$TMPD/secret" >"$TMPD/p.out" 2>"$TMPD/p.log" &
@@ -35,28 +35,30 @@ X=$!
     --secret-file "$TMPD/secret" >/dev/null 2>"$TMPD/y.log" &
 Y=$!
 trap 'kill -KILL $D $P $X $Y $R 2>/dev/null; rm_tmpd' EXIT
-sleep 1
-# router NAME WHAT: starts the router on the fixed cluster port (logs
+KS_CLUSTER_LOGS="$TMPD/d.log $TMPD/p.log"
+# the router is not up yet: both workers have tried and are retrying
+wait_for "the decode worker to retry the router" file_has "$TMPD/d.log" "Connection refused"
+wait_for "the prefill worker to retry the router" file_has "$TMPD/p.log" "Connection refused"
+registered() { [ "$(grep -c "$2 [0-9]* registered" "$TMPD/$1.log")" -ge "$3" ]; }
+answers() {
+    curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"prompt":"In the beginning","max_tokens":6,"temperature":0}' | grep -q '"text"'
+}
+# router NAME: starts the router on the fixed cluster port (logs
 # $TMPD/NAME.{out,log}), waits for both workers to register, sets R and URL
 router() {
     "$KS_BIN" router "${M[@]}" --host 127.0.0.1 --port 0 --cluster-port $port --secret-file "$TMPD/secret" \
         --health-interval-ms 200 >"$TMPD/$1.out" 2>"$TMPD/$1.log" &
     R=$!
-    for i in $(seq 1 150); do
-        [ "$(grep -c 'worker [0-9]* registered' "$TMPD/$1.log")" -ge 2 ] && break
-        sleep 0.1
-    done
-    expect_eq "$2" "$(grep -c 'worker [0-9]* registered' "$TMPD/$1.log")" 2
+    KS_CLUSTER_LOGS+=" $TMPD/$1.log"
+    wait_for "both workers to register with router $1" registered "$1" worker 2
     URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$TMPD/$1.out")
 }
-router r "registered workers"
-for i in $(seq 1 50); do
-    grep -q 'auth failed' "$TMPD/r.log" && grep -q 'different model' "$TMPD/r.log" && break
-    sleep 0.1
-done
-expect_has "intruder refused" "$(cat "$TMPD/r.log")" "auth failed"
-expect_has "other model refused" "$(cat "$TMPD/r.log")" "different model"
+router r
+wait_for "the intruder to be refused" file_has "$TMPD/r.log" "auth failed"
+wait_for "the other model to be refused" file_has "$TMPD/r.log" "different model"
 kill -KILL $X $Y 2>/dev/null
+expect_eq "only the two good workers registered" "$(grep -c 'worker [0-9]* registered' "$TMPD/r.log")" 2
 
 ans=$(curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
     -d '{"prompt":"In the beginning","max_tokens":6,"temperature":0}')
@@ -64,37 +66,20 @@ expect_has "answer through the cluster" "$ans" '"text"'
 
 # a worker that stops answering is dropped; its requests fail, the router lives
 kill -STOP $D
-sleep 1.2
-expect_has "silent worker dropped" "$(cat "$TMPD/r.log")" "missed 3 health checks"
+wait_for "the silent worker to be dropped" file_has "$TMPD/r.log" "missed 3 health checks"
 code=$(curl -sS -o "$TMPD/busy" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
     -d '{"prompt":"In the beginning","max_tokens":6}')
 expect_eq "no decode worker: status" "$code" 503
 expect_has "no decode worker: message" "$(cat "$TMPD/busy")" "no decode worker is registered"
 kill -CONT $D
 # it notices the lost router connection and registers again
-for i in $(seq 1 100); do
-    [ "$(grep -c 'decode worker [0-9]* registered' "$TMPD/r.log")" -ge 2 ] && break
-    sleep 0.1
-done
-expect_eq "decode worker re-registered" "$(grep -c 'decode worker [0-9]* registered' "$TMPD/r.log")" 2
-for i in $(seq 1 50); do
-    ans=$(curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
-        -d '{"prompt":"In the beginning","max_tokens":6,"temperature":0}')
-    case "$ans" in *'"text"'*) break;; esac
-    sleep 0.1
-done
-expect_has "answer after re-registration" "$ans" '"text"'
+wait_for "the decode worker to register again" registered r "decode worker" 2
+wait_for "an answer after re-registration" answers
 
 # the router restarts: both workers notice, register with the new one, serve on
 kill -TERM $R; wait $R || fail "router exited with status $?"
-router r2 "workers registered with the new router"
-for i in $(seq 1 50); do
-    ans=$(curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
-        -d '{"prompt":"In the beginning","max_tokens":6,"temperature":0}')
-    case "$ans" in *'"text"'*) break;; esac
-    sleep 0.1
-done
-expect_has "answer after the router restarted" "$ans" '"text"'
+router r2
+wait_for "an answer after the router restarted" answers
 
 for p in $P $D $R; do kill -TERM $p; done
 for p in $P $D $R; do wait $p || fail "process $p exited with status $?"; done

@@ -6,6 +6,9 @@
 # then the process exits 0. A second signal, or --drain-timeout-ms running
 # out, aborts what is left: those requests end with a clean error (never a
 # cut answer passed off as complete) and the process still exits 0.
+# In serve, a holder (a streaming client that stops reading, so its request
+# pauses) keeps the drain open for as long as the test needs: the probes
+# always land while draining, and an abort always has something to abort.
 . "$(dirname "$0")/lib.sh"
 command -v node >/dev/null || skip "node is not installed"
 N=6
@@ -45,8 +48,20 @@ fire() {
         fi
         PIDS+=($!)
     done
-    for i in $(seq 1 400); do [ "$(inflight)" -ge $N ] && return 0; sleep 0.02; done
-    fail "the $N requests were not all accepted (in flight: $(inflight))"
+    wait_for "the $N requests to be accepted" inflight_ge $((N + ${HOLDERS:-0}))
+}
+inflight_ge() { [ "$(inflight)" -ge "$1" ]; }
+
+# hold: a streaming request whose client stops reading (it pauses: the
+# drain cannot end) until $TMPD/resume exists; output in $TMPD/hold.out
+hold() {
+    rm -f "$TMPD/resume"
+    rawc --rcvbuf 2048 --pause-after 'data: ' --resume-on "$TMPD/resume" --body-only -o "$TMPD/hold.out" \
+        "${KS_URL##*:}" < <(rawc_request /v1/completions \
+        '{"model":"kjv-mini","prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
+    HOLD_PID=$!
+    wait_for "the holder's request to pause" metric_is "$KS_URL" kvseal_paused_requests 1
+    HOLDERS=1
 }
 
 # probes while draining: /health and a new request both get 503
@@ -89,40 +104,57 @@ expect_aborted() {
     grep -q "$3" "$2" || fail "$1: serve did not log [$3]"
 }
 
-wait_exit() {  # wait_exit PID WHAT: it must exit 0 within 30 s
-    local i
-    for i in $(seq 1 300); do kill -0 $1 2>/dev/null || break; sleep 0.1; done
-    kill -0 $1 2>/dev/null && { kill -KILL $1; fail "$2 did not exit after draining"; }
+wait_exit() {  # wait_exit PID WHAT: it must exit 0 by the deadline
+    wait_for "$2 to exit after draining" proc_gone $1
     wait $1
     expect_eq "$2 exit status" "$?" 0
 }
 
 # 1. serve: queued and running requests all finish after SIGTERM
-start_server "$TMPD/s1.log" "${MODEL[@]}" --max-running 2 --drain-timeout-ms 60000
+start_server "$TMPD/s1.log" "${MODEL[@]}" --max-running 2 --drain-timeout-ms 600000
 post "$TMPD/ref.json" '' >/dev/null
 REF=$(text_of "$TMPD/ref.json")
 [ ${#REF} -gt 100 ] || fail "reference answer too short to take time: [$REF]"
+hold
 fire
 kill -TERM $KS_PID
 probe_draining
 wait "${PIDS[@]}"
 expect_all_complete
+probe_draining  # the holder still runs
+touch "$TMPD/resume"
+wait $HOLD_PID || fail "the holder's client failed"
+expect_eq "the holder's answer ends" "$(grep '^data: ' "$TMPD/hold.out" | tail -1)" "data: [DONE]"
 wait_exit $KS_PID "serve"
 grep -q "drained: every request finished" "$TMPD/s1.log" || fail "serve did not log the drain"
 
-# 2. a second signal aborts what is left, cleanly
-start_server "$TMPD/s2.log" "${MODEL[@]}" --max-running 1 --drain-timeout-ms 60000
+# 2. a second signal aborts what is left, cleanly (the holder keeps the
+# one running slot, so the others are all still queued)
+start_server "$TMPD/s2.log" "${MODEL[@]}" --max-running 1 --drain-timeout-ms 600000
+hold
 fire
 kill -TERM $KS_PID
 probe_draining
 kill -TERM $KS_PID
+touch "$TMPD/resume"
 expect_aborted "a second signal" "$TMPD/s2.log" "second signal: aborting"
+wait $HOLD_PID
+expect_eq "the holder's stream after the abort" "$(text_of "$TMPD/hold.out")" "ERROR server_shutting_down"
 
 # 3. so does the end of --drain-timeout-ms
 start_server "$TMPD/s3.log" "${MODEL[@]}" --max-running 1 --drain-timeout-ms 150
+hold
 fire
 kill -TERM $KS_PID
+wait_for "the drain timeout" file_has "$TMPD/s3.log" "drain timeout: aborting"
+touch "$TMPD/resume"
 expect_aborted "the drain timeout" "$TMPD/s3.log" "drain timeout: aborting"
+wait $HOLD_PID
+expect_eq "the holder's stream after the abort" "$(text_of "$TMPD/hold.out")" "ERROR server_shutting_down"
+
+# 4. the router (no holder: the router does not pause streams; the answers
+# are long enough that the probes land first)
+HOLDERS=0
 
 # 4. the router drains the same way, its workers still serving
 ROUTER_ARGS="--drain-timeout-ms 60000" start_cluster "$TMPD/c" 1 1 "${MODEL[@]}"

@@ -5,12 +5,16 @@
 // clean error (an error status with OpenAI's error JSON, or an SSE error
 // event after a correct prefix); at least one must fail (the kill landed)
 // and at least one must succeed; afterwards N fresh requests must all
-// succeed with their reference answers. The signal goes KILL_AFTER_MS
-// (default 0) after the wave's first token arrives (KILL_WHEN=start: after
-// the wave was sent). Env: KS_URL, KILL_PID, KILL_AFTER_MS, KILL_WHEN, CHAOS_N. With KILL_SIGNAL=SIGTERM (a graceful drain,
+// succeed with their reference answers. The signal goes when the wave's
+// first token arrives (KILL_WHEN=log: when KILL_LOG has more lines
+// containing KILL_LOG_TEXT than it had before the wave, i.e. when the
+// victim logged that it holds a transfer of this wave). Env: KS_URL,
+// KILL_PID, KILL_WHEN, KILL_LOG, KILL_LOG_TEXT, CHAOS_N. With KILL_SIGNAL=SIGTERM (a graceful drain,
 // KILL_PID may list several pids) a second wave of N requests starts right
 // after the signal, and every request of both waves must succeed with its
 // reference answer. Exit 0 = pass, 1 = fail.
+import { readFileSync } from 'node:fs';
+
 const URL_ = process.env.KS_URL;
 const N = Number(process.env.CHAOS_N || 8);
 const fails = [];
@@ -63,13 +67,24 @@ async function main() {
     if (r.status !== 200) { fail(`reference ${i}: ${r.status} ${r.raw}`); ref.push(null); continue; }
     ref.push(r.json.choices[0].text);
   }
+  const logLines = () => readFileSync(process.env.KILL_LOG, 'utf8').split('\n')
+    .filter((l) => l.includes(process.env.KILL_LOG_TEXT)).length;
+  const byLog = process.env.KILL_WHEN === 'log';
+  const before = byLog ? logLines() : 0;
   const all = [];
   for (let i = 0; i < N; i++) all.push(once(i, true).catch((e) => ({ status: 0, error: String(e), text: '' })));
   // KILL_WHEN=first-token (default): once the wave's first token arrives,
-  // every request is decoding somewhere. KILL_WHEN=start: KILL_AFTER_MS after
-  // the wave was sent (for a prefill worker, while transfers are held back).
-  if (process.env.KILL_WHEN !== 'start') await firstTokenSeen;
-  await new Promise((res) => setTimeout(res, Number(process.env.KILL_AFTER_MS || 0)));
+  // every request is decoding somewhere. KILL_WHEN=log: once the victim
+  // logged a transfer of this wave (for a prefill worker whose DONEs are
+  // held back: it is then mid-transfer).
+  const deadline = Date.now() + 1000 * Number(process.env.KS_WAIT_S || 60);
+  if (byLog) {
+    while (logLines() <= before) {
+      if (Date.now() > deadline) { console.error('CHAOS FAILURE: the victim never logged a transfer of the wave'); process.exit(1); }
+      await new Promise((res) => setTimeout(res, 10));
+    }
+  }
+  else await firstTokenSeen;
   const drain = process.env.KILL_SIGNAL === 'SIGTERM';
   for (const pid of String(process.env.KILL_PID).split(',')) process.kill(Number(pid), drain ? 'SIGTERM' : 'SIGKILL');
   if (drain) for (let i = 0; i < N; i++) all.push(once(i, true).catch((e) => ({ status: 0, error: String(e), text: '' })));

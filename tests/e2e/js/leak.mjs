@@ -197,7 +197,7 @@ async function main() {
   if (EXPECT_FAILED) console.log(`fault run: ${serverErrors} requests failed cleanly`);
 
   // 4. afterwards: every page FREE and scrubbed
-  const chk = await fetch(`${URL_}/admin/kv/check`, { headers: { authorization: `Bearer ${ADMIN}` } });
+  const chk = await fetch(`${URL_}/admin/kv/check?timeout_ms=${1000 * Number(process.env.KS_WAIT_S || 60)}`, { headers: { authorization: `Bearer ${ADMIN}` } });
   const cj = await chk.json().catch(() => ({}));
   if (chk.status !== 200 || cj.clean !== true) fail(`kv pool after the run: ${chk.status} ${JSON.stringify(cj)}`);
 
