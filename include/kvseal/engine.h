@@ -162,6 +162,9 @@ ks_err engine_req_next(engine_req *r, engine_event *ev /* OUT */, uint32_t timeo
 void engine_req_cancel(engine_req *r);
 /* Drops the caller's handle (cancels first if still running). */
 void engine_req_release(engine_req *r);
+/* engine_stream_set_notify on the request's events: for callers that wait
+ * without blocking a thread (an event loop). Thread-safe. */
+void engine_req_set_notify(engine_req *r, void (*notify)(void *ctx), void *ctx);
 /* The request's current state; thread-safe. */
 engine_state engine_req_state(const engine_req *r);
 
@@ -245,6 +248,11 @@ bool engine_stream_backlogged(engine_stream *s);
 /* Sets the hook engine_stream_backlogged arms (NULL: none); call before the
  * stream is shared. The hook must not call back into this stream. */
 void engine_stream_set_wake(engine_stream *s, void (*wake)(void *ctx), void *ctx);
+/* Consumer side: has notify(ctx) called after every event posted from now
+ * on (NULL: none), on the producer's thread and under the stream's lock, so
+ * once this returns with NULL no call is running or will start. notify
+ * must be quick and must not call into this stream. Thread-safe. */
+void engine_stream_set_notify(engine_stream *s, void (*notify)(void *ctx), void *ctx);
 /* Producer side: detokenizes sr->token (vocabulary v), runs the text through
  * the stop strings and posts what is safe to send now, with the token and
  * its logprobs. *matched: a stop string matched (generation must end).

@@ -28,12 +28,17 @@ typedef struct server_opts {
     bool log_content;         /* log prompts/outputs (also set by the tenants file) */
     size_t max_body_bytes;    /* larger request bodies get 413 (1 MiB) */
     int32_t n_ctx;            /* the engine's per-request limit (engine_opts.n_ctx) */
-    unsigned max_connections; /* concurrent connections (256) */
+    unsigned max_connections; /* concurrent connections (4096); past it, new ones are closed */
+    unsigned max_connections_per_ip; /* concurrent connections per client address (256; 0: no limit) */
     unsigned idle_timeout_s;  /* close a connection idle this long (120; 0: never) */
+    unsigned request_timeout_s; /* a request's head and body must arrive within this,
+                                   counted from the connection's start or its previous
+                                   answer, or 408 and close (10; 0: no limit) */
 } server_opts;
 
-/* Fills defaults (host 127.0.0.1, port 8080, 1 MiB bodies, 256
- * connections, 120 s idle timeout; everything else zero/NULL). Can't fail. */
+/* Fills defaults (host 127.0.0.1, port 8080, 1 MiB bodies, 4096
+ * connections, 256 per address, 120 s idle timeout, 10 s request timeout;
+ * everything else zero/NULL). Can't fail. */
 void server_opts_default(server_opts *o);
 
 /* What the HTTP front runs requests on: the local engine (`kvseal serve`) or
@@ -61,6 +66,7 @@ typedef struct server_backend {
     ks_err (*next)(void *req, engine_event *ev /* OUT */, uint32_t timeout_ms); /* engine_req_next */
     void (*cancel)(void *req);                                                  /* engine_req_cancel */
     void (*release)(void *req);                                                 /* engine_req_release */
+    void (*set_notify)(void *req, void (*notify)(void *ctx), void *ctx);        /* engine_req_set_notify */
     bool (*is_online)(void *impl);                                              /* engine_is_online */
     void (*set_online)(void *impl, bool online, bool abort_running);            /* engine_set_online */
     void (*get_stats)(void *impl, engine_stats *out /* OUT */);                 /* engine_get_stats */

@@ -62,7 +62,7 @@ typedef struct serve__cfg {
     const char *aliases[SERVE_MAX_ALIASES];
     int n_aliases;
     long ctx, kv_pages, page_tokens, threads, max_running, queue_max, queue_timeout_ms, batch;
-    long idle_timeout;
+    long idle_timeout, request_timeout, max_conns, max_conns_per_ip;
     uint64_t kv_memory;
     bool no_prefix_cache, log_content;
     kv_scrub scrub;

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 
 
 
@@ -32,6 +33,8 @@ void serve__usage(const char *cmd) {
             "         [--queue-max 64] [--queue-timeout-ms 30000] [--no-prefix-cache]\n"
             "         [--scrub zero|poison] [--tenants FILE] [--admin-key KEY] [--log-content]\n"
             "         [--security-log FILE] [--idle-timeout SECONDS (120)] [--drain-timeout-ms 30000]\n"
+            "         [--request-timeout SECONDS (10)] [--max-connections 4096]\n"
+            "         [--max-connections-per-ip 256 (0: no limit)]\n"
             "  --ctx defaults to the model's training context. Without --kv-pages/--kv-memory the\n"
             "  pool takes at most 25%% of MemAvailable, between 1x and 8x the context.\n"
             "  Without --tenants there is one anonymous tenant and no API key is required.\n"
@@ -105,7 +108,12 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
     c->queue_max = d.queue_max;
     c->queue_timeout_ms = d.queue_timeout_ms;
     c->batch = d.max_batch_tokens;
-    c->idle_timeout = 120;
+    server_opts so;
+    server_opts_default(&so);  // the server's defaults are the only copy of them
+    c->idle_timeout = so.idle_timeout_s;
+    c->request_timeout = so.request_timeout_s;
+    c->max_conns = so.max_connections;
+    c->max_conns_per_ip = so.max_connections_per_ip;
     c->scrub = d.scrub;
     c->health_interval_ms = 1000;
     c->drain_timeout_ms = 30000;
@@ -131,6 +139,9 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
         INTOPT("--queue-max", queue_max, 1, 1 << 20)
         INTOPT("--queue-timeout-ms", queue_timeout_ms, 1, UINT32_MAX)
         INTOPT("--idle-timeout", idle_timeout, 0, 86400)
+        INTOPT("--request-timeout", request_timeout, 0, 86400)
+        INTOPT("--max-connections", max_conns, 1, 1 << 20)
+        INTOPT("--max-connections-per-ip", max_conns_per_ip, 0, 1 << 20)
         else if (!strcmp(a, "--kv-memory") && v) {
             if (!serve__parse_bytes(argv[++i], &c->kv_memory)) {
                 fprintf(stderr, "kvseal: --kv-memory expects a size such as 512M or 4G, got '%s'\n",
@@ -267,6 +278,18 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     so.log_content = c->log_content;
     so.n_ctx = n_ctx;
     so.idle_timeout_s = (unsigned)c->idle_timeout;
+    so.request_timeout_s = (unsigned)c->request_timeout;
+    so.max_connections = (unsigned)c->max_conns;
+    so.max_connections_per_ip = (unsigned)c->max_conns_per_ip;
+    // room for every connection: raise the soft descriptor limit toward the hard one
+    struct rlimit rl;
+    rlim_t want = (rlim_t)so.max_connections + 256;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < want) {
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < want)
+            ks_log(KS_LOG_WARN, "open-file limit %llu is below --max-connections %u + 256",
+                   (unsigned long long)rl.rlim_cur, so.max_connections);
+    }
     ks_err e = server_create_backend(&so, be, m, s, eb);
     if (e) return e;
     bool v6 = strchr(c->host, ':') != NULL;

@@ -147,6 +147,10 @@ static ks_err rt__next(void *req, engine_event *ev, uint32_t timeout_ms) {
     return engine_stream_next(((rt_req *)req)->out, ev, timeout_ms);
 }
 
+static void rt__set_notify(void *req, void (*notify)(void *ctx), void *ctx) {
+    engine_stream_set_notify(((rt_req *)req)->out, notify, ctx);
+}
+
 static void rt__req_free(rt_req *q) {
     engine_stream_destroy(q->out);
     free(q->prompt);
@@ -1017,7 +1021,8 @@ static ks_err rt__check_quiescent(void *impl, uint32_t timeout_ms, ks_errbuf *eb
 
 void cluster_router_backend(cluster_router *r, server_backend *out) {
     *out = (server_backend){.impl = r, .submit = rt__submit, .next = rt__next, .cancel = rt__cancel,
-                            .release = rt__release, .is_online = rt__is_online,
+                            .release = rt__release, .set_notify = rt__set_notify,
+                            .is_online = rt__is_online,
                             .set_online = rt__set_online, .get_stats = rt__get_stats,
                             .check_quiescent = rt__check_quiescent};
 }

@@ -231,6 +231,10 @@ void engine_req_cancel(engine_req *r) {
     pthread_mutex_unlock(&e->mu);
 }
 
+void engine_req_set_notify(engine_req *r, void (*notify)(void *ctx), void *ctx) {
+    engine_stream_set_notify(r->out, notify, ctx);
+}
+
 void engine_req_release(engine_req *r) {
     if (!r) return;
     if (!engine_stream_done_posted(r->out)) engine_req_cancel(r);

@@ -20,6 +20,8 @@ struct engine_stream {
     bool wake_armed;                 /* engine_stream_backlogged said true */
     void (*wake)(void *ctx);
     void *wake_ctx;
+    void (*notify)(void *ctx); /* consumer's (mu) */
+    void *notify_ctx;
     tok_stream ts;  /* producer side only */
     stop_matcher *stop;
 };
@@ -69,6 +71,7 @@ void engine_stream_post(engine_stream *s, const engine_event *ev) {
     s->n++;
     if (ev->done) s->done_posted = true;
     pthread_cond_signal(&s->cv);
+    if (s->notify) s->notify(s->notify_ctx);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -115,6 +118,13 @@ bool engine_stream_backlogged(engine_stream *s) {
     if (full) s->wake_armed = true;
     pthread_mutex_unlock(&s->mu);
     return full;
+}
+
+void engine_stream_set_notify(engine_stream *s, void (*notify)(void *ctx), void *ctx) {
+    pthread_mutex_lock(&s->mu);
+    s->notify = notify;
+    s->notify_ctx = ctx;
+    pthread_mutex_unlock(&s->mu);
 }
 
 void engine_stream_set_wake(engine_stream *s, void (*wake)(void *ctx), void *ctx) {

@@ -27,7 +27,7 @@ const char *srv_route_name(srv_route r) {
 const char *srv_reject_name(srv_reject r) {
     static const char *const names[SRV_REJECT__COUNT] = {
         "context_length", "pool", "tenant_concurrency", "tenant_rate", "queue_full", "offline",
-        "invalid",        "auth",       "shutting_down",
+        "invalid",        "auth",       "shutting_down",      "request_timeout",
     };
     return (unsigned)r < SRV_REJECT__COUNT ? names[r] : "none";
 }

@@ -6,29 +6,46 @@
  * engine for `kvseal serve`, the cluster for `kvseal router`; "the engine"
  * below means whichever it is.
  *
- * Threading: MHD runs one internal accept thread and one thread per
- * connection (MHD_USE_THREAD_PER_CONNECTION). The engine's interface is a
- * blocking pull (engine_req_next with a timeout), so a connection thread
- * simply waits for its request's events: non-streaming answers are built in
- * the access handler, streaming answers in the response's content-reader
- * callback (MHD calls it on the same thread whenever the socket can take
- * more; blocking there is allowed in this mode). An epoll loop with
- * suspended connections would need a wakeup from the engine, which it does
- * not offer, and would still have to poll. No model code runs here: a
- * handler only parses, tokenizes, calls engine_submit and copies events.
- * A streamed answer's status line waits for the request's first event, so a
- * request refused or lost before any output (a cluster's REJECT, a lost
- * worker) is answered with its own status and error JSON, not 200 + SSE.
+ * Threading: event-driven. MHD runs a small pool of epoll threads
+ * (SRV_HTTP_THREADS); no handler ever blocks one, so thousands of idle or
+ * slow connections cost a few KiB each and /health answers whatever they
+ * do. A generation waits with its connection SUSPENDED: the request's event
+ * stream calls srv__gen_notify on every event it posts (under the stream's
+ * lock), which resumes the connection; MHD then calls the access handler
+ * (non-streamed answers, and a stream's first event) or the content reader
+ * (a stream's later events) again, which take what is there without
+ * waiting and suspend again when nothing is. g->mu orders the suspend
+ * against the notify, so a wakeup is never lost. No model code runs here: a
+ * handler only parses, tokenizes, calls the backend's submit and copies
+ * events. A streamed answer's status line waits for the request's first
+ * event, so a request refused or lost before any output (a cluster's
+ * REJECT, a lost worker) is answered with its own status and error JSON,
+ * not 200 + SSE.
  *
- * Client disconnects: between events (every 50 ms at most) the waiting
- * thread polls the connection's socket for POLLRDHUP/POLLHUP and cancels
- * the engine request at once; MHD's request-completed path (response free
- * callback) releases the request too, so a vanished client never keeps
- * its KV pages longer than one scheduler step after we notice.
+ * The sweeper thread (every SRV_SWEEP_MS) does what MHD does not:
+ * - a suspended connection is not polled by MHD, so it polls each one's
+ *   socket: a reset or hang-up (POLLHUP/POLLERR) cancels the request at
+ *   once (its KV pages are freed within a scheduler step, queued or
+ *   running). A FIN alone (POLLRDHUP) is a half-close, which HTTP allows
+ *   after a complete request: before any answer, the sweeper sends one
+ *   interim "102 Processing" (HTTP/1.1 clients must accept 1xx), which a
+ *   live client ignores and a vanished one answers with a reset that the
+ *   next sweep sees; after the status line, the next write tells;
+ * - every connection must deliver a complete request head and body within
+ *   request_timeout_s of its start (or of its previous answer), however
+ *   slowly the bytes trickle in: past it, 408 and close (silently when it
+ *   sent nothing, e.g. an idle keep-alive);
+ * - when stopping, it cancels every generation, whose answers then end
+ *   with server_shutting_down.
+ * A streamed answer's socket keeps at most SRV_STREAM_UNSENT bytes the
+ * client has not taken; past that MHD stops pulling events and the engine
+ * pauses the request (engine_stream_backlogged) instead of buffering.
+ * Blocking admin work (the KV check) runs on a thread of its own while its
+ * connection is suspended.
  *
- * Shutdown: server_destroy flags `stopping` (every waiting thread cancels
- * its request and ends its answer), then MHD_stop_daemon joins the
- * connection threads. */
+ * Shutdown: server_destroy flags `stopping`, waits (up to a second) for the
+ * generations to end their answers, stops the sweeper, then
+ * MHD_stop_daemon closes what is left. */
 #include "server_int.h"
 
 #include "kvseal/chat.h"
@@ -50,7 +67,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SRV_WAIT_MS 50 /* longest wait between disconnect checks */
+#define SRV_SWEEP_MS 50  /* sweeper period: disconnects, deadlines, shutdown */
+#define SRV_HTTP_THREADS 4 /* MHD's epoll threads */
+
+typedef struct srv_gen srv_gen;
+typedef struct srv_sock srv_sock;
 
 struct server {
     server_opts o;          /* copy; the strings stay borrowed */
@@ -65,7 +86,34 @@ struct server {
     atomic_bool stopping;
     atomic_bool draining; /* server_drain: refuse new generations */
     atomic_int inflight; /* srv_gen objects alive (drained at shutdown) */
+    /* the sweeper and what it watches (lmu) */
+    pthread_t sweeper;
+    bool sweeper_on;
+    atomic_bool sweeper_stop;
+    pthread_mutex_t lmu;
+    srv_gen *gens;   /* every live generation */
+    srv_sock *socks; /* every open connection */
 };
+
+/* Per-connection state (MHD's socket context): the request deadline. */
+struct srv_sock {
+    srv_sock *prev, *next; /* s->socks (lmu) */
+    int fd;
+    pthread_mutex_t mu;
+    uint64_t t_start_ns; /* connection start or previous answer */
+    bool req_done;       /* the current request's head and body are complete */
+    bool expired;        /* the deadline fired: the connection is being closed */
+};
+
+/* Admin work that blocks (the KV check), run on a thread of its own. */
+typedef struct srv_job {
+    server *s;
+    struct MHD_Connection *c;
+    uint32_t timeout_ms;
+    ks_err err;
+    ks_errbuf eb;
+    atomic_bool done;
+} srv_job;
 
 /* Per-connection request state (MHD's con_cls): the buffered body. */
 typedef struct srv_conn {
@@ -73,17 +121,28 @@ typedef struct srv_conn {
     size_t body_seen; /* bytes received (counted past the limit too) */
     bool too_large;
     bool started;
+    bool http11;      /* HTTP/1.1: 1xx interim answers allowed */
+    srv_gen *gen;     /* a generation waiting (suspended) in the access handler */
+    srv_job *job;     /* admin work running while the connection is suspended */
 } srv_conn;
 
 /* One generation in flight; owned by the handler (non-streaming) or by the
  * streaming response (freed by its free callback). */
-typedef struct srv_gen {
+struct srv_gen {
     server *s;
     srv_route route;
     void *req;                   /* the backend's request handle */
     int tenant;                  /* index into s->ts; -1 once released */
     int fd;                      /* connection socket, for disconnect checks */
-    struct MHD_Connection *conn; /* its connection (this thread's) */
+    struct MHD_Connection *conn; /* its connection */
+    srv_gen *lprev, *lnext;      /* s->gens (lmu) */
+    /* suspension (mu): see the file comment */
+    pthread_mutex_t mu;
+    bool suspended;   /* the connection is suspended waiting for an event */
+    bool wake;        /* an event came while not suspended: look again */
+    bool answered;    /* a response was queued: no interim answer any more */
+    bool probed;      /* the 102 probe went out */
+    bool http11;
     int32_t n_prompt, max_tokens, n_gen;
     int64_t reserved; /* tokens taken from the tenant's bucket */
     char id[48];
@@ -93,18 +152,20 @@ typedef struct srv_gen {
     int top;
     uint64_t t_submit_ns, t_first_ns;
     bool done; /* the done event was consumed */
-    bool gone; /* client left or server stopping (counted once) */
+    atomic_bool gone; /* client left or server stopping (counted once) */
     /* streaming */
     srv_buf out;
     size_t out_off;
     bool head_sent, eof;
     bool has_first;       /* first holds the first event, not yet streamed */
+    bool stream;          /* a streamed answer */
+    bool oom;             /* collecting: an event could not be kept */
     engine_event first;
     /* non-streaming: accumulated text and logprobs */
     srv_buf text;
     json_t *lp;      /* chat: content array; completions: logprobs object */
     size_t text_off; /* completions text_offset */
-} srv_gen;
+};
 
 // ----------------------------------------------------------------------------
 // Small helpers
@@ -136,13 +197,6 @@ static json_t *srv__jstr(const char *s, size_t n) {
     j = ok ? json_stringn(b.p ? b.p : "", b.len) : NULL;
     srv_buf_free(&b);
     return j;
-}
-
-static bool srv__peer_gone(int fd) {
-    if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    int n = poll(&p, 1, 0);
-    return n > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
 static bool srv__name_ok(const server *s, const char *name) {
@@ -243,45 +297,73 @@ static void srv__gen_release_tenant(srv_gen *g) {
 
 static void srv__gen_free(srv_gen *g) {
     if (!g) return;
+    server *s = g->s;
     if (g->req) {
-        if (!g->done) g->s->b.cancel(g->req);
-        g->s->b.release(g->req);
+        s->b.set_notify(g->req, NULL, NULL);  // no notify runs or starts after this
+        if (!g->done) s->b.cancel(g->req);
+        s->b.release(g->req);
     }
+    pthread_mutex_lock(&s->lmu);
+    if (g->lprev) g->lprev->lnext = g->lnext;
+    else if (s->gens == g) s->gens = g->lnext;
+    if (g->lnext) g->lnext->lprev = g->lprev;
+    pthread_mutex_unlock(&s->lmu);
     srv__gen_release_tenant(g);
     srv_buf_free(&g->out);
     srv_buf_free(&g->text);
     json_decref(g->lp);
-    atomic_fetch_sub_explicit(&g->s->inflight, 1, memory_order_acq_rel);
+    pthread_mutex_destroy(&g->mu);
+    atomic_fetch_sub_explicit(&s->inflight, 1, memory_order_acq_rel);
     free(g);
 }
 
-/* Waits for the next event, checking for a vanished client and shutdown
- * between waits. False when the request was cancelled for either. */
-static bool srv__gen_next(srv_gen *g, engine_event *ev) {
-    for (;;) {
-        if (atomic_load_explicit(&g->s->stopping, memory_order_acquire) || srv__peer_gone(g->fd)) {
-            if (!g->gone && !atomic_load_explicit(&g->s->stopping, memory_order_acquire))
-                atomic_fetch_add_explicit(&g->s->met.client_disconnects, 1, memory_order_relaxed);
-            g->s->b.cancel(g->req);
-            g->gone = true;
-            return false;
-        }
-        ks_err e = g->s->b.next(g->req, ev, SRV_WAIT_MS);
-        if (e == KS_OK) {
-            if (ev->token >= 0 && !g->t_first_ns) g->t_first_ns = ks_now_ns();
-            if (ev->token >= 0) g->n_gen++;
-            if (ev->done) {
-                g->done = true;
-                g->n_gen = ev->n_gen;
-            }
-            return true;
-        }
-        if (e != KS_ERR_TIMEOUT) {
-            g->done = true;
-            g->gone = true;
-            return false;
-        }
+/* The request's event stream posted an event (the producer's thread, under
+ * the stream's lock): resume the connection if it waits, else have the
+ * consumer look again before it suspends. */
+static void srv__gen_notify(void *ctx) {
+    srv_gen *g = ctx;
+    pthread_mutex_lock(&g->mu);
+    if (g->suspended) {
+        g->suspended = false;
+        MHD_resume_connection(g->conn);
+    } else {
+        g->wake = true;
     }
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Suspends g's connection until the next event, unless one came since the
+ * consumer last looked. True: suspended (return and wait to be called
+ * again); false: look again now. Only from an MHD callback of g's
+ * connection. */
+static bool srv__gen_suspend(srv_gen *g) {
+    pthread_mutex_lock(&g->mu);
+    bool wait = !g->wake;
+    g->wake = false;
+    if (wait) {
+        g->suspended = true;
+        MHD_suspend_connection(g->conn);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return wait;
+}
+
+/* Takes the next event if there is one, without waiting: 1 an event in
+ * *ev, 0 none yet, -1 the request's events ended without a done event. */
+static int srv__gen_poll(srv_gen *g, engine_event *ev) {
+    ks_err e = g->s->b.next(g->req, ev, 0);
+    if (e == KS_ERR_TIMEOUT) return 0;
+    if (e != KS_OK) {
+        g->done = true;
+        return -1;
+    }
+    if (ev->token >= 0 && !g->t_first_ns) g->t_first_ns = ks_now_ns();
+    if (ev->token >= 0) g->n_gen++;
+    if (ev->done) {
+        g->done = true;
+        g->n_gen = ev->n_gen;
+    }
+    return 1;
 }
 
 /* Metrics and tenant refund once the done event arrived; the connection's
@@ -539,28 +621,15 @@ static ssize_t srv__stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
             continue;
         }
         engine_event ev;
-        bool got = g->has_first;  // the event srv__generate waited for comes first
+        int got = g->has_first ? 1 : 0;  // the event srv__generate waited for comes first
         if (got) {
             ev = g->first;
             g->has_first = false;
-        } else {
-            got = srv__gen_next(g, &ev);
-        }
-        if (!got) {
-            if (!atomic_load_explicit(&g->s->stopping, memory_order_acquire))
-                return MHD_CONTENT_READER_END_WITH_ERROR; // the client is gone
-            // shutting down: tell the client why the stream ends
-            srv_error err;
-            srv_error_set(&err, 503, "server_error", "server_shutting_down", NULL, SRV_REJECT_NONE,
-                          "the server is shutting down; the request was aborted");
-            char *body = srv_error_json(g->route, &err);
-            bool ok = body && srv_buf_add(&g->out, "data: ", 6) &&
-                      srv_buf_add(&g->out, body, strlen(body)) && srv_buf_add(&g->out, "\n\n", 2);
-            free(body);
-            g->eof = true;
-            if (!ok) return MHD_CONTENT_READER_END_WITH_ERROR;
+        } else if ((got = srv__gen_poll(g, &ev)) == 0) {
+            if (srv__gen_suspend(g)) return 0;  // called again once an event is posted
             continue;
         }
+        if (got < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
         bool ok = srv__stream_event(g, &ev);
         if (ev.done) {
             g->eof = true;
@@ -596,19 +665,78 @@ static void srv__stream_socket(server *s, srv_gen *g) {
 static void srv__stream_free(void *cls) {
     srv_gen *g = cls;
     bool whole = g->eof && g->out_off == g->out.len;
-    if (!whole && !g->gone && !atomic_load_explicit(&g->s->stopping, memory_order_acquire))
+    if (!whole && !atomic_exchange(&g->gone, true) &&
+        !atomic_load_explicit(&g->s->stopping, memory_order_acquire))
         atomic_fetch_add_explicit(&g->s->met.client_disconnects, 1, memory_order_relaxed);
     srv__gen_free(g);
+}
+
+/* A streamed answer's start. The status line waits for the first event: a
+ * request refused or lost before any output is answered like a
+ * non-streamed one (its status, the error JSON). Any other first event is
+ * kept for the stream, which then reads exactly as if it had been pulled
+ * there. Until the first event, the connection waits suspended with g in
+ * sc->gen (the access handler comes back here). */
+static enum MHD_Result srv__stream_start(server *s, struct MHD_Connection *c, srv_gen *g,
+                                         srv_conn *sc) {
+    sc->gen = NULL;
+    int got;
+    while ((got = srv__gen_poll(g, &g->first)) == 0) {
+        if (srv__gen_suspend(g)) {
+            sc->gen = g;
+            return MHD_YES;
+        }
+    }
+    if (got > 0) {
+        if (g->first.done && !srv_finish_name(g->first.finish) && srv__done_mapped(&g->first)) {
+            srv_error err;
+            srv__gen_account(g, &g->first);
+            srv__done_error(g, &g->first, &err);
+            srv_route route = g->route;
+            srv__gen_free(g);
+            return srv__reply_error(s, c, route, &err);
+        }
+        g->has_first = true;
+    }
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024,
+                                                               srv__stream_cb, g, srv__stream_free);
+    if (!r) {
+        srv__gen_free(g);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    srv__stream_socket(s, g);
+    pthread_mutex_lock(&g->mu);
+    g->answered = true;  // the sweeper sends no interim answer from now on
+    pthread_mutex_unlock(&g->mu);
+    srv_route route = g->route;
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r); // g is freed with the response
+    srv_metrics_request(&s->met, route, 200);
+    return ret;
 }
 
 // ----------------------------------------------------------------------------
 // Generation: non-streaming
 
-static enum MHD_Result srv__gen_blocking(server *s, struct MHD_Connection *c, srv_gen *g) {
+/* A non-streamed answer: takes the events there are; once the done event
+ * is in, answers and frees g, else suspends the connection with g in
+ * sc->gen (the access handler comes back here when an event is posted). */
+static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv_gen *g,
+                                        srv_conn *sc) {
     engine_event ev;
-    bool ok = true;
+    bool ok = !g->oom;
+    sc->gen = NULL;
     for (;;) {
-        if (!srv__gen_next(g, &ev)) {
+        int got = srv__gen_poll(g, &ev);
+        if (got == 0) {
+            if (!srv__gen_suspend(g)) continue;
+            g->oom = !ok;
+            sc->gen = g;
+            return MHD_YES;
+        }
+        if (got < 0 || (ev.done && atomic_load(&g->gone) && ev.state != ENGINE_FINISHED)) {
             srv_error err;
             // a vanished client gets nothing (MHD notices when it writes): 499 is for metrics
             if (atomic_load(&s->stopping))
@@ -618,6 +746,7 @@ static enum MHD_Result srv__gen_blocking(server *s, struct MHD_Connection *c, sr
             else
                 srv_error_set(&err, 499, "invalid_request_error", "client_closed", NULL,
                               SRV_REJECT_NONE, "the client closed the connection");
+            if (got > 0) srv__gen_account(g, &ev);
             enum MHD_Result r = srv__reply_error(s, c, g->route, &err);
             srv__gen_free(g);
             return r;
@@ -703,7 +832,7 @@ static void srv__submit_error(server *s, ks_err e, const ks_errbuf *eb, int32_t 
 }
 
 static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_route route,
-                                     const char *url_model, const srv_conn *sc) {
+                                     const char *url_model, srv_conn *sc) {
     srv_error err;
     int tenant = srv__auth(s, c, &err);
     if (tenant < 0) return srv__reply_error(s, c, route, &err);
@@ -721,7 +850,6 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     int32_t *ids = NULL;
     size_t n_ids = 0;
     srv_gen *g = NULL;
-    enum MHD_Result ret;
     if (!srv__name_ok(s, model_name)) {
         srv_error_set(&err, 404, "invalid_request_error", "model_not_found", "model",
                       SRV_REJECT_INVALID, "The model '%s' does not exist; this server serves '%s'",
@@ -764,6 +892,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
         goto fail;
     }
     g->s = s;
+    pthread_mutex_init(&g->mu, NULL);
     atomic_fetch_add_explicit(&s->inflight, 1, memory_order_acq_rel);
     g->route = route;
     g->tenant = -1;
@@ -829,40 +958,18 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     free(text);
     ids = NULL;
     text = NULL;
-    bool stream = rq.stream;
+    g->stream = rq.stream;
+    g->http11 = sc->http11;
     srv_request_free(&rq);
     // a generation may take longer than MHD's idle timeout
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    if (!stream) return srv__gen_blocking(s, c, g);
-
-    // The status line waits for the first event: a request refused or lost
-    // before any output is answered like a non-streamed one (its status, the
-    // error JSON). Any other first event is kept for the stream, which then
-    // reads exactly as if it had been pulled there; if the client left or the
-    // server is stopping, the stream's next pull sees that again.
-    if (srv__gen_next(g, &g->first)) {
-        if (g->first.done && !srv_finish_name(g->first.finish) && srv__done_mapped(&g->first)) {
-            srv__gen_account(g, &g->first);
-            srv__done_error(g, &g->first, &err);
-            srv__gen_free(g);
-            return srv__reply_error(s, c, route, &err);
-        }
-        g->has_first = true;
-    }
-
-    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024,
-                                                               srv__stream_cb, g, srv__stream_free);
-    if (!r) {
-        srv__gen_free(g);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    srv__stream_socket(s, g);
-    ret = MHD_queue_response(c, MHD_HTTP_OK, r);
-    MHD_destroy_response(r); // g is freed with the response
-    srv_metrics_request(&s->met, route, 200);
-    return ret;
+    pthread_mutex_lock(&s->lmu);  // the sweeper watches it from now on
+    g->lnext = s->gens;
+    if (s->gens) s->gens->lprev = g;
+    s->gens = g;
+    pthread_mutex_unlock(&s->lmu);
+    s->b.set_notify(g->req, srv__gen_notify, g);
+    return g->stream ? srv__stream_start(s, c, g, sc) : srv__gen_collect(s, c, g, sc);
 fail:
     srv__gen_free(g);
     free(ids);
@@ -919,10 +1026,33 @@ static bool srv__truthy(const char *v) {
     return v && (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes"));
 }
 
+static void *srv__job_main(void *arg) {
+    srv_job *j = arg;
+    memset(&j->eb, 0, sizeof j->eb);
+    j->err = j->s->b.check_quiescent(j->s->b.impl, j->timeout_ms, &j->eb);
+    atomic_store(&j->done, true);
+    MHD_resume_connection(j->c);
+    return NULL;
+}
+
+/* The KV check's answer, once its job is done (the access handler, resumed). */
+static enum MHD_Result srv__kv_check_answer(server *s, struct MHD_Connection *c, srv_conn *sc) {
+    srv_job *j = sc->job;
+    sc->job = NULL;
+    ks_err e = j->err;
+    enum MHD_Result r = srv__reply_json(
+        s, c, SRV_ROUTE_ADMIN, e == KS_ERR_TIMEOUT ? 409 : 200,
+        json_pack("{s:b, s:s}", "clean", e == KS_OK, "message",
+                  j->eb.msg[0] ? j->eb.msg : (e == KS_OK ? "clean" : ks_strerror(e))));
+    free(j);
+    return r;
+}
+
 /* GET /admin/kv/check[?timeout_ms=N]: waits for the engine to go idle, then
  * verifies every KV page is FREE and scrubbed (the leak suite's last step).
- * 200 {"clean": true|false, "message"}; 409 when requests stayed active. */
-static enum MHD_Result srv__kv_check(server *s, struct MHD_Connection *c) {
+ * 200 {"clean": true|false, "message"}; 409 when requests stayed active.
+ * The wait runs on a thread of its own, the connection suspended meanwhile. */
+static enum MHD_Result srv__kv_check(server *s, struct MHD_Connection *c, srv_conn *sc) {
     const char *t = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "timeout_ms");
     unsigned long timeout = 5000;
     if (t) {
@@ -935,17 +1065,29 @@ static enum MHD_Result srv__kv_check(server *s, struct MHD_Connection *c) {
             return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
         }
     }
-    ks_errbuf eb = {0};
-    ks_err e = s->b.check_quiescent(s->b.impl, (uint32_t)timeout, &eb);
-    return srv__reply_json(s, c, SRV_ROUTE_ADMIN, e == KS_ERR_TIMEOUT ? 409 : 200,
-                           json_pack("{s:b, s:s}", "clean", e == KS_OK, "message",
-                                     eb.msg[0] ? eb.msg : (e == KS_OK ? "clean" : ks_strerror(e))));
+    srv_job *j = calloc(1, sizeof *j);
+    pthread_t th;
+    pthread_attr_t at;
+    if (!j) return MHD_NO;
+    *j = (srv_job){.s = s, .c = c, .timeout_ms = (uint32_t)timeout};
+    sc->job = j;
+    MHD_suspend_connection(c);  // before the thread can resume it
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    bool started = pthread_create(&th, &at, srv__job_main, j) == 0;
+    pthread_attr_destroy(&at);
+    if (!started) {
+        j->err = ks_seterr(&j->eb, KS_ERR_NOMEM, "cannot start the check");
+        atomic_store(&j->done, true);
+        MHD_resume_connection(c);
+    }
+    return MHD_YES;
 }
 
 /* POST /admin/models/{name}/offline|online, body or ?abort_running=; GET
  * /admin/kv/check (rest NULL). */
 static enum MHD_Result srv__admin(server *s, struct MHD_Connection *c, const char *rest,
-                                  const srv_conn *sc) {
+                                  srv_conn *sc) {
     srv_error err;
     const char *key = srv__bearer(c);
     if (!s->ts->has_admin) {
@@ -960,7 +1102,7 @@ static enum MHD_Result srv__admin(server *s, struct MHD_Connection *c, const cha
                           : "missing admin key: send 'Authorization: Bearer <admin key>'");
         return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
     }
-    if (!rest) return srv__kv_check(s, c);
+    if (!rest) return srv__kv_check(s, c, sc);
     const char *slash = strrchr(rest, '/');
     char name[256];
     if (!slash || slash == rest || (size_t)(slash - rest) >= sizeof name) goto notfound;
@@ -1008,7 +1150,7 @@ notfound:
 // Dispatch
 
 static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const char *url,
-                                     const char *method, const srv_conn *sc) {
+                                     const char *method, srv_conn *sc) {
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     srv_route route = SRV_ROUTE_OTHER;
     const char *url_model = NULL, *admin_rest = NULL;
@@ -1079,12 +1221,30 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
 static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const char *url,
                                    const char *method, const char *version, const char *upload,
                                    size_t *upload_size, void **con_cls) {
-    (void)version;
     server *s = cls;
     srv_conn *sc = *con_cls;
+    if (sc && sc->gen)  // resumed: an event was posted for the waiting generation
+        return sc->gen->stream ? srv__stream_start(s, c, sc->gen, sc)
+                               : srv__gen_collect(s, c, sc->gen, sc);
+    if (sc && sc->job) {  // resumed: the admin job finished (or a spurious call)
+        if (!atomic_load(&sc->job->done)) return MHD_YES;
+        return srv__kv_check_answer(s, c, sc);
+    }
+    // the request deadline: a connection past it is being closed by the sweeper
+    const union MHD_ConnectionInfo *si = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    srv_sock *sk = si ? si->socket_context : NULL;
+    bool expired = false;
+    if (sk) {
+        pthread_mutex_lock(&sk->mu);
+        expired = sk->expired;
+        if (!expired && sc && !*upload_size && !sc->started) sk->req_done = true;  // head and body in
+        pthread_mutex_unlock(&sk->mu);
+    }
+    if (expired) return MHD_NO;
     if (!sc) {
         if (!(sc = calloc(1, sizeof *sc))) return MHD_NO;
         *con_cls = sc;
+        sc->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
         // refuse an announced oversized body before reading any of it
         const char *cl =
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -1124,14 +1284,155 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
     return srv__dispatch(s, c, url, method, sc);
 }
 
+/* Milliseconds since fd last received data (TCP_INFO), UINT32_MAX if unknown. */
+static uint32_t srv__ms_since_rx(int fd) {
+    struct tcp_info ti;
+    socklen_t n = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &n) != 0) return UINT32_MAX;
+    return ti.tcpi_last_data_recv;
+}
+
 static void srv__completed(void *cls, struct MHD_Connection *c, void **con_cls,
                            enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
+    (void)cls, (void)toe;
     srv_conn *sc = *con_cls;
+    // the next request's deadline counts from now
+    const union MHD_ConnectionInfo *si = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    srv_sock *sk = si ? si->socket_context : NULL;
+    if (sk) {
+        pthread_mutex_lock(&sk->mu);
+        sk->req_done = false;
+        sk->t_start_ns = ks_now_ns();
+        pthread_mutex_unlock(&sk->mu);
+    }
     if (!sc) return;
+    if (sc->gen) {  // closed while waiting for an event (client gone, or shutdown)
+        if (!atomic_exchange(&sc->gen->gone, true) && !atomic_load(&((server *)cls)->stopping))
+            atomic_fetch_add_explicit(&((server *)cls)->met.client_disconnects, 1,
+                                      memory_order_relaxed);
+        srv__gen_free(sc->gen);
+    }
+    if (sc->job) {  // the job thread still holds it: it ends within its timeout
+        while (!atomic_load(&sc->job->done)) {
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        free(sc->job);
+    }
     srv_buf_free(&sc->body);
     free(sc);
     *con_cls = NULL;
+}
+
+/* Connection open/close (MHD's notify): the per-connection deadline state. */
+static void srv__conn_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                             enum MHD_ConnectionNotificationCode code) {
+    server *s = cls;
+    srv_sock *sk = *socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        if (!(sk = calloc(1, sizeof *sk))) return;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        sk->fd = ci ? ci->connect_fd : -1;
+        pthread_mutex_init(&sk->mu, NULL);
+        sk->t_start_ns = ks_now_ns();
+        pthread_mutex_lock(&s->lmu);
+        sk->next = s->socks;
+        if (s->socks) s->socks->prev = sk;
+        s->socks = sk;
+        pthread_mutex_unlock(&s->lmu);
+        atomic_fetch_add(&s->met.http_connections, 1);
+        *socket_context = sk;
+        return;
+    }
+    if (!sk) return;
+    pthread_mutex_lock(&s->lmu);
+    if (sk->prev) sk->prev->next = sk->next;
+    else s->socks = sk->next;
+    if (sk->next) sk->next->prev = sk->prev;
+    pthread_mutex_unlock(&s->lmu);
+    atomic_fetch_sub(&s->met.http_connections, 1);
+    pthread_mutex_destroy(&sk->mu);
+    free(sk);
+    *socket_context = NULL;
+}
+
+// ----------------------------------------------------------------------------
+// The sweeper (see the file comment)
+
+/* Ends a connection whose request missed its deadline: 408 when it sent
+ * something, silence for an idle keep-alive; MHD then sees the socket shut
+ * and closes the connection. Only while MHD is still reading the request. */
+static void srv__sock_expire(server *s, srv_sock *sk, bool sent_something) {
+    if (sent_something) {
+        char body[256], msg[512];
+        int bn = snprintf(body, sizeof body,
+                          "{\"error\":{\"message\":\"the request was not received within %u "
+                          "s\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":"
+                          "\"request_timeout\"}}",
+                          s->o.request_timeout_s);
+        int n = snprintf(msg, sizeof msg,
+                         "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: "
+                         "application/json\r\nContent-Length: %d\r\n\r\n%s",
+                         bn, body);
+        (void)!send(sk->fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        srv_metrics_request(&s->met, SRV_ROUTE_OTHER, 408);
+        srv_metrics_reject(&s->met, SRV_REJECT_TIMEOUT);
+    }
+    shutdown(sk->fd, SHUT_RDWR);
+}
+
+static void srv__sweep(server *s) {
+    bool stopping = atomic_load_explicit(&s->stopping, memory_order_acquire);
+    uint64_t now = ks_now_ns(), limit = (uint64_t)s->o.request_timeout_s * 1000000000ull;
+    pthread_mutex_lock(&s->lmu);
+    for (srv_sock *sk = s->socks; sk && limit; sk = sk->next) {
+        pthread_mutex_lock(&sk->mu);
+        bool fire = !sk->req_done && !sk->expired && now - sk->t_start_ns > limit;
+        if (fire) sk->expired = true;
+        pthread_mutex_unlock(&sk->mu);
+        // it sent something unless its last data is older than the deadline's start
+        if (fire)
+            srv__sock_expire(s, sk,
+                             (uint64_t)srv__ms_since_rx(sk->fd) * 1000000ull + 50000000ull <
+                                 now - sk->t_start_ns);
+    }
+    for (srv_gen *g = s->gens; g; g = g->lnext) {
+        if (atomic_load(&g->gone)) continue;
+        bool gone = stopping;
+        pthread_mutex_lock(&g->mu);
+        if (!gone && g->suspended && g->fd >= 0) {  // MHD does not watch it: we do
+            struct pollfd pf = {.fd = g->fd, .events = POLLRDHUP};
+            short rev = poll(&pf, 1, 0) > 0 ? pf.revents : 0;
+            if (rev & (POLLHUP | POLLERR | POLLNVAL)) {
+                gone = true;
+            } else if ((rev & POLLRDHUP) && !g->answered && !g->probed) {
+                // half-closed, or gone: an interim answer tells (HTTP/1.0 has none)
+                static const char probe[] = "HTTP/1.1 102 Processing\r\n\r\n";
+                g->probed = true;
+                gone = !g->http11 || send(g->fd, probe, sizeof probe - 1,
+                                          MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)(sizeof probe - 1);
+                if (!gone) atomic_fetch_add_explicit(&s->met.http_probes, 1, memory_order_relaxed);
+            }
+        }
+        pthread_mutex_unlock(&g->mu);
+        if (!gone) continue;
+        atomic_store(&g->gone, true);
+        if (!stopping)
+            atomic_fetch_add_explicit(&s->met.client_disconnects, 1, memory_order_relaxed);
+        s->b.cancel(g->req);  // its done event resumes the connection
+    }
+    pthread_mutex_unlock(&s->lmu);
+}
+
+static void *srv__sweeper_main(void *arg) {
+    server *s = arg;
+    while (!atomic_load_explicit(&s->sweeper_stop, memory_order_acquire)) {
+        srv__sweep(s);
+        struct timespec ts = {0, SRV_SWEEP_MS * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
 }
 
 static void srv__mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -1152,8 +1453,10 @@ void server_opts_default(server_opts *o) {
     o->host = "127.0.0.1";
     o->port = 8080;
     o->max_body_bytes = 1u << 20;
-    o->max_connections = 256;
+    o->max_connections = 4096;
+    o->max_connections_per_ip = 256;
     o->idle_timeout_s = 120;
+    o->request_timeout_s = 10;
 }
 
 // The local engine as a backend: engine.h's calls, with void * handles.
@@ -1173,6 +1476,9 @@ static void srv__eng_set_online(void *impl, bool online, bool abort_running) {
     engine_set_online(impl, online, abort_running);
 }
 static void srv__eng_get_stats(void *impl, engine_stats *out) { engine_get_stats(impl, out); }
+static void srv__eng_set_notify(void *req, void (*fn)(void *), void *ctx) {
+    engine_req_set_notify(req, fn, ctx);
+}
 static ks_err srv__eng_check(void *impl, uint32_t timeout_ms, ks_errbuf *eb) {
     return engine_check_quiescent(impl, timeout_ms, eb);
 }
@@ -1183,6 +1489,7 @@ void server_engine_backend(engine *e, server_backend *out) {
                             .next = srv__eng_next,
                             .cancel = srv__eng_cancel,
                             .release = srv__eng_release,
+                            .set_notify = srv__eng_set_notify,
                             .is_online = srv__eng_is_online,
                             .set_online = srv__eng_set_online,
                             .get_stats = srv__eng_get_stats,
@@ -1202,7 +1509,7 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     *out = NULL;
     if (!o->host || o->port < 0 || o->port > 65535 || o->n_ctx <= 0 || !m)
         return ks_seterr(eb, KS_ERR_INVAL, "server: bad options (host, port 0-65535, n_ctx > 0)");
-    if (!b || !b->submit || !b->next || !b->cancel || !b->release || !b->is_online ||
+    if (!b || !b->submit || !b->next || !b->cancel || !b->release || !b->set_notify || !b->is_online ||
         !b->set_online || !b->get_stats || !b->check_quiescent)
         return ks_seterr(eb, KS_ERR_INVAL, "server: incomplete backend");
     if (sodium_init() < 0) return ks_seterr(eb, KS_ERR_INTERNAL, "server: libsodium init failed");
@@ -1213,6 +1520,7 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     s->b = *b;
     s->m = m;
     s->vocab = model_vocab(m);
+    pthread_mutex_init(&s->lmu, NULL);
     srv_metrics_init(&s->met);
     if (o->tenants_path) {
         size_t len = 0;
@@ -1262,15 +1570,23 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
                         gai_strerror(gai));
         goto fail;
     }
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC |
+    if (pthread_create(&s->sweeper, NULL, srv__sweeper_main, s) != 0) {
+        freeaddrinfo(ai);
+        err = ks_seterr(eb, KS_ERR_NOMEM, "server: cannot start the sweeper thread");
+        goto fail;
+    }
+    s->sweeper_on = true;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, srv__access, s,
-                            MHD_OPTION_EXTERNAL_LOGGER, srv__mhd_log, s, MHD_OPTION_SOCK_ADDR,
-                            ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, srv__completed, s,
-                            MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)(o->max_connections ? o->max_connections : 256),
-                            MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s, MHD_OPTION_END);
+    s->d = MHD_start_daemon(
+        flags, (uint16_t)o->port, NULL, NULL, srv__access, s, MHD_OPTION_EXTERNAL_LOGGER,
+        srv__mhd_log, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED,
+        srv__completed, s, MHD_OPTION_NOTIFY_CONNECTION, srv__conn_notify, s,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)SRV_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)(o->max_connections ? o->max_connections : 4096),
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_connections_per_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s, MHD_OPTION_END);
     int bind_errno = errno;
     freeaddrinfo(ai);
     if (!s->d) {
@@ -1287,7 +1603,12 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     *out = s;
     return KS_OK;
 fail:
+    if (s->sweeper_on) {
+        atomic_store(&s->sweeper_stop, true);
+        pthread_join(s->sweeper, NULL);
+    }
     srv_tenants_free(s->ts);
+    pthread_mutex_destroy(&s->lmu);
     free(s);
     return err;
 }
@@ -1311,13 +1632,16 @@ int server_inflight(const server *s) {
 void server_destroy(server *s) {
     if (!s) return;
     atomic_store_explicit(&s->stopping, true, memory_order_release);
-    // let waiting handlers cancel their requests and write their last words
-    // (503 / an SSE error event) for up to a second; then close everything
+    // the sweeper cancels every generation; their answers end with their
+    // last words (503 / an SSE error event): up to a second; then close all
     for (int i = 0; i < 100 && atomic_load_explicit(&s->inflight, memory_order_acquire) > 0; i++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
     if (s->d) MHD_stop_daemon(s->d);
+    atomic_store(&s->sweeper_stop, true);
+    pthread_join(s->sweeper, NULL);
     srv_tenants_free(s->ts);
+    pthread_mutex_destroy(&s->lmu);
     free(s);
 }

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const int met__status[SRV_N_STATUS] = {200, 400, 401, 403, 404, 405,
+static const int met__status[SRV_N_STATUS] = {200, 400, 401, 403, 404, 405, 408,
                                               413, 429, 499, 500, 503, 0};
 static const double met__ttft_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                           0.5,   1,    2.5,   5,    10,  30};
@@ -124,6 +124,15 @@ char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
                      "client went away.\n# TYPE kvseal_client_disconnects_total counter\n"
                      "kvseal_client_disconnects_total %llu\n",
                      LOAD(m->client_disconnects)) &&
+         met__printf(&b,
+                     "# HELP kvseal_http_connections Open HTTP connections.\n"
+                     "# TYPE kvseal_http_connections gauge\nkvseal_http_connections %lld\n",
+                     (long long)atomic_load_explicit(&m->http_connections, memory_order_relaxed)) &&
+         met__printf(&b,
+                     "# HELP kvseal_http_probes_total Interim 102 answers sent to clients that "
+                     "half-closed before their answer (a vanished one then resets).\n"
+                     "# TYPE kvseal_http_probes_total counter\nkvseal_http_probes_total %llu\n",
+                     LOAD(m->http_probes)) &&
          met__hist(&b, "kvseal_ttft_seconds", "Time from submission to the first token.",
                    &m->ttft) &&
          met__hist(&b, "kvseal_tpot_seconds", "Time per output token after the first.", &m->tpot) &&

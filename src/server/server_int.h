@@ -45,7 +45,8 @@ typedef enum srv_reject {
     SRV_REJECT_INVALID = 6,
     SRV_REJECT_AUTH = 7,
     SRV_REJECT_SHUTDOWN = 8,
-    SRV_REJECT__COUNT = 9,
+    SRV_REJECT_TIMEOUT = 9, /* request head/body not in within the deadline (408) */
+    SRV_REJECT__COUNT = 10,
 } srv_reject;
 
 /* Label of a reason ("context_length", ...); static storage. */
@@ -196,7 +197,7 @@ void srv_tenants_release(srv_tenants *ts, int i, int64_t unused);
 // ----------------------------------------------------------------------------
 // Metrics
 
-#define SRV_N_STATUS 12
+#define SRV_N_STATUS 13
 
 typedef struct srv_hist {
     const double *bounds; /* (n) upper bounds, seconds */
@@ -211,6 +212,8 @@ typedef struct srv_metrics {
     atomic_ullong rejections[SRV_REJECT__COUNT];
     atomic_ullong tokens_in, tokens_out;
     atomic_ullong client_disconnects;
+    atomic_llong http_connections; /* open now */
+    atomic_ullong http_probes;     /* 102 probes sent to half-closed connections */
     srv_hist ttft, tpot;
 } srv_metrics;
 

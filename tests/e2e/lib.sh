@@ -103,6 +103,8 @@ stop_server() {
     [ $rc -eq 0 ] || fail "server exited with status $rc"
 }
 
+# (Health checks every second, two under a sanitizer: a worker starved of CPU
+# on a loaded machine must not miss three in a row and be dropped.)
 # start_cluster LOGPREFIX NPREFILL NDECODE ARGS... — starts `kvseal router`
 # (HTTP and cluster ports picked freely; $ROUTER_ARGS are router-only
 # options such as --tenants), NPREFILL `kvseal prefill` and NDECODE `kvseal
@@ -115,7 +117,7 @@ start_cluster() {
     head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMPD/secret"
     chmod 600 "$TMPD/secret"
     "${KS_SERVE_BIN:-$KS_BIN}" router --host 127.0.0.1 --port 0 --cluster-port 0 \
-        --secret-file "$TMPD/secret" --health-interval-ms ${KS_HEALTH_MS:-$([ -n "${KS_SANITIZE:-}" ] && echo 1000 || echo 300)} ${ROUTER_ARGS:-} "$@" \
+        --secret-file "$TMPD/secret" --health-interval-ms ${KS_HEALTH_MS:-$([ -n "${KS_SANITIZE:-}" ] && echo 2000 || echo 1000)} ${ROUTER_ARGS:-} "$@" \
         >"$log.router.out" 2>"$log.router" &
     KS_PID=$!
     KS_PREFILL_PIDS=(); KS_DECODE_PIDS=()

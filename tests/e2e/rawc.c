@@ -18,7 +18,9 @@
  *   --half-close       shutdown(SHUT_WR) after sending the request
  *   --trickle-ms N     send one byte every N ms (a slow client)
  *   --conns N          open N connections at once, all doing the same
- *                      (only with --trickle-ms; no answer is written)
+ *                      (only with --trickle-ms); prints how they ended:
+ *                      "408 A, closed B, other C" (a 408 answer, closed
+ *                      with no answer, any other answer)
  *   -o FILE            write the answer to FILE
  *   --body-only        write only the (decoded) body
  *   rawc --free-port   prints a loopback TCP port that was free a moment ago
@@ -91,10 +93,12 @@ static char *rawc__read_stdin(size_t *len) {
     return b;
 }
 
-/* Trickles req into n connections, one byte per connection every ms; the
- * connections the server closes are dropped. Returns when all are closed. */
+/* Trickles req into n connections, one byte per connection every ms; a
+ * connection ends when the server answers or closes it. Returns when all
+ * have ended, having printed how. */
 static int rawc__trickle(int port, int n, int ms, const char *req, size_t len) {
     static int fds[RAWC_MAX_CONNS];
+    int n408 = 0, nclosed = 0, nother = 0;
     for (int i = 0; i < n; i++) {
         fds[i] = rawc__connect(port, 0);
         if (fds[i] < 0) return fprintf(stderr, "rawc: connect %d: %s\n", i, strerror(errno)), 1;
@@ -104,9 +108,18 @@ static int rawc__trickle(int port, int n, int ms, const char *req, size_t len) {
         for (int i = 0; i < n; i++) {
             if (fds[i] < 0) continue;
             struct pollfd p = {.fd = fds[i], .events = POLLIN};
-            bool closed = poll(&p, 1, 0) > 0;  // any answer (408) or EOF ends it
-            if (!closed && off < len) closed = send(fds[i], req + off, 1, MSG_NOSIGNAL) != 1;
-            if (closed) {
+            bool ended = poll(&p, 1, 0) > 0;
+            if (ended) {  // an answer or EOF (or a reset)
+                char buf[64] = {0};
+                ssize_t r = recv(fds[i], buf, sizeof buf - 1, 0);
+                if (r <= 0) nclosed++;
+                else if (!strncmp(buf, "HTTP/1.1 408", 12)) n408++;
+                else nother++;
+            } else if (off < len && send(fds[i], req + off, 1, MSG_NOSIGNAL) != 1) {
+                ended = true;
+                nclosed++;
+            }
+            if (ended) {
                 close(fds[i]);
                 fds[i] = -1;
                 open_n--;
@@ -114,6 +127,7 @@ static int rawc__trickle(int port, int n, int ms, const char *req, size_t len) {
         }
         rawc__sleep_ms(ms);
     }
+    printf("408 %d, closed %d, other %d\n", n408, nclosed, nother);
     return 0;
 }
 

@@ -123,6 +123,10 @@ static ks_err fake_next(void *req, engine_event *ev, uint32_t timeout_ms) {
     return KS_OK;
 }
 
+static void fake_set_notify(void *req, void (*fn)(void *), void *ctx) {
+    (void)req, (void)fn, (void)ctx;  // every event is there at once: no wakeup needed
+}
+
 static void fake_cancel(void *req) {
     (void)req;
     atomic_fetch_add(&g_fake.n_cancel, 1);
@@ -323,6 +327,7 @@ int main(void) {
                         .next = fake_next,
                         .cancel = fake_cancel,
                         .release = fake_release,
+                        .set_notify = fake_set_notify,
                         .is_online = fake_is_online,
                         .set_online = fake_set_online,
                         .get_stats = fake_get_stats,
