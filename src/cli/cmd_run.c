@@ -1,9 +1,13 @@
-/* cmd_run.c — `kvseal run`: one-shot generation. Only the generated text
- * goes to stdout (streamed as whole UTF-8 characters, stop strings held
- * back until they can be ruled out), so scripts can compare outputs; logs
- * and timings go to stderr. */
+/* cmd_run.c — `kvseal run`: one-shot generation through the engine, exactly
+ * as `kvseal serve` runs a request (admission, sampler history, stop
+ * strings: the same tokens for the same parameters). Only the generated
+ * text goes to stdout (streamed as whole UTF-8 characters, stop strings
+ * held back until they can be ruled out), so scripts can compare outputs;
+ * logs and timings go to stderr. */
 #include "cli_int.h"
 
+#include "kvseal/engine.h"
+#include "kvseal/kern.h"
 #include "kvseal/sample.h"
 
 #include <stdlib.h>
@@ -20,15 +24,6 @@ static void run__usage(void) {
             "                  [--ignore-eos] [--special] [-c CTX] [-t THREADS]\n"
             "  defaults: -n 128, --temp 0.8, --top-k 40, --top-p 0.95, --min-p 0.05, random seed;\n"
             "  --temp 0 is greedy. The model defaults to the shipped kjv-mini.\n");
-}
-
-/* Writes what the stop matcher allows; returns true when a stop matched. */
-static bool run__emit(const stop_result *r) {
-    if (r->len) {
-        fwrite(r->text, 1, r->len, stdout);
-        fflush(stdout);
-    }
-    return r->matched;
 }
 
 int cli_run(int argc, char **argv) {
@@ -89,78 +84,79 @@ int cli_run(int argc, char **argv) {
         fprintf(stderr, "kvseal run: %s\n", eb.msg);
         return 2;
     }
-    cli__session s;
-    if (cli__session_open(&s, path, (int)threads, (int32_t)ctx, 0)) return 1;
-    const tok_vocab *vocab = model_vocab(s.m);
-    const int32_t V = model_hp(s.m)->n_vocab;
+    // the engine, as every front end drives it: one request, the same
+    // admission, sampler history and stop strings as `kvseal serve`
+    model *m = NULL;
+    engine *e = NULL;
+    engine_req *r = NULL;
     int32_t *toks = NULL;
     size_t n_toks = 0;
-    float *logits = malloc(sizeof(float) * (size_t)V);
-    size_t cap = tok_stream_bound(vocab);
-    char *piece = malloc(cap);
-    sampler *smp = NULL;
-    stop_matcher *stop = NULL;
     int rc = 1;
-    if (!logits || !piece) goto done;
-    if (tok_encode(vocab, prompt, strlen(prompt), true, special, &toks, &n_toks, &eb)) goto fail;
+    if (kern_init(NULL, &eb) || model_load(path, &m, &eb)) goto fail;
+    const model_hparams *hp = model_hp(m);
+    engine_opts o;
+    engine_opts_default(&o);
+    o.m = m;
+    o.n_threads = threads > 0 ? (int)threads : cli__default_threads();
+    o.n_ctx = ctx > 0 ? (int32_t)ctx : hp->n_ctx_train;
+    o.kv_pages = (uint32_t)(2 * ((o.n_ctx + o.page_tokens - 1) / o.page_tokens));  // 2x: no sizing warning
+    o.max_running = 1;
+    o.prefix_cache = false;
+    if (tok_encode(model_vocab(m), prompt, strlen(prompt), true, special, &toks, &n_toks, &eb)) goto fail;
     if (n_toks == 0) {
         fprintf(stderr, "kvseal run: the prompt has no tokens\n");
         goto done;
     }
-    if ((int64_t)n_toks >= s.n_ctx) {
-        fprintf(stderr, "kvseal run: prompt of %zu tokens does not fit the context of %d\n", n_toks, s.n_ctx);
+    if ((int64_t)n_toks >= o.n_ctx) {
+        fprintf(stderr, "kvseal run: prompt of %zu tokens does not fit the context of %d\n", n_toks, o.n_ctx);
         goto done;
     }
-    if (sampler_create(&sp, V, &smp, &eb) || stop_matcher_create(stops, n_stops, &stop, &eb)) goto fail;
-    sampler_accept_n(smp, toks, (int64_t)n_toks);
+    if (n_predict > o.n_ctx - (int64_t)n_toks) {  // as before: generate until the context is full
+        ks_log(KS_LOG_WARN, "context of %d tokens: at most %lld tokens after the prompt", o.n_ctx,
+               (long long)(o.n_ctx - (int64_t)n_toks));
+        n_predict = o.n_ctx - (int64_t)n_toks;
+    }
+    if (n_predict == 0) {
+        rc = 0;
+        goto done;
+    }
+    if (engine_create(&o, &e, &eb)) goto fail;
+    engine_params p = {.tenant = "cli", .prompt = toks, .n_prompt = (int32_t)n_toks,
+                       .max_tokens = (int32_t)n_predict, .sp = sp, .stops = stops,
+                       .n_stops = n_stops, .ignore_eos = ignore_eos};
     ks_log(KS_LOG_INFO, "prompt: %zu tokens, seed %llu", n_toks, (unsigned long long)sp.seed);
     uint64_t t0 = ks_now_ns();
-    if (cli__session_eval(&s, toks, (int32_t)n_toks, 0, NULL, logits, &eb)) goto fail;
-    uint64_t t1 = ks_now_ns();
-    tok_stream ts;
-    tok_stream_init(&ts);
-    stop_result sr;
-    long n_gen = 0;
-    bool stopped = false;
-    for (; n_gen < n_predict && !stopped; n_gen++) {
-        sample_result r;
-        sampler_sample(smp, logits, &r);
-        if (!ignore_eos && tok_is_eog(vocab, r.token)) break;
-        sampler_accept(smp, r.token);
-        size_t n = tok_stream_push(&ts, vocab, r.token, piece, cap);
-        if (stop_matcher_push(stop, piece, n, &sr)) goto fail;
-        stopped = run__emit(&sr);
-        if (stopped || n_gen + 1 == n_predict) { n_gen++; break; }
-        if ((int32_t)s.seq.n_tokens >= s.n_ctx) {
-            ks_log(KS_LOG_WARN, "context of %d tokens is full; stopping", s.n_ctx);
-            n_gen++;
-            break;
+    if (engine_submit(e, &p, &r, &eb)) goto fail;
+    engine_event ev;
+    do {
+        ks_err ne = engine_req_next(r, &ev, 1000);
+        if (ne == KS_ERR_TIMEOUT) continue;
+        if (ne) {
+            ks_seterr(&eb, ne, "the request's events ended early");
+            goto fail;
         }
-        if (cli__session_eval(&s, &r.token, 1, 0, NULL, logits, &eb)) goto fail;
-    }
-    if (!stopped) {
-        size_t n = tok_stream_flush(&ts, piece, cap);
-        if (stop_matcher_push(stop, piece, n, &sr)) goto fail;
-        if (!run__emit(&sr)) {
-            stop_matcher_flush(stop, &sr);
-            run__emit(&sr);
+        if (ev.text_len) {
+            fwrite(ev.text, 1, ev.text_len, stdout);
+            fflush(stdout);
         }
-    }
-    fflush(stdout);
+    } while (!ev.done);
     uint64_t t2 = ks_now_ns();
-    fprintf(stderr, "\nkvseal: prompt %zu tokens in %.1f ms (%.1f t/s), generated %ld tokens in %.1f ms (%.1f t/s)\n",
-            n_toks, (double)(t1 - t0) / 1e6, (double)n_toks / ((double)(t1 - t0) / 1e9), n_gen,
-            (double)(t2 - t1) / 1e6, n_gen ? (double)n_gen / ((double)(t2 - t1) / 1e9) : 0.0);
+    if (ev.state != ENGINE_FINISHED) {
+        ks_seterr(&eb, ev.err ? ev.err : KS_ERR_INTERNAL, "%s", ev.errmsg[0] ? ev.errmsg : "the request failed");
+        goto fail;
+    }
+    double pp_ms = ev.ttft_ms, tg_ms = (double)(t2 - t0) / 1e6 - ev.ttft_ms;
+    fprintf(stderr, "\nkvseal: prompt %d tokens in %.1f ms (%.1f t/s), generated %d tokens in %.1f ms (%.1f t/s)\n",
+            ev.n_prompt, pp_ms, pp_ms > 0 ? ev.n_prompt / (pp_ms / 1e3) : 0.0, ev.n_gen, tg_ms,
+            ev.n_gen > 1 && tg_ms > 0 ? (ev.n_gen - 1) / (tg_ms / 1e3) : 0.0);
     rc = 0;
     goto done;
 fail:
     fprintf(stderr, "kvseal run: %s\n", eb.msg[0] ? eb.msg : "failed");
 done:
-    stop_matcher_destroy(stop);
-    sampler_destroy(smp);
-    free(piece);
-    free(logits);
+    engine_req_release(r);
+    engine_destroy(e);
     free(toks);
-    cli__session_close(&s);
+    model_free(m);
     return rc;
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # kvseal run on the shipped kjv-mini: greedy continuations equal the
 # reference text of models/kjv-mini.README.md exactly (stdout holds only the
-# generated text), stop strings cut the text, and bad invocations fail with
-# a precise message.
+# generated text), stop strings cut the text, bad invocations fail with a
+# precise message, and run gives the same tokens as serve for the same
+# sampling parameters, penalties included (both drive the engine).
 . "$(dirname "$0")/lib.sh"
 M=$KS_SRC/models/kjv-mini.gguf
 
@@ -33,4 +34,19 @@ head -c 5000 "$M" >"$TMPD/trunc.gguf"
 expect_has "truncated model" "$(cat "$TMPD/err")" "trunc.gguf"
 "$KS_BIN" run -m "$M" -p hi --top-p 0 2>"$TMPD/err" && fail "top-p 0 accepted"
 expect_has "bad top-p" "$(cat "$TMPD/err")" "top_p"
+# run drives the engine exactly as serve does: the same tokens for the same
+# sampling parameters, penalties included (the prompt is not in the
+# penalty window in either)
+command -v curl >/dev/null && command -v node >/dev/null || skip "curl or node is not installed (scripts/install-deps.sh)"
+start_server "$TMPD/serve.log" -m "$M" --alias kjv
+SP='"temperature":0.8,"seed":11,"top_k":40,"top_p":0.95,"min_p":0.05,"repetition_penalty":1.3,"frequency_penalty":0.5,"presence_penalty":0.3'
+for prompt in "Blessed are the" "And the LORD said unto Moses"; do
+    a=$("$KS_BIN" run -m "$M" -p "$prompt" -n 40 --temp 0.8 --seed 11 --top-k 40 --top-p 0.95 --min-p 0.05 \
+        --repeat-penalty 1.3 --frequency-penalty 0.5 --presence-penalty 0.3 2>/dev/null)
+    b=$(curl -sS "$KS_URL/v1/completions" -d "{\"model\":\"kjv\",\"prompt\":\"$prompt\",\"max_tokens\":40,$SP}" |
+        node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(JSON.parse(s).choices[0].text))')
+    expect_eq "run = serve with penalties ($prompt)" "$a" "$b"
+done
+stop_server
+
 echo "run ok"
