@@ -85,7 +85,6 @@ struct server {
     int port;
     atomic_bool stopping;
     atomic_bool draining; /* server_drain: refuse new generations */
-    atomic_int inflight; /* srv_gen objects alive (drained at shutdown) */
     /* the sweeper and what it watches (lmu) */
     pthread_t sweeper;
     bool sweeper_on;
@@ -313,7 +312,7 @@ static void srv__gen_free(srv_gen *g) {
     srv_buf_free(&g->text);
     json_decref(g->lp);
     pthread_mutex_destroy(&g->mu);
-    atomic_fetch_sub_explicit(&s->inflight, 1, memory_order_acq_rel);
+    atomic_fetch_sub_explicit(&s->met.inflight, 1, memory_order_acq_rel);
     free(g);
 }
 
@@ -893,7 +892,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     }
     g->s = s;
     pthread_mutex_init(&g->mu, NULL);
-    atomic_fetch_add_explicit(&s->inflight, 1, memory_order_acq_rel);
+    atomic_fetch_add_explicit(&s->met.inflight, 1, memory_order_acq_rel);
     g->route = route;
     g->tenant = -1;
     g->n_prompt = n_prompt;
@@ -1626,7 +1625,7 @@ void server_drain(server *s) {
 }
 
 int server_inflight(const server *s) {
-    return s ? atomic_load_explicit(&s->inflight, memory_order_acquire) : 0;
+    return s ? atomic_load_explicit(&s->met.inflight, memory_order_acquire) : 0;
 }
 
 void server_destroy(server *s) {
@@ -1634,7 +1633,7 @@ void server_destroy(server *s) {
     atomic_store_explicit(&s->stopping, true, memory_order_release);
     // the sweeper cancels every generation; their answers end with their
     // last words (503 / an SSE error event): up to a second; then close all
-    for (int i = 0; i < 100 && atomic_load_explicit(&s->inflight, memory_order_acquire) > 0; i++) {
+    for (int i = 0; i < 100 && atomic_load_explicit(&s->met.inflight, memory_order_acquire) > 0; i++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }

@@ -129,6 +129,11 @@ char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
                      "# TYPE kvseal_http_connections gauge\nkvseal_http_connections %lld\n",
                      (long long)atomic_load_explicit(&m->http_connections, memory_order_relaxed)) &&
          met__printf(&b,
+                     "# HELP kvseal_generations_inflight Generation requests accepted and not "
+                     "yet fully answered (what a drain waits for).\n"
+                     "# TYPE kvseal_generations_inflight gauge\nkvseal_generations_inflight %d\n",
+                     atomic_load_explicit(&m->inflight, memory_order_relaxed)) &&
+         met__printf(&b,
                      "# HELP kvseal_http_probes_total Interim 102 answers sent to clients that "
                      "half-closed before their answer (a vanished one then resets).\n"
                      "# TYPE kvseal_http_probes_total counter\nkvseal_http_probes_total %llu\n",

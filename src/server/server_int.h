@@ -214,6 +214,8 @@ typedef struct srv_metrics {
     atomic_ullong client_disconnects;
     atomic_llong http_connections; /* open now */
     atomic_ullong http_probes;     /* 102 probes sent to half-closed connections */
+    atomic_int inflight;           /* generations alive, answers being written included
+                                      (what a drain waits for) */
     srv_hist ttft, tpot;
 } srv_metrics;
 

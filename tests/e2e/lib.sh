@@ -7,7 +7,10 @@ KS_SHARED=${KS_SHARED:-$KS_SRC/../shared}
 TMPD=$(mktemp -d)
 # rm_tmpd — removes the test's scratch folder (logs included) unless
 # KS_KEEP_TMP is set, for debugging a failure.
-rm_tmpd() { [ -n "${KS_KEEP_TMP:-}" ] || rm -rf "$TMPD"; }
+rm_tmpd() {
+    kill -KILL $(jobs -p) 2>/dev/null  # clients left behind by a failed test (rawc, curl)
+    [ -n "${KS_KEEP_TMP:-}" ] || rm -rf "$TMPD"
+}
 trap rm_tmpd EXIT
 
 # fail MSG — ends the test; the tail of each server log goes with the message.

@@ -203,22 +203,30 @@ int main(int argc, char **argv) {
     size_t len = 0;
     char *req = rawc__read_stdin(&len);
     if (!req) return fprintf(stderr, "rawc: cannot read the request\n"), 1;
-    if (trickle) return rawc__trickle(port, conns, trickle, req, len);
+    if (trickle) {
+        int rc = rawc__trickle(port, conns, trickle, req, len);
+        free(req);
+        return rc;
+    }
 
     int fd = rawc__connect(port, rcvbuf);
-    if (fd < 0) return fprintf(stderr, "rawc: connect: %s\n", strerror(errno)), 1;
-    if (rawc__write_all(fd, req, len) != 0) return fprintf(stderr, "rawc: send: %s\n", strerror(errno)), 1;
+    if (fd < 0 || rawc__write_all(fd, req, len) != 0) {
+        fprintf(stderr, "rawc: %s: %s\n", fd < 0 ? "connect" : "send", strerror(errno));
+        free(req);
+        return 1;
+    }
+    free(req);
     if (half) shutdown(fd, SHUT_WR);
     // everything received (answers here are small)
     size_t cap = 1 << 16, got = 0;
     char *all = malloc(cap + 1);
-    bool paused = false;
+    bool paused = false, failed = false;
     char buf[4096];
     for (;;) {
         ssize_t r = recv(fd, buf, pause && !paused ? 1 : sizeof buf, 0);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return fprintf(stderr, "rawc: recv: %s\n", strerror(errno)), 1;
-        if (r == 0) break;
+        if (r < 0) fprintf(stderr, "rawc: recv: %s\n", strerror(errno)), failed = true;
+        if (r <= 0) break;
         while (got + (size_t)r > cap) all = realloc(all, (cap *= 2) + 1);
         memcpy(all + got, buf, (size_t)r);
         got += (size_t)r;
@@ -231,8 +239,10 @@ int main(int argc, char **argv) {
     }
     if (pause && !paused) fprintf(stderr, "rawc: EOF before '%s'\n", pause);
     FILE *o = out ? fopen(out, "wb") : stdout;
-    if (!o) return fprintf(stderr, "rawc: %s: %s\n", out, strerror(errno)), 1;
-    rawc__write_answer(o, all, got, body_only);
-    if (o != stdout) fclose(o);
-    return pause && !paused ? 1 : 0;
+    if (o) rawc__write_answer(o, all, got, body_only);
+    else fprintf(stderr, "rawc: %s: %s\n", out, strerror(errno)), failed = true;
+    if (o && o != stdout) fclose(o);
+    free(all);
+    close(fd);
+    return failed || (pause && !paused) ? 1 : 0;
 }

@@ -36,37 +36,51 @@ for (const l of s.split("\n")) {
 }
 process.stdout.write(err ? "ERROR " + err : done ? t : "ERROR no [DONE]");' "$1"
 }
-inflight() { curl -s "$KS_URL/metrics" | awk '/^kvseal_(queue|running)_requests /{n+=$2} END{print n+0}'; }
-
-# fire: N requests (the first one streams), returns once all are accepted
+# fire [router]: N requests, returns once all are accepted. In serve the
+# holder keeps the one running slot, so they all wait in the queue and
+# none can end: kvseal_queue_requests reaches N and stays. In the
+# router they run at once (the decode worker does not pause), so they are
+# all streamed, and each counts as accepted once its status line is in.
 fire() {
     PIDS=()
     local i
     for i in $(seq 1 $N); do
-        if [ $i = 1 ]; then post "$TMPD/r$i.out" ',"stream":true' -N >"$TMPD/r$i.code" &
+        rm -f "$TMPD/r$i.hdr"
+        if [ $i = 1 ] || [ "${1:-}" = router ]; then
+            post "$TMPD/r$i.out" ',"stream":true' -N -D "$TMPD/r$i.hdr" >"$TMPD/r$i.code" &
         else post "$TMPD/r$i.out" '' >"$TMPD/r$i.code" &
         fi
         PIDS+=($!)
     done
-    wait_for "the $N requests to be accepted" inflight_ge $((N + ${HOLDERS:-0}))
+    if [ "${1:-}" = router ]; then
+        for i in $(seq 1 $N); do wait_for "request $i to be accepted" file_has "$TMPD/r$i.hdr" "HTTP/1.1 200"; done
+    else
+        wait_for "the $N requests to queue" metric_is "$KS_URL" kvseal_queue_requests $N
+    fi
 }
-inflight_ge() { [ "$(inflight)" -ge "$1" ]; }
 
-# hold: a streaming request whose client stops reading (it pauses: the
-# drain cannot end) until $TMPD/resume exists; output in $TMPD/hold.out
+# hold [router]: a streaming request whose client stops reading after the
+# first event until $TMPD/resume exists (output in $TMPD/hold.out). Its
+# answer (500 events, ~90 KB) cannot fit the socket buffers (~40 KB with
+# rcvbuf 2 KiB), so the answer cannot end and the drain cannot either; in
+# serve the request also pauses (kvseal_paused_requests), which the router
+# does not report.
 hold() {
-    rm -f "$TMPD/resume"
-    rawc --rcvbuf 2048 --pause-after 'data: ' --resume-on "$TMPD/resume" --body-only -o "$TMPD/hold.out" \
-        "${KS_URL##*:}" < <(rawc_request /v1/completions \
+    rm -f "$TMPD/resume" "$TMPD/held"
+    rawc --rcvbuf 2048 --pause-after 'data: ' --ready "$TMPD/held" --resume-on "$TMPD/resume" \
+        --body-only -o "$TMPD/hold.out" "${KS_URL##*:}" < <(rawc_request /v1/completions \
         '{"model":"kjv-mini","prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
     HOLD_PID=$!
-    wait_for "the holder's request to pause" metric_is "$KS_URL" kvseal_paused_requests 1
-    HOLDERS=1
+    wait_for "the holder's client to stop reading" test -e "$TMPD/held"
+    [ "${1:-}" = router ] || wait_for "the holder's request to pause" metric_is "$KS_URL" kvseal_paused_requests 1
 }
 
-# probes while draining: /health and a new request both get 503
+# probes while draining: /health and a new request both get 503 (the
+# signal is asynchronous: wait until the server says it is draining)
+draining() { [ "$(curl -s -o /dev/null -w '%{http_code}' "$KS_URL/health")" = 503 ]; }
 probe_draining() {
     local code
+    wait_for "the server to report draining" draining
     code=$(curl -s -o "$TMPD/health.json" -w '%{http_code}' "$KS_URL/health")
     expect_eq "/health while draining" "$code" 503
     expect_has "/health body" "$(cat "$TMPD/health.json")" '"status":"draining"'
@@ -111,7 +125,8 @@ wait_exit() {  # wait_exit PID WHAT: it must exit 0 by the deadline
 }
 
 # 1. serve: queued and running requests all finish after SIGTERM
-start_server "$TMPD/s1.log" "${MODEL[@]}" --max-running 2 --drain-timeout-ms 600000
+start_server "$TMPD/s1.log" "${MODEL[@]}" --max-running 1 --drain-timeout-ms 600000 \
+    --queue-timeout-ms 600000
 post "$TMPD/ref.json" '' >/dev/null
 REF=$(text_of "$TMPD/ref.json")
 [ ${#REF} -gt 100 ] || fail "reference answer too short to take time: [$REF]"
@@ -119,18 +134,17 @@ hold
 fire
 kill -TERM $KS_PID
 probe_draining
-wait "${PIDS[@]}"
-expect_all_complete
-probe_draining  # the holder still runs
-touch "$TMPD/resume"
+touch "$TMPD/resume"  # the holder reads on, then the queued requests run
 wait $HOLD_PID || fail "the holder's client failed"
 expect_eq "the holder's answer ends" "$(grep '^data: ' "$TMPD/hold.out" | tail -1)" "data: [DONE]"
+wait "${PIDS[@]}"
+expect_all_complete
 wait_exit $KS_PID "serve"
 grep -q "drained: every request finished" "$TMPD/s1.log" || fail "serve did not log the drain"
 
 # 2. a second signal aborts what is left, cleanly (the holder keeps the
 # one running slot, so the others are all still queued)
-start_server "$TMPD/s2.log" "${MODEL[@]}" --max-running 1 --drain-timeout-ms 600000
+start_server "$TMPD/s2.log" "${MODEL[@]}" --max-running 1 --drain-timeout-ms 600000 --queue-timeout-ms 600000
 hold
 fire
 kill -TERM $KS_PID
@@ -142,7 +156,7 @@ wait $HOLD_PID
 expect_eq "the holder's stream after the abort" "$(text_of "$TMPD/hold.out")" "ERROR server_shutting_down"
 
 # 3. so does the end of --drain-timeout-ms
-start_server "$TMPD/s3.log" "${MODEL[@]}" --max-running 1 --drain-timeout-ms 150
+start_server "$TMPD/s3.log" "${MODEL[@]}" --max-running 1 --drain-timeout-ms 150 --queue-timeout-ms 600000
 hold
 fire
 kill -TERM $KS_PID
@@ -152,17 +166,18 @@ expect_aborted "the drain timeout" "$TMPD/s3.log" "drain timeout: aborting"
 wait $HOLD_PID
 expect_eq "the holder's stream after the abort" "$(text_of "$TMPD/hold.out")" "ERROR server_shutting_down"
 
-# 4. the router (no holder: the router does not pause streams; the answers
-# are long enough that the probes land first)
-HOLDERS=0
-
 # 4. the router drains the same way, its workers still serving
-ROUTER_ARGS="--drain-timeout-ms 60000" start_cluster "$TMPD/c" 1 1 "${MODEL[@]}"
-fire
+ROUTER_ARGS="--drain-timeout-ms 600000" start_cluster "$TMPD/c" 1 1 "${MODEL[@]}"
+hold router
+fire router
 kill -TERM $KS_PID
 probe_draining
 wait "${PIDS[@]}"
 expect_all_complete
+probe_draining  # the holder still runs
+touch "$TMPD/resume"
+wait $HOLD_PID || fail "the holder's client failed"
+expect_eq "the holder's answer ends" "$(grep '^data: ' "$TMPD/hold.out" | tail -1)" "data: [DONE]"
 wait_exit $KS_PID "router"
 grep -q "drained: every request finished" "$TMPD/c.router" || fail "the router did not log the drain"
 KS_PID= # the router is gone: stop only the workers
