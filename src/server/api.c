@@ -428,6 +428,34 @@ void srv_request_free(srv_request *r) {
 }
 
 // ----------------------------------------------------------------------------
+// Context length before tokenizing
+
+int64_t srv_prompt_min_tokens(size_t text_bytes, size_t max_token_bytes) {
+    if (!max_token_bytes) return 0;
+    return (int64_t)((text_bytes + max_token_bytes - 1) / max_token_bytes);
+}
+
+bool srv_prompt_fits(int32_t n_ctx, size_t text_bytes, size_t max_token_bytes, int32_t max_tokens,
+                     srv_route route, srv_error *err) {
+    // Only a prompt that cannot fit by itself is refused here: anything
+    // shorter than n_ctx * max_token_bytes bytes is cheap enough to tokenize,
+    // and gets the engine's exact numbers (max_tokens too large, say).
+    int64_t lo = srv_prompt_min_tokens(text_bytes, max_token_bytes);
+    int64_t mt = max_tokens > 0 ? max_tokens : 1;
+    if (lo + 1 <= n_ctx) return true;
+    // same code and shape as the engine's exact refusal (engine_admission)
+    return srv_error_set(err, 400, "invalid_request_error", "context_length_exceeded",
+                         route == SRV_ROUTE_COMPLETIONS ? "prompt" : "messages",
+                         SRV_REJECT_CONTEXT_LENGTH,
+                         "This model's maximum context length is %d tokens. However, you "
+                         "requested at least %lld tokens (at least %lld in the prompt of %zu "
+                         "bytes, at most %zu bytes per token, %lld for the completion). Please "
+                         "reduce the length of the prompt or completion.",
+                         n_ctx, (long long)(lo + mt), (long long)lo, text_bytes, max_token_bytes,
+                         (long long)mt);
+}
+
+// ----------------------------------------------------------------------------
 // Responses and SSE
 
 void srv_make_id(const char *prefix, char *buf, size_t cap) {

@@ -57,6 +57,7 @@ struct server {
     server_backend b;       /* copy; b.impl borrowed */
     const model *m;         /* borrowed */
     const tok_vocab *vocab; /* model's */
+    size_t max_token_bytes; /* tok_max_token_bytes(vocab): prompt bytes -> tokens bound */
     srv_tenants *ts;        /* owned */
     bool log_content;
     srv_metrics met;
@@ -702,6 +703,22 @@ static void srv__submit_error(server *s, ks_err e, const ks_errbuf *eb, int32_t 
     }
 }
 
+/* A request the engine refused as too long (issue 8): the tenant is charged
+ * the prompt tokens it was tokenized into instead of getting its whole
+ * reservation back, and when tokenizing stopped early (cut) the message
+ * gives the lower bound, not the prefix's count as if it were the prompt. */
+static void srv__refused_long(server *s, srv_gen *g, srv_error *err, bool cut, int64_t charged) {
+    if (err->reject != SRV_REJECT_CONTEXT_LENGTH && err->reject != SRV_REJECT_POOL) return;
+    if (g->tenant >= 0) srv_tenants_refuse(s->ts, g->tenant, g->reserved, charged);
+    g->tenant = -1;
+    if (cut && err->reject == SRV_REJECT_CONTEXT_LENGTH)
+        snprintf(err->msg, sizeof err->msg,
+                 "This model's maximum context length is %d tokens. However, you requested at "
+                 "least %lld tokens (at least %d in the prompt, %d for the completion). Please "
+                 "reduce the length of the prompt or completion.",
+                 s->o.n_ctx, (long long)g->n_prompt + g->max_tokens, g->n_prompt, g->max_tokens);
+}
+
 static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_route route,
                                      const char *url_model, const srv_conn *sc) {
     srv_error err;
@@ -722,6 +739,9 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     size_t n_ids = 0;
     srv_gen *g = NULL;
     enum MHD_Result ret;
+    int held = -1;             // tenant admitted here, until g takes it over
+    int64_t held_reserved = 0; // tokens it took from the tenant's bucket
+    int64_t held_charge = 0;   // tokens to charge if refused as too long
     if (!srv__name_ok(s, model_name)) {
         srv_error_set(&err, 404, "invalid_request_error", "model_not_found", "model",
                       SRV_REJECT_INVALID, "The model '%s' does not exist; this server serves '%s'",
@@ -739,23 +759,57 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
         }
     }
     const char *ptext = chat ? text : rq.prompt;
+    size_t ptext_len = strlen(ptext);
+    int32_t max_tokens = rq.max_tokens;
+    if (max_tokens < 0 && route == SRV_ROUTE_COMPLETIONS) max_tokens = 16; // OpenAI's default
+    if (max_tokens < 0 && route == SRV_ROUTE_WORKERS) max_tokens = 256;    // Workers AI's
+    // Issue 8: the prompt's bytes give a lower bound on its tokens; a prompt
+    // that cannot fit even so is refused before any tokenizing, with the
+    // engine's 400, whatever the tenant's budget (it cost a parse, as a
+    // malformed body does, and is not charged). So no request tokenizes more
+    // than about n_ctx * max_token_bytes bytes.
+    if (!srv_prompt_fits(s->o.n_ctx, ptext_len, s->max_token_bytes, max_tokens, route, &err))
+        goto fail;
+    // The tenant's limits apply before the expensive work (tokenizing): on a
+    // lower bound of the tokens (chat without max_tokens reserves the whole
+    // context), raised to the exact count once tokenized.
+    int64_t min_prompt = srv_prompt_min_tokens(ptext_len, s->max_token_bytes);
+    held_reserved = max_tokens < 0 ? s->o.n_ctx : (min_prompt > 0 ? min_prompt : 1) + max_tokens;
+    char msg[256];
+    srv_reject rj = srv_tenants_admit(s->ts, tenant, held_reserved, ks_now_ns(), msg, sizeof msg);
+    if (rj != SRV_REJECT_NONE) {
+        srv_error_set(&err, 429, "rate_limit_error", "rate_limit_exceeded", NULL, rj, "%s", msg);
+        goto fail;
+    }
+    held = tenant;
     // chat templates carry special tokens as text; a raw prompt's text is never
-    // turned into control tokens (a user cannot forge turn markers)
-    if (tok_encode(s->vocab, ptext, strlen(ptext), true, chat, &ids, &n_ids, &eb)) {
+    // turned into control tokens (a user cannot forge turn markers). Stops past
+    // n_ctx tokens: more than that is refused however many there are.
+    if (tok_encode_max(s->vocab, ptext, ptext_len, true, chat, (size_t)s->o.n_ctx, &ids, &n_ids,
+                       &eb)) {
         srv_error_set(&err, 500, "server_error", NULL, NULL, SRV_REJECT_NONE, "tokenizer: %s",
                       eb.msg);
         goto fail;
     }
+    bool cut = n_ids > (size_t)s->o.n_ctx; // only a prefix: the prompt has at least n_ids
     int32_t n_prompt = n_ids > INT32_MAX ? INT32_MAX : (int32_t)n_ids;
-    int32_t max_tokens = rq.max_tokens;
+    held_charge = n_prompt; // the work done, charged if refused as too long
     if (max_tokens < 0) {
-        if (route == SRV_ROUTE_COMPLETIONS)
-            max_tokens = 16; // OpenAI's default
-        else if (route == SRV_ROUTE_WORKERS)
-            max_tokens = 256; // Workers AI's default
-        else
-            max_tokens = s->o.n_ctx - n_prompt; // chat: up to the context
+        max_tokens = s->o.n_ctx - n_prompt; // chat: up to the context
         if (max_tokens < 1) max_tokens = 1;
+    }
+    // A request that cannot fit still goes to the engine's admission for its
+    // exact refusal (I4 lives there, one contract for every front end).
+    bool over = (int64_t)n_prompt + max_tokens > s->o.n_ctx;
+    if (!over) {
+        rj = srv_tenants_grow(s->ts, tenant, held_reserved, (int64_t)n_prompt + max_tokens,
+                              ks_now_ns(), msg, sizeof msg);
+        if (rj != SRV_REJECT_NONE) {
+            srv_error_set(&err, 429, "rate_limit_error", "rate_limit_exceeded", NULL, rj, "%s",
+                          msg);
+            goto fail;
+        }
+        held_reserved = (int64_t)n_prompt + max_tokens;
     }
     if (s->log_content) ks_log(KS_LOG_INFO, "prompt (%d tokens): %s", n_prompt, ptext);
 
@@ -766,10 +820,11 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     g->s = s;
     atomic_fetch_add_explicit(&s->inflight, 1, memory_order_acq_rel);
     g->route = route;
-    g->tenant = -1;
     g->n_prompt = n_prompt;
     g->max_tokens = max_tokens;
-    g->reserved = (int64_t)n_prompt + max_tokens;
+    g->reserved = held_reserved;
+    g->tenant = held; // g releases the tenant from here on
+    held = -1;
     g->created = (long long)time(NULL);
     g->logprobs = rq.logprobs;
     g->top = rq.top_logprobs;
@@ -784,20 +839,6 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     if (ci) g->fd = ci->connect_fd;
     g->conn = c;
 
-    // Tenant limits first, except for a request that cannot fit the context:
-    // that one goes straight to the engine's admission for its exact message
-    // (400 context_length_exceeded, whatever the tenant's budget).
-    char msg[256];
-    bool over = g->reserved > s->o.n_ctx;
-    if (!over) {
-        srv_reject rj = srv_tenants_admit(s->ts, tenant, g->reserved, ks_now_ns(), msg, sizeof msg);
-        if (rj != SRV_REJECT_NONE) {
-            srv_error_set(&err, 429, "rate_limit_error", "rate_limit_exceeded", NULL, rj, "%s",
-                          msg);
-            goto fail;
-        }
-        g->tenant = tenant;
-    }
     engine_params p = {0};
     p.tenant = s->ts->t[tenant].name; // from authentication only (I7)
     p.cache_domain = s->ts->t[tenant].cache_domain;
@@ -814,16 +855,8 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     if (e) {
         g->req = NULL;
         srv__submit_error(s, e, &eb, n_prompt, max_tokens, route, &err);
+        srv__refused_long(s, g, &err, cut, held_charge);
         goto fail;
-    }
-    if (over) { // the engine took it after all: the tenant's limits still apply
-        srv_reject rj = srv_tenants_admit(s->ts, tenant, g->reserved, ks_now_ns(), msg, sizeof msg);
-        if (rj != SRV_REJECT_NONE) {
-            srv_error_set(&err, 429, "rate_limit_error", "rate_limit_exceeded", NULL, rj, "%s",
-                          msg);
-            goto fail;
-        }
-        g->tenant = tenant;
     }
     free(ids);
     free(text);
@@ -864,6 +897,9 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     srv_metrics_request(&s->met, route, 200);
     return ret;
 fail:
+    if (held >= 0)
+        srv_tenants_refuse(s->ts, held, held_reserved,
+                           err.reject == SRV_REJECT_CONTEXT_LENGTH ? held_charge : 0);
     srv__gen_free(g);
     free(ids);
     free(text);
@@ -1213,6 +1249,7 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     s->b = *b;
     s->m = m;
     s->vocab = model_vocab(m);
+    s->max_token_bytes = tok_max_token_bytes(s->vocab);
     srv_metrics_init(&s->met);
     if (o->tenants_path) {
         size_t len = 0;

@@ -107,6 +107,19 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
 /* Frees what srv_request_parse allocated; accepts a zeroed request. */
 void srv_request_free(srv_request *r);
 
+/* A lower bound on the tokens of a prompt text of text_bytes bytes when no
+ * token stands for more than max_token_bytes bytes (tok_max_token_bytes):
+ * ceil(text_bytes / max_token_bytes); 0 when that is 0 (no bound). Pure. */
+int64_t srv_prompt_min_tokens(size_t text_bytes, size_t max_token_bytes);
+/* The check made before tokenizing (issue 8): true when the prompt's lower
+ * bound leaves room for at least one generated token in n_ctx (so at most
+ * about n_ctx * max_token_bytes bytes are ever tokenized); otherwise fills
+ * *err with the 400 context_length_exceeded the engine would give, saying
+ * "at least" (max_tokens, <= 0 when the route's default depends on the
+ * prompt, is only quoted), and returns false. Pure. */
+bool srv_prompt_fits(int32_t n_ctx, size_t text_bytes, size_t max_token_bytes, int32_t max_tokens,
+                     srv_route route, srv_error *err /* OUT */);
+
 // ----------------------------------------------------------------------------
 // Responses and SSE framing
 
@@ -192,6 +205,20 @@ srv_reject srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t no
                              size_t cap);
 /* Ends an admitted request, refunding `unused` tokens. Thread-safe. */
 void srv_tenants_release(srv_tenants *ts, int i, int64_t unused);
+/* Raises an admitted request's reservation from `reserved` tokens (what
+ * srv_tenants_admit took: a lower bound known before tokenizing) to its
+ * exact `tokens`, taking the difference from the bucket. Returns
+ * SRV_REJECT_NONE, or SRV_REJECT_TENANT_RATE (msg filled, nothing taken;
+ * the request is still admitted: end it with srv_tenants_refuse).
+ * Thread-safe. */
+srv_reject srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t tokens,
+                            uint64_t now_ns, char *msg, size_t cap);
+/* Ends an admitted request that was refused after doing `charged` tokens
+ * of work (the prompt tokens it was tokenized into): of the `reserved`
+ * tokens it holds, the rest is refunded, or the difference taken when the
+ * work was more (the bucket may go below zero, a debt that refilling pays
+ * off). Thread-safe; can't fail. */
+void srv_tenants_refuse(srv_tenants *ts, int i, int64_t reserved, int64_t charged);
 
 // ----------------------------------------------------------------------------
 // Metrics

@@ -183,6 +183,31 @@ static void test_request_invalid(void) {
 // ----------------------------------------------------------------------------
 // Error shapes and SSE
 
+/* Issue 8: the byte bound on a prompt's tokens, checked before tokenizing. */
+static void test_prompt_bound(void) {
+    CHECK_EQ(srv_prompt_min_tokens(0, 14), 0);
+    CHECK_EQ(srv_prompt_min_tokens(1, 14), 1);
+    CHECK_EQ(srv_prompt_min_tokens(14, 14), 1);
+    CHECK_EQ(srv_prompt_min_tokens(15, 14), 2);
+    CHECK_EQ(srv_prompt_min_tokens(1000000, 0), 0); // no bound known
+    srv_error e;
+    memset(&e, 0, sizeof e);
+    // 511 prompt tokens of 14 bytes at most leave one for the completion:
+    // 7154 bytes may fit (then max_tokens is the engine's to judge), 7155 cannot
+    CHECK(srv_prompt_fits(512, 7154, 14, 16, SRV_ROUTE_COMPLETIONS, &e));
+    CHECK(!srv_prompt_fits(512, 7155, 14, 16, SRV_ROUTE_COMPLETIONS, &e));
+    CHECK_EQ(e.status, 400);
+    CHECK_STR_EQ(e.code, "context_length_exceeded");
+    CHECK_STR_EQ(e.param, "prompt");
+    CHECK_EQ(e.reject, SRV_REJECT_CONTEXT_LENGTH);
+    CHECK_STR_HAS(e.msg, "maximum context length is 512 tokens");
+    CHECK_STR_HAS(e.msg, "at least 512 in the prompt of 7155 bytes");
+    CHECK(srv_prompt_fits(512, 511 * 14, 14, -1, SRV_ROUTE_CHAT, &e));
+    CHECK(!srv_prompt_fits(512, 511 * 14 + 1, 14, -1, SRV_ROUTE_CHAT, &e));
+    CHECK_STR_EQ(e.param, "messages");
+    CHECK(srv_prompt_fits(512, 100000000, 0, 16, SRV_ROUTE_WORKERS, &e)); // no bound: tokenize
+}
+
 static void test_error_shapes(void) {
     srv_error e;
     srv_error_set(&e, 400, "invalid_request_error", "context_length_exceeded", "messages",
@@ -321,6 +346,33 @@ static void test_tenants(void) {
     CHECK_NEAR(ts->t[0].bucket, 0, 1e-6);
     srv_tenants_release(ts, 0, 0);
     CHECK_EQ(ts->t[0].running, 0);
+
+    // issue 8: admitted on a lower bound, grown to the exact count once
+    // tokenized; refused work is charged, even past the bucket (a debt)
+    uint64_t t1 = t0 + 7200000000000ull; // bucket full again: 600
+    CHECK_EQ(srv_tenants_admit(ts, 0, 100, t1, msg, sizeof msg), SRV_REJECT_NONE);
+    CHECK_EQ(srv_tenants_grow(ts, 0, 100, 300, t1, msg, sizeof msg), SRV_REJECT_NONE);
+    CHECK_NEAR(ts->t[0].bucket, 300, 1e-6);
+    CHECK_EQ(srv_tenants_grow(ts, 0, 300, 700, t1, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    CHECK_STR_HAS(msg, "lower max_tokens");
+    CHECK_EQ(srv_tenants_grow(ts, 0, 300, 601, t1, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 200, t1, msg, sizeof msg), SRV_REJECT_NONE); // 100 left
+    CHECK_EQ(srv_tenants_grow(ts, 0, 300, 500, t1, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    CHECK_STR_HAS(msg, "request needs 500, 400 available now");
+    CHECK_NEAR(ts->t[0].bucket, 100, 1e-6); // a refused grow takes nothing
+    srv_tenants_release(ts, 0, 200);
+    CHECK_NEAR(ts->t[0].bucket, 300, 1e-6);
+    srv_tenants_refuse(ts, 0, 300, 250);    // 250 tokens of work: 50 back
+    CHECK_NEAR(ts->t[0].bucket, 350, 1e-6);
+    CHECK_EQ(ts->t[0].running, 0);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 300, t1, msg, sizeof msg), SRV_REJECT_NONE);
+    srv_tenants_refuse(ts, 0, 300, 513); // charged more than it reserved
+    CHECK_NEAR(ts->t[0].bucket, -163, 1e-6);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 1, t1, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    // the debt is paid by refilling (10 per second): 17 s later 7 are there
+    CHECK_EQ(srv_tenants_admit(ts, 0, 7, t1 + 17000000000ull, msg, sizeof msg), SRV_REJECT_NONE);
+    srv_tenants_release(ts, 0, 0);
+    CHECK_EQ(ts->t[0].running, 0);
     srv_tenants_free(ts);
 
     // anonymous: tenant 0 "default", any key
@@ -453,6 +505,7 @@ int main(void) {
     CHECK(sodium_init() >= 0);
     test_request_valid();
     test_request_invalid();
+    test_prompt_bound();
     test_error_shapes();
     test_sse();
     test_tenants();
