@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 // ----------------------------------------------------------------------------
 // Names
@@ -77,6 +78,93 @@ char *srv_error_json(srv_route route, const srv_error *e) {
     json_decref(j);
     return s;
 }
+
+// ----------------------------------------------------------------------------
+// HTTP framing
+
+/* v without the optional whitespace around it, as [*start, *start + *n). */
+static void api__trim(const char *v, const char **start, size_t *n) {
+    while (*v == ' ' || *v == '\t')
+        v++;
+    size_t len = strlen(v);
+    while (len && (v[len - 1] == ' ' || v[len - 1] == '\t'))
+        len--;
+    *start = v;
+    *n = len;
+}
+
+static bool api__token_is(const char *v, const char *token) {
+    const char *t;
+    size_t n;
+    api__trim(v, &t, &n);
+    return n == strlen(token) && !strncasecmp(t, token, n);
+}
+
+void srv_framing_add(srv_framing *f, const char *name, const char *value) {
+    if (!name) return;
+    if (!value) value = "";
+    if (!strcasecmp(name, "Content-Length")) {
+        if (f->n_content_length++ == 0) {
+            f->content_length = value;
+        } else {
+            const char *a, *b;
+            size_t na, nb;
+            api__trim(f->content_length, &a, &na);
+            api__trim(value, &b, &nb);
+            if (na != nb || memcmp(a, b, na) != 0) f->content_length_differ = true;
+        }
+    } else if (!strcasecmp(name, "Transfer-Encoding")) {
+        f->n_transfer_encoding++;
+        if (!api__token_is(value, "chunked")) f->transfer_encoding = value;
+    } else if (!strcasecmp(name, "Content-Encoding")) {
+        if (!api__token_is(value, "identity") && !f->content_encoding) f->content_encoding = value;
+    } else if (!strcasecmp(name, "Authorization")) {
+        f->n_authorization++;
+    }
+}
+
+#define FRAMING(err, status, code, ...)                                                            \
+    srv_error_set(err, status, "invalid_request_error", code, NULL, SRV_REJECT_INVALID, __VA_ARGS__)
+
+bool srv_framing_check(const srv_framing *f, srv_error *err) {
+    if (f->content_length_differ)
+        return FRAMING(err, 400, "invalid_framing",
+                       "the request has Content-Length headers with different values");
+    if (f->n_content_length && f->n_transfer_encoding)
+        return FRAMING(err, 400, "invalid_framing",
+                       "the request has both Content-Length and Transfer-Encoding; send one");
+    if (f->transfer_encoding)
+        return FRAMING(err, 501, "unsupported_transfer_encoding",
+                       "Transfer-Encoding '%.64s' is not supported: only 'chunked'",
+                       f->transfer_encoding);
+    if (f->n_transfer_encoding > 1)
+        return FRAMING(err, 400, "invalid_framing",
+                       "the Transfer-Encoding header appears %d times; send it once",
+                       f->n_transfer_encoding);
+    if (f->content_encoding)
+        return FRAMING(err, 415, "unsupported_content_encoding",
+                       "Content-Encoding '%.64s' is not supported: send the body uncompressed",
+                       f->content_encoding);
+    if (f->n_authorization > 1)
+        return FRAMING(err, 400, "duplicate_header",
+                       "the Authorization header appears %d times; send it once",
+                       f->n_authorization);
+    return true;
+}
+
+bool srv_path_check(const char *raw, srv_error *err) {
+    for (const char *p = raw; *p && *p != '?'; p++) {
+        if (p[0] != '%' || !p[1] || !p[2]) continue;
+        if (p[1] == '2' && (p[2] == 'F' || p[2] == 'f'))
+            return FRAMING(err, 400, "invalid_path",
+                           "the path may not contain an encoded slash (%%2F)");
+        if (p[1] == '0' && p[2] == '0')
+            return FRAMING(err, 400, "invalid_path", "the path may not contain an encoded NUL (%%00)");
+    }
+    return true;
+}
+
+#undef FRAMING
 
 // ----------------------------------------------------------------------------
 // Request parsing

@@ -74,6 +74,7 @@ typedef struct srv_conn {
     size_t body_seen; /* bytes received (counted past the limit too) */
     bool too_large;
     bool started;
+    bool refused; /* answered before its body (bad framing or path): ignore the rest */
 } srv_conn;
 
 /* One generation in flight; owned by the handler (non-streaming) or by the
@@ -169,6 +170,7 @@ static enum MHD_Result srv__reply(server *s, struct MHD_Connection *c, srv_route
     if (!r) return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    if (status == 415) MHD_add_response_header(r, "Accept-Encoding", "identity"); // RFC 9110 15.5.16
     if (status == 405) {
         // /admin/kv/check is the one GET among the admin routes
         const char *allow =
@@ -1112,15 +1114,55 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
     }
 }
 
+/* The route an error answer's shape follows, before dispatch. */
+static srv_route srv__route_of(const char *url) {
+    return !strcmp(url, "/v1/chat/completions") ? SRV_ROUTE_CHAT
+           : !strcmp(url, "/v1/completions")    ? SRV_ROUTE_COMPLETIONS
+           : !strncmp(url, "/accounts/", 10)    ? SRV_ROUTE_WORKERS
+                                                : SRV_ROUTE_OTHER;
+}
+
+/* MHD decodes the path before srv__access sees it, so %2F and %00 are
+ * looked for in the raw target here; what this returns becomes the
+ * request's first *con_cls: NULL, or this mark for a bad path. Static, so
+ * nothing leaks if the request dies before srv__access runs. */
+static char srv__bad_path;
+static void *srv__uri_log(void *cls, const char *uri, struct MHD_Connection *c) {
+    (void)cls, (void)c;
+    srv_error err;
+    return uri && !srv_path_check(uri, &err) ? &srv__bad_path : NULL;
+}
+
+static enum MHD_Result srv__framing_it(void *cls, enum MHD_ValueKind kind, const char *key,
+                                       const char *value) {
+    (void)kind;
+    srv_framing_add(cls, key, value);
+    return MHD_YES;
+}
+
 static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const char *url,
                                    const char *method, const char *version, const char *upload,
                                    size_t *upload_size, void **con_cls) {
     (void)version;
     server *s = cls;
     srv_conn *sc = *con_cls;
-    if (!sc) {
+    if (!sc || sc == (void *)&srv__bad_path) {
+        bool bad_path = sc != NULL;
         if (!(sc = calloc(1, sizeof *sc))) return MHD_NO;
         *con_cls = sc;
+        // framing and path first (RFC 9112): refused before any body byte
+        // is read, and MHD closes the connection, so nothing is smuggled
+        srv_error err;
+        srv_framing f = {0};
+        MHD_get_connection_values(c, MHD_HEADER_KIND, srv__framing_it, &f);
+        if (bad_path)
+            srv_error_set(&err, 400, "invalid_request_error", "invalid_path", NULL,
+                          SRV_REJECT_INVALID,
+                          "the path may not contain an encoded slash (%%2F) or NUL (%%00)");
+        if (bad_path || !srv_framing_check(&f, &err)) {
+            sc->refused = true;
+            return srv__reply_error(s, c, srv__route_of(url), &err);
+        }
         // refuse an announced oversized body before reading any of it
         const char *cl =
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -1130,18 +1172,17 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
             if (*end == '\0' && n > s->o.max_body_bytes) {
                 sc->too_large = true;
                 sc->body_seen = (size_t)n;
-                srv_error err;
                 srv_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
                               SRV_REJECT_INVALID,
                               "request body of %llu bytes exceeds the limit of %zu bytes", n,
                               s->o.max_body_bytes);
-                srv_route route = !strcmp(url, "/v1/chat/completions") ? SRV_ROUTE_CHAT
-                                  : !strcmp(url, "/v1/completions")    ? SRV_ROUTE_COMPLETIONS
-                                  : !strncmp(url, "/accounts/", 10)    ? SRV_ROUTE_WORKERS
-                                                                       : SRV_ROUTE_OTHER;
-                return srv__reply_error(s, c, route, &err);
+                return srv__reply_error(s, c, srv__route_of(url), &err);
             }
         }
+        return MHD_YES;
+    }
+    if (sc->refused) { // already answered: drop whatever MHD still hands over
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size) {
@@ -1305,6 +1346,7 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, srv__access, s,
                             MHD_OPTION_EXTERNAL_LOGGER, srv__mhd_log, s, MHD_OPTION_SOCK_ADDR,
                             ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, srv__completed, s,
+                            MHD_OPTION_URI_LOG_CALLBACK, srv__uri_log, s,
                             MHD_OPTION_CONNECTION_LIMIT,
                             (unsigned)(o->max_connections ? o->max_connections : 256),
                             MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s, MHD_OPTION_END);

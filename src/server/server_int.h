@@ -72,6 +72,39 @@ bool srv_error_set(srv_error *e, int status, const char *type, const char *code,
 char *srv_error_json(srv_route route, const srv_error *e);
 
 // ----------------------------------------------------------------------------
+// HTTP framing (RFC 9112), checked before any body byte is read
+
+/* The headers that decide how a request's body is framed and whose it is,
+ * as srv__access collects them (MHD keeps every field separately). Values
+ * point into the connection (MHD's storage); zero-initialize. */
+typedef struct srv_framing {
+    int n_content_length;           /* Content-Length fields */
+    const char *content_length;     /* the first one's value */
+    bool content_length_differ;     /* another one said something else */
+    int n_transfer_encoding;        /* Transfer-Encoding fields */
+    const char *transfer_encoding;  /* a value other than "chunked", or NULL */
+    const char *content_encoding;   /* a Content-Encoding other than identity, or NULL */
+    int n_authorization;            /* Authorization fields */
+} srv_framing;
+
+/* Adds one request header to f (names compared case-insensitively);
+ * for MHD_get_connection_values. Pure; can't fail. */
+void srv_framing_add(srv_framing *f, const char *name, const char *value);
+/* True when the body's framing is unambiguous and supported; otherwise
+ * fills *err and returns false: 400 two different Content-Lengths, 400
+ * Content-Length together with Transfer-Encoding (request smuggling: two
+ * parsers may disagree on where the body ends), 501 a transfer coding
+ * other than chunked, 415 a content coding other than identity (bodies are
+ * read as they come, never decompressed), 400 Authorization sent more than
+ * once (which key would be meant is ambiguous). Pure. */
+bool srv_framing_check(const srv_framing *f, srv_error *err /* OUT */);
+/* True when the raw request target's path (before percent-decoding, up to
+ * '?') has no %2F (a slash decoding would make out of a path segment) and
+ * no %00 (a NUL that would cut the decoded path short); otherwise fills
+ * *err (400) and returns false. Pure. */
+bool srv_path_check(const char *raw_target, srv_error *err /* OUT */);
+
+// ----------------------------------------------------------------------------
 // Requests
 
 #define SRV_MAX_STOPS 4
@@ -223,7 +256,7 @@ void srv_tenants_refuse(srv_tenants *ts, int i, int64_t reserved, int64_t charge
 // ----------------------------------------------------------------------------
 // Metrics
 
-#define SRV_N_STATUS 12
+#define SRV_N_STATUS 14
 
 typedef struct srv_hist {
     const double *bounds; /* (n) upper bounds, seconds */

@@ -71,5 +71,45 @@ req "meter charged" 429 -H "Authorization: Bearer sk-meter" "$U/v1/completions" 
     -d '{"model":"kjv","prompt":"In","max_tokens":400}'
 expect_has "meter charged" "$BODY" "1200 tokens per minute"
 
+# ---- 2. HTTP framing (RFC 9112), with exact bytes (rawc)
+# raw NAME WANT_STATUS WANT_CODE REQUEST : sends REQUEST, checks the status
+# line and the error code, and that exactly one answer came back on a
+# connection the server then closed (nothing smuggled after the body)
+raw() {
+    local name=$1 status=$2 code=$3 out
+    out=$(printf '%s' "$4" | rawc "$PORT") || fail "$name: rawc failed"
+    OUT=$out
+    expect_has "$name: status" "$(head -1 <<<"$out")" "HTTP/1.1 $status"
+    [ -n "$code" ] && expect_has "$name: code" "$out" "\"code\":\"$code\""
+    expect_eq "$name: answers" "$(grep -c '^HTTP/1.1 ' <<<"$out")" 1
+}
+nl=$'\r\n'
+B='{"model":"kjv","prompt":"In","max_tokens":2}'
+H="Host: 127.0.0.1${nl}Authorization: Bearer sk-acme${nl}"
+SMUGGLED="GET /health HTTP/1.1${nl}Host: x${nl}${nl}"
+raw "two Content-Lengths" 400 invalid_framing \
+    "POST /v1/completions HTTP/1.1${nl}${H}Content-Length: ${#B}${nl}Content-Length: 5${nl}${nl}$B$SMUGGLED"
+raw "same Content-Length twice" 200 "" \
+    "POST /v1/completions HTTP/1.1${nl}${H}Content-Length: ${#B}${nl}Content-Length: ${#B}${nl}Connection: close${nl}${nl}$B"
+raw "Content-Length with Transfer-Encoding" 400 invalid_framing \
+    "POST /v1/completions HTTP/1.1${nl}${H}Content-Length: 4${nl}Transfer-Encoding: chunked${nl}${nl}$(printf '%x' ${#B})${nl}$B${nl}0${nl}${nl}$SMUGGLED"
+raw "unknown transfer coding" 501 unsupported_transfer_encoding \
+    "POST /v1/completions HTTP/1.1${nl}${H}Transfer-Encoding: gzip, chunked${nl}${nl}$(printf '%x' ${#B})${nl}$B${nl}0${nl}${nl}"
+raw "Content-Encoding" 415 unsupported_content_encoding \
+    "POST /v1/completions HTTP/1.1${nl}${H}Content-Length: ${#B}${nl}Content-Encoding: gzip${nl}Connection: close${nl}${nl}$B"
+raw "Content-Encoding identity" 200 "" \
+    "POST /v1/completions HTTP/1.1${nl}${H}Content-Length: ${#B}${nl}Content-Encoding: identity${nl}Connection: close${nl}${nl}$B"
+raw "%2F in the path" 400 invalid_path \
+    "POST /v1%2Fcompletions HTTP/1.1${nl}${H}Content-Length: ${#B}${nl}Connection: close${nl}${nl}$B"
+raw "%2f in an account" 400 "" \
+    "POST /accounts/a%2fb/ai/run/kjv HTTP/1.1${nl}${H}Content-Length: ${#B}${nl}Connection: close${nl}${nl}$B"
+expect_has "%2f in an account: Workers AI shape" "$OUT" '"success":false'
+raw "%00 in the path" 400 invalid_path \
+    "POST /v1/completions%00.json HTTP/1.1${nl}${H}Content-Length: ${#B}${nl}Connection: close${nl}${nl}$B"
+raw "two Authorization headers" 400 duplicate_header \
+    "POST /v1/completions HTTP/1.1${nl}${H}Authorization: Bearer sk-solo${nl}Content-Length: ${#B}${nl}Connection: close${nl}${nl}$B"
+raw "plain request still fine" 200 "" \
+    "POST /v1/completions HTTP/1.1${nl}${H}Content-Length: ${#B}${nl}Connection: close${nl}${nl}$B"
+
 echo "serve contract ok"
 stop_server

@@ -208,6 +208,56 @@ static void test_prompt_bound(void) {
     CHECK(srv_prompt_fits(512, 100000000, 0, 16, SRV_ROUTE_WORKERS, &e)); // no bound: tokenize
 }
 
+/* Issue 8: request framing (RFC 9112) and raw paths. */
+static void check_framing(const char *const *hdrs, int status, const char *code) {
+    srv_framing f = {0};
+    for (int i = 0; hdrs[i]; i += 2)
+        srv_framing_add(&f, hdrs[i], hdrs[i + 1]);
+    srv_error e;
+    memset(&e, 0, sizeof e);
+    bool ok = srv_framing_check(&f, &e);
+    CHECK_EQ(ok, status == 0);
+    if (!ok) {
+        CHECK_EQ(e.status, status);
+        CHECK_STR_EQ(e.code, code);
+        CHECK_EQ(e.reject, SRV_REJECT_INVALID);
+    }
+}
+
+static void test_framing(void) {
+    const char *plain[] = {"Host", "x", "Content-Length", "12", "Authorization", "Bearer k", NULL};
+    check_framing(plain, 0, NULL);
+    const char *same[] = {"Content-Length", "12", "content-length", " 12 ", NULL};
+    check_framing(same, 0, NULL);
+    const char *differ[] = {"Content-Length", "12", "Content-Length", "5", NULL};
+    check_framing(differ, 400, "invalid_framing");
+    const char *cl_te[] = {"Content-Length", "12", "Transfer-Encoding", "chunked", NULL};
+    check_framing(cl_te, 400, "invalid_framing");
+    const char *chunked[] = {"transfer-encoding", "Chunked", NULL};
+    check_framing(chunked, 0, NULL);
+    const char *te_twice[] = {"Transfer-Encoding", "chunked", "Transfer-Encoding", "chunked", NULL};
+    check_framing(te_twice, 400, "invalid_framing");
+    const char *te_gzip[] = {"Transfer-Encoding", "gzip, chunked", NULL};
+    check_framing(te_gzip, 501, "unsupported_transfer_encoding");
+    const char *ce[] = {"Content-Length", "3", "Content-Encoding", "br", NULL};
+    check_framing(ce, 415, "unsupported_content_encoding");
+    const char *ce_id[] = {"Content-Length", "3", "Content-Encoding", "identity", NULL};
+    check_framing(ce_id, 0, NULL);
+    const char *auth2[] = {"Authorization", "Bearer a", "authorization", "Bearer a", NULL};
+    check_framing(auth2, 400, "duplicate_header");
+
+    srv_error e;
+    CHECK(srv_path_check("/v1/completions", &e));
+    CHECK(srv_path_check("/v1/completions?x=%2F&y=%00", &e)); // the query is not the path
+    CHECK(srv_path_check("/accounts/a%20b/ai/run/@cf/x", &e));
+    CHECK(srv_path_check("/v1/completions%", &e));
+    CHECK(!srv_path_check("/v1%2Fcompletions", &e));
+    CHECK_EQ(e.status, 400);
+    CHECK_STR_EQ(e.code, "invalid_path");
+    CHECK(!srv_path_check("/accounts/a%2fb/ai/run/kjv", &e));
+    CHECK(!srv_path_check("/v1/completions%00", &e));
+}
+
 static void test_error_shapes(void) {
     srv_error e;
     srv_error_set(&e, 400, "invalid_request_error", "context_length_exceeded", "messages",
@@ -506,6 +556,7 @@ int main(void) {
     test_request_valid();
     test_request_invalid();
     test_prompt_bound();
+    test_framing();
     test_error_shapes();
     test_sse();
     test_tenants();
