@@ -170,7 +170,8 @@ static enum MHD_Result srv__reply(server *s, struct MHD_Connection *c, srv_route
     if (!r) return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
-    if (status == 415) MHD_add_response_header(r, "Accept-Encoding", "identity"); // RFC 9110 15.5.16
+    if (status == 415)
+        MHD_add_response_header(r, "Accept-Encoding", "identity"); // RFC 9110 15.5.16
     if (status == 405) {
         // /admin/kv/check is the one GET among the admin routes
         const char *allow =

@@ -78,13 +78,13 @@ char *srv_error_json(srv_route route, const srv_error *e);
  * as srv__access collects them (MHD keeps every field separately). Values
  * point into the connection (MHD's storage); zero-initialize. */
 typedef struct srv_framing {
-    int n_content_length;           /* Content-Length fields */
-    const char *content_length;     /* the first one's value */
-    bool content_length_differ;     /* another one said something else */
-    int n_transfer_encoding;        /* Transfer-Encoding fields */
-    const char *transfer_encoding;  /* a value other than "chunked", or NULL */
-    const char *content_encoding;   /* a Content-Encoding other than identity, or NULL */
-    int n_authorization;            /* Authorization fields */
+    int n_content_length;          /* Content-Length fields */
+    const char *content_length;    /* the first one's value */
+    bool content_length_differ;    /* another one said something else */
+    int n_transfer_encoding;       /* Transfer-Encoding fields */
+    const char *transfer_encoding; /* a value other than "chunked", or NULL */
+    const char *content_encoding;  /* a Content-Encoding other than identity, or NULL */
+    int n_authorization;           /* Authorization fields */
 } srv_framing;
 
 /* Adds one request header to f (names compared case-insensitively);

@@ -111,5 +111,30 @@ raw "two Authorization headers" 400 duplicate_header \
 raw "plain request still fine" 200 "" \
     "POST /v1/completions HTTP/1.1${nl}${H}Content-Length: ${#B}${nl}Connection: close${nl}${nl}$B"
 
+# ---- 3. request fields: what kvseal does not implement is refused by name
+# (never silently ignored), the same way on every route; `model` is required
+# on the OpenAI routes as in OpenAI, and comes from the URL on Workers AI
+MSG='"messages":[{"role":"user","content":"In the beginning"}]'
+for field in echo suffix best_of logit_bias response_format tools tool_choice grammar; do
+    req "completions $field" 400 "${A[@]}" "$U/v1/completions" \
+        -d "{\"model\":\"kjv\",\"prompt\":\"In\",\"max_tokens\":2,\"$field\":1}"
+    expect_has "completions $field" "$BODY" "\"param\":\"$field\",\"code\":\"unsupported_parameter\""
+    req "chat $field" 400 "${A[@]}" "$U/v1/chat/completions" \
+        -d "{\"model\":\"kjv\",$MSG,\"max_tokens\":2,\"$field\":{}}"
+    expect_has "chat $field" "$BODY" "\"param\":\"$field\",\"code\":\"unsupported_parameter\""
+    req "workers $field" 400 "${A[@]}" "$U/accounts/a/ai/run/kjv" \
+        -d "{\"prompt\":\"In\",\"max_tokens\":2,\"$field\":null}"
+    expect_has "workers $field" "$BODY" "'$field' is not supported"
+done
+req "completions without model" 400 "${A[@]}" "$U/v1/completions" -d '{"prompt":"In","max_tokens":2}'
+expect_has "completions without model" "$BODY" '"param":"model","code":"missing_required_parameter"'
+req "chat without model" 400 "${A[@]}" "$U/v1/chat/completions" -d "{$MSG,\"max_tokens\":2}"
+expect_has "chat without model" "$BODY" '"param":"model","code":"missing_required_parameter"'
+req "workers: the model is the URL's" 200 "${A[@]}" "$U/accounts/a/ai/run/kjv" -d '{"prompt":"In","max_tokens":2}'
+# the harmless OpenAI fields are taken (user; n of 1; stream_options.include_usage)
+req "harmless fields" 200 "${A[@]}" "$U/v1/chat/completions" \
+    -d "{\"model\":\"kjv\",$MSG,\"max_tokens\":2,\"user\":\"u-1\",\"n\":1,\"stream_options\":{\"include_usage\":false}}"
+expect_has "harmless fields" "$BODY" '"object":"chat.completion"'
+
 echo "serve contract ok"
 stop_server

@@ -51,7 +51,7 @@ static void test_request_valid(void) {
         "\"top_p\":0.9,\"top_k\":5,\"min_p\":0.1,\"seed\":42,\"stop\":[\"a\",\"bc\"],"
         "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"logprobs\":3,"
         "\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,\"repetition_penalty\":1.1,"
-        "\"n\":1,\"user\":\"u\",\"unknown_field\":[1,2]}");
+        "\"n\":1,\"user\":\"u\"}");
     CHECK_STR_EQ(r.model, "kjv");
     CHECK_STR_EQ(r.prompt, "In the beginning");
     CHECK_EQ(r.max_tokens, 60);
@@ -70,16 +70,17 @@ static void test_request_valid(void) {
     srv_request_free(&r);
 
     // defaults: OpenAI's sampling, max_tokens left to the route, a random seed
-    r = parse_ok(SRV_ROUTE_COMPLETIONS, "{\"prompt\":[\"only one\"]}");
+    r = parse_ok(SRV_ROUTE_COMPLETIONS, "{\"model\":\"m\",\"prompt\":[\"only one\"]}");
     CHECK_STR_EQ(r.prompt, "only one");
     CHECK_EQ(r.max_tokens, -1);
     CHECK(r.sp.temperature == 1.0f && r.sp.top_p == 1.0f && r.sp.top_k == 0 && r.sp.min_p == 0.0f);
-    CHECK(!r.seeded && !r.stream && !r.logprobs && r.n_stops == 0 && r.model == NULL);
+    CHECK(!r.seeded && !r.stream && !r.logprobs && r.n_stops == 0);
     srv_request_free(&r);
     // max_completion_tokens is accepted; a stop string alone
-    r = parse_ok(SRV_ROUTE_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
-                                 "\"max_completion_tokens\":7,\"stop\":\"\\n\",\"logprobs\":true,"
-                                 "\"top_logprobs\":2}");
+    r = parse_ok(SRV_ROUTE_CHAT,
+                 "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                 "\"max_completion_tokens\":7,\"stop\":\"\\n\",\"logprobs\":true,"
+                 "\"top_logprobs\":2}");
     CHECK_EQ(r.max_tokens, 7);
     CHECK_EQ(r.n_stops, 1);
     CHECK_STR_EQ(r.stops[0], "\n");
@@ -88,7 +89,7 @@ static void test_request_valid(void) {
 
     // chat messages, text parts joined
     r = parse_ok(SRV_ROUTE_CHAT,
-                 "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                 "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
                  "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hel\"},"
                  "{\"type\":\"text\",\"text\":\"lo \\u00e9\"}]}]}");
     CHECK_EQ(r.n_msgs, 2);
@@ -160,7 +161,7 @@ static void test_request_invalid(void) {
                    "'stop[1]' must be a string");
     expect_invalid(C, "{\"prompt\":\"x\",\"stream_options\":3}", "stream_options", NULL, "object");
     // chat: messages
-    expect_invalid(H, "{\"prompt\":\"x\"}", "messages", "missing_required_parameter", "required");
+    expect_invalid(H, "{\"max_tokens\":2}", "messages", "missing_required_parameter", "required");
     expect_invalid(H, "{\"messages\":[]}", "messages", NULL, "must not be empty");
     expect_invalid(H, "{\"messages\":{}}", "messages", NULL, "must be an array");
     expect_invalid(H, "{\"messages\":[\"hi\"]}", "messages[0]", NULL, "must be an object");
@@ -174,6 +175,49 @@ static void test_request_invalid(void) {
                    "top_logprobs", NULL, "requires 'logprobs'");
     expect_invalid(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":3}",
                    "logprobs", NULL, "boolean");
+    // issue 8: a model is required (OpenAI), except on Workers AI (in the URL)
+    expect_invalid(C, "{\"prompt\":\"x\"}", "model", "missing_required_parameter",
+                   "you must provide a model parameter");
+    expect_invalid(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"model\":null}",
+                   "model", "missing_required_parameter", "model");
+    // issue 8: every field kvseal does not implement is refused by name, on
+    // every route, rather than ignored
+    static const char *const unsupported[] = {
+        "echo",        "suffix",      "best_of", "logit_bias", "response_format",
+        "tools",       "tool_choice", "grammar", "functions",  "parallel_tool_calls",
+        "json_schema", "raw",         "lora",    "tenant",     "unknown_field",
+    };
+    for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"x\",\"%s\":1}", unsupported[i]);
+        expect_invalid(C, body, unsupported[i], "unsupported_parameter", unsupported[i]);
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"%s\":true}", unsupported[i]);
+        expect_invalid(W, body, unsupported[i], "unsupported_parameter", "Unsupported parameter");
+        snprintf(
+            body, sizeof body,
+            "{\"model\":\"m\",\"%s\":null,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+            unsupported[i]);
+        expect_invalid(H, body, unsupported[i], "unsupported_parameter", unsupported[i]);
+    }
+    // route-specific: what one route implements another refuses
+    expect_invalid(C, "{\"model\":\"m\",\"prompt\":\"x\",\"top_logprobs\":1}", "top_logprobs",
+                   "unsupported_parameter", "top_logprobs");
+    expect_invalid(H,
+                   "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                   "\"prompt\":\"x\"}",
+                   "prompt", "unsupported_parameter", "prompt");
+    expect_invalid(W, "{\"model\":\"m\",\"prompt\":\"x\"}", "model", "unsupported_parameter",
+                   "named in the URL");
+    expect_invalid(W, "{\"prompt\":\"x\",\"logprobs\":true}", "logprobs", "unsupported_parameter",
+                   "logprobs");
+    expect_invalid(C,
+                   "{\"model\":\"m\",\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true,"
+                   "\"chunk_size\":4}}",
+                   "stream_options.chunk_size", "unsupported_parameter", "chunk_size");
+    expect_invalid(H,
+                   "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\","
+                   "\"name\":\"bob\"}]}",
+                   "messages[0].name", "unsupported_parameter", "messages[0].name");
     // workers: exactly one of prompt / messages
     expect_invalid(W, "{}", NULL, NULL, "exactly one of");
     expect_invalid(W, "{\"prompt\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"b\"}]}",
@@ -412,7 +456,7 @@ static void test_tenants(void) {
     CHECK_NEAR(ts->t[0].bucket, 100, 1e-6); // a refused grow takes nothing
     srv_tenants_release(ts, 0, 200);
     CHECK_NEAR(ts->t[0].bucket, 300, 1e-6);
-    srv_tenants_refuse(ts, 0, 300, 250);    // 250 tokens of work: 50 back
+    srv_tenants_refuse(ts, 0, 300, 250); // 250 tokens of work: 50 back
     CHECK_NEAR(ts->t[0].bucket, 350, 1e-6);
     CHECK_EQ(ts->t[0].running, 0);
     CHECK_EQ(srv_tenants_admit(ts, 0, 300, t1, msg, sizeof msg), SRV_REJECT_NONE);

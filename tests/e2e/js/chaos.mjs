@@ -8,7 +8,7 @@
 // succeed with their reference answers. The signal goes when the wave's
 // first token arrives (KILL_WHEN=log: when KILL_LOG has more lines
 // containing KILL_LOG_TEXT than it had before the wave, i.e. when the
-// victim logged that it holds a transfer of this wave). Env: KS_URL,
+// victim logged that it holds a transfer of this wave). Env: KS_URL, KS_MODEL_NAME (kjv-mini),
 // KILL_PID, KILL_WHEN, KILL_LOG, KILL_LOG_TEXT, CHAOS_N. With KILL_SIGNAL=SIGTERM (a graceful drain,
 // KILL_PID may list several pids) a second wave of N requests starts right
 // after the signal, and every request of both waves must succeed with its
@@ -16,13 +16,14 @@
 import { readFileSync } from 'node:fs';
 
 const URL_ = process.env.KS_URL;
+const MODEL = process.env.KS_MODEL_NAME || 'kjv-mini';
 const N = Number(process.env.CHAOS_N || 8);
 const fails = [];
 const fail = (m) => { fails.push(m); console.error('CHAOS FAILURE: ' + m); };
 const BASE = 'And the LORD spake unto Moses, saying, Speak unto the children of Israel, and say unto them, ';
 
 function body(i, stream) {
-  return { prompt: `${i}: ` + BASE.repeat(2 + (i % 4)), max_tokens: 96, temperature: 0, ignore_eos: true, stream };
+  return { model: MODEL, prompt: `${i}: ` + BASE.repeat(2 + (i % 4)), max_tokens: 96, temperature: 0, ignore_eos: true, stream };
 }
 
 // Resolved when the first token of the concurrent wave arrives: the moment to
