@@ -1206,10 +1206,11 @@ static void srv__completed(void *cls, struct MHD_Connection *c, void **con_cls,
                            enum MHD_RequestTerminationCode toe) {
     (void)cls, (void)c, (void)toe;
     srv_conn *sc = *con_cls;
-    if (!sc) return;
+    *con_cls = NULL;
+    // a request that ended before srv__access ran still has srv__uri_log's mark
+    if (!sc || sc == (void *)&srv__bad_path) return;
     srv_buf_free(&sc->body);
     free(sc);
-    *con_cls = NULL;
 }
 
 static void srv__mhd_log(void *cls, const char *fmt, va_list ap) {

@@ -106,6 +106,9 @@ raw "%2f in an account" 400 "" \
 expect_has "%2f in an account: Workers AI shape" "$OUT" '"success":false'
 raw "%00 in the path" 400 invalid_path \
     "POST /v1/completions%00.json HTTP/1.1${nl}${H}Content-Length: ${#B}${nl}Connection: close${nl}${nl}$B"
+# a request with a bad path that ends before its headers do: nothing to
+# answer, and the server lives on (it once freed the path's static mark)
+printf 'POST /v1%%2Fcompletions HTTP/1.1\r\nHost: x\r\n' | rawc --half-close "$PORT" >/dev/null
 raw "two Authorization headers" 400 duplicate_header \
     "POST /v1/completions HTTP/1.1${nl}${H}Authorization: Bearer sk-solo${nl}Content-Length: ${#B}${nl}Connection: close${nl}${nl}$B"
 raw "plain request still fine" 200 "" \
