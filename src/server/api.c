@@ -93,6 +93,7 @@ static void api__trim(const char *v, const char **start, size_t *n) {
     *n = len;
 }
 
+/* True when header value v is exactly token (case-insensitive, OWS trimmed). */
 static bool api__token_is(const char *v, const char *token) {
     const char *t;
     size_t n;
@@ -428,6 +429,7 @@ static const char *const api__fields_chat[] = {
 };
 static const char *const api__fields_workers[] = {"prompt", "messages", NULL};
 
+/* True when key is in the NULL-terminated set. */
 static bool api__in(const char *const *set, const char *key) {
     for (; *set; set++)
         if (!strcmp(*set, key)) return true;

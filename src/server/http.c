@@ -1134,6 +1134,7 @@ static void *srv__uri_log(void *cls, const char *uri, struct MHD_Connection *c) 
     return uri && !srv_path_check(uri, &err) ? &srv__bad_path : NULL;
 }
 
+/* MHD header iterator: every request header into a srv_framing (cls). */
 static enum MHD_Result srv__framing_it(void *cls, enum MHD_ValueKind kind, const char *key,
                                        const char *value) {
     (void)kind;
