@@ -18,7 +18,7 @@ async function ttft(base, text) {
   const t0 = performance.now();
   const res = await fetch(`${base}/v1/completions`, {
     method: 'POST', headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ prompt: text, max_tokens: 2, temperature: 0, stream: true,
+    body: JSON.stringify({ model: process.env.KS_MODEL_NAME || 'kjv-mini', prompt: text, max_tokens: 2, temperature: 0, stream: true,
                            stream_options: { include_usage: true } }),
   });
   if (res.status !== 200) throw new Error(`${base}: ${res.status} ${await res.text()}`);

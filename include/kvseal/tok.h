@@ -80,6 +80,22 @@ int32_t tok_find(const tok_vocab *v, const char *text, size_t len);
 ks_err tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_special,
                   bool parse_special, int32_t **ids /* OUT */, size_t *n_ids /* OUT */,
                   ks_errbuf *eb) KS_MUST_USE;
+/* tok_encode that stops early once it has produced more than max_ids ids
+ * (a server's context length), so an over-long text costs about max_ids
+ * tokens of work, not its whole length. It stops between two BPE words or
+ * two fragments around special tokens, which are tokenized independently:
+ * when *n_ids > max_ids, the ids are an exact prefix of tok_encode's (no
+ * EOS appended) and the whole text has at least *n_ids tokens; otherwise
+ * they are exactly tok_encode's. Same ownership and errors as tok_encode. */
+ks_err tok_encode_max(const tok_vocab *v, const char *text, size_t len, bool add_special,
+                      bool parse_special, size_t max_ids, int32_t **ids /* OUT */,
+                      size_t *n_ids /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* The most bytes of input text one token can stand for, so a text of n
+ * bytes has at least ceil(n / tok_max_token_bytes) tokens; 0 when there is
+ * no such bound (special tokens that eat the whitespace next to them, as in
+ * Phi-3, make any run of whitespace tokenless). Linear in the vocabulary
+ * size (cache it); can't fail. */
+size_t tok_max_token_bytes(const tok_vocab *v);
 
 /* Writes the raw bytes of token id into buf (at most cap bytes, no NUL) and
  * returns the number of bytes the piece has (which may exceed cap: then only

@@ -17,7 +17,10 @@
  * HELLO), REGISTER first (geometry and model id must equal the router's),
  * then HEALTH every health_interval_ms; three missed answers or a closed
  * connection drop the worker, and every request paired with it ends ABORTED
- * (502) with an ABORT to the surviving worker of the pair. Pairing: the
+ * (502) with an ABORT to the surviving worker of the pair, except one whose
+ * prefill worker is lost before its first token: that one starts over on
+ * another prefill worker (at most RT_MAX_RETRIES times; 502 when none is
+ * left). Pairing: the
  * prefill and decode workers with the fewest requests in flight; among
  * prefill workers at most RT_AFFINITY_SLACK busier than that, the one a
  * rendezvous hash of (domain, first prompt page) prefers, so a tenant's
@@ -43,6 +46,7 @@
 #define RT_BUCKETS 256
 #define RT_RETRY_MS 20 /* DENY NOSPACE / NO_LINK: try the queue head again after */
 #define RT_AFFINITY_SLACK 1 /* extra requests in flight a prefix-preferred prefill may have */
+#define RT_MAX_RETRIES 3    /* starts over (stale grant, draining or lost prefill) per request */
 
 typedef enum rt_phase {
     RT_WAITING = 0,    /* admitted here, no worker yet */
@@ -88,7 +92,8 @@ typedef struct rt_req {
     bool p_sent;         /* PREFILL went to p_id */
     uint64_t t_phase_ms; /* entered WAITING / ADMITTING */
     uint64_t retry_ms;   /* WAITING: not before */
-    int retries;         /* restarts after a stale grant */
+    int retries;         /* restarts (stale grant, draining or lost prefill) */
+    uint32_t avoid_p;    /* prefill worker it lost (its link may be dying): not again */
     int32_t n_gen;
     int32_t n_cached;    /* FINISH: prompt tokens prefill took from its prefix cache */
     struct rt_req *hnext; /* hash chain */
@@ -253,10 +258,10 @@ static void rt__abort(cluster_router *r, rt_req *q, uint32_t reason, ks_err err,
 // ----------------------------------------------------------------------------
 // Scheduling (loop thread)
 
-static rt_worker *rt__pick(cluster_router *r, uint8_t role, uint32_t need_pages) {
+static rt_worker *rt__pick(cluster_router *r, uint8_t role, uint32_t need_pages, uint32_t avoid) {
     rt_worker *best = NULL;
     for (rt_worker *w = r->workers; w; w = w->next) {
-        if (!w->id || w->role != role || w->draining) continue;
+        if (!w->id || w->role != role || w->draining || w->id == avoid) continue;
         if (role == PD_ROLE_DECODE && w->n_pages < need_pages) continue;
         if (!best || w->inflight < best->inflight ||
             (w->inflight == best->inflight && w->free_pages > best->free_pages))
@@ -282,13 +287,15 @@ static uint64_t rt__score(const uint8_t aff[8], uint32_t id) {
  * prefix prefers is within RT_AFFINITY_SLACK requests of it (prefix reuse
  * at prefill saves more than the small imbalance costs). */
 static rt_worker *rt__pick_prefill(cluster_router *r, const rt_req *q) {
-    rt_worker *least = rt__pick(r, PD_ROLE_PREFILL, 0);
+    // the worker q lost only if it is the one left (its loss may be a blip)
+    uint32_t avoid = rt__pick(r, PD_ROLE_PREFILL, 0, q->avoid_p) ? q->avoid_p : 0;
+    rt_worker *least = rt__pick(r, PD_ROLE_PREFILL, 0, avoid);
     static const uint8_t none[8] = {0};
     if (!least || !memcmp(q->affinity, none, 8)) return least;
     rt_worker *pref = NULL;
     uint64_t best = 0;
     for (rt_worker *w = r->workers; w; w = w->next) {
-        if (!w->id || w->role != PD_ROLE_PREFILL || w->draining) continue;
+        if (!w->id || w->role != PD_ROLE_PREFILL || w->draining || w->id == avoid) continue;
         uint64_t s = rt__score(q->affinity, w->id);
         if (!pref || s > best) pref = w, best = s;
     }
@@ -302,7 +309,7 @@ static void rt__schedule(cluster_router *r) {
         rt_req *q = r->wait_head;
         if (q->retry_ms > now) return;
         uint32_t need = (uint32_t)((q->n_prompt + q->max_tokens + r->g.page_tokens - 1) / r->g.page_tokens);
-        rt_worker *d = rt__pick(r, PD_ROLE_DECODE, need), *p = rt__pick_prefill(r, q);
+        rt_worker *d = rt__pick(r, PD_ROLE_DECODE, need, 0), *p = rt__pick_prefill(r, q);
         if (!d || !p) {
             q->retry_ms = now + RT_RETRY_MS;  // a worker may (re)register
             return;
@@ -357,6 +364,28 @@ static void rt__rekey(cluster_router *r, rt_req *q) {
     q->retries++;
     q->p_sent = false;
     rt__requeue(r, q, cl_now_ms(NULL) + RT_RETRY_MS);
+}
+
+/* Starts q over on another prefill worker when its prefill worker, or the
+ * data link from it to decode, was lost before q's first token (nothing
+ * reached the client yet). The old req_id is aborted at both workers: at
+ * decode its grant's pages stay in QUARANTINE until that link is closed and
+ * drained or prefill acknowledges (I5), and the new attempt gets a fresh
+ * grant (I6); no page of the old one is reused. False (q untouched) when
+ * q already had a token, used up its retries, or no other prefill worker
+ * is left. */
+static bool rt__replace_prefill(cluster_router *r, rt_req *q, uint32_t lost, const char *why) {
+    if (q->phase != RT_ADMITTING && q->phase != RT_PREFILLING) return false;
+    if (q->retries >= RT_MAX_RETRIES || !rt__pick(r, PD_ROLE_PREFILL, 0, lost)) return false;
+    ks_log(KS_LOG_INFO,
+           "router: request %" PRIu64 ": %s (prefill worker %u) before the first token; placing "
+           "it on another prefill worker",
+           q->id, why, lost);
+    rt__send_abort(r, q->d_id, q->id, PD_ABORT_WORKER_LOST);
+    if (q->p_sent) rt__send_abort(r, q->p_id, q->id, PD_ABORT_WORKER_LOST);
+    q->avoid_p = lost;
+    rt__rekey(r, q);
+    return true;
 }
 
 static void rt__on_submit(void *arg) {
@@ -569,7 +598,8 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
         // ABORT makes decode quarantine and free it now instead of at T_grant
         rt__send_abort(r, q->d_id, q->id, PD_ABORT_ERROR);
         if (j.reason == PD_REJECT_DRAINING) rt__set_draining(w);
-        if ((j.reason == PD_REJECT_STALE_GRANT || j.reason == PD_REJECT_DRAINING) && q->retries < 3) {
+        if ((j.reason == PD_REJECT_STALE_GRANT || j.reason == PD_REJECT_DRAINING) &&
+            q->retries < RT_MAX_RETRIES) {
             // the grant named a link prefill does not see (yet), or prefill is
             // shutting down: nothing was computed or sent, so the request
             // starts over under a new id
@@ -595,6 +625,12 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
                        fin.finish == PD_FINISH_STOP ? ENGINE_FINISH_STOP : ENGINE_FINISH_LENGTH, KS_OK, NULL);
         } else {
             ks_err e = fin.err > 0 && fin.err < KS_ERR__COUNT ? (ks_err)fin.err : KS_ERR_INTERNAL;
+            // decode lost the data link from prefill (it freed the grant on
+            // the drained link, F5): usually the prefill worker died and its
+            // control connection's close is still on the way
+            if (e == KS_ERR_PEER_CLOSED &&
+                rt__replace_prefill(r, q, q->p_id, "data link to decode lost"))
+                return;
             if (q->p_sent && q->phase != RT_DECODING) rt__send_abort(r, q->p_id, q->id, PD_ABORT_ERROR);
             rt__finish(r, q, ENGINE_ABORTED,
                        fin.finish == PD_FINISH_ABORT ? ENGINE_FINISH_ABORT : ENGINE_FINISH_ERROR, e,
@@ -668,7 +704,9 @@ static void rt__on_open(pd_conn *c, void *ud) {
 }
 
 /* The worker's connection is gone: every request paired with it ends (502),
- * the surviving worker of each pair gets ABORT WORKER_LOST (section 7). */
+ * the surviving worker of each pair gets ABORT WORKER_LOST (section 7); a
+ * request that lost its prefill worker before its first token is placed on
+ * another one instead while there is one (issue 8). */
 static void rt__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
     (void)c;
     rt_worker *w = ud;  // on_close follows on_open only, so ud is the worker
@@ -700,6 +738,9 @@ static void rt__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
                 if (q->phase == RT_WAITING) continue;
                 bool on_d = q->d_id == w->id, on_p = q->p_id == w->id && q->phase != RT_DECODING;
                 if (!on_d && !on_p) continue;
+                // (w is unlinked already: no ABORT goes to it, no count of it changes)
+                if (on_p && !on_d && rt__replace_prefill(r, q, w->id, "prefill worker lost"))
+                    continue;
                 if (on_d) q->d_id = 0;
                 if (on_p) q->p_id = 0;
                 rt__abort(r, q, PD_ABORT_WORKER_LOST, KS_ERR_PEER_CLOSED,

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 // ----------------------------------------------------------------------------
 // Names
@@ -77,6 +78,95 @@ char *srv_error_json(srv_route route, const srv_error *e) {
     json_decref(j);
     return s;
 }
+
+// ----------------------------------------------------------------------------
+// HTTP framing
+
+/* v without the optional whitespace around it, as [*start, *start + *n). */
+static void api__trim(const char *v, const char **start, size_t *n) {
+    while (*v == ' ' || *v == '\t')
+        v++;
+    size_t len = strlen(v);
+    while (len && (v[len - 1] == ' ' || v[len - 1] == '\t'))
+        len--;
+    *start = v;
+    *n = len;
+}
+
+/* True when header value v is exactly token (case-insensitive, OWS trimmed). */
+static bool api__token_is(const char *v, const char *token) {
+    const char *t;
+    size_t n;
+    api__trim(v, &t, &n);
+    return n == strlen(token) && !strncasecmp(t, token, n);
+}
+
+void srv_framing_add(srv_framing *f, const char *name, const char *value) {
+    if (!name) return;
+    if (!value) value = "";
+    if (!strcasecmp(name, "Content-Length")) {
+        if (f->n_content_length++ == 0) {
+            f->content_length = value;
+        } else {
+            const char *a, *b;
+            size_t na, nb;
+            api__trim(f->content_length, &a, &na);
+            api__trim(value, &b, &nb);
+            if (na != nb || memcmp(a, b, na) != 0) f->content_length_differ = true;
+        }
+    } else if (!strcasecmp(name, "Transfer-Encoding")) {
+        f->n_transfer_encoding++;
+        if (!api__token_is(value, "chunked")) f->transfer_encoding = value;
+    } else if (!strcasecmp(name, "Content-Encoding")) {
+        if (!api__token_is(value, "identity") && !f->content_encoding) f->content_encoding = value;
+    } else if (!strcasecmp(name, "Authorization")) {
+        f->n_authorization++;
+    }
+}
+
+#define FRAMING(err, status, code, ...)                                                            \
+    srv_error_set(err, status, "invalid_request_error", code, NULL, SRV_REJECT_INVALID, __VA_ARGS__)
+
+bool srv_framing_check(const srv_framing *f, srv_error *err) {
+    if (f->content_length_differ)
+        return FRAMING(err, 400, "invalid_framing",
+                       "the request has Content-Length headers with different values");
+    if (f->n_content_length && f->n_transfer_encoding)
+        return FRAMING(err, 400, "invalid_framing",
+                       "the request has both Content-Length and Transfer-Encoding; send one");
+    if (f->transfer_encoding)
+        return FRAMING(err, 501, "unsupported_transfer_encoding",
+                       "Transfer-Encoding '%.64s' is not supported: only 'chunked'",
+                       f->transfer_encoding);
+    if (f->n_transfer_encoding > 1)
+        return FRAMING(err, 400, "invalid_framing",
+                       "the Transfer-Encoding header appears %d times; send it once",
+                       f->n_transfer_encoding);
+    if (f->content_encoding)
+        return FRAMING(err, 415, "unsupported_content_encoding",
+                       "Content-Encoding '%.64s' is not supported: send the body uncompressed",
+                       f->content_encoding);
+    if (f->n_authorization > 1)
+        return FRAMING(err, 400, "duplicate_header",
+                       "the Authorization header appears %d times; send it once",
+                       f->n_authorization);
+    return true;
+}
+
+bool srv_path_check(const char *raw, srv_error *err) {
+    for (const char *p = raw; *p && *p != '?'; p++) {
+        if (p[0] != '%' || !p[1] || !p[2]) continue;
+        if (p[1] == '2' && (p[2] == 'F' || p[2] == 'f'))
+            return FRAMING(err, 400, "invalid_path",
+                           "the path may not contain an encoded slash (%%2F)");
+        if (p[1] == '0' && p[2] == '0')
+            return FRAMING(err, 400, "invalid_path",
+                           "the path may not contain an encoded NUL (%%00)");
+    }
+    return true;
+}
+
+#undef FRAMING
 
 // ----------------------------------------------------------------------------
 // Request parsing
@@ -302,6 +392,105 @@ static bool api__sampling(srv_request *r, json_t *root, srv_error *err) {
     return true;
 }
 
+/* The fields each generation route implements (README "Routes"); every
+ * other field is refused by name rather than silently ignored, so a client
+ * never gets an answer that quietly differs from what it asked for (echo,
+ * suffix, best_of, logit_bias, response_format, tools, grammar, ...).
+ * Accepted without an effect on the output, each for a reason: "user"
+ * (OpenAI's end-user id for abuse monitoring; kvseal neither uses nor logs
+ * it), "n" (validated: only 1), "stream_options" (include_usage is
+ * implemented; its other keys are refused too). Workers AI takes the model
+ * from the URL and answers in its own shape, so it has no "model", "n",
+ * "user", "stream_options" or logprobs. */
+static const char *const api__fields_common[] = {
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stream",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "repeat_penalty",
+    "repeat_last_n",
+    "ignore_eos",
+    NULL,
+};
+static const char *const api__fields_completions[] = {
+    "model",   "prompt", "max_completion_tokens", "n", "user", "stream_options", "logprobs",
+    "n_probs", NULL,
+};
+static const char *const api__fields_chat[] = {
+    "model",          "messages", "max_completion_tokens", "n",  "user",
+    "stream_options", "logprobs", "top_logprobs",          NULL,
+};
+static const char *const api__fields_workers[] = {"prompt", "messages", NULL};
+
+/* True when key is in the NULL-terminated set. */
+static bool api__in(const char *const *set, const char *key) {
+    for (; *set; set++)
+        if (!strcmp(*set, key)) return true;
+    return false;
+}
+
+#define UNSUPPORTED(err, param, ...)                                                               \
+    srv_error_set(err, 400, "invalid_request_error", "unsupported_parameter", param,               \
+                  SRV_REJECT_INVALID, __VA_ARGS__)
+
+/* Refuses the first field of the body (or of stream_options, or of a
+ * message) that the route does not implement, naming it. */
+static bool api__known_fields(srv_route route, json_t *root, srv_error *err) {
+    const char *const *own = route == SRV_ROUTE_CHAT          ? api__fields_chat
+                             : route == SRV_ROUTE_COMPLETIONS ? api__fields_completions
+                                                              : api__fields_workers;
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        if (api__in(api__fields_common, key) || api__in(own, key)) continue;
+        char param[64];
+        snprintf(param, sizeof param, "%s", key);
+        return UNSUPPORTED(err, param,
+                           "Unsupported parameter: '%.64s' is not supported by this server%s", key,
+                           route == SRV_ROUTE_WORKERS && !strcmp(key, "model")
+                               ? " (the model is the one named in the URL)"
+                               : "");
+    }
+    json_t *so = json_object_get(root, "stream_options");
+    if (json_is_object(so)) {
+        json_object_foreach(so, key, v) {
+            if (!strcmp(key, "include_usage")) continue;
+            char param[64];
+            snprintf(param, sizeof param, "stream_options.%.40s", key);
+            return UNSUPPORTED(err, param,
+                               "Unsupported parameter: '%s' is not supported by this "
+                               "server",
+                               param);
+        }
+    }
+    json_t *msgs = json_object_get(root, "messages"), *m;
+    size_t i;
+    if (json_is_array(msgs)) {
+        json_array_foreach(msgs, i, m) {
+            if (!json_is_object(m)) continue; // api__messages says what is wrong with it
+            json_object_foreach(m, key, v) {
+                if (!strcmp(key, "role") || !strcmp(key, "content")) continue;
+                char param[64];
+                snprintf(param, sizeof param, "messages[%zu].%.32s", i, key);
+                return UNSUPPORTED(err, param,
+                                   "Unsupported parameter: '%s' is not supported by this server "
+                                   "(a message has a role and a content)",
+                                   param);
+            }
+        }
+    }
+    return true;
+}
+
+#undef UNSUPPORTED
+
 bool srv_request_parse(srv_route route, const char *body, size_t len, srv_request *r,
                        srv_error *err) {
     memset(r, 0, sizeof *r);
@@ -321,6 +510,7 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
         INVALID(err, NULL, "the request body must be a JSON object, got %s", api__type_name(root));
         goto fail;
     }
+    if (!api__known_fields(route, root, err)) goto fail;
     json_t *v;
     if ((v = json_object_get(root, "model")) && !json_is_null(v)) {
         if (!json_is_string(v)) {
@@ -409,6 +599,13 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
         INVALID(err, "user", "'user' must be a string, got %s", api__type_name(v));
         goto fail;
     }
+    // OpenAI requires a model (checked last: other mistakes say more);
+    // Workers AI has it in the URL
+    if (!r->model && route != SRV_ROUTE_WORKERS) {
+        srv_error_set(err, 400, "invalid_request_error", "missing_required_parameter", "model",
+                      SRV_REJECT_INVALID, "you must provide a model parameter");
+        goto fail;
+    }
     r->sp.logprobs = r->logprobs;
     r->sp.n_probs = r->top_logprobs;
     return true;
@@ -425,6 +622,33 @@ void srv_request_free(srv_request *r) {
     free(r->msgs);
     if (r->root) json_decref(r->root);
     memset(r, 0, sizeof *r);
+}
+
+// ----------------------------------------------------------------------------
+// Context length before tokenizing
+
+int64_t srv_prompt_min_tokens(size_t text_bytes, size_t max_token_bytes) {
+    if (!max_token_bytes) return 0;
+    return (int64_t)((text_bytes + max_token_bytes - 1) / max_token_bytes);
+}
+
+bool srv_prompt_fits(int32_t n_ctx, size_t text_bytes, size_t max_token_bytes, int32_t max_tokens,
+                     srv_route route, srv_error *err) {
+    // Only a prompt that cannot fit by itself is refused here: anything
+    // shorter than n_ctx * max_token_bytes bytes is cheap enough to tokenize,
+    // and gets the engine's exact numbers (max_tokens too large, say).
+    int64_t lo = srv_prompt_min_tokens(text_bytes, max_token_bytes);
+    int64_t mt = max_tokens > 0 ? max_tokens : 1;
+    if (lo + 1 <= n_ctx) return true;
+    // same code and shape as the engine's exact refusal (engine_admission)
+    return srv_error_set(
+        err, 400, "invalid_request_error", "context_length_exceeded",
+        route == SRV_ROUTE_COMPLETIONS ? "prompt" : "messages", SRV_REJECT_CONTEXT_LENGTH,
+        "This model's maximum context length is %d tokens. However, you "
+        "requested at least %lld tokens (at least %lld in the prompt of %zu "
+        "bytes, at most %zu bytes per token, %lld for the completion). Please "
+        "reduce the length of the prompt or completion.",
+        n_ctx, (long long)(lo + mt), (long long)lo, text_bytes, max_token_bytes, (long long)mt);
 }
 
 // ----------------------------------------------------------------------------

@@ -78,6 +78,7 @@ struct server {
     server_backend b;       /* copy; b.impl borrowed */
     const model *m;         /* borrowed */
     const tok_vocab *vocab; /* model's */
+    size_t max_token_bytes; /* tok_max_token_bytes(vocab): prompt bytes -> tokens bound */
     srv_tenants *ts;        /* owned */
     bool log_content;
     srv_metrics met;
@@ -123,6 +124,7 @@ typedef struct srv_conn {
     bool http11;      /* HTTP/1.1: 1xx interim answers allowed */
     srv_gen *gen;     /* a generation waiting (suspended) in the access handler */
     srv_job *job;     /* admin work running while the connection is suspended */
+    bool refused; /* answered before its body (bad framing or path): ignore the rest */
 } srv_conn;
 
 /* One generation in flight; owned by the handler (non-streaming) or by the
@@ -221,6 +223,8 @@ static enum MHD_Result srv__reply(server *s, struct MHD_Connection *c, srv_route
     if (!r) return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    if (status == 415)
+        MHD_add_response_header(r, "Accept-Encoding", "identity"); // RFC 9110 15.5.16
     if (status == 405) {
         // /admin/kv/check is the one GET among the admin routes
         const char *allow =
@@ -830,6 +834,22 @@ static void srv__submit_error(server *s, ks_err e, const ks_errbuf *eb, int32_t 
     }
 }
 
+/* A request the engine refused as too long (issue 8): the tenant is charged
+ * the prompt tokens it was tokenized into instead of getting its whole
+ * reservation back, and when tokenizing stopped early (cut) the message
+ * gives the lower bound, not the prefix's count as if it were the prompt. */
+static void srv__refused_long(server *s, srv_gen *g, srv_error *err, bool cut, int64_t charged) {
+    if (err->reject != SRV_REJECT_CONTEXT_LENGTH && err->reject != SRV_REJECT_POOL) return;
+    if (g->tenant >= 0) srv_tenants_refuse(s->ts, g->tenant, g->reserved, charged);
+    g->tenant = -1;
+    if (cut && err->reject == SRV_REJECT_CONTEXT_LENGTH)
+        snprintf(err->msg, sizeof err->msg,
+                 "This model's maximum context length is %d tokens. However, you requested at "
+                 "least %lld tokens (at least %d in the prompt, %d for the completion). Please "
+                 "reduce the length of the prompt or completion.",
+                 s->o.n_ctx, (long long)g->n_prompt + g->max_tokens, g->n_prompt, g->max_tokens);
+}
+
 static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_route route,
                                      const char *url_model, srv_conn *sc) {
     srv_error err;
@@ -849,6 +869,9 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     int32_t *ids = NULL;
     size_t n_ids = 0;
     srv_gen *g = NULL;
+    int held = -1;             // tenant admitted here, until g takes it over
+    int64_t held_reserved = 0; // tokens it took from the tenant's bucket
+    int64_t held_charge = 0;   // tokens to charge if refused as too long
     if (!srv__name_ok(s, model_name)) {
         srv_error_set(&err, 404, "invalid_request_error", "model_not_found", "model",
                       SRV_REJECT_INVALID, "The model '%s' does not exist; this server serves '%s'",
@@ -866,23 +889,57 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
         }
     }
     const char *ptext = chat ? text : rq.prompt;
+    size_t ptext_len = strlen(ptext);
+    int32_t max_tokens = rq.max_tokens;
+    if (max_tokens < 0 && route == SRV_ROUTE_COMPLETIONS) max_tokens = 16; // OpenAI's default
+    if (max_tokens < 0 && route == SRV_ROUTE_WORKERS) max_tokens = 256;    // Workers AI's
+    // Issue 8: the prompt's bytes give a lower bound on its tokens; a prompt
+    // that cannot fit even so is refused before any tokenizing, with the
+    // engine's 400, whatever the tenant's budget (it cost a parse, as a
+    // malformed body does, and is not charged). So no request tokenizes more
+    // than about n_ctx * max_token_bytes bytes.
+    if (!srv_prompt_fits(s->o.n_ctx, ptext_len, s->max_token_bytes, max_tokens, route, &err))
+        goto fail;
+    // The tenant's limits apply before the expensive work (tokenizing): on a
+    // lower bound of the tokens (chat without max_tokens reserves the whole
+    // context), raised to the exact count once tokenized.
+    int64_t min_prompt = srv_prompt_min_tokens(ptext_len, s->max_token_bytes);
+    held_reserved = max_tokens < 0 ? s->o.n_ctx : (min_prompt > 0 ? min_prompt : 1) + max_tokens;
+    char msg[256];
+    srv_reject rj = srv_tenants_admit(s->ts, tenant, held_reserved, ks_now_ns(), msg, sizeof msg);
+    if (rj != SRV_REJECT_NONE) {
+        srv_error_set(&err, 429, "rate_limit_error", "rate_limit_exceeded", NULL, rj, "%s", msg);
+        goto fail;
+    }
+    held = tenant;
     // chat templates carry special tokens as text; a raw prompt's text is never
-    // turned into control tokens (a user cannot forge turn markers)
-    if (tok_encode(s->vocab, ptext, strlen(ptext), true, chat, &ids, &n_ids, &eb)) {
+    // turned into control tokens (a user cannot forge turn markers). Stops past
+    // n_ctx tokens: more than that is refused however many there are.
+    if (tok_encode_max(s->vocab, ptext, ptext_len, true, chat, (size_t)s->o.n_ctx, &ids, &n_ids,
+                       &eb)) {
         srv_error_set(&err, 500, "server_error", NULL, NULL, SRV_REJECT_NONE, "tokenizer: %s",
                       eb.msg);
         goto fail;
     }
+    bool cut = n_ids > (size_t)s->o.n_ctx; // only a prefix: the prompt has at least n_ids
     int32_t n_prompt = n_ids > INT32_MAX ? INT32_MAX : (int32_t)n_ids;
-    int32_t max_tokens = rq.max_tokens;
+    held_charge = n_prompt; // the work done, charged if refused as too long
     if (max_tokens < 0) {
-        if (route == SRV_ROUTE_COMPLETIONS)
-            max_tokens = 16; // OpenAI's default
-        else if (route == SRV_ROUTE_WORKERS)
-            max_tokens = 256; // Workers AI's default
-        else
-            max_tokens = s->o.n_ctx - n_prompt; // chat: up to the context
+        max_tokens = s->o.n_ctx - n_prompt; // chat: up to the context
         if (max_tokens < 1) max_tokens = 1;
+    }
+    // A request that cannot fit still goes to the engine's admission for its
+    // exact refusal (I4 lives there, one contract for every front end).
+    bool over = (int64_t)n_prompt + max_tokens > s->o.n_ctx;
+    if (!over) {
+        rj = srv_tenants_grow(s->ts, tenant, held_reserved, (int64_t)n_prompt + max_tokens,
+                              ks_now_ns(), msg, sizeof msg);
+        if (rj != SRV_REJECT_NONE) {
+            srv_error_set(&err, 429, "rate_limit_error", "rate_limit_exceeded", NULL, rj, "%s",
+                          msg);
+            goto fail;
+        }
+        held_reserved = (int64_t)n_prompt + max_tokens;
     }
     if (s->log_content) ks_log(KS_LOG_INFO, "prompt (%d tokens): %s", n_prompt, ptext);
 
@@ -894,10 +951,11 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     pthread_mutex_init(&g->mu, NULL);
     atomic_fetch_add_explicit(&s->met.inflight, 1, memory_order_acq_rel);
     g->route = route;
-    g->tenant = -1;
     g->n_prompt = n_prompt;
     g->max_tokens = max_tokens;
-    g->reserved = (int64_t)n_prompt + max_tokens;
+    g->reserved = held_reserved;
+    g->tenant = held; // g releases the tenant from here on
+    held = -1;
     g->created = (long long)time(NULL);
     g->logprobs = rq.logprobs;
     g->top = rq.top_logprobs;
@@ -912,20 +970,6 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     if (ci) g->fd = ci->connect_fd;
     g->conn = c;
 
-    // Tenant limits first, except for a request that cannot fit the context:
-    // that one goes straight to the engine's admission for its exact message
-    // (400 context_length_exceeded, whatever the tenant's budget).
-    char msg[256];
-    bool over = g->reserved > s->o.n_ctx;
-    if (!over) {
-        srv_reject rj = srv_tenants_admit(s->ts, tenant, g->reserved, ks_now_ns(), msg, sizeof msg);
-        if (rj != SRV_REJECT_NONE) {
-            srv_error_set(&err, 429, "rate_limit_error", "rate_limit_exceeded", NULL, rj, "%s",
-                          msg);
-            goto fail;
-        }
-        g->tenant = tenant;
-    }
     engine_params p = {0};
     p.tenant = s->ts->t[tenant].name; // from authentication only (I7)
     p.cache_domain = s->ts->t[tenant].cache_domain;
@@ -942,16 +986,8 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     if (e) {
         g->req = NULL;
         srv__submit_error(s, e, &eb, n_prompt, max_tokens, route, &err);
+        srv__refused_long(s, g, &err, cut, held_charge);
         goto fail;
-    }
-    if (over) { // the engine took it after all: the tenant's limits still apply
-        srv_reject rj = srv_tenants_admit(s->ts, tenant, g->reserved, ks_now_ns(), msg, sizeof msg);
-        if (rj != SRV_REJECT_NONE) {
-            srv_error_set(&err, 429, "rate_limit_error", "rate_limit_exceeded", NULL, rj, "%s",
-                          msg);
-            goto fail;
-        }
-        g->tenant = tenant;
     }
     free(ids);
     free(text);
@@ -970,6 +1006,9 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     s->b.set_notify(g->req, srv__gen_notify, g);
     return g->stream ? srv__stream_start(s, c, g, sc) : srv__gen_collect(s, c, g, sc);
 fail:
+    if (held >= 0)
+        srv_tenants_refuse(s->ts, held, held_reserved,
+                           err.reject == SRV_REJECT_CONTEXT_LENGTH ? held_charge : 0);
     srv__gen_free(g);
     free(ids);
     free(text);
@@ -1217,11 +1256,40 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
     }
 }
 
+/* The route an error answer's shape follows, before dispatch. */
+static srv_route srv__route_of(const char *url) {
+    return !strcmp(url, "/v1/chat/completions") ? SRV_ROUTE_CHAT
+           : !strcmp(url, "/v1/completions")    ? SRV_ROUTE_COMPLETIONS
+           : !strncmp(url, "/accounts/", 10)    ? SRV_ROUTE_WORKERS
+                                                : SRV_ROUTE_OTHER;
+}
+
+/* MHD decodes the path before srv__access sees it, so %2F and %00 are
+ * looked for in the raw target here; what this returns becomes the
+ * request's first *con_cls: NULL, or this mark for a bad path. Static, so
+ * nothing leaks if the request dies before srv__access runs. */
+static char srv__bad_path;
+static void *srv__uri_log(void *cls, const char *uri, struct MHD_Connection *c) {
+    (void)cls, (void)c;
+    srv_error err;
+    return uri && !srv_path_check(uri, &err) ? &srv__bad_path : NULL;
+}
+
+/* MHD header iterator: every request header into a srv_framing (cls). */
+static enum MHD_Result srv__framing_it(void *cls, enum MHD_ValueKind kind, const char *key,
+                                       const char *value) {
+    (void)kind;
+    srv_framing_add(cls, key, value);
+    return MHD_YES;
+}
+
 static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const char *url,
                                    const char *method, const char *version, const char *upload,
                                    size_t *upload_size, void **con_cls) {
     server *s = cls;
     srv_conn *sc = *con_cls;
+    bool bad_path = sc == (void *)&srv__bad_path;  // srv__uri_log's mark
+    if (bad_path) sc = NULL;
     if (sc && sc->gen)  // resumed: an event was posted for the waiting generation
         return sc->gen->stream ? srv__stream_start(s, c, sc->gen, sc)
                                : srv__gen_collect(s, c, sc->gen, sc);
@@ -1244,6 +1312,19 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
         if (!(sc = calloc(1, sizeof *sc))) return MHD_NO;
         *con_cls = sc;
         sc->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
+        // framing and path first (RFC 9112): refused before any body byte
+        // is read, and MHD closes the connection, so nothing is smuggled
+        srv_error err;
+        srv_framing f = {0};
+        MHD_get_connection_values(c, MHD_HEADER_KIND, srv__framing_it, &f);
+        if (bad_path)
+            srv_error_set(&err, 400, "invalid_request_error", "invalid_path", NULL,
+                          SRV_REJECT_INVALID,
+                          "the path may not contain an encoded slash (%%2F) or NUL (%%00)");
+        if (bad_path || !srv_framing_check(&f, &err)) {
+            sc->refused = true;
+            return srv__reply_error(s, c, srv__route_of(url), &err);
+        }
         // refuse an announced oversized body before reading any of it
         const char *cl =
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -1253,18 +1334,17 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
             if (*end == '\0' && n > s->o.max_body_bytes) {
                 sc->too_large = true;
                 sc->body_seen = (size_t)n;
-                srv_error err;
                 srv_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
                               SRV_REJECT_INVALID,
                               "request body of %llu bytes exceeds the limit of %zu bytes", n,
                               s->o.max_body_bytes);
-                srv_route route = !strcmp(url, "/v1/chat/completions") ? SRV_ROUTE_CHAT
-                                  : !strcmp(url, "/v1/completions")    ? SRV_ROUTE_COMPLETIONS
-                                  : !strncmp(url, "/accounts/", 10)    ? SRV_ROUTE_WORKERS
-                                                                       : SRV_ROUTE_OTHER;
-                return srv__reply_error(s, c, route, &err);
+                return srv__reply_error(s, c, srv__route_of(url), &err);
             }
         }
+        return MHD_YES;
+    }
+    if (sc->refused) { // already answered: drop whatever MHD still hands over
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size) {
@@ -1305,7 +1385,9 @@ static void srv__completed(void *cls, struct MHD_Connection *c, void **con_cls,
         sk->t_start_ns = ks_now_ns();
         pthread_mutex_unlock(&sk->mu);
     }
-    if (!sc) return;
+    *con_cls = NULL;
+    // a request that ended before srv__access ran still has srv__uri_log's mark
+    if (!sc || sc == (void *)&srv__bad_path) return;
     if (sc->gen) {  // closed while waiting for an event (client gone, or shutdown)
         if (!atomic_exchange(&sc->gen->gone, true) && !atomic_load(&((server *)cls)->stopping))
             atomic_fetch_add_explicit(&((server *)cls)->met.client_disconnects, 1,
@@ -1321,7 +1403,6 @@ static void srv__completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
     srv_buf_free(&sc->body);
     free(sc);
-    *con_cls = NULL;
 }
 
 /* Connection open/close (MHD's notify): the per-connection deadline state. */
@@ -1520,6 +1601,7 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     s->m = m;
     s->vocab = model_vocab(m);
     pthread_mutex_init(&s->lmu, NULL);
+    s->max_token_bytes = tok_max_token_bytes(s->vocab);
     srv_metrics_init(&s->met);
     if (o->tenants_path) {
         size_t len = 0;
@@ -1582,7 +1664,8 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
         flags, (uint16_t)o->port, NULL, NULL, srv__access, s, MHD_OPTION_EXTERNAL_LOGGER,
         srv__mhd_log, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED,
         srv__completed, s, MHD_OPTION_NOTIFY_CONNECTION, srv__conn_notify, s,
-        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)SRV_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
+        MHD_OPTION_URI_LOG_CALLBACK, srv__uri_log, s, MHD_OPTION_THREAD_POOL_SIZE,
+        (unsigned)SRV_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)(o->max_connections ? o->max_connections : 4096),
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_connections_per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s, MHD_OPTION_END);

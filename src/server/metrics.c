@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const int met__status[SRV_N_STATUS] = {200, 400, 401, 403, 404, 405, 408,
-                                              413, 429, 499, 500, 503, 0};
+static const int met__status[SRV_N_STATUS] = {200, 400, 401, 403, 404, 405, 408, 413,
+                                              415, 429, 499, 500, 501, 503, 0};
 static const double met__ttft_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                           0.5,   1,    2.5,   5,    10,  30};
 static const double met__tpot_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,

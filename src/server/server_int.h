@@ -73,6 +73,39 @@ bool srv_error_set(srv_error *e, int status, const char *type, const char *code,
 char *srv_error_json(srv_route route, const srv_error *e);
 
 // ----------------------------------------------------------------------------
+// HTTP framing (RFC 9112), checked before any body byte is read
+
+/* The headers that decide how a request's body is framed and whose it is,
+ * as srv__access collects them (MHD keeps every field separately). Values
+ * point into the connection (MHD's storage); zero-initialize. */
+typedef struct srv_framing {
+    int n_content_length;          /* Content-Length fields */
+    const char *content_length;    /* the first one's value */
+    bool content_length_differ;    /* another one said something else */
+    int n_transfer_encoding;       /* Transfer-Encoding fields */
+    const char *transfer_encoding; /* a value other than "chunked", or NULL */
+    const char *content_encoding;  /* a Content-Encoding other than identity, or NULL */
+    int n_authorization;           /* Authorization fields */
+} srv_framing;
+
+/* Adds one request header to f (names compared case-insensitively);
+ * for MHD_get_connection_values. Pure; can't fail. */
+void srv_framing_add(srv_framing *f, const char *name, const char *value);
+/* True when the body's framing is unambiguous and supported; otherwise
+ * fills *err and returns false: 400 two different Content-Lengths, 400
+ * Content-Length together with Transfer-Encoding (request smuggling: two
+ * parsers may disagree on where the body ends), 501 a transfer coding
+ * other than chunked, 415 a content coding other than identity (bodies are
+ * read as they come, never decompressed), 400 Authorization sent more than
+ * once (which key would be meant is ambiguous). Pure. */
+bool srv_framing_check(const srv_framing *f, srv_error *err /* OUT */);
+/* True when the raw request target's path (before percent-decoding, up to
+ * '?') has no %2F (a slash decoding would make out of a path segment) and
+ * no %00 (a NUL that would cut the decoded path short); otherwise fills
+ * *err (400) and returns false. Pure. */
+bool srv_path_check(const char *raw_target, srv_error *err /* OUT */);
+
+// ----------------------------------------------------------------------------
 // Requests
 
 #define SRV_MAX_STOPS 4
@@ -107,6 +140,19 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
                        srv_error *err /* OUT */);
 /* Frees what srv_request_parse allocated; accepts a zeroed request. */
 void srv_request_free(srv_request *r);
+
+/* A lower bound on the tokens of a prompt text of text_bytes bytes when no
+ * token stands for more than max_token_bytes bytes (tok_max_token_bytes):
+ * ceil(text_bytes / max_token_bytes); 0 when that is 0 (no bound). Pure. */
+int64_t srv_prompt_min_tokens(size_t text_bytes, size_t max_token_bytes);
+/* The check made before tokenizing (issue 8): true when the prompt's lower
+ * bound leaves room for at least one generated token in n_ctx (so at most
+ * about n_ctx * max_token_bytes bytes are ever tokenized); otherwise fills
+ * *err with the 400 context_length_exceeded the engine would give, saying
+ * "at least" (max_tokens, <= 0 when the route's default depends on the
+ * prompt, is only quoted), and returns false. Pure. */
+bool srv_prompt_fits(int32_t n_ctx, size_t text_bytes, size_t max_token_bytes, int32_t max_tokens,
+                     srv_route route, srv_error *err /* OUT */);
 
 // ----------------------------------------------------------------------------
 // Responses and SSE framing
@@ -193,11 +239,25 @@ srv_reject srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t no
                              size_t cap);
 /* Ends an admitted request, refunding `unused` tokens. Thread-safe. */
 void srv_tenants_release(srv_tenants *ts, int i, int64_t unused);
+/* Raises an admitted request's reservation from `reserved` tokens (what
+ * srv_tenants_admit took: a lower bound known before tokenizing) to its
+ * exact `tokens`, taking the difference from the bucket. Returns
+ * SRV_REJECT_NONE, or SRV_REJECT_TENANT_RATE (msg filled, nothing taken;
+ * the request is still admitted: end it with srv_tenants_refuse).
+ * Thread-safe. */
+srv_reject srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t tokens,
+                            uint64_t now_ns, char *msg, size_t cap);
+/* Ends an admitted request that was refused after doing `charged` tokens
+ * of work (the prompt tokens it was tokenized into): of the `reserved`
+ * tokens it holds, the rest is refunded, or the difference taken when the
+ * work was more (the bucket may go below zero, a debt that refilling pays
+ * off). Thread-safe; can't fail. */
+void srv_tenants_refuse(srv_tenants *ts, int i, int64_t reserved, int64_t charged);
 
 // ----------------------------------------------------------------------------
 // Metrics
 
-#define SRV_N_STATUS 13
+#define SRV_N_STATUS 15
 
 typedef struct srv_hist {
     const double *bounds; /* (n) upper bounds, seconds */

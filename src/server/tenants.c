@@ -252,13 +252,14 @@ srv_reject srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t no
     } else if (t->tokens_per_minute && (double)tokens > t->bucket) {
         if (tokens > t->tokens_per_minute)
             snprintf(msg, cap,
-                     "request needs %lld tokens (prompt + max_tokens), more than tenant '%s''s "
+                     "request needs at least %lld tokens (prompt + max_tokens), more than tenant "
+                     "'%s''s "
                      "limit of %lld tokens per minute; lower max_tokens",
                      (long long)tokens, t->name, (long long)t->tokens_per_minute);
         else
             snprintf(msg, cap,
                      "tenant '%s' exceeded its limit of %lld tokens per minute (request needs "
-                     "%lld, %lld available now); retry later",
+                     "at least %lld, %lld available now); retry later",
                      t->name, (long long)t->tokens_per_minute, (long long)tokens,
                      (long long)t->bucket);
         r = SRV_REJECT_TENANT_RATE;
@@ -278,6 +279,51 @@ void srv_tenants_release(srv_tenants *ts, int i, int64_t unused) {
     t->running--;
     if (t->tokens_per_minute && unused > 0) {
         t->bucket += (double)unused;
+        if (t->bucket > (double)t->tokens_per_minute) t->bucket = (double)t->tokens_per_minute;
+    }
+    pthread_mutex_unlock(&ts->mu);
+}
+
+srv_reject srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t tokens,
+                            uint64_t now_ns, char *msg, size_t cap) {
+    KS_ASSERT(i >= 0 && (size_t)i < ts->n);
+    srv_tenant *t = &ts->t[i];
+    srv_reject r = SRV_REJECT_NONE;
+    int64_t more = tokens - reserved;
+    if (more <= 0 || !t->tokens_per_minute) return r;
+    pthread_mutex_lock(&ts->mu);
+    ten__refill(t, now_ns);
+    if ((double)more > t->bucket) {
+        // the numbers the client sees are the whole request's, as in srv_tenants_admit
+        if (tokens > t->tokens_per_minute)
+            snprintf(msg, cap,
+                     "request needs %lld tokens (prompt + max_tokens), more than tenant '%s''s "
+                     "limit of %lld tokens per minute; lower max_tokens",
+                     (long long)tokens, t->name, (long long)t->tokens_per_minute);
+        else
+            snprintf(msg, cap,
+                     "tenant '%s' exceeded its limit of %lld tokens per minute (request needs "
+                     "%lld, %lld available now); retry later",
+                     t->name, (long long)t->tokens_per_minute, (long long)tokens,
+                     (long long)(t->bucket + (double)reserved));
+        r = SRV_REJECT_TENANT_RATE;
+    } else {
+        t->bucket -= (double)more;
+    }
+    pthread_mutex_unlock(&ts->mu);
+    return r;
+}
+
+void srv_tenants_refuse(srv_tenants *ts, int i, int64_t reserved, int64_t charged) {
+    KS_ASSERT(i >= 0 && (size_t)i < ts->n);
+    srv_tenant *t = &ts->t[i];
+    pthread_mutex_lock(&ts->mu);
+    KS_ASSERT(t->running > 0);
+    t->running--;
+    if (t->tokens_per_minute) {
+        // a debt (charged > reserved) leaves the bucket below zero: the
+        // tenant's next requests wait until refilling has paid it off
+        t->bucket += (double)(reserved - charged);
         if (t->bucket > (double)t->tokens_per_minute) t->bucket = (double)t->tokens_per_minute;
     }
     pthread_mutex_unlock(&ts->mu);

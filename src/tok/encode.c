@@ -161,6 +161,7 @@ typedef struct enc__ctx {
     tok__buf words; /* BPE pre-tokenized words */
     tok__ids lens;  /* BPE word lengths */
     tok__ids *out;
+    size_t max_ids; /* stop at a word or fragment boundary once out holds more */
 } enc__ctx;
 
 /* Splits w[0..n) into UTF-8 characters (lengths from the lead byte only, as
@@ -344,7 +345,7 @@ static bool bpe__encode(enc__ctx *c, const char *t, size_t n) {
     c->lens.n = 0;
     if (!tok__pretok_split(&c->v->pre, c->text.p, c->text.len, &c->words, &c->lens)) return false;
     size_t off = 0;
-    for (size_t i = 0; i < c->lens.n; i++) {
+    for (size_t i = 0; i < c->lens.n && c->out->n <= c->max_ids; i++) {
         if (!bpe__word(c, c->words.p + off, (size_t)c->lens.p[i])) return false;
         off += (size_t)c->lens.p[i];
     }
@@ -356,12 +357,18 @@ static bool bpe__encode(enc__ctx *c, const char *t, size_t n) {
 
 ks_err tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_special,
                   bool parse_special, int32_t **ids, size_t *n_ids, ks_errbuf *eb) {
+    return tok_encode_max(v, text, len, add_special, parse_special, SIZE_MAX, ids, n_ids, eb);
+}
+
+ks_err tok_encode_max(const tok_vocab *v, const char *text, size_t len, bool add_special,
+                      bool parse_special, size_t max_ids, int32_t **ids, size_t *n_ids,
+                      ks_errbuf *eb) {
     *ids = NULL;
     *n_ids = 0;
     if (!text && len > 0) return ks_seterr(eb, KS_ERR_INVAL, "tok_encode: NULL text");
     tok__ids out = {0};
     enc__frags frags = {0}, tmp = {0};
-    enc__ctx c = {.v = v, .out = &out};
+    enc__ctx c = {.v = v, .out = &out, .max_ids = max_ids};
     bool ok = true;
 
     if (len > 0) ok = enc__frag_push(&frags, TOK_NULL, 0, len);
@@ -369,7 +376,9 @@ ks_err tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_spe
     if (ok && add_special && v->add_bos) ok = tok__ids_push(&out, v->bos);
 
     bool prev_special = true; /* SPM: the first fragment gets the space prefix */
-    for (size_t i = 0; ok && i < frags.n; i++) {
+    // BPE words and the fragments between special tokens are tokenized
+    // independently, so stopping between two of them leaves an exact prefix
+    for (size_t i = 0; ok && i < frags.n && out.n <= max_ids; i++) {
         const enc__frag *fr = &frags.p[i];
         if (fr->id != TOK_NULL) {
             ok = tok__ids_push(&out, fr->id);
@@ -398,7 +407,7 @@ ks_err tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_spe
         }
         prev_special = false;
     }
-    if (ok && add_special && v->add_eos) ok = tok__ids_push(&out, v->eos);
+    if (ok && add_special && v->add_eos && out.n <= max_ids) ok = tok__ids_push(&out, v->eos);
 
     free(frags.p);
     free(tmp.p);

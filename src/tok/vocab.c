@@ -559,6 +559,15 @@ size_t tok_piece(const tok_vocab *v, int32_t id, bool render_special, char *buf,
 
 size_t tok_max_piece(const tok_vocab *v) { return v->max_piece; }
 
+size_t tok_max_token_bytes(const tok_vocab *v) {
+    // A token's piece is exactly the input it covers (U+2581 is the space it
+    // escaped; byte tokens, an invalid byte read as U+FFFD and <unk> cover
+    // one byte each), except whitespace stripped next to a special token.
+    for (int32_t i = 0; i < v->n_vocab; i++)
+        if (v->attr[i] & (TOK__ATTR_LSTRIP | TOK__ATTR_RSTRIP)) return 0;
+    return v->max_piece;
+}
+
 size_t tok_detokenize(const tok_vocab *v, const int32_t *ids, size_t n, bool render_special,
                       bool strip_space, char *buf, size_t cap) {
     size_t total = 0;

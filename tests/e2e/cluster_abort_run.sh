@@ -18,7 +18,7 @@ ARGS=(-m "$KS_SRC/models/kjv-mini.gguf" --ctx 512 --kv-pages 64 --threads 1)
 PREFILL_ENV="KS_PD_FAULT=stall:20:2:600000" ROUTER_ARGS="--admin-key adm-x" start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
 long=$(printf 'And the LORD said unto Moses, %.0s' $(seq 1 30))
 curl -sS -N "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
-    -d "{\"prompt\":\"$long\",\"max_tokens\":32,\"temperature\":0,\"stream\":true}" >"$TMPD/aborted" 2>/dev/null &
+    -d "{\"model\":\"kjv-mini\",\"prompt\":\"$long\",\"max_tokens\":32,\"temperature\":0,\"stream\":true}" >"$TMPD/aborted" 2>/dev/null &
 CPID=$!
 wait_for "the stall fault to cut a KV_PAGE frame" file_has "$TMPD/c.prefill1" "frame cut mid-payload"
 kill -KILL $CPID
@@ -31,7 +31,7 @@ chk=$(curl -sS -H "Authorization: Bearer adm-x" "$KS_URL/admin/kv/check?timeout_
 echo "pool check: $chk" >&2
 case "$chk" in *'"clean":true'*) ;; *) echo "LEAK: a page written after the abort is not scrubbed" >&2; rc=1;; esac
 out=$(curl -sS "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"prompt":"In the beginning","max_tokens":4,"temperature":0}')
+    -d '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":4,"temperature":0}')
 expect_has "cluster still serving" "$out" '"text"'
 stop_cluster
 exit $rc

@@ -42,7 +42,7 @@ wait_for "the prefill worker to retry the router" file_has "$TMPD/p.log" "Connec
 registered() { [ "$(grep -c "$2 [0-9]* registered" "$TMPD/$1.log")" -ge "$3" ]; }
 answers() {
     curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
-        -d '{"prompt":"In the beginning","max_tokens":6,"temperature":0}' | grep -q '"text"'
+        -d '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":6,"temperature":0}' | grep -q '"text"'
 }
 # router NAME: starts the router on the fixed cluster port (logs
 # $TMPD/NAME.{out,log}), waits for both workers to register, sets R and URL
@@ -61,14 +61,14 @@ kill -KILL $X $Y 2>/dev/null
 expect_eq "only the two good workers registered" "$(grep -c 'worker [0-9]* registered' "$TMPD/r.log")" 2
 
 ans=$(curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"prompt":"In the beginning","max_tokens":6,"temperature":0}')
+    -d '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":6,"temperature":0}')
 expect_has "answer through the cluster" "$ans" '"text"'
 
 # a worker that stops answering is dropped; its requests fail, the router lives
 kill -STOP $D
 wait_for "the silent worker to be dropped" file_has "$TMPD/r.log" "missed 3 health checks"
 code=$(curl -sS -o "$TMPD/busy" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"prompt":"In the beginning","max_tokens":6}')
+    -d '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":6}')
 expect_eq "no decode worker: status" "$code" 503
 expect_has "no decode worker: message" "$(cat "$TMPD/busy")" "no decode worker is registered"
 kill -CONT $D

@@ -17,7 +17,7 @@ expect_has "cluster pool check" "$chk" '"clean":true'
 expect_has "cluster pool check names the workers" "$chk" "decode worker"
 # a penalty cannot cross the wire: refused up front, not silently ignored
 code=$(curl -sS -o "$TMPD/pen" -w '%{http_code}' "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"prompt":"In the","max_tokens":4,"frequency_penalty":0.5}')
+    -d '{"model":"kjv-mini","prompt":"In the","max_tokens":4,"frequency_penalty":0.5}')
 expect_eq "penalty status" "$code" 400
 expect_has "penalty message" "$(cat "$TMPD/pen")" "not supported in disaggregated serving"
 stop_cluster

@@ -16,7 +16,7 @@ start_server "$TMPD/server.log" --tenants "$TMPD/t.json"
 doc='Hear, O Israel: The LORD our God is one LORD: And thou shalt love the LORD thy God with all thine heart, and with all thy soul, and with all thy might.'
 ask() {  # ask KEY -> "cached_tokens|text"
     curl -fsS "$KS_URL/v1/completions" -H "authorization: Bearer $1" -H 'content-type: application/json' \
-        -d "{\"prompt\":\"$doc\",\"max_tokens\":8,\"temperature\":0}" |
+        -d "{\"model\":\"kjv-mini\",\"prompt\":\"$doc\",\"max_tokens\":8,\"temperature\":0}" |
         node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{const j=JSON.parse(s);
           console.log(((j.usage.prompt_tokens_details||{}).cached_tokens||0)+"|"+j.choices[0].text)})'
 }

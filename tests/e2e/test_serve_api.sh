@@ -78,7 +78,7 @@ expect_has "chat id" "$BODY" '"id":"chatcmpl-'
 expect_has "chat model echoed" "$BODY" '"model":"kjv-mini"'
 expect_has "chat usage" "$BODY" '"usage":{"prompt_tokens":5,"completion_tokens":60,"total_tokens":65,'
 curl -sSN "${A[@]}" "$U/v1/chat/completions" -o "$TMPD/sse" \
-    -d '{"messages":[{"role":"user","content":"In the beginning"}],"max_tokens":60,"temperature":0,"stream":true}' ||
+    -d '{"model":"kjv","messages":[{"role":"user","content":"In the beginning"}],"max_tokens":60,"temperature":0,"stream":true}' ||
     fail "chat stream curl"
 expect_has "chat stream role first" "$(grep '^data: ' "$TMPD/sse" | head -1)" '"delta":{"role":"assistant"'
 expect_has "chat stream object" "$(head -1 "$TMPD/sse")" '"object":"chat.completion.chunk"'
@@ -88,16 +88,16 @@ expect_eq "chat stream [DONE]" "$(grep '^data: ' "$TMPD/sse" | tail -1)" "data: 
 
 # ---- logprobs: one entry per generated token, the greedy token is the top one
 req "logprobs" 200 "${A[@]}" "$U/v1/chat/completions" \
-    -d '{"messages":[{"role":"user","content":"In the beginning"}],"max_tokens":3,"temperature":0,"logprobs":true,"top_logprobs":2}'
+    -d '{"model":"kjv","messages":[{"role":"user","content":"In the beginning"}],"max_tokens":3,"temperature":0,"logprobs":true,"top_logprobs":2}'
 expect_has "logprobs first" "$BODY" '"logprobs":{"content":[{"token":" of","logprob":'
 expect_has "logprobs top" "$BODY" '"top_logprobs":[{"token":" of","logprob":'
 req "completion logprobs" 200 "${A[@]}" "$U/v1/completions" \
-    -d '{"prompt":"In the beginning","max_tokens":3,"temperature":0,"logprobs":1}'
+    -d '{"model":"kjv","prompt":"In the beginning","max_tokens":3,"temperature":0,"logprobs":1}'
 expect_has "completion logprobs" "$BODY" '"logprobs":{"tokens":[" of"," the"," Lord"],"token_logprobs":['
 
 # ---- stop strings end the text before them
 req "stop" 200 "${A[@]}" "$U/v1/completions" \
-    -d '{"prompt":"Blessed are the","max_tokens":60,"temperature":0,"stop":["the LORD said"]}'
+    -d '{"model":"kjv","prompt":"Blessed are the","max_tokens":60,"temperature":0,"stop":["the LORD said"]}'
 expect_has "stop text" "$BODY" '"text":" people, and the people that are in the land. And ","index":0,"logprobs":null,"finish_reason":"stop"'
 
 # ---- I7: prefix reuse is scoped by the AUTHENTICATED tenant. The same
@@ -105,7 +105,7 @@ expect_has "stop text" "$BODY" '"text":" people, and the people that are in the 
 # its body claims to be the first one; the text is the same every time.
 PR=$(printf 'And the word of the LORD came unto me, saying, %.0s' 1 2 3 4 5)
 pq() { req "prefix $1" 200 -H "Authorization: Bearer $1" "$U/v1/completions" \
-    -d "{\"prompt\":\"$PR\",\"max_tokens\":8,\"temperature\":0${2:-}}"; }
+    -d "{\"model\":\"kjv\",\"prompt\":\"$PR\",\"max_tokens\":8,\"temperature\":0${2:-}}"; }
 cached() { sed -n 's/.*"cached_tokens":\([0-9]*\).*/\1/p' <<<"$BODY"; }
 ptext() { sed -n 's/.*"text":"\([^"]*\)".*/\1/p' <<<"$BODY"; }
 pq sk-acme-1
@@ -115,9 +115,13 @@ T0=$(ptext)
 pq sk-acme-2
 [ "$(cached)" -gt 0 ] || fail "prefix: same tenant did not reuse its prefix ($BODY)"
 expect_eq "prefix: same text on reuse" "$(ptext)" "$T0"
-pq sk-globex ',"user":"acme","tenant":"acme","account":"acme"'
-expect_eq "prefix: other tenant (claiming acme in the body) reused nothing" "$(cached)" 0
+pq sk-globex ',"user":"acme"'
+expect_eq "prefix: other tenant (naming acme as its user) reused nothing" "$(cached)" 0
 expect_eq "prefix: other tenant text" "$(ptext)" "$T0"
+# a body cannot even claim a tenant: the field is refused, not ignored
+req "prefix: tenant in the body" 400 -H "Authorization: Bearer sk-globex" "$U/v1/completions" \
+    -d "{\"model\":\"kjv\",\"prompt\":\"$PR\",\"max_tokens\":8,\"tenant\":\"acme\"}"
+expect_has "prefix: tenant in the body" "$BODY" '"param":"tenant","code":"unsupported_parameter"'
 pq sk-globex
 [ "$(cached)" -gt 0 ] || fail "prefix: globex did not reuse its own prefix ($BODY)"
 
@@ -151,7 +155,7 @@ for i in 1 2 3 4 5 6; do
     stream=false
     [ "$i" -gt 3 ] && stream=true
     curl -sSN -H "Authorization: Bearer $key" "$U/v1/completions" -o "$TMPD/par$i" \
-        -d "{\"prompt\":\"In the beginning\",\"max_tokens\":60,\"temperature\":0,\"stream\":$stream}" &
+        -d "{\"model\":\"kjv\",\"prompt\":\"In the beginning\",\"max_tokens\":60,\"temperature\":0,\"stream\":$stream}" &
     pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p" || fail "parallel curl failed"; done
@@ -159,33 +163,33 @@ for i in 1 2 3; do expect_has "parallel $i" "$(cat "$TMPD/par$i")" "\"text\":\"$
 for i in 4 5 6; do expect_eq "parallel stream $i" "$(sse_join "$TMPD/par$i" text)" "$REF"; done
 
 # ---- errors: status + OpenAI error code
-req "context length" 400 "${A[@]}" "$U/v1/completions" -d '{"prompt":"In the beginning","max_tokens":1000}'
+req "context length" 400 "${A[@]}" "$U/v1/completions" -d '{"model":"kjv","prompt":"In the beginning","max_tokens":1000}'
 expect_has "context length code" "$BODY" '"code":"context_length_exceeded"'
 expect_has "context length message" "$BODY" "maximum context length is 512 tokens"
 expect_has "context length numbers" "$BODY" "1005 tokens (5 in the prompt, 1000 for the completion)"
 LONG=$(printf 'and the word %.0s' $(seq 400))
-req "long prompt" 400 "${A[@]}" "$U/v1/chat/completions" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"$LONG\"}]}"
+req "long prompt" 400 "${A[@]}" "$U/v1/chat/completions" -d "{\"model\":\"kjv\",\"messages\":[{\"role\":\"user\",\"content\":\"$LONG\"}]}"
 expect_has "long prompt code" "$BODY" '"code":"context_length_exceeded"'
-req "bad type" 400 "${A[@]}" "$U/v1/completions" -d '{"prompt":"x","temperature":"hot"}'
+req "bad type" 400 "${A[@]}" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","temperature":"hot"}'
 expect_has "bad type" "$BODY" '"message":"'"'"'temperature'"'"' must be a number, got string","type":"invalid_request_error","param":"temperature"'
-req "negative max_tokens" 400 "${A[@]}" "$U/v1/completions" -d '{"prompt":"x","max_tokens":-5}'
+req "negative max_tokens" 400 "${A[@]}" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","max_tokens":-5}'
 expect_has "negative max_tokens" "$BODY" '"param":"max_tokens"'
-req "huge max_tokens" 400 "${A[@]}" "$U/v1/completions" -d '{"prompt":"x","max_tokens":99999999999}'
+req "huge max_tokens" 400 "${A[@]}" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","max_tokens":99999999999}'
 expect_has "huge max_tokens" "$BODY" '"param":"max_tokens"'
-req "n=2" 400 "${A[@]}" "$U/v1/completions" -d '{"prompt":"x","n":2}'
+req "n=2" 400 "${A[@]}" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","n":2}'
 expect_has "n=2" "$BODY" 'only n=1 is supported'
-req "5 stops" 400 "${A[@]}" "$U/v1/completions" -d '{"prompt":"x","stop":["a","b","c","d","e"]}'
+req "5 stops" 400 "${A[@]}" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","stop":["a","b","c","d","e"]}'
 expect_has "5 stops" "$BODY" '"param":"stop"'
-req "malformed json" 400 "${A[@]}" "$U/v1/completions" --data-binary $'{"prompt": "x",\n "max_tokens": }'
+req "malformed json" 400 "${A[@]}" "$U/v1/completions" --data-binary $'{"model":"kjv","prompt": "x",\n "max_tokens": }'
 expect_has "malformed json" "$BODY" 'malformed JSON at line 2, column'
 expect_has "malformed json code" "$BODY" '"code":"invalid_json"'
-req "invalid utf-8" 400 "${A[@]}" "$U/v1/completions" --data-binary $'{"prompt":"\xff\xfe"}'
+req "invalid utf-8" 400 "${A[@]}" "$U/v1/completions" --data-binary $'{"model":"kjv","prompt":"\xff\xfe"}'
 expect_has "invalid utf-8" "$BODY" 'malformed JSON'
-req "bad role" 400 "${A[@]}" "$U/v1/chat/completions" -d '{"messages":[{"role":"wizard","content":"x"}]}'
+req "bad role" 400 "${A[@]}" "$U/v1/chat/completions" -d '{"model":"kjv","messages":[{"role":"wizard","content":"x"}]}'
 expect_has "bad role" "$BODY" '"param":"messages"'
-req "no key" 401 "$U/v1/completions" -d '{"prompt":"x"}'
+req "no key" 401 "$U/v1/completions" -d '{"model":"kjv","prompt":"x"}'
 expect_has "no key" "$BODY" '"code":"invalid_api_key"'
-req "wrong key" 401 -H "Authorization: Bearer sk-acme-3" "$U/v1/completions" -d '{"prompt":"x"}'
+req "wrong key" 401 -H "Authorization: Bearer sk-acme-3" "$U/v1/completions" -d '{"model":"kjv","prompt":"x"}'
 expect_has "wrong key" "$BODY" '"code":"invalid_api_key"'
 req "models no key" 401 "$U/v1/models"
 req "model 404" 404 "${A[@]}" "$U/v1/chat/completions" -d '{"model":"gpt-4o","messages":[{"role":"user","content":"x"}]}'
@@ -202,18 +206,18 @@ req "413 chunked" 413 "${A[@]}" -H "Transfer-Encoding: chunked" "$U/v1/completio
 # vanishes mid-stream. A client that stops reading pauses its stream
 # (kvseal_paused_requests), so its request, and its slot, stay busy for as
 # long as the test needs, whatever the machine's speed.
-req "rate" 429 -H "Authorization: Bearer sk-small" "$U/v1/completions" -d '{"prompt":"x","max_tokens":100}'
+req "rate" 429 -H "Authorization: Bearer sk-small" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","max_tokens":100}'
 expect_has "rate code" "$BODY" '"code":"rate_limit_exceeded"'
 expect_has "rate message" "$BODY" "50 tokens per minute"
-req "rate ok" 200 -H "Authorization: Bearer sk-small" "$U/v1/completions" -d '{"prompt":"x","max_tokens":4}'
+req "rate ok" 200 -H "Authorization: Bearer sk-small" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","max_tokens":4}'
 RAWC_AUTH=sk-solo rawc --rcvbuf 2048 --pause-after 'data: ' -o "$TMPD/slow" "$PORT" \
-    < <(RAWC_AUTH=sk-solo rawc_request /v1/completions '{"prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
+    < <(RAWC_AUTH=sk-solo rawc_request /v1/completions '{"model":"kjv","prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
 CPID=$!
 wait_for "the stalled reader's request to pause" metric_is "$U" kvseal_paused_requests 1
-req "concurrency" 429 -H "Authorization: Bearer sk-solo" "$U/v1/completions" -d '{"prompt":"x","max_tokens":2}'
+req "concurrency" 429 -H "Authorization: Bearer sk-solo" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","max_tokens":2}'
 expect_has "concurrency" "$BODY" "already has 1 requests running (limit 1)"
 # other tenants are not affected
-req "other tenant" 200 "${A[@]}" "$U/v1/completions" -d '{"prompt":"x","max_tokens":2}'
+req "other tenant" 200 "${A[@]}" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","max_tokens":2}'
 # SIGKILL with unread data in its socket: the kernel resets the connection
 kill -KILL "$CPID"
 wait "$CPID" 2>/dev/null
@@ -221,7 +225,7 @@ wait_for "the disconnect to be counted" metric_is "$U" kvseal_client_disconnects
 wait_for "the cancelled request to leave the batch" metric_is "$U" kvseal_running_requests 0
 expect_eq "pages of the cancelled request" "$(metric "$U" 'kvseal_kv_pages{state="allocated"}')" 0
 expect_eq "paused after the cancel" "$(metric "$U" kvseal_paused_requests)" 0
-req "solo again" 200 -H "Authorization: Bearer sk-solo" "$U/v1/completions" -d '{"prompt":"x","max_tokens":2}'
+req "solo again" 200 -H "Authorization: Bearer sk-solo" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","max_tokens":2}'
 
 # ---- admin: offline -> 503 in both shapes, wrong key -> 401, back online
 req "admin no key" 401 -X POST "$U/admin/models/kjv/offline"
@@ -231,7 +235,7 @@ req "offline" 200 -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/model
 expect_has "offline" "$BODY" '"online":false'
 req "offline health" 200 "$U/health"
 expect_has "offline health" "$BODY" '"online":false'
-req "503" 503 "${A[@]}" "$U/v1/completions" -d '{"prompt":"x","max_tokens":2}'
+req "503" 503 "${A[@]}" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","max_tokens":2}'
 expect_has "503 code" "$BODY" '"code":"model_offline"'
 req "503 workers" 503 "${A[@]}" "$U/accounts/a/ai/run/kjv" -d '{"prompt":"x","max_tokens":2}'
 expect_has "503 workers" "$BODY" '"success":false,"errors":[{"code":503'
@@ -242,7 +246,7 @@ expect_has "online" "$BODY" '"online":true'
 # pauses first, so the abort always lands mid-stream; it then reads the rest.
 rawc --rcvbuf 2048 --pause-after 'data: ' --ready "$TMPD/paused" --resume-on "$TMPD/resume" \
     -o "$TMPD/abort" "$PORT" < <(RAWC_AUTH=sk-acme-1 rawc_request /v1/completions \
-    '{"prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
+    '{"model":"kjv","prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
 CPID=$!
 wait_for "the stream to pause" metric_is "$U" kvseal_paused_requests 1
 curl -s -o /dev/null -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/models/kjv/offline?abort_running=true"
@@ -253,7 +257,7 @@ grep -q '^data: \[DONE\]' "$TMPD/abort" && fail "aborted stream sent [DONE]"
 req "online again" 200 -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/models/kjv/online"
 
 # ---- still serving, same content
-req "after errors" 200 "${A[@]}" "$U/v1/completions" -d '{"prompt":"In the beginning","max_tokens":60,"temperature":0}'
+req "after errors" 200 "${A[@]}" "$U/v1/completions" -d '{"model":"kjv","prompt":"In the beginning","max_tokens":60,"temperature":0}'
 expect_has "after errors text" "$BODY" "\"text\":\"$REF\""
 
 # ---- metrics

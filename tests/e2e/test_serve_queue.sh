@@ -19,15 +19,15 @@ expect_has "anonymous warning" "$(cat "$TMPD/err")" "NO API key is required"
 
 # A runs, and pauses as soon as its client's socket buffers are full
 rawc --rcvbuf 2048 --pause-after 'data: ' --resume-on "$TMPD/resume" -o "$TMPD/a" "${U##*:}" \
-    < <(rawc_request /v1/completions '{"prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
+    < <(rawc_request /v1/completions '{"model":"kjv-mini","prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
 APID=$!
 wait_for "A to pause" metric_is "$U" kvseal_paused_requests 1
 allocs=$(metric "$U" kvseal_kv_page_allocations_total)
 # B waits in the queue, C finds it full
-curl -sS "$U/v1/completions" -o "$TMPD/b" -d '{"prompt":"In the beginning","max_tokens":60,"temperature":0}' &
+curl -sS "$U/v1/completions" -o "$TMPD/b" -d '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":60,"temperature":0}' &
 BPID=$!
 wait_for "B to queue" metric_is "$U" kvseal_queue_requests 1
-code=$(curl -sS -o "$TMPD/c" -w '%{http_code}' "$U/v1/completions" -d '{"prompt":"x","max_tokens":2}')
+code=$(curl -sS -o "$TMPD/c" -w '%{http_code}' "$U/v1/completions" -d '{"model":"kjv-mini","prompt":"x","max_tokens":2}')
 expect_eq "queue full status ($(cat "$TMPD/c"))" "$code" 503
 expect_has "queue full code" "$(cat "$TMPD/c")" '"code":"queue_full"'
 expect_has "queue full shape" "$(cat "$TMPD/c")" '{"error":{"message":"'
@@ -40,7 +40,7 @@ expect_eq "running after B's cancel" "$(metric "$U" kvseal_running_requests)" 1
 expect_eq "pages allocated for B" "$(metric "$U" kvseal_kv_page_allocations_total)" "$allocs"
 expect_eq "engine outcome of B" "$(metric "$U" 'kvseal_engine_requests_total{outcome="aborted"}')" 1
 # D queues; A's client reads on; A ends whole, then D runs
-curl -sS "$U/v1/completions" -o "$TMPD/d" -d '{"prompt":"In the beginning","max_tokens":60,"temperature":0}' &
+curl -sS "$U/v1/completions" -o "$TMPD/d" -d '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":60,"temperature":0}' &
 DPID=$!
 wait_for "D to queue" metric_is "$U" kvseal_queue_requests 1
 touch "$TMPD/resume"
@@ -49,7 +49,7 @@ wait "$DPID" || fail "D failed"
 expect_eq "A ended" "$(grep '^data: ' "$TMPD/a" | tail -1)" "data: [DONE]"
 expect_has "A ran to max_tokens" "$(cat "$TMPD/a")" '"finish_reason":"length"'
 expect_has "queued request content" "$(cat "$TMPD/d")" "\"text\":\"$REF\""
-code=$(curl -sS -o "$TMPD/e" -w '%{http_code}' "$U/v1/completions" -d '{"prompt":"In the beginning","max_tokens":60,"temperature":0}')
+code=$(curl -sS -o "$TMPD/e" -w '%{http_code}' "$U/v1/completions" -d '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":60,"temperature":0}')
 expect_eq "after drain ($(cat "$TMPD/e"))" "$code" 200
 expect_has "after drain content" "$(cat "$TMPD/e")" "\"text\":\"$REF\""
 m=$(curl -sS "$U/metrics")

@@ -51,7 +51,7 @@ static void test_request_valid(void) {
         "\"top_p\":0.9,\"top_k\":5,\"min_p\":0.1,\"seed\":42,\"stop\":[\"a\",\"bc\"],"
         "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"logprobs\":3,"
         "\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,\"repetition_penalty\":1.1,"
-        "\"n\":1,\"user\":\"u\",\"unknown_field\":[1,2]}");
+        "\"n\":1,\"user\":\"u\"}");
     CHECK_STR_EQ(r.model, "kjv");
     CHECK_STR_EQ(r.prompt, "In the beginning");
     CHECK_EQ(r.max_tokens, 60);
@@ -70,16 +70,17 @@ static void test_request_valid(void) {
     srv_request_free(&r);
 
     // defaults: OpenAI's sampling, max_tokens left to the route, a random seed
-    r = parse_ok(SRV_ROUTE_COMPLETIONS, "{\"prompt\":[\"only one\"]}");
+    r = parse_ok(SRV_ROUTE_COMPLETIONS, "{\"model\":\"m\",\"prompt\":[\"only one\"]}");
     CHECK_STR_EQ(r.prompt, "only one");
     CHECK_EQ(r.max_tokens, -1);
     CHECK(r.sp.temperature == 1.0f && r.sp.top_p == 1.0f && r.sp.top_k == 0 && r.sp.min_p == 0.0f);
-    CHECK(!r.seeded && !r.stream && !r.logprobs && r.n_stops == 0 && r.model == NULL);
+    CHECK(!r.seeded && !r.stream && !r.logprobs && r.n_stops == 0);
     srv_request_free(&r);
     // max_completion_tokens is accepted; a stop string alone
-    r = parse_ok(SRV_ROUTE_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
-                                 "\"max_completion_tokens\":7,\"stop\":\"\\n\",\"logprobs\":true,"
-                                 "\"top_logprobs\":2}");
+    r = parse_ok(SRV_ROUTE_CHAT,
+                 "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                 "\"max_completion_tokens\":7,\"stop\":\"\\n\",\"logprobs\":true,"
+                 "\"top_logprobs\":2}");
     CHECK_EQ(r.max_tokens, 7);
     CHECK_EQ(r.n_stops, 1);
     CHECK_STR_EQ(r.stops[0], "\n");
@@ -88,7 +89,7 @@ static void test_request_valid(void) {
 
     // chat messages, text parts joined
     r = parse_ok(SRV_ROUTE_CHAT,
-                 "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                 "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
                  "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hel\"},"
                  "{\"type\":\"text\",\"text\":\"lo \\u00e9\"}]}]}");
     CHECK_EQ(r.n_msgs, 2);
@@ -160,7 +161,7 @@ static void test_request_invalid(void) {
                    "'stop[1]' must be a string");
     expect_invalid(C, "{\"prompt\":\"x\",\"stream_options\":3}", "stream_options", NULL, "object");
     // chat: messages
-    expect_invalid(H, "{\"prompt\":\"x\"}", "messages", "missing_required_parameter", "required");
+    expect_invalid(H, "{\"max_tokens\":2}", "messages", "missing_required_parameter", "required");
     expect_invalid(H, "{\"messages\":[]}", "messages", NULL, "must not be empty");
     expect_invalid(H, "{\"messages\":{}}", "messages", NULL, "must be an array");
     expect_invalid(H, "{\"messages\":[\"hi\"]}", "messages[0]", NULL, "must be an object");
@@ -174,6 +175,49 @@ static void test_request_invalid(void) {
                    "top_logprobs", NULL, "requires 'logprobs'");
     expect_invalid(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":3}",
                    "logprobs", NULL, "boolean");
+    // issue 8: a model is required (OpenAI), except on Workers AI (in the URL)
+    expect_invalid(C, "{\"prompt\":\"x\"}", "model", "missing_required_parameter",
+                   "you must provide a model parameter");
+    expect_invalid(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"model\":null}",
+                   "model", "missing_required_parameter", "model");
+    // issue 8: every field kvseal does not implement is refused by name, on
+    // every route, rather than ignored
+    static const char *const unsupported[] = {
+        "echo",        "suffix",      "best_of", "logit_bias", "response_format",
+        "tools",       "tool_choice", "grammar", "functions",  "parallel_tool_calls",
+        "json_schema", "raw",         "lora",    "tenant",     "unknown_field",
+    };
+    for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"x\",\"%s\":1}", unsupported[i]);
+        expect_invalid(C, body, unsupported[i], "unsupported_parameter", unsupported[i]);
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"%s\":true}", unsupported[i]);
+        expect_invalid(W, body, unsupported[i], "unsupported_parameter", "Unsupported parameter");
+        snprintf(
+            body, sizeof body,
+            "{\"model\":\"m\",\"%s\":null,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+            unsupported[i]);
+        expect_invalid(H, body, unsupported[i], "unsupported_parameter", unsupported[i]);
+    }
+    // route-specific: what one route implements another refuses
+    expect_invalid(C, "{\"model\":\"m\",\"prompt\":\"x\",\"top_logprobs\":1}", "top_logprobs",
+                   "unsupported_parameter", "top_logprobs");
+    expect_invalid(H,
+                   "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                   "\"prompt\":\"x\"}",
+                   "prompt", "unsupported_parameter", "prompt");
+    expect_invalid(W, "{\"model\":\"m\",\"prompt\":\"x\"}", "model", "unsupported_parameter",
+                   "named in the URL");
+    expect_invalid(W, "{\"prompt\":\"x\",\"logprobs\":true}", "logprobs", "unsupported_parameter",
+                   "logprobs");
+    expect_invalid(C,
+                   "{\"model\":\"m\",\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true,"
+                   "\"chunk_size\":4}}",
+                   "stream_options.chunk_size", "unsupported_parameter", "chunk_size");
+    expect_invalid(H,
+                   "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\","
+                   "\"name\":\"bob\"}]}",
+                   "messages[0].name", "unsupported_parameter", "messages[0].name");
     // workers: exactly one of prompt / messages
     expect_invalid(W, "{}", NULL, NULL, "exactly one of");
     expect_invalid(W, "{\"prompt\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"b\"}]}",
@@ -182,6 +226,81 @@ static void test_request_invalid(void) {
 
 // ----------------------------------------------------------------------------
 // Error shapes and SSE
+
+/* Issue 8: the byte bound on a prompt's tokens, checked before tokenizing. */
+static void test_prompt_bound(void) {
+    CHECK_EQ(srv_prompt_min_tokens(0, 14), 0);
+    CHECK_EQ(srv_prompt_min_tokens(1, 14), 1);
+    CHECK_EQ(srv_prompt_min_tokens(14, 14), 1);
+    CHECK_EQ(srv_prompt_min_tokens(15, 14), 2);
+    CHECK_EQ(srv_prompt_min_tokens(1000000, 0), 0); // no bound known
+    srv_error e;
+    memset(&e, 0, sizeof e);
+    // 511 prompt tokens of 14 bytes at most leave one for the completion:
+    // 7154 bytes may fit (then max_tokens is the engine's to judge), 7155 cannot
+    CHECK(srv_prompt_fits(512, 7154, 14, 16, SRV_ROUTE_COMPLETIONS, &e));
+    CHECK(!srv_prompt_fits(512, 7155, 14, 16, SRV_ROUTE_COMPLETIONS, &e));
+    CHECK_EQ(e.status, 400);
+    CHECK_STR_EQ(e.code, "context_length_exceeded");
+    CHECK_STR_EQ(e.param, "prompt");
+    CHECK_EQ(e.reject, SRV_REJECT_CONTEXT_LENGTH);
+    CHECK_STR_HAS(e.msg, "maximum context length is 512 tokens");
+    CHECK_STR_HAS(e.msg, "at least 512 in the prompt of 7155 bytes");
+    CHECK(srv_prompt_fits(512, 511 * 14, 14, -1, SRV_ROUTE_CHAT, &e));
+    CHECK(!srv_prompt_fits(512, 511 * 14 + 1, 14, -1, SRV_ROUTE_CHAT, &e));
+    CHECK_STR_EQ(e.param, "messages");
+    CHECK(srv_prompt_fits(512, 100000000, 0, 16, SRV_ROUTE_WORKERS, &e)); // no bound: tokenize
+}
+
+/* Issue 8: request framing (RFC 9112) and raw paths. */
+static void check_framing(const char *const *hdrs, int status, const char *code) {
+    srv_framing f = {0};
+    for (int i = 0; hdrs[i]; i += 2)
+        srv_framing_add(&f, hdrs[i], hdrs[i + 1]);
+    srv_error e;
+    memset(&e, 0, sizeof e);
+    bool ok = srv_framing_check(&f, &e);
+    CHECK_EQ(ok, status == 0);
+    if (!ok) {
+        CHECK_EQ(e.status, status);
+        CHECK_STR_EQ(e.code, code);
+        CHECK_EQ(e.reject, SRV_REJECT_INVALID);
+    }
+}
+
+static void test_framing(void) {
+    const char *plain[] = {"Host", "x", "Content-Length", "12", "Authorization", "Bearer k", NULL};
+    check_framing(plain, 0, NULL);
+    const char *same[] = {"Content-Length", "12", "content-length", " 12 ", NULL};
+    check_framing(same, 0, NULL);
+    const char *differ[] = {"Content-Length", "12", "Content-Length", "5", NULL};
+    check_framing(differ, 400, "invalid_framing");
+    const char *cl_te[] = {"Content-Length", "12", "Transfer-Encoding", "chunked", NULL};
+    check_framing(cl_te, 400, "invalid_framing");
+    const char *chunked[] = {"transfer-encoding", "Chunked", NULL};
+    check_framing(chunked, 0, NULL);
+    const char *te_twice[] = {"Transfer-Encoding", "chunked", "Transfer-Encoding", "chunked", NULL};
+    check_framing(te_twice, 400, "invalid_framing");
+    const char *te_gzip[] = {"Transfer-Encoding", "gzip, chunked", NULL};
+    check_framing(te_gzip, 501, "unsupported_transfer_encoding");
+    const char *ce[] = {"Content-Length", "3", "Content-Encoding", "br", NULL};
+    check_framing(ce, 415, "unsupported_content_encoding");
+    const char *ce_id[] = {"Content-Length", "3", "Content-Encoding", "identity", NULL};
+    check_framing(ce_id, 0, NULL);
+    const char *auth2[] = {"Authorization", "Bearer a", "authorization", "Bearer a", NULL};
+    check_framing(auth2, 400, "duplicate_header");
+
+    srv_error e;
+    CHECK(srv_path_check("/v1/completions", &e));
+    CHECK(srv_path_check("/v1/completions?x=%2F&y=%00", &e)); // the query is not the path
+    CHECK(srv_path_check("/accounts/a%20b/ai/run/@cf/x", &e));
+    CHECK(srv_path_check("/v1/completions%", &e));
+    CHECK(!srv_path_check("/v1%2Fcompletions", &e));
+    CHECK_EQ(e.status, 400);
+    CHECK_STR_EQ(e.code, "invalid_path");
+    CHECK(!srv_path_check("/accounts/a%2fb/ai/run/kjv", &e));
+    CHECK(!srv_path_check("/v1/completions%00", &e));
+}
 
 static void test_error_shapes(void) {
     srv_error e;
@@ -321,6 +440,33 @@ static void test_tenants(void) {
     CHECK_NEAR(ts->t[0].bucket, 0, 1e-6);
     srv_tenants_release(ts, 0, 0);
     CHECK_EQ(ts->t[0].running, 0);
+
+    // issue 8: admitted on a lower bound, grown to the exact count once
+    // tokenized; refused work is charged, even past the bucket (a debt)
+    uint64_t t1 = t0 + 7200000000000ull; // bucket full again: 600
+    CHECK_EQ(srv_tenants_admit(ts, 0, 100, t1, msg, sizeof msg), SRV_REJECT_NONE);
+    CHECK_EQ(srv_tenants_grow(ts, 0, 100, 300, t1, msg, sizeof msg), SRV_REJECT_NONE);
+    CHECK_NEAR(ts->t[0].bucket, 300, 1e-6);
+    CHECK_EQ(srv_tenants_grow(ts, 0, 300, 700, t1, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    CHECK_STR_HAS(msg, "lower max_tokens");
+    CHECK_EQ(srv_tenants_grow(ts, 0, 300, 601, t1, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 200, t1, msg, sizeof msg), SRV_REJECT_NONE); // 100 left
+    CHECK_EQ(srv_tenants_grow(ts, 0, 300, 500, t1, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    CHECK_STR_HAS(msg, "request needs 500, 400 available now");
+    CHECK_NEAR(ts->t[0].bucket, 100, 1e-6); // a refused grow takes nothing
+    srv_tenants_release(ts, 0, 200);
+    CHECK_NEAR(ts->t[0].bucket, 300, 1e-6);
+    srv_tenants_refuse(ts, 0, 300, 250); // 250 tokens of work: 50 back
+    CHECK_NEAR(ts->t[0].bucket, 350, 1e-6);
+    CHECK_EQ(ts->t[0].running, 0);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 300, t1, msg, sizeof msg), SRV_REJECT_NONE);
+    srv_tenants_refuse(ts, 0, 300, 513); // charged more than it reserved
+    CHECK_NEAR(ts->t[0].bucket, -163, 1e-6);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 1, t1, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    // the debt is paid by refilling (10 per second): 17 s later 7 are there
+    CHECK_EQ(srv_tenants_admit(ts, 0, 7, t1 + 17000000000ull, msg, sizeof msg), SRV_REJECT_NONE);
+    srv_tenants_release(ts, 0, 0);
+    CHECK_EQ(ts->t[0].running, 0);
     srv_tenants_free(ts);
 
     // anonymous: tenant 0 "default", any key
@@ -453,6 +599,8 @@ int main(void) {
     CHECK(sodium_init() >= 0);
     test_request_valid();
     test_request_invalid();
+    test_prompt_bound();
+    test_framing();
     test_error_shapes();
     test_sse();
     test_tenants();

@@ -188,7 +188,8 @@ static void http(int port, const char *method, const char *path, const char *aut
 
 static void gen(int port, int script_id, bool stream, reply *out) {
     char body[256];
-    snprintf(body, sizeof body, "{\"prompt\":\"s%d\",\"max_tokens\":4,\"stream\":%s}", script_id,
+    snprintf(body, sizeof body,
+             "{\"model\":\"kjv\",\"prompt\":\"s%d\",\"max_tokens\":4,\"stream\":%s}", script_id,
              stream ? "true" : "false");
     http(port, "POST", "/v1/completions", NULL, body, out);
 }

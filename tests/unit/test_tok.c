@@ -132,6 +132,19 @@ static int run_vectors(const char *name, int *n_vec) {
                 fprintf(stderr, " %d", want[i]);
             fprintf(stderr, "\n");
         }
+        /* the server's bounds (issue 8): a text of sn bytes has at least
+         * ceil(sn / L) tokens, and a bounded encode stops with an exact prefix */
+        size_t L = tok_max_token_bytes(v);
+        if (L) CHECK(n >= (sn + L - 1) / L);
+        for (size_t max = 0; max < n; max += 1 + n / 3) {
+            int32_t *pre;
+            size_t n_pre;
+            ks_errbuf peb = {0};
+            CHECK(tok_encode_max(v, s, sn, false, false, max, &pre, &n_pre, &peb) == KS_OK);
+            CHECK(n_pre > max && n_pre <= n);
+            CHECK(memcmp(pre, ids, n_pre * sizeof *ids) == 0);
+            free(pre);
+        }
         /* round trip: the pieces give the input back (SPM: minus the added
          * leading space). Valid UTF-8 inputs only, all of these are. */
         size_t cap = sn * 4 + 16;

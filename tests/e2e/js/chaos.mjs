@@ -8,21 +8,24 @@
 // succeed with their reference answers. The signal goes when the wave's
 // first token arrives (KILL_WHEN=log: when KILL_LOG has more lines
 // containing KILL_LOG_TEXT than it had before the wave, i.e. when the
-// victim logged that it holds a transfer of this wave). Env: KS_URL,
+// victim logged that it holds a transfer of this wave). Env: KS_URL, KS_MODEL_NAME (kjv-mini),
 // KILL_PID, KILL_WHEN, KILL_LOG, KILL_LOG_TEXT, CHAOS_N. With KILL_SIGNAL=SIGTERM (a graceful drain,
 // KILL_PID may list several pids) a second wave of N requests starts right
 // after the signal, and every request of both waves must succeed with its
-// reference answer. Exit 0 = pass, 1 = fail.
+// reference answer. With CHAOS_EXPECT=all (a prefill worker killed while
+// another is left: its requests are placed on the other one) every request
+// of the wave must succeed with its reference answer. Exit 0 = pass, 1 = fail.
 import { readFileSync } from 'node:fs';
 
 const URL_ = process.env.KS_URL;
+const MODEL = process.env.KS_MODEL_NAME || 'kjv-mini';
 const N = Number(process.env.CHAOS_N || 8);
 const fails = [];
 const fail = (m) => { fails.push(m); console.error('CHAOS FAILURE: ' + m); };
 const BASE = 'And the LORD spake unto Moses, saying, Speak unto the children of Israel, and say unto them, ';
 
 function body(i, stream) {
-  return { prompt: `${i}: ` + BASE.repeat(2 + (i % 4)), max_tokens: 96, temperature: 0, ignore_eos: true, stream };
+  return { model: MODEL, prompt: `${i}: ` + BASE.repeat(2 + (i % 4)), max_tokens: 96, temperature: 0, ignore_eos: true, stream };
 }
 
 // Resolved when the first token of the concurrent wave arrives: the moment to
@@ -98,8 +101,11 @@ async function main() {
     console.log(`drain: ${rs.length} requests, ${fails.length} problems`);
     process.exit(fails.length ? 1 : 0);
   }
+  const expectAll = process.env.CHAOS_EXPECT === 'all';
   let ok = 0, failed = 0;
   rs.forEach((r, i) => {
+    if (expectAll && !(r.status === 200 && !r.error && r.done))
+      fail(`request ${i} failed although another worker was left to take it: ${JSON.stringify(r).slice(0, 300)}`);
     if (r.status === 200 && !r.error && r.done) {
       ok++;
       if (r.text !== ref[i]) fail(`request ${i}: survived but its output differs: ${JSON.stringify(r.text)} vs ${JSON.stringify(ref[i])}`);
@@ -110,7 +116,7 @@ async function main() {
     if (!clean) fail(`request ${i}: not a clean failure: ${JSON.stringify(r).slice(0, 300)}`);
     if (r.text && ref[i] && !ref[i].startsWith(r.text)) fail(`request ${i}: wrong partial output ${JSON.stringify(r.text)}`);
   });
-  if (failed === 0) fail('the killed worker served none of the requests in flight (kill too late?)');
+  if (failed === 0 && !expectAll) fail('the killed worker served none of the requests in flight (kill too late?)');
   if (ok === 0) fail('no request survived: the kill took down requests of other workers too');
   for (let i = 0; i < N; i++) {
     const r = await once(i, false);

@@ -5,6 +5,7 @@
 // shape, and the server must still produce the reference completion at the
 // end. Deterministic (seeded); bounded in count. Exit 0 = pass.
 const URL_ = process.env.KS_URL;
+const MODEL = process.env.KS_MODEL_NAME || 'kjv-mini';
 let seed = 12345;
 const rnd = (n) => { seed = (seed * 1103515245 + 12345) & 0x7fffffff; return seed % n; };
 let failures = 0;
@@ -33,21 +34,23 @@ for (let i = 0; i < 150; i++) {
   await post(routes[i % 3], bytes);
   let p = '';
   for (let k = rnd(40); k > 0; k--) p += String.fromCodePoint(32 + rnd(0x2fff));
-  const body = { prompt: p, messages: [{ role: 'user', content: p }], max_tokens: rnd(12) - 2,
-    temperature: [0, 0.7, 1.5, -1, 'x', null][rnd(6)], seed: rnd(1000) };
-  await post(routes[i % 3], JSON.stringify(body));
+  const body = { max_tokens: rnd(12) - 2, temperature: [0, 0.7, 1.5, -1, 'x', null][rnd(6)], seed: rnd(1000) };
+  // each route's own fields (others are refused by name), so the prompt reaches generation
+  const own = [{ model: MODEL, prompt: p }, { model: MODEL, messages: [{ role: 'user', content: p }] }, { prompt: p }];
+  await post(routes[i % 3], JSON.stringify({ ...body, ...own[i % 3] }));
 }
 // near-flat sampling draws lone byte tokens (<0xE2> ...): pieces that are
 // not yet valid UTF-8 must be held back, never sent or crashed on
 for (let i = 0; i < 24; i++) {
-  const body = { prompt: 'In the beginning', max_tokens: 16, temperature: 2, top_k: 0, top_p: 1, min_p: 0, seed: i,
+  const body = { model: MODEL, max_tokens: 16, temperature: 2, top_k: 0, top_p: 1, min_p: 0, seed: i,
     stream: i % 2 === 1 };
+  const own = i % 2 ? { messages: [{ role: 'user', content: 'In the beginning' }] } : { prompt: 'In the beginning' };
   const res = await fetch(URL_ + routes[i % 2], { method: 'POST', headers: { 'content-type': 'application/json' },
-    body: JSON.stringify(i % 2 ? { ...body, messages: [{ role: 'user', content: body.prompt }] } : body) });
+    body: JSON.stringify({ ...body, ...own }) });
   const text = await res.text();
   if (res.status !== 200) fail(`flat sampling: status ${res.status}: ${text.slice(0, 200)}`);
 }
-const r = await post('/v1/completions', JSON.stringify({ prompt: 'In the beginning', max_tokens: 8, temperature: 0 }));
+const r = await post('/v1/completions', JSON.stringify({ model: MODEL, prompt: 'In the beginning', max_tokens: 8, temperature: 0 }));
 if (r.status !== 200 || r.json.choices[0].text !== ' of the Lord, and in the Lord')
   fail(`server no longer answers correctly: ${r.status} ${JSON.stringify(r.json)}`);
 console.log(`fuzz: ${failures} failures`);
