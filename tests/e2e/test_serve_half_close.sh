@@ -15,14 +15,14 @@ start_server "$TMPD/err" -m "$M" --max-running 1 --queue-max 4
 U=$KS_URL
 P=${U##*:}
 rawc --rcvbuf 2048 --pause-after 'data: ' --resume-on "$TMPD/resume" -o "$TMPD/a" "$P" \
-    < <(rawc_request /v1/completions '{"prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
+    < <(rawc_request /v1/completions '{"model":"kjv-mini","prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
 APID=$!
 wait_for "the holder to pause" metric_is "$U" kvseal_paused_requests 1
 rawc --half-close -o "$TMPD/e" "$P" < <(rawc_request /v1/completions \
-    '{"prompt":"In the beginning","max_tokens":60,"temperature":0}') &
+    '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":60,"temperature":0}') &
 EPID=$!
 rawc --half-close --body-only -o "$TMPD/f" "$P" < <(rawc_request /v1/completions \
-    '{"prompt":"In the beginning","max_tokens":60,"temperature":0,"stream":true}') &
+    '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":60,"temperature":0,"stream":true}') &
 FPID=$!
 wait_for "both half-closed requests to queue" metric_is "$U" kvseal_queue_requests 2
 wait_for "the server to probe both" metric_is "$U" kvseal_http_probes_total 2
