@@ -683,7 +683,7 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
     ks_err err = dec__type_tables(w, eb);
     if (err != KS_OK) return err;
     pd_loop_cfg lc = {.secret = o->secret, .secret_len = o->secret_len, .role = PD_ROLE_DECODE,
-                      .max_payload = PD_MSG_MAX_FRAME};
+                      .max_payload = PD_MSG_MAX_FRAME, .insecure_plaintext = o->insecure_plaintext};
     if ((err = pd_loop_create(&lc, &w->l, eb)) != KS_OK) return err;
     pd_recv_cfg rc = {.n_ctx = o->eng.n_ctx > 0 ? (uint32_t)o->eng.n_ctx : 0,
                       .t_grant_ms = o->t_grant_ms, .t_xfer_ms = o->t_xfer_ms,

@@ -1087,7 +1087,7 @@ ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out,
     for (uint32_t t = 0; t < PD_MSG_N_TYPES; t++) r->type_max[t] = PD_TYPE_FORBIDDEN;
     for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++) r->type_max[allowed[i]] = keep[allowed[i]];
     pd_loop_cfg lc = {.secret = r->secret, .secret_len = r->secret_len, .role = PD_ROLE_ROUTER,
-                      .max_payload = PD_MSG_MAX_FRAME};
+                      .max_payload = PD_MSG_MAX_FRAME, .insecure_plaintext = r->o.insecure_plaintext};
     if ((err = pd_loop_create(&lc, &r->loop, eb))) goto fail;
     pd_conn_cbs cbs = {.on_open = rt__on_open, .on_frame = rt__on_frame, .on_close = rt__on_close,
                        .type_max = r->type_max, .n_types = PD_MSG_N_TYPES,
