@@ -29,7 +29,7 @@ typedef struct dec__link {
     pd_conn *c;
     uint64_t epoch;       /* 0 until LINK arrived */
     uint32_t prefill_id;  /* from LINK */
-    bool superseded;      /* a newer LINK from the same prefill id: closing */
+    bool retired;         /* the router retired its prefill worker: closing */
     bool sink_pending;    /* a KV_PAGE payload is being received into a page */
     uint64_t sink_req;
     struct dec__link *next;
@@ -92,22 +92,17 @@ typedef struct dec__worker {
 } dec__worker;
 
 // ----------------------------------------------------------------------------
-// Link epochs: unique in the process, never 0, from a random boot value
+// Link epochs: 64 random bits from the CSPRNG (libsodium), never 0 and never
+// one of a live link, so nobody can predict the next one from the last
 
-static _Atomic uint64_t dec__epoch_ctr;
-
-static uint64_t dec__new_epoch(void) {
-    if (atomic_load(&dec__epoch_ctr) == 0) {
-        uint64_t boot = 0;
-        randombytes_buf(&boot, sizeof boot);
-        uint64_t zero = 0;
-        (void)atomic_compare_exchange_strong(&dec__epoch_ctr, &zero, boot | 1u);
+static uint64_t dec__new_epoch(const struct dec__worker *w) {
+    for (;;) {
+        uint64_t ep = 0;
+        randombytes_buf(&ep, sizeof ep);
+        bool used = ep == 0;
+        for (const dec__link *k = w->links; k && !used; k = k->next) used = k->epoch == ep;
+        if (!used) return ep;
     }
-    uint64_t ep;
-    do {
-        ep = atomic_fetch_add(&dec__epoch_ctr, 1);
-    } while (ep == 0);
-    return ep;
 }
 
 // ----------------------------------------------------------------------------
@@ -423,14 +418,19 @@ static void dl__on_link(dec__link *k, const pd_frame *f) {
         return;
     }
     for (dec__link *o = w->links; o; o = o->next)
-        if (o != k && o->epoch != 0 && !o->superseded && o->prefill_id == m.prefill_worker_id) {
-            // the prefill worker re-linked: the old link dies (F5 at its on_close)
-            ks_log(KS_LOG_INFO, "decode: prefill %u re-linked; closing its link %llu",
-                   m.prefill_worker_id, (unsigned long long)o->epoch);
-            o->superseded = true;
-            pd_conn_close(o->c);
+        if (o != k && o->epoch != 0 && !o->retired && o->prefill_id == m.prefill_worker_id) {
+            // A live link is never replaced: only the router's RETIRE ends it. The
+            // newcomer may be a relay or a confused worker; its grants would be
+            // the old link's (section 3).
+            char why[128];
+            snprintf(why, sizeof why,
+                     "LINK refused: prefill worker %u has a live link the router has not retired",
+                     m.prefill_worker_id);
+            ks_log(KS_LOG_WARN, "decode: %s (from %s)", why, pd_conn_peer_addr(k->c));
+            cl_error_close(k->c, KS_ERR_PROTO, why);
+            return;
         }
-    k->epoch = dec__new_epoch();
+    k->epoch = dec__new_epoch(w);
     k->prefill_id = m.prefill_worker_id;
     pd_msg_link_ack ack = {.link_epoch = k->epoch};
     uint8_t buf[8];
@@ -548,7 +548,7 @@ static void dl__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
 
 static dec__link *dec__link_of_prefill(dec__worker *w, uint32_t prefill_id) {
     for (dec__link *k = w->links; k; k = k->next)
-        if (k->epoch != 0 && !k->superseded && k->prefill_id == prefill_id) return k;
+        if (k->epoch != 0 && !k->retired && k->prefill_id == prefill_id) return k;
     return NULL;
 }
 
@@ -623,6 +623,21 @@ static void dec__on_ctrl_frame(void *ud, const pd_frame *f) {
                    (int)m.msg_len, m.msg);
         break;
     }
+    case PD_MSG_RETIRE: {  // the prefill worker is gone for the router: so are its links (F5)
+        pd_msg_link m;
+        if (pd_msg_link_decode(f->payload, f->payload_len, &m, NULL) != KS_OK) {
+            ks_log(KS_LOG_WARN, "decode: bad RETIRE from the router");
+            break;
+        }
+        for (dec__link *k = w->links; k; k = k->next)
+            if (k->epoch != 0 && !k->retired && k->prefill_id == m.prefill_worker_id) {
+                ks_log(KS_LOG_INFO, "decode: router retired prefill %u; closing its link %llu",
+                       m.prefill_worker_id, (unsigned long long)k->epoch);
+                k->retired = true;
+                pd_conn_close(k->c);
+            }
+        break;
+    }
     default:
         break;
     }
@@ -664,7 +679,8 @@ static ks_err dec__type_tables(dec__worker *w, ks_errbuf *eb) {
     static const uint16_t data_ok[] = {PD_MSG_LINK,  PD_MSG_KV_PAGE,   PD_MSG_DONE, PD_MSG_REJECT,
                                        PD_MSG_ABORT, PD_MSG_ABORT_ACK, PD_MSG_ERROR};
     static const uint16_t ctrl_ok[] = {PD_MSG_REGISTER_ACK, PD_MSG_HEALTH,     PD_MSG_ADMIT,
-                                       PD_MSG_ABORT,        PD_MSG_POOL_CHECK, PD_MSG_ERROR};
+                                       PD_MSG_ABORT,        PD_MSG_POOL_CHECK, PD_MSG_ERROR,
+                                       PD_MSG_RETIRE};
     for (uint32_t t = 0; t < PD_MSG_N_TYPES; t++) {
         bool d = false, c = false;
         for (size_t i = 0; i < sizeof data_ok / sizeof data_ok[0]; i++) d |= data_ok[i] == t;

@@ -689,6 +689,13 @@ static void rt__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
             atomic_store(&r->max_decode_pages, mx);
         } else {
             atomic_fetch_sub(&r->n_prefill, 1);
+            // decode refuses a second link for a worker id until the router retires it
+            pd_msg_link m = {.prefill_worker_id = w->id};
+            uint8_t buf[8];
+            uint32_t n = 0;
+            if (pd_msg_link_encode(&m, buf, sizeof buf, &n, NULL) == KS_OK)
+                for (rt_worker *d = r->workers; d; d = d->next)
+                    if (d->id && d->role == PD_ROLE_DECODE) rt__send(r, d, PD_MSG_RETIRE, 0, buf, n);
         }
         for (int b = 0; b < RT_BUCKETS; b++) {
             for (rt_req *q = r->tab[b], *nx; q; q = nx) {
