@@ -132,6 +132,8 @@ struct pd_conn {
     char tls_why[96];              /* why a PSK callback refused, for the log */
     bool tls_hs_write;             /* the handshake waits for POLLOUT */
     bool tls_read_wants_write;     /* SSL_read needs the socket writable */
+    bool tls_more;                 /* the last read returned data (not WANT_READ):
+                                      more may wait inside OpenSSL, unseen by epoll */
     bool tls_write_wants_read;     /* SSL_write needs the socket readable */
     // input
     pd_decoder dec;

@@ -193,13 +193,19 @@ void pd__tls_handshake(pd_conn *c) {
     }
     ks_log(KS_LOG_DEBUG, "pd: conn #%llu %s: TLS 1.3 %s, peer role %u", (unsigned long long)c->id,
            c->peer, SSL_get_cipher_name(c->ssl), c->peer_role);
+    c->tls_more = true;  // the peer's first frames may have come with its last flight
     pd__conn_open(c);
 }
 
 // ----------------------------------------------------------------------------
 // Data
 
-bool pd__tls_pending(const pd_conn *c) { return c->ssl && SSL_has_pending(c->ssl); }
+/* Only after a read that returned data: once SSL_read said WANT_READ, what
+ * OpenSSL still buffers is a partial record that needs the socket, which
+ * epoll reports (polling it would spin). */
+bool pd__tls_pending(const pd_conn *c) {
+    return c->ssl && c->tls_more && SSL_has_pending(c->ssl);
+}
 
 ssize_t pd__tls_readv(pd_conn *c, const struct iovec *iov, int n) {
     size_t total = 0;
@@ -217,6 +223,7 @@ ssize_t pd__tls_readv(pd_conn *c, const struct iovec *iov, int n) {
         }
         if (total) break;  // report what we have; the condition repeats on the next call
         int e = SSL_get_error(c->ssl, r);
+        c->tls_more = false;
         if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
             if (e == SSL_ERROR_WANT_WRITE) {
                 c->tls_read_wants_write = true;
@@ -226,9 +233,11 @@ ssize_t pd__tls_readv(pd_conn *c, const struct iovec *iov, int n) {
             return -1;
         }
         if (e == SSL_ERROR_ZERO_RETURN) return 0;
-        pd__tls_fail(c, KS_ERR_IO, "TLS read");
+        pd__tls_fail(c, (errno == ECONNRESET || errno == EPIPE) ? KS_ERR_PEER_CLOSED : KS_ERR_IO,
+                     "TLS read");
         return -2;
     }
+    c->tls_more = true;
     return (ssize_t)total;
 }
 

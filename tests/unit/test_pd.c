@@ -1,11 +1,14 @@
 /* test_pd.c — pd transport: framing (round trip in any split, every error with
- * its message, len checked before allocation), the HMAC handshake (same/other
- * secret, frames before AUTH, reflection, role policy, timeout), the TCP loop
+ * its message, len checked before allocation), the TLS 1.3 PSK channel (roles
+ * bound to the connection kind's key, a relayed kind refused, plaintext
+ * refused, nothing readable on the wire), the plaintext HMAC handshake of
+ * --insecure-plaintext (same/other secret, frames before AUTH, reflection,
+ * role policy, timeout), the TCP loop (run over TLS and over plaintext)
  * over real loopback sockets (1000 frames in order incl. 1 MiB, payload sink
  * straight into a caller buffer, corrupted and cut-off sunk payloads,
  * backpressure, per-type bounds, independent connections) and, in
  * KS_TEST_FAULTS builds, the fault hooks. `test_pd bench` measures 1 MiB frame
- * throughput against a plain loopback socket copy. */
+ * throughput, plaintext and TLS, against a plain loopback socket copy. */
 #include "kvseal/pd.h"
 #include "pd/pd_int.h"
 
