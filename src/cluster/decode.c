@@ -30,6 +30,7 @@ typedef struct dec__link {
     uint64_t epoch;       /* 0 until LINK arrived */
     uint32_t prefill_id;  /* from LINK */
     bool retired;         /* the router retired its prefill worker: closing */
+    uint32_t router_gen;  /* w->router_gen when LINK arrived */
     bool sink_pending;    /* a KV_PAGE payload is being received into a page */
     uint64_t sink_req;
     struct dec__link *next;
@@ -83,6 +84,8 @@ typedef struct dec__worker {
     uint32_t tm_data[PD_MSG_N_TYPES], tm_ctrl[PD_MSG_N_TYPES];
     char host[PD_MSG_MAX_HOST + 1]; /* REGISTER host (borrowed by ctrl) */
     dec__link *links;
+    uint32_t router_gen;   /* bumped at every router loss: worker ids belong to one router
+                              session, and a restarted router may hand an id out again */
     dec__req *req;
     uint32_t n_req, cap_req;
     /* only pd_recv_done emits COMMIT (one per call) and every pd_recv call
@@ -418,6 +421,17 @@ static void dl__on_link(dec__link *k, const pd_frame *f) {
         return;
     }
     for (dec__link *o = w->links; o; o = o->next)
+        if (o != k && o->epoch != 0 && !o->retired && o->prefill_id == m.prefill_worker_id &&
+            o->router_gen != w->router_gen) {
+            // the id is from an earlier router session (the router restarted and
+            // may have given it to this worker again): that link is stale
+            ks_log(KS_LOG_INFO, "decode: prefill %u linked again after a router restart; "
+                   "closing its link %llu from before", m.prefill_worker_id,
+                   (unsigned long long)o->epoch);
+            o->retired = true;
+            pd_conn_close(o->c);
+        }
+    for (dec__link *o = w->links; o; o = o->next)
         if (o != k && o->epoch != 0 && !o->retired && o->prefill_id == m.prefill_worker_id) {
             // A live link is never replaced: only the router's RETIRE ends it. The
             // newcomer may be a relay or a confused worker; its grants would be
@@ -431,6 +445,7 @@ static void dl__on_link(dec__link *k, const pd_frame *f) {
             return;
         }
     k->epoch = dec__new_epoch(w);
+    k->router_gen = w->router_gen;
     k->prefill_id = m.prefill_worker_id;
     pd_msg_link_ack ack = {.link_epoch = k->epoch};
     uint8_t buf[8];
@@ -648,6 +663,7 @@ static void dec__on_ctrl_frame(void *ud, const pd_frame *f) {
 static void dec__on_lost(void *ud) {
     dec__worker *w = ud;
     ks_log(KS_LOG_INFO, "decode: router lost; aborting %u request(s)", w->n_req);
+    w->router_gen++;
     (void)pd_recv_abort_all(w->rcv, PD_ABORT_WORKER_LOST);
     dec__flush(w);
     for (uint32_t i = 0; i < w->n_req; i++)
