@@ -371,8 +371,9 @@ ks_err pd_tcp_connect(pd_loop *l, const char *host, uint16_t port, int timeout_m
 //                     || sender nonce[32] || receiver nonce[32])
 // (dir = 1 for the connecting side, 2 for the accepting side). It keeps out
 // a node with another secret, but an on-path relay can splice two sessions
-// (docs/pd-protocol.md section 3, pd/model mutant RELAY_V1), and later
-// frames are neither encrypted nor MACed. Implemented in src/pd/auth.c.
+// (docs/pd-protocol.md section 3; pd/model/handshake.pml, mutant
+// V1_HANDSHAKE), and later frames are neither encrypted nor MACed.
+// Implemented in src/pd/auth.c.
 
 /* Bytes of a connection kind's PSK. */
 #define PD_PSK_BYTES 32u
