@@ -6,7 +6,11 @@
 # measured (first KV_PAGE to verified DONE) as a ratio to the loopback TCP
 # bandwidth measured in the same run (a plain socket copy, test_pd bench);
 # and the TTFT of a repeated document on the cluster, first vs again, which
-# the prefill workers' prefix cache serves.
+# the prefill workers' prefix cache serves. The KV transfer is measured twice,
+# over TLS (the default) and on a second cluster with --insecure-plaintext,
+# both against the same loopback TCP copy. KV_ONLY=1: only the KV transfer
+# (no `kvseal serve`, no TTFT tables; REPEAT requests of ~1k and ~4k tokens,
+# or the lengths in KV_LENS).
 set -u
 cd "$(dirname "$0")/.."
 MODEL=${1:-models/kjv-mini.gguf}
@@ -14,6 +18,26 @@ cmake -S . -B build -DKS_WERROR=ON >/dev/null && cmake --build build --target kv
 export KS_BIN=$PWD/build/kvseal KS_SRC=$PWD
 . tests/e2e/lib.sh
 ARGS=(-m "$MODEL" --ctx 4608 --kv-pages 600 --threads 2 --batch-tokens 512)
+# kv_rate DECODE_LOG — GB/s over the handoffs above 4 MB ("KV handoff: N bytes in T ms")
+kv_rate() {
+    grep -h 'KV handoff' "$1" | sed -n 's/.*: \([0-9]*\) bytes in \([0-9.]*\) ms.*/\1 \2/p' |
+        awk '$1 > 4000000 { b += $1; t += $2 } END { if (t > 0) printf "%.3f", b / t / 1e6 }'
+}
+if [ -n "${KV_ONLY:-}" ]; then
+    export REPEAT=${REPEAT:-3}
+    start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
+    node bench/ttft.mjs "$KS_URL" "$KS_URL" ${KV_LENS:-1024 4000} >/dev/null || exit 1
+    tls=$(kv_rate "$TMPD/c.decode1")
+    stop_cluster
+    start_cluster "$TMPD/p" 1 1 "${ARGS[@]}" --insecure-plaintext
+    node bench/ttft.mjs "$KS_URL" "$KS_URL" ${KV_LENS:-1024 4000} >/dev/null || exit 1
+    plain=$(kv_rate "$TMPD/p.decode1")
+    stop_cluster
+    base=$(./build/test_pd bench 256 2>&1 | sed -n 's/.*plain socket copy \([0-9.]*\) GB\/s.*/\1/p' | head -1)
+    echo "KV transfer (handoffs over 4 MB): TLS ${tls:-?} GB/s, plaintext ${plain:-?} GB/s; loopback TCP ${base:-?} GB/s"
+    echo "ratios to loopback TCP: TLS $(awk -v a="${tls:-0}" -v b="${base:-1}" 'BEGIN{printf "%.2f", a/b}'), plaintext $(awk -v a="${plain:-0}" -v b="${base:-1}" 'BEGIN{printf "%.2f", a/b}')"
+    exit 0
+fi
 start_server "$TMPD/serve.log" "${ARGS[@]}" --no-prefix-cache
 A=$KS_URL; SERVE_PID=$KS_PID
 start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
@@ -27,9 +51,14 @@ SHARED=1 node bench/ttft.mjs "$A" "$KS_URL" 1024 4000 |
     node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{for(const l of s.trim().split("\n")){const j=JSON.parse(l);
       console.log(`  ${String(j.prompt_tokens).padStart(5)} tokens: first ${j.cold_ms.toFixed(1)}  repeated ${j.warm_ms.toFixed(1)} ms (${(j.warm_ms/j.cold_ms).toFixed(3)}x)`)}})'
 # decode logs one line per verified handoff: "... KV handoff: N bytes in T ms"
-rate=$(grep -h 'KV handoff' "$TMPD/c.decode1" | sed -n 's/.*: \([0-9]*\) bytes in \([0-9.]*\) ms.*/\1 \2/p' |
-       awk '$1 > 4000000 { b += $1; t += $2 } END { if (t > 0) printf "%.3f", b / t / 1e6 }')
-base=$(./build/test_pd bench 256 2>&1 | sed -n 's/.*plain socket copy \([0-9.]*\) GB\/s.*/\1/p' | head -1)
-echo "KV transfer (handoffs over 4 MB): ${rate:-?} GB/s; loopback TCP: ${base:-?} GB/s; ratio $(awk -v a="${rate:-0}" -v b="${base:-1}" 'BEGIN{printf "%.2f", a/b}')"
+rate=$(kv_rate "$TMPD/c.decode1")
 stop_cluster
+# the same transfers without TLS, for the cost of encryption
+start_cluster "$TMPD/p" 1 1 "${ARGS[@]}" --insecure-plaintext
+REPEAT=3 node bench/ttft.mjs "$KS_URL" "$KS_URL" 1024 4000 >/dev/null
+plain=$(kv_rate "$TMPD/p.decode1")
+stop_cluster
+base=$(./build/test_pd bench 256 2>&1 | sed -n 's/.*plain socket copy \([0-9.]*\) GB\/s.*/\1/p' | head -1)
+echo "KV transfer (handoffs over 4 MB): TLS ${rate:-?} GB/s, plaintext ${plain:-?} GB/s; loopback TCP: ${base:-?} GB/s"
+echo "ratios to loopback TCP: TLS $(awk -v a="${rate:-0}" -v b="${base:-1}" 'BEGIN{printf "%.2f", a/b}'), plaintext $(awk -v a="${plain:-0}" -v b="${base:-1}" 'BEGIN{printf "%.2f", a/b}')"
 KS_PID=$SERVE_PID stop_server

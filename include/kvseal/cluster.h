@@ -40,6 +40,8 @@ typedef struct cluster_worker_opts {
     const model *m;          /* borrowed; outlives the worker */
     const uint8_t *secret;   /* cluster secret, secret_len >= 16 bytes; borrowed */
     size_t secret_len;
+    bool insecure_plaintext; /* no TLS on any cluster connection (trusted fabric only;
+                                pd_loop_cfg.insecure_plaintext); every node must agree */
     const char *router_host; /* the router's control address ("127.0.0.1") */
     int router_port;
     /* decode only: the data-link listener (prefill workers connect here) */
@@ -80,6 +82,7 @@ typedef struct cluster_router_opts {
     const model *m;        /* borrowed: tokenizer, vocabulary, model_id, geometry */
     const uint8_t *secret; /* cluster secret, borrowed */
     size_t secret_len;
+    bool insecure_plaintext; /* as cluster_worker_opts */
     const char *host;      /* control listener address ("127.0.0.1") */
     int port;              /* 0: any free port (cluster_router_port) */
     int32_t n_ctx;         /* per-request limit, as engine_opts.n_ctx */

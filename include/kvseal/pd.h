@@ -1,6 +1,6 @@
 /* pd.h — prefill/decode disaggregation: the wire framing, the transport
- * interface (with its TCP implementation and epoll loop) and the HMAC
- * node handshake. The protocol logic (admit, page grant, KV page, done,
+ * interface (with its TCP implementation and epoll loop) and the mutually
+ * authenticated TLS 1.3 channel every cluster connection runs in. The protocol logic (admit, page grant, KV page, done,
  * reject, abort...) is layered on top in later sections of this header and
  * is specified in docs/pd-protocol.md.
  *
@@ -8,7 +8,8 @@
  *   1. Wire framing        — the 24-byte frame header, encoder, incremental decoder
  *   2. Transport interface — pd_conn, pd_transport_ops vtable, callbacks, the loop
  *   3. TCP transport       — listen/connect over non-blocking sockets
- *   4. Authentication      — HELLO/AUTH challenge-response (HMAC-SHA256)
+ *   4. Authentication      — TLS 1.3 with a PSK per connection kind (or, on
+ *                            a trusted fabric, the plaintext HELLO/AUTH)
  *   5. Test-only faults    — KS_TEST_FAULTS builds: drop/dup/delay/trunc/corrupt
  *
  * Threading: a pd_loop and every pd_conn / pd_listener on it are owned by the
@@ -227,7 +228,11 @@ typedef struct pd_conn_cbs {
 typedef struct pd_loop_cfg {
     const uint8_t *secret;   /* shared cluster secret (copied), required */
     size_t secret_len;       /* >= 16 bytes */
-    uint8_t role;            /* this node's role, sent in HELLO (protocol-defined) */
+    uint8_t role;            /* this node's role: in the TLS PSK identity (or HELLO) */
+    bool insecure_plaintext; /* false (default): every conn is TLS 1.3 with a PSK per
+                                connection kind (section 4); true: no encryption, only
+                                the KVPD v1 HELLO/AUTH membership check, which an
+                                on-path relay defeats — a trusted fabric only */
     uint32_t max_payload;    /* default PD_MAX_PAYLOAD_DEFAULT */
     uint32_t auth_timeout_ms;/* handshake must finish within; default 5000 */
     size_t out_high_bytes;   /* send_frame returns AGAIN above; default 16 MiB */
@@ -331,30 +336,53 @@ uint16_t pd_listener_port(const pd_listener *ls);
 void pd_listener_close(pd_listener *ls);
 
 /* Starts connecting to host:port; the conn opens (on_open) after the TCP
- * connect and the handshake, or closes (on_close with KS_ERR_TIMEOUT,
+ * connect and the handshake. cbs.peer_roles names the one role the server
+ * must have (TLS: it selects the PSK; 0 means "this loop's own role"), or closes (on_close with KS_ERR_TIMEOUT,
  * KS_ERR_IO, KS_ERR_PROTO...) — timeout_ms bounds the TCP connect, then
  * cfg.auth_timeout_ms the handshake. The conn is owned by the loop and freed
  * after on_close. Errors returned here (no callback follows): KS_ERR_INVAL
- * (address), KS_ERR_IO (socket), KS_ERR_NOMEM. A host name is resolved with
+ * (address, or more than one role in cbs.peer_roles on a TLS loop), KS_ERR_IO (socket), KS_ERR_NOMEM. A host name is resolved with
  * getaddrinfo, which may block; numeric addresses never do. Loop thread. */
 ks_err pd_tcp_connect(pd_loop *l, const char *host, uint16_t port, int timeout_ms,
                       const pd_conn_cbs *cbs, void *ud, pd_conn **out /* OUT */,
                       ks_errbuf *eb) KS_MUST_USE;
 
 // ----------------------------------------------------------------------------
-// 4. Authentication
+// 4. Authentication and encryption
 //
-// Before any other frame, each side sends HELLO {role u8, reserved[3], nonce[32]}
-// and, once it has the peer's HELLO, AUTH {mac[32]} with
+// Default: every conn is TLS 1.3 (OpenSSL libssl) authenticated by an
+// external PSK (src/pd/tls.c). A connection from role C to role S uses
+//   psk = HKDF-SHA256(ikm = cluster secret, salt = "kvseal-pd-v2",
+//                     info = "psk" || C u8 || S u8)
+// with the identity "kvseal-pd-v2 C>S". The server accepts an identity only
+// when S is its own role and C is in the listener's peer_roles, and takes
+// the peer's role from it; the client requires that the server completed the
+// handshake with that PSK (no certificates are accepted). Both sides are
+// authenticated before the first frame is read, the connection kind (who
+// connects to whom) is bound into the key, and every frame is encrypted and
+// integrity-protected (AES-128-GCM, or ChaCha20-Poly1305), with ECDHE for
+// forward secrecy. A relay can only forward ciphertext between the two
+// endpoints of one kind, which gains it nothing.
+//
+// --insecure-plaintext (cfg.insecure_plaintext) keeps the KVPD v1 handshake
+// for a trusted fabric: HELLO {role u8, reserved[3], nonce[32]}, then AUTH
+// {mac[32]} with
 //   mac = HMAC-SHA256(secret, "kvseal-pd-v1" || dir u8 || sender role u8
 //                     || sender nonce[32] || receiver nonce[32])
-// where dir = 1 for the connecting side, 2 for the accepting side. The peer
-// recomputes and compares with sodium_memcmp. A MAC is bound to the direction
-// and to both nonces in sender order, and a HELLO echoing our own nonce is
-// refused, so a peer cannot reflect our MAC back to us. Any other frame before
-// both MACs verified, a bad MAC, or the auth timeout closes the connection
-// with a logged reason. Implemented in src/pd/auth.c; runs inside the
-// transport, so the protocol layer only ever sees authenticated conns.
+// (dir = 1 for the connecting side, 2 for the accepting side). It keeps out
+// a node with another secret, but an on-path relay can splice two sessions
+// (docs/pd-protocol.md section 3; pd/model/handshake.pml, mutant
+// V1_HANDSHAKE), and later frames are neither encrypted nor MACed.
+// Implemented in src/pd/auth.c.
+
+/* Bytes of a connection kind's PSK. */
+#define PD_PSK_BYTES 32u
+
+/* Derives the PSK of connections from client_role to server_role (exposed
+ * for tests). Errors: KS_ERR_INTERNAL (HKDF failed). Doesn't block. */
+ks_err pd_tls_psk(const uint8_t *secret, size_t secret_len, uint8_t client_role,
+                  uint8_t server_role, uint8_t key[PD_PSK_BYTES] /* OUT */,
+                  ks_errbuf *eb) KS_MUST_USE;
 
 #define PD_AUTH_LABEL "kvseal-pd-v1"
 #define PD_NONCE_BYTES 32u

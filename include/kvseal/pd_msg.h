@@ -59,6 +59,7 @@ typedef enum pd_msg_type {
     PD_MSG_FINISH = 0x001A,
     PD_MSG_POOL_CHECK = 0x001B,
     PD_MSG_POOL_CHECK_ACK = 0x001C,
+    PD_MSG_RETIRE = 0x001D, /* R -> D: a prefill worker left; payload as LINK */
     PD_MSG_ERROR = 0x001F,
 } pd_msg_type;
 
@@ -175,7 +176,7 @@ typedef struct pd_msg_peer {
     uint16_t host_len;
 } pd_msg_peer;
 
-/* LINK (8). */
+/* LINK (8); also the payload of RETIRE (the prefill worker the router retired). */
 typedef struct pd_msg_link {
     uint32_t prefill_worker_id;
 } pd_msg_link;

@@ -65,6 +65,7 @@ typedef struct serve__cfg {
     long idle_timeout, request_timeout, max_conns, max_conns_per_ip;
     uint64_t kv_memory;
     bool no_prefix_cache, log_content;
+    bool insecure_plaintext; /* cluster roles: --insecure-plaintext (no TLS) */
     kv_scrub scrub;
     // cluster roles (kvseal router / prefill / decode)
     const char *secret_file, *router, *data_host, *advertise_host, *cluster_host;

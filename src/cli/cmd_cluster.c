@@ -44,6 +44,14 @@ static bool cluster__secret(const char *cmd, const serve__cfg *c, uint8_t *buf, 
     return true;
 }
 
+/* --insecure-plaintext is loud: once at start, in the log every node keeps. */
+static void cluster__warn_plaintext(const serve__cfg *c) {
+    if (!c->insecure_plaintext) return;
+    ks_log(KS_LOG_WARN, "cluster: --insecure-plaintext: NO TLS. KV pages (tenants' prompts) and "
+                        "tokens cross the network unencrypted, and the plaintext handshake can be "
+                        "relayed by anyone on the path. Use only on a trusted, isolated fabric.");
+}
+
 /* The start every role shares: serve's options, the model, the pool sizing
  * check (I8) and the cluster secret. Returns -1 to continue (*m loaded),
  * else the exit status (everything freed). */
@@ -77,6 +85,8 @@ int cli_router(int argc, char **argv) {
     ro.m = m;
     ro.secret = secret;
     ro.secret_len = secret_len;
+    ro.insecure_plaintext = c.insecure_plaintext;
+    cluster__warn_plaintext(&c);
     if (c.cluster_host) ro.host = c.cluster_host;
     ro.port = c.cluster_port ? (int)c.cluster_port : 7070;
     for (int i = 1; i < argc; i++)  // an explicit --cluster-port 0 picks any free port
@@ -154,7 +164,9 @@ static int cluster__worker(int argc, char **argv, bool decode) {
                               .router_port = (int)port,
                               .data_host = c.data_host ? c.data_host : "127.0.0.1",
                               .data_port = (int)c.data_port, .advertise_host = c.advertise_host,
-                              .eng = o, .drain_ms = (uint32_t)c.drain_timeout_ms};
+                              .eng = o, .drain_ms = (uint32_t)c.drain_timeout_ms,
+                              .insecure_plaintext = c.insecure_plaintext};
+    cluster__warn_plaintext(&c);
     if (decode) wo.eng.prefix_cache = false;  // prefill owns the cache (pd_send_cfg.prefix)
     ks_log(KS_LOG_INFO, "%s worker for %s, context %d, %u KV pages, kernels %s, router %s:%ld",
            decode ? "decode" : "prefill", c.model_path, o.n_ctx, o.kv_pages, kern_get()->name, host, port);

@@ -53,7 +53,11 @@ void serve__usage(const char *cmd) {
             "                 [--threads N] [--max-running 16] [--page-tokens 16] [--scrub zero|poison]\n"
             "                 [--drain-timeout-ms 30000]\n"
             "  On SIGTERM a worker drains: it takes no new request, finishes what it holds (up to\n"
-            "  --drain-timeout-ms; 0 aborts at once) and exits 0.\n",
+            "  --drain-timeout-ms; 0 aborts at once) and exits 0.\n"
+            "  Every cluster connection is TLS 1.3, mutually authenticated with keys derived from\n"
+            "  the secret, and encrypted. --insecure-plaintext (on every node) turns that off for a\n"
+            "  trusted fabric: KV pages then cross the network in the clear and the handshake can be\n"
+            "  relayed by anyone on the path.\n",
             cmd);
 }
 
@@ -181,6 +185,7 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
         else if (!strcmp(a, "--security-log") && v) c->security_log = argv[++i];
         else if (!strcmp(a, "--no-prefix-cache")) c->no_prefix_cache = true;
         else if (!strcmp(a, "--log-content")) c->log_content = true;
+        else if (!strcmp(a, "--insecure-plaintext")) c->insecure_plaintext = true;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             serve__usage(argv[0]);
             return -1;

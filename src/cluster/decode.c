@@ -29,7 +29,8 @@ typedef struct dec__link {
     pd_conn *c;
     uint64_t epoch;       /* 0 until LINK arrived */
     uint32_t prefill_id;  /* from LINK */
-    bool superseded;      /* a newer LINK from the same prefill id: closing */
+    bool retired;         /* the router retired its prefill worker: closing */
+    uint32_t router_gen;  /* w->router_gen when LINK arrived */
     bool sink_pending;    /* a KV_PAGE payload is being received into a page */
     uint64_t sink_req;
     struct dec__link *next;
@@ -83,6 +84,8 @@ typedef struct dec__worker {
     uint32_t tm_data[PD_MSG_N_TYPES], tm_ctrl[PD_MSG_N_TYPES];
     char host[PD_MSG_MAX_HOST + 1]; /* REGISTER host (borrowed by ctrl) */
     dec__link *links;
+    uint32_t router_gen;   /* bumped at every router loss: worker ids belong to one router
+                              session, and a restarted router may hand an id out again */
     dec__req *req;
     uint32_t n_req, cap_req;
     /* only pd_recv_done emits COMMIT (one per call) and every pd_recv call
@@ -92,22 +95,17 @@ typedef struct dec__worker {
 } dec__worker;
 
 // ----------------------------------------------------------------------------
-// Link epochs: unique in the process, never 0, from a random boot value
+// Link epochs: 64 random bits from the CSPRNG (libsodium), never 0 and never
+// one of a live link, so nobody can predict the next one from the last
 
-static _Atomic uint64_t dec__epoch_ctr;
-
-static uint64_t dec__new_epoch(void) {
-    if (atomic_load(&dec__epoch_ctr) == 0) {
-        uint64_t boot = 0;
-        randombytes_buf(&boot, sizeof boot);
-        uint64_t zero = 0;
-        (void)atomic_compare_exchange_strong(&dec__epoch_ctr, &zero, boot | 1u);
+static uint64_t dec__new_epoch(const struct dec__worker *w) {
+    for (;;) {
+        uint64_t ep = 0;
+        randombytes_buf(&ep, sizeof ep);
+        bool used = ep == 0;
+        for (const dec__link *k = w->links; k && !used; k = k->next) used = k->epoch == ep;
+        if (!used) return ep;
     }
-    uint64_t ep;
-    do {
-        ep = atomic_fetch_add(&dec__epoch_ctr, 1);
-    } while (ep == 0);
-    return ep;
 }
 
 // ----------------------------------------------------------------------------
@@ -423,14 +421,31 @@ static void dl__on_link(dec__link *k, const pd_frame *f) {
         return;
     }
     for (dec__link *o = w->links; o; o = o->next)
-        if (o != k && o->epoch != 0 && !o->superseded && o->prefill_id == m.prefill_worker_id) {
-            // the prefill worker re-linked: the old link dies (F5 at its on_close)
-            ks_log(KS_LOG_INFO, "decode: prefill %u re-linked; closing its link %llu",
-                   m.prefill_worker_id, (unsigned long long)o->epoch);
-            o->superseded = true;
+        if (o != k && o->epoch != 0 && !o->retired && o->prefill_id == m.prefill_worker_id &&
+            o->router_gen != w->router_gen) {
+            // the id is from an earlier router session (the router restarted and
+            // may have given it to this worker again): that link is stale
+            ks_log(KS_LOG_INFO, "decode: prefill %u linked again after a router restart; "
+                   "closing its link %llu from before", m.prefill_worker_id,
+                   (unsigned long long)o->epoch);
+            o->retired = true;
             pd_conn_close(o->c);
         }
-    k->epoch = dec__new_epoch();
+    for (dec__link *o = w->links; o; o = o->next)
+        if (o != k && o->epoch != 0 && !o->retired && o->prefill_id == m.prefill_worker_id) {
+            // A live link is never replaced: only the router's RETIRE ends it. The
+            // newcomer may be a relay or a confused worker; its grants would be
+            // the old link's (section 3).
+            char why[128];
+            snprintf(why, sizeof why,
+                     "LINK refused: prefill worker %u has a live link the router has not retired",
+                     m.prefill_worker_id);
+            ks_log(KS_LOG_WARN, "decode: %s (from %s)", why, pd_conn_peer_addr(k->c));
+            cl_error_close(k->c, KS_ERR_PROTO, why);
+            return;
+        }
+    k->epoch = dec__new_epoch(w);
+    k->router_gen = w->router_gen;
     k->prefill_id = m.prefill_worker_id;
     pd_msg_link_ack ack = {.link_epoch = k->epoch};
     uint8_t buf[8];
@@ -550,7 +565,7 @@ static void dl__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
 
 static dec__link *dec__link_of_prefill(dec__worker *w, uint32_t prefill_id) {
     for (dec__link *k = w->links; k; k = k->next)
-        if (k->epoch != 0 && !k->superseded && k->prefill_id == prefill_id) return k;
+        if (k->epoch != 0 && !k->retired && k->prefill_id == prefill_id) return k;
     return NULL;
 }
 
@@ -625,6 +640,21 @@ static void dec__on_ctrl_frame(void *ud, const pd_frame *f) {
                    (int)m.msg_len, m.msg);
         break;
     }
+    case PD_MSG_RETIRE: {  // the prefill worker is gone for the router: so are its links (F5)
+        pd_msg_link m;
+        if (pd_msg_link_decode(f->payload, f->payload_len, &m, NULL) != KS_OK) {
+            ks_log(KS_LOG_WARN, "decode: bad RETIRE from the router");
+            break;
+        }
+        for (dec__link *k = w->links; k; k = k->next)
+            if (k->epoch != 0 && !k->retired && k->prefill_id == m.prefill_worker_id) {
+                ks_log(KS_LOG_INFO, "decode: router retired prefill %u; closing its link %llu",
+                       m.prefill_worker_id, (unsigned long long)k->epoch);
+                k->retired = true;
+                pd_conn_close(k->c);
+            }
+        break;
+    }
     default:
         break;
     }
@@ -635,6 +665,7 @@ static void dec__on_ctrl_frame(void *ud, const pd_frame *f) {
 static void dec__on_lost(void *ud) {
     dec__worker *w = ud;
     ks_log(KS_LOG_INFO, "decode: router lost; aborting %u request(s)", w->n_req);
+    w->router_gen++;
     (void)pd_recv_abort_all(w->rcv, PD_ABORT_WORKER_LOST);
     dec__flush(w);
     for (uint32_t i = 0; i < w->n_req; i++)
@@ -666,7 +697,8 @@ static ks_err dec__type_tables(dec__worker *w, ks_errbuf *eb) {
     static const uint16_t data_ok[] = {PD_MSG_LINK,  PD_MSG_KV_PAGE,   PD_MSG_DONE, PD_MSG_REJECT,
                                        PD_MSG_ABORT, PD_MSG_ABORT_ACK, PD_MSG_ERROR};
     static const uint16_t ctrl_ok[] = {PD_MSG_REGISTER_ACK, PD_MSG_HEALTH,     PD_MSG_ADMIT,
-                                       PD_MSG_ABORT,        PD_MSG_POOL_CHECK, PD_MSG_ERROR};
+                                       PD_MSG_ABORT,        PD_MSG_POOL_CHECK, PD_MSG_ERROR,
+                                       PD_MSG_RETIRE};
     for (uint32_t t = 0; t < PD_MSG_N_TYPES; t++) {
         bool d = false, c = false;
         for (size_t i = 0; i < sizeof data_ok / sizeof data_ok[0]; i++) d |= data_ok[i] == t;
@@ -685,7 +717,7 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
     ks_err err = dec__type_tables(w, eb);
     if (err != KS_OK) return err;
     pd_loop_cfg lc = {.secret = o->secret, .secret_len = o->secret_len, .role = PD_ROLE_DECODE,
-                      .max_payload = PD_MSG_MAX_FRAME};
+                      .max_payload = PD_MSG_MAX_FRAME, .insecure_plaintext = o->insecure_plaintext};
     if ((err = pd_loop_create(&lc, &w->l, eb)) != KS_OK) return err;
     pd_recv_cfg rc = {.n_ctx = o->eng.n_ctx > 0 ? (uint32_t)o->eng.n_ctx : 0,
                       .t_grant_ms = o->t_grant_ms, .t_xfer_ms = o->t_xfer_ms,

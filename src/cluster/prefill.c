@@ -677,7 +677,8 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atom
     if ((e = pd_send_create(w.pool, &sc, &w.send, eb))) goto fail;
     pd_loop_cfg lc = {.secret = o->secret, .secret_len = o->secret_len, .role = PD_ROLE_PREFILL,
                       .max_payload = PD_MSG_MAX_FRAME, .out_high_bytes = PF_OUT_HIGH,
-                      .out_low_bytes = PF_PUMP_PENDING_MAX / 2};
+                      .out_low_bytes = PF_PUMP_PENDING_MAX / 2,
+                      .insecure_plaintext = o->insecure_plaintext};
     if ((e = pd_loop_create(&lc, &w.loop, eb))) goto fail;
     cl_ctrl_cfg cc = {.router_host = o->router_host, .router_port = o->router_port,
                       .type_max = w.router_tmax};

@@ -731,6 +731,13 @@ static void rt__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
             atomic_store(&r->max_decode_pages, mx);
         } else {
             atomic_fetch_sub(&r->n_prefill, 1);
+            // decode refuses a second link for a worker id until the router retires it
+            pd_msg_link m = {.prefill_worker_id = w->id};
+            uint8_t buf[8];
+            uint32_t n = 0;
+            if (pd_msg_link_encode(&m, buf, sizeof buf, &n, NULL) == KS_OK)
+                for (rt_worker *d = r->workers; d; d = d->next)
+                    if (d->id && d->role == PD_ROLE_DECODE) rt__send(r, d, PD_MSG_RETIRE, 0, buf, n);
         }
         for (int b = 0; b < RT_BUCKETS; b++) {
             for (rt_req *q = r->tab[b], *nx; q; q = nx) {
@@ -1133,7 +1140,7 @@ ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out,
     for (uint32_t t = 0; t < PD_MSG_N_TYPES; t++) r->type_max[t] = PD_TYPE_FORBIDDEN;
     for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++) r->type_max[allowed[i]] = keep[allowed[i]];
     pd_loop_cfg lc = {.secret = r->secret, .secret_len = r->secret_len, .role = PD_ROLE_ROUTER,
-                      .max_payload = PD_MSG_MAX_FRAME};
+                      .max_payload = PD_MSG_MAX_FRAME, .insecure_plaintext = r->o.insecure_plaintext};
     if ((err = pd_loop_create(&lc, &r->loop, eb))) goto fail;
     pd_conn_cbs cbs = {.on_open = rt__on_open, .on_frame = rt__on_frame, .on_close = rt__on_close,
                        .type_max = r->type_max, .n_types = PD_MSG_N_TYPES,

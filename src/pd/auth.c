@@ -1,4 +1,7 @@
-/* auth.c — the node handshake (include/kvseal/pd.h section 4).
+/* auth.c — the KVPD v1 plaintext handshake, used only on a loop with
+ * insecure_plaintext (--insecure-plaintext; include/kvseal/pd.h section 4).
+ * It can be relayed (docs/pd-protocol.md section 3): every other loop runs
+ * TLS 1.3 (tls.c) instead.
  *
  * Both sides send HELLO {role, nonce} at once, then AUTH {mac} as soon as they
  * hold the peer's nonce. The MAC covers a label, the sender's direction and
@@ -88,13 +91,7 @@ void pd__auth_on_frame(pd_conn *c, const pd_frame *f) {
         int bad = sodium_memcmp(want, f->payload, PD_MAC_BYTES);
         sodium_memzero(want, sizeof want);
         if (bad) return pd__auth_fail(c, "bad MAC (wrong cluster secret?)");
-        c->state = PD__CONN_OPEN;
-        c->deadline_ns = 0;
-        c->dec.max_payload = cfg->max_payload;
-        c->user_knows = true;
-        ks_log(KS_LOG_DEBUG, "pd: conn #%llu %s authenticated (peer role %u)",
-               (unsigned long long)c->id, c->peer, c->peer_role);
-        if (c->cbs.on_open) c->cbs.on_open(c, c->ud);
+        pd__conn_open(c);
         return;
     }
     char msg[64];

@@ -122,6 +122,7 @@ const char *pd_msg_type_name(uint16_t type) {
     case PD_MSG_FINISH: return "FINISH";
     case PD_MSG_POOL_CHECK: return "POOL_CHECK";
     case PD_MSG_POOL_CHECK_ACK: return "POOL_CHECK_ACK";
+    case PD_MSG_RETIRE: return "RETIRE";
     case PD_MSG_ERROR: return "ERROR";
     default: return "UNKNOWN";
     }
@@ -173,6 +174,7 @@ ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES], ks_errbuf
     out[PD_MSG_FINISH] = 24 + PD_MSG_MAX_TEXT;
     out[PD_MSG_POOL_CHECK] = 0;
     out[PD_MSG_POOL_CHECK_ACK] = 24;
+    out[PD_MSG_RETIRE] = 8;
     out[PD_MSG_ERROR] = 8 + PD_MSG_MAX_TEXT;
     return KS_OK;
 }

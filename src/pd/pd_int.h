@@ -125,8 +125,17 @@ struct pd_conn {
     // auth (auth.c)
     uint8_t nonce[PD_NONCE_BYTES];      /* ours */
     uint8_t peer_nonce[PD_NONCE_BYTES];
-    uint8_t peer_role;
+    uint8_t peer_role;             /* HELLO's role, or the TLS PSK identity's */
     bool got_hello;
+    // TLS (tls.c); ssl is NULL on an --insecure-plaintext loop
+    struct ssl_st *ssl;
+    char psk_id[32];               /* client: the PSK identity offered */
+    char tls_why[96];              /* why a PSK callback refused, for the log */
+    bool tls_hs_write;             /* the handshake waits for POLLOUT */
+    bool tls_read_wants_write;     /* SSL_read needs the socket writable */
+    bool tls_more;                 /* the last read returned data (not WANT_READ):
+                                      more may wait inside OpenSSL, unseen by epoll */
+    bool tls_write_wants_read;     /* SSL_write needs the socket readable */
     // input
     pd_decoder dec;
     pd_frame_hdr sink_hdr;         /* header of the frame with a live sink dest */
@@ -177,12 +186,17 @@ struct pd_loop {
     pd__post *post_head, *post_tail; /* guarded by post_mu */
     atomic_bool stop;
     pd_loop_stats stats;
+    struct ssl_ctx_st *ssl_ctx; /* TLS 1.3 PSK context; NULL when insecure_plaintext */
 };
 
 /* Closes c with a reason (logged once); the fd is closed at once, on_sink_fail
  * and on_close run later from the loop. Idempotent. */
 void pd__conn_fail(pd_conn *c, ks_err why, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Registers the epoll interest that matches c's state; may fail c. */
+void pd__conn_update_events(pd_conn *c);
+/* The handshake succeeded: c becomes OPEN and on_open runs. */
+void pd__conn_open(pd_conn *c);
 /* Queues a frame on c in any state but CLOSED (used by auth for HELLO/AUTH). */
 ks_err pd__conn_send_raw(pd_conn *c, uint16_t type, uint64_t req_id, const struct iovec *payload,
                          int n_iov, void (*done)(void *arg, ks_err e), void *arg, ks_errbuf *eb);
@@ -196,5 +210,29 @@ void pd__auth_start(pd_conn *c);
 /* Handles a frame received during the handshake; on success moves c to OPEN
  * and runs on_open. Any problem closes the conn with a reason. */
 void pd__auth_on_frame(pd_conn *c, const pd_frame *f);
+
+// ----------------------------------------------------------------------------
+// TLS 1.3 with a PSK per connection kind (tls.c)
+
+/* Creates l->ssl_ctx. Errors: KS_ERR_INTERNAL. */
+ks_err pd__tls_ctx_create(pd_loop *l, ks_errbuf *eb);
+/* Frees l->ssl_ctx; can't fail. */
+void pd__tls_ctx_free(pd_loop *l);
+/* Creates c->ssl on the connected socket and starts the handshake (client
+ * side offers the PSK of (our role, c->peer_role)). Failures close c. */
+void pd__tls_start(pd_conn *c);
+/* Drives the handshake on a socket event; on success pd__conn_open(c). */
+void pd__tls_handshake(pd_conn *c);
+/* readv through TLS: > 0 bytes, 0 at the peer's close, -1 with errno EAGAIN,
+ * -2 when c was failed (reason logged). */
+ssize_t pd__tls_readv(pd_conn *c, const struct iovec *iov, int n);
+/* writev through TLS: bytes taken (0: would block), -1 when c was failed. */
+ssize_t pd__tls_writev(pd_conn *c, const struct iovec *iov, int n);
+/* True when decrypted or buffered input waits inside OpenSSL (epoll can't see it). */
+bool pd__tls_pending(const pd_conn *c);
+/* Sends close_notify, best effort; can't fail. */
+void pd__tls_close_notify(pd_conn *c);
+/* Frees c->ssl; accepts a conn without one. */
+void pd__tls_free(pd_conn *c);
 
 #endif /* KS_PD_INT_H */

@@ -117,14 +117,16 @@ static void pd__list_add(pd_conn **head, pd_conn *c) {
     *head = c;
 }
 
-/* Registers the epoll interest that matches c's state. */
-static void pd__conn_update_events(pd_conn *c) {
+void pd__conn_update_events(pd_conn *c) {
     if (c->state == PD__CONN_CLOSED) return;
     uint32_t ev = 0;
     if (c->state == PD__CONN_CONNECTING) ev = EPOLLOUT;
+    else if (c->ssl && c->state == PD__CONN_HANDSHAKE) ev = c->tls_hs_write ? EPOLLOUT : EPOLLIN;
     else {
         if (c->read_on) ev |= EPOLLIN;
         if (c->out_bytes && !c->hold_until_ns) ev |= EPOLLOUT;
+        if (c->tls_read_wants_write && c->read_on) ev |= EPOLLOUT;
+        if (c->tls_write_wants_read && c->out_bytes) ev |= EPOLLIN;
     }
     if (ev == c->epoll_events) return;
     struct epoll_event e = {.events = ev, .data.ptr = &c->ev};
@@ -193,6 +195,7 @@ void pd__conn_fail(pd_conn *c, ks_err why, const char *fmt, ...) {
            "pd: conn #%llu %s closed (%s): %s", (unsigned long long)c->id, c->peer,
            ks_err_name(why), c->close_msg);
     if (why == KS_ERR_PROTO) c->loop->stats.proto_errors++;
+    if (why == KS_ERR_CANCELLED) pd__tls_close_notify(c);
     epoll_ctl(c->loop->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     c->fd = -1;
@@ -214,6 +217,7 @@ static void pd__reap(pd_loop *l) {
         if (c->user_knows && c->cbs.on_close)
             c->cbs.on_close(c, c->ud, c->close_why, c->close_msg);
         pd__dec_free(&c->dec);
+        pd__tls_free(c);
         free(c);
     }
 }
@@ -318,23 +322,25 @@ static ks_err pd__queue(pd_conn *c, const struct iovec *iov, int n, size_t skip,
     return KS_OK;
 }
 
-/* sendmsg with MSG_NOSIGNAL, EINTR retried. Returns bytes sent, 0 on EAGAIN,
- * -1 on a real error (errno set). */
-static ssize_t pd__sendv(int fd, const struct iovec *iov, int n) {
-    struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
-    for (;;) {
-        ssize_t r = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (r >= 0) return r;
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-        return -1;
-    }
-}
-
 static void pd__fail_errno(pd_conn *c, const char *what) {
     int e = errno;
     pd__conn_fail(c, (e == EPIPE || e == ECONNRESET) ? KS_ERR_PEER_CLOSED : KS_ERR_IO, "%s: %s",
                   what, strerror(e));
+}
+
+/* Sends through TLS, or sendmsg with MSG_NOSIGNAL (EINTR retried). Returns
+ * bytes taken, 0 when the socket is full, -1 after failing c. */
+static ssize_t pd__sendv(pd_conn *c, const struct iovec *iov, int n) {
+    if (c->ssl) return pd__tls_writev(c, iov, n);
+    struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+    for (;;) {
+        ssize_t r = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r >= 0) return r;
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        pd__fail_errno(c, "send");
+        return -1;
+    }
 }
 
 /* Writes as much queued output as the socket takes. */
@@ -363,8 +369,8 @@ static void pd__flush(pd_conn *c) {
             }
         }
 #endif
-        ssize_t r = pd__sendv(c->fd, iov, n);
-        if (r < 0) return pd__fail_errno(c, "send");
+        ssize_t r = pd__sendv(c, iov, n);
+        if (r < 0) return;
         if (r == 0) break;
 #ifdef KS_TEST_FAULTS
         if (c->stall_at && (c->stall_at -= (size_t)r) == 0) {  // reached: hold the rest
@@ -422,12 +428,10 @@ static ks_err pd__emit(pd_conn *c, const uint8_t hdr[PD_HDR_BYTES], const struct
         total += payload[i].iov_len;
     }
     size_t sent = 0;
-    if (!c->out_head && !c->hold_until_ns && c->state != PD__CONN_CONNECTING) {
-        ssize_t r = pd__sendv(c->fd, iov, 1 + n_iov);
-        if (r < 0) {
-            pd__fail_errno(c, "send");
-            return ks_seterr(eb, c->close_why, "pd: %s", c->close_msg);
-        }
+    if (!c->out_head && !c->hold_until_ns && c->state != PD__CONN_CONNECTING &&
+        !(c->ssl && c->state == PD__CONN_HANDSHAKE)) {
+        ssize_t r = pd__sendv(c, iov, 1 + n_iov);
+        if (r < 0) return ks_seterr(eb, c->close_why, "pd: %s", c->close_msg);
         sent = (size_t)r;
         c->loop->stats.bytes_out += sent;
     }
@@ -612,6 +616,7 @@ static void pd__dispatch(pd_conn *c, const pd_frame *f) {
 }
 
 static void pd__on_readable(pd_conn *c) {
+    if (c->ssl && c->state == PD__CONN_HANDSHAKE) return pd__tls_handshake(c);
     int frames = 0;
     size_t bytes = 0;
     while ((c->state == PD__CONN_HANDSHAKE || c->state == PD__CONN_OPEN ||
@@ -621,8 +626,13 @@ static void pd__on_readable(pd_conn *c) {
         int n = pd__dec_want(&c->dec, iov, PD_MAX_IOV);
         KS_ASSERT(n >= 1);
         ssize_t r;
-        do r = readv(c->fd, iov, n);
-        while (r < 0 && errno == EINTR);
+        if (c->ssl) {
+            r = pd__tls_readv(c, iov, n);
+            if (r == -2) return;
+        } else {
+            do r = readv(c->fd, iov, n);
+            while (r < 0 && errno == EINTR);
+        }
         if (r < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) return;
             return pd__fail_errno(c, "recv");
@@ -649,6 +659,23 @@ static void pd__on_readable(pd_conn *c) {
     }
 }
 
+/* Starts the TLS handshake, or the plaintext HELLO/AUTH one. */
+static void pd__handshake_start(pd_conn *c) {
+    if (c->loop->ssl_ctx) pd__tls_start(c);
+    else pd__auth_start(c);
+}
+
+void pd__conn_open(pd_conn *c) {
+    c->state = PD__CONN_OPEN;
+    c->deadline_ns = 0;
+    c->dec.max_payload = c->loop->cfg.max_payload;
+    c->user_knows = true;
+    pd__conn_update_events(c);
+    ks_log(KS_LOG_DEBUG, "pd: conn #%llu %s authenticated (peer role %u)",
+           (unsigned long long)c->id, c->peer, c->peer_role);
+    if (c->cbs.on_open) c->cbs.on_open(c, c->ud);
+}
+
 static void pd__on_connected(pd_conn *c) {
     int err = 0;
     socklen_t sl = sizeof err;
@@ -657,7 +684,7 @@ static void pd__on_connected(pd_conn *c) {
     c->state = PD__CONN_HANDSHAKE;
     c->deadline_ns = ks_now_ns() + (uint64_t)c->loop->cfg.auth_timeout_ms * 1000000u;
     pd__conn_update_events(c);
-    pd__auth_start(c);
+    pd__handshake_start(c);
 }
 
 // ----------------------------------------------------------------------------
@@ -758,7 +785,7 @@ static void pd__on_accept(pd_listener *ls) {
         }
         pd__fmt_addr((struct sockaddr *)&ss, sl, c->peer, sizeof c->peer);
         c->deadline_ns = ks_now_ns() + (uint64_t)l->cfg.auth_timeout_ms * 1000000u;
-        pd__auth_start(c);
+        pd__handshake_start(c);
     }
 }
 
@@ -837,6 +864,11 @@ void pd_listener_close(pd_listener *ls) {
 
 ks_err pd_tcp_connect(pd_loop *l, const char *host, uint16_t port, int timeout_ms,
                       const pd_conn_cbs *cbs, void *ud, pd_conn **out, ks_errbuf *eb) {
+    uint32_t pr = cbs ? cbs->peer_roles : 0;
+    if (l->ssl_ctx && (pr & (pr - 1)))
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "pd connect: a TLS connect names exactly one peer role (peer_roles 0x%x)",
+                         pr);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_NUMERICSERV};
     char ps[8];
@@ -866,6 +898,8 @@ ks_err pd_tcp_connect(pd_loop *l, const char *host, uint16_t port, int timeout_m
     pd__fmt_addr(ai->ai_addr, ai->ai_addrlen, c->peer, sizeof c->peer);
     freeaddrinfo(ai);
     c->user_knows = true;
+    // TLS: the server's role selects the PSK (0: a peer of our own role)
+    c->peer_role = pr ? (uint8_t)__builtin_ctz(pr) : l->cfg.role;
     c->deadline_ns = ks_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 5000) * 1000000u;
     *out = c;
     return KS_OK;
@@ -898,6 +932,13 @@ ks_err pd_loop_create(const pd_loop_cfg *cfg, pd_loop **out, ks_errbuf *eb) {
     memcpy(l->secret_copy, cfg->secret, cfg->secret_len);
     l->cfg.secret = l->secret_copy;
     pthread_mutex_init(&l->post_mu, NULL);
+    if (!cfg->insecure_plaintext) {
+        ks_err te = pd__tls_ctx_create(l, eb);
+        if (te) {
+            pd_loop_destroy(l);
+            return te;
+        }
+    }
     atomic_init(&l->stop, false);
     l->wake_ev.kind = PD__EV_WAKE;
     l->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -941,6 +982,7 @@ void pd_loop_destroy(pd_loop *l) {
         free(l->secret_copy);
         pthread_mutex_destroy(&l->post_mu);
     }
+    pd__tls_ctx_free(l);
     if (l->evfd >= 0) close(l->evfd);
     if (l->epfd >= 0) close(l->epfd);
     free(l);
@@ -997,6 +1039,12 @@ ks_err pd_loop_run_once(pd_loop *l, int timeout_ms) {
     bool posted = l->post_head != NULL;
     pthread_mutex_unlock(&l->post_mu);
     if (posted || l->dead || l->completed) timeout_ms = 0;
+    // input already inside OpenSSL: epoll will not report it
+    pd_conn *pend[64];
+    int n_pend = 0;
+    for (pd_conn *c = l->conns; c && n_pend < 64; c = c->next)
+        if (c->read_on && c->state != PD__CONN_CONNECTING && pd__tls_pending(c)) pend[n_pend++] = c;
+    if (n_pend) timeout_ms = 0;
     if (dl >= 0 && (timeout_ms < 0 || dl < timeout_ms)) timeout_ms = dl;
     struct epoll_event evs[64];
     int n = epoll_wait(l->epfd, evs, 64, timeout_ms);
@@ -1019,7 +1067,15 @@ ks_err pd_loop_run_once(pd_loop *l, int timeout_ms) {
                 if (e & (EPOLLOUT | EPOLLERR | EPOLLHUP)) pd__on_connected(c);
                 continue;
             }
+            if (c->ssl && c->state == PD__CONN_HANDSHAKE) {
+                pd__tls_handshake(c);
+                continue;
+            }
             if (e & EPOLLOUT) pd__flush(c);
+            if ((e & EPOLLOUT) && c->tls_read_wants_write && c->state != PD__CONN_CLOSED)
+                pd__on_readable(c);
+            if ((e & EPOLLIN) && c->tls_write_wants_read && c->state != PD__CONN_CLOSED)
+                pd__flush(c);
             if ((e & (EPOLLIN | EPOLLHUP | EPOLLERR)) && c->state != PD__CONN_CLOSED) {
                 if (c->read_on) pd__on_readable(c);
                 else if (e & (EPOLLERR | EPOLLHUP)) // always reported: don't spin on it
@@ -1027,6 +1083,9 @@ ks_err pd_loop_run_once(pd_loop *l, int timeout_ms) {
             }
         }
     }
+    // closed conns stay allocated (dead list) until the reap below
+    for (int i = 0; i < n_pend; i++)
+        if (pend[i]->state != PD__CONN_CLOSED && pend[i]->read_on) pd__on_readable(pend[i]);
     pd__run_posts(l);
     pd__run_completed(l);
     pd__reap(l);

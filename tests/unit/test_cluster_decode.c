@@ -7,7 +7,9 @@
  * catch missing:
  *   greedy    — verified handoff + engine_adopt: tokens equal engine_submit's
  *   sampled   — the same with temperature, a seed and top-2 (rng_state carried)
- *   relink    — a second LINK from one prefill closes the older link
+ *   relink    — a second LINK for a prefill id with a live link is refused; the
+ *               router's RETIRE closes the live one, then a new LINK gets a
+ *               fresh (random) epoch
  *   coverage  — DONE covering less than the prompt: FINISH ERROR, no TOKEN (I6;
  *               fails under KS_BROKEN=no_coverage)
  *   abort     — router ABORT while GRANTED: ABORT to prefill, pages held in
@@ -561,14 +563,32 @@ static void phase_generate(harness *h, uint64_t id, bool sampled) {
 
 static bool p_n_closed(harness *h, uint64_t n) { return (uint64_t)h->n_pclosed >= n; }
 
-/* A second LINK from the same prefill worker closes the older link (F5 for
- * it) and grants bind to the new epoch. */
+/* A second LINK for a prefill worker id that has a live link is refused (a
+ * relay or a confused worker never replaces a live link); once the router's
+ * RETIRE has closed the live link (F5 for it), the worker links again with a
+ * fresh epoch and grants bind to it. */
 static void phase_relink(harness *h) {
     int closed0 = h->n_pclosed;
     uint64_t old = h->epoch;
+    pd_conn *live = h->pc, *second = NULL;
+    CHECK(pd_tcp_connect(h->pl, "127.0.0.1", h->data_port, 2000,
+                         &(pd_conn_cbs){.on_open = p_on_open, .on_frame = p_on_frame,
+                                        .on_close = p_on_close, .type_max = h->tm,
+                                        .n_types = PD_MSG_N_TYPES,
+                                        .peer_roles = 1u << PD_ROLE_DECODE},
+                         h, &second, NULL) == KS_OK);
+    wait_for(h, p_n_closed, (uint64_t)closed0 + 1, "second LINK refused");
+    CHECK(h->pc == live);
+    CHECK_EQ(h->epoch, old);
+    CHECK(!h->link_closed);
+    pd_msg_link rt = {.prefill_worker_id = PREFILL_ID};
+    uint8_t buf[8];
+    uint32_t len;
+    CHECK(pd_msg_link_encode(&rt, buf, sizeof buf, &len, NULL) == KS_OK);
+    send1(h->rc, PD_MSG_RETIRE, 0, buf, len);
+    wait_for(h, p_link_closed, 0, "retired link closed");
     open_link(h);
     CHECK(h->epoch != old);
-    wait_for(h, p_n_closed, (uint64_t)closed0 + 1, "old link closed");
     CHECK(h->pc != NULL);
     admit(h, 8, 4);  // pre_send_pages-style epoch check on the grant
     const rframe *gf = find_rf(h, 8, PD_MSG_GRANT);

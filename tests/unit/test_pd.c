@@ -1,11 +1,14 @@
 /* test_pd.c — pd transport: framing (round trip in any split, every error with
- * its message, len checked before allocation), the HMAC handshake (same/other
- * secret, frames before AUTH, reflection, role policy, timeout), the TCP loop
+ * its message, len checked before allocation), the TLS 1.3 PSK channel (roles
+ * bound to the connection kind's key, a relayed kind refused, plaintext
+ * refused, nothing readable on the wire), the plaintext HMAC handshake of
+ * --insecure-plaintext (same/other secret, frames before AUTH, reflection,
+ * role policy, timeout), the TCP loop (run over TLS and over plaintext)
  * over real loopback sockets (1000 frames in order incl. 1 MiB, payload sink
  * straight into a caller buffer, corrupted and cut-off sunk payloads,
  * backpressure, per-type bounds, independent connections) and, in
  * KS_TEST_FAULTS builds, the fault hooks. `test_pd bench` measures 1 MiB frame
- * throughput against a plain loopback socket copy. */
+ * throughput, plaintext and TLS, against a plain loopback socket copy. */
 #include "kvseal/pd.h"
 #include "pd/pd_int.h"
 
@@ -45,9 +48,14 @@ static uint32_t rnd(void) {
     return (uint32_t)(rng_state >> 11);
 }
 
+/* true: loops are made with insecure_plaintext (the KVPD v1 handshake, no
+ * TLS); the transport tests run both ways. */
+static bool g_plain;
+
 static pd_loop *mkloop(const uint8_t *secret, uint8_t role, size_t out_high, uint32_t auth_ms) {
     pd_loop_cfg cfg = {.secret = secret, .secret_len = 32, .role = role,
-                       .out_high_bytes = out_high, .auth_timeout_ms = auth_ms};
+                       .out_high_bytes = out_high, .auth_timeout_ms = auth_ms,
+                       .insecure_plaintext = g_plain};
     pd_loop *l = NULL;
     ks_errbuf eb;
     ks_err e = pd_loop_create(&cfg, &l, &eb);
@@ -613,6 +621,146 @@ static void test_handshake_raw_attacks(void) {
 }
 
 // ----------------------------------------------------------------------------
+// 2b. TLS: roles bound to the PSK, no plaintext, nothing readable on the wire
+
+static pd_conn *mkconn_to(pd_loop *l, uint16_t port, ep *e, uint32_t server_roles) {
+    pd_conn_cbs cbs = ep_cbs();
+    cbs.peer_roles = server_roles;
+    pd_conn *c = NULL;
+    ks_errbuf eb;
+    CHECK_EQ(pd_tcp_connect(l, "127.0.0.1", port, 2000, &cbs, e, &c, &eb), KS_OK);
+    e->c = c;
+    return c;
+}
+
+static void test_tls_roles(void) {
+    g_plain = false;
+    pd_loop *lsrv = mkloop(SECRET_A, 3, 0, 0);  // a decode data port: role 2 only
+    pd_loop *l2 = mkloop(SECRET_A, 2, 0, 0), *l4 = mkloop(SECRET_A, 4, 0, 0);
+    srv s = {0};
+    pd_conn_cbs cbs = ep_cbs();
+    cbs.peer_roles = 1u << 2;
+    pd_listener *ls = mklisten(lsrv, &s, &cbs);
+    uint16_t port = pd_listener_port(ls);
+    // (a) role 2 to a role-3 server: open; each side knows the other's role
+    ep a = {0};
+    mkconn_to(l2, port, &a, 1u << 3);
+    ep *pair[2] = {&a, &s.eps[0]};
+    CHECK(pump(lsrv, l2, both_open, pair, 3000));
+    CHECK_EQ(s.eps[0].peer_role, 2);
+    CHECK_EQ(a.peer_role, 3);
+    // (b) a role this port does not accept
+    ep b = {0};
+    mkconn_to(l4, port, &b, 1u << 3);
+    CHECK(pump(lsrv, l4, ep_closed, &b, 3000));
+    CHECK_EQ(b.opened, 0);
+    // (c) role 2 believing it talks to a role-1 server (a relayed control
+    // connection): the PSK of "2>1" is not one a role-3 port has
+    ep c = {0};
+    mkconn_to(l2, port, &c, 1u << 1);
+    CHECK(pump(lsrv, l2, ep_closed, &c, 3000));
+    CHECK_EQ(c.opened, 0);
+    pump(lsrv, l2, never, NULL, 50);
+    CHECK_EQ(s.n, 1);
+    // (d) a TLS connect must name exactly one server role
+    ep d = {0};
+    pd_conn_cbs two = ep_cbs();
+    two.peer_roles = (1u << 1) | (1u << 3);
+    pd_conn *dc = NULL;
+    ks_errbuf eb;
+    CHECK_EQ(pd_tcp_connect(l2, "127.0.0.1", port, 2000, &two, &d, &dc, &eb), KS_ERR_INVAL);
+    pd_loop_stats st;
+    pd_loop_stats_get(lsrv, &st);
+    CHECK_EQ(st.auth_failures, 2);
+    CHECK_EQ(st.frames_in, 0);
+    // the PSKs of different connection kinds differ
+    uint8_t k21[PD_PSK_BYTES], k23[PD_PSK_BYTES], k32[PD_PSK_BYTES];
+    CHECK_EQ(pd_tls_psk(SECRET_A, 32, 2, 1, k21, NULL), KS_OK);
+    CHECK_EQ(pd_tls_psk(SECRET_A, 32, 2, 3, k23, NULL), KS_OK);
+    CHECK_EQ(pd_tls_psk(SECRET_A, 32, 3, 2, k32, NULL), KS_OK);
+    CHECK(memcmp(k21, k23, sizeof k21) != 0 && memcmp(k23, k32, sizeof k23) != 0);
+    pd_loop_destroy(l2);
+    pd_loop_destroy(l4);
+    pd_loop_destroy(lsrv);
+}
+
+static void test_tls_refuses_plaintext(void) {
+    g_plain = false;
+    pd_loop *l = mkloop(SECRET_A, 3, 0, 0);
+    srv s = {0};
+    pd_listener *ls = mklisten(l, &s, NULL);
+    int fd = raw_connect(pd_listener_port(ls));
+    uint8_t hello[36] = {2};
+    raw_send(fd, PD_TYPE_HELLO, 0, hello, 36);  // a KVPD v1 HELLO
+    CHECK(raw_wait_eof(fd, l));
+    close(fd);
+    pd_loop_stats st;
+    pd_loop_stats_get(l, &st);
+    CHECK_EQ(st.auth_failures, 1);
+    CHECK_EQ(s.n, 0);
+    pd_loop_destroy(l);
+}
+
+/* Copies what is readable from `from` to `to`, appending it to rec when
+ * given; false once `from` is closed. */
+static bool shuttle(int from, int to, uint8_t *rec, size_t *rec_len, size_t rec_cap) {
+    uint8_t buf[65536];
+    ssize_t r = recv(from, buf, sizeof buf, MSG_DONTWAIT);
+    if (r == 0) return false;
+    if (r < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
+    if (rec && *rec_len + (size_t)r <= rec_cap) {
+        memcpy(rec + *rec_len, buf, (size_t)r);
+        *rec_len += (size_t)r;
+    }
+    raw_write(to, buf, (size_t)r);
+    return true;
+}
+
+static void test_tls_encrypts(void) {
+    g_plain = false;
+    pd_loop *l = mkloop(SECRET_A, 1, 0, 0);
+    srv s = {0};
+    pd_listener *ls = mklisten(l, &s, NULL);
+    // an on-path observer between client and server
+    int mid = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof a;
+    CHECK_EQ(bind(mid, (struct sockaddr *)&a, sizeof a), 0);
+    CHECK_EQ(listen(mid, 1), 0);
+    CHECK_EQ(getsockname(mid, (struct sockaddr *)&a, &sl), 0);
+    ep cli = {0};
+    pd_conn *c = mkconn(l, ntohs(a.sin_port), &cli);
+    int up = accept(mid, NULL, NULL), down = raw_connect(pd_listener_port(ls));
+    CHECK(up >= 0);
+    size_t cap = 1u << 20, n_rec = 0;
+    uint8_t *rec = malloc(cap);
+    uint8_t payload[4096];
+    for (size_t i = 0; i < sizeof payload; i++) payload[i] = "tenant prompt: the secret plan "[i % 31];
+    bool sent = false;
+    uint64_t end = ks_now_ns() + 3000000000ull;
+    while (s.eps[0].frames < 1 && ks_now_ns() < end) {
+        CHECK_EQ(pd_loop_run_once(l, 1), KS_OK);
+        CHECK(shuttle(up, down, rec, &n_rec, cap));
+        CHECK(shuttle(down, up, NULL, NULL, 0));
+        if (cli.opened && !sent) {
+            struct iovec iov = {payload, sizeof payload};
+            CHECK_EQ(pd_conn_send(c, 30, 5, &iov, 1, NULL), KS_OK);
+            sent = true;
+        }
+    }
+    CHECK_EQ(s.eps[0].frames, 1);
+    CHECK(n_rec > sizeof payload);
+    CHECK(memmem(rec, n_rec, "tenant prompt", 13) == NULL);  // nothing in the clear
+    uint8_t magic[4] = {'K', 'V', 'P', 'D'};
+    CHECK(memmem(rec, n_rec, magic, 4) == NULL);  // not even the frame headers
+    free(rec);
+    close(up);
+    close(down);
+    close(mid);
+    pd_loop_destroy(l);
+}
+
+// ----------------------------------------------------------------------------
 // 3. Transfer over loopback
 
 typedef struct sender {
@@ -777,6 +925,7 @@ static void closed_done_fn(void *arg, ks_err e) {
 
 /* A borrowed send still queued when the conn dies completes with the error. */
 static void test_tcp_borrowed_close(void) {
+    closed_done = closed_done_err = 0;
     pd_loop *l = mkloop(SECRET_A, 1, 0, 0);
     srv sv = {0};
     sv.eps[0].pause_on_open = true;
@@ -989,6 +1138,7 @@ static void *post_thread(void *arg) {
 }
 
 static void test_loop_post_stop(void) {
+    atomic_store(&posted, 0);
     pd_loop *l = mkloop(SECRET_A, 1, 0, 0);
     pthread_t th;
     CHECK_EQ(pthread_create(&th, NULL, post_thread, l), 0);
@@ -1178,7 +1328,7 @@ static void bench(int mib, bool borrowed) {
     close(lfd);
 
     // pd: frames of 1 MiB, receiver loop on its own thread with a sink page
-    pd_loop *ltx = mkloop(SECRET_A, 2, 0, 0), *lrx = mkloop(SECRET_A, 3, 0, 0);
+    pd_loop *ltx = mkloop(SECRET_A, 3, 0, 0), *lrx = mkloop(SECRET_A, 3, 0, 0);
     bench_rx br = {.l = lrx, .page = malloc(F), .want = mib};
     pd_conn_cbs rc = {.sink = bench_sink, .on_frame = bench_on_frame};
     pd_listener *ls = NULL;
@@ -1203,8 +1353,9 @@ static void bench(int mib, bool borrowed) {
     while (pd_conn_out_pending(c)) CHECK_EQ(pd_loop_run_once(ltx, 5), KS_OK);
     CHECK_EQ(pthread_join(th, NULL), 0);
     double pdr = (double)mib * F / ((double)(ks_now_ns() - t0) / 1e9) / 1e9;
-    printf("loopback 1 MiB x %d: plain socket copy %.2f GB/s, pd frames (XXH3 + sink%s) %.2f "
-           "GB/s, ratio %.2f\n", mib, plain, borrowed ? " + borrowed send" : "", pdr, pdr / plain);
+    printf("loopback 1 MiB x %d: plain socket copy %.2f GB/s, pd frames (%s, XXH3 + sink%s) "
+           "%.2f GB/s, ratio %.2f\n", mib, plain, g_plain ? "plaintext" : "TLS 1.3",
+           borrowed ? " + borrowed send" : "", pdr, pdr / plain);
     pd_loop_destroy(ltx);
     pd_loop_destroy(lrx);
     free(br.page);
@@ -1214,30 +1365,39 @@ static void bench(int mib, bool borrowed) {
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "bench")) {
         int mib = argc > 2 ? atoi(argv[2]) : 2048;
-        bench(mib, false);
-        bench(mib, true);
+        for (int plain = 1; plain >= 0; plain--) {
+            g_plain = plain;
+            bench(mib, false);
+            bench(mib, true);
+        }
         return 0;
     }
     if (!getenv("KS_LOG")) ks_log_set_level(KS_LOG_ERROR);
     test_wire_layout();
     test_wire_roundtrip();
     test_wire_errors();
-    test_handshake_ok();
-    test_handshake_wrong_secret();
-    test_handshake_raw_attacks();
-    test_tcp_1000_frames();
-    test_tcp_sink();
-    test_tcp_backpressure();
-    test_tcp_borrowed();
-    test_tcp_borrowed_close();
-    test_tcp_sink_failures();
-    test_tcp_independent_conns();
-    test_tcp_close_flush();
-    test_tcp_connect_refused();
-    test_loop_post_stop();
+    test_tls_roles();
+    test_tls_refuses_plaintext();
+    test_tls_encrypts();
+    for (int plain = 0; plain <= 1; plain++) {
+        g_plain = plain;  // the same transport tests over TLS, then plaintext
+        test_handshake_ok();
+        test_handshake_wrong_secret();
+        if (plain) test_handshake_raw_attacks();  // the KVPD v1 handshake
+        test_tcp_1000_frames();
+        test_tcp_sink();
+        test_tcp_backpressure();
+        test_tcp_borrowed();
+        test_tcp_borrowed_close();
+        if (plain) test_tcp_sink_failures();  // a raw plaintext peer corrupts frames
+        test_tcp_independent_conns();
+        test_tcp_close_flush();
+        test_tcp_connect_refused();
+        test_loop_post_stop();
 #ifdef KS_TEST_FAULTS
-    test_faults();
+        test_faults();
 #endif
+    }
     printf("test_pd: ok\n");
     return 0;
 }
