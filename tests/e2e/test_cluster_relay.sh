@@ -29,20 +29,13 @@ relay_attack() {
 
     "$RELAY" "$dport" "$victim" >"$TMPD/$name.relay" 2>&1 &
     R=$!
-    for i in $(seq 1 100); do
-        rport=$(sed -n 's/^relay port \([0-9]*\)$/\1/p' "$TMPD/$name.relay")
-        [ -n "$rport" ] && break
-        sleep 0.1
-    done
-    [ -n "$rport" ] || fail "relay did not start"
+    wait_for "the relay to listen" grep -q '^relay port [0-9]' "$TMPD/$name.relay"
+    rport=$(sed -n 's/^relay port \([0-9]*\)$/\1/p' "$TMPD/$name.relay")
     # a real prefill worker (the cluster's own secret) that takes the relay for its router
     "$KS_BIN" prefill "${M[@]}" "$@" --router 127.0.0.1:$rport --secret-file "$TMPD/secret" \
         >"$TMPD/$name.x.out" 2>"$TMPD/$name.x.log" &
     X=$!
-    for i in $(seq 1 100); do
-        grep -q '^RELAY:' "$TMPD/$name.relay" && break
-        sleep 0.1
-    done
+    wait_for "the relay to report" grep -q '^RELAY:' "$TMPD/$name.relay"
     result=$(grep '^RELAY:' "$TMPD/$name.relay")
     echo "$name: relay result: ${result:-none}"
     [ -n "$result" ] || { cat "$TMPD/$name.relay" "$dlog" >&2; fail "$name: the relay reported nothing"; }
@@ -55,7 +48,7 @@ relay_attack() {
         fail "$name: the live link (epoch $epoch) was replaced or closed"
     fi
     ans=$(curl -sS "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
-        -d '{"prompt":"In the beginning","max_tokens":6,"temperature":0}')
+        -d '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":6,"temperature":0}')
     expect_has "$name: the live link still serves" "$ans" '"text"'
     kill -KILL $R $X 2>/dev/null
     wait $R $X 2>/dev/null
