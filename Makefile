@@ -1,8 +1,10 @@
 # kvseal — thin wrapper over CMake. `make help` lists the targets.
 JOBS ?= $(shell nproc)
 BUILD ?= build
+FUZZ_SECONDS ?= 60
+FUZZ_JOBS ?= $(JOBS)
 
-.PHONY: all test asan bench clean help
+.PHONY: all test asan bench fuzz clean help
 
 all: ## configure and build build/kvseal (Release, -Werror)
 	@cmake -S . -B $(BUILD) -DKS_WERROR=ON >/dev/null
@@ -19,8 +21,13 @@ asan: ## build with AddressSanitizer+UBSan in build-asan and run the suite
 bench: all ## build the kernel micro-benchmark (build/bench_kern)
 	@cmake --build $(BUILD) --target bench_kern -j$(JOBS)
 
+fuzz: ## build the libFuzzer harnesses (clang) in build-fuzz; run each FUZZ_SECONDS (60), FUZZ_JOBS at a time
+	@cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DKS_FUZZ=ON -DKS_WERROR=ON >/dev/null
+	@cmake --build build-fuzz -j$(JOBS)
+	@scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_JOBS) $(FUZZ_TARGETS)
+
 clean: ## remove build directories
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz
 
 help:
 	@grep -E '^[a-z]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
