@@ -7,7 +7,8 @@
  * pre-tokenizers differ (gpt-2, deepseek-llm, deepseek-coder; chosen by the
  * input's length, as all three at once would run 5x slower: their long lists
  * of special tokens are scanned on every call), with and without special-token
- * parsing; every id must be in the vocabulary, and the ids are turned back
+ * parsing; every id must be in the vocabulary, and none may be a control
+ * token unless special tokens are parsed; the ids are turned back
  * into text by tok_detokenize and by the streaming detokenizer, whose output
  * must be valid UTF-8. The text also goes through every chat template as a
  * user message. Paths come from KS_FUZZ_MODEL / KS_FUZZ_VOCAB_DIR (set at
@@ -91,10 +92,14 @@ static bool fz__utf8_ok(const uint8_t *s, size_t n) {
     return true;
 }
 
-static void fz__roundtrip(const tok_vocab *v, const int32_t *ids, size_t n_ids) {
+static void fz__roundtrip(const tok_vocab *v, const int32_t *ids, size_t n_ids, bool special) {
     int32_t n_vocab = tok_n_vocab(v);
-    for (size_t i = 0; i < n_ids; i++)
+    for (size_t i = 0; i < n_ids; i++) {
         if (ids[i] < 0 || ids[i] >= n_vocab) abort();
+        /* plain text never yields a control token: a prompt cannot forge an
+         * end-of-turn or a BOS by spelling it */
+        if (!special && tok_token_type(v, ids[i]) == TOK_TYPE_CONTROL) abort();
+    }
     size_t need = tok_detokenize(v, ids, n_ids, false, true, NULL, 0);
     char *buf = malloc(need + 1);
     if (!buf) abort();
@@ -128,7 +133,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (tok_encode(fz__v[i], (const char *)data, size, special, special, &ids, &n_ids,
                            &eb) != KS_OK)
                 abort(); /* only NOMEM can fail here */
-            fz__roundtrip(fz__v[i], ids, n_ids);
+            fz__roundtrip(fz__v[i], ids, n_ids, special);
             free(ids);
         }
     }
