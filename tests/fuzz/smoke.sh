@@ -21,8 +21,10 @@ if [ -d "$src/tests/fuzz/regressions/$t" ]; then
 fi
 if [ ${#regs[@]} -gt 0 ]; then
   echo "== replaying ${#regs[@]} regression input(s)"
-  "$bin" -timeout=10 "${regs[@]}" 2>&1 | grep -vE '^(Running|Executed)' || true
-  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAIL: a regression input crashes fuzz_$t"; exit 1; }
+  out="$("$bin" -timeout=10 "${regs[@]}" 2>&1)"
+  rc=$?
+  grep -vE '^(INFO|\*\*\*|Running|Executed)|Running [0-9]+ inputs' <<<"$out"
+  [ $rc -eq 0 ] || { echo "FAIL: a regression input crashes fuzz_$t (rc $rc)"; exit 1; }
 fi
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
