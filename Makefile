@@ -1,8 +1,10 @@
 # kvseal — thin wrapper over CMake. `make help` lists the targets.
 JOBS ?= $(shell nproc)
 BUILD ?= build
+FUZZ_SECONDS ?= 60
+FUZZ_JOBS ?= $(JOBS)
 
-.PHONY: all test asan stress-test bench clean help
+.PHONY: all test asan stress-test bench fuzz clean help
 
 all: ## configure and build build/kvseal (Release, -Werror)
 	@cmake -S . -B $(BUILD) -DKS_WERROR=ON >/dev/null
@@ -22,8 +24,13 @@ stress-test: ## the whole suite 10x (STRESS_RUNS) with ctest -j4 beside a CPU ho
 bench: all ## build the kernel micro-benchmark (build/bench_kern)
 	@cmake --build $(BUILD) --target bench_kern -j$(JOBS)
 
+fuzz: ## build the libFuzzer harnesses (clang) in build-fuzz; run each FUZZ_SECONDS (60), FUZZ_JOBS at a time
+	@cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DKS_FUZZ=ON -DKS_WERROR=ON >/dev/null
+	@cmake --build build-fuzz -j$(JOBS)
+	@scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_JOBS) $(FUZZ_TARGETS)
+
 clean: ## remove build directories
-	rm -rf build build-asan build-stress-logs
+	rm -rf build build-asan build-fuzz build-stress-logs
 
 help:
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'

@@ -10,7 +10,7 @@ for p in "${pkgs[@]}"; do
 done
 # tools are looked up as commands: a machine may have them from elsewhere
 # (e.g. a node build that bundles npm, which Debian's npm package conflicts with)
-for c in cmake:cmake make:make gcc:gcc curl:curl node:nodejs npm:npm spin:spin; do
+for c in cmake:cmake make:make gcc:gcc clang:clang curl:curl node:nodejs npm:npm spin:spin; do
   command -v "${c%%:*}" >/dev/null 2>&1 || missing+=("${c#*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -19,6 +19,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}" >&2
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# libFuzzer (clang -fsanitize=fuzzer, for tests/fuzz) is in the compiler-rt
+# package of the clang version installed: libclang-rt-14-dev on bookworm
+if ! echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return (int)(d && n && 0); }' |
+     clang -x c -fsanitize=fuzzer -o /dev/null - >/dev/null 2>&1; then
+  ver="$(clang -dumpversion | cut -d. -f1)"
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  echo "install-deps: installing libclang-rt-$ver-dev (libFuzzer)" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "libclang-rt-$ver-dev" >/dev/null
 fi
 
 # the end-to-end tests drive the server with the official openai npm client

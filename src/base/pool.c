@@ -24,7 +24,7 @@ struct ks_pool {
     pthread_t *threads;         // (nth-1)
     pthread_mutex_t mu;
     pthread_cond_t cv;          // signalled when a new op opens or on stop
-    atomic_ullong state;        // [gen | closed | active], see above
+    _Atomic uint64_t state;     // [gen | closed | active], see above
     atomic_int n_sleeping;      // workers blocked on cv
     atomic_int next_ith;        // ith handed to the next joiner of this op
     atomic_bool stop;

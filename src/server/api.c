@@ -47,6 +47,24 @@ const char *srv_finish_name(engine_finish f) {
 // ----------------------------------------------------------------------------
 // Errors
 
+/* Length of the valid UTF-8 sequence at s (strict, as jansson checks it: no
+ * overlongs, surrogates or code points past U+10FFFF), or 0 if none starts
+ * there. s is NUL-terminated, so reading stops at the NUL. */
+static size_t api__utf8_len(const unsigned char *s) {
+    unsigned char c = s[0];
+    if (c < 0x80) return 1;
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xbf; /* allowed range of the second byte */
+    if (c >= 0xc2 && c <= 0xdf) n = 2;
+    else if (c >= 0xe0 && c <= 0xef) n = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
+    else if (c >= 0xf0 && c <= 0xf4) n = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
+    else return 0;
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (size_t i = 2; i < n; i++)
+        if (s[i] < 0x80 || s[i] > 0xbf) return 0;
+    return n;
+}
+
 bool srv_error_set(srv_error *e, int status, const char *type, const char *code, const char *param,
                    srv_reject reject, const char *fmt, ...) {
     e->status = status;
@@ -58,6 +76,14 @@ bool srv_error_set(srv_error *e, int status, const char *type, const char *code,
     va_start(ap, fmt);
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
+    // The message may quote what the client sent (a model name from the URL
+    // is any bytes) and may have been cut inside a character; JSON strings
+    // must be UTF-8, or srv_error_json fails and the client gets a 500.
+    for (unsigned char *p = (unsigned char *)e->msg; *p;) {
+        size_t n = api__utf8_len(p);
+        if (n == 0) *p++ = '?';
+        else p += n;
+    }
     return false;
 }
 

@@ -62,7 +62,10 @@ typedef struct srv_error {
     srv_reject reject; /* metric reason, or SRV_REJECT_NONE */
 } srv_error;
 
-/* Fills e; returns false so parsers can `return srv_error_set(...)`. */
+/* Fills e; returns false so parsers can `return srv_error_set(...)`. The
+ * message is cut to fit and made valid UTF-8 (a byte that starts no valid
+ * character, e.g. from a model name in the URL or a character the cut split,
+ * becomes '?'), so srv_error_json can always encode it. */
 bool srv_error_set(srv_error *e, int status, const char *type, const char *code, const char *param,
                    srv_reject reject, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
 

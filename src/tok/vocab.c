@@ -395,8 +395,8 @@ ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out, ks_errbuf *eb) {
                                             "<|endoftext|>",
                                             "<EOT>",
                                             "_<EOT>",
-                                            "<\xef\xbd\x9c"
-                                            "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+                                            ("<\xef\xbd\x9c"  // one string, split after \x9c
+                                             "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"),
                                             "<end_of_utterance>"};
     static const char *const eog_texts[] = {
         "<|eot_id|>", "<|im_end|>",    "<|end|>",         "<|return|>",

@@ -330,6 +330,27 @@ static void test_error_shapes(void) {
     CHECK_STR_EQ(s, "{\"result\":null,\"success\":false,\"errors\":[{\"code\":503,"
                     "\"message\":\"offline\"}],\"messages\":[]}");
     free(s);
+    // Client bytes in a message (found by fuzz_json): a model name from the
+    // URL need not be UTF-8, and a long one is cut, maybe inside a character.
+    // Both used to make srv_error_json fail, so the client got 500 "out of
+    // memory" instead of 404.
+    srv_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
+                  SRV_REJECT_INVALID, "The model '%s' does not exist", "a\xff\xc3(b\xed\xa0\x80");
+    CHECK_STR_EQ(e.msg, "The model 'a?\?(b?\?\?' does not exist"); /* \?: no trigraphs */
+    s = srv_error_json(SRV_ROUTE_WORKERS, &e);
+    CHECK(s != NULL);
+    free(s);
+    char name[600];
+    name[0] = 'x';
+    for (int i = 1; i + 2 < (int)sizeof name; i += 2) name[i] = '\xc3', name[i + 1] = '\xa9';
+    name[sizeof name - 1] = '\0';
+    srv_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
+                  SRV_REJECT_INVALID, "The model '%s' does not exist", name);
+    CHECK_EQ(strlen(e.msg), sizeof e.msg - 1);
+    CHECK_EQ(e.msg[sizeof e.msg - 2], '?'); /* 0xc3 of the split 'é' */
+    s = srv_error_json(SRV_ROUTE_CHAT, &e);
+    CHECK(s != NULL);
+    free(s);
     CHECK_STR_EQ(srv_reject_name(SRV_REJECT_TENANT_RATE), "tenant_rate");
     CHECK_STR_EQ(srv_finish_name(ENGINE_FINISH_LENGTH), "length");
     CHECK(srv_finish_name(ENGINE_FINISH_ABORT) == NULL);

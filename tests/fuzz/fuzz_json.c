@@ -1,0 +1,75 @@
+/* fuzz_json.c — libFuzzer harness for the HTTP API's request parser
+ * (srv_request_parse, src/server/api.c).
+ *
+ * Each input is one request body, parsed as all three generation routes
+ * (chat, completions, Workers AI). A parse that succeeds must have produced a
+ * request the server can use: its chat messages are rendered with every
+ * template family (src/tok/chat.c), as the server does next. A parse that
+ * fails must have produced an error the server can answer with
+ * (srv_error_json must not fail), and so must the 404 for an unknown model,
+ * which quotes the model name: from the body (a parsed request's model) or
+ * from the URL (the raw input, any bytes). Built only with KS_FUZZ=ON; see
+ * tests/fuzz/README.md. */
+#include "server/server_int.h"
+
+#include "kvseal/chat.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void fz__render(const srv_request *r) {
+    for (int fam = CHAT_PLAIN; fam <= CHAT_GEMMA; fam++) {
+        char *out = NULL;
+        ks_errbuf eb;
+        ks_err e = chat_render_family((chat_family)fam, NULL, r->msgs, r->n_msgs, true, &out, &eb);
+        if (e == KS_OK && !out) abort();
+        if (e != KS_OK && out) abort();
+        free(out);
+    }
+}
+
+/* The 404 the server answers for an unknown model (src/server/http.c). */
+static void fz__not_found(srv_route route, const char *name) {
+    srv_error err;
+    srv_error_set(&err, 404, "invalid_request_error", "model_not_found", "model",
+                  SRV_REJECT_INVALID, "The model '%s' does not exist; this server serves '%s'",
+                  name, "kjv-mini");
+    char *j = srv_error_json(route, &err);
+    if (!j) abort(); /* only out-of-memory may fail */
+    free(j);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static const srv_route routes[] = {SRV_ROUTE_CHAT, SRV_ROUTE_COMPLETIONS, SRV_ROUTE_WORKERS};
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        srv_request r;
+        srv_error err;
+        memset(&r, 0, sizeof r);
+        memset(&err, 0, sizeof err);
+        if (srv_request_parse(routes[i], (const char *)data, size, &r, &err)) {
+            if (r.route != routes[i]) abort();
+            if (r.n_msgs > 0) fz__render(&r);
+            /* every string the parser hands out must be readable */
+            if (r.model) fz__not_found(routes[i], r.model);
+            if (r.prompt) (void)strlen(r.prompt);
+            for (int k = 0; k < r.n_stops; k++) (void)strlen(r.stops[k]);
+        } else {
+            if (err.status < 400 || err.status > 599) abort();
+            char *j = srv_error_json(routes[i], &err);
+            if (!j) abort();
+            free(j);
+        }
+        srv_request_free(&r);
+    }
+    /* the input as a model name from the URL (NUL ends it there too) */
+    char *name = malloc(size + 1);
+    if (!name) abort();
+    memcpy(name, data, size);
+    name[size] = '\0';
+    fz__not_found(SRV_ROUTE_WORKERS, name);
+    free(name);
+    return 0;
+}

@@ -1,0 +1,229 @@
+/* mkcorpus.c — writes the generated seed inputs of tests/fuzz/corpus/ with
+ * the project's own encoders: tiny GGUF files from gguf_writer (gguf/), and
+ * pd frames and messages from pd_frame_encode / pd_msg_*_encode (pd_wire/,
+ * pd_msg/). The text seeds (json/, tenants/, tok/) are written by hand.
+ *
+ *   build-fuzz/fuzz_mkcorpus tests/fuzz/corpus
+ *
+ * Output is deterministic, so rerunning it changes nothing unless an encoder
+ * changed. Seeds are kept small (libFuzzer's default -max_len follows the
+ * largest one). */
+#include "kvseal/gguf.h"
+#include "kvseal/pd.h"
+#include "kvseal/pd_msg.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *root;
+
+static void die_if(ks_err e, const char *what, const ks_errbuf *eb) {
+    if (e == KS_OK) return;
+    fprintf(stderr, "mkcorpus: %s: %s\n", what, eb ? eb->msg : ks_strerror(e));
+    exit(1);
+}
+
+static void put(const char *dir, const char *name, const void *a, size_t a_len, const void *b,
+                size_t b_len) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s/%s", root, dir, name);
+    FILE *fp = fopen(path, "wb");
+    if (!fp || fwrite(a, 1, a_len, fp) != a_len || (b_len && fwrite(b, 1, b_len, fp) != b_len) ||
+        fclose(fp) != 0) {
+        fprintf(stderr, "mkcorpus: cannot write %s\n", path);
+        exit(1);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// GGUF
+
+#define W(call) die_if((call), #call, NULL)
+
+static void gguf_seed(const char *name, bool bpe) {
+    gguf_writer *w = gguf_writer_create();
+    if (!w) exit(1);
+    W(gguf_writer_set_str(w, "general.architecture", "llama"));
+    W(gguf_writer_set_u32(w, "llama.context_length", 64));
+    W(gguf_writer_set_f32(w, "llama.rope.freq_base", 10000.0f));
+    W(gguf_writer_set_bool(w, "general.flag", true));
+    W(gguf_writer_set_i32(w, "general.i32", -7));
+    W(gguf_writer_set_u64(w, "general.u64", 1ull << 40));
+    if (bpe) {
+        const char *toks[] = {"a", "b", "c", "\xc4\xa0", "bc", "ab", "<|end|>", "<|im_start|>"};
+        const int32_t types[] = {1, 1, 1, 1, 1, 1, 3, 4};
+        const char *merges[] = {"b c", "a b"};
+        W(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"));
+        W(gguf_writer_set_str(w, "tokenizer.ggml.pre", "llama3"));
+        W(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 8));
+        W(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 8));
+        W(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 2));
+        W(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 6));
+        W(gguf_writer_set_str(w, "tokenizer.chat_template", "<|im_start|>{{ m }}<|im_end|>"));
+    } else {
+        const char *toks[] = {"<unk>", "<s>", "</s>", "<0x41>", "\xe2\x96\x81", "a", "b",
+                              "\u2581ab"};
+        const float scores[] = {0, 0, 0, 0, -1, -2, -3, -0.5f};
+        const int32_t types[] = {2, 3, 3, 6, 1, 1, 1, 1};
+        W(gguf_writer_set_str(w, "tokenizer.ggml.model", "llama"));
+        W(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 8));
+        W(gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, 8));
+        W(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 8));
+        W(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1));
+        W(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2));
+        W(gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true));
+        W(gguf_writer_set_str(w, "tokenizer.chat_template", "[INST] <<SYS>> {{ m }} [/INST]"));
+    }
+    static float f32[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int64_t ne2[2] = {4, 2};
+    W(gguf_writer_add_tensor(w, "token_embd.weight", 2, ne2, KS_DTYPE_F32, f32, sizeof f32));
+    static uint8_t q8[34]; /* one q8_0 block: f16 scale + 32 int8 */
+    int64_t ne1[1] = {32};
+    W(gguf_writer_add_tensor(w, "output_norm.weight", 1, ne1, KS_DTYPE_Q8_0, q8, sizeof q8));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/gguf/%s", root, name);
+    ks_errbuf eb;
+    die_if(gguf_writer_write(w, path, &eb), path, &eb);
+    gguf_writer_destroy(w);
+}
+
+// ----------------------------------------------------------------------------
+// pd messages and frames
+
+#define ENC(call) die_if((call), #call, NULL)
+
+/* Selector bytes of fuzz_pd_msg.c's table. */
+enum {
+    S_REGISTER, S_REGISTER_ACK, S_HEALTH, S_HEALTH_ACK, S_POOL_CHECK_ACK, S_PEER, S_LINK,
+    S_LINK_ACK, S_ERROR, S_ADMIT, S_GRANT, S_DENY, S_PREFILL, S_REJECT, S_ABORT, S_ABORT_ACK,
+    S_TOKEN, S_FINISH, S_KV_PAGE, S_DONE
+};
+
+static void msg_put(const char *name, uint8_t sel, const uint8_t *p, uint32_t len) {
+    put("pd_msg", name, &sel, 1, p, len);
+}
+
+static uint32_t grant_bytes(uint8_t *buf, size_t cap) {
+    pd_msg_grant g = {.seq_uid = 77, .link_epoch = 3, .n_prompt = 20, .page_tokens = 16,
+                      .n_pages = 2};
+    pd_msg_grant_entry en[2] = {{5, 0, 16, 1}, {9, 16, 4, 2}};
+    uint32_t len;
+    ENC(pd_msg_grant_encode(&g, en, buf, cap, &len, NULL));
+    return len;
+}
+
+static void pd_msg_seeds(void) {
+    uint8_t b[1024];
+    uint32_t n;
+    pd_msg_register reg = {PD_ROLE_DECODE, 2, 64, 16, 128, 512, 7071, {1, 2, 3}, "10.0.0.2", 8};
+    ENC(pd_msg_register_encode(&reg, b, sizeof b, &n, NULL));
+    msg_put("register", S_REGISTER, b, n);
+    pd_msg_register_ack ra = {4, 1000};
+    ENC(pd_msg_register_ack_encode(&ra, b, sizeof b, &n, NULL));
+    msg_put("register_ack", S_REGISTER_ACK, b, n);
+    pd_msg_health h = {42};
+    ENC(pd_msg_health_encode(&h, b, sizeof b, &n, NULL));
+    msg_put("health", S_HEALTH, b, n);
+    pd_msg_health_ack ha = {42, 1, 100, 2, PD_HEALTH_DRAINING};
+    ENC(pd_msg_health_ack_encode(&ha, b, sizeof b, &n, NULL));
+    msg_put("health_ack", S_HEALTH_ACK, b, n);
+    pd_msg_pool_check_ack pc = {1, 0, 128, 0, 0, 0};
+    ENC(pd_msg_pool_check_ack_encode(&pc, b, sizeof b, &n, NULL));
+    msg_put("pool_check_ack", S_POOL_CHECK_ACK, b, n);
+    pd_msg_peer pe = {3, 7071, "decode-1", 8};
+    ENC(pd_msg_peer_encode(&pe, b, sizeof b, &n, NULL));
+    msg_put("peer", S_PEER, b, n);
+    pd_msg_link li = {2};
+    ENC(pd_msg_link_encode(&li, b, sizeof b, &n, NULL));
+    msg_put("link", S_LINK, b, n);
+    pd_msg_link_ack la = {9};
+    ENC(pd_msg_link_ack_encode(&la, b, sizeof b, &n, NULL));
+    msg_put("link_ack", S_LINK_ACK, b, n);
+    pd_msg_error er = {KS_ERR_PROTO, "bad frame", 9};
+    ENC(pd_msg_error_encode(&er, b, sizeof b, &n, NULL));
+    msg_put("error", S_ERROR, b, n);
+    pd_msg_sampling s = {40, PD_FLAG_LOGPROBS, 1234, 0.7f, 0.9f, 0.05f, 40, 2};
+    pd_msg_admit ad = {.n_prompt = 20, .prefill_worker_id = 1, .domain_hash = {9}, .s = s};
+    ENC(pd_msg_admit_encode(&ad, b, sizeof b, &n, NULL));
+    msg_put("admit", S_ADMIT, b, n);
+    n = grant_bytes(b, sizeof b);
+    msg_put("grant", S_GRANT, b, n);
+    pd_msg_deny de = {PD_DENY_NOSPACE, "pool full", 9};
+    ENC(pd_msg_deny_encode(&de, b, sizeof b, &n, NULL));
+    msg_put("deny", S_DENY, b, n);
+    uint8_t gb[256];
+    uint32_t gl = grant_bytes(gb, sizeof gb);
+    int32_t toks[20];
+    for (int i = 0; i < 20; i++) toks[i] = 100 + i;
+    pd_msg_prefill pf = {.decode_worker_id = 3, .n_prompt = 20, .domain_hash = {9}, .s = s,
+                         .grant = gb, .grant_len = gl};
+    ENC(pd_msg_prefill_encode(&pf, toks, b, sizeof b, &n, NULL));
+    msg_put("prefill", S_PREFILL, b, n);
+    pd_msg_reject rj = {PD_REJECT_CONTEXT, 400, "too long", 8};
+    ENC(pd_msg_reject_encode(&rj, b, sizeof b, &n, NULL));
+    msg_put("reject", S_REJECT, b, n);
+    pd_msg_abort ab = {PD_ABORT_CLIENT_GONE};
+    ENC(pd_msg_abort_encode(&ab, b, sizeof b, &n, NULL));
+    msg_put("abort", S_ABORT, b, n);
+    msg_put("abort_ack", S_ABORT_ACK, b, 0);
+    pd_msg_top top[2] = {{5, -0.1f}, {6, -2.5f}};
+    pd_msg_token tk = {.token = 5, .logprob = -0.1f, .n_top = 2};
+    ENC(pd_msg_token_encode(&tk, top, b, sizeof b, &n, NULL));
+    msg_put("token", S_TOKEN, b, n);
+    pd_msg_finish fi = {PD_FINISH_STOP, 20, 7, 0, NULL, 0, 16};
+    ENC(pd_msg_finish_encode(&fi, b, sizeof b, &n, NULL));
+    msg_put("finish", S_FINISH, b, n);
+    /* KV_PAGE: geometry index 1 of fuzz_pd_msg.c ({2, 64, 16}), frame_len, header */
+    kv_geom g = {2, 64, 16};
+    pd_msg_kv_page kp = {1, 9, 77, 2, 4, 0, 2};
+    b[0] = 1;
+    pd_store_u32(b + 1, (uint32_t)pd_msg_kv_page_len(&g, 4, 2));
+    ENC(pd_msg_kv_page_encode(&kp, &g, b + 5, sizeof b - 5, &n, NULL));
+    msg_put("kv_page", S_KV_PAGE, b, n + 5);
+    pd_msg_done dn = {.covered = 20, .first_token = 5, .logprob = -0.1f, .n_top = 2,
+                      .rng_state = 99, .cached = 16};
+    ENC(pd_msg_done_encode(&dn, top, b, sizeof b, &n, NULL));
+    msg_put("done", S_DONE, b, n);
+}
+
+/* A stream of frames: HEALTH, an empty POOL_CHECK, a KV_PAGE-sized one. */
+static void pd_wire_seeds(void) {
+    uint8_t s[2048], p[512];
+    size_t off = 0, k;
+    uint32_t n;
+    pd_msg_health h = {1};
+    ENC(pd_msg_health_encode(&h, p, sizeof p, &n, NULL));
+    ENC(pd_frame_encode(s + off, sizeof s - off, PD_MSG_HEALTH, 0, p, n, 65536, &k, NULL));
+    off += k;
+    ENC(pd_frame_encode(s + off, sizeof s - off, PD_MSG_POOL_CHECK, 12, NULL, 0, 65536, &k, NULL));
+    off += k;
+    for (int i = 0; i < 200; i++) p[i] = (uint8_t)(i * 7);
+    ENC(pd_frame_encode(s + off, sizeof s - off, PD_MSG_KV_PAGE, 5, p, 200, 65536, &k, NULL));
+    off += k;
+    /* mode bytes: see fuzz_pd_wire.c */
+    static const struct { const char *name; uint8_t mode; } modes[] = {
+        {"feed_all", 0x00}, {"feed_by7", 0x0e}, {"transport_all", 0x40},
+        {"transport_by5", 0x4a}, {"fix_transport_by1", 0x43},
+    };
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        put("pd_wire", modes[i].name, &modes[i].mode, 1, s, off);
+    /* a handshake-sized frame under the small pre-auth limit */
+    memset(p, 0xab, 36);
+    ENC(pd_frame_encode(s, sizeof s, PD_TYPE_HELLO, 0, p, 36, PD_MAX_PAYLOAD_UNAUTH, &k, NULL));
+    uint8_t mode = 0x80;
+    put("pd_wire", "hello_unauth", &mode, 1, s, k);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s tests/fuzz/corpus\n", argv[0]);
+        return 2;
+    }
+    root = argv[1];
+    gguf_seed("spm.gguf", false);
+    gguf_seed("bpe.gguf", true);
+    pd_msg_seeds();
+    pd_wire_seeds();
+    return 0;
+}
