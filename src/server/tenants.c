@@ -237,6 +237,24 @@ static void ten__refill(srv_tenant *t, uint64_t now_ns) {
     t->bucket_ns = now_ns;
 }
 
+/* The 429 message of a request of `tokens` (a lower bound when at_least)
+ * that the tenant's bucket cannot pay now, with `avail` tokens in it. */
+static void ten__rate_msg(const srv_tenant *t, int64_t tokens, bool at_least, double avail,
+                          char *msg, size_t cap) {
+    const char *least = at_least ? "at least " : "";
+    if (tokens > t->tokens_per_minute)
+        snprintf(msg, cap,
+                 "request needs %s%lld tokens (prompt + max_tokens), more than tenant '%s''s "
+                 "limit of %lld tokens per minute; lower max_tokens",
+                 least, (long long)tokens, t->name, (long long)t->tokens_per_minute);
+    else
+        snprintf(msg, cap,
+                 "tenant '%s' exceeded its limit of %lld tokens per minute (request needs "
+                 "%s%lld, %lld available now); retry later",
+                 t->name, (long long)t->tokens_per_minute, least, (long long)tokens,
+                 (long long)avail);
+}
+
 srv_reject srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t now_ns, char *msg,
                              size_t cap) {
     KS_ASSERT(i >= 0 && (size_t)i < ts->n);
@@ -250,18 +268,7 @@ srv_reject srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t no
                  t->name, t->running, t->max_concurrent);
         r = SRV_REJECT_TENANT_CONCURRENCY;
     } else if (t->tokens_per_minute && (double)tokens > t->bucket) {
-        if (tokens > t->tokens_per_minute)
-            snprintf(msg, cap,
-                     "request needs at least %lld tokens (prompt + max_tokens), more than tenant "
-                     "'%s''s "
-                     "limit of %lld tokens per minute; lower max_tokens",
-                     (long long)tokens, t->name, (long long)t->tokens_per_minute);
-        else
-            snprintf(msg, cap,
-                     "tenant '%s' exceeded its limit of %lld tokens per minute (request needs "
-                     "at least %lld, %lld available now); retry later",
-                     t->name, (long long)t->tokens_per_minute, (long long)tokens,
-                     (long long)t->bucket);
+        ten__rate_msg(t, tokens, true, t->bucket, msg, cap);
         r = SRV_REJECT_TENANT_RATE;
     } else {
         t->running++;
@@ -295,17 +302,7 @@ srv_reject srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t to
     ten__refill(t, now_ns);
     if ((double)more > t->bucket) {
         // the numbers the client sees are the whole request's, as in srv_tenants_admit
-        if (tokens > t->tokens_per_minute)
-            snprintf(msg, cap,
-                     "request needs %lld tokens (prompt + max_tokens), more than tenant '%s''s "
-                     "limit of %lld tokens per minute; lower max_tokens",
-                     (long long)tokens, t->name, (long long)t->tokens_per_minute);
-        else
-            snprintf(msg, cap,
-                     "tenant '%s' exceeded its limit of %lld tokens per minute (request needs "
-                     "%lld, %lld available now); retry later",
-                     t->name, (long long)t->tokens_per_minute, (long long)tokens,
-                     (long long)(t->bucket + (double)reserved));
+        ten__rate_msg(t, tokens, false, t->bucket + (double)reserved, msg, cap);
         r = SRV_REJECT_TENANT_RATE;
     } else {
         t->bucket -= (double)more;

@@ -73,6 +73,16 @@ rawc() {
     "$KS_RAWC" "$@"
 }
 
+# req NAME WANT_STATUS CURL_ARGS... — one curl request; sets BODY, checks the status.
+req() {
+    local name=$1 want=$2
+    shift 2
+    local code
+    code=$(curl -sS -o "$TMPD/body" -w '%{http_code}' "$@") || fail "$name: curl failed"
+    BODY=$(cat "$TMPD/body")
+    expect_eq "$name: status ($BODY)" "$code" "$want"
+}
+
 # start_server LOGFILE ARGS... — starts `kvseal serve --port 0 ARGS` in the
 # background, waits for its "listening on" line and /health, and sets
 # KS_PID and KS_URL. The server is killed on exit.

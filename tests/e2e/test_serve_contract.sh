@@ -25,15 +25,6 @@ start_server "$TMPD/err" -m "$M" --alias kjv --tenants "$TMPD/tenants.json"
 U=$KS_URL
 PORT=${U##*:}
 
-# req NAME WANT_STATUS CURL_ARGS... : sets BODY, checks the status
-req() {
-    local name=$1 want=$2
-    shift 2
-    local code
-    code=$(curl -sS -o "$TMPD/body" -w '%{http_code}' "$@") || fail "$name: curl failed"
-    BODY=$(cat "$TMPD/body")
-    expect_eq "$name: status ($BODY)" "$code" "$want"
-}
 A=(-H "Authorization: Bearer sk-acme")
 
 # ---- 1. over-long prompts
