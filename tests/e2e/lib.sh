@@ -35,6 +35,11 @@ expect_has() { case "$2" in *"$3"*) ;; *) fail "$1: [$2] lacks [$3]";; esac; }
 export KS_WAIT_S=${KS_WAIT_S:-$([ -n "${KS_SANITIZE:-}" ] && echo 180 || echo 60)}
 KS_RAWC=${KS_RAWC:-${KS_BUILD:-}/rawc}
 
+# The servers' own time limits (queue wait, drain) are set far beyond any
+# test's wait, so a sanitizer build on a loaded machine never hits them;
+# a test that is about a limit passes its own value later on the line.
+KS_SLOW_LIMITS="--queue-timeout-ms $((KS_WAIT_S * 10000)) --drain-timeout-ms $((KS_WAIT_S * 10000))"
+
 # wait_for WHAT CMD... — runs CMD until it succeeds; fails naming WHAT at the deadline.
 wait_for() {
     local what=$1; shift
@@ -88,7 +93,7 @@ req() {
 # KS_PID and KS_URL. The server is killed on exit.
 start_server() {
     local log=$1; shift
-    "${KS_SERVE_BIN:-$KS_BIN}" serve --host 127.0.0.1 --port 0 "$@" >"$log.out" 2>"$log" &
+    "${KS_SERVE_BIN:-$KS_BIN}" serve --host 127.0.0.1 --port 0 $KS_SLOW_LIMITS "$@" >"$log.out" 2>"$log" &
     KS_PID=$!
     trap 'kill -KILL $KS_PID 2>/dev/null; rm_tmpd' EXIT
     KS_SERVER_LOG=$log
@@ -129,7 +134,7 @@ start_cluster() {
     local log=$1 np=$2 nd=$3; shift 3
     head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMPD/secret"
     chmod 600 "$TMPD/secret"
-    "${KS_SERVE_BIN:-$KS_BIN}" router --host 127.0.0.1 --port 0 --cluster-port 0 \
+    "${KS_SERVE_BIN:-$KS_BIN}" router --host 127.0.0.1 --port 0 --cluster-port 0 $KS_SLOW_LIMITS \
         --secret-file "$TMPD/secret" --health-interval-ms ${KS_HEALTH_MS:-$([ -n "${KS_SANITIZE:-}" ] && echo 2000 || echo 1000)} ${ROUTER_ARGS:-} "$@" \
         >"$log.router.out" 2>"$log.router" &
     KS_PID=$!
@@ -142,12 +147,12 @@ start_cluster() {
     cport=$(sed -n 's/^cluster port \([0-9]*\).*/\1/p' "$log.router.out" | head -1)
     for i in $(seq 1 "$nd"); do
         env ${DECODE_ENV:-} "${KS_SERVE_BIN:-$KS_BIN}" decode --router 127.0.0.1:$cport \
-            --secret-file "$TMPD/secret" "$@" >"$log.decode$i.out" 2>"$log.decode$i" &
+            --secret-file "$TMPD/secret" --drain-timeout-ms $((KS_WAIT_S * 10000)) "$@" >"$log.decode$i.out" 2>"$log.decode$i" &
         KS_DECODE_PIDS+=($!); KS_CLUSTER_LOGS+=" $log.decode$i"
     done
     for i in $(seq 1 "$np"); do
         env ${PREFILL_ENV:-} "${KS_SERVE_BIN:-$KS_BIN}" prefill --router 127.0.0.1:$cport \
-            --secret-file "$TMPD/secret" "$@" >"$log.prefill$i.out" 2>"$log.prefill$i" &
+            --secret-file "$TMPD/secret" --drain-timeout-ms $((KS_WAIT_S * 10000)) "$@" >"$log.prefill$i.out" 2>"$log.prefill$i" &
         KS_PREFILL_PIDS+=($!); KS_CLUSTER_LOGS+=" $log.prefill$i"
     done
     KS_CLUSTER_WANT=$((np + nd))
