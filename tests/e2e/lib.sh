@@ -88,6 +88,22 @@ req() {
     expect_eq "$name: status ($BODY)" "$code" "$want"
 }
 
+# stall_reader URL MODEL OUT [RAWC_ARGS...] — a streamed request of 500
+# tokens ($RAWC_AUTH as its key) whose client takes the first event, then
+# stops reading (e.g. until --resume-on FILE): its answer cannot fit the
+# socket buffers, so it cannot end, and in serve the request pauses
+# (kvseal_paused_requests). Returns once the client stopped reading, with
+# STALL_PID its pid and its answer going to OUT.
+stall_reader() {
+    local url=$1 model=$2 out=$3; shift 3
+    rm -f "$TMPD/stalled"
+    rawc --rcvbuf 2048 --pause-after 'data: ' --ready "$TMPD/stalled" -o "$out" "$@" "${url##*:}" \
+        < <(rawc_request /v1/completions \
+        "{\"model\":\"$model\",\"prompt\":\"In\",\"max_tokens\":500,\"ignore_eos\":true,\"stream\":true}") &
+    STALL_PID=$!
+    wait_for "the stalled client to stop reading" test -e "$TMPD/stalled"
+}
+
 # start_server LOGFILE ARGS... — starts `kvseal serve --port 0 ARGS` in the
 # background, waits for its "listening on" line and /health, and sets
 # KS_PID and KS_URL. The server is killed on exit.

@@ -201,9 +201,8 @@ req "rate" 429 -H "Authorization: Bearer sk-small" "$U/v1/completions" -d '{"mod
 expect_has "rate code" "$BODY" '"code":"rate_limit_exceeded"'
 expect_has "rate message" "$BODY" "50 tokens per minute"
 req "rate ok" 200 -H "Authorization: Bearer sk-small" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","max_tokens":4}'
-RAWC_AUTH=sk-solo rawc --rcvbuf 2048 --pause-after 'data: ' -o "$TMPD/slow" "$PORT" \
-    < <(RAWC_AUTH=sk-solo rawc_request /v1/completions '{"model":"kjv","prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
-CPID=$!
+RAWC_AUTH=sk-solo stall_reader "$U" kjv "$TMPD/slow"
+CPID=$STALL_PID
 wait_for "the stalled reader's request to pause" metric_is "$U" kvseal_paused_requests 1
 req "concurrency" 429 -H "Authorization: Bearer sk-solo" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","max_tokens":2}'
 expect_has "concurrency" "$BODY" "already has 1 requests running (limit 1)"
@@ -235,10 +234,8 @@ expect_has "online" "$BODY" '"online":true'
 
 # ---- abort while streaming: an SSE error event, no [DONE]. The client
 # pauses first, so the abort always lands mid-stream; it then reads the rest.
-rawc --rcvbuf 2048 --pause-after 'data: ' --ready "$TMPD/paused" --resume-on "$TMPD/resume" \
-    -o "$TMPD/abort" "$PORT" < <(RAWC_AUTH=sk-acme-1 rawc_request /v1/completions \
-    '{"model":"kjv","prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
-CPID=$!
+RAWC_AUTH=sk-acme-1 stall_reader "$U" kjv "$TMPD/abort" --resume-on "$TMPD/resume"
+CPID=$STALL_PID
 wait_for "the stream to pause" metric_is "$U" kvseal_paused_requests 1
 curl -s -o /dev/null -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/models/kjv/offline?abort_running=true"
 touch "$TMPD/resume"

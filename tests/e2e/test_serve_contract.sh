@@ -43,9 +43,8 @@ expect_has "tokenized over-long code" "$BODY" '"code":"context_length_exceeded"'
 expect_has "tokenized over-long message" "$BODY" "However, you requested at least"
 # (c) the tenant's concurrency limit applies to it: solo's one slot is held
 # by a stalled stream, so its over-long request is a 429, not work
-RAWC_AUTH=sk-solo rawc --rcvbuf 2048 --pause-after 'data: ' -o "$TMPD/slow" "$PORT" \
-    < <(RAWC_AUTH=sk-solo rawc_request /v1/completions '{"model":"kjv","prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
-CPID=$!
+RAWC_AUTH=sk-solo stall_reader "$U" kjv "$TMPD/slow"
+CPID=$STALL_PID
 wait_for "the stalled reader's request to pause" metric_is "$U" kvseal_paused_requests 1
 req "over-long at the concurrency limit" 429 -H "Authorization: Bearer sk-solo" "$U/v1/completions" -d "$OVER"
 expect_has "over-long at the concurrency limit" "$BODY" "already has 1 requests running (limit 1)"

@@ -66,12 +66,9 @@ fire() {
 # serve the request also pauses (kvseal_paused_requests), which the router
 # does not report.
 hold() {
-    rm -f "$TMPD/resume" "$TMPD/held"
-    rawc --rcvbuf 2048 --pause-after 'data: ' --ready "$TMPD/held" --resume-on "$TMPD/resume" \
-        --body-only -o "$TMPD/hold.out" "${KS_URL##*:}" < <(rawc_request /v1/completions \
-        '{"model":"kjv-mini","prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
-    HOLD_PID=$!
-    wait_for "the holder's client to stop reading" test -e "$TMPD/held"
+    rm -f "$TMPD/resume"
+    stall_reader "$KS_URL" kjv-mini "$TMPD/hold.out" --resume-on "$TMPD/resume" --body-only
+    HOLD_PID=$STALL_PID
     [ "${1:-}" = router ] || wait_for "the holder's request to pause" metric_is "$KS_URL" kvseal_paused_requests 1
 }
 

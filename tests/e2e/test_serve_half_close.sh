@@ -14,9 +14,8 @@ REF=" of the Lord, and in the Lord Jesus Christ. And I will send my voice, and w
 start_server "$TMPD/err" -m "$M" --max-running 1 --queue-max 4
 U=$KS_URL
 P=${U##*:}
-rawc --rcvbuf 2048 --pause-after 'data: ' --resume-on "$TMPD/resume" -o "$TMPD/a" "$P" \
-    < <(rawc_request /v1/completions '{"model":"kjv-mini","prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
-APID=$!
+stall_reader "$U" kjv-mini "$TMPD/a" --resume-on "$TMPD/resume"
+APID=$STALL_PID
 wait_for "the holder to pause" metric_is "$U" kvseal_paused_requests 1
 rawc --half-close -o "$TMPD/e" "$P" < <(rawc_request /v1/completions \
     '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":60,"temperature":0}') &

@@ -18,9 +18,8 @@ U=$KS_URL
 expect_has "anonymous warning" "$(cat "$TMPD/err")" "NO API key is required"
 
 # A runs, and pauses as soon as its client's socket buffers are full
-rawc --rcvbuf 2048 --pause-after 'data: ' --resume-on "$TMPD/resume" -o "$TMPD/a" "${U##*:}" \
-    < <(rawc_request /v1/completions '{"model":"kjv-mini","prompt":"In","max_tokens":500,"ignore_eos":true,"stream":true}') &
-APID=$!
+stall_reader "$U" kjv-mini "$TMPD/a" --resume-on "$TMPD/resume"
+APID=$STALL_PID
 wait_for "A to pause" metric_is "$U" kvseal_paused_requests 1
 allocs=$(metric "$U" kvseal_kv_page_allocations_total)
 # B waits in the queue, C finds it full
