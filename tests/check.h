@@ -10,6 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The deadline for a condition that depends only on scheduling (a frame
+ * arriving, a thread finishing): generous enough for a sanitizer build on a
+ * loaded 2-core machine; a test passes as soon as the condition holds. */
+#define TEST_WAIT_MS 120000
+
 #define CHECK(x)                                                                         \
     do {                                                                                 \
         if (!(x)) {                                                                      \

@@ -54,6 +54,8 @@ typedef struct cluster_worker_opts {
      * pool), page_tokens, n_threads, max_batch_tokens (forward chunk), scrub. */
     engine_opts eng;
     uint32_t t_grant_ms, t_xfer_ms, t_ack_ms; /* decode timers (0: protocol defaults) */
+    uint32_t t_router_ms; /* both: no HEALTH for this long means the router is lost (0: 5 s;
+                             at least 5 x the health interval the router announces) */
     uint32_t drain_ms; /* on stop: finish what is held for up to this long, taking nothing
                           new (HEALTH_ACK DRAINING, DENY/REJECT DRAINING); 0: abort at once */
 } cluster_worker_opts;

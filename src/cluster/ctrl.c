@@ -31,6 +31,7 @@ struct cl_ctrl {
     uint64_t next_attempt_ms; /* when conn == NULL: next connect */
     uint64_t opened_ms;       /* REGISTER sent at */
     uint64_t last_health_ms;  /* registered: last HEALTH (or the ACK) */
+    uint32_t t_router_ms;     /* registered: max(cfg.t_router_ms, 5 x health interval) */
 };
 
 // ----------------------------------------------------------------------------
@@ -134,6 +135,12 @@ static void ctrl__on_frame(pd_conn *pc, void *ud, const pd_frame *f) {
         }
         c->registered = true;
         c->worker_id = a.worker_id;
+        /* The router gives up on a worker after three missed HEALTH_ACKs;
+         * the worker waits at least five announced intervals, so a slow
+         * router is not mistaken for a dead one before it says so. */
+        uint64_t five = 5ull * a.health_interval_ms;
+        c->t_router_ms = five > c->cfg.t_router_ms ? (uint32_t)(five > UINT32_MAX ? UINT32_MAX : five)
+                                                   : c->cfg.t_router_ms;
         c->backoff_ms = CTRL_BACKOFF_MIN_MS;
         c->last_health_ms = cl_now_ms(NULL);
         ks_log(KS_LOG_INFO, "registered with router %s:%d as worker %" PRIu32, c->router_host,
@@ -250,9 +257,9 @@ void cl_ctrl_tick(cl_ctrl *c) {
         if (!c->quiesced && now >= c->next_attempt_ms) ctrl__connect(c);
         return;
     }
-    if (c->registered && now - c->last_health_ms > c->cfg.t_router_ms) {
+    if (c->registered && now - c->last_health_ms > c->t_router_ms) {
         ks_log(KS_LOG_WARN, "router %s:%d: no HEALTH for %" PRIu32 " ms (T_router); reconnecting",
-               c->router_host, c->cfg.router_port, c->cfg.t_router_ms);
+               c->router_host, c->cfg.router_port, c->t_router_ms);
         pd_conn_close(c->conn); // on_close reports the loss (on_lost)
     } else if (c->open && !c->registered && now - c->opened_ms > c->cfg.t_router_ms) {
         ks_log(KS_LOG_WARN, "router %s:%d: no REGISTER_ACK within %" PRIu32 " ms; retrying",

@@ -753,7 +753,7 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
     cc.reg.host = w->host;
     cc.reg.host_len = (uint16_t)strlen(w->host);
     cc.type_max = w->tm_ctrl;
-    cc.t_router_ms = 5000;
+    cc.t_router_ms = o->t_router_ms;
     cl_ctrl_cbs cb = {.on_frame = dec__on_ctrl_frame,
                       .on_lost = dec__on_lost, .health = dec__health,
                       .pool_check = dec__pool_check};

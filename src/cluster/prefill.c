@@ -681,7 +681,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atom
                       .insecure_plaintext = o->insecure_plaintext};
     if ((e = pd_loop_create(&lc, &w.loop, eb))) goto fail;
     cl_ctrl_cfg cc = {.router_host = o->router_host, .router_port = o->router_port,
-                      .type_max = w.router_tmax};
+                      .type_max = w.router_tmax, .t_router_ms = o->t_router_ms};
     cc.reg.role = PD_ROLE_PREFILL;
     cc.reg.n_layer = (uint32_t)g.n_layer;
     cc.reg.kv_dim = (uint32_t)g.kv_dim;

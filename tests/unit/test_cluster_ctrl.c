@@ -31,6 +31,8 @@ typedef struct {
     uint8_t reg_role;
     uint32_t next_id;
     bool auto_ack;
+    uint32_t ack_interval_ms; /* health interval announced in REGISTER_ACK */
+    uint64_t lost_at_ms;      /* cl_now_ms at the last on_lost */
     int n_health_ack, n_pool_ack;
     pd_msg_health_ack hack;
     pd_msg_pool_check_ack pack;
@@ -48,7 +50,11 @@ static void w_frame(void *ud, const pd_frame *f) {
     h->n_frames++;
     h->last_type = f->hdr.type;
 }
-static void w_lost(void *ud) { ((harness *)ud)->n_lost++; }
+static void w_lost(void *ud) {
+    harness *h = ud;
+    h->n_lost++;
+    h->lost_at_ms = cl_now_ms(NULL);
+}
 static void w_health(void *ud, pd_msg_health_ack *out) {
     (void)ud;
     out->active_requests = 3;
@@ -82,7 +88,7 @@ static void r_frame(pd_conn *c, void *ud, const pd_frame *f) {
         h->n_register++;
         h->reg_role = m.role;
         if (h->auto_ack) {
-            pd_msg_register_ack a = {.worker_id = h->next_id++, .health_interval_ms = 1000};
+            pd_msg_register_ack a = {.worker_id = h->next_id++, .health_interval_ms = h->ack_interval_ms};
             uint8_t buf[8];
             uint32_t len;
             CHECK_EQ(pd_msg_register_ack_encode(&a, buf, sizeof buf, &len, NULL), KS_OK);
@@ -135,6 +141,7 @@ static void h_init(harness *h, uint32_t t_router_ms, bool listen_first) {
     h->rl = mkloop(PD_ROLE_ROUTER);
     h->next_id = 7;
     h->auto_ack = true;
+    h->ack_interval_ms = 1;
     // a free port: bind, note it, close again
     r_listen(h, 0);
     if (!listen_first) {
@@ -189,7 +196,7 @@ static void test_register_after_router_starts(void) {
     struct iovec none = {NULL, 0};
     CHECK_EQ(cl_ctrl_send(h.ctrl, PD_MSG_REJECT, 1, &none, 0, NULL), KS_ERR_PEER_CLOSED);
     r_listen(&h, h.port);
-    CHECK(run_until(&h, &h.n_registered, 1, 5000)); // back-off is at most 2 s
+    CHECK(run_until(&h, &h.n_registered, 1, TEST_WAIT_MS)); // back-off is at most 2 s
     CHECK_EQ(h.n_register, 1);
     CHECK_EQ(h.reg_role, PD_ROLE_PREFILL);
     CHECK_EQ(h.last_id, 7);
@@ -205,20 +212,20 @@ static void test_register_after_router_starts(void) {
 static void test_health_and_pool_check(void) {
     harness h;
     h_init(&h, 5000, true);
-    CHECK(run_until(&h, &h.n_registered, 1, 5000));
+    CHECK(run_until(&h, &h.n_registered, 1, TEST_WAIT_MS));
     uint8_t buf[64];
     uint32_t len;
     pd_msg_health hm = {.seq = 0x1122334455ull};
     CHECK_EQ(pd_msg_health_encode(&hm, buf, sizeof buf, &len, NULL), KS_OK);
     r_send(&h, PD_MSG_HEALTH, 0, buf, len);
-    CHECK(run_until(&h, &h.n_health_ack, 1, 3000));
+    CHECK(run_until(&h, &h.n_health_ack, 1, TEST_WAIT_MS));
     CHECK_EQ(h.hack.seq, 0x1122334455ull);
     CHECK_EQ(h.hack.active_requests, 3);
     CHECK_EQ(h.hack.free_pages, 11);
     CHECK_EQ(h.hack.quarantined_pages, 2);
 
     r_send(&h, PD_MSG_POOL_CHECK, 991, NULL, 0);
-    CHECK(run_until(&h, &h.n_pool_ack, 1, 3000));
+    CHECK(run_until(&h, &h.n_pool_ack, 1, TEST_WAIT_MS));
     CHECK_EQ(h.pack_req, 991);
     CHECK_EQ(h.pack.clean, 1);
     CHECK_EQ(h.pack.free_pages, 12);
@@ -227,7 +234,7 @@ static void test_health_and_pool_check(void) {
     pd_msg_peer pm = {.decode_worker_id = 4, .port = 1234, .host = "127.0.0.1", .host_len = 9};
     CHECK_EQ(pd_msg_peer_encode(&pm, buf, sizeof buf, &len, NULL), KS_OK);
     r_send(&h, PD_MSG_PEER, 0, buf, len);
-    CHECK(run_until(&h, &h.n_frames, 1, 3000));
+    CHECK(run_until(&h, &h.n_frames, 1, TEST_WAIT_MS));
     CHECK_EQ(h.last_type, PD_MSG_PEER);
     CHECK_EQ(h.n_lost, 0);
     h_fini(&h);
@@ -238,9 +245,9 @@ static void test_health_and_pool_check(void) {
 static void test_router_close_then_reregister(void) {
     harness h;
     h_init(&h, 5000, true);
-    CHECK(run_until(&h, &h.n_registered, 1, 5000));
+    CHECK(run_until(&h, &h.n_registered, 1, TEST_WAIT_MS));
     pd_conn_close(h.rc);
-    CHECK(run_until(&h, &h.n_registered, 2, 5000));
+    CHECK(run_until(&h, &h.n_registered, 2, TEST_WAIT_MS));
     CHECK_EQ(h.n_lost, 1);
     CHECK_EQ(h.n_register, 2);
     CHECK_EQ(h.last_id, 8);
@@ -254,38 +261,45 @@ static void test_router_close_then_reregister(void) {
 static void test_router_error(void) {
     harness h;
     h_init(&h, 5000, true);
-    CHECK(run_until(&h, &h.n_registered, 1, 5000));
+    CHECK(run_until(&h, &h.n_registered, 1, TEST_WAIT_MS));
     pd_msg_error em = {.err = KS_ERR_INVAL, .msg = "model mismatch", .msg_len = 14};
     uint8_t buf[64];
     uint32_t len;
     CHECK_EQ(pd_msg_error_encode(&em, buf, sizeof buf, &len, NULL), KS_OK);
     r_send(&h, PD_MSG_ERROR, 0, buf, len);
-    CHECK(run_until(&h, &h.n_lost, 1, 3000));
-    CHECK(run_until(&h, &h.n_registered, 2, 5000));
+    CHECK(run_until(&h, &h.n_lost, 1, TEST_WAIT_MS));
+    CHECK(run_until(&h, &h.n_registered, 2, TEST_WAIT_MS));
     CHECK_EQ(h.n_lost, 1);
     h_fini(&h);
 }
 
 /* T_router: a registered connection without HEALTH is given up (on_lost once)
- * and re-registered; HEALTH keeps it alive. */
+ * and re-registered; HEALTH keeps it alive. The limit is the larger of the
+ * configured one (300 ms) and five announced health intervals (5 x 400 ms):
+ * the loss cannot come sooner than 2000 ms after the last HEALTH. */
 static void test_t_router(void) {
     harness h;
     h_init(&h, 300, true);
-    CHECK(run_until(&h, &h.n_registered, 1, 5000));
-    // HEALTH every 100 ms for 600 ms: not lost
+    h.ack_interval_ms = 400;
+    CHECK(run_until(&h, &h.n_registered, 1, TEST_WAIT_MS));
+    // HEALTH every 100 ms for 1.5 s: not lost
     uint8_t buf[16];
     uint32_t len;
-    for (int i = 0; i < 6; i++) {
+    uint64_t last = 0;
+    for (int i = 0; i < 15; i++) {
         pd_msg_health hm = {.seq = (uint64_t)i};
         CHECK_EQ(pd_msg_health_encode(&hm, buf, sizeof buf, &len, NULL), KS_OK);
         r_send(&h, PD_MSG_HEALTH, 0, buf, len);
+        CHECK(run_until(&h, &h.n_health_ack, i + 1, TEST_WAIT_MS));
+        last = cl_now_ms(NULL);
         run_until(&h, NULL, 0, 100);
     }
     CHECK_EQ(h.n_lost, 0);
-    CHECK_EQ(h.n_health_ack, 6);
+    CHECK_EQ(h.n_health_ack, 15);
     // silence: lost after T_router, then registered again
-    CHECK(run_until(&h, &h.n_lost, 1, 3000));
-    CHECK(run_until(&h, &h.n_registered, 2, 5000));
+    CHECK(run_until(&h, &h.n_lost, 1, TEST_WAIT_MS));
+    CHECK(h.lost_at_ms - last >= 2000);
+    CHECK(run_until(&h, &h.n_registered, 2, TEST_WAIT_MS));
     CHECK_EQ(h.n_lost, 1);
     h_fini(&h);
 }
@@ -296,7 +310,7 @@ static void test_no_ack_no_lost(void) {
     harness h;
     h_init(&h, 200, true);
     h.auto_ack = false;
-    CHECK(run_until(&h, &h.n_register, 2, 5000));
+    CHECK(run_until(&h, &h.n_register, 2, TEST_WAIT_MS));
     CHECK_EQ(h.n_registered, 0);
     CHECK_EQ(h.n_lost, 0);
     h_fini(&h);

@@ -384,7 +384,7 @@ static void case_happy(void) {
     fprintf(stderr, "-- happy\n");
     int before = H.n_commit;
     start_request(101, 13, 4, EPOCH);
-    CHECK(run_until(&H.n_commit, before + 1, 20000));
+    CHECK(run_until(&H.n_commit, before + 1, TEST_WAIT_MS));
     CHECK_EQ(H.commit_req, 101);
     CHECK_EQ(pd_recv_state_of(H.r, 101), PD_RECV_COMMITTED);
     CHECK_EQ(count_log(101, PD_MSG_KV_PAGE), 4);
@@ -402,7 +402,7 @@ static void case_reject_context(void) {
     fprintf(stderr, "-- reject_context\n");
     int rejects = H.n_reject;
     start_request(102, 20, N_CTX, EPOCH); // decode (n_ctx unlimited here) grants it
-    CHECK(run_until(&H.n_reject, rejects + 1, 20000));
+    CHECK(run_until(&H.n_reject, rejects + 1, TEST_WAIT_MS));
     run_until(NULL, 0, 100);
     CHECK_EQ(H.reject_req, 102);
     CHECK_EQ(H.reject_reason, PD_REJECT_CONTEXT);
@@ -418,7 +418,7 @@ static void case_reject_stale(void) {
     fprintf(stderr, "-- reject_stale\n");
     int rejects = H.n_reject;
     start_request(103, 6, 4, EPOCH + 1000);
-    CHECK(run_until(&H.n_reject, rejects + 1, 20000));
+    CHECK(run_until(&H.n_reject, rejects + 1, TEST_WAIT_MS));
     run_until(NULL, 0, 100);
     CHECK_EQ(H.reject_req, 103);
     CHECK_EQ(H.reject_reason, PD_REJECT_STALE_GRANT);
@@ -440,7 +440,7 @@ static void case_router_abort(void) {
     send_frame(H.rc, PD_MSG_ABORT, 104, buf, len);
     CHECK(pd_recv_abort(H.r, 104, PD_ABORT_CLIENT_GONE)); // ABORTING: ABORT on the link
     CHECK_EQ(pd_recv_state_of(H.r, 104), PD_RECV_ABORTING);
-    uint64_t end = cl_now_ms(NULL) + 20000;
+    uint64_t end = cl_now_ms(NULL) + TEST_WAIT_MS;
     while (pd_recv_state_of(H.r, 104) != PD_RECV_FREED && cl_now_ms(NULL) < end)
         run_until(NULL, 0, 10);
     run_until(NULL, 0, 200); // a second ACK (one per ABORT) may follow
@@ -458,7 +458,7 @@ static void case_decode_abort(void) {
     fprintf(stderr, "-- decode_abort\n");
     start_request(105, 40, 4, EPOCH);
     CHECK(pd_recv_abort(H.r, 105, PD_ABORT_TIMEOUT));
-    uint64_t end = cl_now_ms(NULL) + 20000;
+    uint64_t end = cl_now_ms(NULL) + TEST_WAIT_MS;
     while (pd_recv_state_of(H.r, 105) != PD_RECV_FREED && cl_now_ms(NULL) < end)
         run_until(NULL, 0, 10);
     run_until(NULL, 0, 200);
@@ -471,7 +471,7 @@ static void case_decode_abort(void) {
 static void case_pool_check(void) {
     fprintf(stderr, "-- pool_check\n");
     send_frame(H.rc, PD_MSG_POOL_CHECK, 555, NULL, 0);
-    CHECK(run_until(&H.n_pool_ack, 1, 5000));
+    CHECK(run_until(&H.n_pool_ack, 1, TEST_WAIT_MS));
     CHECK_EQ(H.pool_req, 555);
     CHECK_EQ(H.pack.clean, 1);
     CHECK_EQ(H.pack.active, 0);
@@ -487,18 +487,18 @@ static void case_relink(void) {
     fprintf(stderr, "-- relink\n");
     uint64_t old = H.epoch;
     pd_conn_close(H.dc);
-    CHECK(run_until(&H.n_links, 2, 10000));
+    CHECK(run_until(&H.n_links, 2, TEST_WAIT_MS));
     CHECK(H.epoch != old);
     run_until(NULL, 0, 200); // LINK_ACK reaches the worker
     int rejects = H.n_reject;
     start_request(106, 9, 3, old); // a grant of the dead link: STALE_GRANT
-    CHECK(run_until(&H.n_reject, rejects + 1, 20000));
+    CHECK(run_until(&H.n_reject, rejects + 1, TEST_WAIT_MS));
     CHECK_EQ(H.reject_req, 106);
     CHECK_EQ(H.reject_reason, PD_REJECT_STALE_GRANT);
     (void)pd_recv_link_closed(H.r, old);
     int before = H.n_commit;
     start_request(107, 9, 3, H.epoch);
-    CHECK(run_until(&H.n_commit, before + 1, 20000));
+    CHECK(run_until(&H.n_commit, before + 1, TEST_WAIT_MS));
     CHECK_EQ(H.commit_req, 107);
     check_kv_and_first_token(107, 9);
     pd_recv_finish(H.r, 107);
@@ -541,6 +541,7 @@ int main(void) {
     H.o.secret_len = sizeof SECRET;
     H.o.router_host = "127.0.0.1";
     H.o.router_port = pd_listener_port(H.rls);
+    H.o.t_router_ms = 10 * TEST_WAIT_MS; // the fake router sends no HEALTH
     engine_opts_default(&H.o.eng);
     H.o.eng.m = H.m;
     H.o.eng.n_ctx = N_CTX;
@@ -551,8 +552,8 @@ int main(void) {
     CHECK_EQ(pthread_create(&H.th, NULL, worker_main, &H), 0);
 
     // registered, PEER sent, data link up (LINK from the registered id)
-    CHECK(run_until(&H.n_register, 1, 10000));
-    uint64_t end = cl_now_ms(NULL) + 10000;
+    CHECK(run_until(&H.n_register, 1, TEST_WAIT_MS));
+    uint64_t end = cl_now_ms(NULL) + TEST_WAIT_MS;
     while (!H.dc && cl_now_ms(NULL) < end) run_until(NULL, 0, 10);
     CHECK(H.dc);
     CHECK_EQ(H.link_from, PREFILL_ID);
