@@ -50,10 +50,12 @@ const char *ks_strerror(ks_err e);
  * Any function taking a ks_errbuf * accepts NULL (details are dropped). */
 typedef struct ks_errbuf {
     ks_err code;              /* public */
+    uint16_t reason;          /* public: why a request was refused (admit_reason in
+                                 kvseal/admit.h), 0 when it was not a refusal */
     char msg[KS_ERRMSG_CAP];  /* public: NUL-terminated, "" when code is KS_OK */
 } ks_errbuf;
 
-/* Fills eb (if non-NULL) with code and a printf-formatted message; returns code
+/* Fills eb (if non-NULL) with code, reason 0 and a printf-formatted message; returns code
  * so callers can write `return ks_seterr(eb, KS_ERR_FORMAT, ...)`. */
 ks_err ks_seterr(ks_errbuf *eb, ks_err code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -105,20 +105,6 @@ typedef struct engine_params {
 
 typedef struct engine_req engine_req;
 
-/* What admission lets through (the prompt as given; only a TEST-ONLY
- * placeholder build would rewrite it). */
-typedef struct engine_admitted {
-    const int32_t *prompt;
-    int32_t n_prompt, max_tokens;
-} engine_admitted;
-
-/* The request checks of admission (I4) every front end applies before
- * anything is allocated: a non-empty prompt, max_tokens >= 1, prompt +
- * max_tokens <= n_ctx (OpenAI's context_length_exceeded text), token ids in
- * [0, n_vocab), sampling parameters. Errors: KS_ERR_INVAL with the message.
- * Pure; thread-safe. */
-ks_err engine_admission(int32_t n_ctx, int32_t n_vocab, const engine_params *p,
-                        engine_admitted *out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 /* The prefix-cache / tenant domain root of a request (I7): the tenant, or
  * the operator's sharing group. Can't fail. */
 void engine_domain_root(const engine_params *p, uint8_t root[KV_ROOT_BYTES] /* OUT */);
@@ -147,6 +133,7 @@ typedef struct engine_event {
     engine_finish finish;
     engine_state state;         /* FINISHED or ABORTED */
     ks_err err;                 /* KS_OK unless finish is ERROR/ABORT */
+    uint16_t reason;            /* REJECTED: the refusal reason (admit_reason), else 0 */
     char errmsg[256];
     int32_t n_prompt, n_gen;    /* usage */
     int32_t n_cached;           /* prompt tokens served from the prefix cache */
@@ -269,6 +256,7 @@ typedef struct engine_outcome {
     engine_state state;      /* FINISHED, REJECTED or ABORTED */
     engine_finish finish;
     ks_err err;
+    uint16_t reason;         /* REJECTED: the refusal reason (admit_reason), else 0 */
     const char *msg;         /* NULL: none */
     int32_t n_prompt, n_gen, n_cached;
     uint64_t t_submit_ns, t_first_ns; /* t_first_ns 0: no token */

@@ -29,6 +29,7 @@
 #ifndef KS_PD_MSG_H
 #define KS_PD_MSG_H
 
+#include "kvseal/admit.h" /* REJECT reasons (the enum only: pd does not link engine) */
 #include "kvseal/base.h"
 #include "kvseal/kv.h"
 
@@ -87,11 +88,7 @@ enum {
     PD_DENY_NOSPACE = 1, PD_DENY_NO_LINK = 2, PD_DENY_CONTEXT = 3,
     PD_DENY_DUPLICATE = 4, PD_DENY_DRAINING = 5
 };
-/* REJECT reasons. */
-enum {
-    PD_REJECT_CONTEXT = 1, PD_REJECT_NOSPACE = 2, PD_REJECT_INVALID = 3,
-    PD_REJECT_STALE_GRANT = 4, PD_REJECT_ABORTED = 5, PD_REJECT_DRAINING = 6
-};
+/* REJECT reasons are the request contract's (kvseal/admit.h), 1..ADMIT_WIRE_MAX. */
 /* ABORT reasons. */
 enum {
     PD_ABORT_CLIENT_GONE = 1, PD_ABORT_TIMEOUT = 2, PD_ABORT_WORKER_LOST = 3,
@@ -314,8 +311,8 @@ uint64_t pd_msg_prefill_size(uint32_t grant_len, uint32_t n_prompt);
 
 /* REJECT (12 + msg_len): P -> R and P -> D. */
 typedef struct pd_msg_reject {
-    uint32_t reason;      /* PD_REJECT_* */
-    uint16_t http_status; /* 400, 413 or 503 */
+    uint32_t reason;      /* admit_reason, 1..ADMIT_WIRE_MAX: the client's status and
+                             error code come from the admit table, never from the wire */
     const char *msg;
     uint32_t msg_len;     /* <= 512 */
 } pd_msg_reject;
@@ -341,6 +338,8 @@ typedef struct pd_msg_finish {
     const char *msg;
     uint32_t msg_len; /* <= 512 */
     uint32_t n_cached; /* <= n_prompt: prompt tokens prefill took from its prefix cache */
+    uint32_t reason;   /* admit_reason (<= ADMIT_WIRE_MAX) when the request was refused
+                          (prefill's REJECT, decode's adoption), else 0 */
 } pd_msg_finish;
 
 ks_err pd_msg_admit_decode(const uint8_t *payload, uint32_t len, pd_msg_admit *out,

@@ -57,7 +57,9 @@ typedef struct pd_recv_ev {
     uint32_t abort_reason;   /* EV_ABORT: PD_ABORT_* */
     uint32_t finish;         /* EV_FINISH: PD_FINISH_ABORT or PD_FINISH_ERROR */
     ks_err err;              /* EV_FINISH: why */
-    const char *msg;         /* EV_FINISH: client-facing text, NUL-terminated, static */
+    uint32_t reason;         /* EV_FINISH: prefill's REJECT reason (admit_reason), else 0 */
+    const char *msg;         /* EV_FINISH: client-facing text, NUL-terminated, valid
+                                during the emit call */
     uint32_t n_prompt;       /* EV_FINISH / EV_COMMIT */
     const pd_msg_done *done; /* EV_COMMIT: the verified DONE (first token, rng state, top-n) */
 } pd_recv_ev;
@@ -153,8 +155,10 @@ void pd_recv_kv_page_end(pd_recv *r, uint64_t req_id, bool checksum_ok);
  * it committed. */
 bool pd_recv_done(pd_recv *r, uint64_t req_id, uint64_t link_epoch, const pd_msg_done *d);
 /* REJECT from prefill on link link_epoch (F3): a GRANTED/RECEIVING request
- * on that link is freed directly (EV_FINISH ERROR); otherwise dropped. */
-void pd_recv_reject(pd_recv *r, uint64_t req_id, uint64_t link_epoch);
+ * on that link is freed directly (EV_FINISH ERROR carrying reason and msg,
+ * NUL-terminated, NULL for a default text); otherwise dropped. */
+void pd_recv_reject(pd_recv *r, uint64_t req_id, uint64_t link_epoch, uint32_t reason,
+                    const char *msg);
 /* ABORT from prefill on link link_epoch (F3): as pd_recv_reject, with
  * EV_FINISH ABORT. */
 void pd_recv_prefill_abort(pd_recv *r, uint64_t req_id, uint64_t link_epoch);

@@ -62,7 +62,7 @@ typedef struct pd_send_first {
 } pd_send_first;
 
 /* The prompt forward pass: writes K/V of tokens[seq->n_tokens..n) (0 unless
- * cfg.prefix attached cached pages) for every layer into seq (pages already
+ * cfg.reserve attached cached pages) for every layer into seq (pages already
  * reserved in pool, through kv_seq_span_write) and samples
  * the first token into *out. Errors: any ks_err (the transfer is aborted:
  * ABORT{ERROR} to decode). */
@@ -72,24 +72,38 @@ typedef ks_err (*pd_send_compute_fn)(void *ctx, kv_pool *pool, kv_seq *seq, cons
 /* Monotonic milliseconds. */
 typedef uint64_t (*pd_send_clock_fn)(void *ctx);
 
+/* Admission of a PREFILL (I4), before any page is reserved or computed: the
+ * request contract (kvseal/admit.h) on the prompt and the sampling. KS_OK, or
+ * a refusal made with admit_refuse: the REJECT carries eb->reason and
+ * eb->msg (reason 0 is sent as ADMIT_INVALID). */
+typedef ks_err (*pd_send_admit_fn)(void *ctx, const int32_t *tokens, uint32_t n,
+                                   const pd_msg_sampling *sp, ks_errbuf *eb);
+/* Reserves the prompt's local pages in seq (empty on entry). The caller's
+ * prefix-cache policy may first attach pages cached under domain (I7: never
+ * another domain's), leaving seq->n_tokens at the tokens they cover: compute
+ * starts there and DONE reports them as cached. A failure is REJECTed
+ * (eb->reason, 0 sent as ADMIT_BUSY) and seq is released by pd_send. */
+typedef ks_err (*pd_send_reserve_fn)(void *ctx, kv_pool *pool, const uint8_t domain[32],
+                                     const int32_t *tokens, uint32_t n, kv_seq *seq, ks_errbuf *eb);
+/* Compute succeeded and seq holds the whole prompt: the caller may offer its
+ * pages to a cache under domain. Can't fail. */
+typedef void (*pd_send_computed_fn)(void *ctx, kv_pool *pool, const uint8_t domain[32],
+                                    const int32_t *tokens, uint32_t n, kv_seq *seq);
+
 /* Configuration; zero fields take defaults. */
 typedef struct pd_send_cfg {
-    uint32_t n_ctx;          /* n_prompt + max_tokens <= n_ctx; required (> 0) */
-    uint32_t n_vocab;        /* token ids in [0, n_vocab); required (> 0) */
     uint32_t tombstone_ms;   /* terminal req_ids kept this long; default 60000 (2 x T_grant) */
     pd_send_emit_fn emit;    /* required */
     void *emit_ctx;
+    pd_send_admit_fn admit;  /* required (cluster/prefill.c: admit_request) */
+    void *admit_ctx;
+    pd_send_reserve_fn reserve; /* NULL: kv_seq_reserve, nothing cached */
+    pd_send_computed_fn computed; /* NULL: nothing */
+    void *reserve_ctx;       /* reserve's and computed's */
     pd_send_compute_fn compute; /* required */
     void *compute_ctx;
     pd_send_clock_fn clock;  /* NULL: ks_now_ns() / 1e6 */
     void *clock_ctx;
-    /* Optional prefix cache over the same pool (caller-owned, outliving the
-     * sender): before compute, the longest run of full prompt pages cached
-     * under the PREFILL's domain_hash is attached (I7: never another
-     * domain's), seq->n_tokens says how many tokens that covers and compute
-     * must start there; after compute the prompt's full pages are offered
-     * back. DONE reports the count as `cached`; the pages travel as usual. */
-    kv_prefix *prefix;
 } pd_send_cfg;
 
 /* Counters, for tests and HEALTH_ACK. */
@@ -102,13 +116,13 @@ typedef struct pd_send_stats {
     uint64_t acks_sent;
     uint64_t compute_errors;
     uint64_t link_drops;      /* transfers dropped because their link closed */
-    uint64_t cached_tokens;   /* prompt tokens taken from cfg.prefix instead of computed */
+    uint64_t cached_tokens;   /* prompt tokens cfg.reserve attached instead of computed */
 } pd_send_stats;
 
 typedef struct pd_send pd_send;
 
 /* Creates a sender over pool (borrowed, must outlive it). Errors:
- * KS_ERR_INVAL (missing emit/compute, n_ctx or n_vocab 0), KS_ERR_NOMEM. */
+ * KS_ERR_INVAL (missing emit, admit or compute), KS_ERR_NOMEM. */
 ks_err pd_send_create(kv_pool *pool, const pd_send_cfg *cfg, pd_send **out /* OUT */,
                       ks_errbuf *eb) KS_MUST_USE;
 /* Frees the sender; accepts NULL. Live transfers' local pages are released

@@ -26,6 +26,8 @@
  *       generation and coverage == prompt length
  *   T   every request ends in exactly one terminal state; decode sends
  *       exactly one FINISH per grant; FINISH OK never for a rejected request
+ *   R   a request prefill refused ends REJECTED for the reason prefill gave,
+ *       whichever of its REJECT and decode's FINISH reaches the router first
  *
  * Mutants: build with -DMUTANT_<NAME>, one rule removed each; spin must
  * report a violation (tests/e2e/test_spin.sh):
@@ -40,6 +42,10 @@
  *   MUTANT_TIMEOUT_FREE    a decode timeout frees pages without teardown/drain
  *   MUTANT_NO_ACK_UNKNOWN  prefill does not acknowledge an ABORT that overtook
  *                          its PREFILL (pages stay in QUARANTINE: invalid end)
+ *   MUTANT_FINISH_NO_REASON decode's FINISH after a REJECT does not carry the
+ *                          REJECT's reason (before issue 8 section 5: a draining
+ *                          prefill's refusal reached the client as a 400 when
+ *                          decode's FINISH beat the REJECT to the router)
  */
 
 #define NR   2      /* requests */
@@ -67,6 +73,11 @@ mtype = { ADMIT, GRANT, DENY, PREFILL, KV_PAGE, DONE, REJECT, ABORT, ABORT_ACK, 
 #define K_OK  0
 #define K_ERR 1
 #define K_REJ 2
+
+/* refusal reasons a REJECT carries (admit.h: the router acts on the reason,
+ * the client's status and code come from it, so it must arrive unchanged) */
+#define RS_STALE   4  /* ADMIT_STALE_GRANT */
+#define RS_REFUSED 1  /* ADMIT_CONTEXT_LENGTH (and the other request refusals) */
 
 /* connections: {type, req, a, b} */
 chan r2d = [6] of { mtype, byte, byte, byte };  /* router -> decode: ADMIT, ABORT */
@@ -97,6 +108,7 @@ byte nconnfail, ntimeout, ntrunc;
 /* ---- ghost state for the properties ---- */
 bool adm_rej[NR];  /* rejected at router admission */
 bool p_rej[NR];    /* rejected by prefill re-validation */
+byte p_reason[NR]; /* the reason prefill's REJECT carries (RS_*) */
 bool dfin[NR];     /* decode sent its FINISH */
 bool granted[NR];
 bool fin_ok[NR];
@@ -196,6 +208,17 @@ inline send_finish(r, k) {
     d2r!FINISH, r, k, 0
 }
 
+/* FINISH after prefill's REJECT (F3) carries the REJECT's reason */
+inline send_finish_rej(r, rsn) {
+    assert(!dfin[r]);
+    dfin[r] = 1;
+#ifdef MUTANT_FINISH_NO_REASON
+    d2r!FINISH, r, K_REJ, 0                  /* BUG: a generic error, reason lost */
+#else
+    d2r!FINISH, r, K_REJ, rsn
+#endif
+}
+
 /* decode aborts a live transfer (router ABORT, timeout, failed check) */
 inline dec_abort(r, k) {
 #ifdef MUTANT_FREE_BEFORE_ACK
@@ -291,7 +314,7 @@ end:
         if
         :: D_LIVE(r) ->                       /* F3: nothing was written */
             free_pages(r);
-            send_finish(r, K_REJ);
+            send_finish_rej(r, a);
             dst[r] = D_FREED
         :: else
         fi;
@@ -358,14 +381,14 @@ end:
             if
 #ifndef MUTANT_NO_EPOCH_CHECK
             :: gep[r] != ep ->                /* stale grant: its link is gone */
-                p_rej[r] = 1; pst[r] = P_REJECTED;
-                p2r!REJECT, r, 0, 0
+                p_rej[r] = 1; p_reason[r] = RS_STALE; pst[r] = P_REJECTED;
+                p2r!REJECT, r, RS_STALE, 0
 #endif
             :: true ->                        /* re-validation fails (I4) */
-                p_rej[r] = 1;
-                p2r!REJECT, r, 0, 0;
+                p_rej[r] = 1; p_reason[r] = RS_REFUSED;
+                p2r!REJECT, r, RS_REFUSED, 0;
                 if
-                :: gep[r] == ep -> p2d!REJECT, r, 0, 0
+                :: gep[r] == ep -> p2d!REJECT, r, RS_REFUSED, 0
                 :: else
                 fi;
 #ifdef MUTANT_PLACEHOLDER
@@ -449,6 +472,17 @@ inline set_term(r, s) {
     fi
 }
 
+/* prefill refused r (its REJECT, or decode's FINISH after it, whichever
+ * comes first): the reason the router acts on is the one prefill chose */
+inline refused(r, rsn) {
+    if
+    :: !RTERM(r) ->
+        assert(rsn == p_reason[r]);           /* the refusal reason crosses unchanged */
+        rst[r] = R_REJECTED
+    :: else
+    fi
+}
+
 proctype Router() {
     byte r, a, b;
     do
@@ -485,13 +519,13 @@ proctype Router() {
             assert(rst[r] != R_REJECTED);     /* a rejected request never finishes OK */
             fin_ok[r] = 1;
             set_term(r, R_FINISHED)
-        :: a == K_REJ -> set_term(r, R_REJECTED)
+        :: a == K_REJ -> refused(r, b)
         :: a == K_ERR -> set_term(r, R_ABORTED)
         fi;
         r = 0; a = 0; b = 0 }
     :: atomic { p2r?REJECT, r, a, b ->
         assert(!fin_ok[r]);                   /* REJECT and FINISH OK are exclusive */
-        set_term(r, R_REJECTED);
+        refused(r, a);
         r = 0; a = 0; b = 0 }
     /* the client goes away: ABORT to both workers; a second one is a duplicate */
     :: atomic { (rst[0] == R_ADMITTING || rst[0] == R_PREFILL ||

@@ -34,6 +34,7 @@ ks_err ks_seterr(ks_errbuf *eb, ks_err code, const char *fmt, ...) {
         va_list ap;
         va_start(ap, fmt);
         eb->code = code;
+        eb->reason = 0;
         vsnprintf(eb->msg, sizeof eb->msg, fmt, ap);
         va_end(ap);
     }
@@ -43,6 +44,7 @@ ks_err ks_seterr(ks_errbuf *eb, ks_err code, const char *fmt, ...) {
 void ks_errbuf_clear(ks_errbuf *eb) {
     if (!eb) return;
     eb->code = KS_OK;
+    eb->reason = 0;
     eb->msg[0] = '\0';
 }
 

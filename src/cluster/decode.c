@@ -11,6 +11,8 @@
  * only waits for the start, then for *stop. */
 #include "cluster_int.h"
 
+#include "kvseal/admit.h"
+
 #include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -161,8 +163,9 @@ static void dec__ctrl_send(dec__worker *w, uint16_t type, uint64_t req_id, const
 }
 
 static void dec__send_finish(dec__worker *w, uint64_t req_id, uint32_t finish, uint32_t n_prompt,
-                             uint32_t n_gen, ks_err err, const char *msg) {
-    if (finish == PD_FINISH_STOP || finish == PD_FINISH_LENGTH) err = KS_OK;
+                             uint32_t n_gen, ks_err err, uint32_t reason, const char *msg) {
+    if (finish == PD_FINISH_STOP || finish == PD_FINISH_LENGTH) err = KS_OK, reason = 0;
+    if (reason > ADMIT_WIRE_MAX) reason = ADMIT_INTERNAL;  // an HTTP-front reason: not ours
     if ((finish == PD_FINISH_ABORT || finish == PD_FINISH_ERROR) && err == KS_OK)
         err = finish == PD_FINISH_ABORT ? KS_ERR_CANCELLED : KS_ERR_INTERNAL;
     size_t ml = msg ? strlen(msg) : 0;
@@ -170,8 +173,9 @@ static void dec__send_finish(dec__worker *w, uint64_t req_id, uint32_t finish, u
     const dec__req *q = dec__find(w, req_id);
     pd_msg_finish m = {.finish = finish, .n_prompt = n_prompt, .n_gen = n_gen, .err = (uint32_t)err,
                        .msg = msg ? msg : "", .msg_len = (uint32_t)ml,
-                       .n_cached = q && q->n_cached <= n_prompt ? q->n_cached : 0};
-    uint8_t buf[24 + PD_MSG_MAX_TEXT];
+                       .n_cached = q && q->n_cached <= n_prompt ? q->n_cached : 0,
+                       .reason = reason};
+    uint8_t buf[28 + PD_MSG_MAX_TEXT];
     uint32_t len = 0;
     ks_errbuf eb;
     if (pd_msg_finish_encode(&m, buf, sizeof buf, &len, &eb) != KS_OK) {
@@ -225,7 +229,7 @@ static void dec__emit(void *ctx, const pd_recv_ev *ev) {
         break;
     }
     case PD_RECV_EV_FINISH:
-        dec__send_finish(w, ev->req_id, ev->finish, ev->n_prompt, 0, ev->err, ev->msg);
+        dec__send_finish(w, ev->req_id, ev->finish, ev->n_prompt, 0, ev->err, ev->reason, ev->msg);
         dec__remove(w, ev->req_id);
         break;
     case PD_RECV_EV_COMMIT: {
@@ -295,8 +299,9 @@ static void dec__flush(dec__worker *w) {
                    (unsigned long long)c->req_id, eb.msg);
             uint32_t np = q ? q->n_prompt : 0;
             pd_recv_finish(w->rcv, c->req_id);  // F1: nothing generates from these pages
-            dec__send_finish(w, c->req_id, PD_FINISH_ERROR, np, 0, e,
-                             "decode worker could not start generation");
+            char msg[PD_MSG_MAX_TEXT];
+            snprintf(msg, sizeof msg, "decode worker could not start generation: %.400s", eb.msg);
+            dec__send_finish(w, c->req_id, PD_FINISH_ERROR, np, 0, e, eb.reason, msg);
             dec__remove(w, c->req_id);
         }
     }
@@ -333,7 +338,7 @@ static void dec__drain(dec__worker *w) {
                                    ? (uint32_t)ev.finish
                                    : PD_FINISH_ERROR;
                 dec__send_finish(w, id, fin, ev.n_prompt > 0 ? (uint32_t)ev.n_prompt : q->n_prompt,
-                                 ev.n_gen > 0 ? (uint32_t)ev.n_gen : 0, ev.err, ev.errmsg);
+                                 ev.n_gen > 0 ? (uint32_t)ev.n_gen : 0, ev.err, ev.reason, ev.errmsg);
                 engine_req_release(q->er);
                 q->er = NULL;
                 pd_recv_finish(w->rcv, id);  // F1: the engine no longer touches the pages
@@ -508,7 +513,9 @@ static void dl__on_frame(pd_conn *c, void *ud, const pd_frame *f) {
             dec__proto_close(k->c, eb.msg);
             return;
         }
-        pd_recv_reject(w->rcv, id, k->epoch);
+        char msg[PD_MSG_MAX_TEXT + 1];
+        snprintf(msg, sizeof msg, "%.*s", (int)m.msg_len, m.msg);
+        pd_recv_reject(w->rcv, id, k->epoch, m.reason, msg);
         break;
     }
     case PD_MSG_ABORT: {

@@ -8,6 +8,8 @@
  * router is lost: links keep serving ABORT/ABORT_ACK). */
 #include "cluster_int.h"
 
+#include "kvseal/admit.h"
+
 #include "kvseal/pd_send.h"
 
 #include <inttypes.h>
@@ -62,6 +64,8 @@ typedef struct pf__worker {
     const cluster_worker_opts *o;
     const model *m;
     int32_t V;
+    int32_t n_ctx;
+    uint32_t page_tokens;
     pd_loop *loop;
     cl_ctrl *ctrl;
     kv_pool *pool;
@@ -161,6 +165,49 @@ static ks_err pf__forward(pf__worker *w, const model_batch *b, ks_errbuf *eb) {
 }
 
 // ----------------------------------------------------------------------------
+// Admission and the prefix-cache policy (pd_send's admit, reserve, computed)
+
+/* The request contract (I4) on a PREFILL, as the router and `kvseal serve`
+ * admit: lengths, token ids, sampling; the local pool must hold the prompt. */
+static ks_err pf__admit(void *ctx, const int32_t *toks, uint32_t n, const pd_msg_sampling *msp,
+                        ks_errbuf *eb) {
+    pf__worker *w = ctx;
+    engine_params p = {.prompt = toks, .n_prompt = (int32_t)n, .max_tokens = (int32_t)msp->max_tokens};
+    if (msp->max_tokens > INT32_MAX) p.max_tokens = INT32_MAX;
+    cl_sampling_from_msg(msp, &p.sp, &p.ignore_eos);
+    admit_limits lim = {.n_ctx = w->n_ctx, .n_vocab = w->V, .page_tokens = w->page_tokens,
+                        .max_pages = kv_pool_n_pages(w->pool), .prompt_only = true};
+    admit_admitted ad;
+    return admit_request(&lim, &p, &ad, eb);
+}
+
+/* Attaches the longest run of prompt pages cached under the request's
+ * domain (I7: the tenant root the router derived from authentication, never
+ * another's), then reserves the rest; cached pages nobody uses make room. */
+static ks_err pf__reserve(void *ctx, kv_pool *pool, const uint8_t domain[32], const int32_t *toks,
+                          uint32_t n, kv_seq *seq, ks_errbuf *eb) {
+    pf__worker *w = ctx;
+    if (w->prefix) (void)kv_prefix_attach(w->prefix, domain, toks, n, seq);
+    ks_err e = kv_seq_reserve(pool, seq, n, eb);
+    if (e == KS_ERR_NOSPACE && w->prefix) {
+        uint32_t pt = w->page_tokens, need = (n + pt - 1) / pt;
+        uint32_t more = need - seq->n_pages, nfree = kv_pool_n_free(pool);
+        if (more > nfree) kv_prefix_evict(w->prefix, more - nfree);
+        e = kv_seq_reserve(pool, seq, n, eb);
+    }
+    if (e == KS_ERR_NOSPACE) return admit_refuse(eb, ADMIT_BUSY, "the prefill worker's KV cache is full");
+    return e ? admit_refuse(eb, ADMIT_BUSY, "prefill worker: %s", eb ? eb->msg : "out of memory") : KS_OK;
+}
+
+/* The computed prompt's full pages go to the cache under its domain. */
+static void pf__computed(void *ctx, kv_pool *pool, const uint8_t domain[32], const int32_t *toks,
+                         uint32_t n, kv_seq *seq) {
+    pf__worker *w = ctx;
+    (void)pool;
+    if (w->prefix) kv_prefix_publish(w->prefix, domain, toks, n, seq);
+}
+
+// ----------------------------------------------------------------------------
 // The forward pass and the first token (pd_send's compute)
 
 static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *tokens, uint32_t n,
@@ -174,7 +221,7 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
     ks_err e = sampler_create(&sp, w->V, &smp, eb);
     if (e != KS_OK) return e;
     kv_seq *seqs[1] = {seq};
-    // positions below seq->n_tokens came from the prefix cache (pd_send_cfg.prefix)
+    // positions below seq->n_tokens came from the prefix cache (pf__reserve)
     for (uint32_t off = seq->n_tokens; off < n;) {
         int32_t chunk = n - off < (uint32_t)w->B ? (int32_t)(n - off) : w->B;
         int32_t n_out = 0;
@@ -432,19 +479,7 @@ static void pf__peer(pf__worker *w, const pd_frame *f) {
 // ----------------------------------------------------------------------------
 // pd_send's emit, the router's frames, health
 
-static const char *pf__reject_name(uint32_t reason) {
-    switch (reason) {
-    case PD_REJECT_CONTEXT: return "CONTEXT";
-    case PD_REJECT_NOSPACE: return "NOSPACE";
-    case PD_REJECT_INVALID: return "INVALID";
-    case PD_REJECT_STALE_GRANT: return "STALE_GRANT";
-    case PD_REJECT_ABORTED: return "ABORTED";
-    case PD_REJECT_DRAINING: return "DRAINING";
-    default: return "?";
-    }
-}
-
-/* Logs a REJECT to the router: req_id, reason and HTTP status only (the
+/* Logs a REJECT to the router: req_id and reason only (the
  * message may quote request details; never log content). */
 static void pf__log_reject(uint64_t req_id, const struct iovec *iov, int n_iov) {
     uint8_t buf[12 + PD_MSG_MAX_TEXT];
@@ -456,8 +491,8 @@ static void pf__log_reject(uint64_t req_id, const struct iovec *iov, int n_iov) 
     }
     pd_msg_reject r;
     if (pd_msg_reject_decode(buf, (uint32_t)len, &r, NULL) != KS_OK) return;
-    ks_log(KS_LOG_INFO, "request %" PRIu64 " rejected: %s (HTTP %u)", req_id,
-           pf__reject_name(r.reason), (unsigned)r.http_status);
+    ks_log(KS_LOG_INFO, "request %" PRIu64 " rejected: %s", req_id,
+           admit_reason_info((admit_reason)r.reason)->name);
 }
 
 static void pf__emit(void *ctx, uint32_t decode_id, uint64_t epoch, uint16_t type, uint64_t req_id,
@@ -671,9 +706,11 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atom
         (e = kv_prefix_create(w.pool, eo->prefix_max_pages ? eo->prefix_max_pages : eo->kv_pages / 4,
                               &w.prefix, eb)))
         goto fail;
-    pd_send_cfg sc = {.n_ctx = (uint32_t)eo->n_ctx, .n_vocab = (uint32_t)w.V, .emit = pf__emit,
-                      .emit_ctx = &w, .compute = pf__compute, .compute_ctx = &w,
-                      .clock = cl_now_ms, .prefix = w.prefix};
+    w.n_ctx = eo->n_ctx;
+    w.page_tokens = (uint32_t)g.page_tokens;
+    pd_send_cfg sc = {.emit = pf__emit, .emit_ctx = &w, .admit = pf__admit, .admit_ctx = &w,
+                      .reserve = pf__reserve, .computed = pf__computed, .reserve_ctx = &w,
+                      .compute = pf__compute, .compute_ctx = &w, .clock = cl_now_ms};
     if ((e = pd_send_create(w.pool, &sc, &w.send, eb))) goto fail;
     pd_loop_cfg lc = {.secret = o->secret, .secret_len = o->secret_len, .role = PD_ROLE_PREFILL,
                       .max_payload = PD_MSG_MAX_FRAME, .out_high_bytes = PF_OUT_HIGH,

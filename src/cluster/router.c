@@ -32,6 +32,8 @@
  * `kvseal serve`. */
 #include "cluster_int.h"
 
+#include "kvseal/admit.h"
+
 #include "kvseal/tok.h"
 
 #include <inttypes.h>
@@ -224,8 +226,8 @@ static void rt__unwait(cluster_router *r, rt_req *q) {
 
 /* Ends q (first terminal event wins): posts the done event, forgets the
  * req_id, drops the loop's reference. Aborts sent by the caller. */
-static void rt__finish(cluster_router *r, rt_req *q, engine_state to, engine_finish fin, ks_err err,
-                       const char *msg) {
+static void rt__end(cluster_router *r, rt_req *q, engine_state to, engine_finish fin, ks_err err,
+                    admit_reason reason, const char *msg) {
     if (q->phase == RT_DONE) return;
     if (q->phase == RT_WAITING) rt__unwait(r, q);
     else atomic_fetch_sub(&r->n_inflight, 1);
@@ -240,11 +242,22 @@ static void rt__finish(cluster_router *r, rt_req *q, engine_state to, engine_fin
                      : to == ENGINE_REJECTED ? &r->n_rejected
                                              : &r->n_aborted,
                      1);
-    engine_outcome o = {.state = to, .finish = fin, .err = err, .msg = msg, .n_prompt = q->n_prompt,
-                        .n_gen = q->n_gen, .n_cached = q->n_cached, .t_submit_ns = q->t_submit_ns,
+    engine_outcome o = {.state = to, .finish = fin, .err = err, .reason = (uint16_t)reason, .msg = msg,
+                        .n_prompt = q->n_prompt, .n_gen = q->n_gen, .n_cached = q->n_cached, .t_submit_ns = q->t_submit_ns,
                         .t_first_ns = q->t_first_ns};
     engine_stream_finish(q->out, &o, r->piece, r->piece_cap);
     rt__unref(q);
+}
+
+/* Ends q in state to (not a refusal). */
+static void rt__finish(cluster_router *r, rt_req *q, engine_state to, engine_finish fin, ks_err err,
+                       const char *msg) {
+    rt__end(r, q, to, fin, err, ADMIT_OK, msg);
+}
+
+/* Ends q REJECTED for reason, with the message the refusing process wrote. */
+static void rt__refuse(cluster_router *r, rt_req *q, admit_reason reason, const char *msg) {
+    rt__end(r, q, ENGINE_REJECTED, ENGINE_FINISH_ERROR, admit_reason_info(reason)->err, reason, msg);
 }
 
 /* Ends q ABORTED and tells its paired workers (reason) which were reached. */
@@ -544,8 +557,21 @@ static void rt__set_draining(rt_worker *w) {
     ks_log(KS_LOG_INFO, "router: worker %u is draining; no new requests go to it", w->id);
 }
 
-static ks_err rt__err_of_status(uint16_t status) {
-    return status == 400 ? KS_ERR_INVAL : status == 413 ? KS_ERR_NOSPACE : KS_ERR_AGAIN;
+/* Prefill refused q (its REJECT, or decode's FINISH that carries it): a
+ * stale grant or a draining prefill starts over under a new id (nothing was
+ * computed or sent); any other reason is the client's answer. */
+static void rt__refused_at_prefill(cluster_router *r, rt_req *q, rt_worker *p, admit_reason reason,
+                                   const char *msg) {
+    if (reason == ADMIT_DRAINING && p) rt__set_draining(p);
+    if ((reason == ADMIT_STALE_GRANT || reason == ADMIT_DRAINING) && q->retries < RT_MAX_RETRIES) {
+        ks_log(KS_LOG_INFO, "router: request %" PRIu64 ": %s at prefill worker %u; retrying", q->id,
+               reason == ADMIT_DRAINING ? "draining" : "stale grant", q->p_id);
+        rt__rekey(r, q);
+        return;
+    }
+    ks_log(KS_LOG_INFO, "router: request %" PRIu64 " rejected by prefill worker %u: %s", q->id,
+           q->p_id, admit_reason_info(reason)->name);
+    rt__refuse(r, q, reason, msg);
 }
 
 static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f) {
@@ -585,9 +611,8 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
         if (d.reason == PD_DENY_DRAINING) rt__set_draining(w);  // pair it elsewhere from now on
         if (d.reason == PD_DENY_NOSPACE || d.reason == PD_DENY_NO_LINK || d.reason == PD_DENY_DRAINING) {
             rt__requeue(r, q, cl_now_ms(NULL) + RT_RETRY_MS);
-        } else {
-            ks_err e = d.reason == PD_DENY_CONTEXT ? KS_ERR_INVAL : KS_ERR_AGAIN;
-            rt__finish(r, q, ENGINE_REJECTED, ENGINE_FINISH_ERROR, e, msg);
+        } else {  // CONTEXT: decode's n_ctx is below the router's; DUPLICATE: a router bug
+            rt__refuse(r, q, d.reason == PD_DENY_CONTEXT ? ADMIT_CONTEXT_LENGTH : ADMIT_INTERNAL, msg);
         }
     } else if (type == PD_MSG_REJECT && from_p && q->phase == RT_PREFILLING) {
         pd_msg_reject j;
@@ -597,19 +622,7 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
         // prefill could not reach decode (a link just re-established), the
         // ABORT makes decode quarantine and free it now instead of at T_grant
         rt__send_abort(r, q->d_id, q->id, PD_ABORT_ERROR);
-        if (j.reason == PD_REJECT_DRAINING) rt__set_draining(w);
-        if ((j.reason == PD_REJECT_STALE_GRANT || j.reason == PD_REJECT_DRAINING) &&
-            q->retries < RT_MAX_RETRIES) {
-            // the grant named a link prefill does not see (yet), or prefill is
-            // shutting down: nothing was computed or sent, so the request
-            // starts over under a new id
-            ks_log(KS_LOG_INFO, "router: request %" PRIu64 ": %s at prefill worker %u; retrying",
-                   q->id, j.reason == PD_REJECT_DRAINING ? "draining" : "stale grant", w->id);
-            rt__rekey(r, q);
-            return;
-        }
-        ks_log(KS_LOG_INFO, "router: request %" PRIu64 " rejected by prefill worker %u", q->id, w->id);
-        rt__finish(r, q, ENGINE_REJECTED, ENGINE_FINISH_ERROR, rt__err_of_status(j.http_status), msg);
+        rt__refused_at_prefill(r, q, w, (admit_reason)j.reason, msg);
     } else if (type == PD_MSG_TOKEN && from_d &&
                (q->phase == RT_PREFILLING || q->phase == RT_DECODING)) {
         pd_msg_token t;
@@ -623,6 +636,12 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
         if (fin.finish == PD_FINISH_STOP || fin.finish == PD_FINISH_LENGTH) {
             rt__finish(r, q, ENGINE_FINISHED,
                        fin.finish == PD_FINISH_STOP ? ENGINE_FINISH_STOP : ENGINE_FINISH_LENGTH, KS_OK, NULL);
+        } else if (fin.reason && q->phase == RT_PREFILLING) {
+            // decode saw prefill's REJECT first (F3; it freed the grant): the
+            // outcome is the REJECT's, whichever of the two frames is first
+            rt__refused_at_prefill(r, q, rt__worker(r, q->p_id), (admit_reason)fin.reason, msg);
+        } else if (fin.reason) {  // decode refused to adopt it (offline, batch full, ...)
+            rt__refuse(r, q, (admit_reason)fin.reason, msg);
         } else {
             ks_err e = fin.err > 0 && fin.err < KS_ERR__COUNT ? (ks_err)fin.err : KS_ERR_INTERNAL;
             // decode lost the data link from prefill (it freed the grant on
@@ -914,28 +933,24 @@ static void *rt__main(void *arg) {
 static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errbuf *eb) {
     cluster_router *r = impl;
     *out = NULL;
-    engine_admitted ad;  // the same admission as kvseal serve (I4)
-    ks_err err = engine_admission(r->o.n_ctx, r->V, p, &ad, eb);
+    // the same admission as kvseal serve (I4), against the largest decode worker
+    admit_limits lim = {.n_ctx = r->o.n_ctx, .n_vocab = r->V, .page_tokens = (uint32_t)r->g.page_tokens,
+                        .max_pages = atomic_load(&r->max_decode_pages)};
+    admit_admitted ad;
+    ks_err err = admit_request(&lim, p, &ad, eb);
     const int32_t *prompt = ad.prompt;
     const int32_t n_prompt = ad.n_prompt, max_tokens = ad.max_tokens;
     pd_msg_sampling ws;
     char why[256];
     if (!err && !cl_sampling_to_msg(&p->sp, max_tokens, p->ignore_eos, &ws, why, sizeof why))
-        err = ks_seterr(eb, KS_ERR_INVAL, "%s", why);
-    if (!err) {
-        uint64_t pages = ((uint64_t)n_prompt + (uint64_t)max_tokens + (uint64_t)r->g.page_tokens - 1) /
-                         (uint64_t)r->g.page_tokens;
-        uint32_t mx = atomic_load(&r->max_decode_pages);
-        if (mx && pages > mx)
-            err = ks_seterr(eb, KS_ERR_NOSPACE,
-                            "request needs %" PRIu64 " KV pages, the largest decode worker has %u", pages, mx);
-    }
-    if (!err && !atomic_load(&r->online)) err = ks_seterr(eb, KS_ERR_AGAIN, "the model is offline");
+        err = admit_refuse(eb, ADMIT_INVALID, "%s", why);
+    if (!err && !atomic_load(&r->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
     if (!err && (!atomic_load(&r->n_decode) || !atomic_load(&r->n_prefill)))
-        err = ks_seterr(eb, KS_ERR_AGAIN, "no %s worker is registered with the router",
-                        !atomic_load(&r->n_prefill) ? "prefill" : "decode");
+        err = admit_refuse(eb, ADMIT_NO_WORKER, "no %s worker is registered with the router",
+                           !atomic_load(&r->n_prefill) ? "prefill" : "decode");
     if (!err && atomic_load(&r->n_waiting) >= r->o.queue_max)
-        err = ks_seterr(eb, KS_ERR_AGAIN, "server busy: %u requests already waiting", r->o.queue_max);
+        err = admit_refuse(eb, ADMIT_BUSY, "the server is busy: %u requests already waiting",
+                           r->o.queue_max);
     if (err) {
         atomic_fetch_add(&r->n_rejected, 1);
         return err;

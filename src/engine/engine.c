@@ -23,6 +23,7 @@
  * it like any other, but the engine never releases it and the prefix cache
  * never sees it; the hook's owner frees it after the done event. */
 #include "kvseal/engine.h"
+#include "kvseal/admit.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -258,40 +259,6 @@ static engine_req *engine__req_new(engine *e, const char *tenant) {
     return r;
 }
 
-#ifdef KS_BROKEN_PLACEHOLDER
-static const int32_t engine__placeholder = 1;
-#endif
-
-ks_err engine_admission(int32_t n_ctx, int32_t n_vocab, const engine_params *p, engine_admitted *out,
-                        ks_errbuf *eb) {
-    out->prompt = p->prompt;
-    out->n_prompt = p->n_prompt;
-    out->max_tokens = p->max_tokens;
-    if (p->n_prompt < 1 || !p->prompt) return ks_seterr(eb, KS_ERR_INVAL, "the prompt is empty");
-    if (p->max_tokens < 1)
-        return ks_seterr(eb, KS_ERR_INVAL, "max_tokens must be at least 1, got %d", p->max_tokens);
-    if ((int64_t)p->n_prompt + p->max_tokens > n_ctx) {
-#ifdef KS_BROKEN_PLACEHOLDER
-        // TEST ONLY (I9): the incident's bug — a rejected request continues
-        // with a one-token placeholder instead of stopping at admission
-        out->prompt = &engine__placeholder;
-        out->n_prompt = 1;
-        if (out->max_tokens > n_ctx - 1) out->max_tokens = n_ctx - 1;
-#else
-        return ks_seterr(eb, KS_ERR_INVAL,
-                         "This model's maximum context length is %d tokens. However, you requested %" PRId64
-                         " tokens (%d in the prompt, %d for the completion). Please reduce the length "
-                         "of the prompt or completion.",
-                         n_ctx, (int64_t)p->n_prompt + p->max_tokens, p->n_prompt, p->max_tokens);
-#endif
-    }
-    for (int32_t i = 0; i < out->n_prompt; i++)
-        if (out->prompt[i] < 0 || out->prompt[i] >= n_vocab)
-            return ks_seterr(eb, KS_ERR_INVAL, "prompt token %d: id %d out of range [0, %d)", i,
-                             out->prompt[i], n_vocab);
-    return sample_params_validate(&p->sp, eb);
-}
-
 void engine_domain_root(const engine_params *p, uint8_t root[KV_ROOT_BYTES]) {
     // the cache domain is the tenant unless the operator declared a group
     char domain[160];
@@ -302,19 +269,13 @@ void engine_domain_root(const engine_params *p, uint8_t root[KV_ROOT_BYTES]) {
 
 ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_errbuf *eb) {
     *out = NULL;
-    engine_admitted ad;
-    ks_err err = engine_admission(e->o.n_ctx, e->V, p, &ad, eb);
+    admit_limits lim = {.n_ctx = e->o.n_ctx, .n_vocab = e->V, .page_tokens = (uint32_t)e->o.page_tokens,
+                        .max_pages = kv_pool_n_pages(e->pool)};
+    admit_admitted ad;
+    ks_err err = admit_request(&lim, p, &ad, eb);
     const int32_t *prompt = ad.prompt;
     const int32_t n_prompt = ad.n_prompt, max_tokens = ad.max_tokens;
-    if (!err) {
-        uint64_t pages = ((uint64_t)n_prompt + (uint64_t)max_tokens + (uint64_t)e->o.page_tokens - 1) /
-                         (uint64_t)e->o.page_tokens;
-        if (pages > kv_pool_n_pages(e->pool)) {
-            err = ks_seterr(eb, KS_ERR_NOSPACE, "request needs %" PRIu64 " KV pages, the pool has %u",
-                            pages, kv_pool_n_pages(e->pool));
-        }
-    }
-    if (!err && !atomic_load(&e->online)) err = ks_seterr(eb, KS_ERR_AGAIN, "the model is offline");
+    if (!err && !atomic_load(&e->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
     if (err) {
         atomic_fetch_add(&e->n_rejected, 1);
         return err;
@@ -341,7 +302,9 @@ ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_err
         pthread_mutex_unlock(&e->mu);
         engine__req_free(r);
         atomic_fetch_add(&e->n_rejected, 1);
-        return ks_seterr(eb, KS_ERR_AGAIN, "server busy: %d requests already waiting", e->o.queue_max);
+        return e->stop ? admit_refuse(eb, ADMIT_DRAINING, NULL)
+                       : admit_refuse(eb, ADMIT_BUSY, "the server is busy: %d requests already waiting",
+                                      e->o.queue_max);
     }
     if (e->wait_tail) e->wait_tail->next = r;
     else e->wait_head = r;
@@ -709,43 +672,35 @@ ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out, ks_
     *out = NULL;
     const uint64_t P = (uint64_t)e->o.page_tokens;
     const int32_t n_prompt = a->n_prompt, max_tokens = a->max_tokens;
-    ks_err err = KS_OK;
-    if (!a->seq)
-        err = ks_seterr(eb, KS_ERR_INVAL, "adopt: no KV sequence");
-    else if (n_prompt < 1)
-        err = ks_seterr(eb, KS_ERR_INVAL, "adopt: n_prompt must be at least 1, got %d", n_prompt);
-    else if (max_tokens < 1)
-        err = ks_seterr(eb, KS_ERR_INVAL, "max_tokens must be at least 1, got %d", max_tokens);
-    else if ((int64_t)n_prompt + max_tokens > e->o.n_ctx)
-        err = ks_seterr(eb, KS_ERR_INVAL,
-                        "This model's maximum context length is %d tokens. However, you requested %" PRId64
-                        " tokens (%d in the prompt, %d for the completion). Please reduce the length "
-                        "of the prompt or completion.",
-                        e->o.n_ctx, (int64_t)n_prompt + max_tokens, n_prompt, max_tokens);
-    else if (a->first.token < 0 || a->first.token >= e->V)
-        err = ks_seterr(eb, KS_ERR_INVAL, "adopt: first token id %d out of range [0, %d)",
-                        a->first.token, e->V);
-    else if (a->first.n_top < 0 || a->first.n_top > SAMPLE_MAX_TOP)
-        err = ks_seterr(eb, KS_ERR_INVAL, "adopt: %d top logprobs (at most %d)", a->first.n_top,
-                        SAMPLE_MAX_TOP);
-    else if (a->rng_draws > (uint64_t)e->o.n_ctx)  // one draw per token at most: bounds the replay
-        err = ks_seterr(eb, KS_ERR_INVAL, "adopt: rng_draws %" PRIu64 " above the context length %d",
-                        a->rng_draws, e->o.n_ctx);
-    else if (a->seq->n_tokens < (uint32_t)n_prompt ||
-             (uint64_t)a->seq->n_pages * P < (uint64_t)n_prompt + (uint64_t)max_tokens)
-        err = ks_seterr(eb, KS_ERR_INVAL,
-                        "adopt: the sequence has %u positions filled and %u pages; the request "
-                        "needs %d filled and room for %d",
-                        a->seq->n_tokens, a->seq->n_pages, n_prompt, n_prompt + max_tokens);
+    admit_limits lim = {.n_ctx = e->o.n_ctx, .n_vocab = e->V, .page_tokens = (uint32_t)P};
+    ks_err err = a->seq ? admit_lengths(&lim, n_prompt, max_tokens, eb)
+                        : admit_refuse(eb, ADMIT_INTERNAL, "adopt: no KV sequence");
+    if (!err && (a->first.token < 0 || a->first.token >= e->V))
+        err = admit_refuse(eb, ADMIT_INTERNAL, "adopt: first token id %d out of range [0, %d)",
+                           a->first.token, e->V);
+    else if (!err && (a->first.n_top < 0 || a->first.n_top > SAMPLE_MAX_TOP))
+        err = admit_refuse(eb, ADMIT_INTERNAL, "adopt: %d top logprobs (at most %d)", a->first.n_top,
+                           SAMPLE_MAX_TOP);
+    else if (!err && a->rng_draws > (uint64_t)e->o.n_ctx)  // one draw per token at most
+        err = admit_refuse(eb, ADMIT_INTERNAL, "adopt: rng_draws %" PRIu64 " above the context length %d",
+                           a->rng_draws, e->o.n_ctx);
+    else if (!err && (a->seq->n_tokens < (uint32_t)n_prompt ||
+                      (uint64_t)a->seq->n_pages * P < (uint64_t)n_prompt + (uint64_t)max_tokens))
+        err = admit_refuse(eb, ADMIT_INTERNAL,
+                           "adopt: the sequence has %u positions filled and %u pages; the request "
+                           "needs %d filled and room for %d",
+                           a->seq->n_tokens, a->seq->n_pages, n_prompt, n_prompt + max_tokens);
     for (int k = 0; !err && k < a->first.n_top; k++)
         if (a->first.top_ids[k] < 0 || a->first.top_ids[k] >= e->V)
-            err = ks_seterr(eb, KS_ERR_INVAL, "adopt: top logprob id %d out of range [0, %d)",
-                            a->first.top_ids[k], e->V);
-    if (!err) err = sample_params_validate(&a->sp, eb);
+            err = admit_refuse(eb, ADMIT_INTERNAL, "adopt: top logprob id %d out of range [0, %d)",
+                               a->first.top_ids[k], e->V);
+    ks_errbuf seb;
+    if (!err && sample_params_validate(&a->sp, &seb) != KS_OK)
+        err = admit_refuse(eb, ADMIT_INVALID, "%s", seb.msg);
     if (!err && (!atomic_load(&e->online) || atomic_load(&e->abort_all)))
-        err = ks_seterr(eb, KS_ERR_AGAIN, "the model is offline");
+        err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
     if (!err && e->n_running >= e->o.max_running)
-        err = ks_seterr(eb, KS_ERR_AGAIN, "decode batch full: %d requests running", e->n_running);
+        err = admit_refuse(eb, ADMIT_BUSY, "decode batch full: %d requests running", e->n_running);
     if (err) {
         atomic_fetch_add(&e->n_rejected, 1);
         return err;

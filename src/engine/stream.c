@@ -177,6 +177,7 @@ void engine_stream_finish(engine_stream *s, const engine_outcome *o, char *piece
     ev.finish = o->finish;
     ev.state = o->state;
     ev.err = o->err;
+    ev.reason = o->reason;
     if (o->msg) snprintf(ev.errmsg, sizeof ev.errmsg, "%s", o->msg);
     ev.n_prompt = o->n_prompt;
     ev.n_gen = o->n_gen;

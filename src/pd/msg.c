@@ -171,7 +171,7 @@ ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES], ks_errbuf
     out[PD_MSG_ABORT] = 4;
     out[PD_MSG_ABORT_ACK] = 0;
     out[PD_MSG_TOKEN] = 12 + 8 * PD_MSG_MAX_TOP;
-    out[PD_MSG_FINISH] = 24 + PD_MSG_MAX_TEXT;
+    out[PD_MSG_FINISH] = 28 + PD_MSG_MAX_TEXT;
     out[PD_MSG_POOL_CHECK] = 0;
     out[PD_MSG_POOL_CHECK_ACK] = 24;
     out[PD_MSG_RETIRE] = 8;
@@ -683,11 +683,8 @@ ks_err pd_msg_reject_decode(const uint8_t *p, uint32_t len, pd_msg_reject *out,
     ks_err e = text_decode("REJECT", p, len, 12, 8, &m.msg, &m.msg_len, eb);
     if (e) return e;
     m.reason = pd_load_u32(p);
-    m.http_status = pd_load_u16(p + 4);
-    if (m.reason < PD_REJECT_CONTEXT || m.reason > PD_REJECT_DRAINING)
-        return PROTO("REJECT: reason %u out of range [1, 6]", m.reason);
-    if (m.http_status != 400 && m.http_status != 413 && m.http_status != 503)
-        return PROTO("REJECT: http_status %u is not 400, 413 or 503", m.http_status);
+    if (m.reason < 1 || m.reason > ADMIT_WIRE_MAX)
+        return PROTO("REJECT: reason %u out of range [1, %d]", m.reason, ADMIT_WIRE_MAX);
     *out = m;
     return KS_OK;
 }
@@ -698,7 +695,7 @@ ks_err pd_msg_reject_encode(const pd_msg_reject *m, uint8_t *buf, size_t cap,
     if (ret) return ret;
     if (enc_begin(12u + m->msg_len, buf, cap, out_len, &ret, "REJECT", eb)) return ret;
     pd_store_u32(buf, m->reason);
-    pd_store_u16(buf + 4, m->http_status);
+    pd_store_u32(buf + 4, 0);
     pd_store_u32(buf + 8, m->msg_len);
     if (m->msg_len) memcpy(buf + 12, m->msg, m->msg_len);
     pd_msg_reject chk;
@@ -776,13 +773,16 @@ ks_err pd_msg_token_encode(const pd_msg_token *m, const pd_msg_top *top, uint8_t
 ks_err pd_msg_finish_decode(const uint8_t *p, uint32_t len, pd_msg_finish *out,
                             ks_errbuf *eb) {
     pd_msg_finish m;
-    ks_err e = text_decode("FINISH", p, len, 24, 20, &m.msg, &m.msg_len, eb);
+    ks_err e = text_decode("FINISH", p, len, 28, 20, &m.msg, &m.msg_len, eb);
     if (e) return e;
     m.finish = pd_load_u32(p);
     m.n_prompt = pd_load_u32(p + 4);
     m.n_gen = pd_load_u32(p + 8);
     m.err = pd_load_u32(p + 12);
     m.n_cached = pd_load_u32(p + 16);
+    m.reason = pd_load_u32(p + 24);
+    if (m.reason > ADMIT_WIRE_MAX)
+        return PROTO("FINISH: reason %u out of range [0, %d]", m.reason, ADMIT_WIRE_MAX);
     if (m.n_cached > m.n_prompt)
         return PROTO("FINISH: n_cached %u exceeds n_prompt %u", m.n_cached, m.n_prompt);
     if (m.finish < PD_FINISH_STOP || m.finish > PD_FINISH_ERROR)
@@ -792,6 +792,9 @@ ks_err pd_msg_finish_decode(const uint8_t *p, uint32_t len, pd_msg_finish *out,
     if (m.err != 0 && (m.finish == PD_FINISH_STOP || m.finish == PD_FINISH_LENGTH))
         return PROTO("FINISH: err %u with finish %s (must be 0)", m.err,
                      m.finish == PD_FINISH_STOP ? "STOP" : "LENGTH");
+    if (m.reason != 0 && (m.finish == PD_FINISH_STOP || m.finish == PD_FINISH_LENGTH))
+        return PROTO("FINISH: reason %u with finish %s (must be 0)", m.reason,
+                     m.finish == PD_FINISH_STOP ? "STOP" : "LENGTH");
     *out = m;
     return KS_OK;
 }
@@ -800,14 +803,15 @@ ks_err pd_msg_finish_encode(const pd_msg_finish *m, uint8_t *buf, size_t cap,
                             uint32_t *out_len, ks_errbuf *eb) {
     ks_err ret = text_pre("FINISH", m->msg_len, eb);
     if (ret) return ret;
-    if (enc_begin(24u + m->msg_len, buf, cap, out_len, &ret, "FINISH", eb)) return ret;
+    if (enc_begin(28u + m->msg_len, buf, cap, out_len, &ret, "FINISH", eb)) return ret;
     pd_store_u32(buf, m->finish);
     pd_store_u32(buf + 4, m->n_prompt);
     pd_store_u32(buf + 8, m->n_gen);
     pd_store_u32(buf + 12, m->err);
     pd_store_u32(buf + 16, m->n_cached);
     pd_store_u32(buf + 20, m->msg_len);
-    if (m->msg_len) memcpy(buf + 24, m->msg, m->msg_len);
+    pd_store_u32(buf + 24, m->reason);
+    if (m->msg_len) memcpy(buf + 28, m->msg, m->msg_len);
     pd_msg_finish chk;
     ks_errbuf tmp;
     return enc_check(pd_msg_finish_decode(buf, *out_len, &chk, &tmp), &tmp, eb);

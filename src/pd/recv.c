@@ -77,10 +77,10 @@ static void rec__drop_buffers(rec__req *q) {
 static void rec__emit(pd_recv *r, const pd_recv_ev *ev) { r->cfg.emit(r->cfg.emit_ctx, ev); }
 
 static void rec__emit_finish(pd_recv *r, const rec__req *q, uint32_t finish, ks_err err,
-                             const char *msg) {
+                             uint32_t reason, const char *msg) {
     pd_recv_ev ev = {.kind = PD_RECV_EV_FINISH, .req_id = q->req_id,
-                     .link_epoch = q->link_epoch, .finish = finish, .err = err, .msg = msg,
-                     .n_prompt = q->n_prompt};
+                     .link_epoch = q->link_epoch, .finish = finish, .err = err, .reason = reason,
+                     .msg = msg, .n_prompt = q->n_prompt};
     rec__emit(r, &ev);
 }
 
@@ -135,7 +135,7 @@ static void rec__go_aborting(pd_recv *r, rec__req *q, uint32_t abort_reason, uin
     q->teardown_asked = false;
     r->st.aborts++;
     rec__emit_abort(r, q->req_id, q->link_epoch, abort_reason);
-    rec__emit_finish(r, q, finish, err, msg);
+    rec__emit_finish(r, q, finish, err, 0, msg);
 }
 
 // ----------------------------------------------------------------------------
@@ -436,7 +436,7 @@ bool pd_recv_done(pd_recv *r, uint64_t req_id, uint64_t link_epoch, const pd_msg
                d->covered, q->n_prompt);
         r->st.verify_failed++;
         rec__free_direct(r, q);  // F2: DONE is prefill's last frame, no writer is live
-        rec__emit_finish(r, q, PD_FINISH_ERROR, KS_ERR_PROTO, "KV handoff failed verification");
+        rec__emit_finish(r, q, PD_FINISH_ERROR, KS_ERR_PROTO, 0, "KV handoff failed verification");
         return false;
     }
     kv_seq_set_filled(r->pool, &q->seq, q->n_prompt);
@@ -450,7 +450,7 @@ bool pd_recv_done(pd_recv *r, uint64_t req_id, uint64_t link_epoch, const pd_msg
 
 /* F3: prefill's last frame for req_id on the grant's link. */
 static void rec__prefill_end(pd_recv *r, uint64_t req_id, uint64_t link_epoch, uint32_t finish,
-                             ks_err err, const char *msg) {
+                             ks_err err, uint32_t reason, const char *msg) {
     rec__req *q = rec__find(r, req_id);
     if (!q || !rec__live(q) || link_epoch != q->link_epoch) {
         r->st.dropped++;
@@ -458,16 +458,17 @@ static void rec__prefill_end(pd_recv *r, uint64_t req_id, uint64_t link_epoch, u
     }
     KS_ASSERT(!q->pending);
     rec__free_direct(r, q);
-    rec__emit_finish(r, q, finish, err, msg);
+    rec__emit_finish(r, q, finish, err, reason, msg);
 }
 
-void pd_recv_reject(pd_recv *r, uint64_t req_id, uint64_t link_epoch) {
-    rec__prefill_end(r, req_id, link_epoch, PD_FINISH_ERROR, KS_ERR_INVAL,
-                     "prefill rejected the request");
+void pd_recv_reject(pd_recv *r, uint64_t req_id, uint64_t link_epoch, uint32_t reason,
+                    const char *msg) {
+    rec__prefill_end(r, req_id, link_epoch, PD_FINISH_ERROR, KS_ERR_INVAL, reason,
+                     msg ? msg : "prefill rejected the request");
 }
 
 void pd_recv_prefill_abort(pd_recv *r, uint64_t req_id, uint64_t link_epoch) {
-    rec__prefill_end(r, req_id, link_epoch, PD_FINISH_ABORT, KS_ERR_CANCELLED,
+    rec__prefill_end(r, req_id, link_epoch, PD_FINISH_ABORT, KS_ERR_CANCELLED, 0,
                      "prefill aborted the request");
 }
 
@@ -512,7 +513,7 @@ uint32_t pd_recv_link_closed(pd_recv *r, uint64_t link_epoch) {
         q->pending = false;  // drained: no delivery is pending any more
         if (rec__live(q)) {
             rec__free_direct(r, q);
-            rec__emit_finish(r, q, PD_FINISH_ERROR, KS_ERR_PEER_CLOSED,
+            rec__emit_finish(r, q, PD_FINISH_ERROR, KS_ERR_PEER_CLOSED, 0,
                              "the prefill worker's data link was lost");
             n++;
         } else if (q->state == PD_RECV_ABORTING) {

@@ -29,7 +29,7 @@ typedef struct snd__req {
     bool abort_seen;         /* tombstone reason: ABORT processed */
     uint64_t seq_uid;        /* grant tag part 1 */
     uint32_t n_prompt, n_pages, next_page;
-    uint32_t cached;     /* leading prompt tokens attached from cfg.prefix */
+    uint32_t cached;     /* leading prompt tokens cfg.reserve attached from a cache */
     uint32_t next_layer; /* within next_page: a page goes out in layer groups */
     pd_msg_grant_entry *ent; /* n_pages grant entries */
     kv_seq seq;              /* local pages (SENDING only) */
@@ -105,11 +105,11 @@ static void snd__emit(pd_send *s, uint32_t worker_id, uint64_t epoch, uint16_t t
 }
 
 static void snd__emit_reject(pd_send *s, uint32_t worker_id, uint64_t epoch, uint64_t req_id,
-                             uint32_t reason, uint16_t http, const char *msg) {
+                             uint32_t reason, const char *msg) {
     uint8_t buf[12 + PD_MSG_MAX_TEXT];
     size_t ml = strlen(msg);
     if (ml > PD_MSG_MAX_TEXT) ml = PD_MSG_MAX_TEXT;
-    pd_msg_reject m = {.reason = reason, .http_status = http, .msg = msg, .msg_len = (uint32_t)ml};
+    pd_msg_reject m = {.reason = reason, .msg = msg, .msg_len = (uint32_t)ml};
     uint32_t len = 0;
     ks_errbuf eb;
     ks_err e = pd_msg_reject_encode(&m, buf, sizeof buf, &len, &eb);
@@ -155,9 +155,8 @@ static void snd__end(pd_send *s, snd__req *q, pd_send_state st) {
 
 ks_err pd_send_create(kv_pool *pool, const pd_send_cfg *cfg, pd_send **out, ks_errbuf *eb) {
     *out = NULL;
-    if (!pool || !cfg || !cfg->emit || !cfg->compute || !cfg->n_ctx || !cfg->n_vocab)
-        return ks_seterr(eb, KS_ERR_INVAL,
-                         "pd_send: pool, cfg.emit, cfg.compute, n_ctx and n_vocab are required");
+    if (!pool || !cfg || !cfg->emit || !cfg->admit || !cfg->compute)
+        return ks_seterr(eb, KS_ERR_INVAL, "pd_send: pool, cfg.emit, cfg.admit and cfg.compute are required");
     pd_send *s = calloc(1, sizeof *s);
     if (!s) return ks_seterr(eb, KS_ERR_NOMEM, "pd_send: out of memory");
     s->pool = pool;
@@ -235,11 +234,11 @@ ks_err pd_send_link_up(pd_send *s, uint32_t decode_worker_id, uint64_t link_epoc
 
 /* A validation failure: REJECT to the router and, if the grant's link is up,
  * to decode; the request is REJECTED forever. */
-static ks_err snd__reject(pd_send *s, snd__req *q, uint32_t reason, uint16_t http,
+static ks_err snd__reject(pd_send *s, snd__req *q, uint32_t reason,
                           const char *msg, pd_send_state *state_out) {
-    snd__emit_reject(s, 0, PD_SEND_ROUTER, q->req_id, reason, http, msg);
+    snd__emit_reject(s, 0, PD_SEND_ROUTER, q->req_id, reason, msg);
     if (snd__link_is_up(s, q->worker_id, q->link_epoch))
-        snd__emit_reject(s, q->worker_id, q->link_epoch, q->req_id, reason, http, msg);
+        snd__emit_reject(s, q->worker_id, q->link_epoch, q->req_id, reason, msg);
     s->st.rejected++;
     snd__end(s, q, PD_SEND_REJECTED);
     if (state_out) *state_out = PD_SEND_REJECTED;
@@ -265,11 +264,9 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
     if (old) {
         s->st.rejected++;
         if (old->abort_seen)
-            snd__emit_reject(s, 0, PD_SEND_ROUTER, req_id, PD_REJECT_ABORTED, 503,
-                             "request was aborted");
+            snd__emit_reject(s, 0, PD_SEND_ROUTER, req_id, ADMIT_ABORTED, "request was aborted");
         else
-            snd__emit_reject(s, 0, PD_SEND_ROUTER, req_id, PD_REJECT_INVALID, 400,
-                             "duplicate request id");
+            snd__emit_reject(s, 0, PD_SEND_ROUTER, req_id, ADMIT_INTERNAL, "duplicate request id");
         if (state_out) *state_out = old->state;
         return KS_OK;
     }
@@ -288,72 +285,54 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
     else if (p.grant_len >= 16)
         q->link_epoch = snd__load_u64(p.grant + 8);
 
-    char msg[PD_MSG_MAX_TEXT];
     uint32_t pt = (uint32_t)s->g.page_tokens;
     if (s->draining)  // graceful shutdown: the router places the request elsewhere
-        return snd__reject(s, q, PD_REJECT_DRAINING, 503, "the prefill worker is shutting down",
-                           state_out);
-    if (p.n_prompt < 1)
-        return snd__reject(s, q, PD_REJECT_INVALID, 400, "the prompt is empty", state_out);
-    uint64_t total = (uint64_t)p.n_prompt + p.s.max_tokens;
-    if (total > s->cfg.n_ctx) {
-        snprintf(msg, sizeof msg,
-                 "This model's maximum context length is %u tokens. However, you requested "
-                 "%llu tokens (%u in the messages, %u in the completion). Please reduce the "
-                 "length of the messages or completion.",
-                 s->cfg.n_ctx, (unsigned long long)total, p.n_prompt, p.s.max_tokens);
-        return snd__reject(s, q, PD_REJECT_CONTEXT, 400, msg, state_out);
+        return snd__reject(s, q, ADMIT_DRAINING, "the prefill worker is shutting down", state_out);
+    int32_t *toks = malloc(sizeof *toks * (p.n_prompt ? p.n_prompt : 1));
+    if (!toks) return snd__reject(s, q, ADMIT_BUSY, "prefill worker out of memory", state_out);
+    for (uint32_t i = 0; i < p.n_prompt; i++) toks[i] = pd_msg_prefill_token(&p, i);
+    // the request contract, exactly as the router and `kvseal serve` admit (I4)
+    ks_errbuf aeb;
+    ks_errbuf_clear(&aeb);
+    if (s->cfg.admit(s->cfg.admit_ctx, toks, p.n_prompt, &p.s, &aeb) != KS_OK) {
+        free(toks);
+        return snd__reject(s, q, aeb.reason ? aeb.reason : ADMIT_INVALID, aeb.msg, state_out);
     }
     uint32_t need = (p.n_prompt + pt - 1) / pt;
-    if (need > kv_pool_n_pages(s->pool))
-        return snd__reject(s, q, PD_REJECT_NOSPACE, 413,
-                           "the prompt does not fit the prefill worker's KV cache", state_out);
-    for (uint32_t i = 0; i < p.n_prompt; i++) {
-        int32_t t = pd_msg_prefill_token(&p, i);
-        if (t < 0 || (uint32_t)t >= s->cfg.n_vocab) {
-            snprintf(msg, sizeof msg, "prompt token %u has id %d, outside the vocabulary (%u)",
-                     i, t, s->cfg.n_vocab);
-            return snd__reject(s, q, PD_REJECT_INVALID, 400, msg, state_out);
-        }
+    const char *bad = !grant_ok ? "inconsistent grant"
+                      : g.page_tokens != pt || g.n_pages != need || g.seq_uid == 0
+                          ? "grant does not match the KV page geometry"
+                          : NULL;
+    if (bad) {
+        if (!grant_ok) ks_log(KS_LOG_WARN, "pd_send: request %llu: %s", (unsigned long long)req_id, geb.msg);
+        free(toks);
+        return snd__reject(s, q, ADMIT_INTERNAL, bad, state_out);
     }
-    if (!grant_ok) {
-        ks_log(KS_LOG_WARN, "pd_send: request %llu: %s", (unsigned long long)req_id, geb.msg);
-        return snd__reject(s, q, PD_REJECT_INVALID, 503, "inconsistent grant", state_out);
+    if (!snd__link_is_up(s, p.decode_worker_id, g.link_epoch)) {
+        free(toks);
+        return snd__reject(s, q, ADMIT_STALE_GRANT, "grant is bound to a data link that is gone",
+                           state_out);
     }
-    if (g.page_tokens != pt || g.n_pages != need || g.seq_uid == 0)
-        return snd__reject(s, q, PD_REJECT_INVALID, 503,
-                           "grant does not match the KV page geometry", state_out);
-    if (!snd__link_is_up(s, p.decode_worker_id, g.link_epoch))
-        return snd__reject(s, q, PD_REJECT_STALE_GRANT, 503,
-                           "grant is bound to a data link that is gone", state_out);
 
     q->ent = calloc(g.n_pages, sizeof *q->ent);
-    int32_t *toks = malloc(sizeof *toks * p.n_prompt);
-    if (!q->ent || !toks) {
+    if (!q->ent) {
         free(toks);
-        return snd__reject(s, q, PD_REJECT_NOSPACE, 503, "prefill worker out of memory",
-                           state_out);
+        return snd__reject(s, q, ADMIT_BUSY, "prefill worker out of memory", state_out);
     }
     for (uint32_t i = 0; i < g.n_pages; i++) q->ent[i] = pd_msg_grant_entry_at(&g, i);
-    for (uint32_t i = 0; i < p.n_prompt; i++) toks[i] = pd_msg_prefill_token(&p, i);
     q->seq_uid = g.seq_uid;
     q->n_pages = g.n_pages;
-    // I7: only pages cached under this request's domain (the tenant root the
-    // router derived from authentication) can be attached
-    if (s->cfg.prefix)
-        q->cached = kv_prefix_attach(s->cfg.prefix, p.domain_hash, toks, p.n_prompt, &q->seq);
     ks_errbuf keb;
-    ks_err re = kv_seq_reserve(s->pool, &q->seq, p.n_prompt, &keb);
-    if (re == KS_ERR_NOSPACE && s->cfg.prefix) {  // cached pages nobody uses make room
-        uint32_t more = g.n_pages - q->seq.n_pages, nfree = kv_pool_n_free(s->pool);
-        if (more > nfree) kv_prefix_evict(s->cfg.prefix, more - nfree);
-        re = kv_seq_reserve(s->pool, &q->seq, p.n_prompt, &keb);
-    }
+    ks_errbuf_clear(&keb);
+    ks_err re = s->cfg.reserve ? s->cfg.reserve(s->cfg.reserve_ctx, s->pool, p.domain_hash, toks,
+                                                p.n_prompt, &q->seq, &keb)
+                               : kv_seq_reserve(s->pool, &q->seq, p.n_prompt, &keb);
     if (re != KS_OK) {
         free(toks);
-        return snd__reject(s, q, PD_REJECT_NOSPACE, 503, "prefill worker's KV cache is full",
-                           state_out);
+        return snd__reject(s, q, keb.reason ? keb.reason : ADMIT_BUSY,
+                           keb.reason ? keb.msg : "prefill worker's KV cache is full", state_out);
     }
+    q->cached = q->seq.n_tokens;
 
     // Validated: from here on the request can only end DONE_SENT or ABORTED.
     q->state = PD_SEND_SENDING;
@@ -366,7 +345,8 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
                        &ceb);
     if (e == KS_OK) {
         kv_seq_set_filled(s->pool, &q->seq, p.n_prompt);
-        if (s->cfg.prefix) kv_prefix_publish(s->cfg.prefix, p.domain_hash, toks, p.n_prompt, &q->seq);
+        if (s->cfg.computed)
+            s->cfg.computed(s->cfg.reserve_ctx, s->pool, p.domain_hash, toks, p.n_prompt, &q->seq);
         s->st.cached_tokens += q->cached;
     }
     free(toks);

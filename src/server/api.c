@@ -25,14 +25,6 @@ const char *srv_route_name(srv_route r) {
     return (unsigned)r < SRV_ROUTE__COUNT ? names[r] : "other";
 }
 
-const char *srv_reject_name(srv_reject r) {
-    static const char *const names[SRV_REJECT__COUNT] = {
-        "context_length", "pool", "tenant_concurrency", "tenant_rate", "queue_full", "offline",
-        "invalid",        "auth",       "shutting_down",      "request_timeout",
-    };
-    return (unsigned)r < SRV_REJECT__COUNT ? names[r] : "none";
-}
-
 const char *srv_finish_name(engine_finish f) {
     switch (f) {
     case ENGINE_FINISH_STOP:
@@ -65,17 +57,10 @@ static size_t api__utf8_len(const unsigned char *s) {
     return n;
 }
 
-bool srv_error_set(srv_error *e, int status, const char *type, const char *code, const char *param,
-                   srv_reject reject, const char *fmt, ...) {
-    e->status = status;
-    e->type = type;
-    e->code = code;
-    e->reject = reject;
+/* Fills the message part of e (cut to fit, made valid UTF-8). */
+static void api__error_msg(srv_error *e, const char *param, const char *fmt, va_list ap) {
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);
-    va_end(ap);
     // The message may quote what the client sent (a model name from the URL
     // is any bytes) and may have been cut inside a character; JSON strings
     // must be UTF-8, or srv_error_json fails and the client gets a 500.
@@ -84,15 +69,46 @@ bool srv_error_set(srv_error *e, int status, const char *type, const char *code,
         if (n == 0) *p++ = '?';
         else p += n;
     }
+}
+
+bool srv_refuse(srv_error *e, admit_reason r, const char *param, const char *fmt, ...) {
+    const admit_info *in = admit_reason_info(r);
+    e->status = in->http_status;
+    e->type = in->type;
+    e->code = in->code;
+    e->workers_code = in->workers_code;
+    e->reason = r > ADMIT_OK && r < ADMIT__COUNT ? r : ADMIT_INTERNAL;
+    if (!fmt) {
+        snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+        snprintf(e->msg, sizeof e->msg, "%s", in->msg);
+        return false;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    api__error_msg(e, param, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+bool srv_fail(srv_error *e, int status, const char *code, const char *fmt, ...) {
+    e->status = status;
+    e->type = status >= 500 ? "server_error" : "invalid_request_error";
+    e->code = code;
+    e->workers_code = (uint16_t)status;
+    e->reason = ADMIT_OK;
+    va_list ap;
+    va_start(ap, fmt);
+    api__error_msg(e, NULL, fmt, ap);
+    va_end(ap);
     return false;
 }
 
 char *srv_error_json(srv_route route, const srv_error *e) {
     json_t *j;
     if (route == SRV_ROUTE_WORKERS) {
-        // Workers AI numbers its errors; the HTTP status is the closest analogue we have
+        // Workers AI numbers its errors: the table's code (admit.h), else the HTTP status
         j = json_pack("{s:n, s:b, s:[{s:i, s:s}], s:[]}", "result", "success", 0, "errors", "code",
-                      e->status, "message", e->msg, "messages");
+                      (int)e->workers_code, "message", e->msg, "messages");
     } else {
         j = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", e->msg, "type",
                       e->type ? e->type : "invalid_request_error", "param",
@@ -150,30 +166,29 @@ void srv_framing_add(srv_framing *f, const char *name, const char *value) {
     }
 }
 
-#define FRAMING(err, status, code, ...)                                                            \
-    srv_error_set(err, status, "invalid_request_error", code, NULL, SRV_REJECT_INVALID, __VA_ARGS__)
+#define FRAMING(err, reason, ...) srv_refuse(err, reason, NULL, __VA_ARGS__)
 
 bool srv_framing_check(const srv_framing *f, srv_error *err) {
     if (f->content_length_differ)
-        return FRAMING(err, 400, "invalid_framing",
+        return FRAMING(err, ADMIT_BAD_FRAMING,
                        "the request has Content-Length headers with different values");
     if (f->n_content_length && f->n_transfer_encoding)
-        return FRAMING(err, 400, "invalid_framing",
+        return FRAMING(err, ADMIT_BAD_FRAMING,
                        "the request has both Content-Length and Transfer-Encoding; send one");
     if (f->transfer_encoding)
-        return FRAMING(err, 501, "unsupported_transfer_encoding",
+        return FRAMING(err, ADMIT_NOT_IMPLEMENTED,
                        "Transfer-Encoding '%.64s' is not supported: only 'chunked'",
                        f->transfer_encoding);
     if (f->n_transfer_encoding > 1)
-        return FRAMING(err, 400, "invalid_framing",
+        return FRAMING(err, ADMIT_BAD_FRAMING,
                        "the Transfer-Encoding header appears %d times; send it once",
                        f->n_transfer_encoding);
     if (f->content_encoding)
-        return FRAMING(err, 415, "unsupported_content_encoding",
+        return FRAMING(err, ADMIT_BAD_ENCODING,
                        "Content-Encoding '%.64s' is not supported: send the body uncompressed",
                        f->content_encoding);
     if (f->n_authorization > 1)
-        return FRAMING(err, 400, "duplicate_header",
+        return FRAMING(err, ADMIT_DUPLICATE_HEADER,
                        "the Authorization header appears %d times; send it once",
                        f->n_authorization);
     return true;
@@ -183,10 +198,10 @@ bool srv_path_check(const char *raw, srv_error *err) {
     for (const char *p = raw; *p && *p != '?'; p++) {
         if (p[0] != '%' || !p[1] || !p[2]) continue;
         if (p[1] == '2' && (p[2] == 'F' || p[2] == 'f'))
-            return FRAMING(err, 400, "invalid_path",
+            return FRAMING(err, ADMIT_INVALID_PATH,
                            "the path may not contain an encoded slash (%%2F)");
         if (p[1] == '0' && p[2] == '0')
-            return FRAMING(err, 400, "invalid_path",
+            return FRAMING(err, ADMIT_INVALID_PATH,
                            "the path may not contain an encoded NUL (%%00)");
     }
     return true;
@@ -198,8 +213,7 @@ bool srv_path_check(const char *raw, srv_error *err) {
 // Request parsing
 
 #define INVALID(err, param, ...)                                                                   \
-    srv_error_set(err, 400, "invalid_request_error", "invalid_parameter", param,                   \
-                  SRV_REJECT_INVALID, __VA_ARGS__)
+    srv_refuse(err, ADMIT_INVALID, param, __VA_ARGS__)
 
 static const char *api__type_name(const json_t *v) {
     switch (json_typeof(v)) {
@@ -286,8 +300,7 @@ static bool api__messages(srv_request *r, json_t *v, srv_error *err) {
     r->msgs = calloc(n, sizeof *r->msgs);
     r->owned = calloc(n, sizeof *r->owned);
     if (!r->msgs || !r->owned)
-        return srv_error_set(err, 500, "server_error", NULL, NULL, SRV_REJECT_NONE,
-                             "out of memory");
+        return srv_fail(err, 500, "internal_error", "out of memory");
     r->n_msgs = n;
     for (size_t i = 0; i < n; i++) {
         char pname[64];
@@ -321,8 +334,7 @@ static bool api__messages(srv_request *r, json_t *v, srv_error *err) {
             }
             char *joined = malloc(total + 1);
             if (!joined)
-                return srv_error_set(err, 500, "server_error", NULL, NULL, SRV_REJECT_NONE,
-                                     "out of memory");
+                return srv_fail(err, 500, "internal_error", "out of memory");
             size_t off = 0;
             json_array_foreach(content, k, part) {
                 json_t *text = json_object_get(part, "text");
@@ -463,8 +475,7 @@ static bool api__in(const char *const *set, const char *key) {
 }
 
 #define UNSUPPORTED(err, param, ...)                                                               \
-    srv_error_set(err, 400, "invalid_request_error", "unsupported_parameter", param,               \
-                  SRV_REJECT_INVALID, __VA_ARGS__)
+    srv_refuse(err, ADMIT_UNSUPPORTED_PARAMETER, param, __VA_ARGS__)
 
 /* Refuses the first field of the body (or of stream_options, or of a
  * message) that the route does not implement, naming it. */
@@ -526,7 +537,7 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
     // JSON_REJECT_DUPLICATES: {"model": "a", "model": "b"} is ambiguous, refuse it
     r->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!r->root) {
-        srv_error_set(err, 400, "invalid_request_error", "invalid_json", NULL, SRV_REJECT_INVALID,
+        srv_refuse(err, ADMIT_INVALID_JSON, NULL,
                       "malformed JSON at line %d, column %d (position %d): %s", je.line, je.column,
                       je.position, je.text);
         return false;
@@ -551,16 +562,14 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
     switch (route) {
     case SRV_ROUTE_CHAT:
         if (!msgs) {
-            srv_error_set(err, 400, "invalid_request_error", "missing_required_parameter",
-                          "messages", SRV_REJECT_INVALID, "'messages' is required");
+            srv_refuse(err, ADMIT_MISSING_PARAMETER, "messages", "'messages' is required");
             goto fail;
         }
         if (!api__messages(r, msgs, err)) goto fail;
         break;
     case SRV_ROUTE_COMPLETIONS:
         if (!prompt) {
-            srv_error_set(err, 400, "invalid_request_error", "missing_required_parameter", "prompt",
-                          SRV_REJECT_INVALID, "'prompt' is required");
+            srv_refuse(err, ADMIT_MISSING_PARAMETER, "prompt", "'prompt' is required");
             goto fail;
         }
         if (!api__prompt(r, prompt, err)) goto fail;
@@ -628,8 +637,7 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
     // OpenAI requires a model (checked last: other mistakes say more);
     // Workers AI has it in the URL
     if (!r->model && route != SRV_ROUTE_WORKERS) {
-        srv_error_set(err, 400, "invalid_request_error", "missing_required_parameter", "model",
-                      SRV_REJECT_INVALID, "you must provide a model parameter");
+        srv_refuse(err, ADMIT_MISSING_PARAMETER, "model", "you must provide a model parameter");
         goto fail;
     }
     r->sp.logprobs = r->logprobs;
@@ -666,10 +674,9 @@ bool srv_prompt_fits(int32_t n_ctx, size_t text_bytes, size_t max_token_bytes, i
     int64_t lo = srv_prompt_min_tokens(text_bytes, max_token_bytes);
     int64_t mt = max_tokens > 0 ? max_tokens : 1;
     if (lo + 1 <= n_ctx) return true;
-    // same code and shape as the engine's exact refusal (engine_admission)
-    return srv_error_set(
-        err, 400, "invalid_request_error", "context_length_exceeded",
-        route == SRV_ROUTE_COMPLETIONS ? "prompt" : "messages", SRV_REJECT_CONTEXT_LENGTH,
+    // the same reason as the engine's exact refusal (admit_lengths)
+    return srv_refuse(
+        err, ADMIT_CONTEXT_LENGTH, route == SRV_ROUTE_COMPLETIONS ? "prompt" : "messages",
         "This model's maximum context length is %d tokens. However, you "
         "requested at least %lld tokens (at least %lld in the prompt of %zu "
         "bytes, at most %zu bytes per token, %lld for the completion). Please "

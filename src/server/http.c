@@ -251,7 +251,7 @@ static enum MHD_Result srv__reply_json(server *s, struct MHD_Connection *c, srv_
 
 static enum MHD_Result srv__reply_error(server *s, struct MHD_Connection *c, srv_route route,
                                         const srv_error *err) {
-    if (err->reject != SRV_REJECT_NONE) srv_metrics_reject(&s->met, err->reject);
+    if (err->reason != ADMIT_OK) srv_metrics_reject(&s->met, err->reason);
     char *body = srv_error_json(route, err);
     enum MHD_Result r = srv__reply(s, c, route, err->status, body, "application/json");
     free(body);
@@ -276,14 +276,12 @@ static int srv__auth(server *s, struct MHD_Connection *c, srv_error *err) {
     if (s->ts->anonymous) return 0;
     const char *key = srv__bearer(c);
     if (!key) {
-        srv_error_set(err, 401, "invalid_request_error", "invalid_api_key", NULL, SRV_REJECT_AUTH,
-                      "missing API key: send the header 'Authorization: Bearer <key>'");
+        srv_refuse(err, ADMIT_AUTH, NULL, "missing API key: send the header 'Authorization: Bearer <key>'");
         return -1;
     }
     int t = srv_tenants_auth(s->ts, key, strlen(key));
     if (t < 0)
-        srv_error_set(err, 401, "invalid_request_error", "invalid_api_key", NULL, SRV_REJECT_AUTH,
-                      "invalid API key");
+        srv_refuse(err, ADMIT_AUTH, NULL, "invalid API key");
     return t;
 }
 
@@ -481,8 +479,7 @@ static json_t *srv__chunk(srv_gen *g, const engine_event *ev, bool *oom) {
     return j;
 }
 
-static void srv__submit_error(server *s, ks_err e, const ks_errbuf *eb, int32_t n_prompt,
-                              int32_t max_tokens, srv_route route, srv_error *err);
+static void srv__submit_error(ks_err e, const ks_errbuf *eb, srv_route route, srv_error *err);
 
 /* True for a done event whose error the local engine never reports after
  * admission: a rejection that came with the done event (a cluster's prefill
@@ -506,34 +503,35 @@ static bool srv__done_mapped(const engine_event *ev) {
     }
 }
 
-/* The answer to a srv__done_mapped event: INVAL, NOSPACE and AGAIN as an
- * engine_submit failure (400 / 400 context_length_exceeded / 503),
- * PEER_CLOSED and IO 502, TIMEOUT 504, anything else 500; the message is
- * the event's. */
+/* The answer to a srv__done_mapped event: a refusal by its reason (the
+ * table in kvseal/admit.h, as engine_submit's), else PEER_CLOSED and IO 502,
+ * TIMEOUT 504, AGAIN 503, anything else 500; the message is the event's. */
 static void srv__done_error(const srv_gen *g, const engine_event *ev, srv_error *err) {
     ks_errbuf eb;
     memset(&eb, 0, sizeof eb);
     eb.code = ev->err;
+    eb.reason = ev->reason;
     snprintf(eb.msg, sizeof eb.msg, "%s",
              ev->errmsg[0] ? ev->errmsg
              : ev->err     ? ks_strerror(ev->err)
                            : "the request was rejected");
+    if (ev->reason) {
+        srv__submit_error(ev->err, &eb, g->route, err);
+        return;
+    }
     switch (ev->err) {
-    case KS_ERR_INVAL:
-    case KS_ERR_NOSPACE:
     case KS_ERR_AGAIN:
-        srv__submit_error(g->s, ev->err, &eb, g->n_prompt, g->max_tokens, g->route, err);
+        srv_fail(err, 503, "worker_unavailable", "%s", eb.msg);
         break;
     case KS_ERR_PEER_CLOSED:
     case KS_ERR_IO:
-        srv_error_set(err, 502, "server_error", "upstream_error", NULL, SRV_REJECT_NONE, "%s", eb.msg);
+        srv_fail(err, 502, "upstream_error", "%s", eb.msg);
         break;
     case KS_ERR_TIMEOUT:
-        srv_error_set(err, 504, "server_error", "upstream_timeout", NULL, SRV_REJECT_NONE, "%s",
-                      eb.msg);
+        srv_fail(err, 504, "upstream_timeout", "%s", eb.msg);
         break;
     default:
-        srv_error_set(err, 500, "server_error", "internal_error", NULL, SRV_REJECT_NONE, "%s", eb.msg);
+        srv_fail(err, 500, "internal_error", "%s", eb.msg);
     }
 }
 
@@ -544,17 +542,14 @@ static void srv__gen_error(const srv_gen *g, const engine_event *ev, srv_error *
     bool shut = atomic_load_explicit(&g->s->draining, memory_order_acquire) &&
                 ev->finish == ENGINE_FINISH_ABORT && ev->err == KS_ERR_CANCELLED;
     if ((g->gone && atomic_load(&g->s->stopping)) || shut)
-        srv_error_set(err, 503, "server_error", "server_shutting_down", NULL, SRV_REJECT_NONE,
-                      "the server is shutting down; the request was aborted");
+        srv_fail(err, 503, "server_shutting_down", "the server is shutting down; the request was aborted");
     else if (srv__done_mapped(ev))
         srv__done_error(g, ev, err);
     else if (ev->finish == ENGINE_FINISH_ABORT)
-        srv_error_set(err, 503, "server_error", "request_aborted", NULL, SRV_REJECT_NONE,
-                      "the request was aborted: %s",
+        srv_fail(err, 503, "request_aborted", "the request was aborted: %s",
                       ev->errmsg[0] ? ev->errmsg : "model taken offline or queue timeout");
     else
-        srv_error_set(err, 500, "server_error", "internal_error", NULL, SRV_REJECT_NONE,
-                      "the request failed: %s", ev->errmsg[0] ? ev->errmsg : ks_strerror(ev->err));
+        srv_fail(err, 500, "internal_error", "the request failed: %s", ev->errmsg[0] ? ev->errmsg : ks_strerror(ev->err));
 }
 
 // ----------------------------------------------------------------------------
@@ -743,12 +738,10 @@ static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv
             srv_error err;
             // a vanished client gets nothing (MHD notices when it writes): 499 is for metrics
             if (atomic_load(&s->stopping))
-                srv_error_set(&err, 503, "server_error", "server_shutting_down", NULL,
-                              SRV_REJECT_NONE,
-                              "the server is shutting down; the request was aborted");
+                srv_fail(&err, 503, "server_shutting_down",
+                         "the server is shutting down; the request was aborted");
             else
-                srv_error_set(&err, 499, "invalid_request_error", "client_closed", NULL,
-                              SRV_REJECT_NONE, "the client closed the connection");
+                srv_fail(&err, 499, "client_closed", "the client closed the connection");
             if (got > 0) srv__gen_account(g, &ev);
             enum MHD_Result r = srv__reply_error(s, c, g->route, &err);
             srv__gen_free(g);
@@ -769,7 +762,7 @@ static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv
     if (!fin || !ok) {
         srv_error err;
         if (!ok)
-            srv_error_set(&err, 500, "server_error", NULL, NULL, SRV_REJECT_NONE, "out of memory");
+            srv_fail(&err, 500, "internal_error", "out of memory");
         else
             srv__gen_error(g, &ev, &err);
         enum MHD_Result r = srv__reply_error(s, c, g->route, &err);
@@ -803,35 +796,19 @@ static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv
 // ----------------------------------------------------------------------------
 // Generation: request -> engine
 
-/* Maps an engine_submit failure to the client's error. */
-static void srv__submit_error(server *s, ks_err e, const ks_errbuf *eb, int32_t n_prompt,
-                              int32_t max_tokens, srv_route route, srv_error *err) {
-    const char *pparam = route == SRV_ROUTE_COMPLETIONS ? "prompt" : "messages";
-    switch (e) {
-    case KS_ERR_INVAL:
-        if ((int64_t)n_prompt + max_tokens > s->o.n_ctx || strstr(eb->msg, "context length"))
-            srv_error_set(err, 400, "invalid_request_error", "context_length_exceeded", pparam,
-                          SRV_REJECT_CONTEXT_LENGTH, "%s", eb->msg);
-        else
-            srv_error_set(err, 400, "invalid_request_error", "invalid_parameter", NULL,
-                          SRV_REJECT_INVALID, "%s", eb->msg);
-        break;
-    case KS_ERR_NOSPACE:
-        srv_error_set(err, 400, "invalid_request_error", "context_length_exceeded", pparam,
-                      SRV_REJECT_POOL, "%s", eb->msg);
-        break;
-    case KS_ERR_AGAIN:
-        if (!s->b.is_online(s->b.impl))
-            srv_error_set(err, 503, "server_error", "model_offline", NULL, SRV_REJECT_OFFLINE, "%s",
-                          strstr(eb->msg, "offline") ? eb->msg : "the model is offline");
-        else
-            srv_error_set(err, 503, "server_error", "queue_full", NULL, SRV_REJECT_QUEUE_FULL,
-                          "the server is busy: %s", eb->msg);
-        break;
-    default:
-        srv_error_set(err, 500, "server_error", "internal_error", NULL, SRV_REJECT_NONE,
-                      "cannot start the request: %s", eb->msg[0] ? eb->msg : ks_strerror(e));
+/* Maps a backend's refusal to the client's error: the reason the refusing
+ * process put in eb (kvseal/admit.h) gives status and code, its message is
+ * the client's; an error that is not a refusal is a 500. */
+static void srv__submit_error(ks_err e, const ks_errbuf *eb, srv_route route, srv_error *err) {
+    admit_reason r = (admit_reason)eb->reason;
+    if (r == ADMIT_OK || r >= ADMIT__COUNT) {
+        srv_fail(err, 500, "internal_error", "cannot start the request: %s",
+                 eb->msg[0] ? eb->msg : ks_strerror(e));
+        return;
     }
+    const char *pparam = route == SRV_ROUTE_COMPLETIONS ? "prompt" : "messages";
+    srv_refuse(err, r, r == ADMIT_CONTEXT_LENGTH || r == ADMIT_KV_CAPACITY ? pparam : NULL, "%s",
+               eb->msg[0] ? eb->msg : admit_reason_info(r)->msg);
 }
 
 /* A request the engine refused as too long (issue 8): the tenant is charged
@@ -839,10 +816,10 @@ static void srv__submit_error(server *s, ks_err e, const ks_errbuf *eb, int32_t 
  * reservation back, and when tokenizing stopped early (cut) the message
  * gives the lower bound, not the prefix's count as if it were the prompt. */
 static void srv__refused_long(server *s, srv_gen *g, srv_error *err, bool cut, int64_t charged) {
-    if (err->reject != SRV_REJECT_CONTEXT_LENGTH && err->reject != SRV_REJECT_POOL) return;
+    if (err->reason != ADMIT_CONTEXT_LENGTH && err->reason != ADMIT_KV_CAPACITY) return;
     if (g->tenant >= 0) srv_tenants_refuse(s->ts, g->tenant, g->reserved, charged);
     g->tenant = -1;
-    if (cut && err->reject == SRV_REJECT_CONTEXT_LENGTH)
+    if (cut && err->reason == ADMIT_CONTEXT_LENGTH)
         snprintf(err->msg, sizeof err->msg,
                  "This model's maximum context length is %d tokens. However, you requested at "
                  "least %lld tokens (at least %d in the prompt, %d for the completion). Please "
@@ -856,8 +833,8 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     int tenant = srv__auth(s, c, &err);
     if (tenant < 0) return srv__reply_error(s, c, route, &err);
     if (atomic_load_explicit(&s->draining, memory_order_acquire)) {
-        srv_error_set(&err, 503, "server_error", "server_shutting_down", NULL, SRV_REJECT_SHUTDOWN,
-                      "the server is shutting down and takes no new requests; retry on another "
+        srv_refuse(&err, ADMIT_DRAINING, NULL,
+                   "the server is shutting down and takes no new requests; retry on another "
                       "instance");
         return srv__reply_error(s, c, route, &err);
     }
@@ -873,8 +850,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     int64_t held_reserved = 0; // tokens it took from the tenant's bucket
     int64_t held_charge = 0;   // tokens to charge if refused as too long
     if (!srv__name_ok(s, model_name)) {
-        srv_error_set(&err, 404, "invalid_request_error", "model_not_found", "model",
-                      SRV_REJECT_INVALID, "The model '%s' does not exist; this server serves '%s'",
+        srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model", "The model '%s' does not exist; this server serves '%s'",
                       model_name, srv__primary_name(s));
         goto fail;
     }
@@ -883,8 +859,8 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     if (chat) {
         ks_err e = chat_render(s->vocab, model_gguf(s->m), rq.msgs, rq.n_msgs, true, &text, &eb);
         if (e) {
-            srv_error_set(&err, e == KS_ERR_NOMEM ? 500 : 400, "invalid_request_error",
-                          "invalid_parameter", "messages", SRV_REJECT_INVALID, "%s", eb.msg);
+            if (e == KS_ERR_NOMEM) srv_fail(&err, 500, "internal_error", "%s", eb.msg);
+            else srv_refuse(&err, ADMIT_INVALID, "messages", "%s", eb.msg);
             goto fail;
         }
     }
@@ -906,9 +882,9 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     int64_t min_prompt = srv_prompt_min_tokens(ptext_len, s->max_token_bytes);
     held_reserved = max_tokens < 0 ? s->o.n_ctx : (min_prompt > 0 ? min_prompt : 1) + max_tokens;
     char msg[256];
-    srv_reject rj = srv_tenants_admit(s->ts, tenant, held_reserved, ks_now_ns(), msg, sizeof msg);
-    if (rj != SRV_REJECT_NONE) {
-        srv_error_set(&err, 429, "rate_limit_error", "rate_limit_exceeded", NULL, rj, "%s", msg);
+    admit_reason rj = srv_tenants_admit(s->ts, tenant, held_reserved, ks_now_ns(), msg, sizeof msg);
+    if (rj != ADMIT_OK) {
+        srv_refuse(&err, rj, NULL, "%s", msg);
         goto fail;
     }
     held = tenant;
@@ -917,8 +893,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     // n_ctx tokens: more than that is refused however many there are.
     if (tok_encode_max(s->vocab, ptext, ptext_len, true, chat, (size_t)s->o.n_ctx, &ids, &n_ids,
                        &eb)) {
-        srv_error_set(&err, 500, "server_error", NULL, NULL, SRV_REJECT_NONE, "tokenizer: %s",
-                      eb.msg);
+        srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
         goto fail;
     }
     bool cut = n_ids > (size_t)s->o.n_ctx; // only a prefix: the prompt has at least n_ids
@@ -934,9 +909,8 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     if (!over) {
         rj = srv_tenants_grow(s->ts, tenant, held_reserved, (int64_t)n_prompt + max_tokens,
                               ks_now_ns(), msg, sizeof msg);
-        if (rj != SRV_REJECT_NONE) {
-            srv_error_set(&err, 429, "rate_limit_error", "rate_limit_exceeded", NULL, rj, "%s",
-                          msg);
+        if (rj != ADMIT_OK) {
+            srv_refuse(&err, rj, NULL, "%s", msg);
             goto fail;
         }
         held_reserved = (int64_t)n_prompt + max_tokens;
@@ -944,7 +918,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     if (s->log_content) ks_log(KS_LOG_INFO, "prompt (%d tokens): %s", n_prompt, ptext);
 
     if (!(g = calloc(1, sizeof *g))) {
-        srv_error_set(&err, 500, "server_error", NULL, NULL, SRV_REJECT_NONE, "out of memory");
+        srv_fail(&err, 500, "internal_error", "out of memory");
         goto fail;
     }
     g->s = s;
@@ -985,7 +959,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     ks_err e = s->b.submit(s->b.impl, &p, &g->req, &eb);
     if (e) {
         g->req = NULL;
-        srv__submit_error(s, e, &eb, n_prompt, max_tokens, route, &err);
+        srv__submit_error(e, &eb, route, &err);
         srv__refused_long(s, g, &err, cut, held_charge);
         goto fail;
     }
@@ -1008,7 +982,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
 fail:
     if (held >= 0)
         srv_tenants_refuse(s->ts, held, held_reserved,
-                           err.reject == SRV_REJECT_CONTEXT_LENGTH ? held_charge : 0);
+                           err.reason == ADMIT_CONTEXT_LENGTH ? held_charge : 0);
     srv__gen_free(g);
     free(ids);
     free(text);
@@ -1098,8 +1072,7 @@ static enum MHD_Result srv__kv_check(server *s, struct MHD_Connection *c, srv_co
         timeout = strtoul(t, &end, 10);
         if (*end || !*t || timeout > 600000) {
             srv_error err;
-            srv_error_set(&err, 400, "invalid_request_error", "invalid_parameter", "timeout_ms",
-                          SRV_REJECT_INVALID, "timeout_ms must be an integer in [0, 600000]");
+            srv_refuse(&err, ADMIT_INVALID, "timeout_ms", "timeout_ms must be an integer in [0, 600000]");
             return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
         }
     }
@@ -1129,14 +1102,12 @@ static enum MHD_Result srv__admin(server *s, struct MHD_Connection *c, const cha
     srv_error err;
     const char *key = srv__bearer(c);
     if (!s->ts->has_admin) {
-        srv_error_set(&err, 403, "permission_error", "admin_disabled", NULL, SRV_REJECT_AUTH,
-                      "the admin API is disabled: start the server with --admin-key or an "
+        srv_refuse(&err, ADMIT_ADMIN_DISABLED, NULL, "the admin API is disabled: start the server with --admin-key or an "
                       "admin_key in the tenants file");
         return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
     }
     if (!key || !srv_tenants_admin_ok(s->ts, key, strlen(key))) {
-        srv_error_set(&err, 401, "invalid_request_error", "invalid_api_key", NULL, SRV_REJECT_AUTH,
-                      key ? "invalid admin key"
+        srv_refuse(&err, ADMIT_AUTH, NULL, key ? "invalid admin key"
                           : "missing admin key: send 'Authorization: Bearer <admin key>'");
         return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
     }
@@ -1153,8 +1124,7 @@ static enum MHD_Result srv__admin(server *s, struct MHD_Connection *c, const cha
     else
         goto notfound;
     if (!srv__name_ok(s, name)) {
-        srv_error_set(&err, 404, "invalid_request_error", "model_not_found", NULL, SRV_REJECT_NONE,
-                      "The model '%s' does not exist", name);
+        srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, NULL, "The model '%s' does not exist", name);
         return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
     }
     bool abort_running =
@@ -1165,8 +1135,7 @@ static enum MHD_Result srv__admin(server *s, struct MHD_Connection *c, const cha
         json_t *v = json_object_get(j, "abort_running");
         if (!j || (v && !json_is_boolean(v))) {
             json_decref(j);
-            srv_error_set(&err, 400, "invalid_request_error", "invalid_parameter", "abort_running",
-                          SRV_REJECT_INVALID, "body must be {\"abort_running\": true|false}");
+            srv_refuse(&err, ADMIT_INVALID, "abort_running", "body must be {\"abort_running\": true|false}");
             return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
         }
         if (v) abort_running = json_is_true(v);
@@ -1179,8 +1148,7 @@ static enum MHD_Result srv__admin(server *s, struct MHD_Connection *c, const cha
                            json_pack("{s:s, s:b, s:b}", "model", name, "online", online,
                                      "abort_running", abort_running));
 notfound:
-    srv_error_set(&err, 404, "invalid_request_error", "unknown_url", NULL, SRV_REJECT_NONE,
-                  "Invalid URL: use /admin/models/{name}/offline or /online");
+    srv_refuse(&err, ADMIT_UNKNOWN_URL, NULL, "Invalid URL: use /admin/models/{name}/offline or /online");
     return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
 }
 
@@ -1219,22 +1187,19 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
     }
     srv_error err;
     if (route == SRV_ROUTE_OTHER) {
-        srv_error_set(&err, 404, "invalid_request_error", "unknown_url", NULL, SRV_REJECT_NONE,
-                      "Invalid URL (%s %s)", method, url);
+        srv_refuse(&err, ADMIT_UNKNOWN_URL, NULL, "Invalid URL (%s %s)", method, url);
         return srv__reply_error(s, c, route, &err);
     }
     bool want_get = route == SRV_ROUTE_MODELS || route == SRV_ROUTE_HEALTH ||
                     route == SRV_ROUTE_METRICS || admin_kv;
     if (want_get ? !get : !post) {
-        srv_error_set(&err, 405, "invalid_request_error", "method_not_allowed", NULL,
-                      SRV_REJECT_NONE, "Method %s is not allowed on %s; use %s", method, url,
+        srv_refuse(&err, ADMIT_METHOD, NULL, "Method %s is not allowed on %s; use %s", method, url,
                       want_get ? "GET" : "POST");
         return srv__reply_error(s, c, route, &err);
     }
     if (sc->too_large) {
-        srv_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
-                      SRV_REJECT_INVALID,
-                      "request body of %zu bytes exceeds the limit of %zu bytes", sc->body_seen,
+        srv_refuse(&err, ADMIT_TOO_LARGE, NULL,
+                   "request body of %zu bytes exceeds the limit of %zu bytes", sc->body_seen,
                       s->o.max_body_bytes);
         return srv__reply_error(s, c, route, &err);
     }
@@ -1318,9 +1283,8 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
         srv_framing f = {0};
         MHD_get_connection_values(c, MHD_HEADER_KIND, srv__framing_it, &f);
         if (bad_path)
-            srv_error_set(&err, 400, "invalid_request_error", "invalid_path", NULL,
-                          SRV_REJECT_INVALID,
-                          "the path may not contain an encoded slash (%%2F) or NUL (%%00)");
+            srv_refuse(&err, ADMIT_INVALID_PATH, NULL,
+                       "the path may not contain an encoded slash (%%2F) or NUL (%%00)");
         if (bad_path || !srv_framing_check(&f, &err)) {
             sc->refused = true;
             return srv__reply_error(s, c, srv__route_of(url), &err);
@@ -1334,9 +1298,8 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
             if (*end == '\0' && n > s->o.max_body_bytes) {
                 sc->too_large = true;
                 sc->body_seen = (size_t)n;
-                srv_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
-                              SRV_REJECT_INVALID,
-                              "request body of %llu bytes exceeds the limit of %zu bytes", n,
+                srv_refuse(&err, ADMIT_TOO_LARGE, NULL,
+                           "request body of %llu bytes exceeds the limit of %zu bytes", n,
                               s->o.max_body_bytes);
                 return srv__reply_error(s, c, srv__route_of(url), &err);
             }
@@ -1457,7 +1420,7 @@ static void srv__sock_expire(server *s, srv_sock *sk, bool sent_something) {
                          bn, body);
         (void)!send(sk->fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
         srv_metrics_request(&s->met, SRV_ROUTE_OTHER, 408);
-        srv_metrics_reject(&s->met, SRV_REJECT_TIMEOUT);
+        srv_metrics_reject(&s->met, ADMIT_REQUEST_TIMEOUT);
     }
     shutdown(sk->fd, SHUT_RDWR);
 }

@@ -44,8 +44,8 @@ void srv_metrics_request(srv_metrics *m, srv_route route, int status) {
                               memory_order_relaxed);
 }
 
-void srv_metrics_reject(srv_metrics *m, srv_reject r) {
-    if ((unsigned)r < SRV_REJECT__COUNT)
+void srv_metrics_reject(srv_metrics *m, admit_reason r) {
+    if (r > ADMIT_OK && (unsigned)r < ADMIT__COUNT)
         atomic_fetch_add_explicit(&m->rejections[r], 1, memory_order_relaxed);
 }
 
@@ -107,9 +107,9 @@ char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
         }
     ok = ok && met__printf(&b, "# HELP kvseal_rejections_total Requests turned away before "
                                "generation, by reason.\n# TYPE kvseal_rejections_total counter\n");
-    for (int r = 0; r < SRV_REJECT__COUNT && ok; r++)
+    for (int r = ADMIT_OK + 1; r < ADMIT__COUNT && ok; r++)
         ok = met__printf(&b, "kvseal_rejections_total{reason=\"%s\"} %llu\n",
-                         srv_reject_name((srv_reject)r), LOAD(m->rejections[r]));
+                         admit_reason_info((admit_reason)r)->name, LOAD(m->rejections[r]));
     ok = ok &&
          met__printf(&b,
                      "# HELP kvseal_tokens_in_total Prompt tokens of finished requests.\n"

@@ -6,6 +6,7 @@
 #ifndef KS_SERVER_INT_H
 #define KS_SERVER_INT_H
 
+#include "kvseal/admit.h"
 #include "kvseal/chat.h"
 #include "kvseal/engine.h"
 #include "kvseal/sample.h"
@@ -33,25 +34,6 @@ typedef enum srv_route {
 /* Label of a route for metrics ("chat_completions", ...); static storage. */
 const char *srv_route_name(srv_route r);
 
-/* Reasons a request is turned away (metric kvseal_rejections_total). */
-typedef enum srv_reject {
-    SRV_REJECT_NONE = -1,
-    SRV_REJECT_CONTEXT_LENGTH = 0,
-    SRV_REJECT_POOL = 1,
-    SRV_REJECT_TENANT_CONCURRENCY = 2,
-    SRV_REJECT_TENANT_RATE = 3,
-    SRV_REJECT_QUEUE_FULL = 4,
-    SRV_REJECT_OFFLINE = 5,
-    SRV_REJECT_INVALID = 6,
-    SRV_REJECT_AUTH = 7,
-    SRV_REJECT_SHUTDOWN = 8,
-    SRV_REJECT_TIMEOUT = 9, /* request head/body not in within the deadline (408) */
-    SRV_REJECT__COUNT = 10,
-} srv_reject;
-
-/* Label of a reason ("context_length", ...); static storage. */
-const char *srv_reject_name(srv_reject r);
-
 /* An error answer: HTTP status and OpenAI's error fields. */
 typedef struct srv_error {
     int status;        /* HTTP status */
@@ -59,15 +41,23 @@ typedef struct srv_error {
     const char *code;  /* "model_not_found", ... or NULL (JSON null); static storage */
     char param[64];    /* the offending parameter, "" for JSON null */
     char msg[512];     /* human-readable, says what was wrong and why */
-    srv_reject reject; /* metric reason, or SRV_REJECT_NONE */
+    admit_reason reason; /* a refusal (kvseal_rejections_total), or ADMIT_OK */
+    uint16_t workers_code; /* Workers AI errors[].code */
 } srv_error;
 
-/* Fills e; returns false so parsers can `return srv_error_set(...)`. The
- * message is cut to fit and made valid UTF-8 (a byte that starts no valid
- * character, e.g. from a model name in the URL or a character the cut split,
- * becomes '?'), so srv_error_json can always encode it. */
-bool srv_error_set(srv_error *e, int status, const char *type, const char *code, const char *param,
-                   srv_reject reject, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+/* A refusal: status, type, code and Workers AI code from the request
+ * contract's table (kvseal/admit.h), the offending parameter (NULL: none)
+ * and a printf message (NULL: the table's). Returns false so parsers can
+ * `return srv_refuse(...)`. The message is cut to fit and made valid UTF-8
+ * (a byte that starts no valid character, e.g. from a model name in the URL
+ * or a character the cut split, becomes '?'), so srv_error_json can always
+ * encode it. */
+bool srv_refuse(srv_error *e, admit_reason r, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* A request that was admitted and then failed (5xx, 499): not a refusal,
+ * so the status and code are the caller's. Otherwise as srv_refuse. */
+bool srv_fail(srv_error *e, int status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* Error body in the route's shape: OpenAI {"error":{message,type,param,code}}
  * or, for SRV_ROUTE_WORKERS, {"result":null,"success":false,"errors":[{code,
@@ -235,20 +225,20 @@ bool srv_tenants_admin_ok(const srv_tenants *ts, const char *key, size_t len);
 
 /* Admits one request of `tokens` (prompt + max_tokens) for tenant i at time
  * now_ns: checks the concurrency limit and takes the tokens from the bucket.
- * Returns SRV_REJECT_NONE (then call srv_tenants_release exactly once),
- * SRV_REJECT_TENANT_CONCURRENCY or SRV_REJECT_TENANT_RATE (msg says which
+ * Returns ADMIT_OK (then call srv_tenants_release exactly once),
+ * ADMIT_TENANT_CONCURRENCY or ADMIT_TENANT_RATE (msg says which
  * limit and the numbers). Thread-safe. */
-srv_reject srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t now_ns, char *msg,
+admit_reason srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t now_ns, char *msg,
                              size_t cap);
 /* Ends an admitted request, refunding `unused` tokens. Thread-safe. */
 void srv_tenants_release(srv_tenants *ts, int i, int64_t unused);
 /* Raises an admitted request's reservation from `reserved` tokens (what
  * srv_tenants_admit took: a lower bound known before tokenizing) to its
  * exact `tokens`, taking the difference from the bucket. Returns
- * SRV_REJECT_NONE, or SRV_REJECT_TENANT_RATE (msg filled, nothing taken;
+ * ADMIT_OK, or ADMIT_TENANT_RATE (msg filled, nothing taken;
  * the request is still admitted: end it with srv_tenants_refuse).
  * Thread-safe. */
-srv_reject srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t tokens,
+admit_reason srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t tokens,
                             uint64_t now_ns, char *msg, size_t cap);
 /* Ends an admitted request that was refused after doing `charged` tokens
  * of work (the prompt tokens it was tokenized into): of the `reserved`
@@ -272,7 +262,7 @@ typedef struct srv_hist {
 
 typedef struct srv_metrics {
     atomic_ullong requests[SRV_ROUTE__COUNT][SRV_N_STATUS]; /* by route and status index */
-    atomic_ullong rejections[SRV_REJECT__COUNT];
+    atomic_ullong rejections[ADMIT__COUNT];
     atomic_ullong tokens_in, tokens_out;
     atomic_ullong client_disconnects;
     atomic_llong http_connections; /* open now */
@@ -287,8 +277,8 @@ void srv_metrics_init(srv_metrics *m);
 /* Counts one answer; statuses outside the known set count as "other".
  * Lock-free; any thread. */
 void srv_metrics_request(srv_metrics *m, srv_route route, int status);
-/* Counts one rejection by reason (SRV_REJECT_NONE is ignored). Any thread. */
-void srv_metrics_reject(srv_metrics *m, srv_reject r);
+/* Counts one rejection by reason (ADMIT_OK is ignored). Any thread. */
+void srv_metrics_reject(srv_metrics *m, admit_reason r);
 /* Records an observation in seconds (negative/NaN count as 0). Any thread. */
 void srv_hist_observe(srv_hist *h, double seconds);
 /* Prometheus text exposition of m plus the engine's gauges (es may be NULL).

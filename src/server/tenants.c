@@ -255,21 +255,21 @@ static void ten__rate_msg(const srv_tenant *t, int64_t tokens, bool at_least, do
                  (long long)avail);
 }
 
-srv_reject srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t now_ns, char *msg,
+admit_reason srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t now_ns, char *msg,
                              size_t cap) {
     KS_ASSERT(i >= 0 && (size_t)i < ts->n);
     srv_tenant *t = &ts->t[i];
-    srv_reject r = SRV_REJECT_NONE;
+    admit_reason r = ADMIT_OK;
     pthread_mutex_lock(&ts->mu);
     if (t->bucket_ns == 0) t->bucket_ns = now_ns;
     ten__refill(t, now_ns);
     if (t->max_concurrent && t->running >= t->max_concurrent) {
         snprintf(msg, cap, "tenant '%s' already has %d requests running (limit %d); retry later",
                  t->name, t->running, t->max_concurrent);
-        r = SRV_REJECT_TENANT_CONCURRENCY;
+        r = ADMIT_TENANT_CONCURRENCY;
     } else if (t->tokens_per_minute && (double)tokens > t->bucket) {
         ten__rate_msg(t, tokens, true, t->bucket, msg, cap);
-        r = SRV_REJECT_TENANT_RATE;
+        r = ADMIT_TENANT_RATE;
     } else {
         t->running++;
         if (t->tokens_per_minute) t->bucket -= (double)tokens;
@@ -291,11 +291,11 @@ void srv_tenants_release(srv_tenants *ts, int i, int64_t unused) {
     pthread_mutex_unlock(&ts->mu);
 }
 
-srv_reject srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t tokens,
+admit_reason srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t tokens,
                             uint64_t now_ns, char *msg, size_t cap) {
     KS_ASSERT(i >= 0 && (size_t)i < ts->n);
     srv_tenant *t = &ts->t[i];
-    srv_reject r = SRV_REJECT_NONE;
+    admit_reason r = ADMIT_OK;
     int64_t more = tokens - reserved;
     if (more <= 0 || !t->tokens_per_minute) return r;
     pthread_mutex_lock(&ts->mu);
@@ -303,7 +303,7 @@ srv_reject srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t to
     if ((double)more > t->bucket) {
         // the numbers the client sees are the whole request's, as in srv_tenants_admit
         ten__rate_msg(t, tokens, false, t->bucket + (double)reserved, msg, cap);
-        r = SRV_REJECT_TENANT_RATE;
+        r = ADMIT_TENANT_RATE;
     } else {
         t->bucket -= (double)more;
     }

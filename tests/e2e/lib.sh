@@ -142,7 +142,8 @@ stop_server() {
 # start_cluster LOGPREFIX NPREFILL NDECODE ARGS... — starts `kvseal router`
 # (HTTP and cluster ports picked freely; $ROUTER_ARGS are router-only
 # options such as --tenants), NPREFILL `kvseal prefill` and NDECODE `kvseal
-# decode` workers (ARGS go to every process; $PREFILL_ENV / $DECODE_ENV are
+# decode` workers (ARGS go to every process, $PREFILL_ARGS / $DECODE_ARGS
+# to one kind of worker only; $PREFILL_ENV / $DECODE_ENV are
 # prepended as environment, e.g. KS_PD_FAULT=...), all with one fresh
 # secret. Waits until every worker has registered and sets KS_URL, KS_PID
 # (the router), KS_PREFILL_PIDS and KS_DECODE_PIDS (arrays), KS_CLUSTER_LOGS.
@@ -163,12 +164,12 @@ start_cluster() {
     cport=$(sed -n 's/^cluster port \([0-9]*\).*/\1/p' "$log.router.out" | head -1)
     for i in $(seq 1 "$nd"); do
         env ${DECODE_ENV:-} "${KS_SERVE_BIN:-$KS_BIN}" decode --router 127.0.0.1:$cport \
-            --secret-file "$TMPD/secret" --drain-timeout-ms $((KS_WAIT_S * 10000)) "$@" >"$log.decode$i.out" 2>"$log.decode$i" &
+            --secret-file "$TMPD/secret" --drain-timeout-ms $((KS_WAIT_S * 10000)) "$@" ${DECODE_ARGS:-} >"$log.decode$i.out" 2>"$log.decode$i" &
         KS_DECODE_PIDS+=($!); KS_CLUSTER_LOGS+=" $log.decode$i"
     done
     for i in $(seq 1 "$np"); do
         env ${PREFILL_ENV:-} "${KS_SERVE_BIN:-$KS_BIN}" prefill --router 127.0.0.1:$cport \
-            --secret-file "$TMPD/secret" --drain-timeout-ms $((KS_WAIT_S * 10000)) "$@" >"$log.prefill$i.out" 2>"$log.prefill$i" &
+            --secret-file "$TMPD/secret" --drain-timeout-ms $((KS_WAIT_S * 10000)) "$@" ${PREFILL_ARGS:-} >"$log.prefill$i.out" 2>"$log.prefill$i" &
         KS_PREFILL_PIDS+=($!); KS_CLUSTER_LOGS+=" $log.prefill$i"
     done
     KS_CLUSTER_WANT=$((np + nd))

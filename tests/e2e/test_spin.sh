@@ -75,6 +75,7 @@ check_model() {
         n=$((n + 1))
     done
 }
-check_model pd.pml MUTANT_PLACEHOLDER MUTANT_FREE_BEFORE_ACK MUTANT_NO_COVERAGE MUTANT_NO_SCRUB
+check_model pd.pml MUTANT_PLACEHOLDER MUTANT_FREE_BEFORE_ACK MUTANT_NO_COVERAGE MUTANT_NO_SCRUB \
+    MUTANT_FINISH_NO_REASON
 check_model handshake.pml MUTANT_V1_HANDSHAKE MUTANT_NO_KIND_BINDING MUTANT_LINK_REPLACE
 echo "spin: models verified, $n/$n mutants caught"

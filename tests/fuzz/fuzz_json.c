@@ -34,9 +34,8 @@ static void fz__render(const srv_request *r) {
 /* The 404 the server answers for an unknown model (src/server/http.c). */
 static void fz__not_found(srv_route route, const char *name) {
     srv_error err;
-    srv_error_set(&err, 404, "invalid_request_error", "model_not_found", "model",
-                  SRV_REJECT_INVALID, "The model '%s' does not exist; this server serves '%s'",
-                  name, "kjv-mini");
+    srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
+               "The model '%s' does not exist; this server serves '%s'", name, "kjv-mini");
     char *j = srv_error_json(route, &err);
     if (!j) abort(); /* only out-of-memory may fail */
     free(j);

@@ -53,8 +53,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (size_t i = 0; i < ts->n; i++) {
         if (ts->t[i].name[0] == '\0') abort();
         char msg[256];
-        srv_reject rj = srv_tenants_admit(ts, (int)i, 100, 1000000000ull, msg, sizeof msg);
-        if (rj == SRV_REJECT_NONE) srv_tenants_release(ts, (int)i, 10);
+        admit_reason rj = srv_tenants_admit(ts, (int)i, 100, 1000000000ull, msg, sizeof msg);
+        if (rj == ADMIT_OK) srv_tenants_release(ts, (int)i, 10);
     }
     srv_tenants_free(ts);
     return 0;

@@ -160,7 +160,7 @@ static void pd_msg_seeds(void) {
                          .grant = gb, .grant_len = gl};
     ENC(pd_msg_prefill_encode(&pf, toks, b, sizeof b, &n, NULL));
     msg_put("prefill", S_PREFILL, b, n);
-    pd_msg_reject rj = {PD_REJECT_CONTEXT, 400, "too long", 8};
+    pd_msg_reject rj = {ADMIT_CONTEXT_LENGTH, "too long", 8};
     ENC(pd_msg_reject_encode(&rj, b, sizeof b, &n, NULL));
     msg_put("reject", S_REJECT, b, n);
     pd_msg_abort ab = {PD_ABORT_CLIENT_GONE};
@@ -171,7 +171,7 @@ static void pd_msg_seeds(void) {
     pd_msg_token tk = {.token = 5, .logprob = -0.1f, .n_top = 2};
     ENC(pd_msg_token_encode(&tk, top, b, sizeof b, &n, NULL));
     msg_put("token", S_TOKEN, b, n);
-    pd_msg_finish fi = {PD_FINISH_STOP, 20, 7, 0, NULL, 0, 16};
+    pd_msg_finish fi = {PD_FINISH_ERROR, 20, 7, KS_ERR_INVAL, NULL, 0, 16, ADMIT_DRAINING};
     ENC(pd_msg_finish_encode(&fi, b, sizeof b, &n, NULL));
     msg_put("finish", S_FINISH, b, n);
     /* KV_PAGE: geometry index 1 of fuzz_pd_msg.c ({2, 64, 16}), frame_len, header */

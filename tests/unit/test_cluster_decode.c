@@ -12,6 +12,7 @@
  *               fresh (random) epoch
  *   coverage  — DONE covering less than the prompt: FINISH ERROR, no TOKEN (I6;
  *               fails under KS_BROKEN=no_coverage)
+ *   reject    — prefill's REJECT: FINISH carries its reason and message
  *   abort     — router ABORT while GRANTED: ABORT to prefill, pages held in
  *               QUARANTINE until ABORT_ACK (F4; fails under free_before_quiesce)
  *   link_loss — data link closed mid-transfer: FINISH ERROR, pages freed (F5)
@@ -619,6 +620,29 @@ static void phase_coverage(harness *h) {
     expect_clean(h);
 }
 
+/* Prefill's REJECT on the link (F3): the grant is freed at once and the
+ * FINISH carries the REJECT's reason and message, so the router decides the
+ * same whichever of prefill's REJECT and this FINISH reaches it first (a
+ * draining prefill's REJECT used to reach the client as 400 when FINISH won). */
+static void phase_reject(harness *h) {
+    admit(h, 9, N_PROMPT);
+    pd_msg_reject rj = {.reason = ADMIT_DRAINING, .msg = "the prefill worker is shutting down",
+                        .msg_len = 35};
+    uint8_t buf[64];
+    uint32_t len;
+    CHECK(pd_msg_reject_encode(&rj, buf, sizeof buf, &len, NULL) == KS_OK);
+    send1(h->pc, PD_MSG_REJECT, 9, buf, len);
+    wait_for(h, p_finish, 9, "FINISH 9");
+    const rframe *ff = find_rf(h, 9, PD_MSG_FINISH);
+    pd_msg_finish fin;
+    CHECK(pd_msg_finish_decode(ff->data, ff->len, &fin, NULL) == KS_OK);
+    CHECK_EQ(fin.finish, PD_FINISH_ERROR);
+    CHECK_EQ(fin.reason, ADMIT_DRAINING);
+    CHECK(fin.msg_len == 35 && memcmp(fin.msg, rj.msg, 35) == 0);
+    CHECK_EQ(count_rf(h, 9, PD_MSG_TOKEN), 0);
+    expect_clean(h);  // freed directly: nothing quarantined
+}
+
 static void phase_abort(harness *h) {
     admit(h, 3, N_PROMPT);
     router_abort(h, 3, PD_ABORT_CLIENT_GONE);
@@ -690,6 +714,8 @@ int main(void) {
     printf("ok relink\n");
     phase_coverage(h);
     printf("ok coverage\n");
+    phase_reject(h);
+    printf("ok reject\n");
     phase_abort(h);
     printf("ok abort\n");
     phase_link_loss(h);

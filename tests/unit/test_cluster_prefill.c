@@ -237,7 +237,9 @@ static void d_frame(pd_conn *c, void *ud, const pd_frame *f) {
     }
     case PD_MSG_REJECT:
         d_log(h, f->hdr.type, id);
-        pd_recv_reject(h->r, id, EPOCH);
+        pd_msg_reject rj;
+        CHECK_EQ(pd_msg_reject_decode(f->payload, f->payload_len, &rj, NULL), KS_OK);
+        pd_recv_reject(h->r, id, EPOCH, rj.reason, NULL);
         return;
     case PD_MSG_ABORT:
         d_log(h, f->hdr.type, id);
@@ -405,7 +407,7 @@ static void case_reject_context(void) {
     CHECK(run_until(&H.n_reject, rejects + 1, TEST_WAIT_MS));
     run_until(NULL, 0, 100);
     CHECK_EQ(H.reject_req, 102);
-    CHECK_EQ(H.reject_reason, PD_REJECT_CONTEXT);
+    CHECK_EQ(H.reject_reason, ADMIT_CONTEXT_LENGTH);
     CHECK_EQ(count_log(102, PD_MSG_REJECT), 1);
     CHECK_EQ(count_log(102, PD_MSG_KV_PAGE), 0);
     CHECK_EQ(count_log(102, PD_MSG_DONE), 0);
@@ -421,7 +423,7 @@ static void case_reject_stale(void) {
     CHECK(run_until(&H.n_reject, rejects + 1, TEST_WAIT_MS));
     run_until(NULL, 0, 100);
     CHECK_EQ(H.reject_req, 103);
-    CHECK_EQ(H.reject_reason, PD_REJECT_STALE_GRANT);
+    CHECK_EQ(H.reject_reason, ADMIT_STALE_GRANT);
     CHECK_EQ(last_log(103), -1);
     (void)pd_recv_link_closed(H.r, EPOCH + 1000); // that "link" is gone: F5 frees the grant
     CHECK_EQ(pd_recv_state_of(H.r, 103), PD_RECV_FREED);
@@ -494,7 +496,7 @@ static void case_relink(void) {
     start_request(106, 9, 3, old); // a grant of the dead link: STALE_GRANT
     CHECK(run_until(&H.n_reject, rejects + 1, TEST_WAIT_MS));
     CHECK_EQ(H.reject_req, 106);
-    CHECK_EQ(H.reject_reason, PD_REJECT_STALE_GRANT);
+    CHECK_EQ(H.reject_reason, ADMIT_STALE_GRANT);
     (void)pd_recv_link_closed(H.r, old);
     int before = H.n_commit;
     start_request(107, 9, 3, H.epoch);

@@ -8,6 +8,8 @@
  * the exact draw sequence that makes outputs reproducible across machines.
  * This file includes src/engine/sample.c to test its static helpers (the
  * selection against a sort oracle, exp/log against libm). */
+#include "kvseal/admit.h"
+#include "kvseal/engine.h"
 #include "kvseal/sample.h"
 
 #include <float.h>
@@ -1113,6 +1115,68 @@ static void test_stop_errors(void) {
     stop_matcher_destroy(NULL);
 }
 
+/* The request contract's table (admit.h): wire numbers never move, every
+ * entry is complete, names (metric labels) are unique, and the checks refuse
+ * with the right reason and the OpenAI text. */
+static void test_admit(void) {
+    // append-only: these are REJECT's wire values and must never change
+    CHECK_EQ(ADMIT_CONTEXT_LENGTH, 1);
+    CHECK_EQ(ADMIT_KV_CAPACITY, 2);
+    CHECK_EQ(ADMIT_INVALID, 3);
+    CHECK_EQ(ADMIT_STALE_GRANT, 4);
+    CHECK_EQ(ADMIT_ABORTED, 5);
+    CHECK_EQ(ADMIT_DRAINING, 6);
+    CHECK_EQ(ADMIT_INTERNAL, 10);
+    CHECK_EQ(ADMIT_WIRE_MAX, 10);
+    for (int r = 1; r < ADMIT__COUNT; r++) {
+        const admit_info *in = admit_reason_info((admit_reason)r);
+        CHECK(in->name && in->type && in->code && in->msg && in->msg[0]);
+        CHECK(in->http_status >= 400 && in->http_status <= 599);
+        CHECK(in->workers_code >= 400);
+        CHECK(in->err != KS_OK);
+        for (int q = 1; q < r; q++) CHECK(strcmp(in->name, admit_reason_info((admit_reason)q)->name) != 0);
+    }
+    CHECK(admit_reason_info(ADMIT__COUNT) == admit_reason_info(ADMIT_INTERNAL));
+    ks_errbuf eb;
+    CHECK_EQ(admit_refuse(&eb, ADMIT_BUSY, "%d waiting", 3), KS_ERR_AGAIN);
+    CHECK_EQ(eb.reason, ADMIT_BUSY);
+    CHECK_STR_EQ(eb.msg, "3 waiting");
+    CHECK_EQ(admit_refuse(&eb, ADMIT_OFFLINE, NULL), KS_ERR_AGAIN);
+    CHECK_STR_EQ(eb.msg, "the model is offline");
+    ks_seterr(&eb, KS_ERR_IO, "x");  // not a refusal: no reason left behind
+    CHECK_EQ(eb.reason, 0);
+
+    admit_limits lim = {.n_ctx = 64, .n_vocab = 100, .page_tokens = 16, .max_pages = 3};
+    CHECK_EQ(admit_lengths(&lim, 0, 4, &eb), KS_ERR_INVAL);
+    CHECK_EQ(eb.reason, ADMIT_INVALID);
+    CHECK_EQ(admit_lengths(&lim, 4, 0, &eb), KS_ERR_INVAL);
+    CHECK_STR_HAS(eb.msg, "max_tokens must be at least 1");
+    CHECK_EQ(admit_lengths(&lim, 60, 5, &eb), KS_ERR_INVAL);
+    CHECK_EQ(eb.reason, ADMIT_CONTEXT_LENGTH);
+    CHECK_STR_HAS(eb.msg, "maximum context length is 64 tokens. However, you requested 65 tokens");
+    CHECK_EQ(admit_lengths(&lim, 40, 9, &eb), KS_ERR_NOSPACE);  // 49 tokens: 4 pages of 16 > 3
+    CHECK_EQ(eb.reason, ADMIT_KV_CAPACITY);
+    CHECK_EQ(admit_lengths(&lim, 40, 8, &eb), KS_OK);
+    lim.prompt_only = true;  // a prefill worker holds the prompt only
+    CHECK_EQ(admit_lengths(&lim, 48, 16, &eb), KS_OK);
+    CHECK_EQ(admit_lengths(&lim, 49, 1, &eb), KS_ERR_NOSPACE);
+    int32_t toks[3] = {1, 100, 2};
+    engine_params p = {.prompt = toks, .n_prompt = 3, .max_tokens = 2};
+    sample_params_default(&p.sp);
+    admit_admitted ad;
+    CHECK_EQ(admit_request(&lim, &p, &ad, &eb), KS_ERR_INVAL);
+    CHECK_EQ(eb.reason, ADMIT_INVALID);
+    CHECK_STR_HAS(eb.msg, "prompt token 1: id 100 out of range");
+    toks[1] = 99;
+    p.sp.top_p = 0;
+    CHECK_EQ(admit_request(&lim, &p, &ad, &eb), KS_ERR_INVAL);
+    CHECK_EQ(eb.reason, ADMIT_INVALID);
+    CHECK_STR_HAS(eb.msg, "top_p");
+    p.sp.top_p = 1;
+    CHECK_EQ(admit_request(&lim, &p, &ad, &eb), KS_OK);
+    CHECK(ad.prompt == toks && ad.n_prompt == 3 && ad.max_tokens == 2);
+}
+
 int main(void) {
 #define RUN(t)                                                           \
     do {                                                                 \
@@ -1120,6 +1184,7 @@ int main(void) {
         t();                                                             \
         fprintf(stderr, "%-36s %6.0f ms\n", #t, (now_s() - t0_) * 1e3); \
     } while (0)
+    RUN(test_admit);
     RUN(test_params_validate);
     RUN(test_greedy_argmax);
     RUN(test_topk1_equals_greedy);

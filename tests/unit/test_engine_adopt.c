@@ -15,6 +15,7 @@
  * event, frees it and finds the pool all free and scrubbed); poll runs on
  * one thread and poll_end exactly once, last; engine_adopt outside poll is a
  * programmer error (asserted). */
+#include "kvseal/admit.h"
 #include "kvseal/engine.h"
 #include "kvseal/kern.h"
 
@@ -49,6 +50,7 @@ typedef struct job {
     // results (hook -> test)
     ks_err err;
     char errmsg[KS_ERRMSG_CAP];
+    uint16_t reason; /* the refusal's admit_reason */
     engine_req *req;
     kv_seq seq;            // borrowed by the engine while req runs
     bool has_seq;
@@ -114,6 +116,7 @@ static void hook_adopt(hook *h, engine *e, job *j) {
     ks_errbuf_clear(&eb);
     j->err = engine_adopt(e, &a, &j->req, &eb);
     snprintf(j->errmsg, sizeof j->errmsg, "%s", eb.msg);
+    j->reason = j->err ? eb.reason : 0;
     if (j->err) {  // refused: nothing refers to the sequence; the worker frees it
         CHECK(!j->req);
         kv_seq_release(pool, &j->seq);
@@ -492,36 +495,42 @@ static void test_invalid(hook *h) {
     j.reserve = (uint32_t)n + 1;
     hook_cmd(h, &j, NULL);
     CHECK_EQ(j.err, KS_ERR_INVAL);
+    CHECK_EQ(j.reason, ADMIT_INVALID);
     CHECK_STR_HAS(j.errmsg, "max_tokens must be at least 1");
 
     j = make_job(ids, n, 4, &sp, false);
     j.force_first = g_V;
     hook_cmd(h, &j, NULL);
-    CHECK_EQ(j.err, KS_ERR_INVAL);
+    CHECK_EQ(j.err, KS_ERR_INTERNAL);  // a decode worker's peer broke the protocol
+    CHECK_EQ(j.reason, ADMIT_INTERNAL);
     CHECK_STR_HAS(j.errmsg, "out of range");
 
     j = make_job(ids, n, N_CTX, &sp, false);  // n + N_CTX > n_ctx
     j.reserve = (uint32_t)n + 16;
     hook_cmd(h, &j, NULL);
     CHECK_EQ(j.err, KS_ERR_INVAL);
+    CHECK_EQ(j.reason, ADMIT_CONTEXT_LENGTH);
     CHECK_STR_HAS(j.errmsg, "maximum context length is 512 tokens");
 
     j = make_job(ids, n, 64, &sp, false);  // the sequence lacks room for max_tokens
     j.reserve = (uint32_t)n + 1;
     hook_cmd(h, &j, NULL);
-    CHECK_EQ(j.err, KS_ERR_INVAL);
+    CHECK_EQ(j.err, KS_ERR_INTERNAL);
+    CHECK_EQ(j.reason, ADMIT_INTERNAL);
     CHECK_STR_HAS(j.errmsg, "room for");
 
     j = make_job(ids, n, 4, &sp, false);
     j.bad_sp = true;
     hook_cmd(h, &j, NULL);
     CHECK_EQ(j.err, KS_ERR_INVAL);
+    CHECK_EQ(j.reason, ADMIT_INVALID);
     CHECK_STR_HAS(j.errmsg, "top_p must be in (0, 1]");
 
     j = make_job(ids, n, 4, &sp, false);  // replaying 2^63 draws would stall the scheduler
     j.huge_draws = true;
     hook_cmd(h, &j, NULL);
-    CHECK_EQ(j.err, KS_ERR_INVAL);
+    CHECK_EQ(j.err, KS_ERR_INTERNAL);
+    CHECK_EQ(j.reason, ADMIT_INTERNAL);
     CHECK_STR_HAS(j.errmsg, "rng_draws");
 
     // nothing was adopted, and every refused sequence was freed by the hook

@@ -202,7 +202,7 @@ static uint32_t sample(uint16_t t, uint8_t *buf, size_t cap) {
         break;
     }
     case PD_MSG_REJECT: {
-        pd_msg_reject m = {PD_REJECT_CONTEXT, 400, "too long", 8};
+        pd_msg_reject m = {ADMIT_CONTEXT_LENGTH, "too long", 8};
         e = pd_msg_reject_encode(&m, buf, cap, &n, &eb);
         break;
     }
@@ -218,7 +218,7 @@ static uint32_t sample(uint16_t t, uint8_t *buf, size_t cap) {
         break;
     }
     case PD_MSG_FINISH: {
-        pd_msg_finish m = {PD_FINISH_ERROR, 60, 17, KS_ERR_PROTO, "handoff failed", 14, 16};
+        pd_msg_finish m = {PD_FINISH_ERROR, 60, 17, KS_ERR_PROTO, "handoff failed", 14, 16, 0};
         e = pd_msg_finish_encode(&m, buf, cap, &n, &eb);
         break;
     }
@@ -290,7 +290,7 @@ static void test_names_and_bounds(void) {
     CHECK_EQ(tm[PD_MSG_ABORT], 4);
     CHECK_EQ(tm[PD_MSG_ABORT_ACK], 0);
     CHECK_EQ(tm[PD_MSG_TOKEN], 12 + 8 * 64);
-    CHECK_EQ(tm[PD_MSG_FINISH], 536);
+    CHECK_EQ(tm[PD_MSG_FINISH], 540);
     CHECK_EQ(tm[PD_MSG_ERROR], 520);
     /* every sample fits its bound */
     static uint8_t buf[4096];
@@ -552,13 +552,13 @@ static void test_round_trip_small(void) {
         CHECK_EQ(pd_msg_deny_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
     }
     {
-        pd_msg_reject m = {PD_REJECT_DRAINING, 503, TEXT512, 512}, r;
+        pd_msg_reject m = {ADMIT_DRAINING, TEXT512, 512}, r;
         CHECK_EQ(pd_msg_reject_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
         CHECK_EQ(n, 524);
         CHECK_EQ(pd_msg_reject_decode(buf, n, &r, &eb), KS_OK);
-        CHECK(r.reason == 6 && r.http_status == 503 && r.msg_len == 512);
+        CHECK(r.reason == 6 && r.msg_len == 512);
         CHECK_MEM_EQ(r.msg, TEXT512, 512);
-        m.http_status = 500;
+        m.reason = ADMIT_TENANT_RATE;  // an HTTP-front reason never travels
         CHECK_EQ(pd_msg_reject_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
     }
     {
@@ -608,9 +608,9 @@ static void test_round_trip_small(void) {
         CHECK_STR_HAS(eb.msg, "reserved");
     }
     {
-        pd_msg_finish m = {PD_FINISH_STOP, 60, 100, 0, TEXT512, 512, 48}, r;
+        pd_msg_finish m = {PD_FINISH_STOP, 60, 100, 0, TEXT512, 512, 48, 0}, r;
         CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
-        CHECK_EQ(n, 536);
+        CHECK_EQ(n, 540);
         CHECK_EQ(pd_msg_finish_decode(buf, n, &r, &eb), KS_OK);
         CHECK(r.finish == 1 && r.n_prompt == 60 && r.n_gen == 100 && r.err == 0 &&
               r.msg_len == 512 && r.n_cached == 48);
@@ -621,6 +621,16 @@ static void test_round_trip_small(void) {
         CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
         m.finish = PD_FINISH_ABORT;
         CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
+        m.reason = ADMIT_DRAINING;  // a refusal travels with an ERROR/ABORT
+        CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
+        CHECK_EQ(pd_msg_finish_decode(buf, n, &r, &eb), KS_OK);
+        CHECK_EQ(r.reason, ADMIT_DRAINING);
+        m.reason = ADMIT_WIRE_MAX + 1;  // an HTTP-front reason never travels
+        CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
+        m.reason = ADMIT_BUSY;
+        m.finish = PD_FINISH_LENGTH;
+        m.err = 0;
+        CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
     }
     {
         pd_msg_error m = {KS_ERR_PROTO, TEXT512, 512}, r;
@@ -800,12 +810,11 @@ static void test_length_fields(void) {
     struct {
         uint16_t type;
         uint32_t fixed, off;
-    } tx[] = {{PD_MSG_DENY, 8, 4}, {PD_MSG_REJECT, 12, 8}, {PD_MSG_FINISH, 24, 20},
+    } tx[] = {{PD_MSG_DENY, 8, 4}, {PD_MSG_REJECT, 12, 8}, {PD_MSG_FINISH, 28, 20},
               {PD_MSG_ERROR, 8, 4}};
     for (size_t i = 0; i < 4; i++) {
         memset(big, 0, sizeof big);
         pd_store_u32(big, 1);
-        pd_store_u16(big + 4, tx[i].type == PD_MSG_REJECT ? 400 : 0);
         pd_store_u32(big + tx[i].off, 513);
         REJECTS(tx[i].type, big, tx[i].fixed + 513, "msg_len 513 exceeds 512");
         pd_store_u32(big + tx[i].off, 512); /* the boundary itself is fine */
@@ -878,13 +887,10 @@ static void test_enums_and_ranges(void) {
     n = sample(PD_MSG_REJECT, buf, sizeof buf);
     put_u32(cp, buf, n, 0, 0);
     REJECTS(PD_MSG_REJECT, cp, n, "reason 0");
-    put_u32(cp, buf, n, 0, 7);
-    REJECTS(PD_MSG_REJECT, cp, n, "reason 7");
+    put_u32(cp, buf, n, 0, ADMIT_WIRE_MAX + 1);
+    REJECTS(PD_MSG_REJECT, cp, n, "reason 11");
     memcpy(cp, buf, n);
-    pd_store_u16(cp + 4, 200);
-    REJECTS(PD_MSG_REJECT, cp, n, "http_status 200");
-    memcpy(cp, buf, n);
-    pd_store_u16(cp + 6, 0xbeef); /* reserved */
+    pd_store_u32(cp + 4, 0xbeef); /* reserved */
     CHECK_EQ(dec_any(PD_MSG_REJECT, cp, n, &eb), KS_OK);
 
     n = sample(PD_MSG_ABORT, buf, sizeof buf);

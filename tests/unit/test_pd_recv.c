@@ -427,7 +427,7 @@ static void test_router_abort_waits_for_ack(void) {
     CHECK_EQ(pd_recv_admit(h.r, 7, &aa, &gb, &gl, &deny, NULL), KS_ERR_NOSPACE);
     // frames in ABORTING are discarded and free nothing
     CHECK(!done(&h, &gr, 8));
-    pd_recv_reject(h.r, 6, EP);
+    pd_recv_reject(h.r, 6, EP, ADMIT_CONTEXT_LENGTH, NULL);
     pd_recv_prefill_abort(h.r, 6, EP);
     CHECK(!pd_recv_abort(h.r, 6, PD_ABORT_CLIENT_GONE));  // duplicate router abort
     CHECK_EQ(count_ev(&h, PD_RECV_EV_ABORT), 1);
@@ -450,7 +450,7 @@ static void test_router_abort_waits_for_ack(void) {
     CHECK(kv_pool_all_free_and_scrubbed(h.pool));
     pd_recv_abort_ack(h.r, 6, EP);  // a duplicate ACK: dropped
     CHECK_EQ(pd_recv_admit(h.r, 7, &aa, &gb, &gl, &deny, NULL), KS_OK);  // now it fits
-    pd_recv_reject(h.r, 7, EP);
+    pd_recv_reject(h.r, 7, EP, ADMIT_CONTEXT_LENGTH, NULL);
     h_fini(&h);
 }
 
@@ -461,16 +461,16 @@ static void test_reject_frees_directly(void) {
     h_init(&h);
     uint32_t free0 = kv_pool_n_free(h.pool);
     granted gr = admit(&h, 8, 5, 1, EP);
-    pd_recv_reject(h.r, 8, EP2);
+    pd_recv_reject(h.r, 8, EP2, ADMIT_CONTEXT_LENGTH, NULL);
     CHECK_EQ(pd_recv_state_of(h.r, 8), PD_RECV_GRANTED);
-    pd_recv_reject(h.r, 8, EP);
+    pd_recv_reject(h.r, 8, EP, ADMIT_CONTEXT_LENGTH, NULL);
     CHECK_EQ(pd_recv_state_of(h.r, 8), PD_RECV_FREED);
     CHECK_EQ(kv_pool_n_free(h.pool), free0);
     CHECK_EQ(n_state(&h, KV_PAGE_QUARANTINE), 0);
     const pd_recv_ev *f = last_ev(&h, PD_RECV_EV_FINISH);
     CHECK(f && f->req_id == 8 && f->finish == PD_FINISH_ERROR);
     CHECK_EQ(count_ev(&h, PD_RECV_EV_ABORT), 0);
-    pd_recv_reject(h.r, 8, EP);  // second REJECT: dropped
+    pd_recv_reject(h.r, 8, EP, ADMIT_CONTEXT_LENGTH, NULL);  // second REJECT: dropped
     CHECK_EQ(count_ev(&h, PD_RECV_EV_FINISH), 1);
     // ABORT from prefill while RECEIVING
     granted g2 = admit(&h, 9, 9, 1, EP);

@@ -46,6 +46,8 @@ typedef struct {
     int computes;
     uint32_t compute_from; /* seq->n_tokens at the last compute (prefix-cached tokens) */
     bool compute_fail;
+    uint32_t n_ctx;        /* what fake_admit allows */
+    kv_prefix *prefix;     /* test_prefix_cache's cache (prefix_reserve) */
     pd_recv_ev ev[64];
     int n_ev;
 } harness;
@@ -106,6 +108,27 @@ static ks_err fake_compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t 
     return KS_OK;
 }
 
+/* Stands in for the request contract (admit.h, which cluster/prefill.c
+ * calls): refuses as admit_refuse would, with the reason in eb. */
+static ks_err refuse(ks_errbuf *eb, ks_err code, admit_reason r, const char *msg) {
+    ks_seterr(eb, code, "%s", msg);
+    eb->reason = (uint16_t)r;
+    return code;
+}
+
+static ks_err fake_admit(void *ctx, const int32_t *toks, uint32_t n, const pd_msg_sampling *sp,
+                         ks_errbuf *eb) {
+    harness *h = ctx;
+    if ((uint64_t)n + sp->max_tokens > h->n_ctx)
+        return refuse(eb, KS_ERR_INVAL, ADMIT_CONTEXT_LENGTH, "context length exceeded");
+    for (uint32_t i = 0; i < n; i++)
+        if (toks[i] < 0 || toks[i] >= (int32_t)N_VOCAB)
+            return refuse(eb, KS_ERR_INVAL, ADMIT_INVALID, "token id out of range");
+    if ((n + (uint32_t)G.page_tokens - 1) / (uint32_t)G.page_tokens > PRE_PAGES)
+        return refuse(eb, KS_ERR_NOSPACE, ADMIT_KV_CAPACITY, "the prompt does not fit the pool");
+    return KS_OK;
+}
+
 static void on_ev(void *ctx, const pd_recv_ev *ev) {
     harness *h = ctx;
     CHECK(h->n_ev < 64);
@@ -124,9 +147,10 @@ static void h_init(harness *h, uint32_t send_n_ctx) {
     pd_recv_cfg rc = {.n_ctx = 0, .emit = on_ev, .emit_ctx = h, .clock = fake_clock,
                       .clock_ctx = h};
     CHECK(pd_recv_create(h->dpool, &rc, &h->r, NULL) == KS_OK);
-    pd_send_cfg sc = {.n_ctx = send_n_ctx, .n_vocab = N_VOCAB, .tombstone_ms = 60000,
-                      .emit = on_frame, .emit_ctx = h, .compute = fake_compute,
-                      .compute_ctx = h, .clock = fake_clock, .clock_ctx = h};
+    h->n_ctx = send_n_ctx;
+    pd_send_cfg sc = {.tombstone_ms = 60000, .emit = on_frame, .emit_ctx = h, .admit = fake_admit,
+                      .admit_ctx = h, .compute = fake_compute, .compute_ctx = h,
+                      .clock = fake_clock, .clock_ctx = h};
     CHECK(pd_send_create(h->ppool, &sc, &h->s, NULL) == KS_OK);
     CHECK(pd_send_link_up(h->s, W, EP, NULL) == KS_OK);
 }
@@ -249,7 +273,7 @@ static void deliver(harness *h, int from) {
         case PD_MSG_REJECT: {
             pd_msg_reject rj;
             CHECK(pd_msg_reject_decode(f->data, (uint32_t)f->len, &rj, NULL) == KS_OK);
-            pd_recv_reject(h->r, f->req_id, f->epoch);
+            pd_recv_reject(h->r, f->req_id, f->epoch, rj.reason, NULL);
             break;
         }
         case PD_MSG_ABORT:
@@ -454,7 +478,21 @@ static uint32_t run_one(harness *h, uint64_t req_id, uint32_t n_prompt) {
     return done_cached(h, req_id);
 }
 
-/* cfg.prefix (I7): a repeated prompt of the same domain attaches its full
+/* A cache policy as cluster/prefill.c's: attach under the domain, reserve. */
+static ks_err prefix_reserve(void *ctx, kv_pool *pool, const uint8_t domain[32], const int32_t *toks,
+                             uint32_t n, kv_seq *seq, ks_errbuf *eb) {
+    harness *h = ctx;
+    (void)kv_prefix_attach(h->prefix, domain, toks, n, seq);
+    return kv_seq_reserve(pool, seq, n, eb);
+}
+
+static void prefix_computed(void *ctx, kv_pool *pool, const uint8_t domain[32], const int32_t *toks,
+                            uint32_t n, kv_seq *seq) {
+    (void)pool;
+    kv_prefix_publish(((harness *)ctx)->prefix, domain, toks, n, seq);
+}
+
+/* cfg.reserve/computed with a prefix cache (I7): a repeated prompt of the same domain attaches its full
  * pages (never the page holding the last token), compute starts after them,
  * decode still receives exactly the KV a full compute gives and DONE says
  * how many tokens were cached; another domain's identical prompt gets
@@ -465,9 +503,11 @@ static void test_prefix_cache(void) {
     pd_send_destroy(h.s);
     kv_prefix *pc;
     CHECK(kv_prefix_create(h.ppool, 4, &pc, NULL) == KS_OK);
-    pd_send_cfg sc = {.n_ctx = N_CTX, .n_vocab = N_VOCAB, .tombstone_ms = 60000,
-                      .emit = on_frame, .emit_ctx = &h, .compute = fake_compute,
-                      .compute_ctx = &h, .clock = fake_clock, .clock_ctx = &h, .prefix = pc};
+    h.prefix = pc;
+    pd_send_cfg sc = {.tombstone_ms = 60000, .emit = on_frame, .emit_ctx = &h, .admit = fake_admit,
+                      .admit_ctx = &h, .reserve = prefix_reserve, .computed = prefix_computed,
+                      .reserve_ctx = &h, .compute = fake_compute, .compute_ctx = &h,
+                      .clock = fake_clock, .clock_ctx = &h};
     CHECK(pd_send_create(h.ppool, &sc, &h.s, NULL) == KS_OK);
     CHECK(pd_send_link_up(h.s, W, EP, NULL) == KS_OK);
     g_domain = 1;
@@ -525,13 +565,7 @@ static void test_revalidation_rejects(void) {
     uint32_t len = prefill_payload(10, 60, grant, gl, toks, buf, sizeof buf);
     CHECK(pd_send_prefill(h.s, 31, buf, len, &st, NULL) == KS_OK);
     CHECK_EQ(st, PD_SEND_REJECTED);
-    expect_reject_only(&h, 31, PD_REJECT_CONTEXT, 1);
-    for (int i = 0; i < h.n; i++)
-        if (h.f[i].req_id == 31 && h.f[i].epoch == PD_SEND_ROUTER) {
-            pd_msg_reject rj;
-            CHECK(pd_msg_reject_decode(h.f[i].data, (uint32_t)h.f[i].len, &rj, NULL) == KS_OK);
-            CHECK_EQ(rj.http_status, 400);
-        }
+    expect_reject_only(&h, 31, ADMIT_CONTEXT_LENGTH, 1);
 
     // bad token ids: one past the vocabulary, and negative
     gl = admit(&h, 32, 6, 2, EP, grant, sizeof grant);
@@ -539,12 +573,12 @@ static void test_revalidation_rejects(void) {
     len = prefill_payload(6, 2, grant, gl, toks, buf, sizeof buf);
     CHECK(pd_send_prefill(h.s, 32, buf, len, &st, NULL) == KS_OK);
     CHECK_EQ(st, PD_SEND_REJECTED);
-    expect_reject_only(&h, 32, PD_REJECT_INVALID, 1);
+    expect_reject_only(&h, 32, ADMIT_INVALID, 1);
     gl = admit(&h, 33, 6, 2, EP, grant, sizeof grant);
     toks[3] = -1;
     len = prefill_payload(6, 2, grant, gl, toks, buf, sizeof buf);
     CHECK(pd_send_prefill(h.s, 33, buf, len, &st, NULL) == KS_OK);
-    expect_reject_only(&h, 33, PD_REJECT_INVALID, 1);
+    expect_reject_only(&h, 33, ADMIT_INVALID, 1);
     toks[3] = tok_of(3);
 
     // inconsistent grant: entry 0's first_token moved (layout intact)
@@ -552,13 +586,13 @@ static void test_revalidation_rejects(void) {
     grant[PD_MSG_GRANT_FIXED + 4] = 1;
     len = prefill_payload(6, 2, grant, gl, toks, buf, sizeof buf);
     CHECK(pd_send_prefill(h.s, 34, buf, len, &st, NULL) == KS_OK);
-    expect_reject_only(&h, 34, PD_REJECT_INVALID, 1);
+    expect_reject_only(&h, 34, ADMIT_INTERNAL, 1);
 
     // prompt larger than prefill's own pool (48 tokens)
     gl = admit(&h, 35, 52, 1, EP, grant, sizeof grant);
     len = prefill_payload(52, 1, grant, gl, toks, buf, sizeof buf);
     CHECK(pd_send_prefill(h.s, 35, buf, len, &st, NULL) == KS_OK);
-    expect_reject_only(&h, 35, PD_REJECT_NOSPACE, 1);
+    expect_reject_only(&h, 35, ADMIT_KV_CAPACITY, 1);
 
     CHECK_EQ(h.computes, 0);
     // decode: every REJECT frees its grant directly (F3)
@@ -591,7 +625,7 @@ static void test_stale_epoch(void) {
     CHECK(pd_send_prefill(h.s, 41, buf, len, &st, NULL) == KS_OK);
     CHECK_EQ(st, PD_SEND_REJECTED);
     // the grant's link is down: REJECT to the router only, nothing on EP2
-    expect_reject_only(&h, 41, PD_REJECT_STALE_GRANT, 0);
+    expect_reject_only(&h, 41, ADMIT_STALE_GRANT, 0);
     CHECK_EQ(h.computes, 0);
     CHECK_EQ(pd_recv_link_closed(h.r, EP), 1); // decode's F5
     // no link at all to that worker: STALE as well
@@ -599,7 +633,7 @@ static void test_stale_epoch(void) {
     gl = admit(&h, 42, 8, 2, EP2, grant, sizeof grant);
     len = prefill_payload(8, 2, grant, gl, toks, buf, sizeof buf);
     CHECK(pd_send_prefill(h.s, 42, buf, len, &st, NULL) == KS_OK);
-    expect_reject_only(&h, 42, PD_REJECT_STALE_GRANT, 0);
+    expect_reject_only(&h, 42, ADMIT_STALE_GRANT, 0);
     CHECK_EQ(pd_recv_link_closed(h.r, EP2), 1);
     h_fini(&h);
 }
@@ -704,7 +738,7 @@ static void test_abort_before_prefill(void) {
     CHECK_EQ(h.f[h.n - 1].epoch, PD_SEND_ROUTER);
     pd_msg_reject rj;
     CHECK(pd_msg_reject_decode(h.f[h.n - 1].data, (uint32_t)h.f[h.n - 1].len, &rj, NULL) == KS_OK);
-    CHECK_EQ(rj.reason, PD_REJECT_ABORTED);
+    CHECK_EQ(rj.reason, ADMIT_ABORTED);
     CHECK_EQ(last_link_frame(&h, 71), 0); // the ACK stays the last frame on the link
     // router ABORT for an unknown req_id: tombstone only, no frame
     pd_send_abort(h.s, 72, 0, PD_SEND_ROUTER);

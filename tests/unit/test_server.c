@@ -243,7 +243,7 @@ static void test_prompt_bound(void) {
     CHECK_EQ(e.status, 400);
     CHECK_STR_EQ(e.code, "context_length_exceeded");
     CHECK_STR_EQ(e.param, "prompt");
-    CHECK_EQ(e.reject, SRV_REJECT_CONTEXT_LENGTH);
+    CHECK_EQ(e.reason, ADMIT_CONTEXT_LENGTH);
     CHECK_STR_HAS(e.msg, "maximum context length is 512 tokens");
     CHECK_STR_HAS(e.msg, "at least 512 in the prompt of 7155 bytes");
     CHECK(srv_prompt_fits(512, 511 * 14, 14, -1, SRV_ROUTE_CHAT, &e));
@@ -264,7 +264,8 @@ static void check_framing(const char *const *hdrs, int status, const char *code)
     if (!ok) {
         CHECK_EQ(e.status, status);
         CHECK_STR_EQ(e.code, code);
-        CHECK_EQ(e.reject, SRV_REJECT_INVALID);
+        CHECK(e.reason != ADMIT_OK);
+        CHECK_EQ(admit_reason_info(e.reason)->http_status, status);
     }
 }
 
@@ -304,8 +305,8 @@ static void test_framing(void) {
 
 static void test_error_shapes(void) {
     srv_error e;
-    srv_error_set(&e, 400, "invalid_request_error", "context_length_exceeded", "messages",
-                  SRV_REJECT_CONTEXT_LENGTH, "limit is %d tokens", 512);
+    srv_refuse(&e, ADMIT_CONTEXT_LENGTH, "messages", "limit is %d tokens", 512);
+    CHECK_EQ(e.status, 400);
     char *s = srv_error_json(SRV_ROUTE_CHAT, &e);
     json_error_t je;
     json_t *j = json_loads(s, 0, &je);
@@ -319,23 +320,30 @@ static void test_error_shapes(void) {
     json_decref(j);
     free(s);
     // param and code null when absent
-    srv_error_set(&e, 401, "invalid_request_error", NULL, NULL, SRV_REJECT_AUTH, "no key");
+    srv_fail(&e, 499, NULL, "gone");
     s = srv_error_json(SRV_ROUTE_COMPLETIONS, &e);
-    CHECK_STR_EQ(s, "{\"error\":{\"message\":\"no key\",\"type\":\"invalid_request_error\","
+    CHECK_STR_EQ(s, "{\"error\":{\"message\":\"gone\",\"type\":\"invalid_request_error\","
                     "\"param\":null,\"code\":null}}");
+    CHECK_EQ(e.reason, ADMIT_OK);  // a failure, not a refusal: not counted as one
     free(s);
-    // Workers AI shape
-    srv_error_set(&e, 503, "server_error", "model_offline", NULL, SRV_REJECT_OFFLINE, "offline");
+    // Workers AI shape: its documented code where there is one, else the status
+    srv_refuse(&e, ADMIT_OFFLINE, NULL, "offline");
     s = srv_error_json(SRV_ROUTE_WORKERS, &e);
     CHECK_STR_EQ(s, "{\"result\":null,\"success\":false,\"errors\":[{\"code\":503,"
                     "\"message\":\"offline\"}],\"messages\":[]}");
+    free(s);
+    srv_refuse(&e, ADMIT_TOO_LARGE, NULL, NULL);
+    CHECK_EQ(e.status, 413);
+    s = srv_error_json(SRV_ROUTE_WORKERS, &e);
+    CHECK_STR_EQ(s, "{\"result\":null,\"success\":false,\"errors\":[{\"code\":3006,"
+                    "\"message\":\"the request is too large\"}],\"messages\":[]}");
     free(s);
     // Client bytes in a message (found by fuzz_json): a model name from the
     // URL need not be UTF-8, and a long one is cut, maybe inside a character.
     // Both used to make srv_error_json fail, so the client got 500 "out of
     // memory" instead of 404.
-    srv_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
-                  SRV_REJECT_INVALID, "The model '%s' does not exist", "a\xff\xc3(b\xed\xa0\x80");
+    srv_refuse(&e, ADMIT_MODEL_NOT_FOUND, "model", "The model '%s' does not exist",
+               "a\xff\xc3(b\xed\xa0\x80");
     CHECK_STR_EQ(e.msg, "The model 'a?\?(b?\?\?' does not exist"); /* \?: no trigraphs */
     s = srv_error_json(SRV_ROUTE_WORKERS, &e);
     CHECK(s != NULL);
@@ -344,14 +352,13 @@ static void test_error_shapes(void) {
     name[0] = 'x';
     for (int i = 1; i + 2 < (int)sizeof name; i += 2) name[i] = '\xc3', name[i + 1] = '\xa9';
     name[sizeof name - 1] = '\0';
-    srv_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
-                  SRV_REJECT_INVALID, "The model '%s' does not exist", name);
+    srv_refuse(&e, ADMIT_MODEL_NOT_FOUND, "model", "The model '%s' does not exist", name);
     CHECK_EQ(strlen(e.msg), sizeof e.msg - 1);
     CHECK_EQ(e.msg[sizeof e.msg - 2], '?'); /* 0xc3 of the split 'é' */
     s = srv_error_json(SRV_ROUTE_CHAT, &e);
     CHECK(s != NULL);
     free(s);
-    CHECK_STR_EQ(srv_reject_name(SRV_REJECT_TENANT_RATE), "tenant_rate");
+    CHECK_STR_EQ(admit_reason_info(ADMIT_TENANT_RATE)->name, "tenant_rate");
     CHECK_STR_EQ(srv_finish_name(ENGINE_FINISH_LENGTH), "length");
     CHECK(srv_finish_name(ENGINE_FINISH_ABORT) == NULL);
 }
@@ -433,31 +440,31 @@ static void test_tenants(void) {
     // concurrency: two admitted, the third refused until one ends
     char msg[256];
     uint64_t t0 = 1000000000ull;
-    CHECK_EQ(srv_tenants_admit(ts, 0, 100, t0, msg, sizeof msg), SRV_REJECT_NONE);
-    CHECK_EQ(srv_tenants_admit(ts, 0, 100, t0, msg, sizeof msg), SRV_REJECT_NONE);
-    CHECK_EQ(srv_tenants_admit(ts, 0, 100, t0, msg, sizeof msg), SRV_REJECT_TENANT_CONCURRENCY);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 100, t0, msg, sizeof msg), ADMIT_OK);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 100, t0, msg, sizeof msg), ADMIT_OK);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 100, t0, msg, sizeof msg), ADMIT_TENANT_CONCURRENCY);
     CHECK_STR_HAS(msg, "limit 2");
     // the other tenant is unaffected (no limits)
     for (int i = 0; i < 10; i++)
-        CHECK_EQ(srv_tenants_admit(ts, 1, 1000000, t0, msg, sizeof msg), SRV_REJECT_NONE);
+        CHECK_EQ(srv_tenants_admit(ts, 1, 1000000, t0, msg, sizeof msg), ADMIT_OK);
     for (int i = 0; i < 10; i++)
         srv_tenants_release(ts, 1, 0);
     srv_tenants_release(ts, 0, 0);   // used everything: 400 left
     srv_tenants_release(ts, 0, 100); // refunded: 500 left
     CHECK_NEAR(ts->t[0].bucket, 500, 1e-9);
     // token bucket: 500 available, 501 refused, larger than the limit says so
-    CHECK_EQ(srv_tenants_admit(ts, 0, 501, t0, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 501, t0, msg, sizeof msg), ADMIT_TENANT_RATE);
     CHECK_STR_HAS(msg, "600 tokens per minute");
-    CHECK_EQ(srv_tenants_admit(ts, 0, 601, t0, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 601, t0, msg, sizeof msg), ADMIT_TENANT_RATE);
     CHECK_STR_HAS(msg, "lower max_tokens");
-    CHECK_EQ(srv_tenants_admit(ts, 0, 500, t0, msg, sizeof msg), SRV_REJECT_NONE);
-    CHECK_EQ(srv_tenants_admit(ts, 0, 1, t0, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 500, t0, msg, sizeof msg), ADMIT_OK);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 1, t0, msg, sizeof msg), ADMIT_TENANT_RATE);
     // refill: 600/min = 10 per second; capped at the limit
-    CHECK_EQ(srv_tenants_admit(ts, 0, 10, t0 + 1000000000ull, msg, sizeof msg), SRV_REJECT_NONE);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 10, t0 + 1000000000ull, msg, sizeof msg), ADMIT_OK);
     srv_tenants_release(ts, 0, 0);
     srv_tenants_release(ts, 0, 0);
     CHECK_EQ(srv_tenants_admit(ts, 0, 600, t0 + 3600000000000ull, msg, sizeof msg),
-             SRV_REJECT_NONE);
+             ADMIT_OK);
     CHECK_NEAR(ts->t[0].bucket, 0, 1e-6);
     srv_tenants_release(ts, 0, 0);
     CHECK_EQ(ts->t[0].running, 0);
@@ -465,14 +472,14 @@ static void test_tenants(void) {
     // issue 8: admitted on a lower bound, grown to the exact count once
     // tokenized; refused work is charged, even past the bucket (a debt)
     uint64_t t1 = t0 + 7200000000000ull; // bucket full again: 600
-    CHECK_EQ(srv_tenants_admit(ts, 0, 100, t1, msg, sizeof msg), SRV_REJECT_NONE);
-    CHECK_EQ(srv_tenants_grow(ts, 0, 100, 300, t1, msg, sizeof msg), SRV_REJECT_NONE);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 100, t1, msg, sizeof msg), ADMIT_OK);
+    CHECK_EQ(srv_tenants_grow(ts, 0, 100, 300, t1, msg, sizeof msg), ADMIT_OK);
     CHECK_NEAR(ts->t[0].bucket, 300, 1e-6);
-    CHECK_EQ(srv_tenants_grow(ts, 0, 300, 700, t1, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    CHECK_EQ(srv_tenants_grow(ts, 0, 300, 700, t1, msg, sizeof msg), ADMIT_TENANT_RATE);
     CHECK_STR_HAS(msg, "lower max_tokens");
-    CHECK_EQ(srv_tenants_grow(ts, 0, 300, 601, t1, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
-    CHECK_EQ(srv_tenants_admit(ts, 0, 200, t1, msg, sizeof msg), SRV_REJECT_NONE); // 100 left
-    CHECK_EQ(srv_tenants_grow(ts, 0, 300, 500, t1, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    CHECK_EQ(srv_tenants_grow(ts, 0, 300, 601, t1, msg, sizeof msg), ADMIT_TENANT_RATE);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 200, t1, msg, sizeof msg), ADMIT_OK); // 100 left
+    CHECK_EQ(srv_tenants_grow(ts, 0, 300, 500, t1, msg, sizeof msg), ADMIT_TENANT_RATE);
     CHECK_STR_HAS(msg, "request needs 500, 400 available now");
     CHECK_NEAR(ts->t[0].bucket, 100, 1e-6); // a refused grow takes nothing
     srv_tenants_release(ts, 0, 200);
@@ -480,12 +487,12 @@ static void test_tenants(void) {
     srv_tenants_refuse(ts, 0, 300, 250); // 250 tokens of work: 50 back
     CHECK_NEAR(ts->t[0].bucket, 350, 1e-6);
     CHECK_EQ(ts->t[0].running, 0);
-    CHECK_EQ(srv_tenants_admit(ts, 0, 300, t1, msg, sizeof msg), SRV_REJECT_NONE);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 300, t1, msg, sizeof msg), ADMIT_OK);
     srv_tenants_refuse(ts, 0, 300, 513); // charged more than it reserved
     CHECK_NEAR(ts->t[0].bucket, -163, 1e-6);
-    CHECK_EQ(srv_tenants_admit(ts, 0, 1, t1, msg, sizeof msg), SRV_REJECT_TENANT_RATE);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 1, t1, msg, sizeof msg), ADMIT_TENANT_RATE);
     // the debt is paid by refilling (10 per second): 17 s later 7 are there
-    CHECK_EQ(srv_tenants_admit(ts, 0, 7, t1 + 17000000000ull, msg, sizeof msg), SRV_REJECT_NONE);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 7, t1 + 17000000000ull, msg, sizeof msg), ADMIT_OK);
     srv_tenants_release(ts, 0, 0);
     CHECK_EQ(ts->t[0].running, 0);
     srv_tenants_free(ts);
@@ -550,9 +557,9 @@ static void test_metrics(void) {
     srv_metrics_request(&m, SRV_ROUTE_CHAT, 200);
     srv_metrics_request(&m, SRV_ROUTE_COMPLETIONS, 429);
     srv_metrics_request(&m, SRV_ROUTE_OTHER, 418);
-    srv_metrics_reject(&m, SRV_REJECT_CONTEXT_LENGTH);
-    srv_metrics_reject(&m, SRV_REJECT_TENANT_RATE);
-    srv_metrics_reject(&m, SRV_REJECT_TENANT_RATE);
+    srv_metrics_reject(&m, ADMIT_CONTEXT_LENGTH);
+    srv_metrics_reject(&m, ADMIT_TENANT_RATE);
+    srv_metrics_reject(&m, ADMIT_TENANT_RATE);
     srv_hist_observe(&m.ttft, 0.003);
     srv_hist_observe(&m.ttft, 0.2);
     srv_hist_observe(&m.ttft, 100);

@@ -15,6 +15,7 @@
  * - health, metrics, the kv check and the admin switch reach the backend.
  * Needs models/kjv-mini.gguf (tokenizer) via KS_SRC. */
 #include "../check.h"
+#include "kvseal/admit.h"
 #include "kvseal/server.h"
 
 #include <arpa/inet.h>
@@ -35,6 +36,7 @@ typedef struct script {
     engine_finish finish;
     ks_err err;
     const char *msg;
+    admit_reason reason; /* REJECTED: what the refusing process said */
 } script;
 
 enum { S_OK, S_REJ_INVAL, S_REJ_NOSPACE, S_REJ_AGAIN, S_LOST, S_TTFT, S_QUEUE_TO, S_CANCELLED,
@@ -42,9 +44,12 @@ enum { S_OK, S_REJ_INVAL, S_REJ_NOSPACE, S_REJ_AGAIN, S_LOST, S_TTFT, S_QUEUE_TO
 
 static const script SCRIPTS[S__N] = {
     [S_OK] = {2, ENGINE_FINISHED, ENGINE_FINISH_LENGTH, KS_OK, NULL},
-    [S_REJ_INVAL] = {0, ENGINE_REJECTED, ENGINE_FINISH_ERROR, KS_ERR_INVAL, "prefill: bad sampling"},
-    [S_REJ_NOSPACE] = {0, ENGINE_REJECTED, ENGINE_FINISH_ERROR, KS_ERR_NOSPACE, "prefill: pool too small"},
-    [S_REJ_AGAIN] = {0, ENGINE_REJECTED, ENGINE_FINISH_ERROR, KS_ERR_AGAIN, "prefill: draining"},
+    [S_REJ_INVAL] = {0, ENGINE_REJECTED, ENGINE_FINISH_ERROR, KS_ERR_INVAL, "prefill: bad sampling",
+                     ADMIT_INVALID},
+    [S_REJ_NOSPACE] = {0, ENGINE_REJECTED, ENGINE_FINISH_ERROR, KS_ERR_NOSPACE, "prefill: pool too small",
+                       ADMIT_KV_CAPACITY},
+    [S_REJ_AGAIN] = {0, ENGINE_REJECTED, ENGINE_FINISH_ERROR, KS_ERR_AGAIN, "prefill: queue full",
+                     ADMIT_BUSY},
     [S_LOST] = {0, ENGINE_ABORTED, ENGINE_FINISH_ABORT, KS_ERR_PEER_CLOSED, "the decode worker was lost"},
     [S_TTFT] = {0, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_TIMEOUT, "no first token in time"},
     [S_QUEUE_TO] = {0, ENGINE_ABORTED, ENGINE_FINISH_ABORT, KS_ERR_TIMEOUT,
@@ -84,8 +89,8 @@ static ks_err fake_submit(void *impl, const engine_params *p, void **req, ks_err
             if (piece[k] >= '0' && piece[k] <= '9') text[len++] = piece[k];
     }
     int k = atoi(text);
-    if (!atomic_load(&f->online)) return ks_seterr(eb, KS_ERR_AGAIN, "the model is offline");
-    if (k < 0 || k >= S__N) return ks_seterr(eb, KS_ERR_INVAL, "no script %d", k);
+    if (!atomic_load(&f->online)) return admit_refuse(eb, ADMIT_OFFLINE, NULL);
+    if (k < 0 || k >= S__N) return admit_refuse(eb, ADMIT_INVALID, "no script %d", k);
     fake_req *r = calloc(1, sizeof *r);
     CHECK(r);
     r->sc = &SCRIPTS[k];
@@ -116,6 +121,7 @@ static ks_err fake_next(void *req, engine_event *ev, uint32_t timeout_ms) {
         ev->state = r->sc->state;
         ev->finish = r->sc->finish;
         ev->err = r->sc->err;
+        ev->reason = (uint16_t)r->sc->reason;
         if (r->sc->msg) snprintf(ev->errmsg, sizeof ev->errmsg, "%s", r->sc->msg);
         ev->n_gen = r->sc->n_tok;
     }
@@ -231,7 +237,7 @@ static void test_routes(int port) {
     // rejections and remote failures before any token: mapped status
     expect_error(port, S_REJ_INVAL, 400, "invalid_parameter", "prefill: bad sampling");
     expect_error(port, S_REJ_NOSPACE, 400, "context_length_exceeded", "prefill: pool too small");
-    expect_error(port, S_REJ_AGAIN, 503, "queue_full", "prefill: draining");
+    expect_error(port, S_REJ_AGAIN, 503, "queue_full", "prefill: queue full");
     expect_error(port, S_LOST, 502, "upstream_error", "the decode worker was lost");
     expect_error(port, S_TTFT, 504, "upstream_timeout", "no first token in time");
     expect_error(port, S_REJ_PROTO, 500, "internal_error", "bad frame");
