@@ -40,15 +40,15 @@ typedef enum admit_reason {
     ADMIT_MISSING_PARAMETER = 16,
     ADMIT_UNSUPPORTED_PARAMETER = 17,
     ADMIT_MODEL_NOT_FOUND = 18,
-    ADMIT_TOO_LARGE = 19,       /* request body above the cap */
+    ADMIT_TOO_LARGE = 19, /* request body above the cap */
     ADMIT_UNKNOWN_URL = 20,
-    ADMIT_METHOD = 21,          /* method not allowed on the route */
-    ADMIT_BAD_FRAMING = 22,     /* RFC 9112 framing or path the server refuses */
-    ADMIT_BAD_ENCODING = 23,    /* unsupported Content-Encoding (415) */
-    ADMIT_NOT_IMPLEMENTED = 24, /* a Transfer-Encoding other than chunked (501) */
-    ADMIT_ADMIN_DISABLED = 25,  /* admin routes without an admin key configured */
+    ADMIT_METHOD = 21,           /* method not allowed on the route */
+    ADMIT_BAD_FRAMING = 22,      /* RFC 9112 framing or path the server refuses */
+    ADMIT_BAD_ENCODING = 23,     /* unsupported Content-Encoding (415) */
+    ADMIT_NOT_IMPLEMENTED = 24,  /* a Transfer-Encoding other than chunked (501) */
+    ADMIT_ADMIN_DISABLED = 25,   /* admin routes without an admin key configured */
     ADMIT_DUPLICATE_HEADER = 26, /* a header that must appear once appears twice */
-    ADMIT_INVALID_PATH = 27,    /* %2F or %00 in the path */
+    ADMIT_INVALID_PATH = 27,     /* %2F or %00 in the path */
     ADMIT__COUNT
 } admit_reason;
 

@@ -311,8 +311,8 @@ uint64_t pd_msg_prefill_size(uint32_t grant_len, uint32_t n_prompt);
 
 /* REJECT (12 + msg_len): P -> R and P -> D. */
 typedef struct pd_msg_reject {
-    uint32_t reason;      /* admit_reason, 1..ADMIT_WIRE_MAX: the client's status and
-                             error code come from the admit table, never from the wire */
+    uint32_t reason; /* admit_reason, 1..ADMIT_WIRE_MAX: the client's status and
+                        error code come from the admit table, never from the wire */
     const char *msg;
     uint32_t msg_len;     /* <= 512 */
 } pd_msg_reject;

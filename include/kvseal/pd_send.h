@@ -95,11 +95,11 @@ typedef struct pd_send_cfg {
     uint32_t tombstone_ms;   /* terminal req_ids kept this long; default 60000 (2 x T_grant) */
     pd_send_emit_fn emit;    /* required */
     void *emit_ctx;
-    pd_send_admit_fn admit;  /* required (cluster/prefill.c: admit_request) */
+    pd_send_admit_fn admit; /* required (cluster/prefill.c: admit_request) */
     void *admit_ctx;
-    pd_send_reserve_fn reserve; /* NULL: kv_seq_reserve, nothing cached */
+    pd_send_reserve_fn reserve;   /* NULL: kv_seq_reserve, nothing cached */
     pd_send_computed_fn computed; /* NULL: nothing */
-    void *reserve_ctx;       /* reserve's and computed's */
+    void *reserve_ctx;            /* reserve's and computed's */
     pd_send_compute_fn compute; /* required */
     void *compute_ctx;
     pd_send_clock_fn clock;  /* NULL: ks_now_ns() / 1e6 */

@@ -167,7 +167,8 @@ static int cluster__worker(int argc, char **argv, bool decode) {
                               .eng = o, .drain_ms = (uint32_t)c.drain_timeout_ms,
                               .insecure_plaintext = c.insecure_plaintext};
     cluster__warn_plaintext(&c);
-    if (decode) wo.eng.prefix_cache = false;  // prefill owns the cache (cluster/prefill.c pf__reserve)
+    if (decode)
+        wo.eng.prefix_cache = false; // prefill owns the cache (cluster/prefill.c pf__reserve)
     ks_log(KS_LOG_INFO, "%s worker for %s, context %d, %u KV pages, kernels %s, router %s:%ld",
            decode ? "decode" : "prefill", c.model_path, o.n_ctx, o.kv_pages, kern_get()->name, host, port);
     ks_errbuf eb = {0};

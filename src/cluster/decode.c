@@ -165,14 +165,18 @@ static void dec__ctrl_send(dec__worker *w, uint16_t type, uint64_t req_id, const
 static void dec__send_finish(dec__worker *w, uint64_t req_id, uint32_t finish, uint32_t n_prompt,
                              uint32_t n_gen, ks_err err, uint32_t reason, const char *msg) {
     if (finish == PD_FINISH_STOP || finish == PD_FINISH_LENGTH) err = KS_OK, reason = 0;
-    if (reason > ADMIT_WIRE_MAX) reason = ADMIT_INTERNAL;  // an HTTP-front reason: not ours
+    if (reason > ADMIT_WIRE_MAX) reason = ADMIT_INTERNAL; // an HTTP-front reason: not ours
     if ((finish == PD_FINISH_ABORT || finish == PD_FINISH_ERROR) && err == KS_OK)
         err = finish == PD_FINISH_ABORT ? KS_ERR_CANCELLED : KS_ERR_INTERNAL;
     size_t ml = msg ? strlen(msg) : 0;
     if (ml > PD_MSG_MAX_TEXT) ml = PD_MSG_MAX_TEXT;
     const dec__req *q = dec__find(w, req_id);
-    pd_msg_finish m = {.finish = finish, .n_prompt = n_prompt, .n_gen = n_gen, .err = (uint32_t)err,
-                       .msg = msg ? msg : "", .msg_len = (uint32_t)ml,
+    pd_msg_finish m = {.finish = finish,
+                       .n_prompt = n_prompt,
+                       .n_gen = n_gen,
+                       .err = (uint32_t)err,
+                       .msg = msg ? msg : "",
+                       .msg_len = (uint32_t)ml,
                        .n_cached = q && q->n_cached <= n_prompt ? q->n_cached : 0,
                        .reason = reason};
     uint8_t buf[28 + PD_MSG_MAX_TEXT];
@@ -338,7 +342,8 @@ static void dec__drain(dec__worker *w) {
                                    ? (uint32_t)ev.finish
                                    : PD_FINISH_ERROR;
                 dec__send_finish(w, id, fin, ev.n_prompt > 0 ? (uint32_t)ev.n_prompt : q->n_prompt,
-                                 ev.n_gen > 0 ? (uint32_t)ev.n_gen : 0, ev.err, ev.reason, ev.errmsg);
+                                 ev.n_gen > 0 ? (uint32_t)ev.n_gen : 0, ev.err, ev.reason,
+                                 ev.errmsg);
                 engine_req_release(q->er);
                 q->er = NULL;
                 pd_recv_finish(w->rcv, id);  // F1: the engine no longer touches the pages

@@ -172,11 +172,15 @@ static ks_err pf__forward(pf__worker *w, const model_batch *b, ks_errbuf *eb) {
 static ks_err pf__admit(void *ctx, const int32_t *toks, uint32_t n, const pd_msg_sampling *msp,
                         ks_errbuf *eb) {
     pf__worker *w = ctx;
-    engine_params p = {.prompt = toks, .n_prompt = (int32_t)n, .max_tokens = (int32_t)msp->max_tokens};
+    engine_params p = {
+        .prompt = toks, .n_prompt = (int32_t)n, .max_tokens = (int32_t)msp->max_tokens};
     if (msp->max_tokens > INT32_MAX) p.max_tokens = INT32_MAX;
     cl_sampling_from_msg(msp, &p.sp, &p.ignore_eos);
-    admit_limits lim = {.n_ctx = w->n_ctx, .n_vocab = w->V, .page_tokens = w->page_tokens,
-                        .max_pages = kv_pool_n_pages(w->pool), .prompt_only = true};
+    admit_limits lim = {.n_ctx = w->n_ctx,
+                        .n_vocab = w->V,
+                        .page_tokens = w->page_tokens,
+                        .max_pages = kv_pool_n_pages(w->pool),
+                        .prompt_only = true};
     admit_admitted ad;
     return admit_request(&lim, &p, &ad, eb);
 }
@@ -195,8 +199,10 @@ static ks_err pf__reserve(void *ctx, kv_pool *pool, const uint8_t domain[32], co
         if (more > nfree) kv_prefix_evict(w->prefix, more - nfree);
         e = kv_seq_reserve(pool, seq, n, eb);
     }
-    if (e == KS_ERR_NOSPACE) return admit_refuse(eb, ADMIT_BUSY, "the prefill worker's KV cache is full");
-    return e ? admit_refuse(eb, ADMIT_BUSY, "prefill worker: %s", eb ? eb->msg : "out of memory") : KS_OK;
+    if (e == KS_ERR_NOSPACE)
+        return admit_refuse(eb, ADMIT_BUSY, "the prefill worker's KV cache is full");
+    return e ? admit_refuse(eb, ADMIT_BUSY, "prefill worker: %s", eb ? eb->msg : "out of memory")
+             : KS_OK;
 }
 
 /* The computed prompt's full pages go to the cache under its domain. */
@@ -708,9 +714,16 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atom
         goto fail;
     w.n_ctx = eo->n_ctx;
     w.page_tokens = (uint32_t)g.page_tokens;
-    pd_send_cfg sc = {.emit = pf__emit, .emit_ctx = &w, .admit = pf__admit, .admit_ctx = &w,
-                      .reserve = pf__reserve, .computed = pf__computed, .reserve_ctx = &w,
-                      .compute = pf__compute, .compute_ctx = &w, .clock = cl_now_ms};
+    pd_send_cfg sc = {.emit = pf__emit,
+                      .emit_ctx = &w,
+                      .admit = pf__admit,
+                      .admit_ctx = &w,
+                      .reserve = pf__reserve,
+                      .computed = pf__computed,
+                      .reserve_ctx = &w,
+                      .compute = pf__compute,
+                      .compute_ctx = &w,
+                      .clock = cl_now_ms};
     if ((e = pd_send_create(w.pool, &sc, &w.send, eb))) goto fail;
     pd_loop_cfg lc = {.secret = o->secret, .secret_len = o->secret_len, .role = PD_ROLE_PREFILL,
                       .max_payload = PD_MSG_MAX_FRAME, .out_high_bytes = PF_OUT_HIGH,

@@ -242,8 +242,15 @@ static void rt__end(cluster_router *r, rt_req *q, engine_state to, engine_finish
                      : to == ENGINE_REJECTED ? &r->n_rejected
                                              : &r->n_aborted,
                      1);
-    engine_outcome o = {.state = to, .finish = fin, .err = err, .reason = (uint16_t)reason, .msg = msg,
-                        .n_prompt = q->n_prompt, .n_gen = q->n_gen, .n_cached = q->n_cached, .t_submit_ns = q->t_submit_ns,
+    engine_outcome o = {.state = to,
+                        .finish = fin,
+                        .err = err,
+                        .reason = (uint16_t)reason,
+                        .msg = msg,
+                        .n_prompt = q->n_prompt,
+                        .n_gen = q->n_gen,
+                        .n_cached = q->n_cached,
+                        .t_submit_ns = q->t_submit_ns,
                         .t_first_ns = q->t_first_ns};
     engine_stream_finish(q->out, &o, r->piece, r->piece_cap);
     rt__unref(q);
@@ -257,7 +264,8 @@ static void rt__finish(cluster_router *r, rt_req *q, engine_state to, engine_fin
 
 /* Ends q REJECTED for reason, with the message the refusing process wrote. */
 static void rt__refuse(cluster_router *r, rt_req *q, admit_reason reason, const char *msg) {
-    rt__end(r, q, ENGINE_REJECTED, ENGINE_FINISH_ERROR, admit_reason_info(reason)->err, reason, msg);
+    rt__end(r, q, ENGINE_REJECTED, ENGINE_FINISH_ERROR, admit_reason_info(reason)->err, reason,
+            msg);
 }
 
 /* Ends q ABORTED and tells its paired workers (reason) which were reached. */
@@ -611,8 +619,9 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
         if (d.reason == PD_DENY_DRAINING) rt__set_draining(w);  // pair it elsewhere from now on
         if (d.reason == PD_DENY_NOSPACE || d.reason == PD_DENY_NO_LINK || d.reason == PD_DENY_DRAINING) {
             rt__requeue(r, q, cl_now_ms(NULL) + RT_RETRY_MS);
-        } else {  // CONTEXT: decode's n_ctx is below the router's; DUPLICATE: a router bug
-            rt__refuse(r, q, d.reason == PD_DENY_CONTEXT ? ADMIT_CONTEXT_LENGTH : ADMIT_INTERNAL, msg);
+        } else { // CONTEXT: decode's n_ctx is below the router's; DUPLICATE: a router bug
+            rt__refuse(r, q, d.reason == PD_DENY_CONTEXT ? ADMIT_CONTEXT_LENGTH : ADMIT_INTERNAL,
+                       msg);
         }
     } else if (type == PD_MSG_REJECT && from_p && q->phase == RT_PREFILLING) {
         pd_msg_reject j;
@@ -640,7 +649,7 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
             // decode saw prefill's REJECT first (F3; it freed the grant): the
             // outcome is the REJECT's, whichever of the two frames is first
             rt__refused_at_prefill(r, q, rt__worker(r, q->p_id), (admit_reason)fin.reason, msg);
-        } else if (fin.reason) {  // decode refused to adopt it (offline, batch full, ...)
+        } else if (fin.reason) { // decode refused to adopt it (offline, batch full, ...)
             rt__refuse(r, q, (admit_reason)fin.reason, msg);
         } else {
             ks_err e = fin.err > 0 && fin.err < KS_ERR__COUNT ? (ks_err)fin.err : KS_ERR_INTERNAL;
@@ -934,7 +943,9 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     cluster_router *r = impl;
     *out = NULL;
     // the same admission as kvseal serve (I4), against the largest decode worker
-    admit_limits lim = {.n_ctx = r->o.n_ctx, .n_vocab = r->V, .page_tokens = (uint32_t)r->g.page_tokens,
+    admit_limits lim = {.n_ctx = r->o.n_ctx,
+                        .n_vocab = r->V,
+                        .page_tokens = (uint32_t)r->g.page_tokens,
                         .max_pages = atomic_load(&r->max_decode_pages)};
     admit_admitted ad;
     ks_err err = admit_request(&lim, p, &ad, eb);

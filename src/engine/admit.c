@@ -17,8 +17,8 @@
  * platform/errors) where one fits, else the HTTP status. */
 static const admit_info admit__table[ADMIT__COUNT] = {
     [ADMIT_OK] = {"ok", 200, NULL, NULL, 200, KS_OK, ""},
-    [ADMIT_CONTEXT_LENGTH] = {"context_length", 400, IRE, "context_length_exceeded", 400, KS_ERR_INVAL,
-                              "the request does not fit the model's context length"},
+    [ADMIT_CONTEXT_LENGTH] = {"context_length", 400, IRE, "context_length_exceeded", 400,
+                              KS_ERR_INVAL, "the request does not fit the model's context length"},
     [ADMIT_KV_CAPACITY] = {"pool", 400, IRE, "context_length_exceeded", 400, KS_ERR_NOSPACE,
                            "the request needs more KV cache than the server has"},
     [ADMIT_INVALID] = {"invalid", 400, IRE, "invalid_parameter", 400, KS_ERR_INVAL,
@@ -30,13 +30,15 @@ static const admit_info admit__table[ADMIT__COUNT] = {
     [ADMIT_DRAINING] = {"shutting_down", 503, SE, "server_shutting_down", 503, KS_ERR_AGAIN,
                         "the server is shutting down and takes no new requests"},
     [ADMIT_BUSY] = {"queue_full", 503, SE, "queue_full", 3040, KS_ERR_AGAIN, "the server is busy"},
-    [ADMIT_OFFLINE] = {"offline", 503, SE, "model_offline", 503, KS_ERR_AGAIN, "the model is offline"},
+    [ADMIT_OFFLINE] = {"offline", 503, SE, "model_offline", 503, KS_ERR_AGAIN,
+                       "the model is offline"},
     [ADMIT_NO_WORKER] = {"no_worker", 503, SE, "no_worker", 503, KS_ERR_AGAIN,
                          "no prefill or decode worker is registered"},
     [ADMIT_INTERNAL] = {"internal", 500, SE, "internal_error", 500, KS_ERR_INTERNAL,
                         "internal error"},
-    [ADMIT_TENANT_CONCURRENCY] = {"tenant_concurrency", 429, "rate_limit_error", "rate_limit_exceeded",
-                                  429, KS_ERR_AGAIN, "too many concurrent requests for this key"},
+    [ADMIT_TENANT_CONCURRENCY] = {"tenant_concurrency", 429, "rate_limit_error",
+                                  "rate_limit_exceeded", 429, KS_ERR_AGAIN,
+                                  "too many concurrent requests for this key"},
     [ADMIT_TENANT_RATE] = {"tenant_rate", 429, "rate_limit_error", "rate_limit_exceeded", 3036,
                            KS_ERR_AGAIN, "token rate limit reached for this key"},
     [ADMIT_AUTH] = {"auth", 401, IRE, "invalid_api_key", 401, KS_ERR_INVAL, "invalid API key"},
@@ -46,19 +48,20 @@ static const admit_info admit__table[ADMIT__COUNT] = {
                             "the body is not valid JSON"},
     [ADMIT_MISSING_PARAMETER] = {"missing_parameter", 400, IRE, "missing_required_parameter", 3003,
                                  KS_ERR_INVAL, "a required parameter is missing"},
-    [ADMIT_UNSUPPORTED_PARAMETER] = {"unsupported_parameter", 400, IRE, "unsupported_parameter", 400,
-                                     KS_ERR_INVAL, "a parameter is not supported"},
+    [ADMIT_UNSUPPORTED_PARAMETER] = {"unsupported_parameter", 400, IRE, "unsupported_parameter",
+                                     400, KS_ERR_INVAL, "a parameter is not supported"},
     [ADMIT_MODEL_NOT_FOUND] = {"model_not_found", 404, IRE, "model_not_found", 3042, KS_ERR_INVAL,
                                "the model does not exist"},
     [ADMIT_TOO_LARGE] = {"too_large", 413, IRE, "request_too_large", 3006, KS_ERR_INVAL,
                          "the request is too large"},
-    [ADMIT_UNKNOWN_URL] = {"unknown_url", 404, IRE, "unknown_url", 404, KS_ERR_INVAL, "unknown URL"},
+    [ADMIT_UNKNOWN_URL] = {"unknown_url", 404, IRE, "unknown_url", 404, KS_ERR_INVAL,
+                           "unknown URL"},
     [ADMIT_METHOD] = {"method_not_allowed", 405, IRE, "method_not_allowed", 405, KS_ERR_INVAL,
                       "method not allowed"},
     [ADMIT_BAD_FRAMING] = {"bad_framing", 400, IRE, "invalid_framing", 400, KS_ERR_INVAL,
                            "the request's HTTP framing is invalid"},
-    [ADMIT_BAD_ENCODING] = {"bad_encoding", 415, IRE, "unsupported_content_encoding", 415, KS_ERR_INVAL,
-                            "unsupported Content-Encoding"},
+    [ADMIT_BAD_ENCODING] = {"bad_encoding", 415, IRE, "unsupported_content_encoding", 415,
+                            KS_ERR_INVAL, "unsupported Content-Encoding"},
     [ADMIT_NOT_IMPLEMENTED] = {"not_implemented", 501, IRE, "unsupported_transfer_encoding", 501,
                                KS_ERR_INVAL, "unsupported Transfer-Encoding"},
     [ADMIT_ADMIN_DISABLED] = {"admin_disabled", 403, "permission_error", "admin_disabled", 403,
@@ -70,7 +73,8 @@ static const admit_info admit__table[ADMIT__COUNT] = {
 };
 
 const admit_info *admit_reason_info(admit_reason r) {
-    if ((unsigned)r == ADMIT_OK || (unsigned)r >= ADMIT__COUNT) return &admit__table[ADMIT_INTERNAL];
+    if ((unsigned)r == ADMIT_OK || (unsigned)r >= ADMIT__COUNT)
+        return &admit__table[ADMIT_INTERNAL];
     return &admit__table[r];
 }
 
@@ -94,21 +98,24 @@ ks_err admit_refuse(ks_errbuf *eb, admit_reason r, const char *fmt, ...) {
 ks_err admit_lengths(const admit_limits *lim, int64_t n_prompt, int64_t max_tokens, ks_errbuf *eb) {
     if (n_prompt < 1) return admit_refuse(eb, ADMIT_INVALID, "the prompt is empty");
     if (max_tokens < 1)
-        return admit_refuse(eb, ADMIT_INVALID, "max_tokens must be at least 1, got %" PRId64, max_tokens);
+        return admit_refuse(eb, ADMIT_INVALID, "max_tokens must be at least 1, got %" PRId64,
+                            max_tokens);
     if (n_prompt + max_tokens > lim->n_ctx)
-        return admit_refuse(eb, ADMIT_CONTEXT_LENGTH,
-                            "This model's maximum context length is %d tokens. However, you requested %" PRId64
-                            " tokens (%" PRId64 " in the prompt, %" PRId64
-                            " for the completion). Please reduce the length of the prompt or completion.",
-                            lim->n_ctx, n_prompt + max_tokens, n_prompt, max_tokens);
+        return admit_refuse(
+            eb, ADMIT_CONTEXT_LENGTH,
+            "This model's maximum context length is %d tokens. However, you requested %" PRId64
+            " tokens (%" PRId64 " in the prompt, %" PRId64
+            " for the completion). Please reduce the length of the prompt or completion.",
+            lim->n_ctx, n_prompt + max_tokens, n_prompt, max_tokens);
     uint64_t held = (uint64_t)n_prompt + (lim->prompt_only ? 0u : (uint64_t)max_tokens);
     uint64_t pages = (held + lim->page_tokens - 1) / lim->page_tokens;
     if (lim->max_pages && pages > lim->max_pages)
-        return admit_refuse(eb, ADMIT_KV_CAPACITY,
-                            "the request needs %" PRIu64 " KV pages of %u tokens (%s), the KV cache "
-                            "holds %u",
-                            pages, lim->page_tokens, lim->prompt_only ? "its prompt" : "prompt and completion",
-                            lim->max_pages);
+        return admit_refuse(
+            eb, ADMIT_KV_CAPACITY,
+            "the request needs %" PRIu64 " KV pages of %u tokens (%s), the KV cache "
+            "holds %u",
+            pages, lim->page_tokens, lim->prompt_only ? "its prompt" : "prompt and completion",
+            lim->max_pages);
     return KS_OK;
 }
 
@@ -116,7 +123,8 @@ ks_err admit_lengths(const admit_limits *lim, int64_t n_prompt, int64_t max_toke
 static const int32_t admit__placeholder = 1;
 #endif
 
-ks_err admit_request(const admit_limits *lim, const engine_params *p, admit_admitted *out, ks_errbuf *eb) {
+ks_err admit_request(const admit_limits *lim, const engine_params *p, admit_admitted *out,
+                     ks_errbuf *eb) {
     out->prompt = p->prompt;
     out->n_prompt = p->n_prompt;
     out->max_tokens = p->max_tokens;

@@ -269,7 +269,9 @@ void engine_domain_root(const engine_params *p, uint8_t root[KV_ROOT_BYTES]) {
 
 ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_errbuf *eb) {
     *out = NULL;
-    admit_limits lim = {.n_ctx = e->o.n_ctx, .n_vocab = e->V, .page_tokens = (uint32_t)e->o.page_tokens,
+    admit_limits lim = {.n_ctx = e->o.n_ctx,
+                        .n_vocab = e->V,
+                        .page_tokens = (uint32_t)e->o.page_tokens,
                         .max_pages = kv_pool_n_pages(e->pool)};
     admit_admitted ad;
     ks_err err = admit_request(&lim, p, &ad, eb);
@@ -302,9 +304,10 @@ ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_err
         pthread_mutex_unlock(&e->mu);
         engine__req_free(r);
         atomic_fetch_add(&e->n_rejected, 1);
-        return e->stop ? admit_refuse(eb, ADMIT_DRAINING, NULL)
-                       : admit_refuse(eb, ADMIT_BUSY, "the server is busy: %d requests already waiting",
-                                      e->o.queue_max);
+        return e->stop
+                   ? admit_refuse(eb, ADMIT_DRAINING, NULL)
+                   : admit_refuse(eb, ADMIT_BUSY, "the server is busy: %d requests already waiting",
+                                  e->o.queue_max);
     }
     if (e->wait_tail) e->wait_tail->next = r;
     else e->wait_head = r;
@@ -679,11 +682,12 @@ ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out, ks_
         err = admit_refuse(eb, ADMIT_INTERNAL, "adopt: first token id %d out of range [0, %d)",
                            a->first.token, e->V);
     else if (!err && (a->first.n_top < 0 || a->first.n_top > SAMPLE_MAX_TOP))
-        err = admit_refuse(eb, ADMIT_INTERNAL, "adopt: %d top logprobs (at most %d)", a->first.n_top,
-                           SAMPLE_MAX_TOP);
-    else if (!err && a->rng_draws > (uint64_t)e->o.n_ctx)  // one draw per token at most
-        err = admit_refuse(eb, ADMIT_INTERNAL, "adopt: rng_draws %" PRIu64 " above the context length %d",
-                           a->rng_draws, e->o.n_ctx);
+        err = admit_refuse(eb, ADMIT_INTERNAL, "adopt: %d top logprobs (at most %d)",
+                           a->first.n_top, SAMPLE_MAX_TOP);
+    else if (!err && a->rng_draws > (uint64_t)e->o.n_ctx) // one draw per token at most
+        err = admit_refuse(eb, ADMIT_INTERNAL,
+                           "adopt: rng_draws %" PRIu64 " above the context length %d", a->rng_draws,
+                           e->o.n_ctx);
     else if (!err && (a->seq->n_tokens < (uint32_t)n_prompt ||
                       (uint64_t)a->seq->n_pages * P < (uint64_t)n_prompt + (uint64_t)max_tokens))
         err = admit_refuse(eb, ADMIT_INTERNAL,

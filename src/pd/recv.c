@@ -78,9 +78,14 @@ static void rec__emit(pd_recv *r, const pd_recv_ev *ev) { r->cfg.emit(r->cfg.emi
 
 static void rec__emit_finish(pd_recv *r, const rec__req *q, uint32_t finish, ks_err err,
                              uint32_t reason, const char *msg) {
-    pd_recv_ev ev = {.kind = PD_RECV_EV_FINISH, .req_id = q->req_id,
-                     .link_epoch = q->link_epoch, .finish = finish, .err = err, .reason = reason,
-                     .msg = msg, .n_prompt = q->n_prompt};
+    pd_recv_ev ev = {.kind = PD_RECV_EV_FINISH,
+                     .req_id = q->req_id,
+                     .link_epoch = q->link_epoch,
+                     .finish = finish,
+                     .err = err,
+                     .reason = reason,
+                     .msg = msg,
+                     .n_prompt = q->n_prompt};
     rec__emit(r, &ev);
 }
 

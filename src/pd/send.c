@@ -156,7 +156,8 @@ static void snd__end(pd_send *s, snd__req *q, pd_send_state st) {
 ks_err pd_send_create(kv_pool *pool, const pd_send_cfg *cfg, pd_send **out, ks_errbuf *eb) {
     *out = NULL;
     if (!pool || !cfg || !cfg->emit || !cfg->admit || !cfg->compute)
-        return ks_seterr(eb, KS_ERR_INVAL, "pd_send: pool, cfg.emit, cfg.admit and cfg.compute are required");
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "pd_send: pool, cfg.emit, cfg.admit and cfg.compute are required");
     pd_send *s = calloc(1, sizeof *s);
     if (!s) return ks_seterr(eb, KS_ERR_NOMEM, "pd_send: out of memory");
     s->pool = pool;
@@ -234,8 +235,8 @@ ks_err pd_send_link_up(pd_send *s, uint32_t decode_worker_id, uint64_t link_epoc
 
 /* A validation failure: REJECT to the router and, if the grant's link is up,
  * to decode; the request is REJECTED forever. */
-static ks_err snd__reject(pd_send *s, snd__req *q, uint32_t reason,
-                          const char *msg, pd_send_state *state_out) {
+static ks_err snd__reject(pd_send *s, snd__req *q, uint32_t reason, const char *msg,
+                          pd_send_state *state_out) {
     snd__emit_reject(s, 0, PD_SEND_ROUTER, q->req_id, reason, msg);
     if (snd__link_is_up(s, q->worker_id, q->link_epoch))
         snd__emit_reject(s, q->worker_id, q->link_epoch, q->req_id, reason, msg);
@@ -290,7 +291,8 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
         return snd__reject(s, q, ADMIT_DRAINING, "the prefill worker is shutting down", state_out);
     int32_t *toks = malloc(sizeof *toks * (p.n_prompt ? p.n_prompt : 1));
     if (!toks) return snd__reject(s, q, ADMIT_BUSY, "prefill worker out of memory", state_out);
-    for (uint32_t i = 0; i < p.n_prompt; i++) toks[i] = pd_msg_prefill_token(&p, i);
+    for (uint32_t i = 0; i < p.n_prompt; i++)
+        toks[i] = pd_msg_prefill_token(&p, i);
     // the request contract, exactly as the router and `kvseal serve` admit (I4)
     ks_errbuf aeb;
     ks_errbuf_clear(&aeb);
@@ -304,7 +306,8 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
                           ? "grant does not match the KV page geometry"
                           : NULL;
     if (bad) {
-        if (!grant_ok) ks_log(KS_LOG_WARN, "pd_send: request %llu: %s", (unsigned long long)req_id, geb.msg);
+        if (!grant_ok)
+            ks_log(KS_LOG_WARN, "pd_send: request %llu: %s", (unsigned long long)req_id, geb.msg);
         free(toks);
         return snd__reject(s, q, ADMIT_INTERNAL, bad, state_out);
     }
@@ -319,7 +322,8 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
         free(toks);
         return snd__reject(s, q, ADMIT_BUSY, "prefill worker out of memory", state_out);
     }
-    for (uint32_t i = 0; i < g.n_pages; i++) q->ent[i] = pd_msg_grant_entry_at(&g, i);
+    for (uint32_t i = 0; i < g.n_pages; i++)
+        q->ent[i] = pd_msg_grant_entry_at(&g, i);
     q->seq_uid = g.seq_uid;
     q->n_pages = g.n_pages;
     ks_errbuf keb;

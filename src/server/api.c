@@ -212,8 +212,7 @@ bool srv_path_check(const char *raw, srv_error *err) {
 // ----------------------------------------------------------------------------
 // Request parsing
 
-#define INVALID(err, param, ...)                                                                   \
-    srv_refuse(err, ADMIT_INVALID, param, __VA_ARGS__)
+#define INVALID(err, param, ...) srv_refuse(err, ADMIT_INVALID, param, __VA_ARGS__)
 
 static const char *api__type_name(const json_t *v) {
     switch (json_typeof(v)) {
@@ -299,8 +298,7 @@ static bool api__messages(srv_request *r, json_t *v, srv_error *err) {
     if (n == 0) return INVALID(err, "messages", "'messages' must not be empty");
     r->msgs = calloc(n, sizeof *r->msgs);
     r->owned = calloc(n, sizeof *r->owned);
-    if (!r->msgs || !r->owned)
-        return srv_fail(err, 500, "internal_error", "out of memory");
+    if (!r->msgs || !r->owned) return srv_fail(err, 500, "internal_error", "out of memory");
     r->n_msgs = n;
     for (size_t i = 0; i < n; i++) {
         char pname[64];
@@ -333,8 +331,7 @@ static bool api__messages(srv_request *r, json_t *v, srv_error *err) {
                 total += json_string_length(text);
             }
             char *joined = malloc(total + 1);
-            if (!joined)
-                return srv_fail(err, 500, "internal_error", "out of memory");
+            if (!joined) return srv_fail(err, 500, "internal_error", "out of memory");
             size_t off = 0;
             json_array_foreach(content, k, part) {
                 json_t *text = json_object_get(part, "text");
@@ -538,8 +535,8 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
     r->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!r->root) {
         srv_refuse(err, ADMIT_INVALID_JSON, NULL,
-                      "malformed JSON at line %d, column %d (position %d): %s", je.line, je.column,
-                      je.position, je.text);
+                   "malformed JSON at line %d, column %d (position %d): %s", je.line, je.column,
+                   je.position, je.text);
         return false;
     }
     json_t *root = r->root;

@@ -276,12 +276,12 @@ static int srv__auth(server *s, struct MHD_Connection *c, srv_error *err) {
     if (s->ts->anonymous) return 0;
     const char *key = srv__bearer(c);
     if (!key) {
-        srv_refuse(err, ADMIT_AUTH, NULL, "missing API key: send the header 'Authorization: Bearer <key>'");
+        srv_refuse(err, ADMIT_AUTH, NULL,
+                   "missing API key: send the header 'Authorization: Bearer <key>'");
         return -1;
     }
     int t = srv_tenants_auth(s->ts, key, strlen(key));
-    if (t < 0)
-        srv_refuse(err, ADMIT_AUTH, NULL, "invalid API key");
+    if (t < 0) srv_refuse(err, ADMIT_AUTH, NULL, "invalid API key");
     return t;
 }
 
@@ -542,14 +542,16 @@ static void srv__gen_error(const srv_gen *g, const engine_event *ev, srv_error *
     bool shut = atomic_load_explicit(&g->s->draining, memory_order_acquire) &&
                 ev->finish == ENGINE_FINISH_ABORT && ev->err == KS_ERR_CANCELLED;
     if ((g->gone && atomic_load(&g->s->stopping)) || shut)
-        srv_fail(err, 503, "server_shutting_down", "the server is shutting down; the request was aborted");
+        srv_fail(err, 503, "server_shutting_down",
+                 "the server is shutting down; the request was aborted");
     else if (srv__done_mapped(ev))
         srv__done_error(g, ev, err);
     else if (ev->finish == ENGINE_FINISH_ABORT)
         srv_fail(err, 503, "request_aborted", "the request was aborted: %s",
-                      ev->errmsg[0] ? ev->errmsg : "model taken offline or queue timeout");
+                 ev->errmsg[0] ? ev->errmsg : "model taken offline or queue timeout");
     else
-        srv_fail(err, 500, "internal_error", "the request failed: %s", ev->errmsg[0] ? ev->errmsg : ks_strerror(ev->err));
+        srv_fail(err, 500, "internal_error", "the request failed: %s",
+                 ev->errmsg[0] ? ev->errmsg : ks_strerror(ev->err));
 }
 
 // ----------------------------------------------------------------------------
@@ -835,7 +837,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     if (atomic_load_explicit(&s->draining, memory_order_acquire)) {
         srv_refuse(&err, ADMIT_DRAINING, NULL,
                    "the server is shutting down and takes no new requests; retry on another "
-                      "instance");
+                   "instance");
         return srv__reply_error(s, c, route, &err);
     }
     srv_request rq;
@@ -850,8 +852,9 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     int64_t held_reserved = 0; // tokens it took from the tenant's bucket
     int64_t held_charge = 0;   // tokens to charge if refused as too long
     if (!srv__name_ok(s, model_name)) {
-        srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model", "The model '%s' does not exist; this server serves '%s'",
-                      model_name, srv__primary_name(s));
+        srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
+                   "The model '%s' does not exist; this server serves '%s'", model_name,
+                   srv__primary_name(s));
         goto fail;
     }
     ks_errbuf eb = {0};
@@ -859,8 +862,10 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     if (chat) {
         ks_err e = chat_render(s->vocab, model_gguf(s->m), rq.msgs, rq.n_msgs, true, &text, &eb);
         if (e) {
-            if (e == KS_ERR_NOMEM) srv_fail(&err, 500, "internal_error", "%s", eb.msg);
-            else srv_refuse(&err, ADMIT_INVALID, "messages", "%s", eb.msg);
+            if (e == KS_ERR_NOMEM)
+                srv_fail(&err, 500, "internal_error", "%s", eb.msg);
+            else
+                srv_refuse(&err, ADMIT_INVALID, "messages", "%s", eb.msg);
             goto fail;
         }
     }
@@ -1072,7 +1077,8 @@ static enum MHD_Result srv__kv_check(server *s, struct MHD_Connection *c, srv_co
         timeout = strtoul(t, &end, 10);
         if (*end || !*t || timeout > 600000) {
             srv_error err;
-            srv_refuse(&err, ADMIT_INVALID, "timeout_ms", "timeout_ms must be an integer in [0, 600000]");
+            srv_refuse(&err, ADMIT_INVALID, "timeout_ms",
+                       "timeout_ms must be an integer in [0, 600000]");
             return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
         }
     }
@@ -1102,13 +1108,15 @@ static enum MHD_Result srv__admin(server *s, struct MHD_Connection *c, const cha
     srv_error err;
     const char *key = srv__bearer(c);
     if (!s->ts->has_admin) {
-        srv_refuse(&err, ADMIT_ADMIN_DISABLED, NULL, "the admin API is disabled: start the server with --admin-key or an "
-                      "admin_key in the tenants file");
+        srv_refuse(&err, ADMIT_ADMIN_DISABLED, NULL,
+                   "the admin API is disabled: start the server with --admin-key or an "
+                   "admin_key in the tenants file");
         return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
     }
     if (!key || !srv_tenants_admin_ok(s->ts, key, strlen(key))) {
-        srv_refuse(&err, ADMIT_AUTH, NULL, key ? "invalid admin key"
-                          : "missing admin key: send 'Authorization: Bearer <admin key>'");
+        srv_refuse(&err, ADMIT_AUTH, NULL,
+                   key ? "invalid admin key"
+                       : "missing admin key: send 'Authorization: Bearer <admin key>'");
         return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
     }
     if (!rest) return srv__kv_check(s, c, sc);
@@ -1135,7 +1143,8 @@ static enum MHD_Result srv__admin(server *s, struct MHD_Connection *c, const cha
         json_t *v = json_object_get(j, "abort_running");
         if (!j || (v && !json_is_boolean(v))) {
             json_decref(j);
-            srv_refuse(&err, ADMIT_INVALID, "abort_running", "body must be {\"abort_running\": true|false}");
+            srv_refuse(&err, ADMIT_INVALID, "abort_running",
+                       "body must be {\"abort_running\": true|false}");
             return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
         }
         if (v) abort_running = json_is_true(v);
@@ -1148,7 +1157,8 @@ static enum MHD_Result srv__admin(server *s, struct MHD_Connection *c, const cha
                            json_pack("{s:s, s:b, s:b}", "model", name, "online", online,
                                      "abort_running", abort_running));
 notfound:
-    srv_refuse(&err, ADMIT_UNKNOWN_URL, NULL, "Invalid URL: use /admin/models/{name}/offline or /online");
+    srv_refuse(&err, ADMIT_UNKNOWN_URL, NULL,
+               "Invalid URL: use /admin/models/{name}/offline or /online");
     return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
 }
 
@@ -1194,13 +1204,13 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
                     route == SRV_ROUTE_METRICS || admin_kv;
     if (want_get ? !get : !post) {
         srv_refuse(&err, ADMIT_METHOD, NULL, "Method %s is not allowed on %s; use %s", method, url,
-                      want_get ? "GET" : "POST");
+                   want_get ? "GET" : "POST");
         return srv__reply_error(s, c, route, &err);
     }
     if (sc->too_large) {
         srv_refuse(&err, ADMIT_TOO_LARGE, NULL,
                    "request body of %zu bytes exceeds the limit of %zu bytes", sc->body_seen,
-                      s->o.max_body_bytes);
+                   s->o.max_body_bytes);
         return srv__reply_error(s, c, route, &err);
     }
     switch (route) {
@@ -1300,7 +1310,7 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
                 sc->body_seen = (size_t)n;
                 srv_refuse(&err, ADMIT_TOO_LARGE, NULL,
                            "request body of %llu bytes exceeds the limit of %zu bytes", n,
-                              s->o.max_body_bytes);
+                           s->o.max_body_bytes);
                 return srv__reply_error(s, c, srv__route_of(url), &err);
             }
         }

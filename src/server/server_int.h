@@ -41,7 +41,7 @@ typedef struct srv_error {
     const char *code;  /* "model_not_found", ... or NULL (JSON null); static storage */
     char param[64];    /* the offending parameter, "" for JSON null */
     char msg[512];     /* human-readable, says what was wrong and why */
-    admit_reason reason; /* a refusal (kvseal_rejections_total), or ADMIT_OK */
+    admit_reason reason;   /* a refusal (kvseal_rejections_total), or ADMIT_OK */
     uint16_t workers_code; /* Workers AI errors[].code */
 } srv_error;
 
@@ -229,7 +229,7 @@ bool srv_tenants_admin_ok(const srv_tenants *ts, const char *key, size_t len);
  * ADMIT_TENANT_CONCURRENCY or ADMIT_TENANT_RATE (msg says which
  * limit and the numbers). Thread-safe. */
 admit_reason srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t now_ns, char *msg,
-                             size_t cap);
+                               size_t cap);
 /* Ends an admitted request, refunding `unused` tokens. Thread-safe. */
 void srv_tenants_release(srv_tenants *ts, int i, int64_t unused);
 /* Raises an admitted request's reservation from `reserved` tokens (what
@@ -239,7 +239,7 @@ void srv_tenants_release(srv_tenants *ts, int i, int64_t unused);
  * the request is still admitted: end it with srv_tenants_refuse).
  * Thread-safe. */
 admit_reason srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t tokens,
-                            uint64_t now_ns, char *msg, size_t cap);
+                              uint64_t now_ns, char *msg, size_t cap);
 /* Ends an admitted request that was refused after doing `charged` tokens
  * of work (the prompt tokens it was tokenized into): of the `reserved`
  * tokens it holds, the rest is refunded, or the difference taken when the

@@ -256,7 +256,7 @@ static void ten__rate_msg(const srv_tenant *t, int64_t tokens, bool at_least, do
 }
 
 admit_reason srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t now_ns, char *msg,
-                             size_t cap) {
+                               size_t cap) {
     KS_ASSERT(i >= 0 && (size_t)i < ts->n);
     srv_tenant *t = &ts->t[i];
     admit_reason r = ADMIT_OK;
@@ -292,7 +292,7 @@ void srv_tenants_release(srv_tenants *ts, int i, int64_t unused) {
 }
 
 admit_reason srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t tokens,
-                            uint64_t now_ns, char *msg, size_t cap) {
+                              uint64_t now_ns, char *msg, size_t cap) {
     KS_ASSERT(i >= 0 && (size_t)i < ts->n);
     srv_tenant *t = &ts->t[i];
     admit_reason r = ADMIT_OK;

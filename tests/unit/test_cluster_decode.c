@@ -626,8 +626,8 @@ static void phase_coverage(harness *h) {
  * draining prefill's REJECT used to reach the client as 400 when FINISH won). */
 static void phase_reject(harness *h) {
     admit(h, 9, N_PROMPT);
-    pd_msg_reject rj = {.reason = ADMIT_DRAINING, .msg = "the prefill worker is shutting down",
-                        .msg_len = 35};
+    pd_msg_reject rj = {
+        .reason = ADMIT_DRAINING, .msg = "the prefill worker is shutting down", .msg_len = 35};
     uint8_t buf[64];
     uint32_t len;
     CHECK(pd_msg_reject_encode(&rj, buf, sizeof buf, &len, NULL) == KS_OK);
@@ -640,7 +640,7 @@ static void phase_reject(harness *h) {
     CHECK_EQ(fin.reason, ADMIT_DRAINING);
     CHECK(fin.msg_len == 35 && memcmp(fin.msg, rj.msg, 35) == 0);
     CHECK_EQ(count_rf(h, 9, PD_MSG_TOKEN), 0);
-    expect_clean(h);  // freed directly: nothing quarantined
+    expect_clean(h); // freed directly: nothing quarantined
 }
 
 static void phase_abort(harness *h) {

@@ -1134,7 +1134,8 @@ static void test_admit(void) {
         CHECK(in->http_status >= 400 && in->http_status <= 599);
         CHECK(in->workers_code >= 400);
         CHECK(in->err != KS_OK);
-        for (int q = 1; q < r; q++) CHECK(strcmp(in->name, admit_reason_info((admit_reason)q)->name) != 0);
+        for (int q = 1; q < r; q++)
+            CHECK(strcmp(in->name, admit_reason_info((admit_reason)q)->name) != 0);
     }
     CHECK(admit_reason_info(ADMIT__COUNT) == admit_reason_info(ADMIT_INTERNAL));
     ks_errbuf eb;
@@ -1143,7 +1144,7 @@ static void test_admit(void) {
     CHECK_STR_EQ(eb.msg, "3 waiting");
     CHECK_EQ(admit_refuse(&eb, ADMIT_OFFLINE, NULL), KS_ERR_AGAIN);
     CHECK_STR_EQ(eb.msg, "the model is offline");
-    ks_seterr(&eb, KS_ERR_IO, "x");  // not a refusal: no reason left behind
+    ks_seterr(&eb, KS_ERR_IO, "x"); // not a refusal: no reason left behind
     CHECK_EQ(eb.reason, 0);
 
     admit_limits lim = {.n_ctx = 64, .n_vocab = 100, .page_tokens = 16, .max_pages = 3};
@@ -1154,10 +1155,10 @@ static void test_admit(void) {
     CHECK_EQ(admit_lengths(&lim, 60, 5, &eb), KS_ERR_INVAL);
     CHECK_EQ(eb.reason, ADMIT_CONTEXT_LENGTH);
     CHECK_STR_HAS(eb.msg, "maximum context length is 64 tokens. However, you requested 65 tokens");
-    CHECK_EQ(admit_lengths(&lim, 40, 9, &eb), KS_ERR_NOSPACE);  // 49 tokens: 4 pages of 16 > 3
+    CHECK_EQ(admit_lengths(&lim, 40, 9, &eb), KS_ERR_NOSPACE); // 49 tokens: 4 pages of 16 > 3
     CHECK_EQ(eb.reason, ADMIT_KV_CAPACITY);
     CHECK_EQ(admit_lengths(&lim, 40, 8, &eb), KS_OK);
-    lim.prompt_only = true;  // a prefill worker holds the prompt only
+    lim.prompt_only = true; // a prefill worker holds the prompt only
     CHECK_EQ(admit_lengths(&lim, 48, 16, &eb), KS_OK);
     CHECK_EQ(admit_lengths(&lim, 49, 1, &eb), KS_ERR_NOSPACE);
     int32_t toks[3] = {1, 100, 2};

@@ -501,7 +501,7 @@ static void test_invalid(hook *h) {
     j = make_job(ids, n, 4, &sp, false);
     j.force_first = g_V;
     hook_cmd(h, &j, NULL);
-    CHECK_EQ(j.err, KS_ERR_INTERNAL);  // a decode worker's peer broke the protocol
+    CHECK_EQ(j.err, KS_ERR_INTERNAL); // a decode worker's peer broke the protocol
     CHECK_EQ(j.reason, ADMIT_INTERNAL);
     CHECK_STR_HAS(j.errmsg, "out of range");
 

@@ -558,7 +558,7 @@ static void test_round_trip_small(void) {
         CHECK_EQ(pd_msg_reject_decode(buf, n, &r, &eb), KS_OK);
         CHECK(r.reason == 6 && r.msg_len == 512);
         CHECK_MEM_EQ(r.msg, TEXT512, 512);
-        m.reason = ADMIT_TENANT_RATE;  // an HTTP-front reason never travels
+        m.reason = ADMIT_TENANT_RATE; // an HTTP-front reason never travels
         CHECK_EQ(pd_msg_reject_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
     }
     {
@@ -621,11 +621,11 @@ static void test_round_trip_small(void) {
         CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
         m.finish = PD_FINISH_ABORT;
         CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
-        m.reason = ADMIT_DRAINING;  // a refusal travels with an ERROR/ABORT
+        m.reason = ADMIT_DRAINING; // a refusal travels with an ERROR/ABORT
         CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
         CHECK_EQ(pd_msg_finish_decode(buf, n, &r, &eb), KS_OK);
         CHECK_EQ(r.reason, ADMIT_DRAINING);
-        m.reason = ADMIT_WIRE_MAX + 1;  // an HTTP-front reason never travels
+        m.reason = ADMIT_WIRE_MAX + 1; // an HTTP-front reason never travels
         CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
         m.reason = ADMIT_BUSY;
         m.finish = PD_FINISH_LENGTH;
@@ -810,8 +810,8 @@ static void test_length_fields(void) {
     struct {
         uint16_t type;
         uint32_t fixed, off;
-    } tx[] = {{PD_MSG_DENY, 8, 4}, {PD_MSG_REJECT, 12, 8}, {PD_MSG_FINISH, 28, 20},
-              {PD_MSG_ERROR, 8, 4}};
+    } tx[] = {
+        {PD_MSG_DENY, 8, 4}, {PD_MSG_REJECT, 12, 8}, {PD_MSG_FINISH, 28, 20}, {PD_MSG_ERROR, 8, 4}};
     for (size_t i = 0; i < 4; i++) {
         memset(big, 0, sizeof big);
         pd_store_u32(big, 1);

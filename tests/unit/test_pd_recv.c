@@ -470,7 +470,7 @@ static void test_reject_frees_directly(void) {
     const pd_recv_ev *f = last_ev(&h, PD_RECV_EV_FINISH);
     CHECK(f && f->req_id == 8 && f->finish == PD_FINISH_ERROR);
     CHECK_EQ(count_ev(&h, PD_RECV_EV_ABORT), 0);
-    pd_recv_reject(h.r, 8, EP, ADMIT_CONTEXT_LENGTH, NULL);  // second REJECT: dropped
+    pd_recv_reject(h.r, 8, EP, ADMIT_CONTEXT_LENGTH, NULL); // second REJECT: dropped
     CHECK_EQ(count_ev(&h, PD_RECV_EV_FINISH), 1);
     // ABORT from prefill while RECEIVING
     granted g2 = admit(&h, 9, 9, 1, EP);

@@ -46,8 +46,8 @@ typedef struct {
     int computes;
     uint32_t compute_from; /* seq->n_tokens at the last compute (prefix-cached tokens) */
     bool compute_fail;
-    uint32_t n_ctx;        /* what fake_admit allows */
-    kv_prefix *prefix;     /* test_prefix_cache's cache (prefix_reserve) */
+    uint32_t n_ctx;    /* what fake_admit allows */
+    kv_prefix *prefix; /* test_prefix_cache's cache (prefix_reserve) */
     pd_recv_ev ev[64];
     int n_ev;
 } harness;
@@ -148,9 +148,15 @@ static void h_init(harness *h, uint32_t send_n_ctx) {
                       .clock_ctx = h};
     CHECK(pd_recv_create(h->dpool, &rc, &h->r, NULL) == KS_OK);
     h->n_ctx = send_n_ctx;
-    pd_send_cfg sc = {.tombstone_ms = 60000, .emit = on_frame, .emit_ctx = h, .admit = fake_admit,
-                      .admit_ctx = h, .compute = fake_compute, .compute_ctx = h,
-                      .clock = fake_clock, .clock_ctx = h};
+    pd_send_cfg sc = {.tombstone_ms = 60000,
+                      .emit = on_frame,
+                      .emit_ctx = h,
+                      .admit = fake_admit,
+                      .admit_ctx = h,
+                      .compute = fake_compute,
+                      .compute_ctx = h,
+                      .clock = fake_clock,
+                      .clock_ctx = h};
     CHECK(pd_send_create(h->ppool, &sc, &h->s, NULL) == KS_OK);
     CHECK(pd_send_link_up(h->s, W, EP, NULL) == KS_OK);
 }
@@ -479,8 +485,8 @@ static uint32_t run_one(harness *h, uint64_t req_id, uint32_t n_prompt) {
 }
 
 /* A cache policy as cluster/prefill.c's: attach under the domain, reserve. */
-static ks_err prefix_reserve(void *ctx, kv_pool *pool, const uint8_t domain[32], const int32_t *toks,
-                             uint32_t n, kv_seq *seq, ks_errbuf *eb) {
+static ks_err prefix_reserve(void *ctx, kv_pool *pool, const uint8_t domain[32],
+                             const int32_t *toks, uint32_t n, kv_seq *seq, ks_errbuf *eb) {
     harness *h = ctx;
     (void)kv_prefix_attach(h->prefix, domain, toks, n, seq);
     return kv_seq_reserve(pool, seq, n, eb);
@@ -492,11 +498,10 @@ static void prefix_computed(void *ctx, kv_pool *pool, const uint8_t domain[32], 
     kv_prefix_publish(((harness *)ctx)->prefix, domain, toks, n, seq);
 }
 
-/* cfg.reserve/computed with a prefix cache (I7): a repeated prompt of the same domain attaches its full
- * pages (never the page holding the last token), compute starts after them,
- * decode still receives exactly the KV a full compute gives and DONE says
- * how many tokens were cached; another domain's identical prompt gets
- * nothing. */
+/* cfg.reserve/computed with a prefix cache (I7): a repeated prompt of the same domain attaches its
+ * full pages (never the page holding the last token), compute starts after them, decode still
+ * receives exactly the KV a full compute gives and DONE says how many tokens were cached; another
+ * domain's identical prompt gets nothing. */
 static void test_prefix_cache(void) {
     harness h;
     h_init(&h, N_CTX);
@@ -504,10 +509,18 @@ static void test_prefix_cache(void) {
     kv_prefix *pc;
     CHECK(kv_prefix_create(h.ppool, 4, &pc, NULL) == KS_OK);
     h.prefix = pc;
-    pd_send_cfg sc = {.tombstone_ms = 60000, .emit = on_frame, .emit_ctx = &h, .admit = fake_admit,
-                      .admit_ctx = &h, .reserve = prefix_reserve, .computed = prefix_computed,
-                      .reserve_ctx = &h, .compute = fake_compute, .compute_ctx = &h,
-                      .clock = fake_clock, .clock_ctx = &h};
+    pd_send_cfg sc = {.tombstone_ms = 60000,
+                      .emit = on_frame,
+                      .emit_ctx = &h,
+                      .admit = fake_admit,
+                      .admit_ctx = &h,
+                      .reserve = prefix_reserve,
+                      .computed = prefix_computed,
+                      .reserve_ctx = &h,
+                      .compute = fake_compute,
+                      .compute_ctx = &h,
+                      .clock = fake_clock,
+                      .clock_ctx = &h};
     CHECK(pd_send_create(h.ppool, &sc, &h.s, NULL) == KS_OK);
     CHECK(pd_send_link_up(h.s, W, EP, NULL) == KS_OK);
     g_domain = 1;

@@ -324,7 +324,7 @@ static void test_error_shapes(void) {
     s = srv_error_json(SRV_ROUTE_COMPLETIONS, &e);
     CHECK_STR_EQ(s, "{\"error\":{\"message\":\"gone\",\"type\":\"invalid_request_error\","
                     "\"param\":null,\"code\":null}}");
-    CHECK_EQ(e.reason, ADMIT_OK);  // a failure, not a refusal: not counted as one
+    CHECK_EQ(e.reason, ADMIT_OK); // a failure, not a refusal: not counted as one
     free(s);
     // Workers AI shape: its documented code where there is one, else the status
     srv_refuse(&e, ADMIT_OFFLINE, NULL, "offline");
@@ -463,8 +463,7 @@ static void test_tenants(void) {
     CHECK_EQ(srv_tenants_admit(ts, 0, 10, t0 + 1000000000ull, msg, sizeof msg), ADMIT_OK);
     srv_tenants_release(ts, 0, 0);
     srv_tenants_release(ts, 0, 0);
-    CHECK_EQ(srv_tenants_admit(ts, 0, 600, t0 + 3600000000000ull, msg, sizeof msg),
-             ADMIT_OK);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 600, t0 + 3600000000000ull, msg, sizeof msg), ADMIT_OK);
     CHECK_NEAR(ts->t[0].bucket, 0, 1e-6);
     srv_tenants_release(ts, 0, 0);
     CHECK_EQ(ts->t[0].running, 0);
