@@ -129,6 +129,8 @@ struct pd_conn {
     bool got_hello;
     // TLS (tls.c); ssl is NULL on an --insecure-plaintext loop
     struct ssl_st *ssl;
+    struct bio_st *tls_out;        /* our end of the BIO pair OpenSSL writes records into:
+                                      ciphertext not yet on the socket */
     char psk_id[32];               /* client: the PSK identity offered */
     char tls_why[96];              /* why a PSK callback refused, for the log */
     bool tls_hs_write;             /* the handshake waits for POLLOUT */
@@ -228,6 +230,10 @@ void pd__tls_handshake(pd_conn *c);
 ssize_t pd__tls_readv(pd_conn *c, const struct iovec *iov, int n);
 /* writev through TLS: bytes taken (0: would block), -1 when c was failed. */
 ssize_t pd__tls_writev(pd_conn *c, const struct iovec *iov, int n);
+/* Ciphertext bytes encrypted but not yet taken by the socket (0 without TLS). */
+size_t pd__tls_unsent(const pd_conn *c);
+/* Sends batched ciphertext until the socket is full: 0, or -1 when c was failed. */
+int pd__tls_push(pd_conn *c);
 /* True when decrypted or buffered input waits inside OpenSSL (epoll can't see it). */
 bool pd__tls_pending(const pd_conn *c);
 /* Sends close_notify, best effort; can't fail. */

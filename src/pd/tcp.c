@@ -124,7 +124,7 @@ void pd__conn_update_events(pd_conn *c) {
     else if (c->ssl && c->state == PD__CONN_HANDSHAKE) ev = c->tls_hs_write ? EPOLLOUT : EPOLLIN;
     else {
         if (c->read_on) ev |= EPOLLIN;
-        if (c->out_bytes && !c->hold_until_ns) ev |= EPOLLOUT;
+        if ((c->out_bytes && !c->hold_until_ns) || pd__tls_unsent(c)) ev |= EPOLLOUT;
         if (c->tls_read_wants_write && c->read_on) ev |= EPOLLOUT;
         if (c->tls_write_wants_read && c->out_bytes) ev |= EPOLLIN;
     }
@@ -345,6 +345,7 @@ static ssize_t pd__sendv(pd_conn *c, const struct iovec *iov, int n) {
 
 /* Writes as much queued output as the socket takes. */
 static void pd__flush(pd_conn *c) {
+    if (pd__tls_unsent(c) && pd__tls_push(c) < 0) return;
     while (c->out_head && c->state != PD__CONN_CLOSED && !c->hold_until_ns) {
         struct iovec iov[PD__OUT_IOV];
         int n = 0;
@@ -405,7 +406,7 @@ static void pd__flush(pd_conn *c) {
         KS_ASSERT(left == 0);
     }
     if (c->state == PD__CONN_CLOSED) return;
-    if (!c->out_head && c->state == PD__CONN_DRAINING)
+    if (!c->out_head && !pd__tls_unsent(c) && c->state == PD__CONN_DRAINING)
         return pd__conn_fail(c, c->drain_why, "%s", c->drain_msg);
     pd__conn_update_events(c);
     if (c->want_writable && c->out_bytes <= c->loop->cfg.out_low_bytes &&
@@ -709,7 +710,7 @@ static ks_err pd__tcp_send_frame(pd_conn *c, uint16_t type, uint64_t req_id,
     return pd__conn_send_raw(c, type, req_id, payload, n_iov, done, arg, eb);
 }
 
-static size_t pd__tcp_out_pending(const pd_conn *c) { return c->out_bytes; }
+static size_t pd__tcp_out_pending(const pd_conn *c) { return c->out_bytes + pd__tls_unsent(c); }
 
 static void pd__tcp_set_read(pd_conn *c, bool on) {
     c->read_on = on;
@@ -717,7 +718,7 @@ static void pd__tcp_set_read(pd_conn *c, bool on) {
 }
 
 static void pd__tcp_close(pd_conn *c, ks_err why, const char *msg, bool flush) {
-    if (!flush || !c->out_head || c->state != PD__CONN_OPEN) {
+    if (!flush || (!c->out_head && !pd__tls_unsent(c)) || c->state != PD__CONN_OPEN) {
         pd__conn_fail(c, why, "%s", msg);
         return;
     }

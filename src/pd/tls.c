@@ -16,6 +16,7 @@
 #include "pd_int.h"
 
 #include <errno.h>
+#include <sys/socket.h>
 #include <openssl/err.h>
 #include <openssl/kdf.h>
 #include <openssl/ssl.h>
@@ -24,6 +25,9 @@
 
 #define PD__TLS_SALT "kvseal-pd-v2"
 #define PD__TLS_REC 16384u /* TLS plaintext record size: small iovecs are coalesced to it */
+/* Records are written into a BIO pair of this size and leave in one send():
+ * a syscall per 16 KB record costs the sender ~20% of loopback throughput. */
+#define PD__TLS_WBUF (256u * 1024u)
 
 // ----------------------------------------------------------------------------
 // Keys and PSK sessions
@@ -159,7 +163,13 @@ static void pd__tls_fail(pd_conn *c, ks_err why, const char *what) {
 
 void pd__tls_start(pd_conn *c) {
     c->ssl = SSL_new(c->loop->ssl_ctx);
-    if (!c->ssl || !SSL_set_fd(c->ssl, c->fd)) return pd__tls_fail(c, KS_ERR_NOMEM, "SSL_new");
+    // reads come from the socket; records go into a BIO pair that pd__tls_push drains
+    BIO *sock = c->ssl ? BIO_new_socket(c->fd, BIO_NOCLOSE) : NULL, *rec = NULL;
+    if (!sock || !BIO_new_bio_pair(&rec, PD__TLS_WBUF, &c->tls_out, 0)) {
+        BIO_free(sock);
+        return pd__tls_fail(c, KS_ERR_NOMEM, "SSL_new");
+    }
+    SSL_set_bio(c->ssl, sock, rec);
     SSL_set_app_data(c->ssl, c);
     if (c->initiator) {
         snprintf(c->psk_id, sizeof c->psk_id, PD__TLS_SALT " %u>%u", c->loop->cfg.role,
@@ -176,11 +186,15 @@ void pd__tls_start(pd_conn *c) {
 void pd__tls_handshake(pd_conn *c) {
     ERR_clear_error();
     errno = 0;
+    if (pd__tls_push(c) < 0) return;
     int r = SSL_do_handshake(c->ssl);
+    int e = r == 1 ? SSL_ERROR_NONE : SSL_get_error(c->ssl, r);
+    if (e == SSL_ERROR_NONE || e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+        if (pd__tls_push(c) < 0) return;
+        c->tls_hs_write = e == SSL_ERROR_WANT_WRITE || pd__tls_unsent(c);
+    }
     if (r != 1) {
-        int e = SSL_get_error(c->ssl, r);
         if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
-            c->tls_hs_write = e == SSL_ERROR_WANT_WRITE;
             pd__conn_update_events(c);
             return;
         }
@@ -199,6 +213,28 @@ void pd__tls_handshake(pd_conn *c) {
 
 // ----------------------------------------------------------------------------
 // Data
+
+size_t pd__tls_unsent(const pd_conn *c) {
+    return c->tls_out ? BIO_ctrl_pending(c->tls_out) : 0;
+}
+
+int pd__tls_push(pd_conn *c) {
+    for (;;) {
+        char *p;
+        int n = BIO_nread0(c->tls_out, &p);  // the contiguous run at the ring's head
+        if (n <= 0) return 0;
+        ssize_t r = send(c->fd, p, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+            int e = errno;
+            pd__conn_fail(c, (e == EPIPE || e == ECONNRESET) ? KS_ERR_PEER_CLOSED : KS_ERR_IO,
+                          "send: %s", strerror(e));
+            return -1;
+        }
+        BIO_nread(c->tls_out, &p, (int)r);
+    }
+}
 
 /* Only after a read that returned data: once SSL_read said WANT_READ, what
  * OpenSSL still buffers is a partial record that needs the socket, which
@@ -224,6 +260,7 @@ ssize_t pd__tls_readv(pd_conn *c, const struct iovec *iov, int n) {
         if (total) break;  // report what we have; the condition repeats on the next call
         int e = SSL_get_error(c->ssl, r);
         c->tls_more = false;
+        if (pd__tls_unsent(c) && pd__tls_push(c) < 0) return -2;  // an alert, say
         if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
             if (e == SSL_ERROR_WANT_WRITE) {
                 c->tls_read_wants_write = true;
@@ -247,6 +284,7 @@ ssize_t pd__tls_writev(pd_conn *c, const struct iovec *iov, int n) {
     int i = 0;
     size_t off = 0;  // cursor into iov[i]
     c->tls_write_wants_read = false;
+    if (pd__tls_push(c) < 0) return -1;
     while (i < n) {
         if (off == iov[i].iov_len) {
             i++;
@@ -283,8 +321,14 @@ ssize_t pd__tls_writev(pd_conn *c, const struct iovec *iov, int n) {
         int r = SSL_write_ex(c->ssl, p, len, &w);
         if (r != 1) {
             int e = SSL_get_error(c->ssl, r);
-            if (e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ) {
-                if (e == SSL_ERROR_WANT_READ) c->tls_write_wants_read = true;
+            if (e == SSL_ERROR_WANT_WRITE) {  // the pair is full: drain it, retry if it moved
+                size_t before = pd__tls_unsent(c);
+                if (pd__tls_push(c) < 0) return -1;
+                if (pd__tls_unsent(c) < before) continue;
+                return (ssize_t)total;
+            }
+            if (e == SSL_ERROR_WANT_READ) {
+                c->tls_write_wants_read = true;
                 return (ssize_t)total;
             }
             pd__tls_fail(c, (errno == EPIPE || errno == ECONNRESET) ? KS_ERR_PEER_CLOSED : KS_ERR_IO,
@@ -305,6 +349,7 @@ ssize_t pd__tls_writev(pd_conn *c, const struct iovec *iov, int n) {
             }
         }
     }
+    if (pd__tls_push(c) < 0) return -1;
     return (ssize_t)total;
 }
 
@@ -313,9 +358,14 @@ void pd__tls_close_notify(pd_conn *c) {
     ERR_clear_error();
     (void)SSL_shutdown(c->ssl);  // best effort, non-blocking: the close follows
     ERR_clear_error();
+    char *p;
+    int n = BIO_nread0(c->tls_out, &p);
+    if (n > 0) (void)!send(c->fd, p, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 void pd__tls_free(pd_conn *c) {
-    SSL_free(c->ssl);
+    SSL_free(c->ssl);  // frees the socket BIO and OpenSSL's end of the pair
+    BIO_free(c->tls_out);
     c->ssl = NULL;
+    c->tls_out = NULL;
 }
