@@ -16,12 +16,12 @@
 #include "pd_int.h"
 
 #include <errno.h>
-#include <sys/socket.h>
 #include <openssl/err.h>
 #include <openssl/kdf.h>
 #include <openssl/ssl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define PD__TLS_SALT "kvseal-pd-v2"
 #define PD__TLS_REC 16384u /* TLS plaintext record size: small iovecs are coalesced to it */
@@ -214,14 +214,12 @@ void pd__tls_handshake(pd_conn *c) {
 // ----------------------------------------------------------------------------
 // Data
 
-size_t pd__tls_unsent(const pd_conn *c) {
-    return c->tls_out ? BIO_ctrl_pending(c->tls_out) : 0;
-}
+size_t pd__tls_unsent(const pd_conn *c) { return c->tls_out ? BIO_ctrl_pending(c->tls_out) : 0; }
 
 int pd__tls_push(pd_conn *c) {
     for (;;) {
         char *p;
-        int n = BIO_nread0(c->tls_out, &p);  // the contiguous run at the ring's head
+        int n = BIO_nread0(c->tls_out, &p); // the contiguous run at the ring's head
         if (n <= 0) return 0;
         ssize_t r = send(c->fd, p, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (r < 0) {
@@ -260,7 +258,7 @@ ssize_t pd__tls_readv(pd_conn *c, const struct iovec *iov, int n) {
         if (total) break;  // report what we have; the condition repeats on the next call
         int e = SSL_get_error(c->ssl, r);
         c->tls_more = false;
-        if (pd__tls_unsent(c) && pd__tls_push(c) < 0) return -2;  // an alert, say
+        if (pd__tls_unsent(c) && pd__tls_push(c) < 0) return -2; // an alert, say
         if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
             if (e == SSL_ERROR_WANT_WRITE) {
                 c->tls_read_wants_write = true;
@@ -321,7 +319,7 @@ ssize_t pd__tls_writev(pd_conn *c, const struct iovec *iov, int n) {
         int r = SSL_write_ex(c->ssl, p, len, &w);
         if (r != 1) {
             int e = SSL_get_error(c->ssl, r);
-            if (e == SSL_ERROR_WANT_WRITE) {  // the pair is full: drain it, retry if it moved
+            if (e == SSL_ERROR_WANT_WRITE) { // the pair is full: drain it, retry if it moved
                 size_t before = pd__tls_unsent(c);
                 if (pd__tls_push(c) < 0) return -1;
                 if (pd__tls_unsent(c) < before) continue;
@@ -364,7 +362,7 @@ void pd__tls_close_notify(pd_conn *c) {
 }
 
 void pd__tls_free(pd_conn *c) {
-    SSL_free(c->ssl);  // frees the socket BIO and OpenSSL's end of the pair
+    SSL_free(c->ssl); // frees the socket BIO and OpenSSL's end of the pair
     BIO_free(c->tls_out);
     c->ssl = NULL;
     c->tls_out = NULL;

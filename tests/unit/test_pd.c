@@ -1332,15 +1332,17 @@ static void bench_cpu_rates(double *aes, double *cpy, double *xxh) {
             CHECK(EVP_DecryptInit_ex(x, EVP_aes_128_gcm(), NULL, key, iv) == 1);
             CHECK(EVP_DecryptUpdate(x, b + o, &len, a + o, (int)R) == 1);
             EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_GCM_SET_TAG, 16, tag);
-            (void)EVP_DecryptFinal_ex(x, tag, &len);  // the tag is wrong: only the time counts
+            (void)EVP_DecryptFinal_ex(x, tag, &len); // the tag is wrong: only the time counts
         }
     *aes = (double)reps * F / (double)(ks_now_ns() - t0);
     t0 = ks_now_ns();
-    for (int r = 0; r < reps; r++) memcpy(r & 1 ? a : b, r & 1 ? b : a, F);
+    for (int r = 0; r < reps; r++)
+        memcpy(r & 1 ? a : b, r & 1 ? b : a, F);
     *cpy = (double)reps * F / (double)(ks_now_ns() - t0);
     uint64_t h = 0;
     t0 = ks_now_ns();
-    for (int r = 0; r < reps; r++) h += XXH3_64bits(a, F);
+    for (int r = 0; r < reps; r++)
+        h += XXH3_64bits(a, F);
     *xxh = (double)reps * F / (double)(ks_now_ns() - t0);
     CHECK(h != 1);
     EVP_CIPHER_CTX_free(x);
@@ -1401,9 +1403,9 @@ static void bench(int mib, bool borrowed) {
     double wall = (double)(ks_now_ns() - t0) / 1e9, tx_cpu = thread_cpu_s() - c0;
     double pdr = (double)mib * F / wall / 1e9;
     printf("loopback 1 MiB x %d: plain socket copy %.2f GB/s, pd frames (%s, XXH3 + sink%s) "
-           "%.2f GB/s, ratio %.2f (busy: sender %.0f%%, receiver %.0f%%)\n", mib, plain,
-           g_plain ? "plaintext" : "TLS 1.3", borrowed ? " + borrowed send" : "", pdr, pdr / plain,
-           100 * tx_cpu / wall, 100 * br.cpu_s / wall);
+           "%.2f GB/s, ratio %.2f (busy: sender %.0f%%, receiver %.0f%%)\n",
+           mib, plain, g_plain ? "plaintext" : "TLS 1.3", borrowed ? " + borrowed send" : "", pdr,
+           pdr / plain, 100 * tx_cpu / wall, 100 * br.cpu_s / wall);
     if (!g_plain && borrowed) {
         // The TLS receiver copies from the socket, decrypts, copies the record
         // into the page (OpenSSL decrypts in its own buffer) and hashes; the
@@ -1413,8 +1415,8 @@ static void bench(int mib, bool borrowed) {
         bench_cpu_rates(&aes, &cpy, &xxh);
         double ceil = (1 / plain) / (1 / plain + 1 / aes + 1 / cpy + 1 / xxh);
         printf("  one core: AES-128-GCM decrypt %.2f GB/s, memcpy %.2f GB/s, XXH3 %.2f GB/s: "
-               "TLS receiver ceiling %.2f of plain; reached %.2f of it\n", aes, cpy, xxh, ceil,
-               pdr / plain / ceil);
+               "TLS receiver ceiling %.2f of plain; reached %.2f of it\n",
+               aes, cpy, xxh, ceil, pdr / plain / ceil);
     }
     pd_loop_destroy(ltx);
     pd_loop_destroy(lrx);
