@@ -1418,19 +1418,20 @@ static void srv__conn_notify(void *cls, struct MHD_Connection *c, void **socket_
  * and closes the connection. Only while MHD is still reading the request. */
 static void srv__sock_expire(server *s, srv_sock *sk, bool sent_something) {
     if (sent_something) {
-        char body[256], msg[512];
-        int bn = snprintf(body, sizeof body,
-                          "{\"error\":{\"message\":\"the request was not received within %u "
-                          "s\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":"
-                          "\"request_timeout\"}}",
-                          s->o.request_timeout_s);
-        int n = snprintf(msg, sizeof msg,
-                         "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: "
-                         "application/json\r\nContent-Length: %d\r\n\r\n%s",
-                         bn, body);
-        (void)!send(sk->fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        srv_metrics_request(&s->met, SRV_ROUTE_OTHER, 408);
-        srv_metrics_reject(&s->met, ADMIT_REQUEST_TIMEOUT);
+        srv_error err;
+        srv_refuse(&err, ADMIT_REQUEST_TIMEOUT, NULL, "the request was not received within %u s",
+                   s->o.request_timeout_s);
+        char *body = srv_error_json(SRV_ROUTE_OTHER, &err), msg[1024];
+        int n = body ? snprintf(msg, sizeof msg,
+                                "HTTP/1.1 %d Request Timeout\r\nConnection: close\r\nContent-Type: "
+                                "application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                                err.status, strlen(body), body)
+                     : 0;
+        free(body);
+        if (n > 0 && (size_t)n < sizeof msg)
+            (void)!send(sk->fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        srv_metrics_request(&s->met, SRV_ROUTE_OTHER, err.status);
+        srv_metrics_reject(&s->met, err.reason);
     }
     shutdown(sk->fd, SHUT_RDWR);
 }
