@@ -73,20 +73,146 @@ static double bench__membw(int n_threads) {
     return best;
 }
 
+/* Aggregate decode with n_streams sequences at once, as llama-batched-bench
+ * measures it: each stream's n_pp-token prompt is prefilled (batches of up
+ * to 512 tokens), then n_tg steps each decode one token of every stream in
+ * one batch. Prints prefill and decode tokens/s over all streams. */
+static int bench__streams(cli__session *s, const int32_t *toks, int n_streams, int32_t n_pp,
+                          int32_t n_tg) {
+    const model_hparams *hp = model_hp(s->m);
+    const int32_t ctx = n_pp + n_tg, ub = 512;
+    kv_geom g = model_kv_geom(s->m, 16);
+    uint32_t pages = (uint32_t)n_streams * (uint32_t)((ctx + g.page_tokens - 1) / g.page_tokens);
+    kv_pool *pool = NULL;
+    model_ctx *mc = NULL;
+    kv_seq *seqs = calloc((size_t)n_streams, sizeof *seqs);
+    int32_t *bt = malloc(sizeof(int32_t) * 4 * (size_t)ub);
+    float *logits = malloc(sizeof(float) * (size_t)hp->n_vocab * (size_t)n_streams);
+    ks_errbuf eb = {0};
+    int rc = 1;
+    if (!seqs || !bt || !logits || n_streams > ub) {
+        snprintf(eb.msg, sizeof eb.msg, "out of memory, or more than %d streams", ub);
+        goto done;
+    }
+    if (kv_pool_create(&g, pages, KV_SCRUB_ZERO, &pool, &eb) ||
+        model_ctx_create(s->m, pool, s->n_threads, ub, ctx, &mc, &eb))
+        goto done;
+    kv_seq *sp[512];
+    for (int i = 0; i < n_streams; i++) {
+        kv_seq_init(pool, &seqs[i]);
+        sp[i] = &seqs[i];
+        if (kv_seq_reserve(pool, &seqs[i], (uint32_t)ctx, &eb)) goto done;
+    }
+    int32_t *tok = bt, *pos = bt + ub, *seq = bt + 2 * ub, *out = bt + 3 * ub;
+    // prefill: the streams' prompts back to back, cut into batches of ub
+    uint64_t t0 = ks_now_ns();
+    int32_t total = n_pp * n_streams;
+    for (int32_t i0 = 0; i0 < total; i0 += ub) {
+        int32_t nb = total - i0 < ub ? total - i0 : ub, n_out = 0;
+        int first = (i0 / n_pp), last = (i0 + nb - 1) / n_pp;
+        for (int32_t j = 0; j < nb; j++) {
+            int32_t i = i0 + j;
+            tok[j] = toks[(i * 7 + i / n_pp) % n_pp]; // streams differ
+            pos[j] = i % n_pp;
+            seq[j] = i / n_pp - first;
+            out[j] = i % n_pp == n_pp - 1 ? n_out++ : -1;
+        }
+        model_batch b = {.n_tokens = nb,
+                         .tokens = tok,
+                         .pos = pos,
+                         .seq = seq,
+                         .out_row = out,
+                         .n_out = n_out,
+                         .n_seqs = last - first + 1,
+                         .seqs = sp + first};
+        if (model_forward(mc, &b, logits, &eb)) goto done;
+    }
+    double t_pp = (double)(ks_now_ns() - t0) / 1e9;
+    t0 = ks_now_ns();
+    for (int32_t step = 0; step < n_tg; step++) {
+        for (int i = 0; i < n_streams; i++) {
+            tok[i] = toks[(step * 13 + i) % n_pp];
+            pos[i] = n_pp + step;
+            seq[i] = i;
+            out[i] = i;
+        }
+        model_batch b = {.n_tokens = n_streams,
+                         .tokens = tok,
+                         .pos = pos,
+                         .seq = seq,
+                         .out_row = out,
+                         .n_out = n_streams,
+                         .n_seqs = n_streams,
+                         .seqs = sp};
+        if (model_forward(mc, &b, logits, &eb)) goto done;
+    }
+    double t_tg = (double)(ks_now_ns() - t0) / 1e9;
+    printf("streams %d: pp %d x %d: %.2f tokens/s, tg %d x %d: %.2f tokens/s aggregate\n",
+           n_streams, n_streams, n_pp, total / t_pp, n_streams, n_tg,
+           (double)n_streams * n_tg / t_tg);
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "kvseal bench: %s\n", eb.msg);
+    for (int i = 0; seqs && pool && i < n_streams; i++)
+        kv_seq_release(pool, &seqs[i]);
+    model_ctx_free(mc);
+    kv_pool_destroy(pool);
+    free(seqs);
+    free(bt);
+    free(logits);
+    return rc;
+}
+
 int cli_bench(int argc, char **argv) {
     const char *path = cli_default_model();
     long n_pp = 512, n_tg = 128, threads = 0, reps = 1;
+    const char *streams = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-m") && v) path = argv[++i];
         else if (!strcmp(a, "-p") && v) { if (!cli__parse_int("-p", argv[++i], 1, 1 << 16, &n_pp)) return 2; }
         else if (!strcmp(a, "-n") && v) { if (!cli__parse_int("-n", argv[++i], 1, 1 << 16, &n_tg)) return 2; }
         else if (!strcmp(a, "-t") && v) { if (!cli__parse_int("-t", argv[++i], 1, 256, &threads)) return 2; }
-        else if (!strcmp(a, "-r") && v) { if (!cli__parse_int("-r", argv[++i], 1, 100, &reps)) return 2; }
+        else if (!strcmp(a, "-r") && v) { if (!cli__parse_int("-r", argv[++i], 1, 100, &reps)) return 2;
+        } else if (!strcmp(a, "--streams") && v)
+            streams = argv[++i];
         else {
-            fprintf(stderr, "usage: kvseal bench [-m MODEL] [-p PP_TOKENS] [-n TG_TOKENS] [-t THREADS] [-r REPS]\n");
+            fprintf(
+                stderr,
+                "usage: kvseal bench [-m MODEL] [-p PP_TOKENS] [-n TG_TOKENS] [-t THREADS] [-r "
+                "REPS]\n"
+                "                    [--streams N,N,...]  (aggregate decode of N streams:\n"
+                "                    each prefills PP tokens, then TG steps of one token each)\n");
             return 2;
         }
+    }
+    if (streams) {
+        cli__session s;
+        if (cli__session_open(&s, path, (int)threads, (int32_t)n_pp, 1)) return 1;
+        int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_pp);
+        int rc = toks ? 0 : 1;
+        uint64_t x = 0x9e3779b97f4a7c15ull;
+        for (int32_t i = 0; toks && i < (int32_t)n_pp; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            toks[i] = (int32_t)(x % (uint64_t)model_hp(s.m)->n_vocab);
+        }
+        printf("model: %s, kernels: %s, threads: %d\n", path, kern_get()->name, s.n_threads);
+        for (const char *p = streams; !rc && *p;) {
+            char *end;
+            long n = strtol(p, &end, 10);
+            if (end == p || n < 1 || n > 512 || (*end && *end != ',')) {
+                fprintf(stderr, "kvseal bench: --streams wants a list like 1,4,16 (each 1..512)\n");
+                rc = 2;
+                break;
+            }
+            rc = bench__streams(&s, toks, (int)n, (int32_t)n_pp, (int32_t)n_tg);
+            p = *end ? end + 1 : end;
+        }
+        free(toks);
+        cli__session_close(&s);
+        return rc;
     }
     int32_t ctx = (int32_t)(n_pp > n_tg ? n_pp : n_tg);
     cli__session s;

@@ -64,6 +64,16 @@ typedef struct a512_tile {
 
 typedef void (*a512_tile_fn)(const a512_tile *t);
 
+/* Prefetches bytes [off, off + n) of the weight row that follows the tile's
+ * last row by r + 1 rows: the same stretch of the next tile, which a matvec
+ * reads next. Rows are short (a few KB), so the hardware prefetcher retrains
+ * at every tile and one core could not stream from DRAM without this. */
+A512_INLINE void a512__prefetch_next(const a512_tile *t, int r, int R, int64_t off, int n) {
+    const char *p = (const char *)t->W + (size_t)(R + r) * t->ws + off;
+    for (int b = 0; b < n; b += 64)
+        _mm_prefetch(p + b, _MM_HINT_T0);
+}
+
 /* Splits the matmul into 4 x 4 tiles (measured best for every type, despite
  * some register spills; 4 x 1 for a matvec) and rows into chunks of about
  * 256 KiB of weights, so a chunk stays in L2 while every column tile passes
@@ -241,15 +251,16 @@ static bool a512__use_vnni(void) {
 // to block k only. Each lane gets the exact sum of the 8 products of its
 // bytes in lo and hi. Per element and group: acc = fma((float)isum,
 // d_w*d_x per lane, acc), groups in order, then one reduction. Scales of
-// 8 full blocks come from one gather; the values are the same as when read
-// one at a time, so the results are too.
+// 8 full blocks are converted together (the values are the same as when
+// converted one at a time, so the results are too).
 
 /* The f16 scales of blocks 0..7 (stride bytes apart, at offset 0) as f32. */
 A512_INLINE __m512 a512__d8(const uint8_t *b, int stride) {
-    const __m256i idx =
-        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
-    __m256i g = _mm256_i32gather_epi32((const int *)(const void *)b, idx, 1);
-    return _mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)));
+    // eight scalar loads: a vpgatherdd costs more than they do on AMD cores
+    uint16_t h[8];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) memcpy(&h[i], b + i * stride, 2);
+    return _mm512_castps256_ps512(
+        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h)));
 }
 
 /* Lanes 4k..4k+3 = d[4g + k] of an 8- (or 4-) scale vector. */
@@ -370,6 +381,7 @@ A512_INLINE void a512__q80x_tile(int Q4, int R, int C, const a512_tile *t, int V
     int64_t ib = 0;
     for (; ib + 8 <= nb; ib += 8) {
         __m512 w8[4], x8[4];
+        A512_FOR_R a512__prefetch_next(t, r, R, ib * wbs, 8 * wbs);
         A512_FOR_R w8[r] = a512__d8(t->W + r * t->ws + ib * wbs, wbs);
         A512_FOR_C x8[c] = a512__d8(t->X + c * t->xs + ib * 34, 34);
         _Pragma("GCC unroll 2") for (int g = 0; g < 2; g++) {
@@ -476,6 +488,7 @@ A512_INLINE void a512__q4k_tile(int R, int C, const a512_tile *t, int V) {
     const int64_t nsb = t->K / 256;
     for (int64_t i = 0; i < nsb; i++) {
         a512_q4kw w[4];
+        A512_FOR_R a512__prefetch_next(t, r, R, i * 144, 144);
         A512_FOR_R w[r] = a512__q4k_wprep(t->W + r * t->ws + i * 144);
         __m512i isum[4][4];
         A512_FOR_R A512_FOR_C isum[r][c] = _mm512_setzero_si512();
@@ -562,6 +575,7 @@ A512_INLINE void a512__q6k_tile(int R, int C, const a512_tile *t, int V) {
     const int64_t nsb = t->K / 256;
     for (int64_t i = 0; i < nsb; i++) {
         a512_q6kw w[4];
+        A512_FOR_R a512__prefetch_next(t, r, R, i * 210, 210);
         A512_FOR_R w[r] = a512__q6k_wprep(t->W + r * t->ws + i * 210);
         __m512i isum[4][4];
         A512_FOR_R A512_FOR_C isum[r][c] = _mm512_setzero_si512();
