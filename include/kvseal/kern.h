@@ -79,5 +79,10 @@ void kern_dequantize_row(ks_dtype t, const void *x, float *y, int64_t n);
  * Scalar, shared by all ISAs (cheap next to the matmuls). */
 void kern_rope(float *x, int n_dims, int n_rot, int64_t pos, float freq_base,
                float freq_scale, bool neox);
+/* The cos/sin of kern_rope's n_rot/2 angles at pos, as cs[2i] = cos, cs[2i+1]
+ * = sin: computed once per token and shared by all its heads. */
+void kern_rope_table(float *cs, int n_rot, int64_t pos, float freq_base, float freq_scale);
+/* kern_rope with a kern_rope_table: the same values, bit for bit. */
+void kern_rope_apply(float *x, int n_rot, const float *cs, bool neox);
 
 #endif /* KS_KERN_H */

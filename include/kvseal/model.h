@@ -21,6 +21,9 @@ typedef enum model_arch {
     MODEL_ARCH_QWEN3 = 2,
 } model_arch;
 
+/* Largest head size (attention.key_length) a model may have. */
+#define MODEL_MAX_HEAD_DIM 1024
+
 typedef struct model_hparams {
     model_arch arch;
     char arch_name[16];

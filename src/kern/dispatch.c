@@ -132,17 +132,31 @@ void kern_dequantize_row(ks_dtype t, const void *x, float *y, int64_t n) {
  * the low bits) and applied in float. Pair i (i < n_rot/2) rotates by
  * pos * freq_scale * base^(-2i/n_rot) (freq_scale = 1/factor, kern.h). neox pairs are (x[i], x[i + n_rot/2]),
  * as llama.cpp's NEOX mode with n_dims = n_rot. */
-void kern_rope(float *x, int n_dims, int n_rot, int64_t pos, float freq_base, float freq_scale,
-               bool neox) {
-    KS_ASSERT(n_rot >= 0 && n_rot <= n_dims && n_rot % 2 == 0);
-    int half = n_rot / 2;
-    for (int i = 0; i < half; i++) {
+void kern_rope_table(float *cs, int n_rot, int64_t pos, float freq_base, float freq_scale) {
+    KS_ASSERT(n_rot >= 0 && n_rot % 2 == 0);
+    for (int i = 0; i < n_rot / 2; i++) {
         double theta = (double)pos * (double)freq_scale *
                        pow((double)freq_base, -2.0 * (double)i / (double)n_rot);
-        float c = (float)cos(theta), s = (float)sin(theta);
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
+void kern_rope_apply(float *x, int n_rot, const float *cs, bool neox) {
+    int half = n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        float c = cs[2 * i], s = cs[2 * i + 1];
         int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         float x0 = x[i0], x1 = x[i1];
         x[i0] = x0 * c - x1 * s;
         x[i1] = x0 * s + x1 * c;
     }
+}
+
+void kern_rope(float *x, int n_dims, int n_rot, int64_t pos, float freq_base, float freq_scale,
+               bool neox) {
+    KS_ASSERT(n_rot >= 0 && n_rot <= n_dims && n_rot % 2 == 0 && n_rot <= 1024);
+    float cs[1024];
+    kern_rope_table(cs, n_rot, pos, freq_base, freq_scale);
+    kern_rope_apply(x, n_rot, cs, neox);
 }

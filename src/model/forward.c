@@ -15,8 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FWD_ROW_TILE 32  // weight rows per matmul call: a tile stays in L1/L2
-
 struct model_ctx {
     const model *m;
     kv_pool *pool;
@@ -134,12 +132,22 @@ typedef struct {
     atomic_llong next; // next weight row to claim
 } fwd__mm;
 
+/* Weight rows per claim: about four claims per thread, a multiple of 16.
+ * Long runs of rows let each thread stream its weights (the kernels prefetch
+ * the next tile's rows) and reuse the activations from L2; 32-row claims
+ * were 25-30% slower in decode on the TinyLlama shape. */
+static int64_t fwd__rows_per_claim(int64_t N, int nth) {
+    int64_t n = (N / (4 * (int64_t)nth) + 15) / 16 * 16;
+    return n < 16 ? 16 : n;
+}
+
 static void fwd__mm_task(void *arg, int ith, int nth) {
     fwd__mm *a = arg;
     const model__mat *w = a->w;
-    (void)ith, (void)nth;
+    (void)ith;
+    const int64_t chunk = fwd__rows_per_claim(w->N, nth);
     int64_t r, r1;
-    while (ks_pool_claim(&a->next, w->N, FWD_ROW_TILE, &r, &r1))
+    while (ks_pool_claim(&a->next, w->N, chunk, &r, &r1))
         a->fn(w->K, (int)(r1 - r), a->T, (const char *)w->data + (size_t)r * w->row_bytes,
               w->row_bytes, a->X, a->x_stride, a->Y + r, (size_t)w->N);
 }
@@ -230,13 +238,15 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
         for (int i = 0; i < KVD; i++) v[i] += L->bv[i];
     }
     const int32_t pos = a->b->pos[t];
+    float cs[MODEL_MAX_HEAD_DIM]; // the position's angles, shared by every head
+    kern_rope_table(cs, hp->n_rot, pos, hp->rope_base, hp->rope_scale);
     for (int h = 0; h < H; h++) {
         if (L->q_norm) kv->rmsnorm(D, q + h * D, L->q_norm, hp->norm_eps, q + h * D);
-        kern_rope(q + h * D, D, hp->n_rot, pos, hp->rope_base, hp->rope_scale, hp->rope_neox);
+        kern_rope_apply(q + h * D, hp->n_rot, cs, hp->rope_neox);
     }
     for (int h = 0; h < Hkv; h++) {
         if (L->k_norm) kv->rmsnorm(D, k + h * D, L->k_norm, hp->norm_eps, k + h * D);
-        kern_rope(k + h * D, D, hp->n_rot, pos, hp->rope_base, hp->rope_scale, hp->rope_neox);
+        kern_rope_apply(k + h * D, hp->n_rot, cs, hp->rope_neox);
     }
     // K/V rows go to their page through kv (the only code that knows addresses)
     const int si = a->b->seq[t];

@@ -82,6 +82,9 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
                        &hp->head_dim)) ||
         (e = load__u32(&c, "rope.dimension_count", false, (uint32_t)hp->head_dim, &hp->n_rot)))
         return e;
+    if (hp->head_dim < 1 || hp->head_dim > MODEL_MAX_HEAD_DIM)
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED, "%s: key_length %d is not in 1..%d", gguf_path(f),
+                         hp->head_dim, MODEL_MAX_HEAD_DIM);
     int32_t vlen;
     if ((e = load__u32(&c, "attention.value_length", false, (uint32_t)hp->head_dim, &vlen))) return e;
     if (vlen != hp->head_dim)

@@ -211,7 +211,14 @@ static void test_bad_batches(const model *m) {
 // ----------------------------------------------------------------------------
 // Loader errors: rewrite kjv-mini with one thing changed
 
-typedef enum { MUT_ARCH, MUT_DROP_TENSOR, MUT_SHAPE, MUT_TYPE, MUT_DROP_KEY } mutation;
+typedef enum {
+    MUT_ARCH,
+    MUT_DROP_TENSOR,
+    MUT_SHAPE,
+    MUT_TYPE,
+    MUT_DROP_KEY,
+    MUT_HEAD_DIM
+} mutation;
 
 static void write_mutant(const char *src, const char *dst, mutation mu) {
     gguf_file *f;
@@ -227,6 +234,9 @@ static void write_mutant(const char *src, const char *dst, mutation mu) {
         if (mu == MUT_DROP_KEY && !strcmp(key, "llama.block_count")) continue;
         CHECK_EQ(gguf_writer_copy_kv(w, f, key), KS_OK);
     }
+    // a head size past what the forward pass keeps on its stack
+    if (mu == MUT_HEAD_DIM)
+        CHECK_EQ(gguf_writer_set_u32(w, "llama.attention.key_length", 4096), KS_OK);
     static int64_t ne_bad[2] = {256, 200};
     static uint8_t junk[256 * 256 * 4];
     for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
@@ -256,9 +266,11 @@ static void test_load_errors(const char *src) {
     } cases[] = {
         {MUT_ARCH, KS_ERR_UNSUPPORTED, "unsupported architecture 'mamba'"},
         {MUT_DROP_TENSOR, KS_ERR_FORMAT, "missing tensor 'blk.3.attn_k.weight'"},
-        {MUT_SHAPE, KS_ERR_FORMAT, "tensor 'blk.3.attn_k.weight' has shape [256, 200] (2 dims), expected [256, 128]"},
+        {MUT_SHAPE, KS_ERR_FORMAT,
+         "tensor 'blk.3.attn_k.weight' has shape [256, 200] (2 dims), expected [256, 128]"},
         {MUT_TYPE, KS_ERR_UNSUPPORTED, "tensor 'blk.3.attn_k.weight' has type Q5_0"},
         {MUT_DROP_KEY, KS_ERR_FORMAT, "missing required key 'llama.block_count'"},
+        {MUT_HEAD_DIM, KS_ERR_UNSUPPORTED, "key_length 4096 is not in 1..1024"},
     };
     char dst[256];
     snprintf(dst, sizeof dst, "/tmp/ks_test_model_%d.gguf", (int)getpid());
