@@ -39,6 +39,14 @@ typedef struct kern_vtab {
     float (*dot_f32)(int64_t n, const float *a, const float *b);
     /* y[i] += a * x[i] */
     void (*axpy_f32)(int64_t n, float a, const float *x, float *y);
+    /* out[j] = dot_f32(n, q, k + j * k_stride) * scale for j < rows: the same
+     * values as dot_f32 (attention scores over one KV page) */
+    void (*dot_rows)(int64_t n, const float *q, const float *k, size_t k_stride, int rows,
+                     float scale, float *out);
+    /* y[i] += s[j] * v[j * v_stride + i] for j = 0 .. rows-1 in order: the same
+     * values as rows axpy_f32 calls (attention output over one KV page) */
+    void (*axpy_rows)(int64_t n, const float *s, const float *v, size_t v_stride, int rows,
+                      float *y);
     /* y = x / sqrt(mean(x^2) + eps) * w ; y may alias x */
     void (*rmsnorm)(int64_t n, const float *x, const float *w, float eps, float *y);
     /* y[i] = silu(g[i]) * u[i] ; y may alias g or u */

@@ -482,6 +482,20 @@ static void avx2__axpy_f32(int64_t n, float a, const float *x, float *y) {
     for (; i < n; i++) y[i] = y[i] + a * x[i];
 }
 
+/* avx2__dot_f32 per row: the same values. */
+static void avx2__dot_rows(int64_t n, const float *q, const float *k, size_t k_stride, int rows,
+                           float scale, float *out) {
+    for (int j = 0; j < rows; j++)
+        out[j] = avx2__dot_f32(n, q, k + (size_t)j * k_stride) * scale;
+}
+
+/* avx2__axpy_f32 per row: matches kern__axpy_rows_ref exactly. */
+static void avx2__axpy_rows(int64_t n, const float *s, const float *v, size_t v_stride, int rows,
+                            float *y) {
+    for (int j = 0; j < rows; j++)
+        avx2__axpy_f32(n, s[j], v + (size_t)j * v_stride, y);
+}
+
 /* Must match kern__rmsnorm_ref within relative 1e-5: only the sum of squares
  * differs (f32 lanes vs double); the per-element (x*scale)*w is the same. */
 static void avx2__rmsnorm(int64_t n, const float *x, const float *w, float eps, float *y) {
@@ -572,6 +586,8 @@ const kern_vtab kern__vtab_avx2 = {
         },
     .dot_f32 = avx2__dot_f32,
     .axpy_f32 = avx2__axpy_f32,
+    .dot_rows = avx2__dot_rows,
+    .axpy_rows = avx2__axpy_rows,
     .rmsnorm = avx2__rmsnorm,
     .silu_mul = avx2__silu_mul,
     .softmax = avx2__softmax,

@@ -683,7 +683,7 @@ static void a512__quantize_f32(const float *x, void *y, int64_t n) {
 
 /* Matches kern__dot_f32_ref (double): f32 fma in 4 x 16 lanes, relative error
  * about n * 2^-24 of sum |a*b|. */
-static float a512__dot_f32(int64_t n, const float *a, const float *b) {
+A512_INLINE float a512__dot(int64_t n, const float *a, const float *b) {
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i <= n - 64; i += 64) {
@@ -699,6 +699,30 @@ static float a512__dot_f32(int64_t n, const float *a, const float *b) {
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
+static float a512__dot_f32(int64_t n, const float *a, const float *b) { return a512__dot(n, a, b); }
+
+/* a512__dot_f32 per row (the same values), without a call per row. */
+static void a512__dot_rows(int64_t n, const float *q, const float *k, size_t k_stride, int rows,
+                           float scale, float *out) {
+    if (n == 64) { // the common head size: q stays in registers
+        const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16),
+                     q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
+        for (int j = 0; j < rows; j++) {
+            const float *r = k + (size_t)j * k_stride;
+            __m512 s0 = _mm512_fmadd_ps(q0, _mm512_loadu_ps(r), _mm512_setzero_ps());
+            __m512 s1 = _mm512_fmadd_ps(q1, _mm512_loadu_ps(r + 16), _mm512_setzero_ps());
+            __m512 s2 = _mm512_fmadd_ps(q2, _mm512_loadu_ps(r + 32), _mm512_setzero_ps());
+            __m512 s3 = _mm512_fmadd_ps(q3, _mm512_loadu_ps(r + 48), _mm512_setzero_ps());
+            out[j] =
+                _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3))) *
+                scale;
+        }
+        return;
+    }
+    for (int j = 0; j < rows; j++)
+        out[j] = a512__dot(n, q, k + (size_t)j * k_stride) * scale;
+}
+
 /* Matches kern__axpy_f32_ref exactly (mul then add, no fma). */
 static void a512__axpy_f32(int64_t n, float a, const float *x, float *y) {
     __m512 va = _mm512_set1_ps(a);
@@ -707,6 +731,30 @@ static void a512__axpy_f32(int64_t n, float a, const float *x, float *y) {
         __m512 p = _mm512_mul_ps(va, _mm512_maskz_loadu_ps(m, x + i));
         _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), p));
     }
+}
+
+/* Matches kern__axpy_rows_ref exactly: per element the same mul then add,
+ * rows in order; y stays in registers while the rows stream by (layout: v
+ * rows of n floats, v_stride apart, as a KV page holds one head's values). */
+static void a512__axpy_rows(int64_t n, const float *s, const float *v, size_t v_stride, int rows,
+                            float *y) {
+    if (n % 16 || n > 128) {
+        for (int j = 0; j < rows; j++)
+            a512__axpy_f32(n, s[j], v + (size_t)j * v_stride, y);
+        return;
+    }
+    const int nv = (int)(n / 16);
+    __m512 acc[8];
+    for (int i = 0; i < nv; i++)
+        acc[i] = _mm512_loadu_ps(y + 16 * i);
+    for (int j = 0; j < rows; j++) {
+        const __m512 a = _mm512_set1_ps(s[j]);
+        const float *r = v + (size_t)j * v_stride;
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) if (i < nv) acc[i] =
+            _mm512_add_ps(acc[i], _mm512_mul_ps(a, _mm512_loadu_ps(r + 16 * i)));
+    }
+    for (int i = 0; i < nv; i++)
+        _mm512_storeu_ps(y + 16 * i, acc[i]);
 }
 
 /* Matches kern__rmsnorm_ref: sum of squares in double (other order), then
@@ -813,6 +861,8 @@ const kern_vtab kern__vtab_avx512 = {
         },
     .dot_f32 = a512__dot_f32,
     .axpy_f32 = a512__axpy_f32,
+    .dot_rows = a512__dot_rows,
+    .axpy_rows = a512__axpy_rows,
     .rmsnorm = a512__rmsnorm,
     .silu_mul = a512__silu_mul,
     .softmax = a512__softmax,

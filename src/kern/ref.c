@@ -419,6 +419,18 @@ void kern__axpy_f32_ref(int64_t n, float a, const float *x, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] = y[i] + a * x[i]; // mul then add, no fma
 }
 
+void kern__dot_rows_ref(int64_t n, const float *q, const float *k, size_t k_stride, int rows,
+                        float scale, float *out) {
+    for (int j = 0; j < rows; j++)
+        out[j] = kern__dot_f32_ref(n, q, k + (size_t)j * k_stride) * scale;
+}
+
+void kern__axpy_rows_ref(int64_t n, const float *s, const float *v, size_t v_stride, int rows,
+                         float *y) {
+    for (int j = 0; j < rows; j++)
+        kern__axpy_f32_ref(n, s[j], v + (size_t)j * v_stride, y);
+}
+
 void kern__rmsnorm_ref(int64_t n, const float *x, const float *w, float eps, float *y) {
     double ss = 0.0;
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
@@ -469,6 +481,8 @@ const kern_vtab kern__vtab_ref = {
         },
     .dot_f32 = kern__dot_f32_ref,
     .axpy_f32 = kern__axpy_f32_ref,
+    .dot_rows = kern__dot_rows_ref,
+    .axpy_rows = kern__axpy_rows_ref,
     .rmsnorm = kern__rmsnorm_ref,
     .silu_mul = kern__silu_mul_ref,
     .softmax = kern__softmax_ref,

@@ -331,17 +331,13 @@ static void fwd__attn_one(fwd__attn *a, int t, int h, float *scores) {
     // page rows are (P, KVD): position j0+j lives in page j0/P, row j
     for (uint32_t j0 = 0; j0 < n_ctx; j0 += P) {
         uint32_t nj = n_ctx - j0 < P ? n_ctx - j0 : P;
-        const float *k = kp[j0 / P];
-        for (uint32_t j = 0; j < nj; j++)
-            scores[j0 + j] = kv->dot_f32(D, q, k + (size_t)j * (size_t)KVD + koff) * scale;
+        kv->dot_rows(D, q, kp[j0 / P] + koff, (size_t)KVD, (int)nj, scale, scores + j0);
     }
     kv->softmax(n_ctx, scores);
     memset(out, 0, sizeof(float) * (size_t)D);
     for (uint32_t j0 = 0; j0 < n_ctx; j0 += P) {
         uint32_t nj = n_ctx - j0 < P ? n_ctx - j0 : P;
-        const float *v = vp[j0 / P];
-        for (uint32_t j = 0; j < nj; j++)
-            kv->axpy_f32(D, scores[j0 + j], v + (size_t)j * (size_t)KVD + koff, out);
+        kv->axpy_rows(D, scores + j0, vp[j0 / P] + koff, (size_t)KVD, (int)nj, out);
     }
 }
 

@@ -453,6 +453,33 @@ static void check_vec(const char *what, const kern_vtab *v, int64_t n, const flo
         }
 }
 
+/* dot_rows / axpy_rows over a page of rows are bit-identical to dot_f32 /
+ * axpy_f32 row by row (attention's results must not depend on which ran). */
+static void test_rows_ops(const kern_vtab *v) {
+    static const int64_t dims[] = {16, 32, 48, 64, 80, 96, 128, 144, 256, 7};
+    const int rows = 21, stride = 300; // a page's K or V rows, one head's columns
+    float *kv = xmalloc(sizeof(float) * (size_t)rows * stride), q[256], s[21], o1[21], o2[21];
+    float y1[256], y2[256];
+    for (size_t i = 0; i < (size_t)rows * stride; i++)
+        kv[i] = rng_f() * 3.0f;
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
+        int64_t n = dims[d];
+        for (int64_t i = 0; i < n; i++)
+            q[i] = rng_f(), y1[i] = y2[i] = rng_f();
+        for (int j = 0; j < rows; j++)
+            s[j] = rng_f();
+        v->dot_rows(n, q, kv + 5, (size_t)stride, rows, 0.125f, o1);
+        for (int j = 0; j < rows; j++)
+            o2[j] = v->dot_f32(n, q, kv + 5 + (size_t)j * stride) * 0.125f;
+        CHECK_MEM_EQ(o1, o2, sizeof(float) * rows);
+        v->axpy_rows(n, s, kv + 7, (size_t)stride, rows, y1);
+        for (int j = 0; j < rows; j++)
+            v->axpy_f32(n, s[j], kv + 7 + (size_t)j * stride, y2);
+        CHECK_MEM_EQ(y1, y2, sizeof(float) * (size_t)n);
+    }
+    free(kv);
+}
+
 static void test_vec_ops(const kern_vtab *v) {
     static const int64_t sizes[] = {1,  2,  3,  5,  7,   8,   15,  16,  17,   31,
                                     33, 63, 64, 65, 127, 128, 129, 255, 1000, 4097};
@@ -619,6 +646,7 @@ int main(void) {
         }
         test_quantize_act(v);
         test_vec_ops(v);
+        test_rows_ops(v);
         test_matmul_vs_ref(v);
         test_batch_invariance(v);
     }
