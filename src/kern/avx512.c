@@ -406,18 +406,161 @@ A512_INLINE void a512__q80x_tile(int Q4, int R, int C, const a512_tile *t, int V
 A512_TILES_V(a512__q8_0_tile)
 A512_TILES_V(a512__q4_0_tile)
 
+// Prefill: the activation side of each group, prepared once per column tile
+// instead of once per row tile. a512_xg holds exactly what a512__q80x_group
+// derives from a column's group (lo/hi bytes, the Q4_0 offset term, the
+// block scales in a512__d_group's lanes), so the prepared tiles compute the
+// same values bit for bit; only the work moves.
+
+typedef struct a512_xg {
+    __m512i xl, xh, xs8; /* as in a512__q80x_group (xs8 unused for Q8_0) */
+    __m512 xd;           /* the 4 blocks' scales, lanes 4k..4k+3 = block k, 0 if missing */
+} a512_xg;
+
+/* Prepares the ceil(nb/4) groups of one Q8_0 activation row. */
+static void a512__prep_x(int Q4, int V, const uint8_t *X, int64_t nb, a512_xg *out) {
+    const __m512i ones8 = _mm512_set1_epi8(1), c80 = _mm512_set1_epi8((char)0x80),
+                  z = _mm512_setzero_si512();
+    for (int64_t ib = 0; ib < nb; ib += 4, out++) {
+        int n = nb - ib < 4 ? (int)(nb - ib) : 4;
+        __m512i xl, xh;
+        a512__q8_0_lohi(X + ib * 34, n, &xl, &xh);
+        out->xs8 = z;
+        if (Q4 && V)
+            out->xs8 = _mm512_sub_epi32(
+                z, _mm512_slli_epi32(a512__dpbusd(a512__dpbusd(z, ones8, xl), ones8, xh), 3));
+        else if (Q4)
+            out->xs8 = _mm512_slli_epi16(
+                _mm512_add_epi16(_mm512_maddubs_epi16(ones8, xl), _mm512_maddubs_epi16(ones8, xh)),
+                3);
+        if (!Q4 && V) {
+            xl = _mm512_xor_si512(xl, c80);
+            xh = _mm512_xor_si512(xh, c80);
+        }
+        out->xl = xl;
+        out->xh = xh;
+        out->xd = a512__d4(X + ib * 34, 34, n);
+    }
+}
+
+/* a512__q80x_group with the activation side prepared (xg[c] = column c's group). */
+A512_INLINE void a512__q80p_group(int Q4, int R, int C, const a512_tile *t, int V, int64_t ib,
+                                  int n, const __m512 wd[4], const a512_xg *const xg[4],
+                                  __m512 acc[4][4]) {
+    const __m512i ones16 = _mm512_set1_epi16(1), c80 = _mm512_set1_epi8((char)0x80),
+                  z = _mm512_setzero_si512();
+    const int wbs = Q4 ? 18 : 34;
+    A512_FOR_R {
+        const uint8_t *wb = t->W + r * t->ws + ib * wbs;
+        __m512i wl, wh;
+        if (Q4)
+            a512__q4_0_lohi(wb, n, &wl, &wh);
+        else
+            a512__q8_0_lohi(wb, n, &wl, &wh);
+        if (Q4) {
+            A512_FOR_C {
+                __m512i p;
+                if (V) {
+                    p = a512__dpbusd(a512__dpbusd(xg[c]->xs8, wl, xg[c]->xl), wh, xg[c]->xh);
+                } else {
+                    __m512i p16 = _mm512_add_epi16(_mm512_maddubs_epi16(wl, xg[c]->xl),
+                                                   _mm512_maddubs_epi16(wh, xg[c]->xh));
+                    p = _mm512_madd_epi16(_mm512_sub_epi16(p16, xg[c]->xs8), ones16);
+                }
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd[r], xg[c]->xd),
+                                            acc[r][c]);
+            }
+        } else if (V) {
+            __m512i neg = _mm512_sub_epi32(z, a512__dpbusd(a512__dpbusd(z, c80, wl), c80, wh));
+            A512_FOR_C {
+                __m512i p = a512__dpbusd(a512__dpbusd(neg, xg[c]->xl, wl), xg[c]->xh, wh);
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd[r], xg[c]->xd),
+                                            acc[r][c]);
+            }
+        } else {
+            __m512i al = _mm512_abs_epi8(wl), ah = _mm512_abs_epi8(wh);
+            __mmask64 sl = _mm512_movepi8_mask(wl), sh = _mm512_movepi8_mask(wh);
+            A512_FOR_C {
+                __m512i pl =
+                    _mm512_maddubs_epi16(al, _mm512_mask_sub_epi8(xg[c]->xl, sl, z, xg[c]->xl));
+                __m512i ph =
+                    _mm512_maddubs_epi16(ah, _mm512_mask_sub_epi8(xg[c]->xh, sh, z, xg[c]->xh));
+                __m512i p =
+                    _mm512_add_epi32(_mm512_madd_epi16(pl, ones16), _mm512_madd_epi16(ph, ones16));
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd[r], xg[c]->xd),
+                                            acc[r][c]);
+            }
+        }
+    }
+}
+
+/* a512__q80x_tile over prepared activations: t->X is column 0's a512_xg
+ * array, t->xs the byte distance between columns' arrays. */
+A512_INLINE void a512__q80p_tile(int Q4, int R, int C, const a512_tile *t, int V) {
+    const int wbs = Q4 ? 18 : 34;
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nb = t->K / 32;
+    const a512_xg *xg[4];
+    A512_FOR_C xg[c] = (const a512_xg *)(const void *)(t->X + c * t->xs);
+    int64_t ib = 0;
+    for (; ib + 8 <= nb; ib += 8) {
+        __m512 w8[4];
+        A512_FOR_R w8[r] = a512__d8(t->W + r * t->ws + ib * wbs, wbs);
+        _Pragma("GCC unroll 2") for (int g = 0; g < 2; g++) {
+            __m512 wd[4];
+            A512_FOR_R wd[r] = a512__d_group(w8[r], g);
+            a512__q80p_group(Q4, R, C, t, V, ib + 4 * g, 4, wd, xg, acc);
+            A512_FOR_C xg[c]++;
+        }
+    }
+    for (; ib < nb; ib += 4) {
+        int n = nb - ib < 4 ? (int)(nb - ib) : 4;
+        __m512 wd[4];
+        A512_FOR_R wd[r] = a512__d4(t->W + r * t->ws + ib * wbs, wbs, n);
+        a512__q80p_group(Q4, R, C, t, V, ib, n, wd, xg, acc);
+        A512_FOR_C xg[c]++;
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+#define a512__q8_0p_tile(R, C, t, V) a512__q80p_tile(0, R, C, t, V)
+#define a512__q4_0p_tile(R, C, t, V) a512__q80p_tile(1, R, C, t, V)
+A512_TILES_V(a512__q8_0p_tile)
+A512_TILES_V(a512__q4_0p_tile)
+
+/* A Q8_0-activation matmul of several columns: prepares the activations of
+ * all columns once (a512__prep_x), then runs the prepared tiles; NULL
+ * scratch (no memory) falls back to the plain tiles. */
+static void a512__run_q80(int Q4, int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                          const void *X, size_t xs, float *Y, size_t ys) {
+    const int V = a512__use_vnni();
+    const int64_t nb = K / 32, ng = (nb + 3) / 4;
+    a512_xg *p = n_cols > 1 ? ks_alloc_aligned((size_t)n_cols * (size_t)ng * sizeof *p) : NULL;
+    if (!p) {
+        a512__run(Q4 ? a512__q4_0_tile_tab[V] : a512__q8_0_tile_tab[V], K, n_rows, n_cols, W, ws, X,
+                  xs, Y, ys);
+        return;
+    }
+    for (int c = 0; c < n_cols; c++)
+        a512__prep_x(Q4, V, (const uint8_t *)X + (size_t)c * xs, nb, p + (size_t)c * (size_t)ng);
+    a512__run(Q4 ? a512__q4_0p_tile_tab[V] : a512__q8_0p_tile_tab[V], K, n_rows, n_cols, W, ws, p,
+              (size_t)ng * sizeof *p, Y, ys);
+    ks_free_aligned(p);
+}
+
 /* Matches kern__matmul_q8_0_ref: block integer sums are exact; error is the
  * f32 rounding of d_w*d_x, of each lane term and of the accumulation, about
  * (K/32 + 3) * 2^-24 of sum |block terms|. */
 static void a512__matmul_q8_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                               const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__q8_0_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    a512__run_q80(0, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 /* Matches kern__matmul_q4_0_ref; tolerance as a512__matmul_q8_0. */
 static void a512__matmul_q4_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                               const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__q4_0_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    a512__run_q80(1, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 // ----------------------------------------------------------------------------
