@@ -305,145 +305,41 @@ A512_INLINE void a512__q4_0_lohi(const uint8_t *b, int n, __m512i *lo, __m512i *
     *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
 }
 
-/* One group (blocks ib .. ib+n-1) of a Q8_0-activation tile; Q4 selects
- * Q4_0 weights. wd/xd: the group's scales per row / column.
- * Q8_0: without VNNI the weight's sign moves onto x (|w| * (sign(w) x); x is
- * never -128, kern_int.h); with VNNI x+128 is the unsigned side and
- * 128*sum(w) is subtracted. Q4_0: sum(q*x) - 8*sum(x). */
-A512_INLINE void a512__q80x_group(int Q4, int R, int C, const a512_tile *t, int V, int64_t ib,
-                                  int n, const __m512 wd[4], const __m512 xd[4], __m512 acc[4][4]) {
-    const __m512i ones16 = _mm512_set1_epi16(1), ones8 = _mm512_set1_epi8(1),
-                  c80 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
-    const int wbs = Q4 ? 18 : 34;
-    __m512i xl[4], xh[4], xs8[4];
-    A512_FOR_C {
-        a512__q8_0_lohi(t->X + c * t->xs + ib * 34, n, &xl[c], &xh[c]);
-        if (Q4 && V) // -8 * (sum of the lane's 8 x bytes) per int32 lane
-            xs8[c] = _mm512_sub_epi32(
-                z, _mm512_slli_epi32(a512__dpbusd(a512__dpbusd(z, ones8, xl[c]), ones8, xh[c]), 3));
-        else if (Q4) // 8 * (x pair sums of lo + hi) per int16 lane
-            xs8[c] = _mm512_slli_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(ones8, xl[c]),
-                                                        _mm512_maddubs_epi16(ones8, xh[c])),
-                                       3);
-        if (!Q4 && V) {
-            xl[c] = _mm512_xor_si512(xl[c], c80); // x + 128, as u8
-            xh[c] = _mm512_xor_si512(xh[c], c80);
-        }
-    }
-    A512_FOR_R {
-        const uint8_t *wb = t->W + r * t->ws + ib * wbs;
-        __m512i wl, wh;
-        if (Q4)
-            a512__q4_0_lohi(wb, n, &wl, &wh);
-        else
-            a512__q8_0_lohi(wb, n, &wl, &wh);
-        if (Q4) {
-            A512_FOR_C {
-                __m512i p;
-                if (V) {
-                    p = a512__dpbusd(a512__dpbusd(xs8[c], wl, xl[c]), wh, xh[c]);
-                } else {
-                    __m512i p16 = _mm512_add_epi16(_mm512_maddubs_epi16(wl, xl[c]),
-                                                   _mm512_maddubs_epi16(wh, xh[c]));
-                    p = _mm512_madd_epi16(_mm512_sub_epi16(p16, xs8[c]), ones16);
-                }
-                acc[r][c] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd[r], xd[c]), acc[r][c]);
-            }
-        } else if (V) {
-            __m512i neg = _mm512_sub_epi32(z, a512__dpbusd(a512__dpbusd(z, c80, wl), c80, wh));
-            A512_FOR_C {
-                __m512i p = a512__dpbusd(a512__dpbusd(neg, xl[c], wl), xh[c], wh);
-                acc[r][c] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd[r], xd[c]), acc[r][c]);
-            }
-        } else {
-            __m512i al = _mm512_abs_epi8(wl), ah = _mm512_abs_epi8(wh);
-            __mmask64 sl = _mm512_movepi8_mask(wl), sh = _mm512_movepi8_mask(wh);
-            A512_FOR_C {
-                __m512i pl = _mm512_maddubs_epi16(al, _mm512_mask_sub_epi8(xl[c], sl, z, xl[c]));
-                __m512i ph = _mm512_maddubs_epi16(ah, _mm512_mask_sub_epi8(xh[c], sh, z, xh[c]));
-                __m512i p =
-                    _mm512_add_epi32(_mm512_madd_epi16(pl, ones16), _mm512_madd_epi16(ph, ones16));
-                acc[r][c] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd[r], xd[c]), acc[r][c]);
-            }
-        }
-    }
-}
-
-/* A Q8_0-activation tile; Q4 selects Q4_0 weights (18-byte blocks). */
-A512_INLINE void a512__q80x_tile(int Q4, int R, int C, const a512_tile *t, int V) {
-    const int wbs = Q4 ? 18 : 34;
-    __m512 acc[4][4];
-    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
-    const int64_t nb = t->K / 32;
-    int64_t ib = 0;
-    for (; ib + 8 <= nb; ib += 8) {
-        __m512 w8[4], x8[4];
-        A512_FOR_R a512__prefetch_next(t, r, R, ib * wbs, 8 * wbs);
-        A512_FOR_R w8[r] = a512__d8(t->W + r * t->ws + ib * wbs, wbs);
-        A512_FOR_C x8[c] = a512__d8(t->X + c * t->xs + ib * 34, 34);
-        _Pragma("GCC unroll 2") for (int g = 0; g < 2; g++) {
-            __m512 wd[4], xd[4];
-            A512_FOR_R wd[r] = a512__d_group(w8[r], g);
-            A512_FOR_C xd[c] = a512__d_group(x8[c], g);
-            a512__q80x_group(Q4, R, C, t, V, ib + 4 * g, 4, wd, xd, acc);
-        }
-    }
-    for (; ib < nb; ib += 4) {
-        int n = nb - ib < 4 ? (int)(nb - ib) : 4;
-        __m512 wd[4], xd[4];
-        A512_FOR_R wd[r] = a512__d4(t->W + r * t->ws + ib * wbs, wbs, n);
-        A512_FOR_C xd[c] = a512__d4(t->X + c * t->xs + ib * 34, 34, n);
-        a512__q80x_group(Q4, R, C, t, V, ib, n, wd, xd, acc);
-    }
-    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
-}
-
-#define a512__q8_0_tile(R, C, t, V) a512__q80x_tile(0, R, C, t, V)
-#define a512__q4_0_tile(R, C, t, V) a512__q80x_tile(1, R, C, t, V)
-A512_TILES_V(a512__q8_0_tile)
-A512_TILES_V(a512__q4_0_tile)
-
-// Prefill: the activation side of each group, prepared once per column tile
-// instead of once per row tile. a512_xg holds exactly what a512__q80x_group
-// derives from a column's group (lo/hi bytes, the Q4_0 offset term, the
-// block scales in a512__d_group's lanes), so the prepared tiles compute the
-// same values bit for bit; only the work moves.
-
 typedef struct a512_xg {
-    __m512i xl, xh, xs8; /* as in a512__q80x_group (xs8 unused for Q8_0) */
+    __m512i xl, xh, xs8; /* from a512__prep_group (xs8 unused for Q8_0) */
     __m512 xd;           /* the 4 blocks' scales, lanes 4k..4k+3 = block k, 0 if missing */
 } a512_xg;
 
-/* Prepares the ceil(nb/4) groups of one Q8_0 activation row. */
-static void a512__prep_x(int Q4, int V, const uint8_t *X, int64_t nb, a512_xg *out) {
+/* The activation side of one group (blocks ib .. ib+n-1 of a Q8_0 row at xb):
+ * lo/hi bytes (x+128 for Q8_0 under VNNI, whose unsigned side x is), and for
+ * Q4_0 the offset term: -8 * (sum of the lane's 8 x bytes) per int32 lane
+ * with VNNI, 8 * (x pair sums of lo + hi) per int16 lane without. */
+A512_INLINE void a512__prep_group(int Q4, int V, const uint8_t *xb, int n, a512_xg *g) {
     const __m512i ones8 = _mm512_set1_epi8(1), c80 = _mm512_set1_epi8((char)0x80),
                   z = _mm512_setzero_si512();
-    for (int64_t ib = 0; ib < nb; ib += 4, out++) {
-        int n = nb - ib < 4 ? (int)(nb - ib) : 4;
-        __m512i xl, xh;
-        a512__q8_0_lohi(X + ib * 34, n, &xl, &xh);
-        out->xs8 = z;
-        if (Q4 && V)
-            out->xs8 = _mm512_sub_epi32(
-                z, _mm512_slli_epi32(a512__dpbusd(a512__dpbusd(z, ones8, xl), ones8, xh), 3));
-        else if (Q4)
-            out->xs8 = _mm512_slli_epi16(
-                _mm512_add_epi16(_mm512_maddubs_epi16(ones8, xl), _mm512_maddubs_epi16(ones8, xh)),
-                3);
-        if (!Q4 && V) {
-            xl = _mm512_xor_si512(xl, c80);
-            xh = _mm512_xor_si512(xh, c80);
-        }
-        out->xl = xl;
-        out->xh = xh;
-        out->xd = a512__d4(X + ib * 34, 34, n);
+    __m512i xl, xh;
+    a512__q8_0_lohi(xb, n, &xl, &xh);
+    g->xs8 = z;
+    if (Q4 && V)
+        g->xs8 = _mm512_sub_epi32(
+            z, _mm512_slli_epi32(a512__dpbusd(a512__dpbusd(z, ones8, xl), ones8, xh), 3));
+    else if (Q4)
+        g->xs8 = _mm512_slli_epi16(
+            _mm512_add_epi16(_mm512_maddubs_epi16(ones8, xl), _mm512_maddubs_epi16(ones8, xh)), 3);
+    if (!Q4 && V) {
+        xl = _mm512_xor_si512(xl, c80);
+        xh = _mm512_xor_si512(xh, c80);
     }
+    g->xl = xl;
+    g->xh = xh;
 }
 
-/* a512__q80x_group with the activation side prepared (xg[c] = column c's group). */
+/* One group (blocks ib .. ib+n-1) of a Q8_0-activation tile; Q4 selects
+ * Q4_0 weights. wd: the group's scales per row; xg[c]: column c's prepared
+ * group (a512__prep_group, with its scales).
+ * Q8_0: without VNNI the weight's sign moves onto x (|w| * (sign(w) x); x is
+ * never -128, kern_int.h); with VNNI x+128 is the unsigned side and
+ * 128*sum(w) is subtracted. Q4_0: sum(q*x) - 8*sum(x). */
 A512_INLINE void a512__q80p_group(int Q4, int R, int C, const a512_tile *t, int V, int64_t ib,
                                   int n, const __m512 wd[4], const a512_xg *const xg[4],
                                   __m512 acc[4][4]) {
@@ -491,6 +387,67 @@ A512_INLINE void a512__q80p_group(int Q4, int R, int C, const a512_tile *t, int 
                                             acc[r][c]);
             }
         }
+    }
+}
+
+/* A group of the plain tile: columns prepared in registers. */
+A512_INLINE void a512__q80x_group(int Q4, int R, int C, const a512_tile *t, int V, int64_t ib,
+                                  int n, const __m512 wd[4], const __m512 xd[4], __m512 acc[4][4]) {
+    a512_xg g[4];
+    const a512_xg *gp[4];
+    A512_FOR_C {
+        a512__prep_group(Q4, V, t->X + c * t->xs + ib * 34, n, &g[c]);
+        g[c].xd = xd[c];
+        gp[c] = &g[c];
+    }
+    a512__q80p_group(Q4, R, C, t, V, ib, n, wd, gp, acc);
+}
+
+/* A Q8_0-activation tile; Q4 selects Q4_0 weights (18-byte blocks). */
+A512_INLINE void a512__q80x_tile(int Q4, int R, int C, const a512_tile *t, int V) {
+    const int wbs = Q4 ? 18 : 34;
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nb = t->K / 32;
+    int64_t ib = 0;
+    for (; ib + 8 <= nb; ib += 8) {
+        __m512 w8[4], x8[4];
+        A512_FOR_R a512__prefetch_next(t, r, R, ib * wbs, 8 * wbs);
+        A512_FOR_R w8[r] = a512__d8(t->W + r * t->ws + ib * wbs, wbs);
+        A512_FOR_C x8[c] = a512__d8(t->X + c * t->xs + ib * 34, 34);
+        _Pragma("GCC unroll 2") for (int g = 0; g < 2; g++) {
+            __m512 wd[4], xd[4];
+            A512_FOR_R wd[r] = a512__d_group(w8[r], g);
+            A512_FOR_C xd[c] = a512__d_group(x8[c], g);
+            a512__q80x_group(Q4, R, C, t, V, ib + 4 * g, 4, wd, xd, acc);
+        }
+    }
+    for (; ib < nb; ib += 4) {
+        int n = nb - ib < 4 ? (int)(nb - ib) : 4;
+        __m512 wd[4], xd[4];
+        A512_FOR_R wd[r] = a512__d4(t->W + r * t->ws + ib * wbs, wbs, n);
+        A512_FOR_C xd[c] = a512__d4(t->X + c * t->xs + ib * 34, 34, n);
+        a512__q80x_group(Q4, R, C, t, V, ib, n, wd, xd, acc);
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+#define a512__q8_0_tile(R, C, t, V) a512__q80x_tile(0, R, C, t, V)
+#define a512__q4_0_tile(R, C, t, V) a512__q80x_tile(1, R, C, t, V)
+A512_TILES_V(a512__q8_0_tile)
+A512_TILES_V(a512__q4_0_tile)
+
+// Prefill: the activation side of each group (a512__prep_group and the block
+// scales), prepared once per matmul call instead of once per row tile. The
+// plain tile prepares the same a512_xg in registers and both run
+// a512__q80p_group, so they compute the same values bit for bit.
+
+/* Prepares the ceil(nb/4) groups of one Q8_0 activation row. */
+static void a512__prep_x(int Q4, int V, const uint8_t *X, int64_t nb, a512_xg *out) {
+    for (int64_t ib = 0; ib < nb; ib += 4, out++) {
+        int n = nb - ib < 4 ? (int)(nb - ib) : 4;
+        a512__prep_group(Q4, V, X + ib * 34, n, out);
+        out->xd = a512__d4(X + ib * 34, 34, n);
     }
 }
 
