@@ -334,25 +334,36 @@ A512_INLINE void a512__prep_group(int Q4, int V, const uint8_t *xb, int n, a512_
     g->xh = xh;
 }
 
-/* One group (blocks ib .. ib+n-1) of a Q8_0-activation tile; Q4 selects
- * Q4_0 weights. wd: the group's scales per row; xg[c]: column c's prepared
- * group (a512__prep_group, with its scales).
- * Q8_0: without VNNI the weight's sign moves onto x (|w| * (sign(w) x); x is
- * never -128, kern_int.h); with VNNI x+128 is the unsigned side and
- * 128*sum(w) is subtracted. Q4_0: sum(q*x) - 8*sum(x). */
-A512_INLINE void a512__q80p_group(int Q4, int R, int C, const a512_tile *t, int V, int64_t ib,
-                                  int n, const __m512 wd[4], const a512_xg *const xg[4],
-                                  __m512 acc[4][4]) {
-    const __m512i ones16 = _mm512_set1_epi16(1), c80 = _mm512_set1_epi8((char)0x80),
-                  z = _mm512_setzero_si512();
-    const int wbs = Q4 ? 18 : 34;
+/* The weight side of one group: what the core needs from a row's blocks
+ * (lo/hi values; for Q8_0 under VNNI, -128 * sum(w) per int32 lane) and the
+ * group's scales in a512__d_group's lanes. */
+typedef struct a512_wg {
+    __m512i wl, wh, neg;
+    __m512 wd;
+} a512_wg;
+
+/* a512_wg of blocks ib .. ib+n-1 of a row at wb (wd left to the caller). */
+A512_INLINE void a512__prep_wgroup(int Q4, int V, const uint8_t *wb, int n, a512_wg *g) {
+    const __m512i c80 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
+    if (Q4)
+        a512__q4_0_lohi(wb, n, &g->wl, &g->wh);
+    else
+        a512__q8_0_lohi(wb, n, &g->wl, &g->wh);
+    g->neg =
+        !Q4 && V ? _mm512_sub_epi32(z, a512__dpbusd(a512__dpbusd(z, c80, g->wl), c80, g->wh)) : z;
+}
+
+/* One group of an R x C tile from its weight and activation sides; Q4
+ * selects Q4_0 weights. Q8_0: without VNNI the weight's sign moves onto x
+ * (|w| * (sign(w) x); x is never -128, kern_int.h); with VNNI x+128 is the
+ * unsigned side and 128*sum(w) is subtracted. Q4_0: sum(q*x) - 8*sum(x).
+ * Per element: acc = fma((float)isum, d_w*d_x per lane, acc). */
+A512_INLINE void a512__q80_core(int Q4, int R, int C, int V, const a512_wg *const wg[4],
+                                const a512_xg *const xg[4], __m512 acc[4][4]) {
+    const __m512i ones16 = _mm512_set1_epi16(1), z = _mm512_setzero_si512();
     A512_FOR_R {
-        const uint8_t *wb = t->W + r * t->ws + ib * wbs;
-        __m512i wl, wh;
-        if (Q4)
-            a512__q4_0_lohi(wb, n, &wl, &wh);
-        else
-            a512__q8_0_lohi(wb, n, &wl, &wh);
+        const __m512i wl = wg[r]->wl, wh = wg[r]->wh;
+        const __m512 wd = wg[r]->wd;
         if (Q4) {
             A512_FOR_C {
                 __m512i p;
@@ -363,15 +374,14 @@ A512_INLINE void a512__q80p_group(int Q4, int R, int C, const a512_tile *t, int 
                                                    _mm512_maddubs_epi16(wh, xg[c]->xh));
                     p = _mm512_madd_epi16(_mm512_sub_epi16(p16, xg[c]->xs8), ones16);
                 }
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd[r], xg[c]->xd),
-                                            acc[r][c]);
+                acc[r][c] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd, xg[c]->xd), acc[r][c]);
             }
         } else if (V) {
-            __m512i neg = _mm512_sub_epi32(z, a512__dpbusd(a512__dpbusd(z, c80, wl), c80, wh));
             A512_FOR_C {
-                __m512i p = a512__dpbusd(a512__dpbusd(neg, xg[c]->xl, wl), xg[c]->xh, wh);
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd[r], xg[c]->xd),
-                                            acc[r][c]);
+                __m512i p = a512__dpbusd(a512__dpbusd(wg[r]->neg, xg[c]->xl, wl), xg[c]->xh, wh);
+                acc[r][c] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd, xg[c]->xd), acc[r][c]);
             }
         } else {
             __m512i al = _mm512_abs_epi8(wl), ah = _mm512_abs_epi8(wh);
@@ -383,11 +393,28 @@ A512_INLINE void a512__q80p_group(int Q4, int R, int C, const a512_tile *t, int 
                     _mm512_maddubs_epi16(ah, _mm512_mask_sub_epi8(xg[c]->xh, sh, z, xg[c]->xh));
                 __m512i p =
                     _mm512_add_epi32(_mm512_madd_epi16(pl, ones16), _mm512_madd_epi16(ph, ones16));
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd[r], xg[c]->xd),
-                                            acc[r][c]);
+                acc[r][c] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd, xg[c]->xd), acc[r][c]);
             }
         }
     }
+}
+
+/* One group (blocks ib .. ib+n-1) of a tile over raw weight rows: the weight
+ * side prepared in registers; wd: its scales per row; xg[c]: column c's
+ * prepared group (a512__prep_group, with its scales). */
+A512_INLINE void a512__q80p_group(int Q4, int R, int C, const a512_tile *t, int V, int64_t ib,
+                                  int n, const __m512 wd[4], const a512_xg *const xg[4],
+                                  __m512 acc[4][4]) {
+    const int wbs = Q4 ? 18 : 34;
+    a512_wg g[4];
+    const a512_wg *gp[4];
+    A512_FOR_R {
+        a512__prep_wgroup(Q4, V, t->W + r * t->ws + ib * wbs, n, &g[r]);
+        g[r].wd = wd[r];
+        gp[r] = &g[r];
+    }
+    a512__q80_core(Q4, R, C, V, gp, xg, acc);
 }
 
 /* A group of the plain tile: columns prepared in registers. */
@@ -481,10 +508,42 @@ A512_INLINE void a512__q80p_tile(int Q4, int R, int C, const a512_tile *t, int V
     A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
+/* A tile over prepared weights and activations: t->W is row 0's a512_wg
+ * array (t->ws bytes between rows), t->X column 0's a512_xg array. */
+A512_INLINE void a512__q80pp_tile(int Q4, int R, int C, const a512_tile *t, int V) {
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const a512_wg *wg[4];
+    const a512_xg *xg[4];
+    A512_FOR_R wg[r] = (const a512_wg *)(const void *)(t->W + r * t->ws);
+    A512_FOR_C xg[c] = (const a512_xg *)(const void *)(t->X + c * t->xs);
+    for (int64_t g = 0, ng = (t->K / 32 + 3) / 4; g < ng; g++) {
+        a512__q80_core(Q4, R, C, V, wg, xg, acc);
+        A512_FOR_R wg[r]++;
+        A512_FOR_C xg[c]++;
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+/* Prepares the groups of one weight row (the same values the raw tiles
+ * derive, scales from a512__d4 as in their tail). */
+static void a512__prep_w(int Q4, int V, const uint8_t *row, int64_t nb, a512_wg *out) {
+    const int wbs = Q4 ? 18 : 34;
+    for (int64_t ib = 0; ib < nb; ib += 4, out++) {
+        int n = nb - ib < 4 ? (int)(nb - ib) : 4;
+        a512__prep_wgroup(Q4, V, row + ib * wbs, n, out);
+        out->wd = a512__d4(row + ib * wbs, wbs, n);
+    }
+}
+
 #define a512__q8_0p_tile(R, C, t, V) a512__q80p_tile(0, R, C, t, V)
 #define a512__q4_0p_tile(R, C, t, V) a512__q80p_tile(1, R, C, t, V)
+#define a512__q8_0pp_tile(R, C, t, V) a512__q80pp_tile(0, R, C, t, V)
+#define a512__q4_0pp_tile(R, C, t, V) a512__q80pp_tile(1, R, C, t, V)
 A512_TILES_V(a512__q8_0p_tile)
 A512_TILES_V(a512__q4_0p_tile)
+A512_TILES_V(a512__q8_0pp_tile)
+A512_TILES_V(a512__q4_0pp_tile)
 
 /* A Q8_0-activation matmul of several columns: prepares the activations of
  * all columns once (a512__prep_x), then runs the prepared tiles; NULL
@@ -501,8 +560,27 @@ static void a512__run_q80(int Q4, int64_t K, int n_rows, int n_cols, const void 
     }
     for (int c = 0; c < n_cols; c++)
         a512__prep_x(Q4, V, (const uint8_t *)X + (size_t)c * xs, nb, p + (size_t)c * (size_t)ng);
-    a512__run(Q4 ? a512__q4_0p_tile_tab[V] : a512__q8_0p_tile_tab[V], K, n_rows, n_cols, W, ws, p,
-              (size_t)ng * sizeof *p, Y, ys);
+    // With many columns (prefill), the rows' weight side is prepared too, a
+    // chunk of rows (~192 KiB prepared) at a time, and reused by every column
+    // tile. At 16 columns (decode of 16 streams) that was slower: the weights
+    // come from DRAM once and the prepared copy costs more than it saves.
+    int ch = (int)((192 * 1024) / ((size_t)ng * sizeof(a512_wg))) & ~3;
+    ch = ch < 4 ? 4 : ch;
+    a512_wg *w = n_cols >= 32 ? ks_alloc_aligned((size_t)ch * (size_t)ng * sizeof *w) : NULL;
+    if (!w) {
+        a512__run(Q4 ? a512__q4_0p_tile_tab[V] : a512__q8_0p_tile_tab[V], K, n_rows, n_cols, W, ws,
+                  p, (size_t)ng * sizeof *p, Y, ys);
+    } else {
+        for (int r1 = 0; r1 < n_rows; r1 += ch) {
+            int nr = n_rows - r1 < ch ? n_rows - r1 : ch;
+            for (int r = 0; r < nr; r++)
+                a512__prep_w(Q4, V, (const uint8_t *)W + (size_t)(r1 + r) * ws, nb,
+                             w + (size_t)r * (size_t)ng);
+            a512__run(Q4 ? a512__q4_0pp_tile_tab[V] : a512__q8_0pp_tile_tab[V], K, nr, n_cols, w,
+                      (size_t)ng * sizeof *w, p, (size_t)ng * sizeof *p, Y + r1, ys);
+        }
+    }
+    ks_free_aligned(w);
     ks_free_aligned(p);
 }
 

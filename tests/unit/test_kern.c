@@ -208,11 +208,13 @@ static void test_batch_invariance(const kern_vtab *v) {
         int64_t Ks[2] = {bs == 1 ? 77 : 3 * bs, bs == 1 ? 1000 : (bs == 32 ? 37 : 5) * bs};
         for (int ik = 0; ik < 2; ik++) {
             mm_case c;
-            mm_case_init(&c, wt, Ks[ik], 17, 7);
-            size_t ny = c.y_stride * 7;
+            // 40 columns: prefill's paths (prepared activations and weights) too
+            const int NC = 40;
+            mm_case_init(&c, wt, Ks[ik], 17, NC);
+            size_t ny = c.y_stride * NC;
             float *Y = xmalloc(ny * sizeof(float)), *Y2 = xmalloc(ny * sizeof(float));
             mm_run(v, &c, Y);
-            for (int j = 0; j < 7; j++)
+            for (int j = 0; j < NC; j++)
                 for (int r = 0; r < 17; r++) {
                     float y1;
                     v->matmul[wt](c.K, 1, 1, c.wbuf + 1 + c.w_stride * (size_t)r, 0,
