@@ -660,23 +660,40 @@ A512_INLINE __m512i a512__q4k_x(const uint8_t *qs, int v) {
     return a512__load2x32(p, p + 64);
 }
 
-A512_INLINE void a512__q4k_tile(int R, int C, const a512_tile *t, int V) {
+/* A Q4_K super-block of a row with its weight side decoded once (prefill):
+ * the values a512__q4k_wq and a512__q4k_wprep give. */
+typedef struct a512_q4kp {
+    __m512i wq[4];
+    a512_q4kw w;
+} a512_q4kp;
+
+/* A Q4_K tile; P: t->W holds a512_q4kp rows (t->ws bytes apart) instead of
+ * raw blocks. Both compute the same values. */
+A512_INLINE void a512__q4k_tile_p(int R, int C, const a512_tile *t, int V, int P) {
     __m512 acc[4][4];
     A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
     const int64_t nsb = t->K / 256;
     for (int64_t i = 0; i < nsb; i++) {
-        a512_q4kw w[4];
-        A512_FOR_R a512__prefetch_next(t, r, R, i * 144, 144);
-        A512_FOR_R w[r] = a512__q4k_wprep(t->W + r * t->ws + i * 144);
+        a512_q4kw wv[4];
+        const a512_q4kw *w[4];
+        const a512_q4kp *wp[4];
+        if (P) {
+            A512_FOR_R wp[r] = (const a512_q4kp *)(const void *)(t->W + r * t->ws) + i;
+            A512_FOR_R w[r] = &wp[r]->w;
+        } else {
+            A512_FOR_R a512__prefetch_next(t, r, R, i * 144, 144);
+            A512_FOR_R wv[r] = a512__q4k_wprep(t->W + r * t->ws + i * 144);
+            A512_FOR_R w[r] = &wv[r];
+        }
         __m512i isum[4][4];
         A512_FOR_R A512_FOR_C isum[r][c] = _mm512_setzero_si512();
         _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
             __m512i xq[4];
             A512_FOR_C xq[c] = a512__q4k_x(t->X + c * t->xs + i * 292 + 4, v);
             A512_FOR_R {
-                __m512i wq = a512__q4k_wq(t->W + r * t->ws + i * 144, v);
+                __m512i wq = P ? wp[r]->wq[v] : a512__q4k_wq(t->W + r * t->ws + i * 144, v);
                 A512_FOR_C isum[r][c] =
-                    a512__madd_acc(V, isum[r][c], _mm512_maddubs_epi16(wq, xq[c]), w[r].sc[v]);
+                    a512__madd_acc(V, isum[r][c], _mm512_maddubs_epi16(wq, xq[c]), w[r]->sc[v]);
             }
         }
         A512_FOR_C {
@@ -684,17 +701,20 @@ A512_INLINE void a512__q4k_tile(int R, int C, const a512_tile *t, int V) {
             float dx = a512__f32(xb);
             __m256i bs = _mm256_loadu_si256((const __m256i *)(xb + 260));
             A512_FOR_R {
-                __m512i ms = _mm512_zextsi256_si512(_mm256_madd_epi16(bs, w[r].mins));
+                __m512i ms = _mm512_zextsi256_si512(_mm256_madd_epi16(bs, w[r]->mins));
                 acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][c]),
-                                            _mm512_set1_ps(w[r].d * dx), acc[r][c]);
-                acc[r][c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_set1_ps(w[r].dmin * dx),
-                                             acc[r][c]);
+                                            _mm512_set1_ps(w[r]->d * dx), acc[r][c]);
+                acc[r][c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms),
+                                             _mm512_set1_ps(w[r]->dmin * dx), acc[r][c]);
             }
         }
     }
     A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
+#define a512__q4k_tile(R, C, t, V) a512__q4k_tile_p(R, C, t, V, 0)
+#define a512__q4kp_tile(R, C, t, V) a512__q4k_tile_p(R, C, t, V, 1)
 A512_TILES_V(a512__q4k_tile)
+A512_TILES_V(a512__q4kp_tile)
 
 /* Matches kern__matmul_q4_K_ref: integer sums exact; error from rounding
  * d*dx, dmin*dx, the lane terms and the f32 accumulation, about
@@ -702,7 +722,32 @@ A512_TILES_V(a512__q4k_tile)
  * can cancel, so measure against their magnitudes, not the result's). */
 static void a512__matmul_q4_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                               const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__q4k_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    const int V = a512__use_vnni();
+    const int64_t nsb = K / 256;
+    // prefill (as a512__run_q80): decode a chunk of rows' super-blocks once,
+    // reuse them for every column tile
+    int ch = (int)((192 * 1024) / ((size_t)(nsb ? nsb : 1) * sizeof(a512_q4kp))) & ~3;
+    ch = ch < 4 ? 4 : ch;
+    a512_q4kp *w =
+        n_cols >= 32 && nsb ? ks_alloc_aligned((size_t)ch * (size_t)nsb * sizeof *w) : NULL;
+    if (!w) {
+        a512__run(a512__q4k_tile_tab[V], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+        return;
+    }
+    for (int r1 = 0; r1 < n_rows; r1 += ch) {
+        int nr = n_rows - r1 < ch ? n_rows - r1 : ch;
+        for (int r = 0; r < nr; r++)
+            for (int64_t i = 0; i < nsb; i++) {
+                const uint8_t *b = (const uint8_t *)W + (size_t)(r1 + r) * ws + (size_t)i * 144;
+                a512_q4kp *o = w + (size_t)r * (size_t)nsb + (size_t)i;
+                o->w = a512__q4k_wprep(b);
+                for (int v = 0; v < 4; v++)
+                    o->wq[v] = a512__q4k_wq(b, v);
+            }
+        a512__run(a512__q4kp_tile_tab[V], K, nr, n_cols, w, (size_t)nsb * sizeof *w, X, xs, Y + r1,
+                  ys);
+    }
+    ks_free_aligned(w);
 }
 
 /* Per-row data of one Q6_K super-block. */
