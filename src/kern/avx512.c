@@ -720,34 +720,48 @@ A512_TILES_V(a512__q4kp_tile)
  * d*dx, dmin*dx, the lane terms and the f32 accumulation, about
  * (K/256 + 4) * 2^-24 of sum |super-block terms| (the d and dmin terms
  * can cancel, so measure against their magnitudes, not the result's). */
-static void a512__matmul_q4_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
-                              const void *X, size_t xs, float *Y, size_t ys) {
-    const int V = a512__use_vnni();
+/* Prefill over prepared weights: with 32 or more columns, each chunk of rows
+ * (~192 KiB prepared) is decoded once by prep (a row's nsb super-blocks
+ * into unit bytes each) and every column tile of tab reads it. Returns false
+ * (nothing done) for fewer columns or without memory. */
+static bool a512__run_prepared(const a512_tile_fn tab[4][4],
+                               void (*prep)(const uint8_t *row, int64_t nsb, void *out),
+                               size_t unit, int64_t K, int n_rows, int n_cols, const void *W,
+                               size_t ws, const void *X, size_t xs, float *Y, size_t ys) {
     const int64_t nsb = K / 256;
-    // prefill (as a512__run_q80): decode a chunk of rows' super-blocks once,
-    // reuse them for every column tile
-    int ch = (int)((192 * 1024) / ((size_t)(nsb ? nsb : 1) * sizeof(a512_q4kp))) & ~3;
+    if (n_cols < 32 || nsb == 0) return false;
+    int ch = (int)((192 * 1024) / ((size_t)nsb * unit)) & ~3;
     ch = ch < 4 ? 4 : ch;
-    a512_q4kp *w =
-        n_cols >= 32 && nsb ? ks_alloc_aligned((size_t)ch * (size_t)nsb * sizeof *w) : NULL;
-    if (!w) {
-        a512__run(a512__q4k_tile_tab[V], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
-        return;
-    }
+    uint8_t *w = ks_alloc_aligned((size_t)ch * (size_t)nsb * unit);
+    if (!w) return false;
     for (int r1 = 0; r1 < n_rows; r1 += ch) {
         int nr = n_rows - r1 < ch ? n_rows - r1 : ch;
         for (int r = 0; r < nr; r++)
-            for (int64_t i = 0; i < nsb; i++) {
-                const uint8_t *b = (const uint8_t *)W + (size_t)(r1 + r) * ws + (size_t)i * 144;
-                a512_q4kp *o = w + (size_t)r * (size_t)nsb + (size_t)i;
-                o->w = a512__q4k_wprep(b);
-                for (int v = 0; v < 4; v++)
-                    o->wq[v] = a512__q4k_wq(b, v);
-            }
-        a512__run(a512__q4kp_tile_tab[V], K, nr, n_cols, w, (size_t)nsb * sizeof *w, X, xs, Y + r1,
-                  ys);
+            prep((const uint8_t *)W + (size_t)(r1 + r) * ws, nsb,
+                 w + (size_t)r * (size_t)nsb * unit);
+        a512__run(tab, K, nr, n_cols, w, (size_t)nsb * unit, X, xs, Y + r1, ys);
     }
     ks_free_aligned(w);
+    return true;
+}
+
+/* A Q4_K row's super-blocks as a512_q4kp. */
+static void a512__q4k_prep_row(const uint8_t *row, int64_t nsb, void *out) {
+    a512_q4kp *o = out;
+    for (int64_t i = 0; i < nsb; i++, o++) {
+        const uint8_t *b = row + (size_t)i * 144;
+        o->w = a512__q4k_wprep(b);
+        for (int v = 0; v < 4; v++)
+            o->wq[v] = a512__q4k_wq(b, v);
+    }
+}
+
+static void a512__matmul_q4_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                              const void *X, size_t xs, float *Y, size_t ys) {
+    const int V = a512__use_vnni();
+    if (!a512__run_prepared(a512__q4kp_tile_tab[V], a512__q4k_prep_row, sizeof(a512_q4kp), K,
+                            n_rows, n_cols, W, ws, X, xs, Y, ys))
+        a512__run(a512__q4k_tile_tab[V], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 /* Per-row data of one Q6_K super-block. */
@@ -792,14 +806,30 @@ A512_INLINE __m512i a512__q6k_wq(const uint8_t *b, __m512i h, int k) {
     return _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), h, m4, 0xE4);
 }
 
-A512_INLINE void a512__q6k_tile(int R, int C, const a512_tile *t, int V) {
+/* A Q6_K super-block of a row with its weight side decoded once (prefill):
+ * the values a512__q6k_wq (with a512__q6k_h) and a512__q6k_wprep give. */
+typedef struct a512_q6kp {
+    __m512i wq[4];
+    a512_q6kw w;
+} a512_q6kp;
+
+/* A Q6_K tile; P: t->W holds a512_q6kp rows. Both compute the same values. */
+A512_INLINE void a512__q6k_tile_p(int R, int C, const a512_tile *t, int V, int P) {
     __m512 acc[4][4];
     A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
     const int64_t nsb = t->K / 256;
     for (int64_t i = 0; i < nsb; i++) {
-        a512_q6kw w[4];
-        A512_FOR_R a512__prefetch_next(t, r, R, i * 210, 210);
-        A512_FOR_R w[r] = a512__q6k_wprep(t->W + r * t->ws + i * 210);
+        a512_q6kw wv[4];
+        const a512_q6kw *w[4];
+        const a512_q6kp *wp[4];
+        if (P) {
+            A512_FOR_R wp[r] = (const a512_q6kp *)(const void *)(t->W + r * t->ws) + i;
+            A512_FOR_R w[r] = &wp[r]->w;
+        } else {
+            A512_FOR_R a512__prefetch_next(t, r, R, i * 210, 210);
+            A512_FOR_R wv[r] = a512__q6k_wprep(t->W + r * t->ws + i * 210);
+            A512_FOR_R w[r] = &wv[r];
+        }
         __m512i isum[4][4];
         A512_FOR_R A512_FOR_C isum[r][c] = _mm512_setzero_si512();
         __m512i h[4];
@@ -807,11 +837,16 @@ A512_INLINE void a512__q6k_tile(int R, int C, const a512_tile *t, int V) {
             __m512i xq[4];
             A512_FOR_C xq[c] = _mm512_loadu_si512(t->X + c * t->xs + i * 292 + 4 + 64 * k);
             A512_FOR_R {
-                const uint8_t *wb = t->W + r * t->ws + i * 210;
-                if ((k & 1) == 0) h[r] = a512__q6k_h(wb, k >> 1);
-                __m512i wq = a512__q6k_wq(wb, h[r], k);
+                __m512i wq;
+                if (P) {
+                    wq = wp[r]->wq[k];
+                } else {
+                    const uint8_t *wb = t->W + r * t->ws + i * 210;
+                    if ((k & 1) == 0) h[r] = a512__q6k_h(wb, k >> 1);
+                    wq = a512__q6k_wq(wb, h[r], k);
+                }
                 A512_FOR_C isum[r][c] =
-                    a512__madd_acc(V, isum[r][c], _mm512_maddubs_epi16(wq, xq[c]), w[r].sc[k]);
+                    a512__madd_acc(V, isum[r][c], _mm512_maddubs_epi16(wq, xq[c]), w[r]->sc[k]);
             }
         }
         A512_FOR_C {
@@ -820,22 +855,39 @@ A512_INLINE void a512__q6k_tile(int R, int C, const a512_tile *t, int V) {
             __m256i bs = _mm256_loadu_si256((const __m256i *)(xb + 260));
             A512_FOR_R {
                 // - 32 * sum_j sc[j] * bsum[j], in lanes 0-7
-                __m256i m = _mm256_slli_epi32(_mm256_madd_epi16(bs, w[r].sc16), 5);
+                __m256i m = _mm256_slli_epi32(_mm256_madd_epi16(bs, w[r]->sc16), 5);
                 __m512i s = _mm512_sub_epi32(isum[r][c], _mm512_zextsi256_si512(m));
                 acc[r][c] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(w[r].d * dx), acc[r][c]);
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(w[r]->d * dx), acc[r][c]);
             }
         }
     }
     A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
+#define a512__q6k_tile(R, C, t, V) a512__q6k_tile_p(R, C, t, V, 0)
+#define a512__q6kp_tile(R, C, t, V) a512__q6k_tile_p(R, C, t, V, 1)
 A512_TILES_V(a512__q6k_tile)
+A512_TILES_V(a512__q6kp_tile)
+
+/* A Q6_K row's super-blocks as a512_q6kp. */
+static void a512__q6k_prep_row(const uint8_t *row, int64_t nsb, void *out) {
+    a512_q6kp *o = out;
+    for (int64_t i = 0; i < nsb; i++, o++) {
+        const uint8_t *b = row + (size_t)i * 210;
+        o->w = a512__q6k_wprep(b);
+        for (int k = 0; k < 4; k++)
+            o->wq[k] = a512__q6k_wq(b, a512__q6k_h(b, k >> 1), k);
+    }
+}
 
 /* Matches kern__matmul_q6_K_ref: integer sums exact; error about
  * (K/256 + 3) * 2^-24 of sum |super-block terms|. */
 static void a512__matmul_q6_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                               const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__q6k_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    const int V = a512__use_vnni();
+    if (!a512__run_prepared(a512__q6kp_tile_tab[V], a512__q6k_prep_row, sizeof(a512_q6kp), K,
+                            n_rows, n_cols, W, ws, X, xs, Y, ys))
+        a512__run(a512__q6k_tile_tab[V], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 // ----------------------------------------------------------------------------
