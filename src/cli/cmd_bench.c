@@ -73,6 +73,17 @@ static double bench__membw(int n_threads) {
     return best;
 }
 
+/* n deterministic token ids in [0, n_vocab) (xorshift64). */
+static void bench__tokens(int32_t *toks, int32_t n, int32_t n_vocab) {
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int32_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        toks[i] = (int32_t)(x % (uint64_t)n_vocab);
+    }
+}
+
 /* Aggregate decode with n_streams sequences at once, as llama-batched-bench
  * measures it: each stream's n_pp-token prompt is prefilled (batches of up
  * to 512 tokens), then n_tg steps each decode one token of every stream in
@@ -191,13 +202,7 @@ int cli_bench(int argc, char **argv) {
         if (cli__session_open(&s, path, (int)threads, (int32_t)n_pp, 1)) return 1;
         int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_pp);
         int rc = toks ? 0 : 1;
-        uint64_t x = 0x9e3779b97f4a7c15ull;
-        for (int32_t i = 0; toks && i < (int32_t)n_pp; i++) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            toks[i] = (int32_t)(x % (uint64_t)model_hp(s.m)->n_vocab);
-        }
+        if (toks) bench__tokens(toks, (int32_t)n_pp, model_hp(s.m)->n_vocab);
         printf("model: %s, kernels: %s, threads: %d\n", path, kern_get()->name, s.n_threads);
         for (const char *p = streams; !rc && *p;) {
             char *end;
@@ -223,11 +228,7 @@ int cli_bench(int argc, char **argv) {
     int rc = 1;
     ks_errbuf eb = {0};
     if (!toks || !logits) goto done;
-    uint64_t x = 0x9e3779b97f4a7c15ull;  // deterministic token ids
-    for (int32_t i = 0; i < ctx; i++) {
-        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-        toks[i] = (int32_t)(x % (uint64_t)hp->n_vocab);
-    }
+    bench__tokens(toks, ctx, hp->n_vocab);
     double pp_best = 0, tg_best = 0;
     for (long r = 0; r < reps; r++) {
         kv_seq_release(s.pool, &s.seq);
