@@ -31,12 +31,12 @@ static void *bench_alloc(size_t n) {
 }
 
 /* Seconds per call of one matmul, best of several runs lasting >= 0.2 s. */
-static double bench_time(const kern_vtab *v, ks_dtype wt, int64_t K, int n_rows, int n_cols,
-                         const void *W, size_t ws, const void *X, size_t xs, float *Y) {
+static double bench_time(kern_matmul_fn fn, int64_t K, int n_rows, int n_cols, const void *W,
+                         size_t ws, const void *X, size_t xs, float *Y) {
     double best = 1e30, total = 0.0;
     for (int it = 0; it < 50 && (total < 0.2 || it < 2); it++) {
         uint64_t t0 = ks_now_ns();
-        v->matmul[wt](K, n_rows, n_cols, W, ws, X, xs, Y, (size_t)n_rows);
+        fn(K, n_rows, n_cols, W, ws, X, xs, Y, (size_t)n_rows);
         double s = (double)(ks_now_ns() - t0) * 1e-9;
         total += s;
         if (s < best) best = s;
@@ -183,12 +183,24 @@ int main(int argc, char **argv) {
                 printf("%-7s %-5s INVALID (differs from ref), not timed\n", v->name, ks_dtype_name(wt));
                 continue;
             }
-            double s1 = bench_time(v, wt, K, N, 1, W, ws, X, xs, Y);
-            double sn = bench_time(v, wt, K, N, NC, W, ws, X, xs, Y);
+            double s1 = bench_time(v->matmul[wt], K, N, 1, W, ws, X, xs, Y);
+            double sn = bench_time(v->matmul[wt], K, N, NC, W, ws, X, xs, Y);
             double flop = 2.0 * (double)K * N;
             printf("%-7s %-5s %10.3f %9.2f %9.2f %12.2f\n", v->name, ks_dtype_name(wt), s1 * 1e3,
                    (double)ws * N / s1 * 1e-9, flop / s1 * 1e-9, flop * NC / sn * 1e-9);
             fflush(stdout);
+            size_t gb = kern_r16_group_bytes(wt, K);
+            if (!v->matmul_r16[wt] || strcmp(v->name, "avx512") != 0 || !gb) continue;
+            // the same weights repacked as model loading does (kern_r16_wanted)
+            uint8_t *Wp = bench_alloc(gb * (size_t)(N / 16));
+            for (int g = 0; g < N / 16; g++)
+                kern_r16_pack(wt, K, W + ws * (size_t)(16 * g), ws, Wp + gb * (size_t)g);
+            s1 = bench_time(v->matmul_r16[wt], K, N, 1, Wp, ws, X, xs, Y);
+            sn = bench_time(v->matmul_r16[wt], K, N, NC, Wp, ws, X, xs, Y);
+            printf("%-7s %-5s %10.3f %9.2f %9.2f %12.2f  (r16)\n", v->name, ks_dtype_name(wt),
+                   s1 * 1e3, (double)ws * N / s1 * 1e-9, flop / s1 * 1e-9, flop * NC / sn * 1e-9);
+            fflush(stdout);
+            ks_free_aligned(Wp);
         }
         ks_free_aligned(W);
         ks_free_aligned(X);

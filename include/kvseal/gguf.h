@@ -91,6 +91,10 @@ ks_err gguf_open_mem(const void *buf, size_t n, const char *name, gguf_file **ou
                      ks_errbuf *eb) KS_MUST_USE;
 /* Unmaps and frees; accepts NULL. */
 void gguf_close(gguf_file *f);
+/* Hints that bytes [p, p + n) of f's tensor data won't be read again soon
+ * (a copy was made): the whole pages inside leave resident memory and come
+ * back from the file if touched. No-op for gguf_open_mem files. */
+void gguf_advise_unneeded(const gguf_file *f, const void *p, size_t n);
 
 /* File facts; these can't fail. */
 const char *gguf_path(const gguf_file *f);

@@ -33,6 +33,11 @@ typedef struct kern_vtab {
     const char *name; /* "ref", "avx2", "avx512" */
     /* indexed by weight ks_dtype; NULL where the type is unsupported */
     kern_matmul_fn matmul[KS_DTYPE__COUNT];
+    /* the same products over weights repacked by kern_r16_pack: W is the
+     * first of n_rows/16 groups (n_rows a multiple of 16) laid out
+     * kern_r16_group_bytes apart, w_stride the GGUF row bytes; Q8_0, Q4_0
+     * and Q4_K only, NULL elsewhere */
+    kern_matmul_fn matmul_r16[KS_DTYPE__COUNT];
     /* indexed by activation ks_dtype (F32, Q8_0, Q8_K) */
     kern_quant_fn quantize_act[KS_DTYPE__COUNT];
     /* sum a[i]*b[i] */
@@ -71,6 +76,37 @@ bool kern_wtype_supported(ks_dtype t);
 /* The activation format a weight type multiplies against: F32 for
  * F32/F16/BF16, Q8_0 for Q8_0/Q4_0, Q8_K for Q4_K/Q6_K. */
 ks_dtype kern_act_type(ks_dtype wtype);
+
+/* The r16 weight layout: 16 rows of a Q8_0 or Q4_0 matrix interleaved so
+ * that one 64-byte vector holds the same 4 bytes of all 16 rows, which a
+ * dot-product instruction multiplies by one broadcast activation word; the
+ * rows' sums land in 16 lanes, with no horizontal reduction. Per pair of
+ * 32-element blocks (K a multiple of 64), in bytes:
+ *   [0, 64)    the f16 scales d of block 2p, rows 0..15, then block 2p+1
+ *   then per block (2p, 2p+1):
+ *     Q8_0: 8 steps s x 16 rows x 4 bytes: qs[4s .. 4s+3] ^ 0x80 (w + 128)
+ *     Q4_0: 4 steps j x 16 rows x 4 bytes: qs[4j .. 4j+3] as in the file
+ *           (low nibbles elements 4j.., high nibbles 16 + 4j..)
+ * A pair spans 32 GGUF blocks' bytes, so a group of 16 rows is exactly
+ * 16 * row_bytes long. Q4_K, per 256-element super-block (2368 bytes):
+ *   [0, 32) d, [32, 64) dmin: f16 per row
+ *   [64, 192)   the 6-bit scale of sub-block j of row r at 16j + r (a byte)
+ *   [192, 320)  the mins of sub-blocks 2p, 2p+1 of row r at 32p + 2r, +1
+ *   [320, 2368) 4 pairs p x 8 steps k x 16 rows x 4 bytes: qs[32p + 4k ..]
+ *               (low nibbles sub-block 2p, high nibbles sub-block 2p+1) */
+
+/* Whether model loading should repack a [K, N] matrix of type t for the
+ * chosen vtab: it has a native r16 kernel for t, the layout takes K
+ * (kern_r16_group_bytes > 0), N % 16 == 0, and KS_NO_REPACK is unset. */
+bool kern_r16_wanted(ks_dtype t, int64_t K, int64_t N);
+/* Bytes of one r16 group of 16 rows of K elements of type t; 0 where the
+ * layout does not exist (other types, Q8_0/Q4_0 K % 64 != 0). */
+size_t kern_r16_group_bytes(ks_dtype t, int64_t K);
+/* Repacks 16 GGUF rows (row r at W + r * w_stride) of type t into one r16
+ * group at dst (kern_r16_group_bytes(t, K) > 0). */
+void kern_r16_pack(ks_dtype t, int64_t K, const void *W, size_t w_stride, void *dst);
+/* Row r (0..15) of an r16 group, back to its GGUF bytes (the inverse). */
+void kern_r16_unpack_row(ks_dtype t, int64_t K, const void *group, int r, void *row);
 
 /* Reference (scalar) conversion of n floats into type t, for weights and
  * tests: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, Q8_K. n must be a multiple

@@ -538,6 +538,14 @@ void gguf_close(gguf_file *f) {
     free(f);
 }
 
+void gguf_advise_unneeded(const gguf_file *f, const void *p, size_t n) {
+    const uintptr_t base = (uintptr_t)f->map, a = (uintptr_t)p,
+                    pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    if (!f->map || a < base || n > f->size || a - base > f->size - n) return;
+    uintptr_t lo = (a + pg - 1) / pg * pg, hi = (a + n) / pg * pg;
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); // a hint: failure is harmless
+}
+
 // ----------------------------------------------------------------------------
 // Accessors
 

@@ -599,6 +599,257 @@ static void a512__matmul_q4_0(int64_t K, int n_rows, int n_cols, const void *W, 
 }
 
 // ----------------------------------------------------------------------------
+// Q8_0 / Q4_0 weights in the r16 layout (kern.h) x Q8_0 activations
+// Lane l of a row vector is row l of a 16-row group, so one vpdpbusd does 64
+// useful products and no reduction is needed. Per block and element: isum =
+// corr + the products of the unsigned weight bytes (Q8_0: w + 128; Q4_0: the
+// nibble q) with the signed activations, exact; corr takes the offset back
+// out (-128 * sum(x), or -8 * sum(x) for Q4_0's q - 8), so isum equals
+// ref.c's block sum. Then acc = fma((float)isum, d_w * d_x, acc), blocks in
+// order: one cvt, mul and fma per 8 vpdpbusd, where the row-major tiles
+// spend them per 2.
+
+/* One block of an activation row, prepared for the r16 tiles. */
+typedef struct a512_r16x {
+    float d;      /* the block's scale */
+    int32_t corr; /* -128 * sum(qs) (Q8_0 weights) or -8 * sum(qs) (Q4_0) */
+    int8_t qs[32];
+} a512_r16x;
+
+/* acc + 4 u8*s8 products per int32 lane, exact: vpdpbusd, or without VNNI
+ * two maddubs over u's low 7 bits and its top bit (neither can saturate:
+ * |s| <= 127, as activations never hold -128). */
+A512_INLINE __m512i a512__dpbusd_v(int V, __m512i acc, __m512i u, __m512i s) {
+    if (V) return a512__dpbusd(acc, u, s);
+    const __m512i ones16 = _mm512_set1_epi16(1), m7f = _mm512_set1_epi8(0x7f);
+    __m512i lo = _mm512_maddubs_epi16(_mm512_and_si512(u, m7f), s);
+    __m512i hi = _mm512_maddubs_epi16(_mm512_andnot_si512(m7f, u), s);
+    return _mm512_add_epi32(
+        acc, _mm512_add_epi32(_mm512_madd_epi16(lo, ones16), _mm512_madd_epi16(hi, ones16)));
+}
+
+/* The 4 activation bytes at p in every int32 lane. */
+A512_INLINE __m512i a512__bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* An r16 tile of R groups (16 rows each) x C columns. t->W: group 0 (t->ws
+ * bytes between groups); t->X: column 0's a512_r16x array (t->xs bytes
+ * between columns); t->Y: (row 0, column 0). Q4 selects Q4_0 weights. */
+A512_INLINE void a512__r16_tile(int Q4, int R, int C, const a512_tile *t, int V) {
+    const int qb = Q4 ? 256 : 512;         /* quant bytes per block and group */
+    const size_t pb = 64 + 2 * (size_t)qb; /* bytes per pair of blocks */
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nb = t->K / 32;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wq[4];
+        __m512 wd[4];
+        const a512_r16x *x[4];
+        A512_FOR_R {
+            const uint8_t *p = t->W + r * t->ws + (size_t)(b / 2) * pb;
+            wd[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + (b % 2) * 32)));
+            wq[r] = p + 64 + (b % 2) * qb;
+        }
+        A512_FOR_C x[c] = (const a512_r16x *)(const void *)(t->X + c * t->xs) + b;
+        __m512i is[4][4];
+        A512_FOR_R A512_FOR_C is[r][c] = _mm512_set1_epi32(x[c]->corr);
+        if (Q4) {
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) A512_FOR_R {
+                __m512i z = _mm512_loadu_si512(wq[r] + 64 * j);
+                __m512i lo = _mm512_and_si512(z, m4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+                A512_FOR_C {
+                    is[r][c] = a512__dpbusd_v(V, is[r][c], lo, a512__bcast4(x[c]->qs + 4 * j));
+                    is[r][c] = a512__dpbusd_v(V, is[r][c], hi, a512__bcast4(x[c]->qs + 16 + 4 * j));
+                }
+            }
+        } else {
+            _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) A512_FOR_R {
+                __m512i w = _mm512_loadu_si512(wq[r] + 64 * s);
+                A512_FOR_C is[r][c] =
+                    a512__dpbusd_v(V, is[r][c], w, a512__bcast4(x[c]->qs + 4 * s));
+            }
+        }
+        A512_FOR_C {
+            __m512 xd = _mm512_set1_ps(x[c]->d);
+            A512_FOR_R acc[r][c] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r][c]), _mm512_mul_ps(wd[r], xd), acc[r][c]);
+        }
+    }
+    A512_FOR_R A512_FOR_C _mm512_storeu_ps(t->Y + c * t->ys + 16 * r, acc[r][c]);
+}
+
+#define a512__r16q8_tile(R, C, t, V) a512__r16_tile(0, R, C, t, V)
+#define a512__r16q4_tile(R, C, t, V) a512__r16_tile(1, R, C, t, V)
+A512_TILES_V(a512__r16q8_tile)
+A512_TILES_V(a512__r16q4_tile)
+
+/* One Q8_K super-block of an activation row, prepared for the r16 Q4_K
+ * tiles: bs[j] = the sum of sub-block j's 32 quants (|bs| <= 4064). */
+typedef struct a512_r16k {
+    float d;
+    int16_t bs[8];
+    int8_t qs[256];
+    int32_t pad[3]; /* 288 bytes: rows of these stay 32-byte aligned */
+} a512_r16k;
+
+/* The r16 Q4_K tile: t->W group 0 (t->ws bytes between groups), t->X
+ * column 0's a512_r16k array. Per super-block and element, exact in int32:
+ * isum = sum_j sc_j * (the 8 vpdpbusd of sub-block j's nibbles with its
+ * activations), msum = sum_j m_j * bs_j (4 vpdpwssd over pairs); then
+ * acc = fma((float)isum, d * dx, acc) and acc = fnmadd((float)msum,
+ * dmin * dx, acc), super-blocks in order. */
+A512_INLINE void a512__r16k_tile(int R, int C, const a512_tile *t, int V) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < t->K / 256; i++) {
+        const uint8_t *p[4];
+        const a512_r16k *x[4];
+        A512_FOR_R p[r] = t->W + r * t->ws + (size_t)i * KERN_R16_Q4K_SB;
+        A512_FOR_C x[c] = (const a512_r16k *)(const void *)(t->X + c * t->xs) + i;
+        __m512i it[4][4], ms[4][4];
+        A512_FOR_R A512_FOR_C it[r][c] = ms[r][c] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int j = 0; j < 8; j++) {
+            __m512i sub[4][4];
+            A512_FOR_R A512_FOR_C sub[r][c] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) A512_FOR_R {
+                __m512i z = _mm512_loadu_si512(p[r] + 320 + 512 * (j / 2) + 64 * k);
+                z = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(z, 4) : z, m4);
+                A512_FOR_C sub[r][c] =
+                    a512__dpbusd_v(V, sub[r][c], z, a512__bcast4(x[c]->qs + 32 * j + 4 * k));
+            }
+            A512_FOR_R {
+                __m512i sc =
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p[r] + 64 + 16 * j)));
+                A512_FOR_C it[r][c] = _mm512_add_epi32(it[r][c], _mm512_mullo_epi32(sub[r][c], sc));
+            }
+        }
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) A512_FOR_R {
+            __m512i m =
+                _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(p[r] + 192 + 32 * q)));
+            A512_FOR_C {
+                int32_t bp;
+                memcpy(&bp, x[c]->bs + 2 * q, 4);
+                ms[r][c] = a512__madd_acc(V, ms[r][c], m, _mm512_set1_epi32(bp));
+            }
+        }
+        A512_FOR_R {
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p[r]));
+            __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p[r] + 32)));
+            A512_FOR_C {
+                __m512 dx = _mm512_set1_ps(x[c]->d);
+                acc[r][c] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(it[r][c]), _mm512_mul_ps(d, dx), acc[r][c]);
+                acc[r][c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms[r][c]), _mm512_mul_ps(dm, dx),
+                                             acc[r][c]);
+            }
+        }
+    }
+    A512_FOR_R A512_FOR_C _mm512_storeu_ps(t->Y + c * t->ys + 16 * r, acc[r][c]);
+}
+A512_TILES_V(a512__r16k_tile)
+
+/* Prepares the nsb super-blocks of one Q8_K activation row. */
+static void a512__r16k_prep_x(const uint8_t *X, int64_t nsb, void *out) {
+    a512_r16k *o = out;
+    for (int64_t i = 0; i < nsb; i++, X += 292) {
+        const kern_block_q8_K *b = (const kern_block_q8_K *)(const void *)X;
+        memset(&o[i], 0, sizeof o[i]);
+        memcpy(&o[i].d, &b->d, 4);
+        memcpy(o[i].qs, b->qs, 256);
+        for (int j = 0; j < 8; j++) {
+            int16_t b0, b1;
+            memcpy(&b0, (const uint8_t *)X + 260 + 4 * j, 2);
+            memcpy(&b1, (const uint8_t *)X + 262 + 4 * j, 2);
+            o[i].bs[j] = (int16_t)(b0 + b1);
+        }
+    }
+}
+
+/* Prepares the nb blocks of one Q8_0 activation row for the r16 tiles. */
+static void a512__r16_prep_x(int Q4, const uint8_t *X, int64_t nb, a512_r16x *out) {
+    for (int64_t b = 0; b < nb; b++, X += 34) {
+        int32_t sum = 0;
+        memcpy(out[b].qs, X + 2, 32);
+        for (int i = 0; i < 32; i++)
+            sum += out[b].qs[i];
+        out[b].d = a512__f16(X);
+        out[b].corr = -(Q4 ? 8 : 128) * sum;
+    }
+}
+
+/* The nb blocks of one Q8_0 activation row, for Q8_0 or Q4_0 r16 tiles. */
+static void a512__r16q8_prep_x(const uint8_t *X, int64_t nb, void *out) {
+    a512__r16_prep_x(0, X, nb, out);
+}
+static void a512__r16q4_prep_x(const uint8_t *X, int64_t nb, void *out) {
+    a512__r16_prep_x(1, X, nb, out);
+}
+
+/* Runs r16 tiles: prepares every column's activation units (nu of xunit
+ * bytes, by prep), then tiles of up to 4 groups x 4 columns, groups in
+ * chunks of about 256 KiB so a chunk stays in L2 while every column tile
+ * passes over it; the tile shape never changes a value. Without memory for
+ * the prepared columns, falls back to unpacking (plain, the same tolerance). */
+static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
+                          void (*prep)(const uint8_t *X, int64_t nu, void *out), int64_t nu,
+                          size_t xunit, kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
+                          const void *W, size_t ws, const void *X, size_t xs, float *Y, size_t ys) {
+    const size_t xps = (size_t)nu * xunit;
+    _Alignas(64) uint8_t small[20480];
+    uint8_t *xp =
+        (size_t)n_cols * xps <= sizeof small ? small : ks_alloc_aligned((size_t)n_cols * xps);
+    if (!xp) {
+        kern__matmul_r16_via(plain, wt, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+        return;
+    }
+    for (int c = 0; c < n_cols; c++)
+        prep((const uint8_t *)X + (size_t)c * xs, nu, xp + (size_t)c * xps);
+    const int RB = 4, CB = 4, ng = n_rows / 16;
+    const size_t gs = kern_r16_group_bytes(wt, K);
+    int chunk = (int)((256u * 1024u) / gs);
+    chunk = chunk < RB ? RB : chunk - chunk % RB;
+    for (int g1 = 0; g1 < ng; g1 += chunk) {
+        int g1_end = ng - g1 < chunk ? ng : g1 + chunk;
+        for (int c0 = 0; c0 < n_cols; c0 += CB) {
+            int nc = n_cols - c0 < CB ? n_cols - c0 : CB;
+            for (int g0 = g1; g0 < g1_end; g0 += RB) {
+                int nr = g1_end - g0 < RB ? g1_end - g0 : RB;
+                a512_tile t = {.K = K,
+                               .W = (const uint8_t *)W + (size_t)g0 * gs,
+                               .ws = gs,
+                               .X = xp + (size_t)c0 * xps,
+                               .xs = xps,
+                               .Y = Y + (size_t)c0 * ys + 16 * (size_t)g0,
+                               .ys = ys};
+                tab[nr - 1][nc - 1](&t);
+            }
+        }
+    }
+    if (xp != small) ks_free_aligned(xp);
+}
+
+/* Matches kern__matmul_q8_0_ref over r16 groups; integer block sums exact,
+ * the error as a512__matmul_q8_0's. */
+static void a512__matmul_r16_q8_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                                  const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run_r16(KS_DTYPE_Q8_0, a512__r16q8_tile_tab[a512__use_vnni()], a512__r16q8_prep_x, K / 32,
+                  sizeof(a512_r16x), a512__matmul_q8_0, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+/* Matches kern__matmul_q4_0_ref over r16 groups; as a512__matmul_r16_q8_0. */
+static void a512__matmul_r16_q4_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                                  const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run_r16(KS_DTYPE_Q4_0, a512__r16q4_tile_tab[a512__use_vnni()], a512__r16q4_prep_x, K / 32,
+                  sizeof(a512_r16x), a512__matmul_q4_0, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+// ----------------------------------------------------------------------------
 // Q4_K / Q6_K weights x Q8_K activations
 // Per super-block of 256 and element: four 64-element steps (Q4_K: the
 // sub-blocks a and a+2, a = 0, 1, 4, 5; Q6_K: elements 64k..64k+63) each add,
@@ -762,6 +1013,14 @@ static void a512__matmul_q4_K(int64_t K, int n_rows, int n_cols, const void *W, 
     if (!a512__run_prepared(a512__q4kp_tile_tab[V], a512__q4k_prep_row, sizeof(a512_q4kp), K,
                             n_rows, n_cols, W, ws, X, xs, Y, ys))
         a512__run(a512__q4k_tile_tab[V], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+/* Matches kern__matmul_q4_K_ref over r16 groups; integer sums exact, the
+ * error as a512__matmul_q4_K's. */
+static void a512__matmul_r16_q4_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                                  const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run_r16(KS_DTYPE_Q4_K, a512__r16k_tile_tab[a512__use_vnni()], a512__r16k_prep_x, K / 256,
+                  sizeof(a512_r16k), a512__matmul_q4_K, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 /* Per-row data of one Q6_K super-block. */
@@ -1127,6 +1386,12 @@ const kern_vtab kern__vtab_avx512 = {
             [KS_DTYPE_Q4_0] = a512__matmul_q4_0,
             [KS_DTYPE_Q4_K] = a512__matmul_q4_K,
             [KS_DTYPE_Q6_K] = a512__matmul_q6_K,
+        },
+    .matmul_r16 =
+        {
+            [KS_DTYPE_Q8_0] = a512__matmul_r16_q8_0,
+            [KS_DTYPE_Q4_0] = a512__matmul_r16_q4_0,
+            [KS_DTYPE_Q4_K] = a512__matmul_r16_q4_K,
         },
     .quantize_act =
         {

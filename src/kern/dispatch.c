@@ -126,6 +126,140 @@ void kern_dequantize_row(ks_dtype t, const void *x, float *y, int64_t n) {
 }
 
 // ----------------------------------------------------------------------------
+// r16: 16 rows interleaved (layout in kern.h)
+
+bool kern_r16_wanted(ks_dtype t, int64_t K, int64_t N) {
+    if (kern_r16_group_bytes(t, K) == 0 || N <= 0 || N % 16) return false;
+    const char *e = getenv("KS_NO_REPACK"); // A/B benchmarks and debugging
+    if (e && *e && strcmp(e, "0") != 0) return false;
+    // only the AVX-512 VNNI kernel gains from the layout; the others would
+    // unpack it again on every call
+    return kern_get() == &kern__vtab_avx512 && ks_cpu_get()->avx512vnni;
+}
+
+size_t kern_r16_group_bytes(ks_dtype t, int64_t K) {
+    if (K <= 0) return 0;
+    switch (t) {
+    case KS_DTYPE_Q8_0:
+        return K % 64 ? 0 : (size_t)(K / 32) * 16 * 34;
+    case KS_DTYPE_Q4_0:
+        return K % 64 ? 0 : (size_t)(K / 32) * 16 * 18;
+    case KS_DTYPE_Q4_K:
+        return K % 256 ? 0 : (size_t)(K / 256) * KERN_R16_Q4K_SB;
+    default:
+        return 0;
+    }
+}
+
+/* Bytes of one block's quants in a Q8_0/Q4_0 group, and of one GGUF block. */
+static int kern__r16_qbytes(ks_dtype t) { return t == KS_DTYPE_Q8_0 ? 512 : 256; }
+static int kern__r16_bbytes(ks_dtype t) { return t == KS_DTYPE_Q8_0 ? 34 : 18; }
+
+/* Offset in a Q8_0/Q4_0 group of block b's scale of row r, and of its quant
+ * bytes qs[4s .. 4s+3] (step s) of row r. */
+static size_t kern__r16_doff(ks_dtype t, int64_t b, int r) {
+    return (size_t)(b / 2) * (size_t)(64 + 2 * kern__r16_qbytes(t)) + (size_t)(b % 2) * 32 +
+           (size_t)r * 2;
+}
+static size_t kern__r16_qoff(ks_dtype t, int64_t b, int s, int r) {
+    return (size_t)(b / 2) * (size_t)(64 + 2 * kern__r16_qbytes(t)) + 64 +
+           (size_t)(b % 2) * (size_t)kern__r16_qbytes(t) + (size_t)s * 64 + (size_t)r * 4;
+}
+
+/* One Q4_K row's super-block b into / out of its r16 super-block g (kern.h). */
+static void kern__r16_q4k(bool pack, uint8_t *g, kern_block_q4_K *b, int r) {
+    memcpy(pack ? g + 2 * r : (uint8_t *)&b->d, pack ? (uint8_t *)&b->d : g + 2 * r, 2);
+    memcpy(pack ? g + 32 + 2 * r : (uint8_t *)&b->dmin, pack ? (uint8_t *)&b->dmin : g + 32 + 2 * r,
+           2);
+    uint8_t *sc = g + 64, *mp = g + 192;
+    if (pack) {
+        for (int j = 0; j < 8; j++) {
+            int s, m;
+            kern__q4k_scale_min(b->scales, j, &s, &m);
+            sc[16 * j + r] = (uint8_t)s;
+            mp[32 * (j / 2) + 2 * r + (j % 2)] = (uint8_t)m;
+        }
+    } else {
+        for (int j = 0; j < 4; j++) { // the inverse of kern__q4k_scale_min
+            int s0 = sc[16 * j + r], s4 = sc[16 * (j + 4) + r];
+            int m0 = mp[32 * (j / 2) + 2 * r + (j % 2)],
+                m4 = mp[32 * ((j + 4) / 2) + 2 * r + (j % 2)];
+            b->scales[j] = (uint8_t)(s0 | (s4 >> 4) << 6);
+            b->scales[j + 4] = (uint8_t)(m0 | (m4 >> 4) << 6);
+            b->scales[j + 8] = (uint8_t)((s4 & 15) | (m4 & 15) << 4);
+        }
+    }
+    for (int jp = 0; jp < 4; jp++)
+        for (int k = 0; k < 8; k++) {
+            uint8_t *q = g + 320 + 512 * jp + 64 * k + 4 * r, *o = b->qs + 32 * jp + 4 * k;
+            memcpy(pack ? q : o, pack ? o : q, 4);
+        }
+}
+
+void kern_r16_pack(ks_dtype t, int64_t K, const void *W, size_t w_stride, void *dst) {
+    KS_ASSERT(kern_r16_group_bytes(t, K) > 0);
+    uint8_t *o = dst;
+    if (t == KS_DTYPE_Q4_K) {
+        for (int r = 0; r < 16; r++)
+            for (int64_t b = 0; b < K / 256; b++) {
+                kern_block_q4_K blk;
+                memcpy(&blk, (const uint8_t *)W + (size_t)r * w_stride + (size_t)b * 144, 144);
+                kern__r16_q4k(true, o + (size_t)b * KERN_R16_Q4K_SB, &blk, r);
+            }
+        return;
+    }
+    const int bb = kern__r16_bbytes(t), ns = kern__r16_qbytes(t) / 64;
+    const uint8_t flip = t == KS_DTYPE_Q8_0 ? 0x80 : 0x00;
+    for (int r = 0; r < 16; r++) {
+        const uint8_t *row = (const uint8_t *)W + (size_t)r * w_stride;
+        for (int64_t b = 0; b < K / 32; b++) {
+            const uint8_t *blk = row + (size_t)b * (size_t)bb;
+            memcpy(o + kern__r16_doff(t, b, r), blk, 2);
+            for (int s = 0; s < ns; s++)
+                for (int i = 0; i < 4; i++)
+                    o[kern__r16_qoff(t, b, s, r) + (size_t)i] = blk[2 + 4 * s + i] ^ flip;
+        }
+    }
+}
+
+void kern_r16_unpack_row(ks_dtype t, int64_t K, const void *group, int r, void *row) {
+    KS_ASSERT(kern_r16_group_bytes(t, K) > 0 && r >= 0 && r < 16);
+    const uint8_t *g = group;
+    if (t == KS_DTYPE_Q4_K) {
+        for (int64_t b = 0; b < K / 256; b++) {
+            kern_block_q4_K blk;
+            kern__r16_q4k(false, (uint8_t *)(uintptr_t)(g + (size_t)b * KERN_R16_Q4K_SB), &blk, r);
+            memcpy((uint8_t *)row + (size_t)b * 144, &blk, 144);
+        }
+        return;
+    }
+    const int bb = kern__r16_bbytes(t), ns = kern__r16_qbytes(t) / 64;
+    const uint8_t flip = t == KS_DTYPE_Q8_0 ? 0x80 : 0x00;
+    for (int64_t b = 0; b < K / 32; b++) {
+        uint8_t *blk = (uint8_t *)row + (size_t)b * (size_t)bb;
+        memcpy(blk, g + kern__r16_doff(t, b, r), 2);
+        for (int s = 0; s < ns; s++)
+            for (int i = 0; i < 4; i++)
+                blk[2 + 4 * s + i] = g[kern__r16_qoff(t, b, s, r) + (size_t)i] ^ flip;
+    }
+}
+
+void kern__matmul_r16_via(kern_matmul_fn fn, ks_dtype t, int64_t K, int n_rows, int n_cols,
+                          const void *W, size_t ws, const void *X, size_t xs, float *Y, size_t ys) {
+    KS_ASSERT(n_rows % 16 == 0);
+    const size_t gb = kern_r16_group_bytes(t, K);
+    uint8_t *buf = malloc(16 * ws);
+    KS_ASSERT(buf); // a few KB: out of memory here is out of memory everywhere
+    for (int g = 0; g < n_rows / 16; g++) {
+        const uint8_t *grp = (const uint8_t *)W + (size_t)g * gb;
+        for (int r = 0; r < 16; r++)
+            kern_r16_unpack_row(t, K, grp, r, buf + (size_t)r * ws);
+        fn(K, 16, n_cols, buf, ws, X, xs, Y + 16 * g, ys);
+    }
+    free(buf);
+}
+
+// ----------------------------------------------------------------------------
 // RoPE
 
 /* Angles are computed in double (pos can be large; float pos*theta loses

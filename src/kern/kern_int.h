@@ -87,6 +87,16 @@ static inline void kern__q4k_scale_min(const uint8_t *scales, int j, int *sc, in
 // ----------------------------------------------------------------------------
 // Vtabs (ref.c, avx2.c, avx512.c)
 
+/* Bytes of one Q4_K super-block of a 16-row r16 group (kern.h). */
+#define KERN_R16_Q4K_SB 2368
+
+/* A kern_matmul_fn over r16 groups (kern.h) through fn, the plain matmul of
+ * type t: each group's 16 rows are unpacked into scratch, then fn runs on
+ * them; so the results are fn's, bit for bit. For vtabs without a native
+ * r16 kernel (and the native one's fallback). */
+void kern__matmul_r16_via(kern_matmul_fn fn, ks_dtype t, int64_t K, int n_rows, int n_cols,
+                          const void *W, size_t ws, const void *X, size_t xs, float *Y, size_t ys);
+
 extern const kern_vtab kern__vtab_ref;
 extern const kern_vtab kern__vtab_avx2;
 extern const kern_vtab kern__vtab_avx512;

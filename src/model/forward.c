@@ -148,7 +148,9 @@ static void fwd__mm_task(void *arg, int ith, int nth) {
     const int64_t chunk = fwd__rows_per_claim(w->N, nth);
     int64_t r, r1;
     while (ks_pool_claim(&a->next, w->N, chunk, &r, &r1))
-        a->fn(w->K, (int)(r1 - r), a->T, (const char *)w->data + (size_t)r * w->row_bytes,
+        a->fn(w->K, (int)(r1 - r), a->T,
+              (const char *)w->data +
+                  (w->packed ? (size_t)(r / 16) * w->group_bytes : (size_t)r * w->row_bytes),
               w->row_bytes, a->X, a->x_stride, a->Y + r, (size_t)w->N);
 }
 
@@ -179,7 +181,10 @@ static void fwd__act_reset(model_ctx *c) { c->act[0].src = c->act[1].src = NULL;
  * activation type and reuses it for other weights reading the same X. */
 static void fwd__matmul(model_ctx *c, const model__mat *w, const float *X, int T, float *Y) {
     ks_dtype at = kern_act_type(w->type);
-    fwd__mm a = {.w = w, .T = T, .Y = Y, .fn = c->kv->matmul[w->type]};
+    fwd__mm a = {.w = w,
+                 .T = T,
+                 .Y = Y,
+                 .fn = w->packed ? c->kv->matmul_r16[w->type] : c->kv->matmul[w->type]};
     KS_ASSERT(a.fn);
     if (at == KS_DTYPE_F32) {
         a.X = X;

@@ -236,6 +236,35 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
     return KS_OK;
 }
 
+/* Repacks w into the r16 layout when the kernels want it (kern_r16_wanted),
+ * and tells the kernel the mmapped rows are no longer needed, so they leave
+ * the process's resident memory. On a failed allocation w stays as it was
+ * (slower, still correct). */
+static void load__repack(const gguf_file *f, model__mat *w) {
+    if (!kern_r16_wanted(w->type, w->K, w->N)) return;
+    const size_t gb = kern_r16_group_bytes(w->type, w->K);
+    uint8_t *p = ks_alloc_aligned(gb * (size_t)(w->N / 16));
+    if (!p) return;
+    for (int64_t g = 0; g < w->N / 16; g++)
+        kern_r16_pack(w->type, w->K, (const uint8_t *)w->data + (size_t)g * 16 * w->row_bytes,
+                      w->row_bytes, p + (size_t)g * gb);
+    gguf_advise_unneeded(f, w->data, w->row_bytes * (size_t)w->N);
+    w->data = w->packed = p;
+    w->group_bytes = gb;
+}
+
+/* Repacks every matrix the matmuls read (not token_embd: rows are looked up
+ * by token; nor a tied output, which is the same rows). */
+static void load__repack_all(model *m) {
+    if (!m->hp.tied_output) load__repack(m->gguf, &m->output);
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        model__layer *L = &m->layers[il];
+        model__mat *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            load__repack(m->gguf, ws[i]);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // Public
 
@@ -247,6 +276,7 @@ ks_err model_load(const char *path, model **out, ks_errbuf *eb) {
     if (e) goto fail;
     if ((e = load__hparams(m, eb))) goto fail;
     if ((e = load__weights(m, eb))) goto fail;
+    load__repack_all(m);
     if ((e = tok_vocab_load(m->gguf, &m->vocab, eb))) goto fail;
     if (tok_n_vocab(m->vocab) > m->hp.n_vocab) {
         e = ks_seterr(eb, KS_ERR_FORMAT, "%s: vocabulary has %d tokens but token_embd has %d rows",
@@ -264,6 +294,14 @@ void model_free(model *m) {
     if (!m) return;
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
+    if (!m->hp.tied_output) ks_free_aligned(m->output.packed);
+    for (int il = 0; m->layers && il < m->hp.n_layer; il++) {
+        model__layer *L = &m->layers[il];
+        void *ps[] = {L->wq.packed,     L->wk.packed,   L->wv.packed,    L->wo.packed,
+                      L->w_gate.packed, L->w_up.packed, L->w_down.packed};
+        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
+            ks_free_aligned(ps[i]);
+    }
     free(m->layers);
     tok_vocab_free(m->vocab);
     gguf_close(m->gguf);

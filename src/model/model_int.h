@@ -5,10 +5,13 @@
 #include "kvseal/kern.h"
 #include "kvseal/model.h"
 
-/* A weight matrix of N rows of K elements, pointing into the GGUF mapping
- * (never copied). GGUF/ggml shape is ne = [K, N]. */
+/* A weight matrix of N rows of K elements: GGUF rows in the file mapping,
+ * or the model's r16 copy of them (kern.h) when the kernels want that
+ * layout. GGUF/ggml shape is ne = [K, N]. */
 typedef struct model__mat {
-    const void *data;  // (N, row_bytes) raw GGUF rows
+    const void *data;   // (N, row_bytes) raw GGUF rows, or N/16 r16 groups
+    void *packed;       // data when it is the r16 copy (owned), else NULL
+    size_t group_bytes; // bytes per r16 group of 16 rows when packed
     ks_dtype type;
     int64_t K, N;
     size_t row_bytes;

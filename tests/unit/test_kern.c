@@ -237,6 +237,75 @@ static void test_batch_invariance(const kern_vtab *v) {
     printf("  %s: batch invariance bit-exact\n", v->name);
 }
 
+/* The r16 layout (kern.h): pack/unpack round trip, and matmul_r16 on the
+ * packed groups against the ref matmul on the GGUF rows (MATMUL_REL), bit
+ * for bit the same over other tile splits (batch invariance), and for the
+ * vtabs that unpack (ref, avx2) bit for bit their own plain matmul. */
+static void test_r16(const kern_vtab *v) {
+    static const ks_dtype ts[] = {KS_DTYPE_Q8_0, KS_DTYPE_Q4_0, KS_DTYPE_Q4_K};
+    static const int64_t Ks[] = {256, 768, 2048 + 256};
+    static const int ncs[] = {1, 5, 40};
+    bool native = strcmp(v->name, "avx512") == 0;
+    for (int it = 0; it < 3; it++)
+        for (int ik = 0; ik < 3; ik++)
+            for (int ic = 0; ic < 3; ic++) {
+                const ks_dtype wt = ts[it];
+                const int64_t K = Ks[ik];
+                const int NR = 48, NC = ncs[ic];
+                CHECK(v->matmul_r16[wt] != NULL);
+                mm_case c;
+                mm_case_init(&c, wt, K, NR, NC);
+                const size_t rb = row_bytes(wt, K);
+                const size_t gb = kern_r16_group_bytes(wt, K);
+                CHECK(gb >= 16 * rb);
+                uint8_t *pk = xmalloc(gb * (NR / 16) + 1), *row = xmalloc(rb);
+                for (int g = 0; g < NR / 16; g++)
+                    kern_r16_pack(wt, K, c.wbuf + 1 + c.w_stride * (size_t)(16 * g), c.w_stride,
+                                  pk + 1 + gb * (size_t)g);
+                for (int r = 0; r < NR; r++) {
+                    kern_r16_unpack_row(wt, K, pk + 1 + gb * (size_t)(r / 16), r % 16, row);
+                    CHECK(memcmp(row, c.wbuf + 1 + c.w_stride * (size_t)r, rb) == 0);
+                }
+                size_t ny = c.y_stride * (size_t)NC;
+                float *Y = xmalloc(ny * sizeof(float)), *Yr = xmalloc(ny * sizeof(float));
+                for (size_t i = 0; i < ny; i++)
+                    Y[i] = Yr[i] = -7.0f;
+                v->matmul_r16[wt](K, NR, NC, pk + 1, rb, c.xbuf + 1, c.x_stride, Y, c.y_stride);
+                mm_run(native ? &kern__vtab_ref : v, &c, Yr);
+                for (int j = 0; j < NC; j++) {
+                    for (int r = 0; r < NR; r++) {
+                        double S = 0.0;
+                        for (int64_t k = 0; k < K; k++)
+                            S += (double)c.wabs[K * r + k] * (double)c.xabs[K * j + k];
+                        float y = Y[c.y_stride * (size_t)j + (size_t)r];
+                        float yr = Yr[c.y_stride * (size_t)j + (size_t)r];
+                        bool ok = native ? fabs((double)y - (double)yr) <= MATMUL_REL * S + 1e-30
+                                         : same_bits(y, yr);
+                        if (!ok)
+                            fprintf(stderr, "%s r16 %s K=%lld r=%d c=%d: %.9g vs %.9g (S %g)\n",
+                                    v->name, ks_dtype_name(wt), (long long)K, r, j, y, yr, S);
+                        CHECK(ok);
+                    }
+                    for (size_t r = (size_t)NR; r < c.y_stride; r++)
+                        CHECK(Y[c.y_stride * (size_t)j + r] == -7.0f);
+                }
+                // group 1 alone, each column alone: the same bits
+                for (int j = 0; j < NC; j++) {
+                    float y1[16];
+                    v->matmul_r16[wt](K, 16, 1, pk + 1 + gb, rb,
+                                      c.xbuf + 1 + c.x_stride * (size_t)j, 0, y1, 16);
+                    for (int r = 0; r < 16; r++)
+                        CHECK(same_bits(y1[r], Y[c.y_stride * (size_t)j + 16 + (size_t)r]));
+                }
+                free(Y);
+                free(Yr);
+                free(pk);
+                free(row);
+                mm_case_free(&c);
+            }
+    printf("  %s: r16 matmul ok\n", v->name);
+}
+
 // ----------------------------------------------------------------------------
 // Activation quantizers
 
@@ -651,6 +720,7 @@ int main(void) {
         test_rows_ops(v);
         test_matmul_vs_ref(v);
         test_batch_invariance(v);
+        test_r16(v);
     }
     printf("test_kern: ok\n");
     return 0;
