@@ -35,8 +35,8 @@ typedef struct kern_vtab {
     kern_matmul_fn matmul[KS_DTYPE__COUNT];
     /* the same products over weights repacked by kern_r16_pack: W is the
      * first of n_rows/16 groups (n_rows a multiple of 16) laid out
-     * kern_r16_group_bytes apart, w_stride the GGUF row bytes; Q8_0, Q4_0
-     * and Q4_K only, NULL elsewhere */
+     * kern_r16_group_bytes apart, w_stride the GGUF row bytes; Q8_0, Q4_0,
+     * Q4_K and Q6_K only, NULL elsewhere */
     kern_matmul_fn matmul_r16[KS_DTYPE__COUNT];
     /* indexed by activation ks_dtype (F32, Q8_0, Q8_K) */
     kern_quant_fn quantize_act[KS_DTYPE__COUNT];
@@ -93,7 +93,11 @@ ks_dtype kern_act_type(ks_dtype wtype);
  *   [64, 192)   the 6-bit scale of sub-block j of row r at 16j + r (a byte)
  *   [192, 320)  the mins of sub-blocks 2p, 2p+1 of row r at 32p + 2r, +1
  *   [320, 2368) 4 pairs p x 8 steps k x 16 rows x 4 bytes: qs[32p + 4k ..]
- *               (low nibbles sub-block 2p, high nibbles sub-block 2p+1) */
+ *               (low nibbles sub-block 2p, high nibbles sub-block 2p+1)
+ * Q6_K, per super-block (3360 bytes = 16 x 210):
+ *   [0, 32) d: f16 per row; [32, 288) scale of sub-block j of row r at 16j + r
+ *   [288, 2336)  n, h < 2, k < 8 x 16 rows x 4 bytes: ql[64n + 32h + 4k ..]
+ *   [2336, 3360) n < 2, k < 8 x 16 rows x 4 bytes: qh[32n + 4k ..] */
 
 /* Whether model loading should repack a [K, N] matrix of type t for the
  * chosen vtab: it has a native r16 kernel for t, the layout takes K

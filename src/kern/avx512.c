@@ -649,6 +649,8 @@ A512_INLINE void a512__r16_tile(int Q4, int R, int C, const a512_tile *t, int V)
         const uint8_t *wq[4];
         __m512 wd[4];
         const a512_r16x *x[4];
+        if (C <= 2 && b % 2 == 0)
+            A512_FOR_R a512__prefetch_next(t, r, R, (b / 2) * (int64_t)pb, (int)pb);
         A512_FOR_R {
             const uint8_t *p = t->W + r * t->ws + (size_t)(b / 2) * pb;
             wd[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + (b % 2) * 32)));
@@ -710,6 +712,7 @@ A512_INLINE void a512__r16k_tile(int R, int C, const a512_tile *t, int V) {
     for (int64_t i = 0; i < t->K / 256; i++) {
         const uint8_t *p[4];
         const a512_r16k *x[4];
+        if (C <= 2) A512_FOR_R a512__prefetch_next(t, r, R, i * KERN_R16_Q4K_SB, KERN_R16_Q4K_SB);
         A512_FOR_R p[r] = t->W + r * t->ws + (size_t)i * KERN_R16_Q4K_SB;
         A512_FOR_C x[c] = (const a512_r16k *)(const void *)(t->X + c * t->xs) + i;
         __m512i it[4][4], ms[4][4];
@@ -771,6 +774,81 @@ static void a512__r16k_prep_x(const uint8_t *X, int64_t nsb, void *out) {
     }
 }
 
+/* One Q8_K super-block of an activation row, prepared for the r16 Q6_K
+ * tiles: corr[j] = -32 * the sum of sub-block j's 16 quants (Q6_K's q - 32). */
+typedef struct a512_r16k6 {
+    int32_t corr[16];
+    int8_t qs[256];
+    float d;
+    int32_t pad[15]; /* 384 bytes */
+} a512_r16k6;
+
+/* The r16 Q6_K tile: t->W group 0 (t->ws bytes between groups), t->X
+ * column 0's a512_r16k6 array. Per super-block and element, exact in int32:
+ * isum = sum_j sc_j * (corr_j + the 4 vpdpbusd of sub-block j's 6-bit
+ * values, rebuilt from ql and qh, with its activations); then
+ * acc = fma((float)isum, d * dx, acc), super-blocks in order. */
+A512_INLINE void a512__r16k6_tile(int R, int C, const a512_tile *t, int V) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < t->K / 256; i++) {
+        const uint8_t *p[4];
+        const a512_r16k6 *x[4];
+        if (C <= 2) A512_FOR_R a512__prefetch_next(t, r, R, i * KERN_R16_Q6K_SB, KERN_R16_Q6K_SB);
+        A512_FOR_R p[r] = t->W + r * t->ws + (size_t)i * KERN_R16_Q6K_SB;
+        A512_FOR_C x[c] = (const a512_r16k6 *)(const void *)(t->X + c * t->xs) + i;
+        __m512i it[4][4];
+        A512_FOR_R A512_FOR_C it[r][c] = _mm512_setzero_si512();
+        // sub-block j = 8n + 2g + kk: elements 128n + 32g + 16kk + 0..15
+        _Pragma("GCC unroll 1") for (int j = 0; j < 16; j++) {
+            const int n = j / 8, g = (j / 2) % 4, kk = j % 2;
+            __m512i sub[4][4];
+            A512_FOR_R A512_FOR_C sub[r][c] = _mm512_set1_epi32(x[c]->corr[j]);
+            _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; k4++) {
+                const int k = 4 * kk + k4;
+                A512_FOR_R {
+                    __m512i l = _mm512_loadu_si512(p[r] + 288 + 1024 * n + 512 * (g & 1) + 64 * k);
+                    __m512i h = _mm512_loadu_si512(p[r] + 2336 + 512 * n + 64 * k);
+                    l = g >= 2 ? _mm512_srli_epi16(l, 4) : l;
+                    // bits 2g, 2g+1 of h to bits 4, 5
+                    h = g <= 2 ? _mm512_slli_epi16(h, 4 - 2 * g) : _mm512_srli_epi16(h, 2);
+                    __m512i q = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(h, m30));
+                    A512_FOR_C sub[r][c] = a512__dpbusd_v(
+                        V, sub[r][c], q, a512__bcast4(x[c]->qs + 128 * n + 32 * g + 4 * k));
+                }
+            }
+            A512_FOR_R {
+                __m512i sc =
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p[r] + 32 + 16 * j)));
+                A512_FOR_C it[r][c] = _mm512_add_epi32(it[r][c], _mm512_mullo_epi32(sub[r][c], sc));
+            }
+        }
+        A512_FOR_R {
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p[r]));
+            A512_FOR_C acc[r][c] = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(it[r][c]), _mm512_mul_ps(d, _mm512_set1_ps(x[c]->d)), acc[r][c]);
+        }
+    }
+    A512_FOR_R A512_FOR_C _mm512_storeu_ps(t->Y + c * t->ys + 16 * r, acc[r][c]);
+}
+A512_TILES_V(a512__r16k6_tile)
+
+/* Prepares the nsb super-blocks of one Q8_K activation row for Q6_K. */
+static void a512__r16k6_prep_x(const uint8_t *X, int64_t nsb, void *out) {
+    a512_r16k6 *o = out;
+    for (int64_t i = 0; i < nsb; i++, X += 292) {
+        memset(&o[i], 0, sizeof o[i]);
+        memcpy(&o[i].d, X, 4);
+        memcpy(o[i].qs, X + 4, 256);
+        for (int j = 0; j < 16; j++) {
+            int16_t b;
+            memcpy(&b, X + 260 + 2 * j, 2);
+            o[i].corr[j] = -32 * (int32_t)b;
+        }
+    }
+}
+
 /* Prepares the nb blocks of one Q8_0 activation row for the r16 tiles. */
 static void a512__r16_prep_x(int Q4, const uint8_t *X, int64_t nb, a512_r16x *out) {
     for (int64_t b = 0; b < nb; b++, X += 34) {
@@ -810,7 +888,7 @@ static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
     }
     for (int c = 0; c < n_cols; c++)
         prep((const uint8_t *)X + (size_t)c * xs, nu, xp + (size_t)c * xps);
-    const int RB = 4, CB = 4, ng = n_rows / 16;
+    const int RB = n_cols == 1 ? 1 : 4, CB = 4, ng = n_rows / 16;
     const size_t gs = kern_r16_group_bytes(wt, K);
     int chunk = (int)((256u * 1024u) / gs);
     chunk = chunk < RB ? RB : chunk - chunk % RB;
@@ -1149,6 +1227,15 @@ static void a512__matmul_q6_K(int64_t K, int n_rows, int n_cols, const void *W, 
         a512__run(a512__q6k_tile_tab[V], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
+/* Matches kern__matmul_q6_K_ref over r16 groups; integer sums exact, the
+ * error as a512__matmul_q6_K's. */
+static void a512__matmul_r16_q6_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                                  const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run_r16(KS_DTYPE_Q6_K, a512__r16k6_tile_tab[a512__use_vnni()], a512__r16k6_prep_x,
+                  K / 256, sizeof(a512_r16k6), a512__matmul_q6_K, K, n_rows, n_cols, W, ws, X, xs,
+                  Y, ys);
+}
+
 // ----------------------------------------------------------------------------
 // Activation quantizers (byte-identical to ref.c)
 
@@ -1392,6 +1479,7 @@ const kern_vtab kern__vtab_avx512 = {
             [KS_DTYPE_Q8_0] = a512__matmul_r16_q8_0,
             [KS_DTYPE_Q4_0] = a512__matmul_r16_q4_0,
             [KS_DTYPE_Q4_K] = a512__matmul_r16_q4_K,
+            [KS_DTYPE_Q6_K] = a512__matmul_r16_q6_K,
         },
     .quantize_act =
         {

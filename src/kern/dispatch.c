@@ -146,6 +146,8 @@ size_t kern_r16_group_bytes(ks_dtype t, int64_t K) {
         return K % 64 ? 0 : (size_t)(K / 32) * 16 * 18;
     case KS_DTYPE_Q4_K:
         return K % 256 ? 0 : (size_t)(K / 256) * KERN_R16_Q4K_SB;
+    case KS_DTYPE_Q6_K:
+        return K % 256 ? 0 : (size_t)(K / 256) * KERN_R16_Q6K_SB;
     default:
         return 0;
     }
@@ -196,15 +198,40 @@ static void kern__r16_q4k(bool pack, uint8_t *g, kern_block_q4_K *b, int r) {
         }
 }
 
+/* One Q6_K row's super-block b into / out of its r16 super-block g (kern.h). */
+static void kern__r16_q6k(bool pack, uint8_t *g, kern_block_q6_K *b, int r) {
+#define KERN__MV(gp, bp, n) memcpy(pack ? (gp) : (bp), pack ? (bp) : (gp), n)
+    KERN__MV(g + 2 * r, (uint8_t *)&b->d, 2);
+    for (int j = 0; j < 16; j++)
+        KERN__MV(g + 32 + 16 * j + r, (uint8_t *)&b->scales[j], 1);
+    for (int n = 0; n < 2; n++)
+        for (int k = 0; k < 8; k++) {
+            for (int h = 0; h < 2; h++)
+                KERN__MV(g + 288 + 1024 * n + 512 * h + 64 * k + 4 * r,
+                         b->ql + 64 * n + 32 * h + 4 * k, 4);
+            KERN__MV(g + 2336 + 512 * n + 64 * k + 4 * r, b->qh + 32 * n + 4 * k, 4);
+        }
+#undef KERN__MV
+}
+
 void kern_r16_pack(ks_dtype t, int64_t K, const void *W, size_t w_stride, void *dst) {
     KS_ASSERT(kern_r16_group_bytes(t, K) > 0);
     uint8_t *o = dst;
-    if (t == KS_DTYPE_Q4_K) {
+    if (t == KS_DTYPE_Q4_K || t == KS_DTYPE_Q6_K) {
+        const bool q4 = t == KS_DTYPE_Q4_K;
+        const size_t bb = q4 ? 144 : 210, sb = q4 ? KERN_R16_Q4K_SB : KERN_R16_Q6K_SB;
         for (int r = 0; r < 16; r++)
             for (int64_t b = 0; b < K / 256; b++) {
-                kern_block_q4_K blk;
-                memcpy(&blk, (const uint8_t *)W + (size_t)r * w_stride + (size_t)b * 144, 144);
-                kern__r16_q4k(true, o + (size_t)b * KERN_R16_Q4K_SB, &blk, r);
+                const uint8_t *src = (const uint8_t *)W + (size_t)r * w_stride + (size_t)b * bb;
+                if (q4) {
+                    kern_block_q4_K blk;
+                    memcpy(&blk, src, bb);
+                    kern__r16_q4k(true, o + (size_t)b * sb, &blk, r);
+                } else {
+                    kern_block_q6_K blk;
+                    memcpy(&blk, src, bb);
+                    kern__r16_q6k(true, o + (size_t)b * sb, &blk, r);
+                }
             }
         return;
     }
@@ -230,6 +257,14 @@ void kern_r16_unpack_row(ks_dtype t, int64_t K, const void *group, int r, void *
             kern_block_q4_K blk;
             kern__r16_q4k(false, (uint8_t *)(uintptr_t)(g + (size_t)b * KERN_R16_Q4K_SB), &blk, r);
             memcpy((uint8_t *)row + (size_t)b * 144, &blk, 144);
+        }
+        return;
+    }
+    if (t == KS_DTYPE_Q6_K) {
+        for (int64_t b = 0; b < K / 256; b++) {
+            kern_block_q6_K blk;
+            kern__r16_q6k(false, (uint8_t *)(uintptr_t)(g + (size_t)b * KERN_R16_Q6K_SB), &blk, r);
+            memcpy((uint8_t *)row + (size_t)b * 210, &blk, 210);
         }
         return;
     }

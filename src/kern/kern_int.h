@@ -89,6 +89,8 @@ static inline void kern__q4k_scale_min(const uint8_t *scales, int j, int *sc, in
 
 /* Bytes of one Q4_K super-block of a 16-row r16 group (kern.h). */
 #define KERN_R16_Q4K_SB 2368
+/* Bytes of one Q6_K super-block of a 16-row r16 group (16 x 210). */
+#define KERN_R16_Q6K_SB 3360
 
 /* A kern_matmul_fn over r16 groups (kern.h) through fn, the plain matmul of
  * type t: each group's 16 rows are unpacked into scratch, then fn runs on

@@ -479,6 +479,12 @@ static void ref__matmul_r16_q4_K(int64_t K, int n_rows, int n_cols, const void *
                          ys);
 }
 
+static void ref__matmul_r16_q6_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                                 const void *X, size_t xs, float *Y, size_t ys) {
+    kern__matmul_r16_via(kern__matmul_q6_K_ref, KS_DTYPE_Q6_K, K, n_rows, n_cols, W, ws, X, xs, Y,
+                         ys);
+}
+
 const kern_vtab kern__vtab_ref = {
     .name = "ref",
     .matmul =
@@ -496,6 +502,7 @@ const kern_vtab kern__vtab_ref = {
             [KS_DTYPE_Q8_0] = ref__matmul_r16_q8_0,
             [KS_DTYPE_Q4_0] = ref__matmul_r16_q4_0,
             [KS_DTYPE_Q4_K] = ref__matmul_r16_q4_K,
+            [KS_DTYPE_Q6_K] = ref__matmul_r16_q6_K,
         },
     .quantize_act =
         {
