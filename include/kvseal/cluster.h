@@ -89,6 +89,8 @@ typedef struct cluster_router_opts {
     int port;              /* 0: any free port (cluster_router_port) */
     int32_t n_ctx;         /* per-request limit, as engine_opts.n_ctx */
     int page_tokens;       /* workers must register this geometry (16) */
+    int kv_type;           /* ... and this KV type (kv.h; the engine's default, F16): pages
+                              travel in their type, so a worker with another is refused */
     uint32_t health_interval_ms; /* HEALTH period (1000); 3 misses drop a worker */
     uint32_t queue_timeout_ms;   /* a request waiting for decode capacity this long is aborted (30000) */
     uint32_t queue_max;          /* requests waiting for capacity; past it: 503 (64) */
