@@ -49,9 +49,11 @@ typedef struct cluster_worker_opts {
     int data_port;              /* 0: any free port */
     const char *advertise_host; /* address sent in REGISTER (default data_host) */
     /* both: KV geometry and limits. Decode: the engine's options (m, n_ctx,
-     * kv_pages, page_tokens, n_threads, max_batch_tokens, max_running, scrub;
-     * prefix_cache is ignored: off). Prefill: n_ctx, kv_pages (its local
-     * pool), page_tokens, n_threads, max_batch_tokens (forward chunk), scrub. */
+     * kv_pages, page_tokens, kv_type, n_threads, max_batch_tokens,
+     * max_running, scrub; prefix_cache is ignored: off). Prefill: n_ctx,
+     * kv_pages (its local pool), page_tokens, kv_type, n_threads,
+     * max_batch_tokens (forward chunk), scrub. kv_type is registered and must
+     * be the router's (cluster_router_opts.kv_type). */
     engine_opts eng;
     uint32_t t_grant_ms, t_xfer_ms, t_ack_ms; /* decode timers (0: protocol defaults) */
     uint32_t t_router_ms; /* both: no HEALTH for this long means the router is lost (0: 5 s;
@@ -89,6 +91,8 @@ typedef struct cluster_router_opts {
     int port;              /* 0: any free port (cluster_router_port) */
     int32_t n_ctx;         /* per-request limit, as engine_opts.n_ctx */
     int page_tokens;       /* workers must register this geometry (16) */
+    int kv_type;           /* ... and this KV type (kv.h; the engine's default, F16): pages
+                              travel in their type, so a worker with another is refused */
     uint32_t health_interval_ms; /* HEALTH period (1000); 3 misses drop a worker */
     uint32_t queue_timeout_ms;   /* a request waiting for decode capacity this long is aborted (30000) */
     uint32_t queue_max;          /* requests waiting for capacity; past it: 503 (64) */

@@ -50,6 +50,7 @@ typedef struct engine_opts {
     int32_t n_ctx;             /* per-request limit: prompt + max_tokens */
     uint32_t kv_pages;         /* pool size in pages */
     int page_tokens;           /* positions per page (16) */
+    int kv_type;               /* KV element type, kv.h (KS_DTYPE_F16; F32, Q8_0) */
     kv_scrub scrub;            /* zero (default) or poison */
     int32_t max_batch_tokens;  /* tokens per forward pass; prefills are chunked to fit (256) */
     int32_t max_running;       /* sequences in the running batch (16) */

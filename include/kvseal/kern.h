@@ -29,6 +29,16 @@ typedef void (*kern_matmul_fn)(int64_t K, int n_rows, int n_cols, const void *W,
  * or Q8_K); n is a multiple of the format's block size. */
 typedef void (*kern_quant_fn)(const float *x, void *y, int64_t n);
 
+/* Attention over one plane of a KV page (kv.h): rows of n elements in a KV
+ * type (F32, F16 or Q8_0; for Q8_0 n % 32 == 0 and every row starts on a
+ * block), row j at k + j * k_stride BYTES. Pointers need no alignment.
+ * out[j] = dot(q, row j) * scale. */
+typedef void (*kern_dot_rows_fn)(int64_t n, const float *q, const void *k, size_t k_stride,
+                                 int rows, float scale, float *out);
+/* y[i] += s[j] * row j [i] for j = 0 .. rows-1 in order (rows as above). */
+typedef void (*kern_axpy_rows_fn)(int64_t n, const float *s, const void *v, size_t v_stride,
+                                  int rows, float *y);
+
 typedef struct kern_vtab {
     const char *name; /* "ref", "avx2", "avx512" */
     /* indexed by weight ks_dtype; NULL where the type is unsupported */
@@ -44,14 +54,19 @@ typedef struct kern_vtab {
     float (*dot_f32)(int64_t n, const float *a, const float *b);
     /* y[i] += a * x[i] */
     void (*axpy_f32)(int64_t n, float a, const float *x, float *y);
-    /* out[j] = dot_f32(n, q, k + j * k_stride) * scale for j < rows: the same
-     * values as dot_f32 (attention scores over one KV page) */
-    void (*dot_rows)(int64_t n, const float *q, const float *k, size_t k_stride, int rows,
-                     float scale, float *out);
-    /* y[i] += s[j] * v[j * v_stride + i] for j = 0 .. rows-1 in order: the same
-     * values as rows axpy_f32 calls (attention output over one KV page) */
-    void (*axpy_rows)(int64_t n, const float *s, const float *v, size_t v_stride, int rows,
-                      float *y);
+    /* Indexed by KV ks_dtype (F32, F16, Q8_0; NULL elsewhere). Dequantizing a
+     * KV element to f32 is exact (an f16, or an f16 scale times an int8), and
+     * each typed op computes exactly what its F32 entry computes on the
+     * dequantized rows, bit for bit; the F32 entries give the same values as
+     * dot_f32 * scale per row (dot_rows) and as one axpy_f32 per row in order
+     * (axpy_rows). Attention scores and output over one KV page. */
+    kern_dot_rows_fn dot_rows[KS_DTYPE__COUNT];
+    kern_axpy_rows_fn axpy_rows[KS_DTYPE__COUNT];
+    /* Indexed by KV ks_dtype: stores one K or V row of n floats in the KV
+     * type — F32 a copy, F16 round-to-nearest-even (ks_f32_to_f16), Q8_0 as
+     * quantize_act[Q8_0] (GGUF blocks, d = f16(amax/127)). SIMD versions
+     * write the same bytes as the reference (NaN inputs: some NaN). */
+    kern_quant_fn kv_store[KS_DTYPE__COUNT];
     /* y = x / sqrt(mean(x^2) + eps) * w ; y may alias x */
     void (*rmsnorm)(int64_t n, const float *x, const float *w, float eps, float *y);
     /* y[i] = silu(g[i]) * u[i] ; y may alias g or u */

@@ -2,8 +2,11 @@
  * per-sequence block tables, and the tenant-scoped prefix cache.
  *
  * A page holds K and V for page_tokens consecutive positions of a sequence,
- * for every layer. Page payload layout (floats):
- *   [layer][0=K,1=V][page_tokens][kv_dim]
+ * for every layer, in the pool's element type (kv_geom.kv_type: F32, F16 or
+ * Q8_0, GGUF layouts). Page payload layout (rows of kv_row_bytes bytes):
+ *   [layer][0=K,1=V][page_tokens][row of kv_dim elements]
+ * A Q8_0 row is kv_dim/32 blocks of {f16 d, i8 qs[32]}; the model layer
+ * refuses Q8_0 unless head_dim % 32 == 0, so no block straddles two heads.
  * Each page has a header {tag {seq_uid, gen}, state, refcount, filled} kept
  * beside the payload. A block-table entry holds a page id AND the tag the
  * sequence expects; kv_seq_span_read/_write are the only ways to turn an
@@ -29,9 +32,30 @@
 
 typedef struct kv_geom {
     int n_layer;     /* layers */
-    int kv_dim;      /* n_head_kv * head_dim: floats per token per K (or V) */
+    int kv_dim;      /* n_head_kv * head_dim: elements per token per K (or V) */
     int page_tokens; /* positions per page (default 16) */
+    int kv_type;     /* ks_dtype of the elements: KS_DTYPE_F32 (0, the zero value), _F16 or
+                      * _Q8_0 (kv_dim % 32 == 0) — kv_type_ok */
 } kv_geom;
+
+/* True for the KV element types a pool supports: F32, F16, Q8_0. */
+bool kv_type_ok(int kv_type);
+/* "f32", "f16", "q8_0" ("?" for others); static storage, can't fail. */
+const char *kv_type_name(int kv_type);
+/* Parses "f32" | "f16" | "q8_0" (case-insensitive) into *out; false for
+ * anything else (the caller names the choices: KV_TYPE_CHOICES). */
+bool kv_type_parse(const char *s, int *out /* OUT */);
+#define KV_TYPE_CHOICES "f32, f16 or q8_0"
+/* Bytes of one row of kv_dim elements of g's type (4, 2 or 34/32 bytes per
+ * element); 0 when g's type is unsupported or kv_dim not a multiple of its
+ * block. Can't fail. */
+size_t kv_row_bytes(const kv_geom *g);
+/* Bytes of one page: n_layer * 2 * page_tokens * kv_row_bytes; 0 for a bad
+ * geometry. Can't fail. */
+uint64_t kv_page_bytes(const kv_geom *g);
+/* Checks g (positive sizes, a supported type, kv_dim a multiple of the
+ * type's block); KS_ERR_INVAL with the reason in eb otherwise. */
+ks_err kv_geom_check(const kv_geom *g, ks_errbuf *eb) KS_MUST_USE;
 
 typedef struct kv_tag {
     uint64_t seq_uid; /* the allocating sequence (I2) */
@@ -47,7 +71,8 @@ typedef enum kv_page_state {
 
 typedef enum kv_scrub {
     KV_SCRUB_ZERO = 0,   /* default: freed pages are zeroed */
-    KV_SCRUB_POISON = 1, /* debugging: freed pages are filled with NaN-poison */
+    KV_SCRUB_POISON = 1, /* debugging: freed pages are filled with NaN-poison (NaN as f32,
+                          * as every f16 and as every Q8_0 scale: a read gives NaN logits) */
 } kv_scrub;
 
 typedef struct kv_pool kv_pool;
@@ -58,7 +83,7 @@ typedef void (*kv_violation_fn)(void *ctx, uint64_t seq_uid, uint32_t page, kv_t
                                 kv_tag found, kv_page_state state);
 
 /* Allocates a pool of n_pages scrubbed pages. Errors: KS_ERR_INVAL (bad
- * geometry), KS_ERR_NOMEM. The caller owns *out. */
+ * geometry, kv_geom_check), KS_ERR_NOMEM. The caller owns *out. */
 ks_err kv_pool_create(const kv_geom *g, uint32_t n_pages, kv_scrub scrub, kv_pool **out /* OUT */,
                       ks_errbuf *eb) KS_MUST_USE;
 /* Frees the pool; accepts NULL. Every sequence must have been released. */
@@ -147,13 +172,13 @@ kv_entry kv_seq_entry(const kv_seq *s, uint32_t i);
 
 /* K and V rows of page page_idx of s for one layer, for reading rows
  * [0, n_rows): checks the entry's tag against the page header, that the page
- * is READY and that filled >= n_rows. *k and *v point at (page_tokens,
- * kv_dim) floats. Errors: KS_ERR_INTERNAL on any mismatch — counted as an
+ * is READY and that filled >= n_rows. *k and *v point at page_tokens rows of
+ * kv_row_bytes bytes in the pool's kv_type (4-byte aligned for F32, 2-byte
+ * for F16/Q8_0). Errors: KS_ERR_INTERNAL on any mismatch — counted as an
  * isolation violation and reported through the callback. Thread-safe for
  * concurrent readers. */
-ks_err kv_seq_span_read(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer,
-                        uint32_t n_rows, const float **k /* OUT */,
-                        const float **v /* OUT */) KS_MUST_USE;
+ks_err kv_seq_span_read(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer, uint32_t n_rows,
+                        const void **k /* OUT */, const void **v /* OUT */) KS_MUST_USE;
 /* kv_seq_span_read for every page covering positions [0, n_tokens) of s at
  * one layer (the last page needs only the rows it covers): k[i], v[i] get
  * page i's planes; both arrays have room for ceil(n_tokens/page_tokens)
@@ -163,12 +188,12 @@ ks_err kv_seq_span_read(kv_pool *p, const kv_seq *s, uint32_t page_idx, int laye
  * kv_seq_span_read, for the first failing page (counted and reported once);
  * k and v are then partly filled and must not be used. Thread-safe. */
 ks_err kv_seq_span_read_all(kv_pool *p, const kv_seq *s, int layer, uint32_t n_tokens,
-                            const float **k /* OUT */, const float **v /* OUT */) KS_MUST_USE;
+                            const void **k /* OUT */, const void **v /* OUT */) KS_MUST_USE;
 /* The same for writing: the tag must match, the page must be ALLOCATED or
  * READY, owned by s (not a shared prefix page). Errors: KS_ERR_INTERNAL,
  * counted and reported like a read violation. */
 ks_err kv_seq_span_write(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer,
-                         float **k /* OUT */, float **v /* OUT */) KS_MUST_USE;
+                         void **k /* OUT */, void **v /* OUT */) KS_MUST_USE;
 
 // ----------------------------------------------------------------------------
 // Prefix cache (I7): full prompt pages reused by later requests of the same

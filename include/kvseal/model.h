@@ -60,8 +60,14 @@ const gguf_file *model_gguf(const model *m);
  * one embedding row), for the roofline in `kvseal bench`. */
 uint64_t model_bytes_per_token(const model *m);
 
-/* K/V geometry for a pool serving this model (page_tokens as given). */
-kv_geom model_kv_geom(const model *m, int page_tokens);
+/* K/V geometry for a pool serving this model (page_tokens and the KV
+ * element type as given; model_kv_type_check says whether the type fits). */
+kv_geom model_kv_geom(const model *m, int page_tokens, int kv_type);
+/* Whether this model's K/V can be kept in kv_type (kv.h: F32, F16, Q8_0):
+ * Q8_0 needs head_dim % 32 == 0, because attention reads K/V per head and a
+ * 32-element block must not straddle two heads. Errors: KS_ERR_INVAL with
+ * the reason in eb. Can be called from any thread. */
+ks_err model_kv_type_check(const model *m, int kv_type, ks_errbuf *eb) KS_MUST_USE;
 
 /* One forward batch. Token i of sequence seqs[seq[i]] sits at position
  * pos[i]; its K/V is written there, and it attends to positions

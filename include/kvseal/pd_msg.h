@@ -106,7 +106,8 @@ const char *pd_msg_type_name(uint16_t type);
  * handshake). KV_PAGE's bound is pd_msg_kv_page_len(g, page_tokens, n_layer)
  * — g NULL: KV_PAGE forbidden. Direction/phase restrictions are the caller's
  * (it sets further entries to PD_TYPE_FORBIDDEN). Errors: KS_ERR_INVAL (a
- * geometry field <= 0, or a full page frame over PD_MSG_MAX_FRAME). */
+ * geometry field <= 0, an unsupported KV type (kv_geom_check), or a full
+ * page frame over PD_MSG_MAX_FRAME). */
 ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES] /* OUT */,
                        ks_errbuf *eb) KS_MUST_USE;
 
@@ -126,6 +127,7 @@ pd_msg_top pd_msg_top_at(const uint8_t *raw, uint32_t i);
 /* REGISTER (60 + host_len): P/D -> R. */
 typedef struct pd_msg_register {
     uint8_t role; /* PD_ROLE_PREFILL or PD_ROLE_DECODE */
+    uint8_t kv_type; /* KV element type (kv.h, a ks_dtype: 0 F32, 1 F16, 8 Q8_0) */
     uint32_t n_layer, kv_dim, page_tokens;
     uint32_t n_pages; /* pool capacity */
     uint32_t n_ctx;
@@ -402,7 +404,8 @@ typedef struct pd_msg_kv_page {
 } pd_msg_kv_page;
 
 /* Exact KV_PAGE payload length for a geometry: 40 + layer_count * 2 * n_rows *
- * kv_dim * 4 (64-bit, no overflow for u32 inputs). Can't fail. */
+ * kv_row_bytes(g) — pages travel in the link's KV type (64-bit, no overflow
+ * for u32 inputs). Can't fail. */
 uint64_t pd_msg_kv_page_len(const kv_geom *g, uint32_t n_rows, uint32_t layer_count);
 /* Decodes the page header from prefix[0..prefix_len) (>= 40 bytes; only the
  * first 40 are read) of a KV_PAGE frame whose payload is frame_len bytes, and

@@ -18,16 +18,17 @@ typedef struct cli__session {
     int n_threads;
     int32_t n_ctx;      // positions available to the sequence
     int32_t n_batch;    // tokens per forward call
+    int kv_type;        // KV element type of the pool (kv.h)
 } cli__session;
 
 /* Default thread count: online CPUs. */
 int cli__default_threads(void);
 
-/* Loads path with a pool of n_ctx positions and batches of n_batch tokens.
- * n_ctx <= 0 means the model's training context. On failure prints the
- * error (naming the file) to stderr and returns it. */
+/* Loads path with a pool of n_ctx positions of KV type kv_type (kv.h) and
+ * batches of n_batch tokens. n_ctx <= 0 means the model's training context.
+ * On failure prints the error (naming the file) to stderr and returns it. */
 ks_err cli__session_open(cli__session *s, const char *path, int n_threads, int32_t n_ctx,
-                         int32_t n_batch);
+                         int32_t n_batch, int kv_type);
 /* Frees everything; accepts a zeroed session. */
 void cli__session_close(cli__session *s);
 
@@ -42,6 +43,9 @@ ks_err cli__session_eval(cli__session *s, const int32_t *toks, int32_t n, int32_
  * on junk. */
 bool cli__parse_int(const char *opt, const char *v, long lo, long hi, long *out);
 bool cli__parse_float(const char *opt, const char *v, double *out);
+/* Parses --kv-type's value (f32, f16, q8_0); on a bad one prints the error
+ * listing the choices and returns false. */
+bool cli__parse_kv_type(const char *v, int *out /* OUT */);
 
 /* Reads a whole file into a malloc'd NUL-terminated buffer; NULL + message
  * on failure. */
@@ -67,6 +71,7 @@ typedef struct serve__cfg {
     bool no_prefix_cache, log_content;
     bool insecure_plaintext; /* cluster roles: --insecure-plaintext (no TLS) */
     kv_scrub scrub;
+    int kv_type; /* --kv-type (kv.h), default the engine's (f16) */
     // cluster roles (kvseal router / prefill / decode)
     const char *secret_file, *router, *data_host, *advertise_host, *cluster_host;
     long data_port, cluster_port, health_interval_ms, drain_timeout_ms;

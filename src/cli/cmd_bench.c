@@ -6,6 +6,7 @@
  * (bandwidth / bytes read per generated token). */
 #include "cli_int.h"
 
+#include "kvseal/engine.h"
 #include "kvseal/kern.h"
 
 #include <stdlib.h>
@@ -92,7 +93,7 @@ static int bench__streams(cli__session *s, const int32_t *toks, int n_streams, i
                           int32_t n_tg) {
     const model_hparams *hp = model_hp(s->m);
     const int32_t ctx = n_pp + n_tg, ub = 512;
-    kv_geom g = model_kv_geom(s->m, 16);
+    kv_geom g = model_kv_geom(s->m, 16, s->kv_type);
     uint32_t pages = (uint32_t)n_streams * (uint32_t)((ctx + g.page_tokens - 1) / g.page_tokens);
     kv_pool *pool = NULL;
     model_ctx *mc = NULL;
@@ -178,6 +179,9 @@ int cli_bench(int argc, char **argv) {
     const char *path = cli_default_model();
     long n_pp = 512, n_tg = 128, threads = 0, reps = 1;
     const char *streams = NULL;
+    engine_opts d; // the engine's default KV type is the only copy of it
+    engine_opts_default(&d);
+    int kv_type = d.kv_type;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-m") && v) path = argv[++i];
@@ -187,23 +191,27 @@ int cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "-r") && v) { if (!cli__parse_int("-r", argv[++i], 1, 100, &reps)) return 2;
         } else if (!strcmp(a, "--streams") && v)
             streams = argv[++i];
-        else {
+        else if (!strcmp(a, "--kv-type") && v) {
+            if (!cli__parse_kv_type(argv[++i], &kv_type)) return 2;
+        } else {
             fprintf(
                 stderr,
                 "usage: kvseal bench [-m MODEL] [-p PP_TOKENS] [-n TG_TOKENS] [-t THREADS] [-r "
                 "REPS]\n"
                 "                    [--streams N,N,...]  (aggregate decode of N streams:\n"
-                "                    each prefills PP tokens, then TG steps of one token each)\n");
+                "                    each prefills PP tokens, then TG steps of one token each)\n"
+                "                    [--kv-type f32|f16|q8_0 (f16)]\n");
             return 2;
         }
     }
     if (streams) {
         cli__session s;
-        if (cli__session_open(&s, path, (int)threads, (int32_t)n_pp, 1)) return 1;
+        if (cli__session_open(&s, path, (int)threads, (int32_t)n_pp, 1, kv_type)) return 1;
         int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_pp);
         int rc = toks ? 0 : 1;
         if (toks) bench__tokens(toks, (int32_t)n_pp, model_hp(s.m)->n_vocab);
-        printf("model: %s, kernels: %s, threads: %d\n", path, kern_get()->name, s.n_threads);
+        printf("model: %s, kernels: %s, threads: %d, kv: %s\n", path, kern_get()->name, s.n_threads,
+               kv_type_name(kv_type));
         for (const char *p = streams; !rc && *p;) {
             char *end;
             long n = strtol(p, &end, 10);
@@ -221,7 +229,7 @@ int cli_bench(int argc, char **argv) {
     }
     int32_t ctx = (int32_t)(n_pp > n_tg ? n_pp : n_tg);
     cli__session s;
-    if (cli__session_open(&s, path, (int)threads, ctx, (int32_t)n_pp)) return 1;
+    if (cli__session_open(&s, path, (int)threads, ctx, (int32_t)n_pp, kv_type)) return 1;
     const model_hparams *hp = model_hp(s.m);
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)ctx);
     float *logits = malloc(sizeof(float) * (size_t)hp->n_vocab);

@@ -93,6 +93,7 @@ int cli_router(int argc, char **argv) {
         if (!strcmp(argv[i], "--cluster-port") && i + 1 < argc && !strcmp(argv[i + 1], "0")) ro.port = 0;
     ro.n_ctx = o.n_ctx;
     ro.page_tokens = o.page_tokens;
+    ro.kv_type = o.kv_type;
     ro.health_interval_ms = (uint32_t)c.health_interval_ms;
     ro.queue_timeout_ms = o.queue_timeout_ms;
     ro.queue_max = (uint32_t)o.queue_max;

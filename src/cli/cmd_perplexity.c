@@ -6,6 +6,8 @@
  * cache, and score positions first+1 .. CTX-1 with first = CTX/2. */
 #include "cli_int.h"
 
+#include "kvseal/engine.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,15 +24,23 @@ static void ppl__score(const float *logits, int32_t V, int32_t target, double *n
 int cli_perplexity(int argc, char **argv) {
     const char *path = cli_default_model(), *file = NULL;
     long ctx = 512, threads = 0, batch = 0;
+    engine_opts d; // the engine's default KV type is the only copy of it
+    engine_opts_default(&d);
+    int kv_type = d.kv_type;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-m") && v) path = argv[++i];
         else if (!strcmp(a, "-f") && v) file = argv[++i];
         else if (!strcmp(a, "-c") && v) { if (!cli__parse_int("-c", argv[++i], 8, 1 << 20, &ctx)) return 2; }
         else if (!strcmp(a, "-t") && v) { if (!cli__parse_int("-t", argv[++i], 1, 256, &threads)) return 2; }
-        else if (!strcmp(a, "-b") && v) { if (!cli__parse_int("-b", argv[++i], 1, 1 << 20, &batch)) return 2; }
-        else {
-            fprintf(stderr, "usage: kvseal perplexity [-m MODEL] -f TEXTFILE [-c CTX] [-t THREADS] [-b BATCH]\n");
+        else if (!strcmp(a, "-b") && v) { if (!cli__parse_int("-b", argv[++i], 1, 1 << 20, &batch)) return 2;
+        } else if (!strcmp(a, "--kv-type") && v) {
+            if (!cli__parse_kv_type(argv[++i], &kv_type)) return 2;
+        } else {
+            fprintf(
+                stderr,
+                "usage: kvseal perplexity [-m MODEL] -f TEXTFILE [-c CTX] [-t THREADS] [-b BATCH]\n"
+                "                         [--kv-type f32|f16|q8_0 (f16)]\n");
             return 2;
         }
     }
@@ -42,7 +52,8 @@ int cli_perplexity(int argc, char **argv) {
     char *text = cli__read_file(file, &len);
     if (!text) return 1;
     cli__session s;
-    if (cli__session_open(&s, path, (int)threads, (int32_t)ctx, batch ? (int32_t)batch : (int32_t)ctx)) {
+    if (cli__session_open(&s, path, (int)threads, (int32_t)ctx,
+                          batch ? (int32_t)batch : (int32_t)ctx, kv_type)) {
         free(text);
         return 1;
     }

@@ -22,6 +22,7 @@ static void run__usage(void) {
             "                  [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]\n"
             "                  [--frequency-penalty F] [--presence-penalty F] [--stop STR]...\n"
             "                  [--ignore-eos] [--special] [-c CTX] [-t THREADS]\n"
+            "                  [--kv-type f32|f16|q8_0]\n"
             "  defaults: -n 128, --temp 0.8, --top-k 40, --top-p 0.95, --min-p 0.05, random seed;\n"
             "  --temp 0 is greedy. The model defaults to the shipped kjv-mini.\n");
 }
@@ -34,6 +35,9 @@ int cli_run(int argc, char **argv) {
     bool ignore_eos = false, special = false, seeded = false;
     sample_params sp;
     sample_params_default(&sp);
+    engine_opts od; // the engine's default KV type is the only copy of it
+    engine_opts_default(&od);
+    int kv_type = od.kv_type;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long lv;
@@ -66,6 +70,9 @@ int cli_run(int argc, char **argv) {
             if (n_stops == RUN_MAX_STOPS) { fprintf(stderr, "kvseal: at most %d --stop strings\n", RUN_MAX_STOPS); return 2; }
             stops[n_stops++] = argv[++i];
         }
+        else if (!strcmp(a, "--kv-type") && v) {
+            if (!cli__parse_kv_type(argv[++i], &kv_type)) return 2;
+        }
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
         else if (!strcmp(a, "--special")) special = true;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { run__usage(); return 0; }
@@ -97,6 +104,8 @@ int cli_run(int argc, char **argv) {
     engine_opts o;
     engine_opts_default(&o);
     o.m = m;
+    o.kv_type = kv_type;
+    if (model_kv_type_check(m, kv_type, &eb)) goto fail;
     o.n_threads = threads > 0 ? (int)threads : cli__default_threads();
     o.n_ctx = ctx > 0 ? (int32_t)ctx : hp->n_ctx_train;
     o.kv_pages = (uint32_t)(2 * ((o.n_ctx + o.page_tokens - 1) / o.page_tokens));  // 2x: no sizing warning

@@ -26,39 +26,48 @@
 
 
 void serve__usage(const char *cmd) {
-    fprintf(stderr,
-            "usage: kvseal %s [-m MODEL] [--host 127.0.0.1] [--port 8080 (0: any free port)]\n"
-            "         [--alias NAME]... [--ctx N] [--kv-pages N | --kv-memory BYTES (512M, 4G)]\n"
-            "         [--page-tokens 16] [--threads N] [--batch-tokens 256] [--max-running 16]\n"
-            "         [--queue-max 64] [--queue-timeout-ms 30000] [--no-prefix-cache]\n"
-            "         [--scrub zero|poison] [--tenants FILE] [--admin-key KEY] [--log-content]\n"
-            "         [--security-log FILE] [--idle-timeout SECONDS (120)] [--drain-timeout-ms 30000]\n"
-            "         [--request-timeout SECONDS (10)] [--max-connections 4096]\n"
-            "         [--max-connections-per-ip 256 (0: no limit)]\n"
-            "  --ctx defaults to the model's training context. Without --kv-pages/--kv-memory the\n"
-            "  pool takes at most 25%% of MemAvailable, between 1x and 8x the context.\n"
-            "  Without --tenants there is one anonymous tenant and no API key is required.\n"
-            "  On SIGTERM/SIGINT serve (and router) drain: new requests get 503 and /health 503,\n"
-            "  running ones finish for up to --drain-timeout-ms (0: abort at once); a second\n"
-            "  signal aborts them.\n"
-            "disaggregated serving (docs/pd-protocol.md); every node reads the same secret file\n"
-            "(>= 16 bytes, mode 600):\n"
-            "  kvseal router  [the options above] --secret-file FILE [--cluster-host 127.0.0.1]\n"
-            "                 [--cluster-port 7070 (0: any)] [--health-interval-ms 1000]\n"
-            "  kvseal prefill [-m MODEL] --router HOST:PORT --secret-file FILE [--ctx N] [--kv-pages N]\n"
-            "                 [--threads N] [--batch-tokens 256] [--page-tokens 16] [--scrub zero|poison]\n"
-            "                 [--no-prefix-cache] [--drain-timeout-ms 30000]\n"
-            "  kvseal decode  [-m MODEL] --router HOST:PORT --secret-file FILE [--data-host 127.0.0.1]\n"
-            "                 [--data-port 0] [--advertise-host HOST] [--ctx N] [--kv-pages N]\n"
-            "                 [--threads N] [--max-running 16] [--page-tokens 16] [--scrub zero|poison]\n"
-            "                 [--drain-timeout-ms 30000]\n"
-            "  On SIGTERM a worker drains: it takes no new request, finishes what it holds (up to\n"
-            "  --drain-timeout-ms; 0 aborts at once) and exits 0.\n"
-            "  Every cluster connection is TLS 1.3, mutually authenticated with keys derived from\n"
-            "  the secret, and encrypted. --insecure-plaintext (on every node) turns that off for a\n"
-            "  trusted fabric: KV pages then cross the network in the clear and the handshake can be\n"
-            "  relayed by anyone on the path.\n",
-            cmd);
+    fprintf(
+        stderr,
+        "usage: kvseal %s [-m MODEL] [--host 127.0.0.1] [--port 8080 (0: any free port)]\n"
+        "         [--alias NAME]... [--ctx N] [--kv-pages N | --kv-memory BYTES (512M, 4G)]\n"
+        "         [--page-tokens 16] [--kv-type f32|f16|q8_0 (f16)] [--threads N]\n"
+        "         [--batch-tokens 256] [--max-running 16]\n"
+        "         [--queue-max 64] [--queue-timeout-ms 30000] [--no-prefix-cache]\n"
+        "         [--scrub zero|poison] [--tenants FILE] [--admin-key KEY] [--log-content]\n"
+        "         [--security-log FILE] [--idle-timeout SECONDS (120)] [--drain-timeout-ms 30000]\n"
+        "         [--request-timeout SECONDS (10)] [--max-connections 4096]\n"
+        "         [--max-connections-per-ip 256 (0: no limit)]\n"
+        "  --ctx defaults to the model's training context. Without --kv-pages/--kv-memory the\n"
+        "  pool takes at most 25%% of MemAvailable, between 1x and 8x the context.\n"
+        "  --kv-type: the KV cache element type (f16 and q8_0 hold 2x and ~3.8x the tokens of\n"
+        "  f32 in the same memory; q8_0 needs head_dim %% 32 == 0). Every node of a cluster\n"
+        "  must use the same one.\n"
+        "  Without --tenants there is one anonymous tenant and no API key is required.\n"
+        "  On SIGTERM/SIGINT serve (and router) drain: new requests get 503 and /health 503,\n"
+        "  running ones finish for up to --drain-timeout-ms (0: abort at once); a second\n"
+        "  signal aborts them.\n"
+        "disaggregated serving (docs/pd-protocol.md); every node reads the same secret file\n"
+        "(>= 16 bytes, mode 600):\n"
+        "  kvseal router  [the options above] --secret-file FILE [--cluster-host 127.0.0.1]\n"
+        "                 [--cluster-port 7070 (0: any)] [--health-interval-ms 1000]\n"
+        "  kvseal prefill [-m MODEL] --router HOST:PORT --secret-file FILE [--ctx N] [--kv-pages "
+        "N]\n"
+        "                 [--threads N] [--batch-tokens 256] [--page-tokens 16] [--scrub "
+        "zero|poison]\n"
+        "                 [--kv-type f32|f16|q8_0] [--no-prefix-cache] [--drain-timeout-ms 30000]\n"
+        "  kvseal decode  [-m MODEL] --router HOST:PORT --secret-file FILE [--data-host "
+        "127.0.0.1]\n"
+        "                 [--data-port 0] [--advertise-host HOST] [--ctx N] [--kv-pages N]\n"
+        "                 [--threads N] [--max-running 16] [--page-tokens 16] [--scrub "
+        "zero|poison]\n"
+        "                 [--kv-type f32|f16|q8_0] [--drain-timeout-ms 30000]\n"
+        "  On SIGTERM a worker drains: it takes no new request, finishes what it holds (up to\n"
+        "  --drain-timeout-ms; 0 aborts at once) and exits 0.\n"
+        "  Every cluster connection is TLS 1.3, mutually authenticated with keys derived from\n"
+        "  the secret, and encrypted. --insecure-plaintext (on every node) turns that off for a\n"
+        "  trusted fabric: KV pages then cross the network in the clear and the handshake can be\n"
+        "  relayed by anyone on the path.\n",
+        cmd);
 }
 
 /* "512M", "4G", "1048576" -> bytes (binary suffixes). */
@@ -119,6 +128,7 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
     c->max_conns = so.max_connections;
     c->max_conns_per_ip = so.max_connections_per_ip;
     c->scrub = d.scrub;
+    c->kv_type = d.kv_type;
     c->health_interval_ms = 1000;
     c->drain_timeout_ms = 30000;
     for (int i = 1; i < argc; i++) {
@@ -170,6 +180,9 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
                 fprintf(stderr, "kvseal: --scrub expects zero or poison, got '%s'\n", s);
                 return 2;
             }
+        }
+        else if (!strcmp(a, "--kv-type") && v) {
+            if (!cli__parse_kv_type(argv[++i], &c->kv_type)) return 2;
         }
         INTOPT("--data-port", data_port, 0, 65535)
         INTOPT("--cluster-port", cluster_port, 0, 65535)
@@ -230,7 +243,8 @@ void serve__engine_opts(const serve__cfg *c, const model *m, engine_opts *o) {
     o->max_batch_tokens = (int32_t)c->batch;
     o->prefix_cache = !c->no_prefix_cache;
     o->scrub = c->scrub;
-    kv_geom g = model_kv_geom(m, o->page_tokens);
+    o->kv_type = c->kv_type;
+    kv_geom g = model_kv_geom(m, o->page_tokens, o->kv_type);
     uint64_t ctx_pages =
         ((uint64_t)o->n_ctx + (uint64_t)o->page_tokens - 1) / (uint64_t)o->page_tokens;
     if (c->kv_pages) {
@@ -310,7 +324,8 @@ int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts 
     int rc = serve__parse(argc, argv, c);
     if (rc) return rc < 0 ? 0 : rc;
     ks_errbuf eb = {0};
-    if (kern_init(NULL, &eb) || model_load(c->model_path, m, &eb)) {
+    if (kern_init(NULL, &eb) || model_load(c->model_path, m, &eb) ||
+        model_kv_type_check(*m, c->kv_type, &eb)) {
         fprintf(stderr, "kvseal %s: %s\n", argv[0], eb.msg);
         return 1;
     }

@@ -13,8 +13,14 @@ int cli__default_threads(void) {
     return n < 1 ? 1 : n > 64 ? 64 : (int)n;
 }
 
+bool cli__parse_kv_type(const char *v, int *out) {
+    if (kv_type_parse(v, out)) return true;
+    fprintf(stderr, "kvseal: --kv-type expects " KV_TYPE_CHOICES ", got '%s'\n", v);
+    return false;
+}
+
 ks_err cli__session_open(cli__session *s, const char *path, int n_threads, int32_t n_ctx,
-                         int32_t n_batch) {
+                         int32_t n_batch, int kv_type) {
     memset(s, 0, sizeof *s);
     ks_errbuf eb = {0};
     ks_err e = kern_init(NULL, &eb);
@@ -24,13 +30,18 @@ ks_err cli__session_open(cli__session *s, const char *path, int n_threads, int32
     s->n_ctx = n_ctx > 0 ? n_ctx : hp->n_ctx_train;
     s->n_batch = n_batch > 0 ? (n_batch < s->n_ctx ? n_batch : s->n_ctx) : (s->n_ctx < 512 ? s->n_ctx : 512);
     s->n_threads = n_threads > 0 ? n_threads : cli__default_threads();
-    kv_geom g = model_kv_geom(s->m, 16);
+    s->kv_type = kv_type;
+    if ((e = model_kv_type_check(s->m, kv_type, &eb))) goto fail;
+    kv_geom g = model_kv_geom(s->m, 16, kv_type);
     uint32_t pages = (uint32_t)((s->n_ctx + g.page_tokens - 1) / g.page_tokens);
     if ((e = kv_pool_create(&g, pages, KV_SCRUB_ZERO, &s->pool, &eb))) goto fail;
     kv_seq_init(s->pool, &s->seq);
     if ((e = model_ctx_create(s->m, s->pool, s->n_threads, s->n_batch, s->n_ctx, &s->ctx, &eb))) goto fail;
-    ks_log(KS_LOG_INFO, "loaded %s: %s, %d layers, n_embd %d, vocab %d, kernels %s, %d threads",
-           path, hp->arch_name, hp->n_layer, hp->n_embd, hp->n_vocab, kern_get()->name, s->n_threads);
+    ks_log(KS_LOG_INFO,
+           "loaded %s: %s, %d layers, n_embd %d, vocab %d, kernels %s, %d threads, kv %s "
+           "(%llu bytes/token)",
+           path, hp->arch_name, hp->n_layer, hp->n_embd, hp->n_vocab, kern_get()->name,
+           s->n_threads, kv_type_name(kv_type), (unsigned long long)(kv_page_bytes(&g) / 16));
     return KS_OK;
 fail:
     fprintf(stderr, "kvseal: %s\n", eb.msg[0] ? eb.msg : ks_strerror(e));

@@ -755,6 +755,7 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
     cc.router_host = o->router_host;
     cc.router_port = o->router_port;
     cc.reg.role = PD_ROLE_DECODE;
+    cc.reg.kv_type = (uint8_t)w->g.kv_type;
     cc.reg.n_layer = (uint32_t)w->g.n_layer;
     cc.reg.kv_dim = (uint32_t)w->g.kv_dim;
     cc.reg.page_tokens = (uint32_t)w->g.page_tokens;

@@ -695,7 +695,8 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atom
     w.V = model_hp(o->m)->n_vocab;
     w.B = eo->max_batch_tokens;
     ks_err e;
-    kv_geom g = model_kv_geom(o->m, eo->page_tokens);
+    if ((e = model_kv_type_check(o->m, eo->kv_type, eb))) return e;
+    kv_geom g = model_kv_geom(o->m, eo->page_tokens, eo->kv_type);
     if ((e = pf__tables(&w, &g, eb))) return e;
     w.logits = malloc((size_t)w.V * sizeof *w.logits);
     w.b_tok = malloc((size_t)w.B * sizeof *w.b_tok);
@@ -733,6 +734,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atom
     cl_ctrl_cfg cc = {.router_host = o->router_host, .router_port = o->router_port,
                       .type_max = w.router_tmax, .t_router_ms = o->t_router_ms};
     cc.reg.role = PD_ROLE_PREFILL;
+    cc.reg.kv_type = (uint8_t)g.kv_type;
     cc.reg.n_layer = (uint32_t)g.n_layer;
     cc.reg.kv_dim = (uint32_t)g.kv_dim;
     cc.reg.page_tokens = (uint32_t)g.page_tokens;

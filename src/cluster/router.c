@@ -474,6 +474,11 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
         snprintf(why, sizeof why,
                  "KV geometry n_layer %u kv_dim %u page_tokens %u differs from the router's %d/%d/%d",
                  m.n_layer, m.kv_dim, m.page_tokens, r->g.n_layer, r->g.kv_dim, r->g.page_tokens);
+    else if ((int)m.kv_type != r->g.kv_type) // pages travel in their type: no conversion
+        snprintf(why, sizeof why,
+                 "the worker's KV type %s differs from the router's %s (every node needs the same "
+                 "--kv-type)",
+                 kv_type_name(m.kv_type), kv_type_name(r->g.kv_type));
     else if (m.role == PD_ROLE_DECODE && (m.data_port == 0 || m.host_len == 0))
         snprintf(why, sizeof why, "a decode worker must name its data-link host and port");
     if (why[0]) {
@@ -1108,6 +1113,9 @@ void cluster_router_opts_default(cluster_router_opts *o) {
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
     o->page_tokens = 16;
+    engine_opts d; // the engine's default KV type is the only copy of it
+    engine_opts_default(&d);
+    o->kv_type = d.kv_type;
     o->health_interval_ms = 1000;
     o->queue_timeout_ms = 30000;
     o->queue_max = 64;
@@ -1140,7 +1148,7 @@ ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out,
     r->m = o->m;
     r->vocab = model_vocab(o->m);
     r->V = model_hp(o->m)->n_vocab;
-    r->g = model_kv_geom(o->m, o->page_tokens);
+    r->g = model_kv_geom(o->m, o->page_tokens, o->kv_type);
     memcpy(r->secret, o->secret, o->secret_len);
     r->secret_len = o->secret_len;
     r->o.secret = r->secret;

@@ -177,6 +177,32 @@ AVX2_FLOAT_TILE(f32)
 AVX2_FLOAT_TILE(f16)
 AVX2_FLOAT_TILE(bf16)
 
+/* Q8_0 KV rows (kern.h dot_rows): 8 elements at k (k % 8 == 0) of a row of
+ * Q8_0 blocks, dequantized exactly (f16 d times an int8 fits an f32
+ * mantissa), so the tile computes what avx2__tile_f32 computes on the
+ * dequantized row. Rows are whole blocks (n % 32 == 0): the masked tail
+ * loader exists for the macro and is never reached. ("kvq8": avx2__tile_q8_0
+ * is the Q8_0-weight x Q8_0-activation tile.) */
+KERN_INLINE __m256 avx2__ld_kvq8(const uint8_t *w, int64_t k) {
+    const uint8_t *b = w + (size_t)(k / 32) * sizeof(kern_block_q8_0);
+    uint16_t h;
+    memcpy(&h, b, 2);
+    __m128i q8 = _mm_loadl_epi64((const __m128i *)(const void *)(b + 2 + k % 32));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)),
+                         _mm256_set1_ps(avx2__f16(h)));
+}
+KERN_INLINE __m256 avx2__ldn_kvq8(const uint8_t *w, int64_t k, int64_t m) {
+    float buf[8] = {0};
+    for (int64_t i = 0; i < m; i++) {
+        const uint8_t *b = w + (size_t)((k + i) / 32) * sizeof(kern_block_q8_0);
+        uint16_t h;
+        memcpy(&h, b, 2);
+        buf[i] = avx2__f16(h) * (float)(int8_t)b[2 + (k + i) % 32];
+    }
+    return _mm256_loadu_ps(buf);
+}
+AVX2_FLOAT_TILE(kvq8)
+
 /* Tiling driver shared by all types: rows in tiles of NR, columns in tiles
  * of NC; TILE(K, w_rows, nr, x_cols, nc, out) computes the nr x nc elements
  * into out[i*NC_MAX + j]. The switch gives each (nr, nc) its own
@@ -482,18 +508,78 @@ static void avx2__axpy_f32(int64_t n, float a, const float *x, float *y) {
     for (; i < n; i++) y[i] = y[i] + a * x[i];
 }
 
+// KV attention ops (kern.h): rows in the pool's KV type, strides in bytes.
+// dot_rows must match kern__dot_rows_<type>_ref within relative 1e-5 of
+// sum|q*k| (the F32 matmul's accumulation); the typed ones compute exactly
+// what avx2__dot_rows_f32 computes on the dequantized rows (their loaders
+// produce the dequantized floats, and fma(k, q) = fma(q, k)). axpy_rows
+// match kern__axpy_rows_<type>_ref exactly (the same mul then add).
+
 /* avx2__dot_f32 per row: the same values. */
-static void avx2__dot_rows(int64_t n, const float *q, const float *k, size_t k_stride, int rows,
-                           float scale, float *out) {
+static void avx2__dot_rows_f32(int64_t n, const float *q, const void *k, size_t k_stride, int rows,
+                               float scale, float *out) {
     for (int j = 0; j < rows; j++)
-        out[j] = avx2__dot_f32(n, q, k + (size_t)j * k_stride) * scale;
+        out[j] =
+            avx2__dot_f32(
+                n, q, (const float *)(const void *)((const uint8_t *)k + (size_t)j * k_stride)) *
+            scale;
 }
 
-/* avx2__axpy_f32 per row: matches kern__axpy_rows_ref exactly. */
-static void avx2__axpy_rows(int64_t n, const float *s, const float *v, size_t v_stride, int rows,
-                            float *y) {
+#define AVX2_DOT_ROWS(T)                                                                           \
+    static void avx2__dot_rows_##T(int64_t n, const float *q, const void *k, size_t k_stride,      \
+                                   int rows, float scale, float *out) {                            \
+        const float *xp[1] = {q};                                                                  \
+        for (int j = 0; j < rows; j++) {                                                           \
+            const uint8_t *wp[1] = {(const uint8_t *)k + (size_t)j * k_stride};                    \
+            float o[NC_MAX];                                                                       \
+            avx2__tile_##T(n, wp, 1, xp, 1, o);                                                    \
+            out[j] = o[0] * scale;                                                                 \
+        }                                                                                          \
+    }
+AVX2_DOT_ROWS(f16)
+AVX2_DOT_ROWS(kvq8)
+
+/* avx2__axpy_f32 per row: matches kern__axpy_rows_f32_ref exactly. */
+static void avx2__axpy_rows_f32(int64_t n, const float *s, const void *v, size_t v_stride, int rows,
+                                float *y) {
     for (int j = 0; j < rows; j++)
-        avx2__axpy_f32(n, s[j], v + (size_t)j * v_stride, y);
+        avx2__axpy_f32(n, s[j],
+                       (const float *)(const void *)((const uint8_t *)v + (size_t)j * v_stride), y);
+}
+
+/* y += s[j] * row j per 8 elements with the typed loader (n % 8 tail scalar,
+ * F16 only: Q8_0 rows are whole blocks); the same mul then add as ref. */
+#define AVX2_AXPY_ROWS(T)                                                                          \
+    static void avx2__axpy_rows_##T(int64_t n, const float *s, const void *v, size_t v_stride,     \
+                                    int rows, float *y) {                                          \
+        for (int j = 0; j < rows; j++) {                                                           \
+            const uint8_t *r = (const uint8_t *)v + (size_t)j * v_stride;                          \
+            const __m256 va = _mm256_set1_ps(s[j]);                                                \
+            int64_t i = 0;                                                                         \
+            for (; i + 8 <= n; i += 8)                                                             \
+                _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i),                      \
+                                                      _mm256_mul_ps(va, avx2__ld_##T(r, i))));     \
+            if (i < n) {                                                                           \
+                float t[8];                                                                        \
+                _mm256_storeu_ps(t, avx2__ldn_##T(r, i, n - i));                                   \
+                for (int64_t l = 0; i + l < n; l++)                                                \
+                    y[i + l] = y[i + l] + s[j] * t[l];                                             \
+            }                                                                                      \
+        }                                                                                          \
+    }
+AVX2_AXPY_ROWS(f16)
+AVX2_AXPY_ROWS(kvq8)
+
+/* F16 store: vcvtps2ph with round-to-nearest-even writes the bytes of
+ * kern__quantize_f16_ref (ks_f32_to_f16) for every non-NaN input. */
+static void avx2__kv_store_f16(const float *x, void *y, int64_t n) {
+    uint8_t *o = y;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(
+            (__m128i *)(void *)(o + 2 * i),
+            _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (i < n) kern__quantize_f16_ref(x + i, o + 2 * i, n - i);
 }
 
 /* Must match kern__rmsnorm_ref within relative 1e-5: only the sum of squares
@@ -613,8 +699,24 @@ const kern_vtab kern__vtab_avx2 = {
         },
     .dot_f32 = avx2__dot_f32,
     .axpy_f32 = avx2__axpy_f32,
-    .dot_rows = avx2__dot_rows,
-    .axpy_rows = avx2__axpy_rows,
+    .dot_rows =
+        {
+            [KS_DTYPE_F32] = avx2__dot_rows_f32,
+            [KS_DTYPE_F16] = avx2__dot_rows_f16,
+            [KS_DTYPE_Q8_0] = avx2__dot_rows_kvq8,
+        },
+    .axpy_rows =
+        {
+            [KS_DTYPE_F32] = avx2__axpy_rows_f32,
+            [KS_DTYPE_F16] = avx2__axpy_rows_f16,
+            [KS_DTYPE_Q8_0] = avx2__axpy_rows_kvq8,
+        },
+    .kv_store =
+        {
+            [KS_DTYPE_F32] = kern__quantize_f32_ref, /* a copy */
+            [KS_DTYPE_F16] = avx2__kv_store_f16,
+            [KS_DTYPE_Q8_0] = avx2__quantize_q8_0,
+        },
     .rmsnorm = avx2__rmsnorm,
     .silu_mul = avx2__silu_mul,
     .softmax = avx2__softmax,

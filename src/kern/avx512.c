@@ -1322,26 +1322,80 @@ A512_INLINE float a512__dot(int64_t n, const float *a, const float *b) {
 
 static float a512__dot_f32(int64_t n, const float *a, const float *b) { return a512__dot(n, a, b); }
 
-/* a512__dot_f32 per row (the same values), without a call per row. */
-static void a512__dot_rows(int64_t n, const float *q, const float *k, size_t k_stride, int rows,
-                           float scale, float *out) {
-    if (n == 64) { // the common head size: q stays in registers
+// KV attention ops (kern.h): rows in the pool's KV type, strides in bytes.
+// One always-inline body per op, specialised by a constant KV type through
+// its 16-lane loader, which yields the dequantized floats exactly (an f16,
+// or an f16 scale times an int8, fits an f32 mantissa); every type then runs
+// the same fma / mul / add sequence, so a typed op equals the F32 op on the
+// dequantized rows bit for bit. dot_rows match kern__dot_rows_<type>_ref
+// within relative 1e-5 of sum|q*k| (as a512__dot); axpy_rows match
+// kern__axpy_rows_<type>_ref exactly (mul then add per element, rows in
+// order). Q8_0 rows are whole blocks (n % 32 == 0).
+
+/* Elements [i, i+16) of a row (i % 16 == 0), lanes outside mask m zero. */
+A512_INLINE __m512 a512__kv_ld(ks_dtype t, const uint8_t *row, int64_t i, __mmask16 m) {
+    if (t == KS_DTYPE_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + 2 * i));
+    if (t == KS_DTYPE_Q8_0) {
+        const uint8_t *b = row + (size_t)(i / 32) * sizeof(kern_block_q8_0);
+        __m512 q =
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, b + 2 + i % 32)));
+        return _mm512_mul_ps(q, _mm512_set1_ps(a512__f16(b)));
+    }
+    return _mm512_maskz_loadu_ps(m, row + 4 * i);
+}
+
+/* a512__dot(n, q, row) per row (the same values and order), with q in
+ * registers for the common head size 64. */
+A512_INLINE void a512__dot_rows_t(ks_dtype t, int64_t n, const float *q, const void *k,
+                                  size_t k_stride, int rows, float scale, float *out) {
+    if (n == 64) {
         const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16),
                      q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
         for (int j = 0; j < rows; j++) {
-            const float *r = k + (size_t)j * k_stride;
-            __m512 s0 = _mm512_fmadd_ps(q0, _mm512_loadu_ps(r), _mm512_setzero_ps());
-            __m512 s1 = _mm512_fmadd_ps(q1, _mm512_loadu_ps(r + 16), _mm512_setzero_ps());
-            __m512 s2 = _mm512_fmadd_ps(q2, _mm512_loadu_ps(r + 32), _mm512_setzero_ps());
-            __m512 s3 = _mm512_fmadd_ps(q3, _mm512_loadu_ps(r + 48), _mm512_setzero_ps());
+            const uint8_t *r = (const uint8_t *)k + (size_t)j * k_stride;
+            __m512 s0 = _mm512_fmadd_ps(q0, a512__kv_ld(t, r, 0, 0xFFFF), _mm512_setzero_ps());
+            __m512 s1 = _mm512_fmadd_ps(q1, a512__kv_ld(t, r, 16, 0xFFFF), _mm512_setzero_ps());
+            __m512 s2 = _mm512_fmadd_ps(q2, a512__kv_ld(t, r, 32, 0xFFFF), _mm512_setzero_ps());
+            __m512 s3 = _mm512_fmadd_ps(q3, a512__kv_ld(t, r, 48, 0xFFFF), _mm512_setzero_ps());
             out[j] =
                 _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3))) *
                 scale;
         }
         return;
     }
-    for (int j = 0; j < rows; j++)
-        out[j] = a512__dot(n, q, k + (size_t)j * k_stride) * scale;
+    for (int j = 0; j < rows; j++) {
+        const uint8_t *r = (const uint8_t *)k + (size_t)j * k_stride;
+        __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        int64_t i = 0;
+        for (; i <= n - 64; i += 64) {
+            s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), a512__kv_ld(t, r, i, 0xFFFF), s0);
+            s1 =
+                _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), a512__kv_ld(t, r, i + 16, 0xFFFF), s1);
+            s2 =
+                _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 32), a512__kv_ld(t, r, i + 32, 0xFFFF), s2);
+            s3 =
+                _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 48), a512__kv_ld(t, r, i + 48, 0xFFFF), s3);
+        }
+        for (; i < n; i += 16) {
+            __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+            s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + i), a512__kv_ld(t, r, i, m), s0);
+        }
+        out[j] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3))) *
+                 scale;
+    }
+}
+
+static void a512__dot_rows_f32(int64_t n, const float *q, const void *k, size_t k_stride, int rows,
+                               float scale, float *out) {
+    a512__dot_rows_t(KS_DTYPE_F32, n, q, k, k_stride, rows, scale, out);
+}
+static void a512__dot_rows_f16(int64_t n, const float *q, const void *k, size_t k_stride, int rows,
+                               float scale, float *out) {
+    a512__dot_rows_t(KS_DTYPE_F16, n, q, k, k_stride, rows, scale, out);
+}
+static void a512__dot_rows_q8_0(int64_t n, const float *q, const void *k, size_t k_stride, int rows,
+                                float scale, float *out) {
+    a512__dot_rows_t(KS_DTYPE_Q8_0, n, q, k, k_stride, rows, scale, out);
 }
 
 /* Matches kern__axpy_f32_ref exactly (mul then add, no fma). */
@@ -1354,14 +1408,20 @@ static void a512__axpy_f32(int64_t n, float a, const float *x, float *y) {
     }
 }
 
-/* Matches kern__axpy_rows_ref exactly: per element the same mul then add,
- * rows in order; y stays in registers while the rows stream by (layout: v
- * rows of n floats, v_stride apart, as a KV page holds one head's values). */
-static void a512__axpy_rows(int64_t n, const float *s, const float *v, size_t v_stride, int rows,
-                            float *y) {
+/* y += s[j] * row j, rows in order; y stays in registers while the rows
+ * stream by when n % 16 == 0 and n <= 128 (a head's values). */
+A512_INLINE void a512__axpy_rows_t(ks_dtype t, int64_t n, const float *s, const void *v,
+                                   size_t v_stride, int rows, float *y) {
     if (n % 16 || n > 128) {
-        for (int j = 0; j < rows; j++)
-            a512__axpy_f32(n, s[j], v + (size_t)j * v_stride, y);
+        for (int j = 0; j < rows; j++) {
+            const uint8_t *r = (const uint8_t *)v + (size_t)j * v_stride;
+            const __m512 a = _mm512_set1_ps(s[j]);
+            for (int64_t i = 0; i < n; i += 16) {
+                __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+                __m512 p = _mm512_mul_ps(a, a512__kv_ld(t, r, i, m));
+                _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), p));
+            }
+        }
         return;
     }
     const int nv = (int)(n / 16);
@@ -1370,12 +1430,37 @@ static void a512__axpy_rows(int64_t n, const float *s, const float *v, size_t v_
         acc[i] = _mm512_loadu_ps(y + 16 * i);
     for (int j = 0; j < rows; j++) {
         const __m512 a = _mm512_set1_ps(s[j]);
-        const float *r = v + (size_t)j * v_stride;
+        const uint8_t *r = (const uint8_t *)v + (size_t)j * v_stride;
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) if (i < nv) acc[i] =
-            _mm512_add_ps(acc[i], _mm512_mul_ps(a, _mm512_loadu_ps(r + 16 * i)));
+            _mm512_add_ps(acc[i], _mm512_mul_ps(a, a512__kv_ld(t, r, 16 * i, 0xFFFF)));
     }
     for (int i = 0; i < nv; i++)
         _mm512_storeu_ps(y + 16 * i, acc[i]);
+}
+
+static void a512__axpy_rows_f32(int64_t n, const float *s, const void *v, size_t v_stride, int rows,
+                                float *y) {
+    a512__axpy_rows_t(KS_DTYPE_F32, n, s, v, v_stride, rows, y);
+}
+static void a512__axpy_rows_f16(int64_t n, const float *s, const void *v, size_t v_stride, int rows,
+                                float *y) {
+    a512__axpy_rows_t(KS_DTYPE_F16, n, s, v, v_stride, rows, y);
+}
+static void a512__axpy_rows_q8_0(int64_t n, const float *s, const void *v, size_t v_stride,
+                                 int rows, float *y) {
+    a512__axpy_rows_t(KS_DTYPE_Q8_0, n, s, v, v_stride, rows, y);
+}
+
+/* Matches kern__quantize_f16_ref byte for byte for every non-NaN input
+ * (vcvtps2ph rounding to nearest even, as ks_f32_to_f16). */
+static void a512__kv_store_f16(const float *x, void *y, int64_t n) {
+    uint8_t *o = y;
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_mask_storeu_epi16(o + 2 * i, m, h);
+    }
 }
 
 /* Matches kern__rmsnorm_ref: sum of squares in double (other order), then
@@ -1489,8 +1574,24 @@ const kern_vtab kern__vtab_avx512 = {
         },
     .dot_f32 = a512__dot_f32,
     .axpy_f32 = a512__axpy_f32,
-    .dot_rows = a512__dot_rows,
-    .axpy_rows = a512__axpy_rows,
+    .dot_rows =
+        {
+            [KS_DTYPE_F32] = a512__dot_rows_f32,
+            [KS_DTYPE_F16] = a512__dot_rows_f16,
+            [KS_DTYPE_Q8_0] = a512__dot_rows_q8_0,
+        },
+    .axpy_rows =
+        {
+            [KS_DTYPE_F32] = a512__axpy_rows_f32,
+            [KS_DTYPE_F16] = a512__axpy_rows_f16,
+            [KS_DTYPE_Q8_0] = a512__axpy_rows_q8_0,
+        },
+    .kv_store =
+        {
+            [KS_DTYPE_F32] = a512__quantize_f32,
+            [KS_DTYPE_F16] = a512__kv_store_f16,
+            [KS_DTYPE_Q8_0] = a512__quantize_q8_0,
+        },
     .rmsnorm = a512__rmsnorm,
     .silu_mul = a512__silu_mul,
     .softmax = a512__softmax,

@@ -419,17 +419,63 @@ void kern__axpy_f32_ref(int64_t n, float a, const float *x, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] = y[i] + a * x[i]; // mul then add, no fma
 }
 
-void kern__dot_rows_ref(int64_t n, const float *q, const float *k, size_t k_stride, int rows,
-                        float scale, float *out) {
-    for (int j = 0; j < rows; j++)
-        out[j] = kern__dot_f32_ref(n, q, k + (size_t)j * k_stride) * scale;
+// KV rows (kern.h): element i of a row in a KV type, dequantized (exactly:
+// an f16, or an f16 scale times an int8, fits an f32 mantissa).
+
+static float ref__kv_at(ks_dtype t, const uint8_t *row, int64_t i) {
+    switch (t) {
+    case KS_DTYPE_F16: {
+        uint16_t h;
+        memcpy(&h, row + 2 * i, 2);
+        return ks_f16_to_f32(h);
+    }
+    case KS_DTYPE_Q8_0: {
+        const uint8_t *b = row + (size_t)(i / KERN_QK8_0) * sizeof(kern_block_q8_0);
+        uint16_t h;
+        memcpy(&h, b, 2);
+        return ks_f16_to_f32(h) * (float)(int8_t)b[2 + i % KERN_QK8_0];
+    }
+    default:
+        return ref__ldf(row, i);
+    }
 }
 
-void kern__axpy_rows_ref(int64_t n, const float *s, const float *v, size_t v_stride, int rows,
-                         float *y) {
-    for (int j = 0; j < rows; j++)
-        kern__axpy_f32_ref(n, s[j], v + (size_t)j * v_stride, y);
+/* out[j] = (float)(sum_i q[i] * row_j[i] in double, increasing i) * scale:
+ * kern__dot_f32_ref per row. */
+static void ref__dot_rows(ks_dtype t, int64_t n, const float *q, const void *k, size_t k_stride,
+                          int rows, float scale, float *out) {
+    for (int j = 0; j < rows; j++) {
+        const uint8_t *r = (const uint8_t *)k + (size_t)j * k_stride;
+        double s = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            s += (double)q[i] * (double)ref__kv_at(t, r, i);
+        out[j] = (float)s * scale;
+    }
 }
+
+/* kern__axpy_f32_ref per row, rows in order (mul then add, no fma). */
+static void ref__axpy_rows(ks_dtype t, int64_t n, const float *s, const void *v, size_t v_stride,
+                           int rows, float *y) {
+    for (int j = 0; j < rows; j++) {
+        const uint8_t *r = (const uint8_t *)v + (size_t)j * v_stride;
+        for (int64_t i = 0; i < n; i++)
+            y[i] = y[i] + s[j] * ref__kv_at(t, r, i);
+    }
+}
+
+#define REF_KV_OPS(name, T)                                                                        \
+    void kern__dot_rows_##name##_ref(int64_t n, const float *q, const void *k, size_t k_stride,    \
+                                     int rows, float scale, float *out) {                          \
+        ref__dot_rows(T, n, q, k, k_stride, rows, scale, out);                                     \
+    }                                                                                              \
+    void kern__axpy_rows_##name##_ref(int64_t n, const float *s, const void *v, size_t v_stride,   \
+                                      int rows, float *y) {                                        \
+        ref__axpy_rows(T, n, s, v, v_stride, rows, y);                                             \
+    }
+
+REF_KV_OPS(f32, KS_DTYPE_F32)
+REF_KV_OPS(f16, KS_DTYPE_F16)
+REF_KV_OPS(q8_0, KS_DTYPE_Q8_0)
 
 void kern__rmsnorm_ref(int64_t n, const float *x, const float *w, float eps, float *y) {
     double ss = 0.0;
@@ -512,8 +558,24 @@ const kern_vtab kern__vtab_ref = {
         },
     .dot_f32 = kern__dot_f32_ref,
     .axpy_f32 = kern__axpy_f32_ref,
-    .dot_rows = kern__dot_rows_ref,
-    .axpy_rows = kern__axpy_rows_ref,
+    .dot_rows =
+        {
+            [KS_DTYPE_F32] = kern__dot_rows_f32_ref,
+            [KS_DTYPE_F16] = kern__dot_rows_f16_ref,
+            [KS_DTYPE_Q8_0] = kern__dot_rows_q8_0_ref,
+        },
+    .axpy_rows =
+        {
+            [KS_DTYPE_F32] = kern__axpy_rows_f32_ref,
+            [KS_DTYPE_F16] = kern__axpy_rows_f16_ref,
+            [KS_DTYPE_Q8_0] = kern__axpy_rows_q8_0_ref,
+        },
+    .kv_store =
+        {
+            [KS_DTYPE_F32] = kern__quantize_f32_ref,
+            [KS_DTYPE_F16] = kern__quantize_f16_ref,
+            [KS_DTYPE_Q8_0] = kern__quantize_q8_0_ref,
+        },
     .rmsnorm = kern__rmsnorm_ref,
     .silu_mul = kern__silu_mul_ref,
     .softmax = kern__softmax_ref,

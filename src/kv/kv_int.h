@@ -27,9 +27,9 @@ struct kv_pool {
     kv_geom g;
     uint32_t n_pages;
     kv_scrub scrub;
-    size_t plane_floats; /* page_tokens * kv_dim: one K (or V) plane of one layer */
-    size_t page_floats;  /* n_layer * 2 * plane_floats */
-    float *slab;         /* (n_pages, n_layer, 2, page_tokens, kv_dim), 64-byte aligned */
+    size_t plane_bytes;  /* page_tokens * kv_row_bytes: one K (or V) plane of one layer */
+    size_t page_bytes;   /* n_layer * 2 * plane_bytes (a multiple of 4) */
+    uint8_t *slab;       /* (n_pages, n_layer, 2, page_tokens, row), 64-byte aligned */
     kv__page *hdr;       /* (n_pages) */
     uint32_t *free_ids;  /* stack of FREE page ids, (n_pages) */
     uint32_t n_free;     /* owner thread */
@@ -43,9 +43,12 @@ struct kv_pool {
     atomic_ullong allocations;       /* FREE -> ALLOCATED transitions since start */
 };
 
-/* The 32-bit word freed pages are filled with in KV_SCRUB_POISON mode: a
- * quiet NaN, so a read of poison shows up as NaN logits. */
-#define KV__POISON_WORD 0x7fc0deadu
+/* The 32-bit word freed pages are filled with in KV_SCRUB_POISON mode. It is
+ * a quiet NaN as an f32, and each of its 16-bit halves is a quiet NaN as an
+ * f16, so a read of poison shows up as NaN logits whatever the KV type: F32
+ * rows start at multiples of 4 bytes, F16 elements and Q8_0 block scales
+ * (blocks are 34 bytes) at even offsets, so each lands on a whole NaN. */
+#define KV__POISON_WORD 0x7fc07fc0u
 
 /* Drops one reference on page id; at zero the page is scrubbed and FREE. */
 void kv__page_unref(kv_pool *p, uint32_t id);

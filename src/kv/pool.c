@@ -19,6 +19,7 @@
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 // ----------------------------------------------------------------------------
 // Process identity (I2): boot nonce + counter, never reused in the process
@@ -49,41 +50,89 @@ static uint64_t kv__next_uid(void) {
 // ----------------------------------------------------------------------------
 // Pool
 
-static size_t kv__page_floats(const kv_geom *g) {
-    return (size_t)g->n_layer * 2 * (size_t)g->page_tokens * (size_t)g->kv_dim;
+bool kv_type_ok(int t) { return t == KS_DTYPE_F32 || t == KS_DTYPE_F16 || t == KS_DTYPE_Q8_0; }
+
+const char *kv_type_name(int t) {
+    switch (t) {
+    case KS_DTYPE_F32:
+        return "f32";
+    case KS_DTYPE_F16:
+        return "f16";
+    case KS_DTYPE_Q8_0:
+        return "q8_0";
+    default:
+        return "?";
+    }
+}
+
+bool kv_type_parse(const char *s, int *out) {
+    static const int types[] = {KS_DTYPE_F32, KS_DTYPE_F16, KS_DTYPE_Q8_0};
+    for (size_t i = 0; s && i < sizeof types / sizeof types[0]; i++)
+        if (strcasecmp(s, kv_type_name(types[i])) == 0) {
+            *out = types[i];
+            return true;
+        }
+    return false;
+}
+
+size_t kv_row_bytes(const kv_geom *g) {
+    uint64_t rb;
+    if (g->kv_dim <= 0 || !kv_type_ok(g->kv_type) ||
+        !ks_dtype_row_bytes((uint32_t)g->kv_type, (uint64_t)g->kv_dim, &rb))
+        return 0;
+    return (size_t)rb;
+}
+
+uint64_t kv_page_bytes(const kv_geom *g) {
+    if (g->n_layer <= 0 || g->page_tokens <= 0) return 0;
+    return (uint64_t)g->n_layer * 2 * (uint64_t)g->page_tokens * kv_row_bytes(g);
+}
+
+ks_err kv_geom_check(const kv_geom *g, ks_errbuf *eb) {
+    if (g->n_layer <= 0 || g->kv_dim <= 0 || g->page_tokens <= 0)
+        return ks_seterr(eb, KS_ERR_INVAL, "kv: bad geometry (layers %d, kv_dim %d, page %d)",
+                         g->n_layer, g->kv_dim, g->page_tokens);
+    if (!kv_type_ok(g->kv_type))
+        return ks_seterr(eb, KS_ERR_INVAL, "kv: KV type %d (%s) is not one of " KV_TYPE_CHOICES,
+                         g->kv_type, ks_dtype_name((uint32_t)g->kv_type));
+    if (kv_row_bytes(g) == 0)
+        return ks_seterr(eb, KS_ERR_INVAL, "kv: kv_dim %d is not a multiple of the %s block (%u)",
+                         g->kv_dim, kv_type_name(g->kv_type),
+                         ks_dtype_block_elems((uint32_t)g->kv_type));
+    return KS_OK;
 }
 
 uint32_t kv_pages_for_bytes(const kv_geom *g, uint64_t mem_bytes) {
-    if (g->n_layer <= 0 || g->kv_dim <= 0 || g->page_tokens <= 0) return 0;
-    uint64_t pb = kv__page_floats(g) * sizeof(float);
+    uint64_t pb = kv_page_bytes(g);
+    if (pb == 0) return 0;
     uint64_t n = mem_bytes / pb;
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
-static float *kv__page_base(const kv_pool *p, uint32_t id) {
-    return p->slab + (size_t)id * p->page_floats;
+static uint8_t *kv__page_base(const kv_pool *p, uint32_t id) {
+    return p->slab + (size_t)id * p->page_bytes;
 }
 
-/* Fills a page's payload with the scrub pattern (I3). */
+/* Fills a page's payload with the scrub pattern (I3). The poison word is
+ * stored bytewise (memcpy): page_bytes is a multiple of 4 for every type. */
 static void kv__scrub(kv_pool *p, uint32_t id) {
-    float *b = kv__page_base(p, id);
+    uint8_t *b = kv__page_base(p, id);
     if (p->scrub == KV_SCRUB_ZERO) {
-        memset(b, 0, p->page_floats * sizeof(float));
+        memset(b, 0, p->page_bytes);
         return;
     }
-    uint32_t w = KV__POISON_WORD;
-    float f;
-    memcpy(&f, &w, sizeof f);  // a float store moves the NaN bits unchanged
-    for (size_t i = 0; i < p->page_floats; i++) b[i] = f;
+    const uint32_t w = KV__POISON_WORD;
+    for (size_t i = 0; i < p->page_bytes; i += 4)
+        memcpy(b + i, &w, 4);
 }
 
-/* True when floats [i0, i1) of page id hold the scrub pattern. */
+/* True when the 4-byte words [i0, i1) of page id hold the scrub pattern. */
 static bool kv__range_clean(const kv_pool *p, uint32_t id, size_t i0, size_t i1) {
-    const float *b = kv__page_base(p, id);
+    const uint8_t *b = kv__page_base(p, id);
     const uint32_t want = p->scrub == KV_SCRUB_ZERO ? 0u : KV__POISON_WORD;
     for (size_t i = i0; i < i1; i++) {
         uint32_t w;
-        memcpy(&w, b + i, sizeof w);
+        memcpy(&w, b + 4 * i, sizeof w);
         if (w != want) return false;
     }
     return true;
@@ -99,22 +148,22 @@ static void kv__set_state(kv_pool *p, kv__page *h, kv_page_state st) {
 ks_err kv_pool_create(const kv_geom *g, uint32_t n_pages, kv_scrub scrub, kv_pool **out,
                       ks_errbuf *eb) {
     *out = NULL;
-    if (g->n_layer <= 0 || g->kv_dim <= 0 || g->page_tokens <= 0 || n_pages == 0 ||
-        (scrub != KV_SCRUB_ZERO && scrub != KV_SCRUB_POISON))
-        return ks_seterr(eb, KS_ERR_INVAL,
-                         "kv pool: bad geometry (layers %d, kv_dim %d, page %d, pages %u, scrub %d)",
-                         g->n_layer, g->kv_dim, g->page_tokens, n_pages, (int)scrub);
+    ks_err ge = kv_geom_check(g, eb);
+    if (ge) return ge;
+    if (n_pages == 0 || (scrub != KV_SCRUB_ZERO && scrub != KV_SCRUB_POISON))
+        return ks_seterr(eb, KS_ERR_INVAL, "kv pool: bad size or scrub mode (pages %u, scrub %d)",
+                         n_pages, (int)scrub);
     kv__sodium_once();
     uint64_t bytes;
-    if (!ks_mul_ok(kv__page_floats(g) * sizeof(float), n_pages, &bytes) || bytes > SIZE_MAX)
+    if (!ks_mul_ok(kv_page_bytes(g), n_pages, &bytes) || bytes > SIZE_MAX)
         return ks_seterr(eb, KS_ERR_NOMEM, "kv pool: %u pages overflow the address space", n_pages);
     kv_pool *p = calloc(1, sizeof *p);
     if (!p) goto fail;
     p->g = *g;
     p->n_pages = n_pages;
     p->scrub = scrub;
-    p->plane_floats = (size_t)g->page_tokens * (size_t)g->kv_dim;
-    p->page_floats = kv__page_floats(g);
+    p->plane_bytes = (size_t)g->page_tokens * kv_row_bytes(g);
+    p->page_bytes = (size_t)kv_page_bytes(g);
     p->slab = ks_alloc_aligned((size_t)bytes);
     p->hdr = calloc(n_pages, sizeof *p->hdr);
     p->free_ids = malloc(sizeof *p->free_ids * n_pages);
@@ -134,8 +183,8 @@ ks_err kv_pool_create(const kv_geom *g, uint32_t n_pages, kv_scrub scrub, kv_poo
     return KS_OK;
 fail:
     kv_pool_destroy(p);
-    return ks_seterr(eb, KS_ERR_NOMEM, "kv pool: cannot allocate %u pages of %zu bytes", n_pages,
-                     kv__page_floats(g) * sizeof(float));
+    return ks_seterr(eb, KS_ERR_NOMEM, "kv pool: cannot allocate %u pages of %llu bytes", n_pages,
+                     (unsigned long long)kv_page_bytes(g));
 }
 
 void kv_pool_destroy(kv_pool *p) {
@@ -157,7 +206,7 @@ void kv_pool_set_violation_cb(kv_pool *p, kv_violation_fn fn, void *ctx) {
 const kv_geom *kv_pool_geom(const kv_pool *p) { return &p->g; }
 uint32_t kv_pool_n_pages(const kv_pool *p) { return p->n_pages; }
 uint32_t kv_pool_n_free(const kv_pool *p) { return p->n_free; }
-size_t kv_pool_page_bytes(const kv_pool *p) { return p->page_floats * sizeof(float); }
+size_t kv_pool_page_bytes(const kv_pool *p) { return p->page_bytes; }
 
 void kv_pool_stats(const kv_pool *p, kv_stats *out) {
     kv_pool *q = (kv_pool *)p;  // atomic loads take non-const pointers in C11
@@ -174,7 +223,7 @@ bool kv_pool_all_free_and_scrubbed(const kv_pool *p) {
     if (p->n_free != p->n_pages) return false;
     for (uint32_t i = 0; i < p->n_pages; i++)
         if (p->hdr[i].state != KV_PAGE_FREE || p->hdr[i].refcount != 0 ||
-            !kv__range_clean(p, i, 0, p->page_floats))
+            !kv__range_clean(p, i, 0, p->page_bytes / 4))
             return false;
     return true;
 }
@@ -200,13 +249,12 @@ static uint32_t kv__page_alloc(kv_pool *p, uint64_t uid) {
     KS_ASSERT(h->state == KV_PAGE_FREE && h->refcount == 0);
 #ifndef KS_BROKEN_NO_SCRUB  // TEST ONLY (I9): the no-scrub build must let dirty pages through
 #if defined(KS_KV_CHECK_CLEAN)
-    KS_ASSERT(kv__range_clean(p, id, 0, p->page_floats));
+    KS_ASSERT(kv__range_clean(p, id, 0, p->page_bytes / 4));
 #elif !defined(NDEBUG)
     // sampled: the first and last cache line of the page, cheap enough for every
     // allocation (our Release builds keep it: they don't define NDEBUG)
-    size_t n = p->page_floats < 16 ? p->page_floats : 16;
-    KS_ASSERT(kv__range_clean(p, id, 0, n) &&
-              kv__range_clean(p, id, p->page_floats - n, p->page_floats));
+    size_t nw = p->page_bytes / 4, n = nw < 16 ? nw : 16;
+    KS_ASSERT(kv__range_clean(p, id, 0, n) && kv__range_clean(p, id, nw - n, nw));
 #endif
 #endif
     h->tag.seq_uid = uid;
@@ -415,7 +463,7 @@ uint32_t kv_pool_quarantine_free(kv_pool *p, uint64_t seq_uid) {
 // loads and compares on a header the entry already points at.
 
 static inline ks_err kv__read(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer,
-                              uint32_t n_rows, const float **k, const float **v) {
+                              uint32_t n_rows, const void **k, const void **v) {
     if (page_idx < s->n_pages && (unsigned)layer < (unsigned)p->g.n_layer) {
         const kv_entry *e = &s->ent[page_idx];
         if (e->page < p->n_pages) {
@@ -426,9 +474,10 @@ static inline ks_err kv__read(kv_pool *p, const kv_seq *s, uint32_t page_idx, in
             (void)h, (void)n_rows;
 #endif
             {
-                const float *base = kv__page_base(p, e->page) + (size_t)layer * 2 * p->plane_floats;
+                const uint8_t *base =
+                    kv__page_base(p, e->page) + (size_t)layer * 2 * p->plane_bytes;
                 *k = base;
-                *v = base + p->plane_floats;
+                *v = base + p->plane_bytes;
                 return KS_OK;
             }
         }
@@ -437,12 +486,12 @@ static inline ks_err kv__read(kv_pool *p, const kv_seq *s, uint32_t page_idx, in
 }
 
 ks_err kv_seq_span_read(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer, uint32_t n_rows,
-                        const float **k, const float **v) {
+                        const void **k, const void **v) {
     return kv__read(p, s, page_idx, layer, n_rows, k, v);
 }
 
 ks_err kv_seq_span_read_all(kv_pool *p, const kv_seq *s, int layer, uint32_t n_tokens,
-                            const float **k, const float **v) {
+                            const void **k, const void **v) {
     const uint32_t P = (uint32_t)p->g.page_tokens;
     for (uint32_t i = 0, j0 = 0; j0 < n_tokens; i++, j0 += P) {
         uint32_t n_rows = n_tokens - j0 < P ? n_tokens - j0 : P;
@@ -452,8 +501,8 @@ ks_err kv_seq_span_read_all(kv_pool *p, const kv_seq *s, int layer, uint32_t n_t
     return KS_OK;
 }
 
-ks_err kv_seq_span_write(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer, float **k,
-                         float **v) {
+ks_err kv_seq_span_write(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer, void **k,
+                         void **v) {
     if (page_idx < s->n_pages && (unsigned)layer < (unsigned)p->g.n_layer) {
         const kv_entry *e = &s->ent[page_idx];
         if (e->page < p->n_pages) {
@@ -466,9 +515,9 @@ ks_err kv_seq_span_write(kv_pool *p, const kv_seq *s, uint32_t page_idx, int lay
             (void)h;
 #endif
             {
-                float *base = kv__page_base(p, e->page) + (size_t)layer * 2 * p->plane_floats;
+                uint8_t *base = kv__page_base(p, e->page) + (size_t)layer * 2 * p->plane_bytes;
                 *k = base;
-                *v = base + p->plane_floats;
+                *v = base + p->plane_bytes;
                 return KS_OK;
             }
         }

@@ -36,7 +36,9 @@ struct model_ctx {
     atomic_int *seq_bad; // (max_tokens) per-sequence: a page failed to resolve this pass
     int32_t *seq_first;  // (max_tokens) per-sequence n_tokens before this pass (-1: not in it)
     int32_t max_pages;   // pages covering max_ctx
-    const float **kp, **vp;  // (max_tokens, max_pages) this layer's resolved K/V pages per sequence
+    const void **kp, **vp;   // (max_tokens, max_pages) this layer's resolved K/V pages per sequence
+    int kv_type;             // the pool's KV element type (kv.h): rows of kv_row bytes
+    size_t kv_row, head_row; // bytes of one K/V row (kv_dim elements), of one head's part (D)
     // quantized activations: one slot per act type, tagged with its source
     struct {
         void *buf;            // (T, row_bytes)
@@ -59,11 +61,18 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     const kv_geom *g = kv_pool_geom(pool);
     if (g->n_layer != hp->n_layer || g->kv_dim != hp->n_head_kv * hp->head_dim)
         return ks_seterr(eb, KS_ERR_INVAL, "model context: kv pool geometry does not match the model");
+    ks_err te = model_kv_type_check(m, g->kv_type, eb);
+    if (te) return te;
     model_ctx *c = calloc(1, sizeof *c);
     if (!c) return ks_seterr(eb, KS_ERR_NOMEM, "model context");
     c->m = m;
     c->pool = pool;
     c->kv = kern_get();
+    c->kv_type = g->kv_type;
+    c->kv_row = kv_row_bytes(g);
+    uint64_t hrb = 0;
+    KS_ASSERT(ks_dtype_row_bytes((uint32_t)g->kv_type, (uint64_t)hp->head_dim, &hrb));
+    c->head_row = (size_t)hrb;
     c->max_tokens = max_tokens;
     c->max_ctx = max_ctx;
     c->threads = ks_pool_create(n_threads);
@@ -84,8 +93,8 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     c->seq_bad = malloc(T * sizeof(atomic_int));
     c->seq_first = malloc(T * sizeof(int32_t));
     c->max_pages = (max_ctx + g->page_tokens - 1) / g->page_tokens;
-    c->kp = malloc(T * (size_t)c->max_pages * sizeof(float *));
-    c->vp = malloc(T * (size_t)c->max_pages * sizeof(float *));
+    c->kp = malloc(T * (size_t)c->max_pages * sizeof(void *));
+    c->vp = malloc(T * (size_t)c->max_pages * sizeof(void *));
     // largest activation row: K is one of E, H*D, F
     size_t Kmax = XN > F ? XN : F;
     uint64_t rb0 = 0, rbk = 0;
@@ -257,14 +266,16 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
     const int si = a->b->seq[t];
     const kv_seq *s = a->b->seqs[si];
     const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
-    float *kp, *vp;
+    void *kp, *vp;
     if (atomic_load_explicit(&c->seq_bad[si], memory_order_relaxed)) return;
     if (kv_seq_span_write(c->pool, s, (uint32_t)pos / P, a->layer, &kp, &vp) != KS_OK) {
         atomic_store(&c->seq_bad[si], 1);  // I1: this sequence stops here; others go on
         return;
     }
-    memcpy(kp + (size_t)((uint32_t)pos % P) * (size_t)KVD, k, sizeof(float) * (size_t)KVD);
-    memcpy(vp + (size_t)((uint32_t)pos % P) * (size_t)KVD, v, sizeof(float) * (size_t)KVD);
+    // stored in the pool's KV type (f32 copy, f16, or q8_0 blocks within a head)
+    const size_t row = (size_t)((uint32_t)pos % P) * c->kv_row;
+    kv->kv_store[c->kv_type](k, (uint8_t *)kp + row, KVD);
+    kv->kv_store[c->kv_type](v, (uint8_t *)vp + row, KVD);
 }
 
 static void fwd__rows_task(void *arg, int ith, int nth) {
@@ -323,26 +334,28 @@ static void fwd__attn_one(fwd__attn *a, int t, int h, float *scores) {
     model_ctx *c = a->c;
     const model_hparams *hp = &c->m->hp;
     const kern_vtab *kv = c->kv;
-    const int D = hp->head_dim, H = hp->n_head, KVD = hp->n_head_kv * D;
-    const size_t koff = (size_t)(h / (H / hp->n_head_kv)) * (size_t)D;  // this head's K/V columns
+    const int D = hp->head_dim, H = hp->n_head;
+    const size_t koff = (size_t)(h / (H / hp->n_head_kv)) * c->head_row; // this head's K/V bytes
+    const kern_dot_rows_fn dot_rows = kv->dot_rows[c->kv_type];
+    const kern_axpy_rows_fn axpy_rows = kv->axpy_rows[c->kv_type];
     const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
     const float scale = 1.0f / sqrtf((float)D);
     const int si = a->b->seq[t];
-    const float *const *kp = c->kp + (size_t)si * (size_t)c->max_pages;
-    const float *const *vp = c->vp + (size_t)si * (size_t)c->max_pages;
+    const void *const *kp = c->kp + (size_t)si * (size_t)c->max_pages;
+    const void *const *vp = c->vp + (size_t)si * (size_t)c->max_pages;
     const uint32_t n_ctx = (uint32_t)a->b->pos[t] + 1;
     const float *q = c->q + (size_t)t * (size_t)(H * D) + (size_t)h * (size_t)D;
     float *out = c->att + (size_t)t * (size_t)(H * D) + (size_t)h * (size_t)D;
-    // page rows are (P, KVD): position j0+j lives in page j0/P, row j
+    // page rows are (P, kv_row bytes): position j0+j lives in page j0/P, row j
     for (uint32_t j0 = 0; j0 < n_ctx; j0 += P) {
         uint32_t nj = n_ctx - j0 < P ? n_ctx - j0 : P;
-        kv->dot_rows(D, q, kp[j0 / P] + koff, (size_t)KVD, (int)nj, scale, scores + j0);
+        dot_rows(D, q, (const uint8_t *)kp[j0 / P] + koff, c->kv_row, (int)nj, scale, scores + j0);
     }
     kv->softmax(n_ctx, scores);
     memset(out, 0, sizeof(float) * (size_t)D);
     for (uint32_t j0 = 0; j0 < n_ctx; j0 += P) {
         uint32_t nj = n_ctx - j0 < P ? n_ctx - j0 : P;
-        kv->axpy_rows(D, scores + j0, vp[j0 / P] + koff, (size_t)KVD, (int)nj, out);
+        axpy_rows(D, scores + j0, (const uint8_t *)vp[j0 / P] + koff, c->kv_row, (int)nj, out);
     }
 }
 

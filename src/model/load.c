@@ -325,9 +325,23 @@ uint64_t model_bytes_per_token(const model *m) {
     return b;
 }
 
-kv_geom model_kv_geom(const model *m, int page_tokens) {
+kv_geom model_kv_geom(const model *m, int page_tokens, int kv_type) {
     kv_geom g = {.n_layer = m->hp.n_layer,
                  .kv_dim = m->hp.n_head_kv * m->hp.head_dim,
-                 .page_tokens = page_tokens};
+                 .page_tokens = page_tokens,
+                 .kv_type = kv_type};
     return g;
+}
+
+ks_err model_kv_type_check(const model *m, int kv_type, ks_errbuf *eb) {
+    if (!kv_type_ok(kv_type))
+        return ks_seterr(eb, KS_ERR_INVAL, "KV type %d is not one of " KV_TYPE_CHOICES, kv_type);
+    uint32_t blk = ks_dtype_block_elems((uint32_t)kv_type);
+    if (m->hp.head_dim % (int)blk != 0)
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "KV type %s needs head_dim to be a multiple of %u (its blocks must not "
+                         "straddle attention heads); this model's head_dim is %d: use "
+                         "--kv-type f16 or f32",
+                         kv_type_name(kv_type), blk, m->hp.head_dim);
+    return KS_OK;
 }

@@ -129,14 +129,18 @@ const char *pd_msg_type_name(uint16_t type) {
 }
 
 uint64_t pd_msg_kv_page_len(const kv_geom *g, uint32_t n_rows, uint32_t layer_count) {
-    uint64_t kv = g->kv_dim > 0 ? (uint64_t)g->kv_dim : 0;
-    return PD_MSG_KV_PAGE_HDR + (uint64_t)layer_count * 2u * n_rows * kv * 4u;
+    return PD_MSG_KV_PAGE_HDR + (uint64_t)layer_count * 2u * n_rows * (uint64_t)kv_row_bytes(g);
 }
 
 static ks_err geom_check(const kv_geom *g, ks_errbuf *eb) {
     if (g->n_layer <= 0 || g->kv_dim <= 0 || g->page_tokens <= 0)
         return ks_seterr(eb, KS_ERR_INVAL, "geometry n_layer %d kv_dim %d page_tokens %d",
                          g->n_layer, g->kv_dim, g->page_tokens);
+    if (kv_row_bytes(g) == 0)
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "geometry: KV type %d with kv_dim %d (want " KV_TYPE_CHOICES
+                         ", kv_dim a multiple of the type's block)",
+                         g->kv_type, g->kv_dim);
     uint64_t full = pd_msg_kv_page_len(g, (uint32_t)g->page_tokens, (uint32_t)g->n_layer);
     if (full > PD_MSG_MAX_FRAME)
         return ks_seterr(eb, KS_ERR_INVAL,
@@ -194,6 +198,9 @@ ks_err pd_msg_register_decode(const uint8_t *p, uint32_t len, pd_msg_register *o
     m.role = p[0];
     if (m.role != PD_ROLE_PREFILL && m.role != PD_ROLE_DECODE)
         return PROTO("REGISTER: role %u is not prefill (2) or decode (3)", m.role);
+    m.kv_type = p[1];
+    if (!kv_type_ok(m.kv_type))
+        return PROTO("REGISTER: kv_type %u is not F32 (0), F16 (1) or Q8_0 (8)", m.kv_type);
     m.n_layer = pd_load_u32(p + 4);
     m.kv_dim = pd_load_u32(p + 8);
     m.page_tokens = pd_load_u32(p + 12);
@@ -215,6 +222,8 @@ ks_err pd_msg_register_encode(const pd_msg_register *m, uint8_t *buf, size_t cap
     ks_err ret;
     if (enc_begin(60u + m->host_len, buf, cap, out_len, &ret, "REGISTER", eb)) return ret;
     buf[0] = m->role;
+    buf[1] = m->kv_type;
+    buf[2] = buf[3] = 0;
     pd_store_u32(buf + 4, m->n_layer);
     pd_store_u32(buf + 8, m->kv_dim);
     pd_store_u32(buf + 12, m->page_tokens);
@@ -825,7 +834,7 @@ ks_err pd_msg_kv_page_decode(const uint8_t *p, uint32_t prefix_len, uint32_t fra
     if (prefix_len < PD_MSG_KV_PAGE_HDR)
         return PROTO("KV_PAGE: page header is %u bytes, expected %u", prefix_len,
                      PD_MSG_KV_PAGE_HDR);
-    if (g->n_layer <= 0 || g->kv_dim <= 0 || g->page_tokens <= 0)
+    if (g->n_layer <= 0 || g->kv_dim <= 0 || g->page_tokens <= 0 || kv_row_bytes(g) == 0)
         return PROTO("KV_PAGE: link has no valid geometry");
     pd_msg_kv_page m;
     m.page_index = pd_load_u32(p);
@@ -843,8 +852,10 @@ ks_err pd_msg_kv_page_decode(const uint8_t *p, uint32_t prefix_len, uint32_t fra
                      (unsigned long long)((uint64_t)m.layer_first + m.layer_count), g->n_layer);
     uint64_t want = pd_msg_kv_page_len(g, m.n_rows, m.layer_count);
     if (frame_len != want)
-        return PROTO("KV_PAGE: len %u but %u layers x %u rows x kv_dim %d need %llu", frame_len,
-                     m.layer_count, m.n_rows, g->kv_dim, (unsigned long long)want);
+        return PROTO("KV_PAGE: len %u but %u layers x %u rows x kv_dim %d (%s, %zu bytes a row) "
+                     "need %llu",
+                     frame_len, m.layer_count, m.n_rows, g->kv_dim, kv_type_name(g->kv_type),
+                     kv_row_bytes(g), (unsigned long long)want);
     *out = m;
     return KS_OK;
 }

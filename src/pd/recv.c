@@ -346,16 +346,16 @@ bool pd_recv_kv_page_begin(pd_recv *r, uint64_t req_id, uint64_t link_epoch,
     }
     // Destinations, only through kv_seq_span_write (I1); adjacent spans merge,
     // so a full page needs one iovec however many layers it carries.
-    size_t row_bytes = (size_t)r->g.kv_dim * sizeof(float);
+    size_t row_bytes = kv_row_bytes(&r->g); // rows arrive in the pool's KV type
     size_t span = (size_t)hdr->n_rows * row_bytes;
     int n = 0;
     for (uint32_t l = hdr->layer_first; l < hdr->layer_first + hdr->layer_count; l++) {
-        float *k, *v;
+        void *k, *v;
         if (kv_seq_span_write(r->pool, &q->seq, hdr->page_index, (int)l, &k, &v) != KS_OK) {
             rec__page_fail(r, q, true, "rejected by the pool's tag check");
             return false;
         }
-        float *seg[2] = {k, v};
+        void *seg[2] = {k, v};
         for (int s = 0; s < 2; s++) {
             if (n > 0 && (uint8_t *)dst[n - 1].iov_base + dst[n - 1].iov_len == (uint8_t *)seg[s]) {
                 dst[n - 1].iov_len += span;

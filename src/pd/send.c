@@ -427,11 +427,11 @@ static bool snd__send_page(pd_send *s, snd__req *q) {
     }
     s->iov[0] = (struct iovec){.iov_base = hdr, .iov_len = hl};
     int n = 1;
-    size_t span = (size_t)ge->n_tokens * (size_t)s->g.kv_dim * sizeof(float);
+    size_t span = (size_t)ge->n_tokens * kv_row_bytes(&s->g); // rows travel in the pool's KV type
     for (int l = (int)l0; l < (int)(l0 + nl); l++) {
-        const float *k, *v;
+        const void *k, *v;
         if (kv_seq_span_read(s->pool, &q->seq, i, l, ge->n_tokens, &k, &v) != KS_OK) return false;
-        const float *seg[2] = {k, v};
+        const void *seg[2] = {k, v};
         for (int j = 0; j < 2; j++) {
             struct iovec *last = &s->iov[n - 1];
             if (n > 1 && (const uint8_t *)last->iov_base + last->iov_len == (const uint8_t *)seg[j]) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The cluster's processes (issue 4): workers may start before the router and
 # register once it is up; a node with the wrong secret, a worker serving
-# another model, and an insecure secret file are refused with a clear
+# another model, a decode worker with another KV type (--kv-type: pages
+# travel in their type) and an insecure secret file are refused with a clear
 # message; a request with no workers registered gets 503; a worker that stops
 # answering health checks is dropped (SIGSTOP) while the router keeps
 # serving with the others; after a router restart the workers register with
@@ -34,7 +35,11 @@ X=$!
 "$KS_BIN" prefill -m "$TMPD/other.gguf" --ctx 256 --kv-pages 64 --threads 1 --router 127.0.0.1:$port \
     --secret-file "$TMPD/secret" >/dev/null 2>"$TMPD/y.log" &
 Y=$!
-trap 'kill -KILL $D $P $X $Y $R 2>/dev/null; rm_tmpd' EXIT
+# a decode worker whose KV pages are q8_0 (the router's are f16, the default)
+"$KS_BIN" decode "${M[@]}" --kv-type q8_0 --router 127.0.0.1:$port --secret-file "$TMPD/secret" \
+    >/dev/null 2>"$TMPD/z.log" &
+Z=$!
+trap 'kill -KILL $D $P $X $Y $Z $R 2>/dev/null; rm_tmpd' EXIT
 KS_CLUSTER_LOGS="$TMPD/d.log $TMPD/p.log"
 # the router is not up yet: both workers have tried and are retrying
 wait_for "the decode worker to retry the router" file_has "$TMPD/d.log" "Connection refused"
@@ -57,7 +62,10 @@ router() {
 router r
 wait_for "the intruder to be refused" file_has "$TMPD/r.log" "auth failed"
 wait_for "the other model to be refused" file_has "$TMPD/r.log" "different model"
-kill -KILL $X $Y 2>/dev/null
+wait_for "the q8_0 decode worker to be refused" file_has "$TMPD/r.log" \
+    "the worker's KV type q8_0 differs from the router's f16"
+wait_for "the q8_0 worker to be told why" file_has "$TMPD/z.log" "KV type q8_0 differs"
+kill -KILL $X $Y $Z 2>/dev/null
 expect_eq "only the two good workers registered" "$(grep -c 'worker [0-9]* registered' "$TMPD/r.log")" 2
 
 ans=$(curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \

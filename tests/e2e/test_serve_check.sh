@@ -17,9 +17,13 @@ expect_has "check message" "$(cat "$TMPD/err")" "cannot hold one request of the 
 out=$("$KS_BIN" check -m "$M" --kv-pages 32 2>"$TMPD/err") || fail "check refused 32 pages: $(cat "$TMPD/err")"
 expect_has "check exact fit" "$out" "fits, but below 2x"
 expect_has "check warn" "$(cat "$TMPD/err")" "less than 2 requests"
-out=$("$KS_BIN" check -m "$M" --kv-memory 6M 2>/dev/null) || fail "check refused 6M"
+out=$("$KS_BIN" check -m "$M" --kv-memory 6M --kv-type f32 2>/dev/null) || fail "check refused 6M"
 expect_has "check kv-memory" "$out" "64 pages x 16 tokens = 1024 tokens"
 expect_has "check ok" "$out" ": ok (2.00x the context)"
+# the default KV type, f16, holds twice the tokens in the same memory
+out=$("$KS_BIN" check -m "$M" --kv-memory 6M 2>/dev/null) || fail "check refused 6M (f16)"
+expect_has "check kv-memory f16" "$out" "128 pages x 16 tokens = 2048 tokens"
+expect_has "check kv type" "$out" "kv type f16, 3072 bytes/token"
 # a smaller advertised context fits a smaller pool
 "$KS_BIN" check -m "$M" --kv-pages 16 --ctx 256 >/dev/null 2>&1 || fail "check refused --ctx 256 with 16 pages"
 # automatic sizing from MemAvailable: at least 1x, at most 8x the context

@@ -129,7 +129,9 @@ static ks_err fz__done(const uint8_t *p, uint32_t len, uint8_t *out, size_t cap,
 
 /* KV_PAGE: p = {geometry u8, frame_len u32 LE, header bytes...}. The
  * re-encoding keeps the first 5 bytes so that it can be decoded the same way. */
-static const kv_geom fz__geoms[] = {{1, 8, 16}, {2, 64, 16}, {22, 256, 16}, {4, 32, 1}};
+static const kv_geom fz__geoms[] = {{1, 8, 16, KS_DTYPE_F32},    {2, 64, 16, KS_DTYPE_F32},
+                                    {22, 256, 16, KS_DTYPE_F32}, {4, 32, 1, KS_DTYPE_F32},
+                                    {2, 64, 16, KS_DTYPE_F16},   {4, 64, 4, KS_DTYPE_Q8_0}};
 
 static ks_err fz__kv_page(const uint8_t *p, uint32_t len, uint8_t *out, size_t cap,
                           uint32_t *out_len) {

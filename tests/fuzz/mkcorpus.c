@@ -175,7 +175,7 @@ static void pd_msg_seeds(void) {
     ENC(pd_msg_finish_encode(&fi, b, sizeof b, &n, NULL));
     msg_put("finish", S_FINISH, b, n);
     /* KV_PAGE: geometry index 1 of fuzz_pd_msg.c ({2, 64, 16}), frame_len, header */
-    kv_geom g = {2, 64, 16};
+    kv_geom g = {2, 64, 16, KS_DTYPE_F32};
     pd_msg_kv_page kp = {1, 9, 77, 2, 4, 0, 2};
     b[0] = 1;
     pd_store_u32(b + 1, (uint32_t)pd_msg_kv_page_len(&g, 4, 2));

@@ -24,7 +24,10 @@ static void run_greedy(const char *path, const char *isa, int32_t *toks, float *
         CHECK(0);
     }
     *V = model_hp(m)->n_vocab;
-    kv_geom g = model_kv_geom(m, 16);
+    // f32 KV: this compares weight kernels across ISAs, and f16/q8_0 KV rounding
+    // would add thresholds a last-bit difference can cross (measured: qwen3 q4_k
+    // ref vs avx2 greedy tokens differ with f16 KV). KV types: test_model.c.
+    kv_geom g = model_kv_geom(m, 16, KS_DTYPE_F32);
     kv_pool *pool;
     model_ctx *ctx;
     CHECK_EQ(kv_pool_create(&g, 4, KV_SCRUB_ZERO, &pool, &eb), KS_OK);

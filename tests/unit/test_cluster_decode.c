@@ -111,6 +111,7 @@ static void r_on_frame(pd_conn *c, void *ud, const pd_frame *f) {
         CHECK_EQ(reg.role, PD_ROLE_DECODE);
         CHECK_EQ(reg.n_layer, (uint32_t)h->g.n_layer);
         CHECK_EQ(reg.kv_dim, (uint32_t)h->g.kv_dim);
+        CHECK_EQ(reg.kv_type, (uint32_t)h->g.kv_type);
         CHECK_EQ(reg.page_tokens, PAGE_T);
         CHECK_EQ(reg.n_ctx, N_CTX);
         uint8_t id[32];
@@ -256,7 +257,9 @@ static void open_link(harness *h) {
 static void h_start(harness *h, const model *m) {
     memset(h, 0, sizeof *h);
     h->m = m;
-    h->g = model_kv_geom(m, PAGE_T);
+    engine_opts d; // pages travel in the engine's default KV type (f16)
+    engine_opts_default(&d);
+    h->g = model_kv_geom(m, PAGE_T, d.kv_type);
     CHECK(pd_msg_type_max(&h->g, h->tm, NULL) == KS_OK);
     pd_loop_cfg rc = {.secret = (const uint8_t *)SECRET, .secret_len = strlen(SECRET),
                       .role = PD_ROLE_ROUTER, .max_payload = PD_MSG_MAX_FRAME};
@@ -454,9 +457,9 @@ static void pre_send_pages(harness *h, pre *p, uint64_t id, uint32_t n_pages_sen
         struct iovec iov[PD_MAX_IOV];
         int n = 0;
         iov[n++] = (struct iovec){.iov_base = hdr, .iov_len = hl};
-        size_t plane = (size_t)e.n_tokens * (size_t)h->g.kv_dim * sizeof(float);
+        size_t plane = (size_t)e.n_tokens * kv_row_bytes(&h->g);
         for (int l = 0; l < h->g.n_layer; l++) {
-            const float *k, *v;
+            const void *k, *v;
             CHECK(kv_seq_span_read(p->pool, &p->seq, i, l, e.n_tokens, &k, &v) == KS_OK);
             iov[n++] = (struct iovec){.iov_base = (void *)k, .iov_len = plane};
             iov[n++] = (struct iovec){.iov_base = (void *)v, .iov_len = plane};

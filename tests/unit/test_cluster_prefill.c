@@ -110,6 +110,7 @@ static void r_frame(pd_conn *c, void *ud, const pd_frame *f) {
         CHECK_EQ(m.role, PD_ROLE_PREFILL);
         CHECK_EQ(m.n_layer, (uint32_t)h->g.n_layer);
         CHECK_EQ(m.kv_dim, (uint32_t)h->g.kv_dim);
+        CHECK_EQ(m.kv_type, (uint32_t)h->g.kv_type);
         CHECK_EQ(m.page_tokens, PAGE_TOKENS);
         CHECK_EQ(m.n_pages, PRE_PAGES);
         CHECK_EQ(m.n_ctx, N_CTX);
@@ -360,11 +361,11 @@ static void check_kv_and_first_token(uint64_t req_id, uint32_t n) {
 
     kv_seq *q = pd_recv_seq(H.r, req_id);
     CHECK(q);
-    size_t row_bytes = (size_t)H.g.kv_dim * sizeof(float);
+    size_t row_bytes = kv_row_bytes(&H.g);
     for (uint32_t pg = 0; pg * PAGE_TOKENS < n; pg++) {
         uint32_t rows = n - pg * PAGE_TOKENS < PAGE_TOKENS ? n - pg * PAGE_TOKENS : PAGE_TOKENS;
         for (int l = 0; l < H.g.n_layer; l++) {
-            const float *k0, *v0, *k1, *v1;
+            const void *k0, *v0, *k1, *v1;
             CHECK_EQ(kv_seq_span_read(pool, &s, pg, l, rows, &k0, &v0), KS_OK);
             CHECK_EQ(kv_seq_span_read(H.dpool, q, pg, l, rows, &k1, &v1), KS_OK);
             CHECK_MEM_EQ(k0, k1, rows * row_bytes);
@@ -520,7 +521,9 @@ int main(void) {
         fprintf(stderr, "model_load: %s\n", eb.msg);
         CHECK(!"model_load");
     }
-    H.g = model_kv_geom(H.m, PAGE_TOKENS);
+    engine_opts d; // pages travel in the engine's default KV type (f16)
+    engine_opts_default(&d);
+    H.g = model_kv_geom(H.m, PAGE_TOKENS, d.kv_type);
 
     // fake decode: pool, receiver, data listener
     CHECK_EQ(kv_pool_create(&H.g, DEC_PAGES, KV_SCRUB_ZERO, &H.dpool, NULL), KS_OK);

@@ -524,31 +524,125 @@ static void check_vec(const char *what, const kern_vtab *v, int64_t n, const flo
         }
 }
 
-/* dot_rows / axpy_rows over a page of rows are bit-identical to dot_f32 /
- * axpy_f32 row by row (attention's results must not depend on which ran). */
+// ----------------------------------------------------------------------------
+// KV attention ops (kern.h dot_rows / axpy_rows / kv_store, per KV type)
+//
+// Tolerances: kv_store bit-exact against kern__quantize_{f32,f16,q8_0}_ref
+//   (NaN inputs excluded: any NaN will do). dot_rows[t] within VEC_REL of
+//   S = sum|q * k| * scale of kern__dot_rows_<t>_ref (f32 fma lanes vs ref's
+//   double, as dot_f32); axpy_rows[t] bit-exact against its ref (mul then add
+//   per element). Beyond the oracle, two identities attention relies on:
+//   dot_rows[F32] equals dot_f32 * scale row by row, and every typed op
+//   equals the same vtab's F32 op on the dequantized rows, bit for bit
+//   (dequantization is exact), so the KV type changes only the stored
+//   values, never the arithmetic.
+
+static const int kv_types[] = {KS_DTYPE_F32, KS_DTYPE_F16, KS_DTYPE_Q8_0};
+
+static kern_dot_rows_fn ref_dot_rows(int t) {
+    return t == KS_DTYPE_F16    ? kern__dot_rows_f16_ref
+           : t == KS_DTYPE_Q8_0 ? kern__dot_rows_q8_0_ref
+                                : kern__dot_rows_f32_ref;
+}
+static kern_axpy_rows_fn ref_axpy_rows(int t) {
+    return t == KS_DTYPE_F16    ? kern__axpy_rows_f16_ref
+           : t == KS_DTYPE_Q8_0 ? kern__axpy_rows_q8_0_ref
+                                : kern__axpy_rows_f32_ref;
+}
+
 static void test_rows_ops(const kern_vtab *v) {
-    static const int64_t dims[] = {16, 32, 48, 64, 80, 96, 128, 144, 256, 7};
-    const int rows = 21, stride = 300; // a page's K or V rows, one head's columns
-    float *kv = xmalloc(sizeof(float) * (size_t)rows * stride), q[256], s[21], o1[21], o2[21];
-    float y1[256], y2[256];
-    for (size_t i = 0; i < (size_t)rows * stride; i++)
-        kv[i] = rng_f() * 3.0f;
-    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
-        int64_t n = dims[d];
-        for (int64_t i = 0; i < n; i++)
-            q[i] = rng_f(), y1[i] = y2[i] = rng_f();
-        for (int j = 0; j < rows; j++)
-            s[j] = rng_f();
-        v->dot_rows(n, q, kv + 5, (size_t)stride, rows, 0.125f, o1);
-        for (int j = 0; j < rows; j++)
-            o2[j] = v->dot_f32(n, q, kv + 5 + (size_t)j * stride) * 0.125f;
-        CHECK_MEM_EQ(o1, o2, sizeof(float) * rows);
-        v->axpy_rows(n, s, kv + 7, (size_t)stride, rows, y1);
-        for (int j = 0; j < rows; j++)
-            v->axpy_f32(n, s[j], kv + 7 + (size_t)j * stride, y2);
-        CHECK_MEM_EQ(y1, y2, sizeof(float) * (size_t)n);
+    static const int64_t dims[] = {16, 32, 48, 64, 80, 96, 128, 144, 256, 7, 1, 33};
+    enum { ROWS = 21, W = 320 }; // a page plane: ROWS rows of W elements (all heads)
+    float *src = xmalloc(sizeof(float) * ROWS * W), *deq = xmalloc(sizeof(float) * ROWS * W);
+    uint8_t *kv = xmalloc(4 * ROWS * W), *kv2 = xmalloc(4 * ROWS * W);
+    float q[256], s[ROWS], o1[ROWS], o2[ROWS], y1[256], y2[256];
+    for (size_t i = 0; i < ROWS * W; i++)
+        src[i] = rng_f() * 3.0f;
+    for (int it = 0; it < 3; it++) {
+        const int t = kv_types[it];
+        const size_t rb = row_bytes((ks_dtype)t, W);
+        for (int j = 0; j < ROWS; j++) { // store every row with this vtab and with ref
+            v->kv_store[t](src + (size_t)j * W, kv + (size_t)j * rb, W);
+            kern_quantize_row((ks_dtype)t, src + (size_t)j * W, kv2 + (size_t)j * rb, W);
+            kern_dequantize_row((ks_dtype)t, kv + (size_t)j * rb, deq + (size_t)j * W, W);
+        }
+        CHECK_MEM_EQ(kv, kv2, rb * ROWS);
+        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
+            const int64_t n = dims[d];
+            if (t == KS_DTYPE_Q8_0 && n % 32) continue; // blocks never straddle heads
+            // one head's columns, off the row start: element e0 (a whole block for Q8_0;
+            // 2-byte aligned only for F16)
+            const int64_t e0 = t == KS_DTYPE_Q8_0 ? 32 : 5;
+            const uint8_t *k = kv + row_bytes((ks_dtype)t, t == KS_DTYPE_Q8_0 ? e0 : 1) *
+                                        (t == KS_DTYPE_Q8_0 ? 1 : (size_t)e0);
+            for (int64_t i = 0; i < n; i++)
+                q[i] = rng_f(), y1[i] = y2[i] = rng_f();
+            for (int j = 0; j < ROWS; j++)
+                s[j] = rng_f();
+            // dot_rows vs ref, and vs the F32 op on the dequantized rows
+            v->dot_rows[t](n, q, k, rb, ROWS, 0.125f, o1);
+            ref_dot_rows(t)(n, q, k, rb, ROWS, 0.125f, o2);
+            for (int j = 0; j < ROWS; j++) {
+                double S = 0.0;
+                for (int64_t i = 0; i < n; i++)
+                    S += fabs((double)q[i] * deq[(size_t)j * W + (size_t)(e0 + i)]);
+                CHECK_NEAR(o1[j], o2[j], VEC_REL * S * 0.125 + 1e-30);
+            }
+            v->dot_rows[KS_DTYPE_F32](n, q, deq + e0, sizeof(float) * W, ROWS, 0.125f, o2);
+            CHECK_MEM_EQ(o1, o2, sizeof(float) * ROWS);
+            if (t == KS_DTYPE_F32)
+                for (int j = 0; j < ROWS; j++)
+                    CHECK(same_bits(o1[j], v->dot_f32(n, q, deq + (size_t)j * W + e0) * 0.125f));
+            // axpy_rows: bit-exact vs ref, and equal to the F32 op on dequantized rows
+            v->axpy_rows[t](n, s, k, rb, ROWS, y1);
+            ref_axpy_rows(t)(n, s, k, rb, ROWS, y2);
+            CHECK_MEM_EQ(y1, y2, sizeof(float) * (size_t)n);
+            for (int64_t i = 0; i < n; i++)
+                y2[i] = y1[i];
+            v->axpy_rows[t](n, s, k, rb, ROWS, y1);
+            v->axpy_rows[KS_DTYPE_F32](n, s, deq + e0, sizeof(float) * W, ROWS, y2);
+            CHECK_MEM_EQ(y1, y2, sizeof(float) * (size_t)n);
+            if (t == KS_DTYPE_F32) {
+                for (int64_t i = 0; i < n; i++)
+                    y2[i] = y1[i];
+                v->axpy_rows[t](n, s, k, rb, ROWS, y1);
+                for (int j = 0; j < ROWS; j++)
+                    v->axpy_f32(n, s[j], deq + (size_t)j * W + e0, y2);
+                CHECK_MEM_EQ(y1, y2, sizeof(float) * (size_t)n);
+            }
+        }
+        // the pool's poison pattern (kv_int.h, 0x7fc07fc0 in every word) reads as NaN
+        // through every op of every type: a read of a scrubbed page gives NaN logits
+        const uint32_t poison = 0x7fc07fc0u;
+        for (size_t i = 0; i + 4 <= rb * 2; i += 4)
+            memcpy(kv + i, &poison, 4);
+        v->dot_rows[t](64, q, kv, rb, 2, 0.125f, o1);
+        CHECK(isnan(o1[0]) && isnan(o1[1]));
+        for (int i = 0; i < 64; i++)
+            y1[i] = 0.0f;
+        v->axpy_rows[t](64, s, kv, rb, 2, y1);
+        for (int i = 0; i < 64; i++)
+            CHECK(isnan(y1[i]));
     }
+    // f16 stores at the edges: ties, subnormals, the overflow threshold, zeros
+    static const float edge[] = {65504.0f,       65519.99f,       65520.0f, -65520.0f, 1e-8f,
+                                 2.98023224e-8f, 5.96046448e-8f,  6.1e-5f,  -0.0f,     0.0f,
+                                 1.00048828125f, 1.000732421875f, 3.0e38f,  -2.5e-6f,  0.33333334f,
+                                 1e-45f,         8191.5f};
+    const int NE = (int)(sizeof edge / sizeof edge[0]);
+    float x[40];
+    uint16_t h1[40], h2[40];
+    for (int n = 1; n <= 40; n++) {
+        for (int i = 0; i < n; i++)
+            x[i] = edge[(i * 7 + n) % NE] * (i % 3 == 2 ? -1.0f : 1.0f);
+        v->kv_store[KS_DTYPE_F16](x, h1, n);
+        kern__quantize_f16_ref(x, h2, n);
+        CHECK_MEM_EQ(h1, h2, 2 * (size_t)n);
+    }
+    free(src);
+    free(deq);
     free(kv);
+    free(kv2);
 }
 
 static void test_vec_ops(const kern_vtab *v) {

@@ -9,6 +9,7 @@
 #include "kv/kv_int.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -71,8 +72,9 @@ static void fill(kv_pool *p, kv_seq *s, uint32_t n, int marker) {
     CHECK_EQ(kv_seq_reserve(p, s, n, &eb), KS_OK);
     for (uint32_t pos = s->n_tokens; pos < n; pos++)
         for (int l = 0; l < G.n_layer; l++) {
-            float *k, *v;
-            CHECK_EQ(kv_seq_span_write(p, s, pos / P, l, &k, &v), KS_OK);
+            void *kb, *vb;
+            CHECK_EQ(kv_seq_span_write(p, s, pos / P, l, &kb, &vb), KS_OK);
+            float *k = kb, *v = vb; // G is an F32 pool: rows of kv_dim floats
             for (int c = 0; c < G.kv_dim; c++) {
                 k[(pos % P) * (uint32_t)G.kv_dim + (uint32_t)c] = val(marker, pos, l, 0, c);
                 v[(pos % P) * (uint32_t)G.kv_dim + (uint32_t)c] = val(marker, pos, l, 1, c);
@@ -85,8 +87,9 @@ static void fill(kv_pool *p, kv_seq *s, uint32_t n, int marker) {
 static void check_content(kv_pool *p, const kv_seq *s, uint32_t n, int marker) {
     for (uint32_t pos = 0; pos < n; pos++)
         for (int l = 0; l < G.n_layer; l++) {
-            const float *k, *v;
-            CHECK_EQ(kv_seq_span_read(p, s, pos / P, l, pos % P + 1, &k, &v), KS_OK);
+            const void *kb, *vb;
+            CHECK_EQ(kv_seq_span_read(p, s, pos / P, l, pos % P + 1, &kb, &vb), KS_OK);
+            const float *k = kb, *v = vb;
             for (int c = 0; c < G.kv_dim; c++) {
                 CHECK(k[(pos % P) * (uint32_t)G.kv_dim + (uint32_t)c] == val(marker, pos, l, 0, c));
                 CHECK(v[(pos % P) * (uint32_t)G.kv_dim + (uint32_t)c] == val(marker, pos, l, 1, c));
@@ -142,10 +145,10 @@ static void t_reserve(void) {
     CHECK_EQ(st.pages[KV_PAGE_ALLOCATED], 3);
     CHECK_EQ(st.pages[KV_PAGE_FREE], 2);
     // positions land on distinct pages; K and V planes and layers are distinct
-    float *k0, *v0, *k1, *v1;
+    void *k0, *v0, *k1, *v1;
     CHECK_EQ(kv_seq_span_write(p, &a, 0, 0, &k0, &v0), KS_OK);
     CHECK_EQ(kv_seq_span_write(p, &a, 0, 1, &k1, &v1), KS_OK);
-    CHECK(k0 != v0 && k1 != k0 && v1 != v0 && k1 == v0 + P * 8);
+    CHECK(k0 != v0 && k1 != k0 && v1 != v0 && (float *)k1 == (float *)v0 + P * 8);
     CHECK_EQ(kv_seq_span_write(p, &a, 1, 0, &k1, &v1), KS_OK);
     CHECK(k1 != k0);
     kv_seq_release(p, &a);
@@ -229,7 +232,7 @@ static void t_tag_swap(void) {
     a.ent[0].page = b.ent[0].page;  // the same corruption, by hand
 #endif
     CHECK_EQ(a.ent[0].page, b0.page);
-    const float *k, *v;
+    const void *k, *v;
     CHECK_EQ(kv_seq_span_read(p, &a, 0, 0, 1, &k, &v), KS_ERR_INTERNAL);
     CHECK_EQ(violations(p), 1);
     CHECK_EQ(vl.n, 1);
@@ -240,11 +243,11 @@ static void t_tag_swap(void) {
     CHECK_EQ(vl.found.seq_uid, b0.tag.seq_uid);
     CHECK_EQ(vl.found.gen, b0.tag.gen);
     CHECK_EQ(vl.state, KV_PAGE_READY);
-    float *wk, *wv;
+    void *wk, *wv;
     CHECK_EQ(kv_seq_span_write(p, &a, 0, 1, &wk, &wv), KS_ERR_INTERNAL);
     CHECK_EQ(violations(p), 2);
     CHECK_EQ(vl.n, 2);
-    const float *ks[2], *vs[2];
+    const void *ks[2], *vs[2];
     CHECK_EQ(kv_seq_span_read_all(p, &a, 1, 8, ks, vs), KS_ERR_INTERNAL);
     CHECK_EQ(vl.n, 3);
     CHECK_EQ(vl.page, b0.page);
@@ -276,14 +279,14 @@ static void t_stale_entry(void) {
     fill(p, &a, 4, 1);
     kv_entry stale = a.ent[0];
     kv_seq ghost = {.ent = &stale, .n_pages = 1, .cap = 1, .n_tokens = 4, .uid = a.uid};
-    const float *k, *v;
+    const void *k, *v;
     CHECK_EQ(kv_seq_span_read(p, &ghost, 0, 0, 1, &k, &v), KS_OK);
     kv_seq_release(p, &a);
     CHECK_EQ(kv_seq_span_read(p, &ghost, 0, 0, 1, &k, &v), KS_ERR_INTERNAL);  // FREE
     fill(p, &b, 4, 2);
     CHECK_EQ(b.ent[0].page, stale.page);
     CHECK_EQ(kv_seq_span_read(p, &ghost, 0, 0, 1, &k, &v), KS_ERR_INTERNAL);  // someone else's
-    float *wk, *wv;
+    void *wk, *wv;
     CHECK_EQ(kv_seq_span_write(p, &ghost, 0, 0, &wk, &wv), KS_ERR_INTERNAL);
     kv_seq_release(p, &b);
     fill(p, &a, 4, 3);  // a again, same page, next gen
@@ -302,8 +305,8 @@ static void t_state(void) {
     kv_seq a;
     kv_seq_init(p, &a);
     CHECK_EQ(kv_seq_reserve(p, &a, 8, &eb), KS_OK);
-    const float *k, *v;
-    float *wk, *wv;
+    const void *k, *v;
+    void *wk, *wv;
     CHECK_EQ(kv_seq_span_read(p, &a, 0, 0, 1, &k, &v), KS_ERR_INTERNAL);  // ALLOCATED
     CHECK_EQ(kv_seq_span_write(p, &a, 0, 0, &wk, &wv), KS_OK);
     uint64_t nv = violations(p);
@@ -321,7 +324,7 @@ static void t_state(void) {
     CHECK_EQ(kv_seq_span_read(p, &a, 0, -1, 1, &k, &v), KS_ERR_INTERNAL);
     CHECK_EQ(kv_seq_span_write(p, &a, 2, 0, &wk, &wv), KS_ERR_INTERNAL);
     CHECK_EQ(violations(p), nv + 6);
-    const float *ks[2], *vs[2];
+    const void *ks[2], *vs[2];
     CHECK_EQ(kv_seq_span_read_all(p, &a, 1, 5, ks, vs), KS_OK);
     CHECK_EQ(kv_seq_span_read(p, &a, 1, 1, 1, &k, &v), KS_OK);
     CHECK(ks[1] == k && vs[1] == v);
@@ -345,35 +348,35 @@ static void t_scrub_mode(kv_scrub mode) {
     kv_seq_init(p, &a);
     fill(p, &a, N * P, 7);
     CHECK(!kv_pool_all_free_and_scrubbed(p));
-    float *wk, *wv;
+    void *wk, *wv;
     CHECK_EQ(kv_seq_span_write(p, &a, 1, 1, &wk, &wv), KS_OK);
     kv_seq_release(p, &a);
     CHECK(kv_pool_all_free_and_scrubbed(p));
     // the page content, float by float, as the next owner sees it
-    const uint32_t want = mode == KV_SCRUB_ZERO ? 0u : 0x7fc0deadu;
+    const uint32_t want = mode == KV_SCRUB_ZERO ? 0u : KV__POISON_WORD;
     kv_seq b;
     kv_seq_init(p, &b);
     ks_errbuf eb;
     CHECK_EQ(kv_seq_reserve(p, &b, N * P, &eb), KS_OK);
     for (uint32_t pg = 0; pg < N; pg++)
         for (int l = 0; l < G.n_layer; l++) {
-            float *k, *v;
+            void *k, *v;
             CHECK_EQ(kv_seq_span_write(p, &b, pg, l, &k, &v), KS_OK);
             for (uint32_t i = 0; i < P * (uint32_t)G.kv_dim; i++) {
                 uint32_t wk32, wv32;
-                memcpy(&wk32, &k[i], 4);
-                memcpy(&wv32, &v[i], 4);
+                memcpy(&wk32, (float *)k + i, 4);
+                memcpy(&wv32, (float *)v + i, 4);
                 CHECK_EQ(wk32, want);
                 CHECK_EQ(wv32, want);
             }
         }
     kv_seq_release(p, &b);
     // truthfulness: dirty a FREE page behind the pool's back
-    float saved;
-    memcpy(&saved, wk + 3, sizeof saved);
-    wk[3] = 1.0f;
+    float saved, *wf = wk;
+    memcpy(&saved, wf + 3, sizeof saved);
+    wf[3] = 1.0f;
     CHECK(!kv_pool_all_free_and_scrubbed(p));
-    memcpy(wk + 3, &saved, sizeof saved);
+    memcpy(wf + 3, &saved, sizeof saved);
     CHECK(kv_pool_all_free_and_scrubbed(p));
     finish(p);
 }
@@ -389,7 +392,7 @@ static void t_dirty_alloc(void) {
     kv_seq_init(p, &a);
     ks_errbuf eb;
     CHECK_EQ(kv_seq_reserve(p, &a, 1, &eb), KS_OK);
-    float *k, *v;
+    void *k, *v;
     CHECK_EQ(kv_seq_span_write(p, &a, 0, 0, &k, &v), KS_OK);
     kv_seq_release(p, &a);
     fflush(NULL);
@@ -398,7 +401,7 @@ static void t_dirty_alloc(void) {
     if (pid == 0) {
         int null = open("/dev/null", O_WRONLY);  // the expected assertion message
         if (null >= 0) dup2(null, 2);
-        k[0] = 1.0f;  // write after free
+        *(float *)k = 1.0f; // write after free
         ks_err e = kv_seq_reserve(p, &a, 1, &eb);
         _exit(e == KS_OK ? 0 : 1);  // reached only if the dirty page went through
     }
@@ -410,6 +413,92 @@ static void t_dirty_alloc(void) {
 
 static void t_scrub_zero(void) { t_scrub_mode(KV_SCRUB_ZERO); }
 static void t_scrub_poison(void) { t_scrub_mode(KV_SCRUB_POISON); }
+
+/* KV element types: row and page bytes, geometry checks, names; and I3 for
+ * every type: after release, every byte of every page holds the scrub
+ * pattern, and in POISON mode each f16 element and each Q8_0 block scale of
+ * a page reads as NaN (so attention over it yields NaN: test_model_kvtype
+ * checks that through the kernels and the forward pass). */
+static void t_types(void) {
+    ks_errbuf eb;
+    static const struct {
+        int t;
+        const char *name;
+        size_t row; /* bytes of a 64-element row */
+    } ty[] = {{KS_DTYPE_F32, "f32", 256}, {KS_DTYPE_F16, "f16", 128}, {KS_DTYPE_Q8_0, "q8_0", 68}};
+    for (size_t i = 0; i < 3; i++) {
+        kv_geom g = {.n_layer = 3, .kv_dim = 64, .page_tokens = 5, .kv_type = ty[i].t};
+        CHECK_EQ(kv_row_bytes(&g), ty[i].row);
+        CHECK_EQ(kv_page_bytes(&g), (uint64_t)3 * 2 * 5 * ty[i].row);
+        CHECK_EQ(kv_pages_for_bytes(&g, 7 * kv_page_bytes(&g) + 1), 7);
+        CHECK_EQ(kv_geom_check(&g, &eb), KS_OK);
+        CHECK_STR_EQ(kv_type_name(ty[i].t), ty[i].name);
+        int t = -1;
+        CHECK(kv_type_parse(ty[i].name, &t) && t == ty[i].t);
+        for (int mode = 0; mode < 2; mode++) {
+            kv_pool *p;
+            CHECK_EQ(kv_pool_create(&g, 3, (kv_scrub)mode, &p, &eb), KS_OK);
+            CHECK_EQ(kv_pool_page_bytes(p), kv_page_bytes(&g));
+            kv_seq a;
+            kv_seq_init(p, &a);
+            CHECK_EQ(kv_seq_reserve(p, &a, 15, &eb), KS_OK);
+            for (uint32_t pg = 0; pg < 3; pg++)
+                for (int l = 0; l < 3; l++) {
+                    void *k, *v;
+                    CHECK_EQ(kv_seq_span_write(p, &a, pg, l, &k, &v), KS_OK);
+                    memset(k, 0x11, 5 * ty[i].row); // any content
+                    memset(v, 0x22, 5 * ty[i].row);
+                }
+            kv_seq_set_filled(p, &a, 15);
+            kv_seq_release(p, &a);
+            CHECK(kv_pool_all_free_and_scrubbed(p));
+            // what the next owner finds, element by element in the pool's type
+            kv_seq_init(p, &a);
+            CHECK_EQ(kv_seq_reserve(p, &a, 15, &eb), KS_OK);
+            for (uint32_t pg = 0; pg < 3; pg++)
+                for (int l = 0; l < 3; l++) {
+                    void *kv[2];
+                    CHECK_EQ(kv_seq_span_write(p, &a, pg, l, &kv[0], &kv[1]), KS_OK);
+                    for (int h = 0; h < 2; h++)
+                        for (uint32_t r = 0; r < 5; r++) {
+                            const uint8_t *row = (const uint8_t *)kv[h] + r * ty[i].row;
+                            if (mode == KV_SCRUB_ZERO) {
+                                for (size_t b = 0; b < ty[i].row; b++)
+                                    CHECK_EQ(row[b], 0);
+                            } else if (ty[i].t == KS_DTYPE_F32) {
+                                for (int e = 0; e < 64; e++) {
+                                    float f;
+                                    memcpy(&f, row + 4 * e, 4);
+                                    CHECK(isnan(f));
+                                }
+                            } else { // f16 elements, or the f16 scale of each 34-byte block
+                                size_t step = ty[i].t == KS_DTYPE_F16 ? 2 : 34;
+                                for (size_t o = 0; o < ty[i].row; o += step) {
+                                    uint16_t hb;
+                                    memcpy(&hb, row + o, 2);
+                                    CHECK(isnan(ks_f16_to_f32(hb)));
+                                }
+                            }
+                        }
+                }
+            kv_seq_release(p, &a);
+            finish(p);
+        }
+    }
+    // refusals, each with its reason
+    kv_geom g = {.n_layer = 2, .kv_dim = 48, .page_tokens = 4, .kv_type = KS_DTYPE_Q8_0};
+    kv_pool *q;
+    CHECK_EQ(kv_row_bytes(&g), 0);
+    CHECK_EQ(kv_pool_create(&g, 1, KV_SCRUB_ZERO, &q, &eb), KS_ERR_INVAL);
+    CHECK_STR_HAS(eb.msg, "not a multiple of the q8_0 block");
+    g.kv_type = KS_DTYPE_Q4_0;
+    CHECK_EQ(kv_pool_create(&g, 1, KV_SCRUB_ZERO, &q, &eb), KS_ERR_INVAL);
+    CHECK_STR_HAS(eb.msg, "f32, f16 or q8_0");
+    int t = 77;
+    CHECK(!kv_type_parse("q4_0", &t) && !kv_type_parse("", &t) && !kv_type_parse(NULL, &t));
+    CHECK(kv_type_parse("F16", &t) && t == KS_DTYPE_F16);
+    CHECK_STR_EQ(kv_type_name(KS_DTYPE_Q4_0), "?");
+}
 
 /* I5 support: quarantined pages are neither readable nor reused until freed. */
 static void t_quarantine(void) {
@@ -427,8 +516,8 @@ static void t_quarantine(void) {
     CHECK_EQ(st.pages[KV_PAGE_QUARANTINE], 2);
     CHECK_EQ(kv_pool_n_free(p), 1);
     kv_seq ghost = {.ent = &e0, .n_pages = 1, .cap = 1, .uid = uid};
-    const float *k, *v;
-    float *wk, *wv;
+    const void *k, *v;
+    void *wk, *wv;
     CHECK_EQ(kv_seq_span_read(p, &ghost, 0, 0, 1, &k, &v), KS_ERR_INTERNAL);
     CHECK_EQ(kv_seq_span_write(p, &ghost, 0, 0, &wk, &wv), KS_ERR_INTERNAL);
     ks_errbuf eb;
@@ -558,7 +647,7 @@ static void t_prefix_shared_write(void) {
     kv_seq_init(p, &b);
     fill(p, &a, 10, 1);
     kv_prefix_publish(c, r, toks, 10, &a);
-    float *k, *v;
+    void *k, *v;
     CHECK_EQ(kv_seq_span_write(p, &a, 0, 0, &k, &v), KS_ERR_INTERNAL);  // published
     CHECK_EQ(kv_seq_span_write(p, &a, 2, 0, &k, &v), KS_OK);            // its own tail page
     CHECK_EQ(kv_prefix_attach(c, r, toks, 10, &b), 8);
@@ -740,7 +829,7 @@ static void *reader(void *arg) {
     reader_arg *a = arg;
     for (int i = 0; i < a->iters; i++)
         for (uint32_t pg = 0; pg < a->s->n_pages; pg++) {
-            const float *k, *v;
+            const void *k, *v;
             if (kv_seq_span_read(a->p, a->s, pg, 1, P, &k, &v) != KS_OK) a->fails++;
         }
     return NULL;
@@ -793,7 +882,7 @@ static void t_cost(void) {
     uintptr_t sink = 0;
     uint64_t t0 = ks_now_ns();
     for (int i = 0; i < N; i++) {
-        const float *k, *v;
+        const void *k, *v;
         if (kv_seq_span_read(p, &a, (uint32_t)i & 63, 0, 16, &k, &v) == KS_OK) sink += (uintptr_t)k;
     }
     uint64_t t1 = ks_now_ns();
@@ -801,8 +890,9 @@ static void t_cost(void) {
     const int M = 200000;
     uint64_t t2 = ks_now_ns();
     for (int i = 0; i < M; i++) {
-        const float *k, *v;
-        CHECK_EQ(kv_seq_span_read(p, &a, (uint32_t)i & 63, 0, 16, &k, &v), KS_OK);
+        const void *kb, *vb;
+        CHECK_EQ(kv_seq_span_read(p, &a, (uint32_t)i & 63, 0, 16, &kb, &vb), KS_OK);
+        const float *k = kb, *v = vb;
         for (int j = 0; j < 16; j++) {
             float d = 0;
             for (int c = 0; c < 128; c++) d += q[c] * k[j * 1024 + c];
@@ -811,7 +901,7 @@ static void t_cost(void) {
         }
     }
     uint64_t t3 = ks_now_ns();
-    const float *ks[64], *vs[64];
+    const void *ks[64], *vs[64];
     const int R = 100000;
     uint64_t t4 = ks_now_ns();
     for (int i = 0; i < R; i++) {
@@ -843,6 +933,7 @@ static const test_case cases[] = {
     {"state", t_state},
     {"scrub_zero", t_scrub_zero},
     {"scrub_poison", t_scrub_poison},
+    {"types", t_types},
     {"dirty_alloc", t_dirty_alloc},
     {"quarantine", t_quarantine},
     {"prefix_tenant", t_prefix_tenant},

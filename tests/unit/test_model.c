@@ -3,7 +3,9 @@
  *   PyTorch (models/kjv-mini.README.md), token for token;
  * - batch invariance: logits of a sequence are bit-identical alone, batched
  *   with others at other positions, prefilled in chunks, and on 1 or 3
- *   threads;
+ *   threads, for every KV type (f32, f16, q8_0);
+ * - KV types: f16 keeps the reference continuations; a read of poisoned
+ *   (scrubbed) KV yields NaN logits whatever the type;
  * - loader errors name the file and the tensor/key (unsupported arch,
  *   missing tensor, wrong shape, unsupported type). */
 #include "kvseal/kern.h"
@@ -11,6 +13,7 @@
 
 #include "../check.h"
 
+#include <math.h>
 #include <unistd.h>
 
 static const char *model_path(char *buf, size_t cap) {
@@ -25,12 +28,17 @@ typedef struct {
     int32_t V;
 } env;
 
-static void env_open(env *e, const model *m, int n_threads) {
-    kv_geom g = model_kv_geom(m, 16);
+static void env_open_kv(env *e, const model *m, int n_threads, int kv_type, kv_scrub scrub) {
+    kv_geom g = model_kv_geom(m, 16, kv_type);
     ks_errbuf eb;
-    CHECK_EQ(kv_pool_create(&g, 256, KV_SCRUB_ZERO, &e->pool, &eb), KS_OK);
+    CHECK_EQ(kv_pool_create(&g, 256, scrub, &e->pool, &eb), KS_OK);
     CHECK_EQ(model_ctx_create(m, e->pool, n_threads, 64, 512, &e->ctx, &eb), KS_OK);
     e->V = model_hp(m)->n_vocab;
+}
+
+/* The reference setup: f32 KV (the goldens' oracle), zero scrub. */
+static void env_open(env *e, const model *m, int n_threads) {
+    env_open_kv(e, m, n_threads, KS_DTYPE_F32, KV_SCRUB_ZERO);
 }
 
 static void env_close(env *e) {
@@ -87,11 +95,11 @@ static const int32_t G3[] = {472, 2001, 270, 261, 472, 301, 425, 290, 261, 502, 
 
 #define N_GEN 60
 
-static void test_golden(const model *m, const char *isa) {
+static void test_golden(const model *m, const char *isa, int kv_type) {
     ks_errbuf eb;
     CHECK_EQ(kern_init(isa, &eb), KS_OK);
     env e;
-    env_open(&e, m, 2);
+    env_open_kv(&e, m, 2, kv_type, KV_SCRUB_ZERO);
     float *lg = malloc(sizeof(float) * (size_t)e.V * N_GEN);
     int32_t out[N_GEN];
     const int32_t *ps[] = {P1, P2, P3}, *gs[] = {G1, G2, G3};
@@ -100,7 +108,8 @@ static void test_golden(const model *m, const char *isa) {
         greedy(&e, ps[k], np[k], N_GEN, 64, out, lg);
         for (int i = 0; i < N_GEN; i++) {
             if (out[i] != gs[k][i])
-                fprintf(stderr, "[%s] prompt %d: token %d is %d, reference %d\n", isa, k + 1, i, out[i], gs[k][i]);
+                fprintf(stderr, "[%s, kv %s] prompt %d: token %d is %d, reference %d\n", isa,
+                        kv_type_name(kv_type), k + 1, i, out[i], gs[k][i]);
             CHECK_EQ(out[i], gs[k][i]);
         }
     }
@@ -112,10 +121,10 @@ static void test_golden(const model *m, const char *isa) {
  * so different positions in every batch; prefills interleaved with decodes)
  * give bit-identical logits to each sequence decoded alone on 1 thread with
  * a different prefill chunking. */
-static void test_batch_invariance(const model *m) {
+static void test_batch_invariance(const model *m, int kv_type) {
     env solo, multi;
-    env_open(&solo, m, 1);
-    env_open(&multi, m, 3);
+    env_open_kv(&solo, m, 1, kv_type, KV_SCRUB_ZERO);
+    env_open_kv(&multi, m, 3, kv_type, KV_SCRUB_ZERO);
     const int32_t V = solo.V;
     const int32_t *ps[] = {P1, P2, P3};
     int np[] = {5, 10, 4};
@@ -206,6 +215,40 @@ static void test_bad_batches(const model *m) {
     kv_seq_release(e.pool, &s);
     free(lg);
     env_close(&e);
+}
+
+/* I3 through the forward pass: positions marked filled but never written
+ * hold the poison scrub pattern; attending to them yields NaN logits for
+ * every KV type (f16 NaN elements, NaN q8_0 block scales), never numbers. */
+static void test_poison_reads_nan(const model *m, int kv_type) {
+    env e;
+    env_open_kv(&e, m, 2, kv_type, KV_SCRUB_POISON);
+    kv_seq s;
+    kv_seq_init(e.pool, &s);
+    kv_seq *seqs[1] = {&s};
+    ks_errbuf eb;
+    CHECK_EQ(kv_seq_reserve(e.pool, &s, 40, &eb), KS_OK);
+    kv_seq_set_filled(e.pool, &s, 20); // rows 0..19: scrubbed pages, nothing written
+    float *lg = malloc(sizeof(float) * (size_t)e.V);
+    int32_t tk = 5, pos = 20, sq = 0, outr = 0;
+    model_batch b = {1, &tk, &pos, &sq, &outr, 1, 1, seqs, NULL};
+    CHECK_EQ(model_forward(e.ctx, &b, lg, &eb), KS_OK);
+    for (int32_t i = 0; i < e.V; i++)
+        CHECK(isnan(lg[i]));
+    kv_seq_release(e.pool, &s);
+    free(lg);
+    env_close(&e);
+}
+
+/* The KV types kjv-mini (head_dim 32) accepts, and a refusal with its
+ * reason; q8_0 on a head_dim-16 model is refused end to end in
+ * tests/e2e/test_kv_type.sh. */
+static void test_kv_type_refusal(const model *m) {
+    ks_errbuf eb;
+    CHECK_EQ(model_kv_type_check(m, KS_DTYPE_Q8_0, &eb), KS_OK);
+    CHECK_EQ(model_kv_type_check(m, KS_DTYPE_F16, &eb), KS_OK);
+    CHECK_EQ(model_kv_type_check(m, KS_DTYPE_Q4_0, &eb), KS_ERR_INVAL);
+    CHECK_STR_HAS(eb.msg, "f32, f16 or q8_0");
 }
 
 // ----------------------------------------------------------------------------
@@ -301,9 +344,17 @@ int main(void) {
     CHECK(!hp->tied_output && !hp->rope_neox);
     const char *isas[] = {"ref", "avx2", "avx512"};
     for (int i = 0; i < 3; i++)
-        if (kern_vtab_for(isas[i])) test_golden(m, isas[i]);
+        if (kern_vtab_for(isas[i])) test_golden(m, isas[i], KS_DTYPE_F32);
+    // f16 KV (the default, as llama.cpp's, which recorded these ids) keeps them too
+    for (int i = 0; i < 3; i++)
+        if (kern_vtab_for(isas[i])) test_golden(m, isas[i], KS_DTYPE_F16);
     CHECK_EQ(kern_init(NULL, &eb), KS_OK);
-    test_batch_invariance(m);
+    static const int kv_types[] = {KS_DTYPE_F32, KS_DTYPE_F16, KS_DTYPE_Q8_0};
+    for (int i = 0; i < 3; i++) {
+        test_batch_invariance(m, kv_types[i]);
+        test_poison_reads_nan(m, kv_types[i]);
+    }
+    test_kv_type_refusal(m);
     test_bad_batches(m);
     model_free(m);
     test_load_errors(path);

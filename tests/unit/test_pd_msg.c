@@ -306,6 +306,19 @@ static void test_names_and_bounds(void) {
     kv_geom tl = {.n_layer = 22, .kv_dim = 256, .page_tokens = 16}; /* TinyLlama */
     CHECK_EQ(pd_msg_type_max(&tl, tm, &eb), KS_OK);
     CHECK_EQ(tm[PD_MSG_KV_PAGE], 40 + 22 * 2 * 16 * 256 * 4);
+    /* pages travel in their KV type: the bound follows the row bytes */
+    tl.kv_type = KS_DTYPE_F16;
+    CHECK_EQ(pd_msg_type_max(&tl, tm, &eb), KS_OK);
+    CHECK_EQ(tm[PD_MSG_KV_PAGE], 40 + 22 * 2 * 16 * 256 * 2);
+    tl.kv_type = KS_DTYPE_Q8_0;
+    CHECK_EQ(pd_msg_type_max(&tl, tm, &eb), KS_OK);
+    CHECK_EQ(tm[PD_MSG_KV_PAGE], 40 + 22 * 2 * 16 * (256 / 32 * 34));
+    kv_geom odd = {.n_layer = 2, .kv_dim = 48, .page_tokens = 16, .kv_type = KS_DTYPE_Q8_0};
+    CHECK_EQ(pd_msg_type_max(&odd, tm, &eb), KS_ERR_INVAL);
+    CHECK_STR_HAS(eb.msg, "KV type 8 with kv_dim 48");
+    odd.kv_type = KS_DTYPE_Q4_0;
+    odd.kv_dim = 64;
+    CHECK_EQ(pd_msg_type_max(&odd, tm, &eb), KS_ERR_INVAL);
 }
 
 // ----------------------------------------------------------------------------
@@ -459,9 +472,16 @@ static void test_round_trip_small(void) {
     uint8_t buf[2048];
     uint32_t n;
     {
-        pd_msg_register m = {.role = PD_ROLE_PREFILL, .n_layer = 22, .kv_dim = 256,
-                             .page_tokens = 16, .n_pages = 512, .n_ctx = 2048, .data_port = 0,
-                             .host = HOST255, .host_len = 255};
+        pd_msg_register m = {.role = PD_ROLE_PREFILL,
+                             .kv_type = KS_DTYPE_Q8_0,
+                             .n_layer = 22,
+                             .kv_dim = 256,
+                             .page_tokens = 16,
+                             .n_pages = 512,
+                             .n_ctx = 2048,
+                             .data_port = 0,
+                             .host = HOST255,
+                             .host_len = 255};
         memset(m.model_id, 0xc3, 32);
         CHECK_EQ(pd_msg_register_encode(&m, NULL, 0, &n, &eb), KS_OK);
         CHECK_EQ(n, 315);
@@ -474,6 +494,25 @@ static void test_round_trip_small(void) {
         CHECK(r.n_pages == 512 && r.n_ctx == 2048 && r.data_port == 0 && r.host_len == 255);
         CHECK_MEM_EQ(r.model_id, m.model_id, 32);
         CHECK_MEM_EQ(r.host, HOST255, 255);
+        /* kv_type: u8 at offset 1 (bytes 2-3 stay reserved, zero); 0 (what a sender
+           that predates the field wrote there) reads as F32; an unknown type is refused */
+        CHECK(buf[0] == 2 && buf[1] == 8 && buf[2] == 0 && buf[3] == 0);
+        CHECK_EQ(r.kv_type, KS_DTYPE_Q8_0);
+        buf[1] = 0;
+        CHECK_EQ(pd_msg_register_decode(buf, n, &r, &eb), KS_OK);
+        CHECK_EQ(r.kv_type, KS_DTYPE_F32);
+        buf[1] = KS_DTYPE_F16;
+        CHECK_EQ(pd_msg_register_decode(buf, n, &r, &eb), KS_OK);
+        CHECK_EQ(r.kv_type, KS_DTYPE_F16);
+        buf[1] = KS_DTYPE_Q4_0;
+        CHECK_EQ(pd_msg_register_decode(buf, n, &r, &eb), KS_ERR_PROTO);
+        CHECK_STR_HAS(eb.msg, "REGISTER: kv_type 2");
+        buf[1] = 0xff;
+        CHECK_EQ(pd_msg_register_decode(buf, n, &r, &eb), KS_ERR_PROTO);
+        m.kv_type = 3;
+        CHECK_EQ(pd_msg_register_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
+        CHECK_STR_HAS(eb.msg, "kv_type");
+        m.kv_type = KS_DTYPE_F16;
         m.host_len = 256;
         CHECK_EQ(pd_msg_register_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
         m.host_len = 3;
@@ -1056,6 +1095,19 @@ static void test_kv_page_checks(void) {
     CHECK_EQ(pd_msg_kv_page_decode(cp, n, (uint32_t)pd_msg_kv_page_len(&g2, 12, 2), &g2, &k,
                                    &eb),
              KS_OK);
+    /* a link of another KV type: the length follows its row bytes, so an f32
+       frame_len is refused on an f16 link (and the f16 length accepted) */
+    kv_geom g16 = GEOM, g8 = GEOM;
+    g16.kv_type = KS_DTYPE_F16;
+    g8.kv_type = KS_DTYPE_Q8_0; /* kv_dim 8: not a whole block */
+    memcpy(cp, buf, n);
+    CHECK_EQ(pd_msg_kv_page_decode(cp, n, ok_len, &g16, &k, &eb), KS_ERR_PROTO);
+    CHECK_STR_HAS(eb.msg, "(f16, 16 bytes a row)");
+    CHECK_EQ(pd_msg_kv_page_len(&g16, 12, 2), 40 + 2 * 2 * 12 * 8 * 2);
+    CHECK_EQ(pd_msg_kv_page_decode(cp, n, (uint32_t)pd_msg_kv_page_len(&g16, 12, 2), &g16, &k, &eb),
+             KS_OK);
+    CHECK_EQ(pd_msg_kv_page_decode(cp, n, 40, &g8, &k, &eb), KS_ERR_PROTO);
+    CHECK_STR_HAS(eb.msg, "no valid geometry");
     put_u32(cp, buf, n, 36, 0xffffffff); /* reserved */
     CHECK_EQ(pd_msg_kv_page_decode(cp, n, ok_len, &GEOM, &k, &eb), KS_OK);
 #undef KVREJ

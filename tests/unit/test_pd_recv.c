@@ -230,8 +230,9 @@ static void test_happy_path(void) {
         CHECK_EQ(kv_pool_page_info(h.pool, e.page_id, &pi), KS_OK);
         CHECK_EQ(pi.state, KV_PAGE_READY);
         for (int l = 0; l < 3; l++) {
-            const float *k, *v;
-            CHECK_EQ(kv_seq_span_read(h.pool, s, i, l, e.n_tokens, &k, &v), KS_OK);
+            const void *kb, *vb;
+            CHECK_EQ(kv_seq_span_read(h.pool, s, i, l, e.n_tokens, &kb, &vb), KS_OK);
+            const float *k = kb, *v = vb; // G is an F32 geometry
             for (uint32_t row = 0; row < e.n_tokens; row++)
                 for (uint32_t c = 0; c < 4; c++) {
                     CHECK(k[row * 4 + c] == val(1, i, (uint32_t)l, 0, row, c));

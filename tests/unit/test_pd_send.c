@@ -88,8 +88,9 @@ static ks_err fake_compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t 
     // pages below seq->n_tokens are shared prefix-cache pages: read-only
     for (uint32_t pg = seq->n_tokens / pt; pg * pt < n; pg++) {
         for (int l = 0; l < G.n_layer; l++) {
-            float *k, *v;
-            CHECK(kv_seq_span_write(pool, seq, pg, l, &k, &v) == KS_OK);
+            void *kb, *vb;
+            CHECK(kv_seq_span_write(pool, seq, pg, l, &kb, &vb) == KS_OK);
+            float *k = kb, *v = vb; // G is an F32 geometry
             for (uint32_t row = 0; row < pt && pg * pt + row < n; row++) {
                 uint32_t pos = pg * pt + row;
                 for (int d = 0; d < G.kv_dim; d++) {
@@ -310,8 +311,9 @@ static void check_decode_kv(harness *h, uint64_t req_id, uint32_t n_prompt) {
     for (uint32_t pg = 0; pg * pt < n_prompt; pg++) {
         uint32_t rows = n_prompt - pg * pt < pt ? n_prompt - pg * pt : pt;
         for (int l = 0; l < G.n_layer; l++) {
-            const float *k, *v;
-            CHECK(kv_seq_span_read(h->dpool, q, pg, l, rows, &k, &v) == KS_OK);
+            const void *kb, *vb;
+            CHECK(kv_seq_span_read(h->dpool, q, pg, l, rows, &kb, &vb) == KS_OK);
+            const float *k = kb, *v = vb;
             for (uint32_t row = 0; row < rows; row++)
                 for (int d = 0; d < G.kv_dim; d++) {
                     uint32_t pos = pg * pt + row;
