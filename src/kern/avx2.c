@@ -653,24 +653,10 @@ static void avx2__softmax(int64_t n, float *x) {
 // Vtab
 
 /* r16 weights (kern.h) through the plain kernels: their results, bit for bit. */
-static void avx2__matmul_r16_q8_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
-                                  const void *X, size_t xs, float *Y, size_t ys) {
-    kern__matmul_r16_via(avx2__matmul_q8_0, KS_DTYPE_Q8_0, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
-}
-static void avx2__matmul_r16_q4_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
-                                  const void *X, size_t xs, float *Y, size_t ys) {
-    kern__matmul_r16_via(avx2__matmul_q4_0, KS_DTYPE_Q4_0, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
-}
-
-static void avx2__matmul_r16_q4_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
-                                  const void *X, size_t xs, float *Y, size_t ys) {
-    kern__matmul_r16_via(avx2__matmul_q4_K, KS_DTYPE_Q4_K, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
-}
-
-static void avx2__matmul_r16_q6_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
-                                  const void *X, size_t xs, float *Y, size_t ys) {
-    kern__matmul_r16_via(avx2__matmul_q6_K, KS_DTYPE_Q6_K, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
-}
+KERN_R16_VIA(avx2__matmul_r16_q8_0, avx2__matmul_q8_0, KS_DTYPE_Q8_0)
+KERN_R16_VIA(avx2__matmul_r16_q4_0, avx2__matmul_q4_0, KS_DTYPE_Q4_0)
+KERN_R16_VIA(avx2__matmul_r16_q4_K, avx2__matmul_q4_K, KS_DTYPE_Q4_K)
+KERN_R16_VIA(avx2__matmul_r16_q6_K, avx2__matmul_q6_K, KS_DTYPE_Q6_K)
 
 const kern_vtab kern__vtab_avx2 = {
     .name = "avx2",

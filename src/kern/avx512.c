@@ -1,3 +1,5 @@
+
+
 /* avx512.c — AVX-512 (F/BW/VL/DQ) versions of every kern_vtab entry; built
  * with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c and
  * only called when ks_cpu_get()->avx512 (dispatch.c).
@@ -74,33 +76,41 @@ A512_INLINE void a512__prefetch_next(const a512_tile *t, int r, int R, int64_t o
         _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
-/* Splits the matmul into 4 x 4 tiles (measured best for every type, despite
- * some register spills; 4 x 1 for a matvec) and rows into chunks of about
- * 256 KiB of weights, so a chunk stays in L2 while every column tile passes
- * over it. Edge tiles are smaller. The tile shape never changes any
- * element's value (see file header). */
-static void a512__run(const a512_tile_fn tab[4][4], int64_t K, int n_rows, int n_cols,
-                      const void *W, size_t ws, const void *X, size_t xs, float *Y, size_t ys) {
-    const int RB = 4, CB = 4;
-    int chunk = ws > 0 ? (int)((256u * 1024u) / ws) : n_rows;
+/* Runs tab's tiles of up to RB units x 4 columns over n_units units (a unit
+ * is ry output rows: a weight row, or an r16 group of 16), us bytes apart,
+ * and the units in chunks of about 256 KiB of weights, so a chunk stays in
+ * L2 while every column tile passes over it. Edge tiles are smaller. The
+ * tile shape never changes any element's value (see file header). */
+static void a512__run_tiles(const a512_tile_fn tab[4][4], int RB, int ry, int64_t K, int n_units,
+                            int n_cols, const void *W, size_t us, const void *X, size_t xs,
+                            float *Y, size_t ys) {
+    const int CB = 4;
+    int chunk = us > 0 ? (int)((256u * 1024u) / us) : n_units;
     chunk = chunk < RB ? RB : chunk - chunk % RB;
-    for (int r1 = 0; r1 < n_rows; r1 += chunk) {
-        int r1_end = n_rows - r1 < chunk ? n_rows : r1 + chunk;
+    for (int u1 = 0; u1 < n_units; u1 += chunk) {
+        int u1_end = n_units - u1 < chunk ? n_units : u1 + chunk;
         for (int c0 = 0; c0 < n_cols; c0 += CB) {
             int nc = n_cols - c0 < CB ? n_cols - c0 : CB;
-            for (int r0 = r1; r0 < r1_end; r0 += RB) {
-                int nr = r1_end - r0 < RB ? r1_end - r0 : RB;
+            for (int u0 = u1; u0 < u1_end; u0 += RB) {
+                int nr = u1_end - u0 < RB ? u1_end - u0 : RB;
                 a512_tile t = {.K = K,
-                               .W = (const uint8_t *)W + (size_t)r0 * ws,
-                               .ws = ws,
+                               .W = (const uint8_t *)W + (size_t)u0 * us,
+                               .ws = us,
                                .X = (const uint8_t *)X + (size_t)c0 * xs,
                                .xs = xs,
-                               .Y = Y + (size_t)c0 * ys + r0,
+                               .Y = Y + (size_t)c0 * ys + (size_t)ry * (size_t)u0,
                                .ys = ys};
                 tab[nr - 1][nc - 1](&t);
             }
         }
     }
+}
+
+/* 4 x 4 tiles over weight rows (measured best for every type, despite some
+ * register spills; 4 x 1 for a matvec). */
+static void a512__run(const a512_tile_fn tab[4][4], int64_t K, int n_rows, int n_cols,
+                      const void *W, size_t ws, const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run_tiles(tab, 4, 1, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 /* Instantiates body(R, C, t, V) for R, C in 1..4 and V in {0, 1} (VNNI off /
@@ -870,10 +880,9 @@ static void a512__r16q4_prep_x(const uint8_t *X, int64_t nb, void *out) {
 }
 
 /* Runs r16 tiles: prepares every column's activation units (nu of xunit
- * bytes, by prep), then tiles of up to 4 groups x 4 columns, groups in
- * chunks of about 256 KiB so a chunk stays in L2 while every column tile
- * passes over it; the tile shape never changes a value. Without memory for
- * the prepared columns, falls back to unpacking (plain, the same tolerance). */
+ * bytes, by prep), then a512__run_tiles over the groups. Without memory
+ * for the prepared columns, falls back to unpacking (plain, the same
+ * tolerance). */
 static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
                           void (*prep)(const uint8_t *X, int64_t nu, void *out), int64_t nu,
                           size_t xunit, kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
@@ -888,27 +897,11 @@ static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
     }
     for (int c = 0; c < n_cols; c++)
         prep((const uint8_t *)X + (size_t)c * xs, nu, xp + (size_t)c * xps);
-    const int RB = n_cols == 1 ? 1 : 4, CB = 4, ng = n_rows / 16;
-    const size_t gs = kern_r16_group_bytes(wt, K);
-    int chunk = (int)((256u * 1024u) / gs);
-    chunk = chunk < RB ? RB : chunk - chunk % RB;
-    for (int g1 = 0; g1 < ng; g1 += chunk) {
-        int g1_end = ng - g1 < chunk ? ng : g1 + chunk;
-        for (int c0 = 0; c0 < n_cols; c0 += CB) {
-            int nc = n_cols - c0 < CB ? n_cols - c0 : CB;
-            for (int g0 = g1; g0 < g1_end; g0 += RB) {
-                int nr = g1_end - g0 < RB ? g1_end - g0 : RB;
-                a512_tile t = {.K = K,
-                               .W = (const uint8_t *)W + (size_t)g0 * gs,
-                               .ws = gs,
-                               .X = xp + (size_t)c0 * xps,
-                               .xs = xps,
-                               .Y = Y + (size_t)c0 * ys + 16 * (size_t)g0,
-                               .ys = ys};
-                tab[nr - 1][nc - 1](&t);
-            }
-        }
-    }
+    // a matvec reads one group at a time: one sequential stream, which the
+    // hardware prefetcher follows (four groups at once, four streams, were
+    // slower from DRAM)
+    a512__run_tiles(tab, n_cols == 1 ? 1 : 4, 16, K, n_rows / 16, n_cols, W,
+                    kern_r16_group_bytes(wt, K), xp, xps, Y, ys);
     if (xp != small) ks_free_aligned(xp);
 }
 

@@ -99,6 +99,13 @@ static inline void kern__q4k_scale_min(const uint8_t *scales, int j, int *sc, in
 void kern__matmul_r16_via(kern_matmul_fn fn, ks_dtype t, int64_t K, int n_rows, int n_cols,
                           const void *W, size_t ws, const void *X, size_t xs, float *Y, size_t ys);
 
+/* Defines name, a kern_matmul_fn over r16 groups of type t through fn. */
+#define KERN_R16_VIA(name, fn, t)                                                                  \
+    static void name(int64_t K, int n_rows, int n_cols, const void *W, size_t ws, const void *X,   \
+                     size_t xs, float *Y, size_t ys) {                                             \
+        kern__matmul_r16_via(fn, t, K, n_rows, n_cols, W, ws, X, xs, Y, ys);                       \
+    }
+
 extern const kern_vtab kern__vtab_ref;
 extern const kern_vtab kern__vtab_avx2;
 extern const kern_vtab kern__vtab_avx512;

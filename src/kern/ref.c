@@ -508,28 +508,10 @@ void kern__softmax_ref(int64_t n, float *x) {
 // Vtab
 
 /* r16 weights (kern.h) through the plain kernels: their results, bit for bit. */
-static void ref__matmul_r16_q8_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
-                                 const void *X, size_t xs, float *Y, size_t ys) {
-    kern__matmul_r16_via(kern__matmul_q8_0_ref, KS_DTYPE_Q8_0, K, n_rows, n_cols, W, ws, X, xs, Y,
-                         ys);
-}
-static void ref__matmul_r16_q4_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
-                                 const void *X, size_t xs, float *Y, size_t ys) {
-    kern__matmul_r16_via(kern__matmul_q4_0_ref, KS_DTYPE_Q4_0, K, n_rows, n_cols, W, ws, X, xs, Y,
-                         ys);
-}
-
-static void ref__matmul_r16_q4_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
-                                 const void *X, size_t xs, float *Y, size_t ys) {
-    kern__matmul_r16_via(kern__matmul_q4_K_ref, KS_DTYPE_Q4_K, K, n_rows, n_cols, W, ws, X, xs, Y,
-                         ys);
-}
-
-static void ref__matmul_r16_q6_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
-                                 const void *X, size_t xs, float *Y, size_t ys) {
-    kern__matmul_r16_via(kern__matmul_q6_K_ref, KS_DTYPE_Q6_K, K, n_rows, n_cols, W, ws, X, xs, Y,
-                         ys);
-}
+KERN_R16_VIA(ref__matmul_r16_q8_0, kern__matmul_q8_0_ref, KS_DTYPE_Q8_0)
+KERN_R16_VIA(ref__matmul_r16_q4_0, kern__matmul_q4_0_ref, KS_DTYPE_Q4_0)
+KERN_R16_VIA(ref__matmul_r16_q4_K, kern__matmul_q4_K_ref, KS_DTYPE_Q4_K)
+KERN_R16_VIA(ref__matmul_r16_q6_K, kern__matmul_q6_K_ref, KS_DTYPE_Q6_K)
 
 const kern_vtab kern__vtab_ref = {
     .name = "ref",
