@@ -29,15 +29,19 @@ typedef void (*kern_matmul_fn)(int64_t K, int n_rows, int n_cols, const void *W,
  * or Q8_K); n is a multiple of the format's block size. */
 typedef void (*kern_quant_fn)(const float *x, void *y, int64_t n);
 
-/* Attention over one plane of a KV page (kv.h): rows of n elements in a KV
+/* Attention over one plane of a KV page (kv.h) for the G query heads that
+ * share its KV head (grouped-query attention): rows of n elements in a KV
  * type (F32, F16 or Q8_0; for Q8_0 n % 32 == 0 and every row starts on a
  * block), row j at k + j * k_stride BYTES. Pointers need no alignment.
- * out[j] = dot(q, row j) * scale. */
-typedef void (*kern_dot_rows_fn)(int64_t n, const float *q, const void *k, size_t k_stride,
-                                 int rows, float scale, float *out);
-/* y[i] += s[j] * row j [i] for j = 0 .. rows-1 in order (rows as above). */
-typedef void (*kern_axpy_rows_fn)(int64_t n, const float *s, const void *v, size_t v_stride,
-                                  int rows, float *y);
+ * q holds the G heads' n floats back to back;
+ * out[g * o_stride + j] = dot(q_g, row j) * scale. */
+typedef void (*kern_dot_rows_fn)(int64_t n, int G, const float *q, const void *k, size_t k_stride,
+                                 int rows, float scale, float *out, size_t o_stride);
+/* y_g[i] = fma(s_g[j], row j [i], y_g[i]) for j = 0 .. rows-1 in order
+ * (rows as above), where y holds the G heads' n floats back to back and
+ * s_g = s + g * s_stride. */
+typedef void (*kern_axpy_rows_fn)(int64_t n, int G, const float *s, size_t s_stride, const void *v,
+                                  size_t v_stride, int rows, float *y);
 
 typedef struct kern_vtab {
     const char *name; /* "ref", "avx2", "avx512" */
@@ -52,14 +56,15 @@ typedef struct kern_vtab {
     kern_quant_fn quantize_act[KS_DTYPE__COUNT];
     /* sum a[i]*b[i] */
     float (*dot_f32)(int64_t n, const float *a, const float *b);
-    /* y[i] += a * x[i] */
+    /* y[i] = fma(a, x[i], y[i]) */
     void (*axpy_f32)(int64_t n, float a, const float *x, float *y);
     /* Indexed by KV ks_dtype (F32, F16, Q8_0; NULL elsewhere). Dequantizing a
      * KV element to f32 is exact (an f16, or an f16 scale times an int8), and
      * each typed op computes exactly what its F32 entry computes on the
      * dequantized rows, bit for bit; the F32 entries give the same values as
-     * dot_f32 * scale per row (dot_rows) and as one axpy_f32 per row in order
-     * (axpy_rows). Attention scores and output over one KV page. */
+     * dot_f32 * scale per head and row (dot_rows) and as one axpy_f32 per
+     * head and row in order (axpy_rows): a head's values never depend on G.
+     * Attention scores and output over one KV page. */
     kern_dot_rows_fn dot_rows[KS_DTYPE__COUNT];
     kern_axpy_rows_fn axpy_rows[KS_DTYPE__COUNT];
     /* Indexed by KV ks_dtype: stores one K or V row of n floats in the KV

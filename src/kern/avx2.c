@@ -498,14 +498,15 @@ static float avx2__dot_f32(int64_t n, const float *a, const float *b) {
     return out[0];
 }
 
-/* Must match kern__axpy_f32_ref exactly: the same mul then add per element. */
+/* Must match kern__axpy_f32_ref exactly: the same fma per element. */
 static void avx2__axpy_f32(int64_t n, float a, const float *x, float *y) {
     __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i),
-                                              _mm256_mul_ps(va, _mm256_loadu_ps(x + i))));
-    for (; i < n; i++) y[i] = y[i] + a * x[i];
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] = fmaf(a, x[i], y[i]);
 }
 
 // KV attention ops (kern.h): rows in the pool's KV type, strides in bytes.
@@ -513,59 +514,69 @@ static void avx2__axpy_f32(int64_t n, float a, const float *x, float *y) {
 // sum|q*k| (the F32 matmul's accumulation); the typed ones compute exactly
 // what avx2__dot_rows_f32 computes on the dequantized rows (their loaders
 // produce the dequantized floats, and fma(k, q) = fma(q, k)). axpy_rows
-// match kern__axpy_rows_<type>_ref exactly (the same mul then add).
+// match kern__axpy_rows_<type>_ref exactly (the same fma). Heads one by one.
 
-/* avx2__dot_f32 per row: the same values. */
-static void avx2__dot_rows_f32(int64_t n, const float *q, const void *k, size_t k_stride, int rows,
-                               float scale, float *out) {
-    for (int j = 0; j < rows; j++)
-        out[j] =
-            avx2__dot_f32(
-                n, q, (const float *)(const void *)((const uint8_t *)k + (size_t)j * k_stride)) *
-            scale;
+/* avx2__dot_f32 per head and row: the same values. */
+static void avx2__dot_rows_f32(int64_t n, int G, const float *q, const void *k, size_t k_stride,
+                               int rows, float scale, float *out, size_t o_stride) {
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < rows; j++)
+            out[(size_t)g * o_stride + (size_t)j] =
+                avx2__dot_f32(
+                    n, q + (size_t)g * (size_t)n,
+                    (const float *)(const void *)((const uint8_t *)k + (size_t)j * k_stride)) *
+                scale;
 }
 
 #define AVX2_DOT_ROWS(T)                                                                           \
-    static void avx2__dot_rows_##T(int64_t n, const float *q, const void *k, size_t k_stride,      \
-                                   int rows, float scale, float *out) {                            \
-        const float *xp[1] = {q};                                                                  \
-        for (int j = 0; j < rows; j++) {                                                           \
-            const uint8_t *wp[1] = {(const uint8_t *)k + (size_t)j * k_stride};                    \
-            float o[NC_MAX];                                                                       \
-            avx2__tile_##T(n, wp, 1, xp, 1, o);                                                    \
-            out[j] = o[0] * scale;                                                                 \
+    static void avx2__dot_rows_##T(int64_t n, int G, const float *q, const void *k,                \
+                                   size_t k_stride, int rows, float scale, float *out,             \
+                                   size_t o_stride) {                                              \
+        for (int g = 0; g < G; g++) {                                                              \
+            const float *xp[1] = {q + (size_t)g * (size_t)n};                                      \
+            for (int j = 0; j < rows; j++) {                                                       \
+                const uint8_t *wp[1] = {(const uint8_t *)k + (size_t)j * k_stride};                \
+                float o[NC_MAX];                                                                   \
+                avx2__tile_##T(n, wp, 1, xp, 1, o);                                                \
+                out[(size_t)g * o_stride + (size_t)j] = o[0] * scale;                              \
+            }                                                                                      \
         }                                                                                          \
     }
 AVX2_DOT_ROWS(f16)
 AVX2_DOT_ROWS(kvq8)
 
-/* avx2__axpy_f32 per row: matches kern__axpy_rows_f32_ref exactly. */
-static void avx2__axpy_rows_f32(int64_t n, const float *s, const void *v, size_t v_stride, int rows,
-                                float *y) {
-    for (int j = 0; j < rows; j++)
-        avx2__axpy_f32(n, s[j],
-                       (const float *)(const void *)((const uint8_t *)v + (size_t)j * v_stride), y);
+/* avx2__axpy_f32 per head and row: matches kern__axpy_rows_f32_ref exactly. */
+static void avx2__axpy_rows_f32(int64_t n, int G, const float *s, size_t s_stride, const void *v,
+                                size_t v_stride, int rows, float *y) {
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < rows; j++)
+            avx2__axpy_f32(n, s[(size_t)g * s_stride + (size_t)j],
+                           (const float *)(const void *)((const uint8_t *)v + (size_t)j * v_stride),
+                           y + (size_t)g * (size_t)n);
 }
 
-/* y += s[j] * row j per 8 elements with the typed loader (n % 8 tail scalar,
- * F16 only: Q8_0 rows are whole blocks); the same mul then add as ref. */
+/* y_g += s_g[j] * row j per 8 elements with the typed loader (n % 8 tail
+ * scalar, F16 only: Q8_0 rows are whole blocks); the same fma as ref. */
 #define AVX2_AXPY_ROWS(T)                                                                          \
-    static void avx2__axpy_rows_##T(int64_t n, const float *s, const void *v, size_t v_stride,     \
-                                    int rows, float *y) {                                          \
-        for (int j = 0; j < rows; j++) {                                                           \
-            const uint8_t *r = (const uint8_t *)v + (size_t)j * v_stride;                          \
-            const __m256 va = _mm256_set1_ps(s[j]);                                                \
-            int64_t i = 0;                                                                         \
-            for (; i + 8 <= n; i += 8)                                                             \
-                _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i),                      \
-                                                      _mm256_mul_ps(va, avx2__ld_##T(r, i))));     \
-            if (i < n) {                                                                           \
-                float t[8];                                                                        \
-                _mm256_storeu_ps(t, avx2__ldn_##T(r, i, n - i));                                   \
-                for (int64_t l = 0; i + l < n; l++)                                                \
-                    y[i + l] = y[i + l] + s[j] * t[l];                                             \
+    static void avx2__axpy_rows_##T(int64_t n, int G, const float *s, size_t s_stride,             \
+                                    const void *v, size_t v_stride, int rows, float *y) {          \
+        for (int g = 0; g < G; g++)                                                                \
+            for (int j = 0; j < rows; j++) {                                                       \
+                const uint8_t *r = (const uint8_t *)v + (size_t)j * v_stride;                      \
+                const float a = s[(size_t)g * s_stride + (size_t)j];                               \
+                const __m256 va = _mm256_set1_ps(a);                                               \
+                float *yg = y + (size_t)g * (size_t)n;                                             \
+                int64_t i = 0;                                                                     \
+                for (; i + 8 <= n; i += 8)                                                         \
+                    _mm256_storeu_ps(                                                              \
+                        yg + i, _mm256_fmadd_ps(va, avx2__ld_##T(r, i), _mm256_loadu_ps(yg + i))); \
+                if (i < n) {                                                                       \
+                    float t[8];                                                                    \
+                    _mm256_storeu_ps(t, avx2__ldn_##T(r, i, n - i));                               \
+                    for (int64_t l = 0; i + l < n; l++)                                            \
+                        yg[i + l] = fmaf(a, t[l], yg[i + l]);                                      \
+                }                                                                                  \
             }                                                                                      \
-        }                                                                                          \
     }
 AVX2_AXPY_ROWS(f16)
 AVX2_AXPY_ROWS(kvq8)

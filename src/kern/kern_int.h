@@ -170,18 +170,18 @@ float kern__dot_f32_ref(int64_t n, const float *a, const float *b);
 void kern__axpy_f32_ref(int64_t n, float a, const float *x, float *y);
 /* KV attention ops (kern_vtab.dot_rows / axpy_rows / kv_store[type]): the
  * typed ones dequantize each element exactly, then do what the F32 one does. */
-void kern__dot_rows_f32_ref(int64_t n, const float *q, const void *k, size_t k_stride, int rows,
-                            float scale, float *out);
-void kern__dot_rows_f16_ref(int64_t n, const float *q, const void *k, size_t k_stride, int rows,
-                            float scale, float *out);
-void kern__dot_rows_q8_0_ref(int64_t n, const float *q, const void *k, size_t k_stride, int rows,
-                             float scale, float *out);
-void kern__axpy_rows_f32_ref(int64_t n, const float *s, const void *v, size_t v_stride, int rows,
-                             float *y);
-void kern__axpy_rows_f16_ref(int64_t n, const float *s, const void *v, size_t v_stride, int rows,
-                             float *y);
-void kern__axpy_rows_q8_0_ref(int64_t n, const float *s, const void *v, size_t v_stride, int rows,
-                              float *y);
+void kern__dot_rows_f32_ref(int64_t n, int G, const float *q, const void *k, size_t k_stride,
+                            int rows, float scale, float *out, size_t o_stride);
+void kern__dot_rows_f16_ref(int64_t n, int G, const float *q, const void *k, size_t k_stride,
+                            int rows, float scale, float *out, size_t o_stride);
+void kern__dot_rows_q8_0_ref(int64_t n, int G, const float *q, const void *k, size_t k_stride,
+                             int rows, float scale, float *out, size_t o_stride);
+void kern__axpy_rows_f32_ref(int64_t n, int G, const float *s, size_t s_stride, const void *v,
+                             size_t v_stride, int rows, float *y);
+void kern__axpy_rows_f16_ref(int64_t n, int G, const float *s, size_t s_stride, const void *v,
+                             size_t v_stride, int rows, float *y);
+void kern__axpy_rows_q8_0_ref(int64_t n, int G, const float *s, size_t s_stride, const void *v,
+                              size_t v_stride, int rows, float *y);
 void kern__rmsnorm_ref(int64_t n, const float *x, const float *w, float eps, float *y);
 void kern__silu_mul_ref(int64_t n, const float *g, const float *u, float *y);
 void kern__softmax_ref(int64_t n, float *x);

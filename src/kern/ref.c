@@ -416,7 +416,8 @@ float kern__dot_f32_ref(int64_t n, const float *a, const float *b) {
 }
 
 void kern__axpy_f32_ref(int64_t n, float a, const float *x, float *y) {
-    for (int64_t i = 0; i < n; i++) y[i] = y[i] + a * x[i]; // mul then add, no fma
+    for (int64_t i = 0; i < n; i++)
+        y[i] = fmaf(a, x[i], y[i]);
 }
 
 // KV rows (kern.h): element i of a row in a KV type, dequantized (exactly:
@@ -440,37 +441,42 @@ static float ref__kv_at(ks_dtype t, const uint8_t *row, int64_t i) {
     }
 }
 
-/* out[j] = (float)(sum_i q[i] * row_j[i] in double, increasing i) * scale:
- * kern__dot_f32_ref per row. */
-static void ref__dot_rows(ks_dtype t, int64_t n, const float *q, const void *k, size_t k_stride,
-                          int rows, float scale, float *out) {
-    for (int j = 0; j < rows; j++) {
-        const uint8_t *r = (const uint8_t *)k + (size_t)j * k_stride;
-        double s = 0.0;
-        for (int64_t i = 0; i < n; i++)
-            s += (double)q[i] * (double)ref__kv_at(t, r, i);
-        out[j] = (float)s * scale;
-    }
+/* out[g * o_stride + j] = (float)(sum_i q_g[i] * row_j[i] in double,
+ * increasing i) * scale: kern__dot_f32_ref per head and row. */
+static void ref__dot_rows(ks_dtype t, int64_t n, int G, const float *q, const void *k,
+                          size_t k_stride, int rows, float scale, float *out, size_t o_stride) {
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < rows; j++) {
+            const uint8_t *r = (const uint8_t *)k + (size_t)j * k_stride;
+            const float *qg = q + (size_t)g * (size_t)n;
+            double s = 0.0;
+            for (int64_t i = 0; i < n; i++)
+                s += (double)qg[i] * (double)ref__kv_at(t, r, i);
+            out[(size_t)g * o_stride + (size_t)j] = (float)s * scale;
+        }
 }
 
-/* kern__axpy_f32_ref per row, rows in order (mul then add, no fma). */
-static void ref__axpy_rows(ks_dtype t, int64_t n, const float *s, const void *v, size_t v_stride,
-                           int rows, float *y) {
-    for (int j = 0; j < rows; j++) {
-        const uint8_t *r = (const uint8_t *)v + (size_t)j * v_stride;
-        for (int64_t i = 0; i < n; i++)
-            y[i] = y[i] + s[j] * ref__kv_at(t, r, i);
-    }
+/* kern__axpy_f32_ref per head and row, rows in order (one fma each). */
+static void ref__axpy_rows(ks_dtype t, int64_t n, int G, const float *s, size_t s_stride,
+                           const void *v, size_t v_stride, int rows, float *y) {
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < rows; j++) {
+            const uint8_t *r = (const uint8_t *)v + (size_t)j * v_stride;
+            float *yg = y + (size_t)g * (size_t)n;
+            for (int64_t i = 0; i < n; i++)
+                yg[i] = fmaf(s[(size_t)g * s_stride + (size_t)j], ref__kv_at(t, r, i), yg[i]);
+        }
 }
 
 #define REF_KV_OPS(name, T)                                                                        \
-    void kern__dot_rows_##name##_ref(int64_t n, const float *q, const void *k, size_t k_stride,    \
-                                     int rows, float scale, float *out) {                          \
-        ref__dot_rows(T, n, q, k, k_stride, rows, scale, out);                                     \
+    void kern__dot_rows_##name##_ref(int64_t n, int G, const float *q, const void *k,              \
+                                     size_t k_stride, int rows, float scale, float *out,           \
+                                     size_t o_stride) {                                            \
+        ref__dot_rows(T, n, G, q, k, k_stride, rows, scale, out, o_stride);                        \
     }                                                                                              \
-    void kern__axpy_rows_##name##_ref(int64_t n, const float *s, const void *v, size_t v_stride,   \
-                                      int rows, float *y) {                                        \
-        ref__axpy_rows(T, n, s, v, v_stride, rows, y);                                             \
+    void kern__axpy_rows_##name##_ref(int64_t n, int G, const float *s, size_t s_stride,           \
+                                      const void *v, size_t v_stride, int rows, float *y) {        \
+        ref__axpy_rows(T, n, G, s, s_stride, v, v_stride, rows, y);                                \
     }
 
 REF_KV_OPS(f32, KS_DTYPE_F32)

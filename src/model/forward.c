@@ -31,7 +31,7 @@ struct model_ctx {
     float *tmp;   // (T, E)
     float *g;     // (T, F)
     float *u;     // (T, F)
-    float *scores;  // (nth, max_ctx) attention scratch per thread
+    float *scores;      // (nth, G, max_ctx) attention scratch per thread, G query heads per KV head
     int32_t *seq_next;  // (max_tokens) per-sequence next position, for validation
     atomic_int *seq_bad; // (max_tokens) per-sequence: a page failed to resolve this pass
     int32_t *seq_first;  // (max_tokens) per-sequence n_tokens before this pass (-1: not in it)
@@ -88,7 +88,8 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     c->tmp = ks_alloc_aligned(T * E * sizeof(float));
     c->g = ks_alloc_aligned(T * F * sizeof(float));
     c->u = ks_alloc_aligned(T * F * sizeof(float));
-    c->scores = ks_alloc_aligned((size_t)n_threads * (size_t)max_ctx * sizeof(float));
+    c->scores = ks_alloc_aligned((size_t)n_threads * (size_t)(hp->n_head / hp->n_head_kv) *
+                                 (size_t)max_ctx * sizeof(float));
     c->seq_next = malloc(T * sizeof(int32_t));
     c->seq_bad = malloc(T * sizeof(atomic_int));
     c->seq_first = malloc(T * sizeof(int32_t));
@@ -353,24 +354,29 @@ static void fwd__rows_run(model_ctx *c, const model_batch *b, fwd__rowop op, con
 
 // ----------------------------------------------------------------------------
 // Attention: for every (token t, head h), softmax(q·K^T * scale) · V over the
-// positions [0, pos[t]] of t's sequence, read page by page through kv.
+// positions [0, pos[t]] of t's sequence, read page by page through kv. The
+// G = n_head / n_head_kv query heads that share a KV head go together, so
+// each K/V row is read (and dequantized) once for all of them; a head's
+// values are the same for every G (kern.h).
 
 typedef struct {
     model_ctx *c;
     const model_batch *b;
     int layer;
-    atomic_llong next;  // next (token, head) pair to claim
+    atomic_llong next; // next (token, KV head) pair to claim
 } fwd__attn;
 
-/* Attention of query head h of batch token t, into att[t][h*D..]. scores
- * has room for pos[t]+1 floats. K/V pages come from the per-layer table
- * that fwd__resolve filled through kv's tag check (I1). */
-static void fwd__attn_one(fwd__attn *a, int t, int h, float *scores) {
+/* Attention of the query heads of KV head kh for batch token t, into
+ * att[t][kh*G*D..]. scores has room for G rows of max_ctx floats. K/V pages
+ * come from the per-layer table that fwd__resolve filled through kv's tag
+ * check (I1). */
+static void fwd__attn_one(fwd__attn *a, int t, int kh, float *scores) {
     model_ctx *c = a->c;
     const model_hparams *hp = &c->m->hp;
     const kern_vtab *kv = c->kv;
-    const int D = hp->head_dim, H = hp->n_head;
-    const size_t koff = (size_t)(h / (H / hp->n_head_kv)) * c->head_row; // this head's K/V bytes
+    const int D = hp->head_dim, H = hp->n_head, G = H / hp->n_head_kv, h = kh * G;
+    const size_t S = (size_t)c->max_ctx;          // scores row stride
+    const size_t koff = (size_t)kh * c->head_row; // this KV head's bytes
     const kern_dot_rows_fn dot_rows = kv->dot_rows[c->kv_type];
     const kern_axpy_rows_fn axpy_rows = kv->axpy_rows[c->kv_type];
     const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
@@ -384,13 +390,16 @@ static void fwd__attn_one(fwd__attn *a, int t, int h, float *scores) {
     // page rows are (P, kv_row bytes): position j0+j lives in page j0/P, row j
     for (uint32_t j0 = 0; j0 < n_ctx; j0 += P) {
         uint32_t nj = n_ctx - j0 < P ? n_ctx - j0 : P;
-        dot_rows(D, q, (const uint8_t *)kp[j0 / P] + koff, c->kv_row, (int)nj, scale, scores + j0);
+        dot_rows(D, G, q, (const uint8_t *)kp[j0 / P] + koff, c->kv_row, (int)nj, scale,
+                 scores + j0, S);
     }
-    kv->softmax(n_ctx, scores);
-    memset(out, 0, sizeof(float) * (size_t)D);
+    for (int g = 0; g < G; g++)
+        kv->softmax(n_ctx, scores + (size_t)g * S);
+    memset(out, 0, sizeof(float) * (size_t)D * (size_t)G);
     for (uint32_t j0 = 0; j0 < n_ctx; j0 += P) {
         uint32_t nj = n_ctx - j0 < P ? n_ctx - j0 : P;
-        axpy_rows(D, scores + j0, (const uint8_t *)vp[j0 / P] + koff, c->kv_row, (int)nj, out);
+        axpy_rows(D, G, scores + j0, S, (const uint8_t *)vp[j0 / P] + koff, c->kv_row, (int)nj,
+                  out);
     }
 }
 
@@ -409,11 +418,11 @@ static void fwd__resolve(model_ctx *c, const model_batch *b, int layer) {
 
 static void fwd__attn_task(void *arg, int ith, int nth) {
     fwd__attn *a = arg;
-    const int H = a->c->m->hp.n_head;
-    float *scores = a->c->scores + (size_t)ith * (size_t)a->c->max_ctx;
+    const int H = a->c->m->hp.n_head_kv, G = a->c->m->hp.n_head / H;
+    float *scores = a->c->scores + (size_t)ith * (size_t)G * (size_t)a->c->max_ctx;
     (void)nth;
     int64_t p0, p1;
-    while (ks_pool_claim(&a->next, (int64_t)a->b->n_tokens * H, 2, &p0, &p1)) {
+    while (ks_pool_claim(&a->next, (int64_t)a->b->n_tokens * H, 1, &p0, &p1)) {
         for (int64_t pi = p0; pi < p1; pi++) {
             const int t = (int)(pi / H), si = a->b->seq[t];
             if (atomic_load_explicit(&a->c->seq_bad[si], memory_order_relaxed)) continue;

@@ -530,12 +530,14 @@ static void check_vec(const char *what, const kern_vtab *v, int64_t n, const flo
 // Tolerances: kv_store bit-exact against kern__quantize_{f32,f16,q8_0}_ref
 //   (NaN inputs excluded: any NaN will do). dot_rows[t] within VEC_REL of
 //   S = sum|q * k| * scale of kern__dot_rows_<t>_ref (f32 fma lanes vs ref's
-//   double, as dot_f32); axpy_rows[t] bit-exact against its ref (mul then add
-//   per element). Beyond the oracle, two identities attention relies on:
-//   dot_rows[F32] equals dot_f32 * scale row by row, and every typed op
-//   equals the same vtab's F32 op on the dequantized rows, bit for bit
-//   (dequantization is exact), so the KV type changes only the stored
-//   values, never the arithmetic.
+//   double, as dot_f32); axpy_rows[t] bit-exact against its ref (one fma
+//   per element). Beyond the oracle, three identities attention relies on:
+//   dot_rows[F32] equals dot_f32 * scale row by row (axpy_rows[F32]: one
+//   axpy_f32 per row), every typed op equals the same vtab's F32 op on the
+//   dequantized rows, bit for bit (dequantization is exact), so the KV type
+//   changes only the stored values, never the arithmetic; and a group of G
+//   heads gives each head exactly what it gets alone (G = 1), so a head's
+//   attention never depends on how many heads share its KV head.
 
 static const int kv_types[] = {KS_DTYPE_F32, KS_DTYPE_F16, KS_DTYPE_Q8_0};
 
@@ -555,7 +557,9 @@ static void test_rows_ops(const kern_vtab *v) {
     enum { ROWS = 21, W = 320 }; // a page plane: ROWS rows of W elements (all heads)
     float *src = xmalloc(sizeof(float) * ROWS * W), *deq = xmalloc(sizeof(float) * ROWS * W);
     uint8_t *kv = xmalloc(4 * ROWS * W), *kv2 = xmalloc(4 * ROWS * W);
+    enum { G = 3, OS = ROWS + 3 }; // a group of 3 heads; score rows OS floats apart
     float q[256], s[ROWS], o1[ROWS], o2[ROWS], y1[256], y2[256];
+    float qg[G * 256], sg[G * OS], og[G * OS], yg[G * 256], y0[256];
     for (size_t i = 0; i < ROWS * W; i++)
         src[i] = rng_f() * 3.0f;
     for (int it = 0; it < 3; it++) {
@@ -580,35 +584,58 @@ static void test_rows_ops(const kern_vtab *v) {
             for (int j = 0; j < ROWS; j++)
                 s[j] = rng_f();
             // dot_rows vs ref, and vs the F32 op on the dequantized rows
-            v->dot_rows[t](n, q, k, rb, ROWS, 0.125f, o1);
-            ref_dot_rows(t)(n, q, k, rb, ROWS, 0.125f, o2);
+            v->dot_rows[t](n, 1, q, k, rb, ROWS, 0.125f, o1, ROWS);
+            ref_dot_rows(t)(n, 1, q, k, rb, ROWS, 0.125f, o2, ROWS);
             for (int j = 0; j < ROWS; j++) {
                 double S = 0.0;
                 for (int64_t i = 0; i < n; i++)
                     S += fabs((double)q[i] * deq[(size_t)j * W + (size_t)(e0 + i)]);
                 CHECK_NEAR(o1[j], o2[j], VEC_REL * S * 0.125 + 1e-30);
             }
-            v->dot_rows[KS_DTYPE_F32](n, q, deq + e0, sizeof(float) * W, ROWS, 0.125f, o2);
+            v->dot_rows[KS_DTYPE_F32](n, 1, q, deq + e0, sizeof(float) * W, ROWS, 0.125f, o2, ROWS);
             CHECK_MEM_EQ(o1, o2, sizeof(float) * ROWS);
             if (t == KS_DTYPE_F32)
                 for (int j = 0; j < ROWS; j++)
                     CHECK(same_bits(o1[j], v->dot_f32(n, q, deq + (size_t)j * W + e0) * 0.125f));
             // axpy_rows: bit-exact vs ref, and equal to the F32 op on dequantized rows
-            v->axpy_rows[t](n, s, k, rb, ROWS, y1);
-            ref_axpy_rows(t)(n, s, k, rb, ROWS, y2);
+            for (int64_t i = 0; i < n; i++)
+                y0[i] = y1[i];
+            v->axpy_rows[t](n, 1, s, ROWS, k, rb, ROWS, y1);
+            ref_axpy_rows(t)(n, 1, s, ROWS, k, rb, ROWS, y2);
             CHECK_MEM_EQ(y1, y2, sizeof(float) * (size_t)n);
             for (int64_t i = 0; i < n; i++)
                 y2[i] = y1[i];
-            v->axpy_rows[t](n, s, k, rb, ROWS, y1);
-            v->axpy_rows[KS_DTYPE_F32](n, s, deq + e0, sizeof(float) * W, ROWS, y2);
+            v->axpy_rows[t](n, 1, s, ROWS, k, rb, ROWS, y1);
+            v->axpy_rows[KS_DTYPE_F32](n, 1, s, ROWS, deq + e0, sizeof(float) * W, ROWS, y2);
             CHECK_MEM_EQ(y1, y2, sizeof(float) * (size_t)n);
             if (t == KS_DTYPE_F32) {
                 for (int64_t i = 0; i < n; i++)
                     y2[i] = y1[i];
-                v->axpy_rows[t](n, s, k, rb, ROWS, y1);
+                v->axpy_rows[t](n, 1, s, ROWS, k, rb, ROWS, y1);
                 for (int j = 0; j < ROWS; j++)
                     v->axpy_f32(n, s[j], deq + (size_t)j * W + e0, y2);
                 CHECK_MEM_EQ(y1, y2, sizeof(float) * (size_t)n);
+            }
+            // a group of G heads: head g gets exactly what it gets alone
+            for (int g = 0; g < G; g++)
+                for (int64_t i = 0; i < n; i++)
+                    qg[g * n + i] = g ? rng_f() : q[i], yg[g * n + i] = g ? rng_f() : y0[i];
+            for (int j = 0; j < G * OS; j++)
+                sg[j] = rng_f();
+            for (int j = 0; j < ROWS; j++)
+                sg[j] = s[j];
+            v->dot_rows[t](n, G, qg, k, rb, ROWS, 0.125f, og, OS);
+            CHECK_MEM_EQ(og, o1, sizeof(float) * ROWS); // head 0 is q, as above
+            for (int g = 0; g < G; g++) {
+                v->dot_rows[t](n, 1, qg + g * n, k, rb, ROWS, 0.125f, o2, ROWS);
+                CHECK_MEM_EQ(og + g * OS, o2, sizeof(float) * ROWS);
+            }
+            float yg0[G * 256];
+            memcpy(yg0, yg, sizeof(float) * G * (size_t)n);
+            v->axpy_rows[t](n, G, sg, OS, k, rb, ROWS, yg);
+            for (int g = 0; g < G; g++) {
+                v->axpy_rows[t](n, 1, sg + g * OS, OS, k, rb, ROWS, yg0 + g * n);
+                CHECK_MEM_EQ(yg + g * n, yg0 + g * n, sizeof(float) * (size_t)n);
             }
         }
         // the pool's poison pattern (kv_int.h, 0x7fc07fc0 in every word) reads as NaN
@@ -616,11 +643,11 @@ static void test_rows_ops(const kern_vtab *v) {
         const uint32_t poison = 0x7fc07fc0u;
         for (size_t i = 0; i + 4 <= rb * 2; i += 4)
             memcpy(kv + i, &poison, 4);
-        v->dot_rows[t](64, q, kv, rb, 2, 0.125f, o1);
+        v->dot_rows[t](64, 1, q, kv, rb, 2, 0.125f, o1, 2);
         CHECK(isnan(o1[0]) && isnan(o1[1]));
         for (int i = 0; i < 64; i++)
             y1[i] = 0.0f;
-        v->axpy_rows[t](64, s, kv, rb, 2, y1);
+        v->axpy_rows[t](64, 1, s, 2, kv, rb, 2, y1);
         for (int i = 0; i < 64; i++)
             CHECK(isnan(y1[i]));
     }
