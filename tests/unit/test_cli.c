@@ -72,7 +72,10 @@ static void run_greedy(const char *path, const char *isa, int32_t *toks, float *
  * max|x|/127 (0.8% of the row's largest element), and that step propagates
  * to the logits at about that relative size. Measured worst: 0.104 on
  * logits of 15.1 (0.7%), in 2 of 24 quantized runs; most runs differ by
- * ~4e-6. Allowed: 1.5e-2, with the greedy tokens required to be equal. */
+ * ~4e-6. Allowed: 1.5e-2. Greedy tokens must be equal, except that such a
+ * step may flip a near-tie: where the reference's two best logits are
+ * closer than the tolerance, another token may win, and the comparison
+ * stops there (the inputs differ after it). */
 static double kind_tol(const char *type) {
     return (!strcmp(type, "f32") || !strcmp(type, "f16") || !strcmp(type, "bf16")) ? 1e-4 : 1.5e-2;
 }
@@ -102,16 +105,25 @@ int main(void) {
             for (size_t k = 0; k < 2; k++) {
                 if (!kern_vtab_for(isas[k])) continue;
                 run_greedy(path, isas[k], toks, lg, &V);
+                int n = 0; // steps with the same inputs: up to the first differing token
+                while (n < N_GEN && toks[n] == ref_toks[n])
+                    n++;
+                const int ns = n < N_GEN ? n + 1 : N_GEN;
                 double worst = 0;
-                for (int i = 0; i < N_GEN * V; i++) {
+                for (int i = 0; i < ns * V; i++) {
                     double d = fabs((double)lg[i] - (double)ref[i]);
                     worst = d > worst ? d : worst;
                 }
-                fprintf(stderr, "%-6s %-5s %-7s max|dlogit| %.3g (max|logit| %.3g) tokens %s\n", archs[a],
-                       types[t], isas[k], worst, mx,
-                       memcmp(toks, ref_toks, sizeof toks) ? "DIFFER" : "same");
+                double gap = 0; // the reference's margin for its token where they part
+                if (n < N_GEN)
+                    gap = ref[(size_t)n * (size_t)V + (size_t)ref_toks[n]] -
+                          ref[(size_t)n * (size_t)V + (size_t)toks[n]];
+                fprintf(stderr, "%-6s %-5s %-7s max|dlogit| %.3g (max|logit| %.3g) tokens %s",
+                        archs[a], types[t], isas[k], worst, mx, n < N_GEN ? "part" : "same");
+                if (n < N_GEN) fprintf(stderr, " at step %d, a near-tie (margin %.3g)", n, gap);
+                fprintf(stderr, "\n");
                 CHECK(worst <= kind_tol(types[t]) * mx);
-                CHECK_MEM_EQ(toks, ref_toks, sizeof toks);
+                CHECK(n == N_GEN || gap <= kind_tol(types[t]) * mx);
             }
         }
     }
