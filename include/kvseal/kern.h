@@ -150,6 +150,30 @@ void kern_rope(float *x, int n_dims, int n_rot, int64_t pos, float freq_base,
 /* The cos/sin of kern_rope's n_rot/2 angles at pos, as cs[2i] = cos, cs[2i+1]
  * = sin: computed once per token and shared by all its heads. */
 void kern_rope_table(float *cs, int n_rot, int64_t pos, float freq_base, float freq_scale);
+/* How RoPE turns a position into angles: the GGUF <arch>.rope.* keys and the
+ * Llama 3 rope_freqs tensor. For pair i, the extrapolated angle is
+ * te = pos * freq_base^(-2i/n_rot) / freq_factors[i] and the interpolated
+ * one ti = freq_scale * te (linear scaling). Without YaRN (ext_factor 0)
+ * theta = ti and cos/sin are scaled by attn_factor. With YaRN, pairs below
+ * corr_lo extrapolate and pairs above corr_hi interpolate: with
+ * r = ext_factor * (1 - clamp((i - corr_lo) / max(0.001, corr_hi -
+ * corr_lo), 0, 1)), theta = ti * (1 - r) + te * r, and cos/sin are scaled
+ * by attn_factor * (1 + 0.1 ln(1 / freq_scale)). */
+typedef struct kern_rope_cfg {
+    int n_rot;
+    float freq_base, freq_scale;
+    const float *freq_factors; /* n_rot/2 divisors, or NULL (all 1) */
+    float ext_factor, attn_factor, corr_lo, corr_hi;
+} kern_rope_cfg;
+/* YaRN's correction range for a model trained on n_ctx_orig positions: the
+ * pairs that turn beta_fast and beta_slow times over n_ctx_orig positions,
+ * floored / ceiled and clamped to [0, n_rot - 1]. */
+void kern_rope_yarn_corr(int n_rot, int n_ctx_orig, float freq_base, float beta_fast,
+                         float beta_slow, float *lo, float *hi);
+/* kern_rope_table for a kern_rope_cfg: cs[2i] = cos, cs[2i+1] = sin of pair
+ * i's angle at pos, times the magnitude scale. With only freq_base and
+ * freq_scale set, the same values as kern_rope_table. */
+void kern_rope_table_cfg(float *cs, const kern_rope_cfg *c, int64_t pos);
 /* kern_rope with a kern_rope_table: the same values, bit for bit. */
 void kern_rope_apply(float *x, int n_rot, const float *cs, bool neox);
 

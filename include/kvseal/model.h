@@ -37,7 +37,11 @@ typedef struct model_hparams {
     int32_t n_ff;        /* FFN hidden size */
     int32_t n_rot;       /* rotary dims (<= head_dim) */
     float rope_base;     /* rope.freq_base */
-    float rope_scale;    /* freq_scale = 1/linear factor (1 = none) */
+    float rope_scale;    /* freq_scale = 1/factor of linear or YaRN scaling (1 = none) */
+    float rope_ext_factor;   /* YaRN: 0 = off (kern_rope_cfg) */
+    float rope_attn_factor;  /* YaRN magnitude factor (1 = none) */
+    float rope_corr[2];      /* YaRN correction range (kern_rope_yarn_corr) */
+    const float *rope_freqs; /* rope_freqs.weight: n_rot/2 angle divisors (Llama 3), or NULL */
     float norm_eps;      /* attention.layer_norm_rms_epsilon */
     bool rope_neox;      /* pairs (i, i+n_rot/2) instead of (2i, 2i+1) */
     bool tied_output;    /* output = token_embd */

@@ -27,9 +27,11 @@ typedef struct {
     const char *out, *vocab, *arch, *name;
     ks_dtype type;
     long n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx, head_dim;
-    bool tied;
+    bool tied, rope_freqs;
     uint64_t seed;
     double rope_base, rope_scale, eps;
+    const char *rope_type; /* "linear" or "yarn" when rope_scale != 1 */
+    long rope_orig_ctx;    /* YaRN's original context (0: context_length) */
     int n_threads;
 } mk__opts;
 
@@ -170,6 +172,8 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
     const float noise = 0.02f;
     bool ok = mk__add(p, o, W, MK__RAND, o->tied ? 4.0f / sqrtf((float)E) : 1.0f, E, n_vocab,
                       "token_embd.weight", 0);
+    if (ok && o->rope_freqs)
+        ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, 0.5f, HD / 2, 0, "rope_freqs.weight", 0);
     for (int l = 0; ok && l < o->n_layer; l++) {
         ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l) &&
              mk__add(p, o, W, MK__RAND, s_in, E, QD, "blk.%d.attn_q.weight", l) &&
@@ -212,7 +216,10 @@ static void mk__usage(FILE *fp) {
         "  --n-embd N --n-layer N --n-head N --n-head-kv N --n-ff N --ctx N --head-dim N\n"
         "  --tied                       no output.weight (logits use token_embd)\n"
         "  --seed S                     weight seed (default 1)\n"
-        "  --rope-base F --rope-scale F (linear scaling when != 1)\n"
+        "  --rope-base F --rope-scale F (scaling factor; linear unless --rope-type yarn)\n"
+        "  --rope-type linear|yarn --rope-orig-ctx N (YaRN's original context)\n"
+        "  --rope-freqs                 a rope_freqs.weight tensor (Llama 3 style per-pair\n"
+        "                               angle divisors, random in [0.13, 1.87])\n"
         "  --name NAME                  general.name\n"
         "  -t N                         threads (output does not depend on it)\n");
 }
@@ -299,7 +306,10 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
              MK__U32("attention.value_length", o->head_dim);
     if (ok && o->rope_scale != 1.0) {
         snprintf(k, sizeof k, "%s.rope.scaling.type", a);
-        ok = !gguf_writer_set_str(w, k, "linear") && MK__F32("rope.scaling.factor", o->rope_scale);
+        ok = !gguf_writer_set_str(w, k, o->rope_type) &&
+             MK__F32("rope.scaling.factor", o->rope_scale);
+        if (ok && o->rope_orig_ctx)
+            ok = MK__U32("rope.scaling.original_context_length", o->rope_orig_ctx);
     }
 #undef MK__U32
 #undef MK__F32
@@ -315,6 +325,7 @@ int cli_mkmodel(int argc, char **argv) {
                   .type = KS_DTYPE_F16,
                   .seed = 1,
                   .rope_scale = 1.0,
+                  .rope_type = "linear",
                   .n_threads = cli__default_threads()};
     const char *shape = "tiny";
     long v_embd = 0, v_layer = 0, v_head = 0, v_head_kv = 0, v_ff = 0, v_ctx = 0, v_hd = 0;
@@ -326,8 +337,8 @@ int cli_mkmodel(int argc, char **argv) {
             mk__usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--tied")) {
-            o.tied = true;
+        if (!strcmp(a, "--tied") || !strcmp(a, "--rope-freqs")) {
+            *(a[2] == 't' ? &o.tied : &o.rope_freqs) = true;
             continue;
         }
         if (!v) {
@@ -354,6 +365,14 @@ int cli_mkmodel(int argc, char **argv) {
                         v);
                 return 2;
             }
+        } else if (!strcmp(a, "--rope-type")) {
+            if (strcmp(v, "linear") && strcmp(v, "yarn")) {
+                fprintf(stderr, "kvseal mkmodel: --rope-type '%s' is not linear or yarn\n", v);
+                return 2;
+            }
+            o.rope_type = v;
+        } else if (!strcmp(a, "--rope-orig-ctx")) {
+            if (!cli__parse_int(a, v, 1, 1 << 24, &o.rope_orig_ctx)) return 2;
         } else if (!strcmp(a, "--seed")) {
             if (!cli__parse_int(a, v, 0, 0x7fffffffffffffffL, &x)) return 2;
             o.seed = (uint64_t)x;

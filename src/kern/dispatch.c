@@ -302,12 +302,38 @@ void kern__matmul_r16_via(kern_matmul_fn fn, ks_dtype t, int64_t K, int n_rows, 
  * pos * freq_scale * base^(-2i/n_rot) (freq_scale = 1/factor, kern.h). neox pairs are (x[i], x[i + n_rot/2]),
  * as llama.cpp's NEOX mode with n_dims = n_rot. */
 void kern_rope_table(float *cs, int n_rot, int64_t pos, float freq_base, float freq_scale) {
-    KS_ASSERT(n_rot >= 0 && n_rot % 2 == 0);
-    for (int i = 0; i < n_rot / 2; i++) {
-        double theta = (double)pos * (double)freq_scale *
-                       pow((double)freq_base, -2.0 * (double)i / (double)n_rot);
-        cs[2 * i] = (float)cos(theta);
-        cs[2 * i + 1] = (float)sin(theta);
+    kern_rope_cfg c = {
+        .n_rot = n_rot, .freq_base = freq_base, .freq_scale = freq_scale, .attn_factor = 1.0f};
+    kern_rope_table_cfg(cs, &c, pos);
+}
+
+void kern_rope_yarn_corr(int n_rot, int n_ctx_orig, float freq_base, float beta_fast,
+                         float beta_slow, float *lo, float *hi) {
+    // pair i turns n_ctx_orig / (2 pi base^(2i/n_rot)) times: solved for i
+    const double two_pi = 6.283185307179586;
+    double l = floor((double)n_rot * log((double)n_ctx_orig / ((double)beta_fast * two_pi)) /
+                     (2.0 * log((double)freq_base)));
+    double h = ceil((double)n_rot * log((double)n_ctx_orig / ((double)beta_slow * two_pi)) /
+                    (2.0 * log((double)freq_base)));
+    *lo = (float)(l > 0.0 ? l : 0.0);
+    *hi = (float)(h < (double)(n_rot - 1) ? h : (double)(n_rot - 1));
+}
+
+void kern_rope_table_cfg(float *cs, const kern_rope_cfg *c, int64_t pos) {
+    KS_ASSERT(c->n_rot >= 0 && c->n_rot % 2 == 0);
+    double mscale = c->attn_factor;
+    if (c->ext_factor != 0.0f) mscale *= 1.0 + 0.1 * log(1.0 / (double)c->freq_scale);
+    for (int i = 0; i < c->n_rot / 2; i++) {
+        const double p = pow((double)c->freq_base, -2.0 * (double)i / (double)c->n_rot);
+        const double ff = c->freq_factors ? (double)c->freq_factors[i] : 1.0;
+        double theta = (double)pos * (double)c->freq_scale * p / ff;
+        if (c->ext_factor != 0.0f) {
+            double y = ((double)i - c->corr_lo) / fmax(0.001, (double)c->corr_hi - c->corr_lo);
+            double r = (1.0 - fmin(1.0, fmax(0.0, y))) * (double)c->ext_factor;
+            theta = theta * (1.0 - r) + (double)pos * p / ff * r;
+        }
+        cs[2 * i] = (float)(cos(theta) * mscale);
+        cs[2 * i + 1] = (float)(sin(theta) * mscale);
     }
 }
 

@@ -289,7 +289,15 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
     }
     const int32_t pos = a->b->pos[t];
     float cs[MODEL_MAX_HEAD_DIM]; // the position's angles, shared by every head
-    kern_rope_table(cs, hp->n_rot, pos, hp->rope_base, hp->rope_scale);
+    const kern_rope_cfg rc = {.n_rot = hp->n_rot,
+                              .freq_base = hp->rope_base,
+                              .freq_scale = hp->rope_scale,
+                              .freq_factors = hp->rope_freqs,
+                              .ext_factor = hp->rope_ext_factor,
+                              .attn_factor = hp->rope_attn_factor,
+                              .corr_lo = hp->rope_corr[0],
+                              .corr_hi = hp->rope_corr[1]};
+    kern_rope_table_cfg(cs, &rc, pos);
     for (int h = 0; h < H; h++) {
         if (L->q_norm) kv->rmsnorm(D, q + h * D, L->q_norm, hp->norm_eps, q + h * D);
         kern_rope_apply(q + h * D, hp->n_rot, cs, hp->rope_neox);

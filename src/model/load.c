@@ -7,6 +7,7 @@
  * as F16/BF16 are converted to f32 copies. */
 #include "model_int.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,20 +100,26 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     if ((e = load__f32(&c, "rope.freq_base", 10000.0f, &hp->rope_base)) ||
         (e = load__f32(&c, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->norm_eps)))
         return e;
-    // linear RoPE scaling: rope.scaling.type = "linear" + rope.scaling.factor,
-    // or the older rope.scale_linear
+    // RoPE scaling: rope.scaling.type = "linear" or "yarn" + rope.scaling.factor,
+    // or the older rope.scale_linear (Llama 3's per-pair factors are a tensor)
     float factor = 1.0f;
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch_name);
     gguf_str st;
+    bool yarn = false;
+    hp->rope_ext_factor = 0.0f;
+    hp->rope_attn_factor = 1.0f;
+    hp->rope_corr[0] = hp->rope_corr[1] = 0.0f;
     if (gguf_get(f, key)) {
         if ((e = gguf_get_str(f, key, &st, eb))) return e;
         bool linear = st.len == 6 && !memcmp(st.ptr, "linear", 6);
         bool none = st.len == 4 && !memcmp(st.ptr, "none", 4);
-        if (!linear && !none)
-            return ks_seterr(eb, KS_ERR_UNSUPPORTED, "%s: %s '%.*s' is not supported (linear, none)",
-                             gguf_path(f), key, (int)st.len, st.ptr);
-        if (linear && (e = load__f32(&c, "rope.scaling.factor", 1.0f, &factor))) return e;
+        yarn = st.len == 4 && !memcmp(st.ptr, "yarn", 4);
+        if (!linear && !none && !yarn)
+            return ks_seterr(eb, KS_ERR_UNSUPPORTED,
+                             "%s: %s '%.*s' is not supported (linear, yarn, none)", gguf_path(f),
+                             key, (int)st.len, st.ptr);
+        if (!none && (e = load__f32(&c, "rope.scaling.factor", 1.0f, &factor))) return e;
     } else if ((e = load__f32(&c, "rope.scale_linear", 1.0f, &factor))) {
         return e;
     }
@@ -120,6 +127,27 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         return ks_seterr(eb, KS_ERR_FORMAT, "%s: rope scaling factor %g must be positive", gguf_path(f),
                          (double)factor);
     hp->rope_scale = 1.0f / factor;
+    if (yarn) {
+        int32_t orig = 0;
+        float beta_fast, beta_slow;
+        if ((e = load__u32(&c, "rope.scaling.original_context_length", false,
+                           (uint32_t)hp->n_ctx_train, &orig)) ||
+            (e = load__f32(&c, "rope.scaling.yarn_ext_factor", 1.0f, &hp->rope_ext_factor)) ||
+            (e = load__f32(&c, "rope.scaling.yarn_attn_factor", 1.0f, &hp->rope_attn_factor)) ||
+            (e = load__f32(&c, "rope.scaling.yarn_beta_fast", 32.0f, &beta_fast)) ||
+            (e = load__f32(&c, "rope.scaling.yarn_beta_slow", 1.0f, &beta_slow)))
+            return e;
+        if (orig < 1 || !(beta_fast > 0.0f) || !(beta_slow > 0.0f) ||
+            !(hp->rope_ext_factor >= 0.0f && hp->rope_ext_factor <= 1.0f) ||
+            !(hp->rope_attn_factor > 0.0f))
+            return ks_seterr(eb, KS_ERR_FORMAT,
+                             "%s: YaRN parameters out of range (original context %d, beta %g/%g, "
+                             "ext_factor %g, attn_factor %g)",
+                             gguf_path(f), orig, (double)beta_fast, (double)beta_slow,
+                             (double)hp->rope_ext_factor, (double)hp->rope_attn_factor);
+        kern_rope_yarn_corr(hp->n_rot, (int)orig, hp->rope_base, beta_fast, beta_slow,
+                            &hp->rope_corr[0], &hp->rope_corr[1]);
+    }
     hp->rope_neox = hp->arch != MODEL_ARCH_LLAMA;
     return KS_OK;
 }
@@ -202,6 +230,14 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
     hp->n_vocab = (int32_t)te->ne[1];
     if ((e = load__mat(m, "token_embd.weight", E, hp->n_vocab, &m->tok_embd, eb))) return e;
     if ((e = load__vec(m, "output_norm.weight", E, true, &m->output_norm, eb))) return e;
+    // Llama 3.x RoPE: per-pair angle divisors
+    if ((e = load__vec(m, "rope_freqs.weight", hp->n_rot / 2, false, &hp->rope_freqs, eb)))
+        return e;
+    for (int i = 0; hp->rope_freqs && i < hp->n_rot / 2; i++)
+        if (!(hp->rope_freqs[i] > 0.0f && isfinite(hp->rope_freqs[i])))
+            return ks_seterr(eb, KS_ERR_FORMAT,
+                             "%s: rope_freqs.weight[%d] = %g is not a positive factor",
+                             gguf_path(m->gguf), i, (double)hp->rope_freqs[i]);
     hp->tied_output = !gguf_find_tensor(m->gguf, "output.weight");
     if (hp->tied_output) m->output = m->tok_embd;
     else if ((e = load__mat(m, "output.weight", E, hp->n_vocab, &m->output, eb))) return e;
