@@ -49,6 +49,27 @@ static double bench_time(kern_matmul_fn fn, int64_t K, int n_rows, int n_cols, c
 static void bench_abs_weights(ks_dtype t, const uint8_t *row, float *out, int64_t K) {
     kern_dequantize_row(t, row, out, K);
     for (int64_t k = 0; k < K; k++) out[k] = fabsf(out[k]);
+    // the other offset types: |w| + 2|offset| bounds the two terms summed
+    if (t == KS_DTYPE_Q4_1 || t == KS_DTYPE_Q5_1) {
+        size_t bb = ks_dtype_block_bytes(t);
+        for (int64_t k = 0; k < K; k++) {
+            uint16_t m;
+            memcpy(&m, row + (size_t)(k / 32) * bb + 2, 2);
+            out[k] += 2.0f * fabsf(ks_f16_to_f32(m));
+        }
+    } else if (t == KS_DTYPE_Q5_K) {
+        const kern_block_q5_K *b = (const kern_block_q5_K *)(const void *)row;
+        for (int64_t k = 0; k < K; k++) {
+            int sc, m;
+            kern__q4k_scale_min(b[k / 256].scales, (int)(k % 256) / 32, &sc, &m);
+            out[k] += 2.0f * ks_f16_to_f32(b[k / 256].dmin) * (float)m;
+        }
+    } else if (t == KS_DTYPE_Q2_K) {
+        const kern_block_q2_K *b = (const kern_block_q2_K *)(const void *)row;
+        for (int64_t k = 0; k < K; k++)
+            out[k] += 2.0f * ks_f16_to_f32(b[k / 256].dmin) *
+                      (float)(b[k / 256].scales[k % 256 / 16] >> 4);
+    }
     if (t != KS_DTYPE_Q4_K) return;
     const kern_block_q4_K *b = (const kern_block_q4_K *)(const void *)row;
     for (int64_t i = 0; i < K / 256; i++)
@@ -145,8 +166,10 @@ int main(int argc, char **argv) {
     }
     const char *only = argc > 2 ? argv[2] : NULL;
     int N = (int)K, NC = 16;
-    static const ks_dtype wts[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16, KS_DTYPE_Q8_0,
-                                   KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K};
+    static const ks_dtype wts[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16,   KS_DTYPE_Q8_0,
+                                   KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K,   KS_DTYPE_Q4_1,
+                                   KS_DTYPE_Q5_0, KS_DTYPE_Q5_1, KS_DTYPE_IQ4_NL, KS_DTYPE_Q2_K,
+                                   KS_DTYPE_Q3_K, KS_DTYPE_Q5_K, KS_DTYPE_IQ4_XS};
     static const char *const isas[] = {"ref", "avx2", "avx512"};
     float *xf = bench_alloc(sizeof(float) * (size_t)K * (size_t)NC);
     for (int64_t i = 0; i < K * NC; i++) xf[i] = bench_randf() * 2.0f;
@@ -162,7 +185,7 @@ int main(int argc, char **argv) {
         }
         if (!bench_validate_vec(v, K, xf)) all_ok = false;
     }
-    printf("%-7s %-5s %10s %9s %9s %12s\n", "isa", "type", "matvec ms", "GB/s", "GFLOP/s",
+    printf("%-7s %-6s %10s %9s %9s %12s\n", "isa", "type", "matvec ms", "GB/s", "GFLOP/s",
            "mm GFLOP/s");
     for (size_t t = 0; t < sizeof wts / sizeof wts[0]; t++) {
         ks_dtype wt = wts[t], at = kern_act_type(wt);
@@ -180,13 +203,14 @@ int main(int argc, char **argv) {
             if (!v || (only && strcmp(only, isas[iv]) != 0)) continue;
             if (!bench_validate(v, wt, K, W, ws, X, xs)) {
                 all_ok = false;
-                printf("%-7s %-5s INVALID (differs from ref), not timed\n", v->name, ks_dtype_name(wt));
+                printf("%-7s %-6s INVALID (differs from ref), not timed\n", v->name,
+                       ks_dtype_name(wt));
                 continue;
             }
             double s1 = bench_time(v->matmul[wt], K, N, 1, W, ws, X, xs, Y);
             double sn = bench_time(v->matmul[wt], K, N, NC, W, ws, X, xs, Y);
             double flop = 2.0 * (double)K * N;
-            printf("%-7s %-5s %10.3f %9.2f %9.2f %12.2f\n", v->name, ks_dtype_name(wt), s1 * 1e3,
+            printf("%-7s %-6s %10.3f %9.2f %9.2f %12.2f\n", v->name, ks_dtype_name(wt), s1 * 1e3,
                    (double)ws * N / s1 * 1e-9, flop / s1 * 1e-9, flop * NC / sn * 1e-9);
             fflush(stdout);
             size_t gb = kern_r16_group_bytes(wt, K);
@@ -197,7 +221,7 @@ int main(int argc, char **argv) {
                 kern_r16_pack(wt, K, W + ws * (size_t)(16 * g), ws, Wp + gb * (size_t)g);
             s1 = bench_time(v->matmul_r16[wt], K, N, 1, Wp, ws, X, xs, Y);
             sn = bench_time(v->matmul_r16[wt], K, N, NC, Wp, ws, X, xs, Y);
-            printf("%-7s %-5s %10.3f %9.2f %9.2f %12.2f  (r16)\n", v->name, ks_dtype_name(wt),
+            printf("%-7s %-6s %10.3f %9.2f %9.2f %12.2f  (r16)\n", v->name, ks_dtype_name(wt),
                    s1 * 1e3, (double)ws * N / s1 * 1e-9, flop / s1 * 1e-9, flop * NC / sn * 1e-9);
             fflush(stdout);
             ks_free_aligned(Wp);

@@ -91,10 +91,13 @@ const kern_vtab *kern_get(void);
 /* The vtab for isa if this CPU supports it, else NULL. Static storage. */
 const kern_vtab *kern_vtab_for(const char *isa);
 
-/* True for weight types the matmul supports: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K. */
+/* True for weight types the matmul supports: F32 F16 BF16 Q8_0 Q4_0 Q4_1
+ * Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS. */
 bool kern_wtype_supported(ks_dtype t);
 /* The activation format a weight type multiplies against: F32 for
- * F32/F16/BF16, Q8_0 for Q8_0/Q4_0, Q8_K for Q4_K/Q6_K. */
+ * F32/F16/BF16; Q8_0 for the 32-element types (Q8_0 Q4_0 Q4_1 Q5_0 Q5_1
+ * IQ4_NL: Q4_1/Q5_1 take the block sum of x from its qs, so no Q8_1);
+ * Q8_K for the 256-element ones (Q2_K..Q6_K, IQ4_XS). */
 ks_dtype kern_act_type(ks_dtype wtype);
 
 /* The r16 weight layout: 16 rows of a Q8_0 or Q4_0 matrix interleaved so
@@ -133,8 +136,10 @@ void kern_r16_pack(ks_dtype t, int64_t K, const void *W, size_t w_stride, void *
 void kern_r16_unpack_row(ks_dtype t, int64_t K, const void *group, int r, void *row);
 
 /* Reference (scalar) conversion of n floats into type t, for weights and
- * tests: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, Q8_K. n must be a multiple
- * of the block size. Deterministic; can't fail (asserts on bad t/n). */
+ * tests: every kern_wtype_supported type and Q8_K. n must be a multiple of
+ * the block size. Deterministic, round to nearest around simple scales:
+ * valid blocks, but not the bytes llama-quantize (which searches scales)
+ * would write. Can't fail (asserts on bad t/n). */
 void kern_quantize_row(ks_dtype t, const float *x, void *y, int64_t n);
 /* Reference conversion of n elements of type t back to floats (same types). */
 void kern_dequantize_row(ks_dtype t, const void *x, float *y, int64_t n);

@@ -210,7 +210,8 @@ static void mk__usage(FILE *fp) {
         fp,
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
         "  --arch llama|qwen2|qwen3     architecture (default llama)\n"
-        "  --type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k   2-D weight type (default f16)\n"
+        "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
+        "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
         "  --shape tiny|1.1b            preset (default tiny: 256 embd, 2 layers, 8/2 heads,\n"
         "                               512 ff, ctx 512; 1.1b: TinyLlama 2048/22/32/4/5632/2048)\n"
         "  --n-embd N --n-layer N --n-head N --n-head-kv N --n-ff N --ctx N --head-dim N\n"
@@ -239,6 +240,22 @@ static uint32_t mk__file_type(ks_dtype t) {
         return 14; // Q4_K_S
     case KS_DTYPE_Q6_K:
         return 18;
+    case KS_DTYPE_Q4_1:
+        return 3;
+    case KS_DTYPE_Q5_0:
+        return 8;
+    case KS_DTYPE_Q5_1:
+        return 9;
+    case KS_DTYPE_Q2_K:
+        return 10;
+    case KS_DTYPE_Q3_K:
+        return 11; // Q3_K_S
+    case KS_DTYPE_Q5_K:
+        return 16; // Q5_K_S
+    case KS_DTYPE_IQ4_NL:
+        return 25;
+    case KS_DTYPE_IQ4_XS:
+        return 30;
     case KS_DTYPE_BF16:
         return 32;
     default:
@@ -361,7 +378,7 @@ int cli_mkmodel(int argc, char **argv) {
             if (!ks_dtype_parse(v, &o.type) || !kern_wtype_supported(o.type)) {
                 fprintf(stderr,
                         "kvseal mkmodel: --type '%s' is not one of f32 f16 bf16 q8_0 "
-                        "q4_0 q4_k q6_k\n",
+                        "q4_0 q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n",
                         v);
                 return 2;
             }

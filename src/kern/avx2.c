@@ -251,8 +251,8 @@ AVX2_MATMUL(f16, NRF, NCF, avx2__tile_f16, float)
 AVX2_MATMUL(bf16, NRF, NCF, avx2__tile_bf16, float)
 
 // ----------------------------------------------------------------------------
-// Q8_0 / Q4_0 weights x Q8_0 activations. Must match kern__dot_row_q8_0_ref /
-// kern__dot_row_q4_0_ref within relative 1e-5 of sum|w*x|: the block integer
+// Q8_0 / Q4_0 / Q5_0 / IQ4_NL weights x Q8_0 activations. Must match
+// kern__dot_row_{q8_0,q4_0,q5_0,iq4_nl}_ref within relative 1e-5 of sum|w*x|: the block integer
 // dot is exact (8 int32 partial sums per block); only the f32 scaling
 // (d_w*d_x rounded to f32, partial sums converted to f32) and the f32
 // accumulation across blocks differ from ref's double sum.
@@ -316,6 +316,120 @@ AVX2_Q8_TILE(q4_0)
 
 AVX2_MATMUL(q8_0, NRQ, NCQ, avx2__tile_q8_0, kern_block_q8_0)
 AVX2_MATMUL(q4_0, NRQ, NCQ, avx2__tile_q4_0, kern_block_q8_0)
+
+/* 0xFF in byte i of the result where bit i of h is set (i < 32). */
+KERN_INLINE __m256i avx2__bits32(uint32_t h) {
+    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                          2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), shuf);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits);
+}
+
+/* The 32 nibbles of a Q4_0-packed qs[16], in element order (0..15). */
+KERN_INLINE __m256i avx2__nibbles(const uint8_t *qs) {
+    const __m128i m4 = _mm_set1_epi8(15);
+    __m128i q = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+}
+
+/* The 32 5-bit values (0..31) of a Q5 block: nibbles plus bit 4 from qh. */
+KERN_INLINE __m256i avx2__q5(const uint8_t *qh, const uint8_t *qs) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    return _mm256_or_si256(avx2__nibbles(qs),
+                           _mm256_and_si256(avx2__bits32(h), _mm256_set1_epi8(16)));
+}
+
+KERN_INLINE void avx2__dec_q5_0(const uint8_t *row, int64_t i, __m256i *aw, __m256i *bw,
+                                float *dw) {
+    const kern_block_q5_0 *w = (const kern_block_q5_0 *)(const void *)row + i;
+    *bw = _mm256_sub_epi8(avx2__q5(w->qh, w->qs), _mm256_set1_epi8(16));
+    *aw = _mm256_sign_epi8(*bw, *bw);
+    *dw = avx2__f16(w->d);
+}
+
+/* IQ4_NL: the codebook values (|v| <= 127, so the sign trick is exact). */
+KERN_INLINE void avx2__dec_iq4_nl(const uint8_t *row, int64_t i, __m256i *aw, __m256i *bw,
+                                  float *dw) {
+    const kern_block_iq4_nl *w = (const kern_block_iq4_nl *)(const void *)row + i;
+    const __m256i tab = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128((const __m128i *)(const void *)kern_iq4nl_values));
+    *bw = _mm256_shuffle_epi8(tab, avx2__nibbles(w->qs));
+    *aw = _mm256_sign_epi8(*bw, *bw);
+    *dw = avx2__f16(w->d);
+}
+
+AVX2_Q8_TILE(q5_0)
+AVX2_Q8_TILE(iq4_nl)
+
+AVX2_MATMUL(q5_0, NRQ, NCQ, avx2__tile_q5_0, kern_block_q8_0)
+AVX2_MATMUL(iq4_nl, NRQ, NCQ, avx2__tile_iq4_nl, kern_block_q8_0)
+
+// Q4_1 / Q5_1 weights x Q8_0 activations: value = d*q + m with q >= 0, so
+// the unsigned q multiplies x directly (maddubs, no saturation: q <= 31),
+// and the m term needs sum(x), taken exactly from the activation bytes
+// (kern_int.h). Per element and block: acc = fma(d_w*d_x, isum lanes, acc),
+// then acc = fma(m_w*d_x, x-sum lanes, acc). Must match
+// kern__dot_row_q4_1_ref / kern__dot_row_q5_1_ref within MATMUL_REL of
+// sum(|d*q*x| + |m*x|) (the two terms can cancel).
+
+KERN_INLINE void avx2__decm_q4_1(const uint8_t *row, int64_t i, __m256i *u, float *dw, float *mw) {
+    const kern_block_q4_1 *w = (const kern_block_q4_1 *)(const void *)row + i;
+    *u = avx2__nibbles(w->qs);
+    *dw = avx2__f16(w->d);
+    *mw = avx2__f16(w->m);
+}
+KERN_INLINE void avx2__decm_q5_1(const uint8_t *row, int64_t i, __m256i *u, float *dw, float *mw) {
+    const kern_block_q5_1 *w = (const kern_block_q5_1 *)(const void *)row + i;
+    *u = avx2__q5(w->qh, w->qs);
+    *dw = avx2__f16(w->d);
+    *mw = avx2__f16(w->m);
+}
+
+#define AVX2_Q8M_TILE(T)                                                                           \
+    KERN_INLINE void avx2__tile_##T(int64_t K, const uint8_t *const *w, int nr,                    \
+                                    const kern_block_q8_0 *const *x, int nc, float *out) {         \
+        const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);                  \
+        __m256 acc[NRQ][NCQ];                                                                      \
+        UNROLL                                                                                     \
+        for (int i = 0; i < nr; i++)                                                               \
+            UNROLL                                                                                 \
+        for (int j = 0; j < nc; j++)                                                               \
+            acc[i][j] = _mm256_setzero_ps();                                                       \
+        for (int64_t b = 0; b < K / KERN_QK8_0; b++) {                                             \
+            __m256i u[NRQ];                                                                        \
+            float dw[NRQ], mw[NRQ];                                                                \
+            UNROLL                                                                                 \
+            for (int i = 0; i < nr; i++)                                                           \
+                avx2__decm_##T(w[i], b, &u[i], &dw[i], &mw[i]);                                    \
+            UNROLL                                                                                 \
+            for (int j = 0; j < nc; j++) {                                                         \
+                __m256i bx = _mm256_loadu_si256((const __m256i *)(const void *)x[j][b].qs);        \
+                __m256 xs = _mm256_cvtepi32_ps(                                                    \
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, bx), ones16));                   \
+                float dx = avx2__f16(x[j][b].d);                                                   \
+                UNROLL                                                                             \
+                for (int i = 0; i < nr; i++) {                                                     \
+                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], bx), ones16);         \
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw[i] * dx), _mm256_cvtepi32_ps(p), \
+                                                acc[i][j]);                                        \
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(mw[i] * dx), xs, acc[i][j]);        \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        UNROLL                                                                                     \
+        for (int i = 0; i < nr; i++)                                                               \
+            UNROLL                                                                                 \
+        for (int j = 0; j < nc; j++)                                                               \
+            out[i * NC_MAX + j] = avx2__hsum(acc[i][j]);                                           \
+    }
+
+AVX2_Q8M_TILE(q4_1)
+AVX2_Q8M_TILE(q5_1)
+
+AVX2_MATMUL(q4_1, NRQ, NCQ, avx2__tile_q4_1, kern_block_q8_0)
+AVX2_MATMUL(q5_1, NRQ, NCQ, avx2__tile_q5_1, kern_block_q8_0)
 
 // ----------------------------------------------------------------------------
 // Q4_K / Q6_K weights x Q8_K activations. Must match kern__dot_row_q4_K_ref /
@@ -419,6 +533,203 @@ KERN_INLINE void avx2__tile_q6_K(int64_t K, const uint8_t *const *wr, int nr,
 
 AVX2_MATMUL(q4_K, 1, NCQ, avx2__tile_q4_K, kern_block_q8_K)
 AVX2_MATMUL(q6_K, 1, NCQ, avx2__tile_q6_K, kern_block_q8_K)
+
+// Q5_K / Q3_K / Q2_K / IQ4_XS weights x Q8_K activations, the same scheme
+// (one weight row per tile, its decode shared by up to 4 columns). Must
+// match kern__dot_row_{q5_K,q3_K,q2_K,iq4_xs}_ref within MATMUL_REL of
+// sum(|d*sc*q*x| + |dmin*m*x|) (Q5_K, Q2_K) or sum|w*x|: the integer sums
+// per super-block are exact (q*x via maddubs never saturates: q <= 31, or
+// |codebook| <= 127 with the sign moved onto x); only the f32 scaling and
+// the cross-block sum round.
+
+KERN_INLINE void avx2__tile_q5_K(int64_t K, const uint8_t *const *wr, int nr,
+                                 const kern_block_q8_K *const *x, int nc, float *out) {
+    const kern_block_q5_K *w = (const kern_block_q5_K *)(const void *)wr[0]; // nr == 1
+    (void)nr;
+    __m256 acc[NCQ];
+    float accm[NCQ];
+    UNROLL
+    for (int j = 0; j < nc; j++)
+        acc[j] = _mm256_setzero_ps(), accm[j] = 0.0f;
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        int sc[8], m[8];
+        UNROLL
+        for (int s = 0; s < 8; s++)
+            kern__q4k_scale_min(w[i].scales, s, &sc[s], &m[s]);
+        __m256i q[8]; // q[s]: the 32 5-bit values of sub-block s
+        __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)w[i].qh);
+        UNROLL
+        for (int c = 0; c < 4; c++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(w[i].qs + 32 * c));
+            q[2 * c] = _mm256_and_si256(raw, m4);
+            q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        }
+        UNROLL
+        for (int s = 0; s < 8; s++) // bit s of qh[l] -> bit 4 (no bit crosses a byte)
+            q[s] = _mm256_or_si256(
+                q[s], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, s), one), 4));
+        float d = avx2__f16(w[i].d), dmin = avx2__f16(w[i].dmin);
+        UNROLL
+        for (int j = 0; j < nc; j++) {
+            const kern_block_q8_K *xb = &x[j][i];
+            __m256i isum = _mm256_setzero_si256();
+            int32_t msum = 0;
+            UNROLL
+            for (int s = 0; s < 8; s++) {
+                __m256i bx = _mm256_loadu_si256((const __m256i *)(const void *)(xb->qs + 32 * s));
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[s], bx),
+                                              _mm256_set1_epi16((int16_t)sc[s]));
+                isum = _mm256_add_epi32(isum, p);
+                msum += m[s] * (xb->bsums[2 * s] + xb->bsums[2 * s + 1]);
+            }
+            float dx = xb->d;
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(isum), acc[j]);
+            accm[j] = accm[j] + (dmin * dx) * (float)msum;
+        }
+    }
+    UNROLL
+    for (int j = 0; j < nc; j++)
+        out[j] = avx2__hsum(acc[j]) - accm[j];
+}
+
+/* The 2-bit values of chunk g = 4n + j (elements 32g .. 32g+31) of a Q2_K /
+ * Q3_K qs[64]: (qs[32n + l] >> 2j) & 3. */
+KERN_INLINE __m256i avx2__q2(const uint8_t *qs, int g) {
+    __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * (g / 4)));
+    return _mm256_and_si256(_mm256_srli_epi16(raw, 2 * (g % 4)), _mm256_set1_epi8(3));
+}
+
+KERN_INLINE void avx2__tile_q2_K(int64_t K, const uint8_t *const *wr, int nr,
+                                 const kern_block_q8_K *const *x, int nc, float *out) {
+    const kern_block_q2_K *w = (const kern_block_q2_K *)(const void *)wr[0]; // nr == 1
+    (void)nr;
+    __m256 acc[NCQ];
+    float accm[NCQ];
+    UNROLL
+    for (int j = 0; j < nc; j++)
+        acc[j] = _mm256_setzero_ps(), accm[j] = 0.0f;
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        __m256i q[8], scv[8]; // chunk g: values, int16 scales (low 128 bits 2g, high 2g+1)
+        UNROLL
+        for (int g = 0; g < 8; g++) {
+            q[g] = avx2__q2(w[i].qs, g);
+            scv[g] = _mm256_set_m128i(_mm_set1_epi16(w[i].scales[2 * g + 1] & 15),
+                                      _mm_set1_epi16(w[i].scales[2 * g] & 15));
+        }
+        float d = avx2__f16(w[i].d), dmin = avx2__f16(w[i].dmin);
+        UNROLL
+        for (int j = 0; j < nc; j++) {
+            const kern_block_q8_K *xb = &x[j][i];
+            __m256i isum = _mm256_setzero_si256();
+            UNROLL
+            for (int g = 0; g < 8; g++) {
+                __m256i bx = _mm256_loadu_si256((const __m256i *)(const void *)(xb->qs + 32 * g));
+                isum = _mm256_add_epi32(isum,
+                                        _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], bx), scv[g]));
+            }
+            int32_t msum = 0;
+            UNROLL
+            for (int s = 0; s < 16; s++)
+                msum += (w[i].scales[s] >> 4) * xb->bsums[s];
+            float dx = xb->d;
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(isum), acc[j]);
+            accm[j] = accm[j] + (dmin * dx) * (float)msum;
+        }
+    }
+    UNROLL
+    for (int j = 0; j < nc; j++)
+        out[j] = avx2__hsum(acc[j]) - accm[j];
+}
+
+KERN_INLINE void avx2__tile_q3_K(int64_t K, const uint8_t *const *wr, int nr,
+                                 const kern_block_q8_K *const *x, int nc, float *out) {
+    const kern_block_q3_K *w = (const kern_block_q3_K *)(const void *)wr[0]; // nr == 1
+    (void)nr;
+    __m256 acc[NCQ];
+    UNROLL
+    for (int j = 0; j < nc; j++)
+        acc[j] = _mm256_setzero_ps();
+    const __m256i one = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        int sc[16];
+        UNROLL
+        for (int s = 0; s < 16; s++)
+            sc[s] = kern__q3k_scale(w[i].scales, s) - 32;
+        __m256i q[8], scv[8]; // chunk g = 4n + j: values q (0..7; true value q - 4)
+        __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)w[i].hmask);
+        UNROLL
+        for (int g = 0; g < 8; g++) {
+            __m256i hb = _mm256_and_si256(_mm256_srli_epi16(h, g), one); // bit g of hmask[l]
+            q[g] = _mm256_or_si256(avx2__q2(w[i].qs, g), _mm256_slli_epi16(hb, 2));
+            scv[g] = _mm256_set_m128i(_mm_set1_epi16((int16_t)sc[2 * g + 1]),
+                                      _mm_set1_epi16((int16_t)sc[2 * g]));
+        }
+        float d = avx2__f16(w[i].d);
+        UNROLL
+        for (int j = 0; j < nc; j++) {
+            const kern_block_q8_K *xb = &x[j][i];
+            __m256i isum = _mm256_setzero_si256();
+            UNROLL
+            for (int g = 0; g < 8; g++) {
+                __m256i bx = _mm256_loadu_si256((const __m256i *)(const void *)(xb->qs + 32 * g));
+                isum = _mm256_add_epi32(isum,
+                                        _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], bx), scv[g]));
+            }
+            int32_t bias = 0; // sum sc*bsum: the -4 offset, exact
+            UNROLL
+            for (int s = 0; s < 16; s++)
+                bias += sc[s] * xb->bsums[s];
+            isum = _mm256_sub_epi32(isum, _mm256_setr_epi32(4 * bias, 0, 0, 0, 0, 0, 0, 0));
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(isum), acc[j]);
+        }
+    }
+    UNROLL
+    for (int j = 0; j < nc; j++)
+        out[j] = avx2__hsum(acc[j]);
+}
+
+KERN_INLINE void avx2__tile_iq4_xs(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    const kern_block_iq4_xs *w = (const kern_block_iq4_xs *)(const void *)wr[0]; // nr == 1
+    (void)nr;
+    __m256 acc[NCQ];
+    UNROLL
+    for (int j = 0; j < nc; j++)
+        acc[j] = _mm256_setzero_ps();
+    const __m256i tab = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128((const __m128i *)(const void *)kern_iq4nl_values));
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        __m256i aw[8], bw[8], scv[8]; // sub-block s: |values|, values, int16 scale
+        UNROLL
+        for (int s = 0; s < 8; s++) {
+            bw[s] = _mm256_shuffle_epi8(tab, avx2__nibbles(w[i].qs + 16 * s));
+            aw[s] = _mm256_sign_epi8(bw[s], bw[s]);
+            scv[s] = _mm256_set1_epi16((int16_t)(kern__iq4xs_scale(&w[i], s) - 32));
+        }
+        float d = avx2__f16(w[i].d);
+        UNROLL
+        for (int j = 0; j < nc; j++) {
+            const kern_block_q8_K *xb = &x[j][i];
+            __m256i isum = _mm256_setzero_si256();
+            UNROLL
+            for (int s = 0; s < 8; s++) {
+                __m256i bx = _mm256_loadu_si256((const __m256i *)(const void *)(xb->qs + 32 * s));
+                __m256i p = _mm256_maddubs_epi16(aw[s], _mm256_sign_epi8(bx, bw[s]));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scv[s]));
+            }
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(isum), acc[j]);
+        }
+    }
+    UNROLL
+    for (int j = 0; j < nc; j++)
+        out[j] = avx2__hsum(acc[j]);
+}
+
+AVX2_MATMUL(q5_K, 1, NCQ, avx2__tile_q5_K, kern_block_q8_K)
+AVX2_MATMUL(q3_K, 1, NCQ, avx2__tile_q3_K, kern_block_q8_K)
+AVX2_MATMUL(q2_K, 1, NCQ, avx2__tile_q2_K, kern_block_q8_K)
+AVX2_MATMUL(iq4_xs, 1, NCQ, avx2__tile_iq4_xs, kern_block_q8_K)
 
 // ----------------------------------------------------------------------------
 // Activation quantizers: must produce the same bytes as
@@ -680,6 +991,14 @@ const kern_vtab kern__vtab_avx2 = {
             [KS_DTYPE_Q4_0] = avx2__matmul_q4_0,
             [KS_DTYPE_Q4_K] = avx2__matmul_q4_K,
             [KS_DTYPE_Q6_K] = avx2__matmul_q6_K,
+            [KS_DTYPE_Q4_1] = avx2__matmul_q4_1,
+            [KS_DTYPE_Q5_0] = avx2__matmul_q5_0,
+            [KS_DTYPE_Q5_1] = avx2__matmul_q5_1,
+            [KS_DTYPE_IQ4_NL] = avx2__matmul_iq4_nl,
+            [KS_DTYPE_Q5_K] = avx2__matmul_q5_K,
+            [KS_DTYPE_Q3_K] = avx2__matmul_q3_K,
+            [KS_DTYPE_Q2_K] = avx2__matmul_q2_K,
+            [KS_DTYPE_IQ4_XS] = avx2__matmul_iq4_xs,
         },
     .matmul_r16 =
         {

@@ -995,6 +995,126 @@ static void a512__matmul_r16_q4_0(int64_t K, int n_rows, int n_cols, const void 
 }
 
 // ----------------------------------------------------------------------------
+// Q4_1 / Q5_0 / Q5_1 / IQ4_NL weights x Q8_0 activations
+// Per pair of 32-element blocks, one zmm of 64 unsigned weight bytes u in
+// element order (bytes 0-31 block b, 32-63 block b+1; a lone last block
+// leaves the upper half and its scales zero) times the two activation
+// blocks, with a512__dpbusd_v: int32 lanes 0-7 belong to block b, 8-15 to
+// b+1, each the exact sum of 4 products. The offset of each type goes back
+// out in int32, from xs = the lane's sum of x (exact): Q5_0 u = q (value
+// q - 16): - 16*xs; IQ4_NL u = codebook + 128: - 128*xs; Q4_1 / Q5_1 u = q
+// (value d*q + m): nothing, and m's term is acc = fma(xs, m_w*d_x, acc).
+// Then acc = fma((float)isum, d_w*d_x per lane, acc), pairs in order, one
+// reduction at the end; the sequence depends only on K (batch invariance).
+
+enum { A512_Q41, A512_Q50, A512_Q51, A512_IQ4NL };
+
+/* Block bytes, and the offsets of qs and qh in a block, of type T. */
+#define A512_Q32_BYTES(T) ((T) == A512_Q41 ? 20 : (T) == A512_Q50 ? 22 : (T) == A512_Q51 ? 24 : 18)
+#define A512_Q32_QS(T) ((T) == A512_Q41 ? 4 : (T) == A512_Q50 ? 6 : (T) == A512_Q51 ? 8 : 2)
+#define A512_Q32_QH(T) ((T) == A512_Q50 ? 2 : 4)
+
+/* Two f16 scales (the second 0 when absent) in lanes 0-7 and 8-15. */
+A512_INLINE __m512 a512__d2(const uint8_t *p0, const uint8_t *p1) {
+    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a512__f16(p0)),
+                                _mm512_set1_ps(p1 ? a512__f16(p1) : 0.0f));
+}
+
+/* The unsigned weight bytes of blocks b (at wb) and b+1 (n == 2). */
+A512_INLINE __m512i a512__q32_wq(int T, const uint8_t *wb, int n) {
+    const int bs = A512_Q32_BYTES(T), qo = A512_Q32_QS(T);
+    __m128i q0 = _mm_loadu_si128((const __m128i *)(wb + qo));
+    __m128i q1 = n > 1 ? _mm_loadu_si128((const __m128i *)(wb + bs + qo)) : _mm_setzero_si128();
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q0, q0)),
+                                   _mm256_set_m128i(q1, q1), 1);
+    // 128-bit lanes 1 and 3: the high nibbles (elements 16..31)
+    const __m512i sh = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0,
+                                        0x0004000400040004, 0x0004000400040004, 0, 0);
+    q = _mm512_and_si512(_mm512_srlv_epi16(q, sh), _mm512_set1_epi8(0x0F));
+    if (T == A512_Q50 || T == A512_Q51) { // bit 4 of element i: bit i of qh as a u32
+        uint32_t h0, h1 = 0;
+        memcpy(&h0, wb + A512_Q32_QH(T), 4);
+        if (n > 1) memcpy(&h1, wb + bs + A512_Q32_QH(T), 4);
+        __mmask64 k = (__mmask64)h0 | (__mmask64)h1 << 32;
+        q = _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
+    }
+    if (T == A512_IQ4NL) { // codebook + 128 (1..241), the same in each 128-bit lane
+        const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)kern_iq4nl_values);
+        q = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_xor_si128(v, _mm_set1_epi8((char)0x80))),
+                                q);
+    }
+    return q;
+}
+
+A512_INLINE void a512__q32_tile(int T, int R, int C, const a512_tile *t, int V) {
+    const int bs = A512_Q32_BYTES(T);
+    const bool has_m = T == A512_Q41 || T == A512_Q51;
+    const int off = T == A512_Q50 ? 4 : T == A512_IQ4NL ? 7 : -1; /* log2 of the offset */
+    const __m512i ones8 = _mm512_set1_epi8(1), z = _mm512_setzero_si512();
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nb = t->K / 32;
+    for (int64_t ib = 0; ib < nb; ib += 2) {
+        const int n = nb - ib < 2 ? 1 : 2;
+        __m512i x[4], xs[4], corr[4];
+        __m512 xd[4];
+        A512_FOR_C {
+            const uint8_t *xb = t->X + c * t->xs + ib * 34;
+            x[c] = n > 1 ? a512__load2x32(xb + 2, xb + 36)
+                         : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(xb + 2)));
+            xs[c] = a512__dpbusd_v(V, z, ones8, x[c]);
+            corr[c] = off > 0 ? _mm512_sub_epi32(z, _mm512_slli_epi32(xs[c], off)) : z;
+            xd[c] = a512__d2(xb, n > 1 ? xb + 34 : NULL);
+        }
+        A512_FOR_R {
+            const uint8_t *wb = t->W + r * t->ws + ib * bs;
+            a512__prefetch_next(t, r, R, ib * bs, 2 * bs);
+            __m512i u = a512__q32_wq(T, wb, n);
+            __m512 wd = a512__d2(wb, n > 1 ? wb + bs : NULL);
+            __m512 wm = has_m ? a512__d2(wb + 2, n > 1 ? wb + bs + 2 : NULL) : wd;
+            A512_FOR_C {
+                __m512i p = a512__dpbusd_v(V, corr[c], u, x[c]);
+                acc[r][c] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd, xd[c]), acc[r][c]);
+                if (has_m)
+                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(xs[c]), _mm512_mul_ps(wm, xd[c]),
+                                                acc[r][c]);
+            }
+        }
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+#define a512__q4_1_tile(R, C, t, V) a512__q32_tile(A512_Q41, R, C, t, V)
+#define a512__q5_0_tile(R, C, t, V) a512__q32_tile(A512_Q50, R, C, t, V)
+#define a512__q5_1_tile(R, C, t, V) a512__q32_tile(A512_Q51, R, C, t, V)
+#define a512__iq4_nl_tile(R, C, t, V) a512__q32_tile(A512_IQ4NL, R, C, t, V)
+A512_TILES_V(a512__q4_1_tile)
+A512_TILES_V(a512__q5_0_tile)
+A512_TILES_V(a512__q5_1_tile)
+A512_TILES_V(a512__iq4_nl_tile)
+
+/* Match kern__matmul_{q4_1,q5_0,q5_1,iq4_nl}_ref: block integer sums exact;
+ * error as a512__matmul_q8_0's, of sum |block terms| (for Q4_1 / Q5_1 the
+ * d and m terms counted apart: they can cancel). */
+static void a512__matmul_q4_1(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                              const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__q4_1_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+static void a512__matmul_q5_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                              const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__q5_0_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+static void a512__matmul_q5_1(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                              const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__q5_1_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+static void a512__matmul_iq4_nl(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                                const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq4_nl_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+// ----------------------------------------------------------------------------
 // Q4_K / Q6_K weights x Q8_K activations
 // Per super-block of 256 and element: four 64-element steps (Q4_K: the
 // sub-blocks a and a+2, a = 0, 1, 4, 5; Q6_K: elements 64k..64k+63) each add,
@@ -1301,6 +1421,260 @@ static void a512__matmul_r16_q6_K(int64_t K, int n_rows, int n_cols, const void 
     a512__run_r16(KS_DTYPE_Q6_K, a512__r16k6_tile_tab[a512__use_vnni()], a512__r16k6_prep_x,
                   K / 256, sizeof(a512_r16k6), a512__matmul_q6_K, K, n_rows, n_cols, W, ws, X, xs,
                   Y, ys);
+}
+
+// ----------------------------------------------------------------------------
+// Q5_K / Q3_K / Q2_K / IQ4_XS weights x Q8_K activations
+// The Q4_K / Q6_K scheme (see above): per super-block four 64-element steps
+// each add madd(maddubs(q_w, x), int16 scale lanes) into 16 int32 lanes
+// (exact: q_w <= 31, or |codebook| <= 127 with the sign moved onto x); the
+// offsets (Q3_K's -4, the Q5_K / Q2_K mins) go through the bsums, exactly;
+// then one fma per super-block (plus the min fnmadd) and one reduction.
+// Q5_K steps are Q4_K's (sub-blocks a and a+2), the others Q6_K's
+// (elements 64k .. 64k+63).
+
+/* Step v of a Q5_K super-block: a512__q4k_wq's nibbles (qs at +48) with
+ * bit 4 from qh: bit a of qh[l] in bytes 0-31, bit a+2 in 32-63. */
+A512_INLINE __m512i a512__q5k_wq(const uint8_t *b, int v) {
+    __m512i q = a512__q4k_wq(b + 32, v);
+    const int a = 4 * (v >> 1) + (v & 1);
+    __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16)));
+    __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << a)),
+                                     _mm256_set1_epi8((char)(1 << (a + 2))), 1);
+    return _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(h, bit), q, _mm512_set1_epi8(16));
+}
+
+A512_INLINE void a512__q5k_tile(int R, int C, const a512_tile *t, int V) {
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nsb = t->K / 256;
+    for (int64_t i = 0; i < nsb; i++) {
+        a512_q4kw w[4]; // Q5_K's d, dmin and scales sit where Q4_K's do
+        A512_FOR_R a512__prefetch_next(t, r, R, i * 176, 176);
+        A512_FOR_R w[r] = a512__q4k_wprep(t->W + r * t->ws + i * 176);
+        __m512i isum[4][4];
+        A512_FOR_R A512_FOR_C isum[r][c] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
+            __m512i xq[4];
+            A512_FOR_C xq[c] = a512__q4k_x(t->X + c * t->xs + i * 292 + 4, v);
+            A512_FOR_R {
+                __m512i wq = a512__q5k_wq(t->W + r * t->ws + i * 176, v);
+                A512_FOR_C isum[r][c] =
+                    a512__madd_acc(V, isum[r][c], _mm512_maddubs_epi16(wq, xq[c]), w[r].sc[v]);
+            }
+        }
+        A512_FOR_C {
+            const uint8_t *xb = t->X + c * t->xs + i * 292;
+            float dx = a512__f32(xb);
+            __m256i bs = _mm256_loadu_si256((const __m256i *)(xb + 260));
+            A512_FOR_R {
+                __m512i ms = _mm512_zextsi256_si512(_mm256_madd_epi16(bs, w[r].mins));
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][c]),
+                                            _mm512_set1_ps(w[r].d * dx), acc[r][c]);
+                acc[r][c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_set1_ps(w[r].dmin * dx),
+                                             acc[r][c]);
+            }
+        }
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+A512_TILES_V(a512__q5k_tile)
+
+/* Matches kern__matmul_q5_K_ref; error as a512__matmul_q4_K's. */
+static void a512__matmul_q5_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                              const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__q5k_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+/* Per-row data of one Q2_K / Q3_K super-block: step k's int16 scale lanes
+ * (8s .. 8s+7 = sub-block 4k+s), the 16 scales and (Q2_K) mins as int16
+ * for the bsums madd, d and dmin. */
+typedef struct a512_q23w {
+    __m512i sc[4];
+    __m256i sc16, mins;
+    float d, dmin;
+} a512_q23w;
+
+/* sc[k] lanes from 16 int16 scales (as a512__q6k_wprep). */
+A512_INLINE void a512__sc16_steps(__m256i sc16, __m512i sc[4]) {
+    const __m512i i0 = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1,
+                                        1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512i z = _mm512_castsi256_si512(sc16);
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) sc[k] =
+        _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16((short)(4 * k))), z);
+}
+
+A512_INLINE a512_q23w a512__q2k_wprep(const uint8_t *b) {
+    a512_q23w s;
+    __m128i raw = _mm_loadu_si128((const __m128i *)b), m4 = _mm_set1_epi8(0x0F);
+    s.sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+    s.mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+    a512__sc16_steps(s.sc16, s.sc);
+    s.d = a512__f16(b + 80);
+    s.dmin = a512__f16(b + 82);
+    return s;
+}
+
+/* Q3_K scales: low nibbles from bytes 0..7 (scales 0..7: & 15, 8..15: >> 4),
+ * bits 4-5 of scale s from byte 8 + s%4 >> 2(s/4), minus 32 (kern_int.h). */
+A512_INLINE a512_q23w a512__q3k_wprep(const uint8_t *b) {
+    a512_q23w s;
+    const __m128i m4 = _mm_set1_epi8(0x0F), m2 = _mm_set1_epi8(3);
+    __m128i l8 = _mm_loadl_epi64((const __m128i *)(b + 96));
+    __m128i lo =
+        _mm_unpacklo_epi64(_mm_and_si128(l8, m4), _mm_and_si128(_mm_srli_epi16(l8, 4), m4));
+    int32_t h;
+    memcpy(&h, b + 104, 4);
+    __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(h), _mm_setr_epi32(0, 2, 4, 6)), m2);
+    __m128i v = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+    s.sc16 = _mm256_cvtepi8_epi16(v);
+    s.mins = _mm256_setzero_si256();
+    a512__sc16_steps(s.sc16, s.sc);
+    s.d = a512__f16(b + 108);
+    s.dmin = 0.0f;
+    return s;
+}
+
+/* The 2-bit values of elements 64k .. 64k+63 of a Q2_K / Q3_K qs[64]:
+ * chunks 2k and 2k+1, (qs[32n + l] >> 2j) & 3 with n = k/2. */
+A512_INLINE __m512i a512__q2_wq(const uint8_t *qs, int k) {
+    __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * (k >> 1))));
+    const int j0 = 2 * (k & 1);
+    __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * j0)),
+                                    _mm256_set1_epi16((short)(2 * j0 + 2)), 1);
+    return _mm512_and_si512(_mm512_srlv_epi16(q, sh), _mm512_set1_epi8(3));
+}
+
+/* Q3_K values (0..7) of step k: a512__q2_wq plus bit 2 = bit 2k (bytes
+ * 0-31) or 2k+1 (32-63) of hmask[l]. */
+A512_INLINE __m512i a512__q3k_wq(const uint8_t *b, int k) {
+    __m512i q = a512__q2_wq(b + 32, k);
+    __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b));
+    __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * k))),
+                                     _mm256_set1_epi8((char)(1 << (2 * k + 1))), 1);
+    return _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(h, bit), q, _mm512_set1_epi8(4));
+}
+
+/* A Q2_K (Q3 = 0) or Q3_K tile. */
+A512_INLINE void a512__q23k_tile(int Q3, int R, int C, const a512_tile *t, int V) {
+    const int bs = Q3 ? 110 : 84;
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nsb = t->K / 256;
+    for (int64_t i = 0; i < nsb; i++) {
+        a512_q23w w[4];
+        A512_FOR_R a512__prefetch_next(t, r, R, i * bs, bs);
+        A512_FOR_R w[r] = Q3 ? a512__q3k_wprep(t->W + r * t->ws + i * bs)
+                             : a512__q2k_wprep(t->W + r * t->ws + i * bs);
+        __m512i isum[4][4];
+        A512_FOR_R A512_FOR_C isum[r][c] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+            __m512i xq[4];
+            A512_FOR_C xq[c] = _mm512_loadu_si512(t->X + c * t->xs + i * 292 + 4 + 64 * k);
+            A512_FOR_R {
+                const uint8_t *wb = t->W + r * t->ws + i * bs;
+                __m512i wq = Q3 ? a512__q3k_wq(wb, k) : a512__q2_wq(wb + 16, k);
+                A512_FOR_C isum[r][c] =
+                    a512__madd_acc(V, isum[r][c], _mm512_maddubs_epi16(wq, xq[c]), w[r].sc[k]);
+            }
+        }
+        A512_FOR_C {
+            const uint8_t *xb = t->X + c * t->xs + i * 292;
+            float dx = a512__f32(xb);
+            __m256i bsum = _mm256_loadu_si256((const __m256i *)(xb + 260));
+            A512_FOR_R {
+                if (Q3) { // - 4 * sum_j sc[j] * bsum[j], in lanes 0-7
+                    __m256i m = _mm256_slli_epi32(_mm256_madd_epi16(bsum, w[r].sc16), 2);
+                    __m512i s = _mm512_sub_epi32(isum[r][c], _mm512_zextsi256_si512(m));
+                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(w[r].d * dx),
+                                                acc[r][c]);
+                } else {
+                    __m512i ms = _mm512_zextsi256_si512(_mm256_madd_epi16(bsum, w[r].mins));
+                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][c]),
+                                                _mm512_set1_ps(w[r].d * dx), acc[r][c]);
+                    acc[r][c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms),
+                                                 _mm512_set1_ps(w[r].dmin * dx), acc[r][c]);
+                }
+            }
+        }
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+#define a512__q2k_tile(R, C, t, V) a512__q23k_tile(0, R, C, t, V)
+#define a512__q3k_tile(R, C, t, V) a512__q23k_tile(1, R, C, t, V)
+A512_TILES_V(a512__q2k_tile)
+A512_TILES_V(a512__q3k_tile)
+
+/* Match kern__matmul_q2_K_ref / kern__matmul_q3_K_ref; errors as
+ * a512__matmul_q4_K's (Q2_K) and a512__matmul_q6_K's (Q3_K). */
+static void a512__matmul_q2_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                              const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__q2k_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+static void a512__matmul_q3_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                              const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__q3k_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+/* IQ4_XS codebook values (signed) of step k = sub-blocks 2k and 2k+1:
+ * 128-bit lanes low / high nibbles of qs[32k ..], then of qs[32k + 16 ..]. */
+A512_INLINE __m512i a512__iq4xs_wq(const uint8_t *b, int k) {
+    __m128i a = _mm_loadu_si128((const __m128i *)(b + 8 + 32 * k));
+    __m128i c = _mm_loadu_si128((const __m128i *)(b + 24 + 32 * k));
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(a, a)),
+                                   _mm256_set_m128i(c, c), 1);
+    const __m512i sh = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0,
+                                        0x0004000400040004, 0x0004000400040004, 0, 0);
+    q = _mm512_and_si512(_mm512_srlv_epi16(q, sh), _mm512_set1_epi8(0x0F));
+    const __m128i tab = _mm_loadu_si128((const __m128i *)(const void *)kern_iq4nl_values);
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(tab), q);
+}
+
+A512_INLINE void a512__iq4xs_tile(int R, int C, const a512_tile *t, int V) {
+    const __m512i z = _mm512_setzero_si512();
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nsb = t->K / 256;
+    for (int64_t i = 0; i < nsb; i++) {
+        __m512i sc[4][4]; // [row][step]: int16 lanes 0-15 scale 2k, 16-31 scale 2k+1
+        float d[4];
+        A512_FOR_R {
+            const kern_block_iq4_xs *b =
+                (const kern_block_iq4_xs *)(const void *)(t->W + r * t->ws) + i;
+            a512__prefetch_next(t, r, R, i * 136, 136);
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) sc[r][k] = _mm512_inserti64x4(
+                _mm512_set1_epi16((short)(kern__iq4xs_scale(b, 2 * k) - 32)),
+                _mm256_set1_epi16((short)(kern__iq4xs_scale(b, 2 * k + 1) - 32)), 1);
+            d[r] = a512__f16(t->W + r * t->ws + i * 136);
+        }
+        __m512i isum[4][4];
+        A512_FOR_R A512_FOR_C isum[r][c] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+            __m512i xq[4];
+            A512_FOR_C xq[c] = _mm512_loadu_si512(t->X + c * t->xs + i * 292 + 4 + 64 * k);
+            A512_FOR_R {
+                __m512i w = a512__iq4xs_wq(t->W + r * t->ws + i * 136, k);
+                __m512i aw = _mm512_abs_epi8(w);
+                __mmask64 sm = _mm512_movepi8_mask(w);
+                A512_FOR_C isum[r][c] = a512__madd_acc(
+                    V, isum[r][c],
+                    _mm512_maddubs_epi16(aw, _mm512_mask_sub_epi8(xq[c], sm, z, xq[c])), sc[r][k]);
+            }
+        }
+        A512_FOR_C {
+            float dx = a512__f32(t->X + c * t->xs + i * 292);
+            A512_FOR_R acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][c]),
+                                                   _mm512_set1_ps(d[r] * dx), acc[r][c]);
+        }
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+A512_TILES_V(a512__iq4xs_tile)
+
+/* Matches kern__matmul_iq4_xs_ref; error as a512__matmul_q6_K's. */
+static void a512__matmul_iq4_xs(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                                const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq4xs_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 // ----------------------------------------------------------------------------
@@ -1692,6 +2066,14 @@ const kern_vtab kern__vtab_avx512 = {
             [KS_DTYPE_Q4_0] = a512__matmul_q4_0,
             [KS_DTYPE_Q4_K] = a512__matmul_q4_K,
             [KS_DTYPE_Q6_K] = a512__matmul_q6_K,
+            [KS_DTYPE_Q4_1] = a512__matmul_q4_1,
+            [KS_DTYPE_Q5_0] = a512__matmul_q5_0,
+            [KS_DTYPE_Q5_1] = a512__matmul_q5_1,
+            [KS_DTYPE_IQ4_NL] = a512__matmul_iq4_nl,
+            [KS_DTYPE_Q5_K] = a512__matmul_q5_K,
+            [KS_DTYPE_Q3_K] = a512__matmul_q3_K,
+            [KS_DTYPE_Q2_K] = a512__matmul_q2_K,
+            [KS_DTYPE_IQ4_XS] = a512__matmul_iq4_xs,
         },
     .matmul_r16 =
         {

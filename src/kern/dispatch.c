@@ -80,7 +80,16 @@ bool kern_wtype_supported(ks_dtype t) {
     case KS_DTYPE_Q8_0:
     case KS_DTYPE_Q4_0:
     case KS_DTYPE_Q4_K:
-    case KS_DTYPE_Q6_K: return true;
+    case KS_DTYPE_Q6_K:
+    case KS_DTYPE_Q4_1:
+    case KS_DTYPE_Q5_0:
+    case KS_DTYPE_Q5_1:
+    case KS_DTYPE_IQ4_NL:
+    case KS_DTYPE_Q5_K:
+    case KS_DTYPE_Q3_K:
+    case KS_DTYPE_Q2_K:
+    case KS_DTYPE_IQ4_XS:
+        return true;
     default: return false;
     }
 }
@@ -88,9 +97,19 @@ bool kern_wtype_supported(ks_dtype t) {
 ks_dtype kern_act_type(ks_dtype wtype) {
     switch (wtype) {
     case KS_DTYPE_Q8_0:
-    case KS_DTYPE_Q4_0: return KS_DTYPE_Q8_0;
+    case KS_DTYPE_Q4_0:
+    case KS_DTYPE_Q4_1:
+    case KS_DTYPE_Q5_0:
+    case KS_DTYPE_Q5_1:
+    case KS_DTYPE_IQ4_NL:
+        return KS_DTYPE_Q8_0;
     case KS_DTYPE_Q4_K:
-    case KS_DTYPE_Q6_K: return KS_DTYPE_Q8_K;
+    case KS_DTYPE_Q6_K:
+    case KS_DTYPE_Q5_K:
+    case KS_DTYPE_Q3_K:
+    case KS_DTYPE_Q2_K:
+    case KS_DTYPE_IQ4_XS:
+        return KS_DTYPE_Q8_K;
     default: return KS_DTYPE_F32;
     }
 }
@@ -106,6 +125,30 @@ void kern_quantize_row(ks_dtype t, const float *x, void *y, int64_t n) {
     case KS_DTYPE_Q4_K: kern__quantize_q4_K_ref(x, y, n); break;
     case KS_DTYPE_Q6_K: kern__quantize_q6_K_ref(x, y, n); break;
     case KS_DTYPE_Q8_K: kern__quantize_q8_K_ref(x, y, n); break;
+    case KS_DTYPE_Q4_1:
+        kern__quantize_q4_1_ref(x, y, n);
+        break;
+    case KS_DTYPE_Q5_0:
+        kern__quantize_q5_0_ref(x, y, n);
+        break;
+    case KS_DTYPE_Q5_1:
+        kern__quantize_q5_1_ref(x, y, n);
+        break;
+    case KS_DTYPE_IQ4_NL:
+        kern__quantize_iq4_nl_ref(x, y, n);
+        break;
+    case KS_DTYPE_Q5_K:
+        kern__quantize_q5_K_ref(x, y, n);
+        break;
+    case KS_DTYPE_Q3_K:
+        kern__quantize_q3_K_ref(x, y, n);
+        break;
+    case KS_DTYPE_Q2_K:
+        kern__quantize_q2_K_ref(x, y, n);
+        break;
+    case KS_DTYPE_IQ4_XS:
+        kern__quantize_iq4_xs_ref(x, y, n);
+        break;
     default: KS_ASSERT(!"kern_quantize_row: unsupported type");
     }
 }
@@ -121,6 +164,30 @@ void kern_dequantize_row(ks_dtype t, const void *x, float *y, int64_t n) {
     case KS_DTYPE_Q4_K: kern__dequantize_q4_K_ref(x, y, n); break;
     case KS_DTYPE_Q6_K: kern__dequantize_q6_K_ref(x, y, n); break;
     case KS_DTYPE_Q8_K: kern__dequantize_q8_K_ref(x, y, n); break;
+    case KS_DTYPE_Q4_1:
+        kern__dequantize_q4_1_ref(x, y, n);
+        break;
+    case KS_DTYPE_Q5_0:
+        kern__dequantize_q5_0_ref(x, y, n);
+        break;
+    case KS_DTYPE_Q5_1:
+        kern__dequantize_q5_1_ref(x, y, n);
+        break;
+    case KS_DTYPE_IQ4_NL:
+        kern__dequantize_iq4_nl_ref(x, y, n);
+        break;
+    case KS_DTYPE_Q5_K:
+        kern__dequantize_q5_K_ref(x, y, n);
+        break;
+    case KS_DTYPE_Q3_K:
+        kern__dequantize_q3_K_ref(x, y, n);
+        break;
+    case KS_DTYPE_Q2_K:
+        kern__dequantize_q2_K_ref(x, y, n);
+        break;
+    case KS_DTYPE_IQ4_XS:
+        kern__dequantize_iq4_xs_ref(x, y, n);
+        break;
     default: KS_ASSERT(!"kern_dequantize_row: unsupported type");
     }
 }

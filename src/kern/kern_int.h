@@ -35,6 +35,48 @@ typedef struct __attribute__((packed)) kern_block_q4_0 {
 } kern_block_q4_0;
 _Static_assert(sizeof(kern_block_q4_0) == 18, "q4_0 block is 18 bytes");
 
+/* Q4_1: value[i] = d * q[i] + m, q in [0, 15]; nibbles as Q4_0. Its
+ * matmul needs sum(x) of the activation block (llama.cpp carries it in a
+ * Q8_1 block); kvseal keeps Q8_0 activations and sums their qs exactly in
+ * the kernel, so one activation format serves every 32-element type. */
+typedef struct __attribute__((packed)) kern_block_q4_1 {
+    uint16_t d;     /* f16 scale */
+    uint16_t m;     /* f16 offset (the block minimum) */
+    uint8_t qs[16]; /* nibbles, as Q4_0 */
+} kern_block_q4_1;
+_Static_assert(sizeof(kern_block_q4_1) == 20, "q4_1 block is 20 bytes");
+
+/* Q5_0: value[i] = d * (q[i] - 16), q in [0, 31]: the low 4 bits are the
+ * nibbles of qs (as Q4_0), bit 4 of element i is bit i of qh read as a
+ * little-endian u32. */
+typedef struct __attribute__((packed)) kern_block_q5_0 {
+    uint16_t d;     /* f16 scale */
+    uint8_t qh[4];  /* high bits, u32 LE, bit i = element i */
+    uint8_t qs[16]; /* low nibbles, as Q4_0 */
+} kern_block_q5_0;
+_Static_assert(sizeof(kern_block_q5_0) == 22, "q5_0 block is 22 bytes");
+
+/* Q5_1: value[i] = d * q[i] + m, q in [0, 31] packed as Q5_0. */
+typedef struct __attribute__((packed)) kern_block_q5_1 {
+    uint16_t d;     /* f16 scale */
+    uint16_t m;     /* f16 offset */
+    uint8_t qh[4];  /* high bits, as Q5_0 */
+    uint8_t qs[16]; /* low nibbles, as Q4_0 */
+} kern_block_q5_1;
+_Static_assert(sizeof(kern_block_q5_1) == 24, "q5_1 block is 24 bytes");
+
+/* IQ4_NL: value[i] = d * kern_iq4nl_values[q[i]], q a nibble packed as
+ * Q4_0 (low nibble element j, high nibble element j + 16). */
+typedef struct __attribute__((packed)) kern_block_iq4_nl {
+    uint16_t d;     /* f16 scale */
+    uint8_t qs[16]; /* codebook indices, as Q4_0 */
+} kern_block_iq4_nl;
+_Static_assert(sizeof(kern_block_iq4_nl) == 18, "iq4_nl block is 18 bytes");
+
+/* The fixed non-linear codebook of IQ4_NL and IQ4_XS (GGUF spec). */
+static const int8_t kern_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                             1,    13,   25,  38,  53,  69,  89,  113};
+
 /* Q4_K: 256 elements in 8 sub-blocks of 32; sub-block j has a 6-bit scale
  * sc[j] and 6-bit min m[j]; value = d*sc[j]*q - dmin*m[j], q in [0,15].
  * Elements 64c..64c+31 are the low nibbles of qs[32c..32c+31] (sub-block
@@ -64,7 +106,55 @@ typedef struct __attribute__((packed)) kern_block_q6_K {
 } kern_block_q6_K;
 _Static_assert(sizeof(kern_block_q6_K) == 210, "q6_K block is 210 bytes");
 
-/* Q8_K (activations for Q4_K / Q6_K): value[i] = d * qs[i];
+/* Q5_K: as Q4_K (same d, dmin and scales[12] packing), q in [0, 31]: the
+ * low 4 bits as Q4_K's qs, bit 4 of element 32j + l (sub-block j) is bit j
+ * of qh[l]. */
+typedef struct __attribute__((packed)) kern_block_q5_K {
+    uint16_t d;         /* f16 super-scale of the scales */
+    uint16_t dmin;      /* f16 super-scale of the mins */
+    uint8_t scales[12]; /* 6-bit scales and mins, as Q4_K */
+    uint8_t qh[32];     /* high bits, see above */
+    uint8_t qs[128];    /* low nibbles, as Q4_K */
+} kern_block_q5_K;
+_Static_assert(sizeof(kern_block_q5_K) == 176, "q5_K block is 176 bytes");
+
+/* Q3_K: 256 elements in 16 sub-blocks of 16; value[e] = d * (sc[e/16] - 32)
+ * * (q - 4), q in [0, 7]. For e = 128n + 32j + l (n<2, j<4, l<32): low 2
+ * bits (qs[32n + l] >> 2j) & 3, bit 2 = bit (4n + j) of hmask[l]. The 6-bit
+ * sc[s] (kern__q3k_scale decodes it): low 4 bits scales[s] & 15 (s < 8) or
+ * scales[s-8] >> 4 (s >= 8), high 2 bits (scales[8 + s%4] >> 2(s/4)) & 3. */
+typedef struct __attribute__((packed)) kern_block_q3_K {
+    uint8_t hmask[32];  /* bit 2 of q, see above */
+    uint8_t qs[64];     /* low 2 bits, see above */
+    uint8_t scales[12]; /* 6-bit scales, see above */
+    uint16_t d;         /* f16 super-scale */
+} kern_block_q3_K;
+_Static_assert(sizeof(kern_block_q3_K) == 110, "q3_K block is 110 bytes");
+
+/* Q2_K: 256 elements in 16 sub-blocks of 16; value[e] = d * (scales[s] &
+ * 15) * q - dmin * (scales[s] >> 4), s = e/16, q in [0, 3] laid out as
+ * Q3_K's low 2 bits: e = 128n + 32j + l -> (qs[32n + l] >> 2j) & 3. */
+typedef struct __attribute__((packed)) kern_block_q2_K {
+    uint8_t scales[16]; /* low nibble scale, high nibble min */
+    uint8_t qs[64];     /* 2-bit values, see above */
+    uint16_t d;         /* f16 super-scale of the scales */
+    uint16_t dmin;      /* f16 super-scale of the mins */
+} kern_block_q2_K;
+_Static_assert(sizeof(kern_block_q2_K) == 84, "q2_K block is 84 bytes");
+
+/* IQ4_XS: 256 elements in 8 sub-blocks of 32; value = d * (ls[j] - 32) *
+ * kern_iq4nl_values[q], ls[j] = ((scales_l[j/2] >> 4(j%2)) & 15) |
+ * ((scales_h >> 2j) & 3) << 4. Sub-block j's indices are qs[16j .. 16j+15]:
+ * low nibble element 32j + i, high nibble 32j + 16 + i. */
+typedef struct __attribute__((packed)) kern_block_iq4_xs {
+    uint16_t d;          /* f16 super-scale */
+    uint16_t scales_h;   /* high 2 bits of the 8 scales */
+    uint8_t scales_l[4]; /* low 4 bits, two per byte */
+    uint8_t qs[128];     /* codebook indices, see above */
+} kern_block_iq4_xs;
+_Static_assert(sizeof(kern_block_iq4_xs) == 136, "iq4_xs block is 136 bytes");
+
+/* Q8_K (activations for the K-quants and IQ4_XS): value[i] = d * qs[i];
  * bsums[j] = sum of qs[16j .. 16j+15] (exact). */
 typedef struct __attribute__((packed)) kern_block_q8_K {
     float d;            /* f32 scale */
@@ -82,6 +172,17 @@ static inline void kern__q4k_scale_min(const uint8_t *scales, int j, int *sc, in
         *sc = (scales[j + 4] & 15) | ((scales[j - 4] >> 6) << 4);
         *m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
     }
+}
+
+/* Decodes the 6-bit scale of Q3_K sub-block s (0..15), still offset by 32. */
+static inline int kern__q3k_scale(const uint8_t *scales, int s) {
+    int lo = s < 8 ? scales[s] & 15 : scales[s - 8] >> 4;
+    return lo | ((scales[8 + s % 4] >> (2 * (s / 4))) & 3) << 4;
+}
+
+/* The 6-bit scale of IQ4_XS sub-block j (0..7), still offset by 32. */
+static inline int kern__iq4xs_scale(const kern_block_iq4_xs *b, int j) {
+    return ((b->scales_l[j / 2] >> (4 * (j % 2))) & 15) | ((b->scales_h >> (2 * j)) & 3) << 4;
 }
 
 // ----------------------------------------------------------------------------
@@ -126,6 +227,14 @@ float kern__dot_row_q8_0_ref(int64_t K, const void *w, const void *x);
 float kern__dot_row_q4_0_ref(int64_t K, const void *w, const void *x);
 float kern__dot_row_q4_K_ref(int64_t K, const void *w, const void *x);
 float kern__dot_row_q6_K_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_q4_1_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_q5_0_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_q5_1_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_q5_K_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_q3_K_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_q2_K_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_iq4_nl_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_iq4_xs_ref(int64_t K, const void *w, const void *x);
 
 void kern__matmul_f32_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
                           const void *X, size_t x_stride, float *Y, size_t y_stride);
@@ -141,6 +250,22 @@ void kern__matmul_q4_K_ref(int64_t K, int n_rows, int n_cols, const void *W, siz
                            const void *X, size_t x_stride, float *Y, size_t y_stride);
 void kern__matmul_q6_K_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
                            const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_q4_1_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                           const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_q5_0_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                           const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_q5_1_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                           const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_q5_K_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                           const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_q3_K_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                           const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_q2_K_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                           const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_iq4_nl_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                             const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_iq4_xs_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                             const void *X, size_t x_stride, float *Y, size_t y_stride);
 
 /* Activation quantizers (kern_quant_fn). Q8_0 and Q8_K use d = amax/127
  * (Q8_0: d rounded to f16 first), q = round-half-even(x * (1/d)); SIMD
@@ -156,6 +281,14 @@ void kern__quantize_bf16_ref(const float *x, void *y, int64_t n);
 void kern__quantize_q4_0_ref(const float *x, void *y, int64_t n);
 void kern__quantize_q4_K_ref(const float *x, void *y, int64_t n);
 void kern__quantize_q6_K_ref(const float *x, void *y, int64_t n);
+void kern__quantize_q4_1_ref(const float *x, void *y, int64_t n);
+void kern__quantize_q5_0_ref(const float *x, void *y, int64_t n);
+void kern__quantize_q5_1_ref(const float *x, void *y, int64_t n);
+void kern__quantize_q5_K_ref(const float *x, void *y, int64_t n);
+void kern__quantize_q3_K_ref(const float *x, void *y, int64_t n);
+void kern__quantize_q2_K_ref(const float *x, void *y, int64_t n);
+void kern__quantize_iq4_nl_ref(const float *x, void *y, int64_t n);
+void kern__quantize_iq4_xs_ref(const float *x, void *y, int64_t n);
 void kern__dequantize_f32_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_f16_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_bf16_ref(const void *x, float *y, int64_t n);
@@ -164,6 +297,14 @@ void kern__dequantize_q4_0_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_q4_K_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_q6_K_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_q8_K_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_q4_1_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_q5_0_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_q5_1_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_q5_K_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_q3_K_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_q2_K_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_iq4_nl_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_iq4_xs_ref(const void *x, float *y, int64_t n);
 
 /* Vector ops (kern_vtab fields of the same names). */
 float kern__dot_f32_ref(int64_t n, const float *a, const float *b);

@@ -148,6 +148,215 @@ float kern__dot_row_q6_K_ref(int64_t K, const void *w, const void *x) {
     return (float)s;
 }
 
+// 32-element types beside Q8_0 / Q4_0; all multiply Q8_0 activations. The
+// offset types (Q4_1, Q5_1: value = d*q + m) add m * d_x * sum(x.qs), the
+// activation block sum taken exactly from the qs (kern_int.h, Q4_1).
+
+/* The 32 values q of a Q4_0-packed nibble block, in element order. */
+static void ref__nibbles(const uint8_t *qs, int *q) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = qs[j] & 15;
+        q[j + 16] = qs[j] >> 4;
+    }
+}
+
+/* The 32 values of a Q5 block (nibbles plus bit 4 from qh). */
+static void ref__q5(const uint8_t *qh, const uint8_t *qs, int *q) {
+    uint32_t h =
+        (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+    ref__nibbles(qs, q);
+    for (int j = 0; j < 32; j++)
+        q[j] |= (int)((h >> j) & 1) << 4;
+}
+
+/* Sum of w_q[j] * x.qs[j] and of x.qs[j] over one block (exact). */
+static int32_t ref__isum32(const int *wq, const kern_block_q8_0 *x, int32_t *xsum) {
+    int32_t s = 0, sx = 0;
+    for (int j = 0; j < 32; j++) {
+        s += wq[j] * x->qs[j];
+        sx += x->qs[j];
+    }
+    *xsum = sx;
+    return s;
+}
+
+float kern__dot_row_q4_1_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_q4_1 *a = w;
+    const kern_block_q8_0 *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK8_0; i++) {
+        int q[32];
+        int32_t xsum;
+        ref__nibbles(a[i].qs, q);
+        int32_t isum = ref__isum32(q, &b[i], &xsum);
+        double dx = ks_f16_to_f32(b[i].d);
+        s += (double)ks_f16_to_f32(a[i].d) * dx * (double)isum +
+             (double)ks_f16_to_f32(a[i].m) * dx * (double)xsum;
+    }
+    return (float)s;
+}
+
+float kern__dot_row_q5_0_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_q5_0 *a = w;
+    const kern_block_q8_0 *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK8_0; i++) {
+        int q[32];
+        int32_t xsum;
+        ref__q5(a[i].qh, a[i].qs, q);
+        int32_t isum = ref__isum32(q, &b[i], &xsum) - 16 * xsum; // sum (q - 16) * x
+        s += (double)ks_f16_to_f32(a[i].d) * (double)ks_f16_to_f32(b[i].d) * (double)isum;
+    }
+    return (float)s;
+}
+
+float kern__dot_row_q5_1_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_q5_1 *a = w;
+    const kern_block_q8_0 *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK8_0; i++) {
+        int q[32];
+        int32_t xsum;
+        ref__q5(a[i].qh, a[i].qs, q);
+        int32_t isum = ref__isum32(q, &b[i], &xsum);
+        double dx = ks_f16_to_f32(b[i].d);
+        s += (double)ks_f16_to_f32(a[i].d) * dx * (double)isum +
+             (double)ks_f16_to_f32(a[i].m) * dx * (double)xsum;
+    }
+    return (float)s;
+}
+
+float kern__dot_row_iq4_nl_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_iq4_nl *a = w;
+    const kern_block_q8_0 *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK8_0; i++) {
+        int q[32];
+        int32_t xsum;
+        ref__nibbles(a[i].qs, q);
+        for (int j = 0; j < 32; j++)
+            q[j] = kern_iq4nl_values[q[j]];
+        int32_t isum = ref__isum32(q, &b[i], &xsum);
+        s += (double)ks_f16_to_f32(a[i].d) * (double)ks_f16_to_f32(b[i].d) * (double)isum;
+    }
+    return (float)s;
+}
+
+// K-quants beside Q4_K / Q6_K, and IQ4_XS: Q8_K activations. Per super-block
+// the integer sums are exact (the Q3_K "-4" and the Q2_K / Q5_K mins through
+// bsums); one double term per super-block scale.
+
+/* The 256 values q (0..31) of a Q5_K block in element order. */
+static void ref__q5k_unpack(const kern_block_q5_K *b, int *q) {
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *qs = b->qs + 32 * (j / 2);
+        for (int l = 0; l < 32; l++)
+            q[32 * j + l] = ((qs[l] >> (4 * (j & 1))) & 15) | ((b->qh[l] >> j) & 1) << 4;
+    }
+}
+
+/* The 256 2-bit values of a Q2_K / Q3_K qs[64] in element order. */
+static void ref__q2_unpack(const uint8_t *qs, int *q) {
+    for (int e = 0; e < KERN_QK_K; e++) {
+        int n = e / 128, j = (e % 128) / 32, l = e % 32;
+        q[e] = (qs[32 * n + l] >> (2 * j)) & 3;
+    }
+}
+
+/* The 256 values q - 4 (-4..3) of a Q3_K block in element order. */
+static void ref__q3k_unpack(const kern_block_q3_K *b, int *q) {
+    ref__q2_unpack(b->qs, q);
+    for (int e = 0; e < KERN_QK_K; e++) {
+        int n = e / 128, j = (e % 128) / 32, l = e % 32;
+        q[e] |= ((b->hmask[l] >> (4 * n + j)) & 1) << 2;
+        q[e] -= 4;
+    }
+}
+
+float kern__dot_row_q5_K_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_q5_K *a = w;
+    const kern_block_q8_K *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        int q[KERN_QK_K];
+        ref__q5k_unpack(&a[i], q);
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            kern__q4k_scale_min(a[i].scales, j, &sc, &m);
+            int32_t sub = 0;
+            for (int l = 0; l < 32; l++)
+                sub += q[32 * j + l] * b[i].qs[32 * j + l];
+            isum += sc * sub;
+            msum += m * (b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
+        }
+        double dx = b[i].d;
+        s += (double)ks_f16_to_f32(a[i].d) * dx * (double)isum -
+             (double)ks_f16_to_f32(a[i].dmin) * dx * (double)msum;
+    }
+    return (float)s;
+}
+
+float kern__dot_row_q3_K_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_q3_K *a = w;
+    const kern_block_q8_K *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        int q[KERN_QK_K];
+        ref__q3k_unpack(&a[i], q);
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t sub = 0;
+            for (int l = 0; l < 16; l++)
+                sub += q[16 * j + l] * b[i].qs[16 * j + l];
+            isum += (kern__q3k_scale(a[i].scales, j) - 32) * sub;
+        }
+        s += (double)ks_f16_to_f32(a[i].d) * (double)b[i].d * (double)isum;
+    }
+    return (float)s;
+}
+
+float kern__dot_row_q2_K_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_q2_K *a = w;
+    const kern_block_q8_K *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        int q[KERN_QK_K];
+        ref__q2_unpack(a[i].qs, q);
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t sub = 0;
+            for (int l = 0; l < 16; l++)
+                sub += q[16 * j + l] * b[i].qs[16 * j + l];
+            isum += (a[i].scales[j] & 15) * sub;
+            msum += (a[i].scales[j] >> 4) * b[i].bsums[j];
+        }
+        double dx = b[i].d;
+        s += (double)ks_f16_to_f32(a[i].d) * dx * (double)isum -
+             (double)ks_f16_to_f32(a[i].dmin) * dx * (double)msum;
+    }
+    return (float)s;
+}
+
+float kern__dot_row_iq4_xs_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_iq4_xs *a = w;
+    const kern_block_q8_K *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < 8; j++) {
+            int q[32];
+            ref__nibbles(a[i].qs + 16 * j, q);
+            int32_t sub = 0;
+            for (int l = 0; l < 32; l++)
+                sub += kern_iq4nl_values[q[l]] * b[i].qs[32 * j + l];
+            isum += (kern__iq4xs_scale(&a[i], j) - 32) * sub;
+        }
+        s += (double)ks_f16_to_f32(a[i].d) * (double)b[i].d * (double)isum;
+    }
+    return (float)s;
+}
+
 // ----------------------------------------------------------------------------
 // Matmuls: Y[c*y_stride + r] = dot(W row r, X row c), one element at a time.
 
@@ -170,6 +379,14 @@ REF_MATMUL(q8_0, kern__dot_row_q8_0_ref)
 REF_MATMUL(q4_0, kern__dot_row_q4_0_ref)
 REF_MATMUL(q4_K, kern__dot_row_q4_K_ref)
 REF_MATMUL(q6_K, kern__dot_row_q6_K_ref)
+REF_MATMUL(q4_1, kern__dot_row_q4_1_ref)
+REF_MATMUL(q5_0, kern__dot_row_q5_0_ref)
+REF_MATMUL(q5_1, kern__dot_row_q5_1_ref)
+REF_MATMUL(iq4_nl, kern__dot_row_iq4_nl_ref)
+REF_MATMUL(q5_K, kern__dot_row_q5_K_ref)
+REF_MATMUL(q3_K, kern__dot_row_q3_K_ref)
+REF_MATMUL(q2_K, kern__dot_row_q2_K_ref)
+REF_MATMUL(iq4_xs, kern__dot_row_iq4_xs_ref)
 
 // ----------------------------------------------------------------------------
 // Activation quantizers
@@ -331,6 +548,277 @@ void kern__quantize_q6_K_ref(const float *x, void *y, int64_t n) {
     }
 }
 
+// The types below are written by round to nearest around simple scales
+// (no search, no importance weights), enough to make valid blocks for
+// `kvseal mkmodel --type` and the tests; their bytes need not equal
+// llama-quantize's, which searches for scales that minimize the error.
+
+/* f16 bits of the largest f16 <= v (finite): offsets rounded down, so the
+ * range they start stays at or below the block minimum. */
+static uint16_t ref__f16_floor(float v) {
+    uint16_t h = ks_f32_to_f16(v);
+    if (ks_f16_to_f32(h) > v) h = (h & 0x8000) ? (uint16_t)(h + 1) : (uint16_t)(h - 1);
+    return h;
+}
+
+/* Q4_0-packs 32 values q (0..15) into qs[16]. */
+static void ref__pack_nibbles(const int *q, uint8_t *qs) {
+    for (int j = 0; j < 16; j++)
+        qs[j] = (uint8_t)(q[j] | q[j + 16] << 4);
+}
+
+/* A min-offset 32-block (Q4_1 / Q5_1): m = f16 floor of the minimum, d the
+ * f16 ceiling of the step covering [m, max] with qmax steps; q[] the
+ * rounded values (error <= d/2). */
+static void ref__quant_min32(const float *xb, int qmax, uint16_t *d16, uint16_t *m16, int *q) {
+    float lo = xb[0], hi = xb[0];
+    for (int j = 1; j < 32; j++)
+        lo = fminf(lo, xb[j]), hi = fmaxf(hi, xb[j]);
+    *m16 = ref__f16_floor(lo);
+    float m = ks_f16_to_f32(*m16);
+    *d16 = ref__f16_ceil((hi - m) / (float)qmax);
+    float d = ks_f16_to_f32(*d16);
+    float id = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 32; j++)
+        q[j] = ref__clampi((int)lrintf((xb[j] - m) * id), 0, qmax);
+}
+
+void kern__quantize_q4_1_ref(const float *x, void *y, int64_t n) {
+    kern_block_q4_1 *b = y;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        int q[32];
+        uint16_t d16, m16; // (not &b[i].d: packed members)
+        ref__quant_min32(x + 32 * i, 15, &d16, &m16, q);
+        b[i].d = d16;
+        b[i].m = m16;
+        ref__pack_nibbles(q, b[i].qs);
+    }
+}
+
+/* Q5-packs 32 values (0..31): low nibbles into qs, bit 4 into qh. */
+static void ref__pack_q5(const int *q, uint8_t *qh, uint8_t *qs) {
+    int lo[32];
+    uint32_t h = 0;
+    for (int j = 0; j < 32; j++)
+        lo[j] = q[j] & 15, h |= (uint32_t)(q[j] >> 4) << j;
+    ref__pack_nibbles(lo, qs);
+    for (int k = 0; k < 4; k++)
+        qh[k] = (uint8_t)(h >> (8 * k));
+}
+
+void kern__quantize_q5_1_ref(const float *x, void *y, int64_t n) {
+    kern_block_q5_1 *b = y;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        int q[32];
+        uint16_t d16, m16; // (not &b[i].d: packed members)
+        ref__quant_min32(x + 32 * i, 31, &d16, &m16, q);
+        b[i].d = d16;
+        b[i].m = m16;
+        ref__pack_q5(q, b[i].qh, b[i].qs);
+    }
+}
+
+void kern__quantize_q5_0_ref(const float *x, void *y, int64_t n) {
+    kern_block_q5_0 *b = y;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        const float *xb = x + 32 * i;
+        float amax = 0.0f, mx = 0.0f; // as Q4_0: mx maps to q = 0, i.e. -16*d
+        for (int j = 0; j < 32; j++)
+            if (fabsf(xb[j]) > amax) amax = fabsf(xb[j]), mx = xb[j];
+        b[i].d = ks_f32_to_f16(mx / -16.0f);
+        float d = ks_f16_to_f32(b[i].d);
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int q[32];
+        for (int j = 0; j < 32; j++)
+            q[j] = ref__clampi((int)lrintf(xb[j] * id) + 16, 0, 31);
+        ref__pack_q5(q, b[i].qh, b[i].qs);
+    }
+}
+
+/* Index of the codebook value nearest v (ties: the lower index). */
+static int ref__iq4_nearest(float v) {
+    int best = 0;
+    float be = fabsf(v - (float)kern_iq4nl_values[0]);
+    for (int k = 1; k < 16; k++) {
+        float e = fabsf(v - (float)kern_iq4nl_values[k]);
+        if (e < be) be = e, best = k;
+    }
+    return best;
+}
+
+void kern__quantize_iq4_nl_ref(const float *x, void *y, int64_t n) {
+    kern_block_iq4_nl *b = y;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        const float *xb = x + 32 * i;
+        float amax = 0.0f, mx = 0.0f; // mx maps to the -127 end of the codebook
+        for (int j = 0; j < 32; j++)
+            if (fabsf(xb[j]) > amax) amax = fabsf(xb[j]), mx = xb[j];
+        b[i].d = ks_f32_to_f16(mx / -127.0f);
+        float d = ks_f16_to_f32(b[i].d);
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int q[32];
+        for (int j = 0; j < 32; j++)
+            q[j] = ref__iq4_nearest(xb[j] * id);
+        ref__pack_nibbles(q, b[i].qs);
+    }
+}
+
+/* Packs 8 6-bit scales and mins the Q4_K / Q5_K way (kern_int.h). */
+static void ref__pack_q4k_scales(const int *sc, const int *m, uint8_t *scales) {
+    for (int j = 0; j < 4; j++) {
+        scales[j] = (uint8_t)((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
+        scales[j + 4] = (uint8_t)((m[j] & 63) | (m[j + 4] >> 4) << 6);
+        scales[j + 8] = (uint8_t)((sc[j + 4] & 15) | (m[j + 4] & 15) << 4);
+    }
+}
+
+/* Scales and mins of a min-offset super-block of ns sub-blocks of 256/ns
+ * (Q4_K, Q5_K, Q2_K): mins m[j] <= mmax of dmin and scales sc[j] <= smax
+ * of d, both rounded up, so that each sub-block's range [-dmin*m, hi] fits
+ * qmax steps of d*sc; the quantizers then round to nearest (error <= ds/2). */
+static void ref__kq_scales(const float *xb, int ns, int qmax, int smax, int mmax, uint16_t *d16,
+                           uint16_t *dmin16, int *sc, int *m) {
+    const int len = KERN_QK_K / ns;
+    float lo[16], hi[16], need[16], max_min = 0.0f, max_need = 0.0f;
+    for (int j = 0; j < ns; j++) {
+        lo[j] = 0.0f; // the offset is -dmin*m with m >= 0, so min <= 0
+        hi[j] = -INFINITY;
+        for (int l = 0; l < len; l++) {
+            lo[j] = fminf(lo[j], xb[len * j + l]);
+            hi[j] = fmaxf(hi[j], xb[len * j + l]);
+        }
+        max_min = fmaxf(max_min, -lo[j]);
+    }
+    *dmin16 = ref__f16_ceil(max_min / (float)mmax);
+    float dmin = ks_f16_to_f32(*dmin16);
+    for (int j = 0; j < ns; j++) {
+        m[j] = dmin > 0.0f ? ref__clampi((int)ceilf(-lo[j] / dmin), 0, mmax) : 0;
+        need[j] = (hi[j] + dmin * (float)m[j]) / (float)qmax;
+        max_need = fmaxf(max_need, need[j]);
+    }
+    *d16 = ref__f16_ceil(max_need / (float)smax);
+    float d = ks_f16_to_f32(*d16);
+    for (int j = 0; j < ns; j++)
+        sc[j] = d > 0.0f ? ref__clampi((int)ceilf(need[j] / d), 0, smax) : 0;
+}
+
+/* q = round((x + dmin*m) / (d*sc)) in [0, qmax] for element e of a block. */
+static int ref__kq_value(float x, float d, float dmin, int sc, int m, int qmax) {
+    float ds = d * (float)sc, dm = dmin * (float)m;
+    return ds > 0.0f ? ref__clampi((int)lrintf((x + dm) / ds), 0, qmax) : 0;
+}
+
+void kern__quantize_q5_K_ref(const float *x, void *y, int64_t n) {
+    kern_block_q5_K *b = y;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        const float *xb = x + KERN_QK_K * i;
+        int sc[8], m[8];
+        uint16_t d16, dmin16;
+        ref__kq_scales(xb, 8, 31, 63, 63, &d16, &dmin16, sc, m);
+        b[i].d = d16;
+        b[i].dmin = dmin16;
+        ref__pack_q4k_scales(sc, m, b[i].scales);
+        float d = ks_f16_to_f32(b[i].d), dmin = ks_f16_to_f32(b[i].dmin);
+        memset(b[i].qs, 0, sizeof b[i].qs);
+        memset(b[i].qh, 0, sizeof b[i].qh);
+        for (int j = 0; j < 8; j++)
+            for (int l = 0; l < 32; l++) {
+                int q = ref__kq_value(xb[32 * j + l], d, dmin, sc[j], m[j], 31);
+                b[i].qs[32 * (j / 2) + l] |= (uint8_t)((q & 15) << (4 * (j & 1)));
+                b[i].qh[l] |= (uint8_t)((q >> 4) << j);
+            }
+    }
+}
+
+void kern__quantize_q2_K_ref(const float *x, void *y, int64_t n) {
+    kern_block_q2_K *b = y;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        const float *xb = x + KERN_QK_K * i;
+        int sc[16], m[16];
+        uint16_t d16, dmin16;
+        ref__kq_scales(xb, 16, 3, 15, 15, &d16, &dmin16, sc, m);
+        b[i].d = d16;
+        b[i].dmin = dmin16;
+        float d = ks_f16_to_f32(b[i].d), dmin = ks_f16_to_f32(b[i].dmin);
+        for (int j = 0; j < 16; j++)
+            b[i].scales[j] = (uint8_t)(sc[j] | m[j] << 4);
+        memset(b[i].qs, 0, sizeof b[i].qs);
+        for (int e = 0; e < KERN_QK_K; e++) {
+            int q = ref__kq_value(xb[e], d, dmin, sc[e / 16], m[e / 16], 3);
+            int nn = e / 128, j = (e % 128) / 32, l = e % 32;
+            b[i].qs[32 * nn + l] |= (uint8_t)(q << (2 * j));
+        }
+    }
+}
+
+void kern__quantize_q3_K_ref(const float *x, void *y, int64_t n) {
+    kern_block_q3_K *b = y;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        const float *xb = x + KERN_QK_K * i;
+        float s[16], max_s = 0.0f; // as Q6_K: the largest |x| maps to q - 4 = -4
+        for (int j = 0; j < 16; j++) {
+            float amax = 0.0f, mx = 0.0f;
+            for (int l = 0; l < 16; l++)
+                if (fabsf(xb[16 * j + l]) > amax) amax = fabsf(xb[16 * j + l]), mx = xb[16 * j + l];
+            s[j] = mx / -4.0f;
+            max_s = fmaxf(max_s, fabsf(s[j]));
+        }
+        b[i].d = ref__f16_ceil(max_s / 31.0f);
+        float d = ks_f16_to_f32(b[i].d);
+        memset(b[i].scales, 0, sizeof b[i].scales);
+        memset(b[i].qs, 0, sizeof b[i].qs);
+        memset(b[i].hmask, 0, sizeof b[i].hmask);
+        for (int j = 0; j < 16; j++) {
+            int sc = d > 0.0f ? ref__clampi((int)ceilf(fabsf(s[j]) / d), 0, 31) : 0;
+            if (s[j] < 0.0f) sc = -sc;
+            int u = sc + 32; // stored 6-bit
+            if (j < 8)
+                b[i].scales[j] |= (uint8_t)(u & 15);
+            else
+                b[i].scales[j - 8] |= (uint8_t)((u & 15) << 4);
+            b[i].scales[8 + j % 4] |= (uint8_t)((u >> 4) << (2 * (j / 4)));
+            float ds = d * (float)sc;
+            for (int l = 0; l < 16; l++) {
+                int e = 16 * j + l, nn = e / 128, g = (e % 128) / 32, t = e % 32;
+                int q = (ds != 0.0f ? ref__clampi((int)lrintf(xb[e] / ds), -4, 3) : 0) + 4;
+                b[i].qs[32 * nn + t] |= (uint8_t)((q & 3) << (2 * g));
+                b[i].hmask[t] |= (uint8_t)((q >> 2) << (4 * nn + g));
+            }
+        }
+    }
+}
+
+void kern__quantize_iq4_xs_ref(const float *x, void *y, int64_t n) {
+    kern_block_iq4_xs *b = y;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        const float *xb = x + KERN_QK_K * i;
+        float s[8], max_s = 0.0f; // sub-block scale: its largest |x| maps to -127
+        for (int j = 0; j < 8; j++) {
+            float amax = 0.0f, mx = 0.0f;
+            for (int l = 0; l < 32; l++)
+                if (fabsf(xb[32 * j + l]) > amax) amax = fabsf(xb[32 * j + l]), mx = xb[32 * j + l];
+            s[j] = mx / -127.0f;
+            max_s = fmaxf(max_s, fabsf(s[j]));
+        }
+        b[i].d = ref__f16_ceil(max_s / 31.0f);
+        float d = ks_f16_to_f32(b[i].d);
+        b[i].scales_h = 0;
+        memset(b[i].scales_l, 0, sizeof b[i].scales_l);
+        for (int j = 0; j < 8; j++) {
+            int sc = d > 0.0f ? ref__clampi((int)ceilf(fabsf(s[j]) / d), 0, 31) : 0;
+            if (s[j] < 0.0f) sc = -sc;
+            int u = sc + 32;
+            b[i].scales_l[j / 2] |= (uint8_t)((u & 15) << (4 * (j % 2)));
+            b[i].scales_h |= (uint16_t)((u >> 4) << (2 * j));
+            float dl = d * (float)sc, id = dl != 0.0f ? 1.0f / dl : 0.0f;
+            int q[32];
+            for (int l = 0; l < 32; l++)
+                q[l] = ref__iq4_nearest(xb[32 * j + l] * id);
+            ref__pack_nibbles(q, b[i].qs + 16 * j);
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // Dequantizers (float op order as ggml's dequantize_row_*)
 
@@ -406,6 +894,105 @@ void kern__dequantize_q8_K_ref(const void *x, float *y, int64_t n) {
     const kern_block_q8_K *b = x;
     for (int64_t i = 0; i < n / KERN_QK_K; i++)
         for (int j = 0; j < KERN_QK_K; j++) y[KERN_QK_K * i + j] = b[i].d * (float)b[i].qs[j];
+}
+
+void kern__dequantize_q4_1_ref(const void *x, float *y, int64_t n) {
+    const kern_block_q4_1 *b = x;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        float d = ks_f16_to_f32(b[i].d), m = ks_f16_to_f32(b[i].m);
+        int q[32];
+        ref__nibbles(b[i].qs, q);
+        for (int j = 0; j < 32; j++)
+            y[32 * i + j] = d * (float)q[j] + m;
+    }
+}
+
+void kern__dequantize_q5_0_ref(const void *x, float *y, int64_t n) {
+    const kern_block_q5_0 *b = x;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        float d = ks_f16_to_f32(b[i].d);
+        int q[32];
+        ref__q5(b[i].qh, b[i].qs, q);
+        for (int j = 0; j < 32; j++)
+            y[32 * i + j] = d * (float)(q[j] - 16);
+    }
+}
+
+void kern__dequantize_q5_1_ref(const void *x, float *y, int64_t n) {
+    const kern_block_q5_1 *b = x;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        float d = ks_f16_to_f32(b[i].d), m = ks_f16_to_f32(b[i].m);
+        int q[32];
+        ref__q5(b[i].qh, b[i].qs, q);
+        for (int j = 0; j < 32; j++)
+            y[32 * i + j] = d * (float)q[j] + m;
+    }
+}
+
+void kern__dequantize_iq4_nl_ref(const void *x, float *y, int64_t n) {
+    const kern_block_iq4_nl *b = x;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        float d = ks_f16_to_f32(b[i].d);
+        int q[32];
+        ref__nibbles(b[i].qs, q);
+        for (int j = 0; j < 32; j++)
+            y[32 * i + j] = d * (float)kern_iq4nl_values[q[j]];
+    }
+}
+
+void kern__dequantize_q5_K_ref(const void *x, float *y, int64_t n) {
+    const kern_block_q5_K *b = x;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        float d = ks_f16_to_f32(b[i].d), dmin = ks_f16_to_f32(b[i].dmin);
+        int q[KERN_QK_K];
+        ref__q5k_unpack(&b[i], q);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            kern__q4k_scale_min(b[i].scales, j, &sc, &m);
+            float ds = d * (float)sc, dm = dmin * (float)m;
+            for (int l = 0; l < 32; l++)
+                y[KERN_QK_K * i + 32 * j + l] = ds * (float)q[32 * j + l] - dm;
+        }
+    }
+}
+
+void kern__dequantize_q3_K_ref(const void *x, float *y, int64_t n) {
+    const kern_block_q3_K *b = x;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        float d = ks_f16_to_f32(b[i].d);
+        int q[KERN_QK_K];
+        ref__q3k_unpack(&b[i], q);
+        for (int e = 0; e < KERN_QK_K; e++)
+            y[KERN_QK_K * i + e] =
+                d * (float)(kern__q3k_scale(b[i].scales, e / 16) - 32) * (float)q[e];
+    }
+}
+
+void kern__dequantize_q2_K_ref(const void *x, float *y, int64_t n) {
+    const kern_block_q2_K *b = x;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        float d = ks_f16_to_f32(b[i].d), dmin = ks_f16_to_f32(b[i].dmin);
+        int q[KERN_QK_K];
+        ref__q2_unpack(b[i].qs, q);
+        for (int e = 0; e < KERN_QK_K; e++) {
+            uint8_t s = b[i].scales[e / 16];
+            y[KERN_QK_K * i + e] = d * (float)(s & 15) * (float)q[e] - dmin * (float)(s >> 4);
+        }
+    }
+}
+
+void kern__dequantize_iq4_xs_ref(const void *x, float *y, int64_t n) {
+    const kern_block_iq4_xs *b = x;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        float d = ks_f16_to_f32(b[i].d);
+        for (int j = 0; j < 8; j++) {
+            float dl = d * (float)(kern__iq4xs_scale(&b[i], j) - 32);
+            int q[32];
+            ref__nibbles(b[i].qs + 16 * j, q);
+            for (int l = 0; l < 32; l++)
+                y[KERN_QK_K * i + 32 * j + l] = dl * (float)kern_iq4nl_values[q[l]];
+        }
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -530,6 +1117,14 @@ const kern_vtab kern__vtab_ref = {
             [KS_DTYPE_Q4_0] = kern__matmul_q4_0_ref,
             [KS_DTYPE_Q4_K] = kern__matmul_q4_K_ref,
             [KS_DTYPE_Q6_K] = kern__matmul_q6_K_ref,
+            [KS_DTYPE_Q4_1] = kern__matmul_q4_1_ref,
+            [KS_DTYPE_Q5_0] = kern__matmul_q5_0_ref,
+            [KS_DTYPE_Q5_1] = kern__matmul_q5_1_ref,
+            [KS_DTYPE_IQ4_NL] = kern__matmul_iq4_nl_ref,
+            [KS_DTYPE_Q5_K] = kern__matmul_q5_K_ref,
+            [KS_DTYPE_Q3_K] = kern__matmul_q3_K_ref,
+            [KS_DTYPE_Q2_K] = kern__matmul_q2_K_ref,
+            [KS_DTYPE_IQ4_XS] = kern__matmul_iq4_xs_ref,
         },
     .matmul_r16 =
         {

@@ -175,7 +175,8 @@ static ks_err load__mat(model *m, const char *name, int64_t K, int64_t N, model_
                          t->n_dims, (long long)K, (long long)N);
     if (!kern_wtype_supported((ks_dtype)t->type))
         return ks_seterr(eb, KS_ERR_UNSUPPORTED,
-                         "%s: tensor '%s' has type %s, not supported (F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K)",
+                         "%s: tensor '%s' has type %s, not supported (F32 F16 BF16 Q8_0 Q4_0 Q4_1 "
+                         "Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS)",
                          gguf_path(m->gguf), name, ks_dtype_name(t->type));
     out->data = t->data;
     out->type = (ks_dtype)t->type;

@@ -61,7 +61,9 @@ lacks 'rope\.scaling'
 lacks 'blk\.2\.'
 
 # --- every weight type: matrices in the type, norms stay F32 ------------------------
-for spec in f32:F32:0 bf16:BF16:32 q8_0:Q8_0:7 q4_0:Q4_0:2 q4_k:Q4_K:14 q6_k:Q6_K:18; do
+for spec in f32:F32:0 bf16:BF16:32 q8_0:Q8_0:7 q4_0:Q4_0:2 q4_k:Q4_K:14 q6_k:Q6_K:18 \
+    q4_1:Q4_1:3 q5_0:Q5_0:8 q5_1:Q5_1:9 iq4_nl:IQ4_NL:25 q2_k:Q2_K:10 q3_k:Q3_K:11 \
+    q5_k:Q5_K:16 iq4_xs:IQ4_XS:30; do
     IFS=: read -r ty name ft <<<"$spec"
     mk -o "$TMP/$ty.gguf" --type "$ty" --n-layer 1
     inspect "$TMP/$ty.gguf"
@@ -112,7 +114,7 @@ expect_fail 2 'Q4_K needs rows that are a multiple of its block size 256, but n_
 expect_fail 2 'Q8_0 .*block size 32, but n_embd' -o "$TMP/bad.gguf" --vocab "$VOCAB" \
     --type q8_0 --n-embd 200 --n-head 5 --n-head-kv 5
 expect_fail 2 'not a multiple of --n-head-kv' -o "$TMP/bad.gguf" --vocab "$VOCAB" --n-head-kv 3
-expect_fail 2 "--type 'q5_1'" -o "$TMP/bad.gguf" --vocab "$VOCAB" --type q5_1
+expect_fail 2 "--type 'iq2_xs'" -o "$TMP/bad.gguf" --vocab "$VOCAB" --type iq2_xs
 expect_fail 2 "--arch 'gpt2'" -o "$TMP/bad.gguf" --vocab "$VOCAB" --arch gpt2
 expect_fail 1 'nope\.gguf: open: No such file' -o "$TMP/bad.gguf" --vocab "$TMP/nope.gguf"
 expect_fail 2 'required' --vocab "$VOCAB"

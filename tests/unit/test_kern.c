@@ -45,8 +45,10 @@ static size_t row_bytes(ks_dtype t, int64_t n) {
 static bool same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 
 static const char *const isas[] = {"ref", "avx2", "avx512"};
-static const ks_dtype wtypes[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16, KS_DTYPE_Q8_0,
-                                  KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K};
+static const ks_dtype wtypes[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16,   KS_DTYPE_Q8_0,
+                                  KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K,   KS_DTYPE_Q4_1,
+                                  KS_DTYPE_Q5_0, KS_DTYPE_Q5_1, KS_DTYPE_IQ4_NL, KS_DTYPE_Q5_K,
+                                  KS_DTYPE_Q3_K, KS_DTYPE_Q2_K, KS_DTYPE_IQ4_XS};
 #define N_WTYPES ((int)(sizeof wtypes / sizeof wtypes[0]))
 
 // ----------------------------------------------------------------------------
@@ -76,22 +78,57 @@ static const ks_dtype wtypes[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16, K
 
 /* |w| per element for the tolerance S (see MATMUL_REL). */
 static void abs_weights(ks_dtype t, const void *row, float *out, int64_t K) {
-    if (t != KS_DTYPE_Q4_K) {
-        kern_dequantize_row(t, row, out, K);
-        for (int64_t k = 0; k < K; k++) out[k] = fabsf(out[k]);
+    kern_dequantize_row(t, row, out, K);
+    switch (t) {
+    case KS_DTYPE_Q4_K: {
+        const kern_block_q4_K *b = row;
+        for (int64_t i = 0; i < K / 256; i++)
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                kern__q4k_scale_min(b[i].scales, j, &sc, &m);
+                for (int l = 0; l < 32; l++) {
+                    int q = (b[i].qs[32 * (j / 2) + l] >> ((j & 1) ? 4 : 0)) & 15;
+                    out[256 * i + 32 * j + l] = ks_f16_to_f32(b[i].d) * (float)(sc * q) +
+                                                ks_f16_to_f32(b[i].dmin) * (float)m;
+                }
+            }
         return;
     }
-    const kern_block_q4_K *b = row;
-    for (int64_t i = 0; i < K / 256; i++)
-        for (int j = 0; j < 8; j++) {
-            int sc, m;
-            kern__q4k_scale_min(b[i].scales, j, &sc, &m);
-            for (int l = 0; l < 32; l++) {
-                int q = (b[i].qs[32 * (j / 2) + l] >> ((j & 1) ? 4 : 0)) & 15;
-                out[256 * i + 32 * j + l] = ks_f16_to_f32(b[i].d) * (float)(sc * q) +
-                                            ks_f16_to_f32(b[i].dmin) * (float)m;
+    case KS_DTYPE_Q5_K: { // d*sc*q - dmin*m: |w| + 2*dmin*m bounds the two terms
+        const kern_block_q5_K *b = row;
+        for (int64_t i = 0; i < K / 256; i++)
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                kern__q4k_scale_min(b[i].scales, j, &sc, &m);
+                for (int l = 0; l < 32; l++)
+                    out[256 * i + 32 * j + l] = fabsf(out[256 * i + 32 * j + l]) +
+                                                2.0f * ks_f16_to_f32(b[i].dmin) * (float)m;
             }
+        return;
+    }
+    case KS_DTYPE_Q2_K: {
+        const kern_block_q2_K *b = row;
+        for (int64_t e = 0; e < K; e++)
+            out[e] = fabsf(out[e]) + 2.0f * ks_f16_to_f32(b[e / 256].dmin) *
+                                         (float)(b[e / 256].scales[e % 256 / 16] >> 4);
+        return;
+    }
+    case KS_DTYPE_Q4_1:
+    case KS_DTYPE_Q5_1: { // d*q + m: the m term is summed on its own
+        const uint8_t *p = row;
+        size_t bb = ks_dtype_block_bytes(t);
+        for (int64_t e = 0; e < K; e++) {
+            uint16_t m;
+            memcpy(&m, p + (size_t)(e / 32) * bb + 2, 2);
+            out[e] = fabsf(out[e]) + 2.0f * fabsf(ks_f16_to_f32(m));
         }
+        return;
+    }
+    default:
+        for (int64_t k = 0; k < K; k++)
+            out[k] = fabsf(out[k]);
+        return;
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -378,20 +415,51 @@ static double rt_bound(ks_dtype t, const uint8_t *q, const float *x, int64_t e) 
         const kern_block_q6_K *b = (const kern_block_q6_K *)q + bi;
         return fabs(ks_f16_to_f32(b->d) * b->scales[(e % 256) / 16]) + slack;
     }
+    case KS_DTYPE_Q4_1:
+        return 0.5 * ks_f16_to_f32(((const kern_block_q4_1 *)q)[bi].d) + slack;
+    case KS_DTYPE_Q5_1:
+        return 0.5 * ks_f16_to_f32(((const kern_block_q5_1 *)q)[bi].d) + slack;
+    case KS_DTYPE_Q5_0:
+        return fabs(ks_f16_to_f32(((const kern_block_q5_0 *)q)[bi].d)) + slack;
+    case KS_DTYPE_IQ4_NL: // half the widest codebook gap (24), or 127 - 113 at the top
+        return 14.0 * fabs(ks_f16_to_f32(((const kern_block_iq4_nl *)q)[bi].d)) + slack;
+    case KS_DTYPE_Q5_K: {
+        const kern_block_q5_K *b = (const kern_block_q5_K *)q + bi;
+        int sc, m;
+        kern__q4k_scale_min(b->scales, (int)(e % 256) / 32, &sc, &m);
+        return 0.5 * ks_f16_to_f32(b->d) * sc + slack;
+    }
+    case KS_DTYPE_Q2_K: {
+        const kern_block_q2_K *b = (const kern_block_q2_K *)q + bi;
+        return 0.5 * ks_f16_to_f32(b->d) * (b->scales[(e % 256) / 16] & 15) + slack;
+    }
+    case KS_DTYPE_Q3_K: {
+        const kern_block_q3_K *b = (const kern_block_q3_K *)q + bi;
+        return fabs(ks_f16_to_f32(b->d) * (kern__q3k_scale(b->scales, (int)(e % 256) / 16) - 32)) +
+               slack;
+    }
+    case KS_DTYPE_IQ4_XS: {
+        const kern_block_iq4_xs *b = (const kern_block_iq4_xs *)q + bi;
+        return 14.0 * fabs(ks_f16_to_f32(b->d) * (kern__iq4xs_scale(b, (int)(e % 256) / 32) - 32)) +
+               slack;
+    }
     default: CHECK(!"type"); return 0.0;
     }
 }
 
 static void test_round_trip(void) {
     static const ks_dtype ts[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16, KS_DTYPE_Q8_0,
-                                  KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K, KS_DTYPE_Q8_K};
+                                  KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K, KS_DTYPE_Q8_K,
+                                  KS_DTYPE_Q4_1, KS_DTYPE_Q5_0, KS_DTYPE_Q5_1, KS_DTYPE_IQ4_NL,
+                                  KS_DTYPE_Q5_K, KS_DTYPE_Q3_K, KS_DTYPE_Q2_K, KS_DTYPE_IQ4_XS};
     // rms(err)/rms(x) ceilings on uniform data: a guard against a quantizer
     // that meets the per-element bound with needlessly large scales.
-    static const double rms_max[] = {0, 3e-4, 3e-3, 6e-3, 0.08, 0.08, 0.02, 6e-3};
+    static const double rms_max[] = {0,    3e-4, 3e-3, 6e-3, 0.08, 0.08, 0.02, 6e-3,
+                                     0.08, 0.04, 0.04, 0.09, 0.04, 0.17, 0.38, 0.09};
     int64_t n = 256 * 8;
     float *x = xmalloc(sizeof(float) * (size_t)n), *y = xmalloc(sizeof(float) * (size_t)n);
     uint8_t *q = xmalloc(row_bytes(KS_DTYPE_F32, n));
-    for (int t = 0; t < 8; t++) {
+    for (int t = 0; t < (int)(sizeof ts / sizeof ts[0]); t++) {
         for (int pat = 0; pat < 4; pat++) {
             for (int64_t i = 0; i < n; i++) {
                 float u = rng_f();
@@ -416,7 +484,7 @@ static void test_round_trip(void) {
             }
             if (pat == 0) {
                 double rel = sqrt(se / sx);
-                printf("  round trip %-5s rms rel err %.3g\n", ks_dtype_name(ts[t]), rel);
+                printf("  round trip %-6s rms rel err %.3g\n", ks_dtype_name(ts[t]), rel);
                 CHECK(rel <= rms_max[t]);
             }
         }

@@ -1,0 +1,70 @@
+# qtypes_lib.sh — shared by test_qtypes_*.sh (sourced after lib.sh): the
+# llama.cpp anchor, the presets every quantization type is checked through,
+# and the comparisons (perplexity ratio, greedy text). Skips where ../shared
+# or the anchor is absent.
+A=$KS_SHARED/anchors/llama.cpp
+TEXT=$KS_SHARED/models/kjv-heldout.txt
+for f in "$A/llama-quantize" "$A/llama-perplexity" "$A/llama-completion" "$TEXT"; do
+    [ -e "$f" ] || skip "$f is absent (../shared or the llama.cpp anchor not present)"
+done
+[ -n "${KS_SANITIZE:-}" ] && skip "llama.cpp comparisons are not run under a sanitizer (time)"
+PRESETS=${KS_QTYPES_PRESETS:-"Q4_1 Q5_0 Q5_1 Q2_K Q3_K_S Q3_K_M Q4_K_S Q5_K_S Q5_K_M IQ4_NL IQ4_XS"}
+PROMPTS=("In the beginning God created" "And the LORD said unto Moses,")
+head -c "${QT_TEXT_BYTES:-4000}" "$TEXT" >"$TMPD/text.txt"
+
+quantize() {  # IN OUT PRESET
+    "$A/llama-quantize" "$1" "$2" "$3" 2 >"$TMPD/q.log" 2>&1 ||
+        fail "llama-quantize $3: $(tail -n 3 "$TMPD/q.log")"
+}
+kv_ppl() {  # MODEL — prints kvseal's perplexity
+    "$KS_BIN" perplexity -m "$1" -f "$TMPD/text.txt" -c 128 -t 2 2>"$TMPD/kv.err" |
+        sed -n 's/^perplexity: //p'
+}
+# The anchor's tools print through an asynchronous logger whose last lines
+# are now and then lost at exit on a loaded machine (seen: the "Final
+# estimate" line, or the last greedy token, missing), so a result that is
+# absent, or differs from kvseal's, is asked for again (3 tries).
+ll_ppl() {  # MODEL — prints llama.cpp's (its log lines carry a time prefix)
+    local try v
+    for try in 1 2 3; do
+        "$A/llama-perplexity" -m "$1" -f "$TMPD/text.txt" -c 128 -t 2 >"$TMPD/ll.log" 2>&1
+        v=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$TMPD/ll.log")
+        [ -n "$v" ] && break
+    done
+    echo "$v"
+}
+# Greedy text, prompt included: `kvseal run` prints only the new text,
+# llama-completion the prompt too, after the leading space of the
+# SentencePiece rendering, which is dropped here.
+kv_gen() {  # MODEL PROMPT — the prompt + kvseal's 32 greedy tokens
+    printf '%s' "$2"
+    "$KS_BIN" run -m "$1" -p "$2" -n 32 --temp 0 -t 2 2>/dev/null
+}
+ll_gen1() {
+    "$A/llama-completion" -m "$1" -p "$2" -n 32 --temp 0 -t 2 --no-warmup 2>/dev/null </dev/null |
+        sed '1s/^ //'
+}
+
+# check_ppl NAME MODEL — kvseal's perplexity within 0.5% of llama.cpp's;
+# prints one line (no newline: check_greedy may add to it).
+check_ppl() {
+    local kp lp ratio
+    kp=$(kv_ppl "$2"); lp=$(ll_ppl "$2")
+    [ -n "$kp" ] || fail "$1: kvseal perplexity failed: $(tail -n 3 "$TMPD/kv.err")"
+    [ -n "$lp" ] || fail "$1: llama-perplexity gave no estimate: $(tail -n 3 "$TMPD/ll.log")"
+    ratio=$(awk -v a="$kp" -v b="$lp" 'BEGIN { printf "%.5f", a / b }')
+    printf '%-16s ppl kvseal %-14s llama.cpp %-14s ratio %s' "$1" "$kp" "$lp" "$ratio"
+    awk -v r="$ratio" 'BEGIN { d = r - 1; if (d < 0) d = -d; exit !(d < 0.005) }' ||
+        { echo; fail "$1: perplexity ratio $ratio is not within 0.5%"; }
+}
+# gen_same MODEL PROMPT — true when kvseal's greedy text equals
+# llama-completion's (asked up to 3 times); leaves both in G_KV, G_LL.
+gen_same() {
+    local try
+    G_KV=$(kv_gen "$1" "$2")
+    for try in 1 2 3; do
+        G_LL=$(ll_gen1 "$1" "$2")
+        [ "$G_KV" == "$G_LL" ] && return 0
+    done
+    return 1
+}
