@@ -54,6 +54,9 @@ typedef struct model model;
  * (architecture or weight type, named), KS_ERR_FORMAT (missing key or
  * tensor, wrong shape, named), KS_ERR_NOMEM. Caller owns *out. Blocks. */
 ks_err model_load(const char *path, model **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* What model_load would say of path (every check, no weight repacking):
+ * KS_OK when kvseal can run it. */
+ks_err model_check(const char *path, ks_errbuf *eb) KS_MUST_USE;
 /* Frees the model and unmaps the file; accepts NULL. */
 void model_free(model *m);
 /* Read-only views; can't fail. */

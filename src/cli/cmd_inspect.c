@@ -1,8 +1,11 @@
 /* cmd_inspect.c — `kvseal inspect MODEL`: validate a GGUF file and print its
- * header, metadata and tensor table (gguf_print) to stdout. A file that
- * fails validation prints the reader's message to stderr and exits 1. */
+ * header, metadata and tensor table (gguf_print) to stdout, then whether
+ * kvseal can run it ("runs: yes", or "runs: no: " and the loader's one-line
+ * reason: architecture, tensor type, ...). A file that fails validation
+ * prints the reader's message to stderr and exits 1. */
 #include "kvseal/cli.h"
 #include "kvseal/gguf.h"
+#include "kvseal/model.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -26,6 +29,11 @@ int cli_inspect(int argc, char **argv) {
     }
     gguf_print(f, stdout);
     gguf_close(f);
+    e = model_check(argv[1], &eb);
+    if (e)
+        printf("runs: no: %s (%s)\n", eb.msg, ks_err_name(e));
+    else
+        printf("runs: yes\n");
     if (fflush(stdout) != 0) return 1;
     return 0;
 }

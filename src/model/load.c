@@ -69,6 +69,13 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
                          "%s: unsupported architecture '%s' (supported: llama, qwen2, qwen3)",
                          gguf_path(f), hp->arch_name);
     load__ctx c = {f, hp->arch_name, eb};
+    int32_t n_expert = 0;
+    if ((e = load__u32(&c, "expert_count", false, 0, &n_expert))) return e;
+    if (n_expert > 0) // refused by name, before a missing dense FFN tensor would say less
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED,
+                         "%s: mixture-of-experts (%s.expert_count %d) is not supported yet (dense "
+                         "models only)",
+                         gguf_path(f), hp->arch_name, n_expert);
     if ((e = load__u32(&c, "context_length", true, 0, &hp->n_ctx_train)) ||
         (e = load__u32(&c, "embedding_length", true, 0, &hp->n_embd)) ||
         (e = load__u32(&c, "block_count", true, 0, &hp->n_layer)) ||
@@ -305,7 +312,8 @@ static void load__repack_all(model *m) {
 // ----------------------------------------------------------------------------
 // Public
 
-ks_err model_load(const char *path, model **out, ks_errbuf *eb) {
+/* model_load, repacking the weights only when asked. */
+static ks_err load__model(const char *path, bool repack, model **out, ks_errbuf *eb) {
     *out = NULL;
     model *m = calloc(1, sizeof *m);
     if (!m) return ks_seterr(eb, KS_ERR_NOMEM, "%s: model", path);
@@ -313,7 +321,7 @@ ks_err model_load(const char *path, model **out, ks_errbuf *eb) {
     if (e) goto fail;
     if ((e = load__hparams(m, eb))) goto fail;
     if ((e = load__weights(m, eb))) goto fail;
-    load__repack_all(m);
+    if (repack) load__repack_all(m);
     if ((e = tok_vocab_load(m->gguf, &m->vocab, eb))) goto fail;
     if (tok_n_vocab(m->vocab) > m->hp.n_vocab) {
         e = ks_seterr(eb, KS_ERR_FORMAT, "%s: vocabulary has %d tokens but token_embd has %d rows",
@@ -323,6 +331,17 @@ ks_err model_load(const char *path, model **out, ks_errbuf *eb) {
     *out = m;
     return KS_OK;
 fail:
+    model_free(m);
+    return e;
+}
+
+ks_err model_load(const char *path, model **out, ks_errbuf *eb) {
+    return load__model(path, true, out, eb);
+}
+
+ks_err model_check(const char *path, ks_errbuf *eb) {
+    model *m;
+    ks_err e = load__model(path, false, &m, eb);
     model_free(m);
     return e;
 }

@@ -32,6 +32,14 @@ has '^  blk\.5\.ffn_down\.weight +F16 +\[704, 256\] '
 has '^  output\.weight +F16 +\[256, 2048\] '
 has 'total: 57 tensors, 5475584 elements'
 [ "$(grep -cE '^  blk\.[0-9]+\.' "$TMP/out")" = 54 ] || fail "expected 54 block tensors"
+has '^runs: yes$'
+
+# --- a valid GGUF kvseal cannot run: the loader's one-line reason ----------
+# (the same file with another architecture: a byte-for-byte rename of the
+# "llama" value and keys to "mamba", which keeps every offset)
+LC_ALL=C sed 's/llama/mamba/g' "$MODEL" >"$TMP/mamba.gguf"
+"$BIN" inspect "$TMP/mamba.gguf" >"$TMP/out" 2>"$TMP/err" || fail "inspect mamba exited $?"
+has "^runs: no: .*mamba.gguf: unsupported architecture 'mamba' \\(supported: llama, qwen2, qwen3\\)"
 
 # --- broken files: exit 1, message names the file and the problem ------------
 expect_fail() {  # FILE REGEX

@@ -260,7 +260,8 @@ typedef enum {
     MUT_SHAPE,
     MUT_TYPE,
     MUT_DROP_KEY,
-    MUT_HEAD_DIM
+    MUT_HEAD_DIM,
+    MUT_MOE
 } mutation;
 
 static void write_mutant(const char *src, const char *dst, mutation mu) {
@@ -280,6 +281,8 @@ static void write_mutant(const char *src, const char *dst, mutation mu) {
     // a head size past what the forward pass keeps on its stack
     if (mu == MUT_HEAD_DIM)
         CHECK_EQ(gguf_writer_set_u32(w, "llama.attention.key_length", 4096), KS_OK);
+    // a Mixtral-style llama file says so in its metadata
+    if (mu == MUT_MOE) CHECK_EQ(gguf_writer_set_u32(w, "llama.expert_count", 8), KS_OK);
     static int64_t ne_bad[2] = {256, 200};
     static uint8_t junk[256 * 256 * 4];
     for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
@@ -315,6 +318,8 @@ static void test_load_errors(const char *src) {
         {MUT_TYPE, KS_ERR_UNSUPPORTED, "tensor 'blk.3.attn_k.weight' has type IQ2_XXS"},
         {MUT_DROP_KEY, KS_ERR_FORMAT, "missing required key 'llama.block_count'"},
         {MUT_HEAD_DIM, KS_ERR_UNSUPPORTED, "key_length 4096 is not in 1..1024"},
+        {MUT_MOE, KS_ERR_UNSUPPORTED,
+         "mixture-of-experts (llama.expert_count 8) is not supported yet (dense models only)"},
     };
     char dst[256];
     snprintf(dst, sizeof dst, "/tmp/ks_test_model_%d.gguf", (int)getpid());
