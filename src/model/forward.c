@@ -374,15 +374,15 @@ typedef struct {
     atomic_llong next; // next (token, KV head) pair to claim
 } fwd__attn;
 
-/* Attention of the query heads of KV head kh for batch token t, into
- * att[t][kh*G*D..]. scores has room for G rows of max_ctx floats. K/V pages
- * come from the per-layer table that fwd__resolve filled through kv's tag
- * check (I1). */
-static void fwd__attn_one(fwd__attn *a, int t, int kh, float *scores) {
+/* Attention of G query heads h, h+1, ... (all of one KV head's or a part)
+ * for batch token t, into att[t][h*D..]. scores has room for G rows of
+ * max_ctx floats. K/V pages come from the per-layer table that fwd__resolve
+ * filled through kv's tag check (I1). */
+static void fwd__attn_one(fwd__attn *a, int t, int h, int G, float *scores) {
     model_ctx *c = a->c;
     const model_hparams *hp = &c->m->hp;
     const kern_vtab *kv = c->kv;
-    const int D = hp->head_dim, H = hp->n_head, G = H / hp->n_head_kv, h = kh * G;
+    const int D = hp->head_dim, H = hp->n_head, kh = h / (H / hp->n_head_kv);
     const size_t S = (size_t)c->max_ctx;          // scores row stride
     const size_t koff = (size_t)kh * c->head_row; // this KV head's bytes
     const kern_dot_rows_fn dot_rows = kv->dot_rows[c->kv_type];
@@ -426,15 +426,22 @@ static void fwd__resolve(model_ctx *c, const model_batch *b, int layer) {
 
 static void fwd__attn_task(void *arg, int ith, int nth) {
     fwd__attn *a = arg;
-    const int H = a->c->m->hp.n_head_kv, G = a->c->m->hp.n_head / H;
+    const int Hkv = a->c->m->hp.n_head_kv, G = a->c->m->hp.n_head / Hkv;
     float *scores = a->c->scores + (size_t)ith * (size_t)G * (size_t)a->c->max_ctx;
-    (void)nth;
+    // a KV head's G query heads in nch parts when there are too few (token,
+    // KV head) pairs to keep every thread busy (a decode step of an MQA model,
+    // or many threads); the same for every thread, and a head's values do
+    // not depend on its group (kern.h)
+    int nch = 1;
+    while ((int64_t)a->b->n_tokens * Hkv * nch < 2 * (int64_t)nth && G % (2 * nch) == 0)
+        nch *= 2;
+    const int Gs = G / nch, per_t = Hkv * nch;
     int64_t p0, p1;
-    while (ks_pool_claim(&a->next, (int64_t)a->b->n_tokens * H, 1, &p0, &p1)) {
+    while (ks_pool_claim(&a->next, (int64_t)a->b->n_tokens * per_t, 1, &p0, &p1)) {
         for (int64_t pi = p0; pi < p1; pi++) {
-            const int t = (int)(pi / H), si = a->b->seq[t];
+            const int t = (int)(pi / per_t), si = a->b->seq[t];
             if (atomic_load_explicit(&a->c->seq_bad[si], memory_order_relaxed)) continue;
-            fwd__attn_one(a, t, (int)(pi % H), scores);
+            fwd__attn_one(a, t, (int)(pi % per_t) * Gs, Gs, scores);
         }
     }
 }
