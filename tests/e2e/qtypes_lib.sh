@@ -23,10 +23,11 @@ kv_ppl() {  # MODEL — prints kvseal's perplexity
 # The anchor's tools print through an asynchronous logger whose last lines
 # are now and then lost at exit on a loaded machine (seen: the "Final
 # estimate" line, or the last greedy token, missing), so a result that is
-# absent, or differs from kvseal's, is asked for again (3 tries).
+# absent, or differs from kvseal's, is asked for again (10 tries: under a busy machine 3 were seen to
+# lose the line every time).
 ll_ppl() {  # MODEL — prints llama.cpp's (its log lines carry a time prefix)
     local try v
-    for try in 1 2 3; do
+    for try in 1 2 3 4 5 6 7 8 9 10; do
         "$A/llama-perplexity" -m "$1" -f "$TMPD/text.txt" -c 128 -t 2 >"$TMPD/ll.log" 2>&1
         v=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$TMPD/ll.log")
         [ -n "$v" ] && break
@@ -62,7 +63,7 @@ check_ppl() {
 gen_same() {
     local try
     G_KV=$(kv_gen "$1" "$2")
-    for try in 1 2 3; do
+    for try in 1 2 3 4 5 6 7 8 9 10; do
         G_LL=$(ll_gen1 "$1" "$2")
         [ "$G_KV" == "$G_LL" ] && return 0
     done
