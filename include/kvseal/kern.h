@@ -91,8 +91,9 @@ const kern_vtab *kern_get(void);
 /* The vtab for isa if this CPU supports it, else NULL. Static storage. */
 const kern_vtab *kern_vtab_for(const char *isa);
 
-/* True for weight types the matmul supports: F32 F16 BF16 Q8_0 Q4_0 Q4_1
- * Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS. */
+/* The weight types the matmul supports, as errors list them. */
+#define KERN_WTYPES "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS"
+/* True for the weight types of KERN_WTYPES. */
 bool kern_wtype_supported(ks_dtype t);
 /* The activation format a weight type multiplies against: F32 for
  * F32/F16/BF16; Q8_0 for the 32-element types (Q8_0 Q4_0 Q4_1 Q5_0 Q5_1

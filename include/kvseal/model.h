@@ -1,5 +1,6 @@
 /* model.h — hyper-parameters, weights and the batched forward pass of
- * Llama-family models (llama, qwen2, qwen3) from GGUF.
+ * Llama-family models (llama, qwen2, qwen3; mixture-of-experts llama and
+ * qwen3moe) from GGUF.
  *
  * The forward pass takes a batch of tokens from any number of sequences at
  * any positions; each sequence reads and writes its K/V through its kv_seq
@@ -19,7 +20,20 @@ typedef enum model_arch {
     MODEL_ARCH_LLAMA = 0,
     MODEL_ARCH_QWEN2 = 1,
     MODEL_ARCH_QWEN3 = 2,
+    MODEL_ARCH_QWEN3MOE = 3,
 } model_arch;
+
+/* How a mixture-of-experts router turns logits into expert weights. */
+typedef enum model_gating {
+    MODEL_GATING_SOFTMAX = 0, /* softmax over all experts, then top-k */
+    MODEL_GATING_SIGMOID = 1, /* sigmoid per expert, then top-k */
+} model_gating;
+
+/* Most experts a token may use (<arch>.expert_used_count). */
+#define MODEL_MAX_EXPERTS_USED 16
+
+/* The architectures model_load runs, as its refusal lists them. */
+#define MODEL_ARCHS "llama, qwen2, qwen3, qwen3moe"
 
 /* Largest head size (attention.key_length) a model may have. */
 #define MODEL_MAX_HEAD_DIM 1024
@@ -45,6 +59,13 @@ typedef struct model_hparams {
     float norm_eps;      /* attention.layer_norm_rms_epsilon */
     bool rope_neox;      /* pairs (i, i+n_rot/2) instead of (2i, 2i+1) */
     bool tied_output;    /* output = token_embd */
+    /* mixture of experts (n_expert 0: a dense FFN of n_ff) */
+    int32_t n_expert;      /* <arch>.expert_count */
+    int32_t n_expert_used; /* experts per token (top-k) */
+    int32_t n_ff_exp;      /* each expert's FFN hidden size */
+    model_gating gating;   /* <arch>.expert_gating_func (softmax unless given) */
+    bool expert_norm;      /* top-k weights renormalized to sum 1 */
+    float expert_scale;    /* top-k weights multiplied by this (1 = none) */
 } model_hparams;
 
 typedef struct model model;
@@ -64,7 +85,8 @@ const model_hparams *model_hp(const model *m);
 const tok_vocab *model_vocab(const model *m);
 const gguf_file *model_gguf(const model *m);
 /* Bytes of weights read to produce one token (all matmul weights once plus
- * one embedding row), for the roofline in `kvseal bench`. */
+ * one embedding row; of a mixture of experts, the router and the
+ * n_expert_used experts a token runs), for the roofline in `kvseal bench`. */
 uint64_t model_bytes_per_token(const model *m);
 
 /* K/V geometry for a pool serving this model (page_tokens and the KV

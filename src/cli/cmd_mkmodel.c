@@ -27,6 +27,7 @@ typedef struct {
     const char *out, *vocab, *arch, *name;
     ks_dtype type;
     long n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx, head_dim;
+    long n_expert, n_expert_used, n_ff_exp; /* mixture of experts (n_expert 0: dense) */
     bool tied, rope_freqs;
     uint64_t seed;
     double rope_base, rope_scale, eps;
@@ -42,7 +43,7 @@ typedef struct mk__plan mk__plan;
 typedef struct {
     char name[64];
     uint32_t n_dims;
-    int64_t ne[2]; /* ne[0] = row length (fastest), ne[1] = rows */
+    int64_t ne[3]; /* ne[0] = row length (fastest), ne[1] = rows, ne[2] = experts */
     ks_dtype type;
     int kind; /* MK__RAND: uniform, std `scale`; MK__ONES: 1 + uniform noise */
     float scale;
@@ -107,7 +108,7 @@ static void mk__job_run(void *arg, int ith, int nth) {
     (void)nth;
     int64_t r0, r1;
     int64_t step = 1 + 16384 / j->t->ne[0]; // ~16K elements per claim
-    while (ks_pool_claim(&j->next, j->n_rows, step, &r0, &r1)) {
+    while (ks_pool_claim(&j->next, j->n_rows, step, &r0, &r1)) { // rows over ne[1] * ne[2]
         for (int64_t r = r0; r < r1; r++) {
             mk__gen_row(j->t, j->row0 + r, x);
             kern_quantize_row(j->t->type, x, p->chunk + (size_t)r * j->row_bytes, j->t->ne[0]);
@@ -124,11 +125,12 @@ static ks_err mk__fill(void *ctx, const char *name, gguf_sink *sink, ks_errbuf *
         return ks_seterr(eb, KS_ERR_INTERNAL, "%s: bad row", name);
     int64_t per_chunk = (int64_t)(p->chunk_cap / row_bytes);
     KS_ASSERT(per_chunk >= 1);
-    for (int64_t r0 = 0; r0 < t->ne[1]; r0 += per_chunk) {
+    const int64_t n_rows = t->ne[1] * t->ne[2];
+    for (int64_t r0 = 0; r0 < n_rows; r0 += per_chunk) {
         mk__job j = {.t = t,
                      .row0 = r0,
                      .row_bytes = row_bytes,
-                     .n_rows = t->ne[1] - r0 < per_chunk ? t->ne[1] - r0 : per_chunk};
+                     .n_rows = n_rows - r0 < per_chunk ? n_rows - r0 : per_chunk};
         atomic_init(&j.next, 0);
         ks_pool_run(p->pool, mk__job_run, &j);
         ks_err e = gguf_sink_write(sink, p->chunk, (size_t)((uint64_t)j.n_rows * row_bytes));
@@ -137,8 +139,9 @@ static ks_err mk__fill(void *ctx, const char *name, gguf_sink *sink, ks_errbuf *
     return KS_OK;
 }
 
-static bool mk__add(mk__plan *p, const mk__opts *o, ks_dtype type, int kind, float scale,
-                    int64_t ne0, int64_t ne1, const char *fmt, int layer) {
+/* Adds tensor fmt % layer of [ne0, ne1, ne2] (ne1 0: a vector; ne2 0: 2-D). */
+static bool mk__add3(mk__plan *p, const mk__opts *o, ks_dtype type, int kind, float scale,
+                     int64_t ne0, int64_t ne1, int64_t ne2, const char *fmt, int layer) {
     if (p->n_t == p->cap_t) {
         int cap = p->cap_t ? 2 * p->cap_t : 64;
         mk__tensor *t = realloc(p->t, (size_t)cap * sizeof *t);
@@ -149,17 +152,24 @@ static bool mk__add(mk__plan *p, const mk__opts *o, ks_dtype type, int kind, flo
     mk__tensor *t = &p->t[p->n_t++];
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, fmt, layer);
-    t->n_dims = ne1 > 0 ? 2 : 1;
+    t->n_dims = ne2 > 0 ? 3 : ne1 > 0 ? 2 : 1;
     t->ne[0] = ne0;
     t->ne[1] = ne1 > 0 ? ne1 : 1;
+    t->ne[2] = ne2 > 0 ? ne2 : 1;
     t->type = type;
     t->kind = kind;
     t->scale = scale;
     t->seed = mk__mix(o->seed ^ mk__hash_str(t->name));
     t->plan = p;
     if (ne0 > p->max_row) p->max_row = ne0;
-    p->n_params += (uint64_t)ne0 * (uint64_t)t->ne[1];
+    p->n_params += (uint64_t)ne0 * (uint64_t)t->ne[1] * (uint64_t)t->ne[2];
     return true;
+}
+
+/* mk__add3 of a vector or matrix. */
+static bool mk__add(mk__plan *p, const mk__opts *o, ks_dtype type, int kind, float scale,
+                    int64_t ne0, int64_t ne1, const char *fmt, int layer) {
+    return mk__add3(p, o, type, kind, scale, ne0, ne1, 0, fmt, layer);
 }
 
 /* The llama.cpp tensor set for o, in llama.cpp's file order. */
@@ -168,7 +178,9 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
     const int64_t QD = o->n_head * HD, KD = o->n_head_kv * HD;
     const ks_dtype W = o->type;
     const float s_in = 1.0f / sqrtf((float)E), res = 1.0f / sqrtf(2.0f * (float)o->n_layer);
-    const bool qwen2 = !strcmp(o->arch, "qwen2"), qwen3 = !strcmp(o->arch, "qwen3");
+    const bool qwen2 = !strcmp(o->arch, "qwen2");
+    const bool qwen3 = !strcmp(o->arch, "qwen3") || !strcmp(o->arch, "qwen3moe");
+    const int64_t X = o->n_expert, FX = o->n_ff_exp;
     const float noise = 0.02f;
     bool ok = mk__add(p, o, W, MK__RAND, o->tied ? 4.0f / sqrtf((float)E) : 1.0f, E, n_vocab,
                       "token_embd.weight", 0);
@@ -191,10 +203,19 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
         ok = ok &&
              mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E, "blk.%d.attn_output.weight",
                      l) &&
-             mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.ffn_norm.weight", l) &&
-             mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_gate.weight", l) &&
-             mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_up.weight", l) &&
-             mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight", l);
+             mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.ffn_norm.weight", l);
+        if (ok && !X)
+            ok = mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_gate.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_up.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight",
+                         l);
+        if (ok && X) // router logits of std ~4 (a clear choice), experts as 3-D tensors
+            ok = mk__add(p, o, KS_DTYPE_F32, MK__RAND, 4.0f * s_in, E, X,
+                         "blk.%d.ffn_gate_inp.weight", l) &&
+                 mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_gate_exps.weight", l) &&
+                 mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_up_exps.weight", l) &&
+                 mk__add3(p, o, W, MK__RAND, res / sqrtf((float)FX), FX, E, X,
+                          "blk.%d.ffn_down_exps.weight", l);
     }
     ok = ok && mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "output_norm.weight", 0);
     if (ok && !o->tied)
@@ -209,12 +230,15 @@ static void mk__usage(FILE *fp) {
     fprintf(
         fp,
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
-        "  --arch llama|qwen2|qwen3     architecture (default llama)\n"
+        "  --arch llama|qwen2|qwen3|qwen3moe  architecture (default llama)\n"
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
         "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
         "  --shape tiny|1.1b            preset (default tiny: 256 embd, 2 layers, 8/2 heads,\n"
         "                               512 ff, ctx 512; 1.1b: TinyLlama 2048/22/32/4/5632/2048)\n"
         "  --n-embd N --n-layer N --n-head N --n-head-kv N --n-ff N --ctx N --head-dim N\n"
+        "  --n-expert N --n-expert-used K --n-ff-exp N\n"
+        "                               mixture of experts (llama: Mixtral style; qwen3moe\n"
+        "                               defaults 8 experts, 2 used, n_ff_exp n_ff/2)\n"
         "  --tied                       no output.weight (logits use token_embd)\n"
         "  --seed S                     weight seed (default 1)\n"
         "  --rope-base F --rope-scale F (scaling factor; linear unless --rope-type yarn)\n"
@@ -286,7 +310,8 @@ static bool mk__check_shape(const mk__opts *o) {
         long n;
     } rows[] = {{"n_embd (rows of token_embd, attn_q/k/v, ffn_gate/up, output)", o->n_embd},
                 {"n_head*head_dim (rows of attn_output)", o->n_head * o->head_dim},
-                {"n_ff (rows of ffn_down)", o->n_ff}};
+                {"n_ff (rows of ffn_down)", o->n_ff},
+                {"n_ff_exp (rows of ffn_down_exps)", o->n_expert ? o->n_ff_exp : 0}};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         if (rows[i].n % be) {
             fprintf(stderr,
@@ -318,7 +343,11 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
          MK__U32("attention.head_count_kv", o->n_head_kv) &&
          MK__F32("rope.freq_base", o->rope_base) && MK__U32("rope.dimension_count", o->head_dim) &&
          MK__F32("attention.layer_norm_rms_epsilon", o->eps);
-    if (ok && (!strcmp(a, "qwen3") || o->head_dim * o->n_head != o->n_embd))
+    if (ok && o->n_expert)
+        ok = MK__U32("expert_count", o->n_expert) &&
+             MK__U32("expert_used_count", o->n_expert_used) &&
+             (o->n_ff_exp == o->n_ff || MK__U32("expert_feed_forward_length", o->n_ff_exp));
+    if (ok && (!strncmp(a, "qwen3", 5) || o->head_dim * o->n_head != o->n_embd))
         ok = MK__U32("attention.key_length", o->head_dim) &&
              MK__U32("attention.value_length", o->head_dim);
     if (ok && o->rope_scale != 1.0) {
@@ -401,14 +430,17 @@ int cli_mkmodel(int argc, char **argv) {
         } else if (!strcmp(a, "--rope-scale")) {
             if (!cli__parse_float(a, v, &o.rope_scale) || !(o.rope_scale > 0)) return 2;
         } else {
-            long *dst = !strcmp(a, "--n-embd")      ? &v_embd
-                        : !strcmp(a, "--n-layer")   ? &v_layer
-                        : !strcmp(a, "--n-head")    ? &v_head
-                        : !strcmp(a, "--n-head-kv") ? &v_head_kv
-                        : !strcmp(a, "--n-ff")      ? &v_ff
-                        : !strcmp(a, "--ctx")       ? &v_ctx
-                        : !strcmp(a, "--head-dim")  ? &v_hd
-                                                    : NULL;
+            long *dst = !strcmp(a, "--n-embd")          ? &v_embd
+                        : !strcmp(a, "--n-layer")       ? &v_layer
+                        : !strcmp(a, "--n-head")        ? &v_head
+                        : !strcmp(a, "--n-head-kv")     ? &v_head_kv
+                        : !strcmp(a, "--n-ff")          ? &v_ff
+                        : !strcmp(a, "--ctx")           ? &v_ctx
+                        : !strcmp(a, "--head-dim")      ? &v_hd
+                        : !strcmp(a, "--n-expert")      ? &o.n_expert
+                        : !strcmp(a, "--n-expert-used") ? &o.n_expert_used
+                        : !strcmp(a, "--n-ff-exp")      ? &o.n_ff_exp
+                                                        : NULL;
             if (!dst) {
                 fprintf(stderr, "kvseal mkmodel: unknown option '%s'\n", a);
                 mk__usage(stderr);
@@ -422,9 +454,10 @@ int cli_mkmodel(int argc, char **argv) {
         mk__usage(stderr);
         return 2;
     }
-    bool qwen = !strcmp(o.arch, "qwen2") || !strcmp(o.arch, "qwen3");
+    bool qwen = !strcmp(o.arch, "qwen2") || !strcmp(o.arch, "qwen3") || !strcmp(o.arch, "qwen3moe");
     if (!qwen && strcmp(o.arch, "llama")) {
-        fprintf(stderr, "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3\n", o.arch);
+        fprintf(stderr, "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe\n",
+                o.arch);
         return 2;
     }
     if (!strcmp(shape, "tiny")) {
@@ -443,6 +476,26 @@ int cli_mkmodel(int argc, char **argv) {
     if (v_ff) o.n_ff = v_ff;
     if (v_ctx) o.n_ctx = v_ctx;
     o.head_dim = v_hd ? v_hd : o.n_embd / o.n_head;
+    if (!strcmp(o.arch, "qwen3moe") && !o.n_expert) o.n_expert = 8;
+    if (o.n_expert) {
+        if (!o.n_expert_used) o.n_expert_used = o.n_expert < 2 ? o.n_expert : 2;
+        // llama (Mixtral) experts are n_ff wide; qwen3moe's have their own key
+        if (!o.n_ff_exp) o.n_ff_exp = strcmp(o.arch, "llama") ? o.n_ff / 2 : o.n_ff;
+        if (!strcmp(o.arch, "llama") && o.n_ff_exp != o.n_ff) {
+            fprintf(stderr,
+                    "kvseal mkmodel: a llama MoE's experts are --n-ff wide (no --n-ff-exp)\n");
+            return 2;
+        }
+        if (o.n_expert_used > o.n_expert || o.n_expert_used > 16) {
+            fprintf(stderr,
+                    "kvseal mkmodel: --n-expert-used %ld: at most --n-expert (%ld) and 16\n",
+                    o.n_expert_used, o.n_expert);
+            return 2;
+        }
+    } else if (o.n_expert_used || o.n_ff_exp) {
+        fprintf(stderr, "kvseal mkmodel: --n-expert-used and --n-ff-exp need --n-expert\n");
+        return 2;
+    }
     if (!v_hd && o.n_embd % o.n_head) {
         fprintf(stderr,
                 "kvseal mkmodel: --n-embd %ld is not a multiple of --n-head %ld "

@@ -3,7 +3,7 @@
  * strings: the same tokens for the same parameters). Only the generated
  * text goes to stdout (streamed as whole UTF-8 characters, stop strings
  * held back until they can be ruled out), so scripts can compare outputs;
- * logs and timings go to stderr. */
+ * logs, timings and --logprobs lines go to stderr. */
 #include "cli_int.h"
 
 #include "kvseal/engine.h"
@@ -22,7 +22,10 @@ static void run__usage(void) {
             "                  [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]\n"
             "                  [--frequency-penalty F] [--presence-penalty F] [--stop STR]...\n"
             "                  [--ignore-eos] [--special] [-c CTX] [-t THREADS]\n"
-            "                  [--kv-type f32|f16|q8_0]\n"
+            "                  [--kv-type f32|f16|q8_0] [--logprobs]\n"
+            "  --logprobs prints, for each generated token, a stderr line\n"
+            "    'logprobs: STEP ID OFFSET LP1 LP2': its id, the byte offset of its text in\n"
+            "    the output, and the log-probabilities of the two most likely tokens.\n"
             "  defaults: -n 128, --temp 0.8, --top-k 40, --top-p 0.95, --min-p 0.05, random seed;\n"
             "  --temp 0 is greedy. The model defaults to the shipped kjv-mini.\n");
 }
@@ -32,7 +35,7 @@ int cli_run(int argc, char **argv) {
     const char *stops[RUN_MAX_STOPS];
     int n_stops = 0;
     long n_predict = 128, threads = 0, ctx = 0;
-    bool ignore_eos = false, special = false, seeded = false;
+    bool ignore_eos = false, special = false, seeded = false, logprobs = false;
     sample_params sp;
     sample_params_default(&sp);
     engine_opts od; // the engine's default KV type is the only copy of it
@@ -75,6 +78,7 @@ int cli_run(int argc, char **argv) {
         }
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
         else if (!strcmp(a, "--special")) special = true;
+        else if (!strcmp(a, "--logprobs")) logprobs = true;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { run__usage(); return 0; }
         else { run__usage(); return 2; }
 #undef FLOATOPT
@@ -85,6 +89,7 @@ int cli_run(int argc, char **argv) {
         return 2;
     }
     if (sp.temperature < 0) sp.temperature = 0;
+    if (logprobs) sp.n_probs = 2;
     if (!seeded) sp.seed = (uint64_t)time(NULL) ^ ks_now_ns();
     ks_errbuf eb = {0};
     if (sample_params_validate(&sp, &eb)) {
@@ -137,6 +142,8 @@ int cli_run(int argc, char **argv) {
     uint64_t t0 = ks_now_ns();
     if (engine_submit(e, &p, &r, &eb)) goto fail;
     engine_event ev;
+    size_t offset = 0; // bytes of the generated tokens' pieces so far
+    int step = 0;
     do {
         ks_err ne = engine_req_next(r, &ev, 1000);
         if (ne == KS_ERR_TIMEOUT) continue;
@@ -147,6 +154,13 @@ int cli_run(int argc, char **argv) {
         if (ev.text_len) {
             fwrite(ev.text, 1, ev.text_len, stdout);
             fflush(stdout);
+        }
+        if (logprobs && ev.token >= 0) {
+            char piece[256];
+            fprintf(stderr, "logprobs: %d %d %zu %.6f %.6f\n", step++, ev.token, offset,
+                    ev.sr.n_top > 0 ? (double)ev.sr.top_logprobs[0] : 0.0,
+                    ev.sr.n_top > 1 ? (double)ev.sr.top_logprobs[1] : -1e30);
+            offset += tok_piece(model_vocab(m), ev.token, special, piece, sizeof piece);
         }
     } while (!ev.done);
     uint64_t t2 = ks_now_ns();

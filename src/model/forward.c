@@ -15,6 +15,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* One weight of a matmul run: Y (T, w->N) = X @ w^T. */
+typedef struct fwd__mm_part {
+    const model__mat *w;
+    const void *X; // (T, x_stride bytes) in kern_act_type(w->type)
+    size_t x_stride;
+    float *Y; // (T, N)
+    int T;
+    kern_matmul_fn fn;
+    int64_t chunk;  // weight rows per claim
+    int64_t claim0; // the part's first claim number in the run
+} fwd__mm_part;
+
 struct model_ctx {
     const model *m;
     kv_pool *pool;
@@ -29,8 +41,17 @@ struct model_ctx {
     float *v;     // (T, Hkv*D)
     float *att;   // (T, H*D)
     float *tmp;   // (T, E)
-    float *g;     // (T, F)
-    float *u;     // (T, F)
+    float *g;     // (T, F), or (T*k, F_exp) rows of a MoE layer in expert order
+    float *u;     // the same
+    // mixture of experts (NULL in a dense model); k = n_expert_used
+    float *router;       // (T, n_expert) router logits
+    int32_t *sel;        // (T, k) each token's experts, best first
+    float *sel_w;        // (T, k) their weights
+    int32_t *slot_row;   // (T, k) the row of (token, slot) in expert order
+    int32_t *row_tok;    // (T*k) the token of each row in expert order
+    int32_t *x_off;      // (n_expert + 1) first row of each expert's run
+    float *xe;           // (T*k, E) expert inputs gathered, then their outputs
+    fwd__mm_part *parts; // (2 * n_expert) one matmul run's parts
     float *scores;      // (nth, G, max_ctx) attention scratch per thread, G query heads per KV head
     int32_t *seq_next;  // (max_tokens) per-sequence next position, for validation
     atomic_int *seq_bad; // (max_tokens) per-sequence: a page failed to resolve this pass
@@ -45,7 +66,7 @@ struct model_ctx {
         size_t cap_row;       // bytes per row available
         const float *src;     // which input it holds (NULL = none)
         int64_t K;
-    } act[2];                 // [0] Q8_0, [1] Q8_K
+    } act[2]; // [0] Q8_0, [1] Q8_K; (T*max(1, k)) rows each
 };
 
 // ----------------------------------------------------------------------------
@@ -79,6 +100,9 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     size_t T = (size_t)max_tokens, E = (size_t)hp->n_embd, HD = (size_t)hp->n_head * hp->head_dim;
     size_t KVD = (size_t)hp->n_head_kv * hp->head_dim, F = (size_t)hp->n_ff;
     size_t XN = E > HD ? E : HD;
+    const size_t NX = (size_t)hp->n_expert, KX = (size_t)hp->n_expert_used;
+    const size_t TA = NX ? T * KX : T; // rows of activations a matmul reads
+    if (NX && KX * (size_t)hp->n_ff_exp > F) F = KX * (size_t)hp->n_ff_exp;
     c->x = ks_alloc_aligned(T * E * sizeof(float));
     c->xn = ks_alloc_aligned(T * XN * sizeof(float));
     c->q = ks_alloc_aligned(T * HD * sizeof(float));
@@ -88,6 +112,19 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     c->tmp = ks_alloc_aligned(T * E * sizeof(float));
     c->g = ks_alloc_aligned(T * F * sizeof(float));
     c->u = ks_alloc_aligned(T * F * sizeof(float));
+    bool moe_ok = true;
+    if (NX) {
+        c->router = ks_alloc_aligned(T * NX * sizeof(float));
+        c->sel = malloc(T * KX * sizeof(int32_t));
+        c->sel_w = malloc(T * KX * sizeof(float));
+        c->slot_row = malloc(T * KX * sizeof(int32_t));
+        c->row_tok = malloc(T * KX * sizeof(int32_t));
+        c->x_off = malloc((2 * NX + 1) * sizeof(int32_t));
+        c->xe = ks_alloc_aligned(T * KX * E * sizeof(float));
+        c->parts = calloc(2 * NX, sizeof *c->parts);
+        moe_ok = c->router && c->sel && c->sel_w && c->slot_row && c->row_tok && c->x_off &&
+                 c->xe && c->parts;
+    }
     c->scores = ks_alloc_aligned((size_t)n_threads * (size_t)(hp->n_head / hp->n_head_kv) *
                                  (size_t)max_ctx * sizeof(float));
     c->seq_next = malloc(T * sizeof(int32_t));
@@ -103,10 +140,11 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     ks_dtype_row_bytes(KS_DTYPE_Q8_K, (Kmax + 255) / 256 * 256, &rbk);
     c->act[0].cap_row = (size_t)rb0;
     c->act[1].cap_row = (size_t)rbk;
-    c->act[0].buf = ks_alloc_aligned(T * (size_t)rb0);
-    c->act[1].buf = ks_alloc_aligned(T * (size_t)rbk);
+    c->act[0].buf = ks_alloc_aligned(TA * (size_t)rb0);
+    c->act[1].buf = ks_alloc_aligned(TA * (size_t)rbk);
     if (!c->threads || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->g ||
-        !c->u || !c->scores || !c->seq_next || !c->seq_bad || !c->seq_first || !c->kp || !c->vp || !c->act[0].buf || !c->act[1].buf) {
+        !c->u || !c->scores || !c->seq_next || !c->seq_bad || !c->seq_first || !c->kp || !c->vp ||
+        !c->act[0].buf || !c->act[1].buf || !moe_ok) {
         model_ctx_free(c);
         return ks_seterr(eb, KS_ERR_NOMEM, "model context: scratch for %d tokens", max_tokens);
     }
@@ -117,10 +155,17 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
 void model_ctx_free(model_ctx *c) {
     if (!c) return;
     ks_pool_destroy(c->threads);
-    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->att, c->tmp, c->g, c->u, c->scores};
+    float *bufs[] = {c->x,   c->xn, c->q, c->k,      c->v,      c->att,
+                     c->tmp, c->g,  c->u, c->scores, c->router, c->xe};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ks_free_aligned(bufs[i]);
     ks_free_aligned(c->act[0].buf);
     ks_free_aligned(c->act[1].buf);
+    free(c->sel);
+    free(c->sel_w);
+    free(c->slot_row);
+    free(c->row_tok);
+    free(c->x_off);
+    free(c->parts);
     free(c->seq_next);
     free(c->seq_bad);
     free(c->seq_first);
@@ -132,22 +177,14 @@ void model_ctx_free(model_ctx *c) {
 // ----------------------------------------------------------------------------
 // Matmul: Y (T, N) = X (T, K) @ W^T, W (N, K) in its GGUF type
 
-/* One weight of a matmul run: Y (T, w->N) = X @ w^T. */
+/* Weights in one pool run: a decode step hands work to the threads ~16
+ * times per layer, and each hand-off (and the wait for the slowest thread)
+ * cost about a fifth of decode time; a MoE layer runs all its experts'
+ * gate and up matmuls in one run, and all their down matmuls in another. */
 typedef struct {
-    const model__mat *w;
-    const void *X;     // (T, x_stride bytes) in kern_act_type(w->type)
-    size_t x_stride;
-    float *Y;          // (T, N)
-    kern_matmul_fn fn;
-} fwd__mm_part;
-
-/* Up to three weights reading the same input, in one pool run: a decode
- * step hands work to the threads ~16 times per layer, and each hand-off
- * (and the wait for the slowest thread) cost about a fifth of decode time. */
-typedef struct {
-    fwd__mm_part p[3];
+    fwd__mm_part *p;
     int n_parts;
-    int T;
+    int64_t n_claims;
     atomic_llong next; // next claim, over the parts' claims in order
 } fwd__mm;
 
@@ -165,26 +202,38 @@ static int64_t fwd__rows_per_claim(int64_t N, int nth) {
  * split changes no value. */
 static void fwd__mm_task(void *arg, int ith, int nth) {
     fwd__mm *a = arg;
-    (void)ith;
-    int64_t chunk[3], n_claims[3], total = 0;
-    for (int i = 0; i < a->n_parts; i++) {
-        chunk[i] = fwd__rows_per_claim(a->p[i].w->N, nth);
-        n_claims[i] = (a->p[i].w->N + chunk[i] - 1) / chunk[i];
-        total += n_claims[i];
-    }
+    (void)ith, (void)nth;
     int64_t k, k1;
-    while (ks_pool_claim(&a->next, total, 1, &k, &k1)) {
-        int i = 0;
-        while (k >= n_claims[i])
-            k -= n_claims[i++];
+    int i = 0; // one thread's claims only grow, so its part index only moves on
+    while (ks_pool_claim(&a->next, a->n_claims, 1, &k, &k1)) {
+        while (i + 1 < a->n_parts && k >= a->p[i + 1].claim0)
+            i++;
         const fwd__mm_part *p = &a->p[i];
         const model__mat *w = p->w;
-        const int64_t r = k * chunk[i], r1 = r + chunk[i] < w->N ? r + chunk[i] : w->N;
-        p->fn(w->K, (int)(r1 - r), a->T,
+        const int64_t r = (k - p->claim0) * p->chunk,
+                      r1 = r + p->chunk < w->N ? r + p->chunk : w->N;
+        p->fn(w->K, (int)(r1 - r), p->T,
               (const char *)w->data +
                   (w->packed ? (size_t)(r / 16) * w->group_bytes : (size_t)r * w->row_bytes),
               w->row_bytes, p->X, p->x_stride, p->Y + r, (size_t)w->N);
     }
+}
+
+/* Runs the n parts (X, Y, T and w set) in one pool run. */
+static void fwd__mm_run(model_ctx *c, fwd__mm_part *parts, int n) {
+    fwd__mm a = {.p = parts, .n_parts = n};
+    const int nth = ks_pool_nth(c->threads);
+    for (int i = 0; i < n; i++) {
+        fwd__mm_part *p = &parts[i];
+        KS_ASSERT(p->T >= 1);
+        p->fn = p->w->packed ? c->kv->matmul_r16[p->w->type] : c->kv->matmul[p->w->type];
+        KS_ASSERT(p->fn);
+        p->chunk = fwd__rows_per_claim(p->w->N, nth);
+        p->claim0 = a.n_claims;
+        a.n_claims += (p->w->N + p->chunk - 1) / p->chunk;
+    }
+    atomic_init(&a.next, 0);
+    ks_pool_run(c->threads, fwd__mm_task, &a);
 }
 
 typedef struct {
@@ -210,42 +259,51 @@ static void fwd__quant_task(void *arg, int ith, int nth) {
 /* Forgets cached quantized activations (call when an input buffer changes). */
 static void fwd__act_reset(model_ctx *c) { c->act[0].src = c->act[1].src = NULL; }
 
+/* T rows of X (K floats each) in the activation type weight w multiplies
+ * against: X itself for F32, else quantized once into an act slot and reused
+ * for other weights reading the same X. Sets *Xa and its row stride. */
+static void fwd__act(model_ctx *c, const model__mat *w, const float *X, int T, const void **Xa,
+                     size_t *stride) {
+    const ks_dtype at = kern_act_type(w->type);
+    if (at == KS_DTYPE_F32) {
+        *Xa = X;
+        *stride = (size_t)w->K * sizeof(float);
+        return;
+    }
+    int slot = at == KS_DTYPE_Q8_0 ? 0 : 1;
+    KS_ASSERT(at == KS_DTYPE_Q8_0 || at == KS_DTYPE_Q8_K);
+    uint64_t rb = 0;
+    KS_ASSERT(ks_dtype_row_bytes(at, (uint64_t)w->K, &rb) && rb <= c->act[slot].cap_row);
+    if (c->act[slot].src != X || c->act[slot].K != w->K) {
+        fwd__quant q = {.kv = c->kv,
+                        .fn = c->kv->quantize_act[at],
+                        .src = X,
+                        .K = w->K,
+                        .dst = c->act[slot].buf,
+                        .dst_stride = (size_t)rb,
+                        .T = T};
+        KS_ASSERT(q.fn);
+        ks_pool_run(c->threads, fwd__quant_task, &q);
+        c->act[slot].src = X;
+        c->act[slot].K = w->K;
+    }
+    *Xa = c->act[slot].buf;
+    *stride = (size_t)rb;
+}
+
 /* Ys[i] = X @ ws[i]^T for T rows of X (K floats each), i < n (<= 3), in one
- * pool run. Quantizes X once per activation type and reuses it for other
- * weights reading the same X. */
+ * pool run. */
 static void fwd__matmuls(model_ctx *c, int n, const model__mat *const *ws, const float *X, int T,
                          float *const *Ys) {
-    fwd__mm a = {.n_parts = n, .T = T};
+    fwd__mm_part p[3] = {0};
     KS_ASSERT(n >= 1 && n <= 3);
     for (int i = 0; i < n; i++) {
-        const model__mat *w = ws[i];
-        fwd__mm_part *p = &a.p[i];
-        const ks_dtype at = kern_act_type(w->type);
-        p->w = w;
-        p->Y = Ys[i];
-        p->fn = w->packed ? c->kv->matmul_r16[w->type] : c->kv->matmul[w->type];
-        KS_ASSERT(p->fn);
-        if (at == KS_DTYPE_F32) {
-            p->X = X;
-            p->x_stride = (size_t)w->K * sizeof(float);
-            continue;
-        }
-        int slot = at == KS_DTYPE_Q8_0 ? 0 : 1;
-        KS_ASSERT(at == KS_DTYPE_Q8_0 || at == KS_DTYPE_Q8_K);
-        uint64_t rb = 0;
-        KS_ASSERT(ks_dtype_row_bytes(at, (uint64_t)w->K, &rb) && rb <= c->act[slot].cap_row);
-        if (c->act[slot].src != X || c->act[slot].K != w->K) {
-            fwd__quant q = {.kv = c->kv, .fn = c->kv->quantize_act[at], .src = X, .K = w->K,
-                            .dst = c->act[slot].buf, .dst_stride = (size_t)rb, .T = T};
-            KS_ASSERT(q.fn);
-            ks_pool_run(c->threads, fwd__quant_task, &q);
-            c->act[slot].src = X;
-            c->act[slot].K = w->K;
-        }
-        p->X = c->act[slot].buf;
-        p->x_stride = (size_t)rb;
+        p[i].w = ws[i];
+        p[i].Y = Ys[i];
+        p[i].T = T;
+        fwd__act(c, ws[i], X, T, &p[i].X, &p[i].x_stride);
     }
-    ks_pool_run(c->threads, fwd__mm_task, &a);
+    fwd__mm_run(c, p, n);
 }
 
 /* Y = X @ W^T for T rows of X: fwd__matmuls of one weight. */
@@ -257,11 +315,13 @@ static void fwd__matmul(model_ctx *c, const model__mat *w, const float *X, int T
 // Row ops (split by token)
 
 typedef enum {
-    FWD_EMBED,     // x[t] = token_embd[tok[t]]
-    FWD_NORM,      // xn[t] = rmsnorm(x[t]) * w
-    FWD_ADD_NORM,  // x[t] += tmp[t]; xn[t] = rmsnorm(x[t]) * w  (w NULL: add only)
-    FWD_QKV,       // biases, q/k norm, rope on q[t], k[t]; write k, v to the KV page
-    FWD_SWIGLU,    // g[t] = silu(g[t]) * u[t]
+    FWD_EMBED,       // x[t] = token_embd[tok[t]]
+    FWD_NORM,        // xn[t] = rmsnorm(x[t]) * w
+    FWD_ADD_NORM,    // x[t] += tmp[t]; xn[t] = rmsnorm(x[t]) * w  (w NULL: add only)
+    FWD_QKV,         // biases, q/k norm, rope on q[t], k[t]; write k, v to the KV page
+    FWD_SWIGLU,      // g[r] = silu(g[r]) * u[r], rows of ff
+    FWD_MOE_GATHER,  // xe[r] = xn[row_tok[r]], rows in expert order
+    FWD_MOE_COMBINE, // tmp[t] = sum over t's slots j of sel_w[t][j] * xe[slot_row[t][j]]
 } fwd__rowop;
 
 typedef struct {
@@ -270,7 +330,9 @@ typedef struct {
     fwd__rowop op;
     const float *w;  // norm weight
     int layer;
-    atomic_llong next;  // next token to claim
+    int n;             // rows to claim: tokens, or (token, expert) rows
+    int64_t ff;        // FWD_SWIGLU's row length
+    atomic_llong next; // next row to claim
 } fwd__rows;
 
 static void fwd__qkv_row(fwd__rows *a, int t) {
@@ -326,11 +388,10 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
     fwd__rows *a = arg;
     model_ctx *c = a->c;
     const model *m = c->m;
-    const int T = a->b->n_tokens;
-    const int64_t E = m->hp.n_embd, F = m->hp.n_ff;
+    const int64_t E = m->hp.n_embd, F = a->ff;
     (void)ith, (void)nth;
     int64_t t0, t1;
-    while (ks_pool_claim(&a->next, T, 1, &t0, &t1)) {
+    while (ks_pool_claim(&a->next, a->n, 1, &t0, &t1)) {
         const int t = (int)t0;
         float *x = c->x + (size_t)t * (size_t)E, *xn = c->xn + (size_t)t * (size_t)E;
         switch (a->op) {
@@ -350,14 +411,134 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             c->kv->silu_mul(F, c->g + (size_t)t * (size_t)F, c->u + (size_t)t * (size_t)F,
                             c->g + (size_t)t * (size_t)F);
             break;
+        case FWD_MOE_GATHER:
+            memcpy(c->xe + (size_t)t * (size_t)E, c->xn + (size_t)c->row_tok[t] * (size_t)E,
+                   sizeof(float) * (size_t)E);
+            break;
+        case FWD_MOE_COMBINE: {
+            // slots in selection order, the same for a token whatever the batch
+            const int KX = m->hp.n_expert_used;
+            float *y = c->tmp + (size_t)t * (size_t)E;
+            const int32_t *rows = c->slot_row + (size_t)t * (size_t)KX;
+            const float *wt = c->sel_w + (size_t)t * (size_t)KX;
+            for (int64_t i = 0; i < E; i++)
+                y[i] = wt[0] * c->xe[(size_t)rows[0] * (size_t)E + (size_t)i];
+            for (int j = 1; j < KX; j++) {
+                const float *xr = c->xe + (size_t)rows[j] * (size_t)E;
+                for (int64_t i = 0; i < E; i++)
+                    y[i] += wt[j] * xr[i];
+            }
+            break;
+        }
         }
     }
 }
 
-static void fwd__rows_run(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w, int layer) {
-    fwd__rows a = {.c = c, .b = b, .op = op, .w = w, .layer = layer};
+/* Runs op over n rows (tokens, or (token, expert) rows); ff is
+ * FWD_SWIGLU's row length. */
+static void fwd__rows_run_n(model_ctx *c, const model_batch *b, fwd__rowop op, int n, int64_t ff) {
+    fwd__rows a = {.c = c, .b = b, .op = op, .n = n, .ff = ff};
     atomic_init(&a.next, 0);
     ks_pool_run(c->threads, fwd__rows_task, &a);
+}
+
+/* Runs op over the batch's tokens (w: the norm weight, layer: FWD_QKV's). */
+static void fwd__rows_run(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w, int layer) {
+    fwd__rows a = {
+        .c = c, .b = b, .op = op, .w = w, .layer = layer, .n = b->n_tokens, .ff = c->m->hp.n_ff};
+    atomic_init(&a.next, 0);
+    ks_pool_run(c->threads, fwd__rows_task, &a);
+}
+
+// ----------------------------------------------------------------------------
+// Mixture of experts: route each token to its top-k experts, run every
+// expert once over the rows routed to it (rows grouped by expert), and sum
+// each token's expert outputs in its own selection order. A token's values
+// depend only on its own row: matmul rows are batch-invariant (kern.h) and
+// the routing and the sum are per token.
+
+/* Routes the T tokens from their router logits (c->router): selection,
+ * weights, and the rows in expert order. Serial: O(T * n_expert). */
+static void fwd__route(model_ctx *c, int T) {
+    const model_hparams *hp = &c->m->hp;
+    const int NX = hp->n_expert, KX = hp->n_expert_used;
+    int32_t *fill = c->x_off + NX + 1; // (n_expert) rows placed so far
+    memset(c->x_off, 0, sizeof(int32_t) * (size_t)(2 * NX + 1));
+    for (int t = 0; t < T; t++) {
+        float *p = c->router + (size_t)t * (size_t)NX;
+        if (hp->gating == MODEL_GATING_SOFTMAX)
+            c->kv->softmax(NX, p);
+        else
+            for (int e = 0; e < NX; e++)
+                p[e] = 1.0f / (1.0f + expf(-p[e]));
+        int32_t *sel = c->sel + (size_t)t * (size_t)KX;
+        float *w = c->sel_w + (size_t)t * (size_t)KX;
+        float sum = 0.0f;
+        for (int j = 0; j < KX; j++) { // top-k by repeated argmax; ties go to the lower index
+            int best = -1;
+            for (int e = 0; e < NX; e++) {
+                bool taken = false;
+                for (int i = 0; i < j; i++)
+                    taken |= sel[i] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            sel[j] = best;
+            w[j] = p[best];
+            sum += w[j];
+            c->x_off[best + 1]++;
+        }
+        for (int j = 0; j < KX; j++)
+            w[j] = (hp->expert_norm ? w[j] / sum : w[j]) * hp->expert_scale;
+    }
+    for (int e = 0; e < NX; e++)
+        c->x_off[e + 1] += c->x_off[e];
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < KX; j++) {
+            const int e = c->sel[(size_t)t * (size_t)KX + (size_t)j];
+            const int32_t r = c->x_off[e] + fill[e]++;
+            c->slot_row[(size_t)t * (size_t)KX + (size_t)j] = r;
+            c->row_tok[r] = t;
+        }
+}
+
+/* The MoE feed-forward block of layer L: xn (T, E) in, tmp (T, E) out. */
+static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L) {
+    const model_hparams *hp = &c->m->hp;
+    const int T = b->n_tokens, NX = hp->n_expert, R = T * hp->n_expert_used;
+    const int64_t E = hp->n_embd, FX = hp->n_ff_exp;
+    fwd__matmul(c, &L->gate_inp, c->xn, T, c->router);
+    fwd__route(c, T);
+    fwd__rows_run_n(c, b, FWD_MOE_GATHER, R, 0);
+    fwd__act_reset(c); // xe and g hold new rows
+    int n = 0;
+    for (int e = 0; e < NX; e++) {
+        const int rows = c->x_off[e + 1] - c->x_off[e];
+        if (!rows) continue;
+        const model__mat *ws[2] = {&L->gate_exps[e], &L->up_exps[e]};
+        float *ys[2] = {c->g, c->u};
+        for (int i = 0; i < 2; i++) {
+            fwd__mm_part *p = &c->parts[n++];
+            *p = (fwd__mm_part){
+                .w = ws[i], .T = rows, .Y = ys[i] + (size_t)c->x_off[e] * (size_t)FX};
+            fwd__act(c, ws[i], c->xe, R, &p->X, &p->x_stride);
+            p->X = (const char *)p->X + (size_t)c->x_off[e] * p->x_stride;
+        }
+    }
+    fwd__mm_run(c, c->parts, n);
+    fwd__rows_run_n(c, b, FWD_SWIGLU, R, FX);
+    n = 0;
+    for (int e = 0; e < NX; e++) {
+        const int rows = c->x_off[e + 1] - c->x_off[e];
+        if (!rows) continue;
+        fwd__mm_part *p = &c->parts[n++];
+        *p = (fwd__mm_part){
+            .w = &L->down_exps[e], .T = rows, .Y = c->xe + (size_t)c->x_off[e] * (size_t)E};
+        fwd__act(c, p->w, c->g, R, &p->X, &p->x_stride);
+        p->X = (const char *)p->X + (size_t)c->x_off[e] * p->x_stride;
+    }
+    fwd__mm_run(c, c->parts, n);
+    fwd__act_reset(c);
+    fwd__rows_run(c, b, FWD_MOE_COMBINE, NULL, 0);
 }
 
 // ----------------------------------------------------------------------------
@@ -524,11 +705,15 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
         fwd__rows_run(c, b, FWD_ADD_NORM, L->ffn_norm, il);
         // feed-forward block
         fwd__act_reset(c);
-        const model__mat *gu[] = {&L->w_gate, &L->w_up};
-        float *const gu_out[] = {c->g, c->u};
-        fwd__matmuls(c, 2, gu, c->xn, T, gu_out);
-        fwd__rows_run(c, b, FWD_SWIGLU, NULL, il);
-        fwd__matmul(c, &L->w_down, c->g, T, c->tmp);
+        if (L->gate_exps) {
+            fwd__moe(c, b, L);
+        } else {
+            const model__mat *gu[] = {&L->w_gate, &L->w_up};
+            float *const gu_out[] = {c->g, c->u};
+            fwd__matmuls(c, 2, gu, c->xn, T, gu_out);
+            fwd__rows_run(c, b, FWD_SWIGLU, NULL, il);
+            fwd__matmul(c, &L->w_down, c->g, T, c->tmp);
+        }
         const float *next_norm = il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : m->output_norm;
         fwd__rows_run(c, b, FWD_ADD_NORM, next_norm, il);
     }

@@ -52,6 +52,41 @@ static ks_err load__f32(load__ctx *c, const char *suffix, float dflt, float *out
     return gguf_get_f32(c->f, key, out, c->eb);
 }
 
+/* Mixture-of-experts keys: expert_count (0 or absent: dense), the top-k
+ * expert_used_count, each expert's expert_feed_forward_length (default
+ * feed_forward_length) and the gating function. llama (Mixtral) and
+ * qwen3moe renormalize the top-k weights. */
+static ks_err load__experts(load__ctx *c, model_hparams *hp) {
+    ks_err e;
+    hp->gating = MODEL_GATING_SOFTMAX;
+    hp->expert_norm = true;
+    hp->expert_scale = 1.0f;
+    if ((e = load__u32(c, "expert_count", hp->arch == MODEL_ARCH_QWEN3MOE, 0, &hp->n_expert)))
+        return e;
+    if (hp->n_expert == 0) return KS_OK;
+    if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_QWEN3MOE)
+        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                         "%s: %s.expert_count %d: mixture-of-experts runs for llama (Mixtral) and "
+                         "qwen3moe, not %s",
+                         gguf_path(c->f), hp->arch_name, hp->n_expert, hp->arch_name);
+    int32_t gf;
+    if ((e = load__u32(c, "expert_used_count", true, 0, &hp->n_expert_used)) ||
+        (e = load__u32(c, "expert_feed_forward_length", false, 0, &hp->n_ff_exp)) ||
+        (e = load__u32(c, "expert_gating_func", false, 1, &gf)))
+        return e;
+    if (hp->n_expert_used > hp->n_expert || hp->n_expert_used > MODEL_MAX_EXPERTS_USED)
+        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                         "%s: %s.expert_used_count %d: at most expert_count (%d) and %d",
+                         gguf_path(c->f), hp->arch_name, hp->n_expert_used, hp->n_expert,
+                         MODEL_MAX_EXPERTS_USED);
+    if (gf != 1 && gf != 2) // llama.cpp's numbering: 1 softmax, 2 sigmoid
+        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                         "%s: %s.expert_gating_func %d is not supported (1 softmax, 2 sigmoid)",
+                         gguf_path(c->f), hp->arch_name, gf);
+    hp->gating = gf == 2 ? MODEL_GATING_SIGMOID : MODEL_GATING_SOFTMAX;
+    return KS_OK;
+}
+
 static ks_err load__hparams(model *m, ks_errbuf *eb) {
     const gguf_file *f = m->gguf;
     model_hparams *hp = &m->hp;
@@ -64,25 +99,27 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     if (!strcmp(hp->arch_name, "llama")) hp->arch = MODEL_ARCH_LLAMA;
     else if (!strcmp(hp->arch_name, "qwen2")) hp->arch = MODEL_ARCH_QWEN2;
     else if (!strcmp(hp->arch_name, "qwen3")) hp->arch = MODEL_ARCH_QWEN3;
+    else if (!strcmp(hp->arch_name, "qwen3moe"))
+        hp->arch = MODEL_ARCH_QWEN3MOE;
     else
         return ks_seterr(eb, KS_ERR_UNSUPPORTED,
-                         "%s: unsupported architecture '%s' (supported: llama, qwen2, qwen3)",
+                         "%s: unsupported architecture '%s' (supported: " MODEL_ARCHS ")",
                          gguf_path(f), hp->arch_name);
     load__ctx c = {f, hp->arch_name, eb};
-    int32_t n_expert = 0;
-    if ((e = load__u32(&c, "expert_count", false, 0, &n_expert))) return e;
-    if (n_expert > 0) // refused by name, before a missing dense FFN tensor would say less
-        return ks_seterr(eb, KS_ERR_UNSUPPORTED,
-                         "%s: mixture-of-experts (%s.expert_count %d) is not supported yet (dense "
-                         "models only)",
-                         gguf_path(f), hp->arch_name, n_expert);
+    if ((e = load__experts(&c, hp))) return e;
     if ((e = load__u32(&c, "context_length", true, 0, &hp->n_ctx_train)) ||
         (e = load__u32(&c, "embedding_length", true, 0, &hp->n_embd)) ||
         (e = load__u32(&c, "block_count", true, 0, &hp->n_layer)) ||
-        (e = load__u32(&c, "feed_forward_length", true, 0, &hp->n_ff)) ||
+        (e = load__u32(&c, "feed_forward_length", hp->n_expert == 0, 0, &hp->n_ff)) ||
         (e = load__u32(&c, "attention.head_count", true, 0, &hp->n_head)) ||
         (e = load__u32(&c, "attention.head_count_kv", false, (uint32_t)hp->n_head, &hp->n_head_kv)))
         return e;
+    if (hp->n_expert && !hp->n_ff_exp) hp->n_ff_exp = hp->n_ff;
+    if (hp->n_expert && hp->n_ff_exp < 1)
+        return ks_seterr(eb, KS_ERR_FORMAT,
+                         "%s: %s.expert_count %d but no expert_feed_forward_length or "
+                         "feed_forward_length",
+                         gguf_path(f), hp->arch_name, hp->n_expert);
     if (hp->n_embd % hp->n_head)
         return ks_seterr(eb, KS_ERR_FORMAT, "%s: embedding_length %d is not a multiple of head_count %d",
                          gguf_path(f), hp->n_embd, hp->n_head);
@@ -182,14 +219,44 @@ static ks_err load__mat(model *m, const char *name, int64_t K, int64_t N, model_
                          t->n_dims, (long long)K, (long long)N);
     if (!kern_wtype_supported((ks_dtype)t->type))
         return ks_seterr(eb, KS_ERR_UNSUPPORTED,
-                         "%s: tensor '%s' has type %s, not supported (F32 F16 BF16 Q8_0 Q4_0 Q4_1 "
-                         "Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS)",
+                         "%s: tensor '%s' has type %s, not supported (" KERN_WTYPES ")",
                          gguf_path(m->gguf), name, ks_dtype_name(t->type));
     out->data = t->data;
     out->type = (ks_dtype)t->type;
     out->K = K;
     out->N = N;
     out->row_bytes = (size_t)(t->n_bytes / (uint64_t)N);
+    return KS_OK;
+}
+
+/* Binds the 3-D expert tensor `name`, ggml shape [K, N, n]: (*out)[e] is
+ * expert e's [K, N] slice. */
+static ks_err load__mat_experts(model *m, const char *name, int64_t K, int64_t N, int64_t n,
+                                model__mat **out, ks_errbuf *eb) {
+    ks_err e = KS_OK;
+    const gguf_tensor *t = load__tensor(m, name, true, eb, &e);
+    if (!t) return e;
+    if (t->n_dims != 3 || t->ne[0] != K || t->ne[1] != N || t->ne[2] != n)
+        return ks_seterr(eb, KS_ERR_FORMAT,
+                         "%s: tensor '%s' has shape [%lld, %lld, %lld] (%u dims), expected [%lld, "
+                         "%lld, %lld]",
+                         gguf_path(m->gguf), name, (long long)t->ne[0], (long long)t->ne[1],
+                         (long long)t->ne[2], t->n_dims, (long long)K, (long long)N, (long long)n);
+    if (!kern_wtype_supported((ks_dtype)t->type))
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED,
+                         "%s: tensor '%s' has type %s, not supported (" KERN_WTYPES ")",
+                         gguf_path(m->gguf), name, ks_dtype_name(t->type));
+    *out = calloc((size_t)n, sizeof **out);
+    if (!*out) return ks_seterr(eb, KS_ERR_NOMEM, "%s: tensor '%s'", gguf_path(m->gguf), name);
+    const size_t row_bytes = (size_t)(t->n_bytes / (uint64_t)(N * n));
+    for (int64_t x = 0; x < n; x++) {
+        model__mat *w = &(*out)[x];
+        w->data = (const uint8_t *)t->data + (size_t)x * (size_t)N * row_bytes;
+        w->type = (ks_dtype)t->type;
+        w->K = K;
+        w->N = N;
+        w->row_bytes = row_bytes;
+    }
     return KS_OK;
 }
 
@@ -261,17 +328,28 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
             (e = load__mat(m, LNAME("attn_k.weight"), E, KVD, &L->wk, eb)) ||
             (e = load__mat(m, LNAME("attn_v.weight"), E, KVD, &L->wv, eb)) ||
             (e = load__mat(m, LNAME("attn_output.weight"), HD, E, &L->wo, eb)) ||
-            (e = load__vec(m, LNAME("ffn_norm.weight"), E, true, &L->ffn_norm, eb)) ||
-            (e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
-            (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)) ||
-            (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb)))
+            (e = load__vec(m, LNAME("ffn_norm.weight"), E, true, &L->ffn_norm, eb)))
+            return e;
+        if (hp->n_expert == 0 &&
+            ((e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
+             (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)) ||
+             (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb))))
+            return e;
+        const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
+        if (X &&
+            ((e = load__mat(m, LNAME("ffn_gate_inp.weight"), E, X, &L->gate_inp, eb)) ||
+             (e = load__mat_experts(m, LNAME("ffn_gate_exps.weight"), E, FX, X, &L->gate_exps,
+                                    eb)) ||
+             (e = load__mat_experts(m, LNAME("ffn_up_exps.weight"), E, FX, X, &L->up_exps, eb)) ||
+             (e = load__mat_experts(m, LNAME("ffn_down_exps.weight"), FX, E, X, &L->down_exps,
+                                    eb))))
             return e;
         if (hp->arch == MODEL_ARCH_QWEN2 &&
             ((e = load__vec(m, LNAME("attn_q.bias"), HD, true, &L->bq, eb)) ||
              (e = load__vec(m, LNAME("attn_k.bias"), KVD, true, &L->bk, eb)) ||
              (e = load__vec(m, LNAME("attn_v.bias"), KVD, true, &L->bv, eb))))
             return e;
-        if (hp->arch == MODEL_ARCH_QWEN3 &&
+        if ((hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE) &&
             ((e = load__vec(m, LNAME("attn_q_norm.weight"), D, true, &L->q_norm, eb)) ||
              (e = load__vec(m, LNAME("attn_k_norm.weight"), D, true, &L->k_norm, eb))))
             return e;
@@ -305,7 +383,12 @@ static void load__repack_all(model *m) {
         model__layer *L = &m->layers[il];
         model__mat *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-            load__repack(m->gguf, ws[i]);
+            if (ws[i]->data) load__repack(m->gguf, ws[i]);
+        for (int x = 0; L->gate_exps && x < m->hp.n_expert; x++) {
+            load__repack(m->gguf, &L->gate_exps[x]);
+            load__repack(m->gguf, &L->up_exps[x]);
+            load__repack(m->gguf, &L->down_exps[x]);
+        }
     }
 }
 
@@ -357,6 +440,12 @@ void model_free(model *m) {
                       L->w_gate.packed, L->w_up.packed, L->w_down.packed};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
             ks_free_aligned(ps[i]);
+        model__mat *xs[] = {L->gate_exps, L->up_exps, L->down_exps};
+        for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++) {
+            for (int x = 0; xs[i] && x < m->hp.n_expert; x++)
+                ks_free_aligned(xs[i][x].packed);
+            free(xs[i]);
+        }
     }
     free(m->layers);
     tok_vocab_free(m->vocab);
@@ -375,8 +464,15 @@ uint64_t model_bytes_per_token(const model *m) {
     for (int il = 0; il < m->hp.n_layer; il++) {
         const model__layer *L = &m->layers[il];
         b += load__mat_bytes(&L->wq) + load__mat_bytes(&L->wk) + load__mat_bytes(&L->wv) +
-             load__mat_bytes(&L->wo) + load__mat_bytes(&L->w_gate) + load__mat_bytes(&L->w_up) +
-             load__mat_bytes(&L->w_down);
+             load__mat_bytes(&L->wo);
+        if (L->gate_exps) // the router and the experts a token runs
+            b += load__mat_bytes(&L->gate_inp) +
+                 (uint64_t)m->hp.n_expert_used *
+                     (load__mat_bytes(&L->gate_exps[0]) + load__mat_bytes(&L->up_exps[0]) +
+                      load__mat_bytes(&L->down_exps[0]));
+        else
+            b += load__mat_bytes(&L->w_gate) + load__mat_bytes(&L->w_up) +
+                 load__mat_bytes(&L->w_down);
     }
     return b;
 }

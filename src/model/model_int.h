@@ -23,7 +23,12 @@ typedef struct model__layer {
     const float *bq, *bk, *bv;        // (H*D), (Hkv*D), (Hkv*D) or NULL (qwen2 only)
     const float *q_norm, *k_norm;     // (D) or NULL (qwen3 only)
     const float *ffn_norm;            // (E)
-    model__mat w_gate, w_up, w_down;  // (F, E), (F, E), (E, F)
+    model__mat w_gate, w_up, w_down;  // (F, E), (F, E), (E, F); unused in a MoE layer
+    // mixture of experts (NULL arrays in a dense layer): the router and each
+    // expert's slice of the 3-D GGUF tensors [K, N, n_expert]
+    model__mat gate_inp;             // (n_expert, E) router
+    model__mat *gate_exps, *up_exps; // (n_expert) of (F_exp, E)
+    model__mat *down_exps;           // (n_expert) of (E, F_exp)
 } model__layer;
 
 struct model {

@@ -69,3 +69,27 @@ gen_same() {
     done
     return 1
 }
+# gen_same_or_tie MODEL PROMPT — gen_same, or the texts part where kvseal's
+# two most likely tokens are within TIE_LP (0.1) in log-probability: a near
+# tie that either engine's rounding may break either way (random weights
+# make them common; the two engines' logits differ by up to ~0.05 at Q8_0).
+# Sets G_NOTE to say which.
+TIE_LP=${TIE_LP:-0.1}
+gen_same_or_tie() {
+    G_NOTE=""
+    gen_same "$1" "$2" && return 0
+    local n_p d
+    n_p=$(printf '%s' "$2" | wc -c)
+    printf '%s' "$G_KV" >"$TMPD/g_kv"
+    printf '%s' "$G_LL" >"$TMPD/g_ll"
+    d=$(cmp "$TMPD/g_kv" "$TMPD/g_ll" 2>/dev/null | sed -n 's/.* byte \([0-9]*\).*/\1/p')
+    [ -n "$d" ] || d=$(( $(wc -c <"$TMPD/g_kv") < $(wc -c <"$TMPD/g_ll") ? $(wc -c <"$TMPD/g_kv") + 1 : $(wc -c <"$TMPD/g_ll") + 1 ))
+    d=$((d - 1 - n_p)) # first differing byte of the generated text
+    [ "$d" -ge 0 ] || return 1
+    "$KS_BIN" run -m "$1" -p "$2" -n 32 --temp 0 -t 2 --logprobs 2>&1 >/dev/null |
+        sed -n 's/^logprobs: //p' >"$TMPD/lp"
+    G_NOTE=$(awk -v d="$d" -v tie="$TIE_LP" '$3 <= d { s = $1; m = $4 - $5 }
+        END { if (s == "") exit 1; printf "near tie at token %d (log-prob margin %.4f)", s, m; exit !(m < tie) }' "$TMPD/lp") ||
+        return 1
+    return 0
+}

@@ -7,13 +7,18 @@
  * - KV types: f16 keeps the reference continuations; a read of poisoned
  *   (scrubbed) KV yields NaN logits whatever the type;
  * - loader errors name the file and the tensor/key (unsupported arch,
- *   missing tensor, wrong shape, unsupported type). */
+ *   missing tensor, wrong shape, unsupported type);
+ * - mixture of experts, on kjv-mini rewritten as a Mixtral-style MoE: with
+ *   every expert a copy of the dense FFN (weights renormalized to sum 1)
+ *   the reference continuations hold, so routing, grouping by expert and
+ *   the weighted sum are right; with distinct experts, batch invariance. */
 #include "kvseal/kern.h"
 #include "kvseal/model.h"
 
 #include "../check.h"
 
 #include <math.h>
+#include <string.h>
 #include <unistd.h>
 
 static const char *model_path(char *buf, size_t cap) {
@@ -261,7 +266,9 @@ typedef enum {
     MUT_TYPE,
     MUT_DROP_KEY,
     MUT_HEAD_DIM,
-    MUT_MOE
+    MUT_MOE,         // expert_count without expert_used_count
+    MUT_MOE_USED,    // more experts per token than experts
+    MUT_MOE_TENSORS, // a MoE file whose layers lack the router
 } mutation;
 
 static void write_mutant(const char *src, const char *dst, mutation mu) {
@@ -282,7 +289,11 @@ static void write_mutant(const char *src, const char *dst, mutation mu) {
     if (mu == MUT_HEAD_DIM)
         CHECK_EQ(gguf_writer_set_u32(w, "llama.attention.key_length", 4096), KS_OK);
     // a Mixtral-style llama file says so in its metadata
-    if (mu == MUT_MOE) CHECK_EQ(gguf_writer_set_u32(w, "llama.expert_count", 8), KS_OK);
+    if (mu == MUT_MOE || mu == MUT_MOE_USED || mu == MUT_MOE_TENSORS)
+        CHECK_EQ(gguf_writer_set_u32(w, "llama.expert_count", 8), KS_OK);
+    if (mu == MUT_MOE_USED) CHECK_EQ(gguf_writer_set_u32(w, "llama.expert_used_count", 9), KS_OK);
+    if (mu == MUT_MOE_TENSORS)
+        CHECK_EQ(gguf_writer_set_u32(w, "llama.expert_used_count", 2), KS_OK);
     static int64_t ne_bad[2] = {256, 200};
     static uint8_t junk[256 * 256 * 4];
     for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
@@ -305,6 +316,99 @@ static void write_mutant(const char *src, const char *dst, mutation mu) {
     gguf_close(f);
 }
 
+/* kjv-mini as a llama MoE of n_x experts, n_used per token: each layer's
+ * ffn_{gate,up,down} becomes ffn_*_exps [K, N, n_x] of n_x copies, expert e's
+ * down rows scaled by 1 + e * spread (0: identical experts), plus a random
+ * F32 router ffn_gate_inp [E, n_x]. */
+static void write_moe(const char *src, const char *dst, int n_x, int n_used, float spread) {
+    gguf_file *f;
+    ks_errbuf eb;
+    CHECK_EQ(gguf_open(src, &f, &eb), KS_OK);
+    gguf_writer *w = gguf_writer_create();
+    for (uint64_t i = 0; i < gguf_n_kv(f); i++)
+        CHECK_EQ(gguf_writer_copy_kv(w, f, gguf_kv_at(f, i)->key), KS_OK);
+    CHECK_EQ(gguf_writer_set_u32(w, "llama.expert_count", (uint32_t)n_x), KS_OK);
+    CHECK_EQ(gguf_writer_set_u32(w, "llama.expert_used_count", (uint32_t)n_used), KS_OK);
+    void *bufs[64];
+    int n_bufs = 0;
+    uint64_t rng = 12345;
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        const char *ffn = strstr(t->name, ".ffn_");
+        if (!ffn || strstr(t->name, "ffn_norm")) {
+            CHECK_EQ(gguf_writer_add_tensor(w, t->name, t->n_dims, t->ne, (ks_dtype)t->type,
+                                            t->data, t->n_bytes),
+                     KS_OK);
+            continue;
+        }
+        CHECK(t->type == KS_DTYPE_F16 && n_bufs + 2 <= 64);
+        char name[96];
+        snprintf(name, sizeof name, "%.*s_exps.weight", (int)(strstr(t->name, ".weight") - t->name),
+                 t->name);
+        uint8_t *x = malloc(t->n_bytes * (size_t)n_x);
+        float *row = malloc(sizeof(float) * (size_t)t->ne[0]);
+        for (int e = 0; e < n_x; e++) {
+            uint8_t *dst_e = x + (size_t)e * t->n_bytes;
+            memcpy(dst_e, t->data, t->n_bytes);
+            if (!strstr(t->name, "ffn_down") || spread == 0.0f) continue;
+            for (int64_t r = 0; r < t->ne[1]; r++) {
+                uint8_t *rp = dst_e + (size_t)r * (size_t)t->ne[0] * 2;
+                kern_dequantize_row(KS_DTYPE_F16, rp, row, t->ne[0]);
+                for (int64_t k = 0; k < t->ne[0]; k++)
+                    row[k] *= 1.0f + (float)e * spread;
+                kern_quantize_row(KS_DTYPE_F16, row, rp, t->ne[0]);
+            }
+        }
+        free(row);
+        int64_t ne[3] = {t->ne[0], t->ne[1], n_x};
+        CHECK_EQ(gguf_writer_add_tensor(w, name, 3, ne, KS_DTYPE_F16, x, t->n_bytes * (size_t)n_x),
+                 KS_OK);
+        bufs[n_bufs++] = x;
+        if (strstr(t->name, "ffn_gate")) { // the router, once per layer
+            int64_t E = t->ne[0], rne[2] = {E, n_x};
+            float *r = malloc(sizeof(float) * (size_t)(E * n_x));
+            for (int64_t k = 0; k < E * n_x; k++) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                r[k] = ((float)(rng >> 40) / 16777216.0f - 0.5f) * 0.5f;
+            }
+            snprintf(name, sizeof name, "%.*s_inp.weight",
+                     (int)(strstr(t->name, ".weight") - t->name), t->name);
+            CHECK_EQ(gguf_writer_add_tensor(w, name, 2, rne, KS_DTYPE_F32, r,
+                                            sizeof(float) * (size_t)(E * n_x)),
+                     KS_OK);
+            bufs[n_bufs++] = r;
+        }
+    }
+    CHECK_EQ(gguf_writer_write(w, dst, &eb), KS_OK);
+    gguf_writer_destroy(w);
+    for (int i = 0; i < n_bufs; i++)
+        free(bufs[i]);
+    gguf_close(f);
+}
+
+static void test_moe(const char *src) {
+    char dst[256];
+    snprintf(dst, sizeof dst, "/tmp/ks_test_moe_%d.gguf", (int)getpid());
+    ks_errbuf eb;
+    model *m;
+    // identical experts: the dense model's continuations
+    write_moe(src, dst, 4, 2, 0.0f);
+    CHECK_EQ(model_load(dst, &m, &eb), KS_OK);
+    CHECK_EQ(model_hp(m)->n_expert, 4);
+    CHECK_EQ(model_hp(m)->n_expert_used, 2);
+    test_golden(m, "ref", KS_DTYPE_F32);
+    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
+    test_golden(m, kern_get()->name, KS_DTYPE_F32);
+    model_free(m);
+    // distinct experts: a token's logits do not depend on its batch
+    write_moe(src, dst, 4, 2, 0.5f);
+    CHECK_EQ(model_load(dst, &m, &eb), KS_OK);
+    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
+    test_batch_invariance(m, KS_DTYPE_F16);
+    model_free(m);
+    unlink(dst);
+}
+
 static void test_load_errors(const char *src) {
     struct {
         mutation mu;
@@ -318,8 +422,10 @@ static void test_load_errors(const char *src) {
         {MUT_TYPE, KS_ERR_UNSUPPORTED, "tensor 'blk.3.attn_k.weight' has type IQ2_XXS"},
         {MUT_DROP_KEY, KS_ERR_FORMAT, "missing required key 'llama.block_count'"},
         {MUT_HEAD_DIM, KS_ERR_UNSUPPORTED, "key_length 4096 is not in 1..1024"},
-        {MUT_MOE, KS_ERR_UNSUPPORTED,
-         "mixture-of-experts (llama.expert_count 8) is not supported yet (dense models only)"},
+        {MUT_MOE, KS_ERR_FORMAT, "missing required key 'llama.expert_used_count'"},
+        {MUT_MOE_USED, KS_ERR_UNSUPPORTED,
+         "llama.expert_used_count 9: at most expert_count (8) and 16"},
+        {MUT_MOE_TENSORS, KS_ERR_FORMAT, "missing tensor 'blk.0.ffn_gate_inp.weight'"},
     };
     char dst[256];
     snprintf(dst, sizeof dst, "/tmp/ks_test_model_%d.gguf", (int)getpid());
@@ -364,6 +470,7 @@ int main(void) {
     test_bad_batches(m);
     model_free(m);
     test_load_errors(path);
+    test_moe(path);
     printf("model ok\n");
     return 0;
 }
