@@ -1,6 +1,6 @@
 /* model.h — hyper-parameters, weights and the batched forward pass of
- * Llama-family models (llama, qwen2, qwen3; mixture-of-experts llama and
- * qwen3moe) from GGUF.
+ * Llama-family models (llama, qwen2, qwen3, phi3; mixture-of-experts llama
+ * and qwen3moe) from GGUF.
  *
  * The forward pass takes a batch of tokens from any number of sequences at
  * any positions; each sequence reads and writes its K/V through its kv_seq
@@ -21,6 +21,7 @@ typedef enum model_arch {
     MODEL_ARCH_QWEN2 = 1,
     MODEL_ARCH_QWEN3 = 2,
     MODEL_ARCH_QWEN3MOE = 3,
+    MODEL_ARCH_PHI3 = 4,
 } model_arch;
 
 /* How a mixture-of-experts router turns logits into expert weights. */
@@ -33,7 +34,7 @@ typedef enum model_gating {
 #define MODEL_MAX_EXPERTS_USED 16
 
 /* The architectures model_load runs, as its refusal lists them. */
-#define MODEL_ARCHS "llama, qwen2, qwen3, qwen3moe"
+#define MODEL_ARCHS "llama, qwen2, qwen3, qwen3moe, phi3"
 
 /* Largest head size (attention.key_length) a model may have. */
 #define MODEL_MAX_HEAD_DIM 1024
@@ -55,7 +56,11 @@ typedef struct model_hparams {
     float rope_ext_factor;   /* YaRN: 0 = off (kern_rope_cfg) */
     float rope_attn_factor;  /* YaRN magnitude factor (1 = none) */
     float rope_corr[2];      /* YaRN correction range (kern_rope_yarn_corr) */
-    const float *rope_freqs; /* rope_freqs.weight: n_rot/2 angle divisors (Llama 3), or NULL */
+    const float *rope_freqs; /* rope_freqs.weight: n_rot/2 angle divisors (Llama 3), or
+                                phi3's rope_factors_short, or NULL */
+    const float *rope_freqs_long; /* phi3's rope_factors_long (LongRoPE), used instead of
+                                     rope_freqs when the context exceeds rope_orig_ctx */
+    int32_t rope_orig_ctx;        /* rope.scaling.original_context_length (n_ctx_train if absent) */
     float norm_eps;      /* attention.layer_norm_rms_epsilon */
     bool rope_neox;      /* pairs (i, i+n_rot/2) instead of (2i, 2i+1) */
     bool tied_output;    /* output = token_embd */

@@ -28,7 +28,7 @@ typedef struct {
     ks_dtype type;
     long n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx, head_dim;
     long n_expert, n_expert_used, n_ff_exp; /* mixture of experts (n_expert 0: dense) */
-    bool tied, rope_freqs;
+    bool tied, rope_freqs, longrope;
     uint64_t seed;
     double rope_base, rope_scale, eps;
     const char *rope_type; /* "linear" or "yarn" when rope_scale != 1 */
@@ -181,16 +181,25 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
     const bool qwen2 = !strcmp(o->arch, "qwen2");
     const bool qwen3 = !strcmp(o->arch, "qwen3") || !strcmp(o->arch, "qwen3moe");
     const int64_t X = o->n_expert, FX = o->n_ff_exp;
+    const bool phi3 = !strcmp(o->arch, "phi3"); // fused QKV and gate/up rows
     const float noise = 0.02f;
     bool ok = mk__add(p, o, W, MK__RAND, o->tied ? 4.0f / sqrtf((float)E) : 1.0f, E, n_vocab,
                       "token_embd.weight", 0);
     if (ok && o->rope_freqs)
         ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, 0.5f, HD / 2, 0, "rope_freqs.weight", 0);
+    if (ok &&
+        o->longrope) // phi3's LongRoPE: short factors in [0.91, 1.09], long ones in [0.13, 1.87]
+        ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, 0.05f, HD / 2, 0, "rope_factors_short.weight",
+                     0) &&
+             mk__add(p, o, KS_DTYPE_F32, MK__ONES, 0.5f, HD / 2, 0, "rope_factors_long.weight", 0);
     for (int l = 0; ok && l < o->n_layer; l++) {
-        ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l) &&
-             mk__add(p, o, W, MK__RAND, s_in, E, QD, "blk.%d.attn_q.weight", l) &&
-             mk__add(p, o, W, MK__RAND, s_in, E, KD, "blk.%d.attn_k.weight", l) &&
-             mk__add(p, o, W, MK__RAND, s_in, E, KD, "blk.%d.attn_v.weight", l);
+        ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l);
+        if (ok && phi3)
+            ok = mk__add(p, o, W, MK__RAND, s_in, E, QD + 2 * KD, "blk.%d.attn_qkv.weight", l);
+        else if (ok)
+            ok = mk__add(p, o, W, MK__RAND, s_in, E, QD, "blk.%d.attn_q.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, s_in, E, KD, "blk.%d.attn_k.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, s_in, E, KD, "blk.%d.attn_v.weight", l);
         if (ok && qwen2)
             ok = mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, QD, 0, "blk.%d.attn_q.bias", l) &&
                  mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, KD, 0, "blk.%d.attn_k.bias", l) &&
@@ -204,7 +213,11 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
              mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E, "blk.%d.attn_output.weight",
                      l) &&
              mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.ffn_norm.weight", l);
-        if (ok && !X)
+        if (ok && !X && phi3)
+            ok = mk__add(p, o, W, MK__RAND, s_in, E, 2 * F, "blk.%d.ffn_up.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight",
+                         l);
+        else if (ok && !X)
             ok = mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_gate.weight", l) &&
                  mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_up.weight", l) &&
                  mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight",
@@ -230,7 +243,7 @@ static void mk__usage(FILE *fp) {
     fprintf(
         fp,
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
-        "  --arch llama|qwen2|qwen3|qwen3moe  architecture (default llama)\n"
+        "  --arch llama|qwen2|qwen3|qwen3moe|phi3  architecture (default llama)\n"
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
         "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
         "  --shape tiny|1.1b            preset (default tiny: 256 embd, 2 layers, 8/2 heads,\n"
@@ -245,6 +258,8 @@ static void mk__usage(FILE *fp) {
         "  --rope-type linear|yarn --rope-orig-ctx N (YaRN's original context)\n"
         "  --rope-freqs                 a rope_freqs.weight tensor (Llama 3 style per-pair\n"
         "                               angle divisors, random in [0.13, 1.87])\n"
+        "  --longrope                   phi3's LongRoPE: rope_factors_short/long tensors and\n"
+        "                               rope.scaling.attn_factor (long ones past --rope-orig-ctx)\n"
         "  --name NAME                  general.name\n"
         "  -t N                         threads (output does not depend on it)\n");
 }
@@ -350,6 +365,10 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
     if (ok && (!strncmp(a, "qwen3", 5) || o->head_dim * o->n_head != o->n_embd))
         ok = MK__U32("attention.key_length", o->head_dim) &&
              MK__U32("attention.value_length", o->head_dim);
+    if (ok && o->longrope) // sqrt(1 + ln(scale) / ln(original context)), scale 32, orig 4096
+        ok = MK__F32("rope.scaling.attn_factor", 1.1902380714238083);
+    if (ok && o->rope_orig_ctx && o->rope_scale == 1.0)
+        ok = MK__U32("rope.scaling.original_context_length", o->rope_orig_ctx);
     if (ok && o->rope_scale != 1.0) {
         snprintf(k, sizeof k, "%s.rope.scaling.type", a);
         ok = !gguf_writer_set_str(w, k, o->rope_type) &&
@@ -383,8 +402,8 @@ int cli_mkmodel(int argc, char **argv) {
             mk__usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--tied") || !strcmp(a, "--rope-freqs")) {
-            *(a[2] == 't' ? &o.tied : &o.rope_freqs) = true;
+        if (!strcmp(a, "--tied") || !strcmp(a, "--rope-freqs") || !strcmp(a, "--longrope")) {
+            *(a[2] == 't' ? &o.tied : a[2] == 'l' ? &o.longrope : &o.rope_freqs) = true;
             continue;
         }
         if (!v) {
@@ -455,9 +474,18 @@ int cli_mkmodel(int argc, char **argv) {
         return 2;
     }
     bool qwen = !strcmp(o.arch, "qwen2") || !strcmp(o.arch, "qwen3") || !strcmp(o.arch, "qwen3moe");
-    if (!qwen && strcmp(o.arch, "llama")) {
-        fprintf(stderr, "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe\n",
+    if (!qwen && strcmp(o.arch, "llama") && strcmp(o.arch, "phi3")) {
+        fprintf(stderr,
+                "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe phi3\n",
                 o.arch);
+        return 2;
+    }
+    if (o.longrope && strcmp(o.arch, "phi3")) {
+        fprintf(stderr, "kvseal mkmodel: --longrope is phi3's\n");
+        return 2;
+    }
+    if (o.n_expert && !qwen && strcmp(o.arch, "llama")) {
+        fprintf(stderr, "kvseal mkmodel: --n-expert is for llama and qwen3moe\n");
         return 2;
     }
     if (!strcmp(shape, "tiny")) {

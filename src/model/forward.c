@@ -33,6 +33,7 @@ struct model_ctx {
     ks_pool *threads;
     const kern_vtab *kv;  // kernels
     int32_t max_tokens, max_ctx;
+    const float *rope_freqs; // RoPE angle divisors: LongRoPE's long ones past rope_orig_ctx
     // activations, all (T, ...) row-major
     float *x;     // (T, E) residual stream
     float *xn;    // (T, max(E, H*D)) normed input / gathered output rows
@@ -96,6 +97,9 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     c->head_row = (size_t)hrb;
     c->max_tokens = max_tokens;
     c->max_ctx = max_ctx;
+    // as llama.cpp chooses: by the context the model is run at, not per position
+    c->rope_freqs =
+        hp->rope_freqs_long && max_ctx > hp->rope_orig_ctx ? hp->rope_freqs_long : hp->rope_freqs;
     c->threads = ks_pool_create(n_threads);
     size_t T = (size_t)max_tokens, E = (size_t)hp->n_embd, HD = (size_t)hp->n_head * hp->head_dim;
     size_t KVD = (size_t)hp->n_head_kv * hp->head_dim, F = (size_t)hp->n_ff;
@@ -354,7 +358,7 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
     const kern_rope_cfg rc = {.n_rot = hp->n_rot,
                               .freq_base = hp->rope_base,
                               .freq_scale = hp->rope_scale,
-                              .freq_factors = hp->rope_freqs,
+                              .freq_factors = c->rope_freqs,
                               .ext_factor = hp->rope_ext_factor,
                               .attn_factor = hp->rope_attn_factor,
                               .corr_lo = hp->rope_corr[0],

@@ -101,6 +101,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     else if (!strcmp(hp->arch_name, "qwen3")) hp->arch = MODEL_ARCH_QWEN3;
     else if (!strcmp(hp->arch_name, "qwen3moe"))
         hp->arch = MODEL_ARCH_QWEN3MOE;
+    else if (!strcmp(hp->arch_name, "phi3"))
+        hp->arch = MODEL_ARCH_PHI3;
     else
         return ks_seterr(eb, KS_ERR_UNSUPPORTED,
                          "%s: unsupported architecture '%s' (supported: " MODEL_ARCHS ")",
@@ -171,12 +173,13 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         return ks_seterr(eb, KS_ERR_FORMAT, "%s: rope scaling factor %g must be positive", gguf_path(f),
                          (double)factor);
     hp->rope_scale = 1.0f / factor;
+    if ((e = load__u32(&c, "rope.scaling.original_context_length", false, (uint32_t)hp->n_ctx_train,
+                       &hp->rope_orig_ctx)))
+        return e;
     if (yarn) {
-        int32_t orig = 0;
+        const int32_t orig = hp->rope_orig_ctx;
         float beta_fast, beta_slow;
-        if ((e = load__u32(&c, "rope.scaling.original_context_length", false,
-                           (uint32_t)hp->n_ctx_train, &orig)) ||
-            (e = load__f32(&c, "rope.scaling.yarn_ext_factor", 1.0f, &hp->rope_ext_factor)) ||
+        if ((e = load__f32(&c, "rope.scaling.yarn_ext_factor", 1.0f, &hp->rope_ext_factor)) ||
             (e = load__f32(&c, "rope.scaling.yarn_attn_factor", 1.0f, &hp->rope_attn_factor)) ||
             (e = load__f32(&c, "rope.scaling.yarn_beta_fast", 32.0f, &beta_fast)) ||
             (e = load__f32(&c, "rope.scaling.yarn_beta_slow", 1.0f, &beta_slow)))
@@ -192,6 +195,13 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         kern_rope_yarn_corr(hp->n_rot, (int)orig, hp->rope_base, beta_fast, beta_slow,
                             &hp->rope_corr[0], &hp->rope_corr[1]);
     }
+    // a magnitude factor on cos/sin for any scaling (phi3's LongRoPE writes it)
+    float attn_factor;
+    if ((e = load__f32(&c, "rope.scaling.attn_factor", 1.0f, &attn_factor))) return e;
+    if (!(attn_factor > 0.0f && isfinite(attn_factor)))
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: %s.rope.scaling.attn_factor %g must be positive",
+                         gguf_path(f), hp->arch_name, (double)attn_factor);
+    hp->rope_attn_factor *= attn_factor;
     hp->rope_neox = hp->arch != MODEL_ARCH_LLAMA;
     return KS_OK;
 }
@@ -292,6 +302,27 @@ static ks_err load__vec(model *m, const char *name, int64_t n, bool required, co
     return KS_OK;
 }
 
+/* Binds the optional vector of n_rot/2 RoPE angle divisors `name`, each
+ * positive and finite. */
+static ks_err load__rope_factors(model *m, const char *name, const float **out, ks_errbuf *eb) {
+    const int n = m->hp.n_rot / 2;
+    ks_err e = load__vec(m, name, n, false, out, eb);
+    if (e) return e;
+    for (int i = 0; *out && i < n; i++)
+        if (!((*out)[i] > 0.0f && isfinite((*out)[i])))
+            return ks_seterr(eb, KS_ERR_FORMAT, "%s: %s[%d] = %g is not a positive factor",
+                             gguf_path(m->gguf), name, i, (double)(*out)[i]);
+    return KS_OK;
+}
+
+/* Rows [r0, r0 + n) of w as a matrix of its own (a part of a fused tensor). */
+static model__mat load__rows(const model__mat *w, int64_t r0, int64_t n) {
+    model__mat v = *w;
+    v.data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    v.N = n;
+    return v;
+}
+
 static ks_err load__weights(model *m, ks_errbuf *eb) {
     model_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, D = hp->head_dim, F = hp->n_ff;
@@ -305,14 +336,16 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
     hp->n_vocab = (int32_t)te->ne[1];
     if ((e = load__mat(m, "token_embd.weight", E, hp->n_vocab, &m->tok_embd, eb))) return e;
     if ((e = load__vec(m, "output_norm.weight", E, true, &m->output_norm, eb))) return e;
-    // Llama 3.x RoPE: per-pair angle divisors
-    if ((e = load__vec(m, "rope_freqs.weight", hp->n_rot / 2, false, &hp->rope_freqs, eb)))
+    // per-pair angle divisors: Llama 3.x's, or phi3's LongRoPE short and long
+    if ((e = load__rope_factors(m, "rope_freqs.weight", &hp->rope_freqs, eb))) return e;
+    if (!hp->rope_freqs &&
+        ((e = load__rope_factors(m, "rope_factors_short.weight", &hp->rope_freqs, eb)) ||
+         (e = load__rope_factors(m, "rope_factors_long.weight", &hp->rope_freqs_long, eb))))
         return e;
-    for (int i = 0; hp->rope_freqs && i < hp->n_rot / 2; i++)
-        if (!(hp->rope_freqs[i] > 0.0f && isfinite(hp->rope_freqs[i])))
-            return ks_seterr(eb, KS_ERR_FORMAT,
-                             "%s: rope_freqs.weight[%d] = %g is not a positive factor",
-                             gguf_path(m->gguf), i, (double)hp->rope_freqs[i]);
+    if (hp->rope_freqs_long && !hp->rope_freqs)
+        return ks_seterr(eb, KS_ERR_FORMAT,
+                         "%s: rope_factors_long.weight without rope_factors_short.weight",
+                         gguf_path(m->gguf));
     hp->tied_output = !gguf_find_tensor(m->gguf, "output.weight");
     if (hp->tied_output) m->output = m->tok_embd;
     else if ((e = load__mat(m, "output.weight", E, hp->n_vocab, &m->output, eb))) return e;
@@ -323,17 +356,31 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
         model__layer *L = &m->layers[il];
         char n[96];
 #define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
-        if ((e = load__vec(m, LNAME("attn_norm.weight"), E, true, &L->attn_norm, eb)) ||
-            (e = load__mat(m, LNAME("attn_q.weight"), E, HD, &L->wq, eb)) ||
-            (e = load__mat(m, LNAME("attn_k.weight"), E, KVD, &L->wk, eb)) ||
-            (e = load__mat(m, LNAME("attn_v.weight"), E, KVD, &L->wv, eb)) ||
-            (e = load__mat(m, LNAME("attn_output.weight"), HD, E, &L->wo, eb)) ||
+        model__mat fused = {0};
+        if ((e = load__vec(m, LNAME("attn_norm.weight"), E, true, &L->attn_norm, eb))) return e;
+        if (gguf_find_tensor(m->gguf, LNAME("attn_qkv.weight"))) { // phi3: Q, K, V rows in one
+            if ((e = load__mat(m, n, E, HD + 2 * KVD, &fused, eb))) return e;
+            L->wq = load__rows(&fused, 0, HD);
+            L->wk = load__rows(&fused, HD, KVD);
+            L->wv = load__rows(&fused, HD + KVD, KVD);
+        } else if ((e = load__mat(m, LNAME("attn_q.weight"), E, HD, &L->wq, eb)) ||
+                   (e = load__mat(m, LNAME("attn_k.weight"), E, KVD, &L->wk, eb)) ||
+                   (e = load__mat(m, LNAME("attn_v.weight"), E, KVD, &L->wv, eb))) {
+            return e;
+        }
+        if ((e = load__mat(m, LNAME("attn_output.weight"), HD, E, &L->wo, eb)) ||
             (e = load__vec(m, LNAME("ffn_norm.weight"), E, true, &L->ffn_norm, eb)))
             return e;
-        if (hp->n_expert == 0 &&
-            ((e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
-             (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)) ||
-             (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb))))
+        if (hp->n_expert == 0 && hp->arch == MODEL_ARCH_PHI3) { // gate rows, then up rows
+            if ((e = load__mat(m, LNAME("ffn_up.weight"), E, 2 * F, &fused, eb))) return e;
+            L->w_gate = load__rows(&fused, 0, F);
+            L->w_up = load__rows(&fused, F, F);
+        } else if (hp->n_expert == 0 &&
+                   ((e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
+                    (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)))) {
+            return e;
+        }
+        if (hp->n_expert == 0 && (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb)))
             return e;
         const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
         if (X &&

@@ -42,7 +42,7 @@ kv_gen() {  # MODEL PROMPT — the prompt + kvseal's 32 greedy tokens
     "$KS_BIN" run -m "$1" -p "$2" -n 32 --temp 0 -t 2 2>/dev/null
 }
 ll_gen1() {
-    "$A/llama-completion" -m "$1" -p "$2" -n 32 --temp 0 -t 2 --no-warmup 2>/dev/null </dev/null |
+    "$A/llama-completion" -m "$1" -p "$2" -n 32 --temp 0 -t 2 --no-warmup -no-cnv 2>/dev/null </dev/null |
         sed '1s/^ //'
 }
 
