@@ -24,6 +24,9 @@ typedef struct model__layer {
     const float *q_norm, *k_norm;     // (D) or NULL (qwen3 only)
     const float *ffn_norm;            // (E)
     model__mat w_gate, w_up, w_down;  // (F, E), (F, E), (E, F)
+    const float *post_attn_norm;      // (E) or NULL (gemma2/3 only): post_attention_norm
+    const float *post_ffn_norm;       // (E) or NULL (gemma2/3 only): post_ffw_norm
+    bool swa;                         // sliding-window layer (model_hparams.n_swa)
 } model__layer;
 
 struct model {
