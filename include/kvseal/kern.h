@@ -76,6 +76,11 @@ typedef struct kern_vtab {
     void (*rmsnorm)(int64_t n, const float *x, const float *w, float eps, float *y);
     /* y[i] = silu(g[i]) * u[i] ; y may alias g or u */
     void (*silu_mul)(int64_t n, const float *g, const float *u, float *y);
+    /* y[i] = gelu(g[i]) * u[i], GELU's tanh approximation 0.5 g (1 + tanh(z)),
+     * z = sqrt(2/pi) g (1 + 0.044715 g^2), computed as g / (1 + exp(-2z))
+     * (the same function, without tanh's cancellation for g < 0); y may
+     * alias g or u */
+    void (*gelu_mul)(int64_t n, const float *g, const float *u, float *y);
     /* x = softmax(x) in place */
     void (*softmax)(int64_t n, float *x);
 } kern_vtab;

@@ -1,6 +1,6 @@
 /* model.h — hyper-parameters, weights and the batched forward pass of
- * Llama-family models (llama, qwen2, qwen3, phi3; mixture-of-experts llama
- * and qwen3moe) from GGUF.
+ * Llama-family models (llama, qwen2, qwen3, phi3, gemma2, gemma3;
+ * mixture-of-experts llama and qwen3moe) from GGUF.
  *
  * The forward pass takes a batch of tokens from any number of sequences at
  * any positions; each sequence reads and writes its K/V through its kv_seq
@@ -22,6 +22,8 @@ typedef enum model_arch {
     MODEL_ARCH_QWEN3 = 2,
     MODEL_ARCH_QWEN3MOE = 3,
     MODEL_ARCH_PHI3 = 4,
+    MODEL_ARCH_GEMMA2 = 5,
+    MODEL_ARCH_GEMMA3 = 6,
 } model_arch;
 
 /* How a mixture-of-experts router turns logits into expert weights. */
@@ -34,7 +36,7 @@ typedef enum model_gating {
 #define MODEL_MAX_EXPERTS_USED 16
 
 /* The architectures model_load runs, as its refusal lists them. */
-#define MODEL_ARCHS "llama, qwen2, qwen3, qwen3moe, phi3"
+#define MODEL_ARCHS "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3"
 
 /* Largest head size (attention.key_length) a model may have. */
 #define MODEL_MAX_HEAD_DIM 1024
@@ -71,6 +73,19 @@ typedef struct model_hparams {
     model_gating gating;   /* <arch>.expert_gating_func (softmax unless given) */
     bool expert_norm;      /* top-k weights renormalized to sum 1 */
     float expert_scale;    /* top-k weights multiplied by this (1 = none) */
+    /* Gemma 2/3 (the neutral value for other architectures in brackets) */
+    int32_t n_swa;        /* attention.sliding_window: on a sliding layer the token at
+                             position p sees positions j > p - n_swa (0: no sliding layers) */
+    int32_t swa_period;   /* with n_swa > 0, layer il slides when il % swa_period <
+                             swa_period - 1 (gemma2 2, gemma3 6), every layer when 0 */
+    float rope_base_swa;  /* RoPE base of sliding layers (gemma3 10000) [rope_base] */
+    float rope_scale_swa; /* RoPE freq_scale of sliding layers (gemma3 1) [rope_scale] */
+    float attn_scale;     /* attention scores are q.k * attn_scale [1/sqrt(head_dim)] */
+    float attn_softcap;   /* scores = c * tanh(scores / c) before the softmax [0: none] */
+    float final_softcap;  /* logits = c * tanh(logits / c) [0: none] */
+    float embd_scale;     /* token embeddings are multiplied by this (sqrt(n_embd)) [1] */
+    bool ffn_gelu;        /* FFN is GELU(gate) * up (tanh approximation) [false: SiLU] */
+    bool post_norms;      /* RMSNorm of each sublayer's output before its residual add */
 } model_hparams;
 
 typedef struct model model;

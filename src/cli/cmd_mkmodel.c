@@ -33,6 +33,8 @@ typedef struct {
     double rope_base, rope_scale, eps;
     const char *rope_type; /* "linear" or "yarn" when rope_scale != 1 */
     long rope_orig_ctx;    /* YaRN's original context (0: context_length) */
+    long n_swa;            /* gemma: attention.sliding_window */
+    double attn_softcap, final_softcap; /* gemma: 0 = key not written */
     int n_threads;
 } mk__opts;
 
@@ -182,6 +184,7 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
     const bool qwen3 = !strcmp(o->arch, "qwen3") || !strcmp(o->arch, "qwen3moe");
     const int64_t X = o->n_expert, FX = o->n_ff_exp;
     const bool phi3 = !strcmp(o->arch, "phi3"); // fused QKV and gate/up rows
+    const bool gemma = !strncmp(o->arch, "gemma", 5), gemma3 = !strcmp(o->arch, "gemma3");
     const float noise = 0.02f;
     bool ok = mk__add(p, o, W, MK__RAND, o->tied ? 4.0f / sqrtf((float)E) : 1.0f, E, n_vocab,
                       "token_embd.weight", 0);
@@ -204,15 +207,17 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
             ok = mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, QD, 0, "blk.%d.attn_q.bias", l) &&
                  mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, KD, 0, "blk.%d.attn_k.bias", l) &&
                  mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, KD, 0, "blk.%d.attn_v.bias", l);
-        if (ok && qwen3)
+        if (ok && (qwen3 || gemma3))
             ok =
                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, HD, 0, "blk.%d.attn_q_norm.weight",
                         l) &&
                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, HD, 0, "blk.%d.attn_k_norm.weight", l);
-        ok = ok &&
-             mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E, "blk.%d.attn_output.weight",
-                     l) &&
-             mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.ffn_norm.weight", l);
+        ok = ok && mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E,
+                           "blk.%d.attn_output.weight", l);
+        if (ok && gemma) // norms of the sublayer outputs (1 + w already, as gemma's files)
+            ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0,
+                         "blk.%d.post_attention_norm.weight", l);
+        ok = ok && mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.ffn_norm.weight", l);
         if (ok && !X && phi3)
             ok = mk__add(p, o, W, MK__RAND, s_in, E, 2 * F, "blk.%d.ffn_up.weight", l) &&
                  mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight",
@@ -229,6 +234,9 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
                  mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_up_exps.weight", l) &&
                  mk__add3(p, o, W, MK__RAND, res / sqrtf((float)FX), FX, E, X,
                           "blk.%d.ffn_down_exps.weight", l);
+        if (ok && gemma)
+            ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.post_ffw_norm.weight",
+                         l);
     }
     ok = ok && mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "output_norm.weight", 0);
     if (ok && !o->tied)
@@ -243,7 +251,8 @@ static void mk__usage(FILE *fp) {
     fprintf(
         fp,
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
-        "  --arch llama|qwen2|qwen3|qwen3moe|phi3  architecture (default llama)\n"
+        "  --arch llama|qwen2|qwen3|qwen3moe|phi3|gemma2|gemma3  architecture (default\n"
+        "                               llama); gemma models are tied, with post-norms and GELU\n"
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
         "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
         "  --shape tiny|1.1b            preset (default tiny: 256 embd, 2 layers, 8/2 heads,\n"
@@ -260,6 +269,9 @@ static void mk__usage(FILE *fp) {
         "                               angle divisors, random in [0.13, 1.87])\n"
         "  --longrope                   phi3's LongRoPE: rope_factors_short/long tensors and\n"
         "                               rope.scaling.attn_factor (long ones past --rope-orig-ctx)\n"
+        "  --swa N                      gemma: attention.sliding_window (default 32)\n"
+        "  --attn-softcap F --final-softcap F  gemma: score / logit soft-capping (gemma2\n"
+        "                               default 50 / 30; gemma3 none unless given)\n"
         "  --name NAME                  general.name\n"
         "  -t N                         threads (output does not depend on it)\n");
 }
@@ -362,7 +374,13 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
         ok = MK__U32("expert_count", o->n_expert) &&
              MK__U32("expert_used_count", o->n_expert_used) &&
              (o->n_ff_exp == o->n_ff || MK__U32("expert_feed_forward_length", o->n_ff_exp));
-    if (ok && (!strncmp(a, "qwen3", 5) || o->head_dim * o->n_head != o->n_embd))
+    if (ok && !strncmp(a, "gemma", 5)) {
+        ok = MK__U32("attention.sliding_window", o->n_swa);
+        if (ok && o->attn_softcap > 0) ok = MK__F32("attn_logit_softcapping", o->attn_softcap);
+        if (ok && o->final_softcap > 0) ok = MK__F32("final_logit_softcapping", o->final_softcap);
+    }
+    if (ok && (!strncmp(a, "qwen3", 5) || !strncmp(a, "gemma", 5) ||
+               o->head_dim * o->n_head != o->n_embd))
         ok = MK__U32("attention.key_length", o->head_dim) &&
              MK__U32("attention.value_length", o->head_dim);
     if (ok && o->longrope) // sqrt(1 + ln(scale) / ln(original context)), scale 32, orig 4096
@@ -446,6 +464,9 @@ int cli_mkmodel(int argc, char **argv) {
             o.n_threads = (int)x;
         } else if (!strcmp(a, "--rope-base")) {
             if (!cli__parse_float(a, v, &rope_base) || !(rope_base > 0)) return 2;
+        } else if (!strcmp(a, "--attn-softcap") || !strcmp(a, "--final-softcap")) {
+            double *dst = a[2] == 'a' ? &o.attn_softcap : &o.final_softcap;
+            if (!cli__parse_float(a, v, dst) || !(*dst > 0)) return 2;
         } else if (!strcmp(a, "--rope-scale")) {
             if (!cli__parse_float(a, v, &o.rope_scale) || !(o.rope_scale > 0)) return 2;
         } else {
@@ -459,6 +480,7 @@ int cli_mkmodel(int argc, char **argv) {
                         : !strcmp(a, "--n-expert")      ? &o.n_expert
                         : !strcmp(a, "--n-expert-used") ? &o.n_expert_used
                         : !strcmp(a, "--n-ff-exp")      ? &o.n_ff_exp
+                        : !strcmp(a, "--swa")           ? &o.n_swa
                                                         : NULL;
             if (!dst) {
                 fprintf(stderr, "kvseal mkmodel: unknown option '%s'\n", a);
@@ -474,9 +496,11 @@ int cli_mkmodel(int argc, char **argv) {
         return 2;
     }
     bool qwen = !strcmp(o.arch, "qwen2") || !strcmp(o.arch, "qwen3") || !strcmp(o.arch, "qwen3moe");
-    if (!qwen && strcmp(o.arch, "llama") && strcmp(o.arch, "phi3")) {
+    bool gemma = !strcmp(o.arch, "gemma2") || !strcmp(o.arch, "gemma3");
+    if (!qwen && !gemma && strcmp(o.arch, "llama") && strcmp(o.arch, "phi3")) {
         fprintf(stderr,
-                "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe phi3\n",
+                "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe phi3 gemma2 "
+                "gemma3\n",
                 o.arch);
         return 2;
     }
@@ -487,6 +511,14 @@ int cli_mkmodel(int argc, char **argv) {
     if (o.n_expert && !qwen && strcmp(o.arch, "llama")) {
         fprintf(stderr, "kvseal mkmodel: --n-expert is for llama and qwen3moe\n");
         return 2;
+    }
+    if (gemma) { // as the released models: tied, gemma2's caps 50 / 30, a window
+        o.tied = true;
+        if (!o.n_swa) o.n_swa = 32;
+        if (!strcmp(o.arch, "gemma2")) {
+            if (!(o.attn_softcap > 0)) o.attn_softcap = 50.0;
+            if (!(o.final_softcap > 0)) o.final_softcap = 30.0;
+        }
     }
     if (!strcmp(shape, "tiny")) {
         o.n_embd = 256, o.n_layer = 2, o.n_head = 8, o.n_head_kv = 2, o.n_ff = 512, o.n_ctx = 512;
@@ -531,8 +563,10 @@ int cli_mkmodel(int argc, char **argv) {
                 o.n_embd, o.n_head);
         return 2;
     }
-    o.rope_base = rope_base > 0 ? rope_base : qwen ? 1000000.0 : 10000.0;
-    o.eps = qwen ? 1e-6 : 1e-5;
+    o.rope_base = rope_base > 0                       ? rope_base
+                  : qwen || !strcmp(o.arch, "gemma3") ? 1000000.0
+                                                      : 10000.0;
+    o.eps = qwen || gemma ? 1e-6 : 1e-5;
     char name[128];
     if (!o.name) {
         snprintf(name, sizeof name, "mkmodel-%s-%s-%s-seed%llu", o.arch, shape,

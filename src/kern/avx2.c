@@ -945,6 +945,23 @@ static void avx2__silu_mul(int64_t n, const float *g, const float *u, float *y) 
     }
 }
 
+/* Must match kern__gelu_mul_ref within relative 1e-5: the same f32 ops in
+ * the same order, no fma (kern_int.h KERN_GELU_C), avx2__exp ~2 ulp from
+ * expf. Masked loads handle the tail, so no scalar code can be contracted. */
+static void avx2__gelu_mul(int64_t n, const float *g, const float *u, float *y) {
+    const __m256 one = _mm256_set1_ps(1.0f), m2 = _mm256_set1_ps(-2.0f);
+    const __m256 c = _mm256_set1_ps(KERN_GELU_C), a = _mm256_set1_ps(KERN_GELU_A);
+    for (int64_t i = 0; i < n; i += 8) {
+        int64_t m = n - i < 8 ? n - i : 8;
+        __m256i msk = avx2__mask(m);
+        __m256 x = _mm256_maskload_ps(g + i, msk), vu = _mm256_maskload_ps(u + i, msk);
+        __m256 in = _mm256_add_ps(one, _mm256_mul_ps(_mm256_mul_ps(a, x), x));
+        __m256 z2 = _mm256_mul_ps(m2, _mm256_mul_ps(_mm256_mul_ps(c, x), in));
+        __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, avx2__exp(z2)));
+        _mm256_maskstore_ps(y + i, msk, _mm256_mul_ps(s, vu));
+    }
+}
+
 /* Must match kern__softmax_ref within relative 1e-5 per element: the max is
  * exact, exp ~2 ulp, the sum is f32 lanes instead of double. */
 static void avx2__softmax(int64_t n, float *x) {
@@ -1035,5 +1052,6 @@ const kern_vtab kern__vtab_avx2 = {
         },
     .rmsnorm = avx2__rmsnorm,
     .silu_mul = avx2__silu_mul,
+    .gelu_mul = avx2__gelu_mul,
     .softmax = avx2__softmax,
 };

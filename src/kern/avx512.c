@@ -2025,6 +2025,21 @@ static void a512__silu_mul(int64_t n, const float *g, const float *u, float *y) 
     }
 }
 
+/* Matches kern__gelu_mul_ref within a few ulp: the same f32 ops in the same
+ * order, no fma (kern_int.h KERN_GELU_C), a512__exp vs expf. */
+static void a512__gelu_mul(int64_t n, const float *g, const float *u, float *y) {
+    const __m512 one = _mm512_set1_ps(1.0f), m2 = _mm512_set1_ps(-2.0f);
+    const __m512 c = _mm512_set1_ps(KERN_GELU_C), a = _mm512_set1_ps(KERN_GELU_A);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 x = _mm512_maskz_loadu_ps(m, g + i), vu = _mm512_maskz_loadu_ps(m, u + i);
+        __m512 in = _mm512_add_ps(one, _mm512_mul_ps(_mm512_mul_ps(a, x), x));
+        __m512 z2 = _mm512_mul_ps(m2, _mm512_mul_ps(_mm512_mul_ps(c, x), in));
+        __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, a512__exp(z2)));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(s, vu));
+    }
+}
+
 /* Matches kern__softmax_ref within a few ulp (a512__exp vs expf; the sum is
  * in double like ref's, in another order). */
 static void a512__softmax(int64_t n, float *x) {
@@ -2110,5 +2125,6 @@ const kern_vtab kern__vtab_avx512 = {
         },
     .rmsnorm = a512__rmsnorm,
     .silu_mul = a512__silu_mul,
+    .gelu_mul = a512__gelu_mul,
     .softmax = a512__softmax,
 };

@@ -15,6 +15,11 @@
 
 #define KERN_QK8_0 32 /* elements per Q8_0 / Q4_0 block */
 #define KERN_QK_K 256 /* elements per K-quant super-block */
+/* GELU (kern.h gelu_mul): every ISA computes -2z as
+ * -2 * ((C * x) * (1 + (A * x) * x)), these f32 operations in this order
+ * with no fma, because exp(-2z) amplifies z's rounding by 2|z|. */
+#define KERN_GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+#define KERN_GELU_A 0.044715f
 
 // ----------------------------------------------------------------------------
 // Block layouts
@@ -325,6 +330,7 @@ void kern__axpy_rows_q8_0_ref(int64_t n, int G, const float *s, size_t s_stride,
                               size_t v_stride, int rows, float *y);
 void kern__rmsnorm_ref(int64_t n, const float *x, const float *w, float eps, float *y);
 void kern__silu_mul_ref(int64_t n, const float *g, const float *u, float *y);
+void kern__gelu_mul_ref(int64_t n, const float *g, const float *u, float *y);
 void kern__softmax_ref(int64_t n, float *x);
 
 #endif /* KS_KERN_INT_H */

@@ -1084,6 +1084,14 @@ void kern__silu_mul_ref(int64_t n, const float *g, const float *u, float *y) {
     }
 }
 
+void kern__gelu_mul_ref(int64_t n, const float *g, const float *u, float *y) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        const float z2 = -2.0f * ((KERN_GELU_C * x) * (1.0f + (KERN_GELU_A * x) * x));
+        y[i] = (x / (1.0f + expf(z2))) * u[i];
+    }
+}
+
 void kern__softmax_ref(int64_t n, float *x) {
     if (n <= 0) return;
     float mx = x[0];
@@ -1161,5 +1169,6 @@ const kern_vtab kern__vtab_ref = {
         },
     .rmsnorm = kern__rmsnorm_ref,
     .silu_mul = kern__silu_mul_ref,
+    .gelu_mul = kern__gelu_mul_ref,
     .softmax = kern__softmax_ref,
 };

@@ -319,13 +319,15 @@ static void fwd__matmul(model_ctx *c, const model__mat *w, const float *X, int T
 // Row ops (split by token)
 
 typedef enum {
-    FWD_EMBED,       // x[t] = token_embd[tok[t]]
-    FWD_NORM,        // xn[t] = rmsnorm(x[t]) * w
-    FWD_ADD_NORM,    // x[t] += tmp[t]; xn[t] = rmsnorm(x[t]) * w  (w NULL: add only)
-    FWD_QKV,         // biases, q/k norm, rope on q[t], k[t]; write k, v to the KV page
-    FWD_SWIGLU,      // g[r] = silu(g[r]) * u[r], rows of ff
-    FWD_MOE_GATHER,  // xe[r] = xn[row_tok[r]], rows in expert order
-    FWD_MOE_COMBINE, // tmp[t] = sum over t's slots j of sel_w[t][j] * xe[slot_row[t][j]]
+    FWD_EMBED,         // x[t] = token_embd[tok[t]]
+    FWD_NORM,          // xn[t] = rmsnorm(x[t]) * w
+    FWD_ADD_NORM,      // x[t] += tmp[t]; xn[t] = rmsnorm(x[t]) * w  (w NULL: add only)
+    FWD_QKV,           // biases, q/k norm, rope on q[t], k[t]; write k, v to the KV page
+    FWD_SWIGLU,        // g[r] = silu(g[r]) * u[r], rows of ff
+    FWD_GEGLU,         // g[t] = gelu(g[t]) * u[t]
+    FWD_POST_ADD_NORM, // tmp[t] = rmsnorm(tmp[t]) * w2, then FWD_ADD_NORM (gemma post-norms)
+    FWD_MOE_GATHER,    // xe[r] = xn[row_tok[r]], rows in expert order
+    FWD_MOE_COMBINE,   // tmp[t] = sum over t's slots j of sel_w[t][j] * xe[slot_row[t][j]]
 } fwd__rowop;
 
 typedef struct {
@@ -333,6 +335,7 @@ typedef struct {
     const model_batch *b;
     fwd__rowop op;
     const float *w;  // norm weight
+    const float *w2; // FWD_POST_ADD_NORM: the sublayer output's norm weight
     int layer;
     int n;             // rows to claim: tokens, or (token, expert) rows
     int64_t ff;        // FWD_SWIGLU's row length
@@ -363,7 +366,12 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
                               .attn_factor = hp->rope_attn_factor,
                               .corr_lo = hp->rope_corr[0],
                               .corr_hi = hp->rope_corr[1]};
-    kern_rope_table_cfg(cs, &rc, pos);
+    kern_rope_cfg rl = rc;
+    if (L->swa) { // gemma3's sliding layers turn at their own base, unscaled
+        rl.freq_base = hp->rope_base_swa;
+        rl.freq_scale = hp->rope_scale_swa;
+    }
+    kern_rope_table_cfg(cs, &rl, pos);
     for (int h = 0; h < H; h++) {
         if (L->q_norm) kv->rmsnorm(D, q + h * D, L->q_norm, hp->norm_eps, q + h * D);
         kern_rope_apply(q + h * D, hp->n_rot, cs, hp->rope_neox);
@@ -403,8 +411,16 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             const model__mat *w = &m->tok_embd;
             kern_dequantize_row(w->type, (const char *)w->data + (size_t)a->b->tokens[t] * w->row_bytes,
                                 x, E);
+            if (m->hp.embd_scale != 1.0f)
+                for (int64_t i = 0; i < E; i++)
+                    x[i] *= m->hp.embd_scale;
             break;
         }
+        case FWD_POST_ADD_NORM: {
+            float *o = c->tmp + (size_t)t * (size_t)E;
+            c->kv->rmsnorm(E, o, a->w2, m->hp.norm_eps, o);
+        }
+            // fall through
         case FWD_ADD_NORM:
             for (int64_t i = 0; i < E; i++) x[i] += c->tmp[(size_t)t * (size_t)E + (size_t)i];
             if (!a->w) break;
@@ -413,6 +429,10 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
         case FWD_QKV: fwd__qkv_row(a, t); break;
         case FWD_SWIGLU:
             c->kv->silu_mul(F, c->g + (size_t)t * (size_t)F, c->u + (size_t)t * (size_t)F,
+                            c->g + (size_t)t * (size_t)F);
+            break;
+        case FWD_GEGLU:
+            c->kv->gelu_mul(F, c->g + (size_t)t * (size_t)F, c->u + (size_t)t * (size_t)F,
                             c->g + (size_t)t * (size_t)F);
             break;
         case FWD_MOE_GATHER:
@@ -446,12 +466,35 @@ static void fwd__rows_run_n(model_ctx *c, const model_batch *b, fwd__rowop op, i
     ks_pool_run(c->threads, fwd__rows_task, &a);
 }
 
-/* Runs op over the batch's tokens (w: the norm weight, layer: FWD_QKV's). */
-static void fwd__rows_run(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w, int layer) {
-    fwd__rows a = {
-        .c = c, .b = b, .op = op, .w = w, .layer = layer, .n = b->n_tokens, .ff = c->m->hp.n_ff};
+/* Runs row op `op` over every token of the batch (w, w2: its norm weights). */
+static void fwd__rows_run2(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w,
+                           const float *w2, int layer) {
+    fwd__rows a = {.c = c,
+                   .b = b,
+                   .op = op,
+                   .w = w,
+                   .w2 = w2,
+                   .layer = layer,
+                   .n = b->n_tokens,
+                   .ff = c->m->hp.n_ff};
     atomic_init(&a.next, 0);
     ks_pool_run(c->threads, fwd__rows_task, &a);
+}
+
+/* Runs op over the batch's tokens (w: the norm weight, layer: FWD_QKV's). */
+static void fwd__rows_run(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w,
+                          int layer) {
+    fwd__rows_run2(c, b, op, w, NULL, layer);
+}
+
+/* The residual add after a sublayer whose output is in tmp, then the next
+ * norm: gemma first normalizes the sublayer output (post_norm). */
+static void fwd__residual(model_ctx *c, const model_batch *b, const float *post_norm,
+                          const float *next_norm, int layer) {
+    if (post_norm)
+        fwd__rows_run2(c, b, FWD_POST_ADD_NORM, next_norm, post_norm, layer);
+    else
+        fwd__rows_run(c, b, FWD_ADD_NORM, next_norm, layer);
 }
 
 // ----------------------------------------------------------------------------
@@ -547,7 +590,9 @@ static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L) 
 
 // ----------------------------------------------------------------------------
 // Attention: for every (token t, head h), softmax(q·K^T * scale) · V over the
-// positions [0, pos[t]] of t's sequence, read page by page through kv. The
+// positions [0, pos[t]] of t's sequence (on a sliding-window layer only the
+// last n_swa of them: j > pos[t] - n_swa, llama.cpp's rule), read page by
+// page through kv; gemma2 soft-caps the scores before the softmax. The
 // G = n_head / n_head_kv query heads that share a KV head go together, so
 // each K/V row is read (and dequantized) once for all of them; a head's
 // values are the same for every G (kern.h).
@@ -573,26 +618,41 @@ static void fwd__attn_one(fwd__attn *a, int t, int h, int G, float *scores) {
     const kern_dot_rows_fn dot_rows = kv->dot_rows[c->kv_type];
     const kern_axpy_rows_fn axpy_rows = kv->axpy_rows[c->kv_type];
     const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = hp->attn_scale;
     const int si = a->b->seq[t];
     const void *const *kp = c->kp + (size_t)si * (size_t)c->max_pages;
     const void *const *vp = c->vp + (size_t)si * (size_t)c->max_pages;
     const uint32_t n_ctx = (uint32_t)a->b->pos[t] + 1;
+    const uint32_t W = (uint32_t)hp->n_swa;
+    // first position read: n_ctx - W on a sliding layer past its window
+    const uint32_t j_lo = c->m->layers[a->layer].swa && n_ctx > W ? n_ctx - W : 0;
     const float *q = c->q + (size_t)t * (size_t)(H * D) + (size_t)h * (size_t)D;
     float *out = c->att + (size_t)t * (size_t)(H * D) + (size_t)h * (size_t)D;
-    // page rows are (P, kv_row bytes): position j0+j lives in page j0/P, row j
-    for (uint32_t j0 = 0; j0 < n_ctx; j0 += P) {
-        uint32_t nj = n_ctx - j0 < P ? n_ctx - j0 : P;
-        dot_rows(D, G, q, (const uint8_t *)kp[j0 / P] + koff, c->kv_row, (int)nj, scale,
-                 scores + j0, S);
+    // page rows are (P, kv_row bytes): position j lives in page j/P, row j%P;
+    // scores[g*S + j] is position j's (with j_lo = 0 the same calls as
+    // page-at-a-time)
+    for (uint32_t j = j_lo; j < n_ctx;) {
+        const uint32_t r = j % P, nj = n_ctx - j < P - r ? n_ctx - j : P - r;
+        dot_rows(D, G, q, (const uint8_t *)kp[j / P] + (size_t)r * c->kv_row + koff, c->kv_row,
+                 (int)nj, scale, scores + j, S);
+        j += nj;
+    }
+    if (hp->attn_softcap > 0.0f) { // c * tanh(s / c), as llama.cpp: s * (1/c), tanh, * c
+        const float cap = hp->attn_softcap, inv = 1.0f / cap;
+        for (int g = 0; g < G; g++)
+            for (uint32_t j = j_lo; j < n_ctx; j++) {
+                float *s = scores + (size_t)g * S + j;
+                *s = tanhf(*s * inv) * cap;
+            }
     }
     for (int g = 0; g < G; g++)
-        kv->softmax(n_ctx, scores + (size_t)g * S);
+        kv->softmax(n_ctx - j_lo, scores + (size_t)g * S + j_lo);
     memset(out, 0, sizeof(float) * (size_t)D * (size_t)G);
-    for (uint32_t j0 = 0; j0 < n_ctx; j0 += P) {
-        uint32_t nj = n_ctx - j0 < P ? n_ctx - j0 : P;
-        axpy_rows(D, G, scores + j0, S, (const uint8_t *)vp[j0 / P] + koff, c->kv_row, (int)nj,
-                  out);
+    for (uint32_t j = j_lo; j < n_ctx;) {
+        const uint32_t r = j % P, nj = n_ctx - j < P - r ? n_ctx - j : P - r;
+        axpy_rows(D, G, scores + j, S, (const uint8_t *)vp[j / P] + (size_t)r * c->kv_row + koff,
+                  c->kv_row, (int)nj, out);
+        j += nj;
     }
 }
 
@@ -629,6 +689,27 @@ static void fwd__attn_task(void *arg, int ith, int nth) {
             fwd__attn_one(a, t, (int)(pi % per_t) * Gs, Gs, scores);
         }
     }
+}
+
+// ----------------------------------------------------------------------------
+// Final logit soft-capping (gemma): x = c * tanh(x / c), row by row
+
+typedef struct {
+    float *x;  // (rows, n) logits
+    int64_t n; // V
+    int32_t rows;
+    float cap;
+    atomic_llong next; // next row to claim
+} fwd__softcap;
+
+static void fwd__softcap_task(void *arg, int ith, int nth) {
+    fwd__softcap *a = arg;
+    const float inv = 1.0f / a->cap; // as llama.cpp: x * (1/c), tanh, * c
+    (void)ith, (void)nth;
+    int64_t r0, r1;
+    while (ks_pool_claim(&a->next, a->rows, 1, &r0, &r1))
+        for (float *x = a->x + r0 * a->n, *e = a->x + r1 * a->n; x < e; x++)
+            *x = tanhf(*x * inv) * a->cap;
 }
 
 // ----------------------------------------------------------------------------
@@ -706,7 +787,7 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
         atomic_init(&at.next, 0);
         ks_pool_run(c->threads, fwd__attn_task, &at);
         fwd__matmul(c, &L->wo, c->att, T, c->tmp);
-        fwd__rows_run(c, b, FWD_ADD_NORM, L->ffn_norm, il);
+        fwd__residual(c, b, L->post_attn_norm, L->ffn_norm, il);
         // feed-forward block
         fwd__act_reset(c);
         if (L->gate_exps) {
@@ -715,11 +796,11 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
             const model__mat *gu[] = {&L->w_gate, &L->w_up};
             float *const gu_out[] = {c->g, c->u};
             fwd__matmuls(c, 2, gu, c->xn, T, gu_out);
-            fwd__rows_run(c, b, FWD_SWIGLU, NULL, il);
+            fwd__rows_run(c, b, hp->ffn_gelu ? FWD_GEGLU : FWD_SWIGLU, NULL, il);
             fwd__matmul(c, &L->w_down, c->g, T, c->tmp);
         }
         const float *next_norm = il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : m->output_norm;
-        fwd__rows_run(c, b, FWD_ADD_NORM, next_norm, il);
+        fwd__residual(c, b, L->post_ffn_norm, next_norm, il);
     }
     int n_bad = 0, first_bad = -1;
     for (int s = 0; s < b->n_seqs; s++) {
@@ -740,5 +821,11 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
                    sizeof(float) * (size_t)E);
     fwd__act_reset(c);
     fwd__matmul(c, &m->output, rows, b->n_out, logits);
+    if (hp->final_softcap > 0.0f) {
+        fwd__softcap a = {
+            .x = logits, .n = hp->n_vocab, .rows = b->n_out, .cap = hp->final_softcap};
+        atomic_init(&a.next, 0);
+        ks_pool_run(c->threads, fwd__softcap_task, &a);
+    }
     return KS_OK;
 }

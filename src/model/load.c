@@ -87,6 +87,52 @@ static ks_err load__experts(load__ctx *c, model_hparams *hp) {
     return KS_OK;
 }
 
+/* Gemma 2 and 3, as llama.cpp reads them: embeddings scaled by sqrt(n_embd),
+ * GELU FFN, RMSNorm on each sublayer's output (the file's norm weights
+ * already hold gemma's 1 + w), tied output, sliding-window layers. gemma2:
+ * every other layer slides (even il), scores and logits soft-capped (keys,
+ * else 50 and 30). gemma3: 5 of every 6 layers slide (il % 6 < 5, or
+ * attention.sliding_window_pattern), sliding layers use RoPE base
+ * rope.freq_base_swa (else 10000) without scaling; no score cap; a logit cap
+ * only where final_logit_softcapping is set; no window key: no sliding.
+ * Queries are scaled by 1/sqrt(key_length), except for the 27B shapes (46
+ * and 62 layers), trained with query_pre_attn_scalar = n_embd / n_head. */
+static ks_err load__gemma(load__ctx *c, model_hparams *hp) {
+    const bool g2 = hp->arch == MODEL_ARCH_GEMMA2;
+    const char *path = gguf_path(c->f);
+    ks_err e;
+    hp->embd_scale = sqrtf((float)hp->n_embd);
+    hp->ffn_gelu = true;
+    hp->post_norms = true;
+    if ((g2 && hp->n_layer == 46) || (!g2 && hp->n_layer == 62))
+        hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+    if ((e = load__u32(c, "attention.sliding_window", g2, 0, &hp->n_swa)) ||
+        (e = load__f32(c, "final_logit_softcapping", g2 ? 30.0f : 0.0f, &hp->final_softcap)))
+        return e;
+    if (g2 && (e = load__f32(c, "attn_logit_softcapping", 50.0f, &hp->attn_softcap))) return e;
+    if (hp->attn_softcap < 0.0f || hp->final_softcap < 0.0f || !isfinite(hp->attn_softcap) ||
+        !isfinite(hp->final_softcap))
+        return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: softcapping %g / %g must be >= 0", path,
+                         (double)hp->attn_softcap, (double)hp->final_softcap);
+    if (hp->n_swa == 0) return KS_OK; // gemma3 without a window: every layer is global
+    hp->swa_period = g2 ? 2 : 6;
+    if (g2) return KS_OK;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", c->arch);
+    const gguf_value *pv = gguf_get(c->f, key);
+    if (pv && pv->type == GGUF_TYPE_ARRAY)
+        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                         "%s: %s as a per-layer array is not supported (a period is)", path, key);
+    if ((e = load__u32(c, "attention.sliding_window_pattern", false, 6, &hp->swa_period)) ||
+        (e = load__f32(c, "rope.freq_base_swa", 10000.0f, &hp->rope_base_swa)))
+        return e;
+    if (!(hp->rope_base_swa > 0.0f))
+        return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: rope.freq_base_swa %g must be positive", path,
+                         (double)hp->rope_base_swa);
+    hp->rope_scale_swa = 1.0f;
+    return KS_OK;
+}
+
 static ks_err load__hparams(model *m, ks_errbuf *eb) {
     const gguf_file *f = m->gguf;
     model_hparams *hp = &m->hp;
@@ -103,6 +149,10 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         hp->arch = MODEL_ARCH_QWEN3MOE;
     else if (!strcmp(hp->arch_name, "phi3"))
         hp->arch = MODEL_ARCH_PHI3;
+    else if (!strcmp(hp->arch_name, "gemma2"))
+        hp->arch = MODEL_ARCH_GEMMA2;
+    else if (!strcmp(hp->arch_name, "gemma3"))
+        hp->arch = MODEL_ARCH_GEMMA3;
     else
         return ks_seterr(eb, KS_ERR_UNSUPPORTED,
                          "%s: unsupported architecture '%s' (supported: " MODEL_ARCHS ")",
@@ -203,6 +253,11 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
                          gguf_path(f), hp->arch_name, (double)attn_factor);
     hp->rope_attn_factor *= attn_factor;
     hp->rope_neox = hp->arch != MODEL_ARCH_LLAMA;
+    hp->rope_base_swa = hp->rope_base;
+    hp->rope_scale_swa = hp->rope_scale;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->embd_scale = 1.0f;
+    if (hp->arch == MODEL_ARCH_GEMMA2 || hp->arch == MODEL_ARCH_GEMMA3) return load__gemma(&c, hp);
     return KS_OK;
 }
 
@@ -396,7 +451,14 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
              (e = load__vec(m, LNAME("attn_k.bias"), KVD, true, &L->bk, eb)) ||
              (e = load__vec(m, LNAME("attn_v.bias"), KVD, true, &L->bv, eb))))
             return e;
-        if ((hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE) &&
+        if (hp->post_norms &&
+            ((e = load__vec(m, LNAME("post_attention_norm.weight"), E, true, &L->post_attn_norm,
+                            eb)) ||
+             (e = load__vec(m, LNAME("post_ffw_norm.weight"), E, true, &L->post_ffn_norm, eb))))
+            return e;
+        L->swa = hp->n_swa > 0 && (hp->swa_period == 0 || il % hp->swa_period < hp->swa_period - 1);
+        if ((hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE ||
+             hp->arch == MODEL_ARCH_GEMMA3) &&
             ((e = load__vec(m, LNAME("attn_q_norm.weight"), D, true, &L->q_norm, eb)) ||
              (e = load__vec(m, LNAME("attn_k_norm.weight"), D, true, &L->k_norm, eb))))
             return e;

@@ -29,6 +29,9 @@ typedef struct model__layer {
     model__mat gate_inp;             // (n_expert, E) router
     model__mat *gate_exps, *up_exps; // (n_expert) of (F_exp, E)
     model__mat *down_exps;           // (n_expert) of (E, F_exp)
+    const float *post_attn_norm;     // (E) or NULL (gemma2/3 only): post_attention_norm
+    const float *post_ffn_norm;      // (E) or NULL (gemma2/3 only): post_ffw_norm
+    bool swa;                        // sliding-window layer (model_hparams.n_swa)
 } model__layer;
 
 struct model {

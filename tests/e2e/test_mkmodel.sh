@@ -92,6 +92,32 @@ has '^  blk\.1\.attn_k_norm\.weight +F32 +\[64\] ' qwen3
 has '^  blk\.0\.attn_k\.weight +F16 +\[256, 128\] ' qwen3
 lacks '^  output\.weight' qwen3
 has '^tensors: +24$' qwen3
+# --- gemma2 (post-norms, caps, window), gemma3 (q/k norms, no caps by default) ---------
+mk -o "$TMP/g2.gguf" --arch gemma2 --head-dim 128 --n-head 4 --n-head-kv 2
+inspect "$TMP/g2.gguf"
+has 'gemma2\.attention\.sliding_window +uint32 += 32$' gemma2
+has 'gemma2\.attn_logit_softcapping +float32 += 50$' gemma2
+has 'gemma2\.final_logit_softcapping +float32 += 30$' gemma2
+has 'gemma2\.attention\.key_length +uint32 += 128$' gemma2
+has 'gemma2\.attention\.layer_norm_rms_epsilon +float32 += 9.99999997e-07$' gemma2
+has '^  blk\.0\.post_attention_norm\.weight +F32 +\[256\] ' gemma2
+has '^  blk\.1\.post_ffw_norm\.weight +F32 +\[256\] ' gemma2
+has '^  blk\.0\.attn_q\.weight +F16 +\[256, 512\] ' gemma2
+has '^  blk\.0\.attn_output\.weight +F16 +\[512, 256\] ' gemma2
+lacks '^  output\.weight' gemma2
+lacks 'attn_q_norm' gemma2
+has '^tensors: +24$' gemma2
+has '^runs: yes$' gemma2
+mk -o "$TMP/g3.gguf" --arch gemma3 --swa 16 --final-softcap 20
+inspect "$TMP/g3.gguf"
+has 'gemma3\.attention\.sliding_window +uint32 += 16$' gemma3
+has 'gemma3\.rope\.freq_base +float32 += 1000000$' gemma3
+has 'gemma3\.final_logit_softcapping +float32 += 20$' gemma3
+lacks 'attn_logit_softcapping' gemma3
+has '^  blk\.1\.attn_k_norm\.weight +F32 +\[32\] ' gemma3
+has '^  blk\.1\.post_ffw_norm\.weight +F32 +\[256\] ' gemma3
+has '^tensors: +28$' gemma3
+has '^runs: yes$' gemma3
 mk -o "$TMP/rs.gguf" --rope-scale 4 --rope-base 500000 --ctx 4096
 inspect "$TMP/rs.gguf"
 has 'llama\.rope\.scaling\.type +string += "linear"' rope

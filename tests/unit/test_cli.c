@@ -1,7 +1,10 @@
 /* test_cli.c — models made by `kvseal mkmodel` (llama with GQA, qwen2,
- * qwen3; every weight type) run the same on the reference kernels and on
- * every SIMD kernel set this CPU has: the same greedy tokens, and logits
- * within a per-type tolerance (justified at kind_tol below).
+ * qwen3, gemma2, gemma3; every weight type) run the same on the reference
+ * kernels and on every SIMD kernel set this CPU has: the same greedy tokens,
+ * and logits within a per-type tolerance (justified at kind_tol below).
+ * Gemma models with a 4-token sliding window are also batch invariant
+ * (test_model.c checks that on kjv-mini for the others): windows that start
+ * mid-page and span pages give the same bits alone or batched.
  *
  * The vocabulary comes from the shipped kjv-mini, so this test never skips. */
 #include "kvseal/cli.h"
@@ -80,21 +83,139 @@ static double kind_tol(const char *type) {
     return (!strcmp(type, "f32") || !strcmp(type, "f16") || !strcmp(type, "bf16")) ? 1e-4 : 1.5e-2;
 }
 
+/* Logits of steps [0, NG) of n_prompt-token prompt k then greedy decoding,
+ * one token per step, on its own (1 thread, prefill in chunks of 3). */
+enum { NG = 24 };
+static void solo_run(const model *m, const int32_t *prompt, int n_prompt, float *lg) {
+    ks_errbuf eb;
+    kv_geom g = model_kv_geom(m, 16, KS_DTYPE_F16);
+    kv_pool *pool;
+    model_ctx *ctx;
+    CHECK_EQ(kv_pool_create(&g, 8, KV_SCRUB_ZERO, &pool, &eb), KS_OK);
+    CHECK_EQ(model_ctx_create(m, pool, 1, 8, 64, &ctx, &eb), KS_OK);
+    const int32_t V = model_hp(m)->n_vocab;
+    kv_seq s;
+    kv_seq_init(pool, &s);
+    kv_seq *seqs[1] = {&s};
+    CHECK_EQ(kv_seq_reserve(pool, &s, 64, &eb), KS_OK);
+    int32_t tok = 0;
+    for (int p = 0, step = 0; step < NG;) {
+        int32_t tk[3], pos[3], sq[3] = {0}, outr[3], n = 0;
+        if (p < n_prompt) { // a prefill chunk; logits only for the prompt's last token
+            for (; n < 3 && p < n_prompt; n++, p++) {
+                tk[n] = prompt[p];
+                pos[n] = p;
+                outr[n] = p == n_prompt - 1 ? 0 : -1;
+            }
+        } else {
+            tk[0] = tok, pos[0] = p++, outr[0] = 0, n = 1;
+        }
+        bool out = outr[n - 1] == 0;
+        model_batch b = {n, tk, pos, sq, outr, out ? 1 : 0, 1, seqs, NULL};
+        CHECK_EQ(model_forward(ctx, &b, lg + (size_t)step * (size_t)V, &eb), KS_OK);
+        if (!out) continue;
+        const float *l = lg + (size_t)step * (size_t)V;
+        tok = 0;
+        for (int32_t j = 1; j < V; j++)
+            if (l[j] > l[tok]) tok = j;
+        step++;
+    }
+    kv_seq_release(pool, &s);
+    model_ctx_free(ctx);
+    kv_pool_destroy(pool);
+}
+
+/* Two sequences (prompts of 9 and 3 tokens) prefilled whole in one batch and
+ * decoded together on 3 threads give the logits solo_run gives, bit for bit. */
+static void test_window_batch_invariance(const char *path) {
+    ks_errbuf eb;
+    model *m;
+    CHECK_EQ(model_load(path, &m, &eb), KS_OK);
+    CHECK_EQ(model_hp(m)->n_swa, 4);
+    const int32_t V = model_hp(m)->n_vocab;
+    static const int32_t p0[] = {1, 300, 261, 345, 828, 325, 687, 2001, 548}, p1[] = {1, 1915, 425};
+    const int32_t *ps[2] = {p0, p1};
+    const int np[2] = {9, 3};
+    float *ref = malloc(sizeof(float) * (size_t)V * NG * 2),
+          *lg = malloc(sizeof(float) * (size_t)V * 2);
+    for (int k = 0; k < 2; k++)
+        solo_run(m, ps[k], np[k], ref + (size_t)k * NG * (size_t)V);
+    kv_geom g = model_kv_geom(m, 16, KS_DTYPE_F16);
+    kv_pool *pool;
+    model_ctx *ctx;
+    CHECK_EQ(kv_pool_create(&g, 16, KV_SCRUB_ZERO, &pool, &eb), KS_OK);
+    CHECK_EQ(model_ctx_create(m, pool, 3, 16, 64, &ctx, &eb), KS_OK);
+    kv_seq s[2];
+    kv_seq *seqs[2] = {&s[0], &s[1]};
+    int32_t tk[16], pos[16], sq[16], outr[16], n = 0;
+    for (int k = 0; k < 2; k++) {
+        kv_seq_init(pool, &s[k]);
+        CHECK_EQ(kv_seq_reserve(pool, &s[k], 64, &eb), KS_OK);
+        for (int j = 0; j < np[k]; j++, n++)
+            tk[n] = ps[k][j], pos[n] = j, sq[n] = k, outr[n] = j == np[k] - 1 ? k : -1;
+    }
+    for (int step = 0; step < NG; step++) {
+        model_batch b = {n, tk, pos, sq, outr, 2, 2, seqs, NULL};
+        CHECK_EQ(model_forward(ctx, &b, lg, &eb), KS_OK);
+        int32_t next[2], p_next[2];
+        for (int k = 0; k < 2; k++) {
+            const float *l = lg + (size_t)k * (size_t)V;
+            CHECK_MEM_EQ(l, ref + ((size_t)k * NG + (size_t)step) * (size_t)V,
+                         sizeof(float) * (size_t)V);
+            next[k] = 0;
+            for (int32_t j = 1; j < V; j++)
+                if (l[j] > l[next[k]]) next[k] = j;
+            p_next[k] = np[k] + step;
+        }
+        n = 2;
+        for (int k = 0; k < 2; k++)
+            tk[k] = next[k], pos[k] = p_next[k], sq[k] = k, outr[k] = k;
+    }
+    for (int k = 0; k < 2; k++)
+        kv_seq_release(pool, &s[k]);
+    model_ctx_free(ctx);
+    kv_pool_destroy(pool);
+    model_free(m);
+    free(ref);
+    free(lg);
+}
+
 int main(void) {
     const char *src = getenv("KS_SRC");
     char vocab[1024], path[256];
     snprintf(vocab, sizeof vocab, "%s/models/kjv-mini.gguf", src ? src : ".");
     snprintf(path, sizeof path, "/tmp/ks_test_cli_%d.gguf", (int)getpid());
-    const char *archs[] = {"llama", "qwen2", "qwen3"};
+    const char *archs[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
     const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"};
     const char *isas[] = {"avx2", "avx512"};
     int32_t ref_toks[N_GEN], toks[N_GEN], V = 0;
     float *ref = malloc(sizeof(float) * 2048 * N_GEN), *lg = malloc(sizeof(float) * 2048 * N_GEN);
-    for (size_t a = 0; a < 3; a++) {
+    for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
         for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-            char *argv[] = {"mkmodel", "-o", path, "--vocab", vocab, "--arch", (char *)archs[a],
-                            "--type", (char *)types[t], "--shape", "tiny", "--seed", "7", NULL};
-            CHECK_EQ(cli_mkmodel(13, argv), 0);
+            // gemma: a 4-token window (so it slides within these 24 positions), a
+            // score cap that bites (gemma2), a final cap for gemma3 too
+            char *argv[] = {"mkmodel",
+                            "-o",
+                            path,
+                            "--vocab",
+                            vocab,
+                            "--arch",
+                            (char *)archs[a],
+                            "--type",
+                            (char *)types[t],
+                            "--shape",
+                            "tiny",
+                            "--seed",
+                            "7",
+                            "--swa",
+                            "4",
+                            "--attn-softcap",
+                            "2",
+                            "--final-softcap",
+                            "30",
+                            NULL};
+            CHECK_EQ(cli_mkmodel(strncmp(archs[a], "gemma", 5) ? 13 : 19, argv), 0);
+            if (!strncmp(archs[a], "gemma", 5) && t == 1) test_window_batch_invariance(path);
             run_greedy(path, "ref", ref_toks, ref, &V);
             CHECK(V == 2048);
             double mx0 = 0;

@@ -64,7 +64,7 @@ static const ks_dtype wtypes[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16,  
 // VEC_REL: vector ops, per element relative 1e-5 (+1e-37 absolute for
 //   outputs in the f32 subnormal range, where exp's last-bit differences
 //   are 1 subnormal ulp): rmsnorm and softmax differ from ref only in an f32
-//   vs double sum (n <= 4097 -> < 1e-5); silu and softmax use a ~2 ulp exp.
+//   vs double sum (n <= 4097 -> < 1e-5); silu, gelu and softmax use a ~2 ulp exp.
 // AXPY and quantize_act (Q8_0, Q8_K): bit-exact (same f32 ops, same
 //   rounding mode, order-free max).
 // Round trips: per element, from the quantizer's construction (ref.c):
@@ -777,6 +777,16 @@ static void test_vec_ops(const kern_vtab *v) {
         memcpy(y, a1, sizeof(float) * (size_t)n);
         v->silu_mul(n, y, b1, y);
         check_vec("silu_mul in place", v, n, y, yr);
+        // gelu_mul: the GELU range (|g| < 8, where llama.cpp's table works)
+        // and past exp's overflow / underflow, also in place (y aliasing g)
+        for (int64_t i = 0; i < n; i++)
+            a1[i] = rng_f() * (i % 3 == 0 ? 60.0f : 8.0f);
+        v->gelu_mul(n, a1, b1, y);
+        kern__gelu_mul_ref(n, a1, b1, yr);
+        check_vec("gelu_mul", v, n, y, yr);
+        memcpy(y, a1, sizeof(float) * (size_t)n);
+        v->gelu_mul(n, y, b1, y);
+        check_vec("gelu_mul in place", v, n, y, yr);
         // softmax with a large spread and masked (-inf) entries
         for (int64_t i = 0; i < n; i++) a1[i] = rng_f() * 60.0f;
         if (n > 4) a1[n / 3] = -INFINITY;
@@ -790,6 +800,14 @@ static void test_vec_ops(const kern_vtab *v) {
         free(w);
         free(y);
         free(yr);
+    }
+    // gelu_mul is GELU's tanh form, 0.5 x (1 + tanh(z)), in double
+    for (int i = -90; i <= 90; i++) {
+        float x = (float)i * 0.1f, one = 1.0f, y1;
+        double z = 0.7978845608028654 * x * (1.0 + 0.044715 * (double)x * x);
+        double want = 0.5 * x * (1.0 + tanh(z));
+        v->gelu_mul(1, &x, &one, &y1);
+        CHECK_NEAR(y1, want, 3e-5 * fabs(want) + 1e-12); // 2|z| ulps of z at x = -9
     }
     printf("  %s: vector ops vs ref ok\n", v->name);
 }
