@@ -1,5 +1,5 @@
 /* model.h — hyper-parameters, weights and the batched forward pass of
- * Llama-family models (llama, qwen2, qwen3, phi3, gemma2, gemma3;
+ * Llama-family models (llama, qwen2, qwen3, phi3, gemma2, gemma3, glm4;
  * mixture-of-experts llama and qwen3moe) from GGUF.
  *
  * The forward pass takes a batch of tokens from any number of sequences at
@@ -24,6 +24,7 @@ typedef enum model_arch {
     MODEL_ARCH_PHI3 = 4,
     MODEL_ARCH_GEMMA2 = 5,
     MODEL_ARCH_GEMMA3 = 6,
+    MODEL_ARCH_GLM4 = 7,
 } model_arch;
 
 /* How a mixture-of-experts router turns logits into expert weights. */
@@ -36,7 +37,7 @@ typedef enum model_gating {
 #define MODEL_MAX_EXPERTS_USED 16
 
 /* The architectures model_load runs, as its refusal lists them. */
-#define MODEL_ARCHS "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3"
+#define MODEL_ARCHS "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, glm4"
 
 /* Largest head size (attention.key_length) a model may have. */
 #define MODEL_MAX_HEAD_DIM 1024

@@ -27,10 +27,12 @@ typedef struct {
     const char *out, *vocab, *arch, *name;
     ks_dtype type;
     long n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx, head_dim;
+    long n_rot;                             /* rotary dimensions (glm4: half the head) */
     long n_expert, n_expert_used, n_ff_exp; /* mixture of experts (n_expert 0: dense) */
     bool tied, rope_freqs, longrope;
     uint64_t seed;
     double rope_base, rope_scale, eps;
+    double qk_gain;        /* attn_q/k (attn_qkv) weights' std times this: sharper attention */
     const char *rope_type; /* "linear" or "yarn" when rope_scale != 1 */
     long rope_orig_ctx;    /* YaRN's original context (0: context_length) */
     long n_swa;            /* gemma: attention.sliding_window */
@@ -184,8 +186,9 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
     const bool qwen3 = !strcmp(o->arch, "qwen3") || !strcmp(o->arch, "qwen3moe");
     const int64_t X = o->n_expert, FX = o->n_ff_exp;
     const bool phi3 = !strcmp(o->arch, "phi3"); // fused QKV and gate/up rows
+    const bool glm4 = !strcmp(o->arch, "glm4"); // QKV biases, fused gate/up, post-norms
     const bool gemma = !strncmp(o->arch, "gemma", 5), gemma3 = !strcmp(o->arch, "gemma3");
-    const float noise = 0.02f;
+    const float noise = 0.02f, s_qk = s_in * (float)o->qk_gain;
     bool ok = mk__add(p, o, W, MK__RAND, o->tied ? 4.0f / sqrtf((float)E) : 1.0f, E, n_vocab,
                       "token_embd.weight", 0);
     if (ok && o->rope_freqs)
@@ -198,12 +201,12 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
     for (int l = 0; ok && l < o->n_layer; l++) {
         ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l);
         if (ok && phi3)
-            ok = mk__add(p, o, W, MK__RAND, s_in, E, QD + 2 * KD, "blk.%d.attn_qkv.weight", l);
+            ok = mk__add(p, o, W, MK__RAND, s_qk, E, QD + 2 * KD, "blk.%d.attn_qkv.weight", l);
         else if (ok)
-            ok = mk__add(p, o, W, MK__RAND, s_in, E, QD, "blk.%d.attn_q.weight", l) &&
-                 mk__add(p, o, W, MK__RAND, s_in, E, KD, "blk.%d.attn_k.weight", l) &&
+            ok = mk__add(p, o, W, MK__RAND, s_qk, E, QD, "blk.%d.attn_q.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, s_qk, E, KD, "blk.%d.attn_k.weight", l) &&
                  mk__add(p, o, W, MK__RAND, s_in, E, KD, "blk.%d.attn_v.weight", l);
-        if (ok && qwen2)
+        if (ok && (qwen2 || glm4))
             ok = mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, QD, 0, "blk.%d.attn_q.bias", l) &&
                  mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, KD, 0, "blk.%d.attn_k.bias", l) &&
                  mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, KD, 0, "blk.%d.attn_v.bias", l);
@@ -214,11 +217,11 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, HD, 0, "blk.%d.attn_k_norm.weight", l);
         ok = ok && mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E,
                            "blk.%d.attn_output.weight", l);
-        if (ok && gemma) // norms of the sublayer outputs (1 + w already, as gemma's files)
+        if (ok && (gemma || glm4)) // norms of the sublayer outputs (gemma's: 1 + w already)
             ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0,
                          "blk.%d.post_attention_norm.weight", l);
         ok = ok && mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.ffn_norm.weight", l);
-        if (ok && !X && phi3)
+        if (ok && !X && (phi3 || glm4))
             ok = mk__add(p, o, W, MK__RAND, s_in, E, 2 * F, "blk.%d.ffn_up.weight", l) &&
                  mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight",
                          l);
@@ -234,7 +237,7 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
                  mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_up_exps.weight", l) &&
                  mk__add3(p, o, W, MK__RAND, res / sqrtf((float)FX), FX, E, X,
                           "blk.%d.ffn_down_exps.weight", l);
-        if (ok && gemma)
+        if (ok && (gemma || glm4))
             ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.post_ffw_norm.weight",
                          l);
     }
@@ -251,8 +254,8 @@ static void mk__usage(FILE *fp) {
     fprintf(
         fp,
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
-        "  --arch llama|qwen2|qwen3|qwen3moe|phi3|gemma2|gemma3  architecture (default\n"
-        "                               llama); gemma models are tied, with post-norms and GELU\n"
+        "  --arch llama|qwen2|qwen3|qwen3moe|phi3|gemma2|gemma3|glm4  architecture\n"
+        "                               (default llama); gemma: tied, post-norms, GELU\n"
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
         "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
         "  --shape tiny|1.1b            preset (default tiny: 256 embd, 2 layers, 8/2 heads,\n"
@@ -272,6 +275,8 @@ static void mk__usage(FILE *fp) {
         "  --swa N                      gemma: attention.sliding_window (default 32)\n"
         "  --attn-softcap F --final-softcap F  gemma: score / logit soft-capping (gemma2\n"
         "                               default 50 / 30; gemma3 none unless given)\n"
+        "  --qk-gain G                  attn_q/k weights G times larger: attention that depends\n"
+        "                               on position (so a RoPE mistake shows in perplexity)\n"
         "  --name NAME                  general.name\n"
         "  -t N                         threads (output does not depend on it)\n");
 }
@@ -368,7 +373,7 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
          MK__U32("embedding_length", o->n_embd) && MK__U32("block_count", o->n_layer) &&
          MK__U32("feed_forward_length", o->n_ff) && MK__U32("attention.head_count", o->n_head) &&
          MK__U32("attention.head_count_kv", o->n_head_kv) &&
-         MK__F32("rope.freq_base", o->rope_base) && MK__U32("rope.dimension_count", o->head_dim) &&
+         MK__F32("rope.freq_base", o->rope_base) && MK__U32("rope.dimension_count", o->n_rot) &&
          MK__F32("attention.layer_norm_rms_epsilon", o->eps);
     if (ok && o->n_expert)
         ok = MK__U32("expert_count", o->n_expert) &&
@@ -408,6 +413,7 @@ int cli_mkmodel(int argc, char **argv) {
                   .type = KS_DTYPE_F16,
                   .seed = 1,
                   .rope_scale = 1.0,
+                  .qk_gain = 1.0,
                   .rope_type = "linear",
                   .n_threads = cli__default_threads()};
     const char *shape = "tiny";
@@ -467,6 +473,8 @@ int cli_mkmodel(int argc, char **argv) {
         } else if (!strcmp(a, "--attn-softcap") || !strcmp(a, "--final-softcap")) {
             double *dst = a[2] == 'a' ? &o.attn_softcap : &o.final_softcap;
             if (!cli__parse_float(a, v, dst) || !(*dst > 0)) return 2;
+        } else if (!strcmp(a, "--qk-gain")) {
+            if (!cli__parse_float(a, v, &o.qk_gain) || !(o.qk_gain > 0)) return 2;
         } else if (!strcmp(a, "--rope-scale")) {
             if (!cli__parse_float(a, v, &o.rope_scale) || !(o.rope_scale > 0)) return 2;
         } else {
@@ -497,10 +505,11 @@ int cli_mkmodel(int argc, char **argv) {
     }
     bool qwen = !strcmp(o.arch, "qwen2") || !strcmp(o.arch, "qwen3") || !strcmp(o.arch, "qwen3moe");
     bool gemma = !strcmp(o.arch, "gemma2") || !strcmp(o.arch, "gemma3");
-    if (!qwen && !gemma && strcmp(o.arch, "llama") && strcmp(o.arch, "phi3")) {
+    if (!qwen && !gemma && strcmp(o.arch, "llama") && strcmp(o.arch, "phi3") &&
+        strcmp(o.arch, "glm4")) {
         fprintf(stderr,
                 "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe phi3 gemma2 "
-                "gemma3\n",
+                "gemma3 glm4\n",
                 o.arch);
         return 2;
     }
@@ -567,6 +576,7 @@ int cli_mkmodel(int argc, char **argv) {
                   : qwen || !strcmp(o.arch, "gemma3") ? 1000000.0
                                                       : 10000.0;
     o.eps = qwen || gemma ? 1e-6 : 1e-5;
+    o.n_rot = strcmp(o.arch, "glm4") ? o.head_dim : o.head_dim / 2; // glm4: partial rotary
     char name[128];
     if (!o.name) {
         snprintf(name, sizeof name, "mkmodel-%s-%s-%s-seed%llu", o.arch, shape,

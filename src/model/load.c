@@ -153,6 +153,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         hp->arch = MODEL_ARCH_GEMMA2;
     else if (!strcmp(hp->arch_name, "gemma3"))
         hp->arch = MODEL_ARCH_GEMMA3;
+    else if (!strcmp(hp->arch_name, "glm4"))
+        hp->arch = MODEL_ARCH_GLM4;
     else
         return ks_seterr(eb, KS_ERR_UNSUPPORTED,
                          "%s: unsupported architecture '%s' (supported: " MODEL_ARCHS ")",
@@ -252,7 +254,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         return ks_seterr(eb, KS_ERR_FORMAT, "%s: %s.rope.scaling.attn_factor %g must be positive",
                          gguf_path(f), hp->arch_name, (double)attn_factor);
     hp->rope_attn_factor *= attn_factor;
-    hp->rope_neox = hp->arch != MODEL_ARCH_LLAMA;
+    hp->rope_neox = hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_GLM4;
+    hp->post_norms = hp->arch == MODEL_ARCH_GLM4; // and gemma's (load__gemma)
     hp->rope_base_swa = hp->rope_base;
     hp->rope_scale_swa = hp->rope_scale;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
@@ -413,11 +416,14 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
 #define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
         model__mat fused = {0};
         if ((e = load__vec(m, LNAME("attn_norm.weight"), E, true, &L->attn_norm, eb))) return e;
-        if (gguf_find_tensor(m->gguf, LNAME("attn_qkv.weight"))) { // phi3: Q, K, V rows in one
+        if (gguf_find_tensor(m->gguf, LNAME("attn_qkv.weight"))) { // Q, K, V rows in one
             if ((e = load__mat(m, n, E, HD + 2 * KVD, &fused, eb))) return e;
             L->wq = load__rows(&fused, 0, HD);
             L->wk = load__rows(&fused, HD, KVD);
             L->wv = load__rows(&fused, HD + KVD, KVD);
+            const float *b = NULL; // and its bias, when there is one, split the same way
+            if ((e = load__vec(m, LNAME("attn_qkv.bias"), HD + 2 * KVD, false, &b, eb))) return e;
+            if (b) L->bq = b, L->bk = b + HD, L->bv = b + HD + KVD;
         } else if ((e = load__mat(m, LNAME("attn_q.weight"), E, HD, &L->wq, eb)) ||
                    (e = load__mat(m, LNAME("attn_k.weight"), E, KVD, &L->wk, eb)) ||
                    (e = load__mat(m, LNAME("attn_v.weight"), E, KVD, &L->wv, eb))) {
@@ -426,7 +432,8 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
         if ((e = load__mat(m, LNAME("attn_output.weight"), HD, E, &L->wo, eb)) ||
             (e = load__vec(m, LNAME("ffn_norm.weight"), E, true, &L->ffn_norm, eb)))
             return e;
-        if (hp->n_expert == 0 && hp->arch == MODEL_ARCH_PHI3) { // gate rows, then up rows
+        const bool fused_ffn = hp->arch == MODEL_ARCH_PHI3 || hp->arch == MODEL_ARCH_GLM4;
+        if (hp->n_expert == 0 && fused_ffn) { // gate rows, then up rows
             if ((e = load__mat(m, LNAME("ffn_up.weight"), E, 2 * F, &fused, eb))) return e;
             L->w_gate = load__rows(&fused, 0, F);
             L->w_up = load__rows(&fused, F, F);
@@ -446,7 +453,11 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
              (e = load__mat_experts(m, LNAME("ffn_down_exps.weight"), FX, E, X, &L->down_exps,
                                     eb))))
             return e;
-        if (hp->arch == MODEL_ARCH_QWEN2 &&
+        // Q/K/V biases: qwen2's always, glm4's where the file has them (all three)
+        const bool need_b = hp->arch == MODEL_ARCH_QWEN2;
+        if (!L->bq &&
+            (need_b ||
+             (hp->arch == MODEL_ARCH_GLM4 && gguf_find_tensor(m->gguf, LNAME("attn_q.bias")))) &&
             ((e = load__vec(m, LNAME("attn_q.bias"), HD, true, &L->bq, eb)) ||
              (e = load__vec(m, LNAME("attn_k.bias"), KVD, true, &L->bk, eb)) ||
              (e = load__vec(m, LNAME("attn_v.bias"), KVD, true, &L->bv, eb))))

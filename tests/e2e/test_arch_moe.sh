@@ -14,7 +14,6 @@
 . "$(dirname "$0")/qtypes_lib.sh"
 VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
 [ -e "$VOCAB" ] || skip "$VOCAB is absent"
-PROMPTS=("In the beginning God created" "And the LORD said unto Moses," "For God so loved the world,")
 mk() {  # OUT ARGS...
     local out=$1
     shift
@@ -23,26 +22,6 @@ mk() {  # OUT ARGS...
 }
 mk "$TMPD/qwen3moe.gguf" --arch qwen3moe --seed 5
 mk "$TMPD/llama-moe.gguf" --arch llama --n-expert 4 --n-expert-used 2 --seed 6
-for arch in qwen3moe llama-moe; do
-    f16=$TMPD/$arch.gguf
-    "$KS_BIN" inspect "$f16" | grep -q "^runs: yes" || fail "$arch: inspect does not say it runs"
-    for q in F16 Q8_0 Q4_K_M; do
-        m=$f16
-        if [ "$q" != F16 ]; then
-            quantize "$f16" "$TMPD/q.gguf" "$q"
-            m=$TMPD/q.gguf
-        fi
-        check_ppl "$arch $q" "$m"
-        if [ "$q" != Q4_K_M ]; then
-            for p in "${PROMPTS[@]}"; do
-                gen_same_or_tie "$m" "$p" || { echo; fail "$arch $q: greedy text differs ($G_NOTE):
-  kvseal:    $G_KV
-  llama.cpp: $G_LL"; }
-                [ -z "$G_NOTE" ] || printf '  [%s]' "$G_NOTE"
-            done
-            printf '  greedy ok'
-        fi
-        echo
-    done
-done
+check_arch qwen3moe "$TMPD/qwen3moe.gguf"
+check_arch llama-moe "$TMPD/llama-moe.gguf"
 echo "mixture of experts vs llama.cpp ok"

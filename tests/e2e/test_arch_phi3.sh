@@ -14,7 +14,6 @@
 . "$(dirname "$0")/qtypes_lib.sh"
 VOCAB=$KS_SHARED/vocab/ggml-vocab-phi-3.gguf
 [ -e "$VOCAB" ] || skip "$VOCAB is absent"
-PROMPTS=("In the beginning God created" "And the LORD said unto Moses," "For God so loved the world,")
 mk() {  # OUT ARGS...
     local out=$1
     shift
@@ -22,25 +21,7 @@ mk() {  # OUT ARGS...
         fail "mkmodel $*: $(cat "$TMPD/mk.err")"
 }
 mk "$TMPD/phi3.gguf" --seed 7
-"$KS_BIN" inspect "$TMPD/phi3.gguf" | grep -q "^runs: yes" || fail "phi3: inspect does not say it runs"
-for q in F16 Q8_0 Q4_K_M; do
-    m=$TMPD/phi3.gguf
-    if [ "$q" != F16 ]; then
-        quantize "$TMPD/phi3.gguf" "$TMPD/q.gguf" "$q"
-        m=$TMPD/q.gguf
-    fi
-    check_ppl "phi3 $q" "$m"
-    if [ "$q" != Q4_K_M ]; then
-        for p in "${PROMPTS[@]}"; do
-            gen_same_or_tie "$m" "$p" || { echo; fail "phi3 $q: greedy text differs ($G_NOTE):
-  kvseal:    $G_KV
-  llama.cpp: $G_LL"; }
-            [ -z "$G_NOTE" ] || printf '  [%s]' "$G_NOTE"
-        done
-        printf '  greedy ok'
-    fi
-    echo
-done
+check_arch phi3 "$TMPD/phi3.gguf"
 mk "$TMPD/long.gguf" --seed 8 --longrope --rope-orig-ctx 64
 mk "$TMPD/short.gguf" --seed 8 --longrope --rope-orig-ctx 256
 check_ppl "phi3 longrope long" "$TMPD/long.gguf"
