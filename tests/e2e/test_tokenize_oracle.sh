@@ -99,6 +99,41 @@ mode_args() { # mode_args MODE -> sets LA (llama-tokenize) and KA (kvseal)
     case $1 in *nobos) LA="$LA --no-bos" KA="$KA --no-bos" ;; esac
 }
 
+# write_batches DIR SEP STRING... — DIR/s<i> per string, DIR/batch_on (joined
+# by SEP) and DIR/batch_off (joined by "\n"); sets n.
+write_batches() {
+    local dir=$1 sep=$2 s
+    shift 2
+    n=0
+    : >"$dir/batch_on"
+    : >"$dir/batch_off"
+    for s in "$@"; do
+        printf '%s' "$s" >"$dir/s$n"
+        [ $n -gt 0 ] && { printf '%s' "$sep" >>"$dir/batch_on"; printf '\n' >>"$dir/batch_off"; }
+        printf '%s' "$s" >>"$dir/batch_on"
+        printf '%s' "$s" >>"$dir/batch_off"
+        n=$((n + 1))
+    done
+}
+# run_batches DIR VOCAB LABEL MODE... — compares the batch of each mode; on
+# a difference reruns its strings one at a time. Adds to runs and bad.
+run_batches() {
+    local dir=$1 v=$2 label=$3 m i found
+    shift 3
+    for m in "$@"; do
+        mode_args "$m"
+        runs=$((runs + 1))
+        compare "$dir/batch_${m% *}" "$v" "$LA" "$KA" && continue
+        echo "MISMATCH $label [$m]: the batch of $n strings differs; one at a time:" >&2
+        found=0
+        for ((i = 0; i < n; i++)); do
+            compare "$dir/s$i" "$v" "$LA" "$KA" || { show "$label [$m] string $i" "$dir/s$i"; found=1; bad=$((bad + 1)); }
+        done
+        [ $found -eq 1 ] || { show "$label [$m] batch (no string differs alone)" "$dir/batch_${m% *}"; bad=$((bad + 1)); }
+    done
+}
+hex_text() { printf '%b' "$(sed 's/../\\x&/g' <<<"$1")"; }
+
 total_bad=0 n_vocab=0
 vocabs=("$KS_SHARED"/vocab/ggml-vocab-*.gguf "$KS_SRC/models/kjv-mini.gguf")
 for V in "${vocabs[@]}"; do
@@ -112,45 +147,23 @@ for V in "${vocabs[@]}"; do
     sep_hex=$(awk -v b="$bos_id" '$1 == "control" && $2 == b { print $3 }' "$W/specials")
     [ -n "$sep_hex" ] || sep_hex=$(awk '$1 == "control" { print $3; exit }' "$W/specials")
     [ -n "$sep_hex" ] || fail "$name: no control token to separate strings with"
-    sep=$(printf '%b' "$(sed 's/../\\x&/g' <<<"$sep_hex")")
 
     strs=("${GEN[@]}")
     edge=("${EDGE[@]}")
     n_sp=0 all_sp= edge_types=
     # (of the "[PAD...]" fillers, thousands in some vocabs, one per type)
     while read -r type id hex; do
-        t=$(printf '%b' "$(sed 's/../\\x&/g' <<<"$hex")")
+        t=$(hex_text "$hex")
         strs+=("$t" "Hi,${t}there" " $t  " $'x '"$t"$'\n'"y")
         all_sp+=$t
         n_sp=$((n_sp + 1))
         case " $edge_types " in *" $type "*) ;; *) edge+=("$t") edge_types+=" $type" ;; esac
     done < <(awk '$1 != "bos" && ($3 !~ /^5b504144/ || !pad[$1]++)' "$W/specials")
     strs+=("$all_sp" "a${all_sp}b")
-
-    # one file per string, and the batched texts
-    i=0
-    for s in "${strs[@]}"; do printf '%s' "$s" >"$W/s$i"; i=$((i + 1)); done
-    n=$i
-    : >"$W/batch_on"
-    : >"$W/batch_off"
-    for ((i = 0; i < n; i++)); do
-        [ $i -gt 0 ] && { printf '%s' "$sep" >>"$W/batch_on"; printf '\n' >>"$W/batch_off"; }
-        cat "$W/s$i" >>"$W/batch_on"
-        cat "$W/s$i" >>"$W/batch_off"
-    done
+    write_batches "$W" "$(hex_text "$sep_hex")" "${strs[@]}"
 
     NIDS=0 bad=0 runs=0
-    for m in "${MODES[@]}"; do
-        mode_args "$m"
-        runs=$((runs + 1))
-        compare "$W/batch_${m% *}" "$V" "$LA" "$KA" && continue
-        echo "MISMATCH $name [$m]: the batch of $n strings differs; one at a time:" >&2
-        found=0
-        for ((i = 0; i < n; i++)); do
-            compare "$W/s$i" "$V" "$LA" "$KA" || { show "$name [$m] string $i" "$W/s$i"; found=1; bad=$((bad + 1)); }
-        done
-        [ $found -eq 1 ] || { show "$name [$m] batch (no string differs alone)" "$W/batch_${m% *}"; bad=$((bad + 1)); }
-    done
+    run_batches "$W" "$V" "$name" "${MODES[@]}"
     # whole-text semantics, one process per string
     i=0
     for s in "${edge[@]}"; do
@@ -169,6 +182,29 @@ for V in "${vocabs[@]}"; do
     total_bad=$((total_bad + bad))
     n_vocab=$((n_vocab + 1))
 done
+
+# Every pre-tokenizer family kvseal knows, on one vocabulary: the GPT-2 file
+# copied (metadata only, into the scratch folder) with tokenizer.ggml.pre
+# rewritten, so that the regexes of families with no vocab file here
+# (Llama 3, Qwen2, Qwen3.5, DeepSeek-V3, GPT-4o, Tekken, ...) meet llama.cpp's.
+G2=$KS_SHARED/vocab/ggml-vocab-gpt-2.gguf
+PRES=(default llama-bpe dbrx chatglm-bpe deepseek-llm deepseek-coder falcon starcoder gpt-2 qwen2
+    qwen35 deepseek-v3 hunyuan-dense poro-chat viking tekken gpt-4o minimax-m2 seed-coder grok-2)
+PRE_EXTRA=("cafe"$'\u0301'" e"$'\u0301'"t" "x ~y ~ \$z" "HTTPServer camelCase ALLCAPS lowerUPPER"
+    "123456 世界abc ひらがな カタカナ" "a/b/c //d" $'tab\t\t/\n/x')
+if [ -f "$G2" ] && [[ "pre-tokenizers" == *"${KS_ORACLE_ONLY:-}"* ]]; then
+    W="$TMPD/pre"
+    mkdir -p "$W"
+    write_batches "$W" "<|endoftext|>" "${GEN[@]}" "${PRE_EXTRA[@]}"
+    NIDS=0 bad=0 runs=0
+    for pre in "${PRES[@]}"; do
+        "$SPECIALS" --pre "$pre" "$G2" "$W/$pre.gguf" || fail "tok_specials --pre $pre"
+        run_batches "$W" "$W/$pre.gguf" "gpt-2 vocab, pre $pre" "on bos" "off nobos"
+    done
+    echo "pre-tokenizers (ggml-vocab-gpt-2.gguf as ${#PRES[@]} pre types): $n strings x 2 modes batched, $runs runs per engine, $NIDS ids compared, $bad mismatches"
+    total_bad=$((total_bad + bad))
+    n_vocab=$((n_vocab + 1))
+fi
 [ $total_bad -eq 0 ] || fail "$total_bad mismatches between kvseal tokenize and llama-tokenize"
 [ $n_vocab -gt 0 ] || fail "no vocabulary matched KS_ORACLE_ONLY=${KS_ORACLE_ONLY:-}"
 echo "ok: kvseal tokenize matches llama-tokenize on $n_vocab vocabularies"

@@ -6,15 +6,39 @@
  *   TYPE ID HEX               one line per token whose tokenizer.ggml.token_type
  *                             is 2 (unknown), 3 (control) or 4 (user-defined);
  *                             TYPE is unknown/control/user, HEX its text's bytes
- * Exits 2 when the file or its token arrays cannot be read. */
+ * `tok_specials --pre NAME VOCAB.gguf OUT.gguf` writes OUT.gguf: VOCAB's
+ * metadata (no tensors) with tokenizer.ggml.pre set to NAME, so that one
+ * BPE vocabulary can try every pre-tokenizer against llama.cpp.
+ * Exits 2 when a file or its token arrays cannot be read or written. */
 #include "kvseal/gguf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* --pre NAME IN OUT: a copy of IN's metadata with another pre-tokenizer. */
+static int with_pre(const char *name, const char *in, const char *out) {
+    ks_errbuf eb;
+    ks_errbuf_clear(&eb);
+    gguf_file *f = NULL;
+    gguf_writer *w = gguf_writer_create();
+    ks_err e = w ? gguf_open(in, &f, &eb) : KS_ERR_NOMEM;
+    for (uint64_t i = 0; !e && i < gguf_n_kv(f); i++) {
+        const char *key = gguf_kv_at(f, i)->key;
+        if (strcmp(key, "tokenizer.ggml.pre")) e = gguf_writer_copy_kv(w, f, key);
+    }
+    if (!e) e = gguf_writer_set_str(w, "tokenizer.ggml.pre", name);
+    if (!e) e = gguf_writer_write(w, out, &eb);
+    if (e) fprintf(stderr, "tok_specials: %s -> %s: %s %s\n", in, out, ks_err_name(e), eb.msg);
+    gguf_writer_destroy(w);
+    gguf_close(f);
+    return e ? 2 : 0;
+}
 
 int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[1], "--pre")) return with_pre(argv[2], argv[3], argv[4]);
     if (argc != 2) {
-        fprintf(stderr, "usage: tok_specials VOCAB.gguf\n");
+        fprintf(stderr, "usage: tok_specials VOCAB.gguf | tok_specials --pre NAME IN OUT\n");
         return 2;
     }
     ks_errbuf eb;

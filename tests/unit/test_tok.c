@@ -496,10 +496,14 @@ static tok_vocab *synthetic_bpe(const char *pre) {
 static void test_synthetic_bpe(void) {
     /* every known pre-tokenizer compiles and splits text */
     static const char *const pres[] = {
-        "default",        "llama3",    "llama-bpe", "dbrx",   "chatglm-bpe", "deepseek-llm",
-        "deepseek-coder", "falcon",    "starcoder", "refact", "gpt-2",       "mpt",
-        "qwen2",          "poro-chat", "viking",    "tekken", "gpt-4o",      "seed-coder",
-        "command-r",      "smollm",    "stablelm2"};
+        "default",        "llama3",       "llama-bpe",      "dbrx",
+        "chatglm-bpe",    "deepseek-llm", "deepseek-coder", "falcon",
+        "starcoder",      "refact",       "gpt-2",          "mpt",
+        "qwen2",          "poro-chat",    "viking",         "tekken",
+        "gpt-4o",         "seed-coder",   "command-r",      "smollm",
+        "stablelm2",      "qwen35",       "deepseek-v3",    "hunyuan-dense",
+        "joyai-llm",      "grok-2",       "solar-open",     "minimax-m2",
+        "granite-docling"};
     for (size_t i = 0; i < sizeof pres / sizeof pres[0]; i++) {
         tok_vocab *v = synthetic_bpe(pres[i]);
         CHECK(strcmp(tok_pre_name(v), "default") != 0 || !strcmp(pres[i], "default"));
@@ -726,6 +730,22 @@ static void test_pretok_families(void) {
     check_split("qwen2", "abc 123 x\n\n", "abc| |1|2|3| x|\n\n");
     check_split("qwen2", "I'M 2024's", "I|'M| |2|0|2|4|'s");
     check_split("qwen2", "a,b $100abc", "a|,b| $|1|0|0|abc");
+    /* Qwen3.5 (tokenizer.json of Qwen3.5): Qwen2's with [\p{L}\p{M}]+ for
+     * \p{L}+ and \p{M} in the punctuation class, so a combining accent
+     * (U+0301) stays in its word; Qwen2 cuts it out */
+    check_split("qwen35", "cafe\xcc\x81 e\xcc\x81t", "cafe\xcc\x81| e\xcc\x81t");
+    check_split("qwen2", "cafe\xcc\x81 e\xcc\x81t", "cafe|\xcc\x81| e|\xcc\x81t");
+    /* DeepSeek-V3 (tokenizer.json of DeepSeek-V3, three regexes in turn):
+     * \p{N}{1,3}; [\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+;
+     * [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?
+     * [\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ .
+     * " ~x": llama.cpp's \p{S} lacks ASCII '~' (llama-tokenize gives " " and
+     * "~x" on such a vocabulary), so " ?[\p{P}\p{S}]+" cannot take " ~";
+     * " $" is punctuation/symbol as usual */
+    check_split("deepseek-v3",
+                "123456 \xe4\xb8\x96\xe7\x95\x8c"
+                "abc ~x $y",
+                "123|456| |\xe4\xb8\x96\xe7\x95\x8c|abc| |~x| $|y");
 }
 
 // Gemma's SPM (tokenizer.ggml.add_space_prefix = false): no dummy "\u2581"
