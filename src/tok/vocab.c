@@ -466,6 +466,7 @@ ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out, ks_errbuf *eb) {
             ks_log(KS_LOG_WARN, "tokenizer: %s: no pre-tokenizer type, using 'default'", path);
         if ((e = tok__pretok_init(&v->pre, pre.ptr, pre.len, &v->ignore_merges, &v->add_bos, eb)))
             goto fail;
+        if (!strcmp(v->pre.name, "chatglm4")) v->bos = TOK_NULL; /* GLM: no default BOS */
     }
     v->eot = v->eom = TOK_NULL;
     vocab__opt_id(f, "tokenizer.ggml.bos_token_id", n, &v->bos);

@@ -495,15 +495,44 @@ static tok_vocab *synthetic_bpe(const char *pre) {
 
 static void test_synthetic_bpe(void) {
     /* every known pre-tokenizer compiles and splits text */
-    static const char *const pres[] = {
-        "default",        "llama3",       "llama-bpe",      "dbrx",
-        "chatglm-bpe",    "deepseek-llm", "deepseek-coder", "falcon",
-        "starcoder",      "refact",       "gpt-2",          "mpt",
-        "qwen2",          "poro-chat",    "viking",         "tekken",
-        "gpt-4o",         "seed-coder",   "command-r",      "smollm",
-        "stablelm2",      "qwen35",       "deepseek-v3",    "hunyuan-dense",
-        "joyai-llm",      "grok-2",       "solar-open",     "minimax-m2",
-        "granite-docling"};
+    static const char *const pres[] = {"default",
+                                       "llama3",
+                                       "llama-bpe",
+                                       "dbrx",
+                                       "chatglm-bpe",
+                                       "deepseek-llm",
+                                       "deepseek-coder",
+                                       "falcon",
+                                       "starcoder",
+                                       "refact",
+                                       "gpt-2",
+                                       "mpt",
+                                       "qwen2",
+                                       "poro-chat",
+                                       "viking",
+                                       "tekken",
+                                       "gpt-4o",
+                                       "seed-coder",
+                                       "command-r",
+                                       "smollm",
+                                       "stablelm2",
+                                       "qwen35",
+                                       "deepseek-v3",
+                                       "hunyuan-dense",
+                                       "joyai-llm",
+                                       "grok-2",
+                                       "solar-open",
+                                       "minimax-m2",
+                                       "granite-docling",
+                                       "pixtral",
+                                       "falcon-h1",
+                                       "midm-2.0",
+                                       "lfm2",
+                                       "glm4",
+                                       "a.x-4.0",
+                                       "mellum",
+                                       "exaone4",
+                                       "kormo"};
     for (size_t i = 0; i < sizeof pres / sizeof pres[0]; i++) {
         tok_vocab *v = synthetic_bpe(pres[i]);
         CHECK(strcmp(tok_pre_name(v), "default") != 0 || !strcmp(pres[i], "default"));
@@ -527,6 +556,15 @@ static void test_synthetic_bpe(void) {
     check_ids(v, "ca", false, false, g1, 2);
     static const int32_t g2[] = {14};
     check_ids(v, "1234", false, false, g2, 1);
+    tok_vocab_free(v);
+
+    /* GLM (chatglm-bpe, glm4) has no default BOS: only the metadata's */
+    v = synthetic_bpe("glm4");
+    CHECK_EQ(tok_bos(v), TOK_NULL);
+    CHECK(!tok_add_bos(v));
+    tok_vocab_free(v);
+    v = synthetic_bpe("qwen2");
+    CHECK_EQ(tok_bos(v), 11); /* BPE's default */
     tok_vocab_free(v);
 
     v = synthetic_bpe("no-such-pre");
