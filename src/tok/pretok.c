@@ -244,9 +244,11 @@ ks_err tok__pretok_init(tok__pretok *p, const char *name, size_t name_len, bool 
                 break;
             }
         }
-        if (!found)
-            ks_log(KS_LOG_WARN, "tokenizer: unknown pre-tokenizer '%.*s', using 'default'",
-                   (int)(name_len > 64 ? 64 : name_len), name);
+        if (!found) /* as llama.cpp: a name it does not know is an error */
+            return ks_seterr(
+                eb, KS_ERR_UNSUPPORTED,
+                "tokenizer: pre-tokenizer '%.*s' (tokenizer.ggml.pre) is not supported",
+                (int)(name_len > 64 ? 64 : name_len), name);
     }
     const pretok__def *d = NULL;
     for (size_t i = 0; i < sizeof pretok__defs / sizeof pretok__defs[0]; i++)

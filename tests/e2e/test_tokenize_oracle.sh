@@ -201,6 +201,15 @@ if [ -f "$G2" ] && [[ "pre-tokenizers" == *"${KS_ORACLE_ONLY:-}"* ]]; then
         "$SPECIALS" --pre "$pre" "$G2" "$W/$pre.gguf" || fail "tok_specials --pre $pre"
         run_batches "$W" "$W/$pre.gguf" "gpt-2 vocab, pre $pre" "on bos" "off nobos"
     done
+    # a name neither knows: both refuse the file
+    "$SPECIALS" --pre no-such-pre "$G2" "$W/none.gguf" || fail "tok_specials --pre no-such-pre"
+    printf x >"$W/x"
+    if "$A" -m "$W/none.gguf" -f "$W/x" --ids --log-disable >/dev/null 2>&1; then
+        echo "MISMATCH: llama-tokenize accepted pre-tokenizer no-such-pre" >&2; bad=$((bad + 1))
+    fi
+    if "$KS_BIN" tokenize -m "$W/none.gguf" --ids x >/dev/null 2>&1; then
+        echo "MISMATCH: kvseal tokenize accepted pre-tokenizer no-such-pre" >&2; bad=$((bad + 1))
+    fi
     echo "pre-tokenizers (ggml-vocab-gpt-2.gguf as ${#PRES[@]} pre types): $n strings x 2 modes batched, $runs runs per engine, $NIDS ids compared, $bad mismatches"
     total_bad=$((total_bad + bad))
     n_vocab=$((n_vocab + 1))

@@ -2,7 +2,7 @@
  * ../shared/vocab token for token, round trips through the detokenizer, the
  * kjv-mini reference tokenizations, special-token parsing on and off, the
  * streaming UTF-8 decoder, a synthetic BPE vocabulary (unknown pre-tokenizer
- * fallback, merges by rank) and speed on a whole held-out text. The last
+ * refused, merges by rank) and speed on a whole held-out text. The last
  * section tests chat templates (kvseal/chat.h, src/tok/chat.c). */
 #include "kvseal/tok.h"
 
@@ -458,12 +458,12 @@ static void test_bpe_shared(void) {
 }
 
 // ----------------------------------------------------------------------------
-// Synthetic BPE vocabulary (no ../shared needed): unknown pre-tokenizer falls
-// back to default; merges apply by rank, not by order of appearance.
+// Synthetic BPE vocabulary (no ../shared needed): an unknown pre-tokenizer
+// is refused (as llama.cpp); merges apply by rank, not by order of appearance.
 
-/* Writes a tiny byte-level BPE vocabulary with tokenizer.ggml.pre = pre and
- * loads it. */
-static tok_vocab *synthetic_bpe(const char *pre) {
+/* Writes a tiny byte-level BPE vocabulary with tokenizer.ggml.pre = pre
+ * (none when NULL) and loads it: KS_OK and *out, or the load error. */
+static ks_err synthetic_bpe_load(const char *pre, tok_vocab **out) {
     gguf_writer *w = gguf_writer_create();
     CHECK(w != NULL);
     /* byte-level alphabet: "a" "b" "c" "Ġ"; merges: "b c" rank 0, "a b" rank 1 */
@@ -475,7 +475,7 @@ static tok_vocab *synthetic_bpe(const char *pre) {
     const int32_t types[] = {1, 1, 1, 1, 1, 1, 1, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     const char *merges[] = {"b c", "a b", "a bc", "1 2", "12 3", "123 4"};
     CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), KS_OK);
-    CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.pre", pre), KS_OK);
+    if (pre) CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.pre", pre), KS_OK);
     CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 17), KS_OK);
     CHECK_EQ(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 17),
              KS_OK);
@@ -488,8 +488,18 @@ static tok_vocab *synthetic_bpe(const char *pre) {
     ks_errbuf eb;
     CHECK_EQ(gguf_writer_write(w, path, &eb), KS_OK);
     gguf_writer_destroy(w);
-    tok_vocab *v = load_vocab(path);
+    gguf_file *f = NULL;
+    CHECK_EQ(gguf_open(path, &f, &eb), KS_OK);
+    *out = NULL;
+    ks_err e = tok_vocab_load(f, out, &eb);
+    gguf_close(f);
     unlink(path);
+    return e;
+}
+
+static tok_vocab *synthetic_bpe(const char *pre) {
+    tok_vocab *v = NULL;
+    CHECK_EQ(synthetic_bpe_load(pre, &v), KS_OK);
     return v;
 }
 
@@ -567,7 +577,11 @@ static void test_synthetic_bpe(void) {
     CHECK_EQ(tok_bos(v), 11); /* BPE's default */
     tok_vocab_free(v);
 
-    v = synthetic_bpe("no-such-pre");
+    /* a name llama.cpp does not know is refused, as llama.cpp refuses it;
+     * no name at all means "default" */
+    CHECK_EQ(synthetic_bpe_load("no-such-pre", &v), KS_ERR_UNSUPPORTED);
+    CHECK(v == NULL);
+    v = synthetic_bpe(NULL);
     CHECK_STR_EQ(tok_pre_name(v), "default");
     CHECK_EQ(tok_eos(v), 7);
     CHECK(tok_is_eog(v, 7));
