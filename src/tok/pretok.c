@@ -101,6 +101,19 @@ static const pretok__def pretok__defs[] = {
       "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|"
       "(?:~|[^\\r\\n\\p{L}\\p{P}\\p{S}])?[\\p{L}\\p{M}]+|"
       " ?(?:(?!~)[\\p{P}\\p{S}])+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    /* Ling (bailingmoe): Qwen2's, one newline per \s*[\r\n] */
+    {"bailingmoe",
+     false,
+     false,
+     {"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|"
+      " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"}},
+    /* Chameleon: sentinel and image tokens, tabs/newlines and 2 or 4 spaces,
+     * digits, each punctuation mark, then GPT-2's */
+    {"chameleon",
+     false,
+     true,
+     {"<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\\t\\n]|    |  )", "\\p{N}",
+      "[\\p{P}!-/:-@\\[-`{-~]", RE_GPT2}},
     {"poro", false, false, {RE_PORO}},
     {"viking", false, false, {RE_PORO, "\\p{N}"}},
     {"tekken",
@@ -169,6 +182,10 @@ static const struct {
     {"megrez", "qwen2"},
     {"hunyuan", "qwen2"},
     {"kormo", "qwen2"},
+    {"bailingmoe", "bailingmoe"},
+    {"bailingmoe2", "bailingmoe"},
+    {"llada-moe", "bailingmoe"},
+    {"chameleon", "chameleon"},
     {"solar-open", "qwen2"},
     {"grok-2", "qwen2"},
     {"qwen35", "qwen35"},

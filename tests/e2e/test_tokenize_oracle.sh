@@ -189,7 +189,8 @@ done
 # (Llama 3, Qwen2, Qwen3.5, DeepSeek-V3, GPT-4o, Tekken, ...) meet llama.cpp's.
 G2=$KS_SHARED/vocab/ggml-vocab-gpt-2.gguf
 PRES=(default llama-bpe dbrx chatglm-bpe deepseek-llm deepseek-coder falcon starcoder gpt-2 qwen2
-    qwen35 deepseek-v3 hunyuan-dense poro-chat viking tekken gpt-4o minimax-m2 seed-coder grok-2)
+    qwen35 deepseek-v3 hunyuan-dense poro-chat viking tekken gpt-4o minimax-m2 seed-coder grok-2
+    bailingmoe chameleon)
 PRE_EXTRA=("cafe"$'\u0301'" e"$'\u0301'"t" "x ~y ~ \$z" "HTTPServer camelCase ALLCAPS lowerUPPER"
     "123456 世界abc ひらがな カタカナ" "a/b/c //d" $'tab\t\t/\n/x')
 if [ -f "$G2" ] && [[ "pre-tokenizers" == *"${KS_ORACLE_ONLY:-}"* ]]; then

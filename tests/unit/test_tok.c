@@ -505,44 +505,20 @@ static tok_vocab *synthetic_bpe(const char *pre) {
 
 static void test_synthetic_bpe(void) {
     /* every known pre-tokenizer compiles and splits text */
-    static const char *const pres[] = {"default",
-                                       "llama3",
-                                       "llama-bpe",
-                                       "dbrx",
-                                       "chatglm-bpe",
-                                       "deepseek-llm",
-                                       "deepseek-coder",
-                                       "falcon",
-                                       "starcoder",
-                                       "refact",
-                                       "gpt-2",
-                                       "mpt",
-                                       "qwen2",
-                                       "poro-chat",
-                                       "viking",
-                                       "tekken",
-                                       "gpt-4o",
-                                       "seed-coder",
-                                       "command-r",
-                                       "smollm",
-                                       "stablelm2",
-                                       "qwen35",
-                                       "deepseek-v3",
-                                       "hunyuan-dense",
-                                       "joyai-llm",
-                                       "grok-2",
-                                       "solar-open",
-                                       "minimax-m2",
-                                       "granite-docling",
-                                       "pixtral",
-                                       "falcon-h1",
-                                       "midm-2.0",
-                                       "lfm2",
-                                       "glm4",
-                                       "a.x-4.0",
-                                       "mellum",
-                                       "exaone4",
-                                       "kormo"};
+    static const char *const pres[] = {"default",        "llama3",          "llama-bpe",
+                                       "dbrx",           "chatglm-bpe",     "deepseek-llm",
+                                       "deepseek-coder", "falcon",          "starcoder",
+                                       "refact",         "gpt-2",           "mpt",
+                                       "qwen2",          "poro-chat",       "viking",
+                                       "tekken",         "gpt-4o",          "seed-coder",
+                                       "command-r",      "smollm",          "stablelm2",
+                                       "qwen35",         "deepseek-v3",     "hunyuan-dense",
+                                       "joyai-llm",      "grok-2",          "solar-open",
+                                       "minimax-m2",     "granite-docling", "pixtral",
+                                       "falcon-h1",      "midm-2.0",        "lfm2",
+                                       "glm4",           "a.x-4.0",         "mellum",
+                                       "exaone4",        "kormo",           "bailingmoe",
+                                       "bailingmoe2",    "llada-moe",       "chameleon"};
     for (size_t i = 0; i < sizeof pres / sizeof pres[0]; i++) {
         tok_vocab *v = synthetic_bpe(pres[i]);
         CHECK(strcmp(tok_pre_name(v), "default") != 0 || !strcmp(pres[i], "default"));
@@ -794,6 +770,11 @@ static void test_pretok_families(void) {
      * " ~x": llama.cpp's \p{S} lacks ASCII '~' (llama-tokenize gives " " and
      * "~x" on such a vocabulary), so " ?[\p{P}\p{S}]+" cannot take " ~";
      * " $" is punctuation/symbol as usual */
+    /* Chameleon (llama.cpp's list after facebook/chameleon-7b's
+     * tokenizer.json): <sentinel:N>, image tokens, [\t\n]|4 spaces|2 spaces,
+     * \p{N}, one punctuation mark, then GPT-2's; each regex splits the
+     * pieces the one before left */
+    check_split("chameleon", "<sentinel:12>ab  12", "<|sentinel|:|1|2|>|ab|  |1|2");
     check_split("deepseek-v3",
                 "123456 \xe4\xb8\x96\xe7\x95\x8c"
                 "abc ~x $y",
