@@ -311,13 +311,13 @@ static const char *const vocab__eog_texts[] = {"<|eot_id|>",
 static const char *const vocab__user_texts[] = {"<|channel|>", "<|message|>", "<|start|>",
                                                 "<|constrain|>", NULL};
 
-/* Id of the first text of list that is a token, made CONTROL when
- * `control`; TOK_NULL if none is. */
-static int32_t vocab__find_first(tok_vocab *v, const char *const *list, bool control) {
+/* Id of the first text of list that is a token, made CONTROL; TOK_NULL if
+ * none is. */
+static int32_t vocab__find_first(tok_vocab *v, const char *const *list) {
     for (size_t i = 0; list[i]; i++) {
         int32_t id = tok_find(v, list[i], strlen(list[i]));
         if (id == TOK_NULL) continue;
-        if (control) v->type[id] = TOK_TYPE_CONTROL;
+        v->type[id] = TOK_TYPE_CONTROL;
         return id;
     }
     return TOK_NULL;
@@ -499,10 +499,10 @@ ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out, ks_errbuf *eb) {
         vocab__opt_id(f, vocab__fim_keys[r][0], n, &fim[r]);
         if (vocab__fim_keys[r][1]) vocab__opt_id(f, vocab__fim_keys[r][1], n, &fim[r]);
     }
-    if (v->eot == TOK_NULL) v->eot = vocab__find_first(v, vocab__eot_texts, true);
-    if (v->eom == TOK_NULL) v->eom = vocab__find_first(v, vocab__eom_texts, true);
+    if (v->eot == TOK_NULL) v->eot = vocab__find_first(v, vocab__eot_texts);
+    if (v->eom == TOK_NULL) v->eom = vocab__find_first(v, vocab__eom_texts);
     for (int r = 0; r < VOCAB__FIM_N; r++)
-        if (fim[r] == TOK_NULL) fim[r] = vocab__find_first(v, vocab__fim_texts[r], true);
+        if (fim[r] == TOK_NULL) fim[r] = vocab__find_first(v, vocab__fim_texts[r]);
     for (size_t i = 0; vocab__eog_texts[i]; i++) {
         int32_t id = tok_find(v, vocab__eog_texts[i], strlen(vocab__eog_texts[i]));
         if (id != TOK_NULL) v->eog[id] = 1, v->type[id] = TOK_TYPE_CONTROL;
