@@ -40,8 +40,9 @@ typedef struct tok_vocab tok_vocab;
  * it needs: f may be closed afterwards. *out is owned by the caller (free with
  * tok_vocab_free). Errors: KS_ERR_FORMAT (missing/malformed tokens, scores,
  * token types or merges; bad UTF-8 in a regex), KS_ERR_UNSUPPORTED (a model
- * other than "llama"/"gpt2"), KS_ERR_NOMEM. An unknown tokenizer.ggml.pre
- * falls back to "default" with a warning. */
+ * other than "llama"/"gpt2", or a tokenizer.ggml.pre kvseal does not know:
+ * llama.cpp refuses those too), KS_ERR_NOMEM. A BPE vocabulary without
+ * tokenizer.ggml.pre uses "default", with a warning. */
 ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 /* Frees a vocabulary; accepts NULL. */
 void tok_vocab_free(tok_vocab *v);

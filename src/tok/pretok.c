@@ -11,7 +11,11 @@
  *  - `\s` is widened to Unicode White_Space (PCRE2's UCP \s lacks U+0085,
  *    which llama.cpp's tables count as whitespace);
  *  - non-ASCII literals are written as \x{...}, so that no editor or
- *    normalizer can fold e.g. U+212A KELVIN SIGN into 'K' and break a range. */
+ *    normalizer can fold e.g. U+212A KELVIN SIGN into 'K' and break a range;
+ *  - llama.cpp's \p{S} lacks ASCII '~', so regexes with \p{S} spell that
+ *    out (DeepSeek-V3's).
+ * Names and splits are checked against llama-tokenize by
+ * tests/e2e/test_tokenize_oracle.sh. */
 #include "tok_int.h"
 
 #include <stdio.h>
@@ -29,6 +33,11 @@
 #define RE_QWEN2                                                                                   \
     RE_CONTRACT "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"            \
                 "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* Qwen3.5: Qwen2's with combining marks (\p{M}) kept in words */
+#define RE_QWEN35                                                                                  \
+    RE_CONTRACT                                                                                    \
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"          \
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define RE_CJK "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
 #define RE_PORO " ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{0964}\\x{06D4}\\x{060C})]+"
 #define RE_UPPER_LOWER(tail)                                                                       \
@@ -79,6 +88,32 @@ static const pretok__def pretok__defs[] = {
     {"starcoder", false, false, {"\\p{N}", RE_GPT2}},
     {"gpt2", false, false, {RE_GPT2}},
     {"qwen2", false, false, {RE_QWEN2}},
+    {"qwen35", false, false, {RE_QWEN35}},
+    /* DeepSeek-V3: digits in threes, then Han and kana runs, then words
+     * (one ASCII punctuation may lead an ASCII word; marks stay in words).
+     * llama.cpp's \p{S} leaves out ASCII '~' (its table of the ASCII
+     * members of each category lacks it), so here \p{S} is written
+     * without '~' and [^...\p{S}] with it. */
+    {"deepseek-v3",
+     false,
+     false,
+     {"\\p{N}{1,3}", "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",
+      "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|"
+      "(?:~|[^\\r\\n\\p{L}\\p{P}\\p{S}])?[\\p{L}\\p{M}]+|"
+      " ?(?:(?!~)[\\p{P}\\p{S}])+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    /* Ling (bailingmoe): Qwen2's, one newline per \s*[\r\n] */
+    {"bailingmoe",
+     false,
+     false,
+     {"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|"
+      " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"}},
+    /* Chameleon: sentinel and image tokens, tabs/newlines and 2 or 4 spaces,
+     * digits, each punctuation mark, then GPT-2's */
+    {"chameleon",
+     false,
+     true,
+     {"<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\\t\\n]|    |  )", "\\p{N}",
+      "[\\p{P}!-/:-@\\[-`{-~]", RE_GPT2}},
     {"poro", false, false, {RE_PORO}},
     {"viking", false, false, {RE_PORO, "\\p{N}"}},
     {"tekken",
@@ -106,9 +141,14 @@ static const struct {
     {"llama-v3", "llama3"},
     {"llama-bpe", "llama3"},
     {"falcon3", "llama3"},
+    {"falcon-h1", "llama3"},
+    {"pixtral", "llama3"},
+    {"midm-2.0", "llama3"},
+    {"lfm2", "llama3"},
     {"dbrx", "dbrx"},
     {"smaug-bpe", "dbrx"},
     {"chatglm-bpe", "chatglm4"},
+    {"glm4", "chatglm4"},
     {"deepseek-llm", "deepseek-llm"},
     {"deepseek-coder", "deepseek-coder"},
     {"falcon", "falcon"},
@@ -133,11 +173,27 @@ static const struct {
     {"jina-v2-de", "gpt2"},
     {"jina-v2-code", "gpt2"},
     {"roberta-bpe", "gpt2"},
+    {"a.x-4.0", "gpt2"},
+    {"mellum", "gpt2"},
+    {"exaone4", "gpt2"},
     {"qwen2", "qwen2"},
     {"deepseek-r1-qwen", "qwen2"},
     {"stablelm2", "qwen2"},
     {"megrez", "qwen2"},
     {"hunyuan", "qwen2"},
+    {"kormo", "qwen2"},
+    {"bailingmoe", "bailingmoe"},
+    {"bailingmoe2", "bailingmoe"},
+    {"llada-moe", "bailingmoe"},
+    {"chameleon", "chameleon"},
+    {"solar-open", "qwen2"},
+    {"grok-2", "qwen2"},
+    {"qwen35", "qwen35"},
+    {"deepseek-v3", "deepseek-v3"},
+    {"hunyuan-dense", "deepseek-v3"},
+    {"joyai-llm", "deepseek-v3"},
+    {"minimax-m2", "gpt4o"},
+    {"granite-docling", "gpt2"},
     {"poro-chat", "poro"},
     {"bloom", "poro"},
     {"gpt3-finnish", "poro"},
@@ -205,9 +261,11 @@ ks_err tok__pretok_init(tok__pretok *p, const char *name, size_t name_len, bool 
                 break;
             }
         }
-        if (!found)
-            ks_log(KS_LOG_WARN, "tokenizer: unknown pre-tokenizer '%.*s', using 'default'",
-                   (int)(name_len > 64 ? 64 : name_len), name);
+        if (!found) /* as llama.cpp: a name it does not know is an error */
+            return ks_seterr(
+                eb, KS_ERR_UNSUPPORTED,
+                "tokenizer: pre-tokenizer '%.*s' (tokenizer.ggml.pre) is not supported",
+                (int)(name_len > 64 ? 64 : name_len), name);
     }
     const pretok__def *d = NULL;
     for (size_t i = 0; i < sizeof pretok__defs / sizeof pretok__defs[0]; i++)

@@ -88,9 +88,9 @@ struct tok_vocab {
     tok__pretok pre;     /* BPE only */
 };
 
-/* Compiles the pre-tokenizer for `name` (NULL or unknown -> "default", with
- * a warning for unknown). Sets *ignore_merges / *add_bos when the
- * pre-tokenizer implies them (llama3, tekken). */
+/* Compiles the pre-tokenizer for `name` (NULL or empty -> "default"; an
+ * unknown name -> KS_ERR_UNSUPPORTED). Sets *ignore_merges / *add_bos when
+ * the pre-tokenizer implies them (llama3, tekken). */
 ks_err tok__pretok_init(tok__pretok *p, const char *name, size_t name_len, bool *ignore_merges,
                         bool *add_bos, ks_errbuf *eb);
 void tok__pretok_free(tok__pretok *p);

@@ -233,6 +233,102 @@ static bool vocab__ieq_contains(const char *s, size_t n, const char *needle) {
     return false;
 }
 
+// Token texts llama.cpp recognises (llama-vocab.cpp), NULL-terminated lists.
+static const char *const vocab__eot_texts[] = {
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<\xef\xbd\x9c"
+    "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", /* DeepSeek */
+    "<end_of_utterance>",
+    NULL};
+static const char *const vocab__eom_texts[] = {"<|eom_id|>", NULL};
+enum {
+    VOCAB__FIM_PRE,
+    VOCAB__FIM_SUF,
+    VOCAB__FIM_MID,
+    VOCAB__FIM_PAD,
+    VOCAB__FIM_REP,
+    VOCAB__FIM_SEP,
+    VOCAB__FIM_N
+};
+/* metadata keys of each FIM role (current name, deprecated name) */
+static const char *const vocab__fim_keys[VOCAB__FIM_N][2] = {
+    {"tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id"},
+    {"tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id"},
+    {"tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id"},
+    {"tokenizer.ggml.fim_pad_token_id", NULL},
+    {"tokenizer.ggml.fim_rep_token_id", NULL},
+    {"tokenizer.ggml.fim_sep_token_id", NULL}};
+/* "\xef\xbd\x9c" is U+FF5C (DeepSeek's bar), "\xe2\x96\x81" U+2581 */
+static const char *const vocab__fim_texts[VOCAB__FIM_N][10] = {
+    {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
+     "<\xef\xbd\x9c"
+     "fim\xe2\x96\x81"
+     "begin\xef\xbd\x9c>",
+     "<PRE>", "\xe2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>", NULL},
+    {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+     "<\xef\xbd\x9c"
+     "fim\xe2\x96\x81"
+     "hole\xef\xbd\x9c>",
+     "<SUF>", "\xe2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>", NULL},
+    {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
+     "<\xef\xbd\x9c"
+     "fim\xe2\x96\x81"
+     "end\xef\xbd\x9c>",
+     "<MID>", "\xe2\x96\x81<MID>", "<|code_middle|>", "<|middle|>", NULL},
+    {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", NULL},
+    {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", NULL},
+    {"<|file_sep|>", NULL}};
+static const char *const vocab__eog_texts[] = {"<|eot_id|>",
+                                               "<|im_end|>",
+                                               "<|end|>",
+                                               "<|return|>",
+                                               "<|call|>",
+                                               "<|flush|>",
+                                               "<|calls|>",
+                                               "<end_of_turn>",
+                                               "<|endoftext|>",
+                                               "</s>",
+                                               "<|eom_id|>",
+                                               "<EOT>",
+                                               "_<EOT>",
+                                               "[EOT]",
+                                               "[EOS]",
+                                               "<|end_of_text|>",
+                                               "<end_of_utterance>",
+                                               "<eos>",
+                                               "<turn|>",
+                                               "<|tool_response>",
+                                               NULL};
+/* GPT-OSS tokens llama.cpp always renders: USER_DEFINED whatever the file says */
+static const char *const vocab__user_texts[] = {"<|channel|>", "<|message|>", "<|start|>",
+                                                "<|constrain|>", NULL};
+
+/* Id of the first text of list that is a token, made CONTROL; TOK_NULL if
+ * none is. */
+static int32_t vocab__find_first(tok_vocab *v, const char *const *list) {
+    for (size_t i = 0; list[i]; i++) {
+        int32_t id = tok_find(v, list[i], strlen(list[i]));
+        if (id == TOK_NULL) continue;
+        v->type[id] = TOK_TYPE_CONTROL;
+        return id;
+    }
+    return TOK_NULL;
+}
+
+/* Id of text if it is a token marked end-of-generation, else TOK_NULL. */
+static int32_t vocab__find_eog(const tok_vocab *v, const char *text) {
+    int32_t id = tok_find(v, text, strlen(text));
+    return id != TOK_NULL && v->eog[id] ? id : TOK_NULL;
+}
+
 ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out, ks_errbuf *eb) {
     *out = NULL;
     const char *path = gguf_path(f);
@@ -370,6 +466,7 @@ ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out, ks_errbuf *eb) {
             ks_log(KS_LOG_WARN, "tokenizer: %s: no pre-tokenizer type, using 'default'", path);
         if ((e = tok__pretok_init(&v->pre, pre.ptr, pre.len, &v->ignore_merges, &v->add_bos, eb)))
             goto fail;
+        if (!strcmp(v->pre.name, "chatglm4")) v->bos = TOK_NULL; /* GLM: no default BOS */
     }
     v->eot = v->eom = TOK_NULL;
     vocab__opt_id(f, "tokenizer.ggml.bos_token_id", n, &v->bos);
@@ -386,36 +483,48 @@ ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out, ks_errbuf *eb) {
     if (v->bos == TOK_NULL) v->add_bos = false;
     if (v->eos == TOK_NULL) v->add_eos = false;
 
-    // EOT / EOG by token text (llama.cpp's workaround for missing metadata);
-    // such tokens are made CONTROL so that plain text never produces them
-    static const char *const eot_texts[] = {"<|eot_id|>",
-                                            "<|im_end|>",
-                                            "<|end|>",
-                                            "<end_of_turn>",
-                                            "<|endoftext|>",
-                                            "<EOT>",
-                                            "_<EOT>",
-                                            ("<\xef\xbd\x9c"  // one string, split after \x9c
-                                             "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"),
-                                            "<end_of_utterance>"};
-    static const char *const eog_texts[] = {
-        "<|eot_id|>", "<|im_end|>",    "<|end|>",         "<|return|>",
-        "<|call|>",   "<end_of_turn>", "<|endoftext|>",   "<|eom_id|>",
-        "<EOT>",      "_<EOT>",        "<|end_of_text|>", "<end_of_utterance>"};
-    for (size_t i = 0; v->eot == TOK_NULL && i < sizeof eot_texts / sizeof *eot_texts; i++) {
-        int32_t id = tok_find(v, eot_texts[i], strlen(eot_texts[i]));
-        if (id != TOK_NULL) {
-            v->eot = id;
-            v->type[id] = TOK_TYPE_CONTROL;
-        }
+    // Special tokens found by text (llama.cpp's workaround for missing
+    // metadata), in its order: EOT, EOM and the FIM roles take the first
+    // listed text present unless the metadata names them, then every EOG
+    // text; each such token becomes CONTROL, so that it is split out only
+    // with parse_special. Then the exceptions: GPT-OSS's channel tokens are
+    // USER_DEFINED; with harmony's <|return|>+<|call|> (or <|calls|>+
+    // <|flush|>) "<|end|>" is no EOG and USER_DEFINED; with
+    // "<|tool_response>", "</s>" is no EOG and NORMAL. (llama.cpp walks a
+    // hash map, so when a vocabulary holds two texts of one FIM role the one
+    // it picks may differ; no known vocabulary does.)
+    int32_t fim[VOCAB__FIM_N];
+    for (int r = 0; r < VOCAB__FIM_N; r++) {
+        fim[r] = TOK_NULL;
+        vocab__opt_id(f, vocab__fim_keys[r][0], n, &fim[r]);
+        if (vocab__fim_keys[r][1]) vocab__opt_id(f, vocab__fim_keys[r][1], n, &fim[r]);
     }
-    if (v->eom == TOK_NULL) v->eom = tok_find(v, "<|eom_id|>", 10);
-    for (size_t i = 0; i < sizeof eog_texts / sizeof *eog_texts; i++) {
-        int32_t id = tok_find(v, eog_texts[i], strlen(eog_texts[i]));
-        if (id != TOK_NULL) {
-            v->eog[id] = 1;
-            v->type[id] = TOK_TYPE_CONTROL;
-        }
+    if (v->eot == TOK_NULL) v->eot = vocab__find_first(v, vocab__eot_texts);
+    if (v->eom == TOK_NULL) v->eom = vocab__find_first(v, vocab__eom_texts);
+    for (int r = 0; r < VOCAB__FIM_N; r++)
+        if (fim[r] == TOK_NULL) fim[r] = vocab__find_first(v, vocab__fim_texts[r]);
+    for (size_t i = 0; vocab__eog_texts[i]; i++) {
+        int32_t id = tok_find(v, vocab__eog_texts[i], strlen(vocab__eog_texts[i]));
+        if (id != TOK_NULL) v->eog[id] = 1, v->type[id] = TOK_TYPE_CONTROL;
+    }
+    for (int r = VOCAB__FIM_PAD; r < VOCAB__FIM_N; r++) /* pad, repo, sep end generation */
+        if (fim[r] != TOK_NULL) v->eog[fim[r]] = 1;
+    for (size_t i = 0; vocab__user_texts[i]; i++) {
+        int32_t id = tok_find(v, vocab__user_texts[i], strlen(vocab__user_texts[i]));
+        if (id != TOK_NULL) v->type[id] = TOK_TYPE_USER_DEFINED;
+    }
+    int32_t end = vocab__find_eog(v, "<|end|>");
+    if (end != TOK_NULL && ((vocab__find_eog(v, "<|return|>") != TOK_NULL &&
+                             vocab__find_eog(v, "<|call|>") != TOK_NULL) ||
+                            (vocab__find_eog(v, "<|calls|>") != TOK_NULL &&
+                             vocab__find_eog(v, "<|flush|>") != TOK_NULL))) {
+        v->eog[end] = 0;
+        v->type[end] = TOK_TYPE_USER_DEFINED;
+    }
+    int32_t eos_s = vocab__find_eog(v, "</s>");
+    if (eos_s != TOK_NULL && vocab__find_eog(v, "<|tool_response>") != TOK_NULL) {
+        v->eog[eos_s] = 0;
+        v->type[eos_s] = TOK_TYPE_NORMAL;
     }
     if (v->eos != TOK_NULL) v->eog[v->eos] = 1;
     if (v->eot != TOK_NULL) v->eog[v->eot] = 1;

@@ -2,11 +2,12 @@
  * ../shared/vocab token for token, round trips through the detokenizer, the
  * kjv-mini reference tokenizations, special-token parsing on and off, the
  * streaming UTF-8 decoder, a synthetic BPE vocabulary (unknown pre-tokenizer
- * fallback, merges by rank) and speed on a whole held-out text. The last
+ * refused, merges by rank) and speed on a whole held-out text. The last
  * section tests chat templates (kvseal/chat.h, src/tok/chat.c). */
 #include "kvseal/tok.h"
 
 #include "kvseal/chat.h"
+#include "tok/tok_int.h"
 
 #include "../check.h"
 
@@ -405,11 +406,16 @@ static void test_bpe_shared(void) {
         tok_vocab_free(v);
     }
     if (check_shared_path("vocab/ggml-vocab-phi-3.gguf", p, sizeof p)) {
-        /* user-defined "</s>" is split out even without parse_special (llama.cpp);
-         * control "<|user|>" is not */
+        /* "</s>", stored as user-defined, is an EOG text, hence CONTROL in
+         * llama.cpp: split out only with parse_special (llama-tokenize
+         * gives 829 29879 29958 for "</s>" after a comma, parsing off);
+         * control "<|user|>" neither */
         tok_vocab *v = load_vocab(p);
+        CHECK(tok_is_eog(v, 2));
         int32_t *ids;
-        size_t n = encode(v, "x</s>", 5, false, false, &ids);
+        static const int32_t hi_off[] = {6324, 29892, 829, 29879, 29958, 12711};
+        check_ids(v, "Hi,</s>there", false, false, hi_off, 6);
+        size_t n = encode(v, "x</s>", 5, false, true, &ids);
         CHECK(n >= 2);
         CHECK_EQ(ids[n - 1], 2);
         free(ids);
@@ -452,12 +458,12 @@ static void test_bpe_shared(void) {
 }
 
 // ----------------------------------------------------------------------------
-// Synthetic BPE vocabulary (no ../shared needed): unknown pre-tokenizer falls
-// back to default; merges apply by rank, not by order of appearance.
+// Synthetic BPE vocabulary (no ../shared needed): an unknown pre-tokenizer
+// is refused (as llama.cpp); merges apply by rank, not by order of appearance.
 
-/* Writes a tiny byte-level BPE vocabulary with tokenizer.ggml.pre = pre and
- * loads it. */
-static tok_vocab *synthetic_bpe(const char *pre) {
+/* Writes a tiny byte-level BPE vocabulary with tokenizer.ggml.pre = pre
+ * (none when NULL) and loads it: KS_OK and *out, or the load error. */
+static ks_err synthetic_bpe_load(const char *pre, tok_vocab **out) {
     gguf_writer *w = gguf_writer_create();
     CHECK(w != NULL);
     /* byte-level alphabet: "a" "b" "c" "Ġ"; merges: "b c" rank 0, "a b" rank 1 */
@@ -469,7 +475,7 @@ static tok_vocab *synthetic_bpe(const char *pre) {
     const int32_t types[] = {1, 1, 1, 1, 1, 1, 1, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     const char *merges[] = {"b c", "a b", "a bc", "1 2", "12 3", "123 4"};
     CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), KS_OK);
-    CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.pre", pre), KS_OK);
+    if (pre) CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.pre", pre), KS_OK);
     CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 17), KS_OK);
     CHECK_EQ(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 17),
              KS_OK);
@@ -482,18 +488,37 @@ static tok_vocab *synthetic_bpe(const char *pre) {
     ks_errbuf eb;
     CHECK_EQ(gguf_writer_write(w, path, &eb), KS_OK);
     gguf_writer_destroy(w);
-    tok_vocab *v = load_vocab(path);
+    gguf_file *f = NULL;
+    CHECK_EQ(gguf_open(path, &f, &eb), KS_OK);
+    *out = NULL;
+    ks_err e = tok_vocab_load(f, out, &eb);
+    gguf_close(f);
     unlink(path);
+    return e;
+}
+
+static tok_vocab *synthetic_bpe(const char *pre) {
+    tok_vocab *v = NULL;
+    CHECK_EQ(synthetic_bpe_load(pre, &v), KS_OK);
     return v;
 }
 
 static void test_synthetic_bpe(void) {
     /* every known pre-tokenizer compiles and splits text */
-    static const char *const pres[] = {
-        "default",        "llama3",    "llama-bpe", "dbrx",   "chatglm-bpe", "deepseek-llm",
-        "deepseek-coder", "falcon",    "starcoder", "refact", "gpt-2",       "mpt",
-        "qwen2",          "poro-chat", "viking",    "tekken", "gpt-4o",      "seed-coder",
-        "command-r",      "smollm",    "stablelm2"};
+    static const char *const pres[] = {"default",        "llama3",          "llama-bpe",
+                                       "dbrx",           "chatglm-bpe",     "deepseek-llm",
+                                       "deepseek-coder", "falcon",          "starcoder",
+                                       "refact",         "gpt-2",           "mpt",
+                                       "qwen2",          "poro-chat",       "viking",
+                                       "tekken",         "gpt-4o",          "seed-coder",
+                                       "command-r",      "smollm",          "stablelm2",
+                                       "qwen35",         "deepseek-v3",     "hunyuan-dense",
+                                       "joyai-llm",      "grok-2",          "solar-open",
+                                       "minimax-m2",     "granite-docling", "pixtral",
+                                       "falcon-h1",      "midm-2.0",        "lfm2",
+                                       "glm4",           "a.x-4.0",         "mellum",
+                                       "exaone4",        "kormo",           "bailingmoe",
+                                       "bailingmoe2",    "llada-moe",       "chameleon"};
     for (size_t i = 0; i < sizeof pres / sizeof pres[0]; i++) {
         tok_vocab *v = synthetic_bpe(pres[i]);
         CHECK(strcmp(tok_pre_name(v), "default") != 0 || !strcmp(pres[i], "default"));
@@ -519,7 +544,20 @@ static void test_synthetic_bpe(void) {
     check_ids(v, "1234", false, false, g2, 1);
     tok_vocab_free(v);
 
-    v = synthetic_bpe("no-such-pre");
+    /* GLM (chatglm-bpe, glm4) has no default BOS: only the metadata's */
+    v = synthetic_bpe("glm4");
+    CHECK_EQ(tok_bos(v), TOK_NULL);
+    CHECK(!tok_add_bos(v));
+    tok_vocab_free(v);
+    v = synthetic_bpe("qwen2");
+    CHECK_EQ(tok_bos(v), 11); /* BPE's default */
+    tok_vocab_free(v);
+
+    /* a name llama.cpp does not know is refused, as llama.cpp refuses it;
+     * no name at all means "default" */
+    CHECK_EQ(synthetic_bpe_load("no-such-pre", &v), KS_ERR_UNSUPPORTED);
+    CHECK(v == NULL);
+    v = synthetic_bpe(NULL);
     CHECK_STR_EQ(tok_pre_name(v), "default");
     CHECK_EQ(tok_eos(v), 7);
     CHECK(tok_is_eog(v, 7));
@@ -551,6 +589,231 @@ static void test_synthetic_bpe(void) {
     static const int32_t w5[] = {13, 11};
     check_ids(v, "1234", false, false, w5, 2);
     tok_vocab_free(v);
+}
+
+// ----------------------------------------------------------------------------
+// Token types decided by text, as llama.cpp's loader does (found with the
+// oracle test, tests/e2e/test_tokenize_oracle.sh): DeepSeek-Coder stores its
+// FIM tokens and Phi-3 its "</s>" as USER_DEFINED, which llama.cpp turns into
+// CONTROL (FIM roles, EOG texts), so without parse_special they are plain
+// text; GPT-OSS's channel tokens go the other way (always split out).
+
+/* Writes a vocabulary of model "gpt2" (BPE, pre "gpt-2") or "llama" (SPM)
+ * from n tokens and types, merges for BPE, and loads it. */
+static tok_vocab *synthetic_vocab(const char *model, const char *const *toks, const int32_t *types,
+                                  size_t n, const char *const *merges, size_t n_merges) {
+    gguf_writer *w = gguf_writer_create();
+    CHECK(w != NULL);
+    CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.model", model), KS_OK);
+    if (!strcmp(model, "gpt2")) {
+        CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.pre", "gpt-2"), KS_OK);
+        CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, n_merges), KS_OK);
+    }
+    CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, n), KS_OK);
+    CHECK_EQ(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, n), KS_OK);
+    CHECK_EQ(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 0), KS_OK);
+    CHECK_EQ(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 0), KS_OK);
+    char path[] = "/tmp/test_tok_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    ks_errbuf eb;
+    CHECK_EQ(gguf_writer_write(w, path, &eb), KS_OK);
+    gguf_writer_destroy(w);
+    tok_vocab *v = load_vocab(path);
+    unlink(path);
+    return v;
+}
+
+/* True when encoding text (no BOS) gives token id somewhere. */
+static bool encodes_to(const tok_vocab *v, const char *text, bool parse_special, int32_t id) {
+    int32_t *ids;
+    size_t n = encode(v, text, strlen(text), false, parse_special, &ids);
+    bool found = false;
+    for (size_t i = 0; i < n; i++)
+        found |= ids[i] == id;
+    free(ids);
+    return found;
+}
+
+static void test_special_by_text(void) {
+    static const char *const toks[] = {"<|endoftext|>",
+                                       "<\xef\xbd\x9c"
+                                       "fim\xe2\x96\x81"
+                                       "hole\xef\xbd\x9c>", /* 1: DeepSeek FIM suffix */
+                                       "</s>",              /* 2: an EOG text */
+                                       "<|channel|>",       /* 3: GPT-OSS */
+                                       "<pad>",             /* 4: plain user-defined */
+                                       "<|fim_prefix|>",
+                                       "<fim-prefix>", /* 5, 6: one FIM role, the first text wins */
+                                       "<|eom_id|>",   /* 7: EOM */
+                                       "<",
+                                       "x",
+                                       "y"};
+    static const int32_t types[] = {3, 4, 4, 3, 4, 4, 4, 4, 1, 1, 1};
+    tok_vocab *v = synthetic_vocab("gpt2", toks, types, 11, NULL, 0);
+    CHECK_EQ(tok_token_type(v, 1), TOK_TYPE_CONTROL);
+    CHECK_EQ(tok_token_type(v, 2), TOK_TYPE_CONTROL);
+    CHECK_EQ(tok_token_type(v, 3), TOK_TYPE_USER_DEFINED);
+    CHECK_EQ(tok_token_type(v, 4), TOK_TYPE_USER_DEFINED);
+    CHECK_EQ(tok_token_type(v, 5), TOK_TYPE_CONTROL);
+    CHECK_EQ(tok_token_type(v, 6), TOK_TYPE_USER_DEFINED);
+    CHECK_EQ(tok_token_type(v, 7), TOK_TYPE_CONTROL);
+    CHECK(tok_is_eog(v, 2) && tok_is_eog(v, 7));
+    /* control: split out only when parsing special tokens */
+    for (int32_t id = 1; id <= 7; id++) {
+        char text[64];
+        snprintf(text, sizeof text, "x%sy", tok_token_text(v, id));
+        bool control = tok_token_type(v, id) == TOK_TYPE_CONTROL;
+        CHECK(encodes_to(v, text, true, id));
+        CHECK_EQ(encodes_to(v, text, false, id), !control);
+    }
+    tok_vocab_free(v);
+
+    /* harmony: with <|return|> and <|call|>, "<|end|>" is no EOG and
+     * USER_DEFINED; with "<|tool_response>", "</s>" is no EOG and NORMAL */
+    static const char *const h[] = {"<|end|>", "<|return|>", "<|call|>", "</s>",
+                                    "<|tool_response>"};
+    static const int32_t ht[] = {3, 3, 3, 3, 3};
+    v = synthetic_vocab("llama", h, ht, 5, NULL, 0);
+    CHECK_EQ(tok_token_type(v, 0), TOK_TYPE_USER_DEFINED);
+    CHECK_EQ(tok_token_type(v, 3), TOK_TYPE_NORMAL);
+    CHECK(!tok_is_eog(v, 3) && tok_is_eog(v, 1) && tok_is_eog(v, 4));
+    CHECK(tok_is_eog(v, 0)); /* still EOS: the metadata's EOS always ends generation */
+    tok_vocab_free(v);
+}
+
+// ----------------------------------------------------------------------------
+// Pre-tokenizers of the families people run, for which ../shared holds no
+// vocabulary: the regex split itself, against splits worked out by hand from
+// the published regexes (a leftmost match, alternatives tried in order,
+// greedy quantifiers backtracking):
+//  - Llama 3 ("llama-bpe"), Meta's tokenizer.py pat_str (tiktoken):
+//    (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+//    ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+//  - Qwen2, PRETOKENIZE_REGEX of transformers' tokenization_qwen2.py: the
+//    same with \p{N} (one digit per piece) for \p{N}{1,3}.
+
+/* Splits text with the pre-tokenizer `pre` and returns the pieces, decoded
+ * back to bytes, joined by '|' (static buffer). */
+static const char *pretok_split(const char *pre, const char *text) {
+    static char out[1024];
+    tok__pretok p;
+    bool im = false, ab = false;
+    ks_errbuf eb;
+    CHECK_EQ(tok__pretok_init(&p, pre, strlen(pre), &im, &ab, &eb), KS_OK);
+    tok__buf words = {0};
+    tok__ids lens = {0};
+    CHECK(tok__pretok_split(&p, text, strlen(text), &words, &lens));
+    size_t o = 0, off = 0;
+    for (size_t k = 0; k < lens.n; k++) {
+        if (k) out[o++] = '|';
+        for (size_t i = off; i < off + (size_t)lens.p[k];) { /* GPT-2 code points -> bytes */
+            uint8_t c = (uint8_t)words.p[i];
+            uint32_t cpt =
+                c < 0x80 ? c : ((uint32_t)(c & 0x1F) << 6) | ((uint8_t)words.p[i + 1] & 0x3F);
+            i += c < 0x80 ? 1 : 2;
+            int b = tok__cpt_to_byte(cpt);
+            CHECK(b >= 0 && o + 2 < sizeof out);
+            out[o++] = (char)b;
+        }
+        off += (size_t)lens.p[k];
+    }
+    out[o] = '\0';
+    free(words.p);
+    free(lens.p);
+    tok__pretok_free(&p);
+    return out;
+}
+
+static void check_split(const char *pre, const char *text, const char *want) {
+    const char *got = pretok_split(pre, text);
+    if (strcmp(got, want))
+        fprintf(stderr, "%s split '%s': got '%s', want '%s'\n", pre, text, got, want);
+    CHECK_STR_EQ(got, want);
+}
+
+static void test_pretok_families(void) {
+    static const char *const l3[] = {"llama-bpe", "llama3"};
+    for (int k = 0; k < 2; k++) {
+        const char *p = l3[k];
+        check_split(p, "Hello world", "Hello| world");
+        /* "I": letters; "'M": contraction, any case; " " before a digit is
+         * only \s+ (the last alternative); digits in threes; " it" */
+        check_split(p, "I'M 12345 it's", "I|'M| |123|45| it|'s");
+        /* after a space the contraction loses to " ?[^\s\p{L}\p{N}]+": " '" */
+        check_split(p, "DON'T 'll've", "DON|'T| '|ll|'ve");
+        /* \s+(?!\S) leaves the last space to the next word; \s*[\r\n]+
+         * takes blank lines; punctuation keeps the newlines after it */
+        check_split(p, "  hello\n\n  world!!\n", " | hello|\n\n| | world|!!\n");
+        /* one non-letter, non-digit may lead a word: ",b"; "$" stands alone */
+        check_split(p, "a,b $100abc", "a|,b| $|100|abc");
+        check_split(p, "\xd0\x9f\xd1\x80\xd0\xb8 \xe4\xb8\x96\xe7\x95\x8c \xf0\x9f\x98\x80!",
+                    "\xd0\x9f\xd1\x80\xd0\xb8| \xe4\xb8\x96\xe7\x95\x8c| \xf0\x9f\x98\x80!");
+        check_split(p, "a   ", "a|   ");
+        /* \s*[\r\n]+ backtracks to end on the newline */
+        check_split(p, "x \t\r\ny", "x| \t\r\n|y");
+    }
+    /* Qwen2: the same, one digit per piece */
+    check_split("qwen2", "abc 123 x\n\n", "abc| |1|2|3| x|\n\n");
+    check_split("qwen2", "I'M 2024's", "I|'M| |2|0|2|4|'s");
+    check_split("qwen2", "a,b $100abc", "a|,b| $|1|0|0|abc");
+    /* Qwen3.5 (tokenizer.json of Qwen3.5): Qwen2's with [\p{L}\p{M}]+ for
+     * \p{L}+ and \p{M} in the punctuation class, so a combining accent
+     * (U+0301) stays in its word; Qwen2 cuts it out */
+    check_split("qwen35", "cafe\xcc\x81 e\xcc\x81t", "cafe\xcc\x81| e\xcc\x81t");
+    check_split("qwen2", "cafe\xcc\x81 e\xcc\x81t", "cafe|\xcc\x81| e|\xcc\x81t");
+    /* DeepSeek-V3 (tokenizer.json of DeepSeek-V3, three regexes in turn):
+     * \p{N}{1,3}; [\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+;
+     * [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?
+     * [\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ .
+     * " ~x": llama.cpp's \p{S} lacks ASCII '~' (llama-tokenize gives " " and
+     * "~x" on such a vocabulary), so " ?[\p{P}\p{S}]+" cannot take " ~";
+     * " $" is punctuation/symbol as usual */
+    /* Chameleon (llama.cpp's list after facebook/chameleon-7b's
+     * tokenizer.json): <sentinel:N>, image tokens, [\t\n]|4 spaces|2 spaces,
+     * \p{N}, one punctuation mark, then GPT-2's; each regex splits the
+     * pieces the one before left */
+    check_split("chameleon", "<sentinel:12>ab  12", "<|sentinel|:|1|2|>|ab|  |1|2");
+    check_split("deepseek-v3",
+                "123456 \xe4\xb8\x96\xe7\x95\x8c"
+                "abc ~x $y",
+                "123|456| |\xe4\xb8\x96\xe7\x95\x8c|abc| |~x| $|y");
+}
+
+// Gemma's SPM (tokenizer.ggml.add_space_prefix = false): no dummy "\u2581"
+// before the text or after a special token; spaces still become U+2581.
+static void test_spm_no_prefix(void) {
+    static const char *const toks[] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81",
+                                       "H",     "i",   "Hi",   "\xe2\x96\x81Hi"};
+    static const int32_t types[] = {2, 3, 3, 1, 1, 1, 1, 1};
+    static const float scores[] = {0, 0, 0, -1, -2, -2, -1, -0.5f};
+    for (int prefix = 0; prefix < 2; prefix++) {
+        gguf_writer *w = gguf_writer_create();
+        CHECK(w != NULL);
+        CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.model", "llama"), KS_OK);
+        CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 8), KS_OK);
+        CHECK_EQ(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 8),
+                 KS_OK);
+        CHECK_EQ(gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, 8),
+                 KS_OK);
+        CHECK_EQ(gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", prefix), KS_OK);
+        char path[] = "/tmp/test_tok_XXXXXX";
+        int fd = mkstemp(path);
+        CHECK(fd >= 0);
+        close(fd);
+        ks_errbuf eb;
+        CHECK_EQ(gguf_writer_write(w, path, &eb), KS_OK);
+        gguf_writer_destroy(w);
+        tok_vocab *v = load_vocab(path);
+        unlink(path);
+        static const int32_t no[] = {1, 6}, no_sp[] = {1, 7}, no_sp2[] = {1, 6, 1, 6};
+        static const int32_t yes[] = {1, 7}, yes_sp[] = {1, 3, 7}, yes_sp2[] = {1, 7, 1, 7};
+        check_ids(v, "Hi", true, false, prefix ? yes : no, 2);
+        check_ids(v, " Hi", true, false, prefix ? yes_sp : no_sp, prefix ? 3 : 2);
+        check_ids(v, "Hi<s>Hi", true, true, prefix ? yes_sp2 : no_sp2, 4);
+        tok_vocab_free(v);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -820,8 +1083,14 @@ static gguf_file *chat_gguf(const char *tmpl, bool with_vocab, bool add_bos) {
     CHECK(w != NULL);
     if (tmpl) CHECK_EQ(gguf_writer_set_str(w, "tokenizer.chat_template", tmpl), KS_OK);
     if (with_vocab) {
-        const char *toks[] = {"a", "b", "ab", "<|begin_of_text|>", "<|eot_id|>",
-                              "<|start_header_id|>", "<|end_header_id|>", "\xc4\x8a"};
+        const char *toks[] = {"a",
+                              "b",
+                              "ab",
+                              "<|begin_of_text|>",
+                              "<|eot_id|>",
+                              "<|start_header_id|>",
+                              "<|end_header_id|>",
+                              "\xc4\x8a"};
         const int32_t types[] = {1, 1, 1, 3, 3, 3, 3, 1};
         const char *merges[] = {"a b"};
         CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), KS_OK);
@@ -992,6 +1261,9 @@ int main(void) {
     test_chat_errors();
     test_chat_detect();
     test_synthetic_bpe();
+    test_special_by_text();
+    test_pretok_families();
+    test_spm_no_prefix();
     char p[1024];
     const char *kjv = kjv_path(p, sizeof p);
     CHECK(kjv != NULL); /* shipped in the repository */
