@@ -279,11 +279,12 @@ static void test_batch_invariance(const kern_vtab *v) {
  * for bit the same over other tile splits (batch invariance), and for the
  * vtabs that unpack (ref, avx2) bit for bit their own plain matmul. */
 static void test_r16(const kern_vtab *v) {
-    static const ks_dtype ts[] = {KS_DTYPE_Q8_0, KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K};
+    static const ks_dtype ts[] = {KS_DTYPE_Q8_0, KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K,
+                                  KS_DTYPE_Q5_0, KS_DTYPE_Q5_K, KS_DTYPE_Q3_K};
     static const int64_t Ks[] = {256, 768, 2048 + 256};
     static const int ncs[] = {1, 5, 40};
     bool native = strcmp(v->name, "avx512") == 0;
-    for (int it = 0; it < 4; it++)
+    for (int it = 0; it < (int)(sizeof ts / sizeof ts[0]); it++)
         for (int ik = 0; ik < 3; ik++)
             for (int ic = 0; ic < 3; ic++) {
                 const ks_dtype wt = ts[it];
