@@ -1008,108 +1008,149 @@ A512_INLINE void a512__r16k6_tile(int R, int C, const a512_tile *t, int V) {
 }
 A512_TILES_V(a512__r16k6_tile)
 
-/* The r16 Q3_K tiles: t->W group 0 (t->ws bytes between groups), t->X
- * column 0's a512_r16k6 array (corr = -4 * the sub-block's quant sum).
- * Super-blocks of KERN_R16_Q3K_SB bytes (kern.h): d, int8 scales - 32 at
- * 32 + 16s + r, qs as n x k x 16 rows x 4 bytes, hmask as k x 16 rows x 4.
- * Per super-block and element, exact in int32: isum = sum_s sc_s * (corr_s
- * + the 4 vpdpbusd of sub-block s's 3-bit values with its activations);
- * then acc = fma((float)isum, d * dx, acc), super-blocks in order (as the
- * Q6_K tiles). Sub-block s = 8n + 2g + kk holds elements 128n + 32g + 16kk
- * + 0..15: bits 2g, 2g+1 of qs[32n + l] and bit 4n + g of hmask[l]. */
+/* The r16 Q3_K (Q2 = 0) and Q2_K tiles: t->W group 0 (t->ws bytes between
+ * groups), t->X column 0's a512_r16k6 array (corr = -4 * the sub-block's
+ * quant sum for Q3_K, the sum itself for Q2_K). Super-blocks (kern.h):
+ *   Q3_K (KERN_R16_Q3K_SB): d, int8 scales - 32 at 32 + 16s + r, qs as
+ *     n x k x 16 rows x 4 bytes at 288, hmask as k x 16 rows x 4 at 1312;
+ *   Q2_K (KERN_R16_Q2K_SB): d, dmin, the scale | min << 4 bytes at
+ *     64 + 16s + r, qs as Q3_K's at 320.
+ * Per super-block and element, exact in int32: isum = sum_s sc_s * (Q3_K:
+ * corr_s +) the 4 vpdpbusd of sub-block s's values with its activations;
+ * Q2_K also msum = sum_s m_s * bsum_s. Then acc = fma((float)isum, d * dx,
+ * acc) (and acc = fnmadd((float)msum, dmin * dx, acc)), super-blocks in
+ * order (as the Q6_K / Q4_K tiles). Sub-block s = 8n + 2g + kk holds
+ * elements 128n + 32g + 16kk + 0..15: bits 2g, 2g+1 of qs[32n + l] and
+ * (Q3_K) bit 4n + g of hmask[l]. */
 
-/* Step k's 3-bit values of group g (n given): bits 2g.. of the qs vector l,
- * or'd with bit 4n + g of the hmask vector h moved to bit 2. */
-A512_INLINE __m512i a512__q3_vals(__m512i l, __m512i h, int n, int g) {
+/* Step k's 2- or 3-bit values of group g (n given): bits 2g.. of the qs
+ * vector l, for Q3_K or'd with bit 4n + g of the hmask vector h moved to
+ * bit 2. */
+A512_INLINE __m512i a512__q3_vals(int Q2, __m512i l, __m512i h, int n, int g) {
     const __m512i m3 = _mm512_set1_epi8(3), m04 = _mm512_set1_epi8(4);
     __m512i lo = _mm512_and_si512(g ? _mm512_srli_epi16(l, (unsigned)(2 * g)) : l, m3);
+    if (Q2) return lo;
     __m512i hb = _mm512_rolv_epi32(h, _mm512_set1_epi32((2 - (4 * n + g)) & 31));
     return _mm512_ternarylogic_epi32(lo, hb, m04, 0xF8);
 }
 
+/* Sub-block s's scale (and Q2_K's min) lanes of super-block p. */
+A512_INLINE __m512i a512__q23_sc(int Q2, const uint8_t *p, int s, __m512i *mn) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(p + (Q2 ? 64 : 32) + 16 * s));
+    if (!Q2) return _mm512_cvtepi8_epi32(b);
+    __m512i v = _mm512_cvtepu8_epi32(b);
+    *mn = _mm512_srli_epi32(v, 4);
+    return _mm512_and_si512(v, _mm512_set1_epi32(15));
+}
+
+/* The float step of a super-block (see above). */
+A512_INLINE __m512 a512__q23_acc(int Q2, const uint8_t *p, float dx, __m512i it, __m512i ms,
+                                 __m512 acc) {
+    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it), _mm512_mul_ps(d, _mm512_set1_ps(dx)), acc);
+    if (Q2) {
+        __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dm, _mm512_set1_ps(dx)), acc);
+    }
+    return acc;
+}
+
 /* The 1x1 (matvec) tile: each qs / hmask load feeds all four groups g (four
  * sub-block accumulators at once), as a512__r16k6_vec; the same sums. */
-A512_INLINE void a512__r16k3_vec(const a512_tile *t, int V) {
+A512_INLINE void a512__r16k3_vec(int Q2, const a512_tile *t, int V) {
+    const size_t SB = Q2 ? KERN_R16_Q2K_SB : KERN_R16_Q3K_SB;
+    const int QS = Q2 ? 320 : 288, HM = 1312; /* offsets of qs and hmask */
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < t->K / 256; i++) {
-        const uint8_t *p = t->W + (size_t)i * KERN_R16_Q3K_SB;
+        const uint8_t *p = t->W + (size_t)i * SB;
         const char *pf = (const char *)p + A512_R16_AHEAD;
-        for (int b = 0; b < 288; b += 64)
+        for (int b = 0; b < QS; b += 64)
             _mm_prefetch(pf + b, _MM_HINT_T0);
         const a512_r16k6 *x = (const a512_r16k6 *)(const void *)t->X + i;
-        __m512i it = _mm512_setzero_si512();
+        __m512i it = _mm512_setzero_si512(), ms = _mm512_setzero_si512();
         _Pragma("GCC unroll 1") for (int n = 0; n < 2; n++) {
             _Pragma("GCC unroll 2") for (int kk = 0; kk < 2; kk++) {
                 __m512i sub[4];
                 _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] =
-                    _mm512_set1_epi32(x->corr[8 * n + 2 * g + kk]);
+                    Q2 ? _mm512_setzero_si512() : _mm512_set1_epi32(x->corr[8 * n + 2 * g + kk]);
                 _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; k4++) {
                     const int k = 4 * kk + k4;
-                    __m512i l = _mm512_loadu_si512(p + 288 + 512 * n + 64 * k);
-                    __m512i h = _mm512_loadu_si512(p + 1312 + 64 * k);
-                    _mm_prefetch(pf + 288 + 512 * n + 64 * k, _MM_HINT_T0);
-                    if (n == 0) _mm_prefetch(pf + 1312 + 64 * k, _MM_HINT_T0);
+                    __m512i l = _mm512_loadu_si512(p + QS + 512 * n + 64 * k);
+                    __m512i h = Q2 ? l : _mm512_loadu_si512(p + HM + 64 * k);
+                    _mm_prefetch(pf + QS + 512 * n + 64 * k, _MM_HINT_T0);
+                    if (!Q2 && n == 0) _mm_prefetch(pf + HM + 64 * k, _MM_HINT_T0);
                     _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] =
-                        a512__dpbusd_v(V, sub[g], a512__q3_vals(l, h, n, g),
+                        a512__dpbusd_v(V, sub[g], a512__q3_vals(Q2, l, h, n, g),
                                        a512__bcast4(x->qs + 128 * n + 32 * g + 4 * k));
                 }
                 _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
-                    __m512i sc = _mm512_cvtepi8_epi32(
-                        _mm_loadu_si128((const __m128i *)(p + 32 + 16 * (8 * n + 2 * g + kk))));
+                    const int s = 8 * n + 2 * g + kk;
+                    __m512i mn = _mm512_setzero_si512();
+                    __m512i sc = a512__q23_sc(Q2, p, s, &mn);
                     it = _mm512_add_epi32(it, _mm512_mullo_epi32(sub[g], sc));
+                    if (Q2)
+                        ms = _mm512_add_epi32(
+                            ms, _mm512_mullo_epi32(mn, _mm512_set1_epi32(x->corr[s])));
                 }
             }
         }
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it), _mm512_mul_ps(d, _mm512_set1_ps(x->d)), acc);
+        acc = a512__q23_acc(Q2, p, x->d, it, ms, acc);
     }
     _mm512_storeu_ps(t->Y, acc);
 }
 
-A512_INLINE void a512__r16k3_tile(int R, int C, const a512_tile *t, int V) {
+A512_INLINE void a512__r16k3_tile_q(int Q2, int R, int C, const a512_tile *t, int V) {
     if (R == 1 && C == 1) {
-        a512__r16k3_vec(t, V);
+        a512__r16k3_vec(Q2, t, V);
         return;
     }
+    const size_t SB = Q2 ? KERN_R16_Q2K_SB : KERN_R16_Q3K_SB;
+    const int QS = Q2 ? 320 : 288, HM = 1312;
     __m512 acc[4][4];
     A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
     for (int64_t i = 0; i < t->K / 256; i++) {
         const uint8_t *p[4];
         const a512_r16k6 *x[4];
-        if (C <= 2) A512_FOR_R a512__prefetch_ahead(t, r, i * KERN_R16_Q3K_SB, KERN_R16_Q3K_SB);
-        A512_FOR_R p[r] = t->W + r * t->ws + (size_t)i * KERN_R16_Q3K_SB;
+        if (C <= 2) A512_FOR_R a512__prefetch_ahead(t, r, i * (int64_t)SB, (int)SB);
+        A512_FOR_R p[r] = t->W + r * t->ws + (size_t)i * SB;
         A512_FOR_C x[c] = (const a512_r16k6 *)(const void *)(t->X + c * t->xs) + i;
-        __m512i it[4][4];
-        A512_FOR_R A512_FOR_C it[r][c] = _mm512_setzero_si512();
+        __m512i it[4][4], ms[4][4];
+        A512_FOR_R A512_FOR_C it[r][c] = ms[r][c] = _mm512_setzero_si512();
         _Pragma("GCC unroll 1") for (int j = 0; j < 16; j++) {
             const int n = j / 8, g = (j / 2) % 4, kk = j % 2;
             __m512i sub[4][4];
-            A512_FOR_R A512_FOR_C sub[r][c] = _mm512_set1_epi32(x[c]->corr[j]);
+            A512_FOR_R A512_FOR_C sub[r][c] =
+                Q2 ? _mm512_setzero_si512() : _mm512_set1_epi32(x[c]->corr[j]);
             _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; k4++) {
                 const int k = 4 * kk + k4;
                 A512_FOR_R {
-                    __m512i l = _mm512_loadu_si512(p[r] + 288 + 512 * n + 64 * k);
-                    __m512i h = _mm512_loadu_si512(p[r] + 1312 + 64 * k);
-                    __m512i q = a512__q3_vals(l, h, n, g);
+                    __m512i l = _mm512_loadu_si512(p[r] + QS + 512 * n + 64 * k);
+                    __m512i h = Q2 ? l : _mm512_loadu_si512(p[r] + HM + 64 * k);
+                    __m512i q = a512__q3_vals(Q2, l, h, n, g);
                     A512_FOR_C sub[r][c] = a512__dpbusd_v(
                         V, sub[r][c], q, a512__bcast4(x[c]->qs + 128 * n + 32 * g + 4 * k));
                 }
             }
             A512_FOR_R {
-                __m512i sc =
-                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p[r] + 32 + 16 * j)));
-                A512_FOR_C it[r][c] = _mm512_add_epi32(it[r][c], _mm512_mullo_epi32(sub[r][c], sc));
+                __m512i mn = _mm512_setzero_si512();
+                __m512i sc = a512__q23_sc(Q2, p[r], j, &mn);
+                A512_FOR_C {
+                    it[r][c] = _mm512_add_epi32(it[r][c], _mm512_mullo_epi32(sub[r][c], sc));
+                    if (Q2)
+                        ms[r][c] = _mm512_add_epi32(
+                            ms[r][c], _mm512_mullo_epi32(mn, _mm512_set1_epi32(x[c]->corr[j])));
+                }
             }
         }
-        A512_FOR_R {
-            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p[r]));
-            A512_FOR_C acc[r][c] = _mm512_fmadd_ps(
-                _mm512_cvtepi32_ps(it[r][c]), _mm512_mul_ps(d, _mm512_set1_ps(x[c]->d)), acc[r][c]);
-        }
+        A512_FOR_R A512_FOR_C acc[r][c] =
+            a512__q23_acc(Q2, p[r], x[c]->d, it[r][c], ms[r][c], acc[r][c]);
     }
     A512_FOR_R A512_FOR_C _mm512_storeu_ps(t->Y + c * t->ys + 16 * r, acc[r][c]);
 }
+#define a512__r16k3_tile(R, C, t, V) a512__r16k3_tile_q(0, R, C, t, V)
+#define a512__r16k2_tile(R, C, t, V) a512__r16k3_tile_q(1, R, C, t, V)
 A512_TILES_V(a512__r16k3_tile)
+A512_TILES_V(a512__r16k2_tile)
 
 /* Prepares the nsb super-blocks of one Q8_K activation row for the Q6_K
  * (off 32) or Q3_K (off 4) tiles: corr[j] = -off * sub-block j's sum. */
@@ -1127,12 +1168,16 @@ static void a512__r16k6_prep_off(int32_t off, const uint8_t *X, int64_t nsb, voi
     }
 }
 
-/* The nsb super-blocks of one Q8_K activation row, for Q6_K or Q3_K tiles. */
+/* The nsb super-blocks of one Q8_K activation row, for Q6_K, Q3_K or Q2_K
+ * (off -1: corr = the sub-block sum) tiles. */
 static void a512__r16k6_prep_x(const uint8_t *X, int64_t nsb, void *out) {
     a512__r16k6_prep_off(32, X, nsb, out);
 }
 static void a512__r16k3_prep_x(const uint8_t *X, int64_t nsb, void *out) {
     a512__r16k6_prep_off(4, X, nsb, out);
+}
+static void a512__r16k2_prep_x(const uint8_t *X, int64_t nsb, void *out) {
+    a512__r16k6_prep_off(-1, X, nsb, out);
 }
 
 /* Prepares the nb blocks of one Q8_0 activation row for the r16 tiles of
@@ -1837,6 +1882,15 @@ static void a512__matmul_q3_K(int64_t K, int n_rows, int n_cols, const void *W, 
     a512__run(a512__q3k_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
+/* Matches kern__matmul_q2_K_ref over r16 groups; integer sums exact, the
+ * error as a512__matmul_q2_K's. */
+static void a512__matmul_r16_q2_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                                  const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run_r16(KS_DTYPE_Q2_K, a512__r16k2_tile_tab[a512__use_vnni()], a512__r16k2_prep_x,
+                  K / 256, sizeof(a512_r16k6), a512__matmul_q2_K, K, n_rows, n_cols, W, ws, X, xs,
+                  Y, ys);
+}
+
 /* Matches kern__matmul_q3_K_ref over r16 groups; integer sums exact, the
  * error as a512__matmul_q3_K's. */
 static void a512__matmul_r16_q3_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
@@ -2329,6 +2383,7 @@ const kern_vtab kern__vtab_avx512 = {
             [KS_DTYPE_Q5_0] = a512__matmul_r16_q5_0,
             [KS_DTYPE_Q5_K] = a512__matmul_r16_q5_K,
             [KS_DTYPE_Q3_K] = a512__matmul_r16_q3_K,
+            [KS_DTYPE_Q2_K] = a512__matmul_r16_q2_K,
         },
     .quantize_act =
         {

@@ -221,6 +221,8 @@ size_t kern_r16_group_bytes(ks_dtype t, int64_t K) {
         return K % 256 ? 0 : (size_t)(K / 256) * KERN_R16_Q5K_SB;
     case KS_DTYPE_Q3_K:
         return K % 256 ? 0 : (size_t)(K / 256) * KERN_R16_Q3K_SB;
+    case KS_DTYPE_Q2_K:
+        return K % 256 ? 0 : (size_t)(K / 256) * KERN_R16_Q2K_SB;
     default:
         return 0;
     }
@@ -331,6 +333,19 @@ static void kern__r16_q3k(bool pack, uint8_t *g, kern_block_q3_K *b, int r) {
 #undef KERN__MV
 }
 
+/* One Q2_K row's super-block b into / out of its r16 super-block g (kern.h). */
+static void kern__r16_q2k(bool pack, uint8_t *g, kern_block_q2_K *b, int r) {
+#define KERN__MV(gp, bp, n) memcpy(pack ? (gp) : (bp), pack ? (bp) : (gp), n)
+    KERN__MV(g + 2 * r, (uint8_t *)&b->d, 2);
+    KERN__MV(g + 32 + 2 * r, (uint8_t *)&b->dmin, 2);
+    for (int s = 0; s < 16; s++)
+        KERN__MV(g + 64 + 16 * s + r, b->scales + s, 1);
+    for (int n = 0; n < 2; n++)
+        for (int k = 0; k < 8; k++)
+            KERN__MV(g + 320 + 512 * n + 64 * k + 4 * r, b->qs + 32 * n + 4 * k, 4);
+#undef KERN__MV
+}
+
 /* Q5_0's qh (bit e = element e, u32 LE) to the r16 order, where element
  * 4s + i sits at byte i, bit s (s: its 4-byte step, low nibbles s < 4), and
  * back. */
@@ -367,6 +382,15 @@ void kern_r16_pack(ks_dtype t, int64_t K, const void *W, size_t w_stride, void *
                 uint8_t blk[22];
                 memcpy(blk, (const uint8_t *)W + (size_t)r * w_stride + (size_t)b * 22, 22);
                 kern__r16_q50(true, o, blk, b, r);
+            }
+        return;
+    }
+    if (t == KS_DTYPE_Q2_K) {
+        for (int r = 0; r < 16; r++)
+            for (int64_t b = 0; b < K / 256; b++) {
+                kern_block_q2_K blk;
+                memcpy(&blk, (const uint8_t *)W + (size_t)r * w_stride + (size_t)b * 84, 84);
+                kern__r16_q2k(true, o + (size_t)b * KERN_R16_Q2K_SB, &blk, r);
             }
         return;
     }
@@ -434,6 +458,14 @@ void kern_r16_unpack_row(ks_dtype t, int64_t K, const void *group, int r, void *
             kern_block_q5_K blk;
             kern__r16_q5k(false, gm + (size_t)b * KERN_R16_Q5K_SB, &blk, r);
             memcpy((uint8_t *)row + (size_t)b * 176, &blk, 176);
+        }
+        return;
+    }
+    if (t == KS_DTYPE_Q2_K) {
+        for (int64_t b = 0; b < K / 256; b++) {
+            kern_block_q2_K blk;
+            kern__r16_q2k(false, gm + (size_t)b * KERN_R16_Q2K_SB, &blk, r);
+            memcpy((uint8_t *)row + (size_t)b * 84, &blk, 84);
         }
         return;
     }

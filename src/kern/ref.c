@@ -1116,6 +1116,7 @@ KERN_R16_VIA(ref__matmul_r16_q6_K, kern__matmul_q6_K_ref, KS_DTYPE_Q6_K)
 KERN_R16_VIA(ref__matmul_r16_q5_0, kern__matmul_q5_0_ref, KS_DTYPE_Q5_0)
 KERN_R16_VIA(ref__matmul_r16_q5_K, kern__matmul_q5_K_ref, KS_DTYPE_Q5_K)
 KERN_R16_VIA(ref__matmul_r16_q3_K, kern__matmul_q3_K_ref, KS_DTYPE_Q3_K)
+KERN_R16_VIA(ref__matmul_r16_q2_K, kern__matmul_q2_K_ref, KS_DTYPE_Q2_K)
 
 const kern_vtab kern__vtab_ref = {
     .name = "ref",
@@ -1146,6 +1147,7 @@ const kern_vtab kern__vtab_ref = {
             [KS_DTYPE_Q5_0] = ref__matmul_r16_q5_0,
             [KS_DTYPE_Q5_K] = ref__matmul_r16_q5_K,
             [KS_DTYPE_Q3_K] = ref__matmul_r16_q3_K,
+            [KS_DTYPE_Q2_K] = ref__matmul_r16_q2_K,
         },
     .quantize_act =
         {
