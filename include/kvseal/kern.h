@@ -50,7 +50,7 @@ typedef struct kern_vtab {
     /* the same products over weights repacked by kern_r16_pack: W is the
      * first of n_rows/16 groups (n_rows a multiple of 16) laid out
      * kern_r16_group_bytes apart, w_stride the GGUF row bytes; Q8_0, Q4_0,
-     * Q5_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K only, NULL elsewhere */
+     * Q5_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS only, NULL elsewhere */
     kern_matmul_fn matmul_r16[KS_DTYPE__COUNT];
     /* indexed by activation ks_dtype (F32, Q8_0, Q8_K) */
     kern_quant_fn quantize_act[KS_DTYPE__COUNT];
@@ -141,7 +141,10 @@ ks_dtype kern_act_type(ks_dtype wtype);
  *   [1312, 1824) k < 8 x 16 rows x 4 bytes: hmask[4k ..]
  * Q2_K, per super-block (1344 bytes = 16 x 84): [0, 32) d, [32, 64) dmin:
  *   f16 per row; [64, 320) the scales byte (scale | min << 4) of sub-block
- *   s of row r at 16s + r; [320, 1344) qs as Q3_K's */
+ *   s of row r at 16s + r; [320, 1344) qs as Q3_K's
+ * IQ4_XS, per super-block (2208 bytes): [0, 32) d: f16 per row; [32, 160)
+ *   the 6-bit scale of sub-block j of row r, minus 32, at 16j + r (an
+ *   int8); [160, 2208) j < 8, k < 4 x 16 rows x 4 bytes: qs[16j + 4k ..] */
 
 /* Whether model loading should repack a [K, N] matrix of type t for the
  * chosen vtab: it has a native r16 kernel for t, the layout takes K

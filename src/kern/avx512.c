@@ -1152,6 +1152,77 @@ A512_INLINE void a512__r16k3_tile_q(int Q2, int R, int C, const a512_tile *t, in
 A512_TILES_V(a512__r16k3_tile)
 A512_TILES_V(a512__r16k2_tile)
 
+/* The r16 IQ4_XS tile: t->W group 0 (t->ws bytes between groups), t->X
+ * column 0's a512_r16k6 array with corr[j] = -128 * sub-block j's sum (32
+ * quants). Super-blocks of KERN_R16_IQ4XS_SB bytes (kern.h): d, int8
+ * scales - 32 at 32 + 16j + r, then j < 8, k < 4 x 16 rows x 4 bytes of
+ * qs[16j + 4k ..] at 160 (low nibbles elements 32j + 4k.., high 32j + 16 +
+ * 4k..). Per super-block and element, exact in int32: isum = sum_j sc_j *
+ * (corr_j + the 8 vpdpbusd of codebook + 128 (unsigned) with the
+ * activations); then acc = fma((float)isum, d * dx, acc), super-blocks in
+ * order. */
+A512_INLINE void a512__r16x4_tile(int R, int C, const a512_tile *t, int V) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i cb = _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)kern_iq4nl_values),
+                      _mm_set1_epi8((char)0x80))); /* codebook + 128 */
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < t->K / 256; i++) {
+        const uint8_t *p[4];
+        const a512_r16k6 *x[4];
+        if (C <= 2) A512_FOR_R a512__prefetch_ahead(t, r, i * KERN_R16_IQ4XS_SB, KERN_R16_IQ4XS_SB);
+        A512_FOR_R p[r] = t->W + r * t->ws + (size_t)i * KERN_R16_IQ4XS_SB;
+        A512_FOR_C x[c] = (const a512_r16k6 *)(const void *)(t->X + c * t->xs) + i;
+        __m512i it[4][4];
+        A512_FOR_R A512_FOR_C it[r][c] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int j = 0; j < 8; j++) {
+            __m512i sub[4][4];
+            A512_FOR_R A512_FOR_C sub[r][c] = _mm512_set1_epi32(x[c]->corr[j]);
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) A512_FOR_R {
+                __m512i z = _mm512_loadu_si512(p[r] + 160 + 256 * j + 64 * k);
+                __m512i lo = _mm512_shuffle_epi8(cb, _mm512_and_si512(z, m4));
+                __m512i hi = _mm512_shuffle_epi8(cb, _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
+                A512_FOR_C {
+                    sub[r][c] =
+                        a512__dpbusd_v(V, sub[r][c], lo, a512__bcast4(x[c]->qs + 32 * j + 4 * k));
+                    sub[r][c] = a512__dpbusd_v(V, sub[r][c], hi,
+                                               a512__bcast4(x[c]->qs + 32 * j + 16 + 4 * k));
+                }
+            }
+            A512_FOR_R {
+                __m512i sc =
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p[r] + 32 + 16 * j)));
+                A512_FOR_C it[r][c] = _mm512_add_epi32(it[r][c], _mm512_mullo_epi32(sub[r][c], sc));
+            }
+        }
+        A512_FOR_R {
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p[r]));
+            A512_FOR_C acc[r][c] = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(it[r][c]), _mm512_mul_ps(d, _mm512_set1_ps(x[c]->d)), acc[r][c]);
+        }
+    }
+    A512_FOR_R A512_FOR_C _mm512_storeu_ps(t->Y + c * t->ys + 16 * r, acc[r][c]);
+}
+A512_TILES_V(a512__r16x4_tile)
+
+/* Prepares the nsb super-blocks of one Q8_K activation row for the IQ4_XS
+ * tiles: corr[j] = -128 * the sum of sub-block j's 32 quants (j < 8). */
+static void a512__r16x4_prep_x(const uint8_t *X, int64_t nsb, void *out) {
+    a512_r16k6 *o = out;
+    for (int64_t i = 0; i < nsb; i++, X += 292) {
+        memset(&o[i], 0, sizeof o[i]);
+        memcpy(&o[i].d, X, 4);
+        memcpy(o[i].qs, X + 4, 256);
+        for (int j = 0; j < 8; j++) {
+            int16_t b0, b1;
+            memcpy(&b0, X + 260 + 4 * j, 2);
+            memcpy(&b1, X + 262 + 4 * j, 2);
+            o[i].corr[j] = -128 * ((int32_t)b0 + (int32_t)b1);
+        }
+    }
+}
+
 /* Prepares the nsb super-blocks of one Q8_K activation row for the Q6_K
  * (off 32) or Q3_K (off 4) tiles: corr[j] = -off * sub-block j's sum. */
 static void a512__r16k6_prep_off(int32_t off, const uint8_t *X, int64_t nsb, void *out) {
@@ -1961,6 +2032,15 @@ static void a512__matmul_iq4_xs(int64_t K, int n_rows, int n_cols, const void *W
     a512__run(a512__iq4xs_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
+/* Matches kern__matmul_iq4_xs_ref over r16 groups; integer sums exact, the
+ * error as a512__matmul_iq4_xs's. */
+static void a512__matmul_r16_iq4_xs(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                                    const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run_r16(KS_DTYPE_IQ4_XS, a512__r16x4_tile_tab[a512__use_vnni()], a512__r16x4_prep_x,
+                  K / 256, sizeof(a512_r16k6), a512__matmul_iq4_xs, K, n_rows, n_cols, W, ws, X, xs,
+                  Y, ys);
+}
+
 // ----------------------------------------------------------------------------
 // Activation quantizers (byte-identical to ref.c)
 
@@ -2384,6 +2464,7 @@ const kern_vtab kern__vtab_avx512 = {
             [KS_DTYPE_Q5_K] = a512__matmul_r16_q5_K,
             [KS_DTYPE_Q3_K] = a512__matmul_r16_q3_K,
             [KS_DTYPE_Q2_K] = a512__matmul_r16_q2_K,
+            [KS_DTYPE_IQ4_XS] = a512__matmul_r16_iq4_xs,
         },
     .quantize_act =
         {

@@ -223,6 +223,8 @@ size_t kern_r16_group_bytes(ks_dtype t, int64_t K) {
         return K % 256 ? 0 : (size_t)(K / 256) * KERN_R16_Q3K_SB;
     case KS_DTYPE_Q2_K:
         return K % 256 ? 0 : (size_t)(K / 256) * KERN_R16_Q2K_SB;
+    case KS_DTYPE_IQ4_XS:
+        return K % 256 ? 0 : (size_t)(K / 256) * KERN_R16_IQ4XS_SB;
     default:
         return 0;
     }
@@ -346,6 +348,30 @@ static void kern__r16_q2k(bool pack, uint8_t *g, kern_block_q2_K *b, int r) {
 #undef KERN__MV
 }
 
+/* One IQ4_XS row's super-block b into / out of its r16 super-block g
+ * (kern.h). */
+static void kern__r16_iq4xs(bool pack, uint8_t *g, kern_block_iq4_xs *b, int r) {
+#define KERN__MV(gp, bp, n) memcpy(pack ? (gp) : (bp), pack ? (bp) : (gp), n)
+    KERN__MV(g + 2 * r, (uint8_t *)&b->d, 2);
+    if (pack) {
+        for (int j = 0; j < 8; j++)
+            g[32 + 16 * j + r] = (uint8_t)(int8_t)(kern__iq4xs_scale(b, j) - 32);
+    } else { // the inverse of kern__iq4xs_scale
+        uint16_t h = 0;
+        memset(b->scales_l, 0, 4);
+        for (int j = 0; j < 8; j++) {
+            int ls = (int8_t)g[32 + 16 * j + r] + 32;
+            b->scales_l[j / 2] |= (uint8_t)((ls & 15) << (4 * (j % 2)));
+            h |= (uint16_t)(((ls >> 4) & 3) << (2 * j));
+        }
+        b->scales_h = h;
+    }
+    for (int j = 0; j < 8; j++)
+        for (int k = 0; k < 4; k++)
+            KERN__MV(g + 160 + 256 * j + 64 * k + 4 * r, b->qs + 16 * j + 4 * k, 4);
+#undef KERN__MV
+}
+
 /* Q5_0's qh (bit e = element e, u32 LE) to the r16 order, where element
  * 4s + i sits at byte i, bit s (s: its 4-byte step, low nibbles s < 4), and
  * back. */
@@ -382,6 +408,15 @@ void kern_r16_pack(ks_dtype t, int64_t K, const void *W, size_t w_stride, void *
                 uint8_t blk[22];
                 memcpy(blk, (const uint8_t *)W + (size_t)r * w_stride + (size_t)b * 22, 22);
                 kern__r16_q50(true, o, blk, b, r);
+            }
+        return;
+    }
+    if (t == KS_DTYPE_IQ4_XS) {
+        for (int r = 0; r < 16; r++)
+            for (int64_t b = 0; b < K / 256; b++) {
+                kern_block_iq4_xs blk;
+                memcpy(&blk, (const uint8_t *)W + (size_t)r * w_stride + (size_t)b * 136, 136);
+                kern__r16_iq4xs(true, o + (size_t)b * KERN_R16_IQ4XS_SB, &blk, r);
             }
         return;
     }
@@ -458,6 +493,14 @@ void kern_r16_unpack_row(ks_dtype t, int64_t K, const void *group, int r, void *
             kern_block_q5_K blk;
             kern__r16_q5k(false, gm + (size_t)b * KERN_R16_Q5K_SB, &blk, r);
             memcpy((uint8_t *)row + (size_t)b * 176, &blk, 176);
+        }
+        return;
+    }
+    if (t == KS_DTYPE_IQ4_XS) {
+        for (int64_t b = 0; b < K / 256; b++) {
+            kern_block_iq4_xs blk;
+            kern__r16_iq4xs(false, gm + (size_t)b * KERN_R16_IQ4XS_SB, &blk, r);
+            memcpy((uint8_t *)row + (size_t)b * 136, &blk, 136);
         }
         return;
     }

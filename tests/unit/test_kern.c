@@ -279,8 +279,9 @@ static void test_batch_invariance(const kern_vtab *v) {
  * for bit the same over other tile splits (batch invariance), and for the
  * vtabs that unpack (ref, avx2) bit for bit their own plain matmul. */
 static void test_r16(const kern_vtab *v) {
-    static const ks_dtype ts[] = {KS_DTYPE_Q8_0, KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K,
-                                  KS_DTYPE_Q5_0, KS_DTYPE_Q5_K, KS_DTYPE_Q3_K, KS_DTYPE_Q2_K};
+    static const ks_dtype ts[] = {KS_DTYPE_Q8_0, KS_DTYPE_Q4_0, KS_DTYPE_Q4_K,
+                                  KS_DTYPE_Q6_K, KS_DTYPE_Q5_0, KS_DTYPE_Q5_K,
+                                  KS_DTYPE_Q3_K, KS_DTYPE_Q2_K, KS_DTYPE_IQ4_XS};
     static const int64_t Ks[] = {256, 768, 2048 + 256};
     static const int ncs[] = {1, 5, 40};
     bool native = strcmp(v->name, "avx512") == 0;
