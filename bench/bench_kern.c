@@ -3,8 +3,10 @@
  * pattern: never time a wrong kernel), then time a 4096x4096 matvec per
  * weight type (GB/s of weights streamed, GFLOP/s) and a 16-column matmul
  * (GFLOP/s). Built by `make bench` (target bench_kern); not run by ctest.
- * Usage: bench_kern [K [ISA]]   (K = rows = cols, default 4096, multiple of
- * 256; ISA limits the timing to ref, avx2 or avx512) */
+ * Usage: bench_kern [K [ISA [TYPES]]]   (K = rows = cols, default 4096,
+ * multiple of 256; ISA limits the timing to ref, avx2 or avx512; TYPES, a
+ * comma-separated list such as Q5_K,Q3_K, to those weight types: shorter
+ * runs for alternated A/B medians) */
 #include "kern/kern_int.h"
 
 #include <math.h>
@@ -28,6 +30,20 @@ static void *bench_alloc(size_t n) {
         exit(1);
     }
     return p;
+}
+
+/* Whether the type named name is in the comma-separated list (NULL: all). */
+static bool bench_type_listed(const char *list, const char *name) {
+    if (!list) return true;
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return true;
+        if (!e) break;
+        p = e + 1;
+    }
+    return false;
 }
 
 /* Seconds per call of one matmul, best of several runs lasting >= 0.2 s. */
@@ -164,7 +180,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench_kern [K [ISA]]   (K a positive multiple of 256)\n");
         return 2;
     }
-    const char *only = argc > 2 ? argv[2] : NULL;
+    const char *only = argc > 2 ? argv[2] : NULL, *types = argc > 3 ? argv[3] : NULL;
     int N = (int)K, NC = 16;
     static const ks_dtype wts[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16,   KS_DTYPE_Q8_0,
                                    KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K,   KS_DTYPE_Q4_1,
@@ -189,6 +205,7 @@ int main(int argc, char **argv) {
            "mm GFLOP/s");
     for (size_t t = 0; t < sizeof wts / sizeof wts[0]; t++) {
         ks_dtype wt = wts[t], at = kern_act_type(wt);
+        if (!bench_type_listed(types, ks_dtype_name(wt))) continue;
         uint64_t ws = 0, xs = 0;
         if (!ks_dtype_row_bytes(wt, (uint64_t)K, &ws) || !ks_dtype_row_bytes(at, (uint64_t)K, &xs))
             return 1;

@@ -50,7 +50,7 @@ typedef struct kern_vtab {
     /* the same products over weights repacked by kern_r16_pack: W is the
      * first of n_rows/16 groups (n_rows a multiple of 16) laid out
      * kern_r16_group_bytes apart, w_stride the GGUF row bytes; Q8_0, Q4_0,
-     * Q4_K and Q6_K only, NULL elsewhere */
+     * Q5_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS only, NULL elsewhere */
     kern_matmul_fn matmul_r16[KS_DTYPE__COUNT];
     /* indexed by activation ks_dtype (F32, Q8_0, Q8_K) */
     kern_quant_fn quantize_act[KS_DTYPE__COUNT];
@@ -126,14 +126,32 @@ ks_dtype kern_act_type(ks_dtype wtype);
  * Q6_K, per super-block (3360 bytes = 16 x 210):
  *   [0, 32) d: f16 per row; [32, 288) scale of sub-block j of row r at 16j + r
  *   [288, 2336)  n, h < 2, k < 8 x 16 rows x 4 bytes: ql[64n + 32h + 4k ..]
- *   [2336, 3360) n < 2, k < 8 x 16 rows x 4 bytes: qh[32n + 4k ..] */
+ *   [2336, 3360) n < 2, k < 8 x 16 rows x 4 bytes: qh[32n + 4k ..]
+ * Q5_0, per pair of blocks as Q4_0 (704 bytes = 32 x 22), except that each
+ * block's 256 quant bytes are followed by 16 rows x 4 bytes of its qh with
+ * the bits reordered: element 4s + i at byte i, bit s (so step j's low
+ * nibbles take bit j of each byte, its high nibbles bit 4 + j).
+ * Q5_K, per super-block (2880 bytes): [0, 2368) as Q4_K (qs in the place of
+ * Q4_K's), then [2368, 2880) 8 steps k x 16 rows x 4 bytes: qh[4k ..]
+ * (bit j of a byte: bit 4 of the same byte of sub-block j's step k).
+ * Q3_K, per super-block (1824 bytes):
+ *   [0, 32) d: f16 per row; [32, 288) the 6-bit scale of sub-block s of row
+ *               r, minus 32, at 16s + r (an int8)
+ *   [288, 1312)  n < 2, k < 8 x 16 rows x 4 bytes: qs[32n + 4k ..]
+ *   [1312, 1824) k < 8 x 16 rows x 4 bytes: hmask[4k ..]
+ * Q2_K, per super-block (1344 bytes = 16 x 84): [0, 32) d, [32, 64) dmin:
+ *   f16 per row; [64, 320) the scales byte (scale | min << 4) of sub-block
+ *   s of row r at 16s + r; [320, 1344) qs as Q3_K's
+ * IQ4_XS, per super-block (2208 bytes): [0, 32) d: f16 per row; [32, 160)
+ *   the 6-bit scale of sub-block j of row r, minus 32, at 16j + r (an
+ *   int8); [160, 2208) j < 8, k < 4 x 16 rows x 4 bytes: qs[16j + 4k ..] */
 
 /* Whether model loading should repack a [K, N] matrix of type t for the
  * chosen vtab: it has a native r16 kernel for t, the layout takes K
  * (kern_r16_group_bytes > 0), N % 16 == 0, and KS_NO_REPACK is unset. */
 bool kern_r16_wanted(ks_dtype t, int64_t K, int64_t N);
 /* Bytes of one r16 group of 16 rows of K elements of type t; 0 where the
- * layout does not exist (other types, Q8_0/Q4_0 K % 64 != 0). */
+ * layout does not exist (other types, Q8_0/Q4_0/Q5_0 K % 64 != 0). */
 size_t kern_r16_group_bytes(ks_dtype t, int64_t K);
 /* Repacks 16 GGUF rows (row r at W + r * w_stride) of type t into one r16
  * group at dst (kern_r16_group_bytes(t, K) > 0). */

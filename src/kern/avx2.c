@@ -996,6 +996,11 @@ KERN_R16_VIA(avx2__matmul_r16_q8_0, avx2__matmul_q8_0, KS_DTYPE_Q8_0)
 KERN_R16_VIA(avx2__matmul_r16_q4_0, avx2__matmul_q4_0, KS_DTYPE_Q4_0)
 KERN_R16_VIA(avx2__matmul_r16_q4_K, avx2__matmul_q4_K, KS_DTYPE_Q4_K)
 KERN_R16_VIA(avx2__matmul_r16_q6_K, avx2__matmul_q6_K, KS_DTYPE_Q6_K)
+KERN_R16_VIA(avx2__matmul_r16_q5_0, avx2__matmul_q5_0, KS_DTYPE_Q5_0)
+KERN_R16_VIA(avx2__matmul_r16_q5_K, avx2__matmul_q5_K, KS_DTYPE_Q5_K)
+KERN_R16_VIA(avx2__matmul_r16_q3_K, avx2__matmul_q3_K, KS_DTYPE_Q3_K)
+KERN_R16_VIA(avx2__matmul_r16_q2_K, avx2__matmul_q2_K, KS_DTYPE_Q2_K)
+KERN_R16_VIA(avx2__matmul_r16_iq4_xs, avx2__matmul_iq4_xs, KS_DTYPE_IQ4_XS)
 
 const kern_vtab kern__vtab_avx2 = {
     .name = "avx2",
@@ -1023,6 +1028,11 @@ const kern_vtab kern__vtab_avx2 = {
             [KS_DTYPE_Q4_0] = avx2__matmul_r16_q4_0,
             [KS_DTYPE_Q4_K] = avx2__matmul_r16_q4_K,
             [KS_DTYPE_Q6_K] = avx2__matmul_r16_q6_K,
+            [KS_DTYPE_Q5_0] = avx2__matmul_r16_q5_0,
+            [KS_DTYPE_Q5_K] = avx2__matmul_r16_q5_K,
+            [KS_DTYPE_Q3_K] = avx2__matmul_r16_q3_K,
+            [KS_DTYPE_Q2_K] = avx2__matmul_r16_q2_K,
+            [KS_DTYPE_IQ4_XS] = avx2__matmul_r16_iq4_xs,
         },
     .quantize_act =
         {

@@ -636,7 +636,7 @@ static void a512__matmul_q4_0(int64_t K, int n_rows, int n_cols, const void *W, 
 /* One block of an activation row, prepared for the r16 tiles. */
 typedef struct a512_r16x {
     float d;      /* the block's scale */
-    int32_t corr; /* -128 * sum(qs) (Q8_0 weights) or -8 * sum(qs) (Q4_0) */
+    int32_t corr; /* -128 * sum(qs) (Q8_0 weights), -8 * (Q4_0) or -16 * (Q5_0) */
     int8_t qs[32];
 } a512_r16x;
 
@@ -659,12 +659,27 @@ A512_INLINE __m512i a512__bcast4(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
+/* Bit s of every byte of h moved to bit 4 of the same byte (the other bits
+ * garbage, masked by the caller): Q5's fifth bit, stored at bit s by the
+ * r16 layouts (kern.h). One rotate of each dword by 4 - s (mod 32). */
+A512_INLINE __m512i a512__bit_to4(__m512i h, int s) {
+    return _mm512_rolv_epi32(h, _mm512_set1_epi32((4 - s) & 31));
+}
+
+/* The 5-bit values q = nib | (bit 4 of h') of a Q5 step: nib the masked
+ * nibbles, h' from a512__bit_to4 (one vpternlogd: A | (B & C)). */
+A512_INLINE __m512i a512__or_bit4(__m512i nib, __m512i h4) {
+    return _mm512_ternarylogic_epi32(nib, h4, _mm512_set1_epi8(0x10), 0xF8);
+}
+
 /* An r16 tile of R groups (16 rows each) x C columns. t->W: group 0 (t->ws
  * bytes between groups); t->X: column 0's a512_r16x array (t->xs bytes
- * between columns); t->Y: (row 0, column 0). Q4 selects Q4_0 weights. */
-A512_INLINE void a512__r16_tile(int Q4, int R, int C, const a512_tile *t, int V) {
-    const int qb = Q4 ? 256 : 512;         /* quant bytes per block and group */
-    const size_t pb = 64 + 2 * (size_t)qb; /* bytes per pair of blocks */
+ * between columns); t->Y: (row 0, column 0). T: 0 Q8_0, 1 Q4_0, 2 Q5_0
+ * weights. Per pair of blocks (kern.h): 64 bytes of scales, then per block
+ * its steps of 16 rows x 4 bytes (Q5_0: and its reordered qh, 64 bytes). */
+A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) {
+    const int qb = T == 0 ? 512 : T == 1 ? 256 : 320; /* quant bytes per block and group */
+    const size_t pb = 64 + 2 * (size_t)qb;            /* bytes per pair of blocks */
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[4][4];
     A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
@@ -683,11 +698,16 @@ A512_INLINE void a512__r16_tile(int Q4, int R, int C, const a512_tile *t, int V)
         A512_FOR_C x[c] = (const a512_r16x *)(const void *)(t->X + c * t->xs) + b;
         __m512i is[4][4];
         A512_FOR_R A512_FOR_C is[r][c] = _mm512_set1_epi32(x[c]->corr);
-        if (Q4) {
+        if (T) {
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) A512_FOR_R {
                 __m512i z = _mm512_loadu_si512(wq[r] + 64 * j);
                 __m512i lo = _mm512_and_si512(z, m4);
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+                if (T == 2) { // bit 4: bit j (low nibbles) or 4 + j (high) of qh's bytes
+                    __m512i h = _mm512_loadu_si512(wq[r] + 256);
+                    lo = a512__or_bit4(lo, a512__bit_to4(h, j));
+                    hi = a512__or_bit4(hi, a512__bit_to4(h, 4 + j));
+                }
                 A512_FOR_C {
                     is[r][c] = a512__dpbusd_v(V, is[r][c], lo, a512__bcast4(x[c]->qs + 4 * j));
                     is[r][c] = a512__dpbusd_v(V, is[r][c], hi, a512__bcast4(x[c]->qs + 16 + 4 * j));
@@ -711,8 +731,10 @@ A512_INLINE void a512__r16_tile(int Q4, int R, int C, const a512_tile *t, int V)
 
 #define a512__r16q8_tile(R, C, t, V) a512__r16_tile(0, R, C, t, V)
 #define a512__r16q4_tile(R, C, t, V) a512__r16_tile(1, R, C, t, V)
+#define a512__r16q5_tile(R, C, t, V) a512__r16_tile(2, R, C, t, V)
 A512_TILES_V(a512__r16q8_tile)
 A512_TILES_V(a512__r16q4_tile)
+A512_TILES_V(a512__r16q5_tile)
 
 /* One Q8_K super-block of an activation row, prepared for the r16 Q4_K
  * tiles: bs[j] = the sum of sub-block j's 32 quants (|bs| <= 4064). */
@@ -723,21 +745,83 @@ typedef struct a512_r16k {
     int32_t pad[3]; /* 288 bytes: rows of these stay 32-byte aligned */
 } a512_r16k;
 
-/* The r16 Q4_K tile: t->W group 0 (t->ws bytes between groups), t->X
- * column 0's a512_r16k array. Per super-block and element, exact in int32:
+/* The r16 Q4_K (Q5 = 0) or Q5_K tile: t->W group 0 (t->ws bytes between
+ * groups), t->X column 0's a512_r16k array. Super-blocks of SB bytes
+ * (kern.h): d, dmin, byte scales and mins, then qs as pairs x steps k x 16
+ * rows x 4 bytes; Q5_K's qh after them, bit j of step k's bytes being bit 4
+ * of sub-block j's values. Per super-block and element, exact in int32:
  * isum = sum_j sc_j * (the 8 vpdpbusd of sub-block j's nibbles with its
  * activations), msum = sum_j m_j * bs_j (4 vpdpwssd over pairs); then
  * acc = fma((float)isum, d * dx, acc) and acc = fnmadd((float)msum,
  * dmin * dx, acc), super-blocks in order. */
-A512_INLINE void a512__r16k_tile(int R, int C, const a512_tile *t, int V) {
+/* The 1x1 (matvec) r16 Q5_K tile: the same integer sums and f32 steps as
+ * the general tile, but step-major: each 64-byte qh load (step k) and qs
+ * load (pair p, step k) feeds both its sub-blocks, with eight sub-block
+ * accumulators live at once, where the general tile reloads them per
+ * sub-block. Layout as a512__r16k_tile_q's (kern.h). */
+A512_INLINE void a512__r16k5_vec(const a512_tile *t, int V) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < t->K / 256; i++) {
+        const uint8_t *p = t->W + (size_t)i * KERN_R16_Q5K_SB;
+        // as a512__prefetch_ahead, spread over the loads: the 320 header
+        // bytes here, the rest per step
+        const char *pf = (const char *)p + A512_R16_AHEAD;
+        for (int b = 0; b < 320; b += 64)
+            _mm_prefetch(pf + b, _MM_HINT_T0);
+        const a512_r16k *x = (const a512_r16k *)(const void *)t->X + i;
+        __m512i sub[8];
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) sub[j] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int k = 0; k < 8; k++) {
+            __m512i h = _mm512_loadu_si512(p + KERN_R16_Q4K_SB + 64 * k);
+            _mm_prefetch(pf + KERN_R16_Q4K_SB + 64 * k, _MM_HINT_T0);
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                __m512i z = _mm512_loadu_si512(p + 320 + 512 * q + 64 * k);
+                _mm_prefetch(pf + 320 + 512 * q + 64 * k, _MM_HINT_T0);
+                __m512i lo = a512__or_bit4(_mm512_and_si512(z, m4), a512__bit_to4(h, 2 * q));
+                __m512i hi = a512__or_bit4(_mm512_and_si512(_mm512_srli_epi16(z, 4), m4),
+                                           a512__bit_to4(h, 2 * q + 1));
+                sub[2 * q] =
+                    a512__dpbusd_v(V, sub[2 * q], lo, a512__bcast4(x->qs + 64 * q + 4 * k));
+                sub[2 * q + 1] = a512__dpbusd_v(V, sub[2 * q + 1], hi,
+                                                a512__bcast4(x->qs + 64 * q + 32 + 4 * k));
+            }
+        }
+        __m512i it = _mm512_setzero_si512(), ms = _mm512_setzero_si512();
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+            __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 16 * j)));
+            it = _mm512_add_epi32(it, _mm512_mullo_epi32(sub[j], sc));
+        }
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+            __m512i m =
+                _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(p + 192 + 32 * q)));
+            int32_t bp;
+            memcpy(&bp, x->bs + 2 * q, 4);
+            ms = a512__madd_acc(V, ms, m, _mm512_set1_epi32(bp));
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        __m512 dx = _mm512_set1_ps(x->d);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it), _mm512_mul_ps(d, dx), acc);
+        acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dm, dx), acc);
+    }
+    _mm512_storeu_ps(t->Y, acc);
+}
+
+A512_INLINE void a512__r16k_tile_q(int Q5, int R, int C, const a512_tile *t, int V) {
+    if (Q5 && R == 1 && C == 1) {
+        a512__r16k5_vec(t, V);
+        return;
+    }
+    const size_t SB = Q5 ? KERN_R16_Q5K_SB : KERN_R16_Q4K_SB;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[4][4];
     A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
     for (int64_t i = 0; i < t->K / 256; i++) {
         const uint8_t *p[4];
         const a512_r16k *x[4];
-        if (C <= 2) A512_FOR_R a512__prefetch_ahead(t, r, i * KERN_R16_Q4K_SB, KERN_R16_Q4K_SB);
-        A512_FOR_R p[r] = t->W + r * t->ws + (size_t)i * KERN_R16_Q4K_SB;
+        if (C <= 2) A512_FOR_R a512__prefetch_ahead(t, r, i * (int64_t)SB, (int)SB);
+        A512_FOR_R p[r] = t->W + r * t->ws + (size_t)i * SB;
         A512_FOR_C x[c] = (const a512_r16k *)(const void *)(t->X + c * t->xs) + i;
         __m512i it[4][4], ms[4][4];
         A512_FOR_R A512_FOR_C it[r][c] = ms[r][c] = _mm512_setzero_si512();
@@ -747,6 +831,9 @@ A512_INLINE void a512__r16k_tile(int R, int C, const a512_tile *t, int V) {
             _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) A512_FOR_R {
                 __m512i z = _mm512_loadu_si512(p[r] + 320 + 512 * (j / 2) + 64 * k);
                 z = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(z, 4) : z, m4);
+                if (Q5)
+                    z = a512__or_bit4(
+                        z, a512__bit_to4(_mm512_loadu_si512(p[r] + KERN_R16_Q4K_SB + 64 * k), j));
                 A512_FOR_C sub[r][c] =
                     a512__dpbusd_v(V, sub[r][c], z, a512__bcast4(x[c]->qs + 32 * j + 4 * k));
             }
@@ -779,7 +866,10 @@ A512_INLINE void a512__r16k_tile(int R, int C, const a512_tile *t, int V) {
     }
     A512_FOR_R A512_FOR_C _mm512_storeu_ps(t->Y + c * t->ys + 16 * r, acc[r][c]);
 }
+#define a512__r16k_tile(R, C, t, V) a512__r16k_tile_q(0, R, C, t, V)
+#define a512__r16k5_tile(R, C, t, V) a512__r16k_tile_q(1, R, C, t, V)
 A512_TILES_V(a512__r16k_tile)
+A512_TILES_V(a512__r16k5_tile)
 
 /* Prepares the nsb super-blocks of one Q8_K activation row. */
 static void a512__r16k_prep_x(const uint8_t *X, int64_t nsb, void *out) {
@@ -918,8 +1008,224 @@ A512_INLINE void a512__r16k6_tile(int R, int C, const a512_tile *t, int V) {
 }
 A512_TILES_V(a512__r16k6_tile)
 
-/* Prepares the nsb super-blocks of one Q8_K activation row for Q6_K. */
-static void a512__r16k6_prep_x(const uint8_t *X, int64_t nsb, void *out) {
+/* The r16 Q3_K (Q2 = 0) and Q2_K tiles: t->W group 0 (t->ws bytes between
+ * groups), t->X column 0's a512_r16k6 array (corr = -4 * the sub-block's
+ * quant sum for Q3_K, the sum itself for Q2_K). Super-blocks (kern.h):
+ *   Q3_K (KERN_R16_Q3K_SB): d, int8 scales - 32 at 32 + 16s + r, qs as
+ *     n x k x 16 rows x 4 bytes at 288, hmask as k x 16 rows x 4 at 1312;
+ *   Q2_K (KERN_R16_Q2K_SB): d, dmin, the scale | min << 4 bytes at
+ *     64 + 16s + r, qs as Q3_K's at 320.
+ * Per super-block and element, exact in int32: isum = sum_s sc_s * (Q3_K:
+ * corr_s +) the 4 vpdpbusd of sub-block s's values with its activations;
+ * Q2_K also msum = sum_s m_s * bsum_s. Then acc = fma((float)isum, d * dx,
+ * acc) (and acc = fnmadd((float)msum, dmin * dx, acc)), super-blocks in
+ * order (as the Q6_K / Q4_K tiles). Sub-block s = 8n + 2g + kk holds
+ * elements 128n + 32g + 16kk + 0..15: bits 2g, 2g+1 of qs[32n + l] and
+ * (Q3_K) bit 4n + g of hmask[l]. */
+
+/* Step k's 2- or 3-bit values of group g (n given): bits 2g.. of the qs
+ * vector l, for Q3_K or'd with bit 4n + g of the hmask vector h moved to
+ * bit 2. */
+A512_INLINE __m512i a512__q3_vals(int Q2, __m512i l, __m512i h, int n, int g) {
+    const __m512i m3 = _mm512_set1_epi8(3), m04 = _mm512_set1_epi8(4);
+    __m512i lo = _mm512_and_si512(g ? _mm512_srli_epi16(l, (unsigned)(2 * g)) : l, m3);
+    if (Q2) return lo;
+    __m512i hb = _mm512_rolv_epi32(h, _mm512_set1_epi32((2 - (4 * n + g)) & 31));
+    return _mm512_ternarylogic_epi32(lo, hb, m04, 0xF8);
+}
+
+/* Sub-block s's scale (and Q2_K's min) lanes of super-block p. */
+A512_INLINE __m512i a512__q23_sc(int Q2, const uint8_t *p, int s, __m512i *mn) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(p + (Q2 ? 64 : 32) + 16 * s));
+    if (!Q2) return _mm512_cvtepi8_epi32(b);
+    __m512i v = _mm512_cvtepu8_epi32(b);
+    *mn = _mm512_srli_epi32(v, 4);
+    return _mm512_and_si512(v, _mm512_set1_epi32(15));
+}
+
+/* The float step of a super-block (see above). */
+A512_INLINE __m512 a512__q23_acc(int Q2, const uint8_t *p, float dx, __m512i it, __m512i ms,
+                                 __m512 acc) {
+    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it), _mm512_mul_ps(d, _mm512_set1_ps(dx)), acc);
+    if (Q2) {
+        __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dm, _mm512_set1_ps(dx)), acc);
+    }
+    return acc;
+}
+
+/* The 1x1 (matvec) tile: each qs / hmask load feeds all four groups g (four
+ * sub-block accumulators at once), as a512__r16k6_vec; the same sums. */
+A512_INLINE void a512__r16k3_vec(int Q2, const a512_tile *t, int V) {
+    const size_t SB = Q2 ? KERN_R16_Q2K_SB : KERN_R16_Q3K_SB;
+    const int QS = Q2 ? 320 : 288, HM = 1312; /* offsets of qs and hmask */
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < t->K / 256; i++) {
+        const uint8_t *p = t->W + (size_t)i * SB;
+        const char *pf = (const char *)p + A512_R16_AHEAD;
+        for (int b = 0; b < QS; b += 64)
+            _mm_prefetch(pf + b, _MM_HINT_T0);
+        const a512_r16k6 *x = (const a512_r16k6 *)(const void *)t->X + i;
+        __m512i it = _mm512_setzero_si512(), ms = _mm512_setzero_si512();
+        _Pragma("GCC unroll 1") for (int n = 0; n < 2; n++) {
+            _Pragma("GCC unroll 2") for (int kk = 0; kk < 2; kk++) {
+                __m512i sub[4];
+                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] =
+                    Q2 ? _mm512_setzero_si512() : _mm512_set1_epi32(x->corr[8 * n + 2 * g + kk]);
+                _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; k4++) {
+                    const int k = 4 * kk + k4;
+                    __m512i l = _mm512_loadu_si512(p + QS + 512 * n + 64 * k);
+                    __m512i h = Q2 ? l : _mm512_loadu_si512(p + HM + 64 * k);
+                    _mm_prefetch(pf + QS + 512 * n + 64 * k, _MM_HINT_T0);
+                    if (!Q2 && n == 0) _mm_prefetch(pf + HM + 64 * k, _MM_HINT_T0);
+                    _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] =
+                        a512__dpbusd_v(V, sub[g], a512__q3_vals(Q2, l, h, n, g),
+                                       a512__bcast4(x->qs + 128 * n + 32 * g + 4 * k));
+                }
+                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+                    const int s = 8 * n + 2 * g + kk;
+                    __m512i mn = _mm512_setzero_si512();
+                    __m512i sc = a512__q23_sc(Q2, p, s, &mn);
+                    it = _mm512_add_epi32(it, _mm512_mullo_epi32(sub[g], sc));
+                    if (Q2)
+                        ms = _mm512_add_epi32(
+                            ms, _mm512_mullo_epi32(mn, _mm512_set1_epi32(x->corr[s])));
+                }
+            }
+        }
+        acc = a512__q23_acc(Q2, p, x->d, it, ms, acc);
+    }
+    _mm512_storeu_ps(t->Y, acc);
+}
+
+A512_INLINE void a512__r16k3_tile_q(int Q2, int R, int C, const a512_tile *t, int V) {
+    if (R == 1 && C == 1) {
+        a512__r16k3_vec(Q2, t, V);
+        return;
+    }
+    const size_t SB = Q2 ? KERN_R16_Q2K_SB : KERN_R16_Q3K_SB;
+    const int QS = Q2 ? 320 : 288, HM = 1312;
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < t->K / 256; i++) {
+        const uint8_t *p[4];
+        const a512_r16k6 *x[4];
+        if (C <= 2) A512_FOR_R a512__prefetch_ahead(t, r, i * (int64_t)SB, (int)SB);
+        A512_FOR_R p[r] = t->W + r * t->ws + (size_t)i * SB;
+        A512_FOR_C x[c] = (const a512_r16k6 *)(const void *)(t->X + c * t->xs) + i;
+        __m512i it[4][4], ms[4][4];
+        A512_FOR_R A512_FOR_C it[r][c] = ms[r][c] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 1") for (int j = 0; j < 16; j++) {
+            const int n = j / 8, g = (j / 2) % 4, kk = j % 2;
+            __m512i sub[4][4];
+            A512_FOR_R A512_FOR_C sub[r][c] =
+                Q2 ? _mm512_setzero_si512() : _mm512_set1_epi32(x[c]->corr[j]);
+            _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; k4++) {
+                const int k = 4 * kk + k4;
+                A512_FOR_R {
+                    __m512i l = _mm512_loadu_si512(p[r] + QS + 512 * n + 64 * k);
+                    __m512i h = Q2 ? l : _mm512_loadu_si512(p[r] + HM + 64 * k);
+                    __m512i q = a512__q3_vals(Q2, l, h, n, g);
+                    A512_FOR_C sub[r][c] = a512__dpbusd_v(
+                        V, sub[r][c], q, a512__bcast4(x[c]->qs + 128 * n + 32 * g + 4 * k));
+                }
+            }
+            A512_FOR_R {
+                __m512i mn = _mm512_setzero_si512();
+                __m512i sc = a512__q23_sc(Q2, p[r], j, &mn);
+                A512_FOR_C {
+                    it[r][c] = _mm512_add_epi32(it[r][c], _mm512_mullo_epi32(sub[r][c], sc));
+                    if (Q2)
+                        ms[r][c] = _mm512_add_epi32(
+                            ms[r][c], _mm512_mullo_epi32(mn, _mm512_set1_epi32(x[c]->corr[j])));
+                }
+            }
+        }
+        A512_FOR_R A512_FOR_C acc[r][c] =
+            a512__q23_acc(Q2, p[r], x[c]->d, it[r][c], ms[r][c], acc[r][c]);
+    }
+    A512_FOR_R A512_FOR_C _mm512_storeu_ps(t->Y + c * t->ys + 16 * r, acc[r][c]);
+}
+#define a512__r16k3_tile(R, C, t, V) a512__r16k3_tile_q(0, R, C, t, V)
+#define a512__r16k2_tile(R, C, t, V) a512__r16k3_tile_q(1, R, C, t, V)
+A512_TILES_V(a512__r16k3_tile)
+A512_TILES_V(a512__r16k2_tile)
+
+/* The r16 IQ4_XS tile: t->W group 0 (t->ws bytes between groups), t->X
+ * column 0's a512_r16k6 array with corr[j] = -128 * sub-block j's sum (32
+ * quants). Super-blocks of KERN_R16_IQ4XS_SB bytes (kern.h): d, int8
+ * scales - 32 at 32 + 16j + r, then j < 8, k < 4 x 16 rows x 4 bytes of
+ * qs[16j + 4k ..] at 160 (low nibbles elements 32j + 4k.., high 32j + 16 +
+ * 4k..). Per super-block and element, exact in int32: isum = sum_j sc_j *
+ * (corr_j + the 8 vpdpbusd of codebook + 128 (unsigned) with the
+ * activations); then acc = fma((float)isum, d * dx, acc), super-blocks in
+ * order. */
+A512_INLINE void a512__r16x4_tile(int R, int C, const a512_tile *t, int V) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i cb = _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)kern_iq4nl_values),
+                      _mm_set1_epi8((char)0x80))); /* codebook + 128 */
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < t->K / 256; i++) {
+        const uint8_t *p[4];
+        const a512_r16k6 *x[4];
+        if (C <= 2) A512_FOR_R a512__prefetch_ahead(t, r, i * KERN_R16_IQ4XS_SB, KERN_R16_IQ4XS_SB);
+        A512_FOR_R p[r] = t->W + r * t->ws + (size_t)i * KERN_R16_IQ4XS_SB;
+        A512_FOR_C x[c] = (const a512_r16k6 *)(const void *)(t->X + c * t->xs) + i;
+        __m512i it[4][4];
+        A512_FOR_R A512_FOR_C it[r][c] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int j = 0; j < 8; j++) {
+            __m512i sub[4][4];
+            A512_FOR_R A512_FOR_C sub[r][c] = _mm512_set1_epi32(x[c]->corr[j]);
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) A512_FOR_R {
+                __m512i z = _mm512_loadu_si512(p[r] + 160 + 256 * j + 64 * k);
+                __m512i lo = _mm512_shuffle_epi8(cb, _mm512_and_si512(z, m4));
+                __m512i hi = _mm512_shuffle_epi8(cb, _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
+                A512_FOR_C {
+                    sub[r][c] =
+                        a512__dpbusd_v(V, sub[r][c], lo, a512__bcast4(x[c]->qs + 32 * j + 4 * k));
+                    sub[r][c] = a512__dpbusd_v(V, sub[r][c], hi,
+                                               a512__bcast4(x[c]->qs + 32 * j + 16 + 4 * k));
+                }
+            }
+            A512_FOR_R {
+                __m512i sc =
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p[r] + 32 + 16 * j)));
+                A512_FOR_C it[r][c] = _mm512_add_epi32(it[r][c], _mm512_mullo_epi32(sub[r][c], sc));
+            }
+        }
+        A512_FOR_R {
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p[r]));
+            A512_FOR_C acc[r][c] = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(it[r][c]), _mm512_mul_ps(d, _mm512_set1_ps(x[c]->d)), acc[r][c]);
+        }
+    }
+    A512_FOR_R A512_FOR_C _mm512_storeu_ps(t->Y + c * t->ys + 16 * r, acc[r][c]);
+}
+A512_TILES_V(a512__r16x4_tile)
+
+/* Prepares the nsb super-blocks of one Q8_K activation row for the IQ4_XS
+ * tiles: corr[j] = -128 * the sum of sub-block j's 32 quants (j < 8). */
+static void a512__r16x4_prep_x(const uint8_t *X, int64_t nsb, void *out) {
+    a512_r16k6 *o = out;
+    for (int64_t i = 0; i < nsb; i++, X += 292) {
+        memset(&o[i], 0, sizeof o[i]);
+        memcpy(&o[i].d, X, 4);
+        memcpy(o[i].qs, X + 4, 256);
+        for (int j = 0; j < 8; j++) {
+            int16_t b0, b1;
+            memcpy(&b0, X + 260 + 4 * j, 2);
+            memcpy(&b1, X + 262 + 4 * j, 2);
+            o[i].corr[j] = -128 * ((int32_t)b0 + (int32_t)b1);
+        }
+    }
+}
+
+/* Prepares the nsb super-blocks of one Q8_K activation row for the Q6_K
+ * (off 32) or Q3_K (off 4) tiles: corr[j] = -off * sub-block j's sum. */
+static void a512__r16k6_prep_off(int32_t off, const uint8_t *X, int64_t nsb, void *out) {
     a512_r16k6 *o = out;
     for (int64_t i = 0; i < nsb; i++, X += 292) {
         memset(&o[i], 0, sizeof o[i]);
@@ -928,29 +1234,45 @@ static void a512__r16k6_prep_x(const uint8_t *X, int64_t nsb, void *out) {
         for (int j = 0; j < 16; j++) {
             int16_t b;
             memcpy(&b, X + 260 + 2 * j, 2);
-            o[i].corr[j] = -32 * (int32_t)b;
+            o[i].corr[j] = -off * (int32_t)b;
         }
     }
 }
 
-/* Prepares the nb blocks of one Q8_0 activation row for the r16 tiles. */
-static void a512__r16_prep_x(int Q4, const uint8_t *X, int64_t nb, a512_r16x *out) {
+/* The nsb super-blocks of one Q8_K activation row, for Q6_K, Q3_K or Q2_K
+ * (off -1: corr = the sub-block sum) tiles. */
+static void a512__r16k6_prep_x(const uint8_t *X, int64_t nsb, void *out) {
+    a512__r16k6_prep_off(32, X, nsb, out);
+}
+static void a512__r16k3_prep_x(const uint8_t *X, int64_t nsb, void *out) {
+    a512__r16k6_prep_off(4, X, nsb, out);
+}
+static void a512__r16k2_prep_x(const uint8_t *X, int64_t nsb, void *out) {
+    a512__r16k6_prep_off(-1, X, nsb, out);
+}
+
+/* Prepares the nb blocks of one Q8_0 activation row for the r16 tiles of
+ * weights offset by off (128 Q8_0's w + 128, 8 Q4_0, 16 Q5_0). */
+static void a512__r16_prep_x(int32_t off, const uint8_t *X, int64_t nb, a512_r16x *out) {
     for (int64_t b = 0; b < nb; b++, X += 34) {
         int32_t sum = 0;
         memcpy(out[b].qs, X + 2, 32);
         for (int i = 0; i < 32; i++)
             sum += out[b].qs[i];
         out[b].d = a512__f16(X);
-        out[b].corr = -(Q4 ? 8 : 128) * sum;
+        out[b].corr = -off * sum;
     }
 }
 
-/* The nb blocks of one Q8_0 activation row, for Q8_0 or Q4_0 r16 tiles. */
+/* The nb blocks of one Q8_0 activation row, for Q8_0, Q4_0 or Q5_0 r16 tiles. */
 static void a512__r16q8_prep_x(const uint8_t *X, int64_t nb, void *out) {
-    a512__r16_prep_x(0, X, nb, out);
+    a512__r16_prep_x(128, X, nb, out);
 }
 static void a512__r16q4_prep_x(const uint8_t *X, int64_t nb, void *out) {
-    a512__r16_prep_x(1, X, nb, out);
+    a512__r16_prep_x(8, X, nb, out);
+}
+static void a512__r16q5_prep_x(const uint8_t *X, int64_t nb, void *out) {
+    a512__r16_prep_x(16, X, nb, out);
 }
 
 /* Runs r16 tiles: prepares every column's activation units (nu of xunit
@@ -1104,6 +1426,13 @@ static void a512__matmul_q4_1(int64_t K, int n_rows, int n_cols, const void *W, 
 static void a512__matmul_q5_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                               const void *X, size_t xs, float *Y, size_t ys) {
     a512__run(a512__q5_0_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+/* Matches kern__matmul_q5_0_ref over r16 groups; integer block sums exact,
+ * the error as a512__matmul_q5_0's. */
+static void a512__matmul_r16_q5_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                                  const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run_r16(KS_DTYPE_Q5_0, a512__r16q5_tile_tab[a512__use_vnni()], a512__r16q5_prep_x, K / 32,
+                  sizeof(a512_r16x), a512__matmul_q5_0, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 static void a512__matmul_q5_1(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                               const void *X, size_t xs, float *Y, size_t ys) {
@@ -1486,6 +1815,14 @@ static void a512__matmul_q5_K(int64_t K, int n_rows, int n_cols, const void *W, 
     a512__run(a512__q5k_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
+/* Matches kern__matmul_q5_K_ref over r16 groups; integer sums exact, the
+ * error as a512__matmul_q5_K's. */
+static void a512__matmul_r16_q5_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                                  const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run_r16(KS_DTYPE_Q5_K, a512__r16k5_tile_tab[a512__use_vnni()], a512__r16k_prep_x, K / 256,
+                  sizeof(a512_r16k), a512__matmul_q5_K, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
 /* Per-row data of one Q2_K / Q3_K super-block: step k's int16 scale lanes
  * (8s .. 8s+7 = sub-block 4k+s), the 16 scales and (Q2_K) mins as int16
  * for the bsums madd, d and dmin. */
@@ -1616,6 +1953,24 @@ static void a512__matmul_q3_K(int64_t K, int n_rows, int n_cols, const void *W, 
     a512__run(a512__q3k_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
+/* Matches kern__matmul_q2_K_ref over r16 groups; integer sums exact, the
+ * error as a512__matmul_q2_K's. */
+static void a512__matmul_r16_q2_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                                  const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run_r16(KS_DTYPE_Q2_K, a512__r16k2_tile_tab[a512__use_vnni()], a512__r16k2_prep_x,
+                  K / 256, sizeof(a512_r16k6), a512__matmul_q2_K, K, n_rows, n_cols, W, ws, X, xs,
+                  Y, ys);
+}
+
+/* Matches kern__matmul_q3_K_ref over r16 groups; integer sums exact, the
+ * error as a512__matmul_q3_K's. */
+static void a512__matmul_r16_q3_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                                  const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run_r16(KS_DTYPE_Q3_K, a512__r16k3_tile_tab[a512__use_vnni()], a512__r16k3_prep_x,
+                  K / 256, sizeof(a512_r16k6), a512__matmul_q3_K, K, n_rows, n_cols, W, ws, X, xs,
+                  Y, ys);
+}
+
 /* IQ4_XS codebook values (signed) of step k = sub-blocks 2k and 2k+1:
  * 128-bit lanes low / high nibbles of qs[32k ..], then of qs[32k + 16 ..]. */
 A512_INLINE __m512i a512__iq4xs_wq(const uint8_t *b, int k) {
@@ -1675,6 +2030,15 @@ A512_TILES_V(a512__iq4xs_tile)
 static void a512__matmul_iq4_xs(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                                 const void *X, size_t xs, float *Y, size_t ys) {
     a512__run(a512__iq4xs_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+/* Matches kern__matmul_iq4_xs_ref over r16 groups; integer sums exact, the
+ * error as a512__matmul_iq4_xs's. */
+static void a512__matmul_r16_iq4_xs(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                                    const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run_r16(KS_DTYPE_IQ4_XS, a512__r16x4_tile_tab[a512__use_vnni()], a512__r16x4_prep_x,
+                  K / 256, sizeof(a512_r16k6), a512__matmul_iq4_xs, K, n_rows, n_cols, W, ws, X, xs,
+                  Y, ys);
 }
 
 // ----------------------------------------------------------------------------
@@ -2096,6 +2460,11 @@ const kern_vtab kern__vtab_avx512 = {
             [KS_DTYPE_Q4_0] = a512__matmul_r16_q4_0,
             [KS_DTYPE_Q4_K] = a512__matmul_r16_q4_K,
             [KS_DTYPE_Q6_K] = a512__matmul_r16_q6_K,
+            [KS_DTYPE_Q5_0] = a512__matmul_r16_q5_0,
+            [KS_DTYPE_Q5_K] = a512__matmul_r16_q5_K,
+            [KS_DTYPE_Q3_K] = a512__matmul_r16_q3_K,
+            [KS_DTYPE_Q2_K] = a512__matmul_r16_q2_K,
+            [KS_DTYPE_IQ4_XS] = a512__matmul_r16_iq4_xs,
         },
     .quantize_act =
         {

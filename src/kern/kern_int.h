@@ -197,6 +197,14 @@ static inline int kern__iq4xs_scale(const kern_block_iq4_xs *b, int j) {
 #define KERN_R16_Q4K_SB 2368
 /* Bytes of one Q6_K super-block of a 16-row r16 group (16 x 210). */
 #define KERN_R16_Q6K_SB 3360
+/* Bytes of one Q5_K super-block of a 16-row r16 group (Q4_K's + 512 qh). */
+#define KERN_R16_Q5K_SB 2880
+/* Bytes of one Q3_K super-block of a 16-row r16 group (kern.h). */
+#define KERN_R16_Q3K_SB 1824
+/* Bytes of one Q2_K super-block of a 16-row r16 group (16 x 84). */
+#define KERN_R16_Q2K_SB 1344
+/* Bytes of one IQ4_XS super-block of a 16-row r16 group (kern.h). */
+#define KERN_R16_IQ4XS_SB 2208
 
 /* A kern_matmul_fn over r16 groups (kern.h) through fn, the plain matmul of
  * type t: each group's 16 rows are unpacked into scratch, then fn runs on

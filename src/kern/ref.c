@@ -1113,6 +1113,11 @@ KERN_R16_VIA(ref__matmul_r16_q8_0, kern__matmul_q8_0_ref, KS_DTYPE_Q8_0)
 KERN_R16_VIA(ref__matmul_r16_q4_0, kern__matmul_q4_0_ref, KS_DTYPE_Q4_0)
 KERN_R16_VIA(ref__matmul_r16_q4_K, kern__matmul_q4_K_ref, KS_DTYPE_Q4_K)
 KERN_R16_VIA(ref__matmul_r16_q6_K, kern__matmul_q6_K_ref, KS_DTYPE_Q6_K)
+KERN_R16_VIA(ref__matmul_r16_q5_0, kern__matmul_q5_0_ref, KS_DTYPE_Q5_0)
+KERN_R16_VIA(ref__matmul_r16_q5_K, kern__matmul_q5_K_ref, KS_DTYPE_Q5_K)
+KERN_R16_VIA(ref__matmul_r16_q3_K, kern__matmul_q3_K_ref, KS_DTYPE_Q3_K)
+KERN_R16_VIA(ref__matmul_r16_q2_K, kern__matmul_q2_K_ref, KS_DTYPE_Q2_K)
+KERN_R16_VIA(ref__matmul_r16_iq4_xs, kern__matmul_iq4_xs_ref, KS_DTYPE_IQ4_XS)
 
 const kern_vtab kern__vtab_ref = {
     .name = "ref",
@@ -1140,6 +1145,11 @@ const kern_vtab kern__vtab_ref = {
             [KS_DTYPE_Q4_0] = ref__matmul_r16_q4_0,
             [KS_DTYPE_Q4_K] = ref__matmul_r16_q4_K,
             [KS_DTYPE_Q6_K] = ref__matmul_r16_q6_K,
+            [KS_DTYPE_Q5_0] = ref__matmul_r16_q5_0,
+            [KS_DTYPE_Q5_K] = ref__matmul_r16_q5_K,
+            [KS_DTYPE_Q3_K] = ref__matmul_r16_q3_K,
+            [KS_DTYPE_Q2_K] = ref__matmul_r16_q2_K,
+            [KS_DTYPE_IQ4_XS] = ref__matmul_r16_iq4_xs,
         },
     .quantize_act =
         {

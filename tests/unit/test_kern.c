@@ -279,16 +279,18 @@ static void test_batch_invariance(const kern_vtab *v) {
  * for bit the same over other tile splits (batch invariance), and for the
  * vtabs that unpack (ref, avx2) bit for bit their own plain matmul. */
 static void test_r16(const kern_vtab *v) {
-    static const ks_dtype ts[] = {KS_DTYPE_Q8_0, KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K};
+    static const ks_dtype ts[] = {KS_DTYPE_Q8_0, KS_DTYPE_Q4_0, KS_DTYPE_Q4_K,
+                                  KS_DTYPE_Q6_K, KS_DTYPE_Q5_0, KS_DTYPE_Q5_K,
+                                  KS_DTYPE_Q3_K, KS_DTYPE_Q2_K, KS_DTYPE_IQ4_XS};
     static const int64_t Ks[] = {256, 768, 2048 + 256};
     static const int ncs[] = {1, 5, 40};
     bool native = strcmp(v->name, "avx512") == 0;
-    for (int it = 0; it < 4; it++)
+    for (int it = 0; it < (int)(sizeof ts / sizeof ts[0]); it++)
         for (int ik = 0; ik < 3; ik++)
             for (int ic = 0; ic < 3; ic++) {
                 const ks_dtype wt = ts[it];
                 const int64_t K = Ks[ik];
-                const int NR = 48, NC = ncs[ic];
+                const int NR = 80, NC = ncs[ic]; // 5 groups: tiles of 4 and 1 groups
                 CHECK(v->matmul_r16[wt] != NULL);
                 mm_case c;
                 mm_case_init(&c, wt, K, NR, NC);
@@ -326,6 +328,20 @@ static void test_r16(const kern_vtab *v) {
                     for (size_t r = (size_t)NR; r < c.y_stride; r++)
                         CHECK(Y[c.y_stride * (size_t)j + r] == -7.0f);
                 }
+                // every tile shape (1..4 groups x 1..4 columns, at offsets
+                // 1, 1 where they fit) gives the same bits as the full call
+                for (int ng = 1; ng <= 4; ng++)
+                    for (int nc = 1; nc <= 4 && nc <= NC; nc++) {
+                        const int g0 = ng < NR / 16 ? 1 : 0, c0 = nc < NC ? 1 : 0;
+                        float ys[4 * 64];
+                        v->matmul_r16[wt](K, 16 * ng, nc, pk + 1 + gb * (size_t)g0, rb,
+                                          c.xbuf + 1 + c.x_stride * (size_t)c0, c.x_stride, ys, 64);
+                        for (int j = 0; j < nc; j++)
+                            for (int r = 0; r < 16 * ng; r++)
+                                CHECK(same_bits(
+                                    ys[64 * j + r],
+                                    Y[c.y_stride * (size_t)(c0 + j) + (size_t)(16 * g0 + r)]));
+                    }
                 // group 1 alone, each column alone: the same bits
                 for (int j = 0; j < NC; j++) {
                     float y1[16];
@@ -340,6 +356,18 @@ static void test_r16(const kern_vtab *v) {
                 free(row);
                 mm_case_free(&c);
             }
+    // where the layout does not exist, model loading keeps the GGUF rows:
+    // K not a multiple of the pair of blocks (32-element types), N % 16 != 0
+    for (int it = 0; it < (int)(sizeof ts / sizeof ts[0]); it++) {
+        const ks_dtype wt = ts[it];
+        const int64_t bs = ks_dtype_block_elems(wt);
+        CHECK_EQ(kern_r16_group_bytes(wt, 3 * bs) == 0, bs == 32);
+        if (bs == 32) CHECK(!kern_r16_wanted(wt, 3 * bs, 64));
+        CHECK(!kern_r16_wanted(wt, 512, 24));
+        CHECK(!kern_r16_wanted(wt, 512, 0));
+        // the same policy for every type: on where the Q4_K layout is
+        CHECK_EQ(kern_r16_wanted(wt, 512, 64), kern_r16_wanted(KS_DTYPE_Q4_K, 512, 64));
+    }
     printf("  %s: r16 matmul ok\n", v->name);
 }
 
