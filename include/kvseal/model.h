@@ -99,6 +99,9 @@ ks_err model_load(const char *path, model **out /* OUT */, ks_errbuf *eb) KS_MUS
 /* What model_load would say of path (every check, no weight repacking):
  * KS_OK when kvseal can run it. */
 ks_err model_check(const char *path, ks_errbuf *eb) KS_MUST_USE;
+/* model_check of an open file (gguf_open_mem for the fuzz harness), which it
+ * takes over: f is closed on return, whatever the result. */
+ks_err model_check_file(gguf_file *f, ks_errbuf *eb) KS_MUST_USE;
 /* Frees the model and unmaps the file; accepts NULL. */
 void model_free(model *m);
 /* Read-only views; can't fail. */

@@ -515,13 +515,18 @@ static void load__repack_all(model *m) {
 // ----------------------------------------------------------------------------
 // Public
 
-/* model_load, repacking the weights only when asked. */
-static ks_err load__model(const char *path, bool repack, model **out, ks_errbuf *eb) {
+/* model_load of the open file f (taken over: closed with the model or on
+ * failure), repacking the weights only when asked. */
+static ks_err load__model_file(gguf_file *f, bool repack, model **out, ks_errbuf *eb) {
     *out = NULL;
+    const char *path = gguf_path(f);
     model *m = calloc(1, sizeof *m);
-    if (!m) return ks_seterr(eb, KS_ERR_NOMEM, "%s: model", path);
-    ks_err e = gguf_open(path, &m->gguf, eb);
-    if (e) goto fail;
+    if (!m) {
+        gguf_close(f);
+        return ks_seterr(eb, KS_ERR_NOMEM, "model");
+    }
+    m->gguf = f;
+    ks_err e;
     if ((e = load__hparams(m, eb))) goto fail;
     if ((e = load__weights(m, eb))) goto fail;
     if (repack) load__repack_all(m);
@@ -538,6 +543,14 @@ fail:
     return e;
 }
 
+/* load__model_file of the file at path. */
+static ks_err load__model(const char *path, bool repack, model **out, ks_errbuf *eb) {
+    gguf_file *f;
+    *out = NULL;
+    ks_err e = gguf_open(path, &f, eb);
+    return e ? e : load__model_file(f, repack, out, eb);
+}
+
 ks_err model_load(const char *path, model **out, ks_errbuf *eb) {
     return load__model(path, true, out, eb);
 }
@@ -545,6 +558,13 @@ ks_err model_load(const char *path, model **out, ks_errbuf *eb) {
 ks_err model_check(const char *path, ks_errbuf *eb) {
     model *m;
     ks_err e = load__model(path, false, &m, eb);
+    model_free(m);
+    return e;
+}
+
+ks_err model_check_file(gguf_file *f, ks_errbuf *eb) {
+    model *m;
+    ks_err e = load__model_file(f, false, &m, eb);
     model_free(m);
     return e;
 }

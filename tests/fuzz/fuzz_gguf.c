@@ -1,7 +1,9 @@
 /* fuzz_gguf.c — libFuzzer harness for the GGUF reader (gguf_open_mem,
- * src/gguf/gguf.c) and for what reads a file's metadata next: the
- * tokenizer's vocabulary loader (tok_vocab_load, src/tok/vocab.c) and the
- * chat template detection (src/tok/chat.c).
+ * src/gguf/gguf.c) and for what reads a file next: the tokenizer's
+ * vocabulary loader (tok_vocab_load, src/tok/vocab.c), the chat template
+ * detection (src/tok/chat.c) and the model loader's checks of every
+ * architecture's keys and tensors (model_check_file, src/model/load.c; the
+ * corpus has a tiny model of each).
  *
  * Each input is a whole file. One that opens must be safe to walk: every
  * key through every typed getter, every element of every array, every
@@ -11,6 +13,7 @@
  * decode with it. Built only with KS_FUZZ=ON; see tests/fuzz/README.md. */
 #include "kvseal/chat.h"
 #include "kvseal/gguf.h"
+#include "kvseal/model.h"
 #include "kvseal/tok.h"
 
 #include <stdint.h>
@@ -117,5 +120,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     (void)chat_detect(f);
     fz__vocab(f);
     gguf_close(f);
+    // the model loader over the same bytes: any verdict, never a crash
+    if (gguf_open_mem(data, size, "fuzz.gguf", &f, &eb) != KS_OK) abort();
+    if (model_check_file(f, &eb) != KS_OK && eb.msg[0] == '\0') abort();
     return 0;
 }

@@ -1,5 +1,6 @@
 /* mkcorpus.c — writes the generated seed inputs of tests/fuzz/corpus/ with
- * the project's own encoders: tiny GGUF files from gguf_writer (gguf/), and
+ * the project's own encoders: tiny GGUF files from gguf_writer (gguf/: two
+ * vocabularies, and a tiny model of every architecture model_load runs), and
  * pd frames and messages from pd_frame_encode / pd_msg_*_encode (pd_wire/,
  * pd_msg/). The text seeds (json/, tenants/, tok/) are written by hand.
  *
@@ -88,6 +89,117 @@ static void gguf_seed(const char *name, bool bpe) {
     gguf_writer_destroy(w);
 }
 
+/* A tiny model of architecture `arch` that model_load accepts (all weights
+ * zero, F32; 16 embd, 2 heads of 8, 1 KV head, 32 ff, 2 layers, the 8-token
+ * SPM vocabulary above), so the fuzzer starts inside every architecture's
+ * key and tensor checks. moe: 2 experts, 1 used. */
+static void model_seed(const char *name, const char *arch, bool moe) {
+    enum { E = 16, H = 2, HKV = 1, D = 8, F = 32, NL = 2, V = 8, X = 2 };
+    static float zero[E * F * X];
+    const bool qwen2 = !strcmp(arch, "qwen2"), glm4 = !strcmp(arch, "glm4");
+    const bool phi3 = !strcmp(arch, "phi3"), gemma = !strncmp(arch, "gemma", 5);
+    const bool qk_norm = !strncmp(arch, "qwen3", 5) || !strcmp(arch, "gemma3");
+    gguf_writer *w = gguf_writer_create();
+    if (!w) exit(1);
+    char k[128];
+#define KEY(suffix) (snprintf(k, sizeof k, "%s." suffix, arch), k)
+    W(gguf_writer_set_str(w, "general.architecture", arch));
+    W(gguf_writer_set_u32(w, KEY("context_length"), 64));
+    W(gguf_writer_set_u32(w, KEY("embedding_length"), E));
+    W(gguf_writer_set_u32(w, KEY("block_count"), NL));
+    W(gguf_writer_set_u32(w, KEY("feed_forward_length"), F));
+    W(gguf_writer_set_u32(w, KEY("attention.head_count"), H));
+    W(gguf_writer_set_u32(w, KEY("attention.head_count_kv"), HKV));
+    W(gguf_writer_set_u32(w, KEY("attention.key_length"), D));
+    W(gguf_writer_set_u32(w, KEY("attention.value_length"), D));
+    W(gguf_writer_set_u32(w, KEY("rope.dimension_count"), glm4 ? D / 2 : D));
+    W(gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-6f));
+    if (moe) {
+        W(gguf_writer_set_u32(w, KEY("expert_count"), X));
+        W(gguf_writer_set_u32(w, KEY("expert_used_count"), 1));
+    }
+    if (gemma) W(gguf_writer_set_u32(w, KEY("attention.sliding_window"), 4));
+    if (phi3) {
+        W(gguf_writer_set_f32(w, KEY("rope.scaling.attn_factor"), 1.19f));
+        W(gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"), 32));
+    }
+#undef KEY
+    const char *toks[] = {"<unk>", "<s>", "</s>", "<0x41>", "\xe2\x96\x81", "a", "b", "\u2581ab"};
+    const float scores[] = {0, 0, 0, 0, -1, -2, -3, -0.5f};
+    const int32_t types[] = {2, 3, 3, 6, 1, 1, 1, 1};
+    W(gguf_writer_set_str(w, "tokenizer.ggml.model", "llama"));
+    W(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, V));
+    W(gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, V));
+    W(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, V));
+    // tensors: name, then up to 3 dims (0 ends)
+#define T(nm, a, b, c)                                                                             \
+    do {                                                                                           \
+        int64_t ne[3] = {a, b, c};                                                                 \
+        uint32_t nd = c ? 3 : b ? 2 : 1;                                                           \
+        W(gguf_writer_add_tensor(w, nm, nd, ne, KS_DTYPE_F32, zero,                                \
+                                 sizeof(float) * (size_t)(a) * (size_t)(b ? b : 1) *               \
+                                     (size_t)(c ? c : 1)));                                        \
+    } while (0)
+    T("token_embd.weight", E, V, 0);
+    T("output_norm.weight", E, 0, 0);
+    if (!gemma) T("output.weight", E, V, 0);
+    if (phi3) { // LongRoPE factors must be positive
+        static const float ones[D / 2] = {1, 1, 1, 1};
+        int64_t nf[1] = {D / 2};
+        W(gguf_writer_add_tensor(w, "rope_factors_short.weight", 1, nf, KS_DTYPE_F32, ones,
+                                 sizeof ones));
+        W(gguf_writer_add_tensor(w, "rope_factors_long.weight", 1, nf, KS_DTYPE_F32, ones,
+                                 sizeof ones));
+    }
+    char n[96];
+    for (int l = 0; l < NL; l++) {
+#define L(s) (snprintf(n, sizeof n, "blk.%d.%s", l, s), n)
+        T(L("attn_norm.weight"), E, 0, 0);
+        if (phi3) {
+            T(L("attn_qkv.weight"), E, H * D + 2 * HKV * D, 0);
+        } else {
+            T(L("attn_q.weight"), E, H * D, 0);
+            T(L("attn_k.weight"), E, HKV * D, 0);
+            T(L("attn_v.weight"), E, HKV * D, 0);
+        }
+        if (qwen2 || glm4) {
+            T(L("attn_q.bias"), H * D, 0, 0);
+            T(L("attn_k.bias"), HKV * D, 0, 0);
+            T(L("attn_v.bias"), HKV * D, 0, 0);
+        }
+        if (qk_norm) {
+            T(L("attn_q_norm.weight"), D, 0, 0);
+            T(L("attn_k_norm.weight"), D, 0, 0);
+        }
+        T(L("attn_output.weight"), H * D, E, 0);
+        if (gemma || glm4) {
+            T(L("post_attention_norm.weight"), E, 0, 0);
+            T(L("post_ffw_norm.weight"), E, 0, 0);
+        }
+        T(L("ffn_norm.weight"), E, 0, 0);
+        if (moe) {
+            T(L("ffn_gate_inp.weight"), E, X, 0);
+            T(L("ffn_gate_exps.weight"), E, F, X);
+            T(L("ffn_up_exps.weight"), E, F, X);
+            T(L("ffn_down_exps.weight"), F, E, X);
+        } else if (phi3 || glm4) {
+            T(L("ffn_up.weight"), E, 2 * F, 0);
+            T(L("ffn_down.weight"), F, E, 0);
+        } else {
+            T(L("ffn_gate.weight"), E, F, 0);
+            T(L("ffn_up.weight"), E, F, 0);
+            T(L("ffn_down.weight"), F, E, 0);
+        }
+#undef L
+    }
+#undef T
+    char path[4096];
+    snprintf(path, sizeof path, "%s/gguf/%s", root, name);
+    ks_errbuf eb;
+    die_if(gguf_writer_write(w, path, &eb), path, &eb);
+    gguf_writer_destroy(w);
+}
+
 // ----------------------------------------------------------------------------
 // pd messages and frames
 
@@ -116,7 +228,8 @@ static uint32_t grant_bytes(uint8_t *buf, size_t cap) {
 static void pd_msg_seeds(void) {
     uint8_t b[1024];
     uint32_t n;
-    pd_msg_register reg = {PD_ROLE_DECODE, 2, 64, 16, 128, 512, 7071, {1, 2, 3}, "10.0.0.2", 8};
+    pd_msg_register reg = {PD_ROLE_DECODE, KS_DTYPE_F16, 2,          64, 16, 128, 512,
+                           7071,           {1, 2, 3},    "10.0.0.2", 8};
     ENC(pd_msg_register_encode(&reg, b, sizeof b, &n, NULL));
     msg_put("register", S_REGISTER, b, n);
     pd_msg_register_ack ra = {4, 1000};
@@ -223,6 +336,14 @@ int main(int argc, char **argv) {
     root = argv[1];
     gguf_seed("spm.gguf", false);
     gguf_seed("bpe.gguf", true);
+    static const char *archs[] = {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "glm4"};
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "model-%s.gguf", archs[i]);
+        model_seed(name, archs[i], false);
+    }
+    model_seed("model-llama-moe.gguf", "llama", true);
+    model_seed("model-qwen3moe.gguf", "qwen3moe", true);
     pd_msg_seeds();
     pd_wire_seeds();
     return 0;
