@@ -50,7 +50,8 @@ struct model_ctx {
     float *sel_w;        // (T, k) their weights
     int32_t *slot_row;   // (T, k) the row of (token, slot) in expert order
     int32_t *row_tok;    // (T*k) the token of each row in expert order
-    int32_t *x_off;      // (n_expert + 1) first row of each expert's run
+    int32_t *x_off;      // (n_expert + 1) first row of each expert's run, then
+                         // (n_expert) rows placed so far (fwd__route)
     float *xe;           // (T*k, E) expert inputs gathered, then their outputs
     fwd__mm_part *parts; // (2 * n_expert) one matmul run's parts
     float *scores;      // (nth, G, max_ctx) attention scratch per thread, G query heads per KV head
@@ -405,15 +406,17 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
     int64_t t0, t1;
     while (ks_pool_claim(&a->next, a->n, 1, &t0, &t1)) {
         const int t = (int)t0;
-        float *x = c->x + (size_t)t * (size_t)E, *xn = c->xn + (size_t)t * (size_t)E;
+        // token rows (a MoE op's rows t may run past max_tokens: no pointer here)
+        const size_t xo = (size_t)t * (size_t)E;
         switch (a->op) {
         case FWD_EMBED: {
             const model__mat *w = &m->tok_embd;
-            kern_dequantize_row(w->type, (const char *)w->data + (size_t)a->b->tokens[t] * w->row_bytes,
-                                x, E);
+            kern_dequantize_row(w->type,
+                                (const char *)w->data + (size_t)a->b->tokens[t] * w->row_bytes,
+                                c->x + xo, E);
             if (m->hp.embd_scale != 1.0f)
                 for (int64_t i = 0; i < E; i++)
-                    x[i] *= m->hp.embd_scale;
+                    c->x[xo + (size_t)i] *= m->hp.embd_scale;
             break;
         }
         case FWD_POST_ADD_NORM: {
@@ -422,10 +425,13 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
         }
             // fall through
         case FWD_ADD_NORM:
-            for (int64_t i = 0; i < E; i++) x[i] += c->tmp[(size_t)t * (size_t)E + (size_t)i];
+            for (int64_t i = 0; i < E; i++)
+                c->x[xo + (size_t)i] += c->tmp[xo + (size_t)i];
             if (!a->w) break;
             // fall through
-        case FWD_NORM: c->kv->rmsnorm(E, x, a->w, m->hp.norm_eps, xn); break;
+        case FWD_NORM:
+            c->kv->rmsnorm(E, c->x + xo, a->w, m->hp.norm_eps, c->xn + xo);
+            break;
         case FWD_QKV: fwd__qkv_row(a, t); break;
         case FWD_SWIGLU:
             c->kv->silu_mul(F, c->g + (size_t)t * (size_t)F, c->u + (size_t)t * (size_t)F,
