@@ -35,7 +35,7 @@ typedef struct {
     double qk_gain;        /* attn_q/k (attn_qkv) weights' std times this: sharper attention */
     const char *rope_type; /* "linear" or "yarn" when rope_scale != 1 */
     long rope_orig_ctx;    /* YaRN's original context (0: context_length) */
-    long n_swa;            /* gemma: attention.sliding_window */
+    long n_swa;            /* attention.sliding_window (gemma, llama) */
     double attn_softcap, final_softcap; /* gemma: 0 = key not written */
     int n_threads;
 } mk__opts;
@@ -272,7 +272,8 @@ static void mk__usage(FILE *fp) {
         "                               angle divisors, random in [0.13, 1.87])\n"
         "  --longrope                   phi3's LongRoPE: rope_factors_short/long tensors and\n"
         "                               rope.scaling.attn_factor (long ones past --rope-orig-ctx)\n"
-        "  --swa N                      gemma: attention.sliding_window (default 32)\n"
+        "  --swa N                      attention.sliding_window: gemma's sliding layers\n"
+        "                               (default 32); llama: every layer (Mistral style)\n"
         "  --attn-softcap F --final-softcap F  gemma: score / logit soft-capping (gemma2\n"
         "                               default 50 / 30; gemma3 none unless given)\n"
         "  --qk-gain G                  attn_q/k weights G times larger: attention that depends\n"
@@ -379,6 +380,8 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
         ok = MK__U32("expert_count", o->n_expert) &&
              MK__U32("expert_used_count", o->n_expert_used) &&
              (o->n_ff_exp == o->n_ff || MK__U32("expert_feed_forward_length", o->n_ff_exp));
+    if (ok && !strcmp(a, "llama") && o->n_swa) // Mistral style: every layer slides
+        ok = MK__U32("attention.sliding_window", o->n_swa);
     if (ok && !strncmp(a, "gemma", 5)) {
         ok = MK__U32("attention.sliding_window", o->n_swa);
         if (ok && o->attn_softcap > 0) ok = MK__F32("attn_logit_softcapping", o->attn_softcap);
@@ -519,6 +522,10 @@ int cli_mkmodel(int argc, char **argv) {
     }
     if (o.n_expert && !qwen && strcmp(o.arch, "llama")) {
         fprintf(stderr, "kvseal mkmodel: --n-expert is for llama and qwen3moe\n");
+        return 2;
+    }
+    if (o.n_swa && !gemma && strcmp(o.arch, "llama")) {
+        fprintf(stderr, "kvseal mkmodel: --swa is for llama, gemma2 and gemma3\n");
         return 2;
     }
     if (gemma) { // as the released models: tied, gemma2's caps 50 / 30, a window

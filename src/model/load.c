@@ -261,6 +261,12 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     hp->embd_scale = 1.0f;
     if (hp->arch == MODEL_ARCH_GEMMA2 || hp->arch == MODEL_ARCH_GEMMA3) return load__gemma(&c, hp);
+    // Mistral-style llama files: every layer slides where a window is set, as
+    // Hugging Face and vLLM run them (llama.cpp ignores the key for llama)
+    if (hp->arch == MODEL_ARCH_LLAMA &&
+        (e = load__u32(&c, "attention.sliding_window", false, 0, &hp->n_swa)))
+        return e;
+    hp->swa_period = 0; // with n_swa > 0: every layer
     return KS_OK;
 }
 

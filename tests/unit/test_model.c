@@ -11,7 +11,8 @@
  * - mixture of experts, on kjv-mini rewritten as a Mixtral-style MoE: with
  *   every expert a copy of the dense FFN (weights renormalized to sum 1)
  *   the reference continuations hold, so routing, grouping by expert and
- *   the weighted sum are right; with distinct experts, batch invariance. */
+ *   the weighted sum are right; with distinct experts, batch invariance;
+ * - a Mistral-style sliding window (test_sliding_window). */
 #include "kvseal/kern.h"
 #include "kvseal/model.h"
 
@@ -409,6 +410,81 @@ static void test_moe(const char *src) {
     unlink(dst);
 }
 
+/* kjv-mini cut to its first n_layer layers, with llama.attention.sliding_window
+ * W where W > 0 (a Mistral-style file). */
+static void write_window(const char *src, const char *dst, int n_layer, int W) {
+    gguf_file *f;
+    ks_errbuf eb;
+    CHECK_EQ(gguf_open(src, &f, &eb), KS_OK);
+    gguf_writer *w = gguf_writer_create();
+    for (uint64_t i = 0; i < gguf_n_kv(f); i++)
+        CHECK_EQ(gguf_writer_copy_kv(w, f, gguf_kv_at(f, i)->key), KS_OK);
+    CHECK_EQ(gguf_writer_set_u32(w, "llama.block_count", (uint32_t)n_layer), KS_OK);
+    if (W > 0)
+        CHECK_EQ(gguf_writer_set_u32(w, "llama.attention.sliding_window", (uint32_t)W), KS_OK);
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (!strncmp(t->name, "blk.", 4) && atoi(t->name + 4) >= n_layer) continue;
+        CHECK_EQ(gguf_writer_add_tensor(w, t->name, t->n_dims, t->ne, (ks_dtype)t->type, t->data,
+                                        t->n_bytes),
+                 KS_OK);
+    }
+    CHECK_EQ(gguf_writer_write(w, dst, &eb), KS_OK);
+    gguf_writer_destroy(w);
+    gguf_close(f);
+}
+
+/* The logits after the last token of prompt (V floats into out). */
+static void last_logits(const model *m, const int32_t *prompt, int n, float *out) {
+    env e;
+    env_open(&e, m, 1);
+    int32_t tok;
+    greedy(&e, prompt, n, 1, 64, &tok, out);
+    env_close(&e);
+}
+
+/* A Mistral-style sliding window (llama.attention.sliding_window W): every
+ * layer's token at p sees only positions > p - W. On one layer, with RoPE
+ * depending only on relative position, the last token's logits over a
+ * prompt then equal those of the windowless model over the prompt's last W
+ * tokens alone (to rounding), and differ from the windowless model's over
+ * the whole prompt. A window wider than the context changes nothing. */
+static void test_sliding_window(const char *src) {
+    enum { W = 6, N = 21 };
+    char dst[256];
+    snprintf(dst, sizeof dst, "/tmp/ks_test_swa_%d.gguf", (int)getpid());
+    ks_errbuf eb;
+    model *win, *full;
+    write_window(src, dst, 1, W);
+    CHECK_EQ(model_load(dst, &win, &eb), KS_OK);
+    CHECK_EQ(model_hp(win)->n_swa, W);
+    write_window(src, dst, 1, 0);
+    CHECK_EQ(model_load(dst, &full, &eb), KS_OK);
+    int32_t prompt[N] = {1};
+    memcpy(prompt + 1, G1, sizeof(int32_t) * (N - 1));
+    const int32_t V = model_hp(win)->n_vocab;
+    float *a = malloc(sizeof(float) * (size_t)V * 3), *b = a + V, *c = b + V;
+    last_logits(win, prompt, N, a);
+    last_logits(full, prompt + N - W, W, b);
+    last_logits(full, prompt, N, c);
+    float d_win = 0.0f, d_full = 0.0f;
+    for (int32_t i = 0; i < V; i++) {
+        d_win = fmaxf(d_win, fabsf(a[i] - b[i]));
+        d_full = fmaxf(d_full, fabsf(a[i] - c[i]));
+    }
+    CHECK(d_win < 1e-3f);
+    CHECK(d_full > 0.1f);
+    free(a);
+    model_free(win);
+    model_free(full);
+    write_window(src, dst, 6, 4096);
+    CHECK_EQ(model_load(dst, &win, &eb), KS_OK);
+    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
+    test_golden(win, kern_get()->name, KS_DTYPE_F32);
+    model_free(win);
+    unlink(dst);
+}
+
 static void test_load_errors(const char *src) {
     struct {
         mutation mu;
@@ -471,6 +547,7 @@ int main(void) {
     model_free(m);
     test_load_errors(path);
     test_moe(path);
+    test_sliding_window(path);
     printf("model ok\n");
     return 0;
 }
