@@ -68,6 +68,11 @@ size_t kv_row_bytes(const kv_geom *g);
 /* Bytes of one page: n_layer * kv_geom_planes * page_tokens * kv_row_bytes;
  * 0 for a bad geometry (planes other than 0, 1, 2 included). Can't fail. */
 uint64_t kv_page_bytes(const kv_geom *g);
+/* Writes the page arithmetic of g into buf[0..cap) (NUL-terminated, cut to
+ * fit), e.g. "49152 bytes/page = 6 layers x 2 planes (K, V) x 16 tokens x
+ * 256 B per 128-element row" ("x 1 plane x" for one row per position), as
+ * kvseal check prints it (I8); returns the length snprintf would. Can't fail. */
+int kv_geom_describe(const kv_geom *g, char *buf, size_t cap);
 /* Checks g (positive sizes, a supported type, kv_dim a multiple of the
  * type's block, planes 0, 1 or 2); KS_ERR_INVAL with the reason in eb
  * otherwise. */

@@ -17,6 +17,7 @@
 
 #include <pthread.h>
 #include <sodium.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -92,6 +93,14 @@ uint64_t kv_page_bytes(const kv_geom *g) {
     if (g->n_layer <= 0 || g->page_tokens <= 0 || !kv__planes_ok(g->planes)) return 0;
     return (uint64_t)g->n_layer * (uint64_t)kv_geom_planes(g) * (uint64_t)g->page_tokens *
            kv_row_bytes(g);
+}
+
+int kv_geom_describe(const kv_geom *g, char *buf, size_t cap) {
+    return snprintf(buf, cap,
+                    "%llu bytes/page = %d layers x %s x %d tokens x %zu B per %d-element row",
+                    (unsigned long long)kv_page_bytes(g), g->n_layer,
+                    kv_geom_planes(g) == 1 ? "1 plane" : "2 planes (K, V)", g->page_tokens,
+                    kv_row_bytes(g), g->kv_dim);
 }
 
 ks_err kv_geom_check(const kv_geom *g, ks_errbuf *eb) {

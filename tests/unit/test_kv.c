@@ -547,6 +547,13 @@ static void t_planes(void) {
     kv_geom gx = g2;
     gx.planes = 2;
     CHECK_EQ(kv_page_bytes(&gx), kv_page_bytes(&g2));
+    // the sizing arithmetic kvseal check prints (I8) names the plane count
+    char d[160];
+    CHECK_EQ(kv_geom_describe(&g2, d, sizeof d), (int)strlen(d));
+    CHECK_STR_EQ(d,
+                 "512 bytes/page = 2 layers x 2 planes (K, V) x 4 tokens x 32 B per 8-element row");
+    kv_geom_describe(&g1, d, sizeof d);
+    CHECK_STR_EQ(d, "256 bytes/page = 2 layers x 1 plane x 4 tokens x 32 B per 8-element row");
     kv_pool *p1, *p2;
     CHECK_EQ(kv_pool_create(&g1, 4, KV_SCRUB_ZERO, &p1, &eb), KS_OK);
     CHECK_EQ(kv_pool_create(&g2, 4, KV_SCRUB_ZERO, &p2, &eb), KS_OK);
