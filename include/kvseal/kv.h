@@ -1,10 +1,15 @@
 /* kv.h — the sealed, paged KV cache: a pool of tagged fixed-size pages,
  * per-sequence block tables, and the tenant-scoped prefix cache.
  *
- * A page holds K and V for page_tokens consecutive positions of a sequence,
- * for every layer, in the pool's element type (kv_geom.kv_type: F32, F16 or
- * Q8_0, GGUF layouts). Page payload layout (rows of kv_row_bytes bytes):
- *   [layer][0=K,1=V][page_tokens][row of kv_dim elements]
+ * A page holds the KV rows of page_tokens consecutive positions of a
+ * sequence, for every layer, in the pool's element type (kv_geom.kv_type:
+ * F32, F16 or Q8_0, GGUF layouts). Page payload layout (rows of kv_row_bytes
+ * bytes):
+ *   [layer][plane][page_tokens][row of kv_dim elements]
+ * with kv_geom_planes(g) planes per layer: 2 (plane 0 = K, plane 1 = V; every
+ * dense model) or 1 (one row per position holds everything: multi-head
+ * latent attention stores the normalized KV latent then the RoPE key, and
+ * the model reads K and V as prefixes of that one row).
  * A Q8_0 row is kv_dim/32 blocks of {f16 d, i8 qs[32]}; the model layer
  * refuses Q8_0 unless head_dim % 32 == 0, so no block straddles two heads.
  * Each page has a header {tag {seq_uid, gen}, state, refcount, filled} kept
@@ -32,11 +37,21 @@
 
 typedef struct kv_geom {
     int n_layer;     /* layers */
-    int kv_dim;      /* n_head_kv * head_dim: elements per token per K (or V) */
+    int kv_dim;      /* elements of one row: n_head_kv * head_dim per K (or V) row; with
+                      * one plane, the whole single row (MLA: latent + RoPE key) */
     int page_tokens; /* positions per page (default 16) */
     int kv_type;     /* ks_dtype of the elements: KS_DTYPE_F32 (0, the zero value), _F16 or
                       * _Q8_0 (kv_dim % 32 == 0) — kv_type_ok */
+    int planes;      /* rows per position per layer: 2 = a K row then a V row (every dense
+                      * model; a zero-initialized geometry's 0 means 2, so existing
+                      * initializers keep working), 1 = one row that holds everything (MLA:
+                      * the model reads K and V as prefixes of it). Any other value is
+                      * refused by kv_geom_check. Read it through kv_geom_planes. */
 } kv_geom;
+
+/* Rows per position per layer of g: 1 when g->planes is 1, else 2 (0, the
+ * zero value, means 2; kv_geom_check refuses anything but 0, 1 and 2). Can't fail. */
+int kv_geom_planes(const kv_geom *g);
 
 /* True for the KV element types a pool supports: F32, F16, Q8_0. */
 bool kv_type_ok(int kv_type);
@@ -50,11 +65,17 @@ bool kv_type_parse(const char *s, int *out /* OUT */);
  * element); 0 when g's type is unsupported or kv_dim not a multiple of its
  * block. Can't fail. */
 size_t kv_row_bytes(const kv_geom *g);
-/* Bytes of one page: n_layer * 2 * page_tokens * kv_row_bytes; 0 for a bad
- * geometry. Can't fail. */
+/* Bytes of one page: n_layer * kv_geom_planes * page_tokens * kv_row_bytes;
+ * 0 for a bad geometry (planes other than 0, 1, 2 included). Can't fail. */
 uint64_t kv_page_bytes(const kv_geom *g);
+/* Writes the page arithmetic of g into buf[0..cap) (NUL-terminated, cut to
+ * fit), e.g. "49152 bytes/page = 6 layers x 2 planes (K, V) x 16 tokens x
+ * 256 B per 128-element row" ("x 1 plane x" for one row per position), as
+ * kvseal check prints it (I8); returns the length snprintf would. Can't fail. */
+int kv_geom_describe(const kv_geom *g, char *buf, size_t cap);
 /* Checks g (positive sizes, a supported type, kv_dim a multiple of the
- * type's block); KS_ERR_INVAL with the reason in eb otherwise. */
+ * type's block, planes 0, 1 or 2); KS_ERR_INVAL with the reason in eb
+ * otherwise. */
 ks_err kv_geom_check(const kv_geom *g, ks_errbuf *eb) KS_MUST_USE;
 
 typedef struct kv_tag {
@@ -174,15 +195,16 @@ kv_entry kv_seq_entry(const kv_seq *s, uint32_t i);
  * [0, n_rows): checks the entry's tag against the page header, that the page
  * is READY and that filled >= n_rows. *k and *v point at page_tokens rows of
  * kv_row_bytes bytes in the pool's kv_type (4-byte aligned for F32, 2-byte
- * for F16/Q8_0). Errors: KS_ERR_INTERNAL on any mismatch — counted as an
+ * for F16/Q8_0). With planes == 1, *v == *k: the same single row (the model
+ * reads K and V as prefixes of it). Errors: KS_ERR_INTERNAL on any mismatch — counted as an
  * isolation violation and reported through the callback. Thread-safe for
  * concurrent readers. */
 ks_err kv_seq_span_read(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer, uint32_t n_rows,
                         const void **k /* OUT */, const void **v /* OUT */) KS_MUST_USE;
 /* kv_seq_span_read for every page covering positions [0, n_tokens) of s at
  * one layer (the last page needs only the rows it covers): k[i], v[i] get
- * page i's planes; both arrays have room for ceil(n_tokens/page_tokens)
- * pointers (caller-owned). Lets attention check each page once per layer
+ * page i's planes (v[i] == k[i] with planes == 1); both arrays have room for
+ * ceil(n_tokens/page_tokens) pointers (caller-owned). Lets attention check each page once per layer
  * per step instead of once per (token, head); the pointers stay valid until
  * the owner thread next changes s or the pool. Errors: KS_ERR_INTERNAL as
  * kv_seq_span_read, for the first failing page (counted and reported once);
@@ -190,8 +212,11 @@ ks_err kv_seq_span_read(kv_pool *p, const kv_seq *s, uint32_t page_idx, int laye
 ks_err kv_seq_span_read_all(kv_pool *p, const kv_seq *s, int layer, uint32_t n_tokens,
                             const void **k /* OUT */, const void **v /* OUT */) KS_MUST_USE;
 /* The same for writing: the tag must match, the page must be ALLOCATED or
- * READY, owned by s (not a shared prefix page). Errors: KS_ERR_INTERNAL,
- * counted and reported like a read violation. */
+ * READY, owned by s (not a shared prefix page). With planes == 1 there is no
+ * V plane to write: *v is set to NULL (v itself may then be NULL), and the
+ * caller writes the single row through *k — a writer that still writes a V
+ * row faults at once instead of silently overwriting the row K reads.
+ * Errors: KS_ERR_INTERNAL, counted and reported like a read violation. */
 ks_err kv_seq_span_write(kv_pool *p, const kv_seq *s, uint32_t page_idx, int layer,
                          void **k /* OUT */, void **v /* OUT */) KS_MUST_USE;
 

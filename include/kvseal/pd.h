@@ -45,7 +45,7 @@
 /* Largest payload accepted before authentication (HELLO is 36 bytes). */
 #define PD_MAX_PAYLOAD_UNAUTH 64u
 /* Most payload iovecs per send / per sink destination (a KV_PAGE of a partial page
- * needs 1 + 2 * n_layer). */
+ * needs 1 + planes * n_layer, planes = kv_geom_planes: 2 for K and V, 1 for MLA). */
 #define PD_MAX_IOV 128
 
 /* Frame types 1 and 2 are the transport's handshake; all others belong to the

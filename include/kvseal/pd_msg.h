@@ -128,6 +128,10 @@ pd_msg_top pd_msg_top_at(const uint8_t *raw, uint32_t i);
 typedef struct pd_msg_register {
     uint8_t role; /* PD_ROLE_PREFILL or PD_ROLE_DECODE */
     uint8_t kv_type; /* KV element type (kv.h, a ks_dtype: 0 F32, 1 F16, 8 Q8_0) */
+    uint8_t planes;  /* rows per position per layer of the worker's pages (kv_geom_planes):
+                      * 2 (K, V) or 1 (one row, MLA). Wire byte 2; decoded as 1 or 2 (a 0 on
+                      * the wire, from a sender before this field, decodes as 2); the
+                      * encoder writes 0 as 2 and refuses other values */
     uint32_t n_layer, kv_dim, page_tokens;
     uint32_t n_pages; /* pool capacity */
     uint32_t n_ctx;
@@ -403,15 +407,16 @@ typedef struct pd_msg_kv_page {
     uint32_t layer_count; /* >= 1, layer_first + layer_count <= n_layer */
 } pd_msg_kv_page;
 
-/* Exact KV_PAGE payload length for a geometry: 40 + layer_count * 2 * n_rows *
- * kv_row_bytes(g) — pages travel in the link's KV type (64-bit, no overflow
- * for u32 inputs). Can't fail. */
+/* Exact KV_PAGE payload length for a geometry: 40 + layer_count *
+ * kv_geom_planes(g) * n_rows * kv_row_bytes(g) — pages travel in the link's
+ * KV type and plane count (64-bit, no overflow for u32 inputs). Can't fail. */
 uint64_t pd_msg_kv_page_len(const kv_geom *g, uint32_t n_rows, uint32_t layer_count);
 /* Decodes the page header from prefix[0..prefix_len) (>= 40 bytes; only the
  * first 40 are read) of a KV_PAGE frame whose payload is frame_len bytes, and
  * checks the header against the link's geometry and frame_len ==
- * pd_msg_kv_page_len. Grant/pool checks are the caller's. Errors:
- * KS_ERR_PROTO (for the sink to return). */
+ * pd_msg_kv_page_len (a length that fits the other plane count is named as
+ * such). Grant/pool checks are the caller's. Errors: KS_ERR_PROTO (for the
+ * sink to return). */
 ks_err pd_msg_kv_page_decode(const uint8_t *prefix, uint32_t prefix_len, uint32_t frame_len,
                              const kv_geom *g, pd_msg_kv_page *out, ks_errbuf *eb) KS_MUST_USE;
 /* Writes the 40-byte header (validated against g) into buf; *out_len = 40.

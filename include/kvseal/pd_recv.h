@@ -13,8 +13,9 @@
  * passed: an expired T_ack only asks the caller to tear the link down.
  *
  * KV_PAGE data is received zero-copy: pd_recv_kv_page_begin validates the
- * 40-byte page header and hands out destination iovecs into the page's K/V
- * planes (resolved only through kv_seq_span_write, I1); pd_recv_kv_page_end
+ * 40-byte page header and hands out destination iovecs into the page's
+ * planes — K and V, or the single row of a 1-plane pool (resolved only
+ * through kv_seq_span_write, I1); pd_recv_kv_page_end
  * reports whether the frame checksum verified.
  *
  * Threading: a pd_recv and its pool are owned by one thread (the decode
@@ -131,8 +132,10 @@ ks_err pd_recv_admit(pd_recv *r, uint64_t req_id, const pd_recv_admit_args *a,
 
 /* KV_PAGE header (already decoded against the link geometry by
  * pd_msg_kv_page_decode) arriving on link link_epoch. Returns true and sets
- * dst[0..*n_dst) (2 * layer_count entries: K then V rows [0, n_rows) of each
- * layer, in wire order; cap_dst >= 2 * layer_count) when the payload may be
+ * dst[0..*n_dst) (at most planes * layer_count entries, planes =
+ * kv_geom_planes of the pool: K then V rows [0, n_rows) of each layer, or the
+ * single row's, in wire order; adjacent ones merged; cap_dst >= planes *
+ * layer_count) when the payload may be
  * received into the page; pd_recv_kv_page_end must follow. Returns false
  * (*n_dst = 0) when the payload must be read and discarded: an unknown req_id
  * (EV_ABORT is emitted back), a terminal or ABORTING one (dropped), or a

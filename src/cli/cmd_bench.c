@@ -254,9 +254,11 @@ int cli_bench(int argc, char **argv) {
         double tg = (double)n_tg / ((double)(ks_now_ns() - t0) / 1e9);
         tg_best = tg > tg_best ? tg : tg_best;
     }
-    // bytes per generated token: every weight once, plus K/V of the average
-    // context (n_tg/2 positions) read by attention
-    double kv_bytes = (double)hp->n_layer * 2.0 * hp->n_head_kv * hp->head_dim * sizeof(float) * ((double)n_tg / 2);
+    // bytes per generated token: every weight once, plus the KV rows of the
+    // average context (n_tg/2 positions) read by attention, as the pool stores
+    // them (its element type and plane count: K and V, or MLA's one row)
+    double kv_bytes =
+        (double)kv_pool_page_bytes(s.pool) / kv_pool_geom(s.pool)->page_tokens * ((double)n_tg / 2);
     double bpt = (double)model_bytes_per_token(s.m) + kv_bytes;
     double roof = bw / bpt;
     printf("model: %s (%s, %d layers, n_embd %d, %.1f MiB of weights/token)\n", path, hp->arch_name,

@@ -39,9 +39,11 @@ ks_err cli__session_open(cli__session *s, const char *path, int n_threads, int32
     if ((e = model_ctx_create(s->m, s->pool, s->n_threads, s->n_batch, s->n_ctx, &s->ctx, &eb))) goto fail;
     ks_log(KS_LOG_INFO,
            "loaded %s: %s, %d layers, n_embd %d, vocab %d, kernels %s, %d threads, kv %s "
-           "(%llu bytes/token)",
+           "x %s: %llu bytes/token",
            path, hp->arch_name, hp->n_layer, hp->n_embd, hp->n_vocab, kern_get()->name,
-           s->n_threads, kv_type_name(kv_type), (unsigned long long)(kv_page_bytes(&g) / 16));
+           s->n_threads, kv_type_name(kv_type),
+           kv_geom_planes(&g) == 1 ? "1 plane" : "2 planes (K, V)",
+           (unsigned long long)(kv_page_bytes(&g) / (uint64_t)g.page_tokens));
     return KS_OK;
 fail:
     fprintf(stderr, "kvseal: %s\n", eb.msg[0] ? eb.msg : ks_strerror(e));

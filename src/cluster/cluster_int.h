@@ -34,6 +34,17 @@ void cl_health_fill(const kv_pool *pool, uint32_t active, bool draining,
 void cl_pool_check_fill(const kv_pool *pool, uint32_t active, bool busy,
                         pd_msg_pool_check_ack *out /* OUT */);
 
+/* The router's verdict on a worker's decoded REGISTER m: true, with the
+ * reason in why[0..cap), when it refuses the worker — a role other than the
+ * one the peer authenticated as (peer_role), another model_id, another KV
+ * geometry (n_layer, kv_dim, page_tokens), another plane count (2 = K, V;
+ * 1 = one row per position: page layout, size and KV_PAGE lengths differ),
+ * another KV type (pages are never converted), or a decode worker without a
+ * data-link host and port. false (why untouched) when it accepts. Pure. */
+bool cl_register_refused(const pd_msg_register *m, uint8_t peer_role,
+                         const uint8_t model_id[PD_MSG_HASH_BYTES], const kv_geom *g, char *why,
+                         size_t cap);
+
 /* A millisecond monotonic clock for pd_send/pd_recv cfg.clock; ctx unused. */
 uint64_t cl_now_ms(void *ctx);
 /* Ends a connection with a reason: ERROR{err, msg (cut to 512 bytes)} sent

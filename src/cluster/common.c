@@ -1,10 +1,12 @@
 /* common.c — what every cluster role shares: the cluster secret file, the
- * model id, and sampling parameters on the wire (cluster_int.h). */
+ * model id, the router's check of a worker's REGISTER, and sampling
+ * parameters on the wire (cluster_int.h). */
 #include "cluster_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <sodium.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -87,6 +89,43 @@ void cluster_model_id(const model *m, uint8_t out[32]) {
     int32_t geo[6] = {hp->n_vocab, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim};
     crypto_hash_sha256_update(&st, (const uint8_t *)geo, sizeof geo);
     crypto_hash_sha256_final(&st, out);
+}
+
+/* "K, V" or "one row per position": how refusals name a plane count. */
+static const char *cl__planes_what(int planes) {
+    return planes == 1 ? "one row per position" : "K, V";
+}
+
+bool cl_register_refused(const pd_msg_register *m, uint8_t peer_role,
+                         const uint8_t model_id[PD_MSG_HASH_BYTES], const kv_geom *g, char *why,
+                         size_t cap) {
+    int np = kv_geom_planes(g);
+    if (m->role != peer_role)
+        snprintf(why, cap, "REGISTER role %u differs from the HELLO role", m->role);
+    else if (memcmp(m->model_id, model_id, PD_MSG_HASH_BYTES) != 0)
+        snprintf(why, cap, "the worker serves a different model (model_id differs)");
+    else if ((int)m->n_layer != g->n_layer || (int)m->kv_dim != g->kv_dim ||
+             (int)m->page_tokens != g->page_tokens)
+        snprintf(
+            why, cap,
+            "KV geometry n_layer %u kv_dim %u page_tokens %u differs from the router's %d/%d/%d",
+            m->n_layer, m->kv_dim, m->page_tokens, g->n_layer, g->kv_dim, g->page_tokens);
+    else if ((int)m->planes != np) // page layout, page size and KV_PAGE lengths all follow it
+        snprintf(why, cap,
+                 "the worker's KV pages hold %u plane%s per position per layer (%s), the "
+                 "router's %d (%s): every node must run the same model",
+                 m->planes, m->planes == 1 ? "" : "s", cl__planes_what(m->planes), np,
+                 cl__planes_what(np));
+    else if ((int)m->kv_type != g->kv_type) // pages travel in their type: no conversion
+        snprintf(why, cap,
+                 "the worker's KV type %s differs from the router's %s (every node needs the same "
+                 "--kv-type)",
+                 kv_type_name(m->kv_type), kv_type_name(g->kv_type));
+    else if (m->role == PD_ROLE_DECODE && (m->data_port == 0 || m->host_len == 0))
+        snprintf(why, cap, "a decode worker must name its data-link host and port");
+    else
+        return false;
+    return true;
 }
 
 bool cl_sampling_to_msg(const sample_params *sp, int32_t max_tokens, bool ignore_eos,

@@ -388,7 +388,7 @@ static ks_err dl__sink(pd_conn *c, void *ud, const pd_frame_hdr *hdr, const uint
         ks_log(KS_LOG_WARN, "decode: link %llu: %s", (unsigned long long)k->epoch, eb.msg);
         return KS_ERR_PROTO;
     }
-    if (2u * (uint64_t)ph.layer_count > PD_MAX_IOV) {
+    if ((uint64_t)kv_geom_planes(&w->g) * ph.layer_count > PD_MAX_IOV) {
         ks_log(KS_LOG_WARN, "decode: link %llu: KV_PAGE of %u layers exceeds one sink (%d iovecs)",
                (unsigned long long)k->epoch, ph.layer_count, PD_MAX_IOV);
         return KS_ERR_PROTO;
@@ -756,6 +756,7 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
     cc.router_port = o->router_port;
     cc.reg.role = PD_ROLE_DECODE;
     cc.reg.kv_type = (uint8_t)w->g.kv_type;
+    cc.reg.planes = (uint8_t)kv_geom_planes(&w->g);
     cc.reg.n_layer = (uint32_t)w->g.n_layer;
     cc.reg.kv_dim = (uint32_t)w->g.kv_dim;
     cc.reg.page_tokens = (uint32_t)w->g.page_tokens;

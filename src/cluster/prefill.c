@@ -735,6 +735,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atom
                       .type_max = w.router_tmax, .t_router_ms = o->t_router_ms};
     cc.reg.role = PD_ROLE_PREFILL;
     cc.reg.kv_type = (uint8_t)g.kv_type;
+    cc.reg.planes = (uint8_t)kv_geom_planes(&g);
     cc.reg.n_layer = (uint32_t)g.n_layer;
     cc.reg.kv_dim = (uint32_t)g.kv_dim;
     cc.reg.page_tokens = (uint32_t)g.page_tokens;

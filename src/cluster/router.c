@@ -14,8 +14,9 @@
  *   event wins; later frames for the req_id are dropped (ids never repeat).
  *
  * Workers: one control connection each (accepted here, role checked on
- * HELLO), REGISTER first (geometry and model id must equal the router's),
- * then HEALTH every health_interval_ms; three missed answers or a closed
+ * HELLO), REGISTER first (geometry, plane count, KV type and model id must
+ * equal the router's: cl_register_refused), then HEALTH every
+ * health_interval_ms; three missed answers or a closed
  * connection drop the worker, and every request paired with it ends ABORTED
  * (502) with an ABORT to the surviving worker of the pair, except one whose
  * prefill worker is lost before its first token: that one starts over on
@@ -465,23 +466,7 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
         return;
     }
     char why[256] = "";
-    if (m.role != pd_conn_peer_role(w->c))
-        snprintf(why, sizeof why, "REGISTER role %u differs from the HELLO role", m.role);
-    else if (memcmp(m.model_id, r->model_id, 32) != 0)
-        snprintf(why, sizeof why, "the worker serves a different model (model_id differs)");
-    else if ((int)m.n_layer != r->g.n_layer || (int)m.kv_dim != r->g.kv_dim ||
-             (int)m.page_tokens != r->g.page_tokens)
-        snprintf(why, sizeof why,
-                 "KV geometry n_layer %u kv_dim %u page_tokens %u differs from the router's %d/%d/%d",
-                 m.n_layer, m.kv_dim, m.page_tokens, r->g.n_layer, r->g.kv_dim, r->g.page_tokens);
-    else if ((int)m.kv_type != r->g.kv_type) // pages travel in their type: no conversion
-        snprintf(why, sizeof why,
-                 "the worker's KV type %s differs from the router's %s (every node needs the same "
-                 "--kv-type)",
-                 kv_type_name(m.kv_type), kv_type_name(r->g.kv_type));
-    else if (m.role == PD_ROLE_DECODE && (m.data_port == 0 || m.host_len == 0))
-        snprintf(why, sizeof why, "a decode worker must name its data-link host and port");
-    if (why[0]) {
+    if (cl_register_refused(&m, pd_conn_peer_role(w->c), r->model_id, &r->g, why, sizeof why)) {
         ks_log(KS_LOG_WARN, "router: refusing worker at %s: %s", pd_conn_peer_addr(w->c), why);
         cl_error_close(w->c, KS_ERR_INVAL, why);
         return;

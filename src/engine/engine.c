@@ -169,18 +169,18 @@ ks_err engine_capacity_check(const engine_opts *o, bool *warn_out, char *buf, si
     bool fits = o->kv_pages >= need_pages;
     bool warn = fits && cap_tokens < 2 * (uint64_t)o->n_ctx;
     *warn_out = warn;
-    snprintf(
-        buf, cap,
-        "kv pool: %u pages x %d tokens = %" PRIu64 " tokens (%.1f MiB; kv type %s, %" PRIu64
-        " bytes/token; %" PRIu64 " bytes/page = %d layers x 2 x %d tokens x %zu B per %d-element"
-        " row); context length %d needs %" PRIu64 " pages: %s (%.2fx the context)",
-        o->kv_pages, o->page_tokens, cap_tokens, (double)(page_bytes * o->kv_pages) / 1048576.0,
-        kv_type_name(g.kv_type), page_bytes / (uint64_t)g.page_tokens, page_bytes, g.n_layer,
-        g.page_tokens, kv_row_bytes(&g), g.kv_dim, o->n_ctx, need_pages,
-        !fits  ? "DOES NOT FIT, refusing to start"
-        : warn ? "fits, but below 2x"
-               : "ok",
-        (double)cap_tokens / (double)o->n_ctx);
+    char page[192]; // "... bytes/page = L layers x P plane(s) x T tokens x R B per D-element row"
+    kv_geom_describe(&g, page, sizeof page);
+    snprintf(buf, cap,
+             "kv pool: %u pages x %d tokens = %" PRIu64 " tokens (%.1f MiB; kv type %s, %" PRIu64
+             " bytes/token; %s); context length %d needs %" PRIu64 " pages: %s (%.2fx the context)",
+             o->kv_pages, o->page_tokens, cap_tokens,
+             (double)(page_bytes * o->kv_pages) / 1048576.0, kv_type_name(g.kv_type),
+             page_bytes / (uint64_t)g.page_tokens, page, o->n_ctx, need_pages,
+             !fits  ? "DOES NOT FIT, refusing to start"
+             : warn ? "fits, but below 2x"
+                    : "ok",
+             (double)cap_tokens / (double)o->n_ctx);
     return fits ? KS_OK : KS_ERR_NOSPACE;
 }
 

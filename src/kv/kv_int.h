@@ -27,9 +27,12 @@ struct kv_pool {
     kv_geom g;
     uint32_t n_pages;
     kv_scrub scrub;
-    size_t plane_bytes;  /* page_tokens * kv_row_bytes: one K (or V) plane of one layer */
-    size_t page_bytes;   /* n_layer * 2 * plane_bytes (a multiple of 4) */
-    uint8_t *slab;       /* (n_pages, n_layer, 2, page_tokens, row), 64-byte aligned */
+    int planes;          /* kv_geom_planes(&g): 2 (K, V) or 1 (one row holds everything) */
+    size_t plane_bytes;  /* page_tokens * kv_row_bytes: one plane (K, V or the single row) of
+                          * one layer */
+    size_t layer_bytes;  /* planes * plane_bytes: one layer of one page */
+    size_t page_bytes;   /* n_layer * layer_bytes: even (a multiple of 4 with 2 planes or F32) */
+    uint8_t *slab;       /* (n_pages, n_layer, planes, page_tokens, row), 64-byte aligned */
     kv__page *hdr;       /* (n_pages) */
     uint32_t *free_ids;  /* stack of FREE page ids, (n_pages) */
     uint32_t n_free;     /* owner thread */
@@ -47,7 +50,9 @@ struct kv_pool {
  * a quiet NaN as an f32, and each of its 16-bit halves is a quiet NaN as an
  * f16, so a read of poison shows up as NaN logits whatever the KV type: F32
  * rows start at multiples of 4 bytes, F16 elements and Q8_0 block scales
- * (blocks are 34 bytes) at even offsets, so each lands on a whole NaN. */
+ * (blocks are 34 bytes) at even offsets, so each lands on a whole NaN. Its
+ * bytes repeat every 2, so a page that starts 2 bytes off a word (one plane
+ * of F16/Q8_0 rows can make page_bytes 2 mod 4) is poisoned the same way. */
 #define KV__POISON_WORD 0x7fc07fc0u
 
 /* Drops one reference on page id; at zero the page is scrubbed and FREE. */

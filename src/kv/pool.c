@@ -17,6 +17,7 @@
 
 #include <pthread.h>
 #include <sodium.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -83,9 +84,23 @@ size_t kv_row_bytes(const kv_geom *g) {
     return (size_t)rb;
 }
 
+/* 0 (the zero value, meaning 2), 1 or 2: the only planes values a geometry may hold. */
+static bool kv__planes_ok(int planes) { return planes >= 0 && planes <= 2; }
+
+int kv_geom_planes(const kv_geom *g) { return g->planes == 1 ? 1 : 2; }
+
 uint64_t kv_page_bytes(const kv_geom *g) {
-    if (g->n_layer <= 0 || g->page_tokens <= 0) return 0;
-    return (uint64_t)g->n_layer * 2 * (uint64_t)g->page_tokens * kv_row_bytes(g);
+    if (g->n_layer <= 0 || g->page_tokens <= 0 || !kv__planes_ok(g->planes)) return 0;
+    return (uint64_t)g->n_layer * (uint64_t)kv_geom_planes(g) * (uint64_t)g->page_tokens *
+           kv_row_bytes(g);
+}
+
+int kv_geom_describe(const kv_geom *g, char *buf, size_t cap) {
+    return snprintf(buf, cap,
+                    "%llu bytes/page = %d layers x %s x %d tokens x %zu B per %d-element row",
+                    (unsigned long long)kv_page_bytes(g), g->n_layer,
+                    kv_geom_planes(g) == 1 ? "1 plane" : "2 planes (K, V)", g->page_tokens,
+                    kv_row_bytes(g), g->kv_dim);
 }
 
 ks_err kv_geom_check(const kv_geom *g, ks_errbuf *eb) {
@@ -99,6 +114,11 @@ ks_err kv_geom_check(const kv_geom *g, ks_errbuf *eb) {
         return ks_seterr(eb, KS_ERR_INVAL, "kv: kv_dim %d is not a multiple of the %s block (%u)",
                          g->kv_dim, kv_type_name(g->kv_type),
                          ks_dtype_block_elems((uint32_t)g->kv_type));
+    if (!kv__planes_ok(g->planes))
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "kv: planes %d is not 2 (a K row then a V row; 0 also means 2) or 1 (one "
+                         "row per position holds K and V)",
+                         g->planes);
     return KS_OK;
 }
 
@@ -113,8 +133,11 @@ static uint8_t *kv__page_base(const kv_pool *p, uint32_t id) {
     return p->slab + (size_t)id * p->page_bytes;
 }
 
-/* Fills a page's payload with the scrub pattern (I3). The poison word is
- * stored bytewise (memcpy): page_bytes is a multiple of 4 for every type. */
+/* Fills a page's whole payload (page_bytes) with the scrub pattern (I3).
+ * The poison word is stored bytewise (memcpy). page_bytes is even but, with
+ * one plane of F16 or Q8_0 rows, not always a multiple of 4 (and then every
+ * other page starts 2 bytes off a word): the tail gets the word's first
+ * bytes, which is right because the pattern repeats every 2 bytes. */
 static void kv__scrub(kv_pool *p, uint32_t id) {
     uint8_t *b = kv__page_base(p, id);
     if (p->scrub == KV_SCRUB_ZERO) {
@@ -122,20 +145,24 @@ static void kv__scrub(kv_pool *p, uint32_t id) {
         return;
     }
     const uint32_t w = KV__POISON_WORD;
-    for (size_t i = 0; i < p->page_bytes; i += 4)
+    size_t i = 0;
+    for (; i + 4 <= p->page_bytes; i += 4)
         memcpy(b + i, &w, 4);
+    memcpy(b + i, &w, p->page_bytes - i);
 }
 
-/* True when the 4-byte words [i0, i1) of page id hold the scrub pattern. */
-static bool kv__range_clean(const kv_pool *p, uint32_t id, size_t i0, size_t i1) {
+/* True when bytes [b0, b1) of page id hold the scrub pattern; b0 even (the
+ * poison pattern repeats every 2 bytes, so any even start lines up). */
+static bool kv__range_clean(const kv_pool *p, uint32_t id, size_t b0, size_t b1) {
     const uint8_t *b = kv__page_base(p, id);
     const uint32_t want = p->scrub == KV_SCRUB_ZERO ? 0u : KV__POISON_WORD;
-    for (size_t i = i0; i < i1; i++) {
+    size_t i = b0;
+    for (; i + 4 <= b1; i += 4) {
         uint32_t w;
-        memcpy(&w, b + 4 * i, sizeof w);
+        memcpy(&w, b + i, sizeof w);
         if (w != want) return false;
     }
-    return true;
+    return memcmp(b + i, &want, b1 - i) == 0;
 }
 
 static void kv__set_state(kv_pool *p, kv__page *h, kv_page_state st) {
@@ -162,8 +189,11 @@ ks_err kv_pool_create(const kv_geom *g, uint32_t n_pages, kv_scrub scrub, kv_poo
     p->g = *g;
     p->n_pages = n_pages;
     p->scrub = scrub;
+    p->planes = kv_geom_planes(g);
     p->plane_bytes = (size_t)g->page_tokens * kv_row_bytes(g);
+    p->layer_bytes = (size_t)p->planes * p->plane_bytes;
     p->page_bytes = (size_t)kv_page_bytes(g);
+    KS_ASSERT(p->page_bytes == (size_t)g->n_layer * p->layer_bytes && p->page_bytes % 2 == 0);
     p->slab = ks_alloc_aligned((size_t)bytes);
     p->hdr = calloc(n_pages, sizeof *p->hdr);
     p->free_ids = malloc(sizeof *p->free_ids * n_pages);
@@ -223,7 +253,7 @@ bool kv_pool_all_free_and_scrubbed(const kv_pool *p) {
     if (p->n_free != p->n_pages) return false;
     for (uint32_t i = 0; i < p->n_pages; i++)
         if (p->hdr[i].state != KV_PAGE_FREE || p->hdr[i].refcount != 0 ||
-            !kv__range_clean(p, i, 0, p->page_bytes / 4))
+            !kv__range_clean(p, i, 0, p->page_bytes))
             return false;
     return true;
 }
@@ -249,12 +279,12 @@ static uint32_t kv__page_alloc(kv_pool *p, uint64_t uid) {
     KS_ASSERT(h->state == KV_PAGE_FREE && h->refcount == 0);
 #ifndef KS_BROKEN_NO_SCRUB  // TEST ONLY (I9): the no-scrub build must let dirty pages through
 #if defined(KS_KV_CHECK_CLEAN)
-    KS_ASSERT(kv__range_clean(p, id, 0, p->page_bytes / 4));
+    KS_ASSERT(kv__range_clean(p, id, 0, p->page_bytes));
 #elif !defined(NDEBUG)
-    // sampled: the first and last cache line of the page, cheap enough for every
+    // sampled: the first and last 64 bytes of the page, cheap enough for every
     // allocation (our Release builds keep it: they don't define NDEBUG)
-    size_t nw = p->page_bytes / 4, n = nw < 16 ? nw : 16;
-    KS_ASSERT(kv__range_clean(p, id, 0, n) && kv__range_clean(p, id, nw - n, nw));
+    size_t nb = p->page_bytes, n = nb < 64 ? nb : 64;
+    KS_ASSERT(kv__range_clean(p, id, 0, n) && kv__range_clean(p, id, nb - n, nb));
 #endif
 #endif
     h->tag.seq_uid = uid;
@@ -474,10 +504,9 @@ static inline ks_err kv__read(kv_pool *p, const kv_seq *s, uint32_t page_idx, in
             (void)h, (void)n_rows;
 #endif
             {
-                const uint8_t *base =
-                    kv__page_base(p, e->page) + (size_t)layer * 2 * p->plane_bytes;
+                const uint8_t *base = kv__page_base(p, e->page) + (size_t)layer * p->layer_bytes;
                 *k = base;
-                *v = base + p->plane_bytes;
+                *v = p->planes == 2 ? base + p->plane_bytes : base; // 1 plane: V is K's row
                 return KS_OK;
             }
         }
@@ -515,9 +544,10 @@ ks_err kv_seq_span_write(kv_pool *p, const kv_seq *s, uint32_t page_idx, int lay
             (void)h;
 #endif
             {
-                uint8_t *base = kv__page_base(p, e->page) + (size_t)layer * 2 * p->plane_bytes;
+                uint8_t *base = kv__page_base(p, e->page) + (size_t)layer * p->layer_bytes;
                 *k = base;
-                *v = base + p->plane_bytes;
+                // 1 plane: no V row to write; NULL makes a stray V write fault at once
+                if (v) *v = p->planes == 2 ? base + p->plane_bytes : NULL;
                 return KS_OK;
             }
         }

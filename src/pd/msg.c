@@ -129,8 +129,12 @@ const char *pd_msg_type_name(uint16_t type) {
 }
 
 uint64_t pd_msg_kv_page_len(const kv_geom *g, uint32_t n_rows, uint32_t layer_count) {
-    return PD_MSG_KV_PAGE_HDR + (uint64_t)layer_count * 2u * n_rows * (uint64_t)kv_row_bytes(g);
+    return PD_MSG_KV_PAGE_HDR +
+           (uint64_t)layer_count * (uint64_t)kv_geom_planes(g) * n_rows * (uint64_t)kv_row_bytes(g);
 }
+
+/* "1 plane" / "2 planes (K, V)": how KV_PAGE refusals name a plane count (as kvseal check). */
+static const char *planes_name(int planes) { return planes == 1 ? "1 plane" : "2 planes (K, V)"; }
 
 static ks_err geom_check(const kv_geom *g, ks_errbuf *eb) {
     if (g->n_layer <= 0 || g->kv_dim <= 0 || g->page_tokens <= 0)
@@ -141,6 +145,8 @@ static ks_err geom_check(const kv_geom *g, ks_errbuf *eb) {
                          "geometry: KV type %d with kv_dim %d (want " KV_TYPE_CHOICES
                          ", kv_dim a multiple of the type's block)",
                          g->kv_type, g->kv_dim);
+    if (g->planes < 0 || g->planes > 2)
+        return ks_seterr(eb, KS_ERR_INVAL, "geometry: planes %d is not 1 or 2", g->planes);
     uint64_t full = pd_msg_kv_page_len(g, (uint32_t)g->page_tokens, (uint32_t)g->n_layer);
     if (full > PD_MSG_MAX_FRAME)
         return ks_seterr(eb, KS_ERR_INVAL,
@@ -201,6 +207,9 @@ ks_err pd_msg_register_decode(const uint8_t *p, uint32_t len, pd_msg_register *o
     m.kv_type = p[1];
     if (!kv_type_ok(m.kv_type))
         return PROTO("REGISTER: kv_type %u is not F32 (0), F16 (1) or Q8_0 (8)", m.kv_type);
+    m.planes = p[2] ? p[2] : 2; // 0: a sender from before the field, whose pages had K and V
+    if (m.planes > 2)
+        return PROTO("REGISTER: planes %u is not 1 (one row per position) or 2 (K, V)", p[2]);
     m.n_layer = pd_load_u32(p + 4);
     m.kv_dim = pd_load_u32(p + 8);
     m.page_tokens = pd_load_u32(p + 12);
@@ -223,7 +232,8 @@ ks_err pd_msg_register_encode(const pd_msg_register *m, uint8_t *buf, size_t cap
     if (enc_begin(60u + m->host_len, buf, cap, out_len, &ret, "REGISTER", eb)) return ret;
     buf[0] = m->role;
     buf[1] = m->kv_type;
-    buf[2] = buf[3] = 0;
+    buf[2] = m->planes ? m->planes : 2; // the decoder below refuses > 2
+    buf[3] = 0;
     pd_store_u32(buf + 4, m->n_layer);
     pd_store_u32(buf + 8, m->kv_dim);
     pd_store_u32(buf + 12, m->page_tokens);
@@ -834,7 +844,8 @@ ks_err pd_msg_kv_page_decode(const uint8_t *p, uint32_t prefix_len, uint32_t fra
     if (prefix_len < PD_MSG_KV_PAGE_HDR)
         return PROTO("KV_PAGE: page header is %u bytes, expected %u", prefix_len,
                      PD_MSG_KV_PAGE_HDR);
-    if (g->n_layer <= 0 || g->kv_dim <= 0 || g->page_tokens <= 0 || kv_row_bytes(g) == 0)
+    if (g->n_layer <= 0 || g->kv_dim <= 0 || g->page_tokens <= 0 || kv_row_bytes(g) == 0 ||
+        g->planes < 0 || g->planes > 2)
         return PROTO("KV_PAGE: link has no valid geometry");
     pd_msg_kv_page m;
     m.page_index = pd_load_u32(p);
@@ -851,11 +862,21 @@ ks_err pd_msg_kv_page_decode(const uint8_t *p, uint32_t prefix_len, uint32_t fra
         return PROTO("KV_PAGE: layers [%u, %llu) exceed n_layer %d", m.layer_first,
                      (unsigned long long)((uint64_t)m.layer_first + m.layer_count), g->n_layer);
     uint64_t want = pd_msg_kv_page_len(g, m.n_rows, m.layer_count);
-    if (frame_len != want)
-        return PROTO("KV_PAGE: len %u but %u layers x %u rows x kv_dim %d (%s, %zu bytes a row) "
-                     "need %llu",
-                     frame_len, m.layer_count, m.n_rows, g->kv_dim, kv_type_name(g->kv_type),
-                     kv_row_bytes(g), (unsigned long long)want);
+    int np = kv_geom_planes(g);
+    if (frame_len != want) {
+        // the sender's pages have the other plane count: say so, it is a deployment error
+        kv_geom other = *g;
+        other.planes = 3 - np;
+        if (frame_len == pd_msg_kv_page_len(&other, m.n_rows, m.layer_count))
+            return PROTO("KV_PAGE: len %u fits pages of %s per layer, but this link's pages have "
+                         "%s: %u layers x %s x %u rows x %zu bytes need %llu",
+                         frame_len, planes_name(3 - np), planes_name(np), m.layer_count,
+                         planes_name(np), m.n_rows, kv_row_bytes(g), (unsigned long long)want);
+        return PROTO("KV_PAGE: len %u but %u layers x %s x %u rows x kv_dim %d (%s, %zu bytes a "
+                     "row) need %llu",
+                     frame_len, m.layer_count, planes_name(np), m.n_rows, g->kv_dim,
+                     kv_type_name(g->kv_type), kv_row_bytes(g), (unsigned long long)want);
+    }
     *out = m;
     return KS_OK;
 }

@@ -355,8 +355,8 @@ bool pd_recv_kv_page_begin(pd_recv *r, uint64_t req_id, uint64_t link_epoch,
             rec__page_fail(r, q, true, "rejected by the pool's tag check");
             return false;
         }
-        void *seg[2] = {k, v};
-        for (int s = 0; s < 2; s++) {
+        void *seg[2] = {k, v}; // 1 plane: v is NULL, the single row arrives through k
+        for (int s = 0; s < kv_geom_planes(&r->g); s++) {
             if (n > 0 && (uint8_t *)dst[n - 1].iov_base + dst[n - 1].iov_len == (uint8_t *)seg[s]) {
                 dst[n - 1].iov_len += span;
                 continue;

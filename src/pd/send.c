@@ -50,7 +50,8 @@ struct pd_send {
     uint32_t n_req, cap_req;
     snd__link *link;
     uint32_t n_link, cap_link;
-    struct iovec *iov; /* 1 + 2 * n_layer, for KV_PAGE frames */
+    int planes;        /* kv_geom_planes(&g): rows per position per layer that travel */
+    struct iovec *iov; /* 1 + planes * n_layer, for KV_PAGE frames */
     pd_send_stats st;
     bool draining;     /* pd_send_set_draining: new PREFILLs are rejected */
 };
@@ -166,7 +167,8 @@ ks_err pd_send_create(kv_pool *pool, const pd_send_cfg *cfg, pd_send **out, ks_e
     if (!s->cfg.tombstone_ms) s->cfg.tombstone_ms = 60000;
     if (!s->cfg.clock) s->cfg.clock = snd__clock_default;
     s->g = *kv_pool_geom(pool);
-    s->iov = calloc(1 + 2 * (size_t)s->g.n_layer, sizeof *s->iov);
+    s->planes = kv_geom_planes(&s->g);
+    s->iov = calloc(1 + (size_t)s->planes * (size_t)s->g.n_layer, sizeof *s->iov);
     if (!s->iov) {
         free(s);
         return ks_seterr(eb, KS_ERR_NOMEM, "pd_send: out of memory");
@@ -403,10 +405,12 @@ void pd_send_abort(pd_send *s, uint64_t req_id, uint32_t decode_worker_id, uint6
 // ----------------------------------------------------------------------------
 // SENDING: one KV_PAGE per grant page, then DONE
 
-/* Most layers one KV_PAGE frame carries: a partial page needs a K and a V
- * iovec per layer plus the header within PD_MAX_IOV (a 64-layer model's
- * pages go out as two frames each). */
-#define SND__MAX_LAYERS ((PD_MAX_IOV - 1) / 2)
+/* Most layers one KV_PAGE frame carries: a partial page needs an iovec per
+ * plane per layer (K and V, or the single row) plus the header within
+ * PD_MAX_IOV (a 64-layer model's 2-plane pages go out as two frames each). */
+static uint32_t snd__max_layers(const pd_send *s) {
+    return (uint32_t)((PD_MAX_IOV - 1) / s->planes);
+}
 
 /* Emits the next KV_PAGE of q (page next_page, layers from next_layer);
  * false when the local read failed. */
@@ -414,7 +418,7 @@ static bool snd__send_page(pd_send *s, snd__req *q) {
     uint32_t i = q->next_page;
     const pd_msg_grant_entry *ge = &q->ent[i];
     uint32_t l0 = q->next_layer, nl = (uint32_t)s->g.n_layer - l0;
-    if (nl > SND__MAX_LAYERS) nl = SND__MAX_LAYERS;
+    if (nl > snd__max_layers(s)) nl = snd__max_layers(s);
     pd_msg_kv_page h = {.page_index = i, .page_id = ge->page_id, .tag_seq_uid = q->seq_uid,
                         .tag_gen = ge->gen, .n_rows = ge->n_tokens, .layer_first = l0,
                         .layer_count = nl};
@@ -431,8 +435,8 @@ static bool snd__send_page(pd_send *s, snd__req *q) {
     for (int l = (int)l0; l < (int)(l0 + nl); l++) {
         const void *k, *v;
         if (kv_seq_span_read(s->pool, &q->seq, i, l, ge->n_tokens, &k, &v) != KS_OK) return false;
-        const void *seg[2] = {k, v};
-        for (int j = 0; j < 2; j++) {
+        const void *seg[2] = {k, v}; // 1 plane: v == k, and only k travels
+        for (int j = 0; j < s->planes; j++) {
             struct iovec *last = &s->iov[n - 1];
             if (n > 1 && (const uint8_t *)last->iov_base + last->iov_len == (const uint8_t *)seg[j]) {
                 last->iov_len += span;

@@ -24,6 +24,7 @@ expect_has "check ok" "$out" ": ok (2.00x the context)"
 out=$("$KS_BIN" check -m "$M" --kv-memory 6M 2>/dev/null) || fail "check refused 6M (f16)"
 expect_has "check kv-memory f16" "$out" "128 pages x 16 tokens = 2048 tokens"
 expect_has "check kv type" "$out" "kv type f16, 3072 bytes/token"
+expect_has "check planes" "$out" "49152 bytes/page = 6 layers x 2 planes (K, V) x 16 tokens x 256 B per 128-element row"
 # a smaller advertised context fits a smaller pool
 "$KS_BIN" check -m "$M" --kv-pages 16 --ctx 256 >/dev/null 2>&1 || fail "check refused --ctx 256 with 16 pages"
 # automatic sizing from MemAvailable: at least 1x, at most 8x the context

@@ -228,10 +228,24 @@ static uint32_t grant_bytes(uint8_t *buf, size_t cap) {
 static void pd_msg_seeds(void) {
     uint8_t b[1024];
     uint32_t n;
-    pd_msg_register reg = {PD_ROLE_DECODE, KS_DTYPE_F16, 2,          64, 16, 128, 512,
-                           7071,           {1, 2, 3},    "10.0.0.2", 8};
+    pd_msg_register reg = {.role = PD_ROLE_DECODE,
+                           .kv_type = KS_DTYPE_F16,
+                           .planes = 2,
+                           .n_layer = 2,
+                           .kv_dim = 64,
+                           .page_tokens = 16,
+                           .n_pages = 128,
+                           .n_ctx = 512,
+                           .data_port = 7071,
+                           .model_id = {1, 2, 3},
+                           .host = "10.0.0.2",
+                           .host_len = 8};
     ENC(pd_msg_register_encode(&reg, b, sizeof b, &n, NULL));
     msg_put("register", S_REGISTER, b, n);
+    reg.planes = 1; /* an MLA worker: one row per position */
+    reg.kv_dim = 576;
+    ENC(pd_msg_register_encode(&reg, b, sizeof b, &n, NULL));
+    msg_put("register_mla", S_REGISTER, b, n);
     pd_msg_register_ack ra = {4, 1000};
     ENC(pd_msg_register_ack_encode(&ra, b, sizeof b, &n, NULL));
     msg_put("register_ack", S_REGISTER_ACK, b, n);
@@ -288,12 +302,18 @@ static void pd_msg_seeds(void) {
     ENC(pd_msg_finish_encode(&fi, b, sizeof b, &n, NULL));
     msg_put("finish", S_FINISH, b, n);
     /* KV_PAGE: geometry index 1 of fuzz_pd_msg.c ({2, 64, 16}), frame_len, header */
-    kv_geom g = {2, 64, 16, KS_DTYPE_F32};
+    kv_geom g = {2, 64, 16, KS_DTYPE_F32, 2};
     pd_msg_kv_page kp = {1, 9, 77, 2, 4, 0, 2};
     b[0] = 1;
     pd_store_u32(b + 1, (uint32_t)pd_msg_kv_page_len(&g, 4, 2));
     ENC(pd_msg_kv_page_encode(&kp, &g, b + 5, sizeof b - 5, &n, NULL));
     msg_put("kv_page", S_KV_PAGE, b, n + 5);
+    /* the same header on geometry index 6, a 1-plane (MLA) link */
+    kv_geom g1 = {2, 576, 16, KS_DTYPE_F16, 1};
+    b[0] = 6;
+    pd_store_u32(b + 1, (uint32_t)pd_msg_kv_page_len(&g1, 4, 2));
+    ENC(pd_msg_kv_page_encode(&kp, &g1, b + 5, sizeof b - 5, &n, NULL));
+    msg_put("kv_page_mla", S_KV_PAGE, b, n + 5);
     pd_msg_done dn = {.covered = 20, .first_token = 5, .logprob = -0.1f, .n_top = 2,
                       .rng_state = 99, .cached = 16};
     ENC(pd_msg_done_encode(&dn, top, b, sizeof b, &n, NULL));

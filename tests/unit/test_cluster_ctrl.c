@@ -5,7 +5,11 @@
  * (back-off retries), HEALTH is answered with the seq echoed, POOL_CHECK with
  * the same req_id, other frames reach on_frame, and a lost router (close,
  * ERROR, T_router silence) is reported through on_lost exactly once before
- * the worker registers again. `test_cluster_ctrl NAME` runs one case. */
+ * the worker registers again. The router's REGISTER check
+ * (cl_register_refused, what router.c runs) refuses a worker whose plane
+ * count, geometry, KV type, model or role differs, naming the difference,
+ * and the fake router applies it on the wire. `test_cluster_ctrl NAME` runs
+ * one case. */
 #include "cluster/cluster_int.h"
 
 #include "../check.h"
@@ -38,6 +42,9 @@ typedef struct {
     pd_msg_pool_check_ack pack;
     uint64_t pack_req;
     int n_router_closed;
+    kv_geom rg;    /* the fake router's KV geometry: REGISTERs are checked against it */
+    int n_refused; /* REGISTERs cl_register_refused turned away */
+    char why[256]; /* the last refusal's reason */
 } harness;
 
 static void w_registered(void *ud, uint32_t id) {
@@ -80,13 +87,19 @@ static void r_open(pd_conn *c, void *ud) {
 }
 static void r_frame(pd_conn *c, void *ud, const pd_frame *f) {
     harness *h = ud;
-    (void)c;
     switch (f->hdr.type) {
     case PD_MSG_REGISTER: {
         pd_msg_register m;
         CHECK_EQ(pd_msg_register_decode(f->payload, f->payload_len, &m, NULL), KS_OK);
         h->n_register++;
         h->reg_role = m.role;
+        static const uint8_t model_id[PD_MSG_HASH_BYTES]; /* the harness's workers send zeros */
+        if (cl_register_refused(&m, pd_conn_peer_role(c), model_id, &h->rg, h->why,
+                                sizeof h->why)) {
+            h->n_refused++;
+            cl_error_close(c, KS_ERR_INVAL, h->why); // as router.c does
+            break;
+        }
         if (h->auto_ack) {
             pd_msg_register_ack a = {.worker_id = h->next_id++, .health_interval_ms = h->ack_interval_ms};
             uint8_t buf[8];
@@ -135,6 +148,9 @@ static pd_loop *mkloop(uint8_t role) {
     return l;
 }
 
+/* The plane count the next h_init's worker registers with (its pages: 2 = K, V). */
+static int g_worker_planes = 2;
+
 static void h_init(harness *h, uint32_t t_router_ms, bool listen_first) {
     memset(h, 0, sizeof *h);
     h->wl = mkloop(PD_ROLE_PREFILL);
@@ -148,14 +164,16 @@ static void h_init(harness *h, uint32_t t_router_ms, bool listen_first) {
         pd_listener_close(h->ls);
         h->ls = NULL;
     }
-    kv_geom g = {.n_layer = 2, .kv_dim = 8, .page_tokens = 4};
+    kv_geom g = {.n_layer = 2, .kv_dim = 8, .page_tokens = 4, .planes = g_worker_planes};
     CHECK_EQ(pd_msg_type_max(&g, h->tmax, NULL), KS_OK);
+    h->rg = (kv_geom){.n_layer = 2, .kv_dim = 8, .page_tokens = 4}; // 2 planes (the zero value)
     cl_ctrl_cfg cfg = {.router_host = "127.0.0.1", .router_port = h->port, .type_max = h->tmax,
                        .t_router_ms = t_router_ms};
     cfg.reg.role = PD_ROLE_PREFILL;
     cfg.reg.n_layer = 2;
     cfg.reg.kv_dim = 8;
     cfg.reg.page_tokens = 4;
+    cfg.reg.planes = (uint8_t)kv_geom_planes(&g);
     cfg.reg.n_pages = 12;
     cfg.reg.n_ctx = 32;
     cl_ctrl_cbs cbs = {.on_registered = w_registered, .on_frame = w_frame, .on_lost = w_lost,
@@ -316,6 +334,83 @@ static void test_no_ack_no_lost(void) {
     h_fini(&h);
 }
 
+/* The router's REGISTER check, field by field: a worker of the router's
+ * model, geometry, plane count and KV type is accepted; one whose pages have
+ * another plane count (1 = one row per position, MLA; 2 = K, V) is refused
+ * either way round, the reason naming both counts; so are the other
+ * differences, each with its own reason. */
+static void test_register_check(void) {
+    uint8_t id[PD_MSG_HASH_BYTES], other[PD_MSG_HASH_BYTES];
+    memset(id, 0x11, sizeof id);
+    memset(other, 0x22, sizeof other);
+    kv_geom g2 = {.n_layer = 2, .kv_dim = 8, .page_tokens = 4, .kv_type = KS_DTYPE_F16};
+    kv_geom g1 = g2;
+    g1.planes = 1;
+    pd_msg_register m = {.role = PD_ROLE_DECODE,
+                         .kv_type = KS_DTYPE_F16,
+                         .planes = 2,
+                         .n_layer = 2,
+                         .kv_dim = 8,
+                         .page_tokens = 4,
+                         .n_pages = 9,
+                         .n_ctx = 32,
+                         .data_port = 9000,
+                         .host = "127.0.0.1",
+                         .host_len = 9};
+    memcpy(m.model_id, id, sizeof id);
+    char why[256] = "";
+    CHECK(!cl_register_refused(&m, PD_ROLE_DECODE, id, &g2, why, sizeof why));
+    CHECK_EQ(why[0], 0);
+    // planes: a 2-plane worker and a 1-plane router, and the other way round
+    CHECK(cl_register_refused(&m, PD_ROLE_DECODE, id, &g1, why, sizeof why));
+    CHECK_STR_EQ(why, "the worker's KV pages hold 2 planes per position per layer (K, V), the "
+                      "router's 1 (one row per position): every node must run the same model");
+    m.planes = 1;
+    CHECK(cl_register_refused(&m, PD_ROLE_DECODE, id, &g2, why, sizeof why));
+    CHECK_STR_EQ(why, "the worker's KV pages hold 1 plane per position per layer (one row per "
+                      "position), the router's 2 (K, V): every node must run the same model");
+    why[0] = 0;
+    CHECK(!cl_register_refused(&m, PD_ROLE_DECODE, id, &g1, why, sizeof why));
+    CHECK_EQ(why[0], 0);
+    // every other difference keeps its own reason
+    pd_msg_register b = m;
+    b.kv_dim = 16;
+    CHECK(cl_register_refused(&b, PD_ROLE_DECODE, id, &g1, why, sizeof why));
+    CHECK_STR_HAS(why, "KV geometry n_layer 2 kv_dim 16 page_tokens 4 differs");
+    b = m;
+    b.kv_type = KS_DTYPE_Q8_0;
+    CHECK(cl_register_refused(&b, PD_ROLE_DECODE, id, &g1, why, sizeof why));
+    CHECK_STR_HAS(why, "KV type q8_0 differs from the router's f16");
+    CHECK(cl_register_refused(&m, PD_ROLE_DECODE, other, &g1, why, sizeof why));
+    CHECK_STR_HAS(why, "model_id differs");
+    CHECK(cl_register_refused(&m, PD_ROLE_PREFILL, id, &g1, why, sizeof why));
+    CHECK_STR_HAS(why, "differs from the HELLO role");
+    b = m;
+    b.data_port = 0;
+    CHECK(cl_register_refused(&b, PD_ROLE_DECODE, id, &g1, why, sizeof why));
+    CHECK_STR_HAS(why, "data-link host and port");
+}
+
+/* On the wire: a 1-plane worker's REGISTER (planes in byte 2) reaches a
+ * 2-plane router as planes 1 and is refused every time it retries — never
+ * registered, ERROR + close — while a 2-plane worker registers. */
+static void test_register_planes_refused(void) {
+    harness h;
+    g_worker_planes = 1;
+    h_init(&h, 5000, true);
+    g_worker_planes = 2;
+    CHECK(run_until(&h, &h.n_refused, 2, TEST_WAIT_MS)); // refused, and refused again on retry
+    CHECK_EQ(h.n_registered, 0);
+    CHECK(!cl_ctrl_registered(h.ctrl));
+    CHECK_EQ(h.n_lost, 0);
+    CHECK_STR_HAS(h.why, "KV pages hold 1 plane per position per layer");
+    h_fini(&h);
+    h_init(&h, 5000, true);
+    CHECK(run_until(&h, &h.n_registered, 1, TEST_WAIT_MS));
+    CHECK_EQ(h.n_refused, 0);
+    h_fini(&h);
+}
+
 int main(int argc, char **argv) {
     ks_log_init_env();
     struct {
@@ -328,6 +423,8 @@ int main(int argc, char **argv) {
         {"router_error", test_router_error},
         {"t_router", test_t_router},
         {"no_ack_no_lost", test_no_ack_no_lost},
+        {"register_check", test_register_check},
+        {"register_planes_refused", test_register_planes_refused},
     };
     int n = (int)(sizeof cases / sizeof cases[0]), ran = 0;
     for (int i = 0; i < n; i++) {

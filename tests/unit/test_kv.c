@@ -4,7 +4,9 @@
  *
  * Each case names the safeguard it would catch missing; `test_kv NAME` runs
  * one case (used to confirm which cases fail in the KS_BROKEN builds). The
- * defence-in-depth case pokes a page header through src/kv/kv_int.h. */
+ * defence-in-depth case pokes a page header through src/kv/kv_int.h.
+ * Cases marked per_planes run twice: on 2-plane pages (a K row then a V row,
+ * every dense model) and on 1-plane pages (one row per position, MLA). */
 #include "kvseal/kv.h"
 #include "kv/kv_int.h"
 
@@ -17,8 +19,13 @@
 
 #include "../check.h"
 
-static const kv_geom G = {.n_layer = 2, .kv_dim = 8, .page_tokens = 4};
+/* The geometry of mkpool; main sets G.planes for each run of a per_planes case. */
+static kv_geom G = {.n_layer = 2, .kv_dim = 8, .page_tokens = 4};
 #define P 4u
+/* Rows per position per layer of G, and the marker kind V rows carry: with
+ * one plane there is no V row, and V reads back K's row. */
+#define NP kv_geom_planes(&G)
+#define VKIND (NP == 2 ? 1 : 0)
 
 // ----------------------------------------------------------------------------
 // Helpers
@@ -74,10 +81,12 @@ static void fill(kv_pool *p, kv_seq *s, uint32_t n, int marker) {
         for (int l = 0; l < G.n_layer; l++) {
             void *kb, *vb;
             CHECK_EQ(kv_seq_span_write(p, s, pos / P, l, &kb, &vb), KS_OK);
+            CHECK(NP == 2 ? vb != NULL : vb == NULL); // one plane: no V row to write
             float *k = kb, *v = vb; // G is an F32 pool: rows of kv_dim floats
             for (int c = 0; c < G.kv_dim; c++) {
                 k[(pos % P) * (uint32_t)G.kv_dim + (uint32_t)c] = val(marker, pos, l, 0, c);
-                v[(pos % P) * (uint32_t)G.kv_dim + (uint32_t)c] = val(marker, pos, l, 1, c);
+                if (NP == 2)
+                    v[(pos % P) * (uint32_t)G.kv_dim + (uint32_t)c] = val(marker, pos, l, 1, c);
             }
         }
     kv_seq_set_filled(p, s, n);
@@ -89,10 +98,12 @@ static void check_content(kv_pool *p, const kv_seq *s, uint32_t n, int marker) {
         for (int l = 0; l < G.n_layer; l++) {
             const void *kb, *vb;
             CHECK_EQ(kv_seq_span_read(p, s, pos / P, l, pos % P + 1, &kb, &vb), KS_OK);
+            CHECK(NP == 2 ? vb != kb : vb == kb); // one plane: V is K's row
             const float *k = kb, *v = vb;
             for (int c = 0; c < G.kv_dim; c++) {
                 CHECK(k[(pos % P) * (uint32_t)G.kv_dim + (uint32_t)c] == val(marker, pos, l, 0, c));
-                CHECK(v[(pos % P) * (uint32_t)G.kv_dim + (uint32_t)c] == val(marker, pos, l, 1, c));
+                CHECK(v[(pos % P) * (uint32_t)G.kv_dim + (uint32_t)c] ==
+                      val(marker, pos, l, VKIND, c));
             }
         }
 }
@@ -122,7 +133,8 @@ static void finish(kv_pool *p) {
 static void t_reserve(void) {
     kv_pool *p = mkpool(5, KV_SCRUB_ZERO);
     ks_errbuf eb;
-    CHECK_EQ(kv_pool_page_bytes(p), 2 * 2 * 4 * 8 * sizeof(float));
+    const size_t pb = 2 * (size_t)NP * 4 * 8 * sizeof(float); // layers x planes x P x row
+    CHECK_EQ(kv_pool_page_bytes(p), pb);
     CHECK_EQ((uintptr_t)p->slab % 64, 0);
     kv_seq a, b;
     kv_seq_init(p, &a);
@@ -148,7 +160,10 @@ static void t_reserve(void) {
     void *k0, *v0, *k1, *v1;
     CHECK_EQ(kv_seq_span_write(p, &a, 0, 0, &k0, &v0), KS_OK);
     CHECK_EQ(kv_seq_span_write(p, &a, 0, 1, &k1, &v1), KS_OK);
-    CHECK(k0 != v0 && k1 != k0 && v1 != v0 && (float *)k1 == (float *)v0 + P * 8);
+    if (NP == 2)
+        CHECK(k0 != v0 && k1 != k0 && v1 != v0 && (float *)k1 == (float *)v0 + P * 8);
+    else // one plane per layer: layer 1's row follows layer 0's, no V pointer to write
+        CHECK(v0 == NULL && v1 == NULL && (float *)k1 == (float *)k0 + P * 8);
     CHECK_EQ(kv_seq_span_write(p, &a, 1, 0, &k1, &v1), KS_OK);
     CHECK(k1 != k0);
     kv_seq_release(p, &a);
@@ -160,7 +175,7 @@ static void t_reserve(void) {
     CHECK_EQ(kv_pool_create(&bad, 5, KV_SCRUB_ZERO, &q, &eb), KS_ERR_INVAL);
     CHECK_EQ(kv_pool_create(&G, 0, KV_SCRUB_ZERO, &q, &eb), KS_ERR_INVAL);
     CHECK_EQ(kv_pool_create(&G, 1, (kv_scrub)7, &q, &eb), KS_ERR_INVAL);
-    CHECK_EQ(kv_pages_for_bytes(&G, 10 * 512 + 511), 10);
+    CHECK_EQ(kv_pages_for_bytes(&G, 10 * pb + pb - 1), 10);
     CHECK_EQ(kv_pages_for_bytes(&bad, 1 << 20), 0);
     finish(p);
 }
@@ -362,12 +377,11 @@ static void t_scrub_mode(kv_scrub mode) {
         for (int l = 0; l < G.n_layer; l++) {
             void *k, *v;
             CHECK_EQ(kv_seq_span_write(p, &b, pg, l, &k, &v), KS_OK);
-            for (uint32_t i = 0; i < P * (uint32_t)G.kv_dim; i++) {
-                uint32_t wk32, wv32;
-                memcpy(&wk32, (float *)k + i, 4);
-                memcpy(&wv32, (float *)v + i, 4);
-                CHECK_EQ(wk32, want);
-                CHECK_EQ(wv32, want);
+            // the layer's planes are contiguous: every float of them
+            for (uint32_t i = 0; i < (uint32_t)NP * P * (uint32_t)G.kv_dim; i++) {
+                uint32_t w32;
+                memcpy(&w32, (float *)k + i, 4);
+                CHECK_EQ(w32, want);
             }
         }
     kv_seq_release(p, &b);
@@ -415,7 +429,7 @@ static void t_scrub_zero(void) { t_scrub_mode(KV_SCRUB_ZERO); }
 static void t_scrub_poison(void) { t_scrub_mode(KV_SCRUB_POISON); }
 
 /* KV element types: row and page bytes, geometry checks, names; and I3 for
- * every type: after release, every byte of every page holds the scrub
+ * every type and both plane counts: after release, every byte of every page holds the scrub
  * pattern, and in POISON mode each f16 element and each Q8_0 block scale of
  * a page reads as NaN (so attention over it yields NaN: test_model_kvtype
  * checks that through the kernels and the forward pass). */
@@ -426,65 +440,67 @@ static void t_types(void) {
         const char *name;
         size_t row; /* bytes of a 64-element row */
     } ty[] = {{KS_DTYPE_F32, "f32", 256}, {KS_DTYPE_F16, "f16", 128}, {KS_DTYPE_Q8_0, "q8_0", 68}};
-    for (size_t i = 0; i < 3; i++) {
-        kv_geom g = {.n_layer = 3, .kv_dim = 64, .page_tokens = 5, .kv_type = ty[i].t};
-        CHECK_EQ(kv_row_bytes(&g), ty[i].row);
-        CHECK_EQ(kv_page_bytes(&g), (uint64_t)3 * 2 * 5 * ty[i].row);
-        CHECK_EQ(kv_pages_for_bytes(&g, 7 * kv_page_bytes(&g) + 1), 7);
-        CHECK_EQ(kv_geom_check(&g, &eb), KS_OK);
-        CHECK_STR_EQ(kv_type_name(ty[i].t), ty[i].name);
-        int t = -1;
-        CHECK(kv_type_parse(ty[i].name, &t) && t == ty[i].t);
-        for (int mode = 0; mode < 2; mode++) {
-            kv_pool *p;
-            CHECK_EQ(kv_pool_create(&g, 3, (kv_scrub)mode, &p, &eb), KS_OK);
-            CHECK_EQ(kv_pool_page_bytes(p), kv_page_bytes(&g));
-            kv_seq a;
-            kv_seq_init(p, &a);
-            CHECK_EQ(kv_seq_reserve(p, &a, 15, &eb), KS_OK);
-            for (uint32_t pg = 0; pg < 3; pg++)
-                for (int l = 0; l < 3; l++) {
-                    void *k, *v;
-                    CHECK_EQ(kv_seq_span_write(p, &a, pg, l, &k, &v), KS_OK);
-                    memset(k, 0x11, 5 * ty[i].row); // any content
-                    memset(v, 0x22, 5 * ty[i].row);
-                }
-            kv_seq_set_filled(p, &a, 15);
-            kv_seq_release(p, &a);
-            CHECK(kv_pool_all_free_and_scrubbed(p));
-            // what the next owner finds, element by element in the pool's type
-            kv_seq_init(p, &a);
-            CHECK_EQ(kv_seq_reserve(p, &a, 15, &eb), KS_OK);
-            for (uint32_t pg = 0; pg < 3; pg++)
-                for (int l = 0; l < 3; l++) {
-                    void *kv[2];
-                    CHECK_EQ(kv_seq_span_write(p, &a, pg, l, &kv[0], &kv[1]), KS_OK);
-                    for (int h = 0; h < 2; h++)
-                        for (uint32_t r = 0; r < 5; r++) {
-                            const uint8_t *row = (const uint8_t *)kv[h] + r * ty[i].row;
-                            if (mode == KV_SCRUB_ZERO) {
-                                for (size_t b = 0; b < ty[i].row; b++)
-                                    CHECK_EQ(row[b], 0);
-                            } else if (ty[i].t == KS_DTYPE_F32) {
-                                for (int e = 0; e < 64; e++) {
-                                    float f;
-                                    memcpy(&f, row + 4 * e, 4);
-                                    CHECK(isnan(f));
-                                }
-                            } else { // f16 elements, or the f16 scale of each 34-byte block
-                                size_t step = ty[i].t == KS_DTYPE_F16 ? 2 : 34;
-                                for (size_t o = 0; o < ty[i].row; o += step) {
-                                    uint16_t hb;
-                                    memcpy(&hb, row + o, 2);
-                                    CHECK(isnan(ks_f16_to_f32(hb)));
+    for (size_t i = 0; i < 3; i++)
+        for (int np = 1; np <= 2; np++) {
+            kv_geom g = {
+                .n_layer = 3, .kv_dim = 64, .page_tokens = 5, .kv_type = ty[i].t, .planes = np};
+            CHECK_EQ(kv_row_bytes(&g), ty[i].row);
+            CHECK_EQ(kv_page_bytes(&g), (uint64_t)3 * (uint64_t)np * 5 * ty[i].row);
+            CHECK_EQ(kv_pages_for_bytes(&g, 7 * kv_page_bytes(&g) + 1), 7);
+            CHECK_EQ(kv_geom_check(&g, &eb), KS_OK);
+            CHECK_STR_EQ(kv_type_name(ty[i].t), ty[i].name);
+            int t = -1;
+            CHECK(kv_type_parse(ty[i].name, &t) && t == ty[i].t);
+            for (int mode = 0; mode < 2; mode++) {
+                kv_pool *p;
+                CHECK_EQ(kv_pool_create(&g, 3, (kv_scrub)mode, &p, &eb), KS_OK);
+                CHECK_EQ(kv_pool_page_bytes(p), kv_page_bytes(&g));
+                kv_seq a;
+                kv_seq_init(p, &a);
+                CHECK_EQ(kv_seq_reserve(p, &a, 15, &eb), KS_OK);
+                for (uint32_t pg = 0; pg < 3; pg++)
+                    for (int l = 0; l < 3; l++) {
+                        void *k, *v;
+                        CHECK_EQ(kv_seq_span_write(p, &a, pg, l, &k, &v), KS_OK);
+                        memset(k, 0x11, 5 * ty[i].row); // any content
+                        if (np == 2) memset(v, 0x22, 5 * ty[i].row);
+                    }
+                kv_seq_set_filled(p, &a, 15);
+                kv_seq_release(p, &a);
+                CHECK(kv_pool_all_free_and_scrubbed(p));
+                // what the next owner finds, element by element in the pool's type
+                kv_seq_init(p, &a);
+                CHECK_EQ(kv_seq_reserve(p, &a, 15, &eb), KS_OK);
+                for (uint32_t pg = 0; pg < 3; pg++)
+                    for (int l = 0; l < 3; l++) {
+                        void *kv[2];
+                        CHECK_EQ(kv_seq_span_write(p, &a, pg, l, &kv[0], &kv[1]), KS_OK);
+                        for (int h = 0; h < np; h++)
+                            for (uint32_t r = 0; r < 5; r++) {
+                                const uint8_t *row = (const uint8_t *)kv[h] + r * ty[i].row;
+                                if (mode == KV_SCRUB_ZERO) {
+                                    for (size_t b = 0; b < ty[i].row; b++)
+                                        CHECK_EQ(row[b], 0);
+                                } else if (ty[i].t == KS_DTYPE_F32) {
+                                    for (int e = 0; e < 64; e++) {
+                                        float f;
+                                        memcpy(&f, row + 4 * e, 4);
+                                        CHECK(isnan(f));
+                                    }
+                                } else { // f16 elements, or the f16 scale of each 34-byte block
+                                    size_t step = ty[i].t == KS_DTYPE_F16 ? 2 : 34;
+                                    for (size_t o = 0; o < ty[i].row; o += step) {
+                                        uint16_t hb;
+                                        memcpy(&hb, row + o, 2);
+                                        CHECK(isnan(ks_f16_to_f32(hb)));
+                                    }
                                 }
                             }
-                        }
-                }
-            kv_seq_release(p, &a);
-            finish(p);
+                    }
+                kv_seq_release(p, &a);
+                finish(p);
+            }
         }
-    }
     // refusals, each with its reason
     kv_geom g = {.n_layer = 2, .kv_dim = 48, .page_tokens = 4, .kv_type = KS_DTYPE_Q8_0};
     kv_pool *q;
@@ -498,6 +514,164 @@ static void t_types(void) {
     CHECK(!kv_type_parse("q4_0", &t) && !kv_type_parse("", &t) && !kv_type_parse(NULL, &t));
     CHECK(kv_type_parse("F16", &t) && t == KS_DTYPE_F16);
     CHECK_STR_EQ(kv_type_name(KS_DTYPE_Q4_0), "?");
+}
+
+/* Fills every byte of the n_pg pages of s (planes: the pool's) with b,
+ * through span_write, one layer's planes at a time. */
+static void fill_bytes(kv_pool *p, const kv_seq *s, uint32_t n_pg, uint8_t b) {
+    const kv_geom *g = kv_pool_geom(p);
+    size_t plane = (size_t)g->page_tokens * kv_row_bytes(g);
+    for (uint32_t pg = 0; pg < n_pg; pg++)
+        for (int l = 0; l < g->n_layer; l++) {
+            void *k, *v;
+            CHECK_EQ(kv_seq_span_write(p, s, pg, l, &k, &v), KS_OK);
+            memset(k, b, plane);
+            if (kv_geom_planes(g) == 2) memset(v, b, plane);
+        }
+}
+
+/* One plane per position (MLA): a page is half the bytes of the same
+ * geometry with two planes; V resolves to K's row on reads and to nothing on
+ * writes; a written row reads back; the scrub covers the whole page and
+ * nothing past it, also when page_bytes is 2 mod 4 (one plane of F16 or Q8_0
+ * rows) so that every other page starts off a 4-byte word; planes other than
+ * 0, 1 and 2 are refused. */
+static void t_planes(void) {
+    ks_errbuf eb;
+    kv_geom g2 = {.n_layer = 2, .kv_dim = 8, .page_tokens = 4}, g1 = g2;
+    g1.planes = 1;
+    CHECK_EQ(kv_geom_planes(&g2), 2); // the zero value
+    CHECK_EQ(kv_geom_planes(&g1), 1);
+    CHECK_EQ(kv_page_bytes(&g2), 2 * 2 * 4 * 8 * sizeof(float));
+    CHECK_EQ(2 * kv_page_bytes(&g1), kv_page_bytes(&g2));
+    kv_geom gx = g2;
+    gx.planes = 2;
+    CHECK_EQ(kv_page_bytes(&gx), kv_page_bytes(&g2));
+    // the sizing arithmetic kvseal check prints (I8) names the plane count
+    char d[160];
+    CHECK_EQ(kv_geom_describe(&g2, d, sizeof d), (int)strlen(d));
+    CHECK_STR_EQ(d,
+                 "512 bytes/page = 2 layers x 2 planes (K, V) x 4 tokens x 32 B per 8-element row");
+    kv_geom_describe(&g1, d, sizeof d);
+    CHECK_STR_EQ(d, "256 bytes/page = 2 layers x 1 plane x 4 tokens x 32 B per 8-element row");
+    kv_pool *p1, *p2;
+    CHECK_EQ(kv_pool_create(&g1, 4, KV_SCRUB_ZERO, &p1, &eb), KS_OK);
+    CHECK_EQ(kv_pool_create(&g2, 4, KV_SCRUB_ZERO, &p2, &eb), KS_OK);
+    CHECK_EQ(2 * kv_pool_page_bytes(p1), kv_pool_page_bytes(p2));
+    CHECK_EQ(kv_pool_geom(p1)->planes, 1);
+    kv_pool_destroy(p2);
+    // a row written through K reads back through K and V alike
+    kv_seq a;
+    kv_seq_init(p1, &a);
+    CHECK_EQ(kv_seq_reserve(p1, &a, 6, &eb), KS_OK);
+    for (int l = 0; l < 2; l++) {
+        void *k, *v = &a;
+        CHECK_EQ(kv_seq_span_write(p1, &a, 1, l, &k, &v), KS_OK);
+        CHECK(v == NULL);
+        CHECK_EQ(kv_seq_span_write(p1, &a, 1, l, &k, NULL), KS_OK); // v may be NULL
+        float *row = (float *)k + 8;                                // position 5 = page 1, row 1
+        for (int c = 0; c < 8; c++)
+            row[c] = (float)(l * 100 + c) + 0.25f;
+    }
+    kv_seq_set_filled(p1, &a, 6);
+    for (int l = 0; l < 2; l++) {
+        const void *k, *v, *ks[2], *vs[2];
+        CHECK_EQ(kv_seq_span_read(p1, &a, 1, l, 2, &k, &v), KS_OK);
+        CHECK(v == k);
+        CHECK_EQ(kv_seq_span_read_all(p1, &a, l, 6, ks, vs), KS_OK);
+        CHECK(ks[1] == k && vs[0] == ks[0] && vs[1] == ks[1] && ks[0] != ks[1]);
+        for (int c = 0; c < 8; c++) {
+            CHECK(((const float *)k)[8 + c] == (float)(l * 100 + c) + 0.25f);
+            CHECK(((const float *)v)[8 + c] == (float)(l * 100 + c) + 0.25f);
+        }
+    }
+    kv_seq_release(p1, &a);
+    finish(p1);
+    // scrub of whole pages whose size is 2 mod 4: pages 0 and 2 start on a
+    // word, page 1 two bytes after one
+    static const struct {
+        int t, kv_dim;
+        size_t row;
+    } ty[] = {{KS_DTYPE_F16, 33, 66}, {KS_DTYPE_Q8_0, 32, 34}};
+    for (size_t i = 0; i < 2; i++)
+        for (int mode = 0; mode < 2; mode++) {
+            kv_geom g = {.n_layer = 3,
+                         .kv_dim = ty[i].kv_dim,
+                         .page_tokens = 5,
+                         .kv_type = ty[i].t,
+                         .planes = 1};
+            CHECK_EQ(kv_row_bytes(&g), ty[i].row);
+            CHECK_EQ(kv_page_bytes(&g), 3 * 5 * ty[i].row);
+            CHECK_EQ(kv_page_bytes(&g) % 4, 2);
+            kv_pool *p;
+            CHECK_EQ(kv_pool_create(&g, 3, (kv_scrub)mode, &p, &eb), KS_OK);
+            CHECK(kv_pool_all_free_and_scrubbed(p));
+            kv_seq x, y;
+            kv_seq_init(p, &x);
+            kv_seq_init(p, &y);
+            CHECK_EQ(kv_seq_reserve(p, &x, 10, &eb), KS_OK); // pages 0, 1
+            CHECK_EQ(kv_seq_reserve(p, &y, 5, &eb), KS_OK);  // page 2, right after page 1
+            fill_bytes(p, &x, 2, 0xab);
+            fill_bytes(p, &y, 1, 0xcd);
+            kv_seq_set_filled(p, &x, 10);
+            kv_seq_set_filled(p, &y, 5);
+            void *k1last, *unused; // the last layer of page 1: it ends where page 2 starts
+            CHECK_EQ(kv_seq_span_write(p, &x, 1, 2, &k1last, &unused), KS_OK);
+            kv_seq_release(p, &x);
+            // page 2 untouched: not one byte of its start went with page 1's scrub
+            for (int l = 0; l < 3; l++) {
+                const void *k, *v;
+                CHECK_EQ(kv_seq_span_read(p, &y, 0, l, 5, &k, &v), KS_OK);
+                for (size_t b = 0; b < 5 * ty[i].row; b++)
+                    CHECK_EQ(((const uint8_t *)k)[b], 0xcd);
+            }
+            kv_seq_release(p, &y);
+            CHECK(kv_pool_all_free_and_scrubbed(p));
+            // truthful to the last byte: page 1's final byte, past its last whole word
+            uint8_t *last = (uint8_t *)k1last + 5 * ty[i].row - 1, saved = *last;
+            *last ^= 0x5a;
+            CHECK(!kv_pool_all_free_and_scrubbed(p));
+            *last = saved;
+            CHECK(kv_pool_all_free_and_scrubbed(p));
+            // what the next owner finds, byte by byte: the pattern, in phase on every page
+            kv_seq_init(p, &x);
+            CHECK_EQ(kv_seq_reserve(p, &x, 15, &eb), KS_OK);
+            for (uint32_t pg = 0; pg < 3; pg++)
+                for (int l = 0; l < 3; l++) {
+                    void *k, *v;
+                    CHECK_EQ(kv_seq_span_write(p, &x, pg, l, &k, &v), KS_OK);
+                    const uint8_t *b = k;
+                    for (size_t o = 0; o < 5 * ty[i].row; o++)
+                        CHECK_EQ(b[o], mode == KV_SCRUB_ZERO ? 0 : o % 2 ? 0x7f : 0xc0);
+                    if (mode == KV_SCRUB_POISON) { // every f16 element / block scale is NaN
+                        size_t step = ty[i].t == KS_DTYPE_F16 ? 2 : 34;
+                        for (size_t o = 0; o < 5 * ty[i].row; o += step) {
+                            uint16_t hb;
+                            memcpy(&hb, b + o, 2);
+                            CHECK(isnan(ks_f16_to_f32(hb)));
+                        }
+                    }
+                }
+            kv_seq_release(p, &x);
+            finish(p);
+        }
+    // refusals, each naming the value
+    static const int bad[] = {3, -1, 7};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kv_geom g = g2;
+        g.planes = bad[i];
+        char want[32];
+        snprintf(want, sizeof want, "planes %d is not 2", bad[i]);
+        CHECK_EQ(kv_geom_check(&g, &eb), KS_ERR_INVAL);
+        CHECK_STR_HAS(eb.msg, want);
+        CHECK_STR_HAS(eb.msg, "or 1");
+        CHECK_EQ(kv_page_bytes(&g), 0);
+        CHECK_EQ(kv_pages_for_bytes(&g, 1 << 20), 0);
+        kv_pool *q;
+        CHECK_EQ(kv_pool_create(&g, 1, KV_SCRUB_ZERO, &q, &eb), KS_ERR_INVAL);
+        CHECK(q == NULL);
+        CHECK_STR_HAS(eb.msg, want);
+    }
 }
 
 /* I5 support: quarantined pages are neither readable nor reused until freed. */
@@ -923,27 +1097,29 @@ static void t_cost(void) {
 typedef struct {
     const char *name;
     void (*fn)(void);
+    bool per_planes; /* run with G.planes 2, then 1 */
 } test_case;
 
 static const test_case cases[] = {
-    {"reserve", t_reserve},
-    {"identity", t_identity},
-    {"tag_swap", t_tag_swap},
-    {"stale_entry", t_stale_entry},
-    {"state", t_state},
-    {"scrub_zero", t_scrub_zero},
-    {"scrub_poison", t_scrub_poison},
-    {"types", t_types},
-    {"dirty_alloc", t_dirty_alloc},
-    {"quarantine", t_quarantine},
-    {"prefix_tenant", t_prefix_tenant},
-    {"prefix_last_token", t_prefix_last_token},
-    {"prefix_shared_write", t_prefix_shared_write},
-    {"prefix_refcount", t_prefix_refcount},
-    {"prefix_lru", t_prefix_lru},
-    {"prefix_validate", t_prefix_validate},
-    {"threads", t_threads},
-    {"cost", t_cost},
+    {"reserve", t_reserve, true},
+    {"identity", t_identity, true},
+    {"tag_swap", t_tag_swap, true},
+    {"stale_entry", t_stale_entry, true},
+    {"state", t_state, true},
+    {"scrub_zero", t_scrub_zero, true},
+    {"scrub_poison", t_scrub_poison, true},
+    {"types", t_types, false},
+    {"planes", t_planes, false},
+    {"dirty_alloc", t_dirty_alloc, true},
+    {"quarantine", t_quarantine, true},
+    {"prefix_tenant", t_prefix_tenant, true},
+    {"prefix_last_token", t_prefix_last_token, true},
+    {"prefix_shared_write", t_prefix_shared_write, true},
+    {"prefix_refcount", t_prefix_refcount, true},
+    {"prefix_lru", t_prefix_lru, true},
+    {"prefix_validate", t_prefix_validate, true},
+    {"threads", t_threads, true},
+    {"cost", t_cost, false},
 };
 
 int main(int argc, char **argv) {
@@ -951,8 +1127,15 @@ int main(int argc, char **argv) {
     int ran = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (argc > 1 && strcmp(argv[1], cases[i].name) != 0) continue;
-        cases[i].fn();
-        printf("  %s ok\n", cases[i].name);
+        for (int planes = 2; planes >= (cases[i].per_planes ? 1 : 2); planes--) {
+            G.planes = planes;
+            cases[i].fn();
+            printf("  %s ok%s\n", cases[i].name,
+                   !cases[i].per_planes ? ""
+                   : planes == 2        ? " (2 planes)"
+                                        : " (1 plane)");
+        }
+        G.planes = 0;
         ran++;
     }
     CHECK(ran > 0);

@@ -494,9 +494,11 @@ static void test_round_trip_small(void) {
         CHECK(r.n_pages == 512 && r.n_ctx == 2048 && r.data_port == 0 && r.host_len == 255);
         CHECK_MEM_EQ(r.model_id, m.model_id, 32);
         CHECK_MEM_EQ(r.host, HOST255, 255);
-        /* kv_type: u8 at offset 1 (bytes 2-3 stay reserved, zero); 0 (what a sender
-           that predates the field wrote there) reads as F32; an unknown type is refused */
-        CHECK(buf[0] == 2 && buf[1] == 8 && buf[2] == 0 && buf[3] == 0);
+        /* kv_type: u8 at offset 1 (byte 2 is planes, m.planes 0 goes out as 2; byte 3
+           stays reserved, zero); 0 (what a sender that predates the field wrote there)
+           reads as F32; an unknown type is refused */
+        CHECK(buf[0] == 2 && buf[1] == 8 && buf[2] == 2 && buf[3] == 0);
+        CHECK_EQ(r.planes, 2);
         CHECK_EQ(r.kv_type, KS_DTYPE_Q8_0);
         buf[1] = 0;
         CHECK_EQ(pd_msg_register_decode(buf, n, &r, &eb), KS_OK);
@@ -1113,6 +1115,105 @@ static void test_kv_page_checks(void) {
 #undef KVREJ
 }
 
+/* Plane counts (kv.h kv_geom.planes): REGISTER carries them in byte 2 (0
+ * from an older sender reads as 2, 3+ is PROTO), and a KV_PAGE's length
+ * follows them: a 1-plane link's pages are half the data, and a frame sized
+ * for the other plane count is refused with a message naming both. */
+static void test_planes(void) {
+    ks_errbuf eb;
+    uint8_t buf[512];
+    uint32_t n;
+    /* REGISTER */
+    pd_msg_register m = {.role = PD_ROLE_DECODE,
+                         .kv_type = KS_DTYPE_F16,
+                         .planes = 1,
+                         .n_layer = 27,
+                         .kv_dim = 576,
+                         .page_tokens = 16,
+                         .n_pages = 64,
+                         .n_ctx = 4096,
+                         .data_port = 7071,
+                         .host = "h",
+                         .host_len = 1};
+    memset(m.model_id, 0x5a, 32);
+    CHECK_EQ(pd_msg_register_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
+    CHECK_EQ(n, 61);
+    CHECK(buf[1] == KS_DTYPE_F16 && buf[2] == 1 && buf[3] == 0);
+    pd_msg_register r;
+    CHECK_EQ(pd_msg_register_decode(buf, n, &r, &eb), KS_OK);
+    CHECK_EQ(r.planes, 1);
+    CHECK(r.kv_type == KS_DTYPE_F16 && r.kv_dim == 576 && r.n_layer == 27);
+    buf[2] = 2;
+    CHECK_EQ(pd_msg_register_decode(buf, n, &r, &eb), KS_OK);
+    CHECK_EQ(r.planes, 2);
+    buf[2] = 0; /* a sender from before the field: its pages had K and V */
+    CHECK_EQ(pd_msg_register_decode(buf, n, &r, &eb), KS_OK);
+    CHECK_EQ(r.planes, 2);
+    for (unsigned v = 3; v < 256; v += 84) {
+        buf[2] = (uint8_t)v;
+        char want[48];
+        snprintf(want, sizeof want, "REGISTER: planes %u is not 1", v);
+        CHECK_EQ(pd_msg_register_decode(buf, n, &r, &eb), KS_ERR_PROTO);
+        CHECK_STR_HAS(eb.msg, want);
+    }
+    m.planes = 3;
+    CHECK_EQ(pd_msg_register_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
+    CHECK_STR_HAS(eb.msg, "planes 3");
+    m.planes = 0;
+    CHECK_EQ(pd_msg_register_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
+    CHECK_EQ(buf[2], 2);
+
+    /* KV_PAGE lengths and bounds */
+    kv_geom g2 = GEOM, g1 = GEOM, gx = GEOM;
+    g2.planes = 2;
+    g1.planes = 1;
+    CHECK_EQ(pd_msg_kv_page_len(&GEOM, 12, 2), 40 + 2 * 2 * 12 * 8 * 4);
+    CHECK_EQ(pd_msg_kv_page_len(&g2, 12, 2), 40 + 2 * 2 * 12 * 8 * 4);
+    CHECK_EQ(pd_msg_kv_page_len(&g1, 12, 2), 40 + 2 * 1 * 12 * 8 * 4);
+    uint32_t tm[PD_MSG_N_TYPES];
+    kv_geom mla = {
+        .n_layer = 27, .kv_dim = 576, .page_tokens = 16, .kv_type = KS_DTYPE_F16, .planes = 1};
+    CHECK_EQ(pd_msg_type_max(&mla, tm, &eb), KS_OK);
+    CHECK_EQ(tm[PD_MSG_KV_PAGE], 40 + 27 * 1 * 16 * 576 * 2);
+    gx.planes = 3;
+    CHECK_EQ(pd_msg_type_max(&gx, tm, &eb), KS_ERR_INVAL);
+    CHECK_STR_HAS(eb.msg, "planes 3 is not 1 or 2");
+    gx.planes = -1;
+    CHECK_EQ(pd_msg_type_max(&gx, tm, &eb), KS_ERR_INVAL);
+
+    /* KV_PAGE header against 1- and 2-plane links */
+    pd_msg_kv_page h = {.page_index = 3,
+                        .page_id = 1021,
+                        .tag_seq_uid = 77,
+                        .tag_gen = 11,
+                        .n_rows = 12,
+                        .layer_first = 1,
+                        .layer_count = 2},
+                   k;
+    uint8_t hdr[40];
+    CHECK_EQ(pd_msg_kv_page_encode(&h, &g1, hdr, sizeof hdr, &n, &eb), KS_OK);
+    CHECK_EQ(n, 40);
+    uint32_t len1 = (uint32_t)pd_msg_kv_page_len(&g1, 12, 2);
+    uint32_t len2 = (uint32_t)pd_msg_kv_page_len(&g2, 12, 2);
+    CHECK_EQ(len2 - 40, 2 * (len1 - 40));
+    CHECK_EQ(pd_msg_kv_page_decode(hdr, 40, len1, &g1, &k, &eb), KS_OK);
+    CHECK(k.page_id == 1021 && k.n_rows == 12 && k.layer_count == 2);
+    /* a 2-plane sender's frame on a 1-plane link */
+    CHECK_EQ(pd_msg_kv_page_decode(hdr, 40, len2, &g1, &k, &eb), KS_ERR_PROTO);
+    CHECK_STR_HAS(eb.msg, "KV_PAGE: len 1576 fits pages of 2 planes (K, V) per layer, but this "
+                          "link's pages have 1 plane: 2 layers x 1 plane x 12 rows x 32 bytes "
+                          "need 808");
+    /* and the other way round */
+    CHECK_EQ(pd_msg_kv_page_decode(hdr, 40, len1, &GEOM, &k, &eb), KS_ERR_PROTO);
+    CHECK_STR_HAS(eb.msg, "fits pages of 1 plane per layer, but this link's pages have 2 planes");
+    /* any other wrong length still gets the plain message, with the plane count */
+    CHECK_EQ(pd_msg_kv_page_decode(hdr, 40, len1 + 4, &g1, &k, &eb), KS_ERR_PROTO);
+    CHECK_STR_HAS(eb.msg, "but 2 layers x 1 plane x 12 rows x kv_dim 8");
+    /* a link geometry with a bad plane count decodes nothing */
+    CHECK_EQ(pd_msg_kv_page_decode(hdr, 40, len1, &gx, &k, &eb), KS_ERR_PROTO);
+    CHECK_STR_HAS(eb.msg, "no valid geometry");
+}
+
 // ----------------------------------------------------------------------------
 // Random input
 
@@ -1161,6 +1262,7 @@ int main(void) {
     test_enums_and_ranges();
     test_grant_coverage();
     test_kv_page_checks();
+    test_planes();
     test_random();
     printf("test_pd_msg: ok\n");
     return 0;

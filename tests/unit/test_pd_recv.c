@@ -5,12 +5,17 @@
  * duplicates and late frames, and timers that never free by themselves.
  *
  * Each case names the rule it would catch missing; `test_pd_recv NAME` runs
- * one case. */
+ * one case, on 2-plane pages (K, V) and again on 1-plane pages (one row per
+ * position, MLA). */
 #include "kvseal/pd_recv.h"
 
 #include "../check.h"
 
-static const kv_geom G = {.n_layer = 3, .kv_dim = 4, .page_tokens = 4};
+static kv_geom G = {.n_layer = 3, .kv_dim = 4, .page_tokens = 4}; /* main sets planes */
+/* Rows per position per layer of G, and the kv index V reads carry: with one
+ * plane no V row travels, and V reads back K's row. */
+#define NP kv_geom_planes(&G)
+#define VKIND (NP == 2 ? 1 : 0)
 #define NPAGES 12u
 #define EP 7u  /* the data link's epoch */
 #define EP2 9u /* another link */
@@ -120,11 +125,12 @@ static pd_msg_kv_page page_hdr(const granted *gr, uint32_t page, uint32_t l0, ui
     return hdr;
 }
 
-/* Wire payload of a KV_PAGE (layers l0.., K rows then V rows each). */
+/* Wire payload of a KV_PAGE (layers l0.., K rows then V rows each; one
+ * plane: the rows once). */
 static size_t payload(const granted *gr, const pd_msg_kv_page *hdr, float *out) {
     size_t n = 0;
     for (uint32_t l = hdr->layer_first; l < hdr->layer_first + hdr->layer_count; l++)
-        for (int kv = 0; kv < 2; kv++)
+        for (int kv = 0; kv < NP; kv++)
             for (uint32_t row = 0; row < hdr->n_rows; row++)
                 for (uint32_t c = 0; c < (uint32_t)G.kv_dim; c++)
                     out[n++] = val(gr->req_id, hdr->page_index, l, kv, row, c);
@@ -212,7 +218,19 @@ static void test_happy_path(void) {
     }
     CHECK_EQ(pd_recv_state_of(h.r, 1), PD_RECV_RECEIVING);
     for (uint32_t l = 0; l < 3; l++) CHECK(send_page(&h, &gr, 1, l, 1));  // layer by layer
-    CHECK(send_page(&h, &gr, 2, 0, 2));                                   // partial page: 2 rows
+    // page 2, partial (2 rows), layers 0-1: one iovec per plane per layer, in wire order
+    {
+        pd_msg_kv_page hdr = page_hdr(&gr, 2, 0, 2);
+        struct iovec iov[16];
+        int n;
+        CHECK(pd_recv_kv_page_begin(h.r, 1, EP, &hdr, iov, 16, &n));
+        CHECK_EQ(n, 2 * NP);
+        for (int j = 0; j < n; j++)
+            CHECK_EQ(iov[j].iov_len, 2 * 4 * sizeof(float));
+        static float buf[4096];
+        scatter(iov, n, buf, payload(&gr, &hdr, buf));
+        pd_recv_kv_page_end(h.r, 1, true);
+    }
     CHECK(send_page(&h, &gr, 2, 2, 1));
     CHECK(pd_recv_seq(h.r, 1) == NULL);  // not before the commit
     CHECK(done(&h, &gr, 10));
@@ -232,11 +250,12 @@ static void test_happy_path(void) {
         for (int l = 0; l < 3; l++) {
             const void *kb, *vb;
             CHECK_EQ(kv_seq_span_read(h.pool, s, i, l, e.n_tokens, &kb, &vb), KS_OK);
+            CHECK((vb == kb) == (NP == 1));
             const float *k = kb, *v = vb; // G is an F32 geometry
             for (uint32_t row = 0; row < e.n_tokens; row++)
                 for (uint32_t c = 0; c < 4; c++) {
                     CHECK(k[row * 4 + c] == val(1, i, (uint32_t)l, 0, row, c));
-                    CHECK(v[row * 4 + c] == val(1, i, (uint32_t)l, 1, row, c));
+                    CHECK(v[row * 4 + c] == val(1, i, (uint32_t)l, VKIND, row, c));
                 }
         }
     }
@@ -642,8 +661,12 @@ int main(int argc, char **argv) {
     int ran = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (argc > 1 && strcmp(argv[1], cases[i].name) != 0) continue;
-        cases[i].fn();
-        printf("  %s ok\n", cases[i].name);
+        for (int planes = 2; planes >= 1; planes--) {
+            G.planes = planes;
+            cases[i].fn();
+            printf("  %s ok (%s)\n", cases[i].name, planes == 2 ? "2 planes" : "1 plane");
+        }
+        G.planes = 0;
         ran++;
     }
     CHECK(ran > 0);

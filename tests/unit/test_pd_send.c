@@ -6,14 +6,20 @@
  * Each case names the rule it would catch missing: above all I4 — a PREFILL
  * failing re-validation gets exactly one REJECT (per destination) and never a
  * KV_PAGE or DONE (no placeholder, no partial KV). `test_pd_send NAME` runs
- * one case. */
+ * one case. Cases marked per_planes run on 2-plane pages (K, V) and again on
+ * 1-plane pages (one row per position, MLA). */
 #include "kvseal/pd.h"
 #include "kvseal/pd_recv.h"
 #include "kvseal/pd_send.h"
 
 #include "../check.h"
 
-static kv_geom G = {.n_layer = 3, .kv_dim = 4, .page_tokens = 4}; /* test_deep_model deepens it */
+static kv_geom G = {.n_layer = 3, .kv_dim = 4, .page_tokens = 4}; /* test_deep_model deepens it;
+                                                                      main sets planes */
+/* Rows per position per layer of G, and the kv index V reads carry: with one
+ * plane there is no V row, V reads back K's. */
+#define NP kv_geom_planes(&G)
+#define VKIND (NP == 2 ? 1 : 0)
 #define DEC_PAGES 48u /* decode pool */
 #define PRE_PAGES 12u /* prefill pool: 48 tokens */
 #define N_CTX 64u
@@ -90,12 +96,14 @@ static ks_err fake_compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t 
         for (int l = 0; l < G.n_layer; l++) {
             void *kb, *vb;
             CHECK(kv_seq_span_write(pool, seq, pg, l, &kb, &vb) == KS_OK);
-            float *k = kb, *v = vb; // G is an F32 geometry
+            CHECK((vb == NULL) == (NP == 1)); // one plane: the model writes only the row
+            float *k = kb, *v = vb;           // G is an F32 geometry
             for (uint32_t row = 0; row < pt && pg * pt + row < n; row++) {
                 uint32_t pos = pg * pt + row;
                 for (int d = 0; d < G.kv_dim; d++) {
                     k[row * (uint32_t)G.kv_dim + (uint32_t)d] = val(tokens[pos], pos, l, 0, d);
-                    v[row * (uint32_t)G.kv_dim + (uint32_t)d] = val(tokens[pos], pos, l, 1, d);
+                    if (NP == 2)
+                        v[row * (uint32_t)G.kv_dim + (uint32_t)d] = val(tokens[pos], pos, l, 1, d);
                 }
             }
         }
@@ -313,12 +321,14 @@ static void check_decode_kv(harness *h, uint64_t req_id, uint32_t n_prompt) {
         for (int l = 0; l < G.n_layer; l++) {
             const void *kb, *vb;
             CHECK(kv_seq_span_read(h->dpool, q, pg, l, rows, &kb, &vb) == KS_OK);
+            CHECK((vb == kb) == (NP == 1));
             const float *k = kb, *v = vb;
             for (uint32_t row = 0; row < rows; row++)
                 for (int d = 0; d < G.kv_dim; d++) {
                     uint32_t pos = pg * pt + row;
                     CHECK(k[row * (uint32_t)G.kv_dim + (uint32_t)d] == val(tok_of(pos), pos, l, 0, d));
-                    CHECK(v[row * (uint32_t)G.kv_dim + (uint32_t)d] == val(tok_of(pos), pos, l, 1, d));
+                    CHECK(v[row * (uint32_t)G.kv_dim + (uint32_t)d] ==
+                          val(tok_of(pos), pos, l, VKIND, d));
                 }
         }
     }
@@ -369,10 +379,11 @@ static void test_happy_path(void) {
         CHECK_EQ(hdr.layer_first, 0);
         CHECK_EQ(hdr.layer_count, (uint32_t)G.n_layer);
         CHECK_EQ(f->len, pd_msg_kv_page_len(&G, ge.n_tokens, (uint32_t)G.n_layer));
-        // data: per layer K rows then V rows [0, n_rows), as computed locally
+        // data: per layer K rows then V rows [0, n_rows) (one plane: the rows
+        // once), as computed locally
         const uint8_t *p = f->data + PD_MSG_KV_PAGE_HDR;
         for (int l = 0; l < G.n_layer; l++)
-            for (int kv = 0; kv < 2; kv++)
+            for (int kv = 0; kv < NP; kv++)
                 for (uint32_t row = 0; row < ge.n_tokens; row++)
                     for (int d = 0; d < G.kv_dim; d++) {
                         float x;
@@ -406,20 +417,26 @@ static void test_happy_path(void) {
     h_fini(&h);
 }
 
-/* A model deeper than one frame's iovec budget (70 layers: a partial page
- * needs 141 iovecs, PD_MAX_IOV is 128): each page goes out as two KV_PAGE
- * frames, layers [0, 63) then [63, 70), and decode still commits exactly
- * prefill's KV. */
+/* A model deeper than one frame's iovec budget (70 layers of 2 planes: a
+ * partial page needs 141 iovecs, PD_MAX_IOV is 128): each page goes out as
+ * two KV_PAGE frames, layers [0, 63) then [63, 70), and decode still commits
+ * exactly prefill's KV. With one plane a partial page needs 71 iovecs: one
+ * frame per page. */
 static void test_deep_model(void) {
     kv_geom keep = G;
     G.n_layer = 70;
     harness h;
     h_init(&h, N_CTX);
     CHECK_EQ(start(&h, 12, 6, 3), PD_SEND_SENDING);  // 2 pages: 4 + 2 rows
-    CHECK_EQ(pd_send_pump(h.s, 1000), 4);
-    CHECK_EQ(h.n, 5);
+    int nf = NP == 2 ? 4 : 2;
+    CHECK_EQ(pd_send_pump(h.s, 1000), (uint32_t)nf);
+    CHECK_EQ(h.n, nf + 1);
     uint32_t firsts[4] = {0, 63, 0, 63}, counts[4] = {63, 7, 63, 7}, pages[4] = {0, 0, 1, 1};
-    for (int i = 0; i < 4; i++) {
+    if (NP == 1) {
+        uint32_t f1[2] = {0, 0}, c1[2] = {70, 70}, p1[2] = {0, 1};
+        memcpy(firsts, f1, sizeof f1), memcpy(counts, c1, sizeof c1), memcpy(pages, p1, sizeof p1);
+    }
+    for (int i = 0; i < nf; i++) {
         pd_msg_kv_page hdr;
         CHECK_EQ(h.f[i].type, PD_MSG_KV_PAGE);
         CHECK(pd_msg_kv_page_decode(h.f[i].data, (uint32_t)h.f[i].len, (uint32_t)h.f[i].len, &G, &hdr,
@@ -428,7 +445,7 @@ static void test_deep_model(void) {
         CHECK_EQ(hdr.layer_first, firsts[i]);
         CHECK_EQ(hdr.layer_count, counts[i]);
     }
-    CHECK_EQ(h.f[4].type, PD_MSG_DONE);
+    CHECK_EQ(h.f[nf].type, PD_MSG_DONE);
     deliver(&h, 0);
     CHECK_EQ(pd_recv_state_of(h.r, 12), PD_RECV_COMMITTED);
     check_decode_kv(&h, 12, 6);
@@ -813,6 +830,43 @@ static void test_compute_error(void) {
     h_fini(&h);
 }
 
+/* Pages of one plane count never land in a pool of the other: the KV_PAGE
+ * frames a 2-plane prefill sends are refused by a 1-plane decode link (and
+ * the other way round) as PROTO, the message naming both plane counts, and
+ * a 1-plane page is half the bytes of a 2-plane one. (The router refuses
+ * such a pair at REGISTER already: test_cluster_ctrl register_check.) */
+static void test_planes_mismatch(void) {
+    kv_geom keep = G;
+    uint64_t len_of[3] = {0};
+    for (int np = 2; np >= 1; np--) {
+        G.planes = np;
+        harness h;
+        h_init(&h, N_CTX);
+        CHECK_EQ(start(&h, 13, 4, 1), PD_SEND_SENDING); // one full page
+        CHECK_EQ(pd_send_pump(h.s, 1000), 1);
+        CHECK_EQ(h.f[0].type, PD_MSG_KV_PAGE);
+        len_of[np] = h.f[0].len;
+        kv_geom other = G;
+        other.planes = 3 - np;
+        pd_msg_kv_page hdr;
+        ks_errbuf eb;
+        CHECK_EQ(pd_msg_kv_page_decode(h.f[0].data, (uint32_t)h.f[0].len, (uint32_t)h.f[0].len,
+                                       &other, &hdr, &eb),
+                 KS_ERR_PROTO);
+        CHECK_STR_HAS(eb.msg, np == 2 ? "fits pages of 2 planes (K, V) per layer, but this "
+                                        "link's pages have 1 plane"
+                                      : "fits pages of 1 plane per layer, but this link's pages "
+                                        "have 2 planes (K, V)");
+        deliver(&h, 0); // on the link of the sender's own plane count: committed
+        CHECK_EQ(pd_recv_state_of(h.r, 13), PD_RECV_COMMITTED);
+        check_decode_kv(&h, 13, 4);
+        pd_recv_finish(h.r, 13);
+        h_fini(&h);
+    }
+    CHECK_EQ(len_of[2] - PD_MSG_KV_PAGE_HDR, 2 * (len_of[1] - PD_MSG_KV_PAGE_HDR));
+    G = keep;
+}
+
 /* A PREFILL that does not parse: PROTO, nothing emitted or recorded. */
 static void test_bad_payload(void) {
     harness h;
@@ -828,27 +882,36 @@ static void test_bad_payload(void) {
 static const struct {
     const char *name;
     void (*fn)(void);
+    bool per_planes; /* run with G.planes 2, then 1 */
 } CASES[] = {
-    {"happy_path", test_happy_path},
-    {"deep_model", test_deep_model},
-    {"chunked_two_requests", test_chunked_two_requests},
-    {"prefix_cache", test_prefix_cache},
-    {"revalidation_rejects", test_revalidation_rejects},
-    {"stale_epoch", test_stale_epoch},
-    {"duplicate", test_duplicate},
-    {"abort_mid_sending", test_abort_mid_sending},
-    {"abort_before_prefill", test_abort_before_prefill},
-    {"link_closed", test_link_closed},
-    {"compute_error", test_compute_error},
-    {"bad_payload", test_bad_payload},
+    {"happy_path", test_happy_path, true},
+    {"deep_model", test_deep_model, true},
+    {"chunked_two_requests", test_chunked_two_requests, true},
+    {"prefix_cache", test_prefix_cache, true},
+    {"revalidation_rejects", test_revalidation_rejects, true},
+    {"stale_epoch", test_stale_epoch, true},
+    {"duplicate", test_duplicate, true},
+    {"abort_mid_sending", test_abort_mid_sending, true},
+    {"abort_before_prefill", test_abort_before_prefill, true},
+    {"link_closed", test_link_closed, true},
+    {"compute_error", test_compute_error, true},
+    {"bad_payload", test_bad_payload, true},
+    {"planes_mismatch", test_planes_mismatch, false},
 };
 
 int main(int argc, char **argv) {
     int ran = 0;
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
         if (argc > 1 && strcmp(argv[1], CASES[i].name) != 0) continue;
-        CASES[i].fn();
-        printf("ok %s\n", CASES[i].name);
+        for (int planes = 2; planes >= (CASES[i].per_planes ? 1 : 2); planes--) {
+            G.planes = planes;
+            CASES[i].fn();
+            printf("ok %s%s\n", CASES[i].name,
+                   !CASES[i].per_planes ? ""
+                   : planes == 2        ? " (2 planes)"
+                                        : " (1 plane)");
+        }
+        G.planes = 0;
         ran++;
     }
     CHECK(ran > 0);
