@@ -32,6 +32,15 @@ typedef struct model__layer {
     const float *post_attn_norm;     // (E) or NULL (gemma2/3 only): post_attention_norm
     const float *post_ffn_norm;      // (E) or NULL (gemma2/3 only): post_ffw_norm
     bool swa;                        // sliding-window layer (model_hparams.n_swa)
+    // multi-head latent attention (deepseek2; wk/wv unused): Q through the
+    // q_lora bottleneck (wq_a, q_a_norm, wq_b) or wq alone; the latent and
+    // RoPE key from wkv_a; per-head absorption matrices from the 3-D tensors
+    model__mat wq_a, wq_b;  // (q_lora, E), (H*mla_qk, q_lora); wq (H*mla_qk, E) if none
+    const float *q_a_norm;  // (q_lora)
+    model__mat wkv_a;       // (kv_lora + n_rot, E): attn_kv_a_mqa
+    const float *kv_a_norm; // (kv_lora)
+    model__mat *wk_b;       // (H) of (kv_lora, nope): q_nope -> latent space
+    model__mat *wv_b;       // (H) of (mla_v, kv_lora): latent -> a head's output
 } model__layer;
 
 struct model {
