@@ -37,6 +37,7 @@ typedef struct {
     long rope_orig_ctx;    /* YaRN's original context (0: context_length) */
     long n_swa;            /* attention.sliding_window (gemma, llama) */
     long kv_lora, q_lora, qk_nope, v_head; /* deepseek2's MLA (kv_lora 0: none) */
+    long idx_heads, idx_dim, idx_topk;     /* deepseek32 / glm-dsa's indexer (0: none) */
     double attn_softcap, final_softcap; /* gemma: 0 = key not written */
     int n_threads;
 } mk__opts;
@@ -222,6 +223,16 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
                           "blk.%d.attn_v_b.weight", l) &&
                  mk__add(p, o, W, MK__RAND, res / sqrtf((float)(o->n_head * VH)), o->n_head * VH, E,
                          "blk.%d.attn_output.weight", l);
+            const int64_t NI = o->idx_heads, I = o->idx_dim;
+            if (ok && o->idx_topk) // the indexer: queries from the bottleneck, key and weights
+                ok = mk__add(p, o, W, MK__RAND, s_qk * sqrtf((float)E / (float)QL), QL, NI * I,
+                             "blk.%d.indexer.attn_q_b.weight", l) &&
+                     mk__add(p, o, W, MK__RAND, s_qk, E, I, "blk.%d.indexer.attn_k.weight", l) &&
+                     mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, I, 0,
+                             "blk.%d.indexer.k_norm.weight", l) &&
+                     mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, I, 0, "blk.%d.indexer.k_norm.bias",
+                             l) &&
+                     mk__add(p, o, W, MK__RAND, s_in, E, NI, "blk.%d.indexer.proj.weight", l);
         } else if (ok && phi3)
             ok = mk__add(p, o, W, MK__RAND, s_qk, E, QD + 2 * KD, "blk.%d.attn_qkv.weight", l);
         else if (ok)
@@ -277,7 +288,7 @@ static void mk__usage(FILE *fp) {
     fprintf(
         fp,
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
-        "  --arch llama|qwen2|qwen3|qwen3moe|phi3|gemma2|gemma3|glm4|deepseek2\n"
+        "  --arch llama|qwen2|qwen3|qwen3moe|phi3|gemma2|gemma3|glm4|deepseek2|deepseek32|glm-dsa\n"
         "                               architecture\n"
         "                               (default llama); gemma: tied, post-norms, GELU\n"
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
@@ -300,6 +311,9 @@ static void mk__usage(FILE *fp) {
         "                               deepseek2's MLA: latent rank (default 128), query\n"
         "                               rank (192; 0: one attn_q), a head's nope and rope\n"
         "                               dims (64, 32) and output dims (64); every FFN dense\n"
+        "  --idx-heads N --idx-dim N --idx-topk K\n"
+        "                               deepseek32/glm-dsa's sparse-attention indexer: heads\n"
+        "                               (default 8), key length (64), positions kept (8)\n"
         "  --swa N                      attention.sliding_window: gemma's sliding layers\n"
         "                               (default 32); llama: every layer (Mistral style)\n"
         "  --attn-softcap F --final-softcap F  gemma: score / logit soft-capping (gemma2\n"
@@ -424,6 +438,11 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
              MK__U32("expert_feed_forward_length", o->n_ff / 2) &&
              MK__U32("expert_shared_count", 1) && MK__F32("expert_weights_scale", 1.0) &&
              MK__U32("expert_gating_func", 1);
+    if (ok && o->idx_topk)
+        ok = MK__U32("attention.indexer.head_count", o->idx_heads) &&
+             MK__U32("attention.indexer.key_length", o->idx_dim) &&
+             MK__U32("attention.indexer.top_k", o->idx_topk) &&
+             MK__F32("attention.layer_norm_epsilon", 1e-6);
     if (ok && !strcmp(a, "llama") && o->n_swa) // Mistral style: every layer slides
         ok = MK__U32("attention.sliding_window", o->n_swa);
     if (ok && !strncmp(a, "gemma", 5)) {
@@ -546,6 +565,9 @@ int cli_mkmodel(int argc, char **argv) {
                         : !strcmp(a, "--qk-nope")       ? &o.qk_nope
                         : !strcmp(a, "--qk-rope")       ? &qk_rope
                         : !strcmp(a, "--v-head")        ? &o.v_head
+                        : !strcmp(a, "--idx-heads")     ? &o.idx_heads
+                        : !strcmp(a, "--idx-dim")       ? &o.idx_dim
+                        : !strcmp(a, "--idx-topk")      ? &o.idx_topk
                                                         : NULL;
             if (!dst) {
                 fprintf(stderr, "kvseal mkmodel: unknown option '%s'\n", a);
@@ -562,12 +584,13 @@ int cli_mkmodel(int argc, char **argv) {
     }
     bool qwen = !strcmp(o.arch, "qwen2") || !strcmp(o.arch, "qwen3") || !strcmp(o.arch, "qwen3moe");
     bool gemma = !strcmp(o.arch, "gemma2") || !strcmp(o.arch, "gemma3");
-    const bool mla = !strcmp(o.arch, "deepseek2");
+    const bool dsa = !strcmp(o.arch, "deepseek32") || !strcmp(o.arch, "glm-dsa");
+    const bool mla = dsa || !strcmp(o.arch, "deepseek2");
     if (!qwen && !gemma && !mla && strcmp(o.arch, "llama") && strcmp(o.arch, "phi3") &&
         strcmp(o.arch, "glm4")) {
         fprintf(stderr,
                 "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe phi3 gemma2 "
-                "gemma3 glm4 deepseek2\n",
+                "gemma3 glm4 deepseek2 deepseek32 glm-dsa\n",
                 o.arch);
         return 2;
     }
@@ -575,6 +598,16 @@ int cli_mkmodel(int argc, char **argv) {
         fprintf(stderr, "kvseal mkmodel: --kv-lora --q-lora --qk-nope --qk-rope --v-head are "
                         "deepseek2's\n");
         return 2;
+    }
+    if (!dsa && (o.idx_heads || o.idx_dim || o.idx_topk)) {
+        fprintf(stderr, "kvseal mkmodel: --idx-heads --idx-dim --idx-topk are deepseek32's and "
+                        "glm-dsa's\n");
+        return 2;
+    }
+    if (dsa) { // an indexer of 8 heads of 64 picking 8 positions: sparse at context 128
+        if (!o.idx_heads) o.idx_heads = 8;
+        if (!o.idx_dim) o.idx_dim = 64;
+        if (!o.idx_topk) o.idx_topk = 8;
     }
     if (mla) { // a small DeepSeek-V3-like attention: the latent 4x a head's nope part
         if (!o.kv_lora) o.kv_lora = 128;

@@ -59,6 +59,13 @@ struct model_ctx {
     float *mla_qa;      // (T, q_lora) the query bottleneck
     float *mla_qf;      // (T, H * mla_qk) queries before absorption: per head nope, then rope
     float *mla_qn;      // (T, H * nope) the nope parts, a (T*H)-row matrix the absorption reads
+    // the sparse-attention indexer (NULL without it)
+    float *dsa_q;       // (T, idx_heads * idx_dim) indexer queries, rope part first
+    float *dsa_k;       // (T, idx_dim) indexer keys, stored behind the rope key in the KV row
+    float *dsa_w;       // (T, idx_heads) per-head weights
+    int32_t *dsa_sel;   // (T, idx_topk) the positions a token attends to, ascending
+    int32_t *dsa_n;     // (T) how many (0: every position, the context is within top_k)
+    size_t dsa_off;     // byte offset of the indexer key in a KV row
     float *scores;      // (nth, G, max_ctx) attention scratch per thread, G query heads per KV head
     int32_t *seq_next;  // (max_tokens) per-sequence next position, for validation
     atomic_int *seq_bad; // (max_tokens) per-sequence: a page failed to resolve this pass
@@ -87,7 +94,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
         return ks_seterr(eb, KS_ERR_INVAL, "model context: bad sizes (tokens %d, ctx %d, threads %d)",
                          max_tokens, max_ctx, n_threads);
     const kv_geom *g = kv_pool_geom(pool);
-    if (g->n_layer != hp->n_layer || g->kv_dim != hp->n_head_kv * hp->head_dim)
+    if (g->n_layer != hp->n_layer || g->kv_dim != hp->n_head_kv * hp->head_dim + hp->idx_dim)
         return ks_seterr(eb, KS_ERR_INVAL, "model context: kv pool geometry does not match the model");
     ks_err te = model_kv_type_check(m, g->kv_type, eb);
     if (te) return te;
@@ -145,8 +152,22 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
         c->mla_qn = ks_alloc_aligned(T * H * NOPE * sizeof(float));
         moe_ok = moe_ok && c->mla_qa && c->mla_qf && c->mla_qn;
     }
-    c->scores = ks_alloc_aligned((size_t)n_threads * (size_t)(hp->n_head / hp->n_head_kv) *
-                                 (size_t)max_ctx * sizeof(float));
+    if (hp->idx_topk) {
+        const size_t NI = (size_t)hp->idx_heads, I = (size_t)hp->idx_dim;
+        c->dsa_q = ks_alloc_aligned(T * NI * I * sizeof(float));
+        c->dsa_k = ks_alloc_aligned(T * I * sizeof(float));
+        c->dsa_w = ks_alloc_aligned(T * NI * sizeof(float));
+        c->dsa_sel = malloc(T * (size_t)hp->idx_topk * sizeof(int32_t));
+        c->dsa_n = malloc(T * sizeof(int32_t));
+        uint64_t off = 0;
+        KS_ASSERT(ks_dtype_row_bytes((uint32_t)g->kv_type, (uint64_t)hp->head_dim, &off));
+        c->dsa_off = (size_t)off;
+        moe_ok = moe_ok && c->dsa_q && c->dsa_k && c->dsa_w && c->dsa_sel && c->dsa_n;
+    }
+    // per thread: G query heads' scores, or the indexer heads' dot products and their sum
+    const size_t G = (size_t)(hp->n_head / hp->n_head_kv), GI = (size_t)hp->idx_heads + 1;
+    c->scores =
+        ks_alloc_aligned((size_t)n_threads * (G > GI ? G : GI) * (size_t)max_ctx * sizeof(float));
     c->seq_next = malloc(T * sizeof(int32_t));
     c->seq_bad = malloc(T * sizeof(atomic_int));
     c->seq_first = malloc(T * sizeof(int32_t));
@@ -176,8 +197,9 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
 void model_ctx_free(model_ctx *c) {
     if (!c) return;
     ks_pool_destroy(c->threads);
-    float *bufs[] = {c->x, c->xn,     c->q,      c->k,  c->v,      c->att,    c->tmp,   c->g,
-                     c->u, c->scores, c->router, c->xe, c->mla_qa, c->mla_qf, c->mla_qn};
+    float *bufs[] = {c->x,      c->xn,     c->q,      c->k,      c->v,      c->att,
+                     c->tmp,    c->g,      c->u,      c->scores, c->router, c->xe,
+                     c->mla_qa, c->mla_qf, c->mla_qn, c->dsa_q,  c->dsa_k,  c->dsa_w};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ks_free_aligned(bufs[i]);
     ks_free_aligned(c->act[0].buf);
     ks_free_aligned(c->act[1].buf);
@@ -187,6 +209,8 @@ void model_ctx_free(model_ctx *c) {
     free(c->row_tok);
     free(c->x_off);
     free(c->parts);
+    free(c->dsa_sel);
+    free(c->dsa_n);
     free(c->seq_next);
     free(c->seq_bad);
     free(c->seq_first);
@@ -313,12 +337,12 @@ static void fwd__act(model_ctx *c, const model__mat *w, const float *X, int T, c
     *stride = (size_t)rb;
 }
 
-/* Ys[i] = X @ ws[i]^T for T rows of X (K floats each), i < n (<= 3), in one
+/* Ys[i] = X @ ws[i]^T for T rows of X (K floats each), i < n (<= 4), in one
  * pool run. */
 static void fwd__matmuls(model_ctx *c, int n, const model__mat *const *ws, const float *X, int T,
                          float *const *Ys) {
-    fwd__mm_part p[3] = {0};
-    KS_ASSERT(n >= 1 && n <= 3);
+    fwd__mm_part p[4] = {0};
+    KS_ASSERT(n >= 1 && n <= 4);
     for (int i = 0; i < n; i++) {
         p[i].w = ws[i];
         p[i].Y = Ys[i];
@@ -348,6 +372,7 @@ typedef enum {
     FWD_MOE_COMBINE,   // tmp[t] = sum over t's slots j of sel_w[t][j] * xe[slot_row[t][j]]
     FWD_MLA_QNORM,     // mla_qa[t] = rmsnorm(mla_qa[t]) * w
     FWD_MLA_QKV,       // rope q/k, q_nope to mla_qn, latent normed; write the KV row
+    FWD_DSA_SELECT,    // the indexer's top_k positions of token t into dsa_sel[t]
 } fwd__rowop;
 
 typedef struct {
@@ -416,6 +441,21 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
     kv->kv_store[c->kv_type](v, (uint8_t *)vp + row, KVD);
 }
 
+/* x = (x - mean) / sqrt(var + eps) * w + b over n floats, sums in double. */
+static void fwd__layernorm(int n, float *x, const float *w, const float *b, float eps) {
+    double sum = 0.0, sq = 0.0;
+    for (int i = 0; i < n; i++)
+        sum += x[i];
+    const float mean = (float)(sum / n);
+    for (int i = 0; i < n; i++) {
+        x[i] -= mean;
+        sq += (double)x[i] * x[i];
+    }
+    const float scale = 1.0f / sqrtf((float)(sq / n) + eps);
+    for (int i = 0; i < n; i++)
+        x[i] = x[i] * scale * w[i] + b[i];
+}
+
 /* MLA's per-token part of the attention input: each head's query splits
  * into nope (to mla_qn, for the absorption matmuls) and rope (rotated into
  * q[t][h*D + kv_lora ..], behind the room the absorbed nope part will fill);
@@ -449,6 +489,15 @@ static void fwd__mla_row(fwd__rows *a, int t) {
     }
     c->kv->rmsnorm(KL, kr, L->kv_a_norm, hp->norm_eps, kr);
     kern_rope_apply(kr + KL, R, cs, hp->rope_neox);
+    const int NI = hp->idx_heads, I = hp->idx_dim;
+    float *ik = hp->idx_topk ? c->dsa_k + (size_t)t * (size_t)I : NULL;
+    if (ik) { // the indexer's key: LayerNorm, then its rope part (first, NEOX pairs) turns
+        fwd__layernorm(I, ik, L->idx_k_norm, L->idx_k_norm_b, hp->ln_eps);
+        kern_rope_apply(ik, R, cs, true);
+        float *iq = c->dsa_q + (size_t)t * (size_t)(NI * I);
+        for (int h = 0; h < NI; h++)
+            kern_rope_apply(iq + h * I, R, cs, true);
+    }
     const int si = a->b->seq[t];
     const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
     void *kp, *vp;
@@ -458,7 +507,85 @@ static void fwd__mla_row(fwd__rows *a, int t) {
         atomic_store(&c->seq_bad[si], 1); // I1: this sequence stops here; others go on
         return;
     }
-    c->kv->kv_store[c->kv_type](kr, (uint8_t *)kp + (size_t)((uint32_t)pos % P) * c->kv_row, D);
+    uint8_t *row = (uint8_t *)kp + (size_t)((uint32_t)pos % P) * c->kv_row;
+    c->kv->kv_store[c->kv_type](kr, row, D);
+    if (ik) c->kv->kv_store[c->kv_type](ik, row + c->dsa_off, I);
+}
+
+/* Heap order of the indexer's candidates: the worse of two (lower score,
+ * or on a tie the later position) sorts first. */
+static bool fwd__dsa_worse(float sa, int32_t ja, float sb, int32_t jb) {
+    return sa < sb || (sa == sb && ja > jb);
+}
+
+/* Token t's sparse-attention selection: every past position j of its
+ * sequence scored sum_h relu(q_h . k_j) * w_h / sqrt(heads * dim) from the
+ * indexer keys in its own pages (the table fwd__resolve checked), and the
+ * top_k best kept, ascending, in dsa_sel[t]; dsa_n[t] = 0 when the context
+ * fits in top_k (attention reads every position). sc: scratch of
+ * (idx_heads + 1) * max_ctx floats. */
+static void fwd__dsa_select(fwd__rows *a, int t, float *sc) {
+    model_ctx *c = a->c;
+    const model_hparams *hp = &c->m->hp;
+    const int NI = hp->idx_heads, I = hp->idx_dim, K = hp->idx_topk, si = a->b->seq[t];
+    const uint32_t n_ctx = (uint32_t)a->b->pos[t] + 1;
+    const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
+    const size_t S = (size_t)c->max_ctx;
+    c->dsa_n[t] = 0;
+    if (n_ctx <= (uint32_t)K || atomic_load_explicit(&c->seq_bad[si], memory_order_relaxed)) return;
+    const void *const *kp = c->kp + (size_t)si * (size_t)c->max_pages;
+    const float *iq = c->dsa_q + (size_t)t * (size_t)(NI * I),
+                *w = c->dsa_w + (size_t)t * (size_t)NI;
+    for (uint32_t j = 0; j < n_ctx;) { // sc[h*S + j] = q_h . k_j, a page's rows at a time
+        const uint32_t r = j % P, nj = n_ctx - j < P - r ? n_ctx - j : P - r;
+        const uint8_t *rows = (const uint8_t *)kp[j / P] + (size_t)r * c->kv_row + c->dsa_off;
+        c->kv->dot_rows[c->kv_type](I, NI, iq, rows, c->kv_row, (int)nj, 1.0f, sc + j, S);
+        j += nj;
+    }
+    float *score = sc + (size_t)NI * S;
+    const float scale = 1.0f / sqrtf((float)NI * (float)I);
+    for (uint32_t j = 0; j < n_ctx; j++) {
+        float v = 0.0f;
+        for (int h = 0; h < NI; h++)
+            v += fmaxf(sc[(size_t)h * S + j], 0.0f) * w[h];
+        score[j] = v * scale;
+    }
+    // a min-heap of the K best so far (the root: the worst of them)
+    int32_t *heap = c->dsa_sel + (size_t)t * (size_t)K;
+    for (uint32_t j = 0; j < n_ctx; j++) {
+        int i = (int)j;
+        if (j < (uint32_t)K) { // sift up
+            for (; i > 0; i = (i - 1) / 2) {
+                const int32_t up = heap[(i - 1) / 2];
+                if (!fwd__dsa_worse(score[j], (int32_t)j, score[up], up)) break;
+                heap[i] = up;
+            }
+            heap[i] = (int32_t)j;
+            continue;
+        }
+        if (!fwd__dsa_worse(score[heap[0]], heap[0], score[j], (int32_t)j)) continue;
+        for (i = 0;;) { // j replaces the root: sift down
+            int l = 2 * i + 1, mi = i;
+            int32_t worst = (int32_t)j;
+            if (l < K && fwd__dsa_worse(score[heap[l]], heap[l], score[worst], worst))
+                mi = l, worst = heap[l];
+            if (l + 1 < K && fwd__dsa_worse(score[heap[l + 1]], heap[l + 1], score[worst], worst))
+                mi = l + 1, worst = heap[l + 1];
+            if (mi == i) break;
+            heap[i] = heap[mi];
+            i = mi;
+        }
+        heap[i] = (int32_t)j;
+    }
+    // ascending positions: attention reads them in order (a fixed sum order)
+    for (int i = 1; i < K; i++) {
+        const int32_t v = heap[i];
+        int k = i;
+        for (; k > 0 && heap[k - 1] > v; k--)
+            heap[k] = heap[k - 1];
+        heap[k] = v;
+    }
+    c->dsa_n[t] = K;
 }
 
 static void fwd__rows_task(void *arg, int ith, int nth) {
@@ -499,6 +626,10 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
         case FWD_QKV: fwd__qkv_row(a, t); break;
         case FWD_MLA_QKV:
             fwd__mla_row(a, t);
+            break;
+        case FWD_DSA_SELECT:
+            fwd__dsa_select(
+                a, t, c->scores + (size_t)ith * (size_t)(m->hp.idx_heads + 1) * (size_t)c->max_ctx);
             break;
         case FWD_MLA_QNORM: {
             float *r = c->mla_qa + (size_t)t * (size_t)m->hp.q_lora;
@@ -686,12 +817,14 @@ static void fwd__act_head(model_ctx *c, fwd__mm_part *p, const float *X, int T, 
 static void fwd__mla_in(model_ctx *c, const model_batch *b, const model__layer *L, int il) {
     const model_hparams *hp = &c->m->hp;
     const int T = b->n_tokens, H = hp->n_head, D = hp->head_dim;
-    if (hp->q_lora) {
-        const model__mat *ws[] = {&L->wq_a, &L->wkv_a};
-        float *const ys[] = {c->mla_qa, c->k};
-        fwd__matmuls(c, 2, ws, c->xn, T, ys);
+    if (hp->q_lora) { // with the indexer: its key and head weights from xn, queries from qa
+        const model__mat *ws[] = {&L->wq_a, &L->wkv_a, &L->idx_k, &L->idx_proj};
+        float *const ys[] = {c->mla_qa, c->k, c->dsa_k, c->dsa_w};
+        fwd__matmuls(c, hp->idx_topk ? 4 : 2, ws, c->xn, T, ys);
         fwd__rows_run(c, b, FWD_MLA_QNORM, L->q_a_norm, il);
-        fwd__matmul(c, &L->wq_b, c->mla_qa, T, c->mla_qf);
+        const model__mat *wb[] = {&L->wq_b, &L->idx_q_b};
+        float *const yb[] = {c->mla_qf, c->dsa_q};
+        fwd__matmuls(c, hp->idx_topk ? 2 : 1, wb, c->mla_qa, T, yb);
     } else {
         const model__mat *ws[] = {&L->wq, &L->wkv_a};
         float *const ys[] = {c->mla_qf, c->k};
@@ -765,6 +898,25 @@ static void fwd__attn_one(fwd__attn *a, int t, int h, int G, float *scores) {
     const uint32_t j_lo = c->m->layers[a->layer].swa && n_ctx > W ? n_ctx - W : 0;
     const float *q = c->q + (size_t)t * (size_t)(H * D) + (size_t)h * (size_t)D;
     float *out = c->att + (size_t)t * (size_t)(H * Dv) + (size_t)h * (size_t)Dv;
+    if (c->dsa_n && c->dsa_n[t]) { // sparse: only the indexer's picks, ascending
+        const int n = c->dsa_n[t];
+        const int32_t *sel = c->dsa_sel + (size_t)t * (size_t)hp->idx_topk;
+        for (int i = 0; i < n; i++) {
+            const uint32_t j = (uint32_t)sel[i];
+            dot_rows(D, G, q, (const uint8_t *)kp[j / P] + (size_t)(j % P) * c->kv_row + koff,
+                     c->kv_row, 1, scale, scores + i, S);
+        }
+        for (int g = 0; g < G; g++)
+            kv->softmax(n, scores + (size_t)g * S);
+        memset(out, 0, sizeof(float) * (size_t)Dv * (size_t)G);
+        for (int i = 0; i < n; i++) {
+            const uint32_t j = (uint32_t)sel[i];
+            axpy_rows(Dv, G, scores + i, S,
+                      (const uint8_t *)vp[j / P] + (size_t)(j % P) * c->kv_row + koff, c->kv_row, 1,
+                      out);
+        }
+        return;
+    }
     // page rows are (P, kv_row bytes): position j lives in page j/P, row j%P;
     // scores[g*S + j] is position j's (with j_lo = 0 the same calls as
     // page-at-a-time)
@@ -924,6 +1076,7 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
                 if (!atomic_load(&c->seq_bad[s]))
                     kv_seq_set_filled(c->pool, b->seqs[s], (uint32_t)c->seq_next[s]);
         fwd__resolve(c, b, il);
+        if (hp->idx_topk) fwd__rows_run(c, b, FWD_DSA_SELECT, NULL, il);
         fwd__attn at = {.c = c, .b = b, .layer = il};
         atomic_init(&at.next, 0);
         ks_pool_run(c->threads, fwd__attn_task, &at);

@@ -64,8 +64,7 @@ static ks_err load__experts(load__ctx *c, model_hparams *hp) {
     if ((e = load__u32(c, "expert_count", hp->arch == MODEL_ARCH_QWEN3MOE, 0, &hp->n_expert)))
         return e;
     if (hp->n_expert == 0) return KS_OK;
-    if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_QWEN3MOE &&
-        hp->arch != MODEL_ARCH_DEEPSEEK2)
+    if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_QWEN3MOE && !model__is_mla(hp->arch))
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
                          "%s: %s.expert_count %d: mixture-of-experts runs for llama (Mixtral), "
                          "qwen3moe and deepseek2, not %s",
@@ -121,12 +120,27 @@ static ks_err load__mla(load__ctx *c, model_hparams *hp, int32_t vlen) {
                          path, hp->kv_lora, hp->n_head_kv, hp->head_dim, hp->n_rot, vlen,
                          hp->mla_qk, hp->mla_v);
     hp->head_dim_v = hp->kv_lora;
+    if (hp->arch != MODEL_ARCH_DEEPSEEK2) { // the sparse-attention indexer
+        if ((e = load__u32(c, "attention.indexer.head_count", true, 0, &hp->idx_heads)) ||
+            (e = load__u32(c, "attention.indexer.key_length", true, 0, &hp->idx_dim)) ||
+            (e = load__u32(c, "attention.indexer.top_k", true, 0, &hp->idx_topk)) ||
+            (e = load__f32(c, "attention.layer_norm_epsilon", 1e-6f, &hp->ln_eps)))
+            return e;
+        if (hp->idx_heads < 1 || hp->idx_dim <= hp->n_rot || hp->idx_dim > MODEL_MAX_HEAD_DIM ||
+            hp->idx_topk < 1 || hp->q_lora < 1)
+            return ks_seterr(c->eb, KS_ERR_FORMAT,
+                             "%s: indexer shape: head_count %d, key_length %d (want > rope %d, "
+                             "<= %d), top_k %d, q_lora_rank %d (the indexer reads the query "
+                             "bottleneck: want > 0)",
+                             path, hp->idx_heads, hp->idx_dim, hp->n_rot, MODEL_MAX_HEAD_DIM,
+                             hp->idx_topk, hp->q_lora);
+    }
     if (hp->n_dense_lead < 0 || hp->n_dense_lead > hp->n_layer) hp->n_dense_lead = hp->n_layer;
     if (hp->n_dense_lead < hp->n_layer)
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
-                         "%s: deepseek2 mixture-of-experts layers (from layer %d; shared experts, "
+                         "%s: %s mixture-of-experts layers (from layer %d; shared experts, "
                          "expert selection bias) are not supported yet: only the dense MLA layers",
-                         path, hp->n_dense_lead);
+                         path, hp->arch_name, hp->n_dense_lead);
     return KS_OK;
 }
 
@@ -200,6 +214,10 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         hp->arch = MODEL_ARCH_GLM4;
     else if (!strcmp(hp->arch_name, "deepseek2"))
         hp->arch = MODEL_ARCH_DEEPSEEK2;
+    else if (!strcmp(hp->arch_name, "deepseek32"))
+        hp->arch = MODEL_ARCH_DEEPSEEK32;
+    else if (!strcmp(hp->arch_name, "glm-dsa"))
+        hp->arch = MODEL_ARCH_GLM_DSA;
     else
         return ks_seterr(eb, KS_ERR_UNSUPPORTED,
                          "%s: unsupported architecture '%s' (supported: " MODEL_ARCHS ")",
@@ -232,7 +250,7 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     int32_t vlen;
     if ((e = load__u32(&c, "attention.value_length", false, (uint32_t)hp->head_dim, &vlen))) return e;
     hp->head_dim_v = hp->head_dim;
-    if (hp->arch == MODEL_ARCH_DEEPSEEK2) {
+    if (model__is_mla(hp->arch)) {
         if ((e = load__mla(&c, hp, vlen))) return e;
     } else if (vlen != hp->head_dim)
         return ks_seterr(eb, KS_ERR_UNSUPPORTED, "%s: value_length %d differs from key_length %d",
@@ -302,8 +320,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         return ks_seterr(eb, KS_ERR_FORMAT, "%s: %s.rope.scaling.attn_factor %g must be positive",
                          gguf_path(f), hp->arch_name, (double)attn_factor);
     hp->rope_attn_factor *= attn_factor;
-    hp->rope_neox = hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_GLM4 &&
-                    hp->arch != MODEL_ARCH_DEEPSEEK2;
+    hp->rope_neox =
+        hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_GLM4 && !model__is_mla(hp->arch);
     hp->post_norms = hp->arch == MODEL_ARCH_GLM4; // and gemma's (load__gemma)
     hp->rope_base_swa = hp->rope_base;
     hp->rope_scale_swa = hp->rope_scale;
@@ -465,6 +483,14 @@ static ks_err load__mla_layer(model *m, int il, model__layer *L, ks_errbuf *eb) 
         (e = load__mat_experts(m, LNAME("attn_k_b.weight"), NOPE, KL, H, &L->wk_b, eb)) ||
         (e = load__mat_experts(m, LNAME("attn_v_b.weight"), KL, hp->mla_v, H, &L->wv_b, eb)))
         return e;
+    const int64_t NI = hp->idx_heads, I = hp->idx_dim;
+    if (hp->idx_topk &&
+        ((e = load__mat(m, LNAME("indexer.attn_q_b.weight"), QL, NI * I, &L->idx_q_b, eb)) ||
+         (e = load__mat(m, LNAME("indexer.attn_k.weight"), E, I, &L->idx_k, eb)) ||
+         (e = load__mat(m, LNAME("indexer.proj.weight"), E, NI, &L->idx_proj, eb)) ||
+         (e = load__vec(m, LNAME("indexer.k_norm.weight"), I, true, &L->idx_k_norm, eb)) ||
+         (e = load__vec(m, LNAME("indexer.k_norm.bias"), I, true, &L->idx_k_norm_b, eb))))
+        return e;
 #undef LNAME
     return KS_OK;
 }
@@ -592,8 +618,9 @@ static void load__repack_all(model *m) {
     if (!m->hp.tied_output) load__repack(m->gguf, &m->output);
     for (int il = 0; il < m->hp.n_layer; il++) {
         model__layer *L = &m->layers[il];
-        model__mat *ws[] = {&L->wq,   &L->wk,     &L->wv,   &L->wo,   &L->w_gate,
-                            &L->w_up, &L->w_down, &L->wq_a, &L->wq_b, &L->wkv_a};
+        model__mat *ws[] = {&L->wq,      &L->wk,     &L->wv,      &L->wo,   &L->w_gate,
+                            &L->w_up,    &L->w_down, &L->wq_a,    &L->wq_b, &L->wkv_a,
+                            &L->idx_q_b, &L->idx_k,  &L->idx_proj};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data) load__repack(m->gguf, ws[i]);
         for (int h = 0; L->wk_b && h < m->hp.n_head; h++) {
@@ -672,9 +699,10 @@ void model_free(model *m) {
     if (!m->hp.tied_output) ks_free_aligned(m->output.packed);
     for (int il = 0; m->layers && il < m->hp.n_layer; il++) {
         model__layer *L = &m->layers[il];
-        void *ps[] = {L->wq.packed,     L->wk.packed,   L->wv.packed,     L->wo.packed,
-                      L->w_gate.packed, L->w_up.packed, L->w_down.packed, L->wq_a.packed,
-                      L->wq_b.packed,   L->wkv_a.packed};
+        void *ps[] = {L->wq.packed,      L->wk.packed,    L->wv.packed,      L->wo.packed,
+                      L->w_gate.packed,  L->w_up.packed,  L->w_down.packed,  L->wq_a.packed,
+                      L->wq_b.packed,    L->wkv_a.packed, L->idx_q_b.packed, L->idx_k.packed,
+                      L->idx_proj.packed};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
             ks_free_aligned(ps[i]);
         model__mat *hs[] = {L->wk_b, L->wv_b};
@@ -708,7 +736,8 @@ uint64_t model_bytes_per_token(const model *m) {
         const model__layer *L = &m->layers[il];
         b += load__mat_bytes(&L->wq) + load__mat_bytes(&L->wk) + load__mat_bytes(&L->wv) +
              load__mat_bytes(&L->wo) + load__mat_bytes(&L->wq_a) + load__mat_bytes(&L->wq_b) +
-             load__mat_bytes(&L->wkv_a);
+             load__mat_bytes(&L->wkv_a) + load__mat_bytes(&L->idx_q_b) +
+             load__mat_bytes(&L->idx_k) + load__mat_bytes(&L->idx_proj);
         if (L->wk_b) // every head's absorption matrices
             b += (uint64_t)m->hp.n_head *
                  (load__mat_bytes(&L->wk_b[0]) + load__mat_bytes(&L->wv_b[0]));
@@ -726,7 +755,7 @@ uint64_t model_bytes_per_token(const model *m) {
 
 kv_geom model_kv_geom(const model *m, int page_tokens, int kv_type) {
     kv_geom g = {.n_layer = m->hp.n_layer,
-                 .kv_dim = m->hp.n_head_kv * m->hp.head_dim,
+                 .kv_dim = m->hp.n_head_kv * m->hp.head_dim + m->hp.idx_dim,
                  .page_tokens = page_tokens,
                  .kv_type = kv_type};
     return g;
@@ -741,6 +770,11 @@ ks_err model_kv_type_check(const model *m, int kv_type, ks_errbuf *eb) {
                          "KV type %s needs kv_lora_rank to be a multiple of %u; this model's is "
                          "%d: use --kv-type f16 or f32",
                          kv_type_name(kv_type), blk, m->hp.kv_lora);
+    if (m->hp.idx_dim % (int)blk != 0) // the indexer key follows the attention key
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "KV type %s needs attention.indexer.key_length to be a multiple of %u; "
+                         "this model's is %d: use --kv-type f16 or f32",
+                         kv_type_name(kv_type), blk, m->hp.idx_dim);
     if (m->hp.head_dim % (int)blk != 0)
         return ks_seterr(eb, KS_ERR_INVAL,
                          "KV type %s needs head_dim to be a multiple of %u (its blocks must not "

@@ -17,6 +17,11 @@ typedef struct model__mat {
     size_t row_bytes;
 } model__mat;
 
+/* True for the architectures with multi-head latent attention. */
+static inline bool model__is_mla(model_arch a) {
+    return a == MODEL_ARCH_DEEPSEEK2 || a == MODEL_ARCH_DEEPSEEK32 || a == MODEL_ARCH_GLM_DSA;
+}
+
 typedef struct model__layer {
     const float *attn_norm;           // (E)
     model__mat wq, wk, wv, wo;        // wq: (H*D, E); wk, wv: (Hkv*D, E); wo: (E, H*D)
@@ -41,6 +46,11 @@ typedef struct model__layer {
     const float *kv_a_norm; // (kv_lora)
     model__mat *wk_b;       // (H) of (kv_lora, nope): q_nope -> latent space
     model__mat *wv_b;       // (H) of (mla_v, kv_lora): latent -> a head's output
+    // the sparse-attention indexer (deepseek32, glm-dsa)
+    model__mat idx_q_b;                     // (idx_heads * idx_dim, q_lora): indexer.attn_q_b
+    model__mat idx_k;                       // (idx_dim, E): indexer.attn_k
+    model__mat idx_proj;                    // (idx_heads, E): indexer.proj, the per-head weights
+    const float *idx_k_norm, *idx_k_norm_b; // (idx_dim) LayerNorm of the key
 } model__layer;
 
 struct model {

@@ -486,10 +486,11 @@ static void test_sliding_window(const char *src) {
     unlink(dst);
 }
 
-/* deepseek2's multi-head latent attention on a `kvseal mkmodel --arch
- * deepseek2` file (skipped without KS_BIN or the vocabulary): batch
- * invariant for every KV type, and a read of poisoned KV gives NaN. */
-static void test_mla(void) {
+/* deepseek2's multi-head latent attention, and deepseek32's sparse
+ * attention (top 8 positions: the prompts here reach 22), on `kvseal mkmodel`
+ * files (skipped without KS_BIN or the vocabulary): batch invariant for
+ * every KV type, and a read of poisoned KV gives NaN. */
+static void test_mla(const char *arch) {
     const char *bin = getenv("KS_BIN"), *shared = getenv("KS_SHARED");
     char vocab[1024], dst[256], cmd[4096];
     snprintf(vocab, sizeof vocab, "%s/vocab/ggml-vocab-llama-spm.gguf", shared ? shared : "");
@@ -499,8 +500,8 @@ static void test_mla(void) {
     }
     snprintf(dst, sizeof dst, "/tmp/ks_test_mla_%d.gguf", (int)getpid());
     snprintf(cmd, sizeof cmd,
-             "'%s' mkmodel -o '%s' --vocab '%s' --arch deepseek2 --seed 4 --qk-gain 3 >/dev/null",
-             bin, dst, vocab);
+             "'%s' mkmodel -o '%s' --vocab '%s' --arch %s --seed 4 --qk-gain 3 >/dev/null", bin,
+             dst, vocab, arch);
     CHECK_EQ(system(cmd), 0);
     ks_errbuf eb;
     model *m;
@@ -580,7 +581,8 @@ int main(void) {
     test_load_errors(path);
     test_moe(path);
     test_sliding_window(path);
-    test_mla();
+    test_mla("deepseek2");
+    test_mla("deepseek32");
     printf("model ok\n");
     return 0;
 }
