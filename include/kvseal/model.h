@@ -25,6 +25,9 @@ typedef enum model_arch {
     MODEL_ARCH_GEMMA2 = 5,
     MODEL_ARCH_GEMMA3 = 6,
     MODEL_ARCH_GLM4 = 7,
+    MODEL_ARCH_DEEPSEEK2 = 8,
+    MODEL_ARCH_DEEPSEEK32 = 9, /* deepseek2 + the sparse-attention indexer */
+    MODEL_ARCH_GLM_DSA = 10,   /* GLM-5: the same attention under its own name */
 } model_arch;
 
 /* How a mixture-of-experts router turns logits into expert weights. */
@@ -37,7 +40,8 @@ typedef enum model_gating {
 #define MODEL_MAX_EXPERTS_USED 16
 
 /* The architectures model_load runs, as its refusal lists them. */
-#define MODEL_ARCHS "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, glm4"
+#define MODEL_ARCHS                                                                                \
+    "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, glm4, deepseek2, deepseek32, glm-dsa"
 
 /* Largest head size (attention.key_length) a model may have. */
 #define MODEL_MAX_HEAD_DIM 1024
@@ -51,7 +55,8 @@ typedef struct model_hparams {
     int32_t n_layer;
     int32_t n_head;      /* query heads */
     int32_t n_head_kv;   /* K/V heads (GQA when < n_head) */
-    int32_t head_dim;    /* D */
+    int32_t head_dim;    /* D: K elements per KV head (MLA: kv_lora + n_rot, the latent row) */
+    int32_t head_dim_v;  /* V elements per KV head attention reads (MLA: kv_lora) [head_dim] */
     int32_t n_ff;        /* FFN hidden size */
     int32_t n_rot;       /* rotary dims (<= head_dim) */
     float rope_base;     /* rope.freq_base */
@@ -87,6 +92,23 @@ typedef struct model_hparams {
     float embd_scale;     /* token embeddings are multiplied by this (sqrt(n_embd)) [1] */
     bool ffn_gelu;        /* FFN is GELU(gate) * up (tanh approximation) [false: SiLU] */
     bool post_norms;      /* RMSNorm of each sublayer's output before its residual add */
+    /* Multi-head latent attention (deepseek2; kv_lora 0: none). The KV row of
+     * a position is [rmsnorm(latent) (kv_lora) | RoPE key (n_rot)], one per
+     * layer (n_head_kv 1, head_dim kv_lora + n_rot): K is the whole row, V
+     * its first kv_lora elements; queries are absorbed into latent space. */
+    int32_t kv_lora;      /* attention.kv_lora_rank */
+    int32_t q_lora;       /* attention.q_lora_rank (0: one attn_q matrix) */
+    int32_t mla_qk;       /* attention.key_length_mla: a query head's nope + rope dims */
+    int32_t mla_v;        /* attention.value_length_mla: a head's output dims after attn_v_b */
+    int32_t n_dense_lead; /* leading_dense_block_count: first layers with a dense FFN */
+    /* DeepSeek sparse attention (deepseek32, glm-dsa; idx_topk 0: none): an
+     * indexer scores every past position per token, sum over idx_heads of
+     * relu(q_h . k_j) * w_h, and attention reads only the idx_topk best. Its
+     * keys (idx_dim) follow the rope key in the KV row. */
+    int32_t idx_heads; /* attention.indexer.head_count */
+    int32_t idx_dim;   /* attention.indexer.key_length */
+    int32_t idx_topk;  /* attention.indexer.top_k */
+    float ln_eps;      /* attention.layer_norm_epsilon: the indexer key's LayerNorm */
 } model_hparams;
 
 typedef struct model model;

@@ -36,6 +36,8 @@ typedef struct {
     const char *rope_type; /* "linear" or "yarn" when rope_scale != 1 */
     long rope_orig_ctx;    /* YaRN's original context (0: context_length) */
     long n_swa;            /* attention.sliding_window (gemma, llama) */
+    long kv_lora, q_lora, qk_nope, v_head; /* deepseek2's MLA (kv_lora 0: none) */
+    long idx_heads, idx_dim, idx_topk;     /* deepseek32 / glm-dsa's indexer (0: none) */
     double attn_softcap, final_softcap; /* gemma: 0 = key not written */
     int n_threads;
 } mk__opts;
@@ -200,7 +202,38 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
              mk__add(p, o, KS_DTYPE_F32, MK__ONES, 0.5f, HD / 2, 0, "rope_factors_long.weight", 0);
     for (int l = 0; ok && l < o->n_layer; l++) {
         ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l);
-        if (ok && phi3)
+        if (ok && o->kv_lora) { // MLA: low-rank Q, the latent + rope key, per-head k_b / v_b
+            const int64_t KL = o->kv_lora, QL = o->q_lora, R = o->n_rot, NP = o->qk_nope;
+            const int64_t QH = o->n_head * (NP + R), VH = o->v_head;
+            if (QL)
+                ok = mk__add(p, o, W, MK__RAND, s_in, E, QL, "blk.%d.attn_q_a.weight", l) &&
+                     mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, QL, 0,
+                             "blk.%d.attn_q_a_norm.weight", l) &&
+                     mk__add(p, o, W, MK__RAND, s_qk * sqrtf((float)E / (float)QL), QL, QH,
+                             "blk.%d.attn_q_b.weight", l);
+            else
+                ok = mk__add(p, o, W, MK__RAND, s_qk, E, QH, "blk.%d.attn_q.weight", l);
+            ok = ok &&
+                 mk__add(p, o, W, MK__RAND, s_qk, E, KL + R, "blk.%d.attn_kv_a_mqa.weight", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, KL, 0, "blk.%d.attn_kv_a_norm.weight",
+                         l) &&
+                 mk__add3(p, o, W, MK__RAND, 1.0f / sqrtf((float)NP), NP, KL, o->n_head,
+                          "blk.%d.attn_k_b.weight", l) &&
+                 mk__add3(p, o, W, MK__RAND, 1.0f / sqrtf((float)KL), KL, VH, o->n_head,
+                          "blk.%d.attn_v_b.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, res / sqrtf((float)(o->n_head * VH)), o->n_head * VH, E,
+                         "blk.%d.attn_output.weight", l);
+            const int64_t NI = o->idx_heads, I = o->idx_dim;
+            if (ok && o->idx_topk) // the indexer: queries from the bottleneck, key and weights
+                ok = mk__add(p, o, W, MK__RAND, s_qk * sqrtf((float)E / (float)QL), QL, NI * I,
+                             "blk.%d.indexer.attn_q_b.weight", l) &&
+                     mk__add(p, o, W, MK__RAND, s_qk, E, I, "blk.%d.indexer.attn_k.weight", l) &&
+                     mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, I, 0,
+                             "blk.%d.indexer.k_norm.weight", l) &&
+                     mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, I, 0, "blk.%d.indexer.k_norm.bias",
+                             l) &&
+                     mk__add(p, o, W, MK__RAND, s_in, E, NI, "blk.%d.indexer.proj.weight", l);
+        } else if (ok && phi3)
             ok = mk__add(p, o, W, MK__RAND, s_qk, E, QD + 2 * KD, "blk.%d.attn_qkv.weight", l);
         else if (ok)
             ok = mk__add(p, o, W, MK__RAND, s_qk, E, QD, "blk.%d.attn_q.weight", l) &&
@@ -215,8 +248,9 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, HD, 0, "blk.%d.attn_q_norm.weight",
                         l) &&
                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, HD, 0, "blk.%d.attn_k_norm.weight", l);
-        ok = ok && mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E,
-                           "blk.%d.attn_output.weight", l);
+        if (!o->kv_lora)
+            ok = ok && mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E,
+                               "blk.%d.attn_output.weight", l);
         if (ok && (gemma || glm4)) // norms of the sublayer outputs (gemma's: 1 + w already)
             ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0,
                          "blk.%d.post_attention_norm.weight", l);
@@ -254,7 +288,8 @@ static void mk__usage(FILE *fp) {
     fprintf(
         fp,
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
-        "  --arch llama|qwen2|qwen3|qwen3moe|phi3|gemma2|gemma3|glm4  architecture\n"
+        "  --arch llama|qwen2|qwen3|qwen3moe|phi3|gemma2|gemma3|glm4|deepseek2|deepseek32|glm-dsa\n"
+        "                               architecture\n"
         "                               (default llama); gemma: tied, post-norms, GELU\n"
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
         "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
@@ -272,6 +307,13 @@ static void mk__usage(FILE *fp) {
         "                               angle divisors, random in [0.13, 1.87])\n"
         "  --longrope                   phi3's LongRoPE: rope_factors_short/long tensors and\n"
         "                               rope.scaling.attn_factor (long ones past --rope-orig-ctx)\n"
+        "  --kv-lora N --q-lora N --qk-nope N --qk-rope N --v-head N\n"
+        "                               deepseek2's MLA: latent rank (default 128), query\n"
+        "                               rank (192; 0: one attn_q), a head's nope and rope\n"
+        "                               dims (64, 32) and output dims (64); every FFN dense\n"
+        "  --idx-heads N --idx-dim N --idx-topk K\n"
+        "                               deepseek32/glm-dsa's sparse-attention indexer: heads\n"
+        "                               (default 8), key length (64), positions kept (8)\n"
         "  --swa N                      attention.sliding_window: gemma's sliding layers\n"
         "                               (default 32); llama: every layer (Mistral style)\n"
         "  --attn-softcap F --final-softcap F  gemma: score / logit soft-capping (gemma2\n"
@@ -342,9 +384,13 @@ static bool mk__check_shape(const mk__opts *o) {
         const char *what;
         long n;
     } rows[] = {{"n_embd (rows of token_embd, attn_q/k/v, ffn_gate/up, output)", o->n_embd},
-                {"n_head*head_dim (rows of attn_output)", o->n_head * o->head_dim},
+                {"n_head*head_dim (rows of attn_output)", o->kv_lora ? 0 : o->n_head * o->head_dim},
                 {"n_ff (rows of ffn_down)", o->n_ff},
-                {"n_ff_exp (rows of ffn_down_exps)", o->n_expert ? o->n_ff_exp : 0}};
+                {"n_ff_exp (rows of ffn_down_exps)", o->n_expert ? o->n_ff_exp : 0},
+                {"q_lora (rows of attn_q_b)", o->q_lora},
+                {"qk_nope (rows of attn_k_b)", o->qk_nope},
+                {"kv_lora (rows of attn_v_b)", o->kv_lora},
+                {"n_head*v_head (rows of attn_output)", o->n_head * o->v_head}};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         if (rows[i].n % be) {
             fprintf(stderr,
@@ -380,6 +426,23 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
         ok = MK__U32("expert_count", o->n_expert) &&
              MK__U32("expert_used_count", o->n_expert_used) &&
              (o->n_ff_exp == o->n_ff || MK__U32("expert_feed_forward_length", o->n_ff_exp));
+    if (ok && o->kv_lora) // MLA as llama.cpp's converter writes it; every FFN dense, though
+        ok = MK__U32("attention.kv_lora_rank", o->kv_lora) &&          // llama.cpp
+             MK__U32("attention.q_lora_rank", o->q_lora) &&            // wants the
+             MK__U32("attention.key_length", o->kv_lora + o->n_rot) && // MoE keys
+             MK__U32("attention.value_length", o->kv_lora) &&
+             MK__U32("attention.key_length_mla", o->qk_nope + o->n_rot) &&
+             MK__U32("attention.value_length_mla", o->v_head) &&
+             MK__U32("leading_dense_block_count", o->n_layer) && MK__U32("expert_count", 4) &&
+             MK__U32("expert_used_count", 2) &&
+             MK__U32("expert_feed_forward_length", o->n_ff / 2) &&
+             MK__U32("expert_shared_count", 1) && MK__F32("expert_weights_scale", 1.0) &&
+             MK__U32("expert_gating_func", 1);
+    if (ok && o->idx_topk)
+        ok = MK__U32("attention.indexer.head_count", o->idx_heads) &&
+             MK__U32("attention.indexer.key_length", o->idx_dim) &&
+             MK__U32("attention.indexer.top_k", o->idx_topk) &&
+             MK__F32("attention.layer_norm_epsilon", 1e-6);
     if (ok && !strcmp(a, "llama") && o->n_swa) // Mistral style: every layer slides
         ok = MK__U32("attention.sliding_window", o->n_swa);
     if (ok && !strncmp(a, "gemma", 5)) {
@@ -387,8 +450,9 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
         if (ok && o->attn_softcap > 0) ok = MK__F32("attn_logit_softcapping", o->attn_softcap);
         if (ok && o->final_softcap > 0) ok = MK__F32("final_logit_softcapping", o->final_softcap);
     }
-    if (ok && (!strncmp(a, "qwen3", 5) || !strncmp(a, "gemma", 5) ||
-               o->head_dim * o->n_head != o->n_embd))
+    if (ok && !o->kv_lora &&
+        (!strncmp(a, "qwen3", 5) || !strncmp(a, "gemma", 5) ||
+         o->head_dim * o->n_head != o->n_embd))
         ok = MK__U32("attention.key_length", o->head_dim) &&
              MK__U32("attention.value_length", o->head_dim);
     if (ok && o->longrope) // sqrt(1 + ln(scale) / ln(original context)), scale 32, orig 4096
@@ -421,6 +485,8 @@ int cli_mkmodel(int argc, char **argv) {
                   .n_threads = cli__default_threads()};
     const char *shape = "tiny";
     long v_embd = 0, v_layer = 0, v_head = 0, v_head_kv = 0, v_ff = 0, v_ctx = 0, v_hd = 0;
+    long qk_rope = 0;        // deepseek2: rope.dimension_count
+    bool q_lora_set = false; // --q-lora given (0 is a value)
     double rope_base = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -478,6 +544,9 @@ int cli_mkmodel(int argc, char **argv) {
             if (!cli__parse_float(a, v, dst) || !(*dst > 0)) return 2;
         } else if (!strcmp(a, "--qk-gain")) {
             if (!cli__parse_float(a, v, &o.qk_gain) || !(o.qk_gain > 0)) return 2;
+        } else if (!strcmp(a, "--q-lora")) { // 0: one attn_q matrix
+            if (!cli__parse_int(a, v, 0, 1L << 20, &o.q_lora)) return 2;
+            q_lora_set = true;
         } else if (!strcmp(a, "--rope-scale")) {
             if (!cli__parse_float(a, v, &o.rope_scale) || !(o.rope_scale > 0)) return 2;
         } else {
@@ -492,6 +561,13 @@ int cli_mkmodel(int argc, char **argv) {
                         : !strcmp(a, "--n-expert-used") ? &o.n_expert_used
                         : !strcmp(a, "--n-ff-exp")      ? &o.n_ff_exp
                         : !strcmp(a, "--swa")           ? &o.n_swa
+                        : !strcmp(a, "--kv-lora")       ? &o.kv_lora
+                        : !strcmp(a, "--qk-nope")       ? &o.qk_nope
+                        : !strcmp(a, "--qk-rope")       ? &qk_rope
+                        : !strcmp(a, "--v-head")        ? &o.v_head
+                        : !strcmp(a, "--idx-heads")     ? &o.idx_heads
+                        : !strcmp(a, "--idx-dim")       ? &o.idx_dim
+                        : !strcmp(a, "--idx-topk")      ? &o.idx_topk
                                                         : NULL;
             if (!dst) {
                 fprintf(stderr, "kvseal mkmodel: unknown option '%s'\n", a);
@@ -508,13 +584,41 @@ int cli_mkmodel(int argc, char **argv) {
     }
     bool qwen = !strcmp(o.arch, "qwen2") || !strcmp(o.arch, "qwen3") || !strcmp(o.arch, "qwen3moe");
     bool gemma = !strcmp(o.arch, "gemma2") || !strcmp(o.arch, "gemma3");
-    if (!qwen && !gemma && strcmp(o.arch, "llama") && strcmp(o.arch, "phi3") &&
+    const bool dsa = !strcmp(o.arch, "deepseek32") || !strcmp(o.arch, "glm-dsa");
+    const bool mla = dsa || !strcmp(o.arch, "deepseek2");
+    if (!qwen && !gemma && !mla && strcmp(o.arch, "llama") && strcmp(o.arch, "phi3") &&
         strcmp(o.arch, "glm4")) {
         fprintf(stderr,
                 "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe phi3 gemma2 "
-                "gemma3 glm4\n",
+                "gemma3 glm4 deepseek2 deepseek32 glm-dsa\n",
                 o.arch);
         return 2;
+    }
+    if (!mla && (o.kv_lora || q_lora_set || o.qk_nope || qk_rope || o.v_head)) {
+        fprintf(stderr, "kvseal mkmodel: --kv-lora --q-lora --qk-nope --qk-rope --v-head are "
+                        "deepseek2's\n");
+        return 2;
+    }
+    if (!dsa && (o.idx_heads || o.idx_dim || o.idx_topk)) {
+        fprintf(stderr, "kvseal mkmodel: --idx-heads --idx-dim --idx-topk are deepseek32's and "
+                        "glm-dsa's\n");
+        return 2;
+    }
+    if (dsa) { // an indexer of 8 heads of 64 picking 8 positions: sparse at context 128
+        if (!o.idx_heads) o.idx_heads = 8;
+        if (!o.idx_dim) o.idx_dim = 64;
+        if (!o.idx_topk) o.idx_topk = 8;
+    }
+    if (mla) { // a small DeepSeek-V3-like attention: the latent 4x a head's nope part
+        if (!o.kv_lora) o.kv_lora = 128;
+        if (!q_lora_set) o.q_lora = 192;
+        if (!o.qk_nope) o.qk_nope = 64;
+        if (!qk_rope) qk_rope = 32;
+        if (!o.v_head) o.v_head = 64;
+        if (qk_rope % 2) {
+            fprintf(stderr, "kvseal mkmodel: --qk-rope %ld must be even\n", qk_rope);
+            return 2;
+        }
     }
     if (o.longrope && strcmp(o.arch, "phi3")) {
         fprintf(stderr, "kvseal mkmodel: --longrope is phi3's\n");
@@ -584,6 +688,11 @@ int cli_mkmodel(int argc, char **argv) {
                                                       : 10000.0;
     o.eps = qwen || gemma ? 1e-6 : 1e-5;
     o.n_rot = strcmp(o.arch, "glm4") ? o.head_dim : o.head_dim / 2; // glm4: partial rotary
+    if (mla) { // the KV "head" is the latent row; queries are nope + rope per head
+        o.n_rot = qk_rope;
+        o.n_head_kv = 1;
+        o.head_dim = o.kv_lora + qk_rope;
+    }
     char name[128];
     if (!o.name) {
         snprintf(name, sizeof name, "mkmodel-%s-%s-%s-seed%llu", o.arch, shape,

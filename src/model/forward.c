@@ -20,7 +20,8 @@ typedef struct fwd__mm_part {
     const model__mat *w;
     const void *X; // (T, x_stride bytes) in kern_act_type(w->type)
     size_t x_stride;
-    float *Y; // (T, N)
+    float *Y;   // (T, ldy), the part's N columns at the front of each row
+    size_t ldy; // Y's row stride in floats (0: N)
     int T;
     kern_matmul_fn fn;
     int64_t chunk;  // weight rows per claim
@@ -38,9 +39,9 @@ struct model_ctx {
     float *x;     // (T, E) residual stream
     float *xn;    // (T, max(E, H*D)) normed input / gathered output rows
     float *q;     // (T, H*D)
-    float *k;     // (T, Hkv*D)
+    float *k;     // (T, Hkv*D); MLA: the KV row [latent | rope key]
     float *v;     // (T, Hkv*D)
-    float *att;   // (T, H*D)
+    float *att;   // (T, H*Dv) attention output, Dv = head_dim_v
     float *tmp;   // (T, E)
     float *g;     // (T, F), or (T*k, F_exp) rows of a MoE layer in expert order
     float *u;     // the same
@@ -53,7 +54,18 @@ struct model_ctx {
     int32_t *x_off;      // (n_expert + 1) first row of each expert's run, then
                          // (n_expert) rows placed so far (fwd__route)
     float *xe;           // (T*k, E) expert inputs gathered, then their outputs
-    fwd__mm_part *parts; // (2 * n_expert) one matmul run's parts
+    fwd__mm_part *parts; // (max(2 * n_expert, n_head)) one matmul run's parts
+    // multi-head latent attention (NULL without it)
+    float *mla_qa;      // (T, q_lora) the query bottleneck
+    float *mla_qf;      // (T, H * mla_qk) queries before absorption: per head nope, then rope
+    float *mla_qn;      // (T, H * nope) the nope parts, a (T*H)-row matrix the absorption reads
+    // the sparse-attention indexer (NULL without it)
+    float *dsa_q;       // (T, idx_heads * idx_dim) indexer queries, rope part first
+    float *dsa_k;       // (T, idx_dim) indexer keys, stored behind the rope key in the KV row
+    float *dsa_w;       // (T, idx_heads) per-head weights
+    int32_t *dsa_sel;   // (T, idx_topk) the positions a token attends to, ascending
+    int32_t *dsa_n;     // (T) how many (0: every position, the context is within top_k)
+    size_t dsa_off;     // byte offset of the indexer key in a KV row
     float *scores;      // (nth, G, max_ctx) attention scratch per thread, G query heads per KV head
     int32_t *seq_next;  // (max_tokens) per-sequence next position, for validation
     atomic_int *seq_bad; // (max_tokens) per-sequence: a page failed to resolve this pass
@@ -82,7 +94,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
         return ks_seterr(eb, KS_ERR_INVAL, "model context: bad sizes (tokens %d, ctx %d, threads %d)",
                          max_tokens, max_ctx, n_threads);
     const kv_geom *g = kv_pool_geom(pool);
-    if (g->n_layer != hp->n_layer || g->kv_dim != hp->n_head_kv * hp->head_dim)
+    if (g->n_layer != hp->n_layer || g->kv_dim != hp->n_head_kv * hp->head_dim + hp->idx_dim)
         return ks_seterr(eb, KS_ERR_INVAL, "model context: kv pool geometry does not match the model");
     ks_err te = model_kv_type_check(m, g->kv_type, eb);
     if (te) return te;
@@ -106,7 +118,9 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     size_t KVD = (size_t)hp->n_head_kv * hp->head_dim, F = (size_t)hp->n_ff;
     size_t XN = E > HD ? E : HD;
     const size_t NX = (size_t)hp->n_expert, KX = (size_t)hp->n_expert_used;
-    const size_t TA = NX ? T * KX : T; // rows of activations a matmul reads
+    const size_t H = (size_t)hp->n_head, NOPE = (size_t)(hp->mla_qk - hp->n_rot);
+    size_t TA = NX ? T * KX : T;               // rows of activations a matmul reads
+    if (hp->kv_lora && TA < T * H) TA = T * H; // MLA: per-head rows of q_nope and the output
     if (NX && KX * (size_t)hp->n_ff_exp > F) F = KX * (size_t)hp->n_ff_exp;
     c->x = ks_alloc_aligned(T * E * sizeof(float));
     c->xn = ks_alloc_aligned(T * XN * sizeof(float));
@@ -126,20 +140,43 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
         c->row_tok = malloc(T * KX * sizeof(int32_t));
         c->x_off = malloc((2 * NX + 1) * sizeof(int32_t));
         c->xe = ks_alloc_aligned(T * KX * E * sizeof(float));
-        c->parts = calloc(2 * NX, sizeof *c->parts);
-        moe_ok = c->router && c->sel && c->sel_w && c->slot_row && c->row_tok && c->x_off &&
-                 c->xe && c->parts;
+        moe_ok = c->router && c->sel && c->sel_w && c->slot_row && c->row_tok && c->x_off && c->xe;
     }
-    c->scores = ks_alloc_aligned((size_t)n_threads * (size_t)(hp->n_head / hp->n_head_kv) *
-                                 (size_t)max_ctx * sizeof(float));
+    if (NX || hp->kv_lora) {
+        c->parts = calloc(2 * NX > H ? 2 * NX : H, sizeof *c->parts);
+        moe_ok = moe_ok && c->parts;
+    }
+    if (hp->kv_lora) {
+        c->mla_qa = ks_alloc_aligned(T * (size_t)(hp->q_lora ? hp->q_lora : 1) * sizeof(float));
+        c->mla_qf = ks_alloc_aligned(T * H * (size_t)hp->mla_qk * sizeof(float));
+        c->mla_qn = ks_alloc_aligned(T * H * NOPE * sizeof(float));
+        moe_ok = moe_ok && c->mla_qa && c->mla_qf && c->mla_qn;
+    }
+    if (hp->idx_topk) {
+        const size_t NI = (size_t)hp->idx_heads, I = (size_t)hp->idx_dim;
+        c->dsa_q = ks_alloc_aligned(T * NI * I * sizeof(float));
+        c->dsa_k = ks_alloc_aligned(T * I * sizeof(float));
+        c->dsa_w = ks_alloc_aligned(T * NI * sizeof(float));
+        c->dsa_sel = malloc(T * (size_t)hp->idx_topk * sizeof(int32_t));
+        c->dsa_n = malloc(T * sizeof(int32_t));
+        uint64_t off = 0;
+        KS_ASSERT(ks_dtype_row_bytes((uint32_t)g->kv_type, (uint64_t)hp->head_dim, &off));
+        c->dsa_off = (size_t)off;
+        moe_ok = moe_ok && c->dsa_q && c->dsa_k && c->dsa_w && c->dsa_sel && c->dsa_n;
+    }
+    // per thread: G query heads' scores, or the indexer heads' dot products and their sum
+    const size_t G = (size_t)(hp->n_head / hp->n_head_kv), GI = (size_t)hp->idx_heads + 1;
+    c->scores =
+        ks_alloc_aligned((size_t)n_threads * (G > GI ? G : GI) * (size_t)max_ctx * sizeof(float));
     c->seq_next = malloc(T * sizeof(int32_t));
     c->seq_bad = malloc(T * sizeof(atomic_int));
     c->seq_first = malloc(T * sizeof(int32_t));
     c->max_pages = (max_ctx + g->page_tokens - 1) / g->page_tokens;
     c->kp = malloc(T * (size_t)c->max_pages * sizeof(void *));
     c->vp = malloc(T * (size_t)c->max_pages * sizeof(void *));
-    // largest activation row: K is one of E, H*D, F
+    // largest activation row: K is one of E, H*D, F, q_lora
     size_t Kmax = XN > F ? XN : F;
+    if ((size_t)hp->q_lora > Kmax) Kmax = (size_t)hp->q_lora;
     uint64_t rb0 = 0, rbk = 0;
     ks_dtype_row_bytes(KS_DTYPE_Q8_0, (Kmax + 31) / 32 * 32, &rb0);
     ks_dtype_row_bytes(KS_DTYPE_Q8_K, (Kmax + 255) / 256 * 256, &rbk);
@@ -160,8 +197,9 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
 void model_ctx_free(model_ctx *c) {
     if (!c) return;
     ks_pool_destroy(c->threads);
-    float *bufs[] = {c->x,   c->xn, c->q, c->k,      c->v,      c->att,
-                     c->tmp, c->g,  c->u, c->scores, c->router, c->xe};
+    float *bufs[] = {c->x,      c->xn,     c->q,      c->k,      c->v,      c->att,
+                     c->tmp,    c->g,      c->u,      c->scores, c->router, c->xe,
+                     c->mla_qa, c->mla_qf, c->mla_qn, c->dsa_q,  c->dsa_k,  c->dsa_w};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ks_free_aligned(bufs[i]);
     ks_free_aligned(c->act[0].buf);
     ks_free_aligned(c->act[1].buf);
@@ -171,6 +209,8 @@ void model_ctx_free(model_ctx *c) {
     free(c->row_tok);
     free(c->x_off);
     free(c->parts);
+    free(c->dsa_sel);
+    free(c->dsa_n);
     free(c->seq_next);
     free(c->seq_bad);
     free(c->seq_first);
@@ -220,7 +260,7 @@ static void fwd__mm_task(void *arg, int ith, int nth) {
         p->fn(w->K, (int)(r1 - r), p->T,
               (const char *)w->data +
                   (w->packed ? (size_t)(r / 16) * w->group_bytes : (size_t)r * w->row_bytes),
-              w->row_bytes, p->X, p->x_stride, p->Y + r, (size_t)w->N);
+              w->row_bytes, p->X, p->x_stride, p->Y + r, p->ldy);
     }
 }
 
@@ -234,6 +274,7 @@ static void fwd__mm_run(model_ctx *c, fwd__mm_part *parts, int n) {
         p->fn = p->w->packed ? c->kv->matmul_r16[p->w->type] : c->kv->matmul[p->w->type];
         KS_ASSERT(p->fn);
         p->chunk = fwd__rows_per_claim(p->w->N, nth);
+        if (!p->ldy) p->ldy = (size_t)p->w->N;
         p->claim0 = a.n_claims;
         a.n_claims += (p->w->N + p->chunk - 1) / p->chunk;
     }
@@ -296,12 +337,12 @@ static void fwd__act(model_ctx *c, const model__mat *w, const float *X, int T, c
     *stride = (size_t)rb;
 }
 
-/* Ys[i] = X @ ws[i]^T for T rows of X (K floats each), i < n (<= 3), in one
+/* Ys[i] = X @ ws[i]^T for T rows of X (K floats each), i < n (<= 4), in one
  * pool run. */
 static void fwd__matmuls(model_ctx *c, int n, const model__mat *const *ws, const float *X, int T,
                          float *const *Ys) {
-    fwd__mm_part p[3] = {0};
-    KS_ASSERT(n >= 1 && n <= 3);
+    fwd__mm_part p[4] = {0};
+    KS_ASSERT(n >= 1 && n <= 4);
     for (int i = 0; i < n; i++) {
         p[i].w = ws[i];
         p[i].Y = Ys[i];
@@ -329,6 +370,9 @@ typedef enum {
     FWD_POST_ADD_NORM, // tmp[t] = rmsnorm(tmp[t]) * w2, then FWD_ADD_NORM (gemma post-norms)
     FWD_MOE_GATHER,    // xe[r] = xn[row_tok[r]], rows in expert order
     FWD_MOE_COMBINE,   // tmp[t] = sum over t's slots j of sel_w[t][j] * xe[slot_row[t][j]]
+    FWD_MLA_QNORM,     // mla_qa[t] = rmsnorm(mla_qa[t]) * w
+    FWD_MLA_QKV,       // rope q/k, q_nope to mla_qn, latent normed; write the KV row
+    FWD_DSA_SELECT,    // the indexer's top_k positions of token t into dsa_sel[t]
 } fwd__rowop;
 
 typedef struct {
@@ -397,6 +441,153 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
     kv->kv_store[c->kv_type](v, (uint8_t *)vp + row, KVD);
 }
 
+/* x = (x - mean) / sqrt(var + eps) * w + b over n floats, sums in double. */
+static void fwd__layernorm(int n, float *x, const float *w, const float *b, float eps) {
+    double sum = 0.0, sq = 0.0;
+    for (int i = 0; i < n; i++)
+        sum += x[i];
+    const float mean = (float)(sum / n);
+    for (int i = 0; i < n; i++) {
+        x[i] -= mean;
+        sq += (double)x[i] * x[i];
+    }
+    const float scale = 1.0f / sqrtf((float)(sq / n) + eps);
+    for (int i = 0; i < n; i++)
+        x[i] = x[i] * scale * w[i] + b[i];
+}
+
+/* MLA's per-token part of the attention input: each head's query splits
+ * into nope (to mla_qn, for the absorption matmuls) and rope (rotated into
+ * q[t][h*D + kv_lora ..], behind the room the absorbed nope part will fill);
+ * the KV row k[t] = [rmsnorm(latent) * kv_a_norm | rotated rope key] goes
+ * to the page, one row per layer. */
+static void fwd__mla_row(fwd__rows *a, int t) {
+    model_ctx *c = a->c;
+    const model_hparams *hp = &c->m->hp;
+    const model__layer *L = &c->m->layers[a->layer];
+    const int H = hp->n_head, D = hp->head_dim, KL = hp->kv_lora, R = hp->n_rot;
+    const int QK = hp->mla_qk, NOPE = QK - R;
+    const float *qf = c->mla_qf + (size_t)t * (size_t)(H * QK);
+    float *q = c->q + (size_t)t * (size_t)(H * D), *qn = c->mla_qn + (size_t)t * (size_t)(H * NOPE);
+    float *kr = c->k + (size_t)t * (size_t)D;
+    const int32_t pos = a->b->pos[t];
+    float cs[MODEL_MAX_HEAD_DIM];
+    const kern_rope_cfg rc = {.n_rot = R,
+                              .freq_base = hp->rope_base,
+                              .freq_scale = hp->rope_scale,
+                              .freq_factors = c->rope_freqs,
+                              .ext_factor = hp->rope_ext_factor,
+                              .attn_factor = hp->rope_attn_factor,
+                              .corr_lo = hp->rope_corr[0],
+                              .corr_hi = hp->rope_corr[1]};
+    kern_rope_table_cfg(cs, &rc, pos);
+    for (int h = 0; h < H; h++) {
+        memcpy(qn + h * NOPE, qf + h * QK, sizeof(float) * (size_t)NOPE);
+        float *qpe = q + h * D + KL;
+        memcpy(qpe, qf + h * QK + NOPE, sizeof(float) * (size_t)R);
+        kern_rope_apply(qpe, R, cs, hp->rope_neox);
+    }
+    c->kv->rmsnorm(KL, kr, L->kv_a_norm, hp->norm_eps, kr);
+    kern_rope_apply(kr + KL, R, cs, hp->rope_neox);
+    const int NI = hp->idx_heads, I = hp->idx_dim;
+    float *ik = hp->idx_topk ? c->dsa_k + (size_t)t * (size_t)I : NULL;
+    if (ik) { // the indexer's key: LayerNorm, then its rope part (first, NEOX pairs) turns
+        fwd__layernorm(I, ik, L->idx_k_norm, L->idx_k_norm_b, hp->ln_eps);
+        kern_rope_apply(ik, R, cs, true);
+        float *iq = c->dsa_q + (size_t)t * (size_t)(NI * I);
+        for (int h = 0; h < NI; h++)
+            kern_rope_apply(iq + h * I, R, cs, true);
+    }
+    const int si = a->b->seq[t];
+    const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
+    void *kp, *vp;
+    if (atomic_load_explicit(&c->seq_bad[si], memory_order_relaxed)) return;
+    if (kv_seq_span_write(c->pool, a->b->seqs[si], (uint32_t)pos / P, a->layer, &kp, &vp) !=
+        KS_OK) {
+        atomic_store(&c->seq_bad[si], 1); // I1: this sequence stops here; others go on
+        return;
+    }
+    uint8_t *row = (uint8_t *)kp + (size_t)((uint32_t)pos % P) * c->kv_row;
+    c->kv->kv_store[c->kv_type](kr, row, D);
+    if (ik) c->kv->kv_store[c->kv_type](ik, row + c->dsa_off, I);
+}
+
+/* Heap order of the indexer's candidates: the worse of two (lower score,
+ * or on a tie the later position) sorts first. */
+static bool fwd__dsa_worse(float sa, int32_t ja, float sb, int32_t jb) {
+    return sa < sb || (sa == sb && ja > jb);
+}
+
+/* Token t's sparse-attention selection: every past position j of its
+ * sequence scored sum_h relu(q_h . k_j) * w_h / sqrt(heads * dim) from the
+ * indexer keys in its own pages (the table fwd__resolve checked), and the
+ * top_k best kept, ascending, in dsa_sel[t]; dsa_n[t] = 0 when the context
+ * fits in top_k (attention reads every position). sc: scratch of
+ * (idx_heads + 1) * max_ctx floats. */
+static void fwd__dsa_select(fwd__rows *a, int t, float *sc) {
+    model_ctx *c = a->c;
+    const model_hparams *hp = &c->m->hp;
+    const int NI = hp->idx_heads, I = hp->idx_dim, K = hp->idx_topk, si = a->b->seq[t];
+    const uint32_t n_ctx = (uint32_t)a->b->pos[t] + 1;
+    const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
+    const size_t S = (size_t)c->max_ctx;
+    c->dsa_n[t] = 0;
+    if (n_ctx <= (uint32_t)K || atomic_load_explicit(&c->seq_bad[si], memory_order_relaxed)) return;
+    const void *const *kp = c->kp + (size_t)si * (size_t)c->max_pages;
+    const float *iq = c->dsa_q + (size_t)t * (size_t)(NI * I),
+                *w = c->dsa_w + (size_t)t * (size_t)NI;
+    for (uint32_t j = 0; j < n_ctx;) { // sc[h*S + j] = q_h . k_j, a page's rows at a time
+        const uint32_t r = j % P, nj = n_ctx - j < P - r ? n_ctx - j : P - r;
+        const uint8_t *rows = (const uint8_t *)kp[j / P] + (size_t)r * c->kv_row + c->dsa_off;
+        c->kv->dot_rows[c->kv_type](I, NI, iq, rows, c->kv_row, (int)nj, 1.0f, sc + j, S);
+        j += nj;
+    }
+    float *score = sc + (size_t)NI * S;
+    const float scale = 1.0f / sqrtf((float)NI * (float)I);
+    for (uint32_t j = 0; j < n_ctx; j++) {
+        float v = 0.0f;
+        for (int h = 0; h < NI; h++)
+            v += fmaxf(sc[(size_t)h * S + j], 0.0f) * w[h];
+        score[j] = v * scale;
+    }
+    // a min-heap of the K best so far (the root: the worst of them)
+    int32_t *heap = c->dsa_sel + (size_t)t * (size_t)K;
+    for (uint32_t j = 0; j < n_ctx; j++) {
+        int i = (int)j;
+        if (j < (uint32_t)K) { // sift up
+            for (; i > 0; i = (i - 1) / 2) {
+                const int32_t up = heap[(i - 1) / 2];
+                if (!fwd__dsa_worse(score[j], (int32_t)j, score[up], up)) break;
+                heap[i] = up;
+            }
+            heap[i] = (int32_t)j;
+            continue;
+        }
+        if (!fwd__dsa_worse(score[heap[0]], heap[0], score[j], (int32_t)j)) continue;
+        for (i = 0;;) { // j replaces the root: sift down
+            int l = 2 * i + 1, mi = i;
+            int32_t worst = (int32_t)j;
+            if (l < K && fwd__dsa_worse(score[heap[l]], heap[l], score[worst], worst))
+                mi = l, worst = heap[l];
+            if (l + 1 < K && fwd__dsa_worse(score[heap[l + 1]], heap[l + 1], score[worst], worst))
+                mi = l + 1, worst = heap[l + 1];
+            if (mi == i) break;
+            heap[i] = heap[mi];
+            i = mi;
+        }
+        heap[i] = (int32_t)j;
+    }
+    // ascending positions: attention reads them in order (a fixed sum order)
+    for (int i = 1; i < K; i++) {
+        const int32_t v = heap[i];
+        int k = i;
+        for (; k > 0 && heap[k - 1] > v; k--)
+            heap[k] = heap[k - 1];
+        heap[k] = v;
+    }
+    c->dsa_n[t] = K;
+}
+
 static void fwd__rows_task(void *arg, int ith, int nth) {
     fwd__rows *a = arg;
     model_ctx *c = a->c;
@@ -433,6 +624,18 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             c->kv->rmsnorm(E, c->x + xo, a->w, m->hp.norm_eps, c->xn + xo);
             break;
         case FWD_QKV: fwd__qkv_row(a, t); break;
+        case FWD_MLA_QKV:
+            fwd__mla_row(a, t);
+            break;
+        case FWD_DSA_SELECT:
+            fwd__dsa_select(
+                a, t, c->scores + (size_t)ith * (size_t)(m->hp.idx_heads + 1) * (size_t)c->max_ctx);
+            break;
+        case FWD_MLA_QNORM: {
+            float *r = c->mla_qa + (size_t)t * (size_t)m->hp.q_lora;
+            c->kv->rmsnorm(m->hp.q_lora, r, a->w, m->hp.norm_eps, r);
+            break;
+        }
         case FWD_SWIGLU:
             c->kv->silu_mul(F, c->g + (size_t)t * (size_t)F, c->u + (size_t)t * (size_t)F,
                             c->g + (size_t)t * (size_t)F);
@@ -595,6 +798,66 @@ static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L) 
 }
 
 // ----------------------------------------------------------------------------
+// Multi-head latent attention (deepseek2), absorbed: a head's query moves into
+// the latent space (wk_b), attention runs as one KV head of [latent | rope
+// key] rows with V the latent, and the output leaves it through wv_b.
+
+/* p reads head h's rows of X, a (T*H, w->K) matrix of T tokens' H heads:
+ * one quantization of all rows, then every H-th row from h. */
+static void fwd__act_head(model_ctx *c, fwd__mm_part *p, const float *X, int T, int H, int h) {
+    const void *xa;
+    size_t st;
+    fwd__act(c, p->w, X, T * H, &xa, &st);
+    p->X = (const char *)xa + (size_t)h * st;
+    p->x_stride = (size_t)H * st;
+    p->T = T;
+}
+
+/* Layer L's queries (absorbed, into q) and KV rows (into the pages), from xn. */
+static void fwd__mla_in(model_ctx *c, const model_batch *b, const model__layer *L, int il) {
+    const model_hparams *hp = &c->m->hp;
+    const int T = b->n_tokens, H = hp->n_head, D = hp->head_dim;
+    if (hp->q_lora) { // with the indexer: its key and head weights from xn, queries from qa
+        const model__mat *ws[] = {&L->wq_a, &L->wkv_a, &L->idx_k, &L->idx_proj};
+        float *const ys[] = {c->mla_qa, c->k, c->dsa_k, c->dsa_w};
+        fwd__matmuls(c, hp->idx_topk ? 4 : 2, ws, c->xn, T, ys);
+        fwd__rows_run(c, b, FWD_MLA_QNORM, L->q_a_norm, il);
+        const model__mat *wb[] = {&L->wq_b, &L->idx_q_b};
+        float *const yb[] = {c->mla_qf, c->dsa_q};
+        fwd__matmuls(c, hp->idx_topk ? 2 : 1, wb, c->mla_qa, T, yb);
+    } else {
+        const model__mat *ws[] = {&L->wq, &L->wkv_a};
+        float *const ys[] = {c->mla_qf, c->k};
+        fwd__matmuls(c, 2, ws, c->xn, T, ys);
+    }
+    fwd__rows_run(c, b, FWD_MLA_QKV, NULL, il);
+    for (int h = 0; h < H; h++) { // q[t][h*D .. + kv_lora] = wk_b[h] q_nope[t][h]
+        fwd__mm_part *p = &c->parts[h];
+        *p = (fwd__mm_part){
+            .w = &L->wk_b[h], .Y = c->q + (size_t)h * (size_t)D, .ldy = (size_t)(H * D)};
+        fwd__act_head(c, p, c->mla_qn, T, H, h);
+    }
+    fwd__mm_run(c, c->parts, H);
+}
+
+/* The attention output (att: T tokens' H latent vectors) through each
+ * head's wv_b, then attn_output, into tmp. */
+static void fwd__mla_out(model_ctx *c, const model_batch *b, const model__layer *L) {
+    const model_hparams *hp = &c->m->hp;
+    const int T = b->n_tokens, H = hp->n_head, HV = H * hp->mla_v;
+    float *o = c->xn; // (T, H * mla_v): xn is free until the residual add rewrites it
+    for (int h = 0; h < H; h++) {
+        fwd__mm_part *p = &c->parts[h];
+        *p = (fwd__mm_part){
+            .w = &L->wv_b[h], .Y = o + (size_t)h * (size_t)hp->mla_v, .ldy = (size_t)HV};
+        fwd__act_head(c, p, c->att, T, H, h);
+    }
+    fwd__mm_run(c, c->parts, H);
+    fwd__act_reset(c); // xn now holds other values
+    fwd__matmul(c, &L->wo, o, T, c->tmp);
+}
+
+// ----------------------------------------------------------------------------
 // Attention: for every (token t, head h), softmax(q·K^T * scale) · V over the
 // positions [0, pos[t]] of t's sequence (on a sliding-window layer only the
 // last n_swa of them: j > pos[t] - n_swa, llama.cpp's rule), read page by
@@ -618,7 +881,7 @@ static void fwd__attn_one(fwd__attn *a, int t, int h, int G, float *scores) {
     model_ctx *c = a->c;
     const model_hparams *hp = &c->m->hp;
     const kern_vtab *kv = c->kv;
-    const int D = hp->head_dim, H = hp->n_head, kh = h / (H / hp->n_head_kv);
+    const int D = hp->head_dim, Dv = hp->head_dim_v, H = hp->n_head, kh = h / (H / hp->n_head_kv);
     const size_t S = (size_t)c->max_ctx;          // scores row stride
     const size_t koff = (size_t)kh * c->head_row; // this KV head's bytes
     const kern_dot_rows_fn dot_rows = kv->dot_rows[c->kv_type];
@@ -627,13 +890,33 @@ static void fwd__attn_one(fwd__attn *a, int t, int h, int G, float *scores) {
     const float scale = hp->attn_scale;
     const int si = a->b->seq[t];
     const void *const *kp = c->kp + (size_t)si * (size_t)c->max_pages;
-    const void *const *vp = c->vp + (size_t)si * (size_t)c->max_pages;
+    // MLA: V is the first Dv elements of the K row
+    const void *const *vp = hp->kv_lora ? kp : c->vp + (size_t)si * (size_t)c->max_pages;
     const uint32_t n_ctx = (uint32_t)a->b->pos[t] + 1;
     const uint32_t W = (uint32_t)hp->n_swa;
     // first position read: n_ctx - W on a sliding layer past its window
     const uint32_t j_lo = c->m->layers[a->layer].swa && n_ctx > W ? n_ctx - W : 0;
     const float *q = c->q + (size_t)t * (size_t)(H * D) + (size_t)h * (size_t)D;
-    float *out = c->att + (size_t)t * (size_t)(H * D) + (size_t)h * (size_t)D;
+    float *out = c->att + (size_t)t * (size_t)(H * Dv) + (size_t)h * (size_t)Dv;
+    if (c->dsa_n && c->dsa_n[t]) { // sparse: only the indexer's picks, ascending
+        const int n = c->dsa_n[t];
+        const int32_t *sel = c->dsa_sel + (size_t)t * (size_t)hp->idx_topk;
+        for (int i = 0; i < n; i++) {
+            const uint32_t j = (uint32_t)sel[i];
+            dot_rows(D, G, q, (const uint8_t *)kp[j / P] + (size_t)(j % P) * c->kv_row + koff,
+                     c->kv_row, 1, scale, scores + i, S);
+        }
+        for (int g = 0; g < G; g++)
+            kv->softmax(n, scores + (size_t)g * S);
+        memset(out, 0, sizeof(float) * (size_t)Dv * (size_t)G);
+        for (int i = 0; i < n; i++) {
+            const uint32_t j = (uint32_t)sel[i];
+            axpy_rows(Dv, G, scores + i, S,
+                      (const uint8_t *)vp[j / P] + (size_t)(j % P) * c->kv_row + koff, c->kv_row, 1,
+                      out);
+        }
+        return;
+    }
     // page rows are (P, kv_row bytes): position j lives in page j/P, row j%P;
     // scores[g*S + j] is position j's (with j_lo = 0 the same calls as
     // page-at-a-time)
@@ -653,10 +936,10 @@ static void fwd__attn_one(fwd__attn *a, int t, int h, int G, float *scores) {
     }
     for (int g = 0; g < G; g++)
         kv->softmax(n_ctx - j_lo, scores + (size_t)g * S + j_lo);
-    memset(out, 0, sizeof(float) * (size_t)D * (size_t)G);
+    memset(out, 0, sizeof(float) * (size_t)Dv * (size_t)G);
     for (uint32_t j = j_lo; j < n_ctx;) {
         const uint32_t r = j % P, nj = n_ctx - j < P - r ? n_ctx - j : P - r;
-        axpy_rows(D, G, scores + j, S, (const uint8_t *)vp[j / P] + (size_t)r * c->kv_row + koff,
+        axpy_rows(Dv, G, scores + j, S, (const uint8_t *)vp[j / P] + (size_t)r * c->kv_row + koff,
                   c->kv_row, (int)nj, out);
         j += nj;
     }
@@ -780,19 +1063,27 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
         // attention block (the first norm; later ones are fused with the residual add)
         if (il == 0) fwd__rows_run(c, b, FWD_NORM, L->attn_norm, il);
         fwd__act_reset(c);
-        const model__mat *qkv[] = {&L->wq, &L->wk, &L->wv};
-        float *const qkv_out[] = {c->q, c->k, c->v};
-        fwd__matmuls(c, 3, qkv, c->xn, T, qkv_out);
-        fwd__rows_run(c, b, FWD_QKV, NULL, il);
+        if (hp->kv_lora) {
+            fwd__mla_in(c, b, L, il);
+        } else {
+            const model__mat *qkv[] = {&L->wq, &L->wk, &L->wv};
+            float *const qkv_out[] = {c->q, c->k, c->v};
+            fwd__matmuls(c, 3, qkv, c->xn, T, qkv_out);
+            fwd__rows_run(c, b, FWD_QKV, NULL, il);
+        }
         if (il == 0)  // rows of every layer at these positions are written before they are read
             for (int s = 0; s < b->n_seqs; s++)
                 if (!atomic_load(&c->seq_bad[s]))
                     kv_seq_set_filled(c->pool, b->seqs[s], (uint32_t)c->seq_next[s]);
         fwd__resolve(c, b, il);
+        if (hp->idx_topk) fwd__rows_run(c, b, FWD_DSA_SELECT, NULL, il);
         fwd__attn at = {.c = c, .b = b, .layer = il};
         atomic_init(&at.next, 0);
         ks_pool_run(c->threads, fwd__attn_task, &at);
-        fwd__matmul(c, &L->wo, c->att, T, c->tmp);
+        if (hp->kv_lora)
+            fwd__mla_out(c, b, L);
+        else
+            fwd__matmul(c, &L->wo, c->att, T, c->tmp);
         fwd__residual(c, b, L->post_attn_norm, L->ffn_norm, il);
         // feed-forward block
         fwd__act_reset(c);

@@ -64,10 +64,10 @@ static ks_err load__experts(load__ctx *c, model_hparams *hp) {
     if ((e = load__u32(c, "expert_count", hp->arch == MODEL_ARCH_QWEN3MOE, 0, &hp->n_expert)))
         return e;
     if (hp->n_expert == 0) return KS_OK;
-    if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_QWEN3MOE)
+    if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_QWEN3MOE && !model__is_mla(hp->arch))
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
-                         "%s: %s.expert_count %d: mixture-of-experts runs for llama (Mixtral) and "
-                         "qwen3moe, not %s",
+                         "%s: %s.expert_count %d: mixture-of-experts runs for llama (Mixtral), "
+                         "qwen3moe and deepseek2, not %s",
                          gguf_path(c->f), hp->arch_name, hp->n_expert, hp->arch_name);
     int32_t gf;
     if ((e = load__u32(c, "expert_used_count", true, 0, &hp->n_expert_used)) ||
@@ -84,6 +84,63 @@ static ks_err load__experts(load__ctx *c, model_hparams *hp) {
                          "%s: %s.expert_gating_func %d is not supported (1 softmax, 2 sigmoid)",
                          gguf_path(c->f), hp->arch_name, gf);
     hp->gating = gf == 2 ? MODEL_GATING_SIGMOID : MODEL_GATING_SOFTMAX;
+    return KS_OK;
+}
+
+/* deepseek2's multi-head latent attention, as llama.cpp's converter writes
+ * it for absorbed decoding: attention.kv_lora_rank, q_lora_rank (0: one
+ * attn_q), key_length_mla / value_length_mla (a head's nope + rope and v
+ * dims), and the latent row as the one KV head: key_length = kv_lora +
+ * n_rot, value_length = kv_lora, head_count_kv 1. Older files (attn_kv_b
+ * only, no _mla keys) are refused. leading_dense_block_count layers run a
+ * dense FFN. vlen: the file's value_length. */
+static ks_err load__mla(load__ctx *c, model_hparams *hp, int32_t vlen) {
+    const char *path = gguf_path(c->f);
+    ks_err e;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.key_length_mla", c->arch);
+    if (!gguf_get(c->f, key))
+        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                         "%s: no %s: a deepseek2 file from before absorbed MLA (attn_kv_b "
+                         "instead of attn_k_b/attn_v_b); convert it again with a current "
+                         "convert_hf_to_gguf.py",
+                         path, key);
+    if ((e = load__u32(c, "attention.kv_lora_rank", true, 0, &hp->kv_lora)) ||
+        (e = load__u32(c, "attention.q_lora_rank", false, 0, &hp->q_lora)) ||
+        (e = load__u32(c, "attention.key_length_mla", true, 0, &hp->mla_qk)) ||
+        (e = load__u32(c, "attention.value_length_mla", true, 0, &hp->mla_v)) ||
+        (e = load__u32(c, "leading_dense_block_count", false, 0, &hp->n_dense_lead)))
+        return e;
+    if (hp->kv_lora < 1 || hp->n_head_kv != 1 || hp->head_dim != hp->kv_lora + hp->n_rot ||
+        vlen != hp->kv_lora || hp->mla_qk <= hp->n_rot || hp->mla_v < 1 || hp->n_rot < 2)
+        return ks_seterr(c->eb, KS_ERR_FORMAT,
+                         "%s: MLA shape: kv_lora_rank %d, head_count_kv %d (want 1), key_length "
+                         "%d (want kv_lora_rank + rope %d), value_length %d (want kv_lora_rank), "
+                         "key_length_mla %d (want > rope), value_length_mla %d",
+                         path, hp->kv_lora, hp->n_head_kv, hp->head_dim, hp->n_rot, vlen,
+                         hp->mla_qk, hp->mla_v);
+    hp->head_dim_v = hp->kv_lora;
+    if (hp->arch != MODEL_ARCH_DEEPSEEK2) { // the sparse-attention indexer
+        if ((e = load__u32(c, "attention.indexer.head_count", true, 0, &hp->idx_heads)) ||
+            (e = load__u32(c, "attention.indexer.key_length", true, 0, &hp->idx_dim)) ||
+            (e = load__u32(c, "attention.indexer.top_k", true, 0, &hp->idx_topk)) ||
+            (e = load__f32(c, "attention.layer_norm_epsilon", 1e-6f, &hp->ln_eps)))
+            return e;
+        if (hp->idx_heads < 1 || hp->idx_dim <= hp->n_rot || hp->idx_dim > MODEL_MAX_HEAD_DIM ||
+            hp->idx_topk < 1 || hp->q_lora < 1)
+            return ks_seterr(c->eb, KS_ERR_FORMAT,
+                             "%s: indexer shape: head_count %d, key_length %d (want > rope %d, "
+                             "<= %d), top_k %d, q_lora_rank %d (the indexer reads the query "
+                             "bottleneck: want > 0)",
+                             path, hp->idx_heads, hp->idx_dim, hp->n_rot, MODEL_MAX_HEAD_DIM,
+                             hp->idx_topk, hp->q_lora);
+    }
+    if (hp->n_dense_lead < 0 || hp->n_dense_lead > hp->n_layer) hp->n_dense_lead = hp->n_layer;
+    if (hp->n_dense_lead < hp->n_layer)
+        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                         "%s: %s mixture-of-experts layers (from layer %d; shared experts, "
+                         "expert selection bias) are not supported yet: only the dense MLA layers",
+                         path, hp->arch_name, hp->n_dense_lead);
     return KS_OK;
 }
 
@@ -155,6 +212,12 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         hp->arch = MODEL_ARCH_GEMMA3;
     else if (!strcmp(hp->arch_name, "glm4"))
         hp->arch = MODEL_ARCH_GLM4;
+    else if (!strcmp(hp->arch_name, "deepseek2"))
+        hp->arch = MODEL_ARCH_DEEPSEEK2;
+    else if (!strcmp(hp->arch_name, "deepseek32"))
+        hp->arch = MODEL_ARCH_DEEPSEEK32;
+    else if (!strcmp(hp->arch_name, "glm-dsa"))
+        hp->arch = MODEL_ARCH_GLM_DSA;
     else
         return ks_seterr(eb, KS_ERR_UNSUPPORTED,
                          "%s: unsupported architecture '%s' (supported: " MODEL_ARCHS ")",
@@ -186,7 +249,10 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
                          hp->head_dim, MODEL_MAX_HEAD_DIM);
     int32_t vlen;
     if ((e = load__u32(&c, "attention.value_length", false, (uint32_t)hp->head_dim, &vlen))) return e;
-    if (vlen != hp->head_dim)
+    hp->head_dim_v = hp->head_dim;
+    if (model__is_mla(hp->arch)) {
+        if ((e = load__mla(&c, hp, vlen))) return e;
+    } else if (vlen != hp->head_dim)
         return ks_seterr(eb, KS_ERR_UNSUPPORTED, "%s: value_length %d differs from key_length %d",
                          gguf_path(f), vlen, hp->head_dim);
     if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv)
@@ -254,12 +320,21 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         return ks_seterr(eb, KS_ERR_FORMAT, "%s: %s.rope.scaling.attn_factor %g must be positive",
                          gguf_path(f), hp->arch_name, (double)attn_factor);
     hp->rope_attn_factor *= attn_factor;
-    hp->rope_neox = hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_GLM4;
+    hp->rope_neox =
+        hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_GLM4 && !model__is_mla(hp->arch);
     hp->post_norms = hp->arch == MODEL_ARCH_GLM4; // and gemma's (load__gemma)
     hp->rope_base_swa = hp->rope_base;
     hp->rope_scale_swa = hp->rope_scale;
-    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->attn_scale = 1.0f / sqrtf((float)(hp->kv_lora ? hp->mla_qk : hp->head_dim));
     hp->embd_scale = 1.0f;
+    if (hp->kv_lora && yarn) { // deepseek2: YaRN's magnitude moves from cos/sin into the scores
+        float log_mul;
+        if ((e = load__f32(&c, "rope.scaling.yarn_log_multiplier", 0.0f, &log_mul))) return e;
+        const float l = logf(1.0f / hp->rope_scale);
+        const float mscale = hp->rope_attn_factor * (1.0f + 0.1f * log_mul * l);
+        hp->attn_scale *= mscale * mscale;
+        hp->rope_attn_factor /= 1.0f + 0.1f * l; // the rope kernel's YaRN factor, cancelled
+    }
     if (hp->arch == MODEL_ARCH_GEMMA2 || hp->arch == MODEL_ARCH_GEMMA3) return load__gemma(&c, hp);
     // Mistral-style llama files: every layer slides where a window is set, as
     // Hugging Face and vLLM run them (llama.cpp ignores the key for llama)
@@ -387,10 +462,45 @@ static model__mat load__rows(const model__mat *w, int64_t r0, int64_t n) {
     return v;
 }
 
+/* Binds layer il's multi-head latent attention tensors (model_int.h). */
+static ks_err load__mla_layer(model *m, int il, model__layer *L, ks_errbuf *eb) {
+    const model_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, H = hp->n_head, R = hp->n_rot, KL = hp->kv_lora;
+    const int64_t QL = hp->q_lora, QK = hp->mla_qk, NOPE = QK - R;
+    char n[96];
+#define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
+    ks_err e;
+    if (QL) {
+        if ((e = load__mat(m, LNAME("attn_q_a.weight"), E, QL, &L->wq_a, eb)) ||
+            (e = load__vec(m, LNAME("attn_q_a_norm.weight"), QL, true, &L->q_a_norm, eb)) ||
+            (e = load__mat(m, LNAME("attn_q_b.weight"), QL, H * QK, &L->wq_b, eb)))
+            return e;
+    } else if ((e = load__mat(m, LNAME("attn_q.weight"), E, H * QK, &L->wq, eb))) {
+        return e;
+    }
+    if ((e = load__mat(m, LNAME("attn_kv_a_mqa.weight"), E, KL + R, &L->wkv_a, eb)) ||
+        (e = load__vec(m, LNAME("attn_kv_a_norm.weight"), KL, true, &L->kv_a_norm, eb)) ||
+        (e = load__mat_experts(m, LNAME("attn_k_b.weight"), NOPE, KL, H, &L->wk_b, eb)) ||
+        (e = load__mat_experts(m, LNAME("attn_v_b.weight"), KL, hp->mla_v, H, &L->wv_b, eb)))
+        return e;
+    const int64_t NI = hp->idx_heads, I = hp->idx_dim;
+    if (hp->idx_topk &&
+        ((e = load__mat(m, LNAME("indexer.attn_q_b.weight"), QL, NI * I, &L->idx_q_b, eb)) ||
+         (e = load__mat(m, LNAME("indexer.attn_k.weight"), E, I, &L->idx_k, eb)) ||
+         (e = load__mat(m, LNAME("indexer.proj.weight"), E, NI, &L->idx_proj, eb)) ||
+         (e = load__vec(m, LNAME("indexer.k_norm.weight"), I, true, &L->idx_k_norm, eb)) ||
+         (e = load__vec(m, LNAME("indexer.k_norm.bias"), I, true, &L->idx_k_norm_b, eb))))
+        return e;
+#undef LNAME
+    return KS_OK;
+}
+
 static ks_err load__weights(model *m, ks_errbuf *eb) {
     model_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, D = hp->head_dim, F = hp->n_ff;
     const int64_t HD = (int64_t)hp->n_head * D, KVD = (int64_t)hp->n_head_kv * D;
+    // attn_output's input: H heads of D, or of mla_v under MLA
+    const int64_t HO = hp->kv_lora ? (int64_t)hp->n_head * hp->mla_v : HD;
     ks_err e;
     const gguf_tensor *te = load__tensor(m, "token_embd.weight", true, eb, &e);
     if (!te) return e;
@@ -422,7 +532,9 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
 #define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
         model__mat fused = {0};
         if ((e = load__vec(m, LNAME("attn_norm.weight"), E, true, &L->attn_norm, eb))) return e;
-        if (gguf_find_tensor(m->gguf, LNAME("attn_qkv.weight"))) { // Q, K, V rows in one
+        if (hp->kv_lora) {
+            if ((e = load__mla_layer(m, il, L, eb))) return e;
+        } else if (gguf_find_tensor(m->gguf, LNAME("attn_qkv.weight"))) { // Q, K, V rows in one
             if ((e = load__mat(m, n, E, HD + 2 * KVD, &fused, eb))) return e;
             L->wq = load__rows(&fused, 0, HD);
             L->wk = load__rows(&fused, HD, KVD);
@@ -435,22 +547,21 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
                    (e = load__mat(m, LNAME("attn_v.weight"), E, KVD, &L->wv, eb))) {
             return e;
         }
-        if ((e = load__mat(m, LNAME("attn_output.weight"), HD, E, &L->wo, eb)) ||
+        if ((e = load__mat(m, LNAME("attn_output.weight"), HO, E, &L->wo, eb)) ||
             (e = load__vec(m, LNAME("ffn_norm.weight"), E, true, &L->ffn_norm, eb)))
             return e;
         const bool fused_ffn = hp->arch == MODEL_ARCH_PHI3 || hp->arch == MODEL_ARCH_GLM4;
-        if (hp->n_expert == 0 && fused_ffn) { // gate rows, then up rows
+        const bool dense = hp->n_expert == 0 || il < hp->n_dense_lead;
+        if (dense && fused_ffn) { // gate rows, then up rows
             if ((e = load__mat(m, LNAME("ffn_up.weight"), E, 2 * F, &fused, eb))) return e;
             L->w_gate = load__rows(&fused, 0, F);
             L->w_up = load__rows(&fused, F, F);
-        } else if (hp->n_expert == 0 &&
-                   ((e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
-                    (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)))) {
+        } else if (dense && ((e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
+                             (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)))) {
             return e;
         }
-        if (hp->n_expert == 0 && (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb)))
-            return e;
-        const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
+        if (dense && (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb))) return e;
+        const int64_t X = dense ? 0 : hp->n_expert, FX = hp->n_ff_exp;
         if (X &&
             ((e = load__mat(m, LNAME("ffn_gate_inp.weight"), E, X, &L->gate_inp, eb)) ||
              (e = load__mat_experts(m, LNAME("ffn_gate_exps.weight"), E, FX, X, &L->gate_exps,
@@ -507,9 +618,15 @@ static void load__repack_all(model *m) {
     if (!m->hp.tied_output) load__repack(m->gguf, &m->output);
     for (int il = 0; il < m->hp.n_layer; il++) {
         model__layer *L = &m->layers[il];
-        model__mat *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        model__mat *ws[] = {&L->wq,      &L->wk,     &L->wv,      &L->wo,   &L->w_gate,
+                            &L->w_up,    &L->w_down, &L->wq_a,    &L->wq_b, &L->wkv_a,
+                            &L->idx_q_b, &L->idx_k,  &L->idx_proj};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data) load__repack(m->gguf, ws[i]);
+        for (int h = 0; L->wk_b && h < m->hp.n_head; h++) {
+            load__repack(m->gguf, &L->wk_b[h]);
+            load__repack(m->gguf, &L->wv_b[h]);
+        }
         for (int x = 0; L->gate_exps && x < m->hp.n_expert; x++) {
             load__repack(m->gguf, &L->gate_exps[x]);
             load__repack(m->gguf, &L->up_exps[x]);
@@ -582,10 +699,18 @@ void model_free(model *m) {
     if (!m->hp.tied_output) ks_free_aligned(m->output.packed);
     for (int il = 0; m->layers && il < m->hp.n_layer; il++) {
         model__layer *L = &m->layers[il];
-        void *ps[] = {L->wq.packed,     L->wk.packed,   L->wv.packed,    L->wo.packed,
-                      L->w_gate.packed, L->w_up.packed, L->w_down.packed};
+        void *ps[] = {L->wq.packed,      L->wk.packed,    L->wv.packed,      L->wo.packed,
+                      L->w_gate.packed,  L->w_up.packed,  L->w_down.packed,  L->wq_a.packed,
+                      L->wq_b.packed,    L->wkv_a.packed, L->idx_q_b.packed, L->idx_k.packed,
+                      L->idx_proj.packed};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
             ks_free_aligned(ps[i]);
+        model__mat *hs[] = {L->wk_b, L->wv_b};
+        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) {
+            for (int h = 0; hs[i] && h < m->hp.n_head; h++)
+                ks_free_aligned(hs[i][h].packed);
+            free(hs[i]);
+        }
         model__mat *xs[] = {L->gate_exps, L->up_exps, L->down_exps};
         for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++) {
             for (int x = 0; xs[i] && x < m->hp.n_expert; x++)
@@ -610,7 +735,12 @@ uint64_t model_bytes_per_token(const model *m) {
     for (int il = 0; il < m->hp.n_layer; il++) {
         const model__layer *L = &m->layers[il];
         b += load__mat_bytes(&L->wq) + load__mat_bytes(&L->wk) + load__mat_bytes(&L->wv) +
-             load__mat_bytes(&L->wo);
+             load__mat_bytes(&L->wo) + load__mat_bytes(&L->wq_a) + load__mat_bytes(&L->wq_b) +
+             load__mat_bytes(&L->wkv_a) + load__mat_bytes(&L->idx_q_b) +
+             load__mat_bytes(&L->idx_k) + load__mat_bytes(&L->idx_proj);
+        if (L->wk_b) // every head's absorption matrices
+            b += (uint64_t)m->hp.n_head *
+                 (load__mat_bytes(&L->wk_b[0]) + load__mat_bytes(&L->wv_b[0]));
         if (L->gate_exps) // the router and the experts a token runs
             b += load__mat_bytes(&L->gate_inp) +
                  (uint64_t)m->hp.n_expert_used *
@@ -625,7 +755,7 @@ uint64_t model_bytes_per_token(const model *m) {
 
 kv_geom model_kv_geom(const model *m, int page_tokens, int kv_type) {
     kv_geom g = {.n_layer = m->hp.n_layer,
-                 .kv_dim = m->hp.n_head_kv * m->hp.head_dim,
+                 .kv_dim = m->hp.n_head_kv * m->hp.head_dim + m->hp.idx_dim,
                  .page_tokens = page_tokens,
                  .kv_type = kv_type};
     return g;
@@ -635,6 +765,16 @@ ks_err model_kv_type_check(const model *m, int kv_type, ks_errbuf *eb) {
     if (!kv_type_ok(kv_type))
         return ks_seterr(eb, KS_ERR_INVAL, "KV type %d is not one of " KV_TYPE_CHOICES, kv_type);
     uint32_t blk = ks_dtype_block_elems((uint32_t)kv_type);
+    if (m->hp.kv_lora % (int)blk != 0) // MLA: V is the row's first kv_lora elements
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "KV type %s needs kv_lora_rank to be a multiple of %u; this model's is "
+                         "%d: use --kv-type f16 or f32",
+                         kv_type_name(kv_type), blk, m->hp.kv_lora);
+    if (m->hp.idx_dim % (int)blk != 0) // the indexer key follows the attention key
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "KV type %s needs attention.indexer.key_length to be a multiple of %u; "
+                         "this model's is %d: use --kv-type f16 or f32",
+                         kv_type_name(kv_type), blk, m->hp.idx_dim);
     if (m->hp.head_dim % (int)blk != 0)
         return ks_seterr(eb, KS_ERR_INVAL,
                          "KV type %s needs head_dim to be a multiple of %u (its blocks must not "

@@ -17,6 +17,11 @@ typedef struct model__mat {
     size_t row_bytes;
 } model__mat;
 
+/* True for the architectures with multi-head latent attention. */
+static inline bool model__is_mla(model_arch a) {
+    return a == MODEL_ARCH_DEEPSEEK2 || a == MODEL_ARCH_DEEPSEEK32 || a == MODEL_ARCH_GLM_DSA;
+}
+
 typedef struct model__layer {
     const float *attn_norm;           // (E)
     model__mat wq, wk, wv, wo;        // wq: (H*D, E); wk, wv: (Hkv*D, E); wo: (E, H*D)
@@ -32,6 +37,20 @@ typedef struct model__layer {
     const float *post_attn_norm;     // (E) or NULL (gemma2/3 only): post_attention_norm
     const float *post_ffn_norm;      // (E) or NULL (gemma2/3 only): post_ffw_norm
     bool swa;                        // sliding-window layer (model_hparams.n_swa)
+    // multi-head latent attention (deepseek2; wk/wv unused): Q through the
+    // q_lora bottleneck (wq_a, q_a_norm, wq_b) or wq alone; the latent and
+    // RoPE key from wkv_a; per-head absorption matrices from the 3-D tensors
+    model__mat wq_a, wq_b;  // (q_lora, E), (H*mla_qk, q_lora); wq (H*mla_qk, E) if none
+    const float *q_a_norm;  // (q_lora)
+    model__mat wkv_a;       // (kv_lora + n_rot, E): attn_kv_a_mqa
+    const float *kv_a_norm; // (kv_lora)
+    model__mat *wk_b;       // (H) of (kv_lora, nope): q_nope -> latent space
+    model__mat *wv_b;       // (H) of (mla_v, kv_lora): latent -> a head's output
+    // the sparse-attention indexer (deepseek32, glm-dsa)
+    model__mat idx_q_b;                     // (idx_heads * idx_dim, q_lora): indexer.attn_q_b
+    model__mat idx_k;                       // (idx_dim, E): indexer.attn_k
+    model__mat idx_proj;                    // (idx_heads, E): indexer.proj, the per-head weights
+    const float *idx_k_norm, *idx_k_norm_b; // (idx_dim) LayerNorm of the key
 } model__layer;
 
 struct model {

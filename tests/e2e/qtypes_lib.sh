@@ -46,8 +46,8 @@ ll_gen1() {
         sed '1s/^ //'
 }
 
-# check_ppl NAME MODEL — kvseal's perplexity within 0.5% of llama.cpp's;
-# prints one line (no newline: check_greedy may add to it).
+# check_ppl NAME MODEL — kvseal's perplexity within PPL_TOL (0.005: 0.5%)
+# of llama.cpp's; prints one line (no newline: check_greedy may add to it).
 check_ppl() {
     local kp lp ratio
     kp=$(kv_ppl "$2"); lp=$(ll_ppl "$2")
@@ -55,8 +55,8 @@ check_ppl() {
     [ -n "$lp" ] || fail "$1: llama-perplexity gave no estimate: $(tail -n 3 "$TMPD/ll.log")"
     ratio=$(awk -v a="$kp" -v b="$lp" 'BEGIN { printf "%.5f", a / b }')
     printf '%-16s ppl kvseal %-14s llama.cpp %-14s ratio %s' "$1" "$kp" "$lp" "$ratio"
-    awk -v r="$ratio" 'BEGIN { d = r - 1; if (d < 0) d = -d; exit !(d < 0.005) }' ||
-        { echo; fail "$1: perplexity ratio $ratio is not within 0.5%"; }
+    awk -v r="$ratio" -v t="${PPL_TOL:-0.005}" 'BEGIN { d = r - 1; if (d < 0) d = -d; exit !(d < t) }' ||
+        { echo; fail "$1: perplexity ratio $ratio is not within ${PPL_TOL:-0.005}"; }
 }
 # gen_same MODEL PROMPT — true when kvseal's greedy text equals
 # llama-completion's (asked up to 10 times); leaves both in G_KV, G_LL.

@@ -12,7 +12,8 @@
  *   every expert a copy of the dense FFN (weights renormalized to sum 1)
  *   the reference continuations hold, so routing, grouping by expert and
  *   the weighted sum are right; with distinct experts, batch invariance;
- * - a Mistral-style sliding window (test_sliding_window). */
+ * - a Mistral-style sliding window (test_sliding_window);
+ * - deepseek2's latent attention: batch invariance, poisoned reads (test_mla). */
 #include "kvseal/kern.h"
 #include "kvseal/model.h"
 
@@ -485,6 +486,38 @@ static void test_sliding_window(const char *src) {
     unlink(dst);
 }
 
+/* deepseek2's multi-head latent attention, and deepseek32's sparse
+ * attention (top 8 positions: the prompts here reach 22), on `kvseal mkmodel`
+ * files (skipped without KS_BIN or the vocabulary): batch invariant for
+ * every KV type, and a read of poisoned KV gives NaN. */
+static void test_mla(const char *arch) {
+    const char *bin = getenv("KS_BIN"), *shared = getenv("KS_SHARED");
+    char vocab[1024], dst[256], cmd[4096];
+    snprintf(vocab, sizeof vocab, "%s/vocab/ggml-vocab-llama-spm.gguf", shared ? shared : "");
+    if (!bin || !shared || access(vocab, R_OK) || access(bin, X_OK)) {
+        printf("skip MLA: needs KS_BIN and %s\n", vocab);
+        return;
+    }
+    snprintf(dst, sizeof dst, "/tmp/ks_test_mla_%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd,
+             "'%s' mkmodel -o '%s' --vocab '%s' --arch %s --seed 4 --qk-gain 3 >/dev/null", bin,
+             dst, vocab, arch);
+    CHECK_EQ(system(cmd), 0);
+    ks_errbuf eb;
+    model *m;
+    CHECK_EQ(model_load(dst, &m, &eb), KS_OK);
+    CHECK_EQ(model_hp(m)->kv_lora, 128);
+    CHECK_EQ(model_hp(m)->head_dim, 160);
+    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
+    static const int kv_types[] = {KS_DTYPE_F32, KS_DTYPE_F16, KS_DTYPE_Q8_0};
+    for (int i = 0; i < 3; i++) {
+        test_batch_invariance(m, kv_types[i]);
+        test_poison_reads_nan(m, kv_types[i]);
+    }
+    model_free(m);
+    unlink(dst);
+}
+
 static void test_load_errors(const char *src) {
     struct {
         mutation mu;
@@ -548,6 +581,8 @@ int main(void) {
     test_load_errors(path);
     test_moe(path);
     test_sliding_window(path);
+    test_mla("deepseek2");
+    test_mla("deepseek32");
     printf("model ok\n");
     return 0;
 }

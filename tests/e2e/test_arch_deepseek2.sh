@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# deepseek2's multi-head latent attention (MLA) against llama.cpp. A
+# `kvseal mkmodel --arch deepseek2` model (llama-spm vocabulary; a latent of
+# 128, a rope key of 32, 8 heads of 64 nope + 32 rope query dims and 64
+# output dims; every FFN dense) through the check_arch matrix (qtypes_lib.sh:
+# perplexity within 0.5% at F16, Q8_0, Q4_K_M; greedy text at F16 and Q8_0),
+# with and without the query bottleneck (q_lora_rank 0: one attn_q, as
+# DeepSeek-V2-Lite), and at --qk-gain 3, where attention depends on
+# position (there, scores scaled by 1/sqrt(the latent row) instead of
+# 1/sqrt(key_length_mla) miss llama.cpp by 1.3%, and NEOX rope pairs by 15%).
+# kvseal attends in latent space: one KV row per position and layer,
+# [rmsnorm(latent) | rope key], K the whole row and V its first 128.
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/qtypes_lib.sh"
+VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
+[ -e "$VOCAB" ] || skip "$VOCAB is absent"
+mk() {  # OUT ARGS...
+    local out=$1
+    shift
+    "$KS_BIN" mkmodel -o "$out" --vocab "$VOCAB" --arch deepseek2 "$@" >/dev/null 2>"$TMPD/mk.err" ||
+        fail "mkmodel $*: $(cat "$TMPD/mk.err")"
+}
+mk "$TMPD/ds.gguf" --seed 11
+mk "$TMPD/ds-noq.gguf" --seed 12 --q-lora 0
+mk "$TMPD/ds-g3.gguf" --seed 13 --qk-gain 3
+check_arch deepseek2 "$TMPD/ds.gguf"
+check_ppl "deepseek2 q_lora 0 F16" "$TMPD/ds-noq.gguf"
+echo
+check_ppl "deepseek2 qk-gain 3 F16" "$TMPD/ds-g3.gguf"
+echo
+for p in "${ARCH_PROMPTS[@]}"; do
+    gen_same_or_tie "$TMPD/ds-g3.gguf" "$p" || { echo; fail "deepseek2 qk-gain 3: greedy text differs ($G_NOTE):
+  kvseal:    $G_KV
+  llama.cpp: $G_LL"; }
+done
+echo "  greedy ok"
+echo "deepseek2 vs llama.cpp ok"
