@@ -757,7 +757,8 @@ kv_geom model_kv_geom(const model *m, int page_tokens, int kv_type) {
     kv_geom g = {.n_layer = m->hp.n_layer,
                  .kv_dim = m->hp.n_head_kv * m->hp.head_dim + m->hp.idx_dim,
                  .page_tokens = page_tokens,
-                 .kv_type = kv_type};
+                 .kv_type = kv_type,
+                 .planes = m->hp.kv_lora ? 1 : 2}; // MLA: V is read from the one row
     return g;
 }
 

@@ -188,7 +188,7 @@ cluster__registered() {
 }
 cluster__probe() {
     curl -fsS "$KS_URL/v1/completions" ${CLUSTER_PROBE_AUTH:+-H "Authorization: Bearer $CLUSTER_PROBE_AUTH"} \
-        -H 'Content-Type: application/json' -d '{"model":"kjv-mini","prompt":"In the","max_tokens":1,"temperature":0}'
+        -H 'Content-Type: application/json' -d '{"model":"'"${CLUSTER_PROBE_MODEL:-kjv-mini}"'","prompt":"In the","max_tokens":1,"temperature":0}'
 }
 
 # stop_cluster — SIGTERM to every process; fails unless all exit 0 by the deadline.
