@@ -3,6 +3,7 @@
 # `kvseal serve` from $KS_SERVE_BIN (default $KS_BIN) with 6 tenants, a KV
 # pool small enough that requests must wait, and the prefix cache on.
 # Exits with the suite's status: 0 clean, 1 a leak or wrong answer found.
+# LEAK_MODEL_FILE: another model file (served under the alias kjv-mini).
 # Extra environment passes through (KS_FAULT for the fault injector;
 # LEAK_EXPECT_VIOLATION=1 when one violation is expected).
 # LEAK_DISAGG=1: the suite runs against `kvseal router` with 2 prefill and 2
@@ -21,7 +22,7 @@ echo "{\"tenants\":$tenants,\"admin_key\":\"adm-$RANDOM$RANDOM\"}" >"$TMPD/tenan
 LEAK_TENANTS=$(node -e 'const t=require(process.argv[1]);console.log(JSON.stringify(t.tenants.map(x=>({name:x.name,key:x.keys[0]}))))' "$TMPD/tenants.json")
 KS_ADMIN_KEY=$(node -e 'console.log(require(process.argv[1]).admin_key)' "$TMPD/tenants.json")
 # 48 pages x 16 = 768 tokens for ctx 512: at most a few requests fit at once
-POOL=(-m "$KS_SRC/models/kjv-mini.gguf" --alias kjv-mini --ctx 512 --kv-pages 48
+POOL=(-m "${LEAK_MODEL_FILE:-$KS_SRC/models/kjv-mini.gguf}" --alias kjv-mini --ctx 512 --kv-pages 48
       --queue-timeout-ms 300000 --threads ${LEAK_THREADS:-2})
 if [ "${LEAK_DISAGG:-0}" = 1 ]; then
     start_server "$TMPD/ref.log" "${POOL[@]}" --tenants "$TMPD/tenants.json"

@@ -29,6 +29,19 @@ done
 
 expect 0 faults KS_FAULT=swap_page LEAK_EXPECT_VIOLATION=1
 expect 1 no_tag_check KS_FAULT=swap_page LEAK_EXPECT_VIOLATION=1
+# DeepSeek sparse attention: the indexer scores positions and attention
+# reads only its picks, both through the page table the tag check resolved,
+# so the swapped entry fails its request there too; without the check the
+# other tenant's latent rows (and indexer keys) reach the output.
+VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
+if [ -e "$VOCAB" ]; then
+    "$KS_BIN" mkmodel -o "$TMPD/dsa.gguf" --vocab "$VOCAB" --arch deepseek32 --seed 7 >/dev/null ||
+        fail "mkmodel deepseek32"
+    expect 0 faults KS_FAULT=swap_page LEAK_EXPECT_VIOLATION=1 LEAK_MODEL_FILE="$TMPD/dsa.gguf"
+    expect 1 no_tag_check KS_FAULT=swap_page LEAK_EXPECT_VIOLATION=1 LEAK_MODEL_FILE="$TMPD/dsa.gguf"
+else
+    echo "(no $VOCAB: the sparse-attention model's runs are left out)" >&2
+fi
 expect 1 no_scrub
 expect 1 placeholder
 expect 1 shared_prefix
