@@ -879,7 +879,9 @@ static void run_xfer(size_t out_high, bool use_sink, bool slow, bool borrowed, i
         pd_conn_set_read(sv.eps[0].c, true);
     }
     xfer x = {&s, &sv.eps[0], &cli};
-    CHECK(pump(l, NULL, xfer_step, &x, 60000));
+    // a safety net, not a timing claim: an ASan build on a loaded 2-core machine
+    // was seen to need over 60 s for this transfer (10 s alone)
+    CHECK(pump(l, NULL, xfer_step, &x, 600000));
     CHECK_EQ(sv.eps[0].frames, total);
     CHECK_EQ(sv.eps[0].bad, 0);
     CHECK_EQ(sv.eps[0].closed, 0);
