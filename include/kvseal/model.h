@@ -1,6 +1,6 @@
 /* model.h — hyper-parameters, weights and the batched forward pass of
  * Llama-family models (llama, qwen2, qwen3, phi3, gemma2, gemma3, glm4;
- * mixture-of-experts llama and qwen3moe) from GGUF.
+ * mixture-of-experts llama, qwen3moe and glm4moe) from GGUF.
  *
  * The forward pass takes a batch of tokens from any number of sequences at
  * any positions; each sequence reads and writes its K/V through its kv_seq
@@ -25,9 +25,10 @@ typedef enum model_arch {
     MODEL_ARCH_GEMMA2 = 5,
     MODEL_ARCH_GEMMA3 = 6,
     MODEL_ARCH_GLM4 = 7,
-    MODEL_ARCH_DEEPSEEK2 = 8,
-    MODEL_ARCH_DEEPSEEK32 = 9, /* deepseek2 + the sparse-attention indexer */
-    MODEL_ARCH_GLM_DSA = 10,   /* GLM-5: the same attention under its own name */
+    MODEL_ARCH_GLM4MOE = 8,
+    MODEL_ARCH_DEEPSEEK2 = 9,
+    MODEL_ARCH_DEEPSEEK32 = 10, /* deepseek2 + the sparse-attention indexer */
+    MODEL_ARCH_GLM_DSA = 11,    /* GLM-5: the same attention under its own name */
 } model_arch;
 
 /* How a mixture-of-experts router turns logits into expert weights. */
@@ -41,7 +42,8 @@ typedef enum model_gating {
 
 /* The architectures model_load runs, as its refusal lists them. */
 #define MODEL_ARCHS                                                                                \
-    "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, glm4, deepseek2, deepseek32, glm-dsa"
+    "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, glm4, glm4moe, deepseek2, deepseek32, "  \
+    "glm-dsa"
 
 /* Largest head size (attention.key_length) a model may have. */
 #define MODEL_MAX_HEAD_DIM 1024
@@ -52,7 +54,10 @@ typedef struct model_hparams {
     int32_t n_vocab;     /* rows of token_embd */
     int32_t n_ctx_train; /* <arch>.context_length */
     int32_t n_embd;      /* E */
-    int32_t n_layer;
+    int32_t n_layer;     /* layers the forward pass runs (and K/V is kept for):
+                            block_count less the n_layer_nextn trailing ones */
+    int32_t n_layer_nextn; /* glm4moe's nextn_predict_layers: trailing NextN (multi-token
+                              prediction) blocks, counted in block_count, never run */
     int32_t n_head;      /* query heads */
     int32_t n_head_kv;   /* K/V heads (GQA when < n_head) */
     int32_t head_dim;    /* D: K elements per KV head (MLA: kv_lora + n_rot, the latent row) */
@@ -76,9 +81,13 @@ typedef struct model_hparams {
     int32_t n_expert;      /* <arch>.expert_count */
     int32_t n_expert_used; /* experts per token (top-k) */
     int32_t n_ff_exp;      /* each expert's FFN hidden size */
-    model_gating gating;   /* <arch>.expert_gating_func (softmax unless given) */
-    bool expert_norm;      /* top-k weights renormalized to sum 1 */
-    float expert_scale;    /* top-k weights multiplied by this (1 = none) */
+    model_gating gating;   /* <arch>.expert_gating_func (softmax unless given; glm4moe sigmoid) */
+    bool expert_norm;      /* top-k weights renormalized to sum 1 (glm4moe: expert_weights_norm) */
+    float expert_scale;    /* top-k weights multiplied by this (1 = none; glm4moe:
+                              expert_weights_scale) */
+    int32_t n_layer_dense; /* leading_dense_block_count: layers [0, n) have a dense FFN of n_ff */
+    int32_t n_expert_shared; /* glm4moe: 0, or 1 shared expert of n_ff_exp every token runs,
+                                added to the routed sum unweighted */
     /* Gemma 2/3 (the neutral value for other architectures in brackets) */
     int32_t n_swa;        /* attention.sliding_window: on a sliding layer the token at
                              position p sees positions j > p - n_swa (0: no sliding layers) */
@@ -100,7 +109,6 @@ typedef struct model_hparams {
     int32_t q_lora;       /* attention.q_lora_rank (0: one attn_q matrix) */
     int32_t mla_qk;       /* attention.key_length_mla: a query head's nope + rope dims */
     int32_t mla_v;        /* attention.value_length_mla: a head's output dims after attn_v_b */
-    int32_t n_dense_lead; /* leading_dense_block_count: first layers with a dense FFN */
     /* DeepSeek sparse attention (deepseek32, glm-dsa; idx_topk 0: none): an
      * indexer scores every past position per token, sum over idx_heads of
      * relu(q_h . k_j) * w_h, and attention reads only the idx_topk best. Its

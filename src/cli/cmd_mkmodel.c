@@ -29,7 +29,9 @@ typedef struct {
     long n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx, head_dim;
     long n_rot;                             /* rotary dimensions (glm4: half the head) */
     long n_expert, n_expert_used, n_ff_exp; /* mixture of experts (n_expert 0: dense) */
+    long n_dense, n_nextn; /* glm4moe: leading dense layers; NextN blocks after n_layer */
     bool tied, rope_freqs, longrope;
+    bool qk_norm; /* glm4moe: attn_q_norm / attn_k_norm (GLM-4.5 355B has them) */
     uint64_t seed;
     double rope_base, rope_scale, eps;
     double qk_gain;        /* attn_q/k (attn_qkv) weights' std times this: sharper attention */
@@ -189,6 +191,9 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
     const int64_t X = o->n_expert, FX = o->n_ff_exp;
     const bool phi3 = !strcmp(o->arch, "phi3"); // fused QKV and gate/up rows
     const bool glm4 = !strcmp(o->arch, "glm4"); // QKV biases, fused gate/up, post-norms
+    // glm4moe: QKV biases, its post_attention_norm before the FFN, leading
+    // dense layers, sigmoid router with a selection bias, a shared expert
+    const bool glm4moe = !strcmp(o->arch, "glm4moe");
     const bool gemma = !strncmp(o->arch, "gemma", 5), gemma3 = !strcmp(o->arch, "gemma3");
     const float noise = 0.02f, s_qk = s_in * (float)o->qk_gain;
     bool ok = mk__add(p, o, W, MK__RAND, o->tied ? 4.0f / sqrtf((float)E) : 1.0f, E, n_vocab,
@@ -200,7 +205,8 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
         ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, 0.05f, HD / 2, 0, "rope_factors_short.weight",
                      0) &&
              mk__add(p, o, KS_DTYPE_F32, MK__ONES, 0.5f, HD / 2, 0, "rope_factors_long.weight", 0);
-    for (int l = 0; ok && l < o->n_layer; l++) {
+    for (int l = 0; ok && l < o->n_layer + o->n_nextn; l++) {
+        const bool moe = X && l >= o->n_dense;
         ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l);
         if (ok && o->kv_lora) { // MLA: low-rank Q, the latent + rope key, per-head k_b / v_b
             const int64_t KL = o->kv_lora, QL = o->q_lora, R = o->n_rot, NP = o->qk_nope;
@@ -239,11 +245,11 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
             ok = mk__add(p, o, W, MK__RAND, s_qk, E, QD, "blk.%d.attn_q.weight", l) &&
                  mk__add(p, o, W, MK__RAND, s_qk, E, KD, "blk.%d.attn_k.weight", l) &&
                  mk__add(p, o, W, MK__RAND, s_in, E, KD, "blk.%d.attn_v.weight", l);
-        if (ok && (qwen2 || glm4))
+        if (ok && (qwen2 || glm4 || glm4moe))
             ok = mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, QD, 0, "blk.%d.attn_q.bias", l) &&
                  mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, KD, 0, "blk.%d.attn_k.bias", l) &&
                  mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, KD, 0, "blk.%d.attn_v.bias", l);
-        if (ok && (qwen3 || gemma3))
+        if (ok && (qwen3 || gemma3 || (glm4moe && o->qk_norm)))
             ok =
                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, HD, 0, "blk.%d.attn_q_norm.weight",
                         l) &&
@@ -251,29 +257,62 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
         if (!o->kv_lora)
             ok = ok && mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E,
                                "blk.%d.attn_output.weight", l);
-        if (ok && (gemma || glm4)) // norms of the sublayer outputs (gemma's: 1 + w already)
+        // norms of the sublayer outputs (gemma's: 1 + w already); glm4moe's
+        // post_attention_norm is its FFN's input norm, and it has no ffn_norm
+        if (ok && (gemma || glm4 || glm4moe))
             ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0,
                          "blk.%d.post_attention_norm.weight", l);
-        ok = ok && mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.ffn_norm.weight", l);
-        if (ok && !X && (phi3 || glm4))
+        if (ok && !glm4moe)
+            ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.ffn_norm.weight", l);
+        if (ok && !moe && (phi3 || glm4))
             ok = mk__add(p, o, W, MK__RAND, s_in, E, 2 * F, "blk.%d.ffn_up.weight", l) &&
                  mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight",
                          l);
-        else if (ok && !X)
+        else if (ok && !moe)
             ok = mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_gate.weight", l) &&
                  mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_up.weight", l) &&
                  mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight",
                          l);
-        if (ok && X) // router logits of std ~4 (a clear choice), experts as 3-D tensors
-            ok = mk__add(p, o, KS_DTYPE_F32, MK__RAND, 4.0f * s_in, E, X,
-                         "blk.%d.ffn_gate_inp.weight", l) &&
-                 mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_gate_exps.weight", l) &&
+        // router logits of std ~4 (a clear choice), experts as 3-D tensors.
+        // glm4moe: sigmoid probabilities of logits of std ~2, so they spread
+        // over (0, 1), and a selection bias uniform in [-1.7, 1.7] that
+        // decides most tokens' choice with them (ignoring it changes the
+        // routing of most tokens); its routed experts' down projections at 0.3
+        // of the usual scale, so that their sum, weighted to 2.5 in all
+        // (expert_weights_scale), is about as large as the shared expert's
+        // output. With full-scale ones a token routed the other way at a near
+        // tie moved llama.cpp's Q8_0 / Q4_K_M perplexity by up to 1-2% (the
+        // engines' rounding decides such ties either way); at 0.3, 0.5%.
+        if (ok && moe)
+            ok = mk__add(p, o, KS_DTYPE_F32, MK__RAND, (glm4moe ? 2.0f : 4.0f) * s_in, E, X,
+                         "blk.%d.ffn_gate_inp.weight", l);
+        if (ok && moe && glm4moe)
+            ok = mk__add(p, o, KS_DTYPE_F32, MK__RAND, 1.0f, X, 0, "blk.%d.exp_probs_b.bias", l);
+        if (ok && moe)
+            ok = mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_gate_exps.weight", l) &&
                  mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_up_exps.weight", l) &&
-                 mk__add3(p, o, W, MK__RAND, res / sqrtf((float)FX), FX, E, X,
-                          "blk.%d.ffn_down_exps.weight", l);
+                 mk__add3(p, o, W, MK__RAND, (glm4moe ? 0.3f : 1.0f) * res / sqrtf((float)FX), FX,
+                          E, X, "blk.%d.ffn_down_exps.weight", l);
+        if (ok && moe && glm4moe) // one shared expert, as wide as the routed ones
+            ok = mk__add(p, o, W, MK__RAND, s_in, E, FX, "blk.%d.ffn_gate_shexp.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, s_in, E, FX, "blk.%d.ffn_up_shexp.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, res / sqrtf((float)FX), FX, E,
+                         "blk.%d.ffn_down_shexp.weight", l);
         if (ok && (gemma || glm4))
             ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.post_ffw_norm.weight",
                          l);
+        // a NextN (multi-token prediction) block: a whole layer plus these,
+        // named as llama.cpp's converter writes them (the optional
+        // embed_tokens and shared_head_head, each as large as token_embd, left out)
+        if (ok && l >= o->n_layer)
+            ok = mk__add(p, o, W, MK__RAND, 1.0f / sqrtf(2.0f * (float)E), 2 * E, E,
+                         "blk.%d.nextn.eh_proj.weight", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.nextn.enorm.weight",
+                         l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.nextn.hnorm.weight",
+                         l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0,
+                         "blk.%d.nextn.shared_head_norm.weight", l);
     }
     ok = ok && mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "output_norm.weight", 0);
     if (ok && !o->tied)
@@ -288,8 +327,9 @@ static void mk__usage(FILE *fp) {
     fprintf(
         fp,
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
-        "  --arch llama|qwen2|qwen3|qwen3moe|phi3|gemma2|gemma3|glm4|deepseek2|deepseek32|glm-dsa\n"
-        "                               architecture\n"
+        "  --arch "
+        "llama|qwen2|qwen3|qwen3moe|phi3|gemma2|gemma3|glm4|glm4moe|deepseek2|deepseek32|\n"
+        "         glm-dsa               architecture\n"
         "                               (default llama); gemma: tied, post-norms, GELU\n"
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
         "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
@@ -298,7 +338,11 @@ static void mk__usage(FILE *fp) {
         "  --n-embd N --n-layer N --n-head N --n-head-kv N --n-ff N --ctx N --head-dim N\n"
         "  --n-expert N --n-expert-used K --n-ff-exp N\n"
         "                               mixture of experts (llama: Mixtral style; qwen3moe\n"
-        "                               defaults 8 experts, 2 used, n_ff_exp n_ff/2)\n"
+        "                               and glm4moe default 8 experts, 2 used, n_ff_exp n_ff/2)\n"
+        "  --n-dense N                  glm4moe: leading dense layers (default 1); its other\n"
+        "                               defaults: 3 layers + 1 NextN block, a shared expert,\n"
+        "                               expert_weights_scale 2.5, norm on, half-head rotary\n"
+        "  --qk-norm                    glm4moe: attn_q_norm / attn_k_norm tensors\n"
         "  --tied                       no output.weight (logits use token_embd)\n"
         "  --seed S                     weight seed (default 1)\n"
         "  --rope-base F --rope-scale F (scaling factor; linear unless --rope-type yarn)\n"
@@ -417,7 +461,8 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
 #define MK__F32(suffix, v)                                                                         \
     (snprintf(k, sizeof k, "%s." suffix, a), !gguf_writer_set_f32(w, k, (float)(v)))
     ok = ok && MK__U32("vocab_size", n_vocab) && MK__U32("context_length", o->n_ctx) &&
-         MK__U32("embedding_length", o->n_embd) && MK__U32("block_count", o->n_layer) &&
+         MK__U32("embedding_length", o->n_embd) &&
+         MK__U32("block_count", o->n_layer + o->n_nextn) &&
          MK__U32("feed_forward_length", o->n_ff) && MK__U32("attention.head_count", o->n_head) &&
          MK__U32("attention.head_count_kv", o->n_head_kv) &&
          MK__F32("rope.freq_base", o->rope_base) && MK__U32("rope.dimension_count", o->n_rot) &&
@@ -445,6 +490,14 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
              MK__F32("attention.layer_norm_epsilon", 1e-6);
     if (ok && !strcmp(a, "llama") && o->n_swa) // Mistral style: every layer slides
         ok = MK__U32("attention.sliding_window", o->n_swa);
+    if (ok && !strcmp(a, "glm4moe")) // as convert_hf_to_gguf.py writes GLM-4.5's config
+        ok = (o->n_ff_exp != o->n_ff || MK__U32("expert_feed_forward_length", o->n_ff_exp)) &&
+             MK__U32("expert_shared_count", 1) &&
+             MK__U32("leading_dense_block_count", o->n_dense) && MK__U32("expert_gating_func", 2) &&
+             MK__F32("expert_weights_scale", 2.5) &&
+             (snprintf(k, sizeof k, "%s.expert_weights_norm", a),
+              !gguf_writer_set_bool(w, k, true)) &&
+             MK__U32("nextn_predict_layers", o->n_nextn);
     if (ok && !strncmp(a, "gemma", 5)) {
         ok = MK__U32("attention.sliding_window", o->n_swa);
         if (ok && o->attn_softcap > 0) ok = MK__F32("attn_logit_softcapping", o->attn_softcap);
@@ -488,6 +541,7 @@ int cli_mkmodel(int argc, char **argv) {
     long qk_rope = 0;        // deepseek2: rope.dimension_count
     bool q_lora_set = false; // --q-lora given (0 is a value)
     double rope_base = 0;
+    long v_dense = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long x;
@@ -497,6 +551,10 @@ int cli_mkmodel(int argc, char **argv) {
         }
         if (!strcmp(a, "--tied") || !strcmp(a, "--rope-freqs") || !strcmp(a, "--longrope")) {
             *(a[2] == 't' ? &o.tied : a[2] == 'l' ? &o.longrope : &o.rope_freqs) = true;
+            continue;
+        }
+        if (!strcmp(a, "--qk-norm")) {
+            o.qk_norm = true;
             continue;
         }
         if (!v) {
@@ -529,6 +587,8 @@ int cli_mkmodel(int argc, char **argv) {
                 return 2;
             }
             o.rope_type = v;
+        } else if (!strcmp(a, "--n-dense")) {
+            if (!cli__parse_int(a, v, 0, 1L << 20, &v_dense)) return 2;
         } else if (!strcmp(a, "--rope-orig-ctx")) {
             if (!cli__parse_int(a, v, 1, 1 << 24, &o.rope_orig_ctx)) return 2;
         } else if (!strcmp(a, "--seed")) {
@@ -586,12 +646,17 @@ int cli_mkmodel(int argc, char **argv) {
     bool gemma = !strcmp(o.arch, "gemma2") || !strcmp(o.arch, "gemma3");
     const bool dsa = !strcmp(o.arch, "deepseek32") || !strcmp(o.arch, "glm-dsa");
     const bool mla = dsa || !strcmp(o.arch, "deepseek2");
-    if (!qwen && !gemma && !mla && strcmp(o.arch, "llama") && strcmp(o.arch, "phi3") &&
+    const bool glm4moe = !strcmp(o.arch, "glm4moe");
+    if (!qwen && !gemma && !mla && !glm4moe && strcmp(o.arch, "llama") && strcmp(o.arch, "phi3") &&
         strcmp(o.arch, "glm4")) {
         fprintf(stderr,
                 "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe phi3 gemma2 "
-                "gemma3 glm4 deepseek2 deepseek32 glm-dsa\n",
+                "gemma3 glm4 glm4moe deepseek2 deepseek32 glm-dsa\n",
                 o.arch);
+        return 2;
+    }
+    if ((o.qk_norm || v_dense >= 0) && !glm4moe) {
+        fprintf(stderr, "kvseal mkmodel: --qk-norm and --n-dense are glm4moe's\n");
         return 2;
     }
     if (!mla && (o.kv_lora || q_lora_set || o.qk_nope || qk_rope || o.v_head)) {
@@ -624,8 +689,8 @@ int cli_mkmodel(int argc, char **argv) {
         fprintf(stderr, "kvseal mkmodel: --longrope is phi3's\n");
         return 2;
     }
-    if (o.n_expert && !qwen && strcmp(o.arch, "llama")) {
-        fprintf(stderr, "kvseal mkmodel: --n-expert is for llama and qwen3moe\n");
+    if (o.n_expert && !qwen && !glm4moe && strcmp(o.arch, "llama")) {
+        fprintf(stderr, "kvseal mkmodel: --n-expert is for llama, qwen3moe and glm4moe\n");
         return 2;
     }
     if (o.n_swa && !gemma && strcmp(o.arch, "llama")) {
@@ -649,6 +714,11 @@ int cli_mkmodel(int argc, char **argv) {
         fprintf(stderr, "kvseal mkmodel: --shape '%s' is not one of tiny 1.1b\n", shape);
         return 2;
     }
+    if (glm4moe) { // (tiny) a dense layer, two MoE ones; the NextN block after them
+        if (!strcmp(shape, "tiny")) o.n_layer = 3;
+        o.n_dense = v_dense >= 0 ? v_dense : 1;
+        o.n_nextn = 1;
+    }
     if (v_embd) o.n_embd = v_embd;
     if (v_layer) o.n_layer = v_layer;
     if (v_head) o.n_head = v_head;
@@ -656,7 +726,7 @@ int cli_mkmodel(int argc, char **argv) {
     if (v_ff) o.n_ff = v_ff;
     if (v_ctx) o.n_ctx = v_ctx;
     o.head_dim = v_hd ? v_hd : o.n_embd / o.n_head;
-    if (!strcmp(o.arch, "qwen3moe") && !o.n_expert) o.n_expert = 8;
+    if ((!strcmp(o.arch, "qwen3moe") || glm4moe) && !o.n_expert) o.n_expert = 8;
     if (o.n_expert) {
         if (!o.n_expert_used) o.n_expert_used = o.n_expert < 2 ? o.n_expert : 2;
         // llama (Mixtral) experts are n_ff wide; qwen3moe's have their own key
@@ -683,11 +753,12 @@ int cli_mkmodel(int argc, char **argv) {
                 o.n_embd, o.n_head);
         return 2;
     }
-    o.rope_base = rope_base > 0                       ? rope_base
-                  : qwen || !strcmp(o.arch, "gemma3") ? 1000000.0
-                                                      : 10000.0;
+    o.rope_base = rope_base > 0                                  ? rope_base
+                  : qwen || glm4moe || !strcmp(o.arch, "gemma3") ? 1000000.0
+                                                                 : 10000.0;
     o.eps = qwen || gemma ? 1e-6 : 1e-5;
-    o.n_rot = strcmp(o.arch, "glm4") ? o.head_dim : o.head_dim / 2; // glm4: partial rotary
+    // glm4, glm4moe: partial rotary (half of each head)
+    o.n_rot = strcmp(o.arch, "glm4") && !glm4moe ? o.head_dim : o.head_dim / 2;
     if (mla) { // the KV "head" is the latent row; queries are nope + rope per head
         o.n_rot = qk_rope;
         o.n_head_kv = 1;

@@ -43,22 +43,25 @@ struct model_ctx {
     float *v;     // (T, Hkv*D)
     float *att;   // (T, H*Dv) attention output, Dv = head_dim_v
     float *tmp;   // (T, E)
-    float *g;     // (T, F), or (T*k, F_exp) rows of a MoE layer in expert order
+    float *g;     // (T, F), or (T*(k+s), F_exp) rows of a MoE layer in expert order
     float *u;     // the same
-    // mixture of experts (NULL in a dense model); k = n_expert_used
+    // mixture of experts (NULL in a dense model); k = n_expert_used, s =
+    // n_expert_shared (0 or 1): a MoE layer's T*k routed rows in expert order,
+    // then (when s) the shared expert's T rows in token order
     float *router;       // (T, n_expert) router logits
     int32_t *sel;        // (T, k) each token's experts, best first
     float *sel_w;        // (T, k) their weights
     int32_t *slot_row;   // (T, k) the row of (token, slot) in expert order
-    int32_t *row_tok;    // (T*k) the token of each row in expert order
+    int32_t *row_tok;    // (T*(k+s)) the token of each row
     int32_t *x_off;      // (n_expert + 1) first row of each expert's run, then
                          // (n_expert) rows placed so far (fwd__route)
-    float *xe;           // (T*k, E) expert inputs gathered, then their outputs
-    fwd__mm_part *parts; // (max(2 * n_expert, n_head)) one matmul run's parts
+    float *xe;           // (T*(k+s), E) expert inputs gathered, then their outputs
+    int32_t sh_row0;     // this layer's first shared-expert row (T*k), or -1: none
+    fwd__mm_part *parts; // (max(2 * (n_expert + s), n_head)) one matmul run's parts
     // multi-head latent attention (NULL without it)
-    float *mla_qa;      // (T, q_lora) the query bottleneck
-    float *mla_qf;      // (T, H * mla_qk) queries before absorption: per head nope, then rope
-    float *mla_qn;      // (T, H * nope) the nope parts, a (T*H)-row matrix the absorption reads
+    float *mla_qa; // (T, q_lora) the query bottleneck
+    float *mla_qf; // (T, H * mla_qk) queries before absorption: per head nope, then rope
+    float *mla_qn; // (T, H * nope) the nope parts, a (T*H)-row matrix the absorption reads
     // the sparse-attention indexer (NULL without it)
     float *dsa_q;       // (T, idx_heads * idx_dim) indexer queries, rope part first
     float *dsa_k;       // (T, idx_dim) indexer keys, stored behind the rope key in the KV row
@@ -80,7 +83,7 @@ struct model_ctx {
         size_t cap_row;       // bytes per row available
         const float *src;     // which input it holds (NULL = none)
         int64_t K;
-    } act[2]; // [0] Q8_0, [1] Q8_K; (T*max(1, k)) rows each
+    } act[2]; // [0] Q8_0, [1] Q8_K; (T*max(1, k+s)) rows each
 };
 
 // ----------------------------------------------------------------------------
@@ -119,9 +122,11 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     size_t XN = E > HD ? E : HD;
     const size_t NX = (size_t)hp->n_expert, KX = (size_t)hp->n_expert_used;
     const size_t H = (size_t)hp->n_head, NOPE = (size_t)(hp->mla_qk - hp->n_rot);
-    size_t TA = NX ? T * KX : T;               // rows of activations a matmul reads
+    // expert rows per token (routed, then shared); rows of activations a matmul reads
+    const size_t KS = KX + (size_t)hp->n_expert_shared;
+    size_t TA = NX ? T * KS : T;
     if (hp->kv_lora && TA < T * H) TA = T * H; // MLA: per-head rows of q_nope and the output
-    if (NX && KX * (size_t)hp->n_ff_exp > F) F = KX * (size_t)hp->n_ff_exp;
+    if (NX && KS * (size_t)hp->n_ff_exp > F) F = KS * (size_t)hp->n_ff_exp;
     c->x = ks_alloc_aligned(T * E * sizeof(float));
     c->xn = ks_alloc_aligned(T * XN * sizeof(float));
     c->q = ks_alloc_aligned(T * HD * sizeof(float));
@@ -137,13 +142,14 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
         c->sel = malloc(T * KX * sizeof(int32_t));
         c->sel_w = malloc(T * KX * sizeof(float));
         c->slot_row = malloc(T * KX * sizeof(int32_t));
-        c->row_tok = malloc(T * KX * sizeof(int32_t));
+        c->row_tok = malloc(T * KS * sizeof(int32_t));
         c->x_off = malloc((2 * NX + 1) * sizeof(int32_t));
-        c->xe = ks_alloc_aligned(T * KX * E * sizeof(float));
+        c->xe = ks_alloc_aligned(T * KS * E * sizeof(float));
         moe_ok = c->router && c->sel && c->sel_w && c->slot_row && c->row_tok && c->x_off && c->xe;
     }
     if (NX || hp->kv_lora) {
-        c->parts = calloc(2 * NX > H ? 2 * NX : H, sizeof *c->parts);
+        const size_t NP = 2 * (NX + KS - KX); // every expert's gate and up, the shared one's
+        c->parts = calloc(NP > H ? NP : H, sizeof *c->parts);
         moe_ok = moe_ok && c->parts;
     }
     if (hp->kv_lora) {
@@ -370,6 +376,7 @@ typedef enum {
     FWD_POST_ADD_NORM, // tmp[t] = rmsnorm(tmp[t]) * w2, then FWD_ADD_NORM (gemma post-norms)
     FWD_MOE_GATHER,    // xe[r] = xn[row_tok[r]], rows in expert order
     FWD_MOE_COMBINE,   // tmp[t] = sum over t's slots j of sel_w[t][j] * xe[slot_row[t][j]]
+                       // (+ xe[sh_row0 + t], the shared expert's, after the sum)
     FWD_MLA_QNORM,     // mla_qa[t] = rmsnorm(mla_qa[t]) * w
     FWD_MLA_QKV,       // rope q/k, q_nope to mla_qn, latent normed; write the KV row
     FWD_DSA_SELECT,    // the indexer's top_k positions of token t into dsa_sel[t]
@@ -661,6 +668,11 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
                 for (int64_t i = 0; i < E; i++)
                     y[i] += wt[j] * xr[i];
             }
+            if (c->sh_row0 >= 0) { // unweighted, as llama.cpp adds it: routed sum + shared
+                const float *xr = c->xe + (size_t)(c->sh_row0 + t) * (size_t)E;
+                for (int64_t i = 0; i < E; i++)
+                    y[i] += xr[i];
+            }
             break;
         }
         }
@@ -714,10 +726,18 @@ static void fwd__residual(model_ctx *c, const model_batch *b, const float *post_
 // the routing and the sum are per token.
 
 /* Routes the T tokens from their router logits (c->router): selection,
- * weights, and the rows in expert order. Serial: O(T * n_expert). */
-static void fwd__route(model_ctx *c, int T) {
+ * weights, and the rows in expert order. A token picks the k experts of
+ * highest probability (softmax or sigmoid of the logits) plus, where layer L
+ * has one, the expert's selection bias (glm4moe's exp_probs_b, DeepSeek-V3's
+ * "noaux" balancing); the weights are the probabilities without the bias,
+ * renormalized (expert_norm: divided by their sum, at least 2^-14 as
+ * llama.cpp clamps it) and multiplied by expert_scale. The shared expert's
+ * rows (n_expert_shared) follow the routed ones, in token order.
+ * Serial: O(T * n_expert). */
+static void fwd__route(model_ctx *c, const model__layer *L, int T) {
     const model_hparams *hp = &c->m->hp;
     const int NX = hp->n_expert, KX = hp->n_expert_used;
+    const float *bias = L->exp_probs_b;
     int32_t *fill = c->x_off + NX + 1; // (n_expert) rows placed so far
     memset(c->x_off, 0, sizeof(int32_t) * (size_t)(2 * NX + 1));
     for (int t = 0; t < T; t++) {
@@ -732,17 +752,20 @@ static void fwd__route(model_ctx *c, int T) {
         float sum = 0.0f;
         for (int j = 0; j < KX; j++) { // top-k by repeated argmax; ties go to the lower index
             int best = -1;
+            float best_s = 0.0f;
             for (int e = 0; e < NX; e++) {
                 bool taken = false;
                 for (int i = 0; i < j; i++)
                     taken |= sel[i] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+                const float s = bias ? p[e] + bias[e] : p[e];
+                if (!taken && (best < 0 || s > best_s)) best = e, best_s = s;
             }
             sel[j] = best;
             w[j] = p[best];
             sum += w[j];
             c->x_off[best + 1]++;
         }
+        if (sum < 6.103515625e-5f) sum = 6.103515625e-5f; // llama.cpp's clamp (smallest f16 normal)
         for (int j = 0; j < KX; j++)
             w[j] = (hp->expert_norm ? w[j] / sum : w[j]) * hp->expert_scale;
     }
@@ -755,42 +778,53 @@ static void fwd__route(model_ctx *c, int T) {
             c->slot_row[(size_t)t * (size_t)KX + (size_t)j] = r;
             c->row_tok[r] = t;
         }
+    c->sh_row0 = L->gate_sh.data ? T * KX : -1;
+    for (int t = 0; c->sh_row0 >= 0 && t < T; t++)
+        c->row_tok[c->sh_row0 + t] = t;
 }
 
-/* The MoE feed-forward block of layer L: xn (T, E) in, tmp (T, E) out. */
+/* The MoE feed-forward block of layer L: xn (T, E) in, tmp (T, E) out. The
+ * shared expert (where L has one) is one more expert whose rows are every
+ * token's, run in the same pool runs as the routed ones. */
 static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L) {
     const model_hparams *hp = &c->m->hp;
     const int T = b->n_tokens, NX = hp->n_expert, R = T * hp->n_expert_used;
     const int64_t E = hp->n_embd, FX = hp->n_ff_exp;
     fwd__matmul(c, &L->gate_inp, c->xn, T, c->router);
-    fwd__route(c, T);
-    fwd__rows_run_n(c, b, FWD_MOE_GATHER, R, 0);
+    fwd__route(c, L, T);
+    const int RS = c->sh_row0 >= 0 ? R + T : R; // rows: routed, then shared
+    fwd__rows_run_n(c, b, FWD_MOE_GATHER, RS, 0);
     fwd__act_reset(c); // xe and g hold new rows
     int n = 0;
-    for (int e = 0; e < NX; e++) {
-        const int rows = c->x_off[e + 1] - c->x_off[e];
+    for (int e = 0; e <= NX; e++) { // e == NX: the shared expert
+        const bool sh = e == NX;
+        if (sh && c->sh_row0 < 0) break;
+        const int r0 = sh ? R : c->x_off[e], rows = sh ? T : c->x_off[e + 1] - c->x_off[e];
         if (!rows) continue;
-        const model__mat *ws[2] = {&L->gate_exps[e], &L->up_exps[e]};
+        const model__mat *ws[2] = {sh ? &L->gate_sh : &L->gate_exps[e],
+                                   sh ? &L->up_sh : &L->up_exps[e]};
         float *ys[2] = {c->g, c->u};
         for (int i = 0; i < 2; i++) {
             fwd__mm_part *p = &c->parts[n++];
-            *p = (fwd__mm_part){
-                .w = ws[i], .T = rows, .Y = ys[i] + (size_t)c->x_off[e] * (size_t)FX};
-            fwd__act(c, ws[i], c->xe, R, &p->X, &p->x_stride);
-            p->X = (const char *)p->X + (size_t)c->x_off[e] * p->x_stride;
+            *p = (fwd__mm_part){.w = ws[i], .T = rows, .Y = ys[i] + (size_t)r0 * (size_t)FX};
+            fwd__act(c, ws[i], c->xe, RS, &p->X, &p->x_stride);
+            p->X = (const char *)p->X + (size_t)r0 * p->x_stride;
         }
     }
     fwd__mm_run(c, c->parts, n);
-    fwd__rows_run_n(c, b, FWD_SWIGLU, R, FX);
+    fwd__rows_run_n(c, b, FWD_SWIGLU, RS, FX);
     n = 0;
-    for (int e = 0; e < NX; e++) {
-        const int rows = c->x_off[e + 1] - c->x_off[e];
+    for (int e = 0; e <= NX; e++) {
+        const bool sh = e == NX;
+        if (sh && c->sh_row0 < 0) break;
+        const int r0 = sh ? R : c->x_off[e], rows = sh ? T : c->x_off[e + 1] - c->x_off[e];
         if (!rows) continue;
         fwd__mm_part *p = &c->parts[n++];
-        *p = (fwd__mm_part){
-            .w = &L->down_exps[e], .T = rows, .Y = c->xe + (size_t)c->x_off[e] * (size_t)E};
-        fwd__act(c, p->w, c->g, R, &p->X, &p->x_stride);
-        p->X = (const char *)p->X + (size_t)c->x_off[e] * p->x_stride;
+        *p = (fwd__mm_part){.w = sh ? &L->down_sh : &L->down_exps[e],
+                            .T = rows,
+                            .Y = c->xe + (size_t)r0 * (size_t)E};
+        fwd__act(c, p->w, c->g, RS, &p->X, &p->x_stride);
+        p->X = (const char *)p->X + (size_t)r0 * p->x_stride;
     }
     fwd__mm_run(c, c->parts, n);
     fwd__act_reset(c);

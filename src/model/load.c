@@ -52,38 +52,104 @@ static ks_err load__f32(load__ctx *c, const char *suffix, float dflt, float *out
     return gguf_get_f32(c->f, key, out, c->eb);
 }
 
+/* glm4moe's routing and layer plan, as llama.cpp reads them (GLM-4.5, 4.6,
+ * 4.7): the top-k weights renormalized only where expert_weights_norm says
+ * so, then multiplied by expert_weights_scale (absent or 0: not scaled); a
+ * required expert_shared_count (kvseal runs 0 or 1 shared expert, which is
+ * every release's); leading_dense_block_count dense layers first. Grouped
+ * selection (DeepSeek-V3's expert_group_count > 1) is refused: llama.cpp's
+ * glm4moe never groups, and neither does kvseal. */
+static ks_err load__glm4moe(load__ctx *c, model_hparams *hp) {
+    const char *path = gguf_path(c->f);
+    char key[128];
+    ks_err e;
+    bool norm = false;
+    snprintf(key, sizeof key, "%s.expert_weights_norm", c->arch);
+    if (gguf_get(c->f, key) && (e = gguf_get_bool(c->f, key, &norm, c->eb))) return e;
+    hp->expert_norm = norm;
+    float scale;
+    if ((e = load__f32(c, "expert_weights_scale", 0.0f, &scale))) return e;
+    if (!(scale >= 0.0f && isfinite(scale)))
+        return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: %s.expert_weights_scale %g must be >= 0", path,
+                         c->arch, (double)scale);
+    hp->expert_scale = scale == 0.0f ? 1.0f : scale;
+    snprintf(key, sizeof key, "%s.expert_shared_count", c->arch);
+    if (!gguf_get(c->f, key)) // 0 is valid, so load__u32's `required` (> 0) does not fit
+        return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: missing required key '%s'", path, key);
+    int32_t groups;
+    if ((e = load__u32(c, "expert_shared_count", false, 0, &hp->n_expert_shared)) ||
+        (e = load__u32(c, "leading_dense_block_count", false, 0, &hp->n_layer_dense)) ||
+        (e = load__u32(c, "expert_group_count", false, 1, &groups)))
+        return e;
+    if (hp->n_expert_shared > 1)
+        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                         "%s: %s.expert_shared_count %d: at most 1 shared expert is supported",
+                         path, c->arch, hp->n_expert_shared);
+    if (groups > 1)
+        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                         "%s: %s.expert_group_count %d: grouped expert selection is not supported",
+                         path, c->arch, groups);
+    return KS_OK;
+}
+
 /* Mixture-of-experts keys: expert_count (0 or absent: dense), the top-k
  * expert_used_count, each expert's expert_feed_forward_length (default
  * feed_forward_length) and the gating function. llama (Mixtral) and
- * qwen3moe renormalize the top-k weights. */
+ * qwen3moe renormalize the top-k weights; glm4moe reads more
+ * (load__glm4moe), needs expert_feed_forward_length, and gates by sigmoid
+ * unless told otherwise. */
 static ks_err load__experts(load__ctx *c, model_hparams *hp) {
     ks_err e;
+    const bool glm = hp->arch == MODEL_ARCH_GLM4MOE;
     hp->gating = MODEL_GATING_SOFTMAX;
     hp->expert_norm = true;
     hp->expert_scale = 1.0f;
-    if ((e = load__u32(c, "expert_count", hp->arch == MODEL_ARCH_QWEN3MOE, 0, &hp->n_expert)))
+    if ((e = load__u32(c, "expert_count", hp->arch == MODEL_ARCH_QWEN3MOE || glm, 0,
+                       &hp->n_expert)))
         return e;
     if (hp->n_expert == 0) return KS_OK;
-    if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_QWEN3MOE && !model__is_mla(hp->arch))
+    if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_QWEN3MOE && !glm &&
+        !model__is_mla(hp->arch))
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
                          "%s: %s.expert_count %d: mixture-of-experts runs for llama (Mixtral), "
-                         "qwen3moe and deepseek2, not %s",
+                         "qwen3moe, glm4moe and the deepseek2 family, not %s",
                          gguf_path(c->f), hp->arch_name, hp->n_expert, hp->arch_name);
     int32_t gf;
     if ((e = load__u32(c, "expert_used_count", true, 0, &hp->n_expert_used)) ||
-        (e = load__u32(c, "expert_feed_forward_length", false, 0, &hp->n_ff_exp)) ||
-        (e = load__u32(c, "expert_gating_func", false, 1, &gf)))
+        (e = load__u32(c, "expert_feed_forward_length", glm, 0, &hp->n_ff_exp)) ||
+        (e = load__u32(c, "expert_gating_func", false, glm ? 2 : 1, &gf)))
         return e;
     if (hp->n_expert_used > hp->n_expert || hp->n_expert_used > MODEL_MAX_EXPERTS_USED)
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
                          "%s: %s.expert_used_count %d: at most expert_count (%d) and %d",
                          gguf_path(c->f), hp->arch_name, hp->n_expert_used, hp->n_expert,
                          MODEL_MAX_EXPERTS_USED);
+    if (glm && gf == 0) gf = 2; // llama.cpp: "none" means glm4moe's sigmoid
     if (gf != 1 && gf != 2) // llama.cpp's numbering: 1 softmax, 2 sigmoid
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
                          "%s: %s.expert_gating_func %d is not supported (1 softmax, 2 sigmoid)",
                          gguf_path(c->f), hp->arch_name, gf);
     hp->gating = gf == 2 ? MODEL_GATING_SIGMOID : MODEL_GATING_SOFTMAX;
+    return glm ? load__glm4moe(c, hp) : KS_OK;
+}
+
+/* glm4 and glm4moe files of the vision releases (GLM-4.1V, 4.5V) carry
+ * rope.dimension_sections, and llama.cpp then rotates in the multimodal
+ * (M-RoPE) style, which kvseal does not run: nonzero sections are refused. */
+static ks_err load__rope_sections(load__ctx *c) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", c->arch);
+    const gguf_value *v = gguf_get(c->f, key);
+    if (!v) return KS_OK;
+    const gguf_type et = v->type == GGUF_TYPE_ARRAY ? v->v.arr.elem_type : GGUF_TYPE__COUNT;
+    if (!(et <= GGUF_TYPE_INT32 || et == GGUF_TYPE_UINT64 || et == GGUF_TYPE_INT64))
+        return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: %s is not an array of integers",
+                         gguf_path(c->f), key);
+    for (uint64_t i = 0; i < v->v.arr.n; i++)
+        if (gguf_arr_i64(v, i) != 0)
+            return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                             "%s: %s: multimodal RoPE (M-RoPE) sections are not supported",
+                             gguf_path(c->f), key);
     return KS_OK;
 }
 
@@ -109,7 +175,7 @@ static ks_err load__mla(load__ctx *c, model_hparams *hp, int32_t vlen) {
         (e = load__u32(c, "attention.q_lora_rank", false, 0, &hp->q_lora)) ||
         (e = load__u32(c, "attention.key_length_mla", true, 0, &hp->mla_qk)) ||
         (e = load__u32(c, "attention.value_length_mla", true, 0, &hp->mla_v)) ||
-        (e = load__u32(c, "leading_dense_block_count", false, 0, &hp->n_dense_lead)))
+        (e = load__u32(c, "leading_dense_block_count", false, 0, &hp->n_layer_dense)))
         return e;
     if (hp->kv_lora < 1 || hp->n_head_kv != 1 || hp->head_dim != hp->kv_lora + hp->n_rot ||
         vlen != hp->kv_lora || hp->mla_qk <= hp->n_rot || hp->mla_v < 1 || hp->n_rot < 2)
@@ -135,12 +201,12 @@ static ks_err load__mla(load__ctx *c, model_hparams *hp, int32_t vlen) {
                              path, hp->idx_heads, hp->idx_dim, hp->n_rot, MODEL_MAX_HEAD_DIM,
                              hp->idx_topk, hp->q_lora);
     }
-    if (hp->n_dense_lead < 0 || hp->n_dense_lead > hp->n_layer) hp->n_dense_lead = hp->n_layer;
-    if (hp->n_dense_lead < hp->n_layer)
+    if (hp->n_layer_dense < 0 || hp->n_layer_dense > hp->n_layer) hp->n_layer_dense = hp->n_layer;
+    if (hp->n_layer_dense < hp->n_layer)
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
                          "%s: %s mixture-of-experts layers (from layer %d; shared experts, "
                          "expert selection bias) are not supported yet: only the dense MLA layers",
-                         path, hp->arch_name, hp->n_dense_lead);
+                         path, hp->arch_name, hp->n_layer_dense);
     return KS_OK;
 }
 
@@ -212,6 +278,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         hp->arch = MODEL_ARCH_GEMMA3;
     else if (!strcmp(hp->arch_name, "glm4"))
         hp->arch = MODEL_ARCH_GLM4;
+    else if (!strcmp(hp->arch_name, "glm4moe"))
+        hp->arch = MODEL_ARCH_GLM4MOE;
     else if (!strcmp(hp->arch_name, "deepseek2"))
         hp->arch = MODEL_ARCH_DEEPSEEK2;
     else if (!strcmp(hp->arch_name, "deepseek32"))
@@ -227,9 +295,24 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     if ((e = load__u32(&c, "context_length", true, 0, &hp->n_ctx_train)) ||
         (e = load__u32(&c, "embedding_length", true, 0, &hp->n_embd)) ||
         (e = load__u32(&c, "block_count", true, 0, &hp->n_layer)) ||
-        (e = load__u32(&c, "feed_forward_length", hp->n_expert == 0, 0, &hp->n_ff)) ||
+        (e = load__u32(&c, "feed_forward_length", hp->n_expert == 0 || hp->n_layer_dense > 0, 0,
+                       &hp->n_ff)) ||
         (e = load__u32(&c, "attention.head_count", true, 0, &hp->n_head)) ||
         (e = load__u32(&c, "attention.head_count_kv", false, (uint32_t)hp->n_head, &hp->n_head_kv)))
+        return e;
+    // glm4moe's block_count counts the NextN blocks after the main ones (as
+    // llama.cpp's converter writes it); they predict further tokens for
+    // speculative decoding, and neither llama.cpp nor kvseal runs them
+    if (hp->arch == MODEL_ARCH_GLM4MOE &&
+        (e = load__u32(&c, "nextn_predict_layers", false, 0, &hp->n_layer_nextn)))
+        return e;
+    if (hp->n_layer_nextn >= hp->n_layer)
+        return ks_seterr(eb, KS_ERR_FORMAT,
+                         "%s: %s.nextn_predict_layers %d must be below block_count %d",
+                         gguf_path(f), hp->arch_name, hp->n_layer_nextn, hp->n_layer);
+    hp->n_layer -= hp->n_layer_nextn;
+    if ((hp->arch == MODEL_ARCH_GLM4 || hp->arch == MODEL_ARCH_GLM4MOE) &&
+        (e = load__rope_sections(&c)))
         return e;
     if (hp->n_expert && !hp->n_ff_exp) hp->n_ff_exp = hp->n_ff;
     if (hp->n_expert && hp->n_ff_exp < 1)
@@ -320,6 +403,9 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         return ks_seterr(eb, KS_ERR_FORMAT, "%s: %s.rope.scaling.attn_factor %g must be positive",
                          gguf_path(f), hp->arch_name, (double)attn_factor);
     hp->rope_attn_factor *= attn_factor;
+    // glm4 dense turns adjacent pairs, glm4moe NEOX halves (its converter
+    // leaves Q/K unpermuted), the deepseek2 family adjacent pairs: llama.cpp's
+    // rope types
     hp->rope_neox =
         hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_GLM4 && !model__is_mla(hp->arch);
     hp->post_norms = hp->arch == MODEL_ARCH_GLM4; // and gemma's (load__gemma)
@@ -526,6 +612,9 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
 
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return ks_seterr(eb, KS_ERR_NOMEM, "%s: layers", gguf_path(m->gguf));
+    const bool glm4moe = hp->arch == MODEL_ARCH_GLM4MOE;
+    // layers [n_layer, block_count) are glm4moe's NextN blocks: never run,
+    // so never bound (their tensors may be of any type)
     for (int il = 0; il < hp->n_layer; il++) {
         model__layer *L = &m->layers[il];
         char n[96];
@@ -547,22 +636,27 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
                    (e = load__mat(m, LNAME("attn_v.weight"), E, KVD, &L->wv, eb))) {
             return e;
         }
+        // glm4moe's post_attention_norm is the norm before the FFN (on the
+        // residual stream, as other models' ffn_norm), not a post-norm
         if ((e = load__mat(m, LNAME("attn_output.weight"), HO, E, &L->wo, eb)) ||
-            (e = load__vec(m, LNAME("ffn_norm.weight"), E, true, &L->ffn_norm, eb)))
+            (e = load__vec(m, LNAME(glm4moe ? "post_attention_norm.weight" : "ffn_norm.weight"), E,
+                           true, &L->ffn_norm, eb)))
             return e;
+        // a dense FFN, or the experts: every layer of a MoE file but the
+        // leading dense ones (glm4moe's leading_dense_block_count)
+        const bool moe = hp->n_expert > 0 && il >= hp->n_layer_dense;
         const bool fused_ffn = hp->arch == MODEL_ARCH_PHI3 || hp->arch == MODEL_ARCH_GLM4;
-        const bool dense = hp->n_expert == 0 || il < hp->n_dense_lead;
-        if (dense && fused_ffn) { // gate rows, then up rows
+        if (!moe && fused_ffn) { // gate rows, then up rows
             if ((e = load__mat(m, LNAME("ffn_up.weight"), E, 2 * F, &fused, eb))) return e;
             L->w_gate = load__rows(&fused, 0, F);
             L->w_up = load__rows(&fused, F, F);
-        } else if (dense && ((e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
-                             (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)))) {
+        } else if (!moe && ((e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
+                            (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)))) {
             return e;
         }
-        if (dense && (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb))) return e;
-        const int64_t X = dense ? 0 : hp->n_expert, FX = hp->n_ff_exp;
-        if (X &&
+        if (!moe && (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb))) return e;
+        const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
+        if (moe &&
             ((e = load__mat(m, LNAME("ffn_gate_inp.weight"), E, X, &L->gate_inp, eb)) ||
              (e = load__mat_experts(m, LNAME("ffn_gate_exps.weight"), E, FX, X, &L->gate_exps,
                                     eb)) ||
@@ -570,11 +664,20 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
              (e = load__mat_experts(m, LNAME("ffn_down_exps.weight"), FX, E, X, &L->down_exps,
                                     eb))))
             return e;
+        // glm4moe: the router's selection bias and the shared expert
+        if (moe && glm4moe &&
+            (e = load__vec(m, LNAME("exp_probs_b.bias"), X, true, &L->exp_probs_b, eb)))
+            return e;
+        if (moe && hp->n_expert_shared &&
+            ((e = load__mat(m, LNAME("ffn_gate_shexp.weight"), E, FX, &L->gate_sh, eb)) ||
+             (e = load__mat(m, LNAME("ffn_up_shexp.weight"), E, FX, &L->up_sh, eb)) ||
+             (e = load__mat(m, LNAME("ffn_down_shexp.weight"), FX, E, &L->down_sh, eb))))
+            return e;
         // Q/K/V biases: qwen2's always, glm4's where the file has them (all three)
         const bool need_b = hp->arch == MODEL_ARCH_QWEN2;
         if (!L->bq &&
-            (need_b ||
-             (hp->arch == MODEL_ARCH_GLM4 && gguf_find_tensor(m->gguf, LNAME("attn_q.bias")))) &&
+            (need_b || ((hp->arch == MODEL_ARCH_GLM4 || glm4moe) &&
+                        gguf_find_tensor(m->gguf, LNAME("attn_q.bias")))) &&
             ((e = load__vec(m, LNAME("attn_q.bias"), HD, true, &L->bq, eb)) ||
              (e = load__vec(m, LNAME("attn_k.bias"), KVD, true, &L->bk, eb)) ||
              (e = load__vec(m, LNAME("attn_v.bias"), KVD, true, &L->bv, eb))))
@@ -585,10 +688,13 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
              (e = load__vec(m, LNAME("post_ffw_norm.weight"), E, true, &L->post_ffn_norm, eb))))
             return e;
         L->swa = hp->n_swa > 0 && (hp->swa_period == 0 || il % hp->swa_period < hp->swa_period - 1);
-        if ((hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE ||
-             hp->arch == MODEL_ARCH_GEMMA3) &&
-            ((e = load__vec(m, LNAME("attn_q_norm.weight"), D, true, &L->q_norm, eb)) ||
-             (e = load__vec(m, LNAME("attn_k_norm.weight"), D, true, &L->k_norm, eb))))
+        // per-head Q/K norms: qwen3's and gemma3's always; glm4moe's where
+        // present (the GLM-4.5 355B release has them, Air not), each on its own
+        const bool need_qk = hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE ||
+                             hp->arch == MODEL_ARCH_GEMMA3;
+        if ((need_qk || glm4moe) &&
+            ((e = load__vec(m, LNAME("attn_q_norm.weight"), D, need_qk, &L->q_norm, eb)) ||
+             (e = load__vec(m, LNAME("attn_k_norm.weight"), D, need_qk, &L->k_norm, eb))))
             return e;
 #undef LNAME
     }
@@ -618,9 +724,9 @@ static void load__repack_all(model *m) {
     if (!m->hp.tied_output) load__repack(m->gguf, &m->output);
     for (int il = 0; il < m->hp.n_layer; il++) {
         model__layer *L = &m->layers[il];
-        model__mat *ws[] = {&L->wq,      &L->wk,     &L->wv,      &L->wo,   &L->w_gate,
-                            &L->w_up,    &L->w_down, &L->wq_a,    &L->wq_b, &L->wkv_a,
-                            &L->idx_q_b, &L->idx_k,  &L->idx_proj};
+        model__mat *ws[] = {&L->wq,     &L->wk,      &L->wv,    &L->wo,      &L->w_gate, &L->w_up,
+                            &L->w_down, &L->gate_sh, &L->up_sh, &L->down_sh, &L->wq_a,   &L->wq_b,
+                            &L->wkv_a,  &L->idx_q_b, &L->idx_k, &L->idx_proj};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data) load__repack(m->gguf, ws[i]);
         for (int h = 0; L->wk_b && h < m->hp.n_head; h++) {
@@ -699,10 +805,10 @@ void model_free(model *m) {
     if (!m->hp.tied_output) ks_free_aligned(m->output.packed);
     for (int il = 0; m->layers && il < m->hp.n_layer; il++) {
         model__layer *L = &m->layers[il];
-        void *ps[] = {L->wq.packed,      L->wk.packed,    L->wv.packed,      L->wo.packed,
-                      L->w_gate.packed,  L->w_up.packed,  L->w_down.packed,  L->wq_a.packed,
-                      L->wq_b.packed,    L->wkv_a.packed, L->idx_q_b.packed, L->idx_k.packed,
-                      L->idx_proj.packed};
+        void *ps[] = {L->wq.packed,     L->wk.packed,      L->wv.packed,     L->wo.packed,
+                      L->w_gate.packed, L->w_up.packed,    L->w_down.packed, L->gate_sh.packed,
+                      L->up_sh.packed,  L->down_sh.packed, L->wq_a.packed,   L->wq_b.packed,
+                      L->wkv_a.packed,  L->idx_q_b.packed, L->idx_k.packed,  L->idx_proj.packed};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
             ks_free_aligned(ps[i]);
         model__mat *hs[] = {L->wk_b, L->wv_b};
@@ -741,11 +847,13 @@ uint64_t model_bytes_per_token(const model *m) {
         if (L->wk_b) // every head's absorption matrices
             b += (uint64_t)m->hp.n_head *
                  (load__mat_bytes(&L->wk_b[0]) + load__mat_bytes(&L->wv_b[0]));
-        if (L->gate_exps) // the router and the experts a token runs
+        if (L->gate_exps) // the router, the experts a token runs, the shared one
             b += load__mat_bytes(&L->gate_inp) +
                  (uint64_t)m->hp.n_expert_used *
                      (load__mat_bytes(&L->gate_exps[0]) + load__mat_bytes(&L->up_exps[0]) +
-                      load__mat_bytes(&L->down_exps[0]));
+                      load__mat_bytes(&L->down_exps[0])) +
+                 load__mat_bytes(&L->gate_sh) + load__mat_bytes(&L->up_sh) +
+                 load__mat_bytes(&L->down_sh);
         else
             b += load__mat_bytes(&L->w_gate) + load__mat_bytes(&L->w_up) +
                  load__mat_bytes(&L->w_down);

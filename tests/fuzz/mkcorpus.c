@@ -92,13 +92,16 @@ static void gguf_seed(const char *name, bool bpe) {
 /* A tiny model of architecture `arch` that model_load accepts (all weights
  * zero, F32; 16 embd, 2 heads of 8, 1 KV head, 32 ff, 2 layers, the 8-token
  * SPM vocabulary above), so the fuzzer starts inside every architecture's
- * key and tensor checks. moe: 2 experts, 1 used. */
+ * key and tensor checks. moe: 2 experts, 1 used (glm4moe: its first layer
+ * dense, a shared expert, a selection bias, one NextN block counted in
+ * block_count whose tensors kvseal never reads, so none are written). */
 static void model_seed(const char *name, const char *arch, bool moe) {
     enum { E = 16, H = 2, HKV = 1, D = 8, F = 32, NL = 2, V = 8, X = 2 };
     static float zero[E * F * X];
     const bool qwen2 = !strcmp(arch, "qwen2"), glm4 = !strcmp(arch, "glm4");
     const bool phi3 = !strcmp(arch, "phi3"), gemma = !strncmp(arch, "gemma", 5);
     const bool qk_norm = !strncmp(arch, "qwen3", 5) || !strcmp(arch, "gemma3");
+    const bool glm4moe = !strcmp(arch, "glm4moe");
     gguf_writer *w = gguf_writer_create();
     if (!w) exit(1);
     char k[128];
@@ -106,17 +109,26 @@ static void model_seed(const char *name, const char *arch, bool moe) {
     W(gguf_writer_set_str(w, "general.architecture", arch));
     W(gguf_writer_set_u32(w, KEY("context_length"), 64));
     W(gguf_writer_set_u32(w, KEY("embedding_length"), E));
-    W(gguf_writer_set_u32(w, KEY("block_count"), NL));
+    W(gguf_writer_set_u32(w, KEY("block_count"), glm4moe ? NL + 1 : NL));
     W(gguf_writer_set_u32(w, KEY("feed_forward_length"), F));
     W(gguf_writer_set_u32(w, KEY("attention.head_count"), H));
     W(gguf_writer_set_u32(w, KEY("attention.head_count_kv"), HKV));
     W(gguf_writer_set_u32(w, KEY("attention.key_length"), D));
     W(gguf_writer_set_u32(w, KEY("attention.value_length"), D));
-    W(gguf_writer_set_u32(w, KEY("rope.dimension_count"), glm4 ? D / 2 : D));
+    W(gguf_writer_set_u32(w, KEY("rope.dimension_count"), glm4 || glm4moe ? D / 2 : D));
     W(gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-6f));
     if (moe) {
         W(gguf_writer_set_u32(w, KEY("expert_count"), X));
         W(gguf_writer_set_u32(w, KEY("expert_used_count"), 1));
+    }
+    if (glm4moe) {
+        W(gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), F));
+        W(gguf_writer_set_u32(w, KEY("expert_shared_count"), 1));
+        W(gguf_writer_set_u32(w, KEY("leading_dense_block_count"), 1));
+        W(gguf_writer_set_u32(w, KEY("expert_gating_func"), 2));
+        W(gguf_writer_set_f32(w, KEY("expert_weights_scale"), 2.5f));
+        W(gguf_writer_set_bool(w, KEY("expert_weights_norm"), true));
+        W(gguf_writer_set_u32(w, KEY("nextn_predict_layers"), 1));
     }
     if (gemma) W(gguf_writer_set_u32(w, KEY("attention.sliding_window"), 4));
     if (phi3) {
@@ -162,7 +174,7 @@ static void model_seed(const char *name, const char *arch, bool moe) {
             T(L("attn_k.weight"), E, HKV * D, 0);
             T(L("attn_v.weight"), E, HKV * D, 0);
         }
-        if (qwen2 || glm4) {
+        if (qwen2 || glm4 || glm4moe) {
             T(L("attn_q.bias"), H * D, 0, 0);
             T(L("attn_k.bias"), HKV * D, 0, 0);
             T(L("attn_v.bias"), HKV * D, 0, 0);
@@ -176,12 +188,21 @@ static void model_seed(const char *name, const char *arch, bool moe) {
             T(L("post_attention_norm.weight"), E, 0, 0);
             T(L("post_ffw_norm.weight"), E, 0, 0);
         }
-        T(L("ffn_norm.weight"), E, 0, 0);
-        if (moe) {
+        if (glm4moe) // its post_attention_norm is the FFN's input norm
+            T(L("post_attention_norm.weight"), E, 0, 0);
+        else
+            T(L("ffn_norm.weight"), E, 0, 0);
+        if (moe && !(glm4moe && l == 0)) {
             T(L("ffn_gate_inp.weight"), E, X, 0);
             T(L("ffn_gate_exps.weight"), E, F, X);
             T(L("ffn_up_exps.weight"), E, F, X);
             T(L("ffn_down_exps.weight"), F, E, X);
+            if (glm4moe) {
+                T(L("exp_probs_b.bias"), X, 0, 0);
+                T(L("ffn_gate_shexp.weight"), E, F, 0);
+                T(L("ffn_up_shexp.weight"), E, F, 0);
+                T(L("ffn_down_shexp.weight"), F, E, 0);
+            }
         } else if (phi3 || glm4) {
             T(L("ffn_up.weight"), E, 2 * F, 0);
             T(L("ffn_down.weight"), F, E, 0);
@@ -364,6 +385,7 @@ int main(int argc, char **argv) {
     }
     model_seed("model-llama-moe.gguf", "llama", true);
     model_seed("model-qwen3moe.gguf", "qwen3moe", true);
+    model_seed("model-glm4moe.gguf", "glm4moe", true);
     pd_msg_seeds();
     pd_wire_seeds();
     return 0;

@@ -1,10 +1,12 @@
 /* test_cli.c — models made by `kvseal mkmodel` (llama with GQA, qwen2,
- * qwen3, gemma2, gemma3; every weight type) run the same on the reference
- * kernels and on every SIMD kernel set this CPU has: the same greedy tokens,
- * and logits within a per-type tolerance (justified at kind_tol below).
- * Gemma models with a 4-token sliding window are also batch invariant
- * (test_model.c checks that on kjv-mini for the others): windows that start
- * mid-page and span pages give the same bits alone or batched.
+ * qwen3, gemma2, gemma3, glm4moe; every weight type) run the same on the
+ * reference kernels and on every SIMD kernel set this CPU has: the same
+ * greedy tokens, and logits within a per-type tolerance (justified at
+ * kind_tol below). Gemma models with a 4-token sliding window are also batch
+ * invariant (test_model.c checks that on kjv-mini for the others): windows
+ * that start mid-page and span pages give the same bits alone or batched;
+ * so is glm4moe, whose tokens are routed by a selection bias to experts
+ * run over rows grouped from the whole batch, plus a shared expert.
  *
  * The vocabulary comes from the shipped kjv-mini, so this test never skips. */
 #include "kvseal/cli.h"
@@ -127,11 +129,11 @@ static void solo_run(const model *m, const int32_t *prompt, int n_prompt, float 
 
 /* Two sequences (prompts of 9 and 3 tokens) prefilled whole in one batch and
  * decoded together on 3 threads give the logits solo_run gives, bit for bit. */
-static void test_window_batch_invariance(const char *path) {
+static void test_batch_invariance(const char *path) {
     ks_errbuf eb;
     model *m;
     CHECK_EQ(model_load(path, &m, &eb), KS_OK);
-    CHECK_EQ(model_hp(m)->n_swa, 4);
+    CHECK(model_hp(m)->n_swa == 4 || model_hp(m)->n_expert_shared == 1);
     const int32_t V = model_hp(m)->n_vocab;
     static const int32_t p0[] = {1, 300, 261, 345, 828, 325, 687, 2001, 548}, p1[] = {1, 1915, 425};
     const int32_t *ps[2] = {p0, p1};
@@ -180,12 +182,110 @@ static void test_window_batch_invariance(const char *path) {
     free(lg);
 }
 
+// ----------------------------------------------------------------------------
+// glm4moe files kvseal refuses, and NextN blocks it never reads
+
+typedef enum {
+    G4_OK_NEXTN_JUNK, // the NextN block's tensors missing or of an unrunnable type: runs
+    G4_SHARED_2,      // two shared experts
+    G4_GROUPS,        // DeepSeek-V3-style grouped selection
+    G4_NO_SHARED_KEY, // expert_shared_count absent (llama.cpp requires it)
+    G4_NEXTN_ALL,     // every block a NextN block
+    G4_MROPE,         // a vision release's rope.dimension_sections
+    G4_NO_BIAS,       // a MoE layer without its selection bias
+} g4_mutation;
+
+/* Copies the glm4moe model at src (3 layers + NextN block 3) to dst with
+ * one change. */
+static void write_g4_mutant(const char *src, const char *dst, g4_mutation mu) {
+    gguf_file *f;
+    ks_errbuf eb;
+    CHECK_EQ(gguf_open(src, &f, &eb), KS_OK);
+    gguf_writer *w = gguf_writer_create();
+    for (uint64_t i = 0; i < gguf_n_kv(f); i++) {
+        const char *key = gguf_kv_at(f, i)->key;
+        if (mu == G4_NO_SHARED_KEY && !strcmp(key, "glm4moe.expert_shared_count")) continue;
+        CHECK_EQ(gguf_writer_copy_kv(w, f, key), KS_OK);
+    }
+    if (mu == G4_SHARED_2)
+        CHECK_EQ(gguf_writer_set_u32(w, "glm4moe.expert_shared_count", 2), KS_OK);
+    if (mu == G4_GROUPS) CHECK_EQ(gguf_writer_set_u32(w, "glm4moe.expert_group_count", 4), KS_OK);
+    if (mu == G4_NEXTN_ALL)
+        CHECK_EQ(gguf_writer_set_u32(w, "glm4moe.nextn_predict_layers", 4), KS_OK);
+    if (mu == G4_MROPE) {
+        static const int32_t sections[4] = {4, 2, 2, 0};
+        CHECK_EQ(
+            gguf_writer_set_arr(w, "glm4moe.rope.dimension_sections", GGUF_TYPE_INT32, sections, 4),
+            KS_OK);
+    }
+    static uint8_t junk[132 * 256]; // [512, 256] of IQ2_XXS: 2 blocks of 66 bytes a row
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (mu == G4_OK_NEXTN_JUNK && !strcmp(t->name, "blk.3.attn_q.weight")) continue;
+        if (mu == G4_OK_NEXTN_JUNK && !strcmp(t->name, "blk.3.nextn.eh_proj.weight")) {
+            CHECK(t->ne[0] == 512 && t->ne[1] == 256);
+            CHECK_EQ(
+                gguf_writer_add_tensor(w, t->name, 2, t->ne, KS_DTYPE_IQ2_XXS, junk, sizeof junk),
+                KS_OK);
+            continue;
+        }
+        if (mu == G4_NO_BIAS && !strcmp(t->name, "blk.2.exp_probs_b.bias")) continue;
+        CHECK_EQ(gguf_writer_add_tensor(w, t->name, t->n_dims, t->ne, (ks_dtype)t->type, t->data,
+                                        t->n_bytes),
+                 KS_OK);
+    }
+    CHECK_EQ(gguf_writer_write(w, dst, &eb), KS_OK);
+    gguf_writer_destroy(w);
+    gguf_close(f);
+}
+
+/* The glm4moe model at path loads as 3 layers (the NextN block counted in
+ * block_count, not run), and each mutant gets its one-line refusal. */
+static void test_glm4moe_load(const char *path) {
+    ks_errbuf eb;
+    model *m;
+    CHECK_EQ(model_load(path, &m, &eb), KS_OK);
+    const model_hparams *hp = model_hp(m);
+    CHECK(hp->n_layer == 3 && hp->n_layer_nextn == 1 && hp->n_layer_dense == 1);
+    CHECK(hp->n_expert == 8 && hp->n_expert_used == 2 && hp->n_expert_shared == 1);
+    CHECK(hp->gating == MODEL_GATING_SIGMOID && hp->expert_norm && hp->expert_scale == 2.5f);
+    CHECK(hp->rope_neox && hp->n_rot == hp->head_dim / 2 && !hp->post_norms);
+    CHECK_EQ(model_kv_geom(m, 16, KS_DTYPE_F16).n_layer, 3); // no K/V for the NextN block
+    model_free(m);
+    struct {
+        g4_mutation mu;
+        ks_err err;
+        const char *msg;
+    } cases[] = {
+        {G4_OK_NEXTN_JUNK, KS_OK, ""},
+        {G4_SHARED_2, KS_ERR_UNSUPPORTED,
+         "glm4moe.expert_shared_count 2: at most 1 shared expert is supported"},
+        {G4_GROUPS, KS_ERR_UNSUPPORTED,
+         "glm4moe.expert_group_count 4: grouped expert selection is not supported"},
+        {G4_NO_SHARED_KEY, KS_ERR_FORMAT, "missing required key 'glm4moe.expert_shared_count'"},
+        {G4_NEXTN_ALL, KS_ERR_FORMAT, "glm4moe.nextn_predict_layers 4 must be below block_count 4"},
+        {G4_MROPE, KS_ERR_UNSUPPORTED,
+         "glm4moe.rope.dimension_sections: multimodal RoPE (M-RoPE) sections are not supported"},
+        {G4_NO_BIAS, KS_ERR_FORMAT, "missing tensor 'blk.2.exp_probs_b.bias'"},
+    };
+    char dst[256];
+    snprintf(dst, sizeof dst, "/tmp/ks_test_cli_g4_%d.gguf", (int)getpid());
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_g4_mutant(path, dst, cases[i].mu);
+        ks_errbuf_clear(&eb);
+        CHECK_EQ(model_check(dst, &eb), cases[i].err);
+        CHECK_STR_HAS(eb.msg, cases[i].msg);
+        if (cases[i].err) CHECK_STR_HAS(eb.msg, dst); // the file is named
+    }
+    unlink(dst);
+}
+
 int main(void) {
     const char *src = getenv("KS_SRC");
     char vocab[1024], path[256];
     snprintf(vocab, sizeof vocab, "%s/models/kjv-mini.gguf", src ? src : ".");
     snprintf(path, sizeof path, "/tmp/ks_test_cli_%d.gguf", (int)getpid());
-    const char *archs[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
+    const char *archs[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "glm4moe"};
     const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"};
     const char *isas[] = {"avx2", "avx512"};
     int32_t ref_toks[N_GEN], toks[N_GEN], V = 0;
@@ -215,7 +315,9 @@ int main(void) {
                             "30",
                             NULL};
             CHECK_EQ(cli_mkmodel(strncmp(archs[a], "gemma", 5) ? 13 : 19, argv), 0);
-            if (!strncmp(archs[a], "gemma", 5) && t == 1) test_window_batch_invariance(path);
+            if ((!strncmp(archs[a], "gemma", 5) || !strcmp(archs[a], "glm4moe")) && t == 1)
+                test_batch_invariance(path);
+            if (!strcmp(archs[a], "glm4moe") && t == 1) test_glm4moe_load(path);
             run_greedy(path, "ref", ref_toks, ref, &V);
             CHECK(V == 2048);
             double mx0 = 0;
