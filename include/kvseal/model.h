@@ -39,6 +39,8 @@ typedef enum model_gating {
 
 /* Most experts a token may use (<arch>.expert_used_count). */
 #define MODEL_MAX_EXPERTS_USED 16
+/* Most expert groups a router may have (<arch>.expert_group_count). */
+#define MODEL_MAX_EXPERT_GROUPS 64
 
 /* The architectures model_load runs, as its refusal lists them. */
 #define MODEL_ARCHS                                                                                \
@@ -88,6 +90,9 @@ typedef struct model_hparams {
     int32_t n_layer_dense; /* leading_dense_block_count: layers [0, n) have a dense FFN of n_ff */
     int32_t n_expert_shared; /* glm4moe: 0, or 1 shared expert of n_ff_exp every token runs,
                                 added to the routed sum unweighted */
+    int32_t n_expert_groups; /* expert_group_count: n_expert in this many groups (0, 1: none) */
+    int32_t n_group_used;    /* expert_group_used_count: the top-k is drawn from the groups
+                                whose two best (biased) scores sum highest */
     /* Gemma 2/3 (the neutral value for other architectures in brackets) */
     int32_t n_swa;        /* attention.sliding_window: on a sliding layer the token at
                              position p sees positions j > p - n_swa (0: no sliding layers) */

@@ -40,6 +40,7 @@ typedef struct {
     long n_swa;            /* attention.sliding_window (gemma, llama) */
     long kv_lora, q_lora, qk_nope, v_head; /* deepseek2's MLA (kv_lora 0: none) */
     long idx_heads, idx_dim, idx_topk;     /* deepseek32 / glm-dsa's indexer (0: none) */
+    long n_groups, n_group_used;           /* expert groups (DeepSeek-V3's routing; 0: none) */
     double attn_softcap, final_softcap; /* gemma: 0 = key not written */
     int n_threads;
 } mk__opts;
@@ -194,6 +195,8 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
     // glm4moe: QKV biases, its post_attention_norm before the FFN, leading
     // dense layers, sigmoid router with a selection bias, a shared expert
     const bool glm4moe = !strcmp(o->arch, "glm4moe");
+    // ... and the deepseek2 family's MoE layers, built the same way (DeepSeek-V3 style)
+    const bool dsmoe = glm4moe || (o->kv_lora && X);
     const bool gemma = !strncmp(o->arch, "gemma", 5), gemma3 = !strcmp(o->arch, "gemma3");
     const float noise = 0.02f, s_qk = s_in * (float)o->qk_gain;
     bool ok = mk__add(p, o, W, MK__RAND, o->tied ? 4.0f / sqrtf((float)E) : 1.0f, E, n_vocab,
@@ -284,16 +287,16 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
         // tie moved llama.cpp's Q8_0 / Q4_K_M perplexity by up to 1-2% (the
         // engines' rounding decides such ties either way); at 0.3, 0.5%.
         if (ok && moe)
-            ok = mk__add(p, o, KS_DTYPE_F32, MK__RAND, (glm4moe ? 2.0f : 4.0f) * s_in, E, X,
+            ok = mk__add(p, o, KS_DTYPE_F32, MK__RAND, (dsmoe ? 2.0f : 4.0f) * s_in, E, X,
                          "blk.%d.ffn_gate_inp.weight", l);
-        if (ok && moe && glm4moe)
+        if (ok && moe && dsmoe)
             ok = mk__add(p, o, KS_DTYPE_F32, MK__RAND, 1.0f, X, 0, "blk.%d.exp_probs_b.bias", l);
         if (ok && moe)
             ok = mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_gate_exps.weight", l) &&
                  mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_up_exps.weight", l) &&
-                 mk__add3(p, o, W, MK__RAND, (glm4moe ? 0.3f : 1.0f) * res / sqrtf((float)FX), FX,
-                          E, X, "blk.%d.ffn_down_exps.weight", l);
-        if (ok && moe && glm4moe) // one shared expert, as wide as the routed ones
+                 mk__add3(p, o, W, MK__RAND, (dsmoe ? 0.3f : 1.0f) * res / sqrtf((float)FX), FX, E,
+                          X, "blk.%d.ffn_down_exps.weight", l);
+        if (ok && moe && dsmoe) // one shared expert, as wide as the routed ones
             ok = mk__add(p, o, W, MK__RAND, s_in, E, FX, "blk.%d.ffn_gate_shexp.weight", l) &&
                  mk__add(p, o, W, MK__RAND, s_in, E, FX, "blk.%d.ffn_up_shexp.weight", l) &&
                  mk__add(p, o, W, MK__RAND, res / sqrtf((float)FX), FX, E,
@@ -342,6 +345,10 @@ static void mk__usage(FILE *fp) {
         "  --n-dense N                  glm4moe: leading dense layers (default 1); its other\n"
         "                               defaults: 3 layers + 1 NextN block, a shared expert,\n"
         "                               expert_weights_scale 2.5, norm on, half-head rotary\n"
+        "                               deepseek2/32, glm-dsa: with --n-expert N, MoE layers\n"
+        "                               from layer --n-dense (default 1), DeepSeek-V3 style\n"
+        "  --expert-groups G --group-used U  expert groups: the top-k is drawn from the U\n"
+        "                               groups whose two best experts score highest\n"
         "  --qk-norm                    glm4moe: attn_q_norm / attn_k_norm tensors\n"
         "  --tied                       no output.weight (logits use token_embd)\n"
         "  --seed S                     weight seed (default 1)\n"
@@ -471,18 +478,28 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
         ok = MK__U32("expert_count", o->n_expert) &&
              MK__U32("expert_used_count", o->n_expert_used) &&
              (o->n_ff_exp == o->n_ff || MK__U32("expert_feed_forward_length", o->n_ff_exp));
-    if (ok && o->kv_lora) // MLA as llama.cpp's converter writes it; every FFN dense, though
-        ok = MK__U32("attention.kv_lora_rank", o->kv_lora) &&          // llama.cpp
-             MK__U32("attention.q_lora_rank", o->q_lora) &&            // wants the
-             MK__U32("attention.key_length", o->kv_lora + o->n_rot) && // MoE keys
+    if (ok && o->kv_lora) // MLA as llama.cpp's converter writes it
+        ok = MK__U32("attention.kv_lora_rank", o->kv_lora) &&
+             MK__U32("attention.q_lora_rank", o->q_lora) &&
+             MK__U32("attention.key_length", o->kv_lora + o->n_rot) &&
              MK__U32("attention.value_length", o->kv_lora) &&
              MK__U32("attention.key_length_mla", o->qk_nope + o->n_rot) &&
-             MK__U32("attention.value_length_mla", o->v_head) &&
-             MK__U32("leading_dense_block_count", o->n_layer) && MK__U32("expert_count", 4) &&
+             MK__U32("attention.value_length_mla", o->v_head);
+    if (ok && o->kv_lora && !o->n_expert) // every FFN dense; llama.cpp still wants the MoE keys
+        ok = MK__U32("leading_dense_block_count", o->n_layer) && MK__U32("expert_count", 4) &&
              MK__U32("expert_used_count", 2) &&
              MK__U32("expert_feed_forward_length", o->n_ff / 2) &&
              MK__U32("expert_shared_count", 1) && MK__F32("expert_weights_scale", 1.0) &&
              MK__U32("expert_gating_func", 1);
+    if (ok && o->kv_lora && o->n_expert) // DeepSeek-V3 style: sigmoid, bias, norm, scale
+        ok =
+            MK__U32("expert_feed_forward_length", o->n_ff_exp) &&
+            MK__U32("expert_shared_count", 1) && MK__U32("leading_dense_block_count", o->n_dense) &&
+            MK__U32("expert_gating_func", 2) && MK__F32("expert_weights_scale", 2.5) &&
+            (snprintf(k, sizeof k, "%s.expert_weights_norm", a), !gguf_writer_set_bool(w, k, true));
+    if (ok && o->n_groups)
+        ok = MK__U32("expert_group_count", o->n_groups) &&
+             MK__U32("expert_group_used_count", o->n_group_used);
     if (ok && o->idx_topk)
         ok = MK__U32("attention.indexer.head_count", o->idx_heads) &&
              MK__U32("attention.indexer.key_length", o->idx_dim) &&
@@ -628,6 +645,8 @@ int cli_mkmodel(int argc, char **argv) {
                         : !strcmp(a, "--idx-heads")     ? &o.idx_heads
                         : !strcmp(a, "--idx-dim")       ? &o.idx_dim
                         : !strcmp(a, "--idx-topk")      ? &o.idx_topk
+                        : !strcmp(a, "--expert-groups") ? &o.n_groups
+                        : !strcmp(a, "--group-used")    ? &o.n_group_used
                                                         : NULL;
             if (!dst) {
                 fprintf(stderr, "kvseal mkmodel: unknown option '%s'\n", a);
@@ -655,8 +674,9 @@ int cli_mkmodel(int argc, char **argv) {
                 o.arch);
         return 2;
     }
-    if ((o.qk_norm || v_dense >= 0) && !glm4moe) {
-        fprintf(stderr, "kvseal mkmodel: --qk-norm and --n-dense are glm4moe's\n");
+    if ((o.qk_norm && !glm4moe) || (v_dense >= 0 && !glm4moe && !mla)) {
+        fprintf(stderr, "kvseal mkmodel: --qk-norm is glm4moe's, --n-dense glm4moe's and the "
+                        "deepseek2 family's\n");
         return 2;
     }
     if (!mla && (o.kv_lora || q_lora_set || o.qk_nope || qk_rope || o.v_head)) {
@@ -689,8 +709,9 @@ int cli_mkmodel(int argc, char **argv) {
         fprintf(stderr, "kvseal mkmodel: --longrope is phi3's\n");
         return 2;
     }
-    if (o.n_expert && !qwen && !glm4moe && strcmp(o.arch, "llama")) {
-        fprintf(stderr, "kvseal mkmodel: --n-expert is for llama, qwen3moe and glm4moe\n");
+    if (o.n_expert && !qwen && !glm4moe && !mla && strcmp(o.arch, "llama")) {
+        fprintf(stderr, "kvseal mkmodel: --n-expert is for llama, qwen3moe, glm4moe and the "
+                        "deepseek2 family\n");
         return 2;
     }
     if (o.n_swa && !gemma && strcmp(o.arch, "llama")) {
@@ -718,6 +739,13 @@ int cli_mkmodel(int argc, char **argv) {
         if (!strcmp(shape, "tiny")) o.n_layer = 3;
         o.n_dense = v_dense >= 0 ? v_dense : 1;
         o.n_nextn = 1;
+    }
+    if (mla && o.n_expert) o.n_dense = v_dense >= 0 ? v_dense : 1; // MoE from layer n_dense
+    if (o.n_groups && (!o.n_expert || o.n_groups < 2 || o.n_expert % o.n_groups ||
+                       o.n_group_used < 1 || o.n_group_used >= o.n_groups)) {
+        fprintf(stderr, "kvseal mkmodel: --expert-groups G needs --n-expert a multiple of G and "
+                        "--group-used U with 0 < U < G\n");
+        return 2;
     }
     if (v_embd) o.n_embd = v_embd;
     if (v_layer) o.n_layer = v_layer;

@@ -750,11 +750,37 @@ static void fwd__route(model_ctx *c, const model__layer *L, int T) {
         int32_t *sel = c->sel + (size_t)t * (size_t)KX;
         float *w = c->sel_w + (size_t)t * (size_t)KX;
         float sum = 0.0f;
+        // expert groups: only the n_group_used groups whose two best biased
+        // scores sum highest may be picked (ties go to the lower group)
+        bool shut[MODEL_MAX_EXPERT_GROUPS] = {false};
+        const int NG = hp->n_expert_groups, GS = NG ? NX / NG : 0;
+        if (NG) {
+            float gs[MODEL_MAX_EXPERT_GROUPS];
+            for (int g = 0; g < NG; g++) {
+                float b1 = -INFINITY, b2 = -INFINITY;
+                for (int e = g * GS; e < (g + 1) * GS; e++) {
+                    const float v = bias ? p[e] + bias[e] : p[e];
+                    if (v > b1)
+                        b2 = b1, b1 = v;
+                    else if (v > b2)
+                        b2 = v;
+                }
+                gs[g] = b1 + b2;
+                shut[g] = true;
+            }
+            for (int k = 0; k < hp->n_group_used; k++) {
+                int best = -1;
+                for (int g = 0; g < NG; g++)
+                    if (shut[g] && (best < 0 || gs[g] > gs[best])) best = g;
+                shut[best] = false;
+                gs[best] = -INFINITY;
+            }
+        }
         for (int j = 0; j < KX; j++) { // top-k by repeated argmax; ties go to the lower index
             int best = -1;
             float best_s = 0.0f;
             for (int e = 0; e < NX; e++) {
-                bool taken = false;
+                bool taken = NG && shut[e / GS];
                 for (int i = 0; i < j; i++)
                     taken |= sel[i] == e;
                 const float s = bias ? p[e] + bias[e] : p[e];

@@ -52,14 +52,16 @@ static ks_err load__f32(load__ctx *c, const char *suffix, float dflt, float *out
     return gguf_get_f32(c->f, key, out, c->eb);
 }
 
-/* glm4moe's routing and layer plan, as llama.cpp reads them (GLM-4.5, 4.6,
- * 4.7): the top-k weights renormalized only where expert_weights_norm says
- * so, then multiplied by expert_weights_scale (absent or 0: not scaled); a
- * required expert_shared_count (kvseal runs 0 or 1 shared expert, which is
- * every release's); leading_dense_block_count dense layers first. Grouped
- * selection (DeepSeek-V3's expert_group_count > 1) is refused: llama.cpp's
- * glm4moe never groups, and neither does kvseal. */
-static ks_err load__glm4moe(load__ctx *c, model_hparams *hp) {
+/* DeepSeek-V3-style routing and layer plan (glm4moe: GLM-4.5/4.6/4.7; the
+ * deepseek2 family), as llama.cpp reads them: the top-k weights renormalized
+ * only where expert_weights_norm says so, then multiplied by
+ * expert_weights_scale (absent or 0: not scaled); a required
+ * expert_shared_count (kvseal runs 0 or 1 shared expert: DeepSeek-V3's,
+ * GLM's; V2's two are refused); leading_dense_block_count dense layers
+ * first; expert groups (expert_group_count, expert_group_used_count): the
+ * top-k is drawn from the used groups whose two best biased scores sum
+ * highest. */
+static ks_err load__moe_ds(load__ctx *c, model_hparams *hp) {
     const char *path = gguf_path(c->f);
     char key[128];
     ks_err e;
@@ -76,31 +78,40 @@ static ks_err load__glm4moe(load__ctx *c, model_hparams *hp) {
     snprintf(key, sizeof key, "%s.expert_shared_count", c->arch);
     if (!gguf_get(c->f, key)) // 0 is valid, so load__u32's `required` (> 0) does not fit
         return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: missing required key '%s'", path, key);
-    int32_t groups;
+    int32_t groups, used;
     if ((e = load__u32(c, "expert_shared_count", false, 0, &hp->n_expert_shared)) ||
         (e = load__u32(c, "leading_dense_block_count", false, 0, &hp->n_layer_dense)) ||
-        (e = load__u32(c, "expert_group_count", false, 1, &groups)))
+        (e = load__u32(c, "expert_group_count", false, 1, &groups)) ||
+        (e = load__u32(c, "expert_group_used_count", false, (uint32_t)groups, &used)))
         return e;
     if (hp->n_expert_shared > 1)
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
                          "%s: %s.expert_shared_count %d: at most 1 shared expert is supported",
                          path, c->arch, hp->n_expert_shared);
-    if (groups > 1)
-        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
-                         "%s: %s.expert_group_count %d: grouped expert selection is not supported",
-                         path, c->arch, groups);
+    if (groups > 1 &&
+        (hp->n_expert % groups || used < 1 || used > groups || hp->n_expert / groups < 2 ||
+         groups > MODEL_MAX_EXPERT_GROUPS || used * (hp->n_expert / groups) < hp->n_expert_used))
+        return ks_seterr(c->eb, KS_ERR_FORMAT,
+                         "%s: %s.expert_group_count %d / expert_group_used_count %d: want at "
+                         "most %d groups of 2 or more of the %d experts, 1..groups of them used, "
+                         "holding expert_used_count",
+                         path, c->arch, groups, used, MODEL_MAX_EXPERT_GROUPS, hp->n_expert);
+    hp->n_expert_groups = groups > 1 && used < groups ? groups : 0; // all groups used: no limit
+    hp->n_group_used = used;
     return KS_OK;
 }
 
 /* Mixture-of-experts keys: expert_count (0 or absent: dense), the top-k
  * expert_used_count, each expert's expert_feed_forward_length (default
  * feed_forward_length) and the gating function. llama (Mixtral) and
- * qwen3moe renormalize the top-k weights; glm4moe reads more
- * (load__glm4moe), needs expert_feed_forward_length, and gates by sigmoid
- * unless told otherwise. */
+ * qwen3moe renormalize the top-k weights; glm4moe and the deepseek2 family
+ * read more (load__moe_ds) and need expert_feed_forward_length; glm4moe and
+ * glm-dsa gate by sigmoid unless told otherwise. */
 static ks_err load__experts(load__ctx *c, model_hparams *hp) {
     ks_err e;
     const bool glm = hp->arch == MODEL_ARCH_GLM4MOE;
+    // DeepSeek-V3-style MoE (a shared expert, a selection bias, groups): glm4moe, the MLA family
+    const bool ds = glm || model__is_mla(hp->arch);
     hp->gating = MODEL_GATING_SOFTMAX;
     hp->expert_norm = true;
     hp->expert_scale = 1.0f;
@@ -116,21 +127,22 @@ static ks_err load__experts(load__ctx *c, model_hparams *hp) {
                          gguf_path(c->f), hp->arch_name, hp->n_expert, hp->arch_name);
     int32_t gf;
     if ((e = load__u32(c, "expert_used_count", true, 0, &hp->n_expert_used)) ||
-        (e = load__u32(c, "expert_feed_forward_length", glm, 0, &hp->n_ff_exp)) ||
-        (e = load__u32(c, "expert_gating_func", false, glm ? 2 : 1, &gf)))
+        (e = load__u32(c, "expert_feed_forward_length", ds, 0, &hp->n_ff_exp)) ||
+        (e = load__u32(c, "expert_gating_func", false,
+                       glm || hp->arch == MODEL_ARCH_GLM_DSA ? 2 : 1, &gf)))
         return e;
     if (hp->n_expert_used > hp->n_expert || hp->n_expert_used > MODEL_MAX_EXPERTS_USED)
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
                          "%s: %s.expert_used_count %d: at most expert_count (%d) and %d",
                          gguf_path(c->f), hp->arch_name, hp->n_expert_used, hp->n_expert,
                          MODEL_MAX_EXPERTS_USED);
-    if (glm && gf == 0) gf = 2; // llama.cpp: "none" means glm4moe's sigmoid
+    if (ds && gf == 0) gf = glm || hp->arch == MODEL_ARCH_GLM_DSA ? 2 : 1; // llama.cpp's "none"
     if (gf != 1 && gf != 2) // llama.cpp's numbering: 1 softmax, 2 sigmoid
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
                          "%s: %s.expert_gating_func %d is not supported (1 softmax, 2 sigmoid)",
                          gguf_path(c->f), hp->arch_name, gf);
     hp->gating = gf == 2 ? MODEL_GATING_SIGMOID : MODEL_GATING_SOFTMAX;
-    return glm ? load__glm4moe(c, hp) : KS_OK;
+    return ds ? load__moe_ds(c, hp) : KS_OK;
 }
 
 /* glm4 and glm4moe files of the vision releases (GLM-4.1V, 4.5V) carry
@@ -202,11 +214,6 @@ static ks_err load__mla(load__ctx *c, model_hparams *hp, int32_t vlen) {
                              hp->idx_topk, hp->q_lora);
     }
     if (hp->n_layer_dense < 0 || hp->n_layer_dense > hp->n_layer) hp->n_layer_dense = hp->n_layer;
-    if (hp->n_layer_dense < hp->n_layer)
-        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
-                         "%s: %s mixture-of-experts layers (from layer %d; shared experts, "
-                         "expert selection bias) are not supported yet: only the dense MLA layers",
-                         path, hp->arch_name, hp->n_layer_dense);
     return KS_OK;
 }
 
@@ -665,8 +672,8 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
                                     eb))))
             return e;
         // glm4moe: the router's selection bias and the shared expert
-        if (moe && glm4moe &&
-            (e = load__vec(m, LNAME("exp_probs_b.bias"), X, true, &L->exp_probs_b, eb)))
+        if (moe && (glm4moe || model__is_mla(hp->arch)) && // DeepSeek-V2 has none
+            (e = load__vec(m, LNAME("exp_probs_b.bias"), X, glm4moe, &L->exp_probs_b, eb)))
             return e;
         if (moe && hp->n_expert_shared &&
             ((e = load__mat(m, LNAME("ffn_gate_shexp.weight"), E, FX, &L->gate_sh, eb)) ||

@@ -188,7 +188,7 @@ static void test_batch_invariance(const char *path) {
 typedef enum {
     G4_OK_NEXTN_JUNK, // the NextN block's tensors missing or of an unrunnable type: runs
     G4_SHARED_2,      // two shared experts
-    G4_GROUPS,        // DeepSeek-V3-style grouped selection
+    G4_GROUPS,        // expert groups that do not divide the experts
     G4_NO_SHARED_KEY, // expert_shared_count absent (llama.cpp requires it)
     G4_NEXTN_ALL,     // every block a NextN block
     G4_MROPE,         // a vision release's rope.dimension_sections
@@ -209,7 +209,7 @@ static void write_g4_mutant(const char *src, const char *dst, g4_mutation mu) {
     }
     if (mu == G4_SHARED_2)
         CHECK_EQ(gguf_writer_set_u32(w, "glm4moe.expert_shared_count", 2), KS_OK);
-    if (mu == G4_GROUPS) CHECK_EQ(gguf_writer_set_u32(w, "glm4moe.expert_group_count", 4), KS_OK);
+    if (mu == G4_GROUPS) CHECK_EQ(gguf_writer_set_u32(w, "glm4moe.expert_group_count", 3), KS_OK);
     if (mu == G4_NEXTN_ALL)
         CHECK_EQ(gguf_writer_set_u32(w, "glm4moe.nextn_predict_layers", 4), KS_OK);
     if (mu == G4_MROPE) {
@@ -260,8 +260,9 @@ static void test_glm4moe_load(const char *path) {
         {G4_OK_NEXTN_JUNK, KS_OK, ""},
         {G4_SHARED_2, KS_ERR_UNSUPPORTED,
          "glm4moe.expert_shared_count 2: at most 1 shared expert is supported"},
-        {G4_GROUPS, KS_ERR_UNSUPPORTED,
-         "glm4moe.expert_group_count 4: grouped expert selection is not supported"},
+        {G4_GROUPS, KS_ERR_FORMAT,
+         "glm4moe.expert_group_count 3 / expert_group_used_count 3: want at most 64 groups of 2 "
+         "or more of the 8 experts"},
         {G4_NO_SHARED_KEY, KS_ERR_FORMAT, "missing required key 'glm4moe.expert_shared_count'"},
         {G4_NEXTN_ALL, KS_ERR_FORMAT, "glm4moe.nextn_predict_layers 4 must be below block_count 4"},
         {G4_MROPE, KS_ERR_UNSUPPORTED,
