@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/arch-matrix.sh [ARCH...] — single-stream decode of each architecture
 # at the 1.1B shape (kvseal mkmodel --shape 1.1b --arch ARCH, F16, the
-# llama-spm vocabulary, quantized to Q8_0 and Q4_K_M by the anchor's
+# llama-spm vocabulary, phi3 the phi-3 one, quantized to Q8_0 and Q4_K_M by the anchor's
 # llama-quantize), kvseal against llama.cpp on the same file and threads,
 # alternated for ROUNDS rounds (default 3): tg128 of both (kvseal bench,
 # llama-bench), the median of the per-round ratios, and kvseal's tg as a
@@ -28,7 +28,9 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] :
 printf '%-8s %-7s %10s %10s %7s %10s\n' arch type "kvseal" "llama.cpp" ratio "roofline"
 for a in "${archs[@]}"; do
     f16=$MODELS/$a-1.1b-f16.gguf
-    [ -f "$f16" ] || "$KS" mkmodel -o "$f16" --vocab "$VOCAB" --shape 1.1b --arch "$a" -t "$THREADS" >/dev/null
+    v=$VOCAB # llama.cpp loads phi3 only with phi-3's special tokens
+    [ "$a" != phi3 ] || v=$(dirname "$VOCAB")/ggml-vocab-phi-3.gguf
+    [ -f "$f16" ] || "$KS" mkmodel -o "$f16" --vocab "$v" --shape 1.1b --arch "$a" -t "$THREADS" >/dev/null
     for q in $TYPES; do
         m=$MODELS/$a-1.1b-$q.gguf
         [ -f "$m" ] || "$A/llama-quantize" "$f16" "$m" "$q" "$THREADS" >/dev/null 2>&1
