@@ -617,6 +617,12 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
     if (hp->tied_output) m->output = m->tok_embd;
     else if ((e = load__mat(m, "output.weight", E, hp->n_vocab, &m->output, eb))) return e;
 
+    // every layer has tensors of its own: a block_count past the tensor count
+    // is a corrupt file, refused before the layer table is allocated
+    if ((uint64_t)hp->n_layer > gguf_n_tensors(m->gguf))
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: block_count %d but the file holds %llu tensors",
+                         gguf_path(m->gguf), hp->n_layer,
+                         (unsigned long long)gguf_n_tensors(m->gguf));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return ks_seterr(eb, KS_ERR_NOMEM, "%s: layers", gguf_path(m->gguf));
     const bool glm4moe = hp->arch == MODEL_ARCH_GLM4MOE;

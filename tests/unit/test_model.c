@@ -271,6 +271,7 @@ typedef enum {
     MUT_MOE,         // expert_count without expert_used_count
     MUT_MOE_USED,    // more experts per token than experts
     MUT_MOE_TENSORS, // a MoE file whose layers lack the router
+    MUT_LAYERS,      // a block_count no file of this size can hold (fuzzer: an 11 GB calloc)
 } mutation;
 
 static void write_mutant(const char *src, const char *dst, mutation mu) {
@@ -285,6 +286,10 @@ static void write_mutant(const char *src, const char *dst, mutation mu) {
             continue;
         }
         if (mu == MUT_DROP_KEY && !strcmp(key, "llama.block_count")) continue;
+        if (mu == MUT_LAYERS && !strcmp(key, "llama.block_count")) {
+            CHECK_EQ(gguf_writer_set_u32(w, key, 50000000), KS_OK);
+            continue;
+        }
         CHECK_EQ(gguf_writer_copy_kv(w, f, key), KS_OK);
     }
     // a head size past what the forward pass keeps on its stack
@@ -535,6 +540,7 @@ static void test_load_errors(const char *src) {
         {MUT_MOE_USED, KS_ERR_UNSUPPORTED,
          "llama.expert_used_count 9: at most expert_count (8) and 16"},
         {MUT_MOE_TENSORS, KS_ERR_FORMAT, "missing tensor 'blk.0.ffn_gate_inp.weight'"},
+        {MUT_LAYERS, KS_ERR_FORMAT, "block_count 50000000 but the file holds"},
     };
     char dst[256];
     snprintf(dst, sizeof dst, "/tmp/ks_test_model_%d.gguf", (int)getpid());
