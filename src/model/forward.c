@@ -394,6 +394,19 @@ typedef struct {
     atomic_llong next; // next row to claim
 } fwd__rows;
 
+/* The model's RoPE settings at this context (sliding layers override the base). */
+static kern_rope_cfg fwd__rope_cfg(const model_ctx *c) {
+    const model_hparams *hp = &c->m->hp;
+    return (kern_rope_cfg){.n_rot = hp->n_rot,
+                           .freq_base = hp->rope_base,
+                           .freq_scale = hp->rope_scale,
+                           .freq_factors = c->rope_freqs,
+                           .ext_factor = hp->rope_ext_factor,
+                           .attn_factor = hp->rope_attn_factor,
+                           .corr_lo = hp->rope_corr[0],
+                           .corr_hi = hp->rope_corr[1]};
+}
+
 static void fwd__qkv_row(fwd__rows *a, int t) {
     model_ctx *c = a->c;
     const model_hparams *hp = &c->m->hp;
@@ -410,15 +423,7 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
     }
     const int32_t pos = a->b->pos[t];
     float cs[MODEL_MAX_HEAD_DIM]; // the position's angles, shared by every head
-    const kern_rope_cfg rc = {.n_rot = hp->n_rot,
-                              .freq_base = hp->rope_base,
-                              .freq_scale = hp->rope_scale,
-                              .freq_factors = c->rope_freqs,
-                              .ext_factor = hp->rope_ext_factor,
-                              .attn_factor = hp->rope_attn_factor,
-                              .corr_lo = hp->rope_corr[0],
-                              .corr_hi = hp->rope_corr[1]};
-    kern_rope_cfg rl = rc;
+    kern_rope_cfg rl = fwd__rope_cfg(c);
     if (L->swa) { // gemma3's sliding layers turn at their own base, unscaled
         rl.freq_base = hp->rope_base_swa;
         rl.freq_scale = hp->rope_scale_swa;
@@ -479,14 +484,7 @@ static void fwd__mla_row(fwd__rows *a, int t) {
     float *kr = c->k + (size_t)t * (size_t)D;
     const int32_t pos = a->b->pos[t];
     float cs[MODEL_MAX_HEAD_DIM];
-    const kern_rope_cfg rc = {.n_rot = R,
-                              .freq_base = hp->rope_base,
-                              .freq_scale = hp->rope_scale,
-                              .freq_factors = c->rope_freqs,
-                              .ext_factor = hp->rope_ext_factor,
-                              .attn_factor = hp->rope_attn_factor,
-                              .corr_lo = hp->rope_corr[0],
-                              .corr_hi = hp->rope_corr[1]};
+    const kern_rope_cfg rc = fwd__rope_cfg(c);
     kern_rope_table_cfg(cs, &rc, pos);
     for (int h = 0; h < H; h++) {
         memcpy(qn + h * NOPE, qf + h * QK, sizeof(float) * (size_t)NOPE);
