@@ -68,6 +68,7 @@ struct model_ctx {
     float *dsa_w;       // (T, idx_heads) per-head weights
     int32_t *dsa_sel;   // (T, idx_topk) the positions a token attends to, ascending
     int32_t *dsa_n;     // (T) how many (0: every position, the context is within top_k)
+    float *dsa_score;   // (nth, max_ctx) a decode step's scores, several threads per token
     size_t dsa_off;     // byte offset of the indexer key in a KV row
     float *scores;      // (nth, G, max_ctx) attention scratch per thread, G query heads per KV head
     int32_t *seq_next;  // (max_tokens) per-sequence next position, for validation
@@ -165,10 +166,12 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
         c->dsa_w = ks_alloc_aligned(T * NI * sizeof(float));
         c->dsa_sel = malloc(T * (size_t)hp->idx_topk * sizeof(int32_t));
         c->dsa_n = malloc(T * sizeof(int32_t));
+        c->dsa_score = ks_alloc_aligned((size_t)n_threads * (size_t)max_ctx * sizeof(float));
         uint64_t off = 0;
         KS_ASSERT(ks_dtype_row_bytes((uint32_t)g->kv_type, (uint64_t)hp->head_dim, &off));
         c->dsa_off = (size_t)off;
-        moe_ok = moe_ok && c->dsa_q && c->dsa_k && c->dsa_w && c->dsa_sel && c->dsa_n;
+        moe_ok =
+            moe_ok && c->dsa_q && c->dsa_k && c->dsa_w && c->dsa_sel && c->dsa_n && c->dsa_score;
     }
     // per thread: G query heads' scores, or the indexer heads' dot products and their sum
     const size_t G = (size_t)(hp->n_head / hp->n_head_kv), GI = (size_t)hp->idx_heads + 1;
@@ -203,9 +206,9 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
 void model_ctx_free(model_ctx *c) {
     if (!c) return;
     ks_pool_destroy(c->threads);
-    float *bufs[] = {c->x,      c->xn,     c->q,      c->k,      c->v,      c->att,
-                     c->tmp,    c->g,      c->u,      c->scores, c->router, c->xe,
-                     c->mla_qa, c->mla_qf, c->mla_qn, c->dsa_q,  c->dsa_k,  c->dsa_w};
+    float *bufs[] = {c->x,      c->xn,    c->q,      c->k,      c->v,        c->att,    c->tmp,
+                     c->g,      c->u,     c->scores, c->router, c->xe,       c->mla_qa, c->mla_qf,
+                     c->mla_qn, c->dsa_q, c->dsa_k,  c->dsa_w,  c->dsa_score};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ks_free_aligned(bufs[i]);
     ks_free_aligned(c->act[0].buf);
     ks_free_aligned(c->act[1].buf);
@@ -523,38 +526,47 @@ static bool fwd__dsa_worse(float sa, int32_t ja, float sb, int32_t jb) {
     return sa < sb || (sa == sb && ja > jb);
 }
 
-/* Token t's sparse-attention selection: every past position j of its
- * sequence scored sum_h relu(q_h . k_j) * w_h / sqrt(heads * dim) from the
- * indexer keys in its own pages (the table fwd__resolve checked), and the
- * top_k best kept, ascending, in dsa_sel[t]; dsa_n[t] = 0 when the context
- * fits in top_k (attention reads every position). sc: scratch of
- * (idx_heads + 1) * max_ctx floats. */
-static void fwd__dsa_select(fwd__rows *a, int t, float *sc) {
-    model_ctx *c = a->c;
+/* Token t's indexer scores of positions [j0, j1) (page-aligned j0) into
+ * score[j]: sum_h relu(q_h . k_j) * w_h / sqrt(heads * dim) from the
+ * indexer keys in its own pages (the table fwd__resolve checked). sc: the
+ * thread's scratch of idx_heads rows of max_ctx floats. Position j's score
+ * comes from the same page-at-a-time dot_rows call whatever the range. */
+static void fwd__dsa_score(model_ctx *c, const model_batch *b, int t, uint32_t j0, uint32_t j1,
+                           float *sc, float *score) {
     const model_hparams *hp = &c->m->hp;
-    const int NI = hp->idx_heads, I = hp->idx_dim, K = hp->idx_topk, si = a->b->seq[t];
-    const uint32_t n_ctx = (uint32_t)a->b->pos[t] + 1;
+    const int NI = hp->idx_heads, I = hp->idx_dim;
     const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
     const size_t S = (size_t)c->max_ctx;
-    c->dsa_n[t] = 0;
-    if (n_ctx <= (uint32_t)K || atomic_load_explicit(&c->seq_bad[si], memory_order_relaxed)) return;
-    const void *const *kp = c->kp + (size_t)si * (size_t)c->max_pages;
+    const void *const *kp = c->kp + (size_t)b->seq[t] * (size_t)c->max_pages;
     const float *iq = c->dsa_q + (size_t)t * (size_t)(NI * I),
                 *w = c->dsa_w + (size_t)t * (size_t)NI;
-    for (uint32_t j = 0; j < n_ctx;) { // sc[h*S + j] = q_h . k_j, a page's rows at a time
-        const uint32_t r = j % P, nj = n_ctx - j < P - r ? n_ctx - j : P - r;
+    for (uint32_t j = j0; j < j1;) { // sc[h*S + j] = q_h . k_j, a page's rows at a time
+        const uint32_t r = j % P, nj = j1 - j < P - r ? j1 - j : P - r;
         const uint8_t *rows = (const uint8_t *)kp[j / P] + (size_t)r * c->kv_row + c->dsa_off;
         c->kv->dot_rows[c->kv_type](I, NI, iq, rows, c->kv_row, (int)nj, 1.0f, sc + j, S);
         j += nj;
     }
-    float *score = sc + (size_t)NI * S;
     const float scale = 1.0f / sqrtf((float)NI * (float)I);
-    for (uint32_t j = 0; j < n_ctx; j++) {
+    for (uint32_t j = j0; j < j1; j++) {
         float v = 0.0f;
         for (int h = 0; h < NI; h++)
             v += fmaxf(sc[(size_t)h * S + j], 0.0f) * w[h];
         score[j] = v * scale;
     }
+}
+
+/* Whether token t selects at all: its context is past top_k and its
+ * sequence's pages resolved (otherwise dsa_n[t] stays 0: attention reads
+ * every position, or nothing). */
+static bool fwd__dsa_sparse(const model_ctx *c, const model_batch *b, int t) {
+    return b->pos[t] + 1 > c->m->hp.idx_topk &&
+           !atomic_load_explicit(&c->seq_bad[b->seq[t]], memory_order_relaxed);
+}
+
+/* Token t's top_k positions by score[0..pos], ascending, into dsa_sel[t]. */
+static void fwd__dsa_topk(model_ctx *c, const model_batch *b, int t, const float *score) {
+    const int K = c->m->hp.idx_topk;
+    const uint32_t n_ctx = (uint32_t)b->pos[t] + 1;
     // a min-heap of the K best so far (the root: the worst of them)
     int32_t *heap = c->dsa_sel + (size_t)t * (size_t)K;
     for (uint32_t j = 0; j < n_ctx; j++) {
@@ -591,6 +603,18 @@ static void fwd__dsa_select(fwd__rows *a, int t, float *sc) {
         heap[k] = v;
     }
     c->dsa_n[t] = K;
+}
+
+/* Token t's sparse-attention selection on one thread: every past position
+ * scored (fwd__dsa_score) and the top_k kept (fwd__dsa_topk). sc: scratch
+ * of (idx_heads + 1) * max_ctx floats. */
+static void fwd__dsa_select(fwd__rows *a, int t, float *sc) {
+    model_ctx *c = a->c;
+    c->dsa_n[t] = 0;
+    if (!fwd__dsa_sparse(c, a->b, t)) return;
+    float *score = sc + (size_t)c->m->hp.idx_heads * (size_t)c->max_ctx;
+    fwd__dsa_score(c, a->b, t, 0, (uint32_t)a->b->pos[t] + 1, sc, score);
+    fwd__dsa_topk(c, a->b, t, score);
 }
 
 static void fwd__rows_task(void *arg, int ith, int nth) {
@@ -704,6 +728,64 @@ static void fwd__rows_run2(model_ctx *c, const model_batch *b, fwd__rowop op, co
 static void fwd__rows_run(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w,
                           int layer) {
     fwd__rows_run2(c, b, op, w, NULL, layer);
+}
+
+/* A decode step's indexer scan with fewer tokens than threads: each
+ * token's positions are cut into page-aligned chunks that any thread scores
+ * into dsa_score[t] (phase 0), then one thread per token keeps its top_k
+ * (phase 1). The scores are the one-thread path's (fwd__dsa_score), so the
+ * selection is too, whatever the thread count. */
+typedef struct {
+    model_ctx *c;
+    const model_batch *b;
+    int phase;
+    int nch;           // chunks per token (of the longest context)
+    uint32_t chunk;    // positions per chunk, a multiple of page_tokens
+    atomic_llong next; // next (token, chunk) or token to claim
+} fwd__dsa_split;
+
+static void fwd__dsa_split_task(void *arg, int ith, int nth) {
+    fwd__dsa_split *a = arg;
+    model_ctx *c = a->c;
+    const size_t S = (size_t)c->max_ctx;
+    const int nu = a->phase ? 1 : a->nch;
+    (void)nth;
+    int64_t u0, u1;
+    while (ks_pool_claim(&a->next, (int64_t)a->b->n_tokens * nu, 1, &u0, &u1))
+        for (int64_t u = u0; u < u1; u++) {
+            const int t = (int)(u / nu);
+            float *score = c->dsa_score + (size_t)t * S;
+            if (a->phase) {
+                c->dsa_n[t] = 0;
+                if (fwd__dsa_sparse(c, a->b, t)) fwd__dsa_topk(c, a->b, t, score);
+                continue;
+            }
+            const uint32_t n_ctx = (uint32_t)a->b->pos[t] + 1, j0 = (uint32_t)(u % nu) * a->chunk;
+            if (j0 >= n_ctx || !fwd__dsa_sparse(c, a->b, t)) continue;
+            const uint32_t j1 = n_ctx - j0 < a->chunk ? n_ctx : j0 + a->chunk;
+            fwd__dsa_score(c, a->b, t, j0, j1,
+                           c->scores + (size_t)ith * (size_t)(c->m->hp.idx_heads + 1) * S, score);
+        }
+}
+
+/* The sparse-attention selection of every token of the batch (dsa_sel,
+ * dsa_n): one thread per token, or split by positions in a decode step. */
+static void fwd__dsa_run(model_ctx *c, const model_batch *b, int layer) {
+    const int nth = ks_pool_nth(c->threads), T = b->n_tokens;
+    if (T >= nth) {
+        fwd__rows_run(c, b, FWD_DSA_SELECT, NULL, layer);
+        return;
+    }
+    const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
+    uint32_t n_max = 1;
+    for (int t = 0; t < T; t++)
+        if ((uint32_t)b->pos[t] + 1 > n_max) n_max = (uint32_t)b->pos[t] + 1;
+    fwd__dsa_split a = {.c = c, .b = b, .nch = (2 * nth + T - 1) / T};
+    a.chunk = ((n_max + (uint32_t)a.nch - 1) / (uint32_t)a.nch + P - 1) / P * P;
+    for (a.phase = 0; a.phase < 2; a.phase++) {
+        atomic_init(&a.next, 0);
+        ks_pool_run(c->threads, fwd__dsa_split_task, &a);
+    }
 }
 
 /* The residual add after a sublayer whose output is in tmp, then the next
@@ -1134,7 +1216,7 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
                 if (!atomic_load(&c->seq_bad[s]))
                     kv_seq_set_filled(c->pool, b->seqs[s], (uint32_t)c->seq_next[s]);
         fwd__resolve(c, b, il);
-        if (hp->idx_topk) fwd__rows_run(c, b, FWD_DSA_SELECT, NULL, il);
+        if (hp->idx_topk) fwd__dsa_run(c, b, il);
         fwd__attn at = {.c = c, .b = b, .layer = il};
         atomic_init(&at.next, 0);
         ks_pool_run(c->threads, fwd__attn_task, &at);
