@@ -347,6 +347,9 @@ static void mk__usage(FILE *fp) {
         "                               expert_weights_scale 2.5, norm on, half-head rotary\n"
         "                               deepseek2/32, glm-dsa: with --n-expert N, MoE layers\n"
         "                               from layer --n-dense (default 1), DeepSeek-V3 style\n"
+        "  --nextn N                    glm4moe, deepseek2/32, glm-dsa: N NextN (multi-token\n"
+        "                               prediction) blocks after the layers, which inference\n"
+        "                               skips (glm4moe default 1, others 0)\n"
         "  --expert-groups G --group-used U  expert groups: the top-k is drawn from the U\n"
         "                               groups whose two best experts score highest\n"
         "  --qk-norm                    glm4moe: attn_q_norm / attn_k_norm tensors\n"
@@ -508,13 +511,13 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
     if (ok && !strcmp(a, "llama") && o->n_swa) // Mistral style: every layer slides
         ok = MK__U32("attention.sliding_window", o->n_swa);
     if (ok && !strcmp(a, "glm4moe")) // as convert_hf_to_gguf.py writes GLM-4.5's config
-        ok = (o->n_ff_exp != o->n_ff || MK__U32("expert_feed_forward_length", o->n_ff_exp)) &&
-             MK__U32("expert_shared_count", 1) &&
-             MK__U32("leading_dense_block_count", o->n_dense) && MK__U32("expert_gating_func", 2) &&
-             MK__F32("expert_weights_scale", 2.5) &&
-             (snprintf(k, sizeof k, "%s.expert_weights_norm", a),
-              !gguf_writer_set_bool(w, k, true)) &&
-             MK__U32("nextn_predict_layers", o->n_nextn);
+        ok =
+            (o->n_ff_exp != o->n_ff || MK__U32("expert_feed_forward_length", o->n_ff_exp)) &&
+            MK__U32("expert_shared_count", 1) && MK__U32("leading_dense_block_count", o->n_dense) &&
+            MK__U32("expert_gating_func", 2) && MK__F32("expert_weights_scale", 2.5) &&
+            (snprintf(k, sizeof k, "%s.expert_weights_norm", a), !gguf_writer_set_bool(w, k, true));
+    if (ok && (o->n_nextn || !strcmp(a, "glm4moe")))
+        ok = MK__U32("nextn_predict_layers", o->n_nextn);
     if (ok && !strncmp(a, "gemma", 5)) {
         ok = MK__U32("attention.sliding_window", o->n_swa);
         if (ok && o->attn_softcap > 0) ok = MK__F32("attn_logit_softcapping", o->attn_softcap);
@@ -558,7 +561,7 @@ int cli_mkmodel(int argc, char **argv) {
     long qk_rope = 0;        // deepseek2: rope.dimension_count
     bool q_lora_set = false; // --q-lora given (0 is a value)
     double rope_base = 0;
-    long v_dense = -1;
+    long v_dense = -1, v_nextn = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long x;
@@ -604,6 +607,8 @@ int cli_mkmodel(int argc, char **argv) {
                 return 2;
             }
             o.rope_type = v;
+        } else if (!strcmp(a, "--nextn")) {
+            if (!cli__parse_int(a, v, 0, 4, &v_nextn)) return 2;
         } else if (!strcmp(a, "--n-dense")) {
             if (!cli__parse_int(a, v, 0, 1L << 20, &v_dense)) return 2;
         } else if (!strcmp(a, "--rope-orig-ctx")) {
@@ -740,6 +745,11 @@ int cli_mkmodel(int argc, char **argv) {
         o.n_dense = v_dense >= 0 ? v_dense : 1;
         o.n_nextn = 1;
     }
+    if (v_nextn >= 0 && !glm4moe && !mla) {
+        fprintf(stderr, "kvseal mkmodel: --nextn is for glm4moe, deepseek2/32 and glm-dsa\n");
+        return 2;
+    }
+    if (v_nextn >= 0) o.n_nextn = v_nextn;
     if (mla && o.n_expert) o.n_dense = v_dense >= 0 ? v_dense : 1; // MoE from layer n_dense
     if (o.n_groups && (!o.n_expert || o.n_groups < 2 || o.n_expert % o.n_groups ||
                        o.n_group_used < 1 || o.n_group_used >= o.n_groups)) {

@@ -307,10 +307,11 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         (e = load__u32(&c, "attention.head_count", true, 0, &hp->n_head)) ||
         (e = load__u32(&c, "attention.head_count_kv", false, (uint32_t)hp->n_head, &hp->n_head_kv)))
         return e;
-    // glm4moe's block_count counts the NextN blocks after the main ones (as
-    // llama.cpp's converter writes it); they predict further tokens for
-    // speculative decoding, and neither llama.cpp nor kvseal runs them
-    if (hp->arch == MODEL_ARCH_GLM4MOE &&
+    // glm4moe's and the MLA families' block_count counts the NextN blocks
+    // after the main ones (as llama.cpp's converter writes GLM-4.5 and GLM-5);
+    // they predict further tokens for speculative decoding, and neither
+    // llama.cpp nor kvseal runs them
+    if ((hp->arch == MODEL_ARCH_GLM4MOE || model__is_mla(hp->arch)) &&
         (e = load__u32(&c, "nextn_predict_layers", false, 0, &hp->n_layer_nextn)))
         return e;
     if (hp->n_layer_nextn >= hp->n_layer)
@@ -626,7 +627,7 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return ks_seterr(eb, KS_ERR_NOMEM, "%s: layers", gguf_path(m->gguf));
     const bool glm4moe = hp->arch == MODEL_ARCH_GLM4MOE;
-    // layers [n_layer, block_count) are glm4moe's NextN blocks: never run,
+    // layers [n_layer, block_count) are the NextN blocks: never run,
     // so never bound (their tensors may be of any type)
     for (int il = 0; il < hp->n_layer; il++) {
         model__layer *L = &m->layers[il];

@@ -14,6 +14,8 @@
 #      (kvseal's own top_k 256 file differs by more than 2%).
 #   3. glm-dsa at top_k 8 gives exactly kvseal's deepseek32 result on the
 #      same tensors, where llama.cpp computes dense attention.
+#   4. glm-dsa with MoE layers and a NextN block (GLM-5's layout) runs
+#      without it, and agrees with llama.cpp.
 # The checks can fail: the indexer's rope in interleaved pairs (not NEOX)
 # misses llama.cpp by 3% at top_k 8 F16.
 # Not checked: Q8_0 at top_k 8. The selection is a discrete choice, and on
@@ -69,4 +71,12 @@ echo "sparse $sparse vs dense $dense: the indexer's selection matters"
 g=$(kv_ppl "$TMPD/glmdsa.gguf")
 [ "$g" = "$sparse" ] || fail "glm-dsa top_k 8 gives $g, deepseek32 on the same tensors $sparse"
 echo "glm-dsa top_k 8 = deepseek32's $g (llama.cpp, dense: $(ll_ppl "$TMPD/glmdsa.gguf"))"
+# 4. GLM-5's layout: MoE layers and a NextN block after them, which
+#    block_count counts and inference skips: the same perplexity as the file
+#    without it (run as a fourth layer it moves it), and llama.cpp's, dense.
+mk "$TMPD/g5.gguf" glm-dsa --n-expert 8 --n-expert-used 2 --idx-topk 256 --qk-gain 1
+mk "$TMPD/g5-mtp.gguf" glm-dsa --n-expert 8 --n-expert-used 2 --idx-topk 256 --qk-gain 1 --nextn 1
+a=$(kv_ppl "$TMPD/g5.gguf"); b=$(kv_ppl "$TMPD/g5-mtp.gguf")
+[ -n "$a" ] && [ "$a" = "$b" ] || fail "glm-dsa with a NextN block gives '$b', without '$a'"
+check_ppl "glm-dsa MoE + NextN F16" "$TMPD/g5-mtp.gguf"
 echo "sparse attention vs llama.cpp ok"
