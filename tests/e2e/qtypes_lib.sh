@@ -12,6 +12,12 @@ PRESETS=${KS_QTYPES_PRESETS:-"Q4_1 Q5_0 Q5_1 Q2_K Q3_K_S Q3_K_M Q4_K_S Q5_K_S Q5
 PROMPTS=("In the beginning God created" "And the LORD said unto Moses,")
 head -c "${QT_TEXT_BYTES:-4000}" "$TEXT" >"$TMPD/text.txt"
 
+mkmodel_to() {  # OUT mkmodel-args... — kvseal mkmodel with $VOCAB, failing with its message
+    local out=$1
+    shift
+    "$KS_BIN" mkmodel -o "$out" --vocab "$VOCAB" "$@" >/dev/null 2>"$TMPD/mk.err" ||
+        fail "mkmodel $*: $(cat "$TMPD/mk.err")"
+}
 quantize() {  # IN OUT PRESET
     "$A/llama-quantize" "$1" "$2" "$3" 2 >"$TMPD/q.log" 2>&1 ||
         fail "llama-quantize $3: $(tail -n 3 "$TMPD/q.log")"

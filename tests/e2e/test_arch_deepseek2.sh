@@ -14,12 +14,7 @@
 . "$(dirname "$0")/qtypes_lib.sh"
 VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
 [ -e "$VOCAB" ] || skip "$VOCAB is absent"
-mk() {  # OUT ARGS...
-    local out=$1
-    shift
-    "$KS_BIN" mkmodel -o "$out" --vocab "$VOCAB" --arch deepseek2 "$@" >/dev/null 2>"$TMPD/mk.err" ||
-        fail "mkmodel $*: $(cat "$TMPD/mk.err")"
-}
+mk() { mkmodel_to "$1" --arch deepseek2 "${@:2}"; }  # OUT ARGS...
 mk "$TMPD/ds.gguf" --seed 11
 mk "$TMPD/ds-noq.gguf" --seed 12 --q-lora 0
 mk "$TMPD/ds-g3.gguf" --seed 13 --qk-gain 3

@@ -29,12 +29,7 @@
 PPL_TOL=0.01
 VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
 [ -e "$VOCAB" ] || skip "$VOCAB is absent"
-mk() {  # OUT ARCH ARGS...
-    local out=$1 arch=$2
-    shift 2
-    "$KS_BIN" mkmodel -o "$out" --vocab "$VOCAB" --arch "$arch" --seed 21 --qk-gain 3 "$@" \
-        >/dev/null 2>"$TMPD/mk.err" || fail "mkmodel $arch $*: $(cat "$TMPD/mk.err")"
-}
+mk() { mkmodel_to "$1" --arch "$2" --seed 21 --qk-gain 3 "${@:3}"; }  # OUT ARCH ARGS...
 mk "$TMPD/ds32-wide.gguf" deepseek32 --idx-topk 256 --qk-gain 1
 mk "$TMPD/glmdsa-wide.gguf" glm-dsa --idx-topk 256 --qk-gain 1
 mk "$TMPD/ds32-wide3.gguf" deepseek32 --idx-topk 256

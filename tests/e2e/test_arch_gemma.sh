@@ -18,11 +18,7 @@ VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
 [ -e "$VOCAB" ] || skip "$VOCAB is absent"
 
 mk() { # OUT ARCH mkmodel-args...
-    local out=$1 arch=$2
-    shift 2
-    "$KS_BIN" mkmodel -o "$out" --vocab "$VOCAB" --arch "$arch" --n-head 4 --n-head-kv 2 \
-        --head-dim 128 --swa 32 --seed 3 -t 2 "$@" >/dev/null 2>"$TMPD/mk.err" ||
-        fail "mkmodel $arch $*: $(cat "$TMPD/mk.err")"
+    mkmodel_to "$1" --arch "$2" --n-head 4 --n-head-kv 2 --head-dim 128 --swa 32 --seed 3 -t 2 "${@:3}"
 }
 # |a - b| / b < 0.005
 close() { awk -v a="$1" -v b="$2" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d < 0.005) }'; }

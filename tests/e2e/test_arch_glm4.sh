@@ -15,8 +15,7 @@
 VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
 [ -e "$VOCAB" ] || skip "$VOCAB is absent"
 for g in 1 3; do
-    "$KS_BIN" mkmodel -o "$TMPD/glm4-$g.gguf" --vocab "$VOCAB" --arch glm4 --seed 9 --qk-gain $g \
-        >/dev/null 2>"$TMPD/mk.err" || fail "mkmodel: $(cat "$TMPD/mk.err")"
+    mkmodel_to "$TMPD/glm4-$g.gguf" --arch glm4 --seed 9 --qk-gain $g
 done
 check_arch glm4 "$TMPD/glm4-1.gguf"
 check_ppl "glm4 qk-gain 3 F16" "$TMPD/glm4-3.gguf"

@@ -44,12 +44,7 @@
 . "$(dirname "$0")/qtypes_lib.sh"
 VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
 [ -e "$VOCAB" ] || skip "$VOCAB is absent"
-mk() {  # OUT ARGS...
-    local out=$1
-    shift
-    "$KS_BIN" mkmodel -o "$out" --vocab "$VOCAB" --arch glm4moe "$@" >/dev/null 2>"$TMPD/mk.err" ||
-        fail "mkmodel $*: $(cat "$TMPD/mk.err")"
-}
+mk() { mkmodel_to "$1" --arch glm4moe "${@:2}"; }  # OUT ARGS...
 mk "$TMPD/glm4moe-qk.gguf" --qk-norm --seed 12
 mk "$TMPD/glm4moe.gguf" --seed 14
 # the NextN block is in the file (llama.cpp needs its tensors) but not run

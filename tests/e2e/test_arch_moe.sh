@@ -14,12 +14,7 @@
 . "$(dirname "$0")/qtypes_lib.sh"
 VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
 [ -e "$VOCAB" ] || skip "$VOCAB is absent"
-mk() {  # OUT ARGS...
-    local out=$1
-    shift
-    "$KS_BIN" mkmodel -o "$out" --vocab "$VOCAB" "$@" >/dev/null 2>"$TMPD/mk.err" ||
-        fail "mkmodel $*: $(cat "$TMPD/mk.err")"
-}
+mk() { mkmodel_to "$@"; }  # OUT ARGS...
 mk "$TMPD/qwen3moe.gguf" --arch qwen3moe --seed 5
 mk "$TMPD/llama-moe.gguf" --arch llama --n-expert 4 --n-expert-used 2 --seed 6
 check_arch qwen3moe "$TMPD/qwen3moe.gguf"

@@ -14,12 +14,7 @@
 . "$(dirname "$0")/qtypes_lib.sh"
 VOCAB=$KS_SHARED/vocab/ggml-vocab-phi-3.gguf
 [ -e "$VOCAB" ] || skip "$VOCAB is absent"
-mk() {  # OUT ARGS...
-    local out=$1
-    shift
-    "$KS_BIN" mkmodel -o "$out" --vocab "$VOCAB" --arch phi3 "$@" >/dev/null 2>"$TMPD/mk.err" ||
-        fail "mkmodel $*: $(cat "$TMPD/mk.err")"
-}
+mk() { mkmodel_to "$1" --arch phi3 "${@:2}"; }  # OUT ARGS...
 mk "$TMPD/phi3.gguf" --seed 7
 check_arch phi3 "$TMPD/phi3.gguf"
 mk "$TMPD/long.gguf" --seed 8 --longrope --rope-orig-ctx 64
