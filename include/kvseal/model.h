@@ -41,6 +41,8 @@ typedef enum model_gating {
 #define MODEL_MAX_EXPERTS_USED 16
 /* Most expert groups a router may have (<arch>.expert_group_count). */
 #define MODEL_MAX_EXPERT_GROUPS 64
+/* Most shared experts a MoE layer may have (<arch>.expert_shared_count). */
+#define MODEL_MAX_SHARED_EXPERTS 8
 
 /* The architectures model_load runs, as its refusal lists them. */
 #define MODEL_ARCHS                                                                                \
@@ -88,8 +90,8 @@ typedef struct model_hparams {
     float expert_scale;    /* top-k weights multiplied by this (1 = none; glm4moe:
                               expert_weights_scale) */
     int32_t n_layer_dense; /* leading_dense_block_count: layers [0, n) have a dense FFN of n_ff */
-    int32_t n_expert_shared; /* glm4moe: 0, or 1 shared expert of n_ff_exp every token runs,
-                                added to the routed sum unweighted */
+    int32_t n_expert_shared; /* glm4moe, MLA: 0, or S shared experts every token runs, stored
+                                as one FFN of S * n_ff_exp, added to the routed sum unweighted */
     int32_t n_expert_groups; /* expert_group_count: n_expert in this many groups (0, 1: none) */
     int32_t n_group_used;    /* expert_group_used_count: the top-k is drawn from the groups
                                 whose two best (biased) scores sum highest */

@@ -30,6 +30,7 @@ typedef struct {
     long n_rot;                             /* rotary dimensions (glm4: half the head) */
     long n_expert, n_expert_used, n_ff_exp; /* mixture of experts (n_expert 0: dense) */
     long n_dense, n_nextn; /* glm4moe: leading dense layers; NextN blocks after n_layer */
+    long n_shared;         /* glm4moe, MLA MoE: shared experts (one FFN n_shared * n_ff_exp) */
     bool tied, rope_freqs, longrope;
     bool qk_norm; /* glm4moe: attn_q_norm / attn_k_norm (GLM-4.5 355B has them) */
     uint64_t seed;
@@ -296,10 +297,11 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
                  mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_up_exps.weight", l) &&
                  mk__add3(p, o, W, MK__RAND, (dsmoe ? 0.3f : 1.0f) * res / sqrtf((float)FX), FX, E,
                           X, "blk.%d.ffn_down_exps.weight", l);
-        if (ok && moe && dsmoe) // one shared expert, as wide as the routed ones
-            ok = mk__add(p, o, W, MK__RAND, s_in, E, FX, "blk.%d.ffn_gate_shexp.weight", l) &&
-                 mk__add(p, o, W, MK__RAND, s_in, E, FX, "blk.%d.ffn_up_shexp.weight", l) &&
-                 mk__add(p, o, W, MK__RAND, res / sqrtf((float)FX), FX, E,
+        const int64_t SF = FX * o->n_shared; // the shared experts as one FFN
+        if (ok && moe && dsmoe && SF)
+            ok = mk__add(p, o, W, MK__RAND, s_in, E, SF, "blk.%d.ffn_gate_shexp.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, s_in, E, SF, "blk.%d.ffn_up_shexp.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, res / sqrtf((float)SF), SF, E,
                          "blk.%d.ffn_down_shexp.weight", l);
         if (ok && (gemma || glm4))
             ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.post_ffw_norm.weight",
@@ -347,6 +349,8 @@ static void mk__usage(FILE *fp) {
         "                               expert_weights_scale 2.5, norm on, half-head rotary\n"
         "                               deepseek2/32, glm-dsa: with --n-expert N, MoE layers\n"
         "                               from layer --n-dense (default 1), DeepSeek-V3 style\n"
+        "  --n-shared S                 glm4moe, MLA with --n-expert: S shared experts, one\n"
+        "                               FFN S * n_ff_exp wide (default 1; DeepSeek-V2: 2)\n"
         "  --nextn N                    glm4moe, deepseek2/32, glm-dsa: N NextN (multi-token\n"
         "                               prediction) blocks after the layers, which inference\n"
         "                               skips (glm4moe default 1, others 0)\n"
@@ -497,8 +501,9 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
     if (ok && o->kv_lora && o->n_expert) // DeepSeek-V3 style: sigmoid, bias, norm, scale
         ok =
             MK__U32("expert_feed_forward_length", o->n_ff_exp) &&
-            MK__U32("expert_shared_count", 1) && MK__U32("leading_dense_block_count", o->n_dense) &&
-            MK__U32("expert_gating_func", 2) && MK__F32("expert_weights_scale", 2.5) &&
+            MK__U32("expert_shared_count", (uint32_t)o->n_shared) &&
+            MK__U32("leading_dense_block_count", o->n_dense) && MK__U32("expert_gating_func", 2) &&
+            MK__F32("expert_weights_scale", 2.5) &&
             (snprintf(k, sizeof k, "%s.expert_weights_norm", a), !gguf_writer_set_bool(w, k, true));
     if (ok && o->n_groups)
         ok = MK__U32("expert_group_count", o->n_groups) &&
@@ -513,8 +518,9 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
     if (ok && !strcmp(a, "glm4moe")) // as convert_hf_to_gguf.py writes GLM-4.5's config
         ok =
             (o->n_ff_exp != o->n_ff || MK__U32("expert_feed_forward_length", o->n_ff_exp)) &&
-            MK__U32("expert_shared_count", 1) && MK__U32("leading_dense_block_count", o->n_dense) &&
-            MK__U32("expert_gating_func", 2) && MK__F32("expert_weights_scale", 2.5) &&
+            MK__U32("expert_shared_count", (uint32_t)o->n_shared) &&
+            MK__U32("leading_dense_block_count", o->n_dense) && MK__U32("expert_gating_func", 2) &&
+            MK__F32("expert_weights_scale", 2.5) &&
             (snprintf(k, sizeof k, "%s.expert_weights_norm", a), !gguf_writer_set_bool(w, k, true));
     if (ok && (o->n_nextn || !strcmp(a, "glm4moe")))
         ok = MK__U32("nextn_predict_layers", o->n_nextn);
@@ -552,6 +558,7 @@ int cli_mkmodel(int argc, char **argv) {
     mk__opts o = {.arch = "llama",
                   .type = KS_DTYPE_F16,
                   .seed = 1,
+                  .n_shared = 1,
                   .rope_scale = 1.0,
                   .qk_gain = 1.0,
                   .rope_type = "linear",
@@ -561,7 +568,7 @@ int cli_mkmodel(int argc, char **argv) {
     long qk_rope = 0;        // deepseek2: rope.dimension_count
     bool q_lora_set = false; // --q-lora given (0 is a value)
     double rope_base = 0;
-    long v_dense = -1, v_nextn = -1;
+    long v_dense = -1, v_nextn = -1, v_shared = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long x;
@@ -607,6 +614,8 @@ int cli_mkmodel(int argc, char **argv) {
                 return 2;
             }
             o.rope_type = v;
+        } else if (!strcmp(a, "--n-shared")) {
+            if (!cli__parse_int(a, v, 0, 8, &v_shared)) return 2;
         } else if (!strcmp(a, "--nextn")) {
             if (!cli__parse_int(a, v, 0, 4, &v_nextn)) return 2;
         } else if (!strcmp(a, "--n-dense")) {
@@ -750,6 +759,11 @@ int cli_mkmodel(int argc, char **argv) {
         return 2;
     }
     if (v_nextn >= 0) o.n_nextn = v_nextn;
+    if (v_shared >= 0 && !glm4moe && !(mla && o.n_expert)) {
+        fprintf(stderr, "kvseal mkmodel: --n-shared is for glm4moe and the MLA archs' experts\n");
+        return 2;
+    }
+    if (v_shared >= 0) o.n_shared = v_shared;
     if (mla && o.n_expert) o.n_dense = v_dense >= 0 ? v_dense : 1; // MoE from layer n_dense
     if (o.n_groups && (!o.n_expert || o.n_groups < 2 || o.n_expert % o.n_groups ||
                        o.n_group_used < 1 || o.n_group_used >= o.n_groups)) {

@@ -890,8 +890,10 @@ static void fwd__route(model_ctx *c, const model__layer *L, int T) {
 }
 
 /* The MoE feed-forward block of layer L: xn (T, E) in, tmp (T, E) out. The
- * shared expert (where L has one) is one more expert whose rows are every
- * token's, run in the same pool runs as the routed ones. */
+ * shared experts (where L has them: S of them stored as one FFN of S * FX)
+ * are one more expert whose rows are every token's, run in the same pool
+ * runs as the routed ones; its gate/up output for token t is S rows of FX
+ * in g/u from row R + S*t, which SwiGLU treats as rows like any other. */
 static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L) {
     const model_hparams *hp = &c->m->hp;
     const int T = b->n_tokens, NX = hp->n_expert, R = T * hp->n_expert_used;
@@ -899,6 +901,7 @@ static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L) 
     fwd__matmul(c, &L->gate_inp, c->xn, T, c->router);
     fwd__route(c, L, T);
     const int RS = c->sh_row0 >= 0 ? R + T : R; // rows: routed, then shared
+    const int S = hp->n_expert_shared, RG = c->sh_row0 >= 0 ? R + S * T : R; // FX-wide rows
     fwd__rows_run_n(c, b, FWD_MOE_GATHER, RS, 0);
     fwd__act_reset(c); // xe and g hold new rows
     int n = 0;
@@ -918,11 +921,11 @@ static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L) 
         }
     }
     fwd__mm_run(c, c->parts, n);
-    fwd__rows_run_n(c, b, FWD_SWIGLU, RS, FX);
+    fwd__rows_run_n(c, b, FWD_SWIGLU, RG, FX);
     n = 0;
     for (int e = 0; e <= NX; e++) {
         const bool sh = e == NX;
-        if (sh && c->sh_row0 < 0) break;
+        if (sh && (c->sh_row0 < 0 || S > 1)) break; // S > 1: its own run below
         const int r0 = sh ? R : c->x_off[e], rows = sh ? T : c->x_off[e + 1] - c->x_off[e];
         if (!rows) continue;
         fwd__mm_part *p = &c->parts[n++];
@@ -933,6 +936,11 @@ static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L) 
         p->X = (const char *)p->X + (size_t)r0 * p->x_stride;
     }
     fwd__mm_run(c, c->parts, n);
+    if (c->sh_row0 >= 0 && S > 1) { // its K is S * FX: an activation quantization of its own
+        fwd__act_reset(c);
+        fwd__matmul(c, &L->down_sh, c->g + (size_t)R * (size_t)FX, T,
+                    c->xe + (size_t)R * (size_t)E);
+    }
     fwd__act_reset(c);
     fwd__rows_run(c, b, FWD_MOE_COMBINE, NULL, 0);
 }

@@ -84,10 +84,10 @@ static ks_err load__moe_ds(load__ctx *c, model_hparams *hp) {
         (e = load__u32(c, "expert_group_count", false, 1, &groups)) ||
         (e = load__u32(c, "expert_group_used_count", false, (uint32_t)groups, &used)))
         return e;
-    if (hp->n_expert_shared > 1)
+    if (hp->n_expert_shared > MODEL_MAX_SHARED_EXPERTS)
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
-                         "%s: %s.expert_shared_count %d: at most 1 shared expert is supported",
-                         path, c->arch, hp->n_expert_shared);
+                         "%s: %s.expert_shared_count %d: at most %d shared experts are supported",
+                         path, c->arch, hp->n_expert_shared, MODEL_MAX_SHARED_EXPERTS);
     if (groups > 1 &&
         (hp->n_expert % groups || used < 1 || used > groups || hp->n_expert / groups < 2 ||
          groups > MODEL_MAX_EXPERT_GROUPS || used * (hp->n_expert / groups) < hp->n_expert_used))
@@ -682,10 +682,12 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
         if (moe && (glm4moe || model__is_mla(hp->arch)) && // DeepSeek-V2 has none
             (e = load__vec(m, LNAME("exp_probs_b.bias"), X, glm4moe, &L->exp_probs_b, eb)))
             return e;
+        // the shared experts as one FFN n_expert_shared times as wide (DeepSeek-V2: 2)
+        const int64_t SF = FX * hp->n_expert_shared;
         if (moe && hp->n_expert_shared &&
-            ((e = load__mat(m, LNAME("ffn_gate_shexp.weight"), E, FX, &L->gate_sh, eb)) ||
-             (e = load__mat(m, LNAME("ffn_up_shexp.weight"), E, FX, &L->up_sh, eb)) ||
-             (e = load__mat(m, LNAME("ffn_down_shexp.weight"), FX, E, &L->down_sh, eb))))
+            ((e = load__mat(m, LNAME("ffn_gate_shexp.weight"), E, SF, &L->gate_sh, eb)) ||
+             (e = load__mat(m, LNAME("ffn_up_shexp.weight"), E, SF, &L->up_sh, eb)) ||
+             (e = load__mat(m, LNAME("ffn_down_shexp.weight"), SF, E, &L->down_sh, eb))))
             return e;
         // Q/K/V biases: qwen2's always, glm4's where the file has them (all three)
         const bool need_b = hp->arch == MODEL_ARCH_QWEN2;

@@ -48,4 +48,13 @@ for p in "${ARCH_PROMPTS[@]}"; do
   llama.cpp: $G_LL"
 done
 echo "  greedy ok"
+# DeepSeek-V2-Lite's layout: one attn_q (no query bottleneck) and two shared
+# experts, stored as one shared FFN twice the routed experts' width.
+mk "$TMPD/ds-v2.gguf" --seed 32 --q-lora 0 --n-expert 8 --n-shared 2
+for q in F16 Q4_K_M; do
+    m=$TMPD/ds-v2.gguf
+    [ $q = F16 ] || { quantize "$m" "$TMPD/q.gguf" $q; m=$TMPD/q.gguf; }
+    PPL_TOL=0.01 check_ppl "deepseek2 2 shared experts $q" "$m"
+    echo
+done
 echo "deepseek2 vs llama.cpp ok"

@@ -187,7 +187,8 @@ static void test_batch_invariance(const char *path) {
 
 typedef enum {
     G4_OK_NEXTN_JUNK, // the NextN block's tensors missing or of an unrunnable type: runs
-    G4_SHARED_2,      // two shared experts
+    G4_SHARED_2,      // two shared experts, but tensors as wide as one
+    G4_SHARED_9,      // more shared experts than kvseal runs
     G4_GROUPS,        // expert groups that do not divide the experts
     G4_NO_SHARED_KEY, // expert_shared_count absent (llama.cpp requires it)
     G4_NEXTN_ALL,     // every block a NextN block
@@ -207,8 +208,9 @@ static void write_g4_mutant(const char *src, const char *dst, g4_mutation mu) {
         if (mu == G4_NO_SHARED_KEY && !strcmp(key, "glm4moe.expert_shared_count")) continue;
         CHECK_EQ(gguf_writer_copy_kv(w, f, key), KS_OK);
     }
-    if (mu == G4_SHARED_2)
-        CHECK_EQ(gguf_writer_set_u32(w, "glm4moe.expert_shared_count", 2), KS_OK);
+    if (mu == G4_SHARED_2 || mu == G4_SHARED_9)
+        CHECK_EQ(gguf_writer_set_u32(w, "glm4moe.expert_shared_count", mu == G4_SHARED_2 ? 2 : 9),
+                 KS_OK);
     if (mu == G4_GROUPS) CHECK_EQ(gguf_writer_set_u32(w, "glm4moe.expert_group_count", 3), KS_OK);
     if (mu == G4_NEXTN_ALL)
         CHECK_EQ(gguf_writer_set_u32(w, "glm4moe.nextn_predict_layers", 4), KS_OK);
@@ -258,8 +260,10 @@ static void test_glm4moe_load(const char *path) {
         const char *msg;
     } cases[] = {
         {G4_OK_NEXTN_JUNK, KS_OK, ""},
-        {G4_SHARED_2, KS_ERR_UNSUPPORTED,
-         "glm4moe.expert_shared_count 2: at most 1 shared expert is supported"},
+        {G4_SHARED_2, KS_ERR_FORMAT,
+         "tensor 'blk.1.ffn_gate_shexp.weight' has shape [256, 256] (2 dims), expected [256, 512]"},
+        {G4_SHARED_9, KS_ERR_UNSUPPORTED,
+         "glm4moe.expert_shared_count 9: at most 8 shared experts are supported"},
         {G4_GROUPS, KS_ERR_FORMAT,
          "glm4moe.expert_group_count 3 / expert_group_used_count 3: want at most 64 groups of 2 "
          "or more of the 8 experts"},
