@@ -9,22 +9,15 @@
 # models are cached in $MODELS (default build/bench-models). A benchmark,
 # not a test; it skips where the anchor or the vocabulary is absent.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-A=${A:-../shared/anchors/llama.cpp}
-THREADS=${THREADS:-2}
-ROUNDS=${ROUNDS:-3}
-MODELS=${MODELS:-build/bench-models}
-VOCAB=${VOCAB:-../shared/vocab/ggml-vocab-llama-spm.gguf}
+NAME=arch-matrix
+. "$(dirname "$0")/lib.sh"
 TYPES=${TYPES:-"Q8_0 Q4_K_M"}
-KS=build/kvseal
-[ -x "$A/llama-bench" ] || { echo "arch-matrix: SKIPPED: no llama.cpp anchor at $A" >&2; exit 0; }
 [ -f "$VOCAB" ] || { echo "arch-matrix: SKIPPED: no vocabulary at $VOCAB" >&2; exit 0; }
 archs=("$@")
 [ ${#archs[@]} -gt 0 ] || archs=(llama qwen2 qwen3 phi3 gemma2 gemma3 glm4)
 mkdir -p "$MODELS"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 printf '%-8s %-7s %10s %10s %7s %10s\n' arch type "kvseal" "llama.cpp" ratio "roofline"
 for a in "${archs[@]}"; do
     f16=$MODELS/$a-1.1b-f16.gguf
@@ -40,8 +33,7 @@ for a in "${archs[@]}"; do
             "$A/llama-bench" -m "$m" -t "$THREADS" -p 0 -n 128 -r 1 -o csv 2>/dev/null >"$TMP/lb"
             k=$(awk '/^tg128:/ { print $2 }' "$TMP/ks")
             f=$(awk '/^tg \/ roofline:/ { print $4 }' "$TMP/ks")
-            l=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) { gsub(/"/, "", $i); h[$i] = i }; next }
-                { gsub(/"/, "") } $h["n_gen"] == 128 { print $h["avg_ts"] }' "$TMP/lb")
+            l=$(lb_col "$TMP/lb" 0 128 avg_ts)
             echo "$k $l $f" >>"$TMP/rows"
         done
         printf '%-8s %-7s %10.1f %10.1f %6.2fx %10.2f\n' "$a" "$q" \

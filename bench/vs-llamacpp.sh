@@ -18,18 +18,8 @@
 # Environment: A (anchor folder), THREADS (2), ROUNDS (3), REPEAT (5),
 # TTFT=0 to skip the server comparison. A benchmark, not a test.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-A=${A:-../shared/anchors/llama.cpp}
-THREADS=${THREADS:-2}
-ROUNDS=${ROUNDS:-3}
-MODELS=${MODELS:-build/bench-models}
-VOCAB=${VOCAB:-../shared/vocab/ggml-vocab-llama-spm.gguf}
-KS=build/kvseal
-if [ ! -x "$A/llama-bench" ]; then
-    echo "vs-llamacpp: SKIPPED: the llama.cpp anchor is not at $A (set A=...)" >&2
-    exit 0
-fi
-[ -x "$KS" ] || { cmake -S . -B build >/dev/null && cmake --build build -j2 >/dev/null; }
+NAME=vs-llamacpp
+. "$(dirname "$0")/lib.sh"
 
 models=("$@")
 if [ ${#models[@]} -eq 0 ]; then
@@ -47,15 +37,6 @@ fi
 
 TMP=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
-
-# median of the numbers on stdin
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2); else print "nan" }'; }
-# column NAME of a llama-bench CSV row where n_prompt/n_gen match
-lb_col() {  # file n_prompt n_gen column
-    awk -F, -v np="$2" -v ng="$3" -v col="$4" '
-        NR == 1 { for (i = 1; i <= NF; i++) { gsub(/"/, "", $i); h[$i] = i }; next }
-        { gsub(/"/, "") } $h["n_prompt"] == np && $h["n_gen"] == ng { print $h[col] }' "$1"
-}
 
 port_free() { # an unused loopback port
     local p
