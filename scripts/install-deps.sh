@@ -13,6 +13,11 @@ done
 for c in cmake:cmake make:make gcc:gcc clang:clang curl:curl node:nodejs npm:npm spin:spin; do
   command -v "${c%%:*}" >/dev/null 2>&1 || missing+=("${c#*:}")
 done
+# jinja2 is the oracle of the chat-template engine (tests/e2e/jinja_oracle.py):
+# Debian's python3-jinja2, unless a python3 on the PATH already has it
+if ! python3 -c 'import jinja2' >/dev/null 2>&1 && ! /usr/bin/python3 -c 'import jinja2' >/dev/null 2>&1; then
+  missing+=(python3-jinja2)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -ne 0 ] && sudo="sudo"

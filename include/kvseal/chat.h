@@ -1,8 +1,15 @@
-/* chat.h — chat templates: turns a list of {role, content} messages into the
- * prompt text a chat model was trained on. Part of the tok module
- * (src/tok/chat.c). No Jinja: the family is detected from distinctive
- * substrings of the GGUF's tokenizer.chat_template and rendered by a fixed
- * C formatter per family.
+/* chat.h — chat templates: turns a conversation into the prompt text a chat
+ * model was trained on. Part of the tok module.
+ *
+ * chat_tmpl (src/tok/chat_tmpl.c) is what the server uses: the model's own
+ * Jinja template (tokenizer.chat_template, or a file given by the operator)
+ * run by the jinja module with Hugging Face's semantics, on OpenAI-shaped
+ * messages (JSON). A model without a template gets the PLAIN format below.
+ *
+ * The fixed family formatters (src/tok/chat.c) predate the Jinja engine:
+ * the family is detected from distinctive substrings of the template. They
+ * stay as the PLAIN format's implementation and for tools that want a
+ * template-free rendering; the server no longer detects families.
  *
  * The rendered text contains special tokens as TEXT ("<|im_start|>"); the
  * caller tokenizes it with tok_encode(add_special=true, parse_special=true).
@@ -19,6 +26,9 @@
 #include "kvseal/base.h"
 #include "kvseal/gguf.h"
 #include "kvseal/tok.h"
+
+#include <jansson.h>
+#include <time.h>
 
 /* One message. Roles: "system", "user", "assistant" (others are INVAL).
  * Both strings are NUL-terminated and owned by the caller. */
@@ -85,5 +95,51 @@ ks_err chat_render(const tok_vocab *v, const gguf_file *f, const chat_message *m
 ks_err chat_render_family(chat_family fam, const tok_vocab *v, const chat_message *msgs, size_t n,
                           bool add_generation_prompt, char **out /* OUT */,
                           ks_errbuf *eb) KS_MUST_USE;
+
+// ----------------------------------------------------------------------------
+// Jinja chat templates (src/tok/chat_tmpl.c)
+
+typedef struct chat_tmpl chat_tmpl;
+
+/* Loads the chat template of a model: the file at path when path is
+ * non-NULL (the operator's override), else f's tokenizer.chat_template, plus
+ * f's tokenizer.chat_template.tool_use variant when it has one (used when a
+ * request has tools). Each template is compiled and test-rendered on a tiny
+ * conversation, so a template that cannot render fails here and not on the
+ * first request. No template at all (path NULL, f without one) gives a
+ * PLAIN template (chat_tmpl_is_plain). v (borrowed, may be NULL) gives
+ * bos_token / eos_token. *out owned by the caller (chat_tmpl_free).
+ * Errors: KS_ERR_IO (cannot read path), KS_ERR_FORMAT (syntax error) or
+ * KS_ERR_INVAL (render error or a limit), the message naming the file or
+ * key and the reason; KS_ERR_NOMEM. Blocks on file I/O only. */
+ks_err chat_tmpl_load(const gguf_file *f, const tok_vocab *v, const char *path,
+                      chat_tmpl **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* Same from template text (len bytes); what names it in messages. */
+ks_err chat_tmpl_from_text(const char *src, size_t len, const char *what, const tok_vocab *v,
+                           chat_tmpl **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* True when t has no Jinja template (the PLAIN format). Can't fail. */
+bool chat_tmpl_is_plain(const chat_tmpl *t);
+/* The template text rendered for a request with (tools true) or without
+ * tools; NULL for PLAIN. Owned by t, valid until chat_tmpl_free. The
+ * tool-call parser picks its format from it. Can't fail. */
+const char *chat_tmpl_source(const chat_tmpl *t, bool tools);
+/* Where the template came from ("tokenizer.chat_template", a path, ...);
+ * static or owned by t. Can't fail. */
+const char *chat_tmpl_origin(const chat_tmpl *t);
+
+/* Renders messages (a JSON array of OpenAI messages as the template expects
+ * them: content a string or null, tool_calls arguments as objects) with
+ * tools (array or NULL), the keys of kwargs (object or NULL; they cannot
+ * replace messages, tools or add_generation_prompt) and
+ * add_generation_prompt, plus bos_token / eos_token. now: strftime_now's
+ * clock (0: real time). All borrowed. On success *out is malloc'd text
+ * (caller frees). Errors: KS_ERR_INVAL (the template raised or failed; the
+ * message says why), KS_ERR_NOMEM. PLAIN templates render through
+ * chat_render_family(CHAT_PLAIN) and need string contents. Thread-safe. */
+ks_err chat_tmpl_apply(const chat_tmpl *t, const json_t *messages, const json_t *tools,
+                       const json_t *kwargs, bool add_generation_prompt, time_t now,
+                       char **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* Frees t; accepts NULL. */
+void chat_tmpl_free(chat_tmpl *t);
 
 #endif /* KS_CHAT_H */

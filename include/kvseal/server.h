@@ -34,6 +34,8 @@ typedef struct server_opts {
     unsigned request_timeout_s; /* a request's head and body must arrive within this,
                                    counted from the connection's start or its previous
                                    answer, or 408 and close (10; 0: no limit) */
+    const char *chat_template_file; /* Jinja chat template overriding the model's
+                                       tokenizer.chat_template; NULL: the model's */
 } server_opts;
 
 /* Fills defaults (host 127.0.0.1, port 8080, 1 MiB bodies, 4096
@@ -80,8 +82,10 @@ typedef struct server server;
 
 /* Loads the tenants file, binds and starts serving on internal threads.
  * e and m are borrowed and must outlive the server. Errors: KS_ERR_IO
- * (cannot read the tenants file, cannot bind: message names address and
- * errno), KS_ERR_FORMAT (tenants file malformed: message says where),
+ * (cannot read the tenants file or the chat template file, cannot bind:
+ * message names address and errno), KS_ERR_FORMAT (tenants file or chat
+ * template malformed: message says where; a chat template that cannot
+ * render a test conversation is KS_ERR_INVAL),
  * KS_ERR_INVAL (bad options), KS_ERR_NOMEM. *out owned by the caller. */
 ks_err server_create(const server_opts *o, engine *e, const model *m, server **out /* OUT */,
                      ks_errbuf *eb) KS_MUST_USE;
@@ -89,6 +93,11 @@ ks_err server_create(const server_opts *o, engine *e, const model *m, server **o
  * the server). m supplies the tokenizer and chat template. Same errors. */
 ks_err server_create_backend(const server_opts *o, const server_backend *b, const model *m,
                              server **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* The chat template text the server renders for requests with tools (tools
+ * true) or without; NULL when the model has none (plain format). Owned by
+ * s, valid until server_destroy. The tool-call parser picks its format from
+ * it. Thread-safe (read-only). */
+const char *server_chat_template(const server *s, bool tools);
 /* The bound TCP port (the real one when opts.port was 0); can't fail. */
 int server_port(const server *s);
 /* Stops accepting new connections; requests in flight continue. Thread-safe. */

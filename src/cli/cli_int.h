@@ -62,6 +62,7 @@ char *cli__read_file(const char *path, size_t *len);
 
 typedef struct serve__cfg {
     const char *model_path, *host, *tenants, *admin_key, *security_log;
+    const char *chat_template_file; /* --chat-template-file: overrides the model's template */
     long port;
     const char *aliases[SERVE_MAX_ALIASES];
     int n_aliases;

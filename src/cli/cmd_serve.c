@@ -36,13 +36,16 @@ void serve__usage(const char *cmd) {
         "         [--scrub zero|poison] [--tenants FILE] [--admin-key KEY] [--log-content]\n"
         "         [--security-log FILE] [--idle-timeout SECONDS (120)] [--drain-timeout-ms 30000]\n"
         "         [--request-timeout SECONDS (10)] [--max-connections 4096]\n"
-        "         [--max-connections-per-ip 256 (0: no limit)]\n"
+        "         [--max-connections-per-ip 256 (0: no limit)] [--chat-template-file FILE]\n"
         "  --ctx defaults to the model's training context. Without --kv-pages/--kv-memory the\n"
         "  pool takes at most 25%% of MemAvailable, between 1x and 8x the context.\n"
         "  --kv-type: the KV cache element type (f16 and q8_0 hold 2x and ~3.8x the tokens of\n"
         "  f32 in the same memory; q8_0 needs head_dim %% 32 == 0). Every node of a cluster\n"
         "  must use the same one.\n"
         "  Without --tenants there is one anonymous tenant and no API key is required.\n"
+        "  Chat requests render the model's Jinja tokenizer.chat_template (its .tool_use\n"
+        "  variant for requests with tools), or --chat-template-file's; a template that\n"
+        "  cannot render stops the server at startup. No template: the plain format.\n"
         "  On SIGTERM/SIGINT serve (and router) drain: new requests get 503 and /health 503,\n"
         "  running ones finish for up to --drain-timeout-ms (0: abort at once); a second\n"
         "  signal aborts them.\n"
@@ -194,6 +197,7 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
         else if (!strcmp(a, "--advertise-host") && v) c->advertise_host = argv[++i];
         else if (!strcmp(a, "--cluster-host") && v) c->cluster_host = argv[++i];
         else if (!strcmp(a, "--tenants") && v) c->tenants = argv[++i];
+        else if (!strcmp(a, "--chat-template-file") && v) c->chat_template_file = argv[++i];
         else if (!strcmp(a, "--admin-key") && v) c->admin_key = argv[++i];
         else if (!strcmp(a, "--security-log") && v) c->security_log = argv[++i];
         else if (!strcmp(a, "--no-prefix-cache")) c->no_prefix_cache = true;
@@ -293,6 +297,7 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     so.n_aliases = c->n_aliases;
     so.model_name = name;
     so.tenants_path = c->tenants;
+    so.chat_template_file = c->chat_template_file;
     so.admin_key = c->admin_key;
     so.log_content = c->log_content;
     so.n_ctx = n_ctx;

@@ -57,6 +57,7 @@ int cli_main(int argc, char **argv) {
         {"router", cli_router, "HTTP front of a prefill/decode cluster (see serve --help)"},
         {"prefill", cli_prefill, "prefill worker of a cluster (see serve --help)"},
         {"decode", cli_decode, "decode worker of a cluster (see serve --help)"},
+        {"template", cli_template, "render a Jinja (chat) template with a JSON context"},
     };
     size_t n = sizeof cmds / sizeof cmds[0];
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {

@@ -289,7 +289,8 @@ static bool api__prompt(srv_request *r, json_t *v, srv_error *err) {
     return true;
 }
 
-/* messages: a non-empty array of {role: string, content: string | [{type:
+/* messages: a non-empty array of {role: string, content: string | null (an
+ * assistant message with tool_calls) | [{type:
  * "text", text}] }; multi-part text is joined without separators. */
 static bool api__messages(srv_request *r, json_t *v, srv_error *err) {
     if (!json_is_array(v))
@@ -341,6 +342,9 @@ static bool api__messages(srv_request *r, json_t *v, srv_error *err) {
             joined[off] = '\0';
             r->owned[i] = joined;
             r->msgs[i].content = joined;
+        } else if (json_is_null(content) && json_object_get(m, "tool_calls") &&
+                   !strcmp(r->msgs[i].role, "assistant")) {
+            r->msgs[i].content = ""; // an assistant turn that only calls tools
         } else {
             return INVALID(err, pname, "'%s' must be a string or an array of text parts, got %s",
                            pname, content ? api__type_name(content) : "nothing");
@@ -459,8 +463,8 @@ static const char *const api__fields_completions[] = {
     "n_probs", NULL,
 };
 static const char *const api__fields_chat[] = {
-    "model",          "messages", "max_completion_tokens", "n",  "user",
-    "stream_options", "logprobs", "top_logprobs",          NULL,
+    "model",        "messages", "max_completion_tokens", "n",  "user", "stream_options", "logprobs",
+    "top_logprobs", "tools",    "chat_template_kwargs",  NULL,
 };
 static const char *const api__fields_workers[] = {"prompt", "messages", NULL};
 
@@ -510,12 +514,14 @@ static bool api__known_fields(srv_route route, json_t *root, srv_error *err) {
         json_array_foreach(msgs, i, m) {
             if (!json_is_object(m)) continue; // api__messages says what is wrong with it
             json_object_foreach(m, key, v) {
-                if (!strcmp(key, "role") || !strcmp(key, "content")) continue;
+                if (!strcmp(key, "role") || !strcmp(key, "content") || srv_chat_message_key_ok(key))
+                    continue;
                 char param[64];
                 snprintf(param, sizeof param, "messages[%zu].%.32s", i, key);
                 return UNSUPPORTED(err, param,
                                    "Unsupported parameter: '%s' is not supported by this server "
-                                   "(a message has a role and a content)",
+                                   "(a message has role, content, name, tool_calls, "
+                                   "tool_call_id and reasoning_content)",
                                    param);
             }
         }
@@ -563,6 +569,7 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
             goto fail;
         }
         if (!api__messages(r, msgs, err)) goto fail;
+        if (!srv_chat_prepare(r, root, err)) goto fail;
         break;
     case SRV_ROUTE_COMPLETIONS:
         if (!prompt) {
@@ -578,6 +585,7 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
             goto fail;
         }
         if (prompt ? !api__prompt(r, prompt, err) : !api__messages(r, msgs, err)) goto fail;
+        if (msgs && !srv_chat_prepare(r, root, err)) goto fail;
         break;
     default:
         KS_ASSERT(!"srv_request_parse: not a generation route");
@@ -651,6 +659,7 @@ void srv_request_free(srv_request *r) {
             free(r->owned[i]);
     free(r->owned);
     free(r->msgs);
+    if (r->tmpl_msgs) json_decref(r->tmpl_msgs);
     if (r->root) json_decref(r->root);
     memset(r, 0, sizeof *r);
 }

@@ -80,6 +80,7 @@ struct server {
     const tok_vocab *vocab; /* model's */
     size_t max_token_bytes; /* tok_max_token_bytes(vocab): prompt bytes -> tokens bound */
     srv_tenants *ts;        /* owned */
+    chat_tmpl *chat;        /* owned: the model's chat template (or PLAIN) */
     bool log_content;
     srv_metrics met;
     struct MHD_Daemon *d;
@@ -859,8 +860,10 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     }
     ks_errbuf eb = {0};
     bool chat = rq.msgs != NULL;
+    bool add_special = true; // BOS/EOS by the vocabulary; a Jinja template writes its own
     if (chat) {
-        ks_err e = chat_render(s->vocab, model_gguf(s->m), rq.msgs, rq.n_msgs, true, &text, &eb);
+        ks_err e = srv_chat_render(s->chat, s->vocab, &rq, &text, &add_special, &err, &eb);
+        if (e == KS_ERR_AGAIN) goto fail; // refused: err is filled
         if (e) {
             if (e == KS_ERR_NOMEM)
                 srv_fail(&err, 500, "internal_error", "%s", eb.msg);
@@ -896,8 +899,8 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     // chat templates carry special tokens as text; a raw prompt's text is never
     // turned into control tokens (a user cannot forge turn markers). Stops past
     // n_ctx tokens: more than that is refused however many there are.
-    if (tok_encode_max(s->vocab, ptext, ptext_len, true, chat, (size_t)s->o.n_ctx, &ids, &n_ids,
-                       &eb)) {
+    if (tok_encode_max(s->vocab, ptext, ptext_len, add_special, chat, (size_t)s->o.n_ctx, &ids,
+                       &n_ids, &eb)) {
         srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
         goto fail;
     }
@@ -1611,6 +1614,17 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     }
     if (o->admin_key) srv_tenants_set_admin(s->ts, o->admin_key);
     s->log_content = o->log_content || s->ts->log_content;
+    // the chat template: compiled and test-rendered now, so a template this
+    // server cannot run stops it here, naming the file and the reason
+    if ((err = chat_tmpl_load(model_gguf(m), s->vocab, o->chat_template_file, &s->chat, eb)))
+        goto fail;
+    if (chat_tmpl_is_plain(s->chat))
+        ks_log(KS_LOG_INFO, "chat template: none in the model, chat uses the plain format");
+    else
+        ks_log(KS_LOG_INFO, "chat template: %s%s", chat_tmpl_origin(s->chat),
+               chat_tmpl_source(s->chat, true) != chat_tmpl_source(s->chat, false)
+                   ? " (+ tokenizer.chat_template.tool_use for requests with tools)"
+                   : "");
 
     // resolve the listen address (numeric or a name such as localhost)
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
@@ -1664,6 +1678,7 @@ fail:
         pthread_join(s->sweeper, NULL);
     }
     srv_tenants_free(s->ts);
+    chat_tmpl_free(s->chat);
     pthread_mutex_destroy(&s->lmu);
     free(s);
     return err;
@@ -1698,6 +1713,11 @@ void server_destroy(server *s) {
     atomic_store(&s->sweeper_stop, true);
     pthread_join(s->sweeper, NULL);
     srv_tenants_free(s->ts);
+    chat_tmpl_free(s->chat);
     pthread_mutex_destroy(&s->lmu);
     free(s);
+}
+
+const char *server_chat_template(const server *s, bool tools) {
+    return s ? chat_tmpl_source(s->chat, tools) : NULL;
 }

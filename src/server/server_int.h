@@ -113,6 +113,9 @@ typedef struct srv_request {
     chat_message *msgs; /* (n_msgs) malloc'd; strings in root or in owned */
     size_t n_msgs;
     char **owned;       /* (n_msgs) joined multi-part contents, or NULL entries */
+    json_t *tmpl_msgs;  /* messages as a chat template sees them (owned; chat_req.c) */
+    json_t *tools;      /* request tools (borrowed from root), or NULL */
+    json_t *tmpl_kwargs; /* chat_template_kwargs (borrowed from root), or NULL */
     int32_t max_tokens; /* -1: the route's default */
     sample_params sp;   /* validated */
     bool seeded;        /* seed given (else the server draws one) */
@@ -133,6 +136,24 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
                        srv_error *err /* OUT */);
 /* Frees what srv_request_parse allocated; accepts a zeroed request. */
 void srv_request_free(srv_request *r);
+
+/* chat_req.c: validates what a chat request gives its template (roles
+ * system/developer/user/assistant/tool, content null on assistant messages
+ * with tool_calls, tool_calls with JSON-string arguments, tool_call_id,
+ * name, reasoning_content; the tools array; chat_template_kwargs) and builds
+ * r->tmpl_msgs (tool-call arguments parsed into objects, as vLLM passes
+ * them). False with *err filled (400 naming the param) on bad input. */
+bool srv_chat_prepare(srv_request *r, json_t *root, srv_error *err /* OUT */);
+/* The message keys srv_chat_prepare accepts besides role and content. */
+bool srv_chat_message_key_ok(const char *key);
+/* Renders r's conversation with t (the PLAIN format when t has no
+ * template). *out malloc'd; *add_special says whether the tokenizer should
+ * add BOS/EOS (true only for PLAIN). Returns KS_ERR_AGAIN after filling
+ * *err with a refusal (tools with no template), INVAL/NOMEM from rendering
+ * with eb filled. Thread-safe. */
+ks_err srv_chat_render(const chat_tmpl *t, const tok_vocab *v, const srv_request *r,
+                       char **out /* OUT */, bool *add_special /* OUT */, srv_error *err /* OUT */,
+                       ks_errbuf *eb);
 
 /* A lower bound on the tokens of a prompt text of text_bytes bytes when no
  * token stands for more than max_token_bytes bytes (tok_max_token_bytes):

@@ -178,7 +178,7 @@ expect_has "malformed json code" "$BODY" '"code":"invalid_json"'
 req "invalid utf-8" 400 "${A[@]}" "$U/v1/completions" --data-binary $'{"model":"kjv","prompt":"\xff\xfe"}'
 expect_has "invalid utf-8" "$BODY" 'malformed JSON'
 req "bad role" 400 "${A[@]}" "$U/v1/chat/completions" -d '{"model":"kjv","messages":[{"role":"wizard","content":"x"}]}'
-expect_has "bad role" "$BODY" '"param":"messages"'
+expect_has "bad role" "$BODY" '"param":"messages[0].role"' # issue 12: the exact param
 req "no key" 401 "$U/v1/completions" -d '{"model":"kjv","prompt":"x"}'
 expect_has "no key" "$BODY" '"code":"invalid_api_key"'
 req "wrong key" 401 -H "Authorization: Bearer sk-acme-3" "$U/v1/completions" -d '{"model":"kjv","prompt":"x"}'

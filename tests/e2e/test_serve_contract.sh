@@ -112,8 +112,11 @@ for field in echo suffix best_of logit_bias response_format tools tool_choice gr
     req "completions $field" 400 "${A[@]}" "$U/v1/completions" \
         -d "{\"model\":\"kjv\",\"prompt\":\"In\",\"max_tokens\":2,\"$field\":1}"
     expect_has "completions $field" "$BODY" "\"param\":\"$field\",\"code\":\"unsupported_parameter\""
+    # issue 12: chat takes tools (validated; refused without a chat template,
+    # which kjv-mini lacks: tests/e2e/test_chat_template.sh)
+    [ "$field" = tools ] && field_body='[{"type":"function","function":{"name":"f"}}]' || field_body='{}'
     req "chat $field" 400 "${A[@]}" "$U/v1/chat/completions" \
-        -d "{\"model\":\"kjv\",$MSG,\"max_tokens\":2,\"$field\":{}}"
+        -d "{\"model\":\"kjv\",$MSG,\"max_tokens\":2,\"$field\":$field_body}"
     expect_has "chat $field" "$BODY" "\"param\":\"$field\",\"code\":\"unsupported_parameter\""
     req "workers $field" 400 "${A[@]}" "$U/accounts/a/ai/run/kjv" \
         -d "{\"prompt\":\"In\",\"max_tokens\":2,\"$field\":null}"

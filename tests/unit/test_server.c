@@ -183,10 +183,20 @@ static void test_request_invalid(void) {
     // issue 8: every field kvseal does not implement is refused by name, on
     // every route, rather than ignored
     static const char *const unsupported[] = {
-        "echo",        "suffix",      "best_of", "logit_bias", "response_format",
-        "tools",       "tool_choice", "grammar", "functions",  "parallel_tool_calls",
-        "json_schema", "raw",         "lora",    "tenant",     "unknown_field",
+        "echo",        "suffix",  "best_of",   "logit_bias",          "response_format",
+        "tool_choice", "grammar", "functions", "parallel_tool_calls", "json_schema",
+        "raw",         "lora",    "tenant",    "unknown_field",
     };
+    // issue 12: chat takes tools and chat_template_kwargs (tests/e2e/
+    // test_chat_template.sh); the other routes still refuse them by name
+    static const char *const chat_only[] = {"tools", "chat_template_kwargs"};
+    for (size_t i = 0; i < sizeof chat_only / sizeof *chat_only; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"x\",\"%s\":1}", chat_only[i]);
+        expect_invalid(C, body, chat_only[i], "unsupported_parameter", chat_only[i]);
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"%s\":true}", chat_only[i]);
+        expect_invalid(W, body, chat_only[i], "unsupported_parameter", "Unsupported parameter");
+    }
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++) {
         char body[256];
         snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"x\",\"%s\":1}", unsupported[i]);
@@ -216,8 +226,26 @@ static void test_request_invalid(void) {
                    "stream_options.chunk_size", "unsupported_parameter", "chunk_size");
     expect_invalid(H,
                    "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\","
-                   "\"name\":\"bob\"}]}",
-                   "messages[0].name", "unsupported_parameter", "messages[0].name");
+                   "\"audio\":\"bob\"}]}",
+                   "messages[0].audio", "unsupported_parameter", "messages[0].audio");
+    // issue 12: what a chat template gets is validated, naming the param
+    expect_invalid(H, "{\"model\":\"m\",\"messages\":[{\"role\":\"robot\",\"content\":\"a\"}]}",
+                   "messages[0].role", NULL, "system, developer, user, assistant or tool");
+    expect_invalid(H, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":null}]}",
+                   "messages[0].content", NULL, "string or an array of text parts");
+    expect_invalid(H,
+                   "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":null,"
+                   "\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+                   "\"arguments\":\"{x\"}}]}]}",
+                   "messages[0].tool_calls[0].function.arguments", NULL, "must be a JSON string");
+    expect_invalid(H,
+                   "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                   "\"tools\":[{\"type\":\"function\"}]}",
+                   "tools[0]", NULL, "must be {");
+    expect_invalid(H,
+                   "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                   "\"chat_template_kwargs\":{\"tools\":1}}",
+                   "chat_template_kwargs", NULL, "cannot set 'tools'");
     // workers: exactly one of prompt / messages
     expect_invalid(W, "{}", NULL, NULL, "exactly one of");
     expect_invalid(W, "{\"prompt\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"b\"}]}",

@@ -1,0 +1,1149 @@
+/* eval.c — values and the tree-walking renderer (include/kvseal/jinja.h).
+ *
+ * Values follow Python's semantics as jinja2 sees them (int, float, str,
+ * list, tuple, dict, None, bool, Undefined). Scoping follows jinja2: a for
+ * loop body gets a fresh scope per iteration, macros get their own scope
+ * over the scope they were defined in, if blocks share their parent's.
+ * Every node evaluated and every element copied counts a step; steps,
+ * output bytes, arena bytes and call depth are capped by jinja_limits. */
+#include "jinja_int.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// Render state helpers
+
+void jr_fail(jr *r, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    r->err = ks_seterr(r->eb, KS_ERR_INVAL, "template line %d: %s", r->line, msg);
+    longjmp(r->jmp, 1);
+}
+
+void *jr_alloc(jr *r, size_t n) {
+    void *p = jinja__alloc(&r->arena, n);
+    if (!p) {
+        if (r->arena.cap_bytes && r->arena.used_bytes + n + 65536 > r->arena.cap_bytes)
+            jr_fail(r, "template limit: more than %zu bytes of memory", r->arena.cap_bytes);
+        r->err = ks_seterr(r->eb, KS_ERR_NOMEM, "template: out of memory");
+        longjmp(r->jmp, 1);
+    }
+    return p;
+}
+
+void jr_step(jr *r, size_t n) {
+    r->steps += n;
+    if (r->steps > r->t->lim.max_steps)
+        jr_fail(r, "template limit: more than %zu evaluation steps", r->t->lim.max_steps);
+}
+
+// ----------------------------------------------------------------------------
+// Values
+
+jv jv_undef(const char *name) {
+    jv v = {.t = JV_UNDEF};
+    v.uname = name;
+    return v;
+}
+jv jv_none(void) { return (jv){.t = JV_NONE}; }
+jv jv_bool(bool b) {
+    jv v = {.t = JV_BOOL};
+    v.u.b = b;
+    return v;
+}
+jv jv_int(int64_t i) {
+    jv v = {.t = JV_INT};
+    v.u.i = i;
+    return v;
+}
+jv jv_float(double f) {
+    jv v = {.t = JV_FLOAT};
+    v.u.f = f;
+    return v;
+}
+jv jv_str(jr *r, const char *s, size_t n) {
+    jstr *js = jr_alloc(r, sizeof *js + n + 1);
+    js->n = n;
+    if (n) memcpy(js->s, s, n);
+    js->s[n] = 0;
+    jv v = {.t = JV_STR};
+    v.u.s = js;
+    return v;
+}
+jv jv_cstr(jr *r, const char *s) { return jv_str(r, s, strlen(s)); }
+jv jv_list(jr *r, size_t cap) {
+    jlist *l = jr_alloc(r, sizeof *l);
+    l->n = 0;
+    l->cap = cap;
+    l->a = cap ? jr_alloc(r, cap * sizeof *l->a) : NULL;
+    jv v = {.t = JV_LIST};
+    v.u.l = l;
+    return v;
+}
+jv jv_dict(jr *r) {
+    jdict *d = jr_alloc(r, sizeof *d);
+    memset(d, 0, sizeof *d);
+    jv v = {.t = JV_DICT};
+    v.u.d = d;
+    return v;
+}
+
+void jl_push(jr *r, jlist *l, jv v) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 4;
+        jv *a = jr_alloc(r, cap * sizeof *a);
+        if (l->n) memcpy(a, l->a, l->n * sizeof *a);
+        l->a = a;
+        l->cap = cap;
+    }
+    l->a[l->n++] = v;
+}
+
+jv *jd_get(const jdict *d, const char *k, size_t n) {
+    for (size_t i = 0; i < d->n; i++)
+        if (d->k[i].t == JV_STR && d->k[i].u.s->n == n && memcmp(d->k[i].u.s->s, k, n) == 0)
+            return &d->v[i];
+    return NULL;
+}
+
+jv *jd_getv(const jdict *d, jv k) {
+    if (k.t == JV_STR) return jd_get(d, k.u.s->s, k.u.s->n);
+    for (size_t i = 0; i < d->n; i++)
+        if (jv_eq(NULL, &d->k[i], &k)) return &d->v[i];
+    return NULL;
+}
+
+/* Appends k -> v without looking for k (the caller knows it is new). */
+static void jd_push(jr *r, jdict *d, jv k, jv v) {
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 4;
+        jv *nk = jr_alloc(r, cap * sizeof *nk), *nv = jr_alloc(r, cap * sizeof *nv);
+        if (d->n) {
+            memcpy(nk, d->k, d->n * sizeof *nk);
+            memcpy(nv, d->v, d->n * sizeof *nv);
+        }
+        d->k = nk;
+        d->v = nv;
+        d->cap = cap;
+    }
+    d->k[d->n] = k;
+    d->v[d->n] = v;
+    d->n++;
+}
+
+void jd_set(jr *r, jdict *d, jv k, jv v) {
+    jr_step(r, 1 + d->n / 8); /* the lookup is linear: charge it */
+    jv *old = jd_getv(d, k);
+    if (old) {
+        *old = v;
+        return;
+    }
+    jd_push(r, d, k, v);
+}
+
+jv jv_from_json(jr *r, const json_t *j, int depth) {
+    jr_step(r, 1);
+    if (depth > 512) jr_fail(r, "context nested too deeply");
+    switch (json_typeof(j)) {
+    case JSON_OBJECT: {
+        jv d = jv_dict(r);
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)j, k, v) {
+            /* JSON object keys are unique (jansson keeps one of each) */
+            jd_push(r, d.u.d, jv_cstr(r, k), jv_from_json(r, v, depth + 1));
+        }
+        return d;
+    }
+    case JSON_ARRAY: {
+        jv l = jv_list(r, json_array_size(j));
+        for (size_t i = 0; i < json_array_size(j); i++)
+            jl_push(r, l.u.l, jv_from_json(r, json_array_get(j, i), depth + 1));
+        return l;
+    }
+    case JSON_STRING:
+        return jv_str(r, json_string_value(j), json_string_length(j));
+    case JSON_INTEGER:
+        return jv_int(json_integer_value(j));
+    case JSON_REAL:
+        return jv_float(json_real_value(j));
+    case JSON_TRUE:
+        return jv_bool(true);
+    case JSON_FALSE:
+        return jv_bool(false);
+    default:
+        return jv_none();
+    }
+}
+
+bool jv_truthy(const jv *v) {
+    switch (v->t) {
+    case JV_UNDEF:
+    case JV_NONE:
+        return false;
+    case JV_BOOL:
+        return v->u.b;
+    case JV_INT:
+        return v->u.i != 0;
+    case JV_FLOAT:
+        return v->u.f != 0;
+    case JV_STR:
+        return v->u.s->n != 0;
+    case JV_LIST:
+        return v->u.l->n != 0 || (v->flags & JV_F_GEN);
+    case JV_DICT:
+        return v->u.d->n != 0;
+    default:
+        return true;
+    }
+}
+
+static bool jv_is_num(const jv *v) { return v->t == JV_INT || v->t == JV_FLOAT || v->t == JV_BOOL; }
+static double jv_num(const jv *v) {
+    return v->t == JV_FLOAT ? v->u.f : v->t == JV_INT ? (double)v->u.i : (double)v->u.b;
+}
+static int64_t jv_inum(const jv *v) { return v->t == JV_INT ? v->u.i : (int64_t)v->u.b; }
+
+bool jv_eq(jr *r, const jv *a, const jv *b) {
+    if (r) jr_step(r, 1); /* deep comparisons cost one step per element */
+    if (jv_is_num(a) && jv_is_num(b)) {
+        if (a->t != JV_FLOAT && b->t != JV_FLOAT) return jv_inum(a) == jv_inum(b);
+        return jv_num(a) == jv_num(b);
+    }
+    if (a->t != b->t) return false;
+    switch (a->t) {
+    case JV_UNDEF:
+    case JV_NONE:
+        return true;
+    case JV_STR:
+        return a->u.s->n == b->u.s->n && memcmp(a->u.s->s, b->u.s->s, a->u.s->n) == 0;
+    case JV_LIST:
+        if ((a->flags | b->flags) & JV_F_GEN) return a->u.l == b->u.l;
+        if ((a->flags & JV_F_TUPLE) != (b->flags & JV_F_TUPLE) || a->u.l->n != b->u.l->n)
+            return false;
+        for (size_t i = 0; i < a->u.l->n; i++)
+            if (!jv_eq(r, &a->u.l->a[i], &b->u.l->a[i])) return false;
+        return true;
+    case JV_DICT:
+        if (a->u.d->n != b->u.d->n) return false;
+        for (size_t i = 0; i < a->u.d->n; i++) {
+            if (r) jr_step(r, b->u.d->n / 8);
+            jv *o = jd_getv(b->u.d, a->u.d->k[i]);
+            if (!o || !jv_eq(r, &a->u.d->v[i], o)) return false;
+        }
+        return true;
+    case JV_NS:
+        return a->u.d == b->u.d;
+    case JV_MACRO:
+        return a->u.m == b->u.m;
+    case JV_FUNC:
+        return a->u.fn == b->u.fn;
+    case JV_LOOP:
+        return a->u.lp == b->u.lp;
+    default:
+        return false;
+    }
+}
+
+const char *jv_type_name(const jv *v) {
+    switch (v->t) {
+    case JV_UNDEF:
+        return "Undefined";
+    case JV_NONE:
+        return "NoneType";
+    case JV_BOOL:
+        return "bool";
+    case JV_INT:
+        return "int";
+    case JV_FLOAT:
+        return "float";
+    case JV_STR:
+        return "str";
+    case JV_LIST:
+        return v->flags & JV_F_GEN ? "generator" : v->flags & JV_F_TUPLE ? "tuple" : "list";
+    case JV_DICT:
+        return "dict";
+    case JV_NS:
+        return "Namespace";
+    case JV_MACRO:
+        return "Macro";
+    case JV_FUNC:
+        return "function";
+    default:
+        return "LoopContext";
+    }
+}
+
+static _Noreturn void jr_undef_fail(jr *r, const jv *v) {
+    if (v->uname) jr_fail(r, "'%s' is undefined", v->uname);
+    jr_fail(r, "a value is undefined");
+}
+
+int jv_cmp(jr *r, const jv *a, const jv *b) {
+    if (a->t == JV_UNDEF) jr_undef_fail(r, a);
+    if (b->t == JV_UNDEF) jr_undef_fail(r, b);
+    if (jv_is_num(a) && jv_is_num(b)) {
+        if (a->t != JV_FLOAT && b->t != JV_FLOAT)
+            return jv_inum(a) < jv_inum(b) ? -1 : jv_inum(a) > jv_inum(b);
+        double x = jv_num(a), y = jv_num(b);
+        return x < y ? -1 : x > y;
+    }
+    if (a->t == JV_STR && b->t == JV_STR) {
+        size_t n = a->u.s->n < b->u.s->n ? a->u.s->n : b->u.s->n;
+        int c = memcmp(a->u.s->s, b->u.s->s, n);
+        if (c) return c < 0 ? -1 : 1;
+        return a->u.s->n < b->u.s->n ? -1 : a->u.s->n > b->u.s->n;
+    }
+    if (a->t == JV_LIST && b->t == JV_LIST) {
+        for (size_t i = 0; i < a->u.l->n && i < b->u.l->n; i++) {
+            if (jv_eq(r, &a->u.l->a[i], &b->u.l->a[i])) continue;
+            return jv_cmp(r, &a->u.l->a[i], &b->u.l->a[i]);
+        }
+        return a->u.l->n < b->u.l->n ? -1 : a->u.l->n > b->u.l->n;
+    }
+    jr_fail(r, "'<' not supported between instances of '%s' and '%s'", jv_type_name(a),
+            jv_type_name(b));
+}
+
+// ----------------------------------------------------------------------------
+// Output buffers
+
+void jb_put(jr *r, jbuf *b, const char *s, size_t n) {
+    if (n == 0) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        if (cap > r->t->lim.max_out_bytes * 2 + 1024)
+            jr_fail(r, "template limit: more than %zu bytes of output", r->t->lim.max_out_bytes);
+        char *p = jr_alloc(r, cap);
+        if (b->n) memcpy(p, b->p, b->n);
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+void jb_puts(jr *r, jbuf *b, const char *s) { jb_put(r, b, s, strlen(s)); }
+
+static void jr_emit(jr *r, const char *s, size_t n) {
+    if (r->out->n + n > r->t->lim.max_out_bytes)
+        jr_fail(r, "template limit: more than %zu bytes of output", r->t->lim.max_out_bytes);
+    jr_step(r, 1 + n / 4096);
+    jb_put(r, r->out, s, n);
+}
+
+jlist *jv_iter(jr *r, const jv *v) {
+    switch (v->t) {
+    case JV_UNDEF: {
+        jv l = jv_list(r, 0);
+        return l.u.l;
+    }
+    case JV_LIST:
+        return v->u.l;
+    case JV_DICT: {
+        jv l = jv_list(r, v->u.d->n);
+        jr_step(r, v->u.d->n);
+        for (size_t i = 0; i < v->u.d->n; i++)
+            jl_push(r, l.u.l, v->u.d->k[i]);
+        return l.u.l;
+    }
+    case JV_STR: {
+        jv l = jv_list(r, v->u.s->n);
+        jr_step(r, v->u.s->n);
+        const unsigned char *s = (const unsigned char *)v->u.s->s;
+        size_t n = v->u.s->n;
+        for (size_t i = 0; i < n;) {
+            size_t k = 1;
+            if (s[i] >= 0xF0)
+                k = 4;
+            else if (s[i] >= 0xE0)
+                k = 3;
+            else if (s[i] >= 0xC0)
+                k = 2;
+            if (i + k > n) k = n - i;
+            jl_push(r, l.u.l, jv_str(r, (const char *)s + i, k));
+            i += k;
+        }
+        return l.u.l;
+    }
+    default:
+        jr_fail(r, "'%s' object is not iterable", jv_type_name(v));
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Scopes
+
+static jframe *jr_frame(jr *r, jframe *parent) {
+    jframe *f = jr_alloc(r, sizeof *f);
+    memset(f, 0, sizeof *f);
+    f->parent = parent;
+    return f;
+}
+
+static jv jr_lookup(jr *r, jframe *f, const char *name) {
+    size_t n = strlen(name);
+    for (; f; f = f->parent) {
+        jr_step(r, f->vars.n / 8); /* linear search: charge it */
+        jv *v = jd_get(&f->vars, name, n);
+        if (v) return *v;
+    }
+    jv g = jinja__global(r, name);
+    if (g.t != JV_UNDEF) return g;
+    return jv_undef(name);
+}
+
+static void jr_setvar(jr *r, jframe *f, const char *name, jv v) {
+    jd_set(r, &f->vars, jv_cstr(r, name), v);
+}
+
+// ----------------------------------------------------------------------------
+// Expressions
+
+static jv jr_eval(jr *r, jframe *f, const jnode *n);
+static void jr_exec(jr *r, jframe *f, const jnode *n);
+
+static jv jr_arith(jr *r, int op, jv a, jv b) {
+    if (a.t == JV_UNDEF) jr_undef_fail(r, &a);
+    if (b.t == JV_UNDEF) jr_undef_fail(r, &b);
+    if (op == OP_ADD && a.t == JV_STR && b.t == JV_STR && ((a.flags | b.flags) & JV_F_SAFE)) {
+        /* Markup + str escapes the plain side (markupsafe) and stays Markup */
+        jbuf o = {0};
+        if (a.flags & JV_F_SAFE)
+            jb_put(r, &o, a.u.s->s, a.u.s->n);
+        else
+            jv_escape_to(r, &o, a.u.s->s, a.u.s->n);
+        if (b.flags & JV_F_SAFE)
+            jb_put(r, &o, b.u.s->s, b.u.s->n);
+        else
+            jv_escape_to(r, &o, b.u.s->s, b.u.s->n);
+        jv m = jv_str(r, o.p ? o.p : "", o.n);
+        m.flags = JV_F_SAFE;
+        return m;
+    }
+    if (op == OP_ADD && a.t == JV_STR && b.t == JV_STR) {
+        jr_step(r, 1 + (a.u.s->n + b.u.s->n) / 4096);
+        jv s = jv_str(r, NULL, 0);
+        size_t n = a.u.s->n + b.u.s->n;
+        jstr *js = jr_alloc(r, sizeof *js + n + 1);
+        memcpy(js->s, a.u.s->s, a.u.s->n);
+        memcpy(js->s + a.u.s->n, b.u.s->s, b.u.s->n);
+        js->n = n;
+        js->s[n] = 0;
+        s.u.s = js;
+        return s;
+    }
+    if (op == OP_ADD && a.t == JV_LIST && b.t == JV_LIST && !((a.flags | b.flags) & JV_F_GEN) &&
+        (a.flags & JV_F_TUPLE) == (b.flags & JV_F_TUPLE)) {
+        jv l = jv_list(r, a.u.l->n + b.u.l->n);
+        jr_step(r, a.u.l->n + b.u.l->n);
+        for (size_t i = 0; i < a.u.l->n; i++)
+            jl_push(r, l.u.l, a.u.l->a[i]);
+        for (size_t i = 0; i < b.u.l->n; i++)
+            jl_push(r, l.u.l, b.u.l->a[i]);
+        l.flags = a.flags;
+        return l;
+    }
+    if (op == OP_MUL && ((a.t == JV_STR || a.t == JV_LIST) && (b.t == JV_INT || b.t == JV_BOOL))) {
+        jv t = a;
+        a = b;
+        b = t;
+    }
+    if (op == OP_MUL && (a.t == JV_INT || a.t == JV_BOOL) && (b.t == JV_STR || b.t == JV_LIST)) {
+        int64_t k = jv_inum(&a);
+        if (k < 0) k = 0;
+        size_t unit = b.t == JV_STR ? b.u.s->n : b.u.l->n;
+        if (unit && (uint64_t)k > r->t->lim.max_out_bytes / unit)
+            jr_fail(r, "template limit: repetition of %lld is too large", (long long)k);
+        jr_step(r, 1 + (size_t)k * unit / 64);
+        if (b.t == JV_STR) {
+            jbuf o = {0};
+            for (int64_t i = 0; i < k; i++)
+                jb_put(r, &o, b.u.s->s, b.u.s->n);
+            return jv_str(r, o.p ? o.p : "", o.n);
+        }
+        jv l = jv_list(r, (size_t)k * unit);
+        for (int64_t i = 0; i < k; i++)
+            for (size_t j = 0; j < unit; j++)
+                jl_push(r, l.u.l, b.u.l->a[j]);
+        l.flags = b.flags;
+        return l;
+    }
+    if (!jv_is_num(&a) || !jv_is_num(&b)) {
+        static const char *const sym[] = {"", "+", "-", "*", "/", "//", "%", "**"};
+        jr_fail(r, "unsupported operand type(s) for %s: '%s' and '%s'",
+                op <= OP_POW ? sym[op] : "?", jv_type_name(&a), jv_type_name(&b));
+    }
+    bool fl = a.t == JV_FLOAT || b.t == JV_FLOAT;
+    if (!fl) {
+        int64_t x = jv_inum(&a), y = jv_inum(&b), z;
+        switch (op) {
+        case OP_ADD:
+            if (__builtin_add_overflow(x, y, &z)) jr_fail(r, "integer overflow");
+            return jv_int(z);
+        case OP_SUB:
+            if (__builtin_sub_overflow(x, y, &z)) jr_fail(r, "integer overflow");
+            return jv_int(z);
+        case OP_MUL:
+            if (__builtin_mul_overflow(x, y, &z)) jr_fail(r, "integer overflow");
+            return jv_int(z);
+        case OP_DIV:
+            if (y == 0) jr_fail(r, "division by zero");
+            return jv_float((double)x / (double)y);
+        case OP_FLOORDIV:
+        case OP_MOD: {
+            if (y == 0) jr_fail(r, "integer division or modulo by zero");
+            if (x == INT64_MIN && y == -1) jr_fail(r, "integer overflow");
+            int64_t q = x / y, m = x % y;
+            if (m != 0 && ((m < 0) != (y < 0))) {
+                q--;
+                m += y;
+            }
+            return jv_int(op == OP_FLOORDIV ? q : m);
+        }
+        case OP_POW: {
+            if (y < 0) return jv_float(pow((double)x, (double)y));
+            int64_t acc = 1;
+            for (int64_t i = 0; i < y; i++) {
+                if (__builtin_mul_overflow(acc, x, &acc)) jr_fail(r, "integer overflow");
+                if (acc == 0 || acc == 1) break;
+                jr_step(r, 1);
+            }
+            if (acc == 1 && x == -1 && (y & 1)) acc = -1;
+            return jv_int(acc);
+        }
+        default:
+            break;
+        }
+    }
+    double x = jv_num(&a), y = jv_num(&b);
+    switch (op) {
+    case OP_ADD:
+        return jv_float(x + y);
+    case OP_SUB:
+        return jv_float(x - y);
+    case OP_MUL:
+        return jv_float(x * y);
+    case OP_DIV:
+        if (y == 0) jr_fail(r, "float division by zero");
+        return jv_float(x / y);
+    case OP_FLOORDIV:
+        if (y == 0) jr_fail(r, "float floor division by zero");
+        return jv_float(floor(x / y));
+    case OP_MOD: {
+        if (y == 0) jr_fail(r, "float modulo");
+        double m = fmod(x, y);
+        if (m != 0 && ((m < 0) != (y < 0))) m += y;
+        return jv_float(m);
+    }
+    default:
+        return jv_float(pow(x, y));
+    }
+}
+
+static bool jr_contains(jr *r, const jv *hay, const jv *needle) {
+    switch (hay->t) {
+    case JV_STR:
+        if (needle->t != JV_STR)
+            jr_fail(r, "'in <string>' requires string as left operand, not %s",
+                    jv_type_name(needle));
+        return needle->u.s->n == 0 ||
+               memmem(hay->u.s->s, hay->u.s->n, needle->u.s->s, needle->u.s->n) != NULL;
+    case JV_LIST:
+        jr_step(r, hay->u.l->n);
+        for (size_t i = 0; i < hay->u.l->n; i++)
+            if (jv_eq(r, &hay->u.l->a[i], needle)) return true;
+        return false;
+    case JV_DICT:
+    case JV_NS:
+        return jd_getv(hay->u.d, *needle) != NULL;
+    case JV_UNDEF:
+        return false;
+    default:
+        jr_fail(r, "argument of type '%s' is not iterable", jv_type_name(hay));
+    }
+}
+
+/* Evaluates call arguments into arrays on the arena. */
+static size_t jr_args(jr *r, jframe *f, const jnode *n, jv **args, const char ***names) {
+    *args = n->n_kids ? jr_alloc(r, n->n_kids * sizeof **args) : NULL;
+    *names = n->names;
+    for (size_t i = 0; i < n->n_kids; i++)
+        (*args)[i] = jr_eval(r, f, n->kids[i]);
+    return n->n_kids;
+}
+
+static jv jr_call(jr *r, jv callee, jv *args, const char **names, size_t n) {
+    if (callee.t == JV_MACRO) return jinja__call_macro(r, callee.u.m, args, names, n);
+    if (callee.t == JV_FUNC) return jinja__call_func(r, callee.u.fn, args, names, n);
+    if (callee.t == JV_UNDEF) jr_undef_fail(r, &callee);
+    jr_fail(r, "'%s' object is not callable", jv_type_name(&callee));
+}
+
+static jv jr_slice(jr *r, jv obj, jv *parts) {
+    int64_t len;
+    if (obj.t == JV_STR)
+        len = (int64_t)obj.u.s->n;
+    else if (obj.t == JV_LIST && !(obj.flags & JV_F_GEN))
+        len = (int64_t)obj.u.l->n;
+    else if (obj.t == JV_UNDEF)
+        jr_undef_fail(r, &obj);
+    else /* the sandbox's getitem: a TypeError becomes Undefined */
+        return jv_undef(NULL);
+    int64_t step = 1;
+    if (parts[2].t != JV_NONE && parts[2].t != JV_UNDEF) {
+        if (parts[2].t != JV_INT) jr_fail(r, "slice indices must be integers");
+        step = parts[2].u.i;
+        if (step == 0) jr_fail(r, "slice step cannot be zero");
+    }
+    int64_t lo, hi;
+    for (int k = 0; k < 2; k++)
+        if (parts[k].t != JV_NONE && parts[k].t != JV_UNDEF && parts[k].t != JV_INT &&
+            parts[k].t != JV_BOOL)
+            jr_fail(r, "slice indices must be integers or None");
+    bool has_lo = parts[0].t == JV_INT || parts[0].t == JV_BOOL;
+    bool has_hi = parts[1].t == JV_INT || parts[1].t == JV_BOOL;
+    if (step > 0) {
+        lo = has_lo ? jv_inum(&parts[0]) : 0;
+        hi = has_hi ? jv_inum(&parts[1]) : len;
+        if (lo < 0) lo = lo + len < 0 ? 0 : lo + len;
+        if (hi < 0) hi = hi + len < 0 ? 0 : hi + len;
+        if (lo > len) lo = len;
+        if (hi > len) hi = len;
+    } else {
+        lo = has_lo ? jv_inum(&parts[0]) : len - 1;
+        hi = has_hi ? jv_inum(&parts[1]) : -1 - len;
+        if (lo < 0) lo = lo + len < 0 ? -1 : lo + len;
+        if (hi < 0) hi = hi + len < 0 ? -1 : hi + len;
+        if (lo >= len) lo = len - 1;
+        if (hi >= len) hi = len - 1;
+    }
+    jr_step(r, (size_t)len);
+    if (obj.t == JV_LIST) {
+        jv l = jv_list(r, 0);
+        l.flags = obj.flags;
+        for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step)
+            jl_push(r, l.u.l, obj.u.l->a[i]);
+        return l;
+    }
+    /* strings slice by code point */
+    jlist *cps = jv_iter(r, &obj);
+    jbuf b = {0};
+    len = (int64_t)cps->n;
+    if (step > 0) {
+        lo = has_lo ? jv_inum(&parts[0]) : 0;
+        hi = has_hi ? jv_inum(&parts[1]) : len;
+        if (lo < 0) lo = lo + len < 0 ? 0 : lo + len;
+        if (hi < 0) hi = hi + len < 0 ? 0 : hi + len;
+        if (lo > len) lo = len;
+        if (hi > len) hi = len;
+    } else {
+        lo = has_lo ? jv_inum(&parts[0]) : len - 1;
+        hi = has_hi ? jv_inum(&parts[1]) : -1 - len;
+        if (lo < 0) lo = lo + len < 0 ? -1 : lo + len;
+        if (hi < 0) hi = hi + len < 0 ? -1 : hi + len;
+        if (lo >= len) lo = len - 1;
+        if (hi >= len) hi = len - 1;
+    }
+    for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step)
+        jb_put(r, &b, cps->a[i].u.s->s, cps->a[i].u.s->n);
+    return jv_str(r, b.p ? b.p : "", b.n);
+}
+
+static jv jr_eval(jr *r, jframe *f, const jnode *n) {
+    jr_step(r, 1);
+    r->line = n->line;
+    switch (n->kind) {
+    case N_LIT:
+        return n->lit;
+    case N_NAME:
+        return jr_lookup(r, f, n->name);
+    case N_LIST:
+    case N_TUPLE: {
+        jv l = jv_list(r, n->n_kids);
+        for (size_t i = 0; i < n->n_kids; i++)
+            jl_push(r, l.u.l, jr_eval(r, f, n->kids[i]));
+        if (n->kind == N_TUPLE) l.flags = JV_F_TUPLE;
+        return l;
+    }
+    case N_DICT: {
+        jv d = jv_dict(r);
+        for (size_t i = 0; i + 1 < n->n_kids; i += 2) {
+            jv k = jr_eval(r, f, n->kids[i]);
+            if (k.t == JV_LIST && !(k.flags & JV_F_TUPLE)) jr_fail(r, "unhashable type: 'list'");
+            if (k.t == JV_DICT) jr_fail(r, "unhashable type: 'dict'");
+            jd_set(r, d.u.d, k, jr_eval(r, f, n->kids[i + 1]));
+        }
+        return d;
+    }
+    case N_ATTR: {
+        jv o = jr_eval(r, f, n->a);
+        r->line = n->line;
+        return jinja__getattr(r, &o, n->name);
+    }
+    case N_ITEM: {
+        jv o = jr_eval(r, f, n->a);
+        jv k = jr_eval(r, f, n->b);
+        r->line = n->line;
+        return jinja__getitem(r, &o, &k);
+    }
+    case N_SLICE: {
+        jv o = jr_eval(r, f, n->a);
+        jv parts[3];
+        for (int k = 0; k < 3; k++)
+            parts[k] = n->kids[k] ? jr_eval(r, f, n->kids[k]) : jv_none();
+        r->line = n->line;
+        return jr_slice(r, o, parts);
+    }
+    case N_CALL: {
+        jv callee = jr_eval(r, f, n->a);
+        jv *args;
+        const char **names;
+        size_t na = jr_args(r, f, n, &args, &names);
+        r->line = n->line;
+        return jr_call(r, callee, args, names, na);
+    }
+    case N_FILTER: {
+        jv in = jr_eval(r, f, n->a);
+        jv *args;
+        const char **names;
+        size_t na = jr_args(r, f, n, &args, &names);
+        r->line = n->line;
+        return jinja__filter(r, n->name, in, args, names, na);
+    }
+    case N_TEST: {
+        jv in;
+        if (n->a->kind == N_NAME && !strcmp(n->name, "defined")) /* no failure on lookup */
+            in = jr_lookup(r, f, n->a->name);
+        else
+            in = jr_eval(r, f, n->a);
+        jv *args;
+        const char **names;
+        size_t na = jr_args(r, f, n, &args, &names);
+        r->line = n->line;
+        bool res = jinja__test(r, n->name, &in, args, na);
+        return jv_bool(n->op ? !res : res);
+    }
+    case N_BIN: {
+        jv a = jr_eval(r, f, n->a);
+        jv b = jr_eval(r, f, n->b);
+        r->line = n->line;
+        switch (n->op) {
+        case OP_CONCAT: {
+            jbuf o = {0};
+            jv_str_to(r, &o, &a);
+            jv_str_to(r, &o, &b);
+            return jv_str(r, o.p ? o.p : "", o.n);
+        }
+        case OP_EQ:
+            return jv_bool(jv_eq(r, &a, &b));
+        case OP_NE:
+            return jv_bool(!jv_eq(r, &a, &b));
+        case OP_LT:
+            return jv_bool(jv_cmp(r, &a, &b) < 0);
+        case OP_LE:
+            return jv_bool(jv_cmp(r, &a, &b) <= 0);
+        case OP_GT:
+            return jv_bool(jv_cmp(r, &a, &b) > 0);
+        case OP_GE:
+            return jv_bool(jv_cmp(r, &a, &b) >= 0);
+        case OP_IN:
+            return jv_bool(jr_contains(r, &b, &a));
+        case OP_NOTIN:
+            return jv_bool(!jr_contains(r, &b, &a));
+        default:
+            return jr_arith(r, n->op, a, b);
+        }
+    }
+    case N_UNARY: {
+        jv a = jr_eval(r, f, n->a);
+        if (a.t == JV_UNDEF) jr_undef_fail(r, &a);
+        if (!jv_is_num(&a))
+            jr_fail(r, "bad operand type for unary %c: '%s'", n->op == OP_NEG ? '-' : '+',
+                    jv_type_name(&a));
+        if (n->op == OP_POS) return a.t == JV_BOOL ? jv_int(a.u.b) : a;
+        if (a.t == JV_FLOAT) return jv_float(-a.u.f);
+        if (jv_inum(&a) == INT64_MIN) jr_fail(r, "integer overflow");
+        return jv_int(-jv_inum(&a));
+    }
+    case N_AND: {
+        jv a = jr_eval(r, f, n->a);
+        return jv_truthy(&a) ? jr_eval(r, f, n->b) : a;
+    }
+    case N_OR: {
+        jv a = jr_eval(r, f, n->a);
+        return jv_truthy(&a) ? a : jr_eval(r, f, n->b);
+    }
+    case N_NOT: {
+        jv a = jr_eval(r, f, n->a);
+        return jv_bool(!jv_truthy(&a));
+    }
+    case N_COND: {
+        jv c = jr_eval(r, f, n->a);
+        if (jv_truthy(&c)) return jr_eval(r, f, n->b);
+        return n->c ? jr_eval(r, f, n->c) : jv_undef(NULL);
+    }
+    default:
+        jr_fail(r, "not an expression");
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Statements
+
+/* Renders a body into a fresh buffer; returns the text. */
+static jv jr_capture(jr *r, jframe *f, const jnode *body) {
+    jbuf b = {0};
+    jbuf *saved = r->out;
+    r->out = &b;
+    jr_exec(r, f, body);
+    r->out = saved;
+    return jv_str(r, b.p ? b.p : "", b.n);
+}
+
+static jv jr_apply_chain(jr *r, jframe *f, const jnode *chain, jv in) {
+    if (!chain) return in;
+    jv v = jr_apply_chain(r, f, chain->a, in);
+    jv *args;
+    const char **names;
+    size_t na = jr_args(r, f, chain, &args, &names);
+    r->line = chain->line;
+    return jinja__filter(r, chain->name, v, args, names, na);
+}
+
+static void jr_assign(jr *r, jframe *f, const jnode *target, jv v) {
+    if (target->kind == N_NAME) {
+        jr_setvar(r, f, target->name, v);
+    } else if (target->kind == N_ATTR) {
+        jv ns = jr_lookup(r, f, target->a->name);
+        if (ns.t != JV_NS) jr_fail(r, "cannot assign attribute on non-namespace object");
+        jd_set(r, ns.u.d, jv_cstr(r, target->name), v);
+    } else { /* tuple unpacking */
+        jlist *l = jv_iter(r, &v);
+        if (l->n != target->n_kids)
+            jr_fail(r, "cannot unpack %zu values into %zu names", l->n, target->n_kids);
+        for (size_t i = 0; i < l->n; i++)
+            jr_setvar(r, f, target->kids[i]->name, l->a[i]);
+    }
+}
+
+/* Binds a for loop's target(s) to item in the iteration scope it. */
+static void jr_for_bind(jr *r, jframe *it, const jnode *n, const jv *key, jv item) {
+    if (n->n_kids == 1) {
+        jd_push(r, &it->vars, *key, item);
+    } else {
+        jnode tuple = {.kind = N_TUPLE, .kids = n->kids, .n_kids = n->n_kids};
+        jr_assign(r, it, &tuple, item);
+    }
+}
+
+/* Each iteration gets a fresh scope (jinja2: a set inside the body is gone
+ * by the next iteration). The scope's storage is reused from one iteration
+ * to the next, so a long loop costs no memory per iteration. */
+static void jr_for(jr *r, jframe *f, const jnode *n) {
+    jv seq = jr_eval(r, f, n->a);
+    jlist *src = jv_iter(r, &seq);
+    jlist *items = src;
+    jv key = jv_cstr(r, n->names[0]), key_loop = jv_cstr(r, "loop");
+    jframe *it = jr_frame(r, f);
+    if (n->b) { /* for x in xs if cond: filter first, so loop.* counts the kept */
+        jv kept = jv_list(r, 0);
+        for (size_t i = 0; i < src->n; i++) {
+            it->vars.n = 0;
+            jr_for_bind(r, it, n, &key, src->a[i]);
+            jv c = jr_eval(r, it, n->b);
+            if (jv_truthy(&c)) jl_push(r, kept.u.l, src->a[i]);
+        }
+        items = kept.u.l;
+    }
+    if (items->n == 0) {
+        if (n->d) jr_exec(r, f, n->d);
+        return;
+    }
+    jloop *lp = jr_alloc(r, sizeof *lp);
+    lp->items = items;
+    lp->depth = 1;
+    jv loopv = {.t = JV_LOOP};
+    loopv.u.lp = lp;
+    for (size_t i = 0; i < items->n; i++) {
+        jr_step(r, 1);
+        lp->i = i;
+        it->vars.n = 0;
+        jd_push(r, &it->vars, key_loop, loopv);
+        jr_for_bind(r, it, n, &key, items->a[i]);
+        jr_exec(r, it, n->c);
+        if (r->brk == 1) {
+            r->brk = 0;
+            break;
+        }
+        r->brk = 0;
+    }
+}
+
+static void jr_exec(jr *r, jframe *f, const jnode *n) {
+    jr_step(r, 1);
+    r->line = n->line;
+    switch (n->kind) {
+    case N_BODY:
+        for (size_t i = 0; i < n->n_kids && !r->brk; i++)
+            jr_exec(r, f, n->kids[i]);
+        return;
+    case N_TEXT:
+        jr_emit(r, n->lit.u.s->s, n->lit.u.s->n);
+        return;
+    case N_OUT: {
+        jv v = jr_eval(r, f, n->a);
+        if (v.t == JV_STR) {
+            jr_emit(r, v.u.s->s, v.u.s->n);
+        } else {
+            jbuf b = {0};
+            jv_str_to(r, &b, &v);
+            jr_emit(r, b.p ? b.p : "", b.n);
+        }
+        return;
+    }
+    case N_IF:
+        for (size_t i = 0; i + 1 < n->n_kids; i += 2) {
+            jv c = jr_eval(r, f, n->kids[i]);
+            if (jv_truthy(&c)) {
+                jr_exec(r, f, n->kids[i + 1]);
+                return;
+            }
+        }
+        if (n->c) jr_exec(r, f, n->c);
+        return;
+    case N_FOR:
+        jr_for(r, f, n);
+        return;
+    case N_SET:
+        jr_assign(r, f, n->a, jr_eval(r, f, n->b));
+        return;
+    case N_SETBLK: {
+        jv v = jr_capture(r, f, n->c);
+        jr_assign(r, f, n->a, jr_apply_chain(r, f, n->b, v));
+        return;
+    }
+    case N_MACRO: {
+        jmacro *m = jr_alloc(r, sizeof *m);
+        m->def = n;
+        m->closure = f;
+        m->caller = jv_undef("caller");
+        jv v = {.t = JV_MACRO};
+        v.u.m = m;
+        jr_setvar(r, f, n->name, v);
+        return;
+    }
+    case N_CALLBLK: {
+        jmacro *c = jr_alloc(r, sizeof *c);
+        c->def = n;
+        c->closure = f;
+        c->caller = jv_undef("caller");
+        jv cv = {.t = JV_MACRO};
+        cv.u.m = c;
+        const jnode *call = n->a;
+        jv callee = jr_eval(r, f, call->a);
+        jv *args;
+        const char **names;
+        size_t na = jr_args(r, f, call, &args, &names);
+        if (callee.t != JV_MACRO) jr_fail(r, "a call block needs a macro");
+        jmacro m2 = *callee.u.m;
+        m2.caller = cv;
+        jv out = jinja__call_macro(r, &m2, args, names, na);
+        jr_emit(r, out.u.s->s, out.u.s->n);
+        return;
+    }
+    case N_FILTBLK: {
+        jv v = jr_capture(r, f, n->c);
+        jv o = jr_apply_chain(r, f, n->b, v);
+        jbuf b = {0};
+        jv_str_to(r, &b, &o);
+        jr_emit(r, b.p ? b.p : "", b.n);
+        return;
+    }
+    case N_BREAK:
+        r->brk = 1;
+        return;
+    case N_CONTINUE:
+        r->brk = 2;
+        return;
+    default:
+        jr_fail(r, "not a statement");
+    }
+}
+
+jv jinja__call_macro(jr *r, jmacro *m, jv *args, const char **names, size_t n) {
+    const jnode *def = m->def;
+    if (++r->calls > r->t->lim.max_calls)
+        jr_fail(r, "template limit: macro calls nested deeper than %zu", r->t->lim.max_calls);
+    jframe *f = jr_frame(r, m->closure);
+    size_t np = def->n_kids;
+    size_t pos = 0;
+    jv varargs = jv_list(r, 0);
+    varargs.flags = JV_F_TUPLE;
+    jv kwargs = jv_dict(r);
+    bool *set = jr_alloc(r, (np + 1) * sizeof *set);
+    memset(set, 0, (np + 1) * sizeof *set);
+    for (size_t i = 0; i < n; i++) {
+        if (!names || !names[i]) {
+            if (pos < np) {
+                jr_setvar(r, f, def->names[pos], args[i]);
+                set[pos] = true;
+                pos++;
+            } else {
+                jl_push(r, varargs.u.l, args[i]);
+            }
+            continue;
+        }
+        size_t k = 0;
+        while (k < np && strcmp(def->names[k], names[i]) != 0)
+            k++;
+        if (k < np) {
+            jr_setvar(r, f, def->names[k], args[i]);
+            set[k] = true;
+        } else {
+            jd_set(r, kwargs.u.d, jv_cstr(r, names[i]), args[i]);
+        }
+    }
+    if (def->kind == N_MACRO && varargs.u.l->n)
+        jr_fail(r, "macro '%s' takes not more than %zu argument(s)", def->name, np);
+    if (def->kind == N_MACRO && kwargs.u.d->n)
+        jr_fail(r, "macro '%s' takes no keyword argument '%s'", def->name, kwargs.u.d->k[0].u.s->s);
+    for (size_t k = 0; k < np; k++) {
+        if (set[k]) continue;
+        if (def->kids[k]) {
+            jr_setvar(r, f, def->names[k], jr_eval(r, f, def->kids[k]));
+        } else {
+            jr_setvar(r, f, def->names[k], jv_undef(def->names[k]));
+        }
+    }
+    jr_setvar(r, f, "varargs", varargs);
+    jr_setvar(r, f, "kwargs", kwargs);
+    if (m->caller.t != JV_UNDEF) jr_setvar(r, f, "caller", m->caller);
+    int saved_brk = r->brk;
+    r->brk = 0;
+    jv out = jr_capture(r, f, def->c);
+    r->brk = saved_brk;
+    r->calls--;
+    return out;
+}
+
+// ----------------------------------------------------------------------------
+// Entry points
+
+void jinja_limits_default(jinja_limits *l) {
+    l->max_src_bytes = (size_t)1 << 20;
+    l->max_depth = 128;
+    l->max_calls = 64;
+    l->max_steps = 20 * 1000 * 1000;
+    l->max_out_bytes = (size_t)8 << 20;
+    l->max_mem_bytes = (size_t)128 << 20;
+}
+
+ks_err jinja_compile(const char *src, size_t len, const jinja_limits *lim, jinja_tmpl **out,
+                     ks_errbuf *eb) {
+    *out = NULL;
+    jinja_limits l;
+    jinja_limits_default(&l);
+    if (lim) {
+        if (lim->max_src_bytes) l.max_src_bytes = lim->max_src_bytes;
+        if (lim->max_depth) l.max_depth = lim->max_depth;
+        if (lim->max_calls) l.max_calls = lim->max_calls;
+        if (lim->max_steps) l.max_steps = lim->max_steps;
+        if (lim->max_out_bytes) l.max_out_bytes = lim->max_out_bytes;
+        if (lim->max_mem_bytes) l.max_mem_bytes = lim->max_mem_bytes;
+    }
+    if (!src) len = 0;
+    if (len > l.max_src_bytes)
+        return ks_seterr(eb, KS_ERR_INVAL, "template limit: %zu bytes of source, at most %zu", len,
+                         l.max_src_bytes);
+    if (src && memchr(src, 0, len))
+        return ks_seterr(eb, KS_ERR_FORMAT, "template: NUL byte in the source");
+    jinja_tmpl *t = calloc(1, sizeof *t);
+    if (!t) return ks_seterr(eb, KS_ERR_NOMEM, "template: out of memory");
+    t->lim = l;
+    t->arena.cap_bytes = l.max_mem_bytes;
+    /* as jinja2's lexer: newlines normalized to "\n", and one trailing
+     * newline dropped (keep_trailing_newline is off) */
+    char *norm = malloc(len + 1);
+    if (!norm) {
+        jinja_free(t);
+        return ks_seterr(eb, KS_ERR_NOMEM, "template: out of memory");
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (src[i] == '\r') {
+            norm[n++] = '\n';
+            if (i + 1 < len && src[i + 1] == '\n') i++;
+        } else {
+            norm[n++] = src[i];
+        }
+    }
+    if (n && norm[n - 1] == '\n') n--;
+    norm[n] = 0;
+    ks_err e = jinja__parse(t, norm, n, eb);
+    free(norm);
+    if (e) {
+        jinja_free(t);
+        return e;
+    }
+    *out = t;
+    return KS_OK;
+}
+
+void jinja_free(jinja_tmpl *t) {
+    if (!t) return;
+    jinja__arena_free(&t->arena);
+    free(t);
+}
+
+ks_err jinja_render(const jinja_tmpl *t, const json_t *ctx, const jinja_opts *o, char **out,
+                    size_t *out_len, ks_errbuf *eb) {
+    *out = NULL;
+    if (out_len) *out_len = 0;
+    if (ctx && !json_is_object(ctx))
+        return ks_seterr(eb, KS_ERR_INVAL, "template: the context must be a JSON object");
+    jr *r = calloc(1, sizeof *r);
+    if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "template: out of memory");
+    r->t = t;
+    r->eb = eb;
+    r->arena.cap_bytes = t->lim.max_mem_bytes;
+    r->now = o && o->now ? o->now : time(NULL);
+    ks_err e = KS_OK;
+    jbuf b = {0};
+    if (setjmp(r->jmp)) {
+        e = r->err;
+        goto done;
+    }
+    r->out = &b;
+    r->globals = jr_frame(r, NULL);
+    if (ctx) {
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)ctx, k, v) {
+            jr_setvar(r, r->globals, k, jv_from_json(r, v, 0));
+        }
+    }
+    jr_exec(r, jr_frame(r, r->globals), t->root);
+    *out = malloc(b.n + 1);
+    if (!*out) {
+        e = ks_seterr(eb, KS_ERR_NOMEM, "template: out of memory");
+        goto done;
+    }
+    if (b.n) memcpy(*out, b.p, b.n);
+    (*out)[b.n] = 0;
+    if (out_len) *out_len = b.n;
+done:
+    jinja__arena_free(&r->arena);
+    free(r);
+    return e;
+}

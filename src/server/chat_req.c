@@ -1,0 +1,243 @@
+/* chat_req.c — what a chat request hands its chat template: the messages
+ * (with tool calls and tool results), the tools and chat_template_kwargs,
+ * validated with OpenAI's error shape and turned into the JSON the template
+ * renders (server_int.h: srv_chat_prepare, srv_chat_render).
+ *
+ * Messages reach the template as Hugging Face and vLLM pass them: role,
+ * content (a string, or null on an assistant message that only calls
+ * tools; text parts joined), name, tool_call_id, reasoning_content, and
+ * tool_calls whose function.arguments, a JSON string on the wire, is parsed
+ * into an object (templates iterate it or pass it to tojson). */
+#include "server_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define INVALID(err, param, ...) srv_refuse(err, ADMIT_INVALID, param, __VA_ARGS__)
+
+static const char *const chat__roles[] = {"system", "developer", "user", "assistant", "tool", NULL};
+static const char *const chat__msg_keys[] = {"name", "tool_calls", "tool_call_id",
+                                             "reasoning_content", NULL};
+
+static bool chat__in(const char *const *set, const char *s) {
+    for (; *set; set++)
+        if (!strcmp(*set, s)) return true;
+    return false;
+}
+
+bool srv_chat_message_key_ok(const char *key) { return chat__in(chat__msg_keys, key); }
+
+static const char *chat__type(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+    case JSON_REAL:
+        return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    default:
+        return "null";
+    }
+}
+
+/* One tool call of message i: {id?, type: "function", function: {name,
+ * arguments}} into a new object with arguments parsed. */
+static json_t *chat__tool_call(json_t *tc, size_t i, size_t j, srv_error *err) {
+    char pname[96];
+    snprintf(pname, sizeof pname, "messages[%zu].tool_calls[%zu]", i, j);
+    if (!json_is_object(tc)) {
+        INVALID(err, pname, "'%s' must be an object, got %s", pname, chat__type(tc));
+        return NULL;
+    }
+    json_t *id = json_object_get(tc, "id"), *type = json_object_get(tc, "type");
+    json_t *fn = json_object_get(tc, "function");
+    if (id && !json_is_string(id)) {
+        INVALID(err, pname, "'%s.id' must be a string", pname);
+        return NULL;
+    }
+    if (type && (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0)) {
+        INVALID(err, pname, "'%s.type' must be \"function\"", pname);
+        return NULL;
+    }
+    json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
+    if (!json_is_object(fn) || !json_is_string(name)) {
+        INVALID(err, pname, "'%s.function' must be an object with a string 'name'", pname);
+        return NULL;
+    }
+    json_t *parsed;
+    if (json_is_string(args)) {
+        json_error_t je;
+        parsed =
+            json_loadb(json_string_value(args), json_string_length(args), JSON_DECODE_ANY, &je);
+        if (!parsed) {
+            snprintf(pname + strlen(pname), sizeof pname - strlen(pname), ".function.arguments");
+            INVALID(err, pname, "'%s' must be a JSON string: %s", pname, je.text);
+            return NULL;
+        }
+    } else if (json_is_object(args)) {
+        parsed = json_incref(args);
+    } else if (!args || json_is_null(args)) {
+        parsed = json_object();
+    } else {
+        snprintf(pname + strlen(pname), sizeof pname - strlen(pname), ".function.arguments");
+        INVALID(err, pname, "'%s' must be a string holding JSON, got %s", pname, chat__type(args));
+        return NULL;
+    }
+    json_t *out = json_pack("{s:s,s:{s:O,s:o}}", "type", "function", "function", "name", name,
+                            "arguments", parsed);
+    if (out && id) json_object_set(out, "id", id);
+    if (!out) srv_fail(err, 500, "internal_error", "out of memory");
+    return out;
+}
+
+/* Message i as the template sees it, or NULL with *err filled. */
+static json_t *chat__message(srv_request *r, json_t *m, size_t i, srv_error *err) {
+    char pname[96];
+    const char *role = r->msgs[i].role;
+    if (!chat__in(chat__roles, role)) {
+        snprintf(pname, sizeof pname, "messages[%zu].role", i);
+        INVALID(err, pname, "'%s' must be system, developer, user, assistant or tool, got '%.64s'",
+                pname, role);
+        return NULL;
+    }
+    json_t *out = json_pack("{s:s}", "role", role);
+    if (!out) {
+        srv_fail(err, 500, "internal_error", "out of memory");
+        return NULL;
+    }
+    json_t *content = json_object_get(m, "content");
+    bool null_content = json_is_null(content);
+    json_object_set_new(out, "content",
+                        null_content ? json_null() : json_string(r->msgs[i].content));
+    json_t *tcs = json_object_get(m, "tool_calls");
+    if (tcs && !json_is_null(tcs)) {
+        snprintf(pname, sizeof pname, "messages[%zu].tool_calls", i);
+        if (strcmp(role, "assistant") != 0) {
+            INVALID(err, pname, "'%s' is only allowed on assistant messages", pname);
+            goto fail;
+        }
+        if (!json_is_array(tcs) || json_array_size(tcs) == 0) {
+            INVALID(err, pname, "'%s' must be a non-empty array", pname);
+            goto fail;
+        }
+        json_t *arr = json_array();
+        json_object_set_new(out, "tool_calls", arr);
+        size_t j;
+        json_t *tc;
+        json_array_foreach(tcs, j, tc) {
+            json_t *c = chat__tool_call(tc, i, j, err);
+            if (!c) goto fail;
+            json_array_append_new(arr, c);
+        }
+    } else if (null_content) {
+        snprintf(pname, sizeof pname, "messages[%zu].content", i);
+        INVALID(err, pname, "'%s' may be null only on an assistant message with tool_calls", pname);
+        goto fail;
+    }
+    static const char *const strs[] = {"name", "tool_call_id", "reasoning_content", NULL};
+    for (const char *const *k = strs; *k; k++) {
+        json_t *v = json_object_get(m, *k);
+        if (!v || json_is_null(v)) continue;
+        snprintf(pname, sizeof pname, "messages[%zu].%s", i, *k);
+        if (!json_is_string(v)) {
+            INVALID(err, pname, "'%s' must be a string, got %s", pname, chat__type(v));
+            goto fail;
+        }
+        json_object_set(out, *k, v);
+    }
+    return out;
+fail:
+    json_decref(out);
+    return NULL;
+}
+
+/* tools: [{type: "function", function: {name, description?, parameters?}}] */
+static bool chat__tools(json_t *tools, srv_error *err) {
+    if (!json_is_array(tools))
+        return INVALID(err, "tools", "'tools' must be an array, got %s", chat__type(tools));
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        char pname[64];
+        snprintf(pname, sizeof pname, "tools[%zu]", i);
+        json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
+        if (!json_is_object(t) || !json_is_string(type) ||
+            strcmp(json_string_value(type), "function") != 0 || !json_is_object(fn))
+            return INVALID(err, pname, "'%s' must be {\"type\": \"function\", \"function\": {...}}",
+                           pname);
+        json_t *name = json_object_get(fn, "name"), *desc = json_object_get(fn, "description");
+        json_t *params = json_object_get(fn, "parameters");
+        if (!json_is_string(name) || json_string_length(name) == 0)
+            return INVALID(err, pname, "'%s.function.name' must be a non-empty string", pname);
+        if (desc && !json_is_string(desc) && !json_is_null(desc))
+            return INVALID(err, pname, "'%s.function.description' must be a string", pname);
+        if (params && !json_is_object(params) && !json_is_null(params))
+            return INVALID(err, pname, "'%s.function.parameters' must be a JSON Schema object",
+                           pname);
+    }
+    return true;
+}
+
+bool srv_chat_prepare(srv_request *r, json_t *root, srv_error *err) {
+    json_t *msgs = json_object_get(root, "messages");
+    json_t *tools = json_object_get(root, "tools");
+    json_t *kw = json_object_get(root, "chat_template_kwargs");
+    if (tools && !json_is_null(tools)) {
+        if (!chat__tools(tools, err)) return false;
+        if (json_array_size(tools)) r->tools = tools;
+    }
+    if (kw && !json_is_null(kw)) {
+        if (!json_is_object(kw))
+            return INVALID(err, "chat_template_kwargs",
+                           "'chat_template_kwargs' must be an object, got %s", chat__type(kw));
+        static const char *const reserved[] = {"messages", "tools", "add_generation_prompt", NULL};
+        const char *k;
+        json_t *v;
+        json_object_foreach(kw, k, v) {
+            if (chat__in(reserved, k))
+                return INVALID(err, "chat_template_kwargs",
+                               "'chat_template_kwargs' cannot set '%s' (the request does)", k);
+        }
+        r->tmpl_kwargs = kw;
+    }
+    r->tmpl_msgs = json_array();
+    if (!r->tmpl_msgs) return srv_fail(err, 500, "internal_error", "out of memory");
+    for (size_t i = 0; i < r->n_msgs; i++) {
+        json_t *m = chat__message(r, json_array_get(msgs, i), i, err);
+        if (!m) return false;
+        json_array_append_new(r->tmpl_msgs, m);
+    }
+    return true;
+}
+
+ks_err srv_chat_render(const chat_tmpl *t, const tok_vocab *v, const srv_request *r, char **out,
+                       bool *add_special, srv_error *err, ks_errbuf *eb) {
+    *out = NULL;
+    *add_special = true;
+    if (!chat_tmpl_is_plain(t)) {
+        *add_special = false; // the template writes BOS and the like itself (as HF / vLLM)
+        return chat_tmpl_apply(t, r->tmpl_msgs, r->tools, r->tmpl_kwargs, true, 0, out, eb);
+    }
+    if (r->tools) {
+        srv_refuse(err, ADMIT_UNSUPPORTED_PARAMETER, "tools",
+                   "'tools' needs a chat template, and this model has none (start the server "
+                   "with --chat-template-file)");
+        return KS_ERR_AGAIN;
+    }
+    for (size_t i = 0; i < r->n_msgs; i++) {
+        if (strcmp(r->msgs[i].role, "tool") != 0 && strcmp(r->msgs[i].role, "developer") != 0)
+            continue;
+        char pname[64];
+        snprintf(pname, sizeof pname, "messages[%zu].role", i);
+        srv_refuse(err, ADMIT_INVALID, pname,
+                   "role '%s' needs a chat template, and this model has none", r->msgs[i].role);
+        return KS_ERR_AGAIN;
+    }
+    return chat_render_family(CHAT_PLAIN, v, r->msgs, r->n_msgs, true, out, eb);
+}
