@@ -1,9 +1,11 @@
 /* bench_grammar.c — the decode cost of constrained sampling (grammar.h):
  * time per generated token of one request on the engine (no HTTP), without
- * a constraint (A) and with one (B: a JSON schema whose string field keeps
- * the model inside a string, the mask's most permissive state; C: any JSON
- * object, the mixed case), alternated A B C A B C ... so machine noise hits
- * every variant alike; prints each run and the medians, and B/A, C/A.
+ * a constraint (none) and with one (string: a JSON schema whose string
+ * field keeps the model inside a string, the mask's most permissive state;
+ * object: any JSON object, the mixed case), all sampled at temperature 1
+ * (a mask every step), plus the string schema greedy (greedy-string: the
+ * argmax is tried before any mask), alternated so machine noise hits every
+ * variant alike; prints each round, the medians and their ratio to none.
  *
  * usage: bench_grammar [-m MODEL] [-t THREADS] [-n TOKENS] [-r ROUNDS]
  * The constrained requests may end before TOKENS (the grammar completes);
@@ -30,11 +32,12 @@ static double median(double *v, int n) {
 
 /* One request; returns ms per token after the first (-1 on error). */
 static double run(engine *e, const int32_t *toks, int32_t n_toks, int max_tokens, grammar *g,
-                  int *n_gen) {
+                  float temp, uint64_t seed, int *n_gen) {
     engine_params p = {.tenant = "bench", .prompt = toks, .n_prompt = n_toks,
                        .max_tokens = max_tokens, .ignore_eos = g == NULL, .grammar = g};
     sample_params_default(&p.sp);
-    p.sp.temperature = 0.0f;
+    p.sp.temperature = temp;
+    p.sp.seed = seed;
     ks_errbuf eb;
     engine_req *r = NULL;
     if (engine_submit(e, &p, &r, &eb)) {
@@ -104,27 +107,36 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_grammar: %s\n", eb.msg);
         return 1;
     }
-    double *a = calloc((size_t)rounds, sizeof *a), *b = calloc((size_t)rounds, sizeof *b),
-           *c = calloc((size_t)rounds, sizeof *c);
-    printf("model %s, %d threads, %d tokens, %d rounds (ms per generated token)\n", path, threads,
-           n_tokens, rounds);
-    int n_a, n_b, n_c;
-    (void)run(e, toks, (int32_t)n_toks, 16, NULL, &n_a); // warm-up (and the trie, below)
-    (void)run(e, toks, (int32_t)n_toks, 16, g1, &n_b);
+    enum { NV = 4 };
+    static const char *const names[NV] = {"none", "string", "object", "greedy-string"};
+    grammar *gs[NV] = {NULL, g1, g2, g1};
+    const float temps[NV] = {1.0f, 1.0f, 1.0f, 0.0f};
+    double *t[NV];
+    for (int v = 0; v < NV; v++)
+        t[v] = calloc((size_t)rounds, sizeof **t);
+    printf("model %s, %d threads, up to %d tokens, %d rounds (ms per generated token)\n", path,
+           threads, n_tokens, rounds);
+    int ng;
+    for (int v = 0; v < NV; v++)
+        (void)run(e, toks, (int32_t)n_toks, 16, gs[v], temps[v], 1, &ng);
     for (int i = 0; i < rounds; i++) {
-        a[i] = run(e, toks, (int32_t)n_toks, n_tokens, NULL, &n_a);
-        b[i] = run(e, toks, (int32_t)n_toks, n_tokens, g1, &n_b);
-        c[i] = run(e, toks, (int32_t)n_toks, n_tokens, g2, &n_c);
-        printf("round %d: none %.3f (%d tok)  schema-string %.3f (%d tok)  json_object %.3f (%d "
-               "tok)\n",
-               i, a[i], n_a, b[i], n_b, c[i], n_c);
+        printf("round %d:", i);
+        for (int v = 0; v < NV; v++) {
+            t[v][i] =
+                run(e, toks, (int32_t)n_toks, n_tokens, gs[v], temps[v], 1000 + (uint64_t)i, &ng);
+            printf("  %s %.3f (%d tok)", names[v], t[v][i], ng);
+        }
+        printf("\n");
     }
-    double ma = median(a, rounds), mb = median(b, rounds), mc = median(c, rounds);
-    printf("median ms/token: none %.3f, schema-string %.3f (x%.3f), json_object %.3f (x%.3f)\n", ma,
-           mb, mb / ma, mc, mc / ma);
-    free(a);
-    free(b);
-    free(c);
+    double m0 = median(t[0], rounds);
+    printf("median ms/token: none %.3f", m0);
+    for (int v = 1; v < NV; v++) {
+        double mv = median(t[v], rounds);
+        printf(", %s %.3f (x%.3f)", names[v], mv, mv / m0);
+    }
+    printf("\n");
+    for (int v = 0; v < NV; v++)
+        free(t[v]);
     free(toks);
     grammar_unref(g1);
     grammar_unref(g2);
