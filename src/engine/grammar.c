@@ -914,11 +914,11 @@ typedef struct gm_state {
 #define GM__KEY_MAX 4096
 
 typedef struct gm_cache_ent {
-    uint64_t hash;
-    uint32_t *key, key_len; // owned
+    uint32_t *key, key_len; // owned (gm__key_build)
     uint32_t *bits;         // owned, the mask
     int32_t n_allowed;
     uint64_t used;
+    uint32_t growth; // the walk's deepest node minus its shallowest read frame
 } gm_cache_ent;
 
 struct grammar_matcher {
@@ -943,13 +943,25 @@ struct grammar_matcher {
     uint32_t words;          // mask words of the cached entries
     struct gm_frame *frames; // (cap_frames) the trie walk's stack
     uint32_t cap_frames;
+    // what a mask walk read of the state below its tops (for the cache key)
+    bool walking;       // inside grammar_matcher_mask's walk
+    uint32_t walk_base; // nodes below this index are the state's own
+    uint8_t *touched;   // (cap_touched) state nodes some path popped into
+    uint32_t cap_touched;
+    bool touched_bottom;     // some path popped past the bottom (the root ended)
+    bool walk_hit_depth;     // some path died at GRAMMAR_MAX_DEPTH
+    uint32_t walk_max_depth; // deepest node created by the walk
 };
 
 /* A new node: 0, 1 when the stack would pass GRAMMAR_MAX_DEPTH (that path
  * dies), -1 when the arena is full or out of memory (the advance fails). */
 static int gm__node_new(grammar_matcher *m, uint32_t pos, int32_t parent, int32_t *out) {
     uint32_t d = parent >= 0 ? m->nodes[parent].depth + 1 : 1;
-    if (d > GRAMMAR_MAX_DEPTH) return 1;
+    if (d > GRAMMAR_MAX_DEPTH) {
+        m->walk_hit_depth = true;
+        return 1;
+    }
+    if (d > m->walk_max_depth) m->walk_max_depth = d;
     if (m->n_nodes >= GM__MAX_NODES ||
         !gm__grow((void **)&m->nodes, &m->cap_nodes, m->n_nodes + 1, sizeof *m->nodes))
         return -1;
@@ -992,6 +1004,12 @@ static bool gm__close(grammar_matcher *m, gm_state *st, uint32_t n_work) {
         int32_t parent = (int32_t)(uint32_t)it - 1;
         gm_elem e = g->elems[pos];
         if (e.kind == GM_END) {
+            if (m->walking) { // the mask now depends on the frame popped into
+                if (parent < 0)
+                    m->touched_bottom = true;
+                else if ((uint32_t)parent < m->walk_base)
+                    m->touched[parent] = 1;
+            }
             if (parent < 0)
                 st->complete = true;
             else {
@@ -1172,6 +1190,7 @@ void grammar_matcher_destroy(grammar_matcher *m) {
     }
     free(m->keybuf);
     free(m->frames);
+    free(m->touched);
     free(m->nodes);
     free(m->nodes2);
     free(m->tops);
@@ -1317,24 +1336,63 @@ bool grammar_matcher_accept_token(grammar_matcher *m, const grammar_vocab *gv, i
                                   gv->piece_off[id + 1] - gv->piece_off[id]);
 }
 
-/* The cache key of a state: flags, the pending bits, then each stack's
- * positions top to bottom. Returns its length, 0 when too long to cache. */
-static uint32_t gm__key(grammar_matcher *m, const gm_state *st, uint64_t *hash) {
+/* Cache keys. A mask walk reads the state's tops (their positions) and,
+ * below them, only the frames some path popped into (touched); nodes
+ * under the first untouched frame of a stack are never reached. So the
+ * mask of another state whose stacks agree on those positions is the same
+ * (its walk makes exactly the same steps), wherever the stacks continue
+ * below: a string inside any object shares one entry. Key layout: pending
+ * bits and their count, number of tops, then per top its length L, L
+ * positions from the top down, and a marker (1: the stack ends there, at
+ * the bottom, and the walk popped past it; 0: what lies below was never
+ * read). The depth bound is the one thing below that still matters: an
+ * entry records how far its walk grew past its shallowest read frame, and
+ * is used only where that growth stays within GRAMMAR_MAX_DEPTH. Returns
+ * the key's length in m->keybuf, 0 when too long to cache. */
+static uint32_t gm__key_build(grammar_matcher *m, const gm_state *st, uint32_t *min_depth) {
     uint32_t *k = m->keybuf, n = 0;
-    k[n++] = (uint32_t)st->complete | ((uint32_t)st->need << 1) | ((uint32_t)st->len << 4);
+    *min_depth = UINT32_MAX;
+    k[n++] = (uint32_t)st->need | ((uint32_t)st->len << 4);
     k[n++] = st->cp;
+    k[n++] = st->n;
     for (uint32_t i = 0; i < st->n; i++) {
-        for (int32_t y = m->tops[st->off + i]; y >= 0; y = m->nodes[y].parent) {
-            if (n + 2 >= GM__KEY_MAX) return 0;
+        uint32_t at = n++, len = 0;
+        int32_t y = m->tops[st->off + i];
+        bool bottom = false;
+        for (;;) {
+            if (n + 3 >= GM__KEY_MAX) return 0;
             k[n++] = m->nodes[y].pos;
+            len++;
+            if (m->nodes[y].depth < *min_depth) *min_depth = m->nodes[y].depth;
+            int32_t pa = m->nodes[y].parent;
+            if (pa < 0) {
+                bottom = m->touched_bottom;
+                break;
+            }
+            if (!m->touched[pa]) break;
+            y = pa;
         }
-        k[n++] = UINT32_MAX;
+        k[at] = len;
+        k[n++] = bottom;
     }
-    uint64_t h = 1469598103934665603ull;
-    for (uint32_t i = 0; i < n; i++)
-        h = (h ^ k[i]) * 1099511628211ull;
-    *hash = h;
     return n;
+}
+
+/* True when state st matches key k (see gm__key_build). */
+static bool gm__key_match(const grammar_matcher *m, const gm_state *st, const uint32_t *k) {
+    if (k[0] != ((uint32_t)st->need | ((uint32_t)st->len << 4)) || k[1] != st->cp || k[2] != st->n)
+        return false;
+    uint32_t n = 3;
+    for (uint32_t i = 0; i < st->n; i++) {
+        uint32_t len = k[n++];
+        int32_t y = m->tops[st->off + i];
+        for (uint32_t j = 0; j < len; j++) {
+            if (y < 0 || m->nodes[y].pos != k[n++]) return false;
+            if (j + 1 < len) y = m->nodes[y].parent;
+        }
+        if (k[n++] && m->nodes[y].parent >= 0) return false; // the walk popped past the bottom
+    }
+    return true;
 }
 
 struct gm_frame {
@@ -1347,8 +1405,6 @@ ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_
                             int32_t *n_allowed) {
     const uint32_t words = ((uint32_t)gv->n_vocab + 31) / 32;
     *n_allowed = 0;
-    uint64_t hash = 0;
-    uint32_t klen = gm__key(m, &m->cur, &hash);
     if (m->words != words) { // another vocabulary: drop the cache
         for (int i = 0; i < GM__CACHE; i++) {
             free(m->cache[i].key);
@@ -1358,22 +1414,31 @@ ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_
         m->words = words;
     }
     m->clock++;
-    if (klen) {
-        for (int i = 0; i < GM__CACHE; i++) {
-            gm_cache_ent *c = &m->cache[i];
-            if (c->bits && c->hash == hash && c->key_len == klen &&
-                !memcmp(c->key, m->keybuf, klen * sizeof *c->key)) {
-                memcpy(bits, c->bits, words * sizeof *bits);
-                *n_allowed = c->n_allowed;
-                c->used = m->clock;
-                return KS_OK;
-            }
+    uint32_t max_top_depth = 0;
+    for (uint32_t i = 0; i < m->cur.n; i++) {
+        uint32_t d = m->nodes[m->tops[m->cur.off + i]].depth;
+        if (d > max_top_depth) max_top_depth = d;
+    }
+    for (int i = 0; i < GM__CACHE; i++) {
+        gm_cache_ent *c = &m->cache[i];
+        if (c->bits && max_top_depth + c->growth <= GRAMMAR_MAX_DEPTH &&
+            gm__key_match(m, &m->cur, c->key)) {
+            memcpy(bits, c->bits, words * sizeof *bits);
+            *n_allowed = c->n_allowed;
+            c->used = m->clock;
+            return KS_OK;
         }
     }
     if (!gm__grow((void **)&m->frames, &m->cap_frames, gv->max_len + 2, sizeof *m->frames))
         return KS_ERR_NOMEM;
     memset(bits, 0, words * sizeof *bits);
     const uint32_t base_nodes = m->n_nodes, base_tops = m->n_tops;
+    if (!gm__grow((void **)&m->touched, &m->cap_touched, base_nodes + 1, 1)) return KS_ERR_NOMEM;
+    memset(m->touched, 0, base_nodes);
+    m->walking = true;
+    m->walk_base = base_nodes;
+    m->touched_bottom = m->walk_hit_depth = false;
+    m->walk_max_depth = 0;
     struct gm_frame *fr = m->frames;
     uint32_t sp = 0, visits = 0;
     int32_t count = 0;
@@ -1401,12 +1466,15 @@ ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_
     }
     m->n_nodes = base_nodes;
     m->n_tops = base_tops;
+    m->walking = false;
     *n_allowed = count;
-    if (klen && visits >= GM__CACHE_MIN_VISITS) {
+    uint32_t min_depth = 0, klen = 0;
+    if (visits >= GM__CACHE_MIN_VISITS && !m->walk_hit_depth)
+        klen = gm__key_build(m, &m->cur, &min_depth);
+    if (klen) {
         int v = 0; // the empty or least recently used entry
         for (int i = 1; i < GM__CACHE; i++)
-            if (!m->cache[v].bits ? false
-                                  : (!m->cache[i].bits || m->cache[i].used < m->cache[v].used))
+            if (m->cache[v].bits && (!m->cache[i].bits || m->cache[i].used < m->cache[v].used))
                 v = i;
         gm_cache_ent *c = &m->cache[v];
         uint32_t *key = malloc(klen * sizeof *key);
@@ -1415,7 +1483,8 @@ ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_
             free(c->key);
             memcpy(key, m->keybuf, klen * sizeof *key);
             memcpy(cb, bits, words * sizeof *cb);
-            *c = (gm_cache_ent){hash, key, klen, cb, count, m->clock};
+            uint32_t growth = m->walk_max_depth > min_depth ? m->walk_max_depth - min_depth : 0;
+            *c = (gm_cache_ent){key, klen, cb, count, m->clock, growth};
         } else {
             free(key);
             if (cb != c->bits) free(cb);

@@ -578,6 +578,56 @@ static void check_mask(const tok_vocab *v, const grammar_vocab *gv, const char *
     grammar_unref(g);
 }
 
+/* One matcher fed chunk after chunk, its mask after each checked against
+ * brute force on the whole prefix so far: masks cached in one context
+ * (a string inside the outer object) and reused in another (a string
+ * nested deeper) must still be exact. */
+static void check_mask_seq(const tok_vocab *v, const grammar_vocab *gv, const char *gb,
+                           const char *const *chunks, int n_chunks) {
+    grammar *g = gparse(gb);
+    ks_errbuf eb;
+    grammar_matcher *m = NULL;
+    CHECK_EQ(grammar_matcher_create(g, &m, &eb), KS_OK);
+    int32_t V = tok_n_vocab(v);
+    uint32_t *bits = calloc(((size_t)V + 31) / 32, sizeof *bits);
+    char prefix[1024] = "", piece[1024], text[2048];
+    for (int c = 0; c < n_chunks; c++) {
+        CHECK(grammar_matcher_accept(m, chunks[c], strlen(chunks[c])));
+        strcat(prefix, chunks[c]);
+        int32_t n_allowed = -1;
+        double t0 = now_s();
+        CHECK_EQ(grammar_matcher_mask(m, gv, bits, &n_allowed), KS_OK);
+        double t1 = now_s();
+        int32_t count = 0;
+        for (int32_t id = 0; id < V; id++) {
+            size_t n = tok_piece(v, id, false, piece, sizeof piece);
+            bool want = false;
+            if (n > 0 && n < sizeof piece && !tok_is_eog(v, id)) {
+                grammar_matcher *b = NULL;
+                CHECK_EQ(grammar_matcher_create(g, &b, &eb), KS_OK);
+                size_t lp = strlen(prefix);
+                memcpy(text, prefix, lp);
+                memcpy(text + lp, piece, n);
+                want = grammar_matcher_accept(b, text, lp + n);
+                grammar_matcher_destroy(b);
+            }
+            bool got = (bits[id >> 5] >> (id & 31)) & 1u;
+            if (got != want)
+                fprintf(stderr,
+                        "mask mismatch: id %d piece '%.*s' mask %d brute %d (prefix '%s')\n", id,
+                        (int)n, piece, got, want, prefix);
+            CHECK_EQ(got, want);
+            count += want;
+        }
+        CHECK_EQ(count, n_allowed);
+        printf("  mask sequence after '%s': %d allowed, %.2f ms\n", prefix, n_allowed,
+               (t1 - t0) * 1e3);
+    }
+    free(bits);
+    grammar_matcher_destroy(m);
+    grammar_unref(g);
+}
+
 static void test_masks(const char *path) {
     tok_vocab *v = load_vocab(path);
     if (!v) {
@@ -605,6 +655,22 @@ static void test_masks(const char *path) {
     check_mask(v, gv, json, "{\"name\": \"Jo");   // inside a free string: most tokens
     check_mask(v, gv, json, "{\"name\": \"\xc3"); // inside a character
     check_mask(v, gv, json, "{\"name\":\"x\",\"n\":1");
+    {
+        json_t *s = json_loads("{\"type\":\"object\"}", 0, NULL);
+        char *t = NULL;
+        CHECK_EQ(grammar_schema_gbnf(s, "", &t, &eb), KS_OK);
+        json_decref(s);
+        static const char *const chunks[] = {
+            "{\"a\": \"x",              // a string in the outer object: walked, cached
+            "y\", \"b\": [{\"c\": \"z", // a string two levels deeper: the same entry
+            "\"}, 1",                   // in the array, after an element
+            ", {\"d\": 2",              // a number in a nested object
+            "}], \"e\": 3",             // a number in the outer object
+            ", \"f\": \"",              // a string in the outer object again
+        };
+        check_mask_seq(v, gv, t, chunks, 6);
+        free(t);
+    }
     check_mask(v, gv, "root ::= [^a-z]* \"a\"", "");
     check_mask(v, gv, "root ::= \"\\u00e9t\\u00e9\" | [\\u4e00-\\u9fff]+", "");
     check_mask(v, gv, "root ::= (\" \" [a-z]+)+ \".\"", " the");
