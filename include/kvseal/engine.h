@@ -16,6 +16,7 @@
 #define KS_ENGINE_H
 
 #include "kvseal/base.h"
+#include "kvseal/grammar.h"
 #include "kvseal/kv.h"
 #include "kvseal/model.h"
 #include "kvseal/sample.h"
@@ -102,6 +103,14 @@ typedef struct engine_params {
     const char *const *stops;    /* (n_stops) stop strings; copied */
     int n_stops;
     bool ignore_eos;
+    grammar *grammar;            /* constrained decoding (NULL: none); borrowed, the
+                                    request takes its own reference. Each step, tokens
+                                    the grammar cannot accept get -inf before sampling
+                                    (so temperature, top-p etc. act on the allowed set
+                                    and logprobs are those of that set); EOG only when
+                                    the grammar is complete (even with ignore_eos);
+                                    generation stops (FINISH_STOP) once nothing more
+                                    can follow */
 } engine_params;
 
 typedef struct engine_req engine_req;

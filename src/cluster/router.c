@@ -945,6 +945,12 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     char why[256];
     if (!err && !cl_sampling_to_msg(&p->sp, max_tokens, p->ignore_eos, &ws, why, sizeof why))
         err = admit_refuse(eb, ADMIT_INVALID, "%s", why);
+    // TODO(#12): carry the grammar to the decode worker (and the prefill
+    // worker's first token) in the pd request message
+    if (!err && p->grammar)
+        err = admit_refuse(eb, ADMIT_UNSUPPORTED_PARAMETER,
+                           "structured output (response_format, grammar) is not supported in "
+                           "cluster mode yet: the grammar is not carried to the workers");
     if (!err && !atomic_load(&r->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
     if (!err && (!atomic_load(&r->n_decode) || !atomic_load(&r->n_prefill)))
         err = admit_refuse(eb, ADMIT_NO_WORKER, "no %s worker is registered with the router",

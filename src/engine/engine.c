@@ -26,6 +26,7 @@
 #include "kvseal/admit.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +79,8 @@ struct engine_req {
     bool has_seq;      // seq holds pages the engine must release
     kv_seq *ext;       // adopted requests: the caller's sequence (borrowed, never released)
     sampler *smp;
+    grammar_matcher *gm; // NULL: unconstrained
+    uint32_t *gmask;     // ((V + 31) / 32) allowed tokens this step
     int32_t n_past;    // prompt tokens computed (or attached from the cache)
     int32_t n_cached;  // prompt tokens attached from the prefix cache
     int32_t n_gen;
@@ -126,6 +129,10 @@ struct engine {
     ks_err *b_err;         // (max_running)
     char *piece;           // (piece_cap) detokenizer output
     size_t piece_cap;
+    grammar_vocab *gvocab; // token trie, built at the first constrained request
+    int32_t *eog;          // (n_eog) end-of-generation ids, with gvocab
+    float *eog_v;          // (n_eog) their logits, saved across the mask
+    int n_eog;
     // isolation violations reported by kv during a pass (any thread)
     pthread_mutex_t vmu;
     engine__violation viol[16];
@@ -197,6 +204,8 @@ ks_err engine_req_next(engine_req *r, engine_event *ev, uint32_t timeout_ms) {
 static void engine__req_free(engine_req *r) {
     KS_ASSERT(!r->has_seq);  // pages are released by the scheduler, exactly once
     sampler_destroy(r->smp);
+    grammar_matcher_destroy(r->gm);
+    free(r->gmask);
     engine_stream_destroy(r->out);
     free(r->prompt);
     free(r);
@@ -272,6 +281,15 @@ void engine_domain_root(const engine_params *p, uint8_t root[KV_ROOT_BYTES]) {
     kv_prefix_root(domain, strlen(domain), root);
 }
 
+/* The request's matcher and mask buffer (HTTP thread; the trie is the
+ * scheduler's, built at the first step that needs it). */
+static ks_err engine__grammar_init(engine *e, engine_req *r, grammar *g, ks_errbuf *eb) {
+    ks_err err = grammar_matcher_create(g, &r->gm, eb);
+    if (err) return err;
+    r->gmask = malloc(((size_t)e->V + 31) / 32 * sizeof *r->gmask);
+    return r->gmask ? KS_OK : ks_seterr(eb, KS_ERR_NOMEM, "request");
+}
+
 ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_errbuf *eb) {
     *out = NULL;
     admit_limits lim = {.n_ctx = e->o.n_ctx,
@@ -299,7 +317,8 @@ ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_err
     ks_err ce = KS_OK;
     if (r->prompt) memcpy(r->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
     if (!r->prompt || (ce = sampler_create(&p->sp, e->V, &r->smp, eb)) ||
-        (ce = engine_stream_create(p->stops, p->n_stops, &r->out, eb))) {
+        (ce = engine_stream_create(p->stops, p->n_stops, &r->out, eb)) ||
+        (p->grammar && (ce = engine__grammar_init(e, r, p->grammar, eb)))) {
         engine__req_free(r);
         return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
     }
@@ -452,7 +471,7 @@ static void engine__admit(engine *e) {
  * Returns true if r finished. */
 static bool engine__take(engine *e, engine_req *r, const sample_result *sr) {
     if (!r->t_first) r->t_first = ks_now_ns();
-    if (!r->ignore_eos && tok_is_eog(e->vocab, sr->token)) {
+    if ((!r->ignore_eos || r->gm) && tok_is_eog(e->vocab, sr->token)) {
         engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
         return true;
     }
@@ -476,11 +495,125 @@ static bool engine__take(engine *e, engine_req *r, const sample_result *sr) {
     return false;
 }
 
-/* Samples the next token of r from its logits row, then engine__take. */
+/* The scheduler's token trie and EOG list, built at the first constrained
+ * step. False (r finished with an error) on out-of-memory. */
+static bool engine__grammar_vocab(engine *e, engine_req *r) {
+    if (e->gvocab) return true;
+    ks_errbuf eb;
+    ks_errbuf_clear(&eb);
+    e->eog = malloc((size_t)e->V * sizeof *e->eog);
+    e->eog_v = malloc((size_t)e->V * sizeof *e->eog_v);
+    if (!e->eog || !e->eog_v || grammar_vocab_create(e->vocab, &e->gvocab, &eb) != KS_OK) {
+        free(e->eog);
+        free(e->eog_v);
+        e->eog = NULL;
+        e->eog_v = NULL;
+        engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_NOMEM,
+                       "out of memory for the grammar's token trie");
+        return false;
+    }
+    e->n_eog = 0;
+    for (int32_t i = 0; i < e->V; i++)
+        if (tok_is_eog(e->vocab, i)) e->eog[e->n_eog++] = i;
+    return true;
+}
+
+/* Masks what r's grammar cannot accept next: -inf for those tokens (EOG
+ * ids are never in the trie: the caller restores them when the grammar is
+ * complete). Returns false when r finished instead (nothing can follow:
+ * STOP; no token can continue: an error). */
+static bool engine__constrain(engine *e, engine_req *r, float *logits, bool complete) {
+    int32_t n_allowed = 0;
+    if (grammar_matcher_mask(r->gm, e->gvocab, r->gmask, &n_allowed) != KS_OK) {
+        engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_NOMEM, "out of memory");
+        return false;
+    }
+    if (n_allowed == 0) {
+        if (complete) engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
+        else
+            engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_INVAL,
+                           "grammar: no token of the vocabulary can continue the output");
+        return false;
+    }
+    for (int32_t w = 0; w < (e->V + 31) / 32; w++) {
+        uint32_t m = r->gmask[w];
+        if (m == UINT32_MAX) continue;
+        int32_t i1 = (w + 1) * 32 < e->V ? (w + 1) * 32 : e->V;
+        for (int32_t i = w * 32; i < i1; i++)
+            if (!(m >> (i & 31) & 1u)) logits[i] = -INFINITY;
+    }
+    return true;
+}
+
+static bool engine__sample_masked(engine *e, engine_req *r, float *logits_row, bool complete,
+                                  sample_result *out);
+
+/* Samples the next token of r from its logits row, then engine__take. With
+ * a grammar: masks first, advances the matcher by the chosen token, and
+ * ends the request once the grammar can accept nothing more. */
 static bool engine__emit(engine *e, engine_req *r, float *logits_row) {
     sample_result sr;
-    sampler_sample(r->smp, logits_row, &sr);  // penalizes this step's row in place
-    return engine__take(e, r, &sr);
+    if (!r->gm) {
+        sampler_sample(r->smp, logits_row, &sr);  // penalizes this step's row in place
+        return engine__take(e, r, &sr);
+    }
+    if (!engine__grammar_vocab(e, r)) return true;
+    const bool complete = grammar_matcher_complete(r->gm);
+    const sample_params *sp = &r->sp;
+    bool accepted = false;
+    if (sp->temperature <= 0.0f && !sp->logprobs && sp->n_probs == 0 &&
+        (sp->repeat_last_n == 0 || (sp->repeat_penalty == 1.0f && sp->frequency_penalty == 0.0f &&
+                                    sp->presence_penalty == 0.0f))) {
+        // Greedy without penalties or logprobs: the argmax of the full row,
+        // when the grammar accepts it, is the argmax of the masked row too
+        // (masking only lowers the others; ties still go to the lowest id),
+        // and greedy draws nothing from the PRNG and leaves the row as it
+        // was; so try it first and build the mask only when it is refused.
+        sampler_sample(r->smp, logits_row, &sr);
+        accepted = tok_is_eog(e->vocab, sr.token)
+                       ? complete
+                       : grammar_matcher_accept_token(r->gm, e->gvocab, sr.token);
+    }
+    if (!accepted) {
+        if (!engine__sample_masked(e, r, logits_row, complete, &sr)) return true;
+    }
+    if (engine__take(e, r, &sr)) return true;
+    if (grammar_matcher_done(r->gm)) {
+        engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
+        return true;
+    }
+    return false;
+}
+
+/* The masked draw of engine__emit: mask, sample, advance the matcher.
+ * False when r finished instead. */
+static bool engine__sample_masked(engine *e, engine_req *r, float *logits_row, bool complete,
+                                  sample_result *out) {
+    sample_result sr;
+    if (complete)
+        for (int k = 0; k < e->n_eog; k++) e->eog_v[k] = logits_row[e->eog[k]];
+    if (!engine__constrain(e, r, logits_row, complete)) return false;
+    if (complete)
+        for (int k = 0; k < e->n_eog; k++) logits_row[e->eog[k]] = e->eog_v[k];
+    sampler_sample(r->smp, logits_row, &sr);
+    bool eog = tok_is_eog(e->vocab, sr.token);
+    bool ok = eog ? complete : (r->gmask[sr.token >> 5] >> (sr.token & 31) & 1u);
+    if (!ok) {
+        // only when no allowed logit beats the masked ones (a row of NaN):
+        // the lowest allowed id, as greedy ties go
+        int32_t pick = -1;
+        for (int32_t i = 0; i < e->V && pick < 0; i++)
+            if (r->gmask[i >> 5] >> (i & 31) & 1u) pick = i;
+        sr.token = pick;
+        eog = false;
+    }
+    if (!eog && !grammar_matcher_accept_token(r->gm, e->gvocab, sr.token)) {
+        engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_INTERNAL,
+                       "grammar: the chosen token was not accepted");
+        return false;
+    }
+    *out = sr;
+    return true;
 }
 
 #ifdef KS_TEST_FAULTS
@@ -755,6 +888,9 @@ static void engine__free(engine *e) {
     kv_pool_destroy(e->pool);
     free(e->running);
     free(e->logits);
+    grammar_vocab_destroy(e->gvocab);
+    free(e->eog);
+    free(e->eog_v);
     free(e->b_tok);
     free(e->b_seqs);
     free(e->b_err);

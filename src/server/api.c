@@ -434,7 +434,7 @@ static bool api__sampling(srv_request *r, json_t *root, srv_error *err) {
 /* The fields each generation route implements (README "Routes"); every
  * other field is refused by name rather than silently ignored, so a client
  * never gets an answer that quietly differs from what it asked for (echo,
- * suffix, best_of, logit_bias, response_format, tools, grammar, ...).
+ * suffix, best_of, logit_bias, tools, ...).
  * Accepted without an effect on the output, each for a reason: "user"
  * (OpenAI's end-user id for abuse monitoring; kvseal neither uses nor logs
  * it), "n" (validated: only 1), "stream_options" (include_usage is
@@ -459,12 +459,12 @@ static const char *const api__fields_common[] = {
     NULL,
 };
 static const char *const api__fields_completions[] = {
-    "model",   "prompt", "max_completion_tokens", "n", "user", "stream_options", "logprobs",
-    "n_probs", NULL,
+    "model",   "prompt",          "max_completion_tokens", "n",  "user", "stream_options", "logprobs",
+    "n_probs", "response_format", "grammar",               NULL,
 };
 static const char *const api__fields_chat[] = {
     "model",        "messages", "max_completion_tokens", "n",  "user", "stream_options", "logprobs",
-    "top_logprobs", "tools",    "chat_template_kwargs",  NULL,
+    "top_logprobs", "tools",    "chat_template_kwargs",  "response_format", "grammar", NULL,
 };
 static const char *const api__fields_workers[] = {"prompt", "messages", NULL};
 
@@ -647,6 +647,8 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
     }
     r->sp.logprobs = r->logprobs;
     r->sp.n_probs = r->top_logprobs;
+    // last: compiling a grammar is the most work, and other mistakes say more
+    if (route != SRV_ROUTE_WORKERS && !srv_request_format(r, root, err)) goto fail;
     return true;
 fail:
     srv_request_free(r);
@@ -660,6 +662,7 @@ void srv_request_free(srv_request *r) {
     free(r->owned);
     free(r->msgs);
     if (r->tmpl_msgs) json_decref(r->tmpl_msgs);
+    grammar_unref(r->grammar);
     if (r->root) json_decref(r->root);
     memset(r, 0, sizeof *r);
 }

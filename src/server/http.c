@@ -963,11 +963,14 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     p.stops = rq.stops;
     p.n_stops = rq.n_stops;
     p.ignore_eos = rq.ignore_eos;
+    p.grammar = rq.grammar;
     g->t_submit_ns = ks_now_ns();
     ks_err e = s->b.submit(s->b.impl, &p, &g->req, &eb);
     if (e) {
         g->req = NULL;
         srv__submit_error(e, &eb, route, &err);
+        if (err.reason == ADMIT_UNSUPPORTED_PARAMETER && rq.grammar_param)
+            snprintf(err.param, sizeof err.param, "%s", rq.grammar_param);
         srv__refused_long(s, g, &err, cut, held_charge);
         goto fail;
     }

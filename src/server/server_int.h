@@ -125,6 +125,8 @@ typedef struct srv_request {
     bool logprobs;    /* report logprobs */
     int top_logprobs; /* alternatives per token, 0..SAMPLE_MAX_TOP */
     bool ignore_eos;
+    grammar *grammar;          /* response_format / grammar compiled (NULL: none); owned */
+    const char *grammar_param; /* the field it came from ("response_format", "grammar") */
 } srv_request;
 
 /* Parses and validates a request body for route (CHAT, COMPLETIONS or
@@ -134,6 +136,11 @@ typedef struct srv_request {
  * and returns false with *r empty. Pure; thread-safe. */
 bool srv_request_parse(srv_route route, const char *body, size_t len, srv_request *r /* OUT */,
                        srv_error *err /* OUT */);
+/* Compiles the request's structured-output fields (response_format,
+ * grammar) of root into r->grammar (api_format.c). False with *err filled
+ * (400 naming the parameter: malformed, unsupported keyword, too large;
+ * 503 out of memory). Pure; thread-safe. */
+bool srv_request_format(srv_request *r, json_t *root, srv_error *err /* OUT */);
 /* Frees what srv_request_parse allocated; accepts a zeroed request. */
 void srv_request_free(srv_request *r);
 

@@ -20,6 +20,14 @@ code=$(curl -sS -o "$TMPD/pen" -w '%{http_code}' "$KS_URL/v1/completions" -H 'Co
     -d '{"model":"kjv-mini","prompt":"In the","max_tokens":4,"frequency_penalty":0.5}')
 expect_eq "penalty status" "$code" 400
 expect_has "penalty message" "$(cat "$TMPD/pen")" "not supported in disaggregated serving"
+# so cannot a grammar (issue 12: not carried to the workers yet): 400 naming the field
+for f in '"grammar":"root ::= \"a\""' '"response_format":{"type":"json_object"}'; do
+    code=$(curl -sS -o "$TMPD/gr" -w '%{http_code}' "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"model\":\"kjv-mini\",\"prompt\":\"In the\",\"max_tokens\":4,$f}")
+    expect_eq "cluster $f status" "$code" 400
+    expect_has "cluster $f message" "$(cat "$TMPD/gr")" "not supported in cluster mode"
+    expect_has "cluster $f param" "$(cat "$TMPD/gr")" "\"param\":\"${f:1:7}"
+done
 stop_cluster
 KS_PID=$SERVE_PID stop_server
 echo "PASS"

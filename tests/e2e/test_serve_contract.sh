@@ -108,7 +108,7 @@ raw "plain request still fine" 200 "" \
 # (never silently ignored), the same way on every route; `model` is required
 # on the OpenAI routes as in OpenAI, and comes from the URL on Workers AI
 MSG='"messages":[{"role":"user","content":"In the beginning"}]'
-for field in echo suffix best_of logit_bias response_format tools tool_choice grammar; do
+for field in echo suffix best_of logit_bias tools tool_choice; do
     req "completions $field" 400 "${A[@]}" "$U/v1/completions" \
         -d "{\"model\":\"kjv\",\"prompt\":\"In\",\"max_tokens\":2,\"$field\":1}"
     expect_has "completions $field" "$BODY" "\"param\":\"$field\",\"code\":\"unsupported_parameter\""
@@ -118,6 +118,11 @@ for field in echo suffix best_of logit_bias response_format tools tool_choice gr
     req "chat $field" 400 "${A[@]}" "$U/v1/chat/completions" \
         -d "{\"model\":\"kjv\",$MSG,\"max_tokens\":2,\"$field\":$field_body}"
     expect_has "chat $field" "$BODY" "\"param\":\"$field\",\"code\":\"unsupported_parameter\""
+    req "workers $field" 400 "${A[@]}" "$U/accounts/a/ai/run/kjv" \
+        -d "{\"prompt\":\"In\",\"max_tokens\":2,\"$field\":null}"
+    expect_has "workers $field" "$BODY" "'$field' is not supported"
+done
+for field in response_format grammar; do # issue 12: chat and completions only
     req "workers $field" 400 "${A[@]}" "$U/accounts/a/ai/run/kjv" \
         -d "{\"prompt\":\"In\",\"max_tokens\":2,\"$field\":null}"
     expect_has "workers $field" "$BODY" "'$field' is not supported"

@@ -183,9 +183,9 @@ static void test_request_invalid(void) {
     // issue 8: every field kvseal does not implement is refused by name, on
     // every route, rather than ignored
     static const char *const unsupported[] = {
-        "echo",        "suffix",  "best_of",   "logit_bias",          "response_format",
-        "tool_choice", "grammar", "functions", "parallel_tool_calls", "json_schema",
-        "raw",         "lora",    "tenant",    "unknown_field",
+        "echo",        "suffix", "best_of",   "logit_bias",          "tool_choice",
+        "functions",   "raw",    "json_schema", "parallel_tool_calls", "lora",
+        "tenant",      "unknown_field",
     };
     // issue 12: chat takes tools and chat_template_kwargs (tests/e2e/
     // test_chat_template.sh); the other routes still refuse them by name
@@ -209,6 +209,59 @@ static void test_request_invalid(void) {
             unsupported[i]);
         expect_invalid(H, body, unsupported[i], "unsupported_parameter", unsupported[i]);
     }
+    // issue 12: structured output on chat and completions (compiled at parse
+    // time; bad schemas and grammars name their parameter), not on Workers AI
+    for (int k = 0; k < 2; k++) {
+        const char *f = k ? "response_format" : "grammar";
+        char body[256];
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"%s\":true}", f);
+        expect_invalid(W, body, f, "unsupported_parameter", "Unsupported parameter");
+    }
+    {
+        srv_request r = parse_ok(C, "{\"model\":\"m\",\"prompt\":\"x\",\"grammar\":\"root ::= [a-z]+\"}");
+        CHECK(r.grammar);
+        CHECK_STR_EQ(r.grammar_param, "grammar");
+        srv_request_free(&r);
+        r = parse_ok(H, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                        "\"response_format\":{\"type\":\"json_object\"}}");
+        CHECK(r.grammar);
+        CHECK_STR_EQ(r.grammar_param, "response_format");
+        srv_request_free(&r);
+        r = parse_ok(C, "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"text\"},"
+                        "\"grammar\":null}");
+        CHECK(!r.grammar);
+        srv_request_free(&r);
+        r = parse_ok(H, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                        "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+                        "\"strict\":true,\"schema\":{\"type\":\"object\",\"properties\":{\"a\":"
+                        "{\"type\":\"integer\"}},\"required\":[\"a\"]}}}}");
+        CHECK(r.grammar);
+        srv_request_free(&r);
+    }
+    expect_invalid(C, "{\"model\":\"m\",\"prompt\":\"x\",\"grammar\":1}", "grammar", NULL,
+                   "must be a string");
+    expect_invalid(C, "{\"model\":\"m\",\"prompt\":\"x\",\"grammar\":\"root ::= (\"}", "grammar",
+                   NULL, "line 1, column 11");
+    expect_invalid(C, "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":1}",
+                   "response_format", NULL, "must be an object");
+    expect_invalid(C, "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"yaml\"}}",
+                   "response_format.type", NULL, "yaml");
+    expect_invalid(C,
+                   "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\","
+                   "\"schema\":{}}}",
+                   "response_format.schema", "unsupported_parameter", "not supported");
+    expect_invalid(C,
+                   "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
+                   "\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}}",
+                   "response_format.json_schema.schema", "unsupported_parameter", "'pattern'");
+    expect_invalid(C,
+                   "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
+                   "\"json_schema\":{\"schema\":{}}}}",
+                   "response_format.json_schema.name", "missing_required_parameter", "name");
+    expect_invalid(C,
+                   "{\"model\":\"m\",\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\\\"\","
+                   "\"response_format\":{\"type\":\"json_object\"}}",
+                   "grammar", NULL, "cannot be combined");
     // route-specific: what one route implements another refuses
     expect_invalid(C, "{\"model\":\"m\",\"prompt\":\"x\",\"top_logprobs\":1}", "top_logprobs",
                    "unsupported_parameter", "top_logprobs");
