@@ -11,6 +11,7 @@
 #include "kvseal/engine.h"
 #include "kvseal/sample.h"
 #include "kvseal/server.h"
+#include "toolcall.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -122,6 +123,7 @@ typedef struct srv_request {
     bool logprobs;    /* report logprobs */
     int top_logprobs; /* alternatives per token, 0..SAMPLE_MAX_TOP */
     bool ignore_eos;
+    toolcall_req tools; /* chat: tools, tool_choice, parallel_tool_calls (toolcall.h) */
 } srv_request;
 
 /* Parses and validates a request body for route (CHAT, COMPLETIONS or
