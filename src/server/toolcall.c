@@ -963,14 +963,22 @@ static void tc__run(toolcall_parser *p, bool final) {
     }
 }
 
-static void tc__delta(toolcall_parser *p, toolcall_delta *d) {
+/* The delta since the previous one. Content that is only whitespace so far
+ * is held back while calls may come: beside calls it is no content at all
+ * (the answer's content is null), so a stream never sends it. */
+static void tc__delta(toolcall_parser *p, toolcall_delta *d, bool final) {
     d->content = p->content.p ? p->content.p + p->content_mark : "";
     d->content_len = p->content.len - p->content_mark;
+    if (p->cfg.format != TOOLCALL_NONE && !p->content_nonws && (!final || p->n_calls)) {
+        d->content_len = 0;
+        if (final) p->content_mark = p->content.len; // never sent: null beside the calls
+    } else {
+        p->content_mark = p->content.len;
+    }
     d->reasoning = p->reasoning.p ? p->reasoning.p + p->reasoning_mark : "";
     d->reasoning_len = p->reasoning.len - p->reasoning_mark;
     d->first_call = p->calls_mark;
     d->n_calls = p->n_calls - p->calls_mark;
-    p->content_mark = p->content.len;
     p->reasoning_mark = p->reasoning.len;
     p->calls_mark = p->n_calls;
 }
@@ -983,7 +991,7 @@ ks_err toolcall_parser_push(toolcall_parser *p, const char *text, size_t len, to
     if (len && !srv_buf_add(&p->pend, text, len)) return p->oom = true, KS_ERR_NOMEM;
     tc__run(p, false);
     if (p->oom) return KS_ERR_NOMEM;
-    tc__delta(p, d);
+    tc__delta(p, d, false);
     return KS_OK;
 }
 
@@ -995,7 +1003,7 @@ ks_err toolcall_parser_finish(toolcall_parser *p, toolcall_delta *d) {
     p->finished = true;
     tc__run(p, true);
     if (p->oom) return KS_ERR_NOMEM;
-    tc__delta(p, d);
+    tc__delta(p, d, true);
     return KS_OK;
 }
 

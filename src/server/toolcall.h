@@ -108,7 +108,9 @@ typedef struct toolcall_call {
 typedef struct toolcall_parser toolcall_parser;
 
 /* New text since the previous push: pointers valid until the next call on
- * the parser. */
+ * the parser. Content that is only whitespace so far is held back while a
+ * call may still come, and never sent when calls came (the answer's
+ * content is then null); otherwise the deltas add up to the content. */
 typedef struct toolcall_delta {
     const char *content; /* (content_len) */
     size_t content_len;
