@@ -36,11 +36,17 @@ typedef struct server_opts {
                                    answer, or 408 and close (10; 0: no limit) */
     const char *chat_template_file; /* Jinja chat template overriding the model's
                                        tokenizer.chat_template; NULL: the model's */
+    int tool_call_format;       /* chat tool calls: -1 the chat template's format (default),
+                                   else a toolcall_format (src/server/toolcall.h; 0: none) */
+    int reasoning_format;       /* -1 deepseek when the template has think markers (default),
+                                   0 none (reasoning stays in content), 1 deepseek (split into
+                                   reasoning_content; <think></think> when the template has none) */
 } server_opts;
 
 /* Fills defaults (host 127.0.0.1, port 8080, 1 MiB bodies, 4096
- * connections, 256 per address, 120 s idle timeout, 10 s request timeout;
- * everything else zero/NULL). Can't fail. */
+ * connections, 256 per address, 120 s idle timeout, 10 s request timeout,
+ * tool-call and reasoning formats from the template (-1); everything else
+ * zero/NULL). Can't fail. */
 void server_opts_default(server_opts *o);
 
 /* What the HTTP front runs requests on: the local engine (`kvseal serve`) or
@@ -74,6 +80,15 @@ typedef struct server_backend {
     void (*get_stats)(void *impl, engine_stats *out /* OUT */);                 /* engine_get_stats */
     ks_err (*check_quiescent)(void *impl, uint32_t timeout_ms, ks_errbuf *eb);  /* engine_check_quiescent */
 } server_backend;
+
+/* Parses --tool-call-format's value into server_opts.tool_call_format:
+ * "auto" (-1), "none" (0) or a format name (hermes, qwen3_coder, llama3,
+ * mistral, glm45, deepseek, dsml, kimi_k2, and aliases); false when unknown.
+ * Can't fail otherwise. */
+bool server_tool_call_format_parse(const char *name, int *out /* OUT */);
+/* The format names server_tool_call_format_parse takes, comma-separated;
+ * static storage. */
+const char *server_tool_call_format_names(void);
 
 /* The backend that runs requests on engine e (borrowed). Can't fail. */
 void server_engine_backend(engine *e, server_backend *out /* OUT */);

@@ -37,6 +37,10 @@ void serve__usage(const char *cmd) {
         "         [--security-log FILE] [--idle-timeout SECONDS (120)] [--drain-timeout-ms 30000]\n"
         "         [--request-timeout SECONDS (10)] [--max-connections 4096]\n"
         "         [--max-connections-per-ip 256 (0: no limit)] [--chat-template-file FILE]\n"
+        "         [--tool-call-format auto|none|NAME] [--reasoning-format auto|none|deepseek]\n"
+        "  --tool-call-format: how the model writes tool calls (auto: from the chat template;\n"
+        "  NAME: %s). --reasoning-format deepseek splits the text between think markers into\n"
+        "  reasoning_content (auto: when the template has them; none: it stays content).\n"
         "  --ctx defaults to the model's training context. Without --kv-pages/--kv-memory the\n"
         "  pool takes at most 25%% of MemAvailable, between 1x and 8x the context.\n"
         "  --kv-type: the KV cache element type (f16 and q8_0 hold 2x and ~3.8x the tokens of\n"
@@ -70,7 +74,7 @@ void serve__usage(const char *cmd) {
         "  the secret, and encrypted. --insecure-plaintext (on every node) turns that off for a\n"
         "  trusted fabric: KV pages then cross the network in the clear and the handshake can be\n"
         "  relayed by anyone on the path.\n",
-        cmd);
+        cmd, server_tool_call_format_names());
 }
 
 /* "512M", "4G", "1048576" -> bytes (binary suffixes). */
@@ -134,6 +138,8 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
     c->kv_type = d.kv_type;
     c->health_interval_ms = 1000;
     c->drain_timeout_ms = 30000;
+    c->tool_call_format = so.tool_call_format;
+    c->reasoning_format = so.reasoning_format;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define INTOPT(name, field, lo, hi)                                                                \
@@ -181,6 +187,27 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
                 c->scrub = KV_SCRUB_POISON;
             else {
                 fprintf(stderr, "kvseal: --scrub expects zero or poison, got '%s'\n", s);
+                return 2;
+            }
+        }
+        else if (!strcmp(a, "--tool-call-format") && v) {
+            if (!server_tool_call_format_parse(argv[++i], &c->tool_call_format)) {
+                fprintf(stderr, "kvseal: --tool-call-format expects one of %s, got '%s'\n",
+                        server_tool_call_format_names(), argv[i]);
+                return 2;
+            }
+        }
+        else if (!strcmp(a, "--reasoning-format") && v) {
+            const char *r = argv[++i];
+            if (!strcmp(r, "auto"))
+                c->reasoning_format = -1;
+            else if (!strcmp(r, "none"))
+                c->reasoning_format = 0;
+            else if (!strcmp(r, "deepseek"))
+                c->reasoning_format = 1;
+            else {
+                fprintf(stderr,
+                        "kvseal: --reasoning-format expects auto, none or deepseek, got '%s'\n", r);
                 return 2;
             }
         }
@@ -305,6 +332,8 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     so.request_timeout_s = (unsigned)c->request_timeout;
     so.max_connections = (unsigned)c->max_conns;
     so.max_connections_per_ip = (unsigned)c->max_conns_per_ip;
+    so.tool_call_format = c->tool_call_format;
+    so.reasoning_format = c->reasoning_format;
     // room for every connection: raise the soft descriptor limit toward the hard one
     struct rlimit rl;
     rlim_t want = (rlim_t)so.max_connections + 256;

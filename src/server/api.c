@@ -466,6 +466,9 @@ static const char *const api__fields_chat[] = {
     "model",        "messages", "max_completion_tokens", "n",  "user", "stream_options", "logprobs",
     "top_logprobs", "tools",    "chat_template_kwargs",  "response_format", "grammar", NULL,
 };
+/* Chat's tool fields, validated by toolcall_req_parse (toolcall.c). */
+static const char *const api__fields_tools[] = {"tools", "tool_choice", "parallel_tool_calls",
+                                                NULL};
 static const char *const api__fields_workers[] = {"prompt", "messages", NULL};
 
 /* True when key is in the NULL-terminated set. */
@@ -488,6 +491,7 @@ static bool api__known_fields(srv_route route, json_t *root, srv_error *err) {
     json_t *v;
     json_object_foreach(root, key, v) {
         if (api__in(api__fields_common, key) || api__in(own, key)) continue;
+        if (route == SRV_ROUTE_CHAT && api__in(api__fields_tools, key)) continue;
         char param[64];
         snprintf(param, sizeof param, "%s", key);
         return UNSUPPORTED(err, param,
@@ -570,6 +574,7 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
         }
         if (!api__messages(r, msgs, err)) goto fail;
         if (!srv_chat_prepare(r, root, err)) goto fail;
+        if (!toolcall_req_parse(root, &r->tools, err)) goto fail;
         break;
     case SRV_ROUTE_COMPLETIONS:
         if (!prompt) {

@@ -94,6 +94,9 @@ struct server {
     pthread_mutex_t lmu;
     srv_gen *gens;   /* every live generation */
     srv_sock *socks; /* every open connection */
+    /* chat answers (toolcall.h), from the template and the options */
+    toolcall_format tc_format;            /* how tool calls are written */
+    const char *think_open, *think_close; /* NULL: reasoning stays content */
 };
 
 /* Per-connection state (MHD's socket context): the request deadline. */
@@ -167,6 +170,12 @@ struct srv_gen {
     srv_buf text;
     json_t *lp;      /* chat: content array; completions: logprobs object */
     size_t text_off; /* completions text_offset */
+    /* chat: tool calls and reasoning (toolcall.h); tc NULL when neither applies */
+    toolcall_parser *tc;
+    json_t *tc_tools; /* the request's tools (a reference): tc borrows them */
+    toolcall_cfg tc_cfg;
+    bool tc_parallel; /* parallel_tool_calls: false keeps the first call only */
+    int tc_sent;      /* calls answered (streamed) so far */
 };
 
 // ----------------------------------------------------------------------------
@@ -314,6 +323,8 @@ static void srv__gen_free(srv_gen *g) {
     srv_buf_free(&g->out);
     srv_buf_free(&g->text);
     json_decref(g->lp);
+    toolcall_parser_destroy(g->tc);
+    json_decref(g->tc_tools);
     pthread_mutex_destroy(&g->mu);
     atomic_fetch_sub_explicit(&s->met.inflight, 1, memory_order_acq_rel);
     free(g);
@@ -556,17 +567,186 @@ static void srv__gen_error(const srv_gen *g, const engine_event *ev, srv_error *
 }
 
 // ----------------------------------------------------------------------------
+// Generation: tool calls and reasoning (toolcall.h)
+
+/* The formats this server's chat answers use: --tool-call-format and
+ * --reasoning-format, else what the GGUF's chat template shows. Can't fail:
+ * a template that cannot be read has no markers. */
+static void srv__toolcall_setup(server *s) {
+    char *src = NULL;
+    gguf_str t;
+    const gguf_file *f = model_gguf(s->m);
+    if (f && gguf_get(f, "tokenizer.chat_template") &&
+        gguf_get_str(f, "tokenizer.chat_template", &t, NULL) == KS_OK &&
+        (src = malloc(t.len + 1))) {
+        memcpy(src, t.ptr, t.len);
+        src[t.len] = '\0';
+    }
+    s->tc_format = s->o.tool_call_format >= 0 && s->o.tool_call_format < TOOLCALL__COUNT
+                       ? (toolcall_format)s->o.tool_call_format
+                       : toolcall_format_detect(src);
+    if (s->o.reasoning_format != 0 &&
+        !toolcall_think_detect(src, &s->think_open, &s->think_close) && s->o.reasoning_format == 1)
+        s->think_open = "<think>", s->think_close = "</think>";
+    free(src);
+    ks_log(KS_LOG_INFO, "chat answers: tool calls in format %s, reasoning %s%s%s",
+           toolcall_format_name(s->tc_format), s->think_open ? "split at " : "left in content",
+           s->think_open ? s->think_open : "", s->think_open ? s->think_close : "");
+}
+
+/* Sets up g's parser when its answer may hold tool calls (tools given,
+ * tool_choice not "none", a format known) or reasoning (think markers).
+ * prompt is the rendered chat: an answer that starts inside a think block
+ * starts as reasoning. KS_ERR_NOMEM. */
+static ks_err srv__gen_toolcall(server *s, srv_gen *g, const srv_request *rq, const char *prompt,
+                                size_t len) {
+    const toolcall_req *tr = &rq->tools;
+    bool calls = tr->tools && tr->choice != TOOLCALL_CHOICE_NONE && s->tc_format != TOOLCALL_NONE;
+    if (!calls && !s->think_open) return KS_OK;
+    g->tc_tools = tr->tools ? json_incref((json_t *)tr->tools) : NULL;
+    g->tc_cfg = (toolcall_cfg){
+        .format = calls ? s->tc_format : TOOLCALL_NONE,
+        .think_open = s->think_open,
+        .think_close = s->think_close,
+        .in_reasoning = toolcall_prompt_opens_think(prompt, len, s->think_open),
+        .tools = g->tc_tools,
+    };
+    g->tc_parallel = tr->parallel;
+    return toolcall_parser_create(&g->tc_cfg, &g->tc);
+}
+
+/* Appends ev's text as the parser reads it to b: the text, then the text of
+ * ev's token when that is a special token the detokenizer dropped and one of
+ * the parser's markers (DeepSeek's and Mistral's are control tokens). No
+ * other special token's text is added (an end-of-turn never is). */
+static bool srv__tc_text(const srv_gen *g, const engine_event *ev, srv_buf *b) {
+    if (ev->text_len && !srv_buf_add(b, ev->text, ev->text_len)) return false;
+    if (ev->token < 0) return true;
+    char piece[128];
+    if (tok_piece(g->s->vocab, ev->token, false, piece, sizeof piece) != 0) return true;
+    size_t n = tok_piece(g->s->vocab, ev->token, true, piece, sizeof piece);
+    if (n == 0 || n > sizeof piece || !toolcall_is_marker(&g->tc_cfg, piece, n)) return true;
+    return srv_buf_add(b, piece, n);
+}
+
+/* Appends one chat.completion.chunk with this delta (stolen) and logprobs
+ * (stolen; NULL: null). */
+static bool srv__tc_chunk(srv_gen *g, json_t *delta, json_t *lp) {
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:o, s:n}]}", "id", g->id, "object",
+                          "chat.completion.chunk", "created", (json_int_t)g->created, "model",
+                          g->model, "choices", "index", 0, "delta", delta, "logprobs",
+                          lp ? lp : json_null(), "finish_reason");
+    bool ok = j && srv_sse_json(&g->out, j);
+    json_decref(j);
+    return ok;
+}
+
+/* The chunks of one parser delta: its content and reasoning (with lp, the
+ * token's logprobs, stolen, NULL: none) in one chunk, then each new call as
+ * OpenAI streams one: a chunk with its index, id, type and name (arguments
+ * ""), then one with its arguments. parallel_tool_calls false: calls after
+ * the first are left out. */
+static bool srv__tc_emit(srv_gen *g, const toolcall_delta *d, json_t *lp) {
+    bool ok = true;
+    if (d->content_len || d->reasoning_len || lp) {
+        json_t *delta = json_object();
+        if (delta && d->content_len)
+            json_object_set_new(delta, "content", srv__jstr(d->content, d->content_len));
+        if (delta && d->reasoning_len)
+            json_object_set_new(delta, "reasoning_content",
+                                srv__jstr(d->reasoning, d->reasoning_len));
+        if (!delta) json_decref(lp);
+        ok = delta && srv__tc_chunk(g, delta, lp);
+    }
+    for (int i = 0; ok && i < d->n_calls && (g->tc_parallel || g->tc_sent == 0); i++) {
+        const toolcall_call *c = toolcall_parser_call(g->tc, d->first_call + i);
+        int idx = g->tc_sent++;
+        ok = srv__tc_chunk(g,
+                           json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index",
+                                     idx, "id", c->id, "type", "function", "function", "name",
+                                     c->name, "arguments", ""),
+                           NULL) &&
+             srv__tc_chunk(g,
+                           json_pack("{s:[{s:i, s:{s:s}}]}", "tool_calls", "index", idx, "function",
+                                     "arguments", c->arguments),
+                           NULL);
+    }
+    return ok;
+}
+
+/* A streamed chat event through the parser (the done event also settles
+ * what the parser held back). */
+static bool srv__tc_stream(srv_gen *g, const engine_event *ev) {
+    srv_buf t = {0};
+    toolcall_delta d;
+    bool ok =
+        srv__tc_text(g, ev, &t) && toolcall_parser_push(g->tc, t.p ? t.p : "", t.len, &d) == KS_OK;
+    srv_buf_free(&t);
+    json_t *lp = NULL;
+    if (ok && g->logprobs && ev->token >= 0)
+        lp = json_pack("{s:[o]}", "content",
+                       srv__lp_entry(g->s->vocab, ev->token, ev->sr.logprob, true, &ev->sr));
+    ok = ok && srv__tc_emit(g, &d, lp);
+    if (ok && ev->done)
+        ok = toolcall_parser_finish(g->tc, &d) == KS_OK && srv__tc_emit(g, &d, NULL);
+    return ok;
+}
+
+static bool srv__all_ws(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\n' && s[i] != '\r') return false;
+    return true;
+}
+
+/* The message of a non-streamed chat answer whose text is g->text, parsed:
+ * content (null when there are calls and nothing but whitespace besides),
+ * reasoning_content when there is some, tool_calls when there are; *fin
+ * becomes "tool_calls" when there are calls and the answer ended on a stop.
+ * NULL on out-of-memory. */
+static json_t *srv__tc_message(srv_gen *g, const char **fin) {
+    toolcall_delta d;
+    if (toolcall_parser_push(g->tc, g->text.p ? g->text.p : "", g->text.len, &d) ||
+        toolcall_parser_finish(g->tc, &d))
+        return NULL;
+    size_t cl, rl;
+    const char *c = toolcall_parser_content(g->tc, &cl), *r = toolcall_parser_reasoning(g->tc, &rl);
+    int n = toolcall_parser_n_calls(g->tc);
+    if (n > 1 && !g->tc_parallel) n = 1;
+    json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                          n && srv__all_ws(c, cl) ? json_null() : srv__jstr(c, cl));
+    if (m && rl) json_object_set_new(m, "reasoning_content", srv__jstr(r, rl));
+    if (m && n) {
+        json_t *calls = json_array();
+        for (int i = 0; i < n && calls; i++) {
+            const toolcall_call *tc = toolcall_parser_call(g->tc, i);
+            json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", tc->id, "type",
+                                                   "function", "function", "name", tc->name,
+                                                   "arguments", tc->arguments));
+        }
+        json_object_set_new(m, "tool_calls", calls);
+        if (!strcmp(*fin, "stop")) *fin = "tool_calls";
+    }
+    return m;
+}
+
+// ----------------------------------------------------------------------------
 // Generation: streaming (SSE)
 
 static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
-    bool oom = false;
-    json_t *chunk = srv__chunk(g, ev, &oom);
-    bool ok = !oom && (!chunk || srv_sse_json(&g->out, chunk));
-    json_decref(chunk);
+    bool ok;
+    if (g->tc) {
+        ok = srv__tc_stream(g, ev);
+    } else {
+        bool oom = false;
+        json_t *chunk = srv__chunk(g, ev, &oom);
+        ok = !oom && (!chunk || srv_sse_json(&g->out, chunk));
+        json_decref(chunk);
+    }
     if (ok && g->s->log_content && ev->text_len) ok = srv_buf_add(&g->text, ev->text, ev->text_len);
     if (!ok || !ev->done) return ok;
 
     const char *fin = srv_finish_name(ev->finish);
+    if (fin && g->tc_sent && ev->finish == ENGINE_FINISH_STOP) fin = "tool_calls";
     if (!fin) { // aborted or failed after the stream started: an error event, no [DONE]
         srv_error err;
         srv__gen_error(g, ev, &err);
@@ -750,7 +930,10 @@ static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv
             srv__gen_free(g);
             return r;
         }
-        if (ev.text_len) ok = ok && srv_buf_add(&g->text, ev.text, ev.text_len);
+        if (g->tc)
+            ok = ok && srv__tc_text(g, &ev, &g->text);
+        else if (ev.text_len)
+            ok = ok && srv_buf_add(&g->text, ev.text, ev.text_len);
         if (g->logprobs && ev.token >= 0 && g->lp) {
             if (g->route == SRV_ROUTE_CHAT)
                 json_array_append_new(
@@ -780,10 +963,17 @@ static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv
                       "success", 1, "errors", "messages");
     } else if (g->route == SRV_ROUTE_CHAT) {
         json_t *lp = g->logprobs && g->lp ? json_pack("{s:O}", "content", g->lp) : json_null();
-        j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:o}, s:o, s:s}], s:o}", "id", g->id,
-                      "object", "chat.completion", "created", (json_int_t)g->created, "model",
-                      g->model, "choices", "index", 0, "message", "role", "assistant", "content",
-                      text, "logprobs", lp, "finish_reason", fin, "usage", usage);
+        json_t *msg;
+        if (g->tc) {
+            json_decref(text);
+            msg = srv__tc_message(g, &fin);
+        } else {
+            msg = json_pack("{s:s, s:o}", "role", "assistant", "content", text);
+        }
+        j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:o, s:s}], s:o}", "id", g->id, "object",
+                      "chat.completion", "created", (json_int_t)g->created, "model", g->model,
+                      "choices", "index", 0, "message", msg, "logprobs", lp, "finish_reason", fin,
+                      "usage", usage);
     } else {
         json_t *lp = g->logprobs && g->lp ? json_incref(g->lp) : json_null();
         j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:o, s:i, s:o, s:s}], s:o}", "id", g->id, "object",
@@ -964,6 +1154,10 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     p.n_stops = rq.n_stops;
     p.ignore_eos = rq.ignore_eos;
     p.grammar = rq.grammar;
+    if (route == SRV_ROUTE_CHAT && srv__gen_toolcall(s, g, &rq, ptext, ptext_len)) {
+        srv_fail(&err, 500, "internal_error", "out of memory");
+        goto fail;
+    }
     g->t_submit_ns = ks_now_ns();
     ks_err e = s->b.submit(s->b.impl, &p, &g->req, &eb);
     if (e) {
@@ -1517,6 +1711,8 @@ void server_opts_default(server_opts *o) {
     o->max_connections_per_ip = 256;
     o->idle_timeout_s = 120;
     o->request_timeout_s = 10;
+    o->tool_call_format = -1;
+    o->reasoning_format = -1;
 }
 
 // The local engine as a backend: engine.h's calls, with void * handles.
@@ -1583,6 +1779,7 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     pthread_mutex_init(&s->lmu, NULL);
     s->max_token_bytes = tok_max_token_bytes(s->vocab);
     srv_metrics_init(&s->met);
+    srv__toolcall_setup(s);
     if (o->tenants_path) {
         size_t len = 0;
         char *text = NULL;

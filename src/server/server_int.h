@@ -11,6 +11,7 @@
 #include "kvseal/engine.h"
 #include "kvseal/sample.h"
 #include "kvseal/server.h"
+#include "toolcall.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -127,6 +128,7 @@ typedef struct srv_request {
     bool ignore_eos;
     grammar *grammar;          /* response_format / grammar compiled (NULL: none); owned */
     const char *grammar_param; /* the field it came from ("response_format", "grammar") */
+    toolcall_req tools; /* chat: tools, tool_choice, parallel_tool_calls (toolcall.h) */
 } srv_request;
 
 /* Parses and validates a request body for route (CHAT, COMPLETIONS or

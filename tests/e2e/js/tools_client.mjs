@@ -1,0 +1,96 @@
+// tools_client.mjs — the official `openai` npm client against kvseal's chat
+// tool fields and reasoning split (tests/e2e/test_serve_tools.sh).
+// KS_MODE=tools: a server with --tool-call-format hermes; kjv-mini never
+// writes a call, so a request with tools answers its plain continuation
+// (content, no tool_calls, the engine's finish_reason) streamed or not, and
+// the tool_choice values that need constrained decoding are refused (400).
+// KS_MODE=reasoning: a server with --reasoning-format deepseek; a prompt that
+// ends inside a think block (the rendered chat is the lone user message)
+// answers everything as reasoning_content, the same text the completions
+// route gives for that prompt; a prompt that does not stays content.
+import OpenAI from 'openai';
+
+const REF = ' of the Lord, and in the Lord Jesus Christ. And I will send my voice, and will not hear the ' +
+  'word of God, but that the Lord Jesus Christ is in the Lord Jesus. And I say unto you, that ye may be ' +
+  'the Lord Jesus Christ, and the Lord Jesus Christ,';
+const client = new OpenAI({ baseURL: `${process.env.KS_URL}/v1`, apiKey: 'none', maxRetries: 0 });
+const model = process.env.KS_MODEL_NAME;
+let failures = 0;
+const check = (cond, msg) => { if (!cond) { failures++; console.error('FAIL: ' + msg); } };
+const user = (content) => [{ role: 'user', content }];
+const tools = [{
+  type: 'function',
+  function: {
+    name: 'get_weather', description: 'The weather in a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+  },
+}];
+
+/* A streamed chat: the deltas joined, per field. */
+async function streamed(body) {
+  const out = { content: '', reasoning: '', calls: 0, finish: null };
+  const stream = await client.chat.completions.create({ ...body, stream: true });
+  for await (const chunk of stream) {
+    const c = chunk.choices[0];
+    if (!c) continue;
+    if (c.delta.content) out.content += c.delta.content;
+    if (c.delta.reasoning_content) out.reasoning += c.delta.reasoning_content;
+    if (c.delta.tool_calls) out.calls += c.delta.tool_calls.length;
+    if (c.finish_reason) out.finish = c.finish_reason;
+  }
+  return out;
+}
+
+async function refused(body, status, code, param, needle) {
+  try {
+    await client.chat.completions.create(body);
+    check(false, `accepted: ${JSON.stringify(body.tool_choice)}`);
+  } catch (e) {
+    check(e.status === status && e.code === code && e.param === param && String(e.message).includes(needle),
+      `refusal of ${JSON.stringify(body.tool_choice)}: ${e.status} ${e.code} ${e.param} ${e.message}`);
+  }
+}
+
+const base = { model, messages: user('In the beginning'), max_tokens: 60, temperature: 0 };
+if (process.env.KS_MODE === 'tools') {
+  const plain = await client.chat.completions.create(base);
+  check(plain.choices[0].message.content === REF, `plain content ${JSON.stringify(plain.choices[0].message)}`);
+  for (const extra of [{ tools }, { tools, tool_choice: 'auto' }, { tools, tool_choice: 'none' },
+    { tools, parallel_tool_calls: false }]) {
+    const r = await client.chat.completions.create({ ...base, ...extra });
+    const m = r.choices[0].message;
+    check(m.content === REF && m.tool_calls === undefined && m.reasoning_content === undefined &&
+      r.choices[0].finish_reason === 'length', `with ${JSON.stringify(Object.keys(extra))}: ${JSON.stringify(r.choices[0])}`);
+    const s = await streamed({ ...base, ...extra });
+    check(s.content === REF && s.calls === 0 && s.reasoning === '' && s.finish === 'length',
+      `streamed with ${JSON.stringify(Object.keys(extra))}: ${JSON.stringify(s)}`);
+  }
+  await refused({ ...base, tools, tool_choice: 'required' }, 400, 'unsupported_parameter', 'tool_choice',
+    'not supported yet');
+  await refused({ ...base, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } } }, 400,
+    'unsupported_parameter', 'tool_choice', 'get_weather');
+  await refused({ ...base, tools, tool_choice: { type: 'function', function: { name: 'nope' } } }, 400,
+    'invalid_parameter', 'tool_choice', "not in 'tools'");
+} else if (process.env.KS_MODE === 'reasoning') {
+  const think = { model, messages: user('<think>\n'), max_tokens: 24, temperature: 0 };
+  const wc = (await client.completions.create({ model, prompt: '<think>\n', max_tokens: 24, temperature: 0 }))
+    .choices[0];
+  const want = wc.text;
+  check(want.length > 0 && !want.includes('</think>'), `completions text ${JSON.stringify(want)}`);
+  const r = await client.chat.completions.create(think);
+  const m = r.choices[0].message;
+  check(m.reasoning_content === want && m.content === '', `reasoning: ${JSON.stringify(m)} want ${JSON.stringify(want)}`);
+  const s = await streamed(think);
+  check(r.choices[0].finish_reason === wc.finish_reason, `finish ${r.choices[0].finish_reason} want ${wc.finish_reason}`);
+  check(s.reasoning === want && s.content === '' && s.finish === wc.finish_reason,
+    `streamed reasoning: ${JSON.stringify(s)}`);
+  const p = await client.chat.completions.create(base);
+  check(p.choices[0].message.content === REF && p.choices[0].message.reasoning_content === undefined,
+    `no think block: ${JSON.stringify(p.choices[0].message)}`);
+  const ps = await streamed(base);
+  check(ps.content === REF && ps.reasoning === '', `no think block, streamed: ${JSON.stringify(ps)}`);
+} else {
+  check(false, `KS_MODE must be tools or reasoning, got ${process.env.KS_MODE}`);
+}
+if (failures) process.exit(1);
+console.log(`tools client ok (${process.env.KS_MODE})`);

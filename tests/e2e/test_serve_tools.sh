@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# test_serve_tools.sh — chat tool fields and the reasoning split through the
+# real `kvseal serve` on kjv-mini (issue 12, src/server/toolcall.c), with the
+# official openai npm client (js/tools_client.mjs) and curl:
+# - --tool-call-format hermes: requests with tools (auto, none,
+#   parallel_tool_calls false) answer the model's plain continuation as
+#   content, no tool_calls, finish_reason as without tools, streamed or not;
+#   tool_choice "required" / a named function are refused with 400 until
+#   constrained decoding lands; malformed tool fields are 400s naming them;
+# - --reasoning-format deepseek: an answer that starts inside a think block
+#   (the prompt ends with <think>) is reasoning_content, equal to the
+#   completions route's text for the same prompt; other answers stay content.
+# kjv-mini never writes a tool call by itself, so the call path end to end
+# (message.tool_calls, delta.tool_calls, finish_reason "tool_calls") waits
+# for a grammar that forces the call text; the unit test covers it.
+. "$(dirname "$0")/lib.sh"
+command -v curl >/dev/null || skip "curl is not installed (scripts/install-deps.sh)"
+command -v node >/dev/null || skip "node is not installed (scripts/install-deps.sh installs it)"
+[ -d "$(dirname "$0")/js/node_modules/openai" ] || skip "the openai npm package is not installed (scripts/install-deps.sh)"
+JS=$(dirname "$0")/js/tools_client.mjs
+
+start_server "$TMPD/tools.log" --alias kjv --tool-call-format hermes
+expect_has "format logged" "$(cat "$TMPD/tools.log")" "tool calls in format hermes"
+KS_URL=$KS_URL KS_MODEL_NAME=kjv KS_MODE=tools node "$JS" || fail "tools client checks failed"
+U=$KS_URL
+J=(-H "Content-Type: application/json")
+MSG='"model":"kjv","messages":[{"role":"user","content":"In"}],"max_tokens":2'
+req "tools not an array" 400 "${J[@]}" "$U/v1/chat/completions" -d "{$MSG,\"tools\":{}}"
+expect_has "tools not an array" "$BODY" '"param":"tools","code":"invalid_parameter"'
+req "bad function name" 400 "${J[@]}" "$U/v1/chat/completions" \
+    -d "{$MSG,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]}"
+expect_has "bad function name" "$BODY" '"param":"tools[0].function.name"'
+req "tool_choice unknown" 400 "${J[@]}" "$U/v1/chat/completions" -d "{$MSG,\"tool_choice\":\"maybe\"}"
+expect_has "tool_choice unknown" "$BODY" '"param":"tool_choice","code":"invalid_parameter"'
+req "parallel_tool_calls type" 400 "${J[@]}" "$U/v1/chat/completions" -d "{$MSG,\"parallel_tool_calls\":\"no\"}"
+expect_has "parallel_tool_calls type" "$BODY" '"param":"parallel_tool_calls"'
+req "completions has no tools" 400 "${J[@]}" "$U/v1/completions" -d '{"model":"kjv","prompt":"In","tools":[]}'
+expect_has "completions has no tools" "$BODY" '"param":"tools","code":"unsupported_parameter"'
+stop_server
+
+start_server "$TMPD/reasoning.log" --alias kjv --reasoning-format deepseek
+expect_has "reasoning logged" "$(cat "$TMPD/reasoning.log")" "reasoning split at <think></think>"
+KS_URL=$KS_URL KS_MODEL_NAME=kjv KS_MODE=reasoning node "$JS" || fail "reasoning client checks failed"
+stop_server
+echo "tools ok"
