@@ -26,6 +26,12 @@
  *   kimi_k2      <|tool_calls_section_begin|><|tool_call_begin|>functions.N:I
  *                <|tool_call_argument_begin|>{...}<|tool_call_end|>...
  *                <|tool_calls_section_end|>
+ *   nemotron     <TOOLCALL>[{"name": N, "arguments": {...}}, ...]</TOOLCALL>
+ *   apriel       <tool_calls>[{"name": N, "arguments": {...}}, ...]</tool_calls>
+ *   granite      <|tool_call|>[{"name": N, "arguments": {...}}, ...] (Granite 3.x)
+ *   firefunction functools[{"name": N, "arguments": {...}}, ...]
+ *   seed_oss     <seed:tool_call><function=N><parameter=P>V</parameter>...
+ *                </function></seed:tool_call>
  * Text that looks like a call but does not parse stays content: no byte of
  * the output is lost, except the whitespace right after a closing think
  * marker and before an opening one (formatting, as the templates strip it).
@@ -53,7 +59,12 @@ typedef enum toolcall_format {
     TOOLCALL_DEEPSEEK = 6,
     TOOLCALL_DSML = 7,
     TOOLCALL_KIMI_K2 = 8,
-    TOOLCALL__COUNT = 9,
+    TOOLCALL_NEMOTRON = 9,
+    TOOLCALL_APRIEL = 10,
+    TOOLCALL_GRANITE = 11,
+    TOOLCALL_FIREFUNCTION = 12,
+    TOOLCALL_SEED_OSS = 13,
+    TOOLCALL__COUNT = 14,
 } toolcall_format;
 
 #define TOOLCALL_MAX_CALLS 64   /* calls kept per answer; later ones stay content */

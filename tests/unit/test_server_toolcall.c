@@ -367,6 +367,32 @@ static void test_kimi(void) {
     CHECK_STR_EQ(r.ids, "functions.get_weather:0\nfunctions.now:1\n"); // the template reuses them
 }
 
+static void test_json_lists(void) {
+    toolcall_cfg c = cfg_of(TOOLCALL_NEMOTRON);
+    expect(&c,
+           "<TOOLCALL>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+           "{\"name\": \"now\", \"arguments\": \"{}\"}]</TOOLCALL>",
+           "", NULL, "get_weather {\"city\":\"Paris\"}\nnow {}\n");
+    expect(&c, "<TOOLCALL>[{\"x\": 1}]</TOOLCALL>", "<TOOLCALL>[{\"x\": 1}]</TOOLCALL>", NULL,
+           NULL);
+    c = cfg_of(TOOLCALL_APRIEL);
+    expect(&c, "Sure\n<tool_calls>[{\"name\": \"f\", \"arguments\": {\"a\": 1}}]</tool_calls>",
+           "Sure\n", NULL, "f {\"a\":1}\n");
+    c = cfg_of(TOOLCALL_GRANITE);
+    expect(&c, "<|tool_call|>[{\"name\": \"f\", \"arguments\": {}}]", "", NULL, "f {}\n");
+    expect(&c, "<|tool_call|>[", "<|tool_call|>[", NULL, NULL);
+    c = cfg_of(TOOLCALL_FIREFUNCTION);
+    expect(&c, " functools[{\"name\": \"f\", \"arguments\": {\"q\": \"x\"}}]", " ", NULL,
+           "f {\"q\":\"x\"}\n");
+    expect(&c, "functools[oops", "functools[oops", NULL, NULL);
+    c = cfg_of(TOOLCALL_SEED_OSS);
+    expect(&c,
+           "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
+           "<parameter=days>3</parameter>\n</function>\n</seed:tool_call>",
+           "", NULL, "get_weather {\"city\":\"Paris\",\"days\":3}\n");
+    expect(&c, "<seed:tool_call>\n<function=f>\n", "<seed:tool_call>\n<function=f>\n", NULL, NULL);
+}
+
 // ----------------------------------------------------------------------------
 // Reasoning
 
@@ -486,7 +512,12 @@ static void test_detect(void) {
         {"deepseek-ai-DeepSeek-V3.2.jinja", TOOLCALL_DSML, "<think>"},
         {"deepseek-ai-DeepSeek-V4.jinja", TOOLCALL_DSML, "<think>"},
         {"moonshotai-Kimi-K2.jinja", TOOLCALL_KIMI_K2, NULL},
-        {"ByteDance-Seed-OSS.jinja", TOOLCALL_NONE, "<seed:think>"},
+        {"ByteDance-Seed-OSS.jinja", TOOLCALL_SEED_OSS, "<seed:think>"},
+        {"NVIDIA-Nemotron-Nano-v2.jinja", TOOLCALL_NEMOTRON, "<think>"},
+        {"unsloth-Apriel-1.5.jinja", TOOLCALL_APRIEL, NULL},
+        {"ibm-granite-granite-3.3-2B-Instruct.jinja", TOOLCALL_GRANITE, "<think>"},
+        {"ibm-granite-granite-4.0.jinja", TOOLCALL_HERMES, NULL},
+        {"fireworks-ai-llama-3-firefunction-v2.jinja", TOOLCALL_FIREFUNCTION, NULL},
         {"google-gemma-2-2b-it.jinja", TOOLCALL_NONE, NULL},
     };
     char path[1024];
@@ -630,6 +661,7 @@ int main(void) {
     test_deepseek();
     test_dsml();
     test_kimi();
+    test_json_lists();
     test_reasoning();
     test_limits();
     test_detect();
