@@ -939,6 +939,7 @@ static void tc__run(toolcall_parser *p, bool final) {
         if (p->phase == TC_START) {
             size_t k = tc__skip_ws(s, n);
             int m = k < n ? tc__lit(s + k, n - k, c->think_open) : 0;
+            if (k > 4096) m = -1; // no think block after that much whitespace: bounds the wait
             if (m == 1) {
                 pos += k + strlen(c->think_open);
                 p->phase = TC_REASONING;
@@ -984,25 +985,28 @@ static void tc__run(toolcall_parser *p, bool final) {
         }
         if (mi == -2) {
             size_t hold = final ? 0 : tc__hold(s, n, starts);
-            if (!final && c->format == TOOLCALL_LLAMA3 && !p->content_nonws &&
-                tc__skip_ws(s, n) == n)
-                hold = n; // whitespace only so far: a JSON call may still come
             tc__content(p, s, n - hold);
             pos += n - hold;
             break;
         }
         tc__content(p, s, at);
         pos += at;
+        // A call is parsed within TOOLCALL_MAX_CALL_BYTES of its marker, as if
+        // the answer ended there: a longer one is content. That bounds the work
+        // of re-parsing an open call on every push, and the verdict is the same
+        // however the text was split (the parser sees the same window).
+        size_t win = n - at, end = 0;
+        bool fin = final;
+        if (win > TOOLCALL_MAX_CALL_BYTES) win = TOOLCALL_MAX_CALL_BYTES, fin = true;
         int n0 = p->n_calls;
-        size_t end = 0;
-        tc__res r = tc__call(p, mi, s + at, n - at, final, &end);
-        if (r == TC_MORE) end = n - at; // final: the answer ended inside it, content
-        if (end > n - at) end = n - at;
+        tc__res r = tc__call(p, mi, s + at, win, fin, &end);
+        if (r == TC_MORE) end = win; // the text ended inside it: content
+        if (end > win) end = win;
         if (end == 0) r = TC_BAD, end = 1; // every verdict consumes its marker; never loop
         if (r != TC_OK) {                  // calls added by a parse that failed later are dropped
             while (p->n_calls > n0)
                 tc__call_free(&p->calls[--p->n_calls]);
-            if (r == TC_MORE && !final) break;
+            if (r == TC_MORE && !fin) break;
             tc__content(p, s + at, end);
         }
         pos += end;

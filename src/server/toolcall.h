@@ -71,6 +71,10 @@ typedef enum toolcall_format {
 #define TOOLCALL_MAX_TOOLS 128  /* tools per request */
 #define TOOLCALL_MAX_DEPTH 64   /* JSON nesting in a call's arguments */
 #define TOOLCALL_MAX_PARAMS 256 /* parameters of one XML-style call */
+/* A call (or a section of calls), marker to end, longer than this is
+ * content: it bounds the re-parsing of an open call to this many bytes per
+ * push. */
+#define TOOLCALL_MAX_CALL_BYTES 32768
 
 /* The format a chat template's source text renders tool calls in, from its
  * distinctive markers; TOOLCALL_NONE when it has none (or src is NULL).

@@ -16,7 +16,8 @@
 
 /* A parse's result in one comparable string set. */
 typedef struct result {
-    char content[4096], reasoning[1024], calls[4096]; /* calls: "name args\n" each */
+    char content[2 * TOOLCALL_MAX_CALL_BYTES], reasoning[1024]; /* calls: "name args\n" each */
+    char calls[2 * TOOLCALL_MAX_CALL_BYTES];
     char ids[1024];                                   /* "id\n" each */
 } result;
 
@@ -46,7 +47,7 @@ static void feed(const toolcall_cfg *cfg, const char *text, const size_t *cuts, 
                  result *r) {
     toolcall_parser *p;
     CHECK(toolcall_parser_create(cfg, &p) == KS_OK);
-    static char content[8192], reasoning[8192];
+    static char content[2 * TOOLCALL_MAX_CALL_BYTES], reasoning[8192];
     size_t cl = 0, rl = 0, len = strlen(text), at = 0;
     int calls = 0;
     toolcall_delta d;
@@ -406,6 +407,15 @@ static void test_reasoning(void) {
     expect(&c, "<thi", "<thi", "", NULL);
     expect(&c, "  ", "  ", "", NULL);
     expect(&c, "", "", "", NULL);
+    // a think block only comes first: after 4 KiB of whitespace it is content
+    static char ws[6000];
+    memset(ws, ' ', 5000);
+    strcpy(ws + 5000, "<think>x</think>");
+    expect(&c, ws, ws, "", NULL);
+    memset(ws, 0, sizeof ws);
+    memset(ws, '\n', 4096);
+    strcpy(ws + 4096, "<think>x</think>y");
+    expect(&c, ws, "y", "x", NULL);
     // the prompt opened the block (DeepSeek-R1, QwQ)
     c.in_reasoning = true;
     expect(&c, "I think.\n</think>\n\nAnswer </think>", "Answer </think>", "I think.\n", NULL);
@@ -459,6 +469,37 @@ static void test_limits(void) {
     oneshot(&c, text, &r);
     CHECK_STR_EQ(r.calls, "");
     CHECK_STR_EQ(r.content, text);
+    // a call longer than TOOLCALL_MAX_CALL_BYTES is content, however it is split;
+    // one just under the limit is a call
+    static char big[2 * TOOLCALL_MAX_CALL_BYTES];
+    static size_t cuts[2 * TOOLCALL_MAX_CALL_BYTES];
+    static result big1, big2;
+    for (int over = 0; over < 2; over++) {
+        const char *head = "<tool_call>{\"name\": \"w\", \"arguments\": {\"s\": \"";
+        const char *tail = "\"}}</tool_call> after";
+        size_t fill = TOOLCALL_MAX_CALL_BYTES - strlen(head) - strlen(tail) + strlen(" after") +
+                      (over ? 100 : 0);
+        n = (size_t)snprintf(big, sizeof big, "%s", head);
+        memset(big + n, 'x', fill);
+        n += fill;
+        snprintf(big + n, sizeof big - n, "%s", tail);
+        oneshot(&c, big, &big1);
+        CHECK_EQ(big1.calls[0] != '\0', !over);
+        if (over)
+            CHECK_STR_EQ(big1.content, big);
+        else
+            CHECK_STR_EQ(big1.content, " after");
+        int nc = 0; // token-like chunks of 1..8 bytes
+        uint32_t x = 7;
+        for (size_t at = 0;;) {
+            x = x * 1103515245u + 12345u;
+            at += 1 + (x >> 16) % 8;
+            if (at >= strlen(big)) break;
+            cuts[nc++] = at;
+        }
+        feed(&c, big, cuts, nc, &big2);
+        same(&big1, &big2, "(big call)", "chunks");
+    }
 }
 
 // ----------------------------------------------------------------------------
