@@ -182,23 +182,19 @@ static void test_hermes(void) {
     expect(&c, "<tool_call>{\"name\": \"f\", \"arguments\": {}} and more", " and more", NULL,
            "f {}\n");
     // malformed: stays content, byte for byte
-    const char
-        *
-            bad
-                [] =
-                    {
-                        "<tool_call>\n{\"name\": \"f\", \"arguments\": {]}\n</tool_call>",
-                        "<tool_call>{\"foo\": 1}</tool_call>",
-                        "<tool_call>{\"name\": 3, \"arguments\": {}}</tool_call>",
-                        "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
-                        "<tool_call>{\"name\": \"\", \"arguments\": {}}</tool_call>",
-                        "<tool_call>not json</tool_call>",
-                        "<tool_call>\n{\"name\": \"f\", \"argu", // unfinished
-                        "text <tool_ca",                         // a marker's prefix at the end
-                        "<tool_call>",
-                        "<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": "
-                        "\"\\ud800\"}}</tool_call>", // lone surrogate
-                    };
+    const char *bad[] = {
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {]}\n</tool_call>",
+        "<tool_call>{\"foo\": 1}</tool_call>",
+        "<tool_call>{\"name\": 3, \"arguments\": {}}</tool_call>",
+        "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
+        "<tool_call>{\"name\": \"\", \"arguments\": {}}</tool_call>",
+        "<tool_call>not json</tool_call>",
+        "<tool_call>\n{\"name\": \"f\", \"argu", // unfinished
+        "text <tool_ca",                         // a marker's prefix at the end
+        "<tool_call>",
+        ("<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": "
+         "\"\\ud800\"}}</tool_call>"), // lone surrogate
+    };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         expect(&c, bad[i], bad[i], NULL, NULL);
     // a bad call next to good ones: only the bad one is content
