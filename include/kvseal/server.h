@@ -82,8 +82,8 @@ typedef struct server_backend {
 } server_backend;
 
 /* Parses --tool-call-format's value into server_opts.tool_call_format:
- * "auto" (-1), "none" (0) or a format name (hermes, qwen3_coder, llama3,
- * mistral, glm45, deepseek, dsml, kimi_k2, and aliases); false when unknown.
+ * "auto" (-1), "none" (0) or a format name (server_tool_call_format_names
+ * lists them; aliases such as "deepseek-v3.1" too); false when unknown.
  * Can't fail otherwise. */
 bool server_tool_call_format_parse(const char *name, int *out /* OUT */);
 /* The format names server_tool_call_format_parse takes, comma-separated;

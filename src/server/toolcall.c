@@ -30,7 +30,8 @@
 // Formats and their markers
 
 static const char *const tc__names[TOOLCALL__COUNT] = {
-    "none", "hermes", "qwen3_coder", "llama3", "mistral", "glm45", "deepseek", "dsml", "kimi_k2",
+    "none", "hermes",  "qwen3_coder", "llama3", "mistral", "glm45",        "deepseek",
+    "dsml", "kimi_k2", "nemotron",    "apriel", "granite", "firefunction", "seed_oss",
 };
 
 const char *toolcall_format_name(toolcall_format f) {
@@ -68,7 +69,8 @@ bool server_tool_call_format_parse(const char *name, int *out) {
 }
 
 const char *server_tool_call_format_names(void) {
-    return "auto, none, hermes, qwen3_coder, llama3, mistral, glm45, deepseek, dsml, kimi_k2";
+    return "auto, none, hermes, qwen3_coder, llama3, mistral, glm45, deepseek, dsml, kimi_k2, "
+           "nemotron, apriel, granite, firefunction, seed_oss";
 }
 
 #define DS_CALLS_BEGIN "<｜tool▁calls▁begin｜>"
@@ -91,6 +93,11 @@ toolcall_format toolcall_format_detect(const char *src) {
     if (strstr(src, DS_CALL_BEGIN)) return TOOLCALL_DEEPSEEK;
     if (strstr(src, KIMI_CALLS_BEGIN)) return TOOLCALL_KIMI_K2;
     if (strstr(src, "<arg_key>")) return TOOLCALL_GLM45;
+    if (strstr(src, "<seed:tool_call>")) return TOOLCALL_SEED_OSS;
+    if (strstr(src, "<TOOLCALL>")) return TOOLCALL_NEMOTRON;
+    if (strstr(src, "<tool_calls>")) return TOOLCALL_APRIEL;
+    if (strstr(src, "<|tool_call|>")) return TOOLCALL_GRANITE;
+    if (strstr(src, "functools[")) return TOOLCALL_FIREFUNCTION;
     if (strstr(src, "<function=") && strstr(src, "<parameter=") && strstr(src, "<tool_call>"))
         return TOOLCALL_QWEN3_CODER;
     if (strstr(src, "[TOOL_CALLS]")) return TOOLCALL_MISTRAL;
@@ -133,6 +140,11 @@ static const char *const *tc__starts(toolcall_format f) {
     static const char *const deepseek[] = {DS_CALLS_BEGIN, DS_CALL_BEGIN, NULL};
     static const char *const dsml[] = {DSML "function_calls>", DSML "tool_calls>", NULL};
     static const char *const kimi[] = {KIMI_CALLS_BEGIN, KIMI_CALL_BEGIN, NULL};
+    static const char *const nemotron[] = {"<TOOLCALL>", NULL};
+    static const char *const apriel[] = {"<tool_calls>", NULL};
+    static const char *const granite[] = {"<|tool_call|>", NULL};
+    static const char *const firefunction[] = {"functools[", NULL};
+    static const char *const seed[] = {"<seed:tool_call>", NULL};
     static const char *const none[] = {NULL};
     switch (f) {
     case TOOLCALL_HERMES:
@@ -149,6 +161,16 @@ static const char *const *tc__starts(toolcall_format f) {
         return dsml;
     case TOOLCALL_KIMI_K2:
         return kimi;
+    case TOOLCALL_NEMOTRON:
+        return nemotron;
+    case TOOLCALL_APRIEL:
+        return apriel;
+    case TOOLCALL_GRANITE:
+        return granite;
+    case TOOLCALL_FIREFUNCTION:
+        return firefunction;
+    case TOOLCALL_SEED_OSS:
+        return seed;
     default:
         return none;
     }
@@ -174,6 +196,11 @@ bool toolcall_is_marker(const toolcall_cfg *cfg, const char *piece, size_t n) {
                           "</"
                           "｜DSML｜",
         [TOOLCALL_KIMI_K2] = KIMI_CALLS_BEGIN KIMI_CALLS_END KIMI_CALL_BEGIN KIMI_SEP KIMI_CALL_END,
+        [TOOLCALL_NEMOTRON] = "<TOOLCALL></TOOLCALL>",
+        [TOOLCALL_APRIEL] = "<tool_calls></tool_calls>",
+        [TOOLCALL_GRANITE] = "<|tool_call|>",
+        [TOOLCALL_SEED_OSS] =
+            "<seed:tool_call></seed:tool_call><function=</function><parameter=</parameter>",
     };
     const char *cat = (unsigned)cfg->format < TOOLCALL__COUNT ? all[cfg->format] : NULL;
     return cat && memmem(cat, strlen(cat), piece, n) != NULL;
@@ -499,9 +526,10 @@ static tc__res tc__hermes(toolcall_parser *p, const char *s, size_t n, bool fina
 }
 
 /* qwen3_coder: <tool_call> <function=N> (<parameter=P>\nV\n</parameter>)*
- * </function> </tool_call> */
-static tc__res tc__coder(toolcall_parser *p, const char *s, size_t n, bool final, size_t *end) {
-    size_t mk = strlen("<tool_call>"), k = mk;
+ * </function> </tool_call>; seed_oss: the same in <seed:tool_call>. */
+static tc__res tc__coder(toolcall_parser *p, const char *s, size_t n, bool final, size_t *end,
+                         const char *open, const char *close) {
+    size_t mk = strlen(open), k = mk;
     *end = mk;
     k += tc__skip_ws(s + k, n - k);
     int m = tc__lit(s + k, n - k, "<function=");
@@ -532,7 +560,7 @@ static tc__res tc__coder(toolcall_parser *p, const char *s, size_t n, bool final
         if (b == 1) {
             k += strlen("</function>");
             size_t used;
-            if (tc__close(s + k, n - k, "</tool_call>", final, &used) == TC_MORE) {
+            if (tc__close(s + k, n - k, close, final, &used) == TC_MORE) {
                 r = TC_MORE;
                 break;
             }
@@ -696,6 +724,19 @@ static tc__res tc__mistral(toolcall_parser *p, const char *s, size_t n, size_t *
     return TC_OK;
 }
 
+/* nemotron, apriel, granite, firefunction: MARKER [{"name": N, "arguments":
+ * {...}}, ...] [CLOSE]; the JSON starts mk bytes in, close NULL: none. */
+static tc__res tc__jsonlist(toolcall_parser *p, const char *s, size_t n, bool final, size_t *end,
+                            size_t mk, const char *close) {
+    size_t k = mk + tc__skip_ws(s + mk, n - mk), jl, used = 0;
+    *end = s[0] == 'f' ? mk + 1 : mk; // a bad call: the marker ("functools[" whole) is content
+    tc__res r = tc__json_calls(p, s + k, n - k, true, NULL, &jl);
+    if (r != TC_OK) return r;
+    if (close && tc__close(s + k + jl, n - k - jl, close, final, &used) == TC_MORE) return TC_MORE;
+    *end = k + jl + used;
+    return TC_OK;
+}
+
 /* The markers of a sectioned format (deepseek, kimi_k2). */
 typedef struct tc__sect {
     const char *begin, *end, *call, *sep, *call_end;
@@ -856,7 +897,17 @@ static tc__res tc__call(toolcall_parser *p, int mi, const char *s, size_t n, boo
     case TOOLCALL_HERMES:
         return tc__hermes(p, s, n, final, end);
     case TOOLCALL_QWEN3_CODER:
-        return tc__coder(p, s, n, final, end);
+        return tc__coder(p, s, n, final, end, "<tool_call>", "</tool_call>");
+    case TOOLCALL_SEED_OSS:
+        return tc__coder(p, s, n, final, end, "<seed:tool_call>", "</seed:tool_call>");
+    case TOOLCALL_NEMOTRON:
+        return tc__jsonlist(p, s, n, final, end, strlen("<TOOLCALL>"), "</TOOLCALL>");
+    case TOOLCALL_APRIEL:
+        return tc__jsonlist(p, s, n, final, end, strlen("<tool_calls>"), "</tool_calls>");
+    case TOOLCALL_GRANITE:
+        return tc__jsonlist(p, s, n, final, end, strlen("<|tool_call|>"), NULL);
+    case TOOLCALL_FIREFUNCTION: // the marker's "[" opens the list
+        return tc__jsonlist(p, s, n, final, end, strlen("functools"), NULL);
     case TOOLCALL_GLM45:
         return tc__glm(p, s, n, final, end);
     case TOOLCALL_LLAMA3:
@@ -888,6 +939,7 @@ static void tc__run(toolcall_parser *p, bool final) {
         if (p->phase == TC_START) {
             size_t k = tc__skip_ws(s, n);
             int m = k < n ? tc__lit(s + k, n - k, c->think_open) : 0;
+            if (k > 4096) m = -1; // no think block after that much whitespace: bounds the wait
             if (m == 1) {
                 pos += k + strlen(c->think_open);
                 p->phase = TC_REASONING;
@@ -933,25 +985,28 @@ static void tc__run(toolcall_parser *p, bool final) {
         }
         if (mi == -2) {
             size_t hold = final ? 0 : tc__hold(s, n, starts);
-            if (!final && c->format == TOOLCALL_LLAMA3 && !p->content_nonws &&
-                tc__skip_ws(s, n) == n)
-                hold = n; // whitespace only so far: a JSON call may still come
             tc__content(p, s, n - hold);
             pos += n - hold;
             break;
         }
         tc__content(p, s, at);
         pos += at;
+        // A call is parsed within TOOLCALL_MAX_CALL_BYTES of its marker, as if
+        // the answer ended there: a longer one is content. That bounds the work
+        // of re-parsing an open call on every push, and the verdict is the same
+        // however the text was split (the parser sees the same window).
+        size_t win = n - at, end = 0;
+        bool fin = final;
+        if (win > TOOLCALL_MAX_CALL_BYTES) win = TOOLCALL_MAX_CALL_BYTES, fin = true;
         int n0 = p->n_calls;
-        size_t end = 0;
-        tc__res r = tc__call(p, mi, s + at, n - at, final, &end);
-        if (r == TC_MORE) end = n - at; // final: the answer ended inside it, content
-        if (end > n - at) end = n - at;
+        tc__res r = tc__call(p, mi, s + at, win, fin, &end);
+        if (r == TC_MORE) end = win; // the text ended inside it: content
+        if (end > win) end = win;
         if (end == 0) r = TC_BAD, end = 1; // every verdict consumes its marker; never loop
         if (r != TC_OK) {                  // calls added by a parse that failed later are dropped
             while (p->n_calls > n0)
                 tc__call_free(&p->calls[--p->n_calls]);
-            if (r == TC_MORE && !final) break;
+            if (r == TC_MORE && !fin) break;
             tc__content(p, s + at, end);
         }
         pos += end;
@@ -1178,7 +1233,20 @@ char *toolcall_grammar(toolcall_format f, const json_t *tools, const char *name)
         pre = KIMI_CALLS_BEGIN KIMI_CALL_BEGIN "functions.", mid = ":0" KIMI_SEP,
         post = KIMI_CALL_END KIMI_CALLS_END;
         break;
+    case TOOLCALL_NEMOTRON:
+        pre = "<TOOLCALL>[{\"name\": \"", mid = "\", \"arguments\": ", post = "}]</TOOLCALL>";
+        break;
+    case TOOLCALL_APRIEL:
+        pre = "<tool_calls>[{\"name\": \"", mid = "\", \"arguments\": ", post = "}]</tool_calls>";
+        break;
+    case TOOLCALL_GRANITE:
+        pre = "<|tool_call|>[{\"name\": \"", mid = "\", \"arguments\": ", post = "}]";
+        break;
+    case TOOLCALL_FIREFUNCTION:
+        pre = " functools[{\"name\": \"", mid = "\", \"arguments\": ", post = "}]";
+        break;
     case TOOLCALL_QWEN3_CODER: // parameters as text: any "<parameter=K>\nV\n</parameter>"
+    case TOOLCALL_SEED_OSS:
     case TOOLCALL_GLM45:
     case TOOLCALL_DSML:
     default:
@@ -1207,8 +1275,14 @@ char *toolcall_grammar(toolcall_format f, const json_t *tools, const char *name)
         "ws ::= [ \\t\\n]{0,20}\n";
     srv_buf b = {0};
     bool ok = true;
+    static const char seed[] =
+        "root ::= \"<seed:tool_call>\\n<function=\" name \">\\n\" param* "
+        "\"</function>\\n</seed:tool_call>\"\n"
+        "param ::= \"<parameter=\" [a-zA-Z0-9_-]+ \">\" [^<]* \"</parameter>\\n\"\n";
     if (f == TOOLCALL_QWEN3_CODER)
         ok = srv_buf_add(&b, coder, sizeof coder - 1);
+    else if (f == TOOLCALL_SEED_OSS)
+        ok = srv_buf_add(&b, seed, sizeof seed - 1);
     else if (f == TOOLCALL_GLM45)
         ok = srv_buf_add(&b, glm, sizeof glm - 1);
     else if (f == TOOLCALL_DSML)

@@ -26,6 +26,12 @@
  *   kimi_k2      <|tool_calls_section_begin|><|tool_call_begin|>functions.N:I
  *                <|tool_call_argument_begin|>{...}<|tool_call_end|>...
  *                <|tool_calls_section_end|>
+ *   nemotron     <TOOLCALL>[{"name": N, "arguments": {...}}, ...]</TOOLCALL>
+ *   apriel       <tool_calls>[{"name": N, "arguments": {...}}, ...]</tool_calls>
+ *   granite      <|tool_call|>[{"name": N, "arguments": {...}}, ...] (Granite 3.x)
+ *   firefunction functools[{"name": N, "arguments": {...}}, ...]
+ *   seed_oss     <seed:tool_call><function=N><parameter=P>V</parameter>...
+ *                </function></seed:tool_call>
  * Text that looks like a call but does not parse stays content: no byte of
  * the output is lost, except the whitespace right after a closing think
  * marker and before an opening one (formatting, as the templates strip it).
@@ -53,13 +59,22 @@ typedef enum toolcall_format {
     TOOLCALL_DEEPSEEK = 6,
     TOOLCALL_DSML = 7,
     TOOLCALL_KIMI_K2 = 8,
-    TOOLCALL__COUNT = 9,
+    TOOLCALL_NEMOTRON = 9,
+    TOOLCALL_APRIEL = 10,
+    TOOLCALL_GRANITE = 11,
+    TOOLCALL_FIREFUNCTION = 12,
+    TOOLCALL_SEED_OSS = 13,
+    TOOLCALL__COUNT = 14,
 } toolcall_format;
 
 #define TOOLCALL_MAX_CALLS 64   /* calls kept per answer; later ones stay content */
 #define TOOLCALL_MAX_TOOLS 128  /* tools per request */
 #define TOOLCALL_MAX_DEPTH 64   /* JSON nesting in a call's arguments */
 #define TOOLCALL_MAX_PARAMS 256 /* parameters of one XML-style call */
+/* A call (or a section of calls), marker to end, longer than this is
+ * content: it bounds the re-parsing of an open call to this many bytes per
+ * push. */
+#define TOOLCALL_MAX_CALL_BYTES 32768
 
 /* The format a chat template's source text renders tool calls in, from its
  * distinctive markers; TOOLCALL_NONE when it has none (or src is NULL).

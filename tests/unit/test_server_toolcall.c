@@ -16,7 +16,8 @@
 
 /* A parse's result in one comparable string set. */
 typedef struct result {
-    char content[4096], reasoning[1024], calls[4096]; /* calls: "name args\n" each */
+    char content[2 * TOOLCALL_MAX_CALL_BYTES], reasoning[1024]; /* calls: "name args\n" each */
+    char calls[2 * TOOLCALL_MAX_CALL_BYTES];
     char ids[1024];                                   /* "id\n" each */
 } result;
 
@@ -46,7 +47,7 @@ static void feed(const toolcall_cfg *cfg, const char *text, const size_t *cuts, 
                  result *r) {
     toolcall_parser *p;
     CHECK(toolcall_parser_create(cfg, &p) == KS_OK);
-    static char content[8192], reasoning[8192];
+    static char content[2 * TOOLCALL_MAX_CALL_BYTES], reasoning[8192];
     size_t cl = 0, rl = 0, len = strlen(text), at = 0;
     int calls = 0;
     toolcall_delta d;
@@ -181,23 +182,19 @@ static void test_hermes(void) {
     expect(&c, "<tool_call>{\"name\": \"f\", \"arguments\": {}} and more", " and more", NULL,
            "f {}\n");
     // malformed: stays content, byte for byte
-    const char
-        *
-            bad
-                [] =
-                    {
-                        "<tool_call>\n{\"name\": \"f\", \"arguments\": {]}\n</tool_call>",
-                        "<tool_call>{\"foo\": 1}</tool_call>",
-                        "<tool_call>{\"name\": 3, \"arguments\": {}}</tool_call>",
-                        "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
-                        "<tool_call>{\"name\": \"\", \"arguments\": {}}</tool_call>",
-                        "<tool_call>not json</tool_call>",
-                        "<tool_call>\n{\"name\": \"f\", \"argu", // unfinished
-                        "text <tool_ca",                         // a marker's prefix at the end
-                        "<tool_call>",
-                        "<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": "
-                        "\"\\ud800\"}}</tool_call>", // lone surrogate
-                    };
+    const char *bad[] = {
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {]}\n</tool_call>",
+        "<tool_call>{\"foo\": 1}</tool_call>",
+        "<tool_call>{\"name\": 3, \"arguments\": {}}</tool_call>",
+        "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
+        "<tool_call>{\"name\": \"\", \"arguments\": {}}</tool_call>",
+        "<tool_call>not json</tool_call>",
+        "<tool_call>\n{\"name\": \"f\", \"argu", // unfinished
+        "text <tool_ca",                         // a marker's prefix at the end
+        "<tool_call>",
+        ("<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": "
+         "\"\\ud800\"}}</tool_call>"), // lone surrogate
+    };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         expect(&c, bad[i], bad[i], NULL, NULL);
     // a bad call next to good ones: only the bad one is content
@@ -367,6 +364,32 @@ static void test_kimi(void) {
     CHECK_STR_EQ(r.ids, "functions.get_weather:0\nfunctions.now:1\n"); // the template reuses them
 }
 
+static void test_json_lists(void) {
+    toolcall_cfg c = cfg_of(TOOLCALL_NEMOTRON);
+    expect(&c,
+           "<TOOLCALL>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+           "{\"name\": \"now\", \"arguments\": \"{}\"}]</TOOLCALL>",
+           "", NULL, "get_weather {\"city\":\"Paris\"}\nnow {}\n");
+    expect(&c, "<TOOLCALL>[{\"x\": 1}]</TOOLCALL>", "<TOOLCALL>[{\"x\": 1}]</TOOLCALL>", NULL,
+           NULL);
+    c = cfg_of(TOOLCALL_APRIEL);
+    expect(&c, "Sure\n<tool_calls>[{\"name\": \"f\", \"arguments\": {\"a\": 1}}]</tool_calls>",
+           "Sure\n", NULL, "f {\"a\":1}\n");
+    c = cfg_of(TOOLCALL_GRANITE);
+    expect(&c, "<|tool_call|>[{\"name\": \"f\", \"arguments\": {}}]", "", NULL, "f {}\n");
+    expect(&c, "<|tool_call|>[", "<|tool_call|>[", NULL, NULL);
+    c = cfg_of(TOOLCALL_FIREFUNCTION);
+    expect(&c, " functools[{\"name\": \"f\", \"arguments\": {\"q\": \"x\"}}]", " ", NULL,
+           "f {\"q\":\"x\"}\n");
+    expect(&c, "functools[oops", "functools[oops", NULL, NULL);
+    c = cfg_of(TOOLCALL_SEED_OSS);
+    expect(&c,
+           "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
+           "<parameter=days>3</parameter>\n</function>\n</seed:tool_call>",
+           "", NULL, "get_weather {\"city\":\"Paris\",\"days\":3}\n");
+    expect(&c, "<seed:tool_call>\n<function=f>\n", "<seed:tool_call>\n<function=f>\n", NULL, NULL);
+}
+
 // ----------------------------------------------------------------------------
 // Reasoning
 
@@ -380,6 +403,15 @@ static void test_reasoning(void) {
     expect(&c, "<thi", "<thi", "", NULL);
     expect(&c, "  ", "  ", "", NULL);
     expect(&c, "", "", "", NULL);
+    // a think block only comes first: after 4 KiB of whitespace it is content
+    static char ws[6000];
+    memset(ws, ' ', 5000);
+    strcpy(ws + 5000, "<think>x</think>");
+    expect(&c, ws, ws, "", NULL);
+    memset(ws, 0, sizeof ws);
+    memset(ws, '\n', 4096);
+    strcpy(ws + 4096, "<think>x</think>y");
+    expect(&c, ws, "y", "x", NULL);
     // the prompt opened the block (DeepSeek-R1, QwQ)
     c.in_reasoning = true;
     expect(&c, "I think.\n</think>\n\nAnswer </think>", "Answer </think>", "I think.\n", NULL);
@@ -433,6 +465,37 @@ static void test_limits(void) {
     oneshot(&c, text, &r);
     CHECK_STR_EQ(r.calls, "");
     CHECK_STR_EQ(r.content, text);
+    // a call longer than TOOLCALL_MAX_CALL_BYTES is content, however it is split;
+    // one just under the limit is a call
+    static char big[2 * TOOLCALL_MAX_CALL_BYTES];
+    static size_t cuts[2 * TOOLCALL_MAX_CALL_BYTES];
+    static result big1, big2;
+    for (int over = 0; over < 2; over++) {
+        const char *head = "<tool_call>{\"name\": \"w\", \"arguments\": {\"s\": \"";
+        const char *tail = "\"}}</tool_call> after";
+        size_t fill = TOOLCALL_MAX_CALL_BYTES - strlen(head) - strlen(tail) + strlen(" after") +
+                      (over ? 100 : 0);
+        n = (size_t)snprintf(big, sizeof big, "%s", head);
+        memset(big + n, 'x', fill);
+        n += fill;
+        snprintf(big + n, sizeof big - n, "%s", tail);
+        oneshot(&c, big, &big1);
+        CHECK_EQ(big1.calls[0] != '\0', !over);
+        if (over)
+            CHECK_STR_EQ(big1.content, big);
+        else
+            CHECK_STR_EQ(big1.content, " after");
+        int nc = 0; // token-like chunks of 1..8 bytes
+        uint32_t x = 7;
+        for (size_t at = 0;;) {
+            x = x * 1103515245u + 12345u;
+            at += 1 + (x >> 16) % 8;
+            if (at >= strlen(big)) break;
+            cuts[nc++] = at;
+        }
+        feed(&c, big, cuts, nc, &big2);
+        same(&big1, &big2, "(big call)", "chunks");
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -486,7 +549,12 @@ static void test_detect(void) {
         {"deepseek-ai-DeepSeek-V3.2.jinja", TOOLCALL_DSML, "<think>"},
         {"deepseek-ai-DeepSeek-V4.jinja", TOOLCALL_DSML, "<think>"},
         {"moonshotai-Kimi-K2.jinja", TOOLCALL_KIMI_K2, NULL},
-        {"ByteDance-Seed-OSS.jinja", TOOLCALL_NONE, "<seed:think>"},
+        {"ByteDance-Seed-OSS.jinja", TOOLCALL_SEED_OSS, "<seed:think>"},
+        {"NVIDIA-Nemotron-Nano-v2.jinja", TOOLCALL_NEMOTRON, "<think>"},
+        {"unsloth-Apriel-1.5.jinja", TOOLCALL_APRIEL, NULL},
+        {"ibm-granite-granite-3.3-2B-Instruct.jinja", TOOLCALL_GRANITE, "<think>"},
+        {"ibm-granite-granite-4.0.jinja", TOOLCALL_HERMES, NULL},
+        {"fireworks-ai-llama-3-firefunction-v2.jinja", TOOLCALL_FIREFUNCTION, NULL},
         {"google-gemma-2-2b-it.jinja", TOOLCALL_NONE, NULL},
     };
     char path[1024];
@@ -630,6 +698,7 @@ int main(void) {
     test_deepseek();
     test_dsml();
     test_kimi();
+    test_json_lists();
     test_reasoning();
     test_limits();
     test_detect();
