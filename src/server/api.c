@@ -573,8 +573,7 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
             goto fail;
         }
         if (!api__messages(r, msgs, err)) goto fail;
-        if (!srv_chat_prepare(r, root, err)) goto fail;
-        if (!toolcall_req_parse(root, &r->tools, err)) goto fail;
+        if (!toolcall_req_parse(root, &r->tc, err) || !srv_chat_prepare(r, root, err)) goto fail;
         break;
     case SRV_ROUTE_COMPLETIONS:
         if (!prompt) {

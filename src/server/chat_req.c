@@ -157,41 +157,11 @@ fail:
     return NULL;
 }
 
-/* tools: [{type: "function", function: {name, description?, parameters?}}] */
-static bool chat__tools(json_t *tools, srv_error *err) {
-    if (!json_is_array(tools))
-        return INVALID(err, "tools", "'tools' must be an array, got %s", chat__type(tools));
-    size_t i;
-    json_t *t;
-    json_array_foreach(tools, i, t) {
-        char pname[64];
-        snprintf(pname, sizeof pname, "tools[%zu]", i);
-        json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
-        if (!json_is_object(t) || !json_is_string(type) ||
-            strcmp(json_string_value(type), "function") != 0 || !json_is_object(fn))
-            return INVALID(err, pname, "'%s' must be {\"type\": \"function\", \"function\": {...}}",
-                           pname);
-        json_t *name = json_object_get(fn, "name"), *desc = json_object_get(fn, "description");
-        json_t *params = json_object_get(fn, "parameters");
-        if (!json_is_string(name) || json_string_length(name) == 0)
-            return INVALID(err, pname, "'%s.function.name' must be a non-empty string", pname);
-        if (desc && !json_is_string(desc) && !json_is_null(desc))
-            return INVALID(err, pname, "'%s.function.description' must be a string", pname);
-        if (params && !json_is_object(params) && !json_is_null(params))
-            return INVALID(err, pname, "'%s.function.parameters' must be a JSON Schema object",
-                           pname);
-    }
-    return true;
-}
-
 bool srv_chat_prepare(srv_request *r, json_t *root, srv_error *err) {
     json_t *msgs = json_object_get(root, "messages");
     json_t *tools = json_object_get(root, "tools");
     json_t *kw = json_object_get(root, "chat_template_kwargs");
-    if (tools && !json_is_null(tools)) {
-        if (!chat__tools(tools, err)) return false;
-        if (json_array_size(tools)) r->tools = tools;
-    }
+    if (json_array_size(tools)) r->tools = tools; // toolcall_req_parse validated them
     if (kw && !json_is_null(kw)) {
         if (!json_is_object(kw))
             return INVALID(err, "chat_template_kwargs",

@@ -600,7 +600,7 @@ static void srv__toolcall_setup(server *s) {
  * starts as reasoning. KS_ERR_NOMEM. */
 static ks_err srv__gen_toolcall(server *s, srv_gen *g, const srv_request *rq, const char *prompt,
                                 size_t len) {
-    const toolcall_req *tr = &rq->tools;
+    const toolcall_req *tr = &rq->tc;
     bool calls = tr->tools && tr->choice != TOOLCALL_CHOICE_NONE && s->tc_format != TOOLCALL_NONE;
     if (!calls && !s->think_open) return KS_OK;
     g->tc_tools = tr->tools ? json_incref((json_t *)tr->tools) : NULL;

@@ -128,7 +128,7 @@ typedef struct srv_request {
     bool ignore_eos;
     grammar *grammar;          /* response_format / grammar compiled (NULL: none); owned */
     const char *grammar_param; /* the field it came from ("response_format", "grammar") */
-    toolcall_req tools; /* chat: tools, tool_choice, parallel_tool_calls (toolcall.h) */
+    toolcall_req tc;    /* chat: tools, tool_choice, parallel_tool_calls (toolcall.h) */
 } srv_request;
 
 /* Parses and validates a request body for route (CHAT, COMPLETIONS or

@@ -19,7 +19,11 @@ command -v node >/dev/null || skip "node is not installed (scripts/install-deps.
 [ -d "$(dirname "$0")/js/node_modules/openai" ] || skip "the openai npm package is not installed (scripts/install-deps.sh)"
 JS=$(dirname "$0")/js/tools_client.mjs
 
-start_server "$TMPD/tools.log" --alias kjv --tool-call-format hermes
+# tools need a chat template (kjv-mini has none): one that renders the
+# plain format kjv-mini answers REF to, and leaves the tools out
+printf '%s' '{{- bos_token }}{% for m in messages %}{% if m.role == "user" %}User: {{ m.content }}
+Assistant:{% endif %}{% endfor %}' >"$TMPD/plain.jinja"
+start_server "$TMPD/tools.log" --alias kjv --tool-call-format hermes --chat-template-file "$TMPD/plain.jinja"
 expect_has "format logged" "$(cat "$TMPD/tools.log")" "tool calls in format hermes"
 KS_URL=$KS_URL KS_MODEL_NAME=kjv KS_MODE=tools node "$JS" || fail "tools client checks failed"
 U=$KS_URL

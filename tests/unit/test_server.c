@@ -295,7 +295,7 @@ static void test_request_invalid(void) {
     expect_invalid(H,
                    "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
                    "\"tools\":[{\"type\":\"function\"}]}",
-                   "tools[0]", NULL, "must be {");
+                   "tools[0].function", NULL, "must be an object");
     expect_invalid(H,
                    "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
                    "\"chat_template_kwargs\":{\"tools\":1}}",

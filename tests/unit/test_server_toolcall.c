@@ -597,9 +597,9 @@ static void req_ok(const char *tail, toolcall_choice choice, bool parallel, bool
         fprintf(stderr, "refused: %s: %s\n", body, e.msg);
         CHECK(!"valid tool fields refused");
     }
-    CHECK_EQ(r.tools.choice, choice);
-    CHECK_EQ(r.tools.parallel, parallel);
-    CHECK_EQ(r.tools.tools != NULL, has_tools);
+    CHECK_EQ(r.tc.choice, choice);
+    CHECK_EQ(r.tc.parallel, parallel);
+    CHECK_EQ(r.tc.tools != NULL, has_tools);
     srv_request_free(&r);
 }
 

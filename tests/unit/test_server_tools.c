@@ -302,10 +302,20 @@ int main(void) {
     o.port = 0;
     o.n_ctx = 512;
     o.model_name = "kjv";
-    o.tool_call_format = TOOLCALL_HERMES; // kjv-mini has no template to tell
+    o.tool_call_format = TOOLCALL_HERMES; // the template below does not tell
+    // tools need a chat template (kjv-mini has none): a minimal one of our own
+    char tmpl[64];
+    snprintf(tmpl, sizeof tmpl, "/tmp/ks_test_tools_%d.jinja", (int)getpid());
+    FILE *tf = fopen(tmpl, "w");
+    CHECK(tf != NULL);
+    fputs("{{- bos_token }}{% for m in messages %}User: {{ m.content }}\nAssistant:{% endfor %}",
+          tf);
+    fclose(tf);
+    o.chat_template_file = tmpl;
     o.reasoning_format = 1;               // deepseek: <think> ... </think>
     server *s;
     CHECK(server_create_backend(&o, &b, m, &s, &eb) == KS_OK);
+    unlink(tmpl);
     int port = server_port(s);
 
     const char *weather = "get_weather {\"city\":\"Paris\"}\n";

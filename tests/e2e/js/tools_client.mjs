@@ -10,7 +10,7 @@
 // route gives for that prompt; a prompt that does not stays content.
 import OpenAI from 'openai';
 
-const REF = ' of the Lord, and in the Lord Jesus Christ. And I will send my voice, and will not hear the ' +
+let REF = ' of the Lord, and in the Lord Jesus Christ. And I will send my voice, and will not hear the ' +
   'word of God, but that the Lord Jesus Christ is in the Lord Jesus. And I say unto you, that ye may be ' +
   'the Lord Jesus Christ, and the Lord Jesus Christ,';
 const client = new OpenAI({ baseURL: `${process.env.KS_URL}/v1`, apiKey: 'none', maxRetries: 0 });
@@ -53,8 +53,12 @@ async function refused(body, status, code, param, needle) {
 
 const base = { model, messages: user('In the beginning'), max_tokens: 60, temperature: 0 };
 if (process.env.KS_MODE === 'tools') {
+  // the server renders its own chat template (tools need one): REF is its
+  // answer without tools, which every request with tools must give too
   const plain = await client.chat.completions.create(base);
-  check(plain.choices[0].message.content === REF, `plain content ${JSON.stringify(plain.choices[0].message)}`);
+  REF = plain.choices[0].message.content;
+  check(typeof REF === 'string' && REF.length > 20 && plain.choices[0].finish_reason === 'length',
+    `plain content ${JSON.stringify(plain.choices[0].message)}`);
   for (const extra of [{ tools }, { tools, tool_choice: 'auto' }, { tools, tool_choice: 'none' },
     { tools, parallel_tool_calls: false }]) {
     const r = await client.chat.completions.create({ ...base, ...extra });
