@@ -104,8 +104,22 @@ static void py_repr_str(jr *r, jbuf *b, const char *s, size_t n) {
     jb_put(r, b, &q, 1);
 }
 
+/* Enters container c for printing; false when c is already being printed
+ * (a namespace that holds itself): Python then prints "{...}" / "[...]". */
+static bool print_enter(jr *r, const void *c) {
+    for (int i = 0; i < r->pdepth; i++)
+        if (r->pstack[i] == c) return false;
+    if (r->pdepth >= 200) jr_fail(r, "a value nested too deeply to print");
+    r->pstack[r->pdepth++] = c;
+    return true;
+}
+
 static void jv_repr_seq(jr *r, jbuf *b, const jv *v) {
     bool tuple = v->flags & JV_F_TUPLE;
+    if (!print_enter(r, v->u.l)) {
+        jb_puts(r, b, tuple ? "(...)" : "[...]");
+        return;
+    }
     jb_puts(r, b, tuple ? "(" : "[");
     for (size_t i = 0; i < v->u.l->n; i++) {
         if (i) jb_puts(r, b, ", ");
@@ -113,9 +127,14 @@ static void jv_repr_seq(jr *r, jbuf *b, const jv *v) {
     }
     if (tuple && v->u.l->n == 1) jb_puts(r, b, ",");
     jb_puts(r, b, tuple ? ")" : "]");
+    r->pdepth--;
 }
 
 static void jv_repr_dict(jr *r, jbuf *b, const jdict *d) {
+    if (!print_enter(r, d)) {
+        jb_puts(r, b, "{...}");
+        return;
+    }
     jb_puts(r, b, "{");
     for (size_t i = 0; i < d->n; i++) {
         if (i) jb_puts(r, b, ", ");
@@ -124,6 +143,7 @@ static void jv_repr_dict(jr *r, jbuf *b, const jdict *d) {
         jv_repr_to(r, b, &d->v[i]);
     }
     jb_puts(r, b, "}");
+    r->pdepth--;
 }
 
 void jv_escape_to(jr *r, jbuf *b, const char *s, size_t n) {
@@ -883,7 +903,7 @@ jv jinja__call_func(jr *r, jfunc *fn, jv *args, const char **names, size_t n) {
                 jd_set(r, d.u.d, g.a[i].u.d->k[k], g.a[i].u.d->v[k]);
         }
         for (size_t i = g.n_pos; i < n; i++)
-            jd_set(r, d.u.d, jv_cstr(r, names[i]), args[i]);
+            if (names && names[i]) jd_set(r, d.u.d, jv_cstr(r, names[i]), args[i]);
         if (fn->id == F_NAMESPACE) d.t = JV_NS;
         return d;
     }

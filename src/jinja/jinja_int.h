@@ -217,6 +217,8 @@ typedef struct jr {
     jframe *globals;
     time_t now;
     int brk; /* 1 break, 2 continue pending */
+    int pdepth; /* nesting of the value being printed (namespaces can hold themselves) */
+    const void *pstack[201]; /* (pdepth) the containers being printed, for Python's "{...}" */
 } jr;
 
 _Noreturn void jr_fail(jr *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
