@@ -153,4 +153,13 @@ req "plain chat" 200 "${J[@]}" "$U/v1/chat/completions" \
     -d '{"model":"kjv","max_tokens":1,"messages":[{"role":"user","content":"In the beginning"}]}'
 expect_has "plain prompt = the raw text" "$BODY" '"prompt_tokens":5,'
 stop_server
+
+# ---- the cluster router renders chat the same way (--chat-template-file is
+# a router option; the workers get token ids)
+ROUTER_ARGS="--chat-template-file $T" start_cluster "$TMPD/c" 1 1 -m "$M"
+expect_has "router log names the template" "$(cat "$KS_ROUTER_LOG")" "chat template: $T"
+req "router chat with tools" 200 "${J[@]}" "$KS_URL/v1/chat/completions" \
+    -d "${BODY_JSON/\"model\":\"kjv\"/\"model\":\"kjv-mini\"}"
+expect_has "router prompt tokens = serve's" "$BODY" "\"prompt_tokens\":$P,"
+stop_cluster
 echo "PASS"
