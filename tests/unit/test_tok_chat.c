@@ -136,6 +136,11 @@ static void test_plain_and_errors(void) {
     CHECK_STR_HAS(eb.msg, "tokenizer.chat_template.tool_use");
     CHECK_STR_HAS(eb.msg, "no tools here");
     gguf_close(f);
+    /* a tool_use variant that needs tools is test-rendered with one */
+    f = mk_gguf(k_main, "{% for t in tools %}{{ t.function.name }}{% endfor %}");
+    CHECK_EQ(chat_tmpl_load(f, NULL, NULL, &t, &eb), KS_OK);
+    chat_tmpl_free(t);
+    gguf_close(f);
     /* a template that refuses a system message still loads */
     const char *nosys = "{% if messages[0].role == 'system' %}{{ raise_exception('no system') }}"
                         "{% endif %}ok";
