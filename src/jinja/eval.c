@@ -1043,7 +1043,7 @@ jv jinja__call_macro(jr *r, jmacro *m, jv *args, const char **names, size_t n) {
 void jinja_limits_default(jinja_limits *l) {
     l->max_src_bytes = (size_t)1 << 20;
     l->max_depth = 128;
-    l->max_calls = 64;
+    l->max_calls = 32; /* with max_depth, bounds the C stack a render uses (~2 MB) */
     l->max_steps = 20 * 1000 * 1000;
     l->max_out_bytes = (size_t)8 << 20;
     l->max_mem_bytes = (size_t)128 << 20;

@@ -217,6 +217,8 @@ typedef struct jr {
     jframe *globals;
     time_t now;
     int brk; /* 1 break, 2 continue pending */
+    int pdepth; /* nesting of the value being printed (namespaces can hold themselves) */
+    const void *pstack[201]; /* (pdepth) the containers being printed, for Python's "{...}" */
 } jr;
 
 _Noreturn void jr_fail(jr *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -250,9 +252,13 @@ void jv_escape_to(jr *r, jbuf *b, const char *s, size_t n);
 void jv_str_to(jr *r, jbuf *b, const jv *v);
 void jv_repr_to(jr *r, jbuf *b, const jv *v);
 jv jv_tostr(jr *r, const jv *v); /* str(v) as a JV_STR value */
-/* json.dumps(v, ensure_ascii=False, indent=indent (<0: none)) */
-void jv_json_to(jr *r, jbuf *b, const jv *v, int indent, int level, const char *item_sep,
-                const char *key_sep);
+/* json.dumps(v, ...) with these options (HF's tojson: ensure_ascii off) */
+typedef struct json_fmt {
+    const char *indent; /* NULL: no newlines */
+    const char *item_sep, *key_sep;
+    bool ascii, sort_keys;
+} json_fmt;
+void jv_json_to(jr *r, jbuf *b, const jv *v, const json_fmt *f);
 /* materializes an iterable as a list (dict: keys; str: characters; undefined: empty) */
 jlist *jv_iter(jr *r, const jv *v);
 

@@ -595,6 +595,9 @@ static void jp_args(jp *p, jp_vec *v) {
             strcmp(p->toks[p->pos + 1].s, "=") == 0) {
             kw = jp_cur(p)->s;
             p->pos += 2;
+        } else if (v->n && v->names[v->n - 1]) {
+            jp_fail(p, KS_ERR_FORMAT, jp_cur(p)->line,
+                    "positional argument after keyword argument");
         }
         jp_vec_push(p, v, jp_expr(p), kw);
     }

@@ -3,14 +3,15 @@
  * validated with OpenAI's error shape and turned into the JSON the template
  * renders (server_int.h: srv_chat_prepare, srv_chat_render).
  *
- * Messages reach the template as Hugging Face and vLLM pass them: role,
- * content (a string, or null on an assistant message that only calls
- * tools; text parts joined), name, tool_call_id, reasoning_content, and
+ * Messages reach the template as vLLM passes them: role, content (a string;
+ * "" for the null content of an assistant message that only calls tools;
+ * text parts joined by "\n"), name, tool_call_id, reasoning_content, and
  * tool_calls whose function.arguments, a JSON string on the wire, is parsed
  * into an object (templates iterate it or pass it to tojson). */
 #include "server_int.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define INVALID(err, param, ...) srv_refuse(err, ADMIT_INVALID, param, __VA_ARGS__)
@@ -113,8 +114,30 @@ static json_t *chat__message(srv_request *r, json_t *m, size_t i, srv_error *err
     }
     json_t *content = json_object_get(m, "content");
     bool null_content = json_is_null(content);
-    json_object_set_new(out, "content",
-                        null_content ? json_null() : json_string(r->msgs[i].content));
+    json_t *text;
+    if (json_is_array(content)) { /* text parts, joined by "\n" as vLLM joins them */
+        size_t k;
+        json_t *part;
+        text = json_string("");
+        json_array_foreach(content, k, part) {
+            json_t *t = json_object_get(part, "text");
+            char *joined = NULL;
+            if (asprintf(&joined, "%s%s%s", json_string_value(text), k ? "\n" : "",
+                         json_string_value(t)) < 0) {
+                json_decref(text);
+                json_decref(out);
+                srv_fail(err, 500, "internal_error", "out of memory");
+                return NULL;
+            }
+            json_string_set(text, joined);
+            free(joined);
+        }
+    } else {
+        /* null (a tool-calling assistant turn) reaches the template as "", as
+         * vLLM passes it: templates test `'</think>' in content` and the like */
+        text = json_string(null_content ? "" : r->msgs[i].content);
+    }
+    json_object_set_new(out, "content", text);
     json_t *tcs = json_object_get(m, "tool_calls");
     if (tcs && !json_is_null(tcs)) {
         snprintf(pname, sizeof pname, "messages[%zu].tool_calls", i);

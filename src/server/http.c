@@ -570,25 +570,17 @@ static void srv__gen_error(const srv_gen *g, const engine_event *ev, srv_error *
 // Generation: tool calls and reasoning (toolcall.h)
 
 /* The formats this server's chat answers use: --tool-call-format and
- * --reasoning-format, else what the GGUF's chat template shows. Can't fail:
- * a template that cannot be read has no markers. */
+ * --reasoning-format, else what the chat template rendered with tools
+ * (--chat-template-file's, the GGUF's tool_use variant or its main one)
+ * shows. Can't fail: no template has no markers. */
 static void srv__toolcall_setup(server *s) {
-    char *src = NULL;
-    gguf_str t;
-    const gguf_file *f = model_gguf(s->m);
-    if (f && gguf_get(f, "tokenizer.chat_template") &&
-        gguf_get_str(f, "tokenizer.chat_template", &t, NULL) == KS_OK &&
-        (src = malloc(t.len + 1))) {
-        memcpy(src, t.ptr, t.len);
-        src[t.len] = '\0';
-    }
+    const char *src = chat_tmpl_source(s->chat, true);
     s->tc_format = s->o.tool_call_format >= 0 && s->o.tool_call_format < TOOLCALL__COUNT
                        ? (toolcall_format)s->o.tool_call_format
                        : toolcall_format_detect(src);
     if (s->o.reasoning_format != 0 &&
         !toolcall_think_detect(src, &s->think_open, &s->think_close) && s->o.reasoning_format == 1)
         s->think_open = "<think>", s->think_close = "</think>";
-    free(src);
     ks_log(KS_LOG_INFO, "chat answers: tool calls in format %s, reasoning %s%s%s",
            toolcall_format_name(s->tc_format), s->think_open ? "split at " : "left in content",
            s->think_open ? s->think_open : "", s->think_open ? s->think_close : "");
@@ -1779,7 +1771,6 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     pthread_mutex_init(&s->lmu, NULL);
     s->max_token_bytes = tok_max_token_bytes(s->vocab);
     srv_metrics_init(&s->met);
-    srv__toolcall_setup(s);
     if (o->tenants_path) {
         size_t len = 0;
         char *text = NULL;
@@ -1825,6 +1816,7 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
                chat_tmpl_source(s->chat, true) != chat_tmpl_source(s->chat, false)
                    ? " (+ tokenizer.chat_template.tool_use for requests with tools)"
                    : "");
+    srv__toolcall_setup(s); // its formats come from the template
 
     // resolve the listen address (numeric or a name such as localhost)
     struct addrinfo hints = {.ai_family = AF_UNSPEC,

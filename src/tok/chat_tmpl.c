@@ -86,9 +86,11 @@ static ks_err chat__render(const chat_tmpl *t, const jinja_tmpl *jt, const json_
     return e;
 }
 
-/* Compiles and test-renders one template; what names it in messages. */
+/* Compiles and test-renders one template; what names it in messages. A
+ * tool_use variant is tried with a tool, as it will be used (some refuse to
+ * render without one). */
 static ks_err chat__compile(chat_tmpl *t, const char *src, size_t len, const char *what,
-                            jinja_tmpl **jt, char **copy, ks_errbuf *eb) {
+                            bool with_tools, jinja_tmpl **jt, char **copy, ks_errbuf *eb) {
     ks_errbuf tmp = {0};
     ks_err e = jinja_compile(src, len, NULL, jt, &tmp);
     if (e) return ks_seterr(eb, e, "chat template %s: %s", what, tmp.msg);
@@ -99,13 +101,18 @@ static ks_err chat__compile(chat_tmpl *t, const char *src, size_t len, const cha
                   "You are a test.", "role", "user", "content", "Hello", "role", "assistant",
                   "content", "Hi.", "role", "user", "content", "Bye");
     if (!msgs) return ks_seterr(eb, KS_ERR_NOMEM, "out of memory");
+    json_t *tools = with_tools ? json_pack("[{s:s,s:{s:s,s:s,s:{s:s,s:{}}}}]", "type", "function",
+                                           "function", "name", "test", "description", "A test.",
+                                           "parameters", "type", "object", "properties")
+                               : NULL;
     char *out = NULL;
-    e = chat__render(t, *jt, msgs, NULL, NULL, true, 0, &out, &tmp);
+    e = chat__render(t, *jt, msgs, tools, NULL, true, 0, &out, &tmp);
     if (e == KS_ERR_INVAL) { /* some templates refuse a system message: try without */
         json_array_remove(msgs, 0);
         ks_errbuf tmp2 = {0};
-        e = chat__render(t, *jt, msgs, NULL, NULL, true, 0, &out, &tmp2);
+        e = chat__render(t, *jt, msgs, tools, NULL, true, 0, &out, &tmp2);
     }
+    json_decref(tools);
     json_decref(msgs);
     free(out);
     if (e)
@@ -129,7 +136,7 @@ ks_err chat_tmpl_from_text(const char *src, size_t len, const char *what, const 
         e = ks_seterr(eb, KS_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if (src && (e = chat__compile(t, src, len, what, &t->main, &t->main_src, eb))) goto fail;
+    if (src && (e = chat__compile(t, src, len, what, false, &t->main, &t->main_src, eb))) goto fail;
     *out = t;
     return KS_OK;
 fail:
@@ -171,7 +178,7 @@ ks_err chat_tmpl_load(const gguf_file *f, const tok_vocab *v, const char *path, 
     gguf_str ts;
     if (gguf_get(f, "tokenizer.chat_template.tool_use") &&
         gguf_get_str(f, "tokenizer.chat_template.tool_use", &ts, NULL) == KS_OK) {
-        e = chat__compile(*out, ts.ptr, (size_t)ts.len, "tokenizer.chat_template.tool_use",
+        e = chat__compile(*out, ts.ptr, (size_t)ts.len, "tokenizer.chat_template.tool_use", true,
                           &(*out)->tools, &(*out)->tools_src, eb);
         if (e) {
             chat_tmpl_free(*out);

@@ -128,6 +128,14 @@ CONVS = {
     "thinking_on": dict(messages=[U1, {"role": "assistant", "content": "Hi!",
                                        "reasoning_content": "The user greets me."}, U2],
                         add_generation_prompt=True, enable_thinking=True),
+    "odd_text": dict(messages=[
+        {"role": "system", "content": "  Spaces around.\n\n"},
+        {"role": "user", "content": "{{ not_a_variable }} {% if %} <|im_end|> \t 😀 \u2028 end  "},
+        {"role": "assistant", "content": "<think>\nhidden\n</think>\n\nShown answer."},
+        {"role": "user", "content": ""},
+    ], add_generation_prompt=True),
+    "developer": dict(messages=[{"role": "developer", "content": "Answer in French."}, U1],
+                      add_generation_prompt=True),
 }
 
 

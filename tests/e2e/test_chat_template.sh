@@ -69,17 +69,18 @@ P=$(sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p' <<<"$BODY")
 
 if [ -n "$PY" ]; then
     # jinja2's rendering of the same conversation, as vLLM passes it (the
-    # arguments string parsed into an object, text parts joined)
+    # arguments string parsed into an object, null content as "", text
+    # parts joined by "\n")
     "$PY" - "$T" "$TMPD/want.txt" "$(dirname "$0")" <<'EOF2' || fail "jinja2 rendering failed"
 import json, sys
 sys.path.insert(0, sys.argv[3])
 import jinja_oracle as jo
 msgs = [{"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Weather in Zürich?"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
          "function": {"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}}]},
         {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "21C, clear"},
-        {"role": "user", "content": "And tomorrow?"}]
+        {"role": "user", "content": "And \ntomorrow?"}]
 tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                          "required": ["city"]}}}]
@@ -153,4 +154,13 @@ req "plain chat" 200 "${J[@]}" "$U/v1/chat/completions" \
     -d '{"model":"kjv","max_tokens":1,"messages":[{"role":"user","content":"In the beginning"}]}'
 expect_has "plain prompt = the raw text" "$BODY" '"prompt_tokens":5,'
 stop_server
+
+# ---- the cluster router renders chat the same way (--chat-template-file is
+# a router option; the workers get token ids)
+ROUTER_ARGS="--chat-template-file $T" start_cluster "$TMPD/c" 1 1 -m "$M"
+expect_has "router log names the template" "$(cat "$KS_ROUTER_LOG")" "chat template: $T"
+req "router chat with tools" 200 "${J[@]}" "$KS_URL/v1/chat/completions" \
+    -d "${BODY_JSON/\"model\":\"kjv\"/\"model\":\"kjv-mini\"}"
+expect_has "router prompt tokens = serve's" "$BODY" "\"prompt_tokens\":$P,"
+stop_cluster
 echo "PASS"

@@ -4,7 +4,9 @@
  * Each input is one request body, parsed as all three generation routes
  * (chat, completions, Workers AI). A parse that succeeds must have produced a
  * request the server can use: its chat messages are rendered with every
- * template family (src/tok/chat.c), as the server does next. A parse that
+ * template family (src/tok/chat.c) and, as the template-facing JSON
+ * (tools, tool calls, kwargs), through a Jinja chat template that walks
+ * every field (srv_chat_render, as the server does next). A parse that
  * fails must have produced an error the server can answer with
  * (srv_error_json must not fail), and so must the 404 for an unknown model,
  * which quotes the model name: from the body (a parsed request's model) or
@@ -31,6 +33,27 @@ static void fz__render(const srv_request *r) {
     }
 }
 
+/* A template that touches what a request can hand a template. */
+static const char fz__tmpl_src[] =
+    "{{ bos_token }}{% for m in messages %}{{ m.role }}:{{ m.content if m.content is string }}"
+    "{% for tc in m.tool_calls | default([]) %}{{ tc.function.name }}{{ tc.function.arguments "
+    "| tojson }}{% endfor %}{{ m.tool_call_id }}{{ m.name }}{{ m.reasoning_content }}"
+    "{% endfor %}{% if tools %}{{ tools | tojson(indent=2) }}{% endif %}"
+    "{{ enable_thinking is defined }}{{ add_generation_prompt }}";
+
+static void fz__render_tmpl(const srv_request *r) {
+    static chat_tmpl *t;
+    if (!t && chat_tmpl_from_text(fz__tmpl_src, sizeof fz__tmpl_src - 1, "fuzz", NULL, &t, NULL))
+        abort();
+    char *out = NULL;
+    bool add_special;
+    srv_error err;
+    ks_errbuf eb;
+    ks_err e = srv_chat_render(t, NULL, r, &out, &add_special, &err, &eb);
+    if (e == KS_OK && (!out || add_special)) abort();
+    free(out);
+}
+
 /* The 404 the server answers for an unknown model (src/server/http.c). */
 static void fz__not_found(srv_route route, const char *name) {
     srv_error err;
@@ -51,6 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (srv_request_parse(routes[i], (const char *)data, size, &r, &err)) {
             if (r.route != routes[i]) abort();
             if (r.n_msgs > 0) fz__render(&r);
+            if (r.tmpl_msgs) fz__render_tmpl(&r);
             /* every string the parser hands out must be readable */
             if (r.model) fz__not_found(routes[i], r.model);
             if (r.prompt) (void)strlen(r.prompt);

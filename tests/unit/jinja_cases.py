@@ -101,6 +101,7 @@ CASES = [
  ("{{ none | map('string') | list }}{{ none | selectattr('a') | list }}{% if [] | select('odd') %}gen-is-true{% endif %}{{ [3,1] | reverse | list }}{{ {'a':1} | items | list }}", "{}"),
  ("{{ 'a' | safe + '<b>' }}|{{ '<' + 'x' | safe }}|{{ ('x' | safe + '\"') ~ '<' }}|{{ '<' | e | e }}|{{ 'q' | safe + 'r' | safe }}", "{}"),
  ("{{ ([1,2] | map('string'))[0] is defined }}{{ (none)[1:] is defined }}", "{}"),
+ ("{% set ns = namespace(n=1) %}{% set ns.n = ns %}{{ ns }}|{% set a = namespace() %}{% set b = namespace(a=a) %}{% set a.b = b %}{{ [a, a] }}", "{}"),
 ]
 
 # (template, context, error substring kvseal must report) -- jinja2 raises for each
@@ -139,6 +140,7 @@ SYNTAX = [
  ("{% for x in %}{% endfor %}", "unexpected"),
  ("{{ x.}}", "expected an attribute name"),
  ("{% set %}", "expected a name"),
+ ("{{ namespace(a=1, 2) }}", "positional argument after keyword"),
 ]
 
 

@@ -9,6 +9,7 @@
 
 #include "../check.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +137,11 @@ static void test_plain_and_errors(void) {
     CHECK_STR_HAS(eb.msg, "tokenizer.chat_template.tool_use");
     CHECK_STR_HAS(eb.msg, "no tools here");
     gguf_close(f);
+    /* a tool_use variant that needs tools is test-rendered with one */
+    f = mk_gguf(k_main, "{% for t in tools %}{{ t.function.name }}{% endfor %}");
+    CHECK_EQ(chat_tmpl_load(f, NULL, NULL, &t, &eb), KS_OK);
+    chat_tmpl_free(t);
+    gguf_close(f);
     /* a template that refuses a system message still loads */
     const char *nosys = "{% if messages[0].role == 'system' %}{{ raise_exception('no system') }}"
                         "{% endif %}ok";
@@ -168,9 +174,47 @@ static void test_plain_and_errors(void) {
     chat_tmpl_free(t);
 }
 
+/* Every published template of ../shared/templates loads as a server would
+ * load it (compiled, test-rendered), except the few that jinja2 cannot
+ * render without tools (tool_use variants, firefunction's `functions`). */
+static void test_shared_templates(void) {
+    char dir[4096];
+    const char *d = getenv("KS_SHARED");
+    snprintf(dir, sizeof dir, "%s/templates", d ? d : "../shared");
+    DIR *dp = opendir(dir);
+    if (!dp) {
+        fprintf(stderr, "note: no %s, shared templates not loaded\n", dir);
+        return;
+    }
+    int n = 0, refused = 0;
+    struct dirent *de;
+    while ((de = readdir(dp))) {
+        size_t l = strlen(de->d_name);
+        if (l < 7 || strcmp(de->d_name + l - 6, ".jinja") != 0) continue;
+        char path[8192];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        chat_tmpl *t = NULL;
+        ks_errbuf eb = {0};
+        ks_err e = chat_tmpl_load(NULL, NULL, path, &t, &eb);
+        n++;
+        if (e) {
+            refused++;
+            fprintf(stderr, "refused at load: %s\n", eb.msg);
+            CHECK_STR_HAS(eb.msg, de->d_name);
+            bool expected = strstr(de->d_name, "tool_use") || strstr(de->d_name, "firefunction");
+            CHECK(expected);
+        }
+        chat_tmpl_free(t);
+    }
+    closedir(dp);
+    printf("shared templates: %d loaded, %d refused (they need tools)\n", n - refused, refused);
+    CHECK(n >= 40);
+}
+
 int main(void) {
     test_gguf_templates();
     test_plain_and_errors();
+    test_shared_templates();
     printf("test_tok_chat: OK\n");
     return 0;
 }
