@@ -116,7 +116,7 @@ bad "bad arguments" "messages[1].tool_calls[0].function.arguments" \
 bad "tool_calls on a user" "messages[0].tool_calls" \
     '{"model":"kjv","messages":[{"role":"user","content":"x","tool_calls":[]}]}'
 bad "tools not an array" "tools" '{"model":"kjv","messages":[{"role":"user","content":"x"}],"tools":{}}'
-bad "tool without a name" "tools[0]" \
+bad "tool without a name" "tools[0].function.name" \
     '{"model":"kjv","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{}}]}'
 bad "kwargs not an object" "chat_template_kwargs" \
     '{"model":"kjv","messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[1]}'
