@@ -909,7 +909,7 @@ typedef struct gm_state {
 
 #define GM__TABLE 32768 // > 1.6 * GRAMMAR_MAX_WORK: the (pos, parent) dedup table
 #define GM__MAX_NODES (1u << 22)
-#define GM__CACHE 8
+#define GM__CACHE 32
 #define GM__CACHE_MIN_VISITS 2000 // walks cheaper than this are not cached
 #define GM__KEY_MAX 4096
 
