@@ -306,7 +306,8 @@ static bool gm__define(gm_parser *ps, uint32_t r, gm_alts *a) {
     g->rules[r].defined = true;
     for (uint32_t i = 0; i < a->n; i++) {
         g->alts[g->n_alts++] = g->n_elems;
-        memcpy(g->elems + g->n_elems, a->a[i].e, a->a[i].n * sizeof *g->elems);
+        if (a->a[i].n) // an empty alternative has no array
+            memcpy(g->elems + g->n_elems, a->a[i].e, a->a[i].n * sizeof *g->elems);
         g->n_elems += a->a[i].n;
         g->elems[g->n_elems++] = (gm_elem){GM_END, 0};
     }
@@ -336,10 +337,10 @@ static bool gm__alts_add(gm_parser *ps, gm_alts *a, gm_seq s) {
 
 static bool gm__cset_new(gm_parser *ps, const gm_range *r, uint32_t n, bool neg, gm_elem *out) {
     grammar *g = ps->g;
-    if (!gm__grow((void **)&g->ranges, &g->cap_ranges, g->n_ranges + n, sizeof *g->ranges) ||
+    if (!gm__grow((void **)&g->ranges, &g->cap_ranges, g->n_ranges + n + 1, sizeof *g->ranges) ||
         !gm__grow((void **)&g->csets, &g->cap_csets, g->n_csets + 1, sizeof *g->csets))
         return gm__nomem(ps);
-    memcpy(g->ranges + g->n_ranges, r, n * sizeof *r);
+    if (n) memcpy(g->ranges + g->n_ranges, r, n * sizeof *r);
     g->csets[g->n_csets] = (gm_cset){g->n_ranges, n, neg};
     g->n_ranges += n;
     *out = (gm_elem){GM_CHAR, g->n_csets++};
@@ -909,7 +910,7 @@ typedef struct gm_state {
 
 #define GM__TABLE 32768 // > 1.6 * GRAMMAR_MAX_WORK: the (pos, parent) dedup table
 #define GM__MAX_NODES (1u << 22)
-#define GM__CACHE 8
+#define GM__CACHE 32
 #define GM__CACHE_MIN_VISITS 2000 // walks cheaper than this are not cached
 #define GM__KEY_MAX 4096
 
