@@ -586,6 +586,40 @@ static void srv__toolcall_setup(server *s) {
            s->think_open ? s->think_open : "", s->think_open ? s->think_close : "");
 }
 
+/* tool_choice "required" or a named function: rq's grammar becomes one
+ * call in the server's tool-call format (toolcall_grammar), so decoding
+ * can only write a call the parser reads back. False with *err (400) when
+ * the request also constrains the output otherwise, or the format has no
+ * grammar. */
+static bool srv__tool_choice_grammar(server *s, srv_request *rq, srv_error *err) {
+    const toolcall_req *tr = &rq->tc;
+    if (tr->choice != TOOLCALL_CHOICE_REQUIRED && tr->choice != TOOLCALL_CHOICE_NAMED) return true;
+    if (rq->grammar) {
+        srv_refuse(err, ADMIT_INVALID, "tool_choice",
+                   "'tool_choice' \"required\" or a named function cannot be combined with %s",
+                   rq->grammar_param ? rq->grammar_param : "a grammar");
+        return false;
+    }
+    char *gbnf = toolcall_grammar(s->tc_format, tr->tools,
+                                  tr->choice == TOOLCALL_CHOICE_NAMED ? tr->name : NULL);
+    if (!gbnf) {
+        srv_refuse(err, ADMIT_UNSUPPORTED_PARAMETER, "tool_choice",
+                   "'tool_choice' \"required\" or a named function needs a tool-call format "
+                   "with a grammar; this server's is '%s' (--tool-call-format)",
+                   toolcall_format_name(s->tc_format));
+        return false;
+    }
+    ks_errbuf eb = {0};
+    ks_err e = grammar_parse(gbnf, strlen(gbnf), &rq->grammar, &eb);
+    free(gbnf);
+    if (e) {
+        srv_refuse(err, ADMIT_INVALID, "tool_choice", "the tool-call grammar: %s", eb.msg);
+        return false;
+    }
+    rq->grammar_param = "tool_choice";
+    return true;
+}
+
 /* Sets up g's parser when its answer may hold tool calls (tools given,
  * tool_choice not "none", a format known) or reasoning (think markers).
  * prompt is the rendered chat: an answer that starts inside a think block
@@ -1145,6 +1179,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     p.stops = rq.stops;
     p.n_stops = rq.n_stops;
     p.ignore_eos = rq.ignore_eos;
+    if (route == SRV_ROUTE_CHAT && !srv__tool_choice_grammar(s, &rq, &err)) goto fail;
     p.grammar = rq.grammar;
     if (route == SRV_ROUTE_CHAT && srv__gen_toolcall(s, g, &rq, ptext, ptext_len)) {
         srv_fail(&err, 500, "internal_error", "out of memory");

@@ -1183,14 +1183,6 @@ bool toolcall_req_parse(json_t *root, toolcall_req *out, srv_error *err) {
                           "'tool_choice' names the function '%.64s', which is "
                           "not in 'tools'",
                           out->name);
-    // TODO(#12): with constrained decoding, toolcall_grammar enforces these
-    if (out->choice == TOOLCALL_CHOICE_REQUIRED || out->choice == TOOLCALL_CHOICE_NAMED)
-        return srv_refuse(err, ADMIT_UNSUPPORTED_PARAMETER, "tool_choice",
-                          "'tool_choice' %s%s%s is not supported yet: forcing a call needs "
-                          "constrained decoding; use \"auto\" or \"none\"",
-                          out->choice == TOOLCALL_CHOICE_NAMED ? "naming the function '" : "\"",
-                          out->choice == TOOLCALL_CHOICE_NAMED ? out->name : "required",
-                          out->choice == TOOLCALL_CHOICE_NAMED ? "'" : "\"");
     return true;
 }
 
@@ -1210,6 +1202,41 @@ static bool tc__gbnf_lit(srv_buf *b, const char *s) {
             ok = srv_buf_add(b, s, 1);
     }
     return ok && srv_buf_add(b, "\"", 1);
+}
+
+/* Appends "call ::= ..." (one alternative per tool of tools, or only the one
+ * named: its name as a literal, mid, then arguments) and each alternative's
+ * argument rules: those of grammar_schema_gbnf for the tool's parameters
+ * (prefix "tN-"), or the generic "object" rule where it has none or the
+ * schema compiler refuses it (a keyword it does not enforce). */
+static bool tc__gbnf_calls(srv_buf *b, const json_t *tools, const char *name, const char *mid) {
+    srv_buf rules = {0};
+    bool ok = srv_buf_add(b, "call ::= ", 9);
+    size_t i;
+    int n = 0;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        const json_t *fn = json_object_get(t, "function");
+        const char *nm = json_string_value(json_object_get(fn, "name"));
+        if (!nm || (name && strcmp(name, nm))) continue;
+        char pfx[32], *g = NULL;
+        snprintf(pfx, sizeof pfx, "t%zu-", i);
+        const json_t *params = json_object_get(fn, "parameters");
+        ks_errbuf eb = {0};
+        const bool narrowed =
+            json_is_object(params) && grammar_schema_gbnf(params, pfx, &g, &eb) == KS_OK;
+        if (narrowed) ok = ok && srv_buf_add(&rules, g, strlen(g));
+        free(g);
+        ok = ok && (!n++ || srv_buf_add(b, " | ", 3)) && srv_buf_add(b, "(", 1) &&
+             tc__gbnf_lit(b, nm) && srv_buf_add(b, " ", 1) && tc__gbnf_lit(b, mid) &&
+             srv_buf_add(b, " ", 1) &&
+             (narrowed ? srv_buf_add(b, pfx, strlen(pfx)) && srv_buf_add(b, "root", 4)
+                       : srv_buf_add(b, "object", 6)) &&
+             srv_buf_add(b, ")", 1);
+    }
+    ok = ok && n && srv_buf_add(b, "\n", 1) && (!rules.p || srv_buf_add(b, rules.p, rules.len));
+    srv_buf_free(&rules);
+    return ok;
 }
 
 char *toolcall_grammar(toolcall_format f, const json_t *tools, const char *name) {
@@ -1287,12 +1314,17 @@ char *toolcall_grammar(toolcall_format f, const json_t *tools, const char *name)
         ok = srv_buf_add(&b, glm, sizeof glm - 1);
     else if (f == TOOLCALL_DSML)
         ok = srv_buf_add(&b, dsml, sizeof dsml - 1);
-    else if (pre)
+    else if (pre) { // JSON arguments: per tool, its name then what its parameters accept
         ok = srv_buf_add(&b, "root ::= ", 9) && tc__gbnf_lit(&b, pre) &&
-             srv_buf_add(&b, " name ", 6) && tc__gbnf_lit(&b, mid) &&
-             srv_buf_add(&b, " object ", 8) && tc__gbnf_lit(&b, post) && srv_buf_add(&b, "\n", 1) &&
-             srv_buf_add(&b, json_rules, sizeof json_rules - 1);
-    else
+             srv_buf_add(&b, " call ", 6) && tc__gbnf_lit(&b, post) && srv_buf_add(&b, "\n", 1) &&
+             srv_buf_add(&b, json_rules, sizeof json_rules - 1) &&
+             tc__gbnf_calls(&b, tools, name, mid);
+        if (!ok) {
+            srv_buf_free(&b);
+            return NULL;
+        }
+        return b.p;
+    } else
         return NULL;
     // name ::= the allowed names
     ok = ok && srv_buf_add(&b, "name ::= ", 9);

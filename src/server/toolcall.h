@@ -178,10 +178,8 @@ typedef struct toolcall_req {
 /* Validates "tools", "tool_choice" and "parallel_tool_calls" of a chat body
  * (root) into *out. False with *err filled (400, param named): wrong types or
  * shapes, a function name OpenAI would refuse, tool_choice naming a function
- * that is not in tools, "required"/named without tools, and — until
- * constrained decoding lands — "required" and a named function (400
- * unsupported_parameter: toolcall_grammar is the grammar that will enforce
- * them). Pure. */
+ * that is not in tools, "required"/named without tools ("required" and a
+ * named function are enforced by toolcall_grammar's grammar). Pure. */
 bool toolcall_req_parse(json_t *root, toolcall_req *out /* OUT */, srv_error *err /* OUT */);
 
 /* GBNF (llama.cpp's grammar syntax) for exactly one call, in format f, of

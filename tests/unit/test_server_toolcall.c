@@ -634,7 +634,7 @@ static void test_request(void) {
            TOOLCALL_CHOICE_NONE, false, true);
     req_ok(",\"tools\":[" TOOL "],\"tool_choice\":\"auto\"", TOOLCALL_CHOICE_AUTO, true, true);
     req_ok(",\"tool_choice\":\"none\"", TOOLCALL_CHOICE_NONE, true, false);
-    const char *ip = "invalid_parameter", *up = "unsupported_parameter";
+    const char *ip = "invalid_parameter";
     req_bad(",\"tools\":{}", "tools", ip, "must be an array");
     req_bad(",\"tools\":[1]", "tools[0]", ip, "\"type\": \"function\"");
     req_bad(",\"tools\":[{\"type\":\"function\"}]", "tools[0].function", ip, "object");
@@ -651,12 +651,12 @@ static void test_request(void) {
             "tool_choice", ip, "not in 'tools'");
     req_bad(",\"tool_choice\":\"required\"", "tool_choice", ip, "needs a non-empty 'tools'");
     req_bad(",\"parallel_tool_calls\":1", "parallel_tool_calls", ip, "boolean");
-    // until constrained decoding lands: a clear refusal
-    req_bad(",\"tools\":[" TOOL "],\"tool_choice\":\"required\"", "tool_choice", up,
-            "not supported yet");
-    req_bad(",\"tools\":[" TOOL "],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":"
-            "\"get_weather\"}}",
-            "tool_choice", up, "get_weather");
+    // enforced by the call grammar (the server's srv__tool_choice_grammar)
+    req_ok(",\"tools\":[" TOOL "],\"tool_choice\":\"required\"", TOOLCALL_CHOICE_REQUIRED, true,
+           true);
+    req_ok(",\"tools\":[" TOOL "],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":"
+           "\"get_weather\"}}",
+           TOOLCALL_CHOICE_NAMED, true, true);
     // a lot of tools: bounded
     static char many[65536];
     size_t n = (size_t)snprintf(many, sizeof many, ",\"tools\":[");
@@ -668,21 +668,56 @@ static void test_request(void) {
     req_bad(many, "tools", ip, "at most");
 }
 
+/* True when grammar text g compiles and a matcher accepts all of text as
+ * complete. */
+static bool grammar_takes(const char *g, const char *text) {
+    grammar *gr = NULL;
+    grammar_matcher *m = NULL;
+    ks_errbuf eb;
+    if (grammar_parse(g, strlen(g), &gr, &eb) != KS_OK) {
+        fprintf(stderr, "grammar does not compile: %s\n%s\n", eb.msg, g);
+        return false;
+    }
+    CHECK_EQ(grammar_matcher_create(gr, &m, &eb), KS_OK);
+    bool ok = grammar_matcher_accept(m, text, strlen(text)) && grammar_matcher_complete(m);
+    grammar_matcher_destroy(m);
+    grammar_unref(gr);
+    return ok;
+}
+
+/* toolcall_grammar compiles for every format, and for a JSON-argument
+ * format admits exactly the calls of the allowed tools whose arguments its
+ * parameters schema accepts (a tool without one: any object). */
 static void test_grammar(void) {
-    json_t *tools =
-        json_loads("[" TOOL ",{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]", 0, NULL);
+    json_t *tools = json_loads(
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{"
+        "\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
+        "\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]",
+        0, NULL);
     CHECK(tools);
     for (int f = 1; f < TOOLCALL__COUNT; f++) {
         char *g = toolcall_grammar((toolcall_format)f, tools, NULL);
         CHECK(g);
-        CHECK_STR_HAS(g, "root ::= ");
-        CHECK_STR_HAS(g, "name ::= \"get_weather\" | \"now\"");
+        grammar *gr = NULL;
+        ks_errbuf eb;
+        CHECK_EQ(grammar_parse(g, strlen(g), &gr, &eb), KS_OK);
+        grammar_unref(gr);
         free(g);
     }
-    char *g = toolcall_grammar(TOOLCALL_HERMES, tools, "now");
-    CHECK_STR_HAS(g, "name ::= \"now\"\n");
-    CHECK_STR_HAS(g, "root ::= \"<tool_call>\\n{\\\"name\\\": \\\"\" name");
-    free(g);
+    char *any = toolcall_grammar(TOOLCALL_HERMES, tools, NULL);
+    char *now = toolcall_grammar(TOOLCALL_HERMES, tools, "now");
+#define CALL(n, a) "<tool_call>\n{\"name\": \"" n "\", \"arguments\": " a "}\n</tool_call>"
+    CHECK(grammar_takes(any, CALL("get_weather", "{\"city\":\"Paris\"}")));
+    CHECK(grammar_takes(any, CALL("now", "{\"x\": [1, \"y\"]}")));
+    CHECK(!grammar_takes(any, CALL("get_weather", "{}")));                       // city is required
+    CHECK(!grammar_takes(any, CALL("get_weather", "{\"city\":1}")));             // and a string
+    CHECK(!grammar_takes(any, CALL("get_weather", "{\"city\":\"P\",\"d\":1}"))); // nothing else
+    CHECK(!grammar_takes(any, CALL("other", "{}")));
+    CHECK(grammar_takes(now, CALL("now", "{}")));
+    CHECK(!grammar_takes(now, CALL("get_weather", "{\"city\":\"Paris\"}")));
+#undef CALL
+    free(any);
+    free(now);
     CHECK(toolcall_grammar(TOOLCALL_NONE, tools, NULL) == NULL);
     CHECK(toolcall_grammar(TOOLCALL_HERMES, tools, "absent") == NULL);
     json_decref(tools);

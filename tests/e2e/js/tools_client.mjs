@@ -22,7 +22,7 @@ const tools = [{
   type: 'function',
   function: {
     name: 'get_weather', description: 'The weather in a city',
-    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+    parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 16 } }, required: ['city'] },
   },
 }];
 
@@ -69,10 +69,40 @@ if (process.env.KS_MODE === 'tools') {
     check(s.content === REF && s.calls === 0 && s.reasoning === '' && s.finish === 'length',
       `streamed with ${JSON.stringify(Object.keys(extra))}: ${JSON.stringify(s)}`);
   }
-  await refused({ ...base, tools, tool_choice: 'required' }, 400, 'unsupported_parameter', 'tool_choice',
-    'not supported yet');
-  await refused({ ...base, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } } }, 400,
-    'unsupported_parameter', 'tool_choice', 'get_weather');
+  // tool_choice "required" / named: decoding is constrained to one call in
+  // the server's format, its arguments to the tool's parameters schema
+  // (city required, nothing else), which the parser reads back into tool_calls
+  const named = { type: 'function', function: { name: 'get_weather' } };
+  for (const tool_choice of ['required', named]) {
+    const body = { ...base, max_tokens: 120, tools, tool_choice };
+    const r = await client.chat.completions.create(body);
+    const c = r.choices[0], call = c.message.tool_calls?.[0];
+    let args = null;
+    try { args = JSON.parse(call.function.arguments); } catch { /* checked below */ }
+    check(c.finish_reason === 'tool_calls' && c.message.content === null && c.message.tool_calls.length === 1 &&
+      call.type === 'function' && call.function.name === 'get_weather' && /^call_/.test(call.id) &&
+      args !== null && typeof args.city === 'string' && Object.keys(args).join() === 'city',
+      `forced call (${JSON.stringify(tool_choice)}): ${JSON.stringify(c)}`);
+    const s = await streamed(body);
+    check(s.calls >= 1 && s.finish === 'tool_calls' && s.content === '',
+      `forced call streamed (${JSON.stringify(tool_choice)}): ${JSON.stringify(s)}`);
+  }
+  // the npm client's tool loop: it runs the function the model called with
+  // the arguments the server parsed, sends the result back as a tool
+  // message, and (a single named function) ends after that call
+  const seen = [];
+  const runner = client.beta.chat.completions.runTools({
+    ...base, max_tokens: 120, tool_choice: named,
+    tools: [{ type: 'function', function: { ...tools[0].function, parse: JSON.parse,
+      function: async (a) => { seen.push(a); return 'sunny'; } } }],
+  });
+  const done = await runner.finalChatCompletion();
+  const msgs = runner.messages;
+  check(seen.length === 1 && typeof seen[0]?.city === 'string' && done.choices[0].finish_reason === 'tool_calls' &&
+    msgs.some((m) => m.role === 'tool' && m.content === 'sunny'),
+    `runTools: called ${JSON.stringify(seen)}, messages ${JSON.stringify(msgs)}`);
+  await refused({ ...base, tools, tool_choice: 'required', response_format: { type: 'json_object' } }, 400,
+    'invalid_parameter', 'tool_choice', 'cannot be combined');
   await refused({ ...base, tools, tool_choice: { type: 'function', function: { name: 'nope' } } }, 400,
     'invalid_parameter', 'tool_choice', "not in 'tools'");
 } else if (process.env.KS_MODE === 'reasoning') {
