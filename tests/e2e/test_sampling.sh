@@ -24,8 +24,15 @@ req "workers logit_bias" 400 "$KS_URL/accounts/a/ai/run/kjv" "${AUTH[@]}" -d '{"
 expect_has "workers logit_bias" "$BODY" 'logit_bias'
 req "chat echo" 400 "$KS_URL/v1/chat/completions" "${AUTH[@]}" -d '{"model":"kjv","messages":[{"role":"user","content":"x"}],"echo":true}'
 expect_has "chat echo" "$BODY" '"param":"echo"'
+# a client that disconnects mid-stream from n=4 choices: every choice is
+# cancelled and every page (shared prompt pages included) comes back once
+curl -sS -N -m 1 "$KS_URL/v1/completions" "${AUTH[@]}" -o "$TMPD/cut.sse" \
+    -d '{"model":"kjv","prompt":"In the beginning God created the heaven and the earth.","n":4,"max_tokens":400,"ignore_eos":true,"stream":true}' || true
+grep -q '"index":3' "$TMPD/cut.sse" || fail "the cut stream never carried choice 3: $(head -c 300 "$TMPD/cut.sse")"
+wait_for "the cut request's disconnect to be counted" metric_ge "$KS_URL" kvseal_client_disconnects_total 1
 # every page came back (n choices released once each, echo's extra rows)
-req "kv check" 200 "$KS_URL/admin/kv/check" -H "Authorization: Bearer adm-test"
+req "kv check" 200 "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))" -H "Authorization: Bearer adm-test"
+expect_has "kv check" "$BODY" 'scrubbed'
 stop_server
 
 # disaggregated serving: the decode worker's wire has no n, logit_bias or
