@@ -111,6 +111,15 @@ typedef struct engine_params {
                                     the grammar is complete (even with ignore_eos);
                                     generation stops (FINISH_STOP) once nothing more
                                     can follow */
+    /* issue 12 (kvseal serve only: the cluster router refuses them) */
+    const sample_bias *bias; /* (n_bias) logit_bias entries, validated; copied */
+    int n_bias;
+    bool prompt_logprobs; /* echo: post an ENGINE prompt event for every prompt token
+                             (the logprob of token i under the logits of position i-1;
+                             none for token 0) before any generated token; the prompt
+                             is then computed in full (no prefix-cache attach), and
+                             max_tokens may be 0 (the request ends after the prompt) */
+    int32_t prompt_top;   /* [0, SAMPLE_MAX_TOP]: alternatives per prompt token */
 } engine_params;
 
 typedef struct engine_req engine_req;
@@ -131,11 +140,33 @@ void engine_domain_root(const engine_params *p, uint8_t root[KV_ROOT_BYTES] /* O
 ks_err engine_submit(engine *e, const engine_params *p, engine_req **out /* OUT */,
                      ks_errbuf *eb) KS_MUST_USE;
 
+#define ENGINE_MAX_N 16 /* most choices of one request (n, best_of) */
+
+/* n choices of one prompt (OpenAI's n / best_of): out[i] (n handles, each
+ * owned by the caller as engine_submit's) generates choice i with its own
+ * sampler seeded p->sp.seed + i (mod 2^64), so choice i's tokens equal an
+ * n=1 request's with that seed. The prompt is computed once: choice 0
+ * prefills it; the others then share its full prompt pages read-only
+ * (reference-counted, keeping choice 0's tags, I1) and compute only the
+ * prompt's last page themselves. Every page each choice can need is
+ * reserved when the group is admitted, all together (the group waits at
+ * the head of the queue until they all fit). prompt_logprobs applies to
+ * choice 0 only. Errors: engine_submit's, and KS_ERR_INVAL for n outside
+ * [1, ENGINE_MAX_N], n above max_running, or max_tokens 0 with n > 1;
+ * KS_ERR_NOSPACE when the group's pages (the shared prompt pages once plus
+ * every choice's own) can never fit the pool. On error no handle exists.
+ * Thread-safe. */
+ks_err engine_submit_n(engine *e, const engine_params *p, int n, engine_req **out /* OUT: (n) */,
+                       ks_errbuf *eb) KS_MUST_USE;
+
 #define ENGINE_TEXT_CAP 512
 
 typedef struct engine_event {
     bool done;                  /* last event of the request */
     int32_t token;              /* generated id, or -1 (text-only / done event) */
+    bool prompt;                /* a prompt token's event (engine_params.prompt_logprobs):
+                                   token and sr.logprob/top_* are the prompt's, no text */
+    bool no_logprob;            /* prompt token 0: it has no logprob (OpenAI's null) */
     sample_result sr;           /* logprobs of token (when requested) */
     char text[ENGINE_TEXT_CAP]; /* UTF-8 text now safe to send (stop strings held back) */
     size_t text_len;

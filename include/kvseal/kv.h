@@ -176,6 +176,18 @@ void kv_seq_set_filled(kv_pool *p, kv_seq *s, uint32_t n_tokens);
  * become FREE. Empties the table (the uid stays). Can't fail. */
 void kv_seq_release(kv_pool *p, kv_seq *s);
 
+/* Puts src's first n_pages entries (full READY pages: a prompt computed by
+ * src) in front of dst's own pages, shared read-only: each page gains a
+ * reference and keeps src's tag (I1), as a prefix-cache hit does. dst must
+ * hold only fresh pages (kv_seq_reserve'd, nothing filled, none shared);
+ * they become its logical pages n_pages.. . Sets dst->n_shared = n_pages
+ * and dst->n_tokens = n_pages * page_tokens. Errors: KS_ERR_INVAL (dst not
+ * fresh, n_pages past src), KS_ERR_INTERNAL (a page not full, not READY or
+ * with another tag: counted as a violation), KS_ERR_NOMEM; nothing changes
+ * on error. Owner thread. (Issue 12: the choices of an n > 1 request.) */
+ks_err kv_seq_share_prefix(kv_pool *p, kv_seq *dst, const kv_seq *src, uint32_t n_pages,
+                           ks_errbuf *eb) KS_MUST_USE;
+
 /* For a request aborted while a writer (a pd transfer) may still be live
  * (I5): the pages s owns alone go to QUARANTINE — neither readable, nor
  * writable, nor reusable — keeping their tags; shared prefix pages just lose

@@ -102,10 +102,41 @@ uint64_t sampler_draws(const sampler *s);
  * sampler continues another one's sequence; the penalty history is kept.
  * O(n); can't fail. */
 void sampler_skip_draws(sampler *s, uint64_t n);
+/* logit_bias (OpenAI): a bias added to one token's logit before anything
+ * else in the chain (before the penalties), so -100 effectively bans a
+ * token and +100 all but forces it. Reported logprobs see the biased
+ * logits (they are what the sampler draws from). */
+#define SAMPLE_MAX_BIAS 1024     /* most entries one request may carry */
+#define SAMPLE_BIAS_LIMIT 100.0f /* |bias| <= this */
+typedef struct sample_bias {
+    int32_t token; /* in [0, n_vocab) */
+    float bias;    /* in [-SAMPLE_BIAS_LIMIT, SAMPLE_BIAS_LIMIT] */
+} sample_bias;
+
+/* Checks n entries (n in [0, SAMPLE_MAX_BIAS], ids in [0, n_vocab), finite
+ * biases in range). KS_ERR_INVAL with a message naming the first bad entry
+ * ("logit_bias: token id 99999 out of range [0, 32000)"); eb may be NULL.
+ * Pure; thread-safe. */
+ks_err sample_bias_validate(const sample_bias *b, int n, int32_t n_vocab,
+                            ks_errbuf *eb) KS_MUST_USE;
+/* Gives the sampler a copy of the n bias entries (replacing any before;
+ * n 0 removes them); a repeated token's biases add up. Errors: as
+ * sample_bias_validate, KS_ERR_NOMEM. Call before sampling; the sampler
+ * never allocates while sampling. */
+ks_err sampler_set_bias(sampler *s, const sample_bias *b, int n, ks_errbuf *eb) KS_MUST_USE;
+
+/* The log-probabilities sampler_sample reports, for any logits row: the
+ * log-softmax of logits (n_vocab floats, unchanged; sanitized as the
+ * sampler does) at token, into out->logprob, and the n_top (<=
+ * SAMPLE_MAX_TOP) most likely ids into out->top_* (out->token = token).
+ * For prompt logprobs (echo). Pure; can't fail. */
+void sample_logprobs_row(const float *logits, int32_t n_vocab, int32_t token, int n_top,
+                         sample_result *out /* OUT */);
+
 /* Chooses the next token from logits (n_vocab floats, caller-owned). The
- * penalties are applied IN PLACE (only to tokens in the window); nothing
- * else in logits changes, so on return it holds the penalized logits. NaN
- * logits count as -FLT_MAX and +-inf as +-FLT_MAX. Does not accept the token
+ * logit biases (sampler_set_bias), then the penalties, are applied IN PLACE (only to biased tokens
+ * and tokens in the window); nothing else in logits changes, so on return it holds the biased,
+ * penalized logits. NaN logits count as -FLT_MAX and +-inf as +-FLT_MAX. Does not accept the token
  * (call sampler_accept). Never allocates; O(n_vocab) plus small sorts;
  * can't fail. */
 void sampler_sample(sampler *s, float *logits, sample_result *out /* OUT */);

@@ -951,6 +951,15 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
         err = admit_refuse(eb, ADMIT_UNSUPPORTED_PARAMETER,
                            "structured output (response_format, grammar) is not supported in "
                            "cluster mode yet: the grammar is not carried to the workers");
+    // issue 12: PD_MSG sampling carries neither (a decode worker could not apply them)
+    if (!err && p->n_bias > 0)
+        err = admit_refuse(eb, ADMIT_INVALID,
+                           "logit_bias is not supported in disaggregated serving (kvseal router); "
+                           "use kvseal serve");
+    if (!err && p->prompt_logprobs)
+        err = admit_refuse(eb, ADMIT_INVALID,
+                           "echo with logprobs or max_tokens 0 is not supported in disaggregated "
+                           "serving (kvseal router); use kvseal serve");
     if (!err && !atomic_load(&r->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
     if (!err && (!atomic_load(&r->n_decode) || !atomic_load(&r->n_prefill)))
         err = admit_refuse(eb, ADMIT_NO_WORKER, "no %s worker is registered with the router",

@@ -90,6 +90,15 @@ struct engine_req {
     struct engine_req *next;  // waiting / running list link
     engine_stream *out;  // events, detokenizer, stop strings (thread-safe)
     atomic_bool cancelled;
+    // issue 12: prompt logprobs (echo) and choice groups (n, best_of); scheduler-owned
+    bool prompt_lp;        // post a prompt event per prompt token (engine_params.prompt_logprobs)
+    int32_t prompt_top;    // alternatives per prompt token
+    int32_t lp_row0;       // this step: logits row of position lp_pos0 (rows are consecutive)
+    int32_t lp_pos0, lp_n; // this step's prompt positions with a logits row; lp_n 0: none
+    struct engine_req *leader; // choice > 0 not forked yet: the choice 0 prefilling the prompt
+    struct engine_req *fol[ENGINE_MAX_N - 1]; // choice 0: the choices waiting for its prompt
+    int n_fol;
+    bool orphan; // its choice 0 ended before computing the prompt: abort it at the next step
 };
 
 typedef struct {
@@ -123,7 +132,7 @@ struct engine {
     // scheduler-owned
     engine_req **running;  // (max_running)
     int n_running;
-    float *logits;         // (max_running, V)
+    float *logits;                           // (max_running + ENGINE__PROMPT_ROWS, V)
     int32_t *b_tok, *b_pos, *b_seq, *b_out;  // (max_batch_tokens)
     kv_seq **b_seqs;       // (max_running)
     ks_err *b_err;         // (max_running)
@@ -151,6 +160,12 @@ struct engine {
     bool fault_done;
 #endif
 };
+
+/* Logits rows per step for prompt logprobs (echo), past the one row per
+ * running request: a prompt-logprobs prefill is chunked to fit them, so
+ * the buffer stays fixed (no allocation on the step) at the cost of more
+ * steps for long echoed prompts. */
+#define ENGINE__PROMPT_ROWS 64
 
 // ----------------------------------------------------------------------------
 // Options and capacity (I8)
@@ -290,21 +305,13 @@ static ks_err engine__grammar_init(engine *e, engine_req *r, grammar *g, ks_errb
     return r->gmask ? KS_OK : ks_seterr(eb, KS_ERR_NOMEM, "request");
 }
 
-ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_errbuf *eb) {
+/* Builds one QUEUED request of p for choice i (seed p->sp.seed + i) into
+ * *out; prompt/n_prompt/max_tokens are the admitted ones. Errors: NOMEM,
+ * INVAL (sampler). */
+static ks_err engine__req_build(engine *e, const engine_params *p, const int32_t *prompt,
+                                int32_t n_prompt, int32_t max_tokens, int i, engine_req **out,
+                                ks_errbuf *eb) {
     *out = NULL;
-    admit_limits lim = {.n_ctx = e->o.n_ctx,
-                        .n_vocab = e->V,
-                        .page_tokens = (uint32_t)e->o.page_tokens,
-                        .max_pages = kv_pool_n_pages(e->pool)};
-    admit_admitted ad;
-    ks_err err = admit_request(&lim, p, &ad, eb);
-    const int32_t *prompt = ad.prompt;
-    const int32_t n_prompt = ad.n_prompt, max_tokens = ad.max_tokens;
-    if (!err && !atomic_load(&e->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
-    if (err) {
-        atomic_fetch_add(&e->n_rejected, 1);
-        return err;
-    }
     engine_req *r = engine__req_new(e, p->tenant);
     if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "request");
     engine_domain_root(p, r->root);
@@ -312,21 +319,100 @@ ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_err
     r->n_prompt = n_prompt;
     r->max_tokens = max_tokens;
     r->sp = p->sp;
+    r->sp.seed = p->sp.seed + (uint64_t)i; // choice i: an n=1 request with seed + i
     r->ignore_eos = p->ignore_eos;
+    r->prompt_lp = i == 0 && p->prompt_logprobs;
+    r->prompt_top = p->prompt_top;
     r->t_submit = ks_now_ns();
     ks_err ce = KS_OK;
     if (r->prompt) memcpy(r->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
-    if (!r->prompt || (ce = sampler_create(&p->sp, e->V, &r->smp, eb)) ||
+    if (!r->prompt || (ce = sampler_create(&r->sp, e->V, &r->smp, eb)) ||
+        (ce = sampler_set_bias(r->smp, p->bias, p->n_bias, eb)) ||
         (ce = engine_stream_create(p->stops, p->n_stops, &r->out, eb)) ||
         (p->grammar && (ce = engine__grammar_init(e, r, p->grammar, eb)))) {
         engine__req_free(r);
         return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
     }
     engine_stream_set_wake(r->out, engine__wake, e);
+    *out = r;
+    return KS_OK;
+}
+
+/* Pages a group of n choices can need at most: choice 0's prompt +
+ * max_tokens, and each other choice's pages past the shared ones. */
+static uint64_t engine__group_pages(uint32_t P, int32_t n_prompt, int32_t max_tokens, int n) {
+    uint64_t total = ((uint64_t)n_prompt + (uint64_t)max_tokens + P - 1) / P;
+    uint64_t shared = n_prompt > 0 ? (uint64_t)(n_prompt - 1) / P : 0;
+    return total + (uint64_t)(n - 1) * (total - shared);
+}
+
+ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_errbuf *eb) {
+    return engine_submit_n(e, p, 1, out, eb);
+}
+
+ks_err engine_submit_n(engine *e, const engine_params *p, int n, engine_req **out, ks_errbuf *eb) {
+    for (int i = 0; i < n && i < ENGINE_MAX_N; i++)
+        out[i] = NULL;
+    admit_limits lim = {.n_ctx = e->o.n_ctx,
+                        .n_vocab = e->V,
+                        .page_tokens = (uint32_t)e->o.page_tokens,
+                        .max_pages = kv_pool_n_pages(e->pool)};
+    // echo with max_tokens 0: admitted (and reserved) as one token
+    engine_params q = *p;
+    bool prompt_only = p->prompt_logprobs && p->max_tokens == 0;
+    if (prompt_only) q.max_tokens = 1;
+    admit_admitted ad;
+    ks_err err = KS_OK;
+    ks_errbuf seb;
+    if (n < 1 || n > ENGINE_MAX_N)
+        err = admit_refuse(eb, ADMIT_INVALID, "n must be in [1, %d], got %d", ENGINE_MAX_N, n);
+    else if (n > e->o.max_running)
+        err = admit_refuse(eb, ADMIT_INVALID,
+                           "%d choices run at once, and this server runs at most %d sequences "
+                           "(--max-running)",
+                           n, e->o.max_running);
+    else if (prompt_only && n > 1)
+        err = admit_refuse(eb, ADMIT_INVALID, "max_tokens 0 allows one choice only, got n=%d", n);
+    else if (p->prompt_top < 0 || p->prompt_top > SAMPLE_MAX_TOP)
+        err = admit_refuse(eb, ADMIT_INVALID, "prompt logprobs: %d alternatives (at most %d)",
+                           (int)p->prompt_top, SAMPLE_MAX_TOP);
+    else if (sample_bias_validate(p->bias, p->n_bias, e->V, &seb) != KS_OK)
+        err = admit_refuse(eb, ADMIT_INVALID, "%s", seb.msg);
+    if (!err) err = admit_request(&lim, &q, &ad, eb);
+    const int32_t *prompt = ad.prompt;
+    const int32_t n_prompt = ad.n_prompt, max_tokens = prompt_only ? 0 : ad.max_tokens;
+    if (!err && n > 1) {
+        uint64_t need = engine__group_pages(lim.page_tokens, n_prompt, ad.max_tokens, n);
+        if (need > lim.max_pages)
+            err = admit_refuse(eb, ADMIT_KV_CAPACITY,
+                               "%d choices of %d prompt + %d completion tokens need up to %" PRIu64
+                               " KV pages (the prompt's shared), and the pool has %u",
+                               n, n_prompt, ad.max_tokens, need, lim.max_pages);
+    }
+    if (!err && !atomic_load(&e->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
+    if (err) {
+        atomic_fetch_add(&e->n_rejected, 1);
+        return err;
+    }
+    engine_req *rs[ENGINE_MAX_N] = {0};
+    for (int i = 0; i < n; i++) {
+        ks_err be = engine__req_build(e, p, prompt, n_prompt, max_tokens, i, &rs[i], eb);
+        if (be) {
+            for (int k = 0; k < i; k++)
+                engine__req_free(rs[k]);
+            return be;
+        }
+        if (i > 0) { // choice 0 leads: it alone sits in the queue and prefills the prompt
+            rs[i]->leader = rs[0];
+            rs[0]->fol[rs[0]->n_fol++] = rs[i];
+        }
+    }
+    engine_req *r = rs[0];
     pthread_mutex_lock(&e->mu);
     if (e->n_waiting >= (uint32_t)e->o.queue_max || e->stop) {
         pthread_mutex_unlock(&e->mu);
-        engine__req_free(r);
+        for (int k = 0; k < n; k++)
+            engine__req_free(rs[k]);
         atomic_fetch_add(&e->n_rejected, 1);
         return e->stop
                    ? admit_refuse(eb, ADMIT_DRAINING, NULL)
@@ -341,18 +427,23 @@ ks_err engine_submit(engine *e, const engine_params *p, engine_req **out, ks_err
     e->kick++;
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    *out = r;
+    for (int i = 0; i < n; i++)
+        out[i] = rs[i];
     return KS_OK;
 }
 
 // ----------------------------------------------------------------------------
 // Scheduler helpers
 
+static void engine__group_leave(engine *e, engine_req *r);
+
 /* Ends a request: releases its pages (exactly once), posts the done event,
  * drops the scheduler's reference. */
+
 static void engine__finish(engine *e, engine_req *r, engine_state to, engine_finish fin, ks_err err,
                            const char *msg) {
     engine__set_state(r, to);
+    engine__group_leave(e, r);
     if (r->has_seq) {
         kv_seq_release(e->pool, &r->seq);
         r->has_seq = false;
@@ -363,6 +454,58 @@ static void engine__finish(engine *e, engine_req *r, engine_state to, engine_fin
                         .t_first_ns = r->t_first};
     engine_stream_finish(r->out, &o, e->piece, e->piece_cap);
     engine__req_unref(r);
+}
+
+/* Unlinks an ending request from its choice group: a choice still waiting
+ * for the prompt leaves its choice 0's list; a choice 0 ending before its
+ * choices forked ends them too (queued ones here, running ones at the next
+ * step, where they are in the running set), so none waits for a prompt
+ * that will never be computed. Their pages are released by their own
+ * finish, exactly once each. */
+static void engine__group_leave(engine *e, engine_req *r) {
+    if (r->leader) {
+        engine_req *l = r->leader;
+        for (int i = 0; i < l->n_fol; i++)
+            if (l->fol[i] == r) {
+                l->fol[i] = l->fol[--l->n_fol];
+                break;
+            }
+        r->leader = NULL;
+    }
+    int n = r->n_fol;
+    r->n_fol = 0;
+    for (int i = 0; i < n; i++) {
+        engine_req *f = r->fol[i];
+        f->leader = NULL;
+        if (atomic_load(&f->state) == ENGINE_QUEUED)
+            engine__finish(e, f, ENGINE_ABORTED, ENGINE_FINISH_ABORT, KS_ERR_CANCELLED,
+                           "aborted: the request's prompt was not computed");
+        else
+            f->orphan = true;
+    }
+}
+
+/* Choice 0 of a group computed the prompt (its pages are READY): every
+ * waiting choice now shares its full prompt pages before the last one
+ * (read-only, tags kept, I1) and computes the rest of the prompt itself.
+ * Runs before choice 0 samples, so the pages are still held even when its
+ * first token ends it. */
+static void engine__group_fork(engine *e, engine_req *r) {
+    const uint32_t P = (uint32_t)e->o.page_tokens;
+    const uint32_t shared = (uint32_t)(r->n_prompt - 1) / P;
+    int n = r->n_fol;
+    r->n_fol = 0;
+    for (int i = 0; i < n; i++) {
+        engine_req *f = r->fol[i];
+        f->leader = NULL;
+        ks_errbuf eb;
+        if (kv_seq_share_prefix(e->pool, &f->seq, &r->seq, shared, &eb) != KS_OK) {
+            ks_log(KS_LOG_ERROR, "request %" PRIu64 ": cannot share the prompt: %s", f->id, eb.msg);
+            f->orphan = true;
+            continue;
+        }
+        f->n_past = (int32_t)(shared * P);
+    }
 }
 
 static void engine__violation_cb(void *ctx, uint64_t seq_uid, uint32_t page, kv_tag expected,
@@ -435,19 +578,37 @@ static void engine__admit(engine *e) {
         prev = r;
         pp = &r->next;
     }
-    while (e->wait_head && e->n_running < e->o.max_running) {
+    while (e->wait_head && e->n_running + 1 + e->wait_head->n_fol <= e->o.max_running) {
         engine_req *r = e->wait_head;
         kv_seq_init(e->pool, &r->seq);
         r->has_seq = true;
         uint32_t cached = 0;
-        if (e->prefix) cached = kv_prefix_attach(e->prefix, r->root, r->prompt, (uint32_t)r->n_prompt, &r->seq);
-        uint32_t need = (uint32_t)(r->n_prompt + r->max_tokens);
-        uint32_t need_pages = (need + P - 1) / P - r->seq.n_pages;
+        if (e->prefix && !r->prompt_lp) // echo needs the logits of every prompt position
+            cached =
+                kv_prefix_attach(e->prefix, r->root, r->prompt, (uint32_t)r->n_prompt, &r->seq);
+        // max_tokens 0 (echo) was admitted as 1: reserve that one too
+        uint32_t need = (uint32_t)(r->n_prompt + (r->max_tokens > 0 ? r->max_tokens : 1));
+        uint32_t shared = (uint32_t)(r->n_prompt - 1) / P; // pages its other choices share
+        uint32_t own = (need + P - 1) / P - shared;        // pages each of them owns
+        uint32_t need_pages = (need + P - 1) / P - r->seq.n_pages + (uint32_t)r->n_fol * own;
         if (need_pages > kv_pool_n_free(e->pool) && e->prefix)
             kv_prefix_evict(e->prefix, need_pages - kv_pool_n_free(e->pool));
         ks_errbuf eb;
-        if (kv_seq_reserve(e->pool, &r->seq, need, &eb) != KS_OK) {
+        bool ok = kv_seq_reserve(e->pool, &r->seq, need, &eb) == KS_OK;
+        // the group's other choices: their own pages now (all or none), the
+        // shared prompt pages once choice 0 has computed them
+        for (int i = 0; i < r->n_fol; i++) {
+            engine_req *f = r->fol[i];
+            kv_seq_init(e->pool, &f->seq);
+            f->has_seq = true;
+            ok = ok && kv_seq_reserve(e->pool, &f->seq, own * P, &eb) == KS_OK;
+        }
+        if (!ok) {
             // momentarily full: it waits at the head of the queue (FIFO)
+            for (int i = 0; i < r->n_fol; i++) {
+                kv_seq_release(e->pool, &r->fol[i]->seq);
+                r->fol[i]->has_seq = false;
+            }
             kv_seq_release(e->pool, &r->seq);
             r->has_seq = false;
             break;
@@ -460,6 +621,10 @@ static void engine__admit(engine *e) {
         engine__set_state(r, ENGINE_PREFILLING);
         e->running[e->n_running++] = r;
         atomic_fetch_add(&e->tokens_in, (unsigned long long)r->n_prompt);
+        for (int i = 0; i < r->n_fol; i++) { // they wait in the running set (not batched)
+            engine__set_state(r->fol[i], ENGINE_PREFILLING);
+            e->running[e->n_running++] = r->fol[i];
+        }
     }
     atomic_store(&e->st_queued, e->n_waiting);
     pthread_mutex_unlock(&e->mu);
@@ -616,6 +781,30 @@ static bool engine__sample_masked(engine *e, engine_req *r, float *logits_row, b
     return true;
 }
 
+/* Posts the prompt events of this step's prompt positions of r (echo):
+ * token 0 without a logprob, then token p+1 with the log-softmax of
+ * position p's logits row, as sample_logprobs_row computes it. */
+static void engine__prompt_events(engine *e, engine_req *r) {
+    engine_event ev;
+    for (int32_t j = 0; j < r->lp_n; j++) {
+        int32_t pos = r->lp_pos0 + j;
+        if (pos == 0) {
+            memset(&ev, 0, sizeof ev);
+            ev.prompt = ev.no_logprob = true;
+            ev.token = ev.sr.token = r->prompt[0];
+            engine_stream_post(r->out, &ev);
+        }
+        if (pos + 1 >= r->n_prompt) break;
+        memset(&ev, 0, sizeof ev);
+        ev.prompt = true;
+        ev.token = r->prompt[pos + 1];
+        const float *row = e->logits + (size_t)(r->lp_row0 + j) * (size_t)e->V;
+        sample_logprobs_row(row, e->V, ev.token, r->prompt_top, &ev.sr);
+        engine_stream_post(r->out, &ev);
+    }
+    r->lp_n = 0;
+}
+
 #ifdef KS_TEST_FAULTS
 /* TEST ONLY (I9): with KS_FAULT=swap_page, once two requests are decoding,
  * point the newer one's first block-table entry at the older one's page. */
@@ -642,10 +831,12 @@ static bool engine__step(engine *e) {
     // retire cancelled requests first: their pages are freed within one step
     for (int i = 0; i < e->n_running;) {
         engine_req *r = e->running[i];
-        if (atomic_load(&r->cancelled) || atomic_load(&e->abort_all)) {
+        if (atomic_load(&r->cancelled) || atomic_load(&e->abort_all) || r->orphan) {
             e->running[i] = e->running[--e->n_running];
             engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ABORT, KS_ERR_CANCELLED,
-                           atomic_load(&e->abort_all) ? "aborted: model taken offline" : "cancelled");
+                           atomic_load(&e->abort_all) ? "aborted: model taken offline"
+                           : r->orphan ? "aborted: the request's prompt was not computed"
+                                       : "cancelled");
             continue;
         }
         i++;
@@ -666,6 +857,7 @@ static bool engine__step(engine *e) {
         engine_req *r = e->running[i];
         r->batch_slot = i;
         r->out_row = -1;
+        r->lp_n = 0;
         e->b_seqs[i] = engine__seq(r);
         if (atomic_load(&r->state) != ENGINE_DECODING || n >= budget) continue;
         if (engine_stream_backlogged(r->out)) {
@@ -678,17 +870,26 @@ static bool engine__step(engine *e) {
         e->b_out[n] = r->out_row = n_out++;
         n++;
     }
+    int32_t lp_rows = ENGINE__PROMPT_ROWS; // extra logits rows left for prompt logprobs
     for (int i = 0; i < e->n_running && n < budget; i++) {
         engine_req *r = e->running[i];
-        if (atomic_load(&r->state) != ENGINE_PREFILLING) continue;
+        if (atomic_load(&r->state) != ENGINE_PREFILLING || r->leader) continue;
         int32_t chunk = r->n_prompt - r->n_past;
         if (chunk > budget - n) chunk = budget - n;
+        if (r->prompt_lp) { // a logits row for every prompt position
+            if (chunk > lp_rows) chunk = lp_rows;
+            if (chunk == 0) continue;
+            lp_rows -= chunk;
+            r->lp_row0 = n_out;
+            r->lp_pos0 = r->n_past;
+            r->lp_n = chunk;
+        }
         for (int32_t j = 0; j < chunk; j++) {
             e->b_tok[n] = r->prompt[r->n_past + j];
             e->b_pos[n] = r->n_past + j;
             e->b_seq[n] = i;
             bool last = r->n_past + j == r->n_prompt - 1;
-            e->b_out[n] = last ? (r->out_row = n_out++) : -1;
+            e->b_out[n] = last ? (r->out_row = n_out++) : r->prompt_lp ? n_out++ : -1;
             n++;
         }
         r->n_past += chunk;
@@ -713,13 +914,23 @@ static bool engine__step(engine *e) {
             engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_INTERNAL,
                            err ? "internal error" : "internal error: KV integrity check failed");
             gone = true;
-        } else if (r->out_row >= 0) {
-            if (atomic_load(&r->state) == ENGINE_PREFILLING) {
-                engine__set_state(r, ENGINE_DECODING);
-                if (e->prefix)  // full prompt pages become reusable by this tenant (I7)
-                    kv_prefix_publish(e->prefix, r->root, r->prompt, (uint32_t)r->n_prompt, &r->seq);
+        } else {
+            if (r->lp_n > 0) engine__prompt_events(e, r);
+            if (r->out_row >= 0) {
+                if (atomic_load(&r->state) == ENGINE_PREFILLING) {
+                    engine__set_state(r, ENGINE_DECODING);
+                    if (e->prefix) // full prompt pages become reusable by this tenant (I7)
+                        kv_prefix_publish(e->prefix, r->root, r->prompt, (uint32_t)r->n_prompt,
+                                          &r->seq);
+                    if (r->n_fol) engine__group_fork(e, r);
+                }
+                if (r->max_tokens == 0) { // echo only: the prompt was all it asked for
+                    engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_LENGTH, KS_OK, NULL);
+                    gone = true;
+                } else {
+                    gone = engine__emit(e, r, e->logits + (size_t)r->out_row * (size_t)e->V);
+                }
             }
-            gone = engine__emit(e, r, e->logits + (size_t)r->out_row * (size_t)e->V);
         }
         if (!gone) run[kept++] = r;
     }
@@ -933,7 +1144,7 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
         goto fail;
     size_t R = (size_t)o->max_running, B = (size_t)o->max_batch_tokens;
     e->running = calloc(R, sizeof *e->running);
-    e->logits = malloc(sizeof(float) * R * (size_t)e->V);
+    e->logits = malloc(sizeof(float) * (R + ENGINE__PROMPT_ROWS) * (size_t)e->V);
     e->b_tok = malloc(sizeof(int32_t) * B * 4);
     e->b_seqs = calloc(R, sizeof *e->b_seqs);
     e->b_err = calloc(R, sizeof *e->b_err);

@@ -211,6 +211,8 @@ struct sampler {
     int32_t *hist;        // (repeat_last_n) ring of accepted ids; NULL if penalties off
     int32_t hist_head;    // next slot to write
     int32_t hist_len;     // filled slots, <= repeat_last_n
+    sample_bias *bias;    // (n_bias) logit_bias entries; NULL if none
+    int n_bias;
 };
 
 /* NaN -> -FLT_MAX, +-inf -> +-FLT_MAX, -0 -> +0, so the order is total,
@@ -443,6 +445,7 @@ void sampler_destroy(sampler *s) {
     free(s->hist);
     free(s->counts);
     free(s->cand);
+    free(s->bias);
     free(s);
 }
 
@@ -638,13 +641,14 @@ static int32_t sample__truncate(sampler *s, const float *logits, double *M_out) 
     return n_c;
 }
 
-/* Fills out->logprob and the top-n alternatives (see sample_result). */
-static void sample__logprobs(const sampler *s, const float *logits, sample_result *out) {
-    const int32_t n = s->n_vocab;
+/* Fills out->logprob (of out->token) and the n_probs best alternatives
+ * (see sample_result) from the log-softmax of logits[0..n). */
+static void sample__logprobs_n(const float *logits, int32_t n, int32_t n_probs,
+                               sample_result *out) {
     double M = sample__max(logits, n);
     double logZ = M + sample__log(sample__sumexp(logits, n, M)); // sum >= 1: the max adds 1
     out->logprob = (float)((double)sample__sane(logits[out->token]) - logZ);
-    int32_t n_top = s->p.n_probs < n ? s->p.n_probs : n;
+    int32_t n_top = n_probs < n ? n_probs : n;
     if (n_top > 0) {
         sample__cand top[SAMPLE_MAX_TOP];
         // heap select into a stack array: sample__top needs n slots only for large m
@@ -666,10 +670,66 @@ static void sample__logprobs(const sampler *s, const float *logits, sample_resul
     out->n_top = (int)n_top;
 }
 
+static void sample__logprobs(const sampler *s, const float *logits, sample_result *out) {
+    sample__logprobs_n(logits, s->n_vocab, s->p.n_probs, out);
+}
+
+void sample_logprobs_row(const float *logits, int32_t n_vocab, int32_t token, int n_top,
+                         sample_result *out) {
+    KS_ASSERT(logits && out && n_vocab > 0 && token >= 0 && token < n_vocab);
+    KS_ASSERT(n_top >= 0 && n_top <= SAMPLE_MAX_TOP);
+    out->token = token;
+    sample__logprobs_n(logits, n_vocab, n_top, out);
+}
+
+// ----------------------------------------------------------------------------
+// logit_bias
+
+ks_err sample_bias_validate(const sample_bias *b, int n, int32_t n_vocab, ks_errbuf *eb) {
+    if (n < 0 || n > SAMPLE_MAX_BIAS)
+        return ks_seterr(eb, KS_ERR_INVAL, "logit_bias may hold at most %d entries, got %d",
+                         SAMPLE_MAX_BIAS, n);
+    if (n > 0 && !b) return ks_seterr(eb, KS_ERR_INVAL, "logit_bias: NULL entries");
+    for (int i = 0; i < n; i++) {
+        if (b[i].token < 0 || b[i].token >= n_vocab)
+            return ks_seterr(eb, KS_ERR_INVAL, "logit_bias: token id %d out of range [0, %d)",
+                             (int)b[i].token, (int)n_vocab);
+        if (!(b[i].bias >= -SAMPLE_BIAS_LIMIT && b[i].bias <= SAMPLE_BIAS_LIMIT))
+            return ks_seterr(eb, KS_ERR_INVAL,
+                             "logit_bias: the bias of token %d must be in [-100, 100], got %g",
+                             (int)b[i].token, (double)b[i].bias);
+    }
+    return KS_OK;
+}
+
+ks_err sampler_set_bias(sampler *s, const sample_bias *b, int n, ks_errbuf *eb) {
+    KS_ASSERT(s);
+    ks_err err = sample_bias_validate(b, n, s->n_vocab, eb);
+    if (err) return err;
+    sample_bias *copy = NULL;
+    if (n > 0) {
+        copy = malloc((size_t)n * sizeof *copy);
+        if (!copy) return ks_seterr(eb, KS_ERR_NOMEM, "logit_bias: out of memory");
+        memcpy(copy, b, (size_t)n * sizeof *copy);
+    }
+    free(s->bias);
+    s->bias = copy;
+    s->n_bias = n;
+    return KS_OK;
+}
+
+/* Adds the biases in place, in entry order (a fixed order, so repeated ids
+ * add up reproducibly). A NaN logit stays NaN (the sampler's -FLT_MAX). */
+static void sample__bias(const sampler *s, float *logits) {
+    for (int i = 0; i < s->n_bias; i++)
+        logits[s->bias[i].token] += s->bias[i].bias;
+}
+
 void sampler_sample(sampler *s, float *logits, sample_result *out) {
     KS_ASSERT(s && logits && out);
     out->logprob = 0.0f;
     out->n_top = 0;
+    if (s->n_bias) sample__bias(s, logits);
     if (s->penalties_on) sample__penalize(s, logits);
 
     if (s->p.temperature <= 0.0f) {

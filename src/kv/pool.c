@@ -429,6 +429,45 @@ void kv_seq_set_filled(kv_pool *p, kv_seq *s, uint32_t n_tokens) {
     s->n_tokens = n_tokens;
 }
 
+ks_err kv_seq_share_prefix(kv_pool *p, kv_seq *dst, const kv_seq *src, uint32_t n_pages,
+                           ks_errbuf *eb) {
+    const uint32_t P = (uint32_t)p->g.page_tokens;
+    if (dst->n_shared != 0 || dst->n_tokens != 0 || n_pages > src->n_pages)
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "kv: share %u pages of a %u-page table into one with %u shared, %u filled",
+                         n_pages, src->n_pages, dst->n_shared, dst->n_tokens);
+    // every shared page must be what src expects and full: checked before any change
+    for (uint32_t i = 0; i < n_pages; i++) {
+        const kv__page *h = kv__entry_hdr(p, src, i);
+        if (!h || h->state != KV_PAGE_READY || h->filled != P) {
+            (void)kv__span_fail(p, src, i);
+            return ks_seterr(eb, KS_ERR_INTERNAL,
+                             "kv: page %u of the shared prefix is not a "
+                             "full READY page with the expected tag",
+                             i);
+        }
+    }
+    for (uint32_t i = 0; i < dst->n_pages; i++) { // dst's own pages: fresh, still empty
+        const kv__page *h = kv__entry_hdr(p, dst, i);
+        if (!h || h->state != KV_PAGE_ALLOCATED || h->refcount != 1) {
+            (void)kv__span_fail(p, dst, i);
+            return ks_seterr(eb, KS_ERR_INTERNAL, "kv: page %u of the table is not a fresh page",
+                             i);
+        }
+    }
+    ks_err e = kv__seq_grow(dst, dst->n_pages + n_pages, eb);
+    if (e) return e;
+    memmove(dst->ent + n_pages, dst->ent, sizeof(kv_entry) * dst->n_pages);
+    for (uint32_t i = 0; i < n_pages; i++) {
+        dst->ent[i] = src->ent[i]; // src's tag: the page keeps its owner's identity (I1)
+        p->hdr[src->ent[i].page].refcount++;
+    }
+    dst->n_pages += n_pages;
+    dst->n_shared = n_pages;
+    dst->n_tokens = n_pages * P;
+    return KS_OK;
+}
+
 /* The page that entry i really refers to. A corrupt entry (its page carries
  * another tag) is reported, and the page that does carry the entry's tag —
  * the sequence's real page — is found by a scan, so the right page is

@@ -380,6 +380,48 @@ static bool api__stop(srv_request *r, json_t *v, srv_error *err) {
     return true;
 }
 
+/* logit_bias: an object mapping token ids (decimal strings, as OpenAI's
+ * JSON has them) to biases in [-100, 100], at most SAMPLE_MAX_BIAS of them.
+ * Whether an id is in the vocabulary is checked by the caller. */
+static bool api__logit_bias(srv_request *r, json_t *v, srv_error *err) {
+    if (!v || json_is_null(v)) return true;
+    if (!json_is_object(v))
+        return INVALID(err, "logit_bias",
+                       "'logit_bias' must be an object mapping token ids to biases, got %s",
+                       api__type_name(v));
+    size_t n = json_object_size(v);
+    if (n > SAMPLE_MAX_BIAS)
+        return INVALID(err, "logit_bias", "'logit_bias' may hold at most %d entries, got %zu",
+                       SAMPLE_MAX_BIAS, n);
+    if (n == 0) return true;
+    r->bias = calloc(n, sizeof *r->bias);
+    if (!r->bias) return srv_fail(err, 500, "internal_error", "out of memory");
+    const char *key;
+    json_t *b;
+    json_object_foreach(v, key, b) {
+        // a token id: 1 to 10 decimal digits, no sign, no spaces
+        size_t len = strlen(key);
+        bool digits = len >= 1 && len <= 10;
+        for (size_t i = 0; digits && i < len; i++)
+            digits = key[i] >= '0' && key[i] <= '9';
+        long long id = digits ? strtoll(key, NULL, 10) : -1;
+        if (!digits || id > INT32_MAX)
+            return INVALID(err, "logit_bias",
+                           "'logit_bias' keys must be token ids (non-negative integers), got "
+                           "'%.32s'",
+                           key);
+        if (!json_is_number(b))
+            return INVALID(err, "logit_bias", "'logit_bias[%s]' must be a number, got %s", key,
+                           api__type_name(b));
+        double d = json_number_value(b);
+        if (!(d >= -100 && d <= 100))
+            return INVALID(err, "logit_bias", "'logit_bias[%s]' must be in [-100, 100], got %g",
+                           key, d);
+        r->bias[r->n_bias++] = (sample_bias){(int32_t)id, (float)d};
+    }
+    return true;
+}
+
 /* The sampling fields shared by every route. OpenAI's defaults (temperature
  * 1, no top-k/top-p/min-p truncation, penalties off) unless the route says
  * otherwise: Workers AI documents temperature 0.6. */
@@ -433,14 +475,16 @@ static bool api__sampling(srv_request *r, json_t *root, srv_error *err) {
 
 /* The fields each generation route implements (README "Routes"); every
  * other field is refused by name rather than silently ignored, so a client
- * never gets an answer that quietly differs from what it asked for (echo,
- * suffix, best_of, logit_bias, tools, ...).
- * Accepted without an effect on the output, each for a reason: "user"
- * (OpenAI's end-user id for abuse monitoring; kvseal neither uses nor logs
- * it), "n" (validated: only 1), "stream_options" (include_usage is
- * implemented; its other keys are refused too). Workers AI takes the model
- * from the URL and answers in its own shape, so it has no "model", "n",
- * "user", "stream_options" or logprobs. */
+ * never gets an answer that quietly differs from what it asked for (chat's echo,
+ * suffix, tools outside chat, ...). Accepted without an effect on the
+ * output, each for a reason: "user" (OpenAI's end-user id for abuse
+ * monitoring; kvseal neither uses nor logs it), "stream_options"
+ * (include_usage is implemented; its other keys are refused too). Issue
+ * 12: "n", "logit_bias" (both routes), "echo" and "best_of" (completions),
+ * "response_format" and "grammar" (both), the tool and template fields
+ * (chat). Workers AI takes the model from the URL and answers in its own
+ * shape, so it has no "model", "n", "user", "stream_options", logit_bias
+ * or logprobs. */
 static const char *const api__fields_common[] = {
     "max_tokens",
     "temperature",
@@ -456,11 +500,13 @@ static const char *const api__fields_common[] = {
     "repeat_penalty",
     "repeat_last_n",
     "ignore_eos",
+    "logit_bias",
     NULL,
 };
 static const char *const api__fields_completions[] = {
-    "model",   "prompt",          "max_completion_tokens", "n",  "user", "stream_options", "logprobs",
-    "n_probs", "response_format", "grammar",               NULL,
+    "model",    "prompt",  "max_completion_tokens", "n",    "user",    "stream_options",
+    "logprobs", "n_probs", "echo",                  "best_of", "response_format", "grammar",
+    NULL,
 };
 static const char *const api__fields_chat[] = {
     "model",        "messages", "max_completion_tokens", "n",  "user", "stream_options", "logprobs",
@@ -470,6 +516,7 @@ static const char *const api__fields_chat[] = {
 static const char *const api__fields_tools[] = {"tools", "tool_choice", "parallel_tool_calls",
                                                 NULL};
 static const char *const api__fields_workers[] = {"prompt", "messages", NULL};
+/* Workers AI has no logit_bias: the common list's entry does not apply to it. */
 
 /* True when key is in the NULL-terminated set. */
 static bool api__in(const char *const *set, const char *key) {
@@ -490,7 +537,9 @@ static bool api__known_fields(srv_route route, json_t *root, srv_error *err) {
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v) {
-        if (api__in(api__fields_common, key) || api__in(own, key)) continue;
+        bool common = api__in(api__fields_common, key) &&
+                      !(route == SRV_ROUTE_WORKERS && !strcmp(key, "logit_bias"));
+        if (common || api__in(own, key)) continue;
         if (route == SRV_ROUTE_CHAT && api__in(api__fields_tools, key)) continue;
         char param[64];
         snprintf(param, sizeof param, "%s", key);
@@ -598,19 +647,31 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
     // max_tokens (max_completion_tokens is OpenAI's newer name; it wins)
     long long mt = -1;
     bool present;
-    if (!api__int(root, "max_tokens", 1, SRV_MAX_TOKENS_LIMIT, &mt, &present, err)) goto fail;
-    if (!api__int(root, "max_completion_tokens", 1, SRV_MAX_TOKENS_LIMIT, &mt, &present, err))
+    if (!api__bool(root, "echo", &r->echo, err)) goto fail;
+    // max_tokens 0 only with echo (lm-evaluation-harness scores the prompt)
+    if (!api__int(root, "max_tokens", r->echo ? 0 : 1, SRV_MAX_TOKENS_LIMIT, &mt, &present, err))
+        goto fail;
+    if (!api__int(root, "max_completion_tokens", r->echo ? 0 : 1, SRV_MAX_TOKENS_LIMIT, &mt,
+                  &present, err))
         goto fail;
     r->max_tokens = (int32_t)mt;
-    long long n = 1;
-    if (!api__int(root, "n", INT32_MIN, INT32_MAX, &n, NULL, err)) goto fail;
-    if (n != 1) {
-        INVALID(err, "n", "only n=1 is supported, got %lld", n);
+    long long n = 1, best_of = -1;
+    if (!api__int(root, "n", 1, ENGINE_MAX_N, &n, NULL, err)) goto fail;
+    if (!api__int(root, "best_of", 1, ENGINE_MAX_N, &best_of, &present, err)) goto fail;
+    r->n = (int)n;
+    r->best_of = present ? (int)best_of : r->n;
+    if (r->best_of < r->n) {
+        INVALID(err, "best_of", "'best_of' must be >= 'n' (%d), got %d", r->n, r->best_of);
         goto fail;
     }
+    if (!api__logit_bias(r, json_object_get(root, "logit_bias"), err)) goto fail;
     if (!api__sampling(r, root, err)) goto fail;
     if (!api__stop(r, json_object_get(root, "stop"), err)) goto fail;
     if (!api__bool(root, "stream", &r->stream, err)) goto fail;
+    if (r->stream && r->best_of > r->n) { // the best are known only at the end (OpenAI: same)
+        INVALID(err, "best_of", "'best_of' > 'n' cannot be streamed; set stream to false");
+        goto fail;
+    }
     if (!api__bool(root, "ignore_eos", &r->ignore_eos, err)) goto fail;
     if ((v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
         if (!json_is_object(v)) {
@@ -649,7 +710,7 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
         srv_refuse(err, ADMIT_MISSING_PARAMETER, "model", "you must provide a model parameter");
         goto fail;
     }
-    r->sp.logprobs = r->logprobs;
+    r->sp.logprobs = r->logprobs || r->best_of > r->n; // best_of ranks by logprobs
     r->sp.n_probs = r->top_logprobs;
     // last: compiling a grammar is the most work, and other mistakes say more
     if (route != SRV_ROUTE_WORKERS && !srv_request_format(r, root, err)) goto fail;
@@ -667,6 +728,7 @@ void srv_request_free(srv_request *r) {
     free(r->msgs);
     if (r->tmpl_msgs) json_decref(r->tmpl_msgs);
     grammar_unref(r->grammar);
+    free(r->bias);
     if (r->root) json_decref(r->root);
     memset(r, 0, sizeof *r);
 }

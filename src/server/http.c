@@ -131,12 +131,37 @@ typedef struct srv_conn {
     bool refused; /* answered before its body (bad framing or path): ignore the rest */
 } srv_conn;
 
+/* One choice of a generation (OpenAI's n / best_of; most requests have
+ * one): its engine request and what the answer collects of it. */
+typedef struct srv_choice {
+    void *req;        /* the backend's request handle */
+    bool done;        /* its done event was consumed */
+    int32_t n_gen;    /* tokens generated */
+    engine_event end; /* its done event */
+    srv_buf text;     /* non-streaming: its text (echo: the prompt is added when answering) */
+    json_t *lp;       /* non-streaming logprobs of its tokens (chat: content array;
+                         completions: {tokens, token_logprobs, top_logprobs, text_offset}) */
+    size_t text_off;  /* completions: text_offset of its next token */
+    double lp_sum;    /* sum of its tokens' logprobs: best_of ranks by the mean */
+} srv_choice;
+
 /* One generation in flight; owned by the handler (non-streaming) or by the
  * streaming response (freed by its free callback). */
 struct srv_gen {
     server *s;
     srv_route route;
-    void *req;                   /* the backend's request handle */
+    srv_choice ch[ENGINE_MAX_N]; /* (n_ch) the choices generated */
+    int n_ch;                    /* choices generated: best_of (>= n_ret), 1 with max_tokens 0 */
+    int n_ret;                   /* choices answered (n): the best n_ret of n_ch */
+    int n_done;                  /* choices whose done event was consumed */
+    int cur;                     /* the choice of the last event srv__gen_poll took */
+    int rr;                      /* round-robin start of the next poll */
+    int first_cur;               /* streaming: the choice of `first` */
+    char *echo;                  /* completions with echo: the prompt text (malloc'd) */
+    size_t echo_len;
+    json_t *plp;                 /* echo + logprobs: the prompt tokens' logprobs (completions
+                                    object), shared by every choice */
+    size_t ptext_off;            /* its next text_offset */
     int tenant;                  /* index into s->ts; -1 once released */
     int fd;                      /* connection socket, for disconnect checks */
     struct MHD_Connection *conn; /* its connection */
@@ -156,7 +181,7 @@ struct srv_gen {
     bool logprobs, include_usage;
     int top;
     uint64_t t_submit_ns, t_first_ns;
-    bool done; /* the done event was consumed */
+    bool done;        /* every choice's done event was consumed */
     atomic_bool gone; /* client left or server stopping (counted once) */
     /* streaming */
     srv_buf out;
@@ -166,11 +191,9 @@ struct srv_gen {
     bool stream;          /* a streamed answer */
     bool oom;             /* collecting: an event could not be kept */
     engine_event first;
-    /* non-streaming: accumulated text and logprobs */
-    srv_buf text;
-    json_t *lp;      /* chat: content array; completions: logprobs object */
-    size_t text_off; /* completions text_offset */
-    /* chat: tool calls and reasoning (toolcall.h); tc NULL when neither applies */
+    srv_buf text; /* streaming with log_content: the text, for the log */
+    /* chat: tool calls and reasoning (toolcall.h) of the one choice (tc NULL
+       when neither applies; n > 1 with a parser is refused) */
     toolcall_parser *tc;
     json_t *tc_tools; /* the request's tools (a reference): tc borrows them */
     toolcall_cfg tc_cfg;
@@ -301,7 +324,7 @@ static int srv__auth(server *s, struct MHD_Connection *c, srv_error *err) {
 static void srv__gen_release_tenant(srv_gen *g) {
     if (g->tenant < 0) return;
     // never submitted: all of it back; else what was not generated
-    int64_t unused = g->req ? (int64_t)g->max_tokens - g->n_gen : g->reserved;
+    int64_t unused = g->ch[0].req ? (int64_t)g->max_tokens * g->n_ch - g->n_gen : g->reserved;
     srv_tenants_release(g->s->ts, g->tenant, unused > 0 ? unused : 0);
     g->tenant = -1;
 }
@@ -309,11 +332,18 @@ static void srv__gen_release_tenant(srv_gen *g) {
 static void srv__gen_free(srv_gen *g) {
     if (!g) return;
     server *s = g->s;
-    if (g->req) {
-        s->b.set_notify(g->req, NULL, NULL);  // no notify runs or starts after this
-        if (!g->done) s->b.cancel(g->req);
-        s->b.release(g->req);
+    for (int i = 0; i < g->n_ch; i++) {
+        srv_choice *ch = &g->ch[i];
+        if (ch->req) {
+            s->b.set_notify(ch->req, NULL, NULL); // no notify runs or starts after this
+            if (!ch->done) s->b.cancel(ch->req);
+            s->b.release(ch->req);
+        }
+        srv_buf_free(&ch->text);
+        json_decref(ch->lp);
     }
+    free(g->echo);
+    json_decref(g->plp);
     pthread_mutex_lock(&s->lmu);
     if (g->lprev) g->lprev->lnext = g->lnext;
     else if (s->gens == g) s->gens = g->lnext;
@@ -322,7 +352,6 @@ static void srv__gen_free(srv_gen *g) {
     srv__gen_release_tenant(g);
     srv_buf_free(&g->out);
     srv_buf_free(&g->text);
-    json_decref(g->lp);
     toolcall_parser_destroy(g->tc);
     json_decref(g->tc_tools);
     pthread_mutex_destroy(&g->mu);
@@ -361,22 +390,55 @@ static bool srv__gen_suspend(srv_gen *g) {
     return wait;
 }
 
-/* Takes the next event if there is one, without waiting: 1 an event in
- * *ev, 0 none yet, -1 the request's events ended without a done event. */
+/* Cancels every choice still running. */
+static void srv__gen_cancel(srv_gen *g) {
+    for (int i = 0; i < g->n_ch; i++)
+        if (g->ch[i].req && !g->ch[i].done) g->s->b.cancel(g->ch[i].req);
+}
+
+/* Takes the next event of any choice if there is one (round robin, so no
+ * choice starves the others), without waiting: 1 an event in *ev, its
+ * choice in g->cur; 0 none yet; -1 a choice's events ended without a done
+ * event. ev->done ends that choice; g->done is set once every choice's
+ * done event was taken. */
 static int srv__gen_poll(srv_gen *g, engine_event *ev) {
-    ks_err e = g->s->b.next(g->req, ev, 0);
-    if (e == KS_ERR_TIMEOUT) return 0;
-    if (e != KS_OK) {
-        g->done = true;
-        return -1;
+    for (int k = 0; k < g->n_ch; k++) {
+        int i = (g->rr + k) % g->n_ch;
+        srv_choice *ch = &g->ch[i];
+        if (ch->done) continue;
+        ks_err e = g->s->b.next(ch->req, ev, 0);
+        if (e == KS_ERR_TIMEOUT) continue;
+        g->cur = i;
+        g->rr = i + 1;
+        if (e != KS_OK) {
+            ch->done = g->done = true;
+            return -1;
+        }
+        bool gen = ev->token >= 0 && !ev->prompt;
+        if (gen && !g->t_first_ns) g->t_first_ns = ks_now_ns();
+        if (gen) {
+            ch->n_gen++;
+            g->n_gen++;
+            ch->lp_sum += (double)ev->sr.logprob;
+        }
+        if (ev->done) {
+            ch->done = true;
+            ch->end = *ev;
+            g->n_gen += ev->n_gen - ch->n_gen; // the engine's count is the truth
+            ch->n_gen = ev->n_gen;
+            g->done = ++g->n_done == g->n_ch;
+        }
+        return 1;
     }
-    if (ev->token >= 0 && !g->t_first_ns) g->t_first_ns = ks_now_ns();
-    if (ev->token >= 0) g->n_gen++;
-    if (ev->done) {
-        g->done = true;
-        g->n_gen = ev->n_gen;
-    }
-    return 1;
+    return 0;
+}
+
+/* The request's outcome over its choices: ev (a done event) with the
+ * completion tokens of every choice and the prompt counted once. */
+static engine_event srv__gen_total(const srv_gen *g, const engine_event *ev) {
+    engine_event t = *ev;
+    t.n_gen = g->n_gen;
+    return t;
 }
 
 /* Metrics and tenant refund once the done event arrived; the connection's
@@ -399,9 +461,10 @@ static void srv__gen_account(srv_gen *g, const engine_event *ev) {
                              (double)(ks_now_ns() - g->t_first_ns) * 1e-9 / (ev->n_gen - 1));
     }
     srv__gen_release_tenant(g);
-    if (s->log_content)
-        ks_log(KS_LOG_INFO, "request %s output: %.*s", g->id, (int)g->text.len,
-               g->text.p ? g->text.p : "");
+    if (s->log_content) {
+        const srv_buf *t = g->stream ? &g->text : &g->ch[0].text;
+        ks_log(KS_LOG_INFO, "request %s output: %.*s", g->id, (int)t->len, t->p ? t->p : "");
+    }
     ks_log(KS_LOG_INFO, "request %s: %s, %d prompt tokens (%d cached), %d generated, finish %d%s%s",
            g->id, srv_route_name(g->route), ev->n_prompt, ev->n_cached, ev->n_gen, (int)ev->finish,
            ev->errmsg[0] ? ": " : "", ev->errmsg);
@@ -429,13 +492,24 @@ static json_t *srv__lp_entry(const tok_vocab *v, int32_t id, float lp, bool with
 }
 
 /* Adds ev's token to a completions logprobs object {tokens, token_logprobs,
- * top_logprobs, text_offset}. */
-static void srv__lp_completion(srv_gen *g, json_t *lp, const engine_event *ev) {
+ * top_logprobs, text_offset}, at text offset *off (advanced). A prompt
+ * token (echo) moves the offset by its text without special tokens (BOS is
+ * not in the echoed prompt); the first has null logprobs, as OpenAI's. */
+static void srv__lp_completion(srv_gen *g, json_t *lp, const engine_event *ev, size_t *off) {
     const tok_vocab *v = g->s->vocab;
     char piece[256];
     size_t n = tok_piece(v, ev->token, true, piece, sizeof piece);
     if (n > sizeof piece) n = sizeof piece;
+    char raw[256];
+    size_t adv = ev->prompt ? tok_piece(v, ev->token, false, raw, sizeof raw) : n;
     json_array_append_new(json_object_get(lp, "tokens"), srv__jstr(piece, n));
+    json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)*off));
+    *off += adv;
+    if (ev->no_logprob) {
+        json_array_append_new(json_object_get(lp, "token_logprobs"), json_null());
+        json_array_append_new(json_object_get(lp, "top_logprobs"), json_null());
+        return;
+    }
     json_array_append_new(json_object_get(lp, "token_logprobs"),
                           json_real(isfinite(ev->sr.logprob) ? ev->sr.logprob : -9999.0));
     json_t *top = json_object();
@@ -450,9 +524,6 @@ static void srv__lp_completion(srv_gen *g, json_t *lp, const engine_event *ev) {
         json_decref(key);
     }
     json_array_append_new(json_object_get(lp, "top_logprobs"), top);
-    json_array_append_new(json_object_get(lp, "text_offset"),
-                          json_integer((json_int_t)g->text_off));
-    g->text_off += n;
 }
 
 static json_t *srv__lp_completion_new(void) {
@@ -460,8 +531,9 @@ static json_t *srv__lp_completion_new(void) {
                      "text_offset");
 }
 
-/* The SSE chunk for ev (text and/or logprobs), NULL when there is nothing. */
-static json_t *srv__chunk(srv_gen *g, const engine_event *ev, bool *oom) {
+/* The SSE chunk for ev (text and/or logprobs) as choice idx's, NULL when
+ * there is nothing. */
+static json_t *srv__chunk(srv_gen *g, const engine_event *ev, int idx, bool *oom) {
     bool has_lp = g->logprobs && ev->token >= 0;
     if (!ev->text_len && !has_lp) return NULL;
     json_t *text = srv__jstr(ev->text, ev->text_len);
@@ -475,17 +547,21 @@ static json_t *srv__chunk(srv_gen *g, const engine_event *ev, bool *oom) {
                            srv__lp_entry(g->s->vocab, ev->token, ev->sr.logprob, true, &ev->sr));
         j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:o}, s:o, s:n}]}", "id", g->id, "object",
                       "chat.completion.chunk", "created", (json_int_t)g->created, "model", g->model,
-                      "choices", "index", 0, "delta", "content", text, "logprobs", lp,
+                      "choices", "index", idx, "delta", "content", text, "logprobs", lp,
                       "finish_reason");
     } else {
         json_t *lp = json_null();
         if (has_lp) {
             lp = srv__lp_completion_new();
-            srv__lp_completion(g, lp, ev);
+            // a prompt token's offset is the same in every choice; generated
+            // ones continue from the end of the prompt
+            size_t off = ev->prompt ? g->ptext_off : g->ch[idx].text_off;
+            srv__lp_completion(g, lp, ev, &off);
+            if (!ev->prompt) g->ch[idx].text_off = off;
         }
         j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:o, s:i, s:o, s:n}]}", "id", g->id, "object",
                       "text_completion", "created", (json_int_t)g->created, "model", g->model,
-                      "choices", "text", text, "index", 0, "logprobs", lp, "finish_reason");
+                      "choices", "text", text, "index", idx, "logprobs", lp, "finish_reason");
     }
     if (!j) *oom = true;
     return j;
@@ -623,12 +699,14 @@ static bool srv__tool_choice_grammar(server *s, srv_request *rq, srv_error *err)
 /* Sets up g's parser when its answer may hold tool calls (tools given,
  * tool_choice not "none", a format known) or reasoning (think markers).
  * prompt is the rendered chat: an answer that starts inside a think block
- * starts as reasoning. KS_ERR_NOMEM. */
+ * starts as reasoning. KS_ERR_NOMEM; KS_ERR_UNSUPPORTED with n > 1 (the
+ * parser state is the request's, not each choice's). */
 static ks_err srv__gen_toolcall(server *s, srv_gen *g, const srv_request *rq, const char *prompt,
                                 size_t len) {
     const toolcall_req *tr = &rq->tc;
     bool calls = tr->tools && tr->choice != TOOLCALL_CHOICE_NONE && s->tc_format != TOOLCALL_NONE;
     if (!calls && !s->think_open) return KS_OK;
+    if (g->n_ch > 1 || g->n_ret > 1) return KS_ERR_UNSUPPORTED; // one parser, one choice
     g->tc_tools = tr->tools ? json_incref((json_t *)tr->tools) : NULL;
     g->tc_cfg = (toolcall_cfg){
         .format = calls ? s->tc_format : TOOLCALL_NONE,
@@ -724,14 +802,14 @@ static bool srv__all_ws(const char *s, size_t n) {
     return true;
 }
 
-/* The message of a non-streamed chat answer whose text is g->text, parsed:
+/* The message of a non-streamed chat answer whose text is text, parsed:
  * content (null when there are calls and nothing but whitespace besides),
  * reasoning_content when there is some, tool_calls when there are; *fin
  * becomes "tool_calls" when there are calls and the answer ended on a stop.
  * NULL on out-of-memory. */
-static json_t *srv__tc_message(srv_gen *g, const char **fin) {
+static json_t *srv__tc_message(srv_gen *g, const srv_buf *text, const char **fin) {
     toolcall_delta d;
-    if (toolcall_parser_push(g->tc, g->text.p ? g->text.p : "", g->text.len, &d) ||
+    if (toolcall_parser_push(g->tc, text->p ? text->p : "", text->len, &d) ||
         toolcall_parser_finish(g->tc, &d))
         return NULL;
     size_t cl, rl;
@@ -758,16 +836,32 @@ static json_t *srv__tc_message(srv_gen *g, const char **fin) {
 // ----------------------------------------------------------------------------
 // Generation: streaming (SSE)
 
+/* How many answer choices an event of choice idx stands for: with
+ * max_tokens 0 (echo) one choice is generated and answered n times. */
+static int srv__fanout(const srv_gen *g) { return g->n_ch == 1 ? g->n_ret : 1; }
+
+/* Appends chunk j (consumed) to the stream; false on out of memory. */
+static bool srv__sse_put(srv_gen *g, json_t *j, bool oom) {
+    bool ok = !oom && (!j || srv_sse_json(&g->out, j));
+    json_decref(j);
+    return ok;
+}
+
 static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
-    bool ok;
-    if (g->tc) {
-        ok = srv__tc_stream(g, ev);
-    } else {
-        bool oom = false;
-        json_t *chunk = srv__chunk(g, ev, &oom);
-        ok = !oom && (!chunk || srv_sse_json(&g->out, chunk));
-        json_decref(chunk);
+    bool oom = false, ok = true;
+    int idx = g->cur;
+    if (ev->prompt) { // echo: a prompt token's logprobs, the same in every choice
+        for (int i = 0; ok && i < g->n_ch * srv__fanout(g); i++)
+            ok = srv__sse_put(g, srv__chunk(g, ev, i, &oom), oom);
+        char raw[256];
+        g->ptext_off += tok_piece(g->s->vocab, ev->token, false, raw, sizeof raw);
+        return ok;
     }
+    if (g->tc) // one choice: n > 1 with a parser is refused (srv__gen_toolcall)
+        ok = srv__tc_stream(g, ev);
+    else
+        for (int k = 0; ok && k < srv__fanout(g); k++)
+            ok = srv__sse_put(g, srv__chunk(g, ev, idx + k, &oom), oom);
     if (ok && g->s->log_content && ev->text_len) ok = srv_buf_add(&g->text, ev->text, ev->text_len);
     if (!ok || !ev->done) return ok;
 
@@ -782,29 +876,59 @@ static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
         free(body);
         return ok;
     }
-    json_t *j = NULL;
-    if (g->route == SRV_ROUTE_CHAT)
-        j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{}, s:n, s:s}]}", "id", g->id, "object",
-                      "chat.completion.chunk", "created", (json_int_t)g->created, "model", g->model,
-                      "choices", "index", 0, "delta", "logprobs", "finish_reason", fin);
-    else if (g->route == SRV_ROUTE_COMPLETIONS)
-        j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:s, s:i, s:n, s:s}]}", "id", g->id, "object",
-                      "text_completion", "created", (json_int_t)g->created, "model", g->model,
-                      "choices", "text", "", "index", 0, "logprobs", "finish_reason", fin);
-    else
-        j = json_pack("{s:s, s:o}", "response", "", "usage",
-                      srv_usage_json(ev->n_prompt, ev->n_gen, ev->n_cached));
-    ok = j && srv_sse_json(&g->out, j);
-    json_decref(j);
-    if (ok && g->include_usage && g->route != SRV_ROUTE_WORKERS) {
-        j = json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", g->id, "object",
+    for (int k = 0; ok && k < srv__fanout(g); k++) {
+        json_t *j = NULL;
+        if (g->route == SRV_ROUTE_CHAT)
+            j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{}, s:n, s:s}]}", "id", g->id, "object",
+                          "chat.completion.chunk", "created", (json_int_t)g->created, "model",
+                          g->model, "choices", "index", idx + k, "delta", "logprobs",
+                          "finish_reason", fin);
+        else if (g->route == SRV_ROUTE_COMPLETIONS)
+            j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:s, s:i, s:n, s:s}]}", "id", g->id, "object",
+                          "text_completion", "created", (json_int_t)g->created, "model", g->model,
+                          "choices", "text", "", "index", idx + k, "logprobs", "finish_reason",
+                          fin);
+        else
+            j = json_pack("{s:s, s:o}", "response", "", "usage",
+                          srv_usage_json(ev->n_prompt, ev->n_gen, ev->n_cached));
+        ok = j && srv_sse_json(&g->out, j);
+        json_decref(j);
+    }
+    if (!ok || !g->done) return ok; // other choices still running
+    if (g->include_usage && g->route != SRV_ROUTE_WORKERS) {
+        json_t *j =
+            json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", g->id, "object",
                       g->route == SRV_ROUTE_CHAT ? "chat.completion.chunk" : "text_completion",
                       "created", (json_int_t)g->created, "model", g->model, "choices", "usage",
-                      srv_usage_json(ev->n_prompt, ev->n_gen, ev->n_cached));
+                      srv_usage_json(ev->n_prompt, g->n_gen, ev->n_cached));
         ok = j && srv_sse_json(&g->out, j);
         json_decref(j);
     }
     return ok && srv_sse_done(&g->out);
+}
+
+/* The first chunks of a stream: chat's role delta, a completion's echoed
+ * prompt, for every choice. False on out of memory. */
+static bool srv__stream_head(srv_gen *g) {
+    bool ok = true;
+    for (int i = 0; ok && i < g->n_ch * srv__fanout(g); i++) {
+        json_t *j = NULL;
+        if (g->route == SRV_ROUTE_CHAT) // the role comes first, in its own delta
+            j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:n, s:n}]}", "id", g->id,
+                          "object", "chat.completion.chunk", "created", (json_int_t)g->created,
+                          "model", g->model, "choices", "index", i, "delta", "role", "assistant",
+                          "content", "", "logprobs", "finish_reason");
+        else if (g->echo)
+            j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:o, s:i, s:n, s:n}]}", "id", g->id, "object",
+                          "text_completion", "created", (json_int_t)g->created, "model", g->model,
+                          "choices", "text", srv__jstr(g->echo, g->echo_len), "index", i,
+                          "logprobs", "finish_reason");
+        else
+            break;
+        ok = j && srv_sse_json(&g->out, j);
+        json_decref(j);
+    }
+    return ok;
 }
 
 static ssize_t srv__stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -815,22 +939,14 @@ static ssize_t srv__stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         if (g->eof) return MHD_CONTENT_READER_END_OF_STREAM;
         if (!g->head_sent) {
             g->head_sent = true;
-            if (g->route == SRV_ROUTE_CHAT) { // the role comes first, in its own delta
-                json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:n, s:n}]}",
-                                      "id", g->id, "object", "chat.completion.chunk", "created",
-                                      (json_int_t)g->created, "model", g->model, "choices", "index",
-                                      0, "delta", "role", "assistant", "content", "", "logprobs",
-                                      "finish_reason");
-                bool ok = j && srv_sse_json(&g->out, j);
-                json_decref(j);
-                if (!ok) return MHD_CONTENT_READER_END_WITH_ERROR;
-            }
+            if (!srv__stream_head(g)) return MHD_CONTENT_READER_END_WITH_ERROR;
             continue;
         }
         engine_event ev;
         int got = g->has_first ? 1 : 0;  // the event srv__generate waited for comes first
         if (got) {
             ev = g->first;
+            g->cur = g->first_cur;
             g->has_first = false;
         } else if ((got = srv__gen_poll(g, &ev)) == 0) {
             if (srv__gen_suspend(g)) return 0;  // called again once an event is posted
@@ -838,12 +954,15 @@ static ssize_t srv__stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         if (got < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
         bool ok = srv__stream_event(g, &ev);
-        if (ev.done) {
+        // the end: every choice done, or one failed (the others are cancelled)
+        if (g->done || (ev.done && !srv_finish_name(ev.finish))) {
             g->eof = true;
-            srv__gen_account(g, &ev);
+            srv__gen_cancel(g);
+            engine_event t = srv__gen_total(g, &ev);
+            srv__gen_account(g, &t);
         }
         if (!ok) {
-            g->s->b.cancel(g->req);
+            srv__gen_cancel(g);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
     }
@@ -894,6 +1013,7 @@ static enum MHD_Result srv__stream_start(server *s, struct MHD_Connection *c, sr
             return MHD_YES;
         }
     }
+    g->first_cur = g->cur;
     if (got > 0) {
         if (g->first.done && !srv_finish_name(g->first.finish) && srv__done_mapped(&g->first)) {
             srv_error err;
@@ -930,6 +1050,47 @@ static enum MHD_Result srv__stream_start(server *s, struct MHD_Connection *c, sr
 /* A non-streamed answer: takes the events there are; once the done event
  * is in, answers and frees g, else suspends the connection with g in
  * sc->gen (the access handler comes back here when an event is posted). */
+/* Appends every element of array src to array dst (json_array_extend). */
+static void srv__lp_concat(json_t *dst, const json_t *src, const char *key) {
+    json_array_extend(json_object_get(dst, key), json_object_get(src, key));
+}
+
+/* Choice ch's logprobs for the answer: chat {content}; completions the
+ * prompt's (echo) then its own. A new reference, or JSON null. */
+static json_t *srv__choice_lp(srv_gen *g, const srv_choice *ch) {
+    if (!g->logprobs || !ch->lp) return json_null();
+    if (g->route == SRV_ROUTE_CHAT) return json_pack("{s:O}", "content", ch->lp);
+    if (!g->plp) return json_incref(ch->lp);
+    json_t *lp = json_deep_copy(g->plp);
+    static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+    for (int k = 0; lp && k < 4; k++)
+        srv__lp_concat(lp, ch->lp, keys[k]);
+    return lp ? lp : json_null();
+}
+
+/* best_of: the order in which choices are answered, best first: by the
+ * mean log-probability of their tokens (OpenAI: "the highest log
+ * probability per token"), ties to the lower index. */
+static void srv__rank(const srv_gen *g, int *order) {
+    double mean[ENGINE_MAX_N];
+    for (int i = 0; i < g->n_ch; i++) {
+        order[i] = i;
+        const srv_choice *ch = &g->ch[i];
+        mean[i] = ch->n_gen > 0 ? ch->lp_sum / ch->n_gen : 0.0;
+    }
+    if (g->n_ch == g->n_ret) return;  // no ranking asked for: keep the indices
+    for (int a = 1; a < g->n_ch; a++) // insertion sort: stable, n <= 16
+        for (int b = a; b > 0 && mean[order[b]] > mean[order[b - 1]]; b--) {
+            int t = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = t;
+        }
+}
+
+/* A non-streamed answer: takes the events there are; once every choice's
+ * done event is in, answers and frees g, else suspends the connection with
+ * g in sc->gen (the access handler comes back here when an event is
+ * posted). */
 static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv_gen *g,
                                         srv_conn *sc) {
     engine_event ev;
@@ -951,25 +1112,35 @@ static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv
                          "the server is shutting down; the request was aborted");
             else
                 srv_fail(&err, 499, "client_closed", "the client closed the connection");
-            if (got > 0) srv__gen_account(g, &ev);
+            if (got > 0) {
+                engine_event t = srv__gen_total(g, &ev);
+                srv__gen_account(g, &t);
+            }
             enum MHD_Result r = srv__reply_error(s, c, g->route, &err);
             srv__gen_free(g);
             return r;
         }
-        if (g->tc)
-            ok = ok && srv__tc_text(g, &ev, &g->text);
+        srv_choice *ch = &g->ch[g->cur];
+        if (ev.prompt) { // echo: the prompt's logprobs, shared by every choice
+            if (g->logprobs && g->plp) srv__lp_completion(g, g->plp, &ev, &g->ptext_off);
+            continue;
+        }
+        if (g->tc) // one choice (n > 1 with a parser is refused)
+            ok = ok && srv__tc_text(g, &ev, &ch->text);
         else if (ev.text_len)
-            ok = ok && srv_buf_add(&g->text, ev.text, ev.text_len);
-        if (g->logprobs && ev.token >= 0 && g->lp) {
+            ok = ok && srv_buf_add(&ch->text, ev.text, ev.text_len);
+        if (g->logprobs && ev.token >= 0 && ch->lp) {
             if (g->route == SRV_ROUTE_CHAT)
                 json_array_append_new(
-                    g->lp, srv__lp_entry(s->vocab, ev.token, ev.sr.logprob, true, &ev.sr));
+                    ch->lp, srv__lp_entry(s->vocab, ev.token, ev.sr.logprob, true, &ev.sr));
             else
-                srv__lp_completion(g, g->lp, &ev);
+                srv__lp_completion(g, ch->lp, &ev, &ch->text_off);
         }
-        if (ev.done) break;
+        if (ev.done && !srv_finish_name(ev.finish)) break; // one failed: the answer fails
+        if (g->done) break;
     }
-    srv__gen_account(g, &ev);
+    engine_event total = srv__gen_total(g, &ev);
+    srv__gen_account(g, &total);
     const char *fin = srv_finish_name(ev.finish);
     if (!fin || !ok) {
         srv_error err;
@@ -981,31 +1152,50 @@ static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv
         srv__gen_free(g);
         return r;
     }
-    json_t *text = srv__jstr(g->text.p ? g->text.p : "", g->text.len);
-    json_t *usage = srv_usage_json(ev.n_prompt, ev.n_gen, ev.n_cached);
+    json_t *usage = srv_usage_json(total.n_prompt, total.n_gen, total.n_cached);
     json_t *j;
     if (g->route == SRV_ROUTE_WORKERS) {
-        j = json_pack("{s:{s:o, s:o}, s:b, s:[], s:[]}", "result", "response", text, "usage", usage,
-                      "success", 1, "errors", "messages");
-    } else if (g->route == SRV_ROUTE_CHAT) {
-        json_t *lp = g->logprobs && g->lp ? json_pack("{s:O}", "content", g->lp) : json_null();
-        json_t *msg;
-        if (g->tc) {
-            json_decref(text);
-            msg = srv__tc_message(g, &fin);
-        } else {
-            msg = json_pack("{s:s, s:o}", "role", "assistant", "content", text);
-        }
-        j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:o, s:s}], s:o}", "id", g->id, "object",
-                      "chat.completion", "created", (json_int_t)g->created, "model", g->model,
-                      "choices", "index", 0, "message", msg, "logprobs", lp, "finish_reason", fin,
-                      "usage", usage);
+        const srv_buf *t = &g->ch[0].text;
+        j = json_pack("{s:{s:o, s:o}, s:b, s:[], s:[]}", "result", "response",
+                      srv__jstr(t->p ? t->p : "", t->len), "usage", usage, "success", 1, "errors",
+                      "messages");
     } else {
-        json_t *lp = g->logprobs && g->lp ? json_incref(g->lp) : json_null();
-        j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:o, s:i, s:o, s:s}], s:o}", "id", g->id, "object",
-                      "text_completion", "created", (json_int_t)g->created, "model", g->model,
-                      "choices", "text", text, "index", 0, "logprobs", lp, "finish_reason", fin,
-                      "usage", usage);
+        int order[ENGINE_MAX_N];
+        srv__rank(g, order);
+        json_t *choices = json_array();
+        for (int k = 0; choices && k < g->n_ret; k++) {
+            srv_choice *ch = &g->ch[g->n_ch == 1 ? 0 : order[k]];
+            const char *cfin = srv_finish_name(ch->end.finish);
+            srv_buf t = {0}; // echo: the prompt, then the completion
+            bool tok = (!g->echo || srv_buf_add(&t, g->echo, g->echo_len)) &&
+                       (!ch->text.len || srv_buf_add(&t, ch->text.p, ch->text.len));
+            json_t *text = tok ? srv__jstr(t.p ? t.p : "", t.len) : NULL;
+            srv_buf_free(&t);
+            json_t *one;
+            const char *f = cfin ? cfin : fin;
+            if (g->route == SRV_ROUTE_CHAT && g->tc) { // its content parsed: calls, reasoning
+                json_decref(text);
+                json_t *msg = srv__tc_message(g, &ch->text, &f);
+                one = json_pack("{s:i, s:o, s:o, s:s}", "index", k, "message", msg, "logprobs",
+                                srv__choice_lp(g, ch), "finish_reason", f);
+            } else if (g->route == SRV_ROUTE_CHAT)
+                one = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", k, "message", "role",
+                                "assistant", "content", text, "logprobs", srv__choice_lp(g, ch),
+                                "finish_reason", f);
+            else
+                one = json_pack("{s:o, s:i, s:o, s:s}", "text", text, "index", k, "logprobs",
+                                srv__choice_lp(g, ch), "finish_reason", cfin ? cfin : fin);
+            if (!one || json_array_append_new(choices, one)) {
+                json_decref(choices);
+                choices = NULL;
+            }
+        }
+        j = choices ? json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", g->id, "object",
+                                g->route == SRV_ROUTE_CHAT ? "chat.completion" : "text_completion",
+                                "created", (json_int_t)g->created, "model", g->model, "choices",
+                                choices, "usage", usage)
+                    : NULL;
+        if (!choices) json_decref(usage);
     }
     srv_route route = g->route;
     srv__gen_free(g);
@@ -1044,6 +1234,26 @@ static void srv__refused_long(server *s, srv_gen *g, srv_error *err, bool cut, i
                  "least %lld tokens (at least %d in the prompt, %d for the completion). Please "
                  "reduce the length of the prompt or completion.",
                  s->o.n_ctx, (long long)g->n_prompt + g->max_tokens, g->n_prompt, g->max_tokens);
+}
+
+/* Issue 12's request fields against this server: logit_bias ids within
+ * the vocabulary; n / best_of > 1 only on a backend that shares a prompt
+ * between choices (kvseal serve; the cluster router refuses them). False
+ * with err set otherwise. */
+static bool srv__gen_choices(server *s, const srv_request *rq, srv_error *err) {
+    int32_t V = tok_n_vocab(s->vocab);
+    for (int i = 0; i < rq->n_bias; i++)
+        if (rq->bias[i].token >= V)
+            return srv_refuse(err, ADMIT_INVALID, "logit_bias",
+                              "'logit_bias' token id %d is out of range: the vocabulary has %d "
+                              "tokens",
+                              (int)rq->bias[i].token, (int)V);
+    if (rq->best_of > 1 && !s->b.submit_n && !(rq->echo && rq->max_tokens == 0))
+        return srv_refuse(err, ADMIT_INVALID, rq->n > 1 ? "n" : "best_of",
+                          "'%s' > 1 is not supported in disaggregated serving (kvseal router); "
+                          "use kvseal serve",
+                          rq->n > 1 ? "n" : "best_of");
+    return true;
 }
 
 static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_route route,
@@ -1091,6 +1301,10 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     const char *ptext = chat ? text : rq.prompt;
     size_t ptext_len = strlen(ptext);
     int32_t max_tokens = rq.max_tokens;
+    // issue 12: n / best_of choices, logit_bias, echo (srv__gen_choices)
+    int n_ch = rq.best_of;
+    if (!srv__gen_choices(s, &rq, &err)) goto fail;
+    if (max_tokens == 0) n_ch = 1; // echo only: one prompt, answered n times
     if (max_tokens < 0 && route == SRV_ROUTE_COMPLETIONS) max_tokens = 16; // OpenAI's default
     if (max_tokens < 0 && route == SRV_ROUTE_WORKERS) max_tokens = 256;    // Workers AI's
     // Issue 8: the prompt's bytes give a lower bound on its tokens; a prompt
@@ -1104,7 +1318,8 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     // lower bound of the tokens (chat without max_tokens reserves the whole
     // context), raised to the exact count once tokenized.
     int64_t min_prompt = srv_prompt_min_tokens(ptext_len, s->max_token_bytes);
-    held_reserved = max_tokens < 0 ? s->o.n_ctx : (min_prompt > 0 ? min_prompt : 1) + max_tokens;
+    held_reserved = max_tokens < 0 ? (int64_t)s->o.n_ctx * n_ch
+                                   : (min_prompt > 0 ? min_prompt : 1) + (int64_t)max_tokens * n_ch;
     char msg[256];
     admit_reason rj = srv_tenants_admit(s->ts, tenant, held_reserved, ks_now_ns(), msg, sizeof msg);
     if (rj != ADMIT_OK) {
@@ -1131,13 +1346,13 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     // exact refusal (I4 lives there, one contract for every front end).
     bool over = (int64_t)n_prompt + max_tokens > s->o.n_ctx;
     if (!over) {
-        rj = srv_tenants_grow(s->ts, tenant, held_reserved, (int64_t)n_prompt + max_tokens,
-                              ks_now_ns(), msg, sizeof msg);
+        int64_t want = (int64_t)n_prompt + (int64_t)max_tokens * n_ch; // every choice's tokens
+        rj = srv_tenants_grow(s->ts, tenant, held_reserved, want, ks_now_ns(), msg, sizeof msg);
         if (rj != ADMIT_OK) {
             srv_refuse(&err, rj, NULL, "%s", msg);
             goto fail;
         }
-        held_reserved = (int64_t)n_prompt + max_tokens;
+        held_reserved = want;
     }
     if (s->log_content) ks_log(KS_LOG_INFO, "prompt (%d tokens): %s", n_prompt, ptext);
 
@@ -1161,8 +1376,28 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     g->fd = -1;
     snprintf(g->model, sizeof g->model, "%s", model_name ? model_name : srv__primary_name(s));
     srv_make_id(route == SRV_ROUTE_COMPLETIONS ? "cmpl-" : "chatcmpl-", g->id, sizeof g->id);
-    if (rq.logprobs)
-        g->lp = route == SRV_ROUTE_COMPLETIONS ? srv__lp_completion_new() : json_array();
+    g->n_ch = n_ch;
+    g->n_ret = rq.n;
+    if (rq.echo && route == SRV_ROUTE_COMPLETIONS) {
+        g->echo_len = strlen(rq.prompt);
+        if (!(g->echo = malloc(g->echo_len + 1))) {
+            srv_fail(&err, 500, "internal_error", "out of memory");
+            goto fail;
+        }
+        memcpy(g->echo, rq.prompt, g->echo_len + 1);
+        if (rq.logprobs && !(g->plp = srv__lp_completion_new())) {
+            srv_fail(&err, 500, "internal_error", "out of memory");
+            goto fail;
+        }
+    }
+    for (int i = 0; i < n_ch; i++) {
+        g->ch[i].text_off = g->echo_len; // generated text follows the echoed prompt
+        if (rq.logprobs && !(g->ch[i].lp = route == SRV_ROUTE_COMPLETIONS ? srv__lp_completion_new()
+                                                                          : json_array())) {
+            srv_fail(&err, 500, "internal_error", "out of memory");
+            goto fail;
+        }
+    }
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci) g->fd = ci->connect_fd;
@@ -1179,16 +1414,33 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     p.stops = rq.stops;
     p.n_stops = rq.n_stops;
     p.ignore_eos = rq.ignore_eos;
+    p.bias = rq.bias;
+    p.n_bias = rq.n_bias;
+    // echo's max_tokens 0 needs the engine's prompt pass; logprobs need its rows
+    p.prompt_logprobs = g->echo && (rq.logprobs || max_tokens == 0);
+    p.prompt_top = rq.top_logprobs;
     if (route == SRV_ROUTE_CHAT && !srv__tool_choice_grammar(s, &rq, &err)) goto fail;
     p.grammar = rq.grammar;
-    if (route == SRV_ROUTE_CHAT && srv__gen_toolcall(s, g, &rq, ptext, ptext_len)) {
-        srv_fail(&err, 500, "internal_error", "out of memory");
-        goto fail;
+    if (route == SRV_ROUTE_CHAT) {
+        ks_err te = srv__gen_toolcall(s, g, &rq, ptext, ptext_len);
+        if (te == KS_ERR_UNSUPPORTED) {
+            srv_refuse(&err, ADMIT_UNSUPPORTED_PARAMETER, "n",
+                       "'n' above 1 is not supported yet on answers parsed for tool calls or "
+                       "reasoning (tools given, or a template with think markers)");
+            goto fail;
+        }
+        if (te) {
+            srv_fail(&err, 500, "internal_error", "out of memory");
+            goto fail;
+        }
     }
     g->t_submit_ns = ks_now_ns();
-    ks_err e = s->b.submit(s->b.impl, &p, &g->req, &eb);
+    void *reqs[ENGINE_MAX_N] = {0};
+    ks_err e = n_ch > 1 ? s->b.submit_n(s->b.impl, &p, n_ch, reqs, &eb)
+                        : s->b.submit(s->b.impl, &p, &reqs[0], &eb);
+    for (int i = 0; !e && i < n_ch; i++)
+        g->ch[i].req = reqs[i];
     if (e) {
-        g->req = NULL;
         srv__submit_error(e, &eb, route, &err);
         if (err.reason == ADMIT_UNSUPPORTED_PARAMETER && rq.grammar_param)
             snprintf(err.param, sizeof err.param, "%s", rq.grammar_param);
@@ -1209,7 +1461,8 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     if (s->gens) s->gens->lprev = g;
     s->gens = g;
     pthread_mutex_unlock(&s->lmu);
-    s->b.set_notify(g->req, srv__gen_notify, g);
+    for (int i = 0; i < g->n_ch; i++)
+        s->b.set_notify(g->ch[i].req, srv__gen_notify, g);
     return g->stream ? srv__stream_start(s, c, g, sc) : srv__gen_collect(s, c, g, sc);
 fail:
     if (held >= 0)
@@ -1701,7 +1954,7 @@ static void srv__sweep(server *s) {
         atomic_store(&g->gone, true);
         if (!stopping)
             atomic_fetch_add_explicit(&s->met.client_disconnects, 1, memory_order_relaxed);
-        s->b.cancel(g->req);  // its done event resumes the connection
+        srv__gen_cancel(g); // their done events resume the connection
     }
     pthread_mutex_unlock(&s->lmu);
 }
@@ -1749,6 +2002,14 @@ static ks_err srv__eng_submit(void *impl, const engine_params *p, void **req, ks
     *req = r;
     return e;
 }
+static ks_err srv__eng_submit_n(void *impl, const engine_params *p, int n, void **reqs,
+                                ks_errbuf *eb) {
+    engine_req *r[ENGINE_MAX_N] = {0};
+    ks_err e = engine_submit_n(impl, p, n, r, eb);
+    for (int i = 0; i < n && i < ENGINE_MAX_N; i++)
+        reqs[i] = r[i];
+    return e;
+}
 static ks_err srv__eng_next(void *req, engine_event *ev, uint32_t timeout_ms) {
     return engine_req_next(req, ev, timeout_ms);
 }
@@ -1776,7 +2037,8 @@ void server_engine_backend(engine *e, server_backend *out) {
                             .is_online = srv__eng_is_online,
                             .set_online = srv__eng_set_online,
                             .get_stats = srv__eng_get_stats,
-                            .check_quiescent = srv__eng_check};
+                            .check_quiescent = srv__eng_check,
+                            .submit_n = srv__eng_submit_n};
 }
 
 ks_err server_create(const server_opts *o, engine *e, const model *m, server **out, ks_errbuf *eb) {

@@ -129,6 +129,13 @@ typedef struct srv_request {
     grammar *grammar;          /* response_format / grammar compiled (NULL: none); owned */
     const char *grammar_param; /* the field it came from ("response_format", "grammar") */
     toolcall_req tc;    /* chat: tools, tool_choice, parallel_tool_calls (toolcall.h) */
+    /* issue 12 */
+    int n;             /* choices returned, [1, ENGINE_MAX_N] */
+    int best_of;       /* choices generated (completions), [n, ENGINE_MAX_N]; n when absent */
+    bool echo;         /* completions: the answer's text starts with the prompt */
+    sample_bias *bias; /* (n_bias) logit_bias, malloc'd; ids checked >= 0 only (the
+                          vocabulary's size is checked where the model is known) */
+    int n_bias;
 } srv_request;
 
 /* Parses and validates a request body for route (CHAT, COMPLETIONS or

@@ -53,7 +53,7 @@ walk() {
     row invalid_json 400 invalid_json "${A[@]}" "${J[@]}" "$C" -d '{"model":'
     row missing_parameter 400 missing_required_parameter "${A[@]}" "${J[@]}" "$C" -d '{"prompt":"In"}'
     row unsupported_parameter 400 unsupported_parameter "${A[@]}" "${J[@]}" "$C" \
-        -d '{"model":"kjv","prompt":"In","echo":true}'
+        -d '{"model":"kjv","prompt":"In","suffix":"x"}'
     row model_not_found 404 model_not_found "${A[@]}" "${J[@]}" "$C" -d '{"model":"nope","prompt":"In"}'
     row too_large 413 request_too_large "${A[@]}" "${J[@]}" "$C" --data-binary @"$TMPD/huge.json"
     row unknown_url 404 unknown_url "${A[@]}" "$U/v2/completions"

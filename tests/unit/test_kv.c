@@ -1093,6 +1093,62 @@ static void t_cost(void) {
 }
 
 // ----------------------------------------------------------------------------
+// Issue 12: the choices of an n > 1 request share their prompt's pages
+
+static void t_share_prefix(void) {
+    kv_pool *p = mkpool(16, KV_SCRUB_ZERO);
+    viol_log vl = {0};
+    kv_pool_set_violation_cb(p, on_violation, &vl);
+    ks_errbuf eb;
+    kv_seq a, b, c;
+    kv_seq_init(p, &a);
+    kv_seq_init(p, &b);
+    kv_seq_init(p, &c);
+    CHECK_EQ(kv_seq_reserve(p, &a, 3 * P, &eb), KS_OK); // the prompt: 2 full pages + 1
+    CHECK_EQ(kv_seq_reserve(p, &b, 2 * P, &eb), KS_OK); // a choice's own pages
+    // not computed yet: refused, counted, nothing changes
+    CHECK_EQ(kv_seq_share_prefix(p, &b, &a, 2, &eb), KS_ERR_INTERNAL);
+    CHECK_EQ(vl.n, 1);
+    CHECK_EQ(b.n_pages, 2u);
+    CHECK_EQ(b.n_shared, 0u);
+    kv_seq_set_filled(p, &a, 2 * P + 1);
+    CHECK_EQ(kv_seq_share_prefix(p, &b, &a, 3, &eb), KS_ERR_INTERNAL); // page 2 is not full
+    CHECK_EQ(kv_seq_share_prefix(p, &b, &a, 4, &eb), KS_ERR_INVAL);    // past a's table
+    CHECK_EQ(kv_seq_share_prefix(p, &b, &a, 2, &eb), KS_OK);
+    CHECK_EQ(b.n_pages, 4u);
+    CHECK_EQ(b.n_shared, 2u);
+    CHECK_EQ(b.n_tokens, 2 * P);
+    for (uint32_t i = 0; i < 2; i++) {
+        kv_entry ea = kv_seq_entry(&a, i), eb2 = kv_seq_entry(&b, i);
+        CHECK_EQ(ea.page, eb2.page);
+        CHECK_EQ(ea.tag.seq_uid, a.uid); // the owner's tag, kept (I1)
+        CHECK_EQ(eb2.tag.seq_uid, a.uid);
+        CHECK_EQ(info(p, ea.page).refcount, 2u);
+    }
+    const void *k, *v;
+    void *wk, *wv;
+    CHECK_EQ(kv_seq_span_read(p, &b, 1, 0, P, &k, &v), KS_OK);
+    CHECK_EQ(kv_seq_span_write(p, &b, 1, 0, &wk, &wv), KS_ERR_INTERNAL); // read-only for b
+    CHECK_EQ(kv_seq_span_write(p, &b, 2, 0, &wk, &wv), KS_OK);           // its own page
+    // a second share into a table that already shares: refused
+    CHECK_EQ(kv_seq_share_prefix(p, &b, &a, 1, &eb), KS_ERR_INVAL);
+    // a table with a filled page of its own is not fresh
+    CHECK_EQ(kv_seq_reserve(p, &c, P, &eb), KS_OK);
+    kv_seq_set_filled(p, &c, 1);
+    c.n_tokens = 0;
+    CHECK_EQ(kv_seq_share_prefix(p, &c, &a, 1, &eb), KS_ERR_INTERNAL);
+    // released in any order, each page exactly once
+    uint32_t free0 = kv_pool_n_free(p);
+    kv_seq_release(p, &a); // the owner first: the shared pages stay for b
+    CHECK_EQ(kv_pool_n_free(p), free0 + 1);
+    CHECK_EQ(kv_seq_span_read(p, &b, 0, 1, P, &k, &v), KS_OK);
+    kv_seq_release(p, &b);
+    kv_seq_release(p, &c);
+    CHECK(kv_pool_all_free_and_scrubbed(p));
+    kv_pool_destroy(p);
+}
+
+// ----------------------------------------------------------------------------
 
 typedef struct {
     const char *name;
@@ -1119,6 +1175,7 @@ static const test_case cases[] = {
     {"prefix_lru", t_prefix_lru, true},
     {"prefix_validate", t_prefix_validate, true},
     {"threads", t_threads, true},
+    {"share_prefix", t_share_prefix, true},
     {"cost", t_cost, false},
 };
 

@@ -153,7 +153,46 @@ static void test_request_invalid(void) {
                    "> 0");
     expect_invalid(C, "{\"prompt\":\"x\",\"logprobs\":21}", "logprobs", NULL, "got 21");
     // n, stop
-    expect_invalid(C, "{\"prompt\":\"x\",\"n\":2}", "n", NULL, "only n=1");
+    // issue 12: n, best_of, echo, logit_bias
+    expect_invalid(C, "{\"prompt\":\"x\",\"n\":17}", "n", NULL, "[1, 16], got 17");
+    expect_invalid(C, "{\"prompt\":\"x\",\"n\":0}", "n", NULL, "got 0");
+    expect_invalid(C, "{\"prompt\":\"x\",\"n\":3,\"best_of\":2}", "best_of", NULL,
+                   "must be >= 'n' (3), got 2");
+    expect_invalid(C, "{\"prompt\":\"x\",\"best_of\":2,\"stream\":true}", "best_of", NULL,
+                   "cannot be streamed");
+    expect_invalid(C, "{\"prompt\":\"x\",\"echo\":1}", "echo", NULL, "boolean");
+    expect_invalid(C, "{\"prompt\":\"x\",\"logit_bias\":[1]}", "logit_bias", NULL, "object");
+    expect_invalid(C, "{\"prompt\":\"x\",\"logit_bias\":{\"-1\":1}}", "logit_bias", NULL,
+                   "token ids");
+    expect_invalid(C, "{\"prompt\":\"x\",\"logit_bias\":{\"99999999999\":1}}", "logit_bias", NULL,
+                   "token ids");
+    expect_invalid(C, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":\"a\"}}", "logit_bias", NULL,
+                   "must be a number");
+    expect_invalid(C, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":-100.5}}", "logit_bias", NULL,
+                   "[-100, 100], got -100.5");
+    expect_invalid(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"echo\":true}",
+                   "echo", "unsupported_parameter", "echo");
+    {
+        srv_request r;
+        srv_error err;
+        const char *b = "{\"model\":\"m\",\"prompt\":\"x\",\"n\":2,\"best_of\":5,\"echo\":true,"
+                        "\"max_tokens\":0,\"logit_bias\":{\"7\":-100,\"12\":2.5}}";
+        CHECK(srv_request_parse(C, b, strlen(b), &r, &err));
+        CHECK_EQ(r.n, 2);
+        CHECK_EQ(r.best_of, 5);
+        CHECK(r.echo);
+        CHECK_EQ(r.max_tokens, 0);
+        CHECK(r.sp.logprobs); // best_of ranks by logprobs
+        CHECK_EQ(r.n_bias, 2);
+        CHECK_EQ(r.bias[0].token + r.bias[1].token, 19);
+        srv_request_free(&r);
+        char big[24 * 1100] = "{\"model\":\"m\",\"prompt\":\"x\",\"logit_bias\":{";
+        for (int i = 0; i < 1025; i++)
+            snprintf(big + strlen(big), sizeof big - strlen(big), "%s\"%d\":1", i ? "," : "", i);
+        strcat(big, "}}");
+        CHECK(!srv_request_parse(C, big, strlen(big), &r, &err));
+        CHECK_STR_HAS(err.msg, "at most 1024 entries");
+    }
     expect_invalid(C, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", NULL,
                    "at most 4");
     expect_invalid(C, "{\"prompt\":\"x\",\"stop\":\"\"}", "stop", NULL, "empty");
@@ -183,9 +222,8 @@ static void test_request_invalid(void) {
     // issue 8: every field kvseal does not implement is refused by name, on
     // every route, rather than ignored
     static const char *const unsupported[] = {
-        "echo",        "suffix", "best_of",   "logit_bias",          "tool_choice",
-        "functions",   "raw",    "json_schema", "parallel_tool_calls", "lora",
-        "tenant",      "unknown_field",
+        "suffix",    "tool_choice", "functions", "raw",    "json_schema", "parallel_tool_calls",
+        "lora",      "tenant",      "unknown_field",
     };
     // issue 12: chat takes tools and chat_template_kwargs (tests/e2e/
     // test_chat_template.sh); the other routes still refuse them by name
