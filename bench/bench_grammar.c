@@ -51,8 +51,12 @@ static int g_n_out;
 
 static double run(engine *e, const int32_t *toks, int32_t n_toks, int max_tokens, grammar *g,
                   float temp, uint64_t seed, int *n_gen, double *cpu_ms) {
-    engine_params p = {.tenant = "bench", .prompt = toks, .n_prompt = n_toks,
-                       .max_tokens = max_tokens, .ignore_eos = g == NULL, .grammar = g};
+    engine_params p = {.tenant = "bench",
+                       .prompt = toks,
+                       .n_prompt = n_toks,
+                       .max_tokens = max_tokens,
+                       .ignore_eos = g == NULL,
+                       .grammar = g};
     sample_params_default(&p.sp);
     p.sp.temperature = temp;
     p.sp.seed = seed;
@@ -94,10 +98,14 @@ int main(int argc, char **argv) {
     const char *path = "models/kjv-mini.gguf";
     int threads = 2, n_tokens = 200, rounds = 7;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "-m")) path = argv[i + 1];
-        else if (!strcmp(argv[i], "-t")) threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-n")) n_tokens = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-r")) rounds = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "-m"))
+            path = argv[i + 1];
+        else if (!strcmp(argv[i], "-t"))
+            threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-n"))
+            n_tokens = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-r"))
+            rounds = atoi(argv[i + 1]);
     }
     ks_errbuf eb;
     model *m = NULL;
@@ -123,7 +131,8 @@ int main(int argc, char **argv) {
     if (tok_encode(model_vocab(m), prompt, strlen(prompt), true, false, &toks, &n_toks, &eb))
         return 1;
     json_t *s1 = json_loads("{\"type\":\"object\",\"properties\":{\"text\":{\"type\":\"string\"}},"
-                            "\"required\":[\"text\"]}", 0, NULL);
+                            "\"required\":[\"text\"]}",
+                            0, NULL);
     json_t *s2 = json_loads("{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":"
                             "{\"k\":{\"type\":\"string\",\"maxLength\":8},\"v\":{\"type\":"
                             "\"number\"},\"ok\":{\"type\":\"boolean\"}},\"required\":[\"k\","

@@ -103,14 +103,14 @@ typedef struct engine_params {
     const char *const *stops;    /* (n_stops) stop strings; copied */
     int n_stops;
     bool ignore_eos;
-    grammar *grammar;            /* constrained decoding (NULL: none); borrowed, the
-                                    request takes its own reference. Each step, tokens
-                                    the grammar cannot accept get -inf before sampling
-                                    (so temperature, top-p etc. act on the allowed set
-                                    and logprobs are those of that set); EOG only when
-                                    the grammar is complete (even with ignore_eos);
-                                    generation stops (FINISH_STOP) once nothing more
-                                    can follow */
+    grammar *grammar; /* constrained decoding (NULL: none); borrowed, the
+                         request takes its own reference. Each step, tokens
+                         the grammar cannot accept get -inf before sampling
+                         (so temperature, top-p etc. act on the allowed set
+                         and logprobs are those of that set); EOG only when
+                         the grammar is complete (even with ignore_eos);
+                         generation stops (FINISH_STOP) once nothing more
+                         can follow */
     /* issue 12 (kvseal serve only: the cluster router refuses them) */
     const sample_bias *bias; /* (n_bias) logit_bias entries, validated; copied */
     int n_bias;

@@ -694,7 +694,8 @@ static bool engine__constrain(engine *e, engine_req *r, float *logits, bool comp
         return false;
     }
     if (n_allowed == 0) {
-        if (complete) engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
+        if (complete)
+            engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
         else
             engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_INVAL,
                            "grammar: no token of the vocabulary can continue the output");
@@ -719,7 +720,7 @@ static bool engine__sample_masked(engine *e, engine_req *r, float *logits_row, b
 static bool engine__emit(engine *e, engine_req *r, float *logits_row) {
     sample_result sr;
     if (!r->gm) {
-        sampler_sample(r->smp, logits_row, &sr);  // penalizes this step's row in place
+        sampler_sample(r->smp, logits_row, &sr); // penalizes this step's row in place
         return engine__take(e, r, &sr);
     }
     if (!engine__grammar_vocab(e, r)) return true;
@@ -756,10 +757,12 @@ static bool engine__sample_masked(engine *e, engine_req *r, float *logits_row, b
                                   sample_result *out) {
     sample_result sr;
     if (complete)
-        for (int k = 0; k < e->n_eog; k++) e->eog_v[k] = logits_row[e->eog[k]];
+        for (int k = 0; k < e->n_eog; k++)
+            e->eog_v[k] = logits_row[e->eog[k]];
     if (!engine__constrain(e, r, logits_row, complete)) return false;
     if (complete)
-        for (int k = 0; k < e->n_eog; k++) logits_row[e->eog[k]] = e->eog_v[k];
+        for (int k = 0; k < e->n_eog; k++)
+            logits_row[e->eog[k]] = e->eog_v[k];
     sampler_sample(r->smp, logits_row, &sr);
     bool eog = tok_is_eog(e->vocab, sr.token);
     bool ok = eog ? complete : (r->gmask[sr.token >> 5] >> (sr.token & 31) & 1u);

@@ -216,7 +216,7 @@ typedef struct jr {
     size_t out_total; /* bytes written to the final output */
     jframe *globals;
     time_t now;
-    int brk; /* 1 break, 2 continue pending */
+    int brk;    /* 1 break, 2 continue pending */
     int pdepth; /* nesting of the value being printed (namespaces can hold themselves) */
     const void *pstack[201]; /* (pdepth) the containers being printed, for Python's "{...}" */
 } jr;

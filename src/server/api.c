@@ -504,13 +504,34 @@ static const char *const api__fields_common[] = {
     NULL,
 };
 static const char *const api__fields_completions[] = {
-    "model",    "prompt",  "max_completion_tokens", "n",    "user",    "stream_options",
-    "logprobs", "n_probs", "echo",                  "best_of", "response_format", "grammar",
+    "model",
+    "prompt",
+    "max_completion_tokens",
+    "n",
+    "user",
+    "stream_options",
+    "logprobs",
+    "n_probs",
+    "echo",
+    "best_of",
+    "response_format",
+    "grammar",
     NULL,
 };
 static const char *const api__fields_chat[] = {
-    "model",        "messages", "max_completion_tokens", "n",  "user", "stream_options", "logprobs",
-    "top_logprobs", "tools",    "chat_template_kwargs",  "response_format", "grammar", NULL,
+    "model",
+    "messages",
+    "max_completion_tokens",
+    "n",
+    "user",
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "chat_template_kwargs",
+    "response_format",
+    "grammar",
+    NULL,
 };
 /* Chat's tool fields, validated by toolcall_req_parse (toolcall.c). */
 static const char *const api__fields_tools[] = {"tools", "tool_choice", "parallel_tool_calls",

@@ -13,7 +13,8 @@
 /* A compile error as the client's answer: unsupported keywords are
  * unsupported_parameter, the rest invalid_request_error; both 400. */
 static bool api__grammar_error(srv_error *err, const char *param, ks_err e, const ks_errbuf *eb) {
-    if (e == KS_ERR_NOMEM) return srv_fail(err, 503, "overloaded", "out of memory compiling %s", param);
+    if (e == KS_ERR_NOMEM)
+        return srv_fail(err, 503, "overloaded", "out of memory compiling %s", param);
     return srv_refuse(err, e == KS_ERR_UNSUPPORTED ? ADMIT_UNSUPPORTED_PARAMETER : ADMIT_INVALID,
                       param, "invalid '%s': %s", param, eb->msg);
 }
@@ -24,7 +25,8 @@ static bool api__only_keys(json_t *o, const char *const *keys, const char *path,
     json_t *v;
     json_object_foreach(o, k, v) {
         bool ok = false;
-        for (const char *const *q = keys; *q && !ok; q++) ok = !strcmp(*q, k);
+        for (const char *const *q = keys; *q && !ok; q++)
+            ok = !strcmp(*q, k);
         if (!ok) {
             char param[64];
             snprintf(param, sizeof param, "%.30s.%.30s", path, k);
@@ -60,8 +62,9 @@ bool srv_request_format(srv_request *r, json_t *root, srv_error *err) {
         return INVALID(err, "response_format", "'response_format' must be an object");
     json_t *t = json_object_get(rf, "type");
     if (!json_is_string(t))
-        return INVALID(err, "response_format.type",
-                       "'response_format.type' must be one of 'text', 'json_object', 'json_schema'");
+        return INVALID(
+            err, "response_format.type",
+            "'response_format.type' must be one of 'text', 'json_object', 'json_schema'");
     const char *ts = json_string_value(t);
     ks_err e;
     if (!strcmp(ts, "text")) {

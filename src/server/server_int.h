@@ -128,7 +128,7 @@ typedef struct srv_request {
     bool ignore_eos;
     grammar *grammar;          /* response_format / grammar compiled (NULL: none); owned */
     const char *grammar_param; /* the field it came from ("response_format", "grammar") */
-    toolcall_req tc;    /* chat: tools, tool_choice, parallel_tool_calls (toolcall.h) */
+    toolcall_req tc;           /* chat: tools, tool_choice, parallel_tool_calls (toolcall.h) */
     /* issue 12 */
     int n;             /* choices returned, [1, ENGINE_MAX_N] */
     int best_of;       /* choices generated (completions), [n, ENGINE_MAX_N]; n when absent */

@@ -438,7 +438,8 @@ static void test_grammar_batched(void) {
         both[i] = (gjob){.e = e, .i = i, .g = i % 2 ? NULL : g};
         CHECK(pthread_create(&th[i], NULL, gjob_main, &both[i]) == 0);
     }
-    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < N; i++)
+        pthread_join(th[i], NULL);
     for (int i = 0; i < N; i++) {
         CHECK_EQ(both[i].res.n, alone[i].res.n);
         CHECK_MEM_EQ(both[i].res.toks, alone[i].res.toks, sizeof(int32_t) * (size_t)alone[i].res.n);

@@ -222,8 +222,8 @@ static void test_request_invalid(void) {
     // issue 8: every field kvseal does not implement is refused by name, on
     // every route, rather than ignored
     static const char *const unsupported[] = {
-        "suffix",    "tool_choice", "functions", "raw",    "json_schema", "parallel_tool_calls",
-        "lora",      "tenant",      "unknown_field",
+        "suffix", "tool_choice", "functions",     "raw", "json_schema", "parallel_tool_calls",
+        "lora",   "tenant",      "unknown_field",
     };
     // issue 12: chat takes tools and chat_template_kwargs (tests/e2e/
     // test_chat_template.sh); the other routes still refuse them by name
@@ -257,7 +257,8 @@ static void test_request_invalid(void) {
         expect_invalid(W, body, f, "unsupported_parameter", "Unsupported parameter");
     }
     {
-        srv_request r = parse_ok(C, "{\"model\":\"m\",\"prompt\":\"x\",\"grammar\":\"root ::= [a-z]+\"}");
+        srv_request r =
+            parse_ok(C, "{\"model\":\"m\",\"prompt\":\"x\",\"grammar\":\"root ::= [a-z]+\"}");
         CHECK(r.grammar);
         CHECK_STR_EQ(r.grammar_param, "grammar");
         srv_request_free(&r);
@@ -270,10 +271,11 @@ static void test_request_invalid(void) {
                         "\"grammar\":null}");
         CHECK(!r.grammar);
         srv_request_free(&r);
-        r = parse_ok(H, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
-                        "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
-                        "\"strict\":true,\"schema\":{\"type\":\"object\",\"properties\":{\"a\":"
-                        "{\"type\":\"integer\"}},\"required\":[\"a\"]}}}}");
+        r = parse_ok(
+            H, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+               "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+               "\"strict\":true,\"schema\":{\"type\":\"object\",\"properties\":{\"a\":"
+               "{\"type\":\"integer\"}},\"required\":[\"a\"]}}}}");
         CHECK(r.grammar);
         srv_request_free(&r);
     }
@@ -281,22 +283,25 @@ static void test_request_invalid(void) {
                    "must be a string");
     expect_invalid(C, "{\"model\":\"m\",\"prompt\":\"x\",\"grammar\":\"root ::= (\"}", "grammar",
                    NULL, "line 1, column 11");
-    expect_invalid(C, "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":1}",
-                   "response_format", NULL, "must be an object");
+    expect_invalid(C, "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":1}", "response_format",
+                   NULL, "must be an object");
     expect_invalid(C, "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"yaml\"}}",
                    "response_format.type", NULL, "yaml");
-    expect_invalid(C,
-                   "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\","
-                   "\"schema\":{}}}",
-                   "response_format.schema", "unsupported_parameter", "not supported");
-    expect_invalid(C,
-                   "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
-                   "\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}}",
-                   "response_format.json_schema.schema", "unsupported_parameter", "'pattern'");
-    expect_invalid(C,
-                   "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
-                   "\"json_schema\":{\"schema\":{}}}}",
-                   "response_format.json_schema.name", "missing_required_parameter", "name");
+    expect_invalid(
+        C,
+        "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\","
+        "\"schema\":{}}}",
+        "response_format.schema", "unsupported_parameter", "not supported");
+    expect_invalid(
+        C,
+        "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
+        "\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}}",
+        "response_format.json_schema.schema", "unsupported_parameter", "'pattern'");
+    expect_invalid(
+        C,
+        "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
+        "\"json_schema\":{\"schema\":{}}}}",
+        "response_format.json_schema.name", "missing_required_parameter", "name");
     expect_invalid(C,
                    "{\"model\":\"m\",\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\\\"\","
                    "\"response_format\":{\"type\":\"json_object\"}}",

@@ -18,7 +18,7 @@
 typedef struct result {
     char content[2 * TOOLCALL_MAX_CALL_BYTES], reasoning[1024]; /* calls: "name args\n" each */
     char calls[2 * TOOLCALL_MAX_CALL_BYTES];
-    char ids[1024];                                   /* "id\n" each */
+    char ids[1024]; /* "id\n" each */
 } result;
 
 static void collect(toolcall_parser *p, result *r) {

@@ -312,7 +312,7 @@ int main(void) {
           tf);
     fclose(tf);
     o.chat_template_file = tmpl;
-    o.reasoning_format = 1;               // deepseek: <think> ... </think>
+    o.reasoning_format = 1; // deepseek: <think> ... </think>
     server *s;
     CHECK(server_create_backend(&o, &b, m, &s, &eb) == KS_OK);
     unlink(tmpl);
