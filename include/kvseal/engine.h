@@ -215,6 +215,11 @@ typedef struct engine_adopt_args {
     sample_result first;   /* the first token (first.token) and its logprobs, sampled
                               by the prefill side from the last prompt position */
     uint64_t rng_draws;    /* sampler_draws() after the first token, on the prefill side */
+    grammar *grammar;      /* constrained decoding as engine_params.grammar (NULL: none);
+                              borrowed; first.token must be one it accepts (or an EOG id
+                              when its text is complete) and advances it */
+    const sample_bias *bias; /* (n_bias) logit_bias, validated here; copied */
+    int n_bias;
 } engine_adopt_args;
 
 /* Starts generation of an adopted request at once in DECODING: the first
@@ -226,7 +231,8 @@ typedef struct engine_adopt_args {
  * engine_opts.poll (asserted); a done event may already be queued on
  * return (first token EOS, or max_tokens 1). *out as engine_submit. Errors:
  * KS_ERR_INVAL (bad params, a token id out of range, rng_draws above n_ctx,
- * seq with fewer than n_prompt filled positions or too few pages),
+ * seq with fewer than n_prompt filled positions or too few pages, a first
+ * token the grammar refuses, bad bias entries),
  * KS_ERR_AGAIN (max_running reached or offline), KS_ERR_NOMEM. */
 ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out /* OUT */,
                     ks_errbuf *eb) KS_MUST_USE;

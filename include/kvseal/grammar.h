@@ -14,6 +14,7 @@
 #define KS_GRAMMAR_H
 
 #include "kvseal/base.h"
+#include "kvseal/sample.h"
 #include "kvseal/tok.h"
 
 #define GRAMMAR_MAX_TEXT (256 * 1024) /* bytes of GBNF text */
@@ -40,6 +41,9 @@ typedef struct grammar grammar;
  * Thread-safe. */
 ks_err grammar_parse(const char *text, size_t len, grammar **out /* OUT */,
                      ks_errbuf *eb) KS_MUST_USE;
+/* The GBNF text g was parsed from (*len bytes, NUL-terminated), owned by g:
+ * what a peer needs to compile the same grammar. Can't fail. */
+const char *grammar_text(const grammar *g, size_t *len /* OUT */);
 /* Adds a reference; returns g. Thread-safe. */
 grammar *grammar_ref(grammar *g);
 /* Drops a reference (frees on the last); accepts NULL. Thread-safe. */
@@ -119,5 +123,19 @@ ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_
 /* grammar_matcher_accept on token id's piece (from gv); false for an id out
  * of range or not in the trie (EOG, empty pieces). */
 bool grammar_matcher_accept_token(grammar_matcher *m, const grammar_vocab *gv, int32_t id);
+
+/* One constrained draw: samples the next token from logits (n_vocab
+ * floats; masked tokens set to -inf in place) with smp (whose params are
+ * sp) among the tokens m accepts next, end-of-generation ids only when the
+ * text so far is complete; then advances m by the token (not by an EOG).
+ * mask is scratch of (n_vocab + 31) / 32 words. On KS_OK either *out holds
+ * the token, or *end is true: the grammar is complete and no token can
+ * continue it (the generation ends there, without a token). Errors:
+ * KS_ERR_INVAL (incomplete, and no token of the vocabulary can continue
+ * it), KS_ERR_NOMEM, KS_ERR_INTERNAL (the matcher refused its own pick);
+ * the message in eb. Same results on every thread and batch. */
+ks_err grammar_sample(grammar_matcher *m, const grammar_vocab *gv, sampler *smp,
+                      const sample_params *sp, float *logits, uint32_t *mask,
+                      sample_result *out /* OUT */, bool *end /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 
 #endif /* KS_GRAMMAR_H */

@@ -78,15 +78,25 @@ typedef enum pd_msg_type {
 #define PD_MSG_GRANT_ENTRY 24u
 #define PD_MSG_PREFILL_FIXED 80u
 #define PD_MSG_HASH_BYTES 32u           /* model_id, domain_hash */
+#define PD_MSG_SEXT_FIXED 24u           /* sampling extension, fixed part */
+#define PD_MSG_MAX_BIAS 1024u           /* extension n_bias (SAMPLE_MAX_BIAS) */
+#define PD_MSG_MAX_GRAMMAR (256u << 10) /* extension grammar_len (GRAMMAR_MAX_TEXT) */
+/* Bytes of the largest sampling extension. */
+#define PD_MSG_SEXT_MAX (PD_MSG_SEXT_FIXED + 8u * PD_MSG_MAX_BIAS + PD_MSG_MAX_GRAMMAR)
 
 /* Node roles (HELLO, REGISTER). */
 enum { PD_ROLE_ROUTER = 1, PD_ROLE_PREFILL = 2, PD_ROLE_DECODE = 3 };
-/* ADMIT/PREFILL flags. */
-enum { PD_FLAG_IGNORE_EOS = 1u, PD_FLAG_LOGPROBS = 2u };
+/* ADMIT/PREFILL flags. PD_FLAG_EXT: the sampling extension (penalties,
+ * logit bias, grammar) follows the message's other fields. */
+enum { PD_FLAG_IGNORE_EOS = 1u, PD_FLAG_LOGPROBS = 2u, PD_FLAG_EXT = 4u };
 /* DENY reasons. */
 enum {
-    PD_DENY_NOSPACE = 1, PD_DENY_NO_LINK = 2, PD_DENY_CONTEXT = 3,
-    PD_DENY_DUPLICATE = 4, PD_DENY_DRAINING = 5
+    PD_DENY_NOSPACE = 1,
+    PD_DENY_NO_LINK = 2,
+    PD_DENY_CONTEXT = 3,
+    PD_DENY_DUPLICATE = 4,
+    PD_DENY_DRAINING = 5,
+    PD_DENY_INVALID = 6 /* the sampling extension does not compile or validate here */
 };
 /* REJECT reasons are the request contract's (kvseal/admit.h), 1..ADMIT_WIRE_MAX. */
 /* ABORT reasons. */
@@ -241,7 +251,10 @@ ks_err pd_msg_error_encode(const pd_msg_error *m, uint8_t *buf, size_t cap,
 // ----------------------------------------------------------------------------
 // Request messages (control connections)
 
-/* Sampling parameters shared by ADMIT and PREFILL. */
+/* Sampling parameters shared by ADMIT and PREFILL. The extension fields
+ * are on the wire only with PD_FLAG_EXT (else they read as their defaults:
+ * penalties off, no bias, no grammar); decoded pointers point into the
+ * payload. */
 typedef struct pd_msg_sampling {
     uint32_t max_tokens; /* >= 1 (ADMIT) */
     uint32_t flags;      /* PD_FLAG_*; other bits must be 0 */
@@ -249,9 +262,27 @@ typedef struct pd_msg_sampling {
     float temperature, top_p, min_p;
     int32_t top_k;
     uint32_t n_probs; /* <= 64 */
+    /* extension (PD_FLAG_EXT) */
+    float repeat_penalty; /* finite */
+    uint32_t repeat_last_n;
+    float frequency_penalty; /* finite */
+    float presence_penalty;  /* finite */
+    uint32_t n_bias;         /* <= PD_MSG_MAX_BIAS */
+    const uint8_t *bias;     /* n_bias raw 8-byte entries {i32 token, f32 bias}
+                                (pd_msg_bias_at / pd_msg_bias_store) */
+    const char *grammar;     /* GBNF text, not NUL-terminated; NULL when none */
+    uint32_t grammar_len;    /* <= PD_MSG_MAX_GRAMMAR; 0: unconstrained */
 } pd_msg_sampling;
 
-/* ADMIT (80): R -> D. */
+/* Loads bias entry i (< s->n_bias) of a sampling extension. Can't fail. */
+void pd_msg_bias_at(const pd_msg_sampling *s, uint32_t i, int32_t *token /* OUT */,
+                    float *bias /* OUT */);
+/* Stores entry i of a raw bias array (8 bytes per entry) for an encoder. */
+void pd_msg_bias_store(uint8_t *raw, uint32_t i, int32_t token, float bias);
+/* Payload bytes the sampling extension of s adds (0 without PD_FLAG_EXT). */
+uint64_t pd_msg_sext_size(const pd_msg_sampling *s);
+
+/* ADMIT (80, + the sampling extension with PD_FLAG_EXT): R -> D. */
 typedef struct pd_msg_admit {
     uint32_t n_prompt; /* >= 1 */
     uint32_t prefill_worker_id;
@@ -290,7 +321,8 @@ typedef struct pd_msg_deny {
     uint32_t msg_len; /* <= 512 */
 } pd_msg_deny;
 
-/* PREFILL (80 + grant_len + 4 n_prompt, <= 16 MiB): R -> P. The decoder
+/* PREFILL (80 + grant_len + 4 n_prompt [+ the sampling extension with
+ * PD_FLAG_EXT], <= 16 MiB): R -> P. The decoder
  * checks the layout (grant_len consistent with the embedded grant's n_pages
  * and with len). It does NOT check the embedded grant's content: an
  * inconsistent grant is a re-validation failure (REJECT INVALID, doc

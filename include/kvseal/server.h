@@ -79,8 +79,9 @@ typedef struct server_backend {
     void (*set_online)(void *impl, bool online, bool abort_running);            /* engine_set_online */
     void (*get_stats)(void *impl, engine_stats *out /* OUT */);                 /* engine_get_stats */
     ks_err (*check_quiescent)(void *impl, uint32_t timeout_ms, ks_errbuf *eb);  /* engine_check_quiescent */
-    /* engine_submit_n (n > 1 choices sharing the prompt); NULL when the
-     * backend has none (the cluster router): such requests are refused */
+    /* engine_submit_n: n > 1 choices of one prompt, choice i seeded seed + i
+     * (the router's are independent requests, the engine's share the prompt's
+     * pages); NULL when the backend has none: such requests are refused */
     ks_err (*submit_n)(void *impl, const engine_params *p, int n, void **reqs /* OUT: (n) */,
                        ks_errbuf *eb);
 } server_backend;

@@ -14,15 +14,21 @@
 // Sampling parameters on the wire (ADMIT, PREFILL)
 
 /* Fills the wire form of a request's sampling: max_tokens, flags
- * (ignore_eos, logprobs), seed, temperature, top_p, min_p, top_k, n_probs.
- * Returns false when sp uses something the wire cannot carry (a penalty:
- * repeat/frequency/presence), with the reason in msg. Pure. */
+ * (ignore_eos, logprobs), seed, temperature, top_p, min_p, top_k, n_probs,
+ * and the penalties (setting PD_FLAG_EXT when one is on); grammar_len bytes
+ * of GBNF text (gbnf) and n_bias raw bias entries (pd_msg_bias_store), borrowed,
+ * go in the extension too. Returns false when a count is out of the wire's
+ * range, with the reason in msg. Pure. */
 bool cl_sampling_to_msg(const sample_params *sp, int32_t max_tokens, bool ignore_eos,
-                        pd_msg_sampling *out /* OUT */, char *msg, size_t cap);
-/* The inverse: sample_params with penalties off. Pure; can't fail (validate
- * the result with sample_params_validate). */
+                        const char *gbnf, uint32_t grammar_len, const uint8_t *bias,
+                        uint32_t n_bias, pd_msg_sampling *out /* OUT */, char *msg, size_t cap);
+/* The inverse for sample_params (penalties included). Pure; can't fail
+ * (validate the result with sample_params_validate). */
 void cl_sampling_from_msg(const pd_msg_sampling *m, sample_params *sp /* OUT */,
                           bool *ignore_eos /* OUT */);
+/* The bias entries of m into out (m->n_bias <= PD_MSG_MAX_BIAS entries);
+ * returns their count. Pure. */
+int cl_bias_from_msg(const pd_msg_sampling *m, sample_bias *out /* OUT: (m->n_bias) */);
 
 /* A worker's HEALTH_ACK load fields from its pool: active (transfers or
  * requests in flight), free and quarantined pages, the DRAINING flag. */

@@ -129,27 +129,40 @@ bool cl_register_refused(const pd_msg_register *m, uint8_t peer_role,
 }
 
 bool cl_sampling_to_msg(const sample_params *sp, int32_t max_tokens, bool ignore_eos,
-                        pd_msg_sampling *out, char *msg, size_t cap) {
+                        const char *gbnf, uint32_t grammar_len, const uint8_t *bias,
+                        uint32_t n_bias, pd_msg_sampling *out, char *msg, size_t cap) {
     memset(out, 0, sizeof *out);
-    if (sp->repeat_last_n != 0 &&
-        (sp->repeat_penalty != 1.0f || sp->frequency_penalty != 0.0f || sp->presence_penalty != 0.0f)) {
-        snprintf(msg, cap,
-                 "repetition, frequency and presence penalties are not supported in "
-                 "disaggregated serving (kvseal router); use kvseal serve");
+    if (sp->n_probs < 0 || sp->n_probs > (int32_t)PD_MSG_MAX_TOP || max_tokens < 1 ||
+        sp->repeat_last_n < 0) {
+        snprintf(msg, cap, "n_probs %d, repeat_last_n %d or max_tokens %d out of range",
+                 sp->n_probs, sp->repeat_last_n, max_tokens);
         return false;
     }
-    if (sp->n_probs < 0 || sp->n_probs > (int32_t)PD_MSG_MAX_TOP || max_tokens < 1) {
-        snprintf(msg, cap, "n_probs %d or max_tokens %d out of range", sp->n_probs, max_tokens);
+    if (grammar_len > PD_MSG_MAX_GRAMMAR || n_bias > PD_MSG_MAX_BIAS) {
+        snprintf(msg, cap, "the grammar (%u bytes) or logit_bias (%u entries) is too large",
+                 grammar_len, n_bias);
         return false;
     }
+    const bool penalties =
+        sp->repeat_last_n != 0 && (sp->repeat_penalty != 1.0f || sp->frequency_penalty != 0.0f ||
+                                   sp->presence_penalty != 0.0f);
     out->max_tokens = (uint32_t)max_tokens;
-    out->flags = (ignore_eos ? PD_FLAG_IGNORE_EOS : 0u) | (sp->logprobs ? PD_FLAG_LOGPROBS : 0u);
+    out->flags = (ignore_eos ? PD_FLAG_IGNORE_EOS : 0u) | (sp->logprobs ? PD_FLAG_LOGPROBS : 0u) |
+                 (penalties || grammar_len || n_bias ? PD_FLAG_EXT : 0u);
     out->seed = sp->seed;
     out->temperature = sp->temperature;
     out->top_p = sp->top_p;
     out->min_p = sp->min_p;
     out->top_k = sp->top_k;
     out->n_probs = (uint32_t)sp->n_probs;
+    out->repeat_penalty = penalties ? sp->repeat_penalty : 1.0f;
+    out->repeat_last_n = penalties ? (uint32_t)sp->repeat_last_n : 0u;
+    out->frequency_penalty = penalties ? sp->frequency_penalty : 0.0f;
+    out->presence_penalty = penalties ? sp->presence_penalty : 0.0f;
+    out->grammar = grammar_len ? gbnf : NULL;
+    out->grammar_len = grammar_len;
+    out->bias = n_bias ? bias : NULL;
+    out->n_bias = n_bias;
     return true;
 }
 
@@ -162,10 +175,17 @@ void cl_sampling_from_msg(const pd_msg_sampling *m, sample_params *sp, bool *ign
     sp->seed = m->seed;
     sp->n_probs = (int32_t)m->n_probs;
     sp->logprobs = (m->flags & PD_FLAG_LOGPROBS) != 0;
-    sp->repeat_penalty = 1.0f;
-    sp->frequency_penalty = 0.0f;
-    sp->presence_penalty = 0.0f;
+    sp->repeat_penalty = m->repeat_penalty;
+    sp->repeat_last_n = m->repeat_last_n > INT32_MAX ? INT32_MAX : (int32_t)m->repeat_last_n;
+    sp->frequency_penalty = m->frequency_penalty;
+    sp->presence_penalty = m->presence_penalty;
     *ignore_eos = (m->flags & PD_FLAG_IGNORE_EOS) != 0;
+}
+
+int cl_bias_from_msg(const pd_msg_sampling *m, sample_bias *out) {
+    for (uint32_t i = 0; i < m->n_bias; i++)
+        pd_msg_bias_at(m, i, &out[i].token, &out[i].bias);
+    return (int)m->n_bias;
 }
 
 void cl_health_fill(const kv_pool *pool, uint32_t active, bool draining, pd_msg_health_ack *out) {

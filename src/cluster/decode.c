@@ -11,6 +11,8 @@
  * only waits for the start, then for *stop. */
 #include "cluster_int.h"
 
+#include "kvseal/grammar.h"
+
 #include "kvseal/admit.h"
 
 #include <sodium.h>
@@ -50,6 +52,9 @@ typedef struct dec__req {
                                  tenant name ever crossing the wire */
     uint64_t kv_bytes;        /* KV_PAGE payload bytes accepted */
     uint32_t n_cached;        /* DONE's cached: prompt tokens prefill took from its cache */
+    grammar *g;               /* ADMIT's grammar, compiled here (NULL: none); owned */
+    sample_bias *bias;        /* (n_bias) ADMIT's logit_bias; owned */
+    int n_bias;
 } dec__req;
 
 /* A verified DONE waiting for engine_adopt (EV_COMMIT is queued: emit runs
@@ -131,18 +136,35 @@ static bool dec__reserve(dec__worker *w) {
 }
 
 /* Adds an entry; dec__reserve must have returned true since the last add. */
+/* Adds a request; takes ownership of g and bias. */
 static void dec__add(dec__worker *w, uint64_t req_id, uint32_t n_prompt, const pd_msg_sampling *s,
-                     const uint8_t domain_hash[PD_MSG_HASH_BYTES]) {
+                     const uint8_t domain_hash[PD_MSG_HASH_BYTES], grammar *g, sample_bias *bias) {
     KS_ASSERT(w->n_req < w->cap_req);
     dec__req *q = &w->req[w->n_req++];
-    *q = (dec__req){.req_id = req_id, .n_prompt = n_prompt, .s = *s};
+    *q = (dec__req){.req_id = req_id,
+                    .n_prompt = n_prompt,
+                    .s = *s,
+                    .g = g,
+                    .bias = bias,
+                    .n_bias = (int)s->n_bias};
+    q->s.grammar = NULL; // the payload goes away: g and bias are the owned copies
+    q->s.bias = NULL;
     int off = snprintf(q->domain, sizeof q->domain, "domain:");
     for (int i = 0; i < 8; i++) off += snprintf(q->domain + off, sizeof q->domain - (size_t)off, "%02x", domain_hash[i]);
+}
+
+/* Frees what a request owns (not its engine request). */
+static void dec__req_clear(dec__req *q) {
+    grammar_unref(q->g);
+    free(q->bias);
+    q->g = NULL;
+    q->bias = NULL;
 }
 
 static void dec__remove(dec__worker *w, uint64_t req_id) {
     for (uint32_t i = 0; i < w->n_req; i++)
         if (w->req[i].req_id == req_id) {
+            dec__req_clear(&w->req[i]);
             w->req[i] = w->req[--w->n_req];
             return;
         }
@@ -293,6 +315,9 @@ static void dec__flush(dec__worker *w) {
                 a.first.top_logprobs[j] = c->top[j].logprob;
             }
             a.rng_draws = c->rng_state;
+            a.grammar = q->g;
+            a.bias = q->bias;
+            a.n_bias = q->n_bias;
             e = engine_adopt(w->e, &a, &q->er, &eb);
             if (e != KS_OK) q->er = NULL;
         } else {
@@ -610,6 +635,22 @@ static void dec__on_admit(dec__worker *w, uint64_t req_id, const pd_frame *f) {
         dec__deny(w, req_id, PD_DENY_NOSPACE, "decode worker: out of memory");
         return;
     }
+    // the sampling extension compiles and validates here before anything is granted
+    grammar *g = NULL;
+    sample_bias *bias = m.s.n_bias ? malloc(sizeof *bias * m.s.n_bias) : NULL;
+    if (m.s.n_bias && !bias) {
+        dec__deny(w, req_id, PD_DENY_NOSPACE, "decode worker: out of memory");
+        return;
+    }
+    int n_bias = cl_bias_from_msg(&m.s, bias);
+    ks_errbuf_clear(&eb);
+    // (token ids are checked against the vocabulary at engine_adopt)
+    if (sample_bias_validate(bias, n_bias, INT32_MAX, &eb) != KS_OK ||
+        (m.s.grammar_len && grammar_parse(m.s.grammar, m.s.grammar_len, &g, &eb) != KS_OK)) {
+        free(bias);
+        dec__deny(w, req_id, PD_DENY_INVALID, eb.msg);
+        return;
+    }
     dec__link *k = dec__link_of_prefill(w, m.prefill_worker_id);
     pd_recv_admit_args a = {.n_prompt = m.n_prompt, .max_tokens = m.s.max_tokens,
                             .prefill_worker_id = m.prefill_worker_id,
@@ -618,10 +659,12 @@ static void dec__on_admit(dec__worker *w, uint64_t req_id, const pd_frame *f) {
     uint32_t grant_len = 0, deny = 0;
     ks_errbuf_clear(&eb);
     if (pd_recv_admit(w->rcv, req_id, &a, &grant, &grant_len, &deny, &eb) != KS_OK) {
+        grammar_unref(g);
+        free(bias);
         dec__deny(w, req_id, deny ? deny : PD_DENY_NOSPACE, eb.msg);
         return;
     }
-    dec__add(w, req_id, m.n_prompt, &m.s, m.domain_hash);
+    dec__add(w, req_id, m.n_prompt, &m.s, m.domain_hash, g, bias);
     dec__ctrl_send(w, PD_MSG_GRANT, req_id, grant, grant_len);
 }
 
@@ -790,6 +833,7 @@ static void dec__teardown(dec__worker *w) {
             uint64_t id = q->req_id;
             if (q->er) engine_req_release(q->er);
             q->er = NULL;
+            dec__req_clear(q);
             w->n_req--;
             pd_recv_finish(w->rcv, id);
         }

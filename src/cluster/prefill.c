@@ -8,6 +8,8 @@
  * router is lost: links keep serving ABORT/ABORT_ACK). */
 #include "cluster_int.h"
 
+#include "kvseal/grammar.h"
+
 #include "kvseal/admit.h"
 
 #include "kvseal/pd_send.h"
@@ -73,6 +75,8 @@ typedef struct pf__worker {
     model_ctx *mctx;
     pd_send *send;
     float *logits;        /* (V) */
+    grammar_vocab *gvocab; /* token trie, built at the first constrained request */
+    uint32_t *gmask;       /* ((V + 31) / 32) grammar_sample's scratch */
     int32_t B;            /* forward chunk: max_batch_tokens */
     int32_t *b_tok, *b_pos, *b_seq, *b_out; /* (B) */
     pf__link **links;
@@ -182,7 +186,18 @@ static ks_err pf__admit(void *ctx, const int32_t *toks, uint32_t n, const pd_msg
                         .max_pages = kv_pool_n_pages(w->pool),
                         .prompt_only = true};
     admit_admitted ad;
-    return admit_request(&lim, &p, &ad, eb);
+    ks_err e = admit_request(&lim, &p, &ad, eb);
+    // the sampling extension, checked before any compute (I4)
+    ks_errbuf xeb;
+    sample_bias bias[PD_MSG_MAX_BIAS];
+    int n_bias = cl_bias_from_msg(msp, bias);
+    if (!e && sample_bias_validate(bias, n_bias, w->V, &xeb) != KS_OK)
+        e = admit_refuse(eb, ADMIT_INVALID, "%s", xeb.msg);
+    grammar *g = NULL;
+    if (!e && msp->grammar_len && grammar_parse(msp->grammar, msp->grammar_len, &g, &xeb) != KS_OK)
+        e = admit_refuse(eb, ADMIT_INVALID, "%s", xeb.msg);
+    grammar_unref(g);
+    return e;
 }
 
 /* Attaches the longest run of prompt pages cached under the request's
@@ -224,8 +239,25 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
     bool ignore_eos;
     cl_sampling_from_msg(msp, &sp, &ignore_eos);
     sampler *smp = NULL;
+    sample_bias bias[PD_MSG_MAX_BIAS];
+    int n_bias = cl_bias_from_msg(msp, bias);
+    grammar *g = NULL;
+    grammar_matcher *gm = NULL;
     ks_err e = sampler_create(&sp, w->V, &smp, eb);
-    if (e != KS_OK) return e;
+    if (!e) e = sampler_set_bias(smp, bias, n_bias, eb);
+    if (!e && msp->grammar_len) { // checked at admission (pf__admit)
+        if (!w->gvocab) e = grammar_vocab_create(model_vocab(w->m), &w->gvocab, eb);
+        if (!e && !w->gmask && !(w->gmask = malloc(((size_t)w->V + 31) / 32 * sizeof *w->gmask)))
+            e = ks_seterr(eb, KS_ERR_NOMEM, "grammar mask");
+        if (!e) e = grammar_parse(msp->grammar, msp->grammar_len, &g, eb);
+        if (!e) e = grammar_matcher_create(g, &gm, eb);
+        grammar_unref(g);
+    }
+    if (e != KS_OK) {
+        grammar_matcher_destroy(gm);
+        sampler_destroy(smp);
+        return e;
+    }
     kv_seq *seqs[1] = {seq};
     // positions below seq->n_tokens came from the prefix cache (pf__reserve)
     for (uint32_t off = seq->n_tokens; off < n;) {
@@ -243,6 +275,7 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
                          .seq_err = NULL};
         e = pf__forward(w, &b, eb);
         if (e != KS_OK) {
+            grammar_matcher_destroy(gm);
             sampler_destroy(smp);
             return e;
         }
@@ -251,7 +284,28 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
     // the first token exactly as `kvseal serve` samples it (engine__emit): a
     // fresh sampler over the last prompt position's logits
     sample_result sr;
-    sampler_sample(smp, w->logits, &sr);
+    if (!gm) {
+        sampler_sample(smp, w->logits, &sr);
+    } else {
+        bool end = false;
+        e = grammar_sample(gm, w->gvocab, smp, &sp, w->logits, w->gmask, &sr, &end, eb);
+        grammar_matcher_destroy(gm);
+        if (e != KS_OK) {
+            sampler_destroy(smp);
+            return e;
+        }
+        if (end) { // complete, and nothing can follow: an EOG ends it at decode
+            const tok_vocab *v = model_vocab(w->m);
+            memset(&sr, 0, sizeof sr);
+            sr.token = tok_eos(v) >= 0 ? tok_eos(v) : tok_eot(v);
+            if (sr.token < 0) {
+                sampler_destroy(smp);
+                return ks_seterr(eb, KS_ERR_INVAL,
+                                 "grammar: complete, and the vocabulary has "
+                                 "no end-of-generation token to end on");
+            }
+        }
+    }
     memset(out, 0, sizeof *out);
     out->first_token = sr.token;
     out->logprob = sr.logprob;
@@ -669,6 +723,8 @@ static void pf__free(pf__worker *w) {
     model_ctx_free(w->mctx);
     kv_pool_destroy(w->pool);
     free(w->logits);
+    grammar_vocab_destroy(w->gvocab);
+    free(w->gmask);
     free(w->b_tok);
     free(w->b_pos);
     free(w->b_seq);

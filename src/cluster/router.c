@@ -34,6 +34,7 @@
 #include "cluster_int.h"
 
 #include "kvseal/admit.h"
+#include "kvseal/grammar.h"
 
 #include "kvseal/tok.h"
 
@@ -85,7 +86,9 @@ typedef struct rt_req {
     int32_t *prompt;
     int32_t n_prompt, max_tokens;
     sample_params sp;
-    pd_msg_sampling ws;
+    pd_msg_sampling ws; /* its extension points into g's text and bias */
+    grammar *g;         /* constrained decoding (NULL: none); a reference */
+    uint8_t *bias;      /* (ws.n_bias) raw logit_bias entries (pd_msg_bias_store) */
     uint8_t domain[32];
     uint8_t affinity[8];  /* hash of (domain, first prompt page); zero: no full page */
     uint64_t t_submit_ns, t_first_ns;
@@ -161,6 +164,8 @@ static void rt__set_notify(void *req, void (*notify)(void *ctx), void *ctx) {
 
 static void rt__req_free(rt_req *q) {
     engine_stream_destroy(q->out);
+    grammar_unref(q->g);
+    free(q->bias);
     free(q->prompt);
     free(q);
 }
@@ -338,10 +343,14 @@ static void rt__schedule(cluster_router *r) {
         }
         pd_msg_admit a = {.n_prompt = (uint32_t)q->n_prompt, .prefill_worker_id = p->id, .s = q->ws};
         memcpy(a.domain_hash, q->domain, sizeof a.domain_hash);
-        uint8_t buf[80];
+        const size_t cap = 80u + (size_t)pd_msg_sext_size(&q->ws);
+        uint8_t *buf = malloc(cap);
         uint32_t n = 0;
         ks_errbuf eb;
-        if (pd_msg_admit_encode(&a, buf, sizeof buf, &n, &eb) != KS_OK) {
+        ks_errbuf_clear(&eb);
+        if (!buf || pd_msg_admit_encode(&a, buf, cap, &n, &eb) != KS_OK) {
+            free(buf);
+            if (!eb.msg[0]) snprintf(eb.msg, sizeof eb.msg, "out of memory");
             rt__unwait(r, q);
             q->phase = RT_ADMITTING;  // counted in flight for rt__finish
             atomic_fetch_add(&r->n_inflight, 1);
@@ -357,6 +366,7 @@ static void rt__schedule(cluster_router *r) {
         d->inflight++;
         p->inflight++;
         rt__send(r, d, PD_MSG_ADMIT, q->id, buf, n);
+        free(buf);
     }
 }
 
@@ -590,7 +600,8 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
         pd_msg_prefill p = {.decode_worker_id = q->d_id, .n_prompt = (uint32_t)q->n_prompt, .s = q->ws,
                             .grant = f->payload, .grant_len = f->payload_len};
         memcpy(p.domain_hash, q->domain, sizeof p.domain_hash);
-        uint64_t size = pd_msg_prefill_size(f->payload_len, (uint32_t)q->n_prompt);
+        uint64_t size =
+            pd_msg_prefill_size(f->payload_len, (uint32_t)q->n_prompt) + pd_msg_sext_size(&q->ws);
         uint8_t *buf = size <= PD_MSG_PREFILL_MAX ? malloc((size_t)size) : NULL;
         uint32_t n = 0;
         if (!buf || pd_msg_prefill_encode(&p, q->prompt, buf, (size_t)size, &n, &eb) != KS_OK) {
@@ -609,8 +620,12 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
         if (d.reason == PD_DENY_DRAINING) rt__set_draining(w);  // pair it elsewhere from now on
         if (d.reason == PD_DENY_NOSPACE || d.reason == PD_DENY_NO_LINK || d.reason == PD_DENY_DRAINING) {
             rt__requeue(r, q, cl_now_ms(NULL) + RT_RETRY_MS);
-        } else { // CONTEXT: decode's n_ctx is below the router's; DUPLICATE: a router bug
-            rt__refuse(r, q, d.reason == PD_DENY_CONTEXT ? ADMIT_CONTEXT_LENGTH : ADMIT_INTERNAL,
+        } else { // CONTEXT: decode's n_ctx is below the router's; INVALID: its grammar or
+                 // bias does not compile there; DUPLICATE: a router bug
+            rt__refuse(r, q,
+                       d.reason == PD_DENY_CONTEXT   ? ADMIT_CONTEXT_LENGTH
+                       : d.reason == PD_DENY_INVALID ? ADMIT_INVALID
+                                                     : ADMIT_INTERNAL,
                        msg);
         }
     } else if (type == PD_MSG_REJECT && from_p && q->phase == RT_PREFILLING) {
@@ -943,19 +958,22 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     const int32_t n_prompt = ad.n_prompt, max_tokens = ad.max_tokens;
     pd_msg_sampling ws;
     char why[256];
-    if (!err && !cl_sampling_to_msg(&p->sp, max_tokens, p->ignore_eos, &ws, why, sizeof why))
+    ks_errbuf xeb;
+    if (!err && sample_bias_validate(p->bias, p->n_bias, r->V, &xeb) != KS_OK)
+        err = admit_refuse(eb, ADMIT_INVALID, "%s", xeb.msg);
+    // penalties, logit_bias and the grammar travel in ADMIT's and PREFILL's
+    // sampling extension: both workers apply them as the local engine does
+    size_t glen = 0;
+    const char *gtext = p->grammar ? grammar_text(p->grammar, &glen) : NULL;
+    uint8_t *bias = NULL;
+    if (!err && p->n_bias > 0 && !(bias = malloc(8u * (size_t)p->n_bias)))
+        err = ks_seterr(eb, KS_ERR_NOMEM, "request");
+    for (int i = 0; !err && i < p->n_bias; i++)
+        pd_msg_bias_store(bias, (uint32_t)i, p->bias[i].token, p->bias[i].bias);
+    if (!err &&
+        !cl_sampling_to_msg(&p->sp, max_tokens, p->ignore_eos, gtext, (uint32_t)glen, bias,
+                            (uint32_t)(p->n_bias > 0 ? p->n_bias : 0), &ws, why, sizeof why))
         err = admit_refuse(eb, ADMIT_INVALID, "%s", why);
-    // TODO(#12): carry the grammar to the decode worker (and the prefill
-    // worker's first token) in the pd request message
-    if (!err && p->grammar)
-        err = admit_refuse(eb, ADMIT_UNSUPPORTED_PARAMETER,
-                           "structured output (response_format, grammar) is not supported in "
-                           "cluster mode yet: the grammar is not carried to the workers");
-    // issue 12: PD_MSG sampling carries neither (a decode worker could not apply them)
-    if (!err && p->n_bias > 0)
-        err = admit_refuse(eb, ADMIT_INVALID,
-                           "logit_bias is not supported in disaggregated serving (kvseal router); "
-                           "use kvseal serve");
     if (!err && p->prompt_logprobs)
         err = admit_refuse(eb, ADMIT_INVALID,
                            "echo with logprobs or max_tokens 0 is not supported in disaggregated "
@@ -968,11 +986,17 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
         err = admit_refuse(eb, ADMIT_BUSY, "the server is busy: %u requests already waiting",
                            r->o.queue_max);
     if (err) {
+        free(bias);
         atomic_fetch_add(&r->n_rejected, 1);
         return err;
     }
     rt_req *q = calloc(1, sizeof *q);
-    if (!q) return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    if (!q) {
+        free(bias);
+        return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    }
+    q->bias = bias; // ws points into these two
+    q->g = p->grammar ? grammar_ref(p->grammar) : NULL;
     atomic_init(&q->refs, 2);
     atomic_init(&q->state, ENGINE_QUEUED);
     q->r = r;
@@ -1026,6 +1050,29 @@ static void rt__release(void *req) {
     if (!q) return;
     if (!engine_stream_done_posted(q->out)) rt__cancel(q);
     rt__unref(q);
+}
+
+/* n choices (OpenAI's n / best_of): n independent cluster requests, choice
+ * i with seed + i, so each equals an n=1 request with that seed (as
+ * engine_submit_n's choices do). They do not share pages across workers;
+ * a prefill worker's prefix cache may still serve the repeated prompt. On
+ * error no handle is left. */
+static ks_err rt__submit_n(void *impl, const engine_params *p, int n, void **out, ks_errbuf *eb) {
+    if (n < 1 || n > ENGINE_MAX_N)
+        return admit_refuse(eb, ADMIT_INVALID, "n must be in [1, %d], got %d", ENGINE_MAX_N, n);
+    engine_params pi = *p;
+    for (int i = 0; i < n; i++) {
+        pi.sp.seed = p->sp.seed + (uint64_t)i;
+        ks_err e = rt__submit(impl, &pi, &out[i], eb);
+        if (e != KS_OK) {
+            while (i-- > 0) {
+                rt__release(out[i]);
+                out[i] = NULL;
+            }
+            return e;
+        }
+    }
+    return KS_OK;
 }
 
 static bool rt__is_online(void *impl) { return atomic_load(&((cluster_router *)impl)->online); }
@@ -1099,11 +1146,17 @@ static ks_err rt__check_quiescent(void *impl, uint32_t timeout_ms, ks_errbuf *eb
 }
 
 void cluster_router_backend(cluster_router *r, server_backend *out) {
-    *out = (server_backend){.impl = r, .submit = rt__submit, .next = rt__next, .cancel = rt__cancel,
-                            .release = rt__release, .set_notify = rt__set_notify,
+    *out = (server_backend){.impl = r,
+                            .submit = rt__submit,
+                            .next = rt__next,
+                            .cancel = rt__cancel,
+                            .release = rt__release,
+                            .set_notify = rt__set_notify,
                             .is_online = rt__is_online,
-                            .set_online = rt__set_online, .get_stats = rt__get_stats,
-                            .check_quiescent = rt__check_quiescent};
+                            .set_online = rt__set_online,
+                            .get_stats = rt__get_stats,
+                            .check_quiescent = rt__check_quiescent,
+                            .submit_n = rt__submit_n};
 }
 
 // ----------------------------------------------------------------------------

@@ -139,9 +139,6 @@ struct engine {
     char *piece;           // (piece_cap) detokenizer output
     size_t piece_cap;
     grammar_vocab *gvocab; // token trie, built at the first constrained request
-    int32_t *eog;          // (n_eog) end-of-generation ids, with gvocab
-    float *eog_v;          // (n_eog) their logits, saved across the mask
-    int n_eog;
     // isolation violations reported by kv during a pass (any thread)
     pthread_mutex_t vmu;
     engine__violation viol[16];
@@ -660,63 +657,23 @@ static bool engine__take(engine *e, engine_req *r, const sample_result *sr) {
     return false;
 }
 
-/* The scheduler's token trie and EOG list, built at the first constrained
- * step. False (r finished with an error) on out-of-memory. */
+/* The scheduler's token trie, built at the first constrained step. False
+ * (r finished with an error) on out-of-memory. */
 static bool engine__grammar_vocab(engine *e, engine_req *r) {
     if (e->gvocab) return true;
     ks_errbuf eb;
     ks_errbuf_clear(&eb);
-    e->eog = malloc((size_t)e->V * sizeof *e->eog);
-    e->eog_v = malloc((size_t)e->V * sizeof *e->eog_v);
-    if (!e->eog || !e->eog_v || grammar_vocab_create(e->vocab, &e->gvocab, &eb) != KS_OK) {
-        free(e->eog);
-        free(e->eog_v);
-        e->eog = NULL;
-        e->eog_v = NULL;
+    if (grammar_vocab_create(e->vocab, &e->gvocab, &eb) != KS_OK) {
         engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_NOMEM,
                        "out of memory for the grammar's token trie");
         return false;
     }
-    e->n_eog = 0;
-    for (int32_t i = 0; i < e->V; i++)
-        if (tok_is_eog(e->vocab, i)) e->eog[e->n_eog++] = i;
     return true;
 }
-
-/* Masks what r's grammar cannot accept next: -inf for those tokens (EOG
- * ids are never in the trie: the caller restores them when the grammar is
- * complete). Returns false when r finished instead (nothing can follow:
- * STOP; no token can continue: an error). */
-static bool engine__constrain(engine *e, engine_req *r, float *logits, bool complete) {
-    int32_t n_allowed = 0;
-    if (grammar_matcher_mask(r->gm, e->gvocab, r->gmask, &n_allowed) != KS_OK) {
-        engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_NOMEM, "out of memory");
-        return false;
-    }
-    if (n_allowed == 0) {
-        if (complete)
-            engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
-        else
-            engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_INVAL,
-                           "grammar: no token of the vocabulary can continue the output");
-        return false;
-    }
-    for (int32_t w = 0; w < (e->V + 31) / 32; w++) {
-        uint32_t m = r->gmask[w];
-        if (m == UINT32_MAX) continue;
-        int32_t i1 = (w + 1) * 32 < e->V ? (w + 1) * 32 : e->V;
-        for (int32_t i = w * 32; i < i1; i++)
-            if (!(m >> (i & 31) & 1u)) logits[i] = -INFINITY;
-    }
-    return true;
-}
-
-static bool engine__sample_masked(engine *e, engine_req *r, float *logits_row, bool complete,
-                                  sample_result *out);
 
 /* Samples the next token of r from its logits row, then engine__take. With
- * a grammar: masks first, advances the matcher by the chosen token, and
- * ends the request once the grammar can accept nothing more. */
+ * a grammar (grammar_sample): masks, advances the matcher by the chosen
+ * token, and ends the request once the grammar can accept nothing more. */
 static bool engine__emit(engine *e, engine_req *r, float *logits_row) {
     sample_result sr;
     if (!r->gm) {
@@ -724,24 +681,18 @@ static bool engine__emit(engine *e, engine_req *r, float *logits_row) {
         return engine__take(e, r, &sr);
     }
     if (!engine__grammar_vocab(e, r)) return true;
-    const bool complete = grammar_matcher_complete(r->gm);
-    const sample_params *sp = &r->sp;
-    bool accepted = false;
-    if (sp->temperature <= 0.0f && !sp->logprobs && sp->n_probs == 0 &&
-        (sp->repeat_last_n == 0 || (sp->repeat_penalty == 1.0f && sp->frequency_penalty == 0.0f &&
-                                    sp->presence_penalty == 0.0f))) {
-        // Greedy without penalties or logprobs: the argmax of the full row,
-        // when the grammar accepts it, is the argmax of the masked row too
-        // (masking only lowers the others; ties still go to the lowest id),
-        // and greedy draws nothing from the PRNG and leaves the row as it
-        // was; so try it first and build the mask only when it is refused.
-        sampler_sample(r->smp, logits_row, &sr);
-        accepted = tok_is_eog(e->vocab, sr.token)
-                       ? complete
-                       : grammar_matcher_accept_token(r->gm, e->gvocab, sr.token);
+    bool end = false;
+    ks_errbuf eb;
+    ks_errbuf_clear(&eb);
+    ks_err err =
+        grammar_sample(r->gm, e->gvocab, r->smp, &r->sp, logits_row, r->gmask, &sr, &end, &eb);
+    if (err != KS_OK) {
+        engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, err, eb.msg);
+        return true;
     }
-    if (!accepted) {
-        if (!engine__sample_masked(e, r, logits_row, complete, &sr)) return true;
+    if (end) {
+        engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
+        return true;
     }
     if (engine__take(e, r, &sr)) return true;
     if (grammar_matcher_done(r->gm)) {
@@ -749,39 +700,6 @@ static bool engine__emit(engine *e, engine_req *r, float *logits_row) {
         return true;
     }
     return false;
-}
-
-/* The masked draw of engine__emit: mask, sample, advance the matcher.
- * False when r finished instead. */
-static bool engine__sample_masked(engine *e, engine_req *r, float *logits_row, bool complete,
-                                  sample_result *out) {
-    sample_result sr;
-    if (complete)
-        for (int k = 0; k < e->n_eog; k++)
-            e->eog_v[k] = logits_row[e->eog[k]];
-    if (!engine__constrain(e, r, logits_row, complete)) return false;
-    if (complete)
-        for (int k = 0; k < e->n_eog; k++)
-            logits_row[e->eog[k]] = e->eog_v[k];
-    sampler_sample(r->smp, logits_row, &sr);
-    bool eog = tok_is_eog(e->vocab, sr.token);
-    bool ok = eog ? complete : (r->gmask[sr.token >> 5] >> (sr.token & 31) & 1u);
-    if (!ok) {
-        // only when no allowed logit beats the masked ones (a row of NaN):
-        // the lowest allowed id, as greedy ties go
-        int32_t pick = -1;
-        for (int32_t i = 0; i < e->V && pick < 0; i++)
-            if (r->gmask[i >> 5] >> (i & 31) & 1u) pick = i;
-        sr.token = pick;
-        eog = false;
-    }
-    if (!eog && !grammar_matcher_accept_token(r->gm, e->gvocab, sr.token)) {
-        engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_INTERNAL,
-                       "grammar: the chosen token was not accepted");
-        return false;
-    }
-    *out = sr;
-    return true;
 }
 
 /* Posts the prompt events of this step's prompt positions of r (echo):
@@ -1053,6 +971,8 @@ ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out, ks_
     ks_errbuf seb;
     if (!err && sample_params_validate(&a->sp, &seb) != KS_OK)
         err = admit_refuse(eb, ADMIT_INVALID, "%s", seb.msg);
+    else if (!err && sample_bias_validate(a->bias, a->n_bias, e->V, &seb) != KS_OK)
+        err = admit_refuse(eb, ADMIT_INVALID, "%s", seb.msg);
     if (!err && (!atomic_load(&e->online) || atomic_load(&e->abort_all)))
         err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
     if (!err && e->n_running >= e->o.max_running)
@@ -1070,9 +990,27 @@ ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out, ks_
     r->t_submit = ks_now_ns();
     ks_err ce;
     if ((ce = sampler_create(&a->sp, e->V, &r->smp, eb)) ||
-        (ce = engine_stream_create(NULL, 0, &r->out, eb))) {  // no stop strings: the router's
+        (ce = sampler_set_bias(r->smp, a->bias, a->n_bias, eb)) ||
+        (ce = engine_stream_create(NULL, 0, &r->out, eb)) || // no stop strings: the router's
+        (a->grammar && (ce = engine__grammar_init(e, r, a->grammar, eb)))) {
         engine__req_free(r);
         return ce;
+    }
+    if (r->gm) { // the prefill side's first token advances the grammar as a sampled one does
+        if (!e->gvocab && (ce = grammar_vocab_create(e->vocab, &e->gvocab, eb))) {
+            engine__req_free(r);
+            return ce;
+        }
+        bool ok = tok_is_eog(e->vocab, a->first.token)
+                      ? grammar_matcher_complete(r->gm)
+                      : grammar_matcher_accept_token(r->gm, e->gvocab, a->first.token);
+        if (!ok) {
+            engine__req_free(r);
+            atomic_fetch_add(&e->n_rejected, 1);
+            return admit_refuse(eb, ADMIT_INVALID,
+                                "adopt: the first token %d does not match the grammar",
+                                a->first.token);
+        }
     }
     engine_stream_set_wake(r->out, engine__wake, e);
     sampler_skip_draws(r->smp, a->rng_draws);  // continue the prefill side's PRNG sequence
@@ -1085,7 +1023,12 @@ ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out, ks_
     *out = r;
     // the first token exactly as engine__emit handles a sampled one; the step
     // then feeds it at position n_prompt
-    if (!engine__take(e, r, &a->first)) {
+    bool ended = engine__take(e, r, &a->first);
+    if (!ended && r->gm && grammar_matcher_done(r->gm)) {
+        engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
+        ended = true;
+    }
+    if (!ended) {
         e->running[e->n_running++] = r;
         atomic_store(&e->st_running, (unsigned)e->n_running);
     }
@@ -1103,8 +1046,6 @@ static void engine__free(engine *e) {
     free(e->running);
     free(e->logits);
     grammar_vocab_destroy(e->gvocab);
-    free(e->eog);
-    free(e->eog_v);
     free(e->b_tok);
     free(e->b_seqs);
     free(e->b_err);

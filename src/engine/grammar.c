@@ -25,6 +25,7 @@
  * is alive while some top's set meets the range those bits still allow. */
 #include "kvseal/grammar.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -74,6 +75,8 @@ struct grammar {
     // name -> rule index (open addressing; -1 empty)
     int32_t *ht;
     uint32_t ht_cap;
+    char *text; // the GBNF source (grammar_text), NUL-terminated
+    size_t text_len;
 };
 
 grammar *grammar_ref(grammar *g) {
@@ -91,6 +94,7 @@ static void gm__free(grammar *g) {
     free(g->ranges);
     free(g->csets);
     free(g->ht);
+    free(g->text);
     free(g);
 }
 
@@ -882,12 +886,22 @@ ks_err grammar_parse(const char *text, size_t len, grammar **out, ks_errbuf *eb)
         err = grammar_matcher_create(g, &m, eb);
         grammar_matcher_destroy(m);
     }
+    if (!err && !(g->text = malloc(len + 1)))
+        err = ks_seterr(eb, KS_ERR_NOMEM, "grammar: out of memory");
     if (err) {
         gm__free(g);
         return err;
     }
+    if (len) memcpy(g->text, text, len);
+    g->text[len] = 0;
+    g->text_len = len;
     *out = g;
     return KS_OK;
+}
+
+const char *grammar_text(const grammar *g, size_t *len) {
+    *len = g->text_len;
+    return g->text;
 }
 
 // ----------------------------------------------------------------------------
@@ -1252,6 +1266,9 @@ struct grammar_vocab {
     char *pieces;
     uint32_t n_pieces, cap_pieces;
     uint32_t max_len; // longest piece
+    const tok_vocab *v;
+    int32_t *eog; // (n_eog) the end-of-generation ids, ascending
+    int32_t n_eog;
 };
 
 int32_t grammar_vocab_n(const grammar_vocab *gv) { return gv->n_vocab; }
@@ -1263,6 +1280,7 @@ void grammar_vocab_destroy(grammar_vocab *gv) {
     free(gv->tok_node);
     free(gv->piece_off);
     free(gv->pieces);
+    free(gv->eog);
     free(gv);
 }
 
@@ -1278,7 +1296,9 @@ ks_err grammar_vocab_create(const tok_vocab *v, grammar_vocab **out, ks_errbuf *
     gv->tok_next = malloc((size_t)V * sizeof *gv->tok_next);
     gv->tok_node = malloc((size_t)V * sizeof *gv->tok_node);
     gv->piece_off = malloc(((size_t)V + 1) * sizeof *gv->piece_off);
-    if (!gv->tok_next || !gv->tok_node || !gv->piece_off ||
+    gv->eog = malloc((size_t)V * sizeof *gv->eog);
+    gv->v = v;
+    if (!gv->tok_next || !gv->tok_node || !gv->piece_off || !gv->eog ||
         !gm__grow((void **)&gv->nodes, &gv->cap_nodes, 1024, sizeof *gv->nodes))
         goto nomem;
     gv->nodes[0] = (gv_node){-1, -1, -1, 0};
@@ -1288,7 +1308,10 @@ ks_err grammar_vocab_create(const tok_vocab *v, grammar_vocab **out, ks_errbuf *
         gv->tok_node[id] = -1;
         gv->piece_off[id] = gv->n_pieces;
         gv->piece_off[id + 1] = gv->n_pieces;
-        if (tok_is_eog(v, id)) continue;
+        if (tok_is_eog(v, id)) {
+            gv->eog[gv->n_eog++] = id;
+            continue;
+        }
         size_t n = tok_piece(v, id, false, buf, cap);
         if (n == 0 || n > cap) continue;
         if (!gm__grow((void **)&gv->pieces, &gv->cap_pieces, gv->n_pieces + (uint32_t)n,
@@ -1492,4 +1515,77 @@ ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_
         }
     }
     return KS_OK;
+}
+
+// ----------------------------------------------------------------------------
+// Constrained sampling (the engine's step and a prefill worker's first token)
+
+/* The mask, then the draw: EOG ids join the allowed set when complete;
+ * every other token gets -inf; if the sampler still picks a masked id (only
+ * when no allowed logit beats them, a row of NaN) the lowest allowed
+ * non-EOG id stands in, as greedy ties go. */
+static ks_err gm__sample_masked(grammar_matcher *m, const grammar_vocab *gv, sampler *smp,
+                                float *logits, uint32_t *mask, bool complete, sample_result *out,
+                                bool *end, ks_errbuf *eb) {
+    const int32_t V = gv->n_vocab;
+    int32_t n_allowed = 0;
+    if (grammar_matcher_mask(m, gv, mask, &n_allowed) != KS_OK)
+        return ks_seterr(eb, KS_ERR_NOMEM, "out of memory");
+    if (n_allowed == 0) {
+        if (complete) {
+            *end = true;
+            return KS_OK;
+        }
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "grammar: no token of the vocabulary can continue the output");
+    }
+    if (complete)
+        for (int32_t k = 0; k < gv->n_eog; k++)
+            mask[gv->eog[k] >> 5] |= 1u << (gv->eog[k] & 31);
+    // mask: word w bit b = id 32w + b; whole words of allowed ids are skipped
+    for (int32_t w = 0; w < (V + 31) / 32; w++) {
+        uint32_t bits = mask[w];
+        if (bits == UINT32_MAX) continue;
+        int32_t i1 = (w + 1) * 32 < V ? (w + 1) * 32 : V;
+        for (int32_t i = w * 32; i < i1; i++)
+            if (!(bits >> (i & 31) & 1u)) logits[i] = -INFINITY;
+    }
+    sample_result sr;
+    sampler_sample(smp, logits, &sr);
+    bool eog = tok_is_eog(gv->v, sr.token);
+    if (!(mask[sr.token >> 5] >> (sr.token & 31) & 1u)) {
+        int32_t pick = -1;
+        for (int32_t i = 0; i < V && pick < 0; i++)
+            if ((mask[i >> 5] >> (i & 31) & 1u) && !tok_is_eog(gv->v, i)) pick = i;
+        sr.token = pick;
+        eog = false;
+    }
+    if (!eog && !grammar_matcher_accept_token(m, gv, sr.token))
+        return ks_seterr(eb, KS_ERR_INTERNAL, "grammar: the chosen token was not accepted");
+    *out = sr;
+    return KS_OK;
+}
+
+ks_err grammar_sample(grammar_matcher *m, const grammar_vocab *gv, sampler *smp,
+                      const sample_params *sp, float *logits, uint32_t *mask, sample_result *out,
+                      bool *end, ks_errbuf *eb) {
+    *end = false;
+    const bool complete = grammar_matcher_complete(m);
+    if (sp->temperature <= 0.0f && !sp->logprobs && sp->n_probs == 0 &&
+        (sp->repeat_last_n == 0 || (sp->repeat_penalty == 1.0f && sp->frequency_penalty == 0.0f &&
+                                    sp->presence_penalty == 0.0f))) {
+        // Greedy without penalties or logprobs: the argmax of the full row,
+        // when the grammar accepts it, is the argmax of the masked row too
+        // (masking only lowers the others; ties still go to the lowest id),
+        // and greedy draws nothing from the PRNG and leaves the row as it
+        // was; so try it first and build the mask only when it is refused.
+        sample_result sr;
+        sampler_sample(smp, logits, &sr);
+        if (tok_is_eog(gv->v, sr.token) ? complete
+                                        : grammar_matcher_accept_token(m, gv, sr.token)) {
+            *out = sr;
+            return KS_OK;
+        }
+    }
+    return gm__sample_masked(m, gv, smp, logits, mask, complete, out, end, eb);
 }

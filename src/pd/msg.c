@@ -171,7 +171,7 @@ ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES], ks_errbuf
     out[PD_MSG_PEER] = 8 + PD_MSG_MAX_HOST;
     out[PD_MSG_LINK] = 8;
     out[PD_MSG_LINK_ACK] = 8;
-    out[PD_MSG_ADMIT] = 80;
+    out[PD_MSG_ADMIT] = 80 + PD_MSG_SEXT_MAX;
     out[PD_MSG_GRANT] = PD_MSG_GRANT_MAX;
     out[PD_MSG_DENY] = 8 + PD_MSG_MAX_TEXT;
     out[PD_MSG_PREFILL] = PD_MSG_PREFILL_MAX;
@@ -463,10 +463,97 @@ static ks_err sampling_decode(const char *name, const uint8_t *p, uint32_t mt_of
     s->top_k = (int32_t)pd_load_u32(p + 68);
     s->n_probs = pd_load_u32(p + 72);
     if (need_max_tokens && s->max_tokens < 1) return PROTO("%s: max_tokens is 0", name);
-    if (s->flags & ~(uint32_t)(PD_FLAG_IGNORE_EOS | PD_FLAG_LOGPROBS))
+    s->repeat_penalty = 1.0f; // the extension's defaults (sext_decode)
+    s->repeat_last_n = 0;
+    s->frequency_penalty = s->presence_penalty = 0.0f;
+    s->n_bias = s->grammar_len = 0;
+    s->bias = NULL;
+    s->grammar = NULL;
+    if (s->flags & ~(uint32_t)(PD_FLAG_IGNORE_EOS | PD_FLAG_LOGPROBS | PD_FLAG_EXT))
         return PROTO("%s: flags 0x%x has unknown bits", name, s->flags);
     if (s->n_probs > PD_MSG_MAX_TOP)
         return PROTO("%s: n_probs %u exceeds %u", name, s->n_probs, PD_MSG_MAX_TOP);
+    return KS_OK;
+}
+
+uint64_t pd_msg_sext_size(const pd_msg_sampling *s) {
+    if (!(s->flags & PD_FLAG_EXT)) return 0;
+    return PD_MSG_SEXT_FIXED + 8u * (uint64_t)s->n_bias + s->grammar_len;
+}
+
+void pd_msg_bias_at(const pd_msg_sampling *s, uint32_t i, int32_t *token, float *bias) {
+    *token = (int32_t)pd_load_u32(s->bias + 8u * (size_t)i);
+    *bias = load_f32(s->bias + 8u * (size_t)i + 4);
+}
+
+void pd_msg_bias_store(uint8_t *raw, uint32_t i, int32_t token, float bias) {
+    pd_store_u32(raw + 8u * (size_t)i, (uint32_t)token);
+    store_f32(raw + 8u * (size_t)i + 4, bias);
+}
+
+static bool finite_f32(float f) { return f == f && f - f == 0.0f; }
+
+/* The sampling extension (PD_FLAG_EXT) in the n bytes at x, which must be
+ * exactly its size: 0: f32 repeat_penalty, 4: u32 repeat_last_n, 8: f32
+ * frequency_penalty, 12: f32 presence_penalty, 16: u32 n_bias, 20: u32
+ * grammar_len, 24: n_bias x {i32 token, f32 bias}, then the grammar text. */
+static ks_err sext_decode(const char *name, const uint8_t *x, uint64_t n, pd_msg_sampling *s,
+                          ks_errbuf *eb) {
+    if (n < PD_MSG_SEXT_FIXED)
+        return PROTO("%s: %llu bytes left for the sampling extension, shorter than its fixed "
+                     "part (%u)",
+                     name, (unsigned long long)n, PD_MSG_SEXT_FIXED);
+    s->repeat_penalty = load_f32(x);
+    s->repeat_last_n = pd_load_u32(x + 4);
+    s->frequency_penalty = load_f32(x + 8);
+    s->presence_penalty = load_f32(x + 12);
+    s->n_bias = pd_load_u32(x + 16);
+    s->grammar_len = pd_load_u32(x + 20);
+    if (s->n_bias > PD_MSG_MAX_BIAS)
+        return PROTO("%s: n_bias %u exceeds %u", name, s->n_bias, PD_MSG_MAX_BIAS);
+    if (s->grammar_len > PD_MSG_MAX_GRAMMAR)
+        return PROTO("%s: grammar_len %u exceeds %u", name, s->grammar_len, PD_MSG_MAX_GRAMMAR);
+    uint64_t want = PD_MSG_SEXT_FIXED + 8u * (uint64_t)s->n_bias + s->grammar_len;
+    if (n != want)
+        return PROTO("%s: n_bias and grammar_len imply a %llu-byte sampling extension but %llu "
+                     "bytes are left",
+                     name, (unsigned long long)want, (unsigned long long)n);
+    if (!finite_f32(s->repeat_penalty) || !finite_f32(s->frequency_penalty) ||
+        !finite_f32(s->presence_penalty))
+        return PROTO("%s: a penalty is not a finite number", name);
+    s->bias = s->n_bias ? x + PD_MSG_SEXT_FIXED : NULL;
+    s->grammar = s->grammar_len ? (const char *)x + PD_MSG_SEXT_FIXED + 8u * s->n_bias : NULL;
+    for (uint32_t i = 0; i < s->n_bias; i++) {
+        int32_t t;
+        float b;
+        pd_msg_bias_at(s, i, &t, &b);
+        if (t < 0 || !finite_f32(b))
+            return PROTO("%s: bias entry %u (token %d) is not a token id and a finite bias", name,
+                         i, t);
+    }
+    if (s->grammar && memchr(s->grammar, 0, s->grammar_len))
+        return PROTO("%s: the grammar text holds a NUL byte", name);
+    return KS_OK;
+}
+
+/* Writes the sampling extension of s at x (pd_msg_sext_size bytes). */
+static void sext_encode(uint8_t *x, const pd_msg_sampling *s) {
+    store_f32(x, s->repeat_penalty);
+    pd_store_u32(x + 4, s->repeat_last_n);
+    store_f32(x + 8, s->frequency_penalty);
+    store_f32(x + 12, s->presence_penalty);
+    pd_store_u32(x + 16, s->n_bias);
+    pd_store_u32(x + 20, s->grammar_len);
+    if (s->n_bias) memcpy(x + PD_MSG_SEXT_FIXED, s->bias, 8u * (size_t)s->n_bias);
+    if (s->grammar_len) memcpy(x + PD_MSG_SEXT_FIXED + 8u * s->n_bias, s->grammar, s->grammar_len);
+}
+
+/* Encoder pre-check of the extension's bounds (the decoder checks the rest). */
+static ks_err sext_pre(const char *name, const pd_msg_sampling *s, ks_errbuf *eb) {
+    if ((s->flags & PD_FLAG_EXT) &&
+        (s->n_bias > PD_MSG_MAX_BIAS || s->grammar_len > PD_MSG_MAX_GRAMMAR ||
+         (s->n_bias && !s->bias) || (s->grammar_len && !s->grammar)))
+        return ks_seterr(eb, KS_ERR_INVAL, "%s: sampling extension out of bounds", name);
     return KS_OK;
 }
 
@@ -482,29 +569,34 @@ static void sampling_encode(uint8_t *p, uint32_t mt_off, const pd_msg_sampling *
 }
 
 ks_err pd_msg_admit_decode(const uint8_t *p, uint32_t len, pd_msg_admit *out, ks_errbuf *eb) {
-    ks_err e = want_len("ADMIT", len, 80, eb);
+    ks_err e = want_min("ADMIT", len, 80, eb);
     if (e) return e;
+    if (!(pd_load_u32(p + 12) & PD_FLAG_EXT) && (e = want_len("ADMIT", len, 80, eb))) return e;
     pd_msg_admit m;
     m.n_prompt = pd_load_u32(p);
     if (m.n_prompt < 1) return PROTO("ADMIT: n_prompt is 0");
     m.prefill_worker_id = pd_load_u32(p + 8);
     memcpy(m.domain_hash, p + 16, PD_MSG_HASH_BYTES);
     if ((e = sampling_decode("ADMIT", p, 4, true, &m.s, eb))) return e;
+    if ((m.s.flags & PD_FLAG_EXT) && (e = sext_decode("ADMIT", p + 80, len - 80u, &m.s, eb)))
+        return e;
     *out = m;
     return KS_OK;
 }
 
 ks_err pd_msg_admit_encode(const pd_msg_admit *m, uint8_t *buf, size_t cap, uint32_t *out_len,
                            ks_errbuf *eb) {
-    ks_err ret;
-    if (enc_begin(80, buf, cap, out_len, &ret, "ADMIT", eb)) return ret;
+    ks_err ret = sext_pre("ADMIT", &m->s, eb);
+    if (ret) return ret;
+    if (enc_begin(80u + pd_msg_sext_size(&m->s), buf, cap, out_len, &ret, "ADMIT", eb)) return ret;
     pd_store_u32(buf, m->n_prompt);
     pd_store_u32(buf + 8, m->prefill_worker_id);
     memcpy(buf + 16, m->domain_hash, PD_MSG_HASH_BYTES);
     sampling_encode(buf, 4, &m->s);
+    if (m->s.flags & PD_FLAG_EXT) sext_encode(buf + 80, &m->s);
     pd_msg_admit chk;
     ks_errbuf tmp;
-    return enc_check(pd_msg_admit_decode(buf, 80, &chk, &tmp), &tmp, eb);
+    return enc_check(pd_msg_admit_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
 }
 
 uint64_t pd_msg_grant_size(uint32_t n_pages) {
@@ -602,6 +694,8 @@ static const char *deny_name(uint32_t r) {
     case PD_DENY_CONTEXT: return "CONTEXT";
     case PD_DENY_DUPLICATE: return "DUPLICATE";
     case PD_DENY_DRAINING: return "DRAINING";
+    case PD_DENY_INVALID:
+        return "INVALID";
     default: return NULL;
     }
 }
@@ -611,7 +705,7 @@ ks_err pd_msg_deny_decode(const uint8_t *p, uint32_t len, pd_msg_deny *out, ks_e
     ks_err e = text_decode("DENY", p, len, 8, 4, &m.msg, &m.msg_len, eb);
     if (e) return e;
     m.reason = pd_load_u32(p);
-    if (!deny_name(m.reason)) return PROTO("DENY: reason %u out of range [1, 5]", m.reason);
+    if (!deny_name(m.reason)) return PROTO("DENY: reason %u out of range [1, 6]", m.reason);
     *out = m;
     return KS_OK;
 }
@@ -648,14 +742,23 @@ ks_err pd_msg_prefill_decode(const uint8_t *p, uint32_t len, pd_msg_prefill *out
     m.decode_worker_id = pd_load_u32(p);
     m.n_prompt = pd_load_u32(p + 4);
     m.grant_len = pd_load_u32(p + 76);
-    if ((e = want_var("PREFILL", "grant_len and n_prompt", len, PD_MSG_PREFILL_FIXED,
-                      (uint64_t)m.grant_len + 4u * (uint64_t)m.n_prompt, eb)))
+    const uint64_t body = (uint64_t)m.grant_len + 4u * (uint64_t)m.n_prompt;
+    const bool ext = (pd_load_u32(p + 12) & PD_FLAG_EXT) != 0;
+    if (!ext &&
+        (e = want_var("PREFILL", "grant_len and n_prompt", len, PD_MSG_PREFILL_FIXED, body, eb)))
         return e;
+    if (ext && (uint64_t)len < PD_MSG_PREFILL_FIXED + body)
+        return PROTO("PREFILL: grant_len and n_prompt imply at least %llu payload bytes but len "
+                     "is %u",
+                     (unsigned long long)(PD_MSG_PREFILL_FIXED + body), len);
     m.grant = p + PD_MSG_PREFILL_FIXED;
     m.tokens = m.grant + m.grant_len;
     if ((e = grant_layout("PREFILL: grant", m.grant, m.grant_len, eb))) return e;
     memcpy(m.domain_hash, p + 16, PD_MSG_HASH_BYTES);
     if ((e = sampling_decode("PREFILL", p, 8, false, &m.s, eb))) return e;
+    if (ext && (e = sext_decode("PREFILL", p + PD_MSG_PREFILL_FIXED + body,
+                                len - (PD_MSG_PREFILL_FIXED + body), &m.s, eb)))
+        return e;
     *out = m;
     return KS_OK;
 }
@@ -674,11 +777,12 @@ ks_err pd_msg_prefill_grant(const pd_msg_prefill *p, pd_msg_grant *out, ks_errbu
 
 ks_err pd_msg_prefill_encode(const pd_msg_prefill *m, const int32_t *tokens, uint8_t *buf,
                              size_t cap, uint32_t *out_len, ks_errbuf *eb) {
-    uint64_t size = pd_msg_prefill_size(m->grant_len, m->n_prompt);
+    uint64_t size = pd_msg_prefill_size(m->grant_len, m->n_prompt) + pd_msg_sext_size(&m->s);
+    ks_err ret = sext_pre("PREFILL", &m->s, eb);
+    if (ret) return ret;
     if (size > PD_MSG_PREFILL_MAX)
         return ks_seterr(eb, KS_ERR_INVAL, "PREFILL: %llu bytes exceed the %u-byte bound",
                          (unsigned long long)size, PD_MSG_PREFILL_MAX);
-    ks_err ret;
     if (enc_begin(size, buf, cap, out_len, &ret, "PREFILL", eb)) return ret;
     pd_store_u32(buf, m->decode_worker_id);
     pd_store_u32(buf + 4, m->n_prompt);
@@ -688,6 +792,7 @@ ks_err pd_msg_prefill_encode(const pd_msg_prefill *m, const int32_t *tokens, uin
     if (m->grant_len) memcpy(buf + PD_MSG_PREFILL_FIXED, m->grant, m->grant_len);
     uint8_t *t = buf + PD_MSG_PREFILL_FIXED + m->grant_len;
     for (uint32_t i = 0; i < m->n_prompt; i++) pd_store_u32(t + 4u * (size_t)i, (uint32_t)tokens[i]);
+    if (m->s.flags & PD_FLAG_EXT) sext_encode(t + 4u * (size_t)m->n_prompt, &m->s);
     pd_msg_prefill chk;
     ks_errbuf tmp;
     return enc_check(pd_msg_prefill_decode(buf, *out_len, &chk, &tmp), &tmp, eb);

@@ -2,7 +2,8 @@
 # test_sampling.sh — issue 12's sampling features (n, echo with prompt
 # logprobs, logit_bias, best_of) through `kvseal serve`, driven by the
 # official openai npm client (js/sampling.mjs), plus curl for what the
-# client hides: the raw 400 bodies, and refusals in disaggregated serving.
+# client hides: the raw 400 bodies, and n / logit_bias / refusals in
+# disaggregated serving.
 . "$(dirname "$0")/lib.sh"
 command -v node >/dev/null || skip "node is not installed (scripts/install-deps.sh installs it)"
 [ -d "$(dirname "$0")/js/node_modules/openai" ] || skip "the openai npm package is not installed (scripts/install-deps.sh)"
@@ -41,15 +42,16 @@ req "kv check" 200 "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))" -H 
 expect_has "kv check" "$BODY" 'scrubbed'
 stop_server
 
-# disaggregated serving: the decode worker's wire has no n, logit_bias or
-# prompt logprobs: refused clearly, not silently ignored
+# disaggregated serving: n (independent requests, choice i seeded seed + i)
+# and logit_bias cross the wire (test_cluster_same_tokens compares them token
+# for token with kvseal serve); prompt logprobs do not yet: refused clearly
 start_cluster "$TMPD/c" 1 1 -m "$MODEL"
-req "cluster n" 400 "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"model":"kjv-mini","prompt":"In","n":2,"max_tokens":2}'
-expect_has "cluster n" "$BODY" 'not supported in disaggregated serving'
-req "cluster logit_bias" 400 "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"model":"kjv-mini","prompt":"In","logit_bias":{"5":1},"max_tokens":2}'
-expect_has "cluster logit_bias" "$BODY" 'logit_bias is not supported in disaggregated serving'
+req "cluster n" 200 "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model":"kjv-mini","prompt":"In","n":2,"max_tokens":2,"temperature":1,"seed":5}'
+expect_has "cluster n" "$BODY" '"index":1'
+req "cluster logit_bias" 200 "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model":"kjv-mini","prompt":"In","logit_bias":{"'"$THE"'":100},"max_tokens":2,"temperature":0}'
+expect_has "cluster logit_bias forces the token" "$BODY" '"text":" the the"'
 req "cluster echo logprobs" 400 "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
     -d '{"model":"kjv-mini","prompt":"In","echo":true,"logprobs":1,"max_tokens":2}'
 expect_has "cluster echo" "$BODY" 'echo with logprobs'

@@ -3,7 +3,8 @@
 # openai npm client (tests/e2e/js/structured.mjs: json_schema, json_object,
 # parse, streaming, grammar, refusals), then curl for what the client does
 # not reach: the raw error bodies, a grammar above the size limit, and
-# Workers AI refusing the fields it does not implement.
+# Workers AI refusing the fields it does not implement; then the client
+# checks again through router + prefill + decode workers.
 . "$(dirname "$0")/lib.sh"
 command -v node >/dev/null || skip "node is not installed (scripts/install-deps.sh installs it)"
 [ -d "$(dirname "$0")/js/node_modules/openai" ] || skip "the openai npm package is not installed (scripts/install-deps.sh)"
@@ -48,4 +49,12 @@ req "workers" 400 "${H[@]}" "$KS_URL/accounts/x/ai/run/@cf/kvseal/kjv-mini" -d '
 expect_has "workers" "$BODY" 'grammar'
 curl -fsS "$KS_URL/health" >/dev/null || fail "server unhealthy after the structured output checks"
 stop_server
+
+# the same client checks through the cluster: the grammar travels to the
+# prefill worker (first token) and the decode worker (the rest)
+CLUSTER_PROBE_AUTH=sk-acme-test CLUSTER_PROBE_MODEL=@cf/kvseal/kjv-mini \
+    start_cluster "$TMPD/c" 1 1 -m "$KS_SRC/models/kjv-mini.gguf" --alias @cf/kvseal/kjv-mini --tenants "$TMPD/t.json"
+KS_URL=$KS_URL KS_KEY=sk-acme-test KS_MODEL_NAME=@cf/kvseal/kjv-mini node "$(dirname "$0")/js/structured.mjs" ||
+    fail "structured output checks through the cluster failed"
+stop_cluster
 echo "structured ok"

@@ -291,7 +291,14 @@ static void pd_msg_seeds(void) {
     pd_msg_error er = {KS_ERR_PROTO, "bad frame", 9};
     ENC(pd_msg_error_encode(&er, b, sizeof b, &n, NULL));
     msg_put("error", S_ERROR, b, n);
-    pd_msg_sampling s = {40, PD_FLAG_LOGPROBS, 1234, 0.7f, 0.9f, 0.05f, 40, 2};
+    pd_msg_sampling s = {.max_tokens = 40,
+                         .flags = PD_FLAG_LOGPROBS,
+                         .seed = 1234,
+                         .temperature = 0.7f,
+                         .top_p = 0.9f,
+                         .min_p = 0.05f,
+                         .top_k = 40,
+                         .n_probs = 2};
     pd_msg_admit ad = {.n_prompt = 20, .prefill_worker_id = 1, .domain_hash = {9}, .s = s};
     ENC(pd_msg_admit_encode(&ad, b, sizeof b, &n, NULL));
     msg_put("admit", S_ADMIT, b, n);
@@ -308,6 +315,26 @@ static void pd_msg_seeds(void) {
                          .grant = gb, .grant_len = gl};
     ENC(pd_msg_prefill_encode(&pf, toks, b, sizeof b, &n, NULL));
     msg_put("prefill", S_PREFILL, b, n);
+    // the sampling extension (penalties, logit bias, grammar) after each
+    static const char gram[] = "root ::= \"yes\" | [0-9]+";
+    uint8_t bias[16];
+    pd_msg_bias_store(bias, 0, 7, 1.5f);
+    pd_msg_bias_store(bias, 1, 300, -100.0f);
+    pd_msg_sampling sx = s;
+    sx.flags |= PD_FLAG_EXT;
+    sx.repeat_penalty = 1.1f;
+    sx.repeat_last_n = 64;
+    sx.frequency_penalty = 0.5f;
+    sx.n_bias = 2;
+    sx.bias = bias;
+    sx.grammar = gram;
+    sx.grammar_len = (uint32_t)strlen(gram);
+    ad.s = sx;
+    ENC(pd_msg_admit_encode(&ad, b, sizeof b, &n, NULL));
+    msg_put("admit_ext", S_ADMIT, b, n);
+    pf.s = sx;
+    ENC(pd_msg_prefill_encode(&pf, toks, b, sizeof b, &n, NULL));
+    msg_put("prefill_ext", S_PREFILL, b, n);
     pd_msg_reject rj = {ADMIT_CONTEXT_LENGTH, "too long", 8};
     ENC(pd_msg_reject_encode(&rj, b, sizeof b, &n, NULL));
     msg_put("reject", S_REJECT, b, n);

@@ -337,7 +337,7 @@ static void admit(harness *h, uint64_t id, uint32_t n_prompt) {
     a.n_prompt = n_prompt;
     a.prefill_worker_id = PREFILL_ID;
     char msg[256];
-    CHECK(cl_sampling_to_msg(&sp, MAX_TOK, true, &a.s, msg, sizeof msg));
+    CHECK(cl_sampling_to_msg(&sp, MAX_TOK, true, NULL, 0, NULL, 0, &a.s, msg, sizeof msg));
     uint8_t buf[80];
     uint32_t len;
     CHECK(pd_msg_admit_encode(&a, buf, sizeof buf, &len, NULL) == KS_OK);

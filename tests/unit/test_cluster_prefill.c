@@ -321,7 +321,8 @@ static void start_request(uint64_t req_id, uint32_t n_prompt, uint32_t max_token
     pd_msg_prefill m = {.decode_worker_id = DECODE_ID, .n_prompt = n_prompt, .grant = grant,
                         .grant_len = grant_len};
     char msg[128];
-    CHECK(cl_sampling_to_msg(&sp, (int32_t)max_tokens, false, &m.s, msg, sizeof msg));
+    CHECK(cl_sampling_to_msg(&sp, (int32_t)max_tokens, false, NULL, 0, NULL, 0, &m.s, msg,
+                             sizeof msg));
     static uint8_t buf[1 << 16];
     uint32_t len;
     CHECK_EQ(pd_msg_prefill_encode(&m, toks, buf, sizeof buf, &len, NULL), KS_OK);

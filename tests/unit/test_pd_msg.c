@@ -280,7 +280,7 @@ static void test_names_and_bounds(void) {
     CHECK_EQ(tm[PD_MSG_PEER], 263);
     CHECK_EQ(tm[PD_MSG_LINK], 8);
     CHECK_EQ(tm[PD_MSG_LINK_ACK], 8);
-    CHECK_EQ(tm[PD_MSG_ADMIT], 80);
+    CHECK_EQ(tm[PD_MSG_ADMIT], 80 + 24 + 8 * 1024 + 262144); // with the largest extension
     CHECK_EQ(tm[PD_MSG_GRANT], 4194304);
     CHECK_EQ(tm[PD_MSG_DENY], 520);
     CHECK_EQ(tm[PD_MSG_PREFILL], 16777216);
@@ -298,7 +298,7 @@ static void test_names_and_bounds(void) {
 
     CHECK_EQ(pd_msg_type_max(NULL, tm, &eb), KS_OK);
     CHECK_EQ(tm[PD_MSG_KV_PAGE], PD_TYPE_FORBIDDEN);
-    CHECK_EQ(tm[PD_MSG_ADMIT], 80);
+    CHECK_EQ(tm[PD_MSG_ADMIT], 80 + 24 + 8 * 1024 + 262144);          // with the largest extension
     kv_geom big = {.n_layer = 64, .kv_dim = 8192, .page_tokens = 64}; /* 256 MiB page */
     CHECK_EQ(pd_msg_type_max(&big, tm, &eb), KS_ERR_INVAL);
     kv_geom zero = {.n_layer = 0, .kv_dim = 8, .page_tokens = 16};
@@ -589,7 +589,9 @@ static void test_round_trip_small(void) {
         m.msg_len = 513;
         CHECK_EQ(pd_msg_deny_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
         m.msg_len = 0;
-        m.reason = 6;
+        m.reason = PD_DENY_INVALID;
+        CHECK_EQ(pd_msg_deny_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
+        m.reason = 7;
         CHECK_EQ(pd_msg_deny_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
     }
     {
@@ -905,7 +907,7 @@ static void test_enums_and_ranges(void) {
     REJECTS(PD_MSG_ADMIT, cp, n, "n_prompt");
     put_u32(cp, buf, n, 4, 0);
     REJECTS(PD_MSG_ADMIT, cp, n, "max_tokens");
-    put_u32(cp, buf, n, 12, 4);
+    put_u32(cp, buf, n, 12, 8);
     REJECTS(PD_MSG_ADMIT, cp, n, "flags");
     put_u32(cp, buf, n, 72, 65);
     REJECTS(PD_MSG_ADMIT, cp, n, "n_probs 65");
@@ -922,8 +924,8 @@ static void test_enums_and_ranges(void) {
     n = sample(PD_MSG_DENY, buf, sizeof buf);
     put_u32(cp, buf, n, 0, 0);
     REJECTS(PD_MSG_DENY, cp, n, "reason 0");
-    put_u32(cp, buf, n, 0, 6);
-    REJECTS(PD_MSG_DENY, cp, n, "reason 6");
+    put_u32(cp, buf, n, 0, 7);
+    REJECTS(PD_MSG_DENY, cp, n, "reason 7");
 
     n = sample(PD_MSG_REJECT, buf, sizeof buf);
     put_u32(cp, buf, n, 0, 0);
@@ -1247,6 +1249,104 @@ static void test_random(void) {
     printf("random: %zu decoders x 3000 inputs, %ld accepted\n", N_TYPES, accepted);
 }
 
+/* The sampling extension (PD_FLAG_EXT) of ADMIT and PREFILL: penalties,
+ * logit bias and grammar text cross the wire exactly, and every length or
+ * value a peer could get wrong is refused as PROTO. */
+static void test_sampling_ext(void) {
+    static const char G[] = "root ::= \"yes\" | \"no\"";
+    const uint32_t gl = (uint32_t)strlen(G);
+    uint8_t bias[16];
+    pd_msg_bias_store(bias, 0, 17, 2.5f);
+    pd_msg_bias_store(bias, 1, 31999, -100.0f);
+    pd_msg_sampling s = SAMP;
+    s.flags |= PD_FLAG_EXT;
+    s.repeat_penalty = 1.25f;
+    s.repeat_last_n = 64;
+    s.frequency_penalty = 0.5f;
+    s.presence_penalty = -0.25f;
+    s.n_bias = 2;
+    s.bias = bias;
+    s.grammar = G;
+    s.grammar_len = gl;
+    CHECK_EQ(pd_msg_sext_size(&s), 24 + 16 + gl);
+    ks_errbuf eb;
+    uint32_t n = 0;
+    uint8_t buf[1024];
+
+    // ADMIT: 80 + extension
+    pd_msg_admit a = {.n_prompt = 9, .prefill_worker_id = 3, .s = s}, ra;
+    CHECK_EQ(pd_msg_admit_encode(&a, buf, sizeof buf, &n, &eb), KS_OK);
+    CHECK_EQ(n, 80 + 24 + 16 + gl);
+    CHECK_EQ(pd_msg_admit_decode(buf, n, &ra, &eb), KS_OK);
+    CHECK(ra.s.repeat_penalty == 1.25f && ra.s.repeat_last_n == 64 &&
+          ra.s.frequency_penalty == 0.5f && ra.s.presence_penalty == -0.25f);
+    CHECK(ra.s.n_bias == 2 && ra.s.grammar_len == gl && ra.s.grammar == (const char *)buf + 120);
+    CHECK_MEM_EQ(ra.s.grammar, G, gl);
+    int32_t t;
+    float b;
+    pd_msg_bias_at(&ra.s, 1, &t, &b);
+    CHECK(t == 31999 && b == -100.0f);
+    // the extension is all that follows the fixed part: one byte less or more is refused
+    REJECTS(PD_MSG_ADMIT, buf, n - 1, "sampling extension");
+    REJECTS(PD_MSG_ADMIT, buf, 80, "fixed part");
+    // without the flag, ADMIT is exactly 80 bytes and reads the extension's defaults
+    uint32_t flags = pd_load_u32(buf + 12);
+    pd_store_u32(buf + 12, flags & ~PD_FLAG_EXT);
+    REJECTS(PD_MSG_ADMIT, buf, n, "expected 80");
+    CHECK_EQ(pd_msg_admit_decode(buf, 80, &ra, &eb), KS_OK);
+    CHECK(ra.s.repeat_penalty == 1.0f && ra.s.repeat_last_n == 0 && ra.s.n_bias == 0 &&
+          !ra.s.grammar && !ra.s.bias);
+    pd_store_u32(buf + 12, flags | 8u);
+    REJECTS(PD_MSG_ADMIT, buf, n, "unknown bits");
+    pd_store_u32(buf + 12, flags);
+    // counts over their bounds, non-finite penalties, bad entries, a NUL in the text
+    uint8_t bad[1024];
+    memcpy(bad, buf, n);
+    pd_store_u32(bad + 80 + 16, PD_MSG_MAX_BIAS + 1);
+    REJECTS(PD_MSG_ADMIT, bad, n, "n_bias");
+    memcpy(bad, buf, n);
+    pd_store_u32(bad + 80 + 20, PD_MSG_MAX_GRAMMAR + 1);
+    REJECTS(PD_MSG_ADMIT, bad, n, "grammar_len");
+    memcpy(bad, buf, n);
+    pd_store_u32(bad + 80 + 20, gl + 1);
+    REJECTS(PD_MSG_ADMIT, bad, n, "imply");
+    memcpy(bad, buf, n);
+    pd_store_u32(bad + 80 + 8, 0x7fc00000u); // NaN frequency penalty
+    REJECTS(PD_MSG_ADMIT, bad, n, "finite");
+    memcpy(bad, buf, n);
+    pd_store_u32(bad + 80 + 24, 0xffffffffu); // token -1
+    REJECTS(PD_MSG_ADMIT, bad, n, "bias entry 0");
+    memcpy(bad, buf, n);
+    bad[80 + 24 + 16 + 3] = 0;
+    REJECTS(PD_MSG_ADMIT, bad, n, "NUL");
+    // the encoder refuses what the decoder would
+    pd_msg_admit big = a;
+    big.s.n_bias = PD_MSG_MAX_BIAS + 1;
+    CHECK_EQ(pd_msg_admit_encode(&big, NULL, 0, &n, &eb), KS_ERR_INVAL);
+
+    // PREFILL: the extension follows the prompt tokens
+    uint8_t g[256];
+    uint32_t glen = sample(PD_MSG_GRANT, g, sizeof g);
+    int32_t tok[60];
+    for (int i = 0; i < 60; i++)
+        tok[i] = i * 7;
+    pd_msg_prefill p = {.decode_worker_id = 2,
+                        .n_prompt = 60,
+                        .s = s,
+                        .grant = g,
+                        .grant_len = glen},
+                   rp;
+    CHECK_EQ(pd_msg_prefill_encode(&p, tok, buf, sizeof buf, &n, &eb), KS_OK);
+    CHECK_EQ(n, pd_msg_prefill_size(glen, 60) + 24 + 16 + gl);
+    CHECK_EQ(pd_msg_prefill_decode(buf, n, &rp, &eb), KS_OK);
+    CHECK_EQ(pd_msg_prefill_token(&rp, 59), 59 * 7);
+    CHECK(rp.s.n_bias == 2 && rp.s.grammar_len == gl && rp.s.repeat_last_n == 64);
+    CHECK_MEM_EQ(rp.s.grammar, G, gl);
+    REJECTS(PD_MSG_PREFILL, buf, n - 1, "sampling extension");
+    REJECTS(PD_MSG_PREFILL, buf, (uint32_t)pd_msg_prefill_size(glen, 60) + 23, "fixed part");
+    REJECTS(PD_MSG_PREFILL, buf, (uint32_t)pd_msg_prefill_size(glen, 59), "at least");
+}
+
 int main(void) {
     memset(TEXT512, 'm', sizeof TEXT512);
     memset(HOST255, 'h', sizeof HOST255);
@@ -1264,6 +1364,7 @@ int main(void) {
     test_kv_page_checks();
     test_planes();
     test_random();
+    test_sampling_ext();
     printf("test_pd_msg: ok\n");
     return 0;
 }

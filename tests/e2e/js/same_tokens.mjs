@@ -4,7 +4,12 @@
 // asked for, the per-token logprobs (token for token). Greedy requests of
 // varied prompt lengths and max_tokens, some seeded sampled ones (the
 // sampler state crosses the wire in DONE), some streamed, some with stop
-// strings (applied by the router), some ignoring EOS.
+// strings (applied by the router), some ignoring EOS. Then the issue-12 mix:
+// GBNF grammars and JSON schemas (the first token is sampled under the mask
+// on the prefill worker, the rest on decode), logit_bias (force and ban),
+// penalties (their history starts at the prefill worker's first token), n
+// and best_of, and chat tool calls forced by tool_choice (needs the servers
+// started with a chat template and --tool-call-format hermes).
 // Env: URL_A, URL_B, SAME_MODEL. Exit 0 = identical, 1 = a difference.
 
 const A = process.env.URL_A, B = process.env.URL_B;
@@ -61,6 +66,79 @@ async function run(base, { body, stream }) {
   return { status: 200, text, finish, usage, logprobs: lp.length ? lp.join('|') : null };
 }
 
+const WORDS = 'root ::= [ ]? [A-Za-z]+ ([ ,] [A-Za-z]+){2,6} "."';
+const PERSON = { type: 'object', properties: { name: { type: 'string', maxLength: 12 }, age: { type: 'integer' },
+  tags: { type: 'array', items: { enum: ['a', 'b', 'c'] }, maxItems: 3 } }, required: ['name', 'age', 'tags'] };
+const TOOLS = [{ type: 'function', function: { name: 'get_verse', description: 'look a verse up',
+  parameters: { type: 'object', properties: { book: { type: 'string', maxLength: 10 }, chapter: { type: 'integer' } },
+    required: ['book', 'chapter'] } } },
+{ type: 'function', function: { name: 'count', parameters: { type: 'object', properties: { n: { type: 'integer' } },
+  required: ['n'] } } }];
+
+// [path, body, stream]: every feature once greedy, and sampled where the
+// sampler state matters
+function features() {
+  const c = (extra, stream = false) => ['/v1/completions', { model: MODEL, prompt: TEXTS[0], max_tokens: 24,
+    temperature: 0, ...extra }, stream];
+  const chat = (extra, stream = false) => ['/v1/chat/completions', { model: MODEL, max_tokens: 150, temperature: 0,
+    messages: [{ role: 'user', content: 'Which verse says Jesus wept?' }], tools: TOOLS, ...extra }, stream];
+  return [
+    c({ grammar: WORDS }),
+    c({ grammar: WORDS, temperature: 0.9, seed: 7 }, true),
+    c({ grammar: 'root ::= ""' }),
+    c({ response_format: { type: 'json_schema', json_schema: { name: 'p', schema: PERSON, strict: true } }, max_tokens: 60 }),
+    c({ response_format: { type: 'json_schema', json_schema: { name: 'p', schema: PERSON } }, max_tokens: 60,
+      temperature: 1, seed: 11 }, true),
+    c({ response_format: { type: 'json_object' }, max_tokens: 16, temperature: 0.8, seed: 3 }),
+    c({ logit_bias: { 500: 100 }, max_tokens: 6 }),
+    c({ logit_bias: { 300: -100, 13: -100, 1576: 4 }, ignore_eos: true }),
+    c({ logit_bias: { 450: 5, 278: -3 }, temperature: 1, seed: 5 }, true),
+    c({ frequency_penalty: 1.5, presence_penalty: 0.5, ignore_eos: true, max_tokens: 40 }),
+    c({ repeat_penalty: 1.5, repeat_last_n: 16, temperature: 0.7, seed: 21, ignore_eos: true, max_tokens: 40 }),
+    c({ n: 3, temperature: 1, seed: 99, max_tokens: 12 }),
+    c({ n: 2, temperature: 1, seed: 98, max_tokens: 12 }, true),
+    c({ best_of: 3, temperature: 1, seed: 97, max_tokens: 10 }),
+    chat({ tool_choice: 'required' }),
+    chat({ tool_choice: { type: 'function', function: { name: 'count' } } }, true),
+    chat({ tool_choice: 'required', temperature: 1, seed: 1234 }),
+  ];
+}
+
+// every choice's text / message, tool calls without their (random) ids
+async function runFeature(base, [path, body, stream]) {
+  const res = await fetch(`${base}${path}`, {
+    method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ ...body, stream }),
+  });
+  const txt = await res.text();
+  if (res.status !== 200) return { status: res.status, raw: txt };
+  const ch = {};
+  const get = (i) => (ch[i] ||= { text: '', tools: {}, finish: null });
+  if (!stream) {
+    for (const c of JSON.parse(txt).choices) {
+      const o = get(c.index);
+      o.text = c.text ?? c.message.content ?? '';
+      for (const [k, t] of (c.message?.tool_calls || []).entries()) o.tools[k] = [t.function.name, t.function.arguments];
+      o.finish = c.finish_reason;
+    }
+  } else {
+    for (const ev of txt.split('\n\n')) {
+      if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
+      for (const c of JSON.parse(ev.slice(6)).choices || []) {
+        const o = get(c.index);
+        o.text += c.text ?? c.delta?.content ?? '';
+        for (const t of c.delta?.tool_calls || []) {
+          const cur = (o.tools[t.index] ||= ['', '']);
+          cur[0] += t.function?.name || '';
+          cur[1] += t.function?.arguments || '';
+        }
+        if (c.finish_reason) o.finish = c.finish_reason;
+      }
+    }
+  }
+  return { status: 200, choices: Object.keys(ch).sort().map((k) => ch[k]) };
+}
+
 async function main() {
   const reqs = requests();
   const a = await Promise.all(reqs.map((r) => run(A, r)));
@@ -76,6 +154,26 @@ async function main() {
   }
   const toks = a.reduce((n, x) => n + (x.usage || 0), 0);
   console.log(`same tokens: ${reqs.length} requests, ${toks} generated tokens, ${bad} differences`);
+  const fs = features();
+  const fa = await Promise.all(fs.map((r) => runFeature(A, r)));
+  const fb = await Promise.all(fs.map((r) => runFeature(B, r)));
+  let fbad = 0;
+  for (let i = 0; i < fs.length; i++) {
+    const sa = JSON.stringify(fa[i]), sb = JSON.stringify(fb[i]);
+    if (fa[i].status !== 200) { console.error(`feature ${i}: serve answered ${sa}`); fbad++; continue; }
+    if (sa !== sb) {
+      console.error(`feature ${i} differs (${fs[i][0]} ${JSON.stringify(fs[i][1]).slice(0, 300)}):\n  serve:  ${sa}\n  router: ${sb}`);
+      fbad++;
+    }
+  }
+  // the mix must exercise what it names: forced tool calls and parsed JSON
+  const tc = fa.filter((x) => x.status === 200 && x.choices.some((c) => Object.keys(c.tools).length)).length;
+  if (tc < 3) { console.error(`only ${tc} answers carried tool calls`); fbad++; }
+  for (const i of [3, 4]) {
+    try { JSON.parse(fa[i].choices[0].text); } catch { console.error(`feature ${i}: not JSON: ${fa[i].choices?.[0]?.text}`); fbad++; }
+  }
+  console.log(`same features: ${fs.length} requests, ${fbad} differences`);
+  bad += fbad;
   process.exit(bad ? 1 : 0);
 }
 main().catch((e) => { console.error(e.stack || e); process.exit(2); });
