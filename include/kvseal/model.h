@@ -174,6 +174,13 @@ typedef struct model_batch {
     int32_t n_seqs;         /* entries in seqs (<= the context's max_tokens) */
     kv_seq *const *seqs;    /* (n_seqs) block tables, reserved for every pos in the batch */
     ks_err *seq_err;        /* OUT (n_seqs) or NULL: per-sequence result, see model_forward */
+    /* Hidden rows (embeddings; all NULL/0: none). hid_row[i] >= 0 asks for
+     * token i's final hidden state (after the output norm, before the LM
+     * head) in row hid_row[i] of hidden; rows distinct and < n_hid. A token
+     * may ask for both a logits row and a hidden row. */
+    const int32_t *hid_row; /* (n_tokens) or NULL */
+    int32_t n_hid;          /* rows of hidden produced */
+    float *hidden;          /* OUT (n_hid, n_embd) */
 } model_batch;
 
 typedef struct model_ctx model_ctx;
@@ -196,5 +203,50 @@ void model_ctx_free(model_ctx *c);
  * Blocks for the duration of the pass; not concurrently on one context. */
 ks_err model_forward(model_ctx *c, const model_batch *b, float *logits /* OUT */,
                      ks_errbuf *eb) KS_MUST_USE;
+
+// ----------------------------------------------------------------------------
+// Embeddings: pooling of the final hidden state (model_batch.hid_row)
+//
+// An embedding is computed as a prompt-only pass (the engine's embedding
+// requests, engine_embed_submit; a prefill worker's EMBED): every position
+// asks for its hidden row, and the rows are pooled here in position order,
+// so the vector depends only on the input's tokens (batch invariance: the
+// rows are bit-identical however the input was batched or chunked, and the
+// pooling's summation order is fixed), then L2-normalized.
+
+/* How an input's hidden rows become one vector; the values are GGUF's
+ * <arch>.pooling_type numbers (append-only). */
+typedef enum model_pooling {
+    MODEL_POOL_DEFAULT = 0, /* not chosen: the model's (model_pooling_default) */
+    MODEL_POOL_MEAN = 1,    /* mean over every position */
+    MODEL_POOL_LAST = 3,    /* the last position's row */
+} model_pooling;
+
+/* The model's pooling: <arch>.pooling_type when the GGUF has it and it is
+ * mean or last, else mean. Can't fail. */
+model_pooling model_pooling_default(const model *m);
+/* "mean" / "last" (NULL for anything else); static storage. */
+const char *model_pooling_name(model_pooling p);
+/* Parses "mean" or "last"; false (out untouched) otherwise. */
+bool model_pooling_parse(const char *s, model_pooling *out /* OUT */);
+
+/* Running pooled state of one input, computed by the caller's thread.
+ * acc is (n_embd) doubles the caller owns; zero it (model_embd_begin). */
+typedef struct model_embd_acc {
+    model_pooling pooling; /* MEAN or LAST */
+    int32_t n_embd;
+    int32_t n_rows; /* rows added */
+    double *acc;    /* (n_embd) MEAN: the running sum; LAST: the last row */
+} model_embd_acc;
+
+/* Resets a to an empty state for pooling p (MEAN or LAST) over n_embd
+ * values, acc (n_embd) borrowed. Can't fail. */
+void model_embd_begin(model_embd_acc *a, model_pooling p, int32_t n_embd, double *acc);
+/* Adds the hidden rows of the next n positions, in position order (rows
+ * (n, n_embd), row-major). LAST keeps only the newest. Can't fail. */
+void model_embd_add(model_embd_acc *a, const float *rows, int32_t n);
+/* Writes the pooled, L2-normalized vector (n_embd floats; a zero vector
+ * stays zero). Errors: KS_ERR_INVAL when no row was added. */
+ks_err model_embd_finish(const model_embd_acc *a, float *out /* OUT (n_embd) */) KS_MUST_USE;
 
 #endif /* KS_MODEL_H */

@@ -1193,6 +1193,20 @@ static ks_err fwd__validate(model_ctx *c, const model_batch *b, ks_errbuf *eb) {
     }
     if (n_out != b->n_out)
         return ks_seterr(eb, KS_ERR_INVAL, "batch asks for %d logit rows but marks %d", b->n_out, n_out);
+    if (b->n_hid < 0 || b->n_hid > b->n_tokens || (b->n_hid > 0 && (!b->hid_row || !b->hidden)))
+        return ks_seterr(eb, KS_ERR_INVAL, "batch asks for %d hidden rows of %d tokens", b->n_hid,
+                         b->n_tokens);
+    int n_hid = 0;
+    for (int t = 0; b->hid_row && t < b->n_tokens; t++) {
+        if (b->hid_row[t] < 0) continue;
+        if (b->hid_row[t] >= b->n_hid)
+            return ks_seterr(eb, KS_ERR_INVAL, "token %d: hidden row %d >= %d", t, b->hid_row[t],
+                             b->n_hid);
+        n_hid++;
+    }
+    if (n_hid != b->n_hid)
+        return ks_seterr(eb, KS_ERR_INVAL, "batch asks for %d hidden rows but marks %d", b->n_hid,
+                         n_hid);
     return KS_OK;
 }
 
@@ -1256,6 +1270,11 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
     if (n_bad && !b->seq_err)
         return ks_seterr(eb, KS_ERR_INTERNAL, "sequence %d: a block-table entry failed the page check",
                          first_bad);
+    // hidden rows (embeddings): the normed final state, before the LM head
+    for (int t = 0; b->n_hid > 0 && t < T; t++)
+        if (b->hid_row[t] >= 0)
+            memcpy(b->hidden + (size_t)b->hid_row[t] * (size_t)E, c->xn + (size_t)t * (size_t)E,
+                   sizeof(float) * (size_t)E);
     if (b->n_out == 0) return KS_OK;
     // gather the normed rows that want logits, in output-row order (rows of a
     // failed sequence are computed but must not be used: seq_err says so)

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Issue 13: POST /v1/embeddings, /tokenize, /detokenize and GET
+# /v1/models/{id}, through `kvseal serve` and through the cluster (router +
+# prefill + decode), driven by the official npm client (embeddings.create,
+# models.retrieve: js/embed_client.mjs) and curl. Checks: vectors normalized,
+# batch-invariant, equal for text and its ids, base64 == float; errors (empty
+# input, bad ids, too long, dimensions, unknown model, wrong key) with
+# OpenAI's status and code; tokenize equals `kvseal tokenize`, detokenize
+# inverts it; the same vectors from serve and the cluster, bit for bit; and
+# every KV page free and scrubbed afterwards (the inputs' pages released).
+. "$(dirname "$0")/lib.sh"
+command -v node >/dev/null || skip "node is not installed (scripts/install-deps.sh installs it)"
+[ -d "$(dirname "$0")/js/node_modules/openai" ] || skip "the openai npm package is not installed (scripts/install-deps.sh)"
+MODEL=$KS_SRC/models/kjv-mini.gguf
+echo '{"tenants":[{"name":"acme","keys":["sk-acme-test"],"max_concurrent":8,"tokens_per_minute":1000000}],"admin_key":"adm-emb"}' >"$TMPD/t.json"
+ARGS=(-m "$MODEL" --alias kjv-mini --ctx 256 --kv-pages 64 --threads 2)
+AUTH=(-H "Authorization: Bearer sk-acme-test" -H 'Content-Type: application/json')
+TEXT='In the beginning God created the heaven and the earth.'
+
+# curl_checks NAME — tokenize/detokenize and the refusals node cannot send
+curl_checks() {
+    local n=$1 ids want
+    want=$("$KS_BIN" tokenize -m "$MODEL" --ids "$TEXT" 2>/dev/null) || fail "kvseal tokenize failed"
+    req "$n tokenize" 200 "${AUTH[@]}" "$KS_URL/tokenize" -d "{\"content\":\"$TEXT\",\"add_special\":true}"
+    ids=$(node -e 'console.log(JSON.parse(process.argv[1]).tokens.join(" "))' "$BODY")
+    expect_eq "$n tokenize == kvseal tokenize" "$ids" "$want"
+    want=$("$KS_BIN" tokenize -m "$MODEL" --ids --no-bos "$TEXT" 2>/dev/null)
+    req "$n tokenize (no BOS, llama.cpp's default)" 200 "${AUTH[@]}" "$KS_URL/tokenize" -d "{\"content\":\"$TEXT\"}"
+    expect_eq "$n tokenize no BOS" "$(node -e 'console.log(JSON.parse(process.argv[1]).tokens.join(" "))' "$BODY")" "$want"
+    req "$n tokenize pieces" 200 "${AUTH[@]}" "$KS_URL/tokenize" -d '{"content":"In the beginning","with_pieces":true}'
+    expect_eq "$n pieces join to the text" \
+        "$(node -e 'console.log(JSON.parse(process.argv[1]).tokens.map(t=>t.piece).join("").trim())' "$BODY")" "In the beginning"
+    expect_has "$n pieces carry ids" "$BODY" '"id":'
+    local arr="[${want// /,}]"
+    req "$n detokenize" 200 "${AUTH[@]}" "$KS_URL/detokenize" -d "{\"tokens\":$arr}"
+    expect_eq "$n detokenize inverts tokenize" "$BODY" "{\"content\":\"$TEXT\"}"
+    req "$n detokenize bad id" 400 "${AUTH[@]}" "$KS_URL/detokenize" -d '{"tokens":[1,99999999]}'
+    expect_has "$n bad id named" "$BODY" 'tokens[1]: token id 99999999 is out of range'
+    req "$n detokenize negative id" 400 "${AUTH[@]}" "$KS_URL/detokenize" -d '{"tokens":[-3]}'
+    req "$n tokenize without a key" 401 -H 'Content-Type: application/json' "$KS_URL/tokenize" -d '{"content":"x"}'
+    req "$n detokenize wrong key" 401 -H 'Authorization: Bearer sk-no' "$KS_URL/detokenize" -d '{"tokens":[1]}'
+    req "$n tokenize no content" 400 "${AUTH[@]}" "$KS_URL/tokenize" -d '{"add_special":true}'
+    expect_has "$n missing content" "$BODY" '"param":"content"'
+    req "$n embeddings no input" 400 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d '{"model":"kjv-mini"}'
+    req "$n embeddings mixed input" 400 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d '{"input":["a",[1,2]]}'
+    req "$n embeddings bad format" 400 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d '{"input":"a","encoding_format":"int8"}'
+    req "$n models/{id}" 200 "${AUTH[@]}" "$KS_URL/v1/models/kjv-mini"
+    expect_has "$n model object" "$BODY" '"id":"kjv-mini","object":"model"'
+    req "$n models/{id} unknown" 404 "${AUTH[@]}" "$KS_URL/v1/models/nope"
+    expect_has "$n model_not_found" "$BODY" '"code":"model_not_found"'
+    req "$n models/{id} POST" 405 "${AUTH[@]}" -X POST "$KS_URL/v1/models/kjv-mini"
+}
+
+# kv_clean — every KV page (serve's, or every worker's) free and scrubbed
+kv_clean() {
+    local chk
+    chk=$(curl -sS -H "Authorization: Bearer adm-emb" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
+    expect_has "$1 pool check" "$chk" '"clean":true'
+}
+
+start_server "$TMPD/serve.log" "${ARGS[@]}" --tenants "$TMPD/t.json"
+KS_URL=$KS_URL KS_KEY=sk-acme-test KS_MODEL_NAME=kjv-mini KS_OUT="$TMPD/serve.json" \
+    node "$(dirname "$0")/js/embed_client.mjs" || fail "embeddings client checks failed (serve)"
+curl_checks serve
+kv_clean serve
+stop_server
+
+CLUSTER_PROBE_AUTH=sk-acme-test ROUTER_ARGS="--tenants $TMPD/t.json" start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
+KS_URL=$KS_URL KS_KEY=sk-acme-test KS_MODEL_NAME=kjv-mini KS_OUT="$TMPD/cluster.json" \
+    node "$(dirname "$0")/js/embed_client.mjs" || fail "embeddings client checks failed (cluster)"
+cmp -s "$TMPD/serve.json" "$TMPD/cluster.json" || fail "the cluster's vectors differ from serve's"
+curl_checks cluster
+kv_clean cluster
+grep -q 'bad EMBED_RESULT' "$TMPD/c.router" && fail "the router refused an EMBED_RESULT"
+stop_cluster
+echo "PASS"
