@@ -1168,6 +1168,8 @@ ks_err engine_embed_submit(engine *e, const engine_embed_params *p, engine_req *
     const size_t E = (size_t)model_hp(e->m)->n_embd;
     engine_req *r = engine__req_new(e, p->tenant);
     if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    engine_params dp = {.tenant = p->tenant};
+    engine_domain_root(&dp, r->root); // the tenant's domain, though embeddings never use the cache
     r->prompt = malloc(sizeof(int32_t) * (size_t)p->n_tokens);
     r->eacc = malloc(sizeof(double) * E);
     r->evec = malloc(sizeof(float) * E);

@@ -65,7 +65,25 @@ curl_checks serve
 kv_clean serve
 stop_server
 
-CLUSTER_PROBE_AUTH=sk-acme-test ROUTER_ARGS="--tenants $TMPD/t.json" start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
+# --pooling last: the last position's row, another (normalized) vector
+start_server "$TMPD/serve_last.log" "${ARGS[@]}" --pooling last
+req "serve --pooling last" 200 -H 'Content-Type: application/json' "$KS_URL/v1/embeddings" \
+    -d "{\"input\":\"$TEXT\",\"encoding_format\":\"float\"}"
+echo "$BODY" >"$TMPD/last.json"
+node -e '
+const fs = require("fs");
+const mean = JSON.parse(fs.readFileSync(process.argv[1])).a;
+const last = JSON.parse(fs.readFileSync(process.argv[2])).data[0].embedding;
+const n = Math.sqrt(last.reduce((s, x) => s + x * x, 0));
+if (last.length !== mean.length || Math.abs(n - 1) > 1e-5) throw new Error("last: bad vector");
+if (last.every((v, i) => Math.fround(v) === Math.fround(mean[i]))) throw new Error("last equals mean");
+' "$TMPD/serve.json" "$TMPD/last.json" || fail "--pooling last does not change the vector"
+stop_server
+
+# the cluster: the router's --pooling (mean) travels in EMBED and overrides the
+# prefill worker's own (last), so the vectors must be serve's mean ones
+CLUSTER_PROBE_AUTH=sk-acme-test ROUTER_ARGS="--tenants $TMPD/t.json --pooling mean" \
+    PREFILL_ARGS="--pooling last" start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
 KS_URL=$KS_URL KS_KEY=sk-acme-test KS_MODEL_NAME=kjv-mini KS_OUT="$TMPD/cluster.json" \
     node "$(dirname "$0")/js/embed_client.mjs" || fail "embeddings client checks failed (cluster)"
 cmp -s "$TMPD/serve.json" "$TMPD/cluster.json" || fail "the cluster's vectors differ from serve's"

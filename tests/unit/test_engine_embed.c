@@ -205,19 +205,30 @@ static void test_batch_invariance(void) {
     tokenize(TEXT_C, &c, &nc);
     float *alone = malloc(sizeof(float) * (size_t)E), *batched = malloc(sizeof(float) * (size_t)E);
     float *vb = malloc(sizeof(float) * (size_t)E), *vc = malloc(sizeof(float) * (size_t)E);
+    float *b_alone = malloc(sizeof(float) * (size_t)E);
     engine *e = make_engine(32, MODEL_POOL_MEAN);
     take(submit(e, a, na, MODEL_POOL_DEFAULT), alone, (int32_t)na);
-    // A again, batched with two other inputs and a running generation
+    take(submit(e, b, nb, MODEL_POOL_DEFAULT), b_alone, (int32_t)nb);
+    // A again, batched with two other inputs and a running generation of the
+    // same tenant over B's tokens, whose full prompt pages go to the prefix
+    // cache: an embedding never attaches them (it reads no other request's
+    // pages)
     engine_params gp = {0};
-    gp.tenant = "other";
-    gp.prompt = c;
-    gp.n_prompt = (int32_t)nc;
+    gp.tenant = "t";
+    gp.prompt = b;
+    gp.n_prompt = (int32_t)nb;
     gp.max_tokens = 24;
     gp.ignore_eos = true;
     sample_params_default(&gp.sp);
     engine_req *gen;
     ks_errbuf eb;
     CHECK_EQ(engine_submit(e, &gp, &gen, &eb), KS_OK);
+    CHECK(nb > 16);
+    for (;;) { // B's prompt is computed and published before the embeddings come
+        engine_event ev;
+        CHECK_EQ(engine_req_next(gen, &ev, TEST_WAIT_MS), KS_OK);
+        if (ev.token >= 0 || ev.done) break;
+    }
     engine_req *rb = submit(e, b, nb, MODEL_POOL_DEFAULT);
     engine_req *ra = submit(e, a, na, MODEL_POOL_DEFAULT);
     engine_req *rc = submit(e, c, nc, MODEL_POOL_DEFAULT);
@@ -225,12 +236,14 @@ static void test_batch_invariance(void) {
     take(ra, batched, (int32_t)na);
     take(rc, vc, (int32_t)nc);
     CHECK_MEM_EQ(alone, batched, sizeof(float) * (size_t)E);
+    CHECK_MEM_EQ(b_alone, vb, sizeof(float) * (size_t)E);     // no prefix-cache attach
     CHECK(memcmp(alone, vb, sizeof(float) * (size_t)E) != 0); // other inputs, other vectors
     for (;;) {
         engine_event ev;
         CHECK_EQ(engine_req_next(gen, &ev, TEST_WAIT_MS), KS_OK);
         if (ev.done) {
             CHECK_EQ(ev.n_gen, 24); // the generation ran beside them, unharmed
+            CHECK_EQ(ev.n_cached, 0);
             break;
         }
     }
@@ -239,6 +252,7 @@ static void test_batch_invariance(void) {
     check_clean(e);
     engine_destroy(e);
     free(alone);
+    free(b_alone);
     free(batched);
     free(vb);
     free(vc);
