@@ -326,7 +326,7 @@ void engine_get_stats(engine *e, engine_stats *out /* OUT */);
 // An embedding request runs its input through the forward pass like a
 // prompt (its own sequence, its own tagged pages, I1-I3; chunked and
 // batched with whatever else runs), asks for every position's hidden row
-// (model_batch.hid_row) and pools them (model_embd_*) on the scheduler
+// (model_forward_hidden) and pools them (model_embd_*) on the scheduler
 // thread. It never reads or feeds the prefix cache (mean pooling needs
 // every position's row, and an embedding never shares KV across requests).
 // When the last position is computed its pages are released (scrubbed, I3)

@@ -174,14 +174,17 @@ typedef struct model_batch {
     int32_t n_seqs;         /* entries in seqs (<= the context's max_tokens) */
     kv_seq *const *seqs;    /* (n_seqs) block tables, reserved for every pos in the batch */
     ks_err *seq_err;        /* OUT (n_seqs) or NULL: per-sequence result, see model_forward */
-    /* Hidden rows (embeddings; all NULL/0: none). hid_row[i] >= 0 asks for
-     * token i's final hidden state (after the output norm, before the LM
-     * head) in row hid_row[i] of hidden; rows distinct and < n_hid. A token
-     * may ask for both a logits row and a hidden row. */
-    const int32_t *hid_row; /* (n_tokens) or NULL */
-    int32_t n_hid;          /* rows of hidden produced */
-    float *hidden;          /* OUT (n_hid, n_embd) */
 } model_batch;
+
+/* Hidden rows a pass hands out (embeddings, model_forward_hidden): row[i]
+ * >= 0 asks for token i's final hidden state (after the output norm, before
+ * the LM head) in that row of out; rows distinct and < n_rows. A token may
+ * ask for a logits row and a hidden row both. */
+typedef struct model_hidden {
+    const int32_t *row; /* (n_tokens of the batch) */
+    int32_t n_rows;
+    float *out; /* OUT (n_rows, n_embd) */
+} model_hidden;
 
 typedef struct model_ctx model_ctx;
 
@@ -203,9 +206,15 @@ void model_ctx_free(model_ctx *c);
  * Blocks for the duration of the pass; not concurrently on one context. */
 ks_err model_forward(model_ctx *c, const model_batch *b, float *logits /* OUT */,
                      ks_errbuf *eb) KS_MUST_USE;
+/* model_forward that also writes the hidden rows h asks for (h NULL: none;
+ * logits may be NULL when b->n_out is 0). The rows are bit-identical
+ * whatever else shares the batch (model.h's batch invariance). Errors as
+ * model_forward's, and KS_ERR_INVAL for a bad row map (nothing ran). */
+ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits /* OUT */,
+                            const model_hidden *h, ks_errbuf *eb) KS_MUST_USE;
 
 // ----------------------------------------------------------------------------
-// Embeddings: pooling of the final hidden state (model_batch.hid_row)
+// Embeddings: pooling of the final hidden state (model_forward_hidden)
 //
 // An embedding is computed as a prompt-only pass (the engine's embedding
 // requests, engine_embed_submit; a prefill worker's EMBED): every position

@@ -90,6 +90,7 @@ typedef struct pf__worker {
     bool draining;           /* stopping gracefully: new PREFILLs get REJECT DRAINING */
     // one forward chunk runs on a compute thread while this thread serves the loop
     const model_batch *job;
+    const model_hidden *job_hid; /* EMBED: the hidden rows the chunk hands out, else NULL */
     ks_err job_err;
     ks_errbuf job_eb;
     atomic_bool job_done;
@@ -152,7 +153,7 @@ static void pf__wake(void *arg) { (void)arg; }  // posted by the compute thread:
 static void *pf__forward_thread(void *arg) {
     pf__worker *w = arg;
     ks_errbuf_clear(&w->job_eb);
-    w->job_err = model_forward(w->mctx, w->job, w->logits, &w->job_eb);
+    w->job_err = model_forward_hidden(w->mctx, w->job, w->logits, w->job_hid, &w->job_eb);
     atomic_store(&w->job_done, true);
     if (pd_loop_post(w->loop, pf__wake, NULL) != KS_OK) {
         // no wake-up: the waiting loop still polls every 20 ms
@@ -170,7 +171,7 @@ static ks_err pf__forward(pf__worker *w, const model_batch *b, ks_errbuf *eb) {
     w->job = b;
     atomic_store(&w->job_done, false);
     if (!w->loop || pthread_create(&th, NULL, pf__forward_thread, w) != 0)
-        return model_forward(w->mctx, b, w->logits, eb);
+        return model_forward_hidden(w->mctx, b, w->logits, w->job_hid, eb);
     while (!atomic_load(&w->job_done)) pf__service_for(w, 20);
     pthread_join(th, NULL);
     if (w->job_err) ks_seterr(eb, w->job_err, "%s", w->job_eb.msg);
@@ -366,11 +367,11 @@ static void pf__embed(pf__worker *w, uint64_t req_id, const uint8_t *payload, ui
                          .out_row = w->b_out,
                          .n_out = 0,
                          .n_seqs = 1,
-                         .seqs = seqs,
-                         .hid_row = w->b_hid,
-                         .n_hid = n_hid,
-                         .hidden = w->hidden};
+                         .seqs = seqs};
+        model_hidden hid = {.row = w->b_hid, .n_rows = n_hid, .out = w->hidden};
+        w->job_hid = &hid;
         e = pf__forward(w, &b, &eb);
+        w->job_hid = NULL;
         if (e) {
             ks_log(KS_LOG_ERROR, "embedding %" PRIu64 ": %s", req_id, eb.msg);
             e = admit_refuse(&eb, ADMIT_INTERNAL, "internal error: the forward pass failed");

@@ -949,12 +949,10 @@ static bool engine__step(engine *e) {
                      .n_out = n_out,
                      .n_seqs = e->n_running,
                      .seqs = e->b_seqs,
-                     .seq_err = e->b_err,
-                     .hid_row = e->b_hid,
-                     .n_hid = n_hid,
-                     .hidden = e->hidden};
+                     .seq_err = e->b_err};
+    model_hidden hid = {.row = e->b_hid, .n_rows = n_hid, .out = e->hidden};
     ks_errbuf eb;
-    ks_err err = model_forward(e->ctx, &b, e->logits, &eb);
+    ks_err err = model_forward_hidden(e->ctx, &b, e->logits, n_hid ? &hid : NULL, &eb);
     engine__report_violations(e);
     // results, in running order; finished requests leave the running set
     engine_req **run = e->running;

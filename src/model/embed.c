@@ -1,6 +1,7 @@
 /* embed.c — pooling of the final hidden state into embeddings (model.h,
- * "Embeddings"). The forward pass hands out hidden rows (model_batch
- * hid_row); this file pools them in position order and L2-normalizes.
+ * "Embeddings"). The forward pass hands out hidden rows
+ * (model_forward_hidden); this file pools them in position order and
+ * L2-normalizes.
  * The sum runs in double, one row after another in position order, so the
  * result depends only on the rows, never on how the input was chunked or
  * batched (the rows themselves are batch-invariant, model.h). */

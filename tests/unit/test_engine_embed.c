@@ -1,5 +1,5 @@
 /* test_engine_embed.c — embeddings on the shipped kjv-mini model (issue 13):
- * - model_forward's hidden rows (hid_row) are the normed final state: with
+ * - model_forward_hidden's rows are the normed final state: with
  *   n_out 0 they come out alone, and the same rows come out of a pass that
  *   also computes logits;
  * - mean pooling equals the mean of every position's row, last pooling the
@@ -116,14 +116,16 @@ static float *reference_rows(const int32_t *ids, size_t n, bool with_logits) {
                      .out_row = outr,
                      .n_out = with_logits ? 1 : 0,
                      .n_seqs = 1,
-                     .seqs = seqs,
-                     .hid_row = hid,
-                     .n_hid = (int32_t)n,
-                     .hidden = rows};
-    CHECK_EQ(model_forward(ctx, &b, logits, &eb), KS_OK);
-    // a hidden row asked for twice / beyond n_hid is refused before anything runs
+                     .seqs = seqs};
+    model_hidden h = {.row = hid, .n_rows = (int32_t)n, .out = rows};
+    CHECK_EQ(model_forward_hidden(ctx, &b, logits, &h, &eb), KS_OK);
+    // a hidden row beyond n_rows, or a count that does not match, is refused
+    // before anything runs
     hid[0] = (int32_t)n;
-    CHECK_EQ(model_forward(ctx, &b, logits, &eb), KS_ERR_INVAL);
+    CHECK_EQ(model_forward_hidden(ctx, &b, logits, &h, &eb), KS_ERR_INVAL);
+    hid[0] = 0;
+    h.n_rows = (int32_t)n - 1;
+    CHECK_EQ(model_forward_hidden(ctx, &b, logits, &h, &eb), KS_ERR_INVAL);
     kv_seq_release(pool, &seq);
     model_ctx_free(ctx);
     kv_pool_destroy(pool);
