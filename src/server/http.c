@@ -199,10 +199,14 @@ struct srv_gen {
     toolcall_cfg tc_cfg;
     bool tc_parallel; /* parallel_tool_calls: false keeps the first call only */
     int tc_sent;      /* calls answered (streamed) so far */
-    /* embeddings (route EMBEDDINGS, n_ch 0): one backend request per input */
+    /* embeddings (route EMBEDDINGS, n_ch 0): one backend request per input,
+       at most SRV_EMBED_WINDOW of them submitted and not done at a time */
     void **ereq; /* (n_ereq) handles (NULL: not submitted) */
     bool *edone; /* (n_ereq) its done event was taken */
-    int n_ereq, n_edone;
+    int n_ereq, n_edone, n_esub; /* inputs, done, submitted (the first n_esub) */
+    srv_embed_req erq;           /* the parsed, tokenized inputs */
+    const char *etenant;         /* the tenant's name (s->ts, outlives g) */
+    srv_route shape; /* the error answers' shape (EMBEDDINGS; WORKERS for its envelope) */
     float *evec;   /* (n_ereq, n_embd) the vectors */
     bool base64;   /* encoding_format base64 */
     bool embed_ok; /* every vector computed: the tenant's tokens were all used */
@@ -358,6 +362,7 @@ static void srv__gen_free(srv_gen *g) {
     }
     free(g->ereq);
     free(g->edone);
+    srv_embed_req_free(&g->erq);
     free(g->evec);
     free(g->echo);
     json_decref(g->plp);
@@ -1499,6 +1504,40 @@ fail:
 // ----------------------------------------------------------------------------
 // Embeddings (issue 13): one backend request per input, answered together
 
+#define SRV_EMBED_WINDOW                                                                           \
+    16 /* inputs of one request in the engine at a time (its max_running                           \
+          default): a request of 2048 inputs never fills the queue */
+
+/* Submits g's next inputs while fewer than SRV_EMBED_WINDOW are in flight.
+ * False with err filled when the backend refuses one (the whole request
+ * fails: its vectors would be incomplete). */
+static bool srv__embed_submit_more(server *s, srv_gen *g, srv_error *err) {
+    while (g->n_esub < g->n_ereq && g->n_esub - g->n_edone < SRV_EMBED_WINDOW) {
+        int i = g->n_esub;
+        engine_embed_params ep = {.tenant = g->etenant, // from authentication (I7)
+                                  .tokens = g->erq.in[i].ids,
+                                  .n_tokens = (int32_t)g->erq.in[i].n_ids};
+        ks_errbuf eb = {0};
+        void *req = NULL;
+        ks_err e = s->b.embed_submit(s->b.impl, &ep, &req, &eb);
+        if (e) {
+            srv__submit_error(e, &eb, SRV_ROUTE_EMBEDDINGS, err);
+            size_t ml = strlen(err->msg);
+            if (g->n_ereq > 1 && ml + 16 < sizeof err->msg) { // name the input
+                char pre[16];
+                int k = snprintf(pre, sizeof pre, "input %d: ", i);
+                memmove(err->msg + k, err->msg, ml + 1);
+                memcpy(err->msg, pre, (size_t)k);
+            }
+            return false;
+        }
+        g->ereq[i] = req;
+        g->n_esub++;
+        s->b.set_notify(req, srv__gen_notify, g);
+    }
+    return true;
+}
+
 /* Takes the done events of g's inputs without waiting; answers once every
  * vector is in (or the first failure), else suspends like srv__gen_collect. */
 static enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, srv_gen *g,
@@ -1506,7 +1545,7 @@ static enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, s
     const int32_t E = model_hp(s->m)->n_embd;
     sc->gen = NULL;
     for (;;) {
-        for (int i = 0; i < g->n_ereq; i++) {
+        for (int i = 0; i < g->n_esub; i++) {
             if (g->edone[i]) continue;
             engine_event ev;
             ks_err e = s->b.next(g->ereq[i], &ev, 0);
@@ -1532,11 +1571,21 @@ static enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, s
                 srv_fail(&err, 500, "internal_error", "input %d: the embedding is missing", i);
             else
                 srv__gen_error(g, &ev, &err);
-            enum MHD_Result r = srv__reply_error(s, c, SRV_ROUTE_EMBEDDINGS, &err);
+            enum MHD_Result r = srv__reply_error(s, c, g->shape, &err);
             srv__gen_free(g); // cancels the other inputs; the tenant gets its tokens back
             return r;
         }
         if (g->n_edone == g->n_ereq) break;
+        srv_error err;
+        int n_sub = g->n_esub;
+        if (!srv__embed_submit_more(s, g, &err)) {
+            enum MHD_Result r = srv__reply_error(s, c, g->shape, &err);
+            srv__gen_free(g);
+            return r;
+        }
+        if (g->n_esub != n_sub)
+            continue; // look at the new ones before suspending: an
+                      // event posted before set_notify wakes nobody
         if (!srv__gen_suspend(g)) continue;
         sc->gen = g;
         return MHD_YES;
@@ -1550,13 +1599,17 @@ static enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, s
 }
 
 /* POST /v1/embeddings (OpenAI's shape). url_model: a model named by the URL
- * (a Workers-AI-style route), else NULL and the body's "model" is checked.
- * Auth, tenant limits (the inputs' tokens count) and admission as the
- * generation routes; each input runs as its own backend request (its own
- * sequence and pages), all submitted at once so they batch together. */
+ * (a Workers-AI-style route), else NULL and the body's "model" is checked;
+ * shape: the route whose error shape refusals take (SRV_ROUTE_EMBEDDINGS,
+ * or SRV_ROUTE_WORKERS for Workers AI's envelope; the answer itself is
+ * OpenAI's list). Auth, tenant limits (the inputs' tokens count) and
+ * admission as the generation routes; each input runs as its own backend
+ * request (its own sequence and pages), up to SRV_EMBED_WINDOW at once so
+ * they batch together. The glue for /accounts/{id}/ai/v1/embeddings:
+ * return srv__embeddings(s, c, NULL, sc, SRV_ROUTE_WORKERS). */
 static enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, const char *url_model,
-                                       srv_conn *sc) {
-    const srv_route route = SRV_ROUTE_EMBEDDINGS;
+                                       srv_conn *sc, srv_route shape) {
+    const srv_route route = shape;
     srv_error err;
     int tenant = srv__auth(s, c, &err);
     if (tenant < 0) return srv__reply_error(s, c, route, &err);
@@ -1642,7 +1695,9 @@ static enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, cons
     g->s = s;
     pthread_mutex_init(&g->mu, NULL);
     atomic_fetch_add_explicit(&s->met.inflight, 1, memory_order_acq_rel);
-    g->route = route;
+    g->route = SRV_ROUTE_EMBEDDINGS;
+    g->shape = shape;
+    g->etenant = s->ts->t[tenant].name;
     g->reserved = total;
     g->n_prompt = (int32_t)total;
     g->tenant = held; // g releases the tenant from here on
@@ -1664,35 +1719,16 @@ static enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, cons
         goto fail;
     }
     g->n_ereq = rq.n;
+    g->erq = rq; // g owns the inputs from here on
+    memset(&rq, 0, sizeof rq);
     g->t_submit_ns = ks_now_ns();
-    for (int i = 0; i < rq.n; i++) {
-        engine_embed_params ep = {.tenant = s->ts->t[tenant].name, // from authentication (I7)
-                                  .tokens = rq.in[i].ids,
-                                  .n_tokens = (int32_t)rq.in[i].n_ids};
-        ks_errbuf eb = {0};
-        ks_err e = s->b.embed_submit(s->b.impl, &ep, &g->ereq[i], &eb);
-        if (e) {
-            g->ereq[i] = NULL;
-            srv__submit_error(e, &eb, route, &err);
-            size_t ml = strlen(err.msg);
-            if (rq.n > 1 && ml + 16 < sizeof err.msg) { // name the input
-                char pre[16];
-                int k = snprintf(pre, sizeof pre, "input %d: ", i);
-                memmove(err.msg + k, err.msg, ml + 1);
-                memcpy(err.msg, pre, (size_t)k);
-            }
-            goto fail;
-        }
-    }
-    srv_embed_req_free(&rq);
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     pthread_mutex_lock(&s->lmu); // the sweeper watches it from now on
     g->lnext = s->gens;
     if (s->gens) s->gens->lprev = g;
     s->gens = g;
     pthread_mutex_unlock(&s->lmu);
-    for (int i = 0; i < g->n_ereq; i++)
-        s->b.set_notify(g->ereq[i], srv__gen_notify, g);
+    if (!srv__embed_submit_more(s, g, &err)) goto fail;
     return srv__embed_collect(s, c, g, sc);
 fail:
     if (held >= 0) srv_tenants_release(s->ts, held, total);
@@ -2014,7 +2050,7 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
     case SRV_ROUTE_MODELS:
         return model_id ? srv__model_get(s, c, model_id) : srv__models(s, c);
     case SRV_ROUTE_EMBEDDINGS:
-        return srv__embeddings(s, c, NULL, sc);
+        return srv__embeddings(s, c, NULL, sc, SRV_ROUTE_EMBEDDINGS);
     case SRV_ROUTE_TOKENIZE:
         return srv__tokenize(s, c, sc, detok);
     case SRV_ROUTE_HEALTH:

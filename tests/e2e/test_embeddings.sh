@@ -12,7 +12,8 @@
 command -v node >/dev/null || skip "node is not installed (scripts/install-deps.sh installs it)"
 [ -d "$(dirname "$0")/js/node_modules/openai" ] || skip "the openai npm package is not installed (scripts/install-deps.sh)"
 MODEL=$KS_SRC/models/kjv-mini.gguf
-echo '{"tenants":[{"name":"acme","keys":["sk-acme-test"],"max_concurrent":8,"tokens_per_minute":1000000}],"admin_key":"adm-emb"}' >"$TMPD/t.json"
+echo '{"tenants":[{"name":"acme","keys":["sk-acme-test"],"max_concurrent":8,"tokens_per_minute":1000000},
+{"name":"tiny","keys":["sk-tiny"],"max_concurrent":8,"tokens_per_minute":20}],"admin_key":"adm-emb"}' >"$TMPD/t.json"
 ARGS=(-m "$MODEL" --alias kjv-mini --ctx 256 --kv-pages 64 --threads 2)
 AUTH=(-H "Authorization: Bearer sk-acme-test" -H 'Content-Type: application/json')
 TEXT='In the beginning God created the heaven and the earth.'
@@ -44,6 +45,21 @@ curl_checks() {
     req "$n embeddings no input" 400 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d '{"model":"kjv-mini"}'
     req "$n embeddings mixed input" 400 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d '{"input":["a",[1,2]]}'
     req "$n embeddings bad format" 400 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d '{"input":"a","encoding_format":"int8"}'
+    # 100 inputs: more than the engine's queue (64) holds at once, answered in order
+    node -e 'const t = ["In the beginning", "And God said"]; console.log(JSON.stringify({input:
+        Array.from({length: 100}, (_, i) => t[i % 2]), encoding_format: "float"}))' >"$TMPD/many.json"
+    req "$n 100 inputs" 200 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d @"$TMPD/many.json"
+    node -e '
+const d = JSON.parse(require("fs").readFileSync(process.argv[1])).data;
+const eq = (a, b) => a.every((v, i) => v === b[i]);
+if (d.length !== 100 || !d.every((x, i) => x.index === i)) throw new Error("100: order");
+if (!d.every((x, i) => eq(x.embedding, d[i % 2].embedding))) throw new Error("100: a repeated input differs");
+if (eq(d[0].embedding, d[1].embedding)) throw new Error("100: two inputs agree");
+' "$TMPD/body" || fail "$n: 100 inputs"
+    # the tenant's token rate counts the inputs' tokens: 4 x 6 tokens > 20 a minute
+    req "$n token rate" 429 -H "Authorization: Bearer sk-tiny" -H 'Content-Type: application/json' \
+        "$KS_URL/v1/embeddings" -d '{"input":["In the beginning God","In the beginning God","In the beginning God","In the beginning God"]}'
+    expect_has "$n rate limited" "$BODY" 'rate'
     req "$n models/{id}" 200 "${AUTH[@]}" "$KS_URL/v1/models/kjv-mini"
     expect_has "$n model object" "$BODY" '"id":"kjv-mini","object":"model"'
     req "$n models/{id} unknown" 404 "${AUTH[@]}" "$KS_URL/v1/models/nope"
