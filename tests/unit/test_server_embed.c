@@ -5,6 +5,7 @@
 #include "../check.h"
 #include "server/server_int.h"
 
+#include <math.h>
 #include <sodium.h>
 
 static srv_embed_req parse_ok(const char *body) {
@@ -108,8 +109,8 @@ static void test_embed_answer(void) {
     json_t *u = json_object_get(j, "usage");
     CHECK_EQ(json_integer_value(json_object_get(u, "prompt_tokens")), 7);
     CHECK_EQ(json_integer_value(json_object_get(u, "total_tokens")), 7);
-    // the float text parses back to the very same float
-    char *s = json_dumps(j, JSON_COMPACT);
+    // the float text (9 digits, as the server dumps it) parses back to the very same float
+    char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
     json_t *back = json_loads(s, 0, NULL);
     float r = (float)json_real_value(json_array_get(
         json_object_get(json_array_get(json_object_get(back, "data"), 1), "embedding"), 2));
@@ -136,6 +137,34 @@ static void test_embed_answer(void) {
         CHECK_EQ(le, want);
     }
     json_decref(j);
+}
+
+/* Every f32 survives the server's 9-digit JSON text exactly: 20000 random
+ * finite bit patterns through srv_embed_answer, dumped and parsed back. */
+static void test_float_text_exact(void) {
+    enum { N = 20000 };
+    float *v = malloc(sizeof(float) * N);
+    uint32_t x = 12345;
+    for (int i = 0; i < N; i++) {
+        do {
+            x = x * 1664525u + 1013904223u;
+            memcpy(&v[i], &x, 4);
+        } while (!isfinite(v[i]));
+    }
+    json_t *j = srv_embed_answer(v, 1, N, false, "m", 1);
+    char *txt = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    json_t *back = json_loads(txt, 0, NULL);
+    json_t *arr = json_object_get(json_array_get(json_object_get(back, "data"), 0), "embedding");
+    CHECK_EQ(json_array_size(arr), (size_t)N);
+    for (int i = 0; i < N; i++) {
+        json_t *e = json_array_get(arr, (size_t)i);
+        float r = (float)(json_is_integer(e) ? (double)json_integer_value(e) : json_real_value(e));
+        CHECK_MEM_EQ(&r, &v[i], sizeof r);
+    }
+    json_decref(back);
+    free(txt);
+    json_decref(j);
+    free(v);
 }
 
 static void test_tokenize_parse(void) {
@@ -195,6 +224,7 @@ int main(void) {
     CHECK(sodium_init() >= 0);
     test_embed_parse();
     test_embed_answer();
+    test_float_text_exact();
     test_tokenize_parse();
     printf("server embed ok\n");
     return 0;
