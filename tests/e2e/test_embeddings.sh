@@ -67,6 +67,21 @@ if (eq(d[0].embedding, d[1].embedding)) throw new Error("100: two inputs agree")
     req "$n models/{id} POST" 405 "${AUTH[@]}" -X POST "$KS_URL/v1/models/kjv-mini"
 }
 
+# left_mid_request NAME — a client that leaves while its 64 long inputs are
+# computed: they are cancelled (an aborted outcome), and once idle every
+# page is free and scrubbed; the server then answers the next request
+left_mid_request() {
+    local n=$1 before
+    node -e 'const t = "In the beginning God created the heaven and the earth. ".repeat(16);
+        console.log(JSON.stringify({input: Array.from({length: 64}, () => t)}))' >"$TMPD/big.json"
+    before=$(metric "$KS_URL" 'kvseal_engine_requests_total{outcome="aborted"}')
+    curl -sS -m 0.3 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d @"$TMPD/big.json" >/dev/null 2>&1
+    wait_for "$n: the abandoned inputs to be aborted" \
+        metric_ge "$KS_URL" 'kvseal_engine_requests_total{outcome="aborted"}' $((${before:-0} + 1))
+    kv_clean "$n after a client left"
+    req "$n after a client left" 200 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d "{\"input\":\"$TEXT\"}"
+}
+
 # kv_clean — every KV page (serve's, or every worker's) free and scrubbed
 kv_clean() {
     local chk
@@ -79,6 +94,7 @@ KS_URL=$KS_URL KS_KEY=sk-acme-test KS_MODEL_NAME=kjv-mini KS_OUT="$TMPD/serve.js
     node "$(dirname "$0")/js/embed_client.mjs" || fail "embeddings client checks failed (serve)"
 curl_checks serve
 kv_clean serve
+left_mid_request serve
 stop_server
 
 # --pooling last: the last position's row, another (normalized) vector
@@ -105,6 +121,7 @@ KS_URL=$KS_URL KS_KEY=sk-acme-test KS_MODEL_NAME=kjv-mini KS_OUT="$TMPD/cluster.
 cmp -s "$TMPD/serve.json" "$TMPD/cluster.json" || fail "the cluster's vectors differ from serve's"
 curl_checks cluster
 kv_clean cluster
+left_mid_request cluster
 grep -q 'bad EMBED_RESULT' "$TMPD/c.router" && fail "the router refused an EMBED_RESULT"
 stop_cluster
 echo "PASS"
