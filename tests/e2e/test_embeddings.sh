@@ -6,8 +6,11 @@
 # batch-invariant, equal for text and its ids, base64 == float; errors (empty
 # input, bad ids, too long, dimensions, unknown model, wrong key) with
 # OpenAI's status and code; tokenize equals `kvseal tokenize`, detokenize
-# inverts it; the same vectors from serve and the cluster, bit for bit; and
-# every KV page free and scrubbed afterwards (the inputs' pages released).
+# inverts it; the same vectors from serve and the cluster, bit for bit (the
+# router's --pooling carried in EMBED); a prefill worker's REJECT answered as
+# serve answers; 100 inputs in one request; a tenant's token rate; a client
+# that leaves mid-request (its inputs aborted); and every KV page free and
+# scrubbed afterwards (the inputs' pages released).
 . "$(dirname "$0")/lib.sh"
 command -v node >/dev/null || skip "node is not installed (scripts/install-deps.sh installs it)"
 [ -d "$(dirname "$0")/js/node_modules/openai" ] || skip "the openai npm package is not installed (scripts/install-deps.sh)"
@@ -72,7 +75,7 @@ if (eq(d[0].embedding, d[1].embedding)) throw new Error("100: two inputs agree")
 # page is free and scrubbed; the server then answers the next request
 left_mid_request() {
     local n=$1 before
-    node -e 'const t = "In the beginning God created the heaven and the earth. ".repeat(16);
+    node -e 'const t = "In the beginning God created the heaven and the earth. ".repeat(8);
         console.log(JSON.stringify({input: Array.from({length: 64}, () => t)}))' >"$TMPD/big.json"
     before=$(metric "$KS_URL" 'kvseal_engine_requests_total{outcome="aborted"}')
     curl -sS -m 0.3 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d @"$TMPD/big.json" >/dev/null 2>&1
@@ -113,13 +116,19 @@ if (last.every((v, i) => Math.fround(v) === Math.fround(mean[i]))) throw new Err
 stop_server
 
 # the cluster: the router's --pooling (mean) travels in EMBED and overrides the
-# prefill worker's own (last), so the vectors must be serve's mean ones
+# prefill worker's own (last), so the vectors must be serve's mean ones; the
+# prefill worker's context (128) is below the router's (256), so it refuses
+# some inputs the router admitted (REJECT)
 CLUSTER_PROBE_AUTH=sk-acme-test ROUTER_ARGS="--tenants $TMPD/t.json --pooling mean" \
-    PREFILL_ARGS="--pooling last" start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
+    PREFILL_ARGS="--pooling last --ctx 128" start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
 KS_URL=$KS_URL KS_KEY=sk-acme-test KS_MODEL_NAME=kjv-mini KS_OUT="$TMPD/cluster.json" \
     node "$(dirname "$0")/js/embed_client.mjs" || fail "embeddings client checks failed (cluster)"
 cmp -s "$TMPD/serve.json" "$TMPD/cluster.json" || fail "the cluster's vectors differ from serve's"
 curl_checks cluster
+node -e 'console.log(JSON.stringify({input: "In the beginning God created the heaven and the earth. ".repeat(12)}))' >"$TMPD/mid.json"
+req "cluster: refused by the prefill worker" 400 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d @"$TMPD/mid.json"
+expect_has "prefill's refusal code" "$BODY" '"code":"context_length_exceeded"'
+expect_has "prefill's refusal text" "$BODY" 'maximum context length is 128 tokens'
 kv_clean cluster
 left_mid_request cluster
 grep -q 'bad EMBED_RESULT' "$TMPD/c.router" && fail "the router refused an EMBED_RESULT"
