@@ -1583,9 +1583,9 @@ static enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, s
             srv__gen_free(g);
             return r;
         }
-        if (g->n_esub != n_sub)
-            continue; // look at the new ones before suspending: an
-                      // event posted before set_notify wakes nobody
+        // look at new ones before suspending: an event posted before their
+        // set_notify wakes nobody
+        if (g->n_esub != n_sub) continue;
         if (!srv__gen_suspend(g)) continue;
         sc->gen = g;
         return MHD_YES;
