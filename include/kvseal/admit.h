@@ -101,4 +101,11 @@ typedef struct admit_admitted {
 ks_err admit_request(const admit_limits *lim, const engine_params *p, admit_admitted *out /* OUT */,
                      ks_errbuf *eb) KS_MUST_USE;
 
+/* Admission of an embedding input (engine_embed_submit, the router, a
+ * prefill worker's EMBED): at least one token (else INVALID "the input is
+ * empty"), at most n_ctx (else CONTEXT_LENGTH, OpenAI's text with 0 for the
+ * completion), ids in [0, n_vocab), its pages <= max_pages. Pure. */
+ks_err admit_embed(const admit_limits *lim, const int32_t *tokens, int64_t n_tokens,
+                   ks_errbuf *eb) KS_MUST_USE;
+
 #endif

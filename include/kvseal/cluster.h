@@ -66,8 +66,9 @@ typedef struct cluster_worker_opts {
  * drain_ms): connects to the router
  * (retrying with back-off until registered, and again after losing it),
  * opens a data link to every decode worker the router names, serves PREFILL
- * and ABORT. Returns KS_OK after a clean stop. Errors (at start only):
- * KS_ERR_INVAL (options), KS_ERR_NOMEM, KS_ERR_IO. Blocks. */
+ * and ABORT, and EMBED (an embedding input computed and pooled here, its
+ * pages scrubbed before EMBED_RESULT goes back; pooling eng.pooling). Returns KS_OK after a clean
+ * stop. Errors (at start only): KS_ERR_INVAL (options), KS_ERR_NOMEM, KS_ERR_IO. Blocks. */
 ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atomic_t *stop,
                            ks_errbuf *eb) KS_MUST_USE;
 
@@ -97,6 +98,8 @@ typedef struct cluster_router_opts {
     uint32_t queue_timeout_ms;   /* a request waiting for decode capacity this long is aborted (30000) */
     uint32_t queue_max;          /* requests waiting for capacity; past it: 503 (64) */
     uint32_t ttft_timeout_ms;    /* admitted without a first token this long: aborted (60000) */
+    model_pooling pooling;       /* embeddings' pooling sent in EMBED (DEFAULT: each prefill
+                                    worker's own --pooling, or its model's) */
 } cluster_router_opts;
 
 /* Fills defaults for everything but m, secret and n_ctx. Can't fail. */

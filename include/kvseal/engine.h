@@ -73,6 +73,7 @@ typedef struct engine_opts {
     void (*poll)(void *poll_ctx, engine *e, int timeout_ms);
     void (*poll_end)(void *poll_ctx, engine *e);
     void *poll_ctx;
+    model_pooling pooling; /* embeddings (engine_embed_submit): DEFAULT = the model's */
 } engine_opts;
 
 /* Fills defaults for everything but m, n_ctx and kv_pages. Can't fail. */
@@ -324,5 +325,40 @@ typedef struct engine_stats {
 } engine_stats;
 /* Snapshot; thread-safe. */
 void engine_get_stats(engine *e, engine_stats *out /* OUT */);
+
+// ----------------------------------------------------------------------------
+// Embeddings: a prompt-only request kind
+//
+// An embedding request runs its input through the forward pass like a
+// prompt (its own sequence, its own tagged pages, I1-I3; chunked and
+// batched with whatever else runs), asks for every position's hidden row
+// (model_forward_hidden) and pools them (model_embd_*) on the scheduler
+// thread. It never reads or feeds the prefix cache (mean pooling needs
+// every position's row, and an embedding never shares KV across requests).
+// When the last position is computed its pages are released (scrubbed, I3)
+// and the done event is posted (FINISHED, FINISH_STOP, n_gen 0); the vector
+// is then read with engine_req_embedding. Pooling lives here and in the
+// model module, not in the HTTP front, so the cluster's prefill worker
+// pools the same rows the same way (bit-identical vectors).
+
+typedef struct engine_embed_params {
+    const char *tenant;    /* from authentication; copied */
+    const int32_t *tokens; /* (n_tokens) the input's ids; copied */
+    int32_t n_tokens;
+    model_pooling pooling; /* DEFAULT: engine_opts.pooling */
+} engine_embed_params;
+
+/* Admission (admit_embed: empty input INVAL, above n_ctx tokens
+ * context_length_exceeded, ids out of range, pages above the pool) then
+ * enqueue, as engine_submit; *out owned by the caller (engine_req_release),
+ * its events read with engine_req_next (one done event). Errors as
+ * engine_submit's. Thread-safe. */
+ks_err engine_embed_submit(engine *e, const engine_embed_params *p, engine_req **out /* OUT */,
+                           ks_errbuf *eb) KS_MUST_USE;
+/* Copies the pooled, L2-normalized vector of an embedding request whose done
+ * event was taken with state FINISHED into out (cap >= n_embd floats).
+ * Errors: KS_ERR_INVAL (not an embedding request, not finished, cap too
+ * small). Thread-safe after the done event. */
+ks_err engine_req_embedding(engine_req *r, float *out /* OUT */, int32_t cap) KS_MUST_USE;
 
 #endif /* KS_ENGINE_H */

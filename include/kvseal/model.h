@@ -176,6 +176,16 @@ typedef struct model_batch {
     ks_err *seq_err;        /* OUT (n_seqs) or NULL: per-sequence result, see model_forward */
 } model_batch;
 
+/* Hidden rows a pass hands out (embeddings, model_forward_hidden): row[i]
+ * >= 0 asks for token i's final hidden state (after the output norm, before
+ * the LM head) in that row of out; rows distinct and < n_rows. A token may
+ * ask for a logits row and a hidden row both. */
+typedef struct model_hidden {
+    const int32_t *row; /* (n_tokens of the batch) */
+    int32_t n_rows;
+    float *out; /* OUT (n_rows, n_embd) */
+} model_hidden;
+
 typedef struct model_ctx model_ctx;
 
 /* Scratch for batches of up to max_tokens tokens attending to up to max_ctx
@@ -196,5 +206,56 @@ void model_ctx_free(model_ctx *c);
  * Blocks for the duration of the pass; not concurrently on one context. */
 ks_err model_forward(model_ctx *c, const model_batch *b, float *logits /* OUT */,
                      ks_errbuf *eb) KS_MUST_USE;
+/* model_forward that also writes the hidden rows h asks for (h NULL: none;
+ * logits may be NULL when b->n_out is 0). The rows are bit-identical
+ * whatever else shares the batch (model.h's batch invariance). Errors as
+ * model_forward's, and KS_ERR_INVAL for a bad row map (nothing ran). */
+ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits /* OUT */,
+                            const model_hidden *h, ks_errbuf *eb) KS_MUST_USE;
+
+// ----------------------------------------------------------------------------
+// Embeddings: pooling of the final hidden state (model_forward_hidden)
+//
+// An embedding is computed as a prompt-only pass (the engine's embedding
+// requests, engine_embed_submit; a prefill worker's EMBED): every position
+// asks for its hidden row, and the rows are pooled here in position order,
+// so the vector depends only on the input's tokens (batch invariance: the
+// rows are bit-identical however the input was batched or chunked, and the
+// pooling's summation order is fixed), then L2-normalized.
+
+/* How an input's hidden rows become one vector; the values are GGUF's
+ * <arch>.pooling_type numbers (append-only). */
+typedef enum model_pooling {
+    MODEL_POOL_DEFAULT = 0, /* not chosen: the model's (model_pooling_default) */
+    MODEL_POOL_MEAN = 1,    /* mean over every position */
+    MODEL_POOL_LAST = 3,    /* the last position's row */
+} model_pooling;
+
+/* The model's pooling: <arch>.pooling_type when the GGUF has it and it is
+ * mean or last, else mean. Can't fail. */
+model_pooling model_pooling_default(const model *m);
+/* "mean" / "last" (NULL for anything else); static storage. */
+const char *model_pooling_name(model_pooling p);
+/* Parses "mean" or "last"; false (out untouched) otherwise. */
+bool model_pooling_parse(const char *s, model_pooling *out /* OUT */);
+
+/* Running pooled state of one input, computed by the caller's thread.
+ * acc is (n_embd) doubles the caller owns; zero it (model_embd_begin). */
+typedef struct model_embd_acc {
+    model_pooling pooling; /* MEAN or LAST */
+    int32_t n_embd;
+    int32_t n_rows; /* rows added */
+    double *acc;    /* (n_embd) MEAN: the running sum; LAST: the last row */
+} model_embd_acc;
+
+/* Resets a to an empty state for pooling p (MEAN or LAST) over n_embd
+ * values, acc (n_embd) borrowed. Can't fail. */
+void model_embd_begin(model_embd_acc *a, model_pooling p, int32_t n_embd, double *acc);
+/* Adds the hidden rows of the next n positions, in position order (rows
+ * (n, n_embd), row-major). LAST keeps only the newest. Can't fail. */
+void model_embd_add(model_embd_acc *a, const float *rows, int32_t n);
+/* Writes the pooled, L2-normalized vector (n_embd floats; a zero vector
+ * stays zero). Errors: KS_ERR_INVAL when no row was added. */
+ks_err model_embd_finish(const model_embd_acc *a, float *out /* OUT (n_embd) */) KS_MUST_USE;
 
 #endif /* KS_MODEL_H */

@@ -62,10 +62,12 @@ typedef enum pd_msg_type {
     PD_MSG_POOL_CHECK_ACK = 0x001C,
     PD_MSG_RETIRE = 0x001D, /* R -> D: a prefill worker left; payload as LINK */
     PD_MSG_ERROR = 0x001F,
+    PD_MSG_EMBED = 0x0020,        /* R -> P: an embedding input (issue 13) */
+    PD_MSG_EMBED_RESULT = 0x0021, /* P -> R: its pooled vector */
 } pd_msg_type;
 
 /* Size of a type-indexed table (pd_msg_type_max); types >= this are unknown. */
-#define PD_MSG_N_TYPES 0x20u
+#define PD_MSG_N_TYPES 0x22u
 
 #define PD_MSG_MAX_FRAME 67108864u      /* KS_PD_MAX_FRAME: 64 MiB */
 #define PD_MSG_GRANT_MAX (4u << 20)     /* GRANT payload bound */
@@ -474,5 +476,56 @@ ks_err pd_msg_done_decode(const uint8_t *payload, uint32_t len, pd_msg_done *out
 /* top: m->n_top of them (m->top is ignored). */
 ks_err pd_msg_done_encode(const pd_msg_done *m, const pd_msg_top *top, uint8_t *buf,
                           size_t cap, uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+
+// ----------------------------------------------------------------------------
+// Embeddings (issue 13): EMBED R -> P, EMBED_RESULT P -> R (control), or
+// REJECT P -> R. No KV leaves the prefill worker: it computes the input in
+// a sequence of its own pool, pools the hidden rows and releases (scrubs)
+// the pages before it answers.
+
+#define PD_MSG_EMBED_FIXED 40u
+#define PD_MSG_EMBED_MAX PD_MSG_PREFILL_MAX /* EMBED payload bound */
+#define PD_MSG_EMBED_RESULT_FIXED 16u
+#define PD_MSG_EMBED_MAX_DIM 65536u /* EMBED_RESULT n_embd */
+
+/* EMBED (40 + 4 n_tokens). Decoded: tokens points at n_tokens raw i32
+ * (pd_msg_embed_token). */
+typedef struct pd_msg_embed {
+    uint32_t pooling;  /* 0: the worker's --pooling; 1 mean, 3 last (model_pooling) */
+    uint32_t n_tokens; /* >= 1 */
+    uint8_t domain_hash[PD_MSG_HASH_BYTES]; /* the tenant root (kv_prefix_root), for logs and
+                                              policy; never a cache key: embeddings share no KV */
+    const uint8_t *tokens;
+} pd_msg_embed;
+
+/* EMBED_RESULT (16 + 4 n_embd). Decoded: vec points at n_embd raw f32
+ * (pd_msg_embed_value). */
+typedef struct pd_msg_embed_result {
+    uint32_t n_embd;   /* 1 .. PD_MSG_EMBED_MAX_DIM */
+    uint32_t n_tokens; /* >= 1: the input's tokens (usage) */
+    uint32_t pooling;  /* 1 mean or 3 last: what the worker used */
+    const uint8_t *vec;
+} pd_msg_embed_result;
+
+/* Token i (< n_tokens) of a decoded EMBED; can't fail. */
+int32_t pd_msg_embed_token(const pd_msg_embed *m, uint32_t i);
+/* Value i (< n_embd) of a decoded EMBED_RESULT; can't fail. */
+float pd_msg_embed_value(const pd_msg_embed_result *m, uint32_t i);
+/* Decoders: the layouts of docs/pd-protocol.md section 4 exactly (lengths,
+ * n_tokens >= 1, pooling 0/1/3 in EMBED and 1/3 in EMBED_RESULT, n_embd in
+ * range). Token ids are not checked against a vocabulary (the worker's
+ * admission does that: REJECT INVALID). Errors: KS_ERR_PROTO. */
+ks_err pd_msg_embed_decode(const uint8_t *payload, uint32_t len, pd_msg_embed *out,
+                           ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_embed_result_decode(const uint8_t *payload, uint32_t len, pd_msg_embed_result *out,
+                                  ks_errbuf *eb) KS_MUST_USE;
+/* Encoders (buf NULL: size only, in *out_len). tokens: m->n_tokens of them;
+ * vec: m->n_embd floats (m->tokens / m->vec ignored). Errors: KS_ERR_INVAL
+ * (a field the decoder would refuse), KS_ERR_NOSPACE (cap). */
+ks_err pd_msg_embed_encode(const pd_msg_embed *m, const int32_t *tokens, uint8_t *buf, size_t cap,
+                           uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+ks_err pd_msg_embed_result_encode(const pd_msg_embed_result *m, const float *vec, uint8_t *buf,
+                                  size_t cap, uint32_t *out_len /* OUT */,
+                                  ks_errbuf *eb) KS_MUST_USE;
 
 #endif /* KS_PD_MSG_H */

@@ -84,6 +84,14 @@ typedef struct server_backend {
      * pages); NULL when the backend has none: such requests are refused */
     ks_err (*submit_n)(void *impl, const engine_params *p, int n, void **reqs /* OUT: (n) */,
                        ks_errbuf *eb);
+    /* Embeddings (NULL: the backend has none, and POST /v1/embeddings answers
+     * 501): engine_embed_submit's contract (admission, then enqueue); the
+     * handle's events (one done event), cancel, release and set_notify are
+     * the calls above. embed_vector is engine_req_embedding: the pooled,
+     * normalized vector once the done event (FINISHED) was taken. */
+    ks_err (*embed_submit)(void *impl, const engine_embed_params *p, void **req /* OUT */,
+                           ks_errbuf *eb);
+    ks_err (*embed_vector)(void *req, float *out /* OUT */, int32_t cap);
 } server_backend;
 
 /* Parses --tool-call-format's value into server_opts.tool_call_format:

@@ -73,6 +73,7 @@ typedef struct serve__cfg {
     bool insecure_plaintext; /* cluster roles: --insecure-plaintext (no TLS) */
     kv_scrub scrub;
     int kv_type; /* --kv-type (kv.h), default the engine's (f16) */
+    int pooling; /* --pooling (model_pooling): embeddings; 0 = the model's */
     int tool_call_format; /* --tool-call-format (server_opts), -1: the template's */
     int reasoning_format; /* --reasoning-format (server_opts), -1: the template's */
     // cluster roles (kvseal router / prefill / decode)

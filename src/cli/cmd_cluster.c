@@ -94,6 +94,7 @@ int cli_router(int argc, char **argv) {
     ro.n_ctx = o.n_ctx;
     ro.page_tokens = o.page_tokens;
     ro.kv_type = o.kv_type;
+    ro.pooling = (model_pooling)c.pooling;
     ro.health_interval_ms = (uint32_t)c.health_interval_ms;
     ro.queue_timeout_ms = o.queue_timeout_ms;
     ro.queue_max = (uint32_t)o.queue_max;

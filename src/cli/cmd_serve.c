@@ -38,6 +38,9 @@ void serve__usage(const char *cmd) {
         "         [--request-timeout SECONDS (10)] [--max-connections 4096]\n"
         "         [--max-connections-per-ip 256 (0: no limit)] [--chat-template-file FILE]\n"
         "         [--tool-call-format auto|none|NAME] [--reasoning-format auto|none|deepseek]\n"
+        "         [--pooling mean|last]\n"
+        "  --pooling: how POST /v1/embeddings pools the final hidden state (default: the\n"
+        "  GGUF's <arch>.pooling_type when mean or last, else mean); on prefill workers too.\n"
         "  --tool-call-format: how the model writes tool calls (auto: from the chat template;\n"
         "  NAME: %s). --reasoning-format deepseek splits the text between think markers into\n"
         "  reasoning_content (auto: when the template has them; none: it stays content).\n"
@@ -214,6 +217,14 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
         else if (!strcmp(a, "--kv-type") && v) {
             if (!cli__parse_kv_type(argv[++i], &c->kv_type)) return 2;
         }
+        else if (!strcmp(a, "--pooling") && v) {
+            model_pooling p;
+            if (!model_pooling_parse(argv[++i], &p)) {
+                fprintf(stderr, "kvseal: --pooling expects mean or last, got '%s'\n", argv[i]);
+                return 2;
+            }
+            c->pooling = (int)p;
+        }
         INTOPT("--data-port", data_port, 0, 65535)
         INTOPT("--cluster-port", cluster_port, 0, 65535)
         INTOPT("--health-interval-ms", health_interval_ms, 10, 600000)
@@ -275,6 +286,7 @@ void serve__engine_opts(const serve__cfg *c, const model *m, engine_opts *o) {
     o->prefix_cache = !c->no_prefix_cache;
     o->scrub = c->scrub;
     o->kv_type = c->kv_type;
+    o->pooling = (model_pooling)c->pooling;
     kv_geom g = model_kv_geom(m, o->page_tokens, o->kv_type);
     uint64_t ctx_pages =
         ((uint64_t)o->n_ctx + (uint64_t)o->page_tokens - 1) / (uint64_t)o->page_tokens;

@@ -17,6 +17,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,7 +52,13 @@ typedef struct pf__link {
  * main loop runs them in arrival order outside any callback, because a
  * PREFILL computes for a while and the loop is served between its forward
  * chunks (HEALTH must be answered), which is only safe at the top level. */
-typedef enum pf__op_kind { PF_OP_PREFILL, PF_OP_ABORT, PF_OP_LINK_UP, PF_OP_LINK_CLOSED } pf__op_kind;
+typedef enum pf__op_kind {
+    PF_OP_PREFILL,
+    PF_OP_ABORT,
+    PF_OP_LINK_UP,
+    PF_OP_LINK_CLOSED,
+    PF_OP_EMBED
+} pf__op_kind;
 typedef struct pf__op {
     struct pf__op *next;
     pf__op_kind kind;
@@ -59,7 +66,7 @@ typedef struct pf__op {
     uint32_t decode_id; /* ABORT: 0 for the router's */
     uint64_t epoch;     /* ABORT: PD_SEND_ROUTER for the router's */
     uint32_t len;
-    uint8_t payload[];  /* PREFILL */
+    uint8_t payload[]; /* PREFILL, EMBED */
 } pf__op;
 
 typedef struct pf__worker {
@@ -87,10 +94,17 @@ typedef struct pf__worker {
     bool draining;           /* stopping gracefully: new PREFILLs get REJECT DRAINING */
     // one forward chunk runs on a compute thread while this thread serves the loop
     const model_batch *job;
+    const model_hidden *job_hid; /* EMBED: the hidden rows the chunk hands out, else NULL */
     ks_err job_err;
     ks_errbuf job_eb;
     atomic_bool job_done;
     pf__op *ops, *ops_tail;  /* deferred pd_send calls, FIFO */
+    // embeddings (EMBED, issue 13)
+    model_pooling pooling; /* --pooling, or the model's */
+    int32_t *b_hid;        /* (B) hidden row per token */
+    float *hidden;         /* (B, n_embd) */
+    double *eacc;          /* (n_embd) the pooled sum */
+    float *evec;           /* (n_embd) the result */
 } pf__worker;
 
 static void pf__op_run(pf__worker *w, pf__op *op);
@@ -119,7 +133,7 @@ static void pf__ops_drain(pf__worker *w) {
         pf__op *o = w->ops;
         w->ops = o->next;
         if (!w->ops) w->ops_tail = NULL;
-        bool prefill = o->kind == PF_OP_PREFILL;
+        bool prefill = o->kind == PF_OP_PREFILL || o->kind == PF_OP_EMBED;
         pf__op_run(w, o);
         free(o);
         if (prefill && w->ops) pf__service(w);  // a queue of prompts must not starve HEALTH either
@@ -143,7 +157,7 @@ static void pf__wake(void *arg) { (void)arg; }  // posted by the compute thread:
 static void *pf__forward_thread(void *arg) {
     pf__worker *w = arg;
     ks_errbuf_clear(&w->job_eb);
-    w->job_err = model_forward(w->mctx, w->job, w->logits, &w->job_eb);
+    w->job_err = model_forward_hidden(w->mctx, w->job, w->logits, w->job_hid, &w->job_eb);
     atomic_store(&w->job_done, true);
     if (pd_loop_post(w->loop, pf__wake, NULL) != KS_OK) {
         // no wake-up: the waiting loop still polls every 20 ms
@@ -161,7 +175,7 @@ static ks_err pf__forward(pf__worker *w, const model_batch *b, ks_errbuf *eb) {
     w->job = b;
     atomic_store(&w->job_done, false);
     if (!w->loop || pthread_create(&th, NULL, pf__forward_thread, w) != 0)
-        return model_forward(w->mctx, b, w->logits, eb);
+        return model_forward_hidden(w->mctx, b, w->logits, w->job_hid, eb);
     while (!atomic_load(&w->job_done)) pf__service_for(w, 20);
     pthread_join(th, NULL);
     if (w->job_err) ks_seterr(eb, w->job_err, "%s", w->job_eb.msg);
@@ -316,6 +330,134 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
     out->rng_state = sampler_draws(smp);
     sampler_destroy(smp);
     return KS_OK;
+}
+
+// ----------------------------------------------------------------------------
+// Embeddings (EMBED -> EMBED_RESULT or REJECT, docs/pd-protocol.md section 4)
+
+/* Sends REJECT reason/msg for req_id to the router. */
+static void pf__embed_reject(pf__worker *w, uint64_t req_id, const ks_errbuf *eb) {
+    admit_reason reason =
+        eb->reason >= 1 && eb->reason <= ADMIT_WIRE_MAX ? (admit_reason)eb->reason : ADMIT_INTERNAL;
+    pd_msg_reject j = {
+        .reason = (uint32_t)reason, .msg = eb->msg, .msg_len = (uint32_t)strlen(eb->msg)};
+    if (j.msg_len > PD_MSG_MAX_TEXT) j.msg_len = PD_MSG_MAX_TEXT;
+    uint8_t buf[12 + PD_MSG_MAX_TEXT];
+    uint32_t n = 0;
+    ks_errbuf e2;
+    if (pd_msg_reject_encode(&j, buf, sizeof buf, &n, &e2) != KS_OK) return;
+    struct iovec iov = {.iov_base = buf, .iov_len = n};
+    ks_log(KS_LOG_INFO, "embedding %" PRIu64 " rejected: %s", req_id,
+           admit_reason_info(reason)->name);
+    if (cl_ctrl_send(w->ctrl, PD_MSG_REJECT, req_id, &iov, 1, &e2) != KS_OK)
+        ks_log(KS_LOG_DEBUG, "embedding %" PRIu64 ": REJECT to the router dropped: %s", req_id,
+               e2.msg);
+}
+
+/* Computes an EMBED: admission as `kvseal serve` admits an embedding
+ * (admit_embed against this worker's pool), the input in a sequence of its
+ * own (tagged pages, I1; never the prefix cache), its hidden rows pooled in
+ * position order (model_embd_*: the engine's arithmetic, so the vector is
+ * bit-identical to serve's), the pages released and scrubbed (I3) before
+ * EMBED_RESULT goes back. Any failure is a REJECT. Main loop only. */
+static void pf__embed(pf__worker *w, uint64_t req_id, const uint8_t *payload, uint32_t len) {
+    ks_errbuf eb;
+    ks_errbuf_clear(&eb);
+    pd_msg_embed m;
+    int32_t *toks = NULL;
+    kv_seq seq;
+    bool has_seq = false;
+    const int32_t E = model_hp(w->m)->n_embd;
+    ks_err e = pd_msg_embed_decode(payload, len, &m, &eb);
+    if (e) {
+        char why[sizeof eb.msg];
+        snprintf(why, sizeof why, "%s", eb.msg);
+        e = admit_refuse(&eb, ADMIT_INVALID, "%s", why);
+    }
+    if (!e && w->draining) e = admit_refuse(&eb, ADMIT_DRAINING, NULL);
+    if (!e && !(toks = malloc(sizeof(int32_t) * m.n_tokens)))
+        e = admit_refuse(&eb, ADMIT_BUSY, "prefill worker: out of memory");
+    if (!e) {
+        for (uint32_t i = 0; i < m.n_tokens; i++)
+            toks[i] = pd_msg_embed_token(&m, i);
+        admit_limits lim = {.n_ctx = w->n_ctx,
+                            .n_vocab = w->V,
+                            .page_tokens = w->page_tokens,
+                            .max_pages = kv_pool_n_pages(w->pool),
+                            .prompt_only = true};
+        e = admit_embed(&lim, toks, m.n_tokens, &eb);
+    }
+    const model_pooling pool = !e && m.pooling ? (model_pooling)m.pooling : w->pooling;
+    if (!e) {
+        kv_seq_init(w->pool, &seq);
+        has_seq = true;
+        e = kv_seq_reserve(w->pool, &seq, m.n_tokens, &eb);
+        if (e == KS_ERR_NOSPACE && w->prefix) { // cached pages nobody uses make room
+            uint32_t need = (m.n_tokens + w->page_tokens - 1) / w->page_tokens;
+            uint32_t more = need - seq.n_pages, nfree = kv_pool_n_free(w->pool);
+            if (more > nfree) kv_prefix_evict(w->prefix, more - nfree);
+            e = kv_seq_reserve(w->pool, &seq, m.n_tokens, &eb);
+        }
+        if (e) e = admit_refuse(&eb, ADMIT_BUSY, "the prefill worker's KV cache is full");
+    }
+    model_embd_acc acc;
+    if (!e) model_embd_begin(&acc, pool, E, w->eacc);
+    kv_seq *seqs[1] = {&seq};
+    for (uint32_t off = 0; !e && off < m.n_tokens;) {
+        int32_t chunk = m.n_tokens - off < (uint32_t)w->B ? (int32_t)(m.n_tokens - off) : w->B;
+        int32_t n_hid = 0;
+        for (int32_t j = 0; j < chunk; j++) {
+            uint32_t p = off + (uint32_t)j;
+            w->b_tok[j] = toks[p];
+            w->b_pos[j] = (int32_t)p;
+            w->b_seq[j] = 0;
+            w->b_out[j] = -1;
+            w->b_hid[j] = pool == MODEL_POOL_MEAN || p == m.n_tokens - 1 ? n_hid++ : -1;
+        }
+        model_batch b = {.n_tokens = chunk,
+                         .tokens = w->b_tok,
+                         .pos = w->b_pos,
+                         .seq = w->b_seq,
+                         .out_row = w->b_out,
+                         .n_out = 0,
+                         .n_seqs = 1,
+                         .seqs = seqs};
+        model_hidden hid = {.row = w->b_hid, .n_rows = n_hid, .out = w->hidden};
+        w->job_hid = &hid;
+        e = pf__forward(w, &b, &eb);
+        w->job_hid = NULL;
+        if (e) {
+            ks_log(KS_LOG_ERROR, "embedding %" PRIu64 ": %s", req_id, eb.msg);
+            e = admit_refuse(&eb, ADMIT_INTERNAL, "internal error: the forward pass failed");
+            break;
+        }
+        model_embd_add(&acc, w->hidden, n_hid);
+        off += (uint32_t)chunk;
+    }
+    if (has_seq) kv_seq_release(w->pool, &seq); // scrubbed before it is free again (I3)
+    if (!e && model_embd_finish(&acc, w->evec) != KS_OK)
+        e = admit_refuse(&eb, ADMIT_INTERNAL, "internal error: nothing was pooled");
+    free(toks);
+    if (e) {
+        pf__embed_reject(w, req_id, &eb);
+        return;
+    }
+    pd_msg_embed_result r = {
+        .n_embd = (uint32_t)E, .n_tokens = m.n_tokens, .pooling = (uint32_t)pool};
+    uint32_t n = 0;
+    uint8_t *buf = NULL;
+    if (pd_msg_embed_result_encode(&r, w->evec, NULL, 0, &n, &eb) == KS_OK) buf = malloc(n);
+    if (!buf || pd_msg_embed_result_encode(&r, w->evec, buf, n, &n, &eb) != KS_OK) {
+        free(buf);
+        admit_refuse(&eb, ADMIT_INTERNAL, "prefill worker: cannot encode EMBED_RESULT");
+        pf__embed_reject(w, req_id, &eb);
+        return;
+    }
+    struct iovec iov = {.iov_base = buf, .iov_len = n};
+    if (cl_ctrl_send(w->ctrl, PD_MSG_EMBED_RESULT, req_id, &iov, 1, &eb) != KS_OK)
+        ks_log(KS_LOG_DEBUG, "embedding %" PRIu64 ": EMBED_RESULT to the router dropped: %s",
+               req_id, eb.msg);
+    free(buf);
 }
 
 // ----------------------------------------------------------------------------
@@ -585,6 +727,9 @@ static void pf__router_frame(void *ud, const pd_frame *f) {
     case PD_MSG_PREFILL:
         pf__op_submit(w, PF_OP_PREFILL, f->hdr.req_id, 0, 0, f->payload, f->payload_len);
         return;
+    case PD_MSG_EMBED:
+        pf__op_submit(w, PF_OP_EMBED, f->hdr.req_id, 0, 0, f->payload, f->payload_len);
+        return;
     case PD_MSG_ABORT: {
         pd_msg_abort a;
         if (pd_msg_abort_decode(f->payload, f->payload_len, &a, &eb) != KS_OK) {
@@ -615,6 +760,11 @@ static void pf__op_run(pf__worker *w, pf__op *op) {
         break;
     }
     case PF_OP_ABORT: pd_send_abort(w->send, op->req_id, op->decode_id, op->epoch); break;
+    case PF_OP_EMBED:
+        w->computing = true;
+        pf__embed(w, op->req_id, op->payload, op->len);
+        w->computing = false;
+        break;
     case PF_OP_LINK_UP:
         if (pd_send_link_up(w->send, op->decode_id, op->epoch, &eb) != KS_OK) {
             ks_log(KS_LOG_ERROR, "data link to decode worker %" PRIu32 ": %s", op->decode_id, eb.msg);
@@ -688,8 +838,8 @@ static ks_err pf__tables(pf__worker *w, const kv_geom *g, ks_errbuf *eb) {
     if (e != KS_OK) return e;
     memcpy(w->link_tmax, w->router_tmax, sizeof w->link_tmax);
     static const uint16_t from_router[] = {PD_MSG_REGISTER_ACK, PD_MSG_HEALTH, PD_MSG_PEER,
-                                           PD_MSG_PREFILL, PD_MSG_ABORT, PD_MSG_POOL_CHECK,
-                                           PD_MSG_ERROR};
+                                           PD_MSG_PREFILL,      PD_MSG_ABORT,  PD_MSG_POOL_CHECK,
+                                           PD_MSG_ERROR,        PD_MSG_EMBED};
     static const uint16_t from_decode[] = {PD_MSG_LINK_ACK, PD_MSG_ABORT, PD_MSG_ERROR};
     for (uint32_t t = 0; t < PD_MSG_N_TYPES; t++) {
         bool r = false, d = false;
@@ -729,6 +879,10 @@ static void pf__free(pf__worker *w) {
     free(w->b_pos);
     free(w->b_seq);
     free(w->b_out);
+    free(w->b_hid);
+    free(w->hidden);
+    free(w->eacc);
+    free(w->evec);
 }
 
 ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atomic_t *stop,
@@ -759,7 +913,14 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atom
     w.b_pos = malloc((size_t)w.B * sizeof *w.b_pos);
     w.b_seq = malloc((size_t)w.B * sizeof *w.b_seq);
     w.b_out = malloc((size_t)w.B * sizeof *w.b_out);
-    if (!w.logits || !w.b_tok || !w.b_pos || !w.b_seq || !w.b_out) {
+    const size_t E = (size_t)model_hp(o->m)->n_embd;
+    w.b_hid = malloc((size_t)w.B * sizeof *w.b_hid);
+    w.hidden = malloc((size_t)w.B * E * sizeof *w.hidden);
+    w.eacc = malloc(E * sizeof *w.eacc);
+    w.evec = malloc(E * sizeof *w.evec);
+    w.pooling = eo->pooling ? eo->pooling : model_pooling_default(o->m);
+    if (!w.logits || !w.b_tok || !w.b_pos || !w.b_seq || !w.b_out || !w.b_hid || !w.hidden ||
+        !w.eacc || !w.evec) {
         e = ks_seterr(eb, KS_ERR_NOMEM, "prefill worker: out of memory");
         goto fail;
     }

@@ -107,6 +107,10 @@ typedef struct rt_req {
     engine_stream *out;   /* events, detokenizer, stop strings: as the engine's */
     atomic_int state; /* engine_state */
     atomic_bool cancelled;
+    // embeddings (issue 13): prompt only, one prefill worker, no decode worker
+    bool embed;
+    uint32_t pooling; /* EMBED's pooling (0: the prefill worker's) */
+    float *evec;      /* (n_embd) written by the loop before the done event */
 } rt_req;
 
 struct cluster_router {
@@ -167,6 +171,7 @@ static void rt__req_free(rt_req *q) {
     grammar_unref(q->g);
     free(q->bias);
     free(q->prompt);
+    free(q->evec);
     free(q);
 }
 
@@ -283,6 +288,75 @@ static void rt__abort(cluster_router *r, rt_req *q, uint32_t reason, ks_err err,
 }
 
 // ----------------------------------------------------------------------------
+// Embeddings (loop thread): EMBED to one prefill worker, EMBED_RESULT back
+
+static rt_worker *rt__pick_prefill(cluster_router *r, const rt_req *q);
+static void rt__refused_at_prefill(cluster_router *r, rt_req *q, rt_worker *p, admit_reason reason,
+                                   const char *msg);
+
+/* Sends the waiting embedding q (the queue head) to a prefill worker: false
+ * (q waits) when none is registered. p_sent stays false: a prefill worker
+ * keeps no state for an embedding once it has answered, so an abort (a
+ * client gone, a timeout) is the router's alone and the late answer is
+ * dropped as a frame for an unknown req_id. */
+static bool rt__embed_start(cluster_router *r, rt_req *q, uint64_t now) {
+    rt_worker *p = rt__pick_prefill(r, q);
+    if (!p) {
+        q->retry_ms = now + RT_RETRY_MS;
+        return false;
+    }
+    pd_msg_embed m = {.pooling = q->pooling, .n_tokens = (uint32_t)q->n_prompt};
+    memcpy(m.domain_hash, q->domain, sizeof m.domain_hash);
+    uint32_t n = 0;
+    ks_errbuf eb;
+    uint8_t *buf = NULL;
+    if (pd_msg_embed_encode(&m, q->prompt, NULL, 0, &n, &eb) == KS_OK) buf = malloc(n);
+    rt__unwait(r, q);
+    atomic_fetch_add(&r->n_inflight, 1);
+    q->phase = RT_PREFILLING; // counted in flight from here on (rt__end)
+    q->p_id = p->id;
+    q->t_phase_ms = now;
+    p->inflight++;
+    if (!buf || pd_msg_embed_encode(&m, q->prompt, buf, n, &n, &eb) != KS_OK) {
+        free(buf);
+        rt__finish(r, q, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_NOMEM,
+                   "internal error: cannot build EMBED");
+        return true;
+    }
+    rt__send(r, p, PD_MSG_EMBED, q->id, buf, n);
+    free(buf);
+    return true;
+}
+
+/* A frame for embedding q: EMBED_RESULT (the vector: q ends FINISHED) or
+ * REJECT (a refusal, or a retry for DRAINING) from its prefill worker. */
+static void rt__on_embed_frame(cluster_router *r, rt_worker *w, rt_req *q, const pd_frame *f) {
+    if (w->id != q->p_id || q->phase != RT_PREFILLING) return; // late or stray: dropped
+    ks_errbuf eb;
+    if (f->hdr.type == PD_MSG_EMBED_RESULT) {
+        pd_msg_embed_result m;
+        const uint32_t E = (uint32_t)model_hp(r->m)->n_embd;
+        if (pd_msg_embed_result_decode(f->payload, f->payload_len, &m, &eb) != KS_OK ||
+            m.n_embd != E || m.n_tokens != (uint32_t)q->n_prompt) {
+            ks_log(KS_LOG_WARN, "router: embedding %" PRIu64 ": bad EMBED_RESULT from worker %u",
+                   q->id, w->id);
+            rt__finish(r, q, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_PROTO,
+                       "internal error: bad embedding from the prefill worker");
+            return;
+        }
+        for (uint32_t i = 0; i < E; i++)
+            q->evec[i] = pd_msg_embed_value(&m, i);
+        rt__finish(r, q, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
+    } else if (f->hdr.type == PD_MSG_REJECT) {
+        pd_msg_reject j;
+        char msg[PD_MSG_MAX_TEXT + 1];
+        if (pd_msg_reject_decode(f->payload, f->payload_len, &j, &eb) != KS_OK) return;
+        snprintf(msg, sizeof msg, "%.*s", (int)j.msg_len, j.msg);
+        rt__refused_at_prefill(r, q, w, (admit_reason)j.reason, msg);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // Scheduling (loop thread)
 
 static rt_worker *rt__pick(cluster_router *r, uint8_t role, uint32_t need_pages, uint32_t avoid) {
@@ -335,6 +409,10 @@ static void rt__schedule(cluster_router *r) {
     while (r->wait_head) {
         rt_req *q = r->wait_head;
         if (q->retry_ms > now) return;
+        if (q->embed) {
+            if (!rt__embed_start(r, q, now)) return;
+            continue;
+        }
         uint32_t need = (uint32_t)((q->n_prompt + q->max_tokens + r->g.page_tokens - 1) / r->g.page_tokens);
         rt_worker *d = rt__pick(r, PD_ROLE_DECODE, need, 0), *p = rt__pick_prefill(r, q);
         if (!d || !p) {
@@ -586,6 +664,10 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
     rt_req *q = rt__find(r, f->hdr.req_id);
     uint16_t type = f->hdr.type;
     if (!q) return;  // terminal already (or never ours): dropped
+    if (q->embed) {
+        rt__on_embed_frame(r, w, q, f);
+        return;
+    }
     ks_errbuf eb;
     bool from_d = w->id == q->d_id, from_p = w->id == q->p_id;
     char msg[PD_MSG_MAX_TEXT + 1];
@@ -1038,6 +1120,74 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     return KS_OK;
 }
 
+/* server_backend.embed_submit: admit_embed as engine_embed_submit (I4),
+ * then the loop sends it to a prefill worker (rt__embed_start). */
+static ks_err rt__embed_submit(void *impl, const engine_embed_params *p, void **out,
+                               ks_errbuf *eb) {
+    cluster_router *r = impl;
+    *out = NULL;
+    admit_limits lim = {
+        .n_ctx = r->o.n_ctx, .n_vocab = r->V, .page_tokens = (uint32_t)r->g.page_tokens};
+    ks_err err = admit_embed(&lim, p->tokens, p->n_tokens, eb);
+    model_pooling pool = p->pooling ? p->pooling : r->o.pooling;
+    if (!err && pool && !model_pooling_name(pool))
+        err =
+            admit_refuse(eb, ADMIT_INVALID, "pooling %d is not supported (mean, last)", (int)pool);
+    if (!err && !atomic_load(&r->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
+    if (!err && !atomic_load(&r->n_prefill))
+        err = admit_refuse(eb, ADMIT_NO_WORKER, "no prefill worker is registered with the router");
+    if (!err && atomic_load(&r->n_waiting) >= r->o.queue_max)
+        err = admit_refuse(eb, ADMIT_BUSY, "the server is busy: %u requests already waiting",
+                           r->o.queue_max);
+    if (err) {
+        atomic_fetch_add(&r->n_rejected, 1);
+        return err;
+    }
+    rt_req *q = calloc(1, sizeof *q);
+    if (!q) return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    atomic_init(&q->refs, 2);
+    atomic_init(&q->state, ENGINE_QUEUED);
+    q->r = r;
+    q->id = atomic_fetch_add(&r->next_req_id, 1);
+    q->embed = true;
+    q->pooling = (uint32_t)pool;
+    snprintf(q->tenant, sizeof q->tenant, "%s", p->tenant ? p->tenant : "default");
+    engine_params dp = {.tenant = p->tenant};
+    engine_domain_root(&dp, q->domain);
+    q->prompt = malloc(sizeof(int32_t) * (size_t)p->n_tokens);
+    q->evec = malloc(sizeof(float) * (size_t)model_hp(r->m)->n_embd);
+    q->n_prompt = p->n_tokens;
+    q->t_submit_ns = ks_now_ns();
+    ks_err ce = KS_OK;
+    if (!q->prompt || !q->evec || (ce = engine_stream_create(NULL, 0, &q->out, eb))) {
+        rt__req_free(q);
+        return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
+    }
+    memcpy(q->prompt, p->tokens, sizeof(int32_t) * (size_t)p->n_tokens);
+    atomic_fetch_add(&r->n_waiting, 1); // until the loop takes it (rt__on_submit)
+    atomic_fetch_add(&r->tokens_in, (unsigned long long)p->n_tokens);
+    if (pd_loop_post(r->loop, rt__on_submit, q) != KS_OK) {
+        atomic_fetch_sub(&r->n_waiting, 1);
+        rt__req_free(q);
+        return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    }
+    atomic_fetch_sub(&r->n_waiting, 1); // rt__on_submit counts it again in the queue
+    *out = q;
+    return KS_OK;
+}
+
+/* server_backend.embed_vector: the vector once the done event (FINISHED)
+ * was taken. */
+static ks_err rt__embed_vector(void *req, float *out, int32_t cap) {
+    rt_req *q = req;
+    int32_t E = model_hp(q->r->m)->n_embd;
+    if (!q->embed || cap < E || atomic_load(&q->state) != ENGINE_FINISHED ||
+        !engine_stream_done_posted(q->out))
+        return KS_ERR_INVAL;
+    memcpy(out, q->evec, sizeof(float) * (size_t)E);
+    return KS_OK;
+}
+
 static void rt__cancel(void *req) {
     rt_req *q = req;
     if (atomic_exchange(&q->cancelled, true)) return;
@@ -1156,7 +1306,9 @@ void cluster_router_backend(cluster_router *r, server_backend *out) {
                             .set_online = rt__set_online,
                             .get_stats = rt__get_stats,
                             .check_quiescent = rt__check_quiescent,
-                            .submit_n = rt__submit_n};
+                            .submit_n = rt__submit_n,
+                            .embed_submit = rt__embed_submit,
+                            .embed_vector = rt__embed_vector};
 }
 
 // ----------------------------------------------------------------------------
@@ -1219,9 +1371,10 @@ ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out,
     }
     // what workers may send on a control connection
     if ((err = pd_msg_type_max(NULL, r->type_max, eb))) goto fail;
-    static const uint16_t allowed[] = {PD_MSG_REGISTER, PD_MSG_HEALTH_ACK, PD_MSG_GRANT,
-                                       PD_MSG_DENY,     PD_MSG_REJECT,     PD_MSG_TOKEN,
-                                       PD_MSG_FINISH,   PD_MSG_POOL_CHECK_ACK, PD_MSG_ERROR};
+    static const uint16_t allowed[] = {PD_MSG_REGISTER,    PD_MSG_HEALTH_ACK,     PD_MSG_GRANT,
+                                       PD_MSG_DENY,        PD_MSG_REJECT,         PD_MSG_TOKEN,
+                                       PD_MSG_FINISH,      PD_MSG_POOL_CHECK_ACK, PD_MSG_ERROR,
+                                       PD_MSG_EMBED_RESULT};
     uint32_t keep[PD_MSG_N_TYPES];
     memcpy(keep, r->type_max, sizeof keep);
     for (uint32_t t = 0; t < PD_MSG_N_TYPES; t++) r->type_max[t] = PD_TYPE_FORBIDDEN;

@@ -151,3 +151,27 @@ ks_err admit_request(const admit_limits *lim, const engine_params *p, admit_admi
         return admit_refuse(eb, ADMIT_INVALID, "%s", seb.msg);
     return KS_OK;
 }
+
+ks_err admit_embed(const admit_limits *lim, const int32_t *tokens, int64_t n_tokens,
+                   ks_errbuf *eb) {
+    if (n_tokens < 1 || !tokens) return admit_refuse(eb, ADMIT_INVALID, "the input is empty");
+    if (n_tokens > lim->n_ctx)
+        return admit_refuse(eb, ADMIT_CONTEXT_LENGTH,
+                            "This model's maximum context length is %d tokens. However, you "
+                            "requested %" PRId64 " tokens (%" PRId64
+                            " in the input, 0 for the completion). Please reduce the length of the "
+                            "input.",
+                            lim->n_ctx, n_tokens, n_tokens);
+    uint64_t pages = ((uint64_t)n_tokens + lim->page_tokens - 1) / lim->page_tokens;
+    if (lim->max_pages && pages > lim->max_pages)
+        return admit_refuse(eb, ADMIT_KV_CAPACITY,
+                            "the input needs %" PRIu64
+                            " KV pages of %u tokens, the KV cache holds %u",
+                            pages, lim->page_tokens, lim->max_pages);
+    for (int64_t i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || tokens[i] >= lim->n_vocab)
+            return admit_refuse(eb, ADMIT_INVALID,
+                                "input token %" PRId64 ": id %d out of range [0, %d)", i, tokens[i],
+                                lim->n_vocab);
+    return KS_OK;
+}

@@ -99,6 +99,12 @@ struct engine_req {
     struct engine_req *fol[ENGINE_MAX_N - 1]; // choice 0: the choices waiting for its prompt
     int n_fol;
     bool orphan; // its choice 0 ended before computing the prompt: abort it at the next step
+    // embeddings (engine_embed_submit); scheduler-owned until the done event
+    model_pooling embed;     // MEAN or LAST: an embedding request; DEFAULT: a generation
+    model_embd_acc ea;       // the pooled state, over eacc
+    double *eacc;            // (n_embd)
+    float *evec;             // (n_embd) the result, written before the done event
+    int32_t hid_row0, hid_n; // this step: its hidden rows (consecutive), hid_n 0: none
 };
 
 typedef struct {
@@ -133,6 +139,8 @@ struct engine {
     engine_req **running;  // (max_running)
     int n_running;
     float *logits;                           // (max_running + ENGINE__PROMPT_ROWS, V)
+    float *hidden;                           // (max_batch_tokens, n_embd) embeddings' rows
+    int32_t *b_hid;                          // (max_batch_tokens) hidden row per token, or -1
     int32_t *b_tok, *b_pos, *b_seq, *b_out;  // (max_batch_tokens)
     kv_seq **b_seqs;       // (max_running)
     ks_err *b_err;         // (max_running)
@@ -220,6 +228,8 @@ static void engine__req_free(engine_req *r) {
     free(r->gmask);
     engine_stream_destroy(r->out);
     free(r->prompt);
+    free(r->eacc);
+    free(r->evec);
     free(r);
 }
 
@@ -580,11 +590,14 @@ static void engine__admit(engine *e) {
         kv_seq_init(e->pool, &r->seq);
         r->has_seq = true;
         uint32_t cached = 0;
-        if (e->prefix && !r->prompt_lp) // echo needs the logits of every prompt position
+        if (e->prefix && !r->prompt_lp && !r->embed) // echo, embeddings: every position's row
             cached =
                 kv_prefix_attach(e->prefix, r->root, r->prompt, (uint32_t)r->n_prompt, &r->seq);
         // max_tokens 0 (echo) was admitted as 1: reserve that one too
-        uint32_t need = (uint32_t)(r->n_prompt + (r->max_tokens > 0 ? r->max_tokens : 1));
+        // (an embedding holds its input only)
+        uint32_t need = (uint32_t)(r->n_prompt + (r->max_tokens > 0 ? r->max_tokens
+                                                  : r->embed        ? 0
+                                                                    : 1));
         uint32_t shared = (uint32_t)(r->n_prompt - 1) / P; // pages its other choices share
         uint32_t own = (need + P - 1) / P - shared;        // pages each of them owns
         uint32_t need_pages = (need + P - 1) / P - r->seq.n_pages + (uint32_t)r->n_fol * own;
@@ -747,6 +760,23 @@ static void engine__inject_fault(engine *e) {
 }
 #endif
 
+/* Pools this step's hidden rows of embedding request r; once its last
+ * position is in, writes the vector and ends it (pages released, I3).
+ * Returns true if r finished. */
+static bool engine__embed_step(engine *e, engine_req *r) {
+    const size_t E = (size_t)model_hp(e->m)->n_embd;
+    if (r->hid_n > 0) model_embd_add(&r->ea, e->hidden + (size_t)r->hid_row0 * E, r->hid_n);
+    r->hid_n = 0;
+    if (r->n_past < r->n_prompt) return false;
+    if (model_embd_finish(&r->ea, r->evec) != KS_OK) {
+        engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_INTERNAL,
+                       "internal error: no hidden row was pooled");
+        return true;
+    }
+    engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
+    return true;
+}
+
 /* One scheduling step; returns false when there was nothing to run. */
 static bool engine__step(engine *e) {
     // retire cancelled requests first: their pages are freed within one step
@@ -772,13 +802,14 @@ static bool engine__step(engine *e) {
 #endif
     // build the batch: decodes first (one token each), then prefill chunks; a
     // request whose client has not taken its output sits this step out
-    int32_t n = 0, n_out = 0, budget = e->o.max_batch_tokens;
+    int32_t n = 0, n_out = 0, n_hid = 0, budget = e->o.max_batch_tokens;
     unsigned n_paused = 0;
     for (int i = 0; i < e->n_running; i++) {
         engine_req *r = e->running[i];
         r->batch_slot = i;
         r->out_row = -1;
         r->lp_n = 0;
+        r->hid_n = 0;
         e->b_seqs[i] = engine__seq(r);
         if (atomic_load(&r->state) != ENGINE_DECODING || n >= budget) continue;
         if (engine_stream_backlogged(r->out)) {
@@ -789,6 +820,7 @@ static bool engine__step(engine *e) {
         e->b_pos[n] = r->n_prompt + r->n_gen - 1;
         e->b_seq[n] = i;
         e->b_out[n] = r->out_row = n_out++;
+        e->b_hid[n] = -1;
         n++;
     }
     int32_t lp_rows = ENGINE__PROMPT_ROWS; // extra logits rows left for prompt logprobs
@@ -805,23 +837,40 @@ static bool engine__step(engine *e) {
             r->lp_pos0 = r->n_past;
             r->lp_n = chunk;
         }
+        if (r->embed) { // hidden rows, no logits: every position's (mean) or the last's
+            r->hid_row0 = n_hid;
+            r->hid_n = 0;
+        }
         for (int32_t j = 0; j < chunk; j++) {
             e->b_tok[n] = r->prompt[r->n_past + j];
             e->b_pos[n] = r->n_past + j;
             e->b_seq[n] = i;
             bool last = r->n_past + j == r->n_prompt - 1;
-            e->b_out[n] = last ? (r->out_row = n_out++) : r->prompt_lp ? n_out++ : -1;
+            e->b_hid[n] = -1;
+            if (r->embed) {
+                e->b_out[n] = -1;
+                if (r->embed == MODEL_POOL_MEAN || last) e->b_hid[n] = n_hid++, r->hid_n++;
+            } else {
+                e->b_out[n] = last ? (r->out_row = n_out++) : r->prompt_lp ? n_out++ : -1;
+            }
             n++;
         }
         r->n_past += chunk;
     }
     atomic_store(&e->st_paused, n_paused);
     if (n == 0) return false;  // all paused: wait for a client (engine__wake) or a cancel
-    model_batch b = {.n_tokens = n, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq,
-                     .out_row = e->b_out, .n_out = n_out, .n_seqs = e->n_running,
-                     .seqs = e->b_seqs, .seq_err = e->b_err};
+    model_batch b = {.n_tokens = n,
+                     .tokens = e->b_tok,
+                     .pos = e->b_pos,
+                     .seq = e->b_seq,
+                     .out_row = e->b_out,
+                     .n_out = n_out,
+                     .n_seqs = e->n_running,
+                     .seqs = e->b_seqs,
+                     .seq_err = e->b_err};
+    model_hidden hid = {.row = e->b_hid, .n_rows = n_hid, .out = e->hidden};
     ks_errbuf eb;
-    ks_err err = model_forward(e->ctx, &b, e->logits, &eb);
+    ks_err err = model_forward_hidden(e->ctx, &b, e->logits, n_hid ? &hid : NULL, &eb);
     engine__report_violations(e);
     // results, in running order; finished requests leave the running set
     engine_req **run = e->running;
@@ -835,6 +884,8 @@ static bool engine__step(engine *e) {
             engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_INTERNAL,
                            err ? "internal error" : "internal error: KV integrity check failed");
             gone = true;
+        } else if (r->embed) {
+            gone = engine__embed_step(e, r);
         } else {
             if (r->lp_n > 0) engine__prompt_events(e, r);
             if (r->out_row >= 0) {
@@ -1036,6 +1087,80 @@ ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out, ks_
 }
 
 // ----------------------------------------------------------------------------
+// Embeddings (engine.h): a prompt-only request kind
+
+ks_err engine_embed_submit(engine *e, const engine_embed_params *p, engine_req **out,
+                           ks_errbuf *eb) {
+    *out = NULL;
+    admit_limits lim = {.n_ctx = e->o.n_ctx,
+                        .n_vocab = e->V,
+                        .page_tokens = (uint32_t)e->o.page_tokens,
+                        .max_pages = kv_pool_n_pages(e->pool)};
+    model_pooling pool = p->pooling ? p->pooling : e->o.pooling;
+    ks_err err = admit_embed(&lim, p->tokens, p->n_tokens, eb);
+    if (!err && !model_pooling_name(pool))
+        err =
+            admit_refuse(eb, ADMIT_INVALID, "pooling %d is not supported (mean, last)", (int)pool);
+    if (!err && !atomic_load(&e->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
+    if (err) {
+        atomic_fetch_add(&e->n_rejected, 1);
+        return err;
+    }
+    const size_t E = (size_t)model_hp(e->m)->n_embd;
+    engine_req *r = engine__req_new(e, p->tenant);
+    if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    engine_params dp = {.tenant = p->tenant};
+    engine_domain_root(&dp, r->root); // the tenant's domain, though embeddings never use the cache
+    r->prompt = malloc(sizeof(int32_t) * (size_t)p->n_tokens);
+    r->eacc = malloc(sizeof(double) * E);
+    r->evec = malloc(sizeof(float) * E);
+    r->n_prompt = p->n_tokens;
+    r->max_tokens = 0; // prompt only: its pages hold the input, nothing more
+    r->embed = pool;
+    r->t_submit = ks_now_ns();
+    ks_err ce = KS_OK;
+    if (!r->prompt || !r->eacc || !r->evec || (ce = engine_stream_create(NULL, 0, &r->out, eb))) {
+        engine__req_free(r);
+        return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
+    }
+    memcpy(r->prompt, p->tokens, sizeof(int32_t) * (size_t)p->n_tokens);
+    model_embd_begin(&r->ea, pool, (int32_t)E, r->eacc);
+    engine_stream_set_wake(r->out, engine__wake, e);
+    pthread_mutex_lock(&e->mu);
+    if (e->n_waiting >= (uint32_t)e->o.queue_max || e->stop) {
+        bool stop = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        engine__req_free(r);
+        atomic_fetch_add(&e->n_rejected, 1);
+        return stop
+                   ? admit_refuse(eb, ADMIT_DRAINING, NULL)
+                   : admit_refuse(eb, ADMIT_BUSY, "the server is busy: %d requests already waiting",
+                                  e->o.queue_max);
+    }
+    if (e->wait_tail)
+        e->wait_tail->next = r;
+    else
+        e->wait_head = r;
+    e->wait_tail = r;
+    e->n_waiting++;
+    atomic_store(&e->st_queued, e->n_waiting);
+    e->kick++;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    *out = r;
+    return KS_OK;
+}
+
+ks_err engine_req_embedding(engine_req *r, float *out, int32_t cap) {
+    int32_t E = model_hp(r->e->m)->n_embd;
+    if (!r->embed || cap < E || engine_req_state(r) != ENGINE_FINISHED ||
+        !engine_stream_done_posted(r->out))
+        return KS_ERR_INVAL;
+    memcpy(out, r->evec, sizeof(float) * (size_t)E);
+    return KS_OK;
+}
+
+// ----------------------------------------------------------------------------
 // Lifecycle
 
 /* Frees what engine_create built (any prefix of it); the thread is gone. */
@@ -1045,6 +1170,8 @@ static void engine__free(engine *e) {
     kv_pool_destroy(e->pool);
     free(e->running);
     free(e->logits);
+    free(e->hidden);
+    free(e->b_hid);
     grammar_vocab_destroy(e->gvocab);
     free(e->b_tok);
     free(e->b_seqs);
@@ -1094,7 +1221,11 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
     e->b_err = calloc(R, sizeof *e->b_err);
     e->piece_cap = tok_stream_bound(e->vocab);
     e->piece = malloc(e->piece_cap);
-    if (!e->running || !e->logits || !e->b_tok || !e->b_seqs || !e->b_err || !e->piece) {
+    e->hidden = malloc(sizeof(float) * B * (size_t)model_hp(o->m)->n_embd);
+    e->b_hid = malloc(sizeof(int32_t) * B);
+    if (!e->o.pooling) e->o.pooling = model_pooling_default(o->m);
+    if (!e->running || !e->logits || !e->b_tok || !e->b_seqs || !e->b_err || !e->piece ||
+        !e->hidden || !e->b_hid) {
         err = ks_seterr(eb, KS_ERR_NOMEM, "engine buffers");
         goto fail;
     }

@@ -1152,7 +1152,8 @@ static void fwd__softcap_task(void *arg, int ith, int nth) {
 // ----------------------------------------------------------------------------
 // The pass
 
-static ks_err fwd__validate(model_ctx *c, const model_batch *b, ks_errbuf *eb) {
+static ks_err fwd__validate(model_ctx *c, const model_batch *b, const model_hidden *h,
+                            ks_errbuf *eb) {
     const model_hparams *hp = &c->m->hp;
     if (b->n_tokens < 1 || b->n_tokens > c->max_tokens)
         return ks_seterr(eb, KS_ERR_INVAL, "batch of %d tokens (context allows 1..%d)", b->n_tokens,
@@ -1193,11 +1194,31 @@ static ks_err fwd__validate(model_ctx *c, const model_batch *b, ks_errbuf *eb) {
     }
     if (n_out != b->n_out)
         return ks_seterr(eb, KS_ERR_INVAL, "batch asks for %d logit rows but marks %d", b->n_out, n_out);
+    if (!h) return KS_OK;
+    if (h->n_rows < 0 || h->n_rows > b->n_tokens || !h->row || (h->n_rows > 0 && !h->out))
+        return ks_seterr(eb, KS_ERR_INVAL, "batch asks for %d hidden rows of %d tokens", h->n_rows,
+                         b->n_tokens);
+    int n_hid = 0;
+    for (int t = 0; t < b->n_tokens; t++) {
+        if (h->row[t] < 0) continue;
+        if (h->row[t] >= h->n_rows)
+            return ks_seterr(eb, KS_ERR_INVAL, "token %d: hidden row %d >= %d", t, h->row[t],
+                             h->n_rows);
+        n_hid++;
+    }
+    if (n_hid != h->n_rows)
+        return ks_seterr(eb, KS_ERR_INVAL, "batch asks for %d hidden rows but marks %d", h->n_rows,
+                         n_hid);
     return KS_OK;
 }
 
 ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbuf *eb) {
-    ks_err e = fwd__validate(c, b, eb);
+    return model_forward_hidden(c, b, logits, NULL, eb);
+}
+
+ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
+                            const model_hidden *h, ks_errbuf *eb) {
+    ks_err e = fwd__validate(c, b, h, eb);
     if (e) return e;
     const model *m = c->m;
     const model_hparams *hp = &m->hp;
@@ -1256,6 +1277,11 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
     if (n_bad && !b->seq_err)
         return ks_seterr(eb, KS_ERR_INTERNAL, "sequence %d: a block-table entry failed the page check",
                          first_bad);
+    // hidden rows (embeddings): the normed final state, before the LM head
+    for (int t = 0; h && h->n_rows > 0 && t < T; t++)
+        if (h->row[t] >= 0)
+            memcpy(h->out + (size_t)h->row[t] * (size_t)E, c->xn + (size_t)t * (size_t)E,
+                   sizeof(float) * (size_t)E);
     if (b->n_out == 0) return KS_OK;
     // gather the normed rows that want logits, in output-row order (rows of a
     // failed sequence are computed but must not be used: seq_err says so)

@@ -124,6 +124,10 @@ const char *pd_msg_type_name(uint16_t type) {
     case PD_MSG_POOL_CHECK_ACK: return "POOL_CHECK_ACK";
     case PD_MSG_RETIRE: return "RETIRE";
     case PD_MSG_ERROR: return "ERROR";
+    case PD_MSG_EMBED:
+        return "EMBED";
+    case PD_MSG_EMBED_RESULT:
+        return "EMBED_RESULT";
     default: return "UNKNOWN";
     }
 }
@@ -186,6 +190,8 @@ ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES], ks_errbuf
     out[PD_MSG_POOL_CHECK_ACK] = 24;
     out[PD_MSG_RETIRE] = 8;
     out[PD_MSG_ERROR] = 8 + PD_MSG_MAX_TEXT;
+    out[PD_MSG_EMBED] = PD_MSG_EMBED_MAX;
+    out[PD_MSG_EMBED_RESULT] = PD_MSG_EMBED_RESULT_FIXED + 4 * PD_MSG_EMBED_MAX_DIM;
     return KS_OK;
 }
 
@@ -1041,4 +1047,89 @@ ks_err pd_msg_done_encode(const pd_msg_done *m, const pd_msg_top *top, uint8_t *
     pd_store_u32(buf + 28, 0);
     store_top(buf + 32, top, m->n_top);
     return KS_OK;
+}
+
+// ----------------------------------------------------------------------------
+// Embeddings: EMBED, EMBED_RESULT
+
+int32_t pd_msg_embed_token(const pd_msg_embed *m, uint32_t i) {
+    return (int32_t)pd_load_u32(m->tokens + 4u * (size_t)i);
+}
+
+float pd_msg_embed_value(const pd_msg_embed_result *m, uint32_t i) {
+    return load_f32(m->vec + 4u * (size_t)i);
+}
+
+ks_err pd_msg_embed_decode(const uint8_t *p, uint32_t len, pd_msg_embed *out, ks_errbuf *eb) {
+    ks_err e = want_min("EMBED", len, PD_MSG_EMBED_FIXED, eb);
+    if (e) return e;
+    pd_msg_embed m;
+    m.pooling = pd_load_u32(p);
+    m.n_tokens = pd_load_u32(p + 4);
+    if (m.n_tokens < 1) return PROTO("EMBED: n_tokens is 0");
+    if ((e = want_var("EMBED", "n_tokens", len, PD_MSG_EMBED_FIXED, 4ull * m.n_tokens, eb)))
+        return e;
+    if (m.pooling != 0 && m.pooling != 1 && m.pooling != 3)
+        return PROTO("EMBED: pooling %u is not 0 (the worker's), 1 (mean) or 3 (last)", m.pooling);
+    memcpy(m.domain_hash, p + 8, PD_MSG_HASH_BYTES);
+    m.tokens = p + PD_MSG_EMBED_FIXED;
+    *out = m;
+    return KS_OK;
+}
+
+ks_err pd_msg_embed_encode(const pd_msg_embed *m, const int32_t *tokens, uint8_t *buf, size_t cap,
+                           uint32_t *out_len, ks_errbuf *eb) {
+    ks_err ret;
+    uint64_t size = PD_MSG_EMBED_FIXED + 4ull * m->n_tokens;
+    if (size > PD_MSG_EMBED_MAX)
+        return ks_seterr(eb, KS_ERR_INVAL, "EMBED: %u tokens exceed the frame bound", m->n_tokens);
+    if (enc_begin(size, buf, cap, out_len, &ret, "EMBED", eb)) return ret;
+    pd_store_u32(buf, m->pooling);
+    pd_store_u32(buf + 4, m->n_tokens);
+    memcpy(buf + 8, m->domain_hash, PD_MSG_HASH_BYTES);
+    for (uint32_t i = 0; i < m->n_tokens; i++)
+        pd_store_u32(buf + PD_MSG_EMBED_FIXED + 4u * (size_t)i, (uint32_t)tokens[i]);
+    pd_msg_embed chk;
+    ks_errbuf tmp;
+    return enc_check(pd_msg_embed_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
+}
+
+ks_err pd_msg_embed_result_decode(const uint8_t *p, uint32_t len, pd_msg_embed_result *out,
+                                  ks_errbuf *eb) {
+    ks_err e = want_min("EMBED_RESULT", len, PD_MSG_EMBED_RESULT_FIXED, eb);
+    if (e) return e;
+    pd_msg_embed_result m;
+    m.n_embd = pd_load_u32(p);
+    m.n_tokens = pd_load_u32(p + 4);
+    m.pooling = pd_load_u32(p + 8);
+    if (m.n_embd < 1 || m.n_embd > PD_MSG_EMBED_MAX_DIM)
+        return PROTO("EMBED_RESULT: n_embd %u out of range [1, %u]", m.n_embd,
+                     PD_MSG_EMBED_MAX_DIM);
+    if ((e = want_var("EMBED_RESULT", "n_embd", len, PD_MSG_EMBED_RESULT_FIXED, 4ull * m.n_embd,
+                      eb)))
+        return e;
+    if (m.n_tokens < 1) return PROTO("EMBED_RESULT: n_tokens is 0");
+    if (m.pooling != 1 && m.pooling != 3)
+        return PROTO("EMBED_RESULT: pooling %u is not 1 (mean) or 3 (last)", m.pooling);
+    m.vec = p + PD_MSG_EMBED_RESULT_FIXED;
+    *out = m;
+    return KS_OK;
+}
+
+ks_err pd_msg_embed_result_encode(const pd_msg_embed_result *m, const float *vec, uint8_t *buf,
+                                  size_t cap, uint32_t *out_len, ks_errbuf *eb) {
+    ks_err ret;
+    if (m->n_embd < 1 || m->n_embd > PD_MSG_EMBED_MAX_DIM)
+        return ks_seterr(eb, KS_ERR_INVAL, "EMBED_RESULT: n_embd %u out of range", m->n_embd);
+    if (enc_begin(PD_MSG_EMBED_RESULT_FIXED + 4ull * m->n_embd, buf, cap, out_len, &ret,
+                  "EMBED_RESULT", eb))
+        return ret;
+    pd_store_u32(buf, m->n_embd);
+    pd_store_u32(buf + 4, m->n_tokens);
+    pd_store_u32(buf + 8, m->pooling);
+    for (uint32_t i = 0; i < m->n_embd; i++)
+        store_f32(buf + PD_MSG_EMBED_RESULT_FIXED + 4u * (size_t)i, vec[i]);
+    pd_msg_embed_result chk;
+    ks_errbuf tmp;
+    return enc_check(pd_msg_embed_result_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
 }

@@ -19,8 +19,8 @@
 
 const char *srv_route_name(srv_route r) {
     static const char *const names[SRV_ROUTE__COUNT] = {
-        "chat_completions", "completions", "workers_ai", "models",
-        "health",           "metrics",     "admin",      "other",
+        "chat_completions", "completions", "workers_ai", "models",     "health",
+        "metrics",          "admin",       "other",      "embeddings", "tokenize",
     };
     return (unsigned)r < SRV_ROUTE__COUNT ? names[r] : "other";
 }

@@ -199,6 +199,17 @@ struct srv_gen {
     toolcall_cfg tc_cfg;
     bool tc_parallel; /* parallel_tool_calls: false keeps the first call only */
     int tc_sent;      /* calls answered (streamed) so far */
+    /* embeddings (route EMBEDDINGS, n_ch 0): one backend request per input,
+       at most SRV_EMBED_WINDOW of them submitted and not done at a time */
+    void **ereq; /* (n_ereq) handles (NULL: not submitted) */
+    bool *edone; /* (n_ereq) its done event was taken */
+    int n_ereq, n_edone, n_esub; /* inputs, done, submitted (the first n_esub) */
+    srv_embed_req erq;           /* the parsed, tokenized inputs */
+    const char *etenant;         /* the tenant's name (s->ts, outlives g) */
+    srv_route shape; /* the error answers' shape (EMBEDDINGS; WORKERS for its envelope) */
+    float *evec;   /* (n_ereq, n_embd) the vectors */
+    bool base64;   /* encoding_format base64 */
+    bool embed_ok; /* every vector computed: the tenant's tokens were all used */
 };
 
 // ----------------------------------------------------------------------------
@@ -325,6 +336,7 @@ static void srv__gen_release_tenant(srv_gen *g) {
     if (g->tenant < 0) return;
     // never submitted: all of it back; else what was not generated
     int64_t unused = g->ch[0].req ? (int64_t)g->max_tokens * g->n_ch - g->n_gen : g->reserved;
+    if (g->route == SRV_ROUTE_EMBEDDINGS) unused = g->embed_ok ? 0 : g->reserved;
     srv_tenants_release(g->s->ts, g->tenant, unused > 0 ? unused : 0);
     g->tenant = -1;
 }
@@ -342,6 +354,16 @@ static void srv__gen_free(srv_gen *g) {
         srv_buf_free(&ch->text);
         json_decref(ch->lp);
     }
+    for (int i = 0; i < g->n_ereq; i++) {
+        if (!g->ereq[i]) continue;
+        s->b.set_notify(g->ereq[i], NULL, NULL);
+        if (!g->edone[i]) s->b.cancel(g->ereq[i]);
+        s->b.release(g->ereq[i]);
+    }
+    free(g->ereq);
+    free(g->edone);
+    srv_embed_req_free(&g->erq);
+    free(g->evec);
     free(g->echo);
     json_decref(g->plp);
     pthread_mutex_lock(&s->lmu);
@@ -394,6 +416,8 @@ static bool srv__gen_suspend(srv_gen *g) {
 static void srv__gen_cancel(srv_gen *g) {
     for (int i = 0; i < g->n_ch; i++)
         if (g->ch[i].req && !g->ch[i].done) g->s->b.cancel(g->ch[i].req);
+    for (int i = 0; i < g->n_ereq; i++)
+        if (g->ereq[i] && !g->edone[i]) g->s->b.cancel(g->ereq[i]);
 }
 
 /* Takes the next event of any choice if there is one (round robin, so no
@@ -1215,7 +1239,9 @@ static void srv__submit_error(ks_err e, const ks_errbuf *eb, srv_route route, sr
                  eb->msg[0] ? eb->msg : ks_strerror(e));
         return;
     }
-    const char *pparam = route == SRV_ROUTE_COMPLETIONS ? "prompt" : "messages";
+    const char *pparam = route == SRV_ROUTE_COMPLETIONS  ? "prompt"
+                         : route == SRV_ROUTE_EMBEDDINGS ? "input"
+                                                         : "messages";
     srv_refuse(err, r, r == ADMIT_CONTEXT_LENGTH || r == ADMIT_KV_CAPACITY ? pparam : NULL, "%s",
                eb->msg[0] ? eb->msg : admit_reason_info(r)->msg);
 }
@@ -1476,7 +1502,328 @@ fail:
 }
 
 // ----------------------------------------------------------------------------
+// Embeddings (issue 13): one backend request per input, answered together
+
+#define SRV_EMBED_WINDOW                                                                           \
+    16 /* inputs of one request in the engine at a time (its max_running                           \
+          default): a request of 2048 inputs never fills the queue */
+
+/* Submits g's next inputs while fewer than SRV_EMBED_WINDOW are in flight.
+ * False with err filled when the backend refuses one (the whole request
+ * fails: its vectors would be incomplete). */
+static bool srv__embed_submit_more(server *s, srv_gen *g, srv_error *err) {
+    while (g->n_esub < g->n_ereq && g->n_esub - g->n_edone < SRV_EMBED_WINDOW) {
+        int i = g->n_esub;
+        engine_embed_params ep = {.tenant = g->etenant, // from authentication (I7)
+                                  .tokens = g->erq.in[i].ids,
+                                  .n_tokens = (int32_t)g->erq.in[i].n_ids};
+        ks_errbuf eb = {0};
+        void *req = NULL;
+        ks_err e = s->b.embed_submit(s->b.impl, &ep, &req, &eb);
+        if (e) {
+            srv__submit_error(e, &eb, SRV_ROUTE_EMBEDDINGS, err);
+            size_t ml = strlen(err->msg);
+            if (g->n_ereq > 1 && ml + 16 < sizeof err->msg) { // name the input
+                char pre[16];
+                int k = snprintf(pre, sizeof pre, "input %d: ", i);
+                memmove(err->msg + k, err->msg, ml + 1);
+                memcpy(err->msg, pre, (size_t)k);
+            }
+            return false;
+        }
+        g->ereq[i] = req;
+        g->n_esub++;
+        s->b.set_notify(req, srv__gen_notify, g);
+    }
+    return true;
+}
+
+/* Takes the done events of g's inputs without waiting; answers once every
+ * vector is in (or the first failure), else suspends like srv__gen_collect. */
+static enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, srv_gen *g,
+                                          srv_conn *sc) {
+    const int32_t E = model_hp(s->m)->n_embd;
+    sc->gen = NULL;
+    for (;;) {
+        for (int i = 0; i < g->n_esub; i++) {
+            if (g->edone[i]) continue;
+            engine_event ev;
+            ks_err e = s->b.next(g->ereq[i], &ev, 0);
+            if (e == KS_ERR_TIMEOUT) continue;
+            if (e != KS_OK) { // the events ended without a done event: a failure
+                memset(&ev, 0, sizeof ev);
+                ev.done = true;
+                ev.state = ENGINE_ABORTED;
+                ev.finish = ENGINE_FINISH_ERROR;
+                ev.err = KS_ERR_INTERNAL;
+                snprintf(ev.errmsg, sizeof ev.errmsg, "input %d: no result", i);
+            }
+            if (!ev.done) continue; // an embedding posts its done event only
+            g->edone[i] = true;
+            g->n_edone++;
+            if (ev.state == ENGINE_FINISHED &&
+                s->b.embed_vector(g->ereq[i], g->evec + (size_t)i * (size_t)E, E) == KS_OK)
+                continue;
+            srv_error err;
+            if (atomic_load(&g->gone) && !atomic_load(&s->stopping))
+                srv_fail(&err, 499, "client_closed", "the client closed the connection");
+            else if (ev.state == ENGINE_FINISHED)
+                srv_fail(&err, 500, "internal_error", "input %d: the embedding is missing", i);
+            else
+                srv__gen_error(g, &ev, &err);
+            enum MHD_Result r = srv__reply_error(s, c, g->shape, &err);
+            srv__gen_free(g); // cancels the other inputs; the tenant gets its tokens back
+            return r;
+        }
+        if (g->n_edone == g->n_ereq) break;
+        srv_error err;
+        int n_sub = g->n_esub;
+        if (!srv__embed_submit_more(s, g, &err)) {
+            enum MHD_Result r = srv__reply_error(s, c, g->shape, &err);
+            srv__gen_free(g);
+            return r;
+        }
+        // look at new ones before suspending: an event posted before their
+        // set_notify wakes nobody
+        if (g->n_esub != n_sub) continue;
+        if (!srv__gen_suspend(g)) continue;
+        sc->gen = g;
+        return MHD_YES;
+    }
+    g->embed_ok = true;
+    json_t *j = srv_embed_answer(g->evec, g->n_ereq, E, g->base64, g->model, g->n_prompt);
+    ks_log(KS_LOG_INFO, "embeddings: %d inputs, %d tokens, %.1f ms", g->n_ereq, (int)g->n_prompt,
+           (double)(ks_now_ns() - g->t_submit_ns) / 1e6);
+    srv__gen_free(g);
+    // 9 significant digits give every f32 back exactly (FLT_DECIMAL_DIG), in
+    // about half the bytes of jansson's default 17
+    char *body = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
+    json_decref(j);
+    enum MHD_Result r = srv__reply(s, c, SRV_ROUTE_EMBEDDINGS, 200, body, "application/json");
+    free(body);
+    return r;
+}
+
+/* POST /v1/embeddings (OpenAI's shape). url_model: a model named by the URL
+ * (a Workers-AI-style route), else NULL and the body's "model" is checked;
+ * shape: the route whose error shape refusals take (SRV_ROUTE_EMBEDDINGS,
+ * or SRV_ROUTE_WORKERS for Workers AI's envelope; the answer itself is
+ * OpenAI's list). Auth, tenant limits (the inputs' tokens count) and
+ * admission as the generation routes; each input runs as its own backend
+ * request (its own sequence and pages), up to SRV_EMBED_WINDOW at once so
+ * they batch together. The glue for /accounts/{id}/ai/v1/embeddings:
+ * return srv__embeddings(s, c, NULL, sc, SRV_ROUTE_WORKERS). */
+static enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, const char *url_model,
+                                       srv_conn *sc, srv_route shape) {
+    const srv_route route = shape;
+    srv_error err;
+    int tenant = srv__auth(s, c, &err);
+    if (tenant < 0) return srv__reply_error(s, c, route, &err);
+    if (atomic_load_explicit(&s->draining, memory_order_acquire)) {
+        srv_refuse(&err, ADMIT_DRAINING, NULL,
+                   "the server is shutting down and takes no new requests; retry on another "
+                   "instance");
+        return srv__reply_error(s, c, route, &err);
+    }
+    srv_embed_req rq;
+    if (!srv_embed_parse(sc->body.p ? sc->body.p : "", sc->body.len, &rq, &err))
+        return srv__reply_error(s, c, route, &err);
+    srv_gen *g = NULL;
+    int held = -1;
+    int64_t total = 0;
+    const char *model_name = url_model ? url_model : rq.model;
+    const int32_t E = model_hp(s->m)->n_embd;
+    if (!srv__name_ok(s, model_name)) {
+        srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
+                   "The model '%s' does not exist; this server serves '%s'", model_name,
+                   srv__primary_name(s));
+        goto fail;
+    }
+    if (rq.dimensions >= 0 && rq.dimensions != E) {
+        srv_refuse(&err, ADMIT_UNSUPPORTED_PARAMETER, "dimensions",
+                   "'dimensions' %lld is not supported: this model's embeddings have %d "
+                   "dimensions (omit it, or send %d)",
+                   (long long)rq.dimensions, (int)E, (int)E);
+        goto fail;
+    }
+    if (!s->b.embed_submit || !s->b.embed_vector) {
+        srv_fail(&err, 501, "not_implemented", "embeddings are not supported by this server");
+        goto fail;
+    }
+    // tokenize (BOS/EOS as the vocabulary says; never special-token text), at
+    // most n_ctx + 1 ids each, so an over-long input costs about n_ctx tokens
+    for (int i = 0; i < rq.n; i++) {
+        srv_embed_input *x = &rq.in[i];
+        bool cut = false;
+        if (!x->is_ids) {
+            ks_errbuf eb;
+            if (tok_encode_max(s->vocab, x->text, x->len, true, false, (size_t)s->o.n_ctx, &x->ids,
+                               &x->n_ids, &eb)) {
+                srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
+                goto fail;
+            }
+            cut = x->n_ids > (size_t)s->o.n_ctx;
+            if (x->n_ids == 0) {
+                srv_refuse(&err, ADMIT_INVALID, "input", "input %d has no tokens", i);
+                goto fail;
+            }
+        }
+        for (size_t k = 0; x->is_ids && k < x->n_ids; k++)
+            if (x->ids[k] >= tok_n_vocab(s->vocab)) {
+                srv_refuse(
+                    &err, ADMIT_INVALID, "input",
+                    "input %d, token %zu: id %d is out of range: the vocabulary has %d tokens", i,
+                    k, (int)x->ids[k], (int)tok_n_vocab(s->vocab));
+                goto fail;
+            }
+        if (x->n_ids > (size_t)s->o.n_ctx) {
+            srv_refuse(&err, ADMIT_CONTEXT_LENGTH, "input",
+                       "This model's maximum context length is %d tokens. However, you "
+                       "requested %s%zu tokens (%s%zu in the input, 0 for the completion). "
+                       "Please reduce the length of the input.",
+                       s->o.n_ctx, cut ? "at least " : "", x->n_ids, cut ? "at least " : "",
+                       x->n_ids);
+            goto fail;
+        }
+        total += (int64_t)x->n_ids;
+    }
+    char msg[256];
+    admit_reason rj = srv_tenants_admit(s->ts, tenant, total, ks_now_ns(), msg, sizeof msg);
+    if (rj != ADMIT_OK) {
+        srv_refuse(&err, rj, NULL, "%s", msg);
+        goto fail;
+    }
+    held = tenant;
+    if (!(g = calloc(1, sizeof *g))) {
+        srv_fail(&err, 500, "internal_error", "out of memory");
+        goto fail;
+    }
+    g->s = s;
+    pthread_mutex_init(&g->mu, NULL);
+    atomic_fetch_add_explicit(&s->met.inflight, 1, memory_order_acq_rel);
+    g->route = SRV_ROUTE_EMBEDDINGS;
+    g->shape = shape;
+    g->etenant = s->ts->t[tenant].name;
+    g->reserved = total;
+    g->n_prompt = (int32_t)total;
+    g->tenant = held; // g releases the tenant from here on
+    held = -1;
+    g->created = (long long)time(NULL);
+    g->fd = -1;
+    g->conn = c;
+    g->http11 = sc->http11;
+    g->base64 = rq.base64;
+    snprintf(g->model, sizeof g->model, "%s", model_name ? model_name : srv__primary_name(s));
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci) g->fd = ci->connect_fd;
+    g->ereq = calloc((size_t)rq.n, sizeof *g->ereq);
+    g->edone = calloc((size_t)rq.n, sizeof *g->edone);
+    g->evec = malloc(sizeof(float) * (size_t)rq.n * (size_t)E);
+    if (!g->ereq || !g->edone || !g->evec) {
+        srv_fail(&err, 500, "internal_error", "out of memory");
+        goto fail;
+    }
+    g->n_ereq = rq.n;
+    g->erq = rq; // g owns the inputs from here on
+    memset(&rq, 0, sizeof rq);
+    g->t_submit_ns = ks_now_ns();
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    pthread_mutex_lock(&s->lmu); // the sweeper watches it from now on
+    g->lnext = s->gens;
+    if (s->gens) s->gens->lprev = g;
+    s->gens = g;
+    pthread_mutex_unlock(&s->lmu);
+    if (!srv__embed_submit_more(s, g, &err)) goto fail;
+    return srv__embed_collect(s, c, g, sc);
+fail:
+    if (held >= 0) srv_tenants_release(s->ts, held, total);
+    srv__gen_free(g);
+    srv_embed_req_free(&rq);
+    return srv__reply_error(s, c, route, &err);
+}
+
+/* POST /tokenize and /detokenize (llama.cpp server's shapes): the model's
+ * vocabulary, here on the HTTP thread (no model code). A tenant key is
+ * needed where keys are configured. detokenize renders no special token
+ * and drops the space-prefix rule's leading space, so detokenize(tokenize
+ * (text)) == text. */
+static enum MHD_Result srv__tokenize(server *s, struct MHD_Connection *c, srv_conn *sc,
+                                     bool detok) {
+    const srv_route route = SRV_ROUTE_TOKENIZE;
+    srv_error err;
+    if (srv__auth(s, c, &err) < 0) return srv__reply_error(s, c, route, &err);
+    const char *body = sc->body.p ? sc->body.p : "";
+    json_t *j = NULL;
+    if (!detok) {
+        srv_tokenize_req rq;
+        if (!srv_tokenize_parse(body, sc->body.len, &rq, &err))
+            return srv__reply_error(s, c, route, &err);
+        if (!srv__name_ok(s, rq.model)) {
+            srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
+                       "The model '%s' does not exist; this server serves '%s'", rq.model,
+                       srv__primary_name(s));
+            json_decref(rq.root);
+            return srv__reply_error(s, c, route, &err);
+        }
+        int32_t *ids = NULL;
+        size_t n = 0;
+        ks_errbuf eb;
+        if (tok_encode(s->vocab, rq.content, rq.len, rq.add_special, rq.parse_special, &ids, &n,
+                       &eb)) {
+            json_decref(rq.root);
+            srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
+            return srv__reply_error(s, c, route, &err);
+        }
+        j = srv_tokenize_answer(s->vocab, ids, n, rq.with_pieces);
+        free(ids);
+        json_decref(rq.root);
+    } else {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        const char *model_name = NULL;
+        json_t *root = NULL;
+        if (!srv_detokenize_parse(body, sc->body.len, tok_n_vocab(s->vocab), &ids, &n, &model_name,
+                                  &root, &err))
+            return srv__reply_error(s, c, route, &err);
+        if (!srv__name_ok(s, model_name)) {
+            srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
+                       "The model '%s' does not exist; this server serves '%s'", model_name,
+                       srv__primary_name(s));
+            json_decref(root);
+            free(ids);
+            return srv__reply_error(s, c, route, &err);
+        }
+        json_decref(root);
+        size_t len = tok_detokenize(s->vocab, ids, n, false, true, NULL, 0);
+        char *text = malloc(len + 1);
+        if (text) {
+            tok_detokenize(s->vocab, ids, n, false, true, text, len + 1);
+            json_t *t = srv__jstr(text, len);
+            j = t ? json_pack("{s:o}", "content", t) : NULL;
+        }
+        free(text);
+        free(ids);
+    }
+    return srv__reply_json(s, c, route, 200, j);
+}
+
+// ----------------------------------------------------------------------------
 // Other routes
+
+/* GET /v1/models/{id}: the model object of a name or alias this server
+ * serves, else 404 model_not_found in OpenAI's shape. */
+static enum MHD_Result srv__model_get(server *s, struct MHD_Connection *c, const char *id) {
+    srv_error err;
+    if (srv__auth(s, c, &err) < 0) return srv__reply_error(s, c, SRV_ROUTE_MODELS, &err);
+    if (!srv__name_ok(s, id)) {
+        srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model", "The model '%s' does not exist", id);
+        return srv__reply_error(s, c, SRV_ROUTE_MODELS, &err);
+    }
+    return srv__reply_json(s, c, SRV_ROUTE_MODELS, 200,
+                           json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "model", "created",
+                                     (json_int_t)time(NULL), "owned_by", "kvseal"));
+}
 
 static enum MHD_Result srv__models(server *s, struct MHD_Connection *c) {
     srv_error err;
@@ -1649,8 +1996,8 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
                                      const char *method, srv_conn *sc) {
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     srv_route route = SRV_ROUTE_OTHER;
-    const char *url_model = NULL, *admin_rest = NULL;
-    bool admin_kv = false;
+    const char *url_model = NULL, *admin_rest = NULL, *model_id = NULL;
+    bool admin_kv = false, detok = false;
     char wmodel[256];
     if (!strcmp(url, "/v1/chat/completions"))
         route = SRV_ROUTE_CHAT;
@@ -1658,6 +2005,14 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
         route = SRV_ROUTE_COMPLETIONS;
     else if (!strcmp(url, "/v1/models"))
         route = SRV_ROUTE_MODELS;
+    else if (!strncmp(url, "/v1/models/", 11) && url[11])
+        route = SRV_ROUTE_MODELS, model_id = url + 11;
+    else if (!strcmp(url, "/v1/embeddings"))
+        route = SRV_ROUTE_EMBEDDINGS;
+    else if (!strcmp(url, "/tokenize"))
+        route = SRV_ROUTE_TOKENIZE;
+    else if (!strcmp(url, "/detokenize"))
+        route = SRV_ROUTE_TOKENIZE, detok = true;
     else if (!strcmp(url, "/health"))
         route = SRV_ROUTE_HEALTH;
     else if (!strcmp(url, "/metrics"))
@@ -1699,7 +2054,11 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
     case SRV_ROUTE_WORKERS:
         return srv__generate(s, c, route, url_model, sc);
     case SRV_ROUTE_MODELS:
-        return srv__models(s, c);
+        return model_id ? srv__model_get(s, c, model_id) : srv__models(s, c);
+    case SRV_ROUTE_EMBEDDINGS:
+        return srv__embeddings(s, c, NULL, sc, SRV_ROUTE_EMBEDDINGS);
+    case SRV_ROUTE_TOKENIZE:
+        return srv__tokenize(s, c, sc, detok);
     case SRV_ROUTE_HEALTH:
         return srv__health(s, c);
     case SRV_ROUTE_METRICS:
@@ -1715,6 +2074,7 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
 static srv_route srv__route_of(const char *url) {
     return !strcmp(url, "/v1/chat/completions") ? SRV_ROUTE_CHAT
            : !strcmp(url, "/v1/completions")    ? SRV_ROUTE_COMPLETIONS
+           : !strcmp(url, "/v1/embeddings")     ? SRV_ROUTE_EMBEDDINGS
            : !strncmp(url, "/accounts/", 10)    ? SRV_ROUTE_WORKERS
                                                 : SRV_ROUTE_OTHER;
 }
@@ -1745,6 +2105,8 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
     srv_conn *sc = *con_cls;
     bool bad_path = sc == (void *)&srv__bad_path;  // srv__uri_log's mark
     if (bad_path) sc = NULL;
+    if (sc && sc->gen && sc->gen->route == SRV_ROUTE_EMBEDDINGS) // resumed: an input is done
+        return srv__embed_collect(s, c, sc->gen, sc);
     if (sc && sc->gen)  // resumed: an event was posted for the waiting generation
         return sc->gen->stream ? srv__stream_start(s, c, sc->gen, sc)
                                : srv__gen_collect(s, c, sc->gen, sc);
@@ -2027,6 +2389,17 @@ static ks_err srv__eng_check(void *impl, uint32_t timeout_ms, ks_errbuf *eb) {
     return engine_check_quiescent(impl, timeout_ms, eb);
 }
 
+static ks_err srv__eng_embed_submit(void *impl, const engine_embed_params *p, void **req,
+                                    ks_errbuf *eb) {
+    engine_req *r = NULL;
+    ks_err e = engine_embed_submit(impl, p, &r, eb);
+    *req = r;
+    return e;
+}
+static ks_err srv__eng_embed_vector(void *req, float *out, int32_t cap) {
+    return engine_req_embedding(req, out, cap);
+}
+
 void server_engine_backend(engine *e, server_backend *out) {
     *out = (server_backend){.impl = e,
                             .submit = srv__eng_submit,
@@ -2038,7 +2411,9 @@ void server_engine_backend(engine *e, server_backend *out) {
                             .set_online = srv__eng_set_online,
                             .get_stats = srv__eng_get_stats,
                             .check_quiescent = srv__eng_check,
-                            .submit_n = srv__eng_submit_n};
+                            .submit_n = srv__eng_submit_n,
+                            .embed_submit = srv__eng_embed_submit,
+                            .embed_vector = srv__eng_embed_vector};
 }
 
 ks_err server_create(const server_opts *o, engine *e, const model *m, server **out, ks_errbuf *eb) {

@@ -29,7 +29,9 @@ typedef enum srv_route {
     SRV_ROUTE_METRICS = 5,     /* GET /metrics */
     SRV_ROUTE_ADMIN = 6,       /* POST /admin/models/{name}/offline|online */
     SRV_ROUTE_OTHER = 7,       /* anything else (404/405) */
-    SRV_ROUTE__COUNT = 8,
+    SRV_ROUTE_EMBEDDINGS = 8,  /* POST /v1/embeddings */
+    SRV_ROUTE_TOKENIZE = 9,    /* POST /tokenize, /detokenize */
+    SRV_ROUTE__COUNT = 10,
 } srv_route;
 
 /* Label of a route for metrics ("chat_completions", ...); static storage. */
@@ -321,5 +323,69 @@ void srv_hist_observe(srv_hist *h, double seconds);
 /* Prometheus text exposition of m plus the engine's gauges (es may be NULL).
  * malloc'd (caller frees); NULL on out-of-memory. */
 char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online);
+
+// ----------------------------------------------------------------------------
+// Embeddings, tokenize, detokenize (api_embed.c)
+
+#define SRV_EMBED_MAX_INPUTS 2048 /* inputs of one /v1/embeddings request (OpenAI's) */
+
+/* One input of an embeddings request: text, or token ids. */
+typedef struct srv_embed_input {
+    bool is_ids;
+    const char *text; /* in the request's root */
+    size_t len;
+    int32_t *ids; /* (n_ids) malloc'd, ids >= 0 (the vocabulary is checked at admission) */
+    size_t n_ids;
+} srv_embed_input;
+
+/* A parsed POST /v1/embeddings body. */
+typedef struct srv_embed_req {
+    json_t *root;        /* owns the strings */
+    const char *model;   /* NULL: absent */
+    srv_embed_input *in; /* (n) */
+    int n;
+    bool base64;        /* encoding_format "base64": little-endian f32 */
+    int64_t dimensions; /* -1: absent */
+} srv_embed_req;
+
+/* Parses an embeddings body: input (a string, an array of strings, an array
+ * of token ids, an array of such arrays; none empty; at most
+ * SRV_EMBED_MAX_INPUTS), model, encoding_format (float, base64), dimensions
+ * (a positive integer; the caller compares it with n_embd), user; unknown
+ * fields refused. False with *err (400, or 500 on out-of-memory) and *r
+ * empty. Pure; thread-safe. */
+bool srv_embed_parse(const char *body, size_t len, srv_embed_req *r /* OUT */,
+                     srv_error *err /* OUT */);
+/* Frees what srv_embed_parse filled; accepts an empty r. */
+void srv_embed_req_free(srv_embed_req *r);
+/* OpenAI's answer for n vectors (n, E) row-major: {"object":"list","data":
+ * [{"object":"embedding","index":i,"embedding":[...] or base64}],"model",
+ * "usage":{prompt_tokens,total_tokens}}. NULL on out-of-memory; caller owns. */
+json_t *srv_embed_answer(const float *vecs, int n, int32_t E, bool base64, const char *model,
+                         int64_t prompt_tokens);
+
+/* A parsed POST /tokenize body (llama.cpp server's shape). */
+typedef struct srv_tokenize_req {
+    json_t *root; /* owns content */
+    const char *content;
+    size_t len;
+    const char *model;  /* NULL: absent */
+    bool add_special;   /* BOS/EOS as the vocabulary says (false) */
+    bool parse_special; /* special-token text becomes its token (false) */
+    bool with_pieces;   /* answer [{id, piece}] (false) */
+} srv_tokenize_req;
+/* Parses a tokenize body; false with *err (400) otherwise. Free r->root
+ * with json_decref. Pure. */
+bool srv_tokenize_parse(const char *body, size_t len, srv_tokenize_req *r /* OUT */,
+                        srv_error *err /* OUT */);
+/* {"tokens":[ids]} or, with pieces, {"tokens":[{"id":..,"piece":..}]} (a
+ * piece that is not valid UTF-8 as its byte values). NULL on out-of-memory. */
+json_t *srv_tokenize_answer(const tok_vocab *v, const int32_t *ids, size_t n, bool with_pieces);
+/* Parses a detokenize body {"tokens":[ids]}: every id in [0, n_vocab), else
+ * 400 naming it. On success *ids is malloc'd (NULL when empty), *model
+ * points into *root (json_decref it). Pure. */
+bool srv_detokenize_parse(const char *body, size_t len, int32_t n_vocab, int32_t **ids /* OUT */,
+                          size_t *n /* OUT */, const char **model /* OUT */,
+                          json_t **root /* OUT */, srv_error *err /* OUT */);
 
 #endif /* KS_SERVER_INT_H */

@@ -153,11 +153,41 @@ static ks_err fz__kv_page(const uint8_t *p, uint32_t len, uint8_t *out, size_t c
     return KS_OK;
 }
 
+/* EMBED / EMBED_RESULT (issue 13): tokens and values read back through
+ * their accessors over the whole length. */
+static ks_err fz__embed(const uint8_t *p, uint32_t len, uint8_t *out, size_t cap,
+                        uint32_t *out_len) {
+    pd_msg_embed m;
+    ks_err e = pd_msg_embed_decode(p, len, &m, NULL);
+    if (e) return e;
+    int32_t *t = malloc(sizeof(int32_t) * m.n_tokens);
+    if (!t) abort();
+    for (uint32_t i = 0; i < m.n_tokens; i++)
+        t[i] = pd_msg_embed_token(&m, i);
+    FZ_ENC(pd_msg_embed_encode(&m, t, out, cap, out_len, NULL));
+    free(t);
+    return KS_OK;
+}
+
+static ks_err fz__embed_result(const uint8_t *p, uint32_t len, uint8_t *out, size_t cap,
+                               uint32_t *out_len) {
+    pd_msg_embed_result m;
+    ks_err e = pd_msg_embed_result_decode(p, len, &m, NULL);
+    if (e) return e;
+    float *v = malloc(sizeof(float) * m.n_embd);
+    if (!v) abort();
+    for (uint32_t i = 0; i < m.n_embd; i++)
+        v[i] = pd_msg_embed_value(&m, i);
+    FZ_ENC(pd_msg_embed_result_encode(&m, v, out, cap, out_len, NULL));
+    free(v);
+    return KS_OK;
+}
+
 static const fz_rt_fn fz__table[] = {
-    fz__register, fz__register_ack, fz__health,  fz__health_ack, fz__pool_check_ack,
-    fz__peer,     fz__link,         fz__link_ack, fz__error,     fz__admit,
-    fz__grant,    fz__deny,         fz__prefill, fz__reject,     fz__abort,
-    fz__abort_ack, fz__token,       fz__finish,  fz__kv_page,    fz__done,
+    fz__register, fz__register_ack, fz__health, fz__health_ack,   fz__pool_check_ack, fz__peer,
+    fz__link,     fz__link_ack,     fz__error,  fz__admit,        fz__grant,          fz__deny,
+    fz__prefill,  fz__reject,       fz__abort,  fz__abort_ack,    fz__token,          fz__finish,
+    fz__kv_page,  fz__done,         fz__embed,  fz__embed_result,
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -228,9 +228,28 @@ static void model_seed(const char *name, const char *arch, bool moe) {
 
 /* Selector bytes of fuzz_pd_msg.c's table. */
 enum {
-    S_REGISTER, S_REGISTER_ACK, S_HEALTH, S_HEALTH_ACK, S_POOL_CHECK_ACK, S_PEER, S_LINK,
-    S_LINK_ACK, S_ERROR, S_ADMIT, S_GRANT, S_DENY, S_PREFILL, S_REJECT, S_ABORT, S_ABORT_ACK,
-    S_TOKEN, S_FINISH, S_KV_PAGE, S_DONE
+    S_REGISTER,
+    S_REGISTER_ACK,
+    S_HEALTH,
+    S_HEALTH_ACK,
+    S_POOL_CHECK_ACK,
+    S_PEER,
+    S_LINK,
+    S_LINK_ACK,
+    S_ERROR,
+    S_ADMIT,
+    S_GRANT,
+    S_DENY,
+    S_PREFILL,
+    S_REJECT,
+    S_ABORT,
+    S_ABORT_ACK,
+    S_TOKEN,
+    S_FINISH,
+    S_KV_PAGE,
+    S_DONE,
+    S_EMBED,
+    S_EMBED_RESULT
 };
 
 static void msg_put(const char *name, uint8_t sel, const uint8_t *p, uint32_t len) {
@@ -366,6 +385,15 @@ static void pd_msg_seeds(void) {
                       .rng_state = 99, .cached = 16};
     ENC(pd_msg_done_encode(&dn, top, b, sizeof b, &n, NULL));
     msg_put("done", S_DONE, b, n);
+    pd_msg_embed em = {.pooling = 1, .n_tokens = 20, .domain_hash = {9}};
+    ENC(pd_msg_embed_encode(&em, toks, b, sizeof b, &n, NULL));
+    msg_put("embed", S_EMBED, b, n);
+    float vec[16];
+    for (int i = 0; i < 16; i++)
+        vec[i] = (float)i / 16.0f - 0.5f;
+    pd_msg_embed_result er2 = {.n_embd = 16, .n_tokens = 20, .pooling = 3};
+    ENC(pd_msg_embed_result_encode(&er2, vec, b, sizeof b, &n, NULL));
+    msg_put("embed_result", S_EMBED_RESULT, b, n);
 }
 
 /* A stream of frames: HEALTH, an empty POOL_CHECK, a KV_PAGE-sized one. */
