@@ -1823,6 +1823,8 @@ static srv_route srv__workers_route(const char *path, char *wmodel, size_t cap) 
     return SRV_ROUTE_OTHER;
 }
 
+static srv_route srv__route_of(const char *url);
+
 static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const char *url,
                                      const char *method, srv_conn *sc) {
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
@@ -1850,9 +1852,9 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
              SRV_ROUTE_WORKERS)
         url_model = wmodel;
     srv_error err;
-    if (route == SRV_ROUTE_OTHER) {
+    if (route == SRV_ROUTE_OTHER) { // in the shape of the API the path belongs to
         srv_refuse(&err, ADMIT_UNKNOWN_URL, NULL, "Invalid URL (%s %s)", method, url);
-        return srv__reply_error(s, c, route, &err);
+        return srv__reply_error(s, c, srv__route_of(url), &err);
     }
     bool want_get = route == SRV_ROUTE_MODELS || route == SRV_ROUTE_HEALTH ||
                     route == SRV_ROUTE_METRICS || admin_kv;
