@@ -344,6 +344,7 @@ static const char TEXT[] = "<think>plan</think>\n<tool_call>\n{\"name\": \"get_w
 
 typedef struct fake_req {
     int next, n_events;
+    bool fail; /* max_tokens 7: aborted after two pieces */
 } fake_req;
 
 static ks_err fake_submit(void *impl, const engine_params *p, void **req, ks_errbuf *eb) {
@@ -351,6 +352,7 @@ static ks_err fake_submit(void *impl, const engine_params *p, void **req, ks_err
     fake_req *r = calloc(1, sizeof *r);
     CHECK(r);
     r->n_events = (int)((strlen(TEXT) + PIECE - 1) / PIECE);
+    if ((r->fail = p->max_tokens == 7)) r->n_events = 2;
     *req = r;
     return KS_OK;
 }
@@ -370,8 +372,9 @@ static ks_err fake_next(void *req, engine_event *ev, uint32_t timeout_ms) {
     } else {
         ev->done = true;
         ev->token = -1;
-        ev->state = ENGINE_FINISHED;
-        ev->finish = ENGINE_FINISH_STOP;
+        ev->state = r->fail ? ENGINE_ABORTED : ENGINE_FINISHED;
+        ev->finish = r->fail ? ENGINE_FINISH_ABORT : ENGINE_FINISH_STOP;
+        ev->err = r->fail ? KS_ERR_CANCELLED : KS_OK;
         ev->n_gen = r->n_events;
     }
     r->next++;
@@ -569,6 +572,19 @@ static void test_http(void) {
                   &body),
              404);
     CHECK_STR_HAS(body, "\"type\":\"not_found_error\",\"message\":\"The model 'claude-x'");
+    // aborted after the stream started: an error event ends it (no message_stop);
+    // not streamed: 503 overloaded_error
+    const char *ab = "{\"model\":\"kjv\",\"max_tokens\":7,\"stream\":true,\"messages\":[{"
+                     "\"role\":\"user\",\"content\":\"x\"}]}";
+    CHECK_EQ(post(port, KEY, ab, &body), 200);
+    CHECK_STR_HAS(body, "event: content_block_delta\n");
+    CHECK_STR_HAS(body, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":"
+                        "\"overloaded_error\",\"message\":\"the request was aborted");
+    CHECK(!strstr(body, "message_stop"));
+    const char *ab1 = "{\"model\":\"kjv\",\"max_tokens\":7,\"messages\":[{\"role\":\"user\","
+                      "\"content\":\"x\"}]}";
+    CHECK_EQ(post(port, KEY, ab1, &body), 503);
+    CHECK_STR_HAS(body, "{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"");
     server_destroy(s);
     model_free(m);
 }
