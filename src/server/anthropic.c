@@ -734,8 +734,17 @@ bool srv_anth_sse_tool(srv_anth_sse *st, srv_buf *b, const char *id, const char 
 bool srv_anth_sse_end(srv_anth_sse *st, srv_buf *b, const char *stop_reason, const char *stop_seq,
                       int32_t n_prompt, int32_t n_cached, int32_t n_gen) {
     // usage in message_delta is cumulative: the whole answer's, as the
-    // non-streamed message's (message_start could not know the cached part)
-    return anth__close(st, b) &&
+    // non-streamed message's (message_start could not know the cached part).
+    // An answer with no block at all still has its (empty) text block, as
+    // the non-streamed message does.
+    bool ok = true;
+    if (!st->open && st->index == 0) {
+        ok = anth__event(b, "content_block_start",
+                         json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index", 0,
+                                   "content_block", srv_anth_text_block(false, json_string(""))));
+        st->open = 1;
+    }
+    return ok && anth__close(st, b) &&
            anth__event(b, "message_delta",
                        json_pack("{s:s, s:{s:s?, s:s?}, s:{s:i, s:i, s:i, s:i}}", "type",
                                  "message_delta", "delta", "stop_reason", stop_reason,

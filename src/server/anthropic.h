@@ -106,7 +106,8 @@ bool srv_anth_sse_text(srv_anth_sse *st, srv_buf *b, bool thinking, json_t *text
  * input_json_delta with args, content_block_stop. False on out-of-memory. */
 bool srv_anth_sse_tool(srv_anth_sse *st, srv_buf *b, const char *id, const char *name,
                        const char *args) KS_MUST_USE;
-/* Closes the open block, then message_delta (stop_reason, stop_sequence,
+/* Closes the open block (an answer that opened none gets an empty text
+ * block first), then message_delta (stop_reason, stop_sequence,
  * the final usage as srv_anth_message's) and message_stop. False on
  * out-of-memory. */
 bool srv_anth_sse_end(srv_anth_sse *st, srv_buf *b, const char *stop_reason, const char *stop_seq,

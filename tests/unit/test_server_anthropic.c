@@ -327,6 +327,13 @@ static void test_sse(void) {
                        "\"stop_sequence\":null},\"usage\":{\"input_tokens\":3,");
     CHECK_STR_HAS(b.p, "\"output_tokens\":9}}");
     srv_buf_free(&b);
+    // nothing said: still one (empty) text block, as the non-streamed message
+    srv_anth_sse st0 = {0};
+    CHECK(srv_anth_sse_end(&st0, &b, "end_turn", NULL, 1, 0, 1));
+    sse_names(b.p, names, sizeof names);
+    CHECK_STR_EQ(names, "content_block_start content_block_stop message_delta message_stop");
+    CHECK_STR_HAS(b.p, "\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}");
+    srv_buf_free(&b);
     srv_error e;
     srv_fail(&e, 503, "request_aborted", "aborted");
     CHECK(srv_anth_sse_error(&b, &e));
