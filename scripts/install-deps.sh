@@ -39,10 +39,10 @@ if ! echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return (
     "libclang-rt-$ver-dev" >/dev/null
 fi
 
-# the end-to-end tests drive the server with the official openai npm client
-# (versions pinned in tests/e2e/js/package-lock.json)
+# the end-to-end tests drive the server with the official openai and
+# @anthropic-ai/sdk npm clients (versions pinned in tests/e2e/js/package-lock.json)
 js="$(dirname "$0")/../tests/e2e/js"
-if [ ! -d "$js/node_modules/openai" ]; then
+if [ ! -d "$js/node_modules/openai" ] || [ ! -d "$js/node_modules/@anthropic-ai/sdk" ]; then
   echo "install-deps: npm ci in tests/e2e/js" >&2
   (cd "$js" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi

@@ -19,8 +19,9 @@
 
 const char *srv_route_name(srv_route r) {
     static const char *const names[SRV_ROUTE__COUNT] = {
-        "chat_completions", "completions", "workers_ai", "models",     "health",
+        "chat_completions", "completions", "workers_ai", "models",   "health",
         "metrics",          "admin",       "other",      "embeddings", "tokenize",
+        "messages",         "workers_ai_chat",
     };
     return (unsigned)r < SRV_ROUTE__COUNT ? names[r] : "other";
 }
@@ -105,7 +106,8 @@ bool srv_fail(srv_error *e, int status, const char *code, const char *fmt, ...) 
 
 char *srv_error_json(srv_route route, const srv_error *e) {
     json_t *j;
-    if (route == SRV_ROUTE_WORKERS) {
+    if (route == SRV_ROUTE_MESSAGES) return srv_anth_error_json(e);
+    if (route == SRV_ROUTE_WORKERS || route == SRV_ROUTE_WORKERS_CHAT) {
         // Workers AI numbers its errors: the table's code (admit.h), else the HTTP status
         j = json_pack("{s:n, s:b, s:[{s:i, s:s}], s:[]}", "result", "success", 0, "errors", "code",
                       (int)e->workers_code, "message", e->msg, "messages");

@@ -210,6 +210,14 @@ struct srv_gen {
     float *evec;   /* (n_ereq, n_embd) the vectors */
     bool base64;   /* encoding_format base64 */
     bool embed_ok; /* every vector computed: the tenant's tokens were all used */
+    /* issue 13 */
+    srv_route api;              /* the route as called: error shape, metrics (route: the
+                                   answer's shape; WORKERS_CHAT answers as CHAT) */
+    srv_anth_sse anth;          /* messages, streamed: the open content block */
+    char *stops[SRV_MAX_STOPS]; /* messages: stop_sequences (malloc'd), for stop_sequence */
+    int n_stops;
+    srv_buf raw;  /* messages with stops: the generated tokens' text, stops not removed */
+    bool raw_oom; /* raw is incomplete (out of memory): the answer fails */
 };
 
 // ----------------------------------------------------------------------------
@@ -315,13 +323,27 @@ static const char *srv__bearer(struct MHD_Connection *c) {
     return *h ? h : NULL;
 }
 
-/* Tenant index for an API request, or -1 with err filled (401). */
-static int srv__auth(server *s, struct MHD_Connection *c, srv_error *err) {
+/* Tenant index for an API request, or -1 with err filled (401; 400 when
+ * /v1/messages has two different keys). Anthropic's clients send the key
+ * in x-api-key: /v1/messages takes it there too; either way the tenant
+ * comes from the key alone (I7). */
+static int srv__auth(server *s, struct MHD_Connection *c, srv_route route, srv_error *err) {
     if (s->ts->anonymous) return 0;
-    const char *key = srv__bearer(c);
+    const char *key = srv__bearer(c), *xkey = NULL;
+    if (route == SRV_ROUTE_MESSAGES)
+        xkey = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (xkey && !*xkey) xkey = NULL;
+    if (key && xkey && strcmp(key, xkey) != 0) {
+        srv_refuse(err, ADMIT_DUPLICATE_HEADER, NULL,
+                   "x-api-key and Authorization carry different keys; send one");
+        return -1;
+    }
+    if (!key) key = xkey;
     if (!key) {
         srv_refuse(err, ADMIT_AUTH, NULL,
-                   "missing API key: send the header 'Authorization: Bearer <key>'");
+                   route == SRV_ROUTE_MESSAGES
+                       ? "missing API key: send the header 'x-api-key: <key>'"
+                       : "missing API key: send the header 'Authorization: Bearer <key>'");
         return -1;
     }
     int t = srv_tenants_auth(s->ts, key, strlen(key));
@@ -374,6 +396,9 @@ static void srv__gen_free(srv_gen *g) {
     srv__gen_release_tenant(g);
     srv_buf_free(&g->out);
     srv_buf_free(&g->text);
+    srv_buf_free(&g->raw);
+    for (int i = 0; i < g->n_stops; i++)
+        free(g->stops[i]);
     toolcall_parser_destroy(g->tc);
     json_decref(g->tc_tools);
     pthread_mutex_destroy(&g->mu);
@@ -445,6 +470,11 @@ static int srv__gen_poll(srv_gen *g, engine_event *ev) {
             g->n_gen++;
             ch->lp_sum += (double)ev->sr.logprob;
         }
+        if (gen && g->n_stops && !g->raw_oom) { // which stop ended it (srv__anth_stop_seq)
+            char piece[256];
+            size_t n = tok_piece(g->s->vocab, ev->token, false, piece, sizeof piece);
+            g->raw_oom = !srv_buf_add(&g->raw, piece, n < sizeof piece ? n : sizeof piece);
+        }
         if (ev->done) {
             ch->done = true;
             ch->end = *ev;
@@ -490,7 +520,7 @@ static void srv__gen_account(srv_gen *g, const engine_event *ev) {
         ks_log(KS_LOG_INFO, "request %s output: %.*s", g->id, (int)t->len, t->p ? t->p : "");
     }
     ks_log(KS_LOG_INFO, "request %s: %s, %d prompt tokens (%d cached), %d generated, finish %d%s%s",
-           g->id, srv_route_name(g->route), ev->n_prompt, ev->n_cached, ev->n_gen, (int)ev->finish,
+           g->id, srv_route_name(g->api), ev->n_prompt, ev->n_cached, ev->n_gen, (int)ev->finish,
            ev->errmsg[0] ? ": " : "", ev->errmsg);
 }
 
@@ -858,6 +888,100 @@ static json_t *srv__tc_message(srv_gen *g, const srv_buf *text, const char **fin
 }
 
 // ----------------------------------------------------------------------------
+// Generation: Anthropic's Messages answers (anthropic.h builds the shapes)
+
+/* The stop sequence that ended g's answer (ev its done event), or NULL. */
+static const char *srv__anth_stop_seq(const srv_gen *g, const engine_event *ev) {
+    if (ev->finish != ENGINE_FINISH_STOP || !g->n_stops) return NULL;
+    return srv_anth_stop_match(g->raw.p, g->raw.len, (const char *const *)g->stops, g->n_stops);
+}
+
+/* The SSE events of one parser delta: reasoning as thinking, content as
+ * text, each new call as a whole tool_use block (as srv__tc_emit). */
+static bool srv__anth_emit(srv_gen *g, const toolcall_delta *d) {
+    bool ok = true;
+    if (d->reasoning_len)
+        ok = srv_anth_sse_text(&g->anth, &g->out, true, srv__jstr(d->reasoning, d->reasoning_len));
+    if (ok && d->content_len)
+        ok = srv_anth_sse_text(&g->anth, &g->out, false, srv__jstr(d->content, d->content_len));
+    for (int i = 0; ok && i < d->n_calls && (g->tc_parallel || g->tc_sent == 0); i++) {
+        const toolcall_call *c = toolcall_parser_call(g->tc, d->first_call + i);
+        char id[64];
+        srv_anth_tool_id(c->id, id, sizeof id);
+        g->tc_sent++;
+        ok = srv_anth_sse_tool(&g->anth, &g->out, id, c->name, c->arguments);
+    }
+    return ok;
+}
+
+/* One event of a streamed Messages answer; the done event ends it with
+ * message_delta + message_stop, or an error event when it failed. */
+static bool srv__anth_stream_event(srv_gen *g, const engine_event *ev) {
+    bool ok = !g->raw_oom;
+    if (ok && g->tc) {
+        srv_buf t = {0};
+        toolcall_delta d;
+        ok = srv__tc_text(g, ev, &t) &&
+             toolcall_parser_push(g->tc, t.p ? t.p : "", t.len, &d) == KS_OK;
+        srv_buf_free(&t);
+        ok = ok && srv__anth_emit(g, &d);
+        if (ok && ev->done)
+            ok = toolcall_parser_finish(g->tc, &d) == KS_OK && srv__anth_emit(g, &d);
+    } else if (ok && ev->text_len) {
+        ok = srv_anth_sse_text(&g->anth, &g->out, false, srv__jstr(ev->text, ev->text_len));
+    }
+    if (ok && g->s->log_content && ev->text_len) ok = srv_buf_add(&g->text, ev->text, ev->text_len);
+    if (!ok || !ev->done) return ok;
+    const char *seq = srv__anth_stop_seq(g, ev);
+    const char *reason = srv_anth_stop_reason(ev->finish, g->tc_sent > 0, seq);
+    if (!reason) {
+        srv_error err;
+        srv__gen_error(g, ev, &err);
+        return srv_anth_sse_error(&g->out, &err);
+    }
+    return srv_anth_sse_end(&g->anth, &g->out, reason, strcmp(reason, "stop_sequence") ? NULL : seq,
+                            ev->n_prompt, ev->n_cached, g->n_gen);
+}
+
+/* The message of a non-streamed Messages answer from its one choice's text
+ * (ev: the done event, totals counted): thinking, text and tool_use
+ * blocks. NULL on out-of-memory. */
+static json_t *srv__anth_answer(srv_gen *g, const srv_buf *text, const engine_event *ev) {
+    const char *c = text->p ? text->p : "", *r = NULL;
+    size_t cl = text->len, rl = 0;
+    int n = 0;
+    toolcall_delta d;
+    if (g->tc) {
+        if (toolcall_parser_push(g->tc, c, cl, &d) || toolcall_parser_finish(g->tc, &d))
+            return NULL;
+        c = toolcall_parser_content(g->tc, &cl);
+        r = toolcall_parser_reasoning(g->tc, &rl);
+        n = toolcall_parser_n_calls(g->tc);
+        if (n > 1 && !g->tc_parallel) n = 1;
+    }
+    json_t *content = json_array();
+    bool ok = content != NULL && !g->raw_oom;
+    if (ok && rl) ok = !json_array_append_new(content, srv_anth_text_block(true, srv__jstr(r, rl)));
+    if (ok && ((cl && !(n && srv__all_ws(c, cl))) || (!n && !rl)))
+        ok = !json_array_append_new(content, srv_anth_text_block(false, srv__jstr(c, cl)));
+    for (int i = 0; ok && i < n; i++) {
+        const toolcall_call *tc = toolcall_parser_call(g->tc, i);
+        char id[64];
+        srv_anth_tool_id(tc->id, id, sizeof id);
+        ok = !json_array_append_new(content, srv_anth_tool_block(id, tc->name, tc->arguments));
+    }
+    if (!ok) {
+        json_decref(content);
+        return NULL;
+    }
+    const char *seq = srv__anth_stop_seq(g, ev);
+    const char *reason = srv_anth_stop_reason(ev->finish, n > 0, seq);
+    return srv_anth_message(g->id, g->model, content, reason,
+                            reason && !strcmp(reason, "stop_sequence") ? seq : NULL, ev->n_prompt,
+                            ev->n_cached, ev->n_gen);
+}
+
+// ----------------------------------------------------------------------------
 // Generation: streaming (SSE)
 
 /* How many answer choices an event of choice idx stands for: with
@@ -872,6 +996,7 @@ static bool srv__sse_put(srv_gen *g, json_t *j, bool oom) {
 }
 
 static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
+    if (g->route == SRV_ROUTE_MESSAGES) return srv__anth_stream_event(g, ev);
     bool oom = false, ok = true;
     int idx = g->cur;
     if (ev->prompt) { // echo: a prompt token's logprobs, the same in every choice
@@ -894,7 +1019,7 @@ static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
     if (!fin) { // aborted or failed after the stream started: an error event, no [DONE]
         srv_error err;
         srv__gen_error(g, ev, &err);
-        char *body = srv_error_json(g->route, &err);
+        char *body = srv_error_json(g->api, &err);
         ok = body && srv_buf_add(&g->out, "data: ", 6) &&
              srv_buf_add(&g->out, body, strlen(body)) && srv_buf_add(&g->out, "\n\n", 2);
         free(body);
@@ -934,6 +1059,8 @@ static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
 /* The first chunks of a stream: chat's role delta, a completion's echoed
  * prompt, for every choice. False on out of memory. */
 static bool srv__stream_head(srv_gen *g) {
+    if (g->route == SRV_ROUTE_MESSAGES)
+        return srv_anth_sse_start(&g->out, g->id, g->model, g->n_prompt, 0);
     bool ok = true;
     for (int i = 0; ok && i < g->n_ch * srv__fanout(g); i++) {
         json_t *j = NULL;
@@ -1043,7 +1170,7 @@ static enum MHD_Result srv__stream_start(server *s, struct MHD_Connection *c, sr
             srv_error err;
             srv__gen_account(g, &g->first);
             srv__done_error(g, &g->first, &err);
-            srv_route route = g->route;
+            srv_route route = g->api;
             srv__gen_free(g);
             return srv__reply_error(s, c, route, &err);
         }
@@ -1061,7 +1188,7 @@ static enum MHD_Result srv__stream_start(server *s, struct MHD_Connection *c, sr
     pthread_mutex_lock(&g->mu);
     g->answered = true;  // the sweeper sends no interim answer from now on
     pthread_mutex_unlock(&g->mu);
-    srv_route route = g->route;
+    srv_route route = g->api;
     enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
     MHD_destroy_response(r); // g is freed with the response
     srv_metrics_request(&s->met, route, 200);
@@ -1140,7 +1267,7 @@ static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv
                 engine_event t = srv__gen_total(g, &ev);
                 srv__gen_account(g, &t);
             }
-            enum MHD_Result r = srv__reply_error(s, c, g->route, &err);
+            enum MHD_Result r = srv__reply_error(s, c, g->api, &err);
             srv__gen_free(g);
             return r;
         }
@@ -1172,9 +1299,18 @@ static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv
             srv_fail(&err, 500, "internal_error", "out of memory");
         else
             srv__gen_error(g, &ev, &err);
-        enum MHD_Result r = srv__reply_error(s, c, g->route, &err);
+        enum MHD_Result r = srv__reply_error(s, c, g->api, &err);
         srv__gen_free(g);
         return r;
+    }
+    if (g->route == SRV_ROUTE_MESSAGES) {
+        json_t *m = srv__anth_answer(g, &g->ch[0].text, &total);
+        srv_route api = g->api;
+        srv__gen_free(g);
+        if (m) return srv__reply_json(s, c, api, 200, m);
+        srv_error err;
+        srv_fail(&err, 500, "internal_error", "out of memory");
+        return srv__reply_error(s, c, api, &err);
     }
     json_t *usage = srv_usage_json(total.n_prompt, total.n_gen, total.n_cached);
     json_t *j;
@@ -1221,7 +1357,7 @@ static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv
                     : NULL;
         if (!choices) json_decref(usage);
     }
-    srv_route route = g->route;
+    srv_route route = g->api;
     srv__gen_free(g);
     return srv__reply_json(s, c, route, 200, j);
 }
@@ -1282,20 +1418,27 @@ static bool srv__gen_choices(server *s, const srv_request *rq, srv_error *err) {
     return true;
 }
 
-static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_route route,
+/* A generation on route api (CHAT, COMPLETIONS, WORKERS, MESSAGES or
+ * WORKERS_CHAT): errors and metrics in api's shape, the answer in route's
+ * (WORKERS_CHAT answers as CHAT). */
+static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_route api,
                                      const char *url_model, srv_conn *sc) {
+    srv_route route = api == SRV_ROUTE_WORKERS_CHAT ? SRV_ROUTE_CHAT : api;
+    bool chat_like = route == SRV_ROUTE_CHAT || route == SRV_ROUTE_MESSAGES; // tools, reasoning
     srv_error err;
-    int tenant = srv__auth(s, c, &err);
-    if (tenant < 0) return srv__reply_error(s, c, route, &err);
+    int tenant = srv__auth(s, c, api, &err);
+    if (tenant < 0) return srv__reply_error(s, c, api, &err);
     if (atomic_load_explicit(&s->draining, memory_order_acquire)) {
         srv_refuse(&err, ADMIT_DRAINING, NULL,
                    "the server is shutting down and takes no new requests; retry on another "
                    "instance");
-        return srv__reply_error(s, c, route, &err);
+        return srv__reply_error(s, c, api, &err);
     }
     srv_request rq;
-    if (!srv_request_parse(route, sc->body.p ? sc->body.p : "", sc->body.len, &rq, &err))
-        return srv__reply_error(s, c, route, &err);
+    const char *body = sc->body.p ? sc->body.p : "";
+    if (route == SRV_ROUTE_MESSAGES ? !srv_anth_parse(body, sc->body.len, &rq, &err)
+                                    : !srv_request_parse(route, body, sc->body.len, &rq, &err))
+        return srv__reply_error(s, c, api, &err);
     const char *model_name = url_model ? url_model : rq.model;
     char *text = NULL;
     int32_t *ids = NULL;
@@ -1390,6 +1533,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     pthread_mutex_init(&g->mu, NULL);
     atomic_fetch_add_explicit(&s->met.inflight, 1, memory_order_acq_rel);
     g->route = route;
+    g->api = api;
     g->n_prompt = n_prompt;
     g->max_tokens = max_tokens;
     g->reserved = held_reserved;
@@ -1401,7 +1545,17 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     g->include_usage = rq.include_usage;
     g->fd = -1;
     snprintf(g->model, sizeof g->model, "%s", model_name ? model_name : srv__primary_name(s));
-    srv_make_id(route == SRV_ROUTE_COMPLETIONS ? "cmpl-" : "chatcmpl-", g->id, sizeof g->id);
+    srv_make_id(route == SRV_ROUTE_COMPLETIONS ? "cmpl-"
+                : route == SRV_ROUTE_MESSAGES  ? "msg_"
+                                               : "chatcmpl-",
+                g->id, sizeof g->id);
+    for (int i = 0; route == SRV_ROUTE_MESSAGES && i < rq.n_stops; i++) {
+        if (!(g->stops[i] = strdup(rq.stops[i]))) {
+            srv_fail(&err, 500, "internal_error", "out of memory");
+            goto fail;
+        }
+        g->n_stops = i + 1;
+    }
     g->n_ch = n_ch;
     g->n_ret = rq.n;
     if (rq.echo && route == SRV_ROUTE_COMPLETIONS) {
@@ -1445,9 +1599,9 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     // echo's max_tokens 0 needs the engine's prompt pass; logprobs need its rows
     p.prompt_logprobs = g->echo && (rq.logprobs || max_tokens == 0);
     p.prompt_top = rq.top_logprobs;
-    if (route == SRV_ROUTE_CHAT && !srv__tool_choice_grammar(s, &rq, &err)) goto fail;
+    if (chat_like && !srv__tool_choice_grammar(s, &rq, &err)) goto fail;
     p.grammar = rq.grammar;
-    if (route == SRV_ROUTE_CHAT) {
+    if (chat_like) {
         ks_err te = srv__gen_toolcall(s, g, &rq, ptext, ptext_len);
         if (te == KS_ERR_UNSUPPORTED) {
             srv_refuse(&err, ADMIT_UNSUPPORTED_PARAMETER, "n",
@@ -1498,7 +1652,7 @@ fail:
     free(ids);
     free(text);
     srv_request_free(&rq);
-    return srv__reply_error(s, c, route, &err);
+    return srv__reply_error(s, c, api, &err);
 }
 
 // ----------------------------------------------------------------------------
@@ -1827,7 +1981,8 @@ static enum MHD_Result srv__model_get(server *s, struct MHD_Connection *c, const
 
 static enum MHD_Result srv__models(server *s, struct MHD_Connection *c) {
     srv_error err;
-    if (srv__auth(s, c, &err) < 0) return srv__reply_error(s, c, SRV_ROUTE_MODELS, &err);
+    if (srv__auth(s, c, SRV_ROUTE_MODELS, &err) < 0)
+        return srv__reply_error(s, c, SRV_ROUTE_MODELS, &err);
     json_t *data = json_array();
     long long t = (long long)time(NULL);
     for (int i = 0; i < s->o.n_aliases; i++)
@@ -1992,12 +2147,37 @@ notfound:
 // ----------------------------------------------------------------------------
 // Dispatch
 
+/* Cloudflare's REST API serves Workers AI under /client/v4: the same
+ * routes with that prefix. Returns path without it. */
+static const char *srv__cf_path(const char *url) {
+    return !strncmp(url, "/client/v4/accounts/", 20) ? url + 10 : url;
+}
+
+/* A Workers AI route under /accounts/{account}/ai/ (path without the
+ * /client/v4 prefix): WORKERS for run/{model} (the model copied into
+ * wmodel), WORKERS_CHAT for the OpenAI-compatible v1/chat/completions,
+ * EMBEDDINGS for v1/embeddings, else OTHER. */
+static srv_route srv__workers_route(const char *path, char *wmodel, size_t cap) {
+    if (strncmp(path, "/accounts/", 10) != 0) return SRV_ROUTE_OTHER;
+    const char *acct = path + 10, *slash = strchr(acct, '/');
+    if (!slash || slash == acct) return SRV_ROUTE_OTHER;
+    if (!strncmp(slash, "/ai/run/", 8) && slash[8] && strlen(slash + 8) < cap) {
+        snprintf(wmodel, cap, "%s", slash + 8);
+        return SRV_ROUTE_WORKERS;
+    }
+    if (!strcmp(slash, "/ai/v1/chat/completions")) return SRV_ROUTE_WORKERS_CHAT;
+    if (!strcmp(slash, "/ai/v1/embeddings")) return SRV_ROUTE_EMBEDDINGS; // errors: the envelope
+    return SRV_ROUTE_OTHER;
+}
+
+static srv_route srv__route_of(const char *url);
+
 static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const char *url,
                                      const char *method, srv_conn *sc) {
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     srv_route route = SRV_ROUTE_OTHER;
     const char *url_model = NULL, *admin_rest = NULL, *model_id = NULL;
-    bool admin_kv = false, detok = false;
+    bool admin_kv = false, detok = false, workers_embed = false;
     char wmodel[256];
     if (!strcmp(url, "/v1/chat/completions"))
         route = SRV_ROUTE_CHAT;
@@ -2021,19 +2201,17 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
         route = SRV_ROUTE_ADMIN, admin_rest = url + 14;
     else if (!strcmp(url, "/admin/kv/check"))
         route = SRV_ROUTE_ADMIN, admin_kv = true;
-    else if (!strncmp(url, "/accounts/", 10)) {
-        const char *p = strstr(url + 10, "/ai/run/");
-        if (p && p > url + 10 && !memchr(url + 10, '/', (size_t)(p - url - 10)) && p[8] &&
-            strlen(p + 8) < sizeof wmodel) {
-            route = SRV_ROUTE_WORKERS;
-            snprintf(wmodel, sizeof wmodel, "%s", p + 8);
-            url_model = wmodel;
-        }
-    }
+    else if (!strcmp(url, "/v1/messages"))
+        route = SRV_ROUTE_MESSAGES;
+    else if ((route = srv__workers_route(srv__cf_path(url), wmodel, sizeof wmodel)) ==
+             SRV_ROUTE_WORKERS)
+        url_model = wmodel;
+    else if (route == SRV_ROUTE_EMBEDDINGS)
+        workers_embed = true;
     srv_error err;
-    if (route == SRV_ROUTE_OTHER) {
+    if (route == SRV_ROUTE_OTHER) { // in the shape of the API the path belongs to
         srv_refuse(&err, ADMIT_UNKNOWN_URL, NULL, "Invalid URL (%s %s)", method, url);
-        return srv__reply_error(s, c, route, &err);
+        return srv__reply_error(s, c, srv__route_of(url), &err);
     }
     bool want_get = route == SRV_ROUTE_MODELS || route == SRV_ROUTE_HEALTH ||
                     route == SRV_ROUTE_METRICS || admin_kv;
@@ -2052,11 +2230,14 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
     case SRV_ROUTE_CHAT:
     case SRV_ROUTE_COMPLETIONS:
     case SRV_ROUTE_WORKERS:
+    case SRV_ROUTE_MESSAGES:
+    case SRV_ROUTE_WORKERS_CHAT:
         return srv__generate(s, c, route, url_model, sc);
     case SRV_ROUTE_MODELS:
         return model_id ? srv__model_get(s, c, model_id) : srv__models(s, c);
     case SRV_ROUTE_EMBEDDINGS:
-        return srv__embeddings(s, c, NULL, sc, SRV_ROUTE_EMBEDDINGS);
+        return srv__embeddings(s, c, NULL, sc,
+                               workers_embed ? SRV_ROUTE_WORKERS : SRV_ROUTE_EMBEDDINGS);
     case SRV_ROUTE_TOKENIZE:
         return srv__tokenize(s, c, sc, detok);
     case SRV_ROUTE_HEALTH:
@@ -2072,11 +2253,14 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
 
 /* The route an error answer's shape follows, before dispatch. */
 static srv_route srv__route_of(const char *url) {
-    return !strcmp(url, "/v1/chat/completions") ? SRV_ROUTE_CHAT
-           : !strcmp(url, "/v1/completions")    ? SRV_ROUTE_COMPLETIONS
-           : !strcmp(url, "/v1/embeddings")     ? SRV_ROUTE_EMBEDDINGS
-           : !strncmp(url, "/accounts/", 10)    ? SRV_ROUTE_WORKERS
-                                                : SRV_ROUTE_OTHER;
+    const char *path = srv__cf_path(url);
+    return !strcmp(url, "/v1/chat/completions")                          ? SRV_ROUTE_CHAT
+           : !strcmp(url, "/v1/completions")                             ? SRV_ROUTE_COMPLETIONS
+           : !strcmp(url, "/v1/embeddings")                              ? SRV_ROUTE_EMBEDDINGS
+           : !strcmp(url, "/v1/messages")                                ? SRV_ROUTE_MESSAGES
+           : !strncmp(path, "/accounts/", 10) && strstr(path, "/ai/v1/") ? SRV_ROUTE_WORKERS_CHAT
+           : !strncmp(path, "/accounts/", 10)                            ? SRV_ROUTE_WORKERS
+                                                                         : SRV_ROUTE_OTHER;
 }
 
 /* MHD decodes the path before srv__access sees it, so %2F and %00 are

@@ -6,6 +6,7 @@
 #ifndef KS_SERVER_INT_H
 #define KS_SERVER_INT_H
 
+#include "anthropic.h"
 #include "kvseal/admit.h"
 #include "kvseal/chat.h"
 #include "kvseal/engine.h"
@@ -31,7 +32,10 @@ typedef enum srv_route {
     SRV_ROUTE_OTHER = 7,       /* anything else (404/405) */
     SRV_ROUTE_EMBEDDINGS = 8,  /* POST /v1/embeddings */
     SRV_ROUTE_TOKENIZE = 9,    /* POST /tokenize, /detokenize */
-    SRV_ROUTE__COUNT = 10,
+    SRV_ROUTE_MESSAGES = 10,     /* POST /v1/messages (Anthropic; anthropic.c) */
+    SRV_ROUTE_WORKERS_CHAT = 11, /* POST /accounts/{a}/ai/v1/chat/completions: chat, with
+                                    errors in Workers AI's envelope */
+    SRV_ROUTE__COUNT = 12,
 } srv_route;
 
 /* Label of a route for metrics ("chat_completions", ...); static storage. */
@@ -62,10 +66,11 @@ bool srv_refuse(srv_error *e, admit_reason r, const char *param, const char *fmt
 bool srv_fail(srv_error *e, int status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* Error body in the route's shape: OpenAI {"error":{message,type,param,code}}
- * or, for SRV_ROUTE_WORKERS, {"result":null,"success":false,"errors":[{code,
- * message}],"messages":[]}. Returns a malloc'd NUL-terminated string (caller
- * frees) or NULL on out-of-memory. */
+/* Error body in the route's shape: OpenAI {"error":{message,type,param,code}};
+ * for SRV_ROUTE_WORKERS and SRV_ROUTE_WORKERS_CHAT, {"result":null,
+ * "success":false,"errors":[{code,message}],"messages":[]}; for
+ * SRV_ROUTE_MESSAGES, Anthropic's {"type":"error","error":{type,message}}. Returns a malloc'd
+ * NUL-terminated string (caller frees) or NULL on out-of-memory. */
 char *srv_error_json(srv_route route, const srv_error *e);
 
 // ----------------------------------------------------------------------------

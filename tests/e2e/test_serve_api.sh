@@ -136,7 +136,7 @@ req "workers 404" 404 "${A[@]}" "$U/accounts/acct1/ai/run/@cf/meta/llama-3-8b-in
 # (Workers AI numbers the error: 3042 "Invalid model ID", its documented code for a 404)
 expect_has "workers 404 shape" "$BODY" '{"result":null,"success":false,"errors":[{"code":3042,"message":"The model '"'"'@cf/meta/llama-3-8b-instruct'"'"' does not exist'
 req "workers 400" 400 "${A[@]}" "$U/accounts/acct1/ai/run/kjv" -d '{}'
-expect_has "workers 400 shape" "$BODY" '"success":false,"errors":[{"code":400,"message":"exactly one of'
+expect_has "workers 400 shape" "$BODY" '"success":false,"errors":[{"code":5006,"message":"exactly one of'
 
 # ---- concurrent requests batched together give the same text (streaming and not,
 # two tenants at once)
@@ -229,7 +229,7 @@ expect_has "offline health" "$BODY" '"online":false'
 req "503" 503 "${A[@]}" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","max_tokens":2}'
 expect_has "503 code" "$BODY" '"code":"model_offline"'
 req "503 workers" 503 "${A[@]}" "$U/accounts/a/ai/run/kjv" -d '{"prompt":"x","max_tokens":2}'
-expect_has "503 workers" "$BODY" '"success":false,"errors":[{"code":503'
+expect_has "503 workers (3040: out of capacity)" "$BODY" '"success":false,"errors":[{"code":3040'
 req "online" 200 -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/models/kjv/online" -d '{"abort_running":false}'
 expect_has "online" "$BODY" '"online":true'
 

@@ -2,11 +2,12 @@
  * (srv_request_parse, src/server/api.c).
  *
  * Each input is one request body, parsed as all three generation routes
- * (chat, completions, Workers AI). A parse that succeeds must have produced a
- * request the server can use: its chat messages are rendered with every
- * template family (src/tok/chat.c) and, as the template-facing JSON
- * (tools, tool calls, kwargs), through a Jinja chat template that walks
- * every field (srv_chat_render, as the server does next). A parse that
+ * (chat, completions, Workers AI) and as Anthropic's Messages API
+ * (srv_anth_parse, src/server/anthropic.c: the body translated into a chat
+ * request, which must then parse as one or fail with an error). A parse that succeeds must have
+ * produced a request the server can use: its chat messages are rendered with every template family
+ * (src/tok/chat.c) and, as the template-facing JSON (tools, tool calls, kwargs), through a Jinja
+ * chat template that walks every field (srv_chat_render, as the server does next). A parse that
  * fails must have produced an error the server can answer with
  * (srv_error_json must not fail), and so must the 404 for an unknown model,
  * which quotes the model name: from the body (a parsed request's model) or
@@ -86,6 +87,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             free(j);
         }
         srv_request_free(&r);
+    }
+    /* Anthropic's Messages: its translation, then the chat parser */
+    {
+        srv_request r;
+        srv_error err;
+        memset(&err, 0, sizeof err);
+        if (srv_anth_parse((const char *)data, size, &r, &err)) {
+            if (r.route != SRV_ROUTE_MESSAGES || !r.model || !r.n_msgs || r.max_tokens < 1) abort();
+            if (r.tmpl_msgs) fz__render_tmpl(&r);
+            fz__not_found(SRV_ROUTE_MESSAGES, r.model);
+            srv_request_free(&r);
+        } else {
+            if (err.status < 400 || err.status > 599) abort();
+            char *j = srv_error_json(SRV_ROUTE_MESSAGES, &err);
+            if (!j) abort();
+            free(j);
+        }
     }
     /* the input as a model name from the URL (NUL ends it there too) */
     char *name = malloc(size + 1);

@@ -451,11 +451,16 @@ static void test_error_shapes(void) {
                     "\"param\":null,\"code\":null}}");
     CHECK_EQ(e.reason, ADMIT_OK); // a failure, not a refusal: not counted as one
     free(s);
-    // Workers AI shape: its documented code where there is one, else the status
+    // Workers AI shape: its documented code where there is one (offline: 3040,
+    // out of capacity), else the status (a failure's)
     srv_refuse(&e, ADMIT_OFFLINE, NULL, "offline");
     s = srv_error_json(SRV_ROUTE_WORKERS, &e);
-    CHECK_STR_EQ(s, "{\"result\":null,\"success\":false,\"errors\":[{\"code\":503,"
+    CHECK_STR_EQ(s, "{\"result\":null,\"success\":false,\"errors\":[{\"code\":3040,"
                     "\"message\":\"offline\"}],\"messages\":[]}");
+    free(s);
+    srv_fail(&e, 502, "upstream_error", "lost");
+    s = srv_error_json(SRV_ROUTE_WORKERS, &e);
+    CHECK_STR_HAS(s, "\"errors\":[{\"code\":502,");
     free(s);
     srv_refuse(&e, ADMIT_TOO_LARGE, NULL, NULL);
     CHECK_EQ(e.status, 413);

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# test_anthropic.sh — Anthropic's POST /v1/messages and the Workers AI routes
+# (issue 13) through the real `kvseal serve` on kjv-mini, and once through a
+# cluster router:
+# - the official @anthropic-ai/sdk client (js/anthropic_client.mjs):
+#   messages.create and messages.stream, each answer equal to the OpenAI
+#   route's for the same conversation; stop_sequences (stop_reason
+#   stop_sequence, which one), max_tokens; a tool round trip (a forced
+#   tool_use, its tool_result sent back, the answer); errors in Anthropic's
+#   shape (missing max_tokens, a bad role, an image, an unknown model 404
+#   not_found_error, a wrong x-api-key 401 authentication_error);
+# - curl: the Workers AI run route under /client/v4 answers as without it;
+#   the OpenAI-compatible /accounts/{id}/ai/v1/chat/completions (both
+#   prefixes) answers OpenAI's shape with the chat route's text; refusals
+#   in Cloudflare's envelope with their mapped codes (5006 bad input, 3003
+#   missing field, 3042 unknown model, 10000 authentication, 3036 the key's
+#   rate limit, 3040 out of capacity while the model is offline).
+. "$(dirname "$0")/lib.sh"
+command -v curl >/dev/null || skip "curl is not installed (scripts/install-deps.sh)"
+command -v jq >/dev/null || skip "jq is not installed"
+command -v node >/dev/null || skip "node is not installed (scripts/install-deps.sh installs it)"
+JSD=$(dirname "$0")/js
+[ -d "$JSD/node_modules/@anthropic-ai/sdk" ] && [ -d "$JSD/node_modules/openai" ] ||
+    skip "the @anthropic-ai/sdk or openai npm package is not installed (scripts/install-deps.sh)"
+JS=$JSD/anthropic_client.mjs
+M=$KS_SRC/models/kjv-mini.gguf
+
+# a template that renders every turn a tool round trip has (kjv-mini has
+# none); --log-content shows what reached it
+cat >"$TMPD/t.jinja" <<'EOF'
+{{- bos_token }}{% for m in messages %}{% if m.role == "system" %}{{ m.content }}
+{% elif m.role == "user" %}User: {{ m.content }}
+Assistant:{% elif m.role == "assistant" %}{% for tc in m.tool_calls | default([]) %}<tool_call>
+{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}
+</tool_call>{% endfor %}{% if m.content %} {{ m.content }}{% endif %}
+{% elif m.role == "tool" %}Tool: {{ m.content }}
+Assistant:{% endif %}{% endfor %}
+EOF
+cat >"$TMPD/tenants.json" <<'EOF'
+{"tenants": [{"name": "acme", "keys": ["sk-anth-1"]},
+             {"name": "tiny", "keys": ["sk-tiny"], "tokens_per_minute": 10}]}
+EOF
+OPTS=(--alias kjv --tool-call-format hermes --chat-template-file "$TMPD/t.jinja")
+start_server "$TMPD/serve.log" -m "$M" "${OPTS[@]}" --tenants "$TMPD/tenants.json" \
+    --admin-key adm-1 --log-content
+KS_URL=$KS_URL KS_KEY=sk-anth-1 KS_MODEL_NAME=kjv KS_MODE=serve node "$JS" >"$TMPD/client.out" ||
+    { cat "$TMPD/client.out" >&2; fail "anthropic client checks failed"; }
+REF=$(sed -n 's/^REF=//p' "$TMPD/client.out") # a JSON string
+[ -n "$REF" ] || fail "the client printed no reference text"
+# the tool result reached the template, after the call the model made
+expect_has "tool result in the prompt" "$(cat "$TMPD/serve.log")" "</tool_call>Tool: sunny in Paris
+Assistant:"
+expect_has "metrics: messages route" "$(curl -sS "$KS_URL/metrics")" \
+    'kvseal_requests_total{route="messages",status="200"}'
+U=$KS_URL
+A=(-H "Authorization: Bearer sk-anth-1" -H "Content-Type: application/json")
+req "GET /v1/messages" 405 "${A[@]}" "$U/v1/messages"
+expect_has "405 in Anthropic's shape" "$BODY" '{"type":"error","error":{"type":"invalid_request_error"'
+req "x-api-key only on /v1/messages" 401 -H "x-api-key: sk-anth-1" "$U/v1/chat/completions" \
+    -d '{"model":"kjv","messages":[{"role":"user","content":"x"}]}'
+
+# ---- Workers AI: the run route, with and without /client/v4
+RUN='{"prompt":"In the beginning","max_tokens":20,"temperature":0}'
+req "workers run" 200 "${A[@]}" "$U/accounts/acct1/ai/run/kjv" -d "$RUN"
+W=$BODY
+expect_has "workers run envelope" "$W" '"success":true,"errors":[],"messages":[]}'
+req "workers run under /client/v4" 200 "${A[@]}" "$U/client/v4/accounts/acct1/ai/run/kjv" -d "$RUN"
+expect_eq "workers run under /client/v4" "$BODY" "$W"
+# ---- the OpenAI-compatible route: OpenAI's answer, the chat route's text
+CHAT='{"model":"kjv","messages":[{"role":"user","content":"In the beginning"}],"max_tokens":60,"temperature":0}'
+for P in "" /client/v4; do
+    req "workers v1 chat ($P)" 200 "${A[@]}" "$U$P/accounts/acct1/ai/v1/chat/completions" -d "$CHAT"
+    expect_eq "workers v1 chat object ($P)" "$(jq -r .object <<<"$BODY")" chat.completion
+    expect_eq "workers v1 chat text ($P)" "$(jq -c '.choices[0].message.content' <<<"$BODY")" "$REF"
+    curl -sSN "${A[@]}" "$U$P/accounts/acct1/ai/v1/chat/completions" -o "$TMPD/sse" \
+        -d "${CHAT%\}},\"stream\":true}" || fail "workers v1 chat stream curl"
+    expect_eq "workers v1 chat stream ($P)" \
+        "$(sed -n 's/^data: {/{/p' "$TMPD/sse" | jq -sc '[.[].choices[0].delta.content // empty] | join("")')" "$REF"
+    expect_eq "workers v1 chat [DONE] ($P)" "$(grep '^data: ' "$TMPD/sse" | tail -1)" "data: [DONE]"
+done
+# ---- refusals in Cloudflare's envelope, each with its mapped code
+V1=$U/client/v4/accounts/acct1/ai/v1/chat/completions
+env_code() { jq -c '[.success, .result, (.errors[0].code), (.messages | length)]' <<<"$BODY"; }
+req "v1 chat: unknown model" 404 "${A[@]}" "$V1" -d '{"model":"@cf/meta/llama-3.1-8b-instruct","messages":[{"role":"user","content":"x"}]}'
+expect_eq "unknown model: 3042" "$(env_code)" '[false,null,3042,0]'
+expect_has "unknown model: message" "$BODY" "The model '@cf/meta/llama-3.1-8b-instruct' does not exist"
+req "v1 chat: bad temperature" 400 "${A[@]}" "$V1" -d '{"model":"kjv","messages":[{"role":"user","content":"x"}],"temperature":"hot"}'
+expect_eq "bad input: 5006" "$(env_code)" '[false,null,5006,0]'
+req "v1 chat: malformed JSON" 400 "${A[@]}" "$V1" -d '{"model":'
+expect_eq "malformed JSON: 5006" "$(env_code)" '[false,null,5006,0]'
+req "v1 chat: no messages" 400 "${A[@]}" "$V1" -d '{"model":"kjv"}'
+expect_eq "missing field: 3003" "$(env_code)" '[false,null,3003,0]'
+req "v1 chat: wrong key" 401 -H "Authorization: Bearer sk-nope" "$V1" -d "$CHAT"
+expect_eq "authentication: 10000" "$(env_code)" '[false,null,10000,0]'
+req "run: the key's rate limit" 429 -H "Authorization: Bearer sk-tiny" "$U/client/v4/accounts/a/ai/run/kjv" -d "$RUN"
+expect_eq "rate limit: 3036" "$(env_code)" '[false,null,3036,0]'
+req "embeddings: not here yet" 404 "${A[@]}" "$U/accounts/acct1/ai/v1/embeddings" -d '{}'
+expect_eq "unknown url: 404" "$(env_code)" '[false,null,404,0]'
+req "offline" 200 -H "Authorization: Bearer adm-1" -X POST "$U/admin/models/kjv/offline"
+req "run while offline" 503 "${A[@]}" "$U/accounts/a/ai/run/kjv" -d "$RUN"
+expect_eq "offline: 3040" "$(env_code)" '[false,null,3040,0]'
+req "v1 chat while offline" 503 "${A[@]}" "$V1" -d "$CHAT"
+expect_eq "offline v1: 3040" "$(env_code)" '[false,null,3040,0]'
+req "messages while offline" 503 "${A[@]}" "$U/v1/messages" -d '{"model":"kjv","max_tokens":4,"messages":[{"role":"user","content":"x"}]}'
+expect_has "messages offline: overloaded_error" "$BODY" '{"type":"error","error":{"type":"overloaded_error"'
+req "online" 200 -H "Authorization: Bearer adm-1" -X POST "$U/admin/models/kjv/online"
+req "run after" 200 "${A[@]}" "$U/accounts/a/ai/run/kjv" -d "$RUN"
+expect_eq "run after" "$BODY" "$W"
+stop_server
+
+# ---- once through the cluster: the router is the HTTP front
+CLUSTER_PROBE_AUTH=sk-anth-1 ROUTER_ARGS="--tenants $TMPD/tenants.json ${OPTS[*]}" \
+    start_cluster "$TMPD/c" 1 1 -m "$M"
+KS_URL=$KS_URL KS_KEY=sk-anth-1 KS_MODEL_NAME=kjv KS_MODE=cluster KS_REF=$(jq -r . <<<"$REF") \
+    node "$JS" || fail "anthropic client checks through the cluster failed"
+req "cluster: workers v1 chat" 200 "${A[@]}" "$KS_URL/client/v4/accounts/a/ai/v1/chat/completions" -d "$CHAT"
+expect_eq "cluster: workers v1 chat text" "$(jq -c '.choices[0].message.content' <<<"$BODY")" "$REF"
+stop_cluster
+echo "anthropic ok"
