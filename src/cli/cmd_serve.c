@@ -38,6 +38,7 @@ void serve__usage(const char *cmd) {
         "         [--request-timeout SECONDS (10)] [--max-connections 4096]\n"
         "         [--max-connections-per-ip 256 (0: no limit)] [--chat-template-file FILE]\n"
         "         [--tool-call-format auto|none|NAME] [--reasoning-format auto|none|deepseek]\n"
+        "         [--cors-origin ORIGIN|'*']... (browsers; off by default: no CORS headers)\n"
         "  --tool-call-format: how the model writes tool calls (auto: from the chat template;\n"
         "  NAME: %s). --reasoning-format deepseek splits the text between think markers into\n"
         "  reasoning_content (auto: when the template has them; none: it stays content).\n"
@@ -178,6 +179,21 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
                 return 2;
             }
             c->aliases[c->n_aliases++] = argv[++i];
+        }
+        else if (!strcmp(a, "--cors-origin") && v) {
+            const char *o = argv[++i];
+            if (c->n_cors == SERVE_MAX_CORS) {
+                fprintf(stderr, "kvseal: at most %d --cors-origin values\n", SERVE_MAX_CORS);
+                return 2;
+            }
+            if (!server_cors_origin_valid(o)) {
+                fprintf(stderr,
+                        "kvseal: --cors-origin expects '*' or an origin such as "
+                        "https://app.example.com (scheme://host[:port], no path), got '%s'\n",
+                        o);
+                return 2;
+            }
+            c->cors[c->n_cors++] = o;
         }
         else if (!strcmp(a, "--scrub") && v) {
             const char *s = argv[++i];
@@ -322,6 +338,8 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     so.port = (int)c->port;
     so.aliases = c->aliases;
     so.n_aliases = c->n_aliases;
+    so.cors_origins = c->cors;
+    so.n_cors_origins = c->n_cors;
     so.model_name = name;
     so.tenants_path = c->tenants;
     so.chat_template_file = c->chat_template_file;
