@@ -189,6 +189,11 @@ walk() {
     expect_eq "$F tenant series" "$(grep -c '^kvseal_tenant_requests_total{' <<<"$text")" "3"
 }
 
+# a --cors-origin that is no origin stops the command line, saying why
+rc=0; "$KS_BIN" serve -m "$M" --cors-origin app.example.com 2>"$TMPD/bad.err" || rc=$?
+expect_eq "bad --cors-origin: status" "$rc" 2
+expect_has "bad --cors-origin: message" "$(cat "$TMPD/bad.err")" "expects '*' or an origin"
+
 # kvseal serve
 start_server "$TMPD/s" -m "$M" --alias kjv --tenants "$TMPD/tenants.json" "${CORS[@]}"
 U=$KS_URL
