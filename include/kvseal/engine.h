@@ -180,6 +180,8 @@ typedef struct engine_event {
     int32_t n_prompt, n_gen;    /* usage */
     int32_t n_cached;           /* prompt tokens served from the prefix cache */
     double ttft_ms;             /* submit -> first token */
+    double queue_ms;            /* submit -> left the wait queue (scheduled); -1: never
+                                   scheduled (refused, or aborted while waiting) */
 } engine_event;
 
 /* Waits up to timeout_ms for the next event. KS_OK: *ev filled; KS_ERR_TIMEOUT:
@@ -308,6 +310,7 @@ typedef struct engine_outcome {
     const char *msg;         /* NULL: none */
     int32_t n_prompt, n_gen, n_cached;
     uint64_t t_submit_ns, t_first_ns; /* t_first_ns 0: no token */
+    uint64_t t_sched_ns;              /* left the wait queue; 0: never */
 } engine_outcome;
 /* Producer side, last call: on a STOP/LENGTH finish posts what is still held
  * back (engine_stream_flush), then the done event for o. Can't fail. */

@@ -41,6 +41,9 @@ typedef struct server_opts {
     int reasoning_format;           /* -1 deepseek when the template has think markers (default),
                                        0 none (reasoning stays in content), 1 deepseek (split into
                                        reasoning_content; <think></think> when the template has none) */
+    const char *const *cors_origins; /* (n_cors_origins) origins browsers may call from, or "*"
+                                        (any); borrowed. None: CORS off, no CORS headers at all */
+    int n_cors_origins;
 } server_opts;
 
 /* Fills defaults (host 127.0.0.1, port 8080, 1 MiB bodies, 4096
@@ -99,6 +102,10 @@ typedef struct server_backend {
  * lists them; aliases such as "deepseek-v3.1" too); false when unknown.
  * Can't fail otherwise. */
 bool server_tool_call_format_parse(const char *name, int *out /* OUT */);
+/* True when o is a --cors-origin value: "*", or an origin as browsers send
+ * it (http:// or https://, a host, an optional :port, no path, printable
+ * ASCII, at most 255 bytes). Pure. */
+bool server_cors_origin_valid(const char *o);
 /* The format names server_tool_call_format_parse takes, comma-separated;
  * static storage. */
 const char *server_tool_call_format_names(void);

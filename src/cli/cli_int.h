@@ -59,6 +59,7 @@ char *cli__read_file(const char *path, size_t *len);
 #include "kvseal/server.h"
 
 #define SERVE_MAX_ALIASES 16
+#define SERVE_MAX_CORS 16
 
 typedef struct serve__cfg {
     const char *model_path, *host, *tenants, *admin_key, *security_log;
@@ -66,6 +67,8 @@ typedef struct serve__cfg {
     long port;
     const char *aliases[SERVE_MAX_ALIASES];
     int n_aliases;
+    const char *cors[SERVE_MAX_CORS]; /* --cors-origin ORIGIN|* (repeatable; none: CORS off) */
+    int n_cors;
     long ctx, kv_pages, page_tokens, threads, max_running, queue_max, queue_timeout_ms, batch;
     long idle_timeout, request_timeout, max_conns, max_conns_per_ip;
     uint64_t kv_memory;

@@ -41,6 +41,7 @@ void serve__usage(const char *cmd) {
         "         [--pooling mean|last]\n"
         "  --pooling: how POST /v1/embeddings pools the final hidden state (default: the\n"
         "  GGUF's <arch>.pooling_type when mean or last, else mean); on prefill workers too.\n"
+        "         [--cors-origin ORIGIN|'*']... (browsers; off by default: no CORS headers)\n"
         "  --tool-call-format: how the model writes tool calls (auto: from the chat template;\n"
         "  NAME: %s). --reasoning-format deepseek splits the text between think markers into\n"
         "  reasoning_content (auto: when the template has them; none: it stays content).\n"
@@ -181,6 +182,21 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
                 return 2;
             }
             c->aliases[c->n_aliases++] = argv[++i];
+        }
+        else if (!strcmp(a, "--cors-origin") && v) {
+            const char *o = argv[++i];
+            if (c->n_cors == SERVE_MAX_CORS) {
+                fprintf(stderr, "kvseal: at most %d --cors-origin values\n", SERVE_MAX_CORS);
+                return 2;
+            }
+            if (!server_cors_origin_valid(o)) {
+                fprintf(stderr,
+                        "kvseal: --cors-origin expects '*' or an origin such as "
+                        "https://app.example.com (scheme://host[:port], no path), got '%s'\n",
+                        o);
+                return 2;
+            }
+            c->cors[c->n_cors++] = o;
         }
         else if (!strcmp(a, "--scrub") && v) {
             const char *s = argv[++i];
@@ -334,6 +350,8 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     so.port = (int)c->port;
     so.aliases = c->aliases;
     so.n_aliases = c->n_aliases;
+    so.cors_origins = c->cors;
+    so.n_cors_origins = c->n_cors;
     so.model_name = name;
     so.tenants_path = c->tenants;
     so.chat_template_file = c->chat_template_file;

@@ -92,6 +92,7 @@ typedef struct rt_req {
     uint8_t domain[32];
     uint8_t affinity[8];  /* hash of (domain, first prompt page); zero: no full page */
     uint64_t t_submit_ns, t_first_ns;
+    uint64_t t_sched_ns; /* a decode worker GRANTed its pages: left the queue (0: not yet) */
     // loop-owned
     rt_phase phase;
     uint32_t p_id, d_id; /* paired workers (0: none) */
@@ -262,7 +263,8 @@ static void rt__end(cluster_router *r, rt_req *q, engine_state to, engine_finish
                         .n_gen = q->n_gen,
                         .n_cached = q->n_cached,
                         .t_submit_ns = q->t_submit_ns,
-                        .t_first_ns = q->t_first_ns};
+                        .t_first_ns = q->t_first_ns,
+                        .t_sched_ns = q->t_sched_ns};
     engine_stream_finish(q->out, &o, r->piece, r->piece_cap);
     rt__unref(q);
 }
@@ -679,6 +681,7 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
             rt__abort(r, q, PD_ABORT_ERROR, KS_ERR_PROTO, "internal error: bad grant");
             return;
         }
+        if (!q->t_sched_ns) q->t_sched_ns = ks_now_ns();
         pd_msg_prefill p = {.decode_worker_id = q->d_id, .n_prompt = (uint32_t)q->n_prompt, .s = q->ws,
                             .grant = f->payload, .grant_len = f->payload_len};
         memcpy(p.domain_hash, q->domain, sizeof p.domain_hash);

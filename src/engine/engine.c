@@ -73,6 +73,7 @@ struct engine_req {
     bool ignore_eos;
     uint64_t t_submit;
     uint64_t t_first;  // first token sampled (0 = not yet)
+    uint64_t t_sched;  // left the wait queue (0 = not yet): queue time for /metrics
     // scheduler-owned
     atomic_int state;  // engine_state, readable from any thread
     kv_seq seq;
@@ -456,9 +457,16 @@ static void engine__finish(engine *e, engine_req *r, engine_state to, engine_fin
         r->has_seq = false;
     }
     atomic_fetch_add(to == ENGINE_FINISHED ? &e->n_finished : &e->n_aborted, 1);
-    engine_outcome o = {.state = to, .finish = fin, .err = err, .msg = msg, .n_prompt = r->n_prompt,
-                        .n_gen = r->n_gen, .n_cached = r->n_cached, .t_submit_ns = r->t_submit,
-                        .t_first_ns = r->t_first};
+    engine_outcome o = {.state = to,
+                        .finish = fin,
+                        .err = err,
+                        .msg = msg,
+                        .n_prompt = r->n_prompt,
+                        .n_gen = r->n_gen,
+                        .n_cached = r->n_cached,
+                        .t_submit_ns = r->t_submit,
+                        .t_first_ns = r->t_first,
+                        .t_sched_ns = r->t_sched};
     engine_stream_finish(r->out, &o, e->piece, e->piece_cap);
     engine__req_unref(r);
 }
@@ -628,6 +636,7 @@ static void engine__admit(engine *e) {
         e->n_waiting--;
         r->next = NULL;
         r->n_past = r->n_cached = (int32_t)cached;
+        r->t_sched = now;
         engine__set_state(r, ENGINE_PREFILLING);
         e->running[e->n_running++] = r;
         atomic_fetch_add(&e->tokens_in, (unsigned long long)r->n_prompt);

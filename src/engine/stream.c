@@ -183,6 +183,9 @@ void engine_stream_finish(engine_stream *s, const engine_outcome *o, char *piece
     ev.n_gen = o->n_gen;
     ev.n_cached = o->n_cached;
     ev.ttft_ms = o->t_first_ns ? (double)(o->t_first_ns - o->t_submit_ns) / 1e6 : 0.0;
+    ev.queue_ms = o->t_sched_ns && o->t_sched_ns >= o->t_submit_ns
+                      ? (double)(o->t_sched_ns - o->t_submit_ns) / 1e6
+                      : -1.0;
     engine_stream_post(s, &ev);
 }
 

@@ -45,7 +45,14 @@
  *
  * Shutdown: server_destroy flags `stopping`, waits (up to a second) for the
  * generations to end their answers, stops the sweeper, then
- * MHD_stop_daemon closes what is left. */
+ * MHD_stop_daemon closes what is left.
+ *
+ * Every answer passes srv__decorate (srv__reply, a stream's start): its
+ * x-request-id, CORS headers when --cors-origin allows the request's
+ * Origin, the tenant's x-ratelimit-* and a Retry-After on 429/503 computed
+ * from the tenant's buckets or the queue. What they need is the request's
+ * srv_reqinfo, kept in the connection's srv_sock (one request at a time per
+ * connection), so every handler gets them without passing anything. */
 #include "server_int.h"
 
 #include "kvseal/chat.h"
@@ -99,6 +106,19 @@ struct server {
     const char *think_open, *think_close; /* NULL: reasoning stays content */
 };
 
+/* The current request's answer-header state (srv__decorate); set when its
+ * head arrives, read by whichever handler answers. Owned by the
+ * connection's MHD thread. */
+typedef struct srv_reqinfo {
+    bool active;                      /* a request is being handled */
+    char rid[SRV_REQUEST_ID_MAX + 1]; /* x-request-id: the client's (sane) or ours */
+    bool cors;                        /* its Origin is allowed: CORS headers go on */
+    char origin[256];                 /* Access-Control-Allow-Origin's value */
+    int tenant;                       /* authenticated tenant, -1: none (yet) */
+    int64_t need_tokens;              /* tokens its last admission asked of the tenant */
+    char line[160];                   /* "METHOD /path", for the log line of an error */
+} srv_reqinfo;
+
 /* Per-connection state (MHD's socket context): the request deadline. */
 struct srv_sock {
     srv_sock *prev, *next; /* s->socks (lmu) */
@@ -107,6 +127,7 @@ struct srv_sock {
     uint64_t t_start_ns; /* connection start or previous answer */
     bool req_done;       /* the current request's head and body are complete */
     bool expired;        /* the deadline fired: the connection is being closed */
+    srv_reqinfo ri;      /* the current request's (MHD thread only, not mu) */
 };
 
 /* Admin work that blocks (the KV check), run on a thread of its own. */
@@ -175,7 +196,8 @@ struct srv_gen {
     bool http11;
     int32_t n_prompt, max_tokens, n_gen;
     int64_t reserved; /* tokens taken from the tenant's bucket */
-    char id[48];
+    char id[16 + SRV_REQUEST_ID_MAX]; /* prefix + the x-request-id */
+    char rid[SRV_REQUEST_ID_MAX + 1]; /* the x-request-id, for the log line */
     char model[256]; /* name echoed in answers */
     long long created;
     bool logprobs, include_usage;
@@ -265,6 +287,107 @@ static const char *srv__primary_name(const server *s) {
     return s->o.model_name ? s->o.model_name : "model";
 }
 
+/* The request state of c's current request, or NULL (no socket context). */
+static srv_reqinfo *srv__ri(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *si =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    srv_sock *sk = si ? si->socket_context : NULL;
+    return sk && sk->ri.active ? &sk->ri : NULL;
+}
+
+/* Starts the request state of a new request on c: its x-request-id, and
+ * whether its Origin may see the answer. */
+static void srv__ri_begin(server *s, struct MHD_Connection *c, const char *method,
+                          const char *url) {
+    const union MHD_ConnectionInfo *si =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    srv_sock *sk = si ? si->socket_context : NULL;
+    if (!sk) return;
+    srv_reqinfo *ri = &sk->ri;
+    memset(ri, 0, sizeof *ri);
+    ri->active = true;
+    ri->tenant = -1;
+    const char *id = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
+    if (srv_request_id_ok(id))
+        snprintf(ri->rid, sizeof ri->rid, "%s", id);
+    else
+        srv_request_id_new(ri->rid, sizeof ri->rid);
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (s->o.n_cors_origins > 0 &&
+        srv_cors_origin_ok(s->o.cors_origins, s->o.n_cors_origins, origin)) {
+        bool any = false;
+        for (int i = 0; i < s->o.n_cors_origins; i++)
+            any = any || !strcmp(s->o.cors_origins[i], "*");
+        // "*" answers "*" (no cookies are ever involved); a list echoes the match
+        snprintf(ri->origin, sizeof ri->origin, "%s", any ? "*" : origin);
+        ri->cors = strlen(origin) < sizeof ri->origin;
+    }
+    snprintf(ri->line, sizeof ri->line, "%s %s", method ? method : "?", url ? url : "?");
+}
+
+/* The headers every answer carries (see the file comment). Counts the
+ * answer for its tenant. Only from an MHD callback of c's connection. */
+static void srv__decorate(server *s, struct MHD_Connection *c, struct MHD_Response *r, int status) {
+    srv_reqinfo *ri = srv__ri(c);
+    int64_t retry = status == 429 || status == 503 ? 1 : 0;
+    if (ri) {
+        MHD_add_response_header(r, "x-request-id", ri->rid);
+        // with a list of origins the answer depends on Origin: caches must know
+        if (s->o.n_cors_origins > 0 && !(ri->cors && !strcmp(ri->origin, "*")))
+            MHD_add_response_header(r, "Vary", "Origin");
+        if (ri->cors) {
+            MHD_add_response_header(r, "Access-Control-Allow-Origin", ri->origin);
+            MHD_add_response_header(r, "Access-Control-Expose-Headers",
+                                    "x-request-id, x-ratelimit-limit-requests, "
+                                    "x-ratelimit-remaining-requests, x-ratelimit-reset-requests, "
+                                    "x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens, "
+                                    "x-ratelimit-reset-tokens, retry-after");
+        }
+        if (ri->tenant >= 0 && (size_t)ri->tenant < s->ts->n) {
+            srv_tenant *t = &s->ts->t[ri->tenant];
+            atomic_fetch_add_explicit(&t->m_requests, 1, memory_order_relaxed);
+            if (status == 429) atomic_fetch_add_explicit(&t->m_limited, 1, memory_order_relaxed);
+            srv_ratelimit rl;
+            srv_tenants_ratelimit(s->ts, ri->tenant, ri->need_tokens, ks_now_ns(), &rl);
+            char v[64];
+            if (rl.requests) {
+                snprintf(v, sizeof v, "%lld", (long long)rl.limit_requests);
+                MHD_add_response_header(r, "x-ratelimit-limit-requests", v);
+                snprintf(v, sizeof v, "%lld", (long long)rl.remaining_requests);
+                MHD_add_response_header(r, "x-ratelimit-remaining-requests", v);
+                srv_duration_fmt(rl.reset_requests_s, v, sizeof v);
+                MHD_add_response_header(r, "x-ratelimit-reset-requests", v);
+            }
+            if (rl.tokens) {
+                snprintf(v, sizeof v, "%lld", (long long)rl.limit_tokens);
+                MHD_add_response_header(r, "x-ratelimit-limit-tokens", v);
+                snprintf(v, sizeof v, "%lld", (long long)rl.remaining_tokens);
+                MHD_add_response_header(r, "x-ratelimit-remaining-tokens", v);
+                srv_duration_fmt(rl.reset_tokens_s, v, sizeof v);
+                MHD_add_response_header(r, "x-ratelimit-reset-tokens", v);
+            }
+            // the tenant's own limit: the real refill time of what it lacks
+            if (status == 429) retry = srv_retry_after_s(rl.retry_s);
+        }
+        if (status >= 400)
+            ks_log(KS_LOG_INFO, "http %d %s request_id=%s", status, ri->line, ri->rid);
+    }
+    if (status == 503) { // busy or draining: the queue's expected wait
+        engine_stats es;
+        s->b.get_stats(s->b.impl, &es);
+        unsigned long long n = atomic_load_explicit(&s->met.e2e.n_obs, memory_order_relaxed);
+        double mean = n ? (double)atomic_load_explicit(&s->met.e2e.sum_ns, memory_order_relaxed) *
+                              1e-9 / (double)n
+                        : 0;
+        retry = srv_queue_retry_s(mean, es.n_queued, es.n_running);
+    }
+    if (retry > 0) {
+        char v[32];
+        snprintf(v, sizeof v, "%lld", (long long)retry);
+        MHD_add_response_header(r, "Retry-After", v);
+    }
+}
+
 static enum MHD_Result srv__reply(server *s, struct MHD_Connection *c, srv_route route, int status,
                                   const char *body, const char *ctype) {
     const char *fallback = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
@@ -274,7 +397,7 @@ static enum MHD_Result srv__reply(server *s, struct MHD_Connection *c, srv_route
         MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    srv__decorate(s, c, r, status);
     if (status == 415)
         MHD_add_response_header(r, "Accept-Encoding", "identity"); // RFC 9110 15.5.16
     if (status == 405) {
@@ -328,7 +451,11 @@ static const char *srv__bearer(struct MHD_Connection *c) {
  * in x-api-key: /v1/messages takes it there too; either way the tenant
  * comes from the key alone (I7). */
 static int srv__auth(server *s, struct MHD_Connection *c, srv_route route, srv_error *err) {
-    if (s->ts->anonymous) return 0;
+    if (s->ts->anonymous) {
+        srv_reqinfo *ri = srv__ri(c);
+        if (ri) ri->tenant = 0;
+        return 0;
+    }
     const char *key = srv__bearer(c), *xkey = NULL;
     if (route == SRV_ROUTE_MESSAGES)
         xkey = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
@@ -348,6 +475,8 @@ static int srv__auth(server *s, struct MHD_Connection *c, srv_route route, srv_e
     }
     int t = srv_tenants_auth(s->ts, key, strlen(key));
     if (t < 0) srv_refuse(err, ADMIT_AUTH, NULL, "invalid API key");
+    srv_reqinfo *ri = srv__ri(c);
+    if (ri) ri->tenant = t; // its answers carry its x-ratelimit-* headers
     return t;
 }
 
@@ -506,6 +635,17 @@ static void srv__gen_account(srv_gen *g, const engine_event *ev) {
                               memory_order_relaxed);
     atomic_fetch_add_explicit(&s->met.tokens_out, (unsigned long long)ev->n_gen,
                               memory_order_relaxed);
+    uint64_t now = ks_now_ns();
+    srv_hist_observe(&s->met.e2e, (double)(now - g->t_submit_ns) * 1e-9);
+    if (ev->queue_ms >= 0) srv_hist_observe(&s->met.queue, ev->queue_ms * 1e-3);
+    srv_metrics_finish(&s->met, ev->finish);
+    if (g->tenant >= 0) {
+        srv_tenant *t = &s->ts->t[g->tenant];
+        atomic_fetch_add_explicit(&t->m_prompt, (unsigned long long)ev->n_prompt,
+                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&t->m_generation, (unsigned long long)ev->n_gen,
+                                  memory_order_relaxed);
+    }
     if (ev->n_gen > 0 && g->t_first_ns) {
         double ttft =
             ev->ttft_ms > 0 ? ev->ttft_ms * 1e-3 : (double)(g->t_first_ns - g->t_submit_ns) * 1e-9;
@@ -519,9 +659,11 @@ static void srv__gen_account(srv_gen *g, const engine_event *ev) {
         const srv_buf *t = g->stream ? &g->text : &g->ch[0].text;
         ks_log(KS_LOG_INFO, "request %s output: %.*s", g->id, (int)t->len, t->p ? t->p : "");
     }
-    ks_log(KS_LOG_INFO, "request %s: %s, %d prompt tokens (%d cached), %d generated, finish %d%s%s",
+    ks_log(KS_LOG_INFO,
+           "request %s: %s, %d prompt tokens (%d cached), %d generated, finish %d%s%s "
+           "request_id=%s",
            g->id, srv_route_name(g->api), ev->n_prompt, ev->n_cached, ev->n_gen, (int)ev->finish,
-           ev->errmsg[0] ? ": " : "", ev->errmsg);
+           ev->errmsg[0] ? ": " : "", ev->errmsg, g->rid);
 }
 
 /* One logprobs entry for a chat answer: {token, logprob, bytes, top_logprobs}. */
@@ -1184,6 +1326,7 @@ static enum MHD_Result srv__stream_start(server *s, struct MHD_Connection *c, sr
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    srv__decorate(s, c, r, 200);
     srv__stream_socket(s, g);
     pthread_mutex_lock(&g->mu);
     g->answered = true;  // the sweeper sends no interim answer from now on
@@ -1490,6 +1633,8 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     held_reserved = max_tokens < 0 ? (int64_t)s->o.n_ctx * n_ch
                                    : (min_prompt > 0 ? min_prompt : 1) + (int64_t)max_tokens * n_ch;
     char msg[256];
+    srv_reqinfo *ri = srv__ri(c);
+    if (ri) ri->need_tokens = held_reserved; // a 429's Retry-After: when these are there
     admit_reason rj = srv_tenants_admit(s->ts, tenant, held_reserved, ks_now_ns(), msg, sizeof msg);
     if (rj != ADMIT_OK) {
         srv_refuse(&err, rj, NULL, "%s", msg);
@@ -1516,6 +1661,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     bool over = (int64_t)n_prompt + max_tokens > s->o.n_ctx;
     if (!over) {
         int64_t want = (int64_t)n_prompt + (int64_t)max_tokens * n_ch; // every choice's tokens
+        if (ri) ri->need_tokens = want;
         rj = srv_tenants_grow(s->ts, tenant, held_reserved, want, ks_now_ns(), msg, sizeof msg);
         if (rj != ADMIT_OK) {
             srv_refuse(&err, rj, NULL, "%s", msg);
@@ -1545,10 +1691,18 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     g->include_usage = rq.include_usage;
     g->fd = -1;
     snprintf(g->model, sizeof g->model, "%s", model_name ? model_name : srv__primary_name(s));
-    srv_make_id(route == SRV_ROUTE_COMPLETIONS ? "cmpl-"
-                : route == SRV_ROUTE_MESSAGES  ? "msg_"
-                                               : "chatcmpl-",
-                g->id, sizeof g->id);
+    // the completion's id is the request's x-request-id behind OpenAI's (or
+    // Anthropic's) prefix, as vLLM does; without request state, a random one
+    // of the same form
+    if (ri)
+        memcpy(g->rid, ri->rid, sizeof g->rid);
+    else
+        srv_request_id_new(g->rid, sizeof g->rid);
+    snprintf(g->id, sizeof g->id, "%s%s",
+             route == SRV_ROUTE_COMPLETIONS ? "cmpl-"
+             : route == SRV_ROUTE_MESSAGES  ? "msg_"
+                                            : "chatcmpl-",
+             g->rid);
     for (int i = 0; route == SRV_ROUTE_MESSAGES && i < rq.n_stops; i++) {
         if (!(g->stops[i] = strdup(rq.stops[i]))) {
             srv_fail(&err, 500, "internal_error", "out of memory");
@@ -1771,7 +1925,7 @@ static enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, cons
                                        srv_conn *sc, srv_route shape) {
     const srv_route route = shape;
     srv_error err;
-    int tenant = srv__auth(s, c, &err);
+    int tenant = srv__auth(s, c, route, &err);
     if (tenant < 0) return srv__reply_error(s, c, route, &err);
     if (atomic_load_explicit(&s->draining, memory_order_acquire)) {
         srv_refuse(&err, ADMIT_DRAINING, NULL,
@@ -1906,7 +2060,7 @@ static enum MHD_Result srv__tokenize(server *s, struct MHD_Connection *c, srv_co
                                      bool detok) {
     const srv_route route = SRV_ROUTE_TOKENIZE;
     srv_error err;
-    if (srv__auth(s, c, &err) < 0) return srv__reply_error(s, c, route, &err);
+    if (srv__auth(s, c, route, &err) < 0) return srv__reply_error(s, c, route, &err);
     const char *body = sc->body.p ? sc->body.p : "";
     json_t *j = NULL;
     if (!detok) {
@@ -1969,7 +2123,7 @@ static enum MHD_Result srv__tokenize(server *s, struct MHD_Connection *c, srv_co
  * serves, else 404 model_not_found in OpenAI's shape. */
 static enum MHD_Result srv__model_get(server *s, struct MHD_Connection *c, const char *id) {
     srv_error err;
-    if (srv__auth(s, c, &err) < 0) return srv__reply_error(s, c, SRV_ROUTE_MODELS, &err);
+    if (srv__auth(s, c, SRV_ROUTE_MODELS, &err) < 0) return srv__reply_error(s, c, SRV_ROUTE_MODELS, &err);
     if (!srv__name_ok(s, id)) {
         srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model", "The model '%s' does not exist", id);
         return srv__reply_error(s, c, SRV_ROUTE_MODELS, &err);
@@ -2263,6 +2417,38 @@ static srv_route srv__route_of(const char *url) {
                                                                          : SRV_ROUTE_OTHER;
 }
 
+/* A CORS preflight (OPTIONS with Origin and Access-Control-Request-Method;
+ * CORS on): 204 with the allow headers when the Origin is allowed, else 403
+ * with none (the browser then refuses the real request). Needs no key. */
+static enum MHD_Result srv__preflight(server *s, struct MHD_Connection *c, const char *url) {
+    srv_reqinfo *ri = srv__ri(c);
+    srv_route route = srv__route_of(url);
+    if (!ri || !ri->cors) {
+        srv_error err;
+        srv_refuse(&err, ADMIT_AUTH, NULL, "CORS: origin not allowed");
+        err.status = 403;
+        err.type = "permission_error";
+        err.code = "cors_origin_not_allowed";
+        err.reason = ADMIT_OK; // not a refusal of a request: no rejection counted
+        err.workers_code = 403;
+        return srv__reply_error(s, c, route, &err);
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    char allow[512];
+    srv_cors_allow_headers(
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers"), allow,
+        sizeof allow);
+    srv__decorate(s, c, r, 204);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, HEAD, OPTIONS");
+    if (allow[0]) MHD_add_response_header(r, "Access-Control-Allow-Headers", allow);
+    MHD_add_response_header(r, "Access-Control-Max-Age", SRV_CORS_MAX_AGE);
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_NO_CONTENT, r);
+    MHD_destroy_response(r);
+    srv_metrics_request(&s->met, route, 204);
+    return ret;
+}
+
 /* MHD decodes the path before srv__access sees it, so %2F and %00 are
  * looked for in the raw target here; what this returns becomes the
  * request's first *con_cls: NULL, or this mark for a bad path. Static, so
@@ -2313,6 +2499,7 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
         if (!(sc = calloc(1, sizeof *sc))) return MHD_NO;
         *con_cls = sc;
         sc->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
+        srv__ri_begin(s, c, method, url);
         // framing and path first (RFC 9112): refused before any body byte
         // is read, and MHD closes the connection, so nothing is smuggled
         srv_error err;
@@ -2324,6 +2511,13 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
         if (bad_path || !srv_framing_check(&f, &err)) {
             sc->refused = true;
             return srv__reply_error(s, c, srv__route_of(url), &err);
+        }
+        // a CORS preflight is answered here, before any body and without a key
+        if (s->o.n_cors_origins > 0 && !strcmp(method, MHD_HTTP_METHOD_OPTIONS) &&
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin") &&
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Method")) {
+            sc->refused = true;
+            return srv__preflight(s, c, url);
         }
         // refuse an announced oversized body before reading any of it
         const char *cl =
@@ -2383,6 +2577,7 @@ static void srv__completed(void *cls, struct MHD_Connection *c, void **con_cls,
         sk->req_done = false;
         sk->t_start_ns = ks_now_ns();
         pthread_mutex_unlock(&sk->mu);
+        sk->ri.active = false;
     }
     *con_cls = NULL;
     // a request that ended before srv__access ran still has srv__uri_log's mark
@@ -2447,11 +2642,13 @@ static void srv__sock_expire(server *s, srv_sock *sk, bool sent_something) {
         srv_error err;
         srv_refuse(&err, ADMIT_REQUEST_TIMEOUT, NULL, "the request was not received within %u s",
                    s->o.request_timeout_s);
-        char *body = srv_error_json(SRV_ROUTE_OTHER, &err), msg[1024];
+        char *body = srv_error_json(SRV_ROUTE_OTHER, &err), msg[1024], rid[40];
+        srv_request_id_new(rid, sizeof rid); // no request head came: a fresh id
         int n = body ? snprintf(msg, sizeof msg,
                                 "HTTP/1.1 %d Request Timeout\r\nConnection: close\r\nContent-Type: "
-                                "application/json\r\nContent-Length: %zu\r\n\r\n%s",
-                                err.status, strlen(body), body)
+                                "application/json\r\nx-request-id: %s\r\nContent-Length: "
+                                "%zu\r\n\r\n%s",
+                                err.status, rid, strlen(body), body)
                      : 0;
         free(body);
         if (n > 0 && (size_t)n < sizeof msg)
@@ -2660,6 +2857,16 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
         goto fail;
     }
     if (o->admin_key) srv_tenants_set_admin(s->ts, o->admin_key);
+    s->met.ts = s->ts;
+    s->met.model_name = srv__primary_name(s);
+    for (int i = 0; i < o->n_cors_origins; i++)
+        if (!server_cors_origin_valid(o->cors_origins[i])) {
+            err = ks_seterr(eb, KS_ERR_INVAL,
+                            "--cors-origin '%s': expected '*' or an origin "
+                            "such as https://app.example.com",
+                            o->cors_origins[i]);
+            goto fail;
+        }
     s->log_content = o->log_content || s->ts->log_content;
     // the chat template: compiled and test-rendered now, so a template this
     // server cannot run stops it here, naming the file and the reason

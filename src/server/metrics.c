@@ -10,16 +10,21 @@
 #include "server_int.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const int met__status[SRV_N_STATUS] = {200, 400, 401, 403, 404, 405, 408, 413,
-                                              415, 429, 499, 500, 501, 503, 0};
+                                              415, 429, 499, 500, 501, 503, 204, 0};
 static const double met__ttft_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                           0.5,   1,    2.5,   5,    10,  30};
 static const double met__tpot_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                           0.1,   0.25,   0.5,   1,    2.5};
+static const double met__e2e_bounds[] = {0.05, 0.1, 0.25, 0.5, 1,   2.5, 5,  10,
+                                         15,   20,  30,   60,  120, 300, 600};
+static const double met__queue_bounds[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                           0.5,   1,     2.5,  5,     10,   30,  60};
 
 // ----------------------------------------------------------------------------
 // Counting
@@ -30,6 +35,17 @@ void srv_metrics_init(srv_metrics *m) {
     m->ttft.n = (int)(sizeof met__ttft_bounds / sizeof met__ttft_bounds[0]);
     m->tpot.bounds = met__tpot_bounds;
     m->tpot.n = (int)(sizeof met__tpot_bounds / sizeof met__tpot_bounds[0]);
+    m->e2e.bounds = met__e2e_bounds;
+    m->e2e.n = (int)(sizeof met__e2e_bounds / sizeof met__e2e_bounds[0]);
+    m->queue.bounds = met__queue_bounds;
+    m->queue.n = (int)(sizeof met__queue_bounds / sizeof met__queue_bounds[0]);
+    _Static_assert(sizeof met__e2e_bounds / sizeof met__e2e_bounds[0] < 16, "srv_hist.count");
+    _Static_assert(sizeof met__queue_bounds / sizeof met__queue_bounds[0] < 16, "srv_hist.count");
+}
+
+void srv_metrics_finish(srv_metrics *m, engine_finish f) {
+    int i = f == ENGINE_FINISH_STOP ? 0 : f == ENGINE_FINISH_LENGTH ? 1 : 2;
+    atomic_fetch_add_explicit(&m->finished[i], 1, memory_order_relaxed);
 }
 
 static int met__status_idx(int status) {
@@ -76,18 +92,136 @@ static bool met__printf(srv_buf *b, const char *fmt, ...) {
     return srv_buf_add(b, tmp, (size_t)n);
 }
 
-static bool met__hist(srv_buf *b, const char *name, const char *help, srv_hist *h) {
+bool srv_prom_label(srv_buf *b, const char *v) {
+    bool ok = true;
+    for (const char *p = v; *p && ok; p++) {
+        const char *esc = *p == '\\' ? "\\\\" : *p == '"' ? "\\\"" : *p == '\n' ? "\\n" : NULL;
+        ok = esc ? srv_buf_add(b, esc, 2) : srv_buf_add(b, p, 1);
+    }
+    return ok;
+}
+
+/* `{` + lbl + `=` "val" (escaped) + sep: the start of a labelled series's
+ * label set, e.g. met__lbl(b, "model_name", name, ",") before le="...". */
+static bool met__lbl(srv_buf *b, const char *lbl, const char *val, const char *sep) {
+    return srv_buf_add(b, "{", 1) && srv_buf_add(b, lbl, strlen(lbl)) && srv_buf_add(b, "=\"", 2) &&
+           srv_prom_label(b, val) && srv_buf_add(b, "\"", 1) && srv_buf_add(b, sep, strlen(sep));
+}
+
+/* A histogram; with mname (non-NULL) every sample carries model_name. */
+static bool met__hist_l(srv_buf *b, const char *name, const char *help, srv_hist *h,
+                        const char *mname) {
     bool ok = met__printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     unsigned long long cum = 0;
     for (int i = 0; i <= h->n && ok; i++) {
         cum += LOAD(h->count[i]);
-        if (i < h->n)
-            ok = met__printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], cum);
-        else
-            ok = met__printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, cum);
+        ok = met__printf(b, "%s_bucket", name) &&
+             (mname ? met__lbl(b, "model_name", mname, ",") : srv_buf_add(b, "{", 1));
+        if (ok && i < h->n)
+            ok = met__printf(b, "le=\"%g\"} %llu\n", h->bounds[i], cum);
+        else if (ok)
+            ok = met__printf(b, "le=\"+Inf\"} %llu\n", cum);
     }
-    return ok && met__printf(b, "%s_sum %.9f\n%s_count %llu\n", name,
-                             (double)LOAD(h->sum_ns) * 1e-9, name, LOAD(h->n_obs));
+    const char *end = mname ? "} " : " ";
+    ok = ok && met__printf(b, "%s_sum", name) && (!mname || met__lbl(b, "model_name", mname, "")) &&
+         met__printf(b, "%s%.9f\n%s_count", end, (double)LOAD(h->sum_ns) * 1e-9, name) &&
+         (!mname || met__lbl(b, "model_name", mname, "")) &&
+         met__printf(b, "%s%llu\n", end, LOAD(h->n_obs));
+    return ok;
+}
+
+static bool met__hist(srv_buf *b, const char *name, const char *help, srv_hist *h) {
+    return met__hist_l(b, name, help, h, NULL);
+}
+
+/* One sample `name{model_name="..."} value` (value already formatted). */
+static bool met__model_sample(srv_buf *b, const char *name, const char *mname, const char *value) {
+    return srv_buf_add(b, name, strlen(name)) && met__lbl(b, "model_name", mname, "} ") &&
+           srv_buf_add(b, value, strlen(value)) && srv_buf_add(b, "\n", 1);
+}
+
+/* A mname-level vllm:* gauge or counter: HELP, TYPE and its one sample. */
+static bool met__vllm(srv_buf *b, const char *name, const char *type, const char *help,
+                      const char *mname, const char *value) {
+    return met__printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type) &&
+           met__model_sample(b, name, mname, value);
+}
+
+/* Per-tenant counters: one series per tenant of the tenants file. */
+static bool met__tenants(srv_buf *b, const srv_tenants *ts) {
+    static const struct {
+        const char *name, *help;
+        size_t off;
+    } ctr[] = {
+        {"kvseal_tenant_requests_total", "Answers to requests authenticated as the tenant.",
+         offsetof(srv_tenant, m_requests)},
+        {"kvseal_tenant_rate_limited_total", "Answers 429 for the tenant's own limits.",
+         offsetof(srv_tenant, m_limited)},
+        {"kvseal_tenant_prompt_tokens_total", "Prompt tokens of the tenant's finished requests.",
+         offsetof(srv_tenant, m_prompt)},
+        {"kvseal_tenant_generation_tokens_total", "Tokens generated for the tenant.",
+         offsetof(srv_tenant, m_generation)},
+    };
+    bool ok = true;
+    for (size_t k = 0; k < sizeof ctr / sizeof ctr[0] && ok; k++) {
+        ok = met__printf(b, "# HELP %s %s\n# TYPE %s counter\n", ctr[k].name, ctr[k].help,
+                         ctr[k].name);
+        for (size_t i = 0; i < ts->n && ok; i++) {
+            atomic_ullong *v = (atomic_ullong *)((char *)&ts->t[i] + ctr[k].off);
+            ok = srv_buf_add(b, ctr[k].name, strlen(ctr[k].name)) &&
+                 met__lbl(b, "tenant", ts->t[i].name, "} ") &&
+                 met__printf(b, "%llu\n",
+                             (unsigned long long)atomic_load_explicit(v, memory_order_relaxed));
+        }
+    }
+    return ok;
+}
+
+/* The series a vLLM Grafana dashboard reads, from the same counters and
+ * histograms as kvseal's own (docs/metrics.md: the mapping). */
+static bool met__vllm_all(srv_buf *b, srv_metrics *m, const engine_stats *es, const char *mname) {
+    char v[64];
+    bool ok = true;
+    if (es) {
+        uint64_t total = 0;
+        for (int i = 0; i < 4; i++)
+            total += es->kv.pages[i];
+        double usage = total ? 1.0 - (double)es->kv.pages[0] / (double)total : 0.0;
+        snprintf(v, sizeof v, "%u", es->n_running);
+        ok = ok && met__vllm(b, "vllm:num_requests_running", "gauge",
+                             "Number of requests in mname execution batches.", mname, v);
+        snprintf(v, sizeof v, "%u", es->n_queued);
+        ok = ok && met__vllm(b, "vllm:num_requests_waiting", "gauge",
+                             "Number of requests waiting to be processed.", mname, v);
+        snprintf(v, sizeof v, "%.6f", usage);
+        ok = ok &&
+             met__vllm(b, "vllm:kv_cache_usage_perc", "gauge",
+                       "KV-cache usage. 1 means 100 percent usage.", mname, v) &&
+             met__vllm(b, "vllm:gpu_cache_usage_perc", "gauge",
+                       "KV-cache usage. 1 means 100 percent usage (the older name).", mname, v);
+    }
+    snprintf(v, sizeof v, "%llu", LOAD(m->tokens_in));
+    ok = ok && met__vllm(b, "vllm:prompt_tokens_total", "counter",
+                         "Number of prefill tokens processed.", mname, v);
+    snprintf(v, sizeof v, "%llu", LOAD(m->tokens_out));
+    ok = ok && met__vllm(b, "vllm:generation_tokens_total", "counter",
+                         "Number of generation tokens processed.", mname, v);
+    static const char *const reasons[3] = {"stop", "length", "abort"};
+    ok = ok && met__printf(b, "# HELP vllm:request_success_total Count of successfully processed "
+                              "requests.\n# TYPE vllm:request_success_total counter\n");
+    for (int i = 0; i < 3 && ok; i++)
+        ok = srv_buf_add(b, "vllm:request_success_total", 26) &&
+             met__lbl(b, "finished_reason", reasons[i], ",") && met__printf(b, "model_name=\"") &&
+             srv_prom_label(b, mname) && met__printf(b, "\"} %llu\n", LOAD(m->finished[i]));
+    return ok &&
+           met__hist_l(b, "vllm:time_to_first_token_seconds",
+                       "Histogram of time to first token in seconds.", &m->ttft, mname) &&
+           met__hist_l(b, "vllm:time_per_output_token_seconds",
+                       "Histogram of time per output token in seconds.", &m->tpot, mname) &&
+           met__hist_l(b, "vllm:e2e_request_latency_seconds",
+                       "Histogram of end to end request latency in seconds.", &m->e2e, mname) &&
+           met__hist_l(b, "vllm:request_queue_time_seconds",
+                       "Histogram of time spent in WAITING phase for request.", &m->queue, mname);
 }
 
 char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
@@ -141,6 +275,10 @@ char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
          met__hist(&b, "kvseal_ttft_seconds", "Time from submission to the first token.",
                    &m->ttft) &&
          met__hist(&b, "kvseal_tpot_seconds", "Time per output token after the first.", &m->tpot) &&
+         met__hist(&b, "kvseal_e2e_request_latency_seconds",
+                   "Time from submission to the answer's last event.", &m->e2e) &&
+         met__hist(&b, "kvseal_request_queue_time_seconds",
+                   "Time from submission until the request left the wait queue.", &m->queue) &&
          met__printf(&b,
                      "# HELP kvseal_online Whether the model accepts new requests.\n"
                      "# TYPE kvseal_online gauge\nkvseal_online %d\n",
@@ -196,7 +334,22 @@ char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
                          "kvseal_engine_requests_total{outcome=\"rejected\"} %llu\n",
                          (unsigned long long)es->n_finished, (unsigned long long)es->n_aborted,
                          (unsigned long long)es->n_rejected);
+        uint64_t total = 0;
+        for (int i = 0; i < 4; i++)
+            total += es->kv.pages[i];
+        ok = ok && met__printf(&b,
+                               "# HELP kvseal_kv_usage_ratio KV pool pages not free, as a "
+                               "fraction of the pool (0..1).\n"
+                               "# TYPE kvseal_kv_usage_ratio gauge\nkvseal_kv_usage_ratio %.6f\n",
+                               total ? 1.0 - (double)es->kv.pages[0] / (double)total : 0.0);
     }
+    const char *mname = m->model_name ? m->model_name : "model";
+    ok = ok &&
+         met__printf(&b, "# HELP kvseal_model_info The served model (value 1).\n"
+                         "# TYPE kvseal_model_info gauge\n") &&
+         met__model_sample(&b, "kvseal_model_info", mname, "1");
+    if (m->ts && ok) ok = met__tenants(&b, m->ts);
+    ok = ok && met__vllm_all(&b, m, es, mname);
     if (!ok) {
         srv_buf_free(&b);
         return NULL;

@@ -230,10 +230,17 @@ typedef struct srv_tenant {
     size_t n_keys;
     int32_t max_concurrent;    /* 0: unlimited */
     int64_t tokens_per_minute; /* 0: unlimited */
+    int64_t requests_per_minute; /* 0: unlimited */
     /* runtime, under srv_tenants.mu: */
     int32_t running;    /* admitted requests not yet finished */
     double bucket;      /* tokens available now (<= tokens_per_minute) */
-    uint64_t bucket_ns; /* when bucket was last refilled */
+    double rbucket;     /* requests available now (<= requests_per_minute) */
+    uint64_t bucket_ns; /* when bucket and rbucket were last refilled */
+    /* /metrics, lock-free (tenant="name"; the names come from the file only) */
+    atomic_ullong m_requests;   /* answers to requests authenticated as this tenant */
+    atomic_ullong m_limited;    /* of which 429 (its own limits) */
+    atomic_ullong m_prompt;     /* prompt tokens of its finished generations */
+    atomic_ullong m_generation; /* tokens generated for it */
 } srv_tenant;
 
 typedef struct srv_tenants {
@@ -247,7 +254,8 @@ typedef struct srv_tenants {
 } srv_tenants;
 
 /* Parses a tenants file's text: {"tenants":[{"name","keys":[...],
- * "max_concurrent","tokens_per_minute"}], "admin_key", "log_content"}.
+ * "max_concurrent","tokens_per_minute","requests_per_minute"}],
+ * "admin_key", "log_content"}.
  * Names must be unique, non-empty, <= 63 bytes; keys non-empty and unique
  * across tenants. Errors: KS_ERR_FORMAT with the JSON position or the
  * offending field (never a key). Caller owns *out (srv_tenants_free). */
@@ -268,7 +276,8 @@ int srv_tenants_auth(const srv_tenants *ts, const char *key, size_t len);
 bool srv_tenants_admin_ok(const srv_tenants *ts, const char *key, size_t len);
 
 /* Admits one request of `tokens` (prompt + max_tokens) for tenant i at time
- * now_ns: checks the concurrency limit and takes the tokens from the bucket.
+ * now_ns: checks the concurrency limit, takes one request from the request
+ * bucket and the tokens from the token bucket (all or nothing).
  * Returns ADMIT_OK (then call srv_tenants_release exactly once),
  * ADMIT_TENANT_CONCURRENCY or ADMIT_TENANT_RATE (msg says which
  * limit and the numbers). Thread-safe. */
@@ -291,10 +300,68 @@ admit_reason srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t 
  * off). Thread-safe; can't fail. */
 void srv_tenants_refuse(srv_tenants *ts, int i, int64_t reserved, int64_t charged);
 
+/* A tenant's rate limits as OpenAI's x-ratelimit-* headers state them. */
+typedef struct srv_ratelimit {
+    bool requests, tokens;      /* which limits the tenant has (neither: no headers) */
+    int64_t limit_requests;     /* requests_per_minute */
+    int64_t remaining_requests; /* whole requests in the bucket now (>= 0) */
+    double reset_requests_s;    /* until the request bucket is full again */
+    int64_t limit_tokens;       /* tokens_per_minute */
+    int64_t remaining_tokens;   /* whole tokens in the bucket now (>= 0) */
+    double reset_tokens_s;      /* until the token bucket is full again */
+    double retry_s;             /* until one request of `tokens` passes both buckets (0: now); a
+                                   request larger than the limit never does: then until full */
+} srv_ratelimit;
+
+/* Snapshot of tenant i's buckets at now_ns (refilled to then) for a request
+ * of `tokens` (0: just the request slot). Thread-safe; can't fail. */
+void srv_tenants_ratelimit(srv_tenants *ts, int i, int64_t tokens, uint64_t now_ns,
+                           srv_ratelimit *out /* OUT */);
+/* Retry-After's value for a wait of s seconds: whole seconds rounded up,
+ * never below 1 (RFC 9110 delay-seconds; 0 would invite a retry storm).
+ * Pure. */
+int64_t srv_retry_after_s(double s);
+/* Formats s seconds as OpenAI's x-ratelimit-reset-* values do ("20ms",
+ * "1s", "6m0s", "1h2m3.5s"; rounded up to the millisecond) into buf;
+ * returns the length (cut to cap - 1). Pure. */
+size_t srv_duration_fmt(double s, char *buf, size_t cap);
+
+// ----------------------------------------------------------------------------
+// Answer headers (headers.c): CORS, x-request-id, Retry-After for a queue
+
+#define SRV_REQUEST_ID_MAX 128    /* longer client ids are replaced */
+#define SRV_QUEUE_RETRY_MAX_S 600 /* cap of the queue's Retry-After estimate */
+#define SRV_CORS_MAX_AGE "600"    /* preflight cache, seconds */
+
+/* True when origin (a request's Origin header) may call: it equals one of
+ * origins (ASCII case-insensitively) or one of them is "*". NULL/empty:
+ * false. Pure. */
+bool srv_cors_origin_ok(const char *const *origins, int n, const char *origin);
+/* A preflight's Access-Control-Allow-Headers: the headers of `requested`
+ * (Access-Control-Request-Headers, comma-separated) that these routes
+ * accept (authorization, content-type, x-api-key, anthropic-version,
+ * anthropic-beta, x-request-id, accept, cache-control, openai-*,
+ * x-stainless-*, ...), lowercased, joined by ", " into out; the rest are
+ * left out, so the browser refuses a request that sends them. Returns the
+ * length (0: none). Pure. */
+size_t srv_cors_allow_headers(const char *requested, char *out, size_t cap);
+/* True when a client's x-request-id can be kept: 1..SRV_REQUEST_ID_MAX-1
+ * bytes, each printable ASCII without space (0x21..0x7e), so it is safe in
+ * a header, a log line and a JSON id. Pure. */
+bool srv_request_id_ok(const char *v);
+/* A new request id: 32 lowercase hex digits of 128 random bits
+ * (libsodium), unique for all practical purposes. cap >= 33. */
+void srv_request_id_new(char *buf, size_t cap);
+/* Retry-After (seconds, >= 1) for a 503 of a busy server: the mean
+ * end-to-end latency seen so far times the requests ahead (the queue, plus
+ * this one) over the requests served at once, capped at
+ * SRV_QUEUE_RETRY_MAX_S; 1 before anything was measured. Pure. */
+int64_t srv_queue_retry_s(double mean_e2e_s, uint32_t n_queued, uint32_t n_running);
+
 // ----------------------------------------------------------------------------
 // Metrics
 
-#define SRV_N_STATUS 15
+#define SRV_N_STATUS 16
 
 typedef struct srv_hist {
     const double *bounds; /* (n) upper bounds, seconds */
@@ -314,6 +381,12 @@ typedef struct srv_metrics {
     atomic_int inflight;           /* generations alive, answers being written included
                                       (what a drain waits for) */
     srv_hist ttft, tpot;
+    srv_hist e2e;              /* submit -> the answer's last event, per finished generation */
+    srv_hist queue;            /* submit -> scheduled (engine_event.queue_ms) */
+    atomic_ullong finished[3]; /* generations by end: stop, length, abort (errors too) */
+    /* set once before serving; borrowed: */
+    const char *model_name; /* model_name="..." on the model-level (vllm:*) series */
+    const srv_tenants *ts;  /* tenant="..." series, one per tenant in the file */
 } srv_metrics;
 
 /* Zeroes the counters and sets the histogram buckets. Can't fail. */
@@ -323,9 +396,17 @@ void srv_metrics_init(srv_metrics *m);
 void srv_metrics_request(srv_metrics *m, srv_route route, int status);
 /* Counts one rejection by reason (ADMIT_OK is ignored). Any thread. */
 void srv_metrics_reject(srv_metrics *m, admit_reason r);
+/* Counts one finished generation by its end (vllm:request_success_total's
+ * finished_reason). Any thread. */
+void srv_metrics_finish(srv_metrics *m, engine_finish f);
+/* Appends v to b as a Prometheus label value (backslash, double quote and
+ * newline escaped); false on out-of-memory. */
+bool srv_prom_label(srv_buf *b, const char *v) KS_MUST_USE;
 /* Records an observation in seconds (negative/NaN count as 0). Any thread. */
 void srv_hist_observe(srv_hist *h, double seconds);
-/* Prometheus text exposition of m plus the engine's gauges (es may be NULL).
+/* Prometheus text exposition of m plus the engine's gauges (es may be NULL):
+ * kvseal's own series, per-tenant counters (m->ts), and the vllm:* names a
+ * vLLM dashboard reads, labelled model_name (docs/metrics.md has the map).
  * malloc'd (caller frees); NULL on out-of-memory. */
 char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online);
 

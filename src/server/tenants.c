@@ -7,11 +7,16 @@
  * never appear in logs or error messages. The tenant name a request runs
  * under comes only from here (I7), never from the request body.
  *
- * Limits: a concurrency counter and a token bucket per tenant
- * (tokens_per_minute capacity, refilled continuously). Admission reserves
- * prompt + max_tokens; the unused part is refunded when the request ends. */
+ * Limits: a concurrency counter, a token bucket (tokens_per_minute
+ * capacity) and a request bucket (requests_per_minute) per tenant, both
+ * refilled continuously. Admission reserves prompt + max_tokens and one
+ * request; the unused tokens are refunded when the request ends (a request
+ * is spent once admitted). srv_tenants_ratelimit reads the buckets for the
+ * x-ratelimit-* and Retry-After headers: the wait it reports is the real
+ * refill time of what is missing. */
 #include "server_int.h"
 
+#include <math.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,6 +162,9 @@ ks_err srv_tenants_parse(const char *text, size_t len, srv_tenants **out, ks_err
         if ((e = ten__limit(t, "tokens_per_minute", i, INT64_C(1) << 50, &v, eb))) goto fail;
         tt->tokens_per_minute = v;
         tt->bucket = (double)v;
+        if ((e = ten__limit(t, "requests_per_minute", i, INT64_C(1) << 40, &v, eb))) goto fail;
+        tt->requests_per_minute = v;
+        tt->rbucket = (double)v;
     }
     // a key shared by two tenants would make the tenant ambiguous: refuse it
     for (size_t i = 0; i < n; i++)
@@ -228,11 +236,19 @@ bool srv_tenants_admin_ok(const srv_tenants *ts, const char *key, size_t len) {
 // Limits
 
 static void ten__refill(srv_tenant *t, uint64_t now_ns) {
-    if (!t->tokens_per_minute) return;
+    if (!t->tokens_per_minute && !t->requests_per_minute) return;
+    if (t->bucket_ns == 0) t->bucket_ns = now_ns;
     if (now_ns > t->bucket_ns) {
-        double add = (double)(now_ns - t->bucket_ns) * 1e-9 * (double)t->tokens_per_minute / 60.0;
-        t->bucket += add;
-        if (t->bucket > (double)t->tokens_per_minute) t->bucket = (double)t->tokens_per_minute;
+        double dt_min = (double)(now_ns - t->bucket_ns) * 1e-9 / 60.0;
+        if (t->tokens_per_minute) {
+            t->bucket += dt_min * (double)t->tokens_per_minute;
+            if (t->bucket > (double)t->tokens_per_minute) t->bucket = (double)t->tokens_per_minute;
+        }
+        if (t->requests_per_minute) {
+            t->rbucket += dt_min * (double)t->requests_per_minute;
+            if (t->rbucket > (double)t->requests_per_minute)
+                t->rbucket = (double)t->requests_per_minute;
+        }
     }
     t->bucket_ns = now_ns;
 }
@@ -267,12 +283,18 @@ admit_reason srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t 
         snprintf(msg, cap, "tenant '%s' already has %d requests running (limit %d); retry later",
                  t->name, t->running, t->max_concurrent);
         r = ADMIT_TENANT_CONCURRENCY;
+    } else if (t->requests_per_minute && t->rbucket < 1.0) {
+        snprintf(msg, cap,
+                 "tenant '%s' exceeded its limit of %lld requests per minute; retry later", t->name,
+                 (long long)t->requests_per_minute);
+        r = ADMIT_TENANT_RATE;
     } else if (t->tokens_per_minute && (double)tokens > t->bucket) {
         ten__rate_msg(t, tokens, true, t->bucket, msg, cap);
         r = ADMIT_TENANT_RATE;
     } else {
         t->running++;
         if (t->tokens_per_minute) t->bucket -= (double)tokens;
+        if (t->requests_per_minute) t->rbucket -= 1.0;
     }
     pthread_mutex_unlock(&ts->mu);
     return r;
@@ -324,4 +346,83 @@ void srv_tenants_refuse(srv_tenants *ts, int i, int64_t reserved, int64_t charge
         if (t->bucket > (double)t->tokens_per_minute) t->bucket = (double)t->tokens_per_minute;
     }
     pthread_mutex_unlock(&ts->mu);
+}
+
+// ----------------------------------------------------------------------------
+// Rate-limit headers
+
+/* Seconds until a bucket of `cap` refilled at cap per minute holds `want`
+ * (from `have`); 0 when it already does. */
+static double ten__wait(double have, double want, int64_t cap) {
+    if (cap <= 0 || have >= want) return 0;
+    return (want - have) * 60.0 / (double)cap;
+}
+
+void srv_tenants_ratelimit(srv_tenants *ts, int i, int64_t tokens, uint64_t now_ns,
+                           srv_ratelimit *out) {
+    KS_ASSERT(i >= 0 && (size_t)i < ts->n);
+    srv_tenant *t = &ts->t[i];
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&ts->mu);
+    ten__refill(t, now_ns);
+    if (t->requests_per_minute) {
+        double cap = (double)t->requests_per_minute;
+        out->requests = true;
+        out->limit_requests = t->requests_per_minute;
+        out->remaining_requests = t->rbucket > 0 ? (int64_t)t->rbucket : 0;
+        out->reset_requests_s = ten__wait(t->rbucket, cap, t->requests_per_minute);
+        double w = ten__wait(t->rbucket, 1.0, t->requests_per_minute);
+        if (w > out->retry_s) out->retry_s = w;
+    }
+    if (t->tokens_per_minute) {
+        double cap = (double)t->tokens_per_minute;
+        out->tokens = true;
+        out->limit_tokens = t->tokens_per_minute;
+        out->remaining_tokens = t->bucket > 0 ? (int64_t)t->bucket : 0;
+        out->reset_tokens_s = ten__wait(t->bucket, cap, t->tokens_per_minute);
+        // larger than the limit: it never passes; the honest hint is "when full"
+        double want = (double)tokens > cap ? cap : (double)tokens;
+        double w = ten__wait(t->bucket, want, t->tokens_per_minute);
+        if (w > out->retry_s) out->retry_s = w;
+    }
+    pthread_mutex_unlock(&ts->mu);
+}
+
+int64_t srv_retry_after_s(double s) {
+    if (!(s > 1.0)) return 1; // NaN, negative, zero, sub-second: 1
+    if (s > 1e9) return 1000000000;
+    double c = ceil(s - 1e-9); // 60.0000000001 from float noise stays 60
+    return c < 1 ? 1 : (int64_t)c;
+}
+
+size_t srv_duration_fmt(double s, char *buf, size_t cap) {
+    if (!cap) return 0;
+    if (!(s > 0)) s = 0;
+    if (s > 1e9) s = 1e9;
+    uint64_t ms = (uint64_t)ceil(s * 1000.0 - 1e-6);
+    int n;
+    if (ms < 1000) {
+        n = snprintf(buf, cap, "%llums", (unsigned long long)ms);
+    } else {
+        uint64_t h = ms / 3600000, m = ms / 60000 % 60, sec = ms / 1000 % 60, frac = ms % 1000;
+        char secs[32];
+        if (frac) {
+            snprintf(secs, sizeof secs, "%llu.%03llu", (unsigned long long)sec,
+                     (unsigned long long)frac);
+            size_t k = strlen(secs);
+            while (secs[k - 1] == '0')
+                secs[--k] = '\0';
+        } else {
+            snprintf(secs, sizeof secs, "%llu", (unsigned long long)sec);
+        }
+        if (h)
+            n = snprintf(buf, cap, "%lluh%llum%ss", (unsigned long long)h, (unsigned long long)m,
+                         secs);
+        else if (m)
+            n = snprintf(buf, cap, "%llum%ss", (unsigned long long)m, secs);
+        else
+            n = snprintf(buf, cap, "%ss", secs);
+    }
+    if (n < 0) n = 0;
+    return (size_t)n < cap ? (size_t)n : cap - 1;
 }

@@ -297,15 +297,21 @@ static void test_cancel_and_exhaustion(void) {
     p.max_tokens = 80;
     for (int i = 0; i < 6; i++) CHECK_EQ(engine_submit(e, &p, &rs[i], &eb), KS_OK);
     result res0;
+    double queue_ms[6];
     for (int i = 0; i < 6; i++) {
         result res;
         collect(rs[i], &res);
         CHECK_EQ(res.done.state, ENGINE_FINISHED);
         CHECK_EQ(res.n, 80);
+        // queue time (/metrics): from submission until it got its pages, so
+        // within its TTFT, and the last ones waited for two to finish first
+        queue_ms[i] = res.done.queue_ms;
+        CHECK(queue_ms[i] >= 0 && queue_ms[i] <= res.done.ttft_ms);
         if (i == 0) res0 = res;
         else CHECK_MEM_EQ(res.toks, res0.toks, sizeof(int32_t) * 80);
         engine_req_release(rs[i]);
     }
+    CHECK(queue_ms[5] > queue_ms[0] && queue_ms[4] > queue_ms[1]);
     free(ids);
     check_clean(e);
     engine_destroy(e);

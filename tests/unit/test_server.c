@@ -668,9 +668,11 @@ static void check_exposition(const char *text) {
         const char *nl = strchr(p, '\n');
         CHECK(nl != NULL); // every line ends with \n
         if (*p != '#') {
-            const char *sp = memchr(p, ' ', (size_t)(nl - p));
+            // the value follows the label set (whose values may hold spaces)
+            const char *rb = memchr(p, '}', (size_t)(nl - p));
+            const char *sp = memchr(rb ? rb : p, ' ', (size_t)(nl - (rb ? rb : p)));
             CHECK(sp != NULL);
-            CHECK(!strncmp(p, "kvseal_", 7));
+            CHECK(!strncmp(p, "kvseal_", 7) || !strncmp(p, "vllm:", 5));
             char *end;
             strtod(sp + 1, &end);
             CHECK(end == nl);
@@ -752,6 +754,258 @@ static void test_seclog(void) {
     CHECK_STR_HAS(eb.msg, "/nonexistent-dir/x.log");
 }
 
+// ----------------------------------------------------------------------------
+// Issue 13: CORS, request ids, rate-limit headers, vLLM metric names
+
+static void test_cors(void) {
+    CHECK(server_cors_origin_valid("*"));
+    CHECK(server_cors_origin_valid("https://app.example.com"));
+    CHECK(server_cors_origin_valid("http://localhost:3000"));
+    CHECK(!server_cors_origin_valid("app.example.com"));        // no scheme
+    CHECK(!server_cors_origin_valid("https://a.example.com/")); // a path
+    CHECK(!server_cors_origin_valid("https://"));
+    CHECK(!server_cors_origin_valid("https://a b"));
+    CHECK(!server_cors_origin_valid("https://*.example.com")); // no wildcards but "*"
+    CHECK(!server_cors_origin_valid(""));
+    CHECK(!server_cors_origin_valid(NULL));
+
+    const char *list[] = {"https://app.example.com", "http://localhost:3000"};
+    CHECK(srv_cors_origin_ok(list, 2, "https://app.example.com"));
+    CHECK(srv_cors_origin_ok(list, 2, "HTTPS://APP.example.com"));
+    CHECK(srv_cors_origin_ok(list, 2, "http://localhost:3000"));
+    CHECK(!srv_cors_origin_ok(list, 2, "https://evil.example.com"));
+    CHECK(!srv_cors_origin_ok(list, 2, "https://app.example.com.evil.net"));
+    CHECK(!srv_cors_origin_ok(list, 2, "http://localhost:30001"));
+    CHECK(!srv_cors_origin_ok(list, 2, NULL));
+    CHECK(!srv_cors_origin_ok(list, 0, "https://app.example.com")); // CORS off
+    const char *any[] = {"*"};
+    CHECK(srv_cors_origin_ok(any, 1, "https://whatever.example"));
+    CHECK(!srv_cors_origin_ok(any, 1, ""));
+
+    // a preflight echoes the requested headers it allows, lowercased, drops the rest
+    char out[256];
+    size_t n = srv_cors_allow_headers(
+        "Authorization, Content-Type,x-stainless-os , X-Evil, anthropic-version,"
+        "OpenAI-Organization,x-request-id,,openai-,bad header",
+        out, sizeof out);
+    CHECK_STR_EQ(out, "authorization, content-type, x-stainless-os, anthropic-version, "
+                      "openai-organization, x-request-id");
+    CHECK_EQ(n, strlen(out));
+    CHECK_EQ(srv_cors_allow_headers("x-evil", out, sizeof out), 0);
+    CHECK_STR_EQ(out, "");
+    CHECK_EQ(srv_cors_allow_headers(NULL, out, sizeof out), 0);
+    // what does not fit is left out whole, never cut
+    char small[20];
+    srv_cors_allow_headers("authorization, content-type", small, sizeof small);
+    CHECK_STR_EQ(small, "authorization");
+}
+
+static void test_request_id(void) {
+    CHECK(srv_request_id_ok("abc-123"));
+    CHECK(srv_request_id_ok("req_01J~x.y:z"));
+    CHECK(!srv_request_id_ok(""));
+    CHECK(!srv_request_id_ok(NULL));
+    CHECK(!srv_request_id_ok("has space"));
+    CHECK(!srv_request_id_ok("tab\there"));
+    CHECK(!srv_request_id_ok("nl\r\nx-injected: 1"));
+    CHECK(!srv_request_id_ok("caf\xc3\xa9")); // printable ASCII only
+    char longid[SRV_REQUEST_ID_MAX + 2];
+    memset(longid, 'a', sizeof longid);
+    longid[SRV_REQUEST_ID_MAX - 1] = '\0';
+    CHECK(srv_request_id_ok(longid)); // 127 bytes
+    longid[SRV_REQUEST_ID_MAX - 1] = 'a';
+    longid[SRV_REQUEST_ID_MAX] = '\0';
+    CHECK(!srv_request_id_ok(longid)); // 128 bytes
+    char a[40], b[40];
+    srv_request_id_new(a, sizeof a);
+    srv_request_id_new(b, sizeof b);
+    CHECK_EQ(strlen(a), 32);
+    CHECK(strspn(a, "0123456789abcdef") == 32);
+    CHECK(strcmp(a, b) != 0);
+    CHECK(srv_request_id_ok(a));
+}
+
+static void test_ratelimit(void) {
+    // Retry-After: whole seconds rounded up, never 0
+    CHECK_EQ(srv_retry_after_s(0), 1);
+    CHECK_EQ(srv_retry_after_s(-5), 1);
+    CHECK_EQ(srv_retry_after_s(0.2), 1);
+    CHECK_EQ(srv_retry_after_s(1.0), 1);
+    CHECK_EQ(srv_retry_after_s(1.001), 2);
+    CHECK_EQ(srv_retry_after_s(59.5), 60);
+    CHECK_EQ(srv_retry_after_s(60.0), 60);
+    CHECK_EQ(srv_retry_after_s(0.0 / 0.0), 1);
+    // OpenAI's reset format
+    char d[32];
+    srv_duration_fmt(0.02, d, sizeof d);
+    CHECK_STR_EQ(d, "20ms");
+    srv_duration_fmt(0, d, sizeof d);
+    CHECK_STR_EQ(d, "0ms");
+    srv_duration_fmt(1, d, sizeof d);
+    CHECK_STR_EQ(d, "1s");
+    srv_duration_fmt(1.5, d, sizeof d);
+    CHECK_STR_EQ(d, "1.5s");
+    srv_duration_fmt(360, d, sizeof d);
+    CHECK_STR_EQ(d, "6m0s");
+    srv_duration_fmt(3723.5, d, sizeof d);
+    CHECK_STR_EQ(d, "1h2m3.5s");
+    srv_duration_fmt(59.9999, d, sizeof d);
+    CHECK_STR_EQ(d, "1m0s");
+    // the queue's estimate
+    CHECK_EQ(srv_queue_retry_s(0, 10, 1), 1);  // nothing measured
+    CHECK_EQ(srv_queue_retry_s(2.0, 3, 2), 4); // 2 s x 4 ahead / 2 at once
+    CHECK_EQ(srv_queue_retry_s(0.1, 0, 4), 1);
+    CHECK_EQ(srv_queue_retry_s(100, 1000, 1), SRV_QUEUE_RETRY_MAX_S);
+
+    // tenants: 1 request per minute; 600 tokens per minute; both
+    static const char *T =
+        "{\"tenants\":[{\"name\":\"slow\",\"keys\":[\"k1\"],\"requests_per_minute\":1},"
+        "{\"name\":\"tok\",\"keys\":[\"k2\"],\"tokens_per_minute\":600},"
+        "{\"name\":\"both\",\"keys\":[\"k3\"],\"tokens_per_minute\":120,"
+        "\"requests_per_minute\":6},"
+        "{\"name\":\"free\",\"keys\":[\"k4\"]}]}";
+    srv_tenants *ts = NULL;
+    ks_errbuf eb = {0};
+    CHECK_EQ(srv_tenants_parse(T, strlen(T), &ts, &eb), KS_OK);
+    char msg[256];
+    uint64_t t0 = 5000000000ull, S = 1000000000ull;
+    srv_ratelimit rl;
+    srv_tenants_ratelimit(ts, 0, 0, t0, &rl);
+    CHECK(rl.requests && !rl.tokens);
+    CHECK_EQ(rl.limit_requests, 1);
+    CHECK_EQ(rl.remaining_requests, 1);
+    CHECK_NEAR(rl.reset_requests_s, 0, 1e-9);
+    CHECK_NEAR(rl.retry_s, 0, 1e-9);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 50, t0, msg, sizeof msg), ADMIT_OK);
+    srv_tenants_release(ts, 0, 0);
+    srv_tenants_ratelimit(ts, 0, 0, t0, &rl);
+    CHECK_EQ(rl.remaining_requests, 0);
+    CHECK_NEAR(rl.reset_requests_s, 60, 1e-6);
+    CHECK_NEAR(rl.retry_s, 60, 1e-6); // the real refill time of one request
+    CHECK_EQ(srv_retry_after_s(rl.retry_s), 60);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 50, t0 + 10 * S, msg, sizeof msg), ADMIT_TENANT_RATE);
+    CHECK_STR_HAS(msg, "1 requests per minute");
+    srv_tenants_ratelimit(ts, 0, 0, t0 + 10 * S, &rl);
+    CHECK_NEAR(rl.retry_s, 50, 1e-6); // 10 s later: 50 s to go
+    CHECK_EQ(srv_tenants_admit(ts, 0, 50, t0 + 60 * S, msg, sizeof msg), ADMIT_OK);
+    srv_tenants_release(ts, 0, 0);
+    // a refused request costs no request: its slot is still there after the token refusal
+    srv_tenants_ratelimit(ts, 1, 0, t0, &rl);
+    CHECK(!rl.requests && rl.tokens);
+    CHECK_EQ(rl.limit_tokens, 600);
+    CHECK_EQ(rl.remaining_tokens, 600);
+    CHECK_EQ(srv_tenants_admit(ts, 1, 500, t0, msg, sizeof msg), ADMIT_OK);
+    srv_tenants_ratelimit(ts, 1, 200, t0, &rl);
+    CHECK_EQ(rl.remaining_tokens, 100);
+    CHECK_NEAR(rl.reset_tokens_s, 50, 1e-6);     // 500 at 10/s
+    CHECK_NEAR(rl.retry_s, 10, 1e-6);            // 200 wanted, 100 there: 100 at 10/s
+    srv_tenants_ratelimit(ts, 1, 5000, t0, &rl); // never fits: until full
+    CHECK_NEAR(rl.retry_s, 50, 1e-6);
+    srv_tenants_release(ts, 1, 0);
+    // both limits: the longer wait wins
+    CHECK_EQ(srv_tenants_admit(ts, 2, 120, t0, msg, sizeof msg), ADMIT_OK);
+    srv_tenants_release(ts, 2, 0);
+    srv_tenants_ratelimit(ts, 2, 60, t0, &rl);
+    CHECK_EQ(rl.remaining_requests, 5);
+    CHECK_EQ(rl.remaining_tokens, 0);
+    CHECK_NEAR(rl.retry_s, 30, 1e-6); // 60 tokens at 2/s; a request is there
+    // no limits: no headers
+    srv_tenants_ratelimit(ts, 3, 100, t0, &rl);
+    CHECK(!rl.requests && !rl.tokens);
+    CHECK_NEAR(rl.retry_s, 0, 1e-9);
+    // bad values are refused with the field's name
+    static const char *B = "{\"tenants\":[{\"name\":\"x\",\"keys\":[\"k\"],"
+                           "\"requests_per_minute\":-1}]}";
+    srv_tenants *bad = NULL;
+    CHECK_EQ(srv_tenants_parse(B, strlen(B), &bad, &eb), KS_ERR_FORMAT);
+    CHECK_STR_HAS(eb.msg, "requests_per_minute");
+    srv_tenants_free(ts);
+}
+
+static void test_metrics_vllm(void) {
+    static const char *T = "{\"tenants\":[{\"name\":\"acme\",\"keys\":[\"k1\"]},"
+                           "{\"name\":\"we \\\"q\\\"\",\"keys\":[\"k2\"]}]}";
+    srv_tenants *ts = NULL;
+    ks_errbuf eb = {0};
+    CHECK_EQ(srv_tenants_parse(T, strlen(T), &ts, &eb), KS_OK);
+    srv_metrics m;
+    srv_metrics_init(&m);
+    m.ts = ts;
+    m.model_name = "kjv \"mini\"";
+    atomic_store(&ts->t[0].m_requests, 7);
+    atomic_store(&ts->t[1].m_generation, 3);
+    atomic_store(&m.tokens_in, 40);
+    atomic_store(&m.tokens_out, 12);
+    srv_metrics_finish(&m, ENGINE_FINISH_STOP);
+    srv_metrics_finish(&m, ENGINE_FINISH_LENGTH);
+    srv_metrics_finish(&m, ENGINE_FINISH_LENGTH);
+    srv_metrics_finish(&m, ENGINE_FINISH_ERROR);
+    srv_hist_observe(&m.e2e, 0.7);
+    srv_hist_observe(&m.e2e, 700);
+    srv_hist_observe(&m.queue, 0.002);
+    engine_stats es;
+    memset(&es, 0, sizeof es);
+    es.kv.pages[KV_PAGE_FREE] = 75;
+    es.kv.pages[KV_PAGE_READY] = 20;
+    es.kv.pages[KV_PAGE_ALLOCATED] = 5;
+    es.n_queued = 4;
+    es.n_running = 3;
+    char *s = srv_metrics_render(&m, &es, true);
+    CHECK(s);
+    check_exposition(s);
+    const char *L = "{model_name=\"kjv \\\"mini\\\"\"}"; // escaped label value
+    char want[256];
+#define HAS_L(fmt, ...)                                                                            \
+    do {                                                                                           \
+        snprintf(want, sizeof want, fmt, __VA_ARGS__);                                             \
+        CHECK_STR_HAS(s, want);                                                                    \
+    } while (0)
+    HAS_L("kvseal_model_info%s 1\n", L);
+    HAS_L("vllm:num_requests_running%s 3\n", L);
+    HAS_L("vllm:num_requests_waiting%s 4\n", L);
+    HAS_L("vllm:kv_cache_usage_perc%s 0.250000\n", L);
+    HAS_L("vllm:gpu_cache_usage_perc%s 0.250000\n", L);
+    HAS_L("vllm:prompt_tokens_total%s 40\n", L);
+    HAS_L("vllm:generation_tokens_total%s 12\n", L);
+    CHECK_STR_HAS(s, "# TYPE vllm:num_requests_running gauge\n");
+    CHECK_STR_HAS(s, "# TYPE vllm:prompt_tokens_total counter\n");
+    CHECK_STR_HAS(s, "# TYPE vllm:e2e_request_latency_seconds histogram\n");
+    CHECK_STR_HAS(s, "vllm:request_success_total{finished_reason=\"stop\",model_name=\"kjv "
+                     "\\\"mini\\\"\"} 1\n");
+    CHECK_STR_HAS(s, "vllm:request_success_total{finished_reason=\"length\",model_name=\"kjv "
+                     "\\\"mini\\\"\"} 2\n");
+    CHECK_STR_HAS(s, "vllm:request_success_total{finished_reason=\"abort\",model_name=\"kjv "
+                     "\\\"mini\\\"\"} 1\n");
+    CHECK_STR_HAS(s, "vllm:e2e_request_latency_seconds_bucket{model_name=\"kjv \\\"mini\\\"\","
+                     "le=\"1\"} 1\n");
+    CHECK_STR_HAS(s, "vllm:e2e_request_latency_seconds_bucket{model_name=\"kjv \\\"mini\\\"\","
+                     "le=\"+Inf\"} 2\n");
+    HAS_L("vllm:e2e_request_latency_seconds_count%s 2\n", L);
+    HAS_L("vllm:request_queue_time_seconds_count%s 1\n", L);
+    HAS_L("vllm:time_to_first_token_seconds_count%s 0\n", L);
+    HAS_L("vllm:time_per_output_token_seconds_count%s 0\n", L);
+    CHECK_STR_HAS(s, "kvseal_e2e_request_latency_seconds_count 2\n");
+    CHECK_STR_HAS(s, "kvseal_request_queue_time_seconds_bucket{le=\"0.005\"} 1\n");
+    CHECK_STR_HAS(s, "kvseal_kv_usage_ratio 0.250000\n");
+    CHECK_STR_HAS(s, "kvseal_tenant_requests_total{tenant=\"acme\"} 7\n");
+    CHECK_STR_HAS(s, "kvseal_tenant_requests_total{tenant=\"we \\\"q\\\"\"} 0\n");
+    CHECK_STR_HAS(s, "kvseal_tenant_generation_tokens_total{tenant=\"we \\\"q\\\"\"} 3\n");
+    CHECK_STR_HAS(s, "kvseal_tenant_rate_limited_total{tenant=\"acme\"} 0\n");
+#undef HAS_L
+    free(s);
+    // an empty pool (a router before any decode worker): usage 0, not NaN
+    memset(&es, 0, sizeof es);
+    s = srv_metrics_render(&m, &es, true);
+    CHECK(s);
+    CHECK_STR_HAS(s, "kvseal_kv_usage_ratio 0.000000\n");
+    free(s);
+    srv_buf b = {0};
+    CHECK(srv_prom_label(&b, "a\\b\"c\nd"));
+    CHECK_STR_EQ(b.p, "a\\\\b\\\"c\\nd");
+    srv_buf_free(&b);
+    srv_tenants_free(ts);
+}
+
 int main(void) {
     CHECK(sodium_init() >= 0);
     test_request_valid();
@@ -763,6 +1017,10 @@ int main(void) {
     test_tenants();
     test_metrics();
     test_seclog();
+    test_cors();
+    test_request_id();
+    test_ratelimit();
+    test_metrics_vllm();
     printf("server ok\n");
     return 0;
 }
