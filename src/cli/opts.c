@@ -130,6 +130,22 @@ int cli__config_load(const cli__spec *sp, void *ctx, const char *path) {
     return rc;
 }
 
+/* Why getopt_long refused arg: a flag given a value, a prefix of several
+ * long names, or an unknown name. */
+static const char *opts__why(const cli__spec *sp, const char *arg) {
+    if (!arg || arg[0] != '-' || arg[1] != '-') return "unknown option";
+    const char *name = arg + 2;
+    size_t n = strcspn(name, "="), matches = 0;
+    for (int i = 0; i < sp->n_opts + OPT__N; i++) {
+        const cli__opt *o = opts__at(sp, i);
+        if (i - sp->n_opts == OPT_CONFIG && !sp->config) continue;
+        if (strlen(o->name) == n && !strncmp(o->name, name, n))
+            return name[n] == '=' && !o->has_arg ? "a flag takes no value: option" : "bad option";
+        if (!strncmp(o->name, name, n)) matches++;
+    }
+    return matches > 1 ? "ambiguous option (a prefix of several)" : "unknown option";
+}
+
 /* Prints the failing option as the user wrote it. */
 static void opts__bad(const cli__spec *sp, const char *what, const char *arg, int optopt_c) {
     if (arg && arg[0] == '-' && arg[1] == '-') {
@@ -185,7 +201,7 @@ int cli__opts_parse(const cli__spec *sp, void *ctx, int argc, char **argv, int *
         int c = getopt_long(argc, argv, shorts, lo, &li);
         if (c == -1) break;
         if (c == '?') {
-            opts__bad(sp, "unknown option", argv[optind - 1], optopt);
+            opts__bad(sp, opts__why(sp, argv[optind - 1]), argv[optind - 1], optopt);
             rc = 2;
             goto done;
         }

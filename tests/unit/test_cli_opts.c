@@ -123,7 +123,10 @@ static void test_errors(void) {
     CHECK_STR_HAS(err, "--port expects an integer in [0, 65535], got '70000'");
     serve__cfg_free(&c);
     CHECK_EQ(parse(&c, &err, "--no-prefix-cache=1", NULL), 2); // a flag takes no value
-    CHECK_STR_HAS(err, "'--no-prefix-cache'");
+    CHECK_STR_HAS(err, "a flag takes no value: option '--no-prefix-cache'");
+    serve__cfg_free(&c);
+    CHECK_EQ(parse(&c, &err, "--kv=4", NULL), 2);  // --kv-pages, --kv-memory, --kv-type
+    CHECK_STR_HAS(err, "ambiguous option (a prefix of several) '--kv'");
     serve__cfg_free(&c);
     // `--` ends the options: what follows is an argument, which serve has none of
     CHECK_EQ(parse(&c, &err, "--port", "5", "--", "--port", "6", NULL), 2);
