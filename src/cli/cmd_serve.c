@@ -19,6 +19,7 @@
 #include "kvseal/server.h"
 
 #include <inttypes.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -663,9 +664,18 @@ int cli_serve(int argc, char **argv) {
     server_backend be;
     server_engine_backend(e, &be);
     if (serve__http_start(&c, o.n_ctx, name, &be, m, &s, &eb)) goto fail;
-    ks_log(KS_LOG_INFO, "serving %s as '%s' (%d aliases), context %d, %u KV pages, kernels %s",
-           c.model_path, c.n_aliases ? c.aliases[0] : name, c.n_aliases, o.n_ctx, o.kv_pages,
-           kern_get()->name);
+    // a json log line carries these as fields (jansson escapes the strings)
+    json_t *f = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:s}", "model", c.model_path, "name",
+                          c.n_aliases ? c.aliases[0] : name, "host", c.host, "port",
+                          server_port(s), "n_ctx", (int)o.n_ctx, "kv_pages", (int)o.kv_pages,
+                          "kernels", kern_get()->name);
+    char *fields = f ? json_dumps(f, JSON_COMPACT) : NULL;
+    json_decref(f);
+    ks_log_fields(KS_LOG_INFO, fields,
+                  "serving %s as '%s' (%d aliases), context %d, %u KV pages, kernels %s",
+                  c.model_path, c.n_aliases ? c.aliases[0] : name, c.n_aliases, o.n_ctx,
+                  o.kv_pages, kern_get()->name);
+    free(fields);
     serve__run_until_signal(s, &be, &sigs, c.drain_timeout_ms);
     rc = 0;
     goto done;

@@ -71,7 +71,7 @@ stop = [i for i, l in enumerate(lines) if "STOPPING=1" in l]
 assert len(ready) == 1 and len(stop) == 1 and ready[0] < stop[0], lines
 EOF
 fi
-python3 - "$TMPD/serve.log" <<'EOF' || fail "serve's --log-format json log"
+python3 - "$TMPD/serve.log" "${KS_URL##*:}" <<'EOF' || fail "serve's --log-format json log"
 import json, re, sys
 lines = [l for l in open(sys.argv[1]).read().splitlines() if l.strip()]
 assert len(lines) >= 3, lines
@@ -81,7 +81,12 @@ for l in lines:
     assert ts.match(o["ts"]), l
     assert o["level"] in ("debug", "info", "warn", "error"), l
     assert isinstance(o["msg"], str), l
-assert any("serving" in json.loads(l)["msg"] for l in lines), lines
+serving = [json.loads(l) for l in lines if json.loads(l)["msg"].startswith("serving ")]
+assert len(serving) == 1, lines
+# the call's fields: the port bound (the command line's 0 overrode the file's 1)
+s = serving[0]
+assert s["port"] == int(sys.argv[2]) and s["host"] == "127.0.0.1" and s["name"] == "cfg-model", s
+assert s["n_ctx"] == 256 and s["kv_pages"] == 64, s
 EOF
 # text logs carry the same timestamp
 "$KS_BIN" check -m "$M" --kv-pages 64 --ctx 256 2>"$TMPD/check.err" >/dev/null || fail "check"
@@ -93,13 +98,23 @@ printf 'port = 0\nbogus-key = 1\n' >"$TMPD/bad.conf"
 expect_eq "bad config: status" "$?" 2
 expect_has "bad config: message" "$(cat "$TMPD/bad.err")" "$TMPD/bad.conf:2: unknown key 'bogus-key'"
 
+# ---- --version: CMakeLists.txt's project VERSION, first
+want=$(sed -n 's/^project(kvseal VERSION \([0-9.]*\).*/\1/p' "$KS_SRC/CMakeLists.txt")
+[ -n "$want" ] || fail "no project VERSION in CMakeLists.txt"
+ver=$("$KS_BIN" --version) || fail "kvseal --version"
+re_ver="^kvseal ${want//./\\.}( \\(git [^)]+\\))?\$"
+[[ $(echo "$ver" | head -n 1) =~ $re_ver ]] || fail "--version: [$ver], want $want"
+expect_eq "kvseal version = --version" "$("$KS_BIN" version)" "$ver"
+expect_has "--version kernels" "$ver" "kernels: "
+
 # ---- perplexity's final line, on the head of the README (always present)
 head -c 12000 "$KS_SRC/README.md" >"$TMPD/text.txt"
 out=$("$KS_BIN" perplexity -m "$M" --file="$TMPD/text.txt" -c 128 2>"$TMPD/ppl.err") ||
     fail "perplexity: $(cat "$TMPD/ppl.err")"
 ppl=$(echo "$out" | sed -n 's/^perplexity: //p')
 last=$(echo "$out" | tail -n 1)
-[[ $last =~ ^Final\ estimate:\ PPL\ =\ ([0-9]+\.[0-9]{4})\ \+/-\ ([0-9]+\.[0-9]{5})$ ]] ||
+re_final='^Final estimate: PPL = ([0-9]+\.[0-9]{4}) \+/- ([0-9]+\.[0-9]{5})$'
+[[ $last =~ $re_final ]] ||
     fail "the last line is not llama.cpp's final estimate: [$last]"
 expect_eq "final estimate = perplexity line" "${BASH_REMATCH[1]}" "$ppl"
 awk -v p="$ppl" -v e="${BASH_REMATCH[2]}" 'BEGIN { exit !(e > 0 && e < p) }' ||
