@@ -3,7 +3,9 @@
 # that are missing (so it is quick when everything is there). Run as root
 # or with sudo available.
 set -euo pipefail
-pkgs=(pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev libsodium-dev libxxhash-dev libssl-dev)
+# libsystemd-dev: sd_notify readiness for packaging/kvseal.service (optional to the build)
+pkgs=(pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev libsodium-dev libxxhash-dev libssl-dev
+      libsystemd-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -85,10 +85,32 @@ typedef enum ks_log_level {
 /* Sets the minimum level written; thread-safe (atomic). Default KS_LOG_INFO,
  * or the value of KS_LOG=debug|info|warn|error|off read by ks_log_init_env. */
 void ks_log_set_level(ks_log_level lvl);
+/* Line formats: text "2026-01-02T03:04:05.678Z kvseal LEVEL: message", or
+ * json, one object a line: {"ts":"...","level":"info","msg":"...", fields}. */
+typedef enum ks_log_format {
+    KS_LOG_TEXT = 0,
+    KS_LOG_JSON = 1,
+} ks_log_format;
+
+/* Sets the line format (default text); thread-safe (atomic). */
+void ks_log_set_format(ks_log_format fmt);
+/* "debug|info|warn|error|off" -> *out; false (and *out untouched) otherwise. */
+bool ks_log_level_parse(const char *s, ks_log_level *out /* OUT */);
+/* "text|json" -> *out; false (and *out untouched) otherwise. */
+bool ks_log_format_parse(const char *s, ks_log_format *out /* OUT */);
 /* Reads the KS_LOG environment variable once; can't fail. */
 void ks_log_init_env(void);
-/* Writes one line "kvseal LEVEL: message" to stderr; thread-safe. */
+/* Writes one line to stderr in the current format, with an RFC 3339 UTC
+ * timestamp to the millisecond; thread-safe (one write per line). */
 void ks_log(ks_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* ks_log with structured fields: `fields` is the text of a JSON object (the
+ * caller vouches for it), whose members join the json line's ts, level and
+ * msg; a text line carries only the message. fields may be NULL. */
+void ks_log_fields(ks_log_level lvl, const char *fields, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Writes the current UTC time as "YYYY-MM-DDTHH:MM:SS.mmmZ" into buf (cap
+ * >= 25) and returns its length; can't fail. */
+size_t ks_log_timestamp(char *buf, size_t cap);
 
 // ----------------------------------------------------------------------------
 // Clocks and memory

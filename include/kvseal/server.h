@@ -153,9 +153,10 @@ void server_destroy(server *s);
 
 typedef struct server_seclog server_seclog;
 
-/* Opens the security log: every event goes to stderr as "SECURITY <json>"
- * and, when path is non-NULL, is appended to that file (flushed per line).
- * Errors: KS_ERR_IO (cannot open path), KS_ERR_NOMEM. Caller owns *out. */
+/* Opens the security log: every event goes to the log (ks_log_fields) as
+ * "SECURITY <json>" (a json log line also carries the event's members) and, when path is non-NULL,
+ * is appended to that file (flushed per line). Errors: KS_ERR_IO (cannot open path), KS_ERR_NOMEM.
+ * Caller owns *out. */
 ks_err server_seclog_open(const char *path, server_seclog **out /* OUT */,
                           ks_errbuf *eb) KS_MUST_USE;
 /* engine_opts.on_security_event: ctx is a server_seclog *. Thread-safe. */

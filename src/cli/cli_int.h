@@ -52,6 +52,68 @@ bool cli__parse_kv_type(const char *v, int *out /* OUT */);
 char *cli__read_file(const char *path, size_t *len);
 
 // ----------------------------------------------------------------------------
+// Options (opts.c): getopt_long over a table, config files, --version
+
+/* One option of a subcommand. */
+typedef struct cli__opt {
+    const char *name; // long name without "--"; also the config-file key
+    int short_name;   // 'm' for -m, or 0
+    bool has_arg;     // takes a value (else a flag: apply gets "true"/"false")
+    bool repeat;      // may be given more than once (--alias)
+} cli__opt;
+
+/* A subcommand's options and what to do with each. */
+typedef struct cli__spec {
+    const char *cmd; // subcommand name, for messages
+    const cli__opt *opts;
+    int n_opts;
+    /* Applies option opts[id] with its value (flags: "true" or "false").
+     * reset: the first command-line occurrence of a repeatable option, which
+     * replaces the values a config file gave. Returns 0, or 2 after printing
+     * what is wrong with the value. */
+    int (*apply)(void *ctx, int id, const char *val, bool reset);
+    void (*usage)(const char *cmd); // prints the usage to stderr
+    bool config;                    // accepts --config FILE
+    bool args_last;                 // options end at the first positional argument (a text
+                                    // that may start with '-' follows them)
+} cli__spec;
+
+/* Parses argv (argv[0] the subcommand) by getopt_long: sp's options, plus
+ * -h/--help, --log-format text|json and --log-level LEVEL (applied at once)
+ * and, where sp->config, --config FILE (applied before the command line's
+ * options, which override it). With first_arg NULL a positional argument is
+ * an error; else *first_arg is the index of the first one (argv permuted:
+ * the positional arguments last). Returns 0, 2 after printing the error and
+ * the usage (unknown option, missing value, bad value or config line), or
+ * -1 once help is printed. Not thread-safe (getopt's globals). */
+int cli__opts_parse(const cli__spec *sp, void *ctx, int argc, char **argv, int *first_arg);
+/* Applies the `key = value` lines of the config file at path through sp
+ * (keys: sp's long option names, log-format, log-level; '#' starts a comment
+ * line; a value in double quotes keeps its blanks). Returns 0, or 2 after
+ * printing the error with the file and line (unknown key, bad value,
+ * unreadable file). */
+int cli__config_load(const cli__spec *sp, void *ctx, const char *path);
+/* The "+/-" of perplexity's final line from the sums of the count per-token
+ * NLLs (nll) and of their squares (nll2): the standard error of the mean NLL
+ * propagated to exp(mean). -1 when count < 2 or the spread is not positive. */
+double cli__ppl_stderr(double nll, double nll2, long count);
+/* Mean and sample standard deviation (n - 1; 0 for n < 2) of x[0..n). */
+void cli__stats(const double *x, int n, double *mean /* OUT */, double *sd /* OUT */);
+/* Prints kvseal's version, git describe, CPU features, kernel set, sd_notify
+ * support and whether this is a TEST-ONLY KS_BROKEN build; can't fail. */
+void cli__version_print(FILE *f);
+
+// ----------------------------------------------------------------------------
+// Service manager readiness (notify.c): sd_notify when built with libsystemd
+
+/* True when built with libsystemd's sd_notify. */
+bool cli__notify_available(void);
+/* Sends one sd_notify state ("READY=1", "STATUS=...", printf format) to
+ * $NOTIFY_SOCKET; does nothing without one or without libsystemd. Never
+ * fails the caller: an error is logged at debug level. */
+void cli__notify(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// ----------------------------------------------------------------------------
 // Server and cluster options (cmd_serve.c), shared by serve, check, router,
 // prefill and decode
 
@@ -81,13 +143,19 @@ typedef struct serve__cfg {
     int reasoning_format; /* --reasoning-format (server_opts), -1: the template's */
     // cluster roles (kvseal router / prefill / decode)
     const char *secret_file, *router, *data_host, *advertise_host, *cluster_host;
-    long data_port, cluster_port, health_interval_ms, drain_timeout_ms;
+    long data_port, cluster_port, health_interval_ms, drain_timeout_ms; // cluster_port -1: unset
+    char **strings; /* private: copies of string values (serve__cfg_free) */
+    int n_strings;
 } serve__cfg;
 
 /* Prints the options of serve and the cluster roles. */
 void serve__usage(const char *cmd);
-/* Parses argv into c. Returns 0 ok, 2 usage error, -1 help printed. */
+/* Parses argv (and a --config FILE) into c (overwritten); whatever the
+ * result, free c with serve__cfg_free. Returns 0 ok, 2 usage error
+ * (printed), -1 help printed. */
 int serve__parse(int argc, char **argv, serve__cfg *c);
+/* Frees the strings c holds (from any parse, good or not); c may be NULL. */
+void serve__cfg_free(serve__cfg *c);
 /* Fills o from c and m (engine defaults, pool sized from --kv-pages,
  * --kv-memory or MemAvailable); logs how the pool was sized. */
 void serve__engine_opts(const serve__cfg *c, const model *m, engine_opts *o);
@@ -99,8 +167,9 @@ void serve__model_name(const char *path, char *buf, size_t cap);
  * server_create's. */
 ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, const server_backend *be,
                          const model *m, server **s /* OUT */, ks_errbuf *eb) KS_MUST_USE;
-/* Parse, load the model, size and check the pool (I8), report to `report`.
- * Returns -1 to continue, else the exit status. */
+/* Parse, load the model, size and check the pool (I8), report to `report`
+ * (stderr: through the log). Returns -1 to continue, else the exit status;
+ * either way the caller frees c (serve__cfg_free) and *m. */
 int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts *o, FILE *report);
 /* Runs an HTTP front until the first signal in sigs (blocked in every
  * thread), then shuts it down: s refuses new generations (server_drain)

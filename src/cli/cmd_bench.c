@@ -3,12 +3,16 @@
  * cache) in tokens/s, like llama-bench's pp512/tg128, plus the machine's
  * memory read bandwidth measured in this process right before the
  * generation phase, and tg as a fraction of the bandwidth roofline
- * (bandwidth / bytes read per generated token). */
+ * (bandwidth / bytes read per generated token). -o md|json reports each
+ * test's mean and standard deviation over -r repetitions the way llama-bench
+ * does (its md table; its json array's avg_ts/stddev_ts fields). */
 #include "cli_int.h"
 
 #include "kvseal/engine.h"
 #include "kvseal/kern.h"
 
+#include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,34 +179,174 @@ done:
     return rc;
 }
 
-int cli_bench(int argc, char **argv) {
-    const char *path = cli_default_model();
-    long n_pp = 512, n_tg = 128, threads = 0, reps = 1;
-    const char *streams = NULL;
-    engine_opts d; // the engine's default KV type is the only copy of it
-    engine_opts_default(&d);
-    int kv_type = d.kv_type;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-m") && v) path = argv[++i];
-        else if (!strcmp(a, "-p") && v) { if (!cli__parse_int("-p", argv[++i], 1, 1 << 16, &n_pp)) return 2; }
-        else if (!strcmp(a, "-n") && v) { if (!cli__parse_int("-n", argv[++i], 1, 1 << 16, &n_tg)) return 2; }
-        else if (!strcmp(a, "-t") && v) { if (!cli__parse_int("-t", argv[++i], 1, 256, &threads)) return 2; }
-        else if (!strcmp(a, "-r") && v) { if (!cli__parse_int("-r", argv[++i], 1, 100, &reps)) return 2;
-        } else if (!strcmp(a, "--streams") && v)
-            streams = argv[++i];
-        else if (!strcmp(a, "--kv-type") && v) {
-            if (!cli__parse_kv_type(argv[++i], &kv_type)) return 2;
-        } else {
-            fprintf(
-                stderr,
-                "usage: kvseal bench [-m MODEL] [-p PP_TOKENS] [-n TG_TOKENS] [-t THREADS] [-r "
-                "REPS]\n"
-                "                    [--streams N,N,...]  (aggregate decode of N streams:\n"
-                "                    each prefills PP tokens, then TG steps of one token each)\n"
-                "                    [--kv-type f32|f16|q8_0 (f16)]\n");
+enum { BO_MODEL, BO_PP, BO_TG, BO_THREADS, BO_REPS, BO_STREAMS, BO_KV_TYPE, BO_OUTPUT, BO__N };
+static const cli__opt bench__opts[BO__N] = {
+    [BO_MODEL] = {"model", 'm', true, false},      [BO_PP] = {"n-prompt", 'p', true, false},
+    [BO_TG] = {"n-gen", 'n', true, false},         [BO_THREADS] = {"threads", 't', true, false},
+    [BO_REPS] = {"repetitions", 'r', true, false}, [BO_STREAMS] = {"streams", 0, true, false},
+    [BO_KV_TYPE] = {"kv-type", 0, true, false},    [BO_OUTPUT] = {"output", 'o', true, false},
+};
+
+typedef enum { BENCH_TEXT, BENCH_MD, BENCH_JSON } bench__fmt;
+
+typedef struct {
+    const char *path, *streams;
+    long n_pp, n_tg, threads, reps;
+    int kv_type;
+    bench__fmt fmt;
+} bench__cfg;
+
+static void bench__usage(const char *cmd) {
+    (void)cmd;
+    fprintf(
+        stderr,
+        "usage: kvseal bench [-m MODEL] [-p PP_TOKENS (512)] [-n TG_TOKENS (128)] [-t THREADS]\n"
+        "                    [-r REPS (1; 5 with -o md|json)] [-o text|md|json]\n"
+        "                    [--streams N,N,...]  (aggregate decode of N streams:\n"
+        "                    each prefills PP tokens, then TG steps of one token each)\n"
+        "                    [--kv-type f32|f16|q8_0 (f16)]\n"
+        "  -o text: the best of the repetitions and the bandwidth roofline; md and json: each\n"
+        "  test's mean and standard deviation over the repetitions, as llama-bench prints them\n");
+}
+
+static int bench__apply(void *ctx, int id, const char *v, bool reset) {
+    bench__cfg *c = ctx;
+    (void)reset;
+    switch (id) {
+    case BO_MODEL:
+        c->path = v;
+        return 0;
+    case BO_PP:
+        return cli__parse_int("-p", v, 1, 1 << 16, &c->n_pp) ? 0 : 2;
+    case BO_TG:
+        return cli__parse_int("-n", v, 1, 1 << 16, &c->n_tg) ? 0 : 2;
+    case BO_THREADS:
+        return cli__parse_int("-t", v, 1, 256, &c->threads) ? 0 : 2;
+    case BO_REPS:
+        return cli__parse_int("-r", v, 1, 100, &c->reps) ? 0 : 2;
+    case BO_STREAMS:
+        c->streams = v;
+        return 0;
+    case BO_KV_TYPE:
+        return cli__parse_kv_type(v, &c->kv_type) ? 0 : 2;
+    case BO_OUTPUT:
+        if (!strcmp(v, "text"))
+            c->fmt = BENCH_TEXT;
+        else if (!strcmp(v, "md"))
+            c->fmt = BENCH_MD;
+        else if (!strcmp(v, "json"))
+            c->fmt = BENCH_JSON;
+        else {
+            fprintf(stderr, "kvseal bench: -o expects text, md or json, got '%s'\n", v);
             return 2;
         }
+        return 0;
+    }
+    return 2;
+}
+
+void cli__stats(const double *x, int n, double *mean, double *sd) {
+    double m = 0, q = 0;
+    for (int i = 0; i < n; i++)
+        m += x[i];
+    m = n > 0 ? m / n : 0;
+    for (int i = 0; i < n; i++)
+        q += (x[i] - m) * (x[i] - m);
+    *mean = m;
+    *sd = n > 1 ? sqrt(q / (n - 1)) : 0;
+}
+
+/* One test's repetitions: ns[r] the time of repetition r for n tokens. */
+typedef struct {
+    char name[32]; // "pp512", "tg128"
+    long n_prompt, n_gen;
+    const double *ns;
+    int n;
+} bench__test;
+
+/* The md table or the json array of the tests, llama-bench's columns and
+ * field names (avg_ts/stddev_ts: tokens/s; avg_ns/stddev_ns: a repetition's
+ * time); json goes through jansson, so every string is escaped. */
+static int bench__report(const bench__cfg *c, cli__session *s, const bench__test *t, int n_t,
+                         double bw, double bpt) {
+    const model_hparams *hp = model_hp(s->m);
+    const char *base = strrchr(c->path, '/') ? strrchr(c->path, '/') + 1 : c->path;
+    double size_mib = (double)model_bytes_per_token(s->m) / 1048576.0;
+    if (c->fmt == BENCH_MD) {
+        printf("| model | size | arch | kernels | threads | type_kv | test | t/s |\n");
+        printf("| ----- | ---: | ---- | ------- | ------: | ------- | ---: | --: |\n");
+    }
+    json_t *arr = c->fmt == BENCH_JSON ? json_array() : NULL;
+    for (int k = 0; k < n_t; k++) {
+        long n_tok = t[k].n_prompt + t[k].n_gen;
+        double ts[128], m_ts, sd_ts, m_ns, sd_ns;
+        for (int r = 0; r < t[k].n; r++)
+            ts[r] = (double)n_tok / (t[k].ns[r] / 1e9);
+        cli__stats(ts, t[k].n, &m_ts, &sd_ts);
+        cli__stats(t[k].ns, t[k].n, &m_ns, &sd_ns);
+        if (c->fmt == BENCH_MD) {
+            printf("| %s | %.2f MiB | %s | %s | %d | %s | %s | %.2f ± %.2f |\n", base, size_mib,
+                   hp->arch_name, kern_get()->name, s->n_threads, kv_type_name(s->kv_type),
+                   t[k].name, m_ts, sd_ts);
+            continue;
+        }
+        json_t *o = json_object(), *sns = json_array(), *sts = json_array();
+        for (int r = 0; r < t[k].n; r++) {
+            json_array_append_new(sns, json_integer((json_int_t)t[k].ns[r]));
+            json_array_append_new(sts, json_real(ts[r]));
+        }
+        json_object_set_new(o, "model_filename", json_string(c->path));
+        json_object_set_new(o, "model_type", json_string(hp->arch_name));
+        json_object_set_new(o, "model_size", json_integer((json_int_t)model_bytes_per_token(s->m)));
+        json_object_set_new(o, "kernels", json_string(kern_get()->name));
+        json_object_set_new(o, "n_threads", json_integer(s->n_threads));
+        json_object_set_new(o, "type_kv", json_string(kv_type_name(s->kv_type)));
+        json_object_set_new(o, "test", json_string(t[k].name));
+        json_object_set_new(o, "n_prompt", json_integer(t[k].n_prompt));
+        json_object_set_new(o, "n_gen", json_integer(t[k].n_gen));
+        json_object_set_new(o, "repetitions", json_integer(t[k].n));
+        json_object_set_new(o, "avg_ns", json_integer((json_int_t)m_ns));
+        json_object_set_new(o, "stddev_ns", json_integer((json_int_t)sd_ns));
+        json_object_set_new(o, "avg_ts", json_real(m_ts));
+        json_object_set_new(o, "stddev_ts", json_real(sd_ts));
+        json_object_set_new(o, "samples_ns", sns);
+        json_object_set_new(o, "samples_ts", sts);
+        if (t[k].n_gen) { // the roofline applies to generation
+            json_object_set_new(o, "membw_gbs", json_real(bw / 1e9));
+            json_object_set_new(o, "roofline_ts", json_real(bw / bpt));
+        }
+        json_array_append_new(arr, o);
+    }
+    if (arr) {
+        char *text = json_dumps(arr, JSON_INDENT(2) | JSON_REAL_PRECISION(8));
+        json_decref(arr);
+        if (!text) {
+            fprintf(stderr, "kvseal bench: out of memory\n");
+            return 1;
+        }
+        printf("%s\n", text);
+        free(text);
+    }
+    fflush(stdout);
+    return 0;
+}
+
+int cli_bench(int argc, char **argv) {
+    engine_opts d; // the engine's default KV type is the only copy of it
+    engine_opts_default(&d);
+    bench__cfg cf = {
+        .path = cli_default_model(), .n_pp = 512, .n_tg = 128, .reps = 0, .kv_type = d.kv_type};
+    const cli__spec sp = {"bench", bench__opts, BO__N, bench__apply, bench__usage, false, false};
+    int prc = cli__opts_parse(&sp, &cf, argc, argv, NULL);
+    if (prc) return prc < 0 ? 0 : prc;
+    const char *path = cf.path, *streams = cf.streams;
+    long n_pp = cf.n_pp, n_tg = cf.n_tg, threads = cf.threads;
+    long reps = cf.reps ? cf.reps : cf.fmt == BENCH_TEXT ? 1 : 5; // llama-bench's default is 5
+    int kv_type = cf.kv_type;
+    if (streams && cf.fmt != BENCH_TEXT) {
+        fprintf(stderr,
+                "kvseal bench: -o md|json reports the pp/tg tests; --streams prints text\n");
+        return 2;
     }
     if (streams) {
         cli__session s;
@@ -237,12 +381,13 @@ int cli_bench(int argc, char **argv) {
     ks_errbuf eb = {0};
     if (!toks || !logits) goto done;
     bench__tokens(toks, ctx, hp->n_vocab);
-    double pp_best = 0, tg_best = 0;
+    double pp_best = 0, tg_best = 0, pp_ns[100], tg_ns[100]; // reps <= 100
     for (long r = 0; r < reps; r++) {
         kv_seq_release(s.pool, &s.seq);
         uint64_t t0 = ks_now_ns();
         if (cli__session_eval(&s, toks, (int32_t)n_pp, 0, NULL, logits, &eb)) goto fail;
-        double pp = (double)n_pp / ((double)(ks_now_ns() - t0) / 1e9);
+        pp_ns[r] = (double)(ks_now_ns() - t0);
+        double pp = (double)n_pp / (pp_ns[r] / 1e9);
         pp_best = pp > pp_best ? pp : pp_best;
     }
     double bw = bench__membw(s.n_threads);  // right before generation: it drifts minute to minute
@@ -251,7 +396,8 @@ int cli_bench(int argc, char **argv) {
         uint64_t t0 = ks_now_ns();
         for (int32_t i = 0; i < (int32_t)n_tg; i++)
             if (cli__session_eval(&s, toks + i, 1, 0, NULL, logits, &eb)) goto fail;
-        double tg = (double)n_tg / ((double)(ks_now_ns() - t0) / 1e9);
+        tg_ns[r] = (double)(ks_now_ns() - t0);
+        double tg = (double)n_tg / (tg_ns[r] / 1e9);
         tg_best = tg > tg_best ? tg : tg_best;
     }
     // bytes per generated token: every weight once, plus the KV rows of the
@@ -261,6 +407,14 @@ int cli_bench(int argc, char **argv) {
         (double)kv_pool_page_bytes(s.pool) / kv_pool_geom(s.pool)->page_tokens * ((double)n_tg / 2);
     double bpt = (double)model_bytes_per_token(s.m) + kv_bytes;
     double roof = bw / bpt;
+    if (cf.fmt != BENCH_TEXT) {
+        bench__test t[2] = {{.n_prompt = n_pp, .ns = pp_ns, .n = (int)reps},
+                            {.n_gen = n_tg, .ns = tg_ns, .n = (int)reps}};
+        snprintf(t[0].name, sizeof t[0].name, "pp%ld", n_pp);
+        snprintf(t[1].name, sizeof t[1].name, "tg%ld", n_tg);
+        rc = bench__report(&cf, &s, t, 2, bw, bpt);
+        goto done;
+    }
     printf("model: %s (%s, %d layers, n_embd %d, %.1f MiB of weights/token)\n", path, hp->arch_name,
            hp->n_layer, hp->n_embd, (double)model_bytes_per_token(s.m) / 1048576.0);
     printf("kernels: %s, threads: %d\n", kern_get()->name, s.n_threads);

@@ -53,8 +53,8 @@ static void cluster__warn_plaintext(const serve__cfg *c) {
 }
 
 /* The start every role shares: serve's options, the model, the pool sizing
- * check (I8) and the cluster secret. Returns -1 to continue (*m loaded),
- * else the exit status (everything freed). */
+ * check (I8) and the cluster secret. Returns -1 to continue (*m loaded, c
+ * to free with serve__cfg_free), else the exit status (everything freed). */
 static int cluster__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts *o,
                             uint8_t secret[CLUSTER_SECRET_MAX], size_t *secret_len) {
     int rc = serve__prepare(argc, argv, c, m, o, stderr);
@@ -62,6 +62,7 @@ static int cluster__prepare(int argc, char **argv, serve__cfg *c, model **m, eng
     if (rc >= 0) {
         model_free(*m);
         *m = NULL;
+        serve__cfg_free(c);
     }
     return rc;
 }
@@ -88,9 +89,7 @@ int cli_router(int argc, char **argv) {
     ro.insecure_plaintext = c.insecure_plaintext;
     cluster__warn_plaintext(&c);
     if (c.cluster_host) ro.host = c.cluster_host;
-    ro.port = c.cluster_port ? (int)c.cluster_port : 7070;
-    for (int i = 1; i < argc; i++)  // an explicit --cluster-port 0 picks any free port
-        if (!strcmp(argv[i], "--cluster-port") && i + 1 < argc && !strcmp(argv[i + 1], "0")) ro.port = 0;
+    ro.port = c.cluster_port >= 0 ? (int)c.cluster_port : 7070; // 0: any free port
     ro.n_ctx = o.n_ctx;
     ro.page_tokens = o.page_tokens;
     ro.kv_type = o.kv_type;
@@ -118,6 +117,7 @@ done:
     cluster_router_destroy(r);
     sodium_memzero(secret, sizeof secret);
     model_free(m);
+    serve__cfg_free(&c);
     return rc;
 }
 
@@ -151,6 +151,7 @@ static int cluster__worker(int argc, char **argv, bool decode) {
                 argv[0]);
         sodium_memzero(secret, sizeof secret);
         model_free(m);
+        serve__cfg_free(&c);
         return 2;
     }
     snprintf(host, sizeof host, "%.*s", (int)(colon - c.router), c.router);
@@ -160,6 +161,7 @@ static int cluster__worker(int argc, char **argv, bool decode) {
     if (pthread_create(&waiter, NULL, cluster__sigwaiter, &sigs) != 0) {
         fprintf(stderr, "kvseal %s: cannot start the signal thread\n", argv[0]);
         model_free(m);
+        serve__cfg_free(&c);
         return 1;
     }
     cluster_worker_opts wo = {.m = m, .secret = secret, .secret_len = secret_len, .router_host = host,
@@ -181,6 +183,7 @@ static int cluster__worker(int argc, char **argv, bool decode) {
     pthread_join(waiter, NULL);
     sodium_memzero(secret, sizeof secret);
     model_free(m);
+    serve__cfg_free(&c);
     return e ? 1 : 0;
 }
 

@@ -554,122 +554,167 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
     return ok;
 }
 
-int cli_mkmodel(int argc, char **argv) {
-    mk__opts o = {.arch = "llama",
-                  .type = KS_DTYPE_F16,
-                  .seed = 1,
-                  .n_shared = 1,
-                  .rope_scale = 1.0,
-                  .qk_gain = 1.0,
-                  .rope_type = "linear",
-                  .n_threads = cli__default_threads()};
-    const char *shape = "tiny";
-    long v_embd = 0, v_layer = 0, v_head = 0, v_head_kv = 0, v_ff = 0, v_ctx = 0, v_hd = 0;
-    long qk_rope = 0;        // deepseek2: rope.dimension_count
-    bool q_lora_set = false; // --q-lora given (0 is a value)
-    double rope_base = 0;
-    long v_dense = -1, v_nextn = -1, v_shared = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long x;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            mk__usage(stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--tied") || !strcmp(a, "--rope-freqs") || !strcmp(a, "--longrope")) {
-            *(a[2] == 't' ? &o.tied : a[2] == 'l' ? &o.longrope : &o.rope_freqs) = true;
-            continue;
-        }
-        if (!strcmp(a, "--qk-norm")) {
-            o.qk_norm = true;
-            continue;
-        }
-        if (!v) {
-            fprintf(stderr, "kvseal mkmodel: %s needs a value (or is unknown)\n", a);
-            mk__usage(stderr);
+// options: every one takes a value but the flags listed first
+static const cli__opt mk__optv[] = {
+    {"tied", 0, false, false},         {"rope-freqs", 0, false, false},
+    {"longrope", 0, false, false},     {"qk-norm", 0, false, false},
+    {"output", 'o', true, false},      {"vocab", 0, true, false},
+    {"arch", 0, true, false},          {"shape", 0, true, false},
+    {"name", 0, true, false},          {"type", 0, true, false},
+    {"rope-type", 0, true, false},     {"n-shared", 0, true, false},
+    {"nextn", 0, true, false},         {"n-dense", 0, true, false},
+    {"rope-orig-ctx", 0, true, false}, {"seed", 0, true, false},
+    {"threads", 't', true, false},     {"rope-base", 0, true, false},
+    {"attn-softcap", 0, true, false},  {"final-softcap", 0, true, false},
+    {"qk-gain", 0, true, false},       {"q-lora", 0, true, false},
+    {"rope-scale", 0, true, false},    {"n-embd", 0, true, false},
+    {"n-layer", 0, true, false},       {"n-head", 0, true, false},
+    {"n-head-kv", 0, true, false},     {"n-ff", 0, true, false},
+    {"ctx", 0, true, false},           {"head-dim", 0, true, false},
+    {"n-expert", 0, true, false},      {"n-expert-used", 0, true, false},
+    {"n-ff-exp", 0, true, false},      {"swa", 0, true, false},
+    {"kv-lora", 0, true, false},       {"qk-nope", 0, true, false},
+    {"qk-rope", 0, true, false},       {"v-head", 0, true, false},
+    {"idx-heads", 0, true, false},     {"idx-dim", 0, true, false},
+    {"idx-topk", 0, true, false},      {"expert-groups", 0, true, false},
+    {"group-used", 0, true, false},
+};
+
+/* What the options set before the shape is resolved. */
+typedef struct {
+    mk__opts o;
+    const char *shape;
+    long v_embd, v_layer, v_head, v_head_kv, v_ff, v_ctx, v_hd;
+    long qk_rope;    // deepseek2: rope.dimension_count
+    bool q_lora_set; // --q-lora given (0 is a value)
+    double rope_base;
+    long v_dense, v_nextn, v_shared;
+} mk__cfg;
+
+static void mk__usage_cmd(const char *cmd) {
+    (void)cmd;
+    mk__usage(stderr);
+}
+
+static int mk__apply(void *ctx, int id, const char *v, bool reset) {
+    mk__cfg *c = ctx;
+    mk__opts *o = &c->o;
+    (void)reset;
+    char a[40]; // the option as --name, for messages
+    snprintf(a, sizeof a, "--%s", mk__optv[id].name);
+    long x;
+    if (id < 4) {
+        bool on = !strcmp(v, "true");
+        *(id == 0   ? &o->tied
+          : id == 1 ? &o->rope_freqs
+          : id == 2 ? &o->longrope
+                    : &o->qk_norm) = on;
+        return 0;
+    }
+    if (!strcmp(a, "--output"))
+        o->out = v;
+    else if (!strcmp(a, "--vocab"))
+        o->vocab = v;
+    else if (!strcmp(a, "--arch"))
+        o->arch = v;
+    else if (!strcmp(a, "--shape"))
+        c->shape = v;
+    else if (!strcmp(a, "--name"))
+        o->name = v;
+    else if (!strcmp(a, "--type")) {
+        if (!ks_dtype_parse(v, &o->type) || !kern_wtype_supported(o->type)) {
+            fprintf(stderr,
+                    "kvseal mkmodel: --type '%s' is not one of f32 f16 bf16 q8_0 "
+                    "q4_0 q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n",
+                    v);
             return 2;
         }
-        i++;
-        if (!strcmp(a, "-o"))
-            o.out = v;
-        else if (!strcmp(a, "--vocab"))
-            o.vocab = v;
-        else if (!strcmp(a, "--arch"))
-            o.arch = v;
-        else if (!strcmp(a, "--shape"))
-            shape = v;
-        else if (!strcmp(a, "--name"))
-            o.name = v;
-        else if (!strcmp(a, "--type")) {
-            if (!ks_dtype_parse(v, &o.type) || !kern_wtype_supported(o.type)) {
-                fprintf(stderr,
-                        "kvseal mkmodel: --type '%s' is not one of f32 f16 bf16 q8_0 "
-                        "q4_0 q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n",
-                        v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--rope-type")) {
-            if (strcmp(v, "linear") && strcmp(v, "yarn")) {
-                fprintf(stderr, "kvseal mkmodel: --rope-type '%s' is not linear or yarn\n", v);
-                return 2;
-            }
-            o.rope_type = v;
-        } else if (!strcmp(a, "--n-shared")) {
-            if (!cli__parse_int(a, v, 0, 8, &v_shared)) return 2;
-        } else if (!strcmp(a, "--nextn")) {
-            if (!cli__parse_int(a, v, 0, 4, &v_nextn)) return 2;
-        } else if (!strcmp(a, "--n-dense")) {
-            if (!cli__parse_int(a, v, 0, 1L << 20, &v_dense)) return 2;
-        } else if (!strcmp(a, "--rope-orig-ctx")) {
-            if (!cli__parse_int(a, v, 1, 1 << 24, &o.rope_orig_ctx)) return 2;
-        } else if (!strcmp(a, "--seed")) {
-            if (!cli__parse_int(a, v, 0, 0x7fffffffffffffffL, &x)) return 2;
-            o.seed = (uint64_t)x;
-        } else if (!strcmp(a, "-t")) {
-            if (!cli__parse_int(a, v, 1, 256, &x)) return 2;
-            o.n_threads = (int)x;
-        } else if (!strcmp(a, "--rope-base")) {
-            if (!cli__parse_float(a, v, &rope_base) || !(rope_base > 0)) return 2;
-        } else if (!strcmp(a, "--attn-softcap") || !strcmp(a, "--final-softcap")) {
-            double *dst = a[2] == 'a' ? &o.attn_softcap : &o.final_softcap;
-            if (!cli__parse_float(a, v, dst) || !(*dst > 0)) return 2;
-        } else if (!strcmp(a, "--qk-gain")) {
-            if (!cli__parse_float(a, v, &o.qk_gain) || !(o.qk_gain > 0)) return 2;
-        } else if (!strcmp(a, "--q-lora")) { // 0: one attn_q matrix
-            if (!cli__parse_int(a, v, 0, 1L << 20, &o.q_lora)) return 2;
-            q_lora_set = true;
-        } else if (!strcmp(a, "--rope-scale")) {
-            if (!cli__parse_float(a, v, &o.rope_scale) || !(o.rope_scale > 0)) return 2;
-        } else {
-            long *dst = !strcmp(a, "--n-embd")          ? &v_embd
-                        : !strcmp(a, "--n-layer")       ? &v_layer
-                        : !strcmp(a, "--n-head")        ? &v_head
-                        : !strcmp(a, "--n-head-kv")     ? &v_head_kv
-                        : !strcmp(a, "--n-ff")          ? &v_ff
-                        : !strcmp(a, "--ctx")           ? &v_ctx
-                        : !strcmp(a, "--head-dim")      ? &v_hd
-                        : !strcmp(a, "--n-expert")      ? &o.n_expert
-                        : !strcmp(a, "--n-expert-used") ? &o.n_expert_used
-                        : !strcmp(a, "--n-ff-exp")      ? &o.n_ff_exp
-                        : !strcmp(a, "--swa")           ? &o.n_swa
-                        : !strcmp(a, "--kv-lora")       ? &o.kv_lora
-                        : !strcmp(a, "--qk-nope")       ? &o.qk_nope
-                        : !strcmp(a, "--qk-rope")       ? &qk_rope
-                        : !strcmp(a, "--v-head")        ? &o.v_head
-                        : !strcmp(a, "--idx-heads")     ? &o.idx_heads
-                        : !strcmp(a, "--idx-dim")       ? &o.idx_dim
-                        : !strcmp(a, "--idx-topk")      ? &o.idx_topk
-                        : !strcmp(a, "--expert-groups") ? &o.n_groups
-                        : !strcmp(a, "--group-used")    ? &o.n_group_used
-                                                        : NULL;
-            if (!dst) {
-                fprintf(stderr, "kvseal mkmodel: unknown option '%s'\n", a);
-                mk__usage(stderr);
-                return 2;
-            }
-            if (!cli__parse_int(a, v, 1, 1L << 20, dst)) return 2;
+    } else if (!strcmp(a, "--rope-type")) {
+        if (strcmp(v, "linear") && strcmp(v, "yarn")) {
+            fprintf(stderr, "kvseal mkmodel: --rope-type '%s' is not linear or yarn\n", v);
+            return 2;
         }
+        o->rope_type = v;
+    } else if (!strcmp(a, "--n-shared")) {
+        if (!cli__parse_int(a, v, 0, 8, &c->v_shared)) return 2;
+    } else if (!strcmp(a, "--nextn")) {
+        if (!cli__parse_int(a, v, 0, 4, &c->v_nextn)) return 2;
+    } else if (!strcmp(a, "--n-dense")) {
+        if (!cli__parse_int(a, v, 0, 1L << 20, &c->v_dense)) return 2;
+    } else if (!strcmp(a, "--rope-orig-ctx")) {
+        if (!cli__parse_int(a, v, 1, 1 << 24, &o->rope_orig_ctx)) return 2;
+    } else if (!strcmp(a, "--seed")) {
+        if (!cli__parse_int(a, v, 0, 0x7fffffffffffffffL, &x)) return 2;
+        o->seed = (uint64_t)x;
+    } else if (!strcmp(a, "--threads")) {
+        if (!cli__parse_int("-t", v, 1, 256, &x)) return 2;
+        o->n_threads = (int)x;
+    } else if (!strcmp(a, "--rope-base")) {
+        if (!cli__parse_float(a, v, &c->rope_base) || !(c->rope_base > 0)) return 2;
+    } else if (!strcmp(a, "--attn-softcap") || !strcmp(a, "--final-softcap")) {
+        double *dst = a[2] == 'a' ? &o->attn_softcap : &o->final_softcap;
+        if (!cli__parse_float(a, v, dst) || !(*dst > 0)) return 2;
+    } else if (!strcmp(a, "--qk-gain")) {
+        if (!cli__parse_float(a, v, &o->qk_gain) || !(o->qk_gain > 0)) return 2;
+    } else if (!strcmp(a, "--q-lora")) { // 0: one attn_q matrix
+        if (!cli__parse_int(a, v, 0, 1L << 20, &o->q_lora)) return 2;
+        c->q_lora_set = true;
+    } else if (!strcmp(a, "--rope-scale")) {
+        if (!cli__parse_float(a, v, &o->rope_scale) || !(o->rope_scale > 0)) return 2;
+    } else {
+        long *dst = !strcmp(a, "--n-embd")          ? &c->v_embd
+                    : !strcmp(a, "--n-layer")       ? &c->v_layer
+                    : !strcmp(a, "--n-head")        ? &c->v_head
+                    : !strcmp(a, "--n-head-kv")     ? &c->v_head_kv
+                    : !strcmp(a, "--n-ff")          ? &c->v_ff
+                    : !strcmp(a, "--ctx")           ? &c->v_ctx
+                    : !strcmp(a, "--head-dim")      ? &c->v_hd
+                    : !strcmp(a, "--n-expert")      ? &o->n_expert
+                    : !strcmp(a, "--n-expert-used") ? &o->n_expert_used
+                    : !strcmp(a, "--n-ff-exp")      ? &o->n_ff_exp
+                    : !strcmp(a, "--swa")           ? &o->n_swa
+                    : !strcmp(a, "--kv-lora")       ? &o->kv_lora
+                    : !strcmp(a, "--qk-nope")       ? &o->qk_nope
+                    : !strcmp(a, "--qk-rope")       ? &c->qk_rope
+                    : !strcmp(a, "--v-head")        ? &o->v_head
+                    : !strcmp(a, "--idx-heads")     ? &o->idx_heads
+                    : !strcmp(a, "--idx-dim")       ? &o->idx_dim
+                    : !strcmp(a, "--idx-topk")      ? &o->idx_topk
+                    : !strcmp(a, "--expert-groups") ? &o->n_groups
+                    : !strcmp(a, "--group-used")    ? &o->n_group_used
+                                                    : NULL;
+        KS_ASSERT(dst); // every table entry has a case
+        if (!cli__parse_int(a, v, 1, 1L << 20, dst)) return 2;
     }
+    return 0;
+}
+
+int cli_mkmodel(int argc, char **argv) {
+    mk__cfg cf = {.o = {.arch = "llama",
+                        .type = KS_DTYPE_F16,
+                        .seed = 1,
+                        .n_shared = 1,
+                        .rope_scale = 1.0,
+                        .qk_gain = 1.0,
+                        .rope_type = "linear",
+                        .n_threads = cli__default_threads()},
+                  .shape = "tiny",
+                  .v_dense = -1,
+                  .v_nextn = -1,
+                  .v_shared = -1};
+    const cli__spec sp = {"mkmodel", mk__optv,      (int)(sizeof mk__optv / sizeof mk__optv[0]),
+                          mk__apply, mk__usage_cmd, false,
+                          false};
+    int prc = cli__opts_parse(&sp, &cf, argc, argv, NULL);
+    if (prc) return prc < 0 ? 0 : prc;
+    mk__opts o = cf.o;
+    const char *shape = cf.shape;
+    long v_embd = cf.v_embd, v_layer = cf.v_layer, v_head = cf.v_head, v_head_kv = cf.v_head_kv,
+         v_ff = cf.v_ff, v_ctx = cf.v_ctx, v_hd = cf.v_hd;
+    long qk_rope = cf.qk_rope;
+    bool q_lora_set = cf.q_lora_set;
+    double rope_base = cf.rope_base;
+    long v_dense = cf.v_dense, v_nextn = cf.v_nextn, v_shared = cf.v_shared;
     if (!o.out || !o.vocab) {
         fprintf(stderr, "kvseal mkmodel: -o and --vocab are required\n");
         mk__usage(stderr);

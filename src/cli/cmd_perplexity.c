@@ -12,38 +12,83 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Adds -log softmax(logits)[target] (double precision) to *nll. */
-static void ppl__score(const float *logits, int32_t V, int32_t target, double *nll) {
+/* Adds -log softmax(logits)[target] (double precision) to *nll and its
+ * square to *nll2. */
+static void ppl__score(const float *logits, int32_t V, int32_t target, double *nll, double *nll2) {
     float mx = logits[0];
     for (int32_t i = 1; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
     double sum = 0.0;
     for (int32_t i = 0; i < V; i++) sum += exp((double)logits[i] - (double)mx);
-    *nll += log(sum) - ((double)logits[target] - (double)mx);
+    double x = log(sum) - ((double)logits[target] - (double)mx);
+    *nll += x;
+    *nll2 += x * x;
+}
+
+enum { PO_MODEL, PO_FILE, PO_CTX, PO_THREADS, PO_BATCH, PO_KV_TYPE, PO__N };
+static const cli__opt ppl__opts[PO__N] = {
+    [PO_MODEL] = {"model", 'm', true, false}, [PO_FILE] = {"file", 'f', true, false},
+    [PO_CTX] = {"ctx", 'c', true, false},     [PO_THREADS] = {"threads", 't', true, false},
+    [PO_BATCH] = {"batch", 'b', true, false}, [PO_KV_TYPE] = {"kv-type", 0, true, false},
+};
+
+typedef struct {
+    const char *path, *file;
+    long ctx, threads, batch;
+    int kv_type;
+} ppl__cfg;
+
+static void ppl__usage(const char *cmd) {
+    (void)cmd;
+    fprintf(
+        stderr,
+        "usage: kvseal perplexity [-m MODEL] -f TEXTFILE [-c CTX (512)] [-t THREADS] [-b BATCH]\n"
+        "                         [--kv-type f32|f16|q8_0 (f16)] [--log-format text|json]\n"
+        "  prints 'perplexity: P' and, last, 'Final estimate: PPL = P +/- E' as llama.cpp's\n"
+        "  llama-perplexity does (E: the standard error of the mean NLL, times P)\n");
+}
+
+static int ppl__apply(void *ctx, int id, const char *v, bool reset) {
+    ppl__cfg *c = ctx;
+    (void)reset;
+    switch (id) {
+    case PO_MODEL:
+        c->path = v;
+        return 0;
+    case PO_FILE:
+        c->file = v;
+        return 0;
+    case PO_CTX:
+        return cli__parse_int("-c", v, 8, 1 << 20, &c->ctx) ? 0 : 2;
+    case PO_THREADS:
+        return cli__parse_int("-t", v, 1, 256, &c->threads) ? 0 : 2;
+    case PO_BATCH:
+        return cli__parse_int("-b", v, 1, 1 << 20, &c->batch) ? 0 : 2;
+    case PO_KV_TYPE:
+        return cli__parse_kv_type(v, &c->kv_type) ? 0 : 2;
+    }
+    return 2;
+}
+
+/* With mean m and mean square q of the count per-token NLLs, the standard
+ * error of m is se = sqrt((q - m^2) / (count - 1)), and to first order
+ * (d exp(m) = exp(m) dm) PPL = exp(m) +/- se * exp(m): llama.cpp's "+/-". */
+double cli__ppl_stderr(double nll, double nll2, long count) {
+    if (count < 2) return -1;
+    double m = nll / (double)count, var = nll2 / (double)count - m * m;
+    if (!(var > 0)) return -1;
+    return sqrt(var / (double)(count - 1)) * exp(m);
 }
 
 int cli_perplexity(int argc, char **argv) {
-    const char *path = cli_default_model(), *file = NULL;
-    long ctx = 512, threads = 0, batch = 0;
     engine_opts d; // the engine's default KV type is the only copy of it
     engine_opts_default(&d);
-    int kv_type = d.kv_type;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-m") && v) path = argv[++i];
-        else if (!strcmp(a, "-f") && v) file = argv[++i];
-        else if (!strcmp(a, "-c") && v) { if (!cli__parse_int("-c", argv[++i], 8, 1 << 20, &ctx)) return 2; }
-        else if (!strcmp(a, "-t") && v) { if (!cli__parse_int("-t", argv[++i], 1, 256, &threads)) return 2; }
-        else if (!strcmp(a, "-b") && v) { if (!cli__parse_int("-b", argv[++i], 1, 1 << 20, &batch)) return 2;
-        } else if (!strcmp(a, "--kv-type") && v) {
-            if (!cli__parse_kv_type(argv[++i], &kv_type)) return 2;
-        } else {
-            fprintf(
-                stderr,
-                "usage: kvseal perplexity [-m MODEL] -f TEXTFILE [-c CTX] [-t THREADS] [-b BATCH]\n"
-                "                         [--kv-type f32|f16|q8_0 (f16)]\n");
-            return 2;
-        }
-    }
+    ppl__cfg cf = {.path = cli_default_model(), .ctx = 512, .kv_type = d.kv_type};
+    const cli__spec sp = {"perplexity", ppl__opts, PO__N, ppl__apply, ppl__usage, false, false};
+    int prc = cli__opts_parse(&sp, &cf, argc, argv, NULL);
+    if (prc) return prc < 0 ? 0 : prc;
+    const char *path = cf.path, *file = cf.file;
+    long ctx = cf.ctx, threads = cf.threads, batch = cf.batch;
+    int kv_type = cf.kv_type;
     if (!file) {
         fprintf(stderr, "kvseal perplexity: -f TEXTFILE is required\n");
         return 2;
@@ -83,7 +128,7 @@ int cli_perplexity(int argc, char **argv) {
         fprintf(stderr, "kvseal: out of memory\n");
         goto done;
     }
-    double nll = 0.0;
+    double nll = 0.0, nll2 = 0.0;
     long count = 0;
     uint64_t t0 = ks_now_ns();
     for (size_t ci = 0; ci < n_chunk; ci++) {
@@ -97,13 +142,18 @@ int cli_perplexity(int argc, char **argv) {
         }
         // logits row j is position first+j and predicts token first+j+1
         for (int32_t j = 0; j + first < C - 1; j++, count++)
-            ppl__score(logits + (size_t)j * (size_t)V, V, chunk[first + j + 1], &nll);
+            ppl__score(logits + (size_t)j * (size_t)V, V, chunk[first + j + 1], &nll, &nll2);
         fprintf(stderr, "[%zu] %.4f\n", ci + 1, exp(nll / (double)count));
     }
     free(chunk);
     double secs = (double)(ks_now_ns() - t0) / 1e9;
     fprintf(stderr, "kvseal: %.2f s, %.1f tokens/s\n", secs, (double)(n_chunk * (size_t)C) / secs);
     printf("perplexity: %.4f\n", exp(nll / (double)count));
+    double se = cli__ppl_stderr(nll, nll2, count);
+    if (se > 0)
+        printf("Final estimate: PPL = %.4f +/- %.5f\n", exp(nll / (double)count), se);
+    else
+        printf("Unexpected negative standard deviation of log(prob)\n");
     rc = 0;
 done:
     free(logits);

@@ -16,7 +16,8 @@
 
 #define RUN_MAX_STOPS 16
 
-static void run__usage(void) {
+static void run__usage(const char *cmd) {
+    (void)cmd;
     fprintf(stderr,
             "usage: kvseal run [-m MODEL] -p PROMPT [-n N] [--temp T] [--seed S] [--top-k K]\n"
             "                  [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]\n"
@@ -30,62 +31,161 @@ static void run__usage(void) {
             "  --temp 0 is greedy. The model defaults to the shipped kjv-mini.\n");
 }
 
-int cli_run(int argc, char **argv) {
-    const char *path = cli_default_model(), *prompt = NULL;
+enum {
+    RO_MODEL,
+    RO_PROMPT,
+    RO_N,
+    RO_THREADS,
+    RO_CTX,
+    RO_SEED,
+    RO_TOP_K,
+    RO_REPEAT_LAST_N,
+    RO_TEMP,
+    RO_TOP_P,
+    RO_MIN_P,
+    RO_REPEAT_PENALTY,
+    RO_FREQ_PENALTY,
+    RO_PRES_PENALTY,
+    RO_STOP,
+    RO_KV_TYPE,
+    RO_IGNORE_EOS,
+    RO_SPECIAL,
+    RO_LOGPROBS,
+    RO__N
+};
+static const cli__opt run__opts[RO__N] = {
+    [RO_MODEL] = {"model", 'm', true, false},
+    [RO_PROMPT] = {"prompt", 'p', true, false},
+    [RO_N] = {"n-predict", 'n', true, false},
+    [RO_THREADS] = {"threads", 't', true, false},
+    [RO_CTX] = {"ctx", 'c', true, false},
+    [RO_SEED] = {"seed", 0, true, false},
+    [RO_TOP_K] = {"top-k", 0, true, false},
+    [RO_REPEAT_LAST_N] = {"repeat-last-n", 0, true, false},
+    [RO_TEMP] = {"temp", 0, true, false},
+    [RO_TOP_P] = {"top-p", 0, true, false},
+    [RO_MIN_P] = {"min-p", 0, true, false},
+    [RO_REPEAT_PENALTY] = {"repeat-penalty", 0, true, false},
+    [RO_FREQ_PENALTY] = {"frequency-penalty", 0, true, false},
+    [RO_PRES_PENALTY] = {"presence-penalty", 0, true, false},
+    [RO_STOP] = {"stop", 0, true, true},
+    [RO_KV_TYPE] = {"kv-type", 0, true, false},
+    [RO_IGNORE_EOS] = {"ignore-eos", 0, false, false},
+    [RO_SPECIAL] = {"special", 0, false, false},
+    [RO_LOGPROBS] = {"logprobs", 0, false, false},
+};
+
+typedef struct {
+    const char *path, *prompt;
     const char *stops[RUN_MAX_STOPS];
-    int n_stops = 0;
-    long n_predict = 128, threads = 0, ctx = 0;
-    bool ignore_eos = false, special = false, seeded = false, logprobs = false;
+    int n_stops;
+    long n_predict, threads, ctx;
+    bool ignore_eos, special, seeded, logprobs;
     sample_params sp;
-    sample_params_default(&sp);
+    int kv_type;
+} run__cfg;
+
+static int run__apply(void *ctx, int id, const char *v, bool reset) {
+    run__cfg *c = ctx;
+    long lv;
+    double dv;
+    float *fv = NULL;
+    char name[32];
+    snprintf(name, sizeof name, "--%s", run__opts[id].name);
+    switch (id) {
+    case RO_MODEL:
+        c->path = v;
+        return 0;
+    case RO_PROMPT:
+        c->prompt = v;
+        return 0;
+    case RO_N:
+        return cli__parse_int("-n", v, 0, 1 << 24, &c->n_predict) ? 0 : 2;
+    case RO_THREADS:
+        return cli__parse_int("-t", v, 1, 256, &c->threads) ? 0 : 2;
+    case RO_CTX:
+        return cli__parse_int("-c", v, 1, 1 << 24, &c->ctx) ? 0 : 2;
+    case RO_SEED: {
+        char *end;
+        c->sp.seed = strtoull(v, &end, 10);
+        if (*end || !*v) {
+            fprintf(stderr, "kvseal: --seed expects an integer\n");
+            return 2;
+        }
+        c->seeded = true;
+        return 0;
+    }
+    case RO_TOP_K:
+        if (!cli__parse_int(name, v, -1, 1 << 30, &lv)) return 2;
+        c->sp.top_k = (int32_t)lv;
+        return 0;
+    case RO_REPEAT_LAST_N:
+        if (!cli__parse_int(name, v, 0, SAMPLE_MAX_LAST_N, &lv)) return 2;
+        c->sp.repeat_last_n = (int32_t)lv;
+        return 0;
+    case RO_TEMP:
+        fv = &c->sp.temperature;
+        break;
+    case RO_TOP_P:
+        fv = &c->sp.top_p;
+        break;
+    case RO_MIN_P:
+        fv = &c->sp.min_p;
+        break;
+    case RO_REPEAT_PENALTY:
+        fv = &c->sp.repeat_penalty;
+        break;
+    case RO_FREQ_PENALTY:
+        fv = &c->sp.frequency_penalty;
+        break;
+    case RO_PRES_PENALTY:
+        fv = &c->sp.presence_penalty;
+        break;
+    case RO_STOP:
+        if (reset) c->n_stops = 0;
+        if (c->n_stops == RUN_MAX_STOPS) {
+            fprintf(stderr, "kvseal: at most %d --stop strings\n", RUN_MAX_STOPS);
+            return 2;
+        }
+        c->stops[c->n_stops++] = v;
+        return 0;
+    case RO_KV_TYPE:
+        return cli__parse_kv_type(v, &c->kv_type) ? 0 : 2;
+    case RO_IGNORE_EOS:
+        c->ignore_eos = !strcmp(v, "true");
+        return 0;
+    case RO_SPECIAL:
+        c->special = !strcmp(v, "true");
+        return 0;
+    case RO_LOGPROBS:
+        c->logprobs = !strcmp(v, "true");
+        return 0;
+    }
+    if (!fv || !cli__parse_float(name, v, &dv)) return 2;
+    *fv = (float)dv;
+    return 0;
+}
+
+int cli_run(int argc, char **argv) {
+    run__cfg rcf = {.path = cli_default_model(), .n_predict = 128};
+    sample_params_default(&rcf.sp);
     engine_opts od; // the engine's default KV type is the only copy of it
     engine_opts_default(&od);
-    int kv_type = od.kv_type;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long lv;
-        double dv;
-#define FLOATOPT(name, field)                                                  \
-    else if (!strcmp(a, name) && v) {                                          \
-        if (!cli__parse_float(name, argv[++i], &dv)) return 2;                 \
-        sp.field = (float)dv;                                                  \
-    }
-        if (!strcmp(a, "-m") && v) path = argv[++i];
-        else if (!strcmp(a, "-p") && v) prompt = argv[++i];
-        else if (!strcmp(a, "-n") && v) { if (!cli__parse_int("-n", argv[++i], 0, 1 << 24, &n_predict)) return 2; }
-        else if (!strcmp(a, "-t") && v) { if (!cli__parse_int("-t", argv[++i], 1, 256, &threads)) return 2; }
-        else if (!strcmp(a, "-c") && v) { if (!cli__parse_int("-c", argv[++i], 1, 1 << 24, &ctx)) return 2; }
-        else if (!strcmp(a, "--seed") && v) {
-            char *end;
-            sp.seed = strtoull(argv[++i], &end, 10);
-            if (*end || !*argv[i]) { fprintf(stderr, "kvseal: --seed expects an integer\n"); return 2; }
-            seeded = true;
-        }
-        else if (!strcmp(a, "--top-k") && v) { if (!cli__parse_int("--top-k", argv[++i], -1, 1 << 30, &lv)) return 2; sp.top_k = (int32_t)lv; }
-        else if (!strcmp(a, "--repeat-last-n") && v) { if (!cli__parse_int("--repeat-last-n", argv[++i], 0, SAMPLE_MAX_LAST_N, &lv)) return 2; sp.repeat_last_n = (int32_t)lv; }
-        FLOATOPT("--temp", temperature)
-        FLOATOPT("--top-p", top_p)
-        FLOATOPT("--min-p", min_p)
-        FLOATOPT("--repeat-penalty", repeat_penalty)
-        FLOATOPT("--frequency-penalty", frequency_penalty)
-        FLOATOPT("--presence-penalty", presence_penalty)
-        else if (!strcmp(a, "--stop") && v) {
-            if (n_stops == RUN_MAX_STOPS) { fprintf(stderr, "kvseal: at most %d --stop strings\n", RUN_MAX_STOPS); return 2; }
-            stops[n_stops++] = argv[++i];
-        }
-        else if (!strcmp(a, "--kv-type") && v) {
-            if (!cli__parse_kv_type(argv[++i], &kv_type)) return 2;
-        }
-        else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
-        else if (!strcmp(a, "--special")) special = true;
-        else if (!strcmp(a, "--logprobs")) logprobs = true;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { run__usage(); return 0; }
-        else { run__usage(); return 2; }
-#undef FLOATOPT
-    }
+    rcf.kv_type = od.kv_type;
+    const cli__spec spec = {"run", run__opts, RO__N, run__apply, run__usage, false, false};
+    int prc = cli__opts_parse(&spec, &rcf, argc, argv, NULL);
+    if (prc) return prc < 0 ? 0 : prc;
+    const char *path = rcf.path, *prompt = rcf.prompt;
+    const char **stops = rcf.stops;
+    int n_stops = rcf.n_stops;
+    long n_predict = rcf.n_predict, threads = rcf.threads, ctx = rcf.ctx;
+    bool ignore_eos = rcf.ignore_eos, special = rcf.special, seeded = rcf.seeded,
+         logprobs = rcf.logprobs;
+    sample_params sp = rcf.sp;
+    int kv_type = rcf.kv_type;
     if (!prompt) {
         fprintf(stderr, "kvseal run: -p PROMPT is required\n");
-        run__usage();
+        run__usage("run");
         return 2;
     }
     if (sp.temperature < 0) sp.temperature = 0;

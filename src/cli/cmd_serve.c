@@ -8,7 +8,10 @@
  * advertised context cannot fit and warns below 2x. serve prints one line
  * "listening on http://HOST:PORT" to stdout once bound, then waits for
  * SIGTERM/SIGINT, drains (new requests get 503, running ones finish, up to
- * --drain-timeout-ms), aborts what is left and exits 0 after freeing all. */
+ * --drain-timeout-ms), aborts what is left and exits 0 after freeing all.
+ * Options come from the command line and a --config FILE (opts.c); under a
+ * service manager serve and router send sd_notify READY=1 once bound with
+ * the model loaded, STOPPING=1 when the drain starts, and STATUS= lines. */
 #include "cli_int.h"
 
 #include "kvseal/engine.h"
@@ -16,6 +19,7 @@
 #include "kvseal/server.h"
 
 #include <inttypes.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -28,7 +32,9 @@
 void serve__usage(const char *cmd) {
     fprintf(
         stderr,
-        "usage: kvseal %s [-m MODEL] [--host 127.0.0.1] [--port 8080 (0: any free port)]\n"
+        "usage: kvseal %s [--config FILE] [-m|--model MODEL] [--host 127.0.0.1]\n"
+        "         [--port 8080 (0: any free port)] [--log-format text|json]\n"
+        "         [--log-level debug|info|warn|error|off]\n"
         "         [--alias NAME]... [--ctx N] [--kv-pages N | --kv-memory BYTES (512M, 4G)]\n"
         "         [--page-tokens 16] [--kv-type f32|f16|q8_0 (f16)] [--threads N]\n"
         "         [--batch-tokens 256] [--max-running 16]\n"
@@ -45,6 +51,9 @@ void serve__usage(const char *cmd) {
         "  --tool-call-format: how the model writes tool calls (auto: from the chat template;\n"
         "  NAME: %s). --reasoning-format deepseek splits the text between think markers into\n"
         "  reasoning_content (auto: when the template has them; none: it stays content).\n"
+        "  --config FILE: 'key = value' lines, the keys the long options' names (port = 8080,\n"
+        "  alias = a, a line per alias; flags take true or false); the command line overrides\n"
+        "  the file. --opt=value and --opt value both work; -- ends the options.\n"
         "  --ctx defaults to the model's training context. Without --kv-pages/--kv-memory the\n"
         "  pool takes at most 25%% of MemAvailable, between 1x and 8x the context.\n"
         "  --kv-type: the KV cache element type (f16 and q8_0 hold 2x and ~3.8x the tokens of\n"
@@ -119,7 +128,301 @@ static bool serve__parse_bytes(const char *v, uint64_t *out) {
     return true;
 }
 
-/* Returns 0 ok, 2 usage error, -1 help printed. */
+/* A copy of v that lives as long as c (serve__cfg_free): option values from
+ * a config file outlive the file's buffer. NULL (message printed) on NOMEM. */
+static const char *serve__keep(serve__cfg *c, const char *v) {
+    char **ns = realloc(c->strings, sizeof(char *) * (size_t)(c->n_strings + 1));
+    if (ns) c->strings = ns;
+    char *copy = ns ? strdup(v) : NULL;
+    if (!copy) {
+        fprintf(stderr, "kvseal: out of memory\n");
+        return NULL;
+    }
+    c->strings[c->n_strings++] = copy;
+    return copy;
+}
+
+// ----------------------------------------------------------------------------
+// Options: one table for the command line and the config file (opts.c)
+
+enum {
+    SO_MODEL,
+    SO_HOST,
+    SO_PORT,
+    SO_CTX,
+    SO_KV_PAGES,
+    SO_PAGE_TOKENS,
+    SO_THREADS,
+    SO_BATCH,
+    SO_MAX_RUNNING,
+    SO_QUEUE_MAX,
+    SO_QUEUE_TIMEOUT,
+    SO_IDLE_TIMEOUT,
+    SO_REQUEST_TIMEOUT,
+    SO_MAX_CONNS,
+    SO_MAX_CONNS_IP,
+    SO_KV_MEMORY,
+    SO_ALIAS,
+    SO_SCRUB,
+    SO_TOOL_CALL_FORMAT,
+    SO_REASONING_FORMAT,
+    SO_KV_TYPE,
+    SO_DATA_PORT,
+    SO_CLUSTER_PORT,
+    SO_HEALTH_INTERVAL,
+    SO_DRAIN_TIMEOUT,
+    SO_SECRET_FILE,
+    SO_ROUTER,
+    SO_DATA_HOST,
+    SO_ADVERTISE_HOST,
+    SO_CLUSTER_HOST,
+    SO_TENANTS,
+    SO_CHAT_TEMPLATE_FILE,
+    SO_ADMIN_KEY,
+    SO_SECURITY_LOG,
+    SO_NO_PREFIX_CACHE,
+    SO_LOG_CONTENT,
+    SO_INSECURE_PLAINTEXT,
+    SO_CORS_ORIGIN,
+    SO_POOLING,
+    SO__N
+};
+
+static const cli__opt serve__opts[SO__N] = {
+    [SO_MODEL] = {"model", 'm', true, false},
+    [SO_HOST] = {"host", 0, true, false},
+    [SO_PORT] = {"port", 0, true, false},
+    [SO_CTX] = {"ctx", 'c', true, false},
+    [SO_KV_PAGES] = {"kv-pages", 0, true, false},
+    [SO_PAGE_TOKENS] = {"page-tokens", 0, true, false},
+    [SO_THREADS] = {"threads", 't', true, false},
+    [SO_BATCH] = {"batch-tokens", 0, true, false},
+    [SO_MAX_RUNNING] = {"max-running", 0, true, false},
+    [SO_QUEUE_MAX] = {"queue-max", 0, true, false},
+    [SO_QUEUE_TIMEOUT] = {"queue-timeout-ms", 0, true, false},
+    [SO_IDLE_TIMEOUT] = {"idle-timeout", 0, true, false},
+    [SO_REQUEST_TIMEOUT] = {"request-timeout", 0, true, false},
+    [SO_MAX_CONNS] = {"max-connections", 0, true, false},
+    [SO_MAX_CONNS_IP] = {"max-connections-per-ip", 0, true, false},
+    [SO_KV_MEMORY] = {"kv-memory", 0, true, false},
+    [SO_ALIAS] = {"alias", 0, true, true},
+    [SO_SCRUB] = {"scrub", 0, true, false},
+    [SO_TOOL_CALL_FORMAT] = {"tool-call-format", 0, true, false},
+    [SO_REASONING_FORMAT] = {"reasoning-format", 0, true, false},
+    [SO_KV_TYPE] = {"kv-type", 0, true, false},
+    [SO_DATA_PORT] = {"data-port", 0, true, false},
+    [SO_CLUSTER_PORT] = {"cluster-port", 0, true, false},
+    [SO_HEALTH_INTERVAL] = {"health-interval-ms", 0, true, false},
+    [SO_DRAIN_TIMEOUT] = {"drain-timeout-ms", 0, true, false},
+    [SO_SECRET_FILE] = {"secret-file", 0, true, false},
+    [SO_ROUTER] = {"router", 0, true, false},
+    [SO_DATA_HOST] = {"data-host", 0, true, false},
+    [SO_ADVERTISE_HOST] = {"advertise-host", 0, true, false},
+    [SO_CLUSTER_HOST] = {"cluster-host", 0, true, false},
+    [SO_TENANTS] = {"tenants", 0, true, false},
+    [SO_CHAT_TEMPLATE_FILE] = {"chat-template-file", 0, true, false},
+    [SO_ADMIN_KEY] = {"admin-key", 0, true, false},
+    [SO_SECURITY_LOG] = {"security-log", 0, true, false},
+    [SO_NO_PREFIX_CACHE] = {"no-prefix-cache", 0, false, false},
+    [SO_LOG_CONTENT] = {"log-content", 0, false, false},
+    [SO_INSECURE_PLAINTEXT] = {"insecure-plaintext", 0, false, false},
+    [SO_CORS_ORIGIN] = {"cors-origin", 0, true, true},
+    [SO_POOLING] = {"pooling", 0, true, false},
+};
+
+/* cli__spec.apply for serve and the cluster roles. String values point
+ * into argv or, from a config file, into storage that lives as long as the
+ * config (serve__cfg.strings). */
+static int serve__apply(void *ctx, int id, const char *v, bool reset) {
+    serve__cfg *c = ctx;
+    char name[64];
+    snprintf(name, sizeof name, "--%s", serve__opts[id].name);
+    long *lv = NULL, lo = 0, hi = 0;
+    switch (id) {
+    case SO_PORT:
+        lv = &c->port, lo = 0, hi = 65535;
+        break;
+    case SO_CTX:
+        lv = &c->ctx, lo = 1, hi = 1 << 24;
+        break;
+    case SO_KV_PAGES:
+        lv = &c->kv_pages, lo = 1, hi = UINT32_MAX;
+        break;
+    case SO_PAGE_TOKENS:
+        lv = &c->page_tokens, lo = 1, hi = 4096;
+        break;
+    case SO_THREADS:
+        lv = &c->threads, lo = 1, hi = 256;
+        break;
+    case SO_BATCH:
+        lv = &c->batch, lo = 1, hi = 1 << 20;
+        break;
+    case SO_MAX_RUNNING:
+        lv = &c->max_running, lo = 1, hi = 1 << 16;
+        break;
+    case SO_QUEUE_MAX:
+        lv = &c->queue_max, lo = 1, hi = 1 << 20;
+        break;
+    case SO_QUEUE_TIMEOUT:
+        lv = &c->queue_timeout_ms, lo = 1, hi = UINT32_MAX;
+        break;
+    case SO_IDLE_TIMEOUT:
+        lv = &c->idle_timeout, lo = 0, hi = 86400;
+        break;
+    case SO_REQUEST_TIMEOUT:
+        lv = &c->request_timeout, lo = 0, hi = 86400;
+        break;
+    case SO_MAX_CONNS:
+        lv = &c->max_conns, lo = 1, hi = 1 << 20;
+        break;
+    case SO_MAX_CONNS_IP:
+        lv = &c->max_conns_per_ip, lo = 0, hi = 1 << 20;
+        break;
+    case SO_DATA_PORT:
+        lv = &c->data_port, lo = 0, hi = 65535;
+        break;
+    case SO_CLUSTER_PORT:
+        lv = &c->cluster_port, lo = 0, hi = 65535;
+        break;
+    case SO_HEALTH_INTERVAL:
+        lv = &c->health_interval_ms, lo = 10, hi = 600000;
+        break;
+    case SO_DRAIN_TIMEOUT:
+        lv = &c->drain_timeout_ms, lo = 0, hi = 3600000;
+        break;
+    default:
+        break;
+    }
+    if (lv) return cli__parse_int(name, v, lo, hi, lv) ? 0 : 2;
+    const char **sv = NULL;
+    switch (id) {
+    case SO_MODEL:
+        sv = &c->model_path;
+        break;
+    case SO_HOST:
+        sv = &c->host;
+        break;
+    case SO_SECRET_FILE:
+        sv = &c->secret_file;
+        break;
+    case SO_ROUTER:
+        sv = &c->router;
+        break;
+    case SO_DATA_HOST:
+        sv = &c->data_host;
+        break;
+    case SO_ADVERTISE_HOST:
+        sv = &c->advertise_host;
+        break;
+    case SO_CLUSTER_HOST:
+        sv = &c->cluster_host;
+        break;
+    case SO_TENANTS:
+        sv = &c->tenants;
+        break;
+    case SO_CHAT_TEMPLATE_FILE:
+        sv = &c->chat_template_file;
+        break;
+    case SO_ADMIN_KEY:
+        sv = &c->admin_key;
+        break;
+    case SO_SECURITY_LOG:
+        sv = &c->security_log;
+        break;
+    default:
+        break;
+    }
+    if (sv) {
+        if (!(*sv = serve__keep(c, v))) return 2;
+        return 0;
+    }
+    bool *bv = id == SO_NO_PREFIX_CACHE      ? &c->no_prefix_cache
+               : id == SO_LOG_CONTENT        ? &c->log_content
+               : id == SO_INSECURE_PLAINTEXT ? &c->insecure_plaintext
+                                             : NULL;
+    if (bv) {
+        *bv = !strcmp(v, "true");
+        return 0;
+    }
+    switch (id) {
+    case SO_KV_MEMORY:
+        if (!serve__parse_bytes(v, &c->kv_memory)) {
+            fprintf(stderr, "kvseal: --kv-memory expects a size such as 512M or 4G, got '%s'\n", v);
+            return 2;
+        }
+        return 0;
+    case SO_ALIAS:
+        if (reset) c->n_aliases = 0; // the command line's aliases replace the file's
+        if (c->n_aliases == SERVE_MAX_ALIASES) {
+            fprintf(stderr, "kvseal: at most %d --alias names\n", SERVE_MAX_ALIASES);
+            return 2;
+        }
+        if (!(c->aliases[c->n_aliases] = serve__keep(c, v))) return 2;
+        c->n_aliases++;
+        return 0;
+    case SO_SCRUB:
+        if (!strcmp(v, "zero"))
+            c->scrub = KV_SCRUB_ZERO;
+        else if (!strcmp(v, "poison"))
+            c->scrub = KV_SCRUB_POISON;
+        else {
+            fprintf(stderr, "kvseal: --scrub expects zero or poison, got '%s'\n", v);
+            return 2;
+        }
+        return 0;
+    case SO_TOOL_CALL_FORMAT:
+        if (!server_tool_call_format_parse(v, &c->tool_call_format)) {
+            fprintf(stderr, "kvseal: --tool-call-format expects one of %s, got '%s'\n",
+                    server_tool_call_format_names(), v);
+            return 2;
+        }
+        return 0;
+    case SO_REASONING_FORMAT:
+        if (!strcmp(v, "auto"))
+            c->reasoning_format = -1;
+        else if (!strcmp(v, "none"))
+            c->reasoning_format = 0;
+        else if (!strcmp(v, "deepseek"))
+            c->reasoning_format = 1;
+        else {
+            fprintf(stderr, "kvseal: --reasoning-format expects auto, none or deepseek, got '%s'\n",
+                    v);
+            return 2;
+        }
+        return 0;
+    case SO_KV_TYPE:
+        return cli__parse_kv_type(v, &c->kv_type) ? 0 : 2;
+    case SO_CORS_ORIGIN:
+        if (reset) c->n_cors = 0; // the command line's origins replace the file's
+        if (c->n_cors == SERVE_MAX_CORS) {
+            fprintf(stderr, "kvseal: at most %d --cors-origin values\n", SERVE_MAX_CORS);
+            return 2;
+        }
+        if (!server_cors_origin_valid(v)) {
+            fprintf(stderr,
+                    "kvseal: --cors-origin expects '*' or an origin such as "
+                    "https://app.example.com (scheme://host[:port], no path), got '%s'\n",
+                    v);
+            return 2;
+        }
+        if (!(c->cors[c->n_cors] = serve__keep(c, v))) return 2;
+        c->n_cors++;
+        return 0;
+    case SO_POOLING: {
+        model_pooling pm;
+        if (!model_pooling_parse(v, &pm)) {
+            fprintf(stderr, "kvseal: --pooling expects mean or last, got '%s'\n", v);
+            return 2;
+        }
+        c->pooling = (int)pm;
+        return 0;
+    }
+    default:
+        KS_ASSERT(!"serve option without a case");
+    }
+    return 2;
+}
+
 int serve__parse(int argc, char **argv, serve__cfg *c) {
     memset(c, 0, sizeof *c);
     c->model_path = cli_default_model();
@@ -142,137 +445,26 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
     c->kv_type = d.kv_type;
     c->health_interval_ms = 1000;
     c->drain_timeout_ms = 30000;
+    c->cluster_port = -1; // unset: the router's 7070 (0 is "any free port")
     c->tool_call_format = so.tool_call_format;
     c->reasoning_format = so.reasoning_format;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define INTOPT(name, field, lo, hi)                                                                \
-    else if (!strcmp(a, name) && v) {                                                              \
-        if (!cli__parse_int(name, argv[++i], lo, hi, &c->field)) return 2;                         \
-    }
-        if (!strcmp(a, "-m") && v)
-            c->model_path = argv[++i];
-        else if (!strcmp(a, "--host") && v)
-            c->host = argv[++i];
-        INTOPT("--port", port, 0, 65535)
-        INTOPT("--ctx", ctx, 1, 1 << 24)
-        INTOPT("-c", ctx, 1, 1 << 24)
-        INTOPT("--kv-pages", kv_pages, 1, UINT32_MAX)
-        INTOPT("--page-tokens", page_tokens, 1, 4096)
-        INTOPT("--threads", threads, 1, 256)
-        INTOPT("-t", threads, 1, 256)
-        INTOPT("--batch-tokens", batch, 1, 1 << 20)
-        INTOPT("--max-running", max_running, 1, 1 << 16)
-        INTOPT("--queue-max", queue_max, 1, 1 << 20)
-        INTOPT("--queue-timeout-ms", queue_timeout_ms, 1, UINT32_MAX)
-        INTOPT("--idle-timeout", idle_timeout, 0, 86400)
-        INTOPT("--request-timeout", request_timeout, 0, 86400)
-        INTOPT("--max-connections", max_conns, 1, 1 << 20)
-        INTOPT("--max-connections-per-ip", max_conns_per_ip, 0, 1 << 20)
-        else if (!strcmp(a, "--kv-memory") && v) {
-            if (!serve__parse_bytes(argv[++i], &c->kv_memory)) {
-                fprintf(stderr, "kvseal: --kv-memory expects a size such as 512M or 4G, got '%s'\n",
-                        argv[i]);
-                return 2;
-            }
-        }
-        else if (!strcmp(a, "--alias") && v) {
-            if (c->n_aliases == SERVE_MAX_ALIASES) {
-                fprintf(stderr, "kvseal: at most %d --alias names\n", SERVE_MAX_ALIASES);
-                return 2;
-            }
-            c->aliases[c->n_aliases++] = argv[++i];
-        }
-        else if (!strcmp(a, "--cors-origin") && v) {
-            const char *o = argv[++i];
-            if (c->n_cors == SERVE_MAX_CORS) {
-                fprintf(stderr, "kvseal: at most %d --cors-origin values\n", SERVE_MAX_CORS);
-                return 2;
-            }
-            if (!server_cors_origin_valid(o)) {
-                fprintf(stderr,
-                        "kvseal: --cors-origin expects '*' or an origin such as "
-                        "https://app.example.com (scheme://host[:port], no path), got '%s'\n",
-                        o);
-                return 2;
-            }
-            c->cors[c->n_cors++] = o;
-        }
-        else if (!strcmp(a, "--scrub") && v) {
-            const char *s = argv[++i];
-            if (!strcmp(s, "zero"))
-                c->scrub = KV_SCRUB_ZERO;
-            else if (!strcmp(s, "poison"))
-                c->scrub = KV_SCRUB_POISON;
-            else {
-                fprintf(stderr, "kvseal: --scrub expects zero or poison, got '%s'\n", s);
-                return 2;
-            }
-        }
-        else if (!strcmp(a, "--tool-call-format") && v) {
-            if (!server_tool_call_format_parse(argv[++i], &c->tool_call_format)) {
-                fprintf(stderr, "kvseal: --tool-call-format expects one of %s, got '%s'\n",
-                        server_tool_call_format_names(), argv[i]);
-                return 2;
-            }
-        }
-        else if (!strcmp(a, "--reasoning-format") && v) {
-            const char *r = argv[++i];
-            if (!strcmp(r, "auto"))
-                c->reasoning_format = -1;
-            else if (!strcmp(r, "none"))
-                c->reasoning_format = 0;
-            else if (!strcmp(r, "deepseek"))
-                c->reasoning_format = 1;
-            else {
-                fprintf(stderr,
-                        "kvseal: --reasoning-format expects auto, none or deepseek, got '%s'\n", r);
-                return 2;
-            }
-        }
-        else if (!strcmp(a, "--kv-type") && v) {
-            if (!cli__parse_kv_type(argv[++i], &c->kv_type)) return 2;
-        }
-        else if (!strcmp(a, "--pooling") && v) {
-            model_pooling p;
-            if (!model_pooling_parse(argv[++i], &p)) {
-                fprintf(stderr, "kvseal: --pooling expects mean or last, got '%s'\n", argv[i]);
-                return 2;
-            }
-            c->pooling = (int)p;
-        }
-        INTOPT("--data-port", data_port, 0, 65535)
-        INTOPT("--cluster-port", cluster_port, 0, 65535)
-        INTOPT("--health-interval-ms", health_interval_ms, 10, 600000)
-        INTOPT("--drain-timeout-ms", drain_timeout_ms, 0, 3600000)
-        else if (!strcmp(a, "--secret-file") && v) c->secret_file = argv[++i];
-        else if (!strcmp(a, "--router") && v) c->router = argv[++i];
-        else if (!strcmp(a, "--data-host") && v) c->data_host = argv[++i];
-        else if (!strcmp(a, "--advertise-host") && v) c->advertise_host = argv[++i];
-        else if (!strcmp(a, "--cluster-host") && v) c->cluster_host = argv[++i];
-        else if (!strcmp(a, "--tenants") && v) c->tenants = argv[++i];
-        else if (!strcmp(a, "--chat-template-file") && v) c->chat_template_file = argv[++i];
-        else if (!strcmp(a, "--admin-key") && v) c->admin_key = argv[++i];
-        else if (!strcmp(a, "--security-log") && v) c->security_log = argv[++i];
-        else if (!strcmp(a, "--no-prefix-cache")) c->no_prefix_cache = true;
-        else if (!strcmp(a, "--log-content")) c->log_content = true;
-        else if (!strcmp(a, "--insecure-plaintext")) c->insecure_plaintext = true;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            serve__usage(argv[0]);
-            return -1;
-        }
-        else {
-            fprintf(stderr, "kvseal %s: unknown or incomplete option '%s'\n", argv[0], a);
-            serve__usage(argv[0]);
-            return 2;
-        }
-#undef INTOPT
-    }
+    const cli__spec sp = {argv[0], serve__opts, SO__N, serve__apply, serve__usage, true, false};
+    int rc = cli__opts_parse(&sp, c, argc, argv, NULL);
+    if (rc) return rc;
     if (c->kv_pages && c->kv_memory) {
         fprintf(stderr, "kvseal %s: give --kv-pages or --kv-memory, not both\n", argv[0]);
         return 2;
     }
     return 0;
+}
+
+void serve__cfg_free(serve__cfg *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n_strings; i++)
+        free(c->strings[i]);
+    free(c->strings);
+    c->strings = NULL;
+    c->n_strings = 0;
 }
 
 /* MemAvailable in bytes, 0 if unknown. */
@@ -378,6 +570,9 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     bool v6 = strchr(c->host, ':') != NULL;
     printf("listening on http://%s%s%s:%d\n", v6 ? "[" : "", c->host, v6 ? "]" : "", server_port(*s));
     fflush(stdout);
+    // the port is bound and the model loaded: a Type=notify unit is up
+    cli__notify("READY=1\nSTATUS=serving %s on http://%s%s%s:%d", name, v6 ? "[" : "", c->host,
+                v6 ? "]" : "", server_port(*s));
     return KS_OK;
 }
 
@@ -387,23 +582,40 @@ int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts 
                           FILE *report) {
     int rc = serve__parse(argc, argv, c);
     if (rc) return rc < 0 ? 0 : rc;
+    cli__notify("STATUS=loading %s", c->model_path);
     ks_errbuf eb = {0};
     if (kern_init(NULL, &eb) || model_load(c->model_path, m, &eb) ||
         model_kv_type_check(*m, c->kv_type, &eb)) {
-        fprintf(stderr, "kvseal %s: %s\n", argv[0], eb.msg);
+        ks_log(KS_LOG_ERROR, "%s: %s", argv[0], eb.msg);
         return 1;
     }
     serve__engine_opts(c, *m, o);
     char buf[1024];
     bool warn = false;
     ks_err e = engine_capacity_check(o, &warn, buf, sizeof buf);
-    fprintf(report, "%s\n", buf);
-    fflush(report);
+    if (report == stderr) { // a log line each, so that a json log stays json
+        for (char *line = buf, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+            nl = strchr(line, '\n');
+            if (nl) *nl = '\0';
+            ks_log(e ? KS_LOG_ERROR : KS_LOG_INFO, "%s", line);
+        }
+    } else {
+        fprintf(report, "%s\n", buf);
+        fflush(report);
+    }
     if (e) {
-        fprintf(stderr,
-                "kvseal %s: %s: the KV pool cannot hold one request of the advertised "
-                "context length %d (I8); raise --kv-pages/--kv-memory or lower --ctx\n",
-                argv[0], report == stdout ? "check failed" : "refusing to start", o->n_ctx);
+        const char *what = report == stdout ? "check failed" : "refusing to start";
+        if (report == stdout)
+            fprintf(stderr,
+                    "kvseal %s: %s: the KV pool cannot hold one request of the advertised "
+                    "context length %d (I8); raise --kv-pages/--kv-memory or lower --ctx\n",
+                    argv[0], what, o->n_ctx);
+        else
+            ks_log(KS_LOG_ERROR,
+                   "%s: %s: the KV pool cannot hold one request of the advertised "
+                   "context length %d (I8); raise --kv-pages/--kv-memory or lower --ctx",
+                   argv[0], what, o->n_ctx);
+        cli__notify("STATUS=%s: the KV pool cannot hold one request of context %d", what, o->n_ctx);
         return 1;
     }
     if (warn)
@@ -440,6 +652,7 @@ void serve__run_until_signal(server *s, const server_backend *be, const sigset_t
     while (sigwait(sigs, &sig) != 0) {
     }
     ks_log(KS_LOG_INFO, "signal %d: shutting down", sig);
+    cli__notify("STOPPING=1\nSTATUS=draining %d request(s)", server_inflight(s));
     serve__drain(s, sigs, drain_ms);
     server_stop_accepting(s);
     be->set_online(be->impl, false, true);  // abort what is left: answers end now
@@ -451,6 +664,7 @@ int cli_check(int argc, char **argv) {
     engine_opts o;
     int rc = serve__prepare(argc, argv, &c, &m, &o, stdout);
     model_free(m);
+    serve__cfg_free(&c);
     return rc < 0 ? 0 : rc;
 }
 
@@ -464,6 +678,7 @@ int cli_serve(int argc, char **argv) {
     int rc = serve__prepare(argc, argv, &c, &m, &o, stderr);
     if (rc >= 0) {
         model_free(m);
+        serve__cfg_free(&c);
         return rc;
     }
     rc = 1;
@@ -485,18 +700,29 @@ int cli_serve(int argc, char **argv) {
     server_backend be;
     server_engine_backend(e, &be);
     if (serve__http_start(&c, o.n_ctx, name, &be, m, &s, &eb)) goto fail;
-    ks_log(KS_LOG_INFO, "serving %s as '%s' (%d aliases), context %d, %u KV pages, kernels %s",
-           c.model_path, c.n_aliases ? c.aliases[0] : name, c.n_aliases, o.n_ctx, o.kv_pages,
-           kern_get()->name);
+    // a json log line carries these as fields (jansson escapes the strings)
+    json_t *f = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:s}", "model", c.model_path, "name",
+                          c.n_aliases ? c.aliases[0] : name, "host", c.host, "port",
+                          server_port(s), "n_ctx", (int)o.n_ctx, "kv_pages", (int)o.kv_pages,
+                          "kernels", kern_get()->name);
+    char *fields = f ? json_dumps(f, JSON_COMPACT) : NULL;
+    json_decref(f);
+    ks_log_fields(KS_LOG_INFO, fields,
+                  "serving %s as '%s' (%d aliases), context %d, %u KV pages, kernels %s",
+                  c.model_path, c.n_aliases ? c.aliases[0] : name, c.n_aliases, o.n_ctx,
+                  o.kv_pages, kern_get()->name);
+    free(fields);
     serve__run_until_signal(s, &be, &sigs, c.drain_timeout_ms);
     rc = 0;
     goto done;
 fail:
-    fprintf(stderr, "kvseal serve: %s\n", eb.msg[0] ? eb.msg : ks_strerror(eb.code));
+    ks_log(KS_LOG_ERROR, "serve: %s", eb.msg[0] ? eb.msg : ks_strerror(eb.code));
+    cli__notify("STATUS=failed: %s", eb.msg[0] ? eb.msg : ks_strerror(eb.code));
 done:
     server_destroy(s);
     engine_destroy(e);
     server_seclog_close(sl);
     model_free(m);
+    serve__cfg_free(&c);
     return rc;
 }

@@ -10,6 +10,7 @@
 
 #include "cli_int.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,27 +25,64 @@ static void template__usage(void) {
                     "  --now EPOCH       the clock strftime_now reads (UTC seconds)\n");
 }
 
-int cli_template(int argc, char **argv) {
-    const char *file = NULL, *model_path = NULL, *ctx_text = NULL, *ctx_file = NULL;
-    long long now = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool v = i + 1 < argc;
-        if (!strcmp(a, "--file") && v)
-            file = argv[++i];
-        else if (!strcmp(a, "-m") && v)
-            model_path = argv[++i];
-        else if (!strcmp(a, "--context") && v)
-            ctx_text = argv[++i];
-        else if (!strcmp(a, "--context-file") && v)
-            ctx_file = argv[++i];
-        else if (!strcmp(a, "--now") && v)
-            now = atoll(argv[++i]);
-        else {
-            template__usage();
-            return !strcmp(a, "-h") || !strcmp(a, "--help") ? 0 : 2;
+enum { TPO_FILE, TPO_MODEL, TPO_CONTEXT, TPO_CONTEXT_FILE, TPO_NOW, TPO__N };
+static const cli__opt template__opts[TPO__N] = {
+    [TPO_FILE] = {"file", 0, true, false},
+    [TPO_MODEL] = {"model", 'm', true, false},
+    [TPO_CONTEXT] = {"context", 0, true, false},
+    [TPO_CONTEXT_FILE] = {"context-file", 0, true, false},
+    [TPO_NOW] = {"now", 0, true, false},
+};
+
+typedef struct {
+    const char *file, *model_path, *ctx_text, *ctx_file;
+    long long now;
+} template__cfg;
+
+static int template__apply(void *ctx, int id, const char *v, bool reset) {
+    template__cfg *c = ctx;
+    (void)reset;
+    switch (id) {
+    case TPO_FILE:
+        c->file = v;
+        return 0;
+    case TPO_MODEL:
+        c->model_path = v;
+        return 0;
+    case TPO_CONTEXT:
+        c->ctx_text = v;
+        return 0;
+    case TPO_CONTEXT_FILE:
+        c->ctx_file = v;
+        return 0;
+    case TPO_NOW: {
+        char *end;
+        errno = 0;
+        c->now = strtoll(v, &end, 10);
+        if (!*v || *end || errno) {
+            fprintf(stderr, "kvseal template: --now expects UTC seconds, got '%s'\n", v);
+            return 2;
         }
+        return 0;
     }
+    }
+    return 2;
+}
+
+static void template__usage_cmd(const char *cmd) {
+    (void)cmd;
+    template__usage();
+}
+
+int cli_template(int argc, char **argv) {
+    template__cfg cf = {0};
+    const cli__spec sp = {"template",          template__opts, TPO__N, template__apply,
+                          template__usage_cmd, false,          false};
+    int prc = cli__opts_parse(&sp, &cf, argc, argv, NULL);
+    if (prc) return prc < 0 ? 0 : prc;
+    const char *file = cf.file, *model_path = cf.model_path, *ctx_text = cf.ctx_text,
+               *ctx_file = cf.ctx_file;
+    long long now = cf.now;
     if (!file == !model_path) {
         template__usage();
         return 2;

@@ -3,7 +3,7 @@
  * other control bytes and invalid UTF-8), or with --ids only the ids on one
  * line. BOS/EOS are added as the model's metadata says unless --no-bos;
  * special-token text is parsed only with --special. */
-#include "kvseal/cli.h"
+#include "cli_int.h"
 #include "kvseal/tok.h"
 
 #include <stdio.h>
@@ -54,39 +54,55 @@ static void tokenize__print_escaped(const char *s, size_t n) {
     }
 }
 
-int cli_tokenize(int argc, char **argv) {
-    const char *model = NULL;
-    bool ids_only = false, add_special = true, parse_special = false;
-    size_t text_cap = 1, text_len = 0;
-    int first_text = argc;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
-            if (++i >= argc) {
-                tokenize__usage();
-                return 2;
-            }
-            model = argv[i];
-        } else if (!strcmp(argv[i], "--ids")) {
-            ids_only = true;
-        } else if (!strcmp(argv[i], "--no-bos")) {
-            add_special = false;
-        } else if (!strcmp(argv[i], "--special")) {
-            parse_special = true;
-        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            tokenize__usage();
-            return 0;
-        } else if (!strcmp(argv[i], "--")) {
-            first_text = i + 1;
-            break;
-        } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
-            fprintf(stderr, "kvseal tokenize: unknown option '%s'\n", argv[i]);
-            tokenize__usage();
-            return 2;
-        } else {
-            first_text = i;
-            break;
-        }
+enum { TO_MODEL, TO_IDS, TO_NO_BOS, TO_SPECIAL, TO__N };
+static const cli__opt tokenize__opts[TO__N] = {
+    [TO_MODEL] = {"model", 'm', true, false},
+    [TO_IDS] = {"ids", 0, false, false},
+    [TO_NO_BOS] = {"no-bos", 0, false, false},
+    [TO_SPECIAL] = {"special", 0, false, false},
+};
+
+typedef struct {
+    const char *model;
+    bool ids_only, add_special, parse_special;
+} tokenize__cfg;
+
+static int tokenize__apply(void *ctx, int id, const char *v, bool reset) {
+    tokenize__cfg *c = ctx;
+    (void)reset;
+    bool on = !strcmp(v, "true");
+    switch (id) {
+    case TO_MODEL:
+        c->model = v;
+        break;
+    case TO_IDS:
+        c->ids_only = on;
+        break;
+    case TO_NO_BOS:
+        c->add_special = !on;
+        break;
+    case TO_SPECIAL:
+        c->parse_special = on;
+        break;
     }
+    return 0;
+}
+
+static void tokenize__usage_cmd(const char *cmd) {
+    (void)cmd;
+    tokenize__usage();
+}
+
+int cli_tokenize(int argc, char **argv) {
+    tokenize__cfg cf = {.add_special = true};
+    const cli__spec sp = {"tokenize",          tokenize__opts, TO__N, tokenize__apply,
+                          tokenize__usage_cmd, false,          true};
+    int first_text = argc;
+    int prc = cli__opts_parse(&sp, &cf, argc, argv, &first_text);
+    if (prc) return prc < 0 ? 0 : prc;
+    const char *model_path = cf.model;
+    bool ids_only = cf.ids_only, add_special = cf.add_special, parse_special = cf.parse_special;
+    size_t text_cap = 1, text_len = 0;
     if (first_text >= argc) {
         tokenize__usage();
         return 2;
@@ -105,7 +121,7 @@ int cli_tokenize(int argc, char **argv) {
         text_len += l;
     }
     text[text_len] = '\0';
-    if (!model) model = cli_default_model();
+    if (!model_path) model_path = cli_default_model();
 
     int rc = 1;
     ks_errbuf eb;
@@ -114,7 +130,7 @@ int cli_tokenize(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     char *piece = NULL;
-    if (gguf_open(model, &f, &eb) != KS_OK || tok_vocab_load(f, &v, &eb) != KS_OK ||
+    if (gguf_open(model_path, &f, &eb) != KS_OK || tok_vocab_load(f, &v, &eb) != KS_OK ||
         tok_encode(v, text, text_len, add_special, parse_special, &ids, &n_ids, &eb) != KS_OK) {
         fprintf(stderr, "kvseal tokenize: %s\n", eb.msg);
         goto done;

@@ -1,6 +1,6 @@
 /* main.c — subcommand dispatch for the `kvseal` binary. The subcommands
  * are declared in cli.h and live in the ks_cli library. */
-#include "kvseal/cli.h"
+#include "cli_int.h"
 #include "kvseal/base.h"
 
 #include <stdio.h>
@@ -39,7 +39,8 @@ const char *cli_default_model(void) {
 }
 
 static void cli__usage(const cli__cmd *cmds, size_t n) {
-    fprintf(stderr, "usage: kvseal COMMAND [options]\n\ncommands:\n");
+    fprintf(stderr, "usage: kvseal COMMAND [options]   (kvseal --version: version and build)\n\n"
+                    "commands:\n");
     for (size_t i = 0; i < n; i++) fprintf(stderr, "  %-11s %s\n", cmds[i].name, cmds[i].help);
 }
 
@@ -58,8 +59,13 @@ int cli_main(int argc, char **argv) {
         {"prefill", cli_prefill, "prefill worker of a cluster (see serve --help)"},
         {"decode", cli_decode, "decode worker of a cluster (see serve --help)"},
         {"template", cli_template, "render a Jinja (chat) template with a JSON context"},
+        {"version", NULL, "version, git describe, CPU features, kernels, build kind"},
     };
     size_t n = sizeof cmds / sizeof cmds[0];
+    if (argc >= 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version"))) {
+        cli__version_print(stdout);
+        return 0;
+    }
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         cli__usage(cmds, n);
         return argc < 2 ? 2 : 0;

@@ -564,7 +564,8 @@ static void engine__report_violations(engine *e) {
                  v[i].expected.gen, v[i].found.seq_uid, v[i].found.gen,
                  (unsigned)v[i].state < 4 ? states[v[i].state] : "?");
         if (e->o.on_security_event) e->o.on_security_event(e->o.event_ctx, json);
-        else ks_log(KS_LOG_ERROR, "SECURITY %s", json);
+        else
+            ks_log_fields(KS_LOG_ERROR, json, "SECURITY %s", json);
     }
 }
 

@@ -388,7 +388,8 @@ void server_seclog_write(void *ctx, const char *json) {
     server_seclog *l = ctx;
     if (!l || !json) return;
     pthread_mutex_lock(&l->mu);
-    fprintf(stderr, "SECURITY %s\n", json);
+    // "SECURITY {json}" in a text log; in a json log the event's members join the line
+    ks_log_fields(KS_LOG_ERROR, json, "SECURITY %s", json);
     if (l->f) {
         fprintf(l->f, "%s\n", json);
         fflush(l->f);
