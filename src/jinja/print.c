@@ -142,28 +142,14 @@ static void jv_repr_dict(jr *r, jbuf *b, const jdict *d) {
 }
 
 void jv_escape_to(jr *r, jbuf *b, const char *s, size_t n) {
+    /* markupsafe's replacements; every other byte is copied */
+    static const char *const html[128] = {
+        ['&'] = "&amp;", ['<'] = "&lt;", ['>'] = "&gt;", ['"'] = "&#34;", ['\''] = "&#39;"};
     size_t a = 0;
     for (size_t i = 0; i < n; i++) {
-        const char *rep = NULL;
-        switch (s[i]) {
-        case '&':
-            rep = "&amp;";
-            break;
-        case '<':
-            rep = "&lt;";
-            break;
-        case '>':
-            rep = "&gt;";
-            break;
-        case '"':
-            rep = "&#34;";
-            break;
-        case '\'':
-            rep = "&#39;";
-            break;
-        default:
-            continue;
-        }
+        unsigned char c = (unsigned char)s[i];
+        const char *rep = c < 128 ? html[c] : NULL;
+        if (!rep) continue;
         jb_put(r, b, s + a, i - a);
         jb_puts(r, b, rep);
         a = i + 1;
@@ -241,36 +227,18 @@ jv jv_tostr(jr *r, const jv *v) {
 }
 
 static void json_str(jr *r, jbuf *b, const char *s, size_t n, bool ascii) {
+    /* the characters json.dumps writes as a backslash and a letter */
+    static const char short_esc[128] = {['"'] = '"',  ['\\'] = '\\', ['\n'] = 'n', ['\r'] = 'r',
+                                        ['\t'] = 't', ['\b'] = 'b',  ['\f'] = 'f'};
     jb_puts(r, b, "\"");
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         char esc[16];
-        switch (c) {
-        case '"':
-            jb_puts(r, b, "\\\"");
-            continue;
-        case '\\':
-            jb_puts(r, b, "\\\\");
-            continue;
-        case '\n':
-            jb_puts(r, b, "\\n");
-            continue;
-        case '\r':
-            jb_puts(r, b, "\\r");
-            continue;
-        case '\t':
-            jb_puts(r, b, "\\t");
-            continue;
-        case '\b':
-            jb_puts(r, b, "\\b");
-            continue;
-        case '\f':
-            jb_puts(r, b, "\\f");
-            continue;
-        default:
-            break;
-        }
-        if (c < 0x20 || (ascii && c == 0x7f)) {
+        if (c < 128 && short_esc[c]) {
+            esc[0] = '\\';
+            esc[1] = short_esc[c];
+            jb_put(r, b, esc, 2);
+        } else if (c < 0x20 || (ascii && c == 0x7f)) {
             snprintf(esc, sizeof esc, "\\u%04x", c);
             jb_puts(r, b, esc);
         } else if (ascii && c >= 0x80) {
