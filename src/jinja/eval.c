@@ -882,6 +882,18 @@ static void jr_for(jr *r, jframe *f, const jnode *n) {
     }
 }
 
+/* A macro value for definition def (a macro or a call block) closing over
+ * frame f; caller() is undefined until a call block passes one. */
+static jv jr_macro(jr *r, const jnode *def, jframe *f) {
+    jmacro *m = jr_alloc(r, sizeof *m);
+    m->def = def;
+    m->closure = f;
+    m->caller = jv_undef("caller");
+    jv v = {.t = JV_MACRO};
+    v.u.m = m;
+    return v;
+}
+
 static void jr_exec(jr *r, jframe *f, const jnode *n) {
     jr_step(r, 1);
     r->line = n->line;
@@ -925,23 +937,11 @@ static void jr_exec(jr *r, jframe *f, const jnode *n) {
         jr_assign(r, f, n->a, jr_apply_chain(r, f, n->b, v));
         return;
     }
-    case N_MACRO: {
-        jmacro *m = jr_alloc(r, sizeof *m);
-        m->def = n;
-        m->closure = f;
-        m->caller = jv_undef("caller");
-        jv v = {.t = JV_MACRO};
-        v.u.m = m;
-        jr_setvar(r, f, n->name, v);
+    case N_MACRO:
+        jr_setvar(r, f, n->name, jr_macro(r, n, f));
         return;
-    }
     case N_CALLBLK: {
-        jmacro *c = jr_alloc(r, sizeof *c);
-        c->def = n;
-        c->closure = f;
-        c->caller = jv_undef("caller");
-        jv cv = {.t = JV_MACRO};
-        cv.u.m = c;
+        jv cv = jr_macro(r, n, f); // the block, as the callee's caller()
         const jnode *call = n->a;
         jv callee = jr_eval(r, f, call->a);
         jv *args;

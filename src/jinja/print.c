@@ -170,24 +170,40 @@ void jv_repr_to(jr *r, jbuf *b, const jv *v) {
     jv_str_to(r, b, v);
 }
 
-void jv_str_to(jr *r, jbuf *b, const jv *v) {
+/* None, a bool, an int or a float as str() (json: as json.dumps) spells
+ * it; false, writing nothing, for any other value. */
+static bool print_scalar(jr *r, jbuf *b, const jv *v, bool json) {
     char num[64];
     switch (v->t) {
-    case JV_UNDEF:
-        return;
     case JV_NONE:
-        jb_puts(r, b, "None");
-        return;
+        jb_puts(r, b, json ? "null" : "None");
+        return true;
     case JV_BOOL:
-        jb_puts(r, b, v->u.b ? "True" : "False");
-        return;
+        jb_puts(r, b, v->u.b ? (json ? "true" : "True") : (json ? "false" : "False"));
+        return true;
     case JV_INT:
         snprintf(num, sizeof num, "%lld", (long long)v->u.i);
         jb_puts(r, b, num);
-        return;
+        return true;
     case JV_FLOAT:
-        py_float(num, sizeof num, v->u.f);
-        jb_puts(r, b, num);
+        if (json && isnan(v->u.f))
+            jb_puts(r, b, "NaN");
+        else if (json && isinf(v->u.f))
+            jb_puts(r, b, v->u.f < 0 ? "-Infinity" : "Infinity");
+        else {
+            py_float(num, sizeof num, v->u.f);
+            jb_puts(r, b, num);
+        }
+        return true;
+    default:
+        return false;
+    }
+}
+
+void jv_str_to(jr *r, jbuf *b, const jv *v) {
+    if (print_scalar(r, b, v, false)) return;
+    switch (v->t) {
+    case JV_UNDEF:
         return;
     case JV_STR:
         jb_put(r, b, v->u.s->s, v->u.s->n);
@@ -271,30 +287,10 @@ static void json_nl(jr *r, jbuf *b, const json_fmt *f, int level) {
 }
 
 static void json_val(jr *r, jbuf *b, const jv *v, const json_fmt *f, int level) {
-    char num[64];
     jr_step(r, 1);
     if (level > 256) jr_fail(r, "tojson: value nested too deeply");
+    if (print_scalar(r, b, v, true)) return;
     switch (v->t) {
-    case JV_NONE:
-        jb_puts(r, b, "null");
-        return;
-    case JV_BOOL:
-        jb_puts(r, b, v->u.b ? "true" : "false");
-        return;
-    case JV_INT:
-        snprintf(num, sizeof num, "%lld", (long long)v->u.i);
-        jb_puts(r, b, num);
-        return;
-    case JV_FLOAT:
-        if (isnan(v->u.f))
-            jb_puts(r, b, "NaN");
-        else if (isinf(v->u.f))
-            jb_puts(r, b, v->u.f < 0 ? "-Infinity" : "Infinity");
-        else {
-            py_float(num, sizeof num, v->u.f);
-            jb_puts(r, b, num);
-        }
-        return;
     case JV_STR:
         json_str(r, b, v->u.s->s, v->u.s->n, f->ascii);
         return;

@@ -1242,45 +1242,28 @@ static bool tc__gbnf_calls(srv_buf *b, const json_t *tools, const char *name, co
 }
 
 char *toolcall_grammar(toolcall_format f, const json_t *tools, const char *name) {
-    // the call's text, around NAME (a literal) and ARGS (a JSON object)
-    const char *pre = NULL, *mid = NULL, *post = NULL;
-    switch (f) {
-    case TOOLCALL_HERMES:
-        pre = "<tool_call>\n{\"name\": \"", mid = "\", \"arguments\": ", post = "}\n</tool_call>";
-        break;
-    case TOOLCALL_LLAMA3:
-        pre = "{\"name\": \"", mid = "\", \"parameters\": ", post = "}";
-        break;
-    case TOOLCALL_MISTRAL:
-        pre = "[TOOL_CALLS]", mid = "[ARGS]", post = "";
-        break;
-    case TOOLCALL_DEEPSEEK:
-        pre = DS_CALLS_BEGIN DS_CALL_BEGIN "function" DS_SEP, mid = "\n```json\n",
-        post = "\n```" DS_CALL_END DS_CALLS_END;
-        break;
-    case TOOLCALL_KIMI_K2:
-        pre = KIMI_CALLS_BEGIN KIMI_CALL_BEGIN "functions.", mid = ":0" KIMI_SEP,
-        post = KIMI_CALL_END KIMI_CALLS_END;
-        break;
-    case TOOLCALL_NEMOTRON:
-        pre = "<TOOLCALL>[{\"name\": \"", mid = "\", \"arguments\": ", post = "}]</TOOLCALL>";
-        break;
-    case TOOLCALL_APRIEL:
-        pre = "<tool_calls>[{\"name\": \"", mid = "\", \"arguments\": ", post = "}]</tool_calls>";
-        break;
-    case TOOLCALL_GRANITE:
-        pre = "<|tool_call|>[{\"name\": \"", mid = "\", \"arguments\": ", post = "}]";
-        break;
-    case TOOLCALL_FIREFUNCTION:
-        pre = " functools[{\"name\": \"", mid = "\", \"arguments\": ", post = "}]";
-        break;
-    case TOOLCALL_QWEN3_CODER: // parameters as text: any "<parameter=K>\nV\n</parameter>"
-    case TOOLCALL_SEED_OSS:
-    case TOOLCALL_GLM45:
-    case TOOLCALL_DSML:
-    default:
-        break;
-    }
+    // the call's text, around NAME (a literal) and ARGS (a JSON object);
+    // qwen3_coder, seed_oss, glm45 and dsml write parameters as text instead
+    static const struct {
+        const char *pre, *mid, *post;
+    } around[TOOLCALL__COUNT] = {
+        [TOOLCALL_HERMES] = {"<tool_call>\n{\"name\": \"",
+                             "\", \"arguments\": ", "}\n</tool_call>"},
+        [TOOLCALL_LLAMA3] = {"{\"name\": \"", "\", \"parameters\": ", "}"},
+        [TOOLCALL_MISTRAL] = {"[TOOL_CALLS]", "[ARGS]", ""},
+        [TOOLCALL_DEEPSEEK] = {DS_CALLS_BEGIN DS_CALL_BEGIN "function" DS_SEP, "\n```json\n",
+                               "\n```" DS_CALL_END DS_CALLS_END},
+        [TOOLCALL_KIMI_K2] = {KIMI_CALLS_BEGIN KIMI_CALL_BEGIN "functions.", ":0" KIMI_SEP,
+                              KIMI_CALL_END KIMI_CALLS_END},
+        [TOOLCALL_NEMOTRON] = {"<TOOLCALL>[{\"name\": \"", "\", \"arguments\": ", "}]</TOOLCALL>"},
+        [TOOLCALL_APRIEL] = {"<tool_calls>[{\"name\": \"",
+                             "\", \"arguments\": ", "}]</tool_calls>"},
+        [TOOLCALL_GRANITE] = {"<|tool_call|>[{\"name\": \"", "\", \"arguments\": ", "}]"},
+        [TOOLCALL_FIREFUNCTION] = {" functools[{\"name\": \"", "\", \"arguments\": ", "}]"},
+    };
+    const bool known = (unsigned)f < TOOLCALL__COUNT;
+    const char *pre = known ? around[f].pre : NULL, *mid = known ? around[f].mid : NULL,
+               *post = known ? around[f].post : NULL;
     static const char coder[] =
         "root ::= \"<tool_call>\\n<function=\" name \">\\n\" param* "
         "\"</function>\\n</tool_call>\"\n"
