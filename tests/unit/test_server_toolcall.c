@@ -721,6 +721,39 @@ static void test_grammar(void) {
     free(now);
     CHECK(toolcall_grammar(TOOLCALL_NONE, tools, NULL) == NULL);
     CHECK(toolcall_grammar(TOOLCALL_HERMES, tools, "absent") == NULL);
+    // every format: its grammar for "now" admits the format's own call text
+    // (written here, not taken from toolcall.c), which its parser reads back
+    static const char *const now_call[TOOLCALL__COUNT] = {
+        [TOOLCALL_HERMES] = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>",
+        [TOOLCALL_QWEN3_CODER] = "<tool_call>\n<function=now>\n</function>\n</tool_call>",
+        [TOOLCALL_LLAMA3] = "{\"name\": \"now\", \"parameters\": {}}",
+        [TOOLCALL_MISTRAL] = "[TOOL_CALLS]now[ARGS]{}",
+        [TOOLCALL_GLM45] = "<tool_call>now\n</tool_call>",
+        [TOOLCALL_DEEPSEEK] = B CB "function" SEP "now\n```json\n{}\n```" CE E,
+        [TOOLCALL_DSML] = D "function_calls>\n" D "invoke name=\"now\">\n</" DT "invoke>\n</" DT
+                            "function_calls>",
+        [TOOLCALL_KIMI_K2] = "<|tool_calls_section_begin|><|tool_call_begin|>functions.now:0"
+                             "<|tool_call_argument_begin|>{}<|tool_call_end|>"
+                             "<|tool_calls_section_end|>",
+        [TOOLCALL_NEMOTRON] = "<TOOLCALL>[{\"name\": \"now\", \"arguments\": {}}]</TOOLCALL>",
+        [TOOLCALL_APRIEL] = "<tool_calls>[{\"name\": \"now\", \"arguments\": {}}]</tool_calls>",
+        [TOOLCALL_GRANITE] = "<|tool_call|>[{\"name\": \"now\", \"arguments\": {}}]",
+        [TOOLCALL_FIREFUNCTION] = " functools[{\"name\": \"now\", \"arguments\": {}}]",
+        [TOOLCALL_SEED_OSS] = "<seed:tool_call>\n<function=now>\n</function>\n</seed:tool_call>",
+    };
+    for (int f = 1; f < TOOLCALL__COUNT; f++) {
+        char *g = toolcall_grammar((toolcall_format)f, tools, "now");
+        CHECK(g && now_call[f]);
+        if (!grammar_takes(g, now_call[f]))
+            fprintf(stderr, "%s: grammar\n%s\ndoes not take\n%s\n",
+                    toolcall_format_name((toolcall_format)f), g, now_call[f]);
+        CHECK(grammar_takes(g, now_call[f]));
+        free(g);
+        toolcall_cfg c = cfg_of((toolcall_format)f);
+        result r;
+        oneshot(&c, now_call[f], &r);
+        CHECK_STR_EQ(r.calls, "now {}\n");
+    }
     json_decref(tools);
 }
 
