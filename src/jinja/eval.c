@@ -590,6 +590,29 @@ static jv jr_call(jr *r, jv callee, jv *args, const char **names, size_t n) {
     jr_fail(r, "'%s' object is not callable", jv_type_name(&callee));
 }
 
+/* Python's slice.indices for [parts[0]:parts[1]:step] over len items:
+ * the first index taken and the one that stops the walk, clamped as CPython
+ * clamps them (parts already checked: int, bool, None or Undefined). */
+static void jr_slice_bounds(const jv *parts, int64_t step, int64_t len, int64_t *lo, int64_t *hi) {
+    bool has_lo = parts[0].t == JV_INT || parts[0].t == JV_BOOL;
+    bool has_hi = parts[1].t == JV_INT || parts[1].t == JV_BOOL;
+    if (step > 0) {
+        *lo = has_lo ? jv_inum(&parts[0]) : 0;
+        *hi = has_hi ? jv_inum(&parts[1]) : len;
+        if (*lo < 0) *lo = *lo + len < 0 ? 0 : *lo + len;
+        if (*hi < 0) *hi = *hi + len < 0 ? 0 : *hi + len;
+        if (*lo > len) *lo = len;
+        if (*hi > len) *hi = len;
+    } else {
+        *lo = has_lo ? jv_inum(&parts[0]) : len - 1;
+        *hi = has_hi ? jv_inum(&parts[1]) : -1 - len;
+        if (*lo < 0) *lo = *lo + len < 0 ? -1 : *lo + len;
+        if (*hi < 0) *hi = *hi + len < 0 ? -1 : *hi + len;
+        if (*lo >= len) *lo = len - 1;
+        if (*hi >= len) *hi = len - 1;
+    }
+}
+
 static jv jr_slice(jr *r, jv obj, jv *parts) {
     int64_t len;
     if (obj.t == JV_STR)
@@ -611,25 +634,9 @@ static jv jr_slice(jr *r, jv obj, jv *parts) {
         if (parts[k].t != JV_NONE && parts[k].t != JV_UNDEF && parts[k].t != JV_INT &&
             parts[k].t != JV_BOOL)
             jr_fail(r, "slice indices must be integers or None");
-    bool has_lo = parts[0].t == JV_INT || parts[0].t == JV_BOOL;
-    bool has_hi = parts[1].t == JV_INT || parts[1].t == JV_BOOL;
-    if (step > 0) {
-        lo = has_lo ? jv_inum(&parts[0]) : 0;
-        hi = has_hi ? jv_inum(&parts[1]) : len;
-        if (lo < 0) lo = lo + len < 0 ? 0 : lo + len;
-        if (hi < 0) hi = hi + len < 0 ? 0 : hi + len;
-        if (lo > len) lo = len;
-        if (hi > len) hi = len;
-    } else {
-        lo = has_lo ? jv_inum(&parts[0]) : len - 1;
-        hi = has_hi ? jv_inum(&parts[1]) : -1 - len;
-        if (lo < 0) lo = lo + len < 0 ? -1 : lo + len;
-        if (hi < 0) hi = hi + len < 0 ? -1 : hi + len;
-        if (lo >= len) lo = len - 1;
-        if (hi >= len) hi = len - 1;
-    }
     jr_step(r, (size_t)len);
     if (obj.t == JV_LIST) {
+        jr_slice_bounds(parts, step, len, &lo, &hi);
         jv l = jv_list(r, 0);
         l.flags = obj.flags;
         for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step)
@@ -639,22 +646,7 @@ static jv jr_slice(jr *r, jv obj, jv *parts) {
     /* strings slice by code point */
     jlist *cps = jv_iter(r, &obj);
     jbuf b = {0};
-    len = (int64_t)cps->n;
-    if (step > 0) {
-        lo = has_lo ? jv_inum(&parts[0]) : 0;
-        hi = has_hi ? jv_inum(&parts[1]) : len;
-        if (lo < 0) lo = lo + len < 0 ? 0 : lo + len;
-        if (hi < 0) hi = hi + len < 0 ? 0 : hi + len;
-        if (lo > len) lo = len;
-        if (hi > len) hi = len;
-    } else {
-        lo = has_lo ? jv_inum(&parts[0]) : len - 1;
-        hi = has_hi ? jv_inum(&parts[1]) : -1 - len;
-        if (lo < 0) lo = lo + len < 0 ? -1 : lo + len;
-        if (hi < 0) hi = hi + len < 0 ? -1 : hi + len;
-        if (lo >= len) lo = len - 1;
-        if (hi >= len) hi = len - 1;
-    }
+    jr_slice_bounds(parts, step, (int64_t)cps->n, &lo, &hi);
     for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step)
         jb_put(r, &b, cps->a[i].u.s->s, cps->a[i].u.s->n);
     return jv_str(r, b.p ? b.p : "", b.n);
@@ -890,6 +882,18 @@ static void jr_for(jr *r, jframe *f, const jnode *n) {
     }
 }
 
+/* A macro value for definition def (a macro or a call block) closing over
+ * frame f; caller() is undefined until a call block passes one. */
+static jv jr_macro(jr *r, const jnode *def, jframe *f) {
+    jmacro *m = jr_alloc(r, sizeof *m);
+    m->def = def;
+    m->closure = f;
+    m->caller = jv_undef("caller");
+    jv v = {.t = JV_MACRO};
+    v.u.m = m;
+    return v;
+}
+
 static void jr_exec(jr *r, jframe *f, const jnode *n) {
     jr_step(r, 1);
     r->line = n->line;
@@ -933,23 +937,11 @@ static void jr_exec(jr *r, jframe *f, const jnode *n) {
         jr_assign(r, f, n->a, jr_apply_chain(r, f, n->b, v));
         return;
     }
-    case N_MACRO: {
-        jmacro *m = jr_alloc(r, sizeof *m);
-        m->def = n;
-        m->closure = f;
-        m->caller = jv_undef("caller");
-        jv v = {.t = JV_MACRO};
-        v.u.m = m;
-        jr_setvar(r, f, n->name, v);
+    case N_MACRO:
+        jr_setvar(r, f, n->name, jr_macro(r, n, f));
         return;
-    }
     case N_CALLBLK: {
-        jmacro *c = jr_alloc(r, sizeof *c);
-        c->def = n;
-        c->closure = f;
-        c->caller = jv_undef("caller");
-        jv cv = {.t = JV_MACRO};
-        cv.u.m = c;
+        jv cv = jr_macro(r, n, f); // the block, as the callee's caller()
         const jnode *call = n->a;
         jv callee = jr_eval(r, f, call->a);
         jv *args;

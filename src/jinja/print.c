@@ -142,28 +142,14 @@ static void jv_repr_dict(jr *r, jbuf *b, const jdict *d) {
 }
 
 void jv_escape_to(jr *r, jbuf *b, const char *s, size_t n) {
+    /* markupsafe's replacements; every other byte is copied */
+    static const char *const html[128] = {
+        ['&'] = "&amp;", ['<'] = "&lt;", ['>'] = "&gt;", ['"'] = "&#34;", ['\''] = "&#39;"};
     size_t a = 0;
     for (size_t i = 0; i < n; i++) {
-        const char *rep = NULL;
-        switch (s[i]) {
-        case '&':
-            rep = "&amp;";
-            break;
-        case '<':
-            rep = "&lt;";
-            break;
-        case '>':
-            rep = "&gt;";
-            break;
-        case '"':
-            rep = "&#34;";
-            break;
-        case '\'':
-            rep = "&#39;";
-            break;
-        default:
-            continue;
-        }
+        unsigned char c = (unsigned char)s[i];
+        const char *rep = c < 128 ? html[c] : NULL;
+        if (!rep) continue;
         jb_put(r, b, s + a, i - a);
         jb_puts(r, b, rep);
         a = i + 1;
@@ -184,24 +170,40 @@ void jv_repr_to(jr *r, jbuf *b, const jv *v) {
     jv_str_to(r, b, v);
 }
 
-void jv_str_to(jr *r, jbuf *b, const jv *v) {
+/* None, a bool, an int or a float as str() (json: as json.dumps) spells
+ * it; false, writing nothing, for any other value. */
+static bool print_scalar(jr *r, jbuf *b, const jv *v, bool json) {
     char num[64];
     switch (v->t) {
-    case JV_UNDEF:
-        return;
     case JV_NONE:
-        jb_puts(r, b, "None");
-        return;
+        jb_puts(r, b, json ? "null" : "None");
+        return true;
     case JV_BOOL:
-        jb_puts(r, b, v->u.b ? "True" : "False");
-        return;
+        jb_puts(r, b, v->u.b ? (json ? "true" : "True") : (json ? "false" : "False"));
+        return true;
     case JV_INT:
         snprintf(num, sizeof num, "%lld", (long long)v->u.i);
         jb_puts(r, b, num);
-        return;
+        return true;
     case JV_FLOAT:
-        py_float(num, sizeof num, v->u.f);
-        jb_puts(r, b, num);
+        if (json && isnan(v->u.f))
+            jb_puts(r, b, "NaN");
+        else if (json && isinf(v->u.f))
+            jb_puts(r, b, v->u.f < 0 ? "-Infinity" : "Infinity");
+        else {
+            py_float(num, sizeof num, v->u.f);
+            jb_puts(r, b, num);
+        }
+        return true;
+    default:
+        return false;
+    }
+}
+
+void jv_str_to(jr *r, jbuf *b, const jv *v) {
+    if (print_scalar(r, b, v, false)) return;
+    switch (v->t) {
+    case JV_UNDEF:
         return;
     case JV_STR:
         jb_put(r, b, v->u.s->s, v->u.s->n);
@@ -241,36 +243,18 @@ jv jv_tostr(jr *r, const jv *v) {
 }
 
 static void json_str(jr *r, jbuf *b, const char *s, size_t n, bool ascii) {
+    /* the characters json.dumps writes as a backslash and a letter */
+    static const char short_esc[128] = {['"'] = '"',  ['\\'] = '\\', ['\n'] = 'n', ['\r'] = 'r',
+                                        ['\t'] = 't', ['\b'] = 'b',  ['\f'] = 'f'};
     jb_puts(r, b, "\"");
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         char esc[16];
-        switch (c) {
-        case '"':
-            jb_puts(r, b, "\\\"");
-            continue;
-        case '\\':
-            jb_puts(r, b, "\\\\");
-            continue;
-        case '\n':
-            jb_puts(r, b, "\\n");
-            continue;
-        case '\r':
-            jb_puts(r, b, "\\r");
-            continue;
-        case '\t':
-            jb_puts(r, b, "\\t");
-            continue;
-        case '\b':
-            jb_puts(r, b, "\\b");
-            continue;
-        case '\f':
-            jb_puts(r, b, "\\f");
-            continue;
-        default:
-            break;
-        }
-        if (c < 0x20 || (ascii && c == 0x7f)) {
+        if (c < 128 && short_esc[c]) {
+            esc[0] = '\\';
+            esc[1] = short_esc[c];
+            jb_put(r, b, esc, 2);
+        } else if (c < 0x20 || (ascii && c == 0x7f)) {
             snprintf(esc, sizeof esc, "\\u%04x", c);
             jb_puts(r, b, esc);
         } else if (ascii && c >= 0x80) {
@@ -303,30 +287,10 @@ static void json_nl(jr *r, jbuf *b, const json_fmt *f, int level) {
 }
 
 static void json_val(jr *r, jbuf *b, const jv *v, const json_fmt *f, int level) {
-    char num[64];
     jr_step(r, 1);
     if (level > 256) jr_fail(r, "tojson: value nested too deeply");
+    if (print_scalar(r, b, v, true)) return;
     switch (v->t) {
-    case JV_NONE:
-        jb_puts(r, b, "null");
-        return;
-    case JV_BOOL:
-        jb_puts(r, b, v->u.b ? "true" : "false");
-        return;
-    case JV_INT:
-        snprintf(num, sizeof num, "%lld", (long long)v->u.i);
-        jb_puts(r, b, num);
-        return;
-    case JV_FLOAT:
-        if (isnan(v->u.f))
-            jb_puts(r, b, "NaN");
-        else if (isinf(v->u.f))
-            jb_puts(r, b, v->u.f < 0 ? "-Infinity" : "Infinity");
-        else {
-            py_float(num, sizeof num, v->u.f);
-            jb_puts(r, b, num);
-        }
-        return;
     case JV_STR:
         json_str(r, b, v->u.s->s, v->u.s->n, f->ascii);
         return;

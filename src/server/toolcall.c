@@ -309,6 +309,25 @@ static const char *tc__find(const char *s, size_t n, const char *lit) {
     return memmem(s, n, lit, strlen(lit));
 }
 
+/* Narrows [*b, *e) to leave out white space at both ends. */
+static void tc__trim(const char **b, const char **e) {
+    while (*b < *e && tc__isws(**b))
+        (*b)++;
+    while (*e > *b && tc__isws((*e)[-1]))
+        (*e)--;
+}
+
+/* The next item of a call body at s + *k, past white space (*k moves past
+ * it): 1 the text there starts with open, 2 with close, 0 it ends inside
+ * either (or here: more text may decide), -1 neither. */
+static int tc__next(const char *s, size_t n, size_t *k, const char *open, const char *close) {
+    *k += tc__skip_ws(s + *k, n - *k);
+    int a = tc__lit(s + *k, n - *k, open), b = tc__lit(s + *k, n - *k, close);
+    if (a == 0 || b == 0) return 0;
+    if (b == 1) return 2;
+    return a == 1 ? 1 : -1;
+}
+
 /* Longest suffix of s[0..n) that is a proper prefix of one of the markers. */
 static size_t tc__hold(const char *s, size_t n, const char *const *marks) {
     size_t hold = 0;
@@ -414,6 +433,14 @@ static bool tc__name_ok(const char *s, size_t n) {
     json_t *j = json_stringn(s, n); // valid UTF-8
     json_decref(j);
     return j != NULL;
+}
+
+/* Copies the name s[0..n) into name as a C string when tc__name_ok. */
+static bool tc__name_copy(char name[static 257], const char *s, size_t n) {
+    if (!tc__name_ok(s, n)) return false;
+    memcpy(name, s, n);
+    name[n] = '\0';
+    return true;
 }
 
 /* Adds a call; args is stolen (an object, or a string holding one). id NULL
@@ -539,25 +566,18 @@ static tc__res tc__coder(toolcall_parser *p, const char *s, size_t n, bool final
     if (!gt) return n - k > 256 ? TC_BAD : TC_MORE;
     size_t nlen = (size_t)(gt - (s + k));
     char name[257];
-    if (!tc__name_ok(s + k, nlen)) return TC_BAD;
-    memcpy(name, s + k, nlen);
-    name[nlen] = '\0';
+    if (!tc__name_copy(name, s + k, nlen)) return TC_BAD;
     k += nlen + 1;
     json_t *args = json_object();
     if (!args) return p->oom = true, TC_BAD;
     tc__res r = TC_BAD;
     for (int np = 0;; np++) {
-        k += tc__skip_ws(s + k, n - k);
-        if (k == n) {
+        int t = tc__next(s, n, &k, "<parameter=", "</function>");
+        if (t == 0) {
             r = TC_MORE;
             break;
         }
-        int a = tc__lit(s + k, n - k, "<parameter="), b = tc__lit(s + k, n - k, "</function>");
-        if (a == 0 || b == 0) {
-            r = TC_MORE;
-            break;
-        }
-        if (b == 1) {
+        if (t == 2) {
             k += strlen("</function>");
             size_t used;
             if (tc__close(s + k, n - k, close, final, &used) == TC_MORE) {
@@ -568,7 +588,7 @@ static tc__res tc__coder(toolcall_parser *p, const char *s, size_t n, bool final
             *end = k + used;
             return TC_OK;
         }
-        if (a != 1 || np >= TOOLCALL_MAX_PARAMS) break;
+        if (t != 1 || np >= TOOLCALL_MAX_PARAMS) break;
         k += strlen("<parameter=");
         const char *pg = memchr(s + k, '>', n - k);
         if (!pg) {
@@ -577,9 +597,7 @@ static tc__res tc__coder(toolcall_parser *p, const char *s, size_t n, bool final
         }
         size_t pl = (size_t)(pg - (s + k));
         char pname[257];
-        if (!tc__name_ok(s + k, pl)) break;
-        memcpy(pname, s + k, pl);
-        pname[pl] = '\0';
+        if (!tc__name_copy(pname, s + k, pl)) break;
         k += pl + 1;
         const char *ve = tc__find(s + k, n - k, "</parameter>");
         if (!ve) {
@@ -605,15 +623,10 @@ static tc__res tc__glm(toolcall_parser *p, const char *s, size_t n, bool final, 
     const char *lt = memchr(s + k, '<', n - k);
     if (!lt) return n - k > 300 ? TC_BAD : TC_MORE;
     const char *nb = s + k, *ne = lt;
-    while (nb < ne && tc__isws(*nb))
-        nb++;
-    while (ne > nb && tc__isws(ne[-1]))
-        ne--;
+    tc__trim(&nb, &ne);
     size_t nlen = (size_t)(ne - nb);
     char name[257];
-    if (!tc__name_ok(nb, nlen)) return TC_BAD;
-    memcpy(name, nb, nlen);
-    name[nlen] = '\0';
+    if (!tc__name_copy(name, nb, nlen)) return TC_BAD;
     k = (size_t)(lt - s);
     json_t *args = json_object();
     if (!args) return p->oom = true, TC_BAD;
@@ -629,17 +642,17 @@ static tc__res tc__glm(toolcall_parser *p, const char *s, size_t n, bool final, 
             }
             break;
         }
-        int a = tc__lit(s + k, n - k, "<arg_key>"), b = tc__lit(s + k, n - k, "</tool_call>");
-        if (a == 0 || b == 0) {
+        int t = tc__next(s, n, &k, "<arg_key>", "</tool_call>");
+        if (t == 0) {
             r = TC_MORE;
             break;
         }
-        if (b == 1) {
+        if (t == 2) {
             if (!tc__add(p, name, nlen, args, NULL, 0)) return TC_BAD;
             *end = k + strlen("</tool_call>");
             return TC_OK;
         }
-        if (a != 1 || np >= TOOLCALL_MAX_PARAMS) break;
+        if (t != 1 || np >= TOOLCALL_MAX_PARAMS) break;
         k += strlen("<arg_key>");
         const char *ke = tc__find(s + k, n - k, "</arg_key>");
         if (!ke) {
@@ -648,9 +661,7 @@ static tc__res tc__glm(toolcall_parser *p, const char *s, size_t n, bool final, 
         }
         size_t kl = (size_t)(ke - (s + k));
         char key[257];
-        if (!tc__name_ok(s + k, kl)) break;
-        memcpy(key, s + k, kl);
-        key[kl] = '\0';
+        if (!tc__name_copy(key, s + k, kl)) break;
         k = (size_t)(ke - s) + strlen("</arg_key>");
         k += tc__skip_ws(s + k, n - k);
         int c = tc__lit(s + k, n - k, "<arg_value>");
@@ -746,12 +757,9 @@ typedef struct tc__sect {
 static bool tc__sect_call(toolcall_parser *p, const char *b, size_t n, const char *sep) {
     const char *sp = tc__find(b, n, sep);
     if (!sp) return false;
-    const char *l = b, *r = sp + strlen(sep);
-    size_t ll = (size_t)(sp - b), rl = n - (size_t)(r - b);
-    while (ll && tc__isws(l[0]))
-        l++, ll--;
-    while (ll && tc__isws(l[ll - 1]))
-        ll--;
+    const char *l = b, *le = sp, *r = sp + strlen(sep);
+    tc__trim(&l, &le);
+    size_t ll = (size_t)(le - l), rl = n - (size_t)(r - b);
     if (p->cfg.format == TOOLCALL_KIMI_K2) {
         // "functions.NAME:IDX": the whole string is the call's id
         const char *nm = l;
@@ -767,10 +775,7 @@ static bool tc__sect_call(toolcall_parser *p, const char *b, size_t n, const cha
     if (fence && ll == 8 &&
         !memcmp(l, "function", 8)) { // R1/V3: "function" SEP NAME \n ```json \n {...} \n ```
         const char *nm = r, *ne = fence;
-        while (nm < ne && tc__isws(*nm))
-            nm++;
-        while (ne > nm && tc__isws(ne[-1]))
-            ne--;
+        tc__trim(&nm, &ne);
         const char *js = fence + 3, *end = r + rl;
         if (end - js >= 4 && !memcmp(js, "json", 4)) js += 4;
         const char *close = tc__find(js, (size_t)(end - js), "```");
@@ -836,19 +841,18 @@ static tc__res tc__dsml(toolcall_parser *p, const char *s, size_t n, bool final,
             if (!nc) return TC_BAD;
             return *end = k, TC_OK;
         }
-        int a = tc__lit(s + k, n - k, DSML "invoke name=\""), b = tc__lit(s + k, n - k, close);
-        if (a == 0 || b == 0) return final ? (nc ? (*end = k, TC_OK) : TC_BAD) : TC_MORE;
-        if (b == 1) return *end = k + strlen(close), nc ? TC_OK : TC_BAD;
-        if (a != 1) return nc ? (*end = k, TC_OK) : TC_BAD;
+        int t = tc__next(s, n, &k, DSML "invoke name=\"", close);
+        if (t == 0) return final ? (nc ? (*end = k, TC_OK) : TC_BAD) : TC_MORE;
+        if (t == 2) return *end = k + strlen(close), nc ? TC_OK : TC_BAD;
+        if (t != 1) return nc ? (*end = k, TC_OK) : TC_BAD;
         const char *ie = tc__find(s + k, n - k, "</" DSML_T "invoke>");
         if (!ie) return final ? (nc ? (*end = k, TC_OK) : TC_BAD) : TC_MORE;
         // one invoke, whole: header, then parameters
         const char *q = s + k + strlen(DSML "invoke name=\""), *e = ie;
         const char *qe = memchr(q, '"', (size_t)(e - q));
-        if (!qe || qe + 1 >= e || qe[1] != '>' || !tc__name_ok(q, (size_t)(qe - q))) return TC_BAD;
         char name[257];
-        memcpy(name, q, (size_t)(qe - q));
-        name[qe - q] = '\0';
+        if (!qe || qe + 1 >= e || qe[1] != '>' || !tc__name_copy(name, q, (size_t)(qe - q)))
+            return TC_BAD;
         json_t *args = json_object();
         if (!args) return p->oom = true, TC_BAD;
         const char *c = qe + 2;
@@ -859,10 +863,8 @@ static tc__res tc__dsml(toolcall_parser *p, const char *s, size_t n, bool final,
             if (np >= TOOLCALL_MAX_PARAMS || tc__lit(c, (size_t)(e - c), pre) != 1) goto bad;
             c += strlen(pre);
             const char *pe = memchr(c, '"', (size_t)(e - c));
-            if (!pe || !tc__name_ok(c, (size_t)(pe - c))) goto bad;
             char pname[257];
-            memcpy(pname, c, (size_t)(pe - c));
-            pname[pe - c] = '\0';
+            if (!pe || !tc__name_copy(pname, c, (size_t)(pe - c))) goto bad;
             const char *gt = memchr(pe, '>', (size_t)(e - pe));
             if (!gt) goto bad;
             int as_string = -1;
@@ -1240,45 +1242,28 @@ static bool tc__gbnf_calls(srv_buf *b, const json_t *tools, const char *name, co
 }
 
 char *toolcall_grammar(toolcall_format f, const json_t *tools, const char *name) {
-    // the call's text, around NAME (a literal) and ARGS (a JSON object)
-    const char *pre = NULL, *mid = NULL, *post = NULL;
-    switch (f) {
-    case TOOLCALL_HERMES:
-        pre = "<tool_call>\n{\"name\": \"", mid = "\", \"arguments\": ", post = "}\n</tool_call>";
-        break;
-    case TOOLCALL_LLAMA3:
-        pre = "{\"name\": \"", mid = "\", \"parameters\": ", post = "}";
-        break;
-    case TOOLCALL_MISTRAL:
-        pre = "[TOOL_CALLS]", mid = "[ARGS]", post = "";
-        break;
-    case TOOLCALL_DEEPSEEK:
-        pre = DS_CALLS_BEGIN DS_CALL_BEGIN "function" DS_SEP, mid = "\n```json\n",
-        post = "\n```" DS_CALL_END DS_CALLS_END;
-        break;
-    case TOOLCALL_KIMI_K2:
-        pre = KIMI_CALLS_BEGIN KIMI_CALL_BEGIN "functions.", mid = ":0" KIMI_SEP,
-        post = KIMI_CALL_END KIMI_CALLS_END;
-        break;
-    case TOOLCALL_NEMOTRON:
-        pre = "<TOOLCALL>[{\"name\": \"", mid = "\", \"arguments\": ", post = "}]</TOOLCALL>";
-        break;
-    case TOOLCALL_APRIEL:
-        pre = "<tool_calls>[{\"name\": \"", mid = "\", \"arguments\": ", post = "}]</tool_calls>";
-        break;
-    case TOOLCALL_GRANITE:
-        pre = "<|tool_call|>[{\"name\": \"", mid = "\", \"arguments\": ", post = "}]";
-        break;
-    case TOOLCALL_FIREFUNCTION:
-        pre = " functools[{\"name\": \"", mid = "\", \"arguments\": ", post = "}]";
-        break;
-    case TOOLCALL_QWEN3_CODER: // parameters as text: any "<parameter=K>\nV\n</parameter>"
-    case TOOLCALL_SEED_OSS:
-    case TOOLCALL_GLM45:
-    case TOOLCALL_DSML:
-    default:
-        break;
-    }
+    // the call's text, around NAME (a literal) and ARGS (a JSON object);
+    // qwen3_coder, seed_oss, glm45 and dsml write parameters as text instead
+    static const struct {
+        const char *pre, *mid, *post;
+    } around[TOOLCALL__COUNT] = {
+        [TOOLCALL_HERMES] = {"<tool_call>\n{\"name\": \"",
+                             "\", \"arguments\": ", "}\n</tool_call>"},
+        [TOOLCALL_LLAMA3] = {"{\"name\": \"", "\", \"parameters\": ", "}"},
+        [TOOLCALL_MISTRAL] = {"[TOOL_CALLS]", "[ARGS]", ""},
+        [TOOLCALL_DEEPSEEK] = {DS_CALLS_BEGIN DS_CALL_BEGIN "function" DS_SEP, "\n```json\n",
+                               "\n```" DS_CALL_END DS_CALLS_END},
+        [TOOLCALL_KIMI_K2] = {KIMI_CALLS_BEGIN KIMI_CALL_BEGIN "functions.", ":0" KIMI_SEP,
+                              KIMI_CALL_END KIMI_CALLS_END},
+        [TOOLCALL_NEMOTRON] = {"<TOOLCALL>[{\"name\": \"", "\", \"arguments\": ", "}]</TOOLCALL>"},
+        [TOOLCALL_APRIEL] = {"<tool_calls>[{\"name\": \"",
+                             "\", \"arguments\": ", "}]</tool_calls>"},
+        [TOOLCALL_GRANITE] = {"<|tool_call|>[{\"name\": \"", "\", \"arguments\": ", "}]"},
+        [TOOLCALL_FIREFUNCTION] = {" functools[{\"name\": \"", "\", \"arguments\": ", "}]"},
+    };
+    const bool known = (unsigned)f < TOOLCALL__COUNT;
+    const char *pre = known ? around[f].pre : NULL, *mid = known ? around[f].mid : NULL,
+               *post = known ? around[f].post : NULL;
     static const char coder[] =
         "root ::= \"<tool_call>\\n<function=\" name \">\\n\" param* "
         "\"</function>\\n</tool_call>\"\n"

@@ -28,6 +28,8 @@ CASES = [
  ("{{ 'yes' if x else 'no' }} {{ 'only' if x }}|{{ -x }} {{ +x }}", '{"x": 3}'),
  # subscripts and slices
  ("{{ s[0] }}{{ s[-1] }}{{ s[1:3] }}{{ s[::-1] }}{{ s[:-1] }}{{ s[4:] }}{{ l[1:] }}{{ l[::2] }}{{ l[-2:] }}", '{"s": "h\\u00e9llo", "l": [1,2,3,4]}'),
+ # slice bounds clamped both ways (CPython's slice.indices), lists and strings alike
+ ("{{ l[-9:2] }}{{ l[2:99] }}{{ l[99:] }}{{ l[-9:] }}{{ l[9::-1] }}{{ l[:-9:-1] }}{{ l[-2:-9:-1] }}{{ l[3:0:-2] }}{{ l[1:3:-1] }}|{{ s[9::-2] }}{{ s[-9:9] }}{{ s[:-9:-1] }}{{ s[-1:-3:-1] }}{{ l[true:] }}", '{"s": "h\\u00e9llo", "l": [1,2,3,4]}'),
  ("{{ d.a }}{{ d['b'] }}{{ d.missing }}|{{ d['missing'] is defined }}{{ l[5] is defined }}{{ l.0 }}", '{"d": {"a": 1, "b": 2}, "l": [9]}'),
  # if / elif / else
  ("{% if x > 2 %}big{% elif x > 1 %}mid{% else %}small{% endif %}", '{"x": 2}'),
@@ -73,6 +75,8 @@ CASES = [
  ("{{ v | tojson(indent=2) }}", '{"v": {"b": [1, {"c": []}], "a": {}}}'),
  ("{{ v | tojson(indent=4) }}|{{ [] | tojson(indent=2) }}|{{ 'x' | tojson }}|{{ 1.0 | tojson }}|{{ (1,2) | tojson }}", '{"v": [1, [2, [3]]]}'),
  ("{{ v | tojson(separators=(',', ':')) }}{{ v | tojson(sort_keys=true) }}{{ v | tojson(ensure_ascii=true) }}", '{"v": {"z": "\\u00fc\\ud83d\\ude00", "a": 1}}'),
+ # every escape json.dumps writes, the non-finite floats, and keys that are not strings
+ ("{{ s | tojson }}|{{ s | tojson(ensure_ascii=true) }}|{{ [1e400, -1e400, 1e400 - 1e400] | tojson }}|{{ {1: none, 2.5: true, false: 0, none: 1} | tojson }}", '{"s": "\\b\\f\\n\\r\\t\\"\\\\ \\u0001\\u007f\\u00e9"}'),
  # tests
  ("{{ x is defined }}{{ u is defined }}{{ u is undefined }}{{ n is none }}{{ x is none }}{{ n is not none }}", '{"x": 1, "n": null}'),
  ("{{ 's' is string }}{{ 1 is string }}{{ {} is mapping }}{{ [] is mapping }}{{ [] is iterable }}{{ 's' is iterable }}{{ 1 is iterable }}{{ [] is sequence }}{{ {} is sequence }}", "{}"),

@@ -20,6 +20,7 @@
 #include "kvseal/kern.h"
 
 #include "../check.h"
+#include "engine_fixture.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -29,7 +30,6 @@
 
 #define N_CTX 512
 
-static model *g_model;
 static int32_t g_V;
 
 // ----------------------------------------------------------------------------
@@ -199,33 +199,15 @@ static void hook_cmd(hook *h, job *adopt, job *release) {
 // ----------------------------------------------------------------------------
 // Engines and results
 
-static engine_opts base_opts(void) {
-    engine_opts o;
-    engine_opts_default(&o);
-    o.m = g_model;
-    o.n_threads = 2;
-    o.n_ctx = N_CTX;
-    o.kv_pages = 96;
-    o.max_running = 1;  // a second adoption meets a full batch
-    o.max_batch_tokens = 64;
-    o.prefix_cache = false;
-    return o;
-}
-
 static engine *make_engine(hook *h) {
-    engine_opts o = base_opts();
+    engine_opts o =
+        efx_opts(N_CTX, 96, 1, false); // max_running 1: a second adoption meets a full batch
     if (h) {
         o.poll = on_poll;
         o.poll_end = on_poll_end;
         o.poll_ctx = h;
     }
-    engine *e;
-    ks_errbuf eb;
-    if (engine_create(&o, &e, &eb) != KS_OK) {
-        fprintf(stderr, "%s\n", eb.msg);
-        CHECK(0);
-    }
-    return e;
+    return efx_engine(&o);
 }
 
 typedef struct result {
@@ -253,11 +235,6 @@ static void collect(engine_req *r, result *res) {
             return;
         }
     }
-}
-
-static void tokenize(const char *text, int32_t **ids, size_t *n) {
-    ks_errbuf eb;
-    CHECK_EQ(tok_encode(model_vocab(g_model), text, strlen(text), true, false, ids, n, &eb), KS_OK);
 }
 
 static job make_job(const int32_t *ids, size_t n, int32_t max_tokens, const sample_params *sp,
@@ -319,16 +296,30 @@ static void check_same(const result *a, const result *b) {
     CHECK_EQ(a->done.n_prompt, b->done.n_prompt);
 }
 
-/* Adopts j (through h's engine), collects it, compares with engine_submit on
- * ref, frees the sequence. Returns the adopted result in *out. */
-static void adopt_vs_submit(hook *h, engine *ref, job *j, result *out) {
-    static result sub;
+/* Adopts j through the hook, which must accept it, and collects its
+ * answer into *res; the request is released, the sequence still the hook's. */
+static void adopt_collect(hook *h, job *j, result *res) {
     hook_cmd(h, j, NULL);
     if (j->err) fprintf(stderr, "engine_adopt: %s\n", j->errmsg);
     CHECK_EQ(j->err, KS_OK);
     CHECK(j->req);
-    collect(j->req, out);
+    collect(j->req, res);
     engine_req_release(j->req);
+}
+
+/* Greedy sampling: the default parameters at temperature 0. */
+static sample_params greedy_sp(void) {
+    sample_params sp;
+    sample_params_default(&sp);
+    sp.temperature = 0;
+    return sp;
+}
+
+/* Adopts j (through h's engine), collects it, compares with engine_submit on
+ * ref, frees the sequence. Returns the adopted result in *out. */
+static void adopt_vs_submit(hook *h, engine *ref, job *j, result *out) {
+    static result sub;
+    adopt_collect(h, j, out);
     release_checked(h, j);
     run_submit(ref, j, &sub);
     check_same(out, &sub);
@@ -344,9 +335,7 @@ static void test_greedy_and_sampled(hook *h, engine *ref) {
     size_t n;
     tokenize(PROMPT, &ids, &n);
     static result res, greedy;
-    sample_params sp;
-    sample_params_default(&sp);
-    sp.temperature = 0;
+    sample_params sp = greedy_sp();
     job j = make_job(ids, n, 24, &sp, false);
     adopt_vs_submit(h, ref, &j, &greedy);
     CHECK(greedy.n >= 2);
@@ -380,9 +369,7 @@ static void test_first_eos_and_max1(hook *h, engine *ref) {
     size_t n;
     tokenize(PROMPT, &ids, &n);
     static result res;
-    sample_params sp;
-    sample_params_default(&sp);
-    sp.temperature = 0;
+    sample_params sp = greedy_sp();
     int32_t eos = tok_eos(model_vocab(g_model));
     CHECK(eos >= 0 && eos < g_V);
 
@@ -406,10 +393,7 @@ static void test_first_eos_and_max1(hook *h, engine *ref) {
     // ... unless ignore_eos: then it is an ordinary first token
     j = make_job(ids, n, 3, &sp, true);
     j.force_first = eos;
-    hook_cmd(h, &j, NULL);
-    CHECK_EQ(j.err, KS_OK);
-    collect(j.req, &res);
-    engine_req_release(j.req);
+    adopt_collect(h, &j, &res);
     CHECK_EQ(res.n, 3);
     CHECK_EQ(res.ev[0].token, eos);
     CHECK_EQ(res.done.n_gen, 3);
@@ -430,9 +414,7 @@ static void test_cancel_and_again(hook *h, engine *e) {
     size_t n;
     tokenize(PROMPT, &ids, &n);
     static result res;
-    sample_params sp;
-    sample_params_default(&sp);
-    sp.temperature = 0;
+    sample_params sp = greedy_sp();
     // adopt a long request, and in the same poll a second one: the batch
     // (max_running 1) is full; then cancel the first before it decodes
     job j = make_job(ids, n, N_CTX - (int32_t)n, &sp, true);
@@ -475,10 +457,7 @@ static void test_cancel_and_again(hook *h, engine *e) {
     CHECK_STR_HAS(j.errmsg, "offline");
     engine_set_online(e, true, false);
     j = make_job(ids, n, 4, &sp, false);
-    hook_cmd(h, &j, NULL);
-    CHECK_EQ(j.err, KS_OK);
-    collect(j.req, &res);
-    engine_req_release(j.req);
+    adopt_collect(h, &j, &res);
     CHECK_EQ(res.done.state, ENGINE_FINISHED);
     release_checked(h, &j);
     free(ids);
@@ -488,9 +467,7 @@ static void test_invalid(hook *h) {
     int32_t *ids;
     size_t n;
     tokenize(PROMPT, &ids, &n);
-    sample_params sp;
-    sample_params_default(&sp);
-    sp.temperature = 0;
+    sample_params sp = greedy_sp();
     job j = make_job(ids, n, 0, &sp, false);
     j.reserve = (uint32_t)n + 1;
     hook_cmd(h, &j, NULL);
@@ -565,15 +542,9 @@ static void test_adopt_outside_poll(engine *e) {
 }
 
 int main(void) {
-    const char *src = getenv("KS_SRC");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/models/kjv-mini.gguf", src ? src : ".");
+    g_model = kjv_model_load(true);
+    if (!g_model) return 1;
     ks_errbuf eb;
-    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
-    if (model_load(path, &g_model, &eb) != KS_OK) {
-        fprintf(stderr, "%s\n", eb.msg);
-        return 1;
-    }
     g_V = model_hp(g_model)->n_vocab;
     static hook h;
     pthread_mutex_init(&h.mu, NULL);

@@ -14,34 +14,15 @@
 #include "kvseal/kern.h"
 
 #include "../check.h"
+#include "engine_fixture.h"
 
 #include <math.h>
 
-static model *g_model;
-
 static engine *make_engine(uint32_t pages, int max_running) {
-    engine_opts o;
-    engine_opts_default(&o);
-    o.m = g_model;
-    o.n_threads = 2;
-    o.n_ctx = 512;
-    o.kv_pages = pages;
-    o.max_running = max_running;
-    o.max_batch_tokens = 64;
-    o.prefix_cache = false; // page counts below are the group's alone
+    // no prefix cache: page counts below are the group's alone
+    engine_opts o = efx_opts(512, pages, max_running, false);
     o.queue_timeout_ms = 60000;
-    engine *e;
-    ks_errbuf eb;
-    if (engine_create(&o, &e, &eb) != KS_OK) {
-        fprintf(stderr, "%s\n", eb.msg);
-        CHECK(0);
-    }
-    return e;
-}
-
-static void tokenize(const char *text, int32_t **ids, size_t *n) {
-    ks_errbuf eb;
-    CHECK_EQ(tok_encode(model_vocab(g_model), text, strlen(text), true, false, ids, n, &eb), KS_OK);
+    return efx_engine(&o);
 }
 
 typedef struct {
@@ -70,13 +51,6 @@ static void collect(engine_req *r, result *res) {
             return;
         }
     }
-}
-
-static void check_clean(engine *e) {
-    ks_errbuf eb;
-    ks_err err = engine_check_quiescent(e, 30000, &eb);
-    if (err) fprintf(stderr, "%s\n", eb.msg);
-    CHECK_EQ(err, KS_OK);
 }
 
 static void params(engine_params *p, const int32_t *ids, size_t n, int max_tokens, uint64_t seed) {
@@ -346,15 +320,8 @@ static void test_prompt_logprobs(void) {
 }
 
 int main(void) {
-    const char *src = getenv("KS_SRC");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/models/kjv-mini.gguf", src ? src : ".");
-    ks_errbuf eb;
-    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
-    if (model_load(path, &g_model, &eb) != KS_OK) {
-        fprintf(stderr, "%s\n", eb.msg);
-        return 1;
-    }
+    g_model = kjv_model_load(true);
+    if (!g_model) return 1;
     test_bias_sampler();
     test_prompt_logprobs();
     test_n_choices();

@@ -20,39 +20,19 @@
 #include "kvseal/kern.h"
 
 #include "../check.h"
+#include "engine_fixture.h"
 
 #include <jansson.h>
 #include <pthread.h>
 
-static model *g_model;
-
 static engine *make_engine_ctx(int32_t n_ctx, uint32_t pages, int max_running, bool prefix) {
-    engine_opts o;
-    engine_opts_default(&o);
-    o.m = g_model;
-    o.n_threads = 2;
-    o.n_ctx = n_ctx;
-    o.kv_pages = pages;
-    o.max_running = max_running;
-    o.max_batch_tokens = 64;
-    o.prefix_cache = prefix;
+    engine_opts o = efx_opts(n_ctx, pages, max_running, prefix);
     o.queue_timeout_ms = 60000;
-    engine *e;
-    ks_errbuf eb;
-    if (engine_create(&o, &e, &eb) != KS_OK) {
-        fprintf(stderr, "%s\n", eb.msg);
-        CHECK(0);
-    }
-    return e;
+    return efx_engine(&o);
 }
 
 static engine *make_engine(uint32_t pages, int max_running, bool prefix) {
     return make_engine_ctx(512, pages, max_running, prefix);
-}
-
-static void tokenize(const char *text, int32_t **ids, size_t *n) {
-    ks_errbuf eb;
-    CHECK_EQ(tok_encode(model_vocab(g_model), text, strlen(text), true, false, ids, n, &eb), KS_OK);
 }
 
 typedef struct {
@@ -102,13 +82,6 @@ static void run_one(engine *e, const char *tenant, const char *prompt, int max_t
     free(ids);
     collect(r, res);
     engine_req_release(r);
-}
-
-static void check_clean(engine *e) {
-    ks_errbuf eb;
-    ks_err err = engine_check_quiescent(e, 30000, &eb);
-    if (err) fprintf(stderr, "%s\n", eb.msg);
-    CHECK_EQ(err, KS_OK);
 }
 
 static void test_state_table(void) {
@@ -484,15 +457,8 @@ static void test_grammar_batched(void) {
 }
 
 int main(void) {
-    const char *src = getenv("KS_SRC");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/models/kjv-mini.gguf", src ? src : ".");
-    ks_errbuf eb;
-    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
-    if (model_load(path, &g_model, &eb) != KS_OK) {
-        fprintf(stderr, "%s\n", eb.msg);
-        return 1;
-    }
+    g_model = kjv_model_load(true);
+    if (!g_model) return 1;
     test_state_table();
     test_admission();
     test_golden_and_stop();

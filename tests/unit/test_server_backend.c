@@ -17,13 +17,10 @@
 #include "../check.h"
 #include "kvseal/admit.h"
 #include "kvseal/server.h"
+#include "server_fixture.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 // ----------------------------------------------------------------------------
 // The scripted backend
@@ -80,16 +77,7 @@ static const model *g_model;
 static ks_err fake_submit(void *impl, const engine_params *p, void **req, ks_errbuf *eb) {
     fake *f = impl;
     *req = NULL;
-    // the prompt is "s<k>" tokenized; decode it back to pick the script
-    char text[64] = {0};
-    size_t len = 0;
-    for (int32_t i = 0; i < p->n_prompt && len < sizeof text - 1; i++) {
-        char piece[32];
-        size_t n = tok_piece(model_vocab(g_model), p->prompt[i], false, piece, sizeof piece);
-        for (size_t k = 0; k < n && len < sizeof text - 1; k++)
-            if (piece[k] >= '0' && piece[k] <= '9') text[len++] = piece[k];
-    }
-    int k = atoi(text);
+    int k = sfx_prompt_number(g_model, p); // the prompt is "s<k>": the script
     if (!atomic_load(&f->online)) return admit_refuse(eb, ADMIT_OFFLINE, NULL);
     if (k < 0 || k >= S__N) return admit_refuse(eb, ADMIT_INVALID, "no script %d", k);
     fake_req *r = calloc(1, sizeof *r);
@@ -170,27 +158,7 @@ typedef struct reply {
 
 static void http(int port, const char *method, const char *path, const char *auth, const char *body,
                  reply *out) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    CHECK(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK_EQ(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    char req[4096];
-    int n = snprintf(req, sizeof req,
-                     "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s%s%s"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
-                     method, path, auth ? "Authorization: Bearer " : "", auth ? auth : "",
-                     auth ? "\r\n" : "", body ? strlen(body) : 0, body ? body : "");
-    CHECK(n > 0 && (size_t)n < sizeof req);
-    CHECK_EQ(write(fd, req, (size_t)n), n);
-    size_t got = 0;
-    ssize_t k;
-    while ((k = read(fd, out->raw + got, sizeof out->raw - 1 - got)) > 0) got += (size_t)k;
-    out->raw[got] = 0;
-    close(fd);
-    CHECK_EQ(sscanf(out->raw, "HTTP/1.1 %d", &out->status), 1);
-    const char *b = strstr(out->raw, "\r\n\r\n");
-    out->body = b ? b + 4 : "";
+    out->status = sfx_http(port, method, path, auth, body, out->raw, sizeof out->raw, &out->body);
 }
 
 static void gen(int port, int script_id, bool stream, reply *out) {
@@ -319,33 +287,15 @@ static void test_drain(server *s) {
 }
 
 int main(void) {
-    const char *src = getenv("KS_SRC");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/models/kjv-mini.gguf", src ? src : ".");
-    ks_errbuf eb;
-    model *m;
-    if (model_load(path, &m, &eb) != KS_OK) {
-        fprintf(stderr, "%s\n", eb.msg);
-        return 1;
-    }
+    model *m = kjv_model_load(false);
+    if (!m) return 1;
     g_model = m;
     atomic_store(&g_fake.online, true);
-    server_backend b = {.impl = &g_fake,
-                        .submit = fake_submit,
-                        .next = fake_next,
-                        .cancel = fake_cancel,
-                        .release = fake_release,
-                        .set_notify = fake_set_notify,
-                        .is_online = fake_is_online,
-                        .set_online = fake_set_online,
-                        .get_stats = fake_get_stats,
-                        .check_quiescent = fake_check};
+    server_backend b = sfx_backend(&g_fake);
     server_opts o;
-    server_opts_default(&o);
-    o.port = 0;
-    o.n_ctx = 512;
-    o.model_name = "kjv";
+    sfx_opts(&o);
     o.admin_key = "adm1n-key";
+    ks_errbuf eb;
     server *s;
     // an incomplete backend is refused
     server_backend bad = b;

@@ -144,6 +144,13 @@ static void expect(const toolcall_cfg *cfg, const char *text, const char *conten
     splits(cfg, text, &r);
 }
 
+/* Each of the n texts holds no call (malformed, unfinished): it stays
+ * content, byte for byte, however it is split. */
+static void expect_content(const toolcall_cfg *cfg, const char *const *texts, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        expect(cfg, texts[i], texts[i], NULL, NULL);
+}
+
 static toolcall_cfg cfg_of(toolcall_format f) {
     toolcall_cfg c = {.format = f};
     return c;
@@ -195,8 +202,7 @@ static void test_hermes(void) {
         ("<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": "
          "\"\\ud800\"}}</tool_call>"), // lone surrogate
     };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
-        expect(&c, bad[i], bad[i], NULL, NULL);
+    expect_content(&c, bad, sizeof bad / sizeof *bad);
     // a bad call next to good ones: only the bad one is content
     expect(&c,
            "<tool_call>{\"x\":1}</tool_call><tool_call>{\"name\": \"g\", \"arguments\": "
@@ -235,8 +241,7 @@ static void test_qwen3_coder(void) {
         "<tool_call>\n<function=f>\n<oops>\n</function>\n</tool_call>",
         "<tool_call>\n<function=>\n</function>\n</tool_call>",
     };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
-        expect(&c, bad[i], bad[i], NULL, NULL);
+    expect_content(&c, bad, sizeof bad / sizeof *bad);
     json_decref(tools);
 }
 
@@ -282,8 +287,7 @@ static void test_mistral(void) {
     CHECK_STR_EQ(r.ids, "a1b2c3d4e\n");
     const char *bad[] = {"[TOOL_CALLS]", "[TOOL_CALLS]f[ARGS]{\"x\":", "[TOOL_CALLS][{\"x\": 1}]",
                          "[TOOL_CALLS]f[ARGS]nope", "[TOOL_CALLS][]"};
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
-        expect(&c, bad[i], bad[i], NULL, NULL);
+    expect_content(&c, bad, sizeof bad / sizeof *bad);
 }
 
 static void test_glm(void) {
@@ -299,8 +303,7 @@ static void test_glm(void) {
         "<tool_call>f\n<arg_key>a</arg_key>\n<oops>",
         "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1",
     };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
-        expect(&c, bad[i], bad[i], NULL, NULL);
+    expect_content(&c, bad, sizeof bad / sizeof *bad);
 }
 
 #define B "<｜tool▁calls▁begin｜>"
@@ -325,8 +328,7 @@ static void test_deepseek(void) {
     expect(&c, B CB "f" SEP "{}" CE, "", NULL, "f {}\n");
     expect(&c, "x" CB "f" SEP "{}" CE "y", "xy", NULL, "f {}\n");
     const char *bad[] = {B, B CB "f" SEP "{", B CB "f" SEP "nope" CE E, B E, B CB "nosep" CE E};
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
-        expect(&c, bad[i], bad[i], NULL, NULL);
+    expect_content(&c, bad, sizeof bad / sizeof *bad);
 }
 
 #define DT "｜DSML｜"
@@ -348,8 +350,7 @@ static void test_dsml(void) {
     const char *bad[] = {D "function_calls>\n" D "invoke name=\"f\">\n" D "parameter name=\"a\">",
                          D "function_calls>\n" D "invoke name=\"f\">\n<x>\n</" DT "invoke>\n</" DT
                            "function_calls>"};
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
-        expect(&c, bad[i], bad[i], NULL, NULL);
+    expect_content(&c, bad, sizeof bad / sizeof *bad);
 }
 
 static void test_kimi(void) {
@@ -720,6 +721,39 @@ static void test_grammar(void) {
     free(now);
     CHECK(toolcall_grammar(TOOLCALL_NONE, tools, NULL) == NULL);
     CHECK(toolcall_grammar(TOOLCALL_HERMES, tools, "absent") == NULL);
+    // every format: its grammar for "now" admits the format's own call text
+    // (written here, not taken from toolcall.c), which its parser reads back
+    static const char *const now_call[TOOLCALL__COUNT] = {
+        [TOOLCALL_HERMES] = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>",
+        [TOOLCALL_QWEN3_CODER] = "<tool_call>\n<function=now>\n</function>\n</tool_call>",
+        [TOOLCALL_LLAMA3] = "{\"name\": \"now\", \"parameters\": {}}",
+        [TOOLCALL_MISTRAL] = "[TOOL_CALLS]now[ARGS]{}",
+        [TOOLCALL_GLM45] = "<tool_call>now\n</tool_call>",
+        [TOOLCALL_DEEPSEEK] = B CB "function" SEP "now\n```json\n{}\n```" CE E,
+        [TOOLCALL_DSML] = D "function_calls>\n" D "invoke name=\"now\">\n</" DT "invoke>\n</" DT
+                            "function_calls>",
+        [TOOLCALL_KIMI_K2] = "<|tool_calls_section_begin|><|tool_call_begin|>functions.now:0"
+                             "<|tool_call_argument_begin|>{}<|tool_call_end|>"
+                             "<|tool_calls_section_end|>",
+        [TOOLCALL_NEMOTRON] = "<TOOLCALL>[{\"name\": \"now\", \"arguments\": {}}]</TOOLCALL>",
+        [TOOLCALL_APRIEL] = "<tool_calls>[{\"name\": \"now\", \"arguments\": {}}]</tool_calls>",
+        [TOOLCALL_GRANITE] = "<|tool_call|>[{\"name\": \"now\", \"arguments\": {}}]",
+        [TOOLCALL_FIREFUNCTION] = " functools[{\"name\": \"now\", \"arguments\": {}}]",
+        [TOOLCALL_SEED_OSS] = "<seed:tool_call>\n<function=now>\n</function>\n</seed:tool_call>",
+    };
+    for (int f = 1; f < TOOLCALL__COUNT; f++) {
+        char *g = toolcall_grammar((toolcall_format)f, tools, "now");
+        CHECK(g && now_call[f]);
+        if (!grammar_takes(g, now_call[f]))
+            fprintf(stderr, "%s: grammar\n%s\ndoes not take\n%s\n",
+                    toolcall_format_name((toolcall_format)f), g, now_call[f]);
+        CHECK(grammar_takes(g, now_call[f]));
+        free(g);
+        toolcall_cfg c = cfg_of((toolcall_format)f);
+        result r;
+        oneshot(&c, now_call[f], &r);
+        CHECK_STR_EQ(r.calls, "now {}\n");
+    }
     json_decref(tools);
 }
 

@@ -14,12 +14,9 @@
 #include "../check.h"
 #include "kvseal/server.h"
 #include "server/toolcall.h"
+#include "server_fixture.h"
 
-#include <arpa/inet.h>
 #include <jansson.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 // ----------------------------------------------------------------------------
 // The scripted backend: the user message "t<k>" picks text k
@@ -47,17 +44,9 @@ typedef struct fake_req {
 
 static ks_err fake_submit(void *impl, const engine_params *p, void **req, ks_errbuf *eb) {
     (void)impl, (void)eb;
-    char digits[16] = {0};
-    size_t len = 0;
-    for (int32_t i = 0; i < p->n_prompt; i++) {
-        char piece[32];
-        size_t n = tok_piece(model_vocab(g_model), p->prompt[i], false, piece, sizeof piece);
-        for (size_t k = 0; k < n && len < sizeof digits - 1; k++)
-            if (piece[k] >= '0' && piece[k] <= '9') digits[len++] = piece[k];
-    }
     fake_req *r = calloc(1, sizeof *r);
     CHECK(r);
-    r->k = atoi(digits);
+    r->k = sfx_prompt_number(g_model, p);
     CHECK(r->k >= 0 && r->k < T__N);
     r->n_events = (int)((strlen(TEXTS[r->k]) + PIECE - 1) / PIECE);
     *req = r;
@@ -113,29 +102,7 @@ static char g_raw[1 << 18];
 
 /* POSTs body to /v1/chat/completions; returns the status, *body the body. */
 static int chat(int port, const char *body, const char **out) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    CHECK(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK_EQ(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    char req[4096];
-    int n = snprintf(req, sizeof req,
-                     "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
-                     strlen(body), body);
-    CHECK(n > 0 && (size_t)n < sizeof req);
-    CHECK_EQ(write(fd, req, (size_t)n), n);
-    size_t got = 0;
-    ssize_t k;
-    while ((k = read(fd, g_raw + got, sizeof g_raw - 1 - got)) > 0)
-        got += (size_t)k;
-    g_raw[got] = 0;
-    close(fd);
-    int status = 0;
-    CHECK_EQ(sscanf(g_raw, "HTTP/1.1 %d", &status), 1);
-    const char *b = strstr(g_raw, "\r\n\r\n");
-    *out = b ? b + 4 : "";
-    return status;
+    return sfx_http(port, "POST", "/v1/chat/completions", NULL, body, g_raw, sizeof g_raw, out);
 }
 
 #define TOOLS                                                                                      \
@@ -277,31 +244,12 @@ static void expect_both(int port, int k, const char *extra, const char *content,
 }
 
 int main(void) {
-    const char *src = getenv("KS_SRC");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/models/kjv-mini.gguf", src ? src : ".");
-    ks_errbuf eb;
-    model *m;
-    if (model_load(path, &m, &eb) != KS_OK) {
-        fprintf(stderr, "%s\n", eb.msg);
-        return 1;
-    }
+    model *m = kjv_model_load(false);
+    if (!m) return 1;
     g_model = m;
-    server_backend b = {.impl = NULL,
-                        .submit = fake_submit,
-                        .next = fake_next,
-                        .cancel = fake_cancel,
-                        .release = fake_release,
-                        .set_notify = fake_set_notify,
-                        .is_online = fake_is_online,
-                        .set_online = fake_set_online,
-                        .get_stats = fake_get_stats,
-                        .check_quiescent = fake_check};
+    server_backend b = sfx_backend(NULL);
     server_opts o;
-    server_opts_default(&o);
-    o.port = 0;
-    o.n_ctx = 512;
-    o.model_name = "kjv";
+    sfx_opts(&o);
     o.tool_call_format = TOOLCALL_HERMES; // the template below does not tell
     // tools need a chat template (kjv-mini has none): a minimal one of our own
     char tmpl[64];
@@ -314,6 +262,7 @@ int main(void) {
     o.chat_template_file = tmpl;
     o.reasoning_format = 1; // deepseek: <think> ... </think>
     server *s;
+    ks_errbuf eb;
     CHECK(server_create_backend(&o, &b, m, &s, &eb) == KS_OK);
     unlink(tmpl);
     int port = server_port(s);

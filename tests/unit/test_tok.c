@@ -10,6 +10,7 @@
 #include "tok/tok_int.h"
 
 #include "../check.h"
+#include "tok_fixture.h"
 
 #include <unistd.h>
 
@@ -32,18 +33,24 @@ static char *read_all(const char *path, size_t *n) {
     return buf;
 }
 
+/* The vocabulary of f (named what in messages); closes f. */
+static tok_vocab *vocab_of(gguf_file *f, const char *what) {
+    ks_errbuf eb;
+    tok_vocab *v = NULL;
+    ks_err e = tok_vocab_load(f, &v, &eb);
+    if (e) fprintf(stderr, "tok_vocab_load(%s): %s\n", what, eb.msg);
+    CHECK_EQ(e, KS_OK);
+    gguf_close(f); /* the vocabulary must not depend on the mapping */
+    return v;
+}
+
 static tok_vocab *load_vocab(const char *path) {
     gguf_file *f = NULL;
     ks_errbuf eb;
     ks_err e = gguf_open(path, &f, &eb);
     if (e) fprintf(stderr, "gguf_open(%s): %s\n", path, eb.msg);
     CHECK_EQ(e, KS_OK);
-    tok_vocab *v = NULL;
-    e = tok_vocab_load(f, &v, &eb);
-    if (e) fprintf(stderr, "tok_vocab_load(%s): %s\n", path, eb.msg);
-    CHECK_EQ(e, KS_OK);
-    gguf_close(f); /* the vocabulary must not depend on the mapping */
-    return v;
+    return vocab_of(f, path);
 }
 
 static size_t encode(const tok_vocab *v, const char *s, size_t n, bool add_special,
@@ -474,26 +481,13 @@ static ks_err synthetic_bpe_load(const char *pre, tok_vocab **out) {
      * no merge that builds it */
     const int32_t types[] = {1, 1, 1, 1, 1, 1, 1, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     const char *merges[] = {"b c", "a b", "a bc", "1 2", "12 3", "123 4"};
-    CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), KS_OK);
-    if (pre) CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.pre", pre), KS_OK);
-    CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 17), KS_OK);
-    CHECK_EQ(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 17),
-             KS_OK);
-    CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 6), KS_OK);
+    tfx_vocab_kv(w, "gpt2", pre, toks, types, 17, merges, 6);
     CHECK_EQ(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 7), KS_OK);
-    char path[] = "/tmp/test_tok_XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    close(fd);
+    gguf_file *f = tfx_gguf_open(w);
     ks_errbuf eb;
-    CHECK_EQ(gguf_writer_write(w, path, &eb), KS_OK);
-    gguf_writer_destroy(w);
-    gguf_file *f = NULL;
-    CHECK_EQ(gguf_open(path, &f, &eb), KS_OK);
     *out = NULL;
     ks_err e = tok_vocab_load(f, out, &eb);
     gguf_close(f);
-    unlink(path);
     return e;
 }
 
@@ -604,25 +598,13 @@ static tok_vocab *synthetic_vocab(const char *model, const char *const *toks, co
                                   size_t n, const char *const *merges, size_t n_merges) {
     gguf_writer *w = gguf_writer_create();
     CHECK(w != NULL);
-    CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.model", model), KS_OK);
-    if (!strcmp(model, "gpt2")) {
-        CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.pre", "gpt-2"), KS_OK);
-        CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, n_merges), KS_OK);
-    }
-    CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, n), KS_OK);
-    CHECK_EQ(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, n), KS_OK);
+    static const char *const no_merges[1] = {NULL};
+    bool bpe = !strcmp(model, "gpt2"); // BPE: a merges list, empty or not
+    tfx_vocab_kv(w, model, bpe ? "gpt-2" : NULL, toks, types, n,
+                 bpe ? (merges ? merges : no_merges) : NULL, n_merges);
     CHECK_EQ(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 0), KS_OK);
     CHECK_EQ(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 0), KS_OK);
-    char path[] = "/tmp/test_tok_XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    close(fd);
-    ks_errbuf eb;
-    CHECK_EQ(gguf_writer_write(w, path, &eb), KS_OK);
-    gguf_writer_destroy(w);
-    tok_vocab *v = load_vocab(path);
-    unlink(path);
-    return v;
+    return vocab_of(tfx_gguf_open(w), "synthetic");
 }
 
 /* True when encoding text (no BOS) gives token id somewhere. */
@@ -791,22 +773,11 @@ static void test_spm_no_prefix(void) {
     for (int prefix = 0; prefix < 2; prefix++) {
         gguf_writer *w = gguf_writer_create();
         CHECK(w != NULL);
-        CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.model", "llama"), KS_OK);
-        CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 8), KS_OK);
-        CHECK_EQ(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 8),
-                 KS_OK);
+        tfx_vocab_kv(w, "llama", NULL, toks, types, 8, NULL, 0);
         CHECK_EQ(gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, 8),
                  KS_OK);
         CHECK_EQ(gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", prefix), KS_OK);
-        char path[] = "/tmp/test_tok_XXXXXX";
-        int fd = mkstemp(path);
-        CHECK(fd >= 0);
-        close(fd);
-        ks_errbuf eb;
-        CHECK_EQ(gguf_writer_write(w, path, &eb), KS_OK);
-        gguf_writer_destroy(w);
-        tok_vocab *v = load_vocab(path);
-        unlink(path);
+        tok_vocab *v = vocab_of(tfx_gguf_open(w), "spm without prefix");
         static const int32_t no[] = {1, 6}, no_sp[] = {1, 7}, no_sp2[] = {1, 6, 1, 6};
         static const int32_t yes[] = {1, 7}, yes_sp[] = {1, 3, 7}, yes_sp2[] = {1, 7, 1, 7};
         check_ids(v, "Hi", true, false, prefix ? yes : no, 2);
@@ -1093,27 +1064,12 @@ static gguf_file *chat_gguf(const char *tmpl, bool with_vocab, bool add_bos) {
                               "\xc4\x8a"};
         const int32_t types[] = {1, 1, 1, 3, 3, 3, 3, 1};
         const char *merges[] = {"a b"};
-        CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), KS_OK);
-        CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.pre", "default"), KS_OK);
-        CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 8), KS_OK);
-        CHECK_EQ(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 8),
-                 KS_OK);
-        CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1), KS_OK);
+        tfx_vocab_kv(w, "gpt2", "default", toks, types, 8, merges, 1);
         CHECK_EQ(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 3), KS_OK);
         CHECK_EQ(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 4), KS_OK);
         CHECK_EQ(gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", add_bos), KS_OK);
     }
-    char path[] = "/tmp/test_chat_XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    close(fd);
-    ks_errbuf eb;
-    CHECK_EQ(gguf_writer_write(w, path, &eb), KS_OK);
-    gguf_writer_destroy(w);
-    gguf_file *f = NULL;
-    CHECK_EQ(gguf_open(path, &f, &eb), KS_OK);
-    unlink(path);
-    return f;
+    return tfx_gguf_open(w);
 }
 
 static void test_chat_detect(void) {

@@ -8,6 +8,7 @@
 #include "kvseal/tok.h"
 
 #include "../check.h"
+#include "tok_fixture.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -34,24 +35,10 @@ static gguf_file *mk_gguf(const char *tmpl, const char *tool_use) {
     const char *toks[] = {"a", "b", "ab", "<s>", "</s>", "\xc4\x8a"};
     const int32_t types[] = {1, 1, 1, 3, 3, 1};
     const char *merges[] = {"a b"};
-    CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), KS_OK);
-    CHECK_EQ(gguf_writer_set_str(w, "tokenizer.ggml.pre", "default"), KS_OK);
-    CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 6), KS_OK);
-    CHECK_EQ(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 6), KS_OK);
-    CHECK_EQ(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1), KS_OK);
+    tfx_vocab_kv(w, "gpt2", "default", toks, types, 6, merges, 1);
     CHECK_EQ(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 3), KS_OK);
     CHECK_EQ(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 4), KS_OK);
-    char path[] = "/tmp/test_tok_chat_XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    close(fd);
-    ks_errbuf eb;
-    CHECK_EQ(gguf_writer_write(w, path, &eb), KS_OK);
-    gguf_writer_destroy(w);
-    gguf_file *f = NULL;
-    CHECK_EQ(gguf_open(path, &f, &eb), KS_OK);
-    unlink(path);
-    return f;
+    return tfx_gguf_open(w);
 }
 
 static char *apply(const chat_tmpl *t, const char *msgs, const char *tools, const char *kw,
