@@ -66,7 +66,7 @@ if (process.env.KS_MODE === 'cluster') {
   const REF = o.choices[0].message.content;
   check(typeof REF === 'string' && REF.length > 20 && o.choices[0].finish_reason === 'length', `openai: ${J(o)}`);
   const m = await client.messages.create(base);
-  check(m.type === 'message' && m.role === 'assistant' && /^msg_[0-9a-f]{24}$/.test(m.id) && m.model === model &&
+  check(m.type === 'message' && m.role === 'assistant' && /^msg_[0-9a-f]{32}$/.test(m.id) && m.model === model &&
     m.content.length === 1 && m.content[0].type === 'text' && m.content[0].text === REF &&
     m.stop_reason === 'max_tokens' && m.stop_sequence === null, `create: ${J(m)} want ${J(REF)}`);
   check(m.usage.output_tokens === 60 && m.usage.input_tokens + m.usage.cache_read_input_tokens ===
