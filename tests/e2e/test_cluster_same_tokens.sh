@@ -17,7 +17,7 @@ start_server "$TMPD/serve.log" "${ARGS[@]}"
 URL_A=$KS_URL; SERVE_PID=$KS_PID
 ROUTER_ARGS="--admin-key adm-same" start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
 trap 'kill -KILL $SERVE_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
-URL_A=$URL_A URL_B=$KS_URL node "$(dirname "$0")/js/same_tokens.mjs" || { tail -n 20 $KS_CLUSTER_LOGS >&2; fail "outputs differ"; }
+SAME_FEATURES=1 URL_A=$URL_A URL_B=$KS_URL node "$(dirname "$0")/js/same_tokens.mjs" || { tail -n 20 $KS_CLUSTER_LOGS >&2; fail "outputs differ"; }
 chk=$(curl -sS -H "Authorization: Bearer adm-same" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
 expect_has "cluster pool check" "$chk" '"clean":true'
 expect_has "cluster pool check names the workers" "$chk" "decode worker"
