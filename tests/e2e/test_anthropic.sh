@@ -94,7 +94,11 @@ req "v1 chat: wrong key" 401 -H "Authorization: Bearer sk-nope" "$V1" -d "$CHAT"
 expect_eq "authentication: 10000" "$(env_code)" '[false,null,10000,0]'
 req "run: the key's rate limit" 429 -H "Authorization: Bearer sk-tiny" "$U/client/v4/accounts/a/ai/run/kjv" -d "$RUN"
 expect_eq "rate limit: 3036" "$(env_code)" '[false,null,3036,0]'
-req "embeddings: not here yet" 404 "${A[@]}" "$U/accounts/acct1/ai/v1/embeddings" -d '{}'
+req "embeddings: input missing" 400 "${A[@]}" "$U/accounts/acct1/ai/v1/embeddings" -d '{}'
+expect_eq "embeddings input missing: 3003" "$(env_code)" '[false,null,3003,0]'
+req "embeddings" 200 "${A[@]}" "$U/client/v4/accounts/acct1/ai/v1/embeddings" -d '{"input":"In the beginning"}'
+expect_has "embeddings answer" "$BODY" '"embedding":['
+req "unknown url" 404 "${A[@]}" "$U/accounts/acct1/ai/v1/nothing" -d '{}'
 expect_eq "unknown url: 404" "$(env_code)" '[false,null,404,0]'
 req "offline" 200 -H "Authorization: Bearer adm-1" -X POST "$U/admin/models/kjv/offline"
 req "run while offline" 503 "${A[@]}" "$U/accounts/a/ai/run/kjv" -d "$RUN"
