@@ -25,25 +25,6 @@
 // ----------------------------------------------------------------------------
 // Requests
 
-static const char *anth__type(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-    case JSON_REAL:
-        return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    default:
-        return "null";
-    }
-}
-
 static bool anth__in(const char *const *set, const char *s) {
     for (; *set; set++)
         if (!strcmp(*set, s)) return true;
@@ -105,7 +86,7 @@ static bool anth__text_of(json_t *v, const char *pname, json_t **out, srv_error 
     }
     if (!json_is_array(v)) {
         INVALID(err, pname, "%s: must be a string or an array of text blocks, got %s", pname,
-                anth__type(v));
+                srv_json_kind(v));
         return false;
     }
     size_t k;
@@ -250,7 +231,7 @@ static bool anth__assistant(json_t *msgs, json_t *content, size_t i, srv_error *
             }
             if (!json_is_object(input)) {
                 INVALID(err, pname, "%s.input: must be an object, got %s", pname,
-                        input ? anth__type(input) : "nothing");
+                        input ? srv_json_kind(input) : "nothing");
                 goto fail;
             }
             char *args = json_dumps(input, JSON_COMPACT | JSON_SORT_KEYS);
@@ -306,7 +287,7 @@ static bool anth__messages(json_t *out, json_t *root, srv_error *err) {
         return srv_refuse(err, ADMIT_MISSING_PARAMETER, "messages", "messages: Field required");
     if (!json_is_array(in) || json_array_size(in) == 0)
         return INVALID(err, "messages", "messages: must be a non-empty array, got %s",
-                       json_is_array(in) ? "an empty one" : anth__type(in));
+                       json_is_array(in) ? "an empty one" : srv_json_kind(in));
     size_t i, n = json_array_size(in);
     json_t *m;
     char pname[64];
@@ -346,7 +327,7 @@ static bool anth__messages(json_t *out, json_t *root, srv_error *err) {
                            "%s: must be a string or a non-empty array of content blocks, got %s",
                            pname,
                            json_is_array(content) ? "an empty array"
-                           : content              ? anth__type(content)
+                           : content              ? srv_json_kind(content)
                                                   : "nothing");
         }
         if (!(user ? anth__user(msgs, content, i, err) : anth__assistant(msgs, content, i, err)))
@@ -359,7 +340,7 @@ static bool anth__messages(json_t *out, json_t *root, srv_error *err) {
 static bool anth__tools(json_t *out, json_t *tools, srv_error *err) {
     if (!tools || json_is_null(tools)) return true;
     if (!json_is_array(tools))
-        return INVALID(err, "tools", "tools: must be an array, got %s", anth__type(tools));
+        return INVALID(err, "tools", "tools: must be an array, got %s", srv_json_kind(tools));
     json_t *fns = json_array();
     json_object_set_new(out, "tools", fns);
     if (!fns) return srv_fail(err, 500, "internal_error", "out of memory");
@@ -469,7 +450,7 @@ static bool anth__thinking(json_t *out, json_t *th, long long max_tokens, srv_er
 
 json_t *srv_anth_to_chat(json_t *root, srv_error *err) {
     if (!json_is_object(root)) {
-        INVALID(err, NULL, "the request body must be a JSON object, got %s", anth__type(root));
+        INVALID(err, NULL, "the request body must be a JSON object, got %s", srv_json_kind(root));
         return NULL;
     }
     const char *k;
@@ -493,7 +474,7 @@ json_t *srv_anth_to_chat(json_t *root, srv_error *err) {
         goto fail;
     }
     if (!json_is_string(mdl)) {
-        INVALID(err, "model", "model: must be a string, got %s", anth__type(mdl));
+        INVALID(err, "model", "model: must be a string, got %s", srv_json_kind(mdl));
         goto fail;
     }
     json_object_set(out, "model", mdl);

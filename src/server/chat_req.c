@@ -28,7 +28,7 @@ static bool chat__in(const char *const *set, const char *s) {
 
 bool srv_chat_message_key_ok(const char *key) { return chat__in(chat__msg_keys, key); }
 
-static const char *chat__type(const json_t *v) {
+const char *srv_json_kind(const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT:
         return "an object";
@@ -53,7 +53,7 @@ static json_t *chat__tool_call(json_t *tc, size_t i, size_t j, srv_error *err) {
     char pname[96];
     snprintf(pname, sizeof pname, "messages[%zu].tool_calls[%zu]", i, j);
     if (!json_is_object(tc)) {
-        INVALID(err, pname, "'%s' must be an object, got %s", pname, chat__type(tc));
+        INVALID(err, pname, "'%s' must be an object, got %s", pname, srv_json_kind(tc));
         return NULL;
     }
     json_t *id = json_object_get(tc, "id"), *type = json_object_get(tc, "type");
@@ -87,7 +87,8 @@ static json_t *chat__tool_call(json_t *tc, size_t i, size_t j, srv_error *err) {
         parsed = json_object();
     } else {
         snprintf(pname + strlen(pname), sizeof pname - strlen(pname), ".function.arguments");
-        INVALID(err, pname, "'%s' must be a string holding JSON, got %s", pname, chat__type(args));
+        INVALID(err, pname, "'%s' must be a string holding JSON, got %s", pname,
+                srv_json_kind(args));
         return NULL;
     }
     json_t *out = json_pack("{s:s,s:{s:O,s:o}}", "type", "function", "function", "name", name,
@@ -169,7 +170,7 @@ static json_t *chat__message(srv_request *r, json_t *m, size_t i, srv_error *err
         if (!v || json_is_null(v)) continue;
         snprintf(pname, sizeof pname, "messages[%zu].%s", i, *k);
         if (!json_is_string(v)) {
-            INVALID(err, pname, "'%s' must be a string, got %s", pname, chat__type(v));
+            INVALID(err, pname, "'%s' must be a string, got %s", pname, srv_json_kind(v));
             goto fail;
         }
         json_object_set(out, *k, v);
@@ -188,7 +189,7 @@ bool srv_chat_prepare(srv_request *r, json_t *root, srv_error *err) {
     if (kw && !json_is_null(kw)) {
         if (!json_is_object(kw))
             return INVALID(err, "chat_template_kwargs",
-                           "'chat_template_kwargs' must be an object, got %s", chat__type(kw));
+                           "'chat_template_kwargs' must be an object, got %s", srv_json_kind(kw));
         static const char *const reserved[] = {"messages", "tools", "add_generation_prompt", NULL};
         const char *k;
         json_t *v;

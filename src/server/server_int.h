@@ -474,4 +474,8 @@ bool srv_detokenize_parse(const char *body, size_t len, int32_t n_vocab, int32_t
                           size_t *n /* OUT */, const char **model /* OUT */,
                           json_t **root /* OUT */, srv_error *err /* OUT */);
 
+/* What a JSON value is, for messages: "an object", "an array", "a string",
+ * "a number", "a boolean" or "null". Static storage; can't fail. */
+const char *srv_json_kind(const json_t *v);
+
 #endif /* KS_SERVER_INT_H */
