@@ -121,8 +121,13 @@ uint64_t ks_now_ns(void);
 /* 64-byte aligned allocation of n bytes (n may be 0); NULL on failure.
  * Free with ks_free_aligned. */
 void *ks_alloc_aligned(size_t n);
-/* Frees memory from ks_alloc_aligned; accepts NULL. */
+/* Frees memory from ks_alloc_aligned or ks_alloc_huge; accepts NULL. */
 void ks_free_aligned(void *p);
+/* A 2 MiB-aligned allocation of n bytes (rounded up to 2 MiB) advised for
+ * transparent huge pages, for large buffers streamed every step (weights,
+ * KV pages): one TLB entry covers 2 MiB instead of 4 KiB. The advice is a
+ * hint the kernel may decline. NULL on failure; free with ks_free_aligned. */
+void *ks_alloc_huge(size_t n);
 
 /* a*b with overflow detection: returns false (and leaves *out unchanged) on
  * overflow. */

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <time.h>
 
 // ----------------------------------------------------------------------------
@@ -67,6 +68,19 @@ void *ks_alloc_aligned(size_t n) {
 }
 
 void ks_free_aligned(void *p) { free(p); }
+
+#define KS_HUGE_PAGE ((size_t)2 << 20)
+
+void *ks_alloc_huge(size_t n) {
+    void *p = NULL;
+    if (n > SIZE_MAX - KS_HUGE_PAGE) return NULL;
+    const size_t sz = n ? (n + KS_HUGE_PAGE - 1) & ~(KS_HUGE_PAGE - 1) : KS_HUGE_PAGE;
+    if (posix_memalign(&p, KS_HUGE_PAGE, sz) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, sz, MADV_HUGEPAGE); // a hint: without it the pages are 4 KiB, still correct
+#endif
+    return p;
+}
 
 // ----------------------------------------------------------------------------
 // Element types: (name, elements per block, bytes per block)

@@ -58,7 +58,7 @@ static void bench__bw_task(void *arg, int ith, int nth) {
  * caches, read by every thread of the pool at once; 0 on NOMEM. */
 static double bench__membw(int n_threads) {
     const size_t n = (size_t)1 << 30;
-    uint8_t *buf = ks_alloc_aligned(n);
+    uint8_t *buf = ks_alloc_huge(n); // as the weights are: the same page size
     ks_pool *pool = ks_pool_create(n_threads);
     double best = 0;
     if (buf && pool) {

@@ -194,7 +194,9 @@ ks_err kv_pool_create(const kv_geom *g, uint32_t n_pages, kv_scrub scrub, kv_poo
     p->layer_bytes = (size_t)p->planes * p->plane_bytes;
     p->page_bytes = (size_t)kv_page_bytes(g);
     KS_ASSERT(p->page_bytes == (size_t)g->n_layer * p->layer_bytes && p->page_bytes % 2 == 0);
-    p->slab = ks_alloc_aligned((size_t)bytes);
+    // a large pool on huge pages: attention walks pages all over it every step
+    p->slab = bytes >= ((uint64_t)8 << 20) ? ks_alloc_huge((size_t)bytes)
+                                           : ks_alloc_aligned((size_t)bytes);
     p->hdr = calloc(n_pages, sizeof *p->hdr);
     p->free_ids = malloc(sizeof *p->free_ids * n_pages);
     if (!p->slab || !p->hdr || !p->free_ids) goto fail;

@@ -717,44 +717,72 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
     return KS_OK;
 }
 
-/* Repacks w into the r16 layout when the kernels want it (kern_r16_wanted),
- * and tells the kernel the mmapped rows are no longer needed, so they leave
- * the process's resident memory. On a failed allocation w stays as it was
- * (slower, still correct). */
-static void load__repack(const gguf_file *f, model__mat *w) {
-    if (!kern_r16_wanted(w->type, w->K, w->N)) return;
-    const size_t gb = kern_r16_group_bytes(w->type, w->K);
-    uint8_t *p = ks_alloc_aligned(gb * (size_t)(w->N / 16));
-    if (!p) return;
-    for (int64_t g = 0; g < w->N / 16; g++)
-        kern_r16_pack(w->type, w->K, (const uint8_t *)w->data + (size_t)g * 16 * w->row_bytes,
-                      w->row_bytes, p + (size_t)g * gb);
-    gguf_advise_unneeded(f, w->data, w->row_bytes * (size_t)w->N);
-    w->data = w->packed = p;
-    w->group_bytes = gb;
-}
-
-/* Repacks every matrix the matmuls read (not token_embd: rows are looked up
- * by token; nor a tied output, which is the same rows). */
-static void load__repack_all(model *m) {
-    if (!m->hp.tied_output) load__repack(m->gguf, &m->output);
+/* Calls fn on every matrix the matmuls read (not token_embd: rows are
+ * looked up by token; nor a tied output, which is the same rows), in one
+ * fixed order. */
+static void load__each_mat(model *m, void (*fn)(const gguf_file *, model__mat *, void *),
+                           void *arg) {
+    if (!m->hp.tied_output) fn(m->gguf, &m->output, arg);
     for (int il = 0; il < m->hp.n_layer; il++) {
         model__layer *L = &m->layers[il];
         model__mat *ws[] = {&L->wq,     &L->wk,      &L->wv,    &L->wo,      &L->w_gate, &L->w_up,
                             &L->w_down, &L->gate_sh, &L->up_sh, &L->down_sh, &L->wq_a,   &L->wq_b,
                             &L->wkv_a,  &L->idx_q_b, &L->idx_k, &L->idx_proj};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-            if (ws[i]->data) load__repack(m->gguf, ws[i]);
+            if (ws[i]->data) fn(m->gguf, ws[i], arg);
         for (int h = 0; L->wk_b && h < m->hp.n_head; h++) {
-            load__repack(m->gguf, &L->wk_b[h]);
-            load__repack(m->gguf, &L->wv_b[h]);
+            fn(m->gguf, &L->wk_b[h], arg);
+            fn(m->gguf, &L->wv_b[h], arg);
         }
         for (int x = 0; L->gate_exps && x < m->hp.n_expert; x++) {
-            load__repack(m->gguf, &L->gate_exps[x]);
-            load__repack(m->gguf, &L->up_exps[x]);
-            load__repack(m->gguf, &L->down_exps[x]);
+            fn(m->gguf, &L->gate_exps[x], arg);
+            fn(m->gguf, &L->up_exps[x], arg);
+            fn(m->gguf, &L->down_exps[x], arg);
         }
     }
+}
+
+/* Bytes of w's r16 copy in the arena (64-byte aligned), 0 when the kernels
+ * do not want the layout for it (kern_r16_wanted). */
+static size_t load__r16_bytes(const model__mat *w) {
+    if (!kern_r16_wanted(w->type, w->K, w->N)) return 0;
+    return (kern_r16_group_bytes(w->type, w->K) * (size_t)(w->N / 16) + 63) & ~(size_t)63;
+}
+
+static void load__r16_sum(const gguf_file *f, model__mat *w, void *arg) {
+    (void)f;
+    *(size_t *)arg += load__r16_bytes(w);
+}
+
+/* Repacks w at *arg (the arena's next free byte) when the kernels want the
+ * r16 layout, and tells the kernel the mmapped rows are no longer needed, so
+ * they leave the process's resident memory. */
+static void load__r16_pack(const gguf_file *f, model__mat *w, void *arg) {
+    uint8_t **next = arg;
+    const size_t bytes = load__r16_bytes(w);
+    if (!bytes) return;
+    const size_t gb = kern_r16_group_bytes(w->type, w->K);
+    uint8_t *p = *next;
+    for (int64_t g = 0; g < w->N / 16; g++)
+        kern_r16_pack(w->type, w->K, (const uint8_t *)w->data + (size_t)g * 16 * w->row_bytes,
+                      w->row_bytes, p + (size_t)g * gb);
+    gguf_advise_unneeded(f, w->data, w->row_bytes * (size_t)w->N);
+    w->data = w->packed = p;
+    w->group_bytes = gb;
+    *next = p + bytes;
+}
+
+/* Repacks every matrix the kernels want in r16 into one arena of huge
+ * pages: a decode step streams all of them, and with 4 KiB pages it took a
+ * TLB miss every 4 KiB of weights. Where the arena cannot be allocated the
+ * matrices stay in the file's rows (slower, still correct). */
+static void load__repack_all(model *m) {
+    size_t total = 0;
+    load__each_mat(m, load__r16_sum, &total);
+    if (!total || !(m->arena = ks_alloc_huge(total))) return;
+    uint8_t *next = m->arena;
+    load__each_mat(m, load__r16_pack, &next);
+    KS_ASSERT((size_t)(next - (uint8_t *)m->arena) == total);
 }
 
 // ----------------------------------------------------------------------------
@@ -818,27 +846,12 @@ void model_free(model *m) {
     if (!m) return;
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
-    if (!m->hp.tied_output) ks_free_aligned(m->output.packed);
+    ks_free_aligned(m->arena);
     for (int il = 0; m->layers && il < m->hp.n_layer; il++) {
         model__layer *L = &m->layers[il];
-        void *ps[] = {L->wq.packed,     L->wk.packed,      L->wv.packed,     L->wo.packed,
-                      L->w_gate.packed, L->w_up.packed,    L->w_down.packed, L->gate_sh.packed,
-                      L->up_sh.packed,  L->down_sh.packed, L->wq_a.packed,   L->wq_b.packed,
-                      L->wkv_a.packed,  L->idx_q_b.packed, L->idx_k.packed,  L->idx_proj.packed};
+        void *ps[] = {L->wk_b, L->wv_b, L->gate_exps, L->up_exps, L->down_exps};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
-            ks_free_aligned(ps[i]);
-        model__mat *hs[] = {L->wk_b, L->wv_b};
-        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) {
-            for (int h = 0; hs[i] && h < m->hp.n_head; h++)
-                ks_free_aligned(hs[i][h].packed);
-            free(hs[i]);
-        }
-        model__mat *xs[] = {L->gate_exps, L->up_exps, L->down_exps};
-        for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++) {
-            for (int x = 0; xs[i] && x < m->hp.n_expert; x++)
-                ks_free_aligned(xs[i][x].packed);
-            free(xs[i]);
-        }
+            free(ps[i]);
     }
     free(m->layers);
     tok_vocab_free(m->vocab);

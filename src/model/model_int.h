@@ -10,7 +10,7 @@
  * layout. GGUF/ggml shape is ne = [K, N]. */
 typedef struct model__mat {
     const void *data;   // (N, row_bytes) raw GGUF rows, or N/16 r16 groups
-    void *packed;       // data when it is the r16 copy (owned), else NULL
+    void *packed;       // data when it is the r16 copy (in model.arena), else NULL
     size_t group_bytes; // bytes per r16 group of 16 rows when packed
     ks_dtype type;
     int64_t K, N;
@@ -66,6 +66,7 @@ struct model {
     model__layer *layers;      // (n_layer)
     float **owned;             // f32 copies of non-F32 vectors (norms, biases)
     int n_owned;
+    void *arena; // every matrix's r16 copy, one huge-page buffer (ks_alloc_huge)
 };
 
 #endif

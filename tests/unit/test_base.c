@@ -1,9 +1,11 @@
-/* test_base.c — errors, half-precision conversion, dtype table, thread pool. */
+/* test_base.c — errors, half-precision conversion, dtype table, thread pool,
+ * huge-page allocations. */
 #include "kvseal/base.h"
 
 #include "../check.h"
 
 #include <stdatomic.h>
+#include <string.h>
 
 static void test_errors(void) {
     CHECK_STR_EQ(ks_err_name(KS_ERR_FORMAT), "KS_ERR_FORMAT");
@@ -92,8 +94,27 @@ static void test_pool(void) {
     ks_pool_destroy(NULL);
 }
 
+/* ks_alloc_huge: 2 MiB-aligned, every byte of the rounded-up size usable,
+ * freed by ks_free_aligned; an impossible size is NULL, not a wrap. */
+static void test_alloc_huge(void) {
+    const size_t huge = (size_t)2 << 20;
+    size_t sizes[] = {0, 1, huge - 1, huge, huge + 1, 3 * huge + 12345};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        uint8_t *p = ks_alloc_huge(sizes[i]);
+        CHECK(p);
+        CHECK_EQ((uintptr_t)p % huge, 0);
+        const size_t n = sizes[i] ? sizes[i] : 1;
+        memset(p, 0xa5, n);
+        CHECK_EQ(p[n - 1], 0xa5);
+        ks_free_aligned(p);
+    }
+    CHECK(ks_alloc_huge(SIZE_MAX) == NULL);
+    CHECK(ks_alloc_huge(SIZE_MAX - huge + 2) == NULL);
+}
+
 int main(void) {
     test_errors();
+    test_alloc_huge();
     test_f16();
     test_dtype();
     test_pool();
