@@ -24,7 +24,7 @@ static float bench_randf(void) { // xorshift64, uniform [-1, 1)
 }
 
 static void *bench_alloc(size_t n) {
-    void *p = ks_alloc_aligned(n);
+    void *p = ks_alloc_huge(n); // as the model keeps its r16 weights
     if (!p) {
         fprintf(stderr, "bench_kern: out of memory (%zu bytes)\n", n);
         exit(1);
