@@ -24,8 +24,8 @@ typedef struct fwd__mm_part {
     size_t ldy; // Y's row stride in floats (0: N)
     int T;
     kern_matmul_fn fn;
-    int64_t chunk;  // weight rows per claim
-    int64_t claim0; // the part's first claim number in the run
+    int64_t chunk; // most 16-row units per claim
+    int64_t u0;    // the part's first 16-row unit in the run
 } fwd__mm_part;
 
 struct model_ctx {
@@ -238,34 +238,58 @@ void model_ctx_free(model_ctx *c) {
 typedef struct {
     fwd__mm_part *p;
     int n_parts;
-    int64_t n_claims;
-    atomic_llong next; // next claim, over the parts' claims in order
+    int nth;
+    int64_t n_units;   // 16-row units over the parts, in order
+    atomic_llong next; // next unit to claim
 } fwd__mm;
 
-/* Weight rows per claim: about four claims per thread, a multiple of 16.
+/* Weight units (16 rows) per claim at most: about four claims per thread.
  * Long runs of rows let each thread stream its weights (the kernels prefetch
  * the next tile's rows) and reuse the activations from L2; 32-row claims
  * were 25-30% slower in decode on the TinyLlama shape. */
-static int64_t fwd__rows_per_claim(int64_t N, int nth) {
-    int64_t n = (N / (4 * (int64_t)nth) + 15) / 16 * 16;
-    return n < 16 ? 16 : n;
+static int64_t fwd__units_per_claim(int64_t N, int nth) {
+    int64_t n = (N / (4 * (int64_t)nth) + 15) / 16;
+    return n < 1 ? 1 : n;
 }
 
-/* Claims are numbered across the parts in order; every output row is
- * computed by one kernel call whatever claim it falls in (kern.h), so the
- * split changes no value. */
+/* Claims the next units [*u0, *u1) of the run, within one part (*pi, which
+ * only moves on). Guided: a claim takes at most its part's chunk and at most
+ * 1/(2 nth) of the units left in the run, so claims shrink to one unit at
+ * the end and the threads finish within a unit of each other (full-size
+ * claims left one thread waiting up to a whole claim, ~800 KB of weights
+ * of gate/up or down and 4.6 MB of the output matrix, after every run). */
+static bool fwd__mm_claim(fwd__mm *a, int *pi, int64_t *u0, int64_t *u1) {
+    int64_t u = atomic_load_explicit(&a->next, memory_order_relaxed);
+    for (;;) {
+        if (u >= a->n_units) return false;
+        while (*pi + 1 < a->n_parts && u >= a->p[*pi + 1].u0)
+            (*pi)++;
+        const fwd__mm_part *p = &a->p[*pi];
+        const int64_t part_end = *pi + 1 < a->n_parts ? a->p[*pi + 1].u0 : a->n_units;
+        int64_t n = (a->n_units - u) / (2 * a->nth);
+        n = n < 1 ? 1 : n > p->chunk ? p->chunk : n;
+        if (u + n > part_end) n = part_end - u;
+        if (atomic_compare_exchange_weak_explicit(&a->next, &u, u + n, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *u0 = u;
+            *u1 = u + n;
+            return true;
+        }
+    }
+}
+
+/* Every output row is computed by one kernel call whatever claim it falls
+ * in (kern.h), so the split changes no value. */
 static void fwd__mm_task(void *arg, int ith, int nth) {
     fwd__mm *a = arg;
     (void)ith, (void)nth;
     int64_t k, k1;
     int i = 0; // one thread's claims only grow, so its part index only moves on
-    while (ks_pool_claim(&a->next, a->n_claims, 1, &k, &k1)) {
-        while (i + 1 < a->n_parts && k >= a->p[i + 1].claim0)
-            i++;
+    while (fwd__mm_claim(a, &i, &k, &k1)) {
         const fwd__mm_part *p = &a->p[i];
         const model__mat *w = p->w;
-        const int64_t r = (k - p->claim0) * p->chunk,
-                      r1 = r + p->chunk < w->N ? r + p->chunk : w->N;
+        const int64_t r = (k - p->u0) * 16,
+                      r1 = (k1 - p->u0) * 16 < w->N ? (k1 - p->u0) * 16 : w->N;
         p->fn(w->K, (int)(r1 - r), p->T,
               (const char *)w->data +
                   (w->packed ? (size_t)(r / 16) * w->group_bytes : (size_t)r * w->row_bytes),
@@ -275,17 +299,16 @@ static void fwd__mm_task(void *arg, int ith, int nth) {
 
 /* Runs the n parts (X, Y, T and w set) in one pool run. */
 static void fwd__mm_run(model_ctx *c, fwd__mm_part *parts, int n) {
-    fwd__mm a = {.p = parts, .n_parts = n};
-    const int nth = ks_pool_nth(c->threads);
+    fwd__mm a = {.p = parts, .n_parts = n, .nth = ks_pool_nth(c->threads)};
     for (int i = 0; i < n; i++) {
         fwd__mm_part *p = &parts[i];
         KS_ASSERT(p->T >= 1);
         p->fn = p->w->packed ? c->kv->matmul_r16[p->w->type] : c->kv->matmul[p->w->type];
         KS_ASSERT(p->fn);
-        p->chunk = fwd__rows_per_claim(p->w->N, nth);
+        p->chunk = fwd__units_per_claim(p->w->N, a.nth);
         if (!p->ldy) p->ldy = (size_t)p->w->N;
-        p->claim0 = a.n_claims;
-        a.n_claims += (p->w->N + p->chunk - 1) / p->chunk;
+        p->u0 = a.n_units;
+        a.n_units += (p->w->N + 15) / 16;
     }
     atomic_init(&a.next, 0);
     ks_pool_run(c->threads, fwd__mm_task, &a);
