@@ -164,6 +164,9 @@ typedef struct srv_choice {
                          completions: {tokens, token_logprobs, top_logprobs, text_offset}) */
     size_t text_off;  /* completions: text_offset of its next token */
     double lp_sum;    /* sum of its tokens' logprobs: best_of ranks by the mean */
+    toolcall_parser *tc; /* chat: its answer's tool calls and reasoning (toolcall.h); NULL
+                            when neither applies */
+    int tc_sent;         /* calls answered (streamed) so far */
 } srv_choice;
 
 /* One generation in flight; owned by the handler (non-streaming) or by the
@@ -214,13 +217,10 @@ struct srv_gen {
     bool oom;             /* collecting: an event could not be kept */
     engine_event first;
     srv_buf text; /* streaming with log_content: the text, for the log */
-    /* chat: tool calls and reasoning (toolcall.h) of the one choice (tc NULL
-       when neither applies; n > 1 with a parser is refused) */
-    toolcall_parser *tc;
-    json_t *tc_tools; /* the request's tools (a reference): tc borrows them */
+    /* chat: what every choice's parser (srv_choice.tc) reads */
+    json_t *tc_tools; /* the request's tools (a reference): the parsers borrow them */
     toolcall_cfg tc_cfg;
     bool tc_parallel; /* parallel_tool_calls: false keeps the first call only */
-    int tc_sent;      /* calls answered (streamed) so far */
     /* embeddings (route EMBEDDINGS, n_ch 0): one backend request per input,
        at most SRV_EMBED_WINDOW of them submitted and not done at a time */
     void **ereq; /* (n_ereq) handles (NULL: not submitted) */
@@ -528,7 +528,8 @@ static void srv__gen_free(srv_gen *g) {
     srv_buf_free(&g->raw);
     for (int i = 0; i < g->n_stops; i++)
         free(g->stops[i]);
-    toolcall_parser_destroy(g->tc);
+    for (int i = 0; i < ENGINE_MAX_N; i++)
+        toolcall_parser_destroy(g->ch[i].tc);
     json_decref(g->tc_tools);
     pthread_mutex_destroy(&g->mu);
     atomic_fetch_sub_explicit(&s->met.inflight, 1, memory_order_acq_rel);
@@ -895,14 +896,13 @@ static bool srv__tool_choice_grammar(server *s, srv_request *rq, srv_error *err)
 /* Sets up g's parser when its answer may hold tool calls (tools given,
  * tool_choice not "none", a format known) or reasoning (think markers).
  * prompt is the rendered chat: an answer that starts inside a think block
- * starts as reasoning. KS_ERR_NOMEM; KS_ERR_UNSUPPORTED with n > 1 (the
- * parser state is the request's, not each choice's). */
+ * starts as reasoning. Each choice gets its own parser (n > 1: every
+ * choice's answer is parsed on its own). KS_ERR_NOMEM. */
 static ks_err srv__gen_toolcall(server *s, srv_gen *g, const srv_request *rq, const char *prompt,
                                 size_t len) {
     const toolcall_req *tr = &rq->tc;
     bool calls = tr->tools && tr->choice != TOOLCALL_CHOICE_NONE && s->tc_format != TOOLCALL_NONE;
     if (!calls && !s->think_open) return KS_OK;
-    if (g->n_ch > 1 || g->n_ret > 1) return KS_ERR_UNSUPPORTED; // one parser, one choice
     g->tc_tools = tr->tools ? json_incref((json_t *)tr->tools) : NULL;
     g->tc_cfg = (toolcall_cfg){
         .format = calls ? s->tc_format : TOOLCALL_NONE,
@@ -912,7 +912,11 @@ static ks_err srv__gen_toolcall(server *s, srv_gen *g, const srv_request *rq, co
         .tools = g->tc_tools,
     };
     g->tc_parallel = tr->parallel;
-    return toolcall_parser_create(&g->tc_cfg, &g->tc);
+    for (int i = 0; i < g->n_ch; i++) {
+        ks_err e = toolcall_parser_create(&g->tc_cfg, &g->ch[i].tc);
+        if (e) return e;
+    }
+    return KS_OK;
 }
 
 /* Appends ev's text as the parser reads it to b: the text, then the text of
@@ -929,24 +933,25 @@ static bool srv__tc_text(const srv_gen *g, const engine_event *ev, srv_buf *b) {
     return srv_buf_add(b, piece, n);
 }
 
-/* Appends one chat.completion.chunk with this delta (stolen) and logprobs
- * (stolen; NULL: null). */
-static bool srv__tc_chunk(srv_gen *g, json_t *delta, json_t *lp) {
+/* Appends one chat.completion.chunk of choice idx with this delta (stolen)
+ * and logprobs (stolen; NULL: null). */
+static bool srv__tc_chunk(srv_gen *g, int idx, json_t *delta, json_t *lp) {
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:o, s:n}]}", "id", g->id, "object",
                           "chat.completion.chunk", "created", (json_int_t)g->created, "model",
-                          g->model, "choices", "index", 0, "delta", delta, "logprobs",
+                          g->model, "choices", "index", idx, "delta", delta, "logprobs",
                           lp ? lp : json_null(), "finish_reason");
     bool ok = j && srv_sse_json(&g->out, j);
     json_decref(j);
     return ok;
 }
 
-/* The chunks of one parser delta: its content and reasoning (with lp, the
- * token's logprobs, stolen, NULL: none) in one chunk, then each new call as
- * OpenAI streams one: a chunk with its index, id, type and name (arguments
- * ""), then one with its arguments. parallel_tool_calls false: calls after
- * the first are left out. */
-static bool srv__tc_emit(srv_gen *g, const toolcall_delta *d, json_t *lp) {
+/* The chunks of one parser delta of choice idx: its content and reasoning
+ * (with lp, the token's logprobs, stolen, NULL: none) in one chunk, then
+ * each new call as OpenAI streams one: a chunk with its index, id, type and
+ * name (arguments ""), then one with its arguments. parallel_tool_calls
+ * false: calls after the first are left out. */
+static bool srv__tc_emit(srv_gen *g, int idx, const toolcall_delta *d, json_t *lp) {
+    srv_choice *ch = &g->ch[idx];
     bool ok = true;
     if (d->content_len || d->reasoning_len || lp) {
         json_t *delta = json_object();
@@ -956,39 +961,40 @@ static bool srv__tc_emit(srv_gen *g, const toolcall_delta *d, json_t *lp) {
             json_object_set_new(delta, "reasoning_content",
                                 srv__jstr(d->reasoning, d->reasoning_len));
         if (!delta) json_decref(lp);
-        ok = delta && srv__tc_chunk(g, delta, lp);
+        ok = delta && srv__tc_chunk(g, idx, delta, lp);
     }
-    for (int i = 0; ok && i < d->n_calls && (g->tc_parallel || g->tc_sent == 0); i++) {
-        const toolcall_call *c = toolcall_parser_call(g->tc, d->first_call + i);
-        int idx = g->tc_sent++;
-        ok = srv__tc_chunk(g,
+    for (int i = 0; ok && i < d->n_calls && (g->tc_parallel || ch->tc_sent == 0); i++) {
+        const toolcall_call *c = toolcall_parser_call(ch->tc, d->first_call + i);
+        int ci = ch->tc_sent++;
+        ok = srv__tc_chunk(g, idx,
                            json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index",
-                                     idx, "id", c->id, "type", "function", "function", "name",
+                                     ci, "id", c->id, "type", "function", "function", "name",
                                      c->name, "arguments", ""),
                            NULL) &&
-             srv__tc_chunk(g,
-                           json_pack("{s:[{s:i, s:{s:s}}]}", "tool_calls", "index", idx, "function",
+             srv__tc_chunk(g, idx,
+                           json_pack("{s:[{s:i, s:{s:s}}]}", "tool_calls", "index", ci, "function",
                                      "arguments", c->arguments),
                            NULL);
     }
     return ok;
 }
 
-/* A streamed chat event through the parser (the done event also settles
- * what the parser held back). */
-static bool srv__tc_stream(srv_gen *g, const engine_event *ev) {
+/* A streamed chat event of choice idx through its parser (the done event
+ * also settles what the parser held back). */
+static bool srv__tc_stream(srv_gen *g, int idx, const engine_event *ev) {
+    toolcall_parser *tc = g->ch[idx].tc;
     srv_buf t = {0};
     toolcall_delta d;
     bool ok =
-        srv__tc_text(g, ev, &t) && toolcall_parser_push(g->tc, t.p ? t.p : "", t.len, &d) == KS_OK;
+        srv__tc_text(g, ev, &t) && toolcall_parser_push(tc, t.p ? t.p : "", t.len, &d) == KS_OK;
     srv_buf_free(&t);
     json_t *lp = NULL;
     if (ok && g->logprobs && ev->token >= 0)
         lp = json_pack("{s:[o]}", "content",
                        srv__lp_entry(g->s->vocab, ev->token, ev->sr.logprob, true, &ev->sr));
-    ok = ok && srv__tc_emit(g, &d, lp);
+    ok = ok && srv__tc_emit(g, idx, &d, lp);
     if (ok && ev->done)
-        ok = toolcall_parser_finish(g->tc, &d) == KS_OK && srv__tc_emit(g, &d, NULL);
+        ok = toolcall_parser_finish(tc, &d) == KS_OK && srv__tc_emit(g, idx, &d, NULL);
     return ok;
 }
 
@@ -998,19 +1004,20 @@ static bool srv__all_ws(const char *s, size_t n) {
     return true;
 }
 
-/* The message of a non-streamed chat answer whose text is text, parsed:
+/* The message of a non-streamed chat answer parsed by tc from its text:
  * content (null when there are calls and nothing but whitespace besides),
  * reasoning_content when there is some, tool_calls when there are; *fin
  * becomes "tool_calls" when there are calls and the answer ended on a stop.
  * NULL on out-of-memory. */
-static json_t *srv__tc_message(srv_gen *g, const srv_buf *text, const char **fin) {
+static json_t *srv__tc_message(srv_gen *g, toolcall_parser *tc, const srv_buf *text,
+                               const char **fin) {
     toolcall_delta d;
-    if (toolcall_parser_push(g->tc, text->p ? text->p : "", text->len, &d) ||
-        toolcall_parser_finish(g->tc, &d))
+    if (toolcall_parser_push(tc, text->p ? text->p : "", text->len, &d) ||
+        toolcall_parser_finish(tc, &d))
         return NULL;
     size_t cl, rl;
-    const char *c = toolcall_parser_content(g->tc, &cl), *r = toolcall_parser_reasoning(g->tc, &rl);
-    int n = toolcall_parser_n_calls(g->tc);
+    const char *c = toolcall_parser_content(tc, &cl), *r = toolcall_parser_reasoning(tc, &rl);
+    int n = toolcall_parser_n_calls(tc);
     if (n > 1 && !g->tc_parallel) n = 1;
     json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content",
                           n && srv__all_ws(c, cl) ? json_null() : srv__jstr(c, cl));
@@ -1018,10 +1025,10 @@ static json_t *srv__tc_message(srv_gen *g, const srv_buf *text, const char **fin
     if (m && n) {
         json_t *calls = json_array();
         for (int i = 0; i < n && calls; i++) {
-            const toolcall_call *tc = toolcall_parser_call(g->tc, i);
-            json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", tc->id, "type",
-                                                   "function", "function", "name", tc->name,
-                                                   "arguments", tc->arguments));
+            const toolcall_call *call = toolcall_parser_call(tc, i);
+            json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", call->id,
+                                                   "type", "function", "function", "name",
+                                                   call->name, "arguments", call->arguments));
         }
         json_object_set_new(m, "tool_calls", calls);
         if (!strcmp(*fin, "stop")) *fin = "tool_calls";
@@ -1046,11 +1053,12 @@ static bool srv__anth_emit(srv_gen *g, const toolcall_delta *d) {
         ok = srv_anth_sse_text(&g->anth, &g->out, true, srv__jstr(d->reasoning, d->reasoning_len));
     if (ok && d->content_len)
         ok = srv_anth_sse_text(&g->anth, &g->out, false, srv__jstr(d->content, d->content_len));
-    for (int i = 0; ok && i < d->n_calls && (g->tc_parallel || g->tc_sent == 0); i++) {
-        const toolcall_call *c = toolcall_parser_call(g->tc, d->first_call + i);
+    srv_choice *ch = &g->ch[0]; // Messages answers have one choice
+    for (int i = 0; ok && i < d->n_calls && (g->tc_parallel || ch->tc_sent == 0); i++) {
+        const toolcall_call *c = toolcall_parser_call(ch->tc, d->first_call + i);
         char id[64];
         srv_anth_tool_id(c->id, id, sizeof id);
-        g->tc_sent++;
+        ch->tc_sent++;
         ok = srv_anth_sse_tool(&g->anth, &g->out, id, c->name, c->arguments);
     }
     return ok;
@@ -1060,22 +1068,22 @@ static bool srv__anth_emit(srv_gen *g, const toolcall_delta *d) {
  * message_delta + message_stop, or an error event when it failed. */
 static bool srv__anth_stream_event(srv_gen *g, const engine_event *ev) {
     bool ok = !g->raw_oom;
-    if (ok && g->tc) {
+    toolcall_parser *tc = g->ch[0].tc; // Messages answers have one choice
+    if (ok && tc) {
         srv_buf t = {0};
         toolcall_delta d;
-        ok = srv__tc_text(g, ev, &t) &&
-             toolcall_parser_push(g->tc, t.p ? t.p : "", t.len, &d) == KS_OK;
+        ok =
+            srv__tc_text(g, ev, &t) && toolcall_parser_push(tc, t.p ? t.p : "", t.len, &d) == KS_OK;
         srv_buf_free(&t);
         ok = ok && srv__anth_emit(g, &d);
-        if (ok && ev->done)
-            ok = toolcall_parser_finish(g->tc, &d) == KS_OK && srv__anth_emit(g, &d);
+        if (ok && ev->done) ok = toolcall_parser_finish(tc, &d) == KS_OK && srv__anth_emit(g, &d);
     } else if (ok && ev->text_len) {
         ok = srv_anth_sse_text(&g->anth, &g->out, false, srv__jstr(ev->text, ev->text_len));
     }
     if (ok && g->s->log_content && ev->text_len) ok = srv_buf_add(&g->text, ev->text, ev->text_len);
     if (!ok || !ev->done) return ok;
     const char *seq = srv__anth_stop_seq(g, ev);
-    const char *reason = srv_anth_stop_reason(ev->finish, g->tc_sent > 0, seq);
+    const char *reason = srv_anth_stop_reason(ev->finish, g->ch[0].tc_sent > 0, seq);
     if (!reason) {
         srv_error err;
         srv__gen_error(g, ev, &err);
@@ -1093,12 +1101,12 @@ static json_t *srv__anth_answer(srv_gen *g, const srv_buf *text, const engine_ev
     size_t cl = text->len, rl = 0;
     int n = 0;
     toolcall_delta d;
-    if (g->tc) {
-        if (toolcall_parser_push(g->tc, c, cl, &d) || toolcall_parser_finish(g->tc, &d))
-            return NULL;
-        c = toolcall_parser_content(g->tc, &cl);
-        r = toolcall_parser_reasoning(g->tc, &rl);
-        n = toolcall_parser_n_calls(g->tc);
+    toolcall_parser *tc = g->ch[0].tc;
+    if (tc) {
+        if (toolcall_parser_push(tc, c, cl, &d) || toolcall_parser_finish(tc, &d)) return NULL;
+        c = toolcall_parser_content(tc, &cl);
+        r = toolcall_parser_reasoning(tc, &rl);
+        n = toolcall_parser_n_calls(tc);
         if (n > 1 && !g->tc_parallel) n = 1;
     }
     json_t *content = json_array();
@@ -1107,10 +1115,10 @@ static json_t *srv__anth_answer(srv_gen *g, const srv_buf *text, const engine_ev
     if (ok && ((cl && !(n && srv__all_ws(c, cl))) || (!n && !rl)))
         ok = !json_array_append_new(content, srv_anth_text_block(false, srv__jstr(c, cl)));
     for (int i = 0; ok && i < n; i++) {
-        const toolcall_call *tc = toolcall_parser_call(g->tc, i);
+        const toolcall_call *call = toolcall_parser_call(tc, i);
         char id[64];
-        srv_anth_tool_id(tc->id, id, sizeof id);
-        ok = !json_array_append_new(content, srv_anth_tool_block(id, tc->name, tc->arguments));
+        srv_anth_tool_id(call->id, id, sizeof id);
+        ok = !json_array_append_new(content, srv_anth_tool_block(id, call->name, call->arguments));
     }
     if (!ok) {
         json_decref(content);
@@ -1148,8 +1156,8 @@ static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
         g->ptext_off += tok_piece(g->s->vocab, ev->token, false, raw, sizeof raw);
         return ok;
     }
-    if (g->tc) // one choice: n > 1 with a parser is refused (srv__gen_toolcall)
-        ok = srv__tc_stream(g, ev);
+    if (g->ch[idx].tc) // each choice through its own parser
+        ok = srv__tc_stream(g, idx, ev);
     else
         for (int k = 0; ok && k < srv__fanout(g); k++)
             ok = srv__sse_put(g, srv__chunk(g, ev, idx + k, &oom), oom);
@@ -1157,7 +1165,7 @@ static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
     if (!ok || !ev->done) return ok;
 
     const char *fin = srv_finish_name(ev->finish);
-    if (fin && g->tc_sent && ev->finish == ENGINE_FINISH_STOP) fin = "tool_calls";
+    if (fin && g->ch[idx].tc_sent && ev->finish == ENGINE_FINISH_STOP) fin = "tool_calls";
     if (!fin) { // aborted or failed after the stream started: an error event, no [DONE]
         srv_error err;
         srv__gen_error(g, ev, &err);
@@ -1419,7 +1427,7 @@ static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv
             if (g->logprobs && g->plp) srv__lp_completion(g, g->plp, &ev, &g->ptext_off);
             continue;
         }
-        if (g->tc) // one choice (n > 1 with a parser is refused)
+        if (ch->tc) // parsed when answering (srv__tc_message)
             ok = ok && srv__tc_text(g, &ev, &ch->text);
         else if (ev.text_len)
             ok = ok && srv_buf_add(&ch->text, ev.text, ev.text_len);
@@ -1476,9 +1484,9 @@ static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv
             srv_buf_free(&t);
             json_t *one;
             const char *f = cfin ? cfin : fin;
-            if (g->route == SRV_ROUTE_CHAT && g->tc) { // its content parsed: calls, reasoning
+            if (g->route == SRV_ROUTE_CHAT && ch->tc) { // its content parsed: calls, reasoning
                 json_decref(text);
-                json_t *msg = srv__tc_message(g, &ch->text, &f);
+                json_t *msg = srv__tc_message(g, ch->tc, &ch->text, &f);
                 one = json_pack("{s:i, s:o, s:o, s:s}", "index", k, "message", msg, "logprobs",
                                 srv__choice_lp(g, ch), "finish_reason", f);
             } else if (g->route == SRV_ROUTE_CHAT)
@@ -1542,9 +1550,9 @@ static void srv__refused_long(server *s, srv_gen *g, srv_error *err, bool cut, i
 }
 
 /* Issue 12's request fields against this server: logit_bias ids within
- * the vocabulary; n / best_of > 1 only on a backend that shares a prompt
- * between choices (kvseal serve; the cluster router refuses them). False
- * with err set otherwise. */
+ * the vocabulary; n / best_of > 1 only on a backend that runs choices
+ * (submit_n: kvseal serve and the cluster router). False with err set
+ * otherwise. */
 static bool srv__gen_choices(server *s, const srv_request *rq, srv_error *err) {
     int32_t V = tok_n_vocab(s->vocab);
     for (int i = 0; i < rq->n_bias; i++)
@@ -1757,12 +1765,6 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     p.grammar = rq.grammar;
     if (chat_like) {
         ks_err te = srv__gen_toolcall(s, g, &rq, ptext, ptext_len);
-        if (te == KS_ERR_UNSUPPORTED) {
-            srv_refuse(&err, ADMIT_UNSUPPORTED_PARAMETER, "n",
-                       "'n' above 1 is not supported yet on answers parsed for tool calls or "
-                       "reasoning (tools given, or a template with think markers)");
-            goto fail;
-        }
         if (te) {
             srv_fail(&err, 500, "internal_error", "out of memory");
             goto fail;

@@ -5,14 +5,16 @@
 # - --tool-call-format hermes: requests with tools (auto, none,
 #   parallel_tool_calls false) answer the model's plain continuation as
 #   content, no tool_calls, finish_reason as without tools, streamed or not;
-#   tool_choice "required" / a named function are refused with 400 until
-#   constrained decoding lands; malformed tool fields are 400s naming them;
+#   tool_choice "required" / a named function constrain decoding to one call
+#   that comes back in message.tool_calls / delta.tool_calls with
+#   finish_reason "tool_calls", also with n > 1 (each choice through its own
+#   parser, choice i equal to the n = 1 answer seeded seed + i) and through
+#   the npm client's runTools loop; malformed tool fields are 400s naming
+#   them;
 # - --reasoning-format deepseek: an answer that starts inside a think block
 #   (the prompt ends with <think>) is reasoning_content, equal to the
-#   completions route's text for the same prompt; other answers stay content.
-# kjv-mini never writes a tool call by itself, so the call path end to end
-# (message.tool_calls, delta.tool_calls, finish_reason "tool_calls") waits
-# for a grammar that forces the call text; the unit test covers it.
+#   completions route's text for the same prompt (every choice of n = 2 too);
+#   other answers stay content.
 . "$(dirname "$0")/lib.sh"
 command -v curl >/dev/null || skip "curl is not installed (scripts/install-deps.sh)"
 command -v node >/dev/null || skip "node is not installed (scripts/install-deps.sh installs it)"

@@ -41,6 +41,26 @@ async function streamed(body) {
   return out;
 }
 
+/* A streamed chat of n choices: each choice's deltas joined, by its index. */
+async function streamedN(body) {
+  const outs = [];
+  const stream = await client.chat.completions.create({ ...body, stream: true });
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      const o = outs[c.index] ??= { content: '', reasoning: '', calls: [], finish: null };
+      if (c.delta.content) o.content += c.delta.content;
+      if (c.delta.reasoning_content) o.reasoning += c.delta.reasoning_content;
+      for (const tc of c.delta.tool_calls ?? []) {
+        const call = o.calls[tc.index] ??= { name: '', arguments: '' };
+        if (tc.function?.name) call.name += tc.function.name;
+        if (tc.function?.arguments) call.arguments += tc.function.arguments;
+      }
+      if (c.finish_reason) o.finish = c.finish_reason;
+    }
+  }
+  return outs;
+}
+
 async function refused(body, status, code, param, needle) {
   try {
     await client.chat.completions.create(body);
@@ -87,6 +107,26 @@ if (process.env.KS_MODE === 'tools') {
     check(s.calls >= 1 && s.finish === 'tool_calls' && s.content === '',
       `forced call streamed (${JSON.stringify(tool_choice)}): ${JSON.stringify(s)}`);
   }
+  // n > 1: every choice's answer goes through its own parser; choice i is
+  // the n = 1 answer seeded seed + i, streamed or not
+  {
+    const body = { ...base, max_tokens: 120, tools, tool_choice: 'required', n: 3, temperature: 1, seed: 41 };
+    const r = await client.chat.completions.create(body);
+    check(r.choices.length === 3, `n=3 forced calls: ${r.choices.length} choices`);
+    const st = await streamedN(body);
+    for (let i = 0; i < 3; i++) {
+      const c = r.choices[i], call = c?.message.tool_calls?.[0];
+      const one = (await client.chat.completions.create({ ...body, n: 1, seed: 41 + i })).choices[0];
+      check(c?.index === i && c.finish_reason === 'tool_calls' && call?.function.name === 'get_weather' &&
+        JSON.stringify(c.message.tool_calls.map((t) => t.function)) ===
+          JSON.stringify(one.message.tool_calls?.map((t) => t.function)),
+        `n=3 choice ${i}: ${JSON.stringify(c)} want the calls of ${JSON.stringify(one)}`);
+      const s = st[i];
+      check(s?.finish === 'tool_calls' && s.content === '' && s.calls.length === 1 &&
+        s.calls[0].name === 'get_weather' && s.calls[0].arguments === call?.function.arguments,
+        `n=3 streamed choice ${i}: ${JSON.stringify(s)} want ${JSON.stringify(call)}`);
+    }
+  }
   // the npm client's tool loop: it runs the function the model called with
   // the arguments the server parsed, sends the result back as a tool
   // message, and (a single named function) ends after that call
@@ -118,6 +158,15 @@ if (process.env.KS_MODE === 'tools') {
   check(r.choices[0].finish_reason === wc.finish_reason, `finish ${r.choices[0].finish_reason} want ${wc.finish_reason}`);
   check(s.reasoning === want && s.content === '' && s.finish === wc.finish_reason,
     `streamed reasoning: ${JSON.stringify(s)}`);
+  // n > 1: each choice split by its own parser
+  const r2 = await client.chat.completions.create({ ...think, n: 2 });
+  const s2 = await streamedN({ ...think, n: 2 });
+  for (let i = 0; i < 2; i++) {
+    check(r2.choices[i]?.message.reasoning_content === want && r2.choices[i].message.content === '',
+      `n=2 reasoning choice ${i}: ${JSON.stringify(r2.choices[i])}`);
+    check(s2[i]?.reasoning === want && s2[i].content === '' && s2[i].finish === wc.finish_reason,
+      `n=2 streamed reasoning choice ${i}: ${JSON.stringify(s2[i])}`);
+  }
   const p = await client.chat.completions.create(base);
   check(p.choices[0].message.content === REF && p.choices[0].message.reasoning_content === undefined,
     `no think block: ${JSON.stringify(p.choices[0].message)}`);
