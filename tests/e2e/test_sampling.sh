@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # test_sampling.sh — issue 12's sampling features (n, echo with prompt
-# logprobs, logit_bias, best_of) through `kvseal serve`, driven by the
-# official openai npm client (js/sampling.mjs), plus curl for what the
-# client hides: the raw 400 bodies, and n / logit_bias / refusals in
-# disaggregated serving.
+# logprobs, logit_bias, best_of) through `kvseal serve` and through the
+# cluster router, driven by the official openai npm client (js/sampling.mjs),
+# plus curl for what the client hides: the raw 400 bodies; echo's prompt
+# logprobs through the router (the prefill worker's PROMPT_LP records)
+# byte for byte equal to serve's answers; a client vanishing mid echo
+# request leaves every page of both workers FREE and scrubbed.
 . "$(dirname "$0")/lib.sh"
 command -v node >/dev/null || skip "node is not installed (scripts/install-deps.sh installs it)"
 [ -d "$(dirname "$0")/js/node_modules/openai" ] || skip "the openai npm package is not installed (scripts/install-deps.sh)"
@@ -92,6 +94,10 @@ for f in "$TMPD"/echo-serve/*; do
     cmp -s "$f" "$g" || fail "cluster echo $(basename "$f") differs from serve's:
 $(diff <(jq . "$f") <(jq . "$g") | head -n 20)"
 done
+# the npm client's checks (n, echo with prompt logprobs at max_tokens 0 and
+# 1, logit_bias, best_of, the 400s) through the router as well
+KS_URL=$KS_URL KS_KEY=sk-none KS_MODEL_NAME=kjv-mini KS_BIAS_IDS="$OF,$THE" \
+    node "$(dirname "$0")/js/sampling.mjs" || fail "sampling checks through the router failed"
 req "cluster echo plain" 200 "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
     -d '{"model":"kjv-mini","prompt":"In the beginning","echo":true,"max_tokens":3,"temperature":0}'
 expect_has "cluster echo plain" "$BODY" '"text":"In the beginning of the Lord"'
