@@ -709,9 +709,10 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
 /* A PROMPT_LP that breaks the protocol (docs/pd-protocol.md section 4): its
  * request, if any, ends (502, nothing of the frame is delivered) and the
  * worker's connection closes with ERROR PROTO, as for any bad frame. */
-static void rt__lp_refuse(cluster_router *r, rt_worker *w, rt_req *q, const char *why) {
+static void rt__lp_refuse(cluster_router *r, rt_worker *w, uint64_t req_id, rt_req *q,
+                          const char *why) {
     ks_log(KS_LOG_WARN, "router: worker %u: PROMPT_LP for request %" PRIu64 ": %s; closing it",
-           w->id, q ? q->id : 0, why);
+           w->id, req_id, why);
     if (q)
         rt__abort(r, q, PD_ABORT_ERROR, KS_ERR_PROTO,
                   "internal error: bad prompt logprobs from the prefill worker");
@@ -747,12 +748,12 @@ static void rt__on_prompt_lp(cluster_router *r, rt_worker *w, rt_req *q, const p
     char why[256];
     if (!q) {
         if (f->hdr.req_id == 0 || f->hdr.req_id >= atomic_load(&r->next_req_id))
-            rt__lp_refuse(r, w, NULL, "a request id the router never issued");
+            rt__lp_refuse(r, w, f->hdr.req_id, NULL, "a request id the router never issued");
         return; // it ended already: dropped, not delivered
     }
     if (q->embed || !q->echo_lp || w->id != q->p_id || !q->p_sent || q->phase != RT_PREFILLING ||
         q->lp_done) {
-        rt__lp_refuse(r, w, q->p_id == w->id ? q : NULL,
+        rt__lp_refuse(r, w, f->hdr.req_id, q->p_id == w->id ? q : NULL,
                       q->embed || !q->echo_lp ? "the request did not ask for prompt logprobs"
                       : w->id != q->p_id      ? "the request is not this worker's"
                       : q->lp_done            ? "records after the last PROMPT_LP"
@@ -762,7 +763,7 @@ static void rt__on_prompt_lp(cluster_router *r, rt_worker *w, rt_req *q, const p
     pd_msg_prompt_lp m;
     ks_errbuf eb;
     if (pd_msg_prompt_lp_decode(f->payload, f->payload_len, &m, &eb) != KS_OK) {
-        rt__lp_refuse(r, w, q, eb.msg);
+        rt__lp_refuse(r, w, f->hdr.req_id, q, eb.msg);
         return;
     }
     const uint32_t n_prompt = (uint32_t)q->n_prompt, next = q->lp_next ? q->lp_next : 1;
@@ -793,7 +794,7 @@ static void rt__on_prompt_lp(cluster_router *r, rt_worker *w, rt_req *q, const p
         }
     }
     if (why[0]) {
-        rt__lp_refuse(r, w, q, why);
+        rt__lp_refuse(r, w, f->hdr.req_id, q, why);
         return;
     }
     engine_event ev;
