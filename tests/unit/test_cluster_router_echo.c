@@ -14,7 +14,11 @@
  *     and nothing of it reaches any client; the request it named completes
  *     untouched from its own worker;
  *   - a record whose token is not the prompt's ends that request ABORTED
- *     with none of the message's records delivered.
+ *     with none of the message's records delivered;
+ *   - the prefill worker lost after part of the records reached the client:
+ *     the request is not started over elsewhere (the client has part of
+ *     its answer) but ends ABORTED (peer closed) as other requests that
+ *     lose a worker, and decode gets ABORT WORKER_LOST.
  * Uses models/kjv-mini.gguf (KS_SRC). */
 #include "cluster/cluster_int.h"
 
@@ -47,7 +51,7 @@ typedef struct {
     uint8_t model_id[32];
     cluster_router *r;
     server_backend b;
-    fake dec, pre[3];
+    fake dec, pre[4];
     int n_pre;
 } harness;
 
@@ -382,6 +386,39 @@ static void case_prompt_only(void) {
     H.b.release(cl.req);
 }
 
+/* The prefill worker goes away after the first records were shown. */
+static void case_worker_lost(void) {
+    fprintf(stderr, "-- worker_lost\n");
+    client cl;
+    submit(&cl, 2);
+    uint64_t req;
+    fake *p = prefilled(&req);
+    send_lp(p, req, 1, 2, false, 0);
+    uint64_t end = cl_now_ms(NULL) + TEST_WAIT_MS;
+    while (cl.n < 3 && cl_now_ms(NULL) < end) {
+        pump(1);
+        drain(&cl);
+    }
+    CHECK_EQ(cl.n, 3); // position 0 and two records reached the client
+    int prefills = 0, aborts = H.dec.n_abort;
+    for (int i = 0; i < H.n_pre; i++)
+        prefills += H.pre[i].n_prefill;
+    pd_conn_close(p->c);
+    wait_done(&cl);
+    CHECK_EQ(cl.n, 4);
+    CHECK_EQ(cl.ev[3].state, ENGINE_ABORTED);
+    CHECK_EQ(cl.ev[3].err, KS_ERR_PEER_CLOSED);
+    PUMP_UNTIL(H.dec.n_abort > aborts);
+    CHECK_EQ(H.dec.abort_req, req);
+    CHECK_EQ(H.dec.abort_reason, PD_ABORT_WORKER_LOST);
+    pump(100);
+    int now = 0;
+    for (int i = 0; i < H.n_pre; i++)
+        now += H.pre[i].n_prefill;
+    CHECK_EQ(now, prefills); // not placed on another prefill worker
+    H.b.release(cl.req);
+}
+
 /* Another prefill worker's records for the request: that worker is cut off
  * (ERROR PROTO), nothing of it is shown, the request completes from its own. */
 static void case_foreign(void) {
@@ -390,8 +427,10 @@ static void case_foreign(void) {
     submit(&cl, 1);
     uint64_t req;
     fake *p = prefilled(&req);
-    fake *x = p == &H.pre[0] ? &H.pre[1] : &H.pre[0];
-    CHECK(x->c);
+    fake *x = NULL;
+    for (int i = 0; i < H.n_pre && !x; i++)
+        if (&H.pre[i] != p && H.pre[i].c) x = &H.pre[i];
+    CHECK(x);
     send_lp(x, req, 1, 3, true, 0);
     PUMP_UNTIL(x->closed);
     CHECK(x->n_error >= 1);
@@ -461,13 +500,13 @@ int main(void) {
     cluster_router_backend(H.r, &H.b);
     int port = cluster_router_port(H.r);
     fake_start(&H.dec, PD_ROLE_DECODE, port);
-    H.n_pre = 3;
-    fake_start(&H.pre[0], PD_ROLE_PREFILL, port);
-    fake_start(&H.pre[1], PD_ROLE_PREFILL, port);
-    fake_start(&H.pre[2], PD_ROLE_PREFILL, port);
+    H.n_pre = 4;
+    for (int i = 0; i < H.n_pre; i++)
+        fake_start(&H.pre[i], PD_ROLE_PREFILL, port);
 
     case_merge();
     case_prompt_only();
+    case_worker_lost(); // one prefill worker goes
     case_foreign();   // cuts one prefill worker off
     case_bad_token(); // and another
     case_unknown();   // and the last
