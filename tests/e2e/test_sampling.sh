@@ -9,6 +9,7 @@
 . "$(dirname "$0")/lib.sh"
 command -v node >/dev/null || skip "node is not installed (scripts/install-deps.sh installs it)"
 [ -d "$(dirname "$0")/js/node_modules/openai" ] || skip "the openai npm package is not installed (scripts/install-deps.sh)"
+command -v jq >/dev/null || skip "jq is not installed (scripts/install-deps.sh installs it)"
 MODEL="$KS_SRC/models/kjv-mini.gguf"
 OF=$("$KS_BIN" tokenize -m "$MODEL" --ids --no-bos "of")
 case "$OF" in ""|*" "*) fail "tokenize 'of': [$OF], want one id";; esac
@@ -48,7 +49,6 @@ expect_has "kv check" "$BODY" 'scrubbed'
 # text_offset, text, finish_reason, usage): the kernels are batch-invariant,
 # so the prefill worker's rows are serve's. Prompts: one token after BOS, a
 # sentence, and one of >300 tokens (many KV pages, several PROMPT_LP chunks).
-command -v jq >/dev/null || skip "jq is not installed"
 V1="In the beginning God created the heaven and the earth. And the earth was without form, and void; and darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. And God said, Let there be light: and there was light."
 LONG="$V1 $V1 $V1 $V1 $V1 $V1 $V1"
 ECHO_PROMPTS=("In" "$V1" "$LONG")
