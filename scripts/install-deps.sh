@@ -12,7 +12,7 @@ for p in "${pkgs[@]}"; do
 done
 # tools are looked up as commands: a machine may have them from elsewhere
 # (e.g. a node build that bundles npm, which Debian's npm package conflicts with)
-for c in cmake:cmake make:make gcc:gcc clang:clang curl:curl node:nodejs npm:npm spin:spin; do
+for c in cmake:cmake make:make gcc:gcc clang:clang curl:curl node:nodejs npm:npm spin:spin jq:jq; do
   command -v "${c%%:*}" >/dev/null 2>&1 || missing+=("${c#*:}")
 done
 # jinja2 is the oracle of the chat-template engine (tests/e2e/jinja_oracle.py):

@@ -66,9 +66,11 @@ typedef struct cluster_worker_opts {
  * drain_ms): connects to the router
  * (retrying with back-off until registered, and again after losing it),
  * opens a data link to every decode worker the router names, serves PREFILL
- * and ABORT, and EMBED (an embedding input computed and pooled here, its
- * pages scrubbed before EMBED_RESULT goes back; pooling eng.pooling). Returns KS_OK after a clean
- * stop. Errors (at start only): KS_ERR_INVAL (options), KS_ERR_NOMEM, KS_ERR_IO. Blocks. */
+ * (with PD_FLAG_PROMPT_LP, echo: the prompt's logprob records go to the
+ * router in PROMPT_LP messages before DONE goes to decode) and ABORT, and EMBED (an embedding input
+ * computed and pooled here, its pages scrubbed before EMBED_RESULT goes back; pooling eng.pooling).
+ * Returns KS_OK after a clean stop. Errors (at start only): KS_ERR_INVAL (options), KS_ERR_NOMEM,
+ * KS_ERR_IO. Blocks. */
 ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atomic_t *stop,
                            ks_errbuf *eb) KS_MUST_USE;
 

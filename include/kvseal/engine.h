@@ -112,7 +112,7 @@ typedef struct engine_params {
                          the grammar is complete (even with ignore_eos);
                          generation stops (FINISH_STOP) once nothing more
                          can follow */
-    /* issue 12 (kvseal serve only: the cluster router refuses them) */
+    /* issue 12 (the cluster router carries them too: sampling extension, PROMPT_LP) */
     const sample_bias *bias; /* (n_bias) logit_bias entries, validated; copied */
     int n_bias;
     bool prompt_logprobs; /* echo: post an ENGINE prompt event for every prompt token

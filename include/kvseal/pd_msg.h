@@ -64,10 +64,11 @@ typedef enum pd_msg_type {
     PD_MSG_ERROR = 0x001F,
     PD_MSG_EMBED = 0x0020,        /* R -> P: an embedding input (issue 13) */
     PD_MSG_EMBED_RESULT = 0x0021, /* P -> R: its pooled vector */
+    PD_MSG_PROMPT_LP = 0x0022,    /* P -> R: prompt logprob records (echo, issue 12) */
 } pd_msg_type;
 
 /* Size of a type-indexed table (pd_msg_type_max); types >= this are unknown. */
-#define PD_MSG_N_TYPES 0x22u
+#define PD_MSG_N_TYPES 0x23u
 
 #define PD_MSG_MAX_FRAME 67108864u      /* KS_PD_MAX_FRAME: 64 MiB */
 #define PD_MSG_GRANT_MAX (4u << 20)     /* GRANT payload bound */
@@ -89,8 +90,12 @@ typedef enum pd_msg_type {
 /* Node roles (HELLO, REGISTER). */
 enum { PD_ROLE_ROUTER = 1, PD_ROLE_PREFILL = 2, PD_ROLE_DECODE = 3 };
 /* ADMIT/PREFILL flags. PD_FLAG_EXT: the sampling extension (penalties,
- * logit bias, grammar) follows the message's other fields. */
-enum { PD_FLAG_IGNORE_EOS = 1u, PD_FLAG_LOGPROBS = 2u, PD_FLAG_EXT = 4u };
+ * logit bias, grammar) follows the message's other fields.
+ * PD_FLAG_PROMPT_LP (echo): the prefill worker computes a logits row for
+ * every prompt position (no prefix-cache attach) and sends the prompt's
+ * logprob records, with n_probs alternatives each, to the router in
+ * PROMPT_LP messages before its DONE; decode ignores it. */
+enum { PD_FLAG_IGNORE_EOS = 1u, PD_FLAG_LOGPROBS = 2u, PD_FLAG_EXT = 4u, PD_FLAG_PROMPT_LP = 8u };
 /* DENY reasons. */
 enum {
     PD_DENY_NOSPACE = 1,
@@ -527,5 +532,56 @@ ks_err pd_msg_embed_encode(const pd_msg_embed *m, const int32_t *tokens, uint8_t
 ks_err pd_msg_embed_result_encode(const pd_msg_embed_result *m, const float *vec, uint8_t *buf,
                                   size_t cap, uint32_t *out_len /* OUT */,
                                   ks_errbuf *eb) KS_MUST_USE;
+
+// ----------------------------------------------------------------------------
+// Prompt logprobs (echo, issue 12): PROMPT_LP P -> R (control), for a
+// PREFILL with PD_FLAG_PROMPT_LP. Record i of a message is prompt position
+// first_pos + i: the prompt token there and its logprob under the logits of
+// position first_pos + i - 1, with the n_top most likely alternatives there.
+// Position 0 has no logprob and no record (the router knows the prompt), so
+// first_pos >= 1. The records of a request arrive in position order, in
+// messages of at most PD_MSG_PROMPT_LP_MAX_RECORDS; the last one carries
+// PD_PROMPT_LP_LAST and ends at the prompt's end.
+
+#define PD_MSG_PROMPT_LP_FIXED 16u
+#define PD_MSG_PROMPT_LP_MAX_RECORDS 256u /* records per message */
+/* Bytes of one record with n_top alternatives: {i32 token, f32 logprob, n_top x {i32, f32}}. */
+#define PD_MSG_PROMPT_LP_RECORD(n_top) (8u + 8u * (uint32_t)(n_top))
+/* PROMPT_LP payload bound (256 records of 64 alternatives). */
+#define PD_MSG_PROMPT_LP_MAX                                                                       \
+    (PD_MSG_PROMPT_LP_FIXED +                                                                      \
+     PD_MSG_PROMPT_LP_MAX_RECORDS * PD_MSG_PROMPT_LP_RECORD(PD_MSG_MAX_TOP))
+enum { PD_PROMPT_LP_LAST = 1u /* the request's last PROMPT_LP */ };
+
+/* PROMPT_LP (16 + n_records (8 + 8 n_top)). Decoded: records points at the
+ * n_records raw records (pd_msg_prompt_lp_record, pd_msg_prompt_lp_top). */
+typedef struct pd_msg_prompt_lp {
+    uint32_t first_pos; /* >= 1; first_pos + n_records <= 2^31 */
+    uint32_t n_records; /* <= PD_MSG_PROMPT_LP_MAX_RECORDS; 0 only in the LAST message
+                           (a one-token prompt has no record) */
+    uint32_t n_top;     /* <= PD_MSG_MAX_TOP, the same in every record */
+    uint32_t flags;     /* PD_PROMPT_LP_*; other bits must be 0 */
+    const uint8_t *records;
+} pd_msg_prompt_lp;
+
+/* Loads record i (< n_records) of a decoded PROMPT_LP: its token and logprob.
+ * Can't fail. */
+void pd_msg_prompt_lp_record(const pd_msg_prompt_lp *m, uint32_t i, int32_t *token /* OUT */,
+                             float *logprob /* OUT */);
+/* Loads alternative k (< n_top) of record i (< n_records). Can't fail. */
+pd_msg_top pd_msg_prompt_lp_top(const pd_msg_prompt_lp *m, uint32_t i, uint32_t k);
+/* Decoder: the layout of docs/pd-protocol.md section 4 exactly (first_pos >=
+ * 1, counts within bounds, len = 16 + n_records * (8 + 8 n_top), no unknown
+ * flag, n_records 0 only with LAST). Token ids are the router's check (it
+ * holds the prompt). Errors: KS_ERR_PROTO. */
+ks_err pd_msg_prompt_lp_decode(const uint8_t *payload, uint32_t len, pd_msg_prompt_lp *out,
+                               ks_errbuf *eb) KS_MUST_USE;
+/* Encoder (buf NULL: size only). tokens, logprobs: m->n_records each; top:
+ * m->n_records * m->n_top alternatives, record-major (NULL when n_top is 0);
+ * m->records is ignored. Errors: KS_ERR_INVAL (what the decoder refuses),
+ * KS_ERR_NOSPACE (cap). */
+ks_err pd_msg_prompt_lp_encode(const pd_msg_prompt_lp *m, const int32_t *tokens,
+                               const float *logprobs, const pd_msg_top *top, uint8_t *buf,
+                               size_t cap, uint32_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 
 #endif /* KS_PD_MSG_H */

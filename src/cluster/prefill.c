@@ -31,6 +31,11 @@
  * (PF_PUMP_PENDING_MAX plus one maximal frame), so a queued frame is never
  * refused for back-pressure alone. */
 #define PF_OUT_HIGH ((size_t)PF_PUMP_PENDING_MAX + 2u * (size_t)PD_MSG_MAX_FRAME)
+/* Prompt positions per forward chunk of an echo request (PD_FLAG_PROMPT_LP):
+ * each gets a logits row, and each chunk's records go out as one PROMPT_LP
+ * (the engine's ENGINE__PROMPT_ROWS; the kernels are batch-invariant, so
+ * the rows equal `kvseal serve`'s whatever the chunking). */
+#define PF_LP_ROWS 64
 
 /* One decode worker the router named, and the data link to it. */
 typedef struct pf__link {
@@ -95,6 +100,7 @@ typedef struct pf__worker {
     // one forward chunk runs on a compute thread while this thread serves the loop
     const model_batch *job;
     const model_hidden *job_hid; /* EMBED: the hidden rows the chunk hands out, else NULL */
+    float *job_logits;           /* where the chunk's logits rows go (w->logits, w->lp_logits) */
     ks_err job_err;
     ks_errbuf job_eb;
     atomic_bool job_done;
@@ -105,6 +111,14 @@ typedef struct pf__worker {
     float *hidden;         /* (B, n_embd) */
     double *eacc;          /* (n_embd) the pooled sum */
     float *evec;           /* (n_embd) the result */
+    // prompt logprobs (echo, PD_FLAG_PROMPT_LP): allocated at the first such request
+    uint64_t cur_req;   /* req_id of the PREFILL pd_send is handling (pf__op_run) */
+    bool cur_lp;        /* that PREFILL asked for prompt logprobs (set by pf__admit) */
+    float *lp_logits;   /* (PF_LP_ROWS, V) */
+    int32_t *lp_tok;    /* (PF_LP_ROWS) */
+    float *lp_lp;       /* (PF_LP_ROWS) */
+    pd_msg_top *lp_top; /* (PF_LP_ROWS, SAMPLE_MAX_TOP) */
+    uint8_t *lp_buf;    /* one encoded PROMPT_LP of PF_LP_ROWS records */
 } pf__worker;
 
 static void pf__op_run(pf__worker *w, pf__op *op);
@@ -157,7 +171,7 @@ static void pf__wake(void *arg) { (void)arg; }  // posted by the compute thread:
 static void *pf__forward_thread(void *arg) {
     pf__worker *w = arg;
     ks_errbuf_clear(&w->job_eb);
-    w->job_err = model_forward_hidden(w->mctx, w->job, w->logits, w->job_hid, &w->job_eb);
+    w->job_err = model_forward_hidden(w->mctx, w->job, w->job_logits, w->job_hid, &w->job_eb);
     atomic_store(&w->job_done, true);
     if (pd_loop_post(w->loop, pf__wake, NULL) != KS_OK) {
         // no wake-up: the waiting loop still polls every 20 ms
@@ -173,9 +187,10 @@ static void *pf__forward_thread(void *arg) {
 static ks_err pf__forward(pf__worker *w, const model_batch *b, ks_errbuf *eb) {
     pthread_t th;
     w->job = b;
+    if (!w->job_logits) w->job_logits = w->logits;
     atomic_store(&w->job_done, false);
     if (!w->loop || pthread_create(&th, NULL, pf__forward_thread, w) != 0)
-        return model_forward_hidden(w->mctx, b, w->logits, w->job_hid, eb);
+        return model_forward_hidden(w->mctx, b, w->job_logits, w->job_hid, eb);
     while (!atomic_load(&w->job_done)) pf__service_for(w, 20);
     pthread_join(th, NULL);
     if (w->job_err) ks_seterr(eb, w->job_err, "%s", w->job_eb.msg);
@@ -201,6 +216,7 @@ static ks_err pf__admit(void *ctx, const int32_t *toks, uint32_t n, const pd_msg
                         .prompt_only = true};
     admit_admitted ad;
     ks_err e = admit_request(&lim, &p, &ad, eb);
+    w->cur_lp = (msp->flags & PD_FLAG_PROMPT_LP) != 0; // for pf__reserve: no cache attach
     // the sampling extension, checked before any compute (I4)
     ks_errbuf xeb;
     sample_bias bias[PD_MSG_MAX_BIAS];
@@ -220,7 +236,8 @@ static ks_err pf__admit(void *ctx, const int32_t *toks, uint32_t n, const pd_msg
 static ks_err pf__reserve(void *ctx, kv_pool *pool, const uint8_t domain[32], const int32_t *toks,
                           uint32_t n, kv_seq *seq, ks_errbuf *eb) {
     pf__worker *w = ctx;
-    if (w->prefix) (void)kv_prefix_attach(w->prefix, domain, toks, n, seq);
+    // echo computes every position (each needs its logits row), as the engine does
+    if (w->prefix && !w->cur_lp) (void)kv_prefix_attach(w->prefix, domain, toks, n, seq);
     ks_err e = kv_seq_reserve(pool, seq, n, eb);
     if (e == KS_ERR_NOSPACE && w->prefix) {
         uint32_t pt = w->page_tokens, need = (n + pt - 1) / pt;
@@ -240,6 +257,68 @@ static void pf__computed(void *ctx, kv_pool *pool, const uint8_t domain[32], con
     pf__worker *w = ctx;
     (void)pool;
     if (w->prefix) kv_prefix_publish(w->prefix, domain, toks, n, seq);
+}
+
+// ----------------------------------------------------------------------------
+// Prompt logprobs (echo): PROMPT_LP records to the router
+
+/* The echo buffers, at the first request that asks for them. */
+static ks_err pf__lp_alloc(pf__worker *w, ks_errbuf *eb) {
+    if (!w->lp_logits) w->lp_logits = malloc(sizeof(float) * PF_LP_ROWS * (size_t)w->V);
+    if (!w->lp_tok) w->lp_tok = malloc(sizeof(int32_t) * PF_LP_ROWS);
+    if (!w->lp_lp) w->lp_lp = malloc(sizeof(float) * PF_LP_ROWS);
+    if (!w->lp_top) w->lp_top = malloc(sizeof(pd_msg_top) * PF_LP_ROWS * SAMPLE_MAX_TOP);
+    if (!w->lp_buf)
+        w->lp_buf =
+            malloc(PD_MSG_PROMPT_LP_FIXED + PF_LP_ROWS * PD_MSG_PROMPT_LP_RECORD(SAMPLE_MAX_TOP));
+    if (w->lp_logits && w->lp_tok && w->lp_lp && w->lp_top && w->lp_buf) return KS_OK;
+    // what was allocated stays for the next request, and is freed with the worker
+    return ks_seterr(eb, KS_ERR_NOMEM, "prompt logprobs: out of memory");
+}
+
+/* The forward chunk [off, off + chunk) of an n-token prompt has its logits
+ * rows in w->lp_logits: sends the records of positions off+1 .. off+chunk
+ * (those below n) in one PROMPT_LP, each token's logprob under the row of
+ * the position before it, with n_probs alternatives, exactly as the
+ * engine's prompt events (sample_logprobs_row). The last chunk carries
+ * PD_PROMPT_LP_LAST, and its last row becomes w->logits, from which the
+ * first token is sampled. The router gets every record before DONE leaves
+ * for decode. A send that fails (the router is gone) is logged: the
+ * request ends at the router anyway. */
+static ks_err pf__lp_chunk(pf__worker *w, const int32_t *tokens, uint32_t n, uint32_t off,
+                           uint32_t chunk, const pd_msg_sampling *msp, ks_errbuf *eb) {
+    const size_t V = (size_t)w->V;
+    const bool last = off + chunk == n;
+    if (last) memcpy(w->logits, w->lp_logits + (size_t)(chunk - 1) * V, V * sizeof(float));
+    int K = msp->n_probs < SAMPLE_MAX_TOP ? (int)msp->n_probs : SAMPLE_MAX_TOP;
+    if (K > w->V) K = w->V;
+    uint32_t n_rec = last ? chunk - 1 : chunk;
+    for (uint32_t j = 0; j < n_rec; j++) {
+        sample_result sr;
+        memset(&sr, 0, sizeof sr);
+        int32_t tok = tokens[off + j + 1];
+        sample_logprobs_row(w->lp_logits + (size_t)j * V, w->V, tok, K, &sr);
+        w->lp_tok[j] = tok;
+        w->lp_lp[j] = sr.logprob;
+        for (int k = 0; k < K; k++)
+            w->lp_top[(size_t)j * (size_t)K + (size_t)k] =
+                (pd_msg_top){.id = sr.top_ids[k], .logprob = sr.top_logprobs[k]};
+    }
+    pd_msg_prompt_lp m = {.first_pos = off + 1,
+                          .n_records = n_rec,
+                          .n_top = (uint32_t)K,
+                          .flags = last ? PD_PROMPT_LP_LAST : 0};
+    uint32_t len = 0;
+    ks_err e = pd_msg_prompt_lp_encode(
+        &m, w->lp_tok, w->lp_lp, w->lp_top, w->lp_buf,
+        PD_MSG_PROMPT_LP_FIXED + PF_LP_ROWS * PD_MSG_PROMPT_LP_RECORD(SAMPLE_MAX_TOP), &len, eb);
+    if (e) return e;
+    struct iovec iov = {.iov_base = w->lp_buf, .iov_len = len};
+    ks_errbuf seb;
+    if (cl_ctrl_send(w->ctrl, PD_MSG_PROMPT_LP, w->cur_req, &iov, 1, &seb) != KS_OK)
+        ks_log(KS_LOG_DEBUG, "request %" PRIu64 ": PROMPT_LP to the router dropped: %s", w->cur_req,
+               seb.msg);
+    return KS_OK;
 }
 
 // ----------------------------------------------------------------------------
@@ -273,27 +352,37 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
         return e;
     }
     kv_seq *seqs[1] = {seq};
+    const bool lp = (msp->flags & PD_FLAG_PROMPT_LP) != 0;
+    if (lp && !e) e = pf__lp_alloc(w, eb);
+    if (lp && !e && seq->n_tokens != 0) // pf__reserve attaches nothing for echo
+        e = ks_seterr(eb, KS_ERR_INTERNAL, "prompt logprobs: %u positions came from the cache",
+                      seq->n_tokens);
     // positions below seq->n_tokens came from the prefix cache (pf__reserve)
-    for (uint32_t off = seq->n_tokens; off < n;) {
+    for (uint32_t off = seq->n_tokens; !e && off < n;) {
         int32_t chunk = n - off < (uint32_t)w->B ? (int32_t)(n - off) : w->B;
+        if (lp && chunk > PF_LP_ROWS) chunk = PF_LP_ROWS;
         int32_t n_out = 0;
         for (int32_t j = 0; j < chunk; j++) {
             uint32_t p = off + (uint32_t)j;
             w->b_tok[j] = tokens[p];
             w->b_pos[j] = (int32_t)p;
             w->b_seq[j] = 0;
-            w->b_out[j] = p == n - 1 ? n_out++ : -1; // logits only for the last prompt token
+            // logits only for the last prompt token, or (echo) for every position
+            w->b_out[j] = lp || p == n - 1 ? n_out++ : -1;
         }
         model_batch b = {.n_tokens = chunk, .tokens = w->b_tok, .pos = w->b_pos, .seq = w->b_seq,
                          .out_row = w->b_out, .n_out = n_out, .n_seqs = 1, .seqs = seqs,
                          .seq_err = NULL};
+        w->job_logits = lp ? w->lp_logits : w->logits;
         e = pf__forward(w, &b, eb);
-        if (e != KS_OK) {
-            grammar_matcher_destroy(gm);
-            sampler_destroy(smp);
-            return e;
-        }
+        w->job_logits = NULL;
+        if (e == KS_OK && lp) e = pf__lp_chunk(w, tokens, n, off, (uint32_t)chunk, msp, eb);
         off += (uint32_t)chunk;
+    }
+    if (e != KS_OK) {
+        grammar_matcher_destroy(gm);
+        sampler_destroy(smp);
+        return e;
     }
     // the first token exactly as `kvseal serve` samples it (engine__emit): a
     // fresh sampler over the last prompt position's logits
@@ -753,6 +842,8 @@ static void pf__op_run(pf__worker *w, pf__op *op) {
     case PF_OP_PREFILL: {
         pd_send_state st = PD_SEND_NONE;
         w->computing = true;
+        w->cur_req = op->req_id; // pf__lp_chunk's PROMPT_LP frames carry it
+        w->cur_lp = false;       // pf__admit sets it from the PREFILL's flags
         ks_err e = pd_send_prefill(w->send, op->req_id, op->payload, op->len, &st, &eb);
         w->computing = false;
         if (e != KS_OK)
@@ -883,6 +974,11 @@ static void pf__free(pf__worker *w) {
     free(w->hidden);
     free(w->eacc);
     free(w->evec);
+    free(w->lp_logits);
+    free(w->lp_tok);
+    free(w->lp_lp);
+    free(w->lp_top);
+    free(w->lp_buf);
 }
 
 ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atomic_t *stop,

@@ -30,7 +30,16 @@
  * Tokens: decode sends TOKEN ids; the router detokenizes and applies stop
  * strings exactly as the engine does (a stop match ends the request here and
  * sends ABORT STOP to decode), so clients see the same events as from
- * `kvseal serve`. */
+ * `kvseal serve`.
+ *
+ * Echo with prompt logprobs (issue 12): PREFILL carries PD_FLAG_PROMPT_LP,
+ * the prefill worker sends the prompt's records in PROMPT_LP messages
+ * before its DONE, and the router posts them as the engine's prompt events,
+ * in position order, checked against the prompt it holds. Decode's TOKEN
+ * and FINISH frames that overtake the last PROMPT_LP (they travel on
+ * another connection) are held and replayed after it. max_tokens 0 runs
+ * as max_tokens 1 on the workers: the request ends at decode's first
+ * TOKEN (ABORT STOP, as a stop string) or FINISH, which is never shown. */
 #include "cluster_int.h"
 
 #include "kvseal/admit.h"
@@ -112,7 +121,23 @@ typedef struct rt_req {
     bool embed;
     uint32_t pooling; /* EMBED's pooling (0: the prefill worker's) */
     float *evec;      /* (n_embd) written by the loop before the done event */
+    // echo with prompt logprobs (issue 12), loop-owned after submit
+    bool echo_lp;     /* PREFILL asks for PROMPT_LP records */
+    bool prompt_only; /* max_tokens 0: nothing generated is shown */
+    uint32_t lp_top;  /* alternatives per record the prefill worker must send */
+    uint32_t lp_next; /* the next prompt position a record must be for; 0: nothing posted
+                         yet (then the request may still start over elsewhere) */
+    bool lp_done;     /* the LAST PROMPT_LP was posted */
+    struct rt_held *held, *held_tail; /* decode frames that overtook the LAST PROMPT_LP */
 } rt_req;
+
+/* A decode frame (TOKEN, FINISH) held until the prompt's records are out. */
+typedef struct rt_held {
+    struct rt_held *next;
+    uint16_t type;
+    uint32_t len;
+    uint8_t payload[];
+} rt_held;
 
 struct cluster_router {
     cluster_router_opts o;
@@ -167,7 +192,18 @@ static void rt__set_notify(void *req, void (*notify)(void *ctx), void *ctx) {
     engine_stream_set_notify(((rt_req *)req)->out, notify, ctx);
 }
 
+/* Drops q's held decode frames. */
+static void rt__held_clear(rt_req *q) {
+    while (q->held) {
+        rt_held *h = q->held;
+        q->held = h->next;
+        free(h);
+    }
+    q->held_tail = NULL;
+}
+
 static void rt__req_free(rt_req *q) {
+    rt__held_clear(q);
     engine_stream_destroy(q->out);
     grammar_unref(q->g);
     free(q->bias);
@@ -475,6 +511,7 @@ static void rt__rekey(cluster_router *r, rt_req *q) {
     *pp = q;
     q->retries++;
     q->p_sent = false;
+    rt__held_clear(q); // (none: held frames follow a complete prefill)
     rt__requeue(r, q, cl_now_ms(NULL) + RT_RETRY_MS);
 }
 
@@ -488,6 +525,7 @@ static void rt__rekey(cluster_router *r, rt_req *q) {
  * is left. */
 static bool rt__replace_prefill(cluster_router *r, rt_req *q, uint32_t lost, const char *why) {
     if (q->phase != RT_ADMITTING && q->phase != RT_PREFILLING) return false;
+    if (q->lp_next) return false; // prompt logprobs already reached the client
     if (q->retries >= RT_MAX_RETRIES || !rt__pick(r, PD_ROLE_PREFILL, 0, lost)) return false;
     ks_log(KS_LOG_INFO,
            "router: request %" PRIu64 ": %s (prefill worker %u) before the first token; placing "
@@ -651,7 +689,8 @@ static void rt__set_draining(rt_worker *w) {
 static void rt__refused_at_prefill(cluster_router *r, rt_req *q, rt_worker *p, admit_reason reason,
                                    const char *msg) {
     if (reason == ADMIT_DRAINING && p) rt__set_draining(p);
-    if ((reason == ADMIT_STALE_GRANT || reason == ADMIT_DRAINING) && q->retries < RT_MAX_RETRIES) {
+    if ((reason == ADMIT_STALE_GRANT || reason == ADMIT_DRAINING) && q->retries < RT_MAX_RETRIES &&
+        !q->lp_next) {
         ks_log(KS_LOG_INFO, "router: request %" PRIu64 ": %s at prefill worker %u; retrying", q->id,
                reason == ADMIT_DRAINING ? "draining" : "stale grant", q->p_id);
         rt__rekey(r, q);
@@ -662,9 +701,158 @@ static void rt__refused_at_prefill(cluster_router *r, rt_req *q, rt_worker *p, a
     rt__refuse(r, q, reason, msg);
 }
 
+// ----------------------------------------------------------------------------
+// Prompt logprobs (echo, loop thread): PROMPT_LP from the prefill worker
+
+static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f);
+
+/* A PROMPT_LP that breaks the protocol (docs/pd-protocol.md section 4): its
+ * request, if any, ends (502, nothing of the frame is delivered) and the
+ * worker's connection closes with ERROR PROTO, as for any bad frame. */
+static void rt__lp_refuse(cluster_router *r, rt_worker *w, uint64_t req_id, rt_req *q,
+                          const char *why) {
+    ks_log(KS_LOG_WARN, "router: worker %u: PROMPT_LP for request %" PRIu64 ": %s; closing it",
+           w->id, req_id, why);
+    if (q)
+        rt__abort(r, q, PD_ABORT_ERROR, KS_ERR_PROTO,
+                  "internal error: bad prompt logprobs from the prefill worker");
+    cl_error_close(w->c, KS_ERR_PROTO, why);
+}
+
+/* Replays q's held decode frames (after the LAST PROMPT_LP), in arrival
+ * order, as if they arrived now. */
+static void rt__held_replay(cluster_router *r, rt_req *q) {
+    atomic_fetch_add(&q->refs, 1); // a replayed frame may end q
+    while (q->held && q->phase != RT_DONE) {
+        rt_held *h = q->held;
+        q->held = h->next;
+        if (!q->held) q->held_tail = NULL;
+        rt_worker *d = rt__worker(r, q->d_id);
+        pd_frame f = {.hdr = {.type = h->type, .req_id = q->id, .len = h->len},
+                      .payload = h->len ? h->payload : NULL,
+                      .payload_len = h->len};
+        if (d) rt__on_req_frame(r, d, &f);
+        free(h);
+    }
+    rt__unref(q);
+}
+
+/* PROMPT_LP from worker w for q (NULL: no such request in flight). Only q's
+ * own prefill worker, for a request that asked for prompt logprobs, while
+ * it prefills, may send it, and every record is checked against the prompt
+ * the router holds before any is posted: position order without gap, the
+ * prompt's token at each position, the agreed number of alternatives, ids
+ * in the vocabulary, LAST exactly at the prompt's end. A late frame (q
+ * ended: ids never repeat) is dropped. */
+static void rt__on_prompt_lp(cluster_router *r, rt_worker *w, rt_req *q, const pd_frame *f) {
+    char why[256];
+    if (!q) {
+        if (f->hdr.req_id == 0 || f->hdr.req_id >= atomic_load(&r->next_req_id))
+            rt__lp_refuse(r, w, f->hdr.req_id, NULL, "a request id the router never issued");
+        return; // it ended already: dropped, not delivered
+    }
+    if (q->embed || !q->echo_lp || w->id != q->p_id || !q->p_sent || q->phase != RT_PREFILLING ||
+        q->lp_done) {
+        rt__lp_refuse(r, w, f->hdr.req_id, q->p_id == w->id ? q : NULL,
+                      q->embed || !q->echo_lp ? "the request did not ask for prompt logprobs"
+                      : w->id != q->p_id      ? "the request is not this worker's"
+                      : q->lp_done            ? "records after the last PROMPT_LP"
+                                              : "the request is not being prefilled");
+        return;
+    }
+    pd_msg_prompt_lp m;
+    ks_errbuf eb;
+    if (pd_msg_prompt_lp_decode(f->payload, f->payload_len, &m, &eb) != KS_OK) {
+        rt__lp_refuse(r, w, f->hdr.req_id, q, eb.msg);
+        return;
+    }
+    const uint32_t n_prompt = (uint32_t)q->n_prompt, next = q->lp_next ? q->lp_next : 1;
+    const bool last = (m.flags & PD_PROMPT_LP_LAST) != 0;
+    why[0] = 0;
+    if (m.first_pos != next)
+        snprintf(why, sizeof why, "records start at position %u, expected %u", m.first_pos, next);
+    else if ((uint64_t)m.first_pos + m.n_records > n_prompt)
+        snprintf(why, sizeof why, "records up to position %u of a %u-token prompt",
+                 m.first_pos + m.n_records - 1, n_prompt);
+    else if (last != (m.first_pos + m.n_records == n_prompt))
+        snprintf(why, sizeof why, "LAST %s at position %u of %u", last ? "set" : "missing",
+                 m.first_pos + m.n_records, n_prompt);
+    else if (m.n_top != q->lp_top)
+        snprintf(why, sizeof why, "%u alternatives per record, expected %u", m.n_top, q->lp_top);
+    for (uint32_t i = 0; !why[0] && i < m.n_records; i++) {
+        int32_t tok;
+        float lp;
+        pd_msg_prompt_lp_record(&m, i, &tok, &lp);
+        if (tok != q->prompt[m.first_pos + i])
+            snprintf(why, sizeof why, "position %u: token %d is not the prompt's", m.first_pos + i,
+                     (int)tok);
+        for (uint32_t k = 0; !why[0] && k < m.n_top; k++) {
+            pd_msg_top t = pd_msg_prompt_lp_top(&m, i, k);
+            if (t.id < 0 || t.id >= r->V)
+                snprintf(why, sizeof why, "position %u: alternative id %d out of range",
+                         m.first_pos + i, (int)t.id);
+        }
+    }
+    if (why[0]) {
+        rt__lp_refuse(r, w, f->hdr.req_id, q, why);
+        return;
+    }
+    engine_event ev;
+    if (q->lp_next == 0) { // prompt token 0: no logprob (OpenAI's null), as the engine posts it
+        memset(&ev, 0, sizeof ev);
+        ev.prompt = ev.no_logprob = true;
+        ev.token = ev.sr.token = q->prompt[0];
+        engine_stream_post(q->out, &ev);
+    }
+    for (uint32_t i = 0; i < m.n_records; i++) {
+        memset(&ev, 0, sizeof ev);
+        ev.prompt = true;
+        pd_msg_prompt_lp_record(&m, i, &ev.token, &ev.sr.logprob);
+        ev.sr.token = ev.token;
+        ev.sr.n_top = (int)m.n_top;
+        for (uint32_t k = 0; k < m.n_top; k++) {
+            pd_msg_top t = pd_msg_prompt_lp_top(&m, i, k);
+            ev.sr.top_ids[k] = t.id;
+            ev.sr.top_logprobs[k] = t.logprob;
+        }
+        engine_stream_post(q->out, &ev);
+    }
+    q->lp_next = m.first_pos + m.n_records;
+    if (!last) return;
+    q->lp_done = true;
+    rt__held_replay(r, q);
+}
+
+/* Holds a decode frame of q that overtook the LAST PROMPT_LP; false (q
+ * ended) when out of memory. */
+static bool rt__hold(cluster_router *r, rt_req *q, const pd_frame *f) {
+    rt_held *h = malloc(sizeof *h + f->payload_len);
+    if (!h) {
+        rt__abort(r, q, PD_ABORT_ERROR, KS_ERR_NOMEM, "out of memory");
+        return false;
+    }
+    h->next = NULL;
+    h->type = f->hdr.type;
+    h->len = f->payload_len;
+    if (f->payload_len) memcpy(h->payload, f->payload, f->payload_len);
+    if (q->held_tail)
+        q->held_tail->next = h;
+    else
+        q->held = h;
+    q->held_tail = h;
+    return true;
+}
+
+// ----------------------------------------------------------------------------
+// Request frames (loop thread)
+
 static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f) {
     rt_req *q = rt__find(r, f->hdr.req_id);
     uint16_t type = f->hdr.type;
+    if (type == PD_MSG_PROMPT_LP) {
+        rt__on_prompt_lp(r, w, q, f);
+        return;
+    }
     if (!q) return;  // terminal already (or never ours): dropped
     if (q->embed) {
         rt__on_embed_frame(r, w, q, f);
@@ -726,15 +914,29 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
                (q->phase == RT_PREFILLING || q->phase == RT_DECODING)) {
         pd_msg_token t;
         if (pd_msg_token_decode(f->payload, f->payload_len, &t, &eb) != KS_OK) return;
-        rt__on_token(r, q, &t);
+        if (q->echo_lp && !q->lp_done) { // the prompt's records first
+            (void)rt__hold(r, q, f);
+        } else if (q->prompt_only) { // max_tokens 0: the prompt was all it asked for
+            rt__send_abort(r, q->d_id, q->id, PD_ABORT_STOP);
+            rt__finish(r, q, ENGINE_FINISHED, ENGINE_FINISH_LENGTH, KS_OK, NULL);
+        } else {
+            rt__on_token(r, q, &t);
+        }
     } else if (type == PD_MSG_FINISH && from_d && q->phase != RT_WAITING) {
         pd_msg_finish fin;
         if (pd_msg_finish_decode(f->payload, f->payload_len, &fin, &eb) != KS_OK) return;
+        bool ok = fin.finish == PD_FINISH_STOP || fin.finish == PD_FINISH_LENGTH;
+        if (ok && q->echo_lp && !q->lp_done) { // a normal end waits for the prompt's records
+            (void)rt__hold(r, q, f);
+            return;
+        }
         snprintf(msg, sizeof msg, "%.*s", (int)fin.msg_len, fin.msg);
         q->n_cached = fin.n_cached <= (uint32_t)q->n_prompt ? (int32_t)fin.n_cached : 0;
-        if (fin.finish == PD_FINISH_STOP || fin.finish == PD_FINISH_LENGTH) {
+        if (ok) {
             rt__finish(r, q, ENGINE_FINISHED,
-                       fin.finish == PD_FINISH_STOP ? ENGINE_FINISH_STOP : ENGINE_FINISH_LENGTH, KS_OK, NULL);
+                       fin.finish == PD_FINISH_STOP && !q->prompt_only ? ENGINE_FINISH_STOP
+                                                                       : ENGINE_FINISH_LENGTH,
+                       KS_OK, NULL);
         } else if (fin.reason && q->phase == RT_PREFILLING) {
             // decode saw prefill's REJECT first (F3; it freed the grant): the
             // outcome is the REJECT's, whichever of the two frames is first
@@ -1037,8 +1239,23 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
                         .n_vocab = r->V,
                         .page_tokens = (uint32_t)r->g.page_tokens,
                         .max_pages = atomic_load(&r->max_decode_pages)};
-    admit_admitted ad;
-    ks_err err = admit_request(&lim, p, &ad, eb);
+    // echo with max_tokens 0: admitted (and run on the workers) as one token, as
+    // engine_submit does; nothing generated is shown (rt__on_req_frame)
+    engine_params pq = *p;
+    const bool prompt_only = p->prompt_logprobs && p->max_tokens == 0;
+    if (prompt_only) pq.max_tokens = 1;
+    admit_admitted ad = {0};
+    ks_err err = KS_OK;
+    // the prefill worker sends n_probs alternatives per prompt record
+    if (p->prompt_logprobs && p->prompt_top != p->sp.n_probs)
+        err = admit_refuse(eb, ADMIT_INVALID,
+                           "prompt logprobs: %d alternatives with %d for generated tokens is not "
+                           "supported in disaggregated serving",
+                           (int)p->prompt_top, (int)p->sp.n_probs);
+    else if (p->prompt_top < 0 || p->prompt_top > SAMPLE_MAX_TOP)
+        err = admit_refuse(eb, ADMIT_INVALID, "prompt logprobs: %d alternatives (at most %d)",
+                           (int)p->prompt_top, SAMPLE_MAX_TOP);
+    if (!err) err = admit_request(&lim, &pq, &ad, eb);
     const int32_t *prompt = ad.prompt;
     const int32_t n_prompt = ad.n_prompt, max_tokens = ad.max_tokens;
     pd_msg_sampling ws;
@@ -1059,10 +1276,7 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
         !cl_sampling_to_msg(&p->sp, max_tokens, p->ignore_eos, gtext, (uint32_t)glen, bias,
                             (uint32_t)(p->n_bias > 0 ? p->n_bias : 0), &ws, why, sizeof why))
         err = admit_refuse(eb, ADMIT_INVALID, "%s", why);
-    if (!err && p->prompt_logprobs)
-        err = admit_refuse(eb, ADMIT_INVALID,
-                           "echo with logprobs or max_tokens 0 is not supported in disaggregated "
-                           "serving (kvseal router); use kvseal serve");
+    if (!err && p->prompt_logprobs) ws.flags |= PD_FLAG_PROMPT_LP;
     if (!err && !atomic_load(&r->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
     if (!err && (!atomic_load(&r->n_decode) || !atomic_load(&r->n_prefill)))
         err = admit_refuse(eb, ADMIT_NO_WORKER, "no %s worker is registered with the router",
@@ -1093,6 +1307,9 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     q->max_tokens = max_tokens;
     q->sp = p->sp;
     q->ws = ws;
+    q->echo_lp = p->prompt_logprobs;
+    q->prompt_only = prompt_only;
+    q->lp_top = (uint32_t)(p->prompt_top < r->V ? p->prompt_top : r->V);
     q->t_submit_ns = ks_now_ns();
     ks_err ce = KS_OK;
     if (q->prompt) memcpy(q->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
@@ -1213,9 +1430,12 @@ static void rt__release(void *req) {
 static ks_err rt__submit_n(void *impl, const engine_params *p, int n, void **out, ks_errbuf *eb) {
     if (n < 1 || n > ENGINE_MAX_N)
         return admit_refuse(eb, ADMIT_INVALID, "n must be in [1, %d], got %d", ENGINE_MAX_N, n);
+    if (p->prompt_logprobs && p->max_tokens == 0 && n > 1)
+        return admit_refuse(eb, ADMIT_INVALID, "max_tokens 0 allows one choice only, got n=%d", n);
     engine_params pi = *p;
     for (int i = 0; i < n; i++) {
         pi.sp.seed = p->sp.seed + (uint64_t)i;
+        pi.prompt_logprobs = i == 0 && p->prompt_logprobs; // the prompt's, once (as the engine)
         ks_err e = rt__submit(impl, &pi, &out[i], eb);
         if (e != KS_OK) {
             while (i-- > 0) {
@@ -1374,10 +1594,10 @@ ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out,
     }
     // what workers may send on a control connection
     if ((err = pd_msg_type_max(NULL, r->type_max, eb))) goto fail;
-    static const uint16_t allowed[] = {PD_MSG_REGISTER,    PD_MSG_HEALTH_ACK,     PD_MSG_GRANT,
-                                       PD_MSG_DENY,        PD_MSG_REJECT,         PD_MSG_TOKEN,
-                                       PD_MSG_FINISH,      PD_MSG_POOL_CHECK_ACK, PD_MSG_ERROR,
-                                       PD_MSG_EMBED_RESULT};
+    static const uint16_t allowed[] = {PD_MSG_REGISTER,     PD_MSG_HEALTH_ACK,     PD_MSG_GRANT,
+                                       PD_MSG_DENY,         PD_MSG_REJECT,         PD_MSG_TOKEN,
+                                       PD_MSG_FINISH,       PD_MSG_POOL_CHECK_ACK, PD_MSG_ERROR,
+                                       PD_MSG_EMBED_RESULT, PD_MSG_PROMPT_LP};
     uint32_t keep[PD_MSG_N_TYPES];
     memcpy(keep, r->type_max, sizeof keep);
     for (uint32_t t = 0; t < PD_MSG_N_TYPES; t++) r->type_max[t] = PD_TYPE_FORBIDDEN;

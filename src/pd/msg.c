@@ -10,6 +10,7 @@
 #include "kvseal/pd_msg.h"
 #include "kvseal/pd.h"
 
+#include <stdint.h>
 #include <string.h>
 
 // ----------------------------------------------------------------------------
@@ -128,6 +129,8 @@ const char *pd_msg_type_name(uint16_t type) {
         return "EMBED";
     case PD_MSG_EMBED_RESULT:
         return "EMBED_RESULT";
+    case PD_MSG_PROMPT_LP:
+        return "PROMPT_LP";
     default: return "UNKNOWN";
     }
 }
@@ -192,6 +195,7 @@ ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES], ks_errbuf
     out[PD_MSG_ERROR] = 8 + PD_MSG_MAX_TEXT;
     out[PD_MSG_EMBED] = PD_MSG_EMBED_MAX;
     out[PD_MSG_EMBED_RESULT] = PD_MSG_EMBED_RESULT_FIXED + 4 * PD_MSG_EMBED_MAX_DIM;
+    out[PD_MSG_PROMPT_LP] = PD_MSG_PROMPT_LP_MAX;
     return KS_OK;
 }
 
@@ -475,7 +479,8 @@ static ks_err sampling_decode(const char *name, const uint8_t *p, uint32_t mt_of
     s->n_bias = s->grammar_len = 0;
     s->bias = NULL;
     s->grammar = NULL;
-    if (s->flags & ~(uint32_t)(PD_FLAG_IGNORE_EOS | PD_FLAG_LOGPROBS | PD_FLAG_EXT))
+    if (s->flags &
+        ~(uint32_t)(PD_FLAG_IGNORE_EOS | PD_FLAG_LOGPROBS | PD_FLAG_EXT | PD_FLAG_PROMPT_LP))
         return PROTO("%s: flags 0x%x has unknown bits", name, s->flags);
     if (s->n_probs > PD_MSG_MAX_TOP)
         return PROTO("%s: n_probs %u exceeds %u", name, s->n_probs, PD_MSG_MAX_TOP);
@@ -1132,4 +1137,80 @@ ks_err pd_msg_embed_result_encode(const pd_msg_embed_result *m, const float *vec
     pd_msg_embed_result chk;
     ks_errbuf tmp;
     return enc_check(pd_msg_embed_result_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
+}
+
+// ----------------------------------------------------------------------------
+// Prompt logprobs: PROMPT_LP
+
+/* Byte offset of record i in a PROMPT_LP's records. */
+static size_t prompt_lp_off(const pd_msg_prompt_lp *m, uint32_t i) {
+    return (size_t)i * PD_MSG_PROMPT_LP_RECORD(m->n_top);
+}
+
+void pd_msg_prompt_lp_record(const pd_msg_prompt_lp *m, uint32_t i, int32_t *token,
+                             float *logprob) {
+    const uint8_t *r = m->records + prompt_lp_off(m, i);
+    *token = (int32_t)pd_load_u32(r);
+    *logprob = load_f32(r + 4);
+}
+
+pd_msg_top pd_msg_prompt_lp_top(const pd_msg_prompt_lp *m, uint32_t i, uint32_t k) {
+    return pd_msg_top_at(m->records + prompt_lp_off(m, i) + 8, k);
+}
+
+ks_err pd_msg_prompt_lp_decode(const uint8_t *p, uint32_t len, pd_msg_prompt_lp *out,
+                               ks_errbuf *eb) {
+    ks_err e = want_min("PROMPT_LP", len, PD_MSG_PROMPT_LP_FIXED, eb);
+    if (e) return e;
+    pd_msg_prompt_lp m;
+    m.first_pos = pd_load_u32(p);
+    m.n_records = pd_load_u32(p + 4);
+    m.n_top = pd_load_u32(p + 8);
+    m.flags = pd_load_u32(p + 12);
+    if (m.n_records > PD_MSG_PROMPT_LP_MAX_RECORDS)
+        return PROTO("PROMPT_LP: n_records %u exceeds %u", m.n_records,
+                     PD_MSG_PROMPT_LP_MAX_RECORDS);
+    if (m.n_top > PD_MSG_MAX_TOP)
+        return PROTO("PROMPT_LP: n_top %u exceeds %u", m.n_top, PD_MSG_MAX_TOP);
+    if ((e = want_var("PROMPT_LP", "n_records", len, PD_MSG_PROMPT_LP_FIXED,
+                      (uint64_t)m.n_records * PD_MSG_PROMPT_LP_RECORD(m.n_top), eb)))
+        return e;
+    if (m.flags & ~(uint32_t)PD_PROMPT_LP_LAST)
+        return PROTO("PROMPT_LP: flags 0x%x has unknown bits", m.flags);
+    if (m.first_pos < 1)
+        return PROTO("PROMPT_LP: first_pos is 0 (the first prompt token has no logprob)");
+    if ((uint64_t)m.first_pos + m.n_records > (uint64_t)INT32_MAX + 1u)
+        return PROTO("PROMPT_LP: positions %u + %u out of range", m.first_pos, m.n_records);
+    if (m.n_records == 0 && !(m.flags & PD_PROMPT_LP_LAST))
+        return PROTO("PROMPT_LP: no records and not the last message");
+    m.records = p + PD_MSG_PROMPT_LP_FIXED;
+    *out = m;
+    return KS_OK;
+}
+
+ks_err pd_msg_prompt_lp_encode(const pd_msg_prompt_lp *m, const int32_t *tokens,
+                               const float *logprobs, const pd_msg_top *top, uint8_t *buf,
+                               size_t cap, uint32_t *out_len, ks_errbuf *eb) {
+    ks_err ret = top_pre("PROMPT_LP", m->n_top, eb);
+    if (ret) return ret;
+    if (m->n_records > PD_MSG_PROMPT_LP_MAX_RECORDS)
+        return ks_seterr(eb, KS_ERR_INVAL, "PROMPT_LP: n_records %u exceeds %u", m->n_records,
+                         PD_MSG_PROMPT_LP_MAX_RECORDS);
+    const uint32_t R = PD_MSG_PROMPT_LP_RECORD(m->n_top);
+    if (enc_begin(PD_MSG_PROMPT_LP_FIXED + (uint64_t)m->n_records * R, buf, cap, out_len, &ret,
+                  "PROMPT_LP", eb))
+        return ret;
+    pd_store_u32(buf, m->first_pos);
+    pd_store_u32(buf + 4, m->n_records);
+    pd_store_u32(buf + 8, m->n_top);
+    pd_store_u32(buf + 12, m->flags);
+    for (uint32_t i = 0; i < m->n_records; i++) {
+        uint8_t *r = buf + PD_MSG_PROMPT_LP_FIXED + (size_t)i * R;
+        pd_store_u32(r, (uint32_t)tokens[i]);
+        store_f32(r + 4, logprobs[i]);
+        if (m->n_top) store_top(r + 8, top + (size_t)i * m->n_top, m->n_top);
+    }
+    pd_msg_prompt_lp chk;
+    ks_errbuf tmp;
+    return enc_check(pd_msg_prompt_lp_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
 }

@@ -2,7 +2,8 @@
 # Disaggregated serving gives the same tokens as `kvseal serve`: 16
 # concurrent requests (greedy and seeded sampling, streamed and not, stop
 # strings, logprobs), then issue 12's features (grammars, JSON schemas,
-# logit_bias, penalties, n, best_of, forced tool calls: js/same_tokens.mjs)
+# logit_bias, penalties, n, best_of, forced tool calls: js/same_tokens.mjs,
+# and echo with prompt logprobs)
 # through router + 1 prefill + 1 decode must equal the monolithic server's
 # answers exactly; then the workers are checked idle and clean (every KV page
 # FREE and scrubbed, on every worker).
@@ -21,11 +22,15 @@ SAME_FEATURES=1 URL_A=$URL_A URL_B=$KS_URL node "$(dirname "$0")/js/same_tokens.
 chk=$(curl -sS -H "Authorization: Bearer adm-same" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
 expect_has "cluster pool check" "$chk" '"clean":true'
 expect_has "cluster pool check names the workers" "$chk" "decode worker"
-# what the wire does not carry yet is refused up front, not silently ignored
-code=$(curl -sS -o "$TMPD/echo" -w '%{http_code}' "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"model":"kjv-mini","prompt":"In the","max_tokens":1,"echo":true,"logprobs":1}')
-expect_eq "echo status" "$code" 400
-expect_has "echo message" "$(cat "$TMPD/echo")" "not supported in disaggregated serving"
+# echo with prompt logprobs (PROMPT_LP from the prefill worker): the same
+# answer as serve's, byte for byte (test_sampling covers more cases)
+for u in "$URL_A" "$KS_URL"; do
+    req "echo" 200 "$u/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":2,"echo":true,"logprobs":2,"temperature":0}'
+    printf '%s' "$BODY" | sed 's/"id":"[^"]*"//; s/"created":[0-9]*//' >"$TMPD/echo.$([ "$u" = "$URL_A" ] && echo a || echo b)"
+done
+expect_has "echo has prompt logprobs" "$(cat "$TMPD/echo.b")" '"token_logprobs":[null,'
+cmp -s "$TMPD/echo.a" "$TMPD/echo.b" || fail "echo differs: $(cat "$TMPD/echo.a") vs $(cat "$TMPD/echo.b")"
 stop_cluster
 KS_PID=$SERVE_PID stop_server
 echo "PASS"

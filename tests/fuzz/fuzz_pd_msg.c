@@ -183,11 +183,35 @@ static ks_err fz__embed_result(const uint8_t *p, uint32_t len, uint8_t *out, siz
     return KS_OK;
 }
 
+/* PROMPT_LP (echo, issue 12): every record and alternative read back
+ * through the accessors over the whole length. */
+static ks_err fz__prompt_lp(const uint8_t *p, uint32_t len, uint8_t *out, size_t cap,
+                            uint32_t *out_len) {
+    pd_msg_prompt_lp m;
+    ks_err e = pd_msg_prompt_lp_decode(p, len, &m, NULL);
+    if (e) return e;
+    uint32_t n = m.n_records ? m.n_records : 1, k = m.n_top ? m.n_top : 1;
+    int32_t *t = malloc(sizeof(int32_t) * n);
+    float *lp = malloc(sizeof(float) * n);
+    pd_msg_top *top = malloc(sizeof(pd_msg_top) * (size_t)n * k);
+    if (!t || !lp || !top) abort();
+    for (uint32_t i = 0; i < m.n_records; i++) {
+        pd_msg_prompt_lp_record(&m, i, &t[i], &lp[i]);
+        for (uint32_t j = 0; j < m.n_top; j++)
+            top[(size_t)i * m.n_top + j] = pd_msg_prompt_lp_top(&m, i, j);
+    }
+    FZ_ENC(pd_msg_prompt_lp_encode(&m, t, lp, top, out, cap, out_len, NULL));
+    free(t);
+    free(lp);
+    free(top);
+    return KS_OK;
+}
+
 static const fz_rt_fn fz__table[] = {
     fz__register, fz__register_ack, fz__health, fz__health_ack,   fz__pool_check_ack, fz__peer,
     fz__link,     fz__link_ack,     fz__error,  fz__admit,        fz__grant,          fz__deny,
     fz__prefill,  fz__reject,       fz__abort,  fz__abort_ack,    fz__token,          fz__finish,
-    fz__kv_page,  fz__done,         fz__embed,  fz__embed_result,
+    fz__kv_page,  fz__done,         fz__embed,  fz__embed_result, fz__prompt_lp,
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -249,7 +249,8 @@ enum {
     S_KV_PAGE,
     S_DONE,
     S_EMBED,
-    S_EMBED_RESULT
+    S_EMBED_RESULT,
+    S_PROMPT_LP
 };
 
 static void msg_put(const char *name, uint8_t sel, const uint8_t *p, uint32_t len) {
@@ -394,6 +395,18 @@ static void pd_msg_seeds(void) {
     pd_msg_embed_result er2 = {.n_embd = 16, .n_tokens = 20, .pooling = 3};
     ENC(pd_msg_embed_result_encode(&er2, vec, b, sizeof b, &n, NULL));
     msg_put("embed_result", S_EMBED_RESULT, b, n);
+    /* PROMPT_LP: a middle chunk of 3 records with 2 alternatives, and the
+     * LAST one of a one-token prompt (no records) */
+    int32_t lt[3] = {261, 7, 0};
+    float ll[3] = {-0.5f, -7.25f, -30.0f};
+    pd_msg_top lt2[6] = {{261, -0.5f}, {5, -1.0f},  {9, -2.0f},
+                         {7, -7.25f},  {0, -30.0f}, {1, -31.0f}};
+    pd_msg_prompt_lp pl = {.first_pos = 65, .n_records = 3, .n_top = 2};
+    ENC(pd_msg_prompt_lp_encode(&pl, lt, ll, lt2, b, sizeof b, &n, NULL));
+    msg_put("prompt_lp", S_PROMPT_LP, b, n);
+    pd_msg_prompt_lp pll = {.first_pos = 1, .flags = PD_PROMPT_LP_LAST};
+    ENC(pd_msg_prompt_lp_encode(&pll, NULL, NULL, NULL, b, sizeof b, &n, NULL));
+    msg_put("prompt_lp_last", S_PROMPT_LP, b, n);
 }
 
 /* A stream of frames: HEALTH, an empty POOL_CHECK, a KV_PAGE-sized one. */

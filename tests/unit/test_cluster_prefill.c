@@ -11,6 +11,10 @@
  *     stale link epoch, gets REJECT and never a KV_PAGE or DONE;
  *   - a router ABORT right after PREFILL ends with ABORT_ACK as the last
  *     frame for the request on the link, and decode frees by F4;
+ *   - echo (PD_FLAG_PROMPT_LP): the PROMPT_LP records reach the router in
+ *     position order, in chunks, LAST on the final one, and equal bit for
+ *     bit what sample_logprobs_row gives over a local model_forward's rows;
+ *     a prompt the prefix cache holds is still computed in full;
  *   - afterwards POOL_CHECK reports the prefill pool all free and scrubbed.
  * Uses models/kjv-mini.gguf (KS_SRC). */
 #include "cluster/cluster_int.h"
@@ -57,6 +61,14 @@ typedef struct {
     int n_pool_ack;
     uint64_t pool_req;
     pd_msg_pool_check_ack pack;
+    // PROMPT_LP records at the fake router (one echo request at a time)
+    uint64_t lp_req;
+    uint32_t lp_next;     /* next position expected */
+    int lp_msgs, lp_done; /* messages, LAST messages */
+    int32_t lp_tok[N_CTX];
+    float lp_lp[N_CTX];
+    pd_msg_top lp_top[N_CTX][2];
+    uint32_t lp_n_top;
     // fake decode
     pd_loop *dl;
     pd_listener *dls;
@@ -139,6 +151,26 @@ static void r_frame(pd_conn *c, void *ud, const pd_frame *f) {
         break;
     case PD_MSG_HEALTH_ACK:
         break;
+    case PD_MSG_PROMPT_LP: {
+        pd_msg_prompt_lp m;
+        CHECK_EQ(pd_msg_prompt_lp_decode(f->payload, f->payload_len, &m, NULL), KS_OK);
+        CHECK_EQ(f->hdr.req_id, h->lp_req);
+        CHECK_EQ(h->lp_done, 0);           // nothing after LAST
+        CHECK_EQ(m.first_pos, h->lp_next); // in position order, no gap
+        CHECK(m.first_pos + m.n_records <= N_CTX);
+        CHECK(m.n_top <= 2);
+        h->lp_n_top = m.n_top;
+        for (uint32_t i = 0; i < m.n_records; i++) {
+            uint32_t pos = m.first_pos + i;
+            pd_msg_prompt_lp_record(&m, i, &h->lp_tok[pos], &h->lp_lp[pos]);
+            for (uint32_t k = 0; k < m.n_top; k++)
+                h->lp_top[pos][k] = pd_msg_prompt_lp_top(&m, i, k);
+        }
+        h->lp_next += m.n_records;
+        h->lp_msgs++;
+        if (m.flags & PD_PROMPT_LP_LAST) h->lp_done++;
+        break;
+    }
     default:
         fprintf(stderr, "router got %s\n", pd_msg_type_name(f->hdr.type));
         CHECK(!"unexpected frame at the fake router");
@@ -300,6 +332,8 @@ static int last_log(uint64_t req_id) {
 
 static int32_t tok_of(uint32_t i) { return (int32_t)(5u + (i * 37u) % 200u); }
 
+static uint32_t g_flags; /* extra sampling flags of the next start_request (PD_FLAG_PROMPT_LP) */
+
 /* The router's part of a request: ADMIT on the fake decode (grant bound to
  * link_epoch), then PREFILL to the worker. */
 static void start_request(uint64_t req_id, uint32_t n_prompt, uint32_t max_tokens, uint64_t epoch) {
@@ -323,6 +357,7 @@ static void start_request(uint64_t req_id, uint32_t n_prompt, uint32_t max_token
     char msg[128];
     CHECK(cl_sampling_to_msg(&sp, (int32_t)max_tokens, false, NULL, 0, NULL, 0, &m.s, msg,
                              sizeof msg));
+    m.s.flags |= g_flags;
     static uint8_t buf[1 << 16];
     uint32_t len;
     CHECK_EQ(pd_msg_prefill_encode(&m, toks, buf, sizeof buf, &len, NULL), KS_OK);
@@ -379,6 +414,56 @@ static void check_kv_and_first_token(uint64_t req_id, uint32_t n) {
     kv_pool_destroy(pool);
 }
 
+/* The prompt records of an n-token prompt against a local model_forward
+ * of all n positions at once: record i is tok_of(i) under row i-1, with
+ * its 2 alternatives, bit for bit (batch invariance: the worker chunked). */
+static void check_prompt_records(uint32_t n) {
+    kv_pool *pool;
+    CHECK_EQ(kv_pool_create(&H.g, DEC_PAGES, KV_SCRUB_ZERO, &pool, NULL), KS_OK);
+    model_ctx *ctx;
+    CHECK_EQ(model_ctx_create(H.m, pool, 1, N_CTX, N_CTX, &ctx, NULL), KS_OK);
+    kv_seq s;
+    kv_seq_init(pool, &s);
+    CHECK_EQ(kv_seq_reserve(pool, &s, n, NULL), KS_OK);
+    int32_t tok[N_CTX], pos[N_CTX], seq[N_CTX], out[N_CTX];
+    for (uint32_t i = 0; i < n; i++) {
+        tok[i] = tok_of(i);
+        pos[i] = (int32_t)i;
+        seq[i] = 0;
+        out[i] = (int32_t)i;
+    }
+    kv_seq *seqs[1] = {&s};
+    model_batch b = {.n_tokens = (int32_t)n,
+                     .tokens = tok,
+                     .pos = pos,
+                     .seq = seq,
+                     .out_row = out,
+                     .n_out = (int32_t)n,
+                     .n_seqs = 1,
+                     .seqs = seqs};
+    int32_t V = model_hp(H.m)->n_vocab;
+    float *logits = malloc((size_t)n * (size_t)V * sizeof *logits);
+    CHECK(logits);
+    CHECK_EQ(model_forward(ctx, &b, logits, NULL), KS_OK);
+    CHECK_EQ(H.lp_next, n);
+    CHECK_EQ(H.lp_n_top, 2);
+    for (uint32_t i = 1; i < n; i++) {
+        sample_result sr;
+        memset(&sr, 0, sizeof sr);
+        sample_logprobs_row(logits + (size_t)(i - 1) * (size_t)V, V, tok_of(i), 2, &sr);
+        CHECK_EQ(H.lp_tok[i], tok_of(i));
+        CHECK_MEM_EQ(&H.lp_lp[i], &sr.logprob, sizeof(float));
+        for (int k = 0; k < 2; k++) {
+            CHECK_EQ(H.lp_top[i][k].id, sr.top_ids[k]);
+            CHECK_MEM_EQ(&H.lp_top[i][k].logprob, &sr.top_logprobs[k], sizeof(float));
+        }
+    }
+    free(logits);
+    kv_seq_release(pool, &s);
+    model_ctx_free(ctx);
+    kv_pool_destroy(pool);
+}
+
 // ----------------------------------------------------------------------------
 // Cases (run in order on one worker)
 
@@ -397,6 +482,41 @@ static void case_happy(void) {
     CHECK_EQ(H.commit_n_top, 2);
     check_kv_and_first_token(101, 13);
     pd_recv_finish(H.r, 101);
+    CHECK_EQ(H.n_reject, 0);
+}
+
+/* Echo (PD_FLAG_PROMPT_LP) over case_happy's 13-token prompt, whose three
+ * full pages the worker's prefix cache now holds: computed in full anyway,
+ * records for positions 1..12 in forward-chunk messages (5 positions each)
+ * with LAST on the third, equal to a local forward's; the KV and first
+ * token as without echo. Then a one-token prompt: one empty LAST. */
+static void case_prompt_lp(void) {
+    fprintf(stderr, "-- prompt_lp\n");
+    int before = H.n_commit;
+    H.lp_req = 108;
+    H.lp_next = 1;
+    H.lp_msgs = H.lp_done = 0;
+    g_flags = PD_FLAG_PROMPT_LP;
+    start_request(108, 13, 4, EPOCH);
+    CHECK(run_until(&H.n_commit, before + 1, TEST_WAIT_MS));
+    CHECK(run_until(&H.lp_done, 1, TEST_WAIT_MS));
+    CHECK_EQ(H.commit_req, 108);
+    CHECK_EQ(H.lp_msgs, 3);
+    check_prompt_records(13);
+    check_kv_and_first_token(108, 13);
+    pd_recv_finish(H.r, 108);
+
+    before = H.n_commit;
+    H.lp_req = 109;
+    H.lp_next = 1;
+    H.lp_msgs = H.lp_done = 0;
+    start_request(109, 1, 2, EPOCH);
+    CHECK(run_until(&H.n_commit, before + 1, TEST_WAIT_MS));
+    CHECK(run_until(&H.lp_done, 1, TEST_WAIT_MS));
+    CHECK_EQ(H.lp_msgs, 1);
+    CHECK_EQ(H.lp_next, 1); // no record: position 0 has no logprob
+    pd_recv_finish(H.r, 109);
+    g_flags = 0;
     CHECK_EQ(H.n_reject, 0);
 }
 
@@ -566,6 +686,7 @@ int main(void) {
     run_until(NULL, 0, 200); // LINK_ACK reaches the worker before any PREFILL
 
     case_happy();
+    case_prompt_lp();
     case_reject_context();
     case_reject_stale();
     case_router_abort();

@@ -252,7 +252,7 @@ static void test_names_and_bounds(void) {
     CHECK_STR_EQ(pd_msg_type_name(0x1A), "FINISH");
     CHECK_STR_EQ(pd_msg_type_name(0x1F), "ERROR");
     CHECK_STR_EQ(pd_msg_type_name(0x0B), "UNKNOWN");
-    CHECK_STR_EQ(pd_msg_type_name(0x22), "UNKNOWN"); /* 0x20, 0x21: EMBED, EMBED_RESULT */
+    CHECK_STR_EQ(pd_msg_type_name(0x23), "UNKNOWN"); /* 0x20-0x22: EMBED, EMBED_RESULT, PROMPT_LP */
     for (size_t i = 0; i < N_TYPES; i++) CHECK(strcmp(pd_msg_type_name(ALL_TYPES[i]), "UNKNOWN"));
     /* doc numbers */
     CHECK_EQ(PD_MSG_ADMIT, 0x10);
@@ -907,7 +907,7 @@ static void test_enums_and_ranges(void) {
     REJECTS(PD_MSG_ADMIT, cp, n, "n_prompt");
     put_u32(cp, buf, n, 4, 0);
     REJECTS(PD_MSG_ADMIT, cp, n, "max_tokens");
-    put_u32(cp, buf, n, 12, 8);
+    put_u32(cp, buf, n, 12, 16); /* 8 is PD_FLAG_PROMPT_LP */
     REJECTS(PD_MSG_ADMIT, cp, n, "flags");
     put_u32(cp, buf, n, 72, 65);
     REJECTS(PD_MSG_ADMIT, cp, n, "n_probs 65");
@@ -1296,7 +1296,10 @@ static void test_sampling_ext(void) {
     CHECK_EQ(pd_msg_admit_decode(buf, 80, &ra, &eb), KS_OK);
     CHECK(ra.s.repeat_penalty == 1.0f && ra.s.repeat_last_n == 0 && ra.s.n_bias == 0 &&
           !ra.s.grammar && !ra.s.bias);
-    pd_store_u32(buf + 12, flags | 8u);
+    pd_store_u32(buf + 12, flags | PD_FLAG_PROMPT_LP); // echo's prompt logprobs: a known bit
+    CHECK_EQ(pd_msg_admit_decode(buf, n, &ra, &eb), KS_OK);
+    CHECK(ra.s.flags & PD_FLAG_PROMPT_LP);
+    pd_store_u32(buf + 12, flags | 16u);
     REJECTS(PD_MSG_ADMIT, buf, n, "unknown bits");
     pd_store_u32(buf + 12, flags);
     // counts over their bounds, non-finite penalties, bad entries, a NUL in the text
