@@ -17,21 +17,23 @@
 #include <string.h>
 
 uint64_t cli__membw_sum_avx2(const void *buf, size_t n_bytes);
+uint64_t cli__membw_sum_pf_avx2(const void *buf, size_t n_bytes);
 
 #define BENCH_BW_CHUNK (4 << 20)  // bytes claimed at a time
 
 typedef struct {
     const uint8_t *buf;
     size_t n;           // multiple of BENCH_BW_CHUNK
+    bool pf;            // the loop with software prefetch
     uint64_t sink[64];  // per thread, keeps the reads observable
     atomic_llong next;
 } bench__bw;
 
-/* XOR of a 64-byte-aligned chunk, streamed. */
-static uint64_t bench__bw_chunk(const uint8_t *p, size_t per) {
+/* XOR of a 64-byte-aligned chunk, streamed (pf: with software prefetch). */
+static uint64_t bench__bw_chunk(const uint8_t *p, size_t per, bool pf) {
     uint64_t s = 0;
     if (ks_cpu_get()->avx2) {
-        s = cli__membw_sum_avx2(p, per);
+        s = pf ? cli__membw_sum_pf_avx2(p, per) : cli__membw_sum_avx2(p, per);
     } else {
         const uint64_t *q = (const uint64_t *)p;
         uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -51,11 +53,15 @@ static void bench__bw_task(void *arg, int ith, int nth) {
     (void)nth;
     int64_t i0, i1;
     while (ks_pool_claim(&a->next, (int64_t)(a->n / BENCH_BW_CHUNK), 1, &i0, &i1))
-        a->sink[ith & 63] ^= bench__bw_chunk(a->buf + (size_t)i0 * BENCH_BW_CHUNK, BENCH_BW_CHUNK);
+        a->sink[ith & 63] ^=
+            bench__bw_chunk(a->buf + (size_t)i0 * BENCH_BW_CHUNK, BENCH_BW_CHUNK, a->pf);
 }
 
-/* Best-of-3 read bandwidth in bytes/s over a buffer far larger than the
- * caches, read by every thread of the pool at once; 0 on NOMEM. */
+/* The best read bandwidth in bytes/s over a buffer far larger than the
+ * caches, read by every thread of the pool at once: 3 passes each of a plain
+ * streaming loop and of one with software prefetch (a decode step's kernels
+ * prefetch, and with the plain loop alone tg could exceed the "roofline");
+ * 0 on NOMEM. */
 static double bench__membw(int n_threads) {
     const size_t n = (size_t)1 << 30;
     uint8_t *buf = ks_alloc_huge(n); // as the weights are: the same page size
@@ -64,7 +70,8 @@ static double bench__membw(int n_threads) {
     if (buf && pool) {
         memset(buf, 1, n);  // fault every page in before timing
         bench__bw a = {.buf = buf, .n = n};
-        for (int r = 0; r < 3; r++) {
+        for (int r = 0; r < 6; r++) {
+            a.pf = r % 2;
             atomic_store(&a.next, 0);
             uint64_t t0 = ks_now_ns();
             ks_pool_run(pool, bench__bw_task, &a);
