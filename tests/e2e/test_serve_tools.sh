@@ -14,7 +14,8 @@
 # - --reasoning-format deepseek: an answer that starts inside a think block
 #   (the prompt ends with <think>) is reasoning_content, equal to the
 #   completions route's text for the same prompt (every choice of n = 2 too);
-#   other answers stay content.
+#   other answers stay content;
+# - both client runs again through a cluster (router + 1 prefill + 1 decode).
 . "$(dirname "$0")/lib.sh"
 command -v curl >/dev/null || skip "curl is not installed (scripts/install-deps.sh)"
 command -v node >/dev/null || skip "node is not installed (scripts/install-deps.sh installs it)"
@@ -48,4 +49,15 @@ start_server "$TMPD/reasoning.log" --alias kjv --reasoning-format deepseek
 expect_has "reasoning logged" "$(cat "$TMPD/reasoning.log")" "reasoning split at <think></think>"
 KS_URL=$KS_URL KS_MODEL_NAME=kjv KS_MODE=reasoning node "$JS" || fail "reasoning client checks failed"
 stop_server
+
+# the same client checks through the cluster router, which renders the
+# template and parses the answers (the workers see token ids only)
+M=(-m "$KS_SRC/models/kjv-mini.gguf" --alias kjv)
+start_cluster "$TMPD/ct" 1 1 "${M[@]}" --tool-call-format hermes --chat-template-file "$TMPD/plain.jinja"
+KS_URL=$KS_URL KS_MODEL_NAME=kjv KS_MODE=tools node "$JS" || fail "tools client checks through the cluster failed"
+stop_cluster
+start_cluster "$TMPD/cr" 1 1 "${M[@]}" --reasoning-format deepseek
+KS_URL=$KS_URL KS_MODEL_NAME=kjv KS_MODE=reasoning node "$JS" ||
+    fail "reasoning client checks through the cluster failed"
+stop_cluster
 echo "tools ok"
