@@ -259,7 +259,7 @@ static int64_t fwd__units_per_claim(int64_t N, int nth) {
  * claims left one thread waiting up to a whole claim, ~800 KB of weights
  * of gate/up or down and 4.6 MB of the output matrix, after every run). */
 static bool fwd__mm_claim(fwd__mm *a, int *pi, int64_t *u0, int64_t *u1) {
-    int64_t u = atomic_load_explicit(&a->next, memory_order_relaxed);
+    long long u = atomic_load_explicit(&a->next, memory_order_relaxed); // atomic_llong's type
     for (;;) {
         if (u >= a->n_units) return false;
         while (*pi + 1 < a->n_parts && u >= a->p[*pi + 1].u0)
