@@ -367,32 +367,58 @@ static void start_request(uint64_t req_id, uint32_t n_prompt, uint32_t max_token
 // ----------------------------------------------------------------------------
 // Reference: the prompt's KV and logits from a local model_forward
 
-static void check_kv_and_first_token(uint64_t req_id, uint32_t n) {
+/* A local reference of the prompt tok_of(0..n-1): its own pool, context and
+ * sequence, one model_forward of all n positions; the logits of the last
+ * position (all_rows false) or of every position (true, n rows). */
+typedef struct {
     kv_pool *pool;
-    CHECK_EQ(kv_pool_create(&H.g, DEC_PAGES, KV_SCRUB_ZERO, &pool, NULL), KS_OK);
     model_ctx *ctx;
-    CHECK_EQ(model_ctx_create(H.m, pool, 1, N_CTX, N_CTX, &ctx, NULL), KS_OK);
     kv_seq s;
-    kv_seq_init(pool, &s);
-    CHECK_EQ(kv_seq_reserve(pool, &s, n, NULL), KS_OK);
+    float *logits;
+    int32_t V;
+} local_ref;
+
+static void local_forward(local_ref *r, uint32_t n, bool all_rows) {
+    CHECK_EQ(kv_pool_create(&H.g, DEC_PAGES, KV_SCRUB_ZERO, &r->pool, NULL), KS_OK);
+    CHECK_EQ(model_ctx_create(H.m, r->pool, 1, N_CTX, N_CTX, &r->ctx, NULL), KS_OK);
+    kv_seq_init(r->pool, &r->s);
+    CHECK_EQ(kv_seq_reserve(r->pool, &r->s, n, NULL), KS_OK);
     int32_t tok[N_CTX], pos[N_CTX], seq[N_CTX], out[N_CTX];
     for (uint32_t i = 0; i < n; i++) {
         tok[i] = tok_of(i);
         pos[i] = (int32_t)i;
         seq[i] = 0;
-        out[i] = i == n - 1 ? 0 : -1;
+        out[i] = all_rows ? (int32_t)i : i == n - 1 ? 0 : -1;
     }
-    kv_seq *seqs[1] = {&s};
-    model_batch b = {.n_tokens = (int32_t)n, .tokens = tok, .pos = pos, .seq = seq,
-                     .out_row = out, .n_out = 1, .n_seqs = 1, .seqs = seqs};
-    int32_t V = model_hp(H.m)->n_vocab;
-    float *logits = malloc((size_t)V * sizeof *logits);
-    CHECK(logits);
-    CHECK_EQ(model_forward(ctx, &b, logits, NULL), KS_OK);
-    kv_seq_set_filled(pool, &s, n);
+    kv_seq *seqs[1] = {&r->s};
+    model_batch b = {.n_tokens = (int32_t)n,
+                     .tokens = tok,
+                     .pos = pos,
+                     .seq = seq,
+                     .out_row = out,
+                     .n_out = all_rows ? (int32_t)n : 1,
+                     .n_seqs = 1,
+                     .seqs = seqs};
+    r->V = model_hp(H.m)->n_vocab;
+    r->logits = malloc((size_t)b.n_out * (size_t)r->V * sizeof *r->logits);
+    CHECK(r->logits);
+    CHECK_EQ(model_forward(r->ctx, &b, r->logits, NULL), KS_OK);
+    kv_seq_set_filled(r->pool, &r->s, n);
+}
+
+static void local_free(local_ref *r) {
+    free(r->logits);
+    kv_seq_release(r->pool, &r->s);
+    model_ctx_free(r->ctx);
+    kv_pool_destroy(r->pool);
+}
+
+static void check_kv_and_first_token(uint64_t req_id, uint32_t n) {
+    local_ref r;
+    local_forward(&r, n, false);
     int32_t best = 0;
-    for (int32_t i = 1; i < V; i++)
-        if (logits[i] > logits[best]) best = i;
+    for (int32_t i = 1; i < r.V; i++)
+        if (r.logits[i] > r.logits[best]) best = i;
     CHECK_EQ(H.first_token, best);
 
     kv_seq *q = pd_recv_seq(H.r, req_id);
@@ -402,55 +428,27 @@ static void check_kv_and_first_token(uint64_t req_id, uint32_t n) {
         uint32_t rows = n - pg * PAGE_TOKENS < PAGE_TOKENS ? n - pg * PAGE_TOKENS : PAGE_TOKENS;
         for (int l = 0; l < H.g.n_layer; l++) {
             const void *k0, *v0, *k1, *v1;
-            CHECK_EQ(kv_seq_span_read(pool, &s, pg, l, rows, &k0, &v0), KS_OK);
+            CHECK_EQ(kv_seq_span_read(r.pool, &r.s, pg, l, rows, &k0, &v0), KS_OK);
             CHECK_EQ(kv_seq_span_read(H.dpool, q, pg, l, rows, &k1, &v1), KS_OK);
             CHECK_MEM_EQ(k0, k1, rows * row_bytes);
             CHECK_MEM_EQ(v0, v1, rows * row_bytes);
         }
     }
-    free(logits);
-    kv_seq_release(pool, &s);
-    model_ctx_free(ctx);
-    kv_pool_destroy(pool);
+    local_free(&r);
 }
 
 /* The prompt records of an n-token prompt against a local model_forward
  * of all n positions at once: record i is tok_of(i) under row i-1, with
  * its 2 alternatives, bit for bit (batch invariance: the worker chunked). */
 static void check_prompt_records(uint32_t n) {
-    kv_pool *pool;
-    CHECK_EQ(kv_pool_create(&H.g, DEC_PAGES, KV_SCRUB_ZERO, &pool, NULL), KS_OK);
-    model_ctx *ctx;
-    CHECK_EQ(model_ctx_create(H.m, pool, 1, N_CTX, N_CTX, &ctx, NULL), KS_OK);
-    kv_seq s;
-    kv_seq_init(pool, &s);
-    CHECK_EQ(kv_seq_reserve(pool, &s, n, NULL), KS_OK);
-    int32_t tok[N_CTX], pos[N_CTX], seq[N_CTX], out[N_CTX];
-    for (uint32_t i = 0; i < n; i++) {
-        tok[i] = tok_of(i);
-        pos[i] = (int32_t)i;
-        seq[i] = 0;
-        out[i] = (int32_t)i;
-    }
-    kv_seq *seqs[1] = {&s};
-    model_batch b = {.n_tokens = (int32_t)n,
-                     .tokens = tok,
-                     .pos = pos,
-                     .seq = seq,
-                     .out_row = out,
-                     .n_out = (int32_t)n,
-                     .n_seqs = 1,
-                     .seqs = seqs};
-    int32_t V = model_hp(H.m)->n_vocab;
-    float *logits = malloc((size_t)n * (size_t)V * sizeof *logits);
-    CHECK(logits);
-    CHECK_EQ(model_forward(ctx, &b, logits, NULL), KS_OK);
+    local_ref r;
+    local_forward(&r, n, true);
     CHECK_EQ(H.lp_next, n);
     CHECK_EQ(H.lp_n_top, 2);
     for (uint32_t i = 1; i < n; i++) {
         sample_result sr;
         memset(&sr, 0, sizeof sr);
-        sample_logprobs_row(logits + (size_t)(i - 1) * (size_t)V, V, tok_of(i), 2, &sr);
+        sample_logprobs_row(r.logits + (size_t)(i - 1) * (size_t)r.V, r.V, tok_of(i), 2, &sr);
         CHECK_EQ(H.lp_tok[i], tok_of(i));
         CHECK_MEM_EQ(&H.lp_lp[i], &sr.logprob, sizeof(float));
         for (int k = 0; k < 2; k++) {
@@ -458,10 +456,7 @@ static void check_prompt_records(uint32_t n) {
             CHECK_MEM_EQ(&H.lp_top[i][k].logprob, &sr.top_logprobs[k], sizeof(float));
         }
     }
-    free(logits);
-    kv_seq_release(pool, &s);
-    model_ctx_free(ctx);
-    kv_pool_destroy(pool);
+    local_free(&r);
 }
 
 // ----------------------------------------------------------------------------
