@@ -754,16 +754,19 @@ typedef struct a512_r16k {
  * activations), msum = sum_j m_j * bs_j (4 vpdpwssd over pairs); then
  * acc = fma((float)isum, d * dx, acc) and acc = fnmadd((float)msum,
  * dmin * dx, acc), super-blocks in order. */
-/* The 1x1 (matvec) r16 Q5_K tile: the same integer sums and f32 steps as
- * the general tile, but step-major: each 64-byte qh load (step k) and qs
- * load (pair p, step k) feeds both its sub-blocks, with eight sub-block
+/* The 1x1 (matvec) r16 Q4_K (Q5 = 0) or Q5_K tile: the same integer sums
+ * and f32 steps as the general tile, but step-major: each 64-byte qs load
+ * (pair q, step k) feeds both its sub-blocks (low and high nibbles) and each
+ * Q5_K qh load (step k) all eight, with eight independent sub-block
  * accumulators live at once, where the general tile reloads them per
- * sub-block. Layout as a512__r16k_tile_q's (kern.h). */
-A512_INLINE void a512__r16k5_vec(const a512_tile *t, int V) {
+ * sub-block and chains one accumulator's eight vpdpbusd. Layout as
+ * a512__r16k_tile_q's (kern.h). */
+A512_INLINE void a512__r16k_vec(int Q5, const a512_tile *t, int V) {
+    const size_t SB = Q5 ? KERN_R16_Q5K_SB : KERN_R16_Q4K_SB;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < t->K / 256; i++) {
-        const uint8_t *p = t->W + (size_t)i * KERN_R16_Q5K_SB;
+        const uint8_t *p = t->W + (size_t)i * SB;
         // as a512__prefetch_ahead, spread over the loads: the 320 header
         // bytes here, the rest per step
         const char *pf = (const char *)p + A512_R16_AHEAD;
@@ -773,14 +776,20 @@ A512_INLINE void a512__r16k5_vec(const a512_tile *t, int V) {
         __m512i sub[8];
         _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) sub[j] = _mm512_setzero_si512();
         _Pragma("GCC unroll 2") for (int k = 0; k < 8; k++) {
-            __m512i h = _mm512_loadu_si512(p + KERN_R16_Q4K_SB + 64 * k);
-            _mm_prefetch(pf + KERN_R16_Q4K_SB + 64 * k, _MM_HINT_T0);
+            __m512i h = _mm512_setzero_si512();
+            if (Q5) {
+                h = _mm512_loadu_si512(p + KERN_R16_Q4K_SB + 64 * k);
+                _mm_prefetch(pf + KERN_R16_Q4K_SB + 64 * k, _MM_HINT_T0);
+            }
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                 __m512i z = _mm512_loadu_si512(p + 320 + 512 * q + 64 * k);
                 _mm_prefetch(pf + 320 + 512 * q + 64 * k, _MM_HINT_T0);
-                __m512i lo = a512__or_bit4(_mm512_and_si512(z, m4), a512__bit_to4(h, 2 * q));
-                __m512i hi = a512__or_bit4(_mm512_and_si512(_mm512_srli_epi16(z, 4), m4),
-                                           a512__bit_to4(h, 2 * q + 1));
+                __m512i lo = _mm512_and_si512(z, m4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+                if (Q5) {
+                    lo = a512__or_bit4(lo, a512__bit_to4(h, 2 * q));
+                    hi = a512__or_bit4(hi, a512__bit_to4(h, 2 * q + 1));
+                }
                 sub[2 * q] =
                     a512__dpbusd_v(V, sub[2 * q], lo, a512__bcast4(x->qs + 64 * q + 4 * k));
                 sub[2 * q + 1] = a512__dpbusd_v(V, sub[2 * q + 1], hi,
@@ -809,8 +818,8 @@ A512_INLINE void a512__r16k5_vec(const a512_tile *t, int V) {
 }
 
 A512_INLINE void a512__r16k_tile_q(int Q5, int R, int C, const a512_tile *t, int V) {
-    if (Q5 && R == 1 && C == 1) {
-        a512__r16k5_vec(t, V);
+    if (R == 1 && C == 1) {
+        a512__r16k_vec(Q5, t, V);
         return;
     }
     const size_t SB = Q5 ? KERN_R16_Q5K_SB : KERN_R16_Q4K_SB;
