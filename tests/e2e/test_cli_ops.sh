@@ -11,6 +11,8 @@
 #    with x the PPL its "perplexity:" line prints;
 #  - bench -o json is a JSON array whose avg_ts/stddev_ts are the mean and
 #    the sample standard deviation of its samples; -o md is llama-bench's table;
+#    text mode runs a bandwidth-probe pass after every 16 generated tokens and
+#    prints tg over the roofline from those passes and from the best pass;
 #  - packaging/kvseal.service passes `systemd-analyze verify` with no
 #    warning (skipped with a message where systemd-analyze is absent);
 #  - the Dockerfile's COPY sources exist and it runs the README's build.
@@ -133,8 +135,17 @@ for t in tests:
     assert abs(t["avg_ts"] - statistics.mean(s)) <= 1e-6 * t["avg_ts"], t
     assert abs(t["stddev_ts"] - statistics.stdev(s)) <= 1e-6 * t["avg_ts"] + 1e-9, t
     assert t["avg_ts"] > 0 and t["n_threads"] == 2 and t["model_type"] == "llama"
-assert tests[1]["roofline_ts"] > 0
+assert tests[1]["roofline_ts"] > 0 and tests[1]["membw_peak_gbs"] > 0
 EOF
+# text: one probe pass after every 16 generated tokens (20 tokens: two), the
+# roofline from those passes and from the best pass before generation
+"$KS_BIN" bench -m "$M" -p 16 -n 20 -t 2 >"$TMPD/bench.txt" 2>"$TMPD/bench.err" ||
+    fail "bench: $(cat "$TMPD/bench.err")"
+grep -qE '^memory read bandwidth: [0-9.]+ GB/s \(2 passes between stretches of generation; best pass before it [0-9.]+ GB/s\)$' \
+    "$TMPD/bench.txt" || fail "bench bandwidth line: $(cat "$TMPD/bench.txt")"
+grep -qE '^tg / roofline: [0-9.]+$' "$TMPD/bench.txt" || fail "bench roofline line: $(cat "$TMPD/bench.txt")"
+grep -qE '^tg / best-pass roofline: [0-9.]+$' "$TMPD/bench.txt" ||
+    fail "bench best-pass line: $(cat "$TMPD/bench.txt")"
 "$KS_BIN" bench -m "$M" -p 16 -n 4 -r 2 -t 2 -o md >"$TMPD/bench.md" 2>/dev/null || fail "bench -o md"
 expect_eq "md header" "$(head -n 1 "$TMPD/bench.md")" "| model | size | arch | kernels | threads | type_kv | test | t/s |"
 grep -qE '^\| kjv-mini\.gguf \| .* \| pp16 \| [0-9.]+ ± [0-9.]+ \|$' "$TMPD/bench.md" || fail "md pp row: $(cat "$TMPD/bench.md")"
