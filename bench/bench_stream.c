@@ -89,7 +89,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (!v || !ks_cpu_get()->avx2) {
-        printf("bench_stream: SKIPPED: the r16 kernels need AVX-512 VNNI\n");
+        printf("bench_stream: SKIPPED: the r16 kernels need AVX-512 and the read-only loop AVX2\n");
         return 0;
     }
     enum { MAXT = 8 };
