@@ -195,6 +195,7 @@ typedef struct ks_cpu {
     bool avx512;   /* AVX-512 F/BW/VL/DQ, with OS support for ZMM state */
     bool avx512vnni;
     bool avx512bf16;
+    bool gfni; /* GF2P8AFFINEQB on ZMM (reported only with avx512) */
 } ks_cpu;
 
 /* Detects the CPU once (CPUID + XGETBV) and caches it; thread-safe. */

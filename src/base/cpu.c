@@ -38,10 +38,11 @@ static void cpu__detect(void) {
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
     bool avx2 = (b >> 5) & 1;
     bool f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
-    bool vnni = (c >> 11) & 1;
+    bool vnni = (c >> 11) & 1, gfni = (c >> 8) & 1;
     ks__cpu.avx2 = ymm_ok && avx2 && fma && f16c;
     ks__cpu.avx512 = ks__cpu.avx2 && zmm_ok && f && dq && bw && vl;
     ks__cpu.avx512vnni = ks__cpu.avx512 && vnni;
+    ks__cpu.gfni = ks__cpu.avx512 && gfni;
     unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
     if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1))
         ks__cpu.avx512bf16 = ks__cpu.avx512 && ((a1 >> 5) & 1);

@@ -261,8 +261,9 @@ void cli__version_print(FILE *f) {
     if (KS_GIT_DESCRIBE[0]) fprintf(f, " (git %s)", KS_GIT_DESCRIBE);
     fprintf(f, "\n");
     const ks_cpu *cpu = ks_cpu_get();
-    fprintf(f, "cpu features:%s%s%s%s%s\n", cpu->avx2 ? " avx2" : "", cpu->avx512 ? " avx512" : "",
-            cpu->avx512vnni ? " avx512vnni" : "", cpu->avx512bf16 ? " avx512bf16" : "",
+    fprintf(f, "cpu features:%s%s%s%s%s%s\n", cpu->avx2 ? " avx2" : "",
+            cpu->avx512 ? " avx512" : "", cpu->avx512vnni ? " avx512vnni" : "",
+            cpu->avx512bf16 ? " avx512bf16" : "", cpu->gfni ? " gfni" : "",
             cpu->avx2 || cpu->avx512 ? "" : " (none: scalar kernels)");
     ks_errbuf eb = {0};
     const char *force = getenv("KS_FORCE_ISA");

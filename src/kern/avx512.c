@@ -17,7 +17,9 @@
  * double accumulation. Where the CPU has AVX512-VNNI, vpdpbusd / vpdpwssd
  * (inline asm, so no extra -m flag) replace maddubs/madd pairs; both forms
  * produce the same integer lanes, so results are bit-identical either way.
- * KS_AVX512_NO_VNNI=1 forces the plain form (for tests).
+ * KS_AVX512_NO_VNNI=1 forces the plain form (for tests). Likewise the Q6_K
+ * matvec uses GFNI's vgf2p8affineqb (inline asm) to move bit fields within
+ * bytes where the CPU has it; KS_AVX512_NO_GFNI=1 forces the shift form.
  * Each function names the ref it matches and its expected error. */
 #include "kern/kern_int.h"
 
@@ -262,6 +264,28 @@ static bool a512__use_vnni(void) {
     if (v < 0) {
         const char *e = getenv("KS_AVX512_NO_VNNI");
         v = ks_cpu_get()->avx512vnni && !(e && *e && strcmp(e, "0") != 0);
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v != 0;
+}
+
+/* Per byte of x: bit i of the result = parity(x & byte 7-i of the same
+ * qword of m) (vgf2p8affineqb, imm 0): a fixed bit permutation with zero fill
+ * when each byte of m has at most one bit set. */
+A512_INLINE __m512i a512__gf2affine(__m512i x, __m512i m) {
+    __m512i r;
+    __asm__("vgf2p8affineqb $0, %2, %1, %0" : "=v"(r) : "v"(x), "v"(m));
+    return r;
+}
+
+/* Whether the CPU has GFNI and KS_AVX512_NO_GFNI is unset or "0" (a test
+ * hook; results are identical). */
+static bool a512__use_gfni(void) {
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("KS_AVX512_NO_GFNI");
+        v = ks_cpu_get()->gfni && !(e && *e && strcmp(e, "0") != 0);
         atomic_store_explicit(&cached, v, memory_order_relaxed);
     }
     return v != 0;
@@ -967,9 +991,69 @@ A512_INLINE void a512__r16k6_vec(const a512_tile *t, int V) {
     _mm512_storeu_ps(t->Y, acc);
 }
 
-A512_INLINE void a512__r16k6_tile(int R, int C, const a512_tile *t, int V) {
+/* a512__r16k6_vec with the 6-bit values rebuilt by vgf2p8affineqb: each
+ * field moves to its place within the byte with zero fill, which takes 9
+ * instructions per 64 bytes of every sub-block group where shifts and masks
+ * take 13. The same bytes q[g], so the same integer sums. */
+A512_INLINE void a512__r16k6_vec_gfni(const a512_tile *t, int V) {
+    // matrices (one qword, broadcast): bits 0-1, 2-3 or 6-7 to bits 4-5, and
+    // bits 4-7 to bits 0-3; all other result bits 0
+    const __m512i g0 = _mm512_set1_epi64(0x0000000001020000ll);
+    const __m512i g1 = _mm512_set1_epi64(0x0000000004080000ll);
+    const __m512i g3 = _mm512_set1_epi64(0x0000000040800000ll);
+    const __m512i hi = _mm512_set1_epi64(0x1020408000000000ll);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < t->K / 256; i++) {
+        const uint8_t *p = t->W + (size_t)i * KERN_R16_Q6K_SB;
+        const char *pf = (const char *)p + A512_R16_AHEAD; // as a512__r16k6_vec
+        for (int b = 0; b < 288; b += 64)
+            _mm_prefetch(pf + b, _MM_HINT_T0);
+        const a512_r16k6 *x = (const a512_r16k6 *)(const void *)t->X + i;
+        __m512i it = _mm512_setzero_si512();
+        // sub-block j = 8n + 2g + kk: elements 128n + 32g + 16kk + 0..15
+        _Pragma("GCC unroll 1") for (int n = 0; n < 2; n++) {
+            _Pragma("GCC unroll 2") for (int kk = 0; kk < 2; kk++) {
+                __m512i sub[4];
+                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] =
+                    _mm512_set1_epi32(x->corr[8 * n + 2 * g + kk]);
+                _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; k4++) {
+                    const int k = 4 * kk + k4;
+                    __m512i l0 = _mm512_loadu_si512(p + 288 + 1024 * n + 64 * k);
+                    __m512i l1 = _mm512_loadu_si512(p + 288 + 1024 * n + 512 + 64 * k);
+                    __m512i h = _mm512_loadu_si512(p + 2336 + 512 * n + 64 * k);
+                    _mm_prefetch(pf + 288 + 1024 * n + 64 * k, _MM_HINT_T0);
+                    _mm_prefetch(pf + 288 + 1024 * n + 512 + 64 * k, _MM_HINT_T0);
+                    _mm_prefetch(pf + 2336 + 512 * n + 64 * k, _MM_HINT_T0);
+                    __m512i q[4];
+                    // 0xEC = (A & C) | B: the low nibble, or'd with the moved h bits
+                    q[0] = _mm512_ternarylogic_epi32(l0, a512__gf2affine(h, g0), m4, 0xEC);
+                    q[1] = _mm512_ternarylogic_epi32(l1, a512__gf2affine(h, g1), m4, 0xEC);
+                    // 0xF8 = A | (B & C): the high nibble (moved down), h bits 4-5 in place
+                    q[2] = _mm512_ternarylogic_epi32(a512__gf2affine(l0, hi), h, m30, 0xF8);
+                    q[3] = _mm512_or_si512(a512__gf2affine(l1, hi), a512__gf2affine(h, g3));
+                    _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] = a512__dpbusd_v(
+                        V, sub[g], q[g], a512__bcast4(x->qs + 128 * n + 32 * g + 4 * k));
+                }
+                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+                    __m512i sc = _mm512_cvtepi8_epi32(
+                        _mm_loadu_si128((const __m128i *)(p + 32 + 16 * (8 * n + 2 * g + kk))));
+                    it = _mm512_add_epi32(it, _mm512_mullo_epi32(sub[g], sc));
+                }
+            }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it), _mm512_mul_ps(d, _mm512_set1_ps(x->d)), acc);
+    }
+    _mm512_storeu_ps(t->Y, acc);
+}
+
+A512_INLINE void a512__r16k6_tile_g(int G, int R, int C, const a512_tile *t, int V) {
     if (R == 1 && C == 1) {
-        a512__r16k6_vec(t, V);
+        if (G)
+            a512__r16k6_vec_gfni(t, V);
+        else
+            a512__r16k6_vec(t, V);
         return;
     }
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
@@ -1015,7 +1099,16 @@ A512_INLINE void a512__r16k6_tile(int R, int C, const a512_tile *t, int V) {
     }
     A512_FOR_R A512_FOR_C _mm512_storeu_ps(t->Y + c * t->ys + 16 * r, acc[r][c]);
 }
+/* The r16 Q6_K tiles without GFNI (a512__r16k6_tile_tab) and with it, for
+ * the matvec only (a512__r16k6g_tile_tab). */
+A512_INLINE void a512__r16k6_tile(int R, int C, const a512_tile *t, int V) {
+    a512__r16k6_tile_g(0, R, C, t, V);
+}
+A512_INLINE void a512__r16k6g_tile(int R, int C, const a512_tile *t, int V) {
+    a512__r16k6_tile_g(1, R, C, t, V);
+}
 A512_TILES_V(a512__r16k6_tile)
+A512_TILES_V(a512__r16k6g_tile)
 
 /* The r16 Q3_K (Q2 = 0) and Q2_K tiles: t->W group 0 (t->ws bytes between
  * groups), t->X column 0's a512_r16k6 array (corr = -4 * the sub-block's
@@ -1756,9 +1849,11 @@ static void a512__matmul_q6_K(int64_t K, int n_rows, int n_cols, const void *W, 
  * error as a512__matmul_q6_K's. */
 static void a512__matmul_r16_q6_K(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                                   const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run_r16(KS_DTYPE_Q6_K, a512__r16k6_tile_tab[a512__use_vnni()], a512__r16k6_prep_x,
-                  K / 256, sizeof(a512_r16k6), a512__matmul_q6_K, K, n_rows, n_cols, W, ws, X, xs,
-                  Y, ys);
+    const int V = a512__use_vnni();
+    a512__run_r16(KS_DTYPE_Q6_K,
+                  a512__use_gfni() ? a512__r16k6g_tile_tab[V] : a512__r16k6_tile_tab[V],
+                  a512__r16k6_prep_x, K / 256, sizeof(a512_r16k6), a512__matmul_q6_K, K, n_rows,
+                  n_cols, W, ws, X, xs, Y, ys);
 }
 
 // ----------------------------------------------------------------------------
