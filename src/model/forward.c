@@ -234,13 +234,26 @@ void model_ctx_free(model_ctx *c) {
 /* Weights in one pool run: a decode step hands work to the threads ~16
  * times per layer, and each hand-off (and the wait for the slowest thread)
  * cost about a fifth of decode time; a MoE layer runs all its experts'
- * gate and up matmuls in one run, and all their down matmuls in another. */
+ * gate and up matmuls in one run, and all their down matmuls in another.
+ *
+ * The run's 16-row units are cut into one contiguous range per thread
+ * (the first FWD_MM_SEGS threads), which it claims from the front; a thread
+ * whose range is done takes from the back of the range with the most left.
+ * So each thread streams one run of consecutive weight bytes, and its
+ * prefetches run on from one claim into the next. */
+#define FWD_MM_SEGS 64
+
+typedef struct {
+    // [front:32 | back:32]: the units [front, back) of one range not yet claimed
+    _Alignas(64) atomic_ullong fb;
+} fwd__mm_seg;
+
 typedef struct {
     fwd__mm_part *p;
     int n_parts;
-    int nth;
-    int64_t n_units;   // 16-row units over the parts, in order
-    atomic_llong next; // next unit to claim
+    int n_segs;
+    int64_t n_units; // 16-row units over the parts, in order
+    fwd__mm_seg seg[FWD_MM_SEGS];
 } fwd__mm;
 
 /* Weight units (16 rows) per claim at most: about four claims per thread.
@@ -252,29 +265,66 @@ static int64_t fwd__units_per_claim(int64_t N, int nth) {
     return n < 1 ? 1 : n;
 }
 
-/* Claims the next units [*u0, *u1) of the run, within one part (*pi, which
- * only moves on). Guided: a claim takes at most its part's chunk and at most
- * 1/(2 nth) of the units left in the run, so claims shrink to one unit at
- * the end and the threads finish within a unit of each other (full-size
- * claims left one thread waiting up to a whole claim, ~800 KB of weights
- * of gate/up or down and 4.6 MB of the output matrix, after every run). */
-static bool fwd__mm_claim(fwd__mm *a, int *pi, int64_t *u0, int64_t *u1) {
-    long long u = atomic_load_explicit(&a->next, memory_order_relaxed); // atomic_llong's type
+/* The part that unit u of the run lies in (parts are in unit order). */
+static int fwd__mm_part_of(const fwd__mm *a, int64_t u) {
+    int lo = 0, hi = a->n_parts - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (a->p[mid].u0 <= u)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+static int64_t fwd__mm_part_end(const fwd__mm *a, int pi) {
+    return pi + 1 < a->n_parts ? a->p[pi + 1].u0 : a->n_units;
+}
+
+/* Claims units [*u0, *u1) of range s, within one part (*pi): from the front
+ * (own range) or from the back (another's). A claim takes at most its
+ * part's chunk and at most half of what the range has left, so claims
+ * shrink to one unit at the end and the threads finish within a unit of
+ * each other. */
+static bool fwd__mm_take(fwd__mm *a, int s, bool front, int *pi, int64_t *u0, int64_t *u1) {
+    atomic_ullong *fb = &a->seg[s].fb;
+    unsigned long long v = atomic_load_explicit(fb, memory_order_relaxed); // atomic_ullong's type
     for (;;) {
-        if (u >= a->n_units) return false;
-        while (*pi + 1 < a->n_parts && u >= a->p[*pi + 1].u0)
-            (*pi)++;
-        const fwd__mm_part *p = &a->p[*pi];
-        const int64_t part_end = *pi + 1 < a->n_parts ? a->p[*pi + 1].u0 : a->n_units;
-        int64_t n = (a->n_units - u) / (2 * a->nth);
-        n = n < 1 ? 1 : n > p->chunk ? p->chunk : n;
-        if (u + n > part_end) n = part_end - u;
-        if (atomic_compare_exchange_weak_explicit(&a->next, &u, u + n, memory_order_relaxed,
+        const int64_t f = (int64_t)(v >> 32), b = (int64_t)(v & 0xffffffffu);
+        if (f >= b) return false;
+        const int i = fwd__mm_part_of(a, front ? f : b - 1);
+        int64_t n = (b - f) / 2;
+        n = n < 1 ? 1 : n > a->p[i].chunk ? a->p[i].chunk : n;
+        int64_t lo = front ? f : b - n, hi = front ? f + n : b;
+        if (front && hi > fwd__mm_part_end(a, i)) hi = fwd__mm_part_end(a, i);
+        if (!front && lo < a->p[i].u0) lo = a->p[i].u0;
+        const unsigned long long nv = front ? (unsigned long long)hi << 32 | (unsigned long long)b
+                                            : (unsigned long long)f << 32 | (unsigned long long)lo;
+        if (atomic_compare_exchange_weak_explicit(fb, &v, nv, memory_order_relaxed,
                                                   memory_order_relaxed)) {
-            *u0 = u;
-            *u1 = u + n;
+            *pi = i;
+            *u0 = lo;
+            *u1 = hi;
             return true;
         }
+    }
+}
+
+/* Claims the next units of the run for thread ith: its own range first,
+ * then the back of whichever range has the most left. */
+static bool fwd__mm_claim(fwd__mm *a, int ith, int *pi, int64_t *u0, int64_t *u1) {
+    if (ith < a->n_segs && fwd__mm_take(a, ith, true, pi, u0, u1)) return true;
+    for (;;) {
+        int best = -1;
+        int64_t most = 0;
+        for (int s = 0; s < a->n_segs; s++) {
+            const unsigned long long v = atomic_load_explicit(&a->seg[s].fb, memory_order_relaxed);
+            const int64_t left = (int64_t)(v & 0xffffffffu) - (int64_t)(v >> 32);
+            if (left > most) most = left, best = s;
+        }
+        if (best < 0) return false;
+        if (fwd__mm_take(a, best, best == ith, pi, u0, u1)) return true;
     }
 }
 
@@ -282,10 +332,10 @@ static bool fwd__mm_claim(fwd__mm *a, int *pi, int64_t *u0, int64_t *u1) {
  * in (kern.h), so the split changes no value. */
 static void fwd__mm_task(void *arg, int ith, int nth) {
     fwd__mm *a = arg;
-    (void)ith, (void)nth;
+    (void)nth;
     int64_t k, k1;
-    int i = 0; // one thread's claims only grow, so its part index only moves on
-    while (fwd__mm_claim(a, &i, &k, &k1)) {
+    int i;
+    while (fwd__mm_claim(a, ith, &i, &k, &k1)) {
         const fwd__mm_part *p = &a->p[i];
         const model__mat *w = p->w;
         const int64_t r = (k - p->u0) * 16,
@@ -299,18 +349,24 @@ static void fwd__mm_task(void *arg, int ith, int nth) {
 
 /* Runs the n parts (X, Y, T and w set) in one pool run. */
 static void fwd__mm_run(model_ctx *c, fwd__mm_part *parts, int n) {
-    fwd__mm a = {.p = parts, .n_parts = n, .nth = ks_pool_nth(c->threads)};
+    const int nth = ks_pool_nth(c->threads);
+    fwd__mm a = {.p = parts, .n_parts = n, .n_segs = nth < FWD_MM_SEGS ? nth : FWD_MM_SEGS};
     for (int i = 0; i < n; i++) {
         fwd__mm_part *p = &parts[i];
         KS_ASSERT(p->T >= 1);
         p->fn = p->w->packed ? c->kv->matmul_r16[p->w->type] : c->kv->matmul[p->w->type];
         KS_ASSERT(p->fn);
-        p->chunk = fwd__units_per_claim(p->w->N, a.nth);
+        p->chunk = fwd__units_per_claim(p->w->N, nth);
         if (!p->ldy) p->ldy = (size_t)p->w->N;
         p->u0 = a.n_units;
         a.n_units += (p->w->N + 15) / 16;
     }
-    atomic_init(&a.next, 0);
+    KS_ASSERT(a.n_units < ((int64_t)1 << 32));
+    for (int s = 0; s < a.n_segs; s++) {
+        const unsigned long long f = (unsigned long long)(a.n_units * s / a.n_segs),
+                                 b = (unsigned long long)(a.n_units * (s + 1) / a.n_segs);
+        atomic_init(&a.seg[s].fb, f << 32 | b);
+    }
     ks_pool_run(c->threads, fwd__mm_task, &a);
 }
 
