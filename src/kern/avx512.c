@@ -938,9 +938,18 @@ typedef struct a512_r16k6 {
 /* The 1x1 (matvec) r16 Q6_K tile: the same integer sums as the general tile,
  * but each 64-byte ql/qh load feeds all four 2-bit groups g (four sub-block
  * accumulators live at once), where the general tile reloads and reshifts
- * them per g: about 2/3 of the instructions per weight byte. */
-A512_INLINE void a512__r16k6_vec(const a512_tile *t, int V) {
+ * them per g: about 2/3 of the instructions per weight byte. With G, the
+ * 6-bit values are rebuilt by vgf2p8affineqb, which moves each field to its
+ * place within the byte with zero fill: 9 instructions per 64-byte step
+ * where shifts and masks take 13, and the same bytes. */
+A512_INLINE void a512__r16k6_vec(const a512_tile *t, int V, int G) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    // GFNI matrices (one qword, broadcast): bits 0-1, 2-3 or 6-7 to bits
+    // 4-5, and bits 4-7 to bits 0-3; all other result bits 0
+    const __m512i g0 = _mm512_set1_epi64(0x0000000001020000ll);
+    const __m512i g1 = _mm512_set1_epi64(0x0000000004080000ll);
+    const __m512i g3 = _mm512_set1_epi64(0x0000000040800000ll);
+    const __m512i hi = _mm512_set1_epi64(0x1020408000000000ll);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < t->K / 256; i++) {
         const uint8_t *p = t->W + (size_t)i * KERN_R16_Q6K_SB;
@@ -966,72 +975,25 @@ A512_INLINE void a512__r16k6_vec(const a512_tile *t, int V) {
                     _mm_prefetch(pf + 288 + 1024 * n + 512 + 64 * k, _MM_HINT_T0);
                     _mm_prefetch(pf + 2336 + 512 * n + 64 * k, _MM_HINT_T0);
                     __m512i q[4];
-                    // 0xF8 = A | (B & C): the nibble, or'd with bits 2g, 2g+1 of h at 4, 5
-                    q[0] = _mm512_ternarylogic_epi32(_mm512_and_si512(l0, m4),
-                                                     _mm512_slli_epi16(h, 4), m30, 0xF8);
-                    q[1] = _mm512_ternarylogic_epi32(_mm512_and_si512(l1, m4),
-                                                     _mm512_slli_epi16(h, 2), m30, 0xF8);
-                    q[2] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4),
-                                                     h, m30, 0xF8);
-                    q[3] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
-                                                     _mm512_srli_epi16(h, 2), m30, 0xF8);
-                    _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] = a512__dpbusd_v(
-                        V, sub[g], q[g], a512__bcast4(x->qs + 128 * n + 32 * g + 4 * k));
-                }
-                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
-                    __m512i sc = _mm512_cvtepi8_epi32(
-                        _mm_loadu_si128((const __m128i *)(p + 32 + 16 * (8 * n + 2 * g + kk))));
-                    it = _mm512_add_epi32(it, _mm512_mullo_epi32(sub[g], sc));
-                }
-            }
-        }
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it), _mm512_mul_ps(d, _mm512_set1_ps(x->d)), acc);
-    }
-    _mm512_storeu_ps(t->Y, acc);
-}
-
-/* a512__r16k6_vec with the 6-bit values rebuilt by vgf2p8affineqb: each
- * field moves to its place within the byte with zero fill, which takes 9
- * instructions per 64 bytes of every sub-block group where shifts and masks
- * take 13. The same bytes q[g], so the same integer sums. */
-A512_INLINE void a512__r16k6_vec_gfni(const a512_tile *t, int V) {
-    // matrices (one qword, broadcast): bits 0-1, 2-3 or 6-7 to bits 4-5, and
-    // bits 4-7 to bits 0-3; all other result bits 0
-    const __m512i g0 = _mm512_set1_epi64(0x0000000001020000ll);
-    const __m512i g1 = _mm512_set1_epi64(0x0000000004080000ll);
-    const __m512i g3 = _mm512_set1_epi64(0x0000000040800000ll);
-    const __m512i hi = _mm512_set1_epi64(0x1020408000000000ll);
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < t->K / 256; i++) {
-        const uint8_t *p = t->W + (size_t)i * KERN_R16_Q6K_SB;
-        const char *pf = (const char *)p + A512_R16_AHEAD; // as a512__r16k6_vec
-        for (int b = 0; b < 288; b += 64)
-            _mm_prefetch(pf + b, _MM_HINT_T0);
-        const a512_r16k6 *x = (const a512_r16k6 *)(const void *)t->X + i;
-        __m512i it = _mm512_setzero_si512();
-        // sub-block j = 8n + 2g + kk: elements 128n + 32g + 16kk + 0..15
-        _Pragma("GCC unroll 1") for (int n = 0; n < 2; n++) {
-            _Pragma("GCC unroll 2") for (int kk = 0; kk < 2; kk++) {
-                __m512i sub[4];
-                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] =
-                    _mm512_set1_epi32(x->corr[8 * n + 2 * g + kk]);
-                _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; k4++) {
-                    const int k = 4 * kk + k4;
-                    __m512i l0 = _mm512_loadu_si512(p + 288 + 1024 * n + 64 * k);
-                    __m512i l1 = _mm512_loadu_si512(p + 288 + 1024 * n + 512 + 64 * k);
-                    __m512i h = _mm512_loadu_si512(p + 2336 + 512 * n + 64 * k);
-                    _mm_prefetch(pf + 288 + 1024 * n + 64 * k, _MM_HINT_T0);
-                    _mm_prefetch(pf + 288 + 1024 * n + 512 + 64 * k, _MM_HINT_T0);
-                    _mm_prefetch(pf + 2336 + 512 * n + 64 * k, _MM_HINT_T0);
-                    __m512i q[4];
-                    // 0xEC = (A & C) | B: the low nibble, or'd with the moved h bits
-                    q[0] = _mm512_ternarylogic_epi32(l0, a512__gf2affine(h, g0), m4, 0xEC);
-                    q[1] = _mm512_ternarylogic_epi32(l1, a512__gf2affine(h, g1), m4, 0xEC);
-                    // 0xF8 = A | (B & C): the high nibble (moved down), h bits 4-5 in place
-                    q[2] = _mm512_ternarylogic_epi32(a512__gf2affine(l0, hi), h, m30, 0xF8);
-                    q[3] = _mm512_or_si512(a512__gf2affine(l1, hi), a512__gf2affine(h, g3));
+                    if (G) {
+                        // 0xEC = (A & C) | B: the low nibble, or'd with the moved h bits;
+                        // 0xF8 = A | (B & C): the high nibble moved down, h bits 4-5 in place
+                        q[0] = _mm512_ternarylogic_epi32(l0, a512__gf2affine(h, g0), m4, 0xEC);
+                        q[1] = _mm512_ternarylogic_epi32(l1, a512__gf2affine(h, g1), m4, 0xEC);
+                        q[2] = _mm512_ternarylogic_epi32(a512__gf2affine(l0, hi), h, m30, 0xF8);
+                        q[3] = _mm512_or_si512(a512__gf2affine(l1, hi), a512__gf2affine(h, g3));
+                    } else {
+                        // 0xF8 = A | (B & C): the nibble, or'd with bits 2g, 2g+1 of h at 4, 5
+                        q[0] = _mm512_ternarylogic_epi32(_mm512_and_si512(l0, m4),
+                                                         _mm512_slli_epi16(h, 4), m30, 0xF8);
+                        q[1] = _mm512_ternarylogic_epi32(_mm512_and_si512(l1, m4),
+                                                         _mm512_slli_epi16(h, 2), m30, 0xF8);
+                        q[2] = _mm512_ternarylogic_epi32(
+                            _mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), h, m30, 0xF8);
+                        q[3] = _mm512_ternarylogic_epi32(
+                            _mm512_and_si512(_mm512_srli_epi16(l1, 4), m4), _mm512_srli_epi16(h, 2),
+                            m30, 0xF8);
+                    }
                     _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] = a512__dpbusd_v(
                         V, sub[g], q[g], a512__bcast4(x->qs + 128 * n + 32 * g + 4 * k));
                 }
@@ -1050,10 +1012,7 @@ A512_INLINE void a512__r16k6_vec_gfni(const a512_tile *t, int V) {
 
 A512_INLINE void a512__r16k6_tile_g(int G, int R, int C, const a512_tile *t, int V) {
     if (R == 1 && C == 1) {
-        if (G)
-            a512__r16k6_vec_gfni(t, V);
-        else
-            a512__r16k6_vec(t, V);
+        a512__r16k6_vec(t, V, G);
         return;
     }
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
