@@ -28,6 +28,20 @@ typedef struct fwd__mm_part {
     int64_t u0;    // the part's first 16-row unit in the run
 } fwd__mm_part;
 
+/* A decode step's matmul run as fwd__idle_prefetch reads it: its first
+ * FWD_PF_PARTS parts' weights, and the units of the whole run. */
+#define FWD_PF_RUNS 1024
+#define FWD_PF_PARTS 4
+typedef struct {
+    struct {
+        const char *data;  // the part's first unit
+        size_t unit_bytes; // bytes of one 16-row unit (rows are back to back)
+        int64_t units;
+    } p[FWD_PF_PARTS];
+    int n;
+    int64_t units; // over all the run's parts
+} fwd__pf_run;
+
 struct model_ctx {
     const model *m;
     kv_pool *pool;
@@ -85,6 +99,10 @@ struct model_ctx {
         const float *src;     // which input it holds (NULL = none)
         int64_t K;
     } act[2]; // [0] Q8_0, [1] Q8_K; (T*max(1, k+s)) rows each
+    // one-token passes: the matmul runs of the last one, in order (pf_n of
+    // them), and the index of the next run in this one (-1: not one token)
+    fwd__pf_run *pf_runs; // (FWD_PF_RUNS)
+    int pf_n, pf_i;
 };
 
 // ----------------------------------------------------------------------------
@@ -193,9 +211,11 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     c->act[1].cap_row = (size_t)rbk;
     c->act[0].buf = ks_alloc_aligned(TA * (size_t)rb0);
     c->act[1].buf = ks_alloc_aligned(TA * (size_t)rbk);
+    c->pf_runs = calloc(FWD_PF_RUNS, sizeof *c->pf_runs);
+    c->pf_i = -1;
     if (!c->threads || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->g ||
         !c->u || !c->scores || !c->seq_next || !c->seq_bad || !c->seq_first || !c->kp || !c->vp ||
-        !c->act[0].buf || !c->act[1].buf || !moe_ok) {
+        !c->act[0].buf || !c->act[1].buf || !c->pf_runs || !moe_ok) {
         model_ctx_free(c);
         return ks_seterr(eb, KS_ERR_NOMEM, "model context: scratch for %d tokens", max_tokens);
     }
@@ -218,6 +238,7 @@ void model_ctx_free(model_ctx *c) {
     free(c->row_tok);
     free(c->x_off);
     free(c->parts);
+    free(c->pf_runs);
     free(c->dsa_sel);
     free(c->dsa_n);
     free(c->seq_next);
@@ -362,12 +383,55 @@ static void fwd__mm_run(model_ctx *c, fwd__mm_part *parts, int n) {
         a.n_units += (p->w->N + 15) / 16;
     }
     KS_ASSERT(a.n_units < ((int64_t)1 << 32));
+    if (c->pf_i >= 0 && c->pf_i < FWD_PF_RUNS) { // a one-token pass: the next one's guess
+        fwd__pf_run *r = &c->pf_runs[c->pf_i++];
+        r->n = n < FWD_PF_PARTS ? n : FWD_PF_PARTS;
+        r->units = a.n_units;
+        for (int i = 0; i < r->n; i++) {
+            const model__mat *w = parts[i].w;
+            r->p[i].data = w->data;
+            r->p[i].unit_bytes = w->packed ? w->group_bytes : 16 * w->row_bytes;
+            r->p[i].units = (w->N + 15) / 16;
+        }
+        if (c->pf_i > c->pf_n) c->pf_n = c->pf_i;
+    }
     for (int s = 0; s < a.n_segs; s++) {
         const unsigned long long f = (unsigned long long)(a.n_units * s / a.n_segs),
                                  b = (unsigned long long)(a.n_units * (s + 1) / a.n_segs);
         atomic_init(&a.seg[s].fb, f << 32 | b);
     }
     ks_pool_run(c->threads, fwd__mm_task, &a);
+}
+
+/* Bytes of its next range a thread idle in a one-token op asks for at most:
+ * what a thread streams in ~20 us, well within L2. */
+#define FWD_PF_BYTES (192u << 10)
+
+/* For a thread with nothing left to do in a one-token pass's op while
+ * another works (*left > 0): prefetches into L2 the head of the range
+ * fwd__mm_run will give it in the next matmul run, as the last one-token
+ * pass ran it, until *left drops to 0 or FWD_PF_BYTES are asked for. The
+ * memory bus idles through a one-token op, and the run then starts with
+ * that part of the thread's range cached. A wrong guess (another model
+ * shape, the first pass) costs only the reads; no value depends on it. */
+static void fwd__idle_prefetch(const model_ctx *c, int ith, int nth, const atomic_llong *left) {
+    if (c->pf_i < 0 || c->pf_i >= c->pf_n) return;
+    const fwd__pf_run *r = &c->pf_runs[c->pf_i];
+    const int segs = nth < FWD_MM_SEGS ? nth : FWD_MM_SEGS;
+    if (ith >= segs) return;
+    int64_t u = r->units * ith / segs; // the range's first unit, as fwd__mm_run cuts them
+    int i = 0;
+    while (i < r->n && u >= r->p[i].units)
+        u -= r->p[i++].units;
+    if (i == r->n) return;
+    const char *p = r->p[i].data + (size_t)u * r->p[i].unit_bytes;
+    size_t len = (size_t)(r->p[i].units - u) * r->p[i].unit_bytes;
+    if (len > FWD_PF_BYTES) len = FWD_PF_BYTES;
+    for (size_t off = 0; off < len; off += 4096) {
+        if (atomic_load_explicit(left, memory_order_relaxed) <= 0) return;
+        for (size_t o = off; o < off + 4096 && o < len; o += 64)
+            __builtin_prefetch(p + o, 0, 2); // into L2 (prefetcht1 on x86)
+    }
 }
 
 typedef struct {
@@ -378,16 +442,20 @@ typedef struct {
     void *dst;         // (T, dst_stride)
     size_t dst_stride;
     int T;
+    const model_ctx *c;
     atomic_llong next;  // next token row to claim
+    atomic_llong left;  // rows not yet done
 } fwd__quant;
 
 static void fwd__quant_task(void *arg, int ith, int nth) {
     fwd__quant *a = arg;
-    (void)ith, (void)nth;
     int64_t t0, t1;
-    while (ks_pool_claim(&a->next, a->T, 4, &t0, &t1))
+    while (ks_pool_claim(&a->next, a->T, 4, &t0, &t1)) {
         for (int64_t t = t0; t < t1; t++)
             a->fn(a->src + (size_t)t * (size_t)a->K, (char *)a->dst + (size_t)t * a->dst_stride, a->K);
+        atomic_fetch_sub_explicit(&a->left, t1 - t0, memory_order_relaxed);
+    }
+    fwd__idle_prefetch(a->c, ith, nth, &a->left);
 }
 
 /* Forgets cached quantized activations (call when an input buffer changes). */
@@ -415,7 +483,10 @@ static void fwd__act(model_ctx *c, const model__mat *w, const float *X, int T, c
                         .K = w->K,
                         .dst = c->act[slot].buf,
                         .dst_stride = (size_t)rb,
-                        .T = T};
+                        .T = T,
+                        .c = c};
+        atomic_init(&q.next, 0);
+        atomic_init(&q.left, T);
         KS_ASSERT(q.fn);
         ks_pool_run(c->threads, fwd__quant_task, &q);
         c->act[slot].src = X;
@@ -474,6 +545,7 @@ typedef struct {
     int n;             // rows to claim: tokens, or (token, expert) rows
     int64_t ff;        // FWD_SWIGLU's row length
     atomic_llong next; // next row to claim
+    atomic_llong left; // rows not yet done
 } fwd__rows;
 
 /* The model's RoPE settings at this context (sliding layers override the base). */
@@ -701,9 +773,9 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
     model_ctx *c = a->c;
     const model *m = c->m;
     const int64_t E = m->hp.n_embd, F = a->ff;
-    (void)ith, (void)nth;
     int64_t t0, t1;
-    while (ks_pool_claim(&a->next, a->n, 1, &t0, &t1)) {
+    for (; ks_pool_claim(&a->next, a->n, 1, &t0, &t1);
+         atomic_fetch_sub_explicit(&a->left, 1, memory_order_relaxed)) {
         const int t = (int)t0;
         // token rows (a MoE op's rows t may run past max_tokens: no pointer here)
         const size_t xo = (size_t)t * (size_t)E;
@@ -778,6 +850,7 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
         }
         }
     }
+    fwd__idle_prefetch(c, ith, nth, &a->left);
 }
 
 /* Runs op over n rows (tokens, or (token, expert) rows); ff is
@@ -785,6 +858,7 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
 static void fwd__rows_run_n(model_ctx *c, const model_batch *b, fwd__rowop op, int n, int64_t ff) {
     fwd__rows a = {.c = c, .b = b, .op = op, .n = n, .ff = ff};
     atomic_init(&a.next, 0);
+    atomic_init(&a.left, a.n);
     ks_pool_run(c->threads, fwd__rows_task, &a);
 }
 
@@ -800,6 +874,7 @@ static void fwd__rows_run2(model_ctx *c, const model_batch *b, fwd__rowop op, co
                    .n = b->n_tokens,
                    .ff = c->m->hp.n_ff};
     atomic_init(&a.next, 0);
+    atomic_init(&a.left, a.n);
     ks_pool_run(c->threads, fwd__rows_task, &a);
 }
 
@@ -1098,6 +1173,7 @@ typedef struct {
     const model_batch *b;
     int layer;
     atomic_llong next; // next (token, KV head) pair to claim
+    atomic_llong left; // pairs not yet done
 } fwd__attn;
 
 /* Attention of G query heads h, h+1, ... (all of one KV head's or a part)
@@ -1185,17 +1261,22 @@ static void fwd__resolve(model_ctx *c, const model_batch *b, int layer) {
     }
 }
 
+/* The parts a KV head's G query heads are cut into: more than one when
+ * there are too few (token, KV head) pairs to keep every thread busy (a
+ * decode step of an MQA model, or many threads); the same for every thread,
+ * and a head's values do not depend on its group (kern.h). */
+static int fwd__attn_nch(int64_t T, int Hkv, int G, int nth) {
+    int nch = 1;
+    while (T * Hkv * nch < 2 * (int64_t)nth && G % (2 * nch) == 0)
+        nch *= 2;
+    return nch;
+}
+
 static void fwd__attn_task(void *arg, int ith, int nth) {
     fwd__attn *a = arg;
     const int Hkv = a->c->m->hp.n_head_kv, G = a->c->m->hp.n_head / Hkv;
     float *scores = a->c->scores + (size_t)ith * (size_t)G * (size_t)a->c->max_ctx;
-    // a KV head's G query heads in nch parts when there are too few (token,
-    // KV head) pairs to keep every thread busy (a decode step of an MQA model,
-    // or many threads); the same for every thread, and a head's values do
-    // not depend on its group (kern.h)
-    int nch = 1;
-    while ((int64_t)a->b->n_tokens * Hkv * nch < 2 * (int64_t)nth && G % (2 * nch) == 0)
-        nch *= 2;
+    const int nch = fwd__attn_nch(a->b->n_tokens, Hkv, G, nth);
     const int Gs = G / nch, per_t = Hkv * nch;
     int64_t p0, p1;
     while (ks_pool_claim(&a->next, (int64_t)a->b->n_tokens * per_t, 1, &p0, &p1)) {
@@ -1204,7 +1285,9 @@ static void fwd__attn_task(void *arg, int ith, int nth) {
             if (atomic_load_explicit(&a->c->seq_bad[si], memory_order_relaxed)) continue;
             fwd__attn_one(a, t, (int)(pi % per_t) * Gs, Gs, scores);
         }
+        atomic_fetch_sub_explicit(&a->left, p1 - p0, memory_order_relaxed);
     }
+    fwd__idle_prefetch(a->c, ith, nth, &a->left);
 }
 
 // ----------------------------------------------------------------------------
@@ -1304,6 +1387,7 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
     const int T = b->n_tokens;
     const int64_t E = hp->n_embd;
     for (int s = 0; s < b->n_seqs; s++) atomic_store_explicit(&c->seq_bad[s], 0, memory_order_relaxed);
+    c->pf_i = T == 1 ? 0 : -1;
     fwd__act_reset(c);
     fwd__rows_run(c, b, FWD_EMBED, NULL, 0);
     for (int il = 0; il < hp->n_layer; il++) {
@@ -1327,6 +1411,9 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         if (hp->idx_topk) fwd__dsa_run(c, b, il);
         fwd__attn at = {.c = c, .b = b, .layer = il};
         atomic_init(&at.next, 0);
+        atomic_init(&at.left, (int64_t)T * hp->n_head_kv *
+                                  fwd__attn_nch(T, hp->n_head_kv, hp->n_head / hp->n_head_kv,
+                                                ks_pool_nth(c->threads)));
         ks_pool_run(c->threads, fwd__attn_task, &at);
         if (hp->kv_lora)
             fwd__mla_out(c, b, L);
