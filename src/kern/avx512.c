@@ -92,6 +92,11 @@ A512_INLINE void a512__prefetch_ahead(const a512_tile *t, int r, int64_t off, in
         _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
+/* Prefetches the line A512_R16_AHEAD bytes past p (an r16 weight stream). */
+A512_INLINE void a512__pf_ahead(const uint8_t *p) {
+    _mm_prefetch((const char *)p + A512_R16_AHEAD, _MM_HINT_T0);
+}
+
 /* Runs tab's tiles of up to RB units x 4 columns over n_units units (a unit
  * is ry output rows: a weight row, or an r16 group of 16), us bytes apart,
  * and the units in chunks of about 256 KiB of weights, so a chunk stays in
@@ -712,18 +717,31 @@ A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) 
         const uint8_t *wq[4];
         __m512 wd[4];
         const a512_r16x *x[4];
-        if (C <= 2 && b % 2 == 0)
-            A512_FOR_R a512__prefetch_ahead(t, r, (b / 2) * (int64_t)pb, (int)pb);
+        // small tiles prefetch A512_R16_AHEAD ahead, one line per line
+        // loaded (a burst of a pair's 9-17 lines at once streamed slower)
         A512_FOR_R {
             const uint8_t *p = t->W + r * t->ws + (size_t)(b / 2) * pb;
+            if (C <= 2 && b % 2 == 0) a512__pf_ahead(p);
             wd[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + (b % 2) * 32)));
             wq[r] = p + 64 + (b % 2) * qb;
         }
         A512_FOR_C x[c] = (const a512_r16x *)(const void *)(t->X + c * t->xs) + b;
-        __m512i is[4][4];
-        A512_FOR_R A512_FOR_C is[r][c] = _mm512_set1_epi32(x[c]->corr);
+        // NS partial sums per output vector, so a small tile (a matvec's
+        // 1x1) has independent vpdpbusd chains in flight, not one chain of 8
+        // (latency-bound: the 1x1 tile ran at ~10.5 GB/s per core from L3);
+        // int32 sums are exact, so the split changes no value
+        const int NS = R * C >= 4 ? 1 : R * C == 1 ? 4 : 2;
+        __m512i is[4][4], ip[3][4][4];
+        A512_FOR_R A512_FOR_C {
+            is[r][c] = _mm512_set1_epi32(x[c]->corr);
+            _Pragma("GCC unroll 3") for (int k = 0; k < NS - 1; k++) ip[k][r][c] =
+                _mm512_setzero_si512();
+        }
+#define A512_R16_IS(k) (*((k) % NS ? &ip[(k) % NS - 1][r][c] : &is[r][c]))
         if (T) {
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) A512_FOR_R {
+                if (C <= 2) a512__pf_ahead(wq[r] + 64 * j);
+                if (C <= 2 && T == 2 && j == 0) a512__pf_ahead(wq[r] + 256);
                 __m512i z = _mm512_loadu_si512(wq[r] + 64 * j);
                 __m512i lo = _mm512_and_si512(z, m4);
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
@@ -733,17 +751,23 @@ A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) 
                     hi = a512__or_bit4(hi, a512__bit_to4(h, 4 + j));
                 }
                 A512_FOR_C {
-                    is[r][c] = a512__dpbusd_v(V, is[r][c], lo, a512__bcast4(x[c]->qs + 4 * j));
-                    is[r][c] = a512__dpbusd_v(V, is[r][c], hi, a512__bcast4(x[c]->qs + 16 + 4 * j));
+                    A512_R16_IS(j) =
+                        a512__dpbusd_v(V, A512_R16_IS(j), lo, a512__bcast4(x[c]->qs + 4 * j));
+                    A512_R16_IS(j) =
+                        a512__dpbusd_v(V, A512_R16_IS(j), hi, a512__bcast4(x[c]->qs + 16 + 4 * j));
                 }
             }
         } else {
             _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) A512_FOR_R {
+                if (C <= 2) a512__pf_ahead(wq[r] + 64 * s);
                 __m512i w = _mm512_loadu_si512(wq[r] + 64 * s);
-                A512_FOR_C is[r][c] =
-                    a512__dpbusd_v(V, is[r][c], w, a512__bcast4(x[c]->qs + 4 * s));
+                A512_FOR_C A512_R16_IS(s) =
+                    a512__dpbusd_v(V, A512_R16_IS(s), w, a512__bcast4(x[c]->qs + 4 * s));
             }
         }
+#undef A512_R16_IS
+        A512_FOR_R A512_FOR_C _Pragma("GCC unroll 3") for (int k = 0; k < NS - 1; k++) is[r][c] =
+            _mm512_add_epi32(is[r][c], ip[k][r][c]);
         A512_FOR_C {
             __m512 xd = _mm512_set1_ps(x[c]->d);
             A512_FOR_R acc[r][c] =
@@ -1336,6 +1360,34 @@ static void a512__r16q5_prep_x(const uint8_t *X, int64_t nb, void *out) {
     a512__r16_prep_x(16, X, nb, out);
 }
 
+/* Each thread's last prepared activation column: a decode step's matmul
+ * run calls a matvec once per claim (~10 per thread), every call on the
+ * same activation row, and preparing it again each time cost ~1% of
+ * decode. Keyed by the raw bytes themselves, so a hit is exactly what prep
+ * would write. */
+static _Thread_local struct {
+    void (*prep)(const uint8_t *X, int64_t nu, void *out);
+    int64_t nu;
+    size_t n_raw;
+    uint8_t raw[16384]; // the row prep read (Q8_0 or Q8_K of K <= 14336)
+    _Alignas(64) uint8_t xp[20480];
+} a512__xcache;
+
+/* The prepared form of activation row X (n_raw bytes, nu units), from the
+ * thread's cache when X's bytes are the ones it was prepared from. */
+static uint8_t *a512__xcache_get(void (*prep)(const uint8_t *X, int64_t nu, void *out), int64_t nu,
+                                 const void *X, size_t n_raw) {
+    if (a512__xcache.prep != prep || a512__xcache.nu != nu || a512__xcache.n_raw != n_raw ||
+        memcmp(a512__xcache.raw, X, n_raw) != 0) {
+        prep(X, nu, a512__xcache.xp);
+        memcpy(a512__xcache.raw, X, n_raw);
+        a512__xcache.prep = prep;
+        a512__xcache.nu = nu;
+        a512__xcache.n_raw = n_raw;
+    }
+    return a512__xcache.xp;
+}
+
 /* Runs r16 tiles: prepares every column's activation units (nu of xunit
  * bytes, by prep), then a512__run_tiles over the groups. Without memory
  * for the prepared columns, falls back to unpacking (plain, the same
@@ -1345,21 +1397,27 @@ static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
                           size_t xunit, kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
                           const void *W, size_t ws, const void *X, size_t xs, float *Y, size_t ys) {
     const size_t xps = (size_t)nu * xunit;
+    uint64_t raw = 0;
+    KS_ASSERT(ks_dtype_row_bytes(kern_act_type(wt), (uint64_t)K, &raw));
     _Alignas(64) uint8_t small[20480];
-    uint8_t *xp =
-        (size_t)n_cols * xps <= sizeof small ? small : ks_alloc_aligned((size_t)n_cols * xps);
-    if (!xp) {
-        kern__matmul_r16_via(plain, wt, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
-        return;
+    uint8_t *xp;
+    if (n_cols == 1 && xps <= sizeof a512__xcache.xp && raw <= sizeof a512__xcache.raw) {
+        xp = a512__xcache_get(prep, nu, X, (size_t)raw);
+    } else {
+        xp = (size_t)n_cols * xps <= sizeof small ? small : ks_alloc_aligned((size_t)n_cols * xps);
+        if (!xp) {
+            kern__matmul_r16_via(plain, wt, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+            return;
+        }
+        for (int c = 0; c < n_cols; c++)
+            prep((const uint8_t *)X + (size_t)c * xs, nu, xp + (size_t)c * xps);
     }
-    for (int c = 0; c < n_cols; c++)
-        prep((const uint8_t *)X + (size_t)c * xs, nu, xp + (size_t)c * xps);
     // a matvec reads one group at a time: one sequential stream, which the
     // hardware prefetcher follows (four groups at once, four streams, were
     // slower from DRAM)
     a512__run_tiles(tab, n_cols == 1 ? 1 : 4, 16, K, n_rows / 16, n_cols, W,
                     kern_r16_group_bytes(wt, K), xp, xps, Y, ys);
-    if (xp != small) ks_free_aligned(xp);
+    if (xp != small && xp != a512__xcache.xp) ks_free_aligned(xp);
 }
 
 /* Matches kern__matmul_q8_0_ref over r16 groups; integer block sums exact,
