@@ -458,8 +458,30 @@ static void fwd__quant_task(void *arg, int ith, int nth) {
     fwd__idle_prefetch(a->c, ith, nth, &a->left);
 }
 
+/* Runs a row op's task over n rows: on the calling thread alone for one
+ * row (one thread would do it all anyway; this saves the hand-off), else
+ * in a pool run. */
+static void fwd__run_rows(model_ctx *c, int64_t n, ks_pool_fn fn, void *arg) {
+    if (n == 1)
+        fn(arg, 0, 1);
+    else
+        ks_pool_run(c->threads, fn, arg);
+}
+
 /* Forgets cached quantized activations (call when an input buffer changes). */
 static void fwd__act_reset(model_ctx *c) { c->act[0].src = c->act[1].src = NULL; }
+
+/* The act slot of weight w's activation type (Q8_0 or Q8_K; w's is not
+ * F32) and the bytes of one of its rows of w->K elements. */
+static int fwd__act_slot(const model_ctx *c, const model__mat *w, size_t *rb) {
+    const ks_dtype at = kern_act_type(w->type);
+    KS_ASSERT(at == KS_DTYPE_Q8_0 || at == KS_DTYPE_Q8_K);
+    const int slot = at == KS_DTYPE_Q8_0 ? 0 : 1;
+    uint64_t n = 0;
+    KS_ASSERT(ks_dtype_row_bytes(at, (uint64_t)w->K, &n) && n <= c->act[slot].cap_row);
+    *rb = (size_t)n;
+    return slot;
+}
 
 /* T rows of X (K floats each) in the activation type weight w multiplies
  * against: X itself for F32, else quantized once into an act slot and reused
@@ -472,10 +494,8 @@ static void fwd__act(model_ctx *c, const model__mat *w, const float *X, int T, c
         *stride = (size_t)w->K * sizeof(float);
         return;
     }
-    int slot = at == KS_DTYPE_Q8_0 ? 0 : 1;
-    KS_ASSERT(at == KS_DTYPE_Q8_0 || at == KS_DTYPE_Q8_K);
-    uint64_t rb = 0;
-    KS_ASSERT(ks_dtype_row_bytes(at, (uint64_t)w->K, &rb) && rb <= c->act[slot].cap_row);
+    size_t rb = 0;
+    const int slot = fwd__act_slot(c, w, &rb);
     if (c->act[slot].src != X || c->act[slot].K != w->K) {
         fwd__quant q = {.kv = c->kv,
                         .fn = c->kv->quantize_act[at],
@@ -488,7 +508,7 @@ static void fwd__act(model_ctx *c, const model__mat *w, const float *X, int T, c
         atomic_init(&q.next, 0);
         atomic_init(&q.left, T);
         KS_ASSERT(q.fn);
-        ks_pool_run(c->threads, fwd__quant_task, &q);
+        fwd__run_rows(c, T, fwd__quant_task, &q);
         c->act[slot].src = X;
         c->act[slot].K = w->K;
     }
@@ -544,6 +564,14 @@ typedef struct {
     int layer;
     int n;             // rows to claim: tokens, or (token, expert) rows
     int64_t ff;        // FWD_SWIGLU's row length
+    // with qfn: each token row t the op writes (qsrc[t], qK floats) is then
+    // quantized into qdst[t] (qrb bytes a row) by the same thread, so the
+    // matmul after the op finds its input in the act cache
+    kern_quant_fn qfn;
+    const float *qsrc;
+    int64_t qK;
+    void *qdst;
+    size_t qrb;
     atomic_llong next; // next row to claim
     atomic_llong left; // rows not yet done
 } fwd__rows;
@@ -849,6 +877,9 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             break;
         }
         }
+        if (a->qfn)
+            a->qfn(a->qsrc + (size_t)t * (size_t)a->qK, (char *)a->qdst + (size_t)t * a->qrb,
+                   a->qK);
     }
     fwd__idle_prefetch(c, ith, nth, &a->left);
 }
@@ -862,9 +893,13 @@ static void fwd__rows_run_n(model_ctx *c, const model_batch *b, fwd__rowop op, i
     ks_pool_run(c->threads, fwd__rows_task, &a);
 }
 
-/* Runs row op `op` over every token of the batch (w, w2: its norm weights). */
+/* Runs row op `op` over every token of the batch (w, w2: its norm weights).
+ * An op that writes a matmul input (xn: the norms; g: SwiGLU, GeGLU)
+ * empties the act cache; with qw (that input's next weight, not read as
+ * F32), it fills qw's slot in the same run: one pool run fewer per matmul,
+ * and the same bytes fwd__act would write. */
 static void fwd__rows_run2(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w,
-                           const float *w2, int layer) {
+                           const float *w2, int layer, const model__mat *qw) {
     fwd__rows a = {.c = c,
                    .b = b,
                    .op = op,
@@ -873,15 +908,32 @@ static void fwd__rows_run2(model_ctx *c, const model_batch *b, fwd__rowop op, co
                    .layer = layer,
                    .n = b->n_tokens,
                    .ff = c->m->hp.n_ff};
+    const bool to_xn = (op == FWD_NORM || op == FWD_ADD_NORM || op == FWD_POST_ADD_NORM) && w,
+               to_g = op == FWD_SWIGLU || op == FWD_GEGLU;
+    KS_ASSERT(!qw || to_xn || to_g);
+    int slot = -1;
+    if (qw && kern_act_type(qw->type) != KS_DTYPE_F32) {
+        slot = fwd__act_slot(c, qw, &a.qrb);
+        a.qfn = c->kv->quantize_act[kern_act_type(qw->type)];
+        a.qsrc = to_xn ? c->xn : c->g;
+        a.qK = qw->K;
+        a.qdst = c->act[slot].buf;
+        KS_ASSERT(a.qfn && a.qK == (to_xn ? c->m->hp.n_embd : a.ff));
+    }
     atomic_init(&a.next, 0);
     atomic_init(&a.left, a.n);
-    ks_pool_run(c->threads, fwd__rows_task, &a);
+    fwd__run_rows(c, a.n, fwd__rows_task, &a);
+    if (to_xn || to_g) fwd__act_reset(c);
+    if (slot >= 0) {
+        c->act[slot].src = a.qsrc;
+        c->act[slot].K = a.qK;
+    }
 }
 
 /* Runs op over the batch's tokens (w: the norm weight, layer: FWD_QKV's). */
 static void fwd__rows_run(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w,
                           int layer) {
-    fwd__rows_run2(c, b, op, w, NULL, layer);
+    fwd__rows_run2(c, b, op, w, NULL, layer, NULL);
 }
 
 /* A decode step's indexer scan with fewer tokens than threads: each
@@ -943,13 +995,12 @@ static void fwd__dsa_run(model_ctx *c, const model_batch *b, int layer) {
 }
 
 /* The residual add after a sublayer whose output is in tmp, then the next
- * norm: gemma first normalizes the sublayer output (post_norm). */
+ * norm: gemma first normalizes the sublayer output (post_norm). qw: the
+ * first weight to read the normed rows (NULL: not known here). */
 static void fwd__residual(model_ctx *c, const model_batch *b, const float *post_norm,
-                          const float *next_norm, int layer) {
-    if (post_norm)
-        fwd__rows_run2(c, b, FWD_POST_ADD_NORM, next_norm, post_norm, layer);
-    else
-        fwd__rows_run(c, b, FWD_ADD_NORM, next_norm, layer);
+                          const float *next_norm, int layer, const model__mat *qw) {
+    fwd__rows_run2(c, b, post_norm ? FWD_POST_ADD_NORM : FWD_ADD_NORM, next_norm, post_norm, layer,
+                   qw);
 }
 
 // ----------------------------------------------------------------------------
@@ -1378,6 +1429,12 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
     return model_forward_hidden(c, b, logits, NULL, eb);
 }
 
+/* The first weight layer L's attention block reads xn with (NULL for MLA,
+ * whose first matmuls fwd__mla_in runs). */
+static const model__mat *fwd__first_w(const model_ctx *c, const model__layer *L) {
+    return c->m->hp.kv_lora ? NULL : &L->wq;
+}
+
 ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
                             const model_hidden *h, ks_errbuf *eb) {
     ks_err e = fwd__validate(c, b, h, eb);
@@ -1392,9 +1449,9 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
     fwd__rows_run(c, b, FWD_EMBED, NULL, 0);
     for (int il = 0; il < hp->n_layer; il++) {
         const model__layer *L = &m->layers[il];
-        // attention block (the first norm; later ones are fused with the residual add)
-        if (il == 0) fwd__rows_run(c, b, FWD_NORM, L->attn_norm, il);
-        fwd__act_reset(c);
+        // attention block (the first norm; later ones are fused with the
+        // residual add, and the quantization of xn for wq with both)
+        if (il == 0) fwd__rows_run2(c, b, FWD_NORM, L->attn_norm, NULL, il, fwd__first_w(c, L));
         if (hp->kv_lora) {
             fwd__mla_in(c, b, L, il);
         } else {
@@ -1419,20 +1476,20 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
             fwd__mla_out(c, b, L);
         else
             fwd__matmul(c, &L->wo, c->att, T, c->tmp);
-        fwd__residual(c, b, L->post_attn_norm, L->ffn_norm, il);
+        fwd__residual(c, b, L->post_attn_norm, L->ffn_norm, il, L->gate_exps ? NULL : &L->w_gate);
         // feed-forward block
-        fwd__act_reset(c);
         if (L->gate_exps) {
             fwd__moe(c, b, L);
         } else {
             const model__mat *gu[] = {&L->w_gate, &L->w_up};
             float *const gu_out[] = {c->g, c->u};
             fwd__matmuls(c, 2, gu, c->xn, T, gu_out);
-            fwd__rows_run(c, b, hp->ffn_gelu ? FWD_GEGLU : FWD_SWIGLU, NULL, il);
+            fwd__rows_run2(c, b, hp->ffn_gelu ? FWD_GEGLU : FWD_SWIGLU, NULL, NULL, il, &L->w_down);
             fwd__matmul(c, &L->w_down, c->g, T, c->tmp);
         }
-        const float *next_norm = il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : m->output_norm;
-        fwd__residual(c, b, L->post_ffn_norm, next_norm, il);
+        const bool last = il + 1 == hp->n_layer;
+        fwd__residual(c, b, L->post_ffn_norm, last ? m->output_norm : m->layers[il + 1].attn_norm,
+                      il, last ? NULL : fwd__first_w(c, &m->layers[il + 1]));
     }
     int n_bad = 0, first_bad = -1;
     for (int s = 0; s < b->n_seqs; s++) {
