@@ -572,13 +572,16 @@ static void engine__report_violations(engine *e) {
 /* Moves waiting requests into the running set while their pages fit. */
 static void engine__admit(engine *e) {
     const uint32_t P = (uint32_t)e->o.page_tokens;
-    uint64_t now = ks_now_ns();
     pthread_mutex_lock(&e->mu);
+    // the clock is read under mu, after every waiting request's t_submit (a
+    // read before it could precede a stamp, and the age wrap around)
+    uint64_t now = ks_now_ns();
     // queue timeouts and cancellations of waiting requests
     engine_req **pp = &e->wait_head, *prev = NULL;
     while (*pp) {
         engine_req *r = *pp;
-        bool timeout = now - r->t_submit > (uint64_t)e->o.queue_timeout_ms * 1000000ull;
+        bool timeout =
+            now > r->t_submit && now - r->t_submit > (uint64_t)e->o.queue_timeout_ms * 1000000ull;
         if (timeout || atomic_load(&r->cancelled) || atomic_load(&e->abort_all)) {
             *pp = r->next;
             if (e->wait_tail == r) e->wait_tail = prev;

@@ -2663,18 +2663,21 @@ static void srv__sock_expire(server *s, srv_sock *sk, bool sent_something) {
 
 static void srv__sweep(server *s) {
     bool stopping = atomic_load_explicit(&s->stopping, memory_order_acquire);
-    uint64_t now = ks_now_ns(), limit = (uint64_t)s->o.request_timeout_s * 1000000000ull;
+    uint64_t limit = (uint64_t)s->o.request_timeout_s * 1000000000ull;
     pthread_mutex_lock(&s->lmu);
     for (srv_sock *sk = s->socks; sk && limit; sk = sk->next) {
+        // the clock is read under sk->mu: a start stamped after a read made
+        // before the walk (a connection just opened, an answer just ended)
+        // would make the age wrap around to "past every deadline"
         pthread_mutex_lock(&sk->mu);
-        bool fire = !sk->req_done && !sk->expired && now - sk->t_start_ns > limit;
+        uint64_t now = ks_now_ns(), age = now > sk->t_start_ns ? now - sk->t_start_ns : 0;
+        bool fire = !sk->req_done && !sk->expired && age > limit;
         if (fire) sk->expired = true;
         pthread_mutex_unlock(&sk->mu);
         // it sent something unless its last data is older than the deadline's start
         if (fire)
             srv__sock_expire(s, sk,
-                             (uint64_t)srv__ms_since_rx(sk->fd) * 1000000ull + 50000000ull <
-                                 now - sk->t_start_ns);
+                             (uint64_t)srv__ms_since_rx(sk->fd) * 1000000ull + 50000000ull < age);
     }
     for (srv_gen *g = s->gens; g; g = g->lnext) {
         if (atomic_load(&g->gone)) continue;

@@ -12,7 +12,10 @@
  *   SSE error event), INTERNAL is 500;
  * - a failure after a streamed token ends the stream with an error event
  *   (no [DONE]); the same request unstreamed gets the mapped status;
- * - health, metrics, the kv check and the admin switch reach the backend.
+ * - health, metrics, the kv check and the admin switch reach the backend;
+ * - a connection that opens while the sweeper runs is not taken for one past
+ *   its request deadline (408 at once: the sweeper's clock was read before
+ *   the connection's start was stamped).
  * Needs models/kjv-mini.gguf (tokenizer) via KS_SRC. */
 #include "../check.h"
 #include "kvseal/admit.h"
@@ -269,6 +272,78 @@ static void test_routes(int port) {
     CHECK(atomic_load(&g_fake.n_check) == 1 && atomic_load(&g_fake.n_set_online) == 2);
 }
 
+enum { CHURN_THREADS = 8, CHURN_IDLE = 400, CHURN_MS = 1500 };
+static atomic_int g_churn_408, g_churn_n;
+static int g_churn_port;
+
+static int churn_connect(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_churn_port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK_EQ(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+/* One keep-alive connection, GET /health after GET /health for CHURN_MS:
+ * every answer restamps the connection's deadline start. */
+static void *churn_main(void *arg) {
+    (void)arg;
+    static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    char buf[4096];
+    int fd = churn_connect();
+    uint64_t t0 = ks_now_ns();
+    while (ks_now_ns() - t0 < CHURN_MS * 1000000ull) {
+        CHECK_EQ(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+        size_t got = 0;
+        const char *end = NULL;
+        long clen = -1;
+        for (;;) { // the head, then Content-Length bytes of body
+            ssize_t k = read(fd, buf + got, sizeof buf - 1 - got);
+            if (k <= 0) break;
+            got += (size_t)k;
+            buf[got] = 0;
+            if (!end && (end = strstr(buf, "\r\n\r\n"))) {
+                const char *cl = strcasestr(buf, "Content-Length:");
+                CHECK(cl && cl < end);
+                clen = atol(cl + 15);
+            }
+            if (end && got >= (size_t)(end + 4 - buf) + (size_t)clen) break;
+        }
+        int status = 0;
+        if (sscanf(buf, "HTTP/1.1 %d", &status) != 1 || status == 408 || !end) {
+            atomic_fetch_add(&g_churn_408, 1);
+            close(fd);
+            fd = churn_connect();
+        }
+        atomic_fetch_add(&g_churn_n, 1);
+    }
+    close(fd);
+    return NULL;
+}
+
+/* The sweeper's deadline check against connections whose deadline start is
+ * stamped while it walks them: CHURN_IDLE idle connections make the walk
+ * long, CHURN_THREADS keep-alive clients restamp theirs at every answer. No
+ * answer may be a 408 or a closed connection. */
+static void test_deadline_churn(int port) {
+    g_churn_port = port;
+    int idle[CHURN_IDLE];
+    for (int i = 0; i < CHURN_IDLE; i++)
+        idle[i] = churn_connect();
+    pthread_t th[CHURN_THREADS];
+    for (int i = 0; i < CHURN_THREADS; i++)
+        CHECK_EQ(pthread_create(&th[i], NULL, churn_main, NULL), 0);
+    for (int i = 0; i < CHURN_THREADS; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < CHURN_IDLE; i++)
+        close(idle[i]);
+    fprintf(stderr, "churn: %d requests, %d answered 408 or closed\n", atomic_load(&g_churn_n),
+            atomic_load(&g_churn_408));
+    CHECK(atomic_load(&g_churn_n) > 0);
+    CHECK_EQ(atomic_load(&g_churn_408), 0);
+}
+
 /* server_drain: new generations get 503 server_shutting_down before they
  * reach the backend, and /health says draining (503). */
 static void test_drain(server *s) {
@@ -295,6 +370,8 @@ int main(void) {
     server_opts o;
     sfx_opts(&o);
     o.admin_key = "adm1n-key";
+    o.max_connections_per_ip = 0; // test_deadline_churn's idle connections
+    o.request_timeout_s = 3600;   // none of them is past a real deadline
     ks_errbuf eb;
     server *s;
     // an incomplete backend is refused
@@ -307,6 +384,7 @@ int main(void) {
         return 1;
     }
     test_routes(server_port(s));
+    test_deadline_churn(server_port(s));
     test_drain(s);
     server_destroy(s);
     // every request the backend took was released exactly once, and none
