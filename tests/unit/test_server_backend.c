@@ -24,6 +24,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/resource.h>
 
 // ----------------------------------------------------------------------------
 // The scripted backend
@@ -328,6 +329,12 @@ static void *churn_main(void *arg) {
  * answer may be a 408 or a closed connection. */
 static void test_deadline_churn(int port) {
     g_churn_port = port;
+    struct rlimit rl; // both ends of every connection live in this process
+    CHECK_EQ(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur < 4 * CHURN_IDLE) {
+        rl.rlim_cur = rl.rlim_max < 4 * CHURN_IDLE ? rl.rlim_max : 4 * CHURN_IDLE;
+        CHECK_EQ(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    }
     int idle[CHURN_IDLE];
     for (int i = 0; i < CHURN_IDLE; i++)
         idle[i] = churn_connect();
