@@ -442,20 +442,19 @@ typedef struct {
     void *dst;         // (T, dst_stride)
     size_t dst_stride;
     int T;
-    const model_ctx *c;
-    atomic_llong next;  // next token row to claim
-    atomic_llong left;  // rows not yet done
+    atomic_llong next; // next token row to claim
 } fwd__quant;
 
+/* One-token passes quantize on the calling thread alone (fwd__run_rows),
+ * so no thread here idles in a one-token pass: no idle prefetch. */
 static void fwd__quant_task(void *arg, int ith, int nth) {
     fwd__quant *a = arg;
+    (void)ith, (void)nth;
     int64_t t0, t1;
-    while (ks_pool_claim(&a->next, a->T, 4, &t0, &t1)) {
+    while (ks_pool_claim(&a->next, a->T, 4, &t0, &t1))
         for (int64_t t = t0; t < t1; t++)
-            a->fn(a->src + (size_t)t * (size_t)a->K, (char *)a->dst + (size_t)t * a->dst_stride, a->K);
-        atomic_fetch_sub_explicit(&a->left, t1 - t0, memory_order_relaxed);
-    }
-    fwd__idle_prefetch(a->c, ith, nth, &a->left);
+            a->fn(a->src + (size_t)t * (size_t)a->K, (char *)a->dst + (size_t)t * a->dst_stride,
+                  a->K);
 }
 
 /* Runs a row op's task over n rows: on the calling thread alone for one
@@ -503,10 +502,8 @@ static void fwd__act(model_ctx *c, const model__mat *w, const float *X, int T, c
                         .K = w->K,
                         .dst = c->act[slot].buf,
                         .dst_stride = (size_t)rb,
-                        .T = T,
-                        .c = c};
+                        .T = T};
         atomic_init(&q.next, 0);
-        atomic_init(&q.left, T);
         KS_ASSERT(q.fn);
         fwd__run_rows(c, T, fwd__quant_task, &q);
         c->act[slot].src = X;
