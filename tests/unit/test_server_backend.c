@@ -13,9 +13,10 @@
  * - a failure after a streamed token ends the stream with an error event
  *   (no [DONE]); the same request unstreamed gets the mapped status;
  * - health, metrics, the kv check and the admin switch reach the backend;
- * - a connection that opens while the sweeper runs is not taken for one past
- *   its request deadline (408 at once: the sweeper's clock was read before
- *   the connection's start was stamped).
+ * - a connection whose deadline start is stamped while the sweeper walks
+ *   the connections (one just opened, a keep-alive one just answered) is not
+ *   taken for one past its request deadline (it was: 408 at once, when the
+ *   sweeper's clock was read before the stamp).
  * Needs models/kjv-mini.gguf (tokenizer) via KS_SRC. */
 #include "../check.h"
 #include "kvseal/admit.h"
