@@ -959,6 +959,19 @@ typedef struct a512_r16k6 {
  * isum = sum_j sc_j * (corr_j + the 4 vpdpbusd of sub-block j's 6-bit
  * values, rebuilt from ql and qh, with its activations); then
  * acc = fma((float)isum, d * dx, acc), super-blocks in order. */
+/* A scheduling fence: GCC's scheduler moves nothing across it. Without the
+ * fences below GCC 12 hoisted a whole super-block's prefetches and loads of
+ * the Q6_K matvec to its top and its sub-block products to its end, 16
+ * accumulators live and zmm spills in the loop; with them each 64-byte
+ * step's prefetches, loads and arithmetic stay together, and the matvec
+ * keeps 0.93-0.96 of a read-only loop's rate over the same bytes where it
+ * kept 0.89-0.91 (bench_stream, 2026-12-03). No value changes. */
+A512_INLINE void a512__sched_fence(void) { __asm__ volatile(""); }
+
+/* As a512__sched_fence, and *v is materialized here: the adds into it
+ * cannot be reassociated past this point. */
+A512_INLINE void a512__sched_pin(__m512i *v) { __asm__ volatile("" : "+v"(*v)); }
+
 /* The 1x1 (matvec) r16 Q6_K tile: the same integer sums as the general tile,
  * but each 64-byte ql/qh load feeds all four 2-bit groups g (four sub-block
  * accumulators live at once), where the general tile reloads and reshifts
@@ -1000,10 +1013,12 @@ A512_INLINE void a512__r16k6_vec(const a512_tile *t, int V, int G) {
                     _mm_prefetch(pf + 2336 + 512 * n + 64 * k, _MM_HINT_T0);
                     __m512i q[4];
                     if (G) {
-                        // 0xEC = (A & C) | B: the low nibble, or'd with the moved h bits;
-                        // 0xF8 = A | (B & C): the high nibble moved down, h bits 4-5 in place
-                        q[0] = _mm512_ternarylogic_epi32(l0, a512__gf2affine(h, g0), m4, 0xEC);
-                        q[1] = _mm512_ternarylogic_epi32(l1, a512__gf2affine(h, g1), m4, 0xEC);
+                        // 0xF8 = A | (B & C): the moved h bits or'd with the low nibble
+                        // (the GF2 result is the operand overwritten, so l0 and l1 stay
+                        // in registers, not reloaded), then the high nibble moved down
+                        // or'd with h bits 4-5 in place
+                        q[0] = _mm512_ternarylogic_epi32(a512__gf2affine(h, g0), l0, m4, 0xF8);
+                        q[1] = _mm512_ternarylogic_epi32(a512__gf2affine(h, g1), l1, m4, 0xF8);
                         q[2] = _mm512_ternarylogic_epi32(a512__gf2affine(l0, hi), h, m30, 0xF8);
                         q[3] = _mm512_or_si512(a512__gf2affine(l1, hi), a512__gf2affine(h, g3));
                     } else {
@@ -1020,12 +1035,14 @@ A512_INLINE void a512__r16k6_vec(const a512_tile *t, int V, int G) {
                     }
                     _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] = a512__dpbusd_v(
                         V, sub[g], q[g], a512__bcast4(x->qs + 128 * n + 32 * g + 4 * k));
+                    a512__sched_fence();
                 }
                 _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
                     __m512i sc = _mm512_cvtepi8_epi32(
                         _mm_loadu_si128((const __m128i *)(p + 32 + 16 * (8 * n + 2 * g + kk))));
                     it = _mm512_add_epi32(it, _mm512_mullo_epi32(sub[g], sc));
                 }
+                a512__sched_pin(&it);
             }
         }
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
