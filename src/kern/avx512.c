@@ -1184,6 +1184,7 @@ A512_INLINE void a512__r16k3_vec(int Q2, const a512_tile *t, int V) {
                     _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] =
                         a512__dpbusd_v(V, sub[g], a512__q3_vals(Q2, l, h, n, g),
                                        a512__bcast4(x->qs + 128 * n + 32 * g + 4 * k));
+                    a512__sched_fence();
                 }
                 _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
                     const int s = 8 * n + 2 * g + kk;
@@ -1194,6 +1195,8 @@ A512_INLINE void a512__r16k3_vec(int Q2, const a512_tile *t, int V) {
                         ms = _mm512_add_epi32(
                             ms, _mm512_mullo_epi32(mn, _mm512_set1_epi32(x->corr[s])));
                 }
+                a512__sched_pin(&it);
+                if (Q2) a512__sched_pin(&ms);
             }
         }
         acc = a512__q23_acc(Q2, p, x->d, it, ms, acc);
