@@ -706,7 +706,72 @@ A512_INLINE __m512i a512__or_bit4(__m512i nib, __m512i h4) {
  * between columns); t->Y: (row 0, column 0). T: 0 Q8_0, 1 Q4_0, 2 Q5_0
  * weights. Per pair of blocks (kern.h): 64 bytes of scales, then per block
  * its steps of 16 rows x 4 bytes (Q5_0: and its reordered qh, 64 bytes). */
+/* A scheduling fence: GCC's scheduler moves nothing across it. Without the
+ * fences below GCC 12 hoisted a whole super-block's prefetches and loads of
+ * the Q6_K matvec to its top and its sub-block products to its end, 16
+ * accumulators live and zmm spills in the loop; with them each 64-byte
+ * step's prefetches, loads and arithmetic stay together, and the matvec
+ * keeps 0.93-0.96 of a read-only loop's rate over the same bytes where it
+ * kept 0.89-0.91 (bench_stream, 2026-12-03). No value changes. */
+A512_INLINE void a512__sched_fence(void) { __asm__ volatile(""); }
+
+/* As a512__sched_fence, and *v is materialized here: the adds into it
+ * cannot be reassociated past this point. */
+A512_INLINE void a512__sched_pin(__m512i *v) { __asm__ volatile("" : "+v"(*v)); }
+
+/* The 1x1 (matvec) r16 Q8_0 (T = 0) or Q4_0 (T = 1) tile: the same exact
+ * integer sums and f32 steps per block as a512__r16_tile, walked a pair of
+ * blocks at a time (no per-block parity branch and address arithmetic) and
+ * fenced per block. Q4_0 kernel / read-only rate 0.93-0.94 -> 0.95-0.97
+ * (bench_stream, 3 alternated runs of 21 rounds, 2026-12-03). */
+A512_INLINE void a512__r16_vec(int T, const a512_tile *t, int V) {
+    const int qb = T == 0 ? 512 : 256;
+    const size_t pb = 64 + 2 * (size_t)qb;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc = _mm512_setzero_ps();
+    const int64_t nb = t->K / 32;
+    for (int64_t b = 0; b < nb; b += 2) {
+        const uint8_t *p = t->W + (size_t)(b / 2) * pb;
+        a512__pf_ahead(p);
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            if (h == 1 && b + 1 == nb) break;
+            const a512_r16x *x = (const a512_r16x *)(const void *)t->X + b + h;
+            const uint8_t *wq = p + 64 + h * qb;
+            __m512i s[4];
+            s[0] = _mm512_set1_epi32(x->corr);
+            s[1] = s[2] = s[3] = _mm512_setzero_si512();
+            if (T) {
+                _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+                    a512__pf_ahead(wq + 64 * j);
+                    __m512i z = _mm512_loadu_si512(wq + 64 * j);
+                    __m512i lo = _mm512_and_si512(z, m4);
+                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+                    s[j] = a512__dpbusd_v(V, s[j], lo, a512__bcast4(x->qs + 4 * j));
+                    s[j] = a512__dpbusd_v(V, s[j], hi, a512__bcast4(x->qs + 16 + 4 * j));
+                }
+            } else {
+                _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+                    a512__pf_ahead(wq + 64 * j);
+                    __m512i w = _mm512_loadu_si512(wq + 64 * j);
+                    s[j % 4] = a512__dpbusd_v(V, s[j % 4], w, a512__bcast4(x->qs + 4 * j));
+                }
+            }
+            __m512i is =
+                _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_add_epi32(s[2], s[3]));
+            __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * h)));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(wd, _mm512_set1_ps(x->d)),
+                                  acc);
+            a512__sched_fence();
+        }
+    }
+    _mm512_storeu_ps(t->Y, acc);
+}
+
 A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) {
+    if (T < 2 && R == 1 && C == 1) {
+        a512__r16_vec(T, t, V);
+        return;
+    }
     const int qb = T == 0 ? 512 : T == 1 ? 256 : 320; /* quant bytes per block and group */
     const size_t pb = 64 + 2 * (size_t)qb;            /* bytes per pair of blocks */
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -959,19 +1024,6 @@ typedef struct a512_r16k6 {
  * isum = sum_j sc_j * (corr_j + the 4 vpdpbusd of sub-block j's 6-bit
  * values, rebuilt from ql and qh, with its activations); then
  * acc = fma((float)isum, d * dx, acc), super-blocks in order. */
-/* A scheduling fence: GCC's scheduler moves nothing across it. Without the
- * fences below GCC 12 hoisted a whole super-block's prefetches and loads of
- * the Q6_K matvec to its top and its sub-block products to its end, 16
- * accumulators live and zmm spills in the loop; with them each 64-byte
- * step's prefetches, loads and arithmetic stay together, and the matvec
- * keeps 0.93-0.96 of a read-only loop's rate over the same bytes where it
- * kept 0.89-0.91 (bench_stream, 2026-12-03). No value changes. */
-A512_INLINE void a512__sched_fence(void) { __asm__ volatile(""); }
-
-/* As a512__sched_fence, and *v is materialized here: the adds into it
- * cannot be reassociated past this point. */
-A512_INLINE void a512__sched_pin(__m512i *v) { __asm__ volatile("" : "+v"(*v)); }
-
 /* The 1x1 (matvec) r16 Q6_K tile: the same integer sums as the general tile,
  * but each 64-byte ql/qh load feeds all four 2-bit groups g (four sub-block
  * accumulators live at once), where the general tile reloads and reshifts
