@@ -701,11 +701,6 @@ A512_INLINE __m512i a512__or_bit4(__m512i nib, __m512i h4) {
     return _mm512_ternarylogic_epi32(nib, h4, _mm512_set1_epi8(0x10), 0xF8);
 }
 
-/* An r16 tile of R groups (16 rows each) x C columns. t->W: group 0 (t->ws
- * bytes between groups); t->X: column 0's a512_r16x array (t->xs bytes
- * between columns); t->Y: (row 0, column 0). T: 0 Q8_0, 1 Q4_0, 2 Q5_0
- * weights. Per pair of blocks (kern.h): 64 bytes of scales, then per block
- * its steps of 16 rows x 4 bytes (Q5_0: and its reordered qh, 64 bytes). */
 /* A scheduling fence: GCC's scheduler moves nothing across it. Without the
  * fences below GCC 12 hoisted a whole super-block's prefetches and loads of
  * the Q6_K matvec to its top and its sub-block products to its end, 16
@@ -767,6 +762,11 @@ A512_INLINE void a512__r16_vec(int T, const a512_tile *t, int V) {
     _mm512_storeu_ps(t->Y, acc);
 }
 
+/* An r16 tile of R groups (16 rows each) x C columns. t->W: group 0 (t->ws
+ * bytes between groups); t->X: column 0's a512_r16x array (t->xs bytes
+ * between columns); t->Y: (row 0, column 0). T: 0 Q8_0, 1 Q4_0, 2 Q5_0
+ * weights. Per pair of blocks (kern.h): 64 bytes of scales, then per block
+ * its steps of 16 rows x 4 bytes (Q5_0: and its reordered qh, 64 bytes). */
 A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) {
     if (T < 2 && R == 1 && C == 1) {
         a512__r16_vec(T, t, V);
