@@ -717,7 +717,8 @@ A512_INLINE void a512__sched_pin(__m512i *v) { __asm__ volatile("" : "+v"(*v)); 
 /* The 1x1 (matvec) r16 Q8_0 (T = 0) or Q4_0 (T = 1) tile: the same exact
  * integer sums and f32 steps per block as a512__r16_tile, walked a pair of
  * blocks at a time (no per-block parity branch and address arithmetic) and
- * fenced per block. Q4_0 kernel / read-only rate 0.93-0.94 -> 0.95-0.97
+ * fenced per block. K is a multiple of 64 (kern_r16_group_bytes), so every
+ * pair is whole. Q4_0 kernel / read-only rate 0.93-0.94 -> 0.95-0.97
  * (bench_stream, 3 alternated runs of 21 rounds, 2026-12-03). */
 A512_INLINE void a512__r16_vec(int T, const a512_tile *t, int V) {
     const int qb = T == 0 ? 512 : 256;
@@ -729,7 +730,6 @@ A512_INLINE void a512__r16_vec(int T, const a512_tile *t, int V) {
         const uint8_t *p = t->W + (size_t)(b / 2) * pb;
         a512__pf_ahead(p);
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-            if (h == 1 && b + 1 == nb) break;
             const a512_r16x *x = (const a512_r16x *)(const void *)t->X + b + h;
             const uint8_t *wq = p + 64 + h * qb;
             __m512i s[4];
