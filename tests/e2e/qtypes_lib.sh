@@ -65,15 +65,28 @@ check_ppl() {
         { echo; fail "$1: perplexity ratio $ratio is not within ${PPL_TOL:-0.005}"; }
 }
 # gen_same MODEL PROMPT — true when kvseal's greedy text equals
-# llama-completion's (asked up to 10 times); leaves both in G_KV, G_LL.
+# llama-completion's; leaves both in G_KV, G_LL.
 # A token that is a lone piece of a UTF-8 character is printed by kvseal as
 # U+FFFD and by llama.cpp as the raw byte: both are dropped before comparing.
+# llama-completion's tail may be lost (see ll_ppl), so a lost tail never
+# passes for its text: each try's output is a prefix of the whole one, and
+# G_LL keeps the longest seen. It is asked until it matches, or until the
+# longest has come twice (a real parting, e.g. a near tie, is stable), at
+# most 10 times.
 gen_same() {
-    local try
+    local try out seen=0
     G_KV=$(kv_gen "$1" "$2" | sed 's/\xef\xbf\xbd//g')
+    G_LL=""
     for try in 1 2 3 4 5 6 7 8 9 10; do
-        G_LL=$(ll_gen1 "$1" "$2" | iconv -c -f UTF-8 -t UTF-8)
-        [ "$G_KV" == "$G_LL" ] && return 0
+        out=$(ll_gen1 "$1" "$2" | iconv -c -f UTF-8 -t UTF-8)
+        [ "$G_KV" == "$out" ] && { G_LL=$out; return 0; }
+        if [ ${#out} -gt ${#G_LL} ]; then
+            G_LL=$out
+            seen=1
+        elif [ "$out" == "$G_LL" ]; then
+            seen=$((seen + 1))
+            [ $seen -ge 2 ] && break
+        fi
     done
     return 1
 }
