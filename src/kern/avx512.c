@@ -83,6 +83,22 @@ A512_INLINE void a512__prefetch_next(const a512_tile *t, int r, int R, int64_t o
  * lands outside L1: two-thread Q4_K_M tg128 ran ~55 tok/s with it, ~65 with this. */
 #define A512_R16_AHEAD 12288
 
+/* The matvecs' own distances (a512__*_vec), per weight type. Past what the
+ * L2 stream prefetcher has fetched, a T0 prefetch holds an L1 miss buffer
+ * for a whole DRAM round trip; short of it the line is not in L1 in time.
+ * On an AMD Zen 5 core (2026-12-03, two threads reading ~77 GB/s) the
+ * kernel / read-only rate of bench_stream (2 alternated runs of 15 rounds)
+ * peaked at these, where 12288 for all gave Q4_0 0.91, Q4_K 0.81-0.82,
+ * Q6_K 0.92-0.93: Q4_0 at 3072-4096 0.96-0.97, Q4_K at 4096-6144
+ * 0.92-0.97, Q6_K at 6144-8192 0.97-1.01; Q3_K stays best at 12288.
+ * `kvseal bench` tg / roofline, 4 alternated rounds: Q4_K_M 0.71-0.89 ->
+ * 0.75-0.82 (tg 47-75 -> 69-83 tokens/s), Q4_0 0.70-0.82 -> 0.78-0.82;
+ * Q8_0 unchanged (3 rounds, 0.82-0.88 -> 0.85-0.86). */
+#define A512_AHEAD_Q4 4096  /* Q8_0, Q4_0 */
+#define A512_AHEAD_K4 6144  /* Q4_K, Q5_K */
+#define A512_AHEAD_K6 8192  /* Q6_K */
+#define A512_AHEAD_K3 12288 /* Q3_K, Q2_K */
+
 /* Prefetches bytes [off, off + n) of r16 group r's stream, A512_R16_AHEAD
  * bytes ahead. Groups lie back to back, so this runs on into the next group,
  * which a matvec reads next. */
@@ -92,9 +108,9 @@ A512_INLINE void a512__prefetch_ahead(const a512_tile *t, int r, int64_t off, in
         _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
-/* Prefetches the line A512_R16_AHEAD bytes past p (an r16 weight stream). */
-A512_INLINE void a512__pf_ahead(const uint8_t *p) {
-    _mm_prefetch((const char *)p + A512_R16_AHEAD, _MM_HINT_T0);
+/* Prefetches the line d bytes past p (an r16 weight stream). */
+A512_INLINE void a512__pf_ahead(const uint8_t *p, int d) {
+    _mm_prefetch((const char *)p + d, _MM_HINT_T0);
 }
 
 /* Runs tab's tiles of up to RB units x 4 columns over n_units units (a unit
@@ -728,7 +744,7 @@ A512_INLINE void a512__r16_vec(int T, const a512_tile *t, int V) {
     const int64_t nb = t->K / 32;
     for (int64_t b = 0; b < nb; b += 2) {
         const uint8_t *p = t->W + (size_t)(b / 2) * pb;
-        a512__pf_ahead(p);
+        a512__pf_ahead(p, A512_AHEAD_Q4);
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
             const a512_r16x *x = (const a512_r16x *)(const void *)t->X + b + h;
             const uint8_t *wq = p + 64 + h * qb;
@@ -737,7 +753,7 @@ A512_INLINE void a512__r16_vec(int T, const a512_tile *t, int V) {
             s[1] = s[2] = s[3] = _mm512_setzero_si512();
             if (T) {
                 _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-                    a512__pf_ahead(wq + 64 * j);
+                    a512__pf_ahead(wq + 64 * j, A512_AHEAD_Q4);
                     __m512i z = _mm512_loadu_si512(wq + 64 * j);
                     __m512i lo = _mm512_and_si512(z, m4);
                     __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
@@ -746,7 +762,7 @@ A512_INLINE void a512__r16_vec(int T, const a512_tile *t, int V) {
                 }
             } else {
                 _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-                    a512__pf_ahead(wq + 64 * j);
+                    a512__pf_ahead(wq + 64 * j, A512_AHEAD_Q4);
                     __m512i w = _mm512_loadu_si512(wq + 64 * j);
                     s[j % 4] = a512__dpbusd_v(V, s[j % 4], w, a512__bcast4(x->qs + 4 * j));
                 }
@@ -786,7 +802,7 @@ A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) 
         // loaded, spread as the loads are (not a pair's 9-17 lines at once)
         A512_FOR_R {
             const uint8_t *p = t->W + r * t->ws + (size_t)(b / 2) * pb;
-            if (C <= 2 && b % 2 == 0) a512__pf_ahead(p);
+            if (C <= 2 && b % 2 == 0) a512__pf_ahead(p, A512_R16_AHEAD);
             wd[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + (b % 2) * 32)));
             wq[r] = p + 64 + (b % 2) * qb;
         }
@@ -805,8 +821,8 @@ A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) 
 #define A512_R16_IS(k) (*((k) % NS ? &ip[(k) % NS - 1][r][c] : &is[r][c]))
         if (T) {
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) A512_FOR_R {
-                if (C <= 2) a512__pf_ahead(wq[r] + 64 * j);
-                if (C <= 2 && T == 2 && j == 0) a512__pf_ahead(wq[r] + 256);
+                if (C <= 2) a512__pf_ahead(wq[r] + 64 * j, A512_R16_AHEAD);
+                if (C <= 2 && T == 2 && j == 0) a512__pf_ahead(wq[r] + 256, A512_R16_AHEAD);
                 __m512i z = _mm512_loadu_si512(wq[r] + 64 * j);
                 __m512i lo = _mm512_and_si512(z, m4);
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
@@ -824,7 +840,7 @@ A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) 
             }
         } else {
             _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) A512_FOR_R {
-                if (C <= 2) a512__pf_ahead(wq[r] + 64 * s);
+                if (C <= 2) a512__pf_ahead(wq[r] + 64 * s, A512_R16_AHEAD);
                 __m512i w = _mm512_loadu_si512(wq[r] + 64 * s);
                 A512_FOR_C A512_R16_IS(s) =
                     a512__dpbusd_v(V, A512_R16_IS(s), w, a512__bcast4(x[c]->qs + 4 * s));
@@ -882,7 +898,7 @@ A512_INLINE void a512__r16k_vec(int Q5, const a512_tile *t, int V) {
         const uint8_t *p = t->W + (size_t)i * SB;
         // as a512__prefetch_ahead, spread over the loads: the 320 header
         // bytes here, the rest per step
-        const char *pf = (const char *)p + A512_R16_AHEAD;
+        const char *pf = (const char *)p + A512_AHEAD_K4;
         for (int b = 0; b < 320; b += 64)
             _mm_prefetch(pf + b, _MM_HINT_T0);
         const a512_r16k *x = (const a512_r16k *)(const void *)t->X + i;
@@ -1044,7 +1060,7 @@ A512_INLINE void a512__r16k6_vec(const a512_tile *t, int V, int G) {
         const uint8_t *p = t->W + (size_t)i * KERN_R16_Q6K_SB;
         // as a512__prefetch_ahead, spread over the loads below: the 288
         // header bytes here, the rest per k
-        const char *pf = (const char *)p + A512_R16_AHEAD;
+        const char *pf = (const char *)p + A512_AHEAD_K6;
         for (int b = 0; b < 288; b += 64)
             _mm_prefetch(pf + b, _MM_HINT_T0);
         const a512_r16k6 *x = (const a512_r16k6 *)(const void *)t->X + i;
@@ -1217,7 +1233,7 @@ A512_INLINE void a512__r16k3_vec(int Q2, const a512_tile *t, int V) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < t->K / 256; i++) {
         const uint8_t *p = t->W + (size_t)i * SB;
-        const char *pf = (const char *)p + A512_R16_AHEAD;
+        const char *pf = (const char *)p + A512_AHEAD_K3;
         for (int b = 0; b < QS; b += 64)
             _mm_prefetch(pf + b, _MM_HINT_T0);
         const a512_r16k6 *x = (const a512_r16k6 *)(const void *)t->X + i;
