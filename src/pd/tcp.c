@@ -439,8 +439,11 @@ static ks_err pd__emit(pd_conn *c, const uint8_t hdr[PD_HDR_BYTES], const struct
     if (sent < total || done) {
         ks_err e = pd__queue(c, iov, 1 + n_iov, sent, done, arg, eb);
         if (e) return e;
-        pd__conn_update_events(c);
     }
+    // TLS may have taken the whole frame yet left ciphertext the socket
+    // refused: EPOLLOUT must be armed for it too (else the frame's tail
+    // waits for the next send; seen as a hung transfer under load)
+    pd__conn_update_events(c);
     return KS_OK;
 }
 
