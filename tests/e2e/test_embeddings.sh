@@ -75,7 +75,7 @@ if (eq(d[0].embedding, d[1].embedding)) throw new Error("100: two inputs agree")
 # page is free and scrubbed; the server then answers the next request
 left_mid_request() {
     local n=$1 before
-    node -e 'const t = "In the beginning God created the heaven and the earth. ".repeat(8);
+    node -e 'const t = "In the beginning God created the heaven and the earth. ".repeat(16);
         console.log(JSON.stringify({input: Array.from({length: 64}, () => t)}))' >"$TMPD/big.json"
     before=$(metric "$KS_URL" 'kvseal_engine_requests_total{outcome="aborted"}')
     curl -sS -m 0.3 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d @"$TMPD/big.json" >/dev/null 2>&1
