@@ -70,17 +70,26 @@ if (eq(d[0].embedding, d[1].embedding)) throw new Error("100: two inputs agree")
     req "$n models/{id} POST" 405 "${AUTH[@]}" -X POST "$KS_URL/v1/models/kjv-mini"
 }
 
-# left_mid_request NAME — a client that leaves while its 64 long inputs are
-# computed: they are cancelled (an aborted outcome), and once idle every
-# page is free and scrubbed; the server then answers the next request
+# left_mid_request NAME — a client that leaves while its 512 inputs are
+# computed: once the server reports the first of them finished, the client
+# goes; the rest are cancelled (an aborted outcome), and once idle every page
+# is free and scrubbed; the server then answers the next request. Each input
+# stays under the cluster's prefill context (128 tokens).
 left_mid_request() {
-    local n=$1 before
-    node -e 'const t = "In the beginning God created the heaven and the earth. ".repeat(16);
-        console.log(JSON.stringify({input: Array.from({length: 64}, () => t)}))' >"$TMPD/big.json"
-    before=$(metric "$KS_URL" 'kvseal_engine_requests_total{outcome="aborted"}')
-    curl -sS -m 0.3 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d @"$TMPD/big.json" >/dev/null 2>&1
+    local n=$1 fin ab pid
+    node -e 'const t = "In the beginning God created the heaven and the earth. ".repeat(8);
+        console.log(JSON.stringify({input: Array.from({length: 512}, () => t)}))' >"$TMPD/big.json"
+    fin=$(metric "$KS_URL" 'kvseal_engine_requests_total{outcome="finished"}')
+    ab=$(metric "$KS_URL" 'kvseal_engine_requests_total{outcome="aborted"}')
+    curl -sS "${AUTH[@]}" "$KS_URL/v1/embeddings" -d @"$TMPD/big.json" -o "$TMPD/big.out" 2>/dev/null &
+    pid=$!
+    wait_for "$n: the first of the 512 inputs to finish" \
+        metric_ge "$KS_URL" 'kvseal_engine_requests_total{outcome="finished"}' $((${fin:-0} + 1))
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    [ -s "$TMPD/big.out" ] && fail "$n: all 512 inputs were answered before the client could leave"
     wait_for "$n: the abandoned inputs to be aborted" \
-        metric_ge "$KS_URL" 'kvseal_engine_requests_total{outcome="aborted"}' $((${before:-0} + 1))
+        metric_ge "$KS_URL" 'kvseal_engine_requests_total{outcome="aborted"}' $((${ab:-0} + 1))
     kv_clean "$n after a client left"
     req "$n after a client left" 200 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d "{\"input\":\"$TEXT\"}"
 }
