@@ -958,6 +958,44 @@ static void test_tcp_borrowed_close(void) {
     free(big);
 }
 
+static int want_frames;
+static bool ep_frames_n(void *arg) { return ((const ep *)arg)->frames >= want_frames; }
+
+/* A frame TLS took whole while the socket refused part of its ciphertext:
+ * nothing is queued, yet the conn must still ask for EPOLLOUT to push that
+ * tail (it once did not, and the receiver waited forever for the frame's
+ * end). The reader pauses until the socket is full, so the state is reached
+ * on every run. */
+static void test_tls_tail_flush(void) {
+    pd_loop *l = mkloop(SECRET_A, 1, 0, 0);
+    srv sv = {0};
+    sv.eps[0].pause_on_open = true;
+    pd_listener *ls = mklisten(l, &sv, NULL);
+    ep cli = {0};
+    pd_conn *c = mkconn(l, pd_listener_port(ls), &cli);
+    ep *pair[2] = {&cli, &sv.eps[0]};
+    CHECK(pump(l, NULL, both_open, pair, 3000));
+    enum { FRAME = 4096, MAX_FRAMES = 1 << 14 };
+    uint8_t *buf = malloc(FRAME);
+    int n = 0;
+    while (n < MAX_FRAMES && !pd__tls_unsent(c)) {
+        fill(buf, FRAME, (uint64_t)n);
+        struct iovec iov = {buf, FRAME};
+        CHECK_EQ(pd_conn_send(c, 30, (uint64_t)n, &iov, 1, NULL), KS_OK);
+        n++;
+    }
+    CHECK(pd__tls_unsent(c) > 0); // the socket refused part of the last frame...
+    CHECK_EQ(c->out_bytes, 0);    // ...which TLS took whole: nothing queued
+    pd_conn_set_read(sv.eps[0].c, true);
+    want_frames = n;
+    CHECK(pump(l, NULL, ep_frames_n, &sv.eps[0], 10000));
+    CHECK_EQ(sv.eps[0].frames, n);
+    CHECK_EQ(sv.eps[0].bad, 0);
+    CHECK_EQ(pd__tls_unsent(c), 0);
+    pd_loop_destroy(l);
+    free(buf);
+}
+
 /* A raw authenticated peer sends sink frames: good, corrupted, cut off. */
 static void test_tcp_sink_failures(void) {
     pd_loop *l = mkloop(SECRET_A, 3, 0, 0);
@@ -1453,6 +1491,7 @@ int main(int argc, char **argv) {
         test_tcp_backpressure();
         test_tcp_borrowed();
         test_tcp_borrowed_close();
+        if (!plain) test_tls_tail_flush();
         if (plain) test_tcp_sink_failures();  // a raw plaintext peer corrupts frames
         test_tcp_independent_conns();
         test_tcp_close_flush();
