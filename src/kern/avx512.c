@@ -752,14 +752,21 @@ A512_INLINE void a512__r16_vec(int T, const a512_tile *t, int V) {
             s[0] = _mm512_set1_epi32(x->corr);
             s[1] = s[2] = s[3] = _mm512_setzero_si512();
             if (T) {
+                // s[0..1]: low nibbles; s[2..3]: high nibbles left in place
+                // (16 q), so their sum is 16 times the true one, exactly,
+                // and one arithmetic shift per block replaces a shift per
+                // 64 bytes (|16 q x| sums stay far below 2^31)
                 _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
                     a512__pf_ahead(wq + 64 * j, A512_AHEAD_Q4);
                     __m512i z = _mm512_loadu_si512(wq + 64 * j);
-                    __m512i lo = _mm512_and_si512(z, m4);
-                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
-                    s[j] = a512__dpbusd_v(V, s[j], lo, a512__bcast4(x->qs + 4 * j));
-                    s[j] = a512__dpbusd_v(V, s[j], hi, a512__bcast4(x->qs + 16 + 4 * j));
+                    a512__sched_pin(&z); // one load for both nibbles
+                    __m512i lo = _mm512_and_si512(z, m4), hi16 = _mm512_andnot_si512(m4, z);
+                    s[j & 1] = a512__dpbusd_v(V, s[j & 1], lo, a512__bcast4(x->qs + 4 * j));
+                    s[2 + (j & 1)] =
+                        a512__dpbusd_v(V, s[2 + (j & 1)], hi16, a512__bcast4(x->qs + 16 + 4 * j));
                 }
+                s[2] = _mm512_srai_epi32(_mm512_add_epi32(s[2], s[3]), 4);
+                s[3] = _mm512_setzero_si512();
             } else {
                 _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
                     a512__pf_ahead(wq + 64 * j, A512_AHEAD_Q4);
@@ -913,8 +920,13 @@ A512_INLINE void a512__r16k_vec(int Q5, const a512_tile *t, int V) {
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                 __m512i z = _mm512_loadu_si512(p + 320 + 512 * q + 64 * k);
                 _mm_prefetch(pf + 320 + 512 * q + 64 * k, _MM_HINT_T0);
+                a512__sched_pin(&z); // one load for both nibbles
                 __m512i lo = _mm512_and_si512(z, m4);
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+                // Q4_K: the high nibbles left in place (16 q): the odd
+                // sub-blocks' sums are 16 times the true ones, exactly,
+                // shifted back once per super-block below
+                __m512i hi =
+                    Q5 ? _mm512_and_si512(_mm512_srli_epi16(z, 4), m4) : _mm512_andnot_si512(m4, z);
                 if (Q5) {
                     lo = a512__or_bit4(lo, a512__bit_to4(h, 2 * q));
                     hi = a512__or_bit4(hi, a512__bit_to4(h, 2 * q + 1));
@@ -928,6 +940,7 @@ A512_INLINE void a512__r16k_vec(int Q5, const a512_tile *t, int V) {
         __m512i it = _mm512_setzero_si512(), ms = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
             __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 16 * j)));
+            if (!Q5 && (j & 1)) sub[j] = _mm512_srai_epi32(sub[j], 4);
             it = _mm512_add_epi32(it, _mm512_mullo_epi32(sub[j], sc));
         }
         _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
