@@ -94,6 +94,9 @@ A512_INLINE void a512__prefetch_next(const a512_tile *t, int r, int R, int64_t o
  * `kvseal bench` tg / roofline, 4 alternated rounds: Q4_K_M 0.71-0.89 ->
  * 0.75-0.82 (tg 47-75 -> 69-83 tokens/s), Q4_0 0.70-0.82 -> 0.78-0.82;
  * Q8_0 unchanged (3 rounds, 0.82-0.88 -> 0.85-0.86). */
+#ifndef A512_VEC_RB
+#define A512_VEC_RB 2 /* r16 groups a Q8_0 / Q4_0 matvec tile reads at once */
+#endif
 #define A512_AHEAD_Q4 4096  /* Q8_0, Q4_0 */
 #define A512_AHEAD_K4 6144  /* Q4_K, Q5_K */
 #define A512_AHEAD_K6 8192  /* Q6_K */
@@ -730,59 +733,63 @@ A512_INLINE void a512__sched_fence(void) { __asm__ volatile(""); }
  * cannot be reassociated past this point. */
 A512_INLINE void a512__sched_pin(__m512i *v) { __asm__ volatile("" : "+v"(*v)); }
 
-/* The 1x1 (matvec) r16 Q8_0 (T = 0) or Q4_0 (T = 1) tile: the same exact
- * integer sums and f32 steps per block as a512__r16_tile, walked a pair of
- * blocks at a time (no per-block parity branch and address arithmetic) and
- * fenced per block. K is a multiple of 64 (kern_r16_group_bytes), so every
- * pair is whole. Q4_0 kernel / read-only rate 0.93-0.94 -> 0.95-0.97
- * (bench_stream, 3 alternated runs of 21 rounds, 2026-12-03). */
-A512_INLINE void a512__r16_vec(int T, const a512_tile *t, int V) {
+/* The Rx1 (matvec, R = 1 or 2 groups) r16 Q8_0 (T = 0) or Q4_0 (T = 1)
+ * tile: the same exact integer sums and f32 steps per block as
+ * a512__r16_tile, walked a pair of blocks at a time (no per-block parity
+ * branch and address arithmetic) and fenced per block, the R groups' blocks
+ * interleaved (two weight streams, the activations loaded once). K is a
+ * multiple of 64 (kern_r16_group_bytes), so every pair is whole. Q4_0
+ * kernel / read-only rate 0.93-0.94 -> 0.95-0.97 (bench_stream, 3
+ * alternated runs of 21 rounds, 2026-12-03). */
+A512_INLINE void a512__r16_vec(int T, int R, const a512_tile *t, int V) {
     const int qb = T == 0 ? 512 : 256;
     const size_t pb = 64 + 2 * (size_t)qb;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     const int64_t nb = t->K / 32;
     for (int64_t b = 0; b < nb; b += 2) {
-        const uint8_t *p = t->W + (size_t)(b / 2) * pb;
-        a512__pf_ahead(p, A512_AHEAD_Q4);
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
             const a512_r16x *x = (const a512_r16x *)(const void *)t->X + b + h;
-            const uint8_t *wq = p + 64 + h * qb;
-            __m512i s[4];
-            s[0] = _mm512_set1_epi32(x->corr);
-            s[1] = s[2] = s[3] = _mm512_setzero_si512();
-            if (T) {
-                // s[0..1]: low nibbles; s[2..3]: high nibbles left in place
-                // (16 q), so their sum is 16 times the true one, exactly,
-                // and one arithmetic shift per block replaces a shift per
-                // 64 bytes (|16 q x| sums stay far below 2^31)
-                _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-                    a512__pf_ahead(wq + 64 * j, A512_AHEAD_Q4);
-                    __m512i z = _mm512_loadu_si512(wq + 64 * j);
-                    a512__sched_pin(&z); // one load for both nibbles
-                    __m512i lo = _mm512_and_si512(z, m4), hi16 = _mm512_andnot_si512(m4, z);
-                    s[j & 1] = a512__dpbusd_v(V, s[j & 1], lo, a512__bcast4(x->qs + 4 * j));
-                    s[2 + (j & 1)] =
-                        a512__dpbusd_v(V, s[2 + (j & 1)], hi16, a512__bcast4(x->qs + 16 + 4 * j));
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+                const uint8_t *p = t->W + (size_t)r * t->ws + (size_t)(b / 2) * pb;
+                if (h == 0) a512__pf_ahead(p, A512_AHEAD_Q4);
+                const uint8_t *wq = p + 64 + h * qb;
+                __m512i s[4];
+                s[0] = _mm512_set1_epi32(x->corr);
+                s[1] = s[2] = s[3] = _mm512_setzero_si512();
+                if (T) {
+                    // s[0..1]: low nibbles; s[2..3]: high nibbles left in
+                    // place (16 q), so their sum is 16 times the true one,
+                    // exactly, and one arithmetic shift per block replaces
+                    // a shift per 64 bytes (|16 q x| sums stay far below 2^31)
+                    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+                        a512__pf_ahead(wq + 64 * j, A512_AHEAD_Q4);
+                        __m512i z = _mm512_loadu_si512(wq + 64 * j);
+                        a512__sched_pin(&z); // one load for both nibbles
+                        __m512i lo = _mm512_and_si512(z, m4), hi16 = _mm512_andnot_si512(m4, z);
+                        s[j & 1] = a512__dpbusd_v(V, s[j & 1], lo, a512__bcast4(x->qs + 4 * j));
+                        s[2 + (j & 1)] = a512__dpbusd_v(V, s[2 + (j & 1)], hi16,
+                                                        a512__bcast4(x->qs + 16 + 4 * j));
+                    }
+                    s[2] = _mm512_srai_epi32(_mm512_add_epi32(s[2], s[3]), 4);
+                    s[3] = _mm512_setzero_si512();
+                } else {
+                    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+                        a512__pf_ahead(wq + 64 * j, A512_AHEAD_Q4);
+                        __m512i w = _mm512_loadu_si512(wq + 64 * j);
+                        s[j % 4] = a512__dpbusd_v(V, s[j % 4], w, a512__bcast4(x->qs + 4 * j));
+                    }
                 }
-                s[2] = _mm512_srai_epi32(_mm512_add_epi32(s[2], s[3]), 4);
-                s[3] = _mm512_setzero_si512();
-            } else {
-                _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-                    a512__pf_ahead(wq + 64 * j, A512_AHEAD_Q4);
-                    __m512i w = _mm512_loadu_si512(wq + 64 * j);
-                    s[j % 4] = a512__dpbusd_v(V, s[j % 4], w, a512__bcast4(x->qs + 4 * j));
-                }
+                __m512i is =
+                    _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_add_epi32(s[2], s[3]));
+                __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * h)));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is),
+                                         _mm512_mul_ps(wd, _mm512_set1_ps(x->d)), acc[r]);
+                a512__sched_fence();
             }
-            __m512i is =
-                _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_add_epi32(s[2], s[3]));
-            __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * h)));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(wd, _mm512_set1_ps(x->d)),
-                                  acc);
-            a512__sched_fence();
         }
     }
-    _mm512_storeu_ps(t->Y, acc);
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _mm512_storeu_ps(t->Y + 16 * r, acc[r]);
 }
 
 /* An r16 tile of R groups (16 rows each) x C columns. t->W: group 0 (t->ws
@@ -791,8 +798,8 @@ A512_INLINE void a512__r16_vec(int T, const a512_tile *t, int V) {
  * weights. Per pair of blocks (kern.h): 64 bytes of scales, then per block
  * its steps of 16 rows x 4 bytes (Q5_0: and its reordered qh, 64 bytes). */
 A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) {
-    if (T < 2 && R == 1 && C == 1) {
-        a512__r16_vec(T, t, V);
+    if (T < 2 && R <= 2 && C == 1) {
+        a512__r16_vec(T, R, t, V);
         return;
     }
     const int qb = T == 0 ? 512 : T == 1 ? 256 : 320; /* quant bytes per block and group */
@@ -1515,8 +1522,9 @@ static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
     }
     // a matvec reads one group at a time: one sequential stream, which the
     // hardware prefetcher follows (four groups at once, four streams, were
-    // slower from DRAM)
-    a512__run_tiles(tab, n_cols == 1 ? 1 : 4, 16, K, n_rows / 16, n_cols, W,
+    // slower from DRAM); Q8_0 and Q4_0 two at once (A512_VEC_RB)
+    const int vec_rb = wt == KS_DTYPE_Q8_0 || wt == KS_DTYPE_Q4_0 ? A512_VEC_RB : 1;
+    a512__run_tiles(tab, n_cols == 1 ? vec_rb : 4, 16, K, n_rows / 16, n_cols, W,
                     kern_r16_group_bytes(wt, K), xp, xps, Y, ys);
     if (xp != small && xp != a512__xcache.xp) ks_free_aligned(xp);
 }
