@@ -904,71 +904,81 @@ typedef struct a512_r16k {
  * accumulators live at once, where the general tile reloads them per
  * sub-block and chains one accumulator's eight vpdpbusd. Layout as
  * a512__r16k_tile_q's (kern.h). */
-A512_INLINE void a512__r16k_vec(int Q5, const a512_tile *t, int V) {
+A512_INLINE void a512__r16k_vec(int Q5, int R, const a512_tile *t, int V) {
     const size_t SB = Q5 ? KERN_R16_Q5K_SB : KERN_R16_Q4K_SB;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int64_t i = 0; i < t->K / 256; i++) {
-        const uint8_t *p = t->W + (size_t)i * SB;
-        // as a512__prefetch_ahead, spread over the loads: the 320 header
-        // bytes here, the rest per step
-        const char *pf = (const char *)p + A512_AHEAD_K4;
-        for (int b = 0; b < 320; b += 64)
-            _mm_prefetch(pf + b, _MM_HINT_T0);
+        const uint8_t *p[2];
+        const char *pf[2];
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+            p[r] = t->W + (size_t)r * t->ws + (size_t)i * SB;
+            // as a512__prefetch_ahead, spread over the loads: the 320 header
+            // bytes here, the rest per step
+            pf[r] = (const char *)p[r] + A512_AHEAD_K4;
+            for (int b = 0; b < 320; b += 64)
+                _mm_prefetch(pf[r] + b, _MM_HINT_T0);
+        }
         const a512_r16k *x = (const a512_r16k *)(const void *)t->X + i;
-        __m512i sub[8];
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) sub[j] = _mm512_setzero_si512();
+        __m512i sub[2][8];
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) sub[r][j] = _mm512_setzero_si512();
         _Pragma("GCC unroll 2") for (int k = 0; k < 8; k++) {
-            __m512i h = _mm512_setzero_si512();
-            if (Q5) {
-                h = _mm512_loadu_si512(p + KERN_R16_Q4K_SB + 64 * k);
-                _mm_prefetch(pf + KERN_R16_Q4K_SB + 64 * k, _MM_HINT_T0);
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+                __m512i h = _mm512_setzero_si512();
+                if (Q5) {
+                    h = _mm512_loadu_si512(p[r] + KERN_R16_Q4K_SB + 64 * k);
+                    _mm_prefetch(pf[r] + KERN_R16_Q4K_SB + 64 * k, _MM_HINT_T0);
+                }
+                _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                    __m512i z = _mm512_loadu_si512(p[r] + 320 + 512 * q + 64 * k);
+                    _mm_prefetch(pf[r] + 320 + 512 * q + 64 * k, _MM_HINT_T0);
+                    a512__sched_pin(&z); // one load for both nibbles
+                    __m512i lo = _mm512_and_si512(z, m4);
+                    // Q4_K: the high nibbles left in place (16 q): the odd
+                    // sub-blocks' sums are 16 times the true ones, exactly,
+                    // shifted back once per super-block below
+                    __m512i hi = Q5 ? _mm512_and_si512(_mm512_srli_epi16(z, 4), m4)
+                                    : _mm512_andnot_si512(m4, z);
+                    if (Q5) {
+                        lo = a512__or_bit4(lo, a512__bit_to4(h, 2 * q));
+                        hi = a512__or_bit4(hi, a512__bit_to4(h, 2 * q + 1));
+                    }
+                    sub[r][2 * q] =
+                        a512__dpbusd_v(V, sub[r][2 * q], lo, a512__bcast4(x->qs + 64 * q + 4 * k));
+                    sub[r][2 * q + 1] = a512__dpbusd_v(V, sub[r][2 * q + 1], hi,
+                                                       a512__bcast4(x->qs + 64 * q + 32 + 4 * k));
+                }
+            }
+        }
+        const __m512 dx = _mm512_set1_ps(x->d);
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+            __m512i it = _mm512_setzero_si512(), ms = _mm512_setzero_si512();
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+                __m512i sc =
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p[r] + 64 + 16 * j)));
+                if (!Q5 && (j & 1)) sub[r][j] = _mm512_srai_epi32(sub[r][j], 4);
+                it = _mm512_add_epi32(it, _mm512_mullo_epi32(sub[r][j], sc));
             }
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
-                __m512i z = _mm512_loadu_si512(p + 320 + 512 * q + 64 * k);
-                _mm_prefetch(pf + 320 + 512 * q + 64 * k, _MM_HINT_T0);
-                a512__sched_pin(&z); // one load for both nibbles
-                __m512i lo = _mm512_and_si512(z, m4);
-                // Q4_K: the high nibbles left in place (16 q): the odd
-                // sub-blocks' sums are 16 times the true ones, exactly,
-                // shifted back once per super-block below
-                __m512i hi =
-                    Q5 ? _mm512_and_si512(_mm512_srli_epi16(z, 4), m4) : _mm512_andnot_si512(m4, z);
-                if (Q5) {
-                    lo = a512__or_bit4(lo, a512__bit_to4(h, 2 * q));
-                    hi = a512__or_bit4(hi, a512__bit_to4(h, 2 * q + 1));
-                }
-                sub[2 * q] =
-                    a512__dpbusd_v(V, sub[2 * q], lo, a512__bcast4(x->qs + 64 * q + 4 * k));
-                sub[2 * q + 1] = a512__dpbusd_v(V, sub[2 * q + 1], hi,
-                                                a512__bcast4(x->qs + 64 * q + 32 + 4 * k));
+                __m512i m = _mm512_cvtepu8_epi16(
+                    _mm256_loadu_si256((const __m256i *)(p[r] + 192 + 32 * q)));
+                int32_t bp;
+                memcpy(&bp, x->bs + 2 * q, 4);
+                ms = a512__madd_acc(V, ms, m, _mm512_set1_epi32(bp));
             }
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p[r]));
+            __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p[r] + 32)));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it), _mm512_mul_ps(d, dx), acc[r]);
+            acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dm, dx), acc[r]);
         }
-        __m512i it = _mm512_setzero_si512(), ms = _mm512_setzero_si512();
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-            __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 16 * j)));
-            if (!Q5 && (j & 1)) sub[j] = _mm512_srai_epi32(sub[j], 4);
-            it = _mm512_add_epi32(it, _mm512_mullo_epi32(sub[j], sc));
-        }
-        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
-            __m512i m =
-                _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(p + 192 + 32 * q)));
-            int32_t bp;
-            memcpy(&bp, x->bs + 2 * q, 4);
-            ms = a512__madd_acc(V, ms, m, _mm512_set1_epi32(bp));
-        }
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-        __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
-        __m512 dx = _mm512_set1_ps(x->d);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it), _mm512_mul_ps(d, dx), acc);
-        acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dm, dx), acc);
     }
-    _mm512_storeu_ps(t->Y, acc);
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _mm512_storeu_ps(t->Y + 16 * r, acc[r]);
 }
 
 A512_INLINE void a512__r16k_tile_q(int Q5, int R, int C, const a512_tile *t, int V) {
-    if (R == 1 && C == 1) {
-        a512__r16k_vec(Q5, t, V);
+    if (R <= 2 && C == 1) {
+        a512__r16k_vec(Q5, R, t, V);
         return;
     }
     const size_t SB = Q5 ? KERN_R16_Q5K_SB : KERN_R16_Q4K_SB;
@@ -1523,7 +1533,8 @@ static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
     // a matvec reads one group at a time: one sequential stream, which the
     // hardware prefetcher follows (four groups at once, four streams, were
     // slower from DRAM); Q8_0 and Q4_0 two at once (A512_VEC_RB)
-    const int vec_rb = wt == KS_DTYPE_Q8_0 || wt == KS_DTYPE_Q4_0 ? A512_VEC_RB : 1;
+    const int vec_rb =
+        wt == KS_DTYPE_Q8_0 || wt == KS_DTYPE_Q4_0 || wt == KS_DTYPE_Q4_K ? A512_VEC_RB : 1;
     a512__run_tiles(tab, n_cols == 1 ? vec_rb : 4, 16, K, n_rows / 16, n_cols, W,
                     kern_r16_group_bytes(wt, K), xp, xps, Y, ys);
     if (xp != small && xp != a512__xcache.xp) ks_free_aligned(xp);
