@@ -927,17 +927,24 @@ static void closed_done_fn(void *arg, ks_err e) {
     if (e) closed_done_err++;
 }
 
+/* A client conn (cli) to a listener on l whose first accepted conn
+ * (sv->eps[0]) does not read until told; returns once both are open. */
+static pd_conn *open_paused(pd_loop *l, srv *sv, ep *cli) {
+    sv->eps[0].pause_on_open = true;
+    pd_listener *ls = mklisten(l, sv, NULL);
+    pd_conn *c = mkconn(l, pd_listener_port(ls), cli);
+    ep *pair[2] = {cli, &sv->eps[0]};
+    CHECK(pump(l, NULL, both_open, pair, 3000));
+    return c;
+}
+
 /* A borrowed send still queued when the conn dies completes with the error. */
 static void test_tcp_borrowed_close(void) {
     closed_done = closed_done_err = 0;
     pd_loop *l = mkloop(SECRET_A, 1, 0, 0);
     srv sv = {0};
-    sv.eps[0].pause_on_open = true;
-    pd_listener *ls = mklisten(l, &sv, NULL);
     ep cli = {0};
-    pd_conn *c = mkconn(l, pd_listener_port(ls), &cli);
-    ep *pair[2] = {&cli, &sv.eps[0]};
-    CHECK(pump(l, NULL, both_open, pair, 3000));
+    pd_conn *c = open_paused(l, &sv, &cli);
     uint8_t *big = calloc(1, 4u << 20);
     struct iovec iov = {big, 4u << 20};
     ks_errbuf eb;
@@ -969,12 +976,8 @@ static bool ep_frames_n(void *arg) { return ((const ep *)arg)->frames >= want_fr
 static void test_tls_tail_flush(void) {
     pd_loop *l = mkloop(SECRET_A, 1, 0, 0);
     srv sv = {0};
-    sv.eps[0].pause_on_open = true;
-    pd_listener *ls = mklisten(l, &sv, NULL);
     ep cli = {0};
-    pd_conn *c = mkconn(l, pd_listener_port(ls), &cli);
-    ep *pair[2] = {&cli, &sv.eps[0]};
-    CHECK(pump(l, NULL, both_open, pair, 3000));
+    pd_conn *c = open_paused(l, &sv, &cli);
     enum { FRAME = 4096, MAX_FRAMES = 1 << 14 };
     uint8_t *buf = malloc(FRAME);
     int n = 0;
