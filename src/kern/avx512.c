@@ -95,7 +95,7 @@ A512_INLINE void a512__prefetch_next(const a512_tile *t, int r, int R, int64_t o
  * 0.75-0.82 (tg 47-75 -> 69-83 tokens/s), Q4_0 0.70-0.82 -> 0.78-0.82;
  * Q8_0 unchanged (3 rounds, 0.82-0.88 -> 0.85-0.86). */
 #ifndef A512_VEC_RB
-#define A512_VEC_RB 2 /* r16 groups a Q8_0 / Q4_0 matvec tile reads at once */
+#define A512_VEC_RB 2 /* r16 groups a Q8_0 / Q4_0 / Q4_K matvec tile reads at once */
 #endif
 #define A512_AHEAD_Q4 4096  /* Q8_0, Q4_0 */
 #define A512_AHEAD_K4 6144  /* Q4_K, Q5_K */
@@ -897,7 +897,8 @@ typedef struct a512_r16k {
  * activations), msum = sum_j m_j * bs_j (4 vpdpwssd over pairs); then
  * acc = fma((float)isum, d * dx, acc) and acc = fnmadd((float)msum,
  * dmin * dx, acc), super-blocks in order. */
-/* The 1x1 (matvec) r16 Q4_K (Q5 = 0) or Q5_K tile: the same integer sums
+/* The Rx1 (matvec, R = 1 or 2 groups, their steps interleaved) r16 Q4_K
+ * (Q5 = 0) or Q5_K tile: the same integer sums
  * and f32 steps as the general tile, but step-major: each 64-byte qs load
  * (pair q, step k) feeds both its sub-blocks (low and high nibbles) and each
  * Q5_K qh load (step k) all eight, with eight independent sub-block
