@@ -64,6 +64,7 @@ typedef struct a512_tile {
     size_t xs;
     float *Y; /* Y of (row 0, col 0) */
     size_t ys;
+    size_t yr; /* matvec tiles: Y floats between their R groups' outputs */
 } a512_tile;
 
 typedef void (*a512_tile_fn)(const a512_tile *t);
@@ -95,7 +96,7 @@ A512_INLINE void a512__prefetch_next(const a512_tile *t, int r, int R, int64_t o
  * 0.75-0.82 (tg 47-75 -> 69-83 tokens/s), Q4_0 0.70-0.82 -> 0.78-0.82;
  * Q8_0 unchanged (3 rounds, 0.82-0.88 -> 0.85-0.86). */
 #ifndef A512_VEC_RB
-#define A512_VEC_RB 2 /* r16 groups a Q8_0 / Q4_0 / Q4_K matvec tile reads at once */
+#define A512_VEC_RB 2 /* r16 groups a Q8_0 / Q4_0 / Q4_K matvec tile reads at once (1 or 2) */
 #endif
 #define A512_AHEAD_Q4 4096  /* Q8_0, Q4_0 */
 #define A512_AHEAD_K4 6144  /* Q4_K, Q5_K */
@@ -139,7 +140,8 @@ static void a512__run_tiles(const a512_tile_fn tab[4][4], int RB, int ry, int64_
                                .X = (const uint8_t *)X + (size_t)c0 * xs,
                                .xs = xs,
                                .Y = Y + (size_t)c0 * ys + (size_t)ry * (size_t)u0,
-                               .ys = ys};
+                               .ys = ys,
+                               .yr = (size_t)ry};
                 tab[nr - 1][nc - 1](&t);
             }
         }
@@ -789,7 +791,7 @@ A512_INLINE void a512__r16_vec(int T, int R, const a512_tile *t, int V) {
             }
         }
     }
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _mm512_storeu_ps(t->Y + 16 * r, acc[r]);
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _mm512_storeu_ps(t->Y + t->yr * r, acc[r]);
 }
 
 /* An r16 tile of R groups (16 rows each) x C columns. t->W: group 0 (t->ws
@@ -974,7 +976,7 @@ A512_INLINE void a512__r16k_vec(int Q5, int R, const a512_tile *t, int V) {
             acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dm, dx), acc[r]);
         }
     }
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _mm512_storeu_ps(t->Y + 16 * r, acc[r]);
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _mm512_storeu_ps(t->Y + t->yr * r, acc[r]);
 }
 
 A512_INLINE void a512__r16k_tile_q(int Q5, int R, int C, const a512_tile *t, int V) {
@@ -1507,6 +1509,29 @@ static uint8_t *a512__xcache_get(void (*prep)(const uint8_t *X, int64_t nu, void
     return a512__xcache.xp;
 }
 
+/* A matvec over ng r16 groups (us bytes each) with 2-group vec tiles that
+ * read two contiguous streams: groups [0, h2) and [h2, ng), h2 = ng - ng/2,
+ * the u-th group of each in one tile (the first stream's last group alone
+ * when ng is odd). Pairing adjacent groups instead (u, u + 1) made each
+ * stream skip every other group, so the hardware prefetcher retrained at
+ * every group: `kvseal bench` Q4_0 tg / roofline 0.80-0.92 (median 0.845)
+ * -> 0.82-1.02 (0.95), tg ahead in 5 of 6 alternated rounds; Q4_K_M
+ * 0.73-0.83 -> 0.77-0.87, Q8_0 tg ahead in 4 of 4 (Zen 5, 2026-12-04).
+ * Each row is still one tile's, so no value changes. */
+static void a512__run_vec2(const a512_tile_fn tab[4][4], int64_t K, int64_t ng, const void *W,
+                           size_t us, const uint8_t *xp, float *Y) {
+    const int64_t h = ng / 2, h2 = ng - h;
+    for (int64_t u = 0; u < h2; u++) {
+        a512_tile t = {.K = K,
+                       .W = (const uint8_t *)W + (size_t)u * us,
+                       .ws = (size_t)h2 * us,
+                       .X = xp,
+                       .Y = Y + 16 * u,
+                       .yr = 16 * (size_t)h2};
+        tab[u < h ? 1 : 0][0](&t);
+    }
+}
+
 /* Runs r16 tiles: prepares every column's activation units (nu of xunit
  * bytes, by prep), then a512__run_tiles over the groups. Without memory
  * for the prepared columns, falls back to unpacking (plain, the same
@@ -1533,11 +1558,15 @@ static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
     }
     // a matvec reads one group at a time: one sequential stream, which the
     // hardware prefetcher follows (four groups at once, four streams, were
-    // slower from DRAM); Q8_0 and Q4_0 two at once (A512_VEC_RB)
+    // slower from DRAM); Q8_0, Q4_0 and Q4_K two contiguous streams at once
+    // (A512_VEC_RB, a512__run_vec2)
     const int vec_rb =
         wt == KS_DTYPE_Q8_0 || wt == KS_DTYPE_Q4_0 || wt == KS_DTYPE_Q4_K ? A512_VEC_RB : 1;
-    a512__run_tiles(tab, n_cols == 1 ? vec_rb : 4, 16, K, n_rows / 16, n_cols, W,
-                    kern_r16_group_bytes(wt, K), xp, xps, Y, ys);
+    if (n_cols == 1 && vec_rb == 2)
+        a512__run_vec2(tab, K, n_rows / 16, W, kern_r16_group_bytes(wt, K), xp, Y);
+    else
+        a512__run_tiles(tab, n_cols == 1 ? vec_rb : 4, 16, K, n_rows / 16, n_cols, W,
+                        kern_r16_group_bytes(wt, K), xp, xps, Y, ys);
     if (xp != small && xp != a512__xcache.xp) ks_free_aligned(xp);
 }
 
