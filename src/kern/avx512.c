@@ -94,7 +94,12 @@ A512_INLINE void a512__prefetch_next(const a512_tile *t, int r, int R, int64_t o
  * 0.92-0.97, Q6_K at 6144-8192 0.97-1.01; Q3_K stays best at 12288.
  * `kvseal bench` tg / roofline, 4 alternated rounds: Q4_K_M 0.71-0.89 ->
  * 0.75-0.82 (tg 47-75 -> 69-83 tokens/s), Q4_0 0.70-0.82 -> 0.78-0.82;
- * Q8_0 unchanged (3 rounds, 0.82-0.88 -> 0.85-0.86). */
+ * Q8_0 unchanged (3 rounds, 0.82-0.88 -> 0.85-0.86). These are the bytes a
+ * matvec keeps prefetched ahead in all: a tile reading R streams (two
+ * groups, a512__run_vec2) prefetches 1/R of the distance ahead in each.
+ * With each stream at the whole distance, `kvseal bench` tg on the same
+ * host (2026-12-04, alternated rounds) was behind in 7 of 7 rounds for
+ * Q4_K_M (2-8%) and 3 of 3 for Q8_0; Q4_0 within the noise. */
 #ifndef A512_VEC_RB
 #define A512_VEC_RB 2 /* r16 groups a Q8_0 / Q4_0 / Q4_K matvec tile reads at once (1 or 2) */
 #endif
@@ -754,7 +759,7 @@ A512_INLINE void a512__r16_vec(int T, int R, const a512_tile *t, int V) {
             const a512_r16x *x = (const a512_r16x *)(const void *)t->X + b + h;
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
                 const uint8_t *p = t->W + (size_t)r * t->ws + (size_t)(b / 2) * pb;
-                if (h == 0) a512__pf_ahead(p, A512_AHEAD_Q4);
+                if (h == 0) a512__pf_ahead(p, A512_AHEAD_Q4 / R);
                 const uint8_t *wq = p + 64 + h * qb;
                 __m512i s[4];
                 s[0] = _mm512_set1_epi32(x->corr);
@@ -765,7 +770,7 @@ A512_INLINE void a512__r16_vec(int T, int R, const a512_tile *t, int V) {
                     // exactly, and one arithmetic shift per block replaces
                     // a shift per 64 bytes (|16 q x| sums stay far below 2^31)
                     _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-                        a512__pf_ahead(wq + 64 * j, A512_AHEAD_Q4);
+                        a512__pf_ahead(wq + 64 * j, A512_AHEAD_Q4 / R);
                         __m512i z = _mm512_loadu_si512(wq + 64 * j);
                         a512__sched_pin(&z); // one load for both nibbles
                         __m512i lo = _mm512_and_si512(z, m4), hi16 = _mm512_andnot_si512(m4, z);
@@ -777,7 +782,7 @@ A512_INLINE void a512__r16_vec(int T, int R, const a512_tile *t, int V) {
                     s[3] = _mm512_setzero_si512();
                 } else {
                     _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-                        a512__pf_ahead(wq + 64 * j, A512_AHEAD_Q4);
+                        a512__pf_ahead(wq + 64 * j, A512_AHEAD_Q4 / R);
                         __m512i w = _mm512_loadu_si512(wq + 64 * j);
                         s[j % 4] = a512__dpbusd_v(V, s[j % 4], w, a512__bcast4(x->qs + 4 * j));
                     }
@@ -918,7 +923,7 @@ A512_INLINE void a512__r16k_vec(int Q5, int R, const a512_tile *t, int V) {
             p[r] = t->W + (size_t)r * t->ws + (size_t)i * SB;
             // as a512__prefetch_ahead, spread over the loads: the 320 header
             // bytes here, the rest per step
-            pf[r] = (const char *)p[r] + A512_AHEAD_K4;
+            pf[r] = (const char *)p[r] + A512_AHEAD_K4 / R;
             for (int b = 0; b < 320; b += 64)
                 _mm_prefetch(pf[r] + b, _MM_HINT_T0);
         }
