@@ -18,22 +18,30 @@
 
 uint64_t cli__membw_sum_avx2(const void *buf, size_t n_bytes);
 uint64_t cli__membw_sum_pf_avx2(const void *buf, size_t n_bytes);
+uint64_t cli__membw_sum_pf2_avx2(const void *buf, size_t n_bytes);
 
 #define BENCH_BW_CHUNK (4 << 20)  // bytes claimed at a time
+
+// the probe's read loops: plain (the hardware prefetcher alone), with
+// software prefetch, and with it over two streams
+enum { BENCH_LOOP_PLAIN, BENCH_LOOP_PF, BENCH_LOOP_PF2, BENCH_LOOPS };
 
 typedef struct {
     const uint8_t *buf;
     size_t n;           // multiple of BENCH_BW_CHUNK
-    bool pf;            // the loop with software prefetch
+    int loop;           // BENCH_LOOP_*
     uint64_t sink[64];  // per thread, keeps the reads observable
     atomic_llong next;
 } bench__bw;
 
-/* XOR of a 64-byte-aligned chunk, streamed (pf: with software prefetch). */
-static uint64_t bench__bw_chunk(const uint8_t *p, size_t per, bool pf) {
+/* XOR of a 64-byte-aligned chunk, streamed by loop (BENCH_LOOP_*; without
+ * AVX2 a plain scalar loop). */
+static uint64_t bench__bw_chunk(const uint8_t *p, size_t per, int loop) {
     uint64_t s = 0;
     if (ks_cpu_get()->avx2) {
-        s = pf ? cli__membw_sum_pf_avx2(p, per) : cli__membw_sum_avx2(p, per);
+        s = loop == BENCH_LOOP_PF2  ? cli__membw_sum_pf2_avx2(p, per)
+            : loop == BENCH_LOOP_PF ? cli__membw_sum_pf_avx2(p, per)
+                                    : cli__membw_sum_avx2(p, per);
     } else {
         const uint64_t *q = (const uint64_t *)p;
         uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -54,37 +62,37 @@ static void bench__bw_task(void *arg, int ith, int nth) {
     int64_t i0, i1;
     while (ks_pool_claim(&a->next, (int64_t)(a->n / BENCH_BW_CHUNK), 1, &i0, &i1))
         a->sink[ith & 63] ^=
-            bench__bw_chunk(a->buf + (size_t)i0 * BENCH_BW_CHUNK, BENCH_BW_CHUNK, a->pf);
+            bench__bw_chunk(a->buf + (size_t)i0 * BENCH_BW_CHUNK, BENCH_BW_CHUNK, a->loop);
 }
 
 /* The memory-read probe: a buffer far larger than the caches (on huge pages,
  * as the weights are), read by every thread of its own pool at once, with
- * a plain streaming loop or one with software prefetch (a decode step's
- * kernels prefetch, and with the plain loop alone tg could exceed the
- * "roofline"). */
+ * each of the BENCH_LOOPS loops in turn: a decode step's kernels prefetch
+ * and read two streams a thread, and with a plain one-stream loop alone tg
+ * could exceed the "roofline". */
 typedef struct {
     uint8_t *buf;
     ks_pool *pool;
     bench__bw a;
     double peak;     // best of the passes before generation, bytes/s
-    double ns[2];    // interleaved passes' time, per loop (plain, prefetch)
-    double bytes[2]; // and bytes read
+    double ns[BENCH_LOOPS];    // interleaved passes' time, per loop
+    double bytes[BENCH_LOOPS]; // and bytes read
     int n_passes;    // interleaved passes so far
 } bench__probe;
 
 #define BENCH_PROBE_BYTES ((size_t)1 << 30)
 #define BENCH_SEG_TOKENS 16 // generated tokens between two interleaved passes
 
-/* Seconds one pass of the probe takes (pf: the prefetching loop). */
-static double bench__probe_pass(bench__probe *p, bool pf) {
-    p->a.pf = pf;
+/* Seconds one pass of the probe takes with loop (BENCH_LOOP_*). */
+static double bench__probe_pass(bench__probe *p, int loop) {
+    p->a.loop = loop;
     atomic_store(&p->a.next, 0);
     uint64_t t0 = ks_now_ns();
     ks_pool_run(p->pool, bench__bw_task, &p->a);
     return (double)(ks_now_ns() - t0) / 1e9;
 }
 
-/* Allocates the probe and measures its peak: the best of 6 passes, 3 of
+/* Allocates the probe and measures its peak: the best of 6 passes, 2 of
  * each loop. Returns false on NOMEM. */
 static bool bench__probe_open(bench__probe *p, int n_threads) {
     memset(p, 0, sizeof *p);
@@ -95,7 +103,7 @@ static bool bench__probe_open(bench__probe *p, int n_threads) {
     p->a.buf = p->buf;
     p->a.n = BENCH_PROBE_BYTES;
     for (int r = 0; r < 6; r++) {
-        double bw = (double)BENCH_PROBE_BYTES / bench__probe_pass(p, r % 2);
+        double bw = (double)BENCH_PROBE_BYTES / bench__probe_pass(p, r % BENCH_LOOPS);
         p->peak = bw > p->peak ? bw : p->peak;
     }
     return true;
@@ -103,9 +111,9 @@ static bool bench__probe_open(bench__probe *p, int n_threads) {
 
 /* One pass between two stretches of generation, the loops alternating. */
 static void bench__probe_interleave(bench__probe *p) {
-    const int pf = p->n_passes++ % 2;
-    p->ns[pf] += bench__probe_pass(p, pf);
-    p->bytes[pf] += (double)BENCH_PROBE_BYTES;
+    const int loop = p->n_passes++ % BENCH_LOOPS;
+    p->ns[loop] += bench__probe_pass(p, loop);
+    p->bytes[loop] += (double)BENCH_PROBE_BYTES;
 }
 
 /* The read bandwidth over the interleaved passes, bytes/s: the faster
@@ -115,8 +123,8 @@ static void bench__probe_interleave(bench__probe *p) {
  * any stream keeps up on a shared machine). The peak when none ran. */
 static double bench__probe_sustained(const bench__probe *p) {
     double best = 0;
-    for (int pf = 0; pf < 2; pf++)
-        if (p->ns[pf] > 0 && p->bytes[pf] / p->ns[pf] > best) best = p->bytes[pf] / p->ns[pf];
+    for (int l = 0; l < BENCH_LOOPS; l++)
+        if (p->ns[l] > 0 && p->bytes[l] / p->ns[l] > best) best = p->bytes[l] / p->ns[l];
     return best > 0 ? best : p->peak;
 }
 
@@ -462,6 +470,9 @@ int cli_bench(int argc, char **argv) {
     }
     const double bw = probe_ok ? bench__probe_sustained(&probe) : 0, bw_peak = probe.peak;
     const int n_passes = probe.n_passes;
+    double loop_bw[BENCH_LOOPS]; // each loop's own rate over its interleaved passes
+    for (int l = 0; l < BENCH_LOOPS; l++)
+        loop_bw[l] = probe.ns[l] > 0 ? probe.bytes[l] / probe.ns[l] : 0;
     bench__probe_close(&probe);
     // tg over all repetitions, an average as the sustained bandwidth is
     const double tg_mean = (double)n_tg * (double)reps / (tg_ns_all / 1e9);
@@ -494,6 +505,14 @@ int cli_bench(int argc, char **argv) {
     printf("memory read bandwidth: %.2f GB/s (%d passes between stretches of generation; best "
            "pass before it %.2f GB/s)\n",
            bw / 1e9, n_passes, bw_peak / 1e9);
+    static const char *const loop_name[BENCH_LOOPS] = {"plain", "prefetch", "two streams"};
+    printf("probe loops (GB/s, - where no interleaved pass ran it):");
+    for (int l = 0; l < BENCH_LOOPS; l++)
+        if (loop_bw[l] > 0)
+            printf(" %s %.2f", loop_name[l], loop_bw[l] / 1e9);
+        else
+            printf(" %s -", loop_name[l]);
+    printf("\n");
     printf("roofline tg: %.2f tokens/s (%.1f MB read per token)\n", roof, bpt / 1e6);
     printf("tg / roofline: %.3f\n", tg_mean / roof);
     printf("tg / best-pass roofline: %.3f\n", tg_mean / (bw_peak / bpt));

@@ -144,6 +144,8 @@ EOF
 grep -qE '^memory read bandwidth: [0-9.]+ GB/s \(2 passes between stretches of generation; best pass before it [0-9.]+ GB/s\)$' \
     "$TMPD/bench.txt" || fail "bench bandwidth line: $(cat "$TMPD/bench.txt")"
 grep -qE '^tg / roofline: [0-9.]+$' "$TMPD/bench.txt" || fail "bench roofline line: $(cat "$TMPD/bench.txt")"
+grep -qE '^probe loops \(GB/s, [^)]*\): plain ([0-9.]+|-) prefetch ([0-9.]+|-) two streams ([0-9.]+|-)$' \
+    "$TMPD/bench.txt" || fail "bench probe loops line: $(cat "$TMPD/bench.txt")"
 grep -qE '^tg / best-pass roofline: [0-9.]+$' "$TMPD/bench.txt" ||
     fail "bench best-pass line: $(cat "$TMPD/bench.txt")"
 "$KS_BIN" bench -m "$M" -p 16 -n 4 -r 2 -t 2 -o md >"$TMPD/bench.md" 2>/dev/null || fail "bench -o md"
