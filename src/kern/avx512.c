@@ -1570,7 +1570,7 @@ static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
     if (n_cols == 1 && vec_rb == 2)
         a512__run_vec2(tab, K, n_rows / 16, W, kern_r16_group_bytes(wt, K), xp, Y);
     else
-        a512__run_tiles(tab, n_cols == 1 ? vec_rb : 4, 16, K, n_rows / 16, n_cols, W,
+        a512__run_tiles(tab, n_cols == 1 ? 1 : 4, 16, K, n_rows / 16, n_cols, W,
                         kern_r16_group_bytes(wt, K), xp, xps, Y, ys);
     if (xp != small && xp != a512__xcache.xp) ks_free_aligned(xp);
 }
