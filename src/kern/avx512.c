@@ -103,6 +103,15 @@ A512_INLINE void a512__prefetch_next(const a512_tile *t, int r, int R, int64_t o
 #ifndef A512_VEC_RB
 #define A512_VEC_RB 2 /* r16 groups a Q8_0 / Q4_0 / Q4_K matvec tile reads at once (1 or 2) */
 #endif
+/* The matvecs' weight prefetches are non-temporal: the line comes into L1
+ * for the load that follows and is not kept in the caches beyond it (the
+ * weights are read once a token). Against T0 on the Zen 5 host
+ * (2026-12-04, `kvseal bench` tg128, alternated rounds): Q4_0 ahead in 4
+ * of 4 rounds (2-7%), Q4_K_M 4 of 4 (1-5%), Q8_0 even (6 rounds, within
+ * 3% either way); the matmul runs' read rate in a timing build 1-6% up. */
+#ifndef A512_PF_HINT
+#define A512_PF_HINT _MM_HINT_NTA
+#endif
 #define A512_AHEAD_Q4 4096  /* Q8_0, Q4_0 */
 #define A512_AHEAD_K4 6144  /* Q4_K, Q5_K */
 #define A512_AHEAD_K6 8192  /* Q6_K */
@@ -119,7 +128,7 @@ A512_INLINE void a512__prefetch_ahead(const a512_tile *t, int r, int64_t off, in
 
 /* Prefetches the line d bytes past p (an r16 weight stream). */
 A512_INLINE void a512__pf_ahead(const uint8_t *p, int d) {
-    _mm_prefetch((const char *)p + d, _MM_HINT_T0);
+    _mm_prefetch((const char *)p + d, A512_PF_HINT);
 }
 
 /* Runs tab's tiles of up to RB units x 4 columns over n_units units (a unit
@@ -925,7 +934,7 @@ A512_INLINE void a512__r16k_vec(int Q5, int R, const a512_tile *t, int V) {
             // bytes here, the rest per step
             pf[r] = (const char *)p[r] + A512_AHEAD_K4 / R;
             for (int b = 0; b < 320; b += 64)
-                _mm_prefetch(pf[r] + b, _MM_HINT_T0);
+                _mm_prefetch(pf[r] + b, A512_PF_HINT);
         }
         const a512_r16k *x = (const a512_r16k *)(const void *)t->X + i;
         __m512i sub[2][8];
@@ -936,11 +945,11 @@ A512_INLINE void a512__r16k_vec(int Q5, int R, const a512_tile *t, int V) {
                 __m512i h = _mm512_setzero_si512();
                 if (Q5) {
                     h = _mm512_loadu_si512(p[r] + KERN_R16_Q4K_SB + 64 * k);
-                    _mm_prefetch(pf[r] + KERN_R16_Q4K_SB + 64 * k, _MM_HINT_T0);
+                    _mm_prefetch(pf[r] + KERN_R16_Q4K_SB + 64 * k, A512_PF_HINT);
                 }
                 _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                     __m512i z = _mm512_loadu_si512(p[r] + 320 + 512 * q + 64 * k);
-                    _mm_prefetch(pf[r] + 320 + 512 * q + 64 * k, _MM_HINT_T0);
+                    _mm_prefetch(pf[r] + 320 + 512 * q + 64 * k, A512_PF_HINT);
                     a512__sched_pin(&z); // one load for both nibbles
                     __m512i lo = _mm512_and_si512(z, m4);
                     // Q4_K: the high nibbles left in place (16 q): the odd
@@ -1100,7 +1109,7 @@ A512_INLINE void a512__r16k6_vec(const a512_tile *t, int V, int G) {
         // header bytes here, the rest per k
         const char *pf = (const char *)p + A512_AHEAD_K6;
         for (int b = 0; b < 288; b += 64)
-            _mm_prefetch(pf + b, _MM_HINT_T0);
+            _mm_prefetch(pf + b, A512_PF_HINT);
         const a512_r16k6 *x = (const a512_r16k6 *)(const void *)t->X + i;
         __m512i it = _mm512_setzero_si512();
         // sub-block j = 8n + 2g + kk: elements 128n + 32g + 16kk + 0..15
@@ -1114,9 +1123,9 @@ A512_INLINE void a512__r16k6_vec(const a512_tile *t, int V, int G) {
                     __m512i l0 = _mm512_loadu_si512(p + 288 + 1024 * n + 64 * k);
                     __m512i l1 = _mm512_loadu_si512(p + 288 + 1024 * n + 512 + 64 * k);
                     __m512i h = _mm512_loadu_si512(p + 2336 + 512 * n + 64 * k);
-                    _mm_prefetch(pf + 288 + 1024 * n + 64 * k, _MM_HINT_T0);
-                    _mm_prefetch(pf + 288 + 1024 * n + 512 + 64 * k, _MM_HINT_T0);
-                    _mm_prefetch(pf + 2336 + 512 * n + 64 * k, _MM_HINT_T0);
+                    _mm_prefetch(pf + 288 + 1024 * n + 64 * k, A512_PF_HINT);
+                    _mm_prefetch(pf + 288 + 1024 * n + 512 + 64 * k, A512_PF_HINT);
+                    _mm_prefetch(pf + 2336 + 512 * n + 64 * k, A512_PF_HINT);
                     __m512i q[4];
                     if (G) {
                         // 0xF8 = A | (B & C): the moved h bits or'd with the low nibble
@@ -1273,7 +1282,7 @@ A512_INLINE void a512__r16k3_vec(int Q2, const a512_tile *t, int V) {
         const uint8_t *p = t->W + (size_t)i * SB;
         const char *pf = (const char *)p + A512_AHEAD_K3;
         for (int b = 0; b < QS; b += 64)
-            _mm_prefetch(pf + b, _MM_HINT_T0);
+            _mm_prefetch(pf + b, A512_PF_HINT);
         const a512_r16k6 *x = (const a512_r16k6 *)(const void *)t->X + i;
         __m512i it = _mm512_setzero_si512(), ms = _mm512_setzero_si512();
         _Pragma("GCC unroll 1") for (int n = 0; n < 2; n++) {
@@ -1285,8 +1294,8 @@ A512_INLINE void a512__r16k3_vec(int Q2, const a512_tile *t, int V) {
                     const int k = 4 * kk + k4;
                     __m512i l = _mm512_loadu_si512(p + QS + 512 * n + 64 * k);
                     __m512i h = Q2 ? l : _mm512_loadu_si512(p + HM + 64 * k);
-                    _mm_prefetch(pf + QS + 512 * n + 64 * k, _MM_HINT_T0);
-                    if (!Q2 && n == 0) _mm_prefetch(pf + HM + 64 * k, _MM_HINT_T0);
+                    _mm_prefetch(pf + QS + 512 * n + 64 * k, A512_PF_HINT);
+                    if (!Q2 && n == 0) _mm_prefetch(pf + HM + 64 * k, A512_PF_HINT);
                     _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] =
                         a512__dpbusd_v(V, sub[g], a512__q3_vals(Q2, l, h, n, g),
                                        a512__bcast4(x->qs + 128 * n + 32 * g + 4 * k));
