@@ -96,6 +96,12 @@ void gguf_close(gguf_file *f);
  * back from the file if touched. No-op for gguf_open_mem files. */
 void gguf_advise_unneeded(const gguf_file *f, const void *p, size_t n);
 
+/* Hints that bytes [p, p + n) of f's tensor data will be read piecemeal
+ * from now on: their pages are mapped now (MADV_POPULATE_READ), so a later
+ * read takes no page fault. No-op for gguf_open_mem files or where the
+ * kernel lacks the advice. */
+void gguf_advise_resident(const gguf_file *f, const void *p, size_t n);
+
 /* File facts; these can't fail. */
 const char *gguf_path(const gguf_file *f);
 uint32_t gguf_version(const gguf_file *f);

@@ -538,12 +538,28 @@ void gguf_close(gguf_file *f) {
     free(f);
 }
 
-void gguf_advise_unneeded(const gguf_file *f, const void *p, size_t n) {
+/* Calls madvise(advice) on the pages of [p, p + n) inside f's mapping:
+ * whole pages only (inner), else every page touching it. A hint: failure is
+ * harmless. */
+static void gguf__advise(const gguf_file *f, const void *p, size_t n, int advice, bool inner) {
     const uintptr_t base = (uintptr_t)f->map, a = (uintptr_t)p,
                     pg = (uintptr_t)sysconf(_SC_PAGESIZE);
     if (!f->map || a < base || n > f->size || a - base > f->size - n) return;
-    uintptr_t lo = (a + pg - 1) / pg * pg, hi = (a + n) / pg * pg;
-    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); // a hint: failure is harmless
+    uintptr_t lo = inner ? (a + pg - 1) / pg * pg : a / pg * pg,
+              hi = inner ? (a + n) / pg * pg : (a + n + pg - 1) / pg * pg;
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, advice);
+}
+
+void gguf_advise_unneeded(const gguf_file *f, const void *p, size_t n) {
+    gguf__advise(f, p, n, MADV_DONTNEED, true);
+}
+
+void gguf_advise_resident(const gguf_file *f, const void *p, size_t n) {
+#ifdef MADV_POPULATE_READ
+    gguf__advise(f, p, n, MADV_POPULATE_READ, false);
+#else
+    (void)f, (void)p, (void)n;
+#endif
 }
 
 // ----------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 /* test_gguf.c — GGUF reader/writer tests: writer->reader round trip of every
  * value type (nested arrays included) and tensor data, a hand-built v2 file,
  * one test per malformed-input rule (error code AND message), truncation at
- * every prefix, random corruption (run under ASan), and the real files in
- * ../shared (skipped when absent). */
+ * every prefix, random corruption (run under ASan), the residency hints,
+ * and the real files in ../shared (skipped when absent). */
 #include "kvseal/gguf.h"
 
 #include "../check.h"
@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 // ----------------------------------------------------------------------------
@@ -1063,6 +1064,89 @@ static void test_shared(void) {
     if (!found) fprintf(stderr, "note: no ../shared files found; shared checks skipped\n");
 }
 
+/* Resident kB of this process's mapping that holds p (/proc/self/smaps);
+ * -1 where there is none. */
+static long mapping_rss_kb(const void *p) {
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    CHECK(fp);
+    char line[512];
+    bool in = false;
+    long kb = -1;
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        } else if (in && sscanf(line, "Rss: %ld kB", &kb) == 1) {
+            break;
+        }
+    }
+    fclose(fp);
+    return kb;
+}
+
+/* The residency hints act on the pages of the range they are given, in the
+ * file's own mapping: unneeded drops them from the process's resident
+ * memory, resident maps them all back (so reading a token's embedding row
+ * takes no page fault), and neither changes a byte; ranges outside the
+ * file and in-memory files are left alone. */
+static void test_advise(void) {
+    enum { N = 1 << 18 }; // 1 MiB of F32: 256 pages of the mapping
+    bb b = {0};
+    uint64_t ne[1] = {N};
+    bb_hdr(&b, 3, 1, 0);
+    bb_tinfo(&b, "w", 1, ne, KS_DTYPE_F32, 0);
+    bb_pad(&b, 32);
+    for (uint32_t i = 0; i < N; i++) {
+        float x = (float)i;
+        bb_put(&b, &x, 4);
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/advise.gguf", tmpdir);
+    FILE *fp = fopen(path, "wb");
+    CHECK(fp && fwrite(b.p, 1, b.n, fp) == b.n);
+    fclose(fp);
+    gguf_file *f;
+    ks_errbuf eb;
+    CHECK_EQ(gguf_open(path, &f, &eb), KS_OK);
+    const gguf_tensor *t = gguf_find_tensor(f, "w");
+    CHECK(t);
+    const size_t n = t->n_bytes;
+    gguf_advise_unneeded(f, t->data, n);
+    const long dropped = mapping_rss_kb(t->data);
+    CHECK(dropped >= 0 && dropped < 64); // at most the header's pages
+    gguf_advise_resident(f, t->data, n);
+    const long back = mapping_rss_kb(t->data);
+#ifdef MADV_POPULATE_READ
+    void *anon = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(anon != MAP_FAILED);
+    const bool can = madvise(anon, 4096, MADV_POPULATE_READ) == 0;
+    munmap(anon, 4096);
+#else
+    const bool can = false;
+#endif
+    if (can)
+        CHECK(back >= (long)(n / 1024)); // every page of the range mapped
+    else
+        fprintf(stderr, "note: the kernel lacks MADV_POPULATE_READ; residency check skipped\n");
+    const float *x = t->data;
+    for (uint32_t i = 0; i < N; i += 997)
+        CHECK(x[i] == (float)i);
+    // outside the file: nothing happens (no fault, the mapping unchanged)
+    gguf_advise_resident(f, (const char *)t->data + n, 4096);
+    gguf_advise_unneeded(f, &eb, sizeof eb);
+    CHECK_EQ(mapping_rss_kb(t->data), back);
+    gguf_close(f);
+    // an in-memory file: no-ops
+    CHECK_EQ(open_bytes(b.p, b.n, &eb, &f), KS_OK);
+    t = gguf_find_tensor(f, "w");
+    gguf_advise_unneeded(f, t->data, n);
+    gguf_advise_resident(f, t->data, n);
+    CHECK(((const float *)t->data)[N - 1] == (float)(N - 1));
+    gguf_close(f);
+    free(open_copy);
+    free(b.p);
+}
+
 int main(void) {
     make_tmpdir();
     test_roundtrip();
@@ -1074,6 +1158,7 @@ int main(void) {
     test_truncation();
     test_corruption();
     test_shared();
+    test_advise();
     for (size_t i = 0; i < N_TENSORS; i++)
         free(tensors[i].data);
     rm_tmpdir();
