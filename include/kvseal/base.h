@@ -196,6 +196,7 @@ typedef struct ks_cpu {
     bool avx512vnni;
     bool avx512bf16;
     bool gfni; /* GF2P8AFFINEQB on ZMM (reported only with avx512) */
+    bool amd;  /* vendor "AuthenticAMD" (CPUID leaf 0) */
 } ks_cpu;
 
 /* Detects the CPU once (CPUID + XGETBV) and caches it; thread-safe. */

@@ -30,6 +30,8 @@ static uint64_t cpu__xgetbv(void) {
 static void cpu__detect(void) {
     unsigned a, b, c, d;
     memset(&ks__cpu, 0, sizeof ks__cpu);
+    if (__get_cpuid(0, &a, &b, &c, &d)) // the vendor string is EBX, EDX, ECX
+        ks__cpu.amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return;
     bool osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
     if (!osxsave || !avx) return;

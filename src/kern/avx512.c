@@ -65,6 +65,7 @@ typedef struct a512_tile {
     float *Y; /* Y of (row 0, col 0) */
     size_t ys;
     size_t yr; /* matvec tiles: Y floats between their R groups' outputs */
+    int nta;   /* the weight prefetches' hint (a512__pf_nta) */
 } a512_tile;
 
 typedef void (*a512_tile_fn)(const a512_tile *t);
@@ -103,15 +104,6 @@ A512_INLINE void a512__prefetch_next(const a512_tile *t, int r, int R, int64_t o
 #ifndef A512_VEC_RB
 #define A512_VEC_RB 2 /* r16 groups a Q8_0 / Q4_0 / Q4_K matvec tile reads at once (1 or 2) */
 #endif
-/* The matvecs' weight prefetches are non-temporal: the line comes into L1
- * for the load that follows and is not kept in the caches beyond it (the
- * weights are read once a token). Against T0 on the Zen 5 host
- * (2026-12-04, `kvseal bench` tg128, alternated rounds): Q4_0 ahead in 4
- * of 4 rounds (2-7%), Q4_K_M 4 of 4 (1-5%), Q8_0 even (6 rounds, within
- * 3% either way); the matmul runs' read rate in a timing build 1-6% up. */
-#ifndef A512_PF_HINT
-#define A512_PF_HINT _MM_HINT_NTA
-#endif
 #define A512_AHEAD_Q4 4096  /* Q8_0, Q4_0 */
 #define A512_AHEAD_K4 6144  /* Q4_K, Q5_K */
 #define A512_AHEAD_K6 8192  /* Q6_K */
@@ -126,9 +118,35 @@ A512_INLINE void a512__prefetch_ahead(const a512_tile *t, int r, int64_t off, in
         _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
+/* Whether the matvecs prefetch their weights non-temporally (NTA) rather
+ * than into every level (T0): on AMD cores. The line comes into L1 for the
+ * load that follows and is not kept beyond it (the weights are read once a
+ * token). Against T0 on the Zen 5 host (2026-12-04, `kvseal bench` tg128,
+ * alternated rounds): Q4_0 ahead in 4 of 4 rounds (2-7%), Q4_K_M 4 of 4
+ * (1-5%), Q8_0 even (6 rounds, within 3% either way); a timing build's
+ * matmul runs read 1-6% faster. On the Intel host (2026-12-03,
+ * bench_stream, one-stream tiles) NTA read at 0.71-0.83 of the read-only
+ * rate where T0 kept 0.94-1.01, so Intel cores keep T0. A512_PF_NTA (0 or
+ * 1) forces either, for such comparisons. */
+static int a512__pf_nta(void) {
+#ifdef A512_PF_NTA
+    return A512_PF_NTA;
+#else
+    return ks_cpu_get()->amd;
+#endif
+}
+
+/* Prefetches the line at p of a weight stream, NTA or T0 (a512__pf_nta). */
+A512_INLINE void a512__pf(int nta, const void *p) {
+    if (nta)
+        _mm_prefetch((const char *)p, _MM_HINT_NTA);
+    else
+        _mm_prefetch((const char *)p, _MM_HINT_T0);
+}
+
 /* Prefetches the line d bytes past p (an r16 weight stream). */
-A512_INLINE void a512__pf_ahead(const uint8_t *p, int d) {
-    _mm_prefetch((const char *)p + d, A512_PF_HINT);
+A512_INLINE void a512__pf_ahead(int nta, const uint8_t *p, int d) {
+    a512__pf(nta, (const char *)p + d);
 }
 
 /* Runs tab's tiles of up to RB units x 4 columns over n_units units (a unit
@@ -139,7 +157,7 @@ A512_INLINE void a512__pf_ahead(const uint8_t *p, int d) {
 static void a512__run_tiles(const a512_tile_fn tab[4][4], int RB, int ry, int64_t K, int n_units,
                             int n_cols, const void *W, size_t us, const void *X, size_t xs,
                             float *Y, size_t ys) {
-    const int CB = 4;
+    const int CB = 4, nta = a512__pf_nta();
     int chunk = us > 0 ? (int)((256u * 1024u) / us) : n_units;
     chunk = chunk < RB ? RB : chunk - chunk % RB;
     for (int u1 = 0; u1 < n_units; u1 += chunk) {
@@ -155,7 +173,8 @@ static void a512__run_tiles(const a512_tile_fn tab[4][4], int RB, int ry, int64_
                                .xs = xs,
                                .Y = Y + (size_t)c0 * ys + (size_t)ry * (size_t)u0,
                                .ys = ys,
-                               .yr = (size_t)ry};
+                               .yr = (size_t)ry,
+                               .nta = nta};
                 tab[nr - 1][nc - 1](&t);
             }
         }
@@ -768,7 +787,7 @@ A512_INLINE void a512__r16_vec(int T, int R, const a512_tile *t, int V) {
             const a512_r16x *x = (const a512_r16x *)(const void *)t->X + b + h;
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
                 const uint8_t *p = t->W + (size_t)r * t->ws + (size_t)(b / 2) * pb;
-                if (h == 0) a512__pf_ahead(p, A512_AHEAD_Q4 / R);
+                if (h == 0) a512__pf_ahead(t->nta, p, A512_AHEAD_Q4 / R);
                 const uint8_t *wq = p + 64 + h * qb;
                 __m512i s[4];
                 s[0] = _mm512_set1_epi32(x->corr);
@@ -779,7 +798,7 @@ A512_INLINE void a512__r16_vec(int T, int R, const a512_tile *t, int V) {
                     // exactly, and one arithmetic shift per block replaces
                     // a shift per 64 bytes (|16 q x| sums stay far below 2^31)
                     _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-                        a512__pf_ahead(wq + 64 * j, A512_AHEAD_Q4 / R);
+                        a512__pf_ahead(t->nta, wq + 64 * j, A512_AHEAD_Q4 / R);
                         __m512i z = _mm512_loadu_si512(wq + 64 * j);
                         a512__sched_pin(&z); // one load for both nibbles
                         __m512i lo = _mm512_and_si512(z, m4), hi16 = _mm512_andnot_si512(m4, z);
@@ -791,7 +810,7 @@ A512_INLINE void a512__r16_vec(int T, int R, const a512_tile *t, int V) {
                     s[3] = _mm512_setzero_si512();
                 } else {
                     _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-                        a512__pf_ahead(wq + 64 * j, A512_AHEAD_Q4 / R);
+                        a512__pf_ahead(t->nta, wq + 64 * j, A512_AHEAD_Q4 / R);
                         __m512i w = _mm512_loadu_si512(wq + 64 * j);
                         s[j % 4] = a512__dpbusd_v(V, s[j % 4], w, a512__bcast4(x->qs + 4 * j));
                     }
@@ -832,7 +851,7 @@ A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) 
         // loaded, spread as the loads are (not a pair's 9-17 lines at once)
         A512_FOR_R {
             const uint8_t *p = t->W + r * t->ws + (size_t)(b / 2) * pb;
-            if (C <= 2 && b % 2 == 0) a512__pf_ahead(p, A512_R16_AHEAD);
+            if (C <= 2 && b % 2 == 0) a512__pf_ahead(t->nta, p, A512_R16_AHEAD);
             wd[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + (b % 2) * 32)));
             wq[r] = p + 64 + (b % 2) * qb;
         }
@@ -851,8 +870,8 @@ A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) 
 #define A512_R16_IS(k) (*((k) % NS ? &ip[(k) % NS - 1][r][c] : &is[r][c]))
         if (T) {
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) A512_FOR_R {
-                if (C <= 2) a512__pf_ahead(wq[r] + 64 * j, A512_R16_AHEAD);
-                if (C <= 2 && T == 2 && j == 0) a512__pf_ahead(wq[r] + 256, A512_R16_AHEAD);
+                if (C <= 2) a512__pf_ahead(t->nta, wq[r] + 64 * j, A512_R16_AHEAD);
+                if (C <= 2 && T == 2 && j == 0) a512__pf_ahead(t->nta, wq[r] + 256, A512_R16_AHEAD);
                 __m512i z = _mm512_loadu_si512(wq[r] + 64 * j);
                 __m512i lo = _mm512_and_si512(z, m4);
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
@@ -870,7 +889,7 @@ A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) 
             }
         } else {
             _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) A512_FOR_R {
-                if (C <= 2) a512__pf_ahead(wq[r] + 64 * s, A512_R16_AHEAD);
+                if (C <= 2) a512__pf_ahead(t->nta, wq[r] + 64 * s, A512_R16_AHEAD);
                 __m512i w = _mm512_loadu_si512(wq[r] + 64 * s);
                 A512_FOR_C A512_R16_IS(s) =
                     a512__dpbusd_v(V, A512_R16_IS(s), w, a512__bcast4(x[c]->qs + 4 * s));
@@ -934,7 +953,7 @@ A512_INLINE void a512__r16k_vec(int Q5, int R, const a512_tile *t, int V) {
             // bytes here, the rest per step
             pf[r] = (const char *)p[r] + A512_AHEAD_K4 / R;
             for (int b = 0; b < 320; b += 64)
-                _mm_prefetch(pf[r] + b, A512_PF_HINT);
+                a512__pf(t->nta, pf[r] + b);
         }
         const a512_r16k *x = (const a512_r16k *)(const void *)t->X + i;
         __m512i sub[2][8];
@@ -945,11 +964,11 @@ A512_INLINE void a512__r16k_vec(int Q5, int R, const a512_tile *t, int V) {
                 __m512i h = _mm512_setzero_si512();
                 if (Q5) {
                     h = _mm512_loadu_si512(p[r] + KERN_R16_Q4K_SB + 64 * k);
-                    _mm_prefetch(pf[r] + KERN_R16_Q4K_SB + 64 * k, A512_PF_HINT);
+                    a512__pf(t->nta, pf[r] + KERN_R16_Q4K_SB + 64 * k);
                 }
                 _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                     __m512i z = _mm512_loadu_si512(p[r] + 320 + 512 * q + 64 * k);
-                    _mm_prefetch(pf[r] + 320 + 512 * q + 64 * k, A512_PF_HINT);
+                    a512__pf(t->nta, pf[r] + 320 + 512 * q + 64 * k);
                     a512__sched_pin(&z); // one load for both nibbles
                     __m512i lo = _mm512_and_si512(z, m4);
                     // Q4_K: the high nibbles left in place (16 q): the odd
@@ -1109,7 +1128,7 @@ A512_INLINE void a512__r16k6_vec(const a512_tile *t, int V, int G) {
         // header bytes here, the rest per k
         const char *pf = (const char *)p + A512_AHEAD_K6;
         for (int b = 0; b < 288; b += 64)
-            _mm_prefetch(pf + b, A512_PF_HINT);
+            a512__pf(t->nta, pf + b);
         const a512_r16k6 *x = (const a512_r16k6 *)(const void *)t->X + i;
         __m512i it = _mm512_setzero_si512();
         // sub-block j = 8n + 2g + kk: elements 128n + 32g + 16kk + 0..15
@@ -1123,9 +1142,9 @@ A512_INLINE void a512__r16k6_vec(const a512_tile *t, int V, int G) {
                     __m512i l0 = _mm512_loadu_si512(p + 288 + 1024 * n + 64 * k);
                     __m512i l1 = _mm512_loadu_si512(p + 288 + 1024 * n + 512 + 64 * k);
                     __m512i h = _mm512_loadu_si512(p + 2336 + 512 * n + 64 * k);
-                    _mm_prefetch(pf + 288 + 1024 * n + 64 * k, A512_PF_HINT);
-                    _mm_prefetch(pf + 288 + 1024 * n + 512 + 64 * k, A512_PF_HINT);
-                    _mm_prefetch(pf + 2336 + 512 * n + 64 * k, A512_PF_HINT);
+                    a512__pf(t->nta, pf + 288 + 1024 * n + 64 * k);
+                    a512__pf(t->nta, pf + 288 + 1024 * n + 512 + 64 * k);
+                    a512__pf(t->nta, pf + 2336 + 512 * n + 64 * k);
                     __m512i q[4];
                     if (G) {
                         // 0xF8 = A | (B & C): the moved h bits or'd with the low nibble
@@ -1282,7 +1301,7 @@ A512_INLINE void a512__r16k3_vec(int Q2, const a512_tile *t, int V) {
         const uint8_t *p = t->W + (size_t)i * SB;
         const char *pf = (const char *)p + A512_AHEAD_K3;
         for (int b = 0; b < QS; b += 64)
-            _mm_prefetch(pf + b, A512_PF_HINT);
+            a512__pf(t->nta, pf + b);
         const a512_r16k6 *x = (const a512_r16k6 *)(const void *)t->X + i;
         __m512i it = _mm512_setzero_si512(), ms = _mm512_setzero_si512();
         _Pragma("GCC unroll 1") for (int n = 0; n < 2; n++) {
@@ -1294,8 +1313,8 @@ A512_INLINE void a512__r16k3_vec(int Q2, const a512_tile *t, int V) {
                     const int k = 4 * kk + k4;
                     __m512i l = _mm512_loadu_si512(p + QS + 512 * n + 64 * k);
                     __m512i h = Q2 ? l : _mm512_loadu_si512(p + HM + 64 * k);
-                    _mm_prefetch(pf + QS + 512 * n + 64 * k, A512_PF_HINT);
-                    if (!Q2 && n == 0) _mm_prefetch(pf + HM + 64 * k, A512_PF_HINT);
+                    a512__pf(t->nta, pf + QS + 512 * n + 64 * k);
+                    if (!Q2 && n == 0) a512__pf(t->nta, pf + HM + 64 * k);
                     _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] =
                         a512__dpbusd_v(V, sub[g], a512__q3_vals(Q2, l, h, n, g),
                                        a512__bcast4(x->qs + 128 * n + 32 * g + 4 * k));
@@ -1535,13 +1554,15 @@ static uint8_t *a512__xcache_get(void (*prep)(const uint8_t *X, int64_t nu, void
 static void a512__run_vec2(const a512_tile_fn tab[4][4], int64_t K, int64_t ng, const void *W,
                            size_t us, const uint8_t *xp, float *Y) {
     const int64_t h = ng / 2, h2 = ng - h;
+    const int nta = a512__pf_nta();
     for (int64_t u = 0; u < h2; u++) {
         a512_tile t = {.K = K,
                        .W = (const uint8_t *)W + (size_t)u * us,
                        .ws = (size_t)h2 * us,
                        .X = xp,
                        .Y = Y + 16 * u,
-                       .yr = 16 * (size_t)h2};
+                       .yr = 16 * (size_t)h2,
+                       .nta = nta};
         tab[u < h ? 1 : 0][0](&t);
     }
 }

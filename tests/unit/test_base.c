@@ -112,13 +112,30 @@ static void test_alloc_huge(void) {
     CHECK(ks_alloc_huge(SIZE_MAX - huge + 2) == NULL);
 }
 
+/* ks_cpu's vendor flag agrees with the kernel's /proc/cpuinfo (skipped
+ * where that file has no vendor_id line). */
+static void test_cpu_vendor(void) {
+    FILE *fp = fopen("/proc/cpuinfo", "r");
+    char line[256];
+    int amd = -1;
+    while (fp && amd < 0 && fgets(line, sizeof line, fp))
+        if (!strncmp(line, "vendor_id", 9)) amd = strstr(line, "AuthenticAMD") != NULL;
+    if (fp) fclose(fp);
+    if (amd < 0) {
+        fprintf(stderr, "note: no vendor_id in /proc/cpuinfo; vendor check skipped\n");
+        return;
+    }
+    CHECK_EQ(ks_cpu_get()->amd, amd);
+}
+
 int main(void) {
     test_errors();
+    test_cpu_vendor();
     test_alloc_huge();
     test_f16();
     test_dtype();
     test_pool();
     const ks_cpu *c = ks_cpu_get();
-    printf("base ok (avx2 %d, avx512 %d)\n", c->avx2, c->avx512);
+    printf("base ok (avx2 %d, avx512 %d, amd %d)\n", c->avx2, c->avx512, c->amd);
     return 0;
 }
