@@ -102,7 +102,8 @@ A512_INLINE void a512__prefetch_next(const a512_tile *t, int r, int R, int64_t o
  * host (2026-12-04, alternated rounds) was behind in 7 of 7 rounds for
  * Q4_K_M (2-8%) and 3 of 3 for Q8_0; Q4_0 within the noise. */
 #ifndef A512_VEC_RB
-#define A512_VEC_RB 2 /* r16 groups a Q8_0 / Q4_0 / Q4_K matvec tile reads at once (1 or 2) */
+#define A512_VEC_RB                                                                                \
+    2 /* r16 groups a Q8_0 / Q4_0 / Q4_K / Q6_K matvec tile reads at once (1 or 2) */
 #endif
 #define A512_AHEAD_Q4 4096  /* Q8_0, Q4_0 */
 #define A512_AHEAD_K4 6144  /* Q4_K, Q5_K */
@@ -1106,14 +1107,19 @@ typedef struct a512_r16k6 {
  * isum = sum_j sc_j * (corr_j + the 4 vpdpbusd of sub-block j's 6-bit
  * values, rebuilt from ql and qh, with its activations); then
  * acc = fma((float)isum, d * dx, acc), super-blocks in order. */
-/* The 1x1 (matvec) r16 Q6_K tile: the same integer sums as the general tile,
+/* The Rx1 (matvec, R = 1 or 2 groups, their steps interleaved as
+ * a512__r16k_vec's) r16 Q6_K tile: the same integer sums as the general tile,
  * but each 64-byte ql/qh load feeds all four 2-bit groups g (four sub-block
  * accumulators live at once), where the general tile reloads and reshifts
  * them per g: about 2/3 of the instructions per weight byte. With G, the
  * 6-bit values are rebuilt by vgf2p8affineqb, which moves each field to its
  * place within the byte with zero fill: 9 instructions per 64-byte step
- * where shifts and masks take 13, and the same bytes. */
-A512_INLINE void a512__r16k6_vec(const a512_tile *t, int V, int G) {
+ * where shifts and masks take 13, and the same bytes. Two groups at once
+ * (two streams, a512__run_vec2) against one, under NTA prefetches on the
+ * Zen 5 host (2026-12-04, bench_stream Q6_K, 4 alternated runs of 9
+ * rounds): 57.8-61.6 GB/s against 54.6-60.4, ahead in 4 of 4 (0-9%); it
+ * had lost under T0 prefetches. */
+A512_INLINE void a512__r16k6_vec(int R, const a512_tile *t, int V, int G) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     // GFNI matrices (one qword, broadcast): bits 0-1, 2-3 or 6-7 to bits
     // 4-5, and bits 4-7 to bits 0-3; all other result bits 0
@@ -1121,73 +1127,87 @@ A512_INLINE void a512__r16k6_vec(const a512_tile *t, int V, int G) {
     const __m512i g1 = _mm512_set1_epi64(0x0000000004080000ll);
     const __m512i g3 = _mm512_set1_epi64(0x0000000040800000ll);
     const __m512i hi = _mm512_set1_epi64(0x1020408000000000ll);
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int64_t i = 0; i < t->K / 256; i++) {
-        const uint8_t *p = t->W + (size_t)i * KERN_R16_Q6K_SB;
-        // as a512__prefetch_ahead, spread over the loads below: the 288
-        // header bytes here, the rest per k
-        const char *pf = (const char *)p + A512_AHEAD_K6;
-        for (int b = 0; b < 288; b += 64)
-            a512__pf(t->nta, pf + b);
+        const uint8_t *p[2];
+        const char *pf[2];
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+            p[r] = t->W + (size_t)r * t->ws + (size_t)i * KERN_R16_Q6K_SB;
+            // as a512__prefetch_ahead, spread over the loads below: the 288
+            // header bytes here, the rest per k
+            pf[r] = (const char *)p[r] + A512_AHEAD_K6 / R;
+            for (int b = 0; b < 288; b += 64)
+                a512__pf(t->nta, pf[r] + b);
+        }
         const a512_r16k6 *x = (const a512_r16k6 *)(const void *)t->X + i;
-        __m512i it = _mm512_setzero_si512();
+        __m512i it[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
         // sub-block j = 8n + 2g + kk: elements 128n + 32g + 16kk + 0..15
         _Pragma("GCC unroll 1") for (int n = 0; n < 2; n++) {
             _Pragma("GCC unroll 2") for (int kk = 0; kk < 2; kk++) {
-                __m512i sub[4];
-                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] =
-                    _mm512_set1_epi32(x->corr[8 * n + 2 * g + kk]);
+                __m512i sub[2][4];
+                _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+                    _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[r][g] =
+                        _mm512_set1_epi32(x->corr[8 * n + 2 * g + kk]);
                 _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; k4++) {
                     const int k = 4 * kk + k4;
-                    __m512i l0 = _mm512_loadu_si512(p + 288 + 1024 * n + 64 * k);
-                    __m512i l1 = _mm512_loadu_si512(p + 288 + 1024 * n + 512 + 64 * k);
-                    __m512i h = _mm512_loadu_si512(p + 2336 + 512 * n + 64 * k);
-                    a512__pf(t->nta, pf + 288 + 1024 * n + 64 * k);
-                    a512__pf(t->nta, pf + 288 + 1024 * n + 512 + 64 * k);
-                    a512__pf(t->nta, pf + 2336 + 512 * n + 64 * k);
-                    __m512i q[4];
-                    if (G) {
-                        // 0xF8 = A | (B & C): the moved h bits or'd with the low nibble
-                        // (the GF2 result is the operand overwritten, so l0 and l1 stay
-                        // in registers, not reloaded), then the high nibble moved down
-                        // or'd with h bits 4-5 in place
-                        q[0] = _mm512_ternarylogic_epi32(a512__gf2affine(h, g0), l0, m4, 0xF8);
-                        q[1] = _mm512_ternarylogic_epi32(a512__gf2affine(h, g1), l1, m4, 0xF8);
-                        q[2] = _mm512_ternarylogic_epi32(a512__gf2affine(l0, hi), h, m30, 0xF8);
-                        q[3] = _mm512_or_si512(a512__gf2affine(l1, hi), a512__gf2affine(h, g3));
-                    } else {
-                        // 0xF8 = A | (B & C): the nibble, or'd with bits 2g, 2g+1 of h at 4, 5
-                        q[0] = _mm512_ternarylogic_epi32(_mm512_and_si512(l0, m4),
-                                                         _mm512_slli_epi16(h, 4), m30, 0xF8);
-                        q[1] = _mm512_ternarylogic_epi32(_mm512_and_si512(l1, m4),
-                                                         _mm512_slli_epi16(h, 2), m30, 0xF8);
-                        q[2] = _mm512_ternarylogic_epi32(
-                            _mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), h, m30, 0xF8);
-                        q[3] = _mm512_ternarylogic_epi32(
-                            _mm512_and_si512(_mm512_srli_epi16(l1, 4), m4), _mm512_srli_epi16(h, 2),
-                            m30, 0xF8);
+                    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+                        __m512i l0 = _mm512_loadu_si512(p[r] + 288 + 1024 * n + 64 * k);
+                        __m512i l1 = _mm512_loadu_si512(p[r] + 288 + 1024 * n + 512 + 64 * k);
+                        __m512i h = _mm512_loadu_si512(p[r] + 2336 + 512 * n + 64 * k);
+                        a512__pf(t->nta, pf[r] + 288 + 1024 * n + 64 * k);
+                        a512__pf(t->nta, pf[r] + 288 + 1024 * n + 512 + 64 * k);
+                        a512__pf(t->nta, pf[r] + 2336 + 512 * n + 64 * k);
+                        __m512i q[4];
+                        if (G) {
+                            // 0xF8 = A | (B & C): the moved h bits or'd with the low
+                            // nibble (the GF2 result is the operand overwritten, so l0
+                            // and l1 stay in registers, not reloaded), then the high
+                            // nibble moved down or'd with h bits 4-5 in place
+                            q[0] = _mm512_ternarylogic_epi32(a512__gf2affine(h, g0), l0, m4, 0xF8);
+                            q[1] = _mm512_ternarylogic_epi32(a512__gf2affine(h, g1), l1, m4, 0xF8);
+                            q[2] = _mm512_ternarylogic_epi32(a512__gf2affine(l0, hi), h, m30, 0xF8);
+                            q[3] = _mm512_or_si512(a512__gf2affine(l1, hi), a512__gf2affine(h, g3));
+                        } else {
+                            // 0xF8 = A | (B & C): the nibble, or'd with bits 2g, 2g+1
+                            // of h at 4, 5
+                            q[0] = _mm512_ternarylogic_epi32(_mm512_and_si512(l0, m4),
+                                                             _mm512_slli_epi16(h, 4), m30, 0xF8);
+                            q[1] = _mm512_ternarylogic_epi32(_mm512_and_si512(l1, m4),
+                                                             _mm512_slli_epi16(h, 2), m30, 0xF8);
+                            q[2] = _mm512_ternarylogic_epi32(
+                                _mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), h, m30, 0xF8);
+                            q[3] = _mm512_ternarylogic_epi32(
+                                _mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+                                _mm512_srli_epi16(h, 2), m30, 0xF8);
+                        }
+                        _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[r][g] =
+                            a512__dpbusd_v(V, sub[r][g], q[g],
+                                           a512__bcast4(x->qs + 128 * n + 32 * g + 4 * k));
+                        a512__sched_fence();
                     }
-                    _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) sub[g] = a512__dpbusd_v(
-                        V, sub[g], q[g], a512__bcast4(x->qs + 128 * n + 32 * g + 4 * k));
-                    a512__sched_fence();
                 }
-                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
-                    __m512i sc = _mm512_cvtepi8_epi32(
-                        _mm_loadu_si128((const __m128i *)(p + 32 + 16 * (8 * n + 2 * g + kk))));
-                    it = _mm512_add_epi32(it, _mm512_mullo_epi32(sub[g], sc));
+                _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+                    _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+                        __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(
+                            (const __m128i *)(p[r] + 32 + 16 * (8 * n + 2 * g + kk))));
+                        it[r] = _mm512_add_epi32(it[r], _mm512_mullo_epi32(sub[r][g], sc));
+                    }
+                    a512__sched_pin(&it[r]);
                 }
-                a512__sched_pin(&it);
             }
         }
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it), _mm512_mul_ps(d, _mm512_set1_ps(x->d)), acc);
+        const __m512 dx = _mm512_set1_ps(x->d);
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p[r]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it[r]), _mm512_mul_ps(d, dx), acc[r]);
+        }
     }
-    _mm512_storeu_ps(t->Y, acc);
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _mm512_storeu_ps(t->Y + t->yr * r, acc[r]);
 }
 
 A512_INLINE void a512__r16k6_tile_g(int G, int R, int C, const a512_tile *t, int V) {
-    if (R == 1 && C == 1) {
-        a512__r16k6_vec(t, V, G);
+    if (R <= 2 && C == 1) {
+        a512__r16k6_vec(R, t, V, G);
         return;
     }
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
@@ -1594,9 +1614,12 @@ static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
     // a matvec reads one group at a time: one sequential stream, which the
     // hardware prefetcher follows (four groups at once, four streams, were
     // slower from DRAM); Q8_0, Q4_0 and Q4_K two contiguous streams at once
-    // (A512_VEC_RB, a512__run_vec2)
-    const int vec_rb =
-        wt == KS_DTYPE_Q8_0 || wt == KS_DTYPE_Q4_0 || wt == KS_DTYPE_Q4_K ? A512_VEC_RB : 1;
+    // (A512_VEC_RB, a512__run_vec2), and Q6_K where the prefetches are NTA
+    // (with T0 its two-group tile was behind on the Zen 5 host)
+    const int vec_rb = wt == KS_DTYPE_Q8_0 || wt == KS_DTYPE_Q4_0 || wt == KS_DTYPE_Q4_K ||
+                               (wt == KS_DTYPE_Q6_K && a512__pf_nta())
+                           ? A512_VEC_RB
+                           : 1;
     if (n_cols == 1 && vec_rb == 2)
         a512__run_vec2(tab, K, n_rows / 16, W, kern_r16_group_bytes(wt, K), xp, Y);
     else
