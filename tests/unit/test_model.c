@@ -523,6 +523,32 @@ static void test_mla(const char *arch) {
     unlink(dst);
 }
 
+/* Quantized `kvseal mkmodel` files (skipped as test_mla): batch invariant,
+ * which here also covers a one-token step's SwiGLU, cut into a part per
+ * thread with its quantization for ffn_down (Q8_0 activations for q8_0,
+ * Q8_K for q4_k; 800 is not a whole number of 256-element parts). */
+static void test_quantized(const char *type, int n_ff) {
+    const char *bin = getenv("KS_BIN"), *shared = getenv("KS_SHARED");
+    char vocab[1024], dst[256], cmd[4096];
+    snprintf(vocab, sizeof vocab, "%s/vocab/ggml-vocab-llama-spm.gguf", shared ? shared : "");
+    if (!bin || !shared || access(vocab, R_OK) || access(bin, X_OK)) {
+        printf("skip %s: needs KS_BIN and %s\n", type, vocab);
+        return;
+    }
+    snprintf(dst, sizeof dst, "/tmp/ks_test_q_%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd, "'%s' mkmodel -o '%s' --vocab '%s' --type %s --n-ff %d >/dev/null",
+             bin, dst, vocab, type, n_ff);
+    CHECK_EQ(system(cmd), 0);
+    ks_errbuf eb;
+    model *m;
+    CHECK_EQ(model_load(dst, &m, &eb), KS_OK);
+    CHECK_EQ(model_hp(m)->n_ff, n_ff);
+    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
+    test_batch_invariance(m, KS_DTYPE_F16);
+    model_free(m);
+    unlink(dst);
+}
+
 static void test_load_errors(const char *src) {
     struct {
         mutation mu;
@@ -589,6 +615,8 @@ int main(void) {
     test_sliding_window(path);
     test_mla("deepseek2");
     test_mla("deepseek32");
+    test_quantized("q8_0", 800);
+    test_quantized("q4_k", 768);
     printf("model ok\n");
     return 0;
 }
