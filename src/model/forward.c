@@ -277,12 +277,16 @@ typedef struct {
     fwd__mm_seg seg[FWD_MM_SEGS];
 } fwd__mm;
 
-/* Weight units (16 rows) per claim at most: about four claims per thread.
+/* Weight units (16 rows) per claim at most: about two claims per thread.
  * Long runs of rows let each thread stream its weights (the kernels prefetch
  * the next tile's rows) and reuse the activations from L2; 32-row claims
- * were 25-30% slower in decode on the TinyLlama shape. */
+ * were 25-30% slower in decode on the TinyLlama shape. Each claim restarts
+ * the kernel's weight streams, whose first lines then wait a whole DRAM
+ * round trip: against four claims a thread, Q4_0 / Q4_K_M tg128 was ahead
+ * in 8 of 8 alternated rounds (0.2-1.5%; the qkv run 1-4%; Zen 5,
+ * 2026-12-04); one claim a thread was not. */
 static int64_t fwd__units_per_claim(int64_t N, int nth) {
-    int64_t n = (N / (4 * (int64_t)nth) + 15) / 16;
+    int64_t n = (N / (2 * (int64_t)nth) + 15) / 16;
     return n < 1 ? 1 : n;
 }
 
