@@ -102,8 +102,8 @@ A512_INLINE void a512__prefetch_next(const a512_tile *t, int r, int R, int64_t o
  * host (2026-12-04, alternated rounds) was behind in 7 of 7 rounds for
  * Q4_K_M (2-8%) and 3 of 3 for Q8_0; Q4_0 within the noise. */
 #ifndef A512_VEC_RB
-#define A512_VEC_RB                                                                                \
-    2 /* r16 groups a Q8_0 / Q4_0 / Q4_K / Q6_K matvec tile reads at once (1 or 2) */
+/* r16 groups a Q8_0 / Q4_0 / Q4_K / Q6_K matvec tile reads at once (1 or 2) */
+#define A512_VEC_RB 2
 #endif
 #define A512_AHEAD_Q4 4096  /* Q8_0, Q4_0 */
 #define A512_AHEAD_K4 6144  /* Q4_K, Q5_K */
