@@ -97,7 +97,7 @@ A512_INLINE void a512__prefetch_next(const a512_tile *t, int r, int R, int64_t o
  * 0.75-0.82 (tg 47-75 -> 69-83 tokens/s), Q4_0 0.70-0.82 -> 0.78-0.82;
  * Q8_0 unchanged (3 rounds, 0.82-0.88 -> 0.85-0.86). These are the bytes a
  * matvec keeps prefetched ahead in all: a tile reading R streams (two
- * groups, a512__run_vec2) prefetches 1/R of the distance ahead in each.
+ * groups, a512__run_vecn) prefetches 1/R of the distance ahead in each.
  * With each stream at the whole distance, `kvseal bench` tg on the same
  * host (2026-12-04, alternated rounds) was behind in 7 of 7 rounds for
  * Q4_K_M (2-8%) and 3 of 3 for Q8_0; Q4_0 within the noise. */
@@ -106,6 +106,7 @@ A512_INLINE void a512__prefetch_next(const a512_tile *t, int r, int R, int64_t o
 #define A512_VEC_RB 2
 #endif
 #define A512_AHEAD_Q4 4096  /* Q8_0, Q4_0 */
+#define A512_AHEAD_Q4X 6144 /* Q4_0 over 3-4 streams (a512__run_vecn) */
 #define A512_AHEAD_K4 6144  /* Q4_K, Q5_K */
 #define A512_AHEAD_K6 8192  /* Q6_K */
 #define A512_AHEAD_K3 12288 /* Q3_K, Q2_K */
@@ -769,26 +770,28 @@ A512_INLINE void a512__sched_fence(void) { __asm__ volatile(""); }
  * cannot be reassociated past this point. */
 A512_INLINE void a512__sched_pin(__m512i *v) { __asm__ volatile("" : "+v"(*v)); }
 
-/* The Rx1 (matvec, R = 1 or 2 groups) r16 Q8_0 (T = 0) or Q4_0 (T = 1)
+/* The Rx1 (matvec, R = 1 to 4 groups) r16 Q8_0 (T = 0) or Q4_0 (T = 1)
  * tile: the same exact integer sums and f32 steps per block as
  * a512__r16_tile, walked a pair of blocks at a time (no per-block parity
  * branch and address arithmetic) and fenced per block, the R groups' blocks
- * interleaved (two weight streams, the activations loaded once). K is a
+ * interleaved (R weight streams, the activations loaded once). K is a
  * multiple of 64 (kern_r16_group_bytes), so every pair is whole. Q4_0
  * kernel / read-only rate 0.93-0.94 -> 0.95-0.97 (bench_stream, 3
- * alternated runs of 21 rounds, 2026-12-03). */
+ * alternated runs of 21 rounds, 2026-12-03). Each stream prefetches 1/R of
+ * A512_AHEAD_Q4 ahead, of A512_AHEAD_Q4X when R > 2. */
 A512_INLINE void a512__r16_vec(int T, int R, const a512_tile *t, int V) {
-    const int qb = T == 0 ? 512 : 256;
+    const int qb = T == 0 ? 512 : 256, ahead = (R > 2 ? A512_AHEAD_Q4X : A512_AHEAD_Q4) / R;
     const size_t pb = 64 + 2 * (size_t)qb;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
     const int64_t nb = t->K / 32;
     for (int64_t b = 0; b < nb; b += 2) {
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
             const a512_r16x *x = (const a512_r16x *)(const void *)t->X + b + h;
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                 const uint8_t *p = t->W + (size_t)r * t->ws + (size_t)(b / 2) * pb;
-                if (h == 0) a512__pf_ahead(t->nta, p, A512_AHEAD_Q4 / R);
+                if (h == 0) a512__pf_ahead(t->nta, p, ahead);
                 const uint8_t *wq = p + 64 + h * qb;
                 __m512i s[4];
                 s[0] = _mm512_set1_epi32(x->corr);
@@ -799,7 +802,7 @@ A512_INLINE void a512__r16_vec(int T, int R, const a512_tile *t, int V) {
                     // exactly, and one arithmetic shift per block replaces
                     // a shift per 64 bytes (|16 q x| sums stay far below 2^31)
                     _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-                        a512__pf_ahead(t->nta, wq + 64 * j, A512_AHEAD_Q4 / R);
+                        a512__pf_ahead(t->nta, wq + 64 * j, ahead);
                         __m512i z = _mm512_loadu_si512(wq + 64 * j);
                         a512__sched_pin(&z); // one load for both nibbles
                         __m512i lo = _mm512_and_si512(z, m4), hi16 = _mm512_andnot_si512(m4, z);
@@ -811,7 +814,7 @@ A512_INLINE void a512__r16_vec(int T, int R, const a512_tile *t, int V) {
                     s[3] = _mm512_setzero_si512();
                 } else {
                     _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-                        a512__pf_ahead(t->nta, wq + 64 * j, A512_AHEAD_Q4 / R);
+                        a512__pf_ahead(t->nta, wq + 64 * j, ahead);
                         __m512i w = _mm512_loadu_si512(wq + 64 * j);
                         s[j % 4] = a512__dpbusd_v(V, s[j % 4], w, a512__bcast4(x->qs + 4 * j));
                     }
@@ -825,7 +828,7 @@ A512_INLINE void a512__r16_vec(int T, int R, const a512_tile *t, int V) {
             }
         }
     }
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _mm512_storeu_ps(t->Y + t->yr * r, acc[r]);
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _mm512_storeu_ps(t->Y + t->yr * r, acc[r]);
 }
 
 /* An r16 tile of R groups (16 rows each) x C columns. t->W: group 0 (t->ws
@@ -834,7 +837,7 @@ A512_INLINE void a512__r16_vec(int T, int R, const a512_tile *t, int V) {
  * weights. Per pair of blocks (kern.h): 64 bytes of scales, then per block
  * its steps of 16 rows x 4 bytes (Q5_0: and its reordered qh, 64 bytes). */
 A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) {
-    if (T < 2 && R <= 2 && C == 1) {
+    if (T < 2 && C == 1) {
         a512__r16_vec(T, R, t, V);
         return;
     }
@@ -933,17 +936,53 @@ typedef struct a512_r16k {
  * activations), msum = sum_j m_j * bs_j (4 vpdpwssd over pairs); then
  * acc = fma((float)isum, d * dx, acc) and acc = fnmadd((float)msum,
  * dmin * dx, acc), super-blocks in order. */
+/* One 64-byte qs step of an r16 Q4_K (Q5 = 0) or Q5_K matvec: pair q,
+ * step k of the super-block at p (the line pf prefetched), both its
+ * sub-blocks (low and high nibbles, Q5_K's bit 4 from h, step k's qh) into
+ * *s0 and *s1. Q4_K's high nibbles stay in place (16 q): *s1 is 16 times
+ * the true sum, exactly, shifted back by a512__r16k_fold. */
+A512_INLINE void a512__r16k_step(int Q5, int V, int nta, const uint8_t *p, const char *pf,
+                                 const a512_r16k *x, int q, int k, __m512i h, __m512i *s0,
+                                 __m512i *s1) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i z = _mm512_loadu_si512(p + 320 + 512 * q + 64 * k);
+    a512__pf(nta, pf + 320 + 512 * q + 64 * k);
+    a512__sched_pin(&z); // one load for both nibbles
+    __m512i lo = _mm512_and_si512(z, m4);
+    __m512i hi = Q5 ? _mm512_and_si512(_mm512_srli_epi16(z, 4), m4) : _mm512_andnot_si512(m4, z);
+    if (Q5) {
+        lo = a512__or_bit4(lo, a512__bit_to4(h, 2 * q));
+        hi = a512__or_bit4(hi, a512__bit_to4(h, 2 * q + 1));
+    }
+    *s0 = a512__dpbusd_v(V, *s0, lo, a512__bcast4(x->qs + 64 * q + 4 * k));
+    *s1 = a512__dpbusd_v(V, *s1, hi, a512__bcast4(x->qs + 64 * q + 32 + 4 * k));
+}
+
+/* it + sc_2q * s0 + sc_2q+1 * s1 (Q4_K: s1 / 16): pair q's sub-block sums
+ * with their byte scales, exact in int32. */
+A512_INLINE __m512i a512__r16k_fold(int Q5, const uint8_t *p, int q, __m512i s0, __m512i s1,
+                                    __m512i it) {
+    __m512i sc0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 32 * q)));
+    __m512i sc1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 80 + 32 * q)));
+    if (!Q5) s1 = _mm512_srai_epi32(s1, 4);
+    return _mm512_add_epi32(
+        it, _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)));
+}
+
 /* The Rx1 (matvec, R = 1 or 2 groups, their steps interleaved) r16 Q4_K
- * (Q5 = 0) or Q5_K tile: the same integer sums
- * and f32 steps as the general tile, but step-major: each 64-byte qs load
- * (pair q, step k) feeds both its sub-blocks (low and high nibbles) and each
- * Q5_K qh load (step k) all eight, with eight independent sub-block
- * accumulators live at once, where the general tile reloads them per
- * sub-block and chains one accumulator's eight vpdpbusd. Layout as
- * a512__r16k_tile_q's (kern.h). */
+ * (Q5 = 0) or Q5_K tile: the same integer sums and f32 steps as the
+ * general tile, each 64-byte qs load (pair q, step k) feeding both its
+ * sub-blocks; the integer sums are exact, so their order is free. Q4_K
+ * walks pair by pair in memory order, two accumulators a group folded
+ * after each pair's eight steps; against the step-major walk (every pair's
+ * step k in turn, sixteen accumulators live), Q4_K_M tg128 ahead in 21 of
+ * 21 alternated rounds (median +9%; Zen 5, 2026-12-04, `kvseal bench`),
+ * bench_stream Q4_K kernel / read-only 0.98-1.12 -> 1.19-1.27. Q5_K stays
+ * step-major (each qh load feeds all eight sub-blocks): pair by pair it was
+ * behind in 4 of 4 bench_stream runs (about 4%). Three or four Q4_K
+ * streams were slower than two. Layout as a512__r16k_tile_q's (kern.h). */
 A512_INLINE void a512__r16k_vec(int Q5, int R, const a512_tile *t, int V) {
     const size_t SB = Q5 ? KERN_R16_Q5K_SB : KERN_R16_Q4K_SB;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int64_t i = 0; i < t->K / 256; i++) {
         const uint8_t *p[2];
@@ -957,46 +996,36 @@ A512_INLINE void a512__r16k_vec(int Q5, int R, const a512_tile *t, int V) {
                 a512__pf(t->nta, pf[r] + b);
         }
         const a512_r16k *x = (const a512_r16k *)(const void *)t->X + i;
-        __m512i sub[2][8];
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) sub[r][j] = _mm512_setzero_si512();
-        _Pragma("GCC unroll 2") for (int k = 0; k < 8; k++) {
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-                __m512i h = _mm512_setzero_si512();
-                if (Q5) {
-                    h = _mm512_loadu_si512(p[r] + KERN_R16_Q4K_SB + 64 * k);
+        const __m512i z0 = _mm512_setzero_si512();
+        __m512i it[2] = {z0, z0};
+        if (!Q5) {
+            for (int q = 0; q < 4; q++) {
+                __m512i s0[2] = {z0, z0}, s1[2] = {z0, z0};
+                _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+                    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+                        a512__r16k_step(0, V, t->nta, p[r], pf[r], x, q, k, z0, &s0[r], &s1[r]);
+                _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) it[r] =
+                    a512__r16k_fold(0, p[r], q, s0[r], s1[r], it[r]);
+            }
+        } else {
+            __m512i sub[2][8];
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+                _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) sub[r][j] = z0;
+            _Pragma("GCC unroll 2") for (int k = 0; k < 8; k++) {
+                _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+                    __m512i h = _mm512_loadu_si512(p[r] + KERN_R16_Q4K_SB + 64 * k);
                     a512__pf(t->nta, pf[r] + KERN_R16_Q4K_SB + 64 * k);
-                }
-                _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
-                    __m512i z = _mm512_loadu_si512(p[r] + 320 + 512 * q + 64 * k);
-                    a512__pf(t->nta, pf[r] + 320 + 512 * q + 64 * k);
-                    a512__sched_pin(&z); // one load for both nibbles
-                    __m512i lo = _mm512_and_si512(z, m4);
-                    // Q4_K: the high nibbles left in place (16 q): the odd
-                    // sub-blocks' sums are 16 times the true ones, exactly,
-                    // shifted back once per super-block below
-                    __m512i hi = Q5 ? _mm512_and_si512(_mm512_srli_epi16(z, 4), m4)
-                                    : _mm512_andnot_si512(m4, z);
-                    if (Q5) {
-                        lo = a512__or_bit4(lo, a512__bit_to4(h, 2 * q));
-                        hi = a512__or_bit4(hi, a512__bit_to4(h, 2 * q + 1));
-                    }
-                    sub[r][2 * q] =
-                        a512__dpbusd_v(V, sub[r][2 * q], lo, a512__bcast4(x->qs + 64 * q + 4 * k));
-                    sub[r][2 * q + 1] = a512__dpbusd_v(V, sub[r][2 * q + 1], hi,
-                                                       a512__bcast4(x->qs + 64 * q + 32 + 4 * k));
+                    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a512__r16k_step(
+                        1, V, t->nta, p[r], pf[r], x, q, k, h, &sub[r][2 * q], &sub[r][2 * q + 1]);
                 }
             }
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+                _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) it[r] =
+                    a512__r16k_fold(1, p[r], q, sub[r][2 * q], sub[r][2 * q + 1], it[r]);
         }
         const __m512 dx = _mm512_set1_ps(x->d);
         _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-            __m512i it = _mm512_setzero_si512(), ms = _mm512_setzero_si512();
-            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-                __m512i sc =
-                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p[r] + 64 + 16 * j)));
-                if (!Q5 && (j & 1)) sub[r][j] = _mm512_srai_epi32(sub[r][j], 4);
-                it = _mm512_add_epi32(it, _mm512_mullo_epi32(sub[r][j], sc));
-            }
+            __m512i ms = _mm512_setzero_si512();
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                 __m512i m = _mm512_cvtepu8_epi16(
                     _mm256_loadu_si256((const __m256i *)(p[r] + 192 + 32 * q)));
@@ -1006,7 +1035,7 @@ A512_INLINE void a512__r16k_vec(int Q5, int R, const a512_tile *t, int V) {
             }
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p[r]));
             __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p[r] + 32)));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it), _mm512_mul_ps(d, dx), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it[r]), _mm512_mul_ps(d, dx), acc[r]);
             acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dm, dx), acc[r]);
         }
     }
@@ -1115,7 +1144,7 @@ typedef struct a512_r16k6 {
  * 6-bit values are rebuilt by vgf2p8affineqb, which moves each field to its
  * place within the byte with zero fill: 9 instructions per 64-byte step
  * where shifts and masks take 13, and the same bytes. Two groups at once
- * (two streams, a512__run_vec2) against one, under NTA prefetches on the
+ * (two streams, a512__run_vecn) against one, under NTA prefetches on the
  * Zen 5 host (2026-12-04, bench_stream Q6_K, 4 alternated runs of 9
  * rounds): 57.8-61.6 GB/s against 54.6-60.4, ahead in 4 of 4 (0-9%); it
  * had lost under T0 prefetches. */
@@ -1562,28 +1591,32 @@ static uint8_t *a512__xcache_get(void (*prep)(const uint8_t *X, int64_t nu, void
     return a512__xcache.xp;
 }
 
-/* A matvec over ng r16 groups (us bytes each) with 2-group vec tiles that
- * read two contiguous streams: groups [0, h2) and [h2, ng), h2 = ng - ng/2,
- * the u-th group of each in one tile (the first stream's last group alone
- * when ng is odd). Pairing adjacent groups instead (u, u + 1) made each
- * stream skip every other group, so the hardware prefetcher retrained at
- * every group: `kvseal bench` Q4_0 tg / roofline 0.80-0.92 (median 0.845)
- * -> 0.82-1.02 (0.95), tg ahead in 5 of 6 alternated rounds; Q4_K_M
- * 0.73-0.83 -> 0.77-0.87, Q8_0 tg ahead in 4 of 4 (Zen 5, 2026-12-04).
- * Each row is still one tile's, so no value changes. */
-static void a512__run_vec2(const a512_tile_fn tab[4][4], int64_t K, int64_t ng, const void *W,
-                           size_t us, const uint8_t *xp, float *Y) {
-    const int64_t h = ng / 2, h2 = ng - h;
+/* A matvec over ng r16 groups (us bytes each) with R-group vec tiles (R =
+ * 2..4) that read R contiguous streams: the groups cut into R runs of
+ * q = ceil(ng / R), the u-th group of each run in one tile (the last runs
+ * shorter or empty, so the last tiles read fewer streams). Pairing
+ * adjacent groups instead (u, u + 1) made each stream skip every other
+ * group, so the hardware prefetcher retrained at every group: `kvseal
+ * bench` Q4_0 tg / roofline 0.80-0.92 (median 0.845) -> 0.82-1.02 (0.95),
+ * tg ahead in 5 of 6 alternated rounds; Q4_K_M 0.73-0.83 -> 0.77-0.87,
+ * Q8_0 tg ahead in 4 of 4 (Zen 5, 2026-12-04). Each row is still one
+ * tile's, so no value changes. */
+static void a512__run_vecn(const a512_tile_fn tab[4][4], int R, int64_t K, int64_t ng,
+                           const void *W, size_t us, const uint8_t *xp, float *Y) {
+    const int64_t q = (ng + R - 1) / R;
     const int nta = a512__pf_nta();
-    for (int64_t u = 0; u < h2; u++) {
+    for (int64_t u = 0; u < q; u++) {
+        int n = 1; // streams with a u-th group
+        while (n < R && u + n * q < ng)
+            n++;
         a512_tile t = {.K = K,
                        .W = (const uint8_t *)W + (size_t)u * us,
-                       .ws = (size_t)h2 * us,
+                       .ws = (size_t)q * us,
                        .X = xp,
                        .Y = Y + 16 * u,
-                       .yr = 16 * (size_t)h2,
+                       .yr = 16 * (size_t)q,
                        .nta = nta};
-        tab[u < h ? 1 : 0][0](&t);
+        tab[n - 1][0](&t);
     }
 }
 
@@ -1612,16 +1645,23 @@ static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
             prep((const uint8_t *)X + (size_t)c * xs, nu, xp + (size_t)c * xps);
     }
     // a matvec reads one group at a time: one sequential stream, which the
-    // hardware prefetcher follows (four groups at once, four streams, were
-    // slower from DRAM); Q8_0, Q4_0 and Q4_K two contiguous streams at once
-    // (A512_VEC_RB, a512__run_vec2), and Q6_K where the prefetches are NTA
-    // (with T0 its two-group tile was behind on the Zen 5 host)
-    const int vec_rb = wt == KS_DTYPE_Q8_0 || wt == KS_DTYPE_Q4_0 || wt == KS_DTYPE_Q4_K ||
+    // hardware prefetcher follows (four adjacent groups at once were slower
+    // from DRAM); Q8_0, Q4_0 and Q4_K two contiguous streams at once
+    // (A512_VEC_RB, a512__run_vecn), and Q6_K where the prefetches are NTA
+    // (with T0 its two-group tile was behind on the Zen 5 host). Q4_0 reads
+    // four where they are NTA: Zen 5 (2026-12-04, `kvseal bench` tg128
+    // against two, alternated rounds) ahead in 19 of 22 rounds of a build
+    // switching at run time, tg / roofline 0.89-0.92 -> 0.96-0.98 by run, and
+    // 7 of 8 by tg / roofline in the final build (5 of 8 by tg, +2%); four
+    // at a total distance of 4096 or three streams were no better than two,
+    // Q8_0 even.
+    const int vec_rb = wt == KS_DTYPE_Q4_0 && a512__pf_nta() && A512_VEC_RB == 2 ? 4
+                       : wt == KS_DTYPE_Q8_0 || wt == KS_DTYPE_Q4_0 || wt == KS_DTYPE_Q4_K ||
                                (wt == KS_DTYPE_Q6_K && a512__pf_nta())
                            ? A512_VEC_RB
                            : 1;
-    if (n_cols == 1 && vec_rb == 2)
-        a512__run_vec2(tab, K, n_rows / 16, W, kern_r16_group_bytes(wt, K), xp, Y);
+    if (n_cols == 1 && vec_rb > 1)
+        a512__run_vecn(tab, vec_rb, K, n_rows / 16, W, kern_r16_group_bytes(wt, K), xp, Y);
     else
         a512__run_tiles(tab, n_cols == 1 ? 1 : 4, 16, K, n_rows / 16, n_cols, W,
                         kern_r16_group_bytes(wt, K), xp, xps, Y, ys);
