@@ -1655,11 +1655,11 @@ static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
     // 7 of 8 by tg / roofline in the final build (5 of 8 by tg, +2%); four
     // at a total distance of 4096 or three streams were no better than two,
     // Q8_0 even.
-    const int vec_rb = wt == KS_DTYPE_Q4_0 && a512__pf_nta() && A512_VEC_RB == 2 ? 4
-                       : wt == KS_DTYPE_Q8_0 || wt == KS_DTYPE_Q4_0 || wt == KS_DTYPE_Q4_K ||
-                               (wt == KS_DTYPE_Q6_K && a512__pf_nta())
-                           ? A512_VEC_RB
-                           : 1;
+    int vec_rb = 1;
+    if (wt == KS_DTYPE_Q8_0 || wt == KS_DTYPE_Q4_0 || wt == KS_DTYPE_Q4_K ||
+        (wt == KS_DTYPE_Q6_K && a512__pf_nta()))
+        vec_rb = A512_VEC_RB;
+    if (wt == KS_DTYPE_Q4_0 && a512__pf_nta() && vec_rb == 2) vec_rb = 4;
     if (n_cols == 1 && vec_rb > 1)
         a512__run_vecn(tab, vec_rb, K, n_rows / 16, W, kern_r16_group_bytes(wt, K), xp, Y);
     else
