@@ -150,6 +150,8 @@ typedef struct srv_conn {
     srv_gen *gen;     /* a generation waiting (suspended) in the access handler */
     srv_job *job;     /* admin work running while the connection is suspended */
     bool refused; /* answered before its body (bad framing or path): ignore the rest */
+    bool counted; /* an accepted generation: in met.inflight until srv__completed, so
+                     a drain waits for its answer's last byte, not for its last token */
 } srv_conn;
 
 /* One choice of a generation (OpenAI's n / best_of; most requests have
@@ -483,6 +485,14 @@ static int srv__auth(server *s, struct MHD_Connection *c, srv_route route, srv_e
 // ----------------------------------------------------------------------------
 // Generation: per-event output
 
+/* Counts the request sc carries in met.inflight (once) until srv__completed:
+ * MHD sends a non-streamed answer after its generation is freed. */
+static void srv__count_inflight(server *s, srv_conn *sc) {
+    if (sc->counted) return;
+    sc->counted = true;
+    atomic_fetch_add_explicit(&s->met.inflight, 1, memory_order_acq_rel);
+}
+
 static void srv__gen_release_tenant(srv_gen *g) {
     if (g->tenant < 0) return;
     // never submitted: all of it back; else what was not generated
@@ -532,7 +542,6 @@ static void srv__gen_free(srv_gen *g) {
         toolcall_parser_destroy(g->ch[i].tc);
     json_decref(g->tc_tools);
     pthread_mutex_destroy(&g->mu);
-    atomic_fetch_sub_explicit(&s->met.inflight, 1, memory_order_acq_rel);
     free(g);
 }
 
@@ -1685,7 +1694,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     }
     g->s = s;
     pthread_mutex_init(&g->mu, NULL);
-    atomic_fetch_add_explicit(&s->met.inflight, 1, memory_order_acq_rel);
+    srv__count_inflight(s, sc);
     g->route = route;
     g->api = api;
     g->n_prompt = n_prompt;
@@ -2010,7 +2019,7 @@ static enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, cons
     }
     g->s = s;
     pthread_mutex_init(&g->mu, NULL);
-    atomic_fetch_add_explicit(&s->met.inflight, 1, memory_order_acq_rel);
+    srv__count_inflight(s, sc);
     g->route = SRV_ROUTE_EMBEDDINGS;
     g->shape = shape;
     g->etenant = s->ts->t[tenant].name;
@@ -2597,6 +2606,9 @@ static void srv__completed(void *cls, struct MHD_Connection *c, void **con_cls,
         }
         free(sc->job);
     }
+    // the answer's last byte has left (or the connection is gone)
+    if (sc->counted)
+        atomic_fetch_sub_explicit(&((server *)cls)->met.inflight, 1, memory_order_acq_rel);
     srv_buf_free(&sc->body);
     free(sc);
 }

@@ -139,6 +139,34 @@ expect_all_complete
 wait_exit $KS_PID "serve"
 grep -q "drained: every request finished" "$TMPD/s1.log" || fail "serve did not log the drain"
 
+# 1b. an answer built but not yet sent when the signal comes is still
+# sent whole: the drain counts a request until its last byte has left, not
+# until its answer was built. The client stops reading after the status
+# line of a non-streamed answer larger than the socket buffers can ever
+# hold (16 choices of 500 tokens with their top-20 logprobs, 4.7 MB, where
+# Linux caps a send buffer at 4 MiB), so the answer is still being written
+# when SIGTERM arrives, and stays so until the test resumes the client; the
+# server must drain it, not close the connection.
+start_server "$TMPD/s1b.log" "${MODEL[@]}" --drain-timeout-ms 600000 --kv-pages 1024
+rm -f "$TMPD/resume" "$TMPD/stalled"
+rawc --rcvbuf 2048 --pause-after 'HTTP/1.1 200' --ready "$TMPD/stalled" --resume-on "$TMPD/resume" \
+    --body-only -o "$TMPD/big.json" "${KS_URL##*:}" < <(rawc_request /v1/completions \
+    '{"model":"kjv-mini","prompt":"In","max_tokens":500,"ignore_eos":true,"logprobs":20,"n":16,"temperature":0}') &
+BIG_PID=$!
+wait_for "the big answer's client to stop reading" test -e "$TMPD/stalled"
+kill -TERM $KS_PID
+wait_for "the server to report draining" draining
+touch "$TMPD/resume"
+wait $BIG_PID || fail "the big answer's client failed (the answer was cut)"
+node -e '
+const j = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+const n = j.choices.map(c => c.logprobs.tokens.length);
+if (n.length !== 16 || n.some(k => k !== 500)) { console.error("choices: " + n); process.exit(1); }' \
+    "$TMPD/big.json" || fail "the big answer is not whole: $(head -c 200 "$TMPD/big.json")"
+max=$(($(cat /proc/sys/net/ipv4/tcp_wmem | awk '{print $3}') + 2048))
+[ "$(stat -c %s "$TMPD/big.json")" -gt $max ] || fail "the big answer fits the socket buffers ($max bytes): the test proves nothing"
+wait_exit $KS_PID "serve (a big answer)"
+
 # 2. a second signal aborts what is left, cleanly (the holder keeps the
 # one running slot, so the others are all still queued)
 start_server "$TMPD/s2.log" "${MODEL[@]}" --max-running 1 --drain-timeout-ms 600000 --queue-timeout-ms 600000
