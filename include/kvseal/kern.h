@@ -125,8 +125,9 @@ ks_dtype kern_act_type(ks_dtype wtype);
  *               (low nibbles sub-block 2p, high nibbles sub-block 2p+1)
  * Q6_K, per super-block (3360 bytes = 16 x 210):
  *   [0, 32) d: f16 per row; [32, 288) scale of sub-block j of row r at 16j + r
- *   [288, 2336)  n, h < 2, k < 8 x 16 rows x 4 bytes: ql[64n + 32h + 4k ..]
- *   [2336, 3360) n < 2, k < 8 x 16 rows x 4 bytes: qh[32n + 4k ..]
+ *   [288, 3360)  steps n < 2, k < 8, each 3 x 16 rows x 4 bytes: ql[64n +
+ *                4k ..], ql[64n + 32 + 4k ..], qh[32n + 4k ..] (a matvec
+ *                reads one step's three lines, then the next step's)
  * Q5_0, per pair of blocks as Q4_0 (704 bytes = 32 x 22), except that each
  * block's 256 quant bytes are followed by 16 rows x 4 bytes of its qh with
  * the bits reordered: element 4s + i at byte i, bit s (so step j's low

@@ -1147,7 +1147,11 @@ typedef struct a512_r16k6 {
  * (two streams, a512__run_vecn) against one, under NTA prefetches on the
  * Zen 5 host (2026-12-04, bench_stream Q6_K, 4 alternated runs of 9
  * rounds): 57.8-61.6 GB/s against 54.6-60.4, ahead in 4 of 4 (0-9%); it
- * had lost under T0 prefetches. */
+ * had lost under T0 prefetches. A step's three lines are adjacent
+ * (KERN_R16_Q6K_STEP), so each stream reads in memory order, where they
+ * lay 512 and 2048 bytes apart: bench_stream Q6_K 60-64 -> 69-73 GB/s
+ * (kernel / read-only 1.14-1.15 -> 1.27-1.33, 4 alternated runs), Q4_K_M
+ * tg128 ahead in 4 of 4 alternated rounds (+4-6%; Zen 5, 2026-12-05). */
 A512_INLINE void a512__r16k6_vec(int R, const a512_tile *t, int V, int G) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     // GFNI matrices (one qword, broadcast): bits 0-1, 2-3 or 6-7 to bits
@@ -1180,12 +1184,13 @@ A512_INLINE void a512__r16k6_vec(int R, const a512_tile *t, int V, int G) {
                 _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; k4++) {
                     const int k = 4 * kk + k4;
                     _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-                        __m512i l0 = _mm512_loadu_si512(p[r] + 288 + 1024 * n + 64 * k);
-                        __m512i l1 = _mm512_loadu_si512(p[r] + 288 + 1024 * n + 512 + 64 * k);
-                        __m512i h = _mm512_loadu_si512(p[r] + 2336 + 512 * n + 64 * k);
-                        a512__pf(t->nta, pf[r] + 288 + 1024 * n + 64 * k);
-                        a512__pf(t->nta, pf[r] + 288 + 1024 * n + 512 + 64 * k);
-                        a512__pf(t->nta, pf[r] + 2336 + 512 * n + 64 * k);
+                        const int st = KERN_R16_Q6K_STEP(n, k);
+                        __m512i l0 = _mm512_loadu_si512(p[r] + st);
+                        __m512i l1 = _mm512_loadu_si512(p[r] + st + 64);
+                        __m512i h = _mm512_loadu_si512(p[r] + st + 128);
+                        a512__pf(t->nta, pf[r] + st);
+                        a512__pf(t->nta, pf[r] + st + 64);
+                        a512__pf(t->nta, pf[r] + st + 128);
                         __m512i q[4];
                         if (G) {
                             // 0xF8 = A | (B & C): the moved h bits or'd with the low
@@ -1258,8 +1263,8 @@ A512_INLINE void a512__r16k6_tile_g(int G, int R, int C, const a512_tile *t, int
             _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; k4++) {
                 const int k = 4 * kk + k4;
                 A512_FOR_R {
-                    __m512i l = _mm512_loadu_si512(p[r] + 288 + 1024 * n + 512 * (g & 1) + 64 * k);
-                    __m512i h = _mm512_loadu_si512(p[r] + 2336 + 512 * n + 64 * k);
+                    __m512i l = _mm512_loadu_si512(p[r] + KERN_R16_Q6K_STEP(n, k) + 64 * (g & 1));
+                    __m512i h = _mm512_loadu_si512(p[r] + KERN_R16_Q6K_STEP(n, k) + 128);
                     l = g >= 2 ? _mm512_srli_epi16(l, 4) : l;
                     // bits 2g, 2g+1 of h to bits 4, 5
                     h = g <= 2 ? _mm512_slli_epi16(h, 4 - 2 * g) : _mm512_srli_epi16(h, 2);

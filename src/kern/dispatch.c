@@ -283,10 +283,10 @@ static void kern__r16_q6k(bool pack, uint8_t *g, kern_block_q6_K *b, int r) {
         KERN__MV(g + 32 + 16 * j + r, (uint8_t *)&b->scales[j], 1);
     for (int n = 0; n < 2; n++)
         for (int k = 0; k < 8; k++) {
+            uint8_t *st = g + KERN_R16_Q6K_STEP(n, k) + 4 * r;
             for (int h = 0; h < 2; h++)
-                KERN__MV(g + 288 + 1024 * n + 512 * h + 64 * k + 4 * r,
-                         b->ql + 64 * n + 32 * h + 4 * k, 4);
-            KERN__MV(g + 2336 + 512 * n + 64 * k + 4 * r, b->qh + 32 * n + 4 * k, 4);
+                KERN__MV(st + 64 * h, b->ql + 64 * n + 32 * h + 4 * k, 4);
+            KERN__MV(st + 128, b->qh + 32 * n + 4 * k, 4);
         }
 #undef KERN__MV
 }

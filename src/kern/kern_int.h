@@ -197,6 +197,10 @@ static inline int kern__iq4xs_scale(const kern_block_iq4_xs *b, int j) {
 #define KERN_R16_Q4K_SB 2368
 /* Bytes of one Q6_K super-block of a 16-row r16 group (16 x 210). */
 #define KERN_R16_Q6K_SB 3360
+/* Offset in an r16 Q6_K super-block of step (n, k)'s 192 bytes (kern.h):
+ * ql's low-h line, its high-h line, then qh's, in the order a matvec reads
+ * them. */
+#define KERN_R16_Q6K_STEP(n, k) (288 + 192 * (8 * (n) + (k)))
 /* Bytes of one Q5_K super-block of a 16-row r16 group (Q4_K's + 512 qh). */
 #define KERN_R16_Q5K_SB 2880
 /* Bytes of one Q3_K super-block of a 16-row r16 group (kern.h). */
