@@ -729,10 +729,13 @@ bool jinja__test(jr *r, const char *name, const jv *in, jv *args, size_t n) {
         jv c = str_case(r, in->u.s, name[0] == 'u');
         return jv_eq(r, &c, in);
     }
-    if (!a0 && (!strcmp(name, "in") || !strcmp(name, "eq") || !strcmp(name, "equalto") ||
-                !strcmp(name, "sameas") || !strcmp(name, "ne") || !strcmp(name, "lt") ||
-                !strcmp(name, "le") || !strcmp(name, "gt") || !strcmp(name, "ge")))
-        jr_fail(r, "test '%s' needs an argument", name);
+    // every name below compares with a0, the operator spellings and
+    // lessthan / greaterthan included
+    static const char *const binary[] = {"in", "eq", "equalto", "==", "sameas", "ne", "!=",
+                                         "lt", "lessthan", "<", "le", "<=", "gt",
+                                         "greaterthan", ">", "ge", ">="};
+    for (size_t i = 0; !a0 && i < sizeof binary / sizeof binary[0]; i++)
+        if (!strcmp(name, binary[i])) jr_fail(r, "test '%s' needs an argument", name);
     if (!strcmp(name, "eq") || !strcmp(name, "equalto") || !strcmp(name, "=="))
         return jv_eq(r, in, a0);
     if (!strcmp(name, "sameas")) {
