@@ -502,9 +502,20 @@ static void srv__gen_release_tenant(srv_gen *g) {
     g->tenant = -1;
 }
 
+/* Frees g once: first out of the sweeper's list, so the sweeper (which
+ * cancels under lmu) never reaches a request, an input array or a choice
+ * that is being freed. */
 static void srv__gen_free(srv_gen *g) {
     if (!g) return;
     server *s = g->s;
+    pthread_mutex_lock(&s->lmu);
+    if (g->lprev)
+        g->lprev->lnext = g->lnext;
+    else if (s->gens == g)
+        s->gens = g->lnext;
+    if (g->lnext) g->lnext->lprev = g->lprev;
+    g->lprev = g->lnext = NULL;
+    pthread_mutex_unlock(&s->lmu);
     for (int i = 0; i < g->n_ch; i++) {
         srv_choice *ch = &g->ch[i];
         if (ch->req) {
@@ -527,11 +538,6 @@ static void srv__gen_free(srv_gen *g) {
     free(g->evec);
     free(g->echo);
     json_decref(g->plp);
-    pthread_mutex_lock(&s->lmu);
-    if (g->lprev) g->lprev->lnext = g->lnext;
-    else if (s->gens == g) s->gens = g->lnext;
-    if (g->lnext) g->lnext->lprev = g->lprev;
-    pthread_mutex_unlock(&s->lmu);
     srv__gen_release_tenant(g);
     srv_buf_free(&g->out);
     srv_buf_free(&g->text);
@@ -1896,6 +1902,18 @@ static enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, s
         }
         if (g->n_edone == g->n_ereq) break;
         srv_error err;
+        // a client that left gets no more inputs submitted: the sweeper's
+        // cancels may have found every input in flight already done
+        if (atomic_load(&g->gone)) {
+            if (atomic_load(&s->stopping))
+                srv_fail(&err, 503, "server_shutting_down",
+                         "the server is shutting down; the request was aborted");
+            else
+                srv_fail(&err, 499, "client_closed", "the client closed the connection");
+            enum MHD_Result r = srv__reply_error(s, c, g->shape, &err);
+            srv__gen_free(g); // cancels the inputs in flight
+            return r;
+        }
         int n_sub = g->n_esub;
         if (!srv__embed_submit_more(s, g, &err)) {
             enum MHD_Result r = srv__reply_error(s, c, g->shape, &err);

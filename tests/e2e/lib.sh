@@ -13,12 +13,18 @@ rm_tmpd() {
 }
 trap rm_tmpd EXIT
 
-# fail MSG — ends the test; the tail of each server log goes with the message.
+# fail MSG — ends the test; the tail of each server log goes with the message,
+# and a sanitizer's report, whose head (the faulting stacks) the tail misses.
 fail() {
     echo "FAIL: $*" >&2
     local f
     for f in ${KS_SERVER_LOG:-} ${KS_CLUSTER_LOGS:-}; do
-        [ -s "$f" ] && { echo "--- last lines of $(basename "$f"):" >&2; tail -n 15 "$f" >&2; }
+        [ -s "$f" ] || continue
+        grep -q -m1 -e 'ERROR: AddressSanitizer' -e 'ERROR: LeakSanitizer' -e 'runtime error:' "$f" &&
+            { echo "--- sanitizer report in $(basename "$f"):" >&2
+              grep -m1 -A30 -e 'ERROR: AddressSanitizer' -e 'ERROR: LeakSanitizer' -e 'runtime error:' "$f" >&2; }
+        echo "--- last lines of $(basename "$f"):" >&2
+        tail -n 15 "$f" >&2
     done
     exit 1
 }

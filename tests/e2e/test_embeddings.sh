@@ -16,7 +16,8 @@ command -v node >/dev/null || skip "node is not installed (scripts/install-deps.
 [ -d "$(dirname "$0")/js/node_modules/openai" ] || skip "the openai npm package is not installed (scripts/install-deps.sh)"
 MODEL=$KS_SRC/models/kjv-mini.gguf
 echo '{"tenants":[{"name":"acme","keys":["sk-acme-test"],"max_concurrent":8,"tokens_per_minute":1000000},
-{"name":"tiny","keys":["sk-tiny"],"max_concurrent":8,"tokens_per_minute":20}],"admin_key":"adm-emb"}' >"$TMPD/t.json"
+{"name":"tiny","keys":["sk-tiny"],"max_concurrent":8,"tokens_per_minute":20},
+{"name":"leave","keys":["sk-leave"],"max_concurrent":8}],"admin_key":"adm-emb"}' >"$TMPD/t.json"
 ARGS=(-m "$MODEL" --alias kjv-mini --ctx 256 --kv-pages 64 --threads 2)
 AUTH=(-H "Authorization: Bearer sk-acme-test" -H 'Content-Type: application/json')
 TEXT='In the beginning God created the heaven and the earth.'
@@ -94,6 +95,44 @@ left_mid_request() {
     req "$n after a client left" 200 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d "{\"input\":\"$TEXT\"}"
 }
 
+# clients_leave_together NAME — 4 clients, each with 2048 inputs (16 in
+# flight), leave at once, 6 times over: the sweeper walks each one's 2048
+# inputs to cancel them while the cancellations it already made resume that
+# client's connection, whose thread then frees the request (a use after free
+# in the sweeper until the request left the sweeper's list before any of it
+# was freed), and a client whose inputs in flight had all finished when the
+# sweeper cancelled them must get no more inputs computed (it got all 2048).
+# Every request ends and the server goes on answering.
+clients_leave_together() {
+    local n=$1 base dis fin round k pids
+    node -e 'console.log(JSON.stringify({input: Array(2048).fill("In the beginning God created the heaven and the earth.")}))' \
+        >"$TMPD/many2048.json"
+    base=$(metric "$KS_URL" kvseal_generations_inflight)
+    for round in 1 2 3 4 5 6; do
+        dis=$(metric "$KS_URL" kvseal_client_disconnects_total)
+        fin=$(metric "$KS_URL" 'kvseal_engine_requests_total{outcome="finished"}')
+        pids=()
+        for k in 1 2 3 4; do
+            curl -sS -H "Authorization: Bearer sk-leave" -H 'Content-Type: application/json' \
+                "$KS_URL/v1/embeddings" -d @"$TMPD/many2048.json" -o /dev/null 2>/dev/null &
+            pids+=($!)
+        done
+        wait_for "$n round $round: the 4 clients' requests in flight" \
+            metric_ge "$KS_URL" kvseal_generations_inflight $((${base:-0} + 4))
+        kill "${pids[@]}" 2>/dev/null
+        wait "${pids[@]}" 2>/dev/null
+        wait_for "$n round $round: every request to end" \
+            metric_is "$KS_URL" kvseal_generations_inflight "${base:-0}"
+        [ "$(metric "$KS_URL" kvseal_client_disconnects_total)" -gt "${dis:-0}" ] ||
+            fail "$n round $round: all 4 clients were answered before they left"
+        # a client gone is seen, and no more of its inputs are computed
+        [ $(($(metric "$KS_URL" 'kvseal_engine_requests_total{outcome="finished"}') - ${fin:-0})) -lt 2048 ] ||
+            fail "$n round $round: the inputs of a client that left were all computed"
+    done
+    kv_clean "$n after 24 clients left"
+    req "$n after 24 clients left" 200 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d "{\"input\":\"$TEXT\"}"
+}
+
 # kv_clean — every KV page (serve's, or every worker's) free and scrubbed
 kv_clean() {
     local chk
@@ -107,6 +146,7 @@ KS_URL=$KS_URL KS_KEY=sk-acme-test KS_MODEL_NAME=kjv-mini KS_OUT="$TMPD/serve.js
 curl_checks serve
 kv_clean serve
 left_mid_request serve
+clients_leave_together serve
 stop_server
 
 # --pooling last: the last position's row, another (normalized) vector
@@ -140,6 +180,7 @@ expect_has "prefill's refusal code" "$BODY" '"code":"context_length_exceeded"'
 expect_has "prefill's refusal text" "$BODY" 'maximum context length is 128 tokens'
 kv_clean cluster
 left_mid_request cluster
+clients_leave_together cluster
 grep -q 'bad EMBED_RESULT' "$TMPD/c.router" && fail "the router refused an EMBED_RESULT"
 stop_cluster
 echo "PASS"
