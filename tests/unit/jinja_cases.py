@@ -130,6 +130,10 @@ ERRORS = [
  ("{{ [1] | map('string') | tojson }}", "{}", "not JSON serializable"),
  ("{{ [1] | select | last }}", "{}", "not reversible"),
  ("{{ [1] + [2] | select }}", "{}", "unsupported operand"),
+ # a comparing test without its argument (fuzz_jinja: a NULL reached the comparison)
+ ("{{ 1 is lessthan }}", "{}", "test 'lessthan' needs an argument"),
+ ("{{ 1 is greaterthan }}", "{}", "test 'greaterthan' needs an argument"),
+ ("{{ 1 is eq }}", "{}", "test 'eq' needs an argument"),
 ]
 
 # (template, error substring) -- compile errors (jinja2: TemplateSyntaxError)
