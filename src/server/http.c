@@ -1364,6 +1364,17 @@ static enum MHD_Result srv__stream_start(server *s, struct MHD_Connection *c, sr
 // ----------------------------------------------------------------------------
 // Generation: non-streaming
 
+/* The error of a request whose client is gone: 503 while the server stops,
+ * else 499. A vanished client gets nothing (MHD notices when it writes):
+ * 499 is for the log and metrics. */
+static void srv__gone_error(server *s, srv_error *err) {
+    if (atomic_load(&s->stopping))
+        srv_fail(err, 503, "server_shutting_down",
+                 "the server is shutting down; the request was aborted");
+    else
+        srv_fail(err, 499, "client_closed", "the client closed the connection");
+}
+
 /* A non-streamed answer: takes the events there are; once the done event
  * is in, answers and frees g, else suspends the connection with g in
  * sc->gen (the access handler comes back here when an event is posted). */
@@ -1423,12 +1434,7 @@ static enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv
         }
         if (got < 0 || (ev.done && atomic_load(&g->gone) && ev.state != ENGINE_FINISHED)) {
             srv_error err;
-            // a vanished client gets nothing (MHD notices when it writes): 499 is for metrics
-            if (atomic_load(&s->stopping))
-                srv_fail(&err, 503, "server_shutting_down",
-                         "the server is shutting down; the request was aborted");
-            else
-                srv_fail(&err, 499, "client_closed", "the client closed the connection");
+            srv__gone_error(s, &err);
             if (got > 0) {
                 engine_event t = srv__gen_total(g, &ev);
                 srv__gen_account(g, &t);
@@ -1905,11 +1911,7 @@ static enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, s
         // a client that left gets no more inputs submitted: the sweeper's
         // cancels may have found every input in flight already done
         if (atomic_load(&g->gone)) {
-            if (atomic_load(&s->stopping))
-                srv_fail(&err, 503, "server_shutting_down",
-                         "the server is shutting down; the request was aborted");
-            else
-                srv_fail(&err, 499, "client_closed", "the client closed the connection");
+            srv__gone_error(s, &err);
             enum MHD_Result r = srv__reply_error(s, c, g->shape, &err);
             srv__gen_free(g); // cancels the inputs in flight
             return r;
