@@ -11,8 +11,12 @@
  * stay as the PLAIN format's implementation and for tools that want a
  * template-free rendering; the server no longer detects families.
  *
- * The rendered text contains special tokens as TEXT ("<|im_start|>"); the
- * caller tokenizes it with tok_encode(add_special=true, parse_special=true).
+ * The rendered text contains special tokens as TEXT ("<|im_start|>"). The
+ * *_marked renderers also report where the request's text went (message
+ * contents; with Jinja every string of messages, tools and kwargs), and the
+ * caller tokenizes with tok_encode_marked(parse_special=true) over those
+ * spans: only the markers the template writes become control tokens, and a
+ * message that spells "<|im_end|>" stays text (issue 38).
  * BOS rule: a family whose template starts with BOS gets the BOS text at the
  * start of the rendered string only when the vocabulary does NOT add BOS
  * itself (!tok_add_bos(v)); otherwise tok_encode adds it, so it appears
@@ -95,6 +99,14 @@ ks_err chat_render(const tok_vocab *v, const gguf_file *f, const chat_message *m
 ks_err chat_render_family(chat_family fam, const tok_vocab *v, const chat_message *msgs, size_t n,
                           bool add_generation_prompt, char **out /* OUT */,
                           ks_errbuf *eb) KS_MUST_USE;
+/* chat_render_family that also reports where message contents went:
+ * *spans (malloc'd, caller frees; NULL when *n_spans is 0) sorted,
+ * disjoint byte ranges of *out, for tok_encode_marked. spans and n_spans
+ * may be NULL. Same errors; *spans NULL on error. */
+ks_err chat_render_family_marked(chat_family fam, const tok_vocab *v, const chat_message *msgs,
+                                 size_t n, bool add_generation_prompt, char **out /* OUT */,
+                                 tok_span **spans /* OUT */, size_t *n_spans /* OUT */,
+                                 ks_errbuf *eb) KS_MUST_USE;
 
 // ----------------------------------------------------------------------------
 // Jinja chat templates (src/tok/chat_tmpl.c)
@@ -139,6 +151,18 @@ const char *chat_tmpl_origin(const chat_tmpl *t);
 ks_err chat_tmpl_apply(const chat_tmpl *t, const json_t *messages, const json_t *tools,
                        const json_t *kwargs, bool add_generation_prompt, time_t now,
                        char **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* chat_tmpl_apply that also reports which bytes of *out came from the
+ * request: every string of messages, tools and kwargs (object keys too;
+ * role names excepted, which the server checks and templates build
+ * markers from), kept through the template's concatenations and marked
+ * whole through its filters (jinja_render_marked). *spans (malloc'd,
+ * caller frees; NULL when *n_spans is 0) are sorted, disjoint byte ranges
+ * for tok_encode_marked. PLAIN marks every content. spans and n_spans may
+ * be NULL. Same errors; *spans NULL on error. Thread-safe. */
+ks_err chat_tmpl_apply_marked(const chat_tmpl *t, const json_t *messages, const json_t *tools,
+                              const json_t *kwargs, bool add_generation_prompt, time_t now,
+                              char **out /* OUT */, tok_span **spans /* OUT */,
+                              size_t *n_spans /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 /* Frees t; accepts NULL. */
 void chat_tmpl_free(chat_tmpl *t);
 

@@ -50,7 +50,21 @@ ks_err jinja_compile(const char *src, size_t len, const jinja_limits *lim,
 /* Render options. */
 typedef struct jinja_opts {
     time_t now; /* the clock strftime_now reads (UTC); 0: the real time */
+    /* More variables (a JSON object, borrowed; NULL: none) whose strings,
+     * object keys included, are request data: jinja_render_marked reports
+     * where in the output they went. They are set before ctx's, so a ctx
+     * variable of the same name replaces one of data. */
+    const json_t *data;
+    /* NULL-terminated strings (NULL: none) that stay unmarked where data
+     * holds them exactly (values the caller has checked, e.g. role names). */
+    const char *const *data_plain;
 } jinja_opts;
+
+/* A byte range [off, off + len) of a render's output. */
+typedef struct jinja_span {
+    size_t off; /* public */
+    size_t len; /* public */
+} jinja_span;
 
 /* Renders t with the variables of ctx (a JSON object, borrowed; NULL: none).
  * o may be NULL. On success *out is a malloc'd NUL-terminated string (caller
@@ -61,6 +75,21 @@ typedef struct jinja_opts {
  * *out is NULL on error. Thread-safe: t is only read. */
 ks_err jinja_render(const jinja_tmpl *t, const json_t *ctx, const jinja_opts *o,
                     char **out /* OUT */, size_t *out_len /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+
+/* jinja_render that also reports which output bytes came from o->data:
+ * *spans (malloc'd, caller frees; NULL when *n_spans is 0) are sorted,
+ * disjoint, non-empty ranges. A string of data keeps its mark through
+ * variables, concatenation (+, ~), macro and block output, and whole
+ * through anything else made from it (filters such as upper, replace,
+ * tojson, join; slicing; string methods), so every output byte that any
+ * data string influenced is marked, and bytes the template writes itself
+ * from its literals are not. trim and strip keep the ranges exactly. spans
+ * and n_spans may be NULL (then nothing is reported). Same errors and
+ * ownership as jinja_render; *spans is NULL on error. Thread-safe. */
+ks_err jinja_render_marked(const jinja_tmpl *t, const json_t *ctx, const jinja_opts *o,
+                           char **out /* OUT */, size_t *out_len /* OUT */,
+                           jinja_span **spans /* OUT */, size_t *n_spans /* OUT */,
+                           ks_errbuf *eb) KS_MUST_USE;
 
 /* Frees a template; accepts NULL. */
 void jinja_free(jinja_tmpl *t);

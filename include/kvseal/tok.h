@@ -91,6 +91,26 @@ ks_err tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_spe
 ks_err tok_encode_max(const tok_vocab *v, const char *text, size_t len, bool add_special,
                       bool parse_special, size_t max_ids, int32_t **ids /* OUT */,
                       size_t *n_ids /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* A byte range [off, off + len) of a text. */
+typedef struct tok_span {
+    size_t off; /* public */
+    size_t len; /* public */
+} tok_span;
+
+/* tok_encode_max for a text part of which came from someone other than the
+ * caller (a chat request's content rendered into a template): with
+ * parse_special, a control or unknown token's text becomes that token only
+ * where it lies wholly outside every one of the text spans text_spans[0..
+ * n_spans) (sorted, disjoint; borrowed); inside them, and across their
+ * edges, it is text. The spans do not cut the text otherwise: its
+ * tokenization is the one tok_encode gives where no span spells a token.
+ * User-defined tokens are split out everywhere, as tok_encode does. Errors
+ * as tok_encode_max's, plus KS_ERR_INVAL for spans out of order or past
+ * len. Same ownership. */
+ks_err tok_encode_marked(const tok_vocab *v, const char *text, size_t len, bool add_special,
+                         bool parse_special, const tok_span *text_spans, size_t n_spans,
+                         size_t max_ids, int32_t **ids /* OUT */, size_t *n_ids /* OUT */,
+                         ks_errbuf *eb) KS_MUST_USE;
 /* The most bytes of input text one token can stand for, so a text of n
  * bytes has at least ceil(n / tok_max_token_bytes) tokens; 0 when there is
  * no such bound (special tokens that eat the whitespace next to them, as in

@@ -370,6 +370,8 @@ static jv unsafe(const char *tname, const char *attr) {
     return u;
 }
 
+bool jinja__is_strip(int id) { return id == M_STRIP || id == M_LSTRIP || id == M_RSTRIP; }
+
 jv jinja__getattr(jr *r, const jv *obj, const char *name) {
     switch (obj->t) {
     case JV_UNDEF:

@@ -71,6 +71,7 @@ jv jv_float(double f) {
 jv jv_str(jr *r, const char *s, size_t n) {
     jstr *js = jr_alloc(r, sizeof *js + n + 1);
     js->n = n;
+    js->taint = NULL;
     if (n) memcpy(js->s, s, n);
     js->s[n] = 0;
     jv v = {.t = JV_STR};
@@ -148,6 +149,17 @@ void jd_set(jr *r, jdict *d, jv k, jv v) {
     jd_push(r, d, k, v);
 }
 
+/* A string of the context: request data (tainted whole) while mark_data,
+ * unless it is one of data_plain. */
+static jv jr_data_str(jr *r, const char *s, size_t n) {
+    jv v = jv_str(r, s, n);
+    if (!r->mark_data || n == 0) return v;
+    for (const char *const *p = r->data_plain; p && *p; p++)
+        if (strlen(*p) == n && !memcmp(*p, s, n)) return v;
+    v.u.s->taint = JSPANS_ALL;
+    return v;
+}
+
 jv jv_from_json(jr *r, const json_t *j, int depth) {
     jr_step(r, 1);
     if (depth > 512) jr_fail(r, "context nested too deeply");
@@ -158,7 +170,7 @@ jv jv_from_json(jr *r, const json_t *j, int depth) {
         json_t *v;
         json_object_foreach((json_t *)j, k, v) {
             /* JSON object keys are unique (jansson keeps one of each) */
-            jd_push(r, d.u.d, jv_cstr(r, k), jv_from_json(r, v, depth + 1));
+            jd_push(r, d.u.d, jr_data_str(r, k, strlen(k)), jv_from_json(r, v, depth + 1));
         }
         return d;
     }
@@ -169,7 +181,7 @@ jv jv_from_json(jr *r, const json_t *j, int depth) {
         return l;
     }
     case JSON_STRING:
-        return jv_str(r, json_string_value(j), json_string_length(j));
+        return jr_data_str(r, json_string_value(j), json_string_length(j));
     case JSON_INTEGER:
         return jv_int(json_integer_value(j));
     case JSON_REAL:
@@ -335,11 +347,173 @@ void jb_put(jr *r, jbuf *b, const char *s, size_t n) {
 
 void jb_puts(jr *r, jbuf *b, const char *s) { jb_put(r, b, s, strlen(s)); }
 
+// ----------------------------------------------------------------------------
+// Taint (jinja_int.h, jspans)
+
+const jspans jspans_all = {0};
+
+bool js_tainted(const jstr *s) {
+    return s->taint && s->n && (s->taint == JSPANS_ALL || s->taint->n);
+}
+
+bool jv_tainted(jr *r, const jv *v, int depth) {
+    jr_step(r, 1);
+    if (depth > 64) return true; /* deeper than any chat message: assume so */
+    switch (v->t) {
+    case JV_STR:
+        return js_tainted(v->u.s);
+    case JV_LIST:
+        for (size_t i = 0; i < v->u.l->n; i++)
+            if (jv_tainted(r, &v->u.l->a[i], depth + 1)) return true;
+        return false;
+    case JV_DICT:
+    case JV_NS:
+        for (size_t i = 0; i < v->u.d->n; i++)
+            if (jv_tainted(r, &v->u.d->k[i], depth + 1) || jv_tainted(r, &v->u.d->v[i], depth + 1))
+                return true;
+        return false;
+    case JV_FUNC:
+        return jv_tainted(r, &v->u.fn->self, depth + 1);
+    default:
+        return false;
+    }
+}
+
+jv jv_taint_all(jr *r, jv v) {
+    if (v.t != JV_STR || v.u.s->n == 0 || v.u.s->taint == JSPANS_ALL) return v;
+    jr_step(r, 1 + v.u.s->n / 4096);
+    jv c = jv_str(r, v.u.s->s, v.u.s->n);
+    c.flags = v.flags;
+    c.u.s->taint = JSPANS_ALL;
+    return c;
+}
+
+void jb_mark(jr *r, jbuf *b, size_t lo, size_t hi) {
+    if (lo >= hi) return;
+    if (b->n_sp && b->sp[2 * b->n_sp - 1] >= lo) { /* touches the last range: extend it */
+        if (hi > b->sp[2 * b->n_sp - 1]) b->sp[2 * b->n_sp - 1] = hi;
+        return;
+    }
+    if (b->n_sp == b->cap_sp) {
+        size_t cap = b->cap_sp ? b->cap_sp * 2 : 8;
+        size_t *p = jr_alloc(r, 2 * cap * sizeof *p);
+        if (b->n_sp) memcpy(p, b->sp, 2 * b->n_sp * sizeof *p);
+        b->sp = p;
+        b->cap_sp = cap;
+    }
+    b->sp[2 * b->n_sp] = lo;
+    b->sp[2 * b->n_sp + 1] = hi;
+    b->n_sp++;
+}
+
+/* Marks in b the taint of s, whose bytes start at b's offset at. */
+static void jb_mark_str(jr *r, jbuf *b, const jstr *s, size_t at) {
+    if (!js_tainted(s)) return;
+    if (s->taint == JSPANS_ALL) {
+        jb_mark(r, b, at, at + s->n);
+        return;
+    }
+    for (size_t i = 0; i < s->taint->n; i++)
+        jb_mark(r, b, at + s->taint->a[2 * i], at + s->taint->a[2 * i + 1]);
+}
+
+void jb_put_str(jr *r, jbuf *b, const jstr *s) {
+    size_t at = b->n;
+    jb_put(r, b, s->s, s->n);
+    jb_mark_str(r, b, s, at);
+}
+
+/* The taint of b's ranges as a string's (NULL when none). */
+static const jspans *jb_spans(jr *r, const jbuf *b) {
+    if (!b->n_sp) return NULL;
+    if (b->n_sp == 1 && b->sp[0] == 0 && b->sp[1] == b->n) return JSPANS_ALL;
+    jspans *t = jr_alloc(r, sizeof *t + 2 * b->n_sp * sizeof t->a[0]);
+    t->n = b->n_sp;
+    memcpy(t->a, b->sp, 2 * b->n_sp * sizeof t->a[0]);
+    return t;
+}
+
+jv jv_from_buf(jr *r, const jbuf *b) {
+    jv v = jv_str(r, b->p ? b->p : "", b->n);
+    v.u.s->taint = jb_spans(r, b);
+    return v;
+}
+
+/* res, a substring of the tainted string in (strip and the like), with
+ * in's taint over the bytes it took. */
+static jv jr_taint_sub(jr *r, jv res, const jstr *in) {
+    size_t off = 0;
+    const jstr *rs = res.u.s;
+    while (off + rs->n <= in->n && memcmp(in->s + off, rs->s, rs->n))
+        off++;
+    if (off + rs->n > in->n) return jv_taint_all(r, res);
+    jr_step(r, 1 + off / 4096);
+    jbuf b = {0};
+    b.n = rs->n;
+    if (in->taint == JSPANS_ALL) {
+        jb_mark(r, &b, 0, rs->n);
+    } else {
+        for (size_t i = 0; i < in->taint->n; i++) {
+            size_t lo = in->taint->a[2 * i], hi = in->taint->a[2 * i + 1];
+            lo = lo < off ? 0 : lo - off;
+            hi = hi < off ? 0 : hi - off;
+            jb_mark(r, &b, lo, hi < rs->n ? hi : rs->n);
+        }
+    }
+    jv c = jv_str(r, rs->s, rs->n);
+    c.flags = res.flags;
+    c.u.s->taint = jb_spans(r, &b);
+    return c;
+}
+
+jv jr_taint_result(jr *r, jv res, const jv *in, size_t n, bool substring) {
+    if (res.t == JV_STR) {
+        if (res.u.s->taint == JSPANS_ALL || res.u.s->n == 0) return res;
+        for (size_t i = 0; i < n; i++) /* an input itself, as it was (default, first...) */
+            if (in[i].t == JV_STR && in[i].u.s == res.u.s) return res;
+        if (substring && n && in[0].t == JV_STR && js_tainted(in[0].u.s))
+            return jr_taint_sub(r, res, in[0].u.s);
+        for (size_t i = 0; i < n; i++)
+            if (jv_tainted(r, &in[i], 0)) return jv_taint_all(r, res);
+        return res;
+    }
+    if (res.t != JV_LIST) return res;
+    bool need = false; /* new clean strings directly in the list (split...) */
+    for (size_t i = 0; i < res.u.l->n && !need; i++)
+        need = res.u.l->a[i].t == JV_STR && !js_tainted(res.u.l->a[i].u.s);
+    if (!need) return res;
+    bool t = false;
+    for (size_t i = 0; i < n && !t; i++)
+        t = jv_tainted(r, &in[i], 0);
+    if (!t) return res;
+    jv l = jv_list(r, res.u.l->n);
+    l.flags = res.flags;
+    jr_step(r, res.u.l->n);
+    for (size_t i = 0; i < res.u.l->n; i++)
+        jl_push(r, l.u.l, jv_taint_all(r, res.u.l->a[i]));
+    return l;
+}
+
 static void jr_emit(jr *r, const char *s, size_t n) {
     if (r->out->n + n > r->t->lim.max_out_bytes)
         jr_fail(r, "template limit: more than %zu bytes of output", r->t->lim.max_out_bytes);
     jr_step(r, 1 + n / 4096);
     jb_put(r, r->out, s, n);
+}
+
+/* jr_emit of a string with its taint. */
+static void jr_emit_str(jr *r, const jstr *s) {
+    size_t at = r->out->n;
+    jr_emit(r, s->s, s->n);
+    jb_mark_str(r, r->out, s, at);
+}
+
+/* jr_emit of a buffer with its taint. */
+static void jr_emit_buf(jr *r, const jbuf *b) {
+    size_t at = r->out->n;
+    jr_emit(r, b->p ? b->p : "", b->n);
+    for (size_t i = 0; i < b->n_sp; i++)
+        jb_mark(r, r->out, at + b->sp[2 * i], at + b->sp[2 * i + 1]);
 }
 
 jlist *jv_iter(jr *r, const jv *v) {
@@ -371,7 +545,9 @@ jlist *jv_iter(jr *r, const jv *v) {
             else if (s[i] >= 0xC0)
                 k = 2;
             if (i + k > n) k = n - i;
-            jl_push(r, l.u.l, jv_str(r, (const char *)s + i, k));
+            jv c = jv_str(r, (const char *)s + i, k);
+            if (js_tainted(v->u.s)) c.u.s->taint = JSPANS_ALL;
+            jl_push(r, l.u.l, c);
             i += k;
         }
         return l.u.l;
@@ -429,6 +605,7 @@ static jv jr_arith(jr *r, int op, jv a, jv b) {
             jv_escape_to(r, &o, b.u.s->s, b.u.s->n);
         jv m = jv_str(r, o.p ? o.p : "", o.n);
         m.flags = JV_F_SAFE;
+        if (js_tainted(a.u.s) || js_tainted(b.u.s)) m.u.s->taint = JSPANS_ALL;
         return m;
     }
     if (op == OP_ADD && a.t == JV_STR && b.t == JV_STR) {
@@ -440,6 +617,14 @@ static jv jr_arith(jr *r, int op, jv a, jv b) {
         memcpy(js->s + a.u.s->n, b.u.s->s, b.u.s->n);
         js->n = n;
         js->s[n] = 0;
+        js->taint = NULL;
+        if (js_tainted(a.u.s) || js_tainted(b.u.s)) { /* the ranges of both, b's shifted */
+            jbuf t = {0};
+            t.n = n;
+            jb_mark_str(r, &t, a.u.s, 0);
+            jb_mark_str(r, &t, b.u.s, a.u.s->n);
+            js->taint = jb_spans(r, &t);
+        }
         s.u.s = js;
         return s;
     }
@@ -469,8 +654,8 @@ static jv jr_arith(jr *r, int op, jv a, jv b) {
         if (b.t == JV_STR) {
             jbuf o = {0};
             for (int64_t i = 0; i < k; i++)
-                jb_put(r, &o, b.u.s->s, b.u.s->n);
-            return jv_str(r, o.p ? o.p : "", o.n);
+                jb_put_str(r, &o, b.u.s);
+            return jv_from_buf(r, &o);
         }
         jv l = jv_list(r, (size_t)k * unit);
         for (int64_t i = 0; i < k; i++)
@@ -583,9 +768,29 @@ static size_t jr_args(jr *r, jframe *f, const jnode *n, jv **args, const char **
     return n->n_kids;
 }
 
+/* The inputs of a call or filter, first then args, for jr_taint_result. */
+static jv *jr_inputs(jr *r, const jv *first, const jv *args, size_t n) {
+    jv *in = jr_alloc(r, (n + 1) * sizeof *in);
+    in[0] = *first;
+    if (n) memcpy(in + 1, args, n * sizeof *in);
+    return in;
+}
+
+/* A filter's result, tainted as its inputs say (trim/strip keep ranges). */
+static jv jr_filter(jr *r, const char *name, jv in, jv *args, const char **names, size_t n) {
+    jv res = jinja__filter(r, name, in, args, names, n);
+    bool sub = !strcmp(name, "trim");
+    return jr_taint_result(r, res, jr_inputs(r, &in, args, n), n + 1, sub);
+}
+
 static jv jr_call(jr *r, jv callee, jv *args, const char **names, size_t n) {
     if (callee.t == JV_MACRO) return jinja__call_macro(r, callee.u.m, args, names, n);
-    if (callee.t == JV_FUNC) return jinja__call_func(r, callee.u.fn, args, names, n);
+    if (callee.t == JV_FUNC) {
+        jv res = jinja__call_func(r, callee.u.fn, args, names, n);
+        const jv *self = &callee.u.fn->self;
+        bool sub = self->t == JV_STR && jinja__is_strip(callee.u.fn->id);
+        return jr_taint_result(r, res, jr_inputs(r, self, args, n), n + 1, sub);
+    }
     if (callee.t == JV_UNDEF) jr_undef_fail(r, &callee);
     jr_fail(r, "'%s' object is not callable", jv_type_name(&callee));
 }
@@ -648,8 +853,8 @@ static jv jr_slice(jr *r, jv obj, jv *parts) {
     jbuf b = {0};
     jr_slice_bounds(parts, step, (int64_t)cps->n, &lo, &hi);
     for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step)
-        jb_put(r, &b, cps->a[i].u.s->s, cps->a[i].u.s->n);
-    return jv_str(r, b.p ? b.p : "", b.n);
+        jb_put_str(r, &b, cps->a[i].u.s);
+    return jv_from_buf(r, &b);
 }
 
 static jv jr_eval(jr *r, jframe *f, const jnode *n) {
@@ -711,7 +916,7 @@ static jv jr_eval(jr *r, jframe *f, const jnode *n) {
         const char **names;
         size_t na = jr_args(r, f, n, &args, &names);
         r->line = n->line;
-        return jinja__filter(r, n->name, in, args, names, na);
+        return jr_filter(r, n->name, in, args, names, na);
     }
     case N_TEST: {
         jv in;
@@ -735,7 +940,7 @@ static jv jr_eval(jr *r, jframe *f, const jnode *n) {
             jbuf o = {0};
             jv_str_to(r, &o, &a);
             jv_str_to(r, &o, &b);
-            return jv_str(r, o.p ? o.p : "", o.n);
+            return jv_from_buf(r, &o);
         }
         case OP_EQ:
             return jv_bool(jv_eq(r, &a, &b));
@@ -800,7 +1005,7 @@ static jv jr_capture(jr *r, jframe *f, const jnode *body) {
     r->out = &b;
     jr_exec(r, f, body);
     r->out = saved;
-    return jv_str(r, b.p ? b.p : "", b.n);
+    return jv_from_buf(r, &b);
 }
 
 static jv jr_apply_chain(jr *r, jframe *f, const jnode *chain, jv in) {
@@ -810,7 +1015,7 @@ static jv jr_apply_chain(jr *r, jframe *f, const jnode *chain, jv in) {
     const char **names;
     size_t na = jr_args(r, f, chain, &args, &names);
     r->line = chain->line;
-    return jinja__filter(r, chain->name, v, args, names, na);
+    return jr_filter(r, chain->name, v, args, names, na);
 }
 
 static void jr_assign(jr *r, jframe *f, const jnode *target, jv v) {
@@ -908,11 +1113,11 @@ static void jr_exec(jr *r, jframe *f, const jnode *n) {
     case N_OUT: {
         jv v = jr_eval(r, f, n->a);
         if (v.t == JV_STR) {
-            jr_emit(r, v.u.s->s, v.u.s->n);
+            jr_emit_str(r, v.u.s);
         } else {
             jbuf b = {0};
             jv_str_to(r, &b, &v);
-            jr_emit(r, b.p ? b.p : "", b.n);
+            jr_emit_buf(r, &b);
         }
         return;
     }
@@ -951,7 +1156,7 @@ static void jr_exec(jr *r, jframe *f, const jnode *n) {
         jmacro m2 = *callee.u.m;
         m2.caller = cv;
         jv out = jinja__call_macro(r, &m2, args, names, na);
-        jr_emit(r, out.u.s->s, out.u.s->n);
+        jr_emit_str(r, out.u.s);
         return;
     }
     case N_FILTBLK: {
@@ -959,7 +1164,7 @@ static void jr_exec(jr *r, jframe *f, const jnode *n) {
         jv o = jr_apply_chain(r, f, n->b, v);
         jbuf b = {0};
         jv_str_to(r, &b, &o);
-        jr_emit(r, b.p ? b.p : "", b.n);
+        jr_emit_buf(r, &b);
         return;
     }
     case N_BREAK:
@@ -1100,9 +1305,25 @@ void jinja_free(jinja_tmpl *t) {
 
 ks_err jinja_render(const jinja_tmpl *t, const json_t *ctx, const jinja_opts *o, char **out,
                     size_t *out_len, ks_errbuf *eb) {
+    return jinja_render_marked(t, ctx, o, out, out_len, NULL, NULL, eb);
+}
+
+/* Sets the variables of obj (a JSON object) in r's globals. */
+static void jr_set_json(jr *r, const json_t *obj) {
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)obj, k, v) { jr_setvar(r, r->globals, k, jv_from_json(r, v, 0)); }
+}
+
+ks_err jinja_render_marked(const jinja_tmpl *t, const json_t *ctx, const jinja_opts *o,
+                           char **out, size_t *out_len, jinja_span **spans, size_t *n_spans,
+                           ks_errbuf *eb) {
     *out = NULL;
     if (out_len) *out_len = 0;
-    if (ctx && !json_is_object(ctx))
+    if (spans) *spans = NULL;
+    if (n_spans) *n_spans = 0;
+    const json_t *data = o ? o->data : NULL;
+    if ((ctx && !json_is_object(ctx)) || (data && !json_is_object(data)))
         return ks_seterr(eb, KS_ERR_INVAL, "template: the context must be a JSON object");
     jr *r = calloc(1, sizeof *r);
     if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "template: out of memory");
@@ -1118,22 +1339,34 @@ ks_err jinja_render(const jinja_tmpl *t, const json_t *ctx, const jinja_opts *o,
     }
     r->out = &b;
     r->globals = jr_frame(r, NULL);
-    if (ctx) {
-        const char *k;
-        json_t *v;
-        json_object_foreach((json_t *)ctx, k, v) {
-            jr_setvar(r, r->globals, k, jv_from_json(r, v, 0));
-        }
+    if (data) { /* request data first: ctx's variables replace its */
+        r->mark_data = true;
+        r->data_plain = o->data_plain;
+        jr_set_json(r, data);
+        r->mark_data = false;
     }
+    if (ctx) jr_set_json(r, ctx);
     jr_exec(r, jr_frame(r, r->globals), t->root);
     *out = malloc(b.n + 1);
-    if (!*out) {
+    if (spans && b.n_sp) *spans = malloc(b.n_sp * sizeof **spans);
+    if (!*out || (spans && b.n_sp && !*spans)) {
+        free(*out);
+        *out = NULL;
+        if (spans) {
+            free(*spans);
+            *spans = NULL;
+        }
         e = ks_seterr(eb, KS_ERR_NOMEM, "template: out of memory");
         goto done;
     }
     if (b.n) memcpy(*out, b.p, b.n);
     (*out)[b.n] = 0;
     if (out_len) *out_len = b.n;
+    if (spans) {
+        for (size_t i = 0; i < b.n_sp; i++)
+            (*spans)[i] = (jinja_span){b.sp[2 * i], b.sp[2 * i + 1] - b.sp[2 * i]};
+        *n_spans = b.n_sp;
+    }
 done:
     jinja__arena_free(&r->arena);
     free(r);

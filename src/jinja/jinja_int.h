@@ -52,9 +52,23 @@ typedef enum jv_type {
 #define JV_F_GEN 2   /* JV_LIST: a generator (map, select...): no len, always true, not JSON */
 #define JV_F_SAFE 4  /* JV_STR: markupsafe's Markup (|safe, |e): '+' escapes plain strings */
 
+/* Taint: which bytes of a string came from request data (jinja_opts.data),
+ * as sorted, disjoint, non-empty [a[2i], a[2i+1]) ranges. JSPANS_ALL: the
+ * whole string. Strings the template writes are clean (taint NULL);
+ * concatenation and output keep the ranges exactly; any other string made
+ * from a tainted value (filters, methods, slicing, ~ of non-strings) is
+ * tainted whole. */
+typedef struct jspans {
+    size_t n;
+    size_t a[];
+} jspans;
+extern const jspans jspans_all;
+#define JSPANS_ALL (&jspans_all)
+
 typedef struct jstr {
     size_t n;
-    char s[]; /* NUL-terminated */
+    const jspans *taint; /* NULL: clean */
+    char s[];            /* NUL-terminated */
 } jstr;
 
 typedef struct jv jv;
@@ -196,6 +210,8 @@ ks_err jinja__parse(jinja_tmpl *t, const char *src, size_t len, ks_errbuf *eb);
 typedef struct jbuf {
     char *p;
     size_t n, cap;
+    size_t *sp; /* tainted ranges of p, as jspans.a */
+    size_t n_sp, cap_sp;
 } jbuf;
 
 struct jframe {
@@ -216,6 +232,8 @@ typedef struct jr {
     size_t out_total; /* bytes written to the final output */
     jframe *globals;
     time_t now;
+    bool mark_data;                /* jv_from_json: strings are request data */
+    const char *const *data_plain; /* request strings that stay clean */
     int brk;    /* 1 break, 2 continue pending */
     int pdepth; /* nesting of the value being printed (namespaces can hold themselves) */
     const void *pstack[201]; /* (pdepth) the containers being printed, for Python's "{...}" */
@@ -245,6 +263,17 @@ bool jv_eq(jr *r, const jv *a, const jv *b); /* r NULL: uncharged */
 int jv_cmp(jr *r, const jv *a, const jv *b); /* fails on incomparable */
 const char *jv_type_name(const jv *v);
 void jb_put(jr *r, jbuf *b, const char *s, size_t n);
+/* taint */
+bool js_tainted(const jstr *s);
+bool jv_tainted(jr *r, const jv *v, int depth); /* any tainted string in v (depth-bounded) */
+jv jv_taint_all(jr *r, jv v);                   /* a string tainted whole (others as they are) */
+void jb_mark(jr *r, jbuf *b, size_t lo, size_t hi);
+void jb_put_str(jr *r, jbuf *b, const jstr *s); /* bytes and taint */
+jv jv_from_buf(jr *r, const jbuf *b);           /* a string of b's bytes and taint */
+/* The result of a filter, method or function call on inputs in[0..n): a
+ * new string made from tainted inputs is tainted whole, and so are new
+ * strings directly in a list it returns; precise for substrings (strip). */
+jv jr_taint_result(jr *r, jv res, const jv *in, size_t n, bool substring);
 void jb_puts(jr *r, jbuf *b, const char *s);
 /* markupsafe.escape of s appended to b */
 void jv_escape_to(jr *r, jbuf *b, const char *s, size_t n);
@@ -267,6 +296,7 @@ jv jinja__global(jr *r, const char *name); /* UNDEF when not a builtin global */
 jv jinja__getattr(jr *r, const jv *obj, const char *name);
 jv jinja__getitem(jr *r, const jv *obj, const jv *key);
 jv jinja__call_func(jr *r, jfunc *fn, jv *args, const char **names, size_t n);
+bool jinja__is_strip(int id); /* a str method whose result is a substring of self */
 jv jinja__filter(jr *r, const char *name, jv in, jv *args, const char **names, size_t n);
 bool jinja__test(jr *r, const char *name, const jv *in, jv *args, size_t n);
 jv jinja__call_macro(jr *r, jmacro *m, jv *args, const char **names, size_t n);

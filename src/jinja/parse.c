@@ -750,6 +750,7 @@ static jnode *jp_primary(jp *p) {
             total += jp_next(p)->n;
         jstr *s = jp_alloc(p, sizeof *s + total + 1);
         s->n = 0;
+        s->taint = NULL;
         for (size_t i = first; i < p->pos; i++) {
             memcpy(s->s + s->n, p->toks[i].s, p->toks[i].n);
             s->n += p->toks[i].n;
@@ -1201,6 +1202,7 @@ static jnode *jp_body(jp *p, const char *const *stop) {
             jnode *t = jp_node(p, N_TEXT, k->line);
             jstr *s = jp_alloc(p, sizeof *s + k->n + 1);
             s->n = k->n;
+            s->taint = NULL;
             memcpy(s->s, k->s, k->n + 1);
             t->lit.t = JV_STR;
             t->lit.u.s = s;

@@ -157,6 +157,8 @@ void jv_escape_to(jr *r, jbuf *b, const char *s, size_t n) {
     jb_put(r, b, s + a, n - a);
 }
 
+static void str_to(jr *r, jbuf *b, const jv *v);
+
 void jv_repr_to(jr *r, jbuf *b, const jv *v) {
     jr_step(r, 1);
     if (v->t == JV_STR) {
@@ -167,7 +169,7 @@ void jv_repr_to(jr *r, jbuf *b, const jv *v) {
         jb_puts(r, b, "Undefined");
         return;
     }
-    jv_str_to(r, b, v);
+    str_to(r, b, v);
 }
 
 /* None, a bool, an int or a float as str() (json: as json.dumps) spells
@@ -201,6 +203,18 @@ static bool print_scalar(jr *r, jbuf *b, const jv *v, bool json) {
 }
 
 void jv_str_to(jr *r, jbuf *b, const jv *v) {
+    if (v->t == JV_STR) {
+        jb_put_str(r, b, v->u.s);
+        return;
+    }
+    size_t at = b->n;
+    str_to(r, b, v);
+    /* a container's repr holds its strings: tainted whole when any is */
+    if ((v->t == JV_LIST || v->t == JV_DICT || v->t == JV_NS) && jv_tainted(r, v, 0))
+        jb_mark(r, b, at, b->n);
+}
+
+static void str_to(jr *r, jbuf *b, const jv *v) {
     if (print_scalar(r, b, v, false)) return;
     switch (v->t) {
     case JV_UNDEF:
@@ -239,7 +253,7 @@ jv jv_tostr(jr *r, const jv *v) {
     if (v->t == JV_STR) return *v;
     jbuf b = {0};
     jv_str_to(r, &b, v);
-    return jv_str(r, b.p ? b.p : "", b.n);
+    return jv_from_buf(r, &b);
 }
 
 static void json_str(jr *r, jbuf *b, const char *s, size_t n, bool ascii) {

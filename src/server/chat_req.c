@@ -211,12 +211,16 @@ bool srv_chat_prepare(srv_request *r, json_t *root, srv_error *err) {
 }
 
 ks_err srv_chat_render(const chat_tmpl *t, const tok_vocab *v, const srv_request *r, char **out,
-                       bool *add_special, srv_error *err, ks_errbuf *eb) {
+                       bool *add_special, tok_span **spans, size_t *n_spans, srv_error *err,
+                       ks_errbuf *eb) {
     *out = NULL;
     *add_special = true;
+    *spans = NULL;
+    *n_spans = 0;
     if (!chat_tmpl_is_plain(t)) {
         *add_special = false; // the template writes BOS and the like itself (as HF / vLLM)
-        return chat_tmpl_apply(t, r->tmpl_msgs, r->tools, r->tmpl_kwargs, true, 0, out, eb);
+        return chat_tmpl_apply_marked(t, r->tmpl_msgs, r->tools, r->tmpl_kwargs, true, 0, out,
+                                      spans, n_spans, eb);
     }
     if (r->tools) {
         srv_refuse(err, ADMIT_UNSUPPORTED_PARAMETER, "tools",
@@ -233,5 +237,6 @@ ks_err srv_chat_render(const chat_tmpl *t, const tok_vocab *v, const srv_request
                    "role '%s' needs a chat template, and this model has none", r->msgs[i].role);
         return KS_ERR_AGAIN;
     }
-    return chat_render_family(CHAT_PLAIN, v, r->msgs, r->n_msgs, true, out, eb);
+    return chat_render_family_marked(CHAT_PLAIN, v, r->msgs, r->n_msgs, true, out, spans, n_spans,
+                                     eb);
 }

@@ -1613,6 +1613,8 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
         return srv__reply_error(s, c, api, &err);
     const char *model_name = url_model ? url_model : rq.model;
     char *text = NULL;
+    tok_span *spans = NULL; // where the request's text is in a rendered chat
+    size_t n_spans = 0;
     int32_t *ids = NULL;
     size_t n_ids = 0;
     srv_gen *g = NULL;
@@ -1629,7 +1631,8 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     bool chat = rq.msgs != NULL;
     bool add_special = true; // BOS/EOS by the vocabulary; a Jinja template writes its own
     if (chat) {
-        ks_err e = srv_chat_render(s->chat, s->vocab, &rq, &text, &add_special, &err, &eb);
+        ks_err e =
+            srv_chat_render(s->chat, s->vocab, &rq, &text, &add_special, &spans, &n_spans, &err, &eb);
         if (e == KS_ERR_AGAIN) goto fail; // refused: err is filled
         if (e) {
             if (e == KS_ERR_NOMEM)
@@ -1670,11 +1673,14 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
         goto fail;
     }
     held = tenant;
-    // chat templates carry special tokens as text; a raw prompt's text is never
-    // turned into control tokens (a user cannot forge turn markers). Stops past
-    // n_ctx tokens: more than that is refused however many there are.
-    if (tok_encode_max(s->vocab, ptext, ptext_len, add_special, chat, (size_t)s->o.n_ctx, &ids,
-                       &n_ids, &eb)) {
+    // A chat template's own markers become control tokens, the request's text
+    // in it (spans) never does; a raw prompt is all text (issue 38: no one can
+    // forge a turn). Stops past n_ctx tokens: more is refused however many.
+    ks_err tke = tok_encode_marked(s->vocab, ptext, ptext_len, add_special, chat, spans, n_spans,
+                                   (size_t)s->o.n_ctx, &ids, &n_ids, &eb);
+    free(spans);
+    spans = NULL;
+    if (tke) {
         srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
         goto fail;
     }
@@ -1828,6 +1834,7 @@ fail:
     srv__gen_free(g);
     free(ids);
     free(text);
+    free(spans);
     srv_request_free(&rq);
     return srv__reply_error(s, c, api, &err);
 }

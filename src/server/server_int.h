@@ -171,12 +171,14 @@ bool srv_chat_prepare(srv_request *r, json_t *root, srv_error *err /* OUT */);
 bool srv_chat_message_key_ok(const char *key);
 /* Renders r's conversation with t (the PLAIN format when t has no
  * template). *out malloc'd; *add_special says whether the tokenizer should
- * add BOS/EOS (true only for PLAIN). Returns KS_ERR_AGAIN after filling
- * *err with a refusal (tools with no template), INVAL/NOMEM from rendering
- * with eb filled. Thread-safe. */
+ * add BOS/EOS (true only for PLAIN); *spans (malloc'd, may be NULL) where
+ * the request's text lies in *out, to tokenize as text (tok_encode_marked).
+ * Returns KS_ERR_AGAIN after filling *err with a refusal (tools with no
+ * template), INVAL/NOMEM from rendering with eb filled. Thread-safe. */
 ks_err srv_chat_render(const chat_tmpl *t, const tok_vocab *v, const srv_request *r,
-                       char **out /* OUT */, bool *add_special /* OUT */, srv_error *err /* OUT */,
-                       ks_errbuf *eb);
+                       char **out /* OUT */, bool *add_special /* OUT */,
+                       tok_span **spans /* OUT */, size_t *n_spans /* OUT */,
+                       srv_error *err /* OUT */, ks_errbuf *eb);
 
 /* A lower bound on the tokens of a prompt text of text_bytes bytes when no
  * token stands for more than max_token_bytes bytes (tok_max_token_bytes):

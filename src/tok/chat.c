@@ -114,6 +114,8 @@ static ks_err chat__check_alternating(chat_family fam, const chat__role *roles, 
 typedef struct chat__out {
     tok__buf b;
     bool oom;
+    tok_span *sp; /* where message contents went (request text) */
+    size_t n_sp, cap_sp;
 } chat__out;
 
 static void chat__put(chat__out *o, const char *s, size_t n) {
@@ -137,7 +139,24 @@ static void chat__content(chat__out *o, const char *s, bool trim) {
             n--;
         }
     }
+    size_t at = o->b.len;
     chat__put(o, s, n);
+    if (o->oom || n == 0) return;
+    if (o->n_sp && o->sp[o->n_sp - 1].off + o->sp[o->n_sp - 1].len == at) {
+        o->sp[o->n_sp - 1].len += n; // adjacent: one span
+        return;
+    }
+    if (o->n_sp == o->cap_sp) {
+        size_t cap = o->cap_sp ? 2 * o->cap_sp : 8;
+        tok_span *p = realloc(o->sp, cap * sizeof *p);
+        if (!p) {
+            o->oom = true;
+            return;
+        }
+        o->sp = p;
+        o->cap_sp = cap;
+    }
+    o->sp[o->n_sp++] = (tok_span){at, n};
 }
 
 /* Text of special token id in v, or dflt when v or the token is absent. */
@@ -162,16 +181,16 @@ static void chat__bos_lead(chat__out *o, const tok_vocab *v) {
 static void chat__plain(chat__out *o, const chat_message *m, const chat__role *roles, size_t n,
                         bool gen) {
     if (n == 1 && roles[0] == CHAT__USER) {
-        chat__puts(o, m[0].content);
+        chat__content(o, m[0].content, false);
         return;
     }
     for (size_t i = 0; i < n; i++) {
         if (roles[i] == CHAT__SYSTEM) {
-            chat__puts(o, m[i].content);
+            chat__content(o, m[i].content, false);
             chat__puts(o, "\n\n");
         } else {
             chat__puts(o, roles[i] == CHAT__USER ? "User: " : "Assistant: ");
-            chat__puts(o, m[i].content);
+            chat__content(o, m[i].content, false);
             chat__puts(o, "\n");
         }
     }
@@ -213,14 +232,14 @@ static void chat__mistral(chat__out *o, const tok_vocab *v, const chat_message *
         if (roles[i] == CHAT__USER) {
             chat__puts(o, "[INST] ");
             if (i == first && first == 1) {
-                chat__puts(o, m[0].content);
+                chat__content(o, m[0].content, false);
                 chat__puts(o, "\n\n");
             }
-            chat__puts(o, m[i].content);
+            chat__content(o, m[i].content, false);
             chat__puts(o, " [/INST]");
         } else {
             chat__puts(o, " ");
-            chat__puts(o, m[i].content);
+            chat__content(o, m[i].content, false);
             chat__puts(o, eos);
         }
     }
@@ -261,7 +280,7 @@ static void chat__chatml(chat__out *o, const chat_message *m, const chat__role *
         chat__puts(o, "<|im_start|>");
         chat__puts(o, chat__role_names[roles[i]]);
         chat__puts(o, "\n");
-        chat__puts(o, m[i].content);
+        chat__content(o, m[i].content, false);
         chat__puts(o, "<|im_end|>\n");
     }
     if (gen) chat__puts(o, "<|im_start|>assistant\n");
@@ -274,7 +293,7 @@ static void chat__phi3(chat__out *o, const tok_vocab *v, const chat_message *m,
         chat__puts(o, "<|");
         chat__puts(o, chat__role_names[roles[i]]);
         chat__puts(o, "|>\n");
-        chat__puts(o, m[i].content);
+        chat__content(o, m[i].content, false);
         chat__puts(o, "<|end|>\n");
     }
     if (gen) chat__puts(o, "<|assistant|>\n");
@@ -285,7 +304,15 @@ static void chat__phi3(chat__out *o, const tok_vocab *v, const chat_message *m,
 
 ks_err chat_render_family(chat_family fam, const tok_vocab *v, const chat_message *msgs, size_t n,
                           bool add_generation_prompt, char **out, ks_errbuf *eb) {
+    return chat_render_family_marked(fam, v, msgs, n, add_generation_prompt, out, NULL, NULL, eb);
+}
+
+ks_err chat_render_family_marked(chat_family fam, const tok_vocab *v, const chat_message *msgs,
+                                 size_t n, bool add_generation_prompt, char **out,
+                                 tok_span **spans, size_t *n_spans, ks_errbuf *eb) {
     *out = NULL;
+    if (spans) *spans = NULL;
+    if (n_spans) *n_spans = 0;
     if ((unsigned)fam >= CHAT__N_FAMILIES)
         return ks_seterr(eb, KS_ERR_INVAL, "unknown chat family %d", (int)fam);
     if (n == 0 || !msgs) return ks_seterr(eb, KS_ERR_INVAL, "no messages");
@@ -299,7 +326,7 @@ ks_err chat_render_family(chat_family fam, const tok_vocab *v, const chat_messag
         return e;
     }
     bool gen = add_generation_prompt;
-    chat__out o = {{0}, false};
+    chat__out o = {{0}, false, NULL, 0, 0};
     switch (fam) {
     case CHAT_PLAIN:
         chat__plain(&o, msgs, roles, n, gen);
@@ -327,9 +354,16 @@ ks_err chat_render_family(chat_family fam, const tok_vocab *v, const chat_messag
     chat__put(&o, "", 1); /* NUL; also makes the buffer non-NULL for empty output */
     if (o.oom) {
         free(o.b.p);
+        free(o.sp);
         return ks_seterr(eb, KS_ERR_NOMEM, "chat: rendering %zu messages", n);
     }
     *out = o.b.p;
+    if (spans && n_spans) {
+        *spans = o.sp;
+        *n_spans = o.n_sp;
+    } else {
+        free(o.sp);
+    }
     return KS_OK;
 }
 

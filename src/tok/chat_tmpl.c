@@ -60,29 +60,61 @@ static const char *chat__tok_text(const tok_vocab *v, int32_t id) {
     return tok_token_text(v, id);
 }
 
+/* The role names a request may carry (the server checks them): they stay
+ * unmarked, so a template may build its markers from them ('<|' + role). */
+static const char *const chat__roles_plain[] = {"system", "user",      "assistant",
+                                                "tool",   "developer", NULL};
+
+/* Renders with the request's messages, tools and kwargs as marked data
+ * (spans NULL: not reported), and bos_token, eos_token (unless kwargs set
+ * them) and add_generation_prompt as the template's own. */
 static ks_err chat__render(const chat_tmpl *t, const jinja_tmpl *jt, const json_t *messages,
                            const json_t *tools, const json_t *kwargs, bool gen, time_t now,
-                           char **out, ks_errbuf *eb) {
-    json_t *ctx = json_object();
-    if (!ctx) return ks_seterr(eb, KS_ERR_NOMEM, "chat template: out of memory");
+                           char **out, tok_span **spans, size_t *n_spans, ks_errbuf *eb) {
+    json_t *ctx = json_object(), *data = json_object();
+    if (!ctx || !data) {
+        json_decref(ctx);
+        json_decref(data);
+        return ks_seterr(eb, KS_ERR_NOMEM, "chat template: out of memory");
+    }
     int bad = 0;
-    bad |= json_object_set_new(ctx, "bos_token", json_string(t->bos));
-    bad |= json_object_set_new(ctx, "eos_token", json_string(t->eos));
+    /* kwargs may set bos_token / eos_token (then they are request data) */
+    if (!json_object_get(kwargs, "bos_token"))
+        bad |= json_object_set_new(ctx, "bos_token", json_string(t->bos));
+    if (!json_object_get(kwargs, "eos_token"))
+        bad |= json_object_set_new(ctx, "eos_token", json_string(t->eos));
     if (json_is_object(kwargs)) {
         const char *k;
         json_t *v;
-        json_object_foreach((json_t *)kwargs, k, v) { bad |= json_object_set(ctx, k, v); }
+        json_object_foreach((json_t *)kwargs, k, v) { bad |= json_object_set(data, k, v); }
     }
-    bad |= json_object_set(ctx, "messages", (json_t *)messages);
-    bad |= json_object_set(ctx, "tools", tools ? (json_t *)tools : json_null());
+    bad |= json_object_set(data, "messages", (json_t *)messages);
+    bad |= json_object_set(data, "tools", tools ? (json_t *)tools : json_null());
     bad |= json_object_set_new(ctx, "add_generation_prompt", json_boolean(gen));
     if (bad) {
         json_decref(ctx);
+        json_decref(data);
         return ks_seterr(eb, KS_ERR_NOMEM, "chat template: out of memory");
     }
-    jinja_opts o = {.now = now};
-    ks_err e = jinja_render(jt, ctx, &o, out, NULL, eb);
+    jinja_opts o = {.now = now, .data = data, .data_plain = chat__roles_plain};
+    jinja_span *js = NULL;
+    size_t n_js = 0;
+    ks_err e = jinja_render_marked(jt, ctx, &o, out, NULL, spans ? &js : NULL, &n_js, eb);
     json_decref(ctx);
+    json_decref(data);
+    if (!e && spans && n_js) { /* the same ranges, in the tokenizer's type */
+        *spans = malloc(n_js * sizeof **spans);
+        if (!*spans) {
+            free(*out);
+            *out = NULL;
+            e = ks_seterr(eb, KS_ERR_NOMEM, "chat template: out of memory");
+        } else {
+            for (size_t i = 0; i < n_js; i++)
+                (*spans)[i] = (tok_span){js[i].off, js[i].len};
+            *n_spans = n_js;
+        }
+    }
+    free(js);
     return e;
 }
 
@@ -106,11 +138,11 @@ static ks_err chat__compile(chat_tmpl *t, const char *src, size_t len, const cha
                                            "parameters", "type", "object", "properties")
                                : NULL;
     char *out = NULL;
-    e = chat__render(t, *jt, msgs, tools, NULL, true, 0, &out, &tmp);
+    e = chat__render(t, *jt, msgs, tools, NULL, true, 0, &out, NULL, NULL, &tmp);
     if (e == KS_ERR_INVAL) { /* some templates refuse a system message: try without */
         json_array_remove(msgs, 0);
         ks_errbuf tmp2 = {0};
-        e = chat__render(t, *jt, msgs, tools, NULL, true, 0, &out, &tmp2);
+        e = chat__render(t, *jt, msgs, tools, NULL, true, 0, &out, NULL, NULL, &tmp2);
     }
     json_decref(tools);
     json_decref(msgs);
@@ -192,12 +224,22 @@ ks_err chat_tmpl_load(const gguf_file *f, const tok_vocab *v, const char *path, 
 ks_err chat_tmpl_apply(const chat_tmpl *t, const json_t *messages, const json_t *tools,
                        const json_t *kwargs, bool add_generation_prompt, time_t now, char **out,
                        ks_errbuf *eb) {
+    return chat_tmpl_apply_marked(t, messages, tools, kwargs, add_generation_prompt, now, out,
+                                  NULL, NULL, eb);
+}
+
+ks_err chat_tmpl_apply_marked(const chat_tmpl *t, const json_t *messages, const json_t *tools,
+                              const json_t *kwargs, bool add_generation_prompt, time_t now,
+                              char **out, tok_span **spans, size_t *n_spans, ks_errbuf *eb) {
     *out = NULL;
+    if (spans) *spans = NULL;
+    if (n_spans) *n_spans = 0;
     if (!json_is_array(messages) || json_array_size(messages) == 0)
         return ks_seterr(eb, KS_ERR_INVAL, "no messages");
     if (!chat_tmpl_is_plain(t)) {
         const jinja_tmpl *jt = tools && t->tools ? t->tools : t->main;
-        return chat__render(t, jt, messages, tools, kwargs, add_generation_prompt, now, out, eb);
+        return chat__render(t, jt, messages, tools, kwargs, add_generation_prompt, now, out,
+                            spans && n_spans ? spans : NULL, n_spans, eb);
     }
     size_t n = json_array_size(messages);
     chat_message *m = calloc(n, sizeof *m);
@@ -207,7 +249,8 @@ ks_err chat_tmpl_apply(const chat_tmpl *t, const json_t *messages, const json_t 
         m[i].role = json_string_value(json_object_get(msg, "role"));
         m[i].content = json_string_value(json_object_get(msg, "content"));
     }
-    ks_err e = chat_render_family(CHAT_PLAIN, NULL, m, n, add_generation_prompt, out, eb);
+    ks_err e = chat_render_family_marked(CHAT_PLAIN, NULL, m, n, add_generation_prompt, out,
+                                         spans && n_spans ? spans : NULL, n_spans, eb);
     free(m);
     return e;
 }

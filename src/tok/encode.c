@@ -40,16 +40,32 @@ static bool enc__frag_push(enc__frags *f, int32_t id, size_t off, size_t len) {
     return true;
 }
 
+/* True when text[lo, hi) overlaps one of the sorted, disjoint spans
+ * sp[0..n): binary search for the last span starting before hi. */
+static bool enc__in_spans(const tok_span *sp, size_t n, size_t lo, size_t hi) {
+    size_t a = 0, b = n; // spans [0, a) start before hi, [b, n) at or after it
+    while (a < b) {
+        size_t m = a + (b - a) / 2;
+        if (sp[m].off < hi)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a > 0 && sp[a - 1].len > 0 && sp[a - 1].off + sp[a - 1].len > lo;
+}
+
 /* Splits the raw fragments of *in on every occurrence of special tokens,
  * longest token first (llama.cpp's tokenizer_st_partition). Control and
- * unknown tokens take part only with parse_special; user-defined ones always
- * do. */
+ * unknown tokens take part only with parse_special, and then only where
+ * their whole text lies outside the text spans sp[0..n_sp) (request text);
+ * user-defined ones always do. */
 static bool enc__partition(const tok_vocab *v, const char *text, enc__frags *in, enc__frags *tmp,
-                           bool parse_special) {
+                           bool parse_special, const tok_span *sp, size_t n_sp) {
     for (int32_t k = 0; k < v->n_special; k++) {
         int32_t id = v->special[k];
         uint8_t t = v->type[id];
-        if (!parse_special && (t == TOK_TYPE_CONTROL || t == TOK_TYPE_UNKNOWN)) continue;
+        bool ctl = t == TOK_TYPE_CONTROL || t == TOK_TYPE_UNKNOWN;
+        if (!parse_special && ctl) continue;
         const char *s = v->pool + v->text_off[id];
         size_t sn = v->text_len[id];
         if (sn == 0) continue;
@@ -65,11 +81,15 @@ static bool enc__partition(const tok_vocab *v, const char *text, enc__frags *in,
                 if (!enc__frag_push(tmp, fr.id, 0, 0)) return false;
                 continue;
             }
-            size_t pos = fr.off, end = fr.off + fr.len;
-            while (pos < end) {
-                const char *m = end - pos >= sn ? memmem(text + pos, end - pos, s, sn) : NULL;
+            size_t pos = fr.off, end = fr.off + fr.len, from = pos;
+            while (from < end) {
+                const char *m = end - from >= sn ? memmem(text + from, end - from, s, sn) : NULL;
                 if (!m) break;
                 size_t ms = (size_t)(m - text), left = ms - pos;
+                if (ctl && n_sp && enc__in_spans(sp, n_sp, ms, ms + sn)) {
+                    from = ms + 1; // request text spelling the token: stays text
+                    continue;
+                }
                 if (v->attr[id] & TOK__ATTR_LSTRIP)
                     while (left > 0 && isspace((unsigned char)text[pos + left - 1]))
                         left--;
@@ -79,6 +99,7 @@ static bool enc__partition(const tok_vocab *v, const char *text, enc__frags *in,
                 if (v->attr[id] & TOK__ATTR_RSTRIP)
                     while (pos < end && isspace((unsigned char)text[pos]))
                         pos++;
+                from = pos;
             }
             if (pos < end && !enc__frag_push(tmp, TOK_NULL, pos, end - pos)) return false;
         }
@@ -363,16 +384,28 @@ ks_err tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_spe
 ks_err tok_encode_max(const tok_vocab *v, const char *text, size_t len, bool add_special,
                       bool parse_special, size_t max_ids, int32_t **ids, size_t *n_ids,
                       ks_errbuf *eb) {
+    return tok_encode_marked(v, text, len, add_special, parse_special, NULL, 0, max_ids, ids,
+                             n_ids, eb);
+}
+
+ks_err tok_encode_marked(const tok_vocab *v, const char *text, size_t len, bool add_special,
+                         bool parse_special, const tok_span *text_spans, size_t n_spans,
+                         size_t max_ids, int32_t **ids, size_t *n_ids, ks_errbuf *eb) {
     *ids = NULL;
     *n_ids = 0;
     if (!text && len > 0) return ks_seterr(eb, KS_ERR_INVAL, "tok_encode: NULL text");
+    for (size_t i = 0; i < n_spans; i++)
+        if (text_spans[i].off > len || text_spans[i].len > len - text_spans[i].off ||
+            (i && text_spans[i].off < text_spans[i - 1].off + text_spans[i - 1].len))
+            return ks_seterr(eb, KS_ERR_INVAL, "tok_encode: text span %zu out of order or range",
+                             i);
     tok__ids out = {0};
     enc__frags frags = {0}, tmp = {0};
     enc__ctx c = {.v = v, .out = &out, .max_ids = max_ids};
     bool ok = true;
 
     if (len > 0) ok = enc__frag_push(&frags, TOK_NULL, 0, len);
-    if (ok && len > 0) ok = enc__partition(v, text, &frags, &tmp, parse_special);
+    if (ok && len > 0) ok = enc__partition(v, text, &frags, &tmp, parse_special, text_spans, n_spans);
     if (ok && add_special && v->add_bos) ok = tok__ids_push(&out, v->bos);
 
     bool prev_special = true; /* SPM: the first fragment gets the space prefix */

@@ -50,7 +50,10 @@ static void fz__render_tmpl(const srv_request *r) {
     bool add_special;
     srv_error err;
     ks_errbuf eb;
-    ks_err e = srv_chat_render(t, NULL, r, &out, &add_special, &err, &eb);
+    tok_span *spans = NULL;
+    size_t n_spans = 0;
+    ks_err e = srv_chat_render(t, NULL, r, &out, &add_special, &spans, &n_spans, &err, &eb);
+    free(spans);
     if (e == KS_OK && (!out || add_special)) abort();
     free(out);
 }
