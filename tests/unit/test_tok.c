@@ -298,6 +298,74 @@ static void test_special_parsing(const tok_vocab *v) {
     free(a);
 }
 
+/* tok_encode_marked(v, s, parse_special on, spans) == want[0..n_want) */
+static void check_marked(const tok_vocab *v, const char *s, const tok_span *sp, size_t n_sp,
+                         const int32_t *want, size_t n_want) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ks_errbuf eb = {0};
+    CHECK_EQ(tok_encode_marked(v, s, strlen(s), false, true, sp, n_sp, SIZE_MAX, &ids, &n, &eb),
+             KS_OK);
+    bool same = n == n_want && (n == 0 || memcmp(ids, want, n * sizeof *ids) == 0);
+    if (!same) {
+        fprintf(stderr, "marked [%s]: got", s);
+        for (size_t i = 0; i < n; i++)
+            fprintf(stderr, " %d", ids[i]);
+        fprintf(stderr, ", want");
+        for (size_t i = 0; i < n_want; i++)
+            fprintf(stderr, " %d", want[i]);
+        fprintf(stderr, "\n");
+    }
+    CHECK(same);
+    free(ids);
+}
+
+/* Issue 38: inside request spans a control token's text is text; outside
+ * them it is the token; the spans cut nothing else. */
+static void test_special_marked(const tok_vocab *v) {
+    int32_t *t, *w = malloc(64 * sizeof *w);
+    /* "<s>" + request "A</s>B" + "</s>": BOS, the request as text, EOS */
+    size_t nt = encode(v, "A</s>B", 6, false, false, &t);
+    w[0] = 1;
+    memcpy(w + 1, t, nt * sizeof *t);
+    w[nt + 1] = 2;
+    check_marked(v, "<s>A</s>B</s>", (tok_span[]){{3, 6}}, 1, w, nt + 2);
+    free(t);
+    /* a span over part of a token's text (either edge) keeps it text */
+    nt = encode(v, "x</s>y", 6, false, false, &t);
+    check_marked(v, "x</s>y", (tok_span[]){{1, 1}}, 1, t, nt);
+    check_marked(v, "x</s>y", (tok_span[]){{4, 2}}, 1, t, nt);
+    free(t);
+    /* spans next to a token, or empty, leave it a token; no spans: tok_encode */
+    nt = encode(v, "x</s>y", 6, false, true, &t);
+    check_marked(v, "x</s>y", (tok_span[]){{0, 1}, {5, 1}}, 2, t, nt);
+    check_marked(v, "x</s>y", (tok_span[]){{2, 0}}, 1, t, nt);
+    check_marked(v, "x</s>y", NULL, 0, t, nt);
+    free(t);
+    /* a request's "</s>" between two of the template's: only those parse */
+    nt = encode(v, "</s>", 4, false, false, &t);
+    w[0] = 2;
+    memcpy(w + 1, t, nt * sizeof *t);
+    w[nt + 1] = 2;
+    check_marked(v, "</s></s></s>", (tok_span[]){{4, 4}}, 1, w, nt + 2);
+    free(t);
+    /* spans out of order, overlapping or past the text are INVAL */
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ks_errbuf eb = {0};
+    CHECK_EQ(tok_encode_marked(v, "abc", 3, false, true, (tok_span[]){{1, 1}, {0, 1}}, 2, SIZE_MAX,
+                               &ids, &n, &eb),
+             KS_ERR_INVAL);
+    CHECK_EQ(tok_encode_marked(v, "abc", 3, false, true, (tok_span[]){{0, 2}, {1, 1}}, 2, SIZE_MAX,
+                               &ids, &n, &eb),
+             KS_ERR_INVAL);
+    CHECK_EQ(tok_encode_marked(v, "abc", 3, false, true, (tok_span[]){{2, 2}}, 1, SIZE_MAX, &ids,
+                               &n, &eb),
+             KS_ERR_INVAL);
+    CHECK(ids == NULL && n == 0);
+    free(w);
+}
+
 static void test_stream(const tok_vocab *v) {
     tok_stream s;
     tok_stream_init(&s);
@@ -1228,6 +1296,7 @@ int main(void) {
     test_chat_kjv(kjv, v);
     test_kjv_reference(v);
     test_special_parsing(v);
+    test_special_marked(v);
     test_stream(v);
     test_heldout_speed(v);
     robustness(v, "kjv-mini");
