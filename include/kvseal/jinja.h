@@ -81,9 +81,10 @@ ks_err jinja_render(const jinja_tmpl *t, const json_t *ctx, const jinja_opts *o,
  * disjoint, non-empty ranges. A string of data keeps its mark through
  * variables, concatenation (+, ~), macro and block output, and whole
  * through anything else made from it (filters such as upper, replace,
- * tojson, join; slicing; string methods), so every output byte that any
- * data string influenced is marked, and bytes the template writes itself
- * from its literals are not. trim and strip keep the ranges exactly. spans
+ * tojson, join; slicing; string methods), so every output byte copied or
+ * computed from a data string is marked, and bytes the template writes
+ * from its own literals are not (a branch taken on data marks nothing).
+ * trim and strip keep the ranges exactly. spans
  * and n_spans may be NULL (then nothing is reported). Same errors and
  * ownership as jinja_render; *spans is NULL on error. Thread-safe. */
 ks_err jinja_render_marked(const jinja_tmpl *t, const json_t *ctx, const jinja_opts *o,
