@@ -98,15 +98,16 @@ typedef struct tok_span {
 } tok_span;
 
 /* tok_encode_max for a text part of which came from someone other than the
- * caller (a chat request's content rendered into a template): with
- * parse_special, a control or unknown token's text becomes that token only
- * where it lies wholly outside every one of the text spans text_spans[0..
- * n_spans) (sorted, disjoint; borrowed); inside them, and across their
- * edges, it is text. The spans do not cut the text otherwise: its
- * tokenization is the one tok_encode gives where no span spells a token.
- * User-defined tokens are split out everywhere, as tok_encode does. Errors
- * as tok_encode_max's, plus KS_ERR_INVAL for spans out of order or past
- * len. Same ownership. */
+ * caller (a chat request's content rendered into a template): a special
+ * token's text (control or unknown with parse_special, user-defined always,
+ * as tok_encode) becomes that token only where it lies wholly outside every
+ * one of the text spans text_spans[0..n_spans) (sorted, disjoint; borrowed);
+ * inside them, and across their edges, it is text, so request text can
+ * spell none of the template's markers (user-defined ones such as Qwen's
+ * <tool_response> included). The spans do not cut the text otherwise: its
+ * tokenization is tok_encode's wherever no span spells a token. Errors as
+ * tok_encode_max's, plus KS_ERR_INVAL for spans out of order or past len.
+ * Same ownership. */
 ks_err tok_encode_marked(const tok_vocab *v, const char *text, size_t len, bool add_special,
                          bool parse_special, const tok_span *text_spans, size_t n_spans,
                          size_t max_ids, int32_t **ids /* OUT */, size_t *n_ids /* OUT */,

@@ -56,9 +56,9 @@ static bool enc__in_spans(const tok_span *sp, size_t n, size_t lo, size_t hi) {
 
 /* Splits the raw fragments of *in on every occurrence of special tokens,
  * longest token first (llama.cpp's tokenizer_st_partition). Control and
- * unknown tokens take part only with parse_special, and then only where
- * their whole text lies outside the text spans sp[0..n_sp) (request text);
- * user-defined ones always do. */
+ * unknown tokens take part only with parse_special; user-defined ones
+ * always do; and none where its text overlaps one of the text spans
+ * sp[0..n_sp) (request text). */
 static bool enc__partition(const tok_vocab *v, const char *text, enc__frags *in, enc__frags *tmp,
                            bool parse_special, const tok_span *sp, size_t n_sp) {
     for (int32_t k = 0; k < v->n_special; k++) {
@@ -86,7 +86,7 @@ static bool enc__partition(const tok_vocab *v, const char *text, enc__frags *in,
                 const char *m = end - from >= sn ? memmem(text + from, end - from, s, sn) : NULL;
                 if (!m) break;
                 size_t ms = (size_t)(m - text), left = ms - pos;
-                if (ctl && n_sp && enc__in_spans(sp, n_sp, ms, ms + sn)) {
+                if (n_sp && enc__in_spans(sp, n_sp, ms, ms + sn)) {
                     from = ms + 1; // request text spelling the token: stays text
                     continue;
                 }

@@ -32,10 +32,10 @@ static gguf_file *mk_gguf(const char *tmpl, const char *tool_use) {
     if (tmpl) CHECK_EQ(gguf_writer_set_str(w, "tokenizer.chat_template", tmpl), KS_OK);
     if (tool_use)
         CHECK_EQ(gguf_writer_set_str(w, "tokenizer.chat_template.tool_use", tool_use), KS_OK);
-    const char *toks[] = {"a", "b", "ab", "<s>", "</s>", "\xc4\x8a"};
-    const int32_t types[] = {1, 1, 1, 3, 3, 1};
+    const char *toks[] = {"a", "b", "ab", "<s>", "</s>", "\xc4\x8a", "<t>", "<", "t", ">"};
+    const int32_t types[] = {1, 1, 1, 3, 3, 1, 4, 1, 1, 1}; /* <t>: user-defined (Qwen's <tool_call>) */
     const char *merges[] = {"a b"};
-    tfx_vocab_kv(w, "gpt2", "default", toks, types, 6, merges, 1);
+    tfx_vocab_kv(w, "gpt2", "default", toks, types, 10, merges, 1);
     CHECK_EQ(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 3), KS_OK);
     CHECK_EQ(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 4), KS_OK);
     return tfx_gguf_open(w);
@@ -262,6 +262,26 @@ static void test_marked(void) {
     free(ids);
     free(spans);
     free(out);
+    /* a user-defined token (a tool-call or tool-response marker) the
+     * template writes is split out; one the request spells is text */
+    chat_tmpl_free(t);
+    const char *tt = "<t>{{ messages[0].content }}";
+    CHECK_EQ(chat_tmpl_from_text(tt, strlen(tt), "t", v, &t, &eb), KS_OK);
+    out = apply_marked(t, "[{\"role\":\"user\",\"content\":\"<t>\"}]", NULL, sp, sizeof sp,
+                       &spans, &n_spans);
+    CHECK_STR_EQ(out, "<t><t>");
+    CHECK_STR_EQ(sp, "3+3");
+    CHECK_EQ(tok_encode_marked(v, out, strlen(out), false, true, spans, n_spans, SIZE_MAX, &ids,
+                               &n, &eb),
+             KS_OK);
+    CHECK_EQ(n, 4); /* <t> as the template's token, then "<" "t" ">" */
+    CHECK_EQ(ids[0], 6);
+    CHECK(ids[1] == 7 && ids[2] == 8 && ids[3] == 9);
+    free(ids);
+    free(spans);
+    free(out);
+    chat_tmpl_free(t);
+    CHECK_EQ(chat_tmpl_load(f, v, NULL, &t, &eb), KS_OK);
     /* a role not among the known ones is request text too; kwargs are, a
      * bos_token they set included */
     out = apply_marked(t, "[{\"role\":\"x</s>\",\"content\":\"c\"}]", "{\"bos_token\":\"</s>\"}",
