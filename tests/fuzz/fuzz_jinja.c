@@ -3,11 +3,15 @@
  *
  * Each input is a template (any bytes). It is compiled with tight limits and,
  * when it compiles, rendered against a fixed chat context (messages with a
- * tool call, tools, add_generation_prompt, bos/eos) twice: the output must
+ * tool call, tools, add_generation_prompt, bos/eos) twice, the second time
+ * with the context as request data (jinja_render_marked): the output must
  * be the same both times (a render is a pure function of template and
- * context), and no render may take more than the step, memory or output
- * limits allow (libFuzzer's -timeout and -rss_limit_mb catch one that
- * does). Built only with KS_FUZZ=ON; see tests/fuzz/README.md. */
+ * context, and marks never change the text; the marked render may only
+ * stop earlier, on a limit, as marks cost steps), its spans sorted,
+ * disjoint, non-empty and inside the output, and no render may take more
+ * than the step, memory or output limits allow (libFuzzer's -timeout and
+ * -rss_limit_mb catch one that does). Built only with KS_FUZZ=ON; see
+ * tests/fuzz/README.md. */
 #include "kvseal/jinja.h"
 
 #include <stdint.h>
@@ -49,11 +53,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *a = NULL, *b = NULL;
     size_t na = 0, nb = 0;
     ks_err ea = jinja_render(t, fz__context(), &o, &a, &na, NULL);
-    ks_err eb = jinja_render(t, fz__context(), &o, &b, &nb, NULL);
-    if (ea != eb) abort();
-    if (ea == KS_OK && (na != nb || memcmp(a, b, na) != 0 || na > lim.max_out_bytes)) abort();
+    jinja_opts od = {.now = o.now, .data = fz__context()};
+    jinja_span *sp = NULL;
+    size_t n_sp = 0;
+    ks_errbuf ebuf = {0};
+    ks_err eb = jinja_render_marked(t, NULL, &od, &b, &nb, &sp, &n_sp, &ebuf);
+    if (ea == KS_OK && eb != KS_OK && !strstr(ebuf.msg, "template limit")) abort();
+    if (ea != KS_OK && eb == KS_OK) abort();
+    if (ea == KS_OK && eb == KS_OK) {
+        if (na != nb || memcmp(a, b, na) != 0 || na > lim.max_out_bytes) abort();
+        for (size_t i = 0, end = 0; i < n_sp; i++) {
+            if (sp[i].len == 0 || sp[i].off < end || (i && sp[i].off == end)) abort();
+            end = sp[i].off + sp[i].len;
+            if (end > nb) abort();
+        }
+    }
     free(a);
     free(b);
+    free(sp);
     jinja_free(t);
     return 0;
 }
