@@ -478,6 +478,8 @@ jv jr_taint_result(jr *r, jv res, const jv *in, size_t n, bool substring) {
         return res;
     }
     if (res.t != JV_LIST) return res;
+    for (size_t i = 0; i < n; i++) /* an input list itself, as it was (default) */
+        if (in[i].t == JV_LIST && in[i].u.l == res.u.l) return res;
     bool need = false; /* new clean strings directly in the list (split...) */
     for (size_t i = 0; i < res.u.l->n && !need; i++)
         need = res.u.l->a[i].t == JV_STR && !js_tainted(res.u.l->a[i].u.s);

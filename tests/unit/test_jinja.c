@@ -277,6 +277,8 @@ static void test_marked(void) {
         {"{{ x[1:] }}{{ x[0] }}{% for c in x %}.{{ c }}{% endfor %}", NULL, "{\"x\":\"ab\"}",
          "[ba].[a].[b]"},
         {"{{ x|default('d') }}{{ y|default('d') }}", NULL, "{\"x\":\"hi\"}", "[hi]d"},
+        /* a list returned as it is keeps its strings as they are */
+        {"{% set l = ['<a>'] %}{{ (l|default(x))[0] }}", NULL, "{\"x\":\"hi\"}", "<a>"},
         {"{{ l }}{{ 'L' ~ l }}", NULL, "{\"l\":[\"a\"]}", "[['a']]L[['a']]"},
         /* keys of request objects are request data too */
         {"{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}", NULL, "{\"d\":{\"a\":1}}",
