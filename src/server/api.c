@@ -165,6 +165,8 @@ void srv_framing_add(srv_framing *f, const char *name, const char *value) {
         if (!api__token_is(value, "identity") && !f->content_encoding) f->content_encoding = value;
     } else if (!strcasecmp(name, "Authorization")) {
         f->n_authorization++;
+    } else if (!strcasecmp(name, "x-api-key")) {
+        f->n_x_api_key++;
     }
 }
 
@@ -193,6 +195,9 @@ bool srv_framing_check(const srv_framing *f, srv_error *err) {
         return FRAMING(err, ADMIT_DUPLICATE_HEADER,
                        "the Authorization header appears %d times; send it once",
                        f->n_authorization);
+    if (f->n_x_api_key > 1)
+        return FRAMING(err, ADMIT_DUPLICATE_HEADER,
+                       "the x-api-key header appears %d times; send it once", f->n_x_api_key);
     return true;
 }
 

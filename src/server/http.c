@@ -324,7 +324,10 @@ static void srv__ri_begin(server *s, struct MHD_Connection *c, const char *metho
         snprintf(ri->origin, sizeof ri->origin, "%s", any ? "*" : origin);
         ri->cors = strlen(origin) < sizeof ri->origin;
     }
-    snprintf(ri->line, sizeof ri->line, "%s %s", method ? method : "?", url ? url : "?");
+    // the path as a log value: a client's bytes never forge a field or a line
+    char path[sizeof ri->line - 18]; // room for "%.16s "
+    srv_log_value(url ? url : "?", path, sizeof path);
+    snprintf(ri->line, sizeof ri->line, "%.16s %s", method ? method : "?", path);
 }
 
 /* The headers every answer carries (see the file comment). Counts the
@@ -371,8 +374,11 @@ static void srv__decorate(server *s, struct MHD_Connection *c, struct MHD_Respon
             // the tenant's own limit: the real refill time of what it lacks
             if (status == 429) retry = srv_retry_after_s(rl.retry_s);
         }
-        if (status >= 400)
-            ks_log(KS_LOG_INFO, "http %d %s request_id=%s", status, ri->line, ri->rid);
+        if (status >= 400) {
+            char rid[4 * SRV_REQUEST_ID_MAX + 3];
+            srv_log_value(ri->rid, rid, sizeof rid);
+            ks_log(KS_LOG_INFO, "http %d %s request_id=%s", status, ri->line, rid);
+        }
     }
     if (status == 503) { // busy or draining: the queue's expected wait
         engine_stats es;
@@ -671,15 +677,19 @@ static void srv__gen_account(srv_gen *g, const engine_event *ev) {
                              (double)(ks_now_ns() - g->t_first_ns) * 1e-9 / (ev->n_gen - 1));
     }
     srv__gen_release_tenant(g);
+    // the ids hold the client's x-request-id: log values, never raw text
+    char id[4 * sizeof g->id + 3], rid[4 * sizeof g->rid + 3];
+    srv_log_value(g->id, id, sizeof id);
+    srv_log_value(g->rid, rid, sizeof rid);
     if (s->log_content) {
         const srv_buf *t = g->stream ? &g->text : &g->ch[0].text;
-        ks_log(KS_LOG_INFO, "request %s output: %.*s", g->id, (int)t->len, t->p ? t->p : "");
+        ks_log(KS_LOG_INFO, "request %s output: %.*s", id, (int)t->len, t->p ? t->p : "");
     }
     ks_log(KS_LOG_INFO,
            "request %s: %s, %d prompt tokens (%d cached), %d generated, finish %d%s%s "
            "request_id=%s",
-           g->id, srv_route_name(g->api), ev->n_prompt, ev->n_cached, ev->n_gen, (int)ev->finish,
-           ev->errmsg[0] ? ": " : "", ev->errmsg, g->rid);
+           id, srv_route_name(g->api), ev->n_prompt, ev->n_cached, ev->n_gen, (int)ev->finish,
+           ev->errmsg[0] ? ": " : "", ev->errmsg, rid);
 }
 
 /* One logprobs entry for a chat answer: {token, logprob, bytes, top_logprobs}. */
@@ -2195,7 +2205,29 @@ static enum MHD_Result srv__health(server *s, struct MHD_Connection *c) {
     return srv__reply_json(s, c, SRV_ROUTE_HEALTH, draining ? 503 : 200, j);
 }
 
+/* GET /metrics. Tenant names and traffic are tenant data: with tenants
+ * configured only the scraper's key (--metrics-key) or the admin key reads
+ * them, as a bearer token (Prometheus' authorization); no key, a tenant's
+ * key or a wrong one gets 401, and with neither key configured the route
+ * is off (403). Without tenants (one anonymous tenant) it is open. */
 static enum MHD_Result srv__metrics(server *s, struct MHD_Connection *c) {
+    if (!s->ts->anonymous) {
+        srv_error err;
+        const char *key = srv__bearer(c);
+        if (!s->ts->has_metrics && !s->ts->has_admin) {
+            srv_refuse(&err, ADMIT_ADMIN_DISABLED, NULL,
+                       "/metrics is off: with tenants configured it needs a key; start the "
+                       "server with --metrics-key (or an admin key) and scrape with "
+                       "'Authorization: Bearer <metrics key>'");
+            return srv__reply_error(s, c, SRV_ROUTE_METRICS, &err);
+        }
+        if (!key || !srv_tenants_metrics_ok(s->ts, key, strlen(key))) {
+            srv_refuse(&err, ADMIT_AUTH, NULL,
+                       key ? "invalid metrics key"
+                           : "missing metrics key: send 'Authorization: Bearer <metrics key>'");
+            return srv__reply_error(s, c, SRV_ROUTE_METRICS, &err);
+        }
+    }
     engine_stats es;
     s->b.get_stats(s->b.impl, &es);
     char *text = srv_metrics_render(&s->met, &es, s->b.is_online(s->b.impl));
@@ -2894,6 +2926,7 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
         goto fail;
     }
     if (o->admin_key) srv_tenants_set_admin(s->ts, o->admin_key);
+    if (o->metrics_key) srv_tenants_set_metrics(s->ts, o->metrics_key);
     s->met.ts = s->ts;
     s->met.model_name = srv__primary_name(s);
     for (int i = 0; i < o->n_cors_origins; i++)

@@ -50,7 +50,7 @@ REF=$(sed -n 's/^REF=//p' "$TMPD/client.out") # a JSON string
 # the tool result reached the template, after the call the model made
 expect_has "tool result in the prompt" "$(cat "$TMPD/serve.log")" "</tool_call>Tool: sunny in Paris
 Assistant:"
-expect_has "metrics: messages route" "$(curl -sS "$KS_URL/metrics")" \
+expect_has "metrics: messages route" "$(metrics_text "$KS_URL")" \
     'kvseal_requests_total{route="messages",status="200"}'
 U=$KS_URL
 A=(-H "Authorization: Bearer sk-anth-1" -H "Content-Type: application/json")

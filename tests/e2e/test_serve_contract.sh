@@ -101,6 +101,14 @@ raw "%00 in the path" 400 invalid_path \
 printf 'POST /v1%%2Fcompletions HTTP/1.1\r\nHost: x\r\n' | rawc --half-close "$PORT" >/dev/null
 raw "two Authorization headers" 400 duplicate_header \
     "POST /v1/completions HTTP/1.1${nl}${H}Authorization: Bearer sk-solo${nl}Content-Length: ${#B}${nl}Connection: close${nl}${nl}$B"
+# Anthropic's x-api-key twice: the first used to win; which key is meant is ambiguous
+XH="Host: 127.0.0.1${nl}anthropic-version: 2023-06-01${nl}"
+MB='{"model":"kjv","max_tokens":2,"messages":[{"role":"user","content":"In"}]}'
+raw "two x-api-key headers" 400 "" \
+    "POST /v1/messages HTTP/1.1${nl}${XH}x-api-key: sk-acme${nl}x-api-key: sk-solo${nl}Content-Length: ${#MB}${nl}Connection: close${nl}${nl}$MB"
+expect_has "two x-api-key headers: says so" "$OUT" "x-api-key header appears 2 times"
+raw "one x-api-key header" 200 "" \
+    "POST /v1/messages HTTP/1.1${nl}${XH}x-api-key: sk-acme${nl}Content-Length: ${#MB}${nl}Connection: close${nl}${nl}$MB"
 raw "plain request still fine" 200 "" \
     "POST /v1/completions HTTP/1.1${nl}${H}Content-Length: ${#B}${nl}Connection: close${nl}${nl}$B"
 

@@ -415,6 +415,11 @@ static void test_framing(void) {
     check_framing(ce_id, 0, NULL);
     const char *auth2[] = {"Authorization", "Bearer a", "authorization", "Bearer a", NULL};
     check_framing(auth2, 400, "duplicate_header");
+    // Anthropic's header too: which of two keys is meant is ambiguous
+    const char *xkey2[] = {"x-api-key", "sk-a", "X-Api-Key", "sk-b", NULL};
+    check_framing(xkey2, 400, "duplicate_header");
+    const char *xkey_auth[] = {"x-api-key", "sk-a", "Authorization", "Bearer sk-a", NULL};
+    check_framing(xkey_auth, 0, NULL);
 
     srv_error e;
     CHECK(srv_path_check("/v1/completions", &e));
@@ -823,6 +828,19 @@ static void test_request_id(void) {
     CHECK(strspn(a, "0123456789abcdef") == 32);
     CHECK(strcmp(a, b) != 0);
     CHECK(srv_request_id_ok(a));
+    // in a text log line: plain ids unchanged, anything else quoted and escaped
+    char lv[64];
+    CHECK_EQ(srv_log_value("req_01J~x.y:z", lv, sizeof lv), 13);
+    CHECK_STR_EQ(lv, "req_01J~x.y:z");
+    CHECK_STR_EQ((srv_log_value(a, lv, sizeof lv), lv), a);
+    srv_log_value("tenant=beta", lv, sizeof lv);
+    CHECK_STR_EQ(lv, "\"tenant=beta\"");
+    srv_log_value("a\"b\\c d\n\xc3", lv, sizeof lv);
+    CHECK_STR_EQ(lv, "\"a\\\"b\\\\c d\\x0a\\xc3\"");
+    srv_log_value("", lv, sizeof lv);
+    CHECK_STR_EQ(lv, "\"\"");
+    srv_log_value("x=yyyyyyyyyy", lv, 8); // cut, still closed
+    CHECK_STR_EQ(lv, "\"x=yyy\"");
 }
 
 static void test_ratelimit(void) {
