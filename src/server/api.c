@@ -308,6 +308,7 @@ static bool api__messages(srv_request *r, json_t *v, srv_error *err) {
     r->owned = calloc(n, sizeof *r->owned);
     if (!r->msgs || !r->owned) return srv_fail(err, 500, "internal_error", "out of memory");
     r->n_msgs = n;
+    size_t n_parts = 0; // over every message, bounded by SRV_MAX_CONTENT_PARTS
     for (size_t i = 0; i < n; i++) {
         char pname[64];
         json_t *m = json_array_get(v, i);
@@ -328,6 +329,12 @@ static bool api__messages(srv_request *r, json_t *v, srv_error *err) {
         } else if (json_is_array(content)) {
             size_t total = 0, k;
             json_t *part;
+            n_parts += json_array_size(content);
+            if (n_parts > SRV_MAX_CONTENT_PARTS)
+                return INVALID(err, pname,
+                               "the request has more than %d content parts ('%s' reaches it); "
+                               "join the text into fewer parts",
+                               SRV_MAX_CONTENT_PARTS, pname);
             json_array_foreach(content, k, part) {
                 json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
                 if (!json_is_object(part) || !json_is_string(type) ||

@@ -117,21 +117,23 @@ static json_t *chat__message(srv_request *r, json_t *m, size_t i, srv_error *err
     bool null_content = json_is_null(content);
     json_t *text;
     if (json_is_array(content)) { /* text parts, joined by "\n" as vLLM joins them */
+        // one growing buffer: linear in the parts' total size (api.c checked
+        // every part is a text part and bounded their number)
         size_t k;
         json_t *part;
-        text = json_string("");
+        srv_buf b = {0};
+        bool ok = true;
         json_array_foreach(content, k, part) {
             json_t *t = json_object_get(part, "text");
-            char *joined = NULL;
-            if (asprintf(&joined, "%s%s%s", json_string_value(text), k ? "\n" : "",
-                         json_string_value(t)) < 0) {
-                json_decref(text);
-                json_decref(out);
-                srv_fail(err, 500, "internal_error", "out of memory");
-                return NULL;
-            }
-            json_string_set(text, joined);
-            free(joined);
+            ok = ok && (!k || srv_buf_add(&b, "\n", 1)) &&
+                 srv_buf_add(&b, json_string_value(t), json_string_length(t));
+        }
+        text = ok ? json_stringn_nocheck(b.p ? b.p : "", b.len) : NULL;
+        srv_buf_free(&b);
+        if (!text) {
+            json_decref(out);
+            srv_fail(err, 500, "internal_error", "out of memory");
+            return NULL;
         }
     } else {
         /* null (a tool-calling assistant turn) reaches the template as "", as

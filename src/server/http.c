@@ -1660,11 +1660,21 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     if (max_tokens < 0 && route == SRV_ROUTE_WORKERS) max_tokens = 256;    // Workers AI's
     // Issue 8: the prompt's bytes give a lower bound on its tokens; a prompt
     // that cannot fit even so is refused before any tokenizing, with the
-    // engine's 400, whatever the tenant's budget (it cost a parse, as a
-    // malformed body does, and is not charged). So no request tokenizes more
-    // than about n_ctx * max_token_bytes bytes.
-    if (!srv_prompt_fits(s->o.n_ctx, ptext_len, s->max_token_bytes, max_tokens, route, &err))
+    // engine's 400. So no request tokenizes more than about n_ctx *
+    // max_token_bytes bytes. Issue 38: it is charged as a prompt tokenized
+    // and refused as too long is (n_ctx + 1 tokens, where tokenizing stops),
+    // within the tenant's limits: a tenant at its limit gets the 429 instead.
+    if (!srv_prompt_fits(s->o.n_ctx, ptext_len, s->max_token_bytes, max_tokens, route, &err)) {
+        held_reserved = held_charge = (int64_t)s->o.n_ctx + 1;
+        char m429[256];
+        admit_reason r429 =
+            srv_tenants_admit(s->ts, tenant, held_reserved, ks_now_ns(), m429, sizeof m429);
+        if (r429 != ADMIT_OK)
+            srv_refuse(&err, r429, NULL, "%s", m429);
+        else
+            held = tenant; // charged below (fail:)
         goto fail;
+    }
     // The tenant's limits apply before the expensive work (tokenizing): on a
     // lower bound of the tokens (chat without max_tokens reserves the whole
     // context), raised to the exact count once tokenized.

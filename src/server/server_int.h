@@ -111,6 +111,10 @@ bool srv_path_check(const char *raw_target, srv_error *err /* OUT */);
 // Requests
 
 #define SRV_MAX_STOPS 4
+/* Content parts (OpenAI) or blocks (Anthropic) one request may carry over
+ * all its messages: more is a 400, so a body of many tiny parts cannot buy
+ * work out of proportion to its size. */
+#define SRV_MAX_CONTENT_PARTS 4096
 #define SRV_MAX_TOKENS_LIMIT (1 << 24) /* larger max_tokens is invalid, not "too long" */
 
 /* A parsed, validated generation request. Strings point into root. */

@@ -18,7 +18,8 @@ cat >"$TMPD/tenants.json" <<'EOF'
 {"tenants": [
   {"name": "acme", "keys": ["sk-acme"], "max_concurrent": 8, "tokens_per_minute": 10000000},
   {"name": "solo", "keys": ["sk-solo"], "max_concurrent": 1, "tokens_per_minute": 10000000},
-  {"name": "meter", "keys": ["sk-meter"], "max_concurrent": 8, "tokens_per_minute": 1200}
+  {"name": "meter", "keys": ["sk-meter"], "max_concurrent": 8, "tokens_per_minute": 1200},
+  {"name": "parts", "keys": ["sk-parts"], "max_concurrent": 8, "tokens_per_minute": 1200}
  ]}
 EOF
 start_server "$TMPD/err" -m "$M" --alias kjv --tenants "$TMPD/tenants.json"
@@ -60,6 +61,30 @@ done
 req "meter charged" 429 -H "Authorization: Bearer sk-meter" "$U/v1/completions" \
     -d '{"model":"kjv","prompt":"In","max_tokens":400}'
 expect_has "meter charged" "$BODY" "1200 tokens per minute"
+# (e) issue 38: a chat of many content parts too long by its bytes alone is
+# charged as a tokenized over-long prompt is (n_ctx + 1 = 513 tokens each):
+# after two, a 400-token request exceeds parts' 1200 a minute; and more than
+# 4096 parts is a clear 400
+# parts_body N LEN — a chat body with N text parts of LEN bytes each
+parts_body() {
+    awk -v n="$1" -v len="$2" 'BEGIN {
+        t = sprintf("%*s", len, ""); gsub(/ /, "a", t)
+        printf "{\"model\":\"kjv\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":["
+        for (i = 0; i < n; i++) printf "%s{\"type\":\"text\",\"text\":\"%s\"}", i ? "," : "", t
+        printf "]}]}\n" }'
+}
+parts_body 3000 200 >"$TMPD/parts.json"
+for i in 1 2; do
+    req "parts over-long $i" 400 -H "Authorization: Bearer sk-parts" "$U/v1/chat/completions" \
+        --data-binary @"$TMPD/parts.json"
+    expect_has "parts over-long $i" "$BODY" '"code":"context_length_exceeded"'
+done
+req "parts charged" 429 -H "Authorization: Bearer sk-parts" "$U/v1/completions" \
+    -d '{"model":"kjv","prompt":"In","max_tokens":400}'
+expect_has "parts charged" "$BODY" "1200 tokens per minute"
+parts_body 4097 1 >"$TMPD/parts2.json"
+req "too many parts" 400 "${A[@]}" "$U/v1/chat/completions" --data-binary @"$TMPD/parts2.json"
+expect_has "too many parts" "$BODY" "more than 4096 content parts"
 
 # ---- 2. HTTP framing (RFC 9112), with exact bytes (rawc)
 # raw NAME WANT_STATUS WANT_CODE REQUEST : sends REQUEST, checks the status
