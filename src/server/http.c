@@ -1963,6 +1963,14 @@ static enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, s
     return r;
 }
 
+/* Tokens one embeddings request may hold over all its inputs:
+ * --embed-max-tokens (SERVER_EMBED_MAX_TOKENS by default), never below the
+ * context (one whole input always fits). */
+static int64_t srv__embed_bound(const server *s) {
+    int64_t b = s->o.embed_max_tokens > 0 ? s->o.embed_max_tokens : SERVER_EMBED_MAX_TOKENS;
+    return b < s->o.n_ctx ? s->o.n_ctx : b;
+}
+
 /* POST /v1/embeddings (OpenAI's shape). url_model: a model named by the URL
  * (a Workers-AI-style route), else NULL and the body's "model" is checked;
  * shape: the route whose error shape refusals take (SRV_ROUTE_EMBEDDINGS,
@@ -1989,7 +1997,7 @@ static enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, cons
         return srv__reply_error(s, c, route, &err);
     srv_gen *g = NULL;
     int held = -1;
-    int64_t total = 0;
+    int64_t total = 0, charge = 0; // charge: tokens charged when refused for size
     const char *model_name = url_model ? url_model : rq.model;
     const int32_t E = model_hp(s->m)->n_embd;
     if (!srv__name_ok(s, model_name)) {
@@ -2010,18 +2018,23 @@ static enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, cons
         goto fail;
     }
     // tokenize (BOS/EOS as the vocabulary says; never special-token text), at
-    // most n_ctx + 1 ids each, so an over-long input costs about n_ctx tokens
+    // most n_ctx + 1 ids each, so an over-long input costs about n_ctx tokens,
+    // and no more than the request's bound over all inputs (issue 38: one
+    // request held ~511k tokens, 103 s of engine time)
+    const int64_t bound = srv__embed_bound(s);
     for (int i = 0; i < rq.n; i++) {
         srv_embed_input *x = &rq.in[i];
         bool cut = false;
         if (!x->is_ids) {
             ks_errbuf eb;
-            if (tok_encode_max(s->vocab, x->text, x->len, true, false, (size_t)s->o.n_ctx, &x->ids,
+            int64_t left = bound - total; // >= 0: checked below for every input
+            size_t cap = left < s->o.n_ctx ? (size_t)left : (size_t)s->o.n_ctx;
+            if (tok_encode_max(s->vocab, x->text, x->len, true, false, cap, &x->ids,
                                &x->n_ids, &eb)) {
                 srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
                 goto fail;
             }
-            cut = x->n_ids > (size_t)s->o.n_ctx;
+            cut = x->n_ids > cap;
             if (x->n_ids == 0) {
                 srv_refuse(&err, ADMIT_INVALID, "input", "input %d has no tokens", i);
                 goto fail;
@@ -2042,9 +2055,20 @@ static enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, cons
                        "Please reduce the length of the input.",
                        s->o.n_ctx, cut ? "at least " : "", x->n_ids, cut ? "at least " : "",
                        x->n_ids);
+            charge = total + (int64_t)x->n_ids;
             goto fail;
         }
         total += (int64_t)x->n_ids;
+        if (total > bound) {
+            srv_refuse(&err, ADMIT_CONTEXT_LENGTH, "input",
+                       "The inputs hold %s%lld tokens (through input %d of %d), more than the "
+                       "%lld tokens one embeddings request may hold; send fewer or shorter "
+                       "inputs per request",
+                       cut || i + 1 < rq.n ? "at least " : "", (long long)total, i, rq.n,
+                       (long long)bound);
+            charge = total;
+            goto fail;
+        }
     }
     char msg[256];
     admit_reason rj = srv_tenants_admit(s->ts, tenant, total, ks_now_ns(), msg, sizeof msg);
@@ -2097,63 +2121,105 @@ static enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, cons
     return srv__embed_collect(s, c, g, sc);
 fail:
     if (held >= 0) srv_tenants_release(s->ts, held, total);
+    // refused for size: charged what was tokenized, as an over-long prompt is
+    // (within the tenant's limits: one at its limit gets the 429 instead)
+    if (charge > 0 && err.reason == ADMIT_CONTEXT_LENGTH) {
+        char m429[256];
+        admit_reason r429 = srv_tenants_admit(s->ts, tenant, charge, ks_now_ns(), m429, sizeof m429);
+        if (r429 != ADMIT_OK)
+            srv_refuse(&err, r429, NULL, "%s", m429);
+        else
+            srv_tenants_refuse(s->ts, tenant, charge, charge);
+    }
     srv__gen_free(g);
     srv_embed_req_free(&rq);
     return srv__reply_error(s, c, route, &err);
+}
+
+/* Refuses a /tokenize or /detokenize of `tokens` (at least) as longer than
+ * the context, in the words of the engine's refusal. */
+static void srv__tokenize_too_long(server *s, bool detok, int64_t tokens, bool at_least,
+                                   srv_error *err) {
+    srv_refuse(err, ADMIT_CONTEXT_LENGTH, detok ? "tokens" : "content",
+               "This model's maximum context length is %d tokens. However, the %s has %s%lld "
+               "tokens. Please send a shorter one.",
+               s->o.n_ctx, detok ? "token list" : "text", at_least ? "at least " : "",
+               (long long)tokens);
 }
 
 /* POST /tokenize and /detokenize (llama.cpp server's shapes): the model's
  * vocabulary, here on the HTTP thread (no model code). A tenant key is
  * needed where keys are configured. detokenize renders no special token
  * and drops the space-prefix rule's leading space, so detokenize(tokenize
- * (text)) == text. */
+ * (text)) == text. Issue 38: each is a request of its tenant (its
+ * concurrency and requests per minute, admitted before any work), its
+ * tokens count against the tenant's tokens per minute, and it is bounded
+ * as a prompt is: a text or token list longer than the context is refused
+ * (400) and charged what was tokenized (tokenizing stops past n_ctx, and a
+ * text too long by its bytes alone is not tokenized at all). So an HTTP
+ * thread does at most about n_ctx tokens of work per request. */
 static enum MHD_Result srv__tokenize(server *s, struct MHD_Connection *c, srv_conn *sc,
                                      bool detok) {
     const srv_route route = SRV_ROUTE_TOKENIZE;
     srv_error err;
-    if (srv__auth(s, c, route, &err) < 0) return srv__reply_error(s, c, route, &err);
+    int tenant = srv__auth(s, c, route, &err);
+    if (tenant < 0) return srv__reply_error(s, c, route, &err);
     const char *body = sc->body.p ? sc->body.p : "";
-    json_t *j = NULL;
+    json_t *j = NULL, *root = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int64_t charge = 0; // tokens charged when refused for size
+    bool held = false;
+    char msg[256];
+    srv_tokenize_req rq = {0};
+    const char *model_name = NULL;
+    if (!detok ? !srv_tokenize_parse(body, sc->body.len, &rq, &err)
+               : !srv_detokenize_parse(body, sc->body.len, tok_n_vocab(s->vocab), &ids, &n,
+                                       &model_name, &root, &err))
+        goto out;
+    if (!detok) model_name = rq.model;
+    if (!srv__name_ok(s, model_name)) {
+        srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
+                   "The model '%s' does not exist; this server serves '%s'", model_name,
+                   srv__primary_name(s));
+        goto out;
+    }
+    // a request of the tenant: its slot and its share of requests first
+    admit_reason rj = srv_tenants_admit(s->ts, tenant, 0, ks_now_ns(), msg, sizeof msg);
+    if (rj != ADMIT_OK) {
+        srv_refuse(&err, rj, NULL, "%s", msg);
+        goto out;
+    }
+    held = true;
     if (!detok) {
-        srv_tokenize_req rq;
-        if (!srv_tokenize_parse(body, sc->body.len, &rq, &err))
-            return srv__reply_error(s, c, route, &err);
-        if (!srv__name_ok(s, rq.model)) {
-            srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
-                       "The model '%s' does not exist; this server serves '%s'", rq.model,
-                       srv__primary_name(s));
-            json_decref(rq.root);
-            return srv__reply_error(s, c, route, &err);
+        int64_t lo = srv_prompt_min_tokens(rq.len, s->max_token_bytes);
+        if (lo > s->o.n_ctx) { // too long by its bytes: no tokenizing at all
+            charge = (int64_t)s->o.n_ctx + 1;
+            srv__tokenize_too_long(s, false, lo, true, &err);
+            goto out;
         }
-        int32_t *ids = NULL;
-        size_t n = 0;
         ks_errbuf eb;
-        if (tok_encode(s->vocab, rq.content, rq.len, rq.add_special, rq.parse_special, &ids, &n,
-                       &eb)) {
-            json_decref(rq.root);
+        if (tok_encode_max(s->vocab, rq.content, rq.len, rq.add_special, rq.parse_special,
+                           (size_t)s->o.n_ctx, &ids, &n, &eb)) {
             srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
-            return srv__reply_error(s, c, route, &err);
+            goto out;
         }
+    }
+    if (n > (size_t)s->o.n_ctx) {
+        charge = (int64_t)n;
+        srv__tokenize_too_long(s, detok, (int64_t)n, !detok, &err);
+        goto out;
+    }
+    srv_reqinfo *ri = srv__ri(c);
+    if (ri) ri->need_tokens = (int64_t)n; // a 429's Retry-After: when these are there
+    rj = srv_tenants_grow(s->ts, tenant, 0, (int64_t)n, ks_now_ns(), msg, sizeof msg);
+    if (rj != ADMIT_OK) {
+        srv_refuse(&err, rj, NULL, "%s", msg);
+        goto out;
+    }
+    if (!detok) {
         j = srv_tokenize_answer(s->vocab, ids, n, rq.with_pieces);
-        free(ids);
-        json_decref(rq.root);
     } else {
-        int32_t *ids = NULL;
-        size_t n = 0;
-        const char *model_name = NULL;
-        json_t *root = NULL;
-        if (!srv_detokenize_parse(body, sc->body.len, tok_n_vocab(s->vocab), &ids, &n, &model_name,
-                                  &root, &err))
-            return srv__reply_error(s, c, route, &err);
-        if (!srv__name_ok(s, model_name)) {
-            srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
-                       "The model '%s' does not exist; this server serves '%s'", model_name,
-                       srv__primary_name(s));
-            json_decref(root);
-            free(ids);
-            return srv__reply_error(s, c, route, &err);
-        }
-        json_decref(root);
         size_t len = tok_detokenize(s->vocab, ids, n, false, true, NULL, 0);
         char *text = malloc(len + 1);
         if (text) {
@@ -2162,9 +2228,20 @@ static enum MHD_Result srv__tokenize(server *s, struct MHD_Connection *c, srv_co
             j = t ? json_pack("{s:o}", "content", t) : NULL;
         }
         free(text);
-        free(ids);
     }
+    srv_tenants_release(s->ts, tenant, 0); // its tokens stay spent
+    held = false;
+    free(ids);
+    json_decref(rq.root);
+    json_decref(root);
     return srv__reply_json(s, c, route, 200, j);
+out:
+    if (held)
+        srv_tenants_refuse(s->ts, tenant, 0, err.reason == ADMIT_CONTEXT_LENGTH ? charge : 0);
+    free(ids);
+    json_decref(rq.root);
+    json_decref(root);
+    return srv__reply_error(s, c, route, &err);
 }
 
 // ----------------------------------------------------------------------------

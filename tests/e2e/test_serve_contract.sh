@@ -49,6 +49,10 @@ CPID=$STALL_PID
 wait_for "the stalled reader's request to pause" metric_is "$U" kvseal_paused_requests 1
 req "over-long at the concurrency limit" 429 -H "Authorization: Bearer sk-solo" "$U/v1/completions" -d "$OVER"
 expect_has "over-long at the concurrency limit" "$BODY" "already has 1 requests running (limit 1)"
+# issue 38: /tokenize and /detokenize take a slot of the tenant's concurrency too
+req "tokenize at the concurrency limit" 429 -H "Authorization: Bearer sk-solo" "$U/tokenize" -d '{"content":"In"}'
+expect_has "tokenize at the concurrency limit" "$BODY" "already has 1 requests running (limit 1)"
+req "detokenize at the concurrency limit" 429 -H "Authorization: Bearer sk-solo" "$U/detokenize" -d '{"tokens":[1]}'
 kill -KILL "$CPID"
 wait "$CPID" 2>/dev/null
 wait_for "the cancelled request to leave the batch" metric_is "$U" kvseal_running_requests 0
