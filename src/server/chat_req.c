@@ -183,6 +183,43 @@ fail:
     return NULL;
 }
 
+/* The chat_template_kwargs a request may set, with their JSON types: the
+ * switches templates document (Qwen3/GLM enable_thinking, DeepSeek V3.1
+ * thinking, gpt-oss reasoning_effort, Llama 3.x tools_in_user_message,
+ * date_string and builtin_tools, Command-R/Granite documents). Anything
+ * else is refused: a key would otherwise shadow the template's globals
+ * (bos_token, eos_token, raise_exception, range, namespace, ...) or the
+ * request's own fields (messages, tools, add_generation_prompt). README
+ * "Chat templates" lists them. */
+static const struct {
+    const char *key;
+    json_type type;
+} chat__kwargs[] = {
+    {"enable_thinking", JSON_TRUE},   {"thinking", JSON_TRUE},
+    {"reasoning_effort", JSON_STRING}, {"tools_in_user_message", JSON_TRUE},
+    {"date_string", JSON_STRING},     {"builtin_tools", JSON_ARRAY},
+    {"documents", JSON_ARRAY},
+};
+
+/* Checks one chat_template_kwargs entry; false with a 400 naming it. */
+static bool chat__kwarg_ok(const char *k, json_t *v, srv_error *err) {
+    for (size_t i = 0; i < sizeof chat__kwargs / sizeof *chat__kwargs; i++) {
+        if (strcmp(k, chat__kwargs[i].key) != 0) continue;
+        json_type t = chat__kwargs[i].type;
+        bool ok = t == JSON_TRUE ? json_is_boolean(v) : json_typeof(v) == t;
+        if (ok) return true;
+        return INVALID(err, "chat_template_kwargs", "'chat_template_kwargs': '%s' must be %s, got %s",
+                       k, t == JSON_TRUE ? "a boolean" : t == JSON_STRING ? "a string" : "an array",
+                       srv_json_kind(v));
+    }
+    return INVALID(err, "chat_template_kwargs",
+                   "'chat_template_kwargs' cannot set '%.64s': only enable_thinking, thinking, "
+                   "reasoning_effort, tools_in_user_message, date_string, builtin_tools and "
+                   "documents may be set (the template's globals and the request's own fields "
+                   "cannot be overridden)",
+                   k);
+}
+
 bool srv_chat_prepare(srv_request *r, json_t *root, srv_error *err) {
     json_t *msgs = json_object_get(root, "messages");
     json_t *tools = json_object_get(root, "tools");
@@ -199,6 +236,7 @@ bool srv_chat_prepare(srv_request *r, json_t *root, srv_error *err) {
             if (chat__in(reserved, k))
                 return INVALID(err, "chat_template_kwargs",
                                "'chat_template_kwargs' cannot set '%s' (the request does)", k);
+            if (!chat__kwarg_ok(k, v, err)) return false;
         }
         r->tmpl_kwargs = kw;
     }

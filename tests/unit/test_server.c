@@ -343,6 +343,34 @@ static void test_request_invalid(void) {
                    "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
                    "\"chat_template_kwargs\":{\"tools\":1}}",
                    "chat_template_kwargs", NULL, "cannot set 'tools'");
+    // issue 38: only the documented keys: never a template global (bos_token
+    // would forge the turn's start, raise_exception/range/namespace are
+    // the engine's functions), nor anything else
+    static const char *const globals[] = {"bos_token", "eos_token", "raise_exception", "range",
+                                          "namespace", "strftime_now", "loop", "foo"};
+    for (size_t i = 0; i < sizeof globals / sizeof *globals; i++) {
+        char body[256], want[64];
+        snprintf(body, sizeof body,
+                 "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                 "\"chat_template_kwargs\":{\"enable_thinking\":false,\"%s\":\"x\"}}",
+                 globals[i]);
+        snprintf(want, sizeof want, "cannot set '%s'", globals[i]);
+        expect_invalid(H, body, "chat_template_kwargs", NULL, want);
+    }
+    expect_invalid(H,
+                   "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                   "\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}",
+                   "chat_template_kwargs", NULL, "'enable_thinking' must be a boolean");
+    {
+        srv_request r = parse_ok(
+            H, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+               "\"chat_template_kwargs\":{\"enable_thinking\":true,\"thinking\":false,"
+               "\"reasoning_effort\":\"low\",\"tools_in_user_message\":false,"
+               "\"date_string\":\"26 Jul 2024\",\"builtin_tools\":[\"brave_search\"],"
+               "\"documents\":[{\"title\":\"t\",\"text\":\"x\"}]}}");
+        CHECK_EQ(json_object_size(r.tmpl_kwargs), 7);
+        srv_request_free(&r);
+    }
     // workers: exactly one of prompt / messages
     expect_invalid(W, "{}", NULL, NULL, "exactly one of");
     expect_invalid(W, "{\"prompt\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"b\"}]}",
