@@ -703,8 +703,10 @@ static bool anth__close(srv_anth_sse *st, srv_buf *b) {
                        json_pack("{s:s, s:i}", "type", "content_block_stop", "index", st->index++));
 }
 
-bool srv_anth_sse_start(srv_buf *b, const char *id, const char *model_name, int32_t n_prompt,
-                        int32_t n_cached) {
+bool srv_anth_sse_start(srv_anth_sse *st, srv_buf *b, const char *id, const char *model_name,
+                        int32_t n_prompt, int32_t n_cached) {
+    st->n_prompt = n_prompt;
+    st->n_cached = n_cached;
     json_t *m = srv_anth_message(id, model_name, json_array(), NULL, NULL, n_prompt, n_cached, 0);
     return m &&
            anth__event(b, "message_start",
@@ -753,9 +755,12 @@ bool srv_anth_sse_tool(srv_anth_sse *st, srv_buf *b, const char *id, const char 
 }
 
 bool srv_anth_sse_end(srv_anth_sse *st, srv_buf *b, const char *stop_reason, const char *stop_seq,
-                      int32_t n_prompt, int32_t n_cached, int32_t n_gen) {
-    // usage in message_delta is cumulative: the whole answer's, as the
-    // non-streamed message's (message_start could not know the cached part).
+                      int32_t n_gen) {
+    // usage in message_delta is cumulative, and a client merges it into the
+    // message: its input numbers are message_start's, so the two agree (the
+    // cached part is known only at the end, after message_start went out;
+    // a stream reports the whole prompt as input, the non-streamed answer
+    // splits it).
     // An answer with no block at all still has its (empty) text block, as
     // the non-streamed message does.
     bool ok = true;
@@ -770,8 +775,8 @@ bool srv_anth_sse_end(srv_anth_sse *st, srv_buf *b, const char *stop_reason, con
                        json_pack("{s:s, s:{s:s?, s:s?}, s:{s:i, s:i, s:i, s:i}}", "type",
                                  "message_delta", "delta", "stop_reason", stop_reason,
                                  "stop_sequence", stop_seq, "usage", "input_tokens",
-                                 (int)(n_prompt - n_cached), "cache_creation_input_tokens", 0,
-                                 "cache_read_input_tokens", (int)n_cached, "output_tokens",
+                                 (int)(st->n_prompt - st->n_cached), "cache_creation_input_tokens",
+                                 0, "cache_read_input_tokens", (int)st->n_cached, "output_tokens",
                                  (int)n_gen)) &&
            anth__event(b, "message_stop", json_pack("{s:s}", "type", "message_stop"));
 }

@@ -1115,7 +1115,7 @@ static bool srv__anth_stream_event(srv_gen *g, const engine_event *ev) {
         return srv_anth_sse_error(&g->out, &err);
     }
     return srv_anth_sse_end(&g->anth, &g->out, reason, strcmp(reason, "stop_sequence") ? NULL : seq,
-                            ev->n_prompt, ev->n_cached, g->n_gen);
+                            g->n_gen);
 }
 
 /* The message of a non-streamed Messages answer from its one choice's text
@@ -1235,7 +1235,7 @@ static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
  * prompt, for every choice. False on out of memory. */
 static bool srv__stream_head(srv_gen *g) {
     if (g->route == SRV_ROUTE_MESSAGES)
-        return srv_anth_sse_start(&g->out, g->id, g->model, g->n_prompt, 0);
+        return srv_anth_sse_start(&g->anth, &g->out, g->id, g->model, g->n_prompt, 0);
     bool ok = true;
     for (int i = 0; ok && i < g->n_ch * srv__fanout(g); i++) {
         json_t *j = NULL;

@@ -344,13 +344,13 @@ static void sse_names(const char *sse, char *out, size_t cap) {
 static void test_sse(void) {
     srv_buf b = {0};
     srv_anth_sse st = {0};
-    CHECK(srv_anth_sse_start(&b, "msg_1", "kjv", 5, 0));
+    CHECK(srv_anth_sse_start(&st, &b, "msg_1", "kjv", 5, 2));
     CHECK(srv_anth_sse_text(&st, &b, true, json_string("plan")));
     CHECK(srv_anth_sse_text(&st, &b, true, json_string(" more")));
     CHECK(srv_anth_sse_text(&st, &b, false, json_string("")));      // nothing
     CHECK(srv_anth_sse_text(&st, &b, false, json_string("Hi")));    // closes thinking
     CHECK(srv_anth_sse_tool(&st, &b, "toolu_1", "f", "{\"a\":1}")); // closes text
-    CHECK(srv_anth_sse_end(&st, &b, "tool_use", NULL, 5, 2, 9));
+    CHECK(srv_anth_sse_end(&st, &b, "tool_use", NULL, 9));
     char names[1024];
     sse_names(b.p, names, sizeof names);
     CHECK_STR_EQ(names, "message_start ping content_block_start content_block_delta "
@@ -369,10 +369,15 @@ static void test_sse(void) {
     CHECK_STR_HAS(b.p, "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\","
                        "\"stop_sequence\":null},\"usage\":{\"input_tokens\":3,");
     CHECK_STR_HAS(b.p, "\"output_tokens\":9}}");
+    // message_delta's input usage is message_start's, always
+    CHECK_STR_HAS(b.p, "\"usage\":{\"input_tokens\":3,\"cache_creation_input_tokens\":0,"
+                       "\"cache_read_input_tokens\":2,\"output_tokens\":0}}}");
+    CHECK_STR_HAS(b.p, "\"usage\":{\"input_tokens\":3,\"cache_creation_input_tokens\":0,"
+                       "\"cache_read_input_tokens\":2,\"output_tokens\":9}}");
     srv_buf_free(&b);
     // nothing said: still one (empty) text block, as the non-streamed message
     srv_anth_sse st0 = {0};
-    CHECK(srv_anth_sse_end(&st0, &b, "end_turn", NULL, 1, 0, 1));
+    CHECK(srv_anth_sse_end(&st0, &b, "end_turn", NULL, 1));
     sse_names(b.p, names, sizeof names);
     CHECK_STR_EQ(names, "content_block_start content_block_stop message_delta message_stop");
     CHECK_STR_HAS(b.p, "\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}");
