@@ -646,6 +646,16 @@ static void test_tenants(void) {
     srv_tenants_set_admin(ts, "other");
     CHECK(!srv_tenants_admin_ok(ts, "adm-secret", 10));
     CHECK(srv_tenants_admin_ok(ts, "other", 5));
+    // /metrics (issue 38): the admin key reads it; no tenant key does; a
+    // metrics key too once set, and it is no admin key
+    CHECK(srv_tenants_metrics_ok(ts, "other", 5));
+    CHECK(!srv_tenants_metrics_ok(ts, "sk-acme-1", 9));
+    CHECK(!srv_tenants_metrics_ok(ts, "mk-scrape", 9));
+    srv_tenants_set_metrics(ts, "mk-scrape");
+    CHECK(srv_tenants_metrics_ok(ts, "mk-scrape", 9));
+    CHECK(srv_tenants_metrics_ok(ts, "other", 5));
+    CHECK(!srv_tenants_admin_ok(ts, "mk-scrape", 9));
+    CHECK(!srv_tenants_metrics_ok(ts, "sk-globex", 9));
 
     // concurrency: two admitted, the third refused until one ends
     char msg[256];
@@ -712,8 +722,21 @@ static void test_tenants(void) {
     CHECK_STR_EQ(ts->t[0].name, "default");
     CHECK_EQ(srv_tenants_auth(ts, "whatever", 8), 0);
     CHECK(!srv_tenants_admin_ok(ts, "", 0));
+    CHECK(!srv_tenants_metrics_ok(ts, "", 0)); // none set (the route is open without tenants)
     srv_tenants_free(ts);
     srv_tenants_free(NULL);
+    // the file's metrics_key
+    {
+        const char *f = "{\"tenants\":[{\"name\":\"a\",\"keys\":[\"k\"]}],\"metrics_key\":\"mk-1\"}";
+        ks_errbuf meb = {0};
+        CHECK_EQ(srv_tenants_parse(f, strlen(f), &ts, &meb), KS_OK);
+        CHECK(srv_tenants_metrics_ok(ts, "mk-1", 4));
+        CHECK(!srv_tenants_metrics_ok(ts, "k", 1));
+        CHECK(!srv_tenants_admin_ok(ts, "mk-1", 4));
+        srv_tenants_free(ts);
+    }
+    expect_tenants_error("{\"tenants\":[{\"name\":\"a\",\"keys\":[\"k\"]}],\"metrics_key\":\"\"}",
+                         "metrics_key");
 
     // malformed files: the message says where, never a key
     expect_tenants_error("{\"tenants\":[", "line 1");
