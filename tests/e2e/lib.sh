@@ -57,7 +57,8 @@ wait_for() {
 }
 
 # /metrics is the scraper's when tenants are configured: start_server and
-# start_cluster's router take this key (--metrics-key), metrics_text sends it.
+# start_cluster's router take this key (--metrics-key), metrics_text sends it
+# (`KS_METRICS_KEY= start_server ...` starts one without).
 KS_METRICS_KEY=${KS_METRICS_KEY:-mk-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 # metrics_text URL — prints the /metrics text, read with the metrics key.
 metrics_text() { curl -sS -H "Authorization: Bearer $KS_METRICS_KEY" "$1/metrics"; }
@@ -121,7 +122,7 @@ stall_reader() {
 start_server() {
     local log=$1; shift
     "${KS_SERVE_BIN:-$KS_BIN}" serve --host 127.0.0.1 --port 0 $KS_SLOW_LIMITS \
-        --metrics-key "$KS_METRICS_KEY" "$@" >"$log.out" 2>"$log" &
+        ${KS_METRICS_KEY:+--metrics-key "$KS_METRICS_KEY"} "$@" >"$log.out" 2>"$log" &
     KS_PID=$!
     trap 'kill -KILL $KS_PID 2>/dev/null; rm_tmpd' EXIT
     KS_SERVER_LOG=$log
@@ -164,7 +165,7 @@ start_cluster() {
     head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMPD/secret"
     chmod 600 "$TMPD/secret"
     "${KS_SERVE_BIN:-$KS_BIN}" router --host 127.0.0.1 --port 0 --cluster-port 0 $KS_SLOW_LIMITS \
-        --metrics-key "$KS_METRICS_KEY" \
+        ${KS_METRICS_KEY:+--metrics-key "$KS_METRICS_KEY"} \
         --secret-file "$TMPD/secret" --health-interval-ms ${KS_HEALTH_MS:-$([ -n "${KS_SANITIZE:-}" ] && echo 2000 || echo 1000)} ${ROUTER_ARGS:-} "$@" \
         >"$log.router.out" 2>"$log.router" &
     KS_PID=$!

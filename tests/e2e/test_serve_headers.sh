@@ -236,6 +236,16 @@ hreq "off: metrics need no key without tenants" 200 "$U/metrics"
 expect_has "off: metrics" "$BODY" 'kvseal_tenant_requests_total{tenant="default"}'
 stop_server
 
+# tenants without a metrics key or an admin key: nobody may read /metrics
+# (403, saying how to turn it on); /health stays open
+echo '{"tenants": [{"name": "solo", "keys": ["sk-solo"]}]}' >"$TMPD/solo.json"
+KS_METRICS_KEY= start_server "$TMPD/nokey" -m "$M" --alias kjv --tenants "$TMPD/solo.json"
+U=$KS_URL
+hreq "no metrics key: a tenant's key" 403 -H "Authorization: Bearer sk-solo" "$U/metrics"
+expect_has "no metrics key: says how" "$BODY" "--metrics-key"
+hreq "no metrics key: health" 200 "$U/health"
+stop_server
+
 # the cluster router: the same HTTP front over prefill + decode workers
 ROUTER_ARGS="--alias kjv --tenants $TMPD/tenants.json ${CORS[*]}" CLUSTER_PROBE_AUTH=sk-acme \
     start_cluster "$TMPD/c" 1 1 -m "$M"
