@@ -284,7 +284,12 @@ static void ten__refill(srv_tenant *t, uint64_t now_ns) {
 static void ten__rate_msg(const srv_tenant *t, int64_t tokens, bool at_least, double avail,
                           char *msg, size_t cap) {
     const char *least = at_least ? "at least " : "";
-    if (tokens > t->tokens_per_minute)
+    if (tokens <= 0) // a request that reserves none (tokenize): earlier ones left a debt
+        snprintf(msg, cap,
+                 "tenant '%s' exceeded its limit of %lld tokens per minute (%lld available "
+                 "now); retry later",
+                 t->name, (long long)t->tokens_per_minute, (long long)floor(avail));
+    else if (tokens > t->tokens_per_minute)
         snprintf(msg, cap,
                  "request needs %s%lld tokens (prompt + max_tokens), more than tenant '%s''s "
                  "limit of %lld tokens per minute; lower max_tokens",

@@ -715,6 +715,18 @@ static void test_tenants(void) {
     srv_tenants_release(ts, 0, 0);
     CHECK_EQ(ts->t[0].running, 0);
     srv_tenants_free(ts);
+    // a tenant in debt (charged for refused work) gets no zero-token request
+    // either (tokenize), with a message that makes sense
+    {
+        const char *f = "{\"tenants\":[{\"name\":\"d\",\"keys\":[\"k\"],\"tokens_per_minute\":100}]}";
+        ks_errbuf deb = {0};
+        CHECK_EQ(srv_tenants_parse(f, strlen(f), &ts, &deb), KS_OK);
+        CHECK_EQ(srv_tenants_admit(ts, 0, 0, t0, msg, sizeof msg), ADMIT_OK);
+        srv_tenants_refuse(ts, 0, 0, 150); // charged 150: 50 in debt
+        CHECK_EQ(srv_tenants_admit(ts, 0, 0, t0, msg, sizeof msg), ADMIT_TENANT_RATE);
+        CHECK_STR_HAS(msg, "limit of 100 tokens per minute (-50 available now)");
+        srv_tenants_free(ts);
+    }
 
     // anonymous: tenant 0 "default", any key
     ts = srv_tenants_anonymous();
