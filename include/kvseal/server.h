@@ -25,6 +25,10 @@ typedef struct server_opts {
     const char *model_name;   /* the model's own name (file basename); borrowed */
     const char *tenants_path; /* tenants JSON file; NULL: one anonymous tenant */
     const char *admin_key;    /* overrides the tenants file's admin_key; NULL: none */
+    const char *metrics_key;  /* the scraper's key for /metrics (with tenants, /metrics needs it
+                                 or the admin key); overrides the file's metrics_key */
+    int32_t embed_max_tokens; /* tokens one embeddings request may hold over all its inputs
+                                 (0: SERVER_EMBED_MAX_TOKENS, and never below n_ctx) */
     bool log_content;         /* log prompts/outputs (also set by the tenants file) */
     size_t max_body_bytes;    /* larger request bodies get 413 (1 MiB) */
     int32_t n_ctx;            /* the engine's per-request limit (engine_opts.n_ctx) */
@@ -45,6 +49,8 @@ typedef struct server_opts {
                                         (any); borrowed. None: CORS off, no CORS headers at all */
     int n_cors_origins;
 } server_opts;
+
+#define SERVER_EMBED_MAX_TOKENS 32768 /* server_opts.embed_max_tokens's default */
 
 /* Fills defaults (host 127.0.0.1, port 8080, 1 MiB bodies, 4096
  * connections, 256 per address, 120 s idle timeout, 10 s request timeout,

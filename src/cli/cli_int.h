@@ -124,7 +124,7 @@ void cli__notify(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define SERVE_MAX_CORS 16
 
 typedef struct serve__cfg {
-    const char *model_path, *host, *tenants, *admin_key, *security_log;
+    const char *model_path, *host, *tenants, *admin_key, *metrics_key, *security_log;
     const char *chat_template_file; /* --chat-template-file: overrides the model's template */
     long port;
     const char *aliases[SERVE_MAX_ALIASES];
@@ -133,6 +133,7 @@ typedef struct serve__cfg {
     int n_cors;
     long ctx, kv_pages, page_tokens, threads, max_running, queue_max, queue_timeout_ms, batch;
     long idle_timeout, request_timeout, max_conns, max_conns_per_ip;
+    long embed_max_tokens; /* --embed-max-tokens (0: the server's default) */
     uint64_t kv_memory;
     bool no_prefix_cache, log_content;
     bool insecure_plaintext; /* cluster roles: --insecure-plaintext (no TLS) */

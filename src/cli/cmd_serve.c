@@ -39,7 +39,8 @@ void serve__usage(const char *cmd) {
         "         [--page-tokens 16] [--kv-type f32|f16|q8_0 (f16)] [--threads N]\n"
         "         [--batch-tokens 256] [--max-running 16]\n"
         "         [--queue-max 64] [--queue-timeout-ms 30000] [--no-prefix-cache]\n"
-        "         [--scrub zero|poison] [--tenants FILE] [--admin-key KEY] [--log-content]\n"
+        "         [--scrub zero|poison] [--tenants FILE] [--admin-key KEY] [--metrics-key KEY]\n"
+        "         [--log-content] [--embed-max-tokens 32768]\n"
         "         [--security-log FILE] [--idle-timeout SECONDS (120)] [--drain-timeout-ms 30000]\n"
         "         [--request-timeout SECONDS (10)] [--max-connections 4096]\n"
         "         [--max-connections-per-ip 256 (0: no limit)] [--chat-template-file FILE]\n"
@@ -60,6 +61,9 @@ void serve__usage(const char *cmd) {
         "  f32 in the same memory; q8_0 needs head_dim %% 32 == 0). Every node of a cluster\n"
         "  must use the same one.\n"
         "  Without --tenants there is one anonymous tenant and no API key is required.\n"
+        "  With tenants, /metrics needs --metrics-key's key (or the admin key) as a bearer\n"
+        "  token. --embed-max-tokens: tokens one embeddings request may hold over all its\n"
+        "  inputs (never below --ctx).\n"
         "  Chat requests render the model's Jinja tokenizer.chat_template (its .tool_use\n"
         "  variant for requests with tools), or --chat-template-file's; a template that\n"
         "  cannot render stops the server at startup. No template: the plain format.\n"
@@ -185,6 +189,8 @@ enum {
     SO_INSECURE_PLAINTEXT,
     SO_CORS_ORIGIN,
     SO_POOLING,
+    SO_METRICS_KEY,
+    SO_EMBED_MAX_TOKENS,
     SO__N
 };
 
@@ -228,6 +234,8 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_INSECURE_PLAINTEXT] = {"insecure-plaintext", 0, false, false},
     [SO_CORS_ORIGIN] = {"cors-origin", 0, true, true},
     [SO_POOLING] = {"pooling", 0, true, false},
+    [SO_METRICS_KEY] = {"metrics-key", 0, true, false},
+    [SO_EMBED_MAX_TOKENS] = {"embed-max-tokens", 0, true, false},
 };
 
 /* cli__spec.apply for serve and the cluster roles. String values point
@@ -290,6 +298,9 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
     case SO_DRAIN_TIMEOUT:
         lv = &c->drain_timeout_ms, lo = 0, hi = 3600000;
         break;
+    case SO_EMBED_MAX_TOKENS:
+        lv = &c->embed_max_tokens, lo = 1, hi = INT32_MAX;
+        break;
     default:
         break;
     }
@@ -325,6 +336,9 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
         break;
     case SO_ADMIN_KEY:
         sv = &c->admin_key;
+        break;
+    case SO_METRICS_KEY:
+        sv = &c->metrics_key;
         break;
     case SO_SECURITY_LOG:
         sv = &c->security_log;
@@ -548,6 +562,8 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     so.tenants_path = c->tenants;
     so.chat_template_file = c->chat_template_file;
     so.admin_key = c->admin_key;
+    so.metrics_key = c->metrics_key;
+    so.embed_max_tokens = (int32_t)c->embed_max_tokens;
     so.log_content = c->log_content;
     so.n_ctx = n_ctx;
     so.idle_timeout_s = (unsigned)c->idle_timeout;

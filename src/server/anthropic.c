@@ -61,25 +61,47 @@ static bool anth__block_keys(json_t *b, const char *const *keys, const char *pna
     return true;
 }
 
-/* Appends text to *acc (a JSON string, created on first use) with sep
- * between pieces. False on out-of-memory. */
-static bool anth__join(json_t **acc, const char *text, size_t n, const char *sep) {
-    if (!*acc) return (*acc = json_stringn(text, n)) != NULL;
-    size_t a = json_string_length(*acc), ns = strlen(sep);
-    char *p = malloc(a + ns + n + 1);
-    if (!p) return false;
-    memcpy(p, json_string_value(*acc), a);
-    memcpy(p + a, sep, ns);
-    memcpy(p + a + ns, text, n);
-    int rc = json_string_setn_nocheck(*acc, p, a + ns + n);
-    free(p);
-    return rc == 0;
+/* Text joined from blocks: a growing buffer, so k blocks cost time linear
+ * in their total size (a JSON string rebuilt per block was quadratic). */
+typedef struct anth_text {
+    srv_buf b;
+    bool any; /* a piece was added (an empty one counts) */
+} anth_text;
+
+/* Appends text to acc with sep between pieces. False on out-of-memory. */
+static bool anth__join(anth_text *acc, const char *text, size_t n, const char *sep) {
+    if (acc->any && !srv_buf_add(&acc->b, sep, strlen(sep))) return false;
+    acc->any = true;
+    return srv_buf_add(&acc->b, n ? text : "", n);
+}
+
+/* acc as a new JSON string into *out (NULL when nothing was added); frees
+ * acc's buffer. False on out-of-memory. */
+static bool anth__text_take(anth_text *acc, json_t **out) {
+    *out = acc->any ? json_stringn_nocheck(acc->b.p ? acc->b.p : "", acc->b.len) : NULL;
+    bool ok = !acc->any || *out;
+    srv_buf_free(&acc->b);
+    acc->any = false;
+    return ok;
+}
+
+/* Counts n more content blocks against the request's bound
+ * (SRV_MAX_CONTENT_PARTS); false with a 400 past it. */
+static bool anth__count_parts(size_t *n_parts, size_t n, const char *pname, srv_error *err) {
+    *n_parts += n;
+    if (*n_parts <= SRV_MAX_CONTENT_PARTS) return true;
+    return INVALID(err, pname,
+                   "%s: the request has more than %d content blocks; join the text into fewer "
+                   "blocks",
+                   pname, SRV_MAX_CONTENT_PARTS);
 }
 
 /* Text blocks (or a string) as one string joined by "\n", into *out (new
  * reference); a tool_result's content and system use it. */
-static bool anth__text_of(json_t *v, const char *pname, json_t **out, srv_error *err) {
+static bool anth__text_of(json_t *v, const char *pname, json_t **out, size_t *n_parts,
+                          srv_error *err) {
     *out = NULL;
+    anth_text acc = {0};
     if (json_is_string(v)) {
         *out = json_incref(v);
         return true;
@@ -92,6 +114,7 @@ static bool anth__text_of(json_t *v, const char *pname, json_t **out, srv_error 
     size_t k;
     json_t *b;
     char bname[96];
+    if (!anth__count_parts(n_parts, json_array_size(v), pname, err)) return false;
     json_array_foreach(v, k, b) {
         snprintf(bname, sizeof bname, "%s.%zu", pname, k);
         const char *type = anth__block_type(b, bname, err);
@@ -108,13 +131,15 @@ static bool anth__text_of(json_t *v, const char *pname, json_t **out, srv_error 
             INVALID(err, bname, "%s.text: must be a string", bname);
             goto fail;
         }
-        if (!anth__join(out, json_string_value(t), json_string_length(t), "\n")) goto oom;
+        if (!anth__join(&acc, json_string_value(t), json_string_length(t), "\n")) goto oom;
     }
+    if (!anth__text_take(&acc, out)) goto oom;
     if (!*out && !(*out = json_string(""))) goto oom;
     return true;
 oom:
     srv_fail(err, 500, "internal_error", "out of memory");
 fail:
+    srv_buf_free(&acc.b);
     json_decref(*out);
     *out = NULL;
     return false;
@@ -122,9 +147,11 @@ fail:
 
 /* A user turn's blocks: tool_result blocks become tool messages (in order),
  * the text blocks one user message after them. */
-static bool anth__user(json_t *msgs, json_t *content, size_t i, srv_error *err) {
+static bool anth__user(json_t *msgs, json_t *content, size_t i, size_t *n_parts,
+                       srv_error *err) {
     char pname[96];
     json_t *text = NULL;
+    anth_text acc = {0};
     size_t k;
     json_t *b;
     json_array_foreach(content, k, b) {
@@ -139,7 +166,7 @@ static bool anth__user(json_t *msgs, json_t *content, size_t i, srv_error *err) 
                 INVALID(err, pname, "%s.text: must be a string", pname);
                 goto fail;
             }
-            if (!anth__join(&text, json_string_value(t), json_string_length(t), "\n")) goto oom;
+            if (!anth__join(&acc, json_string_value(t), json_string_length(t), "\n")) goto oom;
         } else if (!strcmp(type, "tool_result")) {
             static const char *const keys[] = {"tool_use_id", "content", "is_error", NULL};
             if (!anth__block_keys(b, keys, pname, err)) goto fail;
@@ -158,17 +185,20 @@ static bool anth__user(json_t *msgs, json_t *content, size_t i, srv_error *err) 
             snprintf(cname, sizeof cname, "%s.content", pname);
             if (!c || json_is_null(c))
                 ct = json_string("");
-            else if (!anth__text_of(c, cname, &ct, err))
+            else if (!anth__text_of(c, cname, &ct, n_parts, err))
                 goto fail;
             if (!ct) goto oom;
             if (json_is_true(ie)) { // the template has no error flag: say it in the text
-                json_t *pre = json_string("Error: ");
-                bool ok =
-                    pre && anth__join(&pre, json_string_value(ct), json_string_length(ct), "");
+                anth_text pre = {0};
+                bool ok = anth__join(&pre, "Error: ", 7, "") &&
+                          anth__join(&pre, json_string_value(ct), json_string_length(ct), "");
                 json_decref(ct);
-                ct = ok ? pre : NULL;
-                if (!ok) json_decref(pre);
-                if (!ct) goto oom;
+                ct = NULL;
+                if (!ok || !anth__text_take(&pre, &ct)) {
+                    srv_buf_free(&pre.b);
+                    json_decref(ct);
+                    goto oom;
+                }
             }
             json_t *m =
                 json_pack("{s:s, s:o, s:O}", "role", "tool", "content", ct, "tool_call_id", id);
@@ -182,6 +212,7 @@ static bool anth__user(json_t *msgs, json_t *content, size_t i, srv_error *err) 
             goto fail;
         }
     }
+    if (!anth__text_take(&acc, &text)) goto oom;
     if (text) {
         json_t *m = json_pack("{s:s, s:o}", "role", "user", "content", text);
         text = NULL;
@@ -191,6 +222,7 @@ static bool anth__user(json_t *msgs, json_t *content, size_t i, srv_error *err) 
 oom:
     srv_fail(err, 500, "internal_error", "out of memory");
 fail:
+    srv_buf_free(&acc.b);
     json_decref(text);
     return false;
 }
@@ -200,6 +232,7 @@ fail:
 static bool anth__assistant(json_t *msgs, json_t *content, size_t i, srv_error *err) {
     char pname[96];
     json_t *text = NULL, *think = NULL, *calls = NULL;
+    anth_text tacc = {0}, hacc = {0};
     size_t k;
     json_t *b;
     json_array_foreach(content, k, b) {
@@ -216,7 +249,7 @@ static bool anth__assistant(json_t *msgs, json_t *content, size_t i, srv_error *
                 INVALID(err, pname, "%s.%s: must be a string", pname, th ? "thinking" : "text");
                 goto fail;
             }
-            if (!anth__join(th ? &think : &text, json_string_value(t), json_string_length(t), "\n"))
+            if (!anth__join(th ? &hacc : &tacc, json_string_value(t), json_string_length(t), "\n"))
                 goto oom;
         } else if (!strcmp(type, "redacted_thinking")) {
             continue; // opaque to any model but the one that wrote it
@@ -252,6 +285,7 @@ static bool anth__assistant(json_t *msgs, json_t *content, size_t i, srv_error *
             goto fail;
         }
     }
+    if (!anth__text_take(&tacc, &text) || !anth__text_take(&hacc, &think)) goto oom;
     json_t *m = json_pack("{s:s}", "role", "assistant");
     if (!m) goto oom;
     json_object_set_new(m, "content", text ? text : calls ? json_null() : json_string(""));
@@ -263,6 +297,8 @@ static bool anth__assistant(json_t *msgs, json_t *content, size_t i, srv_error *
 oom:
     srv_fail(err, 500, "internal_error", "out of memory");
 fail:
+    srv_buf_free(&tacc.b);
+    srv_buf_free(&hacc.b);
     json_decref(text);
     json_decref(think);
     json_decref(calls);
@@ -271,11 +307,12 @@ fail:
 
 static bool anth__messages(json_t *out, json_t *root, srv_error *err) {
     json_t *msgs = json_array(), *sys = json_object_get(root, "system");
+    size_t n_parts = 0; // content blocks, bounded by SRV_MAX_CONTENT_PARTS
     json_object_set_new(out, "messages", msgs);
     if (!msgs) return srv_fail(err, 500, "internal_error", "out of memory");
     if (sys && !json_is_null(sys)) {
         json_t *st;
-        if (!anth__text_of(sys, "system", &st, err)) return false;
+        if (!anth__text_of(sys, "system", &st, &n_parts, err)) return false;
         if (json_string_length(st) == 0)
             json_decref(st);
         else if (json_array_append_new(msgs,
@@ -330,7 +367,10 @@ static bool anth__messages(json_t *out, json_t *root, srv_error *err) {
                            : content              ? srv_json_kind(content)
                                                   : "nothing");
         }
-        if (!(user ? anth__user(msgs, content, i, err) : anth__assistant(msgs, content, i, err)))
+        snprintf(pname, sizeof pname, "messages.%zu.content", i);
+        if (!anth__count_parts(&n_parts, json_array_size(content), pname, err)) return false;
+        if (!(user ? anth__user(msgs, content, i, &n_parts, err)
+                   : anth__assistant(msgs, content, i, err)))
             return false;
     }
     return true;
@@ -663,8 +703,10 @@ static bool anth__close(srv_anth_sse *st, srv_buf *b) {
                        json_pack("{s:s, s:i}", "type", "content_block_stop", "index", st->index++));
 }
 
-bool srv_anth_sse_start(srv_buf *b, const char *id, const char *model_name, int32_t n_prompt,
-                        int32_t n_cached) {
+bool srv_anth_sse_start(srv_anth_sse *st, srv_buf *b, const char *id, const char *model_name,
+                        int32_t n_prompt, int32_t n_cached) {
+    st->n_prompt = n_prompt;
+    st->n_cached = n_cached;
     json_t *m = srv_anth_message(id, model_name, json_array(), NULL, NULL, n_prompt, n_cached, 0);
     return m &&
            anth__event(b, "message_start",
@@ -713,9 +755,12 @@ bool srv_anth_sse_tool(srv_anth_sse *st, srv_buf *b, const char *id, const char 
 }
 
 bool srv_anth_sse_end(srv_anth_sse *st, srv_buf *b, const char *stop_reason, const char *stop_seq,
-                      int32_t n_prompt, int32_t n_cached, int32_t n_gen) {
-    // usage in message_delta is cumulative: the whole answer's, as the
-    // non-streamed message's (message_start could not know the cached part).
+                      int32_t n_gen) {
+    // usage in message_delta is cumulative, and a client merges it into the
+    // message: its input numbers are message_start's, so the two agree (the
+    // cached part is known only at the end, after message_start went out;
+    // a stream reports the whole prompt as input, the non-streamed answer
+    // splits it).
     // An answer with no block at all still has its (empty) text block, as
     // the non-streamed message does.
     bool ok = true;
@@ -730,8 +775,8 @@ bool srv_anth_sse_end(srv_anth_sse *st, srv_buf *b, const char *stop_reason, con
                        json_pack("{s:s, s:{s:s?, s:s?}, s:{s:i, s:i, s:i, s:i}}", "type",
                                  "message_delta", "delta", "stop_reason", stop_reason,
                                  "stop_sequence", stop_seq, "usage", "input_tokens",
-                                 (int)(n_prompt - n_cached), "cache_creation_input_tokens", 0,
-                                 "cache_read_input_tokens", (int)n_cached, "output_tokens",
+                                 (int)(st->n_prompt - st->n_cached), "cache_creation_input_tokens",
+                                 0, "cache_read_input_tokens", (int)st->n_cached, "output_tokens",
                                  (int)n_gen)) &&
            anth__event(b, "message_stop", json_pack("{s:s}", "type", "message_stop"));
 }

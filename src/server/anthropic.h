@@ -92,12 +92,15 @@ const char *srv_anth_error_type(int status);
 typedef struct srv_anth_sse {
     int index; /* the next content block's index */
     int open;  /* the open block: 0 none, 1 text, 2 thinking */
+    int32_t n_prompt, n_cached; /* the input usage message_start reported */
 } srv_anth_sse;
 
 /* Appends "event: message_start" (the message with empty content, usage
- * with the input tokens) and a ping. False on out-of-memory. */
-bool srv_anth_sse_start(srv_buf *b, const char *id, const char *model_name, int32_t n_prompt,
-                        int32_t n_cached) KS_MUST_USE;
+ * with the input tokens: n_prompt - n_cached uncached, n_cached read from
+ * the cache) and a ping, and keeps those numbers in st for message_delta.
+ * False on out-of-memory. */
+bool srv_anth_sse_start(srv_anth_sse *st, srv_buf *b, const char *id, const char *model_name,
+                        int32_t n_prompt, int32_t n_cached) KS_MUST_USE;
 /* Appends text (stolen JSON string; empty: nothing) as a text_delta or a
  * thinking_delta, opening that block first (and closing another that is
  * open). False on out-of-memory. */
@@ -111,7 +114,7 @@ bool srv_anth_sse_tool(srv_anth_sse *st, srv_buf *b, const char *id, const char 
  * the final usage as srv_anth_message's) and message_stop. False on
  * out-of-memory. */
 bool srv_anth_sse_end(srv_anth_sse *st, srv_buf *b, const char *stop_reason, const char *stop_seq,
-                      int32_t n_prompt, int32_t n_cached, int32_t n_gen) KS_MUST_USE;
+                      int32_t n_gen) KS_MUST_USE;
 /* Appends "event: error" with e's error body. False on out-of-memory. */
 bool srv_anth_sse_error(srv_buf *b, const srv_error *e) KS_MUST_USE;
 

@@ -165,6 +165,8 @@ void srv_framing_add(srv_framing *f, const char *name, const char *value) {
         if (!api__token_is(value, "identity") && !f->content_encoding) f->content_encoding = value;
     } else if (!strcasecmp(name, "Authorization")) {
         f->n_authorization++;
+    } else if (!strcasecmp(name, "x-api-key")) {
+        f->n_x_api_key++;
     }
 }
 
@@ -193,6 +195,9 @@ bool srv_framing_check(const srv_framing *f, srv_error *err) {
         return FRAMING(err, ADMIT_DUPLICATE_HEADER,
                        "the Authorization header appears %d times; send it once",
                        f->n_authorization);
+    if (f->n_x_api_key > 1)
+        return FRAMING(err, ADMIT_DUPLICATE_HEADER,
+                       "the x-api-key header appears %d times; send it once", f->n_x_api_key);
     return true;
 }
 
@@ -303,6 +308,7 @@ static bool api__messages(srv_request *r, json_t *v, srv_error *err) {
     r->owned = calloc(n, sizeof *r->owned);
     if (!r->msgs || !r->owned) return srv_fail(err, 500, "internal_error", "out of memory");
     r->n_msgs = n;
+    size_t n_parts = 0; // over every message, bounded by SRV_MAX_CONTENT_PARTS
     for (size_t i = 0; i < n; i++) {
         char pname[64];
         json_t *m = json_array_get(v, i);
@@ -323,6 +329,12 @@ static bool api__messages(srv_request *r, json_t *v, srv_error *err) {
         } else if (json_is_array(content)) {
             size_t total = 0, k;
             json_t *part;
+            n_parts += json_array_size(content);
+            if (n_parts > SRV_MAX_CONTENT_PARTS)
+                return INVALID(err, pname,
+                               "the request has more than %d content parts ('%s' reaches it); "
+                               "join the text into fewer parts",
+                               SRV_MAX_CONTENT_PARTS, pname);
             json_array_foreach(content, k, part) {
                 json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
                 if (!json_is_object(part) || !json_is_string(type) ||

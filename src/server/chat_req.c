@@ -117,21 +117,23 @@ static json_t *chat__message(srv_request *r, json_t *m, size_t i, srv_error *err
     bool null_content = json_is_null(content);
     json_t *text;
     if (json_is_array(content)) { /* text parts, joined by "\n" as vLLM joins them */
+        // one growing buffer: linear in the parts' total size (api.c checked
+        // every part is a text part and bounded their number)
         size_t k;
         json_t *part;
-        text = json_string("");
+        srv_buf b = {0};
+        bool ok = true;
         json_array_foreach(content, k, part) {
             json_t *t = json_object_get(part, "text");
-            char *joined = NULL;
-            if (asprintf(&joined, "%s%s%s", json_string_value(text), k ? "\n" : "",
-                         json_string_value(t)) < 0) {
-                json_decref(text);
-                json_decref(out);
-                srv_fail(err, 500, "internal_error", "out of memory");
-                return NULL;
-            }
-            json_string_set(text, joined);
-            free(joined);
+            ok = ok && (!k || srv_buf_add(&b, "\n", 1)) &&
+                 srv_buf_add(&b, json_string_value(t), json_string_length(t));
+        }
+        text = ok ? json_stringn_nocheck(b.p ? b.p : "", b.len) : NULL;
+        srv_buf_free(&b);
+        if (!text) {
+            json_decref(out);
+            srv_fail(err, 500, "internal_error", "out of memory");
+            return NULL;
         }
     } else {
         /* null (a tool-calling assistant turn) reaches the template as "", as
@@ -181,6 +183,43 @@ fail:
     return NULL;
 }
 
+/* The chat_template_kwargs a request may set, with their JSON types: the
+ * switches templates document (Qwen3/GLM enable_thinking, DeepSeek V3.1
+ * thinking, gpt-oss reasoning_effort, Llama 3.x tools_in_user_message,
+ * date_string and builtin_tools, Command-R/Granite documents). Anything
+ * else is refused: a key would otherwise shadow the template's globals
+ * (bos_token, eos_token, raise_exception, range, namespace, ...) or the
+ * request's own fields (messages, tools, add_generation_prompt). README
+ * "Chat templates" lists them. */
+static const struct {
+    const char *key;
+    json_type type;
+} chat__kwargs[] = {
+    {"enable_thinking", JSON_TRUE},   {"thinking", JSON_TRUE},
+    {"reasoning_effort", JSON_STRING}, {"tools_in_user_message", JSON_TRUE},
+    {"date_string", JSON_STRING},     {"builtin_tools", JSON_ARRAY},
+    {"documents", JSON_ARRAY},
+};
+
+/* Checks one chat_template_kwargs entry; false with a 400 naming it. */
+static bool chat__kwarg_ok(const char *k, json_t *v, srv_error *err) {
+    for (size_t i = 0; i < sizeof chat__kwargs / sizeof *chat__kwargs; i++) {
+        if (strcmp(k, chat__kwargs[i].key) != 0) continue;
+        json_type t = chat__kwargs[i].type;
+        bool ok = t == JSON_TRUE ? json_is_boolean(v) : json_typeof(v) == t;
+        if (ok) return true;
+        return INVALID(err, "chat_template_kwargs", "'chat_template_kwargs': '%s' must be %s, got %s",
+                       k, t == JSON_TRUE ? "a boolean" : t == JSON_STRING ? "a string" : "an array",
+                       srv_json_kind(v));
+    }
+    return INVALID(err, "chat_template_kwargs",
+                   "'chat_template_kwargs' cannot set '%.64s': only enable_thinking, thinking, "
+                   "reasoning_effort, tools_in_user_message, date_string, builtin_tools and "
+                   "documents may be set (the template's globals and the request's own fields "
+                   "cannot be overridden)",
+                   k);
+}
+
 bool srv_chat_prepare(srv_request *r, json_t *root, srv_error *err) {
     json_t *msgs = json_object_get(root, "messages");
     json_t *tools = json_object_get(root, "tools");
@@ -197,6 +236,7 @@ bool srv_chat_prepare(srv_request *r, json_t *root, srv_error *err) {
             if (chat__in(reserved, k))
                 return INVALID(err, "chat_template_kwargs",
                                "'chat_template_kwargs' cannot set '%s' (the request does)", k);
+            if (!chat__kwarg_ok(k, v, err)) return false;
         }
         r->tmpl_kwargs = kw;
     }

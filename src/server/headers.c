@@ -109,6 +109,48 @@ bool srv_request_id_ok(const char *v) {
     return n > 0 && n < SRV_REQUEST_ID_MAX;
 }
 
+static bool hdr__log_plain(unsigned char c) {
+    return isalnum(c) || (c && strchr("-._~:/@+,", c));
+}
+
+size_t srv_log_value(const char *v, char *out, size_t cap) {
+    if (!cap) return 0;
+    if (!v) v = "";
+    bool plain = *v != '\0';
+    for (const char *p = v; *p && plain; p++)
+        plain = hdr__log_plain((unsigned char)*p);
+    size_t n = 0;
+    if (plain) {
+        n = strlen(v);
+        if (n > cap - 1) n = cap - 1;
+        memcpy(out, v, n);
+        out[n] = '\0';
+        return n;
+    }
+    if (cap < 3) {
+        out[0] = '\0';
+        return 0;
+    }
+    out[n++] = '"';
+    for (const char *p = v; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+        char esc[5];
+        size_t k;
+        if (c == '"' || c == '\\')
+            esc[0] = '\\', esc[1] = (char)c, k = 2;
+        else if (c < 0x20 || c > 0x7e)
+            k = (size_t)snprintf(esc, sizeof esc, "\\x%02x", c);
+        else
+            esc[0] = (char)c, k = 1;
+        if (n + k + 1 >= cap) break; // room for the closing quote and the NUL
+        memcpy(out + n, esc, k);
+        n += k;
+    }
+    out[n++] = '"';
+    out[n] = '\0';
+    return n;
+}
+
 void srv_request_id_new(char *buf, size_t cap) {
     uint8_t r[16];
     randombytes_buf(r, sizeof r);

@@ -324,7 +324,10 @@ static void srv__ri_begin(server *s, struct MHD_Connection *c, const char *metho
         snprintf(ri->origin, sizeof ri->origin, "%s", any ? "*" : origin);
         ri->cors = strlen(origin) < sizeof ri->origin;
     }
-    snprintf(ri->line, sizeof ri->line, "%s %s", method ? method : "?", url ? url : "?");
+    // the path as a log value: a client's bytes never forge a field or a line
+    char path[sizeof ri->line - 18]; // room for "%.16s "
+    srv_log_value(url ? url : "?", path, sizeof path);
+    snprintf(ri->line, sizeof ri->line, "%.16s %s", method ? method : "?", path);
 }
 
 /* The headers every answer carries (see the file comment). Counts the
@@ -371,8 +374,11 @@ static void srv__decorate(server *s, struct MHD_Connection *c, struct MHD_Respon
             // the tenant's own limit: the real refill time of what it lacks
             if (status == 429) retry = srv_retry_after_s(rl.retry_s);
         }
-        if (status >= 400)
-            ks_log(KS_LOG_INFO, "http %d %s request_id=%s", status, ri->line, ri->rid);
+        if (status >= 400) {
+            char rid[4 * SRV_REQUEST_ID_MAX + 3];
+            srv_log_value(ri->rid, rid, sizeof rid);
+            ks_log(KS_LOG_INFO, "http %d %s request_id=%s", status, ri->line, rid);
+        }
     }
     if (status == 503) { // busy or draining: the queue's expected wait
         engine_stats es;
@@ -671,15 +677,19 @@ static void srv__gen_account(srv_gen *g, const engine_event *ev) {
                              (double)(ks_now_ns() - g->t_first_ns) * 1e-9 / (ev->n_gen - 1));
     }
     srv__gen_release_tenant(g);
+    // the ids hold the client's x-request-id: log values, never raw text
+    char id[4 * sizeof g->id + 3], rid[4 * sizeof g->rid + 3];
+    srv_log_value(g->id, id, sizeof id);
+    srv_log_value(g->rid, rid, sizeof rid);
     if (s->log_content) {
         const srv_buf *t = g->stream ? &g->text : &g->ch[0].text;
-        ks_log(KS_LOG_INFO, "request %s output: %.*s", g->id, (int)t->len, t->p ? t->p : "");
+        ks_log(KS_LOG_INFO, "request %s output: %.*s", id, (int)t->len, t->p ? t->p : "");
     }
     ks_log(KS_LOG_INFO,
            "request %s: %s, %d prompt tokens (%d cached), %d generated, finish %d%s%s "
            "request_id=%s",
-           g->id, srv_route_name(g->api), ev->n_prompt, ev->n_cached, ev->n_gen, (int)ev->finish,
-           ev->errmsg[0] ? ": " : "", ev->errmsg, g->rid);
+           id, srv_route_name(g->api), ev->n_prompt, ev->n_cached, ev->n_gen, (int)ev->finish,
+           ev->errmsg[0] ? ": " : "", ev->errmsg, rid);
 }
 
 /* One logprobs entry for a chat answer: {token, logprob, bytes, top_logprobs}. */
@@ -1105,7 +1115,7 @@ static bool srv__anth_stream_event(srv_gen *g, const engine_event *ev) {
         return srv_anth_sse_error(&g->out, &err);
     }
     return srv_anth_sse_end(&g->anth, &g->out, reason, strcmp(reason, "stop_sequence") ? NULL : seq,
-                            ev->n_prompt, ev->n_cached, g->n_gen);
+                            g->n_gen);
 }
 
 /* The message of a non-streamed Messages answer from its one choice's text
@@ -1225,7 +1235,7 @@ static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
  * prompt, for every choice. False on out of memory. */
 static bool srv__stream_head(srv_gen *g) {
     if (g->route == SRV_ROUTE_MESSAGES)
-        return srv_anth_sse_start(&g->out, g->id, g->model, g->n_prompt, 0);
+        return srv_anth_sse_start(&g->anth, &g->out, g->id, g->model, g->n_prompt, 0);
     bool ok = true;
     for (int i = 0; ok && i < g->n_ch * srv__fanout(g); i++) {
         json_t *j = NULL;
@@ -1653,11 +1663,21 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     if (max_tokens < 0 && route == SRV_ROUTE_WORKERS) max_tokens = 256;    // Workers AI's
     // Issue 8: the prompt's bytes give a lower bound on its tokens; a prompt
     // that cannot fit even so is refused before any tokenizing, with the
-    // engine's 400, whatever the tenant's budget (it cost a parse, as a
-    // malformed body does, and is not charged). So no request tokenizes more
-    // than about n_ctx * max_token_bytes bytes.
-    if (!srv_prompt_fits(s->o.n_ctx, ptext_len, s->max_token_bytes, max_tokens, route, &err))
+    // engine's 400. So no request tokenizes more than about n_ctx *
+    // max_token_bytes bytes. Issue 38: it is charged as a prompt tokenized
+    // and refused as too long is (n_ctx + 1 tokens, where tokenizing stops),
+    // within the tenant's limits: a tenant at its limit gets the 429 instead.
+    if (!srv_prompt_fits(s->o.n_ctx, ptext_len, s->max_token_bytes, max_tokens, route, &err)) {
+        held_reserved = held_charge = (int64_t)s->o.n_ctx + 1;
+        char m429[256];
+        admit_reason r429 =
+            srv_tenants_admit(s->ts, tenant, held_reserved, ks_now_ns(), m429, sizeof m429);
+        if (r429 != ADMIT_OK)
+            srv_refuse(&err, r429, NULL, "%s", m429);
+        else
+            held = tenant; // charged below (fail:)
         goto fail;
+    }
     // The tenant's limits apply before the expensive work (tokenizing): on a
     // lower bound of the tokens (chat without max_tokens reserves the whole
     // context), raised to the exact count once tokenized.
@@ -1950,6 +1970,14 @@ static enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, s
     return r;
 }
 
+/* Tokens one embeddings request may hold over all its inputs:
+ * --embed-max-tokens (SERVER_EMBED_MAX_TOKENS by default), never below the
+ * context (one whole input always fits). */
+static int64_t srv__embed_bound(const server *s) {
+    int64_t b = s->o.embed_max_tokens > 0 ? s->o.embed_max_tokens : SERVER_EMBED_MAX_TOKENS;
+    return b < s->o.n_ctx ? s->o.n_ctx : b;
+}
+
 /* POST /v1/embeddings (OpenAI's shape). url_model: a model named by the URL
  * (a Workers-AI-style route), else NULL and the body's "model" is checked;
  * shape: the route whose error shape refusals take (SRV_ROUTE_EMBEDDINGS,
@@ -1976,7 +2004,7 @@ static enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, cons
         return srv__reply_error(s, c, route, &err);
     srv_gen *g = NULL;
     int held = -1;
-    int64_t total = 0;
+    int64_t total = 0, charge = 0; // charge: tokens charged when refused for size
     const char *model_name = url_model ? url_model : rq.model;
     const int32_t E = model_hp(s->m)->n_embd;
     if (!srv__name_ok(s, model_name)) {
@@ -1997,18 +2025,23 @@ static enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, cons
         goto fail;
     }
     // tokenize (BOS/EOS as the vocabulary says; never special-token text), at
-    // most n_ctx + 1 ids each, so an over-long input costs about n_ctx tokens
+    // most n_ctx + 1 ids each, so an over-long input costs about n_ctx tokens,
+    // and no more than the request's bound over all inputs (issue 38: one
+    // request held ~511k tokens, 103 s of engine time)
+    const int64_t bound = srv__embed_bound(s);
     for (int i = 0; i < rq.n; i++) {
         srv_embed_input *x = &rq.in[i];
         bool cut = false;
         if (!x->is_ids) {
             ks_errbuf eb;
-            if (tok_encode_max(s->vocab, x->text, x->len, true, false, (size_t)s->o.n_ctx, &x->ids,
+            int64_t left = bound - total; // >= 0: checked below for every input
+            size_t cap = left < s->o.n_ctx ? (size_t)left : (size_t)s->o.n_ctx;
+            if (tok_encode_max(s->vocab, x->text, x->len, true, false, cap, &x->ids,
                                &x->n_ids, &eb)) {
                 srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
                 goto fail;
             }
-            cut = x->n_ids > (size_t)s->o.n_ctx;
+            cut = x->n_ids > cap;
             if (x->n_ids == 0) {
                 srv_refuse(&err, ADMIT_INVALID, "input", "input %d has no tokens", i);
                 goto fail;
@@ -2029,9 +2062,20 @@ static enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, cons
                        "Please reduce the length of the input.",
                        s->o.n_ctx, cut ? "at least " : "", x->n_ids, cut ? "at least " : "",
                        x->n_ids);
+            charge = total + (int64_t)x->n_ids;
             goto fail;
         }
         total += (int64_t)x->n_ids;
+        if (total > bound) {
+            srv_refuse(&err, ADMIT_CONTEXT_LENGTH, "input",
+                       "The inputs hold %s%lld tokens (through input %d of %d), more than the "
+                       "%lld tokens one embeddings request may hold; send fewer or shorter "
+                       "inputs per request",
+                       cut || i + 1 < rq.n ? "at least " : "", (long long)total, i, rq.n,
+                       (long long)bound);
+            charge = total;
+            goto fail;
+        }
     }
     char msg[256];
     admit_reason rj = srv_tenants_admit(s->ts, tenant, total, ks_now_ns(), msg, sizeof msg);
@@ -2084,63 +2128,105 @@ static enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, cons
     return srv__embed_collect(s, c, g, sc);
 fail:
     if (held >= 0) srv_tenants_release(s->ts, held, total);
+    // refused for size: charged what was tokenized, as an over-long prompt is
+    // (within the tenant's limits: one at its limit gets the 429 instead)
+    if (charge > 0 && err.reason == ADMIT_CONTEXT_LENGTH) {
+        char m429[256];
+        admit_reason r429 = srv_tenants_admit(s->ts, tenant, charge, ks_now_ns(), m429, sizeof m429);
+        if (r429 != ADMIT_OK)
+            srv_refuse(&err, r429, NULL, "%s", m429);
+        else
+            srv_tenants_refuse(s->ts, tenant, charge, charge);
+    }
     srv__gen_free(g);
     srv_embed_req_free(&rq);
     return srv__reply_error(s, c, route, &err);
+}
+
+/* Refuses a /tokenize or /detokenize of `tokens` (at least) as longer than
+ * the context, in the words of the engine's refusal. */
+static void srv__tokenize_too_long(server *s, bool detok, int64_t tokens, bool at_least,
+                                   srv_error *err) {
+    srv_refuse(err, ADMIT_CONTEXT_LENGTH, detok ? "tokens" : "content",
+               "This model's maximum context length is %d tokens. However, the %s has %s%lld "
+               "tokens. Please send a shorter one.",
+               s->o.n_ctx, detok ? "token list" : "text", at_least ? "at least " : "",
+               (long long)tokens);
 }
 
 /* POST /tokenize and /detokenize (llama.cpp server's shapes): the model's
  * vocabulary, here on the HTTP thread (no model code). A tenant key is
  * needed where keys are configured. detokenize renders no special token
  * and drops the space-prefix rule's leading space, so detokenize(tokenize
- * (text)) == text. */
+ * (text)) == text. Issue 38: each is a request of its tenant (its
+ * concurrency and requests per minute, admitted before any work), its
+ * tokens count against the tenant's tokens per minute, and it is bounded
+ * as a prompt is: a text or token list longer than the context is refused
+ * (400) and charged what was tokenized (tokenizing stops past n_ctx, and a
+ * text too long by its bytes alone is not tokenized at all). So an HTTP
+ * thread does at most about n_ctx tokens of work per request. */
 static enum MHD_Result srv__tokenize(server *s, struct MHD_Connection *c, srv_conn *sc,
                                      bool detok) {
     const srv_route route = SRV_ROUTE_TOKENIZE;
     srv_error err;
-    if (srv__auth(s, c, route, &err) < 0) return srv__reply_error(s, c, route, &err);
+    int tenant = srv__auth(s, c, route, &err);
+    if (tenant < 0) return srv__reply_error(s, c, route, &err);
     const char *body = sc->body.p ? sc->body.p : "";
-    json_t *j = NULL;
+    json_t *j = NULL, *root = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int64_t charge = 0; // tokens charged when refused for size
+    bool held = false;
+    char msg[256];
+    srv_tokenize_req rq = {0};
+    const char *model_name = NULL;
+    if (!detok ? !srv_tokenize_parse(body, sc->body.len, &rq, &err)
+               : !srv_detokenize_parse(body, sc->body.len, tok_n_vocab(s->vocab), &ids, &n,
+                                       &model_name, &root, &err))
+        goto out;
+    if (!detok) model_name = rq.model;
+    if (!srv__name_ok(s, model_name)) {
+        srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
+                   "The model '%s' does not exist; this server serves '%s'", model_name,
+                   srv__primary_name(s));
+        goto out;
+    }
+    // a request of the tenant: its slot and its share of requests first
+    admit_reason rj = srv_tenants_admit(s->ts, tenant, 0, ks_now_ns(), msg, sizeof msg);
+    if (rj != ADMIT_OK) {
+        srv_refuse(&err, rj, NULL, "%s", msg);
+        goto out;
+    }
+    held = true;
     if (!detok) {
-        srv_tokenize_req rq;
-        if (!srv_tokenize_parse(body, sc->body.len, &rq, &err))
-            return srv__reply_error(s, c, route, &err);
-        if (!srv__name_ok(s, rq.model)) {
-            srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
-                       "The model '%s' does not exist; this server serves '%s'", rq.model,
-                       srv__primary_name(s));
-            json_decref(rq.root);
-            return srv__reply_error(s, c, route, &err);
+        int64_t lo = srv_prompt_min_tokens(rq.len, s->max_token_bytes);
+        if (lo > s->o.n_ctx) { // too long by its bytes: no tokenizing at all
+            charge = (int64_t)s->o.n_ctx + 1;
+            srv__tokenize_too_long(s, false, lo, true, &err);
+            goto out;
         }
-        int32_t *ids = NULL;
-        size_t n = 0;
         ks_errbuf eb;
-        if (tok_encode(s->vocab, rq.content, rq.len, rq.add_special, rq.parse_special, &ids, &n,
-                       &eb)) {
-            json_decref(rq.root);
+        if (tok_encode_max(s->vocab, rq.content, rq.len, rq.add_special, rq.parse_special,
+                           (size_t)s->o.n_ctx, &ids, &n, &eb)) {
             srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
-            return srv__reply_error(s, c, route, &err);
+            goto out;
         }
+    }
+    if (n > (size_t)s->o.n_ctx) {
+        charge = (int64_t)n;
+        srv__tokenize_too_long(s, detok, (int64_t)n, !detok, &err);
+        goto out;
+    }
+    srv_reqinfo *ri = srv__ri(c);
+    if (ri) ri->need_tokens = (int64_t)n; // a 429's Retry-After: when these are there
+    rj = srv_tenants_grow(s->ts, tenant, 0, (int64_t)n, ks_now_ns(), msg, sizeof msg);
+    if (rj != ADMIT_OK) {
+        srv_refuse(&err, rj, NULL, "%s", msg);
+        goto out;
+    }
+    if (!detok) {
         j = srv_tokenize_answer(s->vocab, ids, n, rq.with_pieces);
-        free(ids);
-        json_decref(rq.root);
     } else {
-        int32_t *ids = NULL;
-        size_t n = 0;
-        const char *model_name = NULL;
-        json_t *root = NULL;
-        if (!srv_detokenize_parse(body, sc->body.len, tok_n_vocab(s->vocab), &ids, &n, &model_name,
-                                  &root, &err))
-            return srv__reply_error(s, c, route, &err);
-        if (!srv__name_ok(s, model_name)) {
-            srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
-                       "The model '%s' does not exist; this server serves '%s'", model_name,
-                       srv__primary_name(s));
-            json_decref(root);
-            free(ids);
-            return srv__reply_error(s, c, route, &err);
-        }
-        json_decref(root);
         size_t len = tok_detokenize(s->vocab, ids, n, false, true, NULL, 0);
         char *text = malloc(len + 1);
         if (text) {
@@ -2149,9 +2235,20 @@ static enum MHD_Result srv__tokenize(server *s, struct MHD_Connection *c, srv_co
             j = t ? json_pack("{s:o}", "content", t) : NULL;
         }
         free(text);
-        free(ids);
     }
+    srv_tenants_release(s->ts, tenant, 0); // its tokens stay spent
+    held = false;
+    free(ids);
+    json_decref(rq.root);
+    json_decref(root);
     return srv__reply_json(s, c, route, 200, j);
+out:
+    if (held)
+        srv_tenants_refuse(s->ts, tenant, 0, err.reason == ADMIT_CONTEXT_LENGTH ? charge : 0);
+    free(ids);
+    json_decref(rq.root);
+    json_decref(root);
+    return srv__reply_error(s, c, route, &err);
 }
 
 // ----------------------------------------------------------------------------
@@ -2202,7 +2299,29 @@ static enum MHD_Result srv__health(server *s, struct MHD_Connection *c) {
     return srv__reply_json(s, c, SRV_ROUTE_HEALTH, draining ? 503 : 200, j);
 }
 
+/* GET /metrics. Tenant names and traffic are tenant data: with tenants
+ * configured only the scraper's key (--metrics-key) or the admin key reads
+ * them, as a bearer token (Prometheus' authorization); no key, a tenant's
+ * key or a wrong one gets 401, and with neither key configured the route
+ * is off (403). Without tenants (one anonymous tenant) it is open. */
 static enum MHD_Result srv__metrics(server *s, struct MHD_Connection *c) {
+    if (!s->ts->anonymous) {
+        srv_error err;
+        const char *key = srv__bearer(c);
+        if (!s->ts->has_metrics && !s->ts->has_admin) {
+            srv_refuse(&err, ADMIT_ADMIN_DISABLED, NULL,
+                       "/metrics is off: with tenants configured it needs a key; start the "
+                       "server with --metrics-key (or an admin key) and scrape with "
+                       "'Authorization: Bearer <metrics key>'");
+            return srv__reply_error(s, c, SRV_ROUTE_METRICS, &err);
+        }
+        if (!key || !srv_tenants_metrics_ok(s->ts, key, strlen(key))) {
+            srv_refuse(&err, ADMIT_AUTH, NULL,
+                       key ? "invalid metrics key"
+                           : "missing metrics key: send 'Authorization: Bearer <metrics key>'");
+            return srv__reply_error(s, c, SRV_ROUTE_METRICS, &err);
+        }
+    }
     engine_stats es;
     s->b.get_stats(s->b.impl, &es);
     char *text = srv_metrics_render(&s->met, &es, s->b.is_online(s->b.impl));
@@ -2901,6 +3020,7 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
         goto fail;
     }
     if (o->admin_key) srv_tenants_set_admin(s->ts, o->admin_key);
+    if (o->metrics_key) srv_tenants_set_metrics(s->ts, o->metrics_key);
     s->met.ts = s->ts;
     s->met.model_name = srv__primary_name(s);
     for (int i = 0; i < o->n_cors_origins; i++)

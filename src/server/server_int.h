@@ -87,6 +87,7 @@ typedef struct srv_framing {
     const char *transfer_encoding; /* a value other than "chunked", or NULL */
     const char *content_encoding;  /* a Content-Encoding other than identity, or NULL */
     int n_authorization;           /* Authorization fields */
+    int n_x_api_key;               /* x-api-key fields (Anthropic's clients) */
 } srv_framing;
 
 /* Adds one request header to f (names compared case-insensitively);
@@ -98,7 +99,7 @@ void srv_framing_add(srv_framing *f, const char *name, const char *value);
  * parsers may disagree on where the body ends), 501 a transfer coding
  * other than chunked, 415 a content coding other than identity (bodies are
  * read as they come, never decompressed), 400 Authorization sent more than
- * once (which key would be meant is ambiguous). Pure. */
+ * once, and so is x-api-key (which key would be meant is ambiguous). Pure. */
 bool srv_framing_check(const srv_framing *f, srv_error *err /* OUT */);
 /* True when the raw request target's path (before percent-decoding, up to
  * '?') has no %2F (a slash decoding would make out of a path segment) and
@@ -110,6 +111,10 @@ bool srv_path_check(const char *raw_target, srv_error *err /* OUT */);
 // Requests
 
 #define SRV_MAX_STOPS 4
+/* Content parts (OpenAI) or blocks (Anthropic) one request may carry over
+ * all its messages: more is a 400, so a body of many tiny parts cannot buy
+ * work out of proportion to its size. */
+#define SRV_MAX_CONTENT_PARTS 4096
 #define SRV_MAX_TOKENS_LIMIT (1 << 24) /* larger max_tokens is invalid, not "too long" */
 
 /* A parsed, validated generation request. Strings point into root. */
@@ -251,13 +256,15 @@ typedef struct srv_tenants {
     bool anonymous; /* no tenants file: one tenant "default", no auth */
     bool has_admin;
     uint8_t admin_hash[32]; /* SHA-256 of the admin key */
+    bool has_metrics;
+    uint8_t metrics_hash[32]; /* SHA-256 of the scraper's key (/metrics) */
     bool log_content;
     pthread_mutex_t mu; /* guards the runtime fields of every tenant */
 } srv_tenants;
 
 /* Parses a tenants file's text: {"tenants":[{"name","keys":[...],
  * "max_concurrent","tokens_per_minute","requests_per_minute"}],
- * "admin_key", "log_content"}.
+ * "admin_key", "metrics_key", "log_content"}.
  * Names must be unique, non-empty, <= 63 bytes; keys non-empty and unique
  * across tenants. Errors: KS_ERR_FORMAT with the JSON position or the
  * offending field (never a key). Caller owns *out (srv_tenants_free). */
@@ -267,6 +274,8 @@ ks_err srv_tenants_parse(const char *json, size_t len, srv_tenants **out /* OUT 
 srv_tenants *srv_tenants_anonymous(void);
 /* Sets (key non-NULL) the admin key, overriding the file's. */
 void srv_tenants_set_admin(srv_tenants *ts, const char *key);
+/* Sets (key non-NULL) the scraper's key for /metrics, overriding the file's. */
+void srv_tenants_set_metrics(srv_tenants *ts, const char *key);
 /* Frees; accepts NULL. */
 void srv_tenants_free(srv_tenants *ts);
 
@@ -276,6 +285,9 @@ void srv_tenants_free(srv_tenants *ts);
 int srv_tenants_auth(const srv_tenants *ts, const char *key, size_t len);
 /* True when key is the admin key (constant time); false when none is set. */
 bool srv_tenants_admin_ok(const srv_tenants *ts, const char *key, size_t len);
+/* True when key may read /metrics: the metrics key or the admin key
+ * (constant time in the key); false when neither is set. */
+bool srv_tenants_metrics_ok(const srv_tenants *ts, const char *key, size_t len);
 
 /* Admits one request of `tokens` (prompt + max_tokens) for tenant i at time
  * now_ns: checks the concurrency limit, takes one request from the request
@@ -351,6 +363,14 @@ size_t srv_cors_allow_headers(const char *requested, char *out, size_t cap);
  * bytes, each printable ASCII without space (0x21..0x7e), so it is safe in
  * a header, a log line and a JSON id. Pure. */
 bool srv_request_id_ok(const char *v);
+/* v as a value of a text log line's `key=value` field: as it is when every
+ * byte is a letter, a digit or one of "-._~:/@+,", so the usual ids and
+ * paths read unchanged; otherwise in double quotes, `"` and `\` escaped
+ * with a backslash and any byte outside printable ASCII as \xNN, so a
+ * client's value (x-request-id, a URL) can never forge another field
+ * ("tenant=beta") or a line. Writes at most cap - 1 bytes and a NUL (a
+ * quoted value cut short still ends in '"'); returns the length. Pure. */
+size_t srv_log_value(const char *v, char *out, size_t cap);
 /* A new request id: 32 lowercase hex digits of 128 random bits
  * (libsodium), unique for all practical purposes. cap >= 33. */
 void srv_request_id_new(char *buf, size_t cap);

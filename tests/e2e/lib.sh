@@ -56,9 +56,15 @@ wait_for() {
     done
 }
 
+# /metrics is the scraper's when tenants are configured: start_server and
+# start_cluster's router take this key (--metrics-key), metrics_text sends it
+# (`KS_METRICS_KEY= start_server ...` starts one without).
+KS_METRICS_KEY=${KS_METRICS_KEY:-mk-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+# metrics_text URL — prints the /metrics text, read with the metrics key.
+metrics_text() { curl -sS -H "Authorization: Bearer $KS_METRICS_KEY" "$1/metrics"; }
 # metric URL NAME — prints the value of the /metrics line NAME (with its labels), or nothing.
 metric() {
-    curl -sS "$1/metrics" | awk -v n="$2" '$1 == n && !f { print $2; f = 1 }'
+    metrics_text "$1" | awk -v n="$2" '$1 == n && !f { print $2; f = 1 }'
 }
 # metric_is URL NAME VALUE / metric_ge URL NAME VALUE — for wait_for.
 metric_is() { [ "$(metric "$1" "$2")" = "$3" ]; }
@@ -115,7 +121,8 @@ stall_reader() {
 # KS_PID and KS_URL. The server is killed on exit.
 start_server() {
     local log=$1; shift
-    "${KS_SERVE_BIN:-$KS_BIN}" serve --host 127.0.0.1 --port 0 $KS_SLOW_LIMITS "$@" >"$log.out" 2>"$log" &
+    "${KS_SERVE_BIN:-$KS_BIN}" serve --host 127.0.0.1 --port 0 $KS_SLOW_LIMITS \
+        ${KS_METRICS_KEY:+--metrics-key "$KS_METRICS_KEY"} "$@" >"$log.out" 2>"$log" &
     KS_PID=$!
     trap 'kill -KILL $KS_PID 2>/dev/null; rm_tmpd' EXIT
     KS_SERVER_LOG=$log
@@ -158,6 +165,7 @@ start_cluster() {
     head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMPD/secret"
     chmod 600 "$TMPD/secret"
     "${KS_SERVE_BIN:-$KS_BIN}" router --host 127.0.0.1 --port 0 --cluster-port 0 $KS_SLOW_LIMITS \
+        ${KS_METRICS_KEY:+--metrics-key "$KS_METRICS_KEY"} \
         --secret-file "$TMPD/secret" --health-interval-ms ${KS_HEALTH_MS:-$([ -n "${KS_SANITIZE:-}" ] && echo 2000 || echo 1000)} ${ROUTER_ARGS:-} "$@" \
         >"$log.router.out" 2>"$log.router" &
     KS_PID=$!

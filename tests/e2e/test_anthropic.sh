@@ -50,7 +50,7 @@ REF=$(sed -n 's/^REF=//p' "$TMPD/client.out") # a JSON string
 # the tool result reached the template, after the call the model made
 expect_has "tool result in the prompt" "$(cat "$TMPD/serve.log")" "</tool_call>Tool: sunny in Paris
 Assistant:"
-expect_has "metrics: messages route" "$(curl -sS "$KS_URL/metrics")" \
+expect_has "metrics: messages route" "$(metrics_text "$KS_URL")" \
     'kvseal_requests_total{route="messages",status="200"}'
 U=$KS_URL
 A=(-H "Authorization: Bearer sk-anth-1" -H "Content-Type: application/json")
@@ -58,6 +58,21 @@ req "GET /v1/messages" 405 "${A[@]}" "$U/v1/messages"
 expect_has "405 in Anthropic's shape" "$BODY" '{"type":"error","error":{"type":"invalid_request_error"'
 req "x-api-key only on /v1/messages" 401 -H "x-api-key: sk-anth-1" "$U/v1/chat/completions" \
     -d '{"model":"kjv","messages":[{"role":"user","content":"x"}]}'
+
+# ---- a stream's message_start and message_delta agree on the input and
+# cache-read tokens, also when the prompt was served from the prefix cache
+# (the second time: message_delta once counted the cached part, message_start
+# could not know it)
+LONGP=$(printf 'And God said, Let there be light: and there was light. %.0s' $(seq 6))
+MSG="{\"model\":\"kjv\",\"max_tokens\":4,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"$LONGP\"}]}"
+for i in 1 2; do
+    curl -sSN "${A[@]}" -H 'anthropic-version: 2023-06-01' "$U/v1/messages" -d "$MSG" -o "$TMPD/anth$i.sse" ||
+        fail "messages stream $i: curl failed"
+    u0=$(sed -n 's/^data: //p' "$TMPD/anth$i.sse" | jq -c 'select(.type == "message_start") | .message.usage | [.input_tokens, .cache_read_input_tokens]')
+    u1=$(sed -n 's/^data: //p' "$TMPD/anth$i.sse" | jq -c 'select(.type == "message_delta") | .usage | [.input_tokens, .cache_read_input_tokens]')
+    [ -n "$u0" ] || fail "messages stream $i: no message_start usage"
+    expect_eq "messages stream $i: message_delta's input usage equals message_start's" "$u1" "$u0"
+done
 
 # ---- Workers AI: the run route, with and without /client/v4
 RUN='{"prompt":"In the beginning","max_tokens":20,"temperature":0}'

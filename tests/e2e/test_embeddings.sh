@@ -17,14 +17,50 @@ command -v node >/dev/null || skip "node is not installed (scripts/install-deps.
 MODEL=$KS_SRC/models/kjv-mini.gguf
 echo '{"tenants":[{"name":"acme","keys":["sk-acme-test"],"max_concurrent":8,"tokens_per_minute":1000000},
 {"name":"tiny","keys":["sk-tiny"],"max_concurrent":8,"tokens_per_minute":20},
-{"name":"leave","keys":["sk-leave"],"max_concurrent":8}],"admin_key":"adm-emb"}' >"$TMPD/t.json"
-ARGS=(-m "$MODEL" --alias kjv-mini --ctx 256 --kv-pages 64 --threads 2)
+{"name":"leave","keys":["sk-leave"],"max_concurrent":8},
+{"name":"tokr","keys":["sk-tokr"],"requests_per_minute":3},
+{"name":"tokt","keys":["sk-tokt"],"tokens_per_minute":20},
+{"name":"tokl","keys":["sk-tokl"],"tokens_per_minute":1000}],"admin_key":"adm-emb"}' >"$TMPD/t.json"
+# (512 inputs of ~100 tokens in left_mid_request: past the default bound of 32768)
+ARGS=(-m "$MODEL" --alias kjv-mini --ctx 256 --kv-pages 64 --threads 2 --embed-max-tokens 60000)
 AUTH=(-H "Authorization: Bearer sk-acme-test" -H 'Content-Type: application/json')
 TEXT='In the beginning God created the heaven and the earth.'
 
 # curl_checks NAME — tokenize/detokenize and the refusals node cannot send
 curl_checks() {
-    local n=$1 ids want
+    local n=$1 ids want i
+    # issue 38: /tokenize and /detokenize count against the tenant's requests
+    # and tokens, and are bounded like a prompt (the context, 256 here)
+    for i in 1 2 3; do
+        req "$n tokenize rate $i" 200 -H "Authorization: Bearer sk-tokr" "$KS_URL/tokenize" -d '{"content":"In"}'
+    done
+    req "$n tokenize rate 4" 429 -H "Authorization: Bearer sk-tokr" "$KS_URL/tokenize" -d '{"content":"In"}'
+    expect_has "$n tokenize rate 4" "$BODY" "limit of 3 requests per minute"
+    req "$n detokenize rate" 429 -H "Authorization: Bearer sk-tokr" "$KS_URL/detokenize" -d '{"tokens":[1]}'
+    req "$n tokenize tokens 1" 200 -H "Authorization: Bearer sk-tokt" "$KS_URL/tokenize" -d "{\"content\":\"$TEXT\"}"
+    req "$n tokenize tokens 2" 429 -H "Authorization: Bearer sk-tokt" "$KS_URL/tokenize" -d "{\"content\":\"$TEXT\"}"
+    expect_has "$n tokenize tokens 2" "$BODY" "20 tokens per minute"
+    node -e 'console.log(JSON.stringify({content: "In the beginning God created the heaven and the earth. ".repeat(30)}))' \
+        >"$TMPD/tlong.json"
+    req "$n tokenize past the context" 400 "${AUTH[@]}" "$KS_URL/tokenize" -d @"$TMPD/tlong.json"
+    expect_has "$n tokenize past the context" "$BODY" '"code":"context_length_exceeded"'
+    head -c 1000000 /dev/zero | tr '\0' 'a' | sed 's/^/{"content":"/; s/$/"}/' >"$TMPD/tmb.json"
+    req "$n tokenize 1 MB" 400 "${AUTH[@]}" "$KS_URL/tokenize" --data-binary @"$TMPD/tmb.json"
+    expect_has "$n tokenize 1 MB" "$BODY" '"code":"context_length_exceeded"'
+    node -e 'console.log(JSON.stringify({tokens: Array(300).fill(1043)}))' >"$TMPD/dlong.json"
+    req "$n detokenize past the context" 400 "${AUTH[@]}" "$KS_URL/detokenize" -d @"$TMPD/dlong.json"
+    expect_has "$n detokenize past the context" "$BODY" '"code":"context_length_exceeded"'
+    # refused for size, charged: an over-long tokenize costs tokl (1000 a
+    # minute) what was tokenized, past the context (> 256 tokens)
+    local rem
+    rem=$(curl -sS -D - -o /dev/null -H "Authorization: Bearer sk-tokl" "$KS_URL/tokenize" -d @"$TMPD/tlong.json" |
+        tr -d '\r' | sed -n 's/^x-ratelimit-remaining-tokens: //Ip')
+    [ -n "$rem" ] && [ "$rem" -le 760 ] || fail "$n: an over-long tokenize left tokl $rem of 1000 tokens"
+    # one embeddings request holds at most --embed-max-tokens (60000) tokens
+    node -e 'const t = "In the beginning God created the heaven and the earth. ".repeat(8);
+        console.log(JSON.stringify({input: Array.from({length: 700}, () => t)}))' >"$TMPD/e700.json"
+    req "$n embeddings past the bound" 400 "${AUTH[@]}" "$KS_URL/v1/embeddings" -d @"$TMPD/e700.json"
+    expect_has "$n embeddings past the bound" "$BODY" "60000 tokens"
     want=$("$KS_BIN" tokenize -m "$MODEL" --ids "$TEXT" 2>/dev/null) || fail "kvseal tokenize failed"
     req "$n tokenize" 200 "${AUTH[@]}" "$KS_URL/tokenize" -d "{\"content\":\"$TEXT\",\"add_special\":true}"
     ids=$(node -e 'console.log(JSON.parse(process.argv[1]).tokens.join(" "))' "$BODY")

@@ -250,7 +250,7 @@ req "after errors" 200 "${A[@]}" "$U/v1/completions" -d '{"model":"kjv","prompt"
 expect_has "after errors text" "$BODY" "\"text\":\"$REF\""
 
 # ---- metrics
-req "metrics" 200 "$U/metrics"
+req "metrics" 200 -H "Authorization: Bearer $KS_METRICS_KEY" "$U/metrics"
 for want in 'kvseal_requests_total{route="completions",status="200"}' \
     'kvseal_requests_total{route="completions",status="400"}' \
     'kvseal_requests_total{route="completions",status="401"}' \

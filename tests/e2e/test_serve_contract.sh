@@ -18,7 +18,8 @@ cat >"$TMPD/tenants.json" <<'EOF'
 {"tenants": [
   {"name": "acme", "keys": ["sk-acme"], "max_concurrent": 8, "tokens_per_minute": 10000000},
   {"name": "solo", "keys": ["sk-solo"], "max_concurrent": 1, "tokens_per_minute": 10000000},
-  {"name": "meter", "keys": ["sk-meter"], "max_concurrent": 8, "tokens_per_minute": 1200}
+  {"name": "meter", "keys": ["sk-meter"], "max_concurrent": 8, "tokens_per_minute": 1200},
+  {"name": "parts", "keys": ["sk-parts"], "max_concurrent": 8, "tokens_per_minute": 1200}
  ]}
 EOF
 start_server "$TMPD/err" -m "$M" --alias kjv --tenants "$TMPD/tenants.json"
@@ -48,6 +49,10 @@ CPID=$STALL_PID
 wait_for "the stalled reader's request to pause" metric_is "$U" kvseal_paused_requests 1
 req "over-long at the concurrency limit" 429 -H "Authorization: Bearer sk-solo" "$U/v1/completions" -d "$OVER"
 expect_has "over-long at the concurrency limit" "$BODY" "already has 1 requests running (limit 1)"
+# issue 38: /tokenize and /detokenize take a slot of the tenant's concurrency too
+req "tokenize at the concurrency limit" 429 -H "Authorization: Bearer sk-solo" "$U/tokenize" -d '{"content":"In"}'
+expect_has "tokenize at the concurrency limit" "$BODY" "already has 1 requests running (limit 1)"
+req "detokenize at the concurrency limit" 429 -H "Authorization: Bearer sk-solo" "$U/detokenize" -d '{"tokens":[1]}'
 kill -KILL "$CPID"
 wait "$CPID" 2>/dev/null
 wait_for "the cancelled request to leave the batch" metric_is "$U" kvseal_running_requests 0
@@ -60,6 +65,30 @@ done
 req "meter charged" 429 -H "Authorization: Bearer sk-meter" "$U/v1/completions" \
     -d '{"model":"kjv","prompt":"In","max_tokens":400}'
 expect_has "meter charged" "$BODY" "1200 tokens per minute"
+# (e) issue 38: a chat of many content parts too long by its bytes alone is
+# charged as a tokenized over-long prompt is (n_ctx + 1 = 513 tokens each):
+# after two, a 400-token request exceeds parts' 1200 a minute; and more than
+# 4096 parts is a clear 400
+# parts_body N LEN — a chat body with N text parts of LEN bytes each
+parts_body() {
+    awk -v n="$1" -v len="$2" 'BEGIN {
+        t = sprintf("%*s", len, ""); gsub(/ /, "a", t)
+        printf "{\"model\":\"kjv\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":["
+        for (i = 0; i < n; i++) printf "%s{\"type\":\"text\",\"text\":\"%s\"}", i ? "," : "", t
+        printf "]}]}\n" }'
+}
+parts_body 3000 200 >"$TMPD/parts.json"
+for i in 1 2; do
+    req "parts over-long $i" 400 -H "Authorization: Bearer sk-parts" "$U/v1/chat/completions" \
+        --data-binary @"$TMPD/parts.json"
+    expect_has "parts over-long $i" "$BODY" '"code":"context_length_exceeded"'
+done
+req "parts charged" 429 -H "Authorization: Bearer sk-parts" "$U/v1/completions" \
+    -d '{"model":"kjv","prompt":"In","max_tokens":400}'
+expect_has "parts charged" "$BODY" "1200 tokens per minute"
+parts_body 4097 1 >"$TMPD/parts2.json"
+req "too many parts" 400 "${A[@]}" "$U/v1/chat/completions" --data-binary @"$TMPD/parts2.json"
+expect_has "too many parts" "$BODY" "more than 4096 content parts"
 
 # ---- 2. HTTP framing (RFC 9112), with exact bytes (rawc)
 # raw NAME WANT_STATUS WANT_CODE REQUEST : sends REQUEST, checks the status
@@ -101,6 +130,14 @@ raw "%00 in the path" 400 invalid_path \
 printf 'POST /v1%%2Fcompletions HTTP/1.1\r\nHost: x\r\n' | rawc --half-close "$PORT" >/dev/null
 raw "two Authorization headers" 400 duplicate_header \
     "POST /v1/completions HTTP/1.1${nl}${H}Authorization: Bearer sk-solo${nl}Content-Length: ${#B}${nl}Connection: close${nl}${nl}$B"
+# Anthropic's x-api-key twice: the first used to win; which key is meant is ambiguous
+XH="Host: 127.0.0.1${nl}anthropic-version: 2023-06-01${nl}"
+MB='{"model":"kjv","max_tokens":2,"messages":[{"role":"user","content":"In"}]}'
+raw "two x-api-key headers" 400 "" \
+    "POST /v1/messages HTTP/1.1${nl}${XH}x-api-key: sk-acme${nl}x-api-key: sk-solo${nl}Content-Length: ${#MB}${nl}Connection: close${nl}${nl}$MB"
+expect_has "two x-api-key headers: says so" "$OUT" "x-api-key header appears 2 times"
+raw "one x-api-key header" 200 "" \
+    "POST /v1/messages HTTP/1.1${nl}${XH}x-api-key: sk-acme${nl}Content-Length: ${#MB}${nl}Connection: close${nl}${nl}$MB"
 raw "plain request still fine" 200 "" \
     "POST /v1/completions HTTP/1.1${nl}${H}Content-Length: ${#B}${nl}Connection: close${nl}${nl}$B"
 

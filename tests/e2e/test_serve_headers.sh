@@ -101,6 +101,14 @@ walk() {
     expect_eq "$F echoed id" "$(hval x-request-id)" "client-$F-42"
     expect_has "$F completion id" "$BODY" "\"id\":\"cmpl-client-$F-42\""
     wait_for "$F: the id in the log line" file_has "$LOG" "request_id=client-$F-42"
+    # a printable id that spells another field is quoted in the text log, never raw
+    hreq "$F id with =" 200 -H "X-Request-Id: tenant=beta$F" "${A[@]}" "${J[@]}" \
+        "$U/v1/completions" -d "$BODY1"
+    expect_eq "$F id with = echoed" "$(hval x-request-id)" "tenant=beta$F"
+    wait_for "$F: the quoted id in the log line" file_has "$LOG" "request_id=\"tenant=beta$F\""
+    ! grep -q "request_id=tenant=beta$F" "$LOG" || fail "$F: raw id in the log: $(grep "request_id=tenant=beta$F" "$LOG")"
+    hreq "$F id with = refused" 401 -H "X-Request-Id: x\"y=1" "$U/v1/completions" -d "$BODY1"
+    wait_for "$F: the escaped id in the error's log line" file_has "$LOG" 'request_id="x\"y=1"'
     hreq "$F generated id 1" 200 "${A[@]}" "${J[@]}" "$U/v1/completions" -d "$BODY1"
     local g1 g2; g1=$(hval x-request-id)
     expect_has "$F generated id in the completion's" "$BODY" "\"id\":\"cmpl-$g1\""
@@ -155,6 +163,19 @@ walk() {
     [[ $ra =~ ^[0-9]+$ ]] && [ "$ra" -ge 1 ] || fail "$F 503: Retry-After [$ra]"
     hreq "$F online" 200 -X POST -H "Authorization: Bearer adm-key" "$U/admin/models/kjv/online"
 
+    # --- /metrics is tenant data (names, traffic): the scraper's key or the
+    # admin key reads it, no key or a tenant's key gets 401; /health stays open
+    hreq "$F metrics: no key" 401 "$U/metrics"
+    [[ $BODY != *acme* ]] || fail "$F metrics: a refused scrape names a tenant: $BODY"
+    hreq "$F metrics: a tenant's key" 401 "${A[@]}" "$U/metrics"
+    hreq "$F metrics: a wrong key" 401 -H "Authorization: Bearer $KS_METRICS_KEY-x" "$U/metrics"
+    hreq "$F metrics: the admin key" 200 -H "Authorization: Bearer adm-key" "$U/metrics"
+    expect_has "$F metrics (admin key): tenant series" "$BODY" 'kvseal_tenant_requests_total{tenant="acme"}'
+    hreq "$F metrics: the metrics key" 200 -H "Authorization: Bearer $KS_METRICS_KEY" "$U/metrics"
+    expect_has "$F metrics (metrics key): tenant series" "$BODY" 'kvseal_tenant_requests_total{tenant="metered"}'
+    expect_has "$F metrics (metrics key): engine series" "$BODY" 'kvseal_requests_total{'
+    hreq "$F health: no key" 200 "$U/health"
+
     # --- /metrics
     local ML='{model_name="kjv"}' e0 q0 e1 q1 s0
     e0=$(mval "vllm:e2e_request_latency_seconds_count$ML")
@@ -168,7 +189,7 @@ walk() {
     expect_eq "$F queue histogram count grows" "$q1" "$((q0 + 1))"
     expect_eq "$F success counter grows" "$(mval 'vllm:request_success_total{finished_reason="length",model_name="kjv"}')" "$((s0 + 1))"
     expect_eq "$F kvseal e2e count" "$(mval kvseal_e2e_request_latency_seconds_count)" "$e1"
-    local text; text=$(curl -sS "$U/metrics")
+    local text; text=$(metrics_text "$U")
     for n in vllm:num_requests_running vllm:num_requests_waiting vllm:kv_cache_usage_perc \
         vllm:gpu_cache_usage_perc vllm:prompt_tokens_total vllm:generation_tokens_total \
         vllm:time_to_first_token_seconds_count vllm:time_per_output_token_seconds_count; do
@@ -211,6 +232,18 @@ hreq "off: completion" 200 -H "Origin: $ORIGIN" "${J[@]}" "$U/v1/completions" -d
 ! grep -q '^access-control-' "$TMPD/hdr" || fail "CORS off: $(grep '^access-control-' "$TMPD/hdr")"
 [ -n "$(hval x-request-id)" ] || fail "CORS off: no x-request-id"
 no_header x-ratelimit-limit-requests "anonymous tenant without limits"
+hreq "off: metrics need no key without tenants" 200 "$U/metrics"
+expect_has "off: metrics" "$BODY" 'kvseal_tenant_requests_total{tenant="default"}'
+stop_server
+
+# tenants without a metrics key or an admin key: nobody may read /metrics
+# (403, saying how to turn it on); /health stays open
+echo '{"tenants": [{"name": "solo", "keys": ["sk-solo"]}]}' >"$TMPD/solo.json"
+KS_METRICS_KEY= start_server "$TMPD/nokey" -m "$M" --alias kjv --tenants "$TMPD/solo.json"
+U=$KS_URL
+hreq "no metrics key: a tenant's key" 403 -H "Authorization: Bearer sk-solo" "$U/metrics"
+expect_has "no metrics key: says how" "$BODY" "--metrics-key"
+hreq "no metrics key: health" 200 "$U/health"
 stop_server
 
 # the cluster router: the same HTTP front over prefill + decode workers

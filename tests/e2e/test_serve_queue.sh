@@ -51,7 +51,7 @@ expect_has "queued request content" "$(cat "$TMPD/d")" "\"text\":\"$REF\""
 code=$(curl -sS -o "$TMPD/e" -w '%{http_code}' "$U/v1/completions" -d '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":60,"temperature":0}')
 expect_eq "after drain ($(cat "$TMPD/e"))" "$code" 200
 expect_has "after drain content" "$(cat "$TMPD/e")" "\"text\":\"$REF\""
-m=$(curl -sS "$U/metrics")
+m=$(metrics_text "$U")
 expect_has "metrics queue_full" "$m" 'kvseal_rejections_total{reason="queue_full"} '
 grep -q '^kvseal_rejections_total{reason="queue_full"} 0$' <<<"$m" && fail "queue_full not counted"
 stop_server

@@ -343,6 +343,34 @@ static void test_request_invalid(void) {
                    "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
                    "\"chat_template_kwargs\":{\"tools\":1}}",
                    "chat_template_kwargs", NULL, "cannot set 'tools'");
+    // issue 38: only the documented keys: never a template global (bos_token
+    // would forge the turn's start, raise_exception/range/namespace are
+    // the engine's functions), nor anything else
+    static const char *const globals[] = {"bos_token", "eos_token", "raise_exception", "range",
+                                          "namespace", "strftime_now", "loop", "foo"};
+    for (size_t i = 0; i < sizeof globals / sizeof *globals; i++) {
+        char body[256], want[64];
+        snprintf(body, sizeof body,
+                 "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                 "\"chat_template_kwargs\":{\"enable_thinking\":false,\"%s\":\"x\"}}",
+                 globals[i]);
+        snprintf(want, sizeof want, "cannot set '%s'", globals[i]);
+        expect_invalid(H, body, "chat_template_kwargs", NULL, want);
+    }
+    expect_invalid(H,
+                   "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                   "\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}",
+                   "chat_template_kwargs", NULL, "'enable_thinking' must be a boolean");
+    {
+        srv_request r = parse_ok(
+            H, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+               "\"chat_template_kwargs\":{\"enable_thinking\":true,\"thinking\":false,"
+               "\"reasoning_effort\":\"low\",\"tools_in_user_message\":false,"
+               "\"date_string\":\"26 Jul 2024\",\"builtin_tools\":[\"brave_search\"],"
+               "\"documents\":[{\"title\":\"t\",\"text\":\"x\"}]}}");
+        CHECK_EQ(json_object_size(r.tmpl_kwargs), 7);
+        srv_request_free(&r);
+    }
     // workers: exactly one of prompt / messages
     expect_invalid(W, "{}", NULL, NULL, "exactly one of");
     expect_invalid(W, "{\"prompt\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"b\"}]}",
@@ -394,6 +422,53 @@ static void check_framing(const char *const *hdrs, int status, const char *code)
     }
 }
 
+/* A chat body of n_parts text parts of part_len bytes each ("a...a"),
+ * malloc'd. */
+static char *many_parts(int n_parts, size_t part_len) {
+    size_t cap = 128 + (size_t)n_parts * (part_len + 32);
+    char *b = malloc(cap), *p = b;
+    CHECK(b != NULL);
+    p += sprintf(p, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[");
+    for (int i = 0; i < n_parts; i++) {
+        p += sprintf(p, "%s{\"type\":\"text\",\"text\":\"", i ? "," : "");
+        memset(p, 'a', part_len);
+        p += part_len;
+        p += sprintf(p, "\"}");
+    }
+    sprintf(p, "]}]}");
+    return b;
+}
+
+/* Issue 38: many content parts are joined in linear time and bounded. */
+static void test_content_parts(void) {
+    srv_request r;
+    srv_error e;
+    // the most parts allowed, 1 MiB of text: joined (by "\n") in linear time;
+    // joining part by part re-copied the whole text per part (~4 GB here)
+    char *b = many_parts(SRV_MAX_CONTENT_PARTS, 256);
+    uint64_t t0 = ks_now_ns();
+    CHECK(srv_request_parse(SRV_ROUTE_CHAT, b, strlen(b), &r, &e));
+    double ms = (double)(ks_now_ns() - t0) * 1e-6;
+    const char *joined = json_string_value(
+        json_object_get(json_array_get(r.tmpl_msgs, 0), "content"));
+    CHECK(joined != NULL);
+    CHECK_EQ(strlen(joined), (size_t)SRV_MAX_CONTENT_PARTS * 257 - 1);
+    CHECK(joined && joined[256] == '\n' && joined[257] == 'a');
+    srv_request_free(&r);
+    free(b);
+    printf("content parts: %d parts of 256 bytes parsed and joined in %.1f ms\n",
+           SRV_MAX_CONTENT_PARTS, ms);
+    CHECK(ms < 2000); // linear: tens of ms (x10 under sanitizers); quadratic: ~25 s
+    // one more part is a clear 400, on every message together
+    b = many_parts(SRV_MAX_CONTENT_PARTS + 1, 1);
+    memset(&e, 0, sizeof e);
+    CHECK(!srv_request_parse(SRV_ROUTE_CHAT, b, strlen(b), &r, &e));
+    CHECK_EQ(e.status, 400);
+    CHECK_STR_EQ(e.param, "messages[0].content");
+    CHECK_STR_HAS(e.msg, "more than 4096 content parts");
+    free(b);
+}
+
 static void test_framing(void) {
     const char *plain[] = {"Host", "x", "Content-Length", "12", "Authorization", "Bearer k", NULL};
     check_framing(plain, 0, NULL);
@@ -415,6 +490,11 @@ static void test_framing(void) {
     check_framing(ce_id, 0, NULL);
     const char *auth2[] = {"Authorization", "Bearer a", "authorization", "Bearer a", NULL};
     check_framing(auth2, 400, "duplicate_header");
+    // Anthropic's header too: which of two keys is meant is ambiguous
+    const char *xkey2[] = {"x-api-key", "sk-a", "X-Api-Key", "sk-b", NULL};
+    check_framing(xkey2, 400, "duplicate_header");
+    const char *xkey_auth[] = {"x-api-key", "sk-a", "Authorization", "Bearer sk-a", NULL};
+    check_framing(xkey_auth, 0, NULL);
 
     srv_error e;
     CHECK(srv_path_check("/v1/completions", &e));
@@ -566,6 +646,16 @@ static void test_tenants(void) {
     srv_tenants_set_admin(ts, "other");
     CHECK(!srv_tenants_admin_ok(ts, "adm-secret", 10));
     CHECK(srv_tenants_admin_ok(ts, "other", 5));
+    // /metrics (issue 38): the admin key reads it; no tenant key does; a
+    // metrics key too once set, and it is no admin key
+    CHECK(srv_tenants_metrics_ok(ts, "other", 5));
+    CHECK(!srv_tenants_metrics_ok(ts, "sk-acme-1", 9));
+    CHECK(!srv_tenants_metrics_ok(ts, "mk-scrape", 9));
+    srv_tenants_set_metrics(ts, "mk-scrape");
+    CHECK(srv_tenants_metrics_ok(ts, "mk-scrape", 9));
+    CHECK(srv_tenants_metrics_ok(ts, "other", 5));
+    CHECK(!srv_tenants_admin_ok(ts, "mk-scrape", 9));
+    CHECK(!srv_tenants_metrics_ok(ts, "sk-globex", 9));
 
     // concurrency: two admitted, the third refused until one ends
     char msg[256];
@@ -625,6 +715,18 @@ static void test_tenants(void) {
     srv_tenants_release(ts, 0, 0);
     CHECK_EQ(ts->t[0].running, 0);
     srv_tenants_free(ts);
+    // a tenant in debt (charged for refused work) gets no zero-token request
+    // either (tokenize), with a message that makes sense
+    {
+        const char *f = "{\"tenants\":[{\"name\":\"d\",\"keys\":[\"k\"],\"tokens_per_minute\":100}]}";
+        ks_errbuf deb = {0};
+        CHECK_EQ(srv_tenants_parse(f, strlen(f), &ts, &deb), KS_OK);
+        CHECK_EQ(srv_tenants_admit(ts, 0, 0, t0, msg, sizeof msg), ADMIT_OK);
+        srv_tenants_refuse(ts, 0, 0, 150); // charged 150: 50 in debt
+        CHECK_EQ(srv_tenants_admit(ts, 0, 0, t0, msg, sizeof msg), ADMIT_TENANT_RATE);
+        CHECK_STR_HAS(msg, "limit of 100 tokens per minute (-50 available now)");
+        srv_tenants_free(ts);
+    }
 
     // anonymous: tenant 0 "default", any key
     ts = srv_tenants_anonymous();
@@ -632,8 +734,21 @@ static void test_tenants(void) {
     CHECK_STR_EQ(ts->t[0].name, "default");
     CHECK_EQ(srv_tenants_auth(ts, "whatever", 8), 0);
     CHECK(!srv_tenants_admin_ok(ts, "", 0));
+    CHECK(!srv_tenants_metrics_ok(ts, "", 0)); // none set (the route is open without tenants)
     srv_tenants_free(ts);
     srv_tenants_free(NULL);
+    // the file's metrics_key
+    {
+        const char *f = "{\"tenants\":[{\"name\":\"a\",\"keys\":[\"k\"]}],\"metrics_key\":\"mk-1\"}";
+        ks_errbuf meb = {0};
+        CHECK_EQ(srv_tenants_parse(f, strlen(f), &ts, &meb), KS_OK);
+        CHECK(srv_tenants_metrics_ok(ts, "mk-1", 4));
+        CHECK(!srv_tenants_metrics_ok(ts, "k", 1));
+        CHECK(!srv_tenants_admin_ok(ts, "mk-1", 4));
+        srv_tenants_free(ts);
+    }
+    expect_tenants_error("{\"tenants\":[{\"name\":\"a\",\"keys\":[\"k\"]}],\"metrics_key\":\"\"}",
+                         "metrics_key");
 
     // malformed files: the message says where, never a key
     expect_tenants_error("{\"tenants\":[", "line 1");
@@ -823,6 +938,19 @@ static void test_request_id(void) {
     CHECK(strspn(a, "0123456789abcdef") == 32);
     CHECK(strcmp(a, b) != 0);
     CHECK(srv_request_id_ok(a));
+    // in a text log line: plain ids unchanged, anything else quoted and escaped
+    char lv[64];
+    CHECK_EQ(srv_log_value("req_01J~x.y:z", lv, sizeof lv), 13);
+    CHECK_STR_EQ(lv, "req_01J~x.y:z");
+    CHECK_STR_EQ((srv_log_value(a, lv, sizeof lv), lv), a);
+    srv_log_value("tenant=beta", lv, sizeof lv);
+    CHECK_STR_EQ(lv, "\"tenant=beta\"");
+    srv_log_value("a\"b\\c d\n\xc3", lv, sizeof lv);
+    CHECK_STR_EQ(lv, "\"a\\\"b\\\\c d\\x0a\\xc3\"");
+    srv_log_value("", lv, sizeof lv);
+    CHECK_STR_EQ(lv, "\"\"");
+    srv_log_value("x=yyyyyyyyyy", lv, 8); // cut, still closed
+    CHECK_STR_EQ(lv, "\"x=yyy\"");
 }
 
 static void test_ratelimit(void) {
@@ -1011,6 +1139,7 @@ int main(void) {
     test_request_valid();
     test_request_invalid();
     test_prompt_bound();
+    test_content_parts();
     test_framing();
     test_error_shapes();
     test_sse();

@@ -179,6 +179,49 @@ static void test_translate(void) {
     expect_refused("[1]", 400, "the request body must be a JSON object");
 }
 
+/* A body whose system has n_sys text blocks and whose user message has
+ * n_user text blocks of part_len bytes ("b...b"); malloc'd. */
+static char *many_blocks(int n_sys, int n_user, size_t part_len) {
+    size_t cap = 256 + (size_t)(n_sys + n_user) * (part_len + 32);
+    char *b = malloc(cap), *p = b;
+    CHECK(b != NULL);
+    p += sprintf(p, "{" M "\"system\":[");
+    for (int i = 0; i < n_sys; i++)
+        p += sprintf(p, "%s{\"type\":\"text\",\"text\":\"s\"}", i ? "," : "");
+    p += sprintf(p, "],\"messages\":[{\"role\":\"user\",\"content\":[");
+    for (int i = 0; i < n_user; i++) {
+        p += sprintf(p, "%s{\"type\":\"text\",\"text\":\"", i ? "," : "");
+        memset(p, 'b', part_len);
+        p += part_len;
+        p += sprintf(p, "\"}");
+    }
+    sprintf(p, "]}]}");
+    return b;
+}
+
+/* Issue 38: blocks are joined in linear time, and their number is bounded
+ * over the whole request (system included). */
+static void test_many_blocks(void) {
+    srv_error err;
+    char *b = many_blocks(2, SRV_MAX_CONTENT_PARTS - 2, 256);
+    uint64_t t0 = ks_now_ns();
+    char *got = translate(b, &err);
+    double ms = (double)(ks_now_ns() - t0) * 1e-6;
+    if (!got) fprintf(stderr, "refused: %s\n", err.msg);
+    CHECK(got != NULL);
+    // the user text: the blocks joined by "\n", and the system's "s\ns"
+    CHECK_STR_HAS(got, "\"content\":\"s\\ns\",\"role\":\"system\"");
+    CHECK_STR_HAS(got, "bbbb\\nbbbb");
+    CHECK(strlen(got) > (size_t)(SRV_MAX_CONTENT_PARTS - 2) * 258);
+    free(got);
+    free(b);
+    printf("anthropic: %d blocks of 256 bytes joined in %.1f ms\n", SRV_MAX_CONTENT_PARTS, ms);
+    CHECK(ms < 2000); // linear: tens of ms (x10 under sanitizers); quadratic: seconds
+    b = many_blocks(2, SRV_MAX_CONTENT_PARTS - 1, 1);
+    expect_refused(b, 400, "more than 4096 content blocks");
+    free(b);
+}
+
 /* srv_anth_parse: the translation then the chat parser; errors of either. */
 static void test_parse(void) {
     srv_request r;
@@ -301,13 +344,13 @@ static void sse_names(const char *sse, char *out, size_t cap) {
 static void test_sse(void) {
     srv_buf b = {0};
     srv_anth_sse st = {0};
-    CHECK(srv_anth_sse_start(&b, "msg_1", "kjv", 5, 0));
+    CHECK(srv_anth_sse_start(&st, &b, "msg_1", "kjv", 5, 2));
     CHECK(srv_anth_sse_text(&st, &b, true, json_string("plan")));
     CHECK(srv_anth_sse_text(&st, &b, true, json_string(" more")));
     CHECK(srv_anth_sse_text(&st, &b, false, json_string("")));      // nothing
     CHECK(srv_anth_sse_text(&st, &b, false, json_string("Hi")));    // closes thinking
     CHECK(srv_anth_sse_tool(&st, &b, "toolu_1", "f", "{\"a\":1}")); // closes text
-    CHECK(srv_anth_sse_end(&st, &b, "tool_use", NULL, 5, 2, 9));
+    CHECK(srv_anth_sse_end(&st, &b, "tool_use", NULL, 9));
     char names[1024];
     sse_names(b.p, names, sizeof names);
     CHECK_STR_EQ(names, "message_start ping content_block_start content_block_delta "
@@ -326,10 +369,15 @@ static void test_sse(void) {
     CHECK_STR_HAS(b.p, "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\","
                        "\"stop_sequence\":null},\"usage\":{\"input_tokens\":3,");
     CHECK_STR_HAS(b.p, "\"output_tokens\":9}}");
+    // message_delta's input usage is message_start's, always
+    CHECK_STR_HAS(b.p, "\"usage\":{\"input_tokens\":3,\"cache_creation_input_tokens\":0,"
+                       "\"cache_read_input_tokens\":2,\"output_tokens\":0}}}");
+    CHECK_STR_HAS(b.p, "\"usage\":{\"input_tokens\":3,\"cache_creation_input_tokens\":0,"
+                       "\"cache_read_input_tokens\":2,\"output_tokens\":9}}");
     srv_buf_free(&b);
     // nothing said: still one (empty) text block, as the non-streamed message
     srv_anth_sse st0 = {0};
-    CHECK(srv_anth_sse_end(&st0, &b, "end_turn", NULL, 1, 0, 1));
+    CHECK(srv_anth_sse_end(&st0, &b, "end_turn", NULL, 1));
     sse_names(b.p, names, sizeof names);
     CHECK_STR_EQ(names, "content_block_start content_block_stop message_delta message_stop");
     CHECK_STR_HAS(b.p, "\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}");
@@ -599,6 +647,7 @@ static void test_http(void) {
 int main(void) {
     test_translate();
     test_parse();
+    test_many_blocks();
     test_answers();
     test_sse();
     test_http();

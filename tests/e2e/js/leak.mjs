@@ -96,7 +96,7 @@ async function complete(key, body, { stream = false, abortAfterChunks = 0, base 
 }
 
 async function metric(name) {
-  const res = await fetch(`${URL_}/metrics`);
+  const res = await fetch(`${URL_}/metrics`, { headers: { authorization: `Bearer ${ADMIN}` } });
   const txt = await res.text();
   const m = txt.match(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\d+(?:\\.\\d+)?)$`, 'm'));
   return m ? Number(m[1]) : NaN;
