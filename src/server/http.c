@@ -625,6 +625,10 @@ static int srv__gen_poll(srv_gen *g, engine_event *ev) {
             ch->end = *ev;
             g->n_gen += ev->n_gen - ch->n_gen; // the engine's count is the truth
             ch->n_gen = ev->n_gen;
+            if (g->tenant >= 0) // its grammar's CPU, charged to its tenant
+                atomic_fetch_add_explicit(&g->s->ts->t[g->tenant].m_mask_us,
+                                          (unsigned long long)(ev->mask_ms * 1e3),
+                                          memory_order_relaxed);
             g->done = ++g->n_done == g->n_ch;
         }
         return 1;

@@ -241,6 +241,7 @@ typedef struct srv_tenant {
     atomic_ullong m_limited;    /* of which 429 (its own limits) */
     atomic_ullong m_prompt;     /* prompt tokens of its finished generations */
     atomic_ullong m_generation; /* tokens generated for it */
+    atomic_ullong m_mask_us;    /* CPU its grammar masks took (engine_event.mask_ms) */
 } srv_tenant;
 
 typedef struct srv_tenants {
