@@ -7,7 +7,8 @@
  * (e->mu) and each request's event stream (engine_stream, stream.c).
  *
  * Scheduling, one step: retire cancelled / timed-out requests; admit waiting
- * requests FIFO while their pages fit (every page a request can need,
+ * requests while their pages fit, the oldest of the tenant with the fewest
+ * sequences running first (FIFO within a tenant; every page a request can need,
  * prompt + max_tokens, is reserved at admission, so a running request never
  * runs out of KV and nothing is ever preempted); build one batch with one
  * decode token per DECODING request plus prefill chunks up to
@@ -615,7 +616,31 @@ static void engine__report_violations(engine *e) {
     }
 }
 
-/* Moves waiting requests into the running set while their pages fit. */
+/* Fairness between tenants: the waiting request admitted next is the
+ * oldest one of the tenant with the fewest sequences running (FIFO within a
+ * tenant, and between tenants running as many). So when a slot frees, a
+ * tenant that holds many does not get it while another tenant waits; a
+ * request that does not fit yet waits at the front, as in FIFO (no
+ * starvation). *prev_out: its predecessor in the list (NULL: the head).
+ * e->mu held. */
+static engine_req *engine__admit_pick(engine *e, engine_req **prev_out) {
+    engine_req *best = NULL, *best_prev = NULL, *prev = NULL;
+    int best_n = 0;
+    for (engine_req *r = e->wait_head; r; prev = r, r = r->next) {
+        int n = 0;
+        for (int i = 0; i < e->n_running; i++)
+            n += strcmp(e->running[i]->tenant, r->tenant) == 0;
+        if (!best || n < best_n) {
+            best = r, best_prev = prev, best_n = n;
+            if (n == 0) break; // none running: nobody is before it
+        }
+    }
+    *prev_out = best_prev;
+    return best;
+}
+
+/* Moves waiting requests into the running set while their pages fit, the
+ * least-served tenant's first (engine__admit_pick). */
 static void engine__admit(engine *e) {
     const uint32_t P = (uint32_t)e->o.page_tokens;
     pthread_mutex_lock(&e->mu);
@@ -643,8 +668,10 @@ static void engine__admit(engine *e) {
         prev = r;
         pp = &r->next;
     }
-    while (e->wait_head && e->n_running + 1 + e->wait_head->n_fol <= e->o.max_running) {
-        engine_req *r = e->wait_head;
+    for (;;) {
+        engine_req *before;
+        engine_req *r = engine__admit_pick(e, &before);
+        if (!r || e->n_running + 1 + r->n_fol > e->o.max_running) break;
         kv_seq_init(e->pool, &r->seq);
         r->has_seq = true;
         uint32_t cached = 0;
@@ -672,7 +699,7 @@ static void engine__admit(engine *e) {
             ok = ok && kv_seq_reserve(e->pool, &f->seq, own * P, &eb) == KS_OK;
         }
         if (!ok) {
-            // momentarily full: it waits at the head of the queue (FIFO)
+            // momentarily full: it waits at the front (nothing passes it)
             for (int i = 0; i < r->n_fol; i++) {
                 kv_seq_release(e->pool, &r->fol[i]->seq);
                 r->fol[i]->has_seq = false;
@@ -681,8 +708,9 @@ static void engine__admit(engine *e) {
             r->has_seq = false;
             break;
         }
-        e->wait_head = r->next;
-        if (!e->wait_head) e->wait_tail = NULL;
+        if (before) before->next = r->next;
+        else e->wait_head = r->next;
+        if (e->wait_tail == r) e->wait_tail = before;
         e->n_waiting--;
         r->next = NULL;
         r->n_past = r->n_cached = (int32_t)cached;

@@ -24,6 +24,7 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <unistd.h>
 
 static engine *make_engine_ctx(int32_t n_ctx, uint32_t pages, int max_running, bool prefix) {
     engine_opts o = efx_opts(n_ctx, pages, max_running, prefix);
@@ -362,6 +363,48 @@ static void test_backlog_pauses(void) {
     engine_destroy(e);
 }
 
+/* Submits a 100-token request of tenant nobody reads (it pauses once its
+ * backlog is full, holding its running slot). */
+static engine_req *submit_unread(engine *e, const char *tenant) {
+    int32_t *ids;
+    size_t n;
+    tokenize("And it came to pass", &ids, &n);
+    engine_params p;
+    params_greedy(&p, tenant, ids, n, 100);
+    p.ignore_eos = true;
+    engine_req *r;
+    ks_errbuf eb;
+    CHECK_EQ(engine_submit(e, &p, &r, &eb), KS_OK);
+    free(ids);
+    return r;
+}
+
+/* Issue 38: a freed slot goes to the tenant with the fewest sequences
+ * running, not to the oldest waiting request. Tenant a holds both slots
+ * (two requests paused) and has two more waiting; b's one request came
+ * last. When one of a's ends, b's is admitted, and a's next waits. */
+static void test_fair_admission(void) {
+    engine *e = make_engine(128, 2, false);
+    engine_req *a1 = submit_unread(e, "a"), *a2 = submit_unread(e, "a");
+    wait_paused(e, 2);
+    engine_req *a3 = submit_unread(e, "a"), *a4 = submit_unread(e, "a");
+    engine_req *b1 = submit_unread(e, "b");
+    CHECK_EQ(engine_req_state(a3), ENGINE_QUEUED);
+    CHECK_EQ(engine_req_state(b1), ENGINE_QUEUED);
+    result held;
+    collect(a1, &held); // a1 runs to its end: one slot frees
+    CHECK_EQ(held.done.state, ENGINE_FINISHED);
+    for (int i = 0; i < 5000 && engine_req_state(b1) == ENGINE_QUEUED; i++)
+        usleep(1000);
+    CHECK(engine_req_state(b1) != ENGINE_QUEUED); // FIFO would have taken a3
+    CHECK_EQ(engine_req_state(a3), ENGINE_QUEUED);
+    engine_req *all[] = {a1, a2, a3, a4, b1};
+    for (int i = 0; i < 5; i++)
+        engine_req_release(all[i]);
+    wait_paused(e, 0);
+    engine_destroy(e);
+}
+
 typedef struct {
     engine *e;
     int i;
@@ -464,6 +507,7 @@ int main(void) {
     test_golden_and_stop();
     test_cancel_and_exhaustion();
     test_backlog_pauses();
+    test_fair_admission();
     test_prefix_cache();
     test_batched_equals_alone();
     test_grammar_batched();
