@@ -785,6 +785,7 @@ static bool engine__grammar_vocab(engine *e, engine_req *r) {
 enum { ENGINE__MASK_IDLE, ENGINE__MASK_QUEUED, ENGINE__MASK_RUNNING, ENGINE__MASK_DONE };
 
 #define ENGINE__MASK_NICE 10 // mask threads yield the CPU to the forward pass
+#define ENGINE__MASK_IDLE_WAIT_NS 10000000ull // nothing but draws to wait for: 10 ms at a time
 
 static uint64_t engine__clock_ns(clockid_t clk) {
     struct timespec ts;
@@ -811,7 +812,7 @@ static uint64_t engine__mask_cpu(engine *e, engine_req *r) {
 
 static void engine__wake(void *ctx);
 
-/* A mask thread: takes jobs in FIFO order until stop. */
+/* A mask thread: takes jobs, least-served request first, until stop. */
 static void *engine__mask_main(void *arg) {
     engine *e = arg;
 #ifdef __linux__
@@ -826,9 +827,15 @@ static void *engine__mask_main(void *arg) {
         while (!e->mq_head && !e->mstop)
             pthread_cond_wait(&e->mcv, &e->mmu);
         if (e->mstop) break; // what is still queued is dropped by engine__free
-        engine_req *r = e->mq_head;
-        e->mq_head = r->mnext;
-        if (!e->mq_head) e->mq_tail = NULL;
+        // the job of the request whose masks have cost least so far (FIFO
+        // among equals): a cheap grammar's draw never waits behind an
+        // expensive one's, whoever queued first
+        engine_req *r = e->mq_head, *before = NULL;
+        for (engine_req *q = e->mq_head, *p = NULL; q; p = q, q = q->mnext)
+            if (q->mask_ns < r->mask_ns) r = q, before = p;
+        if (before) before->mnext = r->mnext;
+        else e->mq_head = r->mnext;
+        if (e->mq_tail == r) e->mq_tail = before;
         r->mnext = NULL;
         r->mclk = clk;
         r->mcpu0 = engine__clock_ns(clk);
@@ -972,18 +979,20 @@ static void engine__mask_collect(engine *e) {
     atomic_store(&e->st_running, (unsigned)kept);
 }
 
-/* Waits until every job of the running set is done, or until deadline_ns
- * (ks_now_ns clock). */
-static void engine__mask_wait(engine *e, uint64_t deadline_ns) {
+/* Waits until every job of the running set is done (any: one of them), or
+ * until deadline_ns (ks_now_ns clock). */
+static void engine__mask_wait(engine *e, uint64_t deadline_ns, bool any) {
     pthread_mutex_lock(&e->mmu);
     for (;;) {
-        bool pending = false;
-        for (int i = 0; i < e->n_running && !pending; i++) {
+        int n_pending = 0, n_done = 0;
+        for (int i = 0; i < e->n_running; i++) {
             engine_req *r = e->running[i];
-            pending = r->mpending && atomic_load(&r->mstate) != ENGINE__MASK_DONE;
+            if (!r->mpending) continue;
+            if (atomic_load(&r->mstate) == ENGINE__MASK_DONE) n_done++;
+            else n_pending++;
         }
         uint64_t now = ks_now_ns();
-        if (!pending || now >= deadline_ns) break;
+        if (!n_pending || (any && n_done) || now >= deadline_ns) break;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t ns = (uint64_t)ts.tv_nsec + (deadline_ns - now);
@@ -1149,7 +1158,17 @@ static bool engine__step(engine *e) {
         r->n_past += chunk;
     }
     atomic_store(&e->st_paused, n_paused);
-    if (n == 0) return false;  // all paused: wait for a client (engine__wake) or a cancel
+    if (n == 0) {
+        // draws still on the mask threads: wait for one (briefly, so that a
+        // decode worker's hook still runs often), then go on; else all are
+        // paused: wait for a client (engine__wake) or a cancel
+        bool drawing = false;
+        for (int i = 0; i < e->n_running && !drawing; i++)
+            drawing = e->running[i]->mpending;
+        if (!drawing) return false;
+        engine__mask_wait(e, ks_now_ns() + ENGINE__MASK_IDLE_WAIT_NS, true);
+        return true;
+    }
     model_batch b = {.n_tokens = n,
                      .tokens = e->b_tok,
                      .pos = e->b_pos,
@@ -1195,7 +1214,7 @@ static bool engine__step(engine *e) {
                     gone = true;
                 } else {
                     gone = engine__emit(e, r, e->logits + (size_t)r->out_row * (size_t)e->V);
-                    posted |= r->mpending;
+                    posted |= !gone && r->mpending; // gone: r may be freed already
                 }
             }
         }
@@ -1206,7 +1225,7 @@ static bool engine__step(engine *e) {
     if (posted) {
         // this step's draws: waited for as long as the forward pass took (at
         // least 1 ms), then those done are taken and the rest sit steps out
-        engine__mask_wait(e, ks_now_ns() + (t_fwd > 1000000 ? t_fwd : 1000000));
+        engine__mask_wait(e, ks_now_ns() + (t_fwd > 1000000 ? t_fwd : 1000000), false);
         engine__mask_collect(e);
     }
     return true;
