@@ -17,6 +17,7 @@
  *   and resumes with the same tokens once its consumer reads on. */
 #include "kvseal/engine.h"
 #include "kvseal/grammar.h"
+#include "kvseal/admit.h"
 #include "kvseal/kern.h"
 
 #include "../check.h"
@@ -499,6 +500,48 @@ static void test_grammar_batched(void) {
     engine_destroy(e);
 }
 
+/* Issue 38: a grammar whose masks cost more CPU than the engine allows (per
+ * token, or per request) ends its request with a clear error and the CPU
+ * it took, while an unconstrained request beside it is unaffected. */
+static void test_grammar_budget(void) {
+    static const char *text = "root ::= (x x x x x x x x x x x x \"\\n\")*\nx ::= [ -~]*";
+    grammar *g = NULL;
+    ks_errbuf eb;
+    CHECK_EQ(grammar_parse(text, strlen(text), &g, &eb), KS_OK);
+    for (int per_request = 0; per_request < 2; per_request++) {
+        engine_opts o = efx_opts(512, 128, 4, false);
+        o.grammar_budget_ms = per_request ? 0 : 1;
+        o.grammar_cpu_ms = per_request ? 5 : 0;
+        engine *e = efx_engine(&o);
+        int32_t *ids;
+        size_t n;
+        tokenize("And it came to pass", &ids, &n);
+        engine_params p;
+        params_greedy(&p, "gt", ids, n, 200);
+        p.ignore_eos = true;
+        p.grammar = g;
+        engine_req *r;
+        CHECK_EQ(engine_submit(e, &p, &r, &eb), KS_OK);
+        free(ids);
+        result other, res;
+        run_one(e, "u", "In the beginning", 20, &other);
+        CHECK_EQ(other.done.state, ENGINE_FINISHED);
+        CHECK_EQ(other.n, 20);
+        collect(r, &res);
+        engine_req_release(r);
+        CHECK_EQ(res.done.state, ENGINE_ABORTED);
+        CHECK_EQ(res.done.finish, ENGINE_FINISH_ERROR);
+        CHECK_EQ(res.done.err, KS_ERR_INVAL);
+        CHECK_EQ(res.done.reason, ADMIT_INVALID);
+        CHECK_STR_HAS(res.done.errmsg, per_request ? "--grammar-cpu-ms" : "--grammar-budget-ms");
+        CHECK(res.done.mask_ms >= (per_request ? 5.0 : 1.0)); // charged: at least the limit
+        CHECK(res.n < 200);
+        check_clean(e);
+        engine_destroy(e);
+    }
+    grammar_unref(g);
+}
+
 int main(void) {
     g_model = kjv_model_load(true);
     if (!g_model) return 1;
@@ -511,6 +554,7 @@ int main(void) {
     test_prefix_cache();
     test_batched_equals_alone();
     test_grammar_batched();
+    test_grammar_budget();
     model_free(g_model);
     printf("engine sched ok\n");
     return 0;
