@@ -888,12 +888,12 @@ static void engine__mask_over(engine *e, engine_req *r, bool per_token, uint64_t
     char msg[256];
     if (per_token)
         snprintf(msg, sizeof msg,
-                 "the grammar's mask took %.0f ms of CPU for one token, over this server's limit "
+                 "the grammar's mask took %.1f ms of CPU for one token, over this server's limit "
                  "of %u ms (--grammar-budget-ms); simplify the grammar",
                  (double)ns / 1e6, e->o.grammar_budget_ms);
     else
         snprintf(msg, sizeof msg,
-                 "the grammar's masks took %.0f ms of CPU in all, over this server's limit of %u "
+                 "the grammar's masks took %.1f ms of CPU in all, over this server's limit of %u "
                  "ms per request (--grammar-cpu-ms); simplify the grammar or lower max_tokens",
                  (double)ns / 1e6, e->o.grammar_cpu_ms);
     ks_log(KS_LOG_WARN, "request %" PRIu64 " (tenant %s): %s", r->id, r->tenant, msg);

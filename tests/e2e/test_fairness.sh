@@ -18,7 +18,8 @@
 # "timed out waiting for KV capacity").
 #
 # Last, the per-token mask budget: with --grammar-budget-ms 1 the grammar
-# request ends with a 400 that names the budget, and beta is unaffected.
+# request ends with a 400 that names the budget, on serve (its mask CPU
+# charged to alpha in /metrics) and on a cluster's decode worker.
 . "$(dirname "$0")/lib.sh"
 command -v curl >/dev/null || skip "curl is not installed (scripts/install-deps.sh)"
 M=$KS_SRC/models/kjv-mini.gguf
@@ -136,5 +137,14 @@ stop_server
 ROUTER_ARGS="--tenants $TMPD/t.json" CLUSTER_PROBE_AUTH=sk-beta-0123456789abcdef \
     start_cluster "$TMPD/c" 1 1 -m "$M"
 scenario cluster
+stop_cluster
+
+# the decode workers enforce the budget (set on them): a 400 through the router
+DECODE_ARGS="--grammar-budget-ms 1" ROUTER_ARGS="--tenants $TMPD/t.json" \
+    CLUSTER_PROBE_AUTH=sk-beta-0123456789abcdef start_cluster "$TMPD/c2" 1 1 -m "$M"
+req "cluster: over the mask budget" 400 "$KS_URL/v1/completions" \
+    -H 'Authorization: Bearer sk-alpha-0123456789abcdef' -H 'Content-Type: application/json' \
+    -d "{\"model\":\"kjv-mini\",\"prompt\":\"In the beginning\",\"max_tokens\":200,\"ignore_eos\":true,\"grammar\":\"$GRAMMAR\"}"
+expect_has "cluster: over the mask budget" "$BODY" 'grammar-budget-ms'
 stop_cluster
 echo "fairness ok"
