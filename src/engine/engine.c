@@ -97,6 +97,7 @@ struct engine_req {
     // (under e->mmu), and then owns them again
     atomic_int mstate;          // ENGINE__MASK_IDLE, _QUEUED, _RUNNING, _DONE
     bool mpending;              // scheduler-owned: posted, not yet collected
+    uint64_t mstep;             // scheduler-owned: the step that posted it (e->n_steps)
     struct engine_req *mnext;   // mask queue link (e->mmu)
     float *mlogits;             // (V) the step's logits row, copied: e->logits is reused
     sample_result msr;          // the job's result
@@ -180,6 +181,7 @@ struct engine {
     pthread_cond_t mdone;   // a job is done
     engine_req *mq_head, *mq_tail;
     bool mstop;
+    uint64_t n_steps;            // scheduler-owned: forward passes run
     uint8_t *m_act;              // (max_running) engine__mask_collect's scratch
     uint64_t *m_last, *m_total;  // (max_running)
     // isolation violations reported by kv during a pass (any thread)
@@ -873,6 +875,7 @@ static bool engine__mask_post(engine *e, engine_req *r, const float *logits_row)
     memcpy(r->mlogits, logits_row, sizeof(float) * (size_t)e->V);
     atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed); // the job's
     r->mpending = true;
+    r->mstep = e->n_steps;
     pthread_mutex_lock(&e->mmu);
     atomic_store(&r->mstate, ENGINE__MASK_QUEUED);
     if (e->mq_tail) e->mq_tail->mnext = r;
@@ -979,15 +982,17 @@ static void engine__mask_collect(engine *e) {
     atomic_store(&e->st_running, (unsigned)kept);
 }
 
-/* Waits until every job of the running set is done (any: one of them), or
- * until deadline_ns (ks_now_ns clock). */
+/* Waits until every job of the running set that this step posted is done
+ * (any: one job of any step), or until deadline_ns (ks_now_ns clock). A job
+ * of an earlier step that is still running is an expensive one: waiting
+ * for it again would only slow the others. */
 static void engine__mask_wait(engine *e, uint64_t deadline_ns, bool any) {
     pthread_mutex_lock(&e->mmu);
     for (;;) {
         int n_pending = 0, n_done = 0;
         for (int i = 0; i < e->n_running; i++) {
             engine_req *r = e->running[i];
-            if (!r->mpending) continue;
+            if (!r->mpending || (!any && r->mstep != e->n_steps)) continue;
             if (atomic_load(&r->mstate) == ENGINE__MASK_DONE) n_done++;
             else n_pending++;
         }
@@ -1183,6 +1188,7 @@ static bool engine__step(engine *e) {
     uint64_t t_fwd = ks_now_ns();
     ks_err err = model_forward_hidden(e->ctx, &b, e->logits, n_hid ? &hid : NULL, &eb);
     t_fwd = ks_now_ns() - t_fwd;
+    e->n_steps++;
     engine__report_violations(e);
     bool posted = false; // grammar draws queued for the mask threads
     // results, in running order; finished requests leave the running set
@@ -1223,9 +1229,9 @@ static bool engine__step(engine *e) {
     e->n_running = kept;
     atomic_store(&e->st_running, (unsigned)kept);
     if (posted) {
-        // this step's draws: waited for as long as the forward pass took (at
-        // least 1 ms), then those done are taken and the rest sit steps out
-        engine__mask_wait(e, ks_now_ns() + (t_fwd > 1000000 ? t_fwd : 1000000), false);
+        // this step's draws: waited for as long as the forward pass took,
+        // then those done are taken and the rest sit steps out
+        engine__mask_wait(e, ks_now_ns() + t_fwd, false);
         engine__mask_collect(e);
     }
     return true;
