@@ -15,9 +15,10 @@
  * max_batch_tokens; run the forward pass; sample, detokenize, match stop
  * strings and post events. A constrained request's draw (grammar mask +
  * sample) runs on a mask thread instead, never on this one, and the step
- * waits for it no longer than the forward pass took (see "Grammar masks"). Sampling is per request with its own seeded
- * sampler, and the forward pass is batch-invariant, so a request's tokens do
- * not depend on what it was batched with.
+ * waits for it no longer than the forward pass took (see "Grammar masks").
+ * Sampling is per request with its own seeded sampler, and the forward pass
+ * is batch-invariant, so a request's tokens do not depend on what it was
+ * batched with.
  *
  * Decode workers (engine_opts.poll): the hook runs on the scheduler thread
  * once per loop iteration and replaces the idle wait; from inside it
@@ -173,7 +174,7 @@ struct engine {
     char *piece;           // (piece_cap) detokenizer output
     size_t piece_cap;
     grammar_vocab *gvocab; // token trie, built at the first constrained request
-    // mask threads (engine__mask_main): a FIFO of jobs, one per request at most
+    // mask threads (engine__mask_main): queued jobs, one per request at most
     pthread_t *mthreads;    // (n_mthreads)
     int n_mthreads;
     pthread_mutex_t mmu;
