@@ -74,6 +74,16 @@ typedef struct engine_opts {
     void (*poll_end)(void *poll_ctx, engine *e);
     void *poll_ctx;
     model_pooling pooling; /* embeddings (engine_embed_submit): DEFAULT = the model's */
+    /* Grammar masks (constrained decoding) run on the engine's mask threads
+     * (n_threads of them, at a lower CPU priority than the forward pass),
+     * never on the scheduler thread: a step waits for this step's masks at
+     * most as long as its forward pass took, and a request whose mask is not
+     * ready sits the next steps out. A request whose mask takes more than
+     * grammar_budget_ms of CPU for one token, or grammar_cpu_ms for all its
+     * tokens, ends with KS_ERR_INVAL and reason ADMIT_INVALID (a 400 naming
+     * the limit) as soon as the scheduler sees it over, even mid-mask. */
+    uint32_t grammar_budget_ms; /* per token (250; 0: no limit) */
+    uint32_t grammar_cpu_ms;    /* per request (20000; 0: no limit) */
 } engine_opts;
 
 /* Fills defaults for everything but m, n_ctx and kv_pages. Can't fail. */
@@ -182,6 +192,7 @@ typedef struct engine_event {
     double ttft_ms;             /* submit -> first token */
     double queue_ms;            /* submit -> left the wait queue (scheduled); -1: never
                                    scheduled (refused, or aborted while waiting) */
+    double mask_ms;             /* CPU its grammar masks took (the tenant's to pay) */
 } engine_event;
 
 /* Waits up to timeout_ms for the next event. KS_OK: *ev filled; KS_ERR_TIMEOUT:
@@ -311,6 +322,7 @@ typedef struct engine_outcome {
     int32_t n_prompt, n_gen, n_cached;
     uint64_t t_submit_ns, t_first_ns; /* t_first_ns 0: no token */
     uint64_t t_sched_ns;              /* left the wait queue; 0: never */
+    uint64_t mask_ns;                 /* CPU of its grammar masks */
 } engine_outcome;
 /* Producer side, last call: on a STOP/LENGTH finish posts what is still held
  * back (engine_stream_flush), then the done event for o. Can't fail. */

@@ -7,14 +7,18 @@
  * (e->mu) and each request's event stream (engine_stream, stream.c).
  *
  * Scheduling, one step: retire cancelled / timed-out requests; admit waiting
- * requests FIFO while their pages fit (every page a request can need,
+ * requests while their pages fit, the oldest of the tenant with the fewest
+ * sequences running first (FIFO within a tenant; every page a request can need,
  * prompt + max_tokens, is reserved at admission, so a running request never
  * runs out of KV and nothing is ever preempted); build one batch with one
  * decode token per DECODING request plus prefill chunks up to
  * max_batch_tokens; run the forward pass; sample, detokenize, match stop
- * strings and post events. Sampling is per request with its own seeded
- * sampler, and the forward pass is batch-invariant, so a request's tokens do
- * not depend on what it was batched with.
+ * strings and post events. A constrained request's draw (grammar mask +
+ * sample) runs on a mask thread instead, never on this one, and the step
+ * waits for it no longer than the forward pass took (see "Grammar masks").
+ * Sampling is per request with its own seeded sampler, and the forward pass
+ * is batch-invariant, so a request's tokens do not depend on what it was
+ * batched with.
  *
  * Decode workers (engine_opts.poll): the hook runs on the scheduler thread
  * once per loop iteration and replaces the idle wait; from inside it
@@ -25,6 +29,7 @@
 #include "kvseal/engine.h"
 #include "kvseal/admit.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -32,6 +37,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __linux__
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 // ----------------------------------------------------------------------------
 // State machine
@@ -82,6 +92,22 @@ struct engine_req {
     sampler *smp;
     grammar_matcher *gm; // NULL: unconstrained
     uint32_t *gmask;     // ((V + 31) / 32) allowed tokens this step
+    // grammar masks on the mask threads (engine__mask_*): while a job is
+    // queued or running, its thread owns gm, smp, gmask, mlogits and the
+    // results below; the scheduler reads them once it saw the job DONE
+    // (under e->mmu), and then owns them again
+    atomic_int mstate;          // ENGINE__MASK_IDLE, _QUEUED, _RUNNING, _DONE
+    bool mpending;              // scheduler-owned: posted, not yet collected
+    uint64_t mstep;             // scheduler-owned: the step that posted it (e->n_steps)
+    struct engine_req *mnext;   // mask queue link (e->mmu)
+    float *mlogits;             // (V) the step's logits row, copied: e->logits is reused
+    sample_result msr;          // the job's result
+    bool mend;
+    ks_err merr;
+    char mmsg[512];
+    clockid_t mclk;             // RUNNING: its thread's CPU clock, and the reading at the start
+    uint64_t mcpu0;
+    uint64_t mlast_ns, mask_ns; // CPU of the last mask and of them all (e->mmu)
     int32_t n_past;    // prompt tokens computed (or attached from the cache)
     int32_t n_cached;  // prompt tokens attached from the prefix cache
     int32_t n_gen;
@@ -148,6 +174,17 @@ struct engine {
     char *piece;           // (piece_cap) detokenizer output
     size_t piece_cap;
     grammar_vocab *gvocab; // token trie, built at the first constrained request
+    // mask threads (engine__mask_main): queued jobs, one per request at most
+    pthread_t *mthreads;    // (n_mthreads)
+    int n_mthreads;
+    pthread_mutex_t mmu;
+    pthread_cond_t mcv;     // a job was queued, or stop
+    pthread_cond_t mdone;   // a job is done
+    engine_req *mq_head, *mq_tail;
+    bool mstop;
+    uint64_t n_steps;            // scheduler-owned: forward passes run
+    uint8_t *m_act;              // (max_running) engine__mask_collect's scratch
+    uint64_t *m_last, *m_total;  // (max_running)
     // isolation violations reported by kv during a pass (any thread)
     pthread_mutex_t vmu;
     engine__violation viol[16];
@@ -187,6 +224,8 @@ void engine_opts_default(engine_opts *o) {
     o->queue_max = 64;
     o->queue_timeout_ms = 30000;
     o->prefix_cache = true;
+    o->grammar_budget_ms = 250; // a permissive state's first trie walk is 10-40 ms at 32k-50k tokens
+    o->grammar_cpu_ms = 20000;
 }
 
 ks_err engine_capacity_check(const engine_opts *o, bool *warn_out, char *buf, size_t cap) {
@@ -227,6 +266,7 @@ static void engine__req_free(engine_req *r) {
     sampler_destroy(r->smp);
     grammar_matcher_destroy(r->gm);
     free(r->gmask);
+    free(r->mlogits);
     engine_stream_destroy(r->out);
     free(r->prompt);
     free(r->eacc);
@@ -310,7 +350,8 @@ static ks_err engine__grammar_init(engine *e, engine_req *r, grammar *g, ks_errb
     ks_err err = grammar_matcher_create(g, &r->gm, eb);
     if (err) return err;
     r->gmask = malloc(((size_t)e->V + 31) / 32 * sizeof *r->gmask);
-    return r->gmask ? KS_OK : ks_seterr(eb, KS_ERR_NOMEM, "request");
+    r->mlogits = malloc((size_t)e->V * sizeof *r->mlogits);
+    return r->gmask && r->mlogits ? KS_OK : ks_seterr(eb, KS_ERR_NOMEM, "request");
 }
 
 /* Builds one QUEUED request of p for choice i (seed p->sp.seed + i) into
@@ -448,8 +489,10 @@ static void engine__group_leave(engine *e, engine_req *r);
 /* Ends a request: releases its pages (exactly once), posts the done event,
  * drops the scheduler's reference. */
 
-static void engine__finish(engine *e, engine_req *r, engine_state to, engine_finish fin, ks_err err,
-                           const char *msg) {
+static uint64_t engine__mask_cpu(engine *e, engine_req *r);
+
+static void engine__finish_reason(engine *e, engine_req *r, engine_state to, engine_finish fin,
+                                  ks_err err, uint16_t reason, const char *msg) {
     engine__set_state(r, to);
     engine__group_leave(e, r);
     if (r->has_seq) {
@@ -466,9 +509,16 @@ static void engine__finish(engine *e, engine_req *r, engine_state to, engine_fin
                         .n_cached = r->n_cached,
                         .t_submit_ns = r->t_submit,
                         .t_first_ns = r->t_first,
-                        .t_sched_ns = r->t_sched};
+                        .t_sched_ns = r->t_sched,
+                        .reason = reason,
+                        .mask_ns = r->gm ? engine__mask_cpu(e, r) : 0};
     engine_stream_finish(r->out, &o, e->piece, e->piece_cap);
     engine__req_unref(r);
+}
+
+static void engine__finish(engine *e, engine_req *r, engine_state to, engine_finish fin, ks_err err,
+                           const char *msg) {
+    engine__finish_reason(e, r, to, fin, err, 0, msg);
 }
 
 /* Unlinks an ending request from its choice group: a choice still waiting
@@ -569,7 +619,31 @@ static void engine__report_violations(engine *e) {
     }
 }
 
-/* Moves waiting requests into the running set while their pages fit. */
+/* Fairness between tenants: the waiting request admitted next is the
+ * oldest one of the tenant with the fewest sequences running (FIFO within a
+ * tenant, and between tenants running as many). So when a slot frees, a
+ * tenant that holds many does not get it while another tenant waits; a
+ * request that does not fit yet waits at the front, as in FIFO (no
+ * starvation). *prev_out: its predecessor in the list (NULL: the head).
+ * e->mu held. */
+static engine_req *engine__admit_pick(engine *e, engine_req **prev_out) {
+    engine_req *best = NULL, *best_prev = NULL, *prev = NULL;
+    int best_n = 0;
+    for (engine_req *r = e->wait_head; r; prev = r, r = r->next) {
+        int n = 0;
+        for (int i = 0; i < e->n_running; i++)
+            n += strcmp(e->running[i]->tenant, r->tenant) == 0;
+        if (!best || n < best_n) {
+            best = r, best_prev = prev, best_n = n;
+            if (n == 0) break; // none running: nobody is before it
+        }
+    }
+    *prev_out = best_prev;
+    return best;
+}
+
+/* Moves waiting requests into the running set while their pages fit, the
+ * least-served tenant's first (engine__admit_pick). */
 static void engine__admit(engine *e) {
     const uint32_t P = (uint32_t)e->o.page_tokens;
     pthread_mutex_lock(&e->mu);
@@ -597,8 +671,10 @@ static void engine__admit(engine *e) {
         prev = r;
         pp = &r->next;
     }
-    while (e->wait_head && e->n_running + 1 + e->wait_head->n_fol <= e->o.max_running) {
-        engine_req *r = e->wait_head;
+    for (;;) {
+        engine_req *before;
+        engine_req *r = engine__admit_pick(e, &before);
+        if (!r || e->n_running + 1 + r->n_fol > e->o.max_running) break;
         kv_seq_init(e->pool, &r->seq);
         r->has_seq = true;
         uint32_t cached = 0;
@@ -626,7 +702,7 @@ static void engine__admit(engine *e) {
             ok = ok && kv_seq_reserve(e->pool, &f->seq, own * P, &eb) == KS_OK;
         }
         if (!ok) {
-            // momentarily full: it waits at the head of the queue (FIFO)
+            // momentarily full: it waits at the front (nothing passes it)
             for (int i = 0; i < r->n_fol; i++) {
                 kv_seq_release(e->pool, &r->fol[i]->seq);
                 r->fol[i]->has_seq = false;
@@ -635,8 +711,9 @@ static void engine__admit(engine *e) {
             r->has_seq = false;
             break;
         }
-        e->wait_head = r->next;
-        if (!e->wait_head) e->wait_tail = NULL;
+        if (before) before->next = r->next;
+        else e->wait_head = r->next;
+        if (e->wait_tail == r) e->wait_tail = before;
         e->n_waiting--;
         r->next = NULL;
         r->n_past = r->n_cached = (int32_t)cached;
@@ -697,35 +774,249 @@ static bool engine__grammar_vocab(engine *e, engine_req *r) {
     return true;
 }
 
-/* Samples the next token of r from its logits row, then engine__take. With
- * a grammar (grammar_sample): masks, advances the matcher by the chosen
- * token, and ends the request once the grammar can accept nothing more. */
-static bool engine__emit(engine *e, engine_req *r, float *logits_row) {
-    sample_result sr;
-    if (!r->gm) {
-        sampler_sample(r->smp, logits_row, &sr); // penalizes this step's row in place
-        return engine__take(e, r, &sr);
+// ----------------------------------------------------------------------------
+// Grammar masks, off the scheduler thread
+//
+// A constrained request's draw (grammar_sample: mask, sample, advance) runs
+// as a job on a mask thread, from a copy of its logits row. The step waits
+// for its jobs at most as long as its forward pass took; a request whose
+// job is not done by then sits the next steps out (mpending) and is
+// collected at the start of a later step. The budgets are CPU time of the
+// job's thread, checked when the job is done and, while it runs, at every
+// step: a request over one ends at once (its job runs on and is dropped).
+
+enum { ENGINE__MASK_IDLE, ENGINE__MASK_QUEUED, ENGINE__MASK_RUNNING, ENGINE__MASK_DONE };
+
+#define ENGINE__MASK_NICE 10 // mask threads yield the CPU to the forward pass
+#define ENGINE__MASK_IDLE_WAIT_NS 10000000ull // nothing but draws to wait for: 10 ms at a time
+
+static uint64_t engine__clock_ns(clockid_t clk) {
+    struct timespec ts;
+    if (clock_gettime(clk, &ts) != 0) return 0;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* CPU r's masks took, the running one's so far included; e->mmu held. */
+static uint64_t engine__mask_cpu_locked(engine_req *r) {
+    uint64_t ns = r->mask_ns;
+    if (atomic_load(&r->mstate) == ENGINE__MASK_RUNNING) {
+        uint64_t now = engine__clock_ns(r->mclk);
+        if (now > r->mcpu0) ns += now - r->mcpu0;
     }
+    return ns;
+}
+
+static uint64_t engine__mask_cpu(engine *e, engine_req *r) {
+    pthread_mutex_lock(&e->mmu);
+    uint64_t ns = engine__mask_cpu_locked(r);
+    pthread_mutex_unlock(&e->mmu);
+    return ns;
+}
+
+static void engine__wake(void *ctx);
+
+/* A mask thread: takes jobs, least-served request first, until stop. */
+static void *engine__mask_main(void *arg) {
+    engine *e = arg;
+#ifdef __linux__
+    // per-thread niceness (Linux): a grammar's CPU never delays a batch's forward pass
+    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), ENGINE__MASK_NICE) != 0)
+        ks_log(KS_LOG_DEBUG, "mask thread: setpriority: %s", strerror(errno));
+#endif
+    clockid_t clk = CLOCK_THREAD_CPUTIME_ID;
+    if (pthread_getcpuclockid(pthread_self(), &clk) != 0) clk = CLOCK_THREAD_CPUTIME_ID;
+    pthread_mutex_lock(&e->mmu);
+    for (;;) {
+        while (!e->mq_head && !e->mstop)
+            pthread_cond_wait(&e->mcv, &e->mmu);
+        if (e->mstop) break; // what is still queued is dropped by engine__free
+        // the job of the request whose masks have cost least so far (FIFO
+        // among equals): a cheap grammar's draw never waits behind an
+        // expensive one's, whoever queued first
+        engine_req *r = e->mq_head, *before = NULL;
+        for (engine_req *q = e->mq_head, *p = NULL; q; p = q, q = q->mnext)
+            if (q->mask_ns < r->mask_ns) r = q, before = p;
+        if (before) before->mnext = r->mnext;
+        else e->mq_head = r->mnext;
+        if (e->mq_tail == r) e->mq_tail = before;
+        r->mnext = NULL;
+        r->mclk = clk;
+        r->mcpu0 = engine__clock_ns(clk);
+        atomic_store(&r->mstate, ENGINE__MASK_RUNNING);
+        pthread_mutex_unlock(&e->mmu);
+        // a request that already ended (cancelled, over its budget) is not worked on
+        engine_state st = engine_req_state(r);
+        if (st != ENGINE_FINISHED && st != ENGINE_ABORTED) {
+            ks_errbuf eb;
+            ks_errbuf_clear(&eb);
+            r->mend = false;
+            r->merr = grammar_sample(r->gm, e->gvocab, r->smp, &r->sp, r->mlogits, r->gmask,
+                                     &r->msr, &r->mend, &eb);
+            if (r->merr) snprintf(r->mmsg, sizeof r->mmsg, "%s", eb.msg);
+        }
+        uint64_t c1 = engine__clock_ns(clk);
+        pthread_mutex_lock(&e->mmu);
+        r->mlast_ns = c1 > r->mcpu0 ? c1 - r->mcpu0 : 0;
+        r->mask_ns += r->mlast_ns;
+        atomic_store(&r->mstate, ENGINE__MASK_DONE);
+        pthread_cond_broadcast(&e->mdone);
+        pthread_mutex_unlock(&e->mmu);
+        engine__wake(e); // the scheduler may sleep with nothing else to run
+        engine__req_unref(r);
+        pthread_mutex_lock(&e->mmu);
+    }
+    pthread_mutex_unlock(&e->mmu);
+    return NULL;
+}
+
+/* Queues r's draw from logits_row (copied). Returns true if r finished
+ * instead (no token trie: out of memory). */
+static bool engine__mask_post(engine *e, engine_req *r, const float *logits_row) {
     if (!engine__grammar_vocab(e, r)) return true;
-    bool end = false;
-    ks_errbuf eb;
-    ks_errbuf_clear(&eb);
-    ks_err err =
-        grammar_sample(r->gm, e->gvocab, r->smp, &r->sp, logits_row, r->gmask, &sr, &end, &eb);
-    if (err != KS_OK) {
-        engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, err, eb.msg);
+    memcpy(r->mlogits, logits_row, sizeof(float) * (size_t)e->V);
+    atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed); // the job's
+    r->mpending = true;
+    r->mstep = e->n_steps;
+    pthread_mutex_lock(&e->mmu);
+    atomic_store(&r->mstate, ENGINE__MASK_QUEUED);
+    if (e->mq_tail) e->mq_tail->mnext = r;
+    else e->mq_head = r;
+    e->mq_tail = r;
+    pthread_cond_signal(&e->mcv);
+    pthread_mutex_unlock(&e->mmu);
+    return false;
+}
+
+/* Ends r for going over a mask budget (a 400 naming the limit). */
+static void engine__mask_over(engine *e, engine_req *r, bool per_token, uint64_t ns) {
+    char msg[256];
+    if (per_token)
+        snprintf(msg, sizeof msg,
+                 "the grammar's mask took %.1f ms of CPU for one token, over this server's limit "
+                 "of %u ms (--grammar-budget-ms); simplify the grammar",
+                 (double)ns / 1e6, e->o.grammar_budget_ms);
+    else
+        snprintf(msg, sizeof msg,
+                 "the grammar's masks took %.1f ms of CPU in all, over this server's limit of %u "
+                 "ms per request (--grammar-cpu-ms); simplify the grammar or lower max_tokens",
+                 (double)ns / 1e6, e->o.grammar_cpu_ms);
+    ks_log(KS_LOG_WARN, "request %" PRIu64 " (tenant %s): %s", r->id, r->tenant, msg);
+    engine__finish_reason(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_INVAL, ADMIT_INVALID,
+                          msg);
+}
+
+/* A done job's result: the budgets, then the token as engine__take handles
+ * it; ends the request once the grammar can accept nothing more. Returns
+ * true if r finished. */
+static bool engine__mask_take(engine *e, engine_req *r, uint64_t last_ns, uint64_t total_ns) {
+    const uint64_t ms = 1000000ull;
+    if (e->o.grammar_budget_ms && last_ns > e->o.grammar_budget_ms * ms) {
+        engine__mask_over(e, r, true, last_ns);
         return true;
     }
-    if (end) {
+    if (e->o.grammar_cpu_ms && total_ns > e->o.grammar_cpu_ms * ms) {
+        engine__mask_over(e, r, false, total_ns);
+        return true;
+    }
+    if (r->merr != KS_OK) {
+        engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, r->merr, r->mmsg);
+        return true;
+    }
+    if (r->mend) {
         engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
         return true;
     }
-    if (engine__take(e, r, &sr)) return true;
+    if (engine__take(e, r, &r->msr)) return true;
     if (grammar_matcher_done(r->gm)) {
         engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_STOP, KS_OK, NULL);
         return true;
     }
     return false;
+}
+
+/* Collects the running set's done jobs (their tokens) and ends requests
+ * whose running job is already over a budget; finished requests leave the
+ * running set. */
+static void engine__mask_collect(engine *e) {
+    enum { KEEP, TAKE, OVER_TOKEN, OVER_TOTAL };
+    uint8_t *act = e->m_act;
+    uint64_t *last = e->m_last, *total = e->m_total;
+    const uint64_t ms = 1000000ull;
+    bool any = false;
+    pthread_mutex_lock(&e->mmu);
+    for (int i = 0; i < e->n_running; i++) {
+        engine_req *r = e->running[i];
+        act[i] = KEEP;
+        if (!r->mpending) continue;
+        int st = atomic_load(&r->mstate);
+        if (st == ENGINE__MASK_DONE) {
+            atomic_store(&r->mstate, ENGINE__MASK_IDLE);
+            act[i] = TAKE;
+            last[i] = r->mlast_ns;
+            total[i] = r->mask_ns;
+        } else if (st == ENGINE__MASK_RUNNING) {
+            uint64_t now = engine__clock_ns(r->mclk);
+            last[i] = now > r->mcpu0 ? now - r->mcpu0 : 0;
+            total[i] = r->mask_ns + last[i];
+            if (e->o.grammar_budget_ms && last[i] > e->o.grammar_budget_ms * ms) act[i] = OVER_TOKEN;
+            else if (e->o.grammar_cpu_ms && total[i] > e->o.grammar_cpu_ms * ms)
+                act[i] = OVER_TOTAL;
+        }
+        any |= act[i] != KEEP;
+    }
+    pthread_mutex_unlock(&e->mmu);
+    if (!any) return;
+    int kept = 0, n_run = e->n_running;
+    for (int i = 0; i < n_run; i++) {
+        engine_req *r = e->running[i];
+        bool gone = false;
+        if (act[i] == TAKE) {
+            r->mpending = false;
+            gone = engine__mask_take(e, r, last[i], total[i]);
+        } else if (act[i] != KEEP) {
+            engine__mask_over(e, r, act[i] == OVER_TOKEN, act[i] == OVER_TOKEN ? last[i] : total[i]);
+            gone = true;
+        }
+        if (!gone) e->running[kept++] = r;
+    }
+    e->n_running = kept;
+    atomic_store(&e->st_running, (unsigned)kept);
+}
+
+/* Waits until every job of the running set that this step posted is done
+ * (any: one job of any step), or until deadline_ns (ks_now_ns clock). A job
+ * of an earlier step that is still running is an expensive one: waiting
+ * for it again would only slow the others. */
+static void engine__mask_wait(engine *e, uint64_t deadline_ns, bool any) {
+    pthread_mutex_lock(&e->mmu);
+    for (;;) {
+        int n_pending = 0, n_done = 0;
+        for (int i = 0; i < e->n_running; i++) {
+            engine_req *r = e->running[i];
+            if (!r->mpending || (!any && r->mstep != e->n_steps)) continue;
+            if (atomic_load(&r->mstate) == ENGINE__MASK_DONE) n_done++;
+            else n_pending++;
+        }
+        uint64_t now = ks_now_ns();
+        if (!n_pending || (any && n_done) || now >= deadline_ns) break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (deadline_ns - now);
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_cond_timedwait(&e->mdone, &e->mmu, &ts);
+    }
+    pthread_mutex_unlock(&e->mmu);
+}
+
+/* Samples the next token of r from its logits row, then engine__take; a
+ * constrained request's draw goes to a mask thread (engine__mask_post).
+ * Returns true if r finished. */
+static bool engine__emit(engine *e, engine_req *r, float *logits_row) {
+    if (r->gm) return engine__mask_post(e, r, logits_row);
+    sample_result sr;
+    sampler_sample(r->smp, logits_row, &sr); // penalizes this step's row in place
+    return engine__take(e, r, &sr);
 }
 
 /* Posts the prompt events of this step's prompt positions of r (echo):
@@ -806,6 +1097,7 @@ static bool engine__step(engine *e) {
         i++;
     }
     engine__admit(e);
+    engine__mask_collect(e); // masks done since the last step: their tokens
     if (e->n_running == 0) {
         atomic_store(&e->st_paused, 0);
         return false;
@@ -825,6 +1117,7 @@ static bool engine__step(engine *e) {
         r->hid_n = 0;
         e->b_seqs[i] = engine__seq(r);
         if (atomic_load(&r->state) != ENGINE_DECODING || n >= budget) continue;
+        if (r->mpending) continue; // its next token is still being drawn (mask thread)
         if (engine_stream_backlogged(r->out)) {
             n_paused++;
             continue;
@@ -871,7 +1164,17 @@ static bool engine__step(engine *e) {
         r->n_past += chunk;
     }
     atomic_store(&e->st_paused, n_paused);
-    if (n == 0) return false;  // all paused: wait for a client (engine__wake) or a cancel
+    if (n == 0) {
+        // draws still on the mask threads: wait for one (briefly, so that a
+        // decode worker's hook still runs often), then go on; else all are
+        // paused: wait for a client (engine__wake) or a cancel
+        bool drawing = false;
+        for (int i = 0; i < e->n_running && !drawing; i++)
+            drawing = e->running[i]->mpending;
+        if (!drawing) return false;
+        engine__mask_wait(e, ks_now_ns() + ENGINE__MASK_IDLE_WAIT_NS, true);
+        return true;
+    }
     model_batch b = {.n_tokens = n,
                      .tokens = e->b_tok,
                      .pos = e->b_pos,
@@ -883,8 +1186,12 @@ static bool engine__step(engine *e) {
                      .seq_err = e->b_err};
     model_hidden hid = {.row = e->b_hid, .n_rows = n_hid, .out = e->hidden};
     ks_errbuf eb;
+    uint64_t t_fwd = ks_now_ns();
     ks_err err = model_forward_hidden(e->ctx, &b, e->logits, n_hid ? &hid : NULL, &eb);
+    t_fwd = ks_now_ns() - t_fwd;
+    e->n_steps++;
     engine__report_violations(e);
+    bool posted = false; // grammar draws queued for the mask threads
     // results, in running order; finished requests leave the running set
     engine_req **run = e->running;
     int kept = 0, n_run = e->n_running;
@@ -914,6 +1221,7 @@ static bool engine__step(engine *e) {
                     gone = true;
                 } else {
                     gone = engine__emit(e, r, e->logits + (size_t)r->out_row * (size_t)e->V);
+                    posted |= !gone && r->mpending; // gone: r may be freed already
                 }
             }
         }
@@ -921,6 +1229,12 @@ static bool engine__step(engine *e) {
     }
     e->n_running = kept;
     atomic_store(&e->st_running, (unsigned)kept);
+    if (posted) {
+        // this step's draws: waited for as long as the forward pass took,
+        // then those done are taken and the rest sit steps out
+        engine__mask_wait(e, ks_now_ns() + t_fwd, false);
+        engine__mask_collect(e);
+    }
     return true;
 }
 
@@ -1178,6 +1492,26 @@ ks_err engine_req_embedding(engine_req *r, float *out, int32_t cap) {
 
 /* Frees what engine_create built (any prefix of it); the thread is gone. */
 static void engine__free(engine *e) {
+    // the mask threads first (they read the token trie); a job still queued
+    // drops its reference to its request
+    pthread_mutex_lock(&e->mmu);
+    e->mstop = true;
+    pthread_cond_broadcast(&e->mcv);
+    pthread_mutex_unlock(&e->mmu);
+    for (int i = 0; i < e->n_mthreads; i++)
+        pthread_join(e->mthreads[i], NULL);
+    while (e->mq_head) {
+        engine_req *r = e->mq_head;
+        e->mq_head = r->mnext;
+        engine__req_unref(r);
+    }
+    free(e->mthreads);
+    free(e->m_act);
+    free(e->m_last);
+    free(e->m_total);
+    pthread_cond_destroy(&e->mcv);
+    pthread_cond_destroy(&e->mdone);
+    pthread_mutex_destroy(&e->mmu);
     model_ctx_free(e->ctx);
     kv_prefix_destroy(e->prefix);
     kv_pool_destroy(e->pool);
@@ -1214,6 +1548,9 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_mutex_init(&e->vmu, NULL);
+    pthread_mutex_init(&e->mmu, NULL);
+    pthread_cond_init(&e->mcv, NULL);
+    pthread_cond_init(&e->mdone, NULL);
     atomic_init(&e->online, true);
     atomic_init(&e->next_id, 1);
     kv_geom g = model_kv_geom(o->m, o->page_tokens, o->kv_type);
@@ -1245,6 +1582,24 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
     e->b_pos = e->b_tok + B;
     e->b_seq = e->b_pos + B;
     e->b_out = e->b_seq + B;
+    // mask threads: as many as compute threads, two at least (one slow
+    // grammar then does not hold up every other constrained request)
+    int n_mt = o->n_threads > 2 ? o->n_threads : 2;
+    e->mthreads = calloc((size_t)n_mt, sizeof *e->mthreads);
+    e->m_act = malloc(R);
+    e->m_last = malloc(sizeof(uint64_t) * R);
+    e->m_total = malloc(sizeof(uint64_t) * R);
+    if (!e->mthreads || !e->m_act || !e->m_last || !e->m_total) {
+        err = ks_seterr(eb, KS_ERR_NOMEM, "engine buffers");
+        goto fail;
+    }
+    for (int i = 0; i < n_mt; i++) {
+        if (pthread_create(&e->mthreads[i], NULL, engine__mask_main, e) != 0) {
+            err = ks_seterr(eb, KS_ERR_NOMEM, "engine: cannot start a mask thread");
+            goto fail;
+        }
+        e->n_mthreads = i + 1;
+    }
     if (pthread_create(&e->thread, NULL, engine__main, e) != 0) {
         err = ks_seterr(eb, KS_ERR_NOMEM, "engine: cannot start the scheduler thread");
         goto fail;

@@ -186,6 +186,7 @@ void engine_stream_finish(engine_stream *s, const engine_outcome *o, char *piece
     ev.queue_ms = o->t_sched_ns && o->t_sched_ns >= o->t_submit_ns
                       ? (double)(o->t_sched_ns - o->t_submit_ns) / 1e6
                       : -1.0;
+    ev.mask_ms = (double)o->mask_ns / 1e6;
     engine_stream_post(s, &ev);
 }
 

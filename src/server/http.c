@@ -504,7 +504,7 @@ static void srv__gen_release_tenant(srv_gen *g) {
     // never submitted: all of it back; else what was not generated
     int64_t unused = g->ch[0].req ? (int64_t)g->max_tokens * g->n_ch - g->n_gen : g->reserved;
     if (g->route == SRV_ROUTE_EMBEDDINGS) unused = g->embed_ok ? 0 : g->reserved;
-    srv_tenants_release(g->s->ts, g->tenant, unused > 0 ? unused : 0);
+    srv_tenants_release_n(g->s->ts, g->tenant, g->n_ch > 1 ? g->n_ch : 1, unused > 0 ? unused : 0);
     g->tenant = -1;
 }
 
@@ -631,6 +631,10 @@ static int srv__gen_poll(srv_gen *g, engine_event *ev) {
             ch->end = *ev;
             g->n_gen += ev->n_gen - ch->n_gen; // the engine's count is the truth
             ch->n_gen = ev->n_gen;
+            if (g->tenant >= 0) // its grammar's CPU, charged to its tenant
+                atomic_fetch_add_explicit(&g->s->ts->t[g->tenant].m_mask_us,
+                                          (unsigned long long)(ev->mask_ms * 1e3),
+                                          memory_order_relaxed);
             g->done = ++g->n_done == g->n_ch;
         }
         return 1;
@@ -1570,7 +1574,8 @@ static void srv__submit_error(ks_err e, const ks_errbuf *eb, srv_route route, sr
  * gives the lower bound, not the prefix's count as if it were the prompt. */
 static void srv__refused_long(server *s, srv_gen *g, srv_error *err, bool cut, int64_t charged) {
     if (err->reason != ADMIT_CONTEXT_LENGTH && err->reason != ADMIT_KV_CAPACITY) return;
-    if (g->tenant >= 0) srv_tenants_refuse(s->ts, g->tenant, g->reserved, charged);
+    if (g->tenant >= 0)
+        srv_tenants_refuse_n(s->ts, g->tenant, g->n_ch > 1 ? g->n_ch : 1, g->reserved, charged);
     g->tenant = -1;
     if (cut && err->reason == ADMIT_CONTEXT_LENGTH)
         snprintf(err->msg, sizeof err->msg,
@@ -1687,7 +1692,8 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     char msg[256];
     srv_reqinfo *ri = srv__ri(c);
     if (ri) ri->need_tokens = held_reserved; // a 429's Retry-After: when these are there
-    admit_reason rj = srv_tenants_admit(s->ts, tenant, held_reserved, ks_now_ns(), msg, sizeof msg);
+    admit_reason rj =
+        srv_tenants_admit_n(s->ts, tenant, n_ch, held_reserved, ks_now_ns(), msg, sizeof msg);
     if (rj != ADMIT_OK) {
         srv_refuse(&err, rj, NULL, "%s", msg);
         goto fail;
@@ -1738,6 +1744,7 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     g->n_prompt = n_prompt;
     g->max_tokens = max_tokens;
     g->reserved = held_reserved;
+    g->n_ch = n_ch; // the tenant's slots too (srv_tenants_admit_n)
     g->tenant = held; // g releases the tenant from here on
     held = -1;
     g->created = (long long)time(NULL);
@@ -1849,8 +1856,8 @@ static enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_ro
     return g->stream ? srv__stream_start(s, c, g, sc) : srv__gen_collect(s, c, g, sc);
 fail:
     if (held >= 0)
-        srv_tenants_refuse(s->ts, held, held_reserved,
-                           err.reason == ADMIT_CONTEXT_LENGTH ? held_charge : 0);
+        srv_tenants_refuse_n(s->ts, held, n_ch, held_reserved,
+                             err.reason == ADMIT_CONTEXT_LENGTH ? held_charge : 0);
     srv__gen_free(g);
     free(ids);
     free(text);

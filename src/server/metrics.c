@@ -161,6 +161,9 @@ static bool met__tenants(srv_buf *b, const srv_tenants *ts) {
          offsetof(srv_tenant, m_prompt)},
         {"kvseal_tenant_generation_tokens_total", "Tokens generated for the tenant.",
          offsetof(srv_tenant, m_generation)},
+        {"kvseal_tenant_grammar_mask_microseconds_total",
+         "CPU the tenant's grammar masks took (structured output), in microseconds.",
+         offsetof(srv_tenant, m_mask_us)},
     };
     bool ok = true;
     for (size_t k = 0; k < sizeof ctr / sizeof ctr[0] && ok; k++) {

@@ -248,6 +248,7 @@ typedef struct srv_tenant {
     atomic_ullong m_limited;    /* of which 429 (its own limits) */
     atomic_ullong m_prompt;     /* prompt tokens of its finished generations */
     atomic_ullong m_generation; /* tokens generated for it */
+    atomic_ullong m_mask_us;    /* CPU its grammar masks took (engine_event.mask_ms) */
 } srv_tenant;
 
 typedef struct srv_tenants {
@@ -297,8 +298,16 @@ bool srv_tenants_metrics_ok(const srv_tenants *ts, const char *key, size_t len);
  * limit and the numbers). Thread-safe. */
 admit_reason srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t now_ns, char *msg,
                                size_t cap);
+/* srv_tenants_admit for a request of `slots` sequences (n / best_of
+ * choices): each takes one of the tenant's max_concurrent; more slots than
+ * the limit is ADMIT_TENANT_CONCURRENCY at once (msg: lower n). End it with
+ * the _n calls below and the same slots. Thread-safe. */
+admit_reason srv_tenants_admit_n(srv_tenants *ts, int i, int slots, int64_t tokens, uint64_t now_ns,
+                                 char *msg, size_t cap);
 /* Ends an admitted request, refunding `unused` tokens. Thread-safe. */
 void srv_tenants_release(srv_tenants *ts, int i, int64_t unused);
+/* srv_tenants_release of a request admitted with `slots`. Thread-safe. */
+void srv_tenants_release_n(srv_tenants *ts, int i, int slots, int64_t unused);
 /* Raises an admitted request's reservation from `reserved` tokens (what
  * srv_tenants_admit took: a lower bound known before tokenizing) to its
  * exact `tokens`, taking the difference from the bucket. Returns
@@ -313,6 +322,8 @@ admit_reason srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t 
  * work was more (the bucket may go below zero, a debt that refilling pays
  * off). Thread-safe; can't fail. */
 void srv_tenants_refuse(srv_tenants *ts, int i, int64_t reserved, int64_t charged);
+/* srv_tenants_refuse of a request admitted with `slots`. Thread-safe. */
+void srv_tenants_refuse_n(srv_tenants *ts, int i, int slots, int64_t reserved, int64_t charged);
 
 /* A tenant's rate limits as OpenAI's x-ratelimit-* headers state them. */
 typedef struct srv_ratelimit {

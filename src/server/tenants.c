@@ -304,15 +304,29 @@ static void ten__rate_msg(const srv_tenant *t, int64_t tokens, bool at_least, do
 
 admit_reason srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t now_ns, char *msg,
                                size_t cap) {
+    return srv_tenants_admit_n(ts, i, 1, tokens, now_ns, msg, cap);
+}
+
+admit_reason srv_tenants_admit_n(srv_tenants *ts, int i, int slots, int64_t tokens, uint64_t now_ns,
+                                 char *msg, size_t cap) {
     KS_ASSERT(i >= 0 && (size_t)i < ts->n);
+    if (slots < 1) slots = 1;
     srv_tenant *t = &ts->t[i];
     admit_reason r = ADMIT_OK;
     pthread_mutex_lock(&ts->mu);
     if (t->bucket_ns == 0) t->bucket_ns = now_ns;
     ten__refill(t, now_ns);
-    if (t->max_concurrent && t->running >= t->max_concurrent) {
-        snprintf(msg, cap, "tenant '%s' already has %d requests running (limit %d); retry later",
-                 t->name, t->running, t->max_concurrent);
+    if (t->max_concurrent && slots > t->max_concurrent) {
+        // every choice runs as a sequence of its own: n of them are n requests
+        snprintf(msg, cap,
+                 "%d choices (n / best_of) take %d of tenant '%s''s concurrent requests, and its "
+                 "limit is %d; lower n",
+                 slots, slots, t->name, t->max_concurrent);
+        r = ADMIT_TENANT_CONCURRENCY;
+    } else if (t->max_concurrent && t->running + slots > t->max_concurrent) {
+        snprintf(msg, cap,
+                 "tenant '%s' already has %d requests running (limit %d)%s; retry later", t->name,
+                 t->running, t->max_concurrent, slots > 1 ? ", and each choice counts as one" : "");
         r = ADMIT_TENANT_CONCURRENCY;
     } else if (t->requests_per_minute && t->rbucket < 1.0) {
         snprintf(msg, cap,
@@ -323,7 +337,7 @@ admit_reason srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t 
         ten__rate_msg(t, tokens, true, t->bucket, msg, cap);
         r = ADMIT_TENANT_RATE;
     } else {
-        t->running++;
+        t->running += slots;
         if (t->tokens_per_minute) t->bucket -= (double)tokens;
         if (t->requests_per_minute) t->rbucket -= 1.0;
     }
@@ -332,11 +346,16 @@ admit_reason srv_tenants_admit(srv_tenants *ts, int i, int64_t tokens, uint64_t 
 }
 
 void srv_tenants_release(srv_tenants *ts, int i, int64_t unused) {
+    srv_tenants_release_n(ts, i, 1, unused);
+}
+
+void srv_tenants_release_n(srv_tenants *ts, int i, int slots, int64_t unused) {
     KS_ASSERT(i >= 0 && (size_t)i < ts->n);
     srv_tenant *t = &ts->t[i];
+    if (slots < 1) slots = 1;
     pthread_mutex_lock(&ts->mu);
-    KS_ASSERT(t->running > 0);
-    t->running--;
+    KS_ASSERT(t->running >= slots);
+    t->running -= slots;
     if (t->tokens_per_minute && unused > 0) {
         t->bucket += (double)unused;
         if (t->bucket > (double)t->tokens_per_minute) t->bucket = (double)t->tokens_per_minute;
@@ -365,11 +384,16 @@ admit_reason srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t 
 }
 
 void srv_tenants_refuse(srv_tenants *ts, int i, int64_t reserved, int64_t charged) {
+    srv_tenants_refuse_n(ts, i, 1, reserved, charged);
+}
+
+void srv_tenants_refuse_n(srv_tenants *ts, int i, int slots, int64_t reserved, int64_t charged) {
     KS_ASSERT(i >= 0 && (size_t)i < ts->n);
     srv_tenant *t = &ts->t[i];
+    if (slots < 1) slots = 1;
     pthread_mutex_lock(&ts->mu);
-    KS_ASSERT(t->running > 0);
-    t->running--;
+    KS_ASSERT(t->running >= slots);
+    t->running -= slots;
     if (t->tokens_per_minute) {
         // a debt (charged > reserved) leaves the bucket below zero: the
         // tenant's next requests wait until refilling has paid it off

@@ -17,6 +17,7 @@
  *   and resumes with the same tokens once its consumer reads on. */
 #include "kvseal/engine.h"
 #include "kvseal/grammar.h"
+#include "kvseal/admit.h"
 #include "kvseal/kern.h"
 
 #include "../check.h"
@@ -24,6 +25,7 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <unistd.h>
 
 static engine *make_engine_ctx(int32_t n_ctx, uint32_t pages, int max_running, bool prefix) {
     engine_opts o = efx_opts(n_ctx, pages, max_running, prefix);
@@ -362,6 +364,48 @@ static void test_backlog_pauses(void) {
     engine_destroy(e);
 }
 
+/* Submits a 100-token request of tenant nobody reads (it pauses once its
+ * backlog is full, holding its running slot). */
+static engine_req *submit_unread(engine *e, const char *tenant) {
+    int32_t *ids;
+    size_t n;
+    tokenize("And it came to pass", &ids, &n);
+    engine_params p;
+    params_greedy(&p, tenant, ids, n, 100);
+    p.ignore_eos = true;
+    engine_req *r;
+    ks_errbuf eb;
+    CHECK_EQ(engine_submit(e, &p, &r, &eb), KS_OK);
+    free(ids);
+    return r;
+}
+
+/* Issue 38: a freed slot goes to the tenant with the fewest sequences
+ * running, not to the oldest waiting request. Tenant a holds both slots
+ * (two requests paused) and has two more waiting; b's one request came
+ * last. When one of a's ends, b's is admitted, and a's next waits. */
+static void test_fair_admission(void) {
+    engine *e = make_engine(128, 2, false);
+    engine_req *a1 = submit_unread(e, "a"), *a2 = submit_unread(e, "a");
+    wait_paused(e, 2);
+    engine_req *a3 = submit_unread(e, "a"), *a4 = submit_unread(e, "a");
+    engine_req *b1 = submit_unread(e, "b");
+    CHECK_EQ(engine_req_state(a3), ENGINE_QUEUED);
+    CHECK_EQ(engine_req_state(b1), ENGINE_QUEUED);
+    result held;
+    collect(a1, &held); // a1 runs to its end: one slot frees
+    CHECK_EQ(held.done.state, ENGINE_FINISHED);
+    for (int i = 0; i < 5000 && engine_req_state(b1) == ENGINE_QUEUED; i++)
+        usleep(1000);
+    CHECK(engine_req_state(b1) != ENGINE_QUEUED); // FIFO would have taken a3
+    CHECK_EQ(engine_req_state(a3), ENGINE_QUEUED);
+    engine_req *all[] = {a1, a2, a3, a4, b1};
+    for (int i = 0; i < 5; i++)
+        engine_req_release(all[i]);
+    wait_paused(e, 0);
+    engine_destroy(e);
+}
+
 typedef struct {
     engine *e;
     int i;
@@ -456,6 +500,48 @@ static void test_grammar_batched(void) {
     engine_destroy(e);
 }
 
+/* Issue 38: a grammar whose masks cost more CPU than the engine allows (per
+ * token, or per request) ends its request with a clear error and the CPU
+ * it took, while an unconstrained request beside it is unaffected. */
+static void test_grammar_budget(void) {
+    static const char *text = "root ::= (x x x x x x x x x x x x \"\\n\")*\nx ::= [ -~]*";
+    grammar *g = NULL;
+    ks_errbuf eb;
+    CHECK_EQ(grammar_parse(text, strlen(text), &g, &eb), KS_OK);
+    for (int per_request = 0; per_request < 2; per_request++) {
+        engine_opts o = efx_opts(512, 128, 4, false);
+        o.grammar_budget_ms = per_request ? 0 : 1;
+        o.grammar_cpu_ms = per_request ? 5 : 0;
+        engine *e = efx_engine(&o);
+        int32_t *ids;
+        size_t n;
+        tokenize("And it came to pass", &ids, &n);
+        engine_params p;
+        params_greedy(&p, "gt", ids, n, 200);
+        p.ignore_eos = true;
+        p.grammar = g;
+        engine_req *r;
+        CHECK_EQ(engine_submit(e, &p, &r, &eb), KS_OK);
+        free(ids);
+        result other, res;
+        run_one(e, "u", "In the beginning", 20, &other);
+        CHECK_EQ(other.done.state, ENGINE_FINISHED);
+        CHECK_EQ(other.n, 20);
+        collect(r, &res);
+        engine_req_release(r);
+        CHECK_EQ(res.done.state, ENGINE_ABORTED);
+        CHECK_EQ(res.done.finish, ENGINE_FINISH_ERROR);
+        CHECK_EQ(res.done.err, KS_ERR_INVAL);
+        CHECK_EQ(res.done.reason, ADMIT_INVALID);
+        CHECK_STR_HAS(res.done.errmsg, per_request ? "--grammar-cpu-ms" : "--grammar-budget-ms");
+        CHECK(res.done.mask_ms >= (per_request ? 5.0 : 1.0)); // charged: at least the limit
+        CHECK(res.n < 200);
+        check_clean(e);
+        engine_destroy(e);
+    }
+    grammar_unref(g);
+}
+
 int main(void) {
     g_model = kjv_model_load(true);
     if (!g_model) return 1;
@@ -464,9 +550,11 @@ int main(void) {
     test_golden_and_stop();
     test_cancel_and_exhaustion();
     test_backlog_pauses();
+    test_fair_admission();
     test_prefix_cache();
     test_batched_equals_alone();
     test_grammar_batched();
+    test_grammar_budget();
     model_free(g_model);
     printf("engine sched ok\n");
     return 0;

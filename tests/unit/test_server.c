@@ -688,6 +688,21 @@ static void test_tenants(void) {
     srv_tenants_release(ts, 0, 0);
     CHECK_EQ(ts->t[0].running, 0);
 
+    // issue 38: each of n choices takes a slot of max_concurrent (2 here):
+    // n=16 can never run, n=2 takes both, and n=1 then waits for them
+    uint64_t tn = t0 + 5400000000000ull; // bucket full again: 600
+    CHECK_EQ(srv_tenants_admit_n(ts, 0, 16, 32, tn, msg, sizeof msg), ADMIT_TENANT_CONCURRENCY);
+    CHECK_STR_HAS(msg, "lower n");
+    CHECK_EQ(ts->t[0].running, 0);
+    CHECK_EQ(srv_tenants_admit_n(ts, 0, 2, 32, tn, msg, sizeof msg), ADMIT_OK);
+    CHECK_EQ(ts->t[0].running, 2);
+    CHECK_EQ(srv_tenants_admit(ts, 0, 1, tn, msg, sizeof msg), ADMIT_TENANT_CONCURRENCY);
+    srv_tenants_release_n(ts, 0, 2, 32);
+    CHECK_EQ(srv_tenants_admit_n(ts, 0, 2, 32, tn, msg, sizeof msg), ADMIT_OK);
+    srv_tenants_refuse_n(ts, 0, 2, 32, 0);
+    CHECK_EQ(ts->t[0].running, 0);
+    CHECK_NEAR(ts->t[0].bucket, 600, 1e-6);
+
     // issue 8: admitted on a lower bound, grown to the exact count once
     // tokenized; refused work is charged, even past the bucket (a debt)
     uint64_t t1 = t0 + 7200000000000ull; // bucket full again: 600
