@@ -17,7 +17,7 @@ command -v node >/dev/null || skip "node is not installed (scripts/install-deps.
 MODEL=$KS_SRC/models/kjv-mini.gguf
 echo '{"tenants":[{"name":"acme","keys":["sk-acme-test"],"max_concurrent":8,"tokens_per_minute":1000000},
 {"name":"tiny","keys":["sk-tiny"],"max_concurrent":8,"tokens_per_minute":20},
-{"name":"leave","keys":["sk-leave"],"max_concurrent":8}],"admin_key":"adm-emb"}' >"$TMPD/t.json"
+{"name":"leave","keys":["sk-leave"],"max_concurrent":8}],"admin_key":"adm-emb-0123456789ab"}' >"$TMPD/t.json"
 ARGS=(-m "$MODEL" --alias kjv-mini --ctx 256 --kv-pages 64 --threads 2)
 AUTH=(-H "Authorization: Bearer sk-acme-test" -H 'Content-Type: application/json')
 TEXT='In the beginning God created the heaven and the earth.'
@@ -136,7 +136,7 @@ clients_leave_together() {
 # kv_clean — every KV page (serve's, or every worker's) free and scrubbed
 kv_clean() {
     local chk
-    chk=$(curl -sS -H "Authorization: Bearer adm-emb" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
+    chk=$(curl -sS -H "Authorization: Bearer adm-emb-0123456789ab" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
     expect_has "$1 pool check" "$chk" '"clean":true'
 }
 
