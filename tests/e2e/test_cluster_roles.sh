@@ -2,8 +2,8 @@
 # The cluster's processes (issue 4): workers may start before the router and
 # register once it is up; a node with the wrong secret, a worker serving
 # another model, a decode worker with another KV type (--kv-type: pages
-# travel in their type) and an insecure secret file are refused with a clear
-# message; a request with no workers registered gets 503; a worker that stops
+# travel in their type), an insecure secret file and a secret or admin key
+# under 16 bytes are refused with a clear message; a request with no workers registered gets 503; a worker that stops
 # answering health checks is dropped (SIGSTOP) while the router keeps
 # serving with the others; after a router restart the workers register with
 # the new one; every process exits 0 on SIGTERM.
@@ -17,6 +17,18 @@ cp "$TMPD/secret" "$TMPD/loose"; chmod 644 "$TMPD/loose"
 out=$("$KS_BIN" prefill "${M[@]}" --router 127.0.0.1:1 --secret-file "$TMPD/loose" 2>&1); rc=$?
 expect_eq "insecure secret status" "$rc" 2
 expect_has "insecure secret message" "$out" "readable by group or others"
+# a secret or admin key short enough to guess is refused at start, by every role
+printf '0123456789abcde\n' >"$TMPD/short"; chmod 600 "$TMPD/short"
+for role in router prefill decode; do
+    to=(--router 127.0.0.1:1); [ $role = router ] && to=(--port 0 --cluster-port 0)
+    out=$("$KS_BIN" $role "${M[@]}" "${to[@]}" --secret-file "$TMPD/short" 2>&1); rc=$?
+    expect_eq "$role short secret status" "$rc" 2
+    expect_has "$role short secret message" "$out" "has 15 bytes; at least 16 are needed"
+done
+out=$("$KS_BIN" router "${M[@]}" --port 0 --cluster-port 0 --secret-file "$TMPD/secret" --admin-key adm-short 2>&1)
+rc=$?
+expect_eq "router short admin key status" "$rc" 2
+expect_has "router short admin key message" "$out" "--admin-key has 9 bytes; at least 16 are needed"
 out=$("$KS_BIN" decode "${M[@]}" --secret-file "$TMPD/secret" 2>&1); rc=$?
 expect_eq "missing --router status" "$rc" 2
 expect_has "missing --router message" "$out" "--router HOST:PORT is required"
