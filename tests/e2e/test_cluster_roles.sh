@@ -37,7 +37,7 @@ expect_has "missing --router message" "$out" "--router HOST:PORT is required"
 port=$(rawc --free-port)
 "$KS_BIN" decode "${M[@]}" --router 127.0.0.1:$port --secret-file "$TMPD/secret" >"$TMPD/d.out" 2>"$TMPD/d.log" &
 D=$!
-"$KS_BIN" prefill "${M[@]}" --router 127.0.0.1:$port --secret-file "$TMPD/secret" >"$TMPD/p.out" 2>"$TMPD/p.log" &
+"$KS_BIN" prefill "${M[@]}" --log-level debug --router 127.0.0.1:$port --secret-file "$TMPD/secret" >"$TMPD/p.out" 2>"$TMPD/p.log" &
 P=$!
 # an intruder with another secret, and a prefill worker of another model
 "$KS_BIN" prefill "${M[@]}" --router 127.0.0.1:$port --secret-file "$TMPD/other" >/dev/null 2>"$TMPD/x.log" &
@@ -100,6 +100,14 @@ wait_for "an answer after re-registration" answers
 kill -TERM $R; wait $R || fail "router exited with status $?"
 router r2
 wait_for "an answer after the router restarted" answers
+# the new router numbers the decode worker afresh: the prefill worker retires
+# its link under the old router's id instead of retrying it forever (issue 38)
+old_id=$(sed -n 's/.*router: decode worker \([0-9]*\) registered.*/\1/p' "$TMPD/r.log" | tail -1)
+new_id=$(sed -n 's/.*router: decode worker \([0-9]*\) registered.*/\1/p' "$TMPD/r2.log" | tail -1)
+[ -n "$old_id" ] && [ -n "$new_id" ] && [ "$old_id" != "$new_id" ] ||
+    fail "expected the new router to give the decode worker another id (old '$old_id', new '$new_id')"
+wait_for "the prefill worker to retire the link to the old decode worker id $old_id" \
+    file_has "$TMPD/p.log" "decode worker $old_id is not known to the router; retiring its link"
 
 for p in $P $D $R; do kill -TERM $p; done
 for p in $P $D $R; do wait $p || fail "process $p exited with status $?"; done
