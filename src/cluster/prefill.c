@@ -1003,7 +1003,7 @@ static void pf__free(pf__worker *w) {
     free(w->lp_buf);
 }
 
-ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atomic_t *stop,
+ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
                            ks_errbuf *eb) {
     if (!o || !o->m || !stop || !o->secret || o->secret_len < 16 || !o->router_host ||
         o->router_port <= 0 || o->router_port > 65535)
@@ -1089,7 +1089,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atom
 
     uint64_t last_tick = 0, drain_deadline = 0;
     for (;;) {
-        if (*stop && !w.draining) {  // graceful stop: finish what is held, take nothing new
+        if (atomic_load_explicit(stop, memory_order_acquire) && !w.draining) {  // graceful stop: finish what is held, take nothing new
             if (!o->drain_ms) break;
             w.draining = true;
             drain_deadline = cl_now_ms(NULL) + o->drain_ms;
