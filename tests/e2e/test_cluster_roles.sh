@@ -99,6 +99,11 @@ wait_for "an answer after re-registration" answers
 # the router restarts: both workers notice, register with the new one, serve on
 kill -TERM $R; wait $R || fail "router exited with status $?"
 router r2
+# the new router's request ids are not the old one's: decode remembers every
+# id it served, and would refuse a reused one (a 500 to the client)
+code=$(curl -sS -o "$TMPD/after" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":6,"temperature":0}')
+expect_eq "the first request after the router restarted: status ($(cat "$TMPD/after"))" "$code" 200
 wait_for "an answer after the router restarted" answers
 # the new router numbers the decode worker afresh: the prefill worker retires
 # its link under the old router's id instead of retrying it forever (issue 38)
