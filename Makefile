@@ -4,7 +4,7 @@ BUILD ?= build
 FUZZ_SECONDS ?= 60
 FUZZ_JOBS ?= $(JOBS)
 
-.PHONY: all test asan stress-test bench fuzz clean help
+.PHONY: all test asan tsan stress-test bench fuzz clean help
 
 all: ## configure and build build/kvseal (Release, -Werror)
 	@cmake -S . -B $(BUILD) -DKS_WERROR=ON >/dev/null
@@ -18,6 +18,26 @@ asan: ## build with AddressSanitizer+UBSan in build-asan and run the suite
 	@cmake --build build-asan -j$(JOBS)
 	@cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
 
+# The ThreadSanitizer subset: the engine, server and cluster unit tests (but
+# unit_engine_grammar: single-threaded, and slow under a sanitizer) and the
+# end-to-end tests where the threads meet most (the HTTP sweeper with
+# disconnects, drains and slow clients, the leak suite, embeddings, a
+# cluster's workers). TSan reports of any process (the e2e tests' servers
+# too) are written to build-tsan/tsan-report.PID and fail the run.
+TSAN_TESTS ?= ^(unit_(engine|server|cluster).*|e2e_test_(serve_(drain|half_close|slow_clients|queue)|leak|openai|embeddings|cluster_(roles|drain|same_tokens)))$$
+TSAN_EXCLUDE ?= ^unit_engine_grammar$$
+TSAN_TARGETS = kvseal rawc $(patsubst tests/unit/%.c,%,$(filter-out %/test_engine_grammar.c,\
+	$(wildcard tests/unit/test_engine*.c tests/unit/test_server*.c tests/unit/test_cluster*.c)))
+tsan: ## build with ThreadSanitizer in build-tsan and run the engine, server and cluster tests (TSAN_TESTS)
+	@cmake -S . -B build-tsan -DKS_WERROR=ON -DKS_SANITIZE=thread -DKS_FUZZ_SMOKE=OFF >/dev/null
+	@cmake --build build-tsan -j$(JOBS) --target $(TSAN_TARGETS)
+	@rm -f build-tsan/tsan-report.*
+	@rc=0; (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 \
+		log_path=$(CURDIR)/build-tsan/tsan-report" ctest --output-on-failure -j$(JOBS) \
+		-R '$(TSAN_TESTS)' -E '$(TSAN_EXCLUDE)') || rc=1; \
+	if ls build-tsan/tsan-report.* >/dev/null 2>&1; then cat build-tsan/tsan-report.*; \
+		echo "tsan: ThreadSanitizer reports (above)" >&2; rc=1; fi; exit $$rc
+
 stress-test: ## the whole suite 10x (STRESS_RUNS) with ctest -j4 beside a CPU hog, then once under ASan
 	@scripts/stress-test.sh
 
@@ -30,7 +50,7 @@ fuzz: ## build the libFuzzer harnesses (clang) in build-fuzz; run each FUZZ_SECO
 	@scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_JOBS) $(FUZZ_TARGETS)
 
 clean: ## remove build directories
-	rm -rf build build-asan build-fuzz build-stress-logs
+	rm -rf build build-asan build-tsan build-fuzz build-stress-logs
 
 help:
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'

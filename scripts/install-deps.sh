@@ -41,6 +41,16 @@ if ! echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return (
     "libclang-rt-$ver-dev" >/dev/null
 fi
 
+# ThreadSanitizer (`make tsan`, CI) needs gcc's TSan runtime, libtsan2 for
+# gcc 11-14 (usually already there: libgcc-N-dev depends on it)
+if ! echo 'int main(void) { return 0; }' | gcc -x c -fsanitize=thread -o /dev/null - >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  echo "install-deps: installing libtsan2 (ThreadSanitizer)" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends libtsan2 >/dev/null
+fi
+
 # the end-to-end tests drive the server with the official openai and
 # @anthropic-ai/sdk npm clients (versions pinned in tests/e2e/js/package-lock.json)
 js="$(dirname "$0")/../tests/e2e/js"

@@ -15,7 +15,7 @@
 #ifndef KS_CLUSTER_H
 #define KS_CLUSTER_H
 
-#include <signal.h>
+#include <stdatomic.h>
 
 #include "kvseal/base.h"
 #include "kvseal/engine.h"
@@ -63,25 +63,25 @@ typedef struct cluster_worker_opts {
 } cluster_worker_opts;
 
 /* Runs a prefill worker until *stop becomes non-zero (then drains, see
- * drain_ms): connects to the router
- * (retrying with back-off until registered, and again after losing it),
+ * drain_ms; another thread sets *stop, or a signal handler: a lock-free
+ * atomic may be written there): connects to the router (retrying with back-off until registered, and again after losing it),
  * opens a data link to every decode worker the router names, serves PREFILL
  * (with PD_FLAG_PROMPT_LP, echo: the prompt's logprob records go to the
  * router in PROMPT_LP messages before DONE goes to decode) and ABORT, and EMBED (an embedding input
  * computed and pooled here, its pages scrubbed before EMBED_RESULT goes back; pooling eng.pooling).
  * Returns KS_OK after a clean stop. Errors (at start only): KS_ERR_INVAL (options), KS_ERR_NOMEM,
  * KS_ERR_IO. Blocks. */
-ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atomic_t *stop,
+ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
                            ks_errbuf *eb) KS_MUST_USE;
 
 /* Runs a decode worker until *stop becomes non-zero (then drains, see
- * drain_ms): listens for data links,
+ * drain_ms; *stop as for cluster_prefill_run): listens for data links,
  * registers with the router (as prefill does), grants pages for ADMIT,
  * receives KV straight into its pool, commits only verified handoffs (I6)
  * and generates, streaming TOKEN/FINISH to the router. Prints "data link on
  * HOST:PORT" to stdout once listening. Errors (at start only): KS_ERR_INVAL,
  * KS_ERR_NOSPACE (pool too small, I8), KS_ERR_NOMEM, KS_ERR_IO. Blocks. */
-ks_err cluster_decode_run(const cluster_worker_opts *o, const volatile sig_atomic_t *stop,
+ks_err cluster_decode_run(const cluster_worker_opts *o, const atomic_int *stop,
                           ks_errbuf *eb) KS_MUST_USE;
 
 /* Options of the router. */

@@ -17,6 +17,10 @@
 #include "kvseal/engine.h"
 #include "kvseal/model.h"
 
+/* The shortest admin key (--admin-key, a tenants file's admin_key) accepted:
+ * a shorter one could be guessed; the cluster secret has the same bound. */
+#define SERVER_KEY_MIN_BYTES 16
+
 typedef struct server_opts {
     const char *host;           /* address to bind ("127.0.0.1") */
     int port;                   /* TCP port; 0 picks a free one (server_port) */

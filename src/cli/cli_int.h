@@ -91,7 +91,7 @@ int cli__opts_parse(const cli__spec *sp, void *ctx, int argc, char **argv, int *
  * (keys: sp's long option names, log-format, log-level; '#' starts a comment
  * line; a value in double quotes keeps its blanks). Returns 0, or 2 after
  * printing the error with the file and line (unknown key, bad value,
- * unreadable file). */
+ * a key given twice unless repeatable, unreadable file). */
 int cli__config_load(const cli__spec *sp, void *ctx, const char *path);
 /* The "+/-" of perplexity's final line from the sums of the count per-token
  * NLLs (nll) and of their squares (nll2): the standard error of the mean NLL

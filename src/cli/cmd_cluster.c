@@ -121,7 +121,7 @@ done:
     return rc;
 }
 
-static volatile sig_atomic_t cluster__stop;
+static atomic_int cluster__stop; // set by the signal thread, read by the worker's loop
 
 static void *cluster__sigwaiter(void *arg) {
     sigset_t *sigs = arg;
@@ -129,7 +129,7 @@ static void *cluster__sigwaiter(void *arg) {
     while (sigwait(sigs, &sig) != 0) {
     }
     ks_log(KS_LOG_INFO, "signal %d: shutting down", sig);
-    cluster__stop = 1;
+    atomic_store_explicit(&cluster__stop, 1, memory_order_release);
     return NULL;
 }
 
@@ -179,7 +179,7 @@ static int cluster__worker(int argc, char **argv, bool decode) {
     ks_err e = decode ? cluster_decode_run(&wo, &cluster__stop, &eb)
                       : cluster_prefill_run(&wo, &cluster__stop, &eb);
     if (e) fprintf(stderr, "kvseal %s: %s\n", argv[0], eb.msg[0] ? eb.msg : ks_strerror(e));
-    if (!cluster__stop) pthread_kill(waiter, SIGTERM);  // it is blocked in sigwait: wake it
+    if (!atomic_load(&cluster__stop)) pthread_kill(waiter, SIGTERM);  // it is blocked in sigwait: wake it
     pthread_join(waiter, NULL);
     sodium_memzero(secret, sizeof secret);
     model_free(m);

@@ -360,6 +360,11 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
     default:
         break;
     }
+    if (sv == &c->admin_key && strlen(v) < SERVER_KEY_MIN_BYTES) {
+        fprintf(stderr, "kvseal: --admin-key has %zu bytes; at least %d are needed\n", strlen(v),
+                SERVER_KEY_MIN_BYTES);
+        return 2;
+    }
     if (sv) {
         if (!(*sv = serve__keep(c, v))) return 2;
         return 0;

@@ -8,8 +8,9 @@
  * names (README "Deploying: Docker and systemd"). It is applied first and
  * the command line after it, so a flag given on the command line wins; a
  * repeatable option (--alias) given on the command line replaces the file's
- * list rather than adding to it. Unknown keys, a missing '=' or a flag with
- * a value other than true/false are errors naming the file and line.
+ * list rather than adding to it. Unknown keys, a key given twice (other than
+ * a repeatable one such as alias), a missing '=' or a flag with a value
+ * other than true/false are errors naming the file and line.
  *
  * Also `kvseal --version`: the version comes from CMake's project VERSION
  * through the generated kvseal_version.h, with git describe when the build
@@ -70,14 +71,23 @@ static char *opts__trim(char *s) {
     return s;
 }
 
-/* Applies one option from a config line (file:line for messages). */
+/* Applies one option from a config line (file:line for messages).
+ * first_line[i] is the line that set option i (0: none yet): a key other
+ * than a repeatable one given twice is an error, since one value would
+ * silently win over the other. */
 static int opts__apply_config(const cli__spec *sp, void *ctx, const char *path, int line,
-                              const char *key, const char *val) {
+                              const char *key, const char *val, int *first_line) {
     int n_all = sp->n_opts + OPT__N;
     for (int i = 0; i < n_all; i++) {
         const cli__opt *o = opts__at(sp, i);
         if (strcmp(o->name, key) != 0) continue;
         if (i - sp->n_opts == OPT_HELP || i - sp->n_opts == OPT_CONFIG) break;
+        if (first_line[i] && !o->repeat) {
+            fprintf(stderr, "kvseal %s: %s:%d: duplicate key '%s' (first set on line %d)\n",
+                    sp->cmd, path, line, key, first_line[i]);
+            return 2;
+        }
+        if (!first_line[i]) first_line[i] = line;
         if (!o->has_arg && strcmp(val, "true") != 0 && strcmp(val, "false") != 0) {
             fprintf(stderr,
                     "kvseal %s: %s:%d: '%s' is a flag: its value is true or false, got '%s'\n",
@@ -99,6 +109,12 @@ int cli__config_load(const cli__spec *sp, void *ctx, const char *path) {
     if (!text) return 2;
     if (strlen(text) != len) {
         fprintf(stderr, "kvseal %s: %s: a NUL byte in a config file\n", sp->cmd, path);
+        free(text);
+        return 2;
+    }
+    int *first_line = calloc((size_t)(sp->n_opts + OPT__N), sizeof(int));
+    if (!first_line) {
+        fprintf(stderr, "kvseal %s: out of memory\n", sp->cmd);
         free(text);
         return 2;
     }
@@ -124,8 +140,9 @@ int cli__config_load(const cli__spec *sp, void *ctx, const char *path) {
             val[vn - 1] = '\0';
             val++;
         }
-        rc = opts__apply_config(sp, ctx, path, line, key, val);
+        rc = opts__apply_config(sp, ctx, path, line, key, val, first_line);
     }
+    free(first_line);
     free(text);
     return rc;
 }

@@ -79,6 +79,9 @@ typedef struct cl_ctrl_cfg {
 
 typedef struct cl_ctrl_cbs {
     void (*on_registered)(void *ud, uint32_t worker_id);
+    /* optional: the first HEALTH of a registration arrived, so every frame
+     * the router sends with REGISTER_ACK (the PEER list) has too */
+    void (*on_synced)(void *ud);
     /* any router frame but REGISTER_ACK, HEALTH and POOL_CHECK */
     void (*on_frame)(void *ud, const pd_frame *f);
     /* the registered connection is gone (F6/F7); a reconnect follows */

@@ -1,7 +1,8 @@
 /* ctrl.c — a worker's control connection to the router (cluster_int.h,
  * docs/pd-protocol.md sections 1, 4, 8): connect with back-off (100 ms
  * doubling to 2 s) until the handshake and REGISTER succeed, answer HEALTH
- * and POOL_CHECK here, hand every other router frame to the role, and after
+ * and POOL_CHECK here, hand every other router frame to the role, tell it
+ * when a registration's PEER list is complete (on_synced), and after
  * losing a registered connection (close, ERROR, T_router without HEALTH)
  * report it once through on_lost and start over. Loop thread only. */
 #include "cluster_int.h"
@@ -25,6 +26,7 @@ struct cl_ctrl {
     pd_conn *conn;    /* NULL while waiting to reconnect */
     bool open;        /* handshake done, REGISTER sent */
     bool registered;  /* REGISTER_ACK received on conn */
+    bool synced;      /* registered, and a HEALTH came after the ACK (on_synced called) */
     uint32_t worker_id;
     uint32_t backoff_ms;
     bool quiesced;          /* draining: no reconnect once the router lets go */
@@ -134,6 +136,7 @@ static void ctrl__on_frame(pd_conn *pc, void *ud, const pd_frame *f) {
             return;
         }
         c->registered = true;
+        c->synced = false;
         c->worker_id = a.worker_id;
         /* The router gives up on a worker after three missed HEALTH_ACKs;
          * the worker waits at least five announced intervals, so a slow
@@ -154,6 +157,12 @@ static void ctrl__on_frame(pd_conn *pc, void *ud, const pd_frame *f) {
         return;
     case PD_MSG_HEALTH:
         ctrl__health(c, f);
+        // the router sends REGISTER_ACK and then a PEER per decode worker in
+        // one go, its HEALTHs only later: by the first one the list is complete
+        if (!c->synced && c->conn) {
+            c->synced = true;
+            if (c->cbs.on_synced) c->cbs.on_synced(c->ud);
+        }
         return;
     case PD_MSG_POOL_CHECK:
         ctrl__pool_check(c, f);

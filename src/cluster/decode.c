@@ -894,7 +894,7 @@ static void dec__poll_end(void *ctx, engine *e) {
 // ----------------------------------------------------------------------------
 // Entry point
 
-ks_err cluster_decode_run(const cluster_worker_opts *o, const volatile sig_atomic_t *stop,
+ks_err cluster_decode_run(const cluster_worker_opts *o, const atomic_int *stop,
                           ks_errbuf *eb) {
     if (!o || !o->m || !o->secret || o->secret_len < 16 || !o->router_host || o->router_port <= 0 ||
         o->router_port > 65535 || o->data_port < 0 || o->data_port > 65535 || !stop)
@@ -922,7 +922,9 @@ ks_err cluster_decode_run(const cluster_worker_opts *o, const volatile sig_atomi
         return err;
     }
     // the scheduler starts the network side on its first poll
-    while (atomic_load(&w->phase) == DEC__STARTING && !*stop) dec__sleep_ms(5);
+    while (atomic_load(&w->phase) == DEC__STARTING &&
+           !atomic_load_explicit(stop, memory_order_acquire))
+        dec__sleep_ms(5);
     if (atomic_load(&w->phase) == DEC__FAILED) {
         engine_destroy(e);
         err = ks_seterr(eb, w->start_eb.code ? w->start_eb.code : KS_ERR_IO, "decode worker: %s",
@@ -931,7 +933,8 @@ ks_err cluster_decode_run(const cluster_worker_opts *o, const volatile sig_atomi
         free(w);
         return err;
     }
-    while (!*stop) dec__sleep_ms(50);
+    while (!atomic_load_explicit(stop, memory_order_acquire))
+        dec__sleep_ms(50);
     if (o->drain_ms) {  // graceful stop: finish what is held, take nothing new
         atomic_store(&w->draining, true);
         ks_log(KS_LOG_INFO, "decode worker: draining %u request(s) (up to %u ms)",

@@ -44,6 +44,7 @@ typedef struct pf__link {
     char host[PD_MSG_MAX_HOST + 1];
     uint16_t port;
     bool listed;        /* the router still names it (PEER with port != 0) */
+    bool named;         /* a PEER named it since the latest registration (pf__on_synced) */
     pd_conn *conn;      /* NULL while waiting to reconnect */
     bool up;            /* LINK_ACK received: epoch valid, pd_send knows it */
     uint32_t link_id;   /* our worker id as sent in LINK on conn */
@@ -735,6 +736,7 @@ static void pf__peer(pf__worker *w, const pd_frame *f) {
     host[p.host_len] = '\0';
     if (k && k->port == p.port && strcmp(k->host, host) == 0) {
         k->listed = true; // known: a closed link is being re-opened already
+        k->named = true;
         return;
     }
     if (k) { // moved: the old link goes, a fresh record takes its place
@@ -762,6 +764,7 @@ static void pf__peer(pf__worker *w, const pd_frame *f) {
     memcpy(k->host, host, sizeof host);
     k->port = p.port;
     k->listed = true;
+    k->named = true;
     k->backoff_ms = PF_BACKOFF_MIN_MS;
     w->links[w->n_links++] = k;
     pf__link_connect(k);
@@ -880,6 +883,25 @@ static void pf__on_registered(void *ud, uint32_t worker_id) {
     for (int i = 0; i < w->n_links; i++) {
         pf__link *k = w->links[i];
         if (k->conn && k->link_id != 0 && k->link_id != worker_id) pf__link_close(k);
+        k->named = false; // until this registration's PEER list names it again
+    }
+}
+
+/* The router's PEER list for this registration is complete: a link it did
+ * not name is to a decode worker id this router does not know (one a
+ * restarted router's predecessor gave out), so it is retired rather than
+ * retried forever; a decode worker the router learns of later comes in its
+ * own PEER, under its new id. */
+static void pf__on_synced(void *ud) {
+    pf__worker *w = ud;
+    for (int i = w->n_links - 1; i >= 0; i--) {
+        pf__link *k = w->links[i];
+        if (k->named || !k->listed) continue;
+        ks_log(KS_LOG_INFO, "decode worker %" PRIu32 " is not known to the router; retiring its link",
+               k->decode_id);
+        k->listed = false;
+        if (k->conn) pf__link_close(k); // on_close frees the link
+        else pf__remove_link(w, k);
     }
 }
 
@@ -981,7 +1003,7 @@ static void pf__free(pf__worker *w) {
     free(w->lp_buf);
 }
 
-ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atomic_t *stop,
+ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
                            ks_errbuf *eb) {
     if (!o || !o->m || !stop || !o->secret || o->secret_len < 16 || !o->router_host ||
         o->router_port <= 0 || o->router_port > 65535)
@@ -1058,15 +1080,16 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const volatile sig_atom
     cc.reg.host = "";
     cc.reg.host_len = 0;
     cluster_model_id(o->m, cc.reg.model_id);
-    cl_ctrl_cbs cb = {.on_registered = pf__on_registered, .on_frame = pf__router_frame,
-                      .on_lost = pf__on_lost, .health = pf__health, .pool_check = pf__pool_check};
+    cl_ctrl_cbs cb = {.on_registered = pf__on_registered, .on_synced = pf__on_synced,
+                      .on_frame = pf__router_frame, .on_lost = pf__on_lost, .health = pf__health,
+                      .pool_check = pf__pool_check};
     if ((e = cl_ctrl_start(w.loop, &cc, &cb, &w, &w.ctrl, eb))) goto fail;
     ks_log(KS_LOG_INFO, "prefill worker: %u local KV pages, prefix cache %s, connecting to router %s:%d",
            eo->kv_pages, w.prefix ? "on" : "off", o->router_host, o->router_port);
 
     uint64_t last_tick = 0, drain_deadline = 0;
     for (;;) {
-        if (*stop && !w.draining) {  // graceful stop: finish what is held, take nothing new
+        if (atomic_load_explicit(stop, memory_order_acquire) && !w.draining) {  // graceful stop: finish what is held, take nothing new
             if (!o->drain_ms) break;
             w.draining = true;
             drain_deadline = cl_now_ms(NULL) + o->drain_ms;

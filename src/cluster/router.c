@@ -164,6 +164,7 @@ struct cluster_router {
     size_t piece_cap;
     // shared (atomics)
     atomic_ullong next_req_id;
+    uint64_t first_req_id; /* the first id this router issued (rt__first_req_id) */
     atomic_bool online;
     atomic_uint n_waiting, n_inflight;
     atomic_uint max_decode_pages; /* largest registered decode pool, for admission */
@@ -747,7 +748,7 @@ static void rt__held_replay(cluster_router *r, rt_req *q) {
 static void rt__on_prompt_lp(cluster_router *r, rt_worker *w, rt_req *q, const pd_frame *f) {
     char why[256];
     if (!q) {
-        if (f->hdr.req_id == 0 || f->hdr.req_id >= atomic_load(&r->next_req_id))
+        if (f->hdr.req_id < r->first_req_id || f->hdr.req_id >= atomic_load(&r->next_req_id))
             rt__lp_refuse(r, w, f->hdr.req_id, NULL, "a request id the router never issued");
         return; // it ended already: dropped, not delivered
     }
@@ -1564,6 +1565,18 @@ static void rt__free(cluster_router *r) {
     free(r);
 }
 
+/* The first request id of this router: the wall clock in microseconds.
+ * Workers remember every id they served and refuse one again (ids are never
+ * reused, docs/pd-protocol.md), so a restarted router must not start over at
+ * 1: it starts past every id its predecessor issued, unless that one issued
+ * more than a million a second or the clock went back. Microseconds keep ids
+ * under 2^53 (exact as JSON numbers) until the year 2255. */
+static uint64_t rt__first_req_id(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_REALTIME, &ts) != 0 || ts.tv_sec <= 0) return 1;
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out, ks_errbuf *eb) {
     *out = NULL;
     if (!o->m || !o->secret || o->secret_len < 16 || o->secret_len > 256 || o->n_ctx < 1 ||
@@ -1583,7 +1596,8 @@ ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out,
     cluster_model_id(o->m, r->model_id);
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
-    atomic_init(&r->next_req_id, 1);
+    r->first_req_id = rt__first_req_id();
+    atomic_init(&r->next_req_id, r->first_req_id);
     atomic_init(&r->online, true);
     r->piece_cap = tok_stream_bound(r->vocab);
     r->piece = malloc(r->piece_cap);

@@ -158,7 +158,7 @@ typedef struct srv_conn {
  * one): its engine request and what the answer collects of it. */
 typedef struct srv_choice {
     void *req;        /* the backend's request handle */
-    bool done;        /* its done event was consumed */
+    atomic_bool done; /* its done event was consumed (the sweeper reads it) */
     int32_t n_gen;    /* tokens generated */
     engine_event end; /* its done event */
     srv_buf text;     /* non-streaming: its text (echo: the prompt is added when answering) */
@@ -225,8 +225,8 @@ struct srv_gen {
     bool tc_parallel; /* parallel_tool_calls: false keeps the first call only */
     /* embeddings (route EMBEDDINGS, n_ch 0): one backend request per input,
        at most SRV_EMBED_WINDOW of them submitted and not done at a time */
-    void **ereq; /* (n_ereq) handles (NULL: not submitted) */
-    bool *edone; /* (n_ereq) its done event was taken */
+    _Atomic(void *) *ereq; /* (n_ereq) handles (NULL: not submitted); the sweeper reads them */
+    atomic_bool *edone;    /* (n_ereq) its done event was taken; the sweeper reads them */
     int n_ereq, n_edone, n_esub; /* inputs, done, submitted (the first n_esub) */
     srv_embed_req erq;           /* the parsed, tokenized inputs */
     const char *etenant;         /* the tenant's name (s->ts, outlives g) */
@@ -588,12 +588,19 @@ static bool srv__gen_suspend(srv_gen *g) {
     return wait;
 }
 
-/* Cancels every choice still running. */
+/* Cancels every choice still running. The sweeper calls it while the
+ * connection's thread takes events and submits inputs: the done flags and
+ * the input handles are atomic (a handle is published with release, so its
+ * backend request is complete when read here); a request whose done event
+ * is taken just after the load is cancelled harmlessly. */
 static void srv__gen_cancel(srv_gen *g) {
     for (int i = 0; i < g->n_ch; i++)
-        if (g->ch[i].req && !g->ch[i].done) g->s->b.cancel(g->ch[i].req);
-    for (int i = 0; i < g->n_ereq; i++)
-        if (g->ereq[i] && !g->edone[i]) g->s->b.cancel(g->ereq[i]);
+        if (g->ch[i].req && !atomic_load_explicit(&g->ch[i].done, memory_order_relaxed))
+            g->s->b.cancel(g->ch[i].req);
+    for (int i = 0; i < g->n_ereq; i++) {
+        void *r = atomic_load_explicit(&g->ereq[i], memory_order_acquire);
+        if (r && !atomic_load_explicit(&g->edone[i], memory_order_relaxed)) g->s->b.cancel(r);
+    }
 }
 
 /* Takes the next event of any choice if there is one (round robin, so no
@@ -611,7 +618,8 @@ static int srv__gen_poll(srv_gen *g, engine_event *ev) {
         g->cur = i;
         g->rr = i + 1;
         if (e != KS_OK) {
-            ch->done = g->done = true;
+            atomic_store_explicit(&ch->done, true, memory_order_relaxed);
+            g->done = true;
             return -1;
         }
         bool gen = ev->token >= 0 && !ev->prompt;
@@ -627,7 +635,7 @@ static int srv__gen_poll(srv_gen *g, engine_event *ev) {
             g->raw_oom = !srv_buf_add(&g->raw, piece, n < sizeof piece ? n : sizeof piece);
         }
         if (ev->done) {
-            ch->done = true;
+            atomic_store_explicit(&ch->done, true, memory_order_relaxed);
             ch->end = *ev;
             g->n_gen += ev->n_gen - ch->n_gen; // the engine's count is the truth
             ch->n_gen = ev->n_gen;
@@ -1896,7 +1904,7 @@ static bool srv__embed_submit_more(server *s, srv_gen *g, srv_error *err) {
             }
             return false;
         }
-        g->ereq[i] = req;
+        atomic_store_explicit(&g->ereq[i], req, memory_order_release); // the sweeper may cancel it
         g->n_esub++;
         s->b.set_notify(req, srv__gen_notify, g);
     }
@@ -1924,7 +1932,7 @@ static enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, s
                 snprintf(ev.errmsg, sizeof ev.errmsg, "input %d: no result", i);
             }
             if (!ev.done) continue; // an embedding posts its done event only
-            g->edone[i] = true;
+            atomic_store_explicit(&g->edone[i], true, memory_order_relaxed);
             g->n_edone++;
             if (ev.state == ENGINE_FINISHED &&
                 s->b.embed_vector(g->ereq[i], g->evec + (size_t)i * (size_t)E, E) == KS_OK)

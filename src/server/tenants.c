@@ -192,6 +192,12 @@ ks_err srv_tenants_parse(const char *text, size_t len, srv_tenants **out, ks_err
                           "tenants file: \"admin_key\" must be a non-empty string");
             goto fail;
         }
+        if (json_string_length(admin) < SERVER_KEY_MIN_BYTES) {
+            e = ks_seterr(eb, KS_ERR_FORMAT,
+                          "tenants file: \"admin_key\" has %zu bytes; at least %d are needed",
+                          json_string_length(admin), SERVER_KEY_MIN_BYTES);
+            goto fail;
+        }
         srv_tenants_set_admin(ts, json_string_value(admin));
     }
     json_t *mk = json_object_get(root, "metrics_key");

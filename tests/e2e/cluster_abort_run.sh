@@ -15,7 +15,7 @@
 . "$(dirname "$0")/lib.sh"
 ARGS=(-m "$KS_SRC/models/kjv-mini.gguf" --ctx 512 --kv-pages 64 --threads 1)
 # the probe request of start_cluster sends KV_PAGE frame 1 (a 1-page prompt)
-PREFILL_ENV="KS_PD_FAULT=stall:20:2:600000" ROUTER_ARGS="--admin-key adm-x" start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
+PREFILL_ENV="KS_PD_FAULT=stall:20:2:600000" ROUTER_ARGS="--admin-key adm-x-0123456789abcdef" start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
 long=$(printf 'And the LORD said unto Moses, %.0s' $(seq 1 30))
 curl -sS -N "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
     -d "{\"model\":\"kjv-mini\",\"prompt\":\"$long\",\"max_tokens\":32,\"temperature\":0,\"stream\":true}" >"$TMPD/aborted" 2>/dev/null &
@@ -27,7 +27,7 @@ grep -q '"text"' "$TMPD/aborted" && fail "the aborted request got tokens before 
 wait_for "decode to get the ABORT_ACK (the late bytes landed before it)" file_has "$TMPD/c.decode1" "ABORT_ACK"
 grep -q 'released by an incoming frame' "$TMPD/c.prefill1" || fail "the stall ended before decode's ABORT"
 rc=0
-chk=$(curl -sS -H "Authorization: Bearer adm-x" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
+chk=$(curl -sS -H "Authorization: Bearer adm-x-0123456789abcdef" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
 echo "pool check: $chk" >&2
 case "$chk" in *'"clean":true'*) ;; *) echo "LEAK: a page written after the abort is not scrubbed" >&2; rc=1;; esac
 out=$(curl -sS "$KS_URL/v1/completions" -H 'Content-Type: application/json' \

@@ -18,7 +18,7 @@ for i in 0 1 2 3 4 5; do
     tenants+="$sep{\"name\":\"tenant$i\",\"keys\":[\"sk-leak-$i-$RANDOM$RANDOM\"],\"max_concurrent\":64,\"tokens_per_minute\":100000000}"
 done
 tenants+=']'
-echo "{\"tenants\":$tenants,\"admin_key\":\"adm-$RANDOM$RANDOM\"}" >"$TMPD/tenants.json"
+echo "{\"tenants\":$tenants,\"admin_key\":\"adm-leak-run-key-$RANDOM$RANDOM\"}" >"$TMPD/tenants.json"
 LEAK_TENANTS=$(node -e 'const t=require(process.argv[1]);console.log(JSON.stringify(t.tenants.map(x=>({name:x.name,key:x.keys[0]}))))' "$TMPD/tenants.json")
 KS_ADMIN_KEY=$(node -e 'console.log(require(process.argv[1]).admin_key)' "$TMPD/tenants.json")
 # 48 pages x 16 = 768 tokens for ctx 512: at most a few requests fit at once

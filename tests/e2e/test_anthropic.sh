@@ -42,7 +42,7 @@ cat >"$TMPD/tenants.json" <<'EOF'
 EOF
 OPTS=(--alias kjv --tool-call-format hermes --chat-template-file "$TMPD/t.jinja")
 start_server "$TMPD/serve.log" -m "$M" "${OPTS[@]}" --tenants "$TMPD/tenants.json" \
-    --admin-key adm-1 --log-content
+    --admin-key adm-anthropic-0001 --log-content
 KS_URL=$KS_URL KS_KEY=sk-anth-1 KS_MODEL_NAME=kjv KS_MODE=serve node "$JS" >"$TMPD/client.out" ||
     { cat "$TMPD/client.out" >&2; fail "anthropic client checks failed"; }
 REF=$(sed -n 's/^REF=//p' "$TMPD/client.out") # a JSON string
@@ -115,14 +115,14 @@ req "embeddings" 200 "${A[@]}" "$U/client/v4/accounts/acct1/ai/v1/embeddings" -d
 expect_has "embeddings answer" "$BODY" '"embedding":['
 req "unknown url" 404 "${A[@]}" "$U/accounts/acct1/ai/v1/nothing" -d '{}'
 expect_eq "unknown url: 404" "$(env_code)" '[false,null,404,0]'
-req "offline" 200 -H "Authorization: Bearer adm-1" -X POST "$U/admin/models/kjv/offline"
+req "offline" 200 -H "Authorization: Bearer adm-anthropic-0001" -X POST "$U/admin/models/kjv/offline"
 req "run while offline" 503 "${A[@]}" "$U/accounts/a/ai/run/kjv" -d "$RUN"
 expect_eq "offline: 3040" "$(env_code)" '[false,null,3040,0]'
 req "v1 chat while offline" 503 "${A[@]}" "$V1" -d "$CHAT"
 expect_eq "offline v1: 3040" "$(env_code)" '[false,null,3040,0]'
 req "messages while offline" 503 "${A[@]}" "$U/v1/messages" -d '{"model":"kjv","max_tokens":4,"messages":[{"role":"user","content":"x"}]}'
 expect_has "messages offline: overloaded_error" "$BODY" '{"type":"error","error":{"type":"overloaded_error"'
-req "online" 200 -H "Authorization: Bearer adm-1" -X POST "$U/admin/models/kjv/online"
+req "online" 200 -H "Authorization: Bearer adm-anthropic-0001" -X POST "$U/admin/models/kjv/online"
 req "run after" 200 "${A[@]}" "$U/accounts/a/ai/run/kjv" -d "$RUN"
 expect_eq "run after" "$BODY" "$W"
 stop_server

@@ -8,7 +8,7 @@
 . "$(dirname "$0")/lib.sh"
 command -v node >/dev/null || skip "node is not installed"
 ARGS=(-m "$KS_SRC/models/kjv-mini.gguf" --ctx 512 --kv-pages 96 --threads 1)
-ROUTER_ARGS="--admin-key adm-d" start_cluster "$TMPD/d" 2 2 "${ARGS[@]}"
+ROUTER_ARGS="--admin-key adm-drain-0123456789" start_cluster "$TMPD/d" 2 2 "${ARGS[@]}"
 dpid=${KS_DECODE_PIDS[0]}; ppid=${KS_PREFILL_PIDS[0]}
 KS_DECODE_PIDS=("${KS_DECODE_PIDS[@]:1}"); KS_PREFILL_PIDS=("${KS_PREFILL_PIDS[@]:1}")
 KS_URL=$KS_URL KILL_PID=$dpid,$ppid KILL_SIGNAL=SIGTERM CHAOS_N=8 \
@@ -20,7 +20,7 @@ done
 grep -q 'decode worker: draining' "$TMPD/d.decode1" || fail "the decode worker did not drain"
 grep -q 'prefill worker: draining' "$TMPD/d.prefill1" || fail "the prefill worker did not drain"
 grep -q 'is draining; no new requests go to it' "$TMPD/d.router" || fail "the router did not see the drain"
-chk=$(curl -sS -H "Authorization: Bearer adm-d" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
+chk=$(curl -sS -H "Authorization: Bearer adm-drain-0123456789" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
 expect_has "pools after the drain" "$chk" '"clean":true'
 stop_cluster
 echo PASS

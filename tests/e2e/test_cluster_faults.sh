@@ -44,7 +44,7 @@ run 1 abort-free-before-quiesce cluster_abort_run.sh KS_SERVE_BIN="$KS_BUILD/iso
 # 3. kill -9 a worker mid-traffic
 ARGS=(-m "$KS_SRC/models/kjv-mini.gguf" --ctx 512 --kv-pages 96 --threads 1)
 KS_SERVE_BIN="$KS_BUILD/isolation-faults/kvseal" PREFILL_ENV="KS_PD_FAULT=delay:21:0:2000" \
-    ROUTER_ARGS="--admin-key adm-k" start_cluster "$TMPD/k" 2 2 "${ARGS[@]}"
+    ROUTER_ARGS="--admin-key adm-faults-0123456789" start_cluster "$TMPD/k" 2 2 "${ARGS[@]}"
 for victim in decode prefill; do
     if [ $victim = decode ]; then pid=${KS_DECODE_PIDS[0]}; KS_DECODE_PIDS=("${KS_DECODE_PIDS[@]:1}")
     else pid=${KS_PREFILL_PIDS[0]}; KS_PREFILL_PIDS=("${KS_PREFILL_PIDS[@]:1}"); fi
@@ -56,7 +56,7 @@ for victim in decode prefill; do
     wait_for "the router to log the $victim worker as lost" grep -q "$victim worker [0-9]* lost" "$TMPD/k.router"
     [ $victim = prefill ] && { grep -q "before the first token; placing it on another prefill worker" "$TMPD/k.router" ||
         fail "no request was in flight on the killed prefill worker (nothing was re-placed)"; }
-    chk=$(curl -sS -H "Authorization: Bearer adm-k" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
+    chk=$(curl -sS -H "Authorization: Bearer adm-faults-0123456789" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
     expect_has "pools after killing a $victim worker" "$chk" '"clean":true'
 done
 stop_cluster

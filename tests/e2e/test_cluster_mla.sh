@@ -26,11 +26,11 @@ for kind in mla dense; do
     URL_A=$KS_URL; SERVE_PID=$KS_PID
     grep -q "1 plane" "$TMPD/serve-$kind.log" && [ $kind = dense ] && fail "a dense model's pages have 1 plane"
     [ $kind = dense ] || grep -q "x 1 plane x" "$TMPD/serve-$kind.log" || fail "the MLA model's pages do not have 1 plane"
-    ROUTER_ARGS="--admin-key adm-mla" start_cluster "$TMPD/c-$kind" 1 1 "${ARGS[@]}"
+    ROUTER_ARGS="--admin-key adm-mla-0123456789ab" start_cluster "$TMPD/c-$kind" 1 1 "${ARGS[@]}"
     trap 'kill -KILL $SERVE_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
     URL_A=$URL_A URL_B=$KS_URL node "$(dirname "$0")/js/same_tokens.mjs" ||
         { tail -n 20 $KS_CLUSTER_LOGS >&2; fail "$kind: cluster and serve outputs differ"; }
-    chk=$(curl -sS -H "Authorization: Bearer adm-mla" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
+    chk=$(curl -sS -H "Authorization: Bearer adm-mla-0123456789ab" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
     expect_has "$kind cluster pool check" "$chk" '"clean":true'
     echo "$kind: same tokens as serve; $(handoff "$TMPD"/c-$kind.decode*)"
     stop_cluster

@@ -2,8 +2,8 @@
 # The cluster's processes (issue 4): workers may start before the router and
 # register once it is up; a node with the wrong secret, a worker serving
 # another model, a decode worker with another KV type (--kv-type: pages
-# travel in their type) and an insecure secret file are refused with a clear
-# message; a request with no workers registered gets 503; a worker that stops
+# travel in their type), an insecure secret file and a secret or admin key
+# under 16 bytes are refused with a clear message; a request with no workers registered gets 503; a worker that stops
 # answering health checks is dropped (SIGSTOP) while the router keeps
 # serving with the others; after a router restart the workers register with
 # the new one; every process exits 0 on SIGTERM.
@@ -17,6 +17,18 @@ cp "$TMPD/secret" "$TMPD/loose"; chmod 644 "$TMPD/loose"
 out=$("$KS_BIN" prefill "${M[@]}" --router 127.0.0.1:1 --secret-file "$TMPD/loose" 2>&1); rc=$?
 expect_eq "insecure secret status" "$rc" 2
 expect_has "insecure secret message" "$out" "readable by group or others"
+# a secret or admin key short enough to guess is refused at start, by every role
+printf '0123456789abcde\n' >"$TMPD/short"; chmod 600 "$TMPD/short"
+for role in router prefill decode; do
+    to=(--router 127.0.0.1:1); [ $role = router ] && to=(--port 0 --cluster-port 0)
+    out=$("$KS_BIN" $role "${M[@]}" "${to[@]}" --secret-file "$TMPD/short" 2>&1); rc=$?
+    expect_eq "$role short secret status" "$rc" 2
+    expect_has "$role short secret message" "$out" "has 15 bytes; at least 16 are needed"
+done
+out=$("$KS_BIN" router "${M[@]}" --port 0 --cluster-port 0 --secret-file "$TMPD/secret" --admin-key adm-short 2>&1)
+rc=$?
+expect_eq "router short admin key status" "$rc" 2
+expect_has "router short admin key message" "$out" "--admin-key has 9 bytes; at least 16 are needed"
 out=$("$KS_BIN" decode "${M[@]}" --secret-file "$TMPD/secret" 2>&1); rc=$?
 expect_eq "missing --router status" "$rc" 2
 expect_has "missing --router message" "$out" "--router HOST:PORT is required"
@@ -25,7 +37,7 @@ expect_has "missing --router message" "$out" "--router HOST:PORT is required"
 port=$(rawc --free-port)
 "$KS_BIN" decode "${M[@]}" --router 127.0.0.1:$port --secret-file "$TMPD/secret" >"$TMPD/d.out" 2>"$TMPD/d.log" &
 D=$!
-"$KS_BIN" prefill "${M[@]}" --router 127.0.0.1:$port --secret-file "$TMPD/secret" >"$TMPD/p.out" 2>"$TMPD/p.log" &
+"$KS_BIN" prefill "${M[@]}" --log-level debug --router 127.0.0.1:$port --secret-file "$TMPD/secret" >"$TMPD/p.out" 2>"$TMPD/p.log" &
 P=$!
 # an intruder with another secret, and a prefill worker of another model
 "$KS_BIN" prefill "${M[@]}" --router 127.0.0.1:$port --secret-file "$TMPD/other" >/dev/null 2>"$TMPD/x.log" &
@@ -87,7 +99,20 @@ wait_for "an answer after re-registration" answers
 # the router restarts: both workers notice, register with the new one, serve on
 kill -TERM $R; wait $R || fail "router exited with status $?"
 router r2
+# the new router's request ids are not the old one's: decode remembers every
+# id it served, and would refuse a reused one (a 500 to the client)
+code=$(curl -sS -o "$TMPD/after" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":6,"temperature":0}')
+expect_eq "the first request after the router restarted: status ($(cat "$TMPD/after"))" "$code" 200
 wait_for "an answer after the router restarted" answers
+# the new router numbers the decode worker afresh: the prefill worker retires
+# its link under the old router's id instead of retrying it forever (issue 38)
+old_id=$(sed -n 's/.*router: decode worker \([0-9]*\) registered.*/\1/p' "$TMPD/r.log" | tail -1)
+new_id=$(sed -n 's/.*router: decode worker \([0-9]*\) registered.*/\1/p' "$TMPD/r2.log" | tail -1)
+[ -n "$old_id" ] && [ -n "$new_id" ] && [ "$old_id" != "$new_id" ] ||
+    fail "expected the new router to give the decode worker another id (old '$old_id', new '$new_id')"
+wait_for "the prefill worker to retire the link to the old decode worker id $old_id" \
+    file_has "$TMPD/p.log" "decode worker $old_id is not known to the router; retiring its link"
 
 for p in $P $D $R; do kill -TERM $p; done
 for p in $P $D $R; do wait $p || fail "process $p exited with status $?"; done

@@ -16,10 +16,10 @@ ARGS=(-m "$KS_SRC/models/kjv-mini.gguf" --alias kjv-mini --ctx 512 --kv-pages 12
       --chat-template-file "$TMPD/plain.jinja" --tool-call-format hermes)
 start_server "$TMPD/serve.log" "${ARGS[@]}"
 URL_A=$KS_URL; SERVE_PID=$KS_PID
-ROUTER_ARGS="--admin-key adm-same" start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
+ROUTER_ARGS="--admin-key adm-same-0123456789" start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
 trap 'kill -KILL $SERVE_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
 SAME_FEATURES=1 URL_A=$URL_A URL_B=$KS_URL node "$(dirname "$0")/js/same_tokens.mjs" || { tail -n 20 $KS_CLUSTER_LOGS >&2; fail "outputs differ"; }
-chk=$(curl -sS -H "Authorization: Bearer adm-same" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
+chk=$(curl -sS -H "Authorization: Bearer adm-same-0123456789" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
 expect_has "cluster pool check" "$chk" '"clean":true'
 expect_has "cluster pool check names the workers" "$chk" "decode worker"
 # echo with prompt logprobs (PROMPT_LP from the prefill worker): the same

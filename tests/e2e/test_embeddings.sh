@@ -20,7 +20,7 @@ echo '{"tenants":[{"name":"acme","keys":["sk-acme-test"],"max_concurrent":8,"tok
 {"name":"leave","keys":["sk-leave"],"max_concurrent":8},
 {"name":"tokr","keys":["sk-tokr"],"requests_per_minute":3},
 {"name":"tokt","keys":["sk-tokt"],"tokens_per_minute":20},
-{"name":"tokl","keys":["sk-tokl"],"tokens_per_minute":1000}],"admin_key":"adm-emb"}' >"$TMPD/t.json"
+{"name":"tokl","keys":["sk-tokl"],"tokens_per_minute":1000}],"admin_key":"adm-emb-0123456789ab"}' >"$TMPD/t.json"
 # (512 inputs of ~100 tokens in left_mid_request: past the default bound of 32768)
 ARGS=(-m "$MODEL" --alias kjv-mini --ctx 256 --kv-pages 64 --threads 2 --embed-max-tokens 60000)
 AUTH=(-H "Authorization: Bearer sk-acme-test" -H 'Content-Type: application/json')
@@ -172,7 +172,7 @@ clients_leave_together() {
 # kv_clean — every KV page (serve's, or every worker's) free and scrubbed
 kv_clean() {
     local chk
-    chk=$(curl -sS -H "Authorization: Bearer adm-emb" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
+    chk=$(curl -sS -H "Authorization: Bearer adm-emb-0123456789ab" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
     expect_has "$1 pool check" "$chk" '"clean":true'
 }
 

@@ -13,7 +13,7 @@ command -v curl >/dev/null || skip "curl is not installed (scripts/install-deps.
 M=$KS_SRC/models/kjv-mini.gguf
 
 cat >"$TMPD/tenants.json" <<'EOF'
-{"admin_key": "sk-admin",
+{"admin_key": "sk-admin-0123456789",
  "tenants": [
   {"name": "acme", "keys": ["sk-acme"], "max_concurrent": 8, "tokens_per_minute": 10000000},
   {"name": "meter", "keys": ["sk-meter"], "max_concurrent": 8, "tokens_per_minute": 300}
@@ -65,9 +65,9 @@ walk() {
     row too_large 413 "" "${A[@]}" "${J[@]}" "$U/accounts/a/ai/run/kjv" --data-binary @"$TMPD/huge.json"
     expect_has "$FRONT too_large: Workers AI code" "$BODY" '"code":3006'
     # offline last: the model comes back online after it
-    req "$FRONT offline" 200 -X POST -H "Authorization: Bearer sk-admin" "$U/admin/models/kjv/offline"
+    req "$FRONT offline" 200 -X POST -H "Authorization: Bearer sk-admin-0123456789" "$U/admin/models/kjv/offline"
     row offline 503 model_offline "${A[@]}" "${J[@]}" "$C" -d '{"model":"kjv","prompt":"In","max_tokens":2}'
-    req "$FRONT online" 200 -X POST -H "Authorization: Bearer sk-admin" "$U/admin/models/kjv/online"
+    req "$FRONT online" 200 -X POST -H "Authorization: Bearer sk-admin-0123456789" "$U/admin/models/kjv/online"
     req "$FRONT served again" 200 "${A[@]}" "${J[@]}" "$C" -d '{"model":"kjv","prompt":"In","max_tokens":2}'
 }
 

@@ -15,7 +15,7 @@ OF=$("$KS_BIN" tokenize -m "$MODEL" --ids --no-bos "of")
 case "$OF" in ""|*" "*) fail "tokenize 'of': [$OF], want one id";; esac
 THE=$("$KS_BIN" tokenize -m "$MODEL" --ids --no-bos "the")
 [ "$THE" = 261 ] || fail "tokenize 'the': $THE"
-echo '{"tenants":[{"name":"acme","keys":["sk-acme-test"],"max_concurrent":8,"tokens_per_minute":10000000}],"admin_key":"adm-test"}' >"$TMPD/t.json"
+echo '{"tenants":[{"name":"acme","keys":["sk-acme-test"],"max_concurrent":8,"tokens_per_minute":10000000}],"admin_key":"adm-test-0123456789"}' >"$TMPD/t.json"
 start_server "$TMPD/server.log" -m "$MODEL" --alias kjv --tenants "$TMPD/t.json"
 KS_URL=$KS_URL KS_KEY=sk-acme-test KS_MODEL_NAME=kjv KS_BIAS_IDS="$OF,$THE" \
     node "$(dirname "$0")/js/sampling.mjs" || fail "sampling checks failed"
@@ -41,7 +41,7 @@ wait_for "the cut client to get choice 3 and stop reading" test -e "$TMPD/cut-re
 kill -KILL $CUT_PID
 wait_for "the cut request's disconnect to be counted" metric_ge "$KS_URL" kvseal_client_disconnects_total 1
 # every page came back (n choices released once each, echo's extra rows)
-req "kv check" 200 "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))" -H "Authorization: Bearer adm-test"
+req "kv check" 200 "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))" -H "Authorization: Bearer adm-test-0123456789"
 expect_has "kv check" "$BODY" 'scrubbed'
 
 # echo with prompt logprobs: kvseal serve's answers are the reference the
@@ -87,7 +87,7 @@ stop_server
 # and logit_bias cross the wire (test_cluster_same_tokens compares them token
 # for token with kvseal serve); echo with prompt logprobs comes from the
 # prefill worker (PROMPT_LP) and must equal serve's answers exactly
-ROUTER_ARGS="--admin-key adm-k" start_cluster "$TMPD/c" 1 1 -m "$MODEL"
+ROUTER_ARGS="--admin-key adm-k-0123456789abcdef" start_cluster "$TMPD/c" 1 1 -m "$MODEL"
 req "cluster n" 200 "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
     -d '{"model":"kjv-mini","prompt":"In","n":2,"max_tokens":2,"temperature":1,"seed":5}'
 expect_has "cluster n" "$BODY" '"index":1'
@@ -112,7 +112,7 @@ expect_has "cluster echo plain" "$BODY" '"text":"In the beginning of the Lord"'
 # of 3000 tokens to go (a context beyond the model's 512, so it cannot end
 # first): the router aborts it at both workers, and every page of both
 # pools is FREE and scrubbed again
-ROUTER_ARGS="--admin-key adm-k" start_cluster "$TMPD/a" 1 1 -m "$MODEL" --ctx 4096 2>/dev/null
+ROUTER_ARGS="--admin-key adm-k-0123456789abcdef" start_cluster "$TMPD/a" 1 1 -m "$MODEL" --ctx 4096 2>/dev/null
 rm -f "$TMPD/echo-cut-ready"
 rawc --rcvbuf 2048 --pause-after 'data: ' --ready "$TMPD/echo-cut-ready" -o "$TMPD/echo-cut.sse" \
     "${KS_URL##*:}" < <(rawc_request /v1/completions "$(jq -cn --arg p "$LONG" \
@@ -123,7 +123,7 @@ kill -KILL $CUT_PID
 wait_for "the router to count the echo client's disconnect" metric_ge "$KS_URL" kvseal_client_disconnects_total 1
 wait_for "the router to abort the echo request" \
     metric_ge "$KS_URL" 'kvseal_engine_requests_total{outcome="aborted"}' 1
-chk=$(curl -sS -H "Authorization: Bearer adm-k" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
+chk=$(curl -sS -H "Authorization: Bearer adm-k-0123456789abcdef" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))")
 expect_has "pools after the echo client vanished" "$chk" '"clean":true'
 stop_cluster
 echo "sampling ok"

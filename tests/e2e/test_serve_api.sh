@@ -20,7 +20,7 @@ cat >"$TMPD/tenants.json" <<'EOF'
   {"name": "small", "keys": ["sk-small"], "tokens_per_minute": 50},
   {"name": "globex", "keys": ["sk-globex"]}
  ],
- "admin_key": "adm-key-123"}
+ "admin_key": "adm-key-123-456789abcdef"}
 EOF
 
 start_server "$TMPD/err" -m "$M" --alias kjv --tenants "$TMPD/tenants.json" \
@@ -221,8 +221,8 @@ req "solo again" 200 -H "Authorization: Bearer sk-solo" "$U/v1/completions" -d '
 # ---- admin: offline -> 503 in both shapes, wrong key -> 401, back online
 req "admin no key" 401 -X POST "$U/admin/models/kjv/offline"
 req "admin tenant key" 401 "${A[@]}" -X POST "$U/admin/models/kjv/offline"
-req "admin unknown model" 404 -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/models/nope/offline"
-req "offline" 200 -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/models/kjv/offline"
+req "admin unknown model" 404 -H "Authorization: Bearer adm-key-123-456789abcdef" -X POST "$U/admin/models/nope/offline"
+req "offline" 200 -H "Authorization: Bearer adm-key-123-456789abcdef" -X POST "$U/admin/models/kjv/offline"
 expect_has "offline" "$BODY" '"online":false'
 req "offline health" 200 "$U/health"
 expect_has "offline health" "$BODY" '"online":false'
@@ -230,7 +230,7 @@ req "503" 503 "${A[@]}" "$U/v1/completions" -d '{"model":"kjv","prompt":"x","max
 expect_has "503 code" "$BODY" '"code":"model_offline"'
 req "503 workers" 503 "${A[@]}" "$U/accounts/a/ai/run/kjv" -d '{"prompt":"x","max_tokens":2}'
 expect_has "503 workers (3040: out of capacity)" "$BODY" '"success":false,"errors":[{"code":3040'
-req "online" 200 -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/models/kjv/online" -d '{"abort_running":false}'
+req "online" 200 -H "Authorization: Bearer adm-key-123-456789abcdef" -X POST "$U/admin/models/kjv/online" -d '{"abort_running":false}'
 expect_has "online" "$BODY" '"online":true'
 
 # ---- abort while streaming: an SSE error event, no [DONE]. The client
@@ -238,12 +238,12 @@ expect_has "online" "$BODY" '"online":true'
 RAWC_AUTH=sk-acme-1 stall_reader "$U" kjv "$TMPD/abort" --resume-on "$TMPD/resume"
 CPID=$STALL_PID
 wait_for "the stream to pause" metric_is "$U" kvseal_paused_requests 1
-curl -s -o /dev/null -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/models/kjv/offline?abort_running=true"
+curl -s -o /dev/null -H "Authorization: Bearer adm-key-123-456789abcdef" -X POST "$U/admin/models/kjv/offline?abort_running=true"
 touch "$TMPD/resume"
 wait "$CPID" || fail "the aborted stream's client failed"
 expect_has "abort event" "$(grep '^data: ' "$TMPD/abort" | tail -1)" '"code":"request_aborted"'
 grep -q '^data: \[DONE\]' "$TMPD/abort" && fail "aborted stream sent [DONE]"
-req "online again" 200 -H "Authorization: Bearer adm-key-123" -X POST "$U/admin/models/kjv/online"
+req "online again" 200 -H "Authorization: Bearer adm-key-123-456789abcdef" -X POST "$U/admin/models/kjv/online"
 
 # ---- still serving, same content
 req "after errors" 200 "${A[@]}" "$U/v1/completions" -d '{"model":"kjv","prompt":"In the beginning","max_tokens":60,"temperature":0}'
@@ -277,12 +277,12 @@ tout=$(sed -n 's/^kvseal_tokens_out_total \([0-9]*\)$/\1/p' <<<"$BODY")
 
 # ---- quiescence: every KV page FREE and scrubbed once idle (admin only)
 req "kv check no key" 401 "$U/admin/kv/check"
-req "kv check POST" 405 -X POST -H "Authorization: Bearer adm-key-123" "$U/admin/kv/check"
-req "kv check" 200 -H "Authorization: Bearer adm-key-123" "$U/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))"
+req "kv check POST" 405 -X POST -H "Authorization: Bearer adm-key-123-456789abcdef" "$U/admin/kv/check"
+req "kv check" 200 -H "Authorization: Bearer adm-key-123-456789abcdef" "$U/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))"
 expect_has "kv check clean" "$BODY" '"clean":true'
 
 # ---- no keys and (log_content off) no prompt text in the logs
-for secret in sk-acme-1 sk-acme-2 sk-solo adm-key-123 "In the beginning" "Lord Jesus"; do
+for secret in sk-acme-1 sk-acme-2 sk-solo adm-key-123-456789abcdef "In the beginning" "Lord Jesus"; do
     grep -qF -- "$secret" "$TMPD/err" && fail "log contains '$secret'"
 done
 grep -q "no --tenants" "$TMPD/err" && fail "anonymous warning with a tenants file"

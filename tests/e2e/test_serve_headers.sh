@@ -27,7 +27,7 @@ cat >"$TMPD/tenants.json" <<'JSON'
   {"name": "slow", "keys": ["sk-slow"], "requests_per_minute": 1},
   {"name": "metered", "keys": ["sk-meter"], "requests_per_minute": 6, "tokens_per_minute": 60}
  ],
- "admin_key": "adm-key"}
+ "admin_key": "adm-key-0123456789"}
 JSON
 ORIGIN=https://app.example.com
 CORS=(--cors-origin "$ORIGIN" --cors-origin http://localhost:5173)
@@ -157,11 +157,11 @@ walk() {
     [[ $ra =~ ^[0-9]+$ ]] && [ "$ra" -ge 1 ] && [ "$ra" -le 60 ] || fail "$F metered: Retry-After [$ra]"
 
     # --- a 503 (model offline) says when to come back
-    hreq "$F offline" 200 -X POST -H "Authorization: Bearer adm-key" "$U/admin/models/kjv/offline"
+    hreq "$F offline" 200 -X POST -H "Authorization: Bearer adm-key-0123456789" "$U/admin/models/kjv/offline"
     hreq "$F 503" 503 "${A[@]}" "${J[@]}" "$U/v1/completions" -d "$BODY1"
     ra=$(hval retry-after)
     [[ $ra =~ ^[0-9]+$ ]] && [ "$ra" -ge 1 ] || fail "$F 503: Retry-After [$ra]"
-    hreq "$F online" 200 -X POST -H "Authorization: Bearer adm-key" "$U/admin/models/kjv/online"
+    hreq "$F online" 200 -X POST -H "Authorization: Bearer adm-key-0123456789" "$U/admin/models/kjv/online"
 
     # --- /metrics is tenant data (names, traffic): the scraper's key or the
     # admin key reads it, no key or a tenant's key gets 401; /health stays open

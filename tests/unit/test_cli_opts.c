@@ -135,6 +135,14 @@ static void test_errors(void) {
     CHECK_EQ(parse(&c, &err, "--kv-pages", "4", "--kv-memory", "1G", NULL), 2);
     CHECK_STR_HAS(err, "not both");
     serve__cfg_free(&c);
+    // an admin key a guesser could reach is refused (16 bytes at least, as
+    // the cluster secret); 16 is enough
+    CHECK_EQ(parse(&c, &err, "--admin-key", "adm-short", NULL), 2);
+    CHECK_STR_HAS(err, "--admin-key has 9 bytes; at least 16 are needed");
+    serve__cfg_free(&c);
+    CHECK_EQ(parse(&c, &err, "--admin-key=0123456789abcdef", NULL), 0);
+    CHECK_STR_EQ(c.admin_key, "0123456789abcdef");
+    serve__cfg_free(&c);
     CHECK_EQ(parse(&c, &err, "--help", NULL), -1);
     CHECK_STR_HAS(err, "--config FILE");
     serve__cfg_free(&c);
@@ -216,6 +224,22 @@ static void test_config(void) {
     CHECK_STR_HAS(err, "--port expects an integer in [0, 65535], got '99999'");
     snprintf(want, sizeof want, "(from %s:1)", path);
     CHECK_STR_HAS(err, want);
+    serve__cfg_free(&c);
+    // a key given twice is refused, naming both lines (it would silently
+    // win otherwise); a repeatable option (alias) may be given many times
+    write_file(path, "port = 1\nctx = 64\n\nport = 2\n");
+    CHECK_EQ(parse(&c, &err, "--config", path, NULL), 2);
+    snprintf(want, sizeof want, "%s:4: duplicate key 'port' (first set on line 1)", path);
+    CHECK_STR_HAS(err, want);
+    serve__cfg_free(&c);
+    write_file(path, "log-level = info\nlog-level=warn\n");
+    CHECK_EQ(parse(&c, &err, "--config", path, NULL), 2);
+    snprintf(want, sizeof want, "%s:2: duplicate key 'log-level' (first set on line 1)", path);
+    CHECK_STR_HAS(err, want);
+    serve__cfg_free(&c);
+    write_file(path, "alias = a\nalias = b\n");
+    CHECK_EQ(parse(&c, &err, "--config", path, NULL), 0);
+    CHECK_EQ(c.n_aliases, 2);
     serve__cfg_free(&c);
     write_file(path, "config = /etc/other\n"); // no nesting
     CHECK_EQ(parse(&c, &err, "--config", path, NULL), 2);

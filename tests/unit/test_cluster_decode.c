@@ -71,7 +71,7 @@ typedef struct harness {
     int n_pf;
     // worker
     pthread_t th;
-    volatile sig_atomic_t stop;
+    atomic_int stop; /* cluster_*_run's stop flag, set by the test thread */
     cluster_worker_opts o;
     ks_err run_err;
     ks_errbuf run_eb;
@@ -293,7 +293,7 @@ static void h_start(harness *h, const model *m) {
 }
 
 static void h_stop(harness *h) {
-    h->stop = 1;
+    atomic_store(&h->stop, 1);
     // keep serving the sockets while the worker shuts down
     uint64_t t0 = ks_now_ns();
     for (;;) {

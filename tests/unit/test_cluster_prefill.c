@@ -47,7 +47,7 @@ typedef struct {
     kv_geom g;
     // the worker
     pthread_t th;
-    volatile sig_atomic_t stop;
+    atomic_int stop; /* cluster_*_run's stop flag, set by the test thread */
     ks_err run_err;
     cluster_worker_opts o;
     // fake router
@@ -689,7 +689,7 @@ int main(void) {
     case_relink();
     case_pool_check();
 
-    H.stop = 1;
+    atomic_store(&H.stop, 1);
     CHECK_EQ(pthread_join(H.th, NULL), 0);
     CHECK_EQ(H.run_err, KS_OK);
     run_until(NULL, 0, 100); // the closes reach the fakes

@@ -606,7 +606,7 @@ static void test_sse(void) {
 static const char *TENANTS =
     "{\"tenants\":[{\"name\":\"acme\",\"keys\":[\"sk-acme-1\",\"sk-acme-2\"],"
     "\"max_concurrent\":2,\"tokens_per_minute\":600},"
-    "{\"name\":\"globex\",\"keys\":[\"sk-globex\"]}],\"admin_key\":\"adm-secret\","
+    "{\"name\":\"globex\",\"keys\":[\"sk-globex\"]}],\"admin_key\":\"adm-secret-0123456789\","
     "\"log_content\":true}";
 
 static void expect_tenants_error(const char *text, const char *needle) {
@@ -635,7 +635,8 @@ static void test_tenants(void) {
     CHECK_EQ(srv_tenants_auth(ts, "sk-acme-1x", 10), -1);
     CHECK_EQ(srv_tenants_auth(ts, "sk-acme-", 8), -1);
     CHECK_EQ(srv_tenants_auth(ts, "", 0), -1);
-    CHECK(srv_tenants_admin_ok(ts, "adm-secret", 10));
+    CHECK(srv_tenants_admin_ok(ts, "adm-secret-0123456789", 21));
+    CHECK(!srv_tenants_admin_ok(ts, "adm-secret", 10));
     CHECK(!srv_tenants_admin_ok(ts, "sk-acme-1", 9));
     // only hashes are kept: the stored value is SHA-256(key), not the key
     uint8_t h[32];
@@ -643,17 +644,17 @@ static void test_tenants(void) {
     CHECK_MEM_EQ(ts->t[1].key_hash[0], h, 32);
     CHECK(memcmp(ts->t[1].key_hash[0], "sk-globex", 9) != 0);
     // --admin-key overrides the file's
-    srv_tenants_set_admin(ts, "other");
-    CHECK(!srv_tenants_admin_ok(ts, "adm-secret", 10));
-    CHECK(srv_tenants_admin_ok(ts, "other", 5));
+    srv_tenants_set_admin(ts, "other-admin-key-16");
+    CHECK(!srv_tenants_admin_ok(ts, "adm-secret-0123456789", 21));
+    CHECK(srv_tenants_admin_ok(ts, "other-admin-key-16", 18));
     // /metrics (issue 38): the admin key reads it; no tenant key does; a
     // metrics key too once set, and it is no admin key
-    CHECK(srv_tenants_metrics_ok(ts, "other", 5));
+    CHECK(srv_tenants_metrics_ok(ts, "other-admin-key-16", 18));
     CHECK(!srv_tenants_metrics_ok(ts, "sk-acme-1", 9));
     CHECK(!srv_tenants_metrics_ok(ts, "mk-scrape", 9));
     srv_tenants_set_metrics(ts, "mk-scrape");
     CHECK(srv_tenants_metrics_ok(ts, "mk-scrape", 9));
-    CHECK(srv_tenants_metrics_ok(ts, "other", 5));
+    CHECK(srv_tenants_metrics_ok(ts, "other-admin-key-16", 18));
     CHECK(!srv_tenants_admin_ok(ts, "mk-scrape", 9));
     CHECK(!srv_tenants_metrics_ok(ts, "sk-globex", 9));
 
@@ -781,6 +782,10 @@ static void test_tenants(void) {
                          "max_concurrent");
     expect_tenants_error("{\"tenants\":[{\"name\":\"a\",\"keys\":[\"k\"]}],\"admin_key\":5}",
                          "admin_key");
+    // an admin key short enough to guess is refused, as --admin-key is
+    expect_tenants_error("{\"tenants\":[{\"name\":\"a\",\"keys\":[\"k\"]}],"
+                         "\"admin_key\":\"adm-short\"}",
+                         "\"admin_key\" has 9 bytes; at least 16 are needed");
     ks_errbuf eb2 = {0};
     const char *t = "{\"tenants\":[{\"name\":\"a\",\"keys\":[\"secret-k\"]},"
                     "{\"name\":\"b\",\"keys\":[\"secret-k\"]}]}";

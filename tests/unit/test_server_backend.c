@@ -260,16 +260,16 @@ static void test_routes(int port) {
     CHECK_EQ(r.status, 200);
     CHECK_STR_HAS(r.body, "outcome=\"rejected\"} 4242");
     CHECK_STR_HAS(r.body, "kvseal_rejections_total{reason=\"queue_full\"} 2");  // S_REJ_AGAIN, twice
-    http(port, "GET", "/admin/kv/check", "adm1n-key", NULL, &r);
+    http(port, "GET", "/admin/kv/check", "adm1n-key-0123456789", NULL, &r);
     CHECK_EQ(r.status, 200);
     CHECK_STR_HAS(r.body, "\"clean\":false");
     CHECK_STR_HAS(r.body, "decode worker 2 not clean");
-    http(port, "POST", "/admin/models/kjv/offline", "adm1n-key", "", &r);
+    http(port, "POST", "/admin/models/kjv/offline", "adm1n-key-0123456789", "", &r);
     CHECK_EQ(r.status, 200);
     CHECK(!atomic_load(&g_fake.online));
     http(port, "GET", "/health", NULL, NULL, &r);
     CHECK_STR_HAS(r.body, "\"status\":\"offline\"");
-    http(port, "POST", "/admin/models/kjv/online", "adm1n-key", "", &r);
+    http(port, "POST", "/admin/models/kjv/online", "adm1n-key-0123456789", "", &r);
     CHECK(atomic_load(&g_fake.online));
     CHECK(atomic_load(&g_fake.n_check) == 1 && atomic_load(&g_fake.n_set_online) == 2);
 }
@@ -377,7 +377,7 @@ int main(void) {
     server_backend b = sfx_backend(&g_fake);
     server_opts o;
     sfx_opts(&o);
-    o.admin_key = "adm1n-key";
+    o.admin_key = "adm1n-key-0123456789";
     o.max_connections_per_ip = 0; // test_deadline_churn's idle connections
     o.request_timeout_s = 3600;   // none of them is past a real deadline
     ks_errbuf eb;
