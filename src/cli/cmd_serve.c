@@ -360,8 +360,8 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
     default:
         break;
     }
-    if (sv == &c->admin_key && strlen(v) < SERVER_KEY_MIN_BYTES) {
-        fprintf(stderr, "kvseal: --admin-key has %zu bytes; at least %d are needed\n", strlen(v),
+    if ((sv == &c->admin_key || sv == &c->metrics_key) && strlen(v) < SERVER_KEY_MIN_BYTES) {
+        fprintf(stderr, "kvseal: %s has %zu bytes; at least %d are needed\n", name, strlen(v),
                 SERVER_KEY_MIN_BYTES);
         return 2;
     }

@@ -207,6 +207,12 @@ ks_err srv_tenants_parse(const char *text, size_t len, srv_tenants **out, ks_err
                           "tenants file: \"metrics_key\" must be a non-empty string");
             goto fail;
         }
+        if (json_string_length(mk) < SERVER_KEY_MIN_BYTES) {
+            e = ks_seterr(eb, KS_ERR_FORMAT,
+                          "tenants file: \"metrics_key\" has %zu bytes; at least %d are needed",
+                          json_string_length(mk), SERVER_KEY_MIN_BYTES);
+            goto fail;
+        }
         srv_tenants_set_metrics(ts, json_string_value(mk));
     }
     json_t *lc = json_object_get(root, "log_content");

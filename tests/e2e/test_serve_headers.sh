@@ -169,7 +169,7 @@ walk() {
     [[ $BODY != *acme* ]] || fail "$F metrics: a refused scrape names a tenant: $BODY"
     hreq "$F metrics: a tenant's key" 401 "${A[@]}" "$U/metrics"
     hreq "$F metrics: a wrong key" 401 -H "Authorization: Bearer $KS_METRICS_KEY-x" "$U/metrics"
-    hreq "$F metrics: the admin key" 200 -H "Authorization: Bearer adm-key" "$U/metrics"
+    hreq "$F metrics: the admin key" 200 -H "Authorization: Bearer adm-key-0123456789" "$U/metrics"
     expect_has "$F metrics (admin key): tenant series" "$BODY" 'kvseal_tenant_requests_total{tenant="acme"}'
     hreq "$F metrics: the metrics key" 200 -H "Authorization: Bearer $KS_METRICS_KEY" "$U/metrics"
     expect_has "$F metrics (metrics key): tenant series" "$BODY" 'kvseal_tenant_requests_total{tenant="metered"}'

@@ -140,6 +140,9 @@ static void test_errors(void) {
     CHECK_EQ(parse(&c, &err, "--admin-key", "adm-short", NULL), 2);
     CHECK_STR_HAS(err, "--admin-key has 9 bytes; at least 16 are needed");
     serve__cfg_free(&c);
+    CHECK_EQ(parse(&c, &err, "--metrics-key", "mk-short", NULL), 2);
+    CHECK_STR_HAS(err, "--metrics-key has 8 bytes; at least 16 are needed");
+    serve__cfg_free(&c);
     CHECK_EQ(parse(&c, &err, "--admin-key=0123456789abcdef", NULL), 0);
     CHECK_STR_EQ(c.admin_key, "0123456789abcdef");
     serve__cfg_free(&c);

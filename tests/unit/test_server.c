@@ -755,16 +755,19 @@ static void test_tenants(void) {
     srv_tenants_free(NULL);
     // the file's metrics_key
     {
-        const char *f = "{\"tenants\":[{\"name\":\"a\",\"keys\":[\"k\"]}],\"metrics_key\":\"mk-1\"}";
+        const char *f = "{\"tenants\":[{\"name\":\"a\",\"keys\":[\"k\"]}],\"metrics_key\":\"mk-1-0123456789ab\"}";
         ks_errbuf meb = {0};
         CHECK_EQ(srv_tenants_parse(f, strlen(f), &ts, &meb), KS_OK);
-        CHECK(srv_tenants_metrics_ok(ts, "mk-1", 4));
+        CHECK(srv_tenants_metrics_ok(ts, "mk-1-0123456789ab", 17));
         CHECK(!srv_tenants_metrics_ok(ts, "k", 1));
-        CHECK(!srv_tenants_admin_ok(ts, "mk-1", 4));
+        CHECK(!srv_tenants_admin_ok(ts, "mk-1-0123456789ab", 17));
         srv_tenants_free(ts);
     }
     expect_tenants_error("{\"tenants\":[{\"name\":\"a\",\"keys\":[\"k\"]}],\"metrics_key\":\"\"}",
                          "metrics_key");
+    // a metrics key a guesser could reach is refused, as an admin key is
+    expect_tenants_error("{\"tenants\":[{\"name\":\"a\",\"keys\":[\"k\"]}],\"metrics_key\":\"mk-1\"}",
+                         "\"metrics_key\" has 4 bytes; at least 16");
 
     // malformed files: the message says where, never a key
     expect_tenants_error("{\"tenants\":[", "line 1");
