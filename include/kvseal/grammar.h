@@ -87,6 +87,12 @@ typedef struct grammar_vocab grammar_vocab;
  * Errors: KS_ERR_NOMEM. Read-only once built: thread-safe to share. */
 ks_err grammar_vocab_create(const tok_vocab *v, grammar_vocab **out /* OUT */,
                             ks_errbuf *eb) KS_MUST_USE;
+/* The same from raw pieces: token id i is pieces[i] (lens[i] bytes, not
+ * NUL-terminated; 0 bytes: not in the trie); no id is end-of-generation.
+ * The arrays are copied (the caller keeps them). For benchmarks and tests
+ * of vocabularies no GGUF holds. Errors: KS_ERR_NOMEM. */
+ks_err grammar_vocab_create_pieces(const char *const *pieces, const uint32_t *lens, int32_t n,
+                                   grammar_vocab **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 /* Frees it; accepts NULL. */
 void grammar_vocab_destroy(grammar_vocab *gv);
 /* Number of token ids (words of a mask: (n + 31) / 32). Can't fail. */

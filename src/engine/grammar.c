@@ -1284,19 +1284,27 @@ void grammar_vocab_destroy(grammar_vocab *gv) {
     free(gv);
 }
 
-ks_err grammar_vocab_create(const tok_vocab *v, grammar_vocab **out, ks_errbuf *eb) {
-    KS_ASSERT(v && out);
+/* Where grammar_vocab pieces come from: a tok_vocab, or arrays. */
+typedef struct gv_src {
+    const tok_vocab *v;
+    const char *const *pieces;
+    const uint32_t *lens;
+    int32_t n;
+} gv_src;
+
+static ks_err gv__create(const gv_src *src, grammar_vocab **out, ks_errbuf *eb) {
     *out = NULL;
     grammar_vocab *gv = calloc(1, sizeof *gv);
-    int32_t V = tok_n_vocab(v);
-    size_t cap = tok_max_piece(v) + 1;
-    char *buf = malloc(cap);
-    if (!gv || !buf) goto nomem;
+    const tok_vocab *v = src->v;
+    int32_t V = v ? tok_n_vocab(v) : src->n;
+    size_t cap = v ? tok_max_piece(v) + 1 : 0;
+    char *buf = cap ? malloc(cap) : NULL;
+    if (!gv || (cap && !buf)) goto nomem;
     gv->n_vocab = V;
-    gv->tok_next = malloc((size_t)V * sizeof *gv->tok_next);
-    gv->tok_node = malloc((size_t)V * sizeof *gv->tok_node);
+    gv->tok_next = malloc(((size_t)V + 1) * sizeof *gv->tok_next);
+    gv->tok_node = malloc(((size_t)V + 1) * sizeof *gv->tok_node);
     gv->piece_off = malloc(((size_t)V + 1) * sizeof *gv->piece_off);
-    gv->eog = malloc((size_t)V * sizeof *gv->eog);
+    gv->eog = malloc(((size_t)V + 1) * sizeof *gv->eog);
     gv->v = v;
     if (!gv->tok_next || !gv->tok_node || !gv->piece_off || !gv->eog ||
         !gm__grow((void **)&gv->nodes, &gv->cap_nodes, 1024, sizeof *gv->nodes))
@@ -1308,21 +1316,30 @@ ks_err grammar_vocab_create(const tok_vocab *v, grammar_vocab **out, ks_errbuf *
         gv->tok_node[id] = -1;
         gv->piece_off[id] = gv->n_pieces;
         gv->piece_off[id + 1] = gv->n_pieces;
-        if (tok_is_eog(v, id)) {
+        if (v && tok_is_eog(v, id)) {
             gv->eog[gv->n_eog++] = id;
             continue;
         }
-        size_t n = tok_piece(v, id, false, buf, cap);
-        if (n == 0 || n > cap) continue;
+        const char *pc;
+        size_t n;
+        if (v) {
+            n = tok_piece(v, id, false, buf, cap);
+            if (n == 0 || n > cap) continue;
+            pc = buf;
+        } else {
+            pc = src->pieces[id];
+            n = src->lens[id];
+            if (n == 0 || n > 4096) continue;
+        }
         if (!gm__grow((void **)&gv->pieces, &gv->cap_pieces, gv->n_pieces + (uint32_t)n,
                       sizeof *gv->pieces))
             goto nomem;
-        memcpy(gv->pieces + gv->n_pieces, buf, n);
+        memcpy(gv->pieces + gv->n_pieces, pc, n);
         gv->n_pieces += (uint32_t)n;
         gv->piece_off[id + 1] = gv->n_pieces;
         int32_t cur = 0;
         for (size_t i = 0; i < n; i++) {
-            uint8_t b = (uint8_t)buf[i];
+            uint8_t b = (uint8_t)pc[i];
             int32_t c = gv->nodes[cur].first_child, prev = -1;
             while (c >= 0 && gv->nodes[c].byte < b)
                 prev = c, c = gv->nodes[c].next_sibling;
@@ -1352,6 +1369,19 @@ nomem:
     free(buf);
     grammar_vocab_destroy(gv);
     return ks_seterr(eb, KS_ERR_NOMEM, "grammar vocabulary trie: out of memory");
+}
+
+ks_err grammar_vocab_create(const tok_vocab *v, grammar_vocab **out, ks_errbuf *eb) {
+    KS_ASSERT(v && out);
+    gv_src src = {.v = v};
+    return gv__create(&src, out, eb);
+}
+
+ks_err grammar_vocab_create_pieces(const char *const *pieces, const uint32_t *lens, int32_t n,
+                                   grammar_vocab **out, ks_errbuf *eb) {
+    KS_ASSERT(out && n >= 0 && (pieces || !n) && (lens || !n));
+    gv_src src = {.pieces = pieces, .lens = lens, .n = n};
+    return gv__create(&src, out, eb);
 }
 
 bool grammar_matcher_accept_token(grammar_matcher *m, const grammar_vocab *gv, int32_t id) {
@@ -1552,11 +1582,11 @@ static ks_err gm__sample_masked(grammar_matcher *m, const grammar_vocab *gv, sam
     }
     sample_result sr;
     sampler_sample(smp, logits, &sr);
-    bool eog = tok_is_eog(gv->v, sr.token);
+    bool eog = gv->v && tok_is_eog(gv->v, sr.token);
     if (!(mask[sr.token >> 5] >> (sr.token & 31) & 1u)) {
         int32_t pick = -1;
         for (int32_t i = 0; i < V && pick < 0; i++)
-            if ((mask[i >> 5] >> (i & 31) & 1u) && !tok_is_eog(gv->v, i)) pick = i;
+            if ((mask[i >> 5] >> (i & 31) & 1u) && !(gv->v && tok_is_eog(gv->v, i))) pick = i;
         sr.token = pick;
         eog = false;
     }
@@ -1581,7 +1611,7 @@ ks_err grammar_sample(grammar_matcher *m, const grammar_vocab *gv, sampler *smp,
         // was; so try it first and build the mask only when it is refused.
         sample_result sr;
         sampler_sample(smp, logits, &sr);
-        if (tok_is_eog(gv->v, sr.token) ? complete
+        if (gv->v && tok_is_eog(gv->v, sr.token) ? complete
                                         : grammar_matcher_accept_token(m, gv, sr.token)) {
             *out = sr;
             return KS_OK;
