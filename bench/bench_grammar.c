@@ -222,6 +222,7 @@ int main(int argc, char **argv) {
             want = atoi(argv[i + 1]);
     }
     if (rounds < 1) rounds = 1;
+    setvbuf(stdout, NULL, _IOLBF, 0);
     if (want < 300) want = 300;
     build_vocab(path, want);
     ks_errbuf eb;

@@ -20,12 +20,38 @@
  * recursion (a rule reaching itself through nullable prefixes) would make
  * the closure unbounded, so it is refused at compile time.
  *
+ * Nodes are shared: pushing (position, parent) when an equal node is in
+ * the arena reuses it (a lossy hash table), so stacks equal in structure
+ * are one stack and dedup in the closure. Without it, grammars like
+ * `(x x ... x "\n")*` with nullable x multiply copies of the same stacks
+ * each byte (issue 38's 43 ms/token).
+ *
  * Characters are Unicode code points; bytes are decoded as UTF-8 as they
  * come, and a state inside a character keeps only the bits seen so far and
- * is alive while some top's set meets the range those bits still allow. */
+ * is alive while some top's set meets the range those bits still allow.
+ *
+ * The mask (grammar_matcher_mask): most of a token's fate is decided by
+ * the top few frames of one stack. For the top GM__CTX frames of a stack
+ * (its key), one trie walk from those frames alone, with nothing below,
+ * splits the vocabulary into accepted (some parse consumes the piece
+ * without popping past the last frame: true under any stack below),
+ * undecided (every parse died, but one popped past the last frame on the
+ * way: the stack below decides) and refused. These classes are computed
+ * once per (grammar, vocabulary, key), on first use, and shared by every
+ * matcher of the grammar (a table under a mutex in the grammar; building
+ * happens outside the lock). A mask is then the union of its tops'
+ * accepted sets plus the undecided ids that the whole state accepts,
+ * checked piece by piece in trie order so common prefixes share their
+ * states. For JSON, a string's characters are accepted by one class and
+ * only pieces holding a quote are checked. Where the classes do not apply
+ * (inside a UTF-8 character, a class whose walk passed a bound, a stack
+ * too deep for a class's growth, the classes' memory cap) the mask walks
+ * the whole trie from the whole state as before. Whole masks are also
+ * cached per matcher, keyed by what the computation read (below). */
 #include "kvseal/grammar.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -59,8 +85,44 @@ typedef struct gm_rule {
     int ref_line, ref_col; // first reference (for "undefined rule" errors)
 } gm_rule;
 
+/* What the top frames of a stack alone decide about each token (see
+ * gm__pmask_build): computed once per (grammar, vocabulary, frames), on
+ * first use, by whichever matcher needs it. */
+typedef struct gm_pmask {
+    bool inexact;     // its walk passed a bound: states with this top use the full walk
+    uint32_t growth;  // the deepest stack its walk built (the top alone is 1)
+    int32_t n_acc;    // accepted whatever lies below the top
+    uint32_t *acc;    // as a bitset (words of the vocabulary), when dense
+    int32_t *acc_ids; // else as ids
+    int32_t n_unc;    // decided by what lies below: checked against the whole state
+    uint32_t *unc;    // their ranks in the trie order (grammar_vocab order), ascending
+    size_t bytes;
+} gm_pmask;
+
+#define GM__CTX 3 // frames from the top that key the precomputed classes
+
+typedef struct gm_pkey {
+    uint32_t k;            // frames (fewer than GM__CTX: the whole stack)
+    uint32_t pos[GM__CTX]; // their positions, top first
+    gm_pmask *pm;
+} gm_pkey;
+
+/* The classes for one vocabulary (gv uid): a hash table under a mutex
+ * (looked up a few times per mask; built outside the lock). */
+typedef struct gm_vtab {
+    uint64_t uid;
+    struct gm_vtab *next;
+    pthread_mutex_t mu;
+    gm_pkey *ht; // (cap, a power of two; k 0: empty)
+    uint32_t n, cap;
+} gm_vtab;
+
+#define GM__PM_MAX_BYTES ((size_t)256 << 20) // precomputed classes of one grammar
+
 struct grammar {
     atomic_int refs;
+    _Atomic(gm_vtab *) vtabs; // precomputed token classes, per vocabulary
+    atomic_size_t pm_bytes;   // their size
     gm_elem *elems;
     uint32_t n_elems, cap_elems;
     uint32_t *alts;
@@ -84,8 +146,24 @@ grammar *grammar_ref(grammar *g) {
     return g;
 }
 
+static void gm__pmask_free(gm_pmask *pm) {
+    if (!pm) return;
+    free(pm->acc);
+    free(pm->acc_ids);
+    free(pm->unc);
+    free(pm);
+}
+
 static void gm__free(grammar *g) {
     if (!g) return;
+    for (gm_vtab *t = atomic_load(&g->vtabs), *nx; t; t = nx) {
+        nx = t->next;
+        for (uint32_t i = 0; i < t->cap; i++)
+            gm__pmask_free(t->ht[i].pm);
+        free(t->ht);
+        pthread_mutex_destroy(&t->mu);
+        free(t);
+    }
     for (uint32_t i = 0; i < g->n_rules; i++)
         free(g->rules[i].name);
     free(g->rules);
@@ -837,6 +915,8 @@ ks_err grammar_parse(const char *text, size_t len, grammar **out, ks_errbuf *eb)
     grammar *g = calloc(1, sizeof *g);
     if (!g) return ks_seterr(eb, KS_ERR_NOMEM, "grammar: out of memory");
     atomic_init(&g->refs, 1);
+    atomic_init(&g->vtabs, NULL);
+    atomic_init(&g->pm_bytes, 0);
     gm_parser ps = {
         .g = g, .s = text, .end = text + len, .line_start = text, .p = text, .line = 1, .eb = eb};
     for (;;) {
@@ -927,6 +1007,7 @@ typedef struct gm_state {
 #define GM__CACHE 32
 #define GM__CACHE_MIN_VISITS 2000 // walks cheaper than this are not cached
 #define GM__KEY_MAX 4096
+#define GM__HC 32768 // the node sharing table (lossy: a slot keeps the last node)
 
 typedef struct gm_cache_ent {
     uint32_t *key, key_len; // owned (gm__key_build)
@@ -942,6 +1023,7 @@ struct grammar_matcher {
     uint32_t n_nodes, cap_nodes, cap_nodes2;
     int32_t *tops, *tops2;
     uint32_t n_tops, cap_tops, cap_tops2;
+    int32_t *hc;  // (GM__HC) node index by hash of (pos, parent), -1: none
     int32_t *fwd; // compaction forwarding (cap_fwd)
     uint32_t cap_fwd;
     gm_state cur;
@@ -966,6 +1048,18 @@ struct grammar_matcher {
     bool touched_bottom;     // some path popped past the bottom (the root ended)
     bool walk_hit_depth;     // some path died at GRAMMAR_MAX_DEPTH
     uint32_t walk_max_depth; // deepest node created by the walk
+    bool bound_hit;          // a closure passed GRAMMAR_MAX_WORK/_STACKS or the arena's size
+    bool ambiguous;          // the last accept or mask dropped parses at such a bound
+    // the mask's precomputed path (gm__mask_fast): scratch
+    const gm_pmask **tpm;    // (cap_tpm) each top's classes, then the distinct ones
+    uint32_t cap_tpm;
+    uint32_t *cand2;         // (cap_cand2) merge scratch
+    uint32_t cap_cand2;
+    uint32_t *cand;          // (cap_cand) ranks to check against the whole state
+    uint32_t cap_cand;
+    gm_state *pstk;          // (gv max_len + 1) states along the checked piece
+    uint32_t *pmn, *pmt;     // their arena marks
+    uint32_t cap_pstk, cap_pmn, cap_pmt;
 };
 
 /* A new node: 0, 1 when the stack would pass GRAMMAR_MAX_DEPTH (that path
@@ -977,10 +1071,21 @@ static int gm__node_new(grammar_matcher *m, uint32_t pos, int32_t parent, int32_
         return 1;
     }
     if (d > m->walk_max_depth) m->walk_max_depth = d;
+    // an equal node already in the arena is shared (nodes never change):
+    // stacks equal in structure stay one stack, so they dedup in closures
+    const uint32_t h = (uint32_t)((((uint64_t)pos << 32 | (uint32_t)(parent + 1)) *
+                                   0x9E3779B97F4A7C15ull) >> 40) & (GM__HC - 1);
+    const int32_t j = m->hc[h];
+    if (j >= 0 && (uint32_t)j < m->n_nodes && m->nodes[j].pos == pos &&
+        m->nodes[j].parent == parent) {
+        *out = j;
+        return 0;
+    }
     if (m->n_nodes >= GM__MAX_NODES ||
         !gm__grow((void **)&m->nodes, &m->cap_nodes, m->n_nodes + 1, sizeof *m->nodes))
         return -1;
     m->nodes[m->n_nodes] = (gm_node){pos, parent, d};
+    m->hc[h] = (int32_t)m->n_nodes;
     *out = (int32_t)m->n_nodes++;
     return 0;
 }
@@ -1002,7 +1107,7 @@ static bool gm__close(grammar_matcher *m, gm_state *st, uint32_t n_work) {
     uint32_t steps = 0;
     while (n_work) {
         uint64_t it = m->work[--n_work];
-        if (++steps > GRAMMAR_MAX_WORK) return false;
+        if (++steps > GRAMMAR_MAX_WORK) return m->bound_hit = true, false;
         uint32_t h = (uint32_t)((it * 0x9E3779B97F4A7C15ull) >> 48) & (GM__TABLE - 1);
         bool seen = false;
         while (m->tstamp[h] == m->stamp) {
@@ -1034,16 +1139,16 @@ static bool gm__close(grammar_matcher *m, gm_state *st, uint32_t n_work) {
         } else if (e.kind == GM_CHAR) {
             int32_t idx;
             int rc = gm__node_new(m, pos, parent, &idx);
-            if (rc < 0 || (rc == 0 && !gm__top_add(m, st, idx))) return false;
+            if (rc < 0 || (rc == 0 && !gm__top_add(m, st, idx))) return m->bound_hit = true, false;
         } else {
             int32_t np = parent;
             if (g->elems[pos + 1].kind != GM_END) {
                 int rc = gm__node_new(m, pos + 1, parent, &np);
-                if (rc < 0) return false;
+                if (rc < 0) return m->bound_hit = true, false;
                 if (rc > 0) continue; // too deep: this path dies
             }
             const gm_rule *R = &g->rules[e.v];
-            if (n_work + R->n_alts > GRAMMAR_MAX_WORK) return false;
+            if (n_work + R->n_alts > GRAMMAR_MAX_WORK) return m->bound_hit = true, false;
             for (uint32_t k = R->n_alts; k-- > 0;)
                 m->work[n_work++] =
                     ((uint64_t)g->alts[R->alt_first + k] << 32) | (uint32_t)(np + 1);
@@ -1065,7 +1170,7 @@ static bool gm__advance_cp(grammar_matcher *m, const gm_state *in, uint32_t c, g
         const gm_node *t = &m->nodes[m->tops[in->off + i]];
         const gm_cset *cs = &g->csets[g->elems[t->pos].v];
         if (!gm__cset_has(g, cs, c)) continue;
-        if (n_work >= GRAMMAR_MAX_WORK) return false;
+        if (n_work >= GRAMMAR_MAX_WORK) return m->bound_hit = true, false;
         m->work[n_work++] = ((uint64_t)(t->pos + 1) << 32) | (uint32_t)(t->parent + 1);
     }
     if (!n_work) return false;
@@ -1175,7 +1280,9 @@ ks_err grammar_matcher_create(grammar *g, grammar_matcher **out, ks_errbuf *eb) 
     m->tstamp = calloc(GM__TABLE, sizeof *m->tstamp);
     m->work = malloc(GRAMMAR_MAX_WORK * sizeof *m->work);
     m->keybuf = malloc(GM__KEY_MAX * sizeof *m->keybuf);
-    if (!m->tkey || !m->tstamp || !m->work || !m->keybuf) {
+    m->hc = malloc(GM__HC * sizeof *m->hc);
+    if (m->hc) memset(m->hc, 0xff, GM__HC * sizeof *m->hc);
+    if (!m->tkey || !m->tstamp || !m->work || !m->keybuf || !m->hc) {
         grammar_matcher_destroy(m);
         return ks_seterr(eb, KS_ERR_NOMEM, "grammar matcher: out of memory");
     }
@@ -1204,6 +1311,13 @@ void grammar_matcher_destroy(grammar_matcher *m) {
         free(m->cache[i].bits);
     }
     free(m->keybuf);
+    free(m->hc);
+    free(m->tpm);
+    free(m->cand2);
+    free(m->cand);
+    free(m->pstk);
+    free(m->pmn);
+    free(m->pmt);
     free(m->frames);
     free(m->touched);
     free(m->nodes);
@@ -1221,11 +1335,13 @@ void grammar_matcher_destroy(grammar_matcher *m) {
 bool grammar_matcher_accept(grammar_matcher *m, const char *bytes, size_t n) {
     uint32_t mark_nodes = m->n_nodes, mark_tops = m->n_tops;
     gm_state st = m->cur;
+    m->bound_hit = false;
     for (size_t i = 0; i < n; i++) {
         gm_state nx;
         if (!gm__advance(m, &st, (uint8_t)bytes[i], &nx)) {
             m->n_nodes = mark_nodes;
             m->n_tops = mark_tops;
+            m->ambiguous = m->bound_hit;
             return false;
         }
         st = nx;
@@ -1238,10 +1354,13 @@ bool grammar_matcher_accept(grammar_matcher *m, const char *bytes, size_t n) {
         m->n_tops = mark_tops;
         return false;
     }
+    m->ambiguous = false;
     return true;
 }
 
 bool grammar_matcher_complete(const grammar_matcher *m) { return m->cur.complete && !m->cur.need; }
+
+bool grammar_matcher_ambiguous(const grammar_matcher *m) { return m->ambiguous; }
 
 bool grammar_matcher_done(const grammar_matcher *m) {
     return grammar_matcher_complete(m) && m->cur.n == 0;
@@ -1269,7 +1388,57 @@ struct grammar_vocab {
     const tok_vocab *v;
     int32_t *eog; // (n_eog) the end-of-generation ids, ascending
     int32_t n_eog;
+    uint64_t uid; // unique per trie ever built (keys the grammars' precomputed classes)
+    // trie preorder: order[sub_lo[n] .. sub_hi[n]) are the ids of node n's subtree
+    int32_t *order;  // (n_order) ids in the trie, by piece
+    int32_t n_order;
+    uint32_t *rank;  // (n_vocab) each id's index in order (ids not in the trie: UINT32_MAX)
+    uint32_t *sub_lo, *sub_hi; // (n_nodes)
 };
+
+static atomic_uint_fast64_t gv__next_uid = 1;
+
+/* Fills order, rank, sub_lo and sub_hi (iterative preorder walk). */
+static bool gv__order(grammar_vocab *gv) {
+    gv->order = malloc(((size_t)gv->n_vocab + 1) * sizeof *gv->order);
+    gv->rank = malloc(((size_t)gv->n_vocab + 1) * sizeof *gv->rank);
+    gv->sub_lo = malloc(gv->n_nodes * sizeof *gv->sub_lo);
+    gv->sub_hi = malloc(gv->n_nodes * sizeof *gv->sub_hi);
+    int32_t *stk = malloc(((size_t)gv->max_len + 2) * sizeof *stk);
+    if (!gv->order || !gv->rank || !gv->sub_lo || !gv->sub_hi || !stk) {
+        free(stk);
+        return false;
+    }
+    for (int32_t id = 0; id < gv->n_vocab; id++)
+        gv->rank[id] = UINT32_MAX;
+    uint32_t n = 0, sp = 0;
+    stk[sp++] = 0;
+    gv->sub_lo[0] = 0;
+    // a node is entered when pushed (its tokens emitted), left when popped
+    // after its last child; stk holds the path, each entry's next child is
+    // found from the child last left (next_sibling)
+    int32_t left = -1; // the node just left, -1: none yet at this level
+    while (sp) {
+        int32_t u = stk[sp - 1];
+        int32_t c = left < 0 ? gv->nodes[u].first_child : gv->nodes[left].next_sibling;
+        if (c >= 0) {
+            gv->sub_lo[c] = n;
+            for (int32_t t = gv->nodes[c].tok; t >= 0; t = gv->tok_next[t]) {
+                gv->rank[t] = n;
+                gv->order[n++] = t;
+            }
+            stk[sp++] = c;
+            left = -1;
+            continue;
+        }
+        gv->sub_hi[u] = n;
+        left = u;
+        sp--;
+    }
+    gv->n_order = (int32_t)n;
+    free(stk);
+    return true;
+}
 
 int32_t grammar_vocab_n(const grammar_vocab *gv) { return gv->n_vocab; }
 
@@ -1281,6 +1450,10 @@ void grammar_vocab_destroy(grammar_vocab *gv) {
     free(gv->piece_off);
     free(gv->pieces);
     free(gv->eog);
+    free(gv->order);
+    free(gv->rank);
+    free(gv->sub_lo);
+    free(gv->sub_hi);
     free(gv);
 }
 
@@ -1362,6 +1535,8 @@ static ks_err gv__create(const gv_src *src, grammar_vocab **out, ks_errbuf *eb) 
         gv->tok_node[id] = cur;
         if (n > gv->max_len) gv->max_len = (uint32_t)n;
     }
+    if (!gv__order(gv)) goto nomem;
+    gv->uid = atomic_fetch_add(&gv__next_uid, 1);
     free(buf);
     *out = gv;
     return KS_OK;
@@ -1453,7 +1628,360 @@ struct gm_frame {
     int32_t node, child; // trie node and its next child to try
     gm_state st;         // matcher state after node's bytes
     uint32_t mn, mt;     // arena marks to rewind to before each child
+    bool esc;            // (gm__pmask_build) some parse escaped on node's bytes
 };
+
+/* The full walk: every trie node advanced from the whole state (the
+ * arena past its end is scratch). Sets bits, returns the ids set; *visits
+ * counts the advances. */
+static int32_t gm__walk(grammar_matcher *m, const grammar_vocab *gv, uint32_t *bits,
+                        uint32_t *visits) {
+    struct gm_frame *fr = m->frames;
+    uint32_t sp = 0;
+    int32_t count = 0;
+    fr[sp++] = (struct gm_frame){0, gv->nodes[0].first_child, m->cur, m->n_nodes, m->n_tops, false};
+    while (sp) {
+        struct gm_frame *f = &fr[sp - 1];
+        int32_t c = f->child;
+        if (c < 0) {
+            sp--;
+            continue;
+        }
+        const gv_node *cn = &gv->nodes[c];
+        f->child = cn->next_sibling;
+        m->n_nodes = f->mn;
+        m->n_tops = f->mt;
+        (*visits)++;
+        gm_state ns;
+        if (!gm__advance(m, &f->st, cn->byte, &ns)) continue;
+        for (int32_t t = cn->tok; t >= 0; t = gv->tok_next[t]) {
+            bits[t >> 5] |= 1u << (t & 31);
+            count++;
+        }
+        if (cn->first_child >= 0 && sp < m->cap_frames)
+            fr[sp++] = (struct gm_frame){c, cn->first_child, ns, m->n_nodes, m->n_tops, false};
+    }
+    return count;
+}
+
+/* Appends x to a growing array; false on out-of-memory. */
+static bool gm__push_u32(uint32_t **a, uint32_t *n, uint32_t *cap, uint32_t x) {
+    if (!gm__grow((void **)a, cap, *n + 1, sizeof **a)) return false;
+    (*a)[(*n)++] = x;
+    return true;
+}
+
+/* Classifies every token for the stack of frames key->pos (top first; what
+ * lies below is unknown, and a parse that pops past the last frame
+ * "escapes"): accepted when some parse consumes the whole piece without
+ * escaping (the stack below is never read: accepted under any stack,
+ * depth permitting); undecided when none does but some escaped on the way
+ * (the stack below decides); refused otherwise. One trie walk, pruned
+ * where every parse died without escaping. Uses m's arena past its end
+ * and its closure scratch (not its walk's bookkeeping, which is saved).
+ * NULL: out of memory. */
+static gm_pmask *gm__pmask_build(grammar_matcher *m, const grammar_vocab *gv, const gm_pkey *key) {
+    const uint32_t words = ((uint32_t)gv->n_vocab + 31) / 32;
+    gm_pmask *pm = calloc(1, sizeof *pm);
+    uint32_t *acc = calloc(words ? words : 1, sizeof *acc);
+    uint32_t *unc = NULL, n_unc = 0, cap_unc = 0;
+    const uint32_t base_nodes = m->n_nodes, base_tops = m->n_tops;
+    const bool walking = m->walking, hit_depth = m->walk_hit_depth, bound = m->bound_hit;
+    const uint32_t max_depth = m->walk_max_depth;
+    bool ok = pm && acc;
+    int32_t idx = -1;
+    for (uint32_t j = key->k; ok && j-- > 0;)
+        ok = gm__node_new(m, key->pos[j], idx, &idx) == 0;
+    gm_state st0 = {.off = m->n_tops};
+    if (ok) ok = gm__top_add(m, &st0, idx);
+    m->walking = false;
+    m->bound_hit = false;
+    m->walk_max_depth = key->k;
+    struct gm_frame *fr = m->frames;
+    uint32_t sp = 0;
+    if (ok)
+        fr[sp++] =
+            (struct gm_frame){0, gv->nodes[0].first_child, st0, m->n_nodes, m->n_tops, false};
+    while (ok && sp) {
+        struct gm_frame *f = &fr[sp - 1];
+        int32_t c = f->child;
+        if (c < 0) {
+            sp--;
+            continue;
+        }
+        const gv_node *cn = &gv->nodes[c];
+        f->child = cn->next_sibling;
+        m->n_nodes = f->mn;
+        m->n_tops = f->mt;
+        gm_state ns;
+        const bool adv = gm__advance(m, &f->st, cn->byte, &ns);
+        const bool esc = f->esc || (adv && ns.complete), alive = adv && ns.n > 0;
+        if (alive) {
+            for (int32_t t = cn->tok; t >= 0; t = gv->tok_next[t]) {
+                acc[t >> 5] |= 1u << (t & 31);
+                pm->n_acc++;
+            }
+            if (cn->first_child >= 0 && sp < m->cap_frames)
+                fr[sp++] = (struct gm_frame){c, cn->first_child, ns, m->n_nodes, m->n_tops, esc};
+        } else if (esc) { // dead here, but a parse left the frames on the way
+            for (uint32_t k = gv->sub_lo[c]; k < gv->sub_hi[c] && ok; k++)
+                ok = gm__push_u32(&unc, &n_unc, &cap_unc, k);
+        }
+    }
+    m->n_nodes = base_nodes;
+    m->n_tops = base_tops;
+    if (pm) {
+        pm->inexact = m->bound_hit;
+        pm->growth = m->walk_max_depth;
+    }
+    m->walking = walking;
+    m->walk_hit_depth = hit_depth;
+    m->bound_hit = bound;
+    m->walk_max_depth = max_depth;
+    if (ok && (uint32_t)pm->n_acc < words) { // sparse: as ids
+        pm->acc_ids = malloc(((size_t)pm->n_acc + 1) * sizeof *pm->acc_ids);
+        ok = pm->acc_ids != NULL;
+        for (uint32_t w = 0, n = 0; ok && w < words; w++)
+            for (uint32_t b = acc[w]; b; b &= b - 1)
+                pm->acc_ids[n++] = (int32_t)(w * 32 + (uint32_t)__builtin_ctz(b));
+        free(acc);
+        acc = NULL;
+    }
+    if (!ok) {
+        free(acc);
+        free(unc);
+        gm__pmask_free(pm);
+        return NULL;
+    }
+    pm->acc = acc;
+    pm->unc = unc;
+    pm->n_unc = (int32_t)n_unc;
+    pm->bytes = sizeof *pm + (acc ? words * sizeof *acc : (size_t)pm->n_acc * sizeof(int32_t)) +
+                n_unc * sizeof(uint32_t);
+    return pm;
+}
+
+/* The vocabulary's table in g, created on first use; NULL on out-of-memory. */
+static gm_vtab *gm__vtab(grammar *g, uint64_t uid) {
+    gm_vtab *head = atomic_load_explicit(&g->vtabs, memory_order_acquire);
+    for (gm_vtab *t = head; t; t = t->next)
+        if (t->uid == uid) return t;
+    gm_vtab *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->uid = uid;
+    if (pthread_mutex_init(&t->mu, NULL)) {
+        free(t);
+        return NULL;
+    }
+    for (;;) {
+        t->next = head;
+        if (atomic_compare_exchange_weak_explicit(&g->vtabs, &head, t, memory_order_acq_rel,
+                                                  memory_order_acquire))
+            return t;
+        for (gm_vtab *u = head; u; u = u->next) // another thread pushed one meanwhile
+            if (u->uid == uid) {
+                pthread_mutex_destroy(&t->mu);
+                free(t);
+                return u;
+            }
+    }
+}
+
+static uint32_t gm__pkey_hash(const gm_pkey *k) {
+    uint32_t h = k->k * 0x9E3779B1u;
+    for (uint32_t j = 0; j < k->k; j++)
+        h = (h ^ k->pos[j]) * 0x85EBCA6Bu;
+    return h ^ (h >> 15);
+}
+
+static bool gm__pkey_eq(const gm_pkey *a, const gm_pkey *b) {
+    return a->k == b->k && !memcmp(a->pos, b->pos, a->k * sizeof *a->pos);
+}
+
+/* The slot of key in vt's table (vt->mu held): its entry or the empty slot
+ * where it goes. */
+static gm_pkey *gm__pkey_slot(gm_vtab *vt, const gm_pkey *key) {
+    uint32_t h = gm__pkey_hash(key) & (vt->cap - 1);
+    while (vt->ht[h].k && !gm__pkey_eq(&vt->ht[h], key))
+        h = (h + 1) & (vt->cap - 1);
+    return &vt->ht[h];
+}
+
+/* key's classes, built and published on first use; NULL when out of
+ * memory or when g's classes reached GM__PM_MAX_BYTES. */
+static const gm_pmask *gm__pmask(grammar_matcher *m, const grammar_vocab *gv, gm_vtab *vt,
+                                 const gm_pkey *key) {
+    gm_pmask *pm = NULL;
+    pthread_mutex_lock(&vt->mu);
+    if (vt->cap) pm = gm__pkey_slot(vt, key)->pm;
+    pthread_mutex_unlock(&vt->mu);
+    if (pm) return pm;
+    if (atomic_load_explicit(&m->g->pm_bytes, memory_order_relaxed) > GM__PM_MAX_BYTES)
+        return NULL;
+    pm = gm__pmask_build(m, gv, key);
+    if (!pm) return NULL;
+    pthread_mutex_lock(&vt->mu);
+    gm_pmask *have = vt->cap ? gm__pkey_slot(vt, key)->pm : NULL;
+    bool ok = have != NULL;
+    if (!have && (vt->n + 1) * 2 > vt->cap) { // grow (rehash)
+        uint32_t cap = vt->cap ? vt->cap * 2 : 64;
+        gm_pkey *ht = calloc(cap, sizeof *ht), *old = vt->ht;
+        uint32_t old_cap = vt->cap;
+        if (ht) {
+            vt->ht = ht;
+            vt->cap = cap;
+            for (uint32_t i = 0; i < old_cap; i++)
+                if (old[i].k) *gm__pkey_slot(vt, &old[i]) = old[i];
+            free(old);
+        }
+    }
+    if (!have && (vt->n + 1) * 2 <= vt->cap) {
+        gm_pkey *slot = gm__pkey_slot(vt, key);
+        *slot = *key;
+        slot->pm = pm;
+        vt->n++;
+        ok = true;
+        atomic_fetch_add_explicit(&m->g->pm_bytes, pm->bytes, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&vt->mu);
+    if (have || !ok) gm__pmask_free(pm); // another matcher was first, or no memory
+    return have ? have : ok ? pm : NULL;
+}
+
+static int gm__cmp_ptr(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t) * (const gm_pmask *const *)a,
+              y = (uintptr_t) * (const gm_pmask *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The mask from the tops' precomputed classes: the union of what each top
+ * (with up to GM__CTX - 1 frames below it) accepts alone, plus the
+ * undecided ids that a check against the whole state accepts (in trie
+ * order, sharing the states of common prefixes). Returns 1 when done
+ * (bits, *count), 0 when it does not apply (a pending character, classes
+ * that passed a bound or the memory cap, a stack too deep for a class's
+ * growth: the caller walks), -1 on out-of-memory. *visits counts the
+ * advances, *max_new the deepest stack the classes imply. The frames each
+ * class read are marked touched (the cache key). */
+static int gm__mask_fast(grammar_matcher *m, const grammar_vocab *gv, uint32_t *bits,
+                         int32_t *count, uint32_t *visits, uint32_t *max_new) {
+    const gm_state cur = m->cur;
+    const uint32_t words = ((uint32_t)gv->n_vocab + 31) / 32;
+    if (cur.need || !cur.n) return 0;
+    gm_vtab *vt = gm__vtab(m->g, gv->uid);
+    if (!vt || !gm__grow((void **)&m->tpm, &m->cap_tpm, cur.n, sizeof *m->tpm) ||
+        !gm__grow((void **)&m->pstk, &m->cap_pstk, gv->max_len + 1, sizeof *m->pstk) ||
+        !gm__grow((void **)&m->pmn, &m->cap_pmn, gv->max_len + 1, sizeof *m->pmn) ||
+        !gm__grow((void **)&m->pmt, &m->cap_pmt, gv->max_len + 1, sizeof *m->pmt))
+        return -1;
+    *max_new = 0;
+    for (uint32_t i = 0; i < cur.n; i++) {
+        int32_t y = m->tops[cur.off + i];
+        const uint32_t d = m->nodes[y].depth;
+        gm_pkey key = {0};
+        for (;;) {
+            key.pos[key.k++] = m->nodes[y].pos;
+            int32_t pa = m->nodes[y].parent;
+            if (pa < 0) {
+                m->touched_bottom = true; // the class saw the bottom
+                break;
+            }
+            if (key.k == GM__CTX) break;
+            if ((uint32_t)pa < m->walk_base) m->touched[pa] = 1;
+            y = pa;
+        }
+        const gm_pmask *pm = gm__pmask(m, gv, vt, &key);
+        if (!pm || pm->inexact) return 0; // (out of memory: the walk reports it)
+        const uint32_t dn = d - key.k + pm->growth;
+        if (dn > GRAMMAR_MAX_DEPTH) return 0;
+        if (dn > *max_new) *max_new = dn;
+        m->tpm[i] = pm;
+    }
+    uint32_t n_pm = cur.n;
+    if (n_pm > 1) {
+        qsort(m->tpm, n_pm, sizeof *m->tpm, gm__cmp_ptr);
+        uint32_t u = 0;
+        for (uint32_t i = 0; i < n_pm; i++)
+            if (!u || m->tpm[u - 1] != m->tpm[i]) m->tpm[u++] = m->tpm[i];
+        n_pm = u;
+    }
+    memset(bits, 0, words * sizeof *bits);
+    uint32_t n_cand = 0;
+    for (uint32_t i = 0; i < n_pm; i++) {
+        const gm_pmask *pm = m->tpm[i];
+        if (pm->acc)
+            for (uint32_t w = 0; w < words; w++)
+                bits[w] |= pm->acc[w];
+        else
+            for (int32_t k = 0; k < pm->n_acc; k++)
+                bits[pm->acc_ids[k] >> 5] |= 1u << (pm->acc_ids[k] & 31);
+        // merge the undecided ranks (each list ascending) into cand
+        if (!pm->n_unc) continue;
+        if (!gm__grow((void **)&m->cand2, &m->cap_cand2, n_cand + (uint32_t)pm->n_unc,
+                      sizeof *m->cand2))
+            return -1;
+        uint32_t a = 0, b = 0, n = 0;
+        while (a < n_cand || b < (uint32_t)pm->n_unc) {
+            uint32_t x;
+            if (b >= (uint32_t)pm->n_unc || (a < n_cand && m->cand[a] <= pm->unc[b])) {
+                x = m->cand[a++];
+                if (b < (uint32_t)pm->n_unc && pm->unc[b] == x) b++;
+            } else {
+                x = pm->unc[b++];
+            }
+            m->cand2[n++] = x;
+        }
+        uint32_t *t = m->cand;
+        m->cand = m->cand2;
+        m->cand2 = t;
+        uint32_t tc = m->cap_cand;
+        m->cap_cand = m->cap_cand2;
+        m->cap_cand2 = tc;
+        n_cand = n;
+    }
+    // check each against the whole state; pstk[k] is the state after k
+    // bytes of the previous piece, valid for k <= have (dead: the byte at
+    // have was refused there)
+    const char *prev = NULL;
+    uint32_t have = 0;
+    bool dead = false;
+    m->pstk[0] = cur;
+    m->pmn[0] = m->n_nodes;
+    m->pmt[0] = m->n_tops;
+    for (uint32_t i = 0; i < n_cand; i++) {
+        const int32_t id = gv->order[m->cand[i]];
+        if (bits[id >> 5] >> (id & 31) & 1u) continue; // another top accepts it
+        const char *pc = gv->pieces + gv->piece_off[id];
+        const uint32_t L = gv->piece_off[id + 1] - gv->piece_off[id];
+        uint32_t l = 0;
+        const uint32_t lim = dead ? have + 1 : have; // bytes of prev known
+        if (prev)
+            while (l < L && l < lim && pc[l] == prev[l])
+                l++;
+        if (dead && l > have) continue; // the same refused prefix
+        m->n_nodes = m->pmn[l];
+        m->n_tops = m->pmt[l];
+        prev = pc;
+        dead = false;
+        have = l;
+        for (uint32_t k = l; k < L; k++) {
+            (*visits)++;
+            if (!gm__advance(m, &m->pstk[k], (uint8_t)pc[k], &m->pstk[k + 1])) {
+                dead = true;
+                break;
+            }
+            m->pmn[k + 1] = m->n_nodes;
+            m->pmt[k + 1] = m->n_tops;
+            have = k + 1;
+        }
+        if (!dead) bits[id >> 5] |= 1u << (id & 31);
+    }
+    int32_t n = 0;
+    for (uint32_t w = 0; w < words; w++)
+        n += __builtin_popcount(bits[w]);
+    *count = n;
+    return 1;
+}
 
 ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_t *bits,
                             int32_t *n_allowed) {
@@ -1479,51 +2007,40 @@ ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_
             gm__key_match(m, &m->cur, c->key)) {
             memcpy(bits, c->bits, words * sizeof *bits);
             *n_allowed = c->n_allowed;
+            m->ambiguous = false;
             c->used = m->clock;
             return KS_OK;
         }
     }
     if (!gm__grow((void **)&m->frames, &m->cap_frames, gv->max_len + 2, sizeof *m->frames))
         return KS_ERR_NOMEM;
-    memset(bits, 0, words * sizeof *bits);
     const uint32_t base_nodes = m->n_nodes, base_tops = m->n_tops;
     if (!gm__grow((void **)&m->touched, &m->cap_touched, base_nodes + 1, 1)) return KS_ERR_NOMEM;
     memset(m->touched, 0, base_nodes);
     m->walking = true;
     m->walk_base = base_nodes;
-    m->touched_bottom = m->walk_hit_depth = false;
+    m->touched_bottom = m->walk_hit_depth = m->bound_hit = false;
     m->walk_max_depth = 0;
-    struct gm_frame *fr = m->frames;
-    uint32_t sp = 0, visits = 0;
+    uint32_t visits = 0, max_new = 0, min_visits = GM__CACHE_MIN_VISITS / 8;
     int32_t count = 0;
-    fr[sp++] = (struct gm_frame){0, gv->nodes[0].first_child, m->cur, base_nodes, base_tops};
-    while (sp) {
-        struct gm_frame *f = &fr[sp - 1];
-        int32_t c = f->child;
-        if (c < 0) {
-            sp--;
-            continue;
-        }
-        const gv_node *cn = &gv->nodes[c];
-        f->child = cn->next_sibling;
-        m->n_nodes = f->mn;
-        m->n_tops = f->mt;
-        visits++;
-        gm_state ns;
-        if (!gm__advance(m, &f->st, cn->byte, &ns)) continue;
-        for (int32_t t = cn->tok; t >= 0; t = gv->tok_next[t]) {
-            bits[t >> 5] |= 1u << (t & 31);
-            count++;
-        }
-        if (cn->first_child >= 0 && sp < m->cap_frames)
-            fr[sp++] = (struct gm_frame){c, cn->first_child, ns, m->n_nodes, m->n_tops};
+    int rc = gm__mask_fast(m, gv, bits, &count, &visits, &max_new);
+    if (rc == 0) { // the full walk
+        memset(bits, 0, words * sizeof *bits);
+        m->n_nodes = base_nodes;
+        m->n_tops = base_tops;
+        visits = 0;
+        count = gm__walk(m, gv, bits, &visits);
+        min_visits = GM__CACHE_MIN_VISITS;
     }
     m->n_nodes = base_nodes;
     m->n_tops = base_tops;
     m->walking = false;
+    m->ambiguous = m->bound_hit;
+    if (rc < 0) return KS_ERR_NOMEM;
+    if (m->walk_max_depth < max_new) m->walk_max_depth = max_new;
     *n_allowed = count;
     uint32_t min_depth = 0, klen = 0;
-    if (visits >= GM__CACHE_MIN_VISITS && !m->walk_hit_depth)
+    if (visits >= min_visits && !m->walk_hit_depth && !m->bound_hit)
         klen = gm__key_build(m, &m->cur, &min_depth);
     if (klen) {
         int v = 0; // the empty or least recently used entry
