@@ -50,6 +50,8 @@
  * cached per matcher, keyed by what the computation read (below). */
 #include "kvseal/grammar.h"
 
+#include "kvseal/admit.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -905,6 +907,8 @@ done:
     return err;
 }
 
+static ks_err gm__check_bounded(grammar_matcher *m, ks_errbuf *eb);
+
 ks_err grammar_parse(const char *text, size_t len, grammar **out, ks_errbuf *eb) {
     KS_ASSERT(out);
     *out = NULL;
@@ -964,6 +968,7 @@ ks_err grammar_parse(const char *text, size_t len, grammar **out, ks_errbuf *eb)
     if (!err) { // the start state must exist (e.g. `root ::= root` has none)
         grammar_matcher *m = NULL;
         err = grammar_matcher_create(g, &m, eb);
+        if (!err) err = gm__check_bounded(m, eb);
         grammar_matcher_destroy(m);
     }
     if (!err && !(g->text = malloc(len + 1)))
@@ -1268,6 +1273,48 @@ static bool gm__compact(grammar_matcher *m) {
     m->n_tops = m->cur.n;
     m->cur.off = 0;
     return true;
+}
+
+#define GM__CHECK_WORK 4000000 // closure steps gm__check_bounded spends at most
+
+/* Refuses, at compile time, a grammar in which one character opens more
+ * parses than the matcher's bounds allow, whatever surrounds it: for each
+ * character position, the closure after it from that rule alone (popping
+ * past the rule ends the parse there) must stay within GRAMMAR_MAX_STACKS
+ * tops and GRAMMAR_MAX_WORK steps. Such a grammar could only ever refuse
+ * that character (every parse dropped), so it is refused with a reason
+ * instead. What depends on the context (ambiguity that builds up over
+ * several characters, through several rules) is caught while matching
+ * (grammar_matcher_ambiguous, and grammar_sample's error). */
+static ks_err gm__check_bounded(grammar_matcher *m, ks_errbuf *eb) {
+    const grammar *g = m->g;
+    uint64_t spent = 0;
+    const uint32_t mark_nodes = m->n_nodes, mark_tops = m->n_tops;
+    for (uint32_t r = 0; r < g->n_rules && spent < GM__CHECK_WORK; r++) {
+        const gm_rule *R = &g->rules[r];
+        for (uint32_t k = 0; k < R->n_alts; k++)
+            for (uint32_t p = g->alts[R->alt_first + k]; g->elems[p].kind != GM_END; p++) {
+                if (g->elems[p].kind != GM_CHAR) continue;
+                if (++m->stamp == 0) {
+                    memset(m->tstamp, 0, GM__TABLE * sizeof *m->tstamp);
+                    m->stamp = 1;
+                }
+                gm_state st = {.off = m->n_tops};
+                m->work[0] = (uint64_t)(p + 1) << 32; // parent -1
+                m->bound_hit = false;
+                bool ok = gm__close(m, &st, 1);
+                spent += m->n_nodes - mark_nodes + 1;
+                m->n_nodes = mark_nodes;
+                m->n_tops = mark_tops;
+                if (!ok && m->bound_hit)
+                    return ks_seterr(eb, KS_ERR_INVAL,
+                                     "grammar: too ambiguous: in rule '%.100s', one character "
+                                     "opens more than %d parses (or %d steps) at once",
+                                     R->name, GRAMMAR_MAX_STACKS, GRAMMAR_MAX_WORK);
+                if (!ok) return ks_seterr(eb, KS_ERR_NOMEM, "grammar: out of memory");
+            }
+    }
+    return KS_OK;
 }
 
 ks_err grammar_matcher_create(grammar *g, grammar_matcher **out, ks_errbuf *eb) {
@@ -2067,6 +2114,17 @@ ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_
 // ----------------------------------------------------------------------------
 // Constrained sampling (the engine's step and a prefill worker's first token)
 
+/* The error of a matcher that dropped every parse at a bound: a refusal
+ * of the grammar (400 where nothing was sent yet), not an end of output. */
+static ks_err gm__too_ambiguous(ks_errbuf *eb) {
+    ks_seterr(eb, KS_ERR_INVAL,
+              "grammar: too ambiguous: every continuation passes the matcher's bounds (%d "
+              "parses, %d steps per byte)",
+              GRAMMAR_MAX_STACKS, GRAMMAR_MAX_WORK);
+    if (eb) eb->reason = ADMIT_INVALID;
+    return KS_ERR_INVAL;
+}
+
 /* The mask, then the draw: EOG ids join the allowed set when complete;
  * every other token gets -inf; if the sampler still picks a masked id (only
  * when no allowed logit beats them, a row of NaN) the lowest allowed
@@ -2079,12 +2137,14 @@ static ks_err gm__sample_masked(grammar_matcher *m, const grammar_vocab *gv, sam
     if (grammar_matcher_mask(m, gv, mask, &n_allowed) != KS_OK)
         return ks_seterr(eb, KS_ERR_NOMEM, "out of memory");
     if (n_allowed == 0) {
+        if (grammar_matcher_ambiguous(m)) return gm__too_ambiguous(eb);
         if (complete) {
             *end = true;
             return KS_OK;
         }
-        return ks_seterr(eb, KS_ERR_INVAL,
-                         "grammar: no token of the vocabulary can continue the output");
+        ks_seterr(eb, KS_ERR_INVAL, "grammar: no token of the vocabulary can continue the output");
+        if (eb) eb->reason = ADMIT_INVALID;
+        return KS_ERR_INVAL;
     }
     if (complete)
         for (int32_t k = 0; k < gv->n_eog; k++)
@@ -2108,7 +2168,9 @@ static ks_err gm__sample_masked(grammar_matcher *m, const grammar_vocab *gv, sam
         eog = false;
     }
     if (!eog && !grammar_matcher_accept_token(m, gv, sr.token))
-        return ks_seterr(eb, KS_ERR_INTERNAL, "grammar: the chosen token was not accepted");
+        return grammar_matcher_ambiguous(m)
+                   ? gm__too_ambiguous(eb)
+                   : ks_seterr(eb, KS_ERR_INTERNAL, "grammar: the chosen token was not accepted");
     *out = sr;
     return KS_OK;
 }

@@ -5,6 +5,7 @@
  * grammars staying bounded), JSON schema compilation (each keyword;
  * unsupported ones refused by name) and the token mask against a
  * brute-force check over real vocabularies from ../shared/vocab. */
+#include "kvseal/admit.h"
 #include "kvseal/gguf.h"
 #include "kvseal/grammar.h"
 
@@ -350,6 +351,76 @@ static void test_bounds(void) {
     deep[n] = 0;
     NOPE(g, deep);
     grammar_unref(g);
+}
+
+/* One grammar_sample over a vocabulary of pieces (greedy on flat logits):
+ * returns its error, *end, and the message in eb. */
+static ks_err sample_once(const char *gb, const char *const *pieces, int32_t n, bool *end,
+                          ks_errbuf *eb) {
+    uint32_t lens[16];
+    CHECK(n <= 16);
+    for (int32_t i = 0; i < n; i++)
+        lens[i] = (uint32_t)strlen(pieces[i]);
+    grammar_vocab *gv = NULL;
+    CHECK_EQ(grammar_vocab_create_pieces(pieces, lens, n, &gv, eb), KS_OK);
+    grammar *g = gparse(gb);
+    grammar_matcher *m = NULL;
+    CHECK_EQ(grammar_matcher_create(g, &m, eb), KS_OK);
+    sample_params sp;
+    sample_params_default(&sp);
+    sp.temperature = 0.0f;
+    sampler *smp = NULL;
+    CHECK_EQ(sampler_create(&sp, n, &smp, eb), KS_OK);
+    float logits[16] = {0};
+    uint32_t mask[1];
+    sample_result sr;
+    ks_errbuf_clear(eb);
+    *end = false;
+    ks_err e = grammar_sample(m, gv, smp, &sp, logits, mask, &sr, end, eb);
+    sampler_destroy(smp);
+    grammar_matcher_destroy(m);
+    grammar_unref(g);
+    grammar_vocab_destroy(gv);
+    return e;
+}
+
+/* Issue 38 item 6: grammars no token can satisfy, or that the matcher can
+ * only satisfy by dropping every parse, are refusals (400), never a 500 or
+ * a silent empty answer; a grammar in which one character opens more
+ * parses than the bounds allow is refused at compile time. */
+static void test_refusals(void) {
+    ks_errbuf eb;
+    bool end = false;
+    // no piece holds the character the grammar needs: a refusal (reason
+    // INVALID, so the server answers 400), not an internal error
+    static const char *const abc[] = {"a", "b", "ab", "c"};
+    CHECK_EQ(sample_once("root ::= \"z\"", abc, 4, &end, &eb), KS_ERR_INVAL);
+    CHECK_EQ(eb.reason, ADMIT_INVALID);
+    CHECK(strstr(eb.msg, "no token"));
+    // each 'a' opens two parses that differ below (r's "b" or "c" to
+    // come): twelve in one piece pass 1024 stacks. The start is complete
+    // (r is nullable), and every piece drops every parse: that used to end
+    // the output with no token (an empty 200); it is a clear error now
+    static const char *const longs[] = {"aaaaaaaaaaaaa", "aaaaaaaaaaaaaa", "aaaaaaaaaaaaaaa"};
+    const char *amb = "root ::= r\nr ::= [a-z] r \"b\" | [a-z] r \"c\" | \"\"";
+    CHECK_EQ(sample_once(amb, longs, 3, &end, &eb), KS_ERR_INVAL);
+    CHECK(!end);
+    CHECK_EQ(eb.reason, ADMIT_INVALID);
+    CHECK(strstr(eb.msg, "too ambiguous"));
+    static const char *const shorts[] = {"a", "aa", "b"};
+    CHECK_EQ(sample_once(amb, shorts, 3, &end, &eb), KS_OK); // within the bounds: fine
+    // compile time: after "x", one character opens 1100 parses
+    char *big = malloc(64 + 1100 * 16);
+    int n = sprintf(big, "root ::= \"x\" big | \"\"\nbig ::= ");
+    for (int i = 0; i < 1100; i++)
+        n += sprintf(big + n, "%s\"%c\" r%d", i ? " | " : "", 'a' + i % 26, i % 7);
+    for (int i = 0; i < 7; i++)
+        n += sprintf(big + n, "\nr%d ::= \"%d\"", i, i);
+    grammar *g = NULL;
+    CHECK_EQ(grammar_parse(big, (size_t)n, &g, &eb), KS_ERR_INVAL);
+    CHECK(strstr(eb.msg, "too ambiguous"));
+    CHECK(strstr(eb.msg, "'root'"));
+    free(big);
 }
 
 static void test_matcher_api(void) {
@@ -726,6 +797,7 @@ int main(void) {
     test_errors();
     test_bounds();
     test_matcher_api();
+    test_refusals();
     test_schema();
     const char *sh = getenv("KS_SHARED");
     char path[1024];
