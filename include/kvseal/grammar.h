@@ -119,6 +119,10 @@ ks_err grammar_matcher_create(grammar *g, grammar_matcher **out /* OUT */,
                               ks_errbuf *eb) KS_MUST_USE;
 /* Frees it; accepts NULL. */
 void grammar_matcher_destroy(grammar_matcher *m);
+/* Returns m to the start state (as fresh from grammar_matcher_create, its
+ * caches kept): a cheap way to match many texts with one matcher.
+ * Errors: KS_ERR_NOMEM (m then unusable but for destroy). */
+ks_err grammar_matcher_reset(grammar_matcher *m) KS_MUST_USE;
 /* Advances by n bytes (UTF-8; a character may be split across calls).
  * Returns true when they were accepted; false leaves the matcher as it was
  * (including on out-of-memory). */

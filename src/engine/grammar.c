@@ -1317,6 +1317,29 @@ static ks_err gm__check_bounded(grammar_matcher *m, ks_errbuf *eb) {
     return KS_OK;
 }
 
+/* Sets m to the start state, the closure of root's alternatives (the arena
+ * emptied); false when it does not exist within the bounds. */
+static bool gm__start(grammar_matcher *m) {
+    const grammar *g = m->g;
+    m->n_nodes = m->n_tops = 0;
+    m->cur = (gm_state){0};
+    m->ambiguous = false;
+    if (++m->stamp == 0) {
+        memset(m->tstamp, 0, GM__TABLE * sizeof *m->tstamp);
+        m->stamp = 1;
+    }
+    const gm_rule *R = &g->rules[g->root];
+    uint32_t n_work = 0;
+    for (uint32_t k = R->n_alts; k-- > 0 && n_work < GRAMMAR_MAX_WORK;)
+        m->work[n_work++] = (uint64_t)g->alts[R->alt_first + k] << 32; // parent -1 -> 0
+    return gm__close(m, &m->cur, n_work) && (m->cur.n > 0 || m->cur.complete);
+}
+
+ks_err grammar_matcher_reset(grammar_matcher *m) {
+    // it succeeded at create: the same steps again, so only memory can fail
+    return gm__start(m) ? KS_OK : KS_ERR_NOMEM;
+}
+
 ks_err grammar_matcher_create(grammar *g, grammar_matcher **out, ks_errbuf *eb) {
     KS_ASSERT(g && out);
     *out = NULL;
@@ -1333,14 +1356,8 @@ ks_err grammar_matcher_create(grammar *g, grammar_matcher **out, ks_errbuf *eb) 
         grammar_matcher_destroy(m);
         return ks_seterr(eb, KS_ERR_NOMEM, "grammar matcher: out of memory");
     }
-    // the start state: the closure of root's alternatives
     m->stamp = 1;
-    m->cur = (gm_state){0};
-    const gm_rule *R = &g->rules[g->root];
-    uint32_t n_work = 0;
-    for (uint32_t k = R->n_alts; k-- > 0 && n_work < GRAMMAR_MAX_WORK;)
-        m->work[n_work++] = (uint64_t)g->alts[R->alt_first + k] << 32; // parent -1 -> 0
-    if (!gm__close(m, &m->cur, n_work) || !(m->cur.n > 0 || m->cur.complete)) {
+    if (!gm__start(m)) {
         grammar_matcher_destroy(m);
         return ks_seterr(eb, KS_ERR_INVAL,
                          "grammar: the root rule matches nothing, or cannot start within the "

@@ -646,18 +646,18 @@ static int32_t check_mask_brute(const tok_vocab *v, grammar *g, const char *gb, 
     size_t lp = strlen(prefix);
     CHECK(lp < sizeof text - sizeof piece);
     ks_errbuf eb;
+    grammar_matcher *b = NULL; // reset to the start for each id: as fresh
+    CHECK_EQ(grammar_matcher_create(g, &b, &eb), KS_OK);
     for (int32_t id = 0; id < V; id++) {
         if (BRUTE_STRIDE > 1 && id % BRUTE_STRIDE && !((bits[id >> 5] >> (id & 31)) & 1u))
             continue; // (sanitizer builds) a refused id left out: it counts as refused
         size_t n = tok_piece(v, id, false, piece, sizeof piece);
         bool want = false;
         if (n > 0 && n < sizeof piece && !tok_is_eog(v, id)) {
-            grammar_matcher *b = NULL;
-            CHECK_EQ(grammar_matcher_create(g, &b, &eb), KS_OK);
+            CHECK_EQ(grammar_matcher_reset(b), KS_OK);
             memcpy(text, prefix, lp);
             memcpy(text + lp, piece, n);
             want = grammar_matcher_accept(b, text, lp + n);
-            grammar_matcher_destroy(b);
         }
         bool got = (bits[id >> 5] >> (id & 31)) & 1u;
         if (got != want)
@@ -668,6 +668,7 @@ static int32_t check_mask_brute(const tok_vocab *v, grammar *g, const char *gb, 
         CHECK_EQ(got, want);
         count += want;
     }
+    grammar_matcher_destroy(b);
     return count;
 }
 
