@@ -119,7 +119,9 @@ typedef struct gm_vtab {
     uint32_t n, cap;
 } gm_vtab;
 
-#define GM__PM_MAX_BYTES ((size_t)256 << 20) // precomputed classes of one grammar
+#define GM__PM_MAX_BYTES ((size_t)128 << 20)   // precomputed classes of one grammar
+#define GM__PM_TOTAL_BYTES ((size_t)512 << 20) // of all grammars alive
+static atomic_size_t gm__pm_total;               // their bytes now
 
 struct grammar {
     atomic_int refs;
@@ -158,6 +160,7 @@ static void gm__pmask_free(gm_pmask *pm) {
 
 static void gm__free(grammar *g) {
     if (!g) return;
+    atomic_fetch_sub_explicit(&gm__pm_total, atomic_load(&g->pm_bytes), memory_order_relaxed);
     for (gm_vtab *t = atomic_load(&g->vtabs), *nx; t; t = nx) {
         nx = t->next;
         for (uint32_t i = 0; i < t->cap; i++)
@@ -909,10 +912,65 @@ done:
 
 static ks_err gm__check_bounded(grammar_matcher *m, ks_errbuf *eb);
 
+/* Recently compiled grammars, by text: requests that send the same grammar
+ * or schema share one compiled grammar and so its token classes (the
+ * first request pays for them). A slot holds a reference; the least
+ * recently used is dropped. */
+#define GM__INTERN 16
+static pthread_mutex_t gm__intern_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    grammar *g;
+    uint64_t used;
+} gm__intern[GM__INTERN];
+static uint64_t gm__intern_clock;
+
+/* A reference to the interned grammar of text, or NULL (mutex held). */
+static grammar *gm__intern_find(const char *text, size_t len) {
+    for (int i = 0; i < GM__INTERN; i++) {
+        grammar *g = gm__intern[i].g;
+        if (g && g->text_len == len && (!len || !memcmp(g->text, text, len))) {
+            gm__intern[i].used = ++gm__intern_clock;
+            return grammar_ref(g);
+        }
+    }
+    return NULL;
+}
+
+static ks_err gm__parse(const char *text, size_t len, grammar **out, ks_errbuf *eb);
+
 ks_err grammar_parse(const char *text, size_t len, grammar **out, ks_errbuf *eb) {
     KS_ASSERT(out);
     *out = NULL;
     if (!text && len) return ks_seterr(eb, KS_ERR_INVAL, "grammar: NULL text");
+    pthread_mutex_lock(&gm__intern_mu);
+    grammar *g = gm__intern_find(text, len);
+    pthread_mutex_unlock(&gm__intern_mu);
+    if (g) {
+        *out = g;
+        return KS_OK;
+    }
+    ks_err err = gm__parse(text, len, &g, eb); // outside the lock
+    if (err) return err;
+    pthread_mutex_lock(&gm__intern_mu);
+    grammar *have = gm__intern_find(text, len), *drop = NULL;
+    if (have) { // another thread compiled the same text meanwhile
+        drop = g;
+        g = have;
+    } else {
+        int v = 0;
+        for (int i = 1; i < GM__INTERN && gm__intern[v].g; i++)
+            if (!gm__intern[i].g || gm__intern[i].used < gm__intern[v].used) v = i;
+        drop = gm__intern[v].g;
+        gm__intern[v].g = grammar_ref(g);
+        gm__intern[v].used = ++gm__intern_clock;
+    }
+    pthread_mutex_unlock(&gm__intern_mu);
+    grammar_unref(drop);
+    *out = g;
+    return KS_OK;
+}
+
+static ks_err gm__parse(const char *text, size_t len, grammar **out, ks_errbuf *eb) {
     if (len > GRAMMAR_MAX_TEXT)
         return ks_seterr(eb, KS_ERR_NOSPACE, "grammar: %zu bytes, above the limit of %d", len,
                          GRAMMAR_MAX_TEXT);
@@ -1880,7 +1938,8 @@ static const gm_pmask *gm__pmask(grammar_matcher *m, const grammar_vocab *gv, gm
     if (vt->cap) pm = gm__pkey_slot(vt, key)->pm;
     pthread_mutex_unlock(&vt->mu);
     if (pm) return pm;
-    if (atomic_load_explicit(&m->g->pm_bytes, memory_order_relaxed) > GM__PM_MAX_BYTES)
+    if (atomic_load_explicit(&m->g->pm_bytes, memory_order_relaxed) > GM__PM_MAX_BYTES ||
+        atomic_load_explicit(&gm__pm_total, memory_order_relaxed) > GM__PM_TOTAL_BYTES)
         return NULL;
     pm = gm__pmask_build(m, gv, key);
     if (!pm) return NULL;
@@ -1906,6 +1965,7 @@ static const gm_pmask *gm__pmask(grammar_matcher *m, const grammar_vocab *gv, gm
         vt->n++;
         ok = true;
         atomic_fetch_add_explicit(&m->g->pm_bytes, pm->bytes, memory_order_relaxed);
+        atomic_fetch_add_explicit(&gm__pm_total, pm->bytes, memory_order_relaxed);
     }
     pthread_mutex_unlock(&vt->mu);
     if (have || !ok) gm__pmask_free(pm); // another matcher was first, or no memory

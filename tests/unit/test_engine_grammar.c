@@ -409,6 +409,11 @@ static void test_refusals(void) {
     CHECK(strstr(eb.msg, "too ambiguous"));
     static const char *const shorts[] = {"a", "aa", "b"};
     CHECK_EQ(sample_once(amb, shorts, 3, &end, &eb), KS_OK); // within the bounds: fine
+    // the same text compiles to the same grammar (its classes are shared)
+    grammar *g1 = gparse("root ::= [a-z]+ \"!\""), *g2 = gparse("root ::= [a-z]+ \"!\"");
+    CHECK(g1 == g2);
+    grammar_unref(g1);
+    grammar_unref(g2);
     // compile time: after "x", one character opens 1100 parses
     char *big = malloc(64 + 1100 * 16);
     int n = sprintf(big, "root ::= \"x\" big | \"\"\nbig ::= ");
