@@ -31,8 +31,9 @@
  * is alive while some top's set meets the range those bits still allow.
  *
  * The mask (grammar_matcher_mask): most of a token's fate is decided by
- * the top few frames of one stack. For the top GM__CTX frames of a stack
- * (its key), one trie walk from those frames alone, with nothing below,
+ * the top few frames of one stack. For the top frames of a stack (its
+ * key: the top, and the frames below it while each ends its rule at once,
+ * at most GM__CTX; gm__thin), one trie walk from those frames alone, with nothing below,
  * splits the vocabulary into accepted (some parse consumes the piece
  * without popping past the last frame: true under any stack below),
  * undecided (every parse died, but one popped past the last frame on the
@@ -101,7 +102,7 @@ typedef struct gm_pmask {
     size_t bytes;
 } gm_pmask;
 
-#define GM__CTX 3 // frames from the top that key the precomputed classes
+#define GM__CTX 4 // at most this many frames from the top key the precomputed classes
 
 typedef struct gm_pkey {
     uint32_t k;            // frames (fewer than GM__CTX: the whole stack)
@@ -1972,6 +1973,17 @@ static const gm_pmask *gm__pmask(grammar_matcher *m, const grammar_vocab *gv, gm
     return have ? have : ok ? pm : NULL;
 }
 
+/* True when the frame at pos (the top's CHAR when top, else a return
+ * position) ends its rule at once: a CHAR or a tail call then END. Its
+ * classes alone would leave nearly every token undecided (JSON's `char`
+ * rule), so the key takes the frame below too. A frame with more of its
+ * rule to come (x ::= [a-z] x, a literal's next character) decides most
+ * tokens alone, and a key of fewer frames is shared by more stacks. */
+static bool gm__thin(const grammar *g, uint32_t pos, bool top) {
+    if (top) return g->elems[pos + 1].kind == GM_END;
+    return g->elems[pos].kind == GM_END || g->elems[pos + 1].kind == GM_END;
+}
+
 static int gm__cmp_ptr(const void *a, const void *b) {
     uintptr_t x = (uintptr_t) * (const gm_pmask *const *)a,
               y = (uintptr_t) * (const gm_pmask *const *)b;
@@ -2010,7 +2022,7 @@ static int gm__mask_fast(grammar_matcher *m, const grammar_vocab *gv, uint32_t *
                 m->touched_bottom = true; // the class saw the bottom
                 break;
             }
-            if (key.k == GM__CTX) break;
+            if (key.k == GM__CTX || !gm__thin(m->g, m->nodes[y].pos, key.k == 1)) break;
             if ((uint32_t)pa < m->walk_base) m->touched[pa] = 1;
             y = pa;
         }
