@@ -8,10 +8,12 @@
  *          (the grammar of issue 38: ~43 ms/token before).
  * A generation is driven through a fixed valid text: each step computes
  * the mask (timed), then takes the longest token the mask allows that the
- * remaining text starts with. Each generation runs ROUNDS times with a
- * fresh matcher on the same compiled grammar: round 1 is cold (nothing
- * the grammar precomputes exists yet), the later ones warm. Prints median,
- * p99 and max per token, cold and warm.
+ * remaining text starts with. ROUNDS generations run with fresh matchers
+ * on the same compiled grammar: round 1 is cold (nothing the grammar
+ * precomputes exists yet), round 2 generates another text (other: warm
+ * token classes, mostly new states), the later ones the first text again
+ * (warm: every state's mask seen). Prints median, p99, max and mean per
+ * token of each phase.
  *
  * The vocabulary: every piece of ../shared/vocab's largest vocabulary
  * (deepseek-llm, ~100k), then pairs of its pieces (a fixed LCG) up to
@@ -182,8 +184,11 @@ static void report(const char *name, const char *phase, double *t, int n) {
            name, phase, n, t[n / 2], t[i99], t[n - 1], sum / n);
 }
 
-static void bench(const char *name, const char *gbnf, const char *text, const grammar_vocab *gv,
-                  int rounds) {
+/* Round 1 generates text (cold: a grammar compiled for the first time),
+ * round 2 text2 (other values: warm classes, new states), rounds 3.. text
+ * again (warm: the grammar's states seen, as a popular schema's are). */
+static void bench(const char *name, const char *gbnf, const char *text, const char *text2,
+                  const grammar_vocab *gv, int rounds) {
     ks_errbuf eb;
     grammar *g = NULL;
     double t0 = now_ms();
@@ -193,16 +198,22 @@ static void bench(const char *name, const char *gbnf, const char *text, const gr
         printf("  %-6s refused: %s\n", name, eb.msg);
         return;
     }
-    size_t cap = strlen(text) * (size_t)rounds + 1;
-    double *cold = malloc(cap * sizeof *cold), *warm = malloc(cap * sizeof *warm);
-    int n_cold = 0, n_warm = 0;
+    size_t cap = (strlen(text) + strlen(text2)) * (size_t)rounds + 1;
+    double *cold = malloc(cap * sizeof *cold), *other = malloc(cap * sizeof *other),
+           *warm = malloc(cap * sizeof *warm);
+    int n_cold = 0, n_other = 0, n_warm = 0;
     for (int r = 0; r < rounds; r++) {
-        if (generate(g, gv, text, r ? warm : cold, r ? &n_warm : &n_cold) < 0) break;
+        int rc = r == 0   ? generate(g, gv, text, cold, &n_cold)
+                 : r == 1 ? generate(g, gv, text2, other, &n_other)
+                          : generate(g, gv, text, warm, &n_warm);
+        if (rc < 0) break;
     }
     printf("  %-6s compiled in %.2f ms\n", name, t_parse);
     report(name, "cold", cold, n_cold);
+    report(name, "other", other, n_other);
     report(name, "warm", warm, n_warm);
     free(cold);
+    free(other);
     free(warm);
     grammar_unref(g);
 }
@@ -280,9 +291,17 @@ int main(int argc, char **argv) {
 
     printf("bench_grammar: mask time per token, %d ids, %d rounds (1 cold + %d warm)\n", g_n,
            rounds, rounds - 1);
-    bench("json", json_gbnf, json_text, gv, rounds);
-    if (tool_gbnf) bench("tool", tool_gbnf, tool_text, gv, rounds);
-    bench("patho", patho_gbnf, patho_text, gv, rounds);
+    const char *json_text2 =
+        "{\"name\": \"Grace Hopper\", \"age\": 85, \"score\": -3.5e2, \"active\": false, "
+        "\"tags\": [], \"items\": [{\"id\": 42, \"label\": \"COBOL \\\"compiler\\\" notes\"}]}";
+    const char *tool_text2 = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                             "\"Lyon\", \"unit\": \"celsius\", \"days\": 3}}\n</tool_call>";
+    char patho_text2[4096] = "";
+    for (int i = 0; i < 6; i++)
+        strcat(patho_text2, "{\"k\": [1, 2, 3]} -- a line of other ASCII: ~!@#$%^&*()_+|\n");
+    bench("json", json_gbnf, json_text, json_text2, gv, rounds);
+    if (tool_gbnf) bench("tool", tool_gbnf, tool_text, tool_text2, gv, rounds);
+    bench("patho", patho_gbnf, patho_text, patho_text2, gv, rounds);
     free(json_gbnf);
     free(tool_gbnf);
     json_decref(s);

@@ -110,14 +110,28 @@ typedef struct gm_pkey {
     gm_pmask *pm;
 } gm_pkey;
 
+typedef struct gm_cache_ent {
+    uint32_t *key, key_len; // owned (gm__key_build)
+    uint32_t *bits;         // owned, the mask
+    int32_t n_allowed;
+    uint64_t used;
+    uint32_t growth; // the walk's deepest node minus its shallowest read frame
+} gm_cache_ent;
+
+#define GM__SHARED 64 // whole masks per (grammar, vocabulary), shared by its matchers
+
 /* The classes for one vocabulary (gv uid): a hash table under a mutex
- * (looked up a few times per mask; built outside the lock). */
+ * (looked up a few times per mask; built outside the lock); and whole
+ * masks by state key (gm__key_build), shared by every matcher of the
+ * grammar under the same mutex, least recently used replaced. */
 typedef struct gm_vtab {
     uint64_t uid;
     struct gm_vtab *next;
     pthread_mutex_t mu;
     gm_pkey *ht; // (cap, a power of two; k 0: empty)
     uint32_t n, cap;
+    gm_cache_ent shared[GM__SHARED];
+    uint64_t clock;
 } gm_vtab;
 
 #define GM__PM_MAX_BYTES ((size_t)128 << 20)   // precomputed classes of one grammar
@@ -166,6 +180,10 @@ static void gm__free(grammar *g) {
         nx = t->next;
         for (uint32_t i = 0; i < t->cap; i++)
             gm__pmask_free(t->ht[i].pm);
+        for (int i = 0; i < GM__SHARED; i++) {
+            free(t->shared[i].key);
+            free(t->shared[i].bits);
+        }
         free(t->ht);
         pthread_mutex_destroy(&t->mu);
         free(t);
@@ -1073,13 +1091,6 @@ typedef struct gm_state {
 #define GM__KEY_MAX 4096
 #define GM__HC 32768 // the node sharing table (lossy: a slot keeps the last node)
 
-typedef struct gm_cache_ent {
-    uint32_t *key, key_len; // owned (gm__key_build)
-    uint32_t *bits;         // owned, the mask
-    int32_t n_allowed;
-    uint64_t used;
-    uint32_t growth; // the walk's deepest node minus its shallowest read frame
-} gm_cache_ent;
 
 struct grammar_matcher {
     grammar *g;
@@ -2119,6 +2130,32 @@ static int gm__mask_fast(grammar_matcher *m, const grammar_vocab *gv, uint32_t *
     return 1;
 }
 
+/* Copies entry c into vt's shared masks (the least recently used slot);
+ * dropped on out-of-memory. */
+static void gm__shared_put(gm_vtab *vt, const gm_cache_ent *c, uint32_t words) {
+    if (!vt) return;
+    gm_cache_ent e = *c;
+    e.key = malloc(c->key_len * sizeof *e.key);
+    e.bits = malloc(words * sizeof *e.bits);
+    if (!e.key || !e.bits) {
+        free(e.key);
+        free(e.bits);
+        return;
+    }
+    memcpy(e.key, c->key, c->key_len * sizeof *e.key);
+    memcpy(e.bits, c->bits, words * sizeof *e.bits);
+    pthread_mutex_lock(&vt->mu);
+    int v = 0;
+    for (int i = 1; i < GM__SHARED && vt->shared[v].bits; i++)
+        if (!vt->shared[i].bits || vt->shared[i].used < vt->shared[v].used) v = i;
+    gm_cache_ent old = vt->shared[v];
+    e.used = ++vt->clock;
+    vt->shared[v] = e;
+    pthread_mutex_unlock(&vt->mu);
+    free(old.key);
+    free(old.bits);
+}
+
 ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_t *bits,
                             int32_t *n_allowed) {
     const uint32_t words = ((uint32_t)gv->n_vocab + 31) / 32;
@@ -2145,6 +2182,26 @@ ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_
             *n_allowed = c->n_allowed;
             m->ambiguous = false;
             c->used = m->clock;
+            return KS_OK;
+        }
+    }
+    gm_vtab *vt = gm__vtab(m->g, gv->uid); // then the grammar's, shared
+    if (vt) {
+        bool hit = false;
+        pthread_mutex_lock(&vt->mu);
+        for (int i = 0; i < GM__SHARED && !hit; i++) {
+            gm_cache_ent *c = &vt->shared[i];
+            if (c->bits && max_top_depth + c->growth <= GRAMMAR_MAX_DEPTH &&
+                gm__key_match(m, &m->cur, c->key)) {
+                memcpy(bits, c->bits, words * sizeof *bits);
+                *n_allowed = c->n_allowed;
+                c->used = ++vt->clock;
+                hit = true;
+            }
+        }
+        pthread_mutex_unlock(&vt->mu);
+        if (hit) {
+            m->ambiguous = false;
             return KS_OK;
         }
     }
@@ -2192,6 +2249,7 @@ ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_
             memcpy(cb, bits, words * sizeof *cb);
             uint32_t growth = m->walk_max_depth > min_depth ? m->walk_max_depth - min_depth : 0;
             *c = (gm_cache_ent){key, klen, cb, count, m->clock, growth};
+            gm__shared_put(vt, c, words);
         } else {
             free(key);
             if (cb != c->bits) free(cb);
