@@ -10,6 +10,7 @@
 #include "kvseal/grammar.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <time.h>
 
 #include "../check.h"
@@ -428,6 +429,88 @@ static void test_refusals(void) {
     free(big);
 }
 
+/* Matchers of one grammar on several threads at once (grammar.h: a
+ * grammar and a vocabulary are shared, a matcher is its thread's): each
+ * thread's masks along a text equal one thread's alone, while the
+ * grammar's classes and shared masks fill in under them. */
+#define MT_THREADS 4
+#define MT_VOCAB 3000
+typedef struct mt_arg {
+    grammar *g;
+    const grammar_vocab *gv;
+    const char *text;
+    uint64_t sum; // a digest of every mask
+    bool ok;
+} mt_arg;
+
+static void *mt_run(void *p) {
+    mt_arg *a = p;
+    ks_errbuf eb;
+    grammar_matcher *m = NULL;
+    a->ok = grammar_matcher_create(a->g, &m, &eb) == KS_OK;
+    uint32_t bits[(MT_VOCAB + 31) / 32];
+    for (size_t i = 0; a->ok && a->text[i]; i++) {
+        int32_t n = 0;
+        a->ok = grammar_matcher_mask(m, a->gv, bits, &n) == KS_OK &&
+                grammar_matcher_accept(m, a->text + i, 1);
+        for (int w = 0; w < (MT_VOCAB + 31) / 32; w++)
+            a->sum = (a->sum ^ bits[w]) * 0x100000001B3ull;
+    }
+    grammar_matcher_destroy(m);
+    return NULL;
+}
+
+static void test_threads(void) {
+    // a vocabulary of pieces: every printable byte, then short strings
+    static char store[MT_VOCAB][8];
+    const char *pieces[MT_VOCAB];
+    uint32_t lens[MT_VOCAB];
+    static const char alpha[] = "abc \"{}[],:0123456789xyz\\n";
+    uint64_t r = 1;
+    for (int i = 0; i < MT_VOCAB; i++) {
+        int n = i < 95 ? 1 : 2 + (int)(r >> 60) % 5;
+        for (int j = 0; j < n; j++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            store[i][j] = i < 95 ? (char)(' ' + i) : alpha[(r >> 33) % (sizeof alpha - 1)];
+        }
+        pieces[i] = store[i];
+        lens[i] = (uint32_t)n;
+    }
+    ks_errbuf eb;
+    grammar_vocab *gv = NULL;
+    CHECK_EQ(grammar_vocab_create_pieces(pieces, lens, MT_VOCAB, &gv, &eb), KS_OK);
+    json_t *sc = json_loads("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},"
+                            "\"b\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}}}",
+                            0, NULL);
+    char *gb = NULL;
+    CHECK_EQ(grammar_schema_gbnf(sc, "", &gb, &eb), KS_OK);
+    json_decref(sc);
+    const char *text = "{\"a\": \"xy \\\"z\\\" abc\", \"b\": [1, 23, 456]}";
+    // alone, on a grammar of its own text (a trailing comment: not interned with the others)
+    char *gb1 = malloc(strlen(gb) + 16);
+    sprintf(gb1, "%s\n# alone\n", gb);
+    mt_arg ref = {.g = gparse(gb1), .gv = gv, .text = text};
+    mt_run(&ref);
+    CHECK(ref.ok);
+    grammar *g = gparse(gb);
+    pthread_t th[MT_THREADS];
+    mt_arg args[MT_THREADS];
+    for (int i = 0; i < MT_THREADS; i++) {
+        args[i] = (mt_arg){.g = g, .gv = gv, .text = text};
+        CHECK_EQ(pthread_create(&th[i], NULL, mt_run, &args[i]), 0);
+    }
+    for (int i = 0; i < MT_THREADS; i++) {
+        CHECK_EQ(pthread_join(th[i], NULL), 0);
+        CHECK(args[i].ok);
+        CHECK_EQ(args[i].sum, ref.sum);
+    }
+    grammar_unref(g);
+    grammar_unref(ref.g);
+    grammar_vocab_destroy(gv);
+    free(gb1);
+    free(gb);
+}
+
 static void test_matcher_api(void) {
     grammar *g = gparse("root ::= \"h\\u00e9\" \"!\"?");
     grammar_matcher *m = NULL;
@@ -804,6 +887,7 @@ int main(void) {
     test_bounds();
     test_matcher_api();
     test_refusals();
+    test_threads();
     test_schema();
     const char *sh = getenv("KS_SHARED");
     char path[1024];
