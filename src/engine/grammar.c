@@ -1125,6 +1125,7 @@ struct grammar_matcher {
     uint32_t walk_max_depth; // deepest node created by the walk
     bool bound_hit;          // a closure passed GRAMMAR_MAX_WORK/_STACKS or the arena's size
     bool ambiguous;          // the last accept or mask dropped parses at such a bound
+    uint32_t close_steps;    // the last gm__close's steps
     // the mask's precomputed path (gm__mask_fast): scratch
     const gm_pmask **tpm;    // (cap_tpm) each top's classes, then the distinct ones
     uint32_t cap_tpm;
@@ -1180,7 +1181,9 @@ static bool gm__top_add(grammar_matcher *m, gm_state *st, int32_t idx) {
 static bool gm__close(grammar_matcher *m, gm_state *st, uint32_t n_work) {
     const grammar *g = m->g;
     uint32_t steps = 0;
+    m->close_steps = 0;
     while (n_work) {
+        m->close_steps = steps + 1;
         uint64_t it = m->work[--n_work];
         if (++steps > GRAMMAR_MAX_WORK) return m->bound_hit = true, false;
         uint32_t h = (uint32_t)((it * 0x9E3779B97F4A7C15ull) >> 48) & (GM__TABLE - 1);
@@ -1373,7 +1376,7 @@ static ks_err gm__check_bounded(grammar_matcher *m, ks_errbuf *eb) {
                 m->work[0] = (uint64_t)(p + 1) << 32; // parent -1
                 m->bound_hit = false;
                 bool ok = gm__close(m, &st, 1);
-                spent += m->n_nodes - mark_nodes + 1;
+                spent += m->close_steps + 1;
                 m->n_nodes = mark_nodes;
                 m->n_tops = mark_tops;
                 if (!ok && m->bound_hit)
