@@ -136,7 +136,7 @@ typedef struct gm_vtab {
 
 #define GM__PM_MAX_BYTES ((size_t)128 << 20)   // precomputed classes of one grammar
 #define GM__PM_TOTAL_BYTES ((size_t)512 << 20) // of all grammars alive
-static atomic_size_t gm__pm_total;               // their bytes now
+static atomic_size_t gm__pm_total;             // their bytes now
 
 struct grammar {
     atomic_int refs;
@@ -1091,7 +1091,6 @@ typedef struct gm_state {
 #define GM__KEY_MAX 4096
 #define GM__HC 32768 // the node sharing table (lossy: a slot keeps the last node)
 
-
 struct grammar_matcher {
     grammar *g;
     gm_node *nodes, *nodes2;
@@ -1127,14 +1126,14 @@ struct grammar_matcher {
     bool ambiguous;          // the last accept or mask dropped parses at such a bound
     uint32_t close_steps;    // the last gm__close's steps
     // the mask's precomputed path (gm__mask_fast): scratch
-    const gm_pmask **tpm;    // (cap_tpm) each top's classes, then the distinct ones
+    const gm_pmask **tpm; // (cap_tpm) each top's classes, then the distinct ones
     uint32_t cap_tpm;
-    uint32_t *cand2;         // (cap_cand2) merge scratch
+    uint32_t *cand2; // (cap_cand2) merge scratch
     uint32_t cap_cand2;
-    uint32_t *cand;          // (cap_cand) ranks to check against the whole state
+    uint32_t *cand; // (cap_cand) ranks to check against the whole state
     uint32_t cap_cand;
-    gm_state *pstk;          // (gv max_len + 1) states along the checked piece
-    uint32_t *pmn, *pmt;     // their arena marks
+    gm_state *pstk;      // (gv max_len + 1) states along the checked piece
+    uint32_t *pmn, *pmt; // their arena marks
     uint32_t cap_pstk, cap_pmn, cap_pmt;
 };
 
@@ -1149,8 +1148,9 @@ static int gm__node_new(grammar_matcher *m, uint32_t pos, int32_t parent, int32_
     if (d > m->walk_max_depth) m->walk_max_depth = d;
     // an equal node already in the arena is shared (nodes never change):
     // stacks equal in structure stay one stack, so they dedup in closures
-    const uint32_t h = (uint32_t)((((uint64_t)pos << 32 | (uint32_t)(parent + 1)) *
-                                   0x9E3779B97F4A7C15ull) >> 40) & (GM__HC - 1);
+    const uint32_t h =
+        (uint32_t)((((uint64_t)pos << 32 | (uint32_t)(parent + 1)) * 0x9E3779B97F4A7C15ull) >> 40) &
+        (GM__HC - 1);
     const int32_t j = m->hc[h];
     if (j >= 0 && (uint32_t)j < m->n_nodes && m->nodes[j].pos == pos &&
         m->nodes[j].parent == parent) {
@@ -1527,9 +1527,9 @@ struct grammar_vocab {
     int32_t n_eog;
     uint64_t uid; // unique per trie ever built (keys the grammars' precomputed classes)
     // trie preorder: order[sub_lo[n] .. sub_hi[n]) are the ids of node n's subtree
-    int32_t *order;  // (n_order) ids in the trie, by piece
+    int32_t *order; // (n_order) ids in the trie, by piece
     int32_t n_order;
-    uint32_t *rank;  // (n_vocab) each id's index in order (ids not in the trie: UINT32_MAX)
+    uint32_t *rank; // (n_vocab) each id's index in order (ids not in the trie: UINT32_MAX)
     uint32_t *sub_lo, *sub_hi; // (n_nodes)
 };
 
@@ -2341,7 +2341,7 @@ ks_err grammar_sample(grammar_matcher *m, const grammar_vocab *gv, sampler *smp,
         sample_result sr;
         sampler_sample(smp, logits, &sr);
         if (gv->v && tok_is_eog(gv->v, sr.token) ? complete
-                                        : grammar_matcher_accept_token(m, gv, sr.token)) {
+                                                 : grammar_matcher_accept_token(m, gv, sr.token)) {
             *out = sr;
             return KS_OK;
         }
