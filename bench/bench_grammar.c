@@ -1,26 +1,29 @@
-/* bench_grammar.c — the decode cost of constrained sampling (grammar.h):
- * time per generated token of one request on the engine (no HTTP), without
- * a constraint (none) and with one (string: a JSON schema whose string
- * field keeps the model inside a string, the mask's most permissive state;
- * records: an array of at least 40 small objects, the mixed case), all
- * sampled at temperature 1
- * (a mask every step), plus the string schema greedy (greedy-string: the
- * argmax is tried before any mask), alternated so machine noise hits every
- * variant alike; prints each round, the medians and their ratio to none,
- * in wall time and in process CPU time (on a shared machine the wall time
- * mostly measures the neighbours; CPU time much less so). Then, since the
- * machine may be too noisy for a few percent, the grammar's own work alone:
- * each constrained variant's tokens of one run replayed through a fresh
- * matcher (mask + advance per token, one thread, no model), in us per
- * token, against the fastest unconstrained ms/token seen (tg).
+/* bench_grammar.c — the grammar matcher alone (grammar.h): time per token
+ * of grammar_matcher_mask on a 150,000-token vocabulary, for
+ *   json:  a JSON schema (an object with typed properties and a nested
+ *          array of objects),
+ *   tool:  a tool call as the server constrains it (toolcall_grammar,
+ *          hermes format, two tools),
+ *   patho: root ::= (x x x x x x x x x x x x "\n")*, x ::= [ -~]*
+ *          (the grammar of issue 38: ~43 ms/token before).
+ * A generation is driven through a fixed valid text: each step computes
+ * the mask (timed), then takes the longest token the mask allows that the
+ * remaining text starts with. ROUNDS generations run with fresh matchers
+ * on the same compiled grammar: round 1 is cold (nothing the grammar
+ * precomputes exists yet), round 2 generates another text (other: warm
+ * token classes, mostly new states), the later ones the first text again
+ * (warm: every state's mask seen). Prints median, p99, max and mean per
+ * token of each phase.
  *
- * usage: bench_grammar [-m MODEL] [-t THREADS] [-n TOKENS] [-r ROUNDS]
- * The constrained requests may end before TOKENS (the grammar completes);
- * time per token is over the tokens each one generated, after the first. */
-#include "kvseal/cli.h"
-#include "kvseal/engine.h"
+ * The vocabulary: every piece of ../shared/vocab's largest vocabulary
+ * (deepseek-llm, ~100k), then pairs of its pieces (a fixed LCG) up to
+ * 150,000 ids; without ../shared, 150,000 synthesized byte strings.
+ *
+ * usage: bench_grammar [-r ROUNDS] [-v VOCAB.gguf] [-n N_VOCAB] */
+#include "../src/server/toolcall.h"
+#include "kvseal/gguf.h"
 #include "kvseal/grammar.h"
-#include "kvseal/kern.h"
+#include "kvseal/tok.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -28,199 +31,286 @@
 #include <string.h>
 #include <time.h>
 
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) {
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(g_rng >> 33);
 }
 
-static uint64_t cpu_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+// The vocabulary: pieces and a hash from piece to id (the longest-match drive).
+static char **g_piece;
+static uint32_t *g_len;
+static int32_t g_n;
+static int32_t *g_ht;
+static uint32_t g_ht_cap;
+
+static uint32_t hash(const char *s, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)s[i]) * 16777619u;
+    return h;
 }
 
-/* One request; returns wall ms per token after the first (-1 on error) and
- * the process CPU ms per token over the same span in *cpu_ms. */
-static int32_t g_out[4096]; // the last run's tokens
-static int g_n_out;
+static void add_piece(const char *s, uint32_t n) {
+    g_piece[g_n] = malloc(n + 1);
+    memcpy(g_piece[g_n], s, n);
+    g_piece[g_n][n] = 0;
+    g_len[g_n++] = n;
+}
 
-static double run(engine *e, const int32_t *toks, int32_t n_toks, int max_tokens, grammar *g,
-                  float temp, uint64_t seed, int *n_gen, double *cpu_ms) {
-    engine_params p = {.tenant = "bench",
-                       .prompt = toks,
-                       .n_prompt = n_toks,
-                       .max_tokens = max_tokens,
-                       .ignore_eos = g == NULL,
-                       .grammar = g};
-    sample_params_default(&p.sp);
-    p.sp.temperature = temp;
-    p.sp.seed = seed;
+static void build_vocab(const char *path, int32_t want) {
+    g_piece = calloc((size_t)want, sizeof *g_piece);
+    g_len = calloc((size_t)want, sizeof *g_len);
+    gguf_file *f = NULL;
     ks_errbuf eb;
-    engine_req *r = NULL;
-    *cpu_ms = -1;
-    if (engine_submit(e, &p, &r, &eb)) {
-        fprintf(stderr, "submit: %s\n", eb.msg);
-        return -1;
+    tok_vocab *v = NULL;
+    if (gguf_open(path, &f, &eb) == KS_OK) {
+        if (tok_vocab_load(f, &v, &eb) != KS_OK) v = NULL;
+        gguf_close(f);
     }
-    engine_event ev;
-    uint64_t t_first = 0, t_last = 0, c_first = 0, c_last = 0;
-    int n = 0;
-    do {
-        ks_err ne = engine_req_next(r, &ev, 1000);
-        if (ne == KS_ERR_TIMEOUT) continue;
-        if (ne) break;
-        if (ev.token >= 0) {
-            t_last = ks_now_ns();
-            c_last = cpu_ns();
-            if (!t_first) t_first = t_last, c_first = c_last;
-            if (n < 4096) g_out[n] = ev.token;
-            n++;
+    if (v) {
+        char buf[512];
+        for (int32_t id = 0; id < tok_n_vocab(v) && g_n < want; id++) {
+            size_t n = tok_is_eog(v, id) ? 0 : tok_piece(v, id, false, buf, sizeof buf);
+            add_piece(buf, n > sizeof buf ? 0 : (uint32_t)n);
         }
-    } while (!ev.done);
-    engine_req_release(r);
-    *n_gen = n;
-    g_n_out = n < 4096 ? n : 4096;
-    if (ev.state != ENGINE_FINISHED || n < 2) {
-        fprintf(stderr, "request ended: %s %s (%d tokens)\n", engine_state_name(ev.state),
-                ev.errmsg, n);
+        tok_vocab_free(v);
+        printf("vocabulary: %s (%d ids) + pairs of its pieces up to %d\n", path, g_n, want);
+        int32_t base = g_n;
+        while (g_n < want) {
+            int32_t a = (int32_t)(rnd() % (uint32_t)base), b = (int32_t)(rnd() % (uint32_t)base);
+            if (!g_len[a] || !g_len[b] || g_len[a] + g_len[b] > 16) continue;
+            char t[40];
+            memcpy(t, g_piece[a], g_len[a]);
+            memcpy(t + g_len[a], g_piece[b], g_len[b]);
+            add_piece(t, g_len[a] + g_len[b]);
+        }
+    } else {
+        printf("vocabulary: %s absent: %d synthesized byte strings\n", path, want);
+        for (int c = 0; c < 256; c++) { // every byte alone
+            char t = (char)c;
+            add_piece(&t, 1);
+        }
+        static const char alpha[] = "etaoinshrdlucmfwypvbgkjqxz ETAOINSHR0123456789 .,:;\"'{}[]"
+                                    "()_-\n\t\\/";
+        while (g_n < want) {
+            char t[16];
+            uint32_t n = 2 + rnd() % 10;
+            for (uint32_t i = 0; i < n; i++)
+                t[i] = alpha[rnd() % (sizeof alpha - 1)];
+            add_piece(t, n);
+        }
+    }
+    g_ht_cap = 1;
+    while (g_ht_cap < (uint32_t)g_n * 2)
+        g_ht_cap *= 2;
+    g_ht = malloc(g_ht_cap * sizeof *g_ht);
+    for (uint32_t i = 0; i < g_ht_cap; i++)
+        g_ht[i] = -1;
+    for (int32_t id = 0; id < g_n; id++) {
+        if (!g_len[id]) continue;
+        uint32_t h = hash(g_piece[id], g_len[id]) & (g_ht_cap - 1);
+        while (g_ht[h] >= 0)
+            h = (h + 1) & (g_ht_cap - 1);
+        g_ht[h] = id;
+    }
+}
+
+/* Some id whose piece is s[0..n) and whose mask bit is set, or -1. */
+static int32_t find_allowed(const char *s, uint32_t n, const uint32_t *bits) {
+    uint32_t h = hash(s, n) & (g_ht_cap - 1);
+    for (; g_ht[h] >= 0; h = (h + 1) & (g_ht_cap - 1)) {
+        int32_t id = g_ht[h];
+        if (g_len[id] == n && !memcmp(g_piece[id], s, n) && (bits[id >> 5] >> (id & 31) & 1u))
+            return id;
+    }
+    return -1;
+}
+
+/* One generation of text through grammar g; appends each mask's ms to t. */
+static int generate(grammar *g, const grammar_vocab *gv, const char *text, double *t, int *n_t) {
+    ks_errbuf eb;
+    grammar_matcher *m = NULL;
+    if (grammar_matcher_create(g, &m, &eb) != KS_OK) {
+        fprintf(stderr, "matcher: %s\n", eb.msg);
         return -1;
     }
-    *cpu_ms = (double)(c_last - c_first) / 1e6 / (n - 1);
-    return (double)(t_last - t_first) / 1e6 / (n - 1);
+    uint32_t *bits = malloc(((size_t)g_n + 31) / 32 * sizeof *bits);
+    size_t at = 0, len = strlen(text);
+    int rc = 0;
+    while (at < len) {
+        int32_t n_allowed = 0;
+        double t0 = now_ms();
+        ks_err e = grammar_matcher_mask(m, gv, bits, &n_allowed);
+        t[(*n_t)++] = now_ms() - t0;
+        if (e != KS_OK) {
+            rc = -1;
+            break;
+        }
+        int32_t id = -1;
+        for (uint32_t n = len - at < 16 ? (uint32_t)(len - at) : 16; n > 0 && id < 0; n--)
+            id = find_allowed(text + at, n, bits);
+        if (id < 0 || !grammar_matcher_accept_token(m, gv, id)) {
+            fprintf(stderr, "drive: no allowed token at byte %zu ('%.20s')\n", at, text + at);
+            rc = -1;
+            break;
+        }
+        at += g_len[id];
+    }
+    free(bits);
+    grammar_matcher_destroy(m);
+    return rc;
+}
+
+static void report(const char *name, const char *phase, double *t, int n) {
+    if (n <= 0) return;
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += t[i];
+    qsort(t, (size_t)n, sizeof *t, cmp_d);
+    int i99 = (int)(0.99 * (n - 1) + 0.5);
+    printf("  %-6s %-5s %5d tokens: median %8.4f ms  p99 %8.3f ms  max %8.3f ms  mean %8.4f ms\n",
+           name, phase, n, t[n / 2], t[i99], t[n - 1], sum / n);
+}
+
+/* Round 1 generates text (cold: a grammar compiled for the first time),
+ * round 2 text2 (other values: warm classes, new states), rounds 3.. text
+ * again (warm: the grammar's states seen, as a popular schema's are). */
+static void bench(const char *name, const char *gbnf, const char *text, const char *text2,
+                  const grammar_vocab *gv, int rounds) {
+    ks_errbuf eb;
+    grammar *g = NULL;
+    double t0 = now_ms();
+    ks_err e = grammar_parse(gbnf, strlen(gbnf), &g, &eb);
+    double t_parse = now_ms() - t0;
+    if (e != KS_OK) {
+        printf("  %-6s refused: %s\n", name, eb.msg);
+        return;
+    }
+    size_t cap = (strlen(text) + strlen(text2)) * (size_t)rounds + 1;
+    double *cold = malloc(cap * sizeof *cold), *other = malloc(cap * sizeof *other),
+           *warm = malloc(cap * sizeof *warm);
+    int n_cold = 0, n_other = 0, n_warm = 0;
+    for (int r = 0; r < rounds; r++) {
+        int rc = r == 0   ? generate(g, gv, text, cold, &n_cold)
+                 : r == 1 ? generate(g, gv, text2, other, &n_other)
+                          : generate(g, gv, text, warm, &n_warm);
+        if (rc < 0) break;
+    }
+    printf("  %-6s compiled in %.2f ms\n", name, t_parse);
+    report(name, "cold", cold, n_cold);
+    report(name, "other", other, n_other);
+    report(name, "warm", warm, n_warm);
+    free(cold);
+    free(other);
+    free(warm);
+    grammar_unref(g);
 }
 
 int main(int argc, char **argv) {
-    const char *path = "models/kjv-mini.gguf";
-    int threads = 2, n_tokens = 200, rounds = 7;
+    int rounds = 4;
+    int32_t want = 150000;
+    const char *sh = getenv("KS_SHARED");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/vocab/ggml-vocab-deepseek-llm.gguf", sh ? sh : "../shared");
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "-m"))
-            path = argv[i + 1];
-        else if (!strcmp(argv[i], "-t"))
-            threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-n"))
-            n_tokens = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-r"))
+        if (!strcmp(argv[i], "-r"))
             rounds = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-v"))
+            snprintf(path, sizeof path, "%s", argv[i + 1]);
+        else if (!strcmp(argv[i], "-n"))
+            want = atoi(argv[i + 1]);
     }
+    if (rounds < 1) rounds = 1;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (want < 300) want = 300;
+    build_vocab(path, want);
     ks_errbuf eb;
-    model *m = NULL;
-    engine *e = NULL;
-    if (kern_init(NULL, &eb) || model_load(path, &m, &eb)) {
-        fprintf(stderr, "bench_grammar: %s\n", eb.msg);
-        return 1;
-    }
-    engine_opts o;
-    engine_opts_default(&o);
-    o.m = m;
-    o.n_threads = threads;
-    o.n_ctx = 1024;
-    o.kv_pages = 2 * (1024 / 16);
-    o.prefix_cache = false;
-    if (engine_create(&o, &e, &eb)) {
-        fprintf(stderr, "bench_grammar: %s\n", eb.msg);
-        return 1;
-    }
-    const char *prompt = "In the beginning";
-    int32_t *toks = NULL;
-    size_t n_toks = 0;
-    if (tok_encode(model_vocab(m), prompt, strlen(prompt), true, false, &toks, &n_toks, &eb))
-        return 1;
-    json_t *s1 = json_loads("{\"type\":\"object\",\"properties\":{\"text\":{\"type\":\"string\"}},"
-                            "\"required\":[\"text\"]}",
-                            0, NULL);
-    json_t *s2 = json_loads("{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":"
-                            "{\"k\":{\"type\":\"string\",\"maxLength\":8},\"v\":{\"type\":"
-                            "\"number\"},\"ok\":{\"type\":\"boolean\"}},\"required\":[\"k\","
-                            "\"v\",\"ok\"]},\"minItems\":40}",
-                            0, NULL);
-    grammar *g1 = NULL, *g2 = NULL;
-    if (grammar_from_schema(s1, &g1, &eb) || grammar_from_schema(s2, &g2, &eb)) {
-        fprintf(stderr, "bench_grammar: %s\n", eb.msg);
-        return 1;
-    }
-    enum { NV = 4 };
-    static const char *const names[NV] = {"none", "string", "records", "greedy-string"};
-    grammar *gs[NV] = {NULL, g1, g2, g1};
-    const float temps[NV] = {1.0f, 1.0f, 1.0f, 0.0f};
-    double *t[NV], *cpu[NV];
-    for (int v = 0; v < NV; v++) {
-        t[v] = calloc((size_t)rounds, sizeof **t);
-        cpu[v] = calloc((size_t)rounds, sizeof **cpu);
-    }
-    printf("vocabulary: %d tokens\n", tok_n_vocab(model_vocab(m)));
-    printf("model %s, %d threads, up to %d tokens, %d rounds (wall/CPU ms per generated token)\n",
-           path, threads, n_tokens, rounds);
-    int ng;
-    double cm;
-    for (int v = 0; v < NV; v++)
-        (void)run(e, toks, (int32_t)n_toks, 16, gs[v], temps[v], 1, &ng, &cm);
-    for (int i = 0; i < rounds; i++) {
-        printf("round %d:", i);
-        for (int v = 0; v < NV; v++) {
-            t[v][i] = run(e, toks, (int32_t)n_toks, n_tokens, gs[v], temps[v], 1000 + (uint64_t)i,
-                          &ng, &cpu[v][i]);
-            printf("  %s %.3f/%.3f (%d tok)", names[v], t[v][i], cpu[v][i], ng);
-        }
-        printf("\n");
-    }
-    for (int k = 0; k < 2; k++) {
-        double **x = k ? cpu : t;
-        double m0 = median(x[0], rounds);
-        printf("median %s ms/token: none %.3f", k ? "CPU" : "wall", m0);
-        for (int v = 1; v < NV; v++) {
-            double mv = median(x[v], rounds);
-            printf(", %s %.3f (x%.3f)", names[v], mv, mv / m0);
-        }
-        printf("\n");
-    }
-    // the grammar's work alone, replayed
-    double tg = t[0][0];
-    for (int i = 1; i < rounds; i++)
-        tg = t[0][i] < tg ? t[0][i] : tg;
     grammar_vocab *gv = NULL;
-    if (grammar_vocab_create(model_vocab(m), &gv, &eb)) return 1;
-    uint32_t *bits = malloc(((size_t)grammar_vocab_n(gv) + 31) / 32 * sizeof *bits);
-    for (int v = 1; v < NV; v++) {
-        (void)run(e, toks, (int32_t)n_toks, n_tokens, gs[v], temps[v], 1000, &ng, &cm);
-        double best = -1;
-        int n_last = 0;
-        for (int rep = 0; rep < 5; rep++) {
-            grammar_matcher *gm = NULL;
-            if (grammar_matcher_create(gs[v], &gm, &eb)) return 1;
-            uint64_t t0 = ks_now_ns();
-            int n_done = 0;
-            for (int k = 0; k < g_n_out; k++) {
-                int32_t n_allowed;
-                if (grammar_matcher_mask(gm, gv, bits, &n_allowed)) return 1;
-                if (!grammar_matcher_accept_token(gm, gv, g_out[k])) break; // EOG
-                n_done++;
-            }
-            double us = (double)(ks_now_ns() - t0) / 1e3 / (n_done ? n_done : 1);
-            best = best < 0 || us < best ? us : best;
-            n_last = n_done;
-            grammar_matcher_destroy(gm);
-        }
-        printf("grammar work alone, %s: %.1f us/token over %d tokens (best of 5) = %.1f%% of the "
-               "fastest unconstrained tg (%.3f ms/token)\n",
-               names[v], best, n_last, best / 1e3 / tg * 100.0, tg);
+    if (grammar_vocab_create_pieces((const char *const *)g_piece, g_len, g_n, &gv, &eb) != KS_OK) {
+        fprintf(stderr, "bench_grammar: %s\n", eb.msg);
+        return 1;
     }
-    free(bits);
+
+    // (a) a JSON schema: typed properties and a nested array of objects
+    const char *schema =
+        "{\"type\":\"object\",\"properties\":{"
+        "\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"},"
+        "\"score\":{\"type\":\"number\"},\"active\":{\"type\":\"boolean\"},"
+        "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},"
+        "\"items\":{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{"
+        "\"id\":{\"type\":\"integer\"},\"label\":{\"type\":\"string\"}},"
+        "\"required\":[\"id\",\"label\"]}}},"
+        "\"required\":[\"name\",\"age\",\"score\",\"active\",\"tags\",\"items\"]}";
+    json_t *s = json_loads(schema, 0, NULL);
+    char *json_gbnf = NULL;
+    if (!s || grammar_schema_gbnf(s, "", &json_gbnf, &eb) != KS_OK) {
+        fprintf(stderr, "bench_grammar: schema: %s\n", eb.msg);
+        return 1;
+    }
+    const char *json_text =
+        "{\"name\": \"Ada Lovelace, the first programmer of the Analytical Engine\", "
+        "\"age\": 36, \"score\": 98.25, \"active\": true, "
+        "\"tags\": [\"mathematics\", \"poetry of science\", \"notes on the engine\"], "
+        "\"items\": [{\"id\": 1, \"label\": \"Bernoulli numbers, computed by the engine\"}, "
+        "{\"id\": 2, \"label\": \"a letter to Charles Babbage about the program\"}, "
+        "{\"id\": 3, \"label\": \"translation of Menabrea's memoir, with notes A to G\"}]}";
+
+    // (b) a tool call: what the server constrains tool_choice "required" to
+    json_t *tools = json_loads(
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{"
+        "\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},"
+        "\"unit\":{\"enum\":[\"celsius\",\"fahrenheit\"]},\"days\":{\"type\":\"integer\"}},"
+        "\"required\":[\"city\",\"unit\"]}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"search\",\"parameters\":{"
+        "\"type\":\"object\",\"properties\":{\"query\":{\"type\":\"string\"},"
+        "\"filters\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}},"
+        "\"required\":[\"query\"]}}}]",
+        0, NULL);
+    char *tool_gbnf = toolcall_grammar(TOOLCALL_HERMES, tools, NULL);
+    const char *tool_text = "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"the "
+                            "weather in Paris next week and the week after\", \"filters\": "
+                            "[\"news\", \"forecasts from the last two days\"]}}\n</tool_call>";
+
+    // (c) the pathological grammar of issue 38
+    const char *patho_gbnf = "root ::= (x x x x x x x x x x x x \"\\n\")*\nx ::= [ -~]*\n";
+    char patho_text[4096] = "";
+    for (int i = 0; i < 8; i++)
+        strcat(patho_text, "The quick brown fox jumps over the lazy dog; it ran, then sat.\n");
+
+    printf("bench_grammar: mask time per token, %d ids, %d rounds (1 cold + %d warm)\n", g_n,
+           rounds, rounds - 1);
+    const char *json_text2 =
+        "{\"name\": \"Grace Hopper\", \"age\": 85, \"score\": -3.5e2, \"active\": false, "
+        "\"tags\": [], \"items\": [{\"id\": 42, \"label\": \"COBOL \\\"compiler\\\" notes\"}]}";
+    const char *tool_text2 = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                             "\"Lyon\", \"unit\": \"celsius\", \"days\": 3}}\n</tool_call>";
+    char patho_text2[4096] = "";
+    for (int i = 0; i < 6; i++)
+        strcat(patho_text2, "{\"k\": [1, 2, 3]} -- a line of other ASCII: ~!@#$%^&*()_+|\n");
+    bench("json", json_gbnf, json_text, json_text2, gv, rounds);
+    if (tool_gbnf) bench("tool", tool_gbnf, tool_text, tool_text2, gv, rounds);
+    bench("patho", patho_gbnf, patho_text, patho_text2, gv, rounds);
+    free(json_gbnf);
+    free(tool_gbnf);
+    json_decref(s);
+    json_decref(tools);
     grammar_vocab_destroy(gv);
-    for (int v = 0; v < NV; v++) {
-        free(t[v]);
-        free(cpu[v]);
-    }
-    free(toks);
-    grammar_unref(g1);
-    grammar_unref(g2);
-    json_decref(s1);
-    json_decref(s2);
-    engine_destroy(e);
-    model_free(m);
+    for (int32_t i = 0; i < g_n; i++)
+        free(g_piece[i]);
+    free(g_piece);
+    free(g_len);
+    free(g_ht);
     return 0;
 }

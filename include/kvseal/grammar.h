@@ -8,7 +8,15 @@
  * bounded (GRAMMAR_MAX_*), left recursion is refused at compile time, and
  * a matcher's work per byte is bounded, so no input can make the server
  * loop or allocate without bound. A path that would pass a bound is simply
- * not accepted (the token is masked), never an unbounded computation.
+ * not accepted (the token is masked), never an unbounded computation;
+ * grammar_matcher_ambiguous says when that happened.
+ *
+ * Threads: a grammar and a grammar_vocab are shared read-only by any
+ * number of threads (a grammar's precomputed token classes fill in behind
+ * a mutex and atomics). A matcher belongs to one sequence and is used by
+ * one thread at a time; different matchers, of the same grammar or not,
+ * run their accept/mask/sample calls concurrently on different threads
+ * with no locking beyond a short lookup in the grammar's class table.
  * Design notes: comments at the top of src/engine/grammar.c. */
 #ifndef KS_GRAMMAR_H
 #define KS_GRAMMAR_H
@@ -26,7 +34,8 @@
 #define GRAMMAR_MAX_WORK 20000        /* closure steps per byte advanced */
 
 // ----------------------------------------------------------------------------
-// Compiled grammars: immutable, reference-counted, shareable across threads.
+// Compiled grammars: immutable (but for their cache of token classes, which
+// fills in on first use), reference-counted, shareable across threads.
 
 typedef struct grammar grammar;
 
@@ -37,8 +46,12 @@ typedef struct grammar grammar;
  * rule ends where the next `name ::=` starts. On success *out holds one
  * reference (grammar_unref). Errors: KS_ERR_INVAL with "line L, column C:
  * what" in eb (syntax, an undefined rule, no root, left recursion), and
- * KS_ERR_NOSPACE when a GRAMMAR_MAX_* bound is passed; KS_ERR_NOMEM.
- * Thread-safe. */
+ * KS_ERR_NOSPACE when a GRAMMAR_MAX_* bound is passed; KS_ERR_NOMEM. The
+ * same text parsed again while recently used returns the same grammar
+ * (a process-wide table of 16), so its precomputed token classes are
+ * shared across requests. Refused too: a grammar in which one character
+ * opens more parses than the matcher's bounds (KS_ERR_INVAL, "too
+ * ambiguous", naming the rule). Thread-safe. */
 ks_err grammar_parse(const char *text, size_t len, grammar **out /* OUT */,
                      ks_errbuf *eb) KS_MUST_USE;
 /* The GBNF text g was parsed from (*len bytes, NUL-terminated), owned by g:
@@ -87,6 +100,12 @@ typedef struct grammar_vocab grammar_vocab;
  * Errors: KS_ERR_NOMEM. Read-only once built: thread-safe to share. */
 ks_err grammar_vocab_create(const tok_vocab *v, grammar_vocab **out /* OUT */,
                             ks_errbuf *eb) KS_MUST_USE;
+/* The same from raw pieces: token id i is pieces[i] (lens[i] bytes, not
+ * NUL-terminated; 0 bytes: not in the trie); no id is end-of-generation.
+ * The arrays are copied (the caller keeps them). For benchmarks and tests
+ * of vocabularies no GGUF holds. Errors: KS_ERR_NOMEM. */
+ks_err grammar_vocab_create_pieces(const char *const *pieces, const uint32_t *lens, int32_t n,
+                                   grammar_vocab **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 /* Frees it; accepts NULL. */
 void grammar_vocab_destroy(grammar_vocab *gv);
 /* Number of token ids (words of a mask: (n + 31) / 32). Can't fail. */
@@ -104,6 +123,10 @@ ks_err grammar_matcher_create(grammar *g, grammar_matcher **out /* OUT */,
                               ks_errbuf *eb) KS_MUST_USE;
 /* Frees it; accepts NULL. */
 void grammar_matcher_destroy(grammar_matcher *m);
+/* Returns m to the start state (as fresh from grammar_matcher_create, its
+ * caches kept): a cheap way to match many texts with one matcher.
+ * Errors: KS_ERR_NOMEM (m then unusable but for destroy). */
+ks_err grammar_matcher_reset(grammar_matcher *m) KS_MUST_USE;
 /* Advances by n bytes (UTF-8; a character may be split across calls).
  * Returns true when they were accepted; false leaves the matcher as it was
  * (including on out-of-memory). */
@@ -111,13 +134,19 @@ bool grammar_matcher_accept(grammar_matcher *m, const char *bytes, size_t n);
 /* True when the text so far is a complete sentence of the grammar (an
  * end-of-generation token may follow). Can't fail. */
 bool grammar_matcher_complete(const grammar_matcher *m);
+/* True when the last grammar_matcher_accept that failed, or the last
+ * grammar_matcher_mask, dropped parses at a GRAMMAR_MAX_* bound: the
+ * grammar is too ambiguous for the matcher here (its refusals then say
+ * nothing about the text). Can't fail. */
+bool grammar_matcher_ambiguous(const grammar_matcher *m);
 /* True when complete and no further byte can be accepted. Can't fail. */
 bool grammar_matcher_done(const grammar_matcher *m);
 /* Fills bits (grammar_vocab_n(gv) bits, word w bit b = id 32w+b) with the
  * tokens whose whole piece the matcher accepts next; EOG tokens are never
- * set (see grammar_matcher_complete). Results of expensive states are
+ * set (see grammar_matcher_complete). Uses (and on first use computes) the
+ * grammar's token classes for gv; results of expensive states are also
  * cached per matcher. Returns the number of ids set. Errors: KS_ERR_NOMEM
- * (bits then unspecified). */
+ * (bits then unspecified). Safe concurrently with other matchers' calls. */
 ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_t *bits /* OUT */,
                             int32_t *n_allowed /* OUT */) KS_MUST_USE;
 /* grammar_matcher_accept on token id's piece (from gv); false for an id out

@@ -20,12 +20,41 @@
  * recursion (a rule reaching itself through nullable prefixes) would make
  * the closure unbounded, so it is refused at compile time.
  *
+ * Nodes are shared: pushing (position, parent) when an equal node is in
+ * the arena reuses it (a lossy hash table), so stacks equal in structure
+ * are one stack and dedup in the closure. Without it, grammars like
+ * `(x x ... x "\n")*` with nullable x multiply copies of the same stacks
+ * each byte (issue 38's 43 ms/token).
+ *
  * Characters are Unicode code points; bytes are decoded as UTF-8 as they
  * come, and a state inside a character keeps only the bits seen so far and
- * is alive while some top's set meets the range those bits still allow. */
+ * is alive while some top's set meets the range those bits still allow.
+ *
+ * The mask (grammar_matcher_mask): most of a token's fate is decided by
+ * the top few frames of one stack. For the top frames of a stack (its
+ * key: the top, and the frames below it while each ends its rule at once,
+ * at most GM__CTX; gm__thin), one trie walk from those frames alone, with nothing below,
+ * splits the vocabulary into accepted (some parse consumes the piece
+ * without popping past the last frame: true under any stack below),
+ * undecided (every parse died, but one popped past the last frame on the
+ * way: the stack below decides) and refused. These classes are computed
+ * once per (grammar, vocabulary, key), on first use, and shared by every
+ * matcher of the grammar (a table under a mutex in the grammar; building
+ * happens outside the lock). A mask is then the union of its tops'
+ * accepted sets plus the undecided ids that the whole state accepts,
+ * checked piece by piece in trie order so common prefixes share their
+ * states. For JSON, a string's characters are accepted by one class and
+ * only pieces holding a quote are checked. Where the classes do not apply
+ * (inside a UTF-8 character, a class whose walk passed a bound, a stack
+ * too deep for a class's growth, the classes' memory cap) the mask walks
+ * the whole trie from the whole state as before. Whole masks are also
+ * cached per matcher, keyed by what the computation read (below). */
 #include "kvseal/grammar.h"
 
+#include "kvseal/admit.h"
+
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -59,8 +88,60 @@ typedef struct gm_rule {
     int ref_line, ref_col; // first reference (for "undefined rule" errors)
 } gm_rule;
 
+/* What the top frames of a stack alone decide about each token (see
+ * gm__pmask_build): computed once per (grammar, vocabulary, frames), on
+ * first use, by whichever matcher needs it. */
+typedef struct gm_pmask {
+    bool inexact;     // its walk passed a bound: states with this top use the full walk
+    uint32_t growth;  // the deepest stack its walk built (the top alone is 1)
+    int32_t n_acc;    // accepted whatever lies below the top
+    uint32_t *acc;    // as a bitset (words of the vocabulary), when dense
+    int32_t *acc_ids; // else as ids
+    int32_t n_unc;    // decided by what lies below: checked against the whole state
+    uint32_t *unc;    // their ranks in the trie order (grammar_vocab order), ascending
+    size_t bytes;
+} gm_pmask;
+
+#define GM__CTX 4 // at most this many frames from the top key the precomputed classes
+
+typedef struct gm_pkey {
+    uint32_t k;            // frames (fewer than GM__CTX: the whole stack)
+    uint32_t pos[GM__CTX]; // their positions, top first
+    gm_pmask *pm;
+} gm_pkey;
+
+typedef struct gm_cache_ent {
+    uint32_t *key, key_len; // owned (gm__key_build)
+    uint32_t *bits;         // owned, the mask
+    int32_t n_allowed;
+    uint64_t used;
+    uint32_t growth; // the walk's deepest node minus its shallowest read frame
+} gm_cache_ent;
+
+#define GM__SHARED 64 // whole masks per (grammar, vocabulary), shared by its matchers
+
+/* The classes for one vocabulary (gv uid): a hash table under a mutex
+ * (looked up a few times per mask; built outside the lock); and whole
+ * masks by state key (gm__key_build), shared by every matcher of the
+ * grammar under the same mutex, least recently used replaced. */
+typedef struct gm_vtab {
+    uint64_t uid;
+    struct gm_vtab *next;
+    pthread_mutex_t mu;
+    gm_pkey *ht; // (cap, a power of two; k 0: empty)
+    uint32_t n, cap;
+    gm_cache_ent shared[GM__SHARED];
+    uint64_t clock;
+} gm_vtab;
+
+#define GM__PM_MAX_BYTES ((size_t)128 << 20)   // precomputed classes of one grammar
+#define GM__PM_TOTAL_BYTES ((size_t)512 << 20) // of all grammars alive
+static atomic_size_t gm__pm_total;             // their bytes now
+
 struct grammar {
     atomic_int refs;
+    _Atomic(gm_vtab *) vtabs; // precomputed token classes, per vocabulary
+    atomic_size_t pm_bytes;   // their size
     gm_elem *elems;
     uint32_t n_elems, cap_elems;
     uint32_t *alts;
@@ -84,8 +165,29 @@ grammar *grammar_ref(grammar *g) {
     return g;
 }
 
+static void gm__pmask_free(gm_pmask *pm) {
+    if (!pm) return;
+    free(pm->acc);
+    free(pm->acc_ids);
+    free(pm->unc);
+    free(pm);
+}
+
 static void gm__free(grammar *g) {
     if (!g) return;
+    atomic_fetch_sub_explicit(&gm__pm_total, atomic_load(&g->pm_bytes), memory_order_relaxed);
+    for (gm_vtab *t = atomic_load(&g->vtabs), *nx; t; t = nx) {
+        nx = t->next;
+        for (uint32_t i = 0; i < t->cap; i++)
+            gm__pmask_free(t->ht[i].pm);
+        for (int i = 0; i < GM__SHARED; i++) {
+            free(t->shared[i].key);
+            free(t->shared[i].bits);
+        }
+        free(t->ht);
+        pthread_mutex_destroy(&t->mu);
+        free(t);
+    }
     for (uint32_t i = 0; i < g->n_rules; i++)
         free(g->rules[i].name);
     free(g->rules);
@@ -827,16 +929,75 @@ done:
     return err;
 }
 
+static ks_err gm__check_bounded(grammar_matcher *m, ks_errbuf *eb);
+
+/* Recently compiled grammars, by text: requests that send the same grammar
+ * or schema share one compiled grammar and so its token classes (the
+ * first request pays for them). A slot holds a reference; the least
+ * recently used is dropped. */
+#define GM__INTERN 16
+static pthread_mutex_t gm__intern_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    grammar *g;
+    uint64_t used;
+} gm__intern[GM__INTERN];
+static uint64_t gm__intern_clock;
+
+/* A reference to the interned grammar of text, or NULL (mutex held). */
+static grammar *gm__intern_find(const char *text, size_t len) {
+    for (int i = 0; i < GM__INTERN; i++) {
+        grammar *g = gm__intern[i].g;
+        if (g && g->text_len == len && (!len || !memcmp(g->text, text, len))) {
+            gm__intern[i].used = ++gm__intern_clock;
+            return grammar_ref(g);
+        }
+    }
+    return NULL;
+}
+
+static ks_err gm__parse(const char *text, size_t len, grammar **out, ks_errbuf *eb);
+
 ks_err grammar_parse(const char *text, size_t len, grammar **out, ks_errbuf *eb) {
     KS_ASSERT(out);
     *out = NULL;
     if (!text && len) return ks_seterr(eb, KS_ERR_INVAL, "grammar: NULL text");
+    pthread_mutex_lock(&gm__intern_mu);
+    grammar *g = gm__intern_find(text, len);
+    pthread_mutex_unlock(&gm__intern_mu);
+    if (g) {
+        *out = g;
+        return KS_OK;
+    }
+    ks_err err = gm__parse(text, len, &g, eb); // outside the lock
+    if (err) return err;
+    pthread_mutex_lock(&gm__intern_mu);
+    grammar *have = gm__intern_find(text, len), *drop = NULL;
+    if (have) { // another thread compiled the same text meanwhile
+        drop = g;
+        g = have;
+    } else {
+        int v = 0;
+        for (int i = 1; i < GM__INTERN && gm__intern[v].g; i++)
+            if (!gm__intern[i].g || gm__intern[i].used < gm__intern[v].used) v = i;
+        drop = gm__intern[v].g;
+        gm__intern[v].g = grammar_ref(g);
+        gm__intern[v].used = ++gm__intern_clock;
+    }
+    pthread_mutex_unlock(&gm__intern_mu);
+    grammar_unref(drop);
+    *out = g;
+    return KS_OK;
+}
+
+static ks_err gm__parse(const char *text, size_t len, grammar **out, ks_errbuf *eb) {
     if (len > GRAMMAR_MAX_TEXT)
         return ks_seterr(eb, KS_ERR_NOSPACE, "grammar: %zu bytes, above the limit of %d", len,
                          GRAMMAR_MAX_TEXT);
     grammar *g = calloc(1, sizeof *g);
     if (!g) return ks_seterr(eb, KS_ERR_NOMEM, "grammar: out of memory");
     atomic_init(&g->refs, 1);
+    atomic_init(&g->vtabs, NULL);
+    atomic_init(&g->pm_bytes, 0);
     gm_parser ps = {
         .g = g, .s = text, .end = text + len, .line_start = text, .p = text, .line = 1, .eb = eb};
     for (;;) {
@@ -884,6 +1045,7 @@ ks_err grammar_parse(const char *text, size_t len, grammar **out, ks_errbuf *eb)
     if (!err) { // the start state must exist (e.g. `root ::= root` has none)
         grammar_matcher *m = NULL;
         err = grammar_matcher_create(g, &m, eb);
+        if (!err) err = gm__check_bounded(m, eb);
         grammar_matcher_destroy(m);
     }
     if (!err && !(g->text = malloc(len + 1)))
@@ -927,14 +1089,7 @@ typedef struct gm_state {
 #define GM__CACHE 32
 #define GM__CACHE_MIN_VISITS 2000 // walks cheaper than this are not cached
 #define GM__KEY_MAX 4096
-
-typedef struct gm_cache_ent {
-    uint32_t *key, key_len; // owned (gm__key_build)
-    uint32_t *bits;         // owned, the mask
-    int32_t n_allowed;
-    uint64_t used;
-    uint32_t growth; // the walk's deepest node minus its shallowest read frame
-} gm_cache_ent;
+#define GM__HC 32768 // the node sharing table (lossy: a slot keeps the last node)
 
 struct grammar_matcher {
     grammar *g;
@@ -942,6 +1097,7 @@ struct grammar_matcher {
     uint32_t n_nodes, cap_nodes, cap_nodes2;
     int32_t *tops, *tops2;
     uint32_t n_tops, cap_tops, cap_tops2;
+    int32_t *hc;  // (GM__HC) node index by hash of (pos, parent), -1: none
     int32_t *fwd; // compaction forwarding (cap_fwd)
     uint32_t cap_fwd;
     gm_state cur;
@@ -966,6 +1122,19 @@ struct grammar_matcher {
     bool touched_bottom;     // some path popped past the bottom (the root ended)
     bool walk_hit_depth;     // some path died at GRAMMAR_MAX_DEPTH
     uint32_t walk_max_depth; // deepest node created by the walk
+    bool bound_hit;          // a closure passed GRAMMAR_MAX_WORK/_STACKS or the arena's size
+    bool ambiguous;          // the last accept or mask dropped parses at such a bound
+    uint32_t close_steps;    // the last gm__close's steps
+    // the mask's precomputed path (gm__mask_fast): scratch
+    const gm_pmask **tpm; // (cap_tpm) each top's classes, then the distinct ones
+    uint32_t cap_tpm;
+    uint32_t *cand2; // (cap_cand2) merge scratch
+    uint32_t cap_cand2;
+    uint32_t *cand; // (cap_cand) ranks to check against the whole state
+    uint32_t cap_cand;
+    gm_state *pstk;      // (gv max_len + 1) states along the checked piece
+    uint32_t *pmn, *pmt; // their arena marks
+    uint32_t cap_pstk, cap_pmn, cap_pmt;
 };
 
 /* A new node: 0, 1 when the stack would pass GRAMMAR_MAX_DEPTH (that path
@@ -977,10 +1146,22 @@ static int gm__node_new(grammar_matcher *m, uint32_t pos, int32_t parent, int32_
         return 1;
     }
     if (d > m->walk_max_depth) m->walk_max_depth = d;
+    // an equal node already in the arena is shared (nodes never change):
+    // stacks equal in structure stay one stack, so they dedup in closures
+    const uint32_t h =
+        (uint32_t)((((uint64_t)pos << 32 | (uint32_t)(parent + 1)) * 0x9E3779B97F4A7C15ull) >> 40) &
+        (GM__HC - 1);
+    const int32_t j = m->hc[h];
+    if (j >= 0 && (uint32_t)j < m->n_nodes && m->nodes[j].pos == pos &&
+        m->nodes[j].parent == parent) {
+        *out = j;
+        return 0;
+    }
     if (m->n_nodes >= GM__MAX_NODES ||
         !gm__grow((void **)&m->nodes, &m->cap_nodes, m->n_nodes + 1, sizeof *m->nodes))
         return -1;
     m->nodes[m->n_nodes] = (gm_node){pos, parent, d};
+    m->hc[h] = (int32_t)m->n_nodes;
     *out = (int32_t)m->n_nodes++;
     return 0;
 }
@@ -1000,9 +1181,11 @@ static bool gm__top_add(grammar_matcher *m, gm_state *st, int32_t idx) {
 static bool gm__close(grammar_matcher *m, gm_state *st, uint32_t n_work) {
     const grammar *g = m->g;
     uint32_t steps = 0;
+    m->close_steps = 0;
     while (n_work) {
+        m->close_steps = steps + 1;
         uint64_t it = m->work[--n_work];
-        if (++steps > GRAMMAR_MAX_WORK) return false;
+        if (++steps > GRAMMAR_MAX_WORK) return m->bound_hit = true, false;
         uint32_t h = (uint32_t)((it * 0x9E3779B97F4A7C15ull) >> 48) & (GM__TABLE - 1);
         bool seen = false;
         while (m->tstamp[h] == m->stamp) {
@@ -1034,16 +1217,16 @@ static bool gm__close(grammar_matcher *m, gm_state *st, uint32_t n_work) {
         } else if (e.kind == GM_CHAR) {
             int32_t idx;
             int rc = gm__node_new(m, pos, parent, &idx);
-            if (rc < 0 || (rc == 0 && !gm__top_add(m, st, idx))) return false;
+            if (rc < 0 || (rc == 0 && !gm__top_add(m, st, idx))) return m->bound_hit = true, false;
         } else {
             int32_t np = parent;
             if (g->elems[pos + 1].kind != GM_END) {
                 int rc = gm__node_new(m, pos + 1, parent, &np);
-                if (rc < 0) return false;
+                if (rc < 0) return m->bound_hit = true, false;
                 if (rc > 0) continue; // too deep: this path dies
             }
             const gm_rule *R = &g->rules[e.v];
-            if (n_work + R->n_alts > GRAMMAR_MAX_WORK) return false;
+            if (n_work + R->n_alts > GRAMMAR_MAX_WORK) return m->bound_hit = true, false;
             for (uint32_t k = R->n_alts; k-- > 0;)
                 m->work[n_work++] =
                     ((uint64_t)g->alts[R->alt_first + k] << 32) | (uint32_t)(np + 1);
@@ -1065,7 +1248,7 @@ static bool gm__advance_cp(grammar_matcher *m, const gm_state *in, uint32_t c, g
         const gm_node *t = &m->nodes[m->tops[in->off + i]];
         const gm_cset *cs = &g->csets[g->elems[t->pos].v];
         if (!gm__cset_has(g, cs, c)) continue;
-        if (n_work >= GRAMMAR_MAX_WORK) return false;
+        if (n_work >= GRAMMAR_MAX_WORK) return m->bound_hit = true, false;
         m->work[n_work++] = ((uint64_t)(t->pos + 1) << 32) | (uint32_t)(t->parent + 1);
     }
     if (!n_work) return false;
@@ -1165,6 +1348,71 @@ static bool gm__compact(grammar_matcher *m) {
     return true;
 }
 
+#define GM__CHECK_WORK 4000000 // closure steps gm__check_bounded spends at most
+
+/* Refuses, at compile time, a grammar in which one character opens more
+ * parses than the matcher's bounds allow, whatever surrounds it: for each
+ * character position, the closure after it from that rule alone (popping
+ * past the rule ends the parse there) must stay within GRAMMAR_MAX_STACKS
+ * tops and GRAMMAR_MAX_WORK steps. Such a grammar could only ever refuse
+ * that character (every parse dropped), so it is refused with a reason
+ * instead. What depends on the context (ambiguity that builds up over
+ * several characters, through several rules) is caught while matching
+ * (grammar_matcher_ambiguous, and grammar_sample's error). */
+static ks_err gm__check_bounded(grammar_matcher *m, ks_errbuf *eb) {
+    const grammar *g = m->g;
+    uint64_t spent = 0;
+    const uint32_t mark_nodes = m->n_nodes, mark_tops = m->n_tops;
+    for (uint32_t r = 0; r < g->n_rules && spent < GM__CHECK_WORK; r++) {
+        const gm_rule *R = &g->rules[r];
+        for (uint32_t k = 0; k < R->n_alts; k++)
+            for (uint32_t p = g->alts[R->alt_first + k]; g->elems[p].kind != GM_END; p++) {
+                if (g->elems[p].kind != GM_CHAR) continue;
+                if (++m->stamp == 0) {
+                    memset(m->tstamp, 0, GM__TABLE * sizeof *m->tstamp);
+                    m->stamp = 1;
+                }
+                gm_state st = {.off = m->n_tops};
+                m->work[0] = (uint64_t)(p + 1) << 32; // parent -1
+                m->bound_hit = false;
+                bool ok = gm__close(m, &st, 1);
+                spent += m->close_steps + 1;
+                m->n_nodes = mark_nodes;
+                m->n_tops = mark_tops;
+                if (!ok && m->bound_hit)
+                    return ks_seterr(eb, KS_ERR_INVAL,
+                                     "grammar: too ambiguous: in rule '%.100s', one character "
+                                     "opens more than %d parses (or %d steps) at once",
+                                     R->name, GRAMMAR_MAX_STACKS, GRAMMAR_MAX_WORK);
+                if (!ok) return ks_seterr(eb, KS_ERR_NOMEM, "grammar: out of memory");
+            }
+    }
+    return KS_OK;
+}
+
+/* Sets m to the start state, the closure of root's alternatives (the arena
+ * emptied); false when it does not exist within the bounds. */
+static bool gm__start(grammar_matcher *m) {
+    const grammar *g = m->g;
+    m->n_nodes = m->n_tops = 0;
+    m->cur = (gm_state){0};
+    m->ambiguous = false;
+    if (++m->stamp == 0) {
+        memset(m->tstamp, 0, GM__TABLE * sizeof *m->tstamp);
+        m->stamp = 1;
+    }
+    const gm_rule *R = &g->rules[g->root];
+    uint32_t n_work = 0;
+    for (uint32_t k = R->n_alts; k-- > 0 && n_work < GRAMMAR_MAX_WORK;)
+        m->work[n_work++] = (uint64_t)g->alts[R->alt_first + k] << 32; // parent -1 -> 0
+    return gm__close(m, &m->cur, n_work) && (m->cur.n > 0 || m->cur.complete);
+}
+
+ks_err grammar_matcher_reset(grammar_matcher *m) {
+    // it succeeded at create: the same steps again, so only memory can fail
+    return gm__start(m) ? KS_OK : KS_ERR_NOMEM;
+}
+
 ks_err grammar_matcher_create(grammar *g, grammar_matcher **out, ks_errbuf *eb) {
     KS_ASSERT(g && out);
     *out = NULL;
@@ -1175,18 +1423,14 @@ ks_err grammar_matcher_create(grammar *g, grammar_matcher **out, ks_errbuf *eb) 
     m->tstamp = calloc(GM__TABLE, sizeof *m->tstamp);
     m->work = malloc(GRAMMAR_MAX_WORK * sizeof *m->work);
     m->keybuf = malloc(GM__KEY_MAX * sizeof *m->keybuf);
-    if (!m->tkey || !m->tstamp || !m->work || !m->keybuf) {
+    m->hc = malloc(GM__HC * sizeof *m->hc);
+    if (m->hc) memset(m->hc, 0xff, GM__HC * sizeof *m->hc);
+    if (!m->tkey || !m->tstamp || !m->work || !m->keybuf || !m->hc) {
         grammar_matcher_destroy(m);
         return ks_seterr(eb, KS_ERR_NOMEM, "grammar matcher: out of memory");
     }
-    // the start state: the closure of root's alternatives
     m->stamp = 1;
-    m->cur = (gm_state){0};
-    const gm_rule *R = &g->rules[g->root];
-    uint32_t n_work = 0;
-    for (uint32_t k = R->n_alts; k-- > 0 && n_work < GRAMMAR_MAX_WORK;)
-        m->work[n_work++] = (uint64_t)g->alts[R->alt_first + k] << 32; // parent -1 -> 0
-    if (!gm__close(m, &m->cur, n_work) || !(m->cur.n > 0 || m->cur.complete)) {
+    if (!gm__start(m)) {
         grammar_matcher_destroy(m);
         return ks_seterr(eb, KS_ERR_INVAL,
                          "grammar: the root rule matches nothing, or cannot start within the "
@@ -1204,6 +1448,13 @@ void grammar_matcher_destroy(grammar_matcher *m) {
         free(m->cache[i].bits);
     }
     free(m->keybuf);
+    free(m->hc);
+    free(m->tpm);
+    free(m->cand2);
+    free(m->cand);
+    free(m->pstk);
+    free(m->pmn);
+    free(m->pmt);
     free(m->frames);
     free(m->touched);
     free(m->nodes);
@@ -1221,11 +1472,13 @@ void grammar_matcher_destroy(grammar_matcher *m) {
 bool grammar_matcher_accept(grammar_matcher *m, const char *bytes, size_t n) {
     uint32_t mark_nodes = m->n_nodes, mark_tops = m->n_tops;
     gm_state st = m->cur;
+    m->bound_hit = false;
     for (size_t i = 0; i < n; i++) {
         gm_state nx;
         if (!gm__advance(m, &st, (uint8_t)bytes[i], &nx)) {
             m->n_nodes = mark_nodes;
             m->n_tops = mark_tops;
+            m->ambiguous = m->bound_hit;
             return false;
         }
         st = nx;
@@ -1238,10 +1491,13 @@ bool grammar_matcher_accept(grammar_matcher *m, const char *bytes, size_t n) {
         m->n_tops = mark_tops;
         return false;
     }
+    m->ambiguous = false;
     return true;
 }
 
 bool grammar_matcher_complete(const grammar_matcher *m) { return m->cur.complete && !m->cur.need; }
+
+bool grammar_matcher_ambiguous(const grammar_matcher *m) { return m->ambiguous; }
 
 bool grammar_matcher_done(const grammar_matcher *m) {
     return grammar_matcher_complete(m) && m->cur.n == 0;
@@ -1269,7 +1525,57 @@ struct grammar_vocab {
     const tok_vocab *v;
     int32_t *eog; // (n_eog) the end-of-generation ids, ascending
     int32_t n_eog;
+    uint64_t uid; // unique per trie ever built (keys the grammars' precomputed classes)
+    // trie preorder: order[sub_lo[n] .. sub_hi[n]) are the ids of node n's subtree
+    int32_t *order; // (n_order) ids in the trie, by piece
+    int32_t n_order;
+    uint32_t *rank; // (n_vocab) each id's index in order (ids not in the trie: UINT32_MAX)
+    uint32_t *sub_lo, *sub_hi; // (n_nodes)
 };
+
+static atomic_uint_fast64_t gv__next_uid = 1;
+
+/* Fills order, rank, sub_lo and sub_hi (iterative preorder walk). */
+static bool gv__order(grammar_vocab *gv) {
+    gv->order = malloc(((size_t)gv->n_vocab + 1) * sizeof *gv->order);
+    gv->rank = malloc(((size_t)gv->n_vocab + 1) * sizeof *gv->rank);
+    gv->sub_lo = malloc(gv->n_nodes * sizeof *gv->sub_lo);
+    gv->sub_hi = malloc(gv->n_nodes * sizeof *gv->sub_hi);
+    int32_t *stk = malloc(((size_t)gv->max_len + 2) * sizeof *stk);
+    if (!gv->order || !gv->rank || !gv->sub_lo || !gv->sub_hi || !stk) {
+        free(stk);
+        return false;
+    }
+    for (int32_t id = 0; id < gv->n_vocab; id++)
+        gv->rank[id] = UINT32_MAX;
+    uint32_t n = 0, sp = 0;
+    stk[sp++] = 0;
+    gv->sub_lo[0] = 0;
+    // a node is entered when pushed (its tokens emitted), left when popped
+    // after its last child; stk holds the path, each entry's next child is
+    // found from the child last left (next_sibling)
+    int32_t left = -1; // the node just left, -1: none yet at this level
+    while (sp) {
+        int32_t u = stk[sp - 1];
+        int32_t c = left < 0 ? gv->nodes[u].first_child : gv->nodes[left].next_sibling;
+        if (c >= 0) {
+            gv->sub_lo[c] = n;
+            for (int32_t t = gv->nodes[c].tok; t >= 0; t = gv->tok_next[t]) {
+                gv->rank[t] = n;
+                gv->order[n++] = t;
+            }
+            stk[sp++] = c;
+            left = -1;
+            continue;
+        }
+        gv->sub_hi[u] = n;
+        left = u;
+        sp--;
+    }
+    gv->n_order = (int32_t)n;
+    free(stk);
+    return true;
+}
 
 int32_t grammar_vocab_n(const grammar_vocab *gv) { return gv->n_vocab; }
 
@@ -1281,22 +1587,34 @@ void grammar_vocab_destroy(grammar_vocab *gv) {
     free(gv->piece_off);
     free(gv->pieces);
     free(gv->eog);
+    free(gv->order);
+    free(gv->rank);
+    free(gv->sub_lo);
+    free(gv->sub_hi);
     free(gv);
 }
 
-ks_err grammar_vocab_create(const tok_vocab *v, grammar_vocab **out, ks_errbuf *eb) {
-    KS_ASSERT(v && out);
+/* Where grammar_vocab pieces come from: a tok_vocab, or arrays. */
+typedef struct gv_src {
+    const tok_vocab *v;
+    const char *const *pieces;
+    const uint32_t *lens;
+    int32_t n;
+} gv_src;
+
+static ks_err gv__create(const gv_src *src, grammar_vocab **out, ks_errbuf *eb) {
     *out = NULL;
     grammar_vocab *gv = calloc(1, sizeof *gv);
-    int32_t V = tok_n_vocab(v);
-    size_t cap = tok_max_piece(v) + 1;
-    char *buf = malloc(cap);
-    if (!gv || !buf) goto nomem;
+    const tok_vocab *v = src->v;
+    int32_t V = v ? tok_n_vocab(v) : src->n;
+    size_t cap = v ? tok_max_piece(v) + 1 : 0;
+    char *buf = cap ? malloc(cap) : NULL;
+    if (!gv || (cap && !buf)) goto nomem;
     gv->n_vocab = V;
-    gv->tok_next = malloc((size_t)V * sizeof *gv->tok_next);
-    gv->tok_node = malloc((size_t)V * sizeof *gv->tok_node);
+    gv->tok_next = malloc(((size_t)V + 1) * sizeof *gv->tok_next);
+    gv->tok_node = malloc(((size_t)V + 1) * sizeof *gv->tok_node);
     gv->piece_off = malloc(((size_t)V + 1) * sizeof *gv->piece_off);
-    gv->eog = malloc((size_t)V * sizeof *gv->eog);
+    gv->eog = malloc(((size_t)V + 1) * sizeof *gv->eog);
     gv->v = v;
     if (!gv->tok_next || !gv->tok_node || !gv->piece_off || !gv->eog ||
         !gm__grow((void **)&gv->nodes, &gv->cap_nodes, 1024, sizeof *gv->nodes))
@@ -1308,21 +1626,30 @@ ks_err grammar_vocab_create(const tok_vocab *v, grammar_vocab **out, ks_errbuf *
         gv->tok_node[id] = -1;
         gv->piece_off[id] = gv->n_pieces;
         gv->piece_off[id + 1] = gv->n_pieces;
-        if (tok_is_eog(v, id)) {
+        if (v && tok_is_eog(v, id)) {
             gv->eog[gv->n_eog++] = id;
             continue;
         }
-        size_t n = tok_piece(v, id, false, buf, cap);
-        if (n == 0 || n > cap) continue;
+        const char *pc;
+        size_t n;
+        if (v) {
+            n = tok_piece(v, id, false, buf, cap);
+            if (n == 0 || n > cap) continue;
+            pc = buf;
+        } else {
+            pc = src->pieces[id];
+            n = src->lens[id];
+            if (n == 0 || n > 4096) continue;
+        }
         if (!gm__grow((void **)&gv->pieces, &gv->cap_pieces, gv->n_pieces + (uint32_t)n,
                       sizeof *gv->pieces))
             goto nomem;
-        memcpy(gv->pieces + gv->n_pieces, buf, n);
+        memcpy(gv->pieces + gv->n_pieces, pc, n);
         gv->n_pieces += (uint32_t)n;
         gv->piece_off[id + 1] = gv->n_pieces;
         int32_t cur = 0;
         for (size_t i = 0; i < n; i++) {
-            uint8_t b = (uint8_t)buf[i];
+            uint8_t b = (uint8_t)pc[i];
             int32_t c = gv->nodes[cur].first_child, prev = -1;
             while (c >= 0 && gv->nodes[c].byte < b)
                 prev = c, c = gv->nodes[c].next_sibling;
@@ -1345,6 +1672,8 @@ ks_err grammar_vocab_create(const tok_vocab *v, grammar_vocab **out, ks_errbuf *
         gv->tok_node[id] = cur;
         if (n > gv->max_len) gv->max_len = (uint32_t)n;
     }
+    if (!gv__order(gv)) goto nomem;
+    gv->uid = atomic_fetch_add(&gv__next_uid, 1);
     free(buf);
     *out = gv;
     return KS_OK;
@@ -1352,6 +1681,19 @@ nomem:
     free(buf);
     grammar_vocab_destroy(gv);
     return ks_seterr(eb, KS_ERR_NOMEM, "grammar vocabulary trie: out of memory");
+}
+
+ks_err grammar_vocab_create(const tok_vocab *v, grammar_vocab **out, ks_errbuf *eb) {
+    KS_ASSERT(v && out);
+    gv_src src = {.v = v};
+    return gv__create(&src, out, eb);
+}
+
+ks_err grammar_vocab_create_pieces(const char *const *pieces, const uint32_t *lens, int32_t n,
+                                   grammar_vocab **out, ks_errbuf *eb) {
+    KS_ASSERT(out && n >= 0 && (pieces || !n) && (lens || !n));
+    gv_src src = {.pieces = pieces, .lens = lens, .n = n};
+    return gv__create(&src, out, eb);
 }
 
 bool grammar_matcher_accept_token(grammar_matcher *m, const grammar_vocab *gv, int32_t id) {
@@ -1423,7 +1765,399 @@ struct gm_frame {
     int32_t node, child; // trie node and its next child to try
     gm_state st;         // matcher state after node's bytes
     uint32_t mn, mt;     // arena marks to rewind to before each child
+    bool esc;            // (gm__pmask_build) some parse escaped on node's bytes
 };
+
+/* The full walk: every trie node advanced from the whole state (the
+ * arena past its end is scratch). Sets bits, returns the ids set; *visits
+ * counts the advances. */
+static int32_t gm__walk(grammar_matcher *m, const grammar_vocab *gv, uint32_t *bits,
+                        uint32_t *visits) {
+    struct gm_frame *fr = m->frames;
+    uint32_t sp = 0;
+    int32_t count = 0;
+    fr[sp++] = (struct gm_frame){0, gv->nodes[0].first_child, m->cur, m->n_nodes, m->n_tops, false};
+    while (sp) {
+        struct gm_frame *f = &fr[sp - 1];
+        int32_t c = f->child;
+        if (c < 0) {
+            sp--;
+            continue;
+        }
+        const gv_node *cn = &gv->nodes[c];
+        f->child = cn->next_sibling;
+        m->n_nodes = f->mn;
+        m->n_tops = f->mt;
+        (*visits)++;
+        gm_state ns;
+        if (!gm__advance(m, &f->st, cn->byte, &ns)) continue;
+        for (int32_t t = cn->tok; t >= 0; t = gv->tok_next[t]) {
+            bits[t >> 5] |= 1u << (t & 31);
+            count++;
+        }
+        if (cn->first_child >= 0 && sp < m->cap_frames)
+            fr[sp++] = (struct gm_frame){c, cn->first_child, ns, m->n_nodes, m->n_tops, false};
+    }
+    return count;
+}
+
+/* Appends x to a growing array; false on out-of-memory. */
+static bool gm__push_u32(uint32_t **a, uint32_t *n, uint32_t *cap, uint32_t x) {
+    if (!gm__grow((void **)a, cap, *n + 1, sizeof **a)) return false;
+    (*a)[(*n)++] = x;
+    return true;
+}
+
+/* Classifies every token for the stack of frames key->pos (top first; what
+ * lies below is unknown, and a parse that pops past the last frame
+ * "escapes"): accepted when some parse consumes the whole piece without
+ * escaping (the stack below is never read: accepted under any stack,
+ * depth permitting); undecided when none does but some escaped on the way
+ * (the stack below decides); refused otherwise. One trie walk, pruned
+ * where every parse died without escaping. Uses m's arena past its end
+ * and its closure scratch (not its walk's bookkeeping, which is saved).
+ * NULL: out of memory. */
+static gm_pmask *gm__pmask_build(grammar_matcher *m, const grammar_vocab *gv, const gm_pkey *key) {
+    const uint32_t words = ((uint32_t)gv->n_vocab + 31) / 32;
+    gm_pmask *pm = calloc(1, sizeof *pm);
+    uint32_t *acc = calloc(words ? words : 1, sizeof *acc);
+    uint32_t *unc = NULL, n_unc = 0, cap_unc = 0;
+    const uint32_t base_nodes = m->n_nodes, base_tops = m->n_tops;
+    const bool walking = m->walking, hit_depth = m->walk_hit_depth, bound = m->bound_hit;
+    const uint32_t max_depth = m->walk_max_depth;
+    bool ok = pm && acc;
+    int32_t idx = -1;
+    for (uint32_t j = key->k; ok && j-- > 0;)
+        ok = gm__node_new(m, key->pos[j], idx, &idx) == 0;
+    gm_state st0 = {.off = m->n_tops};
+    if (ok) ok = gm__top_add(m, &st0, idx);
+    m->walking = false;
+    m->bound_hit = false;
+    m->walk_max_depth = key->k;
+    struct gm_frame *fr = m->frames;
+    uint32_t sp = 0;
+    if (ok)
+        fr[sp++] =
+            (struct gm_frame){0, gv->nodes[0].first_child, st0, m->n_nodes, m->n_tops, false};
+    while (ok && sp) {
+        struct gm_frame *f = &fr[sp - 1];
+        int32_t c = f->child;
+        if (c < 0) {
+            sp--;
+            continue;
+        }
+        const gv_node *cn = &gv->nodes[c];
+        f->child = cn->next_sibling;
+        m->n_nodes = f->mn;
+        m->n_tops = f->mt;
+        gm_state ns;
+        const bool adv = gm__advance(m, &f->st, cn->byte, &ns);
+        const bool esc = f->esc || (adv && ns.complete), alive = adv && ns.n > 0;
+        if (alive) {
+            for (int32_t t = cn->tok; t >= 0; t = gv->tok_next[t]) {
+                acc[t >> 5] |= 1u << (t & 31);
+                pm->n_acc++;
+            }
+            if (cn->first_child >= 0 && sp < m->cap_frames)
+                fr[sp++] = (struct gm_frame){c, cn->first_child, ns, m->n_nodes, m->n_tops, esc};
+        } else if (esc) { // dead here, but a parse left the frames on the way
+            for (uint32_t k = gv->sub_lo[c]; k < gv->sub_hi[c] && ok; k++)
+                ok = gm__push_u32(&unc, &n_unc, &cap_unc, k);
+        }
+    }
+    m->n_nodes = base_nodes;
+    m->n_tops = base_tops;
+    if (pm) {
+        pm->inexact = m->bound_hit;
+        pm->growth = m->walk_max_depth;
+    }
+    m->walking = walking;
+    m->walk_hit_depth = hit_depth;
+    m->bound_hit = bound;
+    m->walk_max_depth = max_depth;
+    if (ok && (uint32_t)pm->n_acc < words) { // sparse: as ids
+        pm->acc_ids = malloc(((size_t)pm->n_acc + 1) * sizeof *pm->acc_ids);
+        ok = pm->acc_ids != NULL;
+        for (uint32_t w = 0, n = 0; ok && w < words; w++)
+            for (uint32_t b = acc[w]; b; b &= b - 1)
+                pm->acc_ids[n++] = (int32_t)(w * 32 + (uint32_t)__builtin_ctz(b));
+        free(acc);
+        acc = NULL;
+    }
+    if (!ok) {
+        free(acc);
+        free(unc);
+        gm__pmask_free(pm);
+        return NULL;
+    }
+    pm->acc = acc;
+    pm->unc = unc;
+    pm->n_unc = (int32_t)n_unc;
+    pm->bytes = sizeof *pm + (acc ? words * sizeof *acc : (size_t)pm->n_acc * sizeof(int32_t)) +
+                n_unc * sizeof(uint32_t);
+    return pm;
+}
+
+/* The vocabulary's table in g, created on first use; NULL on out-of-memory. */
+static gm_vtab *gm__vtab(grammar *g, uint64_t uid) {
+    gm_vtab *head = atomic_load_explicit(&g->vtabs, memory_order_acquire);
+    for (gm_vtab *t = head; t; t = t->next)
+        if (t->uid == uid) return t;
+    gm_vtab *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->uid = uid;
+    if (pthread_mutex_init(&t->mu, NULL)) {
+        free(t);
+        return NULL;
+    }
+    for (;;) {
+        t->next = head;
+        if (atomic_compare_exchange_weak_explicit(&g->vtabs, &head, t, memory_order_acq_rel,
+                                                  memory_order_acquire))
+            return t;
+        for (gm_vtab *u = head; u; u = u->next) // another thread pushed one meanwhile
+            if (u->uid == uid) {
+                pthread_mutex_destroy(&t->mu);
+                free(t);
+                return u;
+            }
+    }
+}
+
+static uint32_t gm__pkey_hash(const gm_pkey *k) {
+    uint32_t h = k->k * 0x9E3779B1u;
+    for (uint32_t j = 0; j < k->k; j++)
+        h = (h ^ k->pos[j]) * 0x85EBCA6Bu;
+    return h ^ (h >> 15);
+}
+
+static bool gm__pkey_eq(const gm_pkey *a, const gm_pkey *b) {
+    return a->k == b->k && !memcmp(a->pos, b->pos, a->k * sizeof *a->pos);
+}
+
+/* The slot of key in vt's table (vt->mu held): its entry or the empty slot
+ * where it goes. */
+static gm_pkey *gm__pkey_slot(gm_vtab *vt, const gm_pkey *key) {
+    uint32_t h = gm__pkey_hash(key) & (vt->cap - 1);
+    while (vt->ht[h].k && !gm__pkey_eq(&vt->ht[h], key))
+        h = (h + 1) & (vt->cap - 1);
+    return &vt->ht[h];
+}
+
+/* key's classes, built and published on first use; NULL when out of
+ * memory or when g's classes reached GM__PM_MAX_BYTES. */
+static const gm_pmask *gm__pmask(grammar_matcher *m, const grammar_vocab *gv, gm_vtab *vt,
+                                 const gm_pkey *key) {
+    gm_pmask *pm = NULL;
+    pthread_mutex_lock(&vt->mu);
+    if (vt->cap) pm = gm__pkey_slot(vt, key)->pm;
+    pthread_mutex_unlock(&vt->mu);
+    if (pm) return pm;
+    if (atomic_load_explicit(&m->g->pm_bytes, memory_order_relaxed) > GM__PM_MAX_BYTES ||
+        atomic_load_explicit(&gm__pm_total, memory_order_relaxed) > GM__PM_TOTAL_BYTES)
+        return NULL;
+    pm = gm__pmask_build(m, gv, key);
+    if (!pm) return NULL;
+    pthread_mutex_lock(&vt->mu);
+    gm_pmask *have = vt->cap ? gm__pkey_slot(vt, key)->pm : NULL;
+    bool ok = have != NULL;
+    if (!have && (vt->n + 1) * 2 > vt->cap) { // grow (rehash)
+        uint32_t cap = vt->cap ? vt->cap * 2 : 64;
+        gm_pkey *ht = calloc(cap, sizeof *ht), *old = vt->ht;
+        uint32_t old_cap = vt->cap;
+        if (ht) {
+            vt->ht = ht;
+            vt->cap = cap;
+            for (uint32_t i = 0; i < old_cap; i++)
+                if (old[i].k) *gm__pkey_slot(vt, &old[i]) = old[i];
+            free(old);
+        }
+    }
+    if (!have && (vt->n + 1) * 2 <= vt->cap) {
+        gm_pkey *slot = gm__pkey_slot(vt, key);
+        *slot = *key;
+        slot->pm = pm;
+        vt->n++;
+        ok = true;
+        atomic_fetch_add_explicit(&m->g->pm_bytes, pm->bytes, memory_order_relaxed);
+        atomic_fetch_add_explicit(&gm__pm_total, pm->bytes, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&vt->mu);
+    if (have || !ok) gm__pmask_free(pm); // another matcher was first, or no memory
+    return have ? have : ok ? pm : NULL;
+}
+
+/* True when the frame at pos (the top's CHAR when top, else a return
+ * position) ends its rule at once: a CHAR or a tail call then END. Its
+ * classes alone would leave nearly every token undecided (JSON's `char`
+ * rule), so the key takes the frame below too. A frame with more of its
+ * rule to come (x ::= [a-z] x, a literal's next character) decides most
+ * tokens alone, and a key of fewer frames is shared by more stacks. */
+static bool gm__thin(const grammar *g, uint32_t pos, bool top) {
+    if (top) return g->elems[pos + 1].kind == GM_END;
+    return g->elems[pos].kind == GM_END || g->elems[pos + 1].kind == GM_END;
+}
+
+static int gm__cmp_ptr(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t) * (const gm_pmask *const *)a,
+              y = (uintptr_t) * (const gm_pmask *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The mask from the tops' precomputed classes: the union of what each top
+ * (with up to GM__CTX - 1 frames below it) accepts alone, plus the
+ * undecided ids that a check against the whole state accepts (in trie
+ * order, sharing the states of common prefixes). Returns 1 when done
+ * (bits, *count), 0 when it does not apply (a pending character, classes
+ * that passed a bound or the memory cap, a stack too deep for a class's
+ * growth: the caller walks), -1 on out-of-memory. *visits counts the
+ * advances, *max_new the deepest stack the classes imply. The frames each
+ * class read are marked touched (the cache key). */
+static int gm__mask_fast(grammar_matcher *m, const grammar_vocab *gv, uint32_t *bits,
+                         int32_t *count, uint32_t *visits, uint32_t *max_new) {
+    const gm_state cur = m->cur;
+    const uint32_t words = ((uint32_t)gv->n_vocab + 31) / 32;
+    if (cur.need || !cur.n) return 0;
+    gm_vtab *vt = gm__vtab(m->g, gv->uid);
+    if (!vt || !gm__grow((void **)&m->tpm, &m->cap_tpm, cur.n, sizeof *m->tpm) ||
+        !gm__grow((void **)&m->pstk, &m->cap_pstk, gv->max_len + 1, sizeof *m->pstk) ||
+        !gm__grow((void **)&m->pmn, &m->cap_pmn, gv->max_len + 1, sizeof *m->pmn) ||
+        !gm__grow((void **)&m->pmt, &m->cap_pmt, gv->max_len + 1, sizeof *m->pmt))
+        return -1;
+    *max_new = 0;
+    for (uint32_t i = 0; i < cur.n; i++) {
+        int32_t y = m->tops[cur.off + i];
+        const uint32_t d = m->nodes[y].depth;
+        gm_pkey key = {0};
+        for (;;) {
+            key.pos[key.k++] = m->nodes[y].pos;
+            int32_t pa = m->nodes[y].parent;
+            if (pa < 0) {
+                m->touched_bottom = true; // the class saw the bottom
+                break;
+            }
+            if (key.k == GM__CTX || !gm__thin(m->g, m->nodes[y].pos, key.k == 1)) break;
+            if ((uint32_t)pa < m->walk_base) m->touched[pa] = 1;
+            y = pa;
+        }
+        const gm_pmask *pm = gm__pmask(m, gv, vt, &key);
+        if (!pm || pm->inexact) return 0; // (out of memory: the walk reports it)
+        const uint32_t dn = d - key.k + pm->growth;
+        if (dn > GRAMMAR_MAX_DEPTH) return 0;
+        if (dn > *max_new) *max_new = dn;
+        m->tpm[i] = pm;
+    }
+    uint32_t n_pm = cur.n;
+    if (n_pm > 1) {
+        qsort(m->tpm, n_pm, sizeof *m->tpm, gm__cmp_ptr);
+        uint32_t u = 0;
+        for (uint32_t i = 0; i < n_pm; i++)
+            if (!u || m->tpm[u - 1] != m->tpm[i]) m->tpm[u++] = m->tpm[i];
+        n_pm = u;
+    }
+    memset(bits, 0, words * sizeof *bits);
+    uint32_t n_cand = 0;
+    for (uint32_t i = 0; i < n_pm; i++) {
+        const gm_pmask *pm = m->tpm[i];
+        if (pm->acc)
+            for (uint32_t w = 0; w < words; w++)
+                bits[w] |= pm->acc[w];
+        else
+            for (int32_t k = 0; k < pm->n_acc; k++)
+                bits[pm->acc_ids[k] >> 5] |= 1u << (pm->acc_ids[k] & 31);
+        // merge the undecided ranks (each list ascending) into cand
+        if (!pm->n_unc) continue;
+        if (!gm__grow((void **)&m->cand2, &m->cap_cand2, n_cand + (uint32_t)pm->n_unc,
+                      sizeof *m->cand2))
+            return -1;
+        uint32_t a = 0, b = 0, n = 0;
+        while (a < n_cand || b < (uint32_t)pm->n_unc) {
+            uint32_t x;
+            if (b >= (uint32_t)pm->n_unc || (a < n_cand && m->cand[a] <= pm->unc[b])) {
+                x = m->cand[a++];
+                if (b < (uint32_t)pm->n_unc && pm->unc[b] == x) b++;
+            } else {
+                x = pm->unc[b++];
+            }
+            m->cand2[n++] = x;
+        }
+        uint32_t *t = m->cand;
+        m->cand = m->cand2;
+        m->cand2 = t;
+        uint32_t tc = m->cap_cand;
+        m->cap_cand = m->cap_cand2;
+        m->cap_cand2 = tc;
+        n_cand = n;
+    }
+    // check each against the whole state; pstk[k] is the state after k
+    // bytes of the previous piece, valid for k <= have (dead: the byte at
+    // have was refused there)
+    const char *prev = NULL;
+    uint32_t have = 0;
+    bool dead = false;
+    m->pstk[0] = cur;
+    m->pmn[0] = m->n_nodes;
+    m->pmt[0] = m->n_tops;
+    for (uint32_t i = 0; i < n_cand; i++) {
+        const int32_t id = gv->order[m->cand[i]];
+        if (bits[id >> 5] >> (id & 31) & 1u) continue; // another top accepts it
+        const char *pc = gv->pieces + gv->piece_off[id];
+        const uint32_t L = gv->piece_off[id + 1] - gv->piece_off[id];
+        uint32_t l = 0;
+        const uint32_t lim = dead ? have + 1 : have; // bytes of prev known
+        if (prev)
+            while (l < L && l < lim && pc[l] == prev[l])
+                l++;
+        if (dead && l > have) continue; // the same refused prefix
+        m->n_nodes = m->pmn[l];
+        m->n_tops = m->pmt[l];
+        prev = pc;
+        dead = false;
+        have = l;
+        for (uint32_t k = l; k < L; k++) {
+            (*visits)++;
+            if (!gm__advance(m, &m->pstk[k], (uint8_t)pc[k], &m->pstk[k + 1])) {
+                dead = true;
+                break;
+            }
+            m->pmn[k + 1] = m->n_nodes;
+            m->pmt[k + 1] = m->n_tops;
+            have = k + 1;
+        }
+        if (!dead) bits[id >> 5] |= 1u << (id & 31);
+    }
+    int32_t n = 0;
+    for (uint32_t w = 0; w < words; w++)
+        n += __builtin_popcount(bits[w]);
+    *count = n;
+    return 1;
+}
+
+/* Copies entry c into vt's shared masks (the least recently used slot);
+ * dropped on out-of-memory. */
+static void gm__shared_put(gm_vtab *vt, const gm_cache_ent *c, uint32_t words) {
+    if (!vt) return;
+    gm_cache_ent e = *c;
+    e.key = malloc(c->key_len * sizeof *e.key);
+    e.bits = malloc(words * sizeof *e.bits);
+    if (!e.key || !e.bits) {
+        free(e.key);
+        free(e.bits);
+        return;
+    }
+    memcpy(e.key, c->key, c->key_len * sizeof *e.key);
+    memcpy(e.bits, c->bits, words * sizeof *e.bits);
+    pthread_mutex_lock(&vt->mu);
+    int v = 0;
+    for (int i = 1; i < GM__SHARED && vt->shared[v].bits; i++)
+        if (!vt->shared[i].bits || vt->shared[i].used < vt->shared[v].used) v = i;
+    gm_cache_ent old = vt->shared[v];
+    e.used = ++vt->clock;
+    vt->shared[v] = e;
+    pthread_mutex_unlock(&vt->mu);
+    free(old.key);
+    free(old.bits);
+}
 
 ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_t *bits,
                             int32_t *n_allowed) {
@@ -1449,51 +2183,60 @@ ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_
             gm__key_match(m, &m->cur, c->key)) {
             memcpy(bits, c->bits, words * sizeof *bits);
             *n_allowed = c->n_allowed;
+            m->ambiguous = false;
             c->used = m->clock;
+            return KS_OK;
+        }
+    }
+    gm_vtab *vt = gm__vtab(m->g, gv->uid); // then the grammar's, shared
+    if (vt) {
+        bool hit = false;
+        pthread_mutex_lock(&vt->mu);
+        for (int i = 0; i < GM__SHARED && !hit; i++) {
+            gm_cache_ent *c = &vt->shared[i];
+            if (c->bits && max_top_depth + c->growth <= GRAMMAR_MAX_DEPTH &&
+                gm__key_match(m, &m->cur, c->key)) {
+                memcpy(bits, c->bits, words * sizeof *bits);
+                *n_allowed = c->n_allowed;
+                c->used = ++vt->clock;
+                hit = true;
+            }
+        }
+        pthread_mutex_unlock(&vt->mu);
+        if (hit) {
+            m->ambiguous = false;
             return KS_OK;
         }
     }
     if (!gm__grow((void **)&m->frames, &m->cap_frames, gv->max_len + 2, sizeof *m->frames))
         return KS_ERR_NOMEM;
-    memset(bits, 0, words * sizeof *bits);
     const uint32_t base_nodes = m->n_nodes, base_tops = m->n_tops;
     if (!gm__grow((void **)&m->touched, &m->cap_touched, base_nodes + 1, 1)) return KS_ERR_NOMEM;
     memset(m->touched, 0, base_nodes);
     m->walking = true;
     m->walk_base = base_nodes;
-    m->touched_bottom = m->walk_hit_depth = false;
+    m->touched_bottom = m->walk_hit_depth = m->bound_hit = false;
     m->walk_max_depth = 0;
-    struct gm_frame *fr = m->frames;
-    uint32_t sp = 0, visits = 0;
+    uint32_t visits = 0, max_new = 0, min_visits = GM__CACHE_MIN_VISITS / 8;
     int32_t count = 0;
-    fr[sp++] = (struct gm_frame){0, gv->nodes[0].first_child, m->cur, base_nodes, base_tops};
-    while (sp) {
-        struct gm_frame *f = &fr[sp - 1];
-        int32_t c = f->child;
-        if (c < 0) {
-            sp--;
-            continue;
-        }
-        const gv_node *cn = &gv->nodes[c];
-        f->child = cn->next_sibling;
-        m->n_nodes = f->mn;
-        m->n_tops = f->mt;
-        visits++;
-        gm_state ns;
-        if (!gm__advance(m, &f->st, cn->byte, &ns)) continue;
-        for (int32_t t = cn->tok; t >= 0; t = gv->tok_next[t]) {
-            bits[t >> 5] |= 1u << (t & 31);
-            count++;
-        }
-        if (cn->first_child >= 0 && sp < m->cap_frames)
-            fr[sp++] = (struct gm_frame){c, cn->first_child, ns, m->n_nodes, m->n_tops};
+    int rc = gm__mask_fast(m, gv, bits, &count, &visits, &max_new);
+    if (rc == 0) { // the full walk
+        memset(bits, 0, words * sizeof *bits);
+        m->n_nodes = base_nodes;
+        m->n_tops = base_tops;
+        visits = 0;
+        count = gm__walk(m, gv, bits, &visits);
+        min_visits = GM__CACHE_MIN_VISITS;
     }
     m->n_nodes = base_nodes;
     m->n_tops = base_tops;
     m->walking = false;
+    m->ambiguous = m->bound_hit;
+    if (rc < 0) return KS_ERR_NOMEM;
+    if (m->walk_max_depth < max_new) m->walk_max_depth = max_new;
     *n_allowed = count;
     uint32_t min_depth = 0, klen = 0;
-    if (visits >= GM__CACHE_MIN_VISITS && !m->walk_hit_depth)
+    if (visits >= min_visits && !m->walk_hit_depth && !m->bound_hit)
         klen = gm__key_build(m, &m->cur, &min_depth);
     if (klen) {
         int v = 0; // the empty or least recently used entry
@@ -1509,6 +2252,7 @@ ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_
             memcpy(cb, bits, words * sizeof *cb);
             uint32_t growth = m->walk_max_depth > min_depth ? m->walk_max_depth - min_depth : 0;
             *c = (gm_cache_ent){key, klen, cb, count, m->clock, growth};
+            gm__shared_put(vt, c, words);
         } else {
             free(key);
             if (cb != c->bits) free(cb);
@@ -1519,6 +2263,17 @@ ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_
 
 // ----------------------------------------------------------------------------
 // Constrained sampling (the engine's step and a prefill worker's first token)
+
+/* The error of a matcher that dropped every parse at a bound: a refusal
+ * of the grammar (400 where nothing was sent yet), not an end of output. */
+static ks_err gm__too_ambiguous(ks_errbuf *eb) {
+    ks_seterr(eb, KS_ERR_INVAL,
+              "grammar: too ambiguous: every continuation passes the matcher's bounds (%d "
+              "parses, %d steps per byte)",
+              GRAMMAR_MAX_STACKS, GRAMMAR_MAX_WORK);
+    if (eb) eb->reason = ADMIT_INVALID;
+    return KS_ERR_INVAL;
+}
 
 /* The mask, then the draw: EOG ids join the allowed set when complete;
  * every other token gets -inf; if the sampler still picks a masked id (only
@@ -1532,12 +2287,14 @@ static ks_err gm__sample_masked(grammar_matcher *m, const grammar_vocab *gv, sam
     if (grammar_matcher_mask(m, gv, mask, &n_allowed) != KS_OK)
         return ks_seterr(eb, KS_ERR_NOMEM, "out of memory");
     if (n_allowed == 0) {
+        if (grammar_matcher_ambiguous(m)) return gm__too_ambiguous(eb);
         if (complete) {
             *end = true;
             return KS_OK;
         }
-        return ks_seterr(eb, KS_ERR_INVAL,
-                         "grammar: no token of the vocabulary can continue the output");
+        ks_seterr(eb, KS_ERR_INVAL, "grammar: no token of the vocabulary can continue the output");
+        if (eb) eb->reason = ADMIT_INVALID;
+        return KS_ERR_INVAL;
     }
     if (complete)
         for (int32_t k = 0; k < gv->n_eog; k++)
@@ -1552,16 +2309,18 @@ static ks_err gm__sample_masked(grammar_matcher *m, const grammar_vocab *gv, sam
     }
     sample_result sr;
     sampler_sample(smp, logits, &sr);
-    bool eog = tok_is_eog(gv->v, sr.token);
+    bool eog = gv->v && tok_is_eog(gv->v, sr.token);
     if (!(mask[sr.token >> 5] >> (sr.token & 31) & 1u)) {
         int32_t pick = -1;
         for (int32_t i = 0; i < V && pick < 0; i++)
-            if ((mask[i >> 5] >> (i & 31) & 1u) && !tok_is_eog(gv->v, i)) pick = i;
+            if ((mask[i >> 5] >> (i & 31) & 1u) && !(gv->v && tok_is_eog(gv->v, i))) pick = i;
         sr.token = pick;
         eog = false;
     }
     if (!eog && !grammar_matcher_accept_token(m, gv, sr.token))
-        return ks_seterr(eb, KS_ERR_INTERNAL, "grammar: the chosen token was not accepted");
+        return grammar_matcher_ambiguous(m)
+                   ? gm__too_ambiguous(eb)
+                   : ks_seterr(eb, KS_ERR_INTERNAL, "grammar: the chosen token was not accepted");
     *out = sr;
     return KS_OK;
 }
@@ -1581,8 +2340,8 @@ ks_err grammar_sample(grammar_matcher *m, const grammar_vocab *gv, sampler *smp,
         // was; so try it first and build the mask only when it is refused.
         sample_result sr;
         sampler_sample(smp, logits, &sr);
-        if (tok_is_eog(gv->v, sr.token) ? complete
-                                        : grammar_matcher_accept_token(m, gv, sr.token)) {
+        if (gv->v && tok_is_eog(gv->v, sr.token) ? complete
+                                                 : grammar_matcher_accept_token(m, gv, sr.token)) {
             *out = sr;
             return KS_OK;
         }

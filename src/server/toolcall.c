@@ -1135,6 +1135,37 @@ static bool tc__has_tool(const json_t *tools, const char *name) {
     return false;
 }
 
+/* tool_choice "required" / named constrains the arguments to the tool's
+ * parameters schema (toolcall_grammar): a schema the compiler refuses (a
+ * keyword it does not enforce, required names it cannot generate) is
+ * refused here as response_format's is, never widened to any object. */
+static bool tc__check_schemas(const toolcall_req *tr, srv_error *err) {
+    size_t i;
+    json_t *t;
+    json_array_foreach(tr->tools, i, t) {
+        const json_t *fn = json_object_get(t, "function");
+        const char *nm = json_string_value(json_object_get(fn, "name"));
+        const json_t *params = json_object_get(fn, "parameters");
+        if (!nm || !json_is_object(params) ||
+            (tr->choice == TOOLCALL_CHOICE_NAMED && strcmp(nm, tr->name)))
+            continue;
+        char *g = NULL, param[64];
+        ks_errbuf eb = {0};
+        ks_err e = grammar_schema_gbnf(params, "t-", &g, &eb);
+        free(g);
+        if (e == KS_OK) continue;
+        snprintf(param, sizeof param, "tools[%zu].function.parameters", i);
+        if (e == KS_ERR_NOMEM)
+            return srv_fail(err, 503, "overloaded", "out of memory compiling %s", param);
+        return srv_refuse(err, e == KS_ERR_UNSUPPORTED ? ADMIT_UNSUPPORTED_PARAMETER : ADMIT_INVALID,
+                          param,
+                          "invalid '%s' (function '%.64s'; tool_choice constrains the arguments to "
+                          "it): %s",
+                          param, nm, eb.msg);
+    }
+    return true;
+}
+
 bool toolcall_req_parse(json_t *root, toolcall_req *out, srv_error *err) {
     memset(out, 0, sizeof *out);
     out->parallel = true;
@@ -1185,6 +1216,8 @@ bool toolcall_req_parse(json_t *root, toolcall_req *out, srv_error *err) {
                           "'tool_choice' names the function '%.64s', which is "
                           "not in 'tools'",
                           out->name);
+    if (out->choice == TOOLCALL_CHOICE_REQUIRED || out->choice == TOOLCALL_CHOICE_NAMED)
+        return tc__check_schemas(out, err);
     return true;
 }
 
@@ -1209,8 +1242,8 @@ static bool tc__gbnf_lit(srv_buf *b, const char *s) {
 /* Appends "call ::= ..." (one alternative per tool of tools, or only the one
  * named: its name as a literal, mid, then arguments) and each alternative's
  * argument rules: those of grammar_schema_gbnf for the tool's parameters
- * (prefix "tN-"), or the generic "object" rule where it has none or the
- * schema compiler refuses it (a keyword it does not enforce). */
+ * (prefix "tN-"), or the generic "object" rule where it has none (a
+ * schema the compiler refuses was refused by toolcall_req_parse). */
 static bool tc__gbnf_calls(srv_buf *b, const json_t *tools, const char *name, const char *mid) {
     srv_buf rules = {0};
     bool ok = srv_buf_add(b, "call ::= ", 9);

@@ -178,8 +178,10 @@ typedef struct toolcall_req {
 /* Validates "tools", "tool_choice" and "parallel_tool_calls" of a chat body
  * (root) into *out. False with *err filled (400, param named): wrong types or
  * shapes, a function name OpenAI would refuse, tool_choice naming a function
- * that is not in tools, "required"/named without tools ("required" and a
- * named function are enforced by toolcall_grammar's grammar). Pure. */
+ * that is not in tools, "required"/named without tools, and with
+ * "required"/named a tool's parameters schema the schema compiler refuses
+ * (param "tools[i].function.parameters"; "required" and a named function
+ * are enforced by toolcall_grammar's grammar). Pure. */
 bool toolcall_req_parse(json_t *root, toolcall_req *out /* OUT */, srv_error *err /* OUT */);
 
 /* GBNF (llama.cpp's grammar syntax) for exactly one call, in format f, of

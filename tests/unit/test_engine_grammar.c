@@ -5,10 +5,12 @@
  * grammars staying bounded), JSON schema compilation (each keyword;
  * unsupported ones refused by name) and the token mask against a
  * brute-force check over real vocabularies from ../shared/vocab. */
+#include "kvseal/admit.h"
 #include "kvseal/gguf.h"
 #include "kvseal/grammar.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <time.h>
 
 #include "../check.h"
@@ -311,6 +313,28 @@ static void test_bounds(void) {
     FULL(g, "yyyz");
     CHECK(now_s() - t0 < 1.0);
     grammar_unref(g);
+    // issue 38's grammar: twelve nullable x in a row. Stacks equal in
+    // structure are shared, so a long line stays 13 parses (they used to
+    // be copied every byte until the 1024-stack bound refused any line of
+    // 128 characters or more fed in one call)
+    g = gparse("root ::= (x x x x x x x x x x x x \"\\n\")*\nx ::= [ -~]*");
+    {
+        grammar_matcher *m = NULL;
+        ks_errbuf eb;
+        CHECK_EQ(grammar_matcher_create(g, &m, &eb), KS_OK);
+        char line[302];
+        for (int i = 0; i < 300; i++)
+            line[i] = (char)(' ' + i % 95);
+        line[300] = '\n';
+        line[301] = 0;
+        t0 = now_s();
+        for (int i = 0; i < 10; i++) // one call each: no compaction in between
+            CHECK(grammar_matcher_accept(m, line, strlen(line)));
+        CHECK(!grammar_matcher_ambiguous(m));
+        CHECK(now_s() - t0 < 2.0);
+        grammar_matcher_destroy(m);
+    }
+    grammar_unref(g);
     // nesting depth: past GRAMMAR_MAX_DEPTH the path dies
     g = gparse("root ::= \"(\" root \")\" | \"x\"");
     char deep[2 * 600 + 2];
@@ -328,6 +352,163 @@ static void test_bounds(void) {
     deep[n] = 0;
     NOPE(g, deep);
     grammar_unref(g);
+}
+
+/* One grammar_sample over a vocabulary of pieces (greedy on flat logits):
+ * returns its error, *end, and the message in eb. */
+static ks_err sample_once(const char *gb, const char *const *pieces, int32_t n, bool *end,
+                          ks_errbuf *eb) {
+    uint32_t lens[16];
+    CHECK(n <= 16);
+    for (int32_t i = 0; i < n; i++)
+        lens[i] = (uint32_t)strlen(pieces[i]);
+    grammar_vocab *gv = NULL;
+    CHECK_EQ(grammar_vocab_create_pieces(pieces, lens, n, &gv, eb), KS_OK);
+    grammar *g = gparse(gb);
+    grammar_matcher *m = NULL;
+    CHECK_EQ(grammar_matcher_create(g, &m, eb), KS_OK);
+    sample_params sp;
+    sample_params_default(&sp);
+    sp.temperature = 0.0f;
+    sampler *smp = NULL;
+    CHECK_EQ(sampler_create(&sp, n, &smp, eb), KS_OK);
+    float logits[16] = {0};
+    uint32_t mask[1];
+    sample_result sr;
+    ks_errbuf_clear(eb);
+    *end = false;
+    ks_err e = grammar_sample(m, gv, smp, &sp, logits, mask, &sr, end, eb);
+    sampler_destroy(smp);
+    grammar_matcher_destroy(m);
+    grammar_unref(g);
+    grammar_vocab_destroy(gv);
+    return e;
+}
+
+/* Issue 38 item 6: grammars no token can satisfy, or that the matcher can
+ * only satisfy by dropping every parse, are refusals (400), never a 500 or
+ * a silent empty answer; a grammar in which one character opens more
+ * parses than the bounds allow is refused at compile time. */
+static void test_refusals(void) {
+    ks_errbuf eb;
+    bool end = false;
+    // no piece holds the character the grammar needs: a refusal (reason
+    // INVALID, so the server answers 400), not an internal error
+    static const char *const abc[] = {"a", "b", "ab", "c"};
+    CHECK_EQ(sample_once("root ::= \"z\"", abc, 4, &end, &eb), KS_ERR_INVAL);
+    CHECK_EQ(eb.reason, ADMIT_INVALID);
+    CHECK(strstr(eb.msg, "no token"));
+    // each 'a' opens two parses that differ below (r's "b" or "c" to
+    // come): twelve in one piece pass 1024 stacks. The start is complete
+    // (r is nullable), and every piece drops every parse: that used to end
+    // the output with no token (an empty 200); it is a clear error now
+    static const char *const longs[] = {"aaaaaaaaaaaaa", "aaaaaaaaaaaaaa", "aaaaaaaaaaaaaaa"};
+    const char *amb = "root ::= r\nr ::= [a-z] r \"b\" | [a-z] r \"c\" | \"\"";
+    CHECK_EQ(sample_once(amb, longs, 3, &end, &eb), KS_ERR_INVAL);
+    CHECK(!end);
+    CHECK_EQ(eb.reason, ADMIT_INVALID);
+    CHECK(strstr(eb.msg, "too ambiguous"));
+    static const char *const shorts[] = {"a", "aa", "b"};
+    CHECK_EQ(sample_once(amb, shorts, 3, &end, &eb), KS_OK); // within the bounds: fine
+    // the same text compiles to the same grammar (its classes are shared)
+    grammar *g1 = gparse("root ::= [a-z]+ \"!\""), *g2 = gparse("root ::= [a-z]+ \"!\"");
+    CHECK(g1 == g2);
+    grammar_unref(g1);
+    grammar_unref(g2);
+    // compile time: after "x", one character opens 1100 parses
+    char *big = malloc(64 + 1100 * 16);
+    int n = sprintf(big, "root ::= \"x\" big | \"\"\nbig ::= ");
+    for (int i = 0; i < 1100; i++)
+        n += sprintf(big + n, "%s\"%c\" r%d", i ? " | " : "", 'a' + i % 26, i % 7);
+    for (int i = 0; i < 7; i++)
+        n += sprintf(big + n, "\nr%d ::= \"%d\"", i, i);
+    grammar *g = NULL;
+    CHECK_EQ(grammar_parse(big, (size_t)n, &g, &eb), KS_ERR_INVAL);
+    CHECK(strstr(eb.msg, "too ambiguous"));
+    CHECK(strstr(eb.msg, "'root'"));
+    free(big);
+}
+
+/* Matchers of one grammar on several threads at once (grammar.h: a
+ * grammar and a vocabulary are shared, a matcher is its thread's): each
+ * thread's masks along a text equal one thread's alone, while the
+ * grammar's classes and shared masks fill in under them. */
+#define MT_THREADS 4
+#define MT_VOCAB 3000
+typedef struct mt_arg {
+    grammar *g;
+    const grammar_vocab *gv;
+    const char *text;
+    uint64_t sum; // a digest of every mask
+    bool ok;
+} mt_arg;
+
+static void *mt_run(void *p) {
+    mt_arg *a = p;
+    ks_errbuf eb;
+    grammar_matcher *m = NULL;
+    a->ok = grammar_matcher_create(a->g, &m, &eb) == KS_OK;
+    uint32_t bits[(MT_VOCAB + 31) / 32];
+    for (size_t i = 0; a->ok && a->text[i]; i++) {
+        int32_t n = 0;
+        a->ok = grammar_matcher_mask(m, a->gv, bits, &n) == KS_OK &&
+                grammar_matcher_accept(m, a->text + i, 1);
+        for (int w = 0; w < (MT_VOCAB + 31) / 32; w++)
+            a->sum = (a->sum ^ bits[w]) * 0x100000001B3ull;
+    }
+    grammar_matcher_destroy(m);
+    return NULL;
+}
+
+static void test_threads(void) {
+    // a vocabulary of pieces: every printable byte, then short strings
+    static char store[MT_VOCAB][8];
+    const char *pieces[MT_VOCAB];
+    uint32_t lens[MT_VOCAB];
+    static const char alpha[] = "abc \"{}[],:0123456789xyz\\n";
+    uint64_t r = 1;
+    for (int i = 0; i < MT_VOCAB; i++) {
+        int n = i < 95 ? 1 : 2 + (int)(r >> 60) % 5;
+        for (int j = 0; j < n; j++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            store[i][j] = i < 95 ? (char)(' ' + i) : alpha[(r >> 33) % (sizeof alpha - 1)];
+        }
+        pieces[i] = store[i];
+        lens[i] = (uint32_t)n;
+    }
+    ks_errbuf eb;
+    grammar_vocab *gv = NULL;
+    CHECK_EQ(grammar_vocab_create_pieces(pieces, lens, MT_VOCAB, &gv, &eb), KS_OK);
+    json_t *sc = json_loads("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},"
+                            "\"b\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}}}",
+                            0, NULL);
+    char *gb = NULL;
+    CHECK_EQ(grammar_schema_gbnf(sc, "", &gb, &eb), KS_OK);
+    json_decref(sc);
+    const char *text = "{\"a\": \"xy \\\"z\\\" abc\", \"b\": [1, 23, 456]}";
+    // alone, on a grammar of its own text (a trailing comment: not interned with the others)
+    char *gb1 = malloc(strlen(gb) + 16);
+    sprintf(gb1, "%s\n# alone\n", gb);
+    mt_arg ref = {.g = gparse(gb1), .gv = gv, .text = text};
+    mt_run(&ref);
+    CHECK(ref.ok);
+    grammar *g = gparse(gb);
+    pthread_t th[MT_THREADS];
+    mt_arg args[MT_THREADS];
+    for (int i = 0; i < MT_THREADS; i++) {
+        args[i] = (mt_arg){.g = g, .gv = gv, .text = text};
+        CHECK_EQ(pthread_create(&th[i], NULL, mt_run, &args[i]), 0);
+    }
+    for (int i = 0; i < MT_THREADS; i++) {
+        CHECK_EQ(pthread_join(th[i], NULL), 0);
+        CHECK(args[i].ok);
+        CHECK_EQ(args[i].sum, ref.sum);
+    }
+    grammar_unref(g);
+    grammar_unref(ref.g);
+    grammar_vocab_destroy(gv);
+    free(gb1);
+    free(gb);
 }
 
 static void test_matcher_api(void) {
@@ -553,18 +734,18 @@ static int32_t check_mask_brute(const tok_vocab *v, grammar *g, const char *gb, 
     size_t lp = strlen(prefix);
     CHECK(lp < sizeof text - sizeof piece);
     ks_errbuf eb;
+    grammar_matcher *b = NULL; // reset to the start for each id: as fresh
+    CHECK_EQ(grammar_matcher_create(g, &b, &eb), KS_OK);
     for (int32_t id = 0; id < V; id++) {
         if (BRUTE_STRIDE > 1 && id % BRUTE_STRIDE && !((bits[id >> 5] >> (id & 31)) & 1u))
             continue; // (sanitizer builds) a refused id left out: it counts as refused
         size_t n = tok_piece(v, id, false, piece, sizeof piece);
         bool want = false;
         if (n > 0 && n < sizeof piece && !tok_is_eog(v, id)) {
-            grammar_matcher *b = NULL;
-            CHECK_EQ(grammar_matcher_create(g, &b, &eb), KS_OK);
+            CHECK_EQ(grammar_matcher_reset(b), KS_OK);
             memcpy(text, prefix, lp);
             memcpy(text + lp, piece, n);
             want = grammar_matcher_accept(b, text, lp + n);
-            grammar_matcher_destroy(b);
         }
         bool got = (bits[id >> 5] >> (id & 31)) & 1u;
         if (got != want)
@@ -575,6 +756,7 @@ static int32_t check_mask_brute(const tok_vocab *v, grammar *g, const char *gb, 
         CHECK_EQ(got, want);
         count += want;
     }
+    grammar_matcher_destroy(b);
     return count;
 }
 
@@ -691,6 +873,9 @@ static void test_masks(const char *path) {
     check_mask(v, gv, "root ::= [^a-z]* \"a\"", "");
     check_mask(v, gv, "root ::= \"\\u00e9t\\u00e9\" | [\\u4e00-\\u9fff]+", "");
     check_mask(v, gv, "root ::= (\" \" [a-z]+)+ \".\"", " the");
+    // issue 38's grammar: every top's classes, and the lines' ends checked
+    check_mask(v, gv, "root ::= (x x x x x x x x x x x x \"\\n\")*\nx ::= [ -~]*",
+               "The quick brown fox\njumps");
     free((void *)json);
     grammar_vocab_destroy(gv);
     tok_vocab_free(v);
@@ -701,6 +886,8 @@ int main(void) {
     test_errors();
     test_bounds();
     test_matcher_api();
+    test_refusals();
+    test_threads();
     test_schema();
     const char *sh = getenv("KS_SHARED");
     char path[1024];
