@@ -46,10 +46,9 @@ typedef struct grammar grammar;
  * rule ends where the next `name ::=` starts. On success *out holds one
  * reference (grammar_unref). Errors: KS_ERR_INVAL with "line L, column C:
  * what" in eb (syntax, an undefined rule, no root, left recursion), and
- * KS_ERR_NOSPACE when a GRAMMAR_MAX_* bound is passed; KS_ERR_NOMEM. The
- * same text parsed again while recently used returns the same grammar
- * (a process-wide table of 16), so its precomputed token classes are
- * shared across requests. Refused too: a grammar in which one character
+ * KS_ERR_NOSPACE when a GRAMMAR_MAX_* bound is passed; KS_ERR_NOMEM. Each
+ * call compiles a grammar of its own (never shared between requests, so
+ * neither its token classes nor their timing cross tenants). Refused too: a grammar in which one character
  * opens more parses than the matcher's bounds (KS_ERR_INVAL, "too
  * ambiguous", naming the rule). Thread-safe. */
 ks_err grammar_parse(const char *text, size_t len, grammar **out /* OUT */,

@@ -931,62 +931,19 @@ done:
 
 static ks_err gm__check_bounded(grammar_matcher *m, ks_errbuf *eb);
 
-/* Recently compiled grammars, by text: requests that send the same grammar
- * or schema share one compiled grammar and so its token classes (the
- * first request pays for them). A slot holds a reference; the least
- * recently used is dropped. */
-#define GM__INTERN 16
-static pthread_mutex_t gm__intern_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct {
-    grammar *g;
-    uint64_t used;
-} gm__intern[GM__INTERN];
-static uint64_t gm__intern_clock;
-
-/* A reference to the interned grammar of text, or NULL (mutex held). */
-static grammar *gm__intern_find(const char *text, size_t len) {
-    for (int i = 0; i < GM__INTERN; i++) {
-        grammar *g = gm__intern[i].g;
-        if (g && g->text_len == len && (!len || !memcmp(g->text, text, len))) {
-            gm__intern[i].used = ++gm__intern_clock;
-            return grammar_ref(g);
-        }
-    }
-    return NULL;
-}
-
 static ks_err gm__parse(const char *text, size_t len, grammar **out, ks_errbuf *eb);
 
+/* Each call compiles its own grammar, even for a text seen before: the token
+ * classes a grammar fills in as it is used are its request's alone, so how
+ * fast a request's first masks are tells it nothing about another request
+ * (another tenant's grammar or schema), as the prefix cache is scoped by
+ * tenant (I7). The first masks' class building is charged to the request
+ * that pays it. */
 ks_err grammar_parse(const char *text, size_t len, grammar **out, ks_errbuf *eb) {
     KS_ASSERT(out);
     *out = NULL;
     if (!text && len) return ks_seterr(eb, KS_ERR_INVAL, "grammar: NULL text");
-    pthread_mutex_lock(&gm__intern_mu);
-    grammar *g = gm__intern_find(text, len);
-    pthread_mutex_unlock(&gm__intern_mu);
-    if (g) {
-        *out = g;
-        return KS_OK;
-    }
-    ks_err err = gm__parse(text, len, &g, eb); // outside the lock
-    if (err) return err;
-    pthread_mutex_lock(&gm__intern_mu);
-    grammar *have = gm__intern_find(text, len), *drop = NULL;
-    if (have) { // another thread compiled the same text meanwhile
-        drop = g;
-        g = have;
-    } else {
-        int v = 0;
-        for (int i = 1; i < GM__INTERN && gm__intern[v].g; i++)
-            if (!gm__intern[i].g || gm__intern[i].used < gm__intern[v].used) v = i;
-        drop = gm__intern[v].g;
-        gm__intern[v].g = grammar_ref(g);
-        gm__intern[v].used = ++gm__intern_clock;
-    }
-    pthread_mutex_unlock(&gm__intern_mu);
-    grammar_unref(drop);
-    *out = g;
-    return KS_OK;
+    return gm__parse(text, len, out, eb);
 }
 
 static ks_err gm__parse(const char *text, size_t len, grammar **out, ks_errbuf *eb) {
