@@ -79,11 +79,11 @@ typedef struct engine_opts {
      * never on the scheduler thread: a step waits for this step's masks at
      * most as long as its forward pass took, and a request whose mask is not
      * ready sits the next steps out. A request whose mask takes more than
-     * grammar_budget_ms of CPU for one token, or grammar_cpu_ms for all its
+     * grammar_budget_us of CPU for one token, or grammar_cpu_us for all its
      * tokens, ends with KS_ERR_INVAL and reason ADMIT_INVALID (a 400 naming
      * the limit) as soon as the scheduler sees it over, even mid-mask. */
-    uint32_t grammar_budget_ms; /* per token (250; 0: no limit) */
-    uint32_t grammar_cpu_ms;    /* per request (20000; 0: no limit) */
+    uint64_t grammar_budget_us; /* per token, microseconds (1000000; 0: no limit) */
+    uint64_t grammar_cpu_us;    /* per request, microseconds (20000000; 0: no limit) */
 } engine_opts;
 
 /* Fills defaults for everything but m, n_ctx and kv_pages. Can't fail. */

@@ -45,7 +45,7 @@ void serve__usage(const char *cmd) {
         "         [--request-timeout SECONDS (10)] [--max-connections 4096]\n"
         "         [--max-connections-per-ip 256 (0: no limit)] [--chat-template-file FILE]\n"
         "         [--tool-call-format auto|none|NAME] [--reasoning-format auto|none|deepseek]\n"
-        "         [--pooling mean|last] [--grammar-budget-ms 250] [--grammar-cpu-ms 20000]\n"
+        "         [--pooling mean|last] [--grammar-budget-ms 1000] [--grammar-cpu-ms 20000]\n"
         "  --grammar-budget-ms / --grammar-cpu-ms: the CPU a request's grammar masks may\n"
         "  take for one token / in all (0: no limit); past either it ends with a 400. Masks\n"
         "  run on their own threads and never hold up other requests' tokens.\n"
@@ -88,7 +88,7 @@ void serve__usage(const char *cmd) {
         "                 [--threads N] [--max-running 16] [--page-tokens 16] [--scrub "
         "zero|poison]\n"
         "                 [--kv-type f32|f16|q8_0] [--drain-timeout-ms 30000]\n"
-        "                 [--grammar-budget-ms 250] [--grammar-cpu-ms 20000]\n"
+        "                 [--grammar-budget-ms 1000] [--grammar-cpu-ms 20000]\n"
         "  On SIGTERM a worker drains: it takes no new request, finishes what it holds (up to\n"
         "  --drain-timeout-ms; 0 aborts at once) and exits 0.\n"
         "  Every cluster connection is TLS 1.3, mutually authenticated with keys derived from\n"
@@ -468,8 +468,8 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
     c->queue_max = d.queue_max;
     c->queue_timeout_ms = d.queue_timeout_ms;
     c->batch = d.max_batch_tokens;
-    c->grammar_budget_ms = d.grammar_budget_ms;
-    c->grammar_cpu_ms = d.grammar_cpu_ms;
+    c->grammar_budget_ms = (long)(d.grammar_budget_us / 1000);
+    c->grammar_cpu_ms = (long)(d.grammar_cpu_us / 1000);
     server_opts so;
     server_opts_default(&so);  // the server's defaults are the only copy of them
     c->idle_timeout = so.idle_timeout_s;
@@ -526,8 +526,8 @@ void serve__engine_opts(const serve__cfg *c, const model *m, engine_opts *o) {
     o->queue_max = (int32_t)c->queue_max;
     o->queue_timeout_ms = (uint32_t)c->queue_timeout_ms;
     o->max_batch_tokens = (int32_t)c->batch;
-    o->grammar_budget_ms = (uint32_t)c->grammar_budget_ms;
-    o->grammar_cpu_ms = (uint32_t)c->grammar_cpu_ms;
+    o->grammar_budget_us = (uint64_t)c->grammar_budget_ms * 1000;
+    o->grammar_cpu_us = (uint64_t)c->grammar_cpu_ms * 1000;
     o->prefix_cache = !c->no_prefix_cache;
     o->scrub = c->scrub;
     o->kv_type = c->kv_type;

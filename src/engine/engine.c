@@ -104,6 +104,7 @@ struct engine_req {
     sample_result msr;          // the job's result
     bool mend;
     ks_err merr;
+    uint16_t mreason;           // merr's refusal reason (ADMIT_INVALID: the grammar's fault), or 0
     char mmsg[512];
     clockid_t mclk;             // RUNNING: its thread's CPU clock, and the reading at the start
     uint64_t mcpu0;
@@ -224,8 +225,8 @@ void engine_opts_default(engine_opts *o) {
     o->queue_max = 64;
     o->queue_timeout_ms = 30000;
     o->prefix_cache = true;
-    o->grammar_budget_ms = 250; // a permissive state's first trie walk is 10-40 ms at 32k-50k tokens
-    o->grammar_cpu_ms = 20000;
+    o->grammar_budget_us = 1000000; // a new grammar's first masks build its token classes: 0.1-0.3 s at 150k tokens
+    o->grammar_cpu_us = 20000000;
 }
 
 ks_err engine_capacity_check(const engine_opts *o, bool *warn_out, char *buf, size_t cap) {
@@ -852,7 +853,10 @@ static void *engine__mask_main(void *arg) {
             r->mend = false;
             r->merr = grammar_sample(r->gm, e->gvocab, r->smp, &r->sp, r->mlogits, r->gmask,
                                      &r->msr, &r->mend, &eb);
-            if (r->merr) snprintf(r->mmsg, sizeof r->mmsg, "%s", eb.msg);
+            if (r->merr) {
+                r->mreason = eb.reason;
+                snprintf(r->mmsg, sizeof r->mmsg, "%s", eb.msg);
+            }
         }
         uint64_t c1 = engine__clock_ns(clk);
         pthread_mutex_lock(&e->mmu);
@@ -893,13 +897,13 @@ static void engine__mask_over(engine *e, engine_req *r, bool per_token, uint64_t
     if (per_token)
         snprintf(msg, sizeof msg,
                  "the grammar's mask took %.1f ms of CPU for one token, over this server's limit "
-                 "of %u ms (--grammar-budget-ms); simplify the grammar",
-                 (double)ns / 1e6, e->o.grammar_budget_ms);
+                 "of %g ms (--grammar-budget-ms); simplify the grammar",
+                 (double)ns / 1e6, (double)e->o.grammar_budget_us / 1e3);
     else
         snprintf(msg, sizeof msg,
-                 "the grammar's masks took %.1f ms of CPU in all, over this server's limit of %u "
+                 "the grammar's masks took %.1f ms of CPU in all, over this server's limit of %g "
                  "ms per request (--grammar-cpu-ms); simplify the grammar or lower max_tokens",
-                 (double)ns / 1e6, e->o.grammar_cpu_ms);
+                 (double)ns / 1e6, (double)e->o.grammar_cpu_us / 1e3);
     ks_log(KS_LOG_WARN, "request %" PRIu64 " (tenant %s): %s", r->id, r->tenant, msg);
     engine__finish_reason(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, KS_ERR_INVAL, ADMIT_INVALID,
                           msg);
@@ -909,17 +913,18 @@ static void engine__mask_over(engine *e, engine_req *r, bool per_token, uint64_t
  * it; ends the request once the grammar can accept nothing more. Returns
  * true if r finished. */
 static bool engine__mask_take(engine *e, engine_req *r, uint64_t last_ns, uint64_t total_ns) {
-    const uint64_t ms = 1000000ull;
-    if (e->o.grammar_budget_ms && last_ns > e->o.grammar_budget_ms * ms) {
+    const uint64_t us = 1000ull; // budgets are in microseconds, CPU clocks in nanoseconds
+    if (e->o.grammar_budget_us && last_ns > e->o.grammar_budget_us * us) {
         engine__mask_over(e, r, true, last_ns);
         return true;
     }
-    if (e->o.grammar_cpu_ms && total_ns > e->o.grammar_cpu_ms * ms) {
+    if (e->o.grammar_cpu_us && total_ns > e->o.grammar_cpu_us * us) {
         engine__mask_over(e, r, false, total_ns);
         return true;
     }
-    if (r->merr != KS_OK) {
-        engine__finish(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, r->merr, r->mmsg);
+    if (r->merr != KS_OK) { // a grammar no token can continue is the request's fault (400)
+        engine__finish_reason(e, r, ENGINE_ABORTED, ENGINE_FINISH_ERROR, r->merr, r->mreason,
+                              r->mmsg);
         return true;
     }
     if (r->mend) {
@@ -941,7 +946,7 @@ static void engine__mask_collect(engine *e) {
     enum { KEEP, TAKE, OVER_TOKEN, OVER_TOTAL };
     uint8_t *act = e->m_act;
     uint64_t *last = e->m_last, *total = e->m_total;
-    const uint64_t ms = 1000000ull;
+    const uint64_t us = 1000ull; // budgets are in microseconds, CPU clocks in nanoseconds
     bool any = false;
     pthread_mutex_lock(&e->mmu);
     for (int i = 0; i < e->n_running; i++) {
@@ -958,8 +963,8 @@ static void engine__mask_collect(engine *e) {
             uint64_t now = engine__clock_ns(r->mclk);
             last[i] = now > r->mcpu0 ? now - r->mcpu0 : 0;
             total[i] = r->mask_ns + last[i];
-            if (e->o.grammar_budget_ms && last[i] > e->o.grammar_budget_ms * ms) act[i] = OVER_TOKEN;
-            else if (e->o.grammar_cpu_ms && total[i] > e->o.grammar_cpu_ms * ms)
+            if (e->o.grammar_budget_us && last[i] > e->o.grammar_budget_us * us) act[i] = OVER_TOKEN;
+            else if (e->o.grammar_cpu_us && total[i] > e->o.grammar_cpu_us * us)
                 act[i] = OVER_TOTAL;
         }
         any |= act[i] != KEEP;

@@ -2,8 +2,10 @@
 # test_fairness.sh — one tenant's expensive grammar cannot stall another
 # tenant (issue 38 item 1), on `serve` and through router + prefill + decode.
 #
-# Tenant alpha streams 6 requests of 200 tokens under a pathological grammar
-# (12 nested `[ -~]*` per line: tens of ms of mask work per token). While
+# Tenant alpha streams 6 requests of 400 tokens under a pathological grammar
+# (12 nested `[ -~]*` per line: tens of ms of mask work per token for the
+# matcher before issue 38; the new one shares equal stacks, but the test
+# holds whatever the matcher costs). While
 # they run, tenant beta's 32-token answer must stay within 2x of its quiet
 # latency, measured in the same run (medians of 3; plus a fixed allowance
 # for a loaded 2-core machine: the defect was 0.01 s -> 5-9 s). Before the
@@ -17,9 +19,11 @@
 # the fix the group held all 16 slots and beta queued behind it, up to a 503
 # "timed out waiting for KV capacity").
 #
-# Last, the per-token mask budget: with --grammar-budget-ms 1 the grammar
-# request ends with a 400 that names the budget, on serve (its mask CPU
-# charged to alpha in /metrics) and on a cluster's decode worker.
+# Last, the mask budget: with --grammar-cpu-ms 1 the grammar request ends
+# with a 400 that names the budget, on serve (its mask CPU charged to alpha
+# in /metrics) and on a cluster's decode worker. (The per-token budget,
+# whose flag counts whole ms, is checked in microseconds by test_engine_sched:
+# the matcher is now too fast on kjv-mini to pass 1 ms per token.)
 . "$(dirname "$0")/lib.sh"
 command -v curl >/dev/null || skip "curl is not installed (scripts/install-deps.sh)"
 M=$KS_SRC/models/kjv-mini.gguf
@@ -62,7 +66,7 @@ alpha_load() {
     for i in $(seq 1 "$1"); do
         curl -sS -N -o "$TMPD/alpha.$i" "$KS_URL/v1/completions" \
             -H 'Authorization: Bearer sk-alpha-0123456789abcdef' -H 'Content-Type: application/json' \
-            -d "{\"model\":\"kjv-mini\",\"prompt\":\"In the beginning\",\"max_tokens\":200,\"ignore_eos\":true,\"stream\":true,\"seed\":$i,\"grammar\":\"$GRAMMAR\"}" &
+            -d "{\"model\":\"kjv-mini\",\"prompt\":\"In the beginning\",\"max_tokens\":400,\"ignore_eos\":true,\"stream\":true,\"seed\":$i,\"grammar\":\"$GRAMMAR\"}" &
         ALPHA_PIDS+=($!)
     done
     for i in $(seq 1 "$1"); do
@@ -124,12 +128,12 @@ start_server "$TMPD/s" -m "$M" --tenants "$TMPD/t.json"
 scenario serve
 stop_server
 
-# the per-token mask budget: a grammar over it ends with a 400 naming it
-start_server "$TMPD/s2" -m "$M" --tenants "$TMPD/t.json" --grammar-budget-ms 1
+# the mask budget: a grammar over it ends with a 400 naming it
+start_server "$TMPD/s2" -m "$M" --tenants "$TMPD/t.json" --grammar-cpu-ms 1
 req "over the mask budget" 400 "$KS_URL/v1/completions" \
     -H 'Authorization: Bearer sk-alpha-0123456789abcdef' -H 'Content-Type: application/json' \
-    -d "{\"model\":\"kjv-mini\",\"prompt\":\"In the beginning\",\"max_tokens\":200,\"ignore_eos\":true,\"grammar\":\"$GRAMMAR\"}"
-expect_has "over the mask budget" "$BODY" 'grammar-budget-ms'
+    -d "{\"model\":\"kjv-mini\",\"prompt\":\"In the beginning\",\"max_tokens\":400,\"ignore_eos\":true,\"grammar\":\"$GRAMMAR\"}"
+expect_has "over the mask budget" "$BODY" 'grammar-cpu-ms'
 # the mask CPU is charged to alpha (more than the 1 ms it went over), not to beta
 us=$(metric "$KS_URL" 'kvseal_tenant_grammar_mask_microseconds_total{tenant="alpha"}')
 [ -n "$us" ] && [ "$us" -ge 1000 ] || fail "alpha's mask CPU in /metrics: [$us] us, want >= 1000"
@@ -142,11 +146,11 @@ scenario cluster
 stop_cluster
 
 # the decode workers enforce the budget (set on them): a 400 through the router
-DECODE_ARGS="--grammar-budget-ms 1" ROUTER_ARGS="--tenants $TMPD/t.json" \
+DECODE_ARGS="--grammar-cpu-ms 1" ROUTER_ARGS="--tenants $TMPD/t.json" \
     CLUSTER_PROBE_AUTH=sk-beta-0123456789abcdef start_cluster "$TMPD/c2" 1 1 -m "$M"
 req "cluster: over the mask budget" 400 "$KS_URL/v1/completions" \
     -H 'Authorization: Bearer sk-alpha-0123456789abcdef' -H 'Content-Type: application/json' \
-    -d "{\"model\":\"kjv-mini\",\"prompt\":\"In the beginning\",\"max_tokens\":200,\"ignore_eos\":true,\"grammar\":\"$GRAMMAR\"}"
-expect_has "cluster: over the mask budget" "$BODY" 'grammar-budget-ms'
+    -d "{\"model\":\"kjv-mini\",\"prompt\":\"In the beginning\",\"max_tokens\":400,\"ignore_eos\":true,\"grammar\":\"$GRAMMAR\"}"
+expect_has "cluster: over the mask budget" "$BODY" 'grammar-cpu-ms'
 stop_cluster
 echo "fairness ok"

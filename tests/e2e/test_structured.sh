@@ -63,6 +63,11 @@ printf '{"model":"@cf/kvseal/kjv-mini","prompt":"Hi","max_tokens":4,"grammar":"%
 req "too ambiguous" 400 "${H[@]}" "$KS_URL/v1/completions" --data-binary @"$TMPD/amb.json"
 expect_has "too ambiguous" "$BODY" '"param":"grammar"'
 expect_has "too ambiguous" "$BODY" "too ambiguous: in rule 'root'"
+# a grammar no token of the vocabulary can continue is the request's fault:
+# a 400 naming it, not a 500 (a lone surrogate: no UTF-8 text spells it)
+req "no token can satisfy" 400 "${H[@]}" "$KS_URL/v1/completions" \
+    -d '{"model":"@cf/kvseal/kjv-mini","prompt":"Hi","max_tokens":4,"grammar":"root ::= \"\\uD800\""}'
+expect_has "no token can satisfy" "$BODY" 'no token of the vocabulary can continue'
 curl -fsS "$KS_URL/health" >/dev/null || fail "server unhealthy after the structured output checks"
 stop_server
 # a tool schema the compiler refuses, with tool_choice required (or
