@@ -61,13 +61,13 @@ static size_t encode(const tok_vocab *v, const char *s, size_t n, bool add_speci
     return n_ids;
 }
 
-static void check_ids(const tok_vocab *v, const char *s, bool add_special, bool parse_special,
-                      const int32_t *want, size_t n_want) {
-    int32_t *ids;
-    size_t n = encode(v, s, strlen(s), add_special, parse_special, &ids);
+/* Checks ids[0..n) against want, printing both (labelled what and s) when
+ * they differ. */
+static void expect_ids(const char *what, const char *s, const int32_t *ids, size_t n,
+                       const int32_t *want, size_t n_want) {
     bool same = n == n_want && (n == 0 || memcmp(ids, want, n * sizeof *ids) == 0);
     if (!same) {
-        fprintf(stderr, "tokenize '%s': got", s);
+        fprintf(stderr, "%s [%s]: got", what, s);
         for (size_t i = 0; i < n; i++)
             fprintf(stderr, " %d", ids[i]);
         fprintf(stderr, ", want");
@@ -76,6 +76,13 @@ static void check_ids(const tok_vocab *v, const char *s, bool add_special, bool 
         fprintf(stderr, "\n");
     }
     CHECK(same);
+}
+
+static void check_ids(const tok_vocab *v, const char *s, bool add_special, bool parse_special,
+                      const int32_t *want, size_t n_want) {
+    int32_t *ids;
+    size_t n = encode(v, s, strlen(s), add_special, parse_special, &ids);
+    expect_ids("tokenize", s, ids, n, want, n_want);
     free(ids);
 }
 
@@ -306,17 +313,7 @@ static void check_marked(const tok_vocab *v, const char *s, const tok_span *sp, 
     ks_errbuf eb = {0};
     CHECK_EQ(tok_encode_marked(v, s, strlen(s), false, true, sp, n_sp, SIZE_MAX, &ids, &n, &eb),
              KS_OK);
-    bool same = n == n_want && (n == 0 || memcmp(ids, want, n * sizeof *ids) == 0);
-    if (!same) {
-        fprintf(stderr, "marked [%s]: got", s);
-        for (size_t i = 0; i < n; i++)
-            fprintf(stderr, " %d", ids[i]);
-        fprintf(stderr, ", want");
-        for (size_t i = 0; i < n_want; i++)
-            fprintf(stderr, " %d", want[i]);
-        fprintf(stderr, "\n");
-    }
-    CHECK(same);
+    expect_ids("marked", s, ids, n, want, n_want);
     free(ids);
 }
 
