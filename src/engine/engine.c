@@ -28,6 +28,7 @@
  * never sees it; the hook's owner frees it after the done event. */
 #include "kvseal/engine.h"
 #include "kvseal/admit.h"
+#include "kv/kv_fault.h" /* TEST ONLY: KS_FAULT=swap_page (KS_TEST_FAULTS builds) */
 
 #include <errno.h>
 #include <inttypes.h>
