@@ -80,7 +80,7 @@ ks_err engine_capacity_check(const engine_opts *o, bool *warn_out, char *buf, si
 }
 
 // ----------------------------------------------------------------------------
-// Scheduler helpers
+// Scheduler helpers: choice groups, isolation violations, the fair queue
 
 /* Choice 0 of a group computed the prompt (its pages are READY): every
  * waiting choice now shares its full prompt pages before the last one

@@ -272,6 +272,9 @@ ks_err engine_submit_n(engine *e, const engine_params *p, int n, engine_req **ou
 
 // ----------------------------------------------------------------------------
 // A request's end and its tokens (scheduler thread)
+//
+// The done event reports the CPU the request's grammar masks took (mask.c
+// runs them and keeps the count under e->mmu): read here, at the end.
 
 uint64_t engine__clock_ns(clockid_t clk) {
     struct timespec ts;
