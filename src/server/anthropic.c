@@ -653,35 +653,6 @@ json_t *srv_anth_message(const char *id, const char *model_name, json_t *content
                      "cache_read_input_tokens", (int)n_cached, "output_tokens", (int)n_gen);
 }
 
-const char *srv_anth_error_type(int status) {
-    switch (status) {
-    case 401:
-        return "authentication_error";
-    case 403:
-        return "permission_error";
-    case 404:
-        return "not_found_error";
-    case 413:
-        return "request_too_large";
-    case 429:
-        return "rate_limit_error";
-    case 503:
-    case 529:
-        return "overloaded_error";
-    default:
-        return status >= 500 ? "api_error" : "invalid_request_error";
-    }
-}
-
-char *srv_anth_error_json(const srv_error *e) {
-    json_t *j = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
-                          srv_anth_error_type(e->status), "message", e->msg);
-    if (!j) return NULL;
-    char *s = json_dumps(j, JSON_COMPACT);
-    json_decref(j);
-    return s;
-}
-
 // ----------------------------------------------------------------------------
 // Streaming
 
