@@ -222,18 +222,18 @@ const char *srv__bearer(struct MHD_Connection *c) {
 }
 
 /* Tenant index for an API request, or -1 with err filled (401; 400 when
- * /v1/messages has two different keys). Anthropic's clients send the key
- * in x-api-key: /v1/messages takes it there too; either way the tenant
- * comes from the key alone (I7). */
+ * two different keys came). A dialect may name a second header for the key
+ * (Anthropic's clients send x-api-key): its routes take it there too;
+ * either way the tenant comes from the key alone (I7). */
 int srv__auth(server *s, struct MHD_Connection *c, srv_route route, srv_error *err) {
     if (s->ts->anonymous) {
         srv_reqinfo *ri = srv__ri(c);
         if (ri) ri->tenant = 0;
         return 0;
     }
+    const srv_dialect_info *d = srv_dialect_get(srv_route_dialect(route));
     const char *key = srv__bearer(c), *xkey = NULL;
-    if (route == SRV_ROUTE_MESSAGES)
-        xkey = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (d->key_header) xkey = MHD_lookup_connection_value(c, MHD_HEADER_KIND, d->key_header);
     if (xkey && !*xkey) xkey = NULL;
     if (key && xkey && strcmp(key, xkey) != 0) {
         srv_refuse(err, ADMIT_DUPLICATE_HEADER, NULL,
@@ -242,10 +242,7 @@ int srv__auth(server *s, struct MHD_Connection *c, srv_route route, srv_error *e
     }
     if (!key) key = xkey;
     if (!key) {
-        srv_refuse(err, ADMIT_AUTH, NULL,
-                   route == SRV_ROUTE_MESSAGES
-                       ? "missing API key: send the header 'x-api-key: <key>'"
-                       : "missing API key: send the header 'Authorization: Bearer <key>'");
+        srv_refuse(err, ADMIT_AUTH, NULL, "%s", d->missing_key);
         return -1;
     }
     int t = srv_tenants_auth(s->ts, key, strlen(key));
@@ -255,3 +252,39 @@ int srv__auth(server *s, struct MHD_Connection *c, srv_route route, srv_error *e
     return t;
 }
 
+/* True when the request may read /metrics, else false with err filled.
+ * Tenant names and traffic are tenant data: with tenants configured only
+ * the scraper's key (--metrics-key) or the admin key reads them, as a
+ * bearer token (Prometheus' authorization); no key, a tenant's key or a
+ * wrong one gets 401, and with neither key configured the route is off
+ * (403). Without tenants (one anonymous tenant) it is open. */
+bool srv__auth_metrics(server *s, struct MHD_Connection *c, srv_error *err) {
+    if (s->ts->anonymous) return true;
+    const char *key = srv__bearer(c);
+    if (!s->ts->has_metrics && !s->ts->has_admin)
+        return srv_refuse(err, ADMIT_ADMIN_DISABLED, NULL,
+                          "/metrics is off: with tenants configured it needs a key; start the "
+                          "server with --metrics-key (or an admin key) and scrape with "
+                          "'Authorization: Bearer <metrics key>'");
+    if (!key || !srv_tenants_metrics_ok(s->ts, key, strlen(key)))
+        return srv_refuse(err, ADMIT_AUTH, NULL,
+                          key ? "invalid metrics key"
+                              : "missing metrics key: send 'Authorization: Bearer <metrics key>'");
+    return true;
+}
+
+/* True when the request carries the admin key, else false with err filled:
+ * 403 when no admin key is configured (the admin API is off), 401 for a
+ * missing or wrong one. */
+bool srv__auth_admin(server *s, struct MHD_Connection *c, srv_error *err) {
+    const char *key = srv__bearer(c);
+    if (!s->ts->has_admin)
+        return srv_refuse(err, ADMIT_ADMIN_DISABLED, NULL,
+                          "the admin API is disabled: start the server with --admin-key or an "
+                          "admin_key in the tenants file");
+    if (!key || !srv_tenants_admin_ok(s->ts, key, strlen(key)))
+        return srv_refuse(err, ADMIT_AUTH, NULL,
+                          key ? "invalid admin key"
+                              : "missing admin key: send 'Authorization: Bearer <admin key>'");
+    return true;
+}

@@ -55,13 +55,14 @@ static bool srv__gen_choices(server *s, const srv_request *rq, srv_error *err) {
 /* A generation on route api (CHAT, COMPLETIONS, WORKERS, MESSAGES or
  * WORKERS_CHAT): errors and metrics in api's shape, the answer in route's
  * (WORKERS_CHAT answers as CHAT). */
-enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_route api,
-                                     const char *url_model, srv_conn *sc) {
+enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_call *q) {
+    const srv_route api = q->route;
+    const char *url_model = q->rest; // Workers AI's run/{model}; NULL elsewhere
+    srv_conn *sc = q->sc;
+    const int tenant = q->tenant;
     srv_route route = api == SRV_ROUTE_WORKERS_CHAT ? SRV_ROUTE_CHAT : api;
     bool chat_like = route == SRV_ROUTE_CHAT || route == SRV_ROUTE_MESSAGES; // tools, reasoning
     srv_error err;
-    int tenant = srv__auth(s, c, api, &err);
-    if (tenant < 0) return srv__reply_error(s, c, api, &err);
     if (atomic_load_explicit(&s->draining, memory_order_acquire)) {
         srv_refuse(&err, ADMIT_DRAINING, NULL,
                    "the server is shutting down and takes no new requests; retry on another "

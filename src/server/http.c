@@ -81,120 +81,159 @@
 // ----------------------------------------------------------------------------
 // Dispatch
 
-/* Cloudflare's REST API serves Workers AI under /client/v4: the same
- * routes with that prefix. Returns path without it. */
-static const char *srv__cf_path(const char *url) {
-    return !strncmp(url, "/client/v4/accounts/", 20) ? url + 10 : url;
+/* How a row's path is compared with the request's. */
+typedef enum srv_match {
+    SRV_MATCH_EXACT = 0,  /* the whole path */
+    SRV_MATCH_PREFIX = 1, /* a prefix with something after it (srv_call.rest) */
+    SRV_MATCH_UNDER = 2,  /* a prefix, maybe nothing after it */
+    /* Workers AI: path is what follows /accounts/{account}/ai/ (or the same
+       under Cloudflare's REST prefix /client/v4) */
+    SRV_MATCH_ACCOUNT = 3,        /* ... exactly */
+    SRV_MATCH_ACCOUNT_PREFIX = 4, /* ... as a prefix, the rest (a model name) non-empty and
+                                     shorter than SRV_URL_MODEL_MAX */
+} srv_match;
+
+#define SRV_URL_MODEL_MAX 256 /* a model name in the URL, NUL included */
+
+/* One route: a request whose method and path match is checked for its
+ * auth and handed to fn. The route gives the metrics label and, through
+ * dialect.c, the error envelope of every answer before and in fn. */
+typedef struct srv_route_def {
+    const char *method; /* "GET" (HEAD too) or "POST" */
+    srv_match match;
+    const char *path;
+    srv_route route;
+    srv_auth auth;
+    srv_handler *fn;
+} srv_route_def;
+
+/* The route table. Adding a route is one row here and one handler
+ * (http_int.h's srv_handler); a new metrics label or dialect is a
+ * srv_route value and its row in dialect.c. First match wins. */
+static const srv_route_def srv__routes[] = {
+    /* OpenAI */
+    {"POST", SRV_MATCH_EXACT, "/v1/chat/completions", SRV_ROUTE_CHAT, SRV_AUTH_TENANT,
+     srv__generate},
+    {"POST", SRV_MATCH_EXACT, "/v1/completions", SRV_ROUTE_COMPLETIONS, SRV_AUTH_TENANT,
+     srv__generate},
+    {"GET", SRV_MATCH_EXACT, "/v1/models", SRV_ROUTE_MODELS, SRV_AUTH_TENANT, srv__models},
+    {"GET", SRV_MATCH_PREFIX, "/v1/models/", SRV_ROUTE_MODELS, SRV_AUTH_TENANT, srv__model_get},
+    {"POST", SRV_MATCH_EXACT, "/v1/embeddings", SRV_ROUTE_EMBEDDINGS, SRV_AUTH_TENANT,
+     srv__embeddings},
+    /* llama.cpp server's */
+    {"POST", SRV_MATCH_EXACT, "/tokenize", SRV_ROUTE_TOKENIZE, SRV_AUTH_TENANT, srv__tokenize},
+    {"POST", SRV_MATCH_EXACT, "/detokenize", SRV_ROUTE_TOKENIZE, SRV_AUTH_TENANT,
+     srv__detokenize},
+    /* operations */
+    {"GET", SRV_MATCH_EXACT, "/health", SRV_ROUTE_HEALTH, SRV_AUTH_NONE, srv__health},
+    {"GET", SRV_MATCH_EXACT, "/metrics", SRV_ROUTE_METRICS, SRV_AUTH_METRICS, srv__metrics},
+    {"POST", SRV_MATCH_UNDER, "/admin/models/", SRV_ROUTE_ADMIN, SRV_AUTH_ADMIN,
+     srv__admin_model},
+    {"GET", SRV_MATCH_EXACT, "/admin/kv/check", SRV_ROUTE_ADMIN, SRV_AUTH_ADMIN, srv__kv_check},
+    /* Anthropic */
+    {"POST", SRV_MATCH_EXACT, "/v1/messages", SRV_ROUTE_MESSAGES, SRV_AUTH_TENANT, srv__generate},
+    /* Workers AI, under /accounts/{account}/ai/ */
+    {"POST", SRV_MATCH_ACCOUNT_PREFIX, "run/", SRV_ROUTE_WORKERS, SRV_AUTH_TENANT, srv__generate},
+    {"POST", SRV_MATCH_ACCOUNT, "v1/chat/completions", SRV_ROUTE_WORKERS_CHAT, SRV_AUTH_TENANT,
+     srv__generate},
+    {"POST", SRV_MATCH_ACCOUNT, "v1/embeddings", SRV_ROUTE_WORKERS, SRV_AUTH_TENANT,
+     srv__embeddings},
+};
+
+/* What follows /accounts/{account}/ai/ in url (with or without Cloudflare's
+ * REST prefix /client/v4), or NULL when url is not under it. */
+static const char *srv__account_path(const char *url) {
+    if (!strncmp(url, "/client/v4/accounts/", 20)) url += 10;
+    if (strncmp(url, "/accounts/", 10) != 0) return NULL;
+    const char *acct = url + 10, *slash = strchr(acct, '/');
+    if (!slash || slash == acct || strncmp(slash, "/ai/", 4) != 0) return NULL;
+    return slash + 4;
 }
 
-/* A Workers AI route under /accounts/{account}/ai/ (path without the
- * /client/v4 prefix): WORKERS for run/{model} (the model copied into
- * wmodel), WORKERS_CHAT for the OpenAI-compatible v1/chat/completions,
- * EMBEDDINGS for v1/embeddings, else OTHER. */
-static srv_route srv__workers_route(const char *path, char *wmodel, size_t cap) {
-    if (strncmp(path, "/accounts/", 10) != 0) return SRV_ROUTE_OTHER;
-    const char *acct = path + 10, *slash = strchr(acct, '/');
-    if (!slash || slash == acct) return SRV_ROUTE_OTHER;
-    if (!strncmp(slash, "/ai/run/", 8) && slash[8] && strlen(slash + 8) < cap) {
-        snprintf(wmodel, cap, "%s", slash + 8);
-        return SRV_ROUTE_WORKERS;
+/* The row url matches (any method), or NULL; *rest: what a prefix row
+ * leaves of the path (NULL for an exact row). */
+static const srv_route_def *srv__route_find(const char *url, const char **rest) {
+    const char *acct = srv__account_path(url);
+    for (size_t i = 0; i < sizeof srv__routes / sizeof srv__routes[0]; i++) {
+        const srv_route_def *d = &srv__routes[i];
+        size_t n = strlen(d->path);
+        const char *p = d->match >= SRV_MATCH_ACCOUNT ? acct : url;
+        if (!p) continue;
+        *rest = NULL;
+        switch (d->match) {
+        case SRV_MATCH_EXACT:
+        case SRV_MATCH_ACCOUNT:
+            if (!strcmp(p, d->path)) return d;
+            break;
+        case SRV_MATCH_PREFIX:
+        case SRV_MATCH_UNDER:
+            if (!strncmp(p, d->path, n) && (p[n] || d->match == SRV_MATCH_UNDER))
+                return *rest = p + n, d;
+            break;
+        case SRV_MATCH_ACCOUNT_PREFIX:
+            if (!strncmp(p, d->path, n) && p[n] && strlen(p + n) < SRV_URL_MODEL_MAX)
+                return *rest = p + n, d;
+            break;
+        }
     }
-    if (!strcmp(slash, "/ai/v1/chat/completions")) return SRV_ROUTE_WORKERS_CHAT;
-    if (!strcmp(slash, "/ai/v1/embeddings")) return SRV_ROUTE_EMBEDDINGS; // errors: the envelope
-    return SRV_ROUTE_OTHER;
+    *rest = NULL;
+    return NULL;
 }
 
-static srv_route srv__route_of(const char *url);
+/* The route an error answer's shape follows, before dispatch: the path's
+ * row, else for a path under Workers AI's /accounts/ its envelope. */
+static srv_route srv__route_of(const char *url) {
+    const char *rest;
+    const srv_route_def *d = srv__route_find(url, &rest);
+    if (d) return d->route;
+    const char *path = !strncmp(url, "/client/v4/accounts/", 20) ? url + 10 : url;
+    return !strncmp(path, "/accounts/", 10) && strstr(path, "/ai/v1/") ? SRV_ROUTE_WORKERS_CHAT
+           : !strncmp(path, "/accounts/", 10)                            ? SRV_ROUTE_WORKERS
+                                                                         : SRV_ROUTE_OTHER;
+}
 
+/* Routes a complete request: 404 for an unknown path (in the shape of the
+ * API the path belongs to), 405 for a wrong method, 413 for a body past the
+ * limit, the row's auth, then its handler. */
 static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const char *url,
                                      const char *method, srv_conn *sc) {
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
-    srv_route route = SRV_ROUTE_OTHER;
-    const char *url_model = NULL, *admin_rest = NULL, *model_id = NULL;
-    bool admin_kv = false, detok = false, workers_embed = false;
-    char wmodel[256];
-    if (!strcmp(url, "/v1/chat/completions"))
-        route = SRV_ROUTE_CHAT;
-    else if (!strcmp(url, "/v1/completions"))
-        route = SRV_ROUTE_COMPLETIONS;
-    else if (!strcmp(url, "/v1/models"))
-        route = SRV_ROUTE_MODELS;
-    else if (!strncmp(url, "/v1/models/", 11) && url[11])
-        route = SRV_ROUTE_MODELS, model_id = url + 11;
-    else if (!strcmp(url, "/v1/embeddings"))
-        route = SRV_ROUTE_EMBEDDINGS;
-    else if (!strcmp(url, "/tokenize"))
-        route = SRV_ROUTE_TOKENIZE;
-    else if (!strcmp(url, "/detokenize"))
-        route = SRV_ROUTE_TOKENIZE, detok = true;
-    else if (!strcmp(url, "/health"))
-        route = SRV_ROUTE_HEALTH;
-    else if (!strcmp(url, "/metrics"))
-        route = SRV_ROUTE_METRICS;
-    else if (!strncmp(url, "/admin/models/", 14))
-        route = SRV_ROUTE_ADMIN, admin_rest = url + 14;
-    else if (!strcmp(url, "/admin/kv/check"))
-        route = SRV_ROUTE_ADMIN, admin_kv = true;
-    else if (!strcmp(url, "/v1/messages"))
-        route = SRV_ROUTE_MESSAGES;
-    else if ((route = srv__workers_route(srv__cf_path(url), wmodel, sizeof wmodel)) ==
-             SRV_ROUTE_WORKERS)
-        url_model = wmodel;
-    else if (route == SRV_ROUTE_EMBEDDINGS)
-        workers_embed = true;
+    const char *rest;
+    const srv_route_def *d = srv__route_find(url, &rest);
     srv_error err;
-    if (route == SRV_ROUTE_OTHER) { // in the shape of the API the path belongs to
+    if (!d) {
         srv_refuse(&err, ADMIT_UNKNOWN_URL, NULL, "Invalid URL (%s %s)", method, url);
         return srv__reply_error(s, c, srv__route_of(url), &err);
     }
-    bool want_get = route == SRV_ROUTE_MODELS || route == SRV_ROUTE_HEALTH ||
-                    route == SRV_ROUTE_METRICS || admin_kv;
+    bool want_get = !strcmp(d->method, "GET");
     if (want_get ? !get : !post) {
         srv_refuse(&err, ADMIT_METHOD, NULL, "Method %s is not allowed on %s; use %s", method, url,
-                   want_get ? "GET" : "POST");
-        return srv__reply_error(s, c, route, &err);
+                   d->method);
+        return srv__reply_error(s, c, d->route, &err);
     }
     if (sc->too_large) {
         srv_refuse(&err, ADMIT_TOO_LARGE, NULL,
                    "request body of %zu bytes exceeds the limit of %zu bytes", sc->body_seen,
                    s->o.max_body_bytes);
-        return srv__reply_error(s, c, route, &err);
+        return srv__reply_error(s, c, d->route, &err);
     }
-    switch (route) {
-    case SRV_ROUTE_CHAT:
-    case SRV_ROUTE_COMPLETIONS:
-    case SRV_ROUTE_WORKERS:
-    case SRV_ROUTE_MESSAGES:
-    case SRV_ROUTE_WORKERS_CHAT:
-        return srv__generate(s, c, route, url_model, sc);
-    case SRV_ROUTE_MODELS:
-        return model_id ? srv__model_get(s, c, model_id) : srv__models(s, c);
-    case SRV_ROUTE_EMBEDDINGS:
-        return srv__embeddings(s, c, NULL, sc,
-                               workers_embed ? SRV_ROUTE_WORKERS : SRV_ROUTE_EMBEDDINGS);
-    case SRV_ROUTE_TOKENIZE:
-        return srv__tokenize(s, c, sc, detok);
-    case SRV_ROUTE_HEALTH:
-        return srv__health(s, c);
-    case SRV_ROUTE_METRICS:
-        return srv__metrics(s, c);
-    case SRV_ROUTE_ADMIN:
-        return srv__admin(s, c, admin_kv ? NULL : admin_rest, sc);
-    default:
-        return MHD_NO;
+    srv_call q = {.sc = sc, .route = d->route, .rest = rest, .tenant = -1};
+    bool ok = true;
+    switch (d->auth) {
+    case SRV_AUTH_NONE:
+        break;
+    case SRV_AUTH_TENANT:
+        ok = (q.tenant = srv__auth(s, c, d->route, &err)) >= 0;
+        break;
+    case SRV_AUTH_ADMIN:
+        ok = srv__auth_admin(s, c, &err);
+        break;
+    case SRV_AUTH_METRICS:
+        ok = srv__auth_metrics(s, c, &err);
+        break;
     }
-}
-
-/* The route an error answer's shape follows, before dispatch. */
-static srv_route srv__route_of(const char *url) {
-    const char *path = srv__cf_path(url);
-    return !strcmp(url, "/v1/chat/completions")                          ? SRV_ROUTE_CHAT
-           : !strcmp(url, "/v1/completions")                             ? SRV_ROUTE_COMPLETIONS
-           : !strcmp(url, "/v1/embeddings")                              ? SRV_ROUTE_EMBEDDINGS
-           : !strcmp(url, "/v1/messages")                                ? SRV_ROUTE_MESSAGES
-           : !strncmp(path, "/accounts/", 10) && strstr(path, "/ai/v1/") ? SRV_ROUTE_WORKERS_CHAT
-           : !strncmp(path, "/accounts/", 10)                            ? SRV_ROUTE_WORKERS
-                                                                         : SRV_ROUTE_OTHER;
+    if (!ok) return srv__reply_error(s, c, d->route, &err);
+    return d->fn(s, c, &q);
 }
 
 /* A CORS preflight (OPTIONS with Origin and Access-Control-Request-Method;

@@ -191,6 +191,30 @@ struct srv_gen {
 };
 
 // ----------------------------------------------------------------------------
+// Routes (http.c's table srv__routes: one row per method and path)
+
+/* Who may call a route; the dispatcher checks it before the handler runs. */
+typedef enum srv_auth {
+    SRV_AUTH_NONE = 0,    /* anyone (/health) */
+    SRV_AUTH_TENANT = 1,  /* a tenant's API key (srv__auth): srv_call.tenant */
+    SRV_AUTH_ADMIN = 2,   /* the admin key (srv__auth_admin) */
+    SRV_AUTH_METRICS = 3, /* the scraper's or the admin key (srv__auth_metrics) */
+} srv_auth;
+
+/* What a handler is called with, besides the server and the connection. */
+typedef struct srv_call {
+    srv_conn *sc;     /* the connection's request: its buffered body */
+    srv_route route;  /* the row's route: metrics label, error envelope (its dialect) */
+    const char *rest; /* a prefix row: the path past the prefix (Workers AI's model,
+                         a model id, an admin path); NULL for an exact row */
+    int tenant;       /* SRV_AUTH_TENANT: the caller's tenant; else -1 */
+} srv_call;
+
+/* A route's handler: answers (or suspends) the request. Only from MHD's
+ * access callback of c's connection. */
+typedef enum MHD_Result srv_handler(server *s, struct MHD_Connection *c, const srv_call *q);
+
+// ----------------------------------------------------------------------------
 // conn.c: connection work
 
 /* s as a JSON string, each invalid UTF-8 byte replaced by U+FFFD (token
@@ -225,6 +249,10 @@ const char *srv__bearer(struct MHD_Connection *c);
  * two different keys); the key header besides Authorization is the route's
  * dialect's. */
 int srv__auth(server *s, struct MHD_Connection *c, srv_route route, srv_error *err);
+/* True when the request may read /metrics; else false with err (401/403). */
+bool srv__auth_metrics(server *s, struct MHD_Connection *c, srv_error *err);
+/* True when the request carries the admin key; else false with err (401/403). */
+bool srv__auth_admin(server *s, struct MHD_Connection *c, srv_error *err);
 
 // ----------------------------------------------------------------------------
 // pending.c: the pending request an answer waits on
@@ -297,32 +325,34 @@ enum MHD_Result srv__stream_start(server *s, struct MHD_Connection *c, srv_gen *
 // ----------------------------------------------------------------------------
 // generate.c: one generation
 
-/* A generation on route api (CHAT, COMPLETIONS, WORKERS, MESSAGES or
+/* A generation on q->route (CHAT, COMPLETIONS, WORKERS, MESSAGES or
  * WORKERS_CHAT): parse, render, tokenize, admit, submit, answer. */
-enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, srv_route api,
-                              const char *url_model, srv_conn *sc);
+srv_handler srv__generate;
 
 // ----------------------------------------------------------------------------
 // routes.c: the other routes
 
 /* An embeddings request resumed: takes its done inputs, answers when all are. */
 enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, srv_gen *g, srv_conn *sc);
-/* POST /v1/embeddings (shape: its error envelope's route). */
-enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, const char *url_model,
-                                srv_conn *sc, srv_route shape);
-/* POST /tokenize, /detokenize (detok). */
-enum MHD_Result srv__tokenize(server *s, struct MHD_Connection *c, srv_conn *sc, bool detok);
-/* GET /v1/models/{id}. */
-enum MHD_Result srv__model_get(server *s, struct MHD_Connection *c, const char *id);
+/* POST /v1/embeddings, and Workers AI's (q->route WORKERS: its envelope). */
+srv_handler srv__embeddings;
+/* POST /tokenize. */
+srv_handler srv__tokenize;
+/* POST /detokenize. */
+srv_handler srv__detokenize;
+/* GET /v1/models/{id} (q->rest). */
+srv_handler srv__model_get;
 /* GET /v1/models. */
-enum MHD_Result srv__models(server *s, struct MHD_Connection *c);
+srv_handler srv__models;
 /* GET /health. */
-enum MHD_Result srv__health(server *s, struct MHD_Connection *c);
+srv_handler srv__health;
 /* GET /metrics. */
-enum MHD_Result srv__metrics(server *s, struct MHD_Connection *c);
+srv_handler srv__metrics;
 /* The KV check's answer once its job is done (the access handler, resumed). */
 enum MHD_Result srv__kv_check_answer(server *s, struct MHD_Connection *c, srv_conn *sc);
-/* POST /admin/models/{name}/offline|online; GET /admin/kv/check (rest NULL). */
-enum MHD_Result srv__admin(server *s, struct MHD_Connection *c, const char *rest, srv_conn *sc);
+/* GET /admin/kv/check[?timeout_ms=N]. */
+srv_handler srv__kv_check;
+/* POST /admin/models/{name}/offline|online (q->rest: "{name}/offline"). */
+srv_handler srv__admin_model;
 
 #endif /* KS_SERVER_HTTP_INT_H */

@@ -132,21 +132,20 @@ static int64_t srv__embed_bound(const server *s) {
     return b < s->o.n_ctx ? s->o.n_ctx : b;
 }
 
-/* POST /v1/embeddings (OpenAI's shape). url_model: a model named by the URL
+/* POST /v1/embeddings (OpenAI's shape). q->rest: a model named by the URL
  * (a Workers-AI-style route), else NULL and the body's "model" is checked;
- * shape: the route whose error shape refusals take (SRV_ROUTE_EMBEDDINGS,
- * or SRV_ROUTE_WORKERS for Workers AI's envelope; the answer itself is
- * OpenAI's list). Auth, tenant limits (the inputs' tokens count) and
- * admission as the generation routes; each input runs as its own backend
- * request (its own sequence and pages), up to SRV_EMBED_WINDOW at once so
- * they batch together. The glue for /accounts/{id}/ai/v1/embeddings:
- * return srv__embeddings(s, c, NULL, sc, SRV_ROUTE_WORKERS). */
-enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, const char *url_model,
-                                       srv_conn *sc, srv_route shape) {
-    const srv_route route = shape;
+ * q->route: the route whose error shape refusals take (SRV_ROUTE_EMBEDDINGS,
+ * or SRV_ROUTE_WORKERS for Workers AI's envelope at
+ * /accounts/{id}/ai/v1/embeddings; the answer itself is OpenAI's list).
+ * Tenant limits (the inputs' tokens count) and admission as the generation
+ * routes; each input runs as its own backend request (its own sequence and
+ * pages), up to SRV_EMBED_WINDOW at once so they batch together. */
+enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, const srv_call *q) {
+    const srv_route route = q->route, shape = q->route;
+    const char *url_model = q->rest;
+    srv_conn *sc = q->sc;
+    const int tenant = q->tenant;
     srv_error err;
-    int tenant = srv__auth(s, c, route, &err);
-    if (tenant < 0) return srv__reply_error(s, c, route, &err);
     if (atomic_load_explicit(&s->draining, memory_order_acquire)) {
         srv_refuse(&err, ADMIT_DRAINING, NULL,
                    "the server is shutting down and takes no new requests; retry on another "
@@ -319,12 +318,12 @@ static void srv__tokenize_too_long(server *s, bool detok, int64_t tokens, bool a
  * (400) and charged what was tokenized (tokenizing stops past n_ctx, and a
  * text too long by its bytes alone is not tokenized at all). So an HTTP
  * thread does at most about n_ctx tokens of work per request. */
-enum MHD_Result srv__tokenize(server *s, struct MHD_Connection *c, srv_conn *sc,
-                                     bool detok) {
-    const srv_route route = SRV_ROUTE_TOKENIZE;
+static enum MHD_Result srv__tokenize_do(server *s, struct MHD_Connection *c, const srv_call *q,
+                                        bool detok) {
+    const srv_route route = q->route;
+    srv_conn *sc = q->sc;
+    const int tenant = q->tenant;
     srv_error err;
-    int tenant = srv__auth(s, c, route, &err);
-    if (tenant < 0) return srv__reply_error(s, c, route, &err);
     const char *body = sc->body.p ? sc->body.p : "";
     json_t *j = NULL, *root = NULL;
     int32_t *ids = NULL;
@@ -405,14 +404,22 @@ out:
     return srv__reply_error(s, c, route, &err);
 }
 
+enum MHD_Result srv__tokenize(server *s, struct MHD_Connection *c, const srv_call *q) {
+    return srv__tokenize_do(s, c, q, false);
+}
+
+enum MHD_Result srv__detokenize(server *s, struct MHD_Connection *c, const srv_call *q) {
+    return srv__tokenize_do(s, c, q, true);
+}
+
 // ----------------------------------------------------------------------------
 // Other routes
 
 /* GET /v1/models/{id}: the model object of a name or alias this server
  * serves, else 404 model_not_found in OpenAI's shape. */
-enum MHD_Result srv__model_get(server *s, struct MHD_Connection *c, const char *id) {
+enum MHD_Result srv__model_get(server *s, struct MHD_Connection *c, const srv_call *q) {
+    const char *id = q->rest;
     srv_error err;
-    if (srv__auth(s, c, SRV_ROUTE_MODELS, &err) < 0) return srv__reply_error(s, c, SRV_ROUTE_MODELS, &err);
     if (!srv__name_ok(s, id)) {
         srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model", "The model '%s' does not exist", id);
         return srv__reply_error(s, c, SRV_ROUTE_MODELS, &err);
@@ -422,10 +429,8 @@ enum MHD_Result srv__model_get(server *s, struct MHD_Connection *c, const char *
                                      (json_int_t)time(NULL), "owned_by", "kvseal"));
 }
 
-enum MHD_Result srv__models(server *s, struct MHD_Connection *c) {
-    srv_error err;
-    if (srv__auth(s, c, SRV_ROUTE_MODELS, &err) < 0)
-        return srv__reply_error(s, c, SRV_ROUTE_MODELS, &err);
+enum MHD_Result srv__models(server *s, struct MHD_Connection *c, const srv_call *q) {
+    (void)q;
     json_t *data = json_array();
     long long t = (long long)time(NULL);
     for (int i = 0; i < s->o.n_aliases; i++)
@@ -443,7 +448,8 @@ enum MHD_Result srv__models(server *s, struct MHD_Connection *c) {
                            json_pack("{s:s, s:o}", "object", "list", "data", data));
 }
 
-enum MHD_Result srv__health(server *s, struct MHD_Connection *c) {
+enum MHD_Result srv__health(server *s, struct MHD_Connection *c, const srv_call *q) {
+    (void)q;
     bool online = s->b.is_online(s->b.impl);
     bool draining = atomic_load_explicit(&s->draining, memory_order_acquire);
     json_t *j = json_pack("{s:s, s:s, s:s, s:b, s:i}", "status",
@@ -453,29 +459,9 @@ enum MHD_Result srv__health(server *s, struct MHD_Connection *c) {
     return srv__reply_json(s, c, SRV_ROUTE_HEALTH, draining ? 503 : 200, j);
 }
 
-/* GET /metrics. Tenant names and traffic are tenant data: with tenants
- * configured only the scraper's key (--metrics-key) or the admin key reads
- * them, as a bearer token (Prometheus' authorization); no key, a tenant's
- * key or a wrong one gets 401, and with neither key configured the route
- * is off (403). Without tenants (one anonymous tenant) it is open. */
-enum MHD_Result srv__metrics(server *s, struct MHD_Connection *c) {
-    if (!s->ts->anonymous) {
-        srv_error err;
-        const char *key = srv__bearer(c);
-        if (!s->ts->has_metrics && !s->ts->has_admin) {
-            srv_refuse(&err, ADMIT_ADMIN_DISABLED, NULL,
-                       "/metrics is off: with tenants configured it needs a key; start the "
-                       "server with --metrics-key (or an admin key) and scrape with "
-                       "'Authorization: Bearer <metrics key>'");
-            return srv__reply_error(s, c, SRV_ROUTE_METRICS, &err);
-        }
-        if (!key || !srv_tenants_metrics_ok(s->ts, key, strlen(key))) {
-            srv_refuse(&err, ADMIT_AUTH, NULL,
-                       key ? "invalid metrics key"
-                           : "missing metrics key: send 'Authorization: Bearer <metrics key>'");
-            return srv__reply_error(s, c, SRV_ROUTE_METRICS, &err);
-        }
-    }
+/* GET /metrics (its key checked by srv__auth_metrics). */
+enum MHD_Result srv__metrics(server *s, struct MHD_Connection *c, const srv_call *q) {
+    (void)q;
     engine_stats es;
     s->b.get_stats(s->b.impl, &es);
     char *text = srv_metrics_render(&s->met, &es, s->b.is_online(s->b.impl));
@@ -516,7 +502,8 @@ enum MHD_Result srv__kv_check_answer(server *s, struct MHD_Connection *c, srv_co
  * verifies every KV page is FREE and scrubbed (the leak suite's last step).
  * 200 {"clean": true|false, "message"}; 409 when requests stayed active.
  * The wait runs on a thread of its own, the connection suspended meanwhile. */
-static enum MHD_Result srv__kv_check(server *s, struct MHD_Connection *c, srv_conn *sc) {
+enum MHD_Result srv__kv_check(server *s, struct MHD_Connection *c, const srv_call *q) {
+    srv_conn *sc = q->sc;
     const char *t = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "timeout_ms");
     unsigned long timeout = 5000;
     if (t) {
@@ -548,25 +535,12 @@ static enum MHD_Result srv__kv_check(server *s, struct MHD_Connection *c, srv_co
     return MHD_YES;
 }
 
-/* POST /admin/models/{name}/offline|online, body or ?abort_running=; GET
- * /admin/kv/check (rest NULL). */
-enum MHD_Result srv__admin(server *s, struct MHD_Connection *c, const char *rest,
-                                  srv_conn *sc) {
+/* POST /admin/models/{name}/offline|online, body or ?abort_running= (the
+ * admin key checked by srv__auth_admin). */
+enum MHD_Result srv__admin_model(server *s, struct MHD_Connection *c, const srv_call *q) {
+    const char *rest = q->rest;
+    srv_conn *sc = q->sc;
     srv_error err;
-    const char *key = srv__bearer(c);
-    if (!s->ts->has_admin) {
-        srv_refuse(&err, ADMIT_ADMIN_DISABLED, NULL,
-                   "the admin API is disabled: start the server with --admin-key or an "
-                   "admin_key in the tenants file");
-        return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
-    }
-    if (!key || !srv_tenants_admin_ok(s->ts, key, strlen(key))) {
-        srv_refuse(&err, ADMIT_AUTH, NULL,
-                   key ? "invalid admin key"
-                       : "missing admin key: send 'Authorization: Bearer <admin key>'");
-        return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
-    }
-    if (!rest) return srv__kv_check(s, c, sc);
     const char *slash = strrchr(rest, '/');
     char name[256];
     if (!slash || slash == rest || (size_t)(slash - rest) >= sizeof name) goto notfound;
