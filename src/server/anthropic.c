@@ -595,6 +595,26 @@ bool srv_anth_parse(const char *body, size_t len, srv_request *r, srv_error *err
     return ok;
 }
 
+bool srv_anth_count_parse(const char *body, size_t len, srv_request *r, srv_error *err) {
+    memset(r, 0, sizeof *r);
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return srv_refuse(err, ADMIT_INVALID_JSON, NULL,
+                          "malformed JSON at line %d, column %d (position %d): %s", je.line,
+                          je.column, je.position, je.text);
+    // no answer is generated: max_tokens is not asked for; the largest
+    // stands in, so any thinking budget passes as it would with its own
+    if (json_is_object(root) && !json_object_get(root, "max_tokens"))
+        json_object_set_new(root, "max_tokens", json_integer(SRV_MAX_TOKENS_LIMIT));
+    char *text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    if (!text) return srv_fail(err, 500, "internal_error", "out of memory");
+    bool ok = srv_anth_parse(text, strlen(text), r, err);
+    free(text);
+    return ok;
+}
+
 // ----------------------------------------------------------------------------
 // Answers
 

@@ -35,6 +35,11 @@ typedef struct srv_buf srv_buf;
  * API does, "messages.1.content.0.type"; 503 out of memory). Pure. */
 json_t *srv_anth_to_chat(json_t *root, srv_error *err /* OUT */);
 
+/* Parses a count_tokens body (POST /v1/messages/count_tokens: model,
+ * messages, system, tools, tool_choice, thinking) as srv_anth_parse does a
+ * Messages body, max_tokens not required. Pure; thread-safe. */
+bool srv_anth_count_parse(const char *body, size_t len, srv_request *r /* OUT */,
+                          srv_error *err /* OUT */);
 /* Parses and validates a Messages request body: srv_anth_to_chat, then
  * srv_request_parse as a chat request, with r->route SRV_ROUTE_MESSAGES.
  * As srv_request_parse otherwise (free with srv_request_free). Pure;

@@ -52,6 +52,16 @@ static bool srv__gen_choices(server *s, const srv_request *rq, srv_error *err) {
     return true;
 }
 
+bool srv__chat_prompt(server *s, const srv_request *rq, char **text, bool *add_special,
+                      tok_span **spans, size_t *n_spans, srv_error *err) {
+    ks_errbuf eb = {0};
+    ks_err e = srv_chat_render(s->chat, s->vocab, rq, text, add_special, spans, n_spans, err, &eb);
+    if (e == KS_ERR_AGAIN) return false; // refused: err is filled
+    if (e == KS_ERR_NOMEM) return srv_fail(err, 500, "internal_error", "%s", eb.msg);
+    if (e) return srv_refuse(err, ADMIT_INVALID, "messages", "%s", eb.msg);
+    return true;
+}
+
 /* A generation on route api (CHAT, COMPLETIONS, WORKERS, MESSAGES or
  * WORKERS_CHAT): errors and metrics in api's shape, the answer in route's
  * (WORKERS_CHAT answers as CHAT). */
@@ -93,18 +103,8 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     ks_errbuf eb = {0};
     bool chat = rq.msgs != NULL;
     bool add_special = true; // BOS/EOS by the vocabulary; a Jinja template writes its own
-    if (chat) {
-        ks_err e =
-            srv_chat_render(s->chat, s->vocab, &rq, &text, &add_special, &spans, &n_spans, &err, &eb);
-        if (e == KS_ERR_AGAIN) goto fail; // refused: err is filled
-        if (e) {
-            if (e == KS_ERR_NOMEM)
-                srv_fail(&err, 500, "internal_error", "%s", eb.msg);
-            else
-                srv_refuse(&err, ADMIT_INVALID, "messages", "%s", eb.msg);
-            goto fail;
-        }
-    }
+    if (chat && !srv__chat_prompt(s, &rq, &text, &add_special, &spans, &n_spans, &err))
+        goto fail;
     const char *ptext = chat ? text : rq.prompt;
     size_t ptext_len = strlen(ptext);
     int32_t max_tokens = rq.max_tokens;

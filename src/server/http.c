@@ -132,6 +132,8 @@ static const srv_route_def srv__routes[] = {
     {"GET", SRV_MATCH_EXACT, "/admin/kv/check", SRV_ROUTE_ADMIN, SRV_AUTH_ADMIN, srv__kv_check},
     /* Anthropic */
     {"POST", SRV_MATCH_EXACT, "/v1/messages", SRV_ROUTE_MESSAGES, SRV_AUTH_TENANT, srv__generate},
+    {"POST", SRV_MATCH_EXACT, "/v1/messages/count_tokens", SRV_ROUTE_COUNT_TOKENS,
+     SRV_AUTH_TENANT, srv__count_tokens},
     /* Workers AI, under /accounts/{account}/ai/ */
     {"POST", SRV_MATCH_ACCOUNT_PREFIX, "run/", SRV_ROUTE_WORKERS, SRV_AUTH_TENANT, srv__generate},
     {"POST", SRV_MATCH_ACCOUNT, "v1/chat/completions", SRV_ROUTE_WORKERS_CHAT, SRV_AUTH_TENANT,

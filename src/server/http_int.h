@@ -328,6 +328,12 @@ enum MHD_Result srv__stream_start(server *s, struct MHD_Connection *c, srv_gen *
 /* A generation on q->route (CHAT, COMPLETIONS, WORKERS, MESSAGES or
  * WORKERS_CHAT): parse, render, tokenize, admit, submit, answer. */
 srv_handler srv__generate;
+/* A chat request's prompt as the chat template renders it: *text (malloc'd),
+ * whether the vocabulary adds BOS/EOS, and where the request's own text is
+ * in it (*spans, malloc'd: never control tokens). False with err filled
+ * (400 the template refused the conversation, 500 out of memory). */
+bool srv__chat_prompt(server *s, const srv_request *rq, char **text, bool *add_special,
+                      tok_span **spans, size_t *n_spans, srv_error *err);
 
 // ----------------------------------------------------------------------------
 // routes.c: the other routes
@@ -340,6 +346,9 @@ srv_handler srv__embeddings;
 srv_handler srv__tokenize;
 /* POST /detokenize. */
 srv_handler srv__detokenize;
+/* POST /v1/messages/count_tokens: {"input_tokens": N}, the prompt tokens
+ * /v1/messages would have for the same body. */
+srv_handler srv__count_tokens;
 /* GET /v1/models/{id} (q->rest). */
 srv_handler srv__model_get;
 /* GET /v1/models. */

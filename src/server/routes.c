@@ -412,6 +412,84 @@ enum MHD_Result srv__detokenize(server *s, struct MHD_Connection *c, const srv_c
     return srv__tokenize_do(s, c, q, true);
 }
 
+/* POST /v1/messages/count_tokens (Anthropic's): the body as /v1/messages
+ * takes it (model, messages, system, tools, tool_choice, thinking; no
+ * max_tokens), rendered and tokenized as /v1/messages does it, answered
+ * {"input_tokens": N}. Charged as /tokenize is: a request of its tenant
+ * (admitted before any work), its tokens from the tenant's tokens per
+ * minute; a prompt longer than the context is refused (400) and charged
+ * what was tokenized, so the work stays bounded by about n_ctx tokens. */
+enum MHD_Result srv__count_tokens(server *s, struct MHD_Connection *c, const srv_call *q) {
+    const srv_route route = q->route;
+    const int tenant = q->tenant;
+    srv_conn *sc = q->sc;
+    srv_error err;
+    srv_request rq;
+    char *text = NULL, msg[256];
+    tok_span *spans = NULL;
+    size_t n_spans = 0, n = 0;
+    int32_t *ids = NULL;
+    int64_t charge = 0; // tokens charged when refused for size
+    bool held = false, add_special = true;
+    if (!srv_anth_count_parse(sc->body.p ? sc->body.p : "", sc->body.len, &rq, &err)) goto out;
+    if (!srv__name_ok(s, rq.model)) {
+        srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
+                   "The model '%s' does not exist; this server serves '%s'", rq.model,
+                   srv__primary_name(s));
+        goto out;
+    }
+    // a request of the tenant: its slot and its share of requests first
+    admit_reason rj = srv_tenants_admit(s->ts, tenant, 0, ks_now_ns(), msg, sizeof msg);
+    if (rj != ADMIT_OK) {
+        srv_refuse(&err, rj, NULL, "%s", msg);
+        goto out;
+    }
+    held = true;
+    if (!srv__chat_prompt(s, &rq, &text, &add_special, &spans, &n_spans, &err)) goto out;
+    size_t len = strlen(text);
+    int64_t lo = srv_prompt_min_tokens(len, s->max_token_bytes);
+    if (lo > s->o.n_ctx) { // too long by its bytes: no tokenizing at all
+        charge = (int64_t)s->o.n_ctx + 1;
+        n = (size_t)lo;
+    } else {
+        ks_errbuf eb;
+        if (tok_encode_marked(s->vocab, text, len, add_special, true, spans, n_spans,
+                              (size_t)s->o.n_ctx, &ids, &n, &eb)) {
+            srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
+            goto out;
+        }
+        charge = (int64_t)n;
+    }
+    if (n > (size_t)s->o.n_ctx) {
+        srv_refuse(&err, ADMIT_CONTEXT_LENGTH, "messages",
+                   "This model's maximum context length is %d tokens. However, the messages "
+                   "have at least %lld tokens. Please send shorter ones.",
+                   s->o.n_ctx, (long long)n);
+        goto out;
+    }
+    srv_reqinfo *ri = srv__ri(c);
+    if (ri) ri->need_tokens = (int64_t)n; // a 429's Retry-After: when these are there
+    rj = srv_tenants_grow(s->ts, tenant, 0, (int64_t)n, ks_now_ns(), msg, sizeof msg);
+    if (rj != ADMIT_OK) {
+        srv_refuse(&err, rj, NULL, "%s", msg);
+        goto out;
+    }
+    srv_tenants_release(s->ts, tenant, 0); // its tokens stay spent
+    free(ids);
+    free(text);
+    free(spans);
+    srv_request_free(&rq);
+    return srv__reply_json(s, c, route, 200, json_pack("{s:I}", "input_tokens", (json_int_t)n));
+out:
+    if (held)
+        srv_tenants_refuse(s->ts, tenant, 0, err.reason == ADMIT_CONTEXT_LENGTH ? charge : 0);
+    free(ids);
+    free(text);
+    free(spans);
+    srv_request_free(&rq);
+    return srv__reply_error(s, c, route, &err);
+}
+
 // ----------------------------------------------------------------------------
 // Other routes
 
