@@ -455,7 +455,7 @@ enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv_gen *g
             }
         }
         j = choices ? json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", g->id, "object",
-                                g->route == SRV_ROUTE_CHAT ? "chat.completion" : "text_completion",
+                                srv_route_answer(g->route)->object,
                                 "created", (json_int_t)g->created, "model", g->model, "choices",
                                 choices, "usage", usage)
                     : NULL;

@@ -119,6 +119,24 @@ const char *srv_route_name(srv_route r) {
     return (unsigned)r < SRV_ROUTE__COUNT ? dia__routes[r].name : "other";
 }
 
+/* What each generation route answers with. */
+static const srv_answer_info dia__answers[SRV_ROUTE__COUNT] = {
+    [SRV_ROUTE_CHAT] = {SRV_ROUTE_CHAT, true, "chatcmpl-", -1, "chat.completion",
+                        "chat.completion.chunk"},
+    [SRV_ROUTE_COMPLETIONS] = {SRV_ROUTE_COMPLETIONS, false, "cmpl-", 16 /* OpenAI's */,
+                               "text_completion", "text_completion"},
+    [SRV_ROUTE_WORKERS] = {SRV_ROUTE_WORKERS, false, "chatcmpl-", 256 /* Workers AI's */, NULL,
+                           NULL},
+    [SRV_ROUTE_MESSAGES] = {SRV_ROUTE_MESSAGES, true, "msg_", -1, "message", NULL},
+    [SRV_ROUTE_WORKERS_CHAT] = {SRV_ROUTE_CHAT, true, "chatcmpl-", -1, "chat.completion",
+                                "chat.completion.chunk"},
+};
+
+const srv_answer_info *srv_route_answer(srv_route r) {
+    if ((unsigned)r >= SRV_ROUTE__COUNT || !dia__answers[r].id_prefix) r = SRV_ROUTE_CHAT;
+    return &dia__answers[r];
+}
+
 char *srv_error_json(srv_route route, const srv_error *e) {
     return srv_dialect_get(srv_route_dialect(route))->error_json(e);
 }

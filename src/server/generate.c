@@ -70,8 +70,9 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     const char *url_model = q->rest; // Workers AI's run/{model}; NULL elsewhere
     srv_conn *sc = q->sc;
     const int tenant = q->tenant;
-    srv_route route = api == SRV_ROUTE_WORKERS_CHAT ? SRV_ROUTE_CHAT : api;
-    bool chat_like = route == SRV_ROUTE_CHAT || route == SRV_ROUTE_MESSAGES; // tools, reasoning
+    const srv_answer_info *ans = srv_route_answer(api);
+    srv_route route = ans->answers_as;
+    bool chat_like = ans->chat; // tools, reasoning
     srv_error err;
     if (atomic_load_explicit(&s->draining, memory_order_acquire)) {
         srv_refuse(&err, ADMIT_DRAINING, NULL,
@@ -112,8 +113,7 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     int n_ch = rq.best_of;
     if (!srv__gen_choices(s, &rq, &err)) goto fail;
     if (max_tokens == 0) n_ch = 1; // echo only: one prompt, answered n times
-    if (max_tokens < 0 && route == SRV_ROUTE_COMPLETIONS) max_tokens = 16; // OpenAI's default
-    if (max_tokens < 0 && route == SRV_ROUTE_WORKERS) max_tokens = 256;    // Workers AI's
+    if (max_tokens < 0) max_tokens = ans->default_max_tokens; // the API's (-1: the context)
     // Issue 8: the prompt's bytes give a lower bound on its tokens; a prompt
     // that cannot fit even so is refused before any tokenizing, with the
     // engine's 400. So no request tokenizes more than about n_ctx *
@@ -208,11 +208,7 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
         memcpy(g->rid, ri->rid, sizeof g->rid);
     else
         srv_request_id_new(g->rid, sizeof g->rid);
-    snprintf(g->id, sizeof g->id, "%s%s",
-             route == SRV_ROUTE_COMPLETIONS ? "cmpl-"
-             : route == SRV_ROUTE_MESSAGES  ? "msg_"
-                                            : "chatcmpl-",
-             g->rid);
+    snprintf(g->id, sizeof g->id, "%s%s", ans->id_prefix, g->rid);
     for (int i = 0; route == SRV_ROUTE_MESSAGES && i < rq.n_stops; i++) {
         if (!(g->stops[i] = strdup(rq.stops[i]))) {
             srv_fail(&err, 500, "internal_error", "out of memory");

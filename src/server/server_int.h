@@ -92,6 +92,20 @@ const srv_dialect_info *srv_dialect_get(srv_dialect d);
 /* The dialect whose error envelope route r answers in. Pure; can't fail. */
 srv_dialect srv_route_dialect(srv_route r);
 
+/* What a generation route answers with (dialect.c; static storage). */
+typedef struct srv_answer_info {
+    srv_route answers_as;       /* the answer's shape: WORKERS_CHAT answers as CHAT */
+    bool chat;                  /* messages with tools and reasoning (chat, Anthropic's) */
+    const char *id_prefix;      /* of the answer's id: "chatcmpl-", "cmpl-", "msg_" */
+    int32_t default_max_tokens; /* without max_tokens; -1: up to the context */
+    const char *object;         /* "object" of an answer ("chat.completion", ...), or NULL */
+    const char *chunk_object;   /* "object" of a streamed chunk, or NULL */
+} srv_answer_info;
+
+/* The answer row of generation route r (CHAT, COMPLETIONS, WORKERS,
+ * MESSAGES, WORKERS_CHAT); any other route: CHAT's. Pure; can't fail. */
+const srv_answer_info *srv_route_answer(srv_route r);
+
 /* Error body in the route's shape (its dialect's error_json): OpenAI {"error":{message,type,param,code}};
  * for SRV_ROUTE_WORKERS and SRV_ROUTE_WORKERS_CHAT, {"result":null,
  * "success":false,"errors":[{code,message}],"messages":[]}; for

@@ -76,10 +76,10 @@ static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
         json_decref(j);
     }
     if (!ok || !g->done) return ok; // other choices still running
-    if (g->include_usage && g->route != SRV_ROUTE_WORKERS) {
+    if (g->include_usage && srv_dialect_get(srv_route_dialect(g->route))->stream_usage) {
         json_t *j =
             json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", g->id, "object",
-                      g->route == SRV_ROUTE_CHAT ? "chat.completion.chunk" : "text_completion",
+                      srv_route_answer(g->route)->chunk_object,
                       "created", (json_int_t)g->created, "model", g->model, "choices", "usage",
                       srv_usage_json(ev->n_prompt, g->n_gen, ev->n_cached));
         ok = j && srv_sse_json(&g->out, j);
