@@ -1,7 +1,9 @@
 /* http.c — the HTTP server's daemon: libmicrohttpd's callbacks (access,
  * completed, connection notify), routing, the sweeper and the server's
  * life. The handlers live in the rooms http_int.h lists (conn.c, pending.c,
- * answer.c, stream.c, generate.c, routes.c, backend.c).
+ * answer.c, stream.c, generate.c, routes.c, backend.c). A request is
+ * routed by one table, srv__routes (method, path or prefix, route, auth,
+ * handler): adding a route is a row there and a handler (srv_handler).
  *
  * The engine is reached only through a server_backend (server.h): the local
  * engine for `kvseal serve`, the cluster for `kvseal router`; "the engine"
