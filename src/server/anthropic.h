@@ -81,7 +81,8 @@ json_t *srv_anth_message(const char *id, const char *model_name, json_t *content
                          const char *stop_reason, const char *stop_seq, int32_t n_prompt,
                          int32_t n_cached, int32_t n_gen);
 
-/* The error body {"type":"error","error":{"type","message"}}, the type
+/* (dialect.c, the Anthropic row's error envelope.)
+ * The error body {"type":"error","error":{"type","message"}}, the type
  * from the status (400 invalid_request_error, 401 authentication_error,
  * 403 permission_error, 404 not_found_error, 413 request_too_large, 429
  * rate_limit_error, 503 overloaded_error, other 5xx api_error). A malloc'd
