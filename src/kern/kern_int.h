@@ -213,7 +213,7 @@ static inline int kern__iq4xs_scale(const kern_block_iq4_xs *b, int j) {
 /* A kern_matmul_fn over r16 groups (kern.h) through fn, the plain matmul of
  * type t: each group's 16 rows are unpacked into scratch, then fn runs on
  * them; so the results are fn's, bit for bit. For vtabs without a native
- * r16 kernel (and the native one's fallback). */
+ * r16 kernel (and the native one's fallback). In common.c. */
 void kern__matmul_r16_via(kern_matmul_fn fn, ks_dtype t, int64_t K, int n_rows, int n_cols,
                           const void *W, size_t ws, const void *X, size_t xs, float *Y, size_t ys);
 
