@@ -1,10 +1,11 @@
-/* avx512_int.h — private to kern/avx512.c and kern/avx512_r16.c (both built
- * with the AVX-512 flags, and only they include it): the small helpers, the
- * tiling driver and the integer dot steps the kernels of both files are
- * built from, all inline so that neither file calls the other for them; and
- * the r16 matmuls avx512_r16.c defines for avx512.c's vtab. The rules every
- * kernel keeps (batch invariance, exact integer lanes, VNNI and plain forms
- * bit-identical) are in avx512.c's header. */
+/* avx512_int.h — private to kern/avx512.c, avx512_r16.c and avx512_vec.c
+ * (all built with the AVX-512 flags, and only they include it): the small
+ * helpers, the tiling driver and the integer dot steps their kernels are
+ * built from, all inline so that none of them calls another for these; and
+ * the r16 matmuls (avx512_r16.c) and vector ops (avx512_vec.c) that
+ * avx512.c's vtab points at. The rules every kernel keeps (batch
+ * invariance, exact integer lanes, VNNI and plain forms bit-identical) are
+ * in avx512.c's header. */
 #ifndef KS_KERN_AVX512_INT_H
 #define KS_KERN_AVX512_INT_H
 
@@ -316,5 +317,29 @@ void kern__a512_matmul_r16_q3_K(kern_matmul_fn plain, int64_t K, int n_rows, int
 void kern__a512_matmul_r16_iq4_xs(kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
                                   const void *W, size_t ws, const void *X, size_t xs, float *Y,
                                   size_t ys);
+
+// ----------------------------------------------------------------------------
+// The vector and attention ops (avx512_vec.c), as the vtab's entries of the
+// same names (kern.h)
+
+float kern__a512_dot_f32(int64_t n, const float *a, const float *b);
+void kern__a512_axpy_f32(int64_t n, float a, const float *x, float *y);
+void kern__a512_dot_rows_f32(int64_t n, int G, const float *q, const void *k, size_t k_stride,
+                             int rows, float scale, float *out, size_t o_stride);
+void kern__a512_dot_rows_f16(int64_t n, int G, const float *q, const void *k, size_t k_stride,
+                             int rows, float scale, float *out, size_t o_stride);
+void kern__a512_dot_rows_q8_0(int64_t n, int G, const float *q, const void *k, size_t k_stride,
+                              int rows, float scale, float *out, size_t o_stride);
+void kern__a512_axpy_rows_f32(int64_t n, int G, const float *s, size_t s_stride, const void *v,
+                              size_t v_stride, int rows, float *y);
+void kern__a512_axpy_rows_f16(int64_t n, int G, const float *s, size_t s_stride, const void *v,
+                              size_t v_stride, int rows, float *y);
+void kern__a512_axpy_rows_q8_0(int64_t n, int G, const float *s, size_t s_stride, const void *v,
+                               size_t v_stride, int rows, float *y);
+void kern__a512_kv_store_f16(const float *x, void *y, int64_t n);
+void kern__a512_rmsnorm(int64_t n, const float *x, const float *w, float eps, float *y);
+void kern__a512_silu_mul(int64_t n, const float *g, const float *u, float *y);
+void kern__a512_gelu_mul(int64_t n, const float *g, const float *u, float *y);
+void kern__a512_softmax(int64_t n, float *x);
 
 #endif /* KS_KERN_AVX512_INT_H */
