@@ -1,6 +1,7 @@
 /* kern_int.h — private to src/kern: the ggml quant block layouts shared by
- * ref.c, avx2.c and avx512.c, the three vtabs, and the scalar reference
- * functions (kern__*_ref) that SIMD files may call for tails.
+ * ref.c, avx2.c and avx512*.c, the three vtabs, the scalar reference
+ * functions (kern__*_ref) that SIMD files may call for tails, and the r16
+ * layout's helpers in common.c, the floor every kernel file stands on.
  *
  * Blocks are declared packed (alignment 1) because kern.h promises that no
  * pointer needs alignment: a block may start at any byte of an mmapped GGUF
