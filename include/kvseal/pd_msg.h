@@ -105,7 +105,8 @@ enum {
     PD_DENY_DRAINING = 5,
     PD_DENY_INVALID = 6 /* the sampling extension does not compile or validate here */
 };
-/* REJECT reasons are the request contract's (kvseal/admit.h), 1..ADMIT_WIRE_MAX. */
+/* REJECT reasons are the request contract's (kvseal/admit.h), those whose wire
+ * column is true (admit_reason_on_wire). */
 /* ABORT reasons. */
 enum {
     PD_ABORT_CLIENT_GONE = 1, PD_ABORT_TIMEOUT = 2, PD_ABORT_WORKER_LOST = 3,
@@ -356,7 +357,7 @@ uint64_t pd_msg_prefill_size(uint32_t grant_len, uint32_t n_prompt);
 
 /* REJECT (12 + msg_len): P -> R and P -> D. */
 typedef struct pd_msg_reject {
-    uint32_t reason; /* admit_reason, 1..ADMIT_WIRE_MAX: the client's status and
+    uint32_t reason; /* admit_reason with admit_reason_on_wire: the client's status and
                         error code come from the admit table, never from the wire */
     const char *msg;
     uint32_t msg_len;     /* <= 512 */
@@ -383,7 +384,7 @@ typedef struct pd_msg_finish {
     const char *msg;
     uint32_t msg_len; /* <= 512 */
     uint32_t n_cached; /* <= n_prompt: prompt tokens prefill took from its prefix cache */
-    uint32_t reason;   /* admit_reason (<= ADMIT_WIRE_MAX) when the request was refused
+    uint32_t reason;   /* admit_reason (admit_reason_on_wire) when the request was refused
                           (prefill's REJECT, decode's adoption), else 0 */
 } pd_msg_finish;
 

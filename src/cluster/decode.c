@@ -187,7 +187,7 @@ static void dec__ctrl_send(dec__worker *w, uint16_t type, uint64_t req_id, const
 static void dec__send_finish(dec__worker *w, uint64_t req_id, uint32_t finish, uint32_t n_prompt,
                              uint32_t n_gen, ks_err err, uint32_t reason, const char *msg) {
     if (finish == PD_FINISH_STOP || finish == PD_FINISH_LENGTH) err = KS_OK, reason = 0;
-    if (reason > ADMIT_WIRE_MAX) reason = ADMIT_INTERNAL; // an HTTP-front reason: not ours
+    if (reason && !admit_reason_on_wire(reason)) reason = ADMIT_INTERNAL; // an HTTP-front reason: not ours
     if ((finish == PD_FINISH_ABORT || finish == PD_FINISH_ERROR) && err == KS_OK)
         err = finish == PD_FINISH_ABORT ? KS_ERR_CANCELLED : KS_ERR_INTERNAL;
     size_t ml = msg ? strlen(msg) : 0;

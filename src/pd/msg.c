@@ -818,8 +818,8 @@ ks_err pd_msg_reject_decode(const uint8_t *p, uint32_t len, pd_msg_reject *out,
     ks_err e = text_decode("REJECT", p, len, 12, 8, &m.msg, &m.msg_len, eb);
     if (e) return e;
     m.reason = pd_load_u32(p);
-    if (m.reason < 1 || m.reason > ADMIT_WIRE_MAX)
-        return PROTO("REJECT: reason %u out of range [1, %d]", m.reason, ADMIT_WIRE_MAX);
+    if (!admit_reason_on_wire(m.reason))
+        return PROTO("REJECT: reason %u is not one that crosses the wire", m.reason);
     *out = m;
     return KS_OK;
 }
@@ -916,8 +916,8 @@ ks_err pd_msg_finish_decode(const uint8_t *p, uint32_t len, pd_msg_finish *out,
     m.err = pd_load_u32(p + 12);
     m.n_cached = pd_load_u32(p + 16);
     m.reason = pd_load_u32(p + 24);
-    if (m.reason > ADMIT_WIRE_MAX)
-        return PROTO("FINISH: reason %u out of range [0, %d]", m.reason, ADMIT_WIRE_MAX);
+    if (m.reason != 0 && !admit_reason_on_wire(m.reason))
+        return PROTO("FINISH: reason %u is neither 0 nor one that crosses the wire", m.reason);
     if (m.n_cached > m.n_prompt)
         return PROTO("FINISH: n_cached %u exceeds n_prompt %u", m.n_cached, m.n_prompt);
     if (m.finish < PD_FINISH_STOP || m.finish > PD_FINISH_ERROR)

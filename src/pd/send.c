@@ -110,7 +110,7 @@ static void snd__emit_reject(pd_send *s, uint32_t worker_id, uint64_t epoch, uin
     uint8_t buf[12 + PD_MSG_MAX_TEXT];
     size_t ml = strlen(msg);
     if (ml > PD_MSG_MAX_TEXT) ml = PD_MSG_MAX_TEXT;
-    if (reason < 1 || reason > ADMIT_WIRE_MAX) reason = ADMIT_INTERNAL;  // a callback's HTTP-only reason
+    if (!admit_reason_on_wire(reason)) reason = ADMIT_INTERNAL;  // a callback's HTTP-only reason
     pd_msg_reject m = {.reason = reason, .msg = msg, .msg_len = (uint32_t)ml};
     uint32_t len = 0;
     ks_errbuf eb;

@@ -668,7 +668,7 @@ static void test_round_trip_small(void) {
         CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
         CHECK_EQ(pd_msg_finish_decode(buf, n, &r, &eb), KS_OK);
         CHECK_EQ(r.reason, ADMIT_DRAINING);
-        m.reason = ADMIT_WIRE_MAX + 1; // an HTTP-front reason never travels
+        m.reason = ADMIT_TENANT_CONCURRENCY; // an HTTP-front reason never travels
         CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
         m.reason = ADMIT_BUSY;
         m.finish = PD_FINISH_LENGTH;
@@ -930,7 +930,7 @@ static void test_enums_and_ranges(void) {
     n = sample(PD_MSG_REJECT, buf, sizeof buf);
     put_u32(cp, buf, n, 0, 0);
     REJECTS(PD_MSG_REJECT, cp, n, "reason 0");
-    put_u32(cp, buf, n, 0, ADMIT_WIRE_MAX + 1);
+    put_u32(cp, buf, n, 0, ADMIT_TENANT_CONCURRENCY); /* 11: HTTP front only */
     REJECTS(PD_MSG_REJECT, cp, n, "reason 11");
     memcpy(cp, buf, n);
     pd_store_u32(cp + 4, 0xbeef); /* reserved */
