@@ -389,6 +389,7 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
     // fresh sampler over the last prompt position's logits
     sample_result sr;
     if (!gm) {
+        if (!ignore_eos) engine_ban_eog(model_vocab(w->m), sp.min_tokens, 0, w->logits, w->V);
         sampler_sample(smp, w->logits, &sr);
     } else {
         bool end = false;

@@ -379,6 +379,7 @@ static ks_err engine__req_build(engine *e, const engine_params *p, const int32_t
     if (!r->prompt || (ce = sampler_create(&r->sp, e->V, &r->smp, eb)) ||
         (ce = sampler_set_bias(r->smp, p->bias, p->n_bias, eb)) ||
         (ce = engine_stream_create(p->stops, p->n_stops, &r->out, eb)) ||
+        (engine_stream_set_min_tokens(r->out, p->sp.min_tokens), false) ||
         (p->grammar && (ce = engine__grammar_init(e, r, p->grammar, eb)))) {
         engine__req_free(r);
         return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
@@ -732,6 +733,13 @@ static void engine__admit(engine *e) {
     atomic_store(&e->st_running, (unsigned)e->n_running);
 }
 
+void engine_ban_eog(const tok_vocab *v, int32_t min_tokens, int32_t n_gen, float *logits,
+                    int32_t n_vocab) {
+    if (n_gen >= min_tokens) return;
+    for (int32_t i = 0; i < n_vocab; i++)
+        if (tok_is_eog(v, i)) logits[i] = -INFINITY;
+}
+
 /* Handles one chosen token of r (sampled here, or by a prefill worker for an
  * adopted request): EOS, penalty history, text, stop strings, max_tokens.
  * Returns true if r finished. */
@@ -1018,7 +1026,8 @@ static void engine__mask_wait(engine *e, uint64_t deadline_ns, bool any) {
  * constrained request's draw goes to a mask thread (engine__mask_post).
  * Returns true if r finished. */
 static bool engine__emit(engine *e, engine_req *r, float *logits_row) {
-    if (r->gm) return engine__mask_post(e, r, logits_row);
+    if (r->gm) return engine__mask_post(e, r, logits_row); // the grammar decides when EOG may come
+    if (!r->ignore_eos) engine_ban_eog(e->vocab, r->sp.min_tokens, r->n_gen, logits_row, e->V);
     sample_result sr;
     sampler_sample(r->smp, logits_row, &sr); // penalizes this step's row in place
     return engine__take(e, r, &sr);

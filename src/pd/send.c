@@ -366,7 +366,7 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
         if (state_out) *state_out = PD_SEND_ABORTED;
         return KS_OK;
     }
-    if (q->first.n_top > p.s.n_probs) q->first.n_top = p.s.n_probs;
+    if (q->first.n_top > (uint32_t)p.s.n_probs) q->first.n_top = (uint32_t)p.s.n_probs;
     if (q->first.n_top > PD_MSG_MAX_TOP) q->first.n_top = PD_MSG_MAX_TOP;
     if (state_out) *state_out = PD_SEND_SENDING;
     return KS_OK;
