@@ -142,6 +142,7 @@ static void test_params_validate(void) {
     BAD(presence_penalty, -3.0f, "presence_penalty must be in [-2, 2], got -3");
     BAD(n_probs, 21, "n_probs must be in [0, 20], got 21");
     BAD(n_probs, -1, "n_probs must be in [0, 20], got -1");
+    BAD(min_tokens, -1, "min_tokens must be >= 0, got -1");
 #undef BAD
 
     // edges that are valid

@@ -152,6 +152,23 @@ static void test_request_invalid(void) {
     expect_invalid(C, "{\"prompt\":\"x\",\"repetition_penalty\":0}", "repetition_penalty", NULL,
                    "> 0");
     expect_invalid(C, "{\"prompt\":\"x\",\"logprobs\":21}", "logprobs", NULL, "got 21");
+    // min_tokens (vLLM's): an integer >= 0, at most max_tokens when both are given
+    expect_invalid(C, "{\"prompt\":\"x\",\"min_tokens\":-1}", "min_tokens", NULL, "got -1");
+    expect_invalid(C, "{\"prompt\":\"x\",\"min_tokens\":1.5}", "min_tokens", NULL, "integer");
+    expect_invalid(C, "{\"prompt\":\"x\",\"max_tokens\":4,\"min_tokens\":5}", "min_tokens", NULL,
+                   "must be <= 'max_tokens' (4), got 5");
+    expect_invalid(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"max_tokens\":2,"
+                      "\"min_tokens\":3}",
+                   "min_tokens", NULL, "got 3");
+    {
+        srv_request m = parse_ok(SRV_ROUTE_COMPLETIONS,
+                                 "{\"model\":\"kjv\",\"prompt\":\"x\",\"max_tokens\":9,\"min_tokens\":9}");
+        CHECK_EQ(m.sp.min_tokens, 9);
+        srv_request_free(&m);
+        m = parse_ok(SRV_ROUTE_COMPLETIONS, "{\"model\":\"kjv\",\"prompt\":\"x\",\"min_tokens\":500}");
+        CHECK_EQ(m.sp.min_tokens, 500); // no max_tokens given: max_tokens ends it
+        srv_request_free(&m);
+    }
     // n, stop
     // issue 12: n, best_of, echo, logit_bias
     expect_invalid(C, "{\"prompt\":\"x\",\"n\":17}", "n", NULL, "[1, 16], got 17");
