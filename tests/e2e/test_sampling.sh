@@ -36,6 +36,15 @@ min_tokens_checks() { # URL MODEL
     req "min_tokens" 200 "$1/v1/completions" "${AUTH[@]}" \
         -d '{"model":"'"$2"'","prompt":"In the beginning","max_tokens":3,"temperature":0,"stop":["the"],"min_tokens":3}'
     expect_has "min_tokens holds the stop string off" "$BODY" '"text":" of the Lord"'
+    # ... nor EOS (id 2, forced by logit_bias): banned for the first 3 tokens
+    # (through the cluster the first by the prefill worker, the rest by decode)
+    req "EOS without min_tokens" 200 "$1/v1/completions" "${AUTH[@]}" \
+        -d '{"model":"'"$2"'","prompt":"In the beginning","max_tokens":5,"temperature":0,"logit_bias":{"2":100}}'
+    expect_has "EOS without min_tokens" "$BODY" '"completion_tokens":0,'
+    req "min_tokens bans EOS" 200 "$1/v1/completions" "${AUTH[@]}" \
+        -d '{"model":"'"$2"'","prompt":"In the beginning","max_tokens":5,"temperature":0,"logit_bias":{"2":100},"min_tokens":3}'
+    expect_has "min_tokens bans EOS" "$BODY" '"text":" of the Lord","index":0,"logprobs":null,"finish_reason":"stop"'
+    expect_has "min_tokens bans EOS: 3 tokens" "$BODY" '"completion_tokens":3,'
     req "min_tokens above max_tokens" 400 "$1/v1/completions" "${AUTH[@]}" \
         -d '{"model":"'"$2"'","prompt":"In","max_tokens":2,"min_tokens":3}'
     expect_has "min_tokens above max_tokens" "$BODY" '"param":"min_tokens"'
