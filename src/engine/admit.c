@@ -19,7 +19,7 @@
  * authentication error. README "Refusals" has the table. */
 static const admit_info admit__table[ADMIT__COUNT] = {
     [ADMIT_OK] = {"ok", 200, NULL, NULL, 200, KS_OK, ""},
-#define ADMIT__ROW(E, v, wire, name, status, type, code, wcode, err, msg)                          \
+#define ADMIT__ROW(E, v, kind, name, status, type, code, wcode, err, msg)                          \
     [ADMIT_##E] = {name, status, type, code, wcode, err, msg},
     ADMIT_REASON_MAP(ADMIT__ROW)
 #undef ADMIT__ROW

@@ -1174,8 +1174,40 @@ static void test_metrics_vllm(void) {
     srv_tenants_free(ts);
 }
 
+/* Issue 39: the failures after admission come from the refusal table
+ * (ADMIT_FAILURE rows) and answer exactly as srv_fail did, but are no
+ * refusals (reason ADMIT_OK: kvseal_rejections_total does not count them). */
+static void test_failures_table(void) {
+    static const struct {
+        admit_reason r;
+        int status;
+        const char *code, *type;
+    } want[] = {
+        {ADMIT_CLIENT_CLOSED, 499, "client_closed", "invalid_request_error"},
+        {ADMIT_UPSTREAM_ERROR, 502, "upstream_error", "server_error"},
+        {ADMIT_WORKER_UNAVAILABLE, 503, "worker_unavailable", "server_error"},
+        {ADMIT_UPSTREAM_TIMEOUT, 504, "upstream_timeout", "server_error"},
+        {ADMIT_SHUTDOWN_ABORTED, 503, "server_shutting_down", "server_error"},
+        {ADMIT_RUN_ABORTED, 503, "request_aborted", "server_error"},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        srv_error a, b;
+        memset(&a, 0, sizeof a);
+        memset(&b, 0, sizeof b);
+        srv_refuse(&a, want[i].r, NULL, "m");
+        srv_fail(&b, want[i].status, want[i].code, "m");
+        CHECK_EQ(a.status, want[i].status);
+        CHECK_STR_EQ(a.code, want[i].code);
+        CHECK_STR_EQ(a.type, want[i].type);
+        CHECK_EQ(a.reason, ADMIT_OK);
+        CHECK_EQ(a.workers_code, b.workers_code);
+        CHECK_STR_EQ(a.type, b.type);
+    }
+}
+
 int main(void) {
     CHECK(sodium_init() >= 0);
+    test_failures_table();
     test_request_valid();
     test_request_invalid();
     test_prompt_bound();
