@@ -379,12 +379,12 @@ static ks_err engine__req_build(engine *e, const engine_params *p, const int32_t
     if (!r->prompt || (ce = sampler_create(&r->sp, e->V, &r->smp, eb)) ||
         (ce = sampler_set_bias(r->smp, p->bias, p->n_bias, eb)) ||
         (ce = engine_stream_create(p->stops, p->n_stops, &r->out, eb)) ||
-        (engine_stream_set_min_tokens(r->out, p->sp.min_tokens), false) ||
         (p->grammar && (ce = engine__grammar_init(e, r, p->grammar, eb)))) {
         engine__req_free(r);
         return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
     }
     engine_stream_set_wake(r->out, engine__wake, e);
+    engine_stream_set_min_tokens(r->out, p->sp.min_tokens);
     *out = r;
     return KS_OK;
 }
