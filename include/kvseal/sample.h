@@ -76,9 +76,9 @@
       2, SAMPLE_WIRE_EXT, "presence-penalty", 0)                                                   \
     /* alternatives to report */                                                                   \
     X(n_probs, SAMPLE_I32, NULL, NULL, 0, 0, 0, 0, SAMPLE_MAX_TOP, "in [0, 20]", SAMPLE_MAX_TOP,   \
-      SAMPLE_WIRE_BASE, "n-probs", 0)                                                                   \
-    /* vLLM's: end-of-generation tokens and stop strings cannot end generation before this many   \
-       tokens were generated (the engine bans EOG; stop strings are looked for from the           \
+      SAMPLE_WIRE_BASE, "n-probs", 0)                                                              \
+    /* vLLM's: end-of-generation tokens and stop strings cannot end generation before this many    \
+       tokens were generated (the engine bans EOG; stop strings are looked for from the            \
        min_tokens-th token's text on); max_tokens still ends it */                                 \
     X(min_tokens, SAMPLE_I32, "min_tokens", NULL, 0, 0, 0, 0, INT32_MAX, ">= 0", INT32_MAX,        \
       SAMPLE_WIRE_EXT, "min-tokens", 0)
@@ -97,10 +97,10 @@
  * ranges are SAMPLE_PARAM_MAP's. */
 typedef struct sample_params {
     SAMPLE_PARAM_FIELDS
-    uint64_t seed;           /* PRNG seed; the caller picks a random one if the
-                                request has none (the sampler never does) */
-    bool logprobs;           /* fill sample_result.logprob (costs one pass over the
-                                vocabulary; implied by n_probs > 0) */
+    uint64_t seed; /* PRNG seed; the caller picks a random one if the
+                      request has none (the sampler never does) */
+    bool logprobs; /* fill sample_result.logprob (costs one pass over the
+                      vocabulary; implied by n_probs > 0) */
 } sample_params;
 
 /* Fills p with llama.cpp-like defaults (SAMPLE_PARAM_MAP's def column):

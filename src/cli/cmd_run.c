@@ -56,7 +56,7 @@ static const cli__opt run__opts[RO__N] = {
     [RO_THREADS] = {"threads", 't', true, false},
     [RO_CTX] = {"ctx", 'c', true, false},
     [RO_SEED] = {"seed", 0, true, false},
-#define RO__SP_OPT(f, T, key, alias, def, off, lo, lo_open, hi, what, jhi, wire, cli, ...)          \
+#define RO__SP_OPT(f, T, key, alias, def, off, lo, lo_open, hi, what, jhi, wire, cli, ...)         \
     [RO_SP_##f] = {cli, 0, true, false},
     SAMPLE_PARAM_MAP(RO__SP_OPT)
 #undef RO__SP_OPT

@@ -245,7 +245,8 @@ char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
     ok = ok && met__printf(&b, "# HELP kvseal_rejections_total Requests turned away before "
                                "generation, by reason.\n# TYPE kvseal_rejections_total counter\n");
     for (int r = ADMIT_OK + 1; r < ADMIT__COUNT && ok; r++)
-        ok = !admit_reason_is_refusal((uint32_t)r) || met__printf(&b, "kvseal_rejections_total{reason=\"%s\"} %llu\n",
+        ok = !admit_reason_is_refusal((uint32_t)r) || // failures after admission: not here
+             met__printf(&b, "kvseal_rejections_total{reason=\"%s\"} %llu\n",
                          admit_reason_info((admit_reason)r)->name, LOAD(m->rejections[r]));
     ok = ok &&
          met__printf(&b,

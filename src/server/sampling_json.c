@@ -39,8 +39,8 @@ static bool sj__f32(json_t *root, const char *key, double lo, double hi, float *
                           sj__type(v));
     double d = json_number_value(v);
     if (!(d >= lo && d <= hi))
-        return srv_refuse(err, ADMIT_INVALID, key, "'%s' must be in [%g, %g], got %g", key, lo,
-                          hi, d);
+        return srv_refuse(err, ADMIT_INVALID, key, "'%s' must be in [%g, %g], got %g", key, lo, hi,
+                          d);
     *out = (float)d;
     return true;
 }
@@ -72,8 +72,8 @@ static bool sj__eq(const char *k, const char *key) { return key && !strcmp(k, ke
 bool srv_sampling_read(json_t *root, sample_params *sp, srv_error *err) {
     // every row with a key, alias first (the key wins when both are given)
 #define SJ__READ(f, T, key, alias, def, off, lo, lo_open, hi, what, jhi, ...)                      \
-    if (!SJ__READ_##T(root, alias, lo, jhi, &sp->f, err) ||                                       \
-        !SJ__READ_##T(root, key, lo, jhi, &sp->f, err))                                           \
+    if (!SJ__READ_##T(root, alias, lo, jhi, &sp->f, err) ||                                        \
+        !SJ__READ_##T(root, key, lo, jhi, &sp->f, err))                                            \
         return false;
     SAMPLE_PARAM_MAP(SJ__READ)
 #undef SJ__READ
@@ -93,8 +93,7 @@ bool srv_sampling_read(json_t *root, sample_params *sp, srv_error *err) {
 
 bool srv_sampling_known(const char *k, bool anthropic) {
 #define SJ__KNOWN(f, T, key, alias, def, off, lo, lo_open, hi, what, jhi, wire, cli, anth)         \
-    if ((!anthropic || anth) && (sj__eq(k, key) || sj__eq(k, alias)))                              \
-        return true;
+    if ((!anthropic || anth) && (sj__eq(k, key) || sj__eq(k, alias))) return true;
     SAMPLE_PARAM_MAP(SJ__KNOWN)
 #undef SJ__KNOWN
     return false;
