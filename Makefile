@@ -18,17 +18,18 @@ asan: ## build with AddressSanitizer+UBSan in build-asan and run the suite
 	@cmake --build build-asan -j$(JOBS)
 	@cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
 
-# The ThreadSanitizer subset: the engine, server and cluster unit tests
-# (unit_engine_grammar with its matchers on four threads) and the
+# The ThreadSanitizer subset: the grammar, engine, server and cluster unit tests
+# (unit_grammar with its matchers on four threads) and the
 # end-to-end tests where the threads meet most (the HTTP sweeper with
 # disconnects, drains and slow clients, the leak suite, embeddings, a
 # cluster's workers, the engine's mask threads under load). TSan reports of any process (the e2e tests' servers
 # too) are written to build-tsan/tsan-report.PID and fail the run.
-TSAN_TESTS ?= ^(unit_(engine|server|cluster).*|e2e_test_(serve_(drain|half_close|slow_clients|queue)|leak|openai|embeddings|fairness|structured|cluster_(roles|drain|same_tokens)))$$
+TSAN_TESTS ?= ^(unit_(grammar|engine|server|cluster).*|e2e_test_(serve_(drain|half_close|slow_clients|queue)|leak|openai|embeddings|fairness|structured|cluster_(roles|drain|same_tokens)))$$
 TSAN_EXCLUDE ?= ^$$
 TSAN_TARGETS = kvseal rawc $(patsubst tests/unit/%.c,%,\
-	$(wildcard tests/unit/test_engine*.c tests/unit/test_server*.c tests/unit/test_cluster*.c))
-tsan: ## build with ThreadSanitizer in build-tsan and run the engine, server and cluster tests (TSAN_TESTS)
+	$(wildcard tests/unit/test_grammar*.c tests/unit/test_engine*.c tests/unit/test_server*.c \
+	tests/unit/test_cluster*.c))
+tsan: ## build with ThreadSanitizer in build-tsan and run the grammar, engine, server and cluster tests (TSAN_TESTS)
 	@cmake -S . -B build-tsan -DKS_WERROR=ON -DKS_SANITIZE=thread -DKS_FUZZ_SMOKE=OFF >/dev/null
 	@cmake --build build-tsan -j$(JOBS) --target $(TSAN_TARGETS)
 	@rm -f build-tsan/tsan-report.*

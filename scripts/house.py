@@ -9,12 +9,18 @@ files of src/. It reports
   - the arrows between modules that run against the module order of
     CMakeLists.txt (a lower floor calling a higher one);
   - the files of src/ over the size limit (kern/ is exempt: its kernels
-    are long by nature).
+    are long by nature);
+  - public headers (include/kvseal/) that leak what callers may not use:
+    declarations behind a test-only build switch (#ifdef KS_TEST_FAULTS,
+    KS_BROKEN_*: the fault injectors belong in src/<module>/<module>_fault.h)
+    or an #include of anything but another public header or a system
+    header.
 Exit status 1 when there are more circles than --max-circles, any arrow
-runs back up beyond --max-up, or a file is over the limit.
+runs back up beyond --max-up, a file is over the limit, or a public
+header leaks.
 
-usage: scripts/house.py [--build DIR] [--src DIR] [--max-circles N]
-                        [--max-up N] [--max-lines N] [-v]
+usage: scripts/house.py [--build DIR] [--src DIR] [--include DIR]
+                        [--max-circles N] [--max-up N] [--max-lines N] [-v]
 """
 import argparse
 import os
@@ -108,11 +114,29 @@ def sccs(edges):
     return out
 
 
+def header_leaks(include):
+    """[(header, line number, why)] for the public headers' leaks."""
+    out = []
+    for f in sorted(os.listdir(include)):
+        if not f.endswith(".h"):
+            continue
+        with open(os.path.join(include, f), encoding="utf-8", errors="replace") as fh:
+            for i, line in enumerate(fh, 1):
+                # a declaration behind the switch (a comment may name it)
+                if re.match(r"\s*#\s*if.*\bKS_(TEST_FAULTS|BROKEN\w*)\b", line):
+                    out.append((f, i, "declares behind a test-only build switch"))
+                m = re.match(r'\s*#\s*include\s*"([^"]+)"', line)
+                if m and not m.group(1).startswith("kvseal/"):
+                    out.append((f, i, "includes the private %s" % m.group(1)))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--build", default=os.path.join(here, "..", "build"))
     ap.add_argument("--src", default=os.path.join(here, "..", "src"))
+    ap.add_argument("--include", default=os.path.join(here, "..", "include", "kvseal"))
     ap.add_argument("--max-circles", type=int, default=1)
     ap.add_argument("--max-up", type=int, default=0)
     ap.add_argument("--max-lines", type=int, default=1500)
@@ -157,6 +181,9 @@ def main():
             if n > a.max_lines:
                 print("house: FAIL: src/%s has %d lines, over %d" % (rel, n, a.max_lines))
                 bad = True
+    for f, i, why in header_leaks(a.include):
+        print("house: FAIL: include/kvseal/%s:%d: %s" % (f, i, why))
+        bad = True
     if a.v:
         for n in sorted(edges):
             print("%s -> %s" % (n, ", ".join(sorted(edges[n]))))

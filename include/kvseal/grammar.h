@@ -1,4 +1,4 @@
-/* grammar.h — constrained decoding (module `engine`, grammar part): GBNF
+/* grammar.h — constrained decoding (module `grammar`): GBNF
  * grammars (llama.cpp's format), JSON schemas compiled to GBNF, a
  * per-sequence matcher over UTF-8 bytes, and the set of vocabulary tokens a
  * matcher can accept next (a byte trie of the vocabulary walked with the
@@ -17,7 +17,9 @@
  * one thread at a time; different matchers, of the same grammar or not,
  * run their accept/mask/sample calls concurrently on different threads
  * with no locking beyond a short lookup in the grammar's class table.
- * Design notes: comments at the top of src/engine/grammar.c. */
+ * Design notes: comments at the top of src/grammar/compile.c, match.c and
+ * mask.c. grammar_sample, the draw under a grammar, is the engine's
+ * (src/engine/grammar_sample.c): it calls the engine's sampler. */
 #ifndef KS_GRAMMAR_H
 #define KS_GRAMMAR_H
 
@@ -109,6 +111,9 @@ ks_err grammar_vocab_create_pieces(const char *const *pieces, const uint32_t *le
 void grammar_vocab_destroy(grammar_vocab *gv);
 /* Number of token ids (words of a mask: (n + 31) / 32). Can't fail. */
 int32_t grammar_vocab_n(const grammar_vocab *gv);
+/* True when id is one of the vocabulary's end-of-generation tokens (never
+ * for a vocabulary of pieces). Can't fail. */
+bool grammar_vocab_is_eog(const grammar_vocab *gv, int32_t id);
 
 // ----------------------------------------------------------------------------
 // Matchers: one per sequence, used by one thread at a time.
@@ -152,6 +157,30 @@ ks_err grammar_matcher_mask(grammar_matcher *m, const grammar_vocab *gv, uint32_
  * of range or not in the trie (EOG, empty pieces). */
 bool grammar_matcher_accept_token(grammar_matcher *m, const grammar_vocab *gv, int32_t id);
 
+/* The mask side of one constrained draw (grammar_sample's first half):
+ * fills mask ((n_vocab + 31) / 32 words) with the tokens m accepts next,
+ * end-of-generation ids too when complete (grammar_matcher_complete, passed
+ * in), and sets every other entry of logits (n_vocab floats) to -inf.
+ * *end true (KS_OK, logits untouched): complete and no token can continue.
+ * Errors: KS_ERR_INVAL (too ambiguous, or incomplete and no token of the
+ * vocabulary can continue it: a refusal of the grammar), KS_ERR_NOMEM; the
+ * message in eb. Safe concurrently with other matchers' calls. */
+ks_err grammar_matcher_mask_logits(grammar_matcher *m, const grammar_vocab *gv, bool complete,
+                                   float *logits, uint32_t *mask, bool *end /* OUT */,
+                                   ks_errbuf *eb) KS_MUST_USE;
+/* The other half, after a sampler drew *token from the row that
+ * grammar_matcher_mask_logits left (mask as it left it): a masked
+ * pick (a row of NaN) becomes the lowest allowed non-EOG id; then m is
+ * advanced by it (not by an EOG). Errors: KS_ERR_INVAL (too ambiguous),
+ * KS_ERR_INTERNAL (the matcher refused it); the message in eb. */
+ks_err grammar_matcher_accept_pick(grammar_matcher *m, const grammar_vocab *gv,
+                                   const uint32_t *mask, int32_t *token /* IN/OUT */,
+                                   ks_errbuf *eb) KS_MUST_USE;
+
+// ----------------------------------------------------------------------------
+// The draw under a grammar: module engine (src/engine/grammar_sample.c), as
+// it calls the engine's sampler (sample.h); declared here beside its parts.
+
 /* One constrained draw: samples the next token from logits (n_vocab
  * floats; masked tokens set to -inf in place) with smp (whose params are
  * sp) among the tokens m accepts next, end-of-generation ids only when the
@@ -159,9 +188,10 @@ bool grammar_matcher_accept_token(grammar_matcher *m, const grammar_vocab *gv, i
  * mask is scratch of (n_vocab + 31) / 32 words. On KS_OK either *out holds
  * the token, or *end is true: the grammar is complete and no token can
  * continue it (the generation ends there, without a token). Errors:
- * KS_ERR_INVAL (incomplete, and no token of the vocabulary can continue
- * it), KS_ERR_NOMEM, KS_ERR_INTERNAL (the matcher refused its own pick);
- * the message in eb. Same results on every thread and batch. */
+ * KS_ERR_INVAL (a refusal, eb->reason ADMIT_INVALID: too ambiguous, or
+ * incomplete and no token of the vocabulary can continue it),
+ * KS_ERR_NOMEM, KS_ERR_INTERNAL (the matcher refused its own pick); the
+ * message in eb. Same results on every thread and batch. */
 ks_err grammar_sample(grammar_matcher *m, const grammar_vocab *gv, sampler *smp,
                       const sample_params *sp, float *logits, uint32_t *mask,
                       sample_result *out /* OUT */, bool *end /* OUT */, ks_errbuf *eb) KS_MUST_USE;

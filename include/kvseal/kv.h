@@ -270,11 +270,4 @@ uint32_t kv_prefix_evict(kv_prefix *c, uint32_t n_pages);
 /* Pages the cache holds now; can't fail. */
 uint32_t kv_prefix_n_pages(const kv_prefix *c);
 
-#ifdef KS_TEST_FAULTS
-/* Test-only fault injector: points entry `idx` of victim at the page of
- * entry `idx` of other, keeping victim's expected tag — what a corrupted
- * block table looks like. The tag check must catch the read. */
-void kv_fault_swap_entry(kv_seq *victim, const kv_seq *other, uint32_t idx);
-#endif
-
 #endif /* KS_KV_H */

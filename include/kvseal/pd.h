@@ -10,7 +10,6 @@
  *   3. TCP transport       — listen/connect over non-blocking sockets
  *   4. Authentication      — TLS 1.3 with a PSK per connection kind (or, on
  *                            a trusted fabric, the plaintext HELLO/AUTH)
- *   5. Test-only faults    — KS_TEST_FAULTS builds: drop/dup/delay/trunc/corrupt
  *
  * Threading: a pd_loop and every pd_conn / pd_listener on it are owned by the
  * thread that runs the loop. Only pd_loop_post and pd_loop_stop may be called
@@ -393,28 +392,5 @@ ks_err pd_tls_psk(const uint8_t *secret, size_t secret_len, uint8_t client_role,
 void pd_auth_mac(const uint8_t *secret, size_t secret_len, bool sender_is_connector,
                  uint8_t sender_role, const uint8_t sender_nonce[PD_NONCE_BYTES],
                  const uint8_t receiver_nonce[PD_NONCE_BYTES], uint8_t mac[PD_MAC_BYTES] /* OUT */);
-
-// ----------------------------------------------------------------------------
-// 5. Test-only fault injection (built only with -DKS_TEST_FAULTS=ON)
-//
-// Spec (env KS_PD_FAULT, read at pd_loop_create, or pd_fault_set): a comma-
-// separated list of ACTION:TYPE:N[:ARG], acting on the N-th outgoing frame of
-// TYPE sent in this process (1-based; N = 0: every such frame):
-//   drop:T:N          the frame is not sent at all
-//   dup:T:N           the frame is sent twice
-//   delay:T:N:MS      the frame (and everything after it on that conn, to keep
-//                     TCP order) leaves MS milliseconds later
-//   trunc:T:N         header + half the payload are sent, then the conn closes
-//   corrupt:T:N       one payload byte is flipped after the checksum is computed
-//   stall:T:N:MS      header + half the payload are sent, the rest MS later (the
-//                     peer holds a half-received frame meanwhile)
-// Example: KS_PD_FAULT="drop:7:2,delay:5:0:200".
-
-#ifdef KS_TEST_FAULTS
-/* Replaces the active fault list (NULL or "" clears it); counters restart.
- * Errors: KS_ERR_INVAL on a malformed spec. Not thread-safe: call it while no
- * loop is sending. */
-ks_err pd_fault_set(const char *spec, ks_errbuf *eb) KS_MUST_USE;
-#endif
 
 #endif /* KS_PD_H */

@@ -45,7 +45,7 @@ typedef struct server_opts {
     const char *chat_template_file; /* Jinja chat template overriding the model's
                                        tokenizer.chat_template; NULL: the model's */
     int tool_call_format;           /* chat tool calls: -1 the chat template's format (default),
-                                       else a toolcall_format (src/server/toolcall.h; 0: none) */
+                                       else a format server_tool_call_format_parse gave (0: none) */
     int reasoning_format;           /* -1 deepseek when the template has think markers (default),
                                        0 none (reasoning stays in content), 1 deepseek (split into
                                        reasoning_content; <think></think> when the template has none) */

@@ -6,37 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-
-#ifndef KS_SOURCE_DIR
-#define KS_SOURCE_DIR "."
-#endif
 
 typedef struct {
     const char *name;
     int (*fn)(int, char **);
     const char *help;
 } cli__cmd;
-
-
-const char *cli_default_model(void) {
-    const char *e = getenv("KS_MODEL");
-    if (e && *e) return e;
-    const char *built_in = KS_SOURCE_DIR "/models/kjv-mini.gguf";
-    if (access(built_in, R_OK) == 0) return built_in;
-    // the source tree moved: look next to the binary (build/kvseal -> models/)
-    static char path[4096];
-    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 64);
-    if (n > 0) {
-        path[n] = '\0';
-        char *slash = strrchr(path, '/');
-        if (slash) {
-            strcpy(slash, "/../models/kjv-mini.gguf");
-            if (access(path, R_OK) == 0) return path;
-        }
-    }
-    return built_in;
-}
 
 static void cli__usage(const cli__cmd *cmds, size_t n) {
     fprintf(stderr, "usage: kvseal COMMAND [options]   (kvseal --version: version and build)\n\n"

@@ -1,4 +1,4 @@
-/* util.c — shared subcommand plumbing (see cli_int.h). */
+/* util.c — shared subcommand plumbing (see cli_int.h) and the default model path (cli.h). */
 #include "cli_int.h"
 
 #include "kvseal/kern.h"
@@ -7,6 +7,29 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#ifndef KS_SOURCE_DIR
+#define KS_SOURCE_DIR "."
+#endif
+
+const char *cli_default_model(void) {
+    const char *e = getenv("KS_MODEL");
+    if (e && *e) return e;
+    const char *built_in = KS_SOURCE_DIR "/models/kjv-mini.gguf";
+    if (access(built_in, R_OK) == 0) return built_in;
+    // the source tree moved: look next to the binary (build/kvseal -> models/)
+    static char path[4096];
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 64);
+    if (n > 0) {
+        path[n] = '\0';
+        char *slash = strrchr(path, '/');
+        if (slash) {
+            strcpy(slash, "/../models/kjv-mini.gguf");
+            if (access(path, R_OK) == 0) return path;
+        }
+    }
+    return built_in;
+}
 
 int cli__default_threads(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);

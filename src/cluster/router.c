@@ -1,9 +1,10 @@
-/* router.c — `kvseal router`: the cluster's HTTP-facing side (cluster.h).
+/* router.c — `kvseal router`: the cluster's HTTP-facing side (cluster.h);
+ * this file is its loop thread and lifecycle (router_int.h names the rest).
  *
- * The HTTP front (server.h) runs unchanged on the server_backend this file
- * provides: rt__submit does the same admission as engine_submit (I4: a
- * rejected request never reaches a worker), then hands the request to the
- * router's loop thread, which owns every worker connection and every
+ * The HTTP front (server.h) runs unchanged on the server_backend of
+ * router_backend.c: rt__submit does the same admission as engine_submit (I4:
+ * a rejected request never reaches a worker), then hands the request to the
+ * router's loop thread, here, which owns every worker connection and every
  * request's protocol state (docs/pd-protocol.md section 5):
  *
  *   WAITING --ADMIT--> ADMITTING --GRANT--> PREFILLING --TOKEN--> DECODING
@@ -21,7 +22,7 @@
  * (502) with an ABORT to the surviving worker of the pair, except one whose
  * prefill worker is lost before its first token: that one starts over on
  * another prefill worker (at most RT_MAX_RETRIES times; 502 when none is
- * left). Pairing: the
+ * left). Pairing (router_pair.c): the
  * prefill and decode workers with the fewest requests in flight; among
  * prefill workers at most RT_AFFINITY_SLACK busier than that, the one a
  * rendezvous hash of (domain, first prompt page) prefers, so a tenant's
@@ -40,158 +41,22 @@
  * another connection) are held and replayed after it. max_tokens 0 runs
  * as max_tokens 1 on the workers: the request ends at decode's first
  * TOKEN (ABORT STOP, as a stop string) or FINISH, which is never shown. */
-#include "cluster_int.h"
+#include "router_int.h"
 
 #include "kvseal/admit.h"
-#include "kvseal/grammar.h"
-
-#include "kvseal/tok.h"
 
 #include <inttypes.h>
-#include <pthread.h>
 #include <sodium.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#define RT_BUCKETS 256
 #define RT_RETRY_MS 20 /* DENY NOSPACE / NO_LINK: try the queue head again after */
-#define RT_AFFINITY_SLACK 1 /* extra requests in flight a prefix-preferred prefill may have */
-#define RT_MAX_RETRIES 3    /* starts over (stale grant, draining or lost prefill) per request */
-
-typedef enum rt_phase {
-    RT_WAITING = 0,    /* admitted here, no worker yet */
-    RT_ADMITTING = 1,  /* ADMIT sent to decode */
-    RT_PREFILLING = 2, /* GRANT received, PREFILL sent */
-    RT_DECODING = 3,   /* first TOKEN received */
-    RT_DONE = 4,       /* terminal (done event posted) */
-} rt_phase;
-
-typedef struct rt_worker {
-    struct cluster_router *r;
-    uint32_t id; /* 0 until registered */
-    uint8_t role;
-    pd_conn *c;
-    char host[PD_MSG_MAX_HOST + 1];
-    uint16_t data_port;
-    uint32_t n_pages, n_ctx;
-    uint32_t inflight;      /* requests paired with it, router's count */
-    uint32_t free_pages, quarantined, active; /* last HEALTH_ACK */
-    bool draining;          /* shutting down gracefully: paired with nothing new */
-    uint64_t health_seq, acked_seq;
-    uint64_t last_ack_ms;
-    bool check_pending;
-    pd_msg_pool_check_ack check;
-    struct rt_worker *next;
-} rt_worker;
-
-typedef struct rt_req {
-    atomic_int refs; /* the caller's handle + the loop's */
-    cluster_router *r;
-    uint64_t id;
-    char tenant[64];
-    int32_t *prompt;
-    int32_t n_prompt, max_tokens;
-    sample_params sp;
-    pd_msg_sampling ws; /* its extension points into g's text and bias */
-    grammar *g;         /* constrained decoding (NULL: none); a reference */
-    uint8_t *bias;      /* (ws.n_bias) raw logit_bias entries (pd_msg_bias_store) */
-    uint8_t domain[32];
-    uint8_t affinity[8];  /* hash of (domain, first prompt page); zero: no full page */
-    uint64_t t_submit_ns, t_first_ns;
-    uint64_t t_sched_ns; /* a decode worker GRANTed its pages: left the queue (0: not yet) */
-    // loop-owned
-    rt_phase phase;
-    uint32_t p_id, d_id; /* paired workers (0: none) */
-    bool p_sent;         /* PREFILL went to p_id */
-    uint64_t t_phase_ms; /* entered WAITING / ADMITTING */
-    uint64_t retry_ms;   /* WAITING: not before */
-    int retries;         /* restarts (stale grant, draining or lost prefill) */
-    uint32_t avoid_p;    /* prefill worker it lost (its link may be dying): not again */
-    int32_t n_gen;
-    int32_t n_cached;    /* FINISH: prompt tokens prefill took from its prefix cache */
-    struct rt_req *hnext; /* hash chain */
-    struct rt_req *wnext; /* wait queue */
-    engine_stream *out;   /* events, detokenizer, stop strings: as the engine's */
-    atomic_int state; /* engine_state */
-    atomic_bool cancelled;
-    // embeddings (issue 13): prompt only, one prefill worker, no decode worker
-    bool embed;
-    uint32_t pooling; /* EMBED's pooling (0: the prefill worker's) */
-    float *evec;      /* (n_embd) written by the loop before the done event */
-    // echo with prompt logprobs (issue 12), loop-owned after submit
-    bool echo_lp;     /* PREFILL asks for PROMPT_LP records */
-    bool prompt_only; /* max_tokens 0: nothing generated is shown */
-    uint32_t lp_top;  /* alternatives per record the prefill worker must send */
-    uint32_t lp_next; /* the next prompt position a record must be for; 0: nothing posted
-                         yet (then the request may still start over elsewhere) */
-    bool lp_done;     /* the LAST PROMPT_LP was posted */
-    struct rt_held *held, *held_tail; /* decode frames that overtook the LAST PROMPT_LP */
-} rt_req;
-
-/* A decode frame (TOKEN, FINISH) held until the prompt's records are out. */
-typedef struct rt_held {
-    struct rt_held *next;
-    uint16_t type;
-    uint32_t len;
-    uint8_t payload[];
-} rt_held;
-
-struct cluster_router {
-    cluster_router_opts o;
-    const model *m;
-    const tok_vocab *vocab;
-    int32_t V;
-    kv_geom g;
-    uint8_t model_id[32];
-    uint8_t secret[256];
-    size_t secret_len;
-    uint32_t type_max[PD_MSG_N_TYPES];
-    pd_loop *loop;
-    pd_listener *ls;
-    int port;
-    pthread_t thread;
-    atomic_bool stop;
-    // loop-owned
-    rt_worker *workers;
-    uint32_t next_worker_id;
-    rt_req *tab[RT_BUCKETS];
-    rt_req *wait_head, *wait_tail;
-    uint64_t last_health_ms;
-    char *piece;
-    size_t piece_cap;
-    // shared (atomics)
-    atomic_ullong next_req_id;
-    uint64_t first_req_id; /* the first id this router issued (rt__first_req_id) */
-    atomic_bool online;
-    atomic_uint n_waiting, n_inflight;
-    atomic_uint max_decode_pages; /* largest registered decode pool, for admission */
-    atomic_uint n_decode, n_prefill;
-    atomic_ullong n_finished, n_aborted, n_rejected, tokens_in, tokens_out;
-    atomic_uint kv_free, kv_quarantined, kv_total;
-    // pool check (mu)
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int check_state; /* 0 idle, 1 requested, 2 answered */
-    uint64_t check_req; /* bumped per request; the loop starts a check when it changes */
-    bool check_clean, check_busy;
-    char check_msg[512];
-    uint64_t check_id;
-};
-
+#define RT_MAX_RETRIES 3 /* starts over (stale grant, draining or lost prefill) per request */
 
 // ----------------------------------------------------------------------------
 // Request objects
-
-static ks_err rt__next(void *req, engine_event *ev, uint32_t timeout_ms) {
-    return engine_stream_next(((rt_req *)req)->out, ev, timeout_ms);
-}
-
-static void rt__set_notify(void *req, void (*notify)(void *ctx), void *ctx) {
-    engine_stream_set_notify(((rt_req *)req)->out, notify, ctx);
-}
 
 /* Drops q's held decode frames. */
 static void rt__held_clear(rt_req *q) {
@@ -203,7 +68,7 @@ static void rt__held_clear(rt_req *q) {
     q->held_tail = NULL;
 }
 
-static void rt__req_free(rt_req *q) {
+void rt__req_free(rt_req *q) {
     rt__held_clear(q);
     engine_stream_destroy(q->out);
     grammar_unref(q->g);
@@ -213,7 +78,7 @@ static void rt__req_free(rt_req *q) {
     free(q);
 }
 
-static void rt__unref(rt_req *q) {
+void rt__unref(rt_req *q) {
     if (atomic_fetch_sub_explicit(&q->refs, 1, memory_order_acq_rel) == 1) rt__req_free(q);
 }
 
@@ -319,7 +184,7 @@ static void rt__refuse(cluster_router *r, rt_req *q, admit_reason reason, const 
 }
 
 /* Ends q ABORTED and tells its paired workers (reason) which were reached. */
-static void rt__abort(cluster_router *r, rt_req *q, uint32_t reason, ks_err err, const char *msg) {
+void rt__abort(cluster_router *r, rt_req *q, uint32_t reason, ks_err err, const char *msg) {
     if (q->phase == RT_DONE) return;
     if (q->phase >= RT_ADMITTING) rt__send_abort(r, q->d_id, q->id, reason);
     if (q->p_sent && q->phase != RT_DECODING) rt__send_abort(r, q->p_id, q->id, reason);
@@ -329,7 +194,6 @@ static void rt__abort(cluster_router *r, rt_req *q, uint32_t reason, ks_err err,
 // ----------------------------------------------------------------------------
 // Embeddings (loop thread): EMBED to one prefill worker, EMBED_RESULT back
 
-static rt_worker *rt__pick_prefill(cluster_router *r, const rt_req *q);
 static void rt__refused_at_prefill(cluster_router *r, rt_req *q, rt_worker *p, admit_reason reason,
                                    const char *msg);
 
@@ -397,50 +261,6 @@ static void rt__on_embed_frame(cluster_router *r, rt_worker *w, rt_req *q, const
 
 // ----------------------------------------------------------------------------
 // Scheduling (loop thread)
-
-static rt_worker *rt__pick(cluster_router *r, uint8_t role, uint32_t need_pages, uint32_t avoid) {
-    rt_worker *best = NULL;
-    for (rt_worker *w = r->workers; w; w = w->next) {
-        if (!w->id || w->role != role || w->draining || w->id == avoid) continue;
-        if (role == PD_ROLE_DECODE && w->n_pages < need_pages) continue;
-        if (!best || w->inflight < best->inflight ||
-            (w->inflight == best->inflight && w->free_pages > best->free_pages))
-            best = w;
-    }
-    return best;
-}
-
-/* Rendezvous score of worker id for an affinity key: stable while workers
- * come and go, so a key moves only when its worker does. */
-static uint64_t rt__score(const uint8_t aff[8], uint32_t id) {
-    static const unsigned char key[crypto_shorthash_KEYBYTES] = {0};
-    uint8_t in[12], out[crypto_shorthash_BYTES];
-    memcpy(in, aff, 8);
-    memcpy(in + 8, &id, 4);
-    crypto_shorthash(out, in, sizeof in, key);
-    uint64_t s;
-    memcpy(&s, out, sizeof s);
-    return s;
-}
-
-/* The prefill worker for q: the least loaded one, unless the worker q's
- * prefix prefers is within RT_AFFINITY_SLACK requests of it (prefix reuse
- * at prefill saves more than the small imbalance costs). */
-static rt_worker *rt__pick_prefill(cluster_router *r, const rt_req *q) {
-    // the worker q lost only if it is the one left (its loss may be a blip)
-    uint32_t avoid = rt__pick(r, PD_ROLE_PREFILL, 0, q->avoid_p) ? q->avoid_p : 0;
-    rt_worker *least = rt__pick(r, PD_ROLE_PREFILL, 0, avoid);
-    static const uint8_t none[8] = {0};
-    if (!least || !memcmp(q->affinity, none, 8)) return least;
-    rt_worker *pref = NULL;
-    uint64_t best = 0;
-    for (rt_worker *w = r->workers; w; w = w->next) {
-        if (!w->id || w->role != PD_ROLE_PREFILL || w->draining || w->id == avoid) continue;
-        uint64_t s = rt__score(q->affinity, w->id);
-        if (!pref || s > best) pref = w, best = s;
-    }
-    return pref && pref->inflight <= least->inflight + RT_AFFINITY_SLACK ? pref : least;
-}
 
 /* Sends ADMIT for waiting requests, FIFO, while workers are available. */
 static void rt__schedule(cluster_router *r) {
@@ -539,7 +359,7 @@ static bool rt__replace_prefill(cluster_router *r, rt_req *q, uint32_t lost, con
     return true;
 }
 
-static void rt__on_submit(void *arg) {
+void rt__on_submit(void *arg) {
     rt_req *q = arg;
     cluster_router *r = q->r;
     if (atomic_load(&q->cancelled) || atomic_load(&r->stop)) {
@@ -564,7 +384,7 @@ static void rt__on_submit(void *arg) {
     rt__schedule(r);
 }
 
-static void rt__on_cancel(void *arg) {
+void rt__on_cancel(void *arg) {
     rt_req *q = arg;
     cluster_router *r = q->r;
     if (q->phase != RT_DONE && rt__find(r, q->id) == q)
@@ -1227,313 +1047,6 @@ static void *rt__main(void *arg) {
     for (int i = 0; i < 20; i++)  // flush the aborts
         if (pd_loop_run_once(r->loop, 5) != KS_OK) break;
     return NULL;
-}
-
-// ----------------------------------------------------------------------------
-// Backend (HTTP threads)
-
-static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errbuf *eb) {
-    cluster_router *r = impl;
-    *out = NULL;
-    // the same admission as kvseal serve (I4), against the largest decode worker
-    admit_limits lim = {.n_ctx = r->o.n_ctx,
-                        .n_vocab = r->V,
-                        .page_tokens = (uint32_t)r->g.page_tokens,
-                        .max_pages = atomic_load(&r->max_decode_pages)};
-    // echo with max_tokens 0: admitted (and run on the workers) as one token, as
-    // engine_submit does; nothing generated is shown (rt__on_req_frame)
-    engine_params pq = *p;
-    const bool prompt_only = p->prompt_logprobs && p->max_tokens == 0;
-    if (prompt_only) pq.max_tokens = 1;
-    admit_admitted ad = {0};
-    ks_err err = KS_OK;
-    // the prefill worker sends n_probs alternatives per prompt record
-    if (p->prompt_logprobs && p->prompt_top != p->sp.n_probs)
-        err = admit_refuse(eb, ADMIT_INVALID,
-                           "prompt logprobs: %d alternatives with %d for generated tokens is not "
-                           "supported in disaggregated serving",
-                           (int)p->prompt_top, (int)p->sp.n_probs);
-    else if (p->prompt_top < 0 || p->prompt_top > SAMPLE_MAX_TOP)
-        err = admit_refuse(eb, ADMIT_INVALID, "prompt logprobs: %d alternatives (at most %d)",
-                           (int)p->prompt_top, SAMPLE_MAX_TOP);
-    if (!err) err = admit_request(&lim, &pq, &ad, eb);
-    const int32_t *prompt = ad.prompt;
-    const int32_t n_prompt = ad.n_prompt, max_tokens = ad.max_tokens;
-    pd_msg_sampling ws;
-    char why[256];
-    ks_errbuf xeb;
-    if (!err && sample_bias_validate(p->bias, p->n_bias, r->V, &xeb) != KS_OK)
-        err = admit_refuse(eb, ADMIT_INVALID, "%s", xeb.msg);
-    // penalties, logit_bias and the grammar travel in ADMIT's and PREFILL's
-    // sampling extension: both workers apply them as the local engine does
-    size_t glen = 0;
-    const char *gtext = p->grammar ? grammar_text(p->grammar, &glen) : NULL;
-    uint8_t *bias = NULL;
-    if (!err && p->n_bias > 0 && !(bias = malloc(8u * (size_t)p->n_bias)))
-        err = ks_seterr(eb, KS_ERR_NOMEM, "request");
-    for (int i = 0; !err && i < p->n_bias; i++)
-        pd_msg_bias_store(bias, (uint32_t)i, p->bias[i].token, p->bias[i].bias);
-    if (!err &&
-        !cl_sampling_to_msg(&p->sp, max_tokens, p->ignore_eos, gtext, (uint32_t)glen, bias,
-                            (uint32_t)(p->n_bias > 0 ? p->n_bias : 0), &ws, why, sizeof why))
-        err = admit_refuse(eb, ADMIT_INVALID, "%s", why);
-    if (!err && p->prompt_logprobs) ws.flags |= PD_FLAG_PROMPT_LP;
-    if (!err && !atomic_load(&r->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
-    if (!err && (!atomic_load(&r->n_decode) || !atomic_load(&r->n_prefill)))
-        err = admit_refuse(eb, ADMIT_NO_WORKER, "no %s worker is registered with the router",
-                           !atomic_load(&r->n_prefill) ? "prefill" : "decode");
-    if (!err && atomic_load(&r->n_waiting) >= r->o.queue_max)
-        err = admit_refuse(eb, ADMIT_BUSY, "the server is busy: %u requests already waiting",
-                           r->o.queue_max);
-    if (err) {
-        free(bias);
-        atomic_fetch_add(&r->n_rejected, 1);
-        return err;
-    }
-    rt_req *q = calloc(1, sizeof *q);
-    if (!q) {
-        free(bias);
-        return ks_seterr(eb, KS_ERR_NOMEM, "request");
-    }
-    q->bias = bias; // ws points into these two
-    q->g = p->grammar ? grammar_ref(p->grammar) : NULL;
-    atomic_init(&q->refs, 2);
-    atomic_init(&q->state, ENGINE_QUEUED);
-    q->r = r;
-    q->id = atomic_fetch_add(&r->next_req_id, 1);
-    snprintf(q->tenant, sizeof q->tenant, "%s", p->tenant ? p->tenant : "default");
-    engine_domain_root(p, q->domain);
-    q->prompt = malloc(sizeof(int32_t) * (size_t)n_prompt);
-    q->n_prompt = n_prompt;
-    q->max_tokens = max_tokens;
-    q->sp = p->sp;
-    q->ws = ws;
-    q->echo_lp = p->prompt_logprobs;
-    q->prompt_only = prompt_only;
-    q->lp_top = (uint32_t)(p->prompt_top < r->V ? p->prompt_top : r->V);
-    q->t_submit_ns = ks_now_ns();
-    ks_err ce = KS_OK;
-    if (q->prompt) memcpy(q->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
-    if (q->prompt && n_prompt > r->g.page_tokens) {  // a full page the prefill cache could hold
-        crypto_generichash_state hs;
-        uint8_t h[crypto_generichash_BYTES_MIN];
-        crypto_generichash_init(&hs, NULL, 0, sizeof h);
-        crypto_generichash_update(&hs, q->domain, sizeof q->domain);
-        crypto_generichash_update(&hs, (const unsigned char *)q->prompt,
-                                  sizeof(int32_t) * (size_t)r->g.page_tokens);
-        crypto_generichash_final(&hs, h, sizeof h);
-        memcpy(q->affinity, h, sizeof q->affinity);
-        if (!memcmp(q->affinity, (const uint8_t[8]){0}, 8)) q->affinity[0] = 1;
-    }
-    if (!q->prompt || (ce = engine_stream_create(p->stops, p->n_stops, &q->out, eb))) {
-        rt__req_free(q);
-        return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
-    }
-    engine_stream_set_min_tokens(q->out, p->sp.min_tokens);
-    atomic_fetch_add(&r->n_waiting, 1);  // until the loop takes it (rt__on_submit)
-    atomic_fetch_add(&r->tokens_in, (unsigned long long)n_prompt);
-    if (pd_loop_post(r->loop, rt__on_submit, q) != KS_OK) {
-        atomic_fetch_sub(&r->n_waiting, 1);
-        rt__req_free(q);
-        return ks_seterr(eb, KS_ERR_NOMEM, "request");
-    }
-    atomic_fetch_sub(&r->n_waiting, 1);  // rt__on_submit counts it again in the queue
-    *out = q;
-    return KS_OK;
-}
-
-/* server_backend.embed_submit: admit_embed as engine_embed_submit (I4),
- * then the loop sends it to a prefill worker (rt__embed_start). */
-static ks_err rt__embed_submit(void *impl, const engine_embed_params *p, void **out,
-                               ks_errbuf *eb) {
-    cluster_router *r = impl;
-    *out = NULL;
-    admit_limits lim = {
-        .n_ctx = r->o.n_ctx, .n_vocab = r->V, .page_tokens = (uint32_t)r->g.page_tokens};
-    ks_err err = admit_embed(&lim, p->tokens, p->n_tokens, eb);
-    model_pooling pool = p->pooling ? p->pooling : r->o.pooling;
-    if (!err && pool && !model_pooling_name(pool))
-        err =
-            admit_refuse(eb, ADMIT_INVALID, "pooling %d is not supported (mean, last)", (int)pool);
-    if (!err && !atomic_load(&r->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
-    if (!err && !atomic_load(&r->n_prefill))
-        err = admit_refuse(eb, ADMIT_NO_WORKER, "no prefill worker is registered with the router");
-    if (!err && atomic_load(&r->n_waiting) >= r->o.queue_max)
-        err = admit_refuse(eb, ADMIT_BUSY, "the server is busy: %u requests already waiting",
-                           r->o.queue_max);
-    if (err) {
-        atomic_fetch_add(&r->n_rejected, 1);
-        return err;
-    }
-    rt_req *q = calloc(1, sizeof *q);
-    if (!q) return ks_seterr(eb, KS_ERR_NOMEM, "request");
-    atomic_init(&q->refs, 2);
-    atomic_init(&q->state, ENGINE_QUEUED);
-    q->r = r;
-    q->id = atomic_fetch_add(&r->next_req_id, 1);
-    q->embed = true;
-    q->pooling = (uint32_t)pool;
-    snprintf(q->tenant, sizeof q->tenant, "%s", p->tenant ? p->tenant : "default");
-    engine_params dp = {.tenant = p->tenant};
-    engine_domain_root(&dp, q->domain);
-    q->prompt = malloc(sizeof(int32_t) * (size_t)p->n_tokens);
-    q->evec = malloc(sizeof(float) * (size_t)model_hp(r->m)->n_embd);
-    q->n_prompt = p->n_tokens;
-    q->t_submit_ns = ks_now_ns();
-    ks_err ce = KS_OK;
-    if (!q->prompt || !q->evec || (ce = engine_stream_create(NULL, 0, &q->out, eb))) {
-        rt__req_free(q);
-        return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
-    }
-    memcpy(q->prompt, p->tokens, sizeof(int32_t) * (size_t)p->n_tokens);
-    atomic_fetch_add(&r->n_waiting, 1); // until the loop takes it (rt__on_submit)
-    atomic_fetch_add(&r->tokens_in, (unsigned long long)p->n_tokens);
-    if (pd_loop_post(r->loop, rt__on_submit, q) != KS_OK) {
-        atomic_fetch_sub(&r->n_waiting, 1);
-        rt__req_free(q);
-        return ks_seterr(eb, KS_ERR_NOMEM, "request");
-    }
-    atomic_fetch_sub(&r->n_waiting, 1); // rt__on_submit counts it again in the queue
-    *out = q;
-    return KS_OK;
-}
-
-/* server_backend.embed_vector: the vector once the done event (FINISHED)
- * was taken. */
-static ks_err rt__embed_vector(void *req, float *out, int32_t cap) {
-    rt_req *q = req;
-    int32_t E = model_hp(q->r->m)->n_embd;
-    if (!q->embed || cap < E || atomic_load(&q->state) != ENGINE_FINISHED ||
-        !engine_stream_done_posted(q->out))
-        return KS_ERR_INVAL;
-    memcpy(out, q->evec, sizeof(float) * (size_t)E);
-    return KS_OK;
-}
-
-static void rt__cancel(void *req) {
-    rt_req *q = req;
-    if (atomic_exchange(&q->cancelled, true)) return;
-    atomic_fetch_add(&q->refs, 1);
-    if (pd_loop_post(q->r->loop, rt__on_cancel, q) != KS_OK) rt__unref(q);
-}
-
-static void rt__release(void *req) {
-    rt_req *q = req;
-    if (!q) return;
-    if (!engine_stream_done_posted(q->out)) rt__cancel(q);
-    rt__unref(q);
-}
-
-/* n choices (OpenAI's n / best_of): n independent cluster requests, choice
- * i with seed + i, so each equals an n=1 request with that seed (as
- * engine_submit_n's choices do). They do not share pages across workers;
- * a prefill worker's prefix cache may still serve the repeated prompt. On
- * error no handle is left. */
-static ks_err rt__submit_n(void *impl, const engine_params *p, int n, void **out, ks_errbuf *eb) {
-    if (n < 1 || n > ENGINE_MAX_N)
-        return admit_refuse(eb, ADMIT_INVALID, "n must be in [1, %d], got %d", ENGINE_MAX_N, n);
-    if (p->prompt_logprobs && p->max_tokens == 0 && n > 1)
-        return admit_refuse(eb, ADMIT_INVALID, "max_tokens 0 allows one choice only, got n=%d", n);
-    engine_params pi = *p;
-    for (int i = 0; i < n; i++) {
-        pi.sp.seed = p->sp.seed + (uint64_t)i;
-        pi.prompt_logprobs = i == 0 && p->prompt_logprobs; // the prompt's, once (as the engine)
-        ks_err e = rt__submit(impl, &pi, &out[i], eb);
-        if (e != KS_OK) {
-            while (i-- > 0) {
-                rt__release(out[i]);
-                out[i] = NULL;
-            }
-            return e;
-        }
-    }
-    return KS_OK;
-}
-
-static bool rt__is_online(void *impl) { return atomic_load(&((cluster_router *)impl)->online); }
-
-static void rt__on_abort_all(void *arg) {
-    cluster_router *r = arg;
-    for (int b = 0; b < RT_BUCKETS; b++)
-        for (rt_req *q = r->tab[b], *nx; q; q = nx) {
-            nx = q->hnext;
-            rt__abort(r, q, PD_ABORT_SHUTDOWN, KS_ERR_CANCELLED, "aborted: model taken offline");
-        }
-}
-
-static void rt__set_online(void *impl, bool online, bool abort_running) {
-    cluster_router *r = impl;
-    atomic_store(&r->online, online);
-    if (!online && abort_running && pd_loop_post(r->loop, rt__on_abort_all, r) != KS_OK)
-        ks_log(KS_LOG_ERROR, "router: out of memory aborting requests");
-}
-
-static void rt__get_stats(void *impl, engine_stats *out) {
-    cluster_router *r = impl;
-    memset(out, 0, sizeof *out);
-    uint32_t fr = atomic_load(&r->kv_free), qu = atomic_load(&r->kv_quarantined),
-             tot = atomic_load(&r->kv_total);
-    out->kv.pages[KV_PAGE_FREE] = fr;
-    out->kv.pages[KV_PAGE_QUARANTINE] = qu;
-    out->kv.pages[KV_PAGE_ALLOCATED] = tot > fr + qu ? tot - fr - qu : 0;
-    out->n_queued = atomic_load(&r->n_waiting);
-    out->n_running = atomic_load(&r->n_inflight);
-    out->n_finished = atomic_load(&r->n_finished);
-    out->n_aborted = atomic_load(&r->n_aborted);
-    out->n_rejected = atomic_load(&r->n_rejected);
-    out->tokens_in = atomic_load(&r->tokens_in);
-    out->tokens_out = atomic_load(&r->tokens_out);
-}
-
-/* Waits until nothing is in flight anywhere (router and workers), then
- * reports whether every worker's pool is all FREE and scrubbed. */
-static ks_err rt__check_quiescent(void *impl, uint32_t timeout_ms, ks_errbuf *eb) {
-    cluster_router *r = impl;
-    uint64_t deadline = cl_now_ms(NULL) + timeout_ms;
-    for (;;) {
-        pthread_mutex_lock(&r->mu);
-        r->check_state = 1;
-        r->check_req++;
-        while (r->check_state != 2) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 100 * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&r->cv, &r->mu, &ts);
-            if (cl_now_ms(NULL) > deadline + 3000) break;
-        }
-        bool answered = r->check_state == 2, clean = r->check_clean, busy = r->check_busy;
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", r->check_msg);
-        r->check_state = 0;
-        pthread_mutex_unlock(&r->mu);
-        if (answered && !busy)
-            return clean ? (ks_seterr(eb, KS_OK, "%s", msg), KS_OK)
-                         : ks_seterr(eb, KS_ERR_INTERNAL, "%s", msg);
-        if (cl_now_ms(NULL) >= deadline)
-            return ks_seterr(eb, KS_ERR_TIMEOUT, "requests still active: %s", answered ? msg : "no answer");
-        struct timespec nap = {0, 50 * 1000000L};
-        nanosleep(&nap, NULL);
-    }
-}
-
-void cluster_router_backend(cluster_router *r, server_backend *out) {
-    *out = (server_backend){.impl = r,
-                            .submit = rt__submit,
-                            .next = rt__next,
-                            .cancel = rt__cancel,
-                            .release = rt__release,
-                            .set_notify = rt__set_notify,
-                            .is_online = rt__is_online,
-                            .set_online = rt__set_online,
-                            .get_stats = rt__get_stats,
-                            .check_quiescent = rt__check_quiescent,
-                            .submit_n = rt__submit_n,
-                            .embed_submit = rt__embed_submit,
-                            .embed_vector = rt__embed_vector};
 }
 
 // ----------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 /* jinja_int.h — the jinja module's private types: arena, values, AST.
  *
+ * value.c is the floor the others stand on: the arena, the values (jv),
+ * the output buffers and taint, the render's failure and step accounting;
  * parse.c turns source into an AST (jnode nodes on the template's arena);
- * eval.c walks it against values (jv) allocated on a per-render arena;
- * builtin.c holds filters, tests, methods and the value printers. Errors
+ * eval.c walks it against values allocated on a per-render arena;
+ * builtin.c holds filters, tests and methods; print.c the value printers. Errors
  * inside a render unwind with longjmp to jinja_render: every allocation of a
  * render lives on its arena, so unwinding leaks nothing and the evaluator
  * needs no error plumbing at each of its hundreds of call sites. */
@@ -205,7 +207,8 @@ struct jinja_tmpl {
 ks_err jinja__parse(jinja_tmpl *t, const char *src, size_t len, ks_errbuf *eb);
 
 // ----------------------------------------------------------------------------
-// Render state (eval.c) and the builtins it calls (builtin.c)
+// Render state (eval.c), the value helpers under it (value.c), the printers
+// (print.c) and the builtins (builtin.c)
 
 typedef struct jbuf {
     char *p;
@@ -254,14 +257,22 @@ jv jv_list(jr *r, size_t cap);
 jv jv_dict(jr *r);
 void jl_push(jr *r, jlist *l, jv v);
 void jd_set(jr *r, jdict *d, jv k, jv v);
+void jd_push(jr *r, jdict *d, jv k, jv v); /* appends k -> v; the caller knows k is new */
 jv *jd_get(const jdict *d, const char *k, size_t n);
 jv *jd_getv(const jdict *d, jv k);
 jv jv_from_json(jr *r, const json_t *j, int depth);
 
 bool jv_truthy(const jv *v);
+/* numbers: int, float and bool compare and add as Python's do */
+static inline bool jv_is_num(const jv *v) { return v->t == JV_INT || v->t == JV_FLOAT || v->t == JV_BOOL; }
+static inline double jv_num(const jv *v) {
+    return v->t == JV_FLOAT ? v->u.f : v->t == JV_INT ? (double)v->u.i : (double)v->u.b;
+}
+static inline int64_t jv_inum(const jv *v) { return v->t == JV_INT ? v->u.i : (int64_t)v->u.b; }
 bool jv_eq(jr *r, const jv *a, const jv *b); /* r NULL: uncharged */
 int jv_cmp(jr *r, const jv *a, const jv *b); /* fails on incomparable */
 const char *jv_type_name(const jv *v);
+_Noreturn void jr_undef_fail(jr *r, const jv *v); /* fails naming the undefined v */
 void jb_put(jr *r, jbuf *b, const char *s, size_t n);
 /* taint */
 bool js_tainted(const jstr *s);
@@ -269,6 +280,8 @@ bool jv_tainted(jr *r, const jv *v, int depth); /* any tainted string in v (dept
 jv jv_taint_all(jr *r, jv v);                   /* a string tainted whole (others as they are) */
 void jb_mark(jr *r, jbuf *b, size_t lo, size_t hi);
 void jb_put_str(jr *r, jbuf *b, const jstr *s); /* bytes and taint */
+void jb_mark_str(jr *r, jbuf *b, const jstr *s, size_t at); /* s's taint, s's bytes at b's offset at */
+const jspans *jb_spans(jr *r, const jbuf *b);                  /* b's taint as a string's (NULL: none) */
 jv jv_from_buf(jr *r, const jbuf *b);           /* a string of b's bytes and taint */
 /* The result of a filter, method or function call on inputs in[0..n): a
  * new string made from tainted inputs is tainted whole, and so are new

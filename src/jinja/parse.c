@@ -17,46 +17,6 @@
 #include <string.h>
 
 // ----------------------------------------------------------------------------
-// Arena
-
-struct jinja__chunk {
-    jinja__chunk *next;
-    size_t cap, used;
-    _Alignas(16) unsigned char data[];
-};
-
-void *jinja__alloc(jinja__arena *a, size_t n) {
-    n = (n + 15) & ~(size_t)15;
-    if (n == 0) n = 16;
-    jinja__chunk *c = a->head;
-    if (!c || c->cap - c->used < n) {
-        size_t cap = n > 65536 ? n : 65536;
-        if (a->cap_bytes && a->used_bytes + cap > a->cap_bytes) return NULL;
-        c = malloc(sizeof *c + cap);
-        if (!c) return NULL;
-        c->cap = cap;
-        c->used = 0;
-        c->next = a->head;
-        a->head = c;
-        a->used_bytes += cap;
-    }
-    void *p = c->data + c->used;
-    c->used += n;
-    return p;
-}
-
-void jinja__arena_free(jinja__arena *a) {
-    jinja__chunk *c = a->head;
-    while (c) {
-        jinja__chunk *n = c->next;
-        free(c);
-        c = n;
-    }
-    a->head = NULL;
-    a->used_bytes = 0;
-}
-
-// ----------------------------------------------------------------------------
 // Lexer
 
 typedef enum tk_type {

@@ -1,6 +1,7 @@
 /* kern_int.h — private to src/kern: the ggml quant block layouts shared by
- * ref.c, avx2.c and avx512.c, the three vtabs, and the scalar reference
- * functions (kern__*_ref) that SIMD files may call for tails.
+ * ref.c, avx2.c and avx512*.c, the three vtabs, the scalar reference
+ * functions (kern__*_ref) that SIMD files may call for tails, and the r16
+ * layout's helpers in common.c, the floor every kernel file stands on.
  *
  * Blocks are declared packed (alignment 1) because kern.h promises that no
  * pointer needs alignment: a block may start at any byte of an mmapped GGUF
@@ -213,7 +214,7 @@ static inline int kern__iq4xs_scale(const kern_block_iq4_xs *b, int j) {
 /* A kern_matmul_fn over r16 groups (kern.h) through fn, the plain matmul of
  * type t: each group's 16 rows are unpacked into scratch, then fn runs on
  * them; so the results are fn's, bit for bit. For vtabs without a native
- * r16 kernel (and the native one's fallback). */
+ * r16 kernel (and the native one's fallback). In common.c. */
 void kern__matmul_r16_via(kern_matmul_fn fn, ks_dtype t, int64_t K, int n_rows, int n_cols,
                           const void *W, size_t ws, const void *X, size_t xs, float *Y, size_t ys);
 

@@ -13,6 +13,7 @@
  *       that the page is clean.
  * The TEST ONLY (I9) switches KS_BROKEN_NO_SCRUB / KS_BROKEN_NO_TAG_CHECK
  * each disable one of these safeguards; they are marked where they act. */
+#include "kv_fault.h"
 #include "kv_int.h"
 
 #include <pthread.h>

@@ -4,7 +4,8 @@
  * ks_pool task split by (ith, nth): matmuls split output rows, row ops split
  * tokens, attention splits (token, head) pairs. Every output element is
  * produced by exactly one thread with a fixed reduction order, so results do
- * not depend on the thread count or on what else is in the batch.
+ * not depend on the thread count or on what else is in the batch. The
+ * matmul runs and the activation quantization are matmul.c's, a floor below.
  *
  * Shape legend: T tokens in the batch, E n_embd, H query heads, Hkv K/V
  * heads, D head_dim, F n_ff, V n_vocab, P page_tokens. */
@@ -14,96 +15,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* One weight of a matmul run: Y (T, w->N) = X @ w^T. */
-typedef struct fwd__mm_part {
-    const model__mat *w;
-    const void *X; // (T, x_stride bytes) in kern_act_type(w->type)
-    size_t x_stride;
-    float *Y;   // (T, ldy), the part's N columns at the front of each row
-    size_t ldy; // Y's row stride in floats (0: N)
-    int T;
-    kern_matmul_fn fn;
-    int64_t chunk; // most 16-row units per claim
-    int64_t u0;    // the part's first 16-row unit in the run
-} fwd__mm_part;
-
-/* A decode step's matmul run as fwd__idle_prefetch reads it: its first
- * FWD_PF_PARTS parts' weights, and the units of the whole run. */
-#define FWD_PF_RUNS 1024
-#define FWD_PF_PARTS 4
-typedef struct {
-    struct {
-        const char *data;  // the part's first unit
-        size_t unit_bytes; // bytes of one 16-row unit (rows are back to back)
-        int64_t units;
-    } p[FWD_PF_PARTS];
-    int n;
-    int64_t units; // over all the run's parts
-} fwd__pf_run;
-
-struct model_ctx {
-    const model *m;
-    kv_pool *pool;
-    ks_pool *threads;
-    const kern_vtab *kv;  // kernels
-    int32_t max_tokens, max_ctx;
-    const float *rope_freqs; // RoPE angle divisors: LongRoPE's long ones past rope_orig_ctx
-    // activations, all (T, ...) row-major
-    float *x;     // (T, E) residual stream
-    float *xn;    // (T, max(E, H*D)) normed input / gathered output rows
-    float *q;     // (T, H*D)
-    float *k;     // (T, Hkv*D); MLA: the KV row [latent | rope key]
-    float *v;     // (T, Hkv*D)
-    float *att;   // (T, H*Dv) attention output, Dv = head_dim_v
-    float *tmp;   // (T, E)
-    float *g;     // (T, F), or (T*(k+s), F_exp) rows of a MoE layer in expert order
-    float *u;     // the same
-    // mixture of experts (NULL in a dense model); k = n_expert_used, s =
-    // n_expert_shared (0 or 1): a MoE layer's T*k routed rows in expert order,
-    // then (when s) the shared expert's T rows in token order
-    float *router;       // (T, n_expert) router logits
-    int32_t *sel;        // (T, k) each token's experts, best first
-    float *sel_w;        // (T, k) their weights
-    int32_t *slot_row;   // (T, k) the row of (token, slot) in expert order
-    int32_t *row_tok;    // (T*(k+s)) the token of each row
-    int32_t *x_off;      // (n_expert + 1) first row of each expert's run, then
-                         // (n_expert) rows placed so far (fwd__route)
-    float *xe;           // (T*(k+s), E) expert inputs gathered, then their outputs
-    int32_t sh_row0;     // this layer's first shared-expert row (T*k), or -1: none
-    fwd__mm_part *parts; // (max(2 * (n_expert + s), n_head)) one matmul run's parts
-    // multi-head latent attention (NULL without it)
-    float *mla_qa; // (T, q_lora) the query bottleneck
-    float *mla_qf; // (T, H * mla_qk) queries before absorption: per head nope, then rope
-    float *mla_qn; // (T, H * nope) the nope parts, a (T*H)-row matrix the absorption reads
-    // the sparse-attention indexer (NULL without it)
-    float *dsa_q;       // (T, idx_heads * idx_dim) indexer queries, rope part first
-    float *dsa_k;       // (T, idx_dim) indexer keys, stored behind the rope key in the KV row
-    float *dsa_w;       // (T, idx_heads) per-head weights
-    int32_t *dsa_sel;   // (T, idx_topk) the positions a token attends to, ascending
-    int32_t *dsa_n;     // (T) how many (0: every position, the context is within top_k)
-    float *dsa_score;   // (nth, max_ctx) a decode step's scores, several threads per token
-    size_t dsa_off;     // byte offset of the indexer key in a KV row
-    float *scores;      // (nth, G, max_ctx) attention scratch per thread, G query heads per KV head
-    int32_t *seq_next;  // (max_tokens) per-sequence next position, for validation
-    atomic_int *seq_bad; // (max_tokens) per-sequence: a page failed to resolve this pass
-    int32_t *seq_first;  // (max_tokens) per-sequence n_tokens before this pass (-1: not in it)
-    int32_t max_pages;   // pages covering max_ctx
-    const void **kp, **vp;   // (max_tokens, max_pages) this layer's resolved K/V pages per sequence
-    int kv_type;             // the pool's KV element type (kv.h): rows of kv_row bytes
-    size_t kv_row, head_row; // bytes of one K/V row (kv_dim elements), of one head's part (D)
-    // quantized activations: one slot per act type, tagged with its source
-    struct {
-        void *buf;            // (T, row_bytes)
-        size_t cap_row;       // bytes per row available
-        const float *src;     // which input it holds (NULL = none)
-        int64_t K;
-    } act[2]; // [0] Q8_0, [1] Q8_K; (T*max(1, k+s)) rows each
-    // one-token passes: the matmul runs of the last one, in order (pf_n of
-    // them), and the index of the next run in this one (-1: not one token)
-    fwd__pf_run *pf_runs; // (FWD_PF_RUNS)
-    int pf_n, pf_i;
-};
 
 // ----------------------------------------------------------------------------
 // Context
@@ -211,7 +122,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     c->act[1].cap_row = (size_t)rbk;
     c->act[0].buf = ks_alloc_aligned(TA * (size_t)rb0);
     c->act[1].buf = ks_alloc_aligned(TA * (size_t)rbk);
-    c->pf_runs = calloc(FWD_PF_RUNS, sizeof *c->pf_runs);
+    c->pf_runs = calloc(MODEL__PF_RUNS, sizeof *c->pf_runs);
     c->pf_i = -1;
     if (!c->threads || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->g ||
         !c->u || !c->scores || !c->seq_next || !c->seq_bad || !c->seq_first || !c->kp || !c->vp ||
@@ -247,294 +158,6 @@ void model_ctx_free(model_ctx *c) {
     free(c->kp);
     free(c->vp);
     free(c);
-}
-
-// ----------------------------------------------------------------------------
-// Matmul: Y (T, N) = X (T, K) @ W^T, W (N, K) in its GGUF type
-
-/* Weights in one pool run: a decode step hands work to the threads ~16
- * times per layer, and each hand-off (and the wait for the slowest thread)
- * cost about a fifth of decode time; a MoE layer runs all its experts'
- * gate and up matmuls in one run, and all their down matmuls in another.
- *
- * The run's 16-row units are cut into one contiguous range per thread
- * (the first FWD_MM_SEGS threads), which it claims from the front; a thread
- * whose range is done takes from the back of the range with the most left.
- * So each thread streams one run of consecutive weight bytes, and its
- * prefetches run on from one claim into the next. */
-#define FWD_MM_SEGS 64
-
-typedef struct {
-    // [front:32 | back:32]: the units [front, back) of one range not yet claimed
-    _Alignas(64) atomic_ullong fb;
-} fwd__mm_seg;
-
-typedef struct {
-    fwd__mm_part *p;
-    int n_parts;
-    int n_segs;
-    int64_t n_units; // 16-row units over the parts, in order
-    fwd__mm_seg seg[FWD_MM_SEGS];
-} fwd__mm;
-
-/* Weight units (16 rows) per claim at most: about two claims per thread.
- * Long runs of rows let each thread stream its weights (the kernels prefetch
- * the next tile's rows) and reuse the activations from L2; 32-row claims
- * were 25-30% slower in decode on the TinyLlama shape. Each claim restarts
- * the kernel's weight streams, whose first lines then wait a whole DRAM
- * round trip: against four claims a thread, Q4_0 / Q4_K_M tg128 was ahead
- * in 8 of 8 alternated rounds (0.2-1.5%; the qkv run 1-4%; Zen 5,
- * 2026-12-04); one claim a thread was not. */
-static int64_t fwd__units_per_claim(int64_t N, int nth) {
-    int64_t n = (N / (2 * (int64_t)nth) + 15) / 16;
-    return n < 1 ? 1 : n;
-}
-
-/* The part that unit u of the run lies in (parts are in unit order). */
-static int fwd__mm_part_of(const fwd__mm *a, int64_t u) {
-    int lo = 0, hi = a->n_parts - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (a->p[mid].u0 <= u)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
-
-static int64_t fwd__mm_part_end(const fwd__mm *a, int pi) {
-    return pi + 1 < a->n_parts ? a->p[pi + 1].u0 : a->n_units;
-}
-
-/* Claims units [*u0, *u1) of range s, within one part (*pi): from the front
- * (own range) or from the back (another's). A claim takes at most its
- * part's chunk and at most half of what the range has left, so claims
- * shrink to one unit at the end and the threads finish within a unit of
- * each other. */
-static bool fwd__mm_take(fwd__mm *a, int s, bool front, int *pi, int64_t *u0, int64_t *u1) {
-    atomic_ullong *fb = &a->seg[s].fb;
-    unsigned long long v = atomic_load_explicit(fb, memory_order_relaxed); // atomic_ullong's type
-    for (;;) {
-        const int64_t f = (int64_t)(v >> 32), b = (int64_t)(v & 0xffffffffu);
-        if (f >= b) return false;
-        const int i = fwd__mm_part_of(a, front ? f : b - 1);
-        int64_t n = (b - f) / 2;
-        n = n < 1 ? 1 : n > a->p[i].chunk ? a->p[i].chunk : n;
-        int64_t lo = front ? f : b - n, hi = front ? f + n : b;
-        if (front && hi > fwd__mm_part_end(a, i)) hi = fwd__mm_part_end(a, i);
-        if (!front && lo < a->p[i].u0) lo = a->p[i].u0;
-        const unsigned long long nv = front ? (unsigned long long)hi << 32 | (unsigned long long)b
-                                            : (unsigned long long)f << 32 | (unsigned long long)lo;
-        if (atomic_compare_exchange_weak_explicit(fb, &v, nv, memory_order_relaxed,
-                                                  memory_order_relaxed)) {
-            *pi = i;
-            *u0 = lo;
-            *u1 = hi;
-            return true;
-        }
-    }
-}
-
-/* Claims the next units of the run for thread ith: its own range first,
- * then the back of whichever range has the most left. */
-static bool fwd__mm_claim(fwd__mm *a, int ith, int *pi, int64_t *u0, int64_t *u1) {
-    if (ith < a->n_segs && fwd__mm_take(a, ith, true, pi, u0, u1)) return true;
-    for (;;) {
-        int best = -1;
-        int64_t most = 0;
-        for (int s = 0; s < a->n_segs; s++) {
-            const unsigned long long v = atomic_load_explicit(&a->seg[s].fb, memory_order_relaxed);
-            const int64_t left = (int64_t)(v & 0xffffffffu) - (int64_t)(v >> 32);
-            if (left > most) most = left, best = s;
-        }
-        if (best < 0) return false;
-        if (fwd__mm_take(a, best, best == ith, pi, u0, u1)) return true;
-    }
-}
-
-/* Every output row is computed by one kernel call whatever claim it falls
- * in (kern.h), so the split changes no value. */
-static void fwd__mm_task(void *arg, int ith, int nth) {
-    fwd__mm *a = arg;
-    (void)nth;
-    int64_t k, k1;
-    int i;
-    while (fwd__mm_claim(a, ith, &i, &k, &k1)) {
-        const fwd__mm_part *p = &a->p[i];
-        const model__mat *w = p->w;
-        const int64_t r = (k - p->u0) * 16,
-                      r1 = (k1 - p->u0) * 16 < w->N ? (k1 - p->u0) * 16 : w->N;
-        p->fn(w->K, (int)(r1 - r), p->T,
-              (const char *)w->data +
-                  (w->packed ? (size_t)(r / 16) * w->group_bytes : (size_t)r * w->row_bytes),
-              w->row_bytes, p->X, p->x_stride, p->Y + r, p->ldy);
-    }
-}
-
-/* Runs the n parts (X, Y, T and w set) in one pool run. */
-static void fwd__mm_run(model_ctx *c, fwd__mm_part *parts, int n) {
-    const int nth = ks_pool_nth(c->threads);
-    fwd__mm a = {.p = parts, .n_parts = n, .n_segs = nth < FWD_MM_SEGS ? nth : FWD_MM_SEGS};
-    for (int i = 0; i < n; i++) {
-        fwd__mm_part *p = &parts[i];
-        KS_ASSERT(p->T >= 1);
-        p->fn = p->w->packed ? c->kv->matmul_r16[p->w->type] : c->kv->matmul[p->w->type];
-        KS_ASSERT(p->fn);
-        p->chunk = fwd__units_per_claim(p->w->N, nth);
-        if (!p->ldy) p->ldy = (size_t)p->w->N;
-        p->u0 = a.n_units;
-        a.n_units += (p->w->N + 15) / 16;
-    }
-    KS_ASSERT(a.n_units < ((int64_t)1 << 32));
-    if (c->pf_i >= 0 && c->pf_i < FWD_PF_RUNS) { // a one-token pass: the next one's guess
-        fwd__pf_run *r = &c->pf_runs[c->pf_i++];
-        r->n = n < FWD_PF_PARTS ? n : FWD_PF_PARTS;
-        r->units = a.n_units;
-        for (int i = 0; i < r->n; i++) {
-            const model__mat *w = parts[i].w;
-            r->p[i].data = w->data;
-            r->p[i].unit_bytes = w->packed ? w->group_bytes : 16 * w->row_bytes;
-            r->p[i].units = (w->N + 15) / 16;
-        }
-        if (c->pf_i > c->pf_n) c->pf_n = c->pf_i;
-    }
-    for (int s = 0; s < a.n_segs; s++) {
-        const unsigned long long f = (unsigned long long)(a.n_units * s / a.n_segs),
-                                 b = (unsigned long long)(a.n_units * (s + 1) / a.n_segs);
-        atomic_init(&a.seg[s].fb, f << 32 | b);
-    }
-    ks_pool_run(c->threads, fwd__mm_task, &a);
-}
-
-/* Bytes of its next range a thread idle in a one-token op asks for at most:
- * what a thread streams in ~20 us, well within L2. */
-#define FWD_PF_BYTES (192u << 10)
-
-/* For a thread with nothing left to do in a one-token pass's op while
- * another works (*left > 0): prefetches into L2 the head of the range
- * fwd__mm_run will give it in the next matmul run, as the last one-token
- * pass ran it, until *left drops to 0 or FWD_PF_BYTES are asked for. The
- * memory bus idles through a one-token op, and the run then starts with
- * that part of the thread's range cached. A wrong guess (another model
- * shape, the first pass) costs only the reads; no value depends on it. */
-static void fwd__idle_prefetch(const model_ctx *c, int ith, int nth, const atomic_llong *left) {
-    if (c->pf_i < 0 || c->pf_i >= c->pf_n) return;
-    const fwd__pf_run *r = &c->pf_runs[c->pf_i];
-    const int segs = nth < FWD_MM_SEGS ? nth : FWD_MM_SEGS;
-    if (ith >= segs) return;
-    int64_t u = r->units * ith / segs; // the range's first unit, as fwd__mm_run cuts them
-    int i = 0;
-    while (i < r->n && u >= r->p[i].units)
-        u -= r->p[i++].units;
-    if (i == r->n) return;
-    const char *p = r->p[i].data + (size_t)u * r->p[i].unit_bytes;
-    size_t len = (size_t)(r->p[i].units - u) * r->p[i].unit_bytes;
-    if (len > FWD_PF_BYTES) len = FWD_PF_BYTES;
-    for (size_t off = 0; off < len; off += 4096) {
-        if (atomic_load_explicit(left, memory_order_relaxed) <= 0) return;
-        for (size_t o = off; o < off + 4096 && o < len; o += 64)
-            __builtin_prefetch(p + o, 0, 2); // into L2 (prefetcht1 on x86)
-    }
-}
-
-typedef struct {
-    const kern_vtab *kv;
-    kern_quant_fn fn;
-    const float *src;  // (T, K)
-    int64_t K;
-    void *dst;         // (T, dst_stride)
-    size_t dst_stride;
-    int T;
-    atomic_llong next; // next token row to claim
-} fwd__quant;
-
-/* One-token passes quantize on the calling thread alone (fwd__run_rows),
- * so no thread here idles in a one-token pass: no idle prefetch. */
-static void fwd__quant_task(void *arg, int ith, int nth) {
-    fwd__quant *a = arg;
-    (void)ith, (void)nth;
-    int64_t t0, t1;
-    while (ks_pool_claim(&a->next, a->T, 4, &t0, &t1))
-        for (int64_t t = t0; t < t1; t++)
-            a->fn(a->src + (size_t)t * (size_t)a->K, (char *)a->dst + (size_t)t * a->dst_stride,
-                  a->K);
-}
-
-/* Runs a row op's task over n rows: on the calling thread alone for one
- * row (one thread would do it all anyway; this saves the hand-off), else
- * in a pool run. */
-static void fwd__run_rows(model_ctx *c, int64_t n, ks_pool_fn fn, void *arg) {
-    if (n == 1)
-        fn(arg, 0, 1);
-    else
-        ks_pool_run(c->threads, fn, arg);
-}
-
-/* Forgets cached quantized activations (call when an input buffer changes). */
-static void fwd__act_reset(model_ctx *c) { c->act[0].src = c->act[1].src = NULL; }
-
-/* The act slot of weight w's activation type (Q8_0 or Q8_K; w's is not
- * F32) and the bytes of one of its rows of w->K elements. */
-static int fwd__act_slot(const model_ctx *c, const model__mat *w, size_t *rb) {
-    const ks_dtype at = kern_act_type(w->type);
-    KS_ASSERT(at == KS_DTYPE_Q8_0 || at == KS_DTYPE_Q8_K);
-    const int slot = at == KS_DTYPE_Q8_0 ? 0 : 1;
-    uint64_t n = 0;
-    KS_ASSERT(ks_dtype_row_bytes(at, (uint64_t)w->K, &n) && n <= c->act[slot].cap_row);
-    *rb = (size_t)n;
-    return slot;
-}
-
-/* T rows of X (K floats each) in the activation type weight w multiplies
- * against: X itself for F32, else quantized once into an act slot and reused
- * for other weights reading the same X. Sets *Xa and its row stride. */
-static void fwd__act(model_ctx *c, const model__mat *w, const float *X, int T, const void **Xa,
-                     size_t *stride) {
-    const ks_dtype at = kern_act_type(w->type);
-    if (at == KS_DTYPE_F32) {
-        *Xa = X;
-        *stride = (size_t)w->K * sizeof(float);
-        return;
-    }
-    size_t rb = 0;
-    const int slot = fwd__act_slot(c, w, &rb);
-    if (c->act[slot].src != X || c->act[slot].K != w->K) {
-        fwd__quant q = {.kv = c->kv,
-                        .fn = c->kv->quantize_act[at],
-                        .src = X,
-                        .K = w->K,
-                        .dst = c->act[slot].buf,
-                        .dst_stride = (size_t)rb,
-                        .T = T};
-        atomic_init(&q.next, 0);
-        KS_ASSERT(q.fn);
-        fwd__run_rows(c, T, fwd__quant_task, &q);
-        c->act[slot].src = X;
-        c->act[slot].K = w->K;
-    }
-    *Xa = c->act[slot].buf;
-    *stride = (size_t)rb;
-}
-
-/* Ys[i] = X @ ws[i]^T for T rows of X (K floats each), i < n (<= 4), in one
- * pool run. */
-static void fwd__matmuls(model_ctx *c, int n, const model__mat *const *ws, const float *X, int T,
-                         float *const *Ys) {
-    fwd__mm_part p[4] = {0};
-    KS_ASSERT(n >= 1 && n <= 4);
-    for (int i = 0; i < n; i++) {
-        p[i].w = ws[i];
-        p[i].Y = Ys[i];
-        p[i].T = T;
-        fwd__act(c, ws[i], X, T, &p[i].X, &p[i].x_stride);
-    }
-    fwd__mm_run(c, p, n);
-}
-
-/* Y = X @ W^T for T rows of X: fwd__matmuls of one weight. */
-static void fwd__matmul(model_ctx *c, const model__mat *w, const float *X, int T, float *Y) {
-    fwd__matmuls(c, 1, &w, X, T, &Y);
 }
 
 // ----------------------------------------------------------------------------
@@ -895,7 +518,7 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             a->qfn(a->qsrc + (size_t)t * (size_t)a->qK, (char *)a->qdst + (size_t)t * a->qrb,
                    a->qK);
     }
-    fwd__idle_prefetch(c, ith, nth, &a->left);
+    model__idle_prefetch(c, ith, nth, &a->left);
 }
 
 /* Runs op over n rows (tokens, or (token, expert) rows); ff is
@@ -911,7 +534,7 @@ static void fwd__rows_run_n(model_ctx *c, const model_batch *b, fwd__rowop op, i
  * An op that writes a matmul input (xn: the norms; g: SwiGLU, GeGLU)
  * empties the act cache; with qw (that input's next weight, not read as
  * F32), it fills qw's slot in the same run: one pool run fewer per matmul,
- * and the same bytes fwd__act would write. */
+ * and the same bytes model__act would write. */
 static void fwd__rows_run2(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w,
                            const float *w2, int layer, const model__mat *qw) {
     fwd__rows a = {.c = c,
@@ -927,7 +550,7 @@ static void fwd__rows_run2(model_ctx *c, const model_batch *b, fwd__rowop op, co
     KS_ASSERT(!qw || to_xn || to_g);
     int slot = -1;
     if (qw && kern_act_type(qw->type) != KS_DTYPE_F32) {
-        slot = fwd__act_slot(c, qw, &a.qrb);
+        slot = model__act_slot(c, qw, &a.qrb);
         a.qtype = kern_act_type(qw->type);
         a.qfn = c->kv->quantize_act[a.qtype];
         a.qsrc = to_xn ? c->xn : c->g;
@@ -948,8 +571,8 @@ static void fwd__rows_run2(model_ctx *c, const model_batch *b, fwd__rowop op, co
     }
     atomic_init(&a.next, 0);
     atomic_init(&a.left, a.n);
-    fwd__run_rows(c, a.n, fwd__rows_task, &a);
-    if (to_xn || to_g) fwd__act_reset(c);
+    model__run_rows(c, a.n, fwd__rows_task, &a);
+    if (to_xn || to_g) model__act_reset(c);
     if (slot >= 0) {
         c->act[slot].src = a.qsrc;
         c->act[slot].K = a.qK;
@@ -1129,12 +752,12 @@ static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L) 
     const model_hparams *hp = &c->m->hp;
     const int T = b->n_tokens, NX = hp->n_expert, R = T * hp->n_expert_used;
     const int64_t E = hp->n_embd, FX = hp->n_ff_exp;
-    fwd__matmul(c, &L->gate_inp, c->xn, T, c->router);
+    model__matmul(c, &L->gate_inp, c->xn, T, c->router);
     fwd__route(c, L, T);
     const int RS = c->sh_row0 >= 0 ? R + T : R; // rows: routed, then shared
     const int S = hp->n_expert_shared, RG = c->sh_row0 >= 0 ? R + S * T : R; // FX-wide rows
     fwd__rows_run_n(c, b, FWD_MOE_GATHER, RS, 0);
-    fwd__act_reset(c); // xe and g hold new rows
+    model__act_reset(c); // xe and g hold new rows
     int n = 0;
     for (int e = 0; e <= NX; e++) { // e == NX: the shared expert
         const bool sh = e == NX;
@@ -1145,13 +768,13 @@ static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L) 
                                    sh ? &L->up_sh : &L->up_exps[e]};
         float *ys[2] = {c->g, c->u};
         for (int i = 0; i < 2; i++) {
-            fwd__mm_part *p = &c->parts[n++];
-            *p = (fwd__mm_part){.w = ws[i], .T = rows, .Y = ys[i] + (size_t)r0 * (size_t)FX};
-            fwd__act(c, ws[i], c->xe, RS, &p->X, &p->x_stride);
+            model__mm_part *p = &c->parts[n++];
+            *p = (model__mm_part){.w = ws[i], .T = rows, .Y = ys[i] + (size_t)r0 * (size_t)FX};
+            model__act(c, ws[i], c->xe, RS, &p->X, &p->x_stride);
             p->X = (const char *)p->X + (size_t)r0 * p->x_stride;
         }
     }
-    fwd__mm_run(c, c->parts, n);
+    model__mm_run(c, c->parts, n);
     fwd__rows_run_n(c, b, FWD_SWIGLU, RG, FX);
     n = 0;
     for (int e = 0; e <= NX; e++) {
@@ -1159,20 +782,20 @@ static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L) 
         if (sh && (c->sh_row0 < 0 || S > 1)) break; // S > 1: its own run below
         const int r0 = sh ? R : c->x_off[e], rows = sh ? T : c->x_off[e + 1] - c->x_off[e];
         if (!rows) continue;
-        fwd__mm_part *p = &c->parts[n++];
-        *p = (fwd__mm_part){.w = sh ? &L->down_sh : &L->down_exps[e],
-                            .T = rows,
-                            .Y = c->xe + (size_t)r0 * (size_t)E};
-        fwd__act(c, p->w, c->g, RS, &p->X, &p->x_stride);
+        model__mm_part *p = &c->parts[n++];
+        *p = (model__mm_part){.w = sh ? &L->down_sh : &L->down_exps[e],
+                              .T = rows,
+                              .Y = c->xe + (size_t)r0 * (size_t)E};
+        model__act(c, p->w, c->g, RS, &p->X, &p->x_stride);
         p->X = (const char *)p->X + (size_t)r0 * p->x_stride;
     }
-    fwd__mm_run(c, c->parts, n);
+    model__mm_run(c, c->parts, n);
     if (c->sh_row0 >= 0 && S > 1) { // its K is S * FX: an activation quantization of its own
-        fwd__act_reset(c);
-        fwd__matmul(c, &L->down_sh, c->g + (size_t)R * (size_t)FX, T,
-                    c->xe + (size_t)R * (size_t)E);
+        model__act_reset(c);
+        model__matmul(c, &L->down_sh, c->g + (size_t)R * (size_t)FX, T,
+                      c->xe + (size_t)R * (size_t)E);
     }
-    fwd__act_reset(c);
+    model__act_reset(c);
     fwd__rows_run(c, b, FWD_MOE_COMBINE, NULL, 0);
 }
 
@@ -1183,10 +806,10 @@ static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L) 
 
 /* p reads head h's rows of X, a (T*H, w->K) matrix of T tokens' H heads:
  * one quantization of all rows, then every H-th row from h. */
-static void fwd__act_head(model_ctx *c, fwd__mm_part *p, const float *X, int T, int H, int h) {
+static void fwd__act_head(model_ctx *c, model__mm_part *p, const float *X, int T, int H, int h) {
     const void *xa;
     size_t st;
-    fwd__act(c, p->w, X, T * H, &xa, &st);
+    model__act(c, p->w, X, T * H, &xa, &st);
     p->X = (const char *)xa + (size_t)h * st;
     p->x_stride = (size_t)H * st;
     p->T = T;
@@ -1199,24 +822,24 @@ static void fwd__mla_in(model_ctx *c, const model_batch *b, const model__layer *
     if (hp->q_lora) { // with the indexer: its key and head weights from xn, queries from qa
         const model__mat *ws[] = {&L->wq_a, &L->wkv_a, &L->idx_k, &L->idx_proj};
         float *const ys[] = {c->mla_qa, c->k, c->dsa_k, c->dsa_w};
-        fwd__matmuls(c, hp->idx_topk ? 4 : 2, ws, c->xn, T, ys);
+        model__matmuls(c, hp->idx_topk ? 4 : 2, ws, c->xn, T, ys);
         fwd__rows_run(c, b, FWD_MLA_QNORM, L->q_a_norm, il);
         const model__mat *wb[] = {&L->wq_b, &L->idx_q_b};
         float *const yb[] = {c->mla_qf, c->dsa_q};
-        fwd__matmuls(c, hp->idx_topk ? 2 : 1, wb, c->mla_qa, T, yb);
+        model__matmuls(c, hp->idx_topk ? 2 : 1, wb, c->mla_qa, T, yb);
     } else {
         const model__mat *ws[] = {&L->wq, &L->wkv_a};
         float *const ys[] = {c->mla_qf, c->k};
-        fwd__matmuls(c, 2, ws, c->xn, T, ys);
+        model__matmuls(c, 2, ws, c->xn, T, ys);
     }
     fwd__rows_run(c, b, FWD_MLA_QKV, NULL, il);
     for (int h = 0; h < H; h++) { // q[t][h*D .. + kv_lora] = wk_b[h] q_nope[t][h]
-        fwd__mm_part *p = &c->parts[h];
-        *p = (fwd__mm_part){
+        model__mm_part *p = &c->parts[h];
+        *p = (model__mm_part){
             .w = &L->wk_b[h], .Y = c->q + (size_t)h * (size_t)D, .ldy = (size_t)(H * D)};
         fwd__act_head(c, p, c->mla_qn, T, H, h);
     }
-    fwd__mm_run(c, c->parts, H);
+    model__mm_run(c, c->parts, H);
 }
 
 /* The attention output (att: T tokens' H latent vectors) through each
@@ -1226,14 +849,14 @@ static void fwd__mla_out(model_ctx *c, const model_batch *b, const model__layer 
     const int T = b->n_tokens, H = hp->n_head, HV = H * hp->mla_v;
     float *o = c->xn; // (T, H * mla_v): xn is free until the residual add rewrites it
     for (int h = 0; h < H; h++) {
-        fwd__mm_part *p = &c->parts[h];
-        *p = (fwd__mm_part){
+        model__mm_part *p = &c->parts[h];
+        *p = (model__mm_part){
             .w = &L->wv_b[h], .Y = o + (size_t)h * (size_t)hp->mla_v, .ldy = (size_t)HV};
         fwd__act_head(c, p, c->att, T, H, h);
     }
-    fwd__mm_run(c, c->parts, H);
-    fwd__act_reset(c); // xn now holds other values
-    fwd__matmul(c, &L->wo, o, T, c->tmp);
+    model__mm_run(c, c->parts, H);
+    model__act_reset(c); // xn now holds other values
+    model__matmul(c, &L->wo, o, T, c->tmp);
 }
 
 // ----------------------------------------------------------------------------
@@ -1364,7 +987,7 @@ static void fwd__attn_task(void *arg, int ith, int nth) {
         }
         atomic_fetch_sub_explicit(&a->left, p1 - p0, memory_order_relaxed);
     }
-    fwd__idle_prefetch(a->c, ith, nth, &a->left);
+    model__idle_prefetch(a->c, ith, nth, &a->left);
 }
 
 // ----------------------------------------------------------------------------
@@ -1471,7 +1094,7 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
     const int64_t E = hp->n_embd;
     for (int s = 0; s < b->n_seqs; s++) atomic_store_explicit(&c->seq_bad[s], 0, memory_order_relaxed);
     c->pf_i = T == 1 ? 0 : -1;
-    fwd__act_reset(c);
+    model__act_reset(c);
     fwd__rows_run(c, b, FWD_EMBED, NULL, 0);
     for (int il = 0; il < hp->n_layer; il++) {
         const model__layer *L = &m->layers[il];
@@ -1483,7 +1106,7 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         } else {
             const model__mat *qkv[] = {&L->wq, &L->wk, &L->wv};
             float *const qkv_out[] = {c->q, c->k, c->v};
-            fwd__matmuls(c, 3, qkv, c->xn, T, qkv_out);
+            model__matmuls(c, 3, qkv, c->xn, T, qkv_out);
             fwd__rows_run(c, b, FWD_QKV, NULL, il);
         }
         if (il == 0)  // rows of every layer at these positions are written before they are read
@@ -1501,7 +1124,7 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         if (hp->kv_lora)
             fwd__mla_out(c, b, L);
         else
-            fwd__matmul(c, &L->wo, c->att, T, c->tmp);
+            model__matmul(c, &L->wo, c->att, T, c->tmp);
         fwd__residual(c, b, L->post_attn_norm, L->ffn_norm, il, L->gate_exps ? NULL : &L->w_gate);
         // feed-forward block
         if (L->gate_exps) {
@@ -1509,9 +1132,9 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         } else {
             const model__mat *gu[] = {&L->w_gate, &L->w_up};
             float *const gu_out[] = {c->g, c->u};
-            fwd__matmuls(c, 2, gu, c->xn, T, gu_out);
+            model__matmuls(c, 2, gu, c->xn, T, gu_out);
             fwd__rows_run2(c, b, hp->ffn_gelu ? FWD_GEGLU : FWD_SWIGLU, NULL, NULL, il, &L->w_down);
-            fwd__matmul(c, &L->w_down, c->g, T, c->tmp);
+            model__matmul(c, &L->w_down, c->g, T, c->tmp);
         }
         const bool last = il + 1 == hp->n_layer;
         fwd__residual(c, b, L->post_ffn_norm, last ? m->output_norm : m->layers[il + 1].attn_norm,
@@ -1539,8 +1162,8 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         if (b->out_row[t] >= 0)
             memcpy(rows + (size_t)b->out_row[t] * (size_t)E, c->xn + (size_t)t * (size_t)E,
                    sizeof(float) * (size_t)E);
-    fwd__act_reset(c);
-    fwd__matmul(c, &m->output, rows, b->n_out, logits);
+    model__act_reset(c);
+    model__matmul(c, &m->output, rows, b->n_out, logits);
     if (hp->final_softcap > 0.0f) {
         fwd__softcap a = {
             .x = logits, .n = hp->n_vocab, .rows = b->n_out, .cap = hp->final_softcap};

@@ -1,9 +1,13 @@
-/* model_int.h — private model structures shared by load.c and forward.c. */
+/* model_int.h — private model structures shared by load.c, forward.c and
+ * matmul.c: the weights, and the forward pass's context with the matmul
+ * floor (matmul.c) that forward.c calls down into. */
 #ifndef KS_MODEL_INT_H
 #define KS_MODEL_INT_H
 
 #include "kvseal/kern.h"
 #include "kvseal/model.h"
+
+#include <stdatomic.h>
 
 /* A weight matrix of N rows of K elements: GGUF rows in the file mapping,
  * or the model's r16 copy of them (kern.h) when the kernels want that
@@ -68,5 +72,126 @@ struct model {
     int n_owned;
     void *arena; // every matrix's r16 copy, one huge-page buffer (ks_alloc_huge)
 };
+
+// ----------------------------------------------------------------------------
+// The forward pass's context (forward.c) and its matmul floor (matmul.c)
+
+/* One weight of a matmul run: Y (T, w->N) = X @ w^T. */
+typedef struct model__mm_part {
+    const model__mat *w;
+    const void *X; // (T, x_stride bytes) in kern_act_type(w->type)
+    size_t x_stride;
+    float *Y;   // (T, ldy), the part's N columns at the front of each row
+    size_t ldy; // Y's row stride in floats (0: N)
+    int T;
+    kern_matmul_fn fn;
+    int64_t chunk; // most 16-row units per claim
+    int64_t u0;    // the part's first 16-row unit in the run
+} model__mm_part;
+
+/* A decode step's matmul run as model__idle_prefetch reads it: its first
+ * MODEL__PF_PARTS parts' weights, and the units of the whole run. */
+#define MODEL__PF_RUNS 1024
+#define MODEL__PF_PARTS 4
+typedef struct {
+    struct {
+        const char *data;  // the part's first unit
+        size_t unit_bytes; // bytes of one 16-row unit (rows are back to back)
+        int64_t units;
+    } p[MODEL__PF_PARTS];
+    int n;
+    int64_t units; // over all the run's parts
+} model__pf_run;
+
+struct model_ctx {
+    const model *m;
+    kv_pool *pool;
+    ks_pool *threads;
+    const kern_vtab *kv;  // kernels
+    int32_t max_tokens, max_ctx;
+    const float *rope_freqs; // RoPE angle divisors: LongRoPE's long ones past rope_orig_ctx
+    // activations, all (T, ...) row-major
+    float *x;     // (T, E) residual stream
+    float *xn;    // (T, max(E, H*D)) normed input / gathered output rows
+    float *q;     // (T, H*D)
+    float *k;     // (T, Hkv*D); MLA: the KV row [latent | rope key]
+    float *v;     // (T, Hkv*D)
+    float *att;   // (T, H*Dv) attention output, Dv = head_dim_v
+    float *tmp;   // (T, E)
+    float *g;     // (T, F), or (T*(k+s), F_exp) rows of a MoE layer in expert order
+    float *u;     // the same
+    // mixture of experts (NULL in a dense model); k = n_expert_used, s =
+    // n_expert_shared (0 or 1): a MoE layer's T*k routed rows in expert order,
+    // then (when s) the shared expert's T rows in token order
+    float *router;       // (T, n_expert) router logits
+    int32_t *sel;        // (T, k) each token's experts, best first
+    float *sel_w;        // (T, k) their weights
+    int32_t *slot_row;   // (T, k) the row of (token, slot) in expert order
+    int32_t *row_tok;    // (T*(k+s)) the token of each row
+    int32_t *x_off;      // (n_expert + 1) first row of each expert's run, then
+                         // (n_expert) rows placed so far (fwd__route)
+    float *xe;           // (T*(k+s), E) expert inputs gathered, then their outputs
+    int32_t sh_row0;     // this layer's first shared-expert row (T*k), or -1: none
+    model__mm_part *parts; // (max(2 * (n_expert + s), n_head)) one matmul run's parts
+    // multi-head latent attention (NULL without it)
+    float *mla_qa; // (T, q_lora) the query bottleneck
+    float *mla_qf; // (T, H * mla_qk) queries before absorption: per head nope, then rope
+    float *mla_qn; // (T, H * nope) the nope parts, a (T*H)-row matrix the absorption reads
+    // the sparse-attention indexer (NULL without it)
+    float *dsa_q;       // (T, idx_heads * idx_dim) indexer queries, rope part first
+    float *dsa_k;       // (T, idx_dim) indexer keys, stored behind the rope key in the KV row
+    float *dsa_w;       // (T, idx_heads) per-head weights
+    int32_t *dsa_sel;   // (T, idx_topk) the positions a token attends to, ascending
+    int32_t *dsa_n;     // (T) how many (0: every position, the context is within top_k)
+    float *dsa_score;   // (nth, max_ctx) a decode step's scores, several threads per token
+    size_t dsa_off;     // byte offset of the indexer key in a KV row
+    float *scores;      // (nth, G, max_ctx) attention scratch per thread, G query heads per KV head
+    int32_t *seq_next;  // (max_tokens) per-sequence next position, for validation
+    atomic_int *seq_bad; // (max_tokens) per-sequence: a page failed to resolve this pass
+    int32_t *seq_first;  // (max_tokens) per-sequence n_tokens before this pass (-1: not in it)
+    int32_t max_pages;   // pages covering max_ctx
+    const void **kp, **vp;   // (max_tokens, max_pages) this layer's resolved K/V pages per sequence
+    int kv_type;             // the pool's KV element type (kv.h): rows of kv_row bytes
+    size_t kv_row, head_row; // bytes of one K/V row (kv_dim elements), of one head's part (D)
+    // quantized activations: one slot per act type, tagged with its source
+    struct {
+        void *buf;            // (T, row_bytes)
+        size_t cap_row;       // bytes per row available
+        const float *src;     // which input it holds (NULL = none)
+        int64_t K;
+    } act[2]; // [0] Q8_0, [1] Q8_K; (T*max(1, k+s)) rows each
+    // one-token passes: the matmul runs of the last one, in order (pf_n of
+    // them), and the index of the next run in this one (-1: not one token)
+    model__pf_run *pf_runs; // (MODEL__PF_RUNS)
+    int pf_n, pf_i;
+};
+
+/* Forgets cached quantized activations (call when an input buffer changes). */
+static inline void model__act_reset(model_ctx *c) { c->act[0].src = c->act[1].src = NULL; }
+
+
+/* Runs the n parts (X, Y, T and w set) in one pool run. */
+void model__mm_run(model_ctx *c, model__mm_part *parts, int n);
+/* For a thread idle in a one-token pass's op while *left > 0: prefetches
+ * into L2 the head of its range in the next matmul run (no value depends
+ * on it). */
+void model__idle_prefetch(const model_ctx *c, int ith, int nth, const atomic_llong *left);
+/* Runs a row op's task over n rows: on the calling thread alone for one
+ * row, else in a pool run. */
+void model__run_rows(model_ctx *c, int64_t n, ks_pool_fn fn, void *arg);
+/* The act slot of weight w's activation type (Q8_0 or Q8_K; w's is not
+ * F32) and the bytes of one of its rows of w->K elements. */
+int model__act_slot(const model_ctx *c, const model__mat *w, size_t *rb);
+/* T rows of X (K floats each) in the activation type weight w multiplies
+ * against (X itself for F32, else quantized once into an act slot and
+ * reused); sets *Xa and its row stride. */
+void model__act(model_ctx *c, const model__mat *w, const float *X, int T, const void **Xa,
+                size_t *stride);
+/* Ys[i] = X @ ws[i]^T for T rows of X (K floats each), i < n (<= 4), in one
+ * pool run. */
+void model__matmuls(model_ctx *c, int n, const model__mat *const *ws, const float *X, int T,
+                    float *const *Ys);
+/* Y = X @ W^T for T rows of X: model__matmuls of one weight. */
+void model__matmul(model_ctx *c, const model__mat *w, const float *X, int T, float *Y);
 
 #endif

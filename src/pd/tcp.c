@@ -11,6 +11,7 @@
  * (a state, not a failure) and on_writable follows once the queue drains.
  * Reads go where the decoder says: the header array, then either the
  * decoder's buffer or a sink's destination (a KV page), with no copy. */
+#include "pd_fault.h"
 #include "pd_int.h"
 
 #include <errno.h>

@@ -598,6 +598,26 @@ bool srv_anth_parse(const char *body, size_t len, srv_request *r, srv_error *err
     return ok;
 }
 
+bool srv_anth_count_parse(const char *body, size_t len, srv_request *r, srv_error *err) {
+    memset(r, 0, sizeof *r);
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return srv_refuse(err, ADMIT_INVALID_JSON, NULL,
+                          "malformed JSON at line %d, column %d (position %d): %s", je.line,
+                          je.column, je.position, je.text);
+    // no answer is generated: max_tokens is not asked for; the largest
+    // stands in, so any thinking budget passes as it would with its own
+    if (json_is_object(root) && !json_object_get(root, "max_tokens"))
+        json_object_set_new(root, "max_tokens", json_integer(SRV_MAX_TOKENS_LIMIT));
+    char *text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    if (!text) return srv_fail(err, 500, "internal_error", "out of memory");
+    bool ok = srv_anth_parse(text, strlen(text), r, err);
+    free(text);
+    return ok;
+}
+
 // ----------------------------------------------------------------------------
 // Answers
 
@@ -654,35 +674,6 @@ json_t *srv_anth_message(const char *id, const char *model_name, json_t *content
                      content, "stop_reason", stop_reason, "stop_sequence", stop_seq, "usage",
                      "input_tokens", (int)(n_prompt - n_cached), "cache_creation_input_tokens", 0,
                      "cache_read_input_tokens", (int)n_cached, "output_tokens", (int)n_gen);
-}
-
-const char *srv_anth_error_type(int status) {
-    switch (status) {
-    case 401:
-        return "authentication_error";
-    case 403:
-        return "permission_error";
-    case 404:
-        return "not_found_error";
-    case 413:
-        return "request_too_large";
-    case 429:
-        return "rate_limit_error";
-    case 503:
-    case 529:
-        return "overloaded_error";
-    default:
-        return status >= 500 ? "api_error" : "invalid_request_error";
-    }
-}
-
-char *srv_anth_error_json(const srv_error *e) {
-    json_t *j = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
-                          srv_anth_error_type(e->status), "message", e->msg);
-    if (!j) return NULL;
-    char *s = json_dumps(j, JSON_COMPACT);
-    json_decref(j);
-    return s;
 }
 
 // ----------------------------------------------------------------------------

@@ -35,6 +35,11 @@ typedef struct srv_buf srv_buf;
  * API does, "messages.1.content.0.type"; 503 out of memory). Pure. */
 json_t *srv_anth_to_chat(json_t *root, srv_error *err /* OUT */);
 
+/* Parses a count_tokens body (POST /v1/messages/count_tokens: model,
+ * messages, system, tools, tool_choice, thinking) as srv_anth_parse does a
+ * Messages body, max_tokens not required. Pure; thread-safe. */
+bool srv_anth_count_parse(const char *body, size_t len, srv_request *r /* OUT */,
+                          srv_error *err /* OUT */);
 /* Parses and validates a Messages request body: srv_anth_to_chat, then
  * srv_request_parse as a chat request, with r->route SRV_ROUTE_MESSAGES.
  * As srv_request_parse otherwise (free with srv_request_free). Pure;
@@ -76,7 +81,8 @@ json_t *srv_anth_message(const char *id, const char *model_name, json_t *content
                          const char *stop_reason, const char *stop_seq, int32_t n_prompt,
                          int32_t n_cached, int32_t n_gen);
 
-/* The error body {"type":"error","error":{"type","message"}}, the type
+/* (dialect.c, the Anthropic row's error envelope.)
+ * The error body {"type":"error","error":{"type","message"}}, the type
  * from the status (400 invalid_request_error, 401 authentication_error,
  * 403 permission_error, 404 not_found_error, 413 request_too_large, 429
  * rate_limit_error, 503 overloaded_error, other 5xx api_error). A malloc'd

@@ -28,25 +28,6 @@ static bool chat__in(const char *const *set, const char *s) {
 
 bool srv_chat_message_key_ok(const char *key) { return chat__in(chat__msg_keys, key); }
 
-const char *srv_json_kind(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-    case JSON_REAL:
-        return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    default:
-        return "null";
-    }
-}
-
 /* One tool call of message i: {id?, type: "function", function: {name,
  * arguments}} into a new object with arguments parsed. */
 static json_t *chat__tool_call(json_t *tc, size_t i, size_t j, srv_error *err) {

@@ -1,8 +1,10 @@
 /* server_int.h — the server module's private parts, shared by its files and
- * reached by tests/unit/test_server.c: request parsing and validation
- * (api.c), response/error JSON and SSE framing (api.c), tenants, keys and
- * per-tenant limits (tenants.c), and metrics (metrics.c). Everything here
- * except the tenants' limit counters is pure. */
+ * reached by tests/unit/test_server.c: the error builders and small helpers
+ * (errors.c, the floor below), the dialect table and error envelopes
+ * (dialect.c), request parsing and validation (api.c), response JSON and SSE
+ * framing (api.c), tenants, keys and per-tenant limits (tenants.c), and
+ * metrics (metrics.c). Everything here except the tenants' limit counters is
+ * pure. */
 #ifndef KS_SERVER_INT_H
 #define KS_SERVER_INT_H
 
@@ -35,7 +37,8 @@ typedef enum srv_route {
     SRV_ROUTE_MESSAGES = 10,     /* POST /v1/messages (Anthropic; anthropic.c) */
     SRV_ROUTE_WORKERS_CHAT = 11, /* POST /accounts/{a}/ai/v1/chat/completions: chat, with
                                     errors in Workers AI's envelope */
-    SRV_ROUTE__COUNT = 12,
+    SRV_ROUTE_COUNT_TOKENS = 12, /* POST /v1/messages/count_tokens (Anthropic) */
+    SRV_ROUTE__COUNT = 13,
 } srv_route;
 
 /* Label of a route for metrics ("chat_completions", ...); static storage. */
@@ -66,7 +69,44 @@ bool srv_refuse(srv_error *e, admit_reason r, const char *param, const char *fmt
 bool srv_fail(srv_error *e, int status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* Error body in the route's shape: OpenAI {"error":{message,type,param,code}};
+/* The APIs the server speaks; what differs between them is one row of
+ * dialect.c's table (srv_dialect_info), not a branch at each use. */
+typedef enum srv_dialect {
+    SRV_DIALECT_OPENAI = 0,    /* OpenAI's (and llama.cpp server's) routes */
+    SRV_DIALECT_WORKERS = 1,   /* Cloudflare Workers AI: its error envelope */
+    SRV_DIALECT_ANTHROPIC = 2, /* Anthropic's Messages API */
+    SRV_DIALECT__COUNT = 3,
+} srv_dialect;
+
+/* One dialect's row (static storage). */
+typedef struct srv_dialect_info {
+    const char *name;                         /* "openai", "workers_ai", "anthropic" */
+    char *(*error_json)(const srv_error *e);  /* its error body (malloc'd; NULL: out of memory) */
+    const char *key_header;  /* a header the API key may come in besides Authorization, or NULL */
+    const char *missing_key; /* the 401 message when no key came */
+    bool stream_usage;       /* a stream may end with OpenAI's usage chunk (include_usage) */
+} srv_dialect_info;
+
+/* The row of dialect d (an unknown d: OpenAI's). Pure; can't fail. */
+const srv_dialect_info *srv_dialect_get(srv_dialect d);
+/* The dialect whose error envelope route r answers in. Pure; can't fail. */
+srv_dialect srv_route_dialect(srv_route r);
+
+/* What a generation route answers with (dialect.c; static storage). */
+typedef struct srv_answer_info {
+    srv_route answers_as;       /* the answer's shape: WORKERS_CHAT answers as CHAT */
+    bool chat;                  /* messages with tools and reasoning (chat, Anthropic's) */
+    const char *id_prefix;      /* of the answer's id: "chatcmpl-", "cmpl-", "msg_" */
+    int32_t default_max_tokens; /* without max_tokens; -1: up to the context */
+    const char *object;         /* "object" of an answer ("chat.completion", ...), or NULL */
+    const char *chunk_object;   /* "object" of a streamed chunk, or NULL */
+} srv_answer_info;
+
+/* The answer row of generation route r (CHAT, COMPLETIONS, WORKERS,
+ * MESSAGES, WORKERS_CHAT); any other route: CHAT's. Pure; can't fail. */
+const srv_answer_info *srv_route_answer(srv_route r);
+
+/* Error body in the route's shape (its dialect's error_json): OpenAI {"error":{message,type,param,code}};
  * for SRV_ROUTE_WORKERS and SRV_ROUTE_WORKERS_CHAT, {"result":null,
  * "success":false,"errors":[{code,message}],"messages":[]}; for
  * SRV_ROUTE_MESSAGES, Anthropic's {"type":"error","error":{type,message}}. Returns a malloc'd

@@ -1,5 +1,6 @@
 /* toolcall.h — the model's output turned into OpenAI's shapes (server
- * module, src/server/toolcall.c): tool calls in each model family's own
+ * module; the parser in src/server/toolcall.c, the request side in
+ * src/server/toolcall_req.c): tool calls in each model family's own
  * format parsed into {id, name, arguments}, and the text between a
  * template's think markers split out as reasoning_content. One parser,
  * fed text incrementally (streaming) or all at once; either way the final
@@ -47,6 +48,21 @@
 #include <stddef.h>
 
 typedef struct srv_error srv_error;
+
+/* Markers the parser (toolcall.c) reads and the call grammar
+ * (toolcall_req.c) writes: DeepSeek's, DSML's and Kimi K2's. */
+#define DS_CALLS_BEGIN "<｜tool▁calls▁begin｜>"
+#define DS_CALLS_END "<｜tool▁calls▁end｜>"
+#define DS_CALL_BEGIN "<｜tool▁call▁begin｜>"
+#define DS_SEP "<｜tool▁sep｜>"
+#define DS_CALL_END "<｜tool▁call▁end｜>"
+#define DSML_T "｜DSML｜"
+#define DSML "<" DSML_T
+#define KIMI_CALLS_BEGIN "<|tool_calls_section_begin|>"
+#define KIMI_CALLS_END "<|tool_calls_section_end|>"
+#define KIMI_CALL_BEGIN "<|tool_call_begin|>"
+#define KIMI_SEP "<|tool_call_argument_begin|>"
+#define KIMI_CALL_END "<|tool_call_end|>"
 
 /* Tool-call formats (append-only). */
 typedef enum toolcall_format {

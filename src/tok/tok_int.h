@@ -1,5 +1,6 @@
 /* tok_int.h — private to src/tok: the vocabulary layout, the string hash
- * map and the pre-tokenizer, shared by vocab.c, encode.c and pretok.c. */
+ * map and the pre-tokenizer, shared by vocab.c, encode.c and pretok.c
+ * (the map and the growable buffers live in buf.c, a floor below them). */
 #ifndef KS_TOK_INT_H
 #define KS_TOK_INT_H
 

@@ -14,7 +14,9 @@
 #   prefixes) answers OpenAI's shape with the chat route's text; refusals
 #   in Cloudflare's envelope with their mapped codes (5006 bad input, 3003
 #   missing field, 3042 unknown model, 10000 authentication, 3036 the key's
-#   rate limit, 3040 out of capacity while the model is offline).
+#   rate limit, 3040 out of capacity while the model is offline);
+# - POST /v1/messages/count_tokens: the prompt tokens /v1/messages reports
+#   for the same body, its errors in Anthropic's shape, the tenant's limit.
 . "$(dirname "$0")/lib.sh"
 command -v curl >/dev/null || skip "curl is not installed (scripts/install-deps.sh)"
 command -v jq >/dev/null || skip "jq is not installed"
@@ -73,6 +75,34 @@ for i in 1 2; do
     [ -n "$u0" ] || fail "messages stream $i: no message_start usage"
     expect_eq "messages stream $i: message_delta's input usage equals message_start's" "$u1" "$u0"
 done
+
+# ---- POST /v1/messages/count_tokens: the prompt tokens the same request to
+# /v1/messages has (system and tools included; a system prompt of its own,
+# so nothing of it is in the prefix cache), charged as /tokenize is; its
+# errors in Anthropic's shape as /v1/messages has them
+X=(-H "x-api-key: sk-anth-1" -H "Content-Type: application/json" -H 'anthropic-version: 2023-06-01')
+CT=$(jq -nc --arg sys "count the tokens $$ $RANDOM" '{model: "kjv", system: $sys,
+    messages: [{role: "user", content: "In the beginning God created"},
+               {role: "assistant", content: "the heaven"}, {role: "user", content: "and the earth"}],
+    tools: [{name: "weather", description: "the weather in a city",
+             input_schema: {type: "object", properties: {city: {type: "string"}}}}]}')
+req "count_tokens" 200 "${X[@]}" "$U/v1/messages/count_tokens" -d "$CT"
+expect_eq "count_tokens: only input_tokens" "$(jq -c keys <<<"$BODY")" '["input_tokens"]'
+N=$(jq .input_tokens <<<"$BODY")
+req "messages, max_tokens 1" 200 "${X[@]}" "$U/v1/messages" -d "$(jq -c '.max_tokens = 1' <<<"$CT")"
+expect_eq "count_tokens equals the request's usage.input_tokens" "$(jq .usage.input_tokens <<<"$BODY")" "$N"
+expect_eq "count_tokens: nothing of it was cached" "$(jq .usage.cache_read_input_tokens <<<"$BODY")" 0
+req "count_tokens: unknown model" 404 "${X[@]}" "$U/v1/messages/count_tokens" -d "$(jq -c '.model = "nope"' <<<"$CT")"
+expect_has "count_tokens 404 in Anthropic's shape" "$BODY" '{"type":"error","error":{"type":"not_found_error"'
+req "count_tokens: no messages" 400 "${X[@]}" "$U/v1/messages/count_tokens" -d '{"model":"kjv"}'
+expect_has "count_tokens 400 in Anthropic's shape" "$BODY" '{"type":"error","error":{"type":"invalid_request_error"'
+req "count_tokens: wrong key" 401 -H "x-api-key: sk-nope" "$U/v1/messages/count_tokens" -d "$CT"
+expect_has "count_tokens 401 in Anthropic's shape" "$BODY" '"authentication_error"'
+req "count_tokens: GET" 405 "${X[@]}" "$U/v1/messages/count_tokens"
+expect_has "count_tokens: metrics" "$(metrics_text "$KS_URL")" \
+    'kvseal_requests_total{route="messages_count_tokens",status="200"} 1'
+# the tokens count against the tenant's tokens per minute (10): the prompt is more
+req "count_tokens: the key's token limit" 429 -H "x-api-key: sk-tiny" "$U/v1/messages/count_tokens" -d "$CT"
 
 # ---- Workers AI: the run route, with and without /client/v4
 RUN='{"prompt":"In the beginning","max_tokens":20,"temperature":0}'

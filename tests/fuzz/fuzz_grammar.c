@@ -1,5 +1,5 @@
 /* fuzz_grammar.c — libFuzzer harness for the grammar compiler and matcher
- * (src/engine/grammar.c, grammar_schema.c): untrusted request input.
+ * (src/grammar/: compile.c, match.c, mask.c, schema.c): untrusted request input.
  *
  * The input is GBNF text, then (after the first NUL, if any) bytes fed to a
  * matcher of the grammar one at a time. A grammar that parses gives a

@@ -8,6 +8,7 @@
  * Cases marked per_planes run twice: on 2-plane pages (a K row then a V row,
  * every dense model) and on 1-plane pages (one row per position, MLA). */
 #include "kvseal/kv.h"
+#include "kv/kv_fault.h"
 #include "kv/kv_int.h"
 
 #include <fcntl.h>

@@ -10,6 +10,7 @@
  * KS_TEST_FAULTS builds, the fault hooks. `test_pd bench` measures 1 MiB frame
  * throughput, plaintext and TLS, against a plain loopback socket copy. */
 #include "kvseal/pd.h"
+#include "pd/pd_fault.h"
 #include "pd/pd_int.h"
 
 #include "../check.h"

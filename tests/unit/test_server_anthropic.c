@@ -247,6 +247,32 @@ static void test_parse(void) {
     CHECK_STR_HAS(err.msg, "top_k");
 }
 
+/* srv_anth_count_parse (count_tokens): a Messages body without max_tokens,
+ * thinking's budget included; its errors in Anthropic's envelope, also on
+ * the route's own label. */
+static void test_count_parse(void) {
+    srv_request r;
+    srv_error err;
+    const char *ok = "{\"model\":\"kjv\",\"system\":\"be brief\",\"messages\":[{\"role\":"
+                     "\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\","
+                     "\"budget_tokens\":2048}}";
+    CHECK(srv_anth_count_parse(ok, strlen(ok), &r, &err));
+    CHECK_EQ(r.route, SRV_ROUTE_MESSAGES);
+    CHECK_EQ(r.n_msgs, 2); // the system prompt is the first message
+    srv_request_free(&r);
+    const char *none = "{\"model\":\"kjv\"}";
+    CHECK(!srv_anth_count_parse(none, strlen(none), &r, &err));
+    CHECK_EQ(err.status, 400);
+    CHECK_STR_HAS(err.msg, "messages");
+    char *j = srv_error_json(SRV_ROUTE_COUNT_TOKENS, &err);
+    CHECK(j);
+    CHECK_STR_HAS(j, "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\"");
+    free(j);
+    CHECK_STR_EQ(srv_route_name(SRV_ROUTE_COUNT_TOKENS), "messages_count_tokens");
+    CHECK(srv_dialect_get(srv_route_dialect(SRV_ROUTE_MESSAGES))->key_header != NULL);
+    CHECK(srv_dialect_get(srv_route_dialect(SRV_ROUTE_CHAT))->key_header == NULL);
+}
+
 // ----------------------------------------------------------------------------
 // Answers
 
@@ -647,6 +673,7 @@ static void test_http(void) {
 int main(void) {
     test_translate();
     test_parse();
+    test_count_parse();
     test_many_blocks();
     test_answers();
     test_sse();

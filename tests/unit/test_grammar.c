@@ -1,6 +1,6 @@
-/* test_engine_grammar.c — unit tests of the grammar part of module
- * `engine` (include/kvseal/grammar.h): the GBNF parser (each construct,
- * errors with their positions, the bounds), the matcher (accepted and
+/* test_grammar.c — unit tests of module `grammar` (include/kvseal/grammar.h;
+ * grammar_sample, the engine's draw under a grammar, too): the GBNF parser
+ * (each construct, errors with their positions, the bounds), the matcher (accepted and
  * rejected strings, completion, UTF-8 split across calls, pathological
  * grammars staying bounded), JSON schema compilation (each keyword;
  * unsupported ones refused by name) and the token mask against a
@@ -900,6 +900,6 @@ int main(void) {
     test_masks(path);
     snprintf(path, sizeof path, "%s/vocab/ggml-vocab-gpt-2.gguf", sh ? sh : "../shared");
     test_masks(path); // byte-level BPE: pieces that split characters
-    printf("test_engine_grammar: ok\n");
+    printf("test_grammar: ok\n");
     return 0;
 }

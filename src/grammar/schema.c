@@ -1,4 +1,5 @@
-/* grammar_schema.c — JSON schema -> GBNF (see grammar.h).
+/* schema.c — JSON schema -> GBNF (see grammar.h), then compiled by
+ * grammar_parse (compile.c) for grammar_from_schema.
  *
  * Every subschema becomes one rule whose body accepts the compact JSON
  * texts valid against it, with bounded optional whitespace (`ws`: nothing,

@@ -1,0 +1,325 @@
+/* router_backend.c — the router's HTTP-thread side (cluster.h): the
+ * server_backend that `kvseal router`'s HTTP front runs on unchanged.
+ * rt__submit and rt__embed_submit do the same admission as engine_submit
+ * and engine_embed_submit (I4: a rejected request never reaches a worker),
+ * build the request and post it to the loop thread (rt__on_submit in
+ * router.c), which owns it from there; cancel, online/offline and the
+ * cluster-wide pool check reach the loop the same way, by pd_loop_post or
+ * the check handshake under r->mu. Events come back through each request's
+ * engine_stream. */
+#include "router_int.h"
+
+#include "kvseal/admit.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+// ----------------------------------------------------------------------------
+// Request events (engine_stream, any thread)
+
+static ks_err rt__next(void *req, engine_event *ev, uint32_t timeout_ms) {
+    return engine_stream_next(((rt_req *)req)->out, ev, timeout_ms);
+}
+
+static void rt__set_notify(void *req, void (*notify)(void *ctx), void *ctx) {
+    engine_stream_set_notify(((rt_req *)req)->out, notify, ctx);
+}
+
+// ----------------------------------------------------------------------------
+// Submitting (HTTP threads)
+
+static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errbuf *eb) {
+    cluster_router *r = impl;
+    *out = NULL;
+    // the same admission as kvseal serve (I4), against the largest decode worker
+    admit_limits lim = {.n_ctx = r->o.n_ctx,
+                        .n_vocab = r->V,
+                        .page_tokens = (uint32_t)r->g.page_tokens,
+                        .max_pages = atomic_load(&r->max_decode_pages)};
+    // echo with max_tokens 0: admitted (and run on the workers) as one token, as
+    // engine_submit does; nothing generated is shown (rt__on_req_frame)
+    engine_params pq = *p;
+    const bool prompt_only = p->prompt_logprobs && p->max_tokens == 0;
+    if (prompt_only) pq.max_tokens = 1;
+    admit_admitted ad = {0};
+    ks_err err = KS_OK;
+    // the prefill worker sends n_probs alternatives per prompt record
+    if (p->prompt_logprobs && p->prompt_top != p->sp.n_probs)
+        err = admit_refuse(eb, ADMIT_INVALID,
+                           "prompt logprobs: %d alternatives with %d for generated tokens is not "
+                           "supported in disaggregated serving",
+                           (int)p->prompt_top, (int)p->sp.n_probs);
+    else if (p->prompt_top < 0 || p->prompt_top > SAMPLE_MAX_TOP)
+        err = admit_refuse(eb, ADMIT_INVALID, "prompt logprobs: %d alternatives (at most %d)",
+                           (int)p->prompt_top, SAMPLE_MAX_TOP);
+    if (!err) err = admit_request(&lim, &pq, &ad, eb);
+    const int32_t *prompt = ad.prompt;
+    const int32_t n_prompt = ad.n_prompt, max_tokens = ad.max_tokens;
+    pd_msg_sampling ws;
+    char why[256];
+    ks_errbuf xeb;
+    if (!err && sample_bias_validate(p->bias, p->n_bias, r->V, &xeb) != KS_OK)
+        err = admit_refuse(eb, ADMIT_INVALID, "%s", xeb.msg);
+    // penalties, logit_bias and the grammar travel in ADMIT's and PREFILL's
+    // sampling extension: both workers apply them as the local engine does
+    size_t glen = 0;
+    const char *gtext = p->grammar ? grammar_text(p->grammar, &glen) : NULL;
+    uint8_t *bias = NULL;
+    if (!err && p->n_bias > 0 && !(bias = malloc(8u * (size_t)p->n_bias)))
+        err = ks_seterr(eb, KS_ERR_NOMEM, "request");
+    for (int i = 0; !err && i < p->n_bias; i++)
+        pd_msg_bias_store(bias, (uint32_t)i, p->bias[i].token, p->bias[i].bias);
+    if (!err &&
+        !cl_sampling_to_msg(&p->sp, max_tokens, p->ignore_eos, gtext, (uint32_t)glen, bias,
+                            (uint32_t)(p->n_bias > 0 ? p->n_bias : 0), &ws, why, sizeof why))
+        err = admit_refuse(eb, ADMIT_INVALID, "%s", why);
+    if (!err && p->prompt_logprobs) ws.flags |= PD_FLAG_PROMPT_LP;
+    if (!err && !atomic_load(&r->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
+    if (!err && (!atomic_load(&r->n_decode) || !atomic_load(&r->n_prefill)))
+        err = admit_refuse(eb, ADMIT_NO_WORKER, "no %s worker is registered with the router",
+                           !atomic_load(&r->n_prefill) ? "prefill" : "decode");
+    if (!err && atomic_load(&r->n_waiting) >= r->o.queue_max)
+        err = admit_refuse(eb, ADMIT_BUSY, "the server is busy: %u requests already waiting",
+                           r->o.queue_max);
+    if (err) {
+        free(bias);
+        atomic_fetch_add(&r->n_rejected, 1);
+        return err;
+    }
+    rt_req *q = calloc(1, sizeof *q);
+    if (!q) {
+        free(bias);
+        return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    }
+    q->bias = bias; // ws points into these two
+    q->g = p->grammar ? grammar_ref(p->grammar) : NULL;
+    atomic_init(&q->refs, 2);
+    atomic_init(&q->state, ENGINE_QUEUED);
+    q->r = r;
+    q->id = atomic_fetch_add(&r->next_req_id, 1);
+    snprintf(q->tenant, sizeof q->tenant, "%s", p->tenant ? p->tenant : "default");
+    engine_domain_root(p, q->domain);
+    q->prompt = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    q->n_prompt = n_prompt;
+    q->max_tokens = max_tokens;
+    q->sp = p->sp;
+    q->ws = ws;
+    q->echo_lp = p->prompt_logprobs;
+    q->prompt_only = prompt_only;
+    q->lp_top = (uint32_t)(p->prompt_top < r->V ? p->prompt_top : r->V);
+    q->t_submit_ns = ks_now_ns();
+    ks_err ce = KS_OK;
+    if (q->prompt) memcpy(q->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    if (q->prompt) rt__affinity(q->domain, q->prompt, n_prompt, r->g.page_tokens, q->affinity);
+    if (!q->prompt || (ce = engine_stream_create(p->stops, p->n_stops, &q->out, eb))) {
+        rt__req_free(q);
+        return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
+    }
+    engine_stream_set_min_tokens(q->out, p->sp.min_tokens);
+    atomic_fetch_add(&r->n_waiting, 1);  // until the loop takes it (rt__on_submit)
+    atomic_fetch_add(&r->tokens_in, (unsigned long long)n_prompt);
+    if (pd_loop_post(r->loop, rt__on_submit, q) != KS_OK) {
+        atomic_fetch_sub(&r->n_waiting, 1);
+        rt__req_free(q);
+        return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    }
+    atomic_fetch_sub(&r->n_waiting, 1);  // rt__on_submit counts it again in the queue
+    *out = q;
+    return KS_OK;
+}
+
+/* server_backend.embed_submit: admit_embed as engine_embed_submit (I4),
+ * then the loop sends it to a prefill worker (rt__embed_start). */
+static ks_err rt__embed_submit(void *impl, const engine_embed_params *p, void **out,
+                               ks_errbuf *eb) {
+    cluster_router *r = impl;
+    *out = NULL;
+    admit_limits lim = {
+        .n_ctx = r->o.n_ctx, .n_vocab = r->V, .page_tokens = (uint32_t)r->g.page_tokens};
+    ks_err err = admit_embed(&lim, p->tokens, p->n_tokens, eb);
+    model_pooling pool = p->pooling ? p->pooling : r->o.pooling;
+    if (!err && pool && !model_pooling_name(pool))
+        err =
+            admit_refuse(eb, ADMIT_INVALID, "pooling %d is not supported (mean, last)", (int)pool);
+    if (!err && !atomic_load(&r->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
+    if (!err && !atomic_load(&r->n_prefill))
+        err = admit_refuse(eb, ADMIT_NO_WORKER, "no prefill worker is registered with the router");
+    if (!err && atomic_load(&r->n_waiting) >= r->o.queue_max)
+        err = admit_refuse(eb, ADMIT_BUSY, "the server is busy: %u requests already waiting",
+                           r->o.queue_max);
+    if (err) {
+        atomic_fetch_add(&r->n_rejected, 1);
+        return err;
+    }
+    rt_req *q = calloc(1, sizeof *q);
+    if (!q) return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    atomic_init(&q->refs, 2);
+    atomic_init(&q->state, ENGINE_QUEUED);
+    q->r = r;
+    q->id = atomic_fetch_add(&r->next_req_id, 1);
+    q->embed = true;
+    q->pooling = (uint32_t)pool;
+    snprintf(q->tenant, sizeof q->tenant, "%s", p->tenant ? p->tenant : "default");
+    engine_params dp = {.tenant = p->tenant};
+    engine_domain_root(&dp, q->domain);
+    q->prompt = malloc(sizeof(int32_t) * (size_t)p->n_tokens);
+    q->evec = malloc(sizeof(float) * (size_t)model_hp(r->m)->n_embd);
+    q->n_prompt = p->n_tokens;
+    q->t_submit_ns = ks_now_ns();
+    ks_err ce = KS_OK;
+    if (!q->prompt || !q->evec || (ce = engine_stream_create(NULL, 0, &q->out, eb))) {
+        rt__req_free(q);
+        return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
+    }
+    memcpy(q->prompt, p->tokens, sizeof(int32_t) * (size_t)p->n_tokens);
+    atomic_fetch_add(&r->n_waiting, 1); // until the loop takes it (rt__on_submit)
+    atomic_fetch_add(&r->tokens_in, (unsigned long long)p->n_tokens);
+    if (pd_loop_post(r->loop, rt__on_submit, q) != KS_OK) {
+        atomic_fetch_sub(&r->n_waiting, 1);
+        rt__req_free(q);
+        return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    }
+    atomic_fetch_sub(&r->n_waiting, 1); // rt__on_submit counts it again in the queue
+    *out = q;
+    return KS_OK;
+}
+
+/* server_backend.embed_vector: the vector once the done event (FINISHED)
+ * was taken. */
+static ks_err rt__embed_vector(void *req, float *out, int32_t cap) {
+    rt_req *q = req;
+    int32_t E = model_hp(q->r->m)->n_embd;
+    if (!q->embed || cap < E || atomic_load(&q->state) != ENGINE_FINISHED ||
+        !engine_stream_done_posted(q->out))
+        return KS_ERR_INVAL;
+    memcpy(out, q->evec, sizeof(float) * (size_t)E);
+    return KS_OK;
+}
+
+static void rt__cancel(void *req) {
+    rt_req *q = req;
+    if (atomic_exchange(&q->cancelled, true)) return;
+    atomic_fetch_add(&q->refs, 1);
+    if (pd_loop_post(q->r->loop, rt__on_cancel, q) != KS_OK) rt__unref(q);
+}
+
+static void rt__release(void *req) {
+    rt_req *q = req;
+    if (!q) return;
+    if (!engine_stream_done_posted(q->out)) rt__cancel(q);
+    rt__unref(q);
+}
+
+/* n choices (OpenAI's n / best_of): n independent cluster requests, choice
+ * i with seed + i, so each equals an n=1 request with that seed (as
+ * engine_submit_n's choices do). They do not share pages across workers;
+ * a prefill worker's prefix cache may still serve the repeated prompt. On
+ * error no handle is left. */
+static ks_err rt__submit_n(void *impl, const engine_params *p, int n, void **out, ks_errbuf *eb) {
+    if (n < 1 || n > ENGINE_MAX_N)
+        return admit_refuse(eb, ADMIT_INVALID, "n must be in [1, %d], got %d", ENGINE_MAX_N, n);
+    if (p->prompt_logprobs && p->max_tokens == 0 && n > 1)
+        return admit_refuse(eb, ADMIT_INVALID, "max_tokens 0 allows one choice only, got n=%d", n);
+    engine_params pi = *p;
+    for (int i = 0; i < n; i++) {
+        pi.sp.seed = p->sp.seed + (uint64_t)i;
+        pi.prompt_logprobs = i == 0 && p->prompt_logprobs; // the prompt's, once (as the engine)
+        ks_err e = rt__submit(impl, &pi, &out[i], eb);
+        if (e != KS_OK) {
+            while (i-- > 0) {
+                rt__release(out[i]);
+                out[i] = NULL;
+            }
+            return e;
+        }
+    }
+    return KS_OK;
+}
+
+static bool rt__is_online(void *impl) { return atomic_load(&((cluster_router *)impl)->online); }
+
+static void rt__on_abort_all(void *arg) {
+    cluster_router *r = arg;
+    for (int b = 0; b < RT_BUCKETS; b++)
+        for (rt_req *q = r->tab[b], *nx; q; q = nx) {
+            nx = q->hnext;
+            rt__abort(r, q, PD_ABORT_SHUTDOWN, KS_ERR_CANCELLED, "aborted: model taken offline");
+        }
+}
+
+static void rt__set_online(void *impl, bool online, bool abort_running) {
+    cluster_router *r = impl;
+    atomic_store(&r->online, online);
+    if (!online && abort_running && pd_loop_post(r->loop, rt__on_abort_all, r) != KS_OK)
+        ks_log(KS_LOG_ERROR, "router: out of memory aborting requests");
+}
+
+static void rt__get_stats(void *impl, engine_stats *out) {
+    cluster_router *r = impl;
+    memset(out, 0, sizeof *out);
+    uint32_t fr = atomic_load(&r->kv_free), qu = atomic_load(&r->kv_quarantined),
+             tot = atomic_load(&r->kv_total);
+    out->kv.pages[KV_PAGE_FREE] = fr;
+    out->kv.pages[KV_PAGE_QUARANTINE] = qu;
+    out->kv.pages[KV_PAGE_ALLOCATED] = tot > fr + qu ? tot - fr - qu : 0;
+    out->n_queued = atomic_load(&r->n_waiting);
+    out->n_running = atomic_load(&r->n_inflight);
+    out->n_finished = atomic_load(&r->n_finished);
+    out->n_aborted = atomic_load(&r->n_aborted);
+    out->n_rejected = atomic_load(&r->n_rejected);
+    out->tokens_in = atomic_load(&r->tokens_in);
+    out->tokens_out = atomic_load(&r->tokens_out);
+}
+
+/* Waits until nothing is in flight anywhere (router and workers), then
+ * reports whether every worker's pool is all FREE and scrubbed. */
+static ks_err rt__check_quiescent(void *impl, uint32_t timeout_ms, ks_errbuf *eb) {
+    cluster_router *r = impl;
+    uint64_t deadline = cl_now_ms(NULL) + timeout_ms;
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        r->check_state = 1;
+        r->check_req++;
+        while (r->check_state != 2) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+            if (cl_now_ms(NULL) > deadline + 3000) break;
+        }
+        bool answered = r->check_state == 2, clean = r->check_clean, busy = r->check_busy;
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", r->check_msg);
+        r->check_state = 0;
+        pthread_mutex_unlock(&r->mu);
+        if (answered && !busy)
+            return clean ? (ks_seterr(eb, KS_OK, "%s", msg), KS_OK)
+                         : ks_seterr(eb, KS_ERR_INTERNAL, "%s", msg);
+        if (cl_now_ms(NULL) >= deadline)
+            return ks_seterr(eb, KS_ERR_TIMEOUT, "requests still active: %s", answered ? msg : "no answer");
+        struct timespec nap = {0, 50 * 1000000L};
+        nanosleep(&nap, NULL);
+    }
+}
+
+void cluster_router_backend(cluster_router *r, server_backend *out) {
+    *out = (server_backend){.impl = r,
+                            .submit = rt__submit,
+                            .next = rt__next,
+                            .cancel = rt__cancel,
+                            .release = rt__release,
+                            .set_notify = rt__set_notify,
+                            .is_online = rt__is_online,
+                            .set_online = rt__set_online,
+                            .get_stats = rt__get_stats,
+                            .check_quiescent = rt__check_quiescent,
+                            .submit_n = rt__submit_n,
+                            .embed_submit = rt__embed_submit,
+                            .embed_vector = rt__embed_vector};
+}

@@ -1,0 +1,207 @@
+/* engine_int.h — the engine's private layout, shared by its files:
+ * engine.c (the scheduler thread: the fair queue, the step, the lifecycle),
+ * request.c (request objects: submit, adopt, embeddings, events, cancel,
+ * and a request's end) and mask.c (grammar masks on the mask threads).
+ * Each struct field says which thread owns it; see engine.h for the
+ * contract and the header of engine.c for how a step runs. */
+#ifndef KS_ENGINE_INT_H
+#define KS_ENGINE_INT_H
+
+#include "kvseal/engine.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
+struct engine_req {
+    atomic_int refs;  // the caller's handle + the scheduler's
+    engine *e;
+    uint64_t id;
+    // immutable after submit
+    char tenant[128];
+    uint8_t root[KV_ROOT_BYTES];  // prefix-cache domain of the tenant (I7)
+    int32_t *prompt;              // (n_prompt)
+    int32_t n_prompt, max_tokens;
+    sample_params sp;
+    bool ignore_eos;
+    uint64_t t_submit;
+    uint64_t t_first;  // first token sampled (0 = not yet)
+    uint64_t t_sched;  // left the wait queue (0 = not yet): queue time for /metrics
+    // scheduler-owned
+    atomic_int state;  // engine_state, readable from any thread
+    kv_seq seq;
+    bool has_seq;      // seq holds pages the engine must release
+    kv_seq *ext;       // adopted requests: the caller's sequence (borrowed, never released)
+    sampler *smp;
+    grammar_matcher *gm; // NULL: unconstrained
+    uint32_t *gmask;     // ((V + 31) / 32) allowed tokens this step
+    // grammar masks on the mask threads (engine__mask_*): while a job is
+    // queued or running, its thread owns gm, smp, gmask, mlogits and the
+    // results below; the scheduler reads them once it saw the job DONE
+    // (under e->mmu), and then owns them again
+    atomic_int mstate;          // ENGINE__MASK_IDLE, _QUEUED, _RUNNING, _DONE
+    bool mpending;              // scheduler-owned: posted, not yet collected
+    uint64_t mstep;             // scheduler-owned: the step that posted it (e->n_steps)
+    struct engine_req *mnext;   // mask queue link (e->mmu)
+    float *mlogits;             // (V) the step's logits row, copied: e->logits is reused
+    sample_result msr;          // the job's result
+    bool mend;
+    ks_err merr;
+    uint16_t mreason;           // merr's refusal reason (ADMIT_INVALID: the grammar's fault), or 0
+    char mmsg[512];
+    clockid_t mclk;             // RUNNING: its thread's CPU clock, and the reading at the start
+    uint64_t mcpu0;
+    uint64_t mlast_ns, mask_ns; // CPU of the last mask and of them all (e->mmu)
+    int32_t n_past;    // prompt tokens computed (or attached from the cache)
+    int32_t n_cached;  // prompt tokens attached from the prefix cache
+    int32_t n_gen;
+    int32_t last;      // last sampled token, fed next step
+    int batch_slot;    // index in this step's seqs[], -1 if not in the batch
+    int out_row;       // logits row this step, -1 if none
+    struct engine_req *next;  // waiting / running list link
+    engine_stream *out;  // events, detokenizer, stop strings (thread-safe)
+    atomic_bool cancelled;
+    // issue 12: prompt logprobs (echo) and choice groups (n, best_of); scheduler-owned
+    bool prompt_lp;        // post a prompt event per prompt token (engine_params.prompt_logprobs)
+    int32_t prompt_top;    // alternatives per prompt token
+    int32_t lp_row0;       // this step: logits row of position lp_pos0 (rows are consecutive)
+    int32_t lp_pos0, lp_n; // this step's prompt positions with a logits row; lp_n 0: none
+    struct engine_req *leader; // choice > 0 not forked yet: the choice 0 prefilling the prompt
+    struct engine_req *fol[ENGINE_MAX_N - 1]; // choice 0: the choices waiting for its prompt
+    int n_fol;
+    bool orphan; // its choice 0 ended before computing the prompt: abort it at the next step
+    // embeddings (engine_embed_submit); scheduler-owned until the done event
+    model_pooling embed;     // MEAN or LAST: an embedding request; DEFAULT: a generation
+    model_embd_acc ea;       // the pooled state, over eacc
+    double *eacc;            // (n_embd)
+    float *evec;             // (n_embd) the result, written before the done event
+    int32_t hid_row0, hid_n; // this step: its hidden rows (consecutive), hid_n 0: none
+};
+
+typedef struct {
+    uint64_t seq_uid;
+    uint32_t page;
+    kv_tag expected, found;
+    kv_page_state state;
+} engine__violation;
+
+struct engine {
+    engine_opts o;
+    const model *m;
+    const tok_vocab *vocab;
+    int32_t V;
+    kv_pool *pool;
+    kv_prefix *prefix;
+    model_ctx *ctx;
+    pthread_t thread;
+    pthread_t sched_tid;  // set by the scheduler thread itself before the first hook call
+    int in_hook;          // scheduler-owned: 1 inside o.poll, 2 inside o.poll_end, else 0
+    // shared with submitters (mu)
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    engine_req *wait_head, *wait_tail;  // QUEUED, FIFO
+    uint32_t n_waiting;
+    bool stop;
+    uint64_t kick;       // bumped (with a broadcast) by everything the scheduler must see
+    atomic_bool online;
+    atomic_bool abort_all;
+    atomic_ullong next_id;
+    // scheduler-owned
+    engine_req **running;  // (max_running)
+    int n_running;
+    float *logits;                           // (max_running + ENGINE__PROMPT_ROWS, V)
+    float *hidden;                           // (max_batch_tokens, n_embd) embeddings' rows
+    int32_t *b_hid;                          // (max_batch_tokens) hidden row per token, or -1
+    int32_t *b_tok, *b_pos, *b_seq, *b_out;  // (max_batch_tokens)
+    kv_seq **b_seqs;       // (max_running)
+    ks_err *b_err;         // (max_running)
+    char *piece;           // (piece_cap) detokenizer output
+    size_t piece_cap;
+    grammar_vocab *gvocab; // token trie, built at the first constrained request
+    // mask threads (engine__mask_main): queued jobs, one per request at most
+    pthread_t *mthreads;    // (n_mthreads)
+    int n_mthreads;
+    pthread_mutex_t mmu;
+    pthread_cond_t mcv;     // a job was queued, or stop
+    pthread_cond_t mdone;   // a job is done
+    engine_req *mq_head, *mq_tail;
+    bool mstop;
+    uint64_t n_steps;            // scheduler-owned: forward passes run
+    uint8_t *m_act;              // (max_running) engine__mask_collect's scratch
+    uint64_t *m_last, *m_total;  // (max_running)
+    // isolation violations reported by kv during a pass (any thread)
+    pthread_mutex_t vmu;
+    engine__violation viol[16];
+    int n_viol;
+    uint64_t seen_uid[64];  // sequences already reported (ring): one violation per sequence
+    int n_seen;
+    atomic_ullong n_violations;
+    // stats
+    atomic_ullong n_finished, n_aborted, n_rejected, tokens_in, tokens_out;
+    atomic_uint st_queued, st_running, st_paused;
+    // engine_check_quiescent handshake (mu)
+    int check_state;  // 0 idle, 1 requested, 2 answered
+    bool check_clean;
+    char check_msg[256];
+#ifdef KS_TEST_FAULTS
+    bool fault_done;
+#endif
+};
+
+/* Logits rows per step for prompt logprobs (echo), past the one row per
+ * running request: a prompt-logprobs prefill is chunked to fit them, so
+ * the buffer stays fixed (no allocation on the step) at the cost of more
+ * steps for long echoed prompts. */
+#define ENGINE__PROMPT_ROWS 64
+
+/* A mask job's state (engine_req.mstate). */
+enum { ENGINE__MASK_IDLE, ENGINE__MASK_QUEUED, ENGINE__MASK_RUNNING, ENGINE__MASK_DONE };
+
+// ----------------------------------------------------------------------------
+// Request objects and a request's end (request.c)
+
+/* Drops one reference to r; the last frees it (its pages must be released
+ * already). Any thread. */
+void engine__req_unref(engine_req *r);
+/* Moves r to state to; asserts the move is in the table
+ * (engine_transition_ok). Scheduler thread. */
+void engine__set_state(engine_req *r, engine_state to);
+/* The block table the step works on: the borrowed one for adopted requests. */
+kv_seq *engine__seq(engine_req *r);
+/* engine_stream wake hook (ctx: the engine): wakes the scheduler, e.g. when
+ * a paused request's client caught up or a mask job is done. Any thread. */
+void engine__wake(void *ctx);
+/* Ends a request: releases its pages (exactly once), posts the done event
+ * with reason (an admit_reason, 0: none), drops the scheduler's reference.
+ * Scheduler thread; r may be freed on return. */
+void engine__finish_reason(engine *e, engine_req *r, engine_state to, engine_finish fin,
+                           ks_err err, uint16_t reason, const char *msg);
+/* engine__finish_reason without a refusal reason. */
+void engine__finish(engine *e, engine_req *r, engine_state to, engine_finish fin, ks_err err,
+                    const char *msg);
+/* Handles one chosen token of r (sampled here, or by a prefill worker for an
+ * adopted request): EOS, penalty history, text, stop strings, max_tokens.
+ * Returns true if r finished. Scheduler thread. */
+bool engine__take(engine *e, engine_req *r, const sample_result *sr);
+/* clk's reading in nanoseconds (0 if it cannot be read). */
+uint64_t engine__clock_ns(clockid_t clk);
+
+// ----------------------------------------------------------------------------
+// Grammar masks (mask.c)
+
+/* A mask thread (pthread start routine, arg: the engine): takes jobs,
+ * least-served request first, until e->mstop. */
+void *engine__mask_main(void *arg);
+/* Queues r's draw from logits_row (copied). Returns true if r finished
+ * instead (no token trie: out of memory). Scheduler thread. */
+bool engine__mask_post(engine *e, engine_req *r, const float *logits_row);
+/* Collects the running set's done jobs (their tokens) and ends requests
+ * whose running job is already over a budget; finished requests leave the
+ * running set. Scheduler thread. */
+void engine__mask_collect(engine *e);
+/* Waits until every job of the running set that this step posted is done
+ * (any: one job of any step), or until deadline_ns (ks_now_ns clock).
+ * Scheduler thread. */
+void engine__mask_wait(engine *e, uint64_t deadline_ns, bool any);
+
+#endif /* KS_ENGINE_INT_H */

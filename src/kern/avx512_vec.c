@@ -1,0 +1,335 @@
+/* avx512_vec.c — the AVX-512 vector and attention ops of the vtab (kern.h):
+ * dot and axpy over f32, the KV attention ops over rows in the pool's KV
+ * type (dot_rows, axpy_rows, kv_store), rmsnorm, the gated activations and
+ * softmax. Built with the flags of avx512.c, whose vtab points here; each
+ * function names the ref it matches and its expected error. */
+#include "kern/avx512_int.h"
+
+#include <math.h>
+
+// ----------------------------------------------------------------------------
+// Vector ops
+
+/* Matches kern__dot_f32_ref (double): f32 fma in 4 x 16 lanes, relative error
+ * about n * 2^-24 of sum |a*b|. */
+A512_INLINE float a512__dot(int64_t n, const float *a, const float *b) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i <= n - 64; i += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+float kern__a512_dot_f32(int64_t n, const float *a, const float *b) { return a512__dot(n, a, b); }
+
+// KV attention ops (kern.h): rows in the pool's KV type, strides in bytes.
+// One always-inline body per op, specialised by a constant KV type through
+// its 16-lane loader, which yields the dequantized floats exactly (an f16,
+// or an f16 scale times an int8, fits an f32 mantissa); every type then runs
+// the same fma / add sequence, so a typed op equals the F32 op on the
+// dequantized rows bit for bit. dot_rows match kern__dot_rows_<type>_ref
+// within relative 1e-5 of sum|q*k| (as a512__dot); axpy_rows match
+// kern__axpy_rows_<type>_ref exactly (one fma per element, rows in order).
+// Q8_0 rows are whole blocks (n % 32 == 0). For head sizes the fast paths
+// take, a block of 16 rows is dequantized once into L1 and read by all G
+// heads of the group, which is where grouped-query attention saves.
+
+/* Elements [i, i+16) of a row (i % 16 == 0), lanes outside mask m zero. */
+A512_INLINE __m512 a512__kv_ld(ks_dtype t, const uint8_t *row, int64_t i, __mmask16 m) {
+    if (t == KS_DTYPE_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + 2 * i));
+    if (t == KS_DTYPE_Q8_0) {
+        const uint8_t *b = row + (size_t)(i / 32) * sizeof(kern_block_q8_0);
+        __m512 q =
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, b + 2 + i % 32)));
+        return _mm512_mul_ps(q, _mm512_set1_ps(a512__f16(b)));
+    }
+    return _mm512_maskz_loadu_ps(m, row + 4 * i);
+}
+
+/* Lane j = _mm512_reduce_add_ps(v[j]), bit for bit: GCC's tree (lane i plus
+ * lane i+8, then +4, then +2, then +1) run on 16 rows at once by 128-bit
+ * and in-lane shuffles, where 16 separate reductions cost ~4x the shuffles. */
+A512_INLINE __m512 a512__reduce16(const __m512 v[16]) {
+    __m512 l1[8], l2[4], l3[2];
+    _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) {
+        // rows n, n+4 | n+8, n+12: u_i = a_i + a_{i+8} in 8 lanes each
+        for (int h = 0; h < 2; h++) {
+            const __m512 a = v[n + 8 * h], b = v[n + 4 + 8 * h];
+            l1[2 * n + h] =
+                _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+        }
+    }
+    // 128-bit lane k of l2[n] holds row n + 4k: w_i = u_i + u_{i+4}
+    _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) l2[n] =
+        _mm512_add_ps(_mm512_shuffle_f32x4(l1[2 * n], l1[2 * n + 1], 0x88),
+                      _mm512_shuffle_f32x4(l1[2 * n], l1[2 * n + 1], 0xDD));
+    // lane k of l3[p]: x0, x1 (w0 + w2, w1 + w3) of rows 2p + 4k, 2p + 1 + 4k
+    _Pragma("GCC unroll 2") for (int p = 0; p < 2; p++) l3[p] =
+        _mm512_add_ps(_mm512_shuffle_ps(l2[2 * p], l2[2 * p + 1], 0x44),
+                      _mm512_shuffle_ps(l2[2 * p], l2[2 * p + 1], 0xEE));
+    // x0 + x1 of rows 4k + 0..3, in row order
+    return _mm512_add_ps(_mm512_shuffle_ps(l3[0], l3[1], 0x88),
+                         _mm512_shuffle_ps(l3[0], l3[1], 0xDD));
+}
+
+/* Rows [j0, j0 + nr) of a plane (nr <= 16, n % 16 == 0, n <= 128) as f32
+ * rows *rs bytes apart: F32 rows in place, others dequantized into buf. */
+A512_INLINE const uint8_t *a512__kv_block(ks_dtype t, int64_t n, const void *k, size_t k_stride,
+                                          int j0, int nr, float *buf, size_t *rs) {
+    const uint8_t *base = (const uint8_t *)k + (size_t)j0 * k_stride;
+    if (t == KS_DTYPE_F32) {
+        *rs = k_stride;
+        return base;
+    }
+    for (int j = 0; j < nr; j++)
+        for (int64_t i = 0; i < n; i += 16)
+            _mm512_storeu_ps(buf + (size_t)j * (size_t)n + (size_t)i,
+                             a512__kv_ld(t, base + (size_t)j * k_stride, i, 0xFFFF));
+    *rs = sizeof(float) * (size_t)n;
+    return (const uint8_t *)buf;
+}
+
+/* a512__dot(n, q_g, row) per head and row (the same values and order); for
+ * the common head size 64, q_g in registers and rows reduced 16 at a time. */
+A512_INLINE void a512__dot_rows_t(ks_dtype t, int64_t n, int G, const float *q, const void *k,
+                                  size_t k_stride, int rows, float scale, float *out,
+                                  size_t o_stride) {
+    if (n == 64) {
+        _Alignas(64) float buf[16 * 64];
+        for (int j0 = 0; j0 < rows; j0 += 16) {
+            const int nr = rows - j0 < 16 ? rows - j0 : 16;
+            size_t rs;
+            const uint8_t *kb = a512__kv_block(t, 64, k, k_stride, j0, nr, buf, &rs);
+            for (int g = 0; g < G; g++) {
+                const float *qg = q + (size_t)g * 64;
+                const __m512 q0 = _mm512_loadu_ps(qg), q1 = _mm512_loadu_ps(qg + 16),
+                             q2 = _mm512_loadu_ps(qg + 32), q3 = _mm512_loadu_ps(qg + 48);
+                float *o = out + (size_t)g * o_stride + (size_t)j0;
+                __m512 v[16];
+                _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) {
+                    if (i >= nr) break;
+                    const float *r = (const float *)(const void *)(kb + (size_t)i * rs);
+                    __m512 s0 = _mm512_fmadd_ps(q0, _mm512_loadu_ps(r), _mm512_setzero_ps());
+                    __m512 s1 = _mm512_fmadd_ps(q1, _mm512_loadu_ps(r + 16), _mm512_setzero_ps());
+                    __m512 s2 = _mm512_fmadd_ps(q2, _mm512_loadu_ps(r + 32), _mm512_setzero_ps());
+                    __m512 s3 = _mm512_fmadd_ps(q3, _mm512_loadu_ps(r + 48), _mm512_setzero_ps());
+                    v[i] = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+                }
+                if (nr == 16)
+                    _mm512_storeu_ps(o, _mm512_mul_ps(a512__reduce16(v), _mm512_set1_ps(scale)));
+                else
+                    for (int i = 0; i < nr; i++)
+                        o[i] = _mm512_reduce_add_ps(v[i]) * scale;
+            }
+        }
+        return;
+    }
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < rows; j++) {
+            const uint8_t *r = (const uint8_t *)k + (size_t)j * k_stride;
+            const float *qg = q + (size_t)g * (size_t)n;
+            __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+            int64_t i = 0;
+            for (; i <= n - 64; i += 64) {
+                s0 = _mm512_fmadd_ps(_mm512_loadu_ps(qg + i), a512__kv_ld(t, r, i, 0xFFFF), s0);
+                s1 = _mm512_fmadd_ps(_mm512_loadu_ps(qg + i + 16),
+                                     a512__kv_ld(t, r, i + 16, 0xFFFF), s1);
+                s2 = _mm512_fmadd_ps(_mm512_loadu_ps(qg + i + 32),
+                                     a512__kv_ld(t, r, i + 32, 0xFFFF), s2);
+                s3 = _mm512_fmadd_ps(_mm512_loadu_ps(qg + i + 48),
+                                     a512__kv_ld(t, r, i + 48, 0xFFFF), s3);
+            }
+            for (; i < n; i += 16) {
+                __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+                s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qg + i), a512__kv_ld(t, r, i, m), s0);
+            }
+            out[(size_t)g * o_stride + (size_t)j] =
+                _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3))) *
+                scale;
+        }
+}
+
+#define A512_KV_WRAPPERS(name, T)                                                                  \
+    void kern__a512_dot_rows_##name(int64_t n, int G, const float *q, const void *k,               \
+                                    size_t k_stride, int rows, float scale, float *out,            \
+                                    size_t o_stride) {                                             \
+        a512__dot_rows_t(T, n, G, q, k, k_stride, rows, scale, out, o_stride);                     \
+    }                                                                                              \
+    void kern__a512_axpy_rows_##name(int64_t n, int G, const float *s, size_t s_stride,            \
+                                     const void *v, size_t v_stride, int rows, float *y) {         \
+        a512__axpy_rows_t(T, n, G, s, s_stride, v, v_stride, rows, y);                             \
+    }
+
+/* Matches kern__axpy_f32_ref exactly (one fma per element). */
+void kern__a512_axpy_f32(int64_t n, float a, const float *x, float *y) {
+    __m512 va = _mm512_set1_ps(a);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(
+            y + i, m,
+            _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+/* y_g = fma(s_g[j], row j, y_g), rows in order; y_g stays in registers
+ * while a block of rows streams by when n % 16 == 0 and n <= 128. */
+A512_INLINE void a512__axpy_rows_t(ks_dtype t, int64_t n, int G, const float *s, size_t s_stride,
+                                   const void *v, size_t v_stride, int rows, float *y) {
+    if (n % 16 || n > 128) {
+        for (int g = 0; g < G; g++)
+            for (int j = 0; j < rows; j++) {
+                const uint8_t *r = (const uint8_t *)v + (size_t)j * v_stride;
+                const __m512 a = _mm512_set1_ps(s[(size_t)g * s_stride + (size_t)j]);
+                float *yg = y + (size_t)g * (size_t)n;
+                for (int64_t i = 0; i < n; i += 16) {
+                    __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+                    _mm512_mask_storeu_ps(yg + i, m,
+                                          _mm512_fmadd_ps(a, a512__kv_ld(t, r, i, m),
+                                                          _mm512_maskz_loadu_ps(m, yg + i)));
+                }
+            }
+        return;
+    }
+    const int nv = (int)(n / 16);
+    _Alignas(64) float buf[16 * 128];
+    for (int j0 = 0; j0 < rows; j0 += 16) {
+        const int nr = rows - j0 < 16 ? rows - j0 : 16;
+        size_t rs;
+        const uint8_t *vb = a512__kv_block(t, n, v, v_stride, j0, nr, buf, &rs);
+        for (int g = 0; g < G; g++) {
+            float *yg = y + (size_t)g * (size_t)n;
+            const float *sg = s + (size_t)g * s_stride + (size_t)j0;
+            __m512 acc[8];
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) acc[i] =
+                i < nv ? _mm512_loadu_ps(yg + 16 * i) : _mm512_setzero_ps();
+            for (int j = 0; j < nr; j++) {
+                const __m512 a = _mm512_set1_ps(sg[j]);
+                const float *r = (const float *)(const void *)(vb + (size_t)j * rs);
+                _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) if (i < nv) acc[i] =
+                    _mm512_fmadd_ps(a, _mm512_loadu_ps(r + 16 * i), acc[i]);
+            }
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) if (i < nv)
+                _mm512_storeu_ps(yg + 16 * i, acc[i]);
+        }
+    }
+}
+
+A512_KV_WRAPPERS(f32, KS_DTYPE_F32)
+A512_KV_WRAPPERS(f16, KS_DTYPE_F16)
+A512_KV_WRAPPERS(q8_0, KS_DTYPE_Q8_0)
+
+/* Matches kern__quantize_f16_ref byte for byte for every non-NaN input
+ * (vcvtps2ph rounding to nearest even, as ks_f32_to_f16). */
+void kern__a512_kv_store_f16(const float *x, void *y, int64_t n) {
+    uint8_t *o = y;
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_mask_storeu_epi16(o + 2 * i, m, h);
+    }
+}
+
+/* Matches kern__rmsnorm_ref: sum of squares in double (other order), then
+ * the same float ops; results within 1 ulp, usually equal. */
+void kern__a512_rmsnorm(int64_t n, const float *x, const float *w, float eps, float *y) {
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0;
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        __m512d hi =
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        s0 = _mm512_fmadd_pd(lo, lo, s0);
+        s1 = _mm512_fmadd_pd(hi, hi, s1);
+    }
+    double ss = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+    __m512 sc = _mm512_set1_ps((float)(1.0 / sqrt(ss / (double)n + (double)eps)));
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), sc);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
+    }
+}
+
+/* e^x for 16 lanes, within about 2 ulp of expf: x = n*ln2 + r, |r| <= ln2/2,
+ * degree-7 Taylor polynomial of e^r, scaled by 2^n (scalef gives inf / 0
+ * for out-of-range n). */
+A512_INLINE __m512 a512__exp(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(100.0f));
+    __m512 nn = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(nn, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(nn, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, nn);
+}
+
+/* Matches kern__silu_mul_ref within a few ulp (a512__exp vs expf). */
+void kern__a512_silu_mul(int64_t n, const float *g, const float *u, float *y) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 vg = _mm512_maskz_loadu_ps(m, g + i), vu = _mm512_maskz_loadu_ps(m, u + i);
+        __m512 e = a512__exp(_mm512_sub_ps(_mm512_setzero_ps(), vg));
+        __m512 s = _mm512_div_ps(vg, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(s, vu));
+    }
+}
+
+/* Matches kern__gelu_mul_ref within a few ulp: the same f32 ops in the same
+ * order, no fma (kern_int.h KERN_GELU_C), a512__exp vs expf. */
+void kern__a512_gelu_mul(int64_t n, const float *g, const float *u, float *y) {
+    const __m512 one = _mm512_set1_ps(1.0f), m2 = _mm512_set1_ps(-2.0f);
+    const __m512 c = _mm512_set1_ps(KERN_GELU_C), a = _mm512_set1_ps(KERN_GELU_A);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 x = _mm512_maskz_loadu_ps(m, g + i), vu = _mm512_maskz_loadu_ps(m, u + i);
+        __m512 in = _mm512_add_ps(one, _mm512_mul_ps(_mm512_mul_ps(a, x), x));
+        __m512 z2 = _mm512_mul_ps(m2, _mm512_mul_ps(_mm512_mul_ps(c, x), in));
+        __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, a512__exp(z2)));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(s, vu));
+    }
+}
+
+/* Matches kern__softmax_ref within a few ulp (a512__exp vs expf; the sum is
+ * in double like ref's, in another order). */
+void kern__a512_softmax(int64_t n, float *x) {
+    if (n <= 0) return;
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        mx = _mm512_mask_max_ps(mx, m, _mm512_maskz_loadu_ps(m, x + i), mx);
+    }
+    __m512 vmx = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0;
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 e = a512__exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmx));
+        e = _mm512_maskz_mov_ps(m, e);
+        _mm512_mask_storeu_ps(x + i, m, e);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        s1 = _mm512_add_pd(
+            s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    }
+    __m512 inv = _mm512_set1_ps((float)(1.0 / _mm512_reduce_add_pd(_mm512_add_pd(s0, s1))));
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
+    }
+}
