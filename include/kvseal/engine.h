@@ -306,6 +306,17 @@ void engine_stream_set_notify(engine_stream *s, void (*notify)(void *ctx), void 
  * its logprobs. *matched: a stop string matched (generation must end).
  * piece is scratch of cap >= tok_stream_bound(v) bytes. Errors: KS_ERR_NOMEM
  * (nothing posted). One producer thread. */
+/* min_tokens (sample_params): the text of the first min_tokens - 1 tokens
+ * passes engine_stream_token without the stop strings, which are looked for
+ * from the min_tokens-th token's text on. Call before the first token.
+ * Can't fail. */
+void engine_stream_set_min_tokens(engine_stream *s, int32_t min_tokens);
+/* min_tokens (sample_params): while fewer than min_tokens tokens were
+ * generated (n_gen), every end-of-generation id of v gets -inf in logits
+ * (n_vocab floats) before sampling, so EOG cannot end generation early
+ * (vLLM's meaning). A no-op once n_gen >= min_tokens. Can't fail. */
+void engine_ban_eog(const tok_vocab *v, int32_t min_tokens, int32_t n_gen, float *logits,
+                    int32_t n_vocab);
 ks_err engine_stream_token(engine_stream *s, const tok_vocab *v, const sample_result *sr, char *piece,
                            size_t cap, bool *matched /* OUT */) KS_MUST_USE;
 /* Producer side, at a normal finish: posts what the detokenizer and the stop

@@ -32,6 +32,7 @@
 #include "kvseal/admit.h" /* REJECT reasons (the enum only: pd does not link engine) */
 #include "kvseal/base.h"
 #include "kvseal/kv.h"
+#include "kvseal/sample.h" /* SAMPLE_PARAM_MAP (the macro only: pd does not link engine) */
 
 // ----------------------------------------------------------------------------
 // Types, bounds, names
@@ -81,7 +82,10 @@ typedef enum pd_msg_type {
 #define PD_MSG_GRANT_ENTRY 24u
 #define PD_MSG_PREFILL_FIXED 80u
 #define PD_MSG_HASH_BYTES 32u           /* model_id, domain_hash */
-#define PD_MSG_SEXT_FIXED 24u           /* sampling extension, fixed part */
+/* sampling extension, fixed part: 4 bytes per SAMPLE_WIRE_EXT row, n_bias, grammar_len */
+#define PD_MSG__SEXT_SLOT(f, T, key, alias, def, off, lo, lo_open, hi, what, jhi, wire, ...)        \
+    +(wire == SAMPLE_WIRE_EXT ? 4u : 0u)
+#define PD_MSG_SEXT_FIXED ((0u SAMPLE_PARAM_MAP(PD_MSG__SEXT_SLOT)) + 8u)
 #define PD_MSG_MAX_BIAS 1024u           /* extension n_bias (SAMPLE_MAX_BIAS) */
 #define PD_MSG_MAX_GRAMMAR (256u << 10) /* extension grammar_len (GRAMMAR_MAX_TEXT) */
 /* Bytes of the largest sampling extension. */
@@ -105,7 +109,8 @@ enum {
     PD_DENY_DRAINING = 5,
     PD_DENY_INVALID = 6 /* the sampling extension does not compile or validate here */
 };
-/* REJECT reasons are the request contract's (kvseal/admit.h), 1..ADMIT_WIRE_MAX. */
+/* REJECT reasons are the request contract's (kvseal/admit.h), those whose wire
+ * column is true (admit_reason_on_wire). */
 /* ABORT reasons. */
 enum {
     PD_ABORT_CLIENT_GONE = 1, PD_ABORT_TIMEOUT = 2, PD_ABORT_WORKER_LOST = 3,
@@ -258,22 +263,18 @@ ks_err pd_msg_error_encode(const pd_msg_error *m, uint8_t *buf, size_t cap,
 // ----------------------------------------------------------------------------
 // Request messages (control connections)
 
-/* Sampling parameters shared by ADMIT and PREFILL. The extension fields
- * are on the wire only with PD_FLAG_EXT (else they read as their defaults:
- * penalties off, no bias, no grammar); decoded pointers point into the
- * payload. */
+/* Sampling parameters shared by ADMIT and PREFILL: one member per row of
+ * SAMPLE_PARAM_MAP (kvseal/sample.h). The SAMPLE_WIRE_BASE rows sit at
+ * fixed offsets of the message (n_probs <= 64); the SAMPLE_WIRE_EXT rows
+ * (floats finite) are on the wire only with PD_FLAG_EXT, else they read as
+ * the table's off values (penalties off, ...), as do no bias and no
+ * grammar. Decoded pointers point into the payload. */
 typedef struct pd_msg_sampling {
     uint32_t max_tokens; /* >= 1 (ADMIT) */
     uint32_t flags;      /* PD_FLAG_*; other bits must be 0 */
     uint64_t seed;
-    float temperature, top_p, min_p;
-    int32_t top_k;
-    uint32_t n_probs; /* <= 64 */
-    /* extension (PD_FLAG_EXT) */
-    float repeat_penalty; /* finite */
-    uint32_t repeat_last_n;
-    float frequency_penalty; /* finite */
-    float presence_penalty;  /* finite */
+    SAMPLE_PARAM_FIELDS
+    /* extension (PD_FLAG_EXT), after the SAMPLE_WIRE_EXT rows */
     uint32_t n_bias;         /* <= PD_MSG_MAX_BIAS */
     const uint8_t *bias;     /* n_bias raw 8-byte entries {i32 token, f32 bias}
                                 (pd_msg_bias_at / pd_msg_bias_store) */
@@ -356,7 +357,7 @@ uint64_t pd_msg_prefill_size(uint32_t grant_len, uint32_t n_prompt);
 
 /* REJECT (12 + msg_len): P -> R and P -> D. */
 typedef struct pd_msg_reject {
-    uint32_t reason; /* admit_reason, 1..ADMIT_WIRE_MAX: the client's status and
+    uint32_t reason; /* admit_reason with admit_reason_on_wire: the client's status and
                         error code come from the admit table, never from the wire */
     const char *msg;
     uint32_t msg_len;     /* <= 512 */
@@ -383,7 +384,7 @@ typedef struct pd_msg_finish {
     const char *msg;
     uint32_t msg_len; /* <= 512 */
     uint32_t n_cached; /* <= n_prompt: prompt tokens prefill took from its prefix cache */
-    uint32_t reason;   /* admit_reason (<= ADMIT_WIRE_MAX) when the request was refused
+    uint32_t reason;   /* admit_reason (admit_reason_on_wire) when the request was refused
                           (prefill's REJECT, decode's adoption), else 0 */
 } pd_msg_finish;
 

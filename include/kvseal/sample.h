@@ -15,6 +15,8 @@
 #ifndef KS_SAMPLE_H
 #define KS_SAMPLE_H
 
+#include <float.h>
+
 #include "kvseal/base.h"
 
 // ----------------------------------------------------------------------------
@@ -23,27 +25,88 @@
 #define SAMPLE_MAX_TOP 20            /* most alternatives a result can carry */
 #define SAMPLE_MAX_LAST_N (1 << 20)  /* largest penalty window, in tokens */
 
-/* Caller-allocated; fill with sample_params_default, then override. */
+/* The sampler parameters, one row each: the single list every copy is
+ * generated from (issue 39; the house idiom, as KS_ERR_MAP). Columns:
+ *   field   sample_params member (also the pd_msg_sampling member)
+ *   T       SAMPLE_F32 (float) or SAMPLE_I32 (int32_t)
+ *   key     its JSON key in OpenAI / Workers AI requests (server/sampling_json.c),
+ *           NULL: read by hand (n_probs comes from logprobs/top_logprobs)
+ *   alias   a second JSON key for the same field, read before key (NULL: none)
+ *   def     sample_params_default's value
+ *   off     the value that turns it off; a cluster worker reads it when the
+ *           ADMIT/PREFILL sampling extension is absent
+ *   lo, lo_open, hi   what sample_params_validate accepts: lo < x (lo_open) or
+ *           lo <= x, and x <= hi; NaN never (FLT_MAX as hi: finite only)
+ *   what    its message: "<field> must be <what>, got <value>"
+ *   jhi     the HTTP API's upper bound (the lower is lo): out of [lo, jhi] is
+ *           "'<key>' must be in [lo, jhi], got <value>"
+ *   wire    SAMPLE_WIRE_BASE: a fixed slot of ADMIT/PREFILL coded by hand in
+ *           pd/msg.c (frozen); SAMPLE_WIRE_EXT: a 4-byte slot of the sampling
+ *           extension, in row order (generated; adding one changes the layout:
+ *           bump PD_VERSION, docs/pd-protocol.md)
+ *   cli     `kvseal run` option (--NAME; integers in [lo, jhi])
+ *   anth    also a field of Anthropic's Messages API (passed through as is)
+ * A new parameter: one row here, its effect where it acts (the sampler, or
+ * engine.c), and README. */
+#define SAMPLE_PARAM_MAP(X)                                                                        \
+    /* 0 means greedy: argmax, ties to the lowest id */                                            \
+    X(temperature, SAMPLE_F32, "temperature", NULL, 0.8f, 1.0f, 0, 0, FLT_MAX,                     \
+      "a finite number >= 0", 2, SAMPLE_WIRE_BASE, "temp", 1)                                      \
+    /* 0 or -1 disables; >= n_vocab disables */                                                    \
+    X(top_k, SAMPLE_I32, "top_k", NULL, 40, 0, -1, 0, INT32_MAX, ">= -1 (0 or -1 disables)",       \
+      INT32_MAX, SAMPLE_WIRE_BASE, "top-k", 1)                                                     \
+    /* 1 disables */                                                                               \
+    X(top_p, SAMPLE_F32, "top_p", NULL, 0.95f, 1.0f, 0, 1, 1, "in (0, 1]", 1, SAMPLE_WIRE_BASE,    \
+      "top-p", 1)                                                                                  \
+    /* 0 disables; relative to the top token */                                                    \
+    X(min_p, SAMPLE_F32, "min_p", NULL, 0.05f, 0.0f, 0, 0, 1, "in [0, 1]", 1, SAMPLE_WIRE_BASE,    \
+      "min-p", 0)                                                                                  \
+    /* 1 disables; llama.cpp: logit > 0 divide, else multiply */                                   \
+    X(repeat_penalty, SAMPLE_F32, "repeat_penalty", "repetition_penalty", 1.0f, 1.0f, 0, 1,        \
+      FLT_MAX, "a finite number > 0 (1 disables)", 10, SAMPLE_WIRE_EXT, "repeat-penalty", 0)       \
+    /* window of accepted tokens the three penalties count over; 0 disables them all */            \
+    X(repeat_last_n, SAMPLE_I32, "repeat_last_n", NULL, 64, 0, 0, 0, SAMPLE_MAX_LAST_N,            \
+      "in [0, 1048576] (0 disables penalties; pass the context length for the whole context)",     \
+      SAMPLE_MAX_LAST_N, SAMPLE_WIRE_EXT, "repeat-last-n", 0)                                      \
+    /* logit -= freq * count (OpenAI) */                                                           \
+    X(frequency_penalty, SAMPLE_F32, "frequency_penalty", NULL, 0.0f, 0.0f, -2, 0, 2,              \
+      "in [-2, 2]", 2, SAMPLE_WIRE_EXT, "frequency-penalty", 0)                                    \
+    /* logit -= presence * (count > 0) (OpenAI) */                                                 \
+    X(presence_penalty, SAMPLE_F32, "presence_penalty", NULL, 0.0f, 0.0f, -2, 0, 2, "in [-2, 2]",  \
+      2, SAMPLE_WIRE_EXT, "presence-penalty", 0)                                                   \
+    /* alternatives to report */                                                                   \
+    X(n_probs, SAMPLE_I32, NULL, NULL, 0, 0, 0, 0, SAMPLE_MAX_TOP, "in [0, 20]", SAMPLE_MAX_TOP,   \
+      SAMPLE_WIRE_BASE, "n-probs", 0)                                                              \
+    /* vLLM's: end-of-generation tokens and stop strings cannot end generation before this many    \
+       tokens were generated (the engine bans EOG; stop strings are looked for from the            \
+       min_tokens-th token's text on); max_tokens still ends it */                                 \
+    X(min_tokens, SAMPLE_I32, "min_tokens", NULL, 0, 0, 0, 0, INT32_MAX, ">= 0", INT32_MAX,        \
+      SAMPLE_WIRE_EXT, "min-tokens", 0)
+
+#define SAMPLE_F32 1
+#define SAMPLE_I32 2
+#define SAMPLE_WIRE_BASE 0
+#define SAMPLE_WIRE_EXT 1
+#define SAMPLE_CTYPE_SAMPLE_F32 float
+#define SAMPLE_CTYPE_SAMPLE_I32 int32_t
+/* The members of SAMPLE_PARAM_MAP's rows, for a struct body. */
+#define SAMPLE__FIELD(field, T, ...) SAMPLE_CTYPE_##T field;
+#define SAMPLE_PARAM_FIELDS SAMPLE_PARAM_MAP(SAMPLE__FIELD)
+
+/* Caller-allocated; fill with sample_params_default, then override. The
+ * ranges are SAMPLE_PARAM_MAP's. */
 typedef struct sample_params {
-    float temperature;       /* >= 0; 0 means greedy: argmax, ties to the lowest id */
-    int32_t top_k;           /* >= -1; 0 or -1 disables; >= n_vocab disables */
-    float top_p;             /* (0, 1]; 1 disables */
-    float min_p;             /* [0, 1]; 0 disables; relative to the top token */
-    float repeat_penalty;    /* > 0; 1 disables; llama.cpp: logit>0 divide, else multiply */
-    int32_t repeat_last_n;   /* [0, SAMPLE_MAX_LAST_N]: window of accepted tokens the
-                                three penalties count over; 0 disables all penalties */
-    float frequency_penalty; /* [-2, 2]; logit -= freq * count (OpenAI) */
-    float presence_penalty;  /* [-2, 2]; logit -= presence * (count > 0) (OpenAI) */
-    uint64_t seed;           /* PRNG seed; the caller picks a random one if the
-                                request has none (the sampler never does) */
-    bool logprobs;           /* fill sample_result.logprob (costs one pass over the
-                                vocabulary; implied by n_probs > 0) */
-    int32_t n_probs;         /* [0, SAMPLE_MAX_TOP]: alternatives to report */
+    SAMPLE_PARAM_FIELDS
+    uint64_t seed; /* PRNG seed; the caller picks a random one if the
+                      request has none (the sampler never does) */
+    bool logprobs; /* fill sample_result.logprob (costs one pass over the
+                      vocabulary; implied by n_probs > 0) */
 } sample_params;
 
-/* Fills p with llama.cpp-like defaults: temperature 0.8, top_k 40, top_p
- * 0.95, min_p 0.05, penalties off (repeat_penalty 1, repeat_last_n 64,
- * frequency/presence 0), seed 0, logprobs off, n_probs 0. Can't fail. */
+/* Fills p with llama.cpp-like defaults (SAMPLE_PARAM_MAP's def column):
+ * temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties off
+ * (repeat_penalty 1, repeat_last_n 64, frequency/presence 0), n_probs 0,
+ * min_tokens 0, seed 0, logprobs off. Can't fail. */
 void sample_params_default(sample_params *p);
 
 /* Checks every field's range. Returns KS_OK, or KS_ERR_INVAL with a message

@@ -21,7 +21,8 @@ static void run__usage(const char *cmd) {
     fprintf(stderr,
             "usage: kvseal run [-m MODEL] -p PROMPT [-n N] [--temp T] [--seed S] [--top-k K]\n"
             "                  [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]\n"
-            "                  [--frequency-penalty F] [--presence-penalty F] [--stop STR]...\n"
+            "                  [--frequency-penalty F] [--presence-penalty F] [--min-tokens N]\n"
+            "                  [--n-probs K] [--stop STR]...\n"
             "                  [--ignore-eos] [--special] [-c CTX] [-t THREADS]\n"
             "                  [--kv-type f32|f16|q8_0] [--logprobs]\n"
             "  --logprobs prints, for each generated token, a stderr line\n"
@@ -38,14 +39,9 @@ enum {
     RO_THREADS,
     RO_CTX,
     RO_SEED,
-    RO_TOP_K,
-    RO_REPEAT_LAST_N,
-    RO_TEMP,
-    RO_TOP_P,
-    RO_MIN_P,
-    RO_REPEAT_PENALTY,
-    RO_FREQ_PENALTY,
-    RO_PRES_PENALTY,
+#define RO__SP_ENUM(f, ...) RO_SP_##f, /* the sampler's options: SAMPLE_PARAM_MAP's cli column */
+    SAMPLE_PARAM_MAP(RO__SP_ENUM)
+#undef RO__SP_ENUM
     RO_STOP,
     RO_KV_TYPE,
     RO_IGNORE_EOS,
@@ -60,14 +56,10 @@ static const cli__opt run__opts[RO__N] = {
     [RO_THREADS] = {"threads", 't', true, false},
     [RO_CTX] = {"ctx", 'c', true, false},
     [RO_SEED] = {"seed", 0, true, false},
-    [RO_TOP_K] = {"top-k", 0, true, false},
-    [RO_REPEAT_LAST_N] = {"repeat-last-n", 0, true, false},
-    [RO_TEMP] = {"temp", 0, true, false},
-    [RO_TOP_P] = {"top-p", 0, true, false},
-    [RO_MIN_P] = {"min-p", 0, true, false},
-    [RO_REPEAT_PENALTY] = {"repeat-penalty", 0, true, false},
-    [RO_FREQ_PENALTY] = {"frequency-penalty", 0, true, false},
-    [RO_PRES_PENALTY] = {"presence-penalty", 0, true, false},
+#define RO__SP_OPT(f, T, key, alias, def, off, lo, lo_open, hi, what, jhi, wire, cli, ...)         \
+    [RO_SP_##f] = {cli, 0, true, false},
+    SAMPLE_PARAM_MAP(RO__SP_OPT)
+#undef RO__SP_OPT
     [RO_STOP] = {"stop", 0, true, true},
     [RO_KV_TYPE] = {"kv-type", 0, true, false},
     [RO_IGNORE_EOS] = {"ignore-eos", 0, false, false},
@@ -89,7 +81,6 @@ static int run__apply(void *ctx, int id, const char *v, bool reset) {
     run__cfg *c = ctx;
     long lv;
     double dv;
-    float *fv = NULL;
     char name[32];
     snprintf(name, sizeof name, "--%s", run__opts[id].name);
     switch (id) {
@@ -115,32 +106,20 @@ static int run__apply(void *ctx, int id, const char *v, bool reset) {
         c->seeded = true;
         return 0;
     }
-    case RO_TOP_K:
-        if (!cli__parse_int(name, v, -1, 1 << 30, &lv)) return 2;
-        c->sp.top_k = (int32_t)lv;
+    // the sampler's: floats as given (sample_params_validate checks them
+    // later), integers in [lo, jhi] of SAMPLE_PARAM_MAP
+#define RO__SP_APPLY(f, T, key, alias, def, off, lo, lo_open, hi, what, jhi, ...)                  \
+    case RO_SP_##f:                                                                                \
+        if (T == SAMPLE_F32) {                                                                     \
+            if (!cli__parse_float(name, v, &dv)) return 2;                                         \
+            c->sp.f = (SAMPLE_CTYPE_##T)dv;                                                        \
+        } else {                                                                                   \
+            if (!cli__parse_int(name, v, (long)(lo), (long)(jhi), &lv)) return 2;                  \
+            c->sp.f = (SAMPLE_CTYPE_##T)lv;                                                        \
+        }                                                                                          \
         return 0;
-    case RO_REPEAT_LAST_N:
-        if (!cli__parse_int(name, v, 0, SAMPLE_MAX_LAST_N, &lv)) return 2;
-        c->sp.repeat_last_n = (int32_t)lv;
-        return 0;
-    case RO_TEMP:
-        fv = &c->sp.temperature;
-        break;
-    case RO_TOP_P:
-        fv = &c->sp.top_p;
-        break;
-    case RO_MIN_P:
-        fv = &c->sp.min_p;
-        break;
-    case RO_REPEAT_PENALTY:
-        fv = &c->sp.repeat_penalty;
-        break;
-    case RO_FREQ_PENALTY:
-        fv = &c->sp.frequency_penalty;
-        break;
-    case RO_PRES_PENALTY:
-        fv = &c->sp.presence_penalty;
-        break;
+        SAMPLE_PARAM_MAP(RO__SP_APPLY)
+#undef RO__SP_APPLY
     case RO_STOP:
         if (reset) c->n_stops = 0;
         if (c->n_stops == RUN_MAX_STOPS) {
@@ -161,9 +140,7 @@ static int run__apply(void *ctx, int id, const char *v, bool reset) {
         c->logprobs = !strcmp(v, "true");
         return 0;
     }
-    if (!fv || !cli__parse_float(name, v, &dv)) return 2;
-    *fv = (float)dv;
-    return 0;
+    return 2;
 }
 
 int cli_run(int argc, char **argv) {
@@ -189,7 +166,7 @@ int cli_run(int argc, char **argv) {
         return 2;
     }
     if (sp.temperature < 0) sp.temperature = 0;
-    if (logprobs) sp.n_probs = 2;
+    if (logprobs && sp.n_probs < 2) sp.n_probs = 2;
     if (!seeded) sp.seed = (uint64_t)time(NULL) ^ ks_now_ns();
     ks_errbuf eb = {0};
     if (sample_params_validate(&sp, &eb)) {

@@ -14,15 +14,15 @@
 // Sampling parameters on the wire (ADMIT, PREFILL)
 
 /* Fills the wire form of a request's sampling: max_tokens, flags
- * (ignore_eos, logprobs), seed, temperature, top_p, min_p, top_k, n_probs,
- * and the penalties (setting PD_FLAG_EXT when one is on); grammar_len bytes
+ * (ignore_eos, logprobs), seed and every row of SAMPLE_PARAM_MAP (setting
+ * PD_FLAG_EXT when an extension row is not off); grammar_len bytes
  * of GBNF text (gbnf) and n_bias raw bias entries (pd_msg_bias_store), borrowed,
  * go in the extension too. Returns false when a count is out of the wire's
  * range, with the reason in msg. Pure. */
 bool cl_sampling_to_msg(const sample_params *sp, int32_t max_tokens, bool ignore_eos,
                         const char *gbnf, uint32_t grammar_len, const uint8_t *bias,
                         uint32_t n_bias, pd_msg_sampling *out /* OUT */, char *msg, size_t cap);
-/* The inverse for sample_params (penalties included). Pure; can't fail
+/* The inverse for sample_params (every SAMPLE_PARAM_MAP row). Pure; can't fail
  * (validate the result with sample_params_validate). */
 void cl_sampling_from_msg(const pd_msg_sampling *m, sample_params *sp /* OUT */,
                           bool *ignore_eos /* OUT */);

@@ -143,22 +143,28 @@ bool cl_sampling_to_msg(const sample_params *sp, int32_t max_tokens, bool ignore
                  grammar_len, n_bias);
         return false;
     }
-    const bool penalties =
-        sp->repeat_last_n != 0 && (sp->repeat_penalty != 1.0f || sp->frequency_penalty != 0.0f ||
-                                   sp->presence_penalty != 0.0f);
+    // every row of SAMPLE_PARAM_MAP
+#define CL__COPY(f, ...) out->f = sp->f;
+    SAMPLE_PARAM_MAP(CL__COPY)
+#undef CL__COPY
+    // penalties that do nothing (a zero window, or all three neutral) travel
+    // as off, so a request without them sends no extension
+    if (!(sp->repeat_last_n != 0 && (sp->repeat_penalty != 1.0f || sp->frequency_penalty != 0.0f ||
+                                     sp->presence_penalty != 0.0f))) {
+        out->repeat_penalty = 1.0f;
+        out->repeat_last_n = 0;
+        out->frequency_penalty = out->presence_penalty = 0.0f;
+    }
+    // the extension travels when one of its rows is not off (or with a grammar or a bias)
+    bool ext = false;
+#define CL__EXT(f, T, key, alias, def, off, lo, lo_open, hi, what, jhi, wire, ...)                 \
+    if (wire == SAMPLE_WIRE_EXT && out->f != off) ext = true;
+    SAMPLE_PARAM_MAP(CL__EXT)
+#undef CL__EXT
     out->max_tokens = (uint32_t)max_tokens;
     out->flags = (ignore_eos ? PD_FLAG_IGNORE_EOS : 0u) | (sp->logprobs ? PD_FLAG_LOGPROBS : 0u) |
-                 (penalties || grammar_len || n_bias ? PD_FLAG_EXT : 0u);
+                 (ext || grammar_len || n_bias ? PD_FLAG_EXT : 0u);
     out->seed = sp->seed;
-    out->temperature = sp->temperature;
-    out->top_p = sp->top_p;
-    out->min_p = sp->min_p;
-    out->top_k = sp->top_k;
-    out->n_probs = (uint32_t)sp->n_probs;
-    out->repeat_penalty = penalties ? sp->repeat_penalty : 1.0f;
-    out->repeat_last_n = penalties ? (uint32_t)sp->repeat_last_n : 0u;
-    out->frequency_penalty = penalties ? sp->frequency_penalty : 0.0f;
-    out->presence_penalty = penalties ? sp->presence_penalty : 0.0f;
     out->grammar = grammar_len ? gbnf : NULL;
     out->grammar_len = grammar_len;
     out->bias = n_bias ? bias : NULL;
@@ -168,17 +174,11 @@ bool cl_sampling_to_msg(const sample_params *sp, int32_t max_tokens, bool ignore
 
 void cl_sampling_from_msg(const pd_msg_sampling *m, sample_params *sp, bool *ignore_eos) {
     sample_params_default(sp);
-    sp->temperature = m->temperature;
-    sp->top_p = m->top_p;
-    sp->min_p = m->min_p;
-    sp->top_k = m->top_k;
+#define CL__COPY(f, ...) sp->f = m->f;
+    SAMPLE_PARAM_MAP(CL__COPY)
+#undef CL__COPY
     sp->seed = m->seed;
-    sp->n_probs = (int32_t)m->n_probs;
     sp->logprobs = (m->flags & PD_FLAG_LOGPROBS) != 0;
-    sp->repeat_penalty = m->repeat_penalty;
-    sp->repeat_last_n = m->repeat_last_n > INT32_MAX ? INT32_MAX : (int32_t)m->repeat_last_n;
-    sp->frequency_penalty = m->frequency_penalty;
-    sp->presence_penalty = m->presence_penalty;
     *ignore_eos = (m->flags & PD_FLAG_IGNORE_EOS) != 0;
 }
 

@@ -187,7 +187,7 @@ static void dec__ctrl_send(dec__worker *w, uint16_t type, uint64_t req_id, const
 static void dec__send_finish(dec__worker *w, uint64_t req_id, uint32_t finish, uint32_t n_prompt,
                              uint32_t n_gen, ks_err err, uint32_t reason, const char *msg) {
     if (finish == PD_FINISH_STOP || finish == PD_FINISH_LENGTH) err = KS_OK, reason = 0;
-    if (reason > ADMIT_WIRE_MAX) reason = ADMIT_INTERNAL; // an HTTP-front reason: not ours
+    if (reason && !admit_reason_on_wire(reason)) reason = ADMIT_INTERNAL; // an HTTP-front reason: not ours
     if ((finish == PD_FINISH_ABORT || finish == PD_FINISH_ERROR) && err == KS_OK)
         err = finish == PD_FINISH_ABORT ? KS_ERR_CANCELLED : KS_ERR_INTERNAL;
     size_t ml = msg ? strlen(msg) : 0;
@@ -307,7 +307,7 @@ static void dec__flush(dec__worker *w) {
             a.seq = seq;
             a.first.token = c->first_token;
             a.first.logprob = c->logprob;
-            uint32_t nt = c->n_top < q->s.n_probs ? c->n_top : q->s.n_probs;
+            uint32_t nt = c->n_top < (uint32_t)q->s.n_probs ? c->n_top : (uint32_t)q->s.n_probs;
             if (nt > SAMPLE_MAX_TOP) nt = SAMPLE_MAX_TOP;
             a.first.n_top = (int)nt;
             for (uint32_t j = 0; j < nt; j++) {
@@ -352,7 +352,7 @@ static void dec__drain(dec__worker *w) {
                 pd_msg_token t = {.token = ev.token, .logprob = ev.sr.logprob};
                 pd_msg_top top[PD_MSG_MAX_TOP];
                 uint32_t nt = ev.sr.n_top > 0 ? (uint32_t)ev.sr.n_top : 0;
-                if (nt > q->s.n_probs) nt = q->s.n_probs;
+                if (nt > (uint32_t)q->s.n_probs) nt = (uint32_t)q->s.n_probs;
                 for (uint32_t j = 0; j < nt; j++)
                     top[j] = (pd_msg_top){.id = ev.sr.top_ids[j], .logprob = ev.sr.top_logprobs[j]};
                 t.n_top = nt;

@@ -389,6 +389,7 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
     // fresh sampler over the last prompt position's logits
     sample_result sr;
     if (!gm) {
+        if (!ignore_eos) engine_ban_eog(model_vocab(w->m), sp.min_tokens, 0, w->logits, w->V);
         sampler_sample(smp, w->logits, &sr);
     } else {
         bool end = false;
@@ -428,7 +429,7 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
 /* Sends REJECT reason/msg for req_id to the router. */
 static void pf__embed_reject(pf__worker *w, uint64_t req_id, const ks_errbuf *eb) {
     admit_reason reason =
-        eb->reason >= 1 && eb->reason <= ADMIT_WIRE_MAX ? (admit_reason)eb->reason : ADMIT_INTERNAL;
+        admit_reason_on_wire(eb->reason) ? (admit_reason)eb->reason : ADMIT_INTERNAL;
     pd_msg_reject j = {
         .reason = (uint32_t)reason, .msg = eb->msg, .msg_len = (uint32_t)strlen(eb->msg)};
     if (j.msg_len > PD_MSG_MAX_TEXT) j.msg_len = PD_MSG_MAX_TEXT;

@@ -117,6 +117,7 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
         rt__req_free(q);
         return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
     }
+    engine_stream_set_min_tokens(q->out, p->sp.min_tokens);
     atomic_fetch_add(&r->n_waiting, 1);  // until the loop takes it (rt__on_submit)
     atomic_fetch_add(&r->tokens_in, (unsigned long long)n_prompt);
     if (pd_loop_post(r->loop, rt__on_submit, q) != KS_OK) {

@@ -9,73 +9,26 @@
 #include "kvseal/engine.h"
 #include "kvseal/sample.h"
 
-#define IRE "invalid_request_error"
-#define SE "server_error"
-
-/* Append-only: the index is the wire value and the metric's order. Workers
- * AI codes are the documented ones (developers.cloudflare.com/workers-ai/
- * platform/errors) where one fits, else the HTTP status: 5006 is what
- * Workers AI answers for input that fails its checks ("Bad input"), 3003 a
- * missing field, 3042 an unknown model, 3006 too large, 3007 a timeout,
- * 3008 aborted, 3036 the account's (here: the key's) limits, 3040 out of
- * capacity (retry), 10000 Cloudflare's API authentication error. README
- * "Refusals" has the table. */
+/* Generated from ADMIT_REASON_MAP (admit.h), whose order is the wire value
+ * and the metric's order. Workers AI codes are the documented ones
+ * (developers.cloudflare.com/workers-ai/platform/errors) where one fits,
+ * else the HTTP status: 5006 is what Workers AI answers for input that fails
+ * its checks ("Bad input"), 3003 a missing field, 3042 an unknown model, 3006
+ * too large, 3007 a timeout, 3008 aborted, 3036 the account's (here: the
+ * key's) limits, 3040 out of capacity (retry), 10000 Cloudflare's API
+ * authentication error. README "Refusals" has the table. */
 static const admit_info admit__table[ADMIT__COUNT] = {
     [ADMIT_OK] = {"ok", 200, NULL, NULL, 200, KS_OK, ""},
-    [ADMIT_CONTEXT_LENGTH] = {"context_length", 400, IRE, "context_length_exceeded", 5006,
-                              KS_ERR_INVAL, "the request does not fit the model's context length"},
-    [ADMIT_KV_CAPACITY] = {"pool", 400, IRE, "context_length_exceeded", 5006, KS_ERR_NOSPACE,
-                           "the request needs more KV cache than the server has"},
-    [ADMIT_INVALID] = {"invalid", 400, IRE, "invalid_parameter", 5006, KS_ERR_INVAL,
-                       "a request parameter is out of range"},
-    [ADMIT_STALE_GRANT] = {"stale_grant", 503, SE, "worker_unavailable", 3040, KS_ERR_AGAIN,
-                           "the decode worker's data link was replaced; retry"},
-    [ADMIT_ABORTED] = {"aborted", 503, SE, "request_aborted", 3008, KS_ERR_CANCELLED,
-                       "the request was aborted"},
-    [ADMIT_DRAINING] = {"shutting_down", 503, SE, "server_shutting_down", 3040, KS_ERR_AGAIN,
-                        "the server is shutting down and takes no new requests"},
-    [ADMIT_BUSY] = {"queue_full", 503, SE, "queue_full", 3040, KS_ERR_AGAIN, "the server is busy"},
-    [ADMIT_OFFLINE] = {"offline", 503, SE, "model_offline", 3040, KS_ERR_AGAIN,
-                       "the model is offline"},
-    [ADMIT_NO_WORKER] = {"no_worker", 503, SE, "no_worker", 3040, KS_ERR_AGAIN,
-                         "no prefill or decode worker is registered"},
-    [ADMIT_INTERNAL] = {"internal", 500, SE, "internal_error", 500, KS_ERR_INTERNAL,
-                        "internal error"},
-    [ADMIT_TENANT_CONCURRENCY] = {"tenant_concurrency", 429, "rate_limit_error",
-                                  "rate_limit_exceeded", 3036, KS_ERR_AGAIN,
-                                  "too many concurrent requests for this key"},
-    [ADMIT_TENANT_RATE] = {"tenant_rate", 429, "rate_limit_error", "rate_limit_exceeded", 3036,
-                           KS_ERR_AGAIN, "token rate limit reached for this key"},
-    [ADMIT_AUTH] = {"auth", 401, IRE, "invalid_api_key", 10000, KS_ERR_INVAL, "invalid API key"},
-    [ADMIT_REQUEST_TIMEOUT] = {"request_timeout", 408, IRE, "request_timeout", 3007, KS_ERR_TIMEOUT,
-                               "the request was not received within the deadline"},
-    [ADMIT_INVALID_JSON] = {"invalid_json", 400, IRE, "invalid_json", 5006, KS_ERR_INVAL,
-                            "the body is not valid JSON"},
-    [ADMIT_MISSING_PARAMETER] = {"missing_parameter", 400, IRE, "missing_required_parameter", 3003,
-                                 KS_ERR_INVAL, "a required parameter is missing"},
-    [ADMIT_UNSUPPORTED_PARAMETER] = {"unsupported_parameter", 400, IRE, "unsupported_parameter",
-                                     5006, KS_ERR_INVAL, "a parameter is not supported"},
-    [ADMIT_MODEL_NOT_FOUND] = {"model_not_found", 404, IRE, "model_not_found", 3042, KS_ERR_INVAL,
-                               "the model does not exist"},
-    [ADMIT_TOO_LARGE] = {"too_large", 413, IRE, "request_too_large", 3006, KS_ERR_INVAL,
-                         "the request is too large"},
-    [ADMIT_UNKNOWN_URL] = {"unknown_url", 404, IRE, "unknown_url", 404, KS_ERR_INVAL,
-                           "unknown URL"},
-    [ADMIT_METHOD] = {"method_not_allowed", 405, IRE, "method_not_allowed", 405, KS_ERR_INVAL,
-                      "method not allowed"},
-    [ADMIT_BAD_FRAMING] = {"bad_framing", 400, IRE, "invalid_framing", 400, KS_ERR_INVAL,
-                           "the request's HTTP framing is invalid"},
-    [ADMIT_BAD_ENCODING] = {"bad_encoding", 415, IRE, "unsupported_content_encoding", 415,
-                            KS_ERR_INVAL, "unsupported Content-Encoding"},
-    [ADMIT_NOT_IMPLEMENTED] = {"not_implemented", 501, IRE, "unsupported_transfer_encoding", 501,
-                               KS_ERR_INVAL, "unsupported Transfer-Encoding"},
-    [ADMIT_ADMIN_DISABLED] = {"admin_disabled", 403, "permission_error", "admin_disabled", 403,
-                              KS_ERR_INVAL, "the admin routes are disabled"},
-    [ADMIT_DUPLICATE_HEADER] = {"duplicate_header", 400, IRE, "duplicate_header", 400, KS_ERR_INVAL,
-                                "a header appears more than once"},
-    [ADMIT_INVALID_PATH] = {"invalid_path", 400, IRE, "invalid_path", 400, KS_ERR_INVAL,
-                            "the path is not allowed"},
+#define ADMIT__ROW(E, v, kind, name, status, type, code, wcode, err, msg)                          \
+    [ADMIT_##E] = {name, status, type, code, wcode, err, msg},
+    ADMIT_REASON_MAP(ADMIT__ROW)
+#undef ADMIT__ROW
 };
+
+#define ADMIT__ONE(...) +1
+_Static_assert(ADMIT__COUNT == 1 ADMIT_REASON_MAP(ADMIT__ONE),
+               "ADMIT_REASON_MAP: the values must run 1, 2, 3, ... in the rows' order");
+#undef ADMIT__ONE
 
 const admit_info *admit_reason_info(admit_reason r) {
     if ((unsigned)r == ADMIT_OK || (unsigned)r >= ADMIT__COUNT)

@@ -34,6 +34,7 @@
 #include "kv/kv_fault.h" /* TEST ONLY: KS_FAULT=swap_page (KS_TEST_FAULTS builds) */
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,11 +269,19 @@ static void engine__admit(engine *e) {
 
 #define ENGINE__MASK_IDLE_WAIT_NS 10000000ull // nothing but draws to wait for: 10 ms at a time
 
+void engine_ban_eog(const tok_vocab *v, int32_t min_tokens, int32_t n_gen, float *logits,
+                    int32_t n_vocab) {
+    if (n_gen >= min_tokens) return;
+    for (int32_t i = 0; i < n_vocab; i++)
+        if (tok_is_eog(v, i)) logits[i] = -INFINITY;
+}
+
 /* Samples the next token of r from its logits row, then engine__take; a
  * constrained request's draw goes to a mask thread (engine__mask_post).
  * Returns true if r finished. */
 static bool engine__emit(engine *e, engine_req *r, float *logits_row) {
-    if (r->gm) return engine__mask_post(e, r, logits_row);
+    if (r->gm) return engine__mask_post(e, r, logits_row); // the grammar decides when EOG may come
+    if (!r->ignore_eos) engine_ban_eog(e->vocab, r->sp.min_tokens, r->n_gen, logits_row, e->V);
     sample_result sr;
     sampler_sample(r->smp, logits_row, &sr); // penalizes this step's row in place
     return engine__take(e, r, &sr);

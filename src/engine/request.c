@@ -172,6 +172,7 @@ static ks_err engine__req_build(engine *e, const engine_params *p, const int32_t
         return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
     }
     engine_stream_set_wake(r->out, engine__wake, e);
+    engine_stream_set_min_tokens(r->out, p->sp.min_tokens);
     *out = r;
     return KS_OK;
 }

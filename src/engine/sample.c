@@ -31,50 +31,32 @@
 void sample_params_default(sample_params *p) {
     KS_ASSERT(p);
     memset(p, 0, sizeof *p);
-    p->temperature = 0.8f;
-    p->top_k = 40;
-    p->top_p = 0.95f;
-    p->min_p = 0.05f;
-    p->repeat_penalty = 1.0f;
-    p->repeat_last_n = 64;
-    p->frequency_penalty = 0.0f;
-    p->presence_penalty = 0.0f;
+#define SAMPLE__DEF(field, T, key, alias, def, ...) p->field = def;
+    SAMPLE_PARAM_MAP(SAMPLE__DEF)
+#undef SAMPLE__DEF
     p->seed = 0;
     p->logprobs = false;
-    p->n_probs = 0;
 }
+
+/* The "got" part of a message: %g for floats, %d for integers. */
+#define SAMPLE__FMT_SAMPLE_F32 "%g"
+#define SAMPLE__FMT_SAMPLE_I32 "%d"
+#define SAMPLE__ARG_SAMPLE_F32(v) (double)(v)
+#define SAMPLE__ARG_SAMPLE_I32(v) (int)(v)
+
+_Static_assert(SAMPLE_MAX_LAST_N == 1048576 && SAMPLE_MAX_TOP == 20,
+               "SAMPLE_PARAM_MAP's messages spell these out");
 
 ks_err sample_params_validate(const sample_params *p, ks_errbuf *eb) {
     if (!p) return ks_seterr(eb, KS_ERR_INVAL, "sample params: NULL");
-    // the !(x >= a) forms also reject NaN
-    if (!(p->temperature >= 0.0f) || isinf(p->temperature))
-        return ks_seterr(eb, KS_ERR_INVAL, "temperature must be a finite number >= 0, got %g",
-                         (double)p->temperature);
-    if (p->top_k < -1)
-        return ks_seterr(eb, KS_ERR_INVAL, "top_k must be >= -1 (0 or -1 disables), got %d",
-                         (int)p->top_k);
-    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
-        return ks_seterr(eb, KS_ERR_INVAL, "top_p must be in (0, 1], got %g", (double)p->top_p);
-    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
-        return ks_seterr(eb, KS_ERR_INVAL, "min_p must be in [0, 1], got %g", (double)p->min_p);
-    if (!(p->repeat_penalty > 0.0f) || isinf(p->repeat_penalty))
-        return ks_seterr(eb, KS_ERR_INVAL,
-                         "repeat_penalty must be a finite number > 0 (1 disables), got %g",
-                         (double)p->repeat_penalty);
-    if (p->repeat_last_n < 0 || p->repeat_last_n > SAMPLE_MAX_LAST_N)
-        return ks_seterr(eb, KS_ERR_INVAL,
-                         "repeat_last_n must be in [0, %d] (0 disables penalties; pass the "
-                         "context length for the whole context), got %d",
-                         SAMPLE_MAX_LAST_N, (int)p->repeat_last_n);
-    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
-        return ks_seterr(eb, KS_ERR_INVAL, "frequency_penalty must be in [-2, 2], got %g",
-                         (double)p->frequency_penalty);
-    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
-        return ks_seterr(eb, KS_ERR_INVAL, "presence_penalty must be in [-2, 2], got %g",
-                         (double)p->presence_penalty);
-    if (p->n_probs < 0 || p->n_probs > SAMPLE_MAX_TOP)
-        return ks_seterr(eb, KS_ERR_INVAL, "n_probs must be in [0, %d], got %d", SAMPLE_MAX_TOP,
-                         (int)p->n_probs);
+    // in the row order; the !(x >= a) forms also reject NaN
+#define SAMPLE__CHECK(field, T, key, alias, def, off, lo, lo_open, hi, what, ...)                  \
+    if (!((lo_open ? (double)p->field > (double)(lo) : (double)p->field >= (double)(lo)) &&        \
+          (double)p->field <= (double)(hi)))                                                       \
+        return ks_seterr(eb, KS_ERR_INVAL, #field " must be " what ", got " SAMPLE__FMT_##T,       \
+                         SAMPLE__ARG_##T(p->field));
+    SAMPLE_PARAM_MAP(SAMPLE__CHECK)
+#undef SAMPLE__CHECK
     return KS_OK;
 }
 

@@ -24,6 +24,7 @@ struct engine_stream {
     void *notify_ctx;
     tok_stream ts;  /* producer side only */
     stop_matcher *stop;
+    int32_t n_tok, min_tokens; /* producer side: tokens so far; stops apply from min_tokens on */
 };
 
 ks_err engine_stream_create(const char *const *stops, int n_stops, engine_stream **out, ks_errbuf *eb) {
@@ -160,11 +161,19 @@ ks_err engine_stream_token(engine_stream *s, const tok_vocab *v, const sample_re
                            size_t cap, bool *matched) {
     *matched = false;
     size_t n = tok_stream_push(&s->ts, v, sr->token, piece, cap);
+    if (++s->n_tok < s->min_tokens) { // min_tokens: no stop string yet (nothing is held back)
+        stream__post_text(s, sr->token, sr, piece, n);
+        return KS_OK;
+    }
     stop_result st = {0};
     if (stop_matcher_push(s->stop, piece, n, &st) != KS_OK) return KS_ERR_NOMEM;
     stream__post_text(s, sr->token, sr, st.text, st.len);
     *matched = st.matched;
     return KS_OK;
+}
+
+void engine_stream_set_min_tokens(engine_stream *s, int32_t min_tokens) {
+    s->min_tokens = min_tokens;
 }
 
 void engine_stream_finish(engine_stream *s, const engine_outcome *o, char *piece, size_t cap) {

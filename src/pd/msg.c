@@ -471,19 +471,21 @@ static ks_err sampling_decode(const char *name, const uint8_t *p, uint32_t mt_of
     s->top_p = load_f32(p + 60);
     s->min_p = load_f32(p + 64);
     s->top_k = (int32_t)pd_load_u32(p + 68);
-    s->n_probs = pd_load_u32(p + 72);
+    s->n_probs = (int32_t)pd_load_u32(p + 72);
     if (need_max_tokens && s->max_tokens < 1) return PROTO("%s: max_tokens is 0", name);
-    s->repeat_penalty = 1.0f; // the extension's defaults (sext_decode)
-    s->repeat_last_n = 0;
-    s->frequency_penalty = s->presence_penalty = 0.0f;
+    // the extension's rows read as their off values without it (sext_decode)
+#define PD__EXT_OFF(f, T, key, alias, def, off, lo, lo_open, hi, what, jhi, wire, ...)             \
+    if (wire == SAMPLE_WIRE_EXT) s->f = off;
+    SAMPLE_PARAM_MAP(PD__EXT_OFF)
+#undef PD__EXT_OFF
     s->n_bias = s->grammar_len = 0;
     s->bias = NULL;
     s->grammar = NULL;
     if (s->flags &
         ~(uint32_t)(PD_FLAG_IGNORE_EOS | PD_FLAG_LOGPROBS | PD_FLAG_EXT | PD_FLAG_PROMPT_LP))
         return PROTO("%s: flags 0x%x has unknown bits", name, s->flags);
-    if (s->n_probs > PD_MSG_MAX_TOP)
-        return PROTO("%s: n_probs %u exceeds %u", name, s->n_probs, PD_MSG_MAX_TOP);
+    if ((uint32_t)s->n_probs > PD_MSG_MAX_TOP)
+        return PROTO("%s: n_probs %u exceeds %u", name, (uint32_t)s->n_probs, PD_MSG_MAX_TOP);
     return KS_OK;
 }
 
@@ -504,22 +506,37 @@ void pd_msg_bias_store(uint8_t *raw, uint32_t i, int32_t token, float bias) {
 
 static bool finite_f32(float f) { return f == f && f - f == 0.0f; }
 
+/* The SAMPLE_WIRE_EXT rows' 4-byte slots, by type. */
+#define PD__LOAD_SAMPLE_F32(q) load_f32(q)
+#define PD__LOAD_SAMPLE_I32(q) (int32_t)pd_load_u32(q)
+#define PD__STORE_SAMPLE_F32(q, v) store_f32(q, v)
+#define PD__STORE_SAMPLE_I32(q, v) pd_store_u32(q, (uint32_t)(v))
+#define PD__FINITE_SAMPLE_F32(v) finite_f32(v)
+#define PD__FINITE_SAMPLE_I32(v) true
+
 /* The sampling extension (PD_FLAG_EXT) in the n bytes at x, which must be
- * exactly its size: 0: f32 repeat_penalty, 4: u32 repeat_last_n, 8: f32
- * frequency_penalty, 12: f32 presence_penalty, 16: u32 n_bias, 20: u32
- * grammar_len, 24: n_bias x {i32 token, f32 bias}, then the grammar text. */
+ * exactly its size: one 4-byte slot per SAMPLE_WIRE_EXT row of
+ * SAMPLE_PARAM_MAP in row order (today 0: f32 repeat_penalty, 4: i32
+ * repeat_last_n, 8: f32 frequency_penalty, 12: f32 presence_penalty, 16: i32
+ * min_tokens), then u32 n_bias, u32 grammar_len (PD_MSG_SEXT_FIXED in all),
+ * n_bias x {i32 token, f32 bias}, then the grammar text. */
 static ks_err sext_decode(const char *name, const uint8_t *x, uint64_t n, pd_msg_sampling *s,
                           ks_errbuf *eb) {
     if (n < PD_MSG_SEXT_FIXED)
         return PROTO("%s: %llu bytes left for the sampling extension, shorter than its fixed "
                      "part (%u)",
                      name, (unsigned long long)n, PD_MSG_SEXT_FIXED);
-    s->repeat_penalty = load_f32(x);
-    s->repeat_last_n = pd_load_u32(x + 4);
-    s->frequency_penalty = load_f32(x + 8);
-    s->presence_penalty = load_f32(x + 12);
-    s->n_bias = pd_load_u32(x + 16);
-    s->grammar_len = pd_load_u32(x + 20);
+    uint32_t o = 0;
+#define PD__EXT_LOAD(f, T, key, alias, def, off, lo, lo_open, hi, what, jhi, wire, ...)            \
+    if (wire == SAMPLE_WIRE_EXT) {                                                                 \
+        s->f = PD__LOAD_##T(x + o);                                                                \
+        o += 4;                                                                                    \
+        if (!PD__FINITE_##T(s->f)) return PROTO("%s: %s is not a finite number", name, #f);        \
+    }
+    SAMPLE_PARAM_MAP(PD__EXT_LOAD)
+#undef PD__EXT_LOAD
+    s->n_bias = pd_load_u32(x + o);
+    s->grammar_len = pd_load_u32(x + o + 4);
     if (s->n_bias > PD_MSG_MAX_BIAS)
         return PROTO("%s: n_bias %u exceeds %u", name, s->n_bias, PD_MSG_MAX_BIAS);
     if (s->grammar_len > PD_MSG_MAX_GRAMMAR)
@@ -529,9 +546,6 @@ static ks_err sext_decode(const char *name, const uint8_t *x, uint64_t n, pd_msg
         return PROTO("%s: n_bias and grammar_len imply a %llu-byte sampling extension but %llu "
                      "bytes are left",
                      name, (unsigned long long)want, (unsigned long long)n);
-    if (!finite_f32(s->repeat_penalty) || !finite_f32(s->frequency_penalty) ||
-        !finite_f32(s->presence_penalty))
-        return PROTO("%s: a penalty is not a finite number", name);
     s->bias = s->n_bias ? x + PD_MSG_SEXT_FIXED : NULL;
     s->grammar = s->grammar_len ? (const char *)x + PD_MSG_SEXT_FIXED + 8u * s->n_bias : NULL;
     for (uint32_t i = 0; i < s->n_bias; i++) {
@@ -549,12 +563,16 @@ static ks_err sext_decode(const char *name, const uint8_t *x, uint64_t n, pd_msg
 
 /* Writes the sampling extension of s at x (pd_msg_sext_size bytes). */
 static void sext_encode(uint8_t *x, const pd_msg_sampling *s) {
-    store_f32(x, s->repeat_penalty);
-    pd_store_u32(x + 4, s->repeat_last_n);
-    store_f32(x + 8, s->frequency_penalty);
-    store_f32(x + 12, s->presence_penalty);
-    pd_store_u32(x + 16, s->n_bias);
-    pd_store_u32(x + 20, s->grammar_len);
+    uint32_t o = 0;
+#define PD__EXT_STORE(f, T, key, alias, def, off, lo, lo_open, hi, what, jhi, wire, ...)           \
+    if (wire == SAMPLE_WIRE_EXT) {                                                                 \
+        PD__STORE_##T(x + o, s->f);                                                                \
+        o += 4;                                                                                    \
+    }
+    SAMPLE_PARAM_MAP(PD__EXT_STORE)
+#undef PD__EXT_STORE
+    pd_store_u32(x + o, s->n_bias);
+    pd_store_u32(x + o + 4, s->grammar_len);
     if (s->n_bias) memcpy(x + PD_MSG_SEXT_FIXED, s->bias, 8u * (size_t)s->n_bias);
     if (s->grammar_len) memcpy(x + PD_MSG_SEXT_FIXED + 8u * s->n_bias, s->grammar, s->grammar_len);
 }
@@ -576,7 +594,7 @@ static void sampling_encode(uint8_t *p, uint32_t mt_off, const pd_msg_sampling *
     store_f32(p + 60, s->top_p);
     store_f32(p + 64, s->min_p);
     pd_store_u32(p + 68, (uint32_t)s->top_k);
-    pd_store_u32(p + 72, s->n_probs);
+    pd_store_u32(p + 72, (uint32_t)s->n_probs);
 }
 
 ks_err pd_msg_admit_decode(const uint8_t *p, uint32_t len, pd_msg_admit *out, ks_errbuf *eb) {
@@ -818,8 +836,8 @@ ks_err pd_msg_reject_decode(const uint8_t *p, uint32_t len, pd_msg_reject *out,
     ks_err e = text_decode("REJECT", p, len, 12, 8, &m.msg, &m.msg_len, eb);
     if (e) return e;
     m.reason = pd_load_u32(p);
-    if (m.reason < 1 || m.reason > ADMIT_WIRE_MAX)
-        return PROTO("REJECT: reason %u out of range [1, %d]", m.reason, ADMIT_WIRE_MAX);
+    if (!admit_reason_on_wire(m.reason))
+        return PROTO("REJECT: reason %u is not one that crosses the wire", m.reason);
     *out = m;
     return KS_OK;
 }
@@ -916,8 +934,8 @@ ks_err pd_msg_finish_decode(const uint8_t *p, uint32_t len, pd_msg_finish *out,
     m.err = pd_load_u32(p + 12);
     m.n_cached = pd_load_u32(p + 16);
     m.reason = pd_load_u32(p + 24);
-    if (m.reason > ADMIT_WIRE_MAX)
-        return PROTO("FINISH: reason %u out of range [0, %d]", m.reason, ADMIT_WIRE_MAX);
+    if (m.reason != 0 && !admit_reason_on_wire(m.reason))
+        return PROTO("FINISH: reason %u is neither 0 nor one that crosses the wire", m.reason);
     if (m.n_cached > m.n_prompt)
         return PROTO("FINISH: n_cached %u exceeds n_prompt %u", m.n_cached, m.n_prompt);
     if (m.finish < PD_FINISH_STOP || m.finish > PD_FINISH_ERROR)

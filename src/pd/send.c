@@ -110,7 +110,7 @@ static void snd__emit_reject(pd_send *s, uint32_t worker_id, uint64_t epoch, uin
     uint8_t buf[12 + PD_MSG_MAX_TEXT];
     size_t ml = strlen(msg);
     if (ml > PD_MSG_MAX_TEXT) ml = PD_MSG_MAX_TEXT;
-    if (reason < 1 || reason > ADMIT_WIRE_MAX) reason = ADMIT_INTERNAL;  // a callback's HTTP-only reason
+    if (!admit_reason_on_wire(reason)) reason = ADMIT_INTERNAL;  // a callback's HTTP-only reason
     pd_msg_reject m = {.reason = reason, .msg = msg, .msg_len = (uint32_t)ml};
     uint32_t len = 0;
     ks_errbuf eb;
@@ -366,7 +366,7 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
         if (state_out) *state_out = PD_SEND_ABORTED;
         return KS_OK;
     }
-    if (q->first.n_top > p.s.n_probs) q->first.n_top = p.s.n_probs;
+    if (q->first.n_top > (uint32_t)p.s.n_probs) q->first.n_top = (uint32_t)p.s.n_probs;
     if (q->first.n_top > PD_MSG_MAX_TOP) q->first.n_top = PD_MSG_MAX_TOP;
     if (state_out) *state_out = PD_SEND_SENDING;
     return KS_OK;

@@ -33,8 +33,8 @@ static bool anth__in(const char *const *set, const char *s) {
 
 /* The request fields this route implements (README "Anthropic Messages"). */
 static const char *const anth__fields[] = {
-    "model", "messages", "system", "max_tokens",  "stop_sequences", "temperature", "top_p",
-    "top_k", "stream",   "tools",  "tool_choice", "thinking",       "metadata",    NULL,
+    "model",  "messages",    "system",   "max_tokens", "stop_sequences", "stream",
+    "tools",  "tool_choice", "thinking", "metadata",   NULL, /* + srv_sampling_known(k, true) */
 };
 
 /* The block's "type" or NULL (err filled) when it is no object with a
@@ -496,7 +496,7 @@ json_t *srv_anth_to_chat(json_t *root, srv_error *err) {
     const char *k;
     json_t *v;
     json_object_foreach(root, k, v) {
-        if (anth__in(anth__fields, k)) continue;
+        if (anth__in(anth__fields, k) || srv_sampling_known(k, true)) continue;
         char param[64];
         snprintf(param, sizeof param, "%.63s", k);
         srv_refuse(err, ADMIT_UNSUPPORTED_PARAMETER, param,
@@ -538,9 +538,12 @@ json_t *srv_anth_to_chat(json_t *root, srv_error *err) {
         }
         json_object_set(out, "temperature", v);
     }
-    static const char *const pass[] = {"top_p", "top_k", "stream", NULL};
-    for (const char *const *p = pass; *p; p++)
-        if ((v = json_object_get(root, *p)) && !json_is_null(v)) json_object_set(out, *p, v);
+    if ((v = json_object_get(root, "stream")) && !json_is_null(v)) json_object_set(out, "stream", v);
+    // the sampler's Anthropic keys (SAMPLE_PARAM_MAP's anth column) pass as they are
+    json_object_foreach(root, k, v) {
+        if (!json_is_null(v) && strcmp(k, "temperature") && srv_sampling_known(k, true))
+            json_object_set(out, k, v);
+    }
     if ((v = json_object_get(root, "stop_sequences")) && !json_is_null(v)) {
         size_t i;
         json_t *s;

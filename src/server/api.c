@@ -146,21 +146,6 @@ static const char *api__type_name(const json_t *v) {
     }
 }
 
-/* Reads an optional number field into *out; false (err set) on a wrong type
- * or a value outside [lo, hi]. */
-static bool api__number(json_t *root, const char *key, double lo, double hi, double *out,
-                        srv_error *err) {
-    json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) return true;
-    if (!json_is_number(v))
-        return INVALID(err, key, "'%s' must be a number, got %s", key, api__type_name(v));
-    double d = json_number_value(v);
-    if (!(d >= lo && d <= hi))
-        return INVALID(err, key, "'%s' must be in [%g, %g], got %g", key, lo, hi, d);
-    *out = d;
-    return true;
-}
-
 /* Optional integer field in [lo, hi]; *present tells whether it was given. */
 static bool api__int(json_t *root, const char *key, long long lo, long long hi, long long *out,
                      bool *present, srv_error *err) {
@@ -351,45 +336,12 @@ static bool api__sampling(srv_request *r, json_t *root, srv_error *err) {
     sp->top_k = 0;
     sp->top_p = 1.0f;
     sp->min_p = 0.0f;
-    double d;
-    long long x;
+    long long x = 0;
     bool present;
-#define NUM(key, lo, hi, field)                                                                    \
-    d = sp->field;                                                                                 \
-    if (!api__number(root, key, lo, hi, &d, err)) return false;                                    \
-    sp->field = (float)d;
-    NUM("temperature", 0, 2, temperature)
-    NUM("top_p", 0, 1, top_p)
-    NUM("min_p", 0, 1, min_p)
-    NUM("presence_penalty", -2, 2, presence_penalty)
-    NUM("frequency_penalty", -2, 2, frequency_penalty)
-    NUM("repetition_penalty", 0, 10, repeat_penalty)
-    NUM("repeat_penalty", 0, 10, repeat_penalty)
-#undef NUM
-    if (!(sp->top_p > 0))
-        return INVALID(err, "top_p", "'top_p' must be in (0, 1], got %g", (double)sp->top_p);
-    if (!(sp->repeat_penalty > 0))
-        return INVALID(err, "repetition_penalty", "'repetition_penalty' must be > 0, got %g",
-                       (double)sp->repeat_penalty);
-    x = sp->top_k;
-    if (!api__int(root, "top_k", -1, INT32_MAX, &x, NULL, err)) return false;
-    sp->top_k = (int32_t)x;
-    x = sp->repeat_last_n;
-    if (!api__int(root, "repeat_last_n", 0, SAMPLE_MAX_LAST_N, &x, NULL, err)) return false;
-    sp->repeat_last_n = (int32_t)x;
-    x = 0;
     if (!api__int(root, "seed", INT64_MIN, INT64_MAX, &x, &present, err)) return false;
     r->seeded = present;
     sp->seed = (uint64_t)x;
-    ks_errbuf eb = {0};
-    if (sample_params_validate(sp, &eb)) {
-        // its message starts with the field name
-        char param[64];
-        size_t n = strcspn(eb.msg, " ");
-        snprintf(param, sizeof param, "%.*s", (int)(n < 63 ? n : 63), eb.msg);
-        return INVALID(err, param, "%s", eb.msg);
-    }
-    return true;
+    return srv_sampling_read(root, sp, err); // SAMPLE_PARAM_MAP's rows (sampling_json.c)
 }
 
 /* The fields each generation route implements (README "Routes"); every
@@ -405,19 +357,10 @@ static bool api__sampling(srv_request *r, json_t *root, srv_error *err) {
  * shape, so it has no "model", "n", "user", "stream_options", logit_bias
  * or logprobs. */
 static const char *const api__fields_common[] = {
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
+    "max_tokens", /* and the sampler's keys: srv_sampling_known */
     "seed",
     "stop",
     "stream",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "repeat_penalty",
-    "repeat_last_n",
     "ignore_eos",
     "logit_bias",
     NULL,
@@ -477,7 +420,7 @@ static bool api__known_fields(srv_route route, json_t *root, srv_error *err) {
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v) {
-        bool common = api__in(api__fields_common, key) &&
+        bool common = (api__in(api__fields_common, key) || srv_sampling_known(key, false)) &&
                       !(route == SRV_ROUTE_WORKERS && !strcmp(key, "logit_bias"));
         if (common || api__in(own, key)) continue;
         if (route == SRV_ROUTE_CHAT && api__in(api__fields_tools, key)) continue;
@@ -606,6 +549,11 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
     }
     if (!api__logit_bias(r, json_object_get(root, "logit_bias"), err)) goto fail;
     if (!api__sampling(r, root, err)) goto fail;
+    if (r->max_tokens >= 0 && r->sp.min_tokens > r->max_tokens) { // vLLM: both given
+        INVALID(err, "min_tokens", "'min_tokens' must be <= 'max_tokens' (%d), got %d",
+                (int)r->max_tokens, (int)r->sp.min_tokens);
+        goto fail;
+    }
     if (!api__stop(r, json_object_get(root, "stop"), err)) goto fail;
     if (!api__bool(root, "stream", &r->stream, err)) goto fail;
     if (r->stream && r->best_of > r->n) { // the best are known only at the end (OpenAI: same)

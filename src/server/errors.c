@@ -51,7 +51,10 @@ bool srv_refuse(srv_error *e, admit_reason r, const char *param, const char *fmt
     e->type = in->type;
     e->code = in->code;
     e->workers_code = in->workers_code;
-    e->reason = r > ADMIT_OK && r < ADMIT__COUNT ? r : ADMIT_INTERNAL;
+    // a failure after admission (the table's ADMIT_FAILURE rows) is no refusal
+    e->reason = admit_reason_is_refusal(r)             ? r
+                : r > ADMIT_OK && r < ADMIT__COUNT ? ADMIT_OK
+                                                   : ADMIT_INTERNAL;
     if (!fmt) {
         snprintf(e->param, sizeof e->param, "%s", param ? param : "");
         snprintf(e->msg, sizeof e->msg, "%s", in->msg);

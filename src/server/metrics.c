@@ -61,7 +61,7 @@ void srv_metrics_request(srv_metrics *m, srv_route route, int status) {
 }
 
 void srv_metrics_reject(srv_metrics *m, admit_reason r) {
-    if (r > ADMIT_OK && (unsigned)r < ADMIT__COUNT)
+    if (admit_reason_is_refusal(r))
         atomic_fetch_add_explicit(&m->rejections[r], 1, memory_order_relaxed);
 }
 
@@ -245,7 +245,8 @@ char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
     ok = ok && met__printf(&b, "# HELP kvseal_rejections_total Requests turned away before "
                                "generation, by reason.\n# TYPE kvseal_rejections_total counter\n");
     for (int r = ADMIT_OK + 1; r < ADMIT__COUNT && ok; r++)
-        ok = met__printf(&b, "kvseal_rejections_total{reason=\"%s\"} %llu\n",
+        ok = !admit_reason_is_refusal((uint32_t)r) || // failures after admission: not here
+             met__printf(&b, "kvseal_rejections_total{reason=\"%s\"} %llu\n",
                          admit_reason_info((admit_reason)r)->name, LOAD(m->rejections[r]));
     ok = ok &&
          met__printf(&b,

@@ -366,14 +366,14 @@ void srv__done_error(const srv_gen *g, const engine_event *ev, srv_error *err) {
     }
     switch (ev->err) {
     case KS_ERR_AGAIN:
-        srv_fail(err, 503, "worker_unavailable", "%s", eb.msg);
+        srv_refuse(err, ADMIT_WORKER_UNAVAILABLE, NULL, "%s", eb.msg);
         break;
     case KS_ERR_PEER_CLOSED:
     case KS_ERR_IO:
-        srv_fail(err, 502, "upstream_error", "%s", eb.msg);
+        srv_refuse(err, ADMIT_UPSTREAM_ERROR, NULL, "%s", eb.msg);
         break;
     case KS_ERR_TIMEOUT:
-        srv_fail(err, 504, "upstream_timeout", "%s", eb.msg);
+        srv_refuse(err, ADMIT_UPSTREAM_TIMEOUT, NULL, "%s", eb.msg);
         break;
     default:
         srv_fail(err, 500, "internal_error", "%s", eb.msg);
@@ -387,13 +387,12 @@ void srv__gen_error(const srv_gen *g, const engine_event *ev, srv_error *err) {
     bool shut = atomic_load_explicit(&g->s->draining, memory_order_acquire) &&
                 ev->finish == ENGINE_FINISH_ABORT && ev->err == KS_ERR_CANCELLED;
     if ((g->gone && atomic_load(&g->s->stopping)) || shut)
-        srv_fail(err, 503, "server_shutting_down",
-                 "the server is shutting down; the request was aborted");
+        srv_refuse(err, ADMIT_SHUTDOWN_ABORTED, NULL, NULL);
     else if (srv__done_mapped(ev))
         srv__done_error(g, ev, err);
     else if (ev->finish == ENGINE_FINISH_ABORT)
-        srv_fail(err, 503, "request_aborted", "the request was aborted: %s",
-                 ev->errmsg[0] ? ev->errmsg : "model taken offline or queue timeout");
+        srv_refuse(err, ADMIT_RUN_ABORTED, NULL, "the request was aborted: %s",
+                   ev->errmsg[0] ? ev->errmsg : "model taken offline or queue timeout");
     else
         srv_fail(err, 500, "internal_error", "the request failed: %s",
                  ev->errmsg[0] ? ev->errmsg : ks_strerror(ev->err));
@@ -423,8 +422,7 @@ void srv__submit_error(ks_err e, const ks_errbuf *eb, srv_route route, srv_error
  * 499 is for the log and metrics. */
 void srv__gone_error(server *s, srv_error *err) {
     if (atomic_load(&s->stopping))
-        srv_fail(err, 503, "server_shutting_down",
-                 "the server is shutting down; the request was aborted");
+        srv_refuse(err, ADMIT_SHUTDOWN_ABORTED, NULL, NULL);
     else
-        srv_fail(err, 499, "client_closed", "the client closed the connection");
+        srv_refuse(err, ADMIT_CLIENT_CLOSED, NULL, NULL);
 }

@@ -78,7 +78,7 @@ enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, srv_gen 
                 continue;
             srv_error err;
             if (atomic_load(&g->gone) && !atomic_load(&s->stopping))
-                srv_fail(&err, 499, "client_closed", "the client closed the connection");
+                srv_refuse(&err, ADMIT_CLIENT_CLOSED, NULL, NULL);
             else if (ev.state == ENGINE_FINISHED)
                 srv_fail(&err, 500, "internal_error", "input %d: the embedding is missing", i);
             else

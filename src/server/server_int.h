@@ -551,4 +551,14 @@ bool srv_detokenize_parse(const char *body, size_t len, int32_t n_vocab, int32_t
  * "a number", "a boolean" or "null". Static storage; can't fail. */
 const char *srv_json_kind(const json_t *v);
 
+/* Reads the sampler parameters of a request body into sp (filled with the
+ * route's defaults): every SAMPLE_PARAM_MAP row with a JSON key, in its API
+ * range, then sample_params_validate. False with err (400 naming the key the
+ * client sent, e.g. "'top_p' must be in (0, 1], got 0") on a wrong type or
+ * value. Pure (sampling_json.c). */
+bool srv_sampling_read(json_t *root, sample_params *sp, srv_error *err /* OUT */);
+/* True when k is a JSON key (or alias) of a SAMPLE_PARAM_MAP row; with
+ * anthropic, only of the rows Anthropic's Messages API has. Pure. */
+bool srv_sampling_known(const char *k, bool anthropic);
+
 #endif /* KS_SERVER_INT_H */

@@ -34,6 +34,14 @@ head -c 5000 "$M" >"$TMPD/trunc.gguf"
 expect_has "truncated model" "$(cat "$TMPD/err")" "trunc.gguf"
 "$KS_BIN" run -m "$M" -p hi --top-p 0 2>"$TMPD/err" && fail "top-p 0 accepted"
 expect_has "bad top-p" "$(cat "$TMPD/err")" "top_p"
+# --min-tokens (SAMPLE_PARAM_MAP's cli column): the stop string "the" cannot
+# end generation before the 3rd token
+a=$("$KS_BIN" run -m "$M" -p "In the beginning" -n 3 --temp 0 --stop the 2>/dev/null)
+expect_eq "run --stop" "$a" " of "
+a=$("$KS_BIN" run -m "$M" -p "In the beginning" -n 3 --temp 0 --stop the --min-tokens 3 2>/dev/null)
+expect_eq "run --min-tokens" "$a" " of the Lord"
+"$KS_BIN" run -m "$M" -p hi --min-tokens -1 2>"$TMPD/err" && fail "min-tokens -1 accepted"
+expect_has "bad min-tokens" "$(cat "$TMPD/err")" "min-tokens"
 # run drives the engine exactly as serve does: the same tokens for the same
 # sampling parameters, penalties included (the prompt is not in the
 # penalty window in either)

@@ -28,6 +28,28 @@ req "workers logit_bias" 400 "$KS_URL/accounts/a/ai/run/kjv" "${AUTH[@]}" -d '{"
 expect_has "workers logit_bias" "$BODY" 'logit_bias'
 req "chat echo" 400 "$KS_URL/v1/chat/completions" "${AUTH[@]}" -d '{"model":"kjv","messages":[{"role":"user","content":"x"}],"echo":true}'
 expect_has "chat echo" "$BODY" '"param":"echo"'
+# min_tokens (issue 39): a stop string cannot end generation before it
+min_tokens_checks() { # URL MODEL
+    req "stop without min_tokens" 200 "$1/v1/completions" "${AUTH[@]}" \
+        -d '{"model":"'"$2"'","prompt":"In the beginning","max_tokens":3,"temperature":0,"stop":["the"]}'
+    expect_has "stop without min_tokens" "$BODY" '"text":" of "'
+    req "min_tokens" 200 "$1/v1/completions" "${AUTH[@]}" \
+        -d '{"model":"'"$2"'","prompt":"In the beginning","max_tokens":3,"temperature":0,"stop":["the"],"min_tokens":3}'
+    expect_has "min_tokens holds the stop string off" "$BODY" '"text":" of the Lord"'
+    # ... nor EOS (id 2, forced by logit_bias): banned for the first 3 tokens
+    # (through the cluster the first by the prefill worker, the rest by decode)
+    req "EOS without min_tokens" 200 "$1/v1/completions" "${AUTH[@]}" \
+        -d '{"model":"'"$2"'","prompt":"In the beginning","max_tokens":5,"temperature":0,"logit_bias":{"2":100}}'
+    expect_has "EOS without min_tokens" "$BODY" '"completion_tokens":0,'
+    req "min_tokens bans EOS" 200 "$1/v1/completions" "${AUTH[@]}" \
+        -d '{"model":"'"$2"'","prompt":"In the beginning","max_tokens":5,"temperature":0,"logit_bias":{"2":100},"min_tokens":3}'
+    expect_has "min_tokens bans EOS" "$BODY" '"text":" of the Lord","index":0,"logprobs":null,"finish_reason":"stop"'
+    expect_has "min_tokens bans EOS: 3 tokens" "$BODY" '"completion_tokens":3,'
+    req "min_tokens above max_tokens" 400 "$1/v1/completions" "${AUTH[@]}" \
+        -d '{"model":"'"$2"'","prompt":"In","max_tokens":2,"min_tokens":3}'
+    expect_has "min_tokens above max_tokens" "$BODY" '"param":"min_tokens"'
+}
+min_tokens_checks "$KS_URL" kjv
 # a client that disconnects mid-stream from n=4 choices: every choice is
 # cancelled and every page (shared prompt pages included) comes back once
 # (rawc: it stops reading once choice 3's first chunk arrived, with a small
@@ -107,6 +129,8 @@ KS_URL=$KS_URL KS_KEY=sk-none KS_MODEL_NAME=kjv-mini KS_BIAS_IDS="$OF,$THE" \
 req "cluster echo plain" 200 "$KS_URL/v1/completions" -H 'Content-Type: application/json' \
     -d '{"model":"kjv-mini","prompt":"In the beginning","echo":true,"max_tokens":3,"temperature":0}'
 expect_has "cluster echo plain" "$BODY" '"text":"In the beginning of the Lord"'
+AUTH=(-H 'Content-Type: application/json')
+min_tokens_checks "$KS_URL" kjv-mini # through the router and the sampling extension
 # a client that vanishes mid echo request (it takes the first prompt
 # records, then stops reading and is killed) while decode still has most
 # of 3000 tokens to go (a context beyond the model's 512, so it cannot end

@@ -142,6 +142,7 @@ static void test_params_validate(void) {
     BAD(presence_penalty, -3.0f, "presence_penalty must be in [-2, 2], got -3");
     BAD(n_probs, 21, "n_probs must be in [0, 20], got 21");
     BAD(n_probs, -1, "n_probs must be in [0, 20], got -1");
+    BAD(min_tokens, -1, "min_tokens must be >= 0, got -1");
 #undef BAD
 
     // edges that are valid
@@ -1127,7 +1128,16 @@ static void test_admit(void) {
     CHECK_EQ(ADMIT_ABORTED, 5);
     CHECK_EQ(ADMIT_DRAINING, 6);
     CHECK_EQ(ADMIT_INTERNAL, 10);
-    CHECK_EQ(ADMIT_WIRE_MAX, 10);
+    // the wire column: 1..10 may cross the cluster wire, the HTTP front's never
+    for (int r = 0; r <= ADMIT__COUNT + 1; r++)
+        CHECK_EQ(admit_reason_on_wire((uint32_t)r), r >= 1 && r <= 10);
+    // the failures after admission (499/502/503/504) are rows too, but no refusals
+    for (int r = 0; r <= ADMIT__COUNT + 1; r++)
+        CHECK_EQ(admit_reason_is_refusal((uint32_t)r), r >= 1 && r <= ADMIT_INVALID_PATH);
+    CHECK_EQ(admit_reason_info(ADMIT_CLIENT_CLOSED)->http_status, 499);
+    CHECK_EQ(admit_reason_info(ADMIT_UPSTREAM_ERROR)->http_status, 502);
+    CHECK_EQ(admit_reason_info(ADMIT_WORKER_UNAVAILABLE)->http_status, 503);
+    CHECK_EQ(admit_reason_info(ADMIT_UPSTREAM_TIMEOUT)->http_status, 504);
     for (int r = 1; r < ADMIT__COUNT; r++) {
         const admit_info *in = admit_reason_info((admit_reason)r);
         CHECK(in->name && in->type && in->code && in->msg && in->msg[0]);

@@ -280,7 +280,7 @@ static void test_names_and_bounds(void) {
     CHECK_EQ(tm[PD_MSG_PEER], 263);
     CHECK_EQ(tm[PD_MSG_LINK], 8);
     CHECK_EQ(tm[PD_MSG_LINK_ACK], 8);
-    CHECK_EQ(tm[PD_MSG_ADMIT], 80 + 24 + 8 * 1024 + 262144); // with the largest extension
+    CHECK_EQ(tm[PD_MSG_ADMIT], 80 + 28 + 8 * 1024 + 262144); // with the largest extension
     CHECK_EQ(tm[PD_MSG_GRANT], 4194304);
     CHECK_EQ(tm[PD_MSG_DENY], 520);
     CHECK_EQ(tm[PD_MSG_PREFILL], 16777216);
@@ -298,7 +298,7 @@ static void test_names_and_bounds(void) {
 
     CHECK_EQ(pd_msg_type_max(NULL, tm, &eb), KS_OK);
     CHECK_EQ(tm[PD_MSG_KV_PAGE], PD_TYPE_FORBIDDEN);
-    CHECK_EQ(tm[PD_MSG_ADMIT], 80 + 24 + 8 * 1024 + 262144);          // with the largest extension
+    CHECK_EQ(tm[PD_MSG_ADMIT], 80 + 28 + 8 * 1024 + 262144);          // with the largest extension
     kv_geom big = {.n_layer = 64, .kv_dim = 8192, .page_tokens = 64}; /* 256 MiB page */
     CHECK_EQ(pd_msg_type_max(&big, tm, &eb), KS_ERR_INVAL);
     kv_geom zero = {.n_layer = 0, .kv_dim = 8, .page_tokens = 16};
@@ -668,7 +668,7 @@ static void test_round_trip_small(void) {
         CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
         CHECK_EQ(pd_msg_finish_decode(buf, n, &r, &eb), KS_OK);
         CHECK_EQ(r.reason, ADMIT_DRAINING);
-        m.reason = ADMIT_WIRE_MAX + 1; // an HTTP-front reason never travels
+        m.reason = ADMIT_TENANT_CONCURRENCY; // an HTTP-front reason never travels
         CHECK_EQ(pd_msg_finish_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
         m.reason = ADMIT_BUSY;
         m.finish = PD_FINISH_LENGTH;
@@ -930,7 +930,7 @@ static void test_enums_and_ranges(void) {
     n = sample(PD_MSG_REJECT, buf, sizeof buf);
     put_u32(cp, buf, n, 0, 0);
     REJECTS(PD_MSG_REJECT, cp, n, "reason 0");
-    put_u32(cp, buf, n, 0, ADMIT_WIRE_MAX + 1);
+    put_u32(cp, buf, n, 0, ADMIT_TENANT_CONCURRENCY); /* 11: HTTP front only */
     REJECTS(PD_MSG_REJECT, cp, n, "reason 11");
     memcpy(cp, buf, n);
     pd_store_u32(cp + 4, 0xbeef); /* reserved */
@@ -1254,6 +1254,7 @@ static void test_random(void) {
  * value a peer could get wrong is refused as PROTO. */
 static void test_sampling_ext(void) {
     static const char G[] = "root ::= \"yes\" | \"no\"";
+    const uint32_t X = PD_MSG_SEXT_FIXED; /* the SAMPLE_WIRE_EXT slots + n_bias + grammar_len */
     const uint32_t gl = (uint32_t)strlen(G);
     uint8_t bias[16];
     pd_msg_bias_store(bias, 0, 17, 2.5f);
@@ -1264,11 +1265,12 @@ static void test_sampling_ext(void) {
     s.repeat_last_n = 64;
     s.frequency_penalty = 0.5f;
     s.presence_penalty = -0.25f;
+    s.min_tokens = 7;
     s.n_bias = 2;
     s.bias = bias;
     s.grammar = G;
     s.grammar_len = gl;
-    CHECK_EQ(pd_msg_sext_size(&s), 24 + 16 + gl);
+    CHECK_EQ(pd_msg_sext_size(&s), X + 16 + gl);
     ks_errbuf eb;
     uint32_t n = 0;
     uint8_t buf[1024];
@@ -1276,11 +1278,11 @@ static void test_sampling_ext(void) {
     // ADMIT: 80 + extension
     pd_msg_admit a = {.n_prompt = 9, .prefill_worker_id = 3, .s = s}, ra;
     CHECK_EQ(pd_msg_admit_encode(&a, buf, sizeof buf, &n, &eb), KS_OK);
-    CHECK_EQ(n, 80 + 24 + 16 + gl);
+    CHECK_EQ(n, 80 + X + 16 + gl);
     CHECK_EQ(pd_msg_admit_decode(buf, n, &ra, &eb), KS_OK);
     CHECK(ra.s.repeat_penalty == 1.25f && ra.s.repeat_last_n == 64 &&
-          ra.s.frequency_penalty == 0.5f && ra.s.presence_penalty == -0.25f);
-    CHECK(ra.s.n_bias == 2 && ra.s.grammar_len == gl && ra.s.grammar == (const char *)buf + 120);
+          ra.s.frequency_penalty == 0.5f && ra.s.presence_penalty == -0.25f && ra.s.min_tokens == 7);
+    CHECK(ra.s.n_bias == 2 && ra.s.grammar_len == gl && ra.s.grammar == (const char *)buf + 80 + X + 16);
     CHECK_MEM_EQ(ra.s.grammar, G, gl);
     int32_t t;
     float b;
@@ -1305,22 +1307,22 @@ static void test_sampling_ext(void) {
     // counts over their bounds, non-finite penalties, bad entries, a NUL in the text
     uint8_t bad[1024];
     memcpy(bad, buf, n);
-    pd_store_u32(bad + 80 + 16, PD_MSG_MAX_BIAS + 1);
+    pd_store_u32(bad + 80 + X - 8, PD_MSG_MAX_BIAS + 1);
     REJECTS(PD_MSG_ADMIT, bad, n, "n_bias");
     memcpy(bad, buf, n);
-    pd_store_u32(bad + 80 + 20, PD_MSG_MAX_GRAMMAR + 1);
+    pd_store_u32(bad + 80 + X - 4, PD_MSG_MAX_GRAMMAR + 1);
     REJECTS(PD_MSG_ADMIT, bad, n, "grammar_len");
     memcpy(bad, buf, n);
-    pd_store_u32(bad + 80 + 20, gl + 1);
+    pd_store_u32(bad + 80 + X - 4, gl + 1);
     REJECTS(PD_MSG_ADMIT, bad, n, "imply");
     memcpy(bad, buf, n);
     pd_store_u32(bad + 80 + 8, 0x7fc00000u); // NaN frequency penalty
     REJECTS(PD_MSG_ADMIT, bad, n, "finite");
     memcpy(bad, buf, n);
-    pd_store_u32(bad + 80 + 24, 0xffffffffu); // token -1
+    pd_store_u32(bad + 80 + X, 0xffffffffu); // token -1
     REJECTS(PD_MSG_ADMIT, bad, n, "bias entry 0");
     memcpy(bad, buf, n);
-    bad[80 + 24 + 16 + 3] = 0;
+    bad[80 + X + 16 + 3] = 0;
     REJECTS(PD_MSG_ADMIT, bad, n, "NUL");
     // the encoder refuses what the decoder would
     pd_msg_admit big = a;
@@ -1340,13 +1342,13 @@ static void test_sampling_ext(void) {
                         .grant_len = glen},
                    rp;
     CHECK_EQ(pd_msg_prefill_encode(&p, tok, buf, sizeof buf, &n, &eb), KS_OK);
-    CHECK_EQ(n, pd_msg_prefill_size(glen, 60) + 24 + 16 + gl);
+    CHECK_EQ(n, pd_msg_prefill_size(glen, 60) + X + 16 + gl);
     CHECK_EQ(pd_msg_prefill_decode(buf, n, &rp, &eb), KS_OK);
     CHECK_EQ(pd_msg_prefill_token(&rp, 59), 59 * 7);
     CHECK(rp.s.n_bias == 2 && rp.s.grammar_len == gl && rp.s.repeat_last_n == 64);
     CHECK_MEM_EQ(rp.s.grammar, G, gl);
     REJECTS(PD_MSG_PREFILL, buf, n - 1, "sampling extension");
-    REJECTS(PD_MSG_PREFILL, buf, (uint32_t)pd_msg_prefill_size(glen, 60) + 23, "fixed part");
+    REJECTS(PD_MSG_PREFILL, buf, (uint32_t)pd_msg_prefill_size(glen, 60) + X - 1, "fixed part");
     REJECTS(PD_MSG_PREFILL, buf, (uint32_t)pd_msg_prefill_size(glen, 59), "at least");
 }
 

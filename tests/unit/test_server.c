@@ -152,6 +152,23 @@ static void test_request_invalid(void) {
     expect_invalid(C, "{\"prompt\":\"x\",\"repetition_penalty\":0}", "repetition_penalty", NULL,
                    "> 0");
     expect_invalid(C, "{\"prompt\":\"x\",\"logprobs\":21}", "logprobs", NULL, "got 21");
+    // min_tokens (vLLM's): an integer >= 0, at most max_tokens when both are given
+    expect_invalid(C, "{\"prompt\":\"x\",\"min_tokens\":-1}", "min_tokens", NULL, "got -1");
+    expect_invalid(C, "{\"prompt\":\"x\",\"min_tokens\":1.5}", "min_tokens", NULL, "integer");
+    expect_invalid(C, "{\"prompt\":\"x\",\"max_tokens\":4,\"min_tokens\":5}", "min_tokens", NULL,
+                   "must be <= 'max_tokens' (4), got 5");
+    expect_invalid(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"max_tokens\":2,"
+                      "\"min_tokens\":3}",
+                   "min_tokens", NULL, "got 3");
+    {
+        srv_request m = parse_ok(SRV_ROUTE_COMPLETIONS,
+                                 "{\"model\":\"kjv\",\"prompt\":\"x\",\"max_tokens\":9,\"min_tokens\":9}");
+        CHECK_EQ(m.sp.min_tokens, 9);
+        srv_request_free(&m);
+        m = parse_ok(SRV_ROUTE_COMPLETIONS, "{\"model\":\"kjv\",\"prompt\":\"x\",\"min_tokens\":500}");
+        CHECK_EQ(m.sp.min_tokens, 500); // no max_tokens given: max_tokens ends it
+        srv_request_free(&m);
+    }
     // n, stop
     // issue 12: n, best_of, echo, logit_bias
     expect_invalid(C, "{\"prompt\":\"x\",\"n\":17}", "n", NULL, "[1, 16], got 17");
@@ -1157,8 +1174,40 @@ static void test_metrics_vllm(void) {
     srv_tenants_free(ts);
 }
 
+/* Issue 39: the failures after admission come from the refusal table
+ * (ADMIT_FAILURE rows) and answer exactly as srv_fail did, but are no
+ * refusals (reason ADMIT_OK: kvseal_rejections_total does not count them). */
+static void test_failures_table(void) {
+    static const struct {
+        admit_reason r;
+        int status;
+        const char *code, *type;
+    } want[] = {
+        {ADMIT_CLIENT_CLOSED, 499, "client_closed", "invalid_request_error"},
+        {ADMIT_UPSTREAM_ERROR, 502, "upstream_error", "server_error"},
+        {ADMIT_WORKER_UNAVAILABLE, 503, "worker_unavailable", "server_error"},
+        {ADMIT_UPSTREAM_TIMEOUT, 504, "upstream_timeout", "server_error"},
+        {ADMIT_SHUTDOWN_ABORTED, 503, "server_shutting_down", "server_error"},
+        {ADMIT_RUN_ABORTED, 503, "request_aborted", "server_error"},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        srv_error a, b;
+        memset(&a, 0, sizeof a);
+        memset(&b, 0, sizeof b);
+        srv_refuse(&a, want[i].r, NULL, "m");
+        srv_fail(&b, want[i].status, want[i].code, "m");
+        CHECK_EQ(a.status, want[i].status);
+        CHECK_STR_EQ(a.code, want[i].code);
+        CHECK_STR_EQ(a.type, want[i].type);
+        CHECK_EQ(a.reason, ADMIT_OK);
+        CHECK_EQ(a.workers_code, b.workers_code);
+        CHECK_STR_EQ(a.type, b.type);
+    }
+}
+
 int main(void) {
     CHECK(sodium_init() >= 0);
+    test_failures_table();
     test_request_valid();
     test_request_invalid();
     test_prompt_bound();
