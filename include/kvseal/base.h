@@ -1,7 +1,7 @@
 /* base.h — errors, logging, assertions, clocks, aligned memory, the thread
  * pool, CPU feature detection and the tensor element-type table.
  *
- * Everything here is model- and network-agnostic (DESIGN.md, module `base`).
+ * Everything here is model- and network-agnostic (docs/design.md, the source tour).
  * One ks_err enum for the whole project; details travel in a ks_errbuf owned
  * by the caller, never in a global (STYLE.md section 4). */
 #ifndef KS_BASE_H

@@ -11,7 +11,7 @@
  * of logits give the same tokens on every IEEE-754 machine, because it uses
  * its own PRNG (xoshiro256** seeded by splitmix64) and its own exp/log for
  * every value a decision depends on (no rand(), no libm in the decisions).
- * Design notes: DESIGN.md (engine), comments at the top of src/engine/sample.c. */
+ * Design notes: docs/design.md, comments at the top of src/engine/sample.c. */
 #ifndef KS_SAMPLE_H
 #define KS_SAMPLE_H
 
@@ -113,6 +113,12 @@ void sample_params_default(sample_params *p);
  * in eb naming the first bad field, its allowed range and the value given
  * ("top_p must be in (0, 1], got 0"). eb may be NULL. Pure; thread-safe. */
 ks_err sample_params_validate(const sample_params *p, ks_errbuf *eb) KS_MUST_USE;
+
+/* True when p's penalties change a draw: a window (repeat_last_n > 0) and
+ * one of repeat/frequency/presence not neutral. The one place that says
+ * which penalty values are "off" (the sampler, the grammar's greedy
+ * shortcut and the cluster's codec ask it). Pure. */
+bool sample_params_penalized(const sample_params *p);
 
 // ----------------------------------------------------------------------------
 // Sampler: one per sequence, owned and used by one thread at a time.

@@ -8,8 +8,8 @@
  * and hands the request to the engine (engine_submit, where admission I4
  * happens); then it pulls engine events and writes them out. Rejections are
  * answered with OpenAI's (or Workers AI's) JSON error shape and the right
- * HTTP status. Design notes: DESIGN.md "Interfaces users expect", and the
- * comment at the top of src/server/http.c (threading model). */
+ * HTTP status. Design notes: docs/design.md (the invariants and the source
+ * tour), and the comment at the top of src/server/http.c (threading model). */
 #ifndef KS_SERVER_H
 #define KS_SERVER_H
 

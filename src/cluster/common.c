@@ -149,8 +149,7 @@ bool cl_sampling_to_msg(const sample_params *sp, int32_t max_tokens, bool ignore
 #undef CL__COPY
     // penalties that do nothing (a zero window, or all three neutral) travel
     // as off, so a request without them sends no extension
-    if (!(sp->repeat_last_n != 0 && (sp->repeat_penalty != 1.0f || sp->frequency_penalty != 0.0f ||
-                                     sp->presence_penalty != 0.0f))) {
+    if (!sample_params_penalized(sp)) {
         out->repeat_penalty = 1.0f;
         out->repeat_last_n = 0;
         out->frequency_penalty = out->presence_penalty = 0.0f;

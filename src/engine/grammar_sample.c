@@ -21,8 +21,7 @@ ks_err grammar_sample(grammar_matcher *m, const grammar_vocab *gv, sampler *smp,
     *end = false;
     const bool complete = grammar_matcher_complete(m);
     if (sp->temperature <= 0.0f && !sp->logprobs && sp->n_probs == 0 &&
-        (sp->repeat_last_n == 0 || (sp->repeat_penalty == 1.0f && sp->frequency_penalty == 0.0f &&
-                                    sp->presence_penalty == 0.0f))) {
+        !sample_params_penalized(sp)) {
         // Greedy without penalties or logprobs: the argmax of the full row,
         // when the grammar accepts it, is the argmax of the masked row too
         // (masking only lowers the others; ties still go to the lowest id),

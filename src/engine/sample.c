@@ -47,6 +47,11 @@ void sample_params_default(sample_params *p) {
 _Static_assert(SAMPLE_MAX_LAST_N == 1048576 && SAMPLE_MAX_TOP == 20,
                "SAMPLE_PARAM_MAP's messages spell these out");
 
+bool sample_params_penalized(const sample_params *p) {
+    return p->repeat_last_n > 0 && (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+                                    p->presence_penalty != 0.0f);
+}
+
 ks_err sample_params_validate(const sample_params *p, ks_errbuf *eb) {
     if (!p) return ks_seterr(eb, KS_ERR_INVAL, "sample params: NULL");
     // in the row order; the !(x >= a) forms also reject NaN
@@ -404,9 +409,7 @@ ks_err sampler_create(const sample_params *p, int32_t n_vocab, sampler **out, ks
     s->p = *p;
     s->n_vocab = n_vocab;
     s->log_min_p = p->min_p > 0.0f ? sample__log((double)p->min_p) : 0.0;
-    s->penalties_on = p->repeat_last_n > 0 &&
-                      (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
-                       p->presence_penalty != 0.0f);
+    s->penalties_on = sample_params_penalized(p);
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
     if (!s->cand) goto fail;
     if (s->penalties_on) {

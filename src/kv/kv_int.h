@@ -4,7 +4,7 @@
  * Page headers live in an array beside the payload slab, indexed by page id:
  * the payload stays one dense 64-byte-aligned slab, and no payload write can
  * run into a header. See include/kvseal/kv.h for the contract and
- * DESIGN.md I1-I3, I7 for the invariants. */
+ * docs/design.md I1-I3, I7 for the invariants. */
 #ifndef KS_KV_INT_H
 #define KS_KV_INT_H
 

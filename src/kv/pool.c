@@ -2,7 +2,7 @@
  *
  * Pages live in one 64-byte-aligned slab; their headers {tag, state,
  * refcount, filled} in an array beside it (kv_int.h). The free list is a
- * stack of page ids. The contract, in DESIGN.md terms:
+ * stack of page ids. The contract, in docs/design.md terms:
  *   I1  kv_seq_span_read/_write are the only code that turns a block-table
  *       entry into an address, and they check the entry's tag and the page
  *       state there; any mismatch is counted, reported, and fails.

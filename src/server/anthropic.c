@@ -10,7 +10,7 @@
  * honour is refused by name (images, documents, server tools, a trailing
  * assistant message to continue), never silently dropped; metadata and
  * cache_control are accepted and have no effect (prefix caching is
- * automatic and per tenant, DESIGN.md I7). */
+ * automatic and per tenant, docs/design.md I7). */
 #include "anthropic.h"
 
 #include "server_int.h"

@@ -1,4 +1,4 @@
-// leak.mjs — the isolation leak suite (DESIGN.md I1-I4, I7, I9), run against
+// leak.mjs — the isolation leak suite (docs/design.md I1-I4, I7, I9), run against
 // a live `kvseal serve` (or router) as a client would.
 //
 // Many tenants at once, each prompt carrying the tenant's own canary; over-
