@@ -2,7 +2,8 @@
 # test_fairness.sh — one tenant's expensive grammar cannot stall another
 # tenant (issue 38 item 1), on `serve` and through router + prefill + decode.
 #
-# Tenant alpha streams 6 requests of 400 tokens under a pathological grammar
+# Tenant alpha streams 6 requests of up to 500 tokens (stopped once beta
+# is measured) under a pathological grammar
 # (12 nested `[ -~]*` per line: tens of ms of mask work per token for the
 # matcher before issue 38; the new one shares equal stacks, but the test
 # holds whatever the matcher costs). While
@@ -69,7 +70,7 @@ alpha_load() {
     for i in $(seq 1 "$1"); do
         curl -sS -N -o "$TMPD/alpha.$i" "$KS_URL/v1/completions" \
             -H 'Authorization: Bearer sk-alpha-0123456789abcdef' -H 'Content-Type: application/json' \
-            -d "{\"model\":\"kjv-mini\",\"prompt\":\"In the beginning\",\"max_tokens\":400,\"ignore_eos\":true,\"stream\":true,\"seed\":$i$g}" &
+            -d "{\"model\":\"kjv-mini\",\"prompt\":\"In the beginning\",\"max_tokens\":500,\"ignore_eos\":true,\"stream\":true,\"seed\":$i$g}" &
         ALPHA_PIDS+=($!)
     done
     for i in $(seq 1 "$1"); do
@@ -118,7 +119,8 @@ scenario() {
     fi
     alpha_load 6
     loaded=$(beta_median "$1 under alpha's grammars") || exit 1
-    alpha_still_running || fail "$1: alpha's requests ended before beta was measured"
+    alpha_still_running ||
+        fail "$1: alpha's requests ended before beta was measured; their last lines: $(tail -qn 2 "$TMPD"/alpha.* | cut -c1-300)"
     alpha_stop
     within_bound "$1, alpha's 6 grammars" "$quiet" "$loaded"
 
