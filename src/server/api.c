@@ -126,26 +126,6 @@ bool srv_path_check(const char *raw, srv_error *err) {
 
 #define INVALID(err, param, ...) srv_refuse(err, ADMIT_INVALID, param, __VA_ARGS__)
 
-static const char *api__type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "object";
-    case JSON_ARRAY:
-        return "array";
-    case JSON_STRING:
-        return "string";
-    case JSON_INTEGER:
-        return "integer";
-    case JSON_REAL:
-        return "number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "boolean";
-    default:
-        return "null";
-    }
-}
-
 /* Optional integer field in [lo, hi]; *present tells whether it was given. */
 static bool api__int(json_t *root, const char *key, long long lo, long long hi, long long *out,
                      bool *present, srv_error *err) {
@@ -153,7 +133,7 @@ static bool api__int(json_t *root, const char *key, long long lo, long long hi, 
     if (present) *present = false;
     if (!v || json_is_null(v)) return true;
     if (!json_is_integer(v))
-        return INVALID(err, key, "'%s' must be an integer, got %s", key, api__type_name(v));
+        return INVALID(err, key, "'%s' must be an integer, got %s", key, srv_json_type(v));
     long long x = json_integer_value(v);
     if (x < lo || x > hi)
         return INVALID(err, key, "'%s' must be in [%lld, %lld], got %lld", key, lo, hi, x);
@@ -166,7 +146,7 @@ static bool api__bool(json_t *root, const char *key, bool *out, srv_error *err) 
     json_t *v = json_object_get(root, key);
     if (!v || json_is_null(v)) return true;
     if (!json_is_boolean(v))
-        return INVALID(err, key, "'%s' must be a boolean, got %s", key, api__type_name(v));
+        return INVALID(err, key, "'%s' must be a boolean, got %s", key, srv_json_type(v));
     *out = json_is_true(v);
     return true;
 }
@@ -181,7 +161,7 @@ static bool api__prompt(srv_request *r, json_t *v, srv_error *err) {
                        "are not supported), got %zu elements",
                        json_array_size(v));
     if (!json_is_string(v))
-        return INVALID(err, "prompt", "'prompt' must be a string, got %s", api__type_name(v));
+        return INVALID(err, "prompt", "'prompt' must be a string, got %s", srv_json_type(v));
     r->prompt = json_string_value(v);
     return true;
 }
@@ -191,7 +171,7 @@ static bool api__prompt(srv_request *r, json_t *v, srv_error *err) {
  * "text", text}] }; multi-part text is joined without separators. */
 static bool api__messages(srv_request *r, json_t *v, srv_error *err) {
     if (!json_is_array(v))
-        return INVALID(err, "messages", "'messages' must be an array, got %s", api__type_name(v));
+        return INVALID(err, "messages", "'messages' must be an array, got %s", srv_json_type(v));
     size_t n = json_array_size(v);
     if (n == 0) return INVALID(err, "messages", "'messages' must not be empty");
     r->msgs = calloc(n, sizeof *r->msgs);
@@ -204,13 +184,13 @@ static bool api__messages(srv_request *r, json_t *v, srv_error *err) {
         json_t *m = json_array_get(v, i);
         if (!json_is_object(m)) {
             snprintf(pname, sizeof pname, "messages[%zu]", i);
-            return INVALID(err, pname, "'%s' must be an object, got %s", pname, api__type_name(m));
+            return INVALID(err, pname, "'%s' must be an object, got %s", pname, srv_json_type(m));
         }
         json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
         if (!json_is_string(role)) {
             snprintf(pname, sizeof pname, "messages[%zu].role", i);
             return INVALID(err, pname, "'%s' must be a string, got %s", pname,
-                           role ? api__type_name(role) : "nothing");
+                           role ? srv_json_type(role) : "nothing");
         }
         r->msgs[i].role = json_string_value(role);
         snprintf(pname, sizeof pname, "messages[%zu].content", i);
@@ -251,7 +231,7 @@ static bool api__messages(srv_request *r, json_t *v, srv_error *err) {
             r->msgs[i].content = ""; // an assistant turn that only calls tools
         } else {
             return INVALID(err, pname, "'%s' must be a string or an array of text parts, got %s",
-                           pname, content ? api__type_name(content) : "nothing");
+                           pname, content ? srv_json_type(content) : "nothing");
         }
     }
     return true;
@@ -267,7 +247,7 @@ static bool api__stop(srv_request *r, json_t *v, srv_error *err) {
     }
     if (!json_is_array(v))
         return INVALID(err, "stop", "'stop' must be a string or an array of strings, got %s",
-                       api__type_name(v));
+                       srv_json_type(v));
     if (json_array_size(v) > SRV_MAX_STOPS)
         return INVALID(err, "stop", "'stop' may hold at most %d strings, got %zu", SRV_MAX_STOPS,
                        json_array_size(v));
@@ -276,7 +256,7 @@ static bool api__stop(srv_request *r, json_t *v, srv_error *err) {
     json_array_foreach(v, i, s) {
         if (!json_is_string(s))
             return INVALID(err, "stop", "'stop[%zu]' must be a string, got %s", i,
-                           api__type_name(s));
+                           srv_json_type(s));
         if (json_string_length(s) == 0)
             return INVALID(err, "stop", "'stop[%zu]' must not be empty", i);
         r->stops[r->n_stops++] = json_string_value(s);
@@ -292,7 +272,7 @@ static bool api__logit_bias(srv_request *r, json_t *v, srv_error *err) {
     if (!json_is_object(v))
         return INVALID(err, "logit_bias",
                        "'logit_bias' must be an object mapping token ids to biases, got %s",
-                       api__type_name(v));
+                       srv_json_type(v));
     size_t n = json_object_size(v);
     if (n > SAMPLE_MAX_BIAS)
         return INVALID(err, "logit_bias", "'logit_bias' may hold at most %d entries, got %zu",
@@ -316,7 +296,7 @@ static bool api__logit_bias(srv_request *r, json_t *v, srv_error *err) {
                            key);
         if (!json_is_number(b))
             return INVALID(err, "logit_bias", "'logit_bias[%s]' must be a number, got %s", key,
-                           api__type_name(b));
+                           srv_json_type(b));
         double d = json_number_value(b);
         if (!(d >= -100 && d <= 100))
             return INVALID(err, "logit_bias", "'logit_bias[%s]' must be in [-100, 100], got %g",
@@ -483,14 +463,14 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
     }
     json_t *root = r->root;
     if (!json_is_object(root)) {
-        INVALID(err, NULL, "the request body must be a JSON object, got %s", api__type_name(root));
+        INVALID(err, NULL, "the request body must be a JSON object, got %s", srv_json_type(root));
         goto fail;
     }
     if (!api__known_fields(route, root, err)) goto fail;
     json_t *v;
     if ((v = json_object_get(root, "model")) && !json_is_null(v)) {
         if (!json_is_string(v)) {
-            INVALID(err, "model", "'model' must be a string, got %s", api__type_name(v));
+            INVALID(err, "model", "'model' must be a string, got %s", srv_json_type(v));
             goto fail;
         }
         r->model = json_string_value(v);
@@ -564,7 +544,7 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
     if ((v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
         if (!json_is_object(v)) {
             INVALID(err, "stream_options", "'stream_options' must be an object, got %s",
-                    api__type_name(v));
+                    srv_json_type(v));
             goto fail;
         }
         if (!api__bool(v, "include_usage", &r->include_usage, err)) goto fail;
@@ -589,7 +569,7 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
         r->top_logprobs = (int)k;
     }
     if ((v = json_object_get(root, "user")) && !json_is_null(v) && !json_is_string(v)) {
-        INVALID(err, "user", "'user' must be a string, got %s", api__type_name(v));
+        INVALID(err, "user", "'user' must be a string, got %s", srv_json_type(v));
         goto fail;
     }
     // OpenAI requires a model (checked last: other mistakes say more);

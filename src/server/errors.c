@@ -112,6 +112,26 @@ void srv_buf_free(srv_buf *b) {
     memset(b, 0, sizeof *b);
 }
 
+const char *srv_json_type(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "object";
+    case JSON_ARRAY:
+        return "array";
+    case JSON_STRING:
+        return "string";
+    case JSON_INTEGER:
+        return "integer";
+    case JSON_REAL:
+        return "number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "boolean";
+    default:
+        return "null";
+    }
+}
+
 const char *srv_json_kind(const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT:

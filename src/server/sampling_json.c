@@ -8,27 +8,6 @@
 
 #include "kvseal/sample.h"
 
-/* JSON type names as api.c's messages spell them. */
-static const char *sj__type(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "object";
-    case JSON_ARRAY:
-        return "array";
-    case JSON_STRING:
-        return "string";
-    case JSON_INTEGER:
-        return "integer";
-    case JSON_REAL:
-        return "number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "boolean";
-    default:
-        return "null";
-    }
-}
-
 /* Reads key (absent or null: *out unchanged) as a number in [lo, hi]. */
 static bool sj__f32(json_t *root, const char *key, double lo, double hi, float *out,
                     srv_error *err) {
@@ -36,7 +15,7 @@ static bool sj__f32(json_t *root, const char *key, double lo, double hi, float *
     if (!v || json_is_null(v)) return true;
     if (!json_is_number(v))
         return srv_refuse(err, ADMIT_INVALID, key, "'%s' must be a number, got %s", key,
-                          sj__type(v));
+                          srv_json_type(v));
     double d = json_number_value(v);
     if (!(d >= lo && d <= hi))
         return srv_refuse(err, ADMIT_INVALID, key, "'%s' must be in [%g, %g], got %g", key, lo, hi,
@@ -52,7 +31,7 @@ static bool sj__i32(json_t *root, const char *key, double lo, double hi, int32_t
     if (!v || json_is_null(v)) return true;
     if (!json_is_integer(v))
         return srv_refuse(err, ADMIT_INVALID, key, "'%s' must be an integer, got %s", key,
-                          sj__type(v));
+                          srv_json_type(v));
     long long x = json_integer_value(v);
     if ((double)x < lo || (double)x > hi)
         return srv_refuse(err, ADMIT_INVALID, key, "'%s' must be in [%lld, %lld], got %lld", key,

@@ -547,6 +547,10 @@ bool srv_detokenize_parse(const char *body, size_t len, int32_t n_vocab, int32_t
                           size_t *n /* OUT */, const char **model /* OUT */,
                           json_t **root /* OUT */, srv_error *err /* OUT */);
 
+/* A JSON value's type as the parameter errors name it: "object", "array",
+ * "string", "integer", "number", "boolean" or "null". Static storage. */
+const char *srv_json_type(const json_t *v);
+
 /* What a JSON value is, for messages: "an object", "an array", "a string",
  * "a number", "a boolean" or "null". Static storage; can't fail. */
 const char *srv_json_kind(const json_t *v);
