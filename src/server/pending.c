@@ -214,9 +214,11 @@ void srv__gen_account(srv_gen *g, const engine_event *ev) {
     }
     srv__gen_release_tenant(g);
     // the ids hold the client's x-request-id: log values, never raw text
-    char id[4 * sizeof g->id + 3], rid[4 * sizeof g->rid + 3];
+    char id[4 * sizeof g->id + 3], rid[4 * sizeof g->rid + 3], em[4 * sizeof ev->errmsg + 3];
     srv_log_value(g->id, id, sizeof id);
     srv_log_value(g->rid, rid, sizeof rid);
+    // an error may quote what the request or a worker sent: a value too
+    srv_log_value(ev->errmsg, em, sizeof em);
     if (s->log_content) {
         const srv_buf *t = g->stream ? &g->text : &g->ch[0].text;
         ks_log(KS_LOG_INFO, "request %s output: %.*s", id, (int)t->len, t->p ? t->p : "");
@@ -225,7 +227,7 @@ void srv__gen_account(srv_gen *g, const engine_event *ev) {
            "request %s: %s, %d prompt tokens (%d cached), %d generated, finish %d%s%s "
            "request_id=%s",
            id, srv_route_name(g->api), ev->n_prompt, ev->n_cached, ev->n_gen, (int)ev->finish,
-           ev->errmsg[0] ? ": " : "", ev->errmsg, rid);
+           ev->errmsg[0] ? ": " : "", ev->errmsg[0] ? em : "", rid);
 }
 
 /* One logprobs entry for a chat answer: {token, logprob, bytes, top_logprobs}. */
