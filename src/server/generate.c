@@ -180,27 +180,18 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     }
     if (s->log_content) ks_log(KS_LOG_INFO, "prompt (%d tokens): %s", n_prompt, ptext);
 
-    if (!(g = calloc(1, sizeof *g))) {
+    if (!(g = srv__gen_new(s, sc, route, model_name, held, held_reserved))) {
         srv_fail(&err, 500, "internal_error", "out of memory");
         goto fail;
     }
-    g->s = s;
-    pthread_mutex_init(&g->mu, NULL);
-    srv__count_inflight(s, sc);
-    g->route = route;
+    held = -1; // g releases the tenant from here on
     g->api = api;
     g->n_prompt = n_prompt;
     g->max_tokens = max_tokens;
-    g->reserved = held_reserved;
     g->n_ch = n_ch; // the tenant's slots too (srv_tenants_admit_n)
-    g->tenant = held; // g releases the tenant from here on
-    held = -1;
-    g->created = (long long)time(NULL);
     g->logprobs = rq.logprobs;
     g->top = rq.top_logprobs;
     g->include_usage = rq.include_usage;
-    g->fd = -1;
-    snprintf(g->model, sizeof g->model, "%s", model_name ? model_name : srv__primary_name(s));
     // the completion's id is the request's x-request-id behind OpenAI's (or
     // Anthropic's) prefix, as vLLM does; without request state, a random one
     // of the same form

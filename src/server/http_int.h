@@ -259,6 +259,13 @@ bool srv__auth_admin(server *s, struct MHD_Connection *c, srv_error *err);
 
 /* Counts sc's request in met.inflight (once) until srv__completed. */
 void srv__count_inflight(server *s, srv_conn *sc);
+/* A new generation of route for the connection sc (counted in flight),
+ * its model name name (NULL: the primary), holding tenant's reserved
+ * tokens: the generation releases the tenant from here on (the caller
+ * stops holding it). Everything else zero, fd -1. NULL when out of
+ * memory. */
+srv_gen *srv__gen_new(server *s, srv_conn *sc, srv_route route, const char *name, int tenant,
+                      int64_t reserved);
 /* Frees g (NULL: nothing): off the sweeper's list first, then its requests. */
 void srv__gen_free(srv_gen *g);
 /* A request's event callback: resumes g's connection, or marks a wakeup. */

@@ -23,6 +23,22 @@ void srv__count_inflight(server *s, srv_conn *sc) {
     atomic_fetch_add_explicit(&s->met.inflight, 1, memory_order_acq_rel);
 }
 
+srv_gen *srv__gen_new(server *s, srv_conn *sc, srv_route route, const char *name, int tenant,
+                      int64_t reserved) {
+    srv_gen *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->s = s;
+    pthread_mutex_init(&g->mu, NULL);
+    srv__count_inflight(s, sc);
+    g->route = route;
+    g->reserved = reserved;
+    g->tenant = tenant;
+    g->created = (long long)time(NULL);
+    g->fd = -1;
+    snprintf(g->model, sizeof g->model, "%s", name ? name : srv__primary_name(s));
+    return g;
+}
+
 static void srv__gen_release_tenant(srv_gen *g) {
     if (g->tenant < 0) return;
     // never submitted: all of it back; else what was not generated

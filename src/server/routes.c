@@ -237,26 +237,17 @@ enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, const srv_c
         goto fail;
     }
     held = tenant;
-    if (!(g = calloc(1, sizeof *g))) {
+    if (!(g = srv__gen_new(s, sc, SRV_ROUTE_EMBEDDINGS, model_name, held, total))) {
         srv_fail(&err, 500, "internal_error", "out of memory");
         goto fail;
     }
-    g->s = s;
-    pthread_mutex_init(&g->mu, NULL);
-    srv__count_inflight(s, sc);
-    g->route = SRV_ROUTE_EMBEDDINGS;
+    held = -1; // g releases the tenant from here on
     g->shape = shape;
     g->etenant = s->ts->t[tenant].name;
-    g->reserved = total;
     g->n_prompt = (int32_t)total;
-    g->tenant = held; // g releases the tenant from here on
-    held = -1;
-    g->created = (long long)time(NULL);
-    g->fd = -1;
     g->conn = c;
     g->http11 = sc->http11;
     g->base64 = rq.base64;
-    snprintf(g->model, sizeof g->model, "%s", model_name ? model_name : srv__primary_name(s));
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci) g->fd = ci->connect_fd;
