@@ -423,7 +423,12 @@ static ks_err dl__sink(pd_conn *c, void *ud, const pd_frame_hdr *hdr, const uint
     if (ok && nd > 0) {
         dec__req *q = dec__find(w, hdr->req_id);
         if (q) {
-            if (!q->t_first_page_ns) q->t_first_page_ns = ks_now_ns();
+            if (!q->t_first_page_ns) {  // the tests' "transfer started" (tests/e2e/netns.sh)
+                q->t_first_page_ns = ks_now_ns();
+                ks_log(KS_LOG_DEBUG, "decode: request %llu: first KV page from %s (link %llu)",
+                       (unsigned long long)hdr->req_id, pd_conn_peer_addr(k->c),
+                       (unsigned long long)k->epoch);
+            }
             q->kv_bytes += hdr->len;
         }
         k->sink_pending = true;
