@@ -276,3 +276,6 @@ ns_node_of_addr() {
     for n in "${NS_NODES[@]}"; do [ "${NS_ADDR[$n]}" = "$1" ] && { echo "$n"; return 0; }; done
     return 1
 }
+
+# ns__more_lines TEXT FILE N — for wait_for: FILE has more than N lines with TEXT.
+ns__more_lines() { [ "$(grep -c -- "$1" "$2")" -gt "$3" ]; }
