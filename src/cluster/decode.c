@@ -438,12 +438,18 @@ static ks_err dl__sink(pd_conn *c, void *ud, const pd_frame_hdr *hdr, const uint
     return KS_OK;
 }
 
+/* A KV_PAGE delivery ended before its last byte. Bad bytes (PROTO: the
+ * frame checksum) fail the request's verification; a connection lost in the
+ * middle of the payload says nothing about the KV: the delivery just stops,
+ * and on_close, which the loop runs right after, ends the link's requests
+ * as a lost link (F5: scrubbed, "data link lost", which the router may
+ * place again) instead of as a failed verification. */
 static void dl__on_sink_fail(pd_conn *c, void *ud, const pd_frame_hdr *hdr, ks_err why) {
     (void)c;
-    (void)why;
     dec__link *k = ud;
     if (!k->sink_pending) return;
     k->sink_pending = false;
+    if (why != KS_ERR_PROTO) return;  // pd_recv_link_closed clears the pending delivery
     pd_recv_kv_page_end(k->w->rcv, hdr->req_id, false);
     dec__flush(k->w);
 }

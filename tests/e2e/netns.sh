@@ -133,13 +133,15 @@ ns__router_opts() {
 # start_cluster_ns LOG "ROUTERS" "PREFILLS" "DECODES" ARGS... — like
 # start_cluster (lib.sh), with one node per name in each list (a name that
 # ns_node has not made yet is made now). ARGS go to every process,
-# NS_ARGS[name] to that node's only (another model, another port), and
+# NS_ARGS[name] to that node's only (another model, another port),
+# NS_ADVERTISE[name] replaces a decode node's own address as the one it
+# advertises to prefill (a proxy's, say), and
 # $ROUTER_ARGS / $PREFILL_ARGS / $DECODE_ARGS / $PREFILL_ENV / $DECODE_ENV as
 # in start_cluster. Every listener binds its node's own address, never
 # loopback. Sets KS_URL / KS_PID (the first router), KS_ROUTER_URLS,
 # KS_ROUTER_PIDS, KS_ROUTER_ADDRS (cluster HOST:PORT), KS_PREFILL_PIDS,
 # KS_DECODE_PIDS, KS_CLUSTER_LOGS, and NS_LOG[name] (each node's log).
-declare -A NS_ARGS=() NS_LOG=()
+declare -A NS_ARGS=() NS_LOG=() NS_ADVERTISE=()
 start_cluster_ns() {
     local log=$1 routers=$2 prefills=$3 decodes=$4; shift 4
     local n bin=${KS_SERVE_BIN:-$KS_BIN} cport nw=0
@@ -169,7 +171,7 @@ start_cluster_ns() {
     for n in $decodes; do
         NS_LOG[$n]=$log.$n
         ns_exec "$n" env ${DECODE_ENV:-} "$bin" decode "${ropts[@]}" --secret-file "$TMPD/secret" \
-            --data-host "${NS_ADDR[$n]}" --advertise-host "${NS_ADDR[$n]}" \
+            --data-host "${NS_ADDR[$n]}" --advertise-host "${NS_ADVERTISE[$n]:-${NS_ADDR[$n]}}" \
             --drain-timeout-ms $((KS_WAIT_S * 10000)) $KS_SLOW_GRAMMAR "$@" ${DECODE_ARGS:-} \
             ${NS_ARGS[$n]:-} >"$log.$n.out" 2>"$log.$n" &
         KS_DECODE_PIDS+=($!); KS_CLUSTER_LOGS+=" $log.$n"; nw=$((nw + 1))
@@ -238,7 +240,8 @@ ns_load_start() {
 }
 
 # ns_load_wait NAME — waits for the load to end; fails on any violation
-# (a short or wrong answer, an unclear refusal, a foreign canary). Prints
+# (a short or wrong answer, an unclear refusal, a foreign canary, a link
+# loss reported as a failed verification). Prints
 # the summary and sets NS_WHOLE / NS_REFUSED.
 ns_load_wait() {
     wait_for "the canary load ($1) to end" proc_gone "$NS_LOAD_PID"
@@ -246,6 +249,10 @@ ns_load_wait() {
     local rc=$?
     grep -E '^(load:|refused|NETNS)' "$TMPD/$1.load" | head -20
     [ $rc -eq 0 ] || { cat "$TMPD/$1.load" >&2; fail "$1: the canary load found a violation"; }
+    # these faults lose connections, they never alter bytes (TLS would see
+    # it): a request that fails "verification" had a lost link misreported
+    ! grep -q 'failed verification' "$TMPD/$1.load" ||
+        fail "$1: a lost connection was reported as a failed KV verification: $(grep 'failed verification' "$TMPD/$1.load" | head -1)"
     NS_WHOLE=$(sed -n 's/^load: \([0-9]*\) whole.*/\1/p' "$TMPD/$1.load")
     NS_REFUSED=$(sed -n 's/^load: [0-9]* whole, \([0-9]*\) refused.*/\1/p' "$TMPD/$1.load")
 }
