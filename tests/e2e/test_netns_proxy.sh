@@ -46,11 +46,12 @@ ns_pools_clean "latency"
 ns_rate p1 16mbit
 n_first=$(grep -c 'first KV page from' "$TMPD/c.d1"); n_up=$(grep -c 'decode: link up' "$TMPD/c.d1")
 NS_COPIES=2 ns_load_start cut base
-wait_for "a KV transfer to start" ns__more_lines 'first KV page from' "$TMPD/c.d1" "$n_first"
+wait_for "a KV transfer to start" ns__more_lines 'first KV page from' "$n_first" "$TMPD/c.d1"
 kill -USR1 $PX
 wait_for "the proxy to cut" grep -q '^proxy: cut' "$TMPD/proxy.out"
 ns_load_wait cut
-wait_for "the data link to come back through the proxy" ns__more_lines 'decode: link up' "$TMPD/c.d1" "$n_up"
+[ "$NS_REFUSED" -gt 0 ] || fail "the cut hit no request in flight"
+wait_for "the data link to come back through the proxy" ns__more_lines 'decode: link up' "$n_up" "$TMPD/c.d1"
 ns_pools_clean "the cut"
 ns_serving_again base
 
@@ -58,16 +59,17 @@ ns_serving_again base
 n_first=$(grep -c 'first KV page from' "$TMPD/c.d1"); n_up=$(grep -c 'decode: link up' "$TMPD/c.d1")
 n_down=$(grep -c 'decode: link down' "$TMPD/c.d1")
 NS_COPIES=2 ns_load_start hole base
-wait_for "a KV transfer to start" ns__more_lines 'first KV page from' "$TMPD/c.d1" "$n_first"
+wait_for "a KV transfer to start" ns__more_lines 'first KV page from' "$n_first" "$TMPD/c.d1"
 kill -USR2 $PX
 wait_for "the black hole" grep -q '^proxy: black hole on' "$TMPD/proxy.out"
-wait_for "decode to give up on the swallowed link" ns__more_lines 'decode: link down' "$TMPD/c.d1" "$n_down"
+wait_for "decode to give up on the swallowed link" ns__more_lines 'decode: link down' "$n_down" "$TMPD/c.d1"
 # requests that wait for the link (no grant without one) wait in the
 # router's queue: the load ends once the proxy forwards again
 kill -USR2 $PX
 wait_for "the proxy to forward again" grep -q '^proxy: black hole off' "$TMPD/proxy.out"
 ns_load_wait hole
-wait_for "the data link to come back through the proxy" ns__more_lines 'decode: link up' "$TMPD/c.d1" "$n_up"
+[ "$NS_REFUSED" -gt 0 ] || fail "the black hole swallowed no request in flight"
+wait_for "the data link to come back through the proxy" ns__more_lines 'decode: link up' "$n_up" "$TMPD/c.d1"
 grep -h 'torn down\|decode: link down' "$TMPD/c.d1" | tail -2
 ns_rate p1 off
 ns_pools_clean "the black hole"
