@@ -273,7 +273,10 @@ static void rt__schedule(cluster_router *r) {
             continue;
         }
         uint32_t need = (uint32_t)((q->n_prompt + q->max_tokens + r->g.page_tokens - 1) / r->g.page_tokens);
-        rt_worker *d = rt__pick(r, PD_ROLE_DECODE, need, 0), *p = rt__pick_prefill(r, q);
+        // a decode worker without a link from the prefill side (a partition)
+        // would deny it forever while it is the least loaded: skip it once
+        rt_worker *d = rt__pick(r, PD_ROLE_DECODE, need, q->avoid_d), *p = rt__pick_prefill(r, q);
+        if (!d) d = rt__pick(r, PD_ROLE_DECODE, need, 0);
         if (!d || !p) {
             q->retry_ms = now + RT_RETRY_MS;  // a worker may (re)register
             return;
@@ -712,6 +715,7 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
         if (pd_msg_deny_decode(f->payload, f->payload_len, &d, &eb) != KS_OK) return;
         snprintf(msg, sizeof msg, "%.*s", (int)d.msg_len, d.msg);
         if (d.reason == PD_DENY_DRAINING) rt__set_draining(w);  // pair it elsewhere from now on
+        if (d.reason == PD_DENY_NO_LINK) q->avoid_d = w->id;
         if (d.reason == PD_DENY_NOSPACE || d.reason == PD_DENY_NO_LINK || d.reason == PD_DENY_DRAINING) {
             rt__requeue(r, q, cl_now_ms(NULL) + RT_RETRY_MS);
         } else { // CONTEXT: decode's n_ctx is below the router's; INVALID: its grammar or
