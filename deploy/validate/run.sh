@@ -10,6 +10,15 @@ if [ ! -d node_modules/kubernetes-models ] || [ ! -d node_modules/yaml ]; then
     exit 1
 fi
 rc=0
+# deploy/Dockerfile (docker cannot run here): its COPY sources exist, and
+# it runs as the user the manifests' securityContext names
+for src in $(sed -n 's/^COPY \([^-][^ ]*\) .*/\1/p' ../Dockerfile); do
+    [ -e "../../$src" ] || { echo "FAIL: deploy/Dockerfile COPY source '$src' does not exist"; rc=1; }
+done
+grep -q '^USER 10001' ../Dockerfile || { echo "FAIL: deploy/Dockerfile does not run as uid 10001"; rc=1; }
+for f in ../k8s/router.yaml ../k8s/prefill.yaml ../k8s/decode.yaml; do
+    grep -q 'runAsUser: 10001' "$f" || { echo "FAIL: $f does not run as uid 10001 (the image's user)"; rc=1; }
+done
 node validate.mjs ../k8s || rc=1
 node validate.mjs --cases cases || rc=1
 exit $rc
