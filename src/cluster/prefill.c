@@ -164,6 +164,7 @@ static void pf__service_for(pf__worker *w, int timeout_ms) {
     if (pd_loop_run_once(w->loop, timeout_ms) != KS_OK)
         ks_log(KS_LOG_WARN, "prefill worker: epoll_wait failed");
     cl_ctrl_tick(w->ctrl);
+    cl_health_beat(w->health, cl_ctrl_registered(w->ctrl), w->draining);  // live during long prompts
 }
 
 static void pf__service(pf__worker *w) { pf__service_for(w, 0); }
