@@ -170,11 +170,11 @@ static int cluster__worker(int argc, char **argv, bool decode) {
                               .data_host = c.data_host ? c.data_host : "127.0.0.1",
                               .data_port = (int)c.data_port, .advertise_host = c.advertise_host,
                               .eng = o, .drain_ms = (uint32_t)c.drain_timeout_ms,
-                              .insecure_plaintext = c.insecure_plaintext,
-                              .health_host = c.health_port >= 0
-                                                 ? (c.health_host ? c.health_host : "127.0.0.1")
-                                                 : NULL,
-                              .health_port = c.health_port >= 0 ? (int)c.health_port : 0};
+                              .insecure_plaintext = c.insecure_plaintext};
+    if (c.health_port >= 0) { // --health-port: the probes' endpoint (cluster_int.h cl_health)
+        wo.health_host = c.health_host ? c.health_host : "127.0.0.1";
+        wo.health_port = (int)c.health_port;
+    }
     cluster__warn_plaintext(&c);
     if (decode)
         wo.eng.prefix_cache = false; // prefill owns the cache (cluster/prefill.c pf__reserve)

@@ -125,10 +125,13 @@ void cl_ctrl_destroy(cl_ctrl *c);
 typedef struct cl_health cl_health;
 
 /* Listens on host:port (0: any free port) and prints "health on
- * http://HOST:PORT" to stdout. *out owned by the caller (cl_health_destroy).
- * Errors: KS_ERR_INVAL (address), KS_ERR_IO (bind), KS_ERR_NOMEM. */
-ks_err cl_health_start(const char *host, int port, cl_health **out /* OUT */,
+ * http://HOST:PORT" to stdout; a loop without a beat for stall_ms (0: 30 s)
+ * is not live. *out owned by the caller (cl_health_destroy). Errors:
+ * KS_ERR_INVAL (address), KS_ERR_IO (bind), KS_ERR_NOMEM. */
+ks_err cl_health_start(const char *host, int port, uint32_t stall_ms, cl_health **out /* OUT */,
                        ks_errbuf *eb) KS_MUST_USE;
+/* The bound port; can't fail. */
+int cl_health_port(const cl_health *h);
 /* The worker's loop ran now, registered (with the router) and draining as
  * given; h may be NULL (no endpoint). Lock-free; can't fail. Call from the
  * loop at least every few seconds. */

@@ -918,7 +918,8 @@ ks_err cluster_decode_run(const cluster_worker_opts *o, const atomic_int *stop,
     eo.poll_ctx = w;
     w->max_running = eo.max_running;
     ks_err err;
-    if (o->health_host && (err = cl_health_start(o->health_host, o->health_port, &w->health, eb))) {
+    if (o->health_host &&
+        (err = cl_health_start(o->health_host, o->health_port, 0, &w->health, eb))) {
         free(w);
         return err;
     }

@@ -28,6 +28,7 @@
 struct cl_health {
     struct MHD_Daemon *d;
     int port;                 /* the bound port */
+    uint64_t stall_ms;        /* no beat for longer: not live */
     uint64_t start_ms;        /* cl_now_ms at start */
     _Atomic uint64_t beat_ms; /* last cl_health_beat (0: none yet); written by the loop */
     atomic_bool registered;   /* as of the last beat */
@@ -40,7 +41,7 @@ static const char *health__verdict(cl_health *h, bool ready, char *buf, size_t c
     uint64_t now = cl_now_ms(NULL);
     uint64_t beat = atomic_load_explicit(&h->beat_ms, memory_order_acquire);
     uint64_t since = beat ? beat : h->start_ms;
-    if (now > since && now - since > CL_HEALTH_STALL_MS) {
+    if (now > since && now - since > h->stall_ms) {
         snprintf(buf, cap, "the worker's loop has not run for %llu ms",
                  (unsigned long long)(now - since));
         return buf;
@@ -100,7 +101,8 @@ static void health__mhd_log(void *cls, const char *fmt, va_list ap) {
     ks_log(KS_LOG_WARN, "health endpoint: %s", buf);
 }
 
-ks_err cl_health_start(const char *host, int port, cl_health **out, ks_errbuf *eb) {
+ks_err cl_health_start(const char *host, int port, uint32_t stall_ms, cl_health **out,
+                       ks_errbuf *eb) {
     *out = NULL;
     if (!host || port < 0 || port > 65535)
         return ks_seterr(eb, KS_ERR_INVAL,
@@ -108,6 +110,7 @@ ks_err cl_health_start(const char *host, int port, cl_health **out, ks_errbuf *e
     cl_health *h = calloc(1, sizeof *h);
     if (!h) return ks_seterr(eb, KS_ERR_NOMEM, "health endpoint: out of memory");
     h->start_ms = cl_now_ms(NULL);
+    h->stall_ms = stall_ms ? stall_ms : CL_HEALTH_STALL_MS;
     atomic_init(&h->beat_ms, 0);
     atomic_init(&h->registered, false);
     atomic_init(&h->draining, false);
@@ -154,6 +157,8 @@ void cl_health_beat(cl_health *h, bool registered, bool draining) {
     // release: a probe that sees this beat sees the two states above
     atomic_store_explicit(&h->beat_ms, now ? now : 1, memory_order_release);
 }
+
+int cl_health_port(const cl_health *h) { return h->port; }
 
 void cl_health_destroy(cl_health *h) {
     if (!h) return;

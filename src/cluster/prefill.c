@@ -1088,7 +1088,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
                       .on_frame = pf__router_frame, .on_lost = pf__on_lost, .health = pf__health,
                       .pool_check = pf__pool_check};
     if ((e = cl_ctrl_start(w.loop, &cc, &cb, &w, &w.ctrl, eb))) goto fail;
-    if (o->health_host && (e = cl_health_start(o->health_host, o->health_port, &w.health, eb)))
+    if (o->health_host && (e = cl_health_start(o->health_host, o->health_port, 0, &w.health, eb)))
         goto fail;
     ks_log(KS_LOG_INFO, "prefill worker: %u local KV pages, prefix cache %s, connecting to router %s:%d",
            eo->kv_pages, w.prefix ? "on" : "off", o->router_host, o->router_port);
