@@ -21,4 +21,13 @@ for f in ../k8s/router.yaml ../k8s/prefill.yaml ../k8s/decode.yaml; do
 done
 node validate.mjs ../k8s || rc=1
 node validate.mjs --cases cases || rc=1
+# a manifest left out of kustomization.yaml (it would never be applied) is caught
+tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT
+cp ../k8s/*.yaml "$tmp"/ && sed -i '/- prometheus.yaml/d' "$tmp/kustomization.yaml"
+out=$(node validate.mjs "$tmp")
+if grep -q "prometheus.yaml is not in resources" <<<"$out"; then
+    echo "ok   kustomization without prometheus.yaml: caught"
+else
+    echo "FAIL: a manifest missing from kustomization.yaml was not caught: $out"; rc=1
+fi
 exit $rc

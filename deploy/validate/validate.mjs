@@ -3,7 +3,10 @@
 //  1. kustomization.yaml lists every manifest in its folder and nothing else;
 //  2. every YAML document parses and validates against the API schema of its
 //     apiVersion/kind (the kubernetes-models package: types, required fields,
-//     formats); a kind without a schema is an error;
+//     formats); a kind without a schema is an error; and it has no field its
+//     kind does not define (a misspelt optional field, which the schemas
+//     allow and the API server would drop or refuse), read from the
+//     package's type declarations;
 //  3. the references between objects hold: Service and PodDisruptionBudget
 //     selectors match a workload's pod labels, a workload's selector matches
 //     its own template, Service targetPorts, probes and the Prometheus port
@@ -16,7 +19,7 @@
 //        node validate.mjs --cases DIR     each DIR/*.yaml alone must FAIL
 //                                          with the text of its "# expect:" line
 import { readFileSync, readdirSync, existsSync } from "node:fs";
-import { join, dirname, basename } from "node:path";
+import { join, dirname, basename, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseAllDocuments } from "yaml";
 
@@ -85,7 +88,108 @@ async function validateSchemas(res, errs) {
         : [e.message];
       for (const m of list) errs.push(`${where(r)}: schema: ${m}`);
     }
+    for (const m of unknownFields(o)) errs.push(`${where(r)}: ${m}`);
   }
+}
+
+// ----------------------------------------------------------------------------
+// Unknown fields: the JSON schemas allow any extra property, so the fields of
+// each kind come from kubernetes-models' TypeScript declarations (one
+// interface per file: `"name"?: TYPE;`, TYPE a leaf, Array<T>, a
+// { [key: string]: T } map, or an imported interface of another file)
+
+const modules = join(here, "node_modules");
+const dtsCache = new Map();
+
+/* The fields of the interface declared in file: Map name -> type, or null
+ * (a type alias such as IntOrString or Quantity: a leaf). */
+function dtsFields(file) {
+  if (dtsCache.has(file)) return dtsCache.get(file);
+  let text;
+  try {
+    text = readFileSync(file, "utf8");
+  } catch {
+    dtsCache.set(file, null);
+    return null;
+  }
+  const imports = new Map();
+  for (const m of text.matchAll(/^import \{ (\w+) \} from "([^"]+)";$/gm)) {
+    const spec = m[2];
+    const target = spec.startsWith(".")
+      ? resolve(dirname(file), spec.replace(/\.js$/, "") + ".d.ts")
+      : join(modules, spec + ".d.ts");
+    imports.set(m[1], target);
+  }
+  const body = text.match(/^export interface \w+(?: extends [\w, ]+)? \{\n([\s\S]*?)^\}/m);
+  if (!body) {
+    dtsCache.set(file, null);
+    return null;
+  }
+  // one field per line at indent 4; a map's type spans to its closing "};"
+  const fields = new Map();
+  const lines = body[1].replace(/^\s*\/\*\*[\s\S]*?\*\/\n/gm, "").split("\n");
+  for (let i = 0; i < lines.length; i++) {
+    const m = lines[i].match(/^ {4}"([^"]+)"\??: (.*)$/);
+    if (!m) continue;
+    let type = m[2];
+    while (type.endsWith("{") && i + 1 < lines.length) type += " " + lines[++i].trim();
+    while (/\{ \[key: string\]: [^}]*$/.test(type) && i + 1 < lines.length) type += " " + lines[++i].trim();
+    fields.set(m[1], parseType(type.replace(/;$/, ""), imports));
+  }
+  dtsCache.set(file, fields);
+  return fields;
+}
+
+/* A declared type: {ref: file} | {array: T} | {map: T} | {leaf: true}. */
+function parseType(t, imports) {
+  t = t.trim();
+  let m;
+  if ((m = t.match(/^Array<(.*)>$/))) return { array: parseType(m[1], imports) };
+  if ((m = t.match(/^\{ \[key: string\]: (.*?);? \}$/))) return { map: parseType(m[1], imports) };
+  if (imports.has(t)) return { ref: imports.get(t) };
+  return { leaf: true };
+}
+
+/* Levenshtein distance, for "did you mean". */
+function distance(a, b) {
+  const d = Array.from({ length: a.length + 1 }, (_, i) => [i, ...Array(b.length).fill(0)]);
+  for (let j = 1; j <= b.length; j++) d[0][j] = j;
+  for (let i = 1; i <= a.length; i++)
+    for (let j = 1; j <= b.length; j++)
+      d[i][j] = Math.min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1));
+  return d[a.length][b.length];
+}
+
+function strictWalk(v, type, path, out) {
+  if (v === null || v === undefined || type.leaf) return;
+  if (type.array) {
+    if (Array.isArray(v)) v.forEach((x, i) => strictWalk(x, type.array, `${path}/${i}`, out));
+    return;
+  }
+  if (type.map) {
+    if (typeof v === "object" && !Array.isArray(v))
+      for (const [k, x] of Object.entries(v)) strictWalk(x, type.map, `${path}/${k}`, out);
+    return;
+  }
+  const fields = dtsFields(type.ref);
+  if (!fields || typeof v !== "object" || Array.isArray(v)) return;
+  for (const [k, x] of Object.entries(v)) {
+    const ft = fields.get(k);
+    if (ft) {
+      strictWalk(x, ft, `${path}/${k}`, out);
+      continue;
+    }
+    const near = [...fields.keys()].filter((f) => distance(f.toLowerCase(), k.toLowerCase()) <= 2);
+    out.push(`${path}/${k}: unknown field${near.length ? ` (did you mean ${near.join(", ")}?)` : ""}`);
+  }
+}
+
+/* The unknown fields of o, a kind of group/version gv (as modelFor). */
+function unknownFields(o) {
+  const gv = o.apiVersion.includes("/") ? o.apiVersion : "v1";
+  const out = [];
+  strictWalk(o, { ref: join(modules, "kubernetes-models", gv, `${o.kind}.d.ts`) }, "", out);
+  return out;
 }
 
 // ----------------------------------------------------------------------------
@@ -235,6 +339,11 @@ function loadKustomization(dir, errs) {
     return [];
   }
   const k = parseFile(kpath, errs)[0]?.obj ?? {};
+  const known = ["apiVersion", "kind", "namespace", "namePrefix", "nameSuffix", "resources",
+                 "images", "labels", "commonLabels", "commonAnnotations", "configMapGenerator",
+                 "secretGenerator", "generatorOptions", "patches", "replicas", "components"];
+  for (const key of Object.keys(k))
+    if (!known.includes(key)) errs.push(`${kpath}: unknown field ${key}`);
   const listed = k.resources ?? [];
   const files = readdirSync(dir).filter((f) => /\.ya?ml$/.test(f) && f !== "kustomization.yaml");
   for (const f of files) if (!listed.includes(f)) errs.push(`${kpath}: ${f} is not in resources`);
@@ -243,6 +352,15 @@ function loadKustomization(dir, errs) {
     if (!existsSync(join(dir, f))) errs.push(`${kpath}: resource ${f} does not exist`);
     else res.push(...parseFile(join(dir, f), errs));
   }
+  // every image kustomize rewrites is one a container uses
+  const used = new Set(
+    res.flatMap((r) => {
+      const spec = r.obj?.spec?.template?.spec ?? {};
+      return [...(spec.initContainers ?? []), ...(spec.containers ?? [])].map((c) => c.image);
+    }),
+  );
+  for (const im of k.images ?? [])
+    if (!used.has(im.name)) errs.push(`${kpath}: images names ${im.name}, which no container uses`);
   // kustomize sets the namespace of every object that has none
   if (k.namespace)
     for (const r of res)
