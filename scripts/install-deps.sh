@@ -59,3 +59,12 @@ if [ ! -d "$js/node_modules/openai" ] || [ ! -d "$js/node_modules/@anthropic-ai/
   echo "install-deps: npm ci in tests/e2e/js" >&2
   (cd "$js" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi
+
+# deploy/validate checks the Kubernetes manifests offline (ctest
+# deploy_validate) with the kubernetes-models schemas and the yaml parser
+# (versions pinned in deploy/validate/package-lock.json)
+dv="$(dirname "$0")/../deploy/validate"
+if [ ! -d "$dv/node_modules/kubernetes-models" ] || [ ! -d "$dv/node_modules/yaml" ]; then
+  echo "install-deps: npm ci in deploy/validate" >&2
+  (cd "$dv" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi

@@ -87,6 +87,7 @@ typedef struct dec__worker {
     pd_loop *l;
     pd_listener *ls;
     cl_ctrl *ctrl;
+    cl_health *health;     /* --health-port's endpoint, or NULL; set before the engine starts */
     pd_recv *rcv;
     uint32_t tm_data[PD_MSG_N_TYPES], tm_ctrl[PD_MSG_N_TYPES];
     char host[PD_MSG_MAX_HOST + 1]; /* REGISTER host (borrowed by ctrl) */
@@ -885,6 +886,7 @@ static void dec__poll(void *ctx, engine *e, int timeout_ms) {
     (void)pd_recv_tick(w->rcv);
     dec__flush(w);
     cl_ctrl_tick(w->ctrl);
+    cl_health_beat(w->health, cl_ctrl_registered(w->ctrl), atomic_load(&w->draining));
     dec__drain(w);
     pd_recv_stats rs;
     pd_recv_get_stats(w->rcv, &rs);
@@ -926,9 +928,16 @@ ks_err cluster_decode_run(const cluster_worker_opts *o, const atomic_int *stop,
     eo.poll_end = dec__poll_end;
     eo.poll_ctx = w;
     w->max_running = eo.max_running;
+    ks_err err;
+    if (o->health_host &&
+        (err = cl_health_start(o->health_host, o->health_port, 0, &w->health, eb))) {
+        free(w);
+        return err;
+    }
     engine *e = NULL;
-    ks_err err = engine_create(&eo, &e, eb);
+    err = engine_create(&eo, &e, eb);
     if (err != KS_OK) {
+        cl_health_destroy(w->health);
         free(w);
         return err;
     }
@@ -940,6 +949,7 @@ ks_err cluster_decode_run(const cluster_worker_opts *o, const atomic_int *stop,
         engine_destroy(e);
         err = ks_seterr(eb, w->start_eb.code ? w->start_eb.code : KS_ERR_IO, "decode worker: %s",
                         w->start_eb.msg);
+        cl_health_destroy(w->health);
         free(w->req);
         free(w);
         return err;
@@ -959,6 +969,7 @@ ks_err cluster_decode_run(const cluster_worker_opts *o, const atomic_int *stop,
                    atomic_load(&w->live));
     }
     engine_destroy(e);  // runs poll_end: abort, links closed, receiver freed
+    cl_health_destroy(w->health);
     free(w->req);
     free(w);
     return KS_OK;
