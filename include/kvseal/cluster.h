@@ -62,6 +62,10 @@ typedef struct cluster_worker_opts {
                           new (HEALTH_ACK DRAINING, DENY/REJECT DRAINING); 0: abort at once */
     const char *names; /* the names it serves the model as, comma-separated (REGISTER names:
                           the file's name, then aliases); NULL: none; borrowed */
+    const char *health_host; /* both: the HTTP health endpoint's address (GET /health:
+                                liveness, GET /ready: registered and not draining);
+                                NULL: none */
+    int health_port;         /* its port (0: any free one); prints "health on http://H:P" */
 } cluster_worker_opts;
 
 /* Runs a prefill worker until *stop becomes non-zero (then drains, see
