@@ -468,18 +468,6 @@ static void dl__on_link(dec__link *k, const pd_frame *f) {
         dec__proto_close(k->c, eb.msg);
         return;
     }
-    if (memcmp(m.model_id, w->model_id, sizeof w->model_id)) {
-        // pages of one model are meaningless (and a leak) under another's weights
-        char why[192];
-        snprintf(why, sizeof why,
-                 "LINK refused: prefill worker %u serves model %02x%02x%02x%02x.., this decode "
-                 "worker model %02x%02x%02x%02x..: no page crosses models",
-                 m.prefill_worker_id, m.model_id[0], m.model_id[1], m.model_id[2], m.model_id[3],
-                 w->model_id[0], w->model_id[1], w->model_id[2], w->model_id[3]);
-        ks_log(KS_LOG_WARN, "decode: %s (from %s)", why, pd_conn_peer_addr(k->c));
-        cl_error_close(k->c, KS_ERR_PROTO, why);
-        return;
-    }
     for (dec__link *o = w->links; o; o = o->next)
         if (o != k && o->epoch != 0 && !o->retired && o->prefill_id == m.prefill_worker_id &&
             o->router_gen != w->router_gen) {
@@ -504,6 +492,18 @@ static void dl__on_link(dec__link *k, const pd_frame *f) {
             cl_error_close(k->c, KS_ERR_PROTO, why);
             return;
         }
+    if (memcmp(m.model_id, w->model_id, sizeof w->model_id)) {
+        // pages of one model are meaningless (and a leak) under another's weights
+        char why[192];
+        snprintf(why, sizeof why,
+                 "LINK refused: prefill worker %u serves model %02x%02x%02x%02x.., this decode "
+                 "worker model %02x%02x%02x%02x..: no page crosses models",
+                 m.prefill_worker_id, m.model_id[0], m.model_id[1], m.model_id[2], m.model_id[3],
+                 w->model_id[0], w->model_id[1], w->model_id[2], w->model_id[3]);
+        ks_log(KS_LOG_WARN, "decode: %s (from %s)", why, pd_conn_peer_addr(k->c));
+        cl_error_close(k->c, KS_ERR_PROTO, why);
+        return;
+    }
     k->epoch = dec__new_epoch(w);
     k->router_gen = w->router_gen;
     k->prefill_id = m.prefill_worker_id;
