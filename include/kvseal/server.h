@@ -127,6 +127,9 @@ typedef struct server_backend {
      * all (NULL: the backend has one model; /admin's model parameter then names it) */
     void (*set_model_online)(void *impl, int entry, bool online, bool abort_running);
     bool (*is_model_online)(void *impl, int entry); /* NULL with set_model_online */
+    /* Prometheus text the backend adds to /metrics (series labelled by model, say),
+     * malloc'd, the caller frees it; NULL: none (also the member NULL). Any thread. */
+    char *(*metrics_text)(void *impl);
 } server_backend;
 
 /* Parses --tool-call-format's value into server_opts.tool_call_format:

@@ -91,8 +91,10 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     if (err) {
         free(bias);
         atomic_fetch_add(&r->n_rejected, 1);
+        atomic_fetch_add(&md->n_rejected, 1);
         return err;
     }
+    atomic_fetch_add(&md->n_admitted, 1);
     rt_req *q = calloc(1, sizeof *q);
     if (!q) {
         free(bias);
@@ -163,8 +165,10 @@ static ks_err rt__embed_submit(void *impl, const engine_embed_params *p, void **
                            r->o.queue_max);
     if (err) {
         atomic_fetch_add(&r->n_rejected, 1);
+        atomic_fetch_add(&md->n_rejected, 1);
         return err;
     }
+    atomic_fetch_add(&md->n_admitted, 1);
     rt_req *q = calloc(1, sizeof *q);
     if (!q) return ks_seterr(eb, KS_ERR_NOMEM, "request");
     atomic_init(&q->refs, 2);
@@ -301,6 +305,62 @@ static bool rt__is_model_online(void *impl, int mi) {
     return mi >= 0 && mi < r->n_models && atomic_load(&r->models[mi].online);
 }
 
+/* Appends a label value with \\, \" and \n escaped (Prometheus text format). */
+static void rt__lbl(char *b, size_t cap, size_t *n, const char *v) {
+    for (; *v && *n + 3 < cap; v++) {
+        if (*v == '\\' || *v == '"' || *v == '\n') b[(*n)++] = '\\';
+        b[(*n)++] = *v == '\n' ? 'n' : *v;
+    }
+    b[*n] = 0;
+}
+
+/* server_backend.metrics_text: the catalog's per-model series. */
+static char *rt__metrics_text(void *impl) {
+    cluster_router *r = impl;
+    size_t cap = 1024 + (size_t)r->n_models * 1024, n = 0;
+    char *b = malloc(cap);
+    if (!b) return NULL;
+    static const char *const head =
+        "# HELP kvseal_model_workers Workers registered for each model of the router's catalog.\n"
+        "# TYPE kvseal_model_workers gauge\n";
+    n = (size_t)snprintf(b, cap, "%s", head);
+    const char *what[4] = {"workers", "online", "admitted", "rejected"};
+    for (int k = 0; k < 4; k++) {
+        if (k == 1)
+            n += (size_t)snprintf(b + n, cap - n,
+                                  "# HELP kvseal_model_online Whether the model takes new requests "
+                                  "(/admin/models/{name}/offline).\n# TYPE kvseal_model_online gauge\n");
+        else if (k == 2)
+            n += (size_t)snprintf(b + n, cap - n,
+                                  "# HELP kvseal_model_admitted_total Requests for the model past "
+                                  "admission.\n# TYPE kvseal_model_admitted_total counter\n");
+        else if (k == 3)
+            n += (size_t)snprintf(b + n, cap - n,
+                                  "# HELP kvseal_model_rejected_total Requests for the model refused "
+                                  "at admission (no worker, offline, too long, ...).\n"
+                                  "# TYPE kvseal_model_rejected_total counter\n");
+        for (int i = 0; i < r->n_models && n + 256 < cap; i++) {
+            const rt_model *md = &r->models[i];
+            for (int role = 0; role < (k == 0 ? 2 : 1); role++) {
+                n += (size_t)snprintf(b + n, cap - n, "kvseal_model_%s%s{model=\"", what[k],
+                                      k >= 2 ? "_total" : "");
+                rt__lbl(b, cap - 64, &n, md->name);
+                if (k == 0)
+                    n += (size_t)snprintf(b + n, cap - n, "\",role=\"%s\"} %u\n",
+                                          role ? "prefill" : "decode",
+                                          atomic_load(role ? &md->n_prefill : &md->n_decode));
+                else if (k == 1)
+                    n += (size_t)snprintf(b + n, cap - n, "\"} %d\n", atomic_load(&md->online) ? 1 : 0);
+                else
+                    n += (size_t)snprintf(b + n, cap - n, "\"} %llu\n",
+                                          (unsigned long long)atomic_load(k == 2 ? &md->n_admitted
+                                                                                 : &md->n_rejected));
+            }
+        }
+    }
+    return b;
+}
+
 static void rt__get_stats(void *impl, engine_stats *out) {
     cluster_router *r = impl;
     memset(out, 0, sizeof *out);
@@ -364,6 +424,7 @@ void cluster_router_backend(cluster_router *r, server_backend *out) {
                             .set_online = rt__set_online,
                             .set_model_online = rt__set_model_online,
                             .is_model_online = rt__is_model_online,
+                            .metrics_text = rt__metrics_text,
                             .get_stats = rt__get_stats,
                             .check_quiescent = rt__check_quiescent,
                             .submit_n = rt__submit_n,

@@ -32,6 +32,7 @@ typedef struct rt_model {
     atomic_uint n_decode, n_prefill;
     atomic_uint max_decode_pages; /* largest registered decode pool, for admission */
     atomic_bool online;     /* per-model /admin offline: new requests get 503 */
+    atomic_ullong n_admitted, n_rejected; /* requests past / refused at admission */
 } rt_model;
 
 typedef enum rt_phase {

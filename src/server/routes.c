@@ -559,6 +559,16 @@ enum MHD_Result srv__metrics(server *s, struct MHD_Connection *c, const srv_call
     engine_stats es;
     s->b.get_stats(s->b.impl, &es);
     char *text = srv_metrics_render(&s->met, &es, s->b.is_online(s->b.impl));
+    char *more = text && s->b.metrics_text ? s->b.metrics_text(s->b.impl) : NULL;
+    if (more) { // the backend's own series (the router's per-model ones)
+        size_t a = strlen(text), n = strlen(more);
+        char *both = realloc(text, a + n + 1);
+        if (both) {
+            memcpy(both + a, more, n + 1);
+            text = both;
+        }
+        free(more);
+    }
     // count this scrape before rendering the next one; the text shows earlier ones
     enum MHD_Result r =
         srv__reply(s, c, SRV_ROUTE_METRICS, 200, text, "text/plain; version=0.0.4; charset=utf-8");

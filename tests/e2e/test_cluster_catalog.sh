@@ -5,7 +5,8 @@
 # B,beta`, one prefill and one decode worker each:
 #   - each model's requests answer with that model's tokens (the same text as
 #     `kvseal serve` of that file, greedy), and the two answers differ;
-#   - /v1/models lists both; an unknown model is 404 model_not_found naming
+#   - /v1/models lists both (and /metrics has kvseal_model_* series per
+#     model); an unknown model is 404 model_not_found naming
 #     what is served;
 #   - /admin/models/beta/offline takes beta only offline (alpha answers);
 #   - a decode worker whose pool cannot hold the context advertised for its
@@ -98,10 +99,17 @@ req "unknown model" 404 "$URL/v1/completions" -H 'Content-Type: application/json
 expect_has "unknown model code" "$BODY" model_not_found
 expect_has "unknown model names the catalog" "$BODY" "serves 'alpha', 'beta'"
 
+# --- metrics labelled by model ---------------------------------------------------------
+M=$(curl -sS "$URL/metrics")
+expect_has "metrics: alpha's decode worker" "$M" 'kvseal_model_workers{model="alpha",role="decode"} 1'
+expect_has "metrics: beta's prefill worker" "$M" 'kvseal_model_workers{model="beta",role="prefill"} 1'
+expect_has "metrics: beta online" "$M" 'kvseal_model_online{model="beta"} 1'
+
 # --- per-model offline: beta only ---------------------------------------------------
 req "beta offline" 200 -X POST -H "Authorization: Bearer $ADMIN" "$URL/admin/models/beta/offline"
 req "beta while offline" 503 "$URL/v1/completions" -H 'Content-Type: application/json' -d "$BODY_B"
 req "alpha while beta offline" 200 "$URL/v1/completions" -H 'Content-Type: application/json' -d "$BODY_A"
+expect_has "metrics: beta offline" "$(curl -sS "$URL/metrics")" 'kvseal_model_online{model="beta"} 0'
 req "beta online" 200 -X POST -H "Authorization: Bearer $ADMIN" "$URL/admin/models/beta/online"
 req "beta online again" 200 "$URL/v1/completions" -H 'Content-Type: application/json' -d "$BODY_B"
 
@@ -123,6 +131,10 @@ wait_for "beta's workers to leave the router" \
     log_count_ge '(decode|prefill) worker [0-9]+ (left after draining|lost)' 2
 req "beta without workers" 503 "$URL/v1/completions" -H 'Content-Type: application/json' -d "$BODY_B"
 expect_has "beta's refusal names the model" "$BODY" "for model 'beta'"
+M=$(curl -sS "$URL/metrics")
+expect_has "metrics: beta has no decode worker" "$M" 'kvseal_model_workers{model="beta",role="decode"} 0'
+expect_has "metrics: alpha keeps its own" "$M" 'kvseal_model_workers{model="alpha",role="decode"} 1'
+
 req "alpha after beta left" 200 "$URL/v1/completions" -H 'Content-Type: application/json' -d "$BODY_A"
 expect_eq "alpha still alpha's" "$(completion_text "$BODY")" "$REF_A"
 req "pool check" 200 -H "Authorization: Bearer $ADMIN" "$URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))"
