@@ -27,6 +27,11 @@ ADMIN=adm-catalog-0123456789
 PIDS=()
 trap 'kill -KILL "${PIDS[@]}" $KS_PID 2>/dev/null; rm_tmpd' EXIT
 
+# only the router fronts several models
+out=$("$KS_BIN" serve -m "$TMPD/alpha.gguf" -m "$TMPD/beta.gguf" --port 0 2>&1); rc=$?
+expect_eq "serve with two models: status" "$rc" 2
+expect_has "serve with two models: message" "$out" "one --model only (kvseal router fronts several)"
+
 # --- references: kvseal serve on each file ------------------------------------
 BODY_A='{"model":"alpha","prompt":"In the beginning","max_tokens":12,"temperature":0,"ignore_eos":true}'
 BODY_B=${BODY_A/alpha/beta}
