@@ -282,7 +282,10 @@ static void rt__schedule(cluster_router *r) {
         }
         const int32_t pt = r->models[q->mi].g.page_tokens;
         uint32_t need = (uint32_t)((q->n_prompt + q->max_tokens + pt - 1) / pt);
-        rt_worker *d = rt__pick(r, q->mi, PD_ROLE_DECODE, need, 0), *p = rt__pick_prefill(r, q);
+        // a decode worker without a link from the prefill side (a partition)
+        // would deny it forever while it is the least loaded: skip it once
+        rt_worker *d = rt__pick(r, q->mi, PD_ROLE_DECODE, need, q->avoid_d), *p = rt__pick_prefill(r, q);
+        if (!d) d = rt__pick(r, q->mi, PD_ROLE_DECODE, need, 0);
         if (!d || !p) {
             q->retry_ms = now + RT_RETRY_MS;  // a worker may (re)register
             blocked |= bit;
@@ -754,6 +757,7 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
         if (pd_msg_deny_decode(f->payload, f->payload_len, &d, &eb) != KS_OK) return;
         snprintf(msg, sizeof msg, "%.*s", (int)d.msg_len, d.msg);
         if (d.reason == PD_DENY_DRAINING) rt__set_draining(w);  // pair it elsewhere from now on
+        if (d.reason == PD_DENY_NO_LINK) q->avoid_d = w->id;
         if (d.reason == PD_DENY_NOSPACE || d.reason == PD_DENY_NO_LINK || d.reason == PD_DENY_DRAINING) {
             rt__requeue(r, q, cl_now_ms(NULL) + RT_RETRY_MS);
         } else { // CONTEXT: decode's n_ctx is below the router's; INVALID: its grammar or

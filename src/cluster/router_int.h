@@ -86,6 +86,8 @@ typedef struct rt_req {
     uint64_t retry_ms;   /* WAITING: not before */
     int retries;         /* restarts (stale grant, draining or lost prefill) */
     uint32_t avoid_p;    /* prefill worker it lost (its link may be dying): not again */
+    uint32_t avoid_d;    /* decode worker that had no link from its prefill worker
+                          * (DENY NO_LINK): another one while another can hold it */
     int32_t n_gen;
     int32_t n_cached;    /* FINISH: prompt tokens prefill took from its prefix cache */
     struct rt_req *hnext; /* hash chain */
