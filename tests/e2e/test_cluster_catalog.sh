@@ -89,6 +89,12 @@ req "router alpha" 200 "$URL/v1/completions" -H 'Content-Type: application/json'
 expect_eq "alpha's tokens are alpha's (serve)" "$(completion_text "$BODY")" "$REF_A"
 req "router beta" 200 "$URL/v1/completions" -H 'Content-Type: application/json' -d "$BODY_B"
 expect_eq "beta's tokens are beta's (serve)" "$(completion_text "$BODY")" "$REF_B"
+# Workers AI's routes name the model in the URL
+req "workers run beta" 200 "$URL/accounts/acct1/ai/run/beta" -H 'Content-Type: application/json' \
+    -d '{"prompt":"In the beginning","max_tokens":12,"temperature":0,"ignore_eos":true}'
+expect_has "workers run answers with beta's tokens" "$BODY" "$REF_B"
+req "workers run unknown" 404 "$URL/accounts/acct1/ai/run/gamma" -H 'Content-Type: application/json' \
+    -d '{"prompt":"In","max_tokens":1}'
 # chat goes by model too (each entry's own template and vocabulary)
 req "router chat beta" 200 "$URL/v1/chat/completions" -H 'Content-Type: application/json' \
     -d '{"model":"beta","messages":[{"role":"user","content":"hi"}],"max_tokens":3}'

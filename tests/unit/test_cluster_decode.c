@@ -68,6 +68,7 @@ typedef struct harness {
     bool link_open, link_closed;
     int n_pclosed; /* data links closed so far */
     uint64_t epoch;
+    bool foreign_link; /* the next LINK claims worker 9 of another model (phase_model) */
     rframe pf[64];
     int n_pf;
     // worker
@@ -144,8 +145,9 @@ static void r_on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
 static void p_on_open(pd_conn *c, void *ud) {
     harness *h = ud;
     h->link_open = true;
-    pd_msg_link lk = {.prefill_worker_id = PREFILL_ID};
+    pd_msg_link lk = {.prefill_worker_id = h->foreign_link ? 9u : PREFILL_ID};
     memcpy(lk.model_id, h->model_id, sizeof lk.model_id);
+    if (h->foreign_link) lk.model_id[0] ^= 0xff;
     uint8_t buf[PD_MSG_LINK_LEN];
     uint32_t len;
     CHECK(pd_msg_link_encode(&lk, buf, sizeof buf, &len, NULL) == KS_OK);
@@ -228,6 +230,7 @@ static bool p_grant_or_deny(harness *h, uint64_t id) {
     return find_rf(h, id, PD_MSG_GRANT) || find_rf(h, id, PD_MSG_DENY);
 }
 static bool p_finish(harness *h, uint64_t id) { return find_rf(h, id, PD_MSG_FINISH) != NULL; }
+static bool p_pclosed(harness *h, uint64_t n) { return (uint64_t)h->n_pclosed >= n; }
 static bool p_pf_abort(harness *h, uint64_t id) {
     for (int i = 0; i < h->n_pf; i++)
         if (h->pf[i].req_id == id && h->pf[i].type == PD_MSG_ABORT) return true;
@@ -672,6 +675,36 @@ static void phase_model(harness *h) {
     char msg[PD_MSG_MAX_TEXT + 1];
     snprintf(msg, sizeof msg, "%.*s", (int)d.msg_len, d.msg);
     CHECK_STR_HAS(msg, "no page crosses models");
+    expect_clean(h);
+    // a data link from a prefill worker of another model never comes up: ERROR
+    // naming both models, closed; the live link is untouched
+    uint64_t live = h->epoch;
+    int closed = h->n_pclosed;
+    pd_conn *bad = NULL;
+    h->foreign_link = true;
+    CHECK(pd_tcp_connect(h->pl, "127.0.0.1", h->data_port, 2000,
+                         &(pd_conn_cbs){.on_open = p_on_open, .on_frame = p_on_frame,
+                                        .on_close = p_on_close, .type_max = h->tm,
+                                        .n_types = PD_MSG_N_TYPES,
+                                        .peer_roles = 1u << PD_ROLE_DECODE},
+                         h, &bad, NULL) == KS_OK);
+    wait_for(h, p_pclosed, (uint64_t)closed + 1, "the foreign link closed");
+    h->foreign_link = false;
+    CHECK_EQ(h->epoch, live); // no LINK_ACK came
+    const rframe *ef = NULL;
+    for (int i = 0; i < h->n_pf; i++)
+        if (h->pf[i].type == PD_MSG_ERROR) ef = &h->pf[i];
+    CHECK(ef != NULL);
+    pd_msg_error em;
+    CHECK(pd_msg_error_decode(ef->data, ef->len, &em, NULL) == KS_OK);
+    snprintf(msg, sizeof msg, "%.*s", (int)em.msg_len, em.msg);
+    CHECK_STR_HAS(msg, "LINK refused: prefill worker 9 serves model");
+    CHECK_STR_HAS(msg, "no page crosses models");
+    CHECK(h->pc != NULL && !h->link_closed);
+    admit(h, 11, 4); // the live link still grants
+    router_abort(h, 11, PD_ABORT_CLIENT_GONE);
+    wait_for(h, p_pf_abort, 11, "ABORT 11 on the link");
+    send1(h->pc, PD_MSG_ABORT_ACK, 11, NULL, 0);
     expect_clean(h);
 }
 
