@@ -1518,11 +1518,13 @@ static void test_seal(void) {
     // sealed in place, opened into other memory
     enum { N0 = 40000, N1 = 1000 };
     pd_seal_grant tx, rx, rx_other;
-    CHECK_EQ(pd_seal_grant_init(&tx, kp, 42, 9001, 3, true, &eb), KS_OK);
-    CHECK_EQ(pd_seal_grant_init(&rx, kd, 42, 9001, 3, false, &eb), KS_OK);
-    pd_seal_ad ad0 = {.req_id = 42, .seq_uid = 9001, .gen = 3, .page_id = 17, .page_index = 0,
-                      .n_rows = 16, .layer_lo = 0, .layer_hi = 4};
+    CHECK_EQ(pd_seal_grant_init(&tx, kp, 42, 9001, true, &eb), KS_OK);
+    CHECK_EQ(pd_seal_grant_init(&rx, kd, 42, 9001, false, &eb), KS_OK);
+    pd_seal_ad ad0 = {.req_id = 42, .seq_uid = 9001, .gen = 3, .record = 0, .page_id = 17,
+                      .page_index = 0, .n_rows = 16, .layer_lo = 0, .layer_hi = 4};
     pd_seal_ad ad1 = ad0;
+    ad1.record = 1;
+    ad1.gen = 5;
     ad1.page_id = 5;
     ad1.page_index = 1;
     ad1.n_rows = 3;
@@ -1539,7 +1541,7 @@ static void test_seal(void) {
     CHECK_EQ(pd_seal_open(&rx, &ad1, p1, N1, o, &eb), KS_OK);
     CHECK(check_pat(o, N1, 2, 0));
 
-    // (c) a nonce is never reused: the sealer refuses an index not above the last
+    // (c) a nonce is never reused: the sealer refuses a record number not above the last
     uint8_t small[8 + PD_SEAL_TAG_BYTES] = {0};
     CHECK_EQ(pd_seal_page(&tx, &ad1, small, 8, small, &eb), KS_ERR_INVAL);
     CHECK_EQ(pd_seal_page(&tx, &ad0, small, 8, small, &eb), KS_ERR_INVAL);
@@ -1557,7 +1559,7 @@ static void test_seal(void) {
     memcpy(p0, keep0, N0 + PD_SEAL_TAG_BYTES);
 
     // (e) the right bytes in the wrong place (AAD): another page id, row count,
-    // layer range or index of the same grant
+    // layer range, page index, generation or record number of the same grant
     pd_seal_ad bad = ad0;
     bad.page_id = 18;
     CHECK_EQ(pd_seal_open(&rx, &bad, p0, N0, o, &eb), KS_ERR_PROTO);
@@ -1570,29 +1572,43 @@ static void test_seal(void) {
     bad = ad0;
     bad.page_index = 1;
     CHECK_EQ(pd_seal_open(&rx, &bad, p0, N0, o, &eb), KS_ERR_PROTO);
-    // a page with another grant's tag under this grant's key: refused before any work
     bad = ad0;
     bad.gen = 4;
+    CHECK_EQ(pd_seal_open(&rx, &bad, p0, N0, o, &eb), KS_ERR_PROTO);
+    bad = ad0;
+    bad.record = 1;
+    CHECK_EQ(pd_seal_open(&rx, &bad, p0, N0, o, &eb), KS_ERR_PROTO);
+    // a page of another grant under this grant's key: refused before any work
+    bad = ad0;
+    bad.seq_uid = 9002;
     CHECK_EQ(pd_seal_open(&rx, &bad, p0, N0, o, &eb), KS_ERR_INVAL);
 
-    // (f) replayed into another grant: the same request re-granted (new gen),
-    // another request in the same pages, or another link's key
-    CHECK_EQ(pd_seal_grant_init(&rx_other, kd, 42, 9001, 4, false, &eb), KS_OK);
+    // (f) replayed into another grant: the same request granted again (new
+    // sequence), another request in the same pages, or another link's key
+    CHECK_EQ(pd_seal_grant_init(&rx_other, kd, 42, 9002, false, &eb), KS_OK);
     bad = ad0;
-    bad.gen = 4;
+    bad.seq_uid = 9002;
     CHECK_EQ(pd_seal_open(&rx_other, &bad, p0, N0, o, &eb), KS_ERR_PROTO);
     pd_seal_grant_free(&rx_other);
-    CHECK_EQ(pd_seal_grant_init(&rx_other, kd, 43, 9001, 3, false, &eb), KS_OK);
+    CHECK_EQ(pd_seal_grant_init(&rx_other, kd, 43, 9001, false, &eb), KS_OK);
     bad = ad0;
     bad.req_id = 43;
     CHECK_EQ(pd_seal_open(&rx_other, &bad, p0, N0, o, &eb), KS_ERR_PROTO);
     pd_seal_grant_free(&rx_other);
-    CHECK_EQ(pd_seal_grant_init(&rx_other, k2, 42, 9001, 3, false, &eb), KS_OK);
+    CHECK_EQ(pd_seal_grant_init(&rx_other, k2, 42, 9001, false, &eb), KS_OK);
     CHECK_EQ(pd_seal_open(&rx_other, &ad0, p0, N0, o, &eb), KS_ERR_PROTO);
     pd_seal_grant_free(&rx_other);
-    // the genuine page still opens
+    // the genuine page still opens, also into pieces (a page's K and V planes)
     CHECK_EQ(pd_seal_open(&rx, &ad0, p0, N0, o, &eb), KS_OK);
     CHECK(check_pat(o, N0, 1, 0));
+    memset(o, 0, N0);
+    struct iovec pieces[3] = {{o, 100}, {o + 100, 30000}, {o + 30100, N0 - 30100}};
+    CHECK_EQ(pd_seal_openv(&rx, &ad0, p0, N0, pieces, 3, &eb), KS_OK);
+    CHECK(check_pat(o, N0, 1, 0));
+    p0[N0 - 2] ^= 1;
+    CHECK_EQ(pd_seal_openv(&rx, &ad0, p0, N0, pieces, 3, &eb), KS_ERR_PROTO);
+    CHECK(o[0] == 0 && o[200] == 0 && o[N0 - 1] == 0);
+    p0[N0 - 2] ^= 1;
     // roles are not interchangeable
     CHECK_EQ(pd_seal_open(&tx, &ad0, p0, N0, o, &eb), KS_ERR_INVAL);
     pd_seal_grant_free(&tx);

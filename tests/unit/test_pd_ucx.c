@@ -68,8 +68,9 @@ static ks_err flush(pair *p) {
 }
 
 static pd_seal_ad page_ad(uint64_t req, uint32_t gen, uint32_t i) {
-    pd_seal_ad ad = {.req_id = req, .seq_uid = 77, .gen = gen, .page_id = 100 + i,
-                     .page_index = i, .n_rows = 16, .layer_lo = 0, .layer_hi = 2};
+    pd_seal_ad ad = {.req_id = req, .seq_uid = 77 + gen, .gen = gen, .record = i,
+                     .page_id = 100 + i, .page_index = i, .n_rows = 16, .layer_lo = 0,
+                     .layer_hi = 2};
     return ad;
 }
 
@@ -118,8 +119,8 @@ static int test_transport(const char *tls) {
     pd_ucx_rkey *k = NULL;
     CHECK_EQ(pd_ucx_rkey_open(p.ep, packed, klen, &k, &eb), KS_OK);
     pd_seal_grant tx, rx;
-    CHECK_EQ(pd_seal_grant_init(&tx, LINK_KEY, 1, 77, 1, true, &eb), KS_OK);
-    CHECK_EQ(pd_seal_grant_init(&rx, LINK_KEY, 1, 77, 1, false, &eb), KS_OK);
+    CHECK_EQ(pd_seal_grant_init(&tx, LINK_KEY, 1, 77 + 1, true, &eb), KS_OK);
+    CHECK_EQ(pd_seal_grant_init(&rx, LINK_KEY, 1, 77 + 1, false, &eb), KS_OK);
     put_pages(&p, &tx, k, raddr, 1, 1, sealed, 0, NPG);
     CHECK_EQ(flush(&p), KS_OK);
     // DONE arrived: decode opens every page into the pool, verifying it
@@ -147,7 +148,7 @@ static int test_transport(const char *tls) {
     CHECK_EQ(pd_ucx_map(p.dec, staging, (size_t)NPG * SLOT, &r, &eb), KS_OK);
     packed = pd_ucx_region_key(r, &klen, &raddr);
     CHECK_EQ(pd_ucx_rkey_open(p.ep, packed, klen, &k, &eb), KS_OK);
-    CHECK_EQ(pd_seal_grant_init(&tx, LINK_KEY, 2, 77, 2, true, &eb), KS_OK);
+    CHECK_EQ(pd_seal_grant_init(&tx, LINK_KEY, 2, 77 + 2, true, &eb), KS_OK);
     put_pages(&p, &tx, k, raddr, 2, 2, sealed, 0, NPG / 2);
     CHECK_EQ(flush(&p), KS_OK);
     CHECK(!all_zero(staging, SLOT));
@@ -163,7 +164,7 @@ static int test_transport(const char *tls) {
     // under the next grant's key (the staging slot's next user)
     CHECK(all_zero(pool, (size_t)NPG * PAGE));
     if (landed) {
-        CHECK_EQ(pd_seal_grant_init(&rx, LINK_KEY, 3, 77, 3, false, &eb), KS_OK);
+        CHECK_EQ(pd_seal_grant_init(&rx, LINK_KEY, 3, 77 + 3, false, &eb), KS_OK);
         pd_seal_ad ad = page_ad(3, 3, NPG / 2);
         CHECK_EQ(pd_seal_open(&rx, &ad, staging + (size_t)(NPG / 2) * SLOT, PAGE, pool, &eb),
                  KS_ERR_PROTO);
@@ -206,8 +207,8 @@ static void bench(const char *tls, int mib) {
         pd_ucx_rkey *k;
         CHECK_EQ(pd_ucx_rkey_open(p.ep, packed, klen, &k, &eb), KS_OK);
         pd_seal_grant tx, rx;
-        CHECK_EQ(pd_seal_grant_init(&tx, LINK_KEY, (uint64_t)g, 77, 1, true, &eb), KS_OK);
-        CHECK_EQ(pd_seal_grant_init(&rx, LINK_KEY, (uint64_t)g, 77, 1, false, &eb), KS_OK);
+        CHECK_EQ(pd_seal_grant_init(&tx, LINK_KEY, (uint64_t)g, 77 + 1, true, &eb), KS_OK);
+        CHECK_EQ(pd_seal_grant_init(&rx, LINK_KEY, (uint64_t)g, 77 + 1, false, &eb), KS_OK);
         for (uint32_t i = 0; i < GP; i++) {
             uint8_t *s = sealed + (size_t)i * SLOT;
             pd_seal_ad ad = page_ad((uint64_t)g, 1, i);
