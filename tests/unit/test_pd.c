@@ -303,7 +303,7 @@ static void test_wire_layout(void) {
                              PD_MAX_PAYLOAD_DEFAULT, &n, NULL), KS_OK);
     CHECK_EQ(n, 29);
     CHECK_MEM_EQ(buf, "KVPD", 4);  // magic 0x4450564b little-endian
-    CHECK_EQ(buf[4], 2); // PD_VERSION 2 (min_tokens in the sampling extension)
+    CHECK_EQ(buf[4], 3); // PD_VERSION 3 (issue 40: the UCX data plane)
     CHECK_EQ(buf[5], 0);
     CHECK_EQ(buf[6], 0x34);
     CHECK_EQ(buf[7], 0x12);
