@@ -60,6 +60,9 @@ typedef struct cluster_worker_opts {
                              at least 5 x the health interval the router announces) */
     uint32_t drain_ms; /* on stop: finish what is held for up to this long, taking nothing
                           new (HEALTH_ACK DRAINING, DENY/REJECT DRAINING); 0: abort at once */
+    uint8_t data_plane; /* how KV pages travel (pd_msg.h PD_PLANE_*): 0 TLS (KV_PAGE frames
+                           on the data link), 1 UCX (sealed one-sided puts; needs TLS links;
+                           registered, the router pairs only workers of one plane) */
 } cluster_worker_opts;
 
 /* Runs a prefill worker until *stop becomes non-zero (then drains, see

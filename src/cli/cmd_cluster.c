@@ -169,7 +169,8 @@ static int cluster__worker(int argc, char **argv, bool decode) {
                               .data_host = c.data_host ? c.data_host : "127.0.0.1",
                               .data_port = (int)c.data_port, .advertise_host = c.advertise_host,
                               .eng = o, .drain_ms = (uint32_t)c.drain_timeout_ms,
-                              .insecure_plaintext = c.insecure_plaintext};
+                              .insecure_plaintext = c.insecure_plaintext,
+                              .data_plane = (uint8_t)c.data_plane};
     cluster__warn_plaintext(&c);
     if (decode)
         wo.eng.prefix_cache = false; // prefill owns the cache (cluster/prefill.c pf__reserve)

@@ -273,7 +273,7 @@ static void rt__schedule(cluster_router *r) {
             continue;
         }
         uint32_t need = (uint32_t)((q->n_prompt + q->max_tokens + r->g.page_tokens - 1) / r->g.page_tokens);
-        rt_worker *d = rt__pick(r, PD_ROLE_DECODE, need, 0), *p = rt__pick_prefill(r, q);
+        rt_worker *p = rt__pick_prefill(r, q), *d = p ? rt__pick_decode_for(r, need, p) : NULL;
         if (!d || !p) {
             q->retry_ms = now + RT_RETRY_MS;  // a worker may (re)register
             return;
@@ -425,6 +425,7 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
     memcpy(w->host, m.host, m.host_len);
     w->host[m.host_len] = 0;
     w->data_port = m.data_port;
+    w->data_plane = m.data_plane;
     w->n_pages = m.n_pages;
     w->n_ctx = m.n_ctx;
     w->free_pages = m.n_pages;
@@ -439,9 +440,10 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
     uint32_t n = 0;
     if (pd_msg_register_ack_encode(&ack, buf, sizeof buf, &n, &eb) == KS_OK)
         rt__send(r, w, PD_MSG_REGISTER_ACK, 0, buf, n);
-    ks_log(KS_LOG_INFO, "router: %s worker %u registered from %s (%u KV pages, context %u%s%s:%u)",
+    ks_log(KS_LOG_INFO, "router: %s worker %u registered from %s (%u KV pages, context %u, "
+           "data plane %s%s%s:%u)",
            m.role == PD_ROLE_DECODE ? "decode" : "prefill", w->id, pd_conn_peer_addr(w->c),
-           m.n_pages, m.n_ctx, m.role == PD_ROLE_DECODE ? ", data link " : "",
+           m.n_pages, m.n_ctx, m.data_plane == PD_PLANE_UCX ? "ucx" : "tls", m.role == PD_ROLE_DECODE ? ", data link " : "",
            m.role == PD_ROLE_DECODE ? w->host : "", m.role == PD_ROLE_DECODE ? m.data_port : 0);
     if (m.role == PD_ROLE_DECODE) {
         atomic_fetch_add(&r->n_decode, 1);

@@ -36,6 +36,7 @@ typedef struct rt_worker {
     uint32_t inflight;      /* requests paired with it, router's count */
     uint32_t free_pages, quarantined, active; /* last HEALTH_ACK */
     bool draining;          /* shutting down gracefully: paired with nothing new */
+    uint8_t data_plane;     /* REGISTER's PD_PLANE_*: paired only with workers of the same */
     uint64_t health_seq, acked_seq;
     uint64_t last_ack_ms;
     bool check_pending;
@@ -166,6 +167,10 @@ rt_worker *rt__pick(cluster_router *r, uint8_t role, uint32_t need_pages, uint32
  * prefers (rendezvous hash of q->affinity) is within RT_AFFINITY_SLACK
  * requests of it. NULL when no prefill worker is registered. */
 rt_worker *rt__pick_prefill(cluster_router *r, const rt_req *q);
+/* A decode worker for a request of need_pages whose prefill worker is p: the
+ * least loaded one (rt__pick) if it is on p's data plane, else the least
+ * loaded one that is; NULL when none is. */
+rt_worker *rt__pick_decode_for(cluster_router *r, uint32_t need_pages, const rt_worker *p);
 /* q's affinity key into out: a hash of (domain, the prompt's first page),
  * never all zero, when the prompt holds more than one page (a full page the
  * prefill cache could hold); out untouched (zero: no preference) otherwise.

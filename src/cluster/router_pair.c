@@ -25,6 +25,21 @@ rt_worker *rt__pick(cluster_router *r, uint8_t role, uint32_t need_pages, uint32
     return best;
 }
 
+rt_worker *rt__pick_decode_for(cluster_router *r, uint32_t need_pages, const rt_worker *p) {
+    rt_worker *best = rt__pick(r, PD_ROLE_DECODE, need_pages, 0);
+    if (!best || best->data_plane == p->data_plane) return best;
+    best = NULL; // KV pages travel one way per pair: the same plane on both ends
+    for (rt_worker *w = r->workers; w; w = w->next) {
+        if (!w->id || w->role != PD_ROLE_DECODE || w->draining || w->n_pages < need_pages ||
+            w->data_plane != p->data_plane)
+            continue;
+        if (!best || w->inflight < best->inflight ||
+            (w->inflight == best->inflight && w->free_pages > best->free_pages))
+            best = w;
+    }
+    return best;
+}
+
 /* Rendezvous score of worker id for an affinity key: stable while workers
  * come and go, so a key moves only when its worker does. */
 static uint64_t rt__score(const uint8_t aff[8], uint32_t id) {
