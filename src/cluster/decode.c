@@ -90,6 +90,7 @@ typedef struct dec__worker {
     cl_ctrl *ctrl;
     pd_recv *rcv;
     cl_ucx *ucx;           /* --data-plane ucx, else NULL */
+    uint64_t ucx_active_ms; /* when the UCX worker last had events */
     uint32_t tm_data[PD_MSG_N_TYPES], tm_ctrl[PD_MSG_N_TYPES];
     char host[PD_MSG_MAX_HOST + 1]; /* REGISTER host (borrowed by ctrl) */
     dec__link *links;
@@ -907,9 +908,12 @@ static void dec__poll(void *ctx, engine *e, int timeout_ms) {
         return;
     }
     int t = timeout_ms < 0 || timeout_ms > 50 ? 50 : timeout_ms;
-    if (w->ucx) { // puts land while the worker progresses: no sleeping while a grant is mapped
-        cl_ucx_progress(w->ucx);
-        if (cl_ucx_busy(w->ucx)) t = 0;
+    if (w->ucx) { // puts land while the worker progresses: while a grant is mapped, spin
+        // as long as puts arrive, else wake every ms (prefill may compute for
+        // long before its first put, and spinning would take its CPU)
+        uint64_t now = cl_now_ms(NULL);
+        if (cl_ucx_progress(w->ucx) > 0) w->ucx_active_ms = now;
+        if (cl_ucx_busy(w->ucx)) t = now - w->ucx_active_ms < 20 ? 0 : t > 1 ? 1 : t;
     }
     if (pd_loop_run_once(w->l, t) != KS_OK) dec__sleep_ms(t);
     (void)pd_recv_tick(w->rcv);

@@ -52,6 +52,7 @@ typedef struct ucx__xfer {
     uint8_t *mirror;  /* (rlen) sealed records, the source of the puts */
     size_t off;
     uint32_t record;
+    uint64_t bytes, t_first_ns; /* sealed bytes put, and when the first put went */
     pd_seal_grant seal;
     struct ucx__xfer *next;
 } ucx__xfer;
@@ -166,9 +167,12 @@ void cl_ucx_destroy(cl_ucx *u) {
     free(u);
 }
 
-void cl_ucx_progress(cl_ucx *u) {
-    while (pd_ucx_progress(u->u) > 0) {
-    }
+unsigned cl_ucx_progress(cl_ucx *u) {
+    // bounded: a worker with events every time must not keep the loop from
+    // the control connection (HEALTH) and the data links
+    unsigned n = 0, k;
+    for (int i = 0; i < 64 && (k = pd_ucx_progress(u->u)) > 0; i++) n += k;
+    return n;
 }
 
 bool cl_ucx_busy(const cl_ucx *u) { return u->n_mapped > 0 || u->xfers; }
@@ -486,6 +490,8 @@ static bool ucx__put_page(cl_ucx *u, ucx__link *k, ucx__xfer *x, const struct io
         ks_log(KS_LOG_WARN, "request %" PRIu64 ": UCX put: %s", x->req_id, eb.msg);
         return false;
     }
+    if (!x->t_first_ns) x->t_first_ns = ks_now_ns();
+    x->bytes += rec_len;
     x->off += ucx__align8(rec_len);
     x->record++;
     pd_ucx_progress(u->u);
@@ -515,6 +521,10 @@ cl_ucx_verdict cl_ucxp_frame(cl_ucx *u, uint32_t decode_id, uint64_t epoch, uint
             ks_log(KS_LOG_WARN, "request %" PRIu64 ": UCX transfer failed: %s", req_id, eb.msg);
             return CL_UCX_FAILED; // link_closed flushes/closes and frees x
         }
+        if (x->t_first_ns) // the figure bench/cluster.sh reports (with decode's open time)
+            ks_log(KS_LOG_INFO, "prefill: request %" PRIu64 ": UCX transfer: %" PRIu64
+                   " bytes put and flushed in %.3f ms", req_id, x->bytes,
+                   (double)(ks_now_ns() - x->t_first_ns) / 1e6);
         ucx__xfer_free(u, x);
         return CL_UCX_SEND;
     }

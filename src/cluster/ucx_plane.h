@@ -27,8 +27,9 @@ typedef struct cl_ucx cl_ucx;
 ks_err cl_ucx_create(const kv_geom *g, cl_ucx **out, ks_errbuf *eb) KS_MUST_USE;
 /* Revokes and frees everything; accepts NULL. */
 void cl_ucx_destroy(cl_ucx *u);
-/* Progresses the UCX worker (puts land on decode, complete on prefill). */
-void cl_ucx_progress(cl_ucx *u);
+/* Progresses the UCX worker (puts land on decode, complete on prefill), a
+ * bounded number of rounds; returns the events handled. */
+unsigned cl_ucx_progress(cl_ucx *u);
 /* True while a grant's staging area is mapped (decode: poll without sleeping). */
 bool cl_ucx_busy(const cl_ucx *u);
 
