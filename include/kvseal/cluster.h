@@ -63,6 +63,10 @@ typedef struct cluster_worker_opts {
     uint8_t data_plane; /* how KV pages travel (pd_msg.h PD_PLANE_*): 0 TLS (KV_PAGE frames
                            on the data link), 1 UCX (sealed one-sided puts; needs TLS links;
                            registered, the router pairs only workers of one plane) */
+    const char *health_host; /* both: the HTTP health endpoint's address (GET /health:
+                                liveness, GET /ready: registered and not draining);
+                                NULL: none */
+    int health_port;         /* its port (0: any free one); prints "health on http://H:P" */
 } cluster_worker_opts;
 
 /* Runs a prefill worker until *stop becomes non-zero (then drains, see

@@ -147,6 +147,8 @@ typedef struct serve__cfg {
     // cluster roles (kvseal router / prefill / decode)
     const char *secret_file, *router, *data_host, *advertise_host, *cluster_host;
     long data_port, cluster_port, health_interval_ms, drain_timeout_ms; // cluster_port -1: unset
+    const char *health_host; /* workers: --health-host (127.0.0.1) */
+    long health_port;        /* workers: --health-port (-1: no health endpoint; 0: any) */
     char **strings; /* private: copies of string values (serve__cfg_free) */
     int n_strings;
 } serve__cfg;

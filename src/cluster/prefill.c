@@ -84,6 +84,7 @@ typedef struct pf__worker {
     uint32_t page_tokens;
     pd_loop *loop;
     cl_ctrl *ctrl;
+    cl_health *health;    /* --health-port's endpoint, or NULL */
     kv_pool *pool;
     kv_prefix *prefix;    /* NULL with --no-prefix-cache; keyed by PREFILL's domain_hash (I7) */
     model_ctx *mctx;
@@ -166,6 +167,7 @@ static void pf__service_for(pf__worker *w, int timeout_ms) {
     if (pd_loop_run_once(w->loop, timeout_ms) != KS_OK)
         ks_log(KS_LOG_WARN, "prefill worker: epoll_wait failed");
     cl_ctrl_tick(w->ctrl);
+    cl_health_beat(w->health, cl_ctrl_registered(w->ctrl), w->draining);  // live during long prompts
 }
 
 static void pf__service(pf__worker *w) { pf__service_for(w, 0); }
@@ -1004,6 +1006,7 @@ static void pf__free(pf__worker *w) {
         w->ops = op->next;
         free(op);
     }
+    cl_health_destroy(w->health);
     cl_ctrl_destroy(w->ctrl);
     pd_loop_destroy(w->loop);
     pd_send_destroy(w->send); // releases (scrubs) live transfers' local pages
@@ -1114,6 +1117,8 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
                       .on_frame = pf__router_frame, .on_lost = pf__on_lost, .health = pf__health,
                       .pool_check = pf__pool_check};
     if ((e = cl_ctrl_start(w.loop, &cc, &cb, &w, &w.ctrl, eb))) goto fail;
+    if (o->health_host && (e = cl_health_start(o->health_host, o->health_port, 0, &w.health, eb)))
+        goto fail;
     ks_log(KS_LOG_INFO, "prefill worker: %u local KV pages, prefix cache %s, connecting to router %s:%d",
            eo->kv_pages, w.prefix ? "on" : "off", o->router_host, o->router_port);
 
@@ -1156,6 +1161,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
             (void)pd_send_tick(w.send);
             cl_ctrl_tick(w.ctrl);
             pf__links_tick(&w, now);
+            cl_health_beat(w.health, cl_ctrl_registered(w.ctrl), w.draining);
         }
     }
     ks_log(KS_LOG_INFO, "prefill worker: stopping");
