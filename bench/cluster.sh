@@ -10,7 +10,10 @@
 # over TLS (the default) and on a second cluster with --insecure-plaintext,
 # both against the same loopback TCP copy. KV_ONLY=1: only the KV transfer
 # (no `kvseal serve`, no TTFT tables; REPEAT requests of ~1k and ~4k tokens,
-# or the lengths in KV_LENS).
+# or the lengths in KV_LENS), and also on clusters with --data-plane ucx over
+# UCX's tcp and sm transports (the transports in UCX_PLANES, "tcp sm";
+# UCX_PLANES= skips them): sealed puts, the time from prefill's first put to
+# its flush plus decode's opening (verifying) of the records.
 set -u
 cd "$(dirname "$0")/.."
 MODEL=${1:-models/kjv-mini.gguf}
@@ -18,6 +21,16 @@ cmake -S . -B build -DKS_WERROR=ON >/dev/null && cmake --build build --target kv
 export KS_BIN=$PWD/build/kvseal KS_SRC=$PWD
 . tests/e2e/lib.sh
 ARGS=(-m "$MODEL" --ctx 4608 --kv-pages 600 --threads 2 --batch-tokens 512)
+# ucx_rate PREFILL_LOG DECODE_LOG — GB/s over the UCX transfers above 4 MB: bytes
+# over (prefill's "UCX transfer: N bytes put and flushed in T ms" + decode's
+# "KV handoff: N bytes in T ms", which on the UCX plane is the opening)
+ucx_rate() {
+    { grep -h 'UCX transfer:' "$1" | sed -n 's/.*request \([0-9]*\): UCX transfer: \([0-9]*\) bytes put and flushed in \([0-9.]*\) ms.*/P \1 \2 \3/p'
+      grep -h 'KV handoff' "$2" | sed -n 's/.*request \([0-9]*\): KV handoff: \([0-9]*\) bytes in \([0-9.]*\) ms.*/D \1 \2 \3/p'; } |
+        awk '$1 == "P" { pb[$2] = $3; pt[$2] = $4 } $1 == "D" { dt[$2] = $4 }
+             END { for (r in pb) if (pb[r] > 4000000 && (r in dt)) { b += pb[r]; t += pt[r] + dt[r] }
+                   if (t > 0) printf "%.3f", b / t / 1e6 }'
+}
 # kv_rate DECODE_LOG — GB/s over the handoffs above 4 MB ("KV handoff: N bytes in T ms")
 kv_rate() {
     grep -h 'KV handoff' "$1" | sed -n 's/.*: \([0-9]*\) bytes in \([0-9.]*\) ms.*/\1 \2/p' |
@@ -33,8 +46,16 @@ if [ -n "${KV_ONLY:-}" ]; then
     node bench/ttft.mjs "$KS_URL" "$KS_URL" ${KV_LENS:-1024 4000} >/dev/null || exit 1
     plain=$(kv_rate "$TMPD/p.decode1")
     stop_cluster
+    ucx=""
+    for tl in ${UCX_PLANES-tcp sm}; do
+        PREFILL_ENV="UCX_TLS=$tl" DECODE_ENV="UCX_TLS=$tl" PREFILL_ARGS="--data-plane ucx" \
+            DECODE_ARGS="--data-plane ucx" start_cluster "$TMPD/u$tl" 1 1 "${ARGS[@]}"
+        node bench/ttft.mjs "$KS_URL" "$KS_URL" ${KV_LENS:-1024 4000} >/dev/null || exit 1
+        ucx="$ucx, UCX over $tl $(ucx_rate "$TMPD/u$tl.prefill1" "$TMPD/u$tl.decode1") GB/s"
+        stop_cluster
+    done
     base=$(./build/test_pd bench 256 2>&1 | sed -n 's/.*plain socket copy \([0-9.]*\) GB\/s.*/\1/p' | head -1)
-    echo "KV transfer (handoffs over 4 MB): TLS ${tls:-?} GB/s, plaintext ${plain:-?} GB/s; loopback TCP ${base:-?} GB/s"
+    echo "KV transfer (handoffs over 4 MB): TLS ${tls:-?} GB/s, plaintext ${plain:-?} GB/s$ucx; loopback TCP ${base:-?} GB/s"
     echo "ratios to loopback TCP: TLS $(awk -v a="${tls:-0}" -v b="${base:-1}" 'BEGIN{printf "%.2f", a/b}'), plaintext $(awk -v a="${plain:-0}" -v b="${base:-1}" 'BEGIN{printf "%.2f", a/b}')"
     exit 0
 fi

@@ -4,8 +4,9 @@
 # or with sudo available.
 set -euo pipefail
 # libsystemd-dev: sd_notify readiness for packaging/kvseal.service (optional to the build)
+# libucx-dev: the UCX data plane (src/pd/ucx.c; required)
 pkgs=(pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev libsodium-dev libxxhash-dev libssl-dev
-      libsystemd-dev)
+      libsystemd-dev libucx-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

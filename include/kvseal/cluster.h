@@ -62,6 +62,9 @@ typedef struct cluster_worker_opts {
                           new (HEALTH_ACK DRAINING, DENY/REJECT DRAINING); 0: abort at once */
     const char *names; /* the names it serves the model as, comma-separated (REGISTER names:
                           the file's name, then aliases); NULL: none; borrowed */
+    uint8_t data_plane; /* how KV pages travel (pd_msg.h PD_PLANE_*): 0 TLS (KV_PAGE frames
+                           on the data link), 1 UCX (sealed one-sided puts; needs TLS links;
+                           registered, the router pairs only workers of one plane) */
     const char *health_host; /* both: the HTTP health endpoint's address (GET /health:
                                 liveness, GET /ready: registered and not draining);
                                 NULL: none */

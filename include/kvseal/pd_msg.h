@@ -86,6 +86,10 @@ typedef enum pd_msg_type {
 #define PD_MSG_REGISTER_FIXED 64u       /* v3: names_len at 60 */
 #define PD_MSG_MAX_NAMES 1024u          /* REGISTER names_len */
 #define PD_MSG_HASH_BYTES 32u           /* model_id, domain_hash */
+#define PD_MSG_UCX_ADDR_MAX 8192u       /* LINK_ACK's UCX worker address (the UCX data plane) */
+#define PD_MSG_UCX_KEY_MAX 4096u        /* GRANT's packed UCX remote key */
+/* Data planes (REGISTER byte 3): how KV pages travel from prefill to decode. */
+enum { PD_PLANE_TLS = 0, PD_PLANE_UCX = 1 };
 /* sampling extension, fixed part: 4 bytes per SAMPLE_WIRE_EXT row, n_bias, grammar_len */
 #define PD_MSG__SEXT_SLOT(f, T, key, alias, def, off, lo, lo_open, hi, what, jhi, wire, ...)        \
     +(wire == SAMPLE_WIRE_EXT ? 4u : 0u)
@@ -163,6 +167,7 @@ typedef struct pd_msg_register {
     uint32_t n_pages; /* pool capacity */
     uint32_t n_ctx;
     uint16_t data_port; /* decode: data-link port; prefill: 0 */
+    uint8_t data_plane; /* PD_PLANE_*: wire byte 3 (0 from a sender before it: TLS) */
     uint8_t model_id[PD_MSG_HASH_BYTES];
     const char *host; /* host_len bytes, not NUL-terminated */
     uint16_t host_len; /* <= 255 */
@@ -216,9 +221,12 @@ typedef struct pd_msg_link {
                                             between workers of two models never comes up */
 } pd_msg_link;
 
-/* LINK_ACK (8). link_epoch is never 0. */
+/* LINK_ACK (8, or 12 + ucx_addr_len from a decode worker on the UCX data
+ * plane). link_epoch is never 0. */
 typedef struct pd_msg_link_ack {
     uint64_t link_epoch;
+    uint32_t ucx_addr_len;   /* 0: none; else <= PD_MSG_UCX_ADDR_MAX */
+    const uint8_t *ucx_addr; /* decode's UCX worker address */
 } pd_msg_link_ack;
 
 /* ERROR (8 + msg_len). */
@@ -328,12 +336,20 @@ typedef struct pd_msg_grant {
     uint8_t model_id[PD_MSG_HASH_BYTES]; /* the model whose KV the pages hold (v3); PREFILL
                                             carries it inside its grant */
     const uint8_t *entries;
+    /* the UCX data plane: the grant's staging area and remote key (wire
+     * offset 28 is ucx_key_len; the rest follows the entries) */
+    uint32_t ucx_key_len;   /* 0: the TLS plane; else <= PD_MSG_UCX_KEY_MAX */
+    uint64_t ucx_addr;      /* staging area address in decode's memory */
+    uint64_t ucx_len;       /* its size in bytes (> 0 with a key) */
+    const uint8_t *ucx_key; /* packed remote key */
 } pd_msg_grant;
 
 /* Loads entry i of a decoded grant; the caller guarantees i < n_pages. */
 pd_msg_grant_entry pd_msg_grant_entry_at(const pd_msg_grant *g, uint32_t i);
 /* Payload bytes of a GRANT with n_pages entries (may exceed the bound). */
 uint64_t pd_msg_grant_size(uint32_t n_pages);
+/* Size of a GRANT payload with a UCX trailer of a key_len-byte key (0: none). */
+uint64_t pd_msg_grant_size_ucx(uint32_t n_pages, uint32_t key_len);
 
 /* DENY (8 + msg_len): D -> R. */
 typedef struct pd_msg_deny {

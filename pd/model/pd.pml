@@ -52,6 +52,17 @@
  *                          REJECT's reason (before issue 8 section 5: a draining
  *                          prefill's refusal reached the client as a 400 when
  *                          decode's FINISH beat the REJECT to the router)
+ *   MUTANT_REVOKE_AFTER_FREE decode frees a grant's pages and revokes its
+ *                          remote key only afterwards (a put still in flight
+ *                          lands in a FREE or re-granted page)
+ *
+ * One-sided semantics (issue 40, the UCX data plane): a KV write is a put
+ * that prefill ISSUES (write_page) and the fabric LANDS later (Fabric), at
+ * any time while the grant's remote key is live; decode creates the key at
+ * GRANT and revokes it before the pages are freed (revoke waits until the
+ * writer is fenced: after it no put with that key lands). Prefill's DONE
+ * follows a flush (every put it issued has landed). I5 is asserted both
+ * where a put is issued and where it lands.
  */
 
 #define NR   2      /* requests */
@@ -113,6 +124,14 @@ byte pwgen[NP];    /* gen of the grant whose KV the page holds; 0 = none */
 byte gpage[NR * PPR];
 byte ggen[NR * PPR];
 byte gep[NR];      /* link epoch the grant is bound to */
+
+/* one-sided puts: the grant's remote key and the puts in flight */
+#define K_NONE 0
+#define K_LIVE 1
+#define K_DEAD 2
+byte rkey[NR];     /* created at GRANT, revoked before the pages are freed */
+byte inflight[NR]; /* bit i: a put of page index i issued, not landed yet */
+bool rpend[NR];    /* MUTANT_REVOKE_AFTER_FREE: revoke still to come */
 
 byte ep = 1;       /* current data-link epoch (teardown = ep++ with drain) */
 byte nconnfail, ntimeout, ntrunc;
@@ -188,8 +207,19 @@ inline alloc_pages(r) {
     i = 0; pg = 0
 }
 
-/* scrub (I3) and return the request's pages to FREE */
+/* revoke r's remote key and wait until the writer is fenced: a put in
+ * flight has landed before, or never lands */
+inline revoke_key(r) {
+    rkey[r] = K_DEAD; inflight[r] = 0; rpend[r] = 0
+}
+
+/* revoke the key (one-sided writes), scrub (I3), return the pages to FREE */
 inline free_pages(r) {
+#ifdef MUTANT_REVOKE_AFTER_FREE
+    rpend[r] = 1;                            /* BUG: the key is revoked later */
+#else
+    revoke_key(r);
+#endif
     i = 0;
     do
     :: i < PPR ->
@@ -265,6 +295,7 @@ end:
         :: dst[r] == D_NONE && NFREE >= PPR -> /* BUG: any model's request gets pages */
 #endif
             alloc_pages(r);
+            rkey[r] = K_LIVE;                 /* the grant's remote key */
             gep[r] = ep; granted[r] = 1; dst[r] = D_GRANTED;
             d2r!GRANT, r, 0, 0
 #ifndef MUTANT_NO_MODEL_CHECK
@@ -353,6 +384,11 @@ end:
         fi;
         r = 0; a = 0; b = 0 }
 
+#ifdef MUTANT_REVOKE_AFTER_FREE
+    :: atomic { rpend[0] -> revoke_key(0) }
+    :: atomic { rpend[1] -> revoke_key(1) }
+#endif
+
     /* ---- timers and teardown ---- */
     :: atomic { ntimeout < MAX_TIMEOUT && (D_LIVE(0) || D_LIVE(1)) ->
         ntimeout++;
@@ -386,15 +422,37 @@ end:
 }
 
 /* ------------------------------------------------------------------------ */
-/* prefill: a one-sided write into decode page idx of request r's grant */
+/* prefill: issues a one-sided put into decode page idx of request r's grant
+ * (it lands later: Fabric) */
 inline write_page(r, idx) {
     pg = gpage[r * PPR + idx];
     assert(!p_rej[r] && !adm_rej[r]);        /* I4: a rejected request gets no KV */
     assert(rmodel[r] == DMODEL);             /* M: model B's KV never lands in model A's pages */
     assert(powner[pg] == r && pgen[pg] == ggen[r * PPR + idx] && pstate[pg] != PG_FREE); /* I5 */
-    pdirty[pg] = 1; pwgen[pg] = ggen[r * PPR + idx];
+    inflight[r] = inflight[r] | (1 << idx);
     p2d!KV_PAGE, r, idx, ggen[r * PPR + idx];
     pg = 0
+}
+
+/* the fabric: a put lands in page idx of r's grant (only while the key is live) */
+inline land_put(r, idx) {
+    pg = gpage[r * PPR + idx];
+    assert(!p_rej[r] && !adm_rej[r]);        /* I4 */
+    assert(powner[pg] == r && pgen[pg] == ggen[r * PPR + idx] && pstate[pg] != PG_FREE); /* I5: no put in a freed or reassigned page */
+    pdirty[pg] = 1; pwgen[pg] = ggen[r * PPR + idx];
+    inflight[r] = inflight[r] & ~(1 << idx);
+    pg = 0
+}
+
+proctype Fabric() {
+    byte pg;
+end:
+    do
+    :: atomic { rkey[0] == K_LIVE && (inflight[0] & 1) -> land_put(0, 0) }
+    :: atomic { rkey[0] == K_LIVE && (inflight[0] & 2) -> land_put(0, 1) }
+    :: atomic { rkey[1] == K_LIVE && (inflight[1] & 1) -> land_put(1, 0) }
+    :: atomic { rkey[1] == K_LIVE && (inflight[1] & 2) -> land_put(1, 1) }
+    od
 }
 
 proctype Prefill() {
@@ -460,12 +518,13 @@ end:
         write_page(0, psent[0]); psent[0]++ }
     :: atomic { pst[1] == P_SENDING && pep[1] == ep && psent[1] < PPR ->
         write_page(1, psent[1]); psent[1]++ }
-    :: atomic { pst[0] == P_SENDING && pep[0] == ep && psent[0] == PPR ->
+    /* DONE after a flush: every put issued has landed */
+    :: atomic { pst[0] == P_SENDING && pep[0] == ep && psent[0] == PPR && inflight[0] == 0 ->
         p2d!DONE, 0, PPR, 0; pst[0] = P_DONESENT }
-    :: atomic { pst[1] == P_SENDING && pep[1] == ep && psent[1] == PPR ->
+    :: atomic { pst[1] == P_SENDING && pep[1] == ep && psent[1] == PPR && inflight[1] == 0 ->
         p2d!DONE, 1, PPR, 0; pst[1] = P_DONESENT }
     /* a faulty prefill (version skew, its own smaller context) covers less */
-    :: atomic { ntrunc < MAX_TRUNC && pst[0] == P_SENDING && pep[0] == ep && psent[0] == 1 ->
+    :: atomic { ntrunc < MAX_TRUNC && pst[0] == P_SENDING && pep[0] == ep && psent[0] == 1 && inflight[0] == 0 ->
         ntrunc++; p2d!DONE, 0, psent[0], 0; pst[0] = P_DONESENT }
 
     /* crash and restart: every connection lost and drained, state forgotten */
@@ -596,6 +655,6 @@ init {
         :: else -> break
         od;
         k = 0;
-        run Decode(); run Prefill(); run Link(); run Router()
+        run Decode(); run Prefill(); run Link(); run Router(); run Fabric()
     }
 }

@@ -142,6 +142,7 @@ typedef struct serve__cfg {
     uint64_t kv_memory;
     bool no_prefix_cache, log_content;
     bool insecure_plaintext; /* cluster roles: --insecure-plaintext (no TLS) */
+    int data_plane; /* prefill/decode: --data-plane (PD_PLANE_TLS 0, PD_PLANE_UCX 1) */
     kv_scrub scrub;
     int kv_type; /* --kv-type (kv.h), default the engine's (f16) */
     int pooling; /* --pooling (model_pooling): embeddings; 0 = the model's */

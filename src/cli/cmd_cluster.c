@@ -234,7 +234,8 @@ static int cluster__worker(int argc, char **argv, bool decode) {
                               .data_host = c.data_host ? c.data_host : "127.0.0.1",
                               .data_port = (int)c.data_port, .advertise_host = c.advertise_host,
                               .eng = o, .drain_ms = (uint32_t)c.drain_timeout_ms,
-                              .insecure_plaintext = c.insecure_plaintext};
+                              .insecure_plaintext = c.insecure_plaintext,
+                              .data_plane = (uint8_t)c.data_plane};
     if (c.health_port >= 0) { // --health-port: the probes' endpoint (cluster_int.h cl_health)
         wo.health_host = c.health_host ? c.health_host : "127.0.0.1";
         wo.health_port = (int)c.health_port;

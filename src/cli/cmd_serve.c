@@ -85,15 +85,18 @@ void serve__usage(const char *cmd) {
         "                 [--threads N] [--batch-tokens 256] [--page-tokens 16] [--scrub "
         "zero|poison]\n"
         "                 [--kv-type f32|f16|q8_0] [--no-prefix-cache] [--drain-timeout-ms 30000]\n"
-        "                 [--health-port N] [--health-host 127.0.0.1]\n"
+        "                 [--data-plane tls|ucx] [--health-port N] [--health-host 127.0.0.1]\n"
         "  kvseal decode  [-m MODEL] --router HOST:PORT --secret-file FILE [--data-host "
         "127.0.0.1]\n"
         "                 [--data-port 0] [--advertise-host HOST] [--ctx N] [--kv-pages N]\n"
         "                 [--threads N] [--max-running 16] [--page-tokens 16] [--scrub "
         "zero|poison]\n"
         "                 [--kv-type f32|f16|q8_0] [--drain-timeout-ms 30000]\n"
-        "                 [--grammar-budget-ms 1000] [--grammar-cpu-ms 20000]\n"
+        "                 [--grammar-budget-ms 1000] [--grammar-cpu-ms 20000] [--data-plane tls|ucx]\n"
         "                 [--health-port N] [--health-host 127.0.0.1]\n"
+        "  --data-plane ucx (prefill and decode alike; the router pairs only workers of one\n"
+        "  plane): KV pages go as one-sided UCX puts (transports from UCX_TLS), each sealed\n"
+        "  with AES-GCM under keys exported from the TLS data link.\n"
         "  On SIGTERM a worker drains: it takes no new request, finishes what it holds (up to\n"
         "  --drain-timeout-ms; 0 aborts at once) and exits 0.\n"
         "  --health-port N (0: any; prints \"health on http://HOST:PORT\"): a worker answers\n"
@@ -205,6 +208,7 @@ enum {
     SO_EMBED_MAX_TOKENS,
     SO_GRAMMAR_BUDGET,
     SO_GRAMMAR_CPU,
+    SO_DATA_PLANE,
     SO_HEALTH_HOST,
     SO_HEALTH_PORT,
     SO__N
@@ -254,6 +258,7 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_EMBED_MAX_TOKENS] = {"embed-max-tokens", 0, true, false},
     [SO_GRAMMAR_BUDGET] = {"grammar-budget-ms", 0, true, false},
     [SO_GRAMMAR_CPU] = {"grammar-cpu-ms", 0, true, false},
+    [SO_DATA_PLANE] = {"data-plane", 0, true, false},
     [SO_HEALTH_HOST] = {"health-host", 0, true, false},
     [SO_HEALTH_PORT] = {"health-port", 0, true, false},
 };
@@ -454,6 +459,13 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
         return 0;
     case SO_KV_TYPE:
         return cli__parse_kv_type(v, &c->kv_type) ? 0 : 2;
+    case SO_DATA_PLANE:
+        if (!strcmp(v, "tls") || !strcmp(v, "ucx")) {
+            c->data_plane = !strcmp(v, "ucx");
+            return 0;
+        }
+        fprintf(stderr, "kvseal: --data-plane expects tls or ucx, got '%s'\n", v);
+        return 2;
     case SO_CORS_ORIGIN:
         if (reset) c->n_cors = 0; // the command line's origins replace the file's
         if (c->n_cors == SERVE_MAX_CORS) {

@@ -10,6 +10,7 @@
  * receiver and every running sequence have one owner. The calling thread
  * only waits for the start, then for *stop. */
 #include "cluster_int.h"
+#include "ucx_plane.h"
 
 #include "kvseal/grammar.h"
 
@@ -89,6 +90,8 @@ typedef struct dec__worker {
     cl_ctrl *ctrl;
     cl_health *health;     /* --health-port's endpoint, or NULL; set before the engine starts */
     pd_recv *rcv;
+    cl_ucx *ucx;           /* --data-plane ucx, else NULL */
+    uint64_t ucx_active_ms; /* when the UCX worker last had events */
     uint32_t tm_data[PD_MSG_N_TYPES], tm_ctrl[PD_MSG_N_TYPES];
     char host[PD_MSG_MAX_HOST + 1]; /* REGISTER host (borrowed by ctrl) */
     uint8_t model_id[PD_MSG_HASH_BYTES]; /* cluster_model_id of the model served */
@@ -257,6 +260,7 @@ static void dec__emit(void *ctx, const pd_recv_ev *ev) {
         break;
     }
     case PD_RECV_EV_FINISH:
+        if (w->ucx) cl_ucxd_end(w->ucx, ev->req_id); // the transfer is over: revoke its key
         dec__send_finish(w, ev->req_id, ev->finish, ev->n_prompt, 0, ev->err, ev->reason, ev->msg);
         dec__remove(w, ev->req_id);
         break;
@@ -508,7 +512,17 @@ static void dl__on_link(dec__link *k, const pd_frame *f) {
     k->router_gen = w->router_gen;
     k->prefill_id = m.prefill_worker_id;
     pd_msg_link_ack ack = {.link_epoch = k->epoch};
-    uint8_t buf[8];
+    if (w->ucx) { // the UCX plane: the link's sealing key, and our UCX address for prefill
+        size_t alen = 0;
+        ack.ucx_addr = cl_ucxd_address(w->ucx, &alen);
+        ack.ucx_addr_len = (uint32_t)alen;
+        if (cl_ucxd_link_up(w->ucx, k->c, k->epoch, &eb) != KS_OK) {
+            ks_log(KS_LOG_WARN, "decode: link from prefill %u: %s", k->prefill_id, eb.msg);
+            cl_error_close(k->c, KS_ERR_INTERNAL, eb.msg);
+            return;
+        }
+    }
+    uint8_t buf[12 + PD_MSG_UCX_ADDR_MAX];
     uint32_t len = 0;
     if (pd_msg_link_ack_encode(&ack, buf, sizeof buf, &len, NULL) == KS_OK)
         dec__link_send(k, PD_MSG_LINK_ACK, 0, buf, len);
@@ -558,6 +572,17 @@ static void dl__on_frame(pd_conn *c, void *ud, const pd_frame *f) {
         if (pd_msg_done_decode(f->payload, f->payload_len, &d, &eb) != KS_OK) {
             dec__proto_close(k->c, eb.msg);
             return;
+        }
+        if (w->ucx) { // the UCX plane: every put landed before DONE; open them into the pages
+            dec__req *q = dec__find(w, id);
+            uint64_t t0 = ks_now_ns(), n = cl_ucxd_deliver(w->ucx, id, w->rcv);
+            if (q && n) {
+                q->kv_bytes += n;
+                if (!q->t_first_page_ns) q->t_first_page_ns = t0;
+            }
+            ks_log(KS_LOG_INFO, "decode: request %llu: %llu KV bytes opened from UCX staging "
+                   "in %.3f ms", (unsigned long long)id, (unsigned long long)n,
+                   (double)(ks_now_ns() - t0) / 1e6);
         }
         (void)pd_recv_done(w->rcv, id, k->epoch, &d);
         break;
@@ -612,6 +637,7 @@ static void dl__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
             break;
         }
     if (k->epoch != 0) {
+        if (w->ucx) cl_ucxd_link_closed(w->ucx, k->epoch); // its grants' keys revoked first
         // the transport stopped delivering into pages for this link: F5
         uint32_t n = w->rcv ? pd_recv_link_closed(w->rcv, k->epoch) : 0;
         ks_log(KS_LOG_INFO, "decode: link down: prefill %u, epoch %llu (%s%s%s), %u request(s) ended",
@@ -688,6 +714,13 @@ static void dec__on_admit(dec__worker *w, uint64_t req_id, const pd_frame *f) {
         free(bias);
         dec__deny(w, req_id, deny ? deny : PD_DENY_NOSPACE, eb.msg);
         return;
+    }
+    if (w->ucx && k) { // the UCX plane: a staging area and its remote key go with the GRANT
+        ks_errbuf_clear(&eb);
+        if (cl_ucxd_grant(w->ucx, req_id, k->epoch, grant, grant_len, &grant, &grant_len, &eb) !=
+            KS_OK)
+            ks_log(KS_LOG_WARN, "decode: request %llu: no UCX staging (%s); its pages come on "
+                   "the TLS link", (unsigned long long)req_id, eb.msg);
     }
     dec__add(w, req_id, m.n_prompt, &m.s, m.domain_hash, g, bias);
     dec__ctrl_send(w, PD_MSG_GRANT, req_id, grant, grant_len);
@@ -806,6 +839,8 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
     cluster_model_id(o->m, w->model_id);
     memcpy(rc.model_id, w->model_id, sizeof rc.model_id);
     if ((err = pd_recv_create(w->pool, &rc, &w->rcv, eb)) != KS_OK) return err;
+    if (o->data_plane == PD_PLANE_UCX && (err = cl_ucx_create(&w->g, &w->ucx, eb)) != KS_OK)
+        return err;
     pd_conn_cbs dc = {.on_open = dl__on_open, .on_frame = dl__on_frame, .sink = dl__sink,
                       .sink_prefix = PD_MSG_KV_PAGE_HDR, .type_max = w->tm_data,
                       .n_types = PD_MSG_N_TYPES, .peer_roles = 1u << PD_ROLE_PREFILL,
@@ -834,6 +869,7 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
     cc.reg.n_ctx = (uint32_t)o->eng.n_ctx;
     cc.reg.data_port = port;
     memcpy(cc.reg.model_id, w->model_id, sizeof cc.reg.model_id);
+    cc.reg.data_plane = o->data_plane;
     cc.reg.host = w->host;
     cc.reg.host_len = (uint16_t)strlen(w->host);
     cc.reg.names = o->names ? o->names : "";
@@ -873,6 +909,8 @@ static void dec__teardown(dec__worker *w) {
     w->ls = NULL;
     pd_loop_destroy(w->l);  // closes the links: on_close runs pd_recv_link_closed (F5)
     w->l = NULL;
+    cl_ucx_destroy(w->ucx); // every link closed: every key revoked
+    w->ucx = NULL;
     pd_recv_destroy(w->rcv);
     w->rcv = NULL;
     w->n_commits = 0;
@@ -899,6 +937,13 @@ static void dec__poll(void *ctx, engine *e, int timeout_ms) {
         return;
     }
     int t = timeout_ms < 0 || timeout_ms > 50 ? 50 : timeout_ms;
+    if (w->ucx) { // puts land while the worker progresses: while a grant is mapped, spin
+        // as long as puts arrive, else wake every ms (prefill may compute for
+        // long before its first put, and spinning would take its CPU)
+        uint64_t now = cl_now_ms(NULL);
+        if (cl_ucx_progress(w->ucx) > 0) w->ucx_active_ms = now;
+        if (cl_ucx_busy(w->ucx)) t = now - w->ucx_active_ms < 20 ? 0 : t > 1 ? 1 : t;
+    }
     if (pd_loop_run_once(w->l, t) != KS_OK) dec__sleep_ms(t);
     (void)pd_recv_tick(w->rcv);
     dec__flush(w);
@@ -931,6 +976,9 @@ ks_err cluster_decode_run(const cluster_worker_opts *o, const atomic_int *stop,
         return ks_seterr(eb, KS_ERR_INVAL,
                          "decode worker: model, secret (>= 16 bytes), router address and "
                          "ports are required");
+    if (o->data_plane > PD_PLANE_UCX || (o->data_plane == PD_PLANE_UCX && o->insecure_plaintext))
+        return ks_seterr(eb, KS_ERR_INVAL, "decode worker: --data-plane ucx seals pages under "
+                         "keys of the TLS data link: not with --insecure-plaintext");
     if (o->advertise_host && strlen(o->advertise_host) > PD_MSG_MAX_HOST)
         return ks_seterr(eb, KS_ERR_INVAL, "decode worker: advertise host longer than %u bytes",
                          PD_MSG_MAX_HOST);

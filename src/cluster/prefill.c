@@ -7,6 +7,7 @@
  * Protocol: docs/pd-protocol.md sections 1, 5-9 (prefill side; F7 when the
  * router is lost: links keep serving ABORT/ABORT_ACK). */
 #include "cluster_int.h"
+#include "ucx_plane.h"
 
 #include "kvseal/grammar.h"
 
@@ -88,6 +89,7 @@ typedef struct pf__worker {
     kv_prefix *prefix;    /* NULL with --no-prefix-cache; keyed by PREFILL's domain_hash (I7) */
     model_ctx *mctx;
     pd_send *send;
+    cl_ucx *ucx;          /* --data-plane ucx, else NULL */
     float *logits;        /* (V) */
     grammar_vocab *gvocab; /* token trie, built at the first constrained request */
     uint32_t *gmask;       /* ((V + 31) / 32) grammar_sample's scratch */
@@ -162,6 +164,7 @@ static void pf__ops_drain(pf__worker *w) {
  * cl_ctrl; frames that need pd_send are queued (pf__op_submit). */
 static void pf__service_for(pf__worker *w, int timeout_ms) {
     if (!w->loop) return;
+    if (w->ucx) cl_ucx_progress(w->ucx);
     if (pd_loop_run_once(w->loop, timeout_ms) != KS_OK)
         ks_log(KS_LOG_WARN, "prefill worker: epoll_wait failed");
     cl_ctrl_tick(w->ctrl);
@@ -625,6 +628,12 @@ static void pf__link_on_frame(pd_conn *c, void *ud, const pd_frame *f) {
             pf__link_fail(k, "LINK_ACK with epoch 0");
             return;
         }
+        if (w->ucx && a.ucx_addr_len && // the UCX plane: decode's address, the link's key
+            cl_ucxp_link_up(w->ucx, c, k->decode_id, a.link_epoch, a.ucx_addr, a.ucx_addr_len,
+                            &eb) != KS_OK) {
+            pf__link_fail(k, eb.msg);
+            return;
+        }
         pf__op_submit(w, PF_OP_LINK_UP, 0, k->decode_id, a.link_epoch, NULL, 0);
         k->up = true;
         k->epoch = a.link_epoch;
@@ -670,6 +679,7 @@ static void pf__link_on_close(pd_conn *c, void *ud, ks_err why, const char *msg)
         ks_log(KS_LOG_INFO, "data link to decode worker %" PRIu32 " down, epoch %" PRIu64 " (%s: %s)",
                k->decode_id, k->epoch, ks_err_name(why), msg ? msg : "");
         pf__op_submit(w, PF_OP_LINK_CLOSED, 0, k->decode_id, k->epoch, NULL, 0);
+        if (w->ucx) cl_ucxp_link_closed(w->ucx, k->decode_id, k->epoch);
         k->up = false;
         k->epoch = 0;
         k->backoff_ms = PF_BACKOFF_MIN_MS;
@@ -808,6 +818,16 @@ static void pf__emit(void *ctx, uint32_t decode_id, uint64_t epoch, uint16_t typ
     pf__link *k = pf__find_link(w, decode_id);
     if (!k || !k->conn || k->closing || !k->up || k->epoch != epoch)
         return; // link gone: drop (F5 on decode)
+    if (w->ucx) { // the UCX plane: KV_PAGE goes as a sealed put; flushed before DONE/ABORT_ACK
+        cl_ucx_verdict v = cl_ucxp_frame(w->ucx, decode_id, epoch, type, req_id, iov, n_iov);
+        if (v == CL_UCX_CONSUMED) return;
+        if (v == CL_UCX_FAILED) {
+            ks_log(KS_LOG_WARN, "data link to decode worker %" PRIu32 ": the UCX transfer of "
+                   "request %" PRIu64 " failed; closing the link", decode_id, req_id);
+            pf__link_close(k);
+            return;
+        }
+    }
     ks_err e = pd_conn_send(k->conn, type, req_id, iov, n_iov, &eb);
     if (e == KS_OK) return;
     // a frame of a transfer cannot be skipped silently: tear the link down
@@ -852,8 +872,10 @@ static void pf__op_run(pf__worker *w, pf__op *op) {
         w->computing = true;
         w->cur_req = op->req_id; // pf__lp_chunk's PROMPT_LP frames carry it
         w->cur_lp = false;       // pf__admit sets it from the PREFILL's flags
+        if (w->ucx) cl_ucxp_prefill(w->ucx, op->req_id, op->payload, op->len);
         ks_err e = pd_send_prefill(w->send, op->req_id, op->payload, op->len, &st, &eb);
         w->computing = false;
+        if (w->ucx && st != PD_SEND_SENDING) cl_ucxp_forget(w->ucx, op->req_id);
         if (e != KS_OK)
             ks_log(KS_LOG_WARN, "request %" PRIu64 ": PREFILL not handled: %s", op->req_id, eb.msg);
         break;
@@ -970,6 +992,8 @@ static ks_err pf__tables(pf__worker *w, const kv_geom *g, ks_errbuf *eb) {
 }
 
 static void pf__free(pf__worker *w) {
+    cl_ucx_destroy(w->ucx); // flushes or force-closes the endpoints, then frees the records
+    w->ucx = NULL;
     for (int i = 0; i < w->n_links; i++) {
         pf__link *k = w->links[i];
         if (k->conn) {
@@ -1016,6 +1040,9 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
         return ks_seterr(eb, KS_ERR_INVAL,
                          "prefill worker: model, cluster secret (>= 16 bytes) and router address "
                          "are required");
+    if (o->data_plane > PD_PLANE_UCX || (o->data_plane == PD_PLANE_UCX && o->insecure_plaintext))
+        return ks_seterr(eb, KS_ERR_INVAL, "prefill worker: --data-plane ucx seals pages under "
+                         "keys of the TLS data link: not with --insecure-plaintext");
     const engine_opts *eo = &o->eng;
     if (eo->n_ctx <= 0 || eo->kv_pages == 0 || eo->page_tokens <= 0 || eo->max_batch_tokens <= 0 ||
         eo->n_threads <= 0)
@@ -1069,6 +1096,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
     cluster_model_id(o->m, w.model_id);
     memcpy(sc.model_id, w.model_id, sizeof sc.model_id);
     if ((e = pd_send_create(w.pool, &sc, &w.send, eb))) goto fail;
+    if (o->data_plane == PD_PLANE_UCX && (e = cl_ucx_create(&g, &w.ucx, eb))) goto fail;
     pd_loop_cfg lc = {.secret = o->secret, .secret_len = o->secret_len, .role = PD_ROLE_PREFILL,
                       .max_payload = PD_MSG_MAX_FRAME, .out_high_bytes = PF_OUT_HIGH,
                       .out_low_bytes = PF_PUMP_PENDING_MAX / 2,
@@ -1085,6 +1113,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
     cc.reg.n_pages = eo->kv_pages;
     cc.reg.n_ctx = (uint32_t)eo->n_ctx;
     cc.reg.data_port = 0;
+    cc.reg.data_plane = o->data_plane;
     cc.reg.host = "";
     cc.reg.host_len = 0;
     cc.reg.names = o->names ? o->names : "";
@@ -1127,6 +1156,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
         bool pump = ss.active > 0 && pf__can_pump(&w);
         if (pd_loop_run_once(w.loop, pump ? 0 : (ss.active > 0 ? 5 : PF_TICK_MS)) != KS_OK)
             ks_log(KS_LOG_WARN, "prefill worker: epoll_wait failed");
+        if (w.ucx) cl_ucx_progress(w.ucx);
         pf__ops_drain(&w);  // PREFILLs compute here, serving the loop between chunks
         // send: a budget of pages per iteration, while no link is backed up
         for (uint32_t i = 0; i < PF_PUMP_BUDGET && pf__can_pump(&w); i++)

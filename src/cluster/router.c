@@ -284,8 +284,9 @@ static void rt__schedule(cluster_router *r) {
         uint32_t need = (uint32_t)((q->n_prompt + q->max_tokens + pt - 1) / pt);
         // a decode worker without a link from the prefill side (a partition)
         // would deny it forever while it is the least loaded: skip it once
-        rt_worker *d = rt__pick(r, q->mi, PD_ROLE_DECODE, need, q->avoid_d), *p = rt__pick_prefill(r, q);
-        if (!d) d = rt__pick(r, q->mi, PD_ROLE_DECODE, need, 0);
+        rt_worker *p = rt__pick_prefill(r, q), *d = NULL;
+        if (p && !(d = rt__pick(r, q->mi, PD_ROLE_DECODE, need, q->avoid_d, p->data_plane)))
+            d = rt__pick(r, q->mi, PD_ROLE_DECODE, need, 0, p->data_plane);
         if (!d || !p) {
             q->retry_ms = now + RT_RETRY_MS;  // a worker may (re)register
             blocked |= bit;
@@ -361,7 +362,7 @@ static void rt__rekey(cluster_router *r, rt_req *q) {
 static bool rt__replace_prefill(cluster_router *r, rt_req *q, uint32_t lost, const char *why) {
     if (q->phase != RT_ADMITTING && q->phase != RT_PREFILLING) return false;
     if (q->lp_next) return false; // prompt logprobs already reached the client
-    if (q->retries >= RT_MAX_RETRIES || !rt__pick(r, q->mi, PD_ROLE_PREFILL, 0, lost)) return false;
+    if (q->retries >= RT_MAX_RETRIES || !rt__pick(r, q->mi, PD_ROLE_PREFILL, 0, lost, -1)) return false;
     ks_log(KS_LOG_INFO,
            "router: request %" PRIu64 ": %s (prefill worker %u) before the first token; placing "
            "it on another prefill worker",
@@ -467,6 +468,7 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
     memcpy(w->host, m.host, m.host_len);
     w->host[m.host_len] = 0;
     w->data_port = m.data_port;
+    w->data_plane = m.data_plane;
     w->n_pages = m.n_pages;
     w->n_ctx = m.n_ctx;
     w->free_pages = m.n_pages;
@@ -482,9 +484,11 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
     if (pd_msg_register_ack_encode(&ack, buf, sizeof buf, &n, &eb) == KS_OK)
         rt__send(r, w, PD_MSG_REGISTER_ACK, 0, buf, n);
     ks_log(KS_LOG_INFO,
-           "router: %s worker %u registered from %s for model %s (%u KV pages, context %u%s%s:%u)",
+           "router: %s worker %u registered from %s for model %s (%u KV pages, context %u, "
+           "data plane %s%s%s:%u)",
            m.role == PD_ROLE_DECODE ? "decode" : "prefill", w->id, pd_conn_peer_addr(w->c),
-           md->name, m.n_pages, m.n_ctx, m.role == PD_ROLE_DECODE ? ", data link " : "",
+           md->name, m.n_pages, m.n_ctx, m.data_plane == PD_PLANE_UCX ? "ucx" : "tls",
+           m.role == PD_ROLE_DECODE ? ", data link " : "",
            m.role == PD_ROLE_DECODE ? w->host : "", m.role == PD_ROLE_DECODE ? m.data_port : 0);
     if (m.role == PD_ROLE_DECODE) {
         atomic_fetch_add(&r->n_decode, 1);

@@ -55,6 +55,7 @@ typedef struct rt_worker {
     uint32_t inflight;      /* requests paired with it, router's count */
     uint32_t free_pages, quarantined, active; /* last HEALTH_ACK */
     bool draining;          /* shutting down gracefully: paired with nothing new */
+    uint8_t data_plane;     /* REGISTER's PD_PLANE_*: paired only with workers of the same */
     uint64_t health_seq, acked_seq;
     uint64_t last_ack_ms;
     bool check_pending;
@@ -181,8 +182,10 @@ void rt__on_cancel(void *arg);
 
 /* The registered, non-draining worker of model mi and role with the fewest requests in
  * flight (then the most free pages), other than avoid; a decode worker
- * needs need_pages pages at least. NULL when there is none. */
-rt_worker *rt__pick(cluster_router *r, int mi, uint8_t role, uint32_t need_pages, uint32_t avoid);
+ * needs need_pages pages at least; plane >= 0: only a worker on that data plane
+ * (PD_PLANE_*), -1: any. NULL when there is none. */
+rt_worker *rt__pick(cluster_router *r, int mi, uint8_t role, uint32_t need_pages, uint32_t avoid,
+                    int plane);
 /* The prefill worker of q's model for q: the least loaded one, unless the one q's prefix
  * prefers (rendezvous hash of q->affinity) is within RT_AFFINITY_SLACK
  * requests of it. NULL when no prefill worker is registered. */

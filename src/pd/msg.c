@@ -177,7 +177,7 @@ ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES], ks_errbuf
     out[PD_MSG_HEALTH_ACK] = 24;
     out[PD_MSG_PEER] = 8 + PD_MSG_MAX_HOST;
     out[PD_MSG_LINK] = PD_MSG_LINK_LEN;
-    out[PD_MSG_LINK_ACK] = 8;
+    out[PD_MSG_LINK_ACK] = 12 + PD_MSG_UCX_ADDR_MAX;
     out[PD_MSG_ADMIT] = PD_MSG_ADMIT_FIXED + PD_MSG_SEXT_MAX;
     out[PD_MSG_GRANT] = PD_MSG_GRANT_MAX;
     out[PD_MSG_DENY] = 8 + PD_MSG_MAX_TEXT;
@@ -232,6 +232,9 @@ ks_err pd_msg_register_decode(const uint8_t *p, uint32_t len, pd_msg_register *o
     m.n_pages = pd_load_u32(p + 16);
     m.n_ctx = pd_load_u32(p + 20);
     m.data_port = pd_load_u16(p + 24);
+    m.data_plane = p[3];
+    if (m.data_plane > PD_PLANE_UCX)
+        return PROTO("REGISTER: data_plane %u is not TLS (0) or UCX (1)", p[3]);
     m.host_len = host_len;
     memcpy(m.model_id, p + 28, PD_MSG_HASH_BYTES);
     m.host = (const char *)(p + PD_MSG_REGISTER_FIXED);
@@ -256,7 +259,7 @@ ks_err pd_msg_register_encode(const pd_msg_register *m, uint8_t *buf, size_t cap
     buf[0] = m->role;
     buf[1] = m->kv_type;
     buf[2] = m->planes ? m->planes : 2; // the decoder below refuses > 2
-    buf[3] = 0;
+    buf[3] = m->data_plane;
     pd_store_u32(buf + 4, m->n_layer);
     pd_store_u32(buf + 8, m->kv_dim);
     pd_store_u32(buf + 12, m->page_tokens);
@@ -413,20 +416,38 @@ ks_err pd_msg_link_encode(const pd_msg_link *m, uint8_t *buf, size_t cap, uint32
 
 ks_err pd_msg_link_ack_decode(const uint8_t *p, uint32_t len, pd_msg_link_ack *out,
                               ks_errbuf *eb) {
-    ks_err e = want_len("LINK_ACK", len, 8, eb);
+    ks_err e = want_min("LINK_ACK", len, 8, eb);
     if (e) return e;
     uint64_t epoch = pd_load_u64(p);
     if (epoch == 0) return PROTO("LINK_ACK: link_epoch is 0");
-    out->link_epoch = epoch;
+    pd_msg_link_ack m = {.link_epoch = epoch};
+    if (len > 8) { // a decode worker on the UCX data plane: its worker address
+        if ((e = want_min("LINK_ACK", len, 12, eb))) return e;
+        m.ucx_addr_len = pd_load_u32(p + 8);
+        if (m.ucx_addr_len == 0 || m.ucx_addr_len > PD_MSG_UCX_ADDR_MAX)
+            return PROTO("LINK_ACK: ucx_addr_len %u is not 1..%u", m.ucx_addr_len,
+                         PD_MSG_UCX_ADDR_MAX);
+        if ((e = want_var("LINK_ACK", "ucx_addr_len", len, 12, m.ucx_addr_len, eb))) return e;
+        m.ucx_addr = p + 12;
+    }
+    *out = m;
     return KS_OK;
 }
 
 ks_err pd_msg_link_ack_encode(const pd_msg_link_ack *m, uint8_t *buf, size_t cap,
                               uint32_t *out_len, ks_errbuf *eb) {
     if (m->link_epoch == 0) return ks_seterr(eb, KS_ERR_INVAL, "LINK_ACK: link_epoch is 0");
+    if (m->ucx_addr_len > PD_MSG_UCX_ADDR_MAX)
+        return ks_seterr(eb, KS_ERR_INVAL, "LINK_ACK: ucx_addr_len %u exceeds %u",
+                         m->ucx_addr_len, PD_MSG_UCX_ADDR_MAX);
     ks_err ret;
-    if (enc_begin(8, buf, cap, out_len, &ret, "LINK_ACK", eb)) return ret;
+    uint64_t size = m->ucx_addr_len ? 12u + (uint64_t)m->ucx_addr_len : 8u;
+    if (enc_begin(size, buf, cap, out_len, &ret, "LINK_ACK", eb)) return ret;
     pd_store_u64(buf, m->link_epoch);
+    if (m->ucx_addr_len) {
+        pd_store_u32(buf + 8, m->ucx_addr_len);
+        memcpy(buf + 12, m->ucx_addr, m->ucx_addr_len);
+    }
     return KS_OK;
 }
 
@@ -656,6 +677,10 @@ uint64_t pd_msg_grant_size(uint32_t n_pages) {
     return PD_MSG_GRANT_FIXED + (uint64_t)PD_MSG_GRANT_ENTRY * n_pages;
 }
 
+uint64_t pd_msg_grant_size_ucx(uint32_t n_pages, uint32_t key_len) {
+    return pd_msg_grant_size(n_pages) + (key_len ? 16u + (uint64_t)key_len : 0u);
+}
+
 pd_msg_grant_entry pd_msg_grant_entry_at(const pd_msg_grant *g, uint32_t i) {
     const uint8_t *q = g->entries + (size_t)PD_MSG_GRANT_ENTRY * i;
     pd_msg_grant_entry en;
@@ -673,9 +698,11 @@ static ks_err grant_layout(const char *name, const uint8_t *p, uint32_t len, ks_
     if (len > PD_MSG_GRANT_MAX)
         return PROTO("%s: payload is %u bytes, over the %u-byte bound", name, len,
                      PD_MSG_GRANT_MAX);
-    uint32_t n_pages = pd_load_u32(p + 24);
-    return want_var(name, "n_pages", len, PD_MSG_GRANT_FIXED,
-                    (uint64_t)PD_MSG_GRANT_ENTRY * n_pages, eb);
+    uint32_t n_pages = pd_load_u32(p + 24), key_len = pd_load_u32(p + 28);
+    if (key_len > PD_MSG_UCX_KEY_MAX)
+        return PROTO("%s: ucx_key_len %u exceeds %u", name, key_len, PD_MSG_UCX_KEY_MAX);
+    return want_var(name, "n_pages and ucx_key_len", len, PD_MSG_GRANT_FIXED,
+                    pd_msg_grant_size_ucx(n_pages, key_len) - PD_MSG_GRANT_FIXED, eb);
 }
 
 ks_err pd_msg_grant_decode(const uint8_t *p, uint32_t len, pd_msg_grant *out, ks_errbuf *eb) {
@@ -689,6 +716,16 @@ ks_err pd_msg_grant_decode(const uint8_t *p, uint32_t len, pd_msg_grant *out, ks
     g.n_pages = pd_load_u32(p + 24);
     memcpy(g.model_id, p + 32, PD_MSG_HASH_BYTES);
     g.entries = p + PD_MSG_GRANT_FIXED;
+    g.ucx_key_len = pd_load_u32(p + 28);
+    g.ucx_addr = g.ucx_len = 0;
+    g.ucx_key = NULL;
+    if (g.ucx_key_len) {
+        const uint8_t *t = g.entries + (size_t)PD_MSG_GRANT_ENTRY * g.n_pages;
+        g.ucx_addr = pd_load_u64(t);
+        g.ucx_len = pd_load_u64(t + 8);
+        g.ucx_key = t + 16;
+        if (g.ucx_len == 0) return PROTO("GRANT: a UCX key for an empty staging area");
+    }
     if (g.link_epoch == 0) return PROTO("GRANT: link_epoch is 0");
     if (g.n_prompt < 1) return PROTO("GRANT: n_prompt is 0");
     if (g.page_tokens < 1) return PROTO("GRANT: page_tokens is 0");
@@ -718,7 +755,10 @@ ks_err pd_msg_grant_decode(const uint8_t *p, uint32_t len, pd_msg_grant *out, ks
 
 ks_err pd_msg_grant_encode(const pd_msg_grant *m, const pd_msg_grant_entry *entries,
                            uint8_t *buf, size_t cap, uint32_t *out_len, ks_errbuf *eb) {
-    uint64_t size = pd_msg_grant_size(m->n_pages);
+    if (m->ucx_key_len > PD_MSG_UCX_KEY_MAX)
+        return ks_seterr(eb, KS_ERR_INVAL, "GRANT: ucx_key_len %u exceeds %u", m->ucx_key_len,
+                         PD_MSG_UCX_KEY_MAX);
+    uint64_t size = pd_msg_grant_size_ucx(m->n_pages, m->ucx_key_len);
     if (size > PD_MSG_GRANT_MAX)
         return ks_seterr(eb, KS_ERR_INVAL, "GRANT: %u pages exceed the %u-byte bound",
                          m->n_pages, PD_MSG_GRANT_MAX);
@@ -729,7 +769,6 @@ ks_err pd_msg_grant_encode(const pd_msg_grant *m, const pd_msg_grant_entry *entr
     pd_store_u32(buf + 16, m->n_prompt);
     pd_store_u32(buf + 20, m->page_tokens);
     pd_store_u32(buf + 24, m->n_pages);
-    pd_store_u32(buf + 28, 0);
     memcpy(buf + 32, m->model_id, PD_MSG_HASH_BYTES);
     for (uint32_t i = 0; i < m->n_pages; i++) {
         uint8_t *q = buf + PD_MSG_GRANT_FIXED + (size_t)PD_MSG_GRANT_ENTRY * i;
@@ -737,6 +776,13 @@ ks_err pd_msg_grant_encode(const pd_msg_grant *m, const pd_msg_grant_entry *entr
         pd_store_u32(q + 4, entries[i].first_token);
         pd_store_u32(q + 8, entries[i].n_tokens);
         pd_store_u64(q + 16, entries[i].gen);
+    }
+    pd_store_u32(buf + 28, m->ucx_key_len);
+    if (m->ucx_key_len) {
+        uint8_t *t = buf + pd_msg_grant_size(m->n_pages);
+        pd_store_u64(t, m->ucx_addr);
+        pd_store_u64(t + 8, m->ucx_len);
+        memcpy(t + 16, m->ucx_key, m->ucx_key_len);
     }
     pd_msg_grant chk;
     ks_errbuf tmp;

@@ -7,9 +7,11 @@
  * over real loopback sockets (1000 frames in order incl. 1 MiB, payload sink
  * straight into a caller buffer, corrupted and cut-off sunk payloads,
  * backpressure, per-type bounds, independent connections) and, in
- * KS_TEST_FAULTS builds, the fault hooks. `test_pd bench` measures 1 MiB frame
+ * KS_TEST_FAULTS builds, the fault hooks; page sealing (TLS-exported keys,
+ * AES-GCM: tampered bytes, wrong AAD, a page replayed into another grant). `test_pd bench` measures 1 MiB frame
  * throughput, plaintext and TLS, against a plain loopback socket copy. */
 #include "kvseal/pd.h"
+#include "kvseal/pd_seal.h"
 #include "pd/pd_fault.h"
 #include "pd/pd_int.h"
 
@@ -301,7 +303,7 @@ static void test_wire_layout(void) {
                              PD_MAX_PAYLOAD_DEFAULT, &n, NULL), KS_OK);
     CHECK_EQ(n, 29);
     CHECK_MEM_EQ(buf, "KVPD", 4);  // magic 0x4450564b little-endian
-    CHECK_EQ(buf[4], 3); // PD_VERSION 3 (issue 40: the model identity in ADMIT, GRANT, LINK)
+    CHECK_EQ(buf[4], 3); // PD_VERSION 3 (issue 40: model identity, the UCX data plane)
     CHECK_EQ(buf[5], 0);
     CHECK_EQ(buf[6], 0x34);
     CHECK_EQ(buf[7], 0x12);
@@ -408,7 +410,9 @@ static void test_wire_errors(void) {
     memcpy(bad, good, n);
     pd_store_u16(bad + 4, PD_VERSION + 1);
     CHECK_EQ(feed_all(bad, n, &eb, NULL), KS_ERR_PROTO);
-    CHECK_STR_HAS(eb.msg, "unsupported version 4");
+    char want_ver[40];
+    snprintf(want_ver, sizeof want_ver, "unsupported version %u", PD_VERSION + 1);
+    CHECK_STR_HAS(eb.msg, want_ver);
 
     // oversize: rejected on the header alone, before any payload allocation
     for (int k = 0; k < 2; k++) {
@@ -1468,6 +1472,156 @@ static void bench(int mib, bool borrowed) {
     free(page);
 }
 
+// ----------------------------------------------------------------------------
+// Page sealing (pd_seal.h): TLS-exported keys, AES-GCM per page
+
+static void test_seal(void) {
+    // (a) both ends of one TLS link export the same key; another link, another
+    // epoch or a plaintext link do not give it
+    g_plain = false;
+    pd_loop *ld = mkloop(SECRET_A, 3, 0, 0), *lp = mkloop(SECRET_A, 2, 0, 0);
+    srv s = {0};
+    pd_conn_cbs cbs = ep_cbs();
+    cbs.peer_roles = 1u << 2;
+    pd_listener *ls = mklisten(ld, &s, &cbs);
+    ep a = {0}, b = {0};
+    mkconn_to(lp, pd_listener_port(ls), &a, 1u << 3);
+    ep *pair[2] = {&a, &s.eps[0]};
+    CHECK(pump(ld, lp, both_open, pair, 3000));
+    mkconn_to(lp, pd_listener_port(ls), &b, 1u << 3);
+    ep *pair2[2] = {&b, &s.eps[1]};
+    CHECK(pump(ld, lp, both_open, pair2, 3000));
+    uint8_t kp[PD_SEAL_KEY_BYTES], kd[PD_SEAL_KEY_BYTES], k2[PD_SEAL_KEY_BYTES],
+        ke[PD_SEAL_KEY_BYTES];
+    ks_errbuf eb;
+    CHECK_EQ(pd_seal_link_key(a.c, 7, kp, &eb), KS_OK);
+    CHECK_EQ(pd_seal_link_key(s.eps[0].c, 7, kd, &eb), KS_OK);
+    CHECK_EQ(pd_seal_link_key(b.c, 7, k2, &eb), KS_OK);
+    CHECK_EQ(pd_seal_link_key(a.c, 8, ke, &eb), KS_OK);
+    CHECK(memcmp(kp, kd, sizeof kp) == 0);
+    CHECK(memcmp(kp, k2, sizeof kp) != 0 && memcmp(kp, ke, sizeof kp) != 0);
+    pd_loop_destroy(lp);
+    pd_loop_destroy(ld);
+    g_plain = true;
+    ld = mkloop(SECRET_A, 3, 0, 0);
+    lp = mkloop(SECRET_A, 2, 0, 0);
+    srv s2 = {0};
+    ls = mklisten(ld, &s2, NULL);
+    ep c = {0};
+    mkconn(lp, pd_listener_port(ls), &c);
+    ep *pair3[2] = {&c, &s2.eps[0]};
+    CHECK(pump(ld, lp, both_open, pair3, 3000));
+    CHECK_EQ(pd_seal_link_key(c.c, 7, ke, &eb), KS_ERR_UNSUPPORTED);
+    pd_loop_destroy(lp);
+    pd_loop_destroy(ld);
+    g_plain = false;
+
+    // (b) round trip: two pages (one larger than the open's bounce buffer),
+    // sealed in place, opened into other memory
+    enum { N0 = 40000, N1 = 1000 };
+    pd_seal_grant tx, rx, rx_other;
+    CHECK_EQ(pd_seal_grant_init(&tx, kp, 42, 9001, true, &eb), KS_OK);
+    CHECK_EQ(pd_seal_grant_init(&rx, kd, 42, 9001, false, &eb), KS_OK);
+    pd_seal_ad ad0 = {.req_id = 42, .seq_uid = 9001, .gen = 3, .record = 0, .page_id = 17,
+                      .page_index = 0, .n_rows = 16, .layer_lo = 0, .layer_hi = 4};
+    pd_seal_ad ad1 = ad0;
+    ad1.record = 1;
+    ad1.gen = 5;
+    ad1.page_id = 5;
+    ad1.page_index = 1;
+    ad1.n_rows = 3;
+    uint8_t *p0 = malloc(N0 + PD_SEAL_TAG_BYTES), *p1 = malloc(N1 + PD_SEAL_TAG_BYTES);
+    uint8_t *o = malloc(N0), *keep0 = malloc(N0 + PD_SEAL_TAG_BYTES);
+    fill(p0, N0, 1);
+    fill(p1, N1, 2);
+    CHECK_EQ(pd_seal_page(&tx, &ad0, p0, N0, p0, &eb), KS_OK);
+    CHECK(!check_pat(p0, 64, 1, 0));  // ciphertext, not the page
+    CHECK_EQ(pd_seal_page(&tx, &ad1, p1, N1, p1, &eb), KS_OK);
+    memcpy(keep0, p0, N0 + PD_SEAL_TAG_BYTES);
+    CHECK_EQ(pd_seal_open(&rx, &ad0, p0, N0, o, &eb), KS_OK);
+    CHECK(check_pat(o, N0, 1, 0));
+    CHECK_EQ(pd_seal_open(&rx, &ad1, p1, N1, o, &eb), KS_OK);
+    CHECK(check_pat(o, N1, 2, 0));
+
+    // (c) a nonce is never reused: the sealer refuses a record number not above the last
+    uint8_t small[8 + PD_SEAL_TAG_BYTES] = {0};
+    CHECK_EQ(pd_seal_page(&tx, &ad1, small, 8, small, &eb), KS_ERR_INVAL);
+    CHECK_EQ(pd_seal_page(&tx, &ad0, small, 8, small, &eb), KS_ERR_INVAL);
+    CHECK(strstr(eb.msg, "nonce reuse") != NULL);
+
+    // (d) a tampered byte (in the page or the tag): refused, output zeroed
+    size_t flips[3] = {0, N0 - 1, N0 + 3};
+    for (int i = 0; i < 3; i++) {
+        memcpy(p0, keep0, N0 + PD_SEAL_TAG_BYTES);
+        p0[flips[i]] ^= 0x01;
+        memset(o, 0xAA, N0);
+        CHECK_EQ(pd_seal_open(&rx, &ad0, p0, N0, o, &eb), KS_ERR_PROTO);
+        CHECK(o[0] == 0 && o[N0 / 2] == 0 && o[N0 - 1] == 0);
+    }
+    memcpy(p0, keep0, N0 + PD_SEAL_TAG_BYTES);
+
+    // (e) the right bytes in the wrong place (AAD): another page id, row count,
+    // layer range, page index, generation or record number of the same grant
+    pd_seal_ad bad = ad0;
+    bad.page_id = 18;
+    CHECK_EQ(pd_seal_open(&rx, &bad, p0, N0, o, &eb), KS_ERR_PROTO);
+    bad = ad0;
+    bad.n_rows = 15;
+    CHECK_EQ(pd_seal_open(&rx, &bad, p0, N0, o, &eb), KS_ERR_PROTO);
+    bad = ad0;
+    bad.layer_hi = 5;
+    CHECK_EQ(pd_seal_open(&rx, &bad, p0, N0, o, &eb), KS_ERR_PROTO);
+    bad = ad0;
+    bad.page_index = 1;
+    CHECK_EQ(pd_seal_open(&rx, &bad, p0, N0, o, &eb), KS_ERR_PROTO);
+    bad = ad0;
+    bad.gen = 4;
+    CHECK_EQ(pd_seal_open(&rx, &bad, p0, N0, o, &eb), KS_ERR_PROTO);
+    bad = ad0;
+    bad.record = 1;
+    CHECK_EQ(pd_seal_open(&rx, &bad, p0, N0, o, &eb), KS_ERR_PROTO);
+    // a page of another grant under this grant's key: refused before any work
+    bad = ad0;
+    bad.seq_uid = 9002;
+    CHECK_EQ(pd_seal_open(&rx, &bad, p0, N0, o, &eb), KS_ERR_INVAL);
+
+    // (f) replayed into another grant: the same request granted again (new
+    // sequence), another request in the same pages, or another link's key
+    CHECK_EQ(pd_seal_grant_init(&rx_other, kd, 42, 9002, false, &eb), KS_OK);
+    bad = ad0;
+    bad.seq_uid = 9002;
+    CHECK_EQ(pd_seal_open(&rx_other, &bad, p0, N0, o, &eb), KS_ERR_PROTO);
+    pd_seal_grant_free(&rx_other);
+    CHECK_EQ(pd_seal_grant_init(&rx_other, kd, 43, 9001, false, &eb), KS_OK);
+    bad = ad0;
+    bad.req_id = 43;
+    CHECK_EQ(pd_seal_open(&rx_other, &bad, p0, N0, o, &eb), KS_ERR_PROTO);
+    pd_seal_grant_free(&rx_other);
+    CHECK_EQ(pd_seal_grant_init(&rx_other, k2, 42, 9001, false, &eb), KS_OK);
+    CHECK_EQ(pd_seal_open(&rx_other, &ad0, p0, N0, o, &eb), KS_ERR_PROTO);
+    pd_seal_grant_free(&rx_other);
+    // the genuine page still opens, also into pieces (a page's K and V planes)
+    CHECK_EQ(pd_seal_open(&rx, &ad0, p0, N0, o, &eb), KS_OK);
+    CHECK(check_pat(o, N0, 1, 0));
+    memset(o, 0, N0);
+    struct iovec pieces[3] = {{o, 100}, {o + 100, 30000}, {o + 30100, N0 - 30100}};
+    CHECK_EQ(pd_seal_openv(&rx, &ad0, p0, N0, pieces, 3, &eb), KS_OK);
+    CHECK(check_pat(o, N0, 1, 0));
+    p0[N0 - 2] ^= 1;
+    CHECK_EQ(pd_seal_openv(&rx, &ad0, p0, N0, pieces, 3, &eb), KS_ERR_PROTO);
+    CHECK(o[0] == 0 && o[200] == 0 && o[N0 - 1] == 0);
+    p0[N0 - 2] ^= 1;
+    // roles are not interchangeable
+    CHECK_EQ(pd_seal_open(&tx, &ad0, p0, N0, o, &eb), KS_ERR_INVAL);
+    pd_seal_grant_free(&tx);
+    pd_seal_grant_free(&rx);
+    pd_seal_grant_free(&rx);  // twice is fine
+    free(p0);
+    free(p1);
+    free(o);
+    free(keep0);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "bench")) {
         int mib = argc > 2 ? atoi(argv[2]) : 2048;
@@ -1485,6 +1639,7 @@ int main(int argc, char **argv) {
     test_tls_roles();
     test_tls_refuses_plaintext();
     test_tls_encrypts();
+    test_seal();
     for (int plain = 0; plain <= 1; plain++) {
         g_plain = plain;  // the same transport tests over TLS, then plaintext
         test_handshake_ok();

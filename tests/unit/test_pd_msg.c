@@ -157,7 +157,7 @@ static uint32_t sample(uint16_t t, uint8_t *buf, size_t cap) {
         break;
     }
     case PD_MSG_LINK_ACK: {
-        pd_msg_link_ack m = {0x1122334455667788ull};
+        pd_msg_link_ack m = {.link_epoch = 0x1122334455667788ull};
         e = pd_msg_link_ack_encode(&m, buf, cap, &n, &eb);
         break;
     }
@@ -281,7 +281,7 @@ static void test_names_and_bounds(void) {
     CHECK_EQ(tm[PD_MSG_HEALTH_ACK], 24);
     CHECK_EQ(tm[PD_MSG_PEER], 263);
     CHECK_EQ(tm[PD_MSG_LINK], 40);
-    CHECK_EQ(tm[PD_MSG_LINK_ACK], 8);
+    CHECK_EQ(tm[PD_MSG_LINK_ACK], 12 + 8192); // with a UCX worker address
     CHECK_EQ(tm[PD_MSG_ADMIT], 112 + 28 + 8 * 1024 + 262144); // with the largest extension
     CHECK_EQ(tm[PD_MSG_GRANT], 4194304);
     CHECK_EQ(tm[PD_MSG_DENY], 520);
@@ -375,7 +375,7 @@ static void test_layout_grant(void) {
         20, 0, 0, 0,                        /* 16 n_prompt */
         16, 0, 0, 0,                        /* 20 page_tokens */
         2, 0, 0, 0,                         /* 24 n_pages */
-        0, 0, 0, 0,                         /* 28 reserved */
+        0, 0, 0, 0,                         /* 28 ucx_key_len: 0 (the TLS plane) */
         0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, /* 32 model_id (v3) */
         0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1,
         0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1,
@@ -402,8 +402,7 @@ static void test_layout_grant(void) {
     CHECK_EQ(pd_msg_grant_encode(&m, en, buf, sizeof buf, &n, &eb), KS_OK);
     CHECK_EQ(n, sizeof want);
     CHECK_MEM_EQ(buf, want, sizeof want);
-    want[28] = 0x77;      /* reserved fields are ignored */
-    want[64 + 12] = 0x99;
+    want[64 + 12] = 0x99; /* reserved fields are ignored (offset 28 is ucx_key_len since v3) */
     pd_msg_grant g;
     CHECK_EQ(pd_msg_grant_decode(want, sizeof want, &g, &eb), KS_OK);
     CHECK(g.seq_uid == 77 && g.link_epoch == 5);
@@ -601,7 +600,7 @@ static void test_round_trip_small(void) {
         CHECK_EQ(pd_msg_link_decode(buf, n, &r, &eb), KS_OK);
         CHECK(n == 40 && r.prefill_worker_id == 31); /* v3: + the model_id */
         CHECK_MEM_EQ(r.model_id, m.model_id, 32);
-        pd_msg_link_ack a = {1}, ra;
+        pd_msg_link_ack a = {.link_epoch = 1}, ra;
         CHECK_EQ(pd_msg_link_ack_encode(&a, buf, sizeof buf, &n, &eb), KS_OK);
         CHECK_EQ(pd_msg_link_ack_decode(buf, n, &ra, &eb), KS_OK);
         CHECK(n == 8 && ra.link_epoch == 1);
@@ -1061,8 +1060,10 @@ static void test_grant_coverage(void) {
     pd_store_u32(cp + 24, 1);
     pd_store_u32(cp + 64 + 8, 0xffffffff);
     CHECK_EQ(pd_msg_grant_decode(cp, 88, &g, &eb), KS_OK);
-    /* reserved fields ignored */
+    /* reserved fields ignored; offset 28 (ucx_key_len since v3) must fit len */
     put_u32(cp, buf, n, 28, 0xdeadbeef);
+    REJECTS(PD_MSG_GRANT, cp, n, "ucx_key_len");
+    put_u32(cp, buf, n, 28, 0);
     pd_store_u32(cp + ENT(2, 12), 0xdeadbeef);
     CHECK_EQ(pd_msg_grant_decode(cp, n, &g, &eb), KS_OK);
     /* encoder refuses the same mistakes */
@@ -1385,6 +1386,67 @@ static void test_sampling_ext(void) {
     REJECTS(PD_MSG_PREFILL, buf, (uint32_t)pd_msg_prefill_size(glen, 59), "at least");
 }
 
+/* The UCX data plane's fields (issue 40): REGISTER data_plane, LINK_ACK's
+ * worker address, GRANT's staging area and remote key; each round-trips,
+ * each inconsistent length or value is PROTO, and the TLS plane's frames keep
+ * their sizes. */
+static void test_ucx_fields(void) {
+    uint8_t buf[1024];
+    uint32_t n = 0;
+    ks_errbuf eb;
+    // REGISTER byte 3
+    pd_msg_register r = {.role = PD_ROLE_PREFILL, .n_layer = 2, .kv_dim = 8, .page_tokens = 16,
+                         .n_pages = 4, .n_ctx = 64, .data_plane = PD_PLANE_UCX};
+    CHECK_EQ(pd_msg_register_encode(&r, buf, sizeof buf, &n, &eb), KS_OK);
+    CHECK_EQ(buf[3], 1);
+    pd_msg_register rr;
+    CHECK_EQ(pd_msg_register_decode(buf, n, &rr, &eb), KS_OK);
+    CHECK_EQ(rr.data_plane, PD_PLANE_UCX);
+    buf[3] = 2;
+    CHECK_EQ(pd_msg_register_decode(buf, n, &rr, &eb), KS_ERR_PROTO);
+    CHECK(strstr(eb.msg, "data_plane 2") != NULL);
+    // LINK_ACK: 8 bytes without an address, 12 + len with one
+    const uint8_t addr[5] = {1, 2, 3, 4, 5};
+    pd_msg_link_ack a = {.link_epoch = 9}, ra;
+    CHECK_EQ(pd_msg_link_ack_encode(&a, buf, sizeof buf, &n, &eb), KS_OK);
+    CHECK_EQ(n, 8);
+    CHECK_EQ(pd_msg_link_ack_decode(buf, n, &ra, &eb), KS_OK);
+    CHECK_EQ(ra.ucx_addr_len, 0);
+    a.ucx_addr = addr;
+    a.ucx_addr_len = 5;
+    CHECK_EQ(pd_msg_link_ack_encode(&a, buf, sizeof buf, &n, &eb), KS_OK);
+    CHECK_EQ(n, 17);
+    CHECK_EQ(pd_msg_link_ack_decode(buf, n, &ra, &eb), KS_OK);
+    CHECK(ra.link_epoch == 9 && ra.ucx_addr_len == 5 && !memcmp(ra.ucx_addr, addr, 5));
+    CHECK_EQ(pd_msg_link_ack_decode(buf, n - 1, &ra, &eb), KS_ERR_PROTO);
+    CHECK_EQ(pd_msg_link_ack_decode(buf, 10, &ra, &eb), KS_ERR_PROTO);
+    pd_store_u32(buf + 8, 0);
+    CHECK_EQ(pd_msg_link_ack_decode(buf, n, &ra, &eb), KS_ERR_PROTO);
+    // GRANT: the trailer after the entries, its length in the old reserved field
+    pd_msg_grant_entry en[4];
+    const uint8_t key[7] = {9, 8, 7, 6, 5, 4, 3};
+    pd_msg_grant g = {.seq_uid = 77, .link_epoch = 5, .n_prompt = 60, .page_tokens = 16};
+    g.n_pages = fill_entries(en, 60, 16);
+    CHECK_EQ(pd_msg_grant_encode(&g, en, buf, sizeof buf, &n, &eb), KS_OK);
+    CHECK_EQ(n, pd_msg_grant_size(4));
+    g.ucx_key_len = 7;
+    g.ucx_key = key;
+    g.ucx_addr = 0x7f0012345000ull;
+    g.ucx_len = 1u << 20;
+    CHECK_EQ(pd_msg_grant_encode(&g, en, buf, sizeof buf, &n, &eb), KS_OK);
+    CHECK_EQ(n, pd_msg_grant_size(4) + 16 + 7);
+    pd_msg_grant rg;
+    CHECK_EQ(pd_msg_grant_decode(buf, n, &rg, &eb), KS_OK);
+    CHECK(rg.ucx_key_len == 7 && rg.ucx_addr == g.ucx_addr && rg.ucx_len == g.ucx_len &&
+          !memcmp(rg.ucx_key, key, 7));
+    CHECK_EQ(pd_msg_grant_decode(buf, n - 1, &rg, &eb), KS_ERR_PROTO);
+    pd_store_u32(buf + 28, PD_MSG_UCX_KEY_MAX + 1);
+    CHECK_EQ(pd_msg_grant_decode(buf, n, &rg, &eb), KS_ERR_PROTO);
+    pd_store_u32(buf + 28, 7);
+    pd_store_u64(buf + pd_msg_grant_size(4) + 8, 0);
+    CHECK_EQ(pd_msg_grant_decode(buf, n, &rg, &eb), KS_ERR_PROTO);
+}
+
 int main(void) {
     memset(TEXT512, 'm', sizeof TEXT512);
     memset(HOST255, 'h', sizeof HOST255);
@@ -1403,6 +1465,7 @@ int main(void) {
     test_planes();
     test_random();
     test_sampling_ext();
+    test_ucx_fields();
     printf("test_pd_msg: ok\n");
     return 0;
 }
