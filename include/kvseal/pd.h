@@ -246,6 +246,8 @@ typedef struct pd_loop_stats {
                                        frame, timeout, reflection) */
     uint64_t proto_errors;          /* connections closed with KS_ERR_PROTO */
     uint64_t sink_failures;         /* sink destinations reported failed */
+    uint64_t reads;                 /* socket reads that returned bytes (a readv,
+                                       or one pass of SSL_read calls under TLS) */
 } pd_loop_stats;
 
 /* Creates an epoll loop. Owned by the caller. Errors: KS_ERR_INVAL (no or too

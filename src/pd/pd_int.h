@@ -140,6 +140,10 @@ struct pd_conn {
     bool tls_write_wants_read;     /* SSL_write needs the socket readable */
     // input
     pd_decoder dec;
+    uint8_t rx_ahead[PD_HDR_BYTES + 256]; /* read ahead: the next frame's header and
+                                      a sink's prefix, read with the current
+                                      payload's tail (never a sunk payload) */
+    uint32_t rx_ahead_len, rx_ahead_off; /* bytes in rx_ahead, bytes consumed */
     pd_frame_hdr sink_hdr;         /* header of the frame with a live sink dest */
     bool sink_live;                /* a sink dest is handed out, not yet resolved */
     // output

@@ -620,6 +620,33 @@ static void pd__dispatch(pd_conn *c, const pd_frame *f) {
     if (c->cbs.on_frame) c->cbs.on_frame(c, c->ud, f);
 }
 
+/* Bytes read ahead that the decoder has not taken yet. */
+static uint32_t pd__ahead(const pd_conn *c) { return c->rx_ahead_len - c->rx_ahead_off; }
+
+/* How many bytes to read ahead behind the decoder's destination: behind a
+ * payload the next frame's header and the prefix a sink reads before it
+ * names a page, behind a header only that prefix, behind a prefix nothing.
+ * So a stream of sunk frames costs one read each, and no byte of a sunk
+ * payload is ever copied (read ahead only as far as the frame's prefix). */
+static size_t pd__ahead_room(const pd_conn *c) {
+    uint32_t pre = !c->cbs.sink ? 0 : c->cbs.sink_prefix < 256 ? c->cbs.sink_prefix : 256;
+    if (c->dec.state == PD__DEC_HDR) return pre;
+    return c->dec.in_prefix ? 0 : PD_HDR_BYTES + pre;
+}
+
+/* Copies read-ahead bytes into iov[0..n); returns how many. */
+static size_t pd__take_ahead(pd_conn *c, const struct iovec *iov, int n) {
+    size_t took = 0;
+    for (int i = 0; i < n && pd__ahead(c); i++) {
+        size_t k = iov[i].iov_len < pd__ahead(c) ? iov[i].iov_len : pd__ahead(c);
+        memcpy(iov[i].iov_base, c->rx_ahead + c->rx_ahead_off, k);
+        c->rx_ahead_off += (uint32_t)k;
+        took += k;
+    }
+    if (!pd__ahead(c)) c->rx_ahead_len = c->rx_ahead_off = 0;
+    return took;
+}
+
 static void pd__on_readable(pd_conn *c) {
     if (c->ssl && c->state == PD__CONN_HANDSHAKE) return pd__tls_handshake(c);
     int frames = 0;
@@ -627,29 +654,44 @@ static void pd__on_readable(pd_conn *c) {
     while ((c->state == PD__CONN_HANDSHAKE || c->state == PD__CONN_OPEN ||
             c->state == PD__CONN_DRAINING) &&
            c->read_on && frames < PD__READ_BUDGET_FRAMES && bytes < PD__READ_BUDGET_BYTES) {
-        struct iovec iov[PD_MAX_IOV];
+        struct iovec iov[PD_MAX_IOV + 1];
         int n = pd__dec_want(&c->dec, iov, PD_MAX_IOV);
         KS_ASSERT(n >= 1);
         ssize_t r;
-        if (c->ssl) {
-            r = pd__tls_readv(c, iov, n);
-            if (r == -2) return;
+        if (pd__ahead(c)) {
+            r = (ssize_t)pd__take_ahead(c, iov, n);
         } else {
-            do r = readv(c->fd, iov, n);
-            while (r < 0 && errno == EINTR);
+            size_t want = 0;
+            for (int i = 0; i < n; i++) want += iov[i].iov_len;
+            iov[n].iov_base = c->rx_ahead;
+            iov[n].iov_len = pd__ahead_room(c);
+            if (iov[n].iov_len) n++;
+            if (c->ssl) {
+                r = pd__tls_readv(c, iov, n);
+                if (r == -2) return;
+            } else {
+                do r = readv(c->fd, iov, n);
+                while (r < 0 && errno == EINTR);
+            }
+            if (r < 0) {
+                if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+                return pd__fail_errno(c, "recv");
+            }
+            if (r == 0) {
+                bool mid = c->dec.state != PD__DEC_HDR || c->dec.hdr_have;
+                return pd__conn_fail(c, KS_ERR_PEER_CLOSED, "peer closed the connection%s%s",
+                                     mid ? " mid-frame" : "",
+                                     c->state == PD__CONN_HANDSHAKE ? " during the handshake" : "");
+            }
+            bytes += (size_t)r;
+            c->loop->stats.reads++;
+            c->loop->stats.bytes_in += (uint64_t)r;
+            if ((size_t)r > want) {  // the rest went ahead: the decoder takes it next
+                c->rx_ahead_len = (uint32_t)((size_t)r - want);
+                c->rx_ahead_off = 0;
+                r = (ssize_t)want;
+            }
         }
-        if (r < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-            return pd__fail_errno(c, "recv");
-        }
-        if (r == 0) {
-            bool mid = c->dec.state != PD__DEC_HDR || c->dec.hdr_have;
-            return pd__conn_fail(c, KS_ERR_PEER_CLOSED, "peer closed the connection%s%s",
-                                 mid ? " mid-frame" : "",
-                                 c->state == PD__CONN_HANDSHAKE ? " during the handshake" : "");
-        }
-        bytes += (size_t)r;
-        c->loop->stats.bytes_in += (uint64_t)r;
         pd_frame f;
         ks_errbuf eb;
         ks_err e = pd__dec_advance(&c->dec, (size_t)r, &f, &eb);
@@ -1044,11 +1086,12 @@ ks_err pd_loop_run_once(pd_loop *l, int timeout_ms) {
     bool posted = l->post_head != NULL;
     pthread_mutex_unlock(&l->post_mu);
     if (posted || l->dead || l->completed) timeout_ms = 0;
-    // input already inside OpenSSL: epoll will not report it
+    // input read ahead, or already inside OpenSSL: epoll will not report it
     pd_conn *pend[64];
     int n_pend = 0;
     for (pd_conn *c = l->conns; c && n_pend < 64; c = c->next)
-        if (c->read_on && c->state != PD__CONN_CONNECTING && pd__tls_pending(c)) pend[n_pend++] = c;
+        if (c->read_on && c->state != PD__CONN_CONNECTING && (pd__ahead(c) || pd__tls_pending(c)))
+            pend[n_pend++] = c;
     if (n_pend) timeout_ms = 0;
     if (dl >= 0 && (timeout_ms < 0 || dl < timeout_ms)) timeout_ms = dl;
     struct epoll_event evs[64];

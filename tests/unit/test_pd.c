@@ -1000,6 +1000,51 @@ static void test_tls_tail_flush(void) {
     free(buf);
 }
 
+/* KV_PAGE-like frames (a 40-byte prefix, then 48 KiB into a sink) queued
+ * back to back: the receiver takes each with one socket read, the next
+ * frame's header and prefix arriving with the current payload's tail (it
+ * once needed three reads per frame: header, prefix, payload). */
+static void test_tcp_reads_per_frame(void) {
+    enum { N = 200, PAGE = 40 + 49152 };
+    pd_loop *l = mkloop(SECRET_A, 1, 0, 0);
+    srv sv = {0};
+    pd_conn_cbs cbs = ep_cbs();
+    cbs.sink = ep_sink;
+    cbs.sink_prefix = 40;
+    sv.eps[0].sink_cap = PAGE;
+    sv.eps[0].sink_buf = malloc(PAGE);
+    ep cli = {0};
+    sv.eps[0].pause_on_open = true;
+    pd_listener *ls = mklisten(l, &sv, &cbs);
+    pd_conn *c = mkconn(l, pd_listener_port(ls), &cli);
+    ep *pair[2] = {&cli, &sv.eps[0]};
+    CHECK(pump(l, NULL, both_open, pair, 3000));
+    uint8_t *buf = malloc(PAGE);
+    for (int i = 0; i < N; i++) {
+        fill(buf, PAGE, (uint64_t)i);
+        struct iovec iov[2] = {{buf, 40}, {buf + 40, PAGE - 40}};
+        CHECK_EQ(pd_conn_send(c, 20, (uint64_t)i, iov, 2, NULL), KS_OK);
+    }
+    pd_loop_stats st0;
+    pd_loop_stats_get(l, &st0);
+    pd_conn_set_read(sv.eps[0].c, true);
+    want_frames = N;
+    CHECK(pump(l, NULL, ep_frames_n, &sv.eps[0], 60000));
+    CHECK_EQ(sv.eps[0].bad, 0);
+    CHECK_EQ(sv.eps[0].sink_calls, N);
+    CHECK(sv.eps[0].c->dec.buf_cap <= 256); // payloads went straight into the sink
+    pd_loop_stats st;
+    pd_loop_stats_get(l, &st);
+    uint64_t reads = st.reads - st0.reads;
+    if (reads > N + N / 4)
+        fprintf(stderr, "test_tcp_reads_per_frame (%s): %llu socket reads for %d frames\n",
+                g_plain ? "plaintext" : "TLS", (unsigned long long)reads, N);
+    CHECK(reads <= N + N / 4);
+    pd_loop_destroy(l);
+    free(buf);
+    free(sv.eps[0].sink_buf);
+}
+
 /* A raw authenticated peer sends sink frames: good, corrupted, cut off. */
 static void test_tcp_sink_failures(void) {
     pd_loop *l = mkloop(SECRET_A, 3, 0, 0);
@@ -1497,6 +1542,7 @@ int main(int argc, char **argv) {
         test_tcp_borrowed_close();
         if (!plain) test_tls_tail_flush();
         if (plain) test_tcp_sink_failures();  // a raw plaintext peer corrupts frames
+        test_tcp_reads_per_frame();
         test_tcp_independent_conns();
         test_tcp_close_flush();
         test_tcp_connect_refused();
