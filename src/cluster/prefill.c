@@ -26,7 +26,12 @@
 #define PF_CONNECT_TIMEOUT_MS 2000
 #define PF_TICK_MS 50
 #define PF_PUMP_BUDGET 8u                 /* KV_PAGE frames per loop iteration */
-#define PF_PUMP_PENDING_MAX (4u << 20)    /* stop pumping while a link holds more */
+/* Pump only while no link has output queued: a KV page then goes from the
+ * pool to the socket in one sendmsg, and only the part of one frame a full
+ * socket refused is copied (a 4 MiB allowance once copied most pages twice:
+ * into the queue, then into the socket). The socket's own buffer is the
+ * pipeline. */
+#define PF_PUMP_PENDING_MAX 0u
 /* send_frame's AGAIN threshold: above any pending a gated pump can reach
  * (PF_PUMP_PENDING_MAX plus one maximal frame), so a queued frame is never
  * refused for back-pressure alone. */
