@@ -108,6 +108,20 @@ typedef struct pd__chunk {
     uint8_t data[];
 } pd__chunk;
 
+/* Frames held by pd_conn_cork until they leave in one sendmsg: each
+ * frame's header and its small payload pieces (a page header, often on the
+ * caller's stack) copied into head[], larger pieces referenced (the caller
+ * keeps them until uncork). */
+#define PD__CORK_FRAMES 16
+#define PD__CORK_IOV 512
+#define PD__CORK_HEAD 128 /* bytes copied per frame: the header and small pieces */
+typedef struct pd__cork {
+    int frames, n_iov;
+    size_t bytes;
+    uint8_t head[PD__CORK_FRAMES][PD__CORK_HEAD];
+    struct iovec iov[PD__CORK_IOV];
+} pd__cork;
+
 struct pd_conn {
     pd__ev ev;                     /* kind PD__EV_CONN */
     const pd_transport_ops *ops;   /* the transport (tcp) */
@@ -155,6 +169,8 @@ struct pd_conn {
     pd__chunk *out_head, *out_tail;
     size_t out_bytes;              /* unsent bytes queued */
     bool want_writable;            /* send returned AGAIN: call on_writable */
+    bool corked;                   /* pd_conn_cork: frames wait in cork */
+    struct pd__cork *cork;         /* held frames (allocated at the first cork) */
     pd__chunk *spare;              /* one recycled big chunk: a 1 MiB page tail
                                       queued per frame would otherwise cost a
                                       fresh mmap + page faults every time */
