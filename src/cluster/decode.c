@@ -87,9 +87,11 @@ typedef struct dec__worker {
     pd_loop *l;
     pd_listener *ls;
     cl_ctrl *ctrl;
+    cl_health *health;     /* --health-port's endpoint, or NULL; set before the engine starts */
     pd_recv *rcv;
     uint32_t tm_data[PD_MSG_N_TYPES], tm_ctrl[PD_MSG_N_TYPES];
     char host[PD_MSG_MAX_HOST + 1]; /* REGISTER host (borrowed by ctrl) */
+    uint8_t model_id[PD_MSG_HASH_BYTES]; /* cluster_model_id of the model served */
     dec__link *links;
     uint32_t router_gen;   /* bumped at every router loss: worker ids belong to one router
                               session, and a restarted router may hand an id out again */
@@ -423,7 +425,12 @@ static ks_err dl__sink(pd_conn *c, void *ud, const pd_frame_hdr *hdr, const uint
     if (ok && nd > 0) {
         dec__req *q = dec__find(w, hdr->req_id);
         if (q) {
-            if (!q->t_first_page_ns) q->t_first_page_ns = ks_now_ns();
+            if (!q->t_first_page_ns) {  // the tests' "transfer started" (tests/e2e/netns.sh)
+                q->t_first_page_ns = ks_now_ns();
+                ks_log(KS_LOG_DEBUG, "decode: request %llu: first KV page from %s (link %llu)",
+                       (unsigned long long)hdr->req_id, pd_conn_peer_addr(k->c),
+                       (unsigned long long)k->epoch);
+            }
             q->kv_bytes += hdr->len;
         }
         k->sink_pending = true;
@@ -433,12 +440,18 @@ static ks_err dl__sink(pd_conn *c, void *ud, const pd_frame_hdr *hdr, const uint
     return KS_OK;
 }
 
+/* A KV_PAGE delivery ended before its last byte. Bad bytes (PROTO: the
+ * frame checksum) fail the request's verification; a connection lost in the
+ * middle of the payload says nothing about the KV: the delivery just stops,
+ * and on_close, which the loop runs right after, ends the link's requests
+ * as a lost link (F5: scrubbed, "data link lost", which the router may
+ * place again) instead of as a failed verification. */
 static void dl__on_sink_fail(pd_conn *c, void *ud, const pd_frame_hdr *hdr, ks_err why) {
     (void)c;
-    (void)why;
     dec__link *k = ud;
     if (!k->sink_pending) return;
     k->sink_pending = false;
+    if (why != KS_ERR_PROTO) return;  // pd_recv_link_closed clears the pending delivery
     pd_recv_kv_page_end(k->w->rcv, hdr->req_id, false);
     dec__flush(k->w);
 }
@@ -479,6 +492,18 @@ static void dl__on_link(dec__link *k, const pd_frame *f) {
             cl_error_close(k->c, KS_ERR_PROTO, why);
             return;
         }
+    if (memcmp(m.model_id, w->model_id, sizeof w->model_id)) {
+        // pages of one model are meaningless (and a leak) under another's weights
+        char why[192];
+        snprintf(why, sizeof why,
+                 "LINK refused: prefill worker %u serves model %02x%02x%02x%02x.., this decode "
+                 "worker model %02x%02x%02x%02x..: no page crosses models",
+                 m.prefill_worker_id, m.model_id[0], m.model_id[1], m.model_id[2], m.model_id[3],
+                 w->model_id[0], w->model_id[1], w->model_id[2], w->model_id[3]);
+        ks_log(KS_LOG_WARN, "decode: %s (from %s)", why, pd_conn_peer_addr(k->c));
+        cl_error_close(k->c, KS_ERR_PROTO, why);
+        return;
+    }
     k->epoch = dec__new_epoch(w);
     k->router_gen = w->router_gen;
     k->prefill_id = m.prefill_worker_id;
@@ -654,7 +679,7 @@ static void dec__on_admit(dec__worker *w, uint64_t req_id, const pd_frame *f) {
     dec__link *k = dec__link_of_prefill(w, m.prefill_worker_id);
     pd_recv_admit_args a = {.n_prompt = m.n_prompt, .max_tokens = m.s.max_tokens,
                             .prefill_worker_id = m.prefill_worker_id,
-                            .link_epoch = k ? k->epoch : 0};
+                            .link_epoch = k ? k->epoch : 0, .model_id = m.model_id};
     const uint8_t *grant = NULL;
     uint32_t grant_len = 0, deny = 0;
     ks_errbuf_clear(&eb);
@@ -778,6 +803,8 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
                       .t_grant_ms = o->t_grant_ms, .t_xfer_ms = o->t_xfer_ms,
                       .t_ack_ms = o->t_ack_ms, .emit = dec__emit, .emit_ctx = w,
                       .clock = cl_now_ms};
+    cluster_model_id(o->m, w->model_id);
+    memcpy(rc.model_id, w->model_id, sizeof rc.model_id);
     if ((err = pd_recv_create(w->pool, &rc, &w->rcv, eb)) != KS_OK) return err;
     pd_conn_cbs dc = {.on_open = dl__on_open, .on_frame = dl__on_frame, .sink = dl__sink,
                       .sink_prefix = PD_MSG_KV_PAGE_HDR, .type_max = w->tm_data,
@@ -806,9 +833,11 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
     cc.reg.n_pages = kv_pool_n_pages(w->pool);
     cc.reg.n_ctx = (uint32_t)o->eng.n_ctx;
     cc.reg.data_port = port;
-    cluster_model_id(o->m, cc.reg.model_id);
+    memcpy(cc.reg.model_id, w->model_id, sizeof cc.reg.model_id);
     cc.reg.host = w->host;
     cc.reg.host_len = (uint16_t)strlen(w->host);
+    cc.reg.names = o->names ? o->names : "";
+    cc.reg.names_len = (uint16_t)strlen(cc.reg.names);
     cc.type_max = w->tm_ctrl;
     cc.t_router_ms = o->t_router_ms;
     cl_ctrl_cbs cb = {.on_frame = dec__on_ctrl_frame,
@@ -874,6 +903,7 @@ static void dec__poll(void *ctx, engine *e, int timeout_ms) {
     (void)pd_recv_tick(w->rcv);
     dec__flush(w);
     cl_ctrl_tick(w->ctrl);
+    cl_health_beat(w->health, cl_ctrl_registered(w->ctrl), atomic_load(&w->draining));
     dec__drain(w);
     pd_recv_stats rs;
     pd_recv_get_stats(w->rcv, &rs);
@@ -915,9 +945,16 @@ ks_err cluster_decode_run(const cluster_worker_opts *o, const atomic_int *stop,
     eo.poll_end = dec__poll_end;
     eo.poll_ctx = w;
     w->max_running = eo.max_running;
+    ks_err err;
+    if (o->health_host &&
+        (err = cl_health_start(o->health_host, o->health_port, 0, &w->health, eb))) {
+        free(w);
+        return err;
+    }
     engine *e = NULL;
-    ks_err err = engine_create(&eo, &e, eb);
+    err = engine_create(&eo, &e, eb);
     if (err != KS_OK) {
+        cl_health_destroy(w->health);
         free(w);
         return err;
     }
@@ -929,6 +966,7 @@ ks_err cluster_decode_run(const cluster_worker_opts *o, const atomic_int *stop,
         engine_destroy(e);
         err = ks_seterr(eb, w->start_eb.code ? w->start_eb.code : KS_ERR_IO, "decode worker: %s",
                         w->start_eb.msg);
+        cl_health_destroy(w->health);
         free(w->req);
         free(w);
         return err;
@@ -948,6 +986,7 @@ ks_err cluster_decode_run(const cluster_worker_opts *o, const atomic_int *stop,
                    atomic_load(&w->live));
     }
     engine_destroy(e);  // runs poll_end: abort, links closed, receiver freed
+    cl_health_destroy(w->health);
     free(w->req);
     free(w);
     return KS_OK;

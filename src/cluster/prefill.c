@@ -88,6 +88,7 @@ typedef struct pf__worker {
     uint32_t page_tokens;
     pd_loop *loop;
     cl_ctrl *ctrl;
+    cl_health *health;    /* --health-port's endpoint, or NULL */
     kv_pool *pool;
     kv_prefix *prefix;    /* NULL with --no-prefix-cache; keyed by PREFILL's domain_hash (I7) */
     model_ctx *mctx;
@@ -103,6 +104,7 @@ typedef struct pf__worker {
     uint32_t link_tmax[PD_MSG_N_TYPES];
     bool computing;          /* inside pd_send's compute: pd_send calls are deferred */
     bool draining;           /* stopping gracefully: new PREFILLs get REJECT DRAINING */
+    uint8_t model_id[PD_MSG_HASH_BYTES]; /* cluster_model_id: in LINK, checked in grants */
     // one forward chunk runs on a compute thread while this thread serves the loop
     const model_batch *job;
     const model_hidden *job_hid; /* EMBED: the hidden rows the chunk hands out, else NULL */
@@ -168,6 +170,7 @@ static void pf__service_for(pf__worker *w, int timeout_ms) {
     if (pd_loop_run_once(w->loop, timeout_ms) != KS_OK)
         ks_log(KS_LOG_WARN, "prefill worker: epoll_wait failed");
     cl_ctrl_tick(w->ctrl);
+    cl_health_beat(w->health, cl_ctrl_registered(w->ctrl), w->draining);  // live during long prompts
 }
 
 static void pf__service(pf__worker *w) { pf__service_for(w, 0); }
@@ -591,7 +594,8 @@ static void pf__link_on_open(pd_conn *c, void *ud) {
     if (!k) return;
     k->link_id = cl_ctrl_worker_id(k->w->ctrl);
     pd_msg_link m = {.prefill_worker_id = k->link_id};
-    uint8_t buf[8];
+    memcpy(m.model_id, k->w->model_id, sizeof m.model_id);
+    uint8_t buf[PD_MSG_LINK_LEN];
     uint32_t len = 0;
     ks_errbuf eb;
     ks_err e = pd_msg_link_encode(&m, buf, sizeof buf, &len, &eb);
@@ -1001,6 +1005,7 @@ static void pf__free(pf__worker *w) {
         w->ops = op->next;
         free(op);
     }
+    cl_health_destroy(w->health);
     cl_ctrl_destroy(w->ctrl);
     pd_loop_destroy(w->loop);
     pd_send_destroy(w->send); // releases (scrubs) live transfers' local pages
@@ -1082,6 +1087,8 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
                       .compute = pf__compute,
                       .compute_ctx = &w,
                       .clock = cl_now_ms};
+    cluster_model_id(o->m, w.model_id);
+    memcpy(sc.model_id, w.model_id, sizeof sc.model_id);
     if ((e = pd_send_create(w.pool, &sc, &w.send, eb))) goto fail;
     pd_loop_cfg lc = {.secret = o->secret, .secret_len = o->secret_len, .role = PD_ROLE_PREFILL,
                       .max_payload = PD_MSG_MAX_FRAME, .out_high_bytes = PF_OUT_HIGH,
@@ -1101,11 +1108,15 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
     cc.reg.data_port = 0;
     cc.reg.host = "";
     cc.reg.host_len = 0;
-    cluster_model_id(o->m, cc.reg.model_id);
+    cc.reg.names = o->names ? o->names : "";
+    cc.reg.names_len = (uint16_t)strlen(cc.reg.names);
+    memcpy(cc.reg.model_id, w.model_id, sizeof cc.reg.model_id);
     cl_ctrl_cbs cb = {.on_registered = pf__on_registered, .on_synced = pf__on_synced,
                       .on_frame = pf__router_frame, .on_lost = pf__on_lost, .health = pf__health,
                       .pool_check = pf__pool_check};
     if ((e = cl_ctrl_start(w.loop, &cc, &cb, &w, &w.ctrl, eb))) goto fail;
+    if (o->health_host && (e = cl_health_start(o->health_host, o->health_port, 0, &w.health, eb)))
+        goto fail;
     ks_log(KS_LOG_INFO, "prefill worker: %u local KV pages, prefix cache %s, connecting to router %s:%d",
            eo->kv_pages, w.prefix ? "on" : "off", o->router_host, o->router_port);
 
@@ -1152,6 +1163,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
             (void)pd_send_tick(w.send);
             cl_ctrl_tick(w.ctrl);
             pf__links_tick(&w, now);
+            cl_health_beat(w.health, cl_ctrl_registered(w.ctrl), w.draining);
         }
     }
     ks_log(KS_LOG_INFO, "prefill worker: stopping");

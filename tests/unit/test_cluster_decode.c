@@ -49,6 +49,7 @@ typedef struct rframe {
 
 typedef struct harness {
     const model *m;
+    uint8_t model_id[32]; /* cluster_model_id(m): in LINK and ADMIT */
     kv_geom g;
     uint32_t tm[PD_MSG_N_TYPES];
     // router side
@@ -67,6 +68,7 @@ typedef struct harness {
     bool link_open, link_closed;
     int n_pclosed; /* data links closed so far */
     uint64_t epoch;
+    bool foreign_link; /* the next LINK claims worker 9 of another model (phase_model) */
     rframe pf[64];
     int n_pf;
     // worker
@@ -143,8 +145,10 @@ static void r_on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
 static void p_on_open(pd_conn *c, void *ud) {
     harness *h = ud;
     h->link_open = true;
-    pd_msg_link lk = {.prefill_worker_id = PREFILL_ID};
-    uint8_t buf[8];
+    pd_msg_link lk = {.prefill_worker_id = h->foreign_link ? 9u : PREFILL_ID};
+    memcpy(lk.model_id, h->model_id, sizeof lk.model_id);
+    if (h->foreign_link) lk.model_id[0] ^= 0xff;
+    uint8_t buf[PD_MSG_LINK_LEN];
     uint32_t len;
     CHECK(pd_msg_link_encode(&lk, buf, sizeof buf, &len, NULL) == KS_OK);
     send1(c, PD_MSG_LINK, 0, buf, len);
@@ -226,6 +230,7 @@ static bool p_grant_or_deny(harness *h, uint64_t id) {
     return find_rf(h, id, PD_MSG_GRANT) || find_rf(h, id, PD_MSG_DENY);
 }
 static bool p_finish(harness *h, uint64_t id) { return find_rf(h, id, PD_MSG_FINISH) != NULL; }
+static bool p_pclosed(harness *h, uint64_t n) { return (uint64_t)h->n_pclosed >= n; }
 static bool p_pf_abort(harness *h, uint64_t id) {
     for (int i = 0; i < h->n_pf; i++)
         if (h->pf[i].req_id == id && h->pf[i].type == PD_MSG_ABORT) return true;
@@ -257,6 +262,7 @@ static void open_link(harness *h) {
 static void h_start(harness *h, const model *m) {
     memset(h, 0, sizeof *h);
     h->m = m;
+    cluster_model_id(m, h->model_id);
     engine_opts d; // pages travel in the engine's default KV type (f16)
     engine_opts_default(&d);
     h->g = model_kv_geom(m, PAGE_T, d.kv_type);
@@ -329,20 +335,26 @@ static void sampling(sample_params *sp) {
     }
 }
 
-static void admit(harness *h, uint64_t id, uint32_t n_prompt) {
+/* ADMIT for model model_id; waits for the GRANT or DENY. */
+static void admit_for(harness *h, uint64_t id, uint32_t n_prompt, const uint8_t *model_id) {
     sample_params sp;
     sampling(&sp);
     pd_msg_admit a;
     memset(&a, 0, sizeof a);
     a.n_prompt = n_prompt;
     a.prefill_worker_id = PREFILL_ID;
+    memcpy(a.model_id, model_id, sizeof a.model_id);
     char msg[256];
     CHECK(cl_sampling_to_msg(&sp, MAX_TOK, true, NULL, 0, NULL, 0, &a.s, msg, sizeof msg));
-    uint8_t buf[80];
+    uint8_t buf[PD_MSG_ADMIT_FIXED];
     uint32_t len;
     CHECK(pd_msg_admit_encode(&a, buf, sizeof buf, &len, NULL) == KS_OK);
     send1(h->rc, PD_MSG_ADMIT, id, buf, len);
     wait_for(h, p_grant_or_deny, id, "GRANT");
+}
+
+static void admit(harness *h, uint64_t id, uint32_t n_prompt) {
+    admit_for(h, id, n_prompt, h->model_id);
     CHECK(find_rf(h, id, PD_MSG_GRANT) != NULL);
 }
 
@@ -587,7 +599,8 @@ static void phase_relink(harness *h) {
     CHECK_EQ(h->epoch, old);
     CHECK(!h->link_closed);
     pd_msg_link rt = {.prefill_worker_id = PREFILL_ID};
-    uint8_t buf[8];
+    memcpy(rt.model_id, h->model_id, sizeof rt.model_id);
+    uint8_t buf[PD_MSG_LINK_LEN];
     uint32_t len;
     CHECK(pd_msg_link_encode(&rt, buf, sizeof buf, &len, NULL) == KS_OK);
     send1(h->rc, PD_MSG_RETIRE, 0, buf, len);
@@ -644,6 +657,55 @@ static void phase_reject(harness *h) {
     CHECK(fin.msg_len == 35 && memcmp(fin.msg, rj.msg, 35) == 0);
     CHECK_EQ(count_rf(h, 9, PD_MSG_TOKEN), 0);
     expect_clean(h); // freed directly: nothing quarantined
+}
+
+/* Issue 40: an ADMIT for another model is DENY MODEL, naming both ids, and
+ * nothing is reserved (no page of one model is granted to another's request). */
+static void phase_model(harness *h) {
+    uint8_t other[32];
+    memcpy(other, h->model_id, sizeof other);
+    other[0] ^= 0xff;
+    admit_for(h, 10, N_PROMPT, other);
+    CHECK(find_rf(h, 10, PD_MSG_GRANT) == NULL);
+    const rframe *df = find_rf(h, 10, PD_MSG_DENY);
+    CHECK(df != NULL);
+    pd_msg_deny d;
+    CHECK(pd_msg_deny_decode(df->data, df->len, &d, NULL) == KS_OK);
+    CHECK_EQ(d.reason, PD_DENY_MODEL);
+    char msg[PD_MSG_MAX_TEXT + 1];
+    snprintf(msg, sizeof msg, "%.*s", (int)d.msg_len, d.msg);
+    CHECK_STR_HAS(msg, "no page crosses models");
+    expect_clean(h);
+    // a data link from a prefill worker of another model never comes up: ERROR
+    // naming both models, closed; the live link is untouched
+    uint64_t live = h->epoch;
+    int closed = h->n_pclosed;
+    pd_conn *bad = NULL;
+    h->foreign_link = true;
+    CHECK(pd_tcp_connect(h->pl, "127.0.0.1", h->data_port, 2000,
+                         &(pd_conn_cbs){.on_open = p_on_open, .on_frame = p_on_frame,
+                                        .on_close = p_on_close, .type_max = h->tm,
+                                        .n_types = PD_MSG_N_TYPES,
+                                        .peer_roles = 1u << PD_ROLE_DECODE},
+                         h, &bad, NULL) == KS_OK);
+    wait_for(h, p_pclosed, (uint64_t)closed + 1, "the foreign link closed");
+    h->foreign_link = false;
+    CHECK_EQ(h->epoch, live); // no LINK_ACK came
+    const rframe *ef = NULL;
+    for (int i = 0; i < h->n_pf; i++)
+        if (h->pf[i].type == PD_MSG_ERROR) ef = &h->pf[i];
+    CHECK(ef != NULL);
+    pd_msg_error em;
+    CHECK(pd_msg_error_decode(ef->data, ef->len, &em, NULL) == KS_OK);
+    snprintf(msg, sizeof msg, "%.*s", (int)em.msg_len, em.msg);
+    CHECK_STR_HAS(msg, "LINK refused: prefill worker 9 serves model");
+    CHECK_STR_HAS(msg, "no page crosses models");
+    CHECK(h->pc != NULL && !h->link_closed);
+    admit(h, 11, 4); // the live link still grants
+    router_abort(h, 11, PD_ABORT_CLIENT_GONE);
+    wait_for(h, p_pf_abort, 11, "ABORT 11 on the link");
+    send1(h->pc, PD_MSG_ABORT_ACK, 11, NULL, 0);
+    expect_clean(h);
 }
 
 static void phase_abort(harness *h) {
@@ -719,6 +781,8 @@ int main(void) {
     printf("ok coverage\n");
     phase_reject(h);
     printf("ok reject\n");
+    phase_model(h);
+    printf("ok model\n");
     phase_abort(h);
     printf("ok abort\n");
     phase_link_loss(h);

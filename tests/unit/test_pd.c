@@ -304,7 +304,7 @@ static void test_wire_layout(void) {
                              PD_MAX_PAYLOAD_DEFAULT, &n, NULL), KS_OK);
     CHECK_EQ(n, 29);
     CHECK_MEM_EQ(buf, "KVPD", 4);  // magic 0x4450564b little-endian
-    CHECK_EQ(buf[4], 2); // PD_VERSION 2 (min_tokens in the sampling extension)
+    CHECK_EQ(buf[4], 3); // PD_VERSION 3 (issue 40: the model identity in ADMIT, GRANT, LINK)
     CHECK_EQ(buf[5], 0);
     CHECK_EQ(buf[6], 0x34);
     CHECK_EQ(buf[7], 0x12);
@@ -437,7 +437,7 @@ static void test_wire_errors(void) {
     memcpy(bad, good, n);
     pd_store_u16(bad + 4, PD_VERSION + 1);
     CHECK_EQ(feed_all(bad, n, &eb, NULL), KS_ERR_PROTO);
-    CHECK_STR_HAS(eb.msg, "unsupported version 3");
+    CHECK_STR_HAS(eb.msg, "unsupported version 4");
 
     // oversize: rejected on the header alone, before any payload allocation
     for (int k = 0; k < 2; k++) {
