@@ -2,23 +2,39 @@
 # bench/cluster.sh [MODEL] — disaggregated vs monolithic serving on loopback:
 # the time to first token of `kvseal router` + 1 prefill + 1 decode against
 # `kvseal serve` for prompts of about 128, 1k and 4k tokens (one request at a
-# time, A/B alternated, medians of 5), and the KV transfer rate decode
-# measured (first KV_PAGE to verified DONE) as a ratio to the loopback TCP
-# bandwidth measured in the same run (a plain socket copy, test_pd bench);
-# and the TTFT of a repeated document on the cluster, first vs again, which
-# the prefill workers' prefix cache serves. The KV transfer is measured twice,
-# over TLS (the default) and on a second cluster with --insecure-plaintext,
-# both against the same loopback TCP copy. KV_ONLY=1: only the KV transfer
-# (no `kvseal serve`, no TTFT tables; REPEAT requests of ~1k and ~4k tokens,
-# or the lengths in KV_LENS), and also on clusters with --data-plane ucx over
-# UCX's tcp and sm transports (the transports in UCX_PLANES, "tcp sm";
-# UCX_PLANES= skips them): sealed puts, the time from prefill's first put to
-# its flush plus decode's opening (verifying) of the records.
+# time, A/B alternated, medians of 5); the TTFT of a repeated document on
+# the cluster, first vs again, which the prefill workers' prefix cache
+# serves; and the KV transfer rate (below).
+#
+# KV transfer: decode logs "KV handoff: N bytes in T ms" per verified
+# handoff, from its first KV_PAGE to the verified DONE (prefill computes the
+# whole prompt before its first page leaves, so this is the transfer alone).
+# It is measured over TLS (the default) and with --insecure-plaintext, and
+# compared with what the same two endpoints allow, measured in the same run:
+# plaintext against a plain TCP copy between them (test_pd bench: blocking
+# 1 MiB send/recv), TLS against one core's AES-128-GCM (`openssl speed -evp
+# aes-128-gcm -bytes 262144`: a link's records are sealed on one core of
+# prefill and opened on one core of decode, so that is its bound). Both on
+# loopback, and between two network namespaces joined by a veth pair
+# (router and decode in one, prefill in the other: the KV crosses the veth)
+# when run as root with `ip` (NETNS=0 skips it).
+#
+# KV_ONLY=1: only the KV transfer (no `kvseal serve`, no TTFT tables;
+# REPEAT requests of ~1k and ~4k tokens, or the lengths in KV_LENS).
+# KV_BINS="before:/path/kvseal after:build/kvseal": the KV transfer of each
+# binary, one after the other in the same run (default: this build's).
+# With KV_ONLY, also clusters with --data-plane ucx over UCX's tcp and sm
+# transports on loopback (the transports in UCX_PLANES, "tcp sm"; UCX_PLANES=
+# skips them): sealed puts, the time from prefill's first put to its flush
+# plus decode's opening (verifying) of the records.
 set -u
 cd "$(dirname "$0")/.."
 MODEL=${1:-models/kjv-mini.gguf}
-cmake -S . -B build -DKS_WERROR=ON >/dev/null && cmake --build build --target kvseal test_pd -j2 >/dev/null || exit 1
-export KS_BIN=$PWD/build/kvseal KS_SRC=$PWD
+if [ -z "${KV_INNER:-}" ]; then
+    cmake -S . -B build -DKS_WERROR=ON >/dev/null &&
+        cmake --build build --target kvseal test_pd -j2 >/dev/null || exit 1
+fi
+export KS_BIN=${KS_BIN:-$PWD/build/kvseal} KS_SRC=$PWD
 . tests/e2e/lib.sh
 ARGS=(-m "$MODEL" --ctx 4608 --kv-pages 600 --threads 2 --batch-tokens 512)
 # ucx_rate PREFILL_LOG DECODE_LOG — GB/s over the UCX transfers above 4 MB: bytes
@@ -31,32 +47,112 @@ ucx_rate() {
              END { for (r in pb) if (pb[r] > 4000000 && (r in dt)) { b += pb[r]; t += pt[r] + dt[r] }
                    if (t > 0) printf "%.3f", b / t / 1e6 }'
 }
-# kv_rate DECODE_LOG — GB/s over the handoffs above 4 MB ("KV handoff: N bytes in T ms")
+
+# kv_rate DECODE_LOG — the median GB/s of the handoffs above 4 MB ("KV
+# handoff: N bytes in T ms"; the median, as a busy host stalls a few)
 kv_rate() {
     grep -h 'KV handoff' "$1" | sed -n 's/.*: \([0-9]*\) bytes in \([0-9.]*\) ms.*/\1 \2/p' |
-        awk '$1 > 4000000 { b += $1; t += $2 } END { if (t > 0) printf "%.3f", b / t / 1e6 }'
+        awk '$1 > 4000000 && $2 > 0 { printf "%.3f\n", $1 / $2 / 1e6 }' | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
 }
+# plain_copy — GB/s of a plain TCP copy between the KV link's endpoints
+# (KS_BENCH_HOST / KS_BENCH_TX_NETNS: see test_pd's bench)
+plain_copy() {
+    ./build/test_pd bench 256 2>&1 | sed -n 's/.*plain socket copy \([0-9.]*\) GB\/s.*/\1/p' | head -1
+}
+# kv_cluster LOG [ARGS...] — one cluster (workers run by KS_SERVE_BIN), the
+# KV_LENS prompts REPEAT times; sets KV_GBS to decode's GB/s (not in a
+# subshell: start_cluster's EXIT trap would remove TMPD)
+kv_cluster() {
+    local log=$1
+    shift
+    start_cluster "$log" 1 1 "${ARGS[@]}" "$@"
+    node bench/ttft.mjs "$KS_URL" "$KS_URL" ${KV_LENS:-1024 4000} >/dev/null || fail "ttft.mjs failed"
+    stop_cluster
+    KV_GBS=$(kv_rate "$log.decode1")
+}
+# kv_where WHERE — for each binary of KV_BINS the KV transfer (TLS, then
+# plaintext), and the plain TCP copy between the same endpoints before and
+# after: lines "kv WHERE LABEL TLS PLAIN COPY" and "copy WHERE BEFORE AFTER"
+kv_where() {
+    local b label tls plain base after
+    base=$(plain_copy)
+    for b in ${KV_BINS:-now:$KS_BIN}; do
+        label=${b%%:*}
+        export NS_BIN=${b#*:}
+        KS_SERVE_BIN=${KV_WRAP:-$NS_BIN}
+        kv_cluster "$TMPD/t-$label"
+        tls=$KV_GBS
+        kv_cluster "$TMPD/p-$label" --insecure-plaintext
+        plain=$KV_GBS
+        echo "kv $1 $label ${tls:-0} ${plain:-0} ${base:-0}"
+    done
+    after=$(plain_copy)
+    echo "copy $1 ${base:-0} ${after:-0}"
+}
+
+if [ -n "${KV_INNER:-}" ]; then
+    # inside namespace A (router, decode, the copy's receiver); prefill runs
+    # in namespace KV_NETNS_B and reaches the router at KV_IP_A
+    KV_WRAP=$TMPD/ns-wrap
+    {
+        echo '#!/usr/bin/env bash'
+        echo '[ "$1" = prefill ] || exec "$NS_BIN" "$@"'
+        echo "a=(); for x in \"\$@\"; do a+=(\"\${x/#127.0.0.1:/$KV_IP_A:}\"); done"
+        echo "exec ip netns exec $KV_NETNS_B \"\$NS_BIN\" \"\${a[@]}\""
+    } >"$KV_WRAP"
+    chmod +x "$KV_WRAP"
+    export KS_BENCH_HOST=$KV_IP_A KS_BENCH_TX_NETNS=/var/run/netns/$KV_NETNS_B
+    export ROUTER_ARGS="--cluster-host 0.0.0.0" DECODE_ARGS="--data-host $KV_IP_A"
+    kv_where netns
+    exit 0
+fi
+
+# kv_netns — kv_where between two fresh namespaces joined by a veth pair
+kv_netns() {
+    local a=ksbA$$ b=ksbB$$ ip=10.$((200 + $$ % 50)).$(($$ / 50 % 250)).1
+    ip netns add $a && ip netns add $b || return 0
+    ip link add ksb$$a type veth peer name ksb$$b &&
+        ip link set ksb$$a netns $a && ip link set ksb$$b netns $b &&
+        ip -n $a addr add $ip/24 dev ksb$$a && ip -n $b addr add ${ip%.1}.2/24 dev ksb$$b &&
+        ip -n $a link set ksb$$a up && ip -n $b link set ksb$$b up &&
+        ip -n $a link set lo up && ip -n $b link set lo up &&
+        ip netns exec $a env KV_INNER=1 KV_NETNS_B=$b KV_IP_A=$ip KS_BIN="$KS_BIN" \
+            KV_BINS="${KV_BINS:-now:$KS_BIN}" bash bench/cluster.sh "$MODEL"
+    ip netns del $a
+    ip netns del $b
+}
+# kv_report — the "kv" / "copy" lines on stdin as a table, with the AES-GCM bound
+kv_report() {
+    local aes
+    aes=$(openssl speed -seconds 1 -evp aes-128-gcm -bytes 262144 2>/dev/null |
+        awk '/^AES-128-GCM/ { sub(/k$/, "", $NF); printf "%.3f", $NF / 1e6 }')
+    awk -v aes="${aes:-0}" '
+        $1 == "copy" { printf "  %-8s plain TCP copy %s GB/s before the clusters, %s after\n", $2, $3, $4; next }
+        $1 == "kv" { printf "  %-8s %-7s plaintext %s GB/s = %.2f of the TCP copy (%s GB/s); TLS %s GB/s = %.2f of AES-128-GCM on one core (%s GB/s)\n",
+                     $2, $3, $5, $5 / ($6 > 0 ? $6 : 1), $6, $4, $4 / (aes > 0 ? aes : 1), aes }'
+}
+# kv_all — kv_where on loopback, then between namespaces where possible
+kv_all() {
+    echo "KV transfer (median of the handoffs over 4 MB, first KV_PAGE to verified DONE, REPEAT=$REPEAT):"
+    {
+        kv_where loopback
+        if [ "${NETNS:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v ip >/dev/null; then kv_netns; fi
+    } | kv_report
+}
+
 if [ -n "${KV_ONLY:-}" ]; then
     export REPEAT=${REPEAT:-3}
-    start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
-    node bench/ttft.mjs "$KS_URL" "$KS_URL" ${KV_LENS:-1024 4000} >/dev/null || exit 1
-    tls=$(kv_rate "$TMPD/c.decode1")
-    stop_cluster
-    start_cluster "$TMPD/p" 1 1 "${ARGS[@]}" --insecure-plaintext
-    node bench/ttft.mjs "$KS_URL" "$KS_URL" ${KV_LENS:-1024 4000} >/dev/null || exit 1
-    plain=$(kv_rate "$TMPD/p.decode1")
-    stop_cluster
+    kv_all
     ucx=""
     for tl in ${UCX_PLANES-tcp sm}; do
         PREFILL_ENV="UCX_TLS=$tl" DECODE_ENV="UCX_TLS=$tl" PREFILL_ARGS="--data-plane ucx" \
             DECODE_ARGS="--data-plane ucx" start_cluster "$TMPD/u$tl" 1 1 "${ARGS[@]}"
         node bench/ttft.mjs "$KS_URL" "$KS_URL" ${KV_LENS:-1024 4000} >/dev/null || exit 1
-        ucx="$ucx, UCX over $tl $(ucx_rate "$TMPD/u$tl.prefill1" "$TMPD/u$tl.decode1") GB/s"
+        ucx="$ucx UCX over $tl $(ucx_rate "$TMPD/u$tl.prefill1" "$TMPD/u$tl.decode1") GB/s;"
         stop_cluster
     done
-    base=$(./build/test_pd bench 256 2>&1 | sed -n 's/.*plain socket copy \([0-9.]*\) GB\/s.*/\1/p' | head -1)
-    echo "KV transfer (handoffs over 4 MB): TLS ${tls:-?} GB/s, plaintext ${plain:-?} GB/s$ucx; loopback TCP ${base:-?} GB/s"
-    echo "ratios to loopback TCP: TLS $(awk -v a="${tls:-0}" -v b="${base:-1}" 'BEGIN{printf "%.2f", a/b}'), plaintext $(awk -v a="${plain:-0}" -v b="${base:-1}" 'BEGIN{printf "%.2f", a/b}')"
+    [ -n "$ucx" ] && echo "  loopback UCX plane (sealed one-sided puts):$ucx"
     exit 0
 fi
 start_server "$TMPD/serve.log" "${ARGS[@]}" --no-prefix-cache
@@ -71,15 +167,6 @@ echo "TTFT of a repeated document with a new question, cluster (prefill prefix c
 SHARED=1 node bench/ttft.mjs "$A" "$KS_URL" 1024 4000 |
     node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{for(const l of s.trim().split("\n")){const j=JSON.parse(l);
       console.log(`  ${String(j.prompt_tokens).padStart(5)} tokens: first ${j.cold_ms.toFixed(1)}  repeated ${j.warm_ms.toFixed(1)} ms (${(j.warm_ms/j.cold_ms).toFixed(3)}x)`)}})'
-# decode logs one line per verified handoff: "... KV handoff: N bytes in T ms"
-rate=$(kv_rate "$TMPD/c.decode1")
 stop_cluster
-# the same transfers without TLS, for the cost of encryption
-start_cluster "$TMPD/p" 1 1 "${ARGS[@]}" --insecure-plaintext
-REPEAT=3 node bench/ttft.mjs "$KS_URL" "$KS_URL" 1024 4000 >/dev/null
-plain=$(kv_rate "$TMPD/p.decode1")
-stop_cluster
-base=$(./build/test_pd bench 256 2>&1 | sed -n 's/.*plain socket copy \([0-9.]*\) GB\/s.*/\1/p' | head -1)
-echo "KV transfer (handoffs over 4 MB): TLS ${rate:-?} GB/s, plaintext ${plain:-?} GB/s; loopback TCP: ${base:-?} GB/s"
-echo "ratios to loopback TCP: TLS $(awk -v a="${rate:-0}" -v b="${base:-1}" 'BEGIN{printf "%.2f", a/b}'), plaintext $(awk -v a="${plain:-0}" -v b="${base:-1}" 'BEGIN{printf "%.2f", a/b}')"
 KS_PID=$SERVE_PID stop_server
+REPEAT=3 kv_all

@@ -170,6 +170,11 @@ typedef struct pd_transport_ops {
     /* Starts closing (at once, or after the queue is flushed); on_close
      * follows from the loop. */
     void (*close)(pd_conn *c, ks_err why, const char *msg, bool flush);
+    /* Optional (NULL: frames go one by one). cork(c, true) holds the frames
+     * send_frame accepts for one write, cork(c, false) stops holding;
+     * uncork sends what is held (see pd_conn_cork). */
+    void (*cork)(pd_conn *c, bool on);
+    ks_err (*uncork)(pd_conn *c, ks_errbuf *eb);
 } pd_transport_ops;
 
 /* Payload sink: called on the loop thread when a frame of a protocol type
@@ -247,6 +252,10 @@ typedef struct pd_loop_stats {
                                        frame, timeout, reflection) */
     uint64_t proto_errors;          /* connections closed with KS_ERR_PROTO */
     uint64_t sink_failures;         /* sink destinations reported failed */
+    uint64_t reads;                 /* socket reads that returned bytes (a readv,
+                                       or one pass of SSL_read calls under TLS) */
+    uint64_t writes;                /* socket writes that took bytes (a sendmsg,
+                                       or one pass of SSL_write calls under TLS) */
 } pd_loop_stats;
 
 /* Creates an epoll loop. Owned by the caller. Errors: KS_ERR_INVAL (no or too
@@ -292,6 +301,20 @@ ks_err pd_conn_send_borrowed(pd_conn *c, uint16_t type, uint64_t req_id,
                              ks_errbuf *eb) KS_MUST_USE;
 /* Bytes queued but not yet sent; can't fail. */
 size_t pd_conn_out_pending(const pd_conn *c);
+/* Batches writes: the frames pd_conn_send accepts from now on are held,
+ * their payloads NOT copied (but for pieces that fit beside the header in
+ * 128 bytes, such as a KV page's header), and leave together in one sendmsg
+ * at pd_conn_uncork (or when 16 are held, or a frame cannot join: a
+ * borrowed one, or one behind queued output). So the caller must keep every
+ * larger payload piece sent while corked unchanged until pd_conn_uncork
+ * returns, which must be
+ * before its turn on the loop thread ends (the loop sends a forgotten cork
+ * itself). A transport without batching ignores it. Can't fail. */
+void pd_conn_cork(pd_conn *c);
+/* Sends the held frames (what the socket refuses is copied into the queue,
+ * as pd_conn_send does) and stops holding. Errors as pd_conn_send's
+ * KS_ERR_PEER_CLOSED / KS_ERR_IO (the conn is closing). */
+ks_err pd_conn_uncork(pd_conn *c, ks_errbuf *eb) KS_MUST_USE;
 /* Pauses (false) or resumes (true) reading from the peer; can't fail. */
 void pd_conn_set_read(pd_conn *c, bool on);
 /* Closes the connection (pending output is dropped); on_close(why=

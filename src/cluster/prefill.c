@@ -27,7 +27,12 @@
 #define PF_CONNECT_TIMEOUT_MS 2000
 #define PF_TICK_MS 50
 #define PF_PUMP_BUDGET 8u                 /* KV_PAGE frames per loop iteration */
-#define PF_PUMP_PENDING_MAX (4u << 20)    /* stop pumping while a link holds more */
+/* Pump only while no link has output queued: a KV page then goes from the
+ * pool to the socket in one sendmsg, and only the part of one frame a full
+ * socket refused is copied (a 4 MiB allowance once copied most pages twice:
+ * into the queue, then into the socket). The socket's own buffer is the
+ * pipeline. */
+#define PF_PUMP_PENDING_MAX 0u
 /* send_frame's AGAIN threshold: above any pending a gated pump can reach
  * (PF_PUMP_PENDING_MAX plus one maximal frame), so a queued frame is never
  * refused for back-pressure alone. */
@@ -828,7 +833,10 @@ static void pf__emit(void *ctx, uint32_t decode_id, uint64_t epoch, uint16_t typ
             return;
         }
     }
-    ks_err e = pd_conn_send(k->conn, type, req_id, iov, n_iov, &eb);
+    // pd_send frees a request's pages right after its DONE or ABORT: the
+    // KV_PAGE frames corked before it (pf__cork) leave first
+    ks_err e = type == PD_MSG_KV_PAGE ? KS_OK : pd_conn_uncork(k->conn, &eb);
+    if (e == KS_OK) e = pd_conn_send(k->conn, type, req_id, iov, n_iov, &eb);
     if (e == KS_OK) return;
     // a frame of a transfer cannot be skipped silently: tear the link down
     // (decode applies F5; pd_send drops the link's transfers on close)
@@ -956,6 +964,19 @@ static void pf__pool_check(void *ud, pd_msg_pool_check_ack *out) {
 
 // ----------------------------------------------------------------------------
 // The loop
+
+/* Corks (on) or uncorks every up link: a pump round's KV pages leave in
+ * one sendmsg per link (pd_conn_cork) instead of one per page. */
+static void pf__cork(pf__worker *w, bool on) {
+    for (int i = 0; i < w->n_links; i++) {
+        pf__link *k = w->links[i];
+        if (!k->conn || !k->up || k->closing) continue;
+        ks_errbuf eb;
+        if (on) pd_conn_cork(k->conn);
+        else if (pd_conn_uncork(k->conn, &eb) != KS_OK)  // closing: on_close follows
+            ks_log(KS_LOG_DEBUG, "data link to decode worker %" PRIu32 ": %s", k->decode_id, eb.msg);
+    }
+}
 
 /* True when every up link can take more KV_PAGE frames. */
 static bool pf__can_pump(const pf__worker *w) {
@@ -1159,8 +1180,13 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
         if (w.ucx) cl_ucx_progress(w.ucx);
         pf__ops_drain(&w);  // PREFILLs compute here, serving the loop between chunks
         // send: a budget of pages per iteration, while no link is backed up
-        for (uint32_t i = 0; i < PF_PUMP_BUDGET && pf__can_pump(&w); i++)
-            if (pd_send_pump(w.send, 1) == 0) break;
+        // (corked: the round's pages go in one sendmsg per link)
+        if (pf__can_pump(&w)) {
+            pf__cork(&w, true);
+            for (uint32_t i = 0; i < PF_PUMP_BUDGET; i++)
+                if (pd_send_pump(w.send, 1) == 0) break;
+            pf__cork(&w, false);
+        }
         uint64_t now = cl_now_ms(NULL);
         if (now - last_tick >= PF_TICK_MS / 2) {
             last_tick = now;

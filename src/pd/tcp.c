@@ -211,6 +211,7 @@ void pd__conn_fail(pd_conn *c, ks_err why, const char *fmt, ...) {
     close(c->fd);
     c->fd = -1;
     pd__conn_free_out(c);
+    if (c->cork) c->cork->frames = c->cork->n_iov = 0, c->cork->bytes = 0;
     c->state = PD__CONN_CLOSED;
     pd__list_del(&c->loop->conns, c);
     pd__list_add(&c->loop->dead, c);
@@ -229,6 +230,7 @@ static void pd__reap(pd_loop *l) {
             c->cbs.on_close(c, c->ud, c->close_why, c->close_msg);
         pd__dec_free(&c->dec);
         pd__tls_free(c);
+        free(c->cork);
         free(c);
     }
 }
@@ -354,10 +356,15 @@ static void pd__fail_errno(pd_conn *c, const char *what) {
 /* Sends through TLS, or sendmsg with MSG_NOSIGNAL (EINTR retried). Returns
  * bytes taken, 0 when the socket is full, -1 after failing c. */
 static ssize_t pd__sendv(pd_conn *c, const struct iovec *iov, int n) {
-    if (c->ssl) return pd__tls_writev(c, iov, n);
+    if (c->ssl) {
+        ssize_t r = pd__tls_writev(c, iov, n);
+        if (r > 0) c->loop->stats.writes++;
+        return r;
+    }
     struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
     for (;;) {
         ssize_t r = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r > 0) c->loop->stats.writes++;
         if (r >= 0) return r;
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
@@ -439,10 +446,73 @@ static void pd__flush(pd_conn *c) {
     }
 }
 
+/* Sends the corked frames in one sendmsg; the socket's refusal is copied
+ * into the queue. Errors: the close reason when c failed. */
+static ks_err pd__cork_flush(pd_conn *c, ks_errbuf *eb) {
+    pd__cork *k = c->cork;
+    if (!k || !k->n_iov) return KS_OK;
+    ssize_t r = pd__sendv(c, k->iov, k->n_iov);
+    size_t total = k->bytes;
+    int n = k->n_iov;
+    k->frames = k->n_iov = 0;
+    k->bytes = 0;
+    if (r < 0) return ks_seterr(eb, c->close_why, "pd: %s", c->close_msg);
+    c->loop->stats.bytes_out += (uint64_t)r;
+    if ((size_t)r < total) {
+        ks_err e = pd__queue(c, k->iov, n, (size_t)r, NULL, NULL, eb);
+        if (e) return e;
+    }
+    pd__conn_update_events(c);
+    return KS_OK;
+}
+
+/* True when a frame of n_iov payload iovecs joins the cork (else the cork,
+ * if any, must leave first). */
+static bool pd__cork_takes(const pd_conn *c, int n_iov, bool borrowed) {
+    const pd__cork *k = c->cork;
+    return c->corked && k && !borrowed && k->frames < PD__CORK_FRAMES &&
+           k->n_iov + 1 + n_iov <= PD__CORK_IOV;
+}
+
 /* Sends header + payload: directly if nothing is queued, else queued (copied,
- * or referenced when done != NULL). */
+ * or referenced when done != NULL); while corked, held for one sendmsg. */
 static ks_err pd__emit(pd_conn *c, const uint8_t hdr[PD_HDR_BYTES], const struct iovec *payload,
                        int n_iov, void (*done)(void *, ks_err), void *arg, ks_errbuf *eb) {
+    bool direct = !c->out_head && !c->hold_until_ns && c->state != PD__CONN_CONNECTING &&
+                  !(c->ssl && c->state == PD__CONN_HANDSHAKE);
+    if (direct && c->corked && c->cork && !pd__cork_takes(c, n_iov, done != NULL)) {
+        ks_err e = pd__cork_flush(c, eb); // full, or a frame that cannot wait: in order
+        if (e) return e;
+        direct = !c->out_head;
+    }
+    if (direct && pd__cork_takes(c, n_iov, done != NULL)) {
+        pd__cork *k = c->cork;
+        uint8_t *head = k->head[k->frames];
+        size_t used = PD_HDR_BYTES;
+        memcpy(head, hdr, PD_HDR_BYTES);
+        k->iov[k->n_iov++] = (struct iovec){.iov_base = head, .iov_len = PD_HDR_BYTES};
+        for (int i = 0; i < n_iov; i++) {
+            size_t len = payload[i].iov_len;
+            struct iovec *last = &k->iov[k->n_iov - 1];
+            if (!len) continue;
+            k->bytes += len;
+            if (len <= PD__CORK_HEAD - used && last->iov_base == head) { // small: copied
+                memcpy(head + used, payload[i].iov_base, len);
+                used += len;
+                last->iov_len += len;
+                continue;
+            }
+            k->iov[k->n_iov++] = payload[i];
+        }
+        k->bytes += PD_HDR_BYTES;
+        k->frames++;
+        return KS_OK;
+    }
+    if (c->cork && c->cork->n_iov) {  // queued output came first: the cork leaves now
+        ks_err e = pd__cork_flush(c, eb);
+        if (e) return e;
+        direct = direct && !c->out_head;
+    }
     struct iovec iov[PD_MAX_IOV + 1];
     iov[0].iov_base = (void *)hdr;
     iov[0].iov_len = PD_HDR_BYTES;
@@ -452,8 +522,7 @@ static ks_err pd__emit(pd_conn *c, const uint8_t hdr[PD_HDR_BYTES], const struct
         total += payload[i].iov_len;
     }
     size_t sent = 0;
-    if (!c->out_head && !c->hold_until_ns && c->state != PD__CONN_CONNECTING &&
-        !(c->ssl && c->state == PD__CONN_HANDSHAKE)) {
+    if (direct) {
         ssize_t r = pd__sendv(c, iov, 1 + n_iov);
         if (r < 0) return ks_seterr(eb, c->close_why, "pd: %s", c->close_msg);
         sent = (size_t)r;
@@ -481,6 +550,7 @@ ks_err pd__conn_send_raw(pd_conn *c, uint16_t type, uint64_t req_id, const struc
     if (type >= PD_TYPE_FIRST_PROTO) c->loop->stats.frames_out++;
 #ifdef KS_TEST_FAULTS
     const pd__fault *f = pd__fault_pick(type);
+    if (f && (e = pd__cork_flush(c, eb)) != KS_OK) return e;  // in order, before the fault
     if (f) {
         uint32_t len = pd_load_u32(hdr + 16);
         ks_log(KS_LOG_WARN, "pd: TEST ONLY fault %d on frame type %u req %llu", f->action, type,
@@ -642,6 +712,33 @@ static void pd__dispatch(pd_conn *c, const pd_frame *f) {
     if (c->cbs.on_frame) c->cbs.on_frame(c, c->ud, f);
 }
 
+/* Bytes read ahead that the decoder has not taken yet. */
+static uint32_t pd__ahead(const pd_conn *c) { return c->rx_ahead_len - c->rx_ahead_off; }
+
+/* How many bytes to read ahead behind the decoder's destination: behind a
+ * payload the next frame's header and the prefix a sink reads before it
+ * names a page, behind a header only that prefix, behind a prefix nothing.
+ * So a stream of sunk frames costs one read each, and no byte of a sunk
+ * payload is ever copied (read ahead only as far as the frame's prefix). */
+static size_t pd__ahead_room(const pd_conn *c) {
+    uint32_t pre = !c->cbs.sink ? 0 : c->cbs.sink_prefix < 256 ? c->cbs.sink_prefix : 256;
+    if (c->dec.state == PD__DEC_HDR) return pre;
+    return c->dec.in_prefix ? 0 : PD_HDR_BYTES + pre;
+}
+
+/* Copies read-ahead bytes into iov[0..n); returns how many. */
+static size_t pd__take_ahead(pd_conn *c, const struct iovec *iov, int n) {
+    size_t took = 0;
+    for (int i = 0; i < n && pd__ahead(c); i++) {
+        size_t k = iov[i].iov_len < pd__ahead(c) ? iov[i].iov_len : pd__ahead(c);
+        memcpy(iov[i].iov_base, c->rx_ahead + c->rx_ahead_off, k);
+        c->rx_ahead_off += (uint32_t)k;
+        took += k;
+    }
+    if (!pd__ahead(c)) c->rx_ahead_len = c->rx_ahead_off = 0;
+    return took;
+}
+
 static void pd__on_readable(pd_conn *c) {
     if (c->ssl && c->state == PD__CONN_HANDSHAKE) return pd__tls_handshake(c);
     int frames = 0;
@@ -649,29 +746,44 @@ static void pd__on_readable(pd_conn *c) {
     while ((c->state == PD__CONN_HANDSHAKE || c->state == PD__CONN_OPEN ||
             c->state == PD__CONN_DRAINING) &&
            c->read_on && frames < PD__READ_BUDGET_FRAMES && bytes < PD__READ_BUDGET_BYTES) {
-        struct iovec iov[PD_MAX_IOV];
+        struct iovec iov[PD_MAX_IOV + 1];
         int n = pd__dec_want(&c->dec, iov, PD_MAX_IOV);
         KS_ASSERT(n >= 1);
         ssize_t r;
-        if (c->ssl) {
-            r = pd__tls_readv(c, iov, n);
-            if (r == -2) return;
+        if (pd__ahead(c)) {
+            r = (ssize_t)pd__take_ahead(c, iov, n);
         } else {
-            do r = readv(c->fd, iov, n);
-            while (r < 0 && errno == EINTR);
+            size_t want = 0;
+            for (int i = 0; i < n; i++) want += iov[i].iov_len;
+            iov[n].iov_base = c->rx_ahead;
+            iov[n].iov_len = pd__ahead_room(c);
+            if (iov[n].iov_len) n++;
+            if (c->ssl) {
+                r = pd__tls_readv(c, iov, n);
+                if (r == -2) return;
+            } else {
+                do r = readv(c->fd, iov, n);
+                while (r < 0 && errno == EINTR);
+            }
+            if (r < 0) {
+                if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+                return pd__fail_errno(c, "recv");
+            }
+            if (r == 0) {
+                bool mid = c->dec.state != PD__DEC_HDR || c->dec.hdr_have;
+                return pd__conn_fail(c, KS_ERR_PEER_CLOSED, "peer closed the connection%s%s",
+                                     mid ? " mid-frame" : "",
+                                     c->state == PD__CONN_HANDSHAKE ? " during the handshake" : "");
+            }
+            bytes += (size_t)r;
+            c->loop->stats.reads++;
+            c->loop->stats.bytes_in += (uint64_t)r;
+            if ((size_t)r > want) {  // the rest went ahead: the decoder takes it next
+                c->rx_ahead_len = (uint32_t)((size_t)r - want);
+                c->rx_ahead_off = 0;
+                r = (ssize_t)want;
+            }
         }
-        if (r < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-            return pd__fail_errno(c, "recv");
-        }
-        if (r == 0) {
-            bool mid = c->dec.state != PD__DEC_HDR || c->dec.hdr_have;
-            return pd__conn_fail(c, KS_ERR_PEER_CLOSED, "peer closed the connection%s%s",
-                                 mid ? " mid-frame" : "",
-                                 c->state == PD__CONN_HANDSHAKE ? " during the handshake" : "");
-        }
-        bytes += (size_t)r;
-        c->loop->stats.bytes_in += (uint64_t)r;
         pd_frame f;
         ks_errbuf eb;
         ks_err e = pd__dec_advance(&c->dec, (size_t)r, &f, &eb);
@@ -736,7 +848,20 @@ static ks_err pd__tcp_send_frame(pd_conn *c, uint16_t type, uint64_t req_id,
     return pd__conn_send_raw(c, type, req_id, payload, n_iov, done, arg, eb);
 }
 
-static size_t pd__tcp_out_pending(const pd_conn *c) { return c->out_bytes + pd__tls_unsent(c); }
+static size_t pd__tcp_out_pending(const pd_conn *c) {
+    return c->out_bytes + pd__tls_unsent(c) + (c->cork ? c->cork->bytes : 0);
+}
+
+static void pd__tcp_cork(pd_conn *c, bool on) {
+    if (on && !c->cork && c->state != PD__CONN_CLOSED) c->cork = calloc(1, sizeof *c->cork);
+    c->corked = on && c->cork;  // no memory: frames simply go one by one
+}
+
+static ks_err pd__tcp_uncork(pd_conn *c, ks_errbuf *eb) {
+    c->corked = false;
+    if (c->state == PD__CONN_CLOSED) return KS_OK;
+    return pd__cork_flush(c, eb);
+}
 
 static void pd__tcp_set_read(pd_conn *c, bool on) {
     c->read_on = on;
@@ -744,6 +869,7 @@ static void pd__tcp_set_read(pd_conn *c, bool on) {
 }
 
 static void pd__tcp_close(pd_conn *c, ks_err why, const char *msg, bool flush) {
+    if (flush && c->state == PD__CONN_OPEN && pd__tcp_uncork(c, NULL) != KS_OK) return;
     if (!flush || (!c->out_head && !pd__tls_unsent(c)) || c->state != PD__CONN_OPEN) {
         pd__conn_fail(c, why, "%s", msg);
         return;
@@ -761,6 +887,8 @@ static const pd_transport_ops pd__tcp_ops = {
     .out_pending = pd__tcp_out_pending,
     .set_read = pd__tcp_set_read,
     .close = pd__tcp_close,
+    .cork = pd__tcp_cork,
+    .uncork = pd__tcp_uncork,
 };
 
 ks_err pd_conn_send(pd_conn *c, uint16_t type, uint64_t req_id, const struct iovec *payload,
@@ -774,6 +902,14 @@ ks_err pd_conn_send_borrowed(pd_conn *c, uint16_t type, uint64_t req_id,
     return c->ops->send_frame(c, type, req_id, payload, n_iov, done, arg, eb);
 }
 size_t pd_conn_out_pending(const pd_conn *c) { return c->ops->out_pending(c); }
+void pd_conn_cork(pd_conn *c) {
+    if (c->ops->cork) c->ops->cork(c, true);
+}
+ks_err pd_conn_uncork(pd_conn *c, ks_errbuf *eb) {
+    if (!c->ops->cork) return KS_OK;
+    c->ops->cork(c, false);
+    return c->ops->uncork(c, eb);
+}
 void pd_conn_set_read(pd_conn *c, bool on) { c->ops->set_read(c, on); }
 void pd_conn_close(pd_conn *c) {
     c->ops->close(c, KS_ERR_CANCELLED, "closed by the local side", false);
@@ -1066,11 +1202,19 @@ ks_err pd_loop_run_once(pd_loop *l, int timeout_ms) {
     bool posted = l->post_head != NULL;
     pthread_mutex_unlock(&l->post_mu);
     if (posted || l->dead || l->completed) timeout_ms = 0;
-    // input already inside OpenSSL: epoll will not report it
+    // input read ahead, or already inside OpenSSL: epoll will not report it
+    for (pd_conn *c = l->conns, *nx; c; c = nx) {  // a cork never outlives its caller's turn
+        nx = c->next;
+        if (c->cork && c->cork->n_iov) {
+            c->corked = false;
+            (void)pd__cork_flush(c, NULL);
+        }
+    }
     pd_conn *pend[64];
     int n_pend = 0;
     for (pd_conn *c = l->conns; c && n_pend < 64; c = c->next)
-        if (c->read_on && c->state != PD__CONN_CONNECTING && pd__tls_pending(c)) pend[n_pend++] = c;
+        if (c->read_on && c->state != PD__CONN_CONNECTING && (pd__ahead(c) || pd__tls_pending(c)))
+            pend[n_pend++] = c;
     if (n_pend) timeout_ms = 0;
     if (dl >= 0 && (timeout_ms < 0 || dl < timeout_ms)) timeout_ms = dl;
     struct epoll_event evs[64];

@@ -244,15 +244,22 @@ bool pd__tls_pending(const pd_conn *c) {
 ssize_t pd__tls_readv(pd_conn *c, const struct iovec *iov, int n) {
     size_t total = 0;
     c->tls_read_wants_write = false;
-    for (int i = 0; i < n; i++) {
+    size_t off = 0; // into iov[i]
+    for (int i = 0; i < n;) {
         size_t got = 0;
         ERR_clear_error();
         errno = 0;
-        // decrypted straight into iov (a KV page, for a sunk payload)
-        int r = SSL_read_ex(c->ssl, iov[i].iov_base, iov[i].iov_len, &got);
+        // decrypted straight into iov (a KV page, for a sunk payload); a call
+        // returns at most one record, so calls go on until iov is full or
+        // OpenSSL (which reads several records per recv) needs the socket
+        int r = SSL_read_ex(c->ssl, (uint8_t *)iov[i].iov_base + off, iov[i].iov_len - off, &got);
         if (r == 1) {
             total += got;
-            if (got < iov[i].iov_len) break;
+            off += got;
+            if (off == iov[i].iov_len) {
+                i++;
+                off = 0;
+            }
             continue;
         }
         if (total) break;  // report what we have; the condition repeats on the next call

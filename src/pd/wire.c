@@ -9,9 +9,25 @@
  * memory is allocated. pd_decoder_feed is the copying wrapper for callers
  * that already hold the bytes. */
 #include "pd_int.h"
+#include "pd_xxh.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+// ----------------------------------------------------------------------------
+// Checksum: XXH3 on the widest vector unit (pd_xxh.h)
+
+const char *pd__xxh_isa(void) {
+    const ks_cpu *c = ks_cpu_get();
+    return c->avx512 ? "avx512" : c->avx2 ? "avx2" : "libxxhash";
+}
+
+void pd__xxh_update(XXH3_state_t *st, const void *p, size_t n) {
+    const ks_cpu *c = ks_cpu_get();
+    if (c->avx512) pd__xxh3_update_avx512(st, p, n);
+    else if (c->avx2) pd__xxh3_update_avx2(st, p, n);
+    else (void)XXH3_64bits_update(st, p, n);
+}
 
 // ----------------------------------------------------------------------------
 // Encoding
@@ -25,7 +41,7 @@ uint32_t pd_frame_checksum(const uint8_t hdr[PD_HDR_BYTES], const struct iovec *
     XXH3_64bits_reset(&st);
     XXH3_64bits_update(&st, h, PD_HDR_BYTES);
     for (int i = 0; i < n_iov; i++)
-        if (payload[i].iov_len) XXH3_64bits_update(&st, payload[i].iov_base, payload[i].iov_len);
+        if (payload[i].iov_len) pd__xxh_update(&st, payload[i].iov_base, payload[i].iov_len);
     return (uint32_t)XXH3_64bits_digest(&st);  // the low 32 bits
 }
 
@@ -179,7 +195,7 @@ ks_err pd__dec_advance(pd_decoder *d, size_t n, pd_frame *out, ks_errbuf *eb) {
         struct iovec *v = &d->dest[d->dest_i];
         size_t room = v->iov_len - d->dest_off;
         size_t k = left < room ? left : room;
-        if (k) XXH3_64bits_update(&d->xs, (uint8_t *)v->iov_base + d->dest_off, k);
+        if (k) pd__xxh_update(&d->xs, (uint8_t *)v->iov_base + d->dest_off, k);
         d->dest_off += k;
         left -= k;
         if (d->dest_off == v->iov_len && d->dest_i + 1 < d->n_dest) {

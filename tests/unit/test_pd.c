@@ -17,11 +17,14 @@
 
 #include "../check.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <openssl/evp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -327,6 +330,32 @@ static void test_wire_layout(void) {
     CHECK_EQ(pd_frame_encode(buf, 64, 1, 0, pl, 5, 4, &n, &eb), KS_ERR_INVAL);
     CHECK_STR_HAS(eb.msg, "exceeds max");
     CHECK_EQ(pd_frame_encode_hdr(h2, 1, 0, iov, PD_MAX_IOV + 1, 100, &eb), KS_ERR_INVAL);
+}
+
+/* The frame checksum runs on the CPU's widest vector unit (libxxhash is
+ * built for SSE2: 7-14 GB/s on one core, slower than the socket copy it
+ * rides on; AVX2/AVX-512 hash the same bytes 2-4x faster) and is the very
+ * XXH3-64 of docs/pd-protocol.md section 2, however the payload is split. */
+static void test_wire_checksum(void) {
+    const ks_cpu *cpu = ks_cpu_get();
+    const char *want = cpu->avx512 ? "avx512" : cpu->avx2 ? "avx2" : "libxxhash";
+    CHECK(strcmp(pd__xxh_isa(), want) == 0);
+    enum { MAXN = 200000 };
+    uint8_t *buf = malloc(PD_HDR_BYTES + MAXN);
+    static const uint32_t lens[] = {0, 1, 63, 64, 65, 239, 240, 241, 1023, 1024, 1025, 49152,
+                                    MAXN};
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) {
+        uint32_t n = lens[k];
+        uint8_t *pl = buf + PD_HDR_BYTES;
+        fill(pl, n, k);
+        // split in three pieces at odd places, as a page's planes would be
+        struct iovec iov[3] = {{pl, n / 7}, {pl + n / 7, n / 2}, {pl + n / 7 + n / 2, n - n / 7 - n / 2}};
+        CHECK_EQ(pd_frame_encode_hdr(buf, 20, 7, iov, 3, MAXN, NULL), KS_OK);
+        uint32_t got = pd_load_u32(buf + 20);
+        pd_store_u32(buf + 20, 0);
+        CHECK_EQ(got, (uint32_t)XXH3_64bits(buf, PD_HDR_BYTES + n));
+    }
+    free(buf);
 }
 
 static void test_wire_roundtrip(void) {
@@ -1004,6 +1033,106 @@ static void test_tls_tail_flush(void) {
     free(buf);
 }
 
+/* KV_PAGE-like frames (a 40-byte prefix, then 48 KiB into a sink) queued
+ * back to back: the receiver takes each with one socket read, the next
+ * frame's header and prefix arriving with the current payload's tail (it
+ * once needed three reads per frame: header, prefix, payload). */
+static void test_tcp_reads_per_frame(void) {
+    enum { N = 200, PAGE = 40 + 49152 };
+    pd_loop *l = mkloop(SECRET_A, 1, 0, 0);
+    srv sv = {0};
+    pd_conn_cbs cbs = ep_cbs();
+    cbs.sink = ep_sink;
+    cbs.sink_prefix = 40;
+    sv.eps[0].sink_cap = PAGE;
+    sv.eps[0].sink_buf = malloc(PAGE);
+    ep cli = {0};
+    sv.eps[0].pause_on_open = true;
+    pd_listener *ls = mklisten(l, &sv, &cbs);
+    pd_conn *c = mkconn(l, pd_listener_port(ls), &cli);
+    ep *pair[2] = {&cli, &sv.eps[0]};
+    CHECK(pump(l, NULL, both_open, pair, 3000));
+    uint8_t *buf = malloc(PAGE);
+    for (int i = 0; i < N; i++) {
+        fill(buf, PAGE, (uint64_t)i);
+        struct iovec iov[2] = {{buf, 40}, {buf + 40, PAGE - 40}};
+        CHECK_EQ(pd_conn_send(c, 20, (uint64_t)i, iov, 2, NULL), KS_OK);
+    }
+    pd_loop_stats st0;
+    pd_loop_stats_get(l, &st0);
+    pd_conn_set_read(sv.eps[0].c, true);
+    want_frames = N;
+    CHECK(pump(l, NULL, ep_frames_n, &sv.eps[0], 60000));
+    CHECK_EQ(sv.eps[0].bad, 0);
+    CHECK_EQ(sv.eps[0].sink_calls, N);
+    CHECK(sv.eps[0].c->dec.buf_cap <= 256); // payloads went straight into the sink
+    pd_loop_stats st;
+    pd_loop_stats_get(l, &st);
+    uint64_t reads = st.reads - st0.reads;
+    if (reads > N + N / 4)
+        fprintf(stderr, "test_tcp_reads_per_frame (%s): %llu socket reads for %d frames\n",
+                g_plain ? "plaintext" : "TLS", (unsigned long long)reads, N);
+    CHECK(reads <= N + N / 4);
+    pd_loop_destroy(l);
+    free(buf);
+    free(sv.eps[0].sink_buf);
+}
+
+/* Corked frames leave in one write, in order with a borrowed frame (which
+ * cannot wait: it sends the cork first) and with frames sent after the
+ * socket filled up (queued behind the cork's rest). */
+static int cork_done_n;
+static void cork_done(void *arg, ks_err e) {
+    (void)arg;
+    CHECK_EQ(e, KS_OK);
+    cork_done_n++;
+}
+
+static void test_tcp_cork(void) {
+    enum { F = 49152 + 64, N = 40 };
+    cork_done_n = 0;
+    pd_loop *l = mkloop(SECRET_A, 1, 64u << 20, 0);
+    srv sv = {0};
+    ep cli = {0};
+    pd_conn *c = open_paused(l, &sv, &cli);
+    uint8_t *buf = malloc((size_t)F * N);
+    for (int i = 0; i < N; i++) fill(buf + (size_t)i * F, F, (uint64_t)i);
+    pd_loop_stats st0, st1;
+    pd_loop_stats_get(l, &st0);
+    pd_conn_cork(c);
+    for (int i = 0; i < 8; i++) {  // held: nothing is written yet
+        uint8_t head[64];  // a page header on the stack (pd_send's): copied
+        memcpy(head, buf + (size_t)i * F, 64);
+        struct iovec iov[2] = {{head, 64}, {buf + (size_t)i * F + 64, F - 64}};
+        CHECK_EQ(pd_conn_send(c, 20, (uint64_t)i, iov, 2, NULL), KS_OK);
+        memset(head, 0xee, sizeof head);
+    }
+    pd_loop_stats_get(l, &st1);
+    CHECK_EQ(st1.writes, st0.writes);
+    CHECK(pd_conn_out_pending(c) >= (size_t)8 * F);
+    struct iovec b = {buf + (size_t)8 * F, F};
+    CHECK_EQ(pd_conn_send_borrowed(c, 20, 8, &b, 1, cork_done, NULL, NULL), KS_OK);
+    pd_loop_stats_get(l, &st1);
+    CHECK(st1.writes >= st0.writes + 1);  // the 8 held frames went in one write, first
+    CHECK(st1.writes <= st0.writes + 2);  // then the borrowed one (or it queued)
+    for (int i = 9; i < N; i++) {  // the reader is paused: these end up queued, in order
+        struct iovec iov = {buf + (size_t)i * F, F};
+        CHECK_EQ(pd_conn_send(c, 20, (uint64_t)i, &iov, 1, NULL), KS_OK);
+    }
+    CHECK_EQ(pd_conn_uncork(c, NULL), KS_OK);
+    memset(buf, 0, (size_t)F * 8); // the corked frames' memory is the caller's again
+    pd_conn_set_read(sv.eps[0].c, true);
+    want_frames = N;
+    CHECK(pump(l, NULL, ep_frames_n, &sv.eps[0], 60000));
+    CHECK_EQ(sv.eps[0].frames, N);
+    CHECK_EQ(sv.eps[0].bad, 0);
+    CHECK_EQ(sv.eps[0].closed, 0);
+    CHECK(pump(l, NULL, never, NULL, 10) == false);
+    CHECK_EQ(cork_done_n, 1);
+    pd_loop_destroy(l);
+    free(buf);
+}
+
 /* A raw authenticated peer sends sink frames: good, corrupted, cut off. */
 static void test_tcp_sink_failures(void) {
     pd_loop *l = mkloop(SECRET_A, 3, 0, 0);
@@ -1389,8 +1518,12 @@ static void bench_cpu_rates(double *aes, double *cpy, double *xxh) {
     *cpy = (double)reps * F / (double)(ks_now_ns() - t0);
     uint64_t h = 0;
     t0 = ks_now_ns();
-    for (int r = 0; r < reps; r++)
-        h += XXH3_64bits(a, F);
+    for (int r = 0; r < reps; r++) { // as the frame checksum hashes (pd__xxh_update)
+        XXH3_state_t st;
+        XXH3_64bits_reset(&st);
+        pd__xxh_update(&st, a, F);
+        h += XXH3_64bits_digest(&st);
+    }
     *xxh = (double)reps * F / (double)(ks_now_ns() - t0);
     CHECK(h != 1);
     EVP_CIPHER_CTX_free(x);
@@ -1398,18 +1531,46 @@ static void bench_cpu_rates(double *aes, double *cpy, double *xxh) {
     free(b);
 }
 
+/* Where the bench runs: KS_BENCH_HOST (an IPv4 address, default 127.0.0.1)
+ * is where the receiver listens and the sender connects; KS_BENCH_TX_NETNS
+ * (a path such as /var/run/netns/NAME) is a network namespace the sender's
+ * sockets are made in, so the bytes cross a veth pair as a cluster's would
+ * (bench/cluster.sh). */
+static const char *bench_host(void) {
+    const char *h = getenv("KS_BENCH_HOST");
+    return h && *h ? h : "127.0.0.1";
+}
+
+/* Enters the sender's namespace (enter) or returns to the original one; a
+ * socket stays in the namespace it was made in. */
+static void bench_tx_ns(bool enter) {
+    static int orig = -1, tx = -1;
+    const char *ns = getenv("KS_BENCH_TX_NETNS");
+    if (!ns || !*ns) return;
+    if (orig < 0) {
+        orig = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+        tx = open(ns, O_RDONLY | O_CLOEXEC);
+        if (orig < 0 || tx < 0) fprintf(stderr, "bench: cannot open %s: %s\n", ns, strerror(errno));
+        CHECK(orig >= 0 && tx >= 0);
+    }
+    CHECK_EQ(setns(enter ? tx : orig, CLONE_NEWNET), 0);
+}
+
 static void bench(int mib, bool borrowed) {
     const size_t F = 1u << 20;
     uint8_t *page = malloc(F);
     fill(page, F, 1);
-    // plain: blocking send()/recv() of 1 MiB buffers over loopback TCP
+    // plain: blocking send()/recv() of 1 MiB buffers over TCP
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    CHECK_EQ(inet_pton(AF_INET, bench_host(), &a.sin_addr), 1);
     socklen_t sl = sizeof a;
     CHECK_EQ(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
     CHECK_EQ(listen(lfd, 1), 0);
     getsockname(lfd, (struct sockaddr *)&a, &sl);
+    bench_tx_ns(true);
     int cfd = socket(AF_INET, SOCK_STREAM, 0);
+    bench_tx_ns(false);
     CHECK_EQ(connect(cfd, (struct sockaddr *)&a, sizeof a), 0);
     bench_rx pr = {.fd = accept(lfd, NULL, NULL), .total = (size_t)mib * F};
     pthread_t th;
@@ -1427,9 +1588,14 @@ static void bench(int mib, bool borrowed) {
     bench_rx br = {.l = lrx, .page = malloc(F), .want = mib};
     pd_conn_cbs rc = {.sink = bench_sink, .on_frame = bench_on_frame};
     pd_listener *ls = NULL;
-    CHECK_EQ(pd_tcp_listen(lrx, "127.0.0.1", 0, &rc, &br, &ls, NULL), KS_OK);
+    CHECK_EQ(pd_tcp_listen(lrx, bench_host(), 0, &rc, &br, &ls, NULL), KS_OK);
     ep cli = {0};
-    pd_conn *c = mkconn(ltx, pd_listener_port(ls), &cli);
+    pd_conn_cbs cc = ep_cbs();
+    pd_conn *c = NULL;
+    bench_tx_ns(true);
+    CHECK_EQ(pd_tcp_connect(ltx, bench_host(), pd_listener_port(ls), 2000, &cc, &cli, &c, NULL), KS_OK);
+    bench_tx_ns(false);
+    cli.c = c;
     CHECK_EQ(pthread_create(&th, NULL, pd_reader, &br), 0);
     while (!cli.opened) CHECK_EQ(pd_loop_run_once(ltx, 5), KS_OK);
     t0 = ks_now_ns();
@@ -1450,9 +1616,10 @@ static void bench(int mib, bool borrowed) {
     CHECK_EQ(pthread_join(th, NULL), 0);
     double wall = (double)(ks_now_ns() - t0) / 1e9, tx_cpu = thread_cpu_s() - c0;
     double pdr = (double)mib * F / wall / 1e9;
-    printf("loopback 1 MiB x %d: plain socket copy %.2f GB/s, pd frames (%s, XXH3 + sink%s) "
+    printf("%s 1 MiB x %d: plain socket copy %.2f GB/s, pd frames (%s, XXH3 + sink%s) "
            "%.2f GB/s, ratio %.2f (busy: sender %.0f%%, receiver %.0f%%)\n",
-           mib, plain, g_plain ? "plaintext" : "TLS 1.3", borrowed ? " + borrowed send" : "", pdr,
+           getenv("KS_BENCH_TX_NETNS") ? "netns" : "loopback", mib, plain,
+           g_plain ? "plaintext" : "TLS 1.3", borrowed ? " + borrowed send" : "", pdr,
            pdr / plain, 100 * tx_cpu / wall, 100 * br.cpu_s / wall);
     if (!g_plain && borrowed) {
         // The TLS receiver copies from the socket, decrypts, copies the record
@@ -1634,6 +1801,7 @@ int main(int argc, char **argv) {
     }
     if (!getenv("KS_LOG")) ks_log_set_level(KS_LOG_ERROR);
     test_wire_layout();
+    test_wire_checksum();
     test_wire_roundtrip();
     test_wire_errors();
     test_tls_roles();
@@ -1652,6 +1820,8 @@ int main(int argc, char **argv) {
         test_tcp_borrowed_close();
         if (!plain) test_tls_tail_flush();
         if (plain) test_tcp_sink_failures();  // a raw plaintext peer corrupts frames
+        test_tcp_reads_per_frame();
+        test_tcp_cork();
         test_tcp_independent_conns();
         test_tcp_close_flush();
         test_tcp_connect_refused();
