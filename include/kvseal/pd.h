@@ -36,7 +36,7 @@
 // Fields are read with explicit load helpers; no struct is cast over bytes.
 
 #define PD_MAGIC 0x4450564bu
-#define PD_VERSION 2u /* 2: min_tokens in the sampling extension (issue 39) */
+#define PD_VERSION 3u /* 2: min_tokens in the sampling extension (issue 39); 3: the fleet (issue 40) */
 #define PD_HDR_BYTES 24u
 /* Default maximum payload: one 4 MiB KV page plus a header's worth of
  * per-frame metadata. Checked before any allocation. */

@@ -163,10 +163,12 @@ typedef struct pd_msg_register {
     uint16_t host_len; /* <= 255 */
 } pd_msg_register;
 
-/* REGISTER_ACK (8). */
+/* REGISTER_ACK (16). */
 typedef struct pd_msg_register_ack {
     uint32_t worker_id;
     uint32_t health_interval_ms;
+    uint64_t router_id; /* the router process's identity (random, never 0): worker ids are
+                           this router's numbering (issue 40, more than one router) */
 } pd_msg_register_ack;
 
 /* HEALTH (8). */
@@ -201,9 +203,10 @@ typedef struct pd_msg_peer {
     uint16_t host_len;
 } pd_msg_peer;
 
-/* LINK (8); also the payload of RETIRE (the prefill worker the router retired). */
+/* LINK (16); also the payload of RETIRE (the prefill worker the router retired). */
 typedef struct pd_msg_link {
-    uint32_t prefill_worker_id;
+    uint32_t prefill_worker_id; /* in the numbering of router router_id */
+    uint64_t router_id;         /* REGISTER_ACK's router identity (never 0) */
 } pd_msg_link;
 
 /* LINK_ACK (8). link_epoch is never 0. */

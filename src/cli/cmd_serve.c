@@ -77,8 +77,8 @@ void serve__usage(const char *cmd) {
         "(>= 16 bytes, mode 600):\n"
         "  kvseal router  [the options above] --secret-file FILE [--cluster-host 127.0.0.1]\n"
         "                 [--cluster-port 7070 (0: any)] [--health-interval-ms 1000]\n"
-        "  kvseal prefill [-m MODEL] --router HOST:PORT --secret-file FILE [--ctx N] [--kv-pages "
-        "N]\n"
+        "  kvseal prefill [-m MODEL] --router HOST:PORT[,HOST:PORT...] --secret-file FILE [--ctx N]\n"
+        "                 [--kv-pages N]\n"
         "                 [--threads N] [--batch-tokens 256] [--page-tokens 16] [--scrub "
         "zero|poison]\n"
         "                 [--kv-type f32|f16|q8_0] [--no-prefix-cache] [--drain-timeout-ms 30000]\n"
@@ -89,6 +89,9 @@ void serve__usage(const char *cmd) {
         "zero|poison]\n"
         "                 [--kv-type f32|f16|q8_0] [--drain-timeout-ms 30000]\n"
         "                 [--grammar-budget-ms 1000] [--grammar-cpu-ms 20000]\n"
+        "  --router may repeat (or list several, comma-separated; at most 16): the worker\n"
+        "  registers with every router and serves them all over its one pool; losing one\n"
+        "  router ends only the requests it carried.\n"
         "  On SIGTERM a worker drains: it takes no new request, finishes what it holds (up to\n"
         "  --drain-timeout-ms; 0 aborts at once) and exits 0.\n"
         "  Every cluster connection is TLS 1.3, mutually authenticated with keys derived from\n"
@@ -330,9 +333,6 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
     case SO_SECRET_FILE:
         sv = &c->secret_file;
         break;
-    case SO_ROUTER:
-        sv = &c->router;
-        break;
     case SO_DATA_HOST:
         sv = &c->data_host;
         break;
@@ -384,6 +384,31 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
             return 2;
         }
         return 0;
+    case SO_ROUTER: {  // repeatable, and each value may be a comma list
+        if (reset) c->n_routers = 0; // the command line's routers replace the file's
+        const char *p = v;
+        for (;;) {
+            size_t n = strcspn(p, ",");
+            if (n > 0) {
+                if (c->n_routers == SERVE_MAX_ROUTERS) {
+                    fprintf(stderr, "kvseal: at most %d --router addresses\n", SERVE_MAX_ROUTERS);
+                    return 2;
+                }
+                char one[300];
+                if (n >= sizeof one) {
+                    fprintf(stderr, "kvseal: --router address too long\n");
+                    return 2;
+                }
+                memcpy(one, p, n);
+                one[n] = '\0';
+                if (!(c->routers[c->n_routers] = serve__keep(c, one))) return 2;
+                c->n_routers++;
+            }
+            if (!p[n]) break;
+            p += n + 1;
+        }
+        return 0;
+    }
     case SO_ALIAS:
         if (reset) c->n_aliases = 0; // the command line's aliases replace the file's
         if (c->n_aliases == SERVE_MAX_ALIASES) {

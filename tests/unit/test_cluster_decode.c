@@ -32,6 +32,7 @@
 
 #define SECRET "decode-test-secret-0123456789abcdef"
 #define PREFILL_ID 7u
+#define ROUTER_ID 0x1234567890abcdefull /* the fake router's identity (REGISTER_ACK, LINK) */
 #define N_CTX 256
 #define PAGE_T 16
 #define N_PROMPT 40 /* 3 pages: 16 + 16 + 8 */
@@ -120,8 +121,8 @@ static void r_on_frame(pd_conn *c, void *ud, const pd_frame *f) {
         CHECK(reg.data_port != 0);
         h->data_port = reg.data_port;
         h->reg_pages = reg.n_pages;
-        pd_msg_register_ack ack = {.worker_id = 5, .health_interval_ms = 1000};
-        uint8_t buf[8];
+        pd_msg_register_ack ack = {.worker_id = 5, .health_interval_ms = 1000, .router_id = ROUTER_ID};
+        uint8_t buf[16];
         uint32_t len;
         CHECK(pd_msg_register_ack_encode(&ack, buf, sizeof buf, &len, NULL) == KS_OK);
         send1(c, PD_MSG_REGISTER_ACK, 0, buf, len);
@@ -143,8 +144,8 @@ static void r_on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
 static void p_on_open(pd_conn *c, void *ud) {
     harness *h = ud;
     h->link_open = true;
-    pd_msg_link lk = {.prefill_worker_id = PREFILL_ID};
-    uint8_t buf[8];
+    pd_msg_link lk = {.prefill_worker_id = PREFILL_ID, .router_id = ROUTER_ID};
+    uint8_t buf[16];
     uint32_t len;
     CHECK(pd_msg_link_encode(&lk, buf, sizeof buf, &len, NULL) == KS_OK);
     send1(c, PD_MSG_LINK, 0, buf, len);
@@ -586,8 +587,8 @@ static void phase_relink(harness *h) {
     CHECK(h->pc == live);
     CHECK_EQ(h->epoch, old);
     CHECK(!h->link_closed);
-    pd_msg_link rt = {.prefill_worker_id = PREFILL_ID};
-    uint8_t buf[8];
+    pd_msg_link rt = {.prefill_worker_id = PREFILL_ID, .router_id = ROUTER_ID};
+    uint8_t buf[16];
     uint32_t len;
     CHECK(pd_msg_link_encode(&rt, buf, sizeof buf, &len, NULL) == KS_OK);
     send1(h->rc, PD_MSG_RETIRE, 0, buf, len);

@@ -131,7 +131,7 @@ static uint32_t sample(uint16_t t, uint8_t *buf, size_t cap) {
         break;
     }
     case PD_MSG_REGISTER_ACK: {
-        pd_msg_register_ack m = {3, 1000};
+        pd_msg_register_ack m = {3, 1000, 0x0102030405060708ull};
         e = pd_msg_register_ack_encode(&m, buf, cap, &n, &eb);
         break;
     }
@@ -151,7 +151,7 @@ static uint32_t sample(uint16_t t, uint8_t *buf, size_t cap) {
         break;
     }
     case PD_MSG_LINK: {
-        pd_msg_link m = {4};
+        pd_msg_link m = {4, 0x1112131415161718ull};
         e = pd_msg_link_encode(&m, buf, cap, &n, &eb);
         break;
     }
@@ -271,14 +271,14 @@ static void test_names_and_bounds(void) {
     CHECK_EQ(tm[0x1E], PD_TYPE_FORBIDDEN);
     CHECK_EQ(tm[PD_MSG_POOL_CHECK], 0);
     CHECK_EQ(tm[PD_MSG_POOL_CHECK_ACK], 24);
-    CHECK_EQ(tm[PD_MSG_RETIRE], 8);
+    CHECK_EQ(tm[PD_MSG_RETIRE], 16);
     CHECK_STR_EQ(pd_msg_type_name(PD_MSG_RETIRE), "RETIRE");
     CHECK_EQ(tm[PD_MSG_REGISTER], 315);
-    CHECK_EQ(tm[PD_MSG_REGISTER_ACK], 8);
+    CHECK_EQ(tm[PD_MSG_REGISTER_ACK], 16);
     CHECK_EQ(tm[PD_MSG_HEALTH], 8);
     CHECK_EQ(tm[PD_MSG_HEALTH_ACK], 24);
     CHECK_EQ(tm[PD_MSG_PEER], 263);
-    CHECK_EQ(tm[PD_MSG_LINK], 8);
+    CHECK_EQ(tm[PD_MSG_LINK], 16);
     CHECK_EQ(tm[PD_MSG_LINK_ACK], 8);
     CHECK_EQ(tm[PD_MSG_ADMIT], 80 + 28 + 8 * 1024 + 262144); // with the largest extension
     CHECK_EQ(tm[PD_MSG_GRANT], 4194304);
@@ -523,10 +523,26 @@ static void test_round_trip_small(void) {
         CHECK_STR_HAS(eb.msg, "role");
     }
     {
-        pd_msg_register_ack m = {0xfffffffe, 1000}, r;
+        pd_msg_register_ack m = {0xfffffffe, 1000, UINT64_MAX - 1}, r;
         CHECK_EQ(pd_msg_register_ack_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
         CHECK_EQ(pd_msg_register_ack_decode(buf, n, &r, &eb), KS_OK);
-        CHECK(n == 8 && r.worker_id == 0xfffffffe && r.health_interval_ms == 1000);
+        CHECK(n == 16 && r.worker_id == 0xfffffffe && r.health_interval_ms == 1000 &&
+              r.router_id == UINT64_MAX - 1);
+        // worker ids are one router's numbering: a router without an identity is refused
+        memset(buf + 8, 0, 8);
+        CHECK_EQ(pd_msg_register_ack_decode(buf, n, &r, &eb), KS_ERR_PROTO);
+        CHECK_STR_HAS(eb.msg, "router identity");
+        m.router_id = 0;
+        CHECK_EQ(pd_msg_register_ack_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
+    }
+    {
+        pd_msg_link m = {77, 0xa1a2a3a4a5a6a7a8ull}, r;
+        CHECK_EQ(pd_msg_link_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
+        CHECK_EQ(pd_msg_link_decode(buf, n, &r, &eb), KS_OK);
+        CHECK(n == 16 && r.prefill_worker_id == 77 && r.router_id == 0xa1a2a3a4a5a6a7a8ull);
+        memset(buf + 8, 0, 8);
+        CHECK_EQ(pd_msg_link_decode(buf, n, &r, &eb), KS_ERR_PROTO);
+        CHECK_EQ(pd_msg_link_decode(buf, 8, &r, &eb), KS_ERR_PROTO); // a v2 LINK
     }
     {
         pd_msg_health m = {UINT64_MAX}, r;
@@ -568,10 +584,10 @@ static void test_round_trip_small(void) {
         CHECK_EQ(r.host_len, 0);
     }
     {
-        pd_msg_link m = {31}, r;
+        pd_msg_link m = {31, 9}, r;
         CHECK_EQ(pd_msg_link_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
         CHECK_EQ(pd_msg_link_decode(buf, n, &r, &eb), KS_OK);
-        CHECK(n == 8 && r.prefill_worker_id == 31);
+        CHECK(n == 16 && r.prefill_worker_id == 31 && r.router_id == 9);
         pd_msg_link_ack a = {1}, ra;
         CHECK_EQ(pd_msg_link_ack_encode(&a, buf, sizeof buf, &n, &eb), KS_OK);
         CHECK_EQ(pd_msg_link_ack_decode(buf, n, &ra, &eb), KS_OK);
