@@ -52,6 +52,11 @@ typedef struct server_opts {
     const char *const *cors_origins; /* (n_cors_origins) origins browsers may call from, or "*"
                                         (any); borrowed. None: CORS off, no CORS headers at all */
     int n_cors_origins;
+    const char *limits_redis;        /* "HOST:PORT": tenant rate limits shared through redis
+                                        with every server pointed at it; NULL: per process */
+    const char *limits_redis_prefix; /* its key prefix (NULL: "kvseal:") */
+    double limits_local_share;       /* redis unreachable: the fraction of each rate limit this
+                                        process admits on its own (0: 1) */
 } server_opts;
 
 #define SERVER_EMBED_MAX_TOKENS 32768 /* server_opts.embed_max_tokens's default */

@@ -146,6 +146,8 @@ typedef struct serve__cfg {
     int reasoning_format; /* --reasoning-format (server_opts), -1: the template's */
     // cluster roles (kvseal router / prefill / decode)
     const char *secret_file, *data_host, *advertise_host, *cluster_host;
+    const char *limits_redis, *limits_redis_prefix; /* --limits-redis HOST:PORT, key prefix */
+    double limits_local_share;                      /* --limits-local-share (0: default 1) */
     const char *routers[SERVE_MAX_ROUTERS]; /* --router HOST:PORT (repeatable, or a comma list) */
     int n_routers;
     long data_port, cluster_port, health_interval_ms, drain_timeout_ms; // cluster_port -1: unset

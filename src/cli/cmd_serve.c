@@ -64,6 +64,11 @@ void serve__usage(const char *cmd) {
         "  f32 in the same memory; q8_0 needs head_dim %% 32 == 0). Every node of a cluster\n"
         "  must use the same one.\n"
         "  Without --tenants there is one anonymous tenant and no API key is required.\n"
+        "  --limits-redis HOST:PORT shares the tenants' tokens_per_minute and\n"
+        "  requests_per_minute with every serve/router pointed at the same redis (keys\n"
+        "  start with --limits-redis-prefix, default kvseal:); while redis is unreachable\n"
+        "  each process admits --limits-local-share (default 1) of each limit on its own.\n"
+        "  max_concurrent is always counted per process.\n"
         "  With tenants, /metrics needs --metrics-key's key (or the admin key) as a bearer\n"
         "  token. --embed-max-tokens: tokens one embeddings request may hold over all its\n"
         "  inputs (never below --ctx).\n"
@@ -200,6 +205,9 @@ enum {
     SO_EMBED_MAX_TOKENS,
     SO_GRAMMAR_BUDGET,
     SO_GRAMMAR_CPU,
+    SO_LIMITS_REDIS,
+    SO_LIMITS_REDIS_PREFIX,
+    SO_LIMITS_LOCAL_SHARE,
     SO__N
 };
 
@@ -230,7 +238,7 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_HEALTH_INTERVAL] = {"health-interval-ms", 0, true, false},
     [SO_DRAIN_TIMEOUT] = {"drain-timeout-ms", 0, true, false},
     [SO_SECRET_FILE] = {"secret-file", 0, true, false},
-    [SO_ROUTER] = {"router", 0, true, false},
+    [SO_ROUTER] = {"router", 0, true, true},
     [SO_DATA_HOST] = {"data-host", 0, true, false},
     [SO_ADVERTISE_HOST] = {"advertise-host", 0, true, false},
     [SO_CLUSTER_HOST] = {"cluster-host", 0, true, false},
@@ -247,6 +255,9 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_EMBED_MAX_TOKENS] = {"embed-max-tokens", 0, true, false},
     [SO_GRAMMAR_BUDGET] = {"grammar-budget-ms", 0, true, false},
     [SO_GRAMMAR_CPU] = {"grammar-cpu-ms", 0, true, false},
+    [SO_LIMITS_REDIS] = {"limits-redis", 0, true, false},
+    [SO_LIMITS_REDIS_PREFIX] = {"limits-redis-prefix", 0, true, false},
+    [SO_LIMITS_LOCAL_SHARE] = {"limits-local-share", 0, true, false},
 };
 
 /* cli__spec.apply for serve and the cluster roles. String values point
@@ -357,6 +368,12 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
     case SO_SECURITY_LOG:
         sv = &c->security_log;
         break;
+    case SO_LIMITS_REDIS:
+        sv = &c->limits_redis;
+        break;
+    case SO_LIMITS_REDIS_PREFIX:
+        sv = &c->limits_redis_prefix;
+        break;
     default:
         break;
     }
@@ -378,6 +395,16 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
         return 0;
     }
     switch (id) {
+    case SO_LIMITS_LOCAL_SHARE: {
+        char *end = NULL;
+        double f = strtod(v, &end);
+        if (!end || *end || !(f > 0 && f <= 1)) {
+            fprintf(stderr, "kvseal: --limits-local-share expects a fraction in (0, 1], got '%s'\n", v);
+            return 2;
+        }
+        c->limits_local_share = f;
+        return 0;
+    }
     case SO_KV_MEMORY:
         if (!serve__parse_bytes(v, &c->kv_memory)) {
             fprintf(stderr, "kvseal: --kv-memory expects a size such as 512M or 4G, got '%s'\n", v);
@@ -611,6 +638,9 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     so.chat_template_file = c->chat_template_file;
     so.admin_key = c->admin_key;
     so.metrics_key = c->metrics_key;
+    so.limits_redis = c->limits_redis;
+    so.limits_redis_prefix = c->limits_redis_prefix;
+    so.limits_local_share = c->limits_local_share;
     so.embed_max_tokens = (int32_t)c->embed_max_tokens;
     so.log_content = c->log_content;
     so.n_ctx = n_ctx;
