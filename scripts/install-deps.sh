@@ -13,7 +13,8 @@ for p in "${pkgs[@]}"; do
 done
 # tools are looked up as commands: a machine may have them from elsewhere
 # (e.g. a node build that bundles npm, which Debian's npm package conflicts with)
-for c in cmake:cmake make:make gcc:gcc clang:clang curl:curl node:nodejs npm:npm spin:spin jq:jq; do
+# ip and tc (iproute2): the netns tests (tests/e2e/netns.sh) put cluster nodes in namespaces
+for c in cmake:cmake make:make gcc:gcc clang:clang curl:curl node:nodejs npm:npm spin:spin jq:jq ip:iproute2 tc:iproute2; do
   command -v "${c%%:*}" >/dev/null 2>&1 || missing+=("${c#*:}")
 done
 # jinja2 is the oracle of the chat-template engine (tests/e2e/jinja_oracle.py):
@@ -58,4 +59,13 @@ js="$(dirname "$0")/../tests/e2e/js"
 if [ ! -d "$js/node_modules/openai" ] || [ ! -d "$js/node_modules/@anthropic-ai/sdk" ]; then
   echo "install-deps: npm ci in tests/e2e/js" >&2
   (cd "$js" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi
+
+# deploy/validate checks the Kubernetes manifests offline (ctest
+# deploy_validate) with the kubernetes-models schemas and the yaml parser
+# (versions pinned in deploy/validate/package-lock.json)
+dv="$(dirname "$0")/../deploy/validate"
+if [ ! -d "$dv/node_modules/kubernetes-models" ] || [ ! -d "$dv/node_modules/yaml" ]; then
+  echo "install-deps: npm ci in deploy/validate" >&2
+  (cd "$dv" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi

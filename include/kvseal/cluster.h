@@ -74,6 +74,10 @@ typedef struct cluster_worker_opts {
                              at least 5 x the health interval the router announces) */
     uint32_t drain_ms; /* on stop: finish what is held for up to this long, taking nothing
                           new (HEALTH_ACK DRAINING, DENY/REJECT DRAINING); 0: abort at once */
+    const char *health_host; /* both: the HTTP health endpoint's address (GET /health:
+                                liveness, GET /ready: registered and not draining);
+                                NULL: none */
+    int health_port;         /* its port (0: any free one); prints "health on http://H:P" */
 } cluster_worker_opts;
 
 /* Runs a prefill worker until *stop becomes non-zero (then drains, see

@@ -4,7 +4,8 @@
  * reads the same secret file; workers name the router's control address.
  *
  * The router prints "cluster port N" and then "listening on http://HOST:PORT"
- * to stdout; the decode worker prints "data link on HOST:PORT". All three
+ * to stdout; the decode worker prints "data link on HOST:PORT", a worker with
+ * --health-port "health on http://HOST:PORT". All three
  * run until SIGTERM/SIGINT, drain (the router as serve does; a worker as
  * cluster.h says) and exit 0 after freeing everything. */
 #include "cli_int.h"
@@ -181,6 +182,10 @@ static int cluster__worker(int argc, char **argv, bool decode) {
                               .data_port = (int)c.data_port, .advertise_host = c.advertise_host,
                               .eng = o, .drain_ms = (uint32_t)c.drain_timeout_ms,
                               .insecure_plaintext = c.insecure_plaintext};
+    if (c.health_port >= 0) { // --health-port: the probes' endpoint (cluster_int.h cl_health)
+        wo.health_host = c.health_host ? c.health_host : "127.0.0.1";
+        wo.health_port = (int)c.health_port;
+    }
     cluster__warn_plaintext(&c);
     if (decode)
         wo.eng.prefix_cache = false; // prefill owns the cache (cluster/prefill.c pf__reserve)

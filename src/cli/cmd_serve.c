@@ -87,6 +87,7 @@ void serve__usage(const char *cmd) {
         "                 [--threads N] [--batch-tokens 256] [--page-tokens 16] [--scrub "
         "zero|poison]\n"
         "                 [--kv-type f32|f16|q8_0] [--no-prefix-cache] [--drain-timeout-ms 30000]\n"
+        "                 [--health-port N] [--health-host 127.0.0.1]\n"
         "  kvseal decode  [-m MODEL] --router HOST:PORT --secret-file FILE [--data-host "
         "127.0.0.1]\n"
         "                 [--data-port 0] [--advertise-host HOST] [--ctx N] [--kv-pages N]\n"
@@ -94,11 +95,15 @@ void serve__usage(const char *cmd) {
         "zero|poison]\n"
         "                 [--kv-type f32|f16|q8_0] [--drain-timeout-ms 30000]\n"
         "                 [--grammar-budget-ms 1000] [--grammar-cpu-ms 20000]\n"
+        "                 [--health-port N] [--health-host 127.0.0.1]\n"
         "  --router may repeat (or list several, comma-separated; at most 16): the worker\n"
         "  registers with every router and serves them all over its one pool; losing one\n"
         "  router ends only the requests it carried.\n"
         "  On SIGTERM a worker drains: it takes no new request, finishes what it holds (up to\n"
         "  --drain-timeout-ms; 0 aborts at once) and exits 0.\n"
+        "  --health-port N (0: any; prints \"health on http://HOST:PORT\"): a worker answers\n"
+        "  GET /health (200 while its loop runs) and GET /ready (200 only while registered\n"
+        "  with the router and not draining, else 503 and the reason) for probes.\n"
         "  Every cluster connection is TLS 1.3, mutually authenticated with keys derived from\n"
         "  the secret, and encrypted. --insecure-plaintext (on every node) turns that off for a\n"
         "  trusted fabric: KV pages then cross the network in the clear and the handshake can be\n"
@@ -208,6 +213,8 @@ enum {
     SO_LIMITS_REDIS,
     SO_LIMITS_REDIS_PREFIX,
     SO_LIMITS_LOCAL_SHARE,
+    SO_HEALTH_HOST,
+    SO_HEALTH_PORT,
     SO__N
 };
 
@@ -258,6 +265,8 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_LIMITS_REDIS] = {"limits-redis", 0, true, false},
     [SO_LIMITS_REDIS_PREFIX] = {"limits-redis-prefix", 0, true, false},
     [SO_LIMITS_LOCAL_SHARE] = {"limits-local-share", 0, true, false},
+    [SO_HEALTH_HOST] = {"health-host", 0, true, false},
+    [SO_HEALTH_PORT] = {"health-port", 0, true, false},
 };
 
 /* cli__spec.apply for serve and the cluster roles. String values point
@@ -311,6 +320,9 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
     case SO_DATA_PORT:
         lv = &c->data_port, lo = 0, hi = 65535;
         break;
+    case SO_HEALTH_PORT:
+        lv = &c->health_port, lo = 0, hi = 65535;
+        break;
     case SO_CLUSTER_PORT:
         lv = &c->cluster_port, lo = 0, hi = 65535;
         break;
@@ -349,6 +361,9 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
         break;
     case SO_ADVERTISE_HOST:
         sv = &c->advertise_host;
+        break;
+    case SO_HEALTH_HOST:
+        sv = &c->health_host;
         break;
     case SO_CLUSTER_HOST:
         sv = &c->cluster_host;
@@ -533,6 +548,7 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
     c->health_interval_ms = 1000;
     c->drain_timeout_ms = 30000;
     c->cluster_port = -1; // unset: the router's 7070 (0 is "any free port")
+    c->health_port = -1;  // unset: no worker health endpoint
     c->tool_call_format = so.tool_call_format;
     c->reasoning_format = so.reasoning_format;
     const cli__spec sp = {argv[0], serve__opts, SO__N, serve__apply, serve__usage, true, false};

@@ -124,4 +124,30 @@ int cl_worker_routers(const cluster_worker_opts *o,
 /* Closes the connection (no on_lost) and frees; accepts NULL. Loop thread. */
 void cl_ctrl_destroy(cl_ctrl *c);
 
+// ----------------------------------------------------------------------------
+// A worker's health endpoint (health_http.c): --health-port
+//
+// GET /health: 200 "ok" while the worker's loop turns (a beat within 30 s),
+// else 503 with the reason. GET /ready: 200 "ready" only while the last
+// beat said registered and not draining, else 503 and a one-line reason
+// ("starting", "draining", "not registered with the router", a stalled
+// loop). Answered on a thread of libmicrohttpd's; the loop only beats.
+
+typedef struct cl_health cl_health;
+
+/* Listens on host:port (0: any free port) and prints "health on
+ * http://HOST:PORT" to stdout; a loop without a beat for stall_ms (0: 30 s)
+ * is not live. *out owned by the caller (cl_health_destroy). Errors:
+ * KS_ERR_INVAL (address), KS_ERR_IO (bind), KS_ERR_NOMEM. */
+ks_err cl_health_start(const char *host, int port, uint32_t stall_ms, cl_health **out /* OUT */,
+                       ks_errbuf *eb) KS_MUST_USE;
+/* The bound port; can't fail. */
+int cl_health_port(const cl_health *h);
+/* The worker's loop ran now, registered (with the router) and draining as
+ * given; h may be NULL (no endpoint). Lock-free; can't fail. Call from the
+ * loop at least every few seconds. */
+void cl_health_beat(cl_health *h, bool registered, bool draining);
+/* Stops listening (joins its thread) and frees; accepts NULL. Blocks. */
+void cl_health_destroy(cl_health *h);
+
 #endif /* KS_CLUSTER_INT_H */

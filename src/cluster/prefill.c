@@ -104,6 +104,7 @@ typedef struct pf__worker {
     pf__rt rts[CLUSTER_MAX_ROUTERS];
     int n_rt;
     int cur_rt;           /* the router of the PREFILL or EMBED being handled (pf__op_run) */
+    cl_health *health;    /* --health-port's endpoint, or NULL */
     kv_pool *pool;
     kv_prefix *prefix;    /* NULL with --no-prefix-cache; keyed by PREFILL's domain_hash (I7) */
     model_ctx *mctx;
@@ -169,6 +170,13 @@ static void pf__ctrl_tick(pf__worker *w) {
     for (int i = 0; i < w->n_rt; i++) cl_ctrl_tick(w->rts[i].ctrl);
 }
 
+/* True when some router holds this worker registered (/ready). */
+static bool pf__any_registered(const pf__worker *w) {
+    for (int i = 0; i < w->n_rt; i++)
+        if (cl_ctrl_registered(w->rts[i].ctrl)) return true;
+    return false;
+}
+
 /* Sends to the router of the request being handled (w->cur_rt). */
 static ks_err pf__router_send(pf__worker *w, uint16_t type, uint64_t req_id,
                               const struct iovec *iov, int n_iov, ks_errbuf *eb) {
@@ -197,6 +205,7 @@ static void pf__service_for(pf__worker *w, int timeout_ms) {
     if (pd_loop_run_once(w->loop, timeout_ms) != KS_OK)
         ks_log(KS_LOG_WARN, "prefill worker: epoll_wait failed");
     pf__ctrl_tick(w);
+    cl_health_beat(w->health, pf__any_registered(w), w->draining);  // live during long prompts
 }
 
 static void pf__service(pf__worker *w) { pf__service_for(w, 0); }
@@ -1042,6 +1051,7 @@ static void pf__free(pf__worker *w) {
         w->ops = op->next;
         free(op);
     }
+    cl_health_destroy(w->health);
     for (int i = 0; i < w->n_rt; i++) cl_ctrl_destroy(w->rts[i].ctrl);
     pd_loop_destroy(w->loop);
     pd_send_destroy(w->send); // releases (scrubs) live transfers' local pages
@@ -1155,6 +1165,8 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
         ks_log(KS_LOG_INFO, "prefill worker: %u local KV pages, prefix cache %s, connecting to router %s:%d",
                eo->kv_pages, w.prefix ? "on" : "off", ra[i].host, ra[i].port);
     }
+    if (o->health_host && (e = cl_health_start(o->health_host, o->health_port, 0, &w.health, eb)))
+        goto fail;
 
     uint64_t last_tick = 0, drain_deadline = 0;
     for (;;) {
@@ -1196,6 +1208,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
             (void)pd_send_tick(w.send);
             pf__ctrl_tick(&w);
             pf__links_tick(&w, now);
+            cl_health_beat(w.health, pf__any_registered(&w), w.draining);
         }
     }
     ks_log(KS_LOG_INFO, "prefill worker: stopping");

@@ -34,6 +34,16 @@ static atomic_ullong pd__conn_ids = 1;
 #define PD__READ_BUDGET_FRAMES 64            /* frames per conn per wakeup (fairness) */
 #define PD__READ_BUDGET_BYTES (16u << 20)    /* bytes per conn per wakeup */
 #define PD__OUT_IOV 64                       /* chunks per sendmsg */
+/* Dead-peer detection by the kernel (docs/pd-protocol.md section 8, T_tcp):
+ * a connection whose sent bytes stay unacknowledged this long, or that is
+ * idle and answers no keepalive probe, fails with ETIMEDOUT. Without it a
+ * silent partition (no RST, no FIN) leaves the side that only sends, e.g.
+ * prefill on a data link, retransmitting for ~15 minutes (tcp_retries2),
+ * its transfers and their pages held. */
+#define PD__TCP_USER_TIMEOUT_MS 15000u
+#define PD__TCP_KEEPIDLE_S 5
+#define PD__TCP_KEEPINTVL_S 2
+#define PD__TCP_KEEPCNT 5
 
 // ----------------------------------------------------------------------------
 // Test-only fault injection (KS_TEST_FAULTS)
@@ -230,6 +240,19 @@ static void pd__fmt_addr(const struct sockaddr *sa, socklen_t sl, char *out, siz
     else snprintf(out, cap, "?");
 }
 
+/* Per-connection socket options: no Nagle delay, and the kernel's
+ * dead-peer timeouts above (best effort: a failure leaves the defaults). */
+static void pd__sock_opts(int fd) {
+    int one = 1, idle = PD__TCP_KEEPIDLE_S, intvl = PD__TCP_KEEPINTVL_S, cnt = PD__TCP_KEEPCNT;
+    unsigned int uto = PD__TCP_USER_TIMEOUT_MS;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof uto);
+}
+
 static ks_err pd__conn_new(pd_loop *l, int fd, bool initiator, const pd_conn_cbs *cbs, void *ud,
                            pd_conn **out, ks_errbuf *eb) {
     pd_conn *c = pd__alloc_aligned(sizeof *c);  // its decoder's XXH3 state wants 64 bytes
@@ -245,8 +268,7 @@ static ks_err pd__conn_new(pd_loop *l, int fd, bool initiator, const pd_conn_cbs
     c->read_on = true;
     c->state = initiator ? PD__CONN_CONNECTING : PD__CONN_HANDSHAKE;
     pd__dec_init(&c->dec, PD_MAX_PAYLOAD_UNAUTH);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    pd__sock_opts(fd);
     c->epoll_events = initiator ? EPOLLOUT : EPOLLIN;
     struct epoll_event e = {.events = c->epoll_events, .data.ptr = &c->ev};
     if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &e) != 0) {

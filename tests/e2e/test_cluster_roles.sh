@@ -6,7 +6,9 @@
 # under 16 bytes are refused with a clear message; a request with no workers registered gets 503; a worker that stops
 # answering health checks is dropped (SIGSTOP) while the router keeps
 # serving with the others; after a router restart the workers register with
-# the new one; every process exits 0 on SIGTERM.
+# the new one; every process exits 0 on SIGTERM. Each worker's --health-port
+# endpoint: /health 200 throughout, /ready 503 before registration and while
+# draining, 200 while registered (issue 40).
 . "$(dirname "$0")/lib.sh"
 M=(-m "$KS_SRC/models/kjv-mini.gguf" --ctx 256 --kv-pages 64 --threads 1)
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMPD/secret"; chmod 600 "$TMPD/secret"
@@ -35,9 +37,11 @@ expect_has "missing --router message" "$out" "--router HOST:PORT is required"
 
 # workers first: they retry until the router is up
 port=$(rawc --free-port)
-"$KS_BIN" decode "${M[@]}" --router 127.0.0.1:$port --secret-file "$TMPD/secret" >"$TMPD/d.out" 2>"$TMPD/d.log" &
+"$KS_BIN" decode "${M[@]}" --router 127.0.0.1:$port --secret-file "$TMPD/secret" --health-port 0 \
+    >"$TMPD/d.out" 2>"$TMPD/d.log" &
 D=$!
-"$KS_BIN" prefill "${M[@]}" --log-level debug --router 127.0.0.1:$port --secret-file "$TMPD/secret" >"$TMPD/p.out" 2>"$TMPD/p.log" &
+"$KS_BIN" prefill "${M[@]}" --log-level debug --router 127.0.0.1:$port --secret-file "$TMPD/secret" \
+    --health-port 0 --health-host 127.0.0.1 >"$TMPD/p.out" 2>"$TMPD/p.log" &
 P=$!
 # an intruder with another secret, and a prefill worker of another model
 "$KS_BIN" prefill "${M[@]}" --router 127.0.0.1:$port --secret-file "$TMPD/other" >/dev/null 2>"$TMPD/x.log" &
@@ -51,11 +55,28 @@ Y=$!
 "$KS_BIN" decode "${M[@]}" --kv-type q8_0 --router 127.0.0.1:$port --secret-file "$TMPD/secret" \
     >/dev/null 2>"$TMPD/z.log" &
 Z=$!
-trap 'kill -KILL $D $P $X $Y $Z $R 2>/dev/null; rm_tmpd' EXIT
+trap 'kill -KILL $D $P $X $Y $Z ${R:-} 2>/dev/null; rm_tmpd' EXIT
 KS_CLUSTER_LOGS="$TMPD/d.log $TMPD/p.log"
 # the router is not up yet: both workers have tried and are retrying
 wait_for "the decode worker to retry the router" file_has "$TMPD/d.log" "Connection refused"
 wait_for "the prefill worker to retry the router" file_has "$TMPD/p.log" "Connection refused"
+# probe URL PATH WANT_STATUS TEXT: GET URL/PATH answers WANT_STATUS with TEXT in its body (wait_for)
+probe() {
+    local code
+    code=$(curl -sS -o "$TMPD/probe" -w '%{http_code}' "$1$2") && [ "$code" = "$3" ] &&
+        grep -qF -- "$4" "$TMPD/probe"
+}
+health_url() { sed -n 's/^health on \(http:[^ ]*\).*/\1/p' "$TMPD/$1.out" | head -1; }
+has_health() { [ -n "$(health_url "$1")" ]; }
+wait_for "the decode worker's health endpoint" has_health d
+wait_for "the prefill worker's health endpoint" has_health p
+HD=$(health_url d); HP=$(health_url p)
+for h in $HD $HP; do
+    probe $h /health 200 ok || fail "$h/health before registration: $(cat "$TMPD/probe")"
+    probe $h /ready 503 "not registered with the router" ||
+        fail "$h/ready before registration: $(cat "$TMPD/probe")"
+done
+probe $HD /nothing 404 "not found" || fail "$HD/nothing: $(cat "$TMPD/probe")"
 registered() { [ "$(grep -c "$2 [0-9]* registered" "$TMPD/$1.log")" -ge "$3" ]; }
 answers() {
     curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
@@ -83,6 +104,7 @@ expect_eq "only the two good workers registered" "$(grep -c 'worker [0-9]* regis
 ans=$(curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
     -d '{"model":"kjv-mini","prompt":"In the beginning","max_tokens":6,"temperature":0}')
 expect_has "answer through the cluster" "$ans" '"text"'
+for h in $HD $HP; do wait_for "$h/ready to say ready" probe $h /ready 200 ready; done
 
 # a worker that stops answering is dropped; its requests fail, the router lives
 kill -STOP $D
@@ -114,6 +136,16 @@ new_id=$(sed -n 's/.*router: decode worker \([0-9]*\) registered.*/\1/p' "$TMPD/
 wait_for "the prefill worker to retire the link to the old decode worker id $old_id" \
     file_has "$TMPD/p.log" "decode worker $old_id is not known to the router; retiring its link"
 
-for p in $P $D $R; do kill -TERM $p; done
-for p in $P $D $R; do wait $p || fail "process $p exited with status $?"; done
+for h in $HD $HP; do wait_for "$h/ready to say ready with router r2" probe $h /ready 200 ready; done
+
+# a draining worker is not ready (it takes nothing new) but live: with the
+# router stopped nothing releases it, so it stays draining (until T_router)
+kill -STOP $R
+kill -TERM $D
+wait_for "the draining decode worker's /ready to say draining" probe $HD /ready 503 draining
+probe $HD /health 200 ok || fail "$HD/health while draining: $(cat "$TMPD/probe")"
+kill -CONT $R
+wait $D || fail "the drained decode worker exited with status $?"
+for p in $P $R; do kill -TERM $p; done
+for p in $P $R; do wait $p || fail "process $p exited with status $?"; done
 echo PASS

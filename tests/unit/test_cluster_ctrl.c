@@ -8,11 +8,19 @@
  * the worker registers again. The router's REGISTER check
  * (cl_register_refused, what router.c runs) refuses a worker whose plane
  * count, geometry, KV type, model or role differs, naming the difference,
- * and the fake router applies it on the wire. `test_cluster_ctrl NAME` runs
- * one case. */
+ * and the fake router applies it on the wire. The worker's health endpoint
+ * (health_http.c): /health 200 until the loop stops beating, /ready 200 only
+ * when the last beat said registered and not draining, each 503 naming why.
+ * `test_cluster_ctrl NAME` runs one case. */
 #include "cluster/cluster_int.h"
 
 #include "../check.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 static const uint8_t SECRET[32] = "cluster-secret-ctrl-0123456789ab";
 
@@ -412,6 +420,98 @@ static void test_register_planes_refused(void) {
     h_fini(&h);
 }
 
+
+// ----------------------------------------------------------------------------
+// The health endpoint (health_http.c)
+
+/* One HTTP/1.0 request to 127.0.0.1:port; returns the status, the body in
+ * body[0..cap). Blocking: the endpoint answers on its own thread. */
+static int health_get(int port, const char *method, const char *path, char *body, size_t cap) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK_EQ(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    char req[256];
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
+    CHECK_EQ(write(fd, req, (size_t)n), n);
+    char buf[2048];
+    size_t len = 0;
+    ssize_t r;
+    while (len < sizeof buf - 1 && (r = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
+        len += (size_t)r;
+    close(fd);
+    buf[len] = '\0';
+    int status = 0;
+    CHECK_EQ(sscanf(buf, "HTTP/1.%*d %d", &status), 1);
+    const char *b = strstr(buf, "\r\n\r\n");
+    snprintf(body, cap, "%s", b ? b + 4 : "");
+    return status;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void test_health_endpoint(void) {
+    ks_errbuf eb = {0};
+    cl_health *h = NULL;
+    // bad input: no host; an address that does not resolve
+    CHECK_EQ(cl_health_start(NULL, 0, 0, &h, &eb), KS_ERR_INVAL);
+    CHECK_EQ(cl_health_start("no such host.invalid", 0, 0, &h, &eb), KS_ERR_INVAL);
+    CHECK(h == NULL);
+    cl_health_beat(NULL, true, false);  // no endpoint: nothing
+    cl_health_destroy(NULL);
+    CHECK_EQ(cl_health_start("127.0.0.1", 0, 0, &h, &eb), KS_OK);
+    int port = cl_health_port(h);
+    CHECK(port > 0);
+    // the port is taken: a second endpoint there fails to bind
+    cl_health *h2 = NULL;
+    CHECK_EQ(cl_health_start("127.0.0.1", port, 0, &h2, &eb), KS_ERR_IO);
+    CHECK_STR_HAS(eb.msg, "cannot listen");
+    char body[512];
+    // before the loop's first beat: live, not ready
+    CHECK_EQ(health_get(port, "GET", "/health", body, sizeof body), 200);
+    CHECK_STR_EQ(body, "ok\n");
+    CHECK_EQ(health_get(port, "GET", "/ready", body, sizeof body), 503);
+    CHECK_STR_EQ(body, "starting\n");
+    cl_health_beat(h, false, false);
+    CHECK_EQ(health_get(port, "GET", "/ready", body, sizeof body), 503);
+    CHECK_STR_EQ(body, "not registered with the router\n");
+    cl_health_beat(h, true, false);
+    CHECK_EQ(health_get(port, "GET", "/ready", body, sizeof body), 200);
+    CHECK_STR_EQ(body, "ready\n");
+    CHECK_EQ(health_get(port, "HEAD", "/ready", body, sizeof body), 200);
+    CHECK_EQ(health_get(port, "GET", "/health", body, sizeof body), 200);
+    cl_health_beat(h, true, true);
+    CHECK_EQ(health_get(port, "GET", "/ready", body, sizeof body), 503);
+    CHECK_STR_EQ(body, "draining\n");
+    CHECK_EQ(health_get(port, "GET", "/health", body, sizeof body), 200);
+    CHECK_EQ(health_get(port, "GET", "/metrics", body, sizeof body), 404);
+    CHECK_EQ(health_get(port, "POST", "/ready", body, sizeof body), 405);
+    cl_health_destroy(h);
+    // a loop that stops beating: after stall_ms neither live nor ready (a
+    // second endpoint with a 1 s stall; the first one's is 30 s)
+    CHECK_EQ(cl_health_start("127.0.0.1", 0, 1000, &h, &eb), KS_OK);
+    port = cl_health_port(h);
+    cl_health_beat(h, true, false);
+    uint64_t t0 = cl_now_ms(NULL);
+    while (health_get(port, "GET", "/health", body, sizeof body) == 200) {
+        CHECK(cl_now_ms(NULL) - t0 < TEST_WAIT_MS);
+        sleep_ms(20);
+    }
+    CHECK(cl_now_ms(NULL) - t0 >= 1000);
+    CHECK_STR_HAS(body, "the worker's loop has not run for");
+    CHECK_EQ(health_get(port, "GET", "/ready", body, sizeof body), 503);
+    CHECK_STR_HAS(body, "the worker's loop has not run for");
+    // a beat brings it back
+    cl_health_beat(h, true, false);
+    CHECK_EQ(health_get(port, "GET", "/health", body, sizeof body), 200);
+    CHECK_EQ(health_get(port, "GET", "/ready", body, sizeof body), 200);
+    cl_health_destroy(h);
+}
+
 int main(int argc, char **argv) {
     ks_log_init_env();
     struct {
@@ -426,6 +526,7 @@ int main(int argc, char **argv) {
         {"no_ack_no_lost", test_no_ack_no_lost},
         {"register_check", test_register_check},
         {"register_planes_refused", test_register_planes_refused},
+        {"health_endpoint", test_health_endpoint},
     };
     int n = (int)(sizeof cases / sizeof cases[0]), ran = 0;
     for (int i = 0; i < n; i++) {
