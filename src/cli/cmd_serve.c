@@ -430,19 +430,21 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
         if (reset) c->n_routers = 0; // the command line's routers replace the file's
         const char *p = v;
         for (;;) {
-            size_t n = strcspn(p, ",");
-            if (n > 0) {
+            while (*p == ' ' || *p == '\t') p++;  // "a:1, b:2": spaces around items go
+            size_t n = strcspn(p, ","), m = n;
+            while (m > 0 && (p[m - 1] == ' ' || p[m - 1] == '\t')) m--;
+            if (m > 0) {
                 if (c->n_routers == SERVE_MAX_ROUTERS) {
                     fprintf(stderr, "kvseal: at most %d --router addresses\n", SERVE_MAX_ROUTERS);
                     return 2;
                 }
                 char one[300];
-                if (n >= sizeof one) {
+                if (m >= sizeof one) {
                     fprintf(stderr, "kvseal: --router address too long\n");
                     return 2;
                 }
-                memcpy(one, p, n);
-                one[n] = '\0';
+                memcpy(one, p, m);
+                one[m] = '\0';
                 if (!(c->routers[c->n_routers] = serve__keep(c, one))) return 2;
                 c->n_routers++;
             }
