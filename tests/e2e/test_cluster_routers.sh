@@ -5,7 +5,8 @@
 #     serve`'s (I9);
 #  2. kill -9 of router 2 while each router carries streams on both decode
 #     workers: router 2's clients see their connection drop (no [DONE], no
-#     finish_reason: nothing looks finished), router 1's streams run to their
+#     finish_reason: nothing looks finished; a non-streamed request gets no
+#     status at all, never a short 200), router 1's streams run to their
 #     full length and end with [DONE]; the workers end only router 2's
 #     requests; afterwards every pool is FREE and scrubbed (/admin/kv/check
 #     on router 1);
@@ -41,6 +42,10 @@ for i in 1 2 3 4; do
     curl -sSN "$R1/v1/completions" "${JSON[@]}" -d "$long" >"$TMPD/s1.$i" 2>"$TMPD/s1.$i.err" & pids1+=($!)
     curl -sSN "$R2/v1/completions" "${JSON[@]}" -d "$long" >"$TMPD/s2.$i" 2>"$TMPD/s2.$i.err" & pids2+=($!)
 done
+# and one non-streamed request through router 2: it must not end as a short 200
+nonstream='{"model":"kjv-mini","prompt":"And God said","max_tokens":'$N',"ignore_eos":true,"temperature":0}'
+curl -sS -o "$TMPD/n2" -w '%{http_code}' "$R2/v1/completions" "${JSON[@]}" -d "$nonstream" \
+    >"$TMPD/n2.code" 2>"$TMPD/n2.err" & npid=$!
 streaming() { local f; for f in "$TMPD"/s[12].[1-4]; do grep -q '"text"' "$f" || return 1; done; }
 wait_for "every stream to deliver tokens" streaming
 for f in "$TMPD"/s[12].[1-4]; do grep -q 'data: \[DONE\]' "$f" && fail "$f ended before the kill (raise N)"; done
@@ -55,6 +60,8 @@ for i in 1 2 3 4; do
     grep -q 'data: \[DONE\]' "$TMPD/s2.$i" && fail "router 2's stream $i got [DONE]"
     grep -q '"finish_reason":"[a-z]' "$TMPD/s2.$i" && fail "router 2's stream $i looks finished"
 done
+wait $npid && fail "router 2's non-streamed request ended as a success: $(cat "$TMPD/n2.code")"
+[ "$(cat "$TMPD/n2.code")" = 000 ] || fail "router 2's non-streamed request got status $(cat "$TMPD/n2.code")"
 for i in 1 2 3 4; do
     wait "${pids1[$((i - 1))]}" || fail "router 1's stream $i failed: $(cat "$TMPD/s1.$i.err")"
     grep -q 'data: \[DONE\]' "$TMPD/s1.$i" || fail "router 1's stream $i has no [DONE]"
