@@ -74,6 +74,8 @@ typedef struct cluster_worker_opts {
                              at least 5 x the health interval the router announces) */
     uint32_t drain_ms; /* on stop: finish what is held for up to this long, taking nothing
                           new (HEALTH_ACK DRAINING, DENY/REJECT DRAINING); 0: abort at once */
+    const char *names; /* the names it serves the model as, comma-separated (REGISTER names:
+                          the file's name, then aliases); NULL: none; borrowed */
     const char *health_host; /* both: the HTTP health endpoint's address (GET /health:
                                 liveness, GET /ready: registered and not draining);
                                 NULL: none */
@@ -102,9 +104,23 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
 ks_err cluster_decode_run(const cluster_worker_opts *o, const atomic_int *stop,
                           ks_errbuf *eb) KS_MUST_USE;
 
+/* A further model of the router's catalog (cluster_router_opts.more). */
+typedef struct cluster_router_model {
+    const model *m;   /* borrowed: tokenizer, vocabulary, model_id, geometry */
+    const char *name; /* its name in logs and errors (the file's name); borrowed */
+    int32_t n_ctx;    /* context advertised for it (0: the router's n_ctx) */
+} cluster_router_model;
+
 /* Options of the router. */
 typedef struct cluster_router_opts {
-    const model *m;        /* borrowed: tokenizer, vocabulary, model_id, geometry */
+    const model *m;        /* borrowed: tokenizer, vocabulary, model_id, geometry of the
+                              catalog's first entry (engine_params.model 0) */
+    const char *name;      /* its name in logs and errors (NULL: "model") */
+    const cluster_router_model *more; /* (n_more) entries 1.. of the catalog; borrowed.
+                              Requests name their entry (engine_params.model); workers
+                              register for one by model_id, and are paired only with
+                              requests and workers of their own model */
+    int n_more;
     const uint8_t *secret; /* cluster secret, borrowed */
     size_t secret_len;
     bool insecure_plaintext; /* as cluster_worker_opts */

@@ -131,6 +131,8 @@ typedef struct engine_params {
                              is then computed in full (no prefix-cache attach), and
                              max_tokens may be 0 (the request ends after the prompt) */
     int32_t prompt_top;   /* [0, SAMPLE_MAX_TOP]: alternatives per prompt token */
+    int32_t model;        /* the catalog entry the request is for (server_backend's: the
+                             router fronts several models); the engine has one, 0 */
 } engine_params;
 
 typedef struct engine_req engine_req;
@@ -372,6 +374,7 @@ typedef struct engine_embed_params {
     const int32_t *tokens; /* (n_tokens) the input's ids; copied */
     int32_t n_tokens;
     model_pooling pooling; /* DEFAULT: engine_opts.pooling */
+    int32_t model;         /* catalog entry, as engine_params.model (engine: 0) */
 } engine_embed_params;
 
 /* Admission (admit_embed: empty input INVAL, above n_ctx tokens

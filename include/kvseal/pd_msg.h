@@ -78,9 +78,13 @@ typedef enum pd_msg_type {
 #define PD_MSG_MAX_TEXT 512u            /* DENY/REJECT/FINISH/ERROR msg_len */
 #define PD_MSG_MAX_TOP 64u              /* ADMIT n_probs, DONE/TOKEN n_top */
 #define PD_MSG_KV_PAGE_HDR 40u          /* KV_PAGE page header (sink_prefix) */
-#define PD_MSG_GRANT_FIXED 32u
+#define PD_MSG_GRANT_FIXED 64u          /* 32 + the model_id (v3) */
 #define PD_MSG_GRANT_ENTRY 24u
 #define PD_MSG_PREFILL_FIXED 80u
+#define PD_MSG_ADMIT_FIXED 112u         /* 80 + the model_id (v3) */
+#define PD_MSG_LINK_LEN 48u             /* 8 + the model_id + the router identity (v3) */
+#define PD_MSG_REGISTER_FIXED 64u       /* v3: names_len at 60 */
+#define PD_MSG_MAX_NAMES 1024u          /* REGISTER names_len */
 #define PD_MSG_HASH_BYTES 32u           /* model_id, domain_hash */
 /* sampling extension, fixed part: 4 bytes per SAMPLE_WIRE_EXT row, n_bias, grammar_len */
 #define PD_MSG__SEXT_SLOT(f, T, key, alias, def, off, lo, lo_open, hi, what, jhi, wire, ...)        \
@@ -107,7 +111,8 @@ enum {
     PD_DENY_CONTEXT = 3,
     PD_DENY_DUPLICATE = 4,
     PD_DENY_DRAINING = 5,
-    PD_DENY_INVALID = 6 /* the sampling extension does not compile or validate here */
+    PD_DENY_INVALID = 6, /* the sampling extension does not compile or validate here */
+    PD_DENY_MODEL = 7    /* the ADMIT is for another model than the one this worker serves */
 };
 /* REJECT reasons are the request contract's (kvseal/admit.h), those whose wire
  * column is true (admit_reason_on_wire). */
@@ -146,7 +151,7 @@ pd_msg_top pd_msg_top_at(const uint8_t *raw, uint32_t i);
 // ----------------------------------------------------------------------------
 // Connection-level messages (req_id 0)
 
-/* REGISTER (60 + host_len): P/D -> R. */
+/* REGISTER (64 + host_len + names_len): P/D -> R. */
 typedef struct pd_msg_register {
     uint8_t role; /* PD_ROLE_PREFILL or PD_ROLE_DECODE */
     uint8_t kv_type; /* KV element type (kv.h, a ks_dtype: 0 F32, 1 F16, 8 Q8_0) */
@@ -161,6 +166,9 @@ typedef struct pd_msg_register {
     uint8_t model_id[PD_MSG_HASH_BYTES];
     const char *host; /* host_len bytes, not NUL-terminated */
     uint16_t host_len; /* <= 255 */
+    const char *names; /* names_len bytes, not NUL-terminated: the names the worker serves
+                          its model as (file name, then aliases), comma-separated; may be empty */
+    uint16_t names_len; /* <= PD_MSG_MAX_NAMES; no NUL byte */
 } pd_msg_register;
 
 /* REGISTER_ACK (16). */
@@ -203,9 +211,11 @@ typedef struct pd_msg_peer {
     uint16_t host_len;
 } pd_msg_peer;
 
-/* LINK (16); also the payload of RETIRE (the prefill worker the router retired). */
+/* LINK (48); also the payload of RETIRE (the prefill worker the router retired). */
 typedef struct pd_msg_link {
     uint32_t prefill_worker_id; /* in the numbering of router router_id */
+    uint8_t model_id[PD_MSG_HASH_BYTES]; /* the model the sender serves (v3): a data link
+                                            between workers of two models never comes up */
     uint64_t router_id;         /* REGISTER_ACK's router identity (never 0) */
 } pd_msg_link;
 
@@ -293,12 +303,13 @@ void pd_msg_bias_store(uint8_t *raw, uint32_t i, int32_t token, float bias);
 /* Payload bytes the sampling extension of s adds (0 without PD_FLAG_EXT). */
 uint64_t pd_msg_sext_size(const pd_msg_sampling *s);
 
-/* ADMIT (80, + the sampling extension with PD_FLAG_EXT): R -> D. */
+/* ADMIT (112, + the sampling extension with PD_FLAG_EXT): R -> D. */
 typedef struct pd_msg_admit {
     uint32_t n_prompt; /* >= 1 */
     uint32_t prefill_worker_id;
     uint8_t domain_hash[PD_MSG_HASH_BYTES];
     pd_msg_sampling s;
+    uint8_t model_id[PD_MSG_HASH_BYTES]; /* the request's model (v3): decode DENYs another */
 } pd_msg_admit;
 
 /* One GRANT page entry (host order). */
@@ -309,7 +320,7 @@ typedef struct pd_msg_grant_entry {
     uint64_t gen;         /* tag part 2 */
 } pd_msg_grant_entry;
 
-/* GRANT (32 + 24 n_pages, <= 4 MiB): D -> R. Decoded: entries points at the
+/* GRANT (64 + 24 n_pages, <= 4 MiB): D -> R. Decoded: entries points at the
  * n_pages raw 24-byte entries inside the payload (pd_msg_grant_entry_at). */
 typedef struct pd_msg_grant {
     uint64_t seq_uid;    /* tag part 1 */
@@ -317,6 +328,8 @@ typedef struct pd_msg_grant {
     uint32_t n_prompt;   /* >= 1 */
     uint32_t page_tokens;/* >= 1 */
     uint32_t n_pages;    /* = ceil(n_prompt / page_tokens) */
+    uint8_t model_id[PD_MSG_HASH_BYTES]; /* the model whose KV the pages hold (v3); PREFILL
+                                            carries it inside its grant */
     const uint8_t *entries;
 } pd_msg_grant;
 

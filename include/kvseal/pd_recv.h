@@ -82,6 +82,8 @@ typedef struct pd_recv_cfg {
     void *emit_ctx;
     pd_recv_clock_fn clock;   /* NULL: ks_now_ns() / 1e6 */
     void *clock_ctx;
+    uint8_t model_id[32];     /* the model the pool's pages belong to: an ADMIT for
+                                 another is DENY MODEL, and every GRANT carries it */
 } pd_recv_cfg;
 
 /* Counters, for tests and HEALTH_ACK. */
@@ -117,6 +119,8 @@ typedef struct pd_recv_admit_args {
     uint32_t max_tokens;        /* >= 1 */
     uint32_t prefill_worker_id; /* the only writer the grant accepts */
     uint64_t link_epoch;        /* the up data link from prefill_worker_id; 0: none */
+    const uint8_t *model_id;    /* (32) the request's model (ADMIT's; NULL: all zero);
+                                   another than cfg.model_id is DENY MODEL, nothing reserved */
 } pd_recv_admit_args;
 
 /* ADMIT: reserves pages for n_prompt + max_tokens tokens, tags them, and
@@ -124,7 +128,8 @@ typedef struct pd_recv_admit_args {
  * until the request is terminal or r is destroyed); state GRANTED, T_grant
  * starts. On DENY returns an error, sets *deny_reason (PD_DENY_*) and the DENY
  * text in eb: KS_ERR_INVAL for DUPLICATE (a known or tombstoned req_id; the
- * existing request is untouched), CONTEXT, NO_LINK; KS_ERR_NOSPACE for
+ * existing request is untouched), CONTEXT, NO_LINK, MODEL (another model's
+ * request: the message names both model ids' first bytes); KS_ERR_NOSPACE for
  * NOSPACE (nothing reserved); KS_ERR_NOMEM (reason NOSPACE). */
 ks_err pd_recv_admit(pd_recv *r, uint64_t req_id, const pd_recv_admit_args *a,
                      const uint8_t **grant /* OUT */, uint32_t *grant_len /* OUT */,

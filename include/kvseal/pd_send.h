@@ -104,6 +104,8 @@ typedef struct pd_send_cfg {
     void *compute_ctx;
     pd_send_clock_fn clock;  /* NULL: ks_now_ns() / 1e6 */
     void *clock_ctx;
+    uint8_t model_id[32];    /* the model this worker computes: a PREFILL whose grant is for
+                                another is REJECTed (INTERNAL, "grant is for another model") */
 } pd_send_cfg;
 
 /* Counters, for tests and HEALTH_ACK. */

@@ -21,6 +21,17 @@
  * a shorter one could be guessed; the cluster secret has the same bound. */
 #define SERVER_KEY_MIN_BYTES 16
 
+/* A further model the server fronts (server_opts.more): the backend's
+ * catalog entry engine_params.model = its index + 1 (`kvseal router` with
+ * several models; `kvseal serve` has none). */
+typedef struct server_model {
+    const model *m;             /* tokenizer, chat template, n_embd; borrowed */
+    const char *name;           /* its own name (file basename); borrowed */
+    const char *const *aliases; /* (n_aliases) further names; borrowed */
+    int n_aliases;
+    int32_t n_ctx;              /* its per-request limit (0: server_opts.n_ctx) */
+} server_model;
+
 typedef struct server_opts {
     const char *host;           /* address to bind ("127.0.0.1") */
     int port;                   /* TCP port; 0 picks a free one (server_port) */
@@ -52,6 +63,13 @@ typedef struct server_opts {
     const char *const *cors_origins; /* (n_cors_origins) origins browsers may call from, or "*"
                                         (any); borrowed. None: CORS off, no CORS headers at all */
     int n_cors_origins;
+    const server_model *more; /* (n_more) catalog entries 1.. beside the model given to
+                                 server_create (entry 0, named model_name and aliases);
+                                 borrowed. A request's `model` picks its entry (unknown: 404
+                                 model_not_found naming what is served); /v1/models lists all.
+                                 chat_template_file applies to entry 0 (the others use their
+                                 own templates); tool_call_format and reasoning_format to all */
+    int n_more;
     const char *limits_redis;        /* "HOST:PORT": tenant rate limits shared through redis
                                         with every server pointed at it; NULL: per process */
     const char *limits_redis_prefix; /* its key prefix (NULL: "kvseal:") */
@@ -110,6 +128,13 @@ typedef struct server_backend {
     ks_err (*embed_submit)(void *impl, const engine_embed_params *p, void **req /* OUT */,
                            ks_errbuf *eb);
     ks_err (*embed_vector)(void *req, float *out /* OUT */, int32_t cap);
+    /* One catalog entry (engine_params.model) offline or online, as set_online is for
+     * all (NULL: the backend has one model; /admin's model parameter then names it) */
+    void (*set_model_online)(void *impl, int entry, bool online, bool abort_running);
+    bool (*is_model_online)(void *impl, int entry); /* NULL with set_model_online */
+    /* Prometheus text the backend adds to /metrics (series labelled by model, say),
+     * malloc'd, the caller frees it; NULL: none (also the member NULL). Any thread. */
+    char *(*metrics_text)(void *impl);
 } server_backend;
 
 /* Parses --tool-call-format's value into server_opts.tool_call_format:

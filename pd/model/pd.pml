@@ -28,6 +28,10 @@
  *       exactly one FINISH per grant; FINISH OK never for a rejected request
  *   R   a request prefill refused ends REJECTED for the reason prefill gave,
  *       whichever of its REJECT and decode's FINISH reaches the router first
+ *   M   no page of model A is adopted by (written for, committed to) a request
+ *       of model B (issue 40: two models; the decode worker serves model
+ *       A = DMODEL, and a faulty router may pair request 1, of model B, with
+ *       it once: ADMIT carries the request's model, decode must DENY it)
  *
  * Mutants: build with -DMUTANT_<NAME>, one rule removed each; spin must
  * report a violation (tests/e2e/test_spin.sh):
@@ -42,6 +46,8 @@
  *   MUTANT_TIMEOUT_FREE    a decode timeout frees pages without teardown/drain
  *   MUTANT_NO_ACK_UNKNOWN  prefill does not acknowledge an ABORT that overtook
  *                          its PREFILL (pages stay in QUARANTINE: invalid end)
+ *   MUTANT_NO_MODEL_CHECK  decode grants an ADMIT whatever its model (issue 40:
+ *                          another model's request gets, and adopts, its pages)
  *   MUTANT_FINISH_NO_REASON decode's FINISH after a REJECT does not carry the
  *                          REJECT's reason (before issue 8 section 5: a draining
  *                          prefill's refusal reached the client as a 400 when
@@ -79,6 +85,12 @@ mtype = { ADMIT, GRANT, DENY, PREFILL, KV_PAGE, DONE, REJECT, ABORT, ABORT_ACK, 
 #define RS_STALE   4  /* ADMIT_STALE_GRANT */
 #define RS_REFUSED 1  /* ADMIT_CONTEXT_LENGTH (and the other request refusals) */
 
+/* models (issue 40): the decode worker's pages hold model DMODEL's KV; ADMIT's
+ * `a` is the request's model. (Prefill's own check of the grant's model is
+ * defence in depth, not modelled: decode's check is the rule relied on.) */
+#define DMODEL 0
+#define MODEL_B 1
+
 /* connections: {type, req, a, b} */
 chan r2d = [6] of { mtype, byte, byte, byte };  /* router -> decode: ADMIT, ABORT */
 chan d2r = [6] of { mtype, byte, byte, byte };  /* decode -> router: GRANT, DENY, TOKEN, FINISH */
@@ -112,6 +124,7 @@ byte p_reason[NR]; /* the reason prefill's REJECT carries (RS_*) */
 bool dfin[NR];     /* decode sent its FINISH */
 bool granted[NR];
 bool fin_ok[NR];
+byte rmodel[NR];   /* the request's model (0 = DMODEL; 1: a mis-paired request of model B) */
 
 /* router request states */
 #define R_NEW       0
@@ -243,11 +256,22 @@ end:
     :: atomic { r2d?ADMIT, r, a, b ->
         assert(!adm_rej[r]);                 /* I4: admission rejects send nothing */
         if
-        :: dst[r] == D_NONE && NFREE >= PPR ->
+#ifndef MUTANT_NO_MODEL_CHECK
+        :: dst[r] == D_NONE && a != DMODEL -> /* DENY MODEL: nothing reserved */
+            dst[r] = D_FREED;
+            d2r!DENY, r, 0, 0
+        :: dst[r] == D_NONE && a == DMODEL && NFREE >= PPR ->
+#else
+        :: dst[r] == D_NONE && NFREE >= PPR -> /* BUG: any model's request gets pages */
+#endif
             alloc_pages(r);
             gep[r] = ep; granted[r] = 1; dst[r] = D_GRANTED;
             d2r!GRANT, r, 0, 0
+#ifndef MUTANT_NO_MODEL_CHECK
+        :: dst[r] == D_NONE && a == DMODEL && NFREE < PPR ->
+#else
         :: dst[r] == D_NONE && NFREE < PPR ->
+#endif
             dst[r] = D_FREED;
             d2r!DENY, r, 0, 0
         :: else                               /* duplicate ADMIT: not modelled */
@@ -284,8 +308,9 @@ end:
 #else
             :: true ->                        /* BUG: no coverage check */
 #endif
-                /* COMMIT: check ground truth (I6, I4) */
+                /* COMMIT: check ground truth (I6, I4, M) */
                 assert(!p_rej[r] && !adm_rej[r]);
+                assert(rmodel[r] == DMODEL);  /* M: no page adopted across models */
                 i = 0;
                 do
                 :: i < PPR ->
@@ -365,6 +390,7 @@ end:
 inline write_page(r, idx) {
     pg = gpage[r * PPR + idx];
     assert(!p_rej[r] && !adm_rej[r]);        /* I4: a rejected request gets no KV */
+    assert(rmodel[r] == DMODEL);             /* M: model B's KV never lands in model A's pages */
     assert(powner[pg] == r && pgen[pg] == ggen[r * PPR + idx] && pstate[pg] != PG_FREE); /* I5 */
     pdirty[pg] = 1; pwgen[pg] = ggen[r * PPR + idx];
     p2d!KV_PAGE, r, idx, ggen[r * PPR + idx];
@@ -502,6 +528,8 @@ proctype Router() {
            ; r2d!ADMIT, 1, 0, 0               /* BUG: the queue only checks "finished" */
 #endif
         :: rst[1] = R_ADMITTING; r2d!ADMIT, 1, 0, 0
+        :: rst[1] = R_ADMITTING; rmodel[1] = MODEL_B;  /* a faulty router: model B's */
+           r2d!ADMIT, 1, MODEL_B, 0                    /* request to model A's decode */
         fi }
     :: atomic { d2r?GRANT, r, a, b ->
         if

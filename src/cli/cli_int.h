@@ -121,6 +121,7 @@ void cli__notify(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #include "kvseal/server.h"
 
 #define SERVE_MAX_ALIASES 16
+#define SERVE_MAX_MODELS 16 /* further -m values (the router's catalog) */
 #define SERVE_MAX_CORS 16
 #define SERVE_MAX_ROUTERS 16 /* CLUSTER_MAX_ROUTERS */
 
@@ -130,6 +131,9 @@ typedef struct serve__cfg {
     long port;
     const char *aliases[SERVE_MAX_ALIASES];
     int n_aliases;
+    const char *more_models[SERVE_MAX_MODELS]; /* -m after the first: "PATH[,ALIAS...]" (router) */
+    int n_more_models;
+    int n_models_given; /* private: -m values seen in the current source (file, argv) */
     const char *cors[SERVE_MAX_CORS]; /* --cors-origin ORIGIN|* (repeatable; none: CORS off) */
     int n_cors;
     long ctx, kv_pages, page_tokens, threads, max_running, queue_max, queue_timeout_ms, batch;
@@ -171,11 +175,13 @@ void serve__engine_opts(const serve__cfg *c, const model *m, engine_opts *o);
 /* The model's own name: the file's basename without ".gguf". */
 void serve__model_name(const char *path, char *buf, size_t cap);
 /* Starts the HTTP front (server_create_backend) with c's server options on
- * backend be, serving the model as name (borrowed: it must outlive the
+ * backend be, serving the model as name and the n_more further catalog
+ * entries more (the router's; all borrowed: they must outlive the
  * server), and prints "listening on http://HOST:PORT" to stdout. Errors:
  * server_create's. */
 ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, const server_backend *be,
-                         const model *m, server **s /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+                         const model *m, const server_model *more, int n_more,
+                         server **s /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 /* Parse, load the model, size and check the pool (I8), report to `report`
  * (stderr: through the log). Returns -1 to continue, else the exit status;
  * either way the caller frees c (serve__cfg_free) and *m. */

@@ -12,6 +12,7 @@
 
 #include "kvseal/cluster.h"
 #include "kvseal/kern.h"
+#include "kvseal/pd_msg.h"
 #include "kvseal/server.h"
 
 #include <pthread.h>
@@ -68,6 +69,56 @@ static int cluster__prepare(int argc, char **argv, serve__cfg *c, model **m, eng
     return rc;
 }
 
+/* The router's further catalog entries (-m PATH[,ALIAS...] after the first):
+ * each loaded (mmap: its tokenizer, template and geometry), named by its
+ * file and its aliases. Freed by cluster__catalog_free. */
+typedef struct cluster__catalog {
+    int n;
+    model *m[SERVE_MAX_MODELS];
+    char name[SERVE_MAX_MODELS][256];
+    char *spec[SERVE_MAX_MODELS]; /* the -m value, cut at its commas */
+    const char *aliases[SERVE_MAX_MODELS][SERVE_MAX_ALIASES];
+    cluster_router_model rm[SERVE_MAX_MODELS];
+    server_model sm[SERVE_MAX_MODELS];
+} cluster__catalog;
+
+static void cluster__catalog_free(cluster__catalog *k) {
+    for (int i = 0; i < k->n; i++) {
+        model_free(k->m[i]);
+        free(k->spec[i]);
+    }
+    k->n = 0;
+}
+
+static ks_err cluster__catalog_load(const serve__cfg *c, const engine_opts *o, cluster__catalog *k,
+                                    ks_errbuf *eb) {
+    for (int i = 0; i < c->n_more_models; i++) {
+        char *spec = strdup(c->more_models[i]);
+        if (!spec) return ks_seterr(eb, KS_ERR_NOMEM, "catalog");
+        k->spec[k->n] = spec;
+        k->m[k->n] = NULL;
+        int na = 0;
+        char *save = NULL, *path = strtok_r(spec, ",", &save);
+        for (char *a; na < SERVE_MAX_ALIASES && (a = strtok_r(NULL, ",", &save));)
+            k->aliases[k->n][na++] = a;
+        if (!path || !*path) return ks_seterr(eb, KS_ERR_INVAL, "--model '%s': no path", c->more_models[i]);
+        ks_err e = model_load(path, &k->m[k->n], eb);
+        if (!e) e = model_kv_type_check(k->m[k->n], o->kv_type, eb);
+        k->n++; // (freed from here on)
+        if (e) return e;
+        int32_t n_ctx = c->ctx ? (int32_t)c->ctx : model_hp(k->m[k->n - 1])->n_ctx_train;
+        serve__model_name(path, k->name[k->n - 1], sizeof k->name[0]);
+        const int j = k->n - 1;
+        k->rm[j] = (cluster_router_model){.m = k->m[j], .name = na ? k->aliases[j][0] : k->name[j],
+                                          .n_ctx = n_ctx};
+        k->sm[j] = (server_model){.m = k->m[j], .name = k->name[j], .aliases = k->aliases[j],
+                                  .n_aliases = na, .n_ctx = n_ctx};
+        ks_log(KS_LOG_INFO, "router catalog: %s as '%s' (%d aliases), context %d", path,
+               na ? k->aliases[j][0] : k->name[j], na, n_ctx);
+    }
+    return KS_OK;
+}
+
 int cli_router(int argc, char **argv) {
     serve__cfg c;
     model *m = NULL;
@@ -82,9 +133,16 @@ int cli_router(int argc, char **argv) {
     cluster__block_signals(&sigs);
     cluster_router *r = NULL;
     server *s = NULL;
+    static cluster__catalog cat; // borrowed by the router and the server for their lifetime
+    static char name[256];       // borrowed by the server for its lifetime
+    serve__model_name(c.model_path, name, sizeof name);
     cluster_router_opts ro;
     cluster_router_opts_default(&ro);
     ro.m = m;
+    ro.name = c.n_aliases ? c.aliases[0] : name;
+    if (cluster__catalog_load(&c, &o, &cat, &eb)) goto fail;
+    ro.more = cat.rm;
+    ro.n_more = cat.n;
     ro.secret = secret;
     ro.secret_len = secret_len;
     ro.insecure_plaintext = c.insecure_plaintext;
@@ -103,9 +161,7 @@ int cli_router(int argc, char **argv) {
     fflush(stdout);
     server_backend be;
     cluster_router_backend(r, &be);
-    static char name[256];  // borrowed by the server for its lifetime
-    serve__model_name(c.model_path, name, sizeof name);
-    if (serve__http_start(&c, o.n_ctx, name, &be, m, &s, &eb)) goto fail;
+    if (serve__http_start(&c, o.n_ctx, name, &be, m, cat.sm, cat.n, &s, &eb)) goto fail;
     ks_log(KS_LOG_INFO, "router for %s, context %d, cluster control on %s:%d", c.model_path, o.n_ctx,
            ro.host, cluster_router_port(r));
     serve__run_until_signal(s, &be, &sigs, c.drain_timeout_ms);
@@ -116,6 +172,7 @@ fail:
 done:
     server_destroy(s);
     cluster_router_destroy(r);
+    cluster__catalog_free(&cat);
     sodium_memzero(secret, sizeof secret);
     model_free(m);
     serve__cfg_free(&c);
@@ -175,7 +232,14 @@ static int cluster__worker(int argc, char **argv, bool decode) {
         serve__cfg_free(&c);
         return 1;
     }
-    cluster_worker_opts wo = {.m = m, .secret = secret, .secret_len = secret_len,
+    // REGISTER's names: the file's name, then the aliases
+    char names[PD_MSG_MAX_NAMES + 1];
+    serve__model_name(c.model_path, names, sizeof names);
+    for (int i = 0; i < c.n_aliases; i++) {
+        size_t n = strlen(names);
+        snprintf(names + n, sizeof names - n, ",%s", c.aliases[i]);
+    }
+    cluster_worker_opts wo = {.m = m, .names = names, .secret = secret, .secret_len = secret_len,
                               .router_host = ra[0].host, .router_port = ra[0].port,
                               .routers = ra, .n_routers = c.n_routers,
                               .data_host = c.data_host ? c.data_host : "127.0.0.1",

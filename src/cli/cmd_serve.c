@@ -58,6 +58,9 @@ void serve__usage(const char *cmd) {
         "  --config FILE: 'key = value' lines, the keys the long options' names (port = 8080,\n"
         "  alias = a, a line per alias; flags take true or false); the command line overrides\n"
         "  the file. --opt=value and --opt value both work; -- ends the options.\n"
+        "  kvseal router only: more -m PATH[,ALIAS...] add models to its catalog (one router,\n"
+        "  many models; a request's \"model\" picks one; --alias names the first); in a config\n"
+        "  file a `model = PATH[,ALIAS...]` line each.\n"
         "  --ctx defaults to the model's training context. Without --kv-pages/--kv-memory the\n"
         "  pool takes at most 25%% of MemAvailable, between 1x and 8x the context.\n"
         "  --kv-type: the KV cache element type (f16 and q8_0 hold 2x and ~3.8x the tokens of\n"
@@ -219,7 +222,7 @@ enum {
 };
 
 static const cli__opt serve__opts[SO__N] = {
-    [SO_MODEL] = {"model", 'm', true, false},
+    [SO_MODEL] = {"model", 'm', true, true},
     [SO_HOST] = {"host", 0, true, false},
     [SO_PORT] = {"port", 0, true, false},
     [SO_CTX] = {"ctx", 'c', true, false},
@@ -347,9 +350,20 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
     if (lv) return cli__parse_int(name, v, lo, hi, lv) ? 0 : 2;
     const char **sv = NULL;
     switch (id) {
-    case SO_MODEL:
-        sv = &c->model_path;
-        break;
+    case SO_MODEL: // the first is the model; more (kvseal router's catalog) "PATH[,alias...]"
+        if (reset) c->n_models_given = 0; // the command line's replace the file's
+        if (c->n_models_given++ == 0) {
+            if (!(c->model_path = serve__keep(c, v))) return 2;
+            c->n_more_models = 0;
+            return 0;
+        }
+        if (c->n_more_models == SERVE_MAX_MODELS) {
+            fprintf(stderr, "kvseal: at most %d further --model entries\n", SERVE_MAX_MODELS);
+            return 2;
+        }
+        if (!(c->more_models[c->n_more_models] = serve__keep(c, v))) return 2;
+        c->n_more_models++;
+        return 0;
     case SO_HOST:
         sv = &c->host;
         break;
@@ -642,7 +656,8 @@ void serve__model_name(const char *path, char *buf, size_t cap) {
 }
 
 ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, const server_backend *be,
-                         const model *m, server **s, ks_errbuf *eb) {
+                         const model *m, const server_model *more, int n_more, server **s,
+                         ks_errbuf *eb) {
     server_opts so;
     server_opts_default(&so);
     so.host = c->host;
@@ -668,6 +683,8 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     so.max_connections_per_ip = (unsigned)c->max_conns_per_ip;
     so.tool_call_format = c->tool_call_format;
     so.reasoning_format = c->reasoning_format;
+    so.more = more;
+    so.n_more = n_more;
     // room for every connection: raise the soft descriptor limit toward the hard one
     struct rlimit rl;
     rlim_t want = (rlim_t)so.max_connections + 256;
@@ -694,6 +711,10 @@ int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts 
                           FILE *report) {
     int rc = serve__parse(argc, argv, c);
     if (rc) return rc < 0 ? 0 : rc;
+    if (c->n_more_models && strcmp(argv[0], "router") != 0) {
+        fprintf(stderr, "kvseal %s: one --model only (kvseal router fronts several)\n", argv[0]);
+        return 2;
+    }
     cli__notify("STATUS=loading %s", c->model_path);
     ks_errbuf eb = {0};
     if (kern_init(NULL, &eb) || model_load(c->model_path, m, &eb) ||
@@ -811,7 +832,7 @@ int cli_serve(int argc, char **argv) {
     if (engine_create(&o, &e, &eb)) goto fail;
     server_backend be;
     server_engine_backend(e, &be);
-    if (serve__http_start(&c, o.n_ctx, name, &be, m, &s, &eb)) goto fail;
+    if (serve__http_start(&c, o.n_ctx, name, &be, m, NULL, 0, &s, &eb)) goto fail;
     // a json log line carries these as fields (jansson escapes the strings)
     json_t *f = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:s}", "model", c.model_path, "name",
                           c.n_aliases ? c.aliases[0] : name, "host", c.host, "port",

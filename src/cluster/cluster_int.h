@@ -40,16 +40,20 @@ void cl_health_fill(const kv_pool *pool, uint32_t active, bool draining,
 void cl_pool_check_fill(const kv_pool *pool, uint32_t active, bool busy,
                         pd_msg_pool_check_ack *out /* OUT */);
 
-/* The router's verdict on a worker's decoded REGISTER m: true, with the
+/* The router's verdict on a worker's decoded REGISTER m for the catalog
+ * entry of its model (model_id, g, the context n_ctx advertised for it, its
+ * name model_name): true, with the
  * reason in why[0..cap), when it refuses the worker — a role other than the
  * one the peer authenticated as (peer_role), another model_id, another KV
  * geometry (n_layer, kv_dim, page_tokens), another plane count (2 = K, V;
  * 1 = one row per position: page layout, size and KV_PAGE lengths differ),
- * another KV type (pages are never converted), or a decode worker without a
- * data-link host and port. false (why untouched) when it accepts. Pure. */
+ * another KV type (pages are never converted), a decode worker without a
+ * data-link host and port, or a decode worker whose pool cannot hold the
+ * advertised context (n_ctx > 0): "pool 40 pages x 16 tokens = 640 <
+ * context 1024 advertised for NAME". false (why untouched) when it accepts. Pure. */
 bool cl_register_refused(const pd_msg_register *m, uint8_t peer_role,
-                         const uint8_t model_id[PD_MSG_HASH_BYTES], const kv_geom *g, char *why,
-                         size_t cap);
+                         const uint8_t model_id[PD_MSG_HASH_BYTES], const kv_geom *g,
+                         int32_t n_ctx, const char *model_name, char *why, size_t cap);
 
 /* A millisecond monotonic clock for pd_send/pd_recv cfg.clock; ctx unused. */
 uint64_t cl_now_ms(void *ctx);
@@ -71,7 +75,7 @@ typedef struct cl_ctrl cl_ctrl;
 typedef struct cl_ctrl_cfg {
     const char *router_host;
     int router_port;
-    pd_msg_register reg;       /* sent on every (re)connect; host borrowed */
+    pd_msg_register reg;       /* sent on every (re)connect; host and names borrowed */
     const uint32_t *type_max;  /* PD_MSG_N_TYPES entries (pd_msg_type_max with the role's
                                   forbidden types), borrowed, outlives the ctrl */
     uint32_t t_router_ms;      /* no HEALTH for this long: router lost (5000) */

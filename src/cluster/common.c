@@ -97,8 +97,9 @@ static const char *cl__planes_what(int planes) {
 }
 
 bool cl_register_refused(const pd_msg_register *m, uint8_t peer_role,
-                         const uint8_t model_id[PD_MSG_HASH_BYTES], const kv_geom *g, char *why,
-                         size_t cap) {
+                         const uint8_t model_id[PD_MSG_HASH_BYTES], const kv_geom *g,
+                         int32_t n_ctx, const char *model_name, char *why, size_t cap) {
+    const uint64_t pool_tokens = (uint64_t)m->n_pages * m->page_tokens;
     int np = kv_geom_planes(g);
     if (m->role != peer_role)
         snprintf(why, cap, "REGISTER role %u differs from the HELLO role", m->role);
@@ -123,6 +124,11 @@ bool cl_register_refused(const pd_msg_register *m, uint8_t peer_role,
                  kv_type_name(m->kv_type), kv_type_name(g->kv_type));
     else if (m->role == PD_ROLE_DECODE && (m->data_port == 0 || m->host_len == 0))
         snprintf(why, cap, "a decode worker must name its data-link host and port");
+    else if (m->role == PD_ROLE_DECODE && n_ctx > 0 && pool_tokens < (uint64_t)n_ctx)
+        // the seed's incident: a pool smaller than the context the fleet advertises
+        snprintf(why, cap, "pool %u pages x %u tokens = %llu < context %d advertised for %s",
+                 m->n_pages, m->page_tokens, (unsigned long long)pool_tokens, (int)n_ctx,
+                 model_name ? model_name : "the model");
     else
         return false;
     return true;

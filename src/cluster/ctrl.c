@@ -49,7 +49,7 @@ static void ctrl__fail(cl_ctrl *c, ks_err err, const char *msg) {
 }
 
 static void ctrl__send_register(cl_ctrl *c) {
-    uint8_t buf[60 + PD_MSG_MAX_HOST];
+    uint8_t buf[PD_MSG_REGISTER_FIXED + PD_MSG_MAX_HOST + PD_MSG_MAX_NAMES];
     uint32_t len = 0;
     ks_errbuf eb;
     ks_err e = pd_msg_register_encode(&c->cfg.reg, buf, sizeof buf, &len, &eb);

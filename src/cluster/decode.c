@@ -101,6 +101,7 @@ typedef struct dec__worker {
     pd_recv *rcv;
     uint32_t tm_data[PD_MSG_N_TYPES], tm_ctrl[PD_MSG_N_TYPES];
     char host[PD_MSG_MAX_HOST + 1]; /* REGISTER host (borrowed by ctrl) */
+    uint8_t model_id[PD_MSG_HASH_BYTES]; /* cluster_model_id of the model served */
     dec__link *links;
     dec__req *req;
     uint32_t n_req, cap_req;
@@ -494,6 +495,18 @@ static void dl__on_link(dec__link *k, const pd_frame *f) {
             cl_error_close(k->c, KS_ERR_PROTO, why);
             return;
         }
+    if (memcmp(m.model_id, w->model_id, sizeof w->model_id)) {
+        // pages of one model are meaningless (and a leak) under another's weights
+        char why[192];
+        snprintf(why, sizeof why,
+                 "LINK refused: prefill worker %u serves model %02x%02x%02x%02x.., this decode "
+                 "worker model %02x%02x%02x%02x..: no page crosses models",
+                 m.prefill_worker_id, m.model_id[0], m.model_id[1], m.model_id[2], m.model_id[3],
+                 w->model_id[0], w->model_id[1], w->model_id[2], w->model_id[3]);
+        ks_log(KS_LOG_WARN, "decode: %s (from %s)", why, pd_conn_peer_addr(k->c));
+        cl_error_close(k->c, KS_ERR_PROTO, why);
+        return;
+    }
     k->epoch = dec__new_epoch(w);
     k->router_id = m.router_id;
     k->prefill_id = m.prefill_worker_id;
@@ -673,7 +686,7 @@ static void dec__on_admit(dec__worker *w, int rt, uint64_t req_id, const pd_fram
     dec__link *k = dec__link_of_prefill(w, cl_ctrl_router_id(w->rts[rt].ctrl), m.prefill_worker_id);
     pd_recv_admit_args a = {.n_prompt = m.n_prompt, .max_tokens = m.s.max_tokens,
                             .prefill_worker_id = m.prefill_worker_id,
-                            .link_epoch = k ? k->epoch : 0};
+                            .link_epoch = k ? k->epoch : 0, .model_id = m.model_id};
     const uint8_t *grant = NULL;
     uint32_t grant_len = 0, deny = 0;
     ks_errbuf_clear(&eb);
@@ -825,6 +838,8 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
                       .t_grant_ms = o->t_grant_ms, .t_xfer_ms = o->t_xfer_ms,
                       .t_ack_ms = o->t_ack_ms, .emit = dec__emit, .emit_ctx = w,
                       .clock = cl_now_ms};
+    cluster_model_id(o->m, w->model_id);
+    memcpy(rc.model_id, w->model_id, sizeof rc.model_id);
     if ((err = pd_recv_create(w->pool, &rc, &w->rcv, eb)) != KS_OK) return err;
     pd_conn_cbs dc = {.on_open = dl__on_open, .on_frame = dl__on_frame, .sink = dl__sink,
                       .sink_prefix = PD_MSG_KV_PAGE_HDR, .type_max = w->tm_data,
@@ -854,9 +869,11 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
     cc.reg.n_pages = kv_pool_n_pages(w->pool);
     cc.reg.n_ctx = (uint32_t)o->eng.n_ctx;
     cc.reg.data_port = port;
-    cluster_model_id(o->m, cc.reg.model_id);
+    memcpy(cc.reg.model_id, w->model_id, sizeof cc.reg.model_id);
     cc.reg.host = w->host;
     cc.reg.host_len = (uint16_t)strlen(w->host);
+    cc.reg.names = o->names ? o->names : "";
+    cc.reg.names_len = (uint16_t)strlen(cc.reg.names);
     cc.type_max = w->tm_ctrl;
     cc.t_router_ms = o->t_router_ms;
     cl_ctrl_cbs cb = {.on_frame = dec__on_ctrl_frame,

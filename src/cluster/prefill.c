@@ -120,6 +120,7 @@ typedef struct pf__worker {
     uint32_t link_tmax[PD_MSG_N_TYPES];
     bool computing;          /* inside pd_send's compute: pd_send calls are deferred */
     bool draining;           /* stopping gracefully: new PREFILLs get REJECT DRAINING */
+    uint8_t model_id[PD_MSG_HASH_BYTES]; /* cluster_model_id: in LINK, checked in grants */
     // one forward chunk runs on a compute thread while this thread serves the loop
     const model_batch *job;
     const model_hidden *job_hid; /* EMBED: the hidden rows the chunk hands out, else NULL */
@@ -632,7 +633,8 @@ static void pf__link_on_open(pd_conn *c, void *ud) {
     k->link_id = cl_ctrl_worker_id(rc);
     k->router_id = cl_ctrl_router_id(rc);
     pd_msg_link m = {.prefill_worker_id = k->link_id, .router_id = k->router_id};
-    uint8_t buf[16];
+    memcpy(m.model_id, k->w->model_id, sizeof m.model_id);
+    uint8_t buf[PD_MSG_LINK_LEN];
     uint32_t len = 0;
     ks_errbuf eb;
     ks_err e = pd_msg_link_encode(&m, buf, sizeof buf, &len, &eb);
@@ -1134,6 +1136,8 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
                       .compute = pf__compute,
                       .compute_ctx = &w,
                       .clock = cl_now_ms};
+    cluster_model_id(o->m, w.model_id);
+    memcpy(sc.model_id, w.model_id, sizeof sc.model_id);
     if ((e = pd_send_create(w.pool, &sc, &w.send, eb))) goto fail;
     pd_loop_cfg lc = {.secret = o->secret, .secret_len = o->secret_len, .role = PD_ROLE_PREFILL,
                       .max_payload = PD_MSG_MAX_FRAME, .out_high_bytes = PF_OUT_HIGH,
@@ -1152,7 +1156,9 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
     cc.reg.data_port = 0;
     cc.reg.host = "";
     cc.reg.host_len = 0;
-    cluster_model_id(o->m, cc.reg.model_id);
+    cc.reg.names = o->names ? o->names : "";
+    cc.reg.names_len = (uint16_t)strlen(cc.reg.names);
+    memcpy(cc.reg.model_id, w.model_id, sizeof cc.reg.model_id);
     cl_ctrl_cbs cb = {.on_registered = pf__on_registered, .on_synced = pf__on_synced,
                       .on_frame = pf__router_frame, .on_lost = pf__on_lost, .health = pf__health,
                       .pool_check = pf__pool_check};

@@ -238,7 +238,7 @@ static void rt__on_embed_frame(cluster_router *r, rt_worker *w, rt_req *q, const
     ks_errbuf eb;
     if (f->hdr.type == PD_MSG_EMBED_RESULT) {
         pd_msg_embed_result m;
-        const uint32_t E = (uint32_t)model_hp(r->m)->n_embd;
+        const uint32_t E = (uint32_t)model_hp(r->models[q->mi].m)->n_embd;
         if (pd_msg_embed_result_decode(f->payload, f->payload_len, &m, &eb) != KS_OK ||
             m.n_embd != E || m.n_tokens != (uint32_t)q->n_prompt) {
             ks_log(KS_LOG_WARN, "router: embedding %" PRIu64 ": bad EMBED_RESULT from worker %u",
@@ -262,25 +262,39 @@ static void rt__on_embed_frame(cluster_router *r, rt_worker *w, rt_req *q, const
 // ----------------------------------------------------------------------------
 // Scheduling (loop thread)
 
-/* Sends ADMIT for waiting requests, FIFO, while workers are available. */
+/* Sends ADMIT for waiting requests while workers are available: FIFO per
+ * model (a model whose head request cannot be placed does not hold up the
+ * others' requests). */
 static void rt__schedule(cluster_router *r) {
     uint64_t now = cl_now_ms(NULL);
-    while (r->wait_head) {
-        rt_req *q = r->wait_head;
-        if (q->retry_ms > now) return;
-        if (q->embed) {
-            if (!rt__embed_start(r, q, now)) return;
+    uint64_t blocked = 0; // bit mi: model mi's head waits (RT_MAX_MODELS bits)
+    for (rt_req *q = r->wait_head, *nx; q; q = nx) {
+        nx = q->wnext; // (q leaves the queue when it starts)
+        const uint64_t bit = 1ull << q->mi;
+        if (blocked & bit) continue;
+        if (q->retry_ms > now) {
+            blocked |= bit;
             continue;
         }
-        uint32_t need = (uint32_t)((q->n_prompt + q->max_tokens + r->g.page_tokens - 1) / r->g.page_tokens);
-        rt_worker *d = rt__pick(r, PD_ROLE_DECODE, need, 0), *p = rt__pick_prefill(r, q);
+        if (q->embed) {
+            if (!rt__embed_start(r, q, now)) blocked |= bit;
+            continue;
+        }
+        const int32_t pt = r->models[q->mi].g.page_tokens;
+        uint32_t need = (uint32_t)((q->n_prompt + q->max_tokens + pt - 1) / pt);
+        // a decode worker without a link from the prefill side (a partition)
+        // would deny it forever while it is the least loaded: skip it once
+        rt_worker *d = rt__pick(r, q->mi, PD_ROLE_DECODE, need, q->avoid_d), *p = rt__pick_prefill(r, q);
+        if (!d) d = rt__pick(r, q->mi, PD_ROLE_DECODE, need, 0);
         if (!d || !p) {
             q->retry_ms = now + RT_RETRY_MS;  // a worker may (re)register
-            return;
+            blocked |= bit;
+            continue;
         }
         pd_msg_admit a = {.n_prompt = (uint32_t)q->n_prompt, .prefill_worker_id = p->id, .s = q->ws};
         memcpy(a.domain_hash, q->domain, sizeof a.domain_hash);
-        const size_t cap = 80u + (size_t)pd_msg_sext_size(&q->ws);
+        memcpy(a.model_id, r->models[q->mi].model_id, sizeof a.model_id);
+        const size_t cap = PD_MSG_ADMIT_FIXED + (size_t)pd_msg_sext_size(&q->ws);
         uint8_t *buf = malloc(cap);
         uint32_t n = 0;
         ks_errbuf eb;
@@ -347,7 +361,7 @@ static void rt__rekey(cluster_router *r, rt_req *q) {
 static bool rt__replace_prefill(cluster_router *r, rt_req *q, uint32_t lost, const char *why) {
     if (q->phase != RT_ADMITTING && q->phase != RT_PREFILLING) return false;
     if (q->lp_next) return false; // prompt logprobs already reached the client
-    if (q->retries >= RT_MAX_RETRIES || !rt__pick(r, PD_ROLE_PREFILL, 0, lost)) return false;
+    if (q->retries >= RT_MAX_RETRIES || !rt__pick(r, q->mi, PD_ROLE_PREFILL, 0, lost)) return false;
     ks_log(KS_LOG_INFO,
            "router: request %" PRIu64 ": %s (prefill worker %u) before the first token; placing "
            "it on another prefill worker",
@@ -395,6 +409,8 @@ void rt__on_cancel(void *arg) {
 // ----------------------------------------------------------------------------
 // Frames from workers (loop thread)
 
+/* PEER for decode worker d to every prefill worker of its model (a data link
+ * between two models' workers would be refused: LINK carries the model). */
 static void rt__broadcast_peer(cluster_router *r, const rt_worker *d, bool removed) {
     uint8_t buf[8 + PD_MSG_MAX_HOST];
     uint32_t n = 0;
@@ -403,7 +419,15 @@ static void rt__broadcast_peer(cluster_router *r, const rt_worker *d, bool remov
     ks_errbuf eb;
     if (pd_msg_peer_encode(&m, buf, sizeof buf, &n, &eb) != KS_OK) return;
     for (rt_worker *w = r->workers; w; w = w->next)
-        if (w->id && w->role == PD_ROLE_PREFILL) rt__send(r, w, PD_MSG_PEER, 0, buf, n);
+        if (w->id && w->role == PD_ROLE_PREFILL && w->mi == d->mi)
+            rt__send(r, w, PD_MSG_PEER, 0, buf, n);
+}
+
+/* The catalog entry serving model_id, or -1. */
+static int rt__model_of(const cluster_router *r, const uint8_t model_id[32]) {
+    for (int i = 0; i < r->n_models; i++)
+        if (!memcmp(r->models[i].model_id, model_id, 32)) return i;
+    return -1;
 }
 
 static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) {
@@ -414,14 +438,32 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
         cl_error_close(w->c, KS_ERR_PROTO, eb.msg);
         return;
     }
-    char why[256] = "";
-    if (cl_register_refused(&m, pd_conn_peer_role(w->c), r->model_id, &r->g, why, sizeof why)) {
+    char why[512] = "";
+    int mi = rt__model_of(r, m.model_id);
+    if (mi < 0) {
+        int k = snprintf(why, sizeof why,
+                         "the worker serves a different model (%.*s, model_id %02x%02x%02x%02x..) "
+                         "than any in the router's catalog:",
+                         m.names_len ? (int)(m.names_len > 128 ? 128 : m.names_len) : 9,
+                         m.names_len ? m.names : "no names", m.model_id[0], m.model_id[1],
+                         m.model_id[2], m.model_id[3]);
+        for (int i = 0; i < r->n_models && k > 0 && (size_t)k < sizeof why; i++)
+            k += snprintf(why + k, sizeof why - (size_t)k, "%s %s", i ? "," : "",
+                          r->models[i].name);
+        ks_log(KS_LOG_WARN, "router: refusing worker at %s: %s", pd_conn_peer_addr(w->c), why);
+        cl_error_close(w->c, KS_ERR_INVAL, why);
+        return;
+    }
+    rt_model *md = &r->models[mi];
+    if (cl_register_refused(&m, pd_conn_peer_role(w->c), md->model_id, &md->g, md->n_ctx, md->name,
+                            why, sizeof why)) {
         ks_log(KS_LOG_WARN, "router: refusing worker at %s: %s", pd_conn_peer_addr(w->c), why);
         cl_error_close(w->c, KS_ERR_INVAL, why);
         return;
     }
     w->id = ++r->next_worker_id;
     w->role = m.role;
+    w->mi = mi;
     memcpy(w->host, m.host, m.host_len);
     w->host[m.host_len] = 0;
     w->data_port = m.data_port;
@@ -429,29 +471,32 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
     w->n_ctx = m.n_ctx;
     w->free_pages = m.n_pages;
     w->last_ack_ms = cl_now_ms(NULL);
-    if ((int32_t)m.n_ctx < r->o.n_ctx)
+    if ((int32_t)m.n_ctx < md->n_ctx)
         ks_log(KS_LOG_WARN,
-               "router: worker %u accepts %u-token contexts, less than the router's %d: longer "
-               "requests it is paired with will be rejected",
-               w->id, m.n_ctx, r->o.n_ctx);
+               "router: worker %u accepts %u-token contexts, less than the %d advertised for %s: "
+               "longer requests it is paired with will be rejected",
+               w->id, m.n_ctx, md->n_ctx, md->name);
     pd_msg_register_ack ack = {.worker_id = w->id, .health_interval_ms = r->o.health_interval_ms,
                                .router_id = r->router_id};
     uint8_t buf[16];
     uint32_t n = 0;
     if (pd_msg_register_ack_encode(&ack, buf, sizeof buf, &n, &eb) == KS_OK)
         rt__send(r, w, PD_MSG_REGISTER_ACK, 0, buf, n);
-    ks_log(KS_LOG_INFO, "router: %s worker %u registered from %s (%u KV pages, context %u%s%s:%u)",
+    ks_log(KS_LOG_INFO,
+           "router: %s worker %u registered from %s for model %s (%u KV pages, context %u%s%s:%u)",
            m.role == PD_ROLE_DECODE ? "decode" : "prefill", w->id, pd_conn_peer_addr(w->c),
-           m.n_pages, m.n_ctx, m.role == PD_ROLE_DECODE ? ", data link " : "",
+           md->name, m.n_pages, m.n_ctx, m.role == PD_ROLE_DECODE ? ", data link " : "",
            m.role == PD_ROLE_DECODE ? w->host : "", m.role == PD_ROLE_DECODE ? m.data_port : 0);
     if (m.role == PD_ROLE_DECODE) {
         atomic_fetch_add(&r->n_decode, 1);
-        if (m.n_pages > atomic_load(&r->max_decode_pages)) atomic_store(&r->max_decode_pages, m.n_pages);
+        atomic_fetch_add(&md->n_decode, 1);
+        if (m.n_pages > atomic_load(&md->max_decode_pages)) atomic_store(&md->max_decode_pages, m.n_pages);
         rt__broadcast_peer(r, w, false);
     } else {
         atomic_fetch_add(&r->n_prefill, 1);
-        for (rt_worker *d = r->workers; d; d = d->next) {  // tell it every decode worker
-            if (!d->id || d->role != PD_ROLE_DECODE) continue;
+        atomic_fetch_add(&md->n_prefill, 1);
+        for (rt_worker *d = r->workers; d; d = d->next) {  // tell it every decode worker of its model
+            if (!d->id || d->role != PD_ROLE_DECODE || d->mi != mi) continue;
             uint8_t pb[8 + PD_MSG_MAX_HOST];
             uint32_t pn = 0;
             pd_msg_peer pm = {.decode_worker_id = d->id, .port = d->data_port, .host = d->host,
@@ -465,7 +510,7 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
 
 /* TOKEN for q: detokenize, stop strings, post. */
 static void rt__on_token(cluster_router *r, rt_req *q, const pd_msg_token *t) {
-    if (t->token < 0 || t->token >= r->V) {
+    if (t->token < 0 || t->token >= r->models[q->mi].V) {
         rt__abort(r, q, PD_ABORT_ERROR, KS_ERR_PROTO, "internal error: decode sent a bad token");
         return;
     }
@@ -488,7 +533,7 @@ static void rt__on_token(cluster_router *r, rt_req *q, const pd_msg_token *t) {
     q->n_gen++;
     atomic_fetch_add(&r->tokens_out, 1);
     bool matched = false;
-    if (engine_stream_token(q->out, r->vocab, &sr, r->piece, r->piece_cap, &matched) != KS_OK) {
+    if (engine_stream_token(q->out, r->models[q->mi].vocab, &sr, r->piece, r->piece_cap, &matched) != KS_OK) {
         rt__abort(r, q, PD_ABORT_ERROR, KS_ERR_NOMEM, "out of memory");
         return;
     }
@@ -610,7 +655,7 @@ static void rt__on_prompt_lp(cluster_router *r, rt_worker *w, rt_req *q, const p
                      (int)tok);
         for (uint32_t k = 0; !why[0] && k < m.n_top; k++) {
             pd_msg_top t = pd_msg_prompt_lp_top(&m, i, k);
-            if (t.id < 0 || t.id >= r->V)
+            if (t.id < 0 || t.id >= r->models[q->mi].V)
                 snprintf(why, sizeof why, "position %u: alternative id %d out of range",
                          m.first_pos + i, (int)t.id);
         }
@@ -713,10 +758,15 @@ static void rt__on_req_frame(cluster_router *r, rt_worker *w, const pd_frame *f)
         if (pd_msg_deny_decode(f->payload, f->payload_len, &d, &eb) != KS_OK) return;
         snprintf(msg, sizeof msg, "%.*s", (int)d.msg_len, d.msg);
         if (d.reason == PD_DENY_DRAINING) rt__set_draining(w);  // pair it elsewhere from now on
+        if (d.reason == PD_DENY_NO_LINK) q->avoid_d = w->id;
         if (d.reason == PD_DENY_NOSPACE || d.reason == PD_DENY_NO_LINK || d.reason == PD_DENY_DRAINING) {
             rt__requeue(r, q, cl_now_ms(NULL) + RT_RETRY_MS);
         } else { // CONTEXT: decode's n_ctx is below the router's; INVALID: its grammar or
-                 // bias does not compile there; DUPLICATE: a router bug
+                 // bias does not compile there; DUPLICATE, MODEL (paired with another
+                 // model's decode worker, which kept its pages to itself): a router bug
+            if (d.reason == PD_DENY_MODEL)
+                ks_log(KS_LOG_ERROR, "router: request %" PRIu64 ": decode worker %u refused it: %s",
+                       q->id, w->id, msg);
             rt__refuse(r, q,
                        d.reason == PD_DENY_CONTEXT   ? ADMIT_CONTEXT_LENGTH
                        : d.reason == PD_DENY_INVALID ? ADMIT_INVALID
@@ -866,20 +916,25 @@ static void rt__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
                    w->role == PD_ROLE_DECODE ? "decode" : "prefill", w->id, ks_err_name(why), msg);
         if (w->role == PD_ROLE_DECODE) {
             atomic_fetch_sub(&r->n_decode, 1);
+            atomic_fetch_sub(&r->models[w->mi].n_decode, 1);
             rt__broadcast_peer(r, w, true);
             uint32_t mx = 0;
             for (rt_worker *d = r->workers; d; d = d->next)
-                if (d->id && d->role == PD_ROLE_DECODE && d->n_pages > mx) mx = d->n_pages;
-            atomic_store(&r->max_decode_pages, mx);
+                if (d != w && d->id && d->role == PD_ROLE_DECODE && d->mi == w->mi && d->n_pages > mx)
+                    mx = d->n_pages;
+            atomic_store(&r->models[w->mi].max_decode_pages, mx);
         } else {
             atomic_fetch_sub(&r->n_prefill, 1);
+            atomic_fetch_sub(&r->models[w->mi].n_prefill, 1);
             // decode refuses a second link for a worker id until the router retires it
             pd_msg_link m = {.prefill_worker_id = w->id, .router_id = r->router_id};
-            uint8_t buf[16];
+            memcpy(m.model_id, r->models[w->mi].model_id, sizeof m.model_id);
+            uint8_t buf[PD_MSG_LINK_LEN];
             uint32_t n = 0;
             if (pd_msg_link_encode(&m, buf, sizeof buf, &n, NULL) == KS_OK)
                 for (rt_worker *d = r->workers; d; d = d->next)
-                    if (d->id && d->role == PD_ROLE_DECODE) rt__send(r, d, PD_MSG_RETIRE, 0, buf, n);
+                    if (d->id && d->role == PD_ROLE_DECODE && d->mi == w->mi)
+                        rt__send(r, d, PD_MSG_RETIRE, 0, buf, n);
         }
         for (int b = 0; b < RT_BUCKETS; b++) {
             for (rt_req *q = r->tab[b], *nx; q; q = nx) {
@@ -1074,6 +1129,7 @@ static void rt__free(cluster_router *r) {
         free(w);
     }
     free(r->piece);
+    free(r->models);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     sodium_memzero(r->secret, sizeof r->secret);
@@ -1102,20 +1158,23 @@ static uint64_t rt__first_req_id(void) {
 ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out, ks_errbuf *eb) {
     *out = NULL;
     if (!o->m || !o->secret || o->secret_len < 16 || o->secret_len > 256 || o->n_ctx < 1 ||
-        o->page_tokens < 1 || o->health_interval_ms < 1 || o->queue_max < 1)
+        o->page_tokens < 1 || o->health_interval_ms < 1 || o->queue_max < 1 || o->n_more < 0 ||
+        o->n_more >= RT_MAX_MODELS || (o->n_more && !o->more))
         return ks_seterr(eb, KS_ERR_INVAL, "router: invalid options (model, secret of 16-256 bytes, "
-                                           "context, page tokens and health interval are required)");
+                                           "context, page tokens and health interval are required; "
+                                           "at most %d models)", RT_MAX_MODELS);
+    for (int i = 0; i < o->n_more; i++)
+        if (!o->more[i].m || o->more[i].n_ctx < 0)
+            return ks_seterr(eb, KS_ERR_INVAL, "router: catalog entry %d has no model", i + 1);
     cluster_router *r = calloc(1, sizeof *r);
     if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "router");
     r->o = *o;
-    r->m = o->m;
-    r->vocab = model_vocab(o->m);
-    r->V = model_hp(o->m)->n_vocab;
-    r->g = model_kv_geom(o->m, o->page_tokens, o->kv_type);
+    r->o.more = NULL; // borrowed only here: the catalog below keeps what it needs
+    r->n_models = 1 + o->n_more;
+    r->models = calloc((size_t)r->n_models, sizeof *r->models);
     memcpy(r->secret, o->secret, o->secret_len);
     r->secret_len = o->secret_len;
     r->o.secret = r->secret;
-    cluster_model_id(o->m, r->model_id);
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     do randombytes_buf(&r->router_id, sizeof r->router_id);
@@ -1123,9 +1182,43 @@ ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out,
     r->first_req_id = rt__first_req_id();
     atomic_init(&r->next_req_id, r->first_req_id);
     atomic_init(&r->online, true);
-    r->piece_cap = tok_stream_bound(r->vocab);
-    r->piece = malloc(r->piece_cap);
     ks_err err;
+    if (!r->models) {
+        err = ks_seterr(eb, KS_ERR_NOMEM, "router");
+        goto fail;
+    }
+    for (int i = 0; i < r->n_models; i++) {
+        rt_model *md = &r->models[i];
+        const cluster_router_model *cm = i ? &o->more[i - 1] : NULL;
+        md->m = i ? cm->m : o->m;
+        md->vocab = model_vocab(md->m);
+        md->V = model_hp(md->m)->n_vocab;
+        md->g = model_kv_geom(md->m, o->page_tokens, o->kv_type);
+        md->n_ctx = i && cm->n_ctx > 0 ? cm->n_ctx : o->n_ctx;
+        cluster_model_id(md->m, md->model_id);
+        snprintf(md->name, sizeof md->name, "%s",
+                 (i ? cm->name : o->name) ? (i ? cm->name : o->name) : "model");
+        atomic_init(&md->online, true);
+        for (int k = 0; k < i; k++)
+            if (!memcmp(r->models[k].model_id, md->model_id, sizeof md->model_id)) {
+                err = ks_seterr(eb, KS_ERR_INVAL, "router: %s and %s are the same model (model_id)",
+                                r->models[k].name, md->name);
+                goto fail;
+            }
+        size_t cap = tok_stream_bound(md->vocab);
+        if (cap > r->piece_cap) r->piece_cap = cap;
+    }
+    r->fault_mispair = false;
+#ifdef KS_TEST_FAULTS
+    {
+        const char *f = getenv("KS_ROUTER_FAULT");
+        r->fault_mispair = f && !strcmp(f, "mispair");
+        if (r->fault_mispair)
+            ks_log(KS_LOG_WARN, "router: TEST FAULT mispair: requests go to other models' decode "
+                                "workers");
+    }
+#endif
+    r->piece = malloc(r->piece_cap);
     if (!r->piece) {
         err = ks_seterr(eb, KS_ERR_NOMEM, "router");
         goto fail;

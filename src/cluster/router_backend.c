@@ -33,11 +33,14 @@ static void rt__set_notify(void *req, void (*notify)(void *ctx), void *ctx) {
 static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errbuf *eb) {
     cluster_router *r = impl;
     *out = NULL;
-    // the same admission as kvseal serve (I4), against the largest decode worker
-    admit_limits lim = {.n_ctx = r->o.n_ctx,
-                        .n_vocab = r->V,
-                        .page_tokens = (uint32_t)r->g.page_tokens,
-                        .max_pages = atomic_load(&r->max_decode_pages)};
+    if (p->model < 0 || p->model >= r->n_models)
+        return admit_refuse(eb, ADMIT_INVALID, "no catalog entry %d", (int)p->model);
+    rt_model *md = &r->models[p->model];
+    // the same admission as kvseal serve (I4), against the model's largest decode worker
+    admit_limits lim = {.n_ctx = md->n_ctx,
+                        .n_vocab = md->V,
+                        .page_tokens = (uint32_t)md->g.page_tokens,
+                        .max_pages = atomic_load(&md->max_decode_pages)};
     // echo with max_tokens 0: admitted (and run on the workers) as one token, as
     // engine_submit does; nothing generated is shown (rt__on_req_frame)
     engine_params pq = *p;
@@ -60,7 +63,7 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     pd_msg_sampling ws;
     char why[256];
     ks_errbuf xeb;
-    if (!err && sample_bias_validate(p->bias, p->n_bias, r->V, &xeb) != KS_OK)
+    if (!err && sample_bias_validate(p->bias, p->n_bias, md->V, &xeb) != KS_OK)
         err = admit_refuse(eb, ADMIT_INVALID, "%s", xeb.msg);
     // penalties, logit_bias and the grammar travel in ADMIT's and PREFILL's
     // sampling extension: both workers apply them as the local engine does
@@ -76,18 +79,22 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
                             (uint32_t)(p->n_bias > 0 ? p->n_bias : 0), &ws, why, sizeof why))
         err = admit_refuse(eb, ADMIT_INVALID, "%s", why);
     if (!err && p->prompt_logprobs) ws.flags |= PD_FLAG_PROMPT_LP;
-    if (!err && !atomic_load(&r->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
-    if (!err && (!atomic_load(&r->n_decode) || !atomic_load(&r->n_prefill)))
-        err = admit_refuse(eb, ADMIT_NO_WORKER, "no %s worker is registered with the router",
-                           !atomic_load(&r->n_prefill) ? "prefill" : "decode");
+    if (!err && (!atomic_load(&r->online) || !atomic_load(&md->online)))
+        err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
+    if (!err && (!atomic_load(&md->n_decode) || !atomic_load(&md->n_prefill)))
+        err = admit_refuse(eb, ADMIT_NO_WORKER,
+                           "no %s worker is registered with the router for model '%s'",
+                           !atomic_load(&md->n_prefill) ? "prefill" : "decode", md->name);
     if (!err && atomic_load(&r->n_waiting) >= r->o.queue_max)
         err = admit_refuse(eb, ADMIT_BUSY, "the server is busy: %u requests already waiting",
                            r->o.queue_max);
     if (err) {
         free(bias);
         atomic_fetch_add(&r->n_rejected, 1);
+        atomic_fetch_add(&md->n_rejected, 1);
         return err;
     }
+    atomic_fetch_add(&md->n_admitted, 1);
     rt_req *q = calloc(1, sizeof *q);
     if (!q) {
         free(bias);
@@ -98,6 +105,7 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     atomic_init(&q->refs, 2);
     atomic_init(&q->state, ENGINE_QUEUED);
     q->r = r;
+    q->mi = p->model;
     q->id = atomic_fetch_add(&r->next_req_id, 1);
     snprintf(q->tenant, sizeof q->tenant, "%s", p->tenant ? p->tenant : "default");
     engine_domain_root(p, q->domain);
@@ -108,11 +116,11 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     q->ws = ws;
     q->echo_lp = p->prompt_logprobs;
     q->prompt_only = prompt_only;
-    q->lp_top = (uint32_t)(p->prompt_top < r->V ? p->prompt_top : r->V);
+    q->lp_top = (uint32_t)(p->prompt_top < md->V ? p->prompt_top : md->V);
     q->t_submit_ns = ks_now_ns();
     ks_err ce = KS_OK;
     if (q->prompt) memcpy(q->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
-    if (q->prompt) rt__affinity(q->domain, q->prompt, n_prompt, r->g.page_tokens, q->affinity);
+    if (q->prompt) rt__affinity(q->domain, q->prompt, n_prompt, md->g.page_tokens, q->affinity);
     if (!q->prompt || (ce = engine_stream_create(p->stops, p->n_stops, &q->out, eb))) {
         rt__req_free(q);
         return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
@@ -136,28 +144,37 @@ static ks_err rt__embed_submit(void *impl, const engine_embed_params *p, void **
                                ks_errbuf *eb) {
     cluster_router *r = impl;
     *out = NULL;
+    if (p->model < 0 || p->model >= r->n_models)
+        return admit_refuse(eb, ADMIT_INVALID, "no catalog entry %d", (int)p->model);
+    rt_model *md = &r->models[p->model];
     admit_limits lim = {
-        .n_ctx = r->o.n_ctx, .n_vocab = r->V, .page_tokens = (uint32_t)r->g.page_tokens};
+        .n_ctx = md->n_ctx, .n_vocab = md->V, .page_tokens = (uint32_t)md->g.page_tokens};
     ks_err err = admit_embed(&lim, p->tokens, p->n_tokens, eb);
     model_pooling pool = p->pooling ? p->pooling : r->o.pooling;
     if (!err && pool && !model_pooling_name(pool))
         err =
             admit_refuse(eb, ADMIT_INVALID, "pooling %d is not supported (mean, last)", (int)pool);
-    if (!err && !atomic_load(&r->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
-    if (!err && !atomic_load(&r->n_prefill))
-        err = admit_refuse(eb, ADMIT_NO_WORKER, "no prefill worker is registered with the router");
+    if (!err && (!atomic_load(&r->online) || !atomic_load(&md->online)))
+        err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
+    if (!err && !atomic_load(&md->n_prefill))
+        err = admit_refuse(eb, ADMIT_NO_WORKER,
+                           "no prefill worker is registered with the router for model '%s'",
+                           md->name);
     if (!err && atomic_load(&r->n_waiting) >= r->o.queue_max)
         err = admit_refuse(eb, ADMIT_BUSY, "the server is busy: %u requests already waiting",
                            r->o.queue_max);
     if (err) {
         atomic_fetch_add(&r->n_rejected, 1);
+        atomic_fetch_add(&md->n_rejected, 1);
         return err;
     }
+    atomic_fetch_add(&md->n_admitted, 1);
     rt_req *q = calloc(1, sizeof *q);
     if (!q) return ks_seterr(eb, KS_ERR_NOMEM, "request");
     atomic_init(&q->refs, 2);
     atomic_init(&q->state, ENGINE_QUEUED);
     q->r = r;
+    q->mi = p->model;
     q->id = atomic_fetch_add(&r->next_req_id, 1);
     q->embed = true;
     q->pooling = (uint32_t)pool;
@@ -165,7 +182,7 @@ static ks_err rt__embed_submit(void *impl, const engine_embed_params *p, void **
     engine_params dp = {.tenant = p->tenant};
     engine_domain_root(&dp, q->domain);
     q->prompt = malloc(sizeof(int32_t) * (size_t)p->n_tokens);
-    q->evec = malloc(sizeof(float) * (size_t)model_hp(r->m)->n_embd);
+    q->evec = malloc(sizeof(float) * (size_t)model_hp(md->m)->n_embd);
     q->n_prompt = p->n_tokens;
     q->t_submit_ns = ks_now_ns();
     ks_err ce = KS_OK;
@@ -190,7 +207,7 @@ static ks_err rt__embed_submit(void *impl, const engine_embed_params *p, void **
  * was taken. */
 static ks_err rt__embed_vector(void *req, float *out, int32_t cap) {
     rt_req *q = req;
-    int32_t E = model_hp(q->r->m)->n_embd;
+    int32_t E = model_hp(q->r->models[q->mi].m)->n_embd;
     if (!q->embed || cap < E || atomic_load(&q->state) != ENGINE_FINISHED ||
         !engine_stream_done_posted(q->out))
         return KS_ERR_INVAL;
@@ -240,20 +257,108 @@ static ks_err rt__submit_n(void *impl, const engine_params *p, int n, void **out
 
 static bool rt__is_online(void *impl) { return atomic_load(&((cluster_router *)impl)->online); }
 
+/* What an abort posted to the loop covers: every model (mi < 0) or one. */
+typedef struct rt_abort_job {
+    cluster_router *r;
+    int mi;
+} rt_abort_job;
+
 static void rt__on_abort_all(void *arg) {
-    cluster_router *r = arg;
+    rt_abort_job *j = arg;
+    cluster_router *r = j->r;
     for (int b = 0; b < RT_BUCKETS; b++)
         for (rt_req *q = r->tab[b], *nx; q; q = nx) {
             nx = q->hnext;
-            rt__abort(r, q, PD_ABORT_SHUTDOWN, KS_ERR_CANCELLED, "aborted: model taken offline");
+            if (j->mi < 0 || q->mi == j->mi)
+                rt__abort(r, q, PD_ABORT_SHUTDOWN, KS_ERR_CANCELLED, "aborted: model taken offline");
         }
+    free(j);
+}
+
+static void rt__post_abort(cluster_router *r, int mi) {
+    rt_abort_job *j = malloc(sizeof *j);
+    if (j) *j = (rt_abort_job){.r = r, .mi = mi};
+    if (!j || pd_loop_post(r->loop, rt__on_abort_all, j) != KS_OK) {
+        free(j);
+        ks_log(KS_LOG_ERROR, "router: out of memory aborting requests");
+    }
 }
 
 static void rt__set_online(void *impl, bool online, bool abort_running) {
     cluster_router *r = impl;
     atomic_store(&r->online, online);
-    if (!online && abort_running && pd_loop_post(r->loop, rt__on_abort_all, r) != KS_OK)
-        ks_log(KS_LOG_ERROR, "router: out of memory aborting requests");
+    if (!online && abort_running) rt__post_abort(r, -1);
+}
+
+/* server_backend.set_model_online: one catalog entry offline/online. */
+static void rt__set_model_online(void *impl, int mi, bool online, bool abort_running) {
+    cluster_router *r = impl;
+    if (mi < 0 || mi >= r->n_models) return;
+    atomic_store(&r->models[mi].online, online);
+    ks_log(KS_LOG_INFO, "router: model '%s' %s", r->models[mi].name,
+           online ? "online" : "offline");
+    if (!online && abort_running) rt__post_abort(r, mi);
+}
+
+static bool rt__is_model_online(void *impl, int mi) {
+    cluster_router *r = impl;
+    return mi >= 0 && mi < r->n_models && atomic_load(&r->models[mi].online);
+}
+
+/* Appends a label value with \\, \" and \n escaped (Prometheus text format). */
+static void rt__lbl(char *b, size_t cap, size_t *n, const char *v) {
+    for (; *v && *n + 3 < cap; v++) {
+        if (*v == '\\' || *v == '"' || *v == '\n') b[(*n)++] = '\\';
+        b[(*n)++] = *v == '\n' ? 'n' : *v;
+    }
+    b[*n] = 0;
+}
+
+/* server_backend.metrics_text: the catalog's per-model series. */
+static char *rt__metrics_text(void *impl) {
+    cluster_router *r = impl;
+    size_t cap = 1024 + (size_t)r->n_models * 1024, n = 0;
+    char *b = malloc(cap);
+    if (!b) return NULL;
+    static const char *const head =
+        "# HELP kvseal_model_workers Workers registered for each model of the router's catalog.\n"
+        "# TYPE kvseal_model_workers gauge\n";
+    n = (size_t)snprintf(b, cap, "%s", head);
+    const char *what[4] = {"workers", "online", "admitted", "rejected"};
+    for (int k = 0; k < 4; k++) {
+        if (k == 1)
+            n += (size_t)snprintf(b + n, cap - n,
+                                  "# HELP kvseal_model_online Whether the model takes new requests "
+                                  "(/admin/models/{name}/offline).\n# TYPE kvseal_model_online gauge\n");
+        else if (k == 2)
+            n += (size_t)snprintf(b + n, cap - n,
+                                  "# HELP kvseal_model_admitted_total Requests for the model past "
+                                  "admission.\n# TYPE kvseal_model_admitted_total counter\n");
+        else if (k == 3)
+            n += (size_t)snprintf(b + n, cap - n,
+                                  "# HELP kvseal_model_rejected_total Requests for the model refused "
+                                  "at admission (no worker, offline, too long, ...).\n"
+                                  "# TYPE kvseal_model_rejected_total counter\n");
+        for (int i = 0; i < r->n_models && n + 256 < cap; i++) {
+            const rt_model *md = &r->models[i];
+            for (int role = 0; role < (k == 0 ? 2 : 1); role++) {
+                n += (size_t)snprintf(b + n, cap - n, "kvseal_model_%s%s{model=\"", what[k],
+                                      k >= 2 ? "_total" : "");
+                rt__lbl(b, cap - 64, &n, md->name);
+                if (k == 0)
+                    n += (size_t)snprintf(b + n, cap - n, "\",role=\"%s\"} %u\n",
+                                          role ? "prefill" : "decode",
+                                          atomic_load(role ? &md->n_prefill : &md->n_decode));
+                else if (k == 1)
+                    n += (size_t)snprintf(b + n, cap - n, "\"} %d\n", atomic_load(&md->online) ? 1 : 0);
+                else
+                    n += (size_t)snprintf(b + n, cap - n, "\"} %llu\n",
+                                          (unsigned long long)atomic_load(k == 2 ? &md->n_admitted
+                                                                                 : &md->n_rejected));
+            }
+        }
+    }
+    return b;
 }
 
 static void rt__get_stats(void *impl, engine_stats *out) {
@@ -317,6 +422,9 @@ void cluster_router_backend(cluster_router *r, server_backend *out) {
                             .set_notify = rt__set_notify,
                             .is_online = rt__is_online,
                             .set_online = rt__set_online,
+                            .set_model_online = rt__set_model_online,
+                            .is_model_online = rt__is_model_online,
+                            .metrics_text = rt__metrics_text,
                             .get_stats = rt__get_stats,
                             .check_quiescent = rt__check_quiescent,
                             .submit_n = rt__submit_n,

@@ -16,6 +16,24 @@
 #include <stdatomic.h>
 
 #define RT_BUCKETS 256 /* request table: req_id % RT_BUCKETS chains */
+#define RT_MAX_MODELS 64 /* catalog entries (rt__schedule's blocked mask) */
+
+/* One model of the router's catalog (issue 40): what requests for it are
+ * tokenized, admitted and detokenized with, and its own pools and counters.
+ * Fixed at create but the atomics. */
+typedef struct rt_model {
+    const model *m;         /* borrowed */
+    const tok_vocab *vocab;
+    int32_t V;
+    kv_geom g;
+    int32_t n_ctx;          /* context advertised for it (admission, the pool check) */
+    uint8_t model_id[32];
+    char name[128];         /* for logs and errors: its first name */
+    atomic_uint n_decode, n_prefill;
+    atomic_uint max_decode_pages; /* largest registered decode pool, for admission */
+    atomic_bool online;     /* per-model /admin offline: new requests get 503 */
+    atomic_ullong n_admitted, n_rejected; /* requests past / refused at admission */
+} rt_model;
 
 typedef enum rt_phase {
     RT_WAITING = 0,    /* admitted here, no worker yet */
@@ -29,6 +47,7 @@ typedef struct rt_worker {
     struct cluster_router *r;
     uint32_t id; /* 0 until registered */
     uint8_t role;
+    int mi;      /* its catalog entry (r->models[mi]), set at REGISTER */
     pd_conn *c;
     char host[PD_MSG_MAX_HOST + 1];
     uint16_t data_port;
@@ -47,6 +66,7 @@ typedef struct rt_req {
     atomic_int refs; /* the caller's handle + the loop's */
     cluster_router *r;
     uint64_t id;
+    int mi; /* the request's catalog entry */
     char tenant[64];
     int32_t *prompt;
     int32_t n_prompt, max_tokens;
@@ -66,6 +86,8 @@ typedef struct rt_req {
     uint64_t retry_ms;   /* WAITING: not before */
     int retries;         /* restarts (stale grant, draining or lost prefill) */
     uint32_t avoid_p;    /* prefill worker it lost (its link may be dying): not again */
+    uint32_t avoid_d;    /* decode worker that had no link from its prefill worker
+                          * (DENY NO_LINK): another one while another can hold it */
     int32_t n_gen;
     int32_t n_cached;    /* FINISH: prompt tokens prefill took from its prefix cache */
     struct rt_req *hnext; /* hash chain */
@@ -97,11 +119,11 @@ typedef struct rt_held {
 
 struct cluster_router {
     cluster_router_opts o;
-    const model *m;
-    const tok_vocab *vocab;
-    int32_t V;
-    kv_geom g;
-    uint8_t model_id[32];
+    rt_model *models; /* (n_models) the catalog; models[0] is o.m */
+    int n_models;
+    bool fault_mispair; /* TEST ONLY (KS_TEST_FAULTS, env KS_ROUTER_FAULT=mispair): decode
+                           workers are picked whatever their model, so decode's own refusal
+                           of another model's ADMIT is what the e2e test sees */
     uint8_t secret[256];
     size_t secret_len;
     uint32_t type_max[PD_MSG_N_TYPES];
@@ -125,8 +147,7 @@ struct cluster_router {
     uint64_t first_req_id; /* the first id this router issued (rt__first_req_id) */
     atomic_bool online;
     atomic_uint n_waiting, n_inflight;
-    atomic_uint max_decode_pages; /* largest registered decode pool, for admission */
-    atomic_uint n_decode, n_prefill;
+    atomic_uint n_decode, n_prefill; /* over the catalog */
     atomic_ullong n_finished, n_aborted, n_rejected, tokens_in, tokens_out;
     atomic_uint kv_free, kv_quarantined, kv_total;
     // pool check (mu)
@@ -160,11 +181,11 @@ void rt__on_cancel(void *arg);
 // ----------------------------------------------------------------------------
 // The pairing policy (router_pair.c); loop thread, pure over the worker list
 
-/* The registered, non-draining worker of role with the fewest requests in
+/* The registered, non-draining worker of model mi and role with the fewest requests in
  * flight (then the most free pages), other than avoid; a decode worker
  * needs need_pages pages at least. NULL when there is none. */
-rt_worker *rt__pick(cluster_router *r, uint8_t role, uint32_t need_pages, uint32_t avoid);
-/* The prefill worker for q: the least loaded one, unless the one q's prefix
+rt_worker *rt__pick(cluster_router *r, int mi, uint8_t role, uint32_t need_pages, uint32_t avoid);
+/* The prefill worker of q's model for q: the least loaded one, unless the one q's prefix
  * prefers (rendezvous hash of q->affinity) is within RT_AFFINITY_SLACK
  * requests of it. NULL when no prefill worker is registered. */
 rt_worker *rt__pick_prefill(cluster_router *r, const rt_req *q);

@@ -13,10 +13,14 @@
 
 #define RT_AFFINITY_SLACK 1 /* extra requests in flight a prefix-preferred prefill may have */
 
-rt_worker *rt__pick(cluster_router *r, uint8_t role, uint32_t need_pages, uint32_t avoid) {
+rt_worker *rt__pick(cluster_router *r, int mi, uint8_t role, uint32_t need_pages, uint32_t avoid) {
     rt_worker *best = NULL;
+    // the test-only mispair fault picks decode workers of the other models only: decode
+    // must refuse them
+    bool other_model = role == PD_ROLE_DECODE && r->fault_mispair;
     for (rt_worker *w = r->workers; w; w = w->next) {
         if (!w->id || w->role != role || w->draining || w->id == avoid) continue;
+        if ((w->mi != mi) != other_model) continue;
         if (role == PD_ROLE_DECODE && w->n_pages < need_pages) continue;
         if (!best || w->inflight < best->inflight ||
             (w->inflight == best->inflight && w->free_pages > best->free_pages))
@@ -43,14 +47,15 @@ static uint64_t rt__score(const uint8_t aff[8], uint32_t id) {
  * at prefill saves more than the small imbalance costs). */
 rt_worker *rt__pick_prefill(cluster_router *r, const rt_req *q) {
     // the worker q lost only if it is the one left (its loss may be a blip)
-    uint32_t avoid = rt__pick(r, PD_ROLE_PREFILL, 0, q->avoid_p) ? q->avoid_p : 0;
-    rt_worker *least = rt__pick(r, PD_ROLE_PREFILL, 0, avoid);
+    uint32_t avoid = rt__pick(r, q->mi, PD_ROLE_PREFILL, 0, q->avoid_p) ? q->avoid_p : 0;
+    rt_worker *least = rt__pick(r, q->mi, PD_ROLE_PREFILL, 0, avoid);
     static const uint8_t none[8] = {0};
     if (!least || !memcmp(q->affinity, none, 8)) return least;
     rt_worker *pref = NULL;
     uint64_t best = 0;
     for (rt_worker *w = r->workers; w; w = w->next) {
-        if (!w->id || w->role != PD_ROLE_PREFILL || w->draining || w->id == avoid) continue;
+        if (!w->id || w->role != PD_ROLE_PREFILL || w->draining || w->id == avoid || w->mi != q->mi)
+            continue;
         uint64_t s = rt__score(q->affinity, w->id);
         if (!pref || s > best) pref = w, best = s;
     }

@@ -171,14 +171,14 @@ ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES], ks_errbuf
         if (e) return e;
         kv = (uint32_t)pd_msg_kv_page_len(g, (uint32_t)g->page_tokens, (uint32_t)g->n_layer);
     }
-    out[PD_MSG_REGISTER] = 60 + PD_MSG_MAX_HOST;
+    out[PD_MSG_REGISTER] = PD_MSG_REGISTER_FIXED + PD_MSG_MAX_HOST + PD_MSG_MAX_NAMES;
     out[PD_MSG_REGISTER_ACK] = 16;
     out[PD_MSG_HEALTH] = 8;
     out[PD_MSG_HEALTH_ACK] = 24;
     out[PD_MSG_PEER] = 8 + PD_MSG_MAX_HOST;
-    out[PD_MSG_LINK] = 16;
+    out[PD_MSG_LINK] = PD_MSG_LINK_LEN;
     out[PD_MSG_LINK_ACK] = 8;
-    out[PD_MSG_ADMIT] = 80 + PD_MSG_SEXT_MAX;
+    out[PD_MSG_ADMIT] = PD_MSG_ADMIT_FIXED + PD_MSG_SEXT_MAX;
     out[PD_MSG_GRANT] = PD_MSG_GRANT_MAX;
     out[PD_MSG_DENY] = 8 + PD_MSG_MAX_TEXT;
     out[PD_MSG_PREFILL] = PD_MSG_PREFILL_MAX;
@@ -191,7 +191,7 @@ ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES], ks_errbuf
     out[PD_MSG_FINISH] = 28 + PD_MSG_MAX_TEXT;
     out[PD_MSG_POOL_CHECK] = 0;
     out[PD_MSG_POOL_CHECK_ACK] = 24;
-    out[PD_MSG_RETIRE] = 16;
+    out[PD_MSG_RETIRE] = PD_MSG_LINK_LEN;
     out[PD_MSG_ERROR] = 8 + PD_MSG_MAX_TEXT;
     out[PD_MSG_EMBED] = PD_MSG_EMBED_MAX;
     out[PD_MSG_EMBED_RESULT] = PD_MSG_EMBED_RESULT_FIXED + 4 * PD_MSG_EMBED_MAX_DIM;
@@ -204,12 +204,18 @@ ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES], ks_errbuf
 
 ks_err pd_msg_register_decode(const uint8_t *p, uint32_t len, pd_msg_register *out,
                               ks_errbuf *eb) {
-    ks_err e = want_min("REGISTER", len, 60, eb);
+    ks_err e = want_min("REGISTER", len, PD_MSG_REGISTER_FIXED, eb);
     if (e) return e;
-    uint16_t host_len = pd_load_u16(p + 26);
+    uint16_t host_len = pd_load_u16(p + 26), names_len = pd_load_u16(p + 60);
     if (host_len > PD_MSG_MAX_HOST)
         return PROTO("REGISTER: host_len %u exceeds %u", host_len, PD_MSG_MAX_HOST);
-    if ((e = want_var("REGISTER", "host_len", len, 60, host_len, eb))) return e;
+    if (names_len > PD_MSG_MAX_NAMES)
+        return PROTO("REGISTER: names_len %u exceeds %u", names_len, PD_MSG_MAX_NAMES);
+    if ((e = want_var("REGISTER", "host_len and names_len", len, PD_MSG_REGISTER_FIXED,
+                      (uint64_t)host_len + names_len, eb)))
+        return e;
+    if (memchr(p + PD_MSG_REGISTER_FIXED + host_len, 0, names_len))
+        return PROTO("REGISTER: the names hold a NUL byte");
     pd_msg_register m;
     m.role = p[0];
     if (m.role != PD_ROLE_PREFILL && m.role != PD_ROLE_DECODE)
@@ -228,7 +234,9 @@ ks_err pd_msg_register_decode(const uint8_t *p, uint32_t len, pd_msg_register *o
     m.data_port = pd_load_u16(p + 24);
     m.host_len = host_len;
     memcpy(m.model_id, p + 28, PD_MSG_HASH_BYTES);
-    m.host = (const char *)(p + 60);
+    m.host = (const char *)(p + PD_MSG_REGISTER_FIXED);
+    m.names_len = names_len;
+    m.names = m.host + host_len;
     *out = m;
     return KS_OK;
 }
@@ -238,8 +246,13 @@ ks_err pd_msg_register_encode(const pd_msg_register *m, uint8_t *buf, size_t cap
     if (m->host_len > PD_MSG_MAX_HOST)
         return ks_seterr(eb, KS_ERR_INVAL, "REGISTER: host_len %u exceeds %u", m->host_len,
                          PD_MSG_MAX_HOST);
+    if (m->names_len > PD_MSG_MAX_NAMES)
+        return ks_seterr(eb, KS_ERR_INVAL, "REGISTER: names_len %u exceeds %u", m->names_len,
+                         PD_MSG_MAX_NAMES);
     ks_err ret;
-    if (enc_begin(60u + m->host_len, buf, cap, out_len, &ret, "REGISTER", eb)) return ret;
+    if (enc_begin((uint64_t)PD_MSG_REGISTER_FIXED + m->host_len + m->names_len, buf, cap,
+                  out_len, &ret, "REGISTER", eb))
+        return ret;
     buf[0] = m->role;
     buf[1] = m->kv_type;
     buf[2] = m->planes ? m->planes : 2; // the decoder below refuses > 2
@@ -252,7 +265,10 @@ ks_err pd_msg_register_encode(const pd_msg_register *m, uint8_t *buf, size_t cap
     pd_store_u16(buf + 24, m->data_port);
     pd_store_u16(buf + 26, m->host_len);
     memcpy(buf + 28, m->model_id, PD_MSG_HASH_BYTES);
-    if (m->host_len) memcpy(buf + 60, m->host, m->host_len);
+    pd_store_u16(buf + 60, m->names_len);
+    pd_store_u16(buf + 62, 0);
+    if (m->host_len) memcpy(buf + PD_MSG_REGISTER_FIXED, m->host, m->host_len);
+    if (m->names_len) memcpy(buf + PD_MSG_REGISTER_FIXED + m->host_len, m->names, m->names_len);
     pd_msg_register chk;
     ks_errbuf tmp;
     return enc_check(pd_msg_register_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
@@ -382,10 +398,11 @@ ks_err pd_msg_peer_encode(const pd_msg_peer *m, uint8_t *buf, size_t cap, uint32
 }
 
 ks_err pd_msg_link_decode(const uint8_t *p, uint32_t len, pd_msg_link *out, ks_errbuf *eb) {
-    ks_err e = want_len("LINK", len, 16, eb);
+    ks_err e = want_len("LINK", len, PD_MSG_LINK_LEN, eb);
     if (e) return e;
     out->prefill_worker_id = pd_load_u32(p);
-    out->router_id = pd_load_u64(p + 8);
+    memcpy(out->model_id, p + 8, PD_MSG_HASH_BYTES);
+    out->router_id = pd_load_u64(p + 8 + PD_MSG_HASH_BYTES);
     if (out->router_id == 0) return PROTO("LINK: router identity 0");
     return KS_OK;
 }
@@ -394,9 +411,11 @@ ks_err pd_msg_link_encode(const pd_msg_link *m, uint8_t *buf, size_t cap, uint32
                           ks_errbuf *eb) {
     ks_err ret;
     if (m->router_id == 0) return ks_seterr(eb, KS_ERR_INVAL, "LINK: router identity 0");
-    if (enc_begin(16, buf, cap, out_len, &ret, "LINK", eb)) return ret;
+    if (enc_begin(PD_MSG_LINK_LEN, buf, cap, out_len, &ret, "LINK", eb)) return ret;
     pd_store_u32(buf, m->prefill_worker_id);
-    pd_store_u64(buf + 8, m->router_id);
+    pd_store_u32(buf + 4, 0);
+    memcpy(buf + 8, m->model_id, PD_MSG_HASH_BYTES);
+    pd_store_u64(buf + 8 + PD_MSG_HASH_BYTES, m->router_id);
     return KS_OK;
 }
 
@@ -606,16 +625,19 @@ static void sampling_encode(uint8_t *p, uint32_t mt_off, const pd_msg_sampling *
 }
 
 ks_err pd_msg_admit_decode(const uint8_t *p, uint32_t len, pd_msg_admit *out, ks_errbuf *eb) {
-    ks_err e = want_min("ADMIT", len, 80, eb);
+    ks_err e = want_min("ADMIT", len, PD_MSG_ADMIT_FIXED, eb);
     if (e) return e;
-    if (!(pd_load_u32(p + 12) & PD_FLAG_EXT) && (e = want_len("ADMIT", len, 80, eb))) return e;
+    if (!(pd_load_u32(p + 12) & PD_FLAG_EXT) && (e = want_len("ADMIT", len, PD_MSG_ADMIT_FIXED, eb)))
+        return e;
     pd_msg_admit m;
     m.n_prompt = pd_load_u32(p);
     if (m.n_prompt < 1) return PROTO("ADMIT: n_prompt is 0");
     m.prefill_worker_id = pd_load_u32(p + 8);
     memcpy(m.domain_hash, p + 16, PD_MSG_HASH_BYTES);
+    memcpy(m.model_id, p + 80, PD_MSG_HASH_BYTES);
     if ((e = sampling_decode("ADMIT", p, 4, true, &m.s, eb))) return e;
-    if ((m.s.flags & PD_FLAG_EXT) && (e = sext_decode("ADMIT", p + 80, len - 80u, &m.s, eb)))
+    if ((m.s.flags & PD_FLAG_EXT) &&
+        (e = sext_decode("ADMIT", p + PD_MSG_ADMIT_FIXED, len - PD_MSG_ADMIT_FIXED, &m.s, eb)))
         return e;
     *out = m;
     return KS_OK;
@@ -625,12 +647,14 @@ ks_err pd_msg_admit_encode(const pd_msg_admit *m, uint8_t *buf, size_t cap, uint
                            ks_errbuf *eb) {
     ks_err ret = sext_pre("ADMIT", &m->s, eb);
     if (ret) return ret;
-    if (enc_begin(80u + pd_msg_sext_size(&m->s), buf, cap, out_len, &ret, "ADMIT", eb)) return ret;
+    if (enc_begin(PD_MSG_ADMIT_FIXED + pd_msg_sext_size(&m->s), buf, cap, out_len, &ret, "ADMIT", eb))
+        return ret;
     pd_store_u32(buf, m->n_prompt);
     pd_store_u32(buf + 8, m->prefill_worker_id);
     memcpy(buf + 16, m->domain_hash, PD_MSG_HASH_BYTES);
     sampling_encode(buf, 4, &m->s);
-    if (m->s.flags & PD_FLAG_EXT) sext_encode(buf + 80, &m->s);
+    memcpy(buf + 80, m->model_id, PD_MSG_HASH_BYTES);
+    if (m->s.flags & PD_FLAG_EXT) sext_encode(buf + PD_MSG_ADMIT_FIXED, &m->s);
     pd_msg_admit chk;
     ks_errbuf tmp;
     return enc_check(pd_msg_admit_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
@@ -671,6 +695,7 @@ ks_err pd_msg_grant_decode(const uint8_t *p, uint32_t len, pd_msg_grant *out, ks
     g.n_prompt = pd_load_u32(p + 16);
     g.page_tokens = pd_load_u32(p + 20);
     g.n_pages = pd_load_u32(p + 24);
+    memcpy(g.model_id, p + 32, PD_MSG_HASH_BYTES);
     g.entries = p + PD_MSG_GRANT_FIXED;
     if (g.link_epoch == 0) return PROTO("GRANT: link_epoch is 0");
     if (g.n_prompt < 1) return PROTO("GRANT: n_prompt is 0");
@@ -712,6 +737,8 @@ ks_err pd_msg_grant_encode(const pd_msg_grant *m, const pd_msg_grant_entry *entr
     pd_store_u32(buf + 16, m->n_prompt);
     pd_store_u32(buf + 20, m->page_tokens);
     pd_store_u32(buf + 24, m->n_pages);
+    pd_store_u32(buf + 28, 0);
+    memcpy(buf + 32, m->model_id, PD_MSG_HASH_BYTES);
     for (uint32_t i = 0; i < m->n_pages; i++) {
         uint8_t *q = buf + PD_MSG_GRANT_FIXED + (size_t)PD_MSG_GRANT_ENTRY * i;
         pd_store_u32(q, entries[i].page_id);
@@ -731,8 +758,8 @@ static const char *deny_name(uint32_t r) {
     case PD_DENY_CONTEXT: return "CONTEXT";
     case PD_DENY_DUPLICATE: return "DUPLICATE";
     case PD_DENY_DRAINING: return "DRAINING";
-    case PD_DENY_INVALID:
-        return "INVALID";
+    case PD_DENY_INVALID: return "INVALID";
+    case PD_DENY_MODEL: return "MODEL";
     default: return NULL;
     }
 }
@@ -742,7 +769,7 @@ ks_err pd_msg_deny_decode(const uint8_t *p, uint32_t len, pd_msg_deny *out, ks_e
     ks_err e = text_decode("DENY", p, len, 8, 4, &m.msg, &m.msg_len, eb);
     if (e) return e;
     m.reason = pd_load_u32(p);
-    if (!deny_name(m.reason)) return PROTO("DENY: reason %u out of range [1, 6]", m.reason);
+    if (!deny_name(m.reason)) return PROTO("DENY: reason %u out of range [1, 7]", m.reason);
     *out = m;
     return KS_OK;
 }

@@ -12,6 +12,7 @@
 #include "kvseal/pd_recv.h"
 
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 // ----------------------------------------------------------------------------
@@ -197,6 +198,17 @@ ks_err pd_recv_admit(pd_recv *r, uint64_t req_id, const pd_recv_admit_args *a,
     if (rec__find(r, req_id))
         return rec__deny(r, deny_reason, PD_DENY_DUPLICATE, KS_ERR_INVAL, eb,
                          "duplicate request id");
+    static const uint8_t no_model[32] = {0};
+    const uint8_t *mid = a->model_id ? a->model_id : no_model;
+    if (memcmp(mid, r->cfg.model_id, sizeof r->cfg.model_id)) {
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "the request is for model %02x%02x%02x%02x.. but this worker's pages hold model "
+                 "%02x%02x%02x%02x..: no page crosses models",
+                 mid[0], mid[1], mid[2], mid[3],
+                 r->cfg.model_id[0], r->cfg.model_id[1], r->cfg.model_id[2], r->cfg.model_id[3]);
+        return rec__deny(r, deny_reason, PD_DENY_MODEL, KS_ERR_INVAL, eb, msg);
+    }
     if (a->n_prompt < 1 || a->max_tokens < 1)
         return rec__deny(r, deny_reason, PD_DENY_CONTEXT, KS_ERR_INVAL, eb,
                          "n_prompt and max_tokens must be at least 1");
@@ -240,6 +252,7 @@ ks_err pd_recv_admit(pd_recv *r, uint64_t req_id, const pd_recv_admit_args *a,
     q->bits = calloc((size_t)q->n_grant * r->words, sizeof *q->bits);
     pd_msg_grant gm = {.seq_uid = q->seq_uid, .link_epoch = a->link_epoch,
                        .n_prompt = a->n_prompt, .page_tokens = pt, .n_pages = q->n_grant};
+    memcpy(gm.model_id, r->cfg.model_id, sizeof gm.model_id);
     uint64_t glen = pd_msg_grant_size(q->n_grant);
     if (glen <= PD_MSG_GRANT_MAX) q->grant_buf = malloc((size_t)glen);
     if (!q->ent || !q->bits || !q->grant_buf) goto fail_nomem;

@@ -307,6 +307,8 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
     const char *bad = !grant_ok ? "inconsistent grant"
                       : g.page_tokens != pt || g.n_pages != need || g.seq_uid == 0
                           ? "grant does not match the KV page geometry"
+                      : memcmp(g.model_id, s->cfg.model_id, sizeof g.model_id)
+                          ? "grant is for another model: no page crosses models"
                           : NULL;
     if (bad) {
         if (!grant_ok)

@@ -18,17 +18,19 @@
  * --reasoning-format, else what the chat template rendered with tools
  * (--chat-template-file's, the GGUF's tool_use variant or its main one)
  * shows. Can't fail: no template has no markers. */
-void srv__toolcall_setup(server *s) {
-    const char *src = chat_tmpl_source(s->chat, true);
-    s->tc_format = s->o.tool_call_format >= 0 && s->o.tool_call_format < TOOLCALL__COUNT
-                       ? (toolcall_format)s->o.tool_call_format
-                       : toolcall_format_detect(src);
+void srv__toolcall_setup(const server *s, srv_model *sm) {
+    const char *src = chat_tmpl_source(sm->chat, true);
+    sm->tc_format = s->o.tool_call_format >= 0 && s->o.tool_call_format < TOOLCALL__COUNT
+                        ? (toolcall_format)s->o.tool_call_format
+                        : toolcall_format_detect(src);
     if (s->o.reasoning_format != 0 &&
-        !toolcall_think_detect(src, &s->think_open, &s->think_close) && s->o.reasoning_format == 1)
-        s->think_open = "<think>", s->think_close = "</think>";
-    ks_log(KS_LOG_INFO, "chat answers: tool calls in format %s, reasoning %s%s%s",
-           toolcall_format_name(s->tc_format), s->think_open ? "split at " : "left in content",
-           s->think_open ? s->think_open : "", s->think_open ? s->think_close : "");
+        !toolcall_think_detect(src, &sm->think_open, &sm->think_close) &&
+        s->o.reasoning_format == 1)
+        sm->think_open = "<think>", sm->think_close = "</think>";
+    ks_log(KS_LOG_INFO, "chat answers for %s: tool calls in format %s, reasoning %s%s%s",
+           srv__model_primary(sm), toolcall_format_name(sm->tc_format),
+           sm->think_open ? "split at " : "left in content", sm->think_open ? sm->think_open : "",
+           sm->think_open ? sm->think_close : "");
 }
 
 /* tool_choice "required" or a named function: rq's grammar becomes one
@@ -36,7 +38,7 @@ void srv__toolcall_setup(server *s) {
  * can only write a call the parser reads back. False with *err (400) when
  * the request also constrains the output otherwise, or the format has no
  * grammar. */
-bool srv__tool_choice_grammar(server *s, srv_request *rq, srv_error *err) {
+bool srv__tool_choice_grammar(const srv_model *s, srv_request *rq, srv_error *err) {
     const toolcall_req *tr = &rq->tc;
     if (tr->choice != TOOLCALL_CHOICE_REQUIRED && tr->choice != TOOLCALL_CHOICE_NAMED) return true;
     if (rq->grammar) {
@@ -73,14 +75,16 @@ bool srv__tool_choice_grammar(server *s, srv_request *rq, srv_error *err) {
 ks_err srv__gen_toolcall(server *s, srv_gen *g, const srv_request *rq, const char *prompt,
                                 size_t len) {
     const toolcall_req *tr = &rq->tc;
-    bool calls = tr->tools && tr->choice != TOOLCALL_CHOICE_NONE && s->tc_format != TOOLCALL_NONE;
-    if (!calls && !s->think_open) return KS_OK;
+    const srv_model *sm = g->sm;
+    (void)s;
+    bool calls = tr->tools && tr->choice != TOOLCALL_CHOICE_NONE && sm->tc_format != TOOLCALL_NONE;
+    if (!calls && !sm->think_open) return KS_OK;
     g->tc_tools = tr->tools ? json_incref((json_t *)tr->tools) : NULL;
     g->tc_cfg = (toolcall_cfg){
-        .format = calls ? s->tc_format : TOOLCALL_NONE,
-        .think_open = s->think_open,
-        .think_close = s->think_close,
-        .in_reasoning = toolcall_prompt_opens_think(prompt, len, s->think_open),
+        .format = calls ? sm->tc_format : TOOLCALL_NONE,
+        .think_open = sm->think_open,
+        .think_close = sm->think_close,
+        .in_reasoning = toolcall_prompt_opens_think(prompt, len, sm->think_open),
         .tools = g->tc_tools,
     };
     g->tc_parallel = tr->parallel;
@@ -99,8 +103,8 @@ static bool srv__tc_text(const srv_gen *g, const engine_event *ev, srv_buf *b) {
     if (ev->text_len && !srv_buf_add(b, ev->text, ev->text_len)) return false;
     if (ev->token < 0) return true;
     char piece[128];
-    if (tok_piece(g->s->vocab, ev->token, false, piece, sizeof piece) != 0) return true;
-    size_t n = tok_piece(g->s->vocab, ev->token, true, piece, sizeof piece);
+    if (tok_piece(g->sm->vocab, ev->token, false, piece, sizeof piece) != 0) return true;
+    size_t n = tok_piece(g->sm->vocab, ev->token, true, piece, sizeof piece);
     if (n == 0 || n > sizeof piece || !toolcall_is_marker(&g->tc_cfg, piece, n)) return true;
     return srv_buf_add(b, piece, n);
 }
@@ -163,7 +167,7 @@ bool srv__tc_stream(srv_gen *g, int idx, const engine_event *ev) {
     json_t *lp = NULL;
     if (ok && g->logprobs && ev->token >= 0)
         lp = json_pack("{s:[o]}", "content",
-                       srv__lp_entry(g->s->vocab, ev->token, ev->sr.logprob, true, &ev->sr));
+                       srv__lp_entry(g->sm->vocab, ev->token, ev->sr.logprob, true, &ev->sr));
     ok = ok && srv__tc_emit(g, idx, &d, lp);
     if (ok && ev->done)
         ok = toolcall_parser_finish(tc, &d) == KS_OK && srv__tc_emit(g, idx, &d, NULL);
@@ -387,7 +391,7 @@ enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv_gen *g
         if (g->logprobs && ev.token >= 0 && ch->lp) {
             if (g->route == SRV_ROUTE_CHAT)
                 json_array_append_new(
-                    ch->lp, srv__lp_entry(s->vocab, ev.token, ev.sr.logprob, true, &ev.sr));
+                    ch->lp, srv__lp_entry(g->sm->vocab, ev.token, ev.sr.logprob, true, &ev.sr));
             else
                 srv__lp_completion(g, ch->lp, &ev, &ch->text_off);
         }

@@ -43,17 +43,33 @@ json_t *srv__jstr(const char *s, size_t n) {
     return j;
 }
 
-bool srv__name_ok(const server *s, const char *name) {
-    if (!name) return true;
-    if (s->o.model_name && !strcmp(name, s->o.model_name)) return true;
-    for (int i = 0; i < s->o.n_aliases; i++)
-        if (!strcmp(name, s->o.aliases[i])) return true;
-    return false;
+const srv_model *srv__model_find(const server *s, const char *name) {
+    if (!name) return &s->mods[0];
+    for (int k = 0; k < s->n_mods; k++) {
+        const srv_model *sm = &s->mods[k];
+        if (sm->name && !strcmp(name, sm->name)) return sm;
+        for (int i = 0; i < sm->n_aliases; i++)
+            if (!strcmp(name, sm->aliases[i])) return sm;
+    }
+    return NULL;
 }
 
-const char *srv__primary_name(const server *s) {
-    if (s->o.n_aliases > 0) return s->o.aliases[0];
-    return s->o.model_name ? s->o.model_name : "model";
+const char *srv__model_primary(const srv_model *sm) {
+    if (sm->n_aliases > 0) return sm->aliases[0];
+    return sm->name ? sm->name : "model";
+}
+
+const char *srv__primary_name(const server *s) { return srv__model_primary(&s->mods[0]); }
+
+const char *srv__served_names(const server *s, char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (int k = 0; k < s->n_mods && n < cap; k++) {
+        int w = snprintf(buf + n, cap - n, "%s'%s'", k ? ", " : "", srv__model_primary(&s->mods[k]));
+        if (w < 0) break;
+        n += (size_t)w;
+    }
+    return buf;
 }
 
 /* The request state of c's current request, or NULL (no socket context). */

@@ -29,15 +29,16 @@ static void srv__refused_long(server *s, srv_gen *g, srv_error *err, bool cut, i
                  "This model's maximum context length is %d tokens. However, you requested at "
                  "least %lld tokens (at least %d in the prompt, %d for the completion). Please "
                  "reduce the length of the prompt or completion.",
-                 s->o.n_ctx, (long long)g->n_prompt + g->max_tokens, g->n_prompt, g->max_tokens);
+                 g->sm->n_ctx, (long long)g->n_prompt + g->max_tokens, g->n_prompt, g->max_tokens);
 }
 
 /* Issue 12's request fields against this server: logit_bias ids within
  * the vocabulary; n / best_of > 1 only on a backend that runs choices
  * (submit_n: kvseal serve and the cluster router). False with err set
  * otherwise. */
-static bool srv__gen_choices(server *s, const srv_request *rq, srv_error *err) {
-    int32_t V = tok_n_vocab(s->vocab);
+static bool srv__gen_choices(server *s, const srv_model *sm, const srv_request *rq,
+                             srv_error *err) {
+    int32_t V = tok_n_vocab(sm->vocab);
     for (int i = 0; i < rq->n_bias; i++)
         if (rq->bias[i].token >= V)
             return srv_refuse(err, ADMIT_INVALID, "logit_bias",
@@ -52,10 +53,10 @@ static bool srv__gen_choices(server *s, const srv_request *rq, srv_error *err) {
     return true;
 }
 
-bool srv__chat_prompt(server *s, const srv_request *rq, char **text, bool *add_special,
+bool srv__chat_prompt(const srv_model *sm, const srv_request *rq, char **text, bool *add_special,
                       tok_span **spans, size_t *n_spans, srv_error *err) {
     ks_errbuf eb = {0};
-    ks_err e = srv_chat_render(s->chat, s->vocab, rq, text, add_special, spans, n_spans, err, &eb);
+    ks_err e = srv_chat_render(sm->chat, sm->vocab, rq, text, add_special, spans, n_spans, err, &eb);
     if (e == KS_ERR_AGAIN) return false; // refused: err is filled
     if (e == KS_ERR_NOMEM) return srv_fail(err, 500, "internal_error", "%s", eb.msg);
     if (e) return srv_refuse(err, ADMIT_INVALID, "messages", "%s", eb.msg);
@@ -95,23 +96,25 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     int held = -1;             // tenant admitted here, until g takes it over
     int64_t held_reserved = 0; // tokens it took from the tenant's bucket
     int64_t held_charge = 0;   // tokens to charge if refused as too long
-    if (!srv__name_ok(s, model_name)) {
+    const srv_model *sm = srv__model_find(s, model_name);
+    if (!sm) {
+        char served[512];
         srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
-                   "The model '%s' does not exist; this server serves '%s'", model_name,
-                   srv__primary_name(s));
+                   "The model '%s' does not exist; this server serves %s", model_name,
+                   srv__served_names(s, served, sizeof served));
         goto fail;
     }
     ks_errbuf eb = {0};
     bool chat = rq.msgs != NULL;
     bool add_special = true; // BOS/EOS by the vocabulary; a Jinja template writes its own
-    if (chat && !srv__chat_prompt(s, &rq, &text, &add_special, &spans, &n_spans, &err))
+    if (chat && !srv__chat_prompt(sm, &rq, &text, &add_special, &spans, &n_spans, &err))
         goto fail;
     const char *ptext = chat ? text : rq.prompt;
     size_t ptext_len = strlen(ptext);
     int32_t max_tokens = rq.max_tokens;
     // issue 12: n / best_of choices, logit_bias, echo (srv__gen_choices)
     int n_ch = rq.best_of;
-    if (!srv__gen_choices(s, &rq, &err)) goto fail;
+    if (!srv__gen_choices(s, sm, &rq, &err)) goto fail;
     if (max_tokens == 0) n_ch = 1; // echo only: one prompt, answered n times
     if (max_tokens < 0) max_tokens = ans->default_max_tokens; // the API's (-1: the context)
     // Issue 8: the prompt's bytes give a lower bound on its tokens; a prompt
@@ -120,8 +123,8 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     // max_token_bytes bytes. Issue 38: it is charged as a prompt tokenized
     // and refused as too long is (n_ctx + 1 tokens, where tokenizing stops),
     // within the tenant's limits: a tenant at its limit gets the 429 instead.
-    if (!srv_prompt_fits(s->o.n_ctx, ptext_len, s->max_token_bytes, max_tokens, route, &err)) {
-        held_reserved = held_charge = (int64_t)s->o.n_ctx + 1;
+    if (!srv_prompt_fits(sm->n_ctx, ptext_len, sm->max_token_bytes, max_tokens, route, &err)) {
+        held_reserved = held_charge = (int64_t)sm->n_ctx + 1;
         char m429[256];
         admit_reason r429 =
             srv_tenants_admit(s->ts, tenant, held_reserved, ks_now_ns(), m429, sizeof m429);
@@ -134,8 +137,8 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     // The tenant's limits apply before the expensive work (tokenizing): on a
     // lower bound of the tokens (chat without max_tokens reserves the whole
     // context), raised to the exact count once tokenized.
-    int64_t min_prompt = srv_prompt_min_tokens(ptext_len, s->max_token_bytes);
-    held_reserved = max_tokens < 0 ? (int64_t)s->o.n_ctx * n_ch
+    int64_t min_prompt = srv_prompt_min_tokens(ptext_len, sm->max_token_bytes);
+    held_reserved = max_tokens < 0 ? (int64_t)sm->n_ctx * n_ch
                                    : (min_prompt > 0 ? min_prompt : 1) + (int64_t)max_tokens * n_ch;
     char msg[256];
     srv_reqinfo *ri = srv__ri(c);
@@ -150,24 +153,24 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     // A chat template's own markers become control tokens, the request's text
     // in it (spans) never does; a raw prompt is all text (issue 38: no one can
     // forge a turn). Stops past n_ctx tokens: more is refused however many.
-    ks_err tke = tok_encode_marked(s->vocab, ptext, ptext_len, add_special, chat, spans, n_spans,
-                                   (size_t)s->o.n_ctx, &ids, &n_ids, &eb);
+    ks_err tke = tok_encode_marked(sm->vocab, ptext, ptext_len, add_special, chat, spans, n_spans,
+                                   (size_t)sm->n_ctx, &ids, &n_ids, &eb);
     free(spans);
     spans = NULL;
     if (tke) {
         srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
         goto fail;
     }
-    bool cut = n_ids > (size_t)s->o.n_ctx; // only a prefix: the prompt has at least n_ids
+    bool cut = n_ids > (size_t)sm->n_ctx; // only a prefix: the prompt has at least n_ids
     int32_t n_prompt = n_ids > INT32_MAX ? INT32_MAX : (int32_t)n_ids;
     held_charge = n_prompt; // the work done, charged if refused as too long
     if (max_tokens < 0) {
-        max_tokens = s->o.n_ctx - n_prompt; // chat: up to the context
+        max_tokens = sm->n_ctx - n_prompt; // chat: up to the context
         if (max_tokens < 1) max_tokens = 1;
     }
     // A request that cannot fit still goes to the engine's admission for its
     // exact refusal (I4 lives there, one contract for every front end).
-    bool over = (int64_t)n_prompt + max_tokens > s->o.n_ctx;
+    bool over = (int64_t)n_prompt + max_tokens > sm->n_ctx;
     if (!over) {
         int64_t want = (int64_t)n_prompt + (int64_t)max_tokens * n_ch; // every choice's tokens
         if (ri) ri->need_tokens = want;
@@ -180,7 +183,7 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     }
     if (s->log_content) ks_log(KS_LOG_INFO, "prompt (%d tokens): %s", n_prompt, ptext);
 
-    if (!(g = srv__gen_new(s, sc, route, model_name, held, held_reserved))) {
+    if (!(g = srv__gen_new(s, sm, sc, route, model_name, held, held_reserved))) {
         srv_fail(&err, 500, "internal_error", "out of memory");
         goto fail;
     }
@@ -250,7 +253,8 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     // echo's max_tokens 0 needs the engine's prompt pass; logprobs need its rows
     p.prompt_logprobs = g->echo && (rq.logprobs || max_tokens == 0);
     p.prompt_top = rq.top_logprobs;
-    if (chat_like && !srv__tool_choice_grammar(s, &rq, &err)) goto fail;
+    p.model = sm->index;
+    if (chat_like && !srv__tool_choice_grammar(sm, &rq, &err)) goto fail;
     p.grammar = rq.grammar;
     if (chat_like) {
         ks_err te = srv__gen_toolcall(s, g, &rq, ptext, ptext_len);

@@ -589,11 +589,33 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     ks_err err = KS_OK;
     s->o = *o;
     s->b = *b;
-    s->m = m;
-    s->vocab = model_vocab(m);
     pthread_mutex_init(&s->lmu, NULL);
-    s->max_token_bytes = tok_max_token_bytes(s->vocab);
     srv_metrics_init(&s->met);
+    if (o->n_more < 0 || (o->n_more > 0 && !o->more)) {
+        err = ks_seterr(eb, KS_ERR_INVAL, "server: bad catalog (more, n_more)");
+        goto fail;
+    }
+    s->n_mods = 1 + o->n_more;
+    if (!(s->mods = calloc((size_t)s->n_mods, sizeof *s->mods))) {
+        err = ks_seterr(eb, KS_ERR_NOMEM, "server: out of memory");
+        goto fail;
+    }
+    for (int k = 0; k < s->n_mods; k++) { // the catalog: entry 0 is m, named by the options
+        srv_model *sm = &s->mods[k];
+        const server_model *e = k ? &o->more[k - 1] : NULL;
+        sm->index = k;
+        sm->m = k ? e->m : m;
+        if (!sm->m) {
+            err = ks_seterr(eb, KS_ERR_INVAL, "server: catalog entry %d has no model", k);
+            goto fail;
+        }
+        sm->vocab = model_vocab(sm->m);
+        sm->max_token_bytes = tok_max_token_bytes(sm->vocab);
+        sm->n_ctx = k && e->n_ctx > 0 ? e->n_ctx : o->n_ctx;
+        sm->name = k ? e->name : o->model_name;
+        sm->aliases = k ? e->aliases : o->aliases;
+        sm->n_aliases = k ? e->n_aliases : o->n_aliases;
+    }
     if (o->tenants_path) {
         size_t len = 0;
         char *text = NULL;
@@ -659,16 +681,22 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     s->log_content = o->log_content || s->ts->log_content;
     // the chat template: compiled and test-rendered now, so a template this
     // server cannot run stops it here, naming the file and the reason
-    if ((err = chat_tmpl_load(model_gguf(m), s->vocab, o->chat_template_file, &s->chat, eb)))
-        goto fail;
-    if (chat_tmpl_is_plain(s->chat))
-        ks_log(KS_LOG_INFO, "chat template: none in the model, chat uses the plain format");
-    else
-        ks_log(KS_LOG_INFO, "chat template: %s%s", chat_tmpl_origin(s->chat),
-               chat_tmpl_source(s->chat, true) != chat_tmpl_source(s->chat, false)
-                   ? " (+ tokenizer.chat_template.tool_use for requests with tools)"
-                   : "");
-    srv__toolcall_setup(s); // its formats come from the template
+    for (int k = 0; k < s->n_mods; k++) {
+        srv_model *sm = &s->mods[k];
+        if ((err = chat_tmpl_load(model_gguf(sm->m), sm->vocab, k ? NULL : o->chat_template_file,
+                                  &sm->chat, eb)))
+            goto fail;
+        if (chat_tmpl_is_plain(sm->chat))
+            ks_log(KS_LOG_INFO, "chat template of %s: none in the model, chat uses the plain format",
+                   srv__model_primary(sm));
+        else
+            ks_log(KS_LOG_INFO, "chat template of %s: %s%s", srv__model_primary(sm),
+                   chat_tmpl_origin(sm->chat),
+                   chat_tmpl_source(sm->chat, true) != chat_tmpl_source(sm->chat, false)
+                       ? " (+ tokenizer.chat_template.tool_use for requests with tools)"
+                       : "");
+        srv__toolcall_setup(s, sm); // its formats come from the template
+    }
 
     // resolve the listen address (numeric or a name such as localhost)
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
@@ -722,7 +750,8 @@ fail:
         pthread_join(s->sweeper, NULL);
     }
     srv_tenants_free(s->ts);
-    chat_tmpl_free(s->chat);
+    for (int k = 0; s->mods && k < s->n_mods; k++) chat_tmpl_free(s->mods[k].chat);
+    free(s->mods);
     pthread_mutex_destroy(&s->lmu);
     free(s);
     return err;
@@ -757,11 +786,12 @@ void server_destroy(server *s) {
     atomic_store(&s->sweeper_stop, true);
     pthread_join(s->sweeper, NULL);
     srv_tenants_free(s->ts);
-    chat_tmpl_free(s->chat);
+    for (int k = 0; s->mods && k < s->n_mods; k++) chat_tmpl_free(s->mods[k].chat);
+    free(s->mods);
     pthread_mutex_destroy(&s->lmu);
     free(s);
 }
 
 const char *server_chat_template(const server *s, bool tools) {
-    return s ? chat_tmpl_source(s->chat, tools) : NULL;
+    return s ? chat_tmpl_source(s->mods[0].chat, tools) : NULL;
 }

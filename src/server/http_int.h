@@ -26,14 +26,29 @@
 typedef struct srv_gen srv_gen;
 typedef struct srv_sock srv_sock;
 
-struct server {
-    server_opts o;          /* copy; the strings stay borrowed */
-    server_backend b;       /* copy; b.impl borrowed */
+/* One catalog entry: what a request for that model is tokenized, admitted
+ * and answered with. Entry i is the backend's engine_params.model i. */
+typedef struct srv_model {
+    int index;              /* engine_params.model */
     const model *m;         /* borrowed */
     const tok_vocab *vocab; /* model's */
     size_t max_token_bytes; /* tok_max_token_bytes(vocab): prompt bytes -> tokens bound */
-    srv_tenants *ts;        /* owned */
     chat_tmpl *chat;        /* owned: the model's chat template (or PLAIN) */
+    int32_t n_ctx;          /* its per-request limit */
+    const char *name;       /* its own name; borrowed */
+    const char *const *aliases; /* (n_aliases) borrowed */
+    int n_aliases;
+    /* chat answers (toolcall.h), from the template and the options */
+    toolcall_format tc_format;            /* how tool calls are written */
+    const char *think_open, *think_close; /* NULL: reasoning stays content */
+} srv_model;
+
+struct server {
+    server_opts o;          /* copy; the strings stay borrowed */
+    server_backend b;       /* copy; b.impl borrowed */
+    srv_model *mods;        /* (n_mods) the catalog, owned; mods[0] is server_create's model */
+    int n_mods;
+    srv_tenants *ts;        /* owned */
     bool log_content;
     srv_metrics met;
     struct MHD_Daemon *d;
@@ -47,9 +62,6 @@ struct server {
     pthread_mutex_t lmu;
     srv_gen *gens;   /* every live generation */
     srv_sock *socks; /* every open connection */
-    /* chat answers (toolcall.h), from the template and the options */
-    toolcall_format tc_format;            /* how tool calls are written */
-    const char *think_open, *think_close; /* NULL: reasoning stays content */
 };
 
 /* The current request's answer-header state (srv__decorate); set when its
@@ -121,6 +133,7 @@ typedef struct srv_choice {
  * streaming response (freed by its free callback). */
 struct srv_gen {
     server *s;
+    const srv_model *sm; /* the catalog entry it runs on */
     srv_route route;
     srv_choice ch[ENGINE_MAX_N]; /* (n_ch) the choices generated */
     int n_ch;                    /* choices generated: best_of (>= n_ret), 1 with max_tokens 0 */
@@ -220,10 +233,16 @@ typedef enum MHD_Result srv_handler(server *s, struct MHD_Connection *c, const s
 /* s as a JSON string, each invalid UTF-8 byte replaced by U+FFFD (token
  * pieces can be lone bytes); NULL on out-of-memory. */
 json_t *srv__jstr(const char *s, size_t n);
-/* True when name (NULL: none given) is this server's model name or an alias. */
-bool srv__name_ok(const server *s, const char *name);
-/* The name the server answers with: the first alias, else the model name. */
+/* The catalog entry name (NULL: none given, entry 0) names, by its own name
+ * or an alias; NULL when no entry has that name. */
+const srv_model *srv__model_find(const server *s, const char *name);
+/* The name the server answers with: the first alias, else the model name (entry 0's). */
 const char *srv__primary_name(const server *s);
+/* Entry sm's answer name: its first alias, else its own name. */
+const char *srv__model_primary(const srv_model *sm);
+/* The served names, ", "-separated ("a, b (alias x)"), for a 404's message,
+ * into buf[0..cap). */
+const char *srv__served_names(const server *s, char *buf, size_t cap);
 /* The request state of c's current request, or NULL (no socket context). */
 srv_reqinfo *srv__ri(struct MHD_Connection *c);
 /* Starts the request state of a new request on c: its x-request-id, and
@@ -259,12 +278,13 @@ bool srv__auth_admin(server *s, struct MHD_Connection *c, srv_error *err);
 
 /* Counts sc's request in met.inflight (once) until srv__completed. */
 void srv__count_inflight(server *s, srv_conn *sc);
-/* A new generation of route for the connection sc (counted in flight),
- * its model name name (NULL: the primary), holding tenant's reserved
+/* A new generation of route on catalog entry sm for the connection sc (counted in flight),
+ * its model name name (NULL: sm's primary), holding tenant's reserved
  * tokens: the generation releases the tenant from here on (the caller
  * stops holding it). Everything else zero, fd -1. NULL when out of
  * memory. */
-srv_gen *srv__gen_new(server *s, srv_conn *sc, srv_route route, const char *name, int tenant,
+srv_gen *srv__gen_new(server *s, const srv_model *sm, srv_conn *sc, srv_route route,
+                      const char *name, int tenant,
                       int64_t reserved);
 /* Frees g (NULL: nothing): off the sweeper's list first, then its requests. */
 void srv__gen_free(srv_gen *g);
@@ -307,10 +327,10 @@ void srv__gone_error(server *s, srv_error *err);
 // answer.c: a generation's answer
 
 /* Sets s's tool-call and reasoning formats from the options and the template. */
-void srv__toolcall_setup(server *s);
+void srv__toolcall_setup(const server *s, srv_model *sm);
 /* Compiles tool_choice's grammar into rq (required or a named function);
  * false with err set when it cannot. */
-bool srv__tool_choice_grammar(server *s, srv_request *rq, srv_error *err);
+bool srv__tool_choice_grammar(const srv_model *s, srv_request *rq, srv_error *err);
 /* Gives each of g's choices its tool-call/reasoning parser; KS_ERR_NOMEM. */
 ks_err srv__gen_toolcall(server *s, srv_gen *g, const srv_request *rq, const char *prompt,
                          size_t len);
@@ -339,7 +359,7 @@ srv_handler srv__generate;
  * whether the vocabulary adds BOS/EOS, and where the request's own text is
  * in it (*spans, malloc'd: never control tokens). False with err filled
  * (400 the template refused the conversation, 500 out of memory). */
-bool srv__chat_prompt(server *s, const srv_request *rq, char **text, bool *add_special,
+bool srv__chat_prompt(const srv_model *sm, const srv_request *rq, char **text, bool *add_special,
                       tok_span **spans, size_t *n_spans, srv_error *err);
 
 // ----------------------------------------------------------------------------

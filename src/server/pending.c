@@ -23,11 +23,12 @@ void srv__count_inflight(server *s, srv_conn *sc) {
     atomic_fetch_add_explicit(&s->met.inflight, 1, memory_order_acq_rel);
 }
 
-srv_gen *srv__gen_new(server *s, srv_conn *sc, srv_route route, const char *name, int tenant,
-                      int64_t reserved) {
+srv_gen *srv__gen_new(server *s, const srv_model *sm, srv_conn *sc, srv_route route,
+                      const char *name, int tenant, int64_t reserved) {
     srv_gen *g = calloc(1, sizeof *g);
     if (!g) return NULL;
     g->s = s;
+    g->sm = sm;
     pthread_mutex_init(&g->mu, NULL);
     srv__count_inflight(s, sc);
     g->route = route;
@@ -35,7 +36,7 @@ srv_gen *srv__gen_new(server *s, srv_conn *sc, srv_route route, const char *name
     g->tenant = tenant;
     g->created = (long long)time(NULL);
     g->fd = -1;
-    snprintf(g->model, sizeof g->model, "%s", name ? name : srv__primary_name(s));
+    snprintf(g->model, sizeof g->model, "%s", name ? name : srv__model_primary(sm));
     return g;
 }
 
@@ -171,7 +172,7 @@ int srv__gen_poll(srv_gen *g, engine_event *ev) {
         }
         if (gen && g->n_stops && !g->raw_oom) { // which stop ended it (srv__anth_stop_seq)
             char piece[256];
-            size_t n = tok_piece(g->s->vocab, ev->token, false, piece, sizeof piece);
+            size_t n = tok_piece(g->sm->vocab, ev->token, false, piece, sizeof piece);
             g->raw_oom = !srv_buf_add(&g->raw, piece, n < sizeof piece ? n : sizeof piece);
         }
         if (ev->done) {
@@ -272,7 +273,7 @@ json_t *srv__lp_entry(const tok_vocab *v, int32_t id, float lp, bool with_top,
  * token (echo) moves the offset by its text without special tokens (BOS is
  * not in the echoed prompt); the first has null logprobs, as OpenAI's. */
 void srv__lp_completion(srv_gen *g, json_t *lp, const engine_event *ev, size_t *off) {
-    const tok_vocab *v = g->s->vocab;
+    const tok_vocab *v = g->sm->vocab;
     char piece[256];
     size_t n = tok_piece(v, ev->token, true, piece, sizeof piece);
     if (n > sizeof piece) n = sizeof piece;
@@ -320,7 +321,7 @@ json_t *srv__chunk(srv_gen *g, const engine_event *ev, int idx, bool *oom) {
         json_t *lp = json_null();
         if (has_lp)
             lp = json_pack("{s:[o]}", "content",
-                           srv__lp_entry(g->s->vocab, ev->token, ev->sr.logprob, true, &ev->sr));
+                           srv__lp_entry(g->sm->vocab, ev->token, ev->sr.logprob, true, &ev->sr));
         j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:o}, s:o, s:n}]}", "id", g->id, "object",
                       "chat.completion.chunk", "created", (json_int_t)g->created, "model", g->model,
                       "choices", "index", idx, "delta", "content", text, "logprobs", lp,

@@ -28,7 +28,8 @@ static bool srv__embed_submit_more(server *s, srv_gen *g, srv_error *err) {
         int i = g->n_esub;
         engine_embed_params ep = {.tenant = g->etenant, // from authentication (I7)
                                   .tokens = g->erq.in[i].ids,
-                                  .n_tokens = (int32_t)g->erq.in[i].n_ids};
+                                  .n_tokens = (int32_t)g->erq.in[i].n_ids,
+                                  .model = g->sm->index};
         ks_errbuf eb = {0};
         void *req = NULL;
         ks_err e = s->b.embed_submit(s->b.impl, &ep, &req, &eb);
@@ -54,7 +55,7 @@ static bool srv__embed_submit_more(server *s, srv_gen *g, srv_error *err) {
  * vector is in (or the first failure), else suspends like srv__gen_collect. */
 enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, srv_gen *g,
                                           srv_conn *sc) {
-    const int32_t E = model_hp(s->m)->n_embd;
+    const int32_t E = model_hp(g->sm->m)->n_embd;
     sc->gen = NULL;
     for (;;) {
         for (int i = 0; i < g->n_esub; i++) {
@@ -127,9 +128,9 @@ enum MHD_Result srv__embed_collect(server *s, struct MHD_Connection *c, srv_gen 
 /* Tokens one embeddings request may hold over all its inputs:
  * --embed-max-tokens (SERVER_EMBED_MAX_TOKENS by default), never below the
  * context (one whole input always fits). */
-static int64_t srv__embed_bound(const server *s) {
+static int64_t srv__embed_bound(const server *s, const srv_model *sm) {
     int64_t b = s->o.embed_max_tokens > 0 ? s->o.embed_max_tokens : SERVER_EMBED_MAX_TOKENS;
-    return b < s->o.n_ctx ? s->o.n_ctx : b;
+    return b < sm->n_ctx ? sm->n_ctx : b;
 }
 
 /* POST /v1/embeddings (OpenAI's shape). q->rest: a model named by the URL
@@ -159,13 +160,15 @@ enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, const srv_c
     int held = -1;
     int64_t total = 0, charge = 0; // charge: tokens charged when refused for size
     const char *model_name = url_model ? url_model : rq.model;
-    const int32_t E = model_hp(s->m)->n_embd;
-    if (!srv__name_ok(s, model_name)) {
+    const srv_model *sm = srv__model_find(s, model_name);
+    if (!sm) {
+        char served[512];
         srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
-                   "The model '%s' does not exist; this server serves '%s'", model_name,
-                   srv__primary_name(s));
+                   "The model '%s' does not exist; this server serves %s", model_name,
+                   srv__served_names(s, served, sizeof served));
         goto fail;
     }
+    const int32_t E = model_hp(sm->m)->n_embd;
     if (rq.dimensions >= 0 && rq.dimensions != E) {
         srv_refuse(&err, ADMIT_UNSUPPORTED_PARAMETER, "dimensions",
                    "'dimensions' %lld is not supported: this model's embeddings have %d "
@@ -181,15 +184,15 @@ enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, const srv_c
     // most n_ctx + 1 ids each, so an over-long input costs about n_ctx tokens,
     // and no more than the request's bound over all inputs (issue 38: one
     // request held ~511k tokens, 103 s of engine time)
-    const int64_t bound = srv__embed_bound(s);
+    const int64_t bound = srv__embed_bound(s, sm);
     for (int i = 0; i < rq.n; i++) {
         srv_embed_input *x = &rq.in[i];
         bool cut = false;
         if (!x->is_ids) {
             ks_errbuf eb;
             int64_t left = bound - total; // >= 0: checked below for every input
-            size_t cap = left < s->o.n_ctx ? (size_t)left : (size_t)s->o.n_ctx;
-            if (tok_encode_max(s->vocab, x->text, x->len, true, false, cap, &x->ids,
+            size_t cap = left < sm->n_ctx ? (size_t)left : (size_t)sm->n_ctx;
+            if (tok_encode_max(sm->vocab, x->text, x->len, true, false, cap, &x->ids,
                                &x->n_ids, &eb)) {
                 srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
                 goto fail;
@@ -201,19 +204,19 @@ enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, const srv_c
             }
         }
         for (size_t k = 0; x->is_ids && k < x->n_ids; k++)
-            if (x->ids[k] >= tok_n_vocab(s->vocab)) {
+            if (x->ids[k] >= tok_n_vocab(sm->vocab)) {
                 srv_refuse(
                     &err, ADMIT_INVALID, "input",
                     "input %d, token %zu: id %d is out of range: the vocabulary has %d tokens", i,
-                    k, (int)x->ids[k], (int)tok_n_vocab(s->vocab));
+                    k, (int)x->ids[k], (int)tok_n_vocab(sm->vocab));
                 goto fail;
             }
-        if (x->n_ids > (size_t)s->o.n_ctx) {
+        if (x->n_ids > (size_t)sm->n_ctx) {
             srv_refuse(&err, ADMIT_CONTEXT_LENGTH, "input",
                        "This model's maximum context length is %d tokens. However, you "
                        "requested %s%zu tokens (%s%zu in the input, 0 for the completion). "
                        "Please reduce the length of the input.",
-                       s->o.n_ctx, cut ? "at least " : "", x->n_ids, cut ? "at least " : "",
+                       sm->n_ctx, cut ? "at least " : "", x->n_ids, cut ? "at least " : "",
                        x->n_ids);
             charge = total + (int64_t)x->n_ids;
             goto fail;
@@ -237,7 +240,7 @@ enum MHD_Result srv__embeddings(server *s, struct MHD_Connection *c, const srv_c
         goto fail;
     }
     held = tenant;
-    if (!(g = srv__gen_new(s, sc, SRV_ROUTE_EMBEDDINGS, model_name, held, total))) {
+    if (!(g = srv__gen_new(s, sm, sc, SRV_ROUTE_EMBEDDINGS, model_name, held, total))) {
         srv_fail(&err, 500, "internal_error", "out of memory");
         goto fail;
     }
@@ -287,14 +290,22 @@ fail:
     return srv__reply_error(s, c, route, &err);
 }
 
+/* The largest vocabulary of the catalog (a detokenize list's first bound). */
+static int32_t srv__max_vocab(const server *s) {
+    int32_t v = 0;
+    for (int k = 0; k < s->n_mods; k++)
+        if (tok_n_vocab(s->mods[k].vocab) > v) v = tok_n_vocab(s->mods[k].vocab);
+    return v;
+}
+
 /* Refuses a /tokenize or /detokenize of `tokens` (at least) as longer than
  * the context, in the words of the engine's refusal. */
-static void srv__tokenize_too_long(server *s, bool detok, int64_t tokens, bool at_least,
-                                   srv_error *err) {
+static void srv__tokenize_too_long(const srv_model *sm, bool detok, int64_t tokens,
+                                   bool at_least, srv_error *err) {
     srv_refuse(err, ADMIT_CONTEXT_LENGTH, detok ? "tokens" : "content",
                "This model's maximum context length is %d tokens. However, the %s has %s%lld "
                "tokens. Please send a shorter one.",
-               s->o.n_ctx, detok ? "token list" : "text", at_least ? "at least " : "",
+               sm->n_ctx, detok ? "token list" : "text", at_least ? "at least " : "",
                (long long)tokens);
 }
 
@@ -325,16 +336,25 @@ static enum MHD_Result srv__tokenize_do(server *s, struct MHD_Connection *c, con
     srv_tokenize_req rq = {0};
     const char *model_name = NULL;
     if (!detok ? !srv_tokenize_parse(body, sc->body.len, &rq, &err)
-               : !srv_detokenize_parse(body, sc->body.len, tok_n_vocab(s->vocab), &ids, &n,
+               : !srv_detokenize_parse(body, sc->body.len, srv__max_vocab(s), &ids, &n,
                                        &model_name, &root, &err))
         goto out;
     if (!detok) model_name = rq.model;
-    if (!srv__name_ok(s, model_name)) {
+    const srv_model *sm = srv__model_find(s, model_name);
+    if (!sm) {
+        char served[512];
         srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
-                   "The model '%s' does not exist; this server serves '%s'", model_name,
-                   srv__primary_name(s));
+                   "The model '%s' does not exist; this server serves %s", model_name,
+                   srv__served_names(s, served, sizeof served));
         goto out;
     }
+    for (size_t k = 0; detok && k < n; k++) // the parse checked the largest vocabulary
+        if (ids[k] >= tok_n_vocab(sm->vocab)) {
+            srv_refuse(&err, ADMIT_INVALID, "tokens",
+                       "token %zu: id %d is out of range: the vocabulary has %d tokens", k,
+                       (int)ids[k], (int)tok_n_vocab(sm->vocab));
+            goto out;
+        }
     // a request of the tenant: its slot and its share of requests first
     admit_reason rj = srv_tenants_admit(s->ts, tenant, 0, ks_now_ns(), msg, sizeof msg);
     if (rj != ADMIT_OK) {
@@ -343,22 +363,22 @@ static enum MHD_Result srv__tokenize_do(server *s, struct MHD_Connection *c, con
     }
     held = true;
     if (!detok) {
-        int64_t lo = srv_prompt_min_tokens(rq.len, s->max_token_bytes);
-        if (lo > s->o.n_ctx) { // too long by its bytes: no tokenizing at all
-            charge = (int64_t)s->o.n_ctx + 1;
-            srv__tokenize_too_long(s, false, lo, true, &err);
+        int64_t lo = srv_prompt_min_tokens(rq.len, sm->max_token_bytes);
+        if (lo > sm->n_ctx) { // too long by its bytes: no tokenizing at all
+            charge = (int64_t)sm->n_ctx + 1;
+            srv__tokenize_too_long(sm, false, lo, true, &err);
             goto out;
         }
         ks_errbuf eb;
-        if (tok_encode_max(s->vocab, rq.content, rq.len, rq.add_special, rq.parse_special,
-                           (size_t)s->o.n_ctx, &ids, &n, &eb)) {
+        if (tok_encode_max(sm->vocab, rq.content, rq.len, rq.add_special, rq.parse_special,
+                           (size_t)sm->n_ctx, &ids, &n, &eb)) {
             srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
             goto out;
         }
     }
-    if (n > (size_t)s->o.n_ctx) {
+    if (n > (size_t)sm->n_ctx) {
         charge = (int64_t)n;
-        srv__tokenize_too_long(s, detok, (int64_t)n, !detok, &err);
+        srv__tokenize_too_long(sm, detok, (int64_t)n, !detok, &err);
         goto out;
     }
     srv_reqinfo *ri = srv__ri(c);
@@ -369,12 +389,12 @@ static enum MHD_Result srv__tokenize_do(server *s, struct MHD_Connection *c, con
         goto out;
     }
     if (!detok) {
-        j = srv_tokenize_answer(s->vocab, ids, n, rq.with_pieces);
+        j = srv_tokenize_answer(sm->vocab, ids, n, rq.with_pieces);
     } else {
-        size_t len = tok_detokenize(s->vocab, ids, n, false, true, NULL, 0);
+        size_t len = tok_detokenize(sm->vocab, ids, n, false, true, NULL, 0);
         char *text = malloc(len + 1);
         if (text) {
-            tok_detokenize(s->vocab, ids, n, false, true, text, len + 1);
+            tok_detokenize(sm->vocab, ids, n, false, true, text, len + 1);
             json_t *t = srv__jstr(text, len);
             j = t ? json_pack("{s:o}", "content", t) : NULL;
         }
@@ -423,10 +443,12 @@ enum MHD_Result srv__count_tokens(server *s, struct MHD_Connection *c, const srv
     int64_t charge = 0; // tokens charged when refused for size
     bool held = false, add_special = true;
     if (!srv_anth_count_parse(sc->body.p ? sc->body.p : "", sc->body.len, &rq, &err)) goto out;
-    if (!srv__name_ok(s, rq.model)) {
+    const srv_model *sm = srv__model_find(s, rq.model);
+    if (!sm) {
+        char served[512];
         srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
-                   "The model '%s' does not exist; this server serves '%s'", rq.model,
-                   srv__primary_name(s));
+                   "The model '%s' does not exist; this server serves %s", rq.model,
+                   srv__served_names(s, served, sizeof served));
         goto out;
     }
     // a request of the tenant: its slot and its share of requests first
@@ -436,26 +458,26 @@ enum MHD_Result srv__count_tokens(server *s, struct MHD_Connection *c, const srv
         goto out;
     }
     held = true;
-    if (!srv__chat_prompt(s, &rq, &text, &add_special, &spans, &n_spans, &err)) goto out;
+    if (!srv__chat_prompt(sm, &rq, &text, &add_special, &spans, &n_spans, &err)) goto out;
     size_t len = strlen(text);
-    int64_t lo = srv_prompt_min_tokens(len, s->max_token_bytes);
-    if (lo > s->o.n_ctx) { // too long by its bytes: no tokenizing at all
-        charge = (int64_t)s->o.n_ctx + 1;
+    int64_t lo = srv_prompt_min_tokens(len, sm->max_token_bytes);
+    if (lo > sm->n_ctx) { // too long by its bytes: no tokenizing at all
+        charge = (int64_t)sm->n_ctx + 1;
         n = (size_t)lo;
     } else {
         ks_errbuf eb;
-        if (tok_encode_marked(s->vocab, text, len, add_special, true, spans, n_spans,
-                              (size_t)s->o.n_ctx, &ids, &n, &eb)) {
+        if (tok_encode_marked(sm->vocab, text, len, add_special, true, spans, n_spans,
+                              (size_t)sm->n_ctx, &ids, &n, &eb)) {
             srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
             goto out;
         }
         charge = (int64_t)n;
     }
-    if (n > (size_t)s->o.n_ctx) {
+    if (n > (size_t)sm->n_ctx) {
         srv_refuse(&err, ADMIT_CONTEXT_LENGTH, "messages",
                    "This model's maximum context length is %d tokens. However, the messages "
                    "have at least %lld tokens. Please send shorter ones.",
-                   s->o.n_ctx, (long long)n);
+                   sm->n_ctx, (long long)n);
         goto out;
     }
     srv_reqinfo *ri = srv__ri(c);
@@ -489,7 +511,7 @@ out:
 enum MHD_Result srv__model_get(server *s, struct MHD_Connection *c, const srv_call *q) {
     const char *id = q->rest;
     srv_error err;
-    if (!srv__name_ok(s, id)) {
+    if (!srv__model_find(s, id)) {
         srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model", "The model '%s' does not exist", id);
         return srv__reply_error(s, c, SRV_ROUTE_MODELS, &err);
     }
@@ -502,17 +524,20 @@ enum MHD_Result srv__models(server *s, struct MHD_Connection *c, const srv_call 
     (void)q;
     json_t *data = json_array();
     long long t = (long long)time(NULL);
-    for (int i = 0; i < s->o.n_aliases; i++)
-        json_array_append_new(data,
-                              json_pack("{s:s, s:s, s:I, s:s}", "id", s->o.aliases[i], "object",
-                                        "model", "created", (json_int_t)t, "owned_by", "kvseal"));
-    bool listed = false;
-    for (int i = 0; i < s->o.n_aliases; i++)
-        if (s->o.model_name && !strcmp(s->o.aliases[i], s->o.model_name)) listed = true;
-    if (s->o.model_name && !listed)
-        json_array_append_new(data,
-                              json_pack("{s:s, s:s, s:I, s:s}", "id", s->o.model_name, "object",
-                                        "model", "created", (json_int_t)t, "owned_by", "kvseal"));
+    for (int k = 0; k < s->n_mods; k++) { // every catalog entry: its aliases, then its name
+        const srv_model *sm = &s->mods[k];
+        for (int i = 0; i < sm->n_aliases; i++)
+            json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s}", "id", sm->aliases[i],
+                                                  "object", "model", "created", (json_int_t)t,
+                                                  "owned_by", "kvseal"));
+        bool listed = false;
+        for (int i = 0; i < sm->n_aliases; i++)
+            if (sm->name && !strcmp(sm->aliases[i], sm->name)) listed = true;
+        if (sm->name && !listed)
+            json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s}", "id", sm->name, "object",
+                                                  "model", "created", (json_int_t)t, "owned_by",
+                                                  "kvseal"));
+    }
     return srv__reply_json(s, c, SRV_ROUTE_MODELS, 200,
                            json_pack("{s:s, s:o}", "object", "list", "data", data));
 }
@@ -524,7 +549,7 @@ enum MHD_Result srv__health(server *s, struct MHD_Connection *c, const srv_call 
     json_t *j = json_pack("{s:s, s:s, s:s, s:b, s:i}", "status",
                           draining ? "draining" : online ? "ok" : "offline", "model",
                           srv__primary_name(s), "kernels", kern_get()->name, "online", online,
-                          "n_ctx", (int)s->o.n_ctx);
+                          "n_ctx", (int)s->mods[0].n_ctx);
     return srv__reply_json(s, c, SRV_ROUTE_HEALTH, draining ? 503 : 200, j);
 }
 
@@ -534,6 +559,16 @@ enum MHD_Result srv__metrics(server *s, struct MHD_Connection *c, const srv_call
     engine_stats es;
     s->b.get_stats(s->b.impl, &es);
     char *text = srv_metrics_render(&s->met, &es, s->b.is_online(s->b.impl));
+    char *more = text && s->b.metrics_text ? s->b.metrics_text(s->b.impl) : NULL;
+    if (more) { // the backend's own series (the router's per-model ones)
+        size_t a = strlen(text), n = strlen(more);
+        char *both = realloc(text, a + n + 1);
+        if (both) {
+            memcpy(both + a, more, n + 1);
+            text = both;
+        }
+        free(more);
+    }
     // count this scrape before rendering the next one; the text shows earlier ones
     enum MHD_Result r =
         srv__reply(s, c, SRV_ROUTE_METRICS, 200, text, "text/plain; version=0.0.4; charset=utf-8");
@@ -621,7 +656,10 @@ enum MHD_Result srv__admin_model(server *s, struct MHD_Connection *c, const srv_
         online = true;
     else
         goto notfound;
-    if (!srv__name_ok(s, name)) {
+    // "*": the whole fleet (every model); a name: that model only where the
+    // backend fronts several (the router's catalog), else the one it serves
+    const srv_model *sm = strcmp(name, "*") ? srv__model_find(s, name) : NULL;
+    if (strcmp(name, "*") && !sm) {
         srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, NULL, "The model '%s' does not exist", name);
         return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
     }
@@ -640,7 +678,10 @@ enum MHD_Result srv__admin_model(server *s, struct MHD_Connection *c, const srv_
         if (v) abort_running = json_is_true(v);
         json_decref(j);
     }
-    s->b.set_online(s->b.impl, online, abort_running);
+    if (sm && s->n_mods > 1 && s->b.set_model_online)
+        s->b.set_model_online(s->b.impl, sm->index, online, abort_running);
+    else
+        s->b.set_online(s->b.impl, online, abort_running);
     ks_log(KS_LOG_WARN, "admin: model %s set %s%s", name, online ? "online" : "offline",
            !online && abort_running ? " (running requests aborted)" : "");
     return srv__reply_json(s, c, SRV_ROUTE_ADMIN, 200,

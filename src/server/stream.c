@@ -35,7 +35,7 @@ static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
         for (int i = 0; ok && i < g->n_ch * srv__fanout(g); i++)
             ok = srv__sse_put(g, srv__chunk(g, ev, i, &oom), oom);
         char raw[256];
-        g->ptext_off += tok_piece(g->s->vocab, ev->token, false, raw, sizeof raw);
+        g->ptext_off += tok_piece(g->sm->vocab, ev->token, false, raw, sizeof raw);
         return ok;
     }
     if (g->ch[idx].tc) // each choice through its own parser

@@ -6,7 +6,8 @@
 #   placeholder, shared_prefix
 #   free_before_quiesce,      -DKS_BROKEN=NAME: a decode-side safeguard off
 #   no_coverage               (every KS_BROKEN build has the fault injectors)
-# Used by test_isolation_broken.sh and test_cluster_faults.sh (I9). Release
+# Used by test_isolation_broken.sh, test_cluster_faults.sh (I9) and
+# test_cluster_catalog.sh (faults: KS_ROUTER_FAULT=mispair). Release
 # suite only: under sanitizers the variants are not built (those tests skip).
 . "$(dirname "$0")/lib.sh"
 [ -z "${KS_SANITIZE:-}" ] || skip "variants are built by the Release suite only"

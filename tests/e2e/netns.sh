@@ -284,5 +284,6 @@ ns_node_of_addr() {
     return 1
 }
 
-# ns__more_lines TEXT FILE N — for wait_for: FILE has more than N lines with TEXT.
-ns__more_lines() { [ "$(grep -c -- "$1" "$2")" -gt "$3" ]; }
+# ns__more_lines TEXT N FILE... — for wait_for: the FILEs together have
+# more than N lines with TEXT.
+ns__more_lines() { local t=$1 n=$2; shift 2; [ "$(cat "$@" | grep -c -- "$t")" -gt "$n" ]; }

@@ -149,11 +149,11 @@ int main(int argc, char **argv) {
         printf("RELAY: decode refused\n");
         rl_hold();
     }
-    uint8_t link[16] = {0};
+    uint8_t link[48] = {0}; // v3: + the model_id (the relay does not know it: zero) + the router
     pd_store_u32(link, victim);
-    pd_store_u64(link + 8, victim_router);
+    pd_store_u64(link + 40, victim_router);
     uint8_t ack[128];
-    if (rl_send_frame(d, 0x0008 /* LINK */, link, 16) || rl_read_frame(d, ack, sizeof ack, &t) < 0 ||
+    if (rl_send_frame(d, 0x0008 /* LINK */, link, sizeof link) || rl_read_frame(d, ack, sizeof ack, &t) < 0 ||
         t != 0x0009 /* LINK_ACK */) {
         printf("RELAY: decode refused\n");
         rl_hold();

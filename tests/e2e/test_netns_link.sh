@@ -21,9 +21,10 @@ ROUTER_ARGS="--tenants $TMPD/tenants.json" DECODE_ARGS="--log-level debug" \
 ns_refs base
 regs=$(ns_registered_count)
 ns_rate p1 16mbit; ns_rate p2 16mbit
+n_first=$(cat "$TMPD/c.d1" "$TMPD/c.d2" | grep -c 'first KV page from')
 NS_COPIES=2 ns_load_start down base
-wait_for "a KV transfer to start" grep -q 'first KV page from' "$TMPD/c.d1" "$TMPD/c.d2"
-addr=$(grep -h 'first KV page from' "$TMPD/c.d1" "$TMPD/c.d2" | head -1 | sed 's/.*first KV page from \([0-9.]*\):.*/\1/')
+wait_for "a KV transfer of the load to start" ns__more_lines 'first KV page from' "$n_first" "$TMPD/c.d1" "$TMPD/c.d2"
+addr=$(grep -h 'first KV page from' "$TMPD/c.d1" "$TMPD/c.d2" | sort | tail -1 | sed 's/.*first KV page from \([0-9.]*\):.*/\1/')
 victim=$(ns_node_of_addr "$addr") || fail "no node has the address $addr"
 echo "link down: $victim ($addr) mid-transfer"
 ns_link "$victim" down
@@ -31,6 +32,8 @@ wait_for "the router to drop $victim" grep -q 'prefill worker [0-9]* lost' "$TMP
 ns_link "$victim" up
 ns_load_wait down
 [ "$NS_WHOLE" -gt 0 ] || fail "no request was answered at all"
+grep -q 'placing it on another prefill worker' "$TMPD/c.r1" || [ "$NS_REFUSED" -gt 0 ] ||
+    fail "the link went down with no request in flight on $victim (nothing was re-placed or refused)"
 ns_rate p1 off; ns_rate p2 off
 wait_for "$victim to register again" ns_registered_ge $((regs + 1))
 ns_pools_clean "the link came back"

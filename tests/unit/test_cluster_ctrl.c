@@ -102,7 +102,7 @@ static void r_frame(pd_conn *c, void *ud, const pd_frame *f) {
         h->n_register++;
         h->reg_role = m.role;
         static const uint8_t model_id[PD_MSG_HASH_BYTES]; /* the harness's workers send zeros */
-        if (cl_register_refused(&m, pd_conn_peer_role(c), model_id, &h->rg, h->why,
+        if (cl_register_refused(&m, pd_conn_peer_role(c), model_id, &h->rg, 0, NULL, h->why,
                                 sizeof h->why)) {
             h->n_refused++;
             cl_error_close(c, KS_ERR_INVAL, h->why); // as router.c does
@@ -368,36 +368,47 @@ static void test_register_check(void) {
                          .host_len = 9};
     memcpy(m.model_id, id, sizeof id);
     char why[256] = "";
-    CHECK(!cl_register_refused(&m, PD_ROLE_DECODE, id, &g2, why, sizeof why));
+    CHECK(!cl_register_refused(&m, PD_ROLE_DECODE, id, &g2, 0, NULL, why, sizeof why));
     CHECK_EQ(why[0], 0);
     // planes: a 2-plane worker and a 1-plane router, and the other way round
-    CHECK(cl_register_refused(&m, PD_ROLE_DECODE, id, &g1, why, sizeof why));
+    CHECK(cl_register_refused(&m, PD_ROLE_DECODE, id, &g1, 0, NULL, why, sizeof why));
     CHECK_STR_EQ(why, "the worker's KV pages hold 2 planes per position per layer (K, V), the "
                       "router's 1 (one row per position): every node must run the same model");
     m.planes = 1;
-    CHECK(cl_register_refused(&m, PD_ROLE_DECODE, id, &g2, why, sizeof why));
+    CHECK(cl_register_refused(&m, PD_ROLE_DECODE, id, &g2, 0, NULL, why, sizeof why));
     CHECK_STR_EQ(why, "the worker's KV pages hold 1 plane per position per layer (one row per "
                       "position), the router's 2 (K, V): every node must run the same model");
     why[0] = 0;
-    CHECK(!cl_register_refused(&m, PD_ROLE_DECODE, id, &g1, why, sizeof why));
+    CHECK(!cl_register_refused(&m, PD_ROLE_DECODE, id, &g1, 0, NULL, why, sizeof why));
     CHECK_EQ(why[0], 0);
     // every other difference keeps its own reason
     pd_msg_register b = m;
     b.kv_dim = 16;
-    CHECK(cl_register_refused(&b, PD_ROLE_DECODE, id, &g1, why, sizeof why));
+    CHECK(cl_register_refused(&b, PD_ROLE_DECODE, id, &g1, 0, NULL, why, sizeof why));
     CHECK_STR_HAS(why, "KV geometry n_layer 2 kv_dim 16 page_tokens 4 differs");
     b = m;
     b.kv_type = KS_DTYPE_Q8_0;
-    CHECK(cl_register_refused(&b, PD_ROLE_DECODE, id, &g1, why, sizeof why));
+    CHECK(cl_register_refused(&b, PD_ROLE_DECODE, id, &g1, 0, NULL, why, sizeof why));
     CHECK_STR_HAS(why, "KV type q8_0 differs from the router's f16");
-    CHECK(cl_register_refused(&m, PD_ROLE_DECODE, other, &g1, why, sizeof why));
+    CHECK(cl_register_refused(&m, PD_ROLE_DECODE, other, &g1, 0, NULL, why, sizeof why));
     CHECK_STR_HAS(why, "model_id differs");
-    CHECK(cl_register_refused(&m, PD_ROLE_PREFILL, id, &g1, why, sizeof why));
+    CHECK(cl_register_refused(&m, PD_ROLE_PREFILL, id, &g1, 0, NULL, why, sizeof why));
     CHECK_STR_HAS(why, "differs from the HELLO role");
     b = m;
     b.data_port = 0;
-    CHECK(cl_register_refused(&b, PD_ROLE_DECODE, id, &g1, why, sizeof why));
+    CHECK(cl_register_refused(&b, PD_ROLE_DECODE, id, &g1, 0, NULL, why, sizeof why));
     CHECK_STR_HAS(why, "data-link host and port");
+    // issue 40: a decode pool that cannot hold the context the router advertises
+    // for the model is refused with the arithmetic (the seed's incident); 9 pages
+    // x 4 tokens = 36 holds 36 but not 37; a prefill worker's pool is its own affair
+    why[0] = 0;
+    CHECK(!cl_register_refused(&m, PD_ROLE_DECODE, id, &g1, 36, "kjv", why, sizeof why));
+    CHECK_EQ(why[0], 0);
+    CHECK(cl_register_refused(&m, PD_ROLE_DECODE, id, &g1, 37, "kjv", why, sizeof why));
+    CHECK_STR_EQ(why, "pool 9 pages x 4 tokens = 36 < context 37 advertised for kjv");
+    b = m;
+    b.role = PD_ROLE_PREFILL;
+    CHECK(!cl_register_refused(&b, PD_ROLE_PREFILL, id, &g1, 37, "kjv", why, sizeof why));
 }
 
 /* On the wire: a 1-plane worker's REGISTER (planes in byte 2) reaches a

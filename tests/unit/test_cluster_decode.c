@@ -54,6 +54,7 @@ typedef struct rframe {
 
 typedef struct harness {
     const model *m;
+    uint8_t model_id[32]; /* cluster_model_id(m): in LINK and ADMIT */
     kv_geom g;
     uint32_t tm[PD_MSG_N_TYPES];
     // router side
@@ -152,7 +153,8 @@ static void p_on_open(pd_conn *c, void *ud) {
     harness *h = ud;
     h->link_open = true;
     pd_msg_link lk = {.prefill_worker_id = PREFILL_ID, .router_id = ROUTER_ID};
-    uint8_t buf[16];
+    memcpy(lk.model_id, h->model_id, sizeof lk.model_id);
+    uint8_t buf[PD_MSG_LINK_LEN];
     uint32_t len;
     CHECK(pd_msg_link_encode(&lk, buf, sizeof buf, &len, NULL) == KS_OK);
     send1(c, PD_MSG_LINK, 0, buf, len);
@@ -175,9 +177,10 @@ static void p_on_frame(pd_conn *c, void *ud, const pd_frame *f) {
 // the other router's link
 #define OTHER_ROUTER_ID 0x0fedcba987654321ull
 static void o_on_open(pd_conn *c, void *ud) {
-    (void)ud;
+    harness *h = ud;
     pd_msg_link lk = {.prefill_worker_id = PREFILL_ID, .router_id = OTHER_ROUTER_ID};
-    uint8_t buf[16];
+    memcpy(lk.model_id, h->model_id, sizeof lk.model_id);
+    uint8_t buf[PD_MSG_LINK_LEN];
     uint32_t len;
     CHECK(pd_msg_link_encode(&lk, buf, sizeof buf, &len, NULL) == KS_OK);
     send1(c, PD_MSG_LINK, 0, buf, len);
@@ -290,6 +293,7 @@ static void open_link(harness *h) {
 static void h_start(harness *h, const model *m) {
     memset(h, 0, sizeof *h);
     h->m = m;
+    cluster_model_id(m, h->model_id);
     engine_opts d; // pages travel in the engine's default KV type (f16)
     engine_opts_default(&d);
     h->g = model_kv_geom(m, PAGE_T, d.kv_type);
@@ -362,20 +366,26 @@ static void sampling(sample_params *sp) {
     }
 }
 
-static void admit(harness *h, uint64_t id, uint32_t n_prompt) {
+/* ADMIT for model model_id; waits for the GRANT or DENY. */
+static void admit_for(harness *h, uint64_t id, uint32_t n_prompt, const uint8_t *model_id) {
     sample_params sp;
     sampling(&sp);
     pd_msg_admit a;
     memset(&a, 0, sizeof a);
     a.n_prompt = n_prompt;
     a.prefill_worker_id = PREFILL_ID;
+    memcpy(a.model_id, model_id, sizeof a.model_id);
     char msg[256];
     CHECK(cl_sampling_to_msg(&sp, MAX_TOK, true, NULL, 0, NULL, 0, &a.s, msg, sizeof msg));
-    uint8_t buf[80];
+    uint8_t buf[PD_MSG_ADMIT_FIXED];
     uint32_t len;
     CHECK(pd_msg_admit_encode(&a, buf, sizeof buf, &len, NULL) == KS_OK);
     send1(h->rc, PD_MSG_ADMIT, id, buf, len);
     wait_for(h, p_grant_or_deny, id, "GRANT");
+}
+
+static void admit(harness *h, uint64_t id, uint32_t n_prompt) {
+    admit_for(h, id, n_prompt, h->model_id);
     CHECK(find_rf(h, id, PD_MSG_GRANT) != NULL);
 }
 
@@ -620,7 +630,8 @@ static void phase_relink(harness *h) {
     CHECK_EQ(h->epoch, old);
     CHECK(!h->link_closed);
     pd_msg_link rt = {.prefill_worker_id = PREFILL_ID, .router_id = ROUTER_ID};
-    uint8_t buf[16];
+    memcpy(rt.model_id, h->model_id, sizeof rt.model_id);
+    uint8_t buf[PD_MSG_LINK_LEN];
     uint32_t len;
     CHECK(pd_msg_link_encode(&rt, buf, sizeof buf, &len, NULL) == KS_OK);
     send1(h->rc, PD_MSG_RETIRE, 0, buf, len);
@@ -663,7 +674,8 @@ static void phase_routers(harness *h) {
     CHECK(pd_msg_grant_decode(gf->data, gf->len, &g, NULL) == KS_OK);
     CHECK_EQ(g.link_epoch, h->epoch);  // our router's link, not the other's
     pd_msg_link rt = {.prefill_worker_id = PREFILL_ID, .router_id = OTHER_ROUTER_ID};
-    uint8_t buf[16];
+    memcpy(rt.model_id, h->model_id, sizeof rt.model_id);
+    uint8_t buf[PD_MSG_LINK_LEN];
     uint32_t len;
     CHECK(pd_msg_link_encode(&rt, buf, sizeof buf, &len, NULL) == KS_OK);
     send1(h->rc, PD_MSG_RETIRE, 0, buf, len);  // not this router's worker: ignored
@@ -716,6 +728,25 @@ static void phase_reject(harness *h) {
     CHECK(fin.msg_len == 35 && memcmp(fin.msg, rj.msg, 35) == 0);
     CHECK_EQ(count_rf(h, 9, PD_MSG_TOKEN), 0);
     expect_clean(h); // freed directly: nothing quarantined
+}
+
+/* Issue 40: an ADMIT for another model is DENY MODEL, naming both ids, and
+ * nothing is reserved (no page of one model is granted to another's request). */
+static void phase_model(harness *h) {
+    uint8_t other[32];
+    memcpy(other, h->model_id, sizeof other);
+    other[0] ^= 0xff;
+    admit_for(h, 10, N_PROMPT, other);
+    CHECK(find_rf(h, 10, PD_MSG_GRANT) == NULL);
+    const rframe *df = find_rf(h, 10, PD_MSG_DENY);
+    CHECK(df != NULL);
+    pd_msg_deny d;
+    CHECK(pd_msg_deny_decode(df->data, df->len, &d, NULL) == KS_OK);
+    CHECK_EQ(d.reason, PD_DENY_MODEL);
+    char msg[PD_MSG_MAX_TEXT + 1];
+    snprintf(msg, sizeof msg, "%.*s", (int)d.msg_len, d.msg);
+    CHECK_STR_HAS(msg, "no page crosses models");
+    expect_clean(h);
 }
 
 static void phase_abort(harness *h) {
@@ -793,6 +824,8 @@ int main(void) {
     printf("ok coverage\n");
     phase_reject(h);
     printf("ok reject\n");
+    phase_model(h);
+    printf("ok model\n");
     phase_abort(h);
     printf("ok abort\n");
     phase_link_loss(h);

@@ -247,6 +247,9 @@ static void d_frame(pd_conn *c, void *ud, const pd_frame *f) {
     case PD_MSG_LINK: {
         pd_msg_link lk;
         CHECK_EQ(pd_msg_link_decode(f->payload, f->payload_len, &lk, NULL), KS_OK);
+        uint8_t mid[32]; // LINK names the model the prefill worker serves (issue 40)
+        cluster_model_id(h->m, mid);
+        CHECK(memcmp(lk.model_id, mid, sizeof mid) == 0);
         h->link_from = lk.prefill_worker_id;
         h->dc = c;
         h->n_links++;
@@ -338,8 +341,11 @@ static uint32_t g_flags; /* extra sampling flags of the next start_request (PD_F
 /* The router's part of a request: ADMIT on the fake decode (grant bound to
  * link_epoch), then PREFILL to the worker. */
 static void start_request(uint64_t req_id, uint32_t n_prompt, uint32_t max_tokens, uint64_t epoch) {
+    uint8_t mid[32];
+    cluster_model_id(H.m, mid);
     pd_recv_admit_args a = {.n_prompt = n_prompt, .max_tokens = max_tokens,
-                            .prefill_worker_id = PREFILL_ID, .link_epoch = epoch};
+                            .prefill_worker_id = PREFILL_ID, .link_epoch = epoch,
+                            .model_id = mid};
     const uint8_t *grant;
     uint32_t grant_len, deny;
     ks_errbuf eb;
@@ -645,6 +651,7 @@ int main(void) {
     // fake decode: pool, receiver, data listener
     CHECK_EQ(kv_pool_create(&H.g, DEC_PAGES, KV_SCRUB_ZERO, &H.dpool, NULL), KS_OK);
     pd_recv_cfg rc = {.n_ctx = 0, .emit = d_ev, .emit_ctx = &H};
+    cluster_model_id(H.m, rc.model_id); // its grants carry the model (the worker checks it)
     CHECK_EQ(pd_recv_create(H.dpool, &rc, &H.r, NULL), KS_OK);
     H.dl = mkloop(PD_ROLE_DECODE);
     pd_conn_cbs dcbs = {.on_frame = d_frame, .sink = d_sink, .sink_prefix = PD_MSG_KV_PAGE_HDR,

@@ -151,7 +151,8 @@ static uint32_t sample(uint16_t t, uint8_t *buf, size_t cap) {
         break;
     }
     case PD_MSG_LINK: {
-        pd_msg_link m = {4, 0x1112131415161718ull};
+        pd_msg_link m = {.prefill_worker_id = 4, .router_id = 0x1112131415161718ull};
+        memset(m.model_id, 0xa7, sizeof m.model_id);
         e = pd_msg_link_encode(&m, buf, cap, &n, &eb);
         break;
     }
@@ -163,6 +164,7 @@ static uint32_t sample(uint16_t t, uint8_t *buf, size_t cap) {
     case PD_MSG_ADMIT: {
         pd_msg_admit m = {.n_prompt = 60, .prefill_worker_id = 4, .s = SAMP};
         memset(m.domain_hash, 0x5a, 32);
+        for (int i = 0; i < 32; i++) m.model_id[i] = (uint8_t)(0xc0 + i);
         e = pd_msg_admit_encode(&m, buf, cap, &n, &eb);
         break;
     }
@@ -271,16 +273,16 @@ static void test_names_and_bounds(void) {
     CHECK_EQ(tm[0x1E], PD_TYPE_FORBIDDEN);
     CHECK_EQ(tm[PD_MSG_POOL_CHECK], 0);
     CHECK_EQ(tm[PD_MSG_POOL_CHECK_ACK], 24);
-    CHECK_EQ(tm[PD_MSG_RETIRE], 16);
+    CHECK_EQ(tm[PD_MSG_RETIRE], 48);
     CHECK_STR_EQ(pd_msg_type_name(PD_MSG_RETIRE), "RETIRE");
-    CHECK_EQ(tm[PD_MSG_REGISTER], 315);
+    CHECK_EQ(tm[PD_MSG_REGISTER], 64 + 255 + 1024); /* v3: + names */
     CHECK_EQ(tm[PD_MSG_REGISTER_ACK], 16);
     CHECK_EQ(tm[PD_MSG_HEALTH], 8);
     CHECK_EQ(tm[PD_MSG_HEALTH_ACK], 24);
     CHECK_EQ(tm[PD_MSG_PEER], 263);
-    CHECK_EQ(tm[PD_MSG_LINK], 16);
+    CHECK_EQ(tm[PD_MSG_LINK], 48); /* v3: + the model_id, the router identity */
     CHECK_EQ(tm[PD_MSG_LINK_ACK], 8);
-    CHECK_EQ(tm[PD_MSG_ADMIT], 80 + 28 + 8 * 1024 + 262144); // with the largest extension
+    CHECK_EQ(tm[PD_MSG_ADMIT], 112 + 28 + 8 * 1024 + 262144); // with the largest extension
     CHECK_EQ(tm[PD_MSG_GRANT], 4194304);
     CHECK_EQ(tm[PD_MSG_DENY], 520);
     CHECK_EQ(tm[PD_MSG_PREFILL], 16777216);
@@ -298,7 +300,7 @@ static void test_names_and_bounds(void) {
 
     CHECK_EQ(pd_msg_type_max(NULL, tm, &eb), KS_OK);
     CHECK_EQ(tm[PD_MSG_KV_PAGE], PD_TYPE_FORBIDDEN);
-    CHECK_EQ(tm[PD_MSG_ADMIT], 80 + 28 + 8 * 1024 + 262144);          // with the largest extension
+    CHECK_EQ(tm[PD_MSG_ADMIT], 112 + 28 + 8 * 1024 + 262144);         // with the largest extension
     kv_geom big = {.n_layer = 64, .kv_dim = 8192, .page_tokens = 64}; /* 256 MiB page */
     CHECK_EQ(pd_msg_type_max(&big, tm, &eb), KS_ERR_INVAL);
     kv_geom zero = {.n_layer = 0, .kv_dim = 8, .page_tokens = 16};
@@ -325,7 +327,7 @@ static void test_names_and_bounds(void) {
 // Exact byte layouts (hand-built from docs/pd-protocol.md section 4)
 
 static void test_layout_admit(void) {
-    uint8_t want[80] = {
+    uint8_t want[112] = {
         60, 0, 0, 0,         /* 0 n_prompt */
         128, 0, 0, 0,        /* 4 max_tokens */
         4, 0, 0, 0,          /* 8 prefill_worker_id */
@@ -343,14 +345,17 @@ static void test_layout_admit(void) {
     memset(want + 68, 0xff, 4); /* top_k -1 */
     want[72] = 5;               /* n_probs */
     /* 76 reserved = 0 */
-    uint8_t buf[80];
-    CHECK_EQ(sample(PD_MSG_ADMIT, buf, sizeof buf), 80);
-    CHECK_MEM_EQ(buf, want, 80);
+    for (int i = 0; i < 32; i++) want[80 + i] = (uint8_t)(0xc0 + i); /* 80 model_id (v3) */
+    uint8_t buf[112];
+    CHECK_EQ(sample(PD_MSG_ADMIT, buf, sizeof buf), 112);
+    CHECK_MEM_EQ(buf, want, 112);
 
     pd_msg_admit a;
     ks_errbuf eb;
     want[76] = 0xee; /* reserved: ignored */
-    CHECK_EQ(pd_msg_admit_decode(want, 80, &a, &eb), KS_OK);
+    CHECK_EQ(pd_msg_admit_decode(want, 112, &a, &eb), KS_OK);
+    CHECK_MEM_EQ(a.model_id, want + 80, 32);
+    CHECK_EQ(pd_msg_admit_decode(want, 80, &a, &eb), KS_ERR_PROTO); /* a v2 ADMIT: too short */
     CHECK_EQ(a.n_prompt, 60);
     CHECK_EQ(a.s.max_tokens, 128);
     CHECK_EQ(a.prefill_worker_id, 4);
@@ -364,13 +369,17 @@ static void test_layout_admit(void) {
 
 static void test_layout_grant(void) {
     /* 2 pages: n_prompt 20, page_tokens 16 */
-    uint8_t want[32 + 48] = {
+    uint8_t want[64 + 48] = {
         0x4d, 0, 0, 0, 0, 0, 0, 0,          /* 0 seq_uid 77 */
         5, 0, 0, 0, 0, 0, 0, 0,             /* 8 link_epoch 5 */
         20, 0, 0, 0,                        /* 16 n_prompt */
         16, 0, 0, 0,                        /* 20 page_tokens */
         2, 0, 0, 0,                         /* 24 n_pages */
         0, 0, 0, 0,                         /* 28 reserved */
+        0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, /* 32 model_id (v3) */
+        0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1,
+        0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1,
+        0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1, 0xb1,
         0xe8, 0x03, 0, 0,                   /* page 0: page_id 1000 */
         0, 0, 0, 0,                         /*   first_token 0 */
         16, 0, 0, 0,                        /*   n_tokens 16 */
@@ -384,6 +393,7 @@ static void test_layout_grant(void) {
     };
     pd_msg_grant_entry en[2];
     pd_msg_grant m = {.seq_uid = 77, .link_epoch = 5, .n_prompt = 20, .page_tokens = 16};
+    memset(m.model_id, 0xb1, sizeof m.model_id);
     m.n_pages = fill_entries(en, 20, 16);
     uint8_t buf[sizeof want];
     uint32_t n;
@@ -393,17 +403,18 @@ static void test_layout_grant(void) {
     CHECK_EQ(n, sizeof want);
     CHECK_MEM_EQ(buf, want, sizeof want);
     want[28] = 0x77;      /* reserved fields are ignored */
-    want[32 + 12] = 0x99;
+    want[64 + 12] = 0x99;
     pd_msg_grant g;
     CHECK_EQ(pd_msg_grant_decode(want, sizeof want, &g, &eb), KS_OK);
     CHECK(g.seq_uid == 77 && g.link_epoch == 5);
+    CHECK_MEM_EQ(g.model_id, m.model_id, 32);
     CHECK_EQ(g.n_pages, 2);
     pd_msg_grant_entry e1 = pd_msg_grant_entry_at(&g, 1);
     CHECK_EQ(e1.page_id, 1007);
     CHECK_EQ(e1.first_token, 16);
     CHECK_EQ(e1.n_tokens, 4);
     CHECK(e1.gen == 0x0102030405060709ull);
-    CHECK(g.entries == want + 32); /* zero-copy */
+    CHECK(g.entries == want + 64); /* zero-copy */
 }
 
 static void test_layout_kv_page(void) {
@@ -484,10 +495,10 @@ static void test_round_trip_small(void) {
                              .host_len = 255};
         memset(m.model_id, 0xc3, 32);
         CHECK_EQ(pd_msg_register_encode(&m, NULL, 0, &n, &eb), KS_OK);
-        CHECK_EQ(n, 315);
-        CHECK_EQ(pd_msg_register_encode(&m, buf, 314, &n, &eb), KS_ERR_NOSPACE);
+        CHECK_EQ(n, 319);
+        CHECK_EQ(pd_msg_register_encode(&m, buf, 318, &n, &eb), KS_ERR_NOSPACE);
         CHECK_EQ(pd_msg_register_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
-        CHECK_EQ(n, 315);
+        CHECK_EQ(n, 319);
         pd_msg_register r;
         CHECK_EQ(pd_msg_register_decode(buf, n, &r, &eb), KS_OK);
         CHECK(r.role == 2 && r.n_layer == 22 && r.kv_dim == 256 && r.page_tokens == 16);
@@ -521,6 +532,22 @@ static void test_round_trip_small(void) {
         m.role = PD_ROLE_ROUTER;
         CHECK_EQ(pd_msg_register_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
         CHECK_STR_HAS(eb.msg, "role");
+        /* v3: the names the worker serves its model as follow the host */
+        m.role = PD_ROLE_DECODE;
+        m.data_port = 7000;
+        m.names = "kjv-mini,bible";
+        m.names_len = 14;
+        CHECK_EQ(pd_msg_register_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
+        CHECK_EQ(n, 64 + 3 + 14);
+        CHECK_EQ(pd_msg_register_decode(buf, n, &r, &eb), KS_OK);
+        CHECK(r.names_len == 14 && r.names == (const char *)buf + 64 + 3);
+        CHECK_MEM_EQ(r.names, "kjv-mini,bible", 14);
+        buf[64 + 3 + 8] = 0; /* a NUL in the names */
+        CHECK_EQ(pd_msg_register_decode(buf, n, &r, &eb), KS_ERR_PROTO);
+        CHECK_STR_HAS(eb.msg, "names");
+        CHECK_EQ(pd_msg_register_decode(buf, n - 1, &r, &eb), KS_ERR_PROTO); /* short */
+        m.names_len = PD_MSG_MAX_NAMES + 1;
+        CHECK_EQ(pd_msg_register_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
     }
     {
         pd_msg_register_ack m = {0xfffffffe, 1000, UINT64_MAX - 1}, r;
@@ -536,11 +563,11 @@ static void test_round_trip_small(void) {
         CHECK_EQ(pd_msg_register_ack_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
     }
     {
-        pd_msg_link m = {77, 0xa1a2a3a4a5a6a7a8ull}, r;
+        pd_msg_link m = {.prefill_worker_id = 77, .router_id = 0xa1a2a3a4a5a6a7a8ull}, r;
         CHECK_EQ(pd_msg_link_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
         CHECK_EQ(pd_msg_link_decode(buf, n, &r, &eb), KS_OK);
-        CHECK(n == 16 && r.prefill_worker_id == 77 && r.router_id == 0xa1a2a3a4a5a6a7a8ull);
-        memset(buf + 8, 0, 8);
+        CHECK(n == 48 && r.prefill_worker_id == 77 && r.router_id == 0xa1a2a3a4a5a6a7a8ull);
+        memset(buf + 40, 0, 8);
         CHECK_EQ(pd_msg_link_decode(buf, n, &r, &eb), KS_ERR_PROTO);
         CHECK_EQ(pd_msg_link_decode(buf, 8, &r, &eb), KS_ERR_PROTO); // a v2 LINK
     }
@@ -584,10 +611,12 @@ static void test_round_trip_small(void) {
         CHECK_EQ(r.host_len, 0);
     }
     {
-        pd_msg_link m = {31, 9}, r;
+        pd_msg_link m = {.prefill_worker_id = 31, .router_id = 9}, r;
+        for (int i = 0; i < 32; i++) m.model_id[i] = (uint8_t)(0x40 + i);
         CHECK_EQ(pd_msg_link_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
         CHECK_EQ(pd_msg_link_decode(buf, n, &r, &eb), KS_OK);
-        CHECK(n == 16 && r.prefill_worker_id == 31 && r.router_id == 9);
+        CHECK(n == 48 && r.prefill_worker_id == 31 && r.router_id == 9); /* v3: + model, router */
+        CHECK_MEM_EQ(r.model_id, m.model_id, 32);
         pd_msg_link_ack a = {1}, ra;
         CHECK_EQ(pd_msg_link_ack_encode(&a, buf, sizeof buf, &n, &eb), KS_OK);
         CHECK_EQ(pd_msg_link_ack_decode(buf, n, &ra, &eb), KS_OK);
@@ -607,7 +636,11 @@ static void test_round_trip_small(void) {
         m.msg_len = 0;
         m.reason = PD_DENY_INVALID;
         CHECK_EQ(pd_msg_deny_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
-        m.reason = 7;
+        m.reason = PD_DENY_MODEL; /* v3: another model's ADMIT */
+        CHECK_EQ(pd_msg_deny_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
+        CHECK_EQ(pd_msg_deny_decode(buf, n, &r, &eb), KS_OK);
+        CHECK_EQ(r.reason, 7);
+        m.reason = 8;
         CHECK_EQ(pd_msg_deny_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
     }
     {
@@ -728,9 +761,9 @@ static void test_round_trip_small(void) {
 static void test_round_trip_big(void) {
     ks_errbuf eb;
     uint32_t n;
-    /* GRANT at its largest: 174761 pages of one token (4194296 bytes) */
-    uint32_t np = (PD_MSG_GRANT_MAX - 32) / 24;
-    CHECK_EQ(np, 174761);
+    /* GRANT at its largest: 174760 pages of one token (4194304 bytes) */
+    uint32_t np = (PD_MSG_GRANT_MAX - 64) / 24;
+    CHECK_EQ(np, 174760);
     pd_msg_grant_entry *en = malloc(sizeof *en * (np + 1));
     CHECK(en);
     pd_msg_grant m = {.seq_uid = 1, .link_epoch = 2, .n_prompt = np, .page_tokens = 1};
@@ -739,7 +772,7 @@ static void test_round_trip_big(void) {
     uint8_t *buf = malloc(cap);
     CHECK(buf);
     CHECK_EQ(pd_msg_grant_encode(&m, en, buf, cap, &n, &eb), KS_OK);
-    CHECK_EQ(n, 4194296);
+    CHECK_EQ(n, 4194304);
     pd_msg_grant g;
     CHECK_EQ(pd_msg_grant_decode(buf, n, &g, &eb), KS_OK);
     CHECK_EQ(g.n_pages, np);
@@ -750,29 +783,29 @@ static void test_round_trip_big(void) {
     CHECK_EQ(pd_msg_grant_encode(&m, en, buf, cap, &n, &eb), KS_ERR_INVAL);
     pd_store_u32(buf + 16, np + 1);
     pd_store_u32(buf + 24, np + 1);
-    REJECTS(PD_MSG_GRANT, buf, 4194320, "bound");
+    REJECTS(PD_MSG_GRANT, buf, 4194328, "bound");
     free(en);
 
-    /* PREFILL at exactly 16 MiB: one page covering n_prompt = 4194270 tokens */
-    uint32_t nt = 4194270;
+    /* PREFILL at exactly 16 MiB: one page covering n_prompt = 4194262 tokens */
+    uint32_t nt = 4194262;
     int32_t *tok = malloc(sizeof *tok * (nt + 1));
     CHECK(tok);
     for (uint32_t i = 0; i <= nt; i++) tok[i] = (int32_t)(i * 2654435761u);
     pd_msg_grant_entry one = {.page_id = 5, .first_token = 0, .n_tokens = nt, .gen = 9};
     pd_msg_grant g1 = {.seq_uid = 3, .link_epoch = 4, .n_prompt = nt, .page_tokens = nt,
                        .n_pages = 1};
-    uint8_t gbytes[56];
+    uint8_t gbytes[88];
     CHECK_EQ(pd_msg_grant_encode(&g1, &one, gbytes, sizeof gbytes, &n, &eb), KS_OK);
     pd_msg_prefill p = {.decode_worker_id = 8, .n_prompt = nt, .s = SAMP, .grant = gbytes,
-                        .grant_len = 56};
-    CHECK_EQ(pd_msg_prefill_size(56, nt), PD_MSG_PREFILL_MAX);
+                        .grant_len = 88};
+    CHECK_EQ(pd_msg_prefill_size(88, nt), PD_MSG_PREFILL_MAX);
     CHECK_EQ(pd_msg_prefill_encode(&p, tok, buf, cap, &n, &eb), KS_OK);
     CHECK_EQ(n, PD_MSG_PREFILL_MAX);
     pd_msg_prefill r;
     CHECK_EQ(pd_msg_prefill_decode(buf, n, &r, &eb), KS_OK);
-    CHECK(r.decode_worker_id == 8 && r.n_prompt == nt && r.grant_len == 56);
-    CHECK_MEM_EQ(r.grant, gbytes, 56);
-    CHECK(r.grant == buf + 80 && r.tokens == buf + 136);
+    CHECK(r.decode_worker_id == 8 && r.n_prompt == nt && r.grant_len == 88);
+    CHECK_MEM_EQ(r.grant, gbytes, 88);
+    CHECK(r.grant == buf + 80 && r.tokens == buf + 168);
     for (uint32_t i = 0; i < nt; i += 4099) CHECK_EQ(pd_msg_prefill_token(&r, i), tok[i]);
     CHECK_EQ(pd_msg_prefill_token(&r, nt - 1), tok[nt - 1]);
     CHECK_EQ(pd_msg_prefill_grant(&r, &g, &eb), KS_OK);
@@ -940,8 +973,8 @@ static void test_enums_and_ranges(void) {
     n = sample(PD_MSG_DENY, buf, sizeof buf);
     put_u32(cp, buf, n, 0, 0);
     REJECTS(PD_MSG_DENY, cp, n, "reason 0");
-    put_u32(cp, buf, n, 0, 7);
-    REJECTS(PD_MSG_DENY, cp, n, "reason 7");
+    put_u32(cp, buf, n, 0, 8);
+    REJECTS(PD_MSG_DENY, cp, n, "reason 8");
 
     n = sample(PD_MSG_REJECT, buf, sizeof buf);
     put_u32(cp, buf, n, 0, 0);
@@ -987,8 +1020,8 @@ static void test_grant_coverage(void) {
     uint32_t n = sample(PD_MSG_GRANT, buf, sizeof buf); /* 60 tokens, 16/page, 4 pages */
     ks_errbuf eb;
     pd_msg_grant g;
-    CHECK_EQ(n, 32 + 4 * 24);
-#define ENT(i, f) (32 + 24 * (i) + (f))
+    CHECK_EQ(n, 64 + 4 * 24);
+#define ENT(i, f) (64 + 24 * (i) + (f))
     /* the doc's example: last page claims 22 rows */
     put_u32(cp, buf, n, ENT(3, 8), 22);
     CHECK_EQ(pd_msg_grant_decode(cp, n, &g, &eb), KS_ERR_PROTO);
@@ -1029,21 +1062,21 @@ static void test_grant_coverage(void) {
     pd_store_u64(cp + 8, 0);
     REJECTS(PD_MSG_GRANT, cp, n, "link_epoch is 0");
     /* n_prompt 0 with 0 pages */
-    memset(cp, 0, 32);
+    memset(cp, 0, 64);
     pd_store_u64(cp + 8, 1);
     pd_store_u32(cp + 20, 16);
-    REJECTS(PD_MSG_GRANT, cp, 32, "n_prompt is 0");
+    REJECTS(PD_MSG_GRANT, cp, 64, "n_prompt is 0");
     /* first_token + n_tokens overflowing u32 must not wrap into acceptance */
     put_u32(cp, buf, n, ENT(3, 8), 0xffffffff - 47);
     REJECTS(PD_MSG_GRANT, cp, n, "page 3 covers");
     /* huge page_tokens: ceil without overflow */
-    memset(cp, 0, 56);
+    memset(cp, 0, 88);
     pd_store_u64(cp + 8, 1);
     pd_store_u32(cp + 16, 0xffffffff);
     pd_store_u32(cp + 20, 0xffffffff);
     pd_store_u32(cp + 24, 1);
-    pd_store_u32(cp + 32 + 8, 0xffffffff);
-    CHECK_EQ(pd_msg_grant_decode(cp, 56, &g, &eb), KS_OK);
+    pd_store_u32(cp + 64 + 8, 0xffffffff);
+    CHECK_EQ(pd_msg_grant_decode(cp, 88, &g, &eb), KS_OK);
     /* reserved fields ignored */
     put_u32(cp, buf, n, 28, 0xdeadbeef);
     pd_store_u32(cp + ENT(2, 12), 0xdeadbeef);
@@ -1066,7 +1099,7 @@ static void test_grant_coverage(void) {
     CHECK_STR_EQ(eb.msg,
                  "PREFILL: grant: GRANT: page 3 covers tokens [48, 70) but n_prompt is 60");
     /* PREFILL n_prompt differs from the grant's (len kept consistent) */
-    uint8_t g20[32 + 48];
+    uint8_t g20[64 + 48];
     pd_msg_grant_entry e2[2];
     pd_msg_grant gm = {.seq_uid = 1, .link_epoch = 1, .n_prompt = 20, .page_tokens = 16};
     gm.n_pages = fill_entries(e2, 20, 16);
@@ -1155,7 +1188,7 @@ static void test_planes(void) {
                          .host_len = 1};
     memset(m.model_id, 0x5a, 32);
     CHECK_EQ(pd_msg_register_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
-    CHECK_EQ(n, 61);
+    CHECK_EQ(n, 65);
     CHECK(buf[1] == KS_DTYPE_F16 && buf[2] == 1 && buf[3] == 0);
     pd_msg_register r;
     CHECK_EQ(pd_msg_register_decode(buf, n, &r, &eb), KS_OK);
@@ -1291,14 +1324,14 @@ static void test_sampling_ext(void) {
     uint32_t n = 0;
     uint8_t buf[1024];
 
-    // ADMIT: 80 + extension
+    // ADMIT: 112 (v3: the model_id) + extension
     pd_msg_admit a = {.n_prompt = 9, .prefill_worker_id = 3, .s = s}, ra;
     CHECK_EQ(pd_msg_admit_encode(&a, buf, sizeof buf, &n, &eb), KS_OK);
-    CHECK_EQ(n, 80 + X + 16 + gl);
+    CHECK_EQ(n, 112 + X + 16 + gl);
     CHECK_EQ(pd_msg_admit_decode(buf, n, &ra, &eb), KS_OK);
     CHECK(ra.s.repeat_penalty == 1.25f && ra.s.repeat_last_n == 64 &&
           ra.s.frequency_penalty == 0.5f && ra.s.presence_penalty == -0.25f && ra.s.min_tokens == 7);
-    CHECK(ra.s.n_bias == 2 && ra.s.grammar_len == gl && ra.s.grammar == (const char *)buf + 80 + X + 16);
+    CHECK(ra.s.n_bias == 2 && ra.s.grammar_len == gl && ra.s.grammar == (const char *)buf + 112 + X + 16);
     CHECK_MEM_EQ(ra.s.grammar, G, gl);
     int32_t t;
     float b;
@@ -1306,12 +1339,12 @@ static void test_sampling_ext(void) {
     CHECK(t == 31999 && b == -100.0f);
     // the extension is all that follows the fixed part: one byte less or more is refused
     REJECTS(PD_MSG_ADMIT, buf, n - 1, "sampling extension");
-    REJECTS(PD_MSG_ADMIT, buf, 80, "fixed part");
-    // without the flag, ADMIT is exactly 80 bytes and reads the extension's defaults
+    REJECTS(PD_MSG_ADMIT, buf, 112, "fixed part");
+    // without the flag, ADMIT is exactly 112 bytes and reads the extension's defaults
     uint32_t flags = pd_load_u32(buf + 12);
     pd_store_u32(buf + 12, flags & ~PD_FLAG_EXT);
-    REJECTS(PD_MSG_ADMIT, buf, n, "expected 80");
-    CHECK_EQ(pd_msg_admit_decode(buf, 80, &ra, &eb), KS_OK);
+    REJECTS(PD_MSG_ADMIT, buf, n, "expected 112");
+    CHECK_EQ(pd_msg_admit_decode(buf, 112, &ra, &eb), KS_OK);
     CHECK(ra.s.repeat_penalty == 1.0f && ra.s.repeat_last_n == 0 && ra.s.n_bias == 0 &&
           !ra.s.grammar && !ra.s.bias);
     pd_store_u32(buf + 12, flags | PD_FLAG_PROMPT_LP); // echo's prompt logprobs: a known bit
@@ -1323,22 +1356,22 @@ static void test_sampling_ext(void) {
     // counts over their bounds, non-finite penalties, bad entries, a NUL in the text
     uint8_t bad[1024];
     memcpy(bad, buf, n);
-    pd_store_u32(bad + 80 + X - 8, PD_MSG_MAX_BIAS + 1);
+    pd_store_u32(bad + 112 + X - 8, PD_MSG_MAX_BIAS + 1);
     REJECTS(PD_MSG_ADMIT, bad, n, "n_bias");
     memcpy(bad, buf, n);
-    pd_store_u32(bad + 80 + X - 4, PD_MSG_MAX_GRAMMAR + 1);
+    pd_store_u32(bad + 112 + X - 4, PD_MSG_MAX_GRAMMAR + 1);
     REJECTS(PD_MSG_ADMIT, bad, n, "grammar_len");
     memcpy(bad, buf, n);
-    pd_store_u32(bad + 80 + X - 4, gl + 1);
+    pd_store_u32(bad + 112 + X - 4, gl + 1);
     REJECTS(PD_MSG_ADMIT, bad, n, "imply");
     memcpy(bad, buf, n);
-    pd_store_u32(bad + 80 + 8, 0x7fc00000u); // NaN frequency penalty
+    pd_store_u32(bad + 112 + 8, 0x7fc00000u); // NaN frequency penalty
     REJECTS(PD_MSG_ADMIT, bad, n, "finite");
     memcpy(bad, buf, n);
-    pd_store_u32(bad + 80 + X, 0xffffffffu); // token -1
+    pd_store_u32(bad + 112 + X, 0xffffffffu); // token -1
     REJECTS(PD_MSG_ADMIT, bad, n, "bias entry 0");
     memcpy(bad, buf, n);
-    bad[80 + X + 16 + 3] = 0;
+    bad[112 + X + 16 + 3] = 0;
     REJECTS(PD_MSG_ADMIT, bad, n, "NUL");
     // the encoder refuses what the decoder would
     pd_msg_admit big = a;

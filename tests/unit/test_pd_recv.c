@@ -101,6 +101,8 @@ static granted admit(harness *h, uint64_t req_id, uint32_t n_prompt, uint32_t ma
     CHECK(len <= sizeof gr.raw);
     memcpy(gr.raw, buf, len);
     CHECK_EQ(pd_msg_grant_decode(gr.raw, len, &gr.g, &eb), KS_OK);
+    static const uint8_t pool_model[32] = {0}; // cfg.model_id: every GRANT carries it
+    CHECK_MEM_EQ(gr.g.model_id, pool_model, 32);
     CHECK_EQ(pd_recv_state_of(h->r, req_id), PD_RECV_GRANTED);
     return gr;
 }
@@ -620,6 +622,19 @@ static void test_duplicates_and_denies(void) {
     CHECK_EQ(deny, PD_DENY_NOSPACE);
     CHECK_EQ(pd_recv_state_of(h.r, 31), PD_RECV_NONE);
     CHECK_EQ(kv_pool_n_free(h.pool), NPAGES);
+    // MODEL (issue 40): an ADMIT for another model than the pool's is refused before
+    // anything is reserved, naming both; the receiver's own model gets a GRANT carrying it
+    uint8_t other[32];
+    memset(other, 0x42, sizeof other);
+    pd_recv_admit_args om = {.n_prompt = 4, .max_tokens = 1, .link_epoch = EP, .model_id = other};
+    CHECK_EQ(pd_recv_admit(h.r, 31, &om, &gb, &gl, &deny, &eb), KS_ERR_INVAL);
+    CHECK_EQ(deny, PD_DENY_MODEL);
+    CHECK_STR_HAS(eb.msg, "the request is for model 42424242.. but this worker's pages hold "
+                          "model 00000000..: no page crosses models");
+    CHECK(gb == NULL && gl == 0);
+    CHECK_EQ(pd_recv_state_of(h.r, 31), PD_RECV_NONE);
+    CHECK_EQ(kv_pool_n_free(h.pool), NPAGES);
+    // (every GRANT carries the pool's model: admit() checks it)
     // KV_PAGE for an unknown req_id: discarded, ABORT back on that link
     granted ghost = a;
     ghost.req_id = 999;

@@ -626,10 +626,19 @@ static void test_revalidation_rejects(void) {
     CHECK(pd_send_prefill(h.s, 35, buf, len, &st, NULL) == KS_OK);
     expect_reject_only(&h, 35, ADMIT_KV_CAPACITY, 1);
 
+    // issue 40: a grant for another model (its model_id, inside the PREFILL) is
+    // refused before any page is computed: no page crosses models
+    gl = admit(&h, 36, 6, 2, EP, grant, sizeof grant);
+    grant[32] ^= 0xff; // GRANT's model_id (offset 32): not the prefill worker's
+    len = prefill_payload(6, 2, grant, gl, toks, buf, sizeof buf);
+    CHECK(pd_send_prefill(h.s, 36, buf, len, &st, NULL) == KS_OK);
+    CHECK_EQ(st, PD_SEND_REJECTED);
+    expect_reject_only(&h, 36, ADMIT_INTERNAL, 1);
+
     CHECK_EQ(h.computes, 0);
     // decode: every REJECT frees its grant directly (F3)
     deliver(&h, 0);
-    for (uint64_t id = 31; id <= 35; id++) {
+    for (uint64_t id = 31; id <= 36; id++) {
         CHECK_EQ(pd_recv_state_of(h.r, id), PD_RECV_FREED);
         CHECK_EQ(count_ev(&h, id, PD_RECV_EV_COMMIT), 0);
     }
