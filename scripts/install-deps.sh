@@ -5,8 +5,9 @@
 set -euo pipefail
 # libsystemd-dev: sd_notify readiness for packaging/kvseal.service (optional to the build)
 # libucx-dev: the UCX data plane (src/pd/ucx.c; required)
+# libhiredis-dev: tenant limits shared between routers (--limits-redis); redis-server: its e2e test
 pkgs=(pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev libsodium-dev libxxhash-dev libssl-dev
-      libsystemd-dev libucx-dev)
+      libsystemd-dev libucx-dev libhiredis-dev redis-server)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -35,6 +35,15 @@ ks_err cluster_secret_load(const char *path, uint8_t *buf, size_t cap, size_t *l
  * Can't fail. */
 void cluster_model_id(const model *m, uint8_t out[32] /* OUT */);
 
+/* Most routers one worker registers with (cluster_worker_opts.routers). */
+#define CLUSTER_MAX_ROUTERS 16
+
+/* One router's control address. */
+typedef struct cluster_router_addr {
+    const char *host; /* borrowed */
+    int port;
+} cluster_router_addr;
+
 /* Options of a prefill or decode worker. */
 typedef struct cluster_worker_opts {
     const model *m;          /* borrowed; outlives the worker */
@@ -44,6 +53,11 @@ typedef struct cluster_worker_opts {
                                 pd_loop_cfg.insecure_plaintext); every node must agree */
     const char *router_host; /* the router's control address ("127.0.0.1") */
     int router_port;
+    /* several routers (n_routers 1..CLUSTER_MAX_ROUTERS, routers borrowed; then
+     * router_host/port are ignored): one control connection each, requests of
+     * all of them served over the one pool; losing one ends only its requests */
+    const cluster_router_addr *routers;
+    int n_routers;
     /* decode only: the data-link listener (prefill workers connect here) */
     const char *data_host;      /* bind address ("127.0.0.1") */
     int data_port;              /* 0: any free port */

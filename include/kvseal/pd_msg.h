@@ -82,7 +82,7 @@ typedef enum pd_msg_type {
 #define PD_MSG_GRANT_ENTRY 24u
 #define PD_MSG_PREFILL_FIXED 80u
 #define PD_MSG_ADMIT_FIXED 112u         /* 80 + the model_id (v3) */
-#define PD_MSG_LINK_LEN 40u             /* 8 + the model_id (v3) */
+#define PD_MSG_LINK_LEN 48u             /* 8 + the model_id + the router identity (v3) */
 #define PD_MSG_REGISTER_FIXED 64u       /* v3: names_len at 60 */
 #define PD_MSG_MAX_NAMES 1024u          /* REGISTER names_len */
 #define PD_MSG_HASH_BYTES 32u           /* model_id, domain_hash */
@@ -176,10 +176,12 @@ typedef struct pd_msg_register {
     uint16_t names_len; /* <= PD_MSG_MAX_NAMES; no NUL byte */
 } pd_msg_register;
 
-/* REGISTER_ACK (8). */
+/* REGISTER_ACK (16). */
 typedef struct pd_msg_register_ack {
     uint32_t worker_id;
     uint32_t health_interval_ms;
+    uint64_t router_id; /* the router process's identity (random, never 0): worker ids are
+                           this router's numbering (issue 40, more than one router) */
 } pd_msg_register_ack;
 
 /* HEALTH (8). */
@@ -214,11 +216,12 @@ typedef struct pd_msg_peer {
     uint16_t host_len;
 } pd_msg_peer;
 
-/* LINK (40); also the payload of RETIRE (the prefill worker the router retired). */
+/* LINK (48); also the payload of RETIRE (the prefill worker the router retired). */
 typedef struct pd_msg_link {
-    uint32_t prefill_worker_id;
+    uint32_t prefill_worker_id; /* in the numbering of router router_id */
     uint8_t model_id[PD_MSG_HASH_BYTES]; /* the model the sender serves (v3): a data link
                                             between workers of two models never comes up */
+    uint64_t router_id;         /* REGISTER_ACK's router identity (never 0) */
 } pd_msg_link;
 
 /* LINK_ACK (8, or 12 + ucx_addr_len from a decode worker on the UCX data

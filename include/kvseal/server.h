@@ -70,6 +70,11 @@ typedef struct server_opts {
                                  chat_template_file applies to entry 0 (the others use their
                                  own templates); tool_call_format and reasoning_format to all */
     int n_more;
+    const char *limits_redis;        /* "HOST:PORT": tenant rate limits shared through redis
+                                        with every server pointed at it; NULL: per process */
+    const char *limits_redis_prefix; /* its key prefix (NULL: "kvseal:") */
+    double limits_local_share;       /* redis unreachable: the fraction of each rate limit this
+                                        process admits on its own (0: 1) */
 } server_opts;
 
 #define SERVER_EMBED_MAX_TOKENS 32768 /* server_opts.embed_max_tokens's default */

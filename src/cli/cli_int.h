@@ -123,6 +123,7 @@ void cli__notify(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define SERVE_MAX_ALIASES 16
 #define SERVE_MAX_MODELS 16 /* further -m values (the router's catalog) */
 #define SERVE_MAX_CORS 16
+#define SERVE_MAX_ROUTERS 16 /* CLUSTER_MAX_ROUTERS */
 
 typedef struct serve__cfg {
     const char *model_path, *host, *tenants, *admin_key, *metrics_key, *security_log;
@@ -149,7 +150,11 @@ typedef struct serve__cfg {
     int tool_call_format; /* --tool-call-format (server_opts), -1: the template's */
     int reasoning_format; /* --reasoning-format (server_opts), -1: the template's */
     // cluster roles (kvseal router / prefill / decode)
-    const char *secret_file, *router, *data_host, *advertise_host, *cluster_host;
+    const char *secret_file, *data_host, *advertise_host, *cluster_host;
+    const char *limits_redis, *limits_redis_prefix; /* --limits-redis HOST:PORT, key prefix */
+    double limits_local_share;                      /* --limits-local-share (0: default 1) */
+    const char *routers[SERVE_MAX_ROUTERS]; /* --router HOST:PORT (repeatable, or a comma list) */
+    int n_routers;
     long data_port, cluster_port, health_interval_ms, drain_timeout_ms; // cluster_port -1: unset
     const char *health_host; /* workers: --health-host (127.0.0.1) */
     long health_port;        /* workers: --health-port (-1: no health endpoint; 0: any) */

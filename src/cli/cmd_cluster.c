@@ -200,19 +200,29 @@ static int cluster__worker(int argc, char **argv, bool decode) {
     size_t secret_len = 0;
     int rc = cluster__prepare(argc, argv, &c, &m, &o, secret, &secret_len);
     if (rc >= 0) return rc;
-    char host[256];
-    long port = 0;
-    const char *colon = c.router ? strrchr(c.router, ':') : NULL;
-    if (!c.router || !colon || colon == c.router || (size_t)(colon - c.router) >= sizeof host ||
-        !cli__parse_int("--router", colon + 1, 1, 65535, &port)) {
-        fprintf(stderr, "kvseal %s: --router HOST:PORT is required (the router's cluster port)\n",
+    char hosts[SERVE_MAX_ROUTERS][256];
+    cluster_router_addr ra[SERVE_MAX_ROUTERS];
+    for (int i = 0; i < c.n_routers; i++) {
+        const char *r = c.routers[i];
+        const char *colon = strrchr(r, ':');
+        long port = 0;
+        if (!colon || colon == r || (size_t)(colon - r) >= sizeof hosts[i] ||
+            !cli__parse_int("--router", colon + 1, 1, 65535, &port)) {
+            c.n_routers = 0;
+            break;
+        }
+        snprintf(hosts[i], sizeof hosts[i], "%.*s", (int)(colon - r), r);
+        ra[i] = (cluster_router_addr){hosts[i], (int)port};
+    }
+    if (c.n_routers == 0) {
+        fprintf(stderr, "kvseal %s: --router HOST:PORT is required (the router's cluster port; "
+                "repeat it, or list several separated by commas, for more than one router)\n",
                 argv[0]);
         sodium_memzero(secret, sizeof secret);
         model_free(m);
         serve__cfg_free(&c);
         return 2;
     }
-    snprintf(host, sizeof host, "%.*s", (int)(colon - c.router), c.router);
     sigset_t sigs;
     cluster__block_signals(&sigs);
     pthread_t waiter;
@@ -229,8 +239,9 @@ static int cluster__worker(int argc, char **argv, bool decode) {
         size_t n = strlen(names);
         snprintf(names + n, sizeof names - n, ",%s", c.aliases[i]);
     }
-    cluster_worker_opts wo = {.m = m, .names = names, .secret = secret, .secret_len = secret_len, .router_host = host,
-                              .router_port = (int)port,
+    cluster_worker_opts wo = {.m = m, .names = names, .secret = secret, .secret_len = secret_len,
+                              .router_host = ra[0].host, .router_port = ra[0].port,
+                              .routers = ra, .n_routers = c.n_routers,
                               .data_host = c.data_host ? c.data_host : "127.0.0.1",
                               .data_port = (int)c.data_port, .advertise_host = c.advertise_host,
                               .eng = o, .drain_ms = (uint32_t)c.drain_timeout_ms,
@@ -243,8 +254,9 @@ static int cluster__worker(int argc, char **argv, bool decode) {
     cluster__warn_plaintext(&c);
     if (decode)
         wo.eng.prefix_cache = false; // prefill owns the cache (cluster/prefill.c pf__reserve)
-    ks_log(KS_LOG_INFO, "%s worker for %s, context %d, %u KV pages, kernels %s, router %s:%ld",
-           decode ? "decode" : "prefill", c.model_path, o.n_ctx, o.kv_pages, kern_get()->name, host, port);
+    ks_log(KS_LOG_INFO, "%s worker for %s, context %d, %u KV pages, kernels %s, %d router(s), first %s:%d",
+           decode ? "decode" : "prefill", c.model_path, o.n_ctx, o.kv_pages, kern_get()->name,
+           c.n_routers, ra[0].host, ra[0].port);
     ks_errbuf eb = {0};
     ks_err e = decode ? cluster_decode_run(&wo, &cluster__stop, &eb)
                       : cluster_prefill_run(&wo, &cluster__stop, &eb);
@@ -256,6 +268,8 @@ static int cluster__worker(int argc, char **argv, bool decode) {
     serve__cfg_free(&c);
     return e ? 1 : 0;
 }
+
+_Static_assert(SERVE_MAX_ROUTERS == CLUSTER_MAX_ROUTERS, "one router limit");
 
 int cli_prefill(int argc, char **argv) { return cluster__worker(argc, argv, false); }
 

@@ -67,6 +67,11 @@ void serve__usage(const char *cmd) {
         "  f32 in the same memory; q8_0 needs head_dim %% 32 == 0). Every node of a cluster\n"
         "  must use the same one.\n"
         "  Without --tenants there is one anonymous tenant and no API key is required.\n"
+        "  --limits-redis HOST:PORT shares the tenants' tokens_per_minute and\n"
+        "  requests_per_minute with every serve/router pointed at the same redis (keys\n"
+        "  start with --limits-redis-prefix, default kvseal:); while redis is unreachable\n"
+        "  each process admits --limits-local-share (default 1) of each limit on its own.\n"
+        "  max_concurrent is always counted per process.\n"
         "  With tenants, /metrics needs --metrics-key's key (or the admin key) as a bearer\n"
         "  token. --embed-max-tokens: tokens one embeddings request may hold over all its\n"
         "  inputs (never below --ctx).\n"
@@ -80,8 +85,8 @@ void serve__usage(const char *cmd) {
         "(>= 16 bytes, mode 600):\n"
         "  kvseal router  [the options above] --secret-file FILE [--cluster-host 127.0.0.1]\n"
         "                 [--cluster-port 7070 (0: any)] [--health-interval-ms 1000]\n"
-        "  kvseal prefill [-m MODEL] --router HOST:PORT --secret-file FILE [--ctx N] [--kv-pages "
-        "N]\n"
+        "  kvseal prefill [-m MODEL] --router HOST:PORT[,HOST:PORT...] --secret-file FILE [--ctx N]\n"
+        "                 [--kv-pages N]\n"
         "                 [--threads N] [--batch-tokens 256] [--page-tokens 16] [--scrub "
         "zero|poison]\n"
         "                 [--kv-type f32|f16|q8_0] [--no-prefix-cache] [--drain-timeout-ms 30000]\n"
@@ -97,6 +102,9 @@ void serve__usage(const char *cmd) {
         "  --data-plane ucx (prefill and decode alike; the router pairs only workers of one\n"
         "  plane): KV pages go as one-sided UCX puts (transports from UCX_TLS), each sealed\n"
         "  with AES-GCM under keys exported from the TLS data link.\n"
+        "  --router may repeat (or list several, comma-separated; at most 16): the worker\n"
+        "  registers with every router and serves them all over its one pool; losing one\n"
+        "  router ends only the requests it carried.\n"
         "  On SIGTERM a worker drains: it takes no new request, finishes what it holds (up to\n"
         "  --drain-timeout-ms; 0 aborts at once) and exits 0.\n"
         "  --health-port N (0: any; prints \"health on http://HOST:PORT\"): a worker answers\n"
@@ -209,6 +217,9 @@ enum {
     SO_GRAMMAR_BUDGET,
     SO_GRAMMAR_CPU,
     SO_DATA_PLANE,
+    SO_LIMITS_REDIS,
+    SO_LIMITS_REDIS_PREFIX,
+    SO_LIMITS_LOCAL_SHARE,
     SO_HEALTH_HOST,
     SO_HEALTH_PORT,
     SO__N
@@ -241,7 +252,7 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_HEALTH_INTERVAL] = {"health-interval-ms", 0, true, false},
     [SO_DRAIN_TIMEOUT] = {"drain-timeout-ms", 0, true, false},
     [SO_SECRET_FILE] = {"secret-file", 0, true, false},
-    [SO_ROUTER] = {"router", 0, true, false},
+    [SO_ROUTER] = {"router", 0, true, true},
     [SO_DATA_HOST] = {"data-host", 0, true, false},
     [SO_ADVERTISE_HOST] = {"advertise-host", 0, true, false},
     [SO_CLUSTER_HOST] = {"cluster-host", 0, true, false},
@@ -259,6 +270,9 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_GRAMMAR_BUDGET] = {"grammar-budget-ms", 0, true, false},
     [SO_GRAMMAR_CPU] = {"grammar-cpu-ms", 0, true, false},
     [SO_DATA_PLANE] = {"data-plane", 0, true, false},
+    [SO_LIMITS_REDIS] = {"limits-redis", 0, true, false},
+    [SO_LIMITS_REDIS_PREFIX] = {"limits-redis-prefix", 0, true, false},
+    [SO_LIMITS_LOCAL_SHARE] = {"limits-local-share", 0, true, false},
     [SO_HEALTH_HOST] = {"health-host", 0, true, false},
     [SO_HEALTH_PORT] = {"health-port", 0, true, false},
 };
@@ -361,9 +375,6 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
     case SO_SECRET_FILE:
         sv = &c->secret_file;
         break;
-    case SO_ROUTER:
-        sv = &c->router;
-        break;
     case SO_DATA_HOST:
         sv = &c->data_host;
         break;
@@ -391,6 +402,12 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
     case SO_SECURITY_LOG:
         sv = &c->security_log;
         break;
+    case SO_LIMITS_REDIS:
+        sv = &c->limits_redis;
+        break;
+    case SO_LIMITS_REDIS_PREFIX:
+        sv = &c->limits_redis_prefix;
+        break;
     default:
         break;
     }
@@ -412,12 +429,49 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
         return 0;
     }
     switch (id) {
+    case SO_LIMITS_LOCAL_SHARE: {
+        char *end = NULL;
+        double f = strtod(v, &end);
+        if (!end || *end || !(f > 0 && f <= 1)) {
+            fprintf(stderr, "kvseal: --limits-local-share expects a fraction in (0, 1], got '%s'\n", v);
+            return 2;
+        }
+        c->limits_local_share = f;
+        return 0;
+    }
     case SO_KV_MEMORY:
         if (!serve__parse_bytes(v, &c->kv_memory)) {
             fprintf(stderr, "kvseal: --kv-memory expects a size such as 512M or 4G, got '%s'\n", v);
             return 2;
         }
         return 0;
+    case SO_ROUTER: {  // repeatable, and each value may be a comma list
+        if (reset) c->n_routers = 0; // the command line's routers replace the file's
+        const char *p = v;
+        for (;;) {
+            while (*p == ' ' || *p == '\t') p++;  // "a:1, b:2": spaces around items go
+            size_t n = strcspn(p, ","), m = n;
+            while (m > 0 && (p[m - 1] == ' ' || p[m - 1] == '\t')) m--;
+            if (m > 0) {
+                if (c->n_routers == SERVE_MAX_ROUTERS) {
+                    fprintf(stderr, "kvseal: at most %d --router addresses\n", SERVE_MAX_ROUTERS);
+                    return 2;
+                }
+                char one[300];
+                if (m >= sizeof one) {
+                    fprintf(stderr, "kvseal: --router address too long\n");
+                    return 2;
+                }
+                memcpy(one, p, m);
+                one[m] = '\0';
+                if (!(c->routers[c->n_routers] = serve__keep(c, one))) return 2;
+                c->n_routers++;
+            }
+            if (!p[n]) break;
+            p += n + 1;
+        }
+        return 0;
+    }
     case SO_ALIAS:
         if (reset) c->n_aliases = 0; // the command line's aliases replace the file's
         if (c->n_aliases == SERVE_MAX_ALIASES) {
@@ -629,6 +683,9 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     so.chat_template_file = c->chat_template_file;
     so.admin_key = c->admin_key;
     so.metrics_key = c->metrics_key;
+    so.limits_redis = c->limits_redis;
+    so.limits_redis_prefix = c->limits_redis_prefix;
+    so.limits_local_share = c->limits_local_share;
     so.embed_max_tokens = (int32_t)c->embed_max_tokens;
     so.log_content = c->log_content;
     so.n_ctx = n_ctx;

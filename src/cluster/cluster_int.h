@@ -114,6 +114,17 @@ void cl_ctrl_quiesce(cl_ctrl *c);
 bool cl_ctrl_registered(const cl_ctrl *c);
 /* The router-assigned worker id (0 before the first REGISTER_ACK). */
 uint32_t cl_ctrl_worker_id(const cl_ctrl *c);
+/* The router identity of the latest REGISTER_ACK (0 before the first): worker
+ * ids are that router's numbering. Can't fail. */
+uint64_t cl_ctrl_router_id(const cl_ctrl *c);
+/* "HOST:PORT" of the router this connection serves, for logs. Can't fail. */
+const char *cl_ctrl_name(const cl_ctrl *c);
+
+/* The routers a worker registers with: o->routers, or the single
+ * router_host/router_port. Fills out[0..n) (borrowed strings) and returns n,
+ * or 0 when none is valid or there are more than CLUSTER_MAX_ROUTERS. Pure. */
+int cl_worker_routers(const cluster_worker_opts *o,
+                      cluster_router_addr out[CLUSTER_MAX_ROUTERS] /* OUT */);
 /* Closes the connection (no on_lost) and frees; accepts NULL. Loop thread. */
 void cl_ctrl_destroy(cl_ctrl *c);
 

@@ -8,6 +8,7 @@
 #include "cluster_int.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,8 @@ struct cl_ctrl {
     bool registered;  /* REGISTER_ACK received on conn */
     bool synced;      /* registered, and a HEALTH came after the ACK (on_synced called) */
     uint32_t worker_id;
+    uint64_t router_id;       /* REGISTER_ACK's identity */
+    char name[300];           /* "host:port" for logs */
     uint32_t backoff_ms;
     bool quiesced;          /* draining: no reconnect once the router lets go */
     uint64_t next_attempt_ms; /* when conn == NULL: next connect */
@@ -138,6 +141,7 @@ static void ctrl__on_frame(pd_conn *pc, void *ud, const pd_frame *f) {
         c->registered = true;
         c->synced = false;
         c->worker_id = a.worker_id;
+        c->router_id = a.router_id;
         /* The router gives up on a worker after three missed HEALTH_ACKs;
          * the worker waits at least five announced intervals, so a slow
          * router is not mistaken for a dead one before it says so. */
@@ -146,8 +150,8 @@ static void ctrl__on_frame(pd_conn *pc, void *ud, const pd_frame *f) {
                                                    : c->cfg.t_router_ms;
         c->backoff_ms = CTRL_BACKOFF_MIN_MS;
         c->last_health_ms = cl_now_ms(NULL);
-        ks_log(KS_LOG_INFO, "registered with router %s:%d as worker %" PRIu32, c->router_host,
-               c->cfg.router_port, a.worker_id);
+        ks_log(KS_LOG_INFO, "registered with router %s:%d as worker %" PRIu32 " (router %016" PRIx64 ")",
+               c->router_host, c->cfg.router_port, a.worker_id, a.router_id);
         if (c->cbs.on_registered) c->cbs.on_registered(c->ud, a.worker_id);
         return;
     }
@@ -247,6 +251,7 @@ ks_err cl_ctrl_start(pd_loop *l, const cl_ctrl_cfg *cfg, const cl_ctrl_cbs *cbs,
     if (cfg->reg.host_len) memcpy(c->reg_host, cfg->reg.host, cfg->reg.host_len);
     c->reg_host[cfg->reg.host_len] = '\0';
     c->cfg.router_host = c->router_host;
+    snprintf(c->name, sizeof c->name, "%.255s:%d", c->router_host, cfg->router_port);
     c->cfg.reg.host = c->reg_host;
     if (!c->cfg.t_router_ms) c->cfg.t_router_ms = CTRL_T_ROUTER_DEFAULT_MS;
     c->backoff_ms = CTRL_BACKOFF_MIN_MS;
@@ -289,6 +294,21 @@ bool cl_ctrl_registered(const cl_ctrl *c) { return c->registered; }
 void cl_ctrl_quiesce(cl_ctrl *c) { c->quiesced = true; }
 
 uint32_t cl_ctrl_worker_id(const cl_ctrl *c) { return c->worker_id; }
+
+uint64_t cl_ctrl_router_id(const cl_ctrl *c) { return c->router_id; }
+
+const char *cl_ctrl_name(const cl_ctrl *c) { return c->name; }
+
+int cl_worker_routers(const cluster_worker_opts *o, cluster_router_addr out[CLUSTER_MAX_ROUTERS]) {
+    int n = o->n_routers > 0 ? o->n_routers : 1;
+    if (n > CLUSTER_MAX_ROUTERS) return 0;
+    for (int i = 0; i < n; i++) {
+        out[i] = o->n_routers > 0 ? o->routers[i]
+                                  : (cluster_router_addr){o->router_host, o->router_port};
+        if (!out[i].host || out[i].port <= 0 || out[i].port > 65535) return 0;
+    }
+    return n;
+}
 
 void cl_ctrl_destroy(cl_ctrl *c) {
     if (!c) return;

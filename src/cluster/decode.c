@@ -5,7 +5,8 @@
  *
  * Everything network runs on the engine's scheduler thread through
  * engine_opts.poll: the pd_loop, the data-link listener and links, the
- * control connection (cl_ctrl) and the transfer receiver (pd_recv) are
+ * control connections (one cl_ctrl per router: a worker serves several
+ * routers over one pool) and the transfer receiver (pd_recv) are
  * created on the first poll and destroyed in poll_end, so the pool, the
  * receiver and every running sequence have one owner. The calling thread
  * only waits for the start, then for *stop. */
@@ -33,9 +34,9 @@ typedef struct dec__link {
     struct dec__worker *w;
     pd_conn *c;
     uint64_t epoch;       /* 0 until LINK arrived */
-    uint32_t prefill_id;  /* from LINK */
+    uint32_t prefill_id;  /* from LINK: in router router_id's numbering */
+    uint64_t router_id;   /* from LINK: whose worker id prefill_id is */
     bool retired;         /* the router retired its prefill worker: closing */
-    uint32_t router_gen;  /* w->router_gen when LINK arrived */
     bool sink_pending;    /* a KV_PAGE payload is being received into a page */
     uint64_t sink_req;
     struct dec__link *next;
@@ -44,6 +45,7 @@ typedef struct dec__link {
 /* One granted request (ADMIT we answered with GRANT), until its FINISH. */
 typedef struct dec__req {
     uint64_t req_id;
+    int rt;         /* the router (dec__worker.rts index) that sent its ADMIT */
     uint32_t n_prompt;
     pd_msg_sampling s;
     engine_req *er; /* adopted: generation runs */
@@ -69,6 +71,13 @@ typedef struct dec__commit {
     uint64_t rng_state;
 } dec__commit;
 
+/* One router: its control connection (cl_ctrl's ud). */
+typedef struct dec__rt {
+    struct dec__worker *w;
+    int idx;
+    cl_ctrl *ctrl;
+} dec__rt;
+
 enum { DEC__STARTING = 0, DEC__RUNNING = 1, DEC__FAILED = 2 };
 #define DEC__MAX_COMMITS 4
 
@@ -87,7 +96,8 @@ typedef struct dec__worker {
     ks_errbuf start_eb;    /* the start failure (read after phase = FAILED) */
     pd_loop *l;
     pd_listener *ls;
-    cl_ctrl *ctrl;
+    dec__rt rts[CLUSTER_MAX_ROUTERS];
+    int n_rt;
     cl_health *health;     /* --health-port's endpoint, or NULL; set before the engine starts */
     pd_recv *rcv;
     cl_ucx *ucx;           /* --data-plane ucx, else NULL */
@@ -96,8 +106,6 @@ typedef struct dec__worker {
     char host[PD_MSG_MAX_HOST + 1]; /* REGISTER host (borrowed by ctrl) */
     uint8_t model_id[PD_MSG_HASH_BYTES]; /* cluster_model_id of the model served */
     dec__link *links;
-    uint32_t router_gen;   /* bumped at every router loss: worker ids belong to one router
-                              session, and a restarted router may hand an id out again */
     dec__req *req;
     uint32_t n_req, cap_req;
     /* only pd_recv_done emits COMMIT (one per call) and every pd_recv call
@@ -142,11 +150,12 @@ static bool dec__reserve(dec__worker *w) {
 
 /* Adds an entry; dec__reserve must have returned true since the last add. */
 /* Adds a request; takes ownership of g and bias. */
-static void dec__add(dec__worker *w, uint64_t req_id, uint32_t n_prompt, const pd_msg_sampling *s,
+static void dec__add(dec__worker *w, int rt, uint64_t req_id, uint32_t n_prompt, const pd_msg_sampling *s,
                      const uint8_t domain_hash[PD_MSG_HASH_BYTES], grammar *g, sample_bias *bias) {
     KS_ASSERT(w->n_req < w->cap_req);
     dec__req *q = &w->req[w->n_req++];
     *q = (dec__req){.req_id = req_id,
+                    .rt = rt,
                     .n_prompt = n_prompt,
                     .s = *s,
                     .g = g,
@@ -178,12 +187,15 @@ static void dec__remove(dec__worker *w, uint64_t req_id) {
 // ----------------------------------------------------------------------------
 // Frames to the router and to prefill
 
-static void dec__ctrl_send(dec__worker *w, uint16_t type, uint64_t req_id, const void *p,
+/* Sends a frame to router rt (an index of w->rts; -1: none, dropped). */
+static void dec__ctrl_send(dec__worker *w, int rt, uint16_t type, uint64_t req_id, const void *p,
                            uint32_t len) {
-    if (!w->ctrl || !cl_ctrl_registered(w->ctrl)) return;  // lost: the router fails it (F6)
+    if (rt < 0 || rt >= w->n_rt) return;
+    cl_ctrl *c = w->rts[rt].ctrl;
+    if (!c || !cl_ctrl_registered(c)) return;  // lost: the router fails it (F6)
     struct iovec iov = {.iov_base = (void *)p, .iov_len = len};
     ks_errbuf eb;
-    ks_err e = cl_ctrl_send(w->ctrl, type, req_id, &iov, len ? 1 : 0, &eb);
+    ks_err e = cl_ctrl_send(c, type, req_id, &iov, len ? 1 : 0, &eb);
     if (e != KS_OK && e != KS_ERR_PEER_CLOSED)
         ks_log(KS_LOG_WARN, "decode: %s for request %llu not sent: %s", pd_msg_type_name(type),
                (unsigned long long)req_id, eb.msg);
@@ -214,7 +226,7 @@ static void dec__send_finish(dec__worker *w, uint64_t req_id, uint32_t finish, u
                eb.msg);
         return;
     }
-    dec__ctrl_send(w, PD_MSG_FINISH, req_id, buf, len);
+    dec__ctrl_send(w, q ? q->rt : -1, PD_MSG_FINISH, req_id, buf, len);
 }
 
 static dec__link *dec__link_by_epoch(dec__worker *w, uint64_t epoch) {
@@ -365,7 +377,7 @@ static void dec__drain(dec__worker *w) {
                 uint8_t buf[12 + 8 * PD_MSG_MAX_TOP];
                 uint32_t len = 0;
                 if (pd_msg_token_encode(&t, top, buf, sizeof buf, &len, NULL) == KS_OK)
-                    dec__ctrl_send(w, PD_MSG_TOKEN, q->req_id, buf, len);
+                    dec__ctrl_send(w, q->rt, PD_MSG_TOKEN, q->req_id, buf, len);
             }
             if (ev.done) {
                 uint64_t id = q->req_id;
@@ -472,19 +484,10 @@ static void dl__on_link(dec__link *k, const pd_frame *f) {
         dec__proto_close(k->c, eb.msg);
         return;
     }
+    // (a restarted router has a new identity: ids of its predecessor never match)
     for (dec__link *o = w->links; o; o = o->next)
         if (o != k && o->epoch != 0 && !o->retired && o->prefill_id == m.prefill_worker_id &&
-            o->router_gen != w->router_gen) {
-            // the id is from an earlier router session (the router restarted and
-            // may have given it to this worker again): that link is stale
-            ks_log(KS_LOG_INFO, "decode: prefill %u linked again after a router restart; "
-                   "closing its link %llu from before", m.prefill_worker_id,
-                   (unsigned long long)o->epoch);
-            o->retired = true;
-            pd_conn_close(o->c);
-        }
-    for (dec__link *o = w->links; o; o = o->next)
-        if (o != k && o->epoch != 0 && !o->retired && o->prefill_id == m.prefill_worker_id) {
+            o->router_id == m.router_id) {
             // A live link is never replaced: only the router's RETIRE ends it. The
             // newcomer may be a relay or a confused worker; its grants would be
             // the old link's (section 3).
@@ -509,7 +512,7 @@ static void dl__on_link(dec__link *k, const pd_frame *f) {
         return;
     }
     k->epoch = dec__new_epoch(w);
-    k->router_gen = w->router_gen;
+    k->router_id = m.router_id;
     k->prefill_id = m.prefill_worker_id;
     pd_msg_link_ack ack = {.link_epoch = k->epoch};
     if (w->ucx) { // the UCX plane: the link's sealing key, and our UCX address for prefill
@@ -526,8 +529,9 @@ static void dl__on_link(dec__link *k, const pd_frame *f) {
     uint32_t len = 0;
     if (pd_msg_link_ack_encode(&ack, buf, sizeof buf, &len, NULL) == KS_OK)
         dec__link_send(k, PD_MSG_LINK_ACK, 0, buf, len);
-    ks_log(KS_LOG_INFO, "decode: link up: prefill %u from %s, epoch %llu", k->prefill_id,
-           pd_conn_peer_addr(k->c), (unsigned long long)k->epoch);
+    ks_log(KS_LOG_INFO, "decode: link up: prefill %u (router %016llx) from %s, epoch %llu",
+           k->prefill_id, (unsigned long long)k->router_id, pd_conn_peer_addr(k->c),
+           (unsigned long long)k->epoch);
 }
 
 static void dl__on_frame(pd_conn *c, void *ud, const pd_frame *f) {
@@ -651,23 +655,26 @@ static void dl__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
 // ----------------------------------------------------------------------------
 // Control connection (router)
 
-static dec__link *dec__link_of_prefill(dec__worker *w, uint32_t prefill_id) {
+/* The live link of prefill worker prefill_id of router router_id, or NULL. */
+static dec__link *dec__link_of_prefill(dec__worker *w, uint64_t router_id, uint32_t prefill_id) {
     for (dec__link *k = w->links; k; k = k->next)
-        if (k->epoch != 0 && !k->retired && k->prefill_id == prefill_id) return k;
+        if (k->epoch != 0 && !k->retired && k->prefill_id == prefill_id &&
+            k->router_id == router_id && router_id != 0)
+            return k;
     return NULL;
 }
 
-static void dec__deny(dec__worker *w, uint64_t req_id, uint32_t reason, const char *text) {
+static void dec__deny(dec__worker *w, int rt, uint64_t req_id, uint32_t reason, const char *text) {
     size_t ml = strlen(text);
     if (ml > PD_MSG_MAX_TEXT) ml = PD_MSG_MAX_TEXT;
     pd_msg_deny m = {.reason = reason, .msg = text, .msg_len = (uint32_t)ml};
     uint8_t buf[8 + PD_MSG_MAX_TEXT];
     uint32_t len = 0;
     if (pd_msg_deny_encode(&m, buf, sizeof buf, &len, NULL) == KS_OK)
-        dec__ctrl_send(w, PD_MSG_DENY, req_id, buf, len);
+        dec__ctrl_send(w, rt, PD_MSG_DENY, req_id, buf, len);
 }
 
-static void dec__on_admit(dec__worker *w, uint64_t req_id, const pd_frame *f) {
+static void dec__on_admit(dec__worker *w, int rt, uint64_t req_id, const pd_frame *f) {
     pd_msg_admit m;
     ks_errbuf eb;
     if (pd_msg_admit_decode(f->payload, f->payload_len, &m, &eb) != KS_OK) {
@@ -675,22 +682,22 @@ static void dec__on_admit(dec__worker *w, uint64_t req_id, const pd_frame *f) {
         return;
     }
     if (atomic_load(&w->draining)) {  // graceful stop: the router places it elsewhere
-        dec__deny(w, req_id, PD_DENY_DRAINING, "the decode worker is shutting down");
+        dec__deny(w, rt, req_id, PD_DENY_DRAINING, "the decode worker is shutting down");
         return;
     }
     if (w->max_running > 0 && !dec__find(w, req_id) && w->n_req >= (uint32_t)w->max_running) {
-        dec__deny(w, req_id, PD_DENY_NOSPACE, "decode worker is at its running-request limit");
+        dec__deny(w, rt, req_id, PD_DENY_NOSPACE, "decode worker is at its running-request limit");
         return;
     }
     if (!dec__reserve(w)) {
-        dec__deny(w, req_id, PD_DENY_NOSPACE, "decode worker: out of memory");
+        dec__deny(w, rt, req_id, PD_DENY_NOSPACE, "decode worker: out of memory");
         return;
     }
     // the sampling extension compiles and validates here before anything is granted
     grammar *g = NULL;
     sample_bias *bias = m.s.n_bias ? malloc(sizeof *bias * m.s.n_bias) : NULL;
     if (m.s.n_bias && !bias) {
-        dec__deny(w, req_id, PD_DENY_NOSPACE, "decode worker: out of memory");
+        dec__deny(w, rt, req_id, PD_DENY_NOSPACE, "decode worker: out of memory");
         return;
     }
     int n_bias = cl_bias_from_msg(&m.s, bias);
@@ -699,10 +706,10 @@ static void dec__on_admit(dec__worker *w, uint64_t req_id, const pd_frame *f) {
     if (sample_bias_validate(bias, n_bias, INT32_MAX, &eb) != KS_OK ||
         (m.s.grammar_len && grammar_parse(m.s.grammar, m.s.grammar_len, &g, &eb) != KS_OK)) {
         free(bias);
-        dec__deny(w, req_id, PD_DENY_INVALID, eb.msg);
+        dec__deny(w, rt, req_id, PD_DENY_INVALID, eb.msg);
         return;
     }
-    dec__link *k = dec__link_of_prefill(w, m.prefill_worker_id);
+    dec__link *k = dec__link_of_prefill(w, cl_ctrl_router_id(w->rts[rt].ctrl), m.prefill_worker_id);
     pd_recv_admit_args a = {.n_prompt = m.n_prompt, .max_tokens = m.s.max_tokens,
                             .prefill_worker_id = m.prefill_worker_id,
                             .link_epoch = k ? k->epoch : 0, .model_id = m.model_id};
@@ -712,7 +719,7 @@ static void dec__on_admit(dec__worker *w, uint64_t req_id, const pd_frame *f) {
     if (pd_recv_admit(w->rcv, req_id, &a, &grant, &grant_len, &deny, &eb) != KS_OK) {
         grammar_unref(g);
         free(bias);
-        dec__deny(w, req_id, deny ? deny : PD_DENY_NOSPACE, eb.msg);
+        dec__deny(w, rt, req_id, deny ? deny : PD_DENY_NOSPACE, eb.msg);
         return;
     }
     if (w->ucx && k) { // the UCX plane: a staging area and its remote key go with the GRANT
@@ -722,16 +729,17 @@ static void dec__on_admit(dec__worker *w, uint64_t req_id, const pd_frame *f) {
             ks_log(KS_LOG_WARN, "decode: request %llu: no UCX staging (%s); its pages come on "
                    "the TLS link", (unsigned long long)req_id, eb.msg);
     }
-    dec__add(w, req_id, m.n_prompt, &m.s, m.domain_hash, g, bias);
-    dec__ctrl_send(w, PD_MSG_GRANT, req_id, grant, grant_len);
+    dec__add(w, rt, req_id, m.n_prompt, &m.s, m.domain_hash, g, bias);
+    dec__ctrl_send(w, rt, PD_MSG_GRANT, req_id, grant, grant_len);
 }
 
 static void dec__on_ctrl_frame(void *ud, const pd_frame *f) {
-    dec__worker *w = ud;
+    dec__rt *rt = ud;
+    dec__worker *w = rt->w;
     uint64_t id = f->hdr.req_id;
     switch (f->hdr.type) {
     case PD_MSG_ADMIT:
-        dec__on_admit(w, id, f);
+        dec__on_admit(w, rt->idx, id, f);
         break;
     case PD_MSG_ABORT: {
         pd_msg_abort m;
@@ -739,6 +747,8 @@ static void dec__on_ctrl_frame(void *ud, const pd_frame *f) {
             ks_log(KS_LOG_WARN, "decode: bad ABORT from the router");
             break;
         }
+        dec__req *own = dec__find(w, id);
+        if (own && own->rt != rt->idx) break;  // only the router that sent it may stop it
         if (!pd_recv_abort(w->rcv, id, m.reason)) {
             dec__flush(w);
             dec__req *q = dec__find(w, id);
@@ -759,8 +769,14 @@ static void dec__on_ctrl_frame(void *ud, const pd_frame *f) {
             ks_log(KS_LOG_WARN, "decode: bad RETIRE from the router");
             break;
         }
+        uint64_t rid = cl_ctrl_router_id(rt->ctrl);
+        if (m.router_id != rid) {
+            ks_log(KS_LOG_WARN, "decode: RETIRE names another router's worker; ignored");
+            break;
+        }
         for (dec__link *k = w->links; k; k = k->next)
-            if (k->epoch != 0 && !k->retired && k->prefill_id == m.prefill_worker_id) {
+            if (k->epoch != 0 && !k->retired && k->prefill_id == m.prefill_worker_id &&
+                k->router_id == rid) {
                 ks_log(KS_LOG_INFO, "decode: router retired prefill %u; closing its link %llu",
                        m.prefill_worker_id, (unsigned long long)k->epoch);
                 k->retired = true;
@@ -774,26 +790,45 @@ static void dec__on_ctrl_frame(void *ud, const pd_frame *f) {
     dec__flush(w);
 }
 
-/* F6: every transfer in flight goes ABORTING; running generation stops. */
+/* F6 for this router's requests only (the other routers' go on): each
+ * transfer in flight goes ABORTING; running generation stops. */
 static void dec__on_lost(void *ud) {
-    dec__worker *w = ud;
-    ks_log(KS_LOG_INFO, "decode: router lost; aborting %u request(s)", w->n_req);
-    w->router_gen++;
-    (void)pd_recv_abort_all(w->rcv, PD_ABORT_WORKER_LOST);
-    dec__flush(w);
+    dec__rt *rt = ud;
+    dec__worker *w = rt->w;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < w->n_req; i++) n += w->req[i].rt == rt->idx;
+    ks_log(KS_LOG_INFO, "decode: router %s lost; aborting its %u request(s)", cl_ctrl_name(rt->ctrl), n);
+    uint64_t *ids = n ? malloc(n * sizeof *ids) : NULL;
+    if (n && !ids) {  // cannot tell them apart: end everything rather than leave any
+        (void)pd_recv_abort_all(w->rcv, PD_ABORT_WORKER_LOST);
+        dec__flush(w);
+        for (uint32_t i = 0; i < w->n_req; i++)
+            if (w->req[i].er) engine_req_cancel(w->req[i].er);
+        return;
+    }
+    n = 0;
     for (uint32_t i = 0; i < w->n_req; i++)
-        if (w->req[i].er) engine_req_cancel(w->req[i].er);
+        if (w->req[i].rt == rt->idx) ids[n++] = w->req[i].req_id;
+    for (uint32_t i = 0; i < n; i++) {  // (an abort's FINISH removes entries: by id)
+        if (pd_recv_abort(w->rcv, ids[i], PD_ABORT_WORKER_LOST)) {
+            dec__flush(w);
+            continue;
+        }
+        dec__req *q = dec__find(w, ids[i]);
+        if (q && q->er) engine_req_cancel(q->er);
+    }
+    free(ids);
 }
 
 static void dec__health(void *ud, pd_msg_health_ack *out) {
-    dec__worker *w = ud;
+    dec__worker *w = ((dec__rt *)ud)->w;
     pd_recv_stats rs;
     pd_recv_get_stats(w->rcv, &rs);
     cl_health_fill(w->pool, rs.active, atomic_load(&w->draining), out);
 }
 
 static void dec__pool_check(void *ud, pd_msg_pool_check_ack *out) {
-    dec__worker *w = ud;
+    dec__worker *w = ((dec__rt *)ud)->w;
     pd_recv_stats rs;
     pd_recv_get_stats(w->rcv, &rs);
     // we are on the scheduler thread: no forward pass runs while this reads
@@ -855,10 +890,11 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
                       : o->data_host    ? o->data_host
                                         : "127.0.0.1";
     snprintf(w->host, sizeof w->host, "%s", adv);
+    cluster_router_addr ra[CLUSTER_MAX_ROUTERS];
+    int n_rt = cl_worker_routers(o, ra);
+    if (n_rt == 0) return ks_seterr(eb, KS_ERR_INVAL, "decode worker: bad router list");
     cl_ctrl_cfg cc;
     memset(&cc, 0, sizeof cc);
-    cc.router_host = o->router_host;
-    cc.router_port = o->router_port;
     cc.reg.role = PD_ROLE_DECODE;
     cc.reg.kv_type = (uint8_t)w->g.kv_type;
     cc.reg.planes = (uint8_t)kv_geom_planes(&w->g);
@@ -879,7 +915,22 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
     cl_ctrl_cbs cb = {.on_frame = dec__on_ctrl_frame,
                       .on_lost = dec__on_lost, .health = dec__health,
                       .pool_check = dec__pool_check};
-    return cl_ctrl_start(w->l, &cc, &cb, w, &w->ctrl, eb);
+    for (int i = 0; i < n_rt; i++) {
+        cc.router_host = ra[i].host;
+        cc.router_port = ra[i].port;
+        w->rts[i] = (dec__rt){.w = w, .idx = i};
+        if ((err = cl_ctrl_start(w->l, &cc, &cb, &w->rts[i], &w->rts[i].ctrl, eb)) != KS_OK)
+            return err;
+        w->n_rt = i + 1;
+    }
+    return KS_OK;
+}
+
+/* True when some router holds this worker registered. */
+static bool dec__any_registered(const dec__worker *w) {
+    for (int i = 0; i < w->n_rt; i++)
+        if (w->rts[i].ctrl && cl_ctrl_registered(w->rts[i].ctrl)) return true;
+    return false;
 }
 
 /* Tears down the network side: abort (SHUTDOWN), stop the control conn,
@@ -903,8 +954,11 @@ static void dec__teardown(dec__worker *w) {
             pd_recv_finish(w->rcv, id);
         }
     }
-    cl_ctrl_destroy(w->ctrl);
-    w->ctrl = NULL;
+    for (int i = 0; i < w->n_rt; i++) {
+        cl_ctrl_destroy(w->rts[i].ctrl);
+        w->rts[i].ctrl = NULL;
+    }
+    w->n_rt = 0;
     pd_listener_close(w->ls);
     w->ls = NULL;
     pd_loop_destroy(w->l);  // closes the links: on_close runs pd_recv_link_closed (F5)
@@ -947,16 +1001,17 @@ static void dec__poll(void *ctx, engine *e, int timeout_ms) {
     if (pd_loop_run_once(w->l, t) != KS_OK) dec__sleep_ms(t);
     (void)pd_recv_tick(w->rcv);
     dec__flush(w);
-    cl_ctrl_tick(w->ctrl);
-    cl_health_beat(w->health, cl_ctrl_registered(w->ctrl), atomic_load(&w->draining));
+    for (int i = 0; i < w->n_rt; i++) cl_ctrl_tick(w->rts[i].ctrl);
+    cl_health_beat(w->health, dec__any_registered(w), atomic_load(&w->draining));
     dec__drain(w);
     pd_recv_stats rs;
     pd_recv_get_stats(w->rcv, &rs);
     atomic_store(&w->live, rs.active > w->n_req ? rs.active : w->n_req);
     if (atomic_load(&w->draining)) {
-        if (!w->quiesced) cl_ctrl_quiesce(w->ctrl);
+        if (!w->quiesced)
+            for (int i = 0; i < w->n_rt; i++) cl_ctrl_quiesce(w->rts[i].ctrl);
         w->quiesced = true;
-        atomic_store(&w->released, !cl_ctrl_registered(w->ctrl));
+        atomic_store(&w->released, !dec__any_registered(w));
     }
 }
 
@@ -971,8 +1026,9 @@ static void dec__poll_end(void *ctx, engine *e) {
 
 ks_err cluster_decode_run(const cluster_worker_opts *o, const atomic_int *stop,
                           ks_errbuf *eb) {
-    if (!o || !o->m || !o->secret || o->secret_len < 16 || !o->router_host || o->router_port <= 0 ||
-        o->router_port > 65535 || o->data_port < 0 || o->data_port > 65535 || !stop)
+    cluster_router_addr ra[CLUSTER_MAX_ROUTERS];
+    if (!o || !o->m || !o->secret || o->secret_len < 16 || cl_worker_routers(o, ra) == 0 ||
+        o->data_port < 0 || o->data_port > 65535 || !stop)
         return ks_seterr(eb, KS_ERR_INVAL,
                          "decode worker: model, secret (>= 16 bytes), router address and "
                          "ports are required");

@@ -1,6 +1,8 @@
 /* prefill.c — the prefill worker (`kvseal prefill`, cluster.h): one pd_loop
- * on the calling thread carrying the control connection to the router
- * (ctrl.c) and one data link per decode worker the router names (PEER),
+ * on the calling thread carrying a control connection to each router
+ * (ctrl.c) and one data link per (decode worker, router) each router names
+ * (PEER; worker ids are a router's own numbering, so a decode worker known
+ * to two routers gets two links, each LINK naming its router),
  * a local KV pool and model context, and a pd_send (pd_send.h) that
  * re-validates every PREFILL, computes the prompt's KV here, and pushes it
  * page by page to decode, followed by DONE with the first token.
@@ -43,10 +45,26 @@
  * the rows equal `kvseal serve`'s whatever the chunking). */
 #define PF_LP_ROWS 64
 
-/* One decode worker the router named, and the data link to it. */
+/* pd_send's id for a decode worker: the router's index in the top 8 bits,
+ * its id for the worker below (one router: the router's ids themselves). */
+#define PF_KEY_ID_BITS 24u
+#define PF_KEY(rt, decode_id) (((uint32_t)(rt) << PF_KEY_ID_BITS) | (uint32_t)(decode_id))
+#define PF_KEY_NONE 0xFFFFFFFFu /* names no link: a grant for it is stale */
+
+/* One router: its control connection (cl_ctrl's ud). */
+typedef struct pf__rt {
+    struct pf__worker *w;
+    int idx;
+    cl_ctrl *ctrl;
+} pf__rt;
+
+/* One decode worker a router named, and the data link to it. */
 typedef struct pf__link {
     struct pf__worker *w;
-    uint32_t decode_id; /* the router's id for the decode worker */
+    int rt;             /* the router (pf__worker.rts index) that named it */
+    uint32_t decode_id; /* that router's id for the decode worker */
+    uint32_t key;       /* PF_KEY(rt, decode_id): pd_send's id for it */
+    uint64_t router_id; /* the router identity sent in LINK on conn */
     char host[PD_MSG_MAX_HOST + 1];
     uint16_t port;
     bool listed;        /* the router still names it (PEER with port != 0) */
@@ -75,8 +93,9 @@ typedef struct pf__op {
     struct pf__op *next;
     pf__op_kind kind;
     uint64_t req_id;
-    uint32_t decode_id; /* ABORT: 0 for the router's */
+    uint32_t decode_id; /* ABORT: 0 for the router's; else a link key (PF_KEY) */
     uint64_t epoch;     /* ABORT: PD_SEND_ROUTER for the router's */
+    int rt;             /* PREFILL, EMBED: the router that sent it */
     uint32_t len;
     uint8_t payload[]; /* PREFILL, EMBED */
 } pf__op;
@@ -88,7 +107,9 @@ typedef struct pf__worker {
     int32_t n_ctx;
     uint32_t page_tokens;
     pd_loop *loop;
-    cl_ctrl *ctrl;
+    pf__rt rts[CLUSTER_MAX_ROUTERS];
+    int n_rt;
+    int cur_rt;           /* the router of the PREFILL or EMBED being handled (pf__op_run) */
     cl_health *health;    /* --health-port's endpoint, or NULL */
     kv_pool *pool;
     kv_prefix *prefix;    /* NULL with --no-prefix-cache; keyed by PREFILL's domain_hash (I7) */
@@ -133,22 +154,42 @@ typedef struct pf__worker {
 
 static void pf__op_run(pf__worker *w, pf__op *op);
 
-/* Queues a pd_send call (see pf__op). */
-static void pf__op_submit(pf__worker *w, pf__op_kind kind, uint64_t req_id, uint32_t decode_id,
-                          uint64_t epoch, const uint8_t *payload, uint32_t len) {
+/* Queues a pd_send call (see pf__op); returns it, or NULL (logged) when out of memory. */
+static pf__op *pf__op_submit(pf__worker *w, pf__op_kind kind, int rt, uint64_t req_id,
+                          uint32_t decode_id, uint64_t epoch, const uint8_t *payload, uint32_t len) {
     pf__op *op = malloc(sizeof *op + len);
     if (!op) {  // a PREFILL lost here times out at decode (T_grant) and at the router
         ks_log(KS_LOG_ERROR, "prefill worker: out of memory queueing request %" PRIu64, req_id);
-        return;
+        return NULL;
     }
-    *op = (pf__op){.kind = kind, .req_id = req_id, .decode_id = decode_id, .epoch = epoch, .len = len};
+    *op = (pf__op){.kind = kind, .req_id = req_id, .decode_id = decode_id, .epoch = epoch,
+                   .rt = rt, .len = len};
     if (len) memcpy(op->payload, payload, len);
     if (w->ops_tail) w->ops_tail->next = op;
     else w->ops = op;
     w->ops_tail = op;
+    return op;
 }
 
 static void pf__service(pf__worker *w);
+
+/* Runs every router's reconnect back-off and T_router check. */
+static void pf__ctrl_tick(pf__worker *w) {
+    for (int i = 0; i < w->n_rt; i++) cl_ctrl_tick(w->rts[i].ctrl);
+}
+
+/* True when some router holds this worker registered (/ready). */
+static bool pf__any_registered(const pf__worker *w) {
+    for (int i = 0; i < w->n_rt; i++)
+        if (cl_ctrl_registered(w->rts[i].ctrl)) return true;
+    return false;
+}
+
+/* Sends to the router of the request being handled (w->cur_rt). */
+static ks_err pf__router_send(pf__worker *w, uint16_t type, uint64_t req_id,
+                              const struct iovec *iov, int n_iov, ks_errbuf *eb) {
+    return cl_ctrl_send(w->rts[w->cur_rt].ctrl, type, req_id, iov, n_iov, eb);
+}
 
 /* Runs the queued pd_send calls, FIFO; main loop only (never in a callback,
  * never while computing). */
@@ -172,8 +213,8 @@ static void pf__service_for(pf__worker *w, int timeout_ms) {
     if (w->ucx) cl_ucx_progress(w->ucx);
     if (pd_loop_run_once(w->loop, timeout_ms) != KS_OK)
         ks_log(KS_LOG_WARN, "prefill worker: epoll_wait failed");
-    cl_ctrl_tick(w->ctrl);
-    cl_health_beat(w->health, cl_ctrl_registered(w->ctrl), w->draining);  // live during long prompts
+    pf__ctrl_tick(w);
+    cl_health_beat(w->health, pf__any_registered(w), w->draining);  // live during long prompts
 }
 
 static void pf__service(pf__worker *w) { pf__service_for(w, 0); }
@@ -327,7 +368,7 @@ static ks_err pf__lp_chunk(pf__worker *w, const int32_t *tokens, uint32_t n, uin
     if (e) return e;
     struct iovec iov = {.iov_base = w->lp_buf, .iov_len = len};
     ks_errbuf seb;
-    if (cl_ctrl_send(w->ctrl, PD_MSG_PROMPT_LP, w->cur_req, &iov, 1, &seb) != KS_OK)
+    if (pf__router_send(w, PD_MSG_PROMPT_LP, w->cur_req, &iov, 1, &seb) != KS_OK)
         ks_log(KS_LOG_DEBUG, "request %" PRIu64 ": PROMPT_LP to the router dropped: %s", w->cur_req,
                seb.msg);
     return KS_OK;
@@ -451,7 +492,7 @@ static void pf__embed_reject(pf__worker *w, uint64_t req_id, const ks_errbuf *eb
     struct iovec iov = {.iov_base = buf, .iov_len = n};
     ks_log(KS_LOG_INFO, "embedding %" PRIu64 " rejected: %s", req_id,
            admit_reason_info(reason)->name);
-    if (cl_ctrl_send(w->ctrl, PD_MSG_REJECT, req_id, &iov, 1, &e2) != KS_OK)
+    if (pf__router_send(w, PD_MSG_REJECT, req_id, &iov, 1, &e2) != KS_OK)
         ks_log(KS_LOG_DEBUG, "embedding %" PRIu64 ": REJECT to the router dropped: %s", req_id,
                e2.msg);
 }
@@ -556,7 +597,7 @@ static void pf__embed(pf__worker *w, uint64_t req_id, const uint8_t *payload, ui
         return;
     }
     struct iovec iov = {.iov_base = buf, .iov_len = n};
-    if (cl_ctrl_send(w->ctrl, PD_MSG_EMBED_RESULT, req_id, &iov, 1, &eb) != KS_OK)
+    if (pf__router_send(w, PD_MSG_EMBED_RESULT, req_id, &iov, 1, &eb) != KS_OK)
         ks_log(KS_LOG_DEBUG, "embedding %" PRIu64 ": EMBED_RESULT to the router dropped: %s",
                req_id, eb.msg);
     free(buf);
@@ -565,9 +606,10 @@ static void pf__embed(pf__worker *w, uint64_t req_id, const uint8_t *payload, ui
 // ----------------------------------------------------------------------------
 // Links
 
-static pf__link *pf__find_link(pf__worker *w, uint32_t decode_id) {
+/* The link with pd_send id key (PF_KEY), or NULL. */
+static pf__link *pf__find_link(pf__worker *w, uint32_t key) {
     for (int i = 0; i < w->n_links; i++)
-        if (w->links[i]->decode_id == decode_id) return w->links[i];
+        if (w->links[i]->key == key) return w->links[i];
     return NULL;
 }
 
@@ -595,8 +637,10 @@ static void pf__link_fail(pf__link *k, const char *msg) {
 static void pf__link_on_open(pd_conn *c, void *ud) {
     pf__link *k = ud;
     if (!k) return;
-    k->link_id = cl_ctrl_worker_id(k->w->ctrl);
-    pd_msg_link m = {.prefill_worker_id = k->link_id};
+    const cl_ctrl *rc = k->w->rts[k->rt].ctrl;
+    k->link_id = cl_ctrl_worker_id(rc);
+    k->router_id = cl_ctrl_router_id(rc);
+    pd_msg_link m = {.prefill_worker_id = k->link_id, .router_id = k->router_id};
     memcpy(m.model_id, k->w->model_id, sizeof m.model_id);
     uint8_t buf[PD_MSG_LINK_LEN];
     uint32_t len = 0;
@@ -634,12 +678,12 @@ static void pf__link_on_frame(pd_conn *c, void *ud, const pd_frame *f) {
             return;
         }
         if (w->ucx && a.ucx_addr_len && // the UCX plane: decode's address, the link's key
-            cl_ucxp_link_up(w->ucx, c, k->decode_id, a.link_epoch, a.ucx_addr, a.ucx_addr_len,
+            cl_ucxp_link_up(w->ucx, c, k->key, a.link_epoch, a.ucx_addr, a.ucx_addr_len,
                             &eb) != KS_OK) {
             pf__link_fail(k, eb.msg);
             return;
         }
-        pf__op_submit(w, PF_OP_LINK_UP, 0, k->decode_id, a.link_epoch, NULL, 0);
+        (void)pf__op_submit(w, PF_OP_LINK_UP, k->rt, 0, k->key, a.link_epoch, NULL, 0);
         k->up = true;
         k->epoch = a.link_epoch;
         k->backoff_ms = PF_BACKOFF_MIN_MS;
@@ -657,7 +701,7 @@ static void pf__link_on_frame(pd_conn *c, void *ud, const pd_frame *f) {
             pf__link_fail(k, eb.msg);
             return;
         }
-        pf__op_submit(w, PF_OP_ABORT, f->hdr.req_id, k->decode_id, k->epoch, NULL, 0);
+        (void)pf__op_submit(w, PF_OP_ABORT, k->rt, f->hdr.req_id, k->key, k->epoch, NULL, 0);
         return;
     }
     case PD_MSG_ERROR: {
@@ -683,8 +727,8 @@ static void pf__link_on_close(pd_conn *c, void *ud, ks_err why, const char *msg)
     if (k->up) {
         ks_log(KS_LOG_INFO, "data link to decode worker %" PRIu32 " down, epoch %" PRIu64 " (%s: %s)",
                k->decode_id, k->epoch, ks_err_name(why), msg ? msg : "");
-        pf__op_submit(w, PF_OP_LINK_CLOSED, 0, k->decode_id, k->epoch, NULL, 0);
-        if (w->ucx) cl_ucxp_link_closed(w->ucx, k->decode_id, k->epoch);
+        (void)pf__op_submit(w, PF_OP_LINK_CLOSED, k->rt, 0, k->key, k->epoch, NULL, 0);
+        if (w->ucx) cl_ucxp_link_closed(w->ucx, k->key, k->epoch);
         k->up = false;
         k->epoch = 0;
         k->backoff_ms = PF_BACKOFF_MIN_MS;
@@ -728,15 +772,20 @@ static void pf__link_connect(pf__link *k) {
     k->link_id = 0;
 }
 
-/* PEER from the router: open, move, or (port 0) close the link to a decode worker. */
-static void pf__peer(pf__worker *w, const pd_frame *f) {
+/* PEER from router rt: open, move, or (port 0) close the link to a decode worker. */
+static void pf__peer(pf__worker *w, int rt, const pd_frame *f) {
     pd_msg_peer p;
     ks_errbuf eb;
     if (pd_msg_peer_decode(f->payload, f->payload_len, &p, &eb) != KS_OK) {
         ks_log(KS_LOG_WARN, "router: bad PEER: %s", eb.msg);
         return;
     }
-    pf__link *k = pf__find_link(w, p.decode_worker_id);
+    if (p.decode_worker_id >> PF_KEY_ID_BITS) {
+        ks_log(KS_LOG_WARN, "router %s: PEER for decode worker %" PRIu32 " beyond this worker's "
+               "ids (2^24 per router); ignored", cl_ctrl_name(w->rts[rt].ctrl), p.decode_worker_id);
+        return;
+    }
+    pf__link *k = pf__find_link(w, PF_KEY(rt, p.decode_worker_id));
     if (p.port == 0) {
         if (!k) return;
         ks_log(KS_LOG_INFO, "decode worker %" PRIu32 " removed by the router; closing its link",
@@ -780,7 +829,9 @@ static void pf__peer(pf__worker *w, const pd_frame *f) {
         return;
     }
     k->w = w;
+    k->rt = rt;
     k->decode_id = p.decode_worker_id;
+    k->key = PF_KEY(rt, p.decode_worker_id);
     memcpy(k->host, host, sizeof host);
     k->port = p.port;
     k->listed = true;
@@ -809,22 +860,23 @@ static void pf__log_reject(uint64_t req_id, const struct iovec *iov, int n_iov) 
            admit_reason_info((admit_reason)r.reason)->name);
 }
 
-static void pf__emit(void *ctx, uint32_t decode_id, uint64_t epoch, uint16_t type, uint64_t req_id,
+static void pf__emit(void *ctx, uint32_t key, uint64_t epoch, uint16_t type, uint64_t req_id,
                      const struct iovec *iov, int n_iov) {
     pf__worker *w = ctx;
     ks_errbuf eb;
     if (epoch == PD_SEND_ROUTER) {
         if (type == PD_MSG_REJECT) pf__log_reject(req_id, iov, n_iov);
-        if (cl_ctrl_send(w->ctrl, type, req_id, iov, n_iov, &eb) != KS_OK)
+        if (pf__router_send(w, type, req_id, iov, n_iov, &eb) != KS_OK)
             ks_log(KS_LOG_DEBUG, "request %" PRIu64 ": %s to the router dropped: %s", req_id,
                    pd_msg_type_name(type), eb.msg);
         return;
     }
-    pf__link *k = pf__find_link(w, decode_id);
+    pf__link *k = pf__find_link(w, key);
     if (!k || !k->conn || k->closing || !k->up || k->epoch != epoch)
         return; // link gone: drop (F5 on decode)
+    uint32_t decode_id = k->decode_id;
     if (w->ucx) { // the UCX plane: KV_PAGE goes as a sealed put; flushed before DONE/ABORT_ACK
-        cl_ucx_verdict v = cl_ucxp_frame(w->ucx, decode_id, epoch, type, req_id, iov, n_iov);
+        cl_ucx_verdict v = cl_ucxp_frame(w->ucx, key, epoch, type, req_id, iov, n_iov);
         if (v == CL_UCX_CONSUMED) return;
         if (v == CL_UCX_FAILED) {
             ks_log(KS_LOG_WARN, "data link to decode worker %" PRIu32 ": the UCX transfer of "
@@ -846,14 +898,23 @@ static void pf__emit(void *ctx, uint32_t decode_id, uint64_t epoch, uint16_t typ
 }
 
 static void pf__router_frame(void *ud, const pd_frame *f) {
-    pf__worker *w = ud;
+    pf__rt *rt = ud;
+    pf__worker *w = rt->w;
     ks_errbuf eb;
     switch (f->hdr.type) {
     case PD_MSG_PREFILL:
-        pf__op_submit(w, PF_OP_PREFILL, f->hdr.req_id, 0, 0, f->payload, f->payload_len);
+    {
+        pf__op *op = pf__op_submit(w, PF_OP_PREFILL, rt->idx, f->hdr.req_id, 0, 0, f->payload,
+                                   f->payload_len);
+        // the grant's decode worker id is this router's: pd_send knows links by key
+        if (op && op->len >= 4) {
+            uint32_t d = pd_load_u32(op->payload);
+            pd_store_u32(op->payload, d >> PF_KEY_ID_BITS ? PF_KEY_NONE : PF_KEY(rt->idx, d));
+        }
         return;
+    }
     case PD_MSG_EMBED:
-        pf__op_submit(w, PF_OP_EMBED, f->hdr.req_id, 0, 0, f->payload, f->payload_len);
+        (void)pf__op_submit(w, PF_OP_EMBED, rt->idx, f->hdr.req_id, 0, 0, f->payload, f->payload_len);
         return;
     case PD_MSG_ABORT: {
         pd_msg_abort a;
@@ -861,11 +922,11 @@ static void pf__router_frame(void *ud, const pd_frame *f) {
             ks_log(KS_LOG_WARN, "router: bad ABORT: %s", eb.msg);
             return;
         }
-        pf__op_submit(w, PF_OP_ABORT, f->hdr.req_id, 0, PD_SEND_ROUTER, NULL, 0);
+        (void)pf__op_submit(w, PF_OP_ABORT, rt->idx, f->hdr.req_id, 0, PD_SEND_ROUTER, NULL, 0);
         return;
     }
     case PD_MSG_PEER:
-        pf__peer(w, f);
+        pf__peer(w, rt->idx, f);
         return;
     default: // ERROR: ctrl.c logged it and closes
         return;
@@ -879,6 +940,7 @@ static void pf__op_run(pf__worker *w, pf__op *op) {
         pd_send_state st = PD_SEND_NONE;
         w->computing = true;
         w->cur_req = op->req_id; // pf__lp_chunk's PROMPT_LP frames carry it
+        w->cur_rt = op->rt;      // and go to this router, as pd_send's REJECTs
         w->cur_lp = false;       // pf__admit sets it from the PREFILL's flags
         if (w->ucx) cl_ucxp_prefill(w->ucx, op->req_id, op->payload, op->len);
         ks_err e = pd_send_prefill(w->send, op->req_id, op->payload, op->len, &st, &eb);
@@ -890,6 +952,7 @@ static void pf__op_run(pf__worker *w, pf__op *op) {
     }
     case PF_OP_ABORT: pd_send_abort(w->send, op->req_id, op->decode_id, op->epoch); break;
     case PF_OP_EMBED:
+        w->cur_rt = op->rt;
         w->computing = true;
         pf__embed(w, op->req_id, op->payload, op->len);
         w->computing = false;
@@ -912,12 +975,17 @@ static void pf__op_run(pf__worker *w, pf__op *op) {
 }
 
 static void pf__on_registered(void *ud, uint32_t worker_id) {
-    pf__worker *w = ud;
-    // a link opened under an older registration announced an old worker id,
-    // which decode would never match against ADMIT: re-open it under the new one
+    pf__rt *rt = ud;
+    pf__worker *w = rt->w;
+    uint64_t router_id = cl_ctrl_router_id(rt->ctrl);
+    // a link opened under an older registration with this router announced an
+    // old worker id or router identity, which decode would never match against
+    // ADMIT: re-open it under the new ones
     for (int i = 0; i < w->n_links; i++) {
         pf__link *k = w->links[i];
-        if (k->conn && k->link_id != 0 && k->link_id != worker_id) pf__link_close(k);
+        if (k->rt != rt->idx) continue;
+        if (k->conn && k->link_id != 0 && (k->link_id != worker_id || k->router_id != router_id))
+            pf__link_close(k);
         k->named = false; // until this registration's PEER list names it again
     }
 }
@@ -928,10 +996,11 @@ static void pf__on_registered(void *ud, uint32_t worker_id) {
  * retried forever; a decode worker the router learns of later comes in its
  * own PEER, under its new id. */
 static void pf__on_synced(void *ud) {
-    pf__worker *w = ud;
+    pf__rt *rt = ud;
+    pf__worker *w = rt->w;
     for (int i = w->n_links - 1; i >= 0; i--) {
         pf__link *k = w->links[i];
-        if (k->named || !k->listed) continue;
+        if (k->rt != rt->idx || k->named || !k->listed) continue;
         ks_log(KS_LOG_INFO, "decode worker %" PRIu32 " is not known to the router; retiring its link",
                k->decode_id);
         k->listed = false;
@@ -945,14 +1014,14 @@ static void pf__on_lost(void *ud) {
 }
 
 static void pf__health(void *ud, pd_msg_health_ack *out) {
-    pf__worker *w = ud;
+    pf__worker *w = ((pf__rt *)ud)->w;
     pd_send_stats ss;
     pd_send_get_stats(w->send, &ss);
     cl_health_fill(w->pool, ss.active, w->draining, out);
 }
 
 static void pf__pool_check(void *ud, pd_msg_pool_check_ack *out) {
-    pf__worker *w = ud;
+    pf__worker *w = ((pf__rt *)ud)->w;
     pd_send_stats ss;
     pd_send_get_stats(w->send, &ss);
     // while a forward chunk runs, the compute thread owns the pool: busy (and
@@ -1030,7 +1099,7 @@ static void pf__free(pf__worker *w) {
         free(op);
     }
     cl_health_destroy(w->health);
-    cl_ctrl_destroy(w->ctrl);
+    for (int i = 0; i < w->n_rt; i++) cl_ctrl_destroy(w->rts[i].ctrl);
     pd_loop_destroy(w->loop);
     pd_send_destroy(w->send); // releases (scrubs) live transfers' local pages
     kv_prefix_destroy(w->prefix);
@@ -1056,8 +1125,9 @@ static void pf__free(pf__worker *w) {
 
 ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
                            ks_errbuf *eb) {
-    if (!o || !o->m || !stop || !o->secret || o->secret_len < 16 || !o->router_host ||
-        o->router_port <= 0 || o->router_port > 65535)
+    cluster_router_addr ra[CLUSTER_MAX_ROUTERS];
+    int n_rt = o ? cl_worker_routers(o, ra) : 0;
+    if (!o || !o->m || !stop || !o->secret || o->secret_len < 16 || n_rt == 0)
         return ks_seterr(eb, KS_ERR_INVAL,
                          "prefill worker: model, cluster secret (>= 16 bytes) and router address "
                          "are required");
@@ -1123,8 +1193,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
                       .out_low_bytes = PF_PUMP_PENDING_MAX / 2,
                       .insecure_plaintext = o->insecure_plaintext};
     if ((e = pd_loop_create(&lc, &w.loop, eb))) goto fail;
-    cl_ctrl_cfg cc = {.router_host = o->router_host, .router_port = o->router_port,
-                      .type_max = w.router_tmax, .t_router_ms = o->t_router_ms};
+    cl_ctrl_cfg cc = {.type_max = w.router_tmax, .t_router_ms = o->t_router_ms};
     cc.reg.role = PD_ROLE_PREFILL;
     cc.reg.kv_type = (uint8_t)g.kv_type;
     cc.reg.planes = (uint8_t)kv_geom_planes(&g);
@@ -1143,11 +1212,17 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
     cl_ctrl_cbs cb = {.on_registered = pf__on_registered, .on_synced = pf__on_synced,
                       .on_frame = pf__router_frame, .on_lost = pf__on_lost, .health = pf__health,
                       .pool_check = pf__pool_check};
-    if ((e = cl_ctrl_start(w.loop, &cc, &cb, &w, &w.ctrl, eb))) goto fail;
+    for (int i = 0; i < n_rt; i++) {
+        cc.router_host = ra[i].host;
+        cc.router_port = ra[i].port;
+        w.rts[i] = (pf__rt){.w = &w, .idx = i};
+        if ((e = cl_ctrl_start(w.loop, &cc, &cb, &w.rts[i], &w.rts[i].ctrl, eb))) goto fail;
+        w.n_rt = i + 1;
+        ks_log(KS_LOG_INFO, "prefill worker: %u local KV pages, prefix cache %s, connecting to router %s:%d",
+               eo->kv_pages, w.prefix ? "on" : "off", ra[i].host, ra[i].port);
+    }
     if (o->health_host && (e = cl_health_start(o->health_host, o->health_port, 0, &w.health, eb)))
         goto fail;
-    ks_log(KS_LOG_INFO, "prefill worker: %u local KV pages, prefix cache %s, connecting to router %s:%d",
-           eo->kv_pages, w.prefix ? "on" : "off", o->router_host, o->router_port);
 
     uint64_t last_tick = 0, drain_deadline = 0;
     for (;;) {
@@ -1156,7 +1231,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
             w.draining = true;
             drain_deadline = cl_now_ms(NULL) + o->drain_ms;
             pd_send_set_draining(w.send, true);
-            cl_ctrl_quiesce(w.ctrl);
+            for (int i = 0; i < w.n_rt; i++) cl_ctrl_quiesce(w.rts[i].ctrl);
             ks_log(KS_LOG_INFO, "prefill worker: draining (up to %u ms)", o->drain_ms);
         }
         if (w.draining) {
@@ -1165,7 +1240,9 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
             // done once idle AND released by the router (it closes the control
             // connection when nothing paired with us is left, so no PREFILL can
             // still be on its way)
-            if (ds.active == 0 && !w.ops && !cl_ctrl_registered(w.ctrl)) break;
+            bool held = false;
+            for (int i = 0; i < w.n_rt; i++) held |= cl_ctrl_registered(w.rts[i].ctrl);
+            if (ds.active == 0 && !w.ops && !held) break;
             if (cl_now_ms(NULL) >= drain_deadline) {
                 ks_log(KS_LOG_WARN, "prefill worker: drain timed out with %u transfers in flight",
                        ds.active);
@@ -1191,9 +1268,9 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
         if (now - last_tick >= PF_TICK_MS / 2) {
             last_tick = now;
             (void)pd_send_tick(w.send);
-            cl_ctrl_tick(w.ctrl);
+            pf__ctrl_tick(&w);
             pf__links_tick(&w, now);
-            cl_health_beat(w.health, cl_ctrl_registered(w.ctrl), w.draining);
+            cl_health_beat(w.health, pf__any_registered(&w), w.draining);
         }
     }
     ks_log(KS_LOG_INFO, "prefill worker: stopping");

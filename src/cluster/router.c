@@ -478,8 +478,9 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
                "router: worker %u accepts %u-token contexts, less than the %d advertised for %s: "
                "longer requests it is paired with will be rejected",
                w->id, m.n_ctx, md->n_ctx, md->name);
-    pd_msg_register_ack ack = {.worker_id = w->id, .health_interval_ms = r->o.health_interval_ms};
-    uint8_t buf[8];
+    pd_msg_register_ack ack = {.worker_id = w->id, .health_interval_ms = r->o.health_interval_ms,
+                               .router_id = r->router_id};
+    uint8_t buf[16];
     uint32_t n = 0;
     if (pd_msg_register_ack_encode(&ack, buf, sizeof buf, &n, &eb) == KS_OK)
         rt__send(r, w, PD_MSG_REGISTER_ACK, 0, buf, n);
@@ -930,7 +931,7 @@ static void rt__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
             atomic_fetch_sub(&r->n_prefill, 1);
             atomic_fetch_sub(&r->models[w->mi].n_prefill, 1);
             // decode refuses a second link for a worker id until the router retires it
-            pd_msg_link m = {.prefill_worker_id = w->id};
+            pd_msg_link m = {.prefill_worker_id = w->id, .router_id = r->router_id};
             memcpy(m.model_id, r->models[w->mi].model_id, sizeof m.model_id);
             uint8_t buf[PD_MSG_LINK_LEN];
             uint32_t n = 0;
@@ -1145,10 +1146,17 @@ static void rt__free(cluster_router *r) {
  * 1: it starts past every id its predecessor issued, unless that one issued
  * more than a million a second or the clock went back. Microseconds keep ids
  * under 2^53 (exact as JSON numbers) until the year 2255. */
+/* A random 64-bit start below 2^62 (never 0, no wrap in any lifetime): ids
+ * stay unique across routers (decode and prefill see several) and across a
+ * restart. The clock in microseconds was not: two routers started a
+ * millisecond apart collided after 1000 requests. */
 static uint64_t rt__first_req_id(void) {
-    struct timespec ts;
-    if (clock_gettime(CLOCK_REALTIME, &ts) != 0 || ts.tv_sec <= 0) return 1;
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+    uint64_t v = 0;
+    while (v == 0) {
+        randombytes_buf(&v, sizeof v);
+        v >>= 2;
+    }
+    return v;
 }
 
 ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out, ks_errbuf *eb) {
@@ -1173,6 +1181,8 @@ ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out,
     r->o.secret = r->secret;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
+    do randombytes_buf(&r->router_id, sizeof r->router_id);
+    while (r->router_id == 0);
     r->first_req_id = rt__first_req_id();
     atomic_init(&r->next_req_id, r->first_req_id);
     atomic_init(&r->online, true);

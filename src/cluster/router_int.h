@@ -136,6 +136,8 @@ struct cluster_router {
     // loop-owned
     rt_worker *workers;
     uint32_t next_worker_id;
+    uint64_t router_id;   /* this process's identity in REGISTER_ACK and RETIRE (random, never 0):
+                             worker ids are its numbering, and a worker may serve several routers */
     rt_req *tab[RT_BUCKETS];
     rt_req *wait_head, *wait_tail;
     uint64_t last_health_ms;

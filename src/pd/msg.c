@@ -172,7 +172,7 @@ ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES], ks_errbuf
         kv = (uint32_t)pd_msg_kv_page_len(g, (uint32_t)g->page_tokens, (uint32_t)g->n_layer);
     }
     out[PD_MSG_REGISTER] = PD_MSG_REGISTER_FIXED + PD_MSG_MAX_HOST + PD_MSG_MAX_NAMES;
-    out[PD_MSG_REGISTER_ACK] = 8;
+    out[PD_MSG_REGISTER_ACK] = 16;
     out[PD_MSG_HEALTH] = 8;
     out[PD_MSG_HEALTH_ACK] = 24;
     out[PD_MSG_PEER] = 8 + PD_MSG_MAX_HOST;
@@ -279,19 +279,23 @@ ks_err pd_msg_register_encode(const pd_msg_register *m, uint8_t *buf, size_t cap
 
 ks_err pd_msg_register_ack_decode(const uint8_t *p, uint32_t len, pd_msg_register_ack *out,
                                   ks_errbuf *eb) {
-    ks_err e = want_len("REGISTER_ACK", len, 8, eb);
+    ks_err e = want_len("REGISTER_ACK", len, 16, eb);
     if (e) return e;
     out->worker_id = pd_load_u32(p);
     out->health_interval_ms = pd_load_u32(p + 4);
+    out->router_id = pd_load_u64(p + 8);
+    if (out->router_id == 0) return PROTO("REGISTER_ACK: router identity 0");
     return KS_OK;
 }
 
 ks_err pd_msg_register_ack_encode(const pd_msg_register_ack *m, uint8_t *buf, size_t cap,
                                   uint32_t *out_len, ks_errbuf *eb) {
     ks_err ret;
-    if (enc_begin(8, buf, cap, out_len, &ret, "REGISTER_ACK", eb)) return ret;
+    if (m->router_id == 0) return ks_seterr(eb, KS_ERR_INVAL, "REGISTER_ACK: router identity 0");
+    if (enc_begin(16, buf, cap, out_len, &ret, "REGISTER_ACK", eb)) return ret;
     pd_store_u32(buf, m->worker_id);
     pd_store_u32(buf + 4, m->health_interval_ms);
+    pd_store_u64(buf + 8, m->router_id);
     return KS_OK;
 }
 
@@ -401,16 +405,20 @@ ks_err pd_msg_link_decode(const uint8_t *p, uint32_t len, pd_msg_link *out, ks_e
     if (e) return e;
     out->prefill_worker_id = pd_load_u32(p);
     memcpy(out->model_id, p + 8, PD_MSG_HASH_BYTES);
+    out->router_id = pd_load_u64(p + 8 + PD_MSG_HASH_BYTES);
+    if (out->router_id == 0) return PROTO("LINK: router identity 0");
     return KS_OK;
 }
 
 ks_err pd_msg_link_encode(const pd_msg_link *m, uint8_t *buf, size_t cap, uint32_t *out_len,
                           ks_errbuf *eb) {
     ks_err ret;
+    if (m->router_id == 0) return ks_seterr(eb, KS_ERR_INVAL, "LINK: router identity 0");
     if (enc_begin(PD_MSG_LINK_LEN, buf, cap, out_len, &ret, "LINK", eb)) return ret;
     pd_store_u32(buf, m->prefill_worker_id);
     pd_store_u32(buf + 4, 0);
     memcpy(buf + 8, m->model_id, PD_MSG_HASH_BYTES);
+    pd_store_u64(buf + 8 + PD_MSG_HASH_BYTES, m->router_id);
     return KS_OK;
 }
 

@@ -650,6 +650,24 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     }
     if (o->admin_key) srv_tenants_set_admin(s->ts, o->admin_key);
     if (o->metrics_key) srv_tenants_set_metrics(s->ts, o->metrics_key);
+    if (o->limits_redis) {
+        const char *colon = strrchr(o->limits_redis, ':');
+        char host[256];
+        char *end = NULL;
+        long port = colon ? strtol(colon + 1, &end, 10) : 0;
+        if (!colon || colon == o->limits_redis || (size_t)(colon - o->limits_redis) >= sizeof host ||
+            !end || *end || port < 1 || port > 65535) {
+            err = ks_seterr(eb, KS_ERR_INVAL, "--limits-redis '%s': expected HOST:PORT",
+                            o->limits_redis);
+            goto fail;
+        }
+        snprintf(host, sizeof host, "%.*s", (int)(colon - o->limits_redis), o->limits_redis);
+        double share = o->limits_local_share > 0 ? o->limits_local_share : 1.0;
+        if ((err = srv_tenants_set_redis(s->ts, host, (int)port, o->limits_redis_prefix, share, eb)))
+            goto fail;
+        ks_log(KS_LOG_INFO, "tenant rate limits shared through redis %s (local share %.3g while "
+               "it is unreachable)", o->limits_redis, share);
+    }
     s->met.ts = s->ts;
     s->met.model_name = srv__primary_name(s);
     for (int i = 0; i < o->n_cors_origins; i++)

@@ -177,6 +177,17 @@ static bool met__tenants(srv_buf *b, const srv_tenants *ts) {
                              (unsigned long long)atomic_load_explicit(v, memory_order_relaxed));
         }
     }
+    if (ok && ts->redis) // --limits-redis: is the shared store answering?
+        ok = met__printf(b,
+                         "# HELP kvseal_limits_redis_up 1 while the last tenant-limit call "
+                         "reached redis (0: limits use this process's local share).\n"
+                         "# TYPE kvseal_limits_redis_up gauge\nkvseal_limits_redis_up %d\n"
+                         "# HELP kvseal_limits_redis_errors_total Tenant-limit calls that found "
+                         "redis unreachable.\n"
+                         "# TYPE kvseal_limits_redis_errors_total counter\n"
+                         "kvseal_limits_redis_errors_total %llu\n",
+                         atomic_load(&ts->redis_up) ? 1 : 0,
+                         (unsigned long long)atomic_load(&ts->m_redis_errors));
     return ok;
 }
 

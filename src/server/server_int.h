@@ -291,6 +291,32 @@ typedef struct srv_tenant {
     atomic_ullong m_mask_us;    /* CPU its grammar masks took (engine_event.mask_ms) */
 } srv_tenant;
 
+/* Tenant rate limits shared between routers through redis (limits_redis.c). */
+typedef struct srv_redis srv_redis;
+/* One shared bucket pair after a call: whether the amounts were taken, and
+ * what is left (tokens, requests; refilled to the redis server's now). */
+typedef struct srv_redis_state {
+    bool taken;
+    double tokens, requests;
+} srv_redis_state;
+/* Connects to redis at host:port (keys start with prefix, "kvseal:" when
+ * NULL); an unreachable redis is not an error (logged; calls fail with
+ * KS_ERR_IO until it answers). Errors: KS_ERR_INVAL, KS_ERR_NOMEM. Caller
+ * owns *out (srv_redis_destroy). */
+ks_err srv_redis_create(const char *host, int port, const char *prefix, srv_redis **out /* OUT */,
+                        ks_errbuf *eb) KS_MUST_USE;
+/* Frees; accepts NULL. */
+void srv_redis_destroy(srv_redis *r);
+/* Atomically refills tenant's shared buckets (limits tpm, rpm; 0:
+ * unlimited) and takes `tokens` and `requests` from them: only when both
+ * suffice (force false), or whatever the level (force true; negative
+ * amounts give back, never above the limit). KS_OK with *out filled, or
+ * KS_ERR_IO when redis is unreachable (logged once per outage; a reconnect
+ * is tried at most once a second). Blocks up to ~200 ms; not thread-safe
+ * (callers hold srv_tenants.mu). */
+ks_err srv_redis_bucket(srv_redis *r, const char *tenant, int64_t tpm, int64_t rpm, bool force,
+                        int64_t tokens, int64_t requests, srv_redis_state *out /* OUT */);
+
 typedef struct srv_tenants {
     srv_tenant *t; /* (n) */
     size_t n;
@@ -300,7 +326,11 @@ typedef struct srv_tenants {
     bool has_metrics;
     uint8_t metrics_hash[32]; /* SHA-256 of the scraper's key (/metrics) */
     bool log_content;
-    pthread_mutex_t mu; /* guards the runtime fields of every tenant */
+    pthread_mutex_t mu; /* guards the runtime fields of every tenant (and redis) */
+    srv_redis *redis;   /* NULL: limits are this process's own */
+    double local_share; /* redis unreachable: the fraction of each rate limit kept locally */
+    atomic_ullong m_redis_errors; /* limit calls that found redis unreachable */
+    atomic_bool redis_up;         /* the last redis call succeeded */
 } srv_tenants;
 
 /* Parses a tenants file's text: {"tenants":[{"name","keys":[...],
@@ -319,6 +349,14 @@ void srv_tenants_set_admin(srv_tenants *ts, const char *key);
 void srv_tenants_set_metrics(srv_tenants *ts, const char *key);
 /* Frees; accepts NULL. */
 void srv_tenants_free(srv_tenants *ts);
+/* Shares the rate limits (tokens_per_minute, requests_per_minute) with
+ * every process pointed at the same redis host:port and key prefix; while
+ * redis is unreachable each process admits up to local_share (0, 1] of each
+ * limit from its own buckets. max_concurrent stays per process. Call before
+ * serving. Errors: as srv_redis_create, KS_ERR_INVAL for a share outside
+ * (0, 1]. */
+ks_err srv_tenants_set_redis(srv_tenants *ts, const char *host, int port, const char *prefix,
+                             double local_share, ks_errbuf *eb) KS_MUST_USE;
 
 /* Index of the tenant owning key[0..len), or -1. Constant time in the key
  * and in which tenant matched: hashes key once and compares the hash with

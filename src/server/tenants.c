@@ -13,7 +13,13 @@
  * request; the unused tokens are refunded when the request ends (a request
  * is spent once admitted). srv_tenants_ratelimit reads the buckets for the
  * x-ratelimit-* and Retry-After headers: the wait it reports is the real
- * refill time of what is missing. */
+ * refill time of what is missing.
+ *
+ * With srv_tenants_set_redis the two rate buckets live in redis instead,
+ * shared by every router of a fleet (limits_redis.c), and the local ones
+ * serve only while redis is unreachable, each charge scaled by
+ * 1 / local_share so that a process then admits its share of the limit.
+ * The concurrency counter is always this process's own. */
 #include "server_int.h"
 
 #include <math.h>
@@ -63,12 +69,27 @@ void srv_tenants_set_metrics(srv_tenants *ts, const char *key) {
     ts->has_metrics = true;
 }
 
+ks_err srv_tenants_set_redis(srv_tenants *ts, const char *host, int port, const char *prefix,
+                             double local_share, ks_errbuf *eb) {
+    if (!(local_share > 0 && local_share <= 1))
+        return ks_seterr(eb, KS_ERR_INVAL, "--limits-local-share must be in (0, 1]");
+    srv_redis *r = NULL;
+    ks_err e = srv_redis_create(host, port, prefix, &r, eb);
+    if (e) return e;
+    srv_redis_destroy(ts->redis);
+    ts->redis = r;
+    ts->local_share = local_share;
+    atomic_store(&ts->redis_up, true);
+    return KS_OK;
+}
+
 void srv_tenants_free(srv_tenants *ts) {
     if (!ts) return;
     for (size_t i = 0; i < ts->n; i++) {
         if (ts->t[i].key_hash) sodium_memzero(ts->t[i].key_hash, ts->t[i].n_keys * 32);
         free(ts->t[i].key_hash);
     }
+    srv_redis_destroy(ts->redis);
     sodium_memzero(ts->admin_hash, sizeof ts->admin_hash);
     sodium_memzero(ts->metrics_hash, sizeof ts->metrics_hash);
     pthread_mutex_destroy(&ts->mu);
@@ -273,6 +294,28 @@ bool srv_tenants_metrics_ok(const srv_tenants *ts, const char *key, size_t len) 
 // ----------------------------------------------------------------------------
 // Limits
 
+/* Tenant t's shared buckets (redis): takes (force: adds the negated) dt
+ * tokens and dr requests, filling st. false when there are none or redis is
+ * unreachable: the caller uses the local buckets. Under ts->mu. */
+static bool ten__shared(srv_tenants *ts, const srv_tenant *t, bool force, int64_t dt, int64_t dr,
+                        srv_redis_state *st) {
+    if (!ts->redis || (!t->tokens_per_minute && !t->requests_per_minute)) return false;
+    if (srv_redis_bucket(ts->redis, t->name, t->tokens_per_minute, t->requests_per_minute, force,
+                         dt, dr, st) == KS_OK) {
+        atomic_store(&ts->redis_up, true);
+        return true;
+    }
+    atomic_fetch_add(&ts->m_redis_errors, 1);
+    atomic_store(&ts->redis_up, false);
+    return false;
+}
+
+/* A local charge of x: scaled up by 1 / local_share when the local buckets
+ * stand in for redis's (they then hold this process's share). */
+static double ten__local(const srv_tenants *ts, double x) {
+    return ts->redis ? x / ts->local_share : x;
+}
+
 static void ten__refill(srv_tenant *t, uint64_t now_ns) {
     if (!t->tokens_per_minute && !t->requests_per_minute) return;
     if (t->bucket_ns == 0) t->bucket_ns = now_ns;
@@ -325,6 +368,7 @@ admit_reason srv_tenants_admit_n(srv_tenants *ts, int i, int slots, int64_t toke
     if (slots < 1) slots = 1;
     srv_tenant *t = &ts->t[i];
     admit_reason r = ADMIT_OK;
+    srv_redis_state st;
     pthread_mutex_lock(&ts->mu);
     if (t->bucket_ns == 0) t->bucket_ns = now_ns;
     ten__refill(t, now_ns);
@@ -340,18 +384,30 @@ admit_reason srv_tenants_admit_n(srv_tenants *ts, int i, int slots, int64_t toke
                  "tenant '%s' already has %d requests running (limit %d)%s; retry later", t->name,
                  t->running, t->max_concurrent, slots > 1 ? ", and each choice counts as one" : "");
         r = ADMIT_TENANT_CONCURRENCY;
-    } else if (t->requests_per_minute && t->rbucket < 1.0) {
+    } else if (ten__shared(ts, t, false, tokens, 1, &st)) {
+        if (st.taken) {
+            t->running += slots;
+        } else if (t->requests_per_minute && st.requests < 1.0) {
+            snprintf(msg, cap,
+                     "tenant '%s' exceeded its limit of %lld requests per minute; retry later",
+                     t->name, (long long)t->requests_per_minute);
+            r = ADMIT_TENANT_RATE;
+        } else {
+            ten__rate_msg(t, tokens, true, st.tokens, msg, cap);
+            r = ADMIT_TENANT_RATE;
+        }
+    } else if (t->requests_per_minute && t->rbucket < ten__local(ts, 1.0)) {
         snprintf(msg, cap,
                  "tenant '%s' exceeded its limit of %lld requests per minute; retry later", t->name,
                  (long long)t->requests_per_minute);
         r = ADMIT_TENANT_RATE;
-    } else if (t->tokens_per_minute && (double)tokens > t->bucket) {
-        ten__rate_msg(t, tokens, true, t->bucket, msg, cap);
+    } else if (t->tokens_per_minute && ten__local(ts, (double)tokens) > t->bucket) {
+        ten__rate_msg(t, tokens, true, t->bucket / ten__local(ts, 1.0), msg, cap);
         r = ADMIT_TENANT_RATE;
     } else {
         t->running += slots;
-        if (t->tokens_per_minute) t->bucket -= (double)tokens;
-        if (t->requests_per_minute) t->rbucket -= 1.0;
+        if (t->tokens_per_minute) t->bucket -= ten__local(ts, (double)tokens);
+        if (t->requests_per_minute) t->rbucket -= ten__local(ts, 1.0);
     }
     pthread_mutex_unlock(&ts->mu);
     return r;
@@ -368,8 +424,9 @@ void srv_tenants_release_n(srv_tenants *ts, int i, int slots, int64_t unused) {
     pthread_mutex_lock(&ts->mu);
     KS_ASSERT(t->running >= slots);
     t->running -= slots;
-    if (t->tokens_per_minute && unused > 0) {
-        t->bucket += (double)unused;
+    srv_redis_state st;
+    if (t->tokens_per_minute && unused > 0 && !ten__shared(ts, t, true, -unused, 0, &st)) {
+        t->bucket += ten__local(ts, (double)unused);
         if (t->bucket > (double)t->tokens_per_minute) t->bucket = (double)t->tokens_per_minute;
     }
     pthread_mutex_unlock(&ts->mu);
@@ -382,14 +439,21 @@ admit_reason srv_tenants_grow(srv_tenants *ts, int i, int64_t reserved, int64_t 
     admit_reason r = ADMIT_OK;
     int64_t more = tokens - reserved;
     if (more <= 0 || !t->tokens_per_minute) return r;
+    srv_redis_state st;
     pthread_mutex_lock(&ts->mu);
     ten__refill(t, now_ns);
-    if ((double)more > t->bucket) {
+    if (ten__shared(ts, t, false, more, 0, &st)) {
+        if (!st.taken) {
+            ten__rate_msg(t, tokens, false, st.tokens + (double)reserved, msg, cap);
+            r = ADMIT_TENANT_RATE;
+        }
+    } else if (ten__local(ts, (double)more) > t->bucket) {
         // the numbers the client sees are the whole request's, as in srv_tenants_admit
-        ten__rate_msg(t, tokens, false, t->bucket + (double)reserved, msg, cap);
+        ten__rate_msg(t, tokens, false, t->bucket / ten__local(ts, 1.0) + (double)reserved, msg,
+                      cap);
         r = ADMIT_TENANT_RATE;
     } else {
-        t->bucket -= (double)more;
+        t->bucket -= ten__local(ts, (double)more);
     }
     pthread_mutex_unlock(&ts->mu);
     return r;
@@ -406,10 +470,11 @@ void srv_tenants_refuse_n(srv_tenants *ts, int i, int slots, int64_t reserved, i
     pthread_mutex_lock(&ts->mu);
     KS_ASSERT(t->running >= slots);
     t->running -= slots;
-    if (t->tokens_per_minute) {
+    srv_redis_state st;
+    if (t->tokens_per_minute && !ten__shared(ts, t, true, charged - reserved, 0, &st)) {
         // a debt (charged > reserved) leaves the bucket below zero: the
         // tenant's next requests wait until refilling has paid it off
-        t->bucket += (double)(reserved - charged);
+        t->bucket += ten__local(ts, (double)(reserved - charged));
         if (t->bucket > (double)t->tokens_per_minute) t->bucket = (double)t->tokens_per_minute;
     }
     pthread_mutex_unlock(&ts->mu);
@@ -432,24 +497,29 @@ void srv_tenants_ratelimit(srv_tenants *ts, int i, int64_t tokens, uint64_t now_
     memset(out, 0, sizeof *out);
     pthread_mutex_lock(&ts->mu);
     ten__refill(t, now_ns);
+    // what the headers show: the shared buckets, else the local ones in
+    // units of the whole limit
+    double rbucket = t->rbucket / ten__local(ts, 1.0), bucket = t->bucket / ten__local(ts, 1.0);
+    srv_redis_state st;
+    if (ten__shared(ts, t, true, 0, 0, &st)) rbucket = st.requests, bucket = st.tokens;
     if (t->requests_per_minute) {
         double cap = (double)t->requests_per_minute;
         out->requests = true;
         out->limit_requests = t->requests_per_minute;
-        out->remaining_requests = t->rbucket > 0 ? (int64_t)t->rbucket : 0;
-        out->reset_requests_s = ten__wait(t->rbucket, cap, t->requests_per_minute);
-        double w = ten__wait(t->rbucket, 1.0, t->requests_per_minute);
+        out->remaining_requests = rbucket > 0 ? (int64_t)rbucket : 0;
+        out->reset_requests_s = ten__wait(rbucket, cap, t->requests_per_minute);
+        double w = ten__wait(rbucket, 1.0, t->requests_per_minute);
         if (w > out->retry_s) out->retry_s = w;
     }
     if (t->tokens_per_minute) {
         double cap = (double)t->tokens_per_minute;
         out->tokens = true;
         out->limit_tokens = t->tokens_per_minute;
-        out->remaining_tokens = t->bucket > 0 ? (int64_t)t->bucket : 0;
-        out->reset_tokens_s = ten__wait(t->bucket, cap, t->tokens_per_minute);
+        out->remaining_tokens = bucket > 0 ? (int64_t)bucket : 0;
+        out->reset_tokens_s = ten__wait(bucket, cap, t->tokens_per_minute);
         // larger than the limit: it never passes; the honest hint is "when full"
         double want = (double)tokens > cap ? cap : (double)tokens;
-        double w = ten__wait(t->bucket, want, t->tokens_per_minute);
+        double w = ten__wait(bucket, want, t->tokens_per_minute);
         if (w > out->retry_s) out->retry_s = w;
     }
     pthread_mutex_unlock(&ts->mu);

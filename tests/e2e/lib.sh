@@ -165,36 +165,62 @@ stop_server() {
 # prepended as environment, e.g. KS_PD_FAULT=...), all with one fresh
 # secret. Waits until every worker has registered and sets KS_URL, KS_PID
 # (the router), KS_PREFILL_PIDS and KS_DECODE_PIDS (arrays), KS_CLUSTER_LOGS.
+# With KS_ROUTERS=R (default 1) it starts R routers (logs LOGPREFIX.router,
+# LOGPREFIX.router2, ...; each its own HTTP and cluster port), every worker
+# registers with all of them (--router A,B,...), and KS_URLS, KS_ROUTER_PIDS,
+# KS_ROUTER_LOGS and KS_CPORTS are arrays over them (KS_URL/KS_PID: the first).
 start_cluster() {
     local log=$1 np=$2 nd=$3; shift 3
     head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMPD/secret"
     chmod 600 "$TMPD/secret"
-    "${KS_SERVE_BIN:-$KS_BIN}" router --host 127.0.0.1 --port 0 --cluster-port 0 $KS_SLOW_LIMITS \
-        ${KS_METRICS_KEY:+--metrics-key "$KS_METRICS_KEY"} \
-        --secret-file "$TMPD/secret" --health-interval-ms ${KS_HEALTH_MS:-$([ -n "${KS_SANITIZE:-}" ] && echo 2000 || echo 1000)} ${ROUTER_ARGS:-} "$@" \
-        >"$log.router.out" 2>"$log.router" &
-    KS_PID=$!
+    KS_URLS=(); KS_ROUTER_PIDS=(); KS_ROUTER_LOGS=(); KS_CPORTS=()
     KS_PREFILL_PIDS=(); KS_DECODE_PIDS=()
-    trap 'kill -KILL $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
-    KS_CLUSTER_LOGS="$log.router"
-    KS_ROUTER_LOG=$log.router
-    wait_for "the router to come up" cluster__router_up
-    local i cport
-    cport=$(sed -n 's/^cluster port \([0-9]*\).*/\1/p' "$log.router.out" | head -1)
+    trap 'kill -KILL "${KS_ROUTER_PIDS[@]}" $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
+    KS_CLUSTER_LOGS=
+    local i r routers=
+    for r in $(seq 1 "${KS_ROUTERS:-1}"); do
+        local rl=$log.router; [ "$r" -gt 1 ] && rl=$log.router$r
+        start_router "$rl" 0 "$@"
+        routers+="${routers:+,}127.0.0.1:${KS_CPORTS[$((r - 1))]}"
+    done
+    KS_URL=${KS_URLS[0]}; KS_PID=${KS_ROUTER_PIDS[0]}; KS_ROUTER_LOG=${KS_ROUTER_LOGS[0]}
     for i in $(seq 1 "$nd"); do
-        env ${DECODE_ENV:-} "${KS_SERVE_BIN:-$KS_BIN}" decode --router 127.0.0.1:$cport \
+        env ${DECODE_ENV:-} "${KS_SERVE_BIN:-$KS_BIN}" decode --router "$routers" \
             --secret-file "$TMPD/secret" --drain-timeout-ms $((KS_WAIT_S * 10000)) $KS_SLOW_GRAMMAR "$@" ${DECODE_ARGS:-} >"$log.decode$i.out" 2>"$log.decode$i" &
         KS_DECODE_PIDS+=($!); KS_CLUSTER_LOGS+=" $log.decode$i"
     done
     for i in $(seq 1 "$np"); do
-        env ${PREFILL_ENV:-} "${KS_SERVE_BIN:-$KS_BIN}" prefill --router 127.0.0.1:$cport \
+        env ${PREFILL_ENV:-} "${KS_SERVE_BIN:-$KS_BIN}" prefill --router "$routers" \
             --secret-file "$TMPD/secret" --drain-timeout-ms $((KS_WAIT_S * 10000)) $KS_SLOW_GRAMMAR "$@" ${PREFILL_ARGS:-} >"$log.prefill$i.out" 2>"$log.prefill$i" &
         KS_PREFILL_PIDS+=($!); KS_CLUSTER_LOGS+=" $log.prefill$i"
     done
     KS_CLUSTER_WANT=$((np + nd))
-    wait_for "$KS_CLUSTER_WANT workers to register (logs: $KS_CLUSTER_LOGS)" cluster__registered
-    # data links come up right after registration: one tiny request proves the path
-    wait_for "the cluster to answer a probe request" cluster__probe
+    for i in "${!KS_ROUTER_LOGS[@]}"; do
+        KS_ROUTER_LOG=${KS_ROUTER_LOGS[$i]}
+        wait_for "$KS_CLUSTER_WANT workers to register with router $((i + 1)) (logs: $KS_CLUSTER_LOGS)" cluster__registered
+        # data links come up right after registration: one tiny request proves the path
+        KS_URL=${KS_URLS[$i]}
+        wait_for "the cluster to answer a probe request through router $((i + 1))" cluster__probe
+    done
+    KS_URL=${KS_URLS[0]}; KS_ROUTER_LOG=${KS_ROUTER_LOGS[0]}
+    KS_MORE_ROUTERS=("${KS_ROUTER_PIDS[@]:1}") # stop_cluster stops these and $KS_PID
+}
+# start_router LOG CPORT ARGS... — starts one `kvseal router` of start_cluster
+# on cluster port CPORT (0: any; a restarted router takes its old one) with
+# $TMPD/secret, waits for it to listen, and appends its URL, pid, log and
+# cluster port to KS_URLS, KS_ROUTER_PIDS, KS_ROUTER_LOGS and KS_CPORTS.
+start_router() {
+    local rl=$1 cp=$2; shift 2
+    "${KS_SERVE_BIN:-$KS_BIN}" router --host 127.0.0.1 --port 0 --cluster-port "$cp" $KS_SLOW_LIMITS \
+        ${KS_METRICS_KEY:+--metrics-key "$KS_METRICS_KEY"} \
+        --secret-file "$TMPD/secret" --health-interval-ms ${KS_HEALTH_MS:-$([ -n "${KS_SANITIZE:-}" ] && echo 2000 || echo 1000)} ${ROUTER_ARGS:-} "$@" \
+        >"$rl.out" 2>"$rl" &
+    KS_PID=$!
+    KS_ROUTER_LOG=$rl
+    KS_CLUSTER_LOGS+=" $rl"
+    wait_for "the router to come up" cluster__router_up
+    KS_URLS+=("$KS_URL"); KS_ROUTER_PIDS+=($KS_PID); KS_ROUTER_LOGS+=("$rl")
+    KS_CPORTS+=("$(sed -n 's/^cluster port \([0-9]*\).*/\1/p' "$rl.out" | head -1)")
 }
 cluster__router_up() {
     KS_URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$KS_ROUTER_LOG.out" | head -1)
@@ -213,11 +239,11 @@ cluster__probe() {
 # stop_cluster — SIGTERM to every process; fails unless all exit 0 by the deadline.
 stop_cluster() {
     local p rc=0
-    for p in "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" $KS_PID; do
+    for p in "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" $KS_PID "${KS_MORE_ROUTERS[@]}"; do
         kill -TERM $p 2>/dev/null
     done
     local end=$((SECONDS + KS_WAIT_S))
-    for p in "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" $KS_PID; do
+    for p in "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" $KS_PID "${KS_MORE_ROUTERS[@]}"; do
         while kill -0 $p 2>/dev/null; do
             [ $SECONDS -lt $end ] || { kill -KILL $p; fail "process $p ignored SIGTERM"; }
             sleep 0.05

@@ -2,7 +2,8 @@
  * relays a real prefill worker's connection to a real decode worker's data
  * port (issue 8, section 1; run by tests/e2e/test_cluster_relay.sh).
  *
- * Usage: pd_relay DECODE_PORT VICTIM_PREFILL_ID
+ * Usage: pd_relay DECODE_PORT VICTIM_PREFILL_ID VICTIM_ROUTER_ID (hex, the
+ * router identity the victim's LINK names: wire version 3)
  * Listens on 127.0.0.1 (port printed as "relay port N"), accepts one
  * connection (a prefill worker that takes us for its router), connects to
  * the decode worker's data port on 127.0.0.1 and then:
@@ -94,13 +95,14 @@ static void rl_blind(int a, int b, const uint8_t *first, size_t n_first) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: pd_relay DECODE_PORT VICTIM_PREFILL_ID\n");
+    if (argc != 4) {
+        fprintf(stderr, "usage: pd_relay DECODE_PORT VICTIM_PREFILL_ID VICTIM_ROUTER_ID_HEX\n");
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
     int dport = atoi(argv[1]);
     uint32_t victim = (uint32_t)strtoul(argv[2], NULL, 10);
+    uint64_t victim_router = (uint64_t)strtoull(argv[3], NULL, 16);
     int ls = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof a;
@@ -147,8 +149,9 @@ int main(int argc, char **argv) {
         printf("RELAY: decode refused\n");
         rl_hold();
     }
-    uint8_t link[40] = {0}; // v3: + the model_id (the relay does not know it: zero)
+    uint8_t link[48] = {0}; // v3: + the model_id (the relay does not know it: zero) + the router
     pd_store_u32(link, victim);
+    pd_store_u64(link + 40, victim_router);
     uint8_t ack[128];
     if (rl_send_frame(d, 0x0008 /* LINK */, link, sizeof link) || rl_read_frame(d, ack, sizeof ack, &t) < 0 ||
         t != 0x0009 /* LINK_ACK */) {

@@ -19,15 +19,16 @@ relay_attack() {
     local name=$1; shift
     start_cluster "$TMPD/$name" 1 1 "${M[@]}" "$@"
     trap 'kill -KILL $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" $R $X 2>/dev/null; rm_tmpd' EXIT
-    local dlog="$TMPD/$name.decode1" victim dport links_before epoch rport result i
+    local dlog="$TMPD/$name.decode1" victim vrouter dport links_before epoch rport result i
     victim=$(sed -n 's/.*prefill worker \([0-9]*\) registered.*/\1/p' "$TMPD/$name.router" | head -1)
     dport=$(sed -n 's/.*decode worker [0-9]* registered.*:\([0-9]*\))$/\1/p' "$TMPD/$name.router" | head -1)
-    [ -n "$victim" ] && [ -n "$dport" ] || { cat "$TMPD/$name.router" >&2; fail "no prefill id / decode data port"; }
+    vrouter=$(sed -n 's/.*registered with router .* as worker [0-9]* (router \([0-9a-f]*\)).*/\1/p' "$TMPD/$name.prefill1" | head -1)
+    [ -n "$victim" ] && [ -n "$dport" ] && [ -n "$vrouter" ] || { cat "$TMPD/$name.router" >&2; fail "no prefill id / router id / decode data port"; }
     links_before=$(grep -c 'decode: link up' "$dlog")
     epoch=$(sed -n 's/.*decode: link up: prefill .* epoch \([0-9]*\).*/\1/p' "$dlog" | tail -1)
     expect_eq "$name: one live link" "$links_before" 1
 
-    "$RELAY" "$dport" "$victim" >"$TMPD/$name.relay" 2>&1 &
+    "$RELAY" "$dport" "$victim" "$vrouter" >"$TMPD/$name.relay" 2>&1 &
     R=$!
     wait_for "the relay to listen" grep -q '^relay port [0-9]' "$TMPD/$name.relay"
     rport=$(sed -n 's/^relay port \([0-9]*\)$/\1/p' "$TMPD/$name.relay")

@@ -287,7 +287,7 @@ static void pd_msg_seeds(void) {
     reg.kv_dim = 576;
     ENC(pd_msg_register_encode(&reg, b, sizeof b, &n, NULL));
     msg_put("register_mla", S_REGISTER, b, n);
-    pd_msg_register_ack ra = {4, 1000};
+    pd_msg_register_ack ra = {4, 1000, 0x0123456789abcdefull};
     ENC(pd_msg_register_ack_encode(&ra, b, sizeof b, &n, NULL));
     msg_put("register_ack", S_REGISTER_ACK, b, n);
     pd_msg_health h = {42};
@@ -302,7 +302,8 @@ static void pd_msg_seeds(void) {
     pd_msg_peer pe = {3, 7071, "decode-1", 8};
     ENC(pd_msg_peer_encode(&pe, b, sizeof b, &n, NULL));
     msg_put("peer", S_PEER, b, n);
-    pd_msg_link li = {.prefill_worker_id = 2, .model_id = {1, 2, 3}};
+    pd_msg_link li = {.prefill_worker_id = 2, .model_id = {1, 2, 3},
+                      .router_id = 0x0123456789abcdefull};
     ENC(pd_msg_link_encode(&li, b, sizeof b, &n, NULL));
     msg_put("link", S_LINK, b, n);
     pd_msg_link_ack la = {9};

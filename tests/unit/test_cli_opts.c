@@ -392,7 +392,47 @@ static void test_subcommands(void) {
     ks_log_set_level(KS_LOG_INFO);
 }
 
+/* --router repeats and takes comma lists (a worker registers with every
+ * router, issue 40); a config file's routers are replaced by the command
+ * line's; the redis limit options parse, a share outside (0, 1] is refused. */
+static void test_routers(void) {
+    serve__cfg c;
+    const char *err;
+    CHECK_EQ(parse(&c, &err, "--router", "a:1,b:2", "--router=c:3", "--limits-redis", "r:6379",
+                   "--limits-redis-prefix", "fleet:", "--limits-local-share", "0.5", NULL),
+             0);
+    CHECK_EQ(c.n_routers, 3);
+    CHECK_STR_EQ(c.routers[0], "a:1");
+    CHECK_STR_EQ(c.routers[1], "b:2");
+    CHECK_STR_EQ(c.routers[2], "c:3");
+    CHECK_STR_EQ(c.limits_redis, "r:6379");
+    CHECK_STR_EQ(c.limits_redis_prefix, "fleet:");
+    CHECK(c.limits_local_share == 0.5);
+    serve__cfg_free(&c);
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/ks_test_cli_routers_%d.conf", (int)getpid());
+    write_file(path, "router = f:1, g:2\n");
+    CHECK_EQ(parse(&c, &err, "--config", path, NULL), 0);
+    CHECK_EQ(c.n_routers, 2);
+    CHECK_STR_EQ(c.routers[1], "g:2"); // spaces around list items go
+    serve__cfg_free(&c);
+    CHECK_EQ(parse(&c, &err, "--config", path, "--router", "h:3", NULL), 0);
+    CHECK_EQ(c.n_routers, 1);
+    CHECK_STR_EQ(c.routers[0], "h:3");
+    serve__cfg_free(&c);
+    unlink(path);
+    CHECK_EQ(parse(&c, &err, "--limits-local-share", "1.5", NULL), 2);
+    CHECK_STR_HAS(err, "--limits-local-share expects a fraction in (0, 1]");
+    serve__cfg_free(&c);
+    CHECK_EQ(parse(&c, &err, "--router", "a:1,b:2,c:3,d:4,e:5,f:6,g:7,h:8,i:9", "--router",
+                   "j:1,k:2,l:3,m:4,n:5,o:6,p:7,q:8", NULL),
+             2);
+    CHECK_STR_HAS(err, "at most 16 --router addresses");
+    serve__cfg_free(&c);
+}
+
 int main(void) {
+    test_routers();
     test_forms();
     test_errors();
     test_config();

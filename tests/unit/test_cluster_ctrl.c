@@ -109,8 +109,9 @@ static void r_frame(pd_conn *c, void *ud, const pd_frame *f) {
             break;
         }
         if (h->auto_ack) {
-            pd_msg_register_ack a = {.worker_id = h->next_id++, .health_interval_ms = h->ack_interval_ms};
-            uint8_t buf[8];
+            pd_msg_register_ack a = {.worker_id = h->next_id++, .health_interval_ms = h->ack_interval_ms,
+                                     .router_id = 0x5151};
+            uint8_t buf[16];
             uint32_t len;
             CHECK_EQ(pd_msg_register_ack_encode(&a, buf, sizeof buf, &len, NULL), KS_OK);
             r_send(h, PD_MSG_REGISTER_ACK, 0, buf, len);

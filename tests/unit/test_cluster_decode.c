@@ -10,6 +10,10 @@
  *   relink    — a second LINK for a prefill id with a live link is refused; the
  *               router's RETIRE closes the live one, then a new LINK gets a
  *               fresh (random) epoch
+ *   routers   — worker ids are one router's numbering: a LINK for the same
+ *               prefill id under another router's identity comes up beside
+ *               the live one; the router's ADMIT binds to its own link, and
+ *               its RETIRE cannot close another router's (issue 40)
  *   coverage  — DONE covering less than the prompt: FINISH ERROR, no TOKEN (I6;
  *               fails under KS_BROKEN=no_coverage)
  *   reject    — prefill's REJECT: FINISH carries its reason and message
@@ -32,6 +36,7 @@
 
 #define SECRET "decode-test-secret-0123456789abcdef"
 #define PREFILL_ID 7u
+#define ROUTER_ID 0x1234567890abcdefull /* the fake router's identity (REGISTER_ACK, LINK) */
 #define N_CTX 256
 #define PAGE_T 16
 #define N_PROMPT 40 /* 3 pages: 16 + 16 + 8 */
@@ -69,6 +74,9 @@ typedef struct harness {
     int n_pclosed; /* data links closed so far */
     uint64_t epoch;
     bool foreign_link; /* the next LINK claims worker 9 of another model (phase_model) */
+    pd_conn *oc;       /* a link from prefill worker PREFILL_ID of another router */
+    uint64_t o_epoch;  /* its LINK_ACK's epoch */
+    bool o_closed;
     rframe pf[64];
     int n_pf;
     // worker
@@ -122,8 +130,8 @@ static void r_on_frame(pd_conn *c, void *ud, const pd_frame *f) {
         CHECK(reg.data_port != 0);
         h->data_port = reg.data_port;
         h->reg_pages = reg.n_pages;
-        pd_msg_register_ack ack = {.worker_id = 5, .health_interval_ms = 1000};
-        uint8_t buf[8];
+        pd_msg_register_ack ack = {.worker_id = 5, .health_interval_ms = 1000, .router_id = ROUTER_ID};
+        uint8_t buf[16];
         uint32_t len;
         CHECK(pd_msg_register_ack_encode(&ack, buf, sizeof buf, &len, NULL) == KS_OK);
         send1(c, PD_MSG_REGISTER_ACK, 0, buf, len);
@@ -145,7 +153,7 @@ static void r_on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
 static void p_on_open(pd_conn *c, void *ud) {
     harness *h = ud;
     h->link_open = true;
-    pd_msg_link lk = {.prefill_worker_id = h->foreign_link ? 9u : PREFILL_ID};
+    pd_msg_link lk = {.prefill_worker_id = h->foreign_link ? 9u : PREFILL_ID, .router_id = ROUTER_ID};
     memcpy(lk.model_id, h->model_id, sizeof lk.model_id);
     if (h->foreign_link) lk.model_id[0] ^= 0xff;
     uint8_t buf[PD_MSG_LINK_LEN];
@@ -166,6 +174,32 @@ static void p_on_frame(pd_conn *c, void *ud, const pd_frame *f) {
         return;
     }
     rec(h->pf, &h->n_pf, 64, f);
+}
+
+// the other router's link
+#define OTHER_ROUTER_ID 0x0fedcba987654321ull
+static void o_on_open(pd_conn *c, void *ud) {
+    harness *h = ud;
+    pd_msg_link lk = {.prefill_worker_id = PREFILL_ID, .router_id = OTHER_ROUTER_ID};
+    memcpy(lk.model_id, h->model_id, sizeof lk.model_id);
+    uint8_t buf[PD_MSG_LINK_LEN];
+    uint32_t len;
+    CHECK(pd_msg_link_encode(&lk, buf, sizeof buf, &len, NULL) == KS_OK);
+    send1(c, PD_MSG_LINK, 0, buf, len);
+}
+static void o_on_frame(pd_conn *c, void *ud, const pd_frame *f) {
+    harness *h = ud;
+    (void)c;
+    if (f->hdr.type != PD_MSG_LINK_ACK) return;
+    pd_msg_link_ack a;
+    CHECK(pd_msg_link_ack_decode(f->payload, f->payload_len, &a, NULL) == KS_OK);
+    h->o_epoch = a.link_epoch;
+}
+static void o_on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
+    harness *h = ud;
+    (void)c, (void)why, (void)msg;
+    h->o_closed = true;
+    h->oc = NULL;
 }
 
 static void p_on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
@@ -598,7 +632,7 @@ static void phase_relink(harness *h) {
     CHECK(h->pc == live);
     CHECK_EQ(h->epoch, old);
     CHECK(!h->link_closed);
-    pd_msg_link rt = {.prefill_worker_id = PREFILL_ID};
+    pd_msg_link rt = {.prefill_worker_id = PREFILL_ID, .router_id = ROUTER_ID};
     memcpy(rt.model_id, h->model_id, sizeof rt.model_id);
     uint8_t buf[PD_MSG_LINK_LEN];
     uint32_t len;
@@ -616,6 +650,46 @@ static void phase_relink(harness *h) {
     router_abort(h, 8, PD_ABORT_CLIENT_GONE);
     wait_for(h, p_pf_abort, 8, "ABORT 8 on the link");
     send1(h->pc, PD_MSG_ABORT_ACK, 8, NULL, 0);
+    expect_clean(h);
+}
+
+static bool p_o_linked(harness *h, uint64_t a) { (void)a; return h->o_epoch != 0 || h->o_closed; }
+static bool p_o_closed(harness *h, uint64_t a) { (void)a; return h->o_closed; }
+
+/* Another router's prefill worker PREFILL_ID (its own numbering) links
+ * beside the live link of ours; our ADMIT binds to ours; a RETIRE naming
+ * the other router's worker is ignored; losing that link changes nothing
+ * of ours. */
+static void phase_routers(harness *h) {
+    CHECK(pd_tcp_connect(h->pl, "127.0.0.1", h->data_port, 2000,
+                         &(pd_conn_cbs){.on_open = o_on_open, .on_frame = o_on_frame,
+                                        .on_close = o_on_close, .type_max = h->tm,
+                                        .n_types = PD_MSG_N_TYPES,
+                                        .peer_roles = 1u << PD_ROLE_DECODE},
+                         h, &h->oc, NULL) == KS_OK);
+    wait_for(h, p_o_linked, 0, "the other router's LINK");
+    CHECK(!h->o_closed);  // not refused: (router, id) differs from the live link's
+    CHECK(h->o_epoch != 0 && h->o_epoch != h->epoch);
+    CHECK(!h->link_closed);
+    admit(h, 21, 4);
+    const rframe *gf = find_rf(h, 21, PD_MSG_GRANT);
+    pd_msg_grant g;
+    CHECK(pd_msg_grant_decode(gf->data, gf->len, &g, NULL) == KS_OK);
+    CHECK_EQ(g.link_epoch, h->epoch);  // our router's link, not the other's
+    pd_msg_link rt = {.prefill_worker_id = PREFILL_ID, .router_id = OTHER_ROUTER_ID};
+    memcpy(rt.model_id, h->model_id, sizeof rt.model_id);
+    uint8_t buf[PD_MSG_LINK_LEN];
+    uint32_t len;
+    CHECK(pd_msg_link_encode(&rt, buf, sizeof buf, &len, NULL) == KS_OK);
+    send1(h->rc, PD_MSG_RETIRE, 0, buf, len);  // not this router's worker: ignored
+    router_abort(h, 21, PD_ABORT_CLIENT_GONE);
+    wait_for(h, p_pf_abort, 21, "ABORT 21 on our link");
+    send1(h->pc, PD_MSG_ABORT_ACK, 21, NULL, 0);
+    expect_clean(h);
+    CHECK(!h->o_closed && !h->link_closed);
+    pd_conn_close(h->oc);
+    wait_for(h, p_o_closed, 0, "the other link closed");
+    CHECK(!h->link_closed);
     expect_clean(h);
 }
 
@@ -777,6 +851,8 @@ int main(void) {
     printf("ok sampled\n");
     phase_relink(h);
     printf("ok relink\n");
+    phase_routers(h);
+    printf("ok routers\n");
     phase_coverage(h);
     printf("ok coverage\n");
     phase_reject(h);

@@ -127,7 +127,8 @@ static void r_frame(pd_conn *c, void *ud, const pd_frame *f) {
         CHECK_EQ(m.n_pages, PRE_PAGES);
         CHECK_EQ(m.n_ctx, N_CTX);
         h->n_register++;
-        pd_msg_register_ack a = {.worker_id = PREFILL_ID, .health_interval_ms = 1000};
+        pd_msg_register_ack a = {.worker_id = PREFILL_ID, .health_interval_ms = 1000,
+                                 .router_id = 0x7777};
         CHECK_EQ(pd_msg_register_ack_encode(&a, buf, sizeof buf, &len, NULL), KS_OK);
         send_frame(c, PD_MSG_REGISTER_ACK, 0, buf, len);
         pd_msg_peer p = {.decode_worker_id = DECODE_ID, .port = pd_listener_port(h->dls),

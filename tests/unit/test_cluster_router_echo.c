@@ -18,11 +18,17 @@
  *   - the prefill worker lost after part of the records reached the client:
  *     the request is not started over elsewhere (the client has part of
  *     its answer) but ends ABORTED (peer closed) as other requests that
- *     lose a worker, and decode gets ABORT WORKER_LOST.
+ *     lose a worker, and decode gets ABORT WORKER_LOST;
+ *   - identities (issue 40, more than one router): every worker of one
+ *     router gets its router identity in REGISTER_ACK, and request ids start
+ *     at a random 64-bit value, not at the clock (two routers started a
+ *     millisecond apart collided after 1000 requests).
  * Uses models/kjv-mini.gguf (KS_SRC). */
 #include "cluster/cluster_int.h"
 
 #include "../check.h"
+
+#include <time.h>
 
 static const uint8_t SECRET[32] = "cluster-secret-router-echo-01234";
 
@@ -38,6 +44,7 @@ typedef struct fake {
     pd_conn *c;
     bool open, closed, registered;
     uint32_t id;
+    uint64_t router_id; /* REGISTER_ACK's */
     // the last request frame of interest
     uint64_t admit_req, prefill_req, abort_req;
     int n_admit, n_prefill, n_abort, n_error;
@@ -95,6 +102,7 @@ static void f_frame(pd_conn *c, void *ud, const pd_frame *fr) {
         pd_msg_register_ack a;
         CHECK_EQ(pd_msg_register_ack_decode(fr->payload, fr->payload_len, &a, NULL), KS_OK);
         f->id = a.worker_id;
+        f->router_id = a.router_id;
         f->registered = true;
         return;
     }
@@ -368,6 +376,22 @@ static void case_merge(void) {
     H.b.release(cl.req);
 }
 
+/* One router identity for all its workers; request ids far from the clock. */
+static void case_ids(uint64_t first_req) {
+    fprintf(stderr, "-- ids\n");
+    CHECK(H.dec.router_id != 0);
+    for (int i = 0; i < H.n_pre; i++) CHECK(H.pre[i].router_id == H.dec.router_id);
+    struct timespec ts;
+    CHECK_EQ(clock_gettime(CLOCK_REALTIME, &ts), 0);
+    uint64_t now_us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+    uint64_t d = first_req > now_us ? first_req - now_us : now_us - first_req;
+    // a random start lands within 2^40 of the clock with probability 2^-22
+    if (d <= (1ull << 40))
+        fprintf(stderr, "request id %llu is the clock in microseconds (%llu)\n",
+                (unsigned long long)first_req, (unsigned long long)now_us);
+    CHECK(d > (1ull << 40));
+}
+
 /* max_tokens 0: decode's first TOKEN ends it, unseen; decode gets ABORT STOP. */
 static void case_prompt_only(void) {
     fprintf(stderr, "-- prompt_only\n");
@@ -505,6 +529,7 @@ int main(void) {
         fake_start(&H.pre[i], PD_ROLE_PREFILL, port);
 
     case_merge();
+    case_ids(H.dec.admit_req);
     case_prompt_only();
     case_worker_lost(); // one prefill worker goes
     case_foreign();   // cuts one prefill worker off

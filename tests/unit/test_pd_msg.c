@@ -131,7 +131,7 @@ static uint32_t sample(uint16_t t, uint8_t *buf, size_t cap) {
         break;
     }
     case PD_MSG_REGISTER_ACK: {
-        pd_msg_register_ack m = {3, 1000};
+        pd_msg_register_ack m = {3, 1000, 0x0102030405060708ull};
         e = pd_msg_register_ack_encode(&m, buf, cap, &n, &eb);
         break;
     }
@@ -151,7 +151,7 @@ static uint32_t sample(uint16_t t, uint8_t *buf, size_t cap) {
         break;
     }
     case PD_MSG_LINK: {
-        pd_msg_link m = {.prefill_worker_id = 4};
+        pd_msg_link m = {.prefill_worker_id = 4, .router_id = 0x1112131415161718ull};
         memset(m.model_id, 0xa7, sizeof m.model_id);
         e = pd_msg_link_encode(&m, buf, cap, &n, &eb);
         break;
@@ -273,14 +273,14 @@ static void test_names_and_bounds(void) {
     CHECK_EQ(tm[0x1E], PD_TYPE_FORBIDDEN);
     CHECK_EQ(tm[PD_MSG_POOL_CHECK], 0);
     CHECK_EQ(tm[PD_MSG_POOL_CHECK_ACK], 24);
-    CHECK_EQ(tm[PD_MSG_RETIRE], 40);
+    CHECK_EQ(tm[PD_MSG_RETIRE], 48);
     CHECK_STR_EQ(pd_msg_type_name(PD_MSG_RETIRE), "RETIRE");
     CHECK_EQ(tm[PD_MSG_REGISTER], 64 + 255 + 1024); /* v3: + names */
-    CHECK_EQ(tm[PD_MSG_REGISTER_ACK], 8);
+    CHECK_EQ(tm[PD_MSG_REGISTER_ACK], 16);
     CHECK_EQ(tm[PD_MSG_HEALTH], 8);
     CHECK_EQ(tm[PD_MSG_HEALTH_ACK], 24);
     CHECK_EQ(tm[PD_MSG_PEER], 263);
-    CHECK_EQ(tm[PD_MSG_LINK], 40);
+    CHECK_EQ(tm[PD_MSG_LINK], 48); /* v3: + the model_id, the router identity */
     CHECK_EQ(tm[PD_MSG_LINK_ACK], 12 + 8192); // with a UCX worker address
     CHECK_EQ(tm[PD_MSG_ADMIT], 112 + 28 + 8 * 1024 + 262144); // with the largest extension
     CHECK_EQ(tm[PD_MSG_GRANT], 4194304);
@@ -549,10 +549,26 @@ static void test_round_trip_small(void) {
         CHECK_EQ(pd_msg_register_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
     }
     {
-        pd_msg_register_ack m = {0xfffffffe, 1000}, r;
+        pd_msg_register_ack m = {0xfffffffe, 1000, UINT64_MAX - 1}, r;
         CHECK_EQ(pd_msg_register_ack_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
         CHECK_EQ(pd_msg_register_ack_decode(buf, n, &r, &eb), KS_OK);
-        CHECK(n == 8 && r.worker_id == 0xfffffffe && r.health_interval_ms == 1000);
+        CHECK(n == 16 && r.worker_id == 0xfffffffe && r.health_interval_ms == 1000 &&
+              r.router_id == UINT64_MAX - 1);
+        // worker ids are one router's numbering: a router without an identity is refused
+        memset(buf + 8, 0, 8);
+        CHECK_EQ(pd_msg_register_ack_decode(buf, n, &r, &eb), KS_ERR_PROTO);
+        CHECK_STR_HAS(eb.msg, "router identity");
+        m.router_id = 0;
+        CHECK_EQ(pd_msg_register_ack_encode(&m, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
+    }
+    {
+        pd_msg_link m = {.prefill_worker_id = 77, .router_id = 0xa1a2a3a4a5a6a7a8ull}, r;
+        CHECK_EQ(pd_msg_link_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
+        CHECK_EQ(pd_msg_link_decode(buf, n, &r, &eb), KS_OK);
+        CHECK(n == 48 && r.prefill_worker_id == 77 && r.router_id == 0xa1a2a3a4a5a6a7a8ull);
+        memset(buf + 40, 0, 8);
+        CHECK_EQ(pd_msg_link_decode(buf, n, &r, &eb), KS_ERR_PROTO);
+        CHECK_EQ(pd_msg_link_decode(buf, 8, &r, &eb), KS_ERR_PROTO); // a v2 LINK
     }
     {
         pd_msg_health m = {UINT64_MAX}, r;
@@ -594,11 +610,11 @@ static void test_round_trip_small(void) {
         CHECK_EQ(r.host_len, 0);
     }
     {
-        pd_msg_link m = {.prefill_worker_id = 31}, r;
+        pd_msg_link m = {.prefill_worker_id = 31, .router_id = 9}, r;
         for (int i = 0; i < 32; i++) m.model_id[i] = (uint8_t)(0x40 + i);
         CHECK_EQ(pd_msg_link_encode(&m, buf, sizeof buf, &n, &eb), KS_OK);
         CHECK_EQ(pd_msg_link_decode(buf, n, &r, &eb), KS_OK);
-        CHECK(n == 40 && r.prefill_worker_id == 31); /* v3: + the model_id */
+        CHECK(n == 48 && r.prefill_worker_id == 31 && r.router_id == 9); /* v3: + model, router */
         CHECK_MEM_EQ(r.model_id, m.model_id, 32);
         pd_msg_link_ack a = {.link_epoch = 1}, ra;
         CHECK_EQ(pd_msg_link_ack_encode(&a, buf, sizeof buf, &n, &eb), KS_OK);
