@@ -51,7 +51,7 @@ EOF2
 start_server "$TMPD/err" -m "$M" --alias kjv --chat-template-file "$T"
 U=$KS_URL
 J=(-H "Content-Type: application/json")
-expect_has "startup log names the template" "$(cat "$TMPD/err")" "chat template: $T"
+expect_has "startup log names the template" "$(cat "$TMPD/err")" "chat template of kjv: $T"
 
 BODY_JSON='{"model":"kjv","max_tokens":1,"temperature":0,
  "messages":[{"role":"system","content":"You are terse."},
@@ -163,7 +163,7 @@ stop_server
 # ---- the cluster router renders chat the same way (--chat-template-file is
 # a router option; the workers get token ids)
 ROUTER_ARGS="--chat-template-file $T" start_cluster "$TMPD/c" 1 1 -m "$M"
-expect_has "router log names the template" "$(cat "$KS_ROUTER_LOG")" "chat template: $T"
+expect_has "router log names the template" "$(grep "chat template of " "$KS_ROUTER_LOG")" ": $T"
 req "router chat with tools" 200 "${J[@]}" "$KS_URL/v1/chat/completions" \
     -d "${BODY_JSON/\"model\":\"kjv\"/\"model\":\"kjv-mini\"}"
 expect_has "router prompt tokens = serve's" "$BODY" "\"prompt_tokens\":$P,"

@@ -79,20 +79,21 @@ U=$KS_URL
 walk
 stop_server
 
-# the cluster: the router admits against a 512-token context, the decode
-# worker holds 64 tokens (4 KV pages) and the prefill worker a 32-token
-# context. So a ~90-token prompt is refused by the router's admission for the
-# decode worker's pool, and a ~40-token prompt passes the router and decode
-# but not prefill, whose REJECT crosses the wire with its reason.
+# the cluster: the router advertises a 64-token context, which the decode
+# worker's pool holds exactly (4 KV pages: a smaller pool is refused at
+# registration, issue 40), and the prefill worker a 32-token context. So a
+# ~90-token prompt is refused by the router's admission, and a ~40-token
+# prompt passes the router and decode but not prefill, whose REJECT crosses
+# the wire with its reason.
 FRONT=cluster
-ROUTER_ARGS="--alias kjv --tenants $TMPD/tenants.json --ctx 512" CLUSTER_PROBE_AUTH=sk-acme \
+ROUTER_ARGS="--alias kjv --tenants $TMPD/tenants.json --ctx 64" CLUSTER_PROBE_AUTH=sk-acme \
     DECODE_ARGS="--ctx 64 --kv-pages 4" PREFILL_ARGS="--ctx 32 --kv-pages 2" \
     start_cluster "$TMPD/c" 1 1 -m "$M"
 U=$KS_URL
 walk
-row pool 400 context_length_exceeded "${A[@]}" "${J[@]}" "$U/v1/completions" \
+row context_length 400 context_length_exceeded "${A[@]}" "${J[@]}" "$U/v1/completions" \
     -d "{\"model\":\"kjv\",\"prompt\":\"$LONG\",\"max_tokens\":2}"
-expect_has "cluster pool: says why" "$BODY" "KV pages"
+expect_has "cluster context_length at the router: says why" "$BODY" "maximum context length is 64 tokens"
 row context_length 400 context_length_exceeded "${A[@]}" "${J[@]}" "$U/v1/completions" \
     -d "{\"model\":\"kjv\",\"prompt\":\"$MID\",\"max_tokens\":2}"
 expect_has "cluster context_length at prefill: its message" "$BODY" "maximum context length is 32 tokens"
