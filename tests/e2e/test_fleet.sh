@@ -134,6 +134,7 @@ KS_URL=${KS_ROUTER_URLS[0]} ns_pools_clean "C: r2 killed (router r1)"
 # new router identity, and each router has links of its own)
 NS_URLS=${KS_ROUTER_URLS[0]} NS_COPIES=2 NS_WHOLE_ONLY=1 NS_STARTED=$TMPD/d.started ns_load_start d base
 wait_for "r1's load to be sent" test -s "$TMPD/d.started"
+n_dup=$(count 'has a live link the router has not retired' "${DLOGS[@]}")
 ns_restart_router r2 "$TMPD/c.r2b"
 wait_for "the 8 workers to register with the restarted r2" regs_ge r2 8
 ns_load_wait d
@@ -141,6 +142,11 @@ KS_URL=${KS_ROUTER_URLS[1]} wait_for "the restarted r2 to answer alpha" cluster_
 wait_for "the restarted r2 to answer beta" beta_up "${KS_ROUTER_URLS[1]}"
 fleet_urls
 fleet_clean "C: r2 restarted"
+# the links r2's predecessor named are retired, never re-dialed under the new
+# r2's identity (decode would refuse one of the two links it then gets for
+# the same prefill worker, and a grant could name the one retired next)
+dup=$(count 'has a live link the router has not retired' "${DLOGS[@]}")
+[ "$dup" -eq "$n_dup" ] || fail "C: a prefill worker linked twice under the restarted r2: $(grep -h 'has a live link the router has not retired' "${DLOGS[@]}" | tail -1)"
 ns_serving_again base
 echo "C: done at $((SECONDS - t0)) s"
 caps off
