@@ -73,7 +73,7 @@ r1a=$(regs r1) r2a=$(regs r2)
 n_first=$(count 'first KV page from' "${DLOGS[@]}")
 NS_COPIES=2 ns_load_start a base
 wait_for "a KV transfer of the load to start" ns__more_lines 'first KV page from' "$n_first" "${DLOGS[@]}"
-addr=$(grep -h 'first KV page from' "${DLOGS[@]}" | tail -1 | sed 's/.*first KV page from \([0-9.]*\):.*/\1/')
+addr=$(grep -h 'first KV page from' "${DLOGS[@]}" | sort | tail -1 | sed 's/.*first KV page from \([0-9.]*\):.*/\1/')
 victim=$(ns_node_of_addr "$addr") || fail "no node has the address $addr"
 echo "A: link down: $victim ($addr) mid-transfer"
 ns_link "$victim" down
