@@ -1056,10 +1056,17 @@ static bool pf__can_pump(const pf__worker *w) {
     return true;
 }
 
+/* Re-opens closed links once their backoff has passed: only those a PEER of
+ * the latest registration named. A link closed at registration (opened under
+ * a restarted router's predecessor) waits for its PEER: re-dialed under the
+ * new router's identity with the predecessor's decode id, it would be a
+ * second link from this worker to a decode worker the new router numbers
+ * otherwise (decode refuses one of the two; the sync then retires the other
+ * record's, perhaps the live one). */
 static void pf__links_tick(pf__worker *w, uint64_t now) {
     for (int i = 0; i < w->n_links; i++) {
         pf__link *k = w->links[i];
-        if (!k->conn && k->listed && now >= k->next_attempt_ms) pf__link_connect(k);
+        if (!k->conn && k->listed && k->named && now >= k->next_attempt_ms) pf__link_connect(k);
     }
 }
 

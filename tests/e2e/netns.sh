@@ -16,6 +16,7 @@
 #   start_cluster_ns LOG "ROUTERS" "PREFILLS" "DECODES" ARGS...
 #                                     one node per name, lists of any length
 #   stop_cluster_ns                   SIGTERM to all; every process must exit 0
+#   ns_restart_router NAME LOG        a killed router again, on its cluster port
 # Faults: ns_link NAME up|down, ns_partition A B / ns_heal A B (blackhole
 # routes both ways), ns_rate NAME RATE / ns_rate NAME off (tbf on NAME's
 # egress).
@@ -28,6 +29,10 @@ NS_NET=
 # ns_require — skips the test (77) with the reason when this machine cannot
 # give it namespaces, veths and a bridge.
 ns_require() {
+    # fault timing on real stacks with up to ten nodes: the Release suite runs
+    # them (as test_cluster_faults); the code paths they reach run under the
+    # sanitizers in the cluster unit tests and the loopback cluster e2e tests
+    [ -z "${KS_SANITIZE:-}" ] || skip "the netns tests run in the Release suite, not under $KS_SANITIZE"
     [ "$(id -u)" = 0 ] || skip "network namespaces need root (run the netns tests as root)"
     command -v ip >/dev/null || skip "iproute2 (ip) is not installed (scripts/install-deps.sh installs it)"
     ip netns add "${NS_TAG}probe" 2>/dev/null || skip "ip netns is not available here (no CAP_SYS_ADMIN or no netns support)"
@@ -151,19 +156,11 @@ start_cluster_ns() {
     KS_ROUTER_URLS=(); KS_ROUTER_PIDS=(); KS_ROUTER_ADDRS=(); KS_PREFILL_PIDS=(); KS_DECODE_PIDS=()
     KS_CLUSTER_LOGS=
     trap 'kill -KILL "${KS_ROUTER_PIDS[@]}" "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
+    NS__ROUTERS=($routers); NS__RARGS=("$@"); NS__ROUTER_ARGS=${ROUTER_ARGS:-}
     for n in $routers; do
-        NS_LOG[$n]=$log.$n
-        ns_exec "$n" "$bin" router --host "${NS_ADDR[$n]}" --port 0 --cluster-host "${NS_ADDR[$n]}" \
-            --cluster-port 0 $KS_SLOW_LIMITS ${KS_METRICS_KEY:+--metrics-key "$KS_METRICS_KEY"} \
-            --secret-file "$TMPD/secret" \
-            --health-interval-ms ${KS_HEALTH_MS:-$([ -n "${KS_SANITIZE:-}" ] && echo 2000 || echo 1000)} \
-            ${ROUTER_ARGS:-} "$@" ${NS_ARGS[$n]:-} >"$log.$n.out" 2>"$log.$n" &
-        KS_PID=$!
-        KS_ROUTER_PIDS+=($KS_PID); KS_CLUSTER_LOGS+=" $log.$n"
-        KS_ROUTER_LOG=$log.$n
-        wait_for "router $n to come up" cluster__router_up
+        ns__start_router "$n" "$log.$n" 0
         cport=$(sed -n 's/^cluster port \([0-9]*\).*/\1/p' "$log.$n.out" | head -1)
-        KS_ROUTER_URLS+=("$KS_URL"); KS_ROUTER_ADDRS+=("${NS_ADDR[$n]}:$cport")
+        KS_ROUTER_PIDS+=($KS_PID); KS_ROUTER_URLS+=("$KS_URL"); KS_ROUTER_ADDRS+=("${NS_ADDR[$n]}:$cport")
     done
     KS_PID=${KS_ROUTER_PIDS[0]}; KS_URL=${KS_ROUTER_URLS[0]}; KS_ROUTER_LOG=$log.${routers%% *}
     local ropts
@@ -193,6 +190,37 @@ start_cluster_ns() {
     for u in "${KS_ROUTER_URLS[@]}"; do
         KS_URL=$u wait_for "the cluster to answer a probe request at $u" cluster__probe
     done
+}
+
+# ns__start_router NAME LOG CPORT — router NAME in its namespace with
+# start_cluster_ns's options (its ARGS and $ROUTER_ARGS), on cluster port CPORT (0: any); waits for it
+# to listen (KS_PID, KS_URL, KS_ROUTER_LOG are then its own).
+ns__start_router() {
+    local n=$1 l=$2 cp=$3
+    NS_LOG[$n]=$l
+    ns_exec "$n" "${KS_SERVE_BIN:-$KS_BIN}" router --host "${NS_ADDR[$n]}" --port 0 \
+        --cluster-host "${NS_ADDR[$n]}" --cluster-port "$cp" $KS_SLOW_LIMITS \
+        ${KS_METRICS_KEY:+--metrics-key "$KS_METRICS_KEY"} --secret-file "$TMPD/secret" \
+        --health-interval-ms ${KS_HEALTH_MS:-$([ -n "${KS_SANITIZE:-}" ] && echo 2000 || echo 1000)} \
+        $NS__ROUTER_ARGS "${NS__RARGS[@]}" ${NS_ARGS[$n]:-} >"$l.out" 2>"$l" &
+    KS_PID=$!
+    KS_CLUSTER_LOGS+=" $l"
+    KS_ROUTER_LOG=$l
+    wait_for "router $n to come up" cluster__router_up
+}
+
+# ns_restart_router NAME LOG — router NAME (of start_cluster_ns, killed by
+# the test) started again in its namespace with the same options and its
+# old cluster port (the workers' --router lists name it), a new HTTP port,
+# its log in LOG; its entries of KS_ROUTER_PIDS / KS_ROUTER_URLS (and
+# KS_URL / KS_PID when it is the first) become the new process's.
+ns_restart_router() {
+    local n=$1 i k=-1 u=$KS_URL p=$KS_PID rl=$KS_ROUTER_LOG
+    for i in "${!NS__ROUTERS[@]}"; do [ "${NS__ROUTERS[$i]}" = "$n" ] && k=$i; done
+    [ $k -ge 0 ] || fail "ns_restart_router: $n is not a router of this cluster"
+    ns__start_router "$n" "$2" "${KS_ROUTER_ADDRS[$k]##*:}"
+    KS_ROUTER_PIDS[$k]=$KS_PID; KS_ROUTER_URLS[$k]=$KS_URL
+    if [ $k -gt 0 ]; then KS_URL=$u; KS_PID=$p; KS_ROUTER_LOG=$rl; fi
 }
 
 # stop_cluster_ns — stop_cluster (lib.sh) for every router.

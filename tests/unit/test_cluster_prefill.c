@@ -55,6 +55,9 @@ typedef struct {
     pd_listener *rls;
     pd_conn *rc;
     int n_register;
+    uint64_t router_id;      /* the identity REGISTER_ACK gives (0x7777; a restart: another) */
+    uint32_t peer_decode_id; /* the id PEER gives the fake decode worker (DECODE_ID) */
+    bool hold_peer;          /* REGISTER_ACK alone: the test sends PEER itself */
     int n_reject;
     uint64_t reject_req;
     uint32_t reject_reason;
@@ -74,6 +77,7 @@ typedef struct {
     pd_listener *dls;
     pd_conn *dc;
     uint32_t link_from; /* prefill id in LINK */
+    uint64_t link_router; /* router identity in LINK */
     uint64_t epoch;     /* of the current data link */
     int n_links;        /* LINK frames seen */
     kv_pool *dpool;
@@ -106,6 +110,16 @@ static void send_frame(pd_conn *c, uint16_t type, uint64_t req_id, const uint8_t
 
 // -- fake router
 
+/* PEER naming the fake decode worker as decode_id. */
+static void send_peer(pd_conn *c, uint32_t decode_id) {
+    uint8_t buf[300];
+    uint32_t len;
+    pd_msg_peer p = {.decode_worker_id = decode_id, .port = pd_listener_port(H.dls),
+                     .host = "127.0.0.1", .host_len = 9};
+    CHECK_EQ(pd_msg_peer_encode(&p, buf, sizeof buf, &len, NULL), KS_OK);
+    send_frame(c, PD_MSG_PEER, 0, buf, len);
+}
+
 static void r_open(pd_conn *c, void *ud) {
     harness *h = ud;
     h->rc = c;
@@ -128,13 +142,10 @@ static void r_frame(pd_conn *c, void *ud, const pd_frame *f) {
         CHECK_EQ(m.n_ctx, N_CTX);
         h->n_register++;
         pd_msg_register_ack a = {.worker_id = PREFILL_ID, .health_interval_ms = 1000,
-                                 .router_id = 0x7777};
+                                 .router_id = h->router_id};
         CHECK_EQ(pd_msg_register_ack_encode(&a, buf, sizeof buf, &len, NULL), KS_OK);
         send_frame(c, PD_MSG_REGISTER_ACK, 0, buf, len);
-        pd_msg_peer p = {.decode_worker_id = DECODE_ID, .port = pd_listener_port(h->dls),
-                         .host = "127.0.0.1", .host_len = 9};
-        CHECK_EQ(pd_msg_peer_encode(&p, buf, sizeof buf, &len, NULL), KS_OK);
-        send_frame(c, PD_MSG_PEER, 0, buf, len);
+        if (!h->hold_peer) send_peer(c, h->peer_decode_id);
         break;
     }
     case PD_MSG_REJECT: {
@@ -251,6 +262,7 @@ static void d_frame(pd_conn *c, void *ud, const pd_frame *f) {
         cluster_model_id(h->m, mid);
         CHECK(memcmp(lk.model_id, mid, sizeof mid) == 0);
         h->link_from = lk.prefill_worker_id;
+        h->link_router = lk.router_id;
         h->dc = c;
         h->n_links++;
         h->epoch = 76u + (uint64_t)h->n_links;
@@ -630,6 +642,31 @@ static void case_relink(void) {
     pd_recv_finish(H.r, 107);
 }
 
+/* The router restarts (a new identity) and numbers the decode worker
+ * otherwise: the link opened under its predecessor's registration is closed
+ * and not re-dialed under the new identity before a PEER of the new
+ * registration names the decode worker (it would be a second link from this
+ * worker to that decode worker, which decode refuses, or which the sync then
+ * retires while grants name it: tests/e2e/test_fleet.sh); the PEER's link
+ * is the one link that comes up. */
+static void case_router_restart(void) {
+    fprintf(stderr, "-- router restart\n");
+    int regs = H.n_register, links = H.n_links;
+    H.router_id = 0x8888;
+    H.hold_peer = true;
+    pd_conn_close(H.rc);
+    CHECK(run_until(&H.n_register, regs + 1, TEST_WAIT_MS));
+    run_until(NULL, 0, 600); // a re-dial of the old link would come after 100 ms
+    CHECK_EQ(H.n_links, links);
+    CHECK(H.rc);
+    send_peer(H.rc, DECODE_ID + 1);
+    CHECK(run_until(&H.n_links, links + 1, TEST_WAIT_MS));
+    CHECK_EQ(H.link_router, 0x8888);
+    CHECK_EQ(H.link_from, PREFILL_ID);
+    run_until(NULL, 0, 600);
+    CHECK_EQ(H.n_links, links + 1);
+}
+
 int main(void) {
     ks_log_init_env();
     const char *src = getenv("KS_SRC");
@@ -639,6 +676,8 @@ int main(void) {
     if (!fp) SKIP("models/kjv-mini.gguf not found (set KS_SRC)");
     fclose(fp);
     memset(&H, 0, sizeof H);
+    H.router_id = 0x7777;
+    H.peer_decode_id = DECODE_ID;
     ks_errbuf eb;
     if (model_load(path, &H.m, &eb) != KS_OK) {
         fprintf(stderr, "model_load: %s\n", eb.msg);
@@ -696,6 +735,7 @@ int main(void) {
     case_decode_abort();
     case_relink();
     case_pool_check();
+    case_router_restart();
 
     atomic_store(&H.stop, 1);
     CHECK_EQ(pthread_join(H.th, NULL), 0);

@@ -18,6 +18,14 @@
 // NS_REPEAT (long-text repeats, 20), NS_MAX_TOKENS (8), NS_COPIES (1),
 // NS_MODEL (kjv-mini), NS_REF, NS_REF_CHECK, NS_STARTED (a file written when
 // every request of the load was sent).
+// A fleet (test_fleet.sh): NS_MODELS (a comma list: every prompt to each
+// model, ids TENANT/MODEL/K) and NS_URLS (a comma list of routers: every
+// request through each; in ref mode they must all answer alike). With
+// NS_DROP_URL (a router killed during the load) that router's requests may
+// also end with the connection dropped and nothing that looks finished (no
+// status, or a stream cut before [DONE], finish_reason or an error event),
+// counted as "dropped"; never a short 200. With NS_WHOLE_ONLY=1 every other
+// request must be answered whole (a refusal is a violation).
 import { readFileSync, writeFileSync } from 'node:fs';
 
 const URL_ = process.env.KS_URL;
@@ -27,6 +35,10 @@ const REPEAT = Number(process.env.NS_REPEAT || 20);
 const MAX_TOKENS = Number(process.env.NS_MAX_TOKENS || 8);
 const COPIES = Number(process.env.NS_COPIES || 1);
 const MODEL = process.env.NS_MODEL || 'kjv-mini';
+const MODELS = process.env.NS_MODELS ? process.env.NS_MODELS.split(',') : null;
+const URLS = process.env.NS_URLS ? process.env.NS_URLS.split(',') : [URL_];
+const DROP_URL = process.env.NS_DROP_URL || '';
+const WHOLE_ONLY = process.env.NS_WHOLE_ONLY === '1';
 const MODE = process.env.NS_MODE || 'load';
 
 const TEXTS = [
@@ -40,9 +52,11 @@ const TEXTS = [
 const canary = (i) => `zq${(0x5a17 * (i + 7)).toString(36)}x${i}`;
 const jobs = [];
 TENANTS.forEach((t, i) => {
-  for (let k = 0; k < N; k++) {
-    const id = `${t.name}/${k}`;
-    jobs.push({ id, key: t.key, prompt: `${canary(i)} ${TEXTS[(i + k) % TEXTS.length].repeat(REPEAT)}` });
+  for (const model of MODELS || [MODEL]) {
+    for (let k = 0; k < N; k++) {
+      const id = MODELS ? `${t.name}/${model}/${k}` : `${t.name}/${k}`;
+      jobs.push({ id, key: t.key, model, prompt: `${canary(i)} ${TEXTS[(i + k) % TEXTS.length].repeat(REPEAT)}` });
+    }
   }
 });
 const violations = [];
@@ -51,19 +65,20 @@ const checkCanaries = (where, text) => {
   TENANTS.forEach((_, i) => { if (text.includes(canary(i))) violate(`${where}: the answer holds canary ${canary(i)}`); });
 };
 
-async function complete(job, stream) {
+async function complete(job, stream, url = URL_) {
   let res;
   try {
-    res = await fetch(`${URL_}/v1/completions`, {
+    res = await fetch(`${url}/v1/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', authorization: `Bearer ${job.key}` },
-      body: JSON.stringify({ model: MODEL, prompt: job.prompt, max_tokens: MAX_TOKENS, temperature: 0, stream }),
+      body: JSON.stringify({ model: job.model, prompt: job.prompt, max_tokens: MAX_TOKENS, temperature: 0, stream }),
     });
   } catch (e) {
     return { transport: String(e && e.cause ? e.cause.code || e.cause : e) };
   }
   if (!stream || res.status !== 200) {
-    const raw = await res.text();
+    let raw;
+    try { raw = await res.text(); } catch (e) { return { status: res.status, json: null, raw: '', cut: String(e) }; }
     let json = null;
     try { json = JSON.parse(raw); } catch { /* not JSON */ }
     return { status: res.status, json, raw };
@@ -95,11 +110,16 @@ async function complete(job, stream) {
 }
 
 // Judges one answer; returns 'whole' or 'refused' (or records a violation).
-function judge(job, kind, r, ref) {
-  const where = `${job.id} (${kind})`;
-  if (r.transport) { violate(`${where}: no HTTP answer (${r.transport})`); return 'bad'; }
+function judge(job, kind, r, ref, url) {
+  const where = `${job.id} (${kind}${URLS.length > 1 ? ' via ' + url : ''})`;
+  const droppable = DROP_URL !== '' && url === DROP_URL;
+  if (r.transport) {
+    if (droppable) return 'dropped';
+    violate(`${where}: no HTTP answer (${r.transport})`); return 'bad';
+  }
   if (r.stream) {
     checkCanaries(where, r.text);
+    if (droppable && r.cut && !r.done && !r.error && !r.finish) return 'dropped';
     if (r.error) {
       if (r.done) violate(`${where}: a stream with an error event also ended with [DONE]`);
       if (!r.error.message) violate(`${where}: an error event without a message`);
@@ -116,6 +136,10 @@ function judge(job, kind, r, ref) {
     if (!msg) violate(`${where}: status ${r.status} without an error message: ${r.raw.slice(0, 200)}`);
     return 'refused';
   }
+  if (r.cut) {
+    if (droppable) return 'dropped';
+    violate(`${where}: a 200 whose body was cut (${r.cut})`); return 'bad';
+  }
   const c = r.json && r.json.choices && r.json.choices[0];
   if (!c || typeof c.text !== 'string' || !c.finish_reason) { violate(`${where}: a 200 without a whole choice: ${r.raw.slice(0, 200)}`); return 'bad'; }
   if (ref !== undefined && c.text !== ref) violate(`${where}: answered [${c.text}], reference [${ref}]`);
@@ -125,11 +149,15 @@ function judge(job, kind, r, ref) {
 async function main() {
   if (MODE === 'ref') {
     const refs = {};
-    for (const j of jobs) {
-      const r = await complete(j, false);
-      if (r.status !== 200 || !r.json || !r.json.choices) { violate(`reference ${j.id}: status ${r.status} ${r.raw || r.transport}`); continue; }
-      refs[j.id] = r.json.choices[0].text;
-      checkCanaries(`reference ${j.id}`, refs[j.id]);
+    for (const url of URLS) {
+      for (const j of jobs) {
+        const r = await complete(j, false, url);
+        if (r.status !== 200 || !r.json || !r.json.choices) { violate(`reference ${j.id} via ${url}: status ${r.status} ${r.raw || r.transport}`); continue; }
+        const text = r.json.choices[0].text;
+        checkCanaries(`reference ${j.id}`, text);
+        if (j.id in refs && refs[j.id] !== text) violate(`reference ${j.id}: [${text}] via ${url}, [${refs[j.id]}] via ${URLS[0]}`);
+        else refs[j.id] = text;
+      }
     }
     if (process.env.NS_REF_CHECK) {
       const old = JSON.parse(readFileSync(process.env.NS_REF_CHECK, 'utf8'));
@@ -141,19 +169,24 @@ async function main() {
     const refs = process.env.NS_REF ? JSON.parse(readFileSync(process.env.NS_REF, 'utf8')) : {};
     const tasks = [];
     for (let c = 0; c < COPIES; c++) {
-      for (const j of jobs) {
-        const stream = (c + jobs.indexOf(j)) % 2 === 1;
-        tasks.push(complete(j, stream).then((r) => ({ j, r, kind: stream ? 'stream' : 'plain' })));
-      }
+      URLS.forEach((url, u) => {
+        for (const j of jobs) {
+          const stream = (c + u + jobs.indexOf(j)) % 2 === 1;
+          tasks.push(complete(j, stream, url).then((r) => ({ j, r, url, kind: stream ? 'stream' : 'plain' })));
+        }
+      });
     }
     if (process.env.NS_STARTED) writeFileSync(process.env.NS_STARTED, `${tasks.length}\n`);
     const out = await Promise.all(tasks);
-    let whole = 0, refused = 0;
+    let whole = 0, refused = 0, dropped = 0;
     const statuses = {};
-    for (const { j, r, kind } of out) {
-      const v = judge(j, kind, r, refs[j.id]);
+    for (const { j, r, url, kind } of out) {
+      const v = judge(j, kind, r, refs[j.id], url);
       if (v === 'whole') whole++;
-      if (v === 'refused') {
+      if (v === 'dropped') dropped++;
+      if (v === 'refused' && WHOLE_ONLY && url !== DROP_URL) {
+        violate(`${j.id} (${kind} via ${url}): refused (${r.stream ? r.error.message : r.raw.slice(0, 200)}) where every request must be answered whole`);
+      } else if (v === 'refused') {
         refused++;
         const s = r.stream ? `stream:${r.error.type || r.error.code || 'error'}` : String(r.status);
         statuses[s] = (statuses[s] || 0) + 1;
@@ -161,7 +194,7 @@ async function main() {
         console.log(`refused ${j.id} (${kind}): ${s}: ${m}`);
       }
     }
-    console.log(`load: ${whole} whole, ${refused} refused (statuses ${JSON.stringify(statuses)})`);
+    console.log(`load: ${whole} whole, ${refused} refused${DROP_URL ? `, ${dropped} dropped` : ''} (statuses ${JSON.stringify(statuses)})`);
   }
   if (violations.length) { console.error(`netns load: ${violations.length} violation(s)`); process.exit(1); }
 }
