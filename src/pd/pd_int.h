@@ -153,10 +153,7 @@ struct pd_conn {
     char psk_id[32];               /* client: the PSK identity offered */
     char tls_why[96];              /* why a PSK callback refused, for the log */
     bool tls_hs_write;             /* the handshake waits for POLLOUT */
-    bool tls_read_wants_write;     /* SSL_read needs the socket writable */
-    bool tls_more;                 /* the last read returned data (not WANT_READ):
-                                      more may wait inside OpenSSL, unseen by epoll */
-    bool tls_write_wants_read;     /* SSL_write needs the socket readable */
+    struct pd__recs *recs;         /* sealed records after the handshake (tls.c) */
     // input
     pd_decoder dec;
     uint8_t rx_ahead[PD_HDR_BYTES + 256]; /* read ahead: the next frame's header and
@@ -250,20 +247,23 @@ void pd__tls_ctx_free(pd_loop *l);
 void pd__tls_start(pd_conn *c);
 /* Drives the handshake on a socket event; on success pd__conn_open(c). */
 void pd__tls_handshake(pd_conn *c);
-/* readv through TLS: > 0 bytes, 0 at the peer's close, -1 with errno EAGAIN,
- * -2 when c was failed (reason logged). */
+/* readv through the sealed records: > 0 verified bytes, 0 at the peer's close
+ * between records, -1 with errno (EAGAIN: nothing whole yet), -2 when c was
+ * failed (reason logged). A record that fits iov is read and opened in it. */
 ssize_t pd__tls_readv(pd_conn *c, const struct iovec *iov, int n);
-/* writev through TLS: bytes taken (0: would block), -1 when c was failed. */
+/* writev through the sealed records: bytes taken (sealed into the send ring;
+ * 0: would block), -1 when c was failed. */
 ssize_t pd__tls_writev(pd_conn *c, const struct iovec *iov, int n);
-/* Ciphertext bytes encrypted but not yet taken by the socket (0 without TLS). */
+/* Sealed bytes not yet taken by the socket (0 without TLS). */
 size_t pd__tls_unsent(const pd_conn *c);
-/* Sends batched ciphertext until the socket is full: 0, or -1 when c was failed. */
+/* Sends sealed bytes until the socket is full: 0, or -1 when c was failed. */
 int pd__tls_push(pd_conn *c);
-/* True when decrypted or buffered input waits inside OpenSSL (epoll can't see it). */
+/* True when opened input waits in the record buffer (epoll can't see it). */
 bool pd__tls_pending(const pd_conn *c);
-/* Sends close_notify, best effort; can't fail. */
-void pd__tls_close_notify(pd_conn *c);
-/* Frees c->ssl; accepts a conn without one. */
+/* Frees c->ssl and the record state (scrubbing its buffers); accepts a conn
+ * without them. */
 void pd__tls_free(pd_conn *c);
+/* Records sealed under one key before the next is exported (tests lower it). */
+extern uint64_t pd__rec_rekey;
 
 #endif /* KS_PD_INT_H */

@@ -136,8 +136,6 @@ void pd__conn_update_events(pd_conn *c) {
     else {
         if (c->read_on) ev |= EPOLLIN;
         if ((c->out_bytes && !c->hold_until_ns) || pd__tls_unsent(c)) ev |= EPOLLOUT;
-        if (c->tls_read_wants_write && c->read_on) ev |= EPOLLOUT;
-        if (c->tls_write_wants_read && c->out_bytes) ev |= EPOLLIN;
     }
     if (ev == c->epoll_events) return;
     struct epoll_event e = {.events = ev, .data.ptr = &c->ev};
@@ -206,7 +204,6 @@ void pd__conn_fail(pd_conn *c, ks_err why, const char *fmt, ...) {
            "pd: conn #%llu %s closed (%s): %s", (unsigned long long)c->id, c->peer,
            ks_err_name(why), c->close_msg);
     if (why == KS_ERR_PROTO) c->loop->stats.proto_errors++;
-    if (why == KS_ERR_CANCELLED) pd__tls_close_notify(c);
     epoll_ctl(c->loop->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     c->fd = -1;
@@ -756,7 +753,7 @@ static void pd__on_readable(pd_conn *c) {
             size_t want = 0;
             for (int i = 0; i < n; i++) want += iov[i].iov_len;
             iov[n].iov_base = c->rx_ahead;
-            iov[n].iov_len = pd__ahead_room(c);
+            iov[n].iov_len = c->ssl ? 0 : pd__ahead_room(c); // records read their own ahead
             if (iov[n].iov_len) n++;
             if (c->ssl) {
                 r = pd__tls_readv(c, iov, n);
@@ -776,7 +773,7 @@ static void pd__on_readable(pd_conn *c) {
                                      c->state == PD__CONN_HANDSHAKE ? " during the handshake" : "");
             }
             bytes += (size_t)r;
-            c->loop->stats.reads++;
+            if (!c->ssl) c->loop->stats.reads++;  // the records count their own syscalls
             c->loop->stats.bytes_in += (uint64_t)r;
             if ((size_t)r > want) {  // the rest went ahead: the decoder takes it next
                 c->rx_ahead_len = (uint32_t)((size_t)r - want);
@@ -1243,10 +1240,6 @@ ks_err pd_loop_run_once(pd_loop *l, int timeout_ms) {
                 continue;
             }
             if (e & EPOLLOUT) pd__flush(c);
-            if ((e & EPOLLOUT) && c->tls_read_wants_write && c->state != PD__CONN_CLOSED)
-                pd__on_readable(c);
-            if ((e & EPOLLIN) && c->tls_write_wants_read && c->state != PD__CONN_CLOSED)
-                pd__flush(c);
             if ((e & (EPOLLIN | EPOLLHUP | EPOLLERR)) && c->state != PD__CONN_CLOSED) {
                 if (c->read_on) pd__on_readable(c);
                 else if (e & (EPOLLERR | EPOLLHUP)) // always reported: don't spin on it

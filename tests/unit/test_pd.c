@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <openssl/evp.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -796,6 +797,92 @@ static void test_tls_encrypts(void) {
     pd_loop_destroy(l);
 }
 
+/* The sealed records after the handshake (tls.c), through an on-path relay
+ * that parses them (len u32 LE, ciphertext, 16-byte tag) and, per mode:
+ *   0 passes them (with a key change every 3 records: all frames arrive),
+ *   1 flips one ciphertext bit of record 3, 2 sends record 3 twice (a replay),
+ *   3 drops record 3, 4 rewrites record 3's length field beyond the limit,
+ *   5 is 0 with ChaCha20-Poly1305 negotiated (the client offers only it).
+ * Any change closes the receiver with a PROTO error, and no frame from the
+ * changed record on is delivered. */
+static void tls_records_case(int mode) {
+    g_plain = false;
+    uint64_t rekey = pd__rec_rekey;
+    if (mode == 0 || mode == 5) pd__rec_rekey = 3;
+    pd_loop *l = mkloop(SECRET_A, 1, 0, 0);
+    if (mode == 5) // the loop is both ends: the client's ClientHello then names only ChaCha
+        CHECK(SSL_CTX_set_ciphersuites(l->ssl_ctx, "TLS_CHACHA20_POLY1305_SHA256") == 1);
+    srv s = {0};
+    pd_listener *ls = mklisten(l, &s, NULL);
+    int mid = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof a;
+    CHECK_EQ(bind(mid, (struct sockaddr *)&a, sizeof a), 0);
+    CHECK_EQ(listen(mid, 1), 0);
+    CHECK_EQ(getsockname(mid, (struct sockaddr *)&a, &sl), 0);
+    ep cli = {0};
+    pd_conn *c = mkconn(l, ntohs(a.sin_port), &cli);
+    int up = accept(mid, NULL, NULL), down = raw_connect(pd_listener_port(ls));
+    CHECK(up >= 0);
+    enum { N = 12, LEN = 500 };
+    size_t cap = 1u << 20, have = 0;
+    uint8_t *acc = malloc(cap), buf[LEN];
+    int rec_no = 0, sent = 0;
+    uint64_t end = ks_now_ns() + 5000000000ull;
+    while (ks_now_ns() < end && s.eps[0].frames < N && !s.eps[0].closed) {
+        CHECK_EQ(pd_loop_run_once(l, 1), KS_OK);
+        if (!shuttle(down, up, NULL, NULL, 0)) break;  // the receiver closed
+        if (!(cli.opened && s.eps[0].opened)) { // the handshake: as is
+            CHECK(shuttle(up, down, NULL, NULL, 0));
+            continue;
+        }
+        while (sent < N) {  // one record per frame: a small payload goes with its header
+            fill(buf, LEN, (uint64_t)sent);
+            struct iovec iov = {buf, LEN};
+            CHECK_EQ(pd_conn_send(c, 30, (uint64_t)sent++, &iov, 1, NULL), KS_OK);
+        }
+        ssize_t r = recv(up, acc + have, cap - have, MSG_DONTWAIT);
+        if (r > 0) have += (size_t)r;
+        size_t off = 0;
+        while (have - off >= 4 && have - off >= 4 + (size_t)pd_load_u32(acc + off) + 16) {
+            uint8_t *p = acc + off;
+            size_t rl = 4 + pd_load_u32(p) + 16;
+            int k = rec_no++;
+            if (k == 3 && mode == 1) p[4 + 100] ^= 0x20;
+            if (k == 3 && mode == 4) pd_store_u32(p, 300000);
+            if (!(k == 3 && mode == 3)) raw_write(down, p, mode == 4 && k == 3 ? 64 : rl);
+            if (k == 3 && mode == 2) raw_write(down, p, rl);
+            off += rl;
+        }
+        memmove(acc, acc + off, have - off);
+        have -= off;
+    }
+    if (mode == 0 || mode == 5) {
+        CHECK_EQ(s.eps[0].frames, N);
+        CHECK(strstr(SSL_get_cipher_name(c->ssl), mode == 5 ? "CHACHA20" : "AES_128_GCM"));
+        CHECK_EQ(s.eps[0].bad, 0);
+        CHECK_EQ(s.eps[0].closed, 0);
+        CHECK(c->recs != NULL);
+    } else {
+        CHECK_EQ(s.eps[0].closed, 1);
+        CHECK_EQ(s.eps[0].close_why, KS_ERR_PROTO);
+        CHECK(strstr(s.eps[0].close_msg, mode == 4 ? "out of range" : "failed authentication"));
+        // records 0-2 carried frames 0-2 (and a replayed record 3 frame 3 once)
+        CHECK_EQ(s.eps[0].frames, mode == 2 ? 4 : 3);
+        CHECK_EQ(s.eps[0].bad, 0);
+    }
+    pd__rec_rekey = rekey;
+    free(acc);
+    close(up);
+    close(down);
+    close(mid);
+    pd_loop_destroy(l);
+}
+
+static void test_tls_records(void) {
+    for (int mode = 0; mode <= 5; mode++) tls_records_case(mode);
+}
+
 // ----------------------------------------------------------------------------
 // 3. Transfer over loopback
 
@@ -1449,8 +1536,22 @@ static double thread_cpu_s(void) {
            (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
+/* KS_BENCH_CPUS="S,R": pins the calling thread to CPU S (the sender, which = 0)
+ * or R (the receiver, which = 1), as bench/cluster.sh pins the prefill and
+ * decode workers: each end of the link on a core of its own. */
+static void bench_pin(int which) {
+    const char *e = getenv("KS_BENCH_CPUS");
+    int cpu[2];
+    if (!e || sscanf(e, "%d,%d", &cpu[0], &cpu[1]) != 2) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu[which], &set);
+    CHECK_EQ(pthread_setaffinity_np(pthread_self(), sizeof set, &set), 0);
+}
+
 static void *plain_reader(void *arg) {
     bench_rx *b = arg;
+    bench_pin(1);
     uint8_t *buf = malloc(1u << 20);
     size_t got = 0;
     while (got < b->total) {
@@ -1483,6 +1584,7 @@ static void bench_on_frame(pd_conn *c, void *ud, const pd_frame *f) {
 
 static void *pd_reader(void *arg) {
     bench_rx *b = arg;
+    bench_pin(1);
     double c0 = thread_cpu_s();
     CHECK_EQ(pd_loop_run(b->l), KS_OK);
     b->cpu_s = thread_cpu_s() - c0;
@@ -1558,6 +1660,7 @@ static void bench_tx_ns(bool enter) {
 
 static void bench(int mib, bool borrowed) {
     const size_t F = 1u << 20;
+    bench_pin(0);
     uint8_t *page = malloc(F);
     fill(page, F, 1);
     // plain: blocking send()/recv() of 1 MiB buffers over TCP
@@ -1807,6 +1910,7 @@ int main(int argc, char **argv) {
     test_tls_roles();
     test_tls_refuses_plaintext();
     test_tls_encrypts();
+    test_tls_records();
     test_seal();
     for (int plain = 0; plain <= 1; plain++) {
         g_plain = plain;  // the same transport tests over TLS, then plaintext
