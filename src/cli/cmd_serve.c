@@ -58,9 +58,9 @@ void serve__usage(const char *cmd) {
         "  --config FILE: 'key = value' lines, the keys the long options' names (port = 8080,\n"
         "  alias = a, a line per alias; flags take true or false); the command line overrides\n"
         "  the file. --opt=value and --opt value both work; -- ends the options.\n"
-        "  kvseal router only: more -m PATH[,ALIAS...] add models to its catalog (one router,\n"
-        "  many models; a request's \"model\" picks one; --alias names the first); in a config\n"
-        "  file a `model = PATH[,ALIAS...]` line each.\n"
+        "  -m PATH,ALIAS[,ALIAS...] is -m PATH --alias ALIAS... kvseal router only: more\n"
+        "  -m PATH[,ALIAS...] add models to its catalog (one router, many models; a request's\n"
+        "  \"model\" picks one); in a config file a `model = PATH[,ALIAS...]` line each.\n"
         "  --ctx defaults to the model's training context. Without --kv-pages/--kv-memory the\n"
         "  pool takes at most 25%% of MemAvailable, between 1x and 8x the context.\n"
         "  --kv-type: the KV cache element type (f16 and q8_0 hold 2x and ~3.8x the tokens of\n"
@@ -357,7 +357,7 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
     switch (id) {
     case SO_MODEL: // the first is the model; more (kvseal router's catalog) "PATH[,alias...]"
         if (reset) c->n_models_given = 0; // the command line's replace the file's
-        if (c->n_models_given++ == 0) {
+        if (c->n_models_given++ == 0) {  // "PATH[,ALIAS...]": serve__parse splits it
             if (!(c->model_path = serve__keep(c, v))) return 2;
             c->n_more_models = 0;
             return 0;
@@ -582,6 +582,20 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
     const cli__spec sp = {argv[0], serve__opts, SO__N, serve__apply, serve__usage, true, false};
     int rc = cli__opts_parse(&sp, c, argc, argv, NULL);
     if (rc) return rc;
+    char *comma = c->n_models_given ? strchr(c->model_path, ',') : NULL;
+    if (comma) {  // -m PATH,ALIAS[,ALIAS...]: those aliases first, then --alias's
+        *comma = 0; // model_path is ours (serve__keep) once a -m was given
+        const char *given[SERVE_MAX_ALIASES];
+        int n_given = c->n_aliases;
+        memcpy(given, c->aliases, sizeof given);
+        c->n_aliases = 0;
+        for (char *a = comma + 1, *next; a; a = next) {
+            if ((next = strchr(a, ','))) *next++ = 0;
+            if (*a && (rc = serve__apply(c, SO_ALIAS, a, false))) return rc;
+        }
+        for (int i = 0; i < n_given; i++)
+            if ((rc = serve__apply(c, SO_ALIAS, given[i], false))) return rc;
+    }
     if (c->kv_pages && c->kv_memory) {
         fprintf(stderr, "kvseal %s: give --kv-pages or --kv-memory, not both\n", argv[0]);
         return 2;

@@ -99,6 +99,16 @@ static void test_forms(void) {
     CHECK_STR_EQ(c.model_path, "y.gguf");
     CHECK_EQ(c.cluster_port, 0);
     serve__cfg_free(&c);
+    // the first -m takes aliases as the others do: PATH,ALIAS[,ALIAS...]
+    CHECK_EQ(parse(&c, &err, "-m", "z.gguf,zed,,z2", "--alias", "z3", "-m", "w.gguf,w", NULL), 0);
+    CHECK_STR_EQ(c.model_path, "z.gguf");
+    CHECK_EQ(c.n_aliases, 3);
+    CHECK_STR_EQ(c.aliases[0], "zed");
+    CHECK_STR_EQ(c.aliases[1], "z2");
+    CHECK_STR_EQ(c.aliases[2], "z3");
+    CHECK_EQ(c.n_more_models, 1);
+    CHECK_STR_EQ(c.more_models[0], "w.gguf,w");
+    serve__cfg_free(&c);
 }
 
 /* Every bad command line exits 2 with a message naming the option, and the
