@@ -148,7 +148,7 @@ struct pd_conn {
     bool got_hello;
     // TLS (tls.c); ssl is NULL on an --insecure-plaintext loop
     struct ssl_st *ssl;
-    struct bio_st *tls_out;        /* our end of the BIO pair OpenSSL writes records into:
+    struct bio_st *tls_out;        /* our end of the BIO pair OpenSSL writes the handshake into:
                                       ciphertext not yet on the socket */
     char psk_id[32];               /* client: the PSK identity offered */
     char tls_why[96];              /* why a PSK callback refused, for the log */

@@ -12,7 +12,8 @@
  * (decode has no key for "2>1"), and nothing a relay forwards can be altered
  * or read: every frame after the handshake is AEAD-protected (AES-128-GCM,
  * or ChaCha20-Poly1305 where the client prefers it), with (EC)DHE for
- * forward secrecy. Design notes: docs/pd-protocol.md section 3. */
+ * forward secrecy, in sealed records of our own under keys the session
+ * exports (below). Design notes: docs/pd-protocol.md section 3. */
 #include "pd_int.h"
 
 #include <errno.h>
