@@ -753,22 +753,32 @@ static bool shuttle(int from, int to, uint8_t *rec, size_t *rec_len, size_t rec_
     return true;
 }
 
+/* A client conn of l to listener ls through an on-path relay the test
+ * drives: *up is the relay's end facing the client, *down the one facing
+ * the server (the relay's listening socket in *mid). */
+static pd_conn *mk_relayed(pd_loop *l, pd_listener *ls, ep *cli, int *mid, int *up, int *down) {
+    *mid = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof a;
+    CHECK_EQ(bind(*mid, (struct sockaddr *)&a, sizeof a), 0);
+    CHECK_EQ(listen(*mid, 1), 0);
+    CHECK_EQ(getsockname(*mid, (struct sockaddr *)&a, &sl), 0);
+    pd_conn *c = mkconn(l, ntohs(a.sin_port), cli);
+    *up = accept(*mid, NULL, NULL);
+    *down = raw_connect(pd_listener_port(ls));
+    CHECK(*up >= 0);
+    return c;
+}
+
 static void test_tls_encrypts(void) {
     g_plain = false;
     pd_loop *l = mkloop(SECRET_A, 1, 0, 0);
     srv s = {0};
     pd_listener *ls = mklisten(l, &s, NULL);
     // an on-path observer between client and server
-    int mid = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof a;
-    CHECK_EQ(bind(mid, (struct sockaddr *)&a, sizeof a), 0);
-    CHECK_EQ(listen(mid, 1), 0);
-    CHECK_EQ(getsockname(mid, (struct sockaddr *)&a, &sl), 0);
     ep cli = {0};
-    pd_conn *c = mkconn(l, ntohs(a.sin_port), &cli);
-    int up = accept(mid, NULL, NULL), down = raw_connect(pd_listener_port(ls));
-    CHECK(up >= 0);
+    int mid, up, down;
+    pd_conn *c = mk_relayed(l, ls, &cli, &mid, &up, &down);
     size_t cap = 1u << 20, n_rec = 0;
     uint8_t *rec = malloc(cap);
     uint8_t payload[4096];
@@ -814,16 +824,9 @@ static void tls_records_case(int mode) {
         CHECK(SSL_CTX_set_ciphersuites(l->ssl_ctx, "TLS_CHACHA20_POLY1305_SHA256") == 1);
     srv s = {0};
     pd_listener *ls = mklisten(l, &s, NULL);
-    int mid = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof a;
-    CHECK_EQ(bind(mid, (struct sockaddr *)&a, sizeof a), 0);
-    CHECK_EQ(listen(mid, 1), 0);
-    CHECK_EQ(getsockname(mid, (struct sockaddr *)&a, &sl), 0);
     ep cli = {0};
-    pd_conn *c = mkconn(l, ntohs(a.sin_port), &cli);
-    int up = accept(mid, NULL, NULL), down = raw_connect(pd_listener_port(ls));
-    CHECK(up >= 0);
+    int mid, up, down;
+    pd_conn *c = mk_relayed(l, ls, &cli, &mid, &up, &down);
     enum { N = 12, LEN = 500 };
     size_t cap = 1u << 20, have = 0;
     uint8_t *acc = malloc(cap), buf[LEN];
