@@ -54,6 +54,7 @@
 
 #define RT_RETRY_MS 20 /* DENY NOSPACE / NO_LINK: try the queue head again after */
 #define RT_MAX_RETRIES 3 /* starts over (stale grant, draining or lost prefill) per request */
+#define RT_BUSY_WAIT_MAX_MS 320 /* a BUSY prefill worker: the longest wait before placing again */
 
 // ----------------------------------------------------------------------------
 // Request objects
@@ -337,18 +338,24 @@ static void rt__requeue(cluster_router *r, rt_req *q, uint64_t retry_ms) {
     atomic_fetch_add(&r->n_waiting, 1);
 }
 
-/* Starts q over under a fresh req_id (the old one is spent at both workers). */
-static void rt__rekey(cluster_router *r, rt_req *q) {
+/* Starts q over under a fresh req_id (the old one is spent at both workers)
+ * once wait_ms have passed. */
+static void rt__rekey_in(cluster_router *r, rt_req *q, uint32_t wait_ms) {
     rt_req **pp = rt__slot(r, q->id);
     if (*pp == q) *pp = q->hnext;
     q->hnext = NULL;
     q->id = atomic_fetch_add(&r->next_req_id, 1);
     pp = rt__slot(r, q->id);
     *pp = q;
-    q->retries++;
     q->p_sent = false;
     rt__held_clear(q); // (none: held frames follow a complete prefill)
-    rt__requeue(r, q, cl_now_ms(NULL) + RT_RETRY_MS);
+    rt__requeue(r, q, cl_now_ms(NULL) + wait_ms);
+}
+
+/* rt__rekey_in after RT_RETRY_MS, counted against RT_MAX_RETRIES. */
+static void rt__rekey(cluster_router *r, rt_req *q) {
+    q->retries++;
+    rt__rekey_in(r, q, RT_RETRY_MS);
 }
 
 /* Starts q over on another prefill worker when its prefill worker, or the
@@ -560,6 +567,22 @@ static void rt__set_draining(rt_worker *w) {
 static void rt__refused_at_prefill(cluster_router *r, rt_req *q, rt_worker *p, admit_reason reason,
                                    const char *msg) {
     if (reason == ADMIT_DRAINING && p) rt__set_draining(p);
+    if (reason == ADMIT_BUSY && p && !q->lp_next) {
+        // its KV cache is full of other prompts, whose pages free as their
+        // transfers end: place q again (another prefill worker first, if
+        // there is one) after a backoff, until the queue timeout (waiting
+        // counts from submit), rather than answer 503 while capacity frees
+        uint32_t wait = RT_RETRY_MS << (q->busy < 5 ? q->busy : 5);
+        if (wait > RT_BUSY_WAIT_MAX_MS) wait = RT_BUSY_WAIT_MAX_MS;
+        q->busy++;
+        q->avoid_p = p->id;
+        ks_log(KS_LOG_INFO,
+               "router: request %" PRIu64 ": prefill worker %u is busy (%s); placing it again in "
+               "%u ms",
+               q->id, p->id, msg, wait);
+        rt__rekey_in(r, q, wait);
+        return;
+    }
     if ((reason == ADMIT_STALE_GRANT || reason == ADMIT_DRAINING) && q->retries < RT_MAX_RETRIES &&
         !q->lp_next) {
         ks_log(KS_LOG_INFO, "router: request %" PRIu64 ": %s at prefill worker %u; retrying", q->id,

@@ -86,6 +86,7 @@ typedef struct rt_req {
     uint64_t t_phase_ms; /* entered WAITING / ADMITTING */
     uint64_t retry_ms;   /* WAITING: not before */
     int retries;         /* restarts (stale grant, draining or lost prefill) */
+    int busy;            /* times a prefill worker answered BUSY (full KV cache) */
     uint32_t avoid_p;    /* prefill worker it lost (its link may be dying): not again */
     uint32_t avoid_d;    /* decode worker that had no link from its prefill worker
                           * (DENY NO_LINK): another one while another can hold it */
