@@ -263,6 +263,9 @@ bool pd__tls_pending(const pd_conn *c);
 /* Frees c->ssl and the record state (scrubbing its buffers); accepts a conn
  * without them. */
 void pd__tls_free(pd_conn *c);
+/* sendmsg with MSG_NOSIGNAL (EINTR retried): bytes taken, 0 when the socket
+ * is full, -1 after failing c. */
+ssize_t pd__sock_sendv(pd_conn *c, const struct iovec *iov, int n);
 /* Records sealed under one key before the next is exported (tests lower it). */
 extern uint64_t pd__rec_rekey;
 

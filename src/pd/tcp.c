@@ -350,24 +350,24 @@ static void pd__fail_errno(pd_conn *c, const char *what) {
                   what, strerror(e));
 }
 
-/* Sends through TLS, or sendmsg with MSG_NOSIGNAL (EINTR retried). Returns
- * bytes taken, 0 when the socket is full, -1 after failing c. */
-static ssize_t pd__sendv(pd_conn *c, const struct iovec *iov, int n) {
-    if (c->ssl) {
-        ssize_t r = pd__tls_writev(c, iov, n);
-        if (r > 0) c->loop->stats.writes++;
-        return r;
-    }
+ssize_t pd__sock_sendv(pd_conn *c, const struct iovec *iov, int n) {
     struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
     for (;;) {
         ssize_t r = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (r > 0) c->loop->stats.writes++;
         if (r >= 0) return r;
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
         pd__fail_errno(c, "send");
         return -1;
     }
+}
+
+/* Sends through TLS, or straight to the socket. Returns bytes taken, 0 when
+ * the socket is full, -1 after failing c. */
+static ssize_t pd__sendv(pd_conn *c, const struct iovec *iov, int n) {
+    ssize_t r = c->ssl ? pd__tls_writev(c, iov, n) : pd__sock_sendv(c, iov, n);
+    if (r > 0) c->loop->stats.writes++;
+    return r;
 }
 
 /* Writes as much queued output as the socket takes. */

@@ -329,44 +329,24 @@ size_t pd__tls_unsent(const pd_conn *c) {
     return (c->tls_out ? BIO_ctrl_pending(c->tls_out) : 0) + (c->recs ? c->recs->len : 0);
 }
 
-/* send() from p; false after failing c, *sent = 0 when the socket is full. */
-static bool pd__send_raw(pd_conn *c, const struct iovec *iov, int n, size_t *sent) {
-    struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
-    for (;;) {
-        ssize_t r = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (r >= 0) {
-            *sent = (size_t)r;
-            return true;
-        }
-        if (errno == EINTR) continue;
-        *sent = 0;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-        int e = errno;
-        pd__conn_fail(c, (e == EPIPE || e == ECONNRESET) ? KS_ERR_PEER_CLOSED : KS_ERR_IO,
-                      "send: %s", strerror(e));
-        return false;
-    }
-}
-
 int pd__tls_push(pd_conn *c) {
-    size_t sent;
     for (;;) {  // the handshake's last flight first
         char *p;
         int n = c->tls_out ? BIO_nread0(c->tls_out, &p) : 0;
         if (n <= 0) break;
         struct iovec v = {p, (size_t)n};
-        if (!pd__send_raw(c, &v, 1, &sent)) return -1;
-        if (!sent) return 0;
+        ssize_t sent = pd__sock_sendv(c, &v, 1);
+        if (sent <= 0) return (int)sent;
         BIO_nread(c->tls_out, &p, (int)sent);
     }
     struct pd__recs *r = c->recs;
     while (r && r->len) {
         size_t first = r->cap - r->head < r->len ? r->cap - r->head : r->len;
         struct iovec v[2] = {{r->ring + r->head, first}, {r->ring, r->len - first}};
-        if (!pd__send_raw(c, v, r->len > first ? 2 : 1, &sent)) return -1;
-        if (!sent) return 0;
-        r->head = (r->head + sent) % r->cap;
-        r->len -= sent;
+        ssize_t sent = pd__sock_sendv(c, v, r->len > first ? 2 : 1);
+        if (sent <= 0) return (int)sent;
+        r->head = (r->head + (size_t)sent) % r->cap;
+        r->len -= (size_t)sent;
         if (!r->len) r->head = 0;
     }
     return 0;
