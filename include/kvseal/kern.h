@@ -83,6 +83,17 @@ typedef struct kern_vtab {
     void (*gelu_mul)(int64_t n, const float *g, const float *u, float *y);
     /* x = softmax(x) in place */
     void (*softmax)(int64_t n, float *x);
+    /* One token of the gated delta rule on one value head (hybrid models'
+     * linear attention, model.h): the state is S rows of S floats (rows[j]:
+     * value element j against key elements 0..S-1; S a multiple of 16, rows
+     * anywhere). Each row is multiplied by decay, then corrected toward v[j]
+     * by the delta rule, r += k * (v[j] - r.k) * beta, and read by the query:
+     * out[j] = r.q after the update. Rows are updated in place; the SIMD
+     * versions match the reference within f32 rounding of the two dot
+     * products, each in a fixed order (so a token's values never depend on
+     * the batch). */
+    void (*gdn_step)(int S, float *const *rows, const float *q, const float *k, const float *v,
+                     float decay, float beta, float *out);
 } kern_vtab;
 
 /* Selects the best vtab the CPU and OS support, or the one named by isa

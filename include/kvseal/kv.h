@@ -47,6 +47,11 @@ typedef struct kv_geom {
                       * initializers keep working), 1 = one row that holds everything (MLA:
                       * the model reads K and V as prefixes of it). Any other value is
                       * refused by kv_geom_check. Read it through kv_geom_planes. */
+    int state_pages; /* hybrid recurrent models: pages of recurrent state (convolution and
+                      * SSM/delta state of every recurrent layer) each sequence holds beside its
+                      * KV pages, from its first kv_seq_reserve to its release; 0: none. The
+                      * model lays its state out in them (model_kv_geom); kv only owns, tags,
+                      * zeroes and scrubs them like any page (I1, I3, I4, I8). */
 } kv_geom;
 
 /* Rows per position per layer of g: 1 when g->planes is 1, else 2 (0, the
@@ -156,6 +161,7 @@ typedef struct kv_entry {
  * [i*page_tokens, (i+1)*page_tokens). Caller-allocated (kv_seq_init). */
 typedef struct kv_seq {
     kv_entry *ent;     /* private: (cap) entries */
+    kv_entry *st;      /* private: (g.state_pages) recurrent-state entries once reserved, or NULL */
     uint32_t n_pages;  /* read-only */
     uint32_t cap;      /* private */
     uint32_t n_shared; /* read-only: leading entries shared read-only (prefix cache) */
@@ -166,8 +172,10 @@ typedef struct kv_seq {
 /* Initializes an empty block table with a fresh uid; can't fail. */
 void kv_seq_init(kv_pool *p, kv_seq *s);
 /* Makes sure positions [0, n_tokens) have pages, allocating fresh ones
- * (FREE -> ALLOCATED, gen+1, tagged with s->uid). Errors: KS_ERR_NOSPACE
- * when the pool is short (nothing is allocated then), KS_ERR_NOMEM. */
+ * (FREE -> ALLOCATED, gen+1, tagged with s->uid); with g.state_pages, the
+ * first reserve also takes the sequence's state pages, zeroed (the zero
+ * state a recurrence starts from). Errors: KS_ERR_NOSPACE when the pool is
+ * short (nothing is allocated then), KS_ERR_NOMEM. */
 ks_err kv_seq_reserve(kv_pool *p, kv_seq *s, uint32_t n_tokens, ks_errbuf *eb) KS_MUST_USE;
 /* Records that positions [0, n_tokens) now hold K/V for every layer: pages
  * covering them become READY with their filled counts. Can't fail. */
@@ -175,6 +183,18 @@ void kv_seq_set_filled(kv_pool *p, kv_seq *s, uint32_t n_tokens);
 /* Drops the sequence's references; pages nobody else holds are scrubbed and
  * become FREE. Empties the table (the uid stays). Can't fail. */
 void kv_seq_release(kv_pool *p, kv_seq *s);
+
+/* Pages kv_seq_reserve(s, n_tokens) would take now: KV pages past those s
+ * holds, plus g.state_pages while s holds none. Can't fail. */
+uint32_t kv_seq_pages_needed(const kv_pool *p, const kv_seq *s, uint32_t n_tokens);
+
+/* Recurrent-state page i (< g.state_pages) of s, for reading and writing
+ * (kv_page_bytes bytes, 64-byte aligned): checks the entry's tag against
+ * the page header, that the page is ALLOCATED and owned by s alone. A
+ * sequence's state pages are never shared. Errors: KS_ERR_INTERNAL (no such
+ * page, or any mismatch: counted as an isolation violation and reported, as
+ * kv_seq_span_read). Thread-safe for the sequence's one writer. */
+ks_err kv_seq_state(kv_pool *p, const kv_seq *s, uint32_t i, void **out /* OUT */) KS_MUST_USE;
 
 /* Puts src's first n_pages entries (full READY pages: a prompt computed by
  * src) in front of dst's own pages, shared read-only: each page gains a

@@ -29,6 +29,7 @@ typedef enum model_arch {
     MODEL_ARCH_DEEPSEEK2 = 9,
     MODEL_ARCH_DEEPSEEK32 = 10, /* deepseek2 + the sparse-attention indexer */
     MODEL_ARCH_GLM_DSA = 11,    /* GLM-5: the same attention under its own name */
+    MODEL_ARCH_QWEN35 = 12,     /* Qwen3.5: Gated DeltaNet layers between gated attention */
 } model_arch;
 
 /* How a mixture-of-experts router turns logits into expert weights. */
@@ -47,7 +48,7 @@ typedef enum model_gating {
 /* The architectures model_load runs, as its refusal lists them. */
 #define MODEL_ARCHS                                                                                \
     "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, glm4, glm4moe, deepseek2, deepseek32, "  \
-    "glm-dsa"
+    "glm-dsa, qwen35"
 
 /* Largest head size (attention.key_length) a model may have. */
 #define MODEL_MAX_HEAD_DIM 1024
@@ -124,6 +125,23 @@ typedef struct model_hparams {
     int32_t idx_dim;   /* attention.indexer.key_length */
     int32_t idx_topk;  /* attention.indexer.top_k */
     float ln_eps;      /* attention.layer_norm_epsilon: the indexer key's LayerNorm */
+    /* Hybrid recurrent models (qwen35; ssm_state 0: none). Layer il attends
+     * when (il + 1) % attn_interval == 0; the others are Gated DeltaNet
+     * layers: a causal convolution of width ssm_conv over the q|k|v channels,
+     * then per value head a state of ssm_state x ssm_state decayed, updated
+     * by the delta rule and read by the query. Only the attention layers
+     * keep K/V; each sequence's recurrent state lives in its state pages
+     * (kv.h g.state_pages). */
+    int32_t n_layer_attn;  /* layers that keep K/V (the KV geometry's n_layer): n_layer
+                              without the recurrent ones */
+    int32_t ssm_conv;      /* ssm.conv_kernel */
+    int32_t ssm_state;     /* ssm.state_size: S, a head's key and value size */
+    int32_t ssm_k_heads;   /* ssm.group_count: query/key heads */
+    int32_t ssm_v_heads;   /* ssm.time_step_rank: value heads, a multiple of ssm_k_heads;
+                              value head h reads key head h % ssm_k_heads */
+    int32_t attn_interval; /* full_attention_interval */
+    bool attn_out_gate;    /* attn_q's rows are per head [query (D) | gate (D)]; the
+                              attention output is multiplied by sigmoid(gate) */
 } model_hparams;
 
 typedef struct model model;
@@ -153,6 +171,13 @@ uint64_t model_bytes_per_token(const model *m);
 /* K/V geometry for a pool serving this model (page_tokens and the KV
  * element type as given; model_kv_type_check says whether the type fits). */
 kv_geom model_kv_geom(const model *m, int page_tokens, int kv_type);
+/* Rows of ssm_state floats of one sequence's recurrent state (hybrid
+ * models; 0 otherwise): per recurrent layer, its convolution window (conv
+ * - 1 inputs of every channel, cut into rows) and each value head's S x S
+ * state. model_kv_geom packs them into g.state_pages pages (-1 when a row
+ * does not fit a page). Can't fail. */
+int64_t model_state_rows(const model_hparams *hp);
+
 /* Whether this model's K/V can be kept in kv_type (kv.h: F32, F16, Q8_0):
  * Q8_0 needs head_dim % 32 == 0, because attention reads K/V per head and a
  * 32-element block must not straddle two heads. Errors: KS_ERR_INVAL with

@@ -154,7 +154,8 @@ static int bench__streams(cli__session *s, const int32_t *toks, int n_streams, i
     const model_hparams *hp = model_hp(s->m);
     const int32_t ctx = n_pp + n_tg, ub = 512;
     kv_geom g = model_kv_geom(s->m, 16, s->kv_type);
-    uint32_t pages = (uint32_t)n_streams * (uint32_t)((ctx + g.page_tokens - 1) / g.page_tokens);
+    uint32_t pages = (uint32_t)n_streams *
+                     (uint32_t)((ctx + g.page_tokens - 1) / g.page_tokens + g.state_pages);
     kv_pool *pool = NULL;
     model_ctx *mc = NULL;
     kv_seq *seqs = calloc((size_t)n_streams, sizeof *seqs);

@@ -43,10 +43,12 @@ typedef struct {
     long idx_heads, idx_dim, idx_topk;     /* deepseek32 / glm-dsa's indexer (0: none) */
     long n_groups, n_group_used;           /* expert groups (DeepSeek-V3's routing; 0: none) */
     double attn_softcap, final_softcap; /* gemma: 0 = key not written */
+    long ssm_state, ssm_k_heads, ssm_v_heads, ssm_conv; /* qwen35's Gated DeltaNet */
+    long attn_interval; /* qwen35: every attn_interval-th layer attends */
     int n_threads;
 } mk__opts;
 
-enum { MK__RAND = 0, MK__ONES = 1 };
+enum { MK__RAND = 0, MK__ONES = 1, MK__NEG = 2 };
 
 typedef struct mk__plan mk__plan;
 
@@ -55,7 +57,8 @@ typedef struct {
     uint32_t n_dims;
     int64_t ne[3]; /* ne[0] = row length (fastest), ne[1] = rows, ne[2] = experts */
     ks_dtype type;
-    int kind; /* MK__RAND: uniform, std `scale`; MK__ONES: 1 + uniform noise */
+    int kind; /* MK__RAND: uniform, std `scale`; MK__ONES: 1 + uniform noise; MK__NEG:
+               * -0.3 + uniform noise (qwen35's ssm_a, -exp(A_log): a decay per step) */
     float scale;
     uint64_t seed; /* per-tensor stream seed */
     mk__plan *plan;
@@ -93,7 +96,8 @@ static uint64_t mk__hash_str(const char *s) {
 static void mk__gen_row(const mk__tensor *t, int64_t row, float *x) {
     int64_t n = t->ne[0];
     uint64_t s = mk__mix(t->seed ^ mk__mix((uint64_t)row + 0x632be59bd9b4e019ull));
-    float a = t->scale * 1.7320508f, c = t->kind == MK__ONES ? 1.0f : 0.0f;
+    float a = t->scale * 1.7320508f,
+          c = t->kind == MK__ONES ? 1.0f : t->kind == MK__NEG ? -0.3f : 0.0f;
     const float k = 1.0f / 8388608.0f; // 2^-23: u in [0, 2)
     for (int64_t i = 0; i < n; i += 2) {
         uint64_t z = mk__mix(s += 0x9e3779b97f4a7c15ull);
@@ -182,8 +186,57 @@ static bool mk__add(mk__plan *p, const mk__opts *o, ks_dtype type, int kind, flo
     return mk__add3(p, o, type, kind, scale, ne0, ne1, 0, fmt, layer);
 }
 
+/* qwen35's tensors: Gated DeltaNet layers, every attn_interval-th one
+ * attention whose attn_q rows carry a gate per head, each with
+ * post_attention_norm (its FFN's input norm) and a dense FFN. */
+static bool mk__build_plan_qwen35(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
+    const int64_t E = o->n_embd, HD = o->head_dim, F = o->n_ff, S = o->ssm_state;
+    const int64_t QD = o->n_head * HD, KD = o->n_head_kv * HD, Hv = o->ssm_v_heads;
+    const int64_t VD = Hv * S, C = 2 * o->ssm_k_heads * S + VD;
+    const ks_dtype W = o->type;
+    const float s_in = 1.0f / sqrtf((float)E), res = 1.0f / sqrtf(2.0f * (float)o->n_layer);
+    const float noise = 0.02f, s_qk = s_in * (float)o->qk_gain;
+    bool ok = mk__add(p, o, W, MK__RAND, 1.0f, E, n_vocab, "token_embd.weight", 0);
+    for (int l = 0; ok && l < o->n_layer; l++) {
+        ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l);
+        if (ok && (l + 1) % o->attn_interval != 0) // a Gated DeltaNet layer
+            ok = mk__add(p, o, W, MK__RAND, s_qk, E, C, "blk.%d.attn_qkv.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, s_in, E, VD, "blk.%d.attn_gate.weight", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__RAND, 1.0f / sqrtf((float)o->ssm_conv),
+                         o->ssm_conv, C, "blk.%d.ssm_conv1d.weight", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.5f, Hv, 0, "blk.%d.ssm_dt.bias", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__NEG, 0.1f, Hv, 0, "blk.%d.ssm_a", l) &&
+                 mk__add(p, o, W, MK__RAND, s_in, E, Hv, "blk.%d.ssm_beta.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, s_in, E, Hv, "blk.%d.ssm_alpha.weight", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, S, 0, "blk.%d.ssm_norm.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, res / sqrtf((float)VD), VD, E,
+                         "blk.%d.ssm_out.weight", l);
+        else if (ok)
+            ok = mk__add(p, o, W, MK__RAND, s_qk, E, 2 * QD, "blk.%d.attn_q.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, s_qk, E, KD, "blk.%d.attn_k.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, s_in, E, KD, "blk.%d.attn_v.weight", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, HD, 0, "blk.%d.attn_q_norm.weight",
+                         l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, HD, 0, "blk.%d.attn_k_norm.weight",
+                         l) &&
+                 mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E,
+                         "blk.%d.attn_output.weight", l);
+        ok = ok &&
+             mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.post_attention_norm.weight",
+                     l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_gate.weight", l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_up.weight", l) &&
+             mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight", l);
+    }
+    ok = ok && mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "output_norm.weight", 0);
+    if (ok && !o->tied)
+        ok = mk__add(p, o, W, MK__RAND, 4.0f / sqrtf((float)E), E, n_vocab, "output.weight", 0);
+    return ok;
+}
+
 /* The llama.cpp tensor set for o, in llama.cpp's file order. */
 static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
+    if (o->ssm_state) return mk__build_plan_qwen35(p, o, n_vocab);
     const int64_t E = o->n_embd, HD = o->head_dim, F = o->n_ff;
     const int64_t QD = o->n_head * HD, KD = o->n_head_kv * HD;
     const ks_dtype W = o->type;
@@ -333,8 +386,8 @@ static void mk__usage(FILE *fp) {
         fp,
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
         "  --arch "
-        "llama|qwen2|qwen3|qwen3moe|phi3|gemma2|gemma3|glm4|glm4moe|deepseek2|deepseek32|\n"
-        "         glm-dsa               architecture\n"
+        "llama|qwen2|qwen3|qwen3moe|qwen35|phi3|gemma2|gemma3|glm4|glm4moe|deepseek2|\n"
+        "         deepseek32|glm-dsa    architecture\n"
         "                               (default llama); gemma: tied, post-norms, GELU\n"
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
         "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
@@ -357,6 +410,10 @@ static void mk__usage(FILE *fp) {
         "  --expert-groups G --group-used U  expert groups: the top-k is drawn from the U\n"
         "                               groups whose two best experts score highest\n"
         "  --qk-norm                    glm4moe: attn_q_norm / attn_k_norm tensors\n"
+        "  --ssm-state S --ssm-k-heads N --ssm-v-heads N --ssm-conv K --attn-interval I\n"
+        "                               qwen35's Gated DeltaNet: state size (default 32), key\n"
+        "                               and value heads (2, 4), convolution width (4), every\n"
+        "                               I-th layer attention (4; tiny: 4 layers)\n"
         "  --tied                       no output.weight (logits use token_embd)\n"
         "  --seed S                     weight seed (default 1)\n"
         "  --rope-base F --rope-scale F (scaling factor; linear unless --rope-type yarn)\n"
@@ -534,6 +591,17 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
          o->head_dim * o->n_head != o->n_embd))
         ok = MK__U32("attention.key_length", o->head_dim) &&
              MK__U32("attention.value_length", o->head_dim);
+    if (ok && o->ssm_state) { // qwen35, as llama.cpp's converter writes Qwen3.5's config
+        const uint32_t a2 = (uint32_t)o->n_rot / 2; // rotary pairs over the first 3 sections
+        const int32_t sec[4] = {(int32_t)(a2 + 2) / 3, (int32_t)(a2 + 1) / 3, (int32_t)a2 / 3, 0};
+        ok = MK__U32("ssm.conv_kernel", o->ssm_conv) && MK__U32("ssm.state_size", o->ssm_state) &&
+             MK__U32("ssm.group_count", o->ssm_k_heads) &&
+             MK__U32("ssm.time_step_rank", o->ssm_v_heads) &&
+             MK__U32("ssm.inner_size", o->ssm_v_heads * o->ssm_state) &&
+             MK__U32("full_attention_interval", o->attn_interval) &&
+             (snprintf(k, sizeof k, "%s.rope.dimension_sections", a),
+              !gguf_writer_set_arr(w, k, GGUF_TYPE_INT32, sec, 4));
+    }
     if (ok && o->longrope) // sqrt(1 + ln(scale) / ln(original context)), scale 32, orig 4096
         ok = MK__F32("rope.scaling.attn_factor", 1.1902380714238083);
     if (ok && o->rope_orig_ctx && o->rope_scale == 1.0)
@@ -577,7 +645,9 @@ static const cli__opt mk__optv[] = {
     {"qk-rope", 0, true, false},       {"v-head", 0, true, false},
     {"idx-heads", 0, true, false},     {"idx-dim", 0, true, false},
     {"idx-topk", 0, true, false},      {"expert-groups", 0, true, false},
-    {"group-used", 0, true, false},
+    {"group-used", 0, true, false},    {"ssm-state", 0, true, false},
+    {"ssm-k-heads", 0, true, false},   {"ssm-v-heads", 0, true, false},
+    {"ssm-conv", 0, true, false},      {"attn-interval", 0, true, false},
 };
 
 /* What the options set before the shape is resolved. */
@@ -682,6 +752,11 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
                     : !strcmp(a, "--idx-topk")      ? &o->idx_topk
                     : !strcmp(a, "--expert-groups") ? &o->n_groups
                     : !strcmp(a, "--group-used")    ? &o->n_group_used
+                    : !strcmp(a, "--ssm-state")     ? &o->ssm_state
+                    : !strcmp(a, "--ssm-k-heads")   ? &o->ssm_k_heads
+                    : !strcmp(a, "--ssm-v-heads")   ? &o->ssm_v_heads
+                    : !strcmp(a, "--ssm-conv")      ? &o->ssm_conv
+                    : !strcmp(a, "--attn-interval") ? &o->attn_interval
                                                     : NULL;
         KS_ASSERT(dst); // every table entry has a case
         if (!cli__parse_int(a, v, 1, 1L << 20, dst)) return 2;
@@ -720,7 +795,9 @@ int cli_mkmodel(int argc, char **argv) {
         mk__usage(stderr);
         return 2;
     }
-    bool qwen = !strcmp(o.arch, "qwen2") || !strcmp(o.arch, "qwen3") || !strcmp(o.arch, "qwen3moe");
+    const bool qwen35 = !strcmp(o.arch, "qwen35");
+    bool qwen = !strcmp(o.arch, "qwen2") || !strcmp(o.arch, "qwen3") ||
+                !strcmp(o.arch, "qwen3moe") || qwen35;
     bool gemma = !strcmp(o.arch, "gemma2") || !strcmp(o.arch, "gemma3");
     const bool dsa = !strcmp(o.arch, "deepseek32") || !strcmp(o.arch, "glm-dsa");
     const bool mla = dsa || !strcmp(o.arch, "deepseek2");
@@ -728,10 +805,31 @@ int cli_mkmodel(int argc, char **argv) {
     if (!qwen && !gemma && !mla && !glm4moe && strcmp(o.arch, "llama") && strcmp(o.arch, "phi3") &&
         strcmp(o.arch, "glm4")) {
         fprintf(stderr,
-                "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe phi3 gemma2 "
-                "gemma3 glm4 glm4moe deepseek2 deepseek32 glm-dsa\n",
+                "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe qwen35 phi3 "
+                "gemma2 gemma3 glm4 glm4moe deepseek2 deepseek32 glm-dsa\n",
                 o.arch);
         return 2;
+    }
+    if (!qwen35 && (o.ssm_state || o.ssm_k_heads || o.ssm_v_heads || o.ssm_conv || o.attn_interval)) {
+        fprintf(stderr, "kvseal mkmodel: --ssm-* and --attn-interval are qwen35's\n");
+        return 2;
+    }
+    if (qwen35 && o.n_expert) {
+        fprintf(stderr, "kvseal mkmodel: qwen35 is dense (no --n-expert)\n");
+        return 2;
+    }
+    if (qwen35) { // a small Qwen3.5: 4 layers (3 recurrent, 1 attention), 2 key / 4 value heads
+        if (!o.ssm_state) o.ssm_state = 32;
+        if (!o.ssm_k_heads) o.ssm_k_heads = 2;
+        if (!o.ssm_v_heads) o.ssm_v_heads = 2 * o.ssm_k_heads;
+        if (!o.ssm_conv) o.ssm_conv = 4;
+        if (!o.attn_interval) o.attn_interval = 4;
+        if (o.ssm_state % 16 || o.ssm_state > 256 || o.ssm_v_heads % o.ssm_k_heads ||
+            o.ssm_conv < 2 || o.ssm_conv > 16) {
+            fprintf(stderr, "kvseal mkmodel: --ssm-state must be a multiple of 16 up to 256, "
+                            "--ssm-v-heads a multiple of --ssm-k-heads, --ssm-conv 2..16\n");
+            return 2;
+        }
     }
     if ((o.qk_norm && !glm4moe) || (v_dense >= 0 && !glm4moe && !mla)) {
         fprintf(stderr, "kvseal mkmodel: --qk-norm is glm4moe's, --n-dense glm4moe's and the "
@@ -794,6 +892,7 @@ int cli_mkmodel(int argc, char **argv) {
         fprintf(stderr, "kvseal mkmodel: --shape '%s' is not one of tiny 1.1b\n", shape);
         return 2;
     }
+    if (qwen35 && !strcmp(shape, "tiny")) o.n_layer = 4;
     if (glm4moe) { // (tiny) a dense layer, two MoE ones; the NextN block after them
         if (!strcmp(shape, "tiny")) o.n_layer = 3;
         o.n_dense = v_dense >= 0 ? v_dense : 1;
@@ -856,6 +955,7 @@ int cli_mkmodel(int argc, char **argv) {
     o.eps = qwen || gemma ? 1e-6 : 1e-5;
     // glm4, glm4moe: partial rotary (half of each head)
     o.n_rot = strcmp(o.arch, "glm4") && !glm4moe ? o.head_dim : o.head_dim / 2;
+    if (qwen35) o.n_rot = o.head_dim / 4; // Qwen3.5 turns a quarter of each head
     if (mla) { // the KV "head" is the latent row; queries are nope + rope per head
         o.n_rot = qk_rope;
         o.n_head_kv = 1;

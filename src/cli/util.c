@@ -56,7 +56,8 @@ ks_err cli__session_open(cli__session *s, const char *path, int n_threads, int32
     s->kv_type = kv_type;
     if ((e = model_kv_type_check(s->m, kv_type, &eb))) goto fail;
     kv_geom g = model_kv_geom(s->m, 16, kv_type);
-    uint32_t pages = (uint32_t)((s->n_ctx + g.page_tokens - 1) / g.page_tokens);
+    // the sequence's KV pages, and its recurrent state's (hybrid models)
+    uint32_t pages = (uint32_t)((s->n_ctx + g.page_tokens - 1) / g.page_tokens + g.state_pages);
     if ((e = kv_pool_create(&g, pages, KV_SCRUB_ZERO, &s->pool, &eb))) goto fail;
     kv_seq_init(s->pool, &s->seq);
     if ((e = model_ctx_create(s->m, s->pool, s->n_threads, s->n_batch, s->n_ctx, &s->ctx, &eb))) goto fail;

@@ -1064,4 +1064,5 @@ const kern_vtab kern__vtab_avx2 = {
     .silu_mul = avx2__silu_mul,
     .gelu_mul = avx2__gelu_mul,
     .softmax = avx2__softmax,
+    .gdn_step = kern__avx2_gdn_step,
 };

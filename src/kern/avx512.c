@@ -1268,4 +1268,5 @@ const kern_vtab kern__vtab_avx512 = {
     .silu_mul = kern__a512_silu_mul,
     .gelu_mul = kern__a512_gelu_mul,
     .softmax = kern__a512_softmax,
+    .gdn_step = kern__a512_gdn_step,
 };

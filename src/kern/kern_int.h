@@ -342,6 +342,13 @@ void kern__axpy_rows_f16_ref(int64_t n, int G, const float *s, size_t s_stride, 
 void kern__axpy_rows_q8_0_ref(int64_t n, int G, const float *s, size_t s_stride, const void *v,
                               size_t v_stride, int rows, float *y);
 void kern__rmsnorm_ref(int64_t n, const float *x, const float *w, float eps, float *y);
+/* The gated delta rule's step (kern.h gdn_step): reference, AVX2, AVX-512. */
+void kern__gdn_step_ref(int S, float *const *rows, const float *q, const float *k, const float *v,
+                        float decay, float beta, float *out);
+void kern__avx2_gdn_step(int S, float *const *rows, const float *q, const float *k,
+                         const float *v, float decay, float beta, float *out);
+void kern__a512_gdn_step(int S, float *const *rows, const float *q, const float *k,
+                         const float *v, float decay, float beta, float *out);
 void kern__silu_mul_ref(int64_t n, const float *g, const float *u, float *y);
 void kern__gelu_mul_ref(int64_t n, const float *g, const float *u, float *y);
 void kern__softmax_ref(int64_t n, float *x);

@@ -1181,4 +1181,5 @@ const kern_vtab kern__vtab_ref = {
     .silu_mul = kern__silu_mul_ref,
     .gelu_mul = kern__gelu_mul_ref,
     .softmax = kern__softmax_ref,
+    .gdn_step = kern__gdn_step_ref,
 };

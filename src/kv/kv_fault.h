@@ -14,6 +14,8 @@
  * entry `idx` of other, keeping victim's expected tag — what a corrupted
  * block table looks like. The tag check must catch the read. */
 void kv_fault_swap_entry(kv_seq *victim, const kv_seq *other, uint32_t idx);
+/* The same for recurrent-state page idx (both sequences hold their state). */
+void kv_fault_swap_state(kv_seq *victim, const kv_seq *other, uint32_t idx);
 #endif
 
 #endif /* KS_KV_FAULT_H */

@@ -27,7 +27,10 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
         return ks_seterr(eb, KS_ERR_INVAL, "model context: bad sizes (tokens %d, ctx %d, threads %d)",
                          max_tokens, max_ctx, n_threads);
     const kv_geom *g = kv_pool_geom(pool);
-    if (g->n_layer != hp->n_layer || g->kv_dim != hp->n_head_kv * hp->head_dim + hp->idx_dim)
+    const kv_geom mg = model_kv_geom(m, g->page_tokens, g->kv_type);
+    if (g->n_layer != hp->n_layer_attn ||
+        g->kv_dim != hp->n_head_kv * hp->head_dim + hp->idx_dim ||
+        g->state_pages != mg.state_pages)
         return ks_seterr(eb, KS_ERR_INVAL, "model context: kv pool geometry does not match the model");
     ks_err te = model_kv_type_check(m, g->kv_type, eb);
     if (te) return te;
@@ -115,6 +118,8 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     // largest activation row: K is one of E, H*D, F, q_lora
     size_t Kmax = XN > F ? XN : F;
     if ((size_t)hp->q_lora > Kmax) Kmax = (size_t)hp->q_lora;
+    const size_t S = (size_t)hp->ssm_state, VD = (size_t)hp->ssm_v_heads * S;
+    if (VD > Kmax) Kmax = VD; // ssm_out's input
     uint64_t rb0 = 0, rbk = 0;
     ks_dtype_row_bytes(KS_DTYPE_Q8_0, (Kmax + 31) / 32 * 32, &rb0);
     ks_dtype_row_bytes(KS_DTYPE_Q8_K, (Kmax + 255) / 256 * 256, &rbk);
@@ -124,6 +129,28 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     c->act[1].buf = ks_alloc_aligned(TA * (size_t)rbk);
     c->pf_runs = calloc(MODEL__PF_RUNS, sizeof *c->pf_runs);
     c->pf_i = -1;
+    if (hp->attn_out_gate) {
+        c->qg = ks_alloc_aligned(T * 2 * HD * sizeof(float));
+        c->gate = ks_alloc_aligned(T * HD * sizeof(float));
+        moe_ok = moe_ok && c->qg && c->gate;
+    }
+    if (S) { // hybrid: the recurrent layers' scratch and the state pages' table
+        const size_t C = 2 * (size_t)hp->ssm_k_heads * S + VD, HV = (size_t)hp->ssm_v_heads;
+        c->st_pages = g->state_pages;
+        c->st_rpp = (int64_t)(kv_page_bytes(g) / (4 * S));
+        c->st_rows_layer = (int64_t)((size_t)(hp->ssm_conv - 1) * (C / S) + HV * S);
+        c->ssm_x = ks_alloc_aligned(T * C * sizeof(float));
+        c->ssm_z = ks_alloc_aligned(T * VD * sizeof(float));
+        c->ssm_o = ks_alloc_aligned(T * VD * sizeof(float));
+        c->ssm_b = ks_alloc_aligned(T * HV * sizeof(float));
+        c->ssm_a = ks_alloc_aligned(T * HV * sizeof(float));
+        c->ord = malloc(T * sizeof(int32_t));
+        c->ord_off = malloc((T + 1) * sizeof(int32_t));
+        c->ord_fill = malloc(T * sizeof(int32_t));
+        c->st_pg = calloc(T * (size_t)c->st_pages, sizeof(void *));
+        moe_ok = moe_ok && c->st_pages > 0 && c->ssm_x && c->ssm_z && c->ssm_o && c->ssm_b &&
+                 c->ssm_a && c->ord && c->ord_off && c->ord_fill && c->st_pg;
+    }
     if (!c->threads || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->g ||
         !c->u || !c->scores || !c->seq_next || !c->seq_bad || !c->seq_first || !c->kp || !c->vp ||
         !c->act[0].buf || !c->act[1].buf || !c->pf_runs || !moe_ok) {
@@ -139,7 +166,8 @@ void model_ctx_free(model_ctx *c) {
     ks_pool_destroy(c->threads);
     float *bufs[] = {c->x,      c->xn,    c->q,      c->k,      c->v,        c->att,    c->tmp,
                      c->g,      c->u,     c->scores, c->router, c->xe,       c->mla_qa, c->mla_qf,
-                     c->mla_qn, c->dsa_q, c->dsa_k,  c->dsa_w,  c->dsa_score};
+                     c->mla_qn, c->dsa_q, c->dsa_k,  c->dsa_w,  c->dsa_score, c->qg,
+                     c->gate,   c->ssm_x, c->ssm_z,  c->ssm_o,  c->ssm_b,    c->ssm_a};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ks_free_aligned(bufs[i]);
     ks_free_aligned(c->act[0].buf);
     ks_free_aligned(c->act[1].buf);
@@ -157,6 +185,10 @@ void model_ctx_free(model_ctx *c) {
     free(c->seq_first);
     free(c->kp);
     free(c->vp);
+    free(c->ord);
+    free(c->ord_off);
+    free(c->ord_fill);
+    free(c->st_pg);
     free(c);
 }
 
@@ -177,6 +209,7 @@ typedef enum {
     FWD_MLA_QNORM,     // mla_qa[t] = rmsnorm(mla_qa[t]) * w
     FWD_MLA_QKV,       // rope q/k, q_nope to mla_qn, latent normed; write the KV row
     FWD_DSA_SELECT,    // the indexer's top_k positions of token t into dsa_sel[t]
+    FWD_ATTN_GATE,     // att[t] *= sigmoid(gate[t]) (qwen35's gated attention)
 } fwd__rowop;
 
 typedef struct {
@@ -224,6 +257,13 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
     float *q = c->q + (size_t)t * (size_t)(H * D);
     float *k = c->k + (size_t)t * (size_t)KVD;
     float *v = c->v + (size_t)t * (size_t)KVD;
+    if (hp->attn_out_gate) // attn_q's rows per head: the query, then its output gate
+        for (int h = 0; h < H; h++) {
+            const float *qg = c->qg + (size_t)t * (size_t)(2 * H * D) + (size_t)(2 * h * D);
+            memcpy(q + h * D, qg, sizeof(float) * (size_t)D);
+            memcpy(c->gate + (size_t)t * (size_t)(H * D) + (size_t)(h * D), qg + D,
+                   sizeof(float) * (size_t)D);
+        }
     if (L->bq) {
         for (int i = 0; i < H * D; i++) q[i] += L->bq[i];
         for (int i = 0; i < KVD; i++) k[i] += L->bk[i];
@@ -251,7 +291,7 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
     const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
     void *kp, *vp;
     if (atomic_load_explicit(&c->seq_bad[si], memory_order_relaxed)) return;
-    if (kv_seq_span_write(c->pool, s, (uint32_t)pos / P, a->layer, &kp, &vp) != KS_OK) {
+    if (kv_seq_span_write(c->pool, s, (uint32_t)pos / P, L->kv_layer, &kp, &vp) != KS_OK) {
         atomic_store(&c->seq_bad[si], 1);  // I1: this sequence stops here; others go on
         return;
     }
@@ -465,6 +505,14 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             fwd__dsa_select(
                 a, t, c->scores + (size_t)ith * (size_t)(m->hp.idx_heads + 1) * (size_t)c->max_ctx);
             break;
+        case FWD_ATTN_GATE: {
+            const int64_t n = (int64_t)m->hp.n_head * m->hp.head_dim;
+            float *o = c->att + (size_t)t * (size_t)n;
+            const float *gt = c->gate + (size_t)t * (size_t)n;
+            for (int64_t i = 0; i < n; i++)
+                o[i] /= 1.0f + expf(-gt[i]);
+            break;
+        }
         case FWD_MLA_QNORM: {
             float *r = c->mla_qa + (size_t)t * (size_t)m->hp.q_lora;
             c->kv->rmsnorm(m->hp.q_lora, r, a->w, m->hp.norm_eps, r);
@@ -1081,7 +1129,7 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
 /* The first weight layer L's attention block reads xn with (NULL for MLA,
  * whose first matmuls fwd__mla_in runs). */
 static const model__mat *fwd__first_w(const model_ctx *c, const model__layer *L) {
-    return c->m->hp.kv_lora ? NULL : &L->wq;
+    return L->recurrent ? &L->ssm_qkv : c->m->hp.kv_lora ? NULL : &L->wq;
 }
 
 ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
@@ -1096,24 +1144,32 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
     c->pf_i = T == 1 ? 0 : -1;
     model__act_reset(c);
     fwd__rows_run(c, b, FWD_EMBED, NULL, 0);
+    if (hp->ssm_state) { // hybrid: each sequence's state pages, checked once (I1)
+        model__order_tokens(c, b);
+        (void)model__state_resolve(c, b);
+    }
     for (int il = 0; il < hp->n_layer; il++) {
         const model__layer *L = &m->layers[il];
         // attention block (the first norm; later ones are fused with the
         // residual add, and the quantization of xn for wq with both)
         if (il == 0) fwd__rows_run2(c, b, FWD_NORM, L->attn_norm, NULL, il, fwd__first_w(c, L));
+        if (L->recurrent) {
+            model__gdn_layer(c, b, L);
+            goto ffn;
+        }
         if (hp->kv_lora) {
             fwd__mla_in(c, b, L, il);
         } else {
             const model__mat *qkv[] = {&L->wq, &L->wk, &L->wv};
-            float *const qkv_out[] = {c->q, c->k, c->v};
+            float *const qkv_out[] = {hp->attn_out_gate ? c->qg : c->q, c->k, c->v};
             model__matmuls(c, 3, qkv, c->xn, T, qkv_out);
             fwd__rows_run(c, b, FWD_QKV, NULL, il);
         }
-        if (il == 0)  // rows of every layer at these positions are written before they are read
+        if (L->kv_layer == 0) // rows of every layer at these positions are written before read
             for (int s = 0; s < b->n_seqs; s++)
                 if (!atomic_load(&c->seq_bad[s]))
                     kv_seq_set_filled(c->pool, b->seqs[s], (uint32_t)c->seq_next[s]);
-        fwd__resolve(c, b, il);
+        fwd__resolve(c, b, L->kv_layer);
         if (hp->idx_topk) fwd__dsa_run(c, b, il);
         fwd__attn at = {.c = c, .b = b, .layer = il};
         atomic_init(&at.next, 0);
@@ -1121,10 +1177,12 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
                                   fwd__attn_nch(T, hp->n_head_kv, hp->n_head / hp->n_head_kv,
                                                 ks_pool_nth(c->threads)));
         ks_pool_run(c->threads, fwd__attn_task, &at);
+        if (hp->attn_out_gate) fwd__rows_run(c, b, FWD_ATTN_GATE, NULL, il);
         if (hp->kv_lora)
             fwd__mla_out(c, b, L);
         else
             model__matmul(c, &L->wo, c->att, T, c->tmp);
+    ffn:
         fwd__residual(c, b, L->post_attn_norm, L->ffn_norm, il, L->gate_exps ? NULL : &L->w_gate);
         // feed-forward block
         if (L->gate_exps) {

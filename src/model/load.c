@@ -263,6 +263,47 @@ static ks_err load__gemma(load__ctx *c, model_hparams *hp) {
     return KS_OK;
 }
 
+/* Most value heads x state size a Gated DeltaNet layer may have (scratch per token). */
+#define LOAD__MAX_SSM_DIM 65536
+
+/* qwen35's Gated DeltaNet keys, as llama.cpp reads them: ssm.conv_kernel,
+ * ssm.state_size (a head's key and value size: they are equal),
+ * ssm.group_count key heads, ssm.time_step_rank value heads (a multiple),
+ * ssm.inner_size = value heads x state size, and full_attention_interval
+ * (default 4): every interval-th layer attends, with the query's output
+ * gate; the others recur. */
+static ks_err load__ssm(load__ctx *c, model_hparams *hp) {
+    const char *path = gguf_path(c->f);
+    int32_t inner;
+    ks_err e;
+    if ((e = load__u32(c, "ssm.conv_kernel", true, 0, &hp->ssm_conv)) ||
+        (e = load__u32(c, "ssm.state_size", true, 0, &hp->ssm_state)) ||
+        (e = load__u32(c, "ssm.group_count", true, 0, &hp->ssm_k_heads)) ||
+        (e = load__u32(c, "ssm.time_step_rank", true, 0, &hp->ssm_v_heads)) ||
+        (e = load__u32(c, "ssm.inner_size", true, 0, &inner)) ||
+        (e = load__u32(c, "full_attention_interval", false, 4, &hp->attn_interval)))
+        return e;
+    if (hp->ssm_conv < 2 || hp->ssm_conv > 16 || hp->ssm_state % 16 ||
+        hp->ssm_state > MODEL_MAX_SSM_STATE ||
+        hp->ssm_v_heads % hp->ssm_k_heads || inner != hp->ssm_v_heads * hp->ssm_state ||
+        (int64_t)hp->ssm_v_heads * hp->ssm_state > LOAD__MAX_SSM_DIM || hp->attn_interval < 1)
+        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                         "%s: Gated DeltaNet shape: conv_kernel %d (want 2..16), state_size %d "
+                         "(want a multiple of 16, at most 256), group_count %d, time_step_rank %d (want a "
+                         "multiple of group_count), inner_size %d (want time_step_rank x "
+                         "state_size, at most %d), full_attention_interval %d",
+                         path, hp->ssm_conv, hp->ssm_state, hp->ssm_k_heads, hp->ssm_v_heads,
+                         inner, LOAD__MAX_SSM_DIM, hp->attn_interval);
+    hp->n_layer_attn = hp->n_layer / hp->attn_interval;
+    if (hp->n_layer_attn < 1)
+        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                         "%s: block_count %d with full_attention_interval %d leaves no attention "
+                         "layer",
+                         path, hp->n_layer, hp->attn_interval);
+    hp->attn_out_gate = true;
+    return KS_OK;
+}
+
 static ks_err load__hparams(model *m, ks_errbuf *eb) {
     const gguf_file *f = m->gguf;
     model_hparams *hp = &m->hp;
@@ -293,6 +334,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         hp->arch = MODEL_ARCH_DEEPSEEK32;
     else if (!strcmp(hp->arch_name, "glm-dsa"))
         hp->arch = MODEL_ARCH_GLM_DSA;
+    else if (!strcmp(hp->arch_name, "qwen35"))
+        hp->arch = MODEL_ARCH_QWEN35;
     else
         return ks_seterr(eb, KS_ERR_UNSUPPORTED,
                          "%s: unsupported architecture '%s' (supported: " MODEL_ARCHS ")",
@@ -319,6 +362,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
                          "%s: %s.nextn_predict_layers %d must be below block_count %d",
                          gguf_path(f), hp->arch_name, hp->n_layer_nextn, hp->n_layer);
     hp->n_layer -= hp->n_layer_nextn;
+    hp->n_layer_attn = hp->n_layer;
+    if (hp->arch == MODEL_ARCH_QWEN35 && (e = load__ssm(&c, hp))) return e;
     if ((hp->arch == MODEL_ARCH_GLM4 || hp->arch == MODEL_ARCH_GLM4MOE) &&
         (e = load__rope_sections(&c)))
         return e;
@@ -589,6 +634,82 @@ static ks_err load__mla_layer(model *m, int il, model__layer *L, ks_errbuf *eb) 
     return KS_OK;
 }
 
+/* Binds the convolution taps `name`, ggml shape [K, C] (each channel's K
+ * taps in time order, F32/F16/BF16), as an owned f32 copy transposed to
+ * (K, C): tap r of every channel in one row, the layout the convolution
+ * kernel runs along channels with. */
+static ks_err load__conv(model *m, const char *name, int64_t K, int64_t C, const float **out,
+                         ks_errbuf *eb) {
+    ks_err e = KS_OK;
+    const gguf_tensor *t = load__tensor(m, name, true, eb, &e);
+    if (!t) return e;
+    if (t->n_dims != 2 || t->ne[0] != K || t->ne[1] != C)
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: tensor '%s' has shape [%lld, %lld] (%u dims), expected [%lld, %lld]",
+                         gguf_path(m->gguf), name, (long long)t->ne[0], (long long)t->ne[1],
+                         t->n_dims, (long long)K, (long long)C);
+    if (t->type != KS_DTYPE_F32 && t->type != KS_DTYPE_F16 && t->type != KS_DTYPE_BF16)
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s (want F32/F16/BF16)",
+                         gguf_path(m->gguf), name, ks_dtype_name(t->type));
+    float *v = malloc(sizeof(float) * (size_t)(K * C));
+    float *row = malloc(sizeof(float) * (size_t)K);
+    float **owned = realloc(m->owned, sizeof *owned * (size_t)(m->n_owned + 1));
+    if (owned) m->owned = owned;
+    if (!v || !row || !owned) {
+        free(v);
+        free(row);
+        return ks_seterr(eb, KS_ERR_NOMEM, "%s: tensor '%s'", gguf_path(m->gguf), name);
+    }
+    m->owned[m->n_owned++] = v;
+    const size_t rb = (size_t)(t->n_bytes / (uint64_t)C);
+    for (int64_t ch = 0; ch < C; ch++) {
+        kern_dequantize_row((ks_dtype)t->type, (const uint8_t *)t->data + (size_t)ch * rb, row, K);
+        for (int64_t r = 0; r < K; r++)
+            v[r * C + ch] = row[r];
+    }
+    free(row);
+    *out = v;
+    return KS_OK;
+}
+
+/* Binds qwen35 layer il: its mixer (Gated DeltaNet, or attention whose
+ * attn_q rows carry the output gate), post_attention_norm (the norm before
+ * the FFN) and the dense FFN. */
+static ks_err load__qwen35_layer(model *m, int il, model__layer *L, ks_errbuf *eb) {
+    const model_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, D = hp->head_dim, F = hp->n_ff, S = hp->ssm_state;
+    const int64_t HD = (int64_t)hp->n_head * D, KVD = (int64_t)hp->n_head_kv * D;
+    const int64_t VD = (int64_t)hp->ssm_v_heads * S, CD = 2 * (int64_t)hp->ssm_k_heads * S + VD;
+    char n[96];
+#define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
+    ks_err e;
+    if (L->recurrent) {
+        if ((e = load__mat(m, LNAME("attn_qkv.weight"), E, CD, &L->ssm_qkv, eb)) ||
+            (e = load__mat(m, LNAME("attn_gate.weight"), E, VD, &L->ssm_z, eb)) ||
+            (e = load__mat(m, LNAME("ssm_beta.weight"), E, hp->ssm_v_heads, &L->ssm_beta, eb)) ||
+            (e = load__mat(m, LNAME("ssm_alpha.weight"), E, hp->ssm_v_heads, &L->ssm_alpha, eb)) ||
+            (e = load__vec(m, LNAME("ssm_dt.bias"), hp->ssm_v_heads, true, &L->ssm_dt, eb)) ||
+            (e = load__vec(m, LNAME("ssm_a"), hp->ssm_v_heads, true, &L->ssm_a, eb)) ||
+            (e = load__conv(m, LNAME("ssm_conv1d.weight"), hp->ssm_conv, CD, &L->ssm_conv1d, eb)) ||
+            (e = load__vec(m, LNAME("ssm_norm.weight"), S, true, &L->ssm_norm, eb)) ||
+            (e = load__mat(m, LNAME("ssm_out.weight"), VD, E, &L->ssm_out, eb)))
+            return e;
+    } else if ((e = load__mat(m, LNAME("attn_q.weight"), E, 2 * HD, &L->wq, eb)) ||
+               (e = load__mat(m, LNAME("attn_k.weight"), E, KVD, &L->wk, eb)) ||
+               (e = load__mat(m, LNAME("attn_v.weight"), E, KVD, &L->wv, eb)) ||
+               (e = load__mat(m, LNAME("attn_output.weight"), HD, E, &L->wo, eb)) ||
+               (e = load__vec(m, LNAME("attn_q_norm.weight"), D, true, &L->q_norm, eb)) ||
+               (e = load__vec(m, LNAME("attn_k_norm.weight"), D, true, &L->k_norm, eb))) {
+        return e;
+    }
+    if ((e = load__vec(m, LNAME("post_attention_norm.weight"), E, true, &L->ffn_norm, eb)) ||
+        (e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
+        (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)) ||
+        (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb)))
+        return e;
+#undef LNAME
+    return KS_OK;
+}
+
 static ks_err load__weights(model *m, ks_errbuf *eb) {
     model_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, D = hp->head_dim, F = hp->n_ff;
@@ -635,6 +756,14 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
 #define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
         model__mat fused = {0};
         if ((e = load__vec(m, LNAME("attn_norm.weight"), E, true, &L->attn_norm, eb))) return e;
+        L->kv_layer = il;
+        if (hp->ssm_state) { // hybrid: the KV layers are the attention layers, in order
+            L->recurrent = (il + 1) % hp->attn_interval != 0;
+            L->kv_layer = L->recurrent ? -1 : (il + 1) / hp->attn_interval - 1;
+            L->rec_layer = L->recurrent ? il - il / hp->attn_interval : -1;
+            if ((e = load__qwen35_layer(m, il, L, eb))) return e;
+            continue;
+        }
         if (hp->kv_lora) {
             if ((e = load__mla_layer(m, il, L, eb))) return e;
         } else if (gguf_find_tensor(m->gguf, LNAME("attn_qkv.weight"))) { // Q, K, V rows in one
@@ -727,7 +856,8 @@ static void load__each_mat(model *m, void (*fn)(const gguf_file *, model__mat *,
         model__layer *L = &m->layers[il];
         model__mat *ws[] = {&L->wq,     &L->wk,      &L->wv,    &L->wo,      &L->w_gate, &L->w_up,
                             &L->w_down, &L->gate_sh, &L->up_sh, &L->down_sh, &L->wq_a,   &L->wq_b,
-                            &L->wkv_a,  &L->idx_q_b, &L->idx_k, &L->idx_proj};
+                            &L->wkv_a,  &L->idx_q_b, &L->idx_k, &L->idx_proj, &L->ssm_qkv,
+                            &L->ssm_z,  &L->ssm_beta, &L->ssm_alpha, &L->ssm_out};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data) fn(m->gguf, ws[i], arg);
         for (int h = 0; L->wk_b && h < m->hp.n_head; h++) {
@@ -877,7 +1007,10 @@ uint64_t model_bytes_per_token(const model *m) {
         b += load__mat_bytes(&L->wq) + load__mat_bytes(&L->wk) + load__mat_bytes(&L->wv) +
              load__mat_bytes(&L->wo) + load__mat_bytes(&L->wq_a) + load__mat_bytes(&L->wq_b) +
              load__mat_bytes(&L->wkv_a) + load__mat_bytes(&L->idx_q_b) +
-             load__mat_bytes(&L->idx_k) + load__mat_bytes(&L->idx_proj);
+             load__mat_bytes(&L->idx_k) + load__mat_bytes(&L->idx_proj) +
+             load__mat_bytes(&L->ssm_qkv) + load__mat_bytes(&L->ssm_z) +
+             load__mat_bytes(&L->ssm_beta) + load__mat_bytes(&L->ssm_alpha) +
+             load__mat_bytes(&L->ssm_out);
         if (L->wk_b) // every head's absorption matrices
             b += (uint64_t)m->hp.n_head *
                  (load__mat_bytes(&L->wk_b[0]) + load__mat_bytes(&L->wv_b[0]));
@@ -895,12 +1028,25 @@ uint64_t model_bytes_per_token(const model *m) {
     return b;
 }
 
+int64_t model_state_rows(const model_hparams *hp) {
+    if (!hp->ssm_state) return 0;
+    const int64_t S = hp->ssm_state, CD = 2 * (int64_t)hp->ssm_k_heads * S +
+                                             (int64_t)hp->ssm_v_heads * S;
+    return (int64_t)(hp->n_layer - hp->n_layer_attn) *
+           ((hp->ssm_conv - 1) * CD / S + (int64_t)hp->ssm_v_heads * S);
+}
+
 kv_geom model_kv_geom(const model *m, int page_tokens, int kv_type) {
-    kv_geom g = {.n_layer = m->hp.n_layer,
+    kv_geom g = {.n_layer = m->hp.n_layer_attn,
                  .kv_dim = m->hp.n_head_kv * m->hp.head_dim + m->hp.idx_dim,
                  .page_tokens = page_tokens,
                  .kv_type = kv_type,
                  .planes = m->hp.kv_lora ? 1 : 2}; // MLA: V is read from the one row
+    const int64_t rows = model_state_rows(&m->hp);
+    if (rows) { // state rows of S floats, kv_page_bytes / (4 S) of them a page
+        const uint64_t per = kv_page_bytes(&g) / (4u * (uint64_t)m->hp.ssm_state);
+        g.state_pages = per ? (int)(((uint64_t)rows + per - 1) / per) : -1;
+    }
     return g;
 }
 

@@ -58,6 +58,19 @@ typedef struct model__layer {
     model__mat idx_k;                       // (idx_dim, E): indexer.attn_k
     model__mat idx_proj;                    // (idx_heads, E): indexer.proj, the per-head weights
     const float *idx_k_norm, *idx_k_norm_b; // (idx_dim) LayerNorm of the key
+    int kv_layer;   // this layer's index in the KV pages (-1: a recurrent layer keeps none)
+    // Gated DeltaNet (qwen35's recurrent layers; model.h). C = 2 * Hk * S + Hv * S
+    // convolution channels (q | k | v), VD = Hv * S
+    bool recurrent;
+    int rec_layer;               // index among the recurrent layers (its state rows' block)
+    model__mat ssm_qkv;          // (C, E) attn_qkv
+    model__mat ssm_z;            // (VD, E) attn_gate: the output norm's gate
+    model__mat ssm_beta;         // (Hv, E)
+    model__mat ssm_alpha;        // (Hv, E)
+    const float *ssm_dt, *ssm_a; // (Hv) the decay's bias, and -exp(A_log)
+    const float *ssm_conv1d;     // (K, C) tap r of every channel in row r (transposed)
+    const float *ssm_norm;       // (S) the gated RMSNorm of a head's output
+    model__mat ssm_out;          // (E, VD)
 } model__layer;
 
 struct model {
@@ -164,7 +177,35 @@ struct model_ctx {
     // them), and the index of the next run in this one (-1: not one token)
     model__pf_run *pf_runs; // (MODEL__PF_RUNS)
     int pf_n, pf_i;
+    // attention with an output gate (qwen35; NULL without)
+    float *qg;   // (T, 2 H D) attn_q's rows: per head query, then gate
+    float *gate; // (T, H D) the gates, taken out of qg
+    // Gated DeltaNet layers (recur.c; NULL without): C = 2 Hk S + Hv S channels
+    float *ssm_x;        // (T, C) attn_qkv's rows, then convolved: q | k | v heads
+    float *ssm_z;        // (T, Hv S) the output norm's gate
+    float *ssm_b;        // (T, Hv) beta (raw, then sigmoid)
+    float *ssm_a;        // (T, Hv) alpha (raw, then the decay exp(g))
+    float *ssm_o;        // (T, Hv S) the heads' outputs, then normed and gated
+    int32_t *ord;        // (T) the batch's tokens grouped by sequence, each in position order
+    int32_t *ord_off;    // (max_tokens + 1) sequence s's tokens are ord[ord_off[s] .. [s+1])
+    int32_t *ord_fill;   // (max_tokens) scratch of model__order_tokens
+    void **st_pg;        // (max_tokens, st_pages) each sequence's state pages this pass
+    int st_pages;        // state pages a sequence holds (kv_geom.state_pages)
+    int64_t st_rpp;      // state rows (S floats) per page
+    int64_t st_rows_layer; // state rows of one recurrent layer
 };
+
+/* Most ssm.state_size (S) a hybrid model may have (stack scratch per head). */
+#define MODEL_MAX_SSM_STATE 256
+
+/* Resolves the state pages of every sequence in the batch through kv's tag
+ * check (I1) into st_pg; a sequence that fails is marked bad (its tokens
+ * then skip the recurrence). Returns false when one failed. */
+bool model__state_resolve(model_ctx *c, const model_batch *b);
+/* Fills ord / ord_off: the batch's tokens grouped by sequence. */
+void model__order_tokens(model_ctx *c, const model_batch *b);
+/* A Gated DeltaNet layer: its input in xn (normed), its output into tmp. */
+void model__gdn_layer(model_ctx *c, const model_batch *b, const model__layer *L);
 
 /* Forgets cached quantized activations (call when an input buffer changes). */
 static inline void model__act_reset(model_ctx *c) { c->act[0].src = c->act[1].src = NULL; }

@@ -132,10 +132,10 @@ static ks_err fz__done(const uint8_t *p, uint32_t len, uint8_t *out, size_t cap,
 /* Append-only (the corpus names geometries by index); planes 0 means 2 (one
  * link says so by the zero value), the last two are 1-plane (MLA) links: a
  * 576-element latent+RoPE row, and Q8_0 pages of 2 mod 4 bytes. */
-static const kv_geom fz__geoms[] = {{1, 8, 16, KS_DTYPE_F32, 2},    {2, 64, 16, KS_DTYPE_F32, 2},
-                                    {22, 256, 16, KS_DTYPE_F32, 2}, {4, 32, 1, KS_DTYPE_F32, 2},
-                                    {2, 64, 16, KS_DTYPE_F16, 0},   {4, 64, 4, KS_DTYPE_Q8_0, 2},
-                                    {2, 576, 16, KS_DTYPE_F16, 1},  {3, 32, 5, KS_DTYPE_Q8_0, 1}};
+static const kv_geom fz__geoms[] = {{1, 8, 16, KS_DTYPE_F32, 2, 0},    {2, 64, 16, KS_DTYPE_F32, 2, 0},
+                                    {22, 256, 16, KS_DTYPE_F32, 2, 0}, {4, 32, 1, KS_DTYPE_F32, 2, 0},
+                                    {2, 64, 16, KS_DTYPE_F16, 0, 0},   {4, 64, 4, KS_DTYPE_Q8_0, 2, 0},
+                                    {2, 576, 16, KS_DTYPE_F16, 1, 0},  {3, 32, 5, KS_DTYPE_Q8_0, 1, 0}};
 
 static ks_err fz__kv_page(const uint8_t *p, uint32_t len, uint8_t *out, size_t cap,
                           uint32_t *out_len) {

@@ -840,6 +840,59 @@ static void test_vec_ops(const kern_vtab *v) {
     printf("  %s: vector ops vs ref ok\n", v->name);
 }
 
+/* gdn_step (the delta rule) against the reference over several steps, the
+ * state's rows scattered (as in state pages) and updated in place; and the
+ * rule itself on a case worked by hand. */
+static void test_gdn_step(const kern_vtab *v) {
+    static const int sizes[] = {16, 32, 64, 128, 256};
+    for (size_t is = 0; is < sizeof sizes / sizeof sizes[0]; is++) {
+        const int S = sizes[is];
+        // each row S floats at a stride of S + 3: rows apart and off any SIMD grid
+        float *st = xmalloc(sizeof(float) * (size_t)S * (size_t)(S + 3));
+        float *sr = xmalloc(sizeof(float) * (size_t)S * (size_t)(S + 3));
+        float *rows[256], *rrows[256];
+        float q[256], k[256], x[256], o[256], orf[256];
+        for (int j = 0; j < S; j++) {
+            rows[j] = st + (size_t)j * (size_t)(S + 3) + 1;
+            rrows[j] = sr + (size_t)j * (size_t)(S + 3) + 1;
+            for (int i = 0; i < S; i++) rows[j][i] = rrows[j][i] = rng_f();
+        }
+        for (int step = 0; step < 6; step++) {
+            for (int i = 0; i < S; i++) q[i] = rng_f(), k[i] = rng_f(), x[i] = rng_f() * 2.0f;
+            const float decay = 0.5f + 0.4f * (rng_f() + 1.0f) / 2.0f, beta = 0.7f;
+            v->gdn_step(S, rows, q, k, x, decay, beta, o);
+            kern__gdn_step_ref(S, rrows, q, k, x, decay, beta, orf);
+            for (int j = 0; j < S; j++) {
+                double a = 0.0;
+                for (int i = 0; i < S; i++) a += fabs((double)rrows[j][i] * q[i]);
+                CHECK_NEAR(o[j], orf[j], 1e-5 * a + 1e-6);
+                // an element's rounding is of its row's size (the correction is
+                // k times d, which carries the dot product's rounding)
+                double m = 0.0;
+                for (int i = 0; i < S; i++) m = fmax(m, fabs(rrows[j][i]));
+                // (a dot product of S terms of the row's size, over step + 1 steps)
+                for (int i = 0; i < S; i++)
+                    CHECK_NEAR(rows[j][i], rrows[j][i], 1e-6 * S * m * (step + 1));
+            }
+        }
+        free(st);
+        free(sr);
+    }
+    // S = 16, state 0, k = e0, v[j] = j, beta 1: row j becomes j e0, out[j] = j q[0]
+    float st[16][16] = {{0}}, *rows[16], q[16], k[16] = {1.0f}, x[16], o[16];
+    for (int j = 0; j < 16; j++) rows[j] = st[j], q[j] = 0.5f, x[j] = (float)j;
+    v->gdn_step(16, rows, q, k, x, 0.9f, 1.0f, o);
+    for (int j = 0; j < 16; j++) {
+        CHECK(st[j][0] == (float)j && o[j] == 0.5f * (float)j);
+        for (int i = 1; i < 16; i++) CHECK(st[j][i] == 0.0f);
+    }
+    // decay then the delta rule: from that state, the same k and v predict v
+    // exactly after decay 1, so nothing changes
+    v->gdn_step(16, rows, q, k, x, 1.0f, 1.0f, o);
+    for (int j = 0; j < 16; j++) CHECK(st[j][0] == (float)j && o[j] == 0.5f * (float)j);
+    printf("  %s: gdn_step vs ref ok\n", v->name);
+}
+
 // ----------------------------------------------------------------------------
 // f16 / bf16 conversions: every bit pattern, through kern_dequantize_row and
 // each vtab's matmul (K=1, x=1 gives w exactly), against base.h.
@@ -952,6 +1005,7 @@ int main(void) {
         }
         test_quantize_act(v);
         test_vec_ops(v);
+        test_gdn_step(v);
         test_rows_ops(v);
         test_matmul_vs_ref(v);
         test_batch_invariance(v);

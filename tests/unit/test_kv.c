@@ -1150,6 +1150,79 @@ static void t_share_prefix(void) {
 }
 
 // ----------------------------------------------------------------------------
+// Recurrent-state pages (hybrid models)
+
+/* A hybrid geometry's sequences hold g.state_pages pages of state from their
+ * first reserve: counted in the reserve (all or nothing), zeroed even in a
+ * poison pool, owned and tag-checked (I1: a swapped entry fails, the other
+ * sequence's state is untouched), scrubbed on release (I3), quarantined
+ * with the KV pages, never shared. */
+static void t_state_pages(void) {
+    for (int mode = 0; mode < 2; mode++) {
+        const kv_geom g0 = G;
+        G.state_pages = 2;
+        kv_pool *p = mkpool(9, mode ? KV_SCRUB_POISON : KV_SCRUB_ZERO);
+        viol_log vl = {0};
+        kv_pool_set_violation_cb(p, on_violation, &vl);
+        const size_t pb = kv_pool_page_bytes(p);
+        kv_seq a, b, c;
+        kv_seq_init(p, &a);
+        kv_seq_init(p, &b);
+        kv_seq_init(p, &c);
+        void *st;
+        CHECK_EQ(kv_seq_state(p, &a, 0, &st), KS_ERR_INTERNAL); // none before the reserve
+        CHECK_EQ(vl.n, 1);
+        CHECK_EQ(kv_seq_pages_needed(p, &a, 2 * P), 4);
+        ks_errbuf eb;
+        CHECK_EQ(kv_seq_reserve(p, &a, 2 * P, &eb), KS_OK); // 2 KV pages + 2 state pages
+        CHECK_EQ(kv_pool_n_free(p), 5);
+        CHECK_EQ(kv_seq_pages_needed(p, &a, 2 * P), 0);
+        CHECK_EQ(kv_seq_pages_needed(p, &a, 3 * P), 1);
+        CHECK_EQ(kv_seq_reserve(p, &b, 4 * P, &eb), KS_ERR_NOSPACE); // 4 + 2 > 5: nothing taken
+        CHECK_EQ(kv_pool_n_free(p), 5);
+        CHECK(b.st == NULL && b.n_pages == 0);
+        CHECK_EQ(kv_seq_reserve(p, &b, 2 * P, &eb), KS_OK);
+        CHECK_EQ(kv_pool_n_free(p), 1);
+        for (uint32_t i = 0; i < 2; i++) { // zeroed, then written with each owner's marker
+            CHECK_EQ(kv_seq_state(p, &a, i, &st), KS_OK);
+            for (size_t j = 0; j < pb; j++) CHECK(((uint8_t *)st)[j] == 0);
+            memset(st, 0xa1, pb);
+            CHECK_EQ(kv_seq_state(p, &b, i, &st), KS_OK);
+            memset(st, 0xb2, pb);
+        }
+        CHECK_EQ(vl.n, 1);
+        kv_entry a1 = a.st[1];
+#ifdef KS_TEST_FAULTS
+        kv_fault_swap_state(&a, &b, 1);
+#else
+        a.st[1].page = b.st[1].page; // the same corruption, by hand
+#endif
+        CHECK_EQ(kv_seq_state(p, &a, 1, &st), KS_ERR_INTERNAL);
+        CHECK_EQ(vl.n, 2);
+        CHECK_EQ(vl.seq_uid, a.uid);
+        CHECK_EQ(vl.expected.gen, a1.tag.gen);
+        CHECK_EQ(kv_seq_state(p, &a, 2, &st), KS_ERR_INTERNAL); // past the state
+        CHECK_EQ(vl.n, 3);
+        // release finds a's real page by its tag, frees it scrubbed; b's is intact
+        kv_seq_release(p, &a);
+        CHECK_EQ(info(p, a1.page).state, KV_PAGE_FREE);
+        CHECK_EQ(kv_seq_state(p, &b, 1, &st), KS_OK);
+        for (size_t j = 0; j < pb; j++) CHECK(((uint8_t *)st)[j] == 0xb2);
+        // a sequence's pages cannot be shared: the state at the boundary is gone
+        fill(p, &c, 1, 3);
+        CHECK_EQ(kv_seq_share_prefix(p, &c, &b, 1, &eb), KS_ERR_INVAL);
+        kv_seq_release(p, &c);
+        // quarantine takes the state pages with the KV pages
+        uint64_t uid = b.uid;
+        CHECK_EQ(kv_seq_quarantine(p, &b), 4);
+        CHECK(b.st == NULL);
+        CHECK_EQ(kv_pool_quarantine_free(p, uid), 4);
+        finish(p);
+        G = g0;
+    }
+}
+
+// ----------------------------------------------------------------------------
 
 typedef struct {
     const char *name;
@@ -1177,6 +1250,7 @@ static const test_case cases[] = {
     {"prefix_validate", t_prefix_validate, true},
     {"threads", t_threads, true},
     {"share_prefix", t_share_prefix, true},
+    {"state_pages", t_state_pages, true},
     {"cost", t_cost, false},
 };
 

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# qwen35 (Qwen3.5: hybrid recurrent) against llama.cpp: three Gated DeltaNet
+# layers to one attention layer (full_attention_interval 4, 8 layers), the
+# recurrent layers' causal convolution over q|k|v, L2-normed heads, the
+# delta rule with 4 value heads over 2 key heads (value head h reads key
+# head h % 2, llama.cpp's order), the gated RMSNorm of their output; the
+# attention layers' query rows carrying a sigmoid output gate per head,
+# Q/K norms and RoPE on a quarter of each head. A `kvseal mkmodel --arch
+# qwen35` model (llama-spm vocabulary) through the check_arch matrix
+# (qtypes_lib.sh: perplexity within 0.5% at F16, Q8_0, Q4_K_M, greedy text at
+# F16 and Q8_0), then with --qk-gain 3 at F16, where attention depends on
+# position (so a RoPE mistake shows).
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/qtypes_lib.sh"
+VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
+[ -e "$VOCAB" ] || skip "$VOCAB is absent"
+for g in 1 3; do
+    mkmodel_to "$TMPD/q35-$g.gguf" --arch qwen35 --n-layer 8 --seed 5 --qk-gain $g
+done
+check_arch qwen35 "$TMPD/q35-1.gguf"
+check_ppl "qwen35 qk-gain 3 F16" "$TMPD/q35-3.gguf"
+for p in "${ARCH_PROMPTS[@]}"; do
+    gen_same_or_tie "$TMPD/q35-3.gguf" "$p" || { echo; fail "qwen35 qk-gain 3: greedy text differs ($G_NOTE):
+  kvseal:    $G_KV
+  llama.cpp: $G_LL"; }
+done
+echo "  greedy ok"
+echo "qwen35 vs llama.cpp ok"
