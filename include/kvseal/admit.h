@@ -191,6 +191,8 @@ typedef struct admit_limits {
     int32_t n_ctx, n_vocab;
     uint32_t page_tokens; /* KV page size in tokens */
     uint32_t max_pages;   /* 0: not checked (the cluster router before any decode worker) */
+    uint32_t state_pages; /* pages of recurrent state a sequence holds beside its KV pages
+                             (hybrid models, kv.h g.state_pages; 0: none) */
     bool prompt_only;     /* the pages hold the prompt only (a prefill worker) */
 } admit_limits;
 

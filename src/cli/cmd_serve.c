@@ -643,8 +643,10 @@ void serve__engine_opts(const serve__cfg *c, const model *m, engine_opts *o) {
     o->kv_type = c->kv_type;
     o->pooling = (model_pooling)c->pooling;
     kv_geom g = model_kv_geom(m, o->page_tokens, o->kv_type);
+    // pages of one full-context sequence: its KV, and its recurrent state (hybrid models)
     uint64_t ctx_pages =
-        ((uint64_t)o->n_ctx + (uint64_t)o->page_tokens - 1) / (uint64_t)o->page_tokens;
+        ((uint64_t)o->n_ctx + (uint64_t)o->page_tokens - 1) / (uint64_t)o->page_tokens +
+        (uint64_t)(g.state_pages > 0 ? g.state_pages : 0);
     if (c->kv_pages) {
         o->kv_pages = (uint32_t)c->kv_pages;
     } else if (c->kv_memory) {

@@ -66,14 +66,14 @@ ks_err admit_lengths(const admit_limits *lim, int64_t n_prompt, int64_t max_toke
             " for the completion). Please reduce the length of the prompt or completion.",
             lim->n_ctx, n_prompt + max_tokens, n_prompt, max_tokens);
     uint64_t held = (uint64_t)n_prompt + (lim->prompt_only ? 0u : (uint64_t)max_tokens);
-    uint64_t pages = (held + lim->page_tokens - 1) / lim->page_tokens;
+    uint64_t pages = (held + lim->page_tokens - 1) / lim->page_tokens + lim->state_pages;
     if (lim->max_pages && pages > lim->max_pages)
         return admit_refuse(
             eb, ADMIT_KV_CAPACITY,
-            "the request needs %" PRIu64 " KV pages of %u tokens (%s), the KV cache "
+            "the request needs %" PRIu64 " KV pages of %u tokens (%s%s), the KV cache "
             "holds %u",
             pages, lim->page_tokens, lim->prompt_only ? "its prompt" : "prompt and completion",
-            lim->max_pages);
+            lim->state_pages ? " and its recurrent state" : "", lim->max_pages);
     return KS_OK;
 }
 
@@ -120,7 +120,8 @@ ks_err admit_embed(const admit_limits *lim, const int32_t *tokens, int64_t n_tok
                             " in the input, 0 for the completion). Please reduce the length of the "
                             "input.",
                             lim->n_ctx, n_tokens, n_tokens);
-    uint64_t pages = ((uint64_t)n_tokens + lim->page_tokens - 1) / lim->page_tokens;
+    uint64_t pages =
+        ((uint64_t)n_tokens + lim->page_tokens - 1) / lim->page_tokens + lim->state_pages;
     if (lim->max_pages && pages > lim->max_pages)
         return admit_refuse(eb, ADMIT_KV_CAPACITY,
                             "the input needs %" PRIu64

@@ -61,11 +61,14 @@ ks_err engine_capacity_check(const engine_opts *o, bool *warn_out, char *buf, si
     kv_geom g = model_kv_geom(o->m, o->page_tokens, o->kv_type);
     uint64_t page_bytes = kv_page_bytes(&g);
     uint64_t cap_tokens = (uint64_t)o->kv_pages * (uint64_t)o->page_tokens;
-    uint64_t need_pages = ((uint64_t)o->n_ctx + (uint64_t)o->page_tokens - 1) / (uint64_t)o->page_tokens;
+    // a full-context sequence's KV pages, and its recurrent state's (hybrid models)
+    uint64_t need_pages = ((uint64_t)o->n_ctx + (uint64_t)o->page_tokens - 1) /
+                              (uint64_t)o->page_tokens +
+                          (uint64_t)(g.state_pages > 0 ? g.state_pages : 0);
     bool fits = o->kv_pages >= need_pages;
     bool warn = fits && cap_tokens < 2 * (uint64_t)o->n_ctx;
     *warn_out = warn;
-    char page[192]; // "... bytes/page = L layers x P plane(s) x T tokens x R B per D-element row"
+    char page[256]; // "... bytes/page = L layers x P plane(s) x T tokens x R B per D-element row"
     kv_geom_describe(&g, page, sizeof page);
     snprintf(buf, cap,
              "kv pool: %u pages x %d tokens = %" PRIu64 " tokens (%.1f MiB; kv type %s, %" PRIu64
@@ -83,14 +86,22 @@ ks_err engine_capacity_check(const engine_opts *o, bool *warn_out, char *buf, si
 // ----------------------------------------------------------------------------
 // Scheduler helpers: choice groups, isolation violations, the fair queue
 
+/* Prompt pages the other choices of r's group share with choice 0: its full
+ * pages before the last prompt token's; none for a hybrid recurrent model,
+ * whose state at the end of those pages is not kept (each choice computes
+ * the prompt itself). */
+static uint32_t engine__shared_pages(const engine *e, const engine_req *r) {
+    if (kv_pool_geom(e->pool)->state_pages > 0) return 0;
+    return (uint32_t)(r->n_prompt - 1) / (uint32_t)e->o.page_tokens;
+}
+
 /* Choice 0 of a group computed the prompt (its pages are READY): every
  * waiting choice now shares its full prompt pages before the last one
  * (read-only, tags kept, I1) and computes the rest of the prompt itself.
  * Runs before choice 0 samples, so the pages are still held even when its
  * first token ends it. */
 static void engine__group_fork(engine *e, engine_req *r) {
-    const uint32_t P = (uint32_t)e->o.page_tokens;
-    const uint32_t shared = (uint32_t)(r->n_prompt - 1) / P;
+    const uint32_t shared = engine__shared_pages(e, r);
     int n = r->n_fol;
     r->n_fol = 0;
     for (int i = 0; i < n; i++) {
@@ -102,7 +113,7 @@ static void engine__group_fork(engine *e, engine_req *r) {
             f->orphan = true;
             continue;
         }
-        f->n_past = (int32_t)(shared * P);
+        f->n_past = (int32_t)(shared * (uint32_t)e->o.page_tokens);
     }
 }
 
@@ -219,9 +230,12 @@ static void engine__admit(engine *e) {
         uint32_t need = (uint32_t)(r->n_prompt + (r->max_tokens > 0 ? r->max_tokens
                                                   : r->embed        ? 0
                                                                     : 1));
-        uint32_t shared = (uint32_t)(r->n_prompt - 1) / P; // pages its other choices share
-        uint32_t own = (need + P - 1) / P - shared;        // pages each of them owns
-        uint32_t need_pages = (need + P - 1) / P - r->seq.n_pages + (uint32_t)r->n_fol * own;
+        uint32_t shared = engine__shared_pages(e, r); // pages its other choices share
+        uint32_t own = (need + P - 1) / P - shared;  // pages each of them owns
+        // (a hybrid model's every sequence also holds its recurrent state's pages)
+        uint32_t need_pages =
+            kv_seq_pages_needed(e->pool, &r->seq, need) +
+            (uint32_t)r->n_fol * (own + (uint32_t)kv_pool_geom(e->pool)->state_pages);
         if (need_pages > kv_pool_n_free(e->pool) && e->prefix)
             kv_prefix_evict(e->prefix, need_pages - kv_pool_n_free(e->pool));
         ks_errbuf eb;
@@ -313,10 +327,13 @@ static void engine__prompt_events(engine *e, engine_req *r) {
 
 #ifdef KS_TEST_FAULTS
 /* TEST ONLY (I9): with KS_FAULT=swap_page, once two requests are decoding,
- * point the newer one's first block-table entry at the older one's page. */
+ * point the newer one's first block-table entry at the older one's page;
+ * with KS_FAULT=swap_state (a hybrid model), its last recurrent-state entry
+ * at the older one's state page. */
 static void engine__inject_fault(engine *e) {
     const char *f = getenv("KS_FAULT");
-    if (e->fault_done || !f || strcmp(f, "swap_page") != 0) return;
+    const bool state = f && !strcmp(f, "swap_state");
+    if (e->fault_done || !f || (strcmp(f, "swap_page") != 0 && !state)) return;
     engine_req *a = NULL, *b = NULL;
     for (int i = 0; i < e->n_running; i++) {
         engine_req *r = e->running[i];
@@ -325,10 +342,15 @@ static void engine__inject_fault(engine *e) {
         else b = r;
     }
     if (!a || !b) return;
-    kv_fault_swap_entry(engine__seq(b), engine__seq(a), 0);
+    const int sp = kv_pool_geom(e->pool)->state_pages;
+    if (state && sp > 0)
+        kv_fault_swap_state(engine__seq(b), engine__seq(a), (uint32_t)sp - 1);
+    else
+        kv_fault_swap_entry(engine__seq(b), engine__seq(a), 0);
     e->fault_done = true;
-    ks_log(KS_LOG_WARN, "TEST FAULT: request %" PRIu64 " now points at a page of request %" PRIu64,
-           b->id, a->id);
+    ks_log(KS_LOG_WARN,
+           "TEST FAULT: request %" PRIu64 " now points at a %s page of request %" PRIu64, b->id,
+           state ? "recurrent-state" : "KV", a->id);
 }
 #endif
 
@@ -652,7 +674,9 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
     ks_err err;
     if ((err = kv_pool_create(&g, o->kv_pages, o->scrub, &e->pool, eb))) goto fail;
     kv_pool_set_violation_cb(e->pool, engine__violation_cb, e);
-    if (o->prefix_cache &&
+    // a hybrid model's cached prefix would need its recurrent state at the
+    // prefix's end, which is not kept: no prefix cache for it (docs/design.md)
+    if (o->prefix_cache && g.state_pages == 0 &&
         (err = kv_prefix_create(e->pool, o->prefix_max_pages ? o->prefix_max_pages : o->kv_pages / 4,
                                 &e->prefix, eb)))
         goto fail;

@@ -195,7 +195,8 @@ ks_err engine_submit_n(engine *e, const engine_params *p, int n, engine_req **ou
     admit_limits lim = {.n_ctx = e->o.n_ctx,
                         .n_vocab = e->V,
                         .page_tokens = (uint32_t)e->o.page_tokens,
-                        .max_pages = kv_pool_n_pages(e->pool)};
+                        .max_pages = kv_pool_n_pages(e->pool),
+                        .state_pages = (uint32_t)kv_pool_geom(e->pool)->state_pages};
     // echo with max_tokens 0: admitted (and reserved) as one token
     engine_params q = *p;
     bool prompt_only = p->prompt_logprobs && p->max_tokens == 0;
@@ -496,7 +497,8 @@ ks_err engine_embed_submit(engine *e, const engine_embed_params *p, engine_req *
     admit_limits lim = {.n_ctx = e->o.n_ctx,
                         .n_vocab = e->V,
                         .page_tokens = (uint32_t)e->o.page_tokens,
-                        .max_pages = kv_pool_n_pages(e->pool)};
+                        .max_pages = kv_pool_n_pages(e->pool),
+                        .state_pages = (uint32_t)kv_pool_geom(e->pool)->state_pages};
     model_pooling pool = p->pooling ? p->pooling : e->o.pooling;
     ks_err err = admit_embed(&lim, p->tokens, p->n_tokens, eb);
     if (!err && !model_pooling_name(pool))
