@@ -195,6 +195,17 @@ uint32_t kv_seq_pages_needed(const kv_pool *p, const kv_seq *s, uint32_t n_token
  * page, or any mismatch: counted as an isolation violation and reported, as
  * kv_seq_span_read). Thread-safe for the sequence's one writer. */
 ks_err kv_seq_state(kv_pool *p, const kv_seq *s, uint32_t i, void **out /* OUT */) KS_MUST_USE;
+/* Entry of state page i (< g.state_pages) of s, which must hold its state:
+ * the page id and the tag, what a grant announces for it (pd). Can't fail
+ * (asserts). */
+kv_entry kv_seq_state_entry(const kv_seq *s, uint32_t i);
+/* State page i of s viewed as a KV page, for moving it whole as page frames
+ * do (pd): layer `layer`'s planes, exactly as kv_seq_span_write gives them
+ * (*v NULL with one plane), the same bytes kv_seq_state gives from offset
+ * layer * planes * page_tokens * kv_row_bytes. Checks as kv_seq_state.
+ * Errors: KS_ERR_INTERNAL, counted and reported as a violation. */
+ks_err kv_seq_state_span(kv_pool *p, const kv_seq *s, uint32_t i, int layer, void **k /* OUT */,
+                         void **v /* OUT */) KS_MUST_USE;
 
 /* Puts src's first n_pages entries (full READY pages: a prompt computed by
  * src) in front of dst's own pages, shared read-only: each page gains a

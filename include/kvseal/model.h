@@ -30,6 +30,7 @@ typedef enum model_arch {
     MODEL_ARCH_DEEPSEEK32 = 10, /* deepseek2 + the sparse-attention indexer */
     MODEL_ARCH_GLM_DSA = 11,    /* GLM-5: the same attention under its own name */
     MODEL_ARCH_QWEN35 = 12,     /* Qwen3.5: Gated DeltaNet layers between gated attention */
+    MODEL_ARCH_QWEN35MOE = 13,  /* the same layers with a MoE FFN and a gated shared expert */
 } model_arch;
 
 /* How a mixture-of-experts router turns logits into expert weights. */
@@ -48,7 +49,7 @@ typedef enum model_gating {
 /* The architectures model_load runs, as its refusal lists them. */
 #define MODEL_ARCHS                                                                                \
     "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, glm4, glm4moe, deepseek2, deepseek32, "  \
-    "glm-dsa, qwen35"
+    "glm-dsa, qwen35, qwen35moe"
 
 /* Largest head size (attention.key_length) a model may have. */
 #define MODEL_MAX_HEAD_DIM 1024

@@ -323,10 +323,15 @@ typedef struct pd_msg_admit {
 /* One GRANT page entry (host order). */
 typedef struct pd_msg_grant_entry {
     uint32_t page_id;
-    uint32_t first_token; /* = i * page_tokens */
-    uint32_t n_tokens;    /* min(page_tokens, n_prompt - first_token) */
+    uint32_t first_token; /* = i * page_tokens; PD_MSG_STATE_PAGE for a recurrent-state page */
+    uint32_t n_tokens;    /* min(page_tokens, n_prompt - first_token); page_tokens for a
+                             state page (it travels as a full page) */
     uint64_t gen;         /* tag part 2 */
 } pd_msg_grant_entry;
+
+/* first_token of a grant entry that names a page of the sequence's
+ * recurrent state (hybrid models): such entries follow the KV entries. */
+#define PD_MSG_STATE_PAGE UINT32_MAX
 
 /* GRANT (64 + 24 n_pages, <= 4 MiB): D -> R. Decoded: entries points at the
  * n_pages raw 24-byte entries inside the payload (pd_msg_grant_entry_at). */
@@ -335,7 +340,9 @@ typedef struct pd_msg_grant {
     uint64_t link_epoch; /* never 0 */
     uint32_t n_prompt;   /* >= 1 */
     uint32_t page_tokens;/* >= 1 */
-    uint32_t n_pages;    /* = ceil(n_prompt / page_tokens) */
+    uint32_t n_pages;    /* = ceil(n_prompt / page_tokens) + n_state */
+    uint32_t n_state;    /* decoded: the trailing recurrent-state entries (hybrid models; 0
+                            otherwise) */
     uint8_t model_id[PD_MSG_HASH_BYTES]; /* the model whose KV the pages hold (v3); PREFILL
                                             carries it inside its grant */
     const uint8_t *entries;

@@ -23,7 +23,7 @@
  *   I5  every write targets a page currently granted to the writer's request
  *       with the grant's generation (never a freed / re-granted page)
  *   I6  commit only if every page holds this request's data at its
- *       generation and coverage == prompt length
+ *       generation (its state pages too) and coverage == prompt length
  *   T   every request ends in exactly one terminal state; decode sends
  *       exactly one FINISH per grant; FINISH OK never for a rejected request
  *   R   a request prefill refused ends REJECTED for the reason prefill gave,
@@ -40,6 +40,9 @@
  *                          but still sends it on (the incident's queue bug)
  *   MUTANT_FREE_BEFORE_ACK decode frees pages on abort without waiting for ACK
  *   MUTANT_NO_COVERAGE     decode commits without the coverage check
+ *   MUTANT_NO_STATE_CHECK  decode's completeness check covers the prompt's
+ *                          pages only (a state page's frames never arrived:
+ *                          decoding would start from the zero state)
  *   MUTANT_NO_SCRUB        pages are not scrubbed on free
  *   MUTANT_NO_EPOCH_CHECK  prefill accepts a grant bound to a dead link and
  *                          sends it on the current one
@@ -66,7 +69,20 @@
  */
 
 #define NR   2      /* requests */
-#define PPR  2      /* pages (= prompt units) per request */
+/* A request's grant: NKV prompt pages (each one prompt unit), then NST pages
+ * of its recurrent state (hybrid models, kv.h state pages: no prompt unit,
+ * sent after the prompt's pages). The default is a hybrid model's grant, 1
+ * prompt page + 1 state page; -DPLAIN_KV checks a plain model's, 2 prompt
+ * pages (tests/e2e/test_spin.sh runs both). PPR pages per request either way,
+ * so the state space stays the size it was. */
+#ifdef PLAIN_KV
+#define NKV  2
+#define NST  0
+#else
+#define NKV  1
+#define NST  1
+#endif
+#define PPR  (NKV + NST) /* pages per request */
 #define NP   3      /* decode pool pages */
 #define NONE 255
 
@@ -334,8 +350,10 @@ end:
         if
         :: D_LIVE(r) ->
             if
-#ifndef MUTANT_NO_COVERAGE
-            :: a == PPR && rcvmask[r] == (1 << PPR) - 1 ->
+#ifdef MUTANT_NO_STATE_CHECK
+            :: a == NKV && (rcvmask[r] & ((1 << NKV) - 1)) == (1 << NKV) - 1 -> /* BUG */
+#elif !defined(MUTANT_NO_COVERAGE)
+            :: a == NKV && rcvmask[r] == (1 << PPR) - 1 ->
 #else
             :: true ->                        /* BUG: no coverage check */
 #endif
@@ -520,10 +538,11 @@ end:
         write_page(1, psent[1]); psent[1]++ }
     /* DONE after a flush: every put issued has landed */
     :: atomic { pst[0] == P_SENDING && pep[0] == ep && psent[0] == PPR && inflight[0] == 0 ->
-        p2d!DONE, 0, PPR, 0; pst[0] = P_DONESENT }
+        p2d!DONE, 0, NKV, 0; pst[0] = P_DONESENT }
     :: atomic { pst[1] == P_SENDING && pep[1] == ep && psent[1] == PPR && inflight[1] == 0 ->
-        p2d!DONE, 1, PPR, 0; pst[1] = P_DONESENT }
-    /* a faulty prefill (version skew, its own smaller context) covers less */
+        p2d!DONE, 1, NKV, 0; pst[1] = P_DONESENT }
+    /* a faulty prefill (version skew, its own smaller context) covers less,
+     * or (hybrid) ends before the state page: DONE after the first page */
     :: atomic { ntrunc < MAX_TRUNC && pst[0] == P_SENDING && pep[0] == ep && psent[0] == 1 && inflight[0] == 0 ->
         ntrunc++; p2d!DONE, 0, psent[0], 0; pst[0] = P_DONESENT }
 

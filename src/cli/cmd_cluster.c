@@ -60,10 +60,10 @@ static void cluster__warn_plaintext(const serve__cfg *c) {
 static int cluster__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts *o,
                             uint8_t secret[CLUSTER_SECRET_MAX], size_t *secret_len) {
     int rc = serve__prepare(argc, argv, c, m, o, stderr);
-    if (rc < 0 && model_hp(*m)->ssm_state) { // its state's handoff is not in the protocol yet
+    if (rc < 0 && model_hp(*m)->ssm_state && c->data_plane) { // the UCX plane stages KV only
         fprintf(stderr,
-                "kvseal %s: %s is a hybrid recurrent model (%s): disaggregated serving does "
-                "not hand its recurrent state over yet; run it with `kvseal serve`\n",
+                "kvseal %s: %s is a hybrid recurrent model (%s): the UCX data plane does not "
+                "hand its recurrent state over yet; use the TLS data plane (the default)\n",
                 argv[0], c->model_path, model_hp(*m)->arch_name);
         rc = 2;
     }
@@ -111,11 +111,6 @@ static ks_err cluster__catalog_load(const serve__cfg *c, const engine_opts *o, c
         if (!path || !*path) return ks_seterr(eb, KS_ERR_INVAL, "--model '%s': no path", c->more_models[i]);
         ks_err e = model_load(path, &k->m[k->n], eb);
         if (!e) e = model_kv_type_check(k->m[k->n], o->kv_type, eb);
-        if (!e && model_hp(k->m[k->n])->ssm_state)
-            e = ks_seterr(eb, KS_ERR_UNSUPPORTED,
-                          "%s is a hybrid recurrent model: disaggregated serving does not hand "
-                          "its recurrent state over yet",
-                          path);
         k->n++; // (freed from here on)
         if (e) return e;
         int32_t n_ctx = c->ctx ? (int32_t)c->ctx : model_hp(k->m[k->n - 1])->n_ctx_train;

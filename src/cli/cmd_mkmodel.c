@@ -221,10 +221,26 @@ static bool mk__build_plan_qwen35(mk__plan *p, const mk__opts *o, int64_t n_voca
                          l) &&
                  mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E,
                          "blk.%d.attn_output.weight", l);
-        ok = ok &&
-             mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.post_attention_norm.weight",
-                     l) &&
-             mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_gate.weight", l) &&
+        ok = ok && mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0,
+                           "blk.%d.post_attention_norm.weight", l);
+        if (o->n_expert) { // qwen35moe: the router, the experts, the gated shared expert
+            const int64_t X = o->n_expert, FX = o->n_ff_exp, SF = FX * o->n_shared;
+            ok = ok &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__RAND, 4.0f * s_in, E, X,
+                         "blk.%d.ffn_gate_inp.weight", l) &&
+                 mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_gate_exps.weight", l) &&
+                 mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_up_exps.weight", l) &&
+                 mk__add3(p, o, W, MK__RAND, res / sqrtf((float)FX), FX, E, X,
+                          "blk.%d.ffn_down_exps.weight", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__RAND, 2.0f * s_in, E, 0,
+                         "blk.%d.ffn_gate_inp_shexp.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, s_in, E, SF, "blk.%d.ffn_gate_shexp.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, s_in, E, SF, "blk.%d.ffn_up_shexp.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, res / sqrtf((float)SF), SF, E,
+                         "blk.%d.ffn_down_shexp.weight", l);
+            continue;
+        }
+        ok = ok && mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_gate.weight", l) &&
              mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_up.weight", l) &&
              mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight", l);
     }
@@ -386,8 +402,8 @@ static void mk__usage(FILE *fp) {
         fp,
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
         "  --arch "
-        "llama|qwen2|qwen3|qwen3moe|qwen35|phi3|gemma2|gemma3|glm4|glm4moe|deepseek2|\n"
-        "         deepseek32|glm-dsa    architecture\n"
+        "llama|qwen2|qwen3|qwen3moe|qwen35|qwen35moe|phi3|gemma2|gemma3|glm4|glm4moe|\n"
+        "         deepseek2|deepseek32|glm-dsa  architecture\n"
         "                               (default llama); gemma: tied, post-norms, GELU\n"
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
         "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
@@ -591,6 +607,8 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
          o->head_dim * o->n_head != o->n_embd))
         ok = MK__U32("attention.key_length", o->head_dim) &&
              MK__U32("attention.value_length", o->head_dim);
+    if (ok && o->ssm_state && o->n_expert) // qwen35moe: the shared expert's width
+        ok = MK__U32("expert_shared_feed_forward_length", o->n_ff_exp * o->n_shared);
     if (ok && o->ssm_state) { // qwen35, as llama.cpp's converter writes Qwen3.5's config
         const uint32_t a2 = (uint32_t)o->n_rot / 2; // rotary pairs over the first 3 sections
         const int32_t sec[4] = {(int32_t)(a2 + 2) / 3, (int32_t)(a2 + 1) / 3, (int32_t)a2 / 3, 0};
@@ -795,7 +813,7 @@ int cli_mkmodel(int argc, char **argv) {
         mk__usage(stderr);
         return 2;
     }
-    const bool qwen35 = !strcmp(o.arch, "qwen35");
+    const bool qwen35 = !strcmp(o.arch, "qwen35") || !strcmp(o.arch, "qwen35moe");
     bool qwen = !strcmp(o.arch, "qwen2") || !strcmp(o.arch, "qwen3") ||
                 !strcmp(o.arch, "qwen3moe") || qwen35;
     bool gemma = !strcmp(o.arch, "gemma2") || !strcmp(o.arch, "gemma3");
@@ -805,8 +823,8 @@ int cli_mkmodel(int argc, char **argv) {
     if (!qwen && !gemma && !mla && !glm4moe && strcmp(o.arch, "llama") && strcmp(o.arch, "phi3") &&
         strcmp(o.arch, "glm4")) {
         fprintf(stderr,
-                "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe qwen35 phi3 "
-                "gemma2 gemma3 glm4 glm4moe deepseek2 deepseek32 glm-dsa\n",
+                "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe qwen35 "
+                "qwen35moe phi3 gemma2 gemma3 glm4 glm4moe deepseek2 deepseek32 glm-dsa\n",
                 o.arch);
         return 2;
     }
@@ -814,14 +832,12 @@ int cli_mkmodel(int argc, char **argv) {
         fprintf(stderr, "kvseal mkmodel: --ssm-* and --attn-interval are qwen35's\n");
         return 2;
     }
-    if (qwen35 && o.n_expert) {
-        fprintf(stderr, "kvseal mkmodel: qwen35 is dense (no --n-expert)\n");
-        return 2;
-    }
-    if (qwen35) { // a small Qwen3.5: 4 layers (3 recurrent, 1 attention), 2 key / 4 value heads
-        if (!o.ssm_state) o.ssm_state = 32;
-        if (!o.ssm_k_heads) o.ssm_k_heads = 2;
-        if (!o.ssm_v_heads) o.ssm_v_heads = 2 * o.ssm_k_heads;
+    if (qwen35) { // tiny: 4 layers (3 recurrent, 1 attention), 2 key / 4 value heads of 32;
+        // 1.1b: Qwen3.5-2B's recurrent layers, 16 key and 16 value heads of 128
+        const bool big = !strcmp(shape, "1.1b");
+        if (!o.ssm_state) o.ssm_state = big ? 128 : 32;
+        if (!o.ssm_k_heads) o.ssm_k_heads = big ? 16 : 2;
+        if (!o.ssm_v_heads) o.ssm_v_heads = big ? o.ssm_k_heads : 2 * o.ssm_k_heads;
         if (!o.ssm_conv) o.ssm_conv = 4;
         if (!o.attn_interval) o.attn_interval = 4;
         if (o.ssm_state % 16 || o.ssm_state > 256 || o.ssm_v_heads % o.ssm_k_heads ||
@@ -922,7 +938,12 @@ int cli_mkmodel(int argc, char **argv) {
     if (v_ff) o.n_ff = v_ff;
     if (v_ctx) o.n_ctx = v_ctx;
     o.head_dim = v_hd ? v_hd : o.n_embd / o.n_head;
-    if ((!strcmp(o.arch, "qwen3moe") || glm4moe) && !o.n_expert) o.n_expert = 8;
+    if ((!strcmp(o.arch, "qwen3moe") || !strcmp(o.arch, "qwen35moe") || glm4moe) && !o.n_expert)
+        o.n_expert = 8;
+    if (!strcmp(o.arch, "qwen35") && o.n_expert) {
+        fprintf(stderr, "kvseal mkmodel: qwen35 is dense (qwen35moe has experts)\n");
+        return 2;
+    }
     if (o.n_expert) {
         if (!o.n_expert_used) o.n_expert_used = o.n_expert < 2 ? o.n_expert : 2;
         // llama (Mixtral) experts are n_ff wide; qwen3moe's have their own key

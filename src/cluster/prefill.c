@@ -266,6 +266,7 @@ static ks_err pf__admit(void *ctx, const int32_t *toks, uint32_t n, const pd_msg
                         .n_vocab = w->V,
                         .page_tokens = w->page_tokens,
                         .max_pages = kv_pool_n_pages(w->pool),
+                        .state_pages = (uint32_t)kv_pool_geom(w->pool)->state_pages,
                         .prompt_only = true};
     admit_admitted ad;
     ks_err e = admit_request(&lim, &p, &ad, eb);
@@ -1175,7 +1176,8 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
     }
     if ((e = kv_pool_create(&g, eo->kv_pages, eo->scrub, &w.pool, eb))) goto fail;
     if ((e = model_ctx_create(o->m, w.pool, eo->n_threads, w.B, eo->n_ctx, &w.mctx, eb))) goto fail;
-    if (eo->prefix_cache &&
+    // a hybrid model's cached prefix would need its recurrent state: no prefix cache
+    if (eo->prefix_cache && g.state_pages == 0 &&
         (e = kv_prefix_create(w.pool, eo->prefix_max_pages ? eo->prefix_max_pages : eo->kv_pages / 4,
                               &w.prefix, eb)))
         goto fail;

@@ -40,7 +40,8 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     admit_limits lim = {.n_ctx = md->n_ctx,
                         .n_vocab = md->V,
                         .page_tokens = (uint32_t)md->g.page_tokens,
-                        .max_pages = atomic_load(&md->max_decode_pages)};
+                        .max_pages = atomic_load(&md->max_decode_pages),
+                        .state_pages = (uint32_t)md->g.state_pages};
     // echo with max_tokens 0: admitted (and run on the workers) as one token, as
     // engine_submit does; nothing generated is shown (rt__on_req_frame)
     engine_params pq = *p;

@@ -567,6 +567,25 @@ void kv_seq_release(kv_pool *p, kv_seq *s) {
     kv__seq_clear(s);
 }
 
+kv_entry kv_seq_state_entry(const kv_seq *s, uint32_t i) {
+    KS_ASSERT(s->st);
+    return s->st[i];
+}
+
+ks_err kv_seq_state_span(kv_pool *p, const kv_seq *s, uint32_t i, int layer, void **k, void **v) {
+    void *base;
+    if ((unsigned)layer >= (unsigned)p->g.n_layer) {
+        kv_tag none = {0};
+        return kv__violation(p, s->uid, UINT32_MAX, none, none, KV_PAGE_FREE);
+    }
+    ks_err e = kv_seq_state(p, s, i, &base);
+    if (e) return e;
+    uint8_t *l = (uint8_t *)base + (size_t)layer * p->layer_bytes;
+    *k = l;
+    if (v) *v = p->planes == 2 ? l + p->plane_bytes : NULL;
+    return KS_OK;
+}
+
 ks_err kv_seq_state(kv_pool *p, const kv_seq *s, uint32_t i, void **out) {
     const kv_entry *e = s->st && i < (uint32_t)p->g.state_pages ? &s->st[i] : NULL;
     if (e && e->page < p->n_pages) {

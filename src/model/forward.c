@@ -554,10 +554,18 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
                 for (int64_t i = 0; i < E; i++)
                     y[i] += wt[j] * xr[i];
             }
-            if (c->sh_row0 >= 0) { // unweighted, as llama.cpp adds it: routed sum + shared
+            if (c->sh_row0 >= 0) { // as llama.cpp adds it: routed sum + shared
                 const float *xr = c->xe + (size_t)(c->sh_row0 + t) * (size_t)E;
-                for (int64_t i = 0; i < E; i++)
-                    y[i] += xr[i];
+                const float *sg = m->layers[a->layer].shexp_gate;
+                if (sg) { // qwen35moe: weighted by sigmoid(gate . x), x the FFN's input row
+                    const float w =
+                        1.0f / (1.0f + expf(-c->kv->dot_f32(E, c->xn + (size_t)t * (size_t)E, sg)));
+                    for (int64_t i = 0; i < E; i++)
+                        y[i] += w * xr[i];
+                } else {
+                    for (int64_t i = 0; i < E; i++)
+                        y[i] += xr[i];
+                }
             }
             break;
         }
@@ -796,7 +804,7 @@ static void fwd__route(model_ctx *c, const model__layer *L, int T) {
  * are one more expert whose rows are every token's, run in the same pool
  * runs as the routed ones; its gate/up output for token t is S rows of FX
  * in g/u from row R + S*t, which SwiGLU treats as rows like any other. */
-static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L) {
+static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L, int il) {
     const model_hparams *hp = &c->m->hp;
     const int T = b->n_tokens, NX = hp->n_expert, R = T * hp->n_expert_used;
     const int64_t E = hp->n_embd, FX = hp->n_ff_exp;
@@ -844,7 +852,7 @@ static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L) 
                       c->xe + (size_t)R * (size_t)E);
     }
     model__act_reset(c);
-    fwd__rows_run(c, b, FWD_MOE_COMBINE, NULL, 0);
+    fwd__rows_run(c, b, FWD_MOE_COMBINE, NULL, il);
 }
 
 // ----------------------------------------------------------------------------
@@ -1186,7 +1194,7 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         fwd__residual(c, b, L->post_attn_norm, L->ffn_norm, il, L->gate_exps ? NULL : &L->w_gate);
         // feed-forward block
         if (L->gate_exps) {
-            fwd__moe(c, b, L);
+            fwd__moe(c, b, L, il);
         } else {
             const model__mat *gu[] = {&L->w_gate, &L->w_up};
             float *const gu_out[] = {c->g, c->u};

@@ -101,6 +101,33 @@ static ks_err load__moe_ds(load__ctx *c, model_hparams *hp) {
     return KS_OK;
 }
 
+/* qwen35moe's experts, as llama.cpp reads them: each expert_feed_forward_length
+ * wide (default feed_forward_length / expert_used_count), the top-k
+ * renormalized, scaled by expert_weights_scale where set; one shared expert
+ * expert_shared_feed_forward_length wide (default feed_forward_length),
+ * run as expert_shared_count-style S experts' width (a multiple of an
+ * expert's) and weighted per token by sigmoid(ffn_gate_inp_shexp . x). */
+static ks_err load__moe_q35(load__ctx *c, model_hparams *hp) {
+    int32_t fx, fs;
+    float scale;
+    ks_err e;
+    if ((e = load__u32(c, "feed_forward_length", false, 0, &hp->n_ff)) ||
+        (e = load__u32(c, "expert_feed_forward_length", false,
+                       (uint32_t)(hp->n_ff / (hp->n_expert_used ? hp->n_expert_used : 1)), &fx)) ||
+        (e = load__u32(c, "expert_shared_feed_forward_length", false, (uint32_t)hp->n_ff, &fs)) ||
+        (e = load__f32(c, "expert_weights_scale", 0.0f, &scale)))
+        return e;
+    if (fx < 1 || fs < fx || fs % fx || fs / fx > MODEL_MAX_SHARED_EXPERTS || !(scale >= 0.0f))
+        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                         "%s: %s experts %d wide, shared expert %d wide: kvseal runs a shared "
+                         "expert 1..%d times an expert's width",
+                         gguf_path(c->f), c->arch, fx, fs, MODEL_MAX_SHARED_EXPERTS);
+    hp->n_ff_exp = fx;
+    hp->n_expert_shared = fs / fx;
+    hp->expert_scale = scale == 0.0f ? 1.0f : scale;
+    return KS_OK;
+}
+
 /* Mixture-of-experts keys: expert_count (0 or absent: dense), the top-k
  * expert_used_count, each expert's expert_feed_forward_length (default
  * feed_forward_length) and the gating function. llama (Mixtral) and
@@ -110,16 +137,17 @@ static ks_err load__moe_ds(load__ctx *c, model_hparams *hp) {
 static ks_err load__experts(load__ctx *c, model_hparams *hp) {
     ks_err e;
     const bool glm = hp->arch == MODEL_ARCH_GLM4MOE;
+    const bool q35 = hp->arch == MODEL_ARCH_QWEN35MOE;
     // DeepSeek-V3-style MoE (a shared expert, a selection bias, groups): glm4moe, the MLA family
     const bool ds = glm || model__is_mla(hp->arch);
     hp->gating = MODEL_GATING_SOFTMAX;
     hp->expert_norm = true;
     hp->expert_scale = 1.0f;
-    if ((e = load__u32(c, "expert_count", hp->arch == MODEL_ARCH_QWEN3MOE || glm, 0,
+    if ((e = load__u32(c, "expert_count", hp->arch == MODEL_ARCH_QWEN3MOE || glm || q35, 0,
                        &hp->n_expert)))
         return e;
     if (hp->n_expert == 0) return KS_OK;
-    if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_QWEN3MOE && !glm &&
+    if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_QWEN3MOE && !glm && !q35 &&
         !model__is_mla(hp->arch))
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
                          "%s: %s.expert_count %d: mixture-of-experts runs for llama (Mixtral), "
@@ -142,6 +170,7 @@ static ks_err load__experts(load__ctx *c, model_hparams *hp) {
                          "%s: %s.expert_gating_func %d is not supported (1 softmax, 2 sigmoid)",
                          gguf_path(c->f), hp->arch_name, gf);
     hp->gating = gf == 2 ? MODEL_GATING_SIGMOID : MODEL_GATING_SOFTMAX;
+    if (q35) return load__moe_q35(c, hp);
     return ds ? load__moe_ds(c, hp) : KS_OK;
 }
 
@@ -336,6 +365,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         hp->arch = MODEL_ARCH_GLM_DSA;
     else if (!strcmp(hp->arch_name, "qwen35"))
         hp->arch = MODEL_ARCH_QWEN35;
+    else if (!strcmp(hp->arch_name, "qwen35moe"))
+        hp->arch = MODEL_ARCH_QWEN35MOE;
     else
         return ks_seterr(eb, KS_ERR_UNSUPPORTED,
                          "%s: unsupported architecture '%s' (supported: " MODEL_ARCHS ")",
@@ -345,7 +376,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     if ((e = load__u32(&c, "context_length", true, 0, &hp->n_ctx_train)) ||
         (e = load__u32(&c, "embedding_length", true, 0, &hp->n_embd)) ||
         (e = load__u32(&c, "block_count", true, 0, &hp->n_layer)) ||
-        (e = load__u32(&c, "feed_forward_length", hp->n_expert == 0 || hp->n_layer_dense > 0, 0,
+        (e = load__u32(&c, "feed_forward_length",
+                       hp->n_expert == 0 || hp->n_layer_dense > 0, (uint32_t)hp->n_ff,
                        &hp->n_ff)) ||
         (e = load__u32(&c, "attention.head_count", true, 0, &hp->n_head)) ||
         (e = load__u32(&c, "attention.head_count_kv", false, (uint32_t)hp->n_head, &hp->n_head_kv)))
@@ -363,7 +395,9 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
                          gguf_path(f), hp->arch_name, hp->n_layer_nextn, hp->n_layer);
     hp->n_layer -= hp->n_layer_nextn;
     hp->n_layer_attn = hp->n_layer;
-    if (hp->arch == MODEL_ARCH_QWEN35 && (e = load__ssm(&c, hp))) return e;
+    if ((hp->arch == MODEL_ARCH_QWEN35 || hp->arch == MODEL_ARCH_QWEN35MOE) &&
+        (e = load__ssm(&c, hp)))
+        return e;
     if ((hp->arch == MODEL_ARCH_GLM4 || hp->arch == MODEL_ARCH_GLM4MOE) &&
         (e = load__rope_sections(&c)))
         return e;
@@ -701,8 +735,24 @@ static ks_err load__qwen35_layer(model *m, int il, model__layer *L, ks_errbuf *e
                (e = load__vec(m, LNAME("attn_k_norm.weight"), D, true, &L->k_norm, eb))) {
         return e;
     }
-    if ((e = load__vec(m, LNAME("post_attention_norm.weight"), E, true, &L->ffn_norm, eb)) ||
-        (e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
+    if ((e = load__vec(m, LNAME("post_attention_norm.weight"), E, true, &L->ffn_norm, eb)))
+        return e;
+    if (hp->n_expert) { // qwen35moe: routed experts, the shared one and its gate
+        const int64_t X = hp->n_expert, FX = hp->n_ff_exp, SF = FX * hp->n_expert_shared;
+        if ((e = load__mat(m, LNAME("ffn_gate_inp.weight"), E, X, &L->gate_inp, eb)) ||
+            (e = load__mat_experts(m, LNAME("ffn_gate_exps.weight"), E, FX, X, &L->gate_exps,
+                                   eb)) ||
+            (e = load__mat_experts(m, LNAME("ffn_up_exps.weight"), E, FX, X, &L->up_exps, eb)) ||
+            (e = load__mat_experts(m, LNAME("ffn_down_exps.weight"), FX, E, X, &L->down_exps,
+                                   eb)) ||
+            (e = load__vec(m, LNAME("ffn_gate_inp_shexp.weight"), E, true, &L->shexp_gate, eb)) ||
+            (e = load__mat(m, LNAME("ffn_gate_shexp.weight"), E, SF, &L->gate_sh, eb)) ||
+            (e = load__mat(m, LNAME("ffn_up_shexp.weight"), E, SF, &L->up_sh, eb)) ||
+            (e = load__mat(m, LNAME("ffn_down_shexp.weight"), SF, E, &L->down_sh, eb)))
+            return e;
+        return KS_OK;
+    }
+    if ((e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
         (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)) ||
         (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb)))
         return e;

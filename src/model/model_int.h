@@ -71,6 +71,8 @@ typedef struct model__layer {
     const float *ssm_conv1d;     // (K, C) tap r of every channel in row r (transposed)
     const float *ssm_norm;       // (S) the gated RMSNorm of a head's output
     model__mat ssm_out;          // (E, VD)
+    const float *shexp_gate;     // (E) qwen35moe: the shared expert's output is weighted by
+                                 // sigmoid(shexp_gate . x) per token (NULL: unweighted)
 } model__layer;
 
 struct model {

@@ -738,10 +738,18 @@ ks_err pd_msg_grant_decode(const uint8_t *p, uint32_t len, pd_msg_grant *out, ks
     if (g.n_prompt < 1) return PROTO("GRANT: n_prompt is 0");
     if (g.page_tokens < 1) return PROTO("GRANT: page_tokens is 0");
     uint64_t want = ((uint64_t)g.n_prompt + g.page_tokens - 1) / g.page_tokens;
-    if (g.n_pages != want)
+    if (g.n_pages < want)
         return PROTO("GRANT: n_pages %u but ceil(n_prompt %u / page_tokens %u) is %llu",
                      g.n_pages, g.n_prompt, g.page_tokens, (unsigned long long)want);
-    for (uint32_t i = 0; i < g.n_pages; i++) {
+    g.n_state = g.n_pages - (uint32_t)want;
+    for (uint32_t i = (uint32_t)want; i < g.n_pages; i++) { // the recurrent state's pages
+        pd_msg_grant_entry en = pd_msg_grant_entry_at(&g, i);
+        if (en.first_token != PD_MSG_STATE_PAGE || en.n_tokens != g.page_tokens)
+            return PROTO("GRANT: page %u past the prompt's %llu is not a state page (first_token "
+                         "%u, n_tokens %u)",
+                         i, (unsigned long long)want, en.first_token, en.n_tokens);
+    }
+    for (uint32_t i = 0; i < (uint32_t)want; i++) {
         pd_msg_grant_entry en = pd_msg_grant_entry_at(&g, i);
         uint64_t first = (uint64_t)i * g.page_tokens; /* < n_prompt since i < n_pages */
         uint64_t end = (uint64_t)en.first_token + en.n_tokens;

@@ -26,7 +26,8 @@ typedef struct rec__req {
     pd_recv_state state;
     kv_seq seq;                 /* the block table: prompt + generation pages */
     uint64_t seq_uid;           /* tag part 1; stays after the table is emptied */
-    uint32_t n_grant;           /* prompt pages in the grant */
+    uint32_t n_grant;           /* pages in the grant: the prompt's, then the state's */
+    uint32_t n_kv;              /* of which the prompt's KV pages (the rest: recurrent state) */
     pd_msg_grant_entry *ent;    /* n_grant grant entries */
     uint64_t *bits;             /* n_grant * words: received layers per page */
     uint8_t *grant_buf;         /* the encoded GRANT payload */
@@ -246,8 +247,9 @@ ks_err pd_recv_admit(pd_recv *r, uint64_t req_id, const pd_recv_admit_args *a,
     q->n_prompt = a->n_prompt;
     q->max_tokens = a->max_tokens;
     q->seq_uid = q->seq.uid;
-    q->n_grant = (a->n_prompt + pt - 1) / pt;
-    KS_ASSERT(q->seq.n_pages >= q->n_grant);
+    q->n_kv = (a->n_prompt + pt - 1) / pt;
+    q->n_grant = q->n_kv + (uint32_t)r->g.state_pages; // a hybrid model's state travels too
+    KS_ASSERT(q->seq.n_pages >= q->n_kv);
     q->ent = calloc(q->n_grant, sizeof *q->ent);
     q->bits = calloc((size_t)q->n_grant * r->words, sizeof *q->bits);
     pd_msg_grant gm = {.seq_uid = q->seq_uid, .link_epoch = a->link_epoch,
@@ -257,11 +259,12 @@ ks_err pd_recv_admit(pd_recv *r, uint64_t req_id, const pd_recv_admit_args *a,
     if (glen <= PD_MSG_GRANT_MAX) q->grant_buf = malloc((size_t)glen);
     if (!q->ent || !q->bits || !q->grant_buf) goto fail_nomem;
     for (uint32_t i = 0; i < q->n_grant; i++) {
-        const kv_entry ke = kv_seq_entry(&q->seq, i);  // the grant announces id and tag
+        const bool st = i >= q->n_kv; // the grant announces id and tag of every page
+        const kv_entry ke = st ? kv_seq_state_entry(&q->seq, i - q->n_kv) : kv_seq_entry(&q->seq, i);
         KS_ASSERT(ke.tag.seq_uid == q->seq_uid);
         q->ent[i].page_id = ke.page;
-        q->ent[i].first_token = i * pt;
-        q->ent[i].n_tokens = (i + 1 == q->n_grant) ? a->n_prompt - i * pt : pt;
+        q->ent[i].first_token = st ? PD_MSG_STATE_PAGE : i * pt;
+        q->ent[i].n_tokens = st ? pt : (i + 1 == q->n_kv) ? a->n_prompt - i * pt : pt;
         q->ent[i].gen = ke.tag.gen;
     }
     if (pd_msg_grant_encode(&gm, q->ent, q->grant_buf, (size_t)glen, &q->grant_len, &kb) != KS_OK) {
@@ -364,7 +367,12 @@ bool pd_recv_kv_page_begin(pd_recv *r, uint64_t req_id, uint64_t link_epoch,
     int n = 0;
     for (uint32_t l = hdr->layer_first; l < hdr->layer_first + hdr->layer_count; l++) {
         void *k, *v;
-        if (kv_seq_span_write(r->pool, &q->seq, hdr->page_index, (int)l, &k, &v) != KS_OK) {
+        // a state page (past the prompt's) moves whole: its layers as page planes
+        const ks_err se =
+            hdr->page_index < q->n_kv
+                ? kv_seq_span_write(r->pool, &q->seq, hdr->page_index, (int)l, &k, &v)
+                : kv_seq_state_span(r->pool, &q->seq, hdr->page_index - q->n_kv, (int)l, &k, &v);
+        if (se != KS_OK) {
             rec__page_fail(r, q, true, "rejected by the pool's tag check");
             return false;
         }
@@ -434,10 +442,10 @@ bool pd_recv_done(pd_recv *r, uint64_t req_id, uint64_t link_epoch, const pd_msg
     uint64_t covered = 0;
     bool all = true;
     for (uint32_t i = 0; i < q->n_grant; i++) {
-        if (rec__page_complete(r, q, i))
-            covered += q->ent[i].n_tokens;
-        else
+        if (!rec__page_complete(r, q, i))
             all = false;
+        else if (i < q->n_kv) // the state pages cover no prompt position
+            covered += q->ent[i].n_tokens;
     }
 #ifdef KS_BROKEN_NO_COVERAGE
     // TEST ONLY: commits without the completeness and coverage checks (violates I6)

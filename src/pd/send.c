@@ -29,6 +29,7 @@ typedef struct snd__req {
     bool abort_seen;         /* tombstone reason: ABORT processed */
     uint64_t seq_uid;        /* grant tag part 1 */
     uint32_t n_prompt, n_pages, next_page;
+    uint32_t n_kv; /* the grant's KV pages; pages n_kv.. hold the recurrent state (hybrid) */
     uint32_t cached;     /* leading prompt tokens cfg.reserve attached from a cache */
     uint32_t next_layer; /* within next_page: a page goes out in layer groups */
     pd_msg_grant_entry *ent; /* n_pages grant entries */
@@ -305,7 +306,8 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
     }
     uint32_t need = (p.n_prompt + pt - 1) / pt;
     const char *bad = !grant_ok ? "inconsistent grant"
-                      : g.page_tokens != pt || g.n_pages != need || g.seq_uid == 0
+                      : g.page_tokens != pt || g.n_pages != need + (uint32_t)s->g.state_pages ||
+                              g.n_state != (uint32_t)s->g.state_pages || g.seq_uid == 0
                           ? "grant does not match the KV page geometry"
                       : memcmp(g.model_id, s->cfg.model_id, sizeof g.model_id)
                           ? "grant is for another model: no page crosses models"
@@ -331,6 +333,7 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
         q->ent[i] = pd_msg_grant_entry_at(&g, i);
     q->seq_uid = g.seq_uid;
     q->n_pages = g.n_pages;
+    q->n_kv = need;
     ks_errbuf keb;
     ks_errbuf_clear(&keb);
     ks_err re = s->cfg.reserve ? s->cfg.reserve(s->cfg.reserve_ctx, s->pool, p.domain_hash, toks,
@@ -436,7 +439,15 @@ static bool snd__send_page(pd_send *s, snd__req *q) {
     size_t span = (size_t)ge->n_tokens * kv_row_bytes(&s->g); // rows travel in the pool's KV type
     for (int l = (int)l0; l < (int)(l0 + nl); l++) {
         const void *k, *v;
-        if (kv_seq_span_read(s->pool, &q->seq, i, l, ge->n_tokens, &k, &v) != KS_OK) return false;
+        if (i >= q->n_kv) { // a state page moves whole, read through kv's check as any page
+            void *sk, *sv;
+            if (kv_seq_state_span(s->pool, &q->seq, i - q->n_kv, l, &sk, &sv) != KS_OK)
+                return false;
+            k = sk;
+            v = sv ? sv : sk;
+        } else if (kv_seq_span_read(s->pool, &q->seq, i, l, ge->n_tokens, &k, &v) != KS_OK) {
+            return false;
+        }
         const void *seg[2] = {k, v}; // 1 plane: v == k, and only k travels
         for (int j = 0; j < s->planes; j++) {
             struct iovec *last = &s->iov[n - 1];

@@ -9,7 +9,10 @@
 # qwen35` model (llama-spm vocabulary) through the check_arch matrix
 # (qtypes_lib.sh: perplexity within 0.5% at F16, Q8_0, Q4_K_M, greedy text at
 # F16 and Q8_0), then with --qk-gain 3 at F16, where attention depends on
-# position (so a RoPE mistake shows).
+# position (so a RoPE mistake shows). Then qwen35moe: the same layers with a
+# mixture-of-experts FFN (8 experts, 2 used, softmax then renormalized) and
+# a shared expert weighted per token by sigmoid(ffn_gate_inp_shexp . x),
+# through the same matrix.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/qtypes_lib.sh"
 VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
@@ -25,4 +28,6 @@ for p in "${ARCH_PROMPTS[@]}"; do
   llama.cpp: $G_LL"; }
 done
 echo "  greedy ok"
-echo "qwen35 vs llama.cpp ok"
+mkmodel_to "$TMPD/q35moe.gguf" --arch qwen35moe --seed 6
+check_arch qwen35moe "$TMPD/q35moe.gguf"
+echo "qwen35, qwen35moe vs llama.cpp ok"

@@ -7,7 +7,8 @@
 #     workers drop, duplicate, truncate and corrupt KV_PAGE frames and delay
 #     DONE, and decode duplicates its ABORTs: passes (faults build);
 #     with commit-without-coverage (no_coverage build) a dropped page is
-#     decoded from: the suite fails
+#     decoded from: the suite fails; both again on a hybrid model (qwen35),
+#     whose recurrent-state pages travel as page frames too
 #  2. decode aborts while prefill is still sending (cluster_abort_run.sh):
 #     passes; with free-before-quiesce it fails
 #  3. a decode worker is SIGKILLed when the traffic's first token arrives
@@ -38,6 +39,17 @@ run 0 leak-faults leak_run.sh KS_SERVE_BIN="$KS_BUILD/isolation-faults/kvseal" L
     LEAK_EXPECT_FAILED=1 PREFILL_ENV="$FAULTS" DECODE_ENV="KS_PD_FAULT=dup:23:0"
 run 1 leak-no-coverage leak_run.sh KS_SERVE_BIN="$KS_BUILD/isolation-no_coverage/kvseal" LEAK_DISAGG=1 \
     LEAK_EXPECT_FAILED=1 PREFILL_ENV="KS_PD_FAULT=drop:20:9"
+# a hybrid recurrent model (qwen35): its state pages are KV_PAGE frames like
+# any other, so the same faults end cleanly; and a dropped state page is
+# decoded from by the no-coverage build (the decode worker starts from the
+# zero state there), which the suite catches
+"$KS_BIN" mkmodel -o "$TMPD/q35.gguf" --vocab "$KS_SRC/models/kjv-mini.gguf" --arch qwen35 \
+    --n-layer 8 --seed 7 >/dev/null || fail "mkmodel qwen35"
+Q35=(LEAK_MODEL_FILE="$TMPD/q35.gguf" LEAK_NO_PREFIX_CACHE=1)
+run 0 leak-faults-q35 leak_run.sh KS_SERVE_BIN="$KS_BUILD/isolation-faults/kvseal" LEAK_DISAGG=1 \
+    LEAK_EXPECT_FAILED=1 PREFILL_ENV="$FAULTS" DECODE_ENV="KS_PD_FAULT=dup:23:0" "${Q35[@]}"
+run 1 leak-no-coverage-q35 leak_run.sh KS_SERVE_BIN="$KS_BUILD/isolation-no_coverage/kvseal" \
+    LEAK_DISAGG=1 LEAK_EXPECT_FAILED=1 PREFILL_ENV="KS_PD_FAULT=drop:20:9" "${Q35[@]}"
 run 0 abort-mid-transfer cluster_abort_run.sh KS_SERVE_BIN="$KS_BUILD/isolation-faults/kvseal"
 run 1 abort-free-before-quiesce cluster_abort_run.sh KS_SERVE_BIN="$KS_BUILD/isolation-free_before_quiesce/kvseal"
 

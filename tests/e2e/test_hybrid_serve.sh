@@ -35,10 +35,35 @@ expect_eq "streamed text" "$st" "$t1"
 req kv_check 200 -H "Authorization: Bearer $ADM" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))"
 expect_has "pool clean" "$BODY" '"clean":true'
 stop_server
+# disaggregated: router + 1 prefill + 1 decode hand each request's state
+# pages over with its KV pages (docs/pd-protocol.md, GRANT's state entries):
+# 16 concurrent requests (greedy and seeded sampling, streamed and not, stop
+# strings, logprobs) give the monolithic server's answers exactly (a
+# decode worker starting from any other state would not), and every page on
+# every worker ends FREE and scrubbed
+if command -v node >/dev/null; then
+    ARGS=(-m "$TMPD/q35.gguf" --alias q35 --ctx 512 --kv-pages 200 --threads 2)
+    start_server "$TMPD/serve.log" "${ARGS[@]}"
+    URL_A=$KS_URL; SERVE_PID=$KS_PID
+    CLUSTER_PROBE_MODEL=q35 ROUTER_ARGS="--admin-key $ADM" start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
+    trap 'kill -KILL $SERVE_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
+    SAME_MODEL=q35 URL_A=$URL_A URL_B=$KS_URL node "$(dirname "$0")/js/same_tokens.mjs" ||
+        { tail -n 20 $KS_CLUSTER_LOGS >&2; fail "cluster outputs differ from serve's"; }
+    req cluster_kv_check 200 -H "Authorization: Bearer $ADM" \
+        "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))"
+    expect_has "cluster pools clean" "$BODY" '"clean":true'
+    expect_has "cluster pools name the workers" "$BODY" "decode worker"
+    stop_cluster
+    KS_PID=$SERVE_PID stop_server
+else
+    echo "(node is not installed: the disaggregated comparison is left out)"
+fi
+# the UCX plane stages KV pages only: a hybrid model is refused there
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMPD/secret"
 chmod 600 "$TMPD/secret"
-for role in prefill decode router; do
-    out=$("$KS_BIN" $role -m "$TMPD/q35.gguf" --router 127.0.0.1:1 --secret-file "$TMPD/secret" 2>&1)
-    expect_has "$role refuses" "$out" "hybrid recurrent model"
+for role in prefill decode; do
+    out=$("$KS_BIN" $role -m "$TMPD/q35.gguf" --router 127.0.0.1:1 --secret-file "$TMPD/secret" \
+        --data-plane ucx 2>&1)
+    expect_has "$role refuses ucx" "$out" "hybrid recurrent model"
 done
-echo "hybrid model through serve ok"
+echo "hybrid model through serve and the cluster ok"

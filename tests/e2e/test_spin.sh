@@ -76,6 +76,14 @@ check_model() {
     done
 }
 check_model pd.pml MUTANT_PLACEHOLDER MUTANT_FREE_BEFORE_ACK MUTANT_NO_COVERAGE MUTANT_NO_SCRUB \
-    MUTANT_FINISH_NO_REASON MUTANT_NO_MODEL_CHECK MUTANT_REVOKE_AFTER_FREE
+    MUTANT_FINISH_NO_REASON MUTANT_NO_MODEL_CHECK MUTANT_REVOKE_AFTER_FREE MUTANT_NO_STATE_CHECK
+# pd.pml checks a hybrid model's grant (a prompt page and a state page) by
+# default; a plain model's (two prompt pages) must verify as well
+t0=$(date +%s)
+verify pd.plain O2 -DPLAIN_KV
+out=$TMPD/pd.plain/out
+grep -q "errors: 0" "$out" && grep -q "Full statespace search" "$out" ||
+    { cat "$out" >&2; fail "pd.pml -DPLAIN_KV: not verified"; }
+echo "pd.pml -DPLAIN_KV: errors 0, $(field "$out" 'states, stored'), $(($(date +%s) - t0)) s"
 check_model handshake.pml MUTANT_V1_HANDSHAKE MUTANT_NO_KIND_BINDING MUTANT_LINK_REPLACE
 echo "spin: models verified, $n/$n mutants caught"

@@ -1203,6 +1203,20 @@ static void t_state_pages(void) {
         CHECK_EQ(vl.expected.gen, a1.tag.gen);
         CHECK_EQ(kv_seq_state(p, &a, 2, &st), KS_ERR_INTERNAL); // past the state
         CHECK_EQ(vl.n, 3);
+        // the page-frame view (pd): layer l's planes are the page's bytes at
+        // l * planes * P rows; the grant entry names the page and its tag
+        void *sk, *sv, *whole;
+        CHECK_EQ(kv_seq_state(p, &b, 0, &whole), KS_OK);
+        const size_t lb = pb / (size_t)G.n_layer;
+        CHECK_EQ(kv_seq_state_span(p, &b, 0, 1, &sk, &sv), KS_OK);
+        CHECK(sk == (uint8_t *)whole + lb);
+        CHECK(NP == 2 ? sv == (uint8_t *)sk + lb / 2 : sv == NULL);
+        CHECK_EQ(kv_seq_state_span(p, &b, 0, G.n_layer, &sk, &sv), KS_ERR_INTERNAL);
+        CHECK_EQ(vl.n, 4);
+        CHECK_EQ(kv_seq_state_span(p, &a, 1, 0, &sk, &sv), KS_ERR_INTERNAL); // the swapped entry
+        CHECK_EQ(vl.n, 5);
+        CHECK_EQ(kv_seq_state_entry(&b, 1).page, b.st[1].page);
+        CHECK_EQ(kv_seq_state_entry(&b, 1).tag.seq_uid, b.uid);
         // release finds a's real page by its tag, frees it scrubbed; b's is intact
         kv_seq_release(p, &a);
         CHECK_EQ(info(p, a1.page).state, KV_PAGE_FREE);

@@ -1046,13 +1046,28 @@ static void test_grant_coverage(void) {
     /* n_prompt changed: n_pages inconsistent */
     put_u32(cp, buf, n, 16, 64 + 1);
     REJECTS(PD_MSG_GRANT, cp, n, "n_pages 4 but ceil(n_prompt 65 / page_tokens 16) is 5");
-    put_u32(cp, buf, n, 16, 48); /* 3 pages needed */
-    REJECTS(PD_MSG_GRANT, cp, n, "n_pages 4 but");
-    /* n_pages 5 with a 5th entry (len consistent) */
+    put_u32(cp, buf, n, 16, 48); /* 3 pages needed: the 4th is not a state page */
+    REJECTS(PD_MSG_GRANT, cp, n, "page 3 past the prompt's 3 is not a state page");
+    /* n_pages 5 with a 5th entry (len consistent): only state entries may follow */
     memcpy(cp, buf, n);
     memcpy(cp + n, cp + ENT(3, 0), 24);
     pd_store_u32(cp + 24, 5);
-    REJECTS(PD_MSG_GRANT, cp, n + 24, "n_pages 5 but");
+    REJECTS(PD_MSG_GRANT, cp, n + 24, "page 4 past the prompt's 4 is not a state page");
+    /* ... as a recurrent-state entry (hybrid models) it is accepted: n_state 1 */
+    pd_store_u32(cp + n + 4, PD_MSG_STATE_PAGE);
+    pd_store_u32(cp + n + 8, 16);
+    CHECK_EQ(pd_msg_grant_decode(cp, n + 24, &g, &eb), KS_OK);
+    CHECK_EQ(g.n_pages, 5);
+    CHECK_EQ(g.n_state, 1);
+    CHECK_EQ(pd_msg_grant_entry_at(&g, 4).first_token, PD_MSG_STATE_PAGE);
+    pd_store_u32(cp + n + 8, 15); /* a state page travels whole: n_tokens = page_tokens */
+    REJECTS(PD_MSG_GRANT, cp, n + 24, "page 4 past the prompt's 4 is not a state page");
+    /* a state entry in the prompt's pages is a gap */
+    memcpy(cp, buf, n);
+    pd_store_u32(cp + ENT(3, 4), PD_MSG_STATE_PAGE);
+    REJECTS(PD_MSG_GRANT, cp, n, "page 3 has first_token 4294967295, expected 48");
+    CHECK_EQ(pd_msg_grant_decode(buf, n, &g, &eb), KS_OK);
+    CHECK_EQ(g.n_state, 0); /* a plain model's grant, byte for byte as before */
     put_u32(cp, buf, n, 20, 0);
     REJECTS(PD_MSG_GRANT, cp, n, "page_tokens is 0");
     put_u32(cp, buf, n, 20, 15); /* 60/15 = 4 pages, but entries are 16-based */
