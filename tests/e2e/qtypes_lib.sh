@@ -122,6 +122,18 @@ gen_same_or_tie() {
     return 0
 }
 
+# check_greedy NAME MODEL — gen_same_or_tie on every ARCH_PROMPTS prompt
+# (defined below), failing with both texts; then "  greedy ok".
+check_greedy() {
+    local p
+    for p in "${ARCH_PROMPTS[@]}"; do
+        gen_same_or_tie "$2" "$p" || { echo; fail "$1: greedy text differs ($G_NOTE):
+  kvseal:    $G_KV
+  llama.cpp: $G_LL"; }
+    done
+    echo "  greedy ok"
+}
+
 # check_arch NAME F16_MODEL — the architecture tests' matrix: perplexity
 # within 0.5% of llama.cpp's at F16, Q8_0 and Q4_K_M (quantized by
 # llama-quantize), and 32 greedy tokens identical (or parting only at a
