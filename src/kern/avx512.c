@@ -1120,6 +1120,107 @@ static void a512__matmul_iq4_xs(int64_t K, int n_rows, int n_cols, const void *W
 }
 
 // ----------------------------------------------------------------------------
+// TQ1_0 / TQ2_0 (ternary) weights x Q8_K activations
+// Per super-block four 64-element steps of unsigned digits u = t + 1 (0..2;
+// TQ2_0's 2-bit q, 0..3) times x: vpdpbusd, or maddubs + madd (pairs <= 762,
+// no saturation), into 16 exact int32 lanes; the "- 1" leaves through the
+// bsums (sum x, exact); one fma per super-block (one scale), one reduction.
+// The integer sum is ref's; the error is a512__matmul_q6_K's.
+
+/* v * 3 (mod 256) per byte. */
+A512_INLINE __m128i a512__x3_128(__m128i v) { return _mm_add_epi8(_mm_add_epi8(v, v), v); }
+A512_INLINE __m512i a512__x3(__m512i v) { return _mm512_add_epi8(_mm512_add_epi8(v, v), v); }
+
+/* TQ1_0 digits of bytes already multiplied by 3^n (mod 256): (b * 3) >> 8
+ * = [b > 85] + [b > 170] (kern__tq1_digit), 0..2. */
+A512_INLINE __m512i a512__tq1_digit(__m512i b) {
+    const __m512i one = _mm512_set1_epi8(1);
+    __m512i u = _mm512_maskz_mov_epi8(_mm512_cmpgt_epu8_mask(b, _mm512_set1_epi8(85)), one);
+    return _mm512_mask_add_epi8(u, _mm512_cmpgt_epu8_mask(b, _mm512_set1_epi8((char)170)), u, one);
+}
+
+/* The four 64-element steps of a TQ1_0 block's digits (layout: kern_int.h):
+ * step 0 digits 0 | 1 of qs[0..31], step 1 digits 2 | 3, step 2 digit 4 of
+ * qs[0..31] | digits 0, 1 of qs[32..47], step 3 digits 2, 3, 4 of qs[32..47]
+ * | digits 0..3 of qh (one 32-bit word each). */
+A512_INLINE void a512__tq1_decode(const uint8_t *b, __m512i u[4]) {
+    __m512i p = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b));
+    p = _mm512_mask_blend_epi64(0xF0, p, a512__x3(p)); // x1 | x3
+    u[0] = a512__tq1_digit(p);
+    p = a512__x3(a512__x3(p)); // x9 | x27
+    u[1] = a512__tq1_digit(p);
+    __m256i p81 = _mm512_castsi512_si256(a512__x3(a512__x3(p)));
+    __m128i q1 = _mm_loadu_si128((const __m128i *)(b + 32)), q3 = a512__x3_128(q1);
+    __m128i q9 = a512__x3_128(q3), q27 = a512__x3_128(q9), q81 = a512__x3_128(q27);
+    int32_t hw;
+    memcpy(&hw, b + 48, 4);
+    __m128i h1 = _mm_set1_epi32(hw), h3 = a512__x3_128(h1), h9 = a512__x3_128(h3),
+            h27 = a512__x3_128(h9);
+    __m128i h = _mm_blend_epi32(_mm_blend_epi32(h1, h3, 0x2), _mm_blend_epi32(h9, h27, 0x8), 0xC);
+    u[2] = a512__tq1_digit(_mm512_inserti64x4(_mm512_castsi256_si512(p81), _mm256_set_m128i(q3, q1), 1));
+    u[3] = a512__tq1_digit(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q27, q9)),
+                                              _mm256_set_m128i(h, q81), 1));
+}
+
+/* acc + sum of u * s (u <= 3 unsigned, s signed) per int32 lane, exact. */
+A512_INLINE __m512i a512__dot_u2(int V, __m512i acc, __m512i u, __m512i s) {
+    if (V) return a512__dpbusd(acc, u, s);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+}
+
+/* A TQ1_0 (T1 = 1) or TQ2_0 tile. */
+A512_INLINE void a512__tq_tile(int T1, int R, int C, const a512_tile *t, int V) {
+    const int bs = T1 ? 54 : 66, doff = T1 ? 52 : 64;
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nsb = t->K / 256;
+    for (int64_t i = 0; i < nsb; i++) {
+        __m512i u[4][4]; // [row][step]
+        float d[4];
+        A512_FOR_R {
+            const uint8_t *wb = t->W + r * t->ws + i * bs;
+            a512__prefetch_next(t, r, R, i * bs, bs);
+            if (T1)
+                a512__tq1_decode(wb, u[r]);
+            else
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) u[r][k] = a512__q2_wq(wb, k);
+            d[r] = a512__f16(wb + doff);
+        }
+        A512_FOR_C {
+            const uint8_t *xb = t->X + c * t->xs + i * 292;
+            __m512i isum[4];
+            // - sum x, in lanes 0-7 (bsums: 16 int16 at +260)
+            __m256i xs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xb + 260)),
+                                           _mm256_set1_epi16(1));
+            A512_FOR_R isum[r] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), xs));
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                __m512i xq = _mm512_loadu_si512(xb + 4 + 64 * k);
+                A512_FOR_R isum[r] = a512__dot_u2(V, isum[r], u[r][k], xq);
+            }
+            float dx = a512__f32(xb);
+            A512_FOR_R acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]),
+                                                   _mm512_set1_ps(d[r] * dx), acc[r][c]);
+        }
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+#define a512__tq1_tile(R, C, t, V) a512__tq_tile(1, R, C, t, V)
+#define a512__tq2_tile(R, C, t, V) a512__tq_tile(0, R, C, t, V)
+A512_TILES_V(a512__tq1_tile)
+A512_TILES_V(a512__tq2_tile)
+
+/* Match kern__matmul_tq1_0_ref / kern__matmul_tq2_0_ref; error as
+ * a512__matmul_q6_K's. */
+static void a512__matmul_tq1_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                               const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__tq1_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+static void a512__matmul_tq2_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                               const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__tq2_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+// ----------------------------------------------------------------------------
 // Activation quantizers (byte-identical to ref.c)
 
 /* 16 floats * id, rounded half-even and clamped to [-127, 127] as int32.
@@ -1225,6 +1326,8 @@ const kern_vtab kern__vtab_avx512 = {
             [KS_DTYPE_Q3_K] = a512__matmul_q3_K,
             [KS_DTYPE_Q2_K] = a512__matmul_q2_K,
             [KS_DTYPE_IQ4_XS] = a512__matmul_iq4_xs,
+            [KS_DTYPE_TQ1_0] = a512__matmul_tq1_0,
+            [KS_DTYPE_TQ2_0] = a512__matmul_tq2_0,
         },
     .matmul_r16 =
         {

@@ -30,6 +30,8 @@ bool kern_wtype_supported(ks_dtype t) {
     case KS_DTYPE_Q3_K:
     case KS_DTYPE_Q2_K:
     case KS_DTYPE_IQ4_XS:
+    case KS_DTYPE_TQ1_0:
+    case KS_DTYPE_TQ2_0:
         return true;
     default: return false;
     }
@@ -50,6 +52,8 @@ ks_dtype kern_act_type(ks_dtype wtype) {
     case KS_DTYPE_Q3_K:
     case KS_DTYPE_Q2_K:
     case KS_DTYPE_IQ4_XS:
+    case KS_DTYPE_TQ1_0:
+    case KS_DTYPE_TQ2_0:
         return KS_DTYPE_Q8_K;
     default: return KS_DTYPE_F32;
     }

@@ -108,6 +108,8 @@ void kern_quantize_row(ks_dtype t, const float *x, void *y, int64_t n) {
     case KS_DTYPE_IQ4_XS:
         kern__quantize_iq4_xs_ref(x, y, n);
         break;
+    case KS_DTYPE_TQ1_0: kern__quantize_tq1_0_ref(x, y, n); break;
+    case KS_DTYPE_TQ2_0: kern__quantize_tq2_0_ref(x, y, n); break;
     default: KS_ASSERT(!"kern_quantize_row: unsupported type");
     }
 }
@@ -147,6 +149,8 @@ void kern_dequantize_row(ks_dtype t, const void *x, float *y, int64_t n) {
     case KS_DTYPE_IQ4_XS:
         kern__dequantize_iq4_xs_ref(x, y, n);
         break;
+    case KS_DTYPE_TQ1_0: kern__dequantize_tq1_0_ref(x, y, n); break;
+    case KS_DTYPE_TQ2_0: kern__dequantize_tq2_0_ref(x, y, n); break;
     default: KS_ASSERT(!"kern_dequantize_row: unsupported type");
     }
 }

@@ -160,7 +160,35 @@ typedef struct __attribute__((packed)) kern_block_iq4_xs {
 } kern_block_iq4_xs;
 _Static_assert(sizeof(kern_block_iq4_xs) == 136, "iq4_xs block is 136 bytes");
 
-/* Q8_K (activations for the K-quants and IQ4_XS): value[i] = d * qs[i];
+/* TQ2_0 (ternary): 256 elements, value = d * (q - 1), q in [0, 3] (3 is
+ * never written by a ternary quantizer, but decodes to 2d) laid out as
+ * Q2_K's qs: element 128n + 32j + l -> (qs[32n + l] >> 2j) & 3. */
+typedef struct __attribute__((packed)) kern_block_tq2_0 {
+    uint8_t qs[64]; /* 2-bit values, see above */
+    uint16_t d;     /* f16 scale */
+} kern_block_tq2_0;
+_Static_assert(sizeof(kern_block_tq2_0) == 66, "tq2_0 block is 66 bytes");
+
+/* TQ1_0 (ternary, 1.6875 bits): 256 elements, value = d * (t - 1), t in
+ * [0, 2] the base-3 digits of a byte b read as a fraction of 256: digit n
+ * of b (n = 0 the most significant) is ((uint8_t)(b * 3^n) * 3) >> 8.
+ * Element 32n + m (n < 5, m < 32): digit n of qs[m]; element 160 + 16n + m
+ * (n < 5, m < 16): digit n of qs[32 + m]; element 240 + 4n + j (n < 4,
+ * j < 4): digit n of qh[j]. */
+typedef struct __attribute__((packed)) kern_block_tq1_0 {
+    uint8_t qs[48]; /* 5 digits per byte, see above */
+    uint8_t qh[4];  /* 4 digits per byte, see above */
+    uint16_t d;     /* f16 scale */
+} kern_block_tq1_0;
+_Static_assert(sizeof(kern_block_tq1_0) == 54, "tq1_0 block is 54 bytes");
+
+/* Digit n (0..4, most significant first) of a TQ1_0 byte: 0, 1 or 2. */
+static inline int kern__tq1_digit(uint8_t b, int n) {
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    return ((uint8_t)(b * pow3[n]) * 3) >> 8;
+}
+
+/* Q8_K (activations for the K-quants, IQ4_XS and TQ1_0 / TQ2_0): value[i] = d * qs[i];
  * bsums[j] = sum of qs[16j .. 16j+15] (exact). */
 typedef struct __attribute__((packed)) kern_block_q8_K {
     float d;            /* f32 scale */
@@ -253,6 +281,8 @@ float kern__dot_row_q3_K_ref(int64_t K, const void *w, const void *x);
 float kern__dot_row_q2_K_ref(int64_t K, const void *w, const void *x);
 float kern__dot_row_iq4_nl_ref(int64_t K, const void *w, const void *x);
 float kern__dot_row_iq4_xs_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_tq1_0_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_tq2_0_ref(int64_t K, const void *w, const void *x);
 
 void kern__matmul_f32_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
                           const void *X, size_t x_stride, float *Y, size_t y_stride);
@@ -284,6 +314,10 @@ void kern__matmul_iq4_nl_ref(int64_t K, int n_rows, int n_cols, const void *W, s
                              const void *X, size_t x_stride, float *Y, size_t y_stride);
 void kern__matmul_iq4_xs_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
                              const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_tq1_0_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                            const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_tq2_0_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                            const void *X, size_t x_stride, float *Y, size_t y_stride);
 
 /* Activation quantizers (kern_quant_fn). Q8_0 and Q8_K use d = amax/127
  * (Q8_0: d rounded to f16 first), q = round-half-even(x * (1/d)); SIMD
@@ -307,6 +341,8 @@ void kern__quantize_q3_K_ref(const float *x, void *y, int64_t n);
 void kern__quantize_q2_K_ref(const float *x, void *y, int64_t n);
 void kern__quantize_iq4_nl_ref(const float *x, void *y, int64_t n);
 void kern__quantize_iq4_xs_ref(const float *x, void *y, int64_t n);
+void kern__quantize_tq1_0_ref(const float *x, void *y, int64_t n);
+void kern__quantize_tq2_0_ref(const float *x, void *y, int64_t n);
 void kern__dequantize_f32_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_f16_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_bf16_ref(const void *x, float *y, int64_t n);
@@ -323,6 +359,8 @@ void kern__dequantize_q3_K_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_q2_K_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_iq4_nl_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_iq4_xs_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_tq1_0_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_tq2_0_ref(const void *x, float *y, int64_t n);
 
 /* Vector ops (kern_vtab fields of the same names). */
 float kern__dot_f32_ref(int64_t n, const float *a, const float *b);
