@@ -98,12 +98,12 @@ const kern_vtab *kern_vtab_for(const char *isa);
 
 /* The weight types the matmul supports, as errors list them. */
 #define KERN_WTYPES                                                                                \
-    "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS TQ1_0 TQ2_0"
+    "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS TQ1_0 TQ2_0 MXFP4"
 /* True for the weight types of KERN_WTYPES. */
 bool kern_wtype_supported(ks_dtype t);
 /* The activation format a weight type multiplies against: F32 for
  * F32/F16/BF16; Q8_0 for the 32-element types (Q8_0 Q4_0 Q4_1 Q5_0 Q5_1
- * IQ4_NL: Q4_1/Q5_1 take the block sum of x from its qs, so no Q8_1);
+ * IQ4_NL MXFP4: Q4_1/Q5_1 take the block sum of x from its qs, so no Q8_1);
  * Q8_K for the 256-element ones (Q2_K..Q6_K, IQ4_XS, TQ1_0, TQ2_0). */
 ks_dtype kern_act_type(ks_dtype wtype);
 

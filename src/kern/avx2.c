@@ -251,8 +251,8 @@ AVX2_MATMUL(f16, NRF, NCF, avx2__tile_f16, float)
 AVX2_MATMUL(bf16, NRF, NCF, avx2__tile_bf16, float)
 
 // ----------------------------------------------------------------------------
-// Q8_0 / Q4_0 / Q5_0 / IQ4_NL weights x Q8_0 activations. Must match
-// kern__dot_row_{q8_0,q4_0,q5_0,iq4_nl}_ref within relative 1e-5 of sum|w*x|: the block integer
+// Q8_0 / Q4_0 / Q5_0 / IQ4_NL / MXFP4 weights x Q8_0 activations. Must match
+// kern__dot_row_{q8_0,q4_0,q5_0,iq4_nl,mxfp4}_ref within relative 1e-5 of sum|w*x|: the block integer
 // dot is exact (8 int32 partial sums per block); only the f32 scaling
 // (d_w*d_x rounded to f32, partial sums converted to f32) and the f32
 // accumulation across blocks differ from ref's double sum.
@@ -360,11 +360,24 @@ KERN_INLINE void avx2__dec_iq4_nl(const uint8_t *row, int64_t i, __m256i *aw, __
     *dw = avx2__f16(w->d);
 }
 
+/* MXFP4: the doubled E2M1 values (|v| <= 12), scale 2^(e - 128). */
+KERN_INLINE void avx2__dec_mxfp4(const uint8_t *row, int64_t i, __m256i *aw, __m256i *bw,
+                                 float *dw) {
+    const kern_block_mxfp4 *w = (const kern_block_mxfp4 *)(const void *)row + i;
+    const __m256i tab = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128((const __m128i *)(const void *)kern_mxfp4_values));
+    *bw = _mm256_shuffle_epi8(tab, avx2__nibbles(w->qs));
+    *aw = _mm256_sign_epi8(*bw, *bw);
+    *dw = kern__e8m0_half(w->e);
+}
+
 AVX2_Q8_TILE(q5_0)
 AVX2_Q8_TILE(iq4_nl)
+AVX2_Q8_TILE(mxfp4)
 
 AVX2_MATMUL(q5_0, NRQ, NCQ, avx2__tile_q5_0, kern_block_q8_0)
 AVX2_MATMUL(iq4_nl, NRQ, NCQ, avx2__tile_iq4_nl, kern_block_q8_0)
+AVX2_MATMUL(mxfp4, NRQ, NCQ, avx2__tile_mxfp4, kern_block_q8_0)
 
 // Q4_1 / Q5_1 weights x Q8_0 activations: value = d*q + m with q >= 0, so
 // the unsigned q multiplies x directly (maddubs, no saturation: q <= 31),
@@ -1127,6 +1140,7 @@ const kern_vtab kern__vtab_avx2 = {
             [KS_DTYPE_IQ4_XS] = avx2__matmul_iq4_xs,
             [KS_DTYPE_TQ1_0] = avx2__matmul_tq1_0,
             [KS_DTYPE_TQ2_0] = avx2__matmul_tq2_0,
+            [KS_DTYPE_MXFP4] = avx2__matmul_mxfp4,
         },
     .matmul_r16 =
         {

@@ -454,29 +454,37 @@ static void a512__matmul_q4_0(int64_t K, int n_rows, int n_cols, const void *W, 
 }
 
 // ----------------------------------------------------------------------------
-// Q4_1 / Q5_0 / Q5_1 / IQ4_NL weights x Q8_0 activations
+// Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4 weights x Q8_0 activations
 // Per pair of 32-element blocks, one zmm of 64 unsigned weight bytes u in
 // element order (bytes 0-31 block b, 32-63 block b+1; a lone last block
 // leaves the upper half and its scales zero) times the two activation
 // blocks, with a512__dpbusd_v: int32 lanes 0-7 belong to block b, 8-15 to
 // b+1, each the exact sum of 4 products. The offset of each type goes back
 // out in int32, from xs = the lane's sum of x (exact): Q5_0 u = q (value
-// q - 16): - 16*xs; IQ4_NL u = codebook + 128: - 128*xs; Q4_1 / Q5_1 u = q
+// q - 16): - 16*xs; IQ4_NL and MXFP4 u = codebook + 128: - 128*xs; Q4_1 / Q5_1 u = q
 // (value d*q + m): nothing, and m's term is acc = fma(xs, m_w*d_x, acc).
 // Then acc = fma((float)isum, d_w*d_x per lane, acc), pairs in order, one
 // reduction at the end; the sequence depends only on K (batch invariance).
 
-enum { A512_Q41, A512_Q50, A512_Q51, A512_IQ4NL };
+enum { A512_Q41, A512_Q50, A512_Q51, A512_IQ4NL, A512_MXFP4 };
 
 /* Block bytes, and the offsets of qs and qh in a block, of type T. */
-#define A512_Q32_BYTES(T) ((T) == A512_Q41 ? 20 : (T) == A512_Q50 ? 22 : (T) == A512_Q51 ? 24 : 18)
-#define A512_Q32_QS(T) ((T) == A512_Q41 ? 4 : (T) == A512_Q50 ? 6 : (T) == A512_Q51 ? 8 : 2)
+#define A512_Q32_BYTES(T)                                                                          \
+    ((T) == A512_Q41 ? 20 : (T) == A512_Q50 ? 22 : (T) == A512_Q51 ? 24 : (T) == A512_MXFP4 ? 17 : 18)
+#define A512_Q32_QS(T)                                                                             \
+    ((T) == A512_Q41 ? 4 : (T) == A512_Q50 ? 6 : (T) == A512_Q51 ? 8 : (T) == A512_MXFP4 ? 1 : 2)
 #define A512_Q32_QH(T) ((T) == A512_Q50 ? 2 : 4)
 
 /* Two f16 scales (the second 0 when absent) in lanes 0-7 and 8-15. */
 A512_INLINE __m512 a512__d2(const uint8_t *p0, const uint8_t *p1) {
     return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a512__f16(p0)),
                                 _mm512_set1_ps(p1 ? a512__f16(p1) : 0.0f));
+}
+
+/* The same for two MXFP4 E8M0 scales (kern__e8m0_half). */
+A512_INLINE __m512 a512__e2(const uint8_t *p0, const uint8_t *p1) {
+    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(kern__e8m0_half(*p0)),
+                                _mm512_set1_ps(p1 ? kern__e8m0_half(*p1) : 0.0f));
 }
 
 /* The unsigned weight bytes of blocks b (at wb) and b+1 (n == 2). */
@@ -497,8 +505,9 @@ A512_INLINE __m512i a512__q32_wq(int T, const uint8_t *wb, int n) {
         __mmask64 k = (__mmask64)h0 | (__mmask64)h1 << 32;
         q = _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
     }
-    if (T == A512_IQ4NL) { // codebook + 128 (1..241), the same in each 128-bit lane
-        const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)kern_iq4nl_values);
+    if (T == A512_IQ4NL || T == A512_MXFP4) { // codebook + 128, the same in each 128-bit lane
+        const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(
+            T == A512_MXFP4 ? kern_mxfp4_values : kern_iq4nl_values));
         q = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_xor_si128(v, _mm_set1_epi8((char)0x80))),
                                 q);
     }
@@ -508,7 +517,7 @@ A512_INLINE __m512i a512__q32_wq(int T, const uint8_t *wb, int n) {
 A512_INLINE void a512__q32_tile(int T, int R, int C, const a512_tile *t, int V) {
     const int bs = A512_Q32_BYTES(T);
     const bool has_m = T == A512_Q41 || T == A512_Q51;
-    const int off = T == A512_Q50 ? 4 : T == A512_IQ4NL ? 7 : -1; /* log2 of the offset */
+    const int off = T == A512_Q50 ? 4 : T == A512_IQ4NL || T == A512_MXFP4 ? 7 : -1; /* log2 */
     const __m512i ones8 = _mm512_set1_epi8(1), z = _mm512_setzero_si512();
     __m512 acc[4][4];
     A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
@@ -529,7 +538,8 @@ A512_INLINE void a512__q32_tile(int T, int R, int C, const a512_tile *t, int V) 
             const uint8_t *wb = t->W + r * t->ws + ib * bs;
             a512__prefetch_next(t, r, R, ib * bs, 2 * bs);
             __m512i u = a512__q32_wq(T, wb, n);
-            __m512 wd = a512__d2(wb, n > 1 ? wb + bs : NULL);
+            __m512 wd = T == A512_MXFP4 ? a512__e2(wb, n > 1 ? wb + bs : NULL)
+                                        : a512__d2(wb, n > 1 ? wb + bs : NULL);
             __m512 wm = has_m ? a512__d2(wb + 2, n > 1 ? wb + bs + 2 : NULL) : wd;
             A512_FOR_C {
                 __m512i p = a512__dpbusd_v(V, corr[c], u, x[c]);
@@ -548,12 +558,14 @@ A512_INLINE void a512__q32_tile(int T, int R, int C, const a512_tile *t, int V) 
 #define a512__q5_0_tile(R, C, t, V) a512__q32_tile(A512_Q50, R, C, t, V)
 #define a512__q5_1_tile(R, C, t, V) a512__q32_tile(A512_Q51, R, C, t, V)
 #define a512__iq4_nl_tile(R, C, t, V) a512__q32_tile(A512_IQ4NL, R, C, t, V)
+#define a512__mxfp4_tile(R, C, t, V) a512__q32_tile(A512_MXFP4, R, C, t, V)
 A512_TILES_V(a512__q4_1_tile)
 A512_TILES_V(a512__q5_0_tile)
 A512_TILES_V(a512__q5_1_tile)
 A512_TILES_V(a512__iq4_nl_tile)
+A512_TILES_V(a512__mxfp4_tile)
 
-/* Match kern__matmul_{q4_1,q5_0,q5_1,iq4_nl}_ref: block integer sums exact;
+/* Match kern__matmul_{q4_1,q5_0,q5_1,iq4_nl,mxfp4}_ref: block integer sums exact;
  * error as a512__matmul_q8_0's, of sum |block terms| (for Q4_1 / Q5_1 the
  * d and m terms counted apart: they can cancel). */
 static void a512__matmul_q4_1(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
@@ -571,6 +583,10 @@ static void a512__matmul_q5_1(int64_t K, int n_rows, int n_cols, const void *W, 
 static void a512__matmul_iq4_nl(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                                 const void *X, size_t xs, float *Y, size_t ys) {
     a512__run(a512__iq4_nl_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+static void a512__matmul_mxfp4(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                               const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__mxfp4_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 // ----------------------------------------------------------------------------
@@ -1328,6 +1344,7 @@ const kern_vtab kern__vtab_avx512 = {
             [KS_DTYPE_IQ4_XS] = a512__matmul_iq4_xs,
             [KS_DTYPE_TQ1_0] = a512__matmul_tq1_0,
             [KS_DTYPE_TQ2_0] = a512__matmul_tq2_0,
+            [KS_DTYPE_MXFP4] = a512__matmul_mxfp4,
         },
     .matmul_r16 =
         {

@@ -32,6 +32,7 @@ bool kern_wtype_supported(ks_dtype t) {
     case KS_DTYPE_IQ4_XS:
     case KS_DTYPE_TQ1_0:
     case KS_DTYPE_TQ2_0:
+    case KS_DTYPE_MXFP4:
         return true;
     default: return false;
     }
@@ -45,6 +46,7 @@ ks_dtype kern_act_type(ks_dtype wtype) {
     case KS_DTYPE_Q5_0:
     case KS_DTYPE_Q5_1:
     case KS_DTYPE_IQ4_NL:
+    case KS_DTYPE_MXFP4:
         return KS_DTYPE_Q8_0;
     case KS_DTYPE_Q4_K:
     case KS_DTYPE_Q6_K:

@@ -110,6 +110,7 @@ void kern_quantize_row(ks_dtype t, const float *x, void *y, int64_t n) {
         break;
     case KS_DTYPE_TQ1_0: kern__quantize_tq1_0_ref(x, y, n); break;
     case KS_DTYPE_TQ2_0: kern__quantize_tq2_0_ref(x, y, n); break;
+    case KS_DTYPE_MXFP4: kern__quantize_mxfp4_ref(x, y, n); break;
     default: KS_ASSERT(!"kern_quantize_row: unsupported type");
     }
 }
@@ -151,6 +152,7 @@ void kern_dequantize_row(ks_dtype t, const void *x, float *y, int64_t n) {
         break;
     case KS_DTYPE_TQ1_0: kern__dequantize_tq1_0_ref(x, y, n); break;
     case KS_DTYPE_TQ2_0: kern__dequantize_tq2_0_ref(x, y, n); break;
+    case KS_DTYPE_MXFP4: kern__dequantize_mxfp4_ref(x, y, n); break;
     default: KS_ASSERT(!"kern_dequantize_row: unsupported type");
     }
 }

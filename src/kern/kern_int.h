@@ -14,6 +14,8 @@
 
 #include "kvseal/kern.h"
 
+#include <string.h>
+
 #define KERN_QK8_0 32 /* elements per Q8_0 / Q4_0 block */
 #define KERN_QK_K 256 /* elements per K-quant super-block */
 /* GELU (kern.h gelu_mul): every ISA computes -2z as
@@ -82,6 +84,27 @@ _Static_assert(sizeof(kern_block_iq4_nl) == 18, "iq4_nl block is 18 bytes");
 /* The fixed non-linear codebook of IQ4_NL and IQ4_XS (GGUF spec). */
 static const int8_t kern_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                              1,    13,   25,  38,  53,  69,  89,  113};
+
+/* MXFP4 (OCP microscaling FP4): value[i] = 2^(e - 128) * kern_mxfp4_values[q[i]],
+ * q a nibble packed as Q4_0. The codebook is the E2M1 values doubled, so the
+ * E8M0 scale 2^(e - 127) is halved (kern__e8m0_half). */
+typedef struct __attribute__((packed)) kern_block_mxfp4 {
+    uint8_t e;      /* E8M0 exponent */
+    uint8_t qs[16]; /* E2M1 codes, as Q4_0 */
+} kern_block_mxfp4;
+_Static_assert(sizeof(kern_block_mxfp4) == 17, "mxfp4 block is 17 bytes");
+
+/* Twice the E2M1 values (sign bit 3, then 0 0.5 1 1.5 2 3 4 6). */
+static const int8_t kern_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* 2^(e - 128), exactly (e 0 and 1 give f32 subnormals); e = 255 is 2^127,
+ * not NaN, as in ggml. */
+static inline float kern__e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 
 /* Q4_K: 256 elements in 8 sub-blocks of 32; sub-block j has a 6-bit scale
  * sc[j] and 6-bit min m[j]; value = d*sc[j]*q - dmin*m[j], q in [0,15].
@@ -283,6 +306,7 @@ float kern__dot_row_iq4_nl_ref(int64_t K, const void *w, const void *x);
 float kern__dot_row_iq4_xs_ref(int64_t K, const void *w, const void *x);
 float kern__dot_row_tq1_0_ref(int64_t K, const void *w, const void *x);
 float kern__dot_row_tq2_0_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_mxfp4_ref(int64_t K, const void *w, const void *x);
 
 void kern__matmul_f32_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
                           const void *X, size_t x_stride, float *Y, size_t y_stride);
@@ -318,6 +342,8 @@ void kern__matmul_tq1_0_ref(int64_t K, int n_rows, int n_cols, const void *W, si
                             const void *X, size_t x_stride, float *Y, size_t y_stride);
 void kern__matmul_tq2_0_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
                             const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_mxfp4_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                            const void *X, size_t x_stride, float *Y, size_t y_stride);
 
 /* Activation quantizers (kern_quant_fn). Q8_0 and Q8_K use d = amax/127
  * (Q8_0: d rounded to f16 first), q = round-half-even(x * (1/d)); SIMD
@@ -343,6 +369,7 @@ void kern__quantize_iq4_nl_ref(const float *x, void *y, int64_t n);
 void kern__quantize_iq4_xs_ref(const float *x, void *y, int64_t n);
 void kern__quantize_tq1_0_ref(const float *x, void *y, int64_t n);
 void kern__quantize_tq2_0_ref(const float *x, void *y, int64_t n);
+void kern__quantize_mxfp4_ref(const float *x, void *y, int64_t n);
 void kern__dequantize_f32_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_f16_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_bf16_ref(const void *x, float *y, int64_t n);
@@ -361,6 +388,7 @@ void kern__dequantize_iq4_nl_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_iq4_xs_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_tq1_0_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_tq2_0_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_mxfp4_ref(const void *x, float *y, int64_t n);
 
 /* Vector ops (kern_vtab fields of the same names). */
 float kern__dot_f32_ref(int64_t n, const float *a, const float *b);

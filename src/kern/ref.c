@@ -242,6 +242,22 @@ float kern__dot_row_iq4_nl_ref(int64_t K, const void *w, const void *x) {
     return (float)s;
 }
 
+float kern__dot_row_mxfp4_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_mxfp4 *a = w;
+    const kern_block_q8_0 *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK8_0; i++) {
+        int q[32];
+        int32_t xsum;
+        ref__nibbles(a[i].qs, q);
+        for (int j = 0; j < 32; j++)
+            q[j] = kern_mxfp4_values[q[j]];
+        int32_t isum = ref__isum32(q, &b[i], &xsum);
+        s += (double)kern__e8m0_half(a[i].e) * (double)ks_f16_to_f32(b[i].d) * (double)isum;
+    }
+    return (float)s;
+}
+
 // K-quants beside Q4_K / Q6_K, and IQ4_XS: Q8_K activations. Per super-block
 // the integer sums are exact (the Q3_K "-4" and the Q2_K / Q5_K mins through
 // bsums); one double term per super-block scale.
@@ -435,6 +451,7 @@ REF_MATMUL(q2_K, kern__dot_row_q2_K_ref)
 REF_MATMUL(iq4_xs, kern__dot_row_iq4_xs_ref)
 REF_MATMUL(tq1_0, kern__dot_row_tq1_0_ref)
 REF_MATMUL(tq2_0, kern__dot_row_tq2_0_ref)
+REF_MATMUL(mxfp4, kern__dot_row_mxfp4_ref)
 
 // ----------------------------------------------------------------------------
 // Activation quantizers
@@ -915,6 +932,37 @@ void kern__quantize_tq2_0_ref(const float *x, void *y, int64_t n) {
     }
 }
 
+/* MXFP4: the OCP shared exponent, floor(log2(amax)) - 2 (E2M1's largest
+ * value 6 is 1.5 * 4), so amax / 2^(e - 127) lies in [4, 8) and clamps to 6
+ * above it; each element takes its nearest code (ties to the lower index). */
+void kern__quantize_mxfp4_ref(const float *x, void *y, int64_t n) {
+    kern_block_mxfp4 *b = y;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        const float *xb = x + KERN_QK8_0 * i;
+        float amax = 0.0f;
+        for (int l = 0; l < 32; l++)
+            amax = fmaxf(amax, fabsf(xb[l]));
+        int e = 0;
+        if (amax > 0.0f) {
+            int ex;
+            (void)frexpf(amax, &ex); // amax = m * 2^ex, m in [0.5, 1): floor(log2) = ex - 1
+            e = ref__clampi(ex - 1 - 2 + 127, 0, 254);
+        }
+        b[i].e = (uint8_t)e;
+        float d = kern__e8m0_half((uint8_t)e);
+        int q[32];
+        for (int l = 0; l < 32; l++) {
+            float v = xb[l] / d; // exact: d is a power of 2
+            int best = 0;
+            for (int c = 1; c < 16; c++)
+                if (fabsf(v - (float)kern_mxfp4_values[c]) < fabsf(v - (float)kern_mxfp4_values[best]))
+                    best = c;
+            q[l] = best;
+        }
+        ref__pack_nibbles(q, b[i].qs);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // Dequantizers (float op order as ggml's dequantize_row_*)
 
@@ -1113,6 +1161,17 @@ void kern__dequantize_tq2_0_ref(const void *x, float *y, int64_t n) {
     }
 }
 
+void kern__dequantize_mxfp4_ref(const void *x, float *y, int64_t n) {
+    const kern_block_mxfp4 *b = x;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        float d = kern__e8m0_half(b[i].e);
+        int q[32];
+        ref__nibbles(b[i].qs, q);
+        for (int l = 0; l < 32; l++)
+            y[KERN_QK8_0 * i + l] = (float)kern_mxfp4_values[q[l]] * d;
+    }
+}
+
 // ----------------------------------------------------------------------------
 // Vector ops
 
@@ -1258,6 +1317,7 @@ const kern_vtab kern__vtab_ref = {
             [KS_DTYPE_IQ4_XS] = kern__matmul_iq4_xs_ref,
             [KS_DTYPE_TQ1_0] = kern__matmul_tq1_0_ref,
             [KS_DTYPE_TQ2_0] = kern__matmul_tq2_0_ref,
+            [KS_DTYPE_MXFP4] = kern__matmul_mxfp4_ref,
         },
     .matmul_r16 =
         {
