@@ -622,7 +622,7 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
     else if (!strcmp(a, "--name"))
         o->name = v;
     else if (!strcmp(a, "--type")) {
-        if (!ks_dtype_parse(v, &o->type) || !kern_wtype_supported(o->type)) {
+        if (!ks_dtype_parse(v, &o->type) || !kern_quantize_supported(o->type)) {
             fprintf(stderr,
                     "kvseal mkmodel: --type '%s' is not one of f32 f16 bf16 q8_0 "
                     "q4_0 q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n",

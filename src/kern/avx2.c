@@ -8,6 +8,7 @@
  * depend on the tile shape (nr, nc), so an element computed in a tile equals
  * it computed alone, bit for bit. Tails are handled in place (masked loads, zero padding) with a
  * sequence that depends only on K. No pointer needs alignment. */
+#include "kern/iq_simd.h"
 #include "kern/kern_int.h"
 
 #include <immintrin.h>
@@ -848,6 +849,91 @@ KERN_INLINE void avx2__tile_tq2_0(int64_t K, const uint8_t *const *wr, int nr,
 AVX2_MATMUL(tq1_0, 1, NCQ, avx2__tile_tq1_0, kern_block_q8_K)
 AVX2_MATMUL(tq2_0, 1, NCQ, avx2__tile_tq2_0, kern_block_q8_K)
 
+// The codebook types (IQ1_*, IQ2_*, IQ3_*) x Q8_K: one weight row per tile,
+// each sub-block decoded once (iq_simd.h) into 32 signed int8 weights w
+// (|w| <= 62) and the int16 scales of its halves; per column
+// madd(maddubs(|w|, sign(x, w)), scales), exact (pairs <= 15748), then one
+// fma by d * factor * d_x per super-block. Integer sums are ref's; error as
+// the other Q8_K kernels' (MATMUL_REL of sum|w*x|).
+
+KERN_INLINE void avx2__tile_iq(ks_dtype T, int64_t K, const uint8_t *const *wr,
+                               const kern_block_q8_K *const *x, int nc, float *out) {
+    const int64_t bs = ks_dtype_block_bytes(T);
+    __m256 acc[NCQ];
+    UNROLL
+    for (int j = 0; j < nc; j++)
+        acc[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        const uint8_t *b = wr[0] + i * bs;
+        __m256i w[8], scv[8]; // sub-block s: signed weights; int16 scales (halves)
+        UNROLL
+        for (int s = 0; s < 8; s++) {
+            int l0, l1;
+            w[s] = iqs__decode(T, b, s, &l0, &l1);
+            scv[s] = _mm256_set_m128i(_mm_set1_epi16((short)l1), _mm_set1_epi16((short)l0));
+        }
+        float d = iqs__d(T, b);
+        UNROLL
+        for (int j = 0; j < nc; j++) {
+            const kern_block_q8_K *xb = &x[j][i];
+            __m256i isum = _mm256_setzero_si256();
+            UNROLL
+            for (int s = 0; s < 8; s++) {
+                __m256i bx = _mm256_loadu_si256((const __m256i *)(const void *)(xb->qs + 32 * s));
+                __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w[s], w[s]), _mm256_sign_epi8(bx, w[s]));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scv[s]));
+            }
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(isum), acc[j]);
+        }
+    }
+    UNROLL
+    for (int j = 0; j < nc; j++)
+        out[j] = avx2__hsum(acc[j]);
+}
+
+KERN_INLINE void avx2__tile_iq2_xxs(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_iq(KS_DTYPE_IQ2_XXS, K, wr, x, nc, out);
+}
+AVX2_MATMUL(iq2_xxs, 1, NCQ, avx2__tile_iq2_xxs, kern_block_q8_K)
+KERN_INLINE void avx2__tile_iq2_xs(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_iq(KS_DTYPE_IQ2_XS, K, wr, x, nc, out);
+}
+AVX2_MATMUL(iq2_xs, 1, NCQ, avx2__tile_iq2_xs, kern_block_q8_K)
+KERN_INLINE void avx2__tile_iq2_s(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_iq(KS_DTYPE_IQ2_S, K, wr, x, nc, out);
+}
+AVX2_MATMUL(iq2_s, 1, NCQ, avx2__tile_iq2_s, kern_block_q8_K)
+KERN_INLINE void avx2__tile_iq3_xxs(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_iq(KS_DTYPE_IQ3_XXS, K, wr, x, nc, out);
+}
+AVX2_MATMUL(iq3_xxs, 1, NCQ, avx2__tile_iq3_xxs, kern_block_q8_K)
+KERN_INLINE void avx2__tile_iq3_s(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_iq(KS_DTYPE_IQ3_S, K, wr, x, nc, out);
+}
+AVX2_MATMUL(iq3_s, 1, NCQ, avx2__tile_iq3_s, kern_block_q8_K)
+KERN_INLINE void avx2__tile_iq1_s(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_iq(KS_DTYPE_IQ1_S, K, wr, x, nc, out);
+}
+AVX2_MATMUL(iq1_s, 1, NCQ, avx2__tile_iq1_s, kern_block_q8_K)
+KERN_INLINE void avx2__tile_iq1_m(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_iq(KS_DTYPE_IQ1_M, K, wr, x, nc, out);
+}
+AVX2_MATMUL(iq1_m, 1, NCQ, avx2__tile_iq1_m, kern_block_q8_K)
+
 // ----------------------------------------------------------------------------
 // Activation quantizers: must produce the same bytes as
 // kern__quantize_q8_0_ref / kern__quantize_q8_K_ref (tolerance: exact). The
@@ -1141,6 +1227,13 @@ const kern_vtab kern__vtab_avx2 = {
             [KS_DTYPE_TQ1_0] = avx2__matmul_tq1_0,
             [KS_DTYPE_TQ2_0] = avx2__matmul_tq2_0,
             [KS_DTYPE_MXFP4] = avx2__matmul_mxfp4,
+            [KS_DTYPE_IQ2_XXS] = avx2__matmul_iq2_xxs,
+            [KS_DTYPE_IQ2_XS] = avx2__matmul_iq2_xs,
+            [KS_DTYPE_IQ2_S] = avx2__matmul_iq2_s,
+            [KS_DTYPE_IQ3_XXS] = avx2__matmul_iq3_xxs,
+            [KS_DTYPE_IQ3_S] = avx2__matmul_iq3_s,
+            [KS_DTYPE_IQ1_S] = avx2__matmul_iq1_s,
+            [KS_DTYPE_IQ1_M] = avx2__matmul_iq1_m,
         },
     .matmul_r16 =
         {

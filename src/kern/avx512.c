@@ -27,6 +27,7 @@
  * steps they share are avx512_int.h's. This file holds the row-major
  * (plain) matmuls, the activation quantizers and the vtab. */
 #include "kern/avx512_int.h"
+#include "kern/iq_simd.h"
 
 #include <math.h>
 
@@ -1237,6 +1238,101 @@ static void a512__matmul_tq2_0(int64_t K, int n_rows, int n_cols, const void *W,
 }
 
 // ----------------------------------------------------------------------------
+// The codebook types (IQ1_*, IQ2_*, IQ3_*) x Q8_K
+// Per super-block four 64-element steps; per row and step two sub-blocks
+// decoded by iq_simd.h into signed int8 weights w (|w| <= 62) and int16
+// scale lanes (8 per 16 elements); per column maddubs(|w|, x negated where
+// w < 0) (pairs <= 15748, exact) and madd / vpdpwssd by the scales into 16
+// exact int32 lanes; one fma per super-block by d * factor * d_x, one
+// reduction. Integer sums are ref's; the error is a512__matmul_q6_K's.
+
+A512_INLINE void a512__iq_tile(ks_dtype T, int R, int C, const a512_tile *t, int V) {
+    const int64_t bs = ks_dtype_block_bytes(T);
+    const __m512i z = _mm512_setzero_si512();
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nsb = t->K / 256;
+    for (int64_t i = 0; i < nsb; i++) {
+        float d[4];
+        A512_FOR_R {
+            a512__prefetch_next(t, r, R, i * bs, (int)bs);
+            d[r] = iqs__d(T, t->W + r * t->ws + i * bs);
+        }
+        __m512i isum[4][4];
+        A512_FOR_R A512_FOR_C isum[r][c] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+            __m512i xq[4];
+            A512_FOR_C xq[c] = _mm512_loadu_si512(t->X + c * t->xs + i * 292 + 4 + 64 * k);
+            A512_FOR_R {
+                const uint8_t *b = t->W + r * t->ws + i * bs;
+                int l0, l1, l2, l3;
+                __m256i w0 = iqs__decode(T, b, 2 * k, &l0, &l1);
+                __m256i w1 = iqs__decode(T, b, 2 * k + 1, &l2, &l3);
+                __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+                __m512i sc = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(
+                        _mm256_set_m128i(_mm_set1_epi16((short)l1), _mm_set1_epi16((short)l0))),
+                    _mm256_set_m128i(_mm_set1_epi16((short)l3), _mm_set1_epi16((short)l2)), 1);
+                __m512i aw = _mm512_abs_epi8(w);
+                __mmask64 neg = _mm512_movepi8_mask(w);
+                A512_FOR_C isum[r][c] = a512__madd_acc(
+                    V, isum[r][c], _mm512_maddubs_epi16(aw, _mm512_mask_sub_epi8(xq[c], neg, z, xq[c])),
+                    sc);
+            }
+        }
+        A512_FOR_C {
+            float dx = a512__f32(t->X + c * t->xs + i * 292);
+            A512_FOR_R acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][c]),
+                                                   _mm512_set1_ps(d[r] * dx), acc[r][c]);
+        }
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+#define a512__iq2_xxs_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ2_XXS, R, C, t, V)
+A512_TILES_V(a512__iq2_xxs_tile)
+static void a512__matmul_iq2_xxs(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq2_xxs_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+#define a512__iq2_xs_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ2_XS, R, C, t, V)
+A512_TILES_V(a512__iq2_xs_tile)
+static void a512__matmul_iq2_xs(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq2_xs_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+#define a512__iq2_s_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ2_S, R, C, t, V)
+A512_TILES_V(a512__iq2_s_tile)
+static void a512__matmul_iq2_s(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq2_s_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+#define a512__iq3_xxs_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ3_XXS, R, C, t, V)
+A512_TILES_V(a512__iq3_xxs_tile)
+static void a512__matmul_iq3_xxs(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq3_xxs_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+#define a512__iq3_s_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ3_S, R, C, t, V)
+A512_TILES_V(a512__iq3_s_tile)
+static void a512__matmul_iq3_s(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq3_s_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+#define a512__iq1_s_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ1_S, R, C, t, V)
+A512_TILES_V(a512__iq1_s_tile)
+static void a512__matmul_iq1_s(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq1_s_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+#define a512__iq1_m_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ1_M, R, C, t, V)
+A512_TILES_V(a512__iq1_m_tile)
+static void a512__matmul_iq1_m(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq1_m_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+// ----------------------------------------------------------------------------
 // Activation quantizers (byte-identical to ref.c)
 
 /* 16 floats * id, rounded half-even and clamped to [-127, 127] as int32.
@@ -1345,6 +1441,13 @@ const kern_vtab kern__vtab_avx512 = {
             [KS_DTYPE_TQ1_0] = a512__matmul_tq1_0,
             [KS_DTYPE_TQ2_0] = a512__matmul_tq2_0,
             [KS_DTYPE_MXFP4] = a512__matmul_mxfp4,
+            [KS_DTYPE_IQ2_XXS] = a512__matmul_iq2_xxs,
+            [KS_DTYPE_IQ2_XS] = a512__matmul_iq2_xs,
+            [KS_DTYPE_IQ2_S] = a512__matmul_iq2_s,
+            [KS_DTYPE_IQ3_XXS] = a512__matmul_iq3_xxs,
+            [KS_DTYPE_IQ3_S] = a512__matmul_iq3_s,
+            [KS_DTYPE_IQ1_S] = a512__matmul_iq1_s,
+            [KS_DTYPE_IQ1_M] = a512__matmul_iq1_m,
         },
     .matmul_r16 =
         {

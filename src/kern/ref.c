@@ -1318,6 +1318,13 @@ const kern_vtab kern__vtab_ref = {
             [KS_DTYPE_TQ1_0] = kern__matmul_tq1_0_ref,
             [KS_DTYPE_TQ2_0] = kern__matmul_tq2_0_ref,
             [KS_DTYPE_MXFP4] = kern__matmul_mxfp4_ref,
+            [KS_DTYPE_IQ2_XXS] = kern__matmul_iq2_xxs_ref,
+            [KS_DTYPE_IQ2_XS] = kern__matmul_iq2_xs_ref,
+            [KS_DTYPE_IQ2_S] = kern__matmul_iq2_s_ref,
+            [KS_DTYPE_IQ3_XXS] = kern__matmul_iq3_xxs_ref,
+            [KS_DTYPE_IQ3_S] = kern__matmul_iq3_s_ref,
+            [KS_DTYPE_IQ1_S] = kern__matmul_iq1_s_ref,
+            [KS_DTYPE_IQ1_M] = kern__matmul_iq1_m_ref,
         },
     .matmul_r16 =
         {

@@ -6,12 +6,21 @@
 #   block layouts, codebooks and scale encodings);
 # - `kvseal perplexity` within PPL_TOL of llama-perplexity's (-c 128).
 # Ternary TQ1_0 / TQ2_0 on the trained kjv-mini (its ffn_down rows of 704
-# fall back to Q4_0). Measured (late 2026 anchor): both ppl 130.4548 vs
-# 130.4420 (ratio 1.0001; the two files hold the same ternary digits).
+# fall back to Q4_0). Measured (late 2026 anchor, with the uniform
+# importance matrix below): both ppl 133.0490 vs 133.0000 (ratio 1.0004;
+# the two files hold the same ternary digits).
 # MXFP4_MOE on a random qwen3moe model (`kvseal mkmodel --arch qwen3moe`,
 # 8 experts): the preset writes MXFP4 only to the expert tensors (the rest
 # Q8_0). Measured: ppl 95500537 vs 95457937 (ratio 1.00045; the random
 # model is that far from the text at any type).
+# The codebook types on kjv-mini with a uniform importance matrix (which
+# llama-quantize requires for most of them; written here): the presets
+# IQ3_S, IQ3_XXS (which also writes IQ2_S and IQ3_S tensors), IQ2_S (IQ2_XS
+# and IQ3_S), IQ2_XS, IQ2_XXS, IQ1_S and IQ1_M (both with IQ2_XXS). Measured
+# ppl ratios (kvseal / llama.cpp): 0.9998, 1.0001, 1.0011, 1.0008, 0.9973,
+# 1.0005, 1.0032, so the usual 0.5% holds even at 1.6-1.75 bits; the spread
+# is the activations' rounding (kvseal's Q8_K d = amax/127 vs llama.cpp's
+# -127/max), not the weights: those are llama.cpp's bit for bit.
 # Greedy text is not compared: at 1.6-2 bits kjv-mini's top logits are
 # near ties on most steps.
 . "$(dirname "$0")/lib.sh"
@@ -21,7 +30,34 @@ VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
 [ -e "$VOCAB" ] || skip "$VOCAB is absent"
 CMP=${KS_BUILD:-}/qdeq_cmp
 [ -x "$CMP" ] || skip "qdeq_cmp is not built ($CMP)"
-LOWBIT=${KS_LOWBIT_PRESETS:-"TQ1_0 TQ2_0"}
+LOWBIT=${KS_LOWBIT_PRESETS:-"TQ1_0 TQ2_0 IQ3_S IQ3_XXS IQ2_S IQ2_XS IQ2_XXS IQ1_S IQ1_M"}
+command -v python3 >/dev/null || skip "python3 is absent (it writes the importance matrix)"
+
+# write_imatrix MODEL OUT — a legacy-format importance matrix (llama.cpp's
+# .dat: int32 n_entries; per entry int32 name length, the name, int32 calls,
+# int32 n, n f32; then int32 last call, int32 length, dataset name) of all
+# ones for every 2-D or 3-D weight of MODEL (n = ne[0] * experts), read
+# from `kvseal inspect`: llama-quantize refuses IQ1_*, IQ2_XXS/XS/S and
+# IQ3_XXS without one, and uniform importance is what these tests want.
+write_imatrix() {
+    "$KS_BIN" inspect "$1" | python3 -c '
+import struct, sys
+ents = []
+for ln in sys.stdin:
+    f = ln.split()
+    if len(f) >= 3 and f[0].endswith(".weight") and f[2].startswith("["):
+        dims = [int(v) for v in " ".join(f[2:]).split("]")[0].strip("[").split(",")]
+        if len(dims) >= 2:
+            ents.append((f[0].encode(), dims[0] * (dims[2] if len(dims) > 2 else 1)))
+out = open(sys.argv[1], "wb")
+out.write(struct.pack("<i", len(ents)))
+for name, n in ents:
+    out.write(struct.pack("<i", len(name)) + name + struct.pack("<ii", 1, n))
+    out.write(struct.pack("<%df" % n, *([1.0] * n)))
+out.write(struct.pack("<ii", 1, 4) + b"ones")
+' "$2" || fail "could not write the importance matrix of $1"
+}
+write_imatrix "$KS_SRC/models/kjv-mini.gguf" "$TMPD/ones.imatrix"
 
 # check_deq NAME MODEL — qdeq_cmp of MODEL against llama.cpp's F32 of it
 check_deq() {
@@ -34,7 +70,9 @@ check_deq() {
 }
 
 for q in $LOWBIT; do
-    quantize "$KS_SRC/models/kjv-mini.gguf" "$TMPD/q.gguf" "$q"
+    "$A/llama-quantize" --imatrix "$TMPD/ones.imatrix" "$KS_SRC/models/kjv-mini.gguf" \
+        "$TMPD/q.gguf" "$q" 2 >"$TMPD/q.log" 2>&1 ||
+        fail "llama-quantize $q: $(tail -n 3 "$TMPD/q.log")"
     check_deq "kjv-mini $q" "$TMPD/q.gguf"
     check_ppl "kjv-mini $q" "$TMPD/q.gguf"
     echo
