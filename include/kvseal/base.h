@@ -239,7 +239,9 @@ typedef enum ks_dtype {
     /* 31-33: retired (Q4_0_4_4, Q4_0_4_8, Q4_0_8_8) */
     KS_DTYPE_TQ1_0 = 34,
     KS_DTYPE_TQ2_0 = 35,
-    KS_DTYPE__COUNT = 36
+    /* 36-38: retired (IQ4_NL_4_4, IQ4_NL_4_8, IQ4_NL_8_8) */
+    KS_DTYPE_MXFP4 = 39,
+    KS_DTYPE__COUNT = 40
 } ks_dtype;
 
 /* True when t is a known ggml type id (its block layout is known). */

@@ -108,13 +108,16 @@ const kern_vtab *kern_get(void);
 const kern_vtab *kern_vtab_for(const char *isa);
 
 /* The weight types the matmul supports, as errors list them. */
-#define KERN_WTYPES "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS"
+#define KERN_WTYPES                                                                                \
+    "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS TQ1_0 TQ2_0 MXFP4 "                     \
+    "IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S"
 /* True for the weight types of KERN_WTYPES. */
 bool kern_wtype_supported(ks_dtype t);
 /* The activation format a weight type multiplies against: F32 for
  * F32/F16/BF16; Q8_0 for the 32-element types (Q8_0 Q4_0 Q4_1 Q5_0 Q5_1
- * IQ4_NL: Q4_1/Q5_1 take the block sum of x from its qs, so no Q8_1);
- * Q8_K for the 256-element ones (Q2_K..Q6_K, IQ4_XS). */
+ * IQ4_NL MXFP4: Q4_1/Q5_1 take the block sum of x from its qs, so no Q8_1);
+ * Q8_K for the 256-element ones (Q2_K..Q6_K, IQ4_XS, TQ1_0, TQ2_0 and the
+ * codebook types IQ1_*, IQ2_*, IQ3_*). */
 ks_dtype kern_act_type(ks_dtype wtype);
 
 /* The r16 weight layout: 16 rows of a Q8_0 or Q4_0 matrix interleaved so
@@ -171,13 +174,18 @@ void kern_r16_pack(ks_dtype t, int64_t K, const void *W, size_t w_stride, void *
 /* Row r (0..15) of an r16 group, back to its GGUF bytes (the inverse). */
 void kern_r16_unpack_row(ks_dtype t, int64_t K, const void *group, int r, void *row);
 
+/* True for the types kern_quantize_row writes: Q8_K and every
+ * kern_wtype_supported type but the codebook ones (IQ1_*, IQ2_*, IQ3_*),
+ * which only an importance-weighted grid search (llama-quantize) writes. */
+bool kern_quantize_supported(ks_dtype t);
 /* Reference (scalar) conversion of n floats into type t, for weights and
- * tests: every kern_wtype_supported type and Q8_K. n must be a multiple of
+ * tests: every kern_quantize_supported type. n must be a multiple of
  * the block size. Deterministic, round to nearest around simple scales:
  * valid blocks, but not the bytes llama-quantize (which searches scales)
  * would write. Can't fail (asserts on bad t/n). */
 void kern_quantize_row(ks_dtype t, const float *x, void *y, int64_t n);
-/* Reference conversion of n elements of type t back to floats (same types). */
+/* Reference conversion of n elements of type t back to floats: every
+ * kern_wtype_supported type and Q8_K (codebook types bit for bit as llama.cpp). */
 void kern_dequantize_row(ks_dtype t, const void *x, float *y, int64_t n);
 
 /* RoPE on one head vector of n_dims (even) values at position pos, in place.

@@ -109,7 +109,7 @@ static const dtype__info dtype__table[KS_DTYPE__COUNT] = {
     [KS_DTYPE_I32] = {"I32", 1, 4},          [KS_DTYPE_I64] = {"I64", 1, 8},
     [KS_DTYPE_F64] = {"F64", 1, 8},          [KS_DTYPE_IQ1_M] = {"IQ1_M", 256, 56},
     [KS_DTYPE_BF16] = {"BF16", 1, 2},        [KS_DTYPE_TQ1_0] = {"TQ1_0", 256, 54},
-    [KS_DTYPE_TQ2_0] = {"TQ2_0", 256, 66},
+    [KS_DTYPE_TQ2_0] = {"TQ2_0", 256, 66},   [KS_DTYPE_MXFP4] = {"MXFP4", 32, 17},
 };
 
 bool ks_dtype_known(uint32_t t) { return t < KS_DTYPE__COUNT && dtype__table[t].name; }

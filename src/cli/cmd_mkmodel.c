@@ -411,6 +411,7 @@ static void mk__usage(FILE *fp) {
         "                               (default llama); gemma: tied, post-norms, GELU\n"
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
         "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
+        "                               tq1_0 tq2_0 mxfp4\n"
         "  --shape tiny|1.1b            preset (default tiny: 256 embd, 2 layers, 8/2 heads,\n"
         "                               512 ff, ctx 512; 1.1b: TinyLlama 2048/22/32/4/5632/2048)\n"
         "  --n-embd N --n-layer N --n-head N --n-head-kv N --n-ff N --ctx N --head-dim N\n"
@@ -490,6 +491,12 @@ static uint32_t mk__file_type(ks_dtype t) {
         return 25;
     case KS_DTYPE_IQ4_XS:
         return 30;
+    case KS_DTYPE_TQ1_0:
+        return 36;
+    case KS_DTYPE_TQ2_0:
+        return 37;
+    case KS_DTYPE_MXFP4:
+        return 38; // MXFP4_MOE, the only llama.cpp file type that holds it
     case KS_DTYPE_BF16:
         return 32;
     default:
@@ -714,10 +721,11 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
     else if (!strcmp(a, "--name"))
         o->name = v;
     else if (!strcmp(a, "--type")) {
-        if (!ks_dtype_parse(v, &o->type) || !kern_wtype_supported(o->type)) {
+        if (!ks_dtype_parse(v, &o->type) || !kern_quantize_supported(o->type)) {
             fprintf(stderr,
                     "kvseal mkmodel: --type '%s' is not one of f32 f16 bf16 q8_0 "
-                    "q4_0 q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n",
+                    "q4_0 q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs tq1_0 tq2_0 "
+                    "mxfp4\n",
                     v);
             return 2;
         }

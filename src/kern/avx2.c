@@ -8,6 +8,7 @@
  * depend on the tile shape (nr, nc), so an element computed in a tile equals
  * it computed alone, bit for bit. Tails are handled in place (masked loads, zero padding) with a
  * sequence that depends only on K. No pointer needs alignment. */
+#include "kern/iq_simd.h"
 #include "kern/kern_int.h"
 
 #include <immintrin.h>
@@ -251,8 +252,8 @@ AVX2_MATMUL(f16, NRF, NCF, avx2__tile_f16, float)
 AVX2_MATMUL(bf16, NRF, NCF, avx2__tile_bf16, float)
 
 // ----------------------------------------------------------------------------
-// Q8_0 / Q4_0 / Q5_0 / IQ4_NL weights x Q8_0 activations. Must match
-// kern__dot_row_{q8_0,q4_0,q5_0,iq4_nl}_ref within relative 1e-5 of sum|w*x|: the block integer
+// Q8_0 / Q4_0 / Q5_0 / IQ4_NL / MXFP4 weights x Q8_0 activations. Must match
+// kern__dot_row_{q8_0,q4_0,q5_0,iq4_nl,mxfp4}_ref within relative 1e-5 of sum|w*x|: the block integer
 // dot is exact (8 int32 partial sums per block); only the f32 scaling
 // (d_w*d_x rounded to f32, partial sums converted to f32) and the f32
 // accumulation across blocks differ from ref's double sum.
@@ -360,11 +361,24 @@ KERN_INLINE void avx2__dec_iq4_nl(const uint8_t *row, int64_t i, __m256i *aw, __
     *dw = avx2__f16(w->d);
 }
 
+/* MXFP4: the doubled E2M1 values (|v| <= 12), scale 2^(e - 128). */
+KERN_INLINE void avx2__dec_mxfp4(const uint8_t *row, int64_t i, __m256i *aw, __m256i *bw,
+                                 float *dw) {
+    const kern_block_mxfp4 *w = (const kern_block_mxfp4 *)(const void *)row + i;
+    const __m256i tab = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128((const __m128i *)(const void *)kern_mxfp4_values));
+    *bw = _mm256_shuffle_epi8(tab, avx2__nibbles(w->qs));
+    *aw = _mm256_sign_epi8(*bw, *bw);
+    *dw = kern__e8m0_half(w->e);
+}
+
 AVX2_Q8_TILE(q5_0)
 AVX2_Q8_TILE(iq4_nl)
+AVX2_Q8_TILE(mxfp4)
 
 AVX2_MATMUL(q5_0, NRQ, NCQ, avx2__tile_q5_0, kern_block_q8_0)
 AVX2_MATMUL(iq4_nl, NRQ, NCQ, avx2__tile_iq4_nl, kern_block_q8_0)
+AVX2_MATMUL(mxfp4, NRQ, NCQ, avx2__tile_mxfp4, kern_block_q8_0)
 
 // Q4_1 / Q5_1 weights x Q8_0 activations: value = d*q + m with q >= 0, so
 // the unsigned q multiplies x directly (maddubs, no saturation: q <= 31),
@@ -731,6 +745,195 @@ AVX2_MATMUL(q3_K, 1, NCQ, avx2__tile_q3_K, kern_block_q8_K)
 AVX2_MATMUL(q2_K, 1, NCQ, avx2__tile_q2_K, kern_block_q8_K)
 AVX2_MATMUL(iq4_xs, 1, NCQ, avx2__tile_iq4_xs, kern_block_q8_K)
 
+// TQ1_0 / TQ2_0 (ternary) weights x Q8_K activations: one weight row per
+// tile, decoded once into eight 32-element steps of unsigned digits u = t + 1
+// (0..2; TQ2_0 0..3), which maddubs multiplies by x exactly (|u*x| pairs <=
+// 762, 8 steps <= 6096: no int16 saturation); the "- 1" goes out through the
+// bsums (sum x, exact). So the integer sum per super-block is ref's; only the
+// f32 scaling and the cross-block sum round (MATMUL_REL of sum|w*x|).
+
+/* v * 3 (mod 256) per byte. */
+KERN_INLINE __m256i avx2__x3(__m256i v) { return _mm256_add_epi8(_mm256_add_epi8(v, v), v); }
+
+/* The TQ1_0 digit of bytes b already multiplied by 3^n (mod 256):
+ * (b * 3) >> 8 = [b > 85] + [b > 170] (kern__tq1_digit), 0..2. */
+KERN_INLINE __m256i avx2__tq1_digit(__m256i b) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    __m256i s = _mm256_xor_si256(b, flip); // unsigned order as signed
+    __m256i g1 = _mm256_cmpgt_epi8(s, _mm256_set1_epi8((char)(85 ^ 0x80)));
+    __m256i g2 = _mm256_cmpgt_epi8(s, _mm256_set1_epi8((char)(170 ^ 0x80)));
+    return _mm256_sub_epi8(_mm256_sub_epi8(_mm256_setzero_si256(), g1), g2);
+}
+
+/* The digits (0..2) of a TQ1_0 block, elements 32g .. 32g+31 in u[g]
+ * (layout: kern_int.h): steps 0-4 digit g of qs[0..31]; step 5 digits 0 and
+ * 1 of qs[32..47] (128-bit halves), step 6 digits 2 and 3; step 7 digit 4 of
+ * qs[32..47], then digits 0..3 of qh[0..3] (one 32-bit word each). */
+KERN_INLINE void avx2__tq1_decode(const kern_block_tq1_0 *b, __m256i u[8]) {
+    __m256i p = _mm256_loadu_si256((const __m256i *)(const void *)b->qs);
+    UNROLL
+    for (int n = 0; n < 5; n++) {
+        u[n] = avx2__tq1_digit(p);
+        p = avx2__x3(p);
+    }
+    __m256i q1 =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(b->qs + 32)));
+    __m256i q3 = avx2__x3(q1), q9 = avx2__x3(q3), q27 = avx2__x3(q9), q81 = avx2__x3(q27);
+    int32_t h;
+    memcpy(&h, b->qh, 4);
+    __m256i h1 = _mm256_set1_epi32(h), h3 = avx2__x3(h1), h9 = avx2__x3(h3), h27 = avx2__x3(h9);
+    __m256i t = _mm256_blend_epi32(q81, h1, 0x10);
+    t = _mm256_blend_epi32(t, h3, 0x20);
+    t = _mm256_blend_epi32(t, h9, 0x40);
+    t = _mm256_blend_epi32(t, h27, 0x80);
+    u[5] = avx2__tq1_digit(_mm256_blend_epi32(q1, q3, 0xF0));
+    u[6] = avx2__tq1_digit(_mm256_blend_epi32(q9, q27, 0xF0));
+    u[7] = avx2__tq1_digit(t);
+}
+
+/* A TQ1_0 (T1 = 1) or TQ2_0 tile. */
+KERN_INLINE void avx2__tile_tq(int T1, int64_t K, const uint8_t *const *wr,
+                               const kern_block_q8_K *const *x, int nc, float *out) {
+    const int bs = T1 ? (int)sizeof(kern_block_tq1_0) : (int)sizeof(kern_block_tq2_0);
+    __m256 acc[NCQ];
+    UNROLL
+    for (int j = 0; j < nc; j++)
+        acc[j] = _mm256_setzero_ps();
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        const uint8_t *wb = wr[0] + i * bs;
+        __m256i u[8];
+        float d;
+        if (T1) {
+            const kern_block_tq1_0 *b = (const kern_block_tq1_0 *)(const void *)wb;
+            avx2__tq1_decode(b, u);
+            d = avx2__f16(b->d);
+        } else {
+            const kern_block_tq2_0 *b = (const kern_block_tq2_0 *)(const void *)wb;
+            UNROLL
+            for (int g = 0; g < 8; g++)
+                u[g] = avx2__q2(b->qs, g);
+            d = avx2__f16(b->d);
+        }
+        UNROLL
+        for (int j = 0; j < nc; j++) {
+            const kern_block_q8_K *xb = &x[j][i];
+            __m256i p16 = _mm256_setzero_si256();
+            UNROLL
+            for (int g = 0; g < 8; g++) {
+                __m256i bx = _mm256_loadu_si256((const __m256i *)(const void *)(xb->qs + 32 * g));
+                p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(u[g], bx));
+            }
+            __m256i bsum = _mm256_loadu_si256((const __m256i *)(const void *)xb->bsums);
+            __m256i isum = _mm256_sub_epi32(_mm256_madd_epi16(p16, ones16),
+                                            _mm256_madd_epi16(bsum, ones16)); // sum (u - 1) * x
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(isum), acc[j]);
+        }
+    }
+    UNROLL
+    for (int j = 0; j < nc; j++)
+        out[j] = avx2__hsum(acc[j]);
+}
+
+KERN_INLINE void avx2__tile_tq1_0(int64_t K, const uint8_t *const *wr, int nr,
+                                  const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_tq(1, K, wr, x, nc, out);
+}
+KERN_INLINE void avx2__tile_tq2_0(int64_t K, const uint8_t *const *wr, int nr,
+                                  const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_tq(0, K, wr, x, nc, out);
+}
+
+AVX2_MATMUL(tq1_0, 1, NCQ, avx2__tile_tq1_0, kern_block_q8_K)
+AVX2_MATMUL(tq2_0, 1, NCQ, avx2__tile_tq2_0, kern_block_q8_K)
+
+// The codebook types (IQ1_*, IQ2_*, IQ3_*) x Q8_K: one weight row per tile,
+// each sub-block decoded once (iq_simd.h) into 32 signed int8 weights w
+// (|w| <= 62) and the int16 scales of its halves; per column
+// madd(maddubs(|w|, sign(x, w)), scales), exact (pairs <= 15748), then one
+// fma by d * factor * d_x per super-block. Integer sums are ref's; error as
+// the other Q8_K kernels' (MATMUL_REL of sum|w*x|).
+
+KERN_INLINE void avx2__tile_iq(ks_dtype T, int64_t K, const uint8_t *const *wr,
+                               const kern_block_q8_K *const *x, int nc, float *out) {
+    const int64_t bs = ks_dtype_block_bytes(T);
+    __m256 acc[NCQ];
+    UNROLL
+    for (int j = 0; j < nc; j++)
+        acc[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        const uint8_t *b = wr[0] + i * bs;
+        __m256i w[8], scv[8]; // sub-block s: signed weights; int16 scales (halves)
+        UNROLL
+        for (int s = 0; s < 8; s++) {
+            int l0, l1;
+            w[s] = iqs__decode(T, b, s, &l0, &l1);
+            scv[s] = _mm256_set_m128i(_mm_set1_epi16((short)l1), _mm_set1_epi16((short)l0));
+        }
+        float d = iqs__d(T, b);
+        UNROLL
+        for (int j = 0; j < nc; j++) {
+            const kern_block_q8_K *xb = &x[j][i];
+            __m256i isum = _mm256_setzero_si256();
+            UNROLL
+            for (int s = 0; s < 8; s++) {
+                __m256i bx = _mm256_loadu_si256((const __m256i *)(const void *)(xb->qs + 32 * s));
+                __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w[s], w[s]), _mm256_sign_epi8(bx, w[s]));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scv[s]));
+            }
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(isum), acc[j]);
+        }
+    }
+    UNROLL
+    for (int j = 0; j < nc; j++)
+        out[j] = avx2__hsum(acc[j]);
+}
+
+KERN_INLINE void avx2__tile_iq2_xxs(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_iq(KS_DTYPE_IQ2_XXS, K, wr, x, nc, out);
+}
+AVX2_MATMUL(iq2_xxs, 1, NCQ, avx2__tile_iq2_xxs, kern_block_q8_K)
+KERN_INLINE void avx2__tile_iq2_xs(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_iq(KS_DTYPE_IQ2_XS, K, wr, x, nc, out);
+}
+AVX2_MATMUL(iq2_xs, 1, NCQ, avx2__tile_iq2_xs, kern_block_q8_K)
+KERN_INLINE void avx2__tile_iq2_s(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_iq(KS_DTYPE_IQ2_S, K, wr, x, nc, out);
+}
+AVX2_MATMUL(iq2_s, 1, NCQ, avx2__tile_iq2_s, kern_block_q8_K)
+KERN_INLINE void avx2__tile_iq3_xxs(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_iq(KS_DTYPE_IQ3_XXS, K, wr, x, nc, out);
+}
+AVX2_MATMUL(iq3_xxs, 1, NCQ, avx2__tile_iq3_xxs, kern_block_q8_K)
+KERN_INLINE void avx2__tile_iq3_s(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_iq(KS_DTYPE_IQ3_S, K, wr, x, nc, out);
+}
+AVX2_MATMUL(iq3_s, 1, NCQ, avx2__tile_iq3_s, kern_block_q8_K)
+KERN_INLINE void avx2__tile_iq1_s(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_iq(KS_DTYPE_IQ1_S, K, wr, x, nc, out);
+}
+AVX2_MATMUL(iq1_s, 1, NCQ, avx2__tile_iq1_s, kern_block_q8_K)
+KERN_INLINE void avx2__tile_iq1_m(int64_t K, const uint8_t *const *wr, int nr,
+                                   const kern_block_q8_K *const *x, int nc, float *out) {
+    (void)nr; // nr == 1
+    avx2__tile_iq(KS_DTYPE_IQ1_M, K, wr, x, nc, out);
+}
+AVX2_MATMUL(iq1_m, 1, NCQ, avx2__tile_iq1_m, kern_block_q8_K)
+
 // ----------------------------------------------------------------------------
 // Activation quantizers: must produce the same bytes as
 // kern__quantize_q8_0_ref / kern__quantize_q8_K_ref (tolerance: exact). The
@@ -1021,6 +1224,16 @@ const kern_vtab kern__vtab_avx2 = {
             [KS_DTYPE_Q3_K] = avx2__matmul_q3_K,
             [KS_DTYPE_Q2_K] = avx2__matmul_q2_K,
             [KS_DTYPE_IQ4_XS] = avx2__matmul_iq4_xs,
+            [KS_DTYPE_TQ1_0] = avx2__matmul_tq1_0,
+            [KS_DTYPE_TQ2_0] = avx2__matmul_tq2_0,
+            [KS_DTYPE_MXFP4] = avx2__matmul_mxfp4,
+            [KS_DTYPE_IQ2_XXS] = avx2__matmul_iq2_xxs,
+            [KS_DTYPE_IQ2_XS] = avx2__matmul_iq2_xs,
+            [KS_DTYPE_IQ2_S] = avx2__matmul_iq2_s,
+            [KS_DTYPE_IQ3_XXS] = avx2__matmul_iq3_xxs,
+            [KS_DTYPE_IQ3_S] = avx2__matmul_iq3_s,
+            [KS_DTYPE_IQ1_S] = avx2__matmul_iq1_s,
+            [KS_DTYPE_IQ1_M] = avx2__matmul_iq1_m,
         },
     .matmul_r16 =
         {

@@ -27,6 +27,7 @@
  * steps they share are avx512_int.h's. This file holds the row-major
  * (plain) matmuls, the activation quantizers and the vtab. */
 #include "kern/avx512_int.h"
+#include "kern/iq_simd.h"
 
 #include <math.h>
 
@@ -454,29 +455,37 @@ static void a512__matmul_q4_0(int64_t K, int n_rows, int n_cols, const void *W, 
 }
 
 // ----------------------------------------------------------------------------
-// Q4_1 / Q5_0 / Q5_1 / IQ4_NL weights x Q8_0 activations
+// Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4 weights x Q8_0 activations
 // Per pair of 32-element blocks, one zmm of 64 unsigned weight bytes u in
 // element order (bytes 0-31 block b, 32-63 block b+1; a lone last block
 // leaves the upper half and its scales zero) times the two activation
 // blocks, with a512__dpbusd_v: int32 lanes 0-7 belong to block b, 8-15 to
 // b+1, each the exact sum of 4 products. The offset of each type goes back
 // out in int32, from xs = the lane's sum of x (exact): Q5_0 u = q (value
-// q - 16): - 16*xs; IQ4_NL u = codebook + 128: - 128*xs; Q4_1 / Q5_1 u = q
+// q - 16): - 16*xs; IQ4_NL and MXFP4 u = codebook + 128: - 128*xs; Q4_1 / Q5_1 u = q
 // (value d*q + m): nothing, and m's term is acc = fma(xs, m_w*d_x, acc).
 // Then acc = fma((float)isum, d_w*d_x per lane, acc), pairs in order, one
 // reduction at the end; the sequence depends only on K (batch invariance).
 
-enum { A512_Q41, A512_Q50, A512_Q51, A512_IQ4NL };
+enum { A512_Q41, A512_Q50, A512_Q51, A512_IQ4NL, A512_MXFP4 };
 
 /* Block bytes, and the offsets of qs and qh in a block, of type T. */
-#define A512_Q32_BYTES(T) ((T) == A512_Q41 ? 20 : (T) == A512_Q50 ? 22 : (T) == A512_Q51 ? 24 : 18)
-#define A512_Q32_QS(T) ((T) == A512_Q41 ? 4 : (T) == A512_Q50 ? 6 : (T) == A512_Q51 ? 8 : 2)
+#define A512_Q32_BYTES(T)                                                                          \
+    ((T) == A512_Q41 ? 20 : (T) == A512_Q50 ? 22 : (T) == A512_Q51 ? 24 : (T) == A512_MXFP4 ? 17 : 18)
+#define A512_Q32_QS(T)                                                                             \
+    ((T) == A512_Q41 ? 4 : (T) == A512_Q50 ? 6 : (T) == A512_Q51 ? 8 : (T) == A512_MXFP4 ? 1 : 2)
 #define A512_Q32_QH(T) ((T) == A512_Q50 ? 2 : 4)
 
 /* Two f16 scales (the second 0 when absent) in lanes 0-7 and 8-15. */
 A512_INLINE __m512 a512__d2(const uint8_t *p0, const uint8_t *p1) {
     return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a512__f16(p0)),
                                 _mm512_set1_ps(p1 ? a512__f16(p1) : 0.0f));
+}
+
+/* The same for two MXFP4 E8M0 scales (kern__e8m0_half). */
+A512_INLINE __m512 a512__e2(const uint8_t *p0, const uint8_t *p1) {
+    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(kern__e8m0_half(*p0)),
+                                _mm512_set1_ps(p1 ? kern__e8m0_half(*p1) : 0.0f));
 }
 
 /* The unsigned weight bytes of blocks b (at wb) and b+1 (n == 2). */
@@ -497,8 +506,9 @@ A512_INLINE __m512i a512__q32_wq(int T, const uint8_t *wb, int n) {
         __mmask64 k = (__mmask64)h0 | (__mmask64)h1 << 32;
         q = _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
     }
-    if (T == A512_IQ4NL) { // codebook + 128 (1..241), the same in each 128-bit lane
-        const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)kern_iq4nl_values);
+    if (T == A512_IQ4NL || T == A512_MXFP4) { // codebook + 128, the same in each 128-bit lane
+        const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(
+            T == A512_MXFP4 ? kern_mxfp4_values : kern_iq4nl_values));
         q = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_xor_si128(v, _mm_set1_epi8((char)0x80))),
                                 q);
     }
@@ -508,7 +518,7 @@ A512_INLINE __m512i a512__q32_wq(int T, const uint8_t *wb, int n) {
 A512_INLINE void a512__q32_tile(int T, int R, int C, const a512_tile *t, int V) {
     const int bs = A512_Q32_BYTES(T);
     const bool has_m = T == A512_Q41 || T == A512_Q51;
-    const int off = T == A512_Q50 ? 4 : T == A512_IQ4NL ? 7 : -1; /* log2 of the offset */
+    const int off = T == A512_Q50 ? 4 : T == A512_IQ4NL || T == A512_MXFP4 ? 7 : -1; /* log2 */
     const __m512i ones8 = _mm512_set1_epi8(1), z = _mm512_setzero_si512();
     __m512 acc[4][4];
     A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
@@ -529,7 +539,8 @@ A512_INLINE void a512__q32_tile(int T, int R, int C, const a512_tile *t, int V) 
             const uint8_t *wb = t->W + r * t->ws + ib * bs;
             a512__prefetch_next(t, r, R, ib * bs, 2 * bs);
             __m512i u = a512__q32_wq(T, wb, n);
-            __m512 wd = a512__d2(wb, n > 1 ? wb + bs : NULL);
+            __m512 wd = T == A512_MXFP4 ? a512__e2(wb, n > 1 ? wb + bs : NULL)
+                                        : a512__d2(wb, n > 1 ? wb + bs : NULL);
             __m512 wm = has_m ? a512__d2(wb + 2, n > 1 ? wb + bs + 2 : NULL) : wd;
             A512_FOR_C {
                 __m512i p = a512__dpbusd_v(V, corr[c], u, x[c]);
@@ -548,12 +559,14 @@ A512_INLINE void a512__q32_tile(int T, int R, int C, const a512_tile *t, int V) 
 #define a512__q5_0_tile(R, C, t, V) a512__q32_tile(A512_Q50, R, C, t, V)
 #define a512__q5_1_tile(R, C, t, V) a512__q32_tile(A512_Q51, R, C, t, V)
 #define a512__iq4_nl_tile(R, C, t, V) a512__q32_tile(A512_IQ4NL, R, C, t, V)
+#define a512__mxfp4_tile(R, C, t, V) a512__q32_tile(A512_MXFP4, R, C, t, V)
 A512_TILES_V(a512__q4_1_tile)
 A512_TILES_V(a512__q5_0_tile)
 A512_TILES_V(a512__q5_1_tile)
 A512_TILES_V(a512__iq4_nl_tile)
+A512_TILES_V(a512__mxfp4_tile)
 
-/* Match kern__matmul_{q4_1,q5_0,q5_1,iq4_nl}_ref: block integer sums exact;
+/* Match kern__matmul_{q4_1,q5_0,q5_1,iq4_nl,mxfp4}_ref: block integer sums exact;
  * error as a512__matmul_q8_0's, of sum |block terms| (for Q4_1 / Q5_1 the
  * d and m terms counted apart: they can cancel). */
 static void a512__matmul_q4_1(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
@@ -571,6 +584,10 @@ static void a512__matmul_q5_1(int64_t K, int n_rows, int n_cols, const void *W, 
 static void a512__matmul_iq4_nl(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                                 const void *X, size_t xs, float *Y, size_t ys) {
     a512__run(a512__iq4_nl_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+static void a512__matmul_mxfp4(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                               const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__mxfp4_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 // ----------------------------------------------------------------------------
@@ -1120,6 +1137,202 @@ static void a512__matmul_iq4_xs(int64_t K, int n_rows, int n_cols, const void *W
 }
 
 // ----------------------------------------------------------------------------
+// TQ1_0 / TQ2_0 (ternary) weights x Q8_K activations
+// Per super-block four 64-element steps of unsigned digits u = t + 1 (0..2;
+// TQ2_0's 2-bit q, 0..3) times x: vpdpbusd, or maddubs + madd (pairs <= 762,
+// no saturation), into 16 exact int32 lanes; the "- 1" leaves through the
+// bsums (sum x, exact); one fma per super-block (one scale), one reduction.
+// The integer sum is ref's; the error is a512__matmul_q6_K's.
+
+/* v * 3 (mod 256) per byte. */
+A512_INLINE __m128i a512__x3_128(__m128i v) { return _mm_add_epi8(_mm_add_epi8(v, v), v); }
+A512_INLINE __m512i a512__x3(__m512i v) { return _mm512_add_epi8(_mm512_add_epi8(v, v), v); }
+
+/* TQ1_0 digits of bytes already multiplied by 3^n (mod 256): (b * 3) >> 8
+ * = [b > 85] + [b > 170] (kern__tq1_digit), 0..2. */
+A512_INLINE __m512i a512__tq1_digit(__m512i b) {
+    const __m512i one = _mm512_set1_epi8(1);
+    __m512i u = _mm512_maskz_mov_epi8(_mm512_cmpgt_epu8_mask(b, _mm512_set1_epi8(85)), one);
+    return _mm512_mask_add_epi8(u, _mm512_cmpgt_epu8_mask(b, _mm512_set1_epi8((char)170)), u, one);
+}
+
+/* The four 64-element steps of a TQ1_0 block's digits (layout: kern_int.h):
+ * step 0 digits 0 | 1 of qs[0..31], step 1 digits 2 | 3, step 2 digit 4 of
+ * qs[0..31] | digits 0, 1 of qs[32..47], step 3 digits 2, 3, 4 of qs[32..47]
+ * | digits 0..3 of qh (one 32-bit word each). */
+A512_INLINE void a512__tq1_decode(const uint8_t *b, __m512i u[4]) {
+    __m512i p = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b));
+    p = _mm512_mask_blend_epi64(0xF0, p, a512__x3(p)); // x1 | x3
+    u[0] = a512__tq1_digit(p);
+    p = a512__x3(a512__x3(p)); // x9 | x27
+    u[1] = a512__tq1_digit(p);
+    __m256i p81 = _mm512_castsi512_si256(a512__x3(a512__x3(p)));
+    __m128i q1 = _mm_loadu_si128((const __m128i *)(b + 32)), q3 = a512__x3_128(q1);
+    __m128i q9 = a512__x3_128(q3), q27 = a512__x3_128(q9), q81 = a512__x3_128(q27);
+    int32_t hw;
+    memcpy(&hw, b + 48, 4);
+    __m128i h1 = _mm_set1_epi32(hw), h3 = a512__x3_128(h1), h9 = a512__x3_128(h3),
+            h27 = a512__x3_128(h9);
+    __m128i h = _mm_blend_epi32(_mm_blend_epi32(h1, h3, 0x2), _mm_blend_epi32(h9, h27, 0x8), 0xC);
+    u[2] = a512__tq1_digit(_mm512_inserti64x4(_mm512_castsi256_si512(p81), _mm256_set_m128i(q3, q1), 1));
+    u[3] = a512__tq1_digit(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q27, q9)),
+                                              _mm256_set_m128i(h, q81), 1));
+}
+
+/* acc + sum of u * s (u <= 3 unsigned, s signed) per int32 lane, exact. */
+A512_INLINE __m512i a512__dot_u2(int V, __m512i acc, __m512i u, __m512i s) {
+    if (V) return a512__dpbusd(acc, u, s);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+}
+
+/* A TQ1_0 (T1 = 1) or TQ2_0 tile. */
+A512_INLINE void a512__tq_tile(int T1, int R, int C, const a512_tile *t, int V) {
+    const int bs = T1 ? 54 : 66, doff = T1 ? 52 : 64;
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nsb = t->K / 256;
+    for (int64_t i = 0; i < nsb; i++) {
+        __m512i u[4][4]; // [row][step]
+        float d[4];
+        A512_FOR_R {
+            const uint8_t *wb = t->W + r * t->ws + i * bs;
+            a512__prefetch_next(t, r, R, i * bs, bs);
+            if (T1)
+                a512__tq1_decode(wb, u[r]);
+            else
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) u[r][k] = a512__q2_wq(wb, k);
+            d[r] = a512__f16(wb + doff);
+        }
+        A512_FOR_C {
+            const uint8_t *xb = t->X + c * t->xs + i * 292;
+            __m512i isum[4];
+            // - sum x, in lanes 0-7 (bsums: 16 int16 at +260)
+            __m256i xs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xb + 260)),
+                                           _mm256_set1_epi16(1));
+            A512_FOR_R isum[r] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), xs));
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                __m512i xq = _mm512_loadu_si512(xb + 4 + 64 * k);
+                A512_FOR_R isum[r] = a512__dot_u2(V, isum[r], u[r][k], xq);
+            }
+            float dx = a512__f32(xb);
+            A512_FOR_R acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]),
+                                                   _mm512_set1_ps(d[r] * dx), acc[r][c]);
+        }
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+#define a512__tq1_tile(R, C, t, V) a512__tq_tile(1, R, C, t, V)
+#define a512__tq2_tile(R, C, t, V) a512__tq_tile(0, R, C, t, V)
+A512_TILES_V(a512__tq1_tile)
+A512_TILES_V(a512__tq2_tile)
+
+/* Match kern__matmul_tq1_0_ref / kern__matmul_tq2_0_ref; error as
+ * a512__matmul_q6_K's. */
+static void a512__matmul_tq1_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                               const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__tq1_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+static void a512__matmul_tq2_0(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                               const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__tq2_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+// ----------------------------------------------------------------------------
+// The codebook types (IQ1_*, IQ2_*, IQ3_*) x Q8_K
+// Per super-block four 64-element steps; per row and step two sub-blocks
+// decoded by iq_simd.h into signed int8 weights w (|w| <= 62) and int16
+// scale lanes (8 per 16 elements); per column maddubs(|w|, x negated where
+// w < 0) (pairs <= 15748, exact) and madd / vpdpwssd by the scales into 16
+// exact int32 lanes; one fma per super-block by d * factor * d_x, one
+// reduction. Integer sums are ref's; the error is a512__matmul_q6_K's.
+
+A512_INLINE void a512__iq_tile(ks_dtype T, int R, int C, const a512_tile *t, int V) {
+    const int64_t bs = ks_dtype_block_bytes(T);
+    const __m512i z = _mm512_setzero_si512();
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nsb = t->K / 256;
+    for (int64_t i = 0; i < nsb; i++) {
+        float d[4];
+        A512_FOR_R {
+            a512__prefetch_next(t, r, R, i * bs, (int)bs);
+            d[r] = iqs__d(T, t->W + r * t->ws + i * bs);
+        }
+        __m512i isum[4][4];
+        A512_FOR_R A512_FOR_C isum[r][c] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+            __m512i xq[4];
+            A512_FOR_C xq[c] = _mm512_loadu_si512(t->X + c * t->xs + i * 292 + 4 + 64 * k);
+            A512_FOR_R {
+                const uint8_t *b = t->W + r * t->ws + i * bs;
+                int l0, l1, l2, l3;
+                __m256i w0 = iqs__decode(T, b, 2 * k, &l0, &l1);
+                __m256i w1 = iqs__decode(T, b, 2 * k + 1, &l2, &l3);
+                __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+                __m512i sc = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(
+                        _mm256_set_m128i(_mm_set1_epi16((short)l1), _mm_set1_epi16((short)l0))),
+                    _mm256_set_m128i(_mm_set1_epi16((short)l3), _mm_set1_epi16((short)l2)), 1);
+                __m512i aw = _mm512_abs_epi8(w);
+                __mmask64 neg = _mm512_movepi8_mask(w);
+                A512_FOR_C isum[r][c] = a512__madd_acc(
+                    V, isum[r][c], _mm512_maddubs_epi16(aw, _mm512_mask_sub_epi8(xq[c], neg, z, xq[c])),
+                    sc);
+            }
+        }
+        A512_FOR_C {
+            float dx = a512__f32(t->X + c * t->xs + i * 292);
+            A512_FOR_R acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][c]),
+                                                   _mm512_set1_ps(d[r] * dx), acc[r][c]);
+        }
+    }
+    A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+#define a512__iq2_xxs_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ2_XXS, R, C, t, V)
+A512_TILES_V(a512__iq2_xxs_tile)
+static void a512__matmul_iq2_xxs(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq2_xxs_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+#define a512__iq2_xs_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ2_XS, R, C, t, V)
+A512_TILES_V(a512__iq2_xs_tile)
+static void a512__matmul_iq2_xs(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq2_xs_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+#define a512__iq2_s_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ2_S, R, C, t, V)
+A512_TILES_V(a512__iq2_s_tile)
+static void a512__matmul_iq2_s(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq2_s_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+#define a512__iq3_xxs_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ3_XXS, R, C, t, V)
+A512_TILES_V(a512__iq3_xxs_tile)
+static void a512__matmul_iq3_xxs(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq3_xxs_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+#define a512__iq3_s_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ3_S, R, C, t, V)
+A512_TILES_V(a512__iq3_s_tile)
+static void a512__matmul_iq3_s(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq3_s_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+#define a512__iq1_s_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ1_S, R, C, t, V)
+A512_TILES_V(a512__iq1_s_tile)
+static void a512__matmul_iq1_s(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq1_s_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+#define a512__iq1_m_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ1_M, R, C, t, V)
+A512_TILES_V(a512__iq1_m_tile)
+static void a512__matmul_iq1_m(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
+                             const void *X, size_t xs, float *Y, size_t ys) {
+    a512__run(a512__iq1_m_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+// ----------------------------------------------------------------------------
 // Activation quantizers (byte-identical to ref.c)
 
 /* 16 floats * id, rounded half-even and clamped to [-127, 127] as int32.
@@ -1225,6 +1438,16 @@ const kern_vtab kern__vtab_avx512 = {
             [KS_DTYPE_Q3_K] = a512__matmul_q3_K,
             [KS_DTYPE_Q2_K] = a512__matmul_q2_K,
             [KS_DTYPE_IQ4_XS] = a512__matmul_iq4_xs,
+            [KS_DTYPE_TQ1_0] = a512__matmul_tq1_0,
+            [KS_DTYPE_TQ2_0] = a512__matmul_tq2_0,
+            [KS_DTYPE_MXFP4] = a512__matmul_mxfp4,
+            [KS_DTYPE_IQ2_XXS] = a512__matmul_iq2_xxs,
+            [KS_DTYPE_IQ2_XS] = a512__matmul_iq2_xs,
+            [KS_DTYPE_IQ2_S] = a512__matmul_iq2_s,
+            [KS_DTYPE_IQ3_XXS] = a512__matmul_iq3_xxs,
+            [KS_DTYPE_IQ3_S] = a512__matmul_iq3_s,
+            [KS_DTYPE_IQ1_S] = a512__matmul_iq1_s,
+            [KS_DTYPE_IQ1_M] = a512__matmul_iq1_m,
         },
     .matmul_r16 =
         {

@@ -30,6 +30,16 @@ bool kern_wtype_supported(ks_dtype t) {
     case KS_DTYPE_Q3_K:
     case KS_DTYPE_Q2_K:
     case KS_DTYPE_IQ4_XS:
+    case KS_DTYPE_TQ1_0:
+    case KS_DTYPE_TQ2_0:
+    case KS_DTYPE_MXFP4:
+    case KS_DTYPE_IQ2_XXS:
+    case KS_DTYPE_IQ2_XS:
+    case KS_DTYPE_IQ2_S:
+    case KS_DTYPE_IQ3_XXS:
+    case KS_DTYPE_IQ3_S:
+    case KS_DTYPE_IQ1_S:
+    case KS_DTYPE_IQ1_M:
         return true;
     default: return false;
     }
@@ -43,6 +53,7 @@ ks_dtype kern_act_type(ks_dtype wtype) {
     case KS_DTYPE_Q5_0:
     case KS_DTYPE_Q5_1:
     case KS_DTYPE_IQ4_NL:
+    case KS_DTYPE_MXFP4:
         return KS_DTYPE_Q8_0;
     case KS_DTYPE_Q4_K:
     case KS_DTYPE_Q6_K:
@@ -50,9 +61,22 @@ ks_dtype kern_act_type(ks_dtype wtype) {
     case KS_DTYPE_Q3_K:
     case KS_DTYPE_Q2_K:
     case KS_DTYPE_IQ4_XS:
+    case KS_DTYPE_TQ1_0:
+    case KS_DTYPE_TQ2_0:
+    case KS_DTYPE_IQ2_XXS:
+    case KS_DTYPE_IQ2_XS:
+    case KS_DTYPE_IQ2_S:
+    case KS_DTYPE_IQ3_XXS:
+    case KS_DTYPE_IQ3_S:
+    case KS_DTYPE_IQ1_S:
+    case KS_DTYPE_IQ1_M:
         return KS_DTYPE_Q8_K;
     default: return KS_DTYPE_F32;
     }
+}
+
+bool kern_quantize_supported(ks_dtype t) {
+    return t == KS_DTYPE_Q8_K || (kern_wtype_supported(t) && !kern__is_iq_grid(t));
 }
 
 // ----------------------------------------------------------------------------

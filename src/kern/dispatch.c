@@ -108,6 +108,9 @@ void kern_quantize_row(ks_dtype t, const float *x, void *y, int64_t n) {
     case KS_DTYPE_IQ4_XS:
         kern__quantize_iq4_xs_ref(x, y, n);
         break;
+    case KS_DTYPE_TQ1_0: kern__quantize_tq1_0_ref(x, y, n); break;
+    case KS_DTYPE_TQ2_0: kern__quantize_tq2_0_ref(x, y, n); break;
+    case KS_DTYPE_MXFP4: kern__quantize_mxfp4_ref(x, y, n); break;
     default: KS_ASSERT(!"kern_quantize_row: unsupported type");
     }
 }
@@ -147,6 +150,16 @@ void kern_dequantize_row(ks_dtype t, const void *x, float *y, int64_t n) {
     case KS_DTYPE_IQ4_XS:
         kern__dequantize_iq4_xs_ref(x, y, n);
         break;
+    case KS_DTYPE_TQ1_0: kern__dequantize_tq1_0_ref(x, y, n); break;
+    case KS_DTYPE_TQ2_0: kern__dequantize_tq2_0_ref(x, y, n); break;
+    case KS_DTYPE_MXFP4: kern__dequantize_mxfp4_ref(x, y, n); break;
+    case KS_DTYPE_IQ2_XXS: kern__dequantize_iq2_xxs_ref(x, y, n); break;
+    case KS_DTYPE_IQ2_XS: kern__dequantize_iq2_xs_ref(x, y, n); break;
+    case KS_DTYPE_IQ2_S: kern__dequantize_iq2_s_ref(x, y, n); break;
+    case KS_DTYPE_IQ3_XXS: kern__dequantize_iq3_xxs_ref(x, y, n); break;
+    case KS_DTYPE_IQ3_S: kern__dequantize_iq3_s_ref(x, y, n); break;
+    case KS_DTYPE_IQ1_S: kern__dequantize_iq1_s_ref(x, y, n); break;
+    case KS_DTYPE_IQ1_M: kern__dequantize_iq1_m_ref(x, y, n); break;
     default: KS_ASSERT(!"kern_dequantize_row: unsupported type");
     }
 }

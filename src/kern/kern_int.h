@@ -14,6 +14,8 @@
 
 #include "kvseal/kern.h"
 
+#include <string.h>
+
 #define KERN_QK8_0 32 /* elements per Q8_0 / Q4_0 block */
 #define KERN_QK_K 256 /* elements per K-quant super-block */
 /* GELU (kern.h gelu_mul): every ISA computes -2z as
@@ -82,6 +84,27 @@ _Static_assert(sizeof(kern_block_iq4_nl) == 18, "iq4_nl block is 18 bytes");
 /* The fixed non-linear codebook of IQ4_NL and IQ4_XS (GGUF spec). */
 static const int8_t kern_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                              1,    13,   25,  38,  53,  69,  89,  113};
+
+/* MXFP4 (OCP microscaling FP4): value[i] = 2^(e - 128) * kern_mxfp4_values[q[i]],
+ * q a nibble packed as Q4_0. The codebook is the E2M1 values doubled, so the
+ * E8M0 scale 2^(e - 127) is halved (kern__e8m0_half). */
+typedef struct __attribute__((packed)) kern_block_mxfp4 {
+    uint8_t e;      /* E8M0 exponent */
+    uint8_t qs[16]; /* E2M1 codes, as Q4_0 */
+} kern_block_mxfp4;
+_Static_assert(sizeof(kern_block_mxfp4) == 17, "mxfp4 block is 17 bytes");
+
+/* Twice the E2M1 values (sign bit 3, then 0 0.5 1 1.5 2 3 4 6). */
+static const int8_t kern_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* 2^(e - 128), exactly (e 0 and 1 give f32 subnormals); e = 255 is 2^127,
+ * not NaN, as in ggml. */
+static inline float kern__e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 
 /* Q4_K: 256 elements in 8 sub-blocks of 32; sub-block j has a 6-bit scale
  * sc[j] and 6-bit min m[j]; value = d*sc[j]*q - dmin*m[j], q in [0,15].
@@ -160,7 +183,125 @@ typedef struct __attribute__((packed)) kern_block_iq4_xs {
 } kern_block_iq4_xs;
 _Static_assert(sizeof(kern_block_iq4_xs) == 136, "iq4_xs block is 136 bytes");
 
-/* Q8_K (activations for the K-quants and IQ4_XS): value[i] = d * qs[i];
+/* TQ2_0 (ternary): 256 elements, value = d * (q - 1), q in [0, 3] (3 is
+ * never written by a ternary quantizer, but decodes to 2d) laid out as
+ * Q2_K's qs: element 128n + 32j + l -> (qs[32n + l] >> 2j) & 3. */
+typedef struct __attribute__((packed)) kern_block_tq2_0 {
+    uint8_t qs[64]; /* 2-bit values, see above */
+    uint16_t d;     /* f16 scale */
+} kern_block_tq2_0;
+_Static_assert(sizeof(kern_block_tq2_0) == 66, "tq2_0 block is 66 bytes");
+
+/* TQ1_0 (ternary, 1.6875 bits): 256 elements, value = d * (t - 1), t in
+ * [0, 2] the base-3 digits of a byte b read as a fraction of 256: digit n
+ * of b (n = 0 the most significant) is ((uint8_t)(b * 3^n) * 3) >> 8.
+ * Element 32n + m (n < 5, m < 32): digit n of qs[m]; element 160 + 16n + m
+ * (n < 5, m < 16): digit n of qs[32 + m]; element 240 + 4n + j (n < 4,
+ * j < 4): digit n of qh[j]. */
+typedef struct __attribute__((packed)) kern_block_tq1_0 {
+    uint8_t qs[48]; /* 5 digits per byte, see above */
+    uint8_t qh[4];  /* 4 digits per byte, see above */
+    uint16_t d;     /* f16 scale */
+} kern_block_tq1_0;
+_Static_assert(sizeof(kern_block_tq1_0) == 54, "tq1_0 block is 54 bytes");
+
+/* The codebook types IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and
+ * IQ3_S: 256 elements in 8 sub-blocks of 32, each of groups of 8 (or 4)
+ * elements that one grid entry (iq_grids.c) gives the magnitudes of, signs
+ * apart; scales are odd integers ls = 2s + 1 of a 3- or 4-bit s, per 32 or
+ * per 16 elements. kern__iq_decode (ref_iq.c) spells out every layout:
+ * value = d * KERN_IQ_FACTOR(t) * ls * w, w a small signed integer. */
+typedef struct __attribute__((packed)) kern_block_iq2_xxs {
+    uint16_t d;     /* f16 super-scale */
+    uint8_t qs[64]; /* per sub-block 8 bytes: 4 grid indices, then a u32 of
+                       4 x 7 sign bits and the 4-bit scale in bits 28-31 */
+} kern_block_iq2_xxs;
+_Static_assert(sizeof(kern_block_iq2_xxs) == 66, "iq2_xxs block is 66 bytes");
+
+typedef struct __attribute__((packed)) kern_block_iq2_xs {
+    uint16_t d;        /* f16 super-scale */
+    uint8_t qs[64];    /* 32 u16: 9-bit grid index | 7 sign bits << 9 */
+    uint8_t scales[8]; /* sub-block j: low nibble elements 0-15, high 16-31 */
+} kern_block_iq2_xs;
+_Static_assert(sizeof(kern_block_iq2_xs) == 74, "iq2_xs block is 74 bytes");
+
+typedef struct __attribute__((packed)) kern_block_iq2_s {
+    uint16_t d;         /* f16 super-scale */
+    uint8_t qs[32];     /* low 8 bits of the 10-bit grid indices */
+    uint8_t signs[32];  /* one sign byte per group of 8 */
+    uint8_t qh[8];      /* sub-block j: bits 2l, 2l+1 = index bits 8, 9 of group l */
+    uint8_t scales[8];  /* as IQ2_XS */
+} kern_block_iq2_s;
+_Static_assert(sizeof(kern_block_iq2_s) == 82, "iq2_s block is 82 bytes");
+
+typedef struct __attribute__((packed)) kern_block_iq3_xxs {
+    uint16_t d;      /* f16 super-scale */
+    uint8_t qs[64];  /* grid indices, one per group of 4 */
+    uint8_t ss[32];  /* per sub-block a u32: 4 x 7 sign bits, scale in 28-31 */
+} kern_block_iq3_xxs;
+_Static_assert(sizeof(kern_block_iq3_xxs) == 98, "iq3_xxs block is 98 bytes");
+
+typedef struct __attribute__((packed)) kern_block_iq3_s {
+    uint16_t d;         /* f16 super-scale */
+    uint8_t qs[64];     /* low 8 bits of the 9-bit grid indices (groups of 4) */
+    uint8_t qh[8];      /* sub-block j: bit g = index bit 8 of its group g */
+    uint8_t signs[32];  /* one sign byte per 8 elements */
+    uint8_t scales[4];  /* sub-blocks 2k (low nibble) and 2k+1 (high) */
+} kern_block_iq3_s;
+_Static_assert(sizeof(kern_block_iq3_s) == 110, "iq3_s block is 110 bytes");
+
+typedef struct __attribute__((packed)) kern_block_iq1_s {
+    uint16_t d;     /* f16 super-scale */
+    uint8_t qs[32]; /* low 8 bits of the 11-bit grid indices */
+    uint8_t qh[16]; /* 8 u16: index bits 8-10 of group l at 3l, scale in
+                       12-14, delta sign in 15 */
+} kern_block_iq1_s;
+_Static_assert(sizeof(kern_block_iq1_s) == 50, "iq1_s block is 50 bytes");
+
+typedef struct __attribute__((packed)) kern_block_iq1_m {
+    uint8_t qs[32];     /* low 8 bits of the 11-bit grid indices */
+    uint8_t qh[16];     /* per pair of groups: index bits 8-10, delta sign bit 3 (x2) */
+    uint8_t scales[8];  /* 4 u16: 3-bit scales, and the f16 d in their top nibbles */
+} kern_block_iq1_m;
+_Static_assert(sizeof(kern_block_iq1_m) == 56, "iq1_m block is 56 bytes");
+
+extern const uint64_t kern_iq2xxs_grid[256], kern_iq2xs_grid[512], kern_iq2s_grid[1024],
+    kern_iq1s_grid[2048];
+extern const uint32_t kern_iq3xxs_grid[256], kern_iq3s_grid[512];
+
+/* The sign byte of a 7-bit sign index: bit 7 makes the count of minus signs
+ * even (ggml's ksigns_iq2xs). */
+static inline uint8_t kern__iq_signs7(uint32_t s7) {
+    uint32_t p = s7 ^ (s7 >> 4); // parity without popcnt (no -mpopcnt here)
+    p ^= p >> 2;
+    p ^= p >> 1;
+    return (uint8_t)(s7 | (p & 1) << 7);
+}
+
+/* Whether t is one of the codebook types above. */
+static inline bool kern__is_iq_grid(ks_dtype t) {
+    return t == KS_DTYPE_IQ2_XXS || t == KS_DTYPE_IQ2_XS || t == KS_DTYPE_IQ2_S ||
+           t == KS_DTYPE_IQ3_XXS || t == KS_DTYPE_IQ3_S || t == KS_DTYPE_IQ1_S ||
+           t == KS_DTYPE_IQ1_M;
+}
+
+/* The power of 2 a codebook type's d * ls * w is scaled by (value above). */
+#define KERN_IQ_FACTOR(t)                                                                          \
+    ((t) == KS_DTYPE_IQ3_S ? 1.0f : (t) == KS_DTYPE_IQ3_XXS ? 0.25f : 0.125f)
+
+/* Decodes super-block b of codebook type t: w[e] the signed integer of
+ * element e (|w| <= 62: grid magnitudes with their signs, or 8g +- 1 for
+ * IQ1_*, whose +-1/8 delta is folded in), ls[h] the odd scale of elements
+ * 16h .. 16h+15, and the f16 bits of d. Can't fail. In ref_iq.c. */
+void kern__iq_decode(ks_dtype t, const uint8_t *b, int8_t *w, int16_t *ls, uint16_t *d);
+
+/* Digit n (0..4, most significant first) of a TQ1_0 byte: 0, 1 or 2. */
+static inline int kern__tq1_digit(uint8_t b, int n) {
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    return ((uint8_t)(b * pow3[n]) * 3) >> 8;
+}
+
+/* Q8_K (activations for the K-quants, IQ4_XS and TQ1_0 / TQ2_0): value[i] = d * qs[i];
  * bsums[j] = sum of qs[16j .. 16j+15] (exact). */
 typedef struct __attribute__((packed)) kern_block_q8_K {
     float d;            /* f32 scale */
@@ -253,6 +394,17 @@ float kern__dot_row_q3_K_ref(int64_t K, const void *w, const void *x);
 float kern__dot_row_q2_K_ref(int64_t K, const void *w, const void *x);
 float kern__dot_row_iq4_nl_ref(int64_t K, const void *w, const void *x);
 float kern__dot_row_iq4_xs_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_tq1_0_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_tq2_0_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_mxfp4_ref(int64_t K, const void *w, const void *x);
+/* The codebook types (ref_iq.c) */
+float kern__dot_row_iq2_xxs_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_iq2_xs_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_iq2_s_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_iq3_xxs_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_iq3_s_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_iq1_s_ref(int64_t K, const void *w, const void *x);
+float kern__dot_row_iq1_m_ref(int64_t K, const void *w, const void *x);
 
 void kern__matmul_f32_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
                           const void *X, size_t x_stride, float *Y, size_t y_stride);
@@ -284,6 +436,26 @@ void kern__matmul_iq4_nl_ref(int64_t K, int n_rows, int n_cols, const void *W, s
                              const void *X, size_t x_stride, float *Y, size_t y_stride);
 void kern__matmul_iq4_xs_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
                              const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_tq1_0_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                            const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_tq2_0_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                            const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_mxfp4_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+                            const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_iq2_xxs_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+    const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_iq2_xs_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+    const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_iq2_s_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+    const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_iq3_xxs_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+    const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_iq3_s_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+    const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_iq1_s_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+    const void *X, size_t x_stride, float *Y, size_t y_stride);
+void kern__matmul_iq1_m_ref(int64_t K, int n_rows, int n_cols, const void *W, size_t w_stride,
+    const void *X, size_t x_stride, float *Y, size_t y_stride);
 
 /* Activation quantizers (kern_quant_fn). Q8_0 and Q8_K use d = amax/127
  * (Q8_0: d rounded to f16 first), q = round-half-even(x * (1/d)); SIMD
@@ -307,6 +479,9 @@ void kern__quantize_q3_K_ref(const float *x, void *y, int64_t n);
 void kern__quantize_q2_K_ref(const float *x, void *y, int64_t n);
 void kern__quantize_iq4_nl_ref(const float *x, void *y, int64_t n);
 void kern__quantize_iq4_xs_ref(const float *x, void *y, int64_t n);
+void kern__quantize_tq1_0_ref(const float *x, void *y, int64_t n);
+void kern__quantize_tq2_0_ref(const float *x, void *y, int64_t n);
+void kern__quantize_mxfp4_ref(const float *x, void *y, int64_t n);
 void kern__dequantize_f32_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_f16_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_bf16_ref(const void *x, float *y, int64_t n);
@@ -323,6 +498,16 @@ void kern__dequantize_q3_K_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_q2_K_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_iq4_nl_ref(const void *x, float *y, int64_t n);
 void kern__dequantize_iq4_xs_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_tq1_0_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_tq2_0_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_mxfp4_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_iq2_xxs_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_iq2_xs_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_iq2_s_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_iq3_xxs_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_iq3_s_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_iq1_s_ref(const void *x, float *y, int64_t n);
+void kern__dequantize_iq1_m_ref(const void *x, float *y, int64_t n);
 
 /* Vector ops (kern_vtab fields of the same names). */
 float kern__dot_f32_ref(int64_t n, const float *a, const float *b);

@@ -242,6 +242,22 @@ float kern__dot_row_iq4_nl_ref(int64_t K, const void *w, const void *x) {
     return (float)s;
 }
 
+float kern__dot_row_mxfp4_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_mxfp4 *a = w;
+    const kern_block_q8_0 *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK8_0; i++) {
+        int q[32];
+        int32_t xsum;
+        ref__nibbles(a[i].qs, q);
+        for (int j = 0; j < 32; j++)
+            q[j] = kern_mxfp4_values[q[j]];
+        int32_t isum = ref__isum32(q, &b[i], &xsum);
+        s += (double)kern__e8m0_half(a[i].e) * (double)ks_f16_to_f32(b[i].d) * (double)isum;
+    }
+    return (float)s;
+}
+
 // K-quants beside Q4_K / Q6_K, and IQ4_XS: Q8_K activations. Per super-block
 // the integer sums are exact (the Q3_K "-4" and the Q2_K / Q5_K mins through
 // bsums); one double term per super-block scale.
@@ -357,6 +373,52 @@ float kern__dot_row_iq4_xs_ref(int64_t K, const void *w, const void *x) {
     return (float)s;
 }
 
+// TQ1_0 / TQ2_0 (ternary) x Q8_K: one scale per super-block, so one exact
+// integer sum of (t - 1) * x per super-block and one double term.
+
+/* The 256 values t - 1 (-1..1) of a TQ1_0 block in element order. */
+static void ref__tq1_unpack(const kern_block_tq1_0 *b, int *q) {
+    for (int n = 0; n < 5; n++) {
+        for (int m = 0; m < 32; m++)
+            q[32 * n + m] = kern__tq1_digit(b->qs[m], n) - 1;
+        for (int m = 0; m < 16; m++)
+            q[160 + 16 * n + m] = kern__tq1_digit(b->qs[32 + m], n) - 1;
+    }
+    for (int n = 0; n < 4; n++)
+        for (int j = 0; j < 4; j++)
+            q[240 + 4 * n + j] = kern__tq1_digit(b->qh[j], n) - 1;
+}
+
+float kern__dot_row_tq1_0_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_tq1_0 *a = w;
+    const kern_block_q8_K *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        int q[KERN_QK_K];
+        ref__tq1_unpack(&a[i], q);
+        int32_t isum = 0;
+        for (int e = 0; e < KERN_QK_K; e++)
+            isum += q[e] * b[i].qs[e];
+        s += (double)ks_f16_to_f32(a[i].d) * (double)b[i].d * (double)isum;
+    }
+    return (float)s;
+}
+
+float kern__dot_row_tq2_0_ref(int64_t K, const void *w, const void *x) {
+    const kern_block_tq2_0 *a = w;
+    const kern_block_q8_K *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < K / KERN_QK_K; i++) {
+        int q[KERN_QK_K];
+        ref__q2_unpack(a[i].qs, q);
+        int32_t isum = 0;
+        for (int e = 0; e < KERN_QK_K; e++)
+            isum += (q[e] - 1) * b[i].qs[e];
+        s += (double)ks_f16_to_f32(a[i].d) * (double)b[i].d * (double)isum;
+    }
+    return (float)s;
+}
+
 // ----------------------------------------------------------------------------
 // Matmuls: Y[c*y_stride + r] = dot(W row r, X row c), one element at a time.
 
@@ -387,6 +449,9 @@ REF_MATMUL(q5_K, kern__dot_row_q5_K_ref)
 REF_MATMUL(q3_K, kern__dot_row_q3_K_ref)
 REF_MATMUL(q2_K, kern__dot_row_q2_K_ref)
 REF_MATMUL(iq4_xs, kern__dot_row_iq4_xs_ref)
+REF_MATMUL(tq1_0, kern__dot_row_tq1_0_ref)
+REF_MATMUL(tq2_0, kern__dot_row_tq2_0_ref)
+REF_MATMUL(mxfp4, kern__dot_row_mxfp4_ref)
 
 // ----------------------------------------------------------------------------
 // Activation quantizers
@@ -819,6 +884,85 @@ void kern__quantize_iq4_xs_ref(const float *x, void *y, int64_t n) {
     }
 }
 
+/* Ternary digits t = round(x / d) + 1 (0..2) of a TQ super-block, d the
+ * f16 of its largest |x| (returned). */
+static uint16_t ref__tq_digits(const float *xb, int *t) {
+    float amax = 0.0f;
+    for (int e = 0; e < KERN_QK_K; e++)
+        amax = fmaxf(amax, fabsf(xb[e]));
+    uint16_t dh = ks_f32_to_f16(amax);
+    float d = ks_f16_to_f32(dh), id = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int e = 0; e < KERN_QK_K; e++)
+        t[e] = ref__clampi((int)lrintf(xb[e] * id), -1, 1) + 1;
+    return dh;
+}
+
+/* The TQ1_0 byte of n (4 or 5) digits, most significant first: the base-3
+ * number over 3^5 as a fraction of 256, rounded up (kern__tq1_digit reads
+ * it back); 4 digits are followed by a 0. */
+static uint8_t ref__tq1_byte(const int *t, int stride, int n) {
+    int v = 0;
+    for (int k = 0; k < 5; k++)
+        v = 3 * v + (k < n ? t[k * stride] : 0);
+    return (uint8_t)((v * 256 + 242) / 243);
+}
+
+void kern__quantize_tq1_0_ref(const float *x, void *y, int64_t n) {
+    kern_block_tq1_0 *b = y;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        int t[KERN_QK_K];
+        b[i].d = ref__tq_digits(x + KERN_QK_K * i, t);
+        for (int m = 0; m < 32; m++)
+            b[i].qs[m] = ref__tq1_byte(t + m, 32, 5);
+        for (int m = 0; m < 16; m++)
+            b[i].qs[32 + m] = ref__tq1_byte(t + 160 + m, 16, 5);
+        for (int j = 0; j < 4; j++)
+            b[i].qh[j] = ref__tq1_byte(t + 240 + j, 4, 4);
+    }
+}
+
+void kern__quantize_tq2_0_ref(const float *x, void *y, int64_t n) {
+    kern_block_tq2_0 *b = y;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        int t[KERN_QK_K];
+        b[i].d = ref__tq_digits(x + KERN_QK_K * i, t);
+        memset(b[i].qs, 0, sizeof b[i].qs);
+        for (int e = 0; e < KERN_QK_K; e++) // the Q2_K order (kern_int.h)
+            b[i].qs[32 * (e / 128) + e % 32] |= (uint8_t)(t[e] << (2 * ((e % 128) / 32)));
+    }
+}
+
+/* MXFP4: the OCP shared exponent, floor(log2(amax)) - 2 (E2M1's largest
+ * value 6 is 1.5 * 4), so amax / 2^(e - 127) lies in [4, 8) and clamps to 6
+ * above it; each element takes its nearest code (ties to the lower index). */
+void kern__quantize_mxfp4_ref(const float *x, void *y, int64_t n) {
+    kern_block_mxfp4 *b = y;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        const float *xb = x + KERN_QK8_0 * i;
+        float amax = 0.0f;
+        for (int l = 0; l < 32; l++)
+            amax = fmaxf(amax, fabsf(xb[l]));
+        int e = 0;
+        if (amax > 0.0f) {
+            int ex;
+            (void)frexpf(amax, &ex); // amax = m * 2^ex, m in [0.5, 1): floor(log2) = ex - 1
+            e = ref__clampi(ex - 1 - 2 + 127, 0, 254);
+        }
+        b[i].e = (uint8_t)e;
+        float d = kern__e8m0_half((uint8_t)e);
+        int q[32];
+        for (int l = 0; l < 32; l++) {
+            float v = xb[l] / d; // exact: d is a power of 2
+            int best = 0;
+            for (int c = 1; c < 16; c++)
+                if (fabsf(v - (float)kern_mxfp4_values[c]) < fabsf(v - (float)kern_mxfp4_values[best]))
+                    best = c;
+            q[l] = best;
+        }
+        ref__pack_nibbles(q, b[i].qs);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // Dequantizers (float op order as ggml's dequantize_row_*)
 
@@ -995,6 +1139,39 @@ void kern__dequantize_iq4_xs_ref(const void *x, float *y, int64_t n) {
     }
 }
 
+void kern__dequantize_tq1_0_ref(const void *x, float *y, int64_t n) {
+    const kern_block_tq1_0 *b = x;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        float d = ks_f16_to_f32(b[i].d);
+        int q[KERN_QK_K];
+        ref__tq1_unpack(&b[i], q);
+        for (int e = 0; e < KERN_QK_K; e++)
+            y[KERN_QK_K * i + e] = (float)q[e] * d;
+    }
+}
+
+void kern__dequantize_tq2_0_ref(const void *x, float *y, int64_t n) {
+    const kern_block_tq2_0 *b = x;
+    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
+        float d = ks_f16_to_f32(b[i].d);
+        int q[KERN_QK_K];
+        ref__q2_unpack(b[i].qs, q);
+        for (int e = 0; e < KERN_QK_K; e++)
+            y[KERN_QK_K * i + e] = (float)(q[e] - 1) * d;
+    }
+}
+
+void kern__dequantize_mxfp4_ref(const void *x, float *y, int64_t n) {
+    const kern_block_mxfp4 *b = x;
+    for (int64_t i = 0; i < n / KERN_QK8_0; i++) {
+        float d = kern__e8m0_half(b[i].e);
+        int q[32];
+        ref__nibbles(b[i].qs, q);
+        for (int l = 0; l < 32; l++)
+            y[KERN_QK8_0 * i + l] = (float)kern_mxfp4_values[q[l]] * d;
+    }
+}
+
 // ----------------------------------------------------------------------------
 // Vector ops
 
@@ -1138,6 +1315,16 @@ const kern_vtab kern__vtab_ref = {
             [KS_DTYPE_Q3_K] = kern__matmul_q3_K_ref,
             [KS_DTYPE_Q2_K] = kern__matmul_q2_K_ref,
             [KS_DTYPE_IQ4_XS] = kern__matmul_iq4_xs_ref,
+            [KS_DTYPE_TQ1_0] = kern__matmul_tq1_0_ref,
+            [KS_DTYPE_TQ2_0] = kern__matmul_tq2_0_ref,
+            [KS_DTYPE_MXFP4] = kern__matmul_mxfp4_ref,
+            [KS_DTYPE_IQ2_XXS] = kern__matmul_iq2_xxs_ref,
+            [KS_DTYPE_IQ2_XS] = kern__matmul_iq2_xs_ref,
+            [KS_DTYPE_IQ2_S] = kern__matmul_iq2_s_ref,
+            [KS_DTYPE_IQ3_XXS] = kern__matmul_iq3_xxs_ref,
+            [KS_DTYPE_IQ3_S] = kern__matmul_iq3_s_ref,
+            [KS_DTYPE_IQ1_S] = kern__matmul_iq1_s_ref,
+            [KS_DTYPE_IQ1_M] = kern__matmul_iq1_m_ref,
         },
     .matmul_r16 =
         {

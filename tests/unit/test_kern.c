@@ -48,7 +48,10 @@ static const char *const isas[] = {"ref", "avx2", "avx512"};
 static const ks_dtype wtypes[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16,   KS_DTYPE_Q8_0,
                                   KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K,   KS_DTYPE_Q4_1,
                                   KS_DTYPE_Q5_0, KS_DTYPE_Q5_1, KS_DTYPE_IQ4_NL, KS_DTYPE_Q5_K,
-                                  KS_DTYPE_Q3_K, KS_DTYPE_Q2_K, KS_DTYPE_IQ4_XS};
+                                  KS_DTYPE_Q3_K, KS_DTYPE_Q2_K, KS_DTYPE_IQ4_XS, KS_DTYPE_TQ1_0,
+                                  KS_DTYPE_TQ2_0, KS_DTYPE_MXFP4, KS_DTYPE_IQ3_S, KS_DTYPE_IQ3_XXS,
+                                  KS_DTYPE_IQ2_XXS, KS_DTYPE_IQ2_XS, KS_DTYPE_IQ2_S, KS_DTYPE_IQ1_S,
+                                  KS_DTYPE_IQ1_M};
 #define N_WTYPES ((int)(sizeof wtypes / sizeof wtypes[0]))
 
 // ----------------------------------------------------------------------------
@@ -143,6 +146,29 @@ typedef struct mm_case {
     float *wabs, *xabs;   /* (n_rows, K), (n_cols, K) |dequantized| */
 } mm_case;
 
+/* A row of K elements of a codebook type (which kern_quantize_row does not
+ * write): random bytes, so random grid indices, signs and scales, with each
+ * super-block's f16 d set to scale / 256 (IQ1_M keeps it in the top nibbles
+ * of its four u16 scales). */
+static void rand_iq_row(ks_dtype t, uint8_t *row, int64_t K, float scale) {
+    size_t bs = ks_dtype_block_bytes(t);
+    for (size_t i = 0; i < bs * (size_t)(K / 256); i++) row[i] = (uint8_t)rng_u64();
+    uint16_t h = ks_f32_to_f16(scale / 256.0f);
+    for (int64_t b = 0; b < K / 256; b++) {
+        uint8_t *p = row + bs * (size_t)b;
+        if (t != KS_DTYPE_IQ1_M) {
+            memcpy(p, &h, 2);
+            continue;
+        }
+        for (int k = 0; k < 4; k++) { // kern_block_iq1_m.scales, at byte 48
+            uint16_t sc;
+            memcpy(&sc, p + 48 + 2 * k, 2);
+            sc = (uint16_t)((sc & 0x0fff) | ((h >> (4 * k)) & 15) << 12);
+            memcpy(p + 48 + 2 * k, &sc, 2);
+        }
+    }
+}
+
 static void mm_case_init(mm_case *c, ks_dtype wt, int64_t K, int n_rows, int n_cols) {
     c->wt = wt;
     c->at = kern_act_type(wt);
@@ -161,7 +187,10 @@ static void mm_case_init(mm_case *c, ks_dtype wt, int64_t K, int n_rows, int n_c
         float scale = 0.01f + 2.0f * (float)rng_int(100) / 100.0f; // rows of varied magnitude
         for (int64_t k = 0; k < K; k++) tmp[k] = rng_f() * scale;
         uint8_t *row = c->wbuf + 1 + c->w_stride * (size_t)r;
-        kern_quantize_row(wt, tmp, row, K);
+        if (kern_quantize_supported(wt))
+            kern_quantize_row(wt, tmp, row, K);
+        else
+            rand_iq_row(wt, row, K, scale);
         abs_weights(wt, row, c->wabs + K * r, K);
     }
     for (int j = 0; j < n_cols; j++) {
@@ -471,6 +500,12 @@ static double rt_bound(ks_dtype t, const uint8_t *q, const float *x, int64_t e) 
         return 14.0 * fabs(ks_f16_to_f32(b->d) * (kern__iq4xs_scale(b, (int)(e % 256) / 32) - 32)) +
                slack;
     }
+    case KS_DTYPE_TQ1_0: // ternary steps of d = f16(amax): half a step
+        return 0.5 * ks_f16_to_f32(((const kern_block_tq1_0 *)q)[bi].d) + slack;
+    case KS_DTYPE_TQ2_0:
+        return 0.5 * ks_f16_to_f32(((const kern_block_tq2_0 *)q)[bi].d) + slack;
+    case KS_DTYPE_MXFP4: // codes step at most 4 apart (8 -> 12), and 16 clamps to 12
+        return 4.0 * kern__e8m0_half(((const kern_block_mxfp4 *)q)[bi].e) + slack;
     default: CHECK(!"type"); return 0.0;
     }
 }
@@ -479,11 +514,15 @@ static void test_round_trip(void) {
     static const ks_dtype ts[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16, KS_DTYPE_Q8_0,
                                   KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K, KS_DTYPE_Q8_K,
                                   KS_DTYPE_Q4_1, KS_DTYPE_Q5_0, KS_DTYPE_Q5_1, KS_DTYPE_IQ4_NL,
-                                  KS_DTYPE_Q5_K, KS_DTYPE_Q3_K, KS_DTYPE_Q2_K, KS_DTYPE_IQ4_XS};
+                                  KS_DTYPE_Q5_K, KS_DTYPE_Q3_K, KS_DTYPE_Q2_K, KS_DTYPE_IQ4_XS,
+                                  KS_DTYPE_TQ1_0, KS_DTYPE_TQ2_0, KS_DTYPE_MXFP4};
     // rms(err)/rms(x) ceilings on uniform data: a guard against a quantizer
-    // that meets the per-element bound with needlessly large scales.
-    static const double rms_max[] = {0,    3e-4, 3e-3, 6e-3, 0.08, 0.08, 0.02, 6e-3,
-                                     0.08, 0.04, 0.04, 0.09, 0.04, 0.17, 0.38, 0.09};
+    // that meets the per-element bound with needlessly large scales. Ternary
+    // (TQ*): uniform x in [-1, 1] against {-1, 0, 1} has rms error 0.289,
+    // rms x 0.577: 0.5. MXFP4 (the OCP exponent puts the largest |x| at 4-8 in
+    // E2M1 units, coarse steps of 1-2 there): measured 0.144.
+    static const double rms_max[] = {0,    3e-4, 3e-3, 6e-3, 0.08, 0.08, 0.02, 6e-3, 0.08,
+                                     0.04, 0.04, 0.09, 0.04, 0.17, 0.38, 0.09, 0.52, 0.52, 0.16};
     int64_t n = 256 * 8;
     float *x = xmalloc(sizeof(float) * (size_t)n), *y = xmalloc(sizeof(float) * (size_t)n);
     uint8_t *q = xmalloc(row_bytes(KS_DTYPE_F32, n));
