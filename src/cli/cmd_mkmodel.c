@@ -197,9 +197,21 @@ static bool mk__build_plan_qwen35(mk__plan *p, const mk__opts *o, int64_t n_voca
     const float s_in = 1.0f / sqrtf((float)E), res = 1.0f / sqrtf(2.0f * (float)o->n_layer);
     const float noise = 0.02f, s_qk = s_in * (float)o->qk_gain;
     bool ok = mk__add(p, o, W, MK__RAND, 1.0f, E, n_vocab, "token_embd.weight", 0);
-    for (int l = 0; ok && l < o->n_layer; l++) {
+    for (int l = 0; ok && l < o->n_layer + o->n_nextn; l++) {
+        // blocks from n_layer on are MTP (NextN) blocks: an attention layer and
+        // the nextn tensors, counted in block_count as llama.cpp's converter writes
+        const bool mtp = l >= o->n_layer;
         ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l);
-        if (ok && (l + 1) % o->attn_interval != 0) // a Gated DeltaNet layer
+        if (ok && mtp)
+            ok = mk__add(p, o, W, MK__RAND, 1.0f / sqrtf(2.0f * (float)E), 2 * E, E,
+                         "blk.%d.nextn.eh_proj.weight", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.nextn.enorm.weight",
+                         l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.nextn.hnorm.weight",
+                         l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0,
+                         "blk.%d.nextn.shared_head_norm.weight", l);
+        if (ok && !mtp && (l + 1) % o->attn_interval != 0) // a Gated DeltaNet layer
             ok = mk__add(p, o, W, MK__RAND, s_qk, E, C, "blk.%d.attn_qkv.weight", l) &&
                  mk__add(p, o, W, MK__RAND, s_in, E, VD, "blk.%d.attn_gate.weight", l) &&
                  mk__add(p, o, KS_DTYPE_F32, MK__RAND, 1.0f / sqrtf((float)o->ssm_conv),
@@ -425,8 +437,8 @@ static void mk__usage(FILE *fp) {
         "                               from layer --n-dense (default 1), DeepSeek-V3 style\n"
         "  --n-shared S                 glm4moe, MLA with --n-expert: S shared experts, one\n"
         "                               FFN S * n_ff_exp wide (default 1; DeepSeek-V2: 2)\n"
-        "  --nextn N                    glm4moe, deepseek2/32, glm-dsa: N NextN (multi-token\n"
-        "                               prediction) blocks after the layers, which inference\n"
+        "  --nextn N                    glm4moe, deepseek2/32, glm-dsa, qwen35(moe): N NextN (MTP)\n"
+        "                               blocks after the layers, which inference\n"
         "                               skips (glm4moe default 1, others 0)\n"
         "  --expert-groups G --group-used U  expert groups: the top-k is drawn from the U\n"
         "                               groups whose two best experts score highest\n"
@@ -926,8 +938,9 @@ int cli_mkmodel(int argc, char **argv) {
         o.n_dense = v_dense >= 0 ? v_dense : 1;
         o.n_nextn = 1;
     }
-    if (v_nextn >= 0 && !glm4moe && !mla) {
-        fprintf(stderr, "kvseal mkmodel: --nextn is for glm4moe, deepseek2/32 and glm-dsa\n");
+    if (v_nextn >= 0 && !glm4moe && !mla && !qwen35) {
+        fprintf(stderr,
+                "kvseal mkmodel: --nextn is for glm4moe, deepseek2/32, glm-dsa and qwen35(moe)\n");
         return 2;
     }
     if (v_nextn >= 0) o.n_nextn = v_nextn;

@@ -386,7 +386,9 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     // after the main ones (as llama.cpp's converter writes GLM-4.5 and GLM-5);
     // they predict further tokens for speculative decoding, and neither
     // llama.cpp nor kvseal runs them
-    if ((hp->arch == MODEL_ARCH_GLM4MOE || model__is_mla(hp->arch)) &&
+    // (Qwen3.5's MTP blocks likewise: llama.cpp counts them in block_count)
+    if ((hp->arch == MODEL_ARCH_GLM4MOE || model__is_mla(hp->arch) ||
+         hp->arch == MODEL_ARCH_QWEN35 || hp->arch == MODEL_ARCH_QWEN35MOE) &&
         (e = load__u32(&c, "nextn_predict_layers", false, 0, &hp->n_layer_nextn)))
         return e;
     if (hp->n_layer_nextn >= hp->n_layer)

@@ -29,4 +29,9 @@ check_ppl "qwen35 qk-gain 3 F16" "$TMPD/q35-3.gguf"
 check_greedy "qwen35 qk-gain 3" "$TMPD/q35-3.gguf"
 mkmodel_to "$TMPD/q35moe.gguf" --arch qwen35moe --seed 7
 check_arch qwen35moe "$TMPD/q35moe.gguf"
+# Qwen3.5's MTP (NextN) block after the layers, counted in block_count as
+# llama.cpp reads it (nextn_predict_layers): skipped by inference in both
+mkmodel_to "$TMPD/q35mtp.gguf" --arch qwen35moe --n-layer 8 --nextn 1 --seed 3
+check_ppl "qwen35moe + MTP block F16" "$TMPD/q35mtp.gguf"
+echo
 echo "qwen35, qwen35moe vs llama.cpp ok"
