@@ -1246,17 +1246,37 @@ static void a512__matmul_tq2_0(int64_t K, int n_rows, int n_cols, const void *W,
 // exact int32 lanes; one fma per super-block by d * factor * d_x, one
 // reduction. Integer sums are ref's; the error is a512__matmul_q6_K's.
 
-A512_INLINE void a512__iq_tile(ks_dtype T, int R, int C, const a512_tile *t, int V) {
-    const int64_t bs = ks_dtype_block_bytes(T);
+/* A prepared codebook super-block (a512__iq_prep_row): the decoded signed
+ * weights in element order, the 16 odd scales, d * factor; 320 bytes. */
+typedef struct a512_iqp {
+    int8_t w[256];
+    int16_t ls[16];
+    float d;
+    uint8_t pad[28];
+} a512_iqp;
+_Static_assert(sizeof(a512_iqp) == 320, "a512_iqp is 5 cache lines");
+
+/* A codebook tile over rows of type T (P = 0), or over rows of a512_iqp
+ * (P = 1, the same integers, so bit for bit the same results). */
+A512_INLINE void a512__iq_tile_p(ks_dtype T, int R, int C, const a512_tile *t, int V, int P) {
+    const int64_t bs = P ? (int64_t)sizeof(a512_iqp) : (int64_t)ks_dtype_block_bytes(T);
     const __m512i z = _mm512_setzero_si512();
     __m512 acc[4][4];
     A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
     const int64_t nsb = t->K / 256;
     for (int64_t i = 0; i < nsb; i++) {
         float d[4];
+        __m512i psc[4][4]; // P: [row][step] int16 scale lanes
         A512_FOR_R {
+            const uint8_t *b = t->W + r * t->ws + i * bs;
             a512__prefetch_next(t, r, R, i * bs, (int)bs);
-            d[r] = iqs__d(T, t->W + r * t->ws + i * bs);
+            if (P) {
+                const a512_iqp *q = (const a512_iqp *)(const void *)b;
+                d[r] = q->d;
+                a512__sc16_steps(_mm256_loadu_si256((const __m256i *)(const void *)q->ls), psc[r]);
+            } else {
+                d[r] = iqs__d(T, b);
+            }
         }
         __m512i isum[4][4];
         A512_FOR_R A512_FOR_C isum[r][c] = _mm512_setzero_si512();
@@ -1265,14 +1285,20 @@ A512_INLINE void a512__iq_tile(ks_dtype T, int R, int C, const a512_tile *t, int
             A512_FOR_C xq[c] = _mm512_loadu_si512(t->X + c * t->xs + i * 292 + 4 + 64 * k);
             A512_FOR_R {
                 const uint8_t *b = t->W + r * t->ws + i * bs;
-                int l0, l1, l2, l3;
-                __m256i w0 = iqs__decode(T, b, 2 * k, &l0, &l1);
-                __m256i w1 = iqs__decode(T, b, 2 * k + 1, &l2, &l3);
-                __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
-                __m512i sc = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(
-                        _mm256_set_m128i(_mm_set1_epi16((short)l1), _mm_set1_epi16((short)l0))),
-                    _mm256_set_m128i(_mm_set1_epi16((short)l3), _mm_set1_epi16((short)l2)), 1);
+                __m512i w, sc;
+                if (P) {
+                    w = _mm512_loadu_si512(b + 64 * k);
+                    sc = psc[r][k];
+                } else {
+                    int l0, l1, l2, l3;
+                    __m256i w0 = iqs__decode(T, b, 2 * k, &l0, &l1);
+                    __m256i w1 = iqs__decode(T, b, 2 * k + 1, &l2, &l3);
+                    w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+                    sc = _mm512_inserti64x4(
+                        _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)l1),
+                                                                _mm_set1_epi16((short)l0))),
+                        _mm256_set_m128i(_mm_set1_epi16((short)l3), _mm_set1_epi16((short)l2)), 1);
+                }
                 __m512i aw = _mm512_abs_epi8(w);
                 __mmask64 neg = _mm512_movepi8_mask(w);
                 A512_FOR_C isum[r][c] = a512__madd_acc(
@@ -1289,47 +1315,117 @@ A512_INLINE void a512__iq_tile(ks_dtype T, int R, int C, const a512_tile *t, int
     A512_FOR_R A512_FOR_C t->Y[c * t->ys + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
-#define a512__iq2_xxs_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ2_XXS, R, C, t, V)
+/* Decodes the nsb super-blocks of a type-T row into a512_iqp at out (the
+ * same w and scales as iqs__decode gives the plain tile). */
+A512_INLINE void a512__iq_prep(ks_dtype T, const uint8_t *row, int64_t nsb, void *out) {
+    const int64_t bs = ks_dtype_block_bytes(T);
+    for (int64_t i = 0; i < nsb; i++) {
+        const uint8_t *b = row + i * bs;
+        a512_iqp *q = (a512_iqp *)out + i;
+        for (int j = 0; j < 8; j++) {
+            int l0, l1;
+            _mm256_storeu_si256((__m256i *)(void *)(q->w + 32 * j), iqs__decode(T, b, j, &l0, &l1));
+            q->ls[2 * j] = (int16_t)l0;
+            q->ls[2 * j + 1] = (int16_t)l1;
+        }
+        q->d = iqs__d(T, b);
+    }
+}
+
+/* The prepared tiles (rows of a512_iqp), shared by all codebook types. */
+#define a512__iqp_tile(R, C, t, V) a512__iq_tile_p(KS_DTYPE_IQ2_XXS, R, C, t, V, 1)
+A512_TILES_V(a512__iqp_tile)
+
+#define a512__iq2_xxs_tile(R, C, t, V) a512__iq_tile_p(KS_DTYPE_IQ2_XXS, R, C, t, V, 0)
 A512_TILES_V(a512__iq2_xxs_tile)
+static void a512__iq2_xxs_prep_row(const uint8_t *row, int64_t nsb, void *out) {
+    a512__iq_prep(KS_DTYPE_IQ2_XXS, row, nsb, out);
+}
+/* Matches kern__matmul_iq2_xxs_ref; prefill decodes each row once (a512_iqp). */
 static void a512__matmul_iq2_xxs(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                              const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__iq2_xxs_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    const int V = a512__use_vnni();
+    if (!a512__run_prepared(a512__iqp_tile_tab[V], a512__iq2_xxs_prep_row, sizeof(a512_iqp), K,
+                            n_rows, n_cols, W, ws, X, xs, Y, ys))
+        a512__run(a512__iq2_xxs_tile_tab[V], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
-#define a512__iq2_xs_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ2_XS, R, C, t, V)
+#define a512__iq2_xs_tile(R, C, t, V) a512__iq_tile_p(KS_DTYPE_IQ2_XS, R, C, t, V, 0)
 A512_TILES_V(a512__iq2_xs_tile)
+static void a512__iq2_xs_prep_row(const uint8_t *row, int64_t nsb, void *out) {
+    a512__iq_prep(KS_DTYPE_IQ2_XS, row, nsb, out);
+}
+/* Matches kern__matmul_iq2_xs_ref; prefill decodes each row once (a512_iqp). */
 static void a512__matmul_iq2_xs(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                              const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__iq2_xs_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    const int V = a512__use_vnni();
+    if (!a512__run_prepared(a512__iqp_tile_tab[V], a512__iq2_xs_prep_row, sizeof(a512_iqp), K,
+                            n_rows, n_cols, W, ws, X, xs, Y, ys))
+        a512__run(a512__iq2_xs_tile_tab[V], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
-#define a512__iq2_s_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ2_S, R, C, t, V)
+#define a512__iq2_s_tile(R, C, t, V) a512__iq_tile_p(KS_DTYPE_IQ2_S, R, C, t, V, 0)
 A512_TILES_V(a512__iq2_s_tile)
+static void a512__iq2_s_prep_row(const uint8_t *row, int64_t nsb, void *out) {
+    a512__iq_prep(KS_DTYPE_IQ2_S, row, nsb, out);
+}
+/* Matches kern__matmul_iq2_s_ref; prefill decodes each row once (a512_iqp). */
 static void a512__matmul_iq2_s(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                              const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__iq2_s_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    const int V = a512__use_vnni();
+    if (!a512__run_prepared(a512__iqp_tile_tab[V], a512__iq2_s_prep_row, sizeof(a512_iqp), K,
+                            n_rows, n_cols, W, ws, X, xs, Y, ys))
+        a512__run(a512__iq2_s_tile_tab[V], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
-#define a512__iq3_xxs_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ3_XXS, R, C, t, V)
+#define a512__iq3_xxs_tile(R, C, t, V) a512__iq_tile_p(KS_DTYPE_IQ3_XXS, R, C, t, V, 0)
 A512_TILES_V(a512__iq3_xxs_tile)
+static void a512__iq3_xxs_prep_row(const uint8_t *row, int64_t nsb, void *out) {
+    a512__iq_prep(KS_DTYPE_IQ3_XXS, row, nsb, out);
+}
+/* Matches kern__matmul_iq3_xxs_ref; prefill decodes each row once (a512_iqp). */
 static void a512__matmul_iq3_xxs(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                              const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__iq3_xxs_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    const int V = a512__use_vnni();
+    if (!a512__run_prepared(a512__iqp_tile_tab[V], a512__iq3_xxs_prep_row, sizeof(a512_iqp), K,
+                            n_rows, n_cols, W, ws, X, xs, Y, ys))
+        a512__run(a512__iq3_xxs_tile_tab[V], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
-#define a512__iq3_s_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ3_S, R, C, t, V)
+#define a512__iq3_s_tile(R, C, t, V) a512__iq_tile_p(KS_DTYPE_IQ3_S, R, C, t, V, 0)
 A512_TILES_V(a512__iq3_s_tile)
+static void a512__iq3_s_prep_row(const uint8_t *row, int64_t nsb, void *out) {
+    a512__iq_prep(KS_DTYPE_IQ3_S, row, nsb, out);
+}
+/* Matches kern__matmul_iq3_s_ref; prefill decodes each row once (a512_iqp). */
 static void a512__matmul_iq3_s(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                              const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__iq3_s_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    const int V = a512__use_vnni();
+    if (!a512__run_prepared(a512__iqp_tile_tab[V], a512__iq3_s_prep_row, sizeof(a512_iqp), K,
+                            n_rows, n_cols, W, ws, X, xs, Y, ys))
+        a512__run(a512__iq3_s_tile_tab[V], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
-#define a512__iq1_s_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ1_S, R, C, t, V)
+#define a512__iq1_s_tile(R, C, t, V) a512__iq_tile_p(KS_DTYPE_IQ1_S, R, C, t, V, 0)
 A512_TILES_V(a512__iq1_s_tile)
+static void a512__iq1_s_prep_row(const uint8_t *row, int64_t nsb, void *out) {
+    a512__iq_prep(KS_DTYPE_IQ1_S, row, nsb, out);
+}
+/* Matches kern__matmul_iq1_s_ref; prefill decodes each row once (a512_iqp). */
 static void a512__matmul_iq1_s(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                              const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__iq1_s_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    const int V = a512__use_vnni();
+    if (!a512__run_prepared(a512__iqp_tile_tab[V], a512__iq1_s_prep_row, sizeof(a512_iqp), K,
+                            n_rows, n_cols, W, ws, X, xs, Y, ys))
+        a512__run(a512__iq1_s_tile_tab[V], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
-#define a512__iq1_m_tile(R, C, t, V) a512__iq_tile(KS_DTYPE_IQ1_M, R, C, t, V)
+#define a512__iq1_m_tile(R, C, t, V) a512__iq_tile_p(KS_DTYPE_IQ1_M, R, C, t, V, 0)
 A512_TILES_V(a512__iq1_m_tile)
+static void a512__iq1_m_prep_row(const uint8_t *row, int64_t nsb, void *out) {
+    a512__iq_prep(KS_DTYPE_IQ1_M, row, nsb, out);
+}
+/* Matches kern__matmul_iq1_m_ref; prefill decodes each row once (a512_iqp). */
 static void a512__matmul_iq1_m(int64_t K, int n_rows, int n_cols, const void *W, size_t ws,
                              const void *X, size_t xs, float *Y, size_t ys) {
-    a512__run(a512__iq1_m_tile_tab[a512__use_vnni()], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    const int V = a512__use_vnni();
+    if (!a512__run_prepared(a512__iqp_tile_tab[V], a512__iq1_m_prep_row, sizeof(a512_iqp), K,
+                            n_rows, n_cols, W, ws, X, xs, Y, ys))
+        a512__run(a512__iq1_m_tile_tab[V], K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
 // ----------------------------------------------------------------------------
