@@ -311,8 +311,8 @@ static void write_mutant(const char *src, const char *dst, mutation mu) {
             CHECK_EQ(gguf_writer_add_tensor(w, t->name, 2, ne_bad, KS_DTYPE_F16, junk, 256 * 200 * 2), KS_OK);
             continue;
         }
-        if (target && mu == MUT_TYPE) { // IQ2_XXS is a valid GGUF type kvseal doesn't run
-            CHECK_EQ(gguf_writer_add_tensor(w, t->name, 2, t->ne, KS_DTYPE_IQ2_XXS, junk, 66 * 128),
+        if (target && mu == MUT_TYPE) { // Q8_1 is a valid GGUF type kvseal doesn't run as weights
+            CHECK_EQ(gguf_writer_add_tensor(w, t->name, 2, t->ne, KS_DTYPE_Q8_1, junk, 288 * 128),
                      KS_OK);
             continue;
         }
@@ -607,7 +607,7 @@ static void test_load_errors(const char *src) {
         {MUT_DROP_TENSOR, KS_ERR_FORMAT, "missing tensor 'blk.3.attn_k.weight'"},
         {MUT_SHAPE, KS_ERR_FORMAT,
          "tensor 'blk.3.attn_k.weight' has shape [256, 200] (2 dims), expected [256, 128]"},
-        {MUT_TYPE, KS_ERR_UNSUPPORTED, "tensor 'blk.3.attn_k.weight' has type IQ2_XXS"},
+        {MUT_TYPE, KS_ERR_UNSUPPORTED, "tensor 'blk.3.attn_k.weight' has type Q8_1"},
         {MUT_DROP_KEY, KS_ERR_FORMAT, "missing required key 'llama.block_count'"},
         {MUT_HEAD_DIM, KS_ERR_UNSUPPORTED, "key_length 4096 is not in 1..1024"},
         {MUT_MOE, KS_ERR_FORMAT, "missing required key 'llama.expert_used_count'"},
