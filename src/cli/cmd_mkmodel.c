@@ -186,6 +186,20 @@ static bool mk__add(mk__plan *p, const mk__opts *o, ks_dtype type, int kind, flo
     return mk__add3(p, o, type, kind, scale, ne0, ne1, 0, fmt, layer);
 }
 
+/* The tensors a NextN (multi-token prediction) block l adds to a whole
+ * layer, named as llama.cpp's converter writes them (the optional
+ * embed_tokens and shared_head_head, each as large as token_embd, left out). */
+static bool mk__add_nextn(mk__plan *p, const mk__opts *o, int l) {
+    const int64_t E = o->n_embd;
+    const float noise = 0.02f;
+    return mk__add(p, o, o->type, MK__RAND, 1.0f / sqrtf(2.0f * (float)E), 2 * E, E,
+                   "blk.%d.nextn.eh_proj.weight", l) &&
+           mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.nextn.enorm.weight", l) &&
+           mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.nextn.hnorm.weight", l) &&
+           mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0,
+                   "blk.%d.nextn.shared_head_norm.weight", l);
+}
+
 /* qwen35's tensors: Gated DeltaNet layers, every attn_interval-th one
  * attention whose attn_q rows carry a gate per head, each with
  * post_attention_norm (its FFN's input norm) and a dense FFN. */
@@ -203,14 +217,7 @@ static bool mk__build_plan_qwen35(mk__plan *p, const mk__opts *o, int64_t n_voca
         const bool mtp = l >= o->n_layer;
         ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l);
         if (ok && mtp)
-            ok = mk__add(p, o, W, MK__RAND, 1.0f / sqrtf(2.0f * (float)E), 2 * E, E,
-                         "blk.%d.nextn.eh_proj.weight", l) &&
-                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.nextn.enorm.weight",
-                         l) &&
-                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.nextn.hnorm.weight",
-                         l) &&
-                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0,
-                         "blk.%d.nextn.shared_head_norm.weight", l);
+            ok = mk__add_nextn(p, o, l);
         if (ok && !mtp && (l + 1) % o->attn_interval != 0) // a Gated DeltaNet layer
             ok = mk__add(p, o, W, MK__RAND, s_qk, E, C, "blk.%d.attn_qkv.weight", l) &&
                  mk__add(p, o, W, MK__RAND, s_in, E, VD, "blk.%d.attn_gate.weight", l) &&
@@ -395,14 +402,7 @@ static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
         // named as llama.cpp's converter writes them (the optional
         // embed_tokens and shared_head_head, each as large as token_embd, left out)
         if (ok && l >= o->n_layer)
-            ok = mk__add(p, o, W, MK__RAND, 1.0f / sqrtf(2.0f * (float)E), 2 * E, E,
-                         "blk.%d.nextn.eh_proj.weight", l) &&
-                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.nextn.enorm.weight",
-                         l) &&
-                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.nextn.hnorm.weight",
-                         l) &&
-                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0,
-                         "blk.%d.nextn.shared_head_norm.weight", l);
+            ok = mk__add_nextn(p, o, l);
     }
     ok = ok && mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "output_norm.weight", 0);
     if (ok && !o->tied)
