@@ -377,6 +377,7 @@ static bool rt__replace_prefill(cluster_router *r, rt_req *q, uint32_t lost, con
     rt__send_abort(r, q->d_id, q->id, PD_ABORT_WORKER_LOST);
     if (q->p_sent) rt__send_abort(r, q->p_id, q->id, PD_ABORT_WORKER_LOST);
     q->avoid_p = lost;
+    atomic_fetch_add(&r->models[q->mi].n_replaced, 1);
     rt__rekey(r, q);
     return true;
 }

@@ -318,15 +318,15 @@ static void rt__lbl(char *b, size_t cap, size_t *n, const char *v) {
 /* server_backend.metrics_text: the catalog's per-model series. */
 static char *rt__metrics_text(void *impl) {
     cluster_router *r = impl;
-    size_t cap = 1024 + (size_t)r->n_models * 1024, n = 0;
+    size_t cap = 2048 + (size_t)r->n_models * 1536, n = 0;
     char *b = malloc(cap);
     if (!b) return NULL;
     static const char *const head =
         "# HELP kvseal_model_workers Workers registered for each model of the router's catalog.\n"
         "# TYPE kvseal_model_workers gauge\n";
     n = (size_t)snprintf(b, cap, "%s", head);
-    const char *what[4] = {"workers", "online", "admitted", "rejected"};
-    for (int k = 0; k < 4; k++) {
+    const char *what[5] = {"workers", "online", "admitted", "rejected", "replaced"};
+    for (int k = 0; k < 5; k++) {
         if (k == 1)
             n += (size_t)snprintf(b + n, cap - n,
                                   "# HELP kvseal_model_online Whether the model takes new requests "
@@ -340,6 +340,12 @@ static char *rt__metrics_text(void *impl) {
                                   "# HELP kvseal_model_rejected_total Requests for the model refused "
                                   "at admission (no worker, offline, too long, ...).\n"
                                   "# TYPE kvseal_model_rejected_total counter\n");
+        else if (k == 4)
+            n += (size_t)snprintf(b + n, cap - n,
+                                  "# HELP kvseal_model_replaced_total Requests for the model started "
+                                  "over on another prefill worker: their prefill worker or its data "
+                                  "link to decode was lost before the first token.\n"
+                                  "# TYPE kvseal_model_replaced_total counter\n");
         for (int i = 0; i < r->n_models && n + 256 < cap; i++) {
             const rt_model *md = &r->models[i];
             for (int role = 0; role < (k == 0 ? 2 : 1); role++) {
@@ -354,8 +360,10 @@ static char *rt__metrics_text(void *impl) {
                     n += (size_t)snprintf(b + n, cap - n, "\"} %d\n", atomic_load(&md->online) ? 1 : 0);
                 else
                     n += (size_t)snprintf(b + n, cap - n, "\"} %llu\n",
-                                          (unsigned long long)atomic_load(k == 2 ? &md->n_admitted
-                                                                                 : &md->n_rejected));
+                                          (unsigned long long)atomic_load(
+                                              k == 2   ? &md->n_admitted
+                                              : k == 3 ? &md->n_rejected
+                                                       : &md->n_replaced));
             }
         }
     }

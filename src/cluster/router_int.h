@@ -33,6 +33,7 @@ typedef struct rt_model {
     atomic_uint max_decode_pages; /* largest registered decode pool, for admission */
     atomic_bool online;     /* per-model /admin offline: new requests get 503 */
     atomic_ullong n_admitted, n_rejected; /* requests past / refused at admission */
+    atomic_ullong n_replaced;             /* started over after a lost prefill worker or link */
 } rt_model;
 
 typedef enum rt_phase {
