@@ -285,8 +285,12 @@ ks_err kv_prefix_create(kv_pool *p, uint32_t max_pages, kv_prefix **out /* OUT *
 void kv_prefix_destroy(kv_prefix *c);
 /* Attaches to the EMPTY sequence s the longest run of cached full pages
  * matching toks under root, but never the page holding the last token (its
- * logits must be computed). Returns the number of tokens covered (a multiple
- * of page_tokens); s->n_shared and s->n_tokens are set. Can't fail. */
+ * logits must be computed). In a pool with recurrent state (g.state_pages >
+ * 0) the run ends at the deepest page that carries a state snapshot
+ * (kv_prefix_publish_state), and s gets its own state pages holding a copy
+ * of it; nothing is attached when the pool lacks the free pages for them.
+ * Returns the number of tokens covered (a multiple of page_tokens);
+ * s->n_shared and s->n_tokens are set. Can't fail. */
 uint32_t kv_prefix_attach(kv_prefix *c, const uint8_t root[KV_ROOT_BYTES], const int32_t *toks,
                           uint32_t n_toks, kv_seq *s);
 /* Offers the full pages of s covering toks[0, n_toks) (already computed) to
@@ -294,11 +298,20 @@ uint32_t kv_prefix_attach(kv_prefix *c, const uint8_t root[KV_ROOT_BYTES], const
  * already cached are skipped. Can't fail (keeps fewer pages on pressure). */
 void kv_prefix_publish(kv_prefix *c, const uint8_t root[KV_ROOT_BYTES], const int32_t *toks,
                        uint32_t n_toks, const kv_seq *s);
+/* kv_prefix_publish of toks[0, n_toks), n_toks a multiple of page_tokens;
+ * in a pool with recurrent state, when s's state has consumed exactly those
+ * tokens (s->n_tokens == n_toks), the entry of their last page also keeps a
+ * snapshot of it: g.state_pages pages of the cache's own (fresh owner, READY,
+ * scrubbed when dropped), at most max_pages such pages in all, the least
+ * recently used dropped first. Reads s's state through kv_seq_state (I1).
+ * Can't fail (keeps no snapshot under pressure). */
+void kv_prefix_publish_state(kv_prefix *c, const uint8_t root[KV_ROOT_BYTES], const int32_t *toks,
+                             uint32_t n_toks, const kv_seq *s);
 /* Frees up to n_pages cached pages that no sequence uses (least recently
- * used first); returns how many became FREE. */
+ * used first: whole entries, then snapshots); returns how many became FREE. */
 uint32_t kv_prefix_evict(kv_prefix *c, uint32_t n_pages);
 
-/* Pages the cache holds now; can't fail. */
+/* Pages the cache holds now (snapshot pages included); can't fail. */
 uint32_t kv_prefix_n_pages(const kv_prefix *c);
 
 #endif /* KS_KV_H */

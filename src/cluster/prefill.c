@@ -143,13 +143,14 @@ typedef struct pf__worker {
     double *eacc;          /* (n_embd) the pooled sum */
     float *evec;           /* (n_embd) the result */
     // prompt logprobs (echo, PD_FLAG_PROMPT_LP): allocated at the first such request
-    uint64_t cur_req;   /* req_id of the PREFILL pd_send is handling (pf__op_run) */
-    bool cur_lp;        /* that PREFILL asked for prompt logprobs (set by pf__admit) */
-    float *lp_logits;   /* (PF_LP_ROWS, V) */
-    int32_t *lp_tok;    /* (PF_LP_ROWS) */
-    float *lp_lp;       /* (PF_LP_ROWS) */
-    pd_msg_top *lp_top; /* (PF_LP_ROWS, SAMPLE_MAX_TOP) */
-    uint8_t *lp_buf;    /* one encoded PROMPT_LP of PF_LP_ROWS records */
+    uint64_t cur_req;       /* req_id of the PREFILL pd_send is handling (pf__op_run) */
+    bool cur_lp;            /* that PREFILL asked for prompt logprobs (set by pf__admit) */
+    uint8_t cur_domain[32]; /* that PREFILL's domain (set by pf__reserve): pf__compute's snapshot */
+    float *lp_logits;       /* (PF_LP_ROWS, V) */
+    int32_t *lp_tok;        /* (PF_LP_ROWS) */
+    float *lp_lp;           /* (PF_LP_ROWS) */
+    pd_msg_top *lp_top;     /* (PF_LP_ROWS, SAMPLE_MAX_TOP) */
+    uint8_t *lp_buf;        /* one encoded PROMPT_LP of PF_LP_ROWS records */
 } pf__worker;
 
 static void pf__op_run(pf__worker *w, pf__op *op);
@@ -290,12 +291,12 @@ static ks_err pf__admit(void *ctx, const int32_t *toks, uint32_t n, const pd_msg
 static ks_err pf__reserve(void *ctx, kv_pool *pool, const uint8_t domain[32], const int32_t *toks,
                           uint32_t n, kv_seq *seq, ks_errbuf *eb) {
     pf__worker *w = ctx;
+    memcpy(w->cur_domain, domain, sizeof w->cur_domain);
     // echo computes every position (each needs its logits row), as the engine does
     if (w->prefix && !w->cur_lp) (void)kv_prefix_attach(w->prefix, domain, toks, n, seq);
     ks_err e = kv_seq_reserve(pool, seq, n, eb);
     if (e == KS_ERR_NOSPACE && w->prefix) {
-        uint32_t pt = w->page_tokens, need = (n + pt - 1) / pt;
-        uint32_t more = need - seq->n_pages, nfree = kv_pool_n_free(pool);
+        uint32_t more = kv_seq_pages_needed(pool, seq, n), nfree = kv_pool_n_free(pool);
         if (more > nfree) kv_prefix_evict(w->prefix, more - nfree);
         e = kv_seq_reserve(pool, seq, n, eb);
     }
@@ -305,12 +306,13 @@ static ks_err pf__reserve(void *ctx, kv_pool *pool, const uint8_t domain[32], co
              : KS_OK;
 }
 
-/* The computed prompt's full pages go to the cache under its domain. */
+/* The computed prompt's full pages go to the cache under its domain (a
+ * hybrid model's went with their state, in pf__compute). */
 static void pf__computed(void *ctx, kv_pool *pool, const uint8_t domain[32], const int32_t *toks,
                          uint32_t n, kv_seq *seq) {
     pf__worker *w = ctx;
-    (void)pool;
-    if (w->prefix) kv_prefix_publish(w->prefix, domain, toks, n, seq);
+    if (w->prefix && !kv_pool_geom(pool)->state_pages)
+        kv_prefix_publish(w->prefix, domain, toks, n, seq);
 }
 
 // ----------------------------------------------------------------------------
@@ -381,7 +383,6 @@ static ks_err pf__lp_chunk(pf__worker *w, const int32_t *tokens, uint32_t n, uin
 static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *tokens, uint32_t n,
                           const pd_msg_sampling *msp, pd_send_first *out, ks_errbuf *eb) {
     pf__worker *w = ctx;
-    (void)pool;
     sample_params sp;
     bool ignore_eos;
     cl_sampling_from_msg(msp, &sp, &ignore_eos);
@@ -411,10 +412,17 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
     if (lp && !e && seq->n_tokens != 0) // pf__reserve attaches nothing for echo
         e = ks_seterr(eb, KS_ERR_INTERNAL, "prompt logprobs: %u positions came from the cache",
                       seq->n_tokens);
+    // a hybrid model's cache keeps the recurrent state at the last page
+    // boundary before the last token (where an attach of this prompt ends):
+    // the prefill stops there once (as the engine's does)
+    const uint32_t snap_at = w->prefix && !lp && kv_pool_geom(pool)->state_pages > 0
+                                 ? (n - 1) / w->page_tokens * w->page_tokens
+                                 : 0;
     // positions below seq->n_tokens came from the prefix cache (pf__reserve)
     for (uint32_t off = seq->n_tokens; !e && off < n;) {
         int32_t chunk = n - off < (uint32_t)w->B ? (int32_t)(n - off) : w->B;
         if (lp && chunk > PF_LP_ROWS) chunk = PF_LP_ROWS;
+        if (snap_at > off && off + (uint32_t)chunk > snap_at) chunk = (int32_t)(snap_at - off);
         int32_t n_out = 0;
         for (int32_t j = 0; j < chunk; j++) {
             uint32_t p = off + (uint32_t)j;
@@ -432,6 +440,8 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
         w->job_logits = NULL;
         if (e == KS_OK && lp) e = pf__lp_chunk(w, tokens, n, off, (uint32_t)chunk, msp, eb);
         off += (uint32_t)chunk;
+        if (e == KS_OK && off == snap_at)
+            kv_prefix_publish_state(w->prefix, w->cur_domain, tokens, off, seq);
     }
     if (e != KS_OK) {
         grammar_matcher_destroy(gm);
@@ -1176,8 +1186,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
     }
     if ((e = kv_pool_create(&g, eo->kv_pages, eo->scrub, &w.pool, eb))) goto fail;
     if ((e = model_ctx_create(o->m, w.pool, eo->n_threads, w.B, eo->n_ctx, &w.mctx, eb))) goto fail;
-    // a hybrid model's cached prefix would need its recurrent state: no prefix cache
-    if (eo->prefix_cache && g.state_pages == 0 &&
+    if (eo->prefix_cache &&
         (e = kv_prefix_create(w.pool, eo->prefix_max_pages ? eo->prefix_max_pages : eo->kv_pages / 4,
                               &w.prefix, eb)))
         goto fail;

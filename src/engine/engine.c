@@ -264,6 +264,15 @@ static void engine__admit(engine *e) {
         e->n_waiting--;
         r->next = NULL;
         r->n_past = r->n_cached = (int32_t)cached;
+        // a hybrid model resumes a cached prefix from the recurrent state at its
+        // end: the prefill stops at the last page boundary before the last prompt
+        // token (where an attach of this prompt ends) and the cache keeps that
+        // state (kv_prefix_publish_state); its cost is g.state_pages pages
+        r->snap_at = 0;
+        if (e->prefix && kv_pool_geom(e->pool)->state_pages > 0 && !r->prompt_lp && !r->embed) {
+            int32_t at = (r->n_prompt - 1) / (int32_t)P * (int32_t)P;
+            if (at > r->n_past) r->snap_at = at;
+        }
         r->t_sched = now;
         engine__set_state(r, ENGINE_PREFILLING);
         e->running[e->n_running++] = r;
@@ -425,6 +434,8 @@ static bool engine__step(engine *e) {
         if (atomic_load(&r->state) != ENGINE_PREFILLING || r->leader) continue;
         int32_t chunk = r->n_prompt - r->n_past;
         if (chunk > budget - n) chunk = budget - n;
+        if (r->snap_at > r->n_past && r->n_past + chunk > r->snap_at)
+            chunk = r->snap_at - r->n_past;
         if (r->prompt_lp) { // a logits row for every prompt position
             if (chunk > lp_rows) chunk = lp_rows;
             if (chunk == 0) continue;
@@ -497,11 +508,19 @@ static bool engine__step(engine *e) {
         } else if (r->embed) {
             gone = engine__embed_step(e, r);
         } else {
+            // its recurrent state is that after exactly snap_at prompt tokens
+            if (r->snap_at > 0 && r->n_past == r->snap_at) {
+                kv_prefix_publish_state(e->prefix, r->root, r->prompt, (uint32_t)r->snap_at,
+                                        &r->seq);
+                r->snap_at = 0;
+            }
             if (r->lp_n > 0) engine__prompt_events(e, r);
             if (r->out_row >= 0) {
                 if (atomic_load(&r->state) == ENGINE_PREFILLING) {
                     engine__set_state(r, ENGINE_DECODING);
-                    if (e->prefix) // full prompt pages become reusable by this tenant (I7)
+                    // full prompt pages become reusable by this tenant (I7); a
+                    // hybrid model's were offered with their state at snap_at
+                    if (e->prefix && !kv_pool_geom(e->pool)->state_pages)
                         kv_prefix_publish(e->prefix, r->root, r->prompt, (uint32_t)r->n_prompt,
                                           &r->seq);
                     if (r->n_fol) engine__group_fork(e, r);
@@ -674,9 +693,7 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
     ks_err err;
     if ((err = kv_pool_create(&g, o->kv_pages, o->scrub, &e->pool, eb))) goto fail;
     kv_pool_set_violation_cb(e->pool, engine__violation_cb, e);
-    // a hybrid model's cached prefix would need its recurrent state at the
-    // prefix's end, which is not kept: no prefix cache for it (docs/design.md)
-    if (o->prefix_cache && g.state_pages == 0 &&
+    if (o->prefix_cache &&
         (err = kv_prefix_create(e->pool, o->prefix_max_pages ? o->prefix_max_pages : o->kv_pages / 4,
                                 &e->prefix, eb)))
         goto fail;

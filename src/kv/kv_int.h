@@ -55,6 +55,18 @@ struct kv_pool {
  * of F16/Q8_0 rows can make page_bytes 2 mod 4) is poisoned the same way. */
 #define KV__POISON_WORD 0x7fc07fc0u
 
+/* A fresh sequence uid, never 0 and never reused in this process. */
+uint64_t kv__next_uid(void);
+/* The payload of page id: page_bytes bytes, 64-byte aligned. */
+uint8_t *kv__page_base(const kv_pool *p, uint32_t id);
+/* Sets h's state, keeping the per-state counters right. */
+void kv__set_state(kv_pool *p, kv__page *h, kv_page_state st);
+/* Pops a FREE page (n_free > 0), checks it is clean, and hands it to uid
+ * with a new gen: ALLOCATED, refcount 1, nothing filled. */
+uint32_t kv__page_alloc(kv_pool *p, uint64_t uid);
+/* Gives s, which has none, its g.state_pages state pages, zeroed and owned
+ * by s. Errors: KS_ERR_NOSPACE, KS_ERR_NOMEM; nothing is taken then. */
+ks_err kv__seq_take_state(kv_pool *p, kv_seq *s, ks_errbuf *eb);
 /* Drops one reference on page id; at zero the page is scrubbed and FREE. */
 void kv__page_unref(kv_pool *p, uint32_t id);
 /* Counts an isolation violation and reports it (callback + log); returns

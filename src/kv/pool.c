@@ -40,7 +40,7 @@ void kv__sodium_once(void) { KS_ASSERT(pthread_once(&kv__once, kv__boot) == 0); 
 /* (nonce << 32) + counter is injective in the 64-bit counter, so uids never
  * repeat even after 2^32 sequences (the counter then carries into the nonce
  * bits). 0 is reserved for "no owner" (the tag of a FREE page). */
-static uint64_t kv__next_uid(void) {
+uint64_t kv__next_uid(void) {
     kv__sodium_once();
     for (;;) {
         uint64_t c = atomic_fetch_add_explicit(&kv__uid_counter, 1, memory_order_relaxed);
@@ -139,7 +139,7 @@ uint32_t kv_pages_for_bytes(const kv_geom *g, uint64_t mem_bytes) {
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
-static uint8_t *kv__page_base(const kv_pool *p, uint32_t id) {
+uint8_t *kv__page_base(const kv_pool *p, uint32_t id) {
     return p->slab + (size_t)id * p->page_bytes;
 }
 
@@ -175,7 +175,7 @@ static bool kv__range_clean(const kv_pool *p, uint32_t id, size_t b0, size_t b1)
     return memcmp(b + i, &want, b1 - i) == 0;
 }
 
-static void kv__set_state(kv_pool *p, kv__page *h, kv_page_state st) {
+void kv__set_state(kv_pool *p, kv__page *h, kv_page_state st) {
     if (h->state == (uint32_t)st) return;
     atomic_fetch_sub_explicit(&p->n_state[h->state], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&p->n_state[st], 1, memory_order_relaxed);
@@ -284,7 +284,7 @@ ks_err kv_pool_page_info(const kv_pool *p, uint32_t page, kv_page_info *out) {
 // Page ownership: allocation, references, scrub on free (I2, I3)
 
 /* Pops a FREE page, checks it is clean, and hands it to uid with a new gen. */
-static uint32_t kv__page_alloc(kv_pool *p, uint64_t uid) {
+uint32_t kv__page_alloc(kv_pool *p, uint64_t uid) {
     KS_ASSERT(p->n_free > 0);
     uint32_t id = p->free_ids[--p->n_free];
     kv__page *h = &p->hdr[id];
@@ -401,6 +401,22 @@ uint32_t kv_seq_pages_needed(const kv_pool *p, const kv_seq *s, uint32_t n_token
            (s->st ? 0 : (uint32_t)p->g.state_pages);
 }
 
+ks_err kv__seq_take_state(kv_pool *p, kv_seq *s, ks_errbuf *eb) {
+    KS_ASSERT(!s->st && p->g.state_pages > 0);
+    if ((uint32_t)p->g.state_pages > p->n_free)
+        return ks_seterr(eb, KS_ERR_NOSPACE, "kv pool: need %d pages of recurrent state, %u free",
+                         p->g.state_pages, p->n_free);
+    s->st = malloc(sizeof *s->st * (size_t)p->g.state_pages);
+    if (!s->st) return ks_seterr(eb, KS_ERR_NOMEM, "kv: state table");
+    for (int i = 0; i < p->g.state_pages; i++) {
+        uint32_t id = kv__page_alloc(p, s->uid);
+        // a recurrence starts from the zero state, whatever the scrub pattern
+        if (p->scrub != KV_SCRUB_ZERO) memset(kv__page_base(p, id), 0, p->page_bytes);
+        s->st[i] = (kv_entry){.page = id, .tag = p->hdr[id].tag};
+    }
+    return KS_OK;
+}
+
 ks_err kv_seq_reserve(kv_pool *p, kv_seq *s, uint32_t n_tokens, ks_errbuf *eb) {
     uint64_t pt = (uint64_t)p->g.page_tokens;
     uint32_t need = (uint32_t)(((uint64_t)n_tokens + pt - 1) / pt);
@@ -411,16 +427,7 @@ ks_err kv_seq_reserve(kv_pool *p, kv_seq *s, uint32_t n_tokens, ks_errbuf *eb) {
                          more, n_tokens, p->n_free);
     ks_err e = kv__seq_grow(s, need > s->n_pages ? need : s->n_pages, eb);
     if (e) return e;
-    if (!s->st && p->g.state_pages > 0) {
-        s->st = malloc(sizeof *s->st * (size_t)p->g.state_pages);
-        if (!s->st) return ks_seterr(eb, KS_ERR_NOMEM, "kv: state table");
-        for (int i = 0; i < p->g.state_pages; i++) {
-            uint32_t id = kv__page_alloc(p, s->uid);
-            // a recurrence starts from the zero state, whatever the scrub pattern
-            if (p->scrub != KV_SCRUB_ZERO) memset(kv__page_base(p, id), 0, p->page_bytes);
-            s->st[i] = (kv_entry){.page = id, .tag = p->hdr[id].tag};
-        }
-    }
+    if (!s->st && p->g.state_pages > 0 && (e = kv__seq_take_state(p, s, eb))) return e;
     while (s->n_pages < need) {
         uint32_t id = kv__page_alloc(p, s->uid);
         s->ent[s->n_pages].page = id;

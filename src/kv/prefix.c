@@ -9,6 +9,16 @@
  * reference on its page; pages are shared read-only (kv_seq_span_write
  * refuses them). LRU order keeps a chain's shallow pages more recent than its
  * deep ones, so eviction trims chains from the tail and never orphans them.
+ *
+ * A pool with recurrent state (hybrid models, g.state_pages > 0) can only
+ * resume a cached prefix from the state at its end, so there an entry may
+ * carry a snapshot: state_pages pages of the cache's own (a fresh owner uid,
+ * READY, refcount 1), copied from the publishing sequence's state pages when
+ * its state had consumed exactly the tokens up to the end of that entry's
+ * page. Attach stops at the deepest entry with a snapshot and copies it into
+ * the new sequence's own state pages (a sequence never shares its state).
+ * Snapshots are scrubbed when dropped like any page, and cost state_pages
+ * pages each (bounded by max_pages in all).
  * Owner thread only (the scheduler). */
 #include "kv_int.h"
 
@@ -24,18 +34,20 @@ typedef struct kv__pent {
     uint32_t page;              /* page id; KV__NIL while the slot is free */
     uint32_t hnext;             /* next in the bucket chain, or next free slot */
     uint32_t prev, next;        /* LRU list: prev is more recent */
+    kv_entry *snap;             /* hybrid pools: (state_pages) the state after the page, or NULL */
 } kv__pent;
 
 struct kv_prefix {
     kv_pool *p;
     uint32_t max_pages;
     uint32_t n_used;
-    kv__pent *ents;     /* (max_pages) */
-    uint32_t *buckets;  /* (n_buckets) first entry of each chain, KV__NIL if empty */
-    uint32_t n_buckets; /* power of two >= 2 * max_pages */
-    uint32_t free_slot; /* head of the free-slot list (through hnext) */
-    uint32_t lru_head;  /* most recently used */
-    uint32_t lru_tail;  /* least recently used: evicted first */
+    uint32_t n_snap_pages; /* pages held by snapshots (hybrid pools), <= max_pages */
+    kv__pent *ents;        /* (max_pages) */
+    uint32_t *buckets;     /* (n_buckets) first entry of each chain, KV__NIL if empty */
+    uint32_t n_buckets;    /* power of two >= 2 * max_pages */
+    uint32_t free_slot;    /* head of the free-slot list (through hnext) */
+    uint32_t lru_head;     /* most recently used */
+    uint32_t lru_tail;     /* least recently used: evicted first */
     uint8_t sip_key[crypto_shorthash_KEYBYTES];
 };
 
@@ -124,9 +136,42 @@ static void kv__lru_touch(kv_prefix *c, uint32_t i, uint32_t after) {
     kv__lru_link_after(c, i, after);
 }
 
+/* True when snapshot page k of entry e still carries its tag, is READY and
+ * held by the cache alone; otherwise reports a violation. */
+static bool kv__snap_page_ok(kv_prefix *c, const kv__pent *e, int k) {
+    kv_pool *p = c->p;
+    const kv_entry *se = &e->snap[k];
+    const kv__page *h = se->page < p->n_pages ? &p->hdr[se->page] : NULL;
+    if (h && kv__tag_eq(h->tag, se->tag) && h->state == KV_PAGE_READY && h->refcount == 1)
+        return true;
+    (void)kv__violation(p, se->tag.seq_uid, se->page, se->tag, h ? h->tag : (kv_tag){0},
+                        h ? (kv_page_state)h->state : KV_PAGE_FREE);
+    return false;
+}
+
+/* Drops entry e's snapshot, if any: its pages are scrubbed and FREE (a page
+ * that lost its tag belongs to someone else now and is left alone). Returns
+ * how many pages became FREE. */
+static uint32_t kv__snap_drop(kv_prefix *c, kv__pent *e) {
+    if (!e->snap) return 0;
+    kv_pool *p = c->p;
+    const uint32_t sp = (uint32_t)p->g.state_pages;
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < sp; k++)
+        if (e->snap[k].page != KV__NIL) {
+            if (kv__snap_page_ok(c, e, (int)k)) kv__page_unref(p, e->snap[k].page), n++;
+        }
+    free(e->snap);
+    e->snap = NULL;
+    c->n_snap_pages -= sp;
+    atomic_fetch_sub_explicit(&p->prefix_cached, sp, memory_order_relaxed);
+    return n;
+}
+
 /* Removes entry i; drops the cache's page reference when unref is set. */
 static void kv__remove(kv_prefix *c, uint32_t i, bool unref) {
     kv__pent *e = &c->ents[i];
+    (void)kv__snap_drop(c, e);
     uint32_t *pp = &c->buckets[kv__bucket(c, e->key)];
     while (*pp != i) {
         KS_ASSERT(*pp != KV__NIL);
@@ -178,6 +223,7 @@ ks_err kv_prefix_create(kv_pool *p, uint32_t max_pages, kv_prefix **out, ks_errb
         c->ents[i].page = KV__NIL;
         c->ents[i].hnext = i + 1 < max_pages ? i + 1 : KV__NIL;
         c->ents[i].prev = c->ents[i].next = KV__NIL;
+        c->ents[i].snap = NULL;
     }
     c->free_slot = max_pages ? 0 : KV__NIL;
     c->lru_head = c->lru_tail = KV__NIL;
@@ -201,13 +247,58 @@ void kv_prefix_destroy(kv_prefix *c) {
     free(c);
 }
 
+/* Hybrid pools: how many leading pages of toks an attach may take (at most
+ * limit): up to the deepest matching entry that carries a snapshot, 0 when
+ * none does. That entry's index goes to *snap_i. */
+static uint32_t kv__snap_depth(kv_prefix *c, const uint8_t root[KV_ROOT_BYTES], const int32_t *toks,
+                               uint32_t limit, uint32_t *snap_i) {
+    const uint32_t P = (uint32_t)c->p->g.page_tokens;
+    uint8_t key[KV_ROOT_BYTES];
+    memcpy(key, root, KV_ROOT_BYTES);
+    uint32_t depth = 0;
+    for (uint32_t n = 0; n < limit; n++) {
+        kv__chain(key, toks + (size_t)n * P, P);
+        uint32_t i = kv__find(c, key);
+        if (i == KV__NIL || !kv__valid(c, i)) break;
+        if (c->ents[i].snap) depth = n + 1, *snap_i = i;
+    }
+    return depth;
+}
+
+/* Gives the empty hybrid sequence s its own state pages holding a copy of
+ * entry i's snapshot. False (s untouched) when a snapshot page fails its
+ * check (reported; the snapshot is dropped) or s's pages cannot be taken. */
+static bool kv__snap_restore(kv_prefix *c, uint32_t i, kv_seq *s) {
+    kv_pool *p = c->p;
+    kv__pent *e = &c->ents[i];
+    const int sp = p->g.state_pages;
+    for (int k = 0; k < sp; k++)
+        if (!kv__snap_page_ok(c, e, k)) {
+            e->snap[k].page = KV__NIL; // not ours any more: left alone
+            (void)kv__snap_drop(c, e);
+            return false;
+        }
+    if (kv__seq_take_state(p, s, NULL) != KS_OK) return false;
+    for (int k = 0; k < sp; k++)
+        memcpy(kv__page_base(p, s->st[k].page), kv__page_base(p, e->snap[k].page), p->page_bytes);
+    return true;
+}
+
 uint32_t kv_prefix_attach(kv_prefix *c, const uint8_t root[KV_ROOT_BYTES], const int32_t *toks,
                           uint32_t n_toks, kv_seq *s) {
     KS_ASSERT(s->n_pages == 0 && s->n_tokens == 0);
-    const uint32_t P = (uint32_t)c->p->g.page_tokens;
+    kv_pool *p = c->p;
+    const uint32_t P = (uint32_t)p->g.page_tokens;
     if (n_toks == 0 || c->n_used == 0) return 0;
     // page i covers [i*P, (i+1)*P); the last token n_toks-1 must stay outside
-    const uint32_t limit = (n_toks - 1) / P;
+    uint32_t limit = (n_toks - 1) / P;
+    const bool hybrid = p->g.state_pages > 0;
+    if (hybrid) { // resumable only where the state was kept
+        KS_ASSERT(!s->st);
+        uint32_t si = KV__NIL;
+        limit = kv__snap_depth(c, root, toks, limit, &si);
+        if (limit == 0 || !kv__snap_restore(c, si, s)) return 0;
+    }
     uint8_t key[KV_ROOT_BYTES];
     memcpy(key, root, KV_ROOT_BYTES);
     uint32_t n = 0, prev = KV__NIL;
@@ -217,13 +308,17 @@ uint32_t kv_prefix_attach(kv_prefix *c, const uint8_t root[KV_ROOT_BYTES], const
         if (i == KV__NIL || !kv__valid(c, i)) break;
         const kv__pent *e = &c->ents[i];
         if (kv__seq_push(s, e->page, e->tag) != KS_OK) break;  // NOMEM: attach fewer
-        c->p->hdr[e->page].refcount++;
+        p->hdr[e->page].refcount++;
         kv__lru_touch(c, i, prev);
         prev = i;
     }
+    if (hybrid && n != limit) { // the state is that after `limit` pages: all or nothing
+        kv_seq_release(p, s);
+        return 0;
+    }
     s->n_shared = n;
     s->n_tokens = n * P;
-    atomic_fetch_add_explicit(&c->p->prefix_hits_pages, n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->prefix_hits_pages, n, memory_order_relaxed);
     return n * P;
 }
 
@@ -246,18 +341,22 @@ static uint32_t kv__take_slot(kv_prefix *c, uint32_t stop) {
     return i;
 }
 
-void kv_prefix_publish(kv_prefix *c, const uint8_t root[KV_ROOT_BYTES], const int32_t *toks,
-                       uint32_t n_toks, const kv_seq *s) {
+/* kv_prefix_publish; returns the entry of page n_toks / P - 1 when every
+ * full page of toks is in the cache now, else KV__NIL. */
+static uint32_t kv__publish(kv_prefix *c, const uint8_t root[KV_ROOT_BYTES], const int32_t *toks,
+                            uint32_t n_toks, const kv_seq *s) {
     kv_pool *p = c->p;
     const uint32_t P = (uint32_t)p->g.page_tokens;
     uint32_t n_full = n_toks / P;
     if (n_full > s->n_tokens / P) n_full = s->n_tokens / P;
     if (n_full > s->n_pages) n_full = s->n_pages;
-    if (c->max_pages == 0) return;
+    if (c->max_pages == 0 || n_full == 0) return KV__NIL;
+    const uint32_t want = n_toks / P;
     uint8_t key[KV_ROOT_BYTES];
     memcpy(key, root, KV_ROOT_BYTES);
     uint32_t prev = KV__NIL;
-    for (uint32_t pg = 0; pg < n_full; pg++) {
+    uint32_t pg = 0;
+    for (; pg < n_full; pg++) {
         kv__chain(key, toks + (size_t)pg * P, P);
         uint32_t i = kv__find(c, key);
         if (i != KV__NIL && kv__valid(c, i)) {  // already cached (perhaps another page)
@@ -288,6 +387,58 @@ void kv_prefix_publish(kv_prefix *c, const uint8_t root[KV_ROOT_BYTES], const in
         c->n_used++;
         atomic_fetch_add_explicit(&p->prefix_cached, 1, memory_order_relaxed);
     }
+    return pg == want ? prev : KV__NIL;
+}
+
+void kv_prefix_publish(kv_prefix *c, const uint8_t root[KV_ROOT_BYTES], const int32_t *toks,
+                       uint32_t n_toks, const kv_seq *s) {
+    (void)kv__publish(c, root, toks, n_toks, s);
+}
+
+/* Drops the least recently used snapshot other than entry keep's; false
+ * when there is none. */
+static bool kv__snap_evict_one(kv_prefix *c, uint32_t keep) {
+    for (uint32_t i = c->lru_tail; i != KV__NIL; i = c->ents[i].prev)
+        if (i != keep && c->ents[i].snap) {
+            (void)kv__snap_drop(c, &c->ents[i]);
+            return true;
+        }
+    return false;
+}
+
+void kv_prefix_publish_state(kv_prefix *c, const uint8_t root[KV_ROOT_BYTES], const int32_t *toks,
+                             uint32_t n_toks, const kv_seq *s) {
+    kv_pool *p = c->p;
+    const uint32_t P = (uint32_t)p->g.page_tokens, sp = (uint32_t)p->g.state_pages;
+    uint32_t i = kv__publish(c, root, toks, n_toks, s);
+    if (sp == 0 || i == KV__NIL || n_toks % P || s->n_tokens != n_toks || !s->st ||
+        c->ents[i].snap || sp > c->max_pages)
+        return;
+    // the state is read through the sequence's checked accessor (I1): a
+    // table that fails it is reported and nothing is kept
+    for (uint32_t k = 0; k < sp; k++) {
+        void *src;
+        if (kv_seq_state(p, s, k, &src) != KS_OK) return;
+    }
+    while (c->n_snap_pages + sp > c->max_pages)
+        if (!kv__snap_evict_one(c, i)) return;
+    if (p->n_free < sp) return; // only pages nobody else needs now
+    kv_entry *snap = malloc(sizeof *snap * sp);
+    if (!snap) return;
+    const uint64_t uid = kv__next_uid(); // the snapshot's own owner: no sequence's
+    for (uint32_t k = 0; k < sp; k++) {
+        void *src;
+        KS_ASSERT(kv_seq_state(p, s, k, &src) == KS_OK); // checked above, nothing ran since
+        uint32_t id = kv__page_alloc(p, uid);
+        memcpy(kv__page_base(p, id), src, p->page_bytes);
+        kv__page *h = &p->hdr[id];
+        h->filled = P;
+        kv__set_state(p, h, KV_PAGE_READY); // read-only from now on
+        snap[k] = (kv_entry){.page = id, .tag = h->tag};
+    }
+    c->ents[i].snap = snap;
+    c->n_snap_pages += sp;
+    atomic_fetch_add_explicit(&p->prefix_cached, sp, memory_order_relaxed);
 }
 
 uint32_t kv_prefix_evict(kv_prefix *c, uint32_t n_pages) {
@@ -295,12 +446,23 @@ uint32_t kv_prefix_evict(kv_prefix *c, uint32_t n_pages) {
     for (uint32_t i = c->lru_tail; i != KV__NIL && n < n_pages;) {
         uint32_t more_recent = c->ents[i].prev;
         if (c->p->hdr[c->ents[i].page].refcount == 1 && kv__valid(c, i)) {
+            n += kv__snap_drop(c, &c->ents[i]);
             kv__remove(c, i, true);
             n++;
         }
         i = more_recent;
     }
+    // snapshots of pages still in use are the cache's alone: they go next
+    while (n < n_pages && c->n_snap_pages > 0) {
+        uint32_t before = c->n_snap_pages;
+        for (uint32_t i = c->lru_tail; i != KV__NIL; i = c->ents[i].prev)
+            if (c->ents[i].snap) {
+                n += kv__snap_drop(c, &c->ents[i]);
+                break;
+            }
+        if (c->n_snap_pages == before) break;
+    }
     return n;
 }
 
-uint32_t kv_prefix_n_pages(const kv_prefix *c) { return c->n_used; }
+uint32_t kv_prefix_n_pages(const kv_prefix *c) { return c->n_used + c->n_snap_pages; }

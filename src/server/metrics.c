@@ -319,7 +319,7 @@ char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
                          (unsigned long long)es->kv.prefix_hits_pages) &&
              met__printf(&b,
                          "# HELP kvseal_prefix_cache_pages KV pages held by the prefix "
-                         "cache.\n# TYPE kvseal_prefix_cache_pages gauge\n"
+                         "cache (recurrent-state snapshots included).\n# TYPE kvseal_prefix_cache_pages gauge\n"
                          "kvseal_prefix_cache_pages %llu\n",
                          (unsigned long long)es->kv.prefix_cached_pages) &&
              met__printf(&b,

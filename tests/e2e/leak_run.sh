@@ -22,7 +22,11 @@ echo "{\"tenants\":$tenants,\"admin_key\":\"adm-leak-run-key-$RANDOM$RANDOM\"}" 
 LEAK_TENANTS=$(node -e 'const t=require(process.argv[1]);console.log(JSON.stringify(t.tenants.map(x=>({name:x.name,key:x.keys[0]}))))' "$TMPD/tenants.json")
 KS_ADMIN_KEY=$(node -e 'console.log(require(process.argv[1]).admin_key)' "$TMPD/tenants.json")
 # 48 pages x 16 = 768 tokens for ctx 512: at most a few requests fit at once
-POOL=(-m "${LEAK_MODEL_FILE:-$KS_SRC/models/kjv-mini.gguf}" --alias kjv-mini --ctx 512 --kv-pages 48
+# (LEAK_KV_PAGES: more for a hybrid model, whose every sequence also holds its
+# state's pages, and whose prefix cache, a quarter of the pool, keeps state
+# snapshots of that size)
+POOL=(-m "${LEAK_MODEL_FILE:-$KS_SRC/models/kjv-mini.gguf}" --alias kjv-mini --ctx 512
+      --kv-pages "${LEAK_KV_PAGES:-48}"
       --queue-timeout-ms 300000 --threads ${LEAK_THREADS:-2})
 if [ "${LEAK_DISAGG:-0}" = 1 ]; then
     start_server "$TMPD/ref.log" "${POOL[@]}" --tenants "$TMPD/tenants.json"

@@ -3,16 +3,18 @@
 # vocabulary) through `kvseal serve`: the deploy-time check counts each
 # sequence's recurrent-state pages; a completion, a streamed one and n = 3
 # choices (each choice computes the whole prompt: hybrid models share no
-# prompt pages) give the same greedy text; afterwards every page (state pages too) is FREE and scrubbed; and the
-# cluster workers refuse the model with the way out, until the protocol
-# hands the recurrent state over.
+# prompt pages) give the same greedy text; the prefix cache resumes prompts
+# from kept recurrent state; afterwards every page (state pages too) is FREE
+# and scrubbed; the cluster gives serve's answers; and the UCX plane refuses
+# the model with the way out.
 . "$(dirname "$0")/lib.sh"
 "$KS_BIN" mkmodel -o "$TMPD/q35.gguf" --vocab "$KS_SRC/models/kjv-mini.gguf" --arch qwen35 \
     --n-layer 8 --seed 11 >/dev/null || fail "mkmodel qwen35"
 ADM=adm-hybrid-0123456789abcdef
-# 8-token pages: 64 pages for 512 tokens of context, state pages on top
-# (a pool of 100 fits one full-context sequence with them, not 100 - 64)
-start_server "$TMPD/s.log" -m "$TMPD/q35.gguf" --alias q35 --ctx 512 --kv-pages 100 \
+# 8-token pages: 64 pages for 512 tokens of context, state pages on top;
+# the prefix cache may hold a quarter of the pool (100 pages), three
+# snapshots of the state here
+start_server "$TMPD/s.log" -m "$TMPD/q35.gguf" --alias q35 --ctx 512 --kv-pages 400 \
     --page-tokens 8 --admin-key "$ADM" --threads 2
 cap=$(grep -m1 "kv pool: " "$TMPD/s.log")
 expect_has "capacity line" "$cap" "recurrent state"
@@ -32,6 +34,39 @@ expect_has "n=3 text" "$BODY" "$(sed 's/[][\\.*^$/]/\\&/g' <<<"$t1" | head -c 20
 req stream 200 "$KS_URL/v1/completions" -d "$body,\"stream\":true}"
 st=$(grep -o '"text":"[^"]*"' <<<"$BODY" | sed 's/"text":"//; s/"$//' | tr -d '\n')
 expect_eq "streamed text" "$st" "$t1"
+# the prefix cache resumes a hybrid prompt from the recurrent state kept at
+# the last page boundary before its last token (a snapshot, the cache's own
+# pages): prompts sent again, or extended, reuse exactly up to a kept
+# boundary and give the text computed without the cache; an extension that
+# parts from a cached prompt inside a page resumes from the shallower snapshot
+long="In the beginning God created the heaven and the earth. And the earth was without form, and void"
+ext="$long; and darkness was upon the face of the deep. And the Spirit of God moved"
+ext2="$long, and the LORD said unto Moses"
+gen() { # gen NAME PROMPT: greedy text -> TEXT, cached prompt tokens -> CACHED, prompt tokens -> NP
+    req "$1" 200 "$KS_URL/v1/completions" -d "{\"model\":\"q35\",\"prompt\":\"$2\",\"max_tokens\":12,\"temperature\":0}"
+    TEXT=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' <<<"$BODY")
+    CACHED=$(sed -n 's/.*"cached_tokens":\([0-9]*\).*/\1/p' <<<"$BODY")
+    NP=$(sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p' <<<"$BODY")
+    [ -n "$TEXT" ] && [ -n "$NP" ] || fail "$1: no text or usage in $BODY"
+}
+bound() { echo $(( ($1 - 1) / 8 * 8 )); } # the last page boundary before token $1
+gen ext_cold "$ext"; t_ext=$TEXT; n_ext=$NP
+expect_eq "nothing cached at first" "${CACHED:-0}" 0
+gen long_cold "$long"; t_long=$TEXT; n_long=$NP
+expect_eq "a shorter prompt finds no state at its own boundary" "${CACHED:-0}" 0
+gen ext2_cold "$ext2"; t_ext2=$TEXT; n_ext2=$NP
+gen long_warm "$long"
+expect_eq "the same prompt resumes at its boundary" "$CACHED" "$(bound "$n_long")"
+expect_eq "text from the cached state" "$TEXT" "$t_long"
+gen ext_warm "$ext"
+expect_eq "the extension resumes at its own snapshot" "$CACHED" "$(bound "$n_ext")"
+expect_eq "extension text from the cached state" "$TEXT" "$t_ext"
+gen ext2_warm "$ext2"
+expect_eq "ext2 resumes at its own snapshot" "$CACHED" "$(bound "$n_ext2")"
+expect_eq "ext2 text from the cached state" "$TEXT" "$t_ext2"
+req metrics 200 -H "Authorization: Bearer $ADM" "$KS_URL/metrics"
+cp=$(sed -n 's/^kvseal_prefix_cache_pages \([0-9]*\).*/\1/p' <<<"$BODY")
+[ -n "$cp" ] && [ "$cp" -ge $((3 * sp)) ] || fail "the cache holds $cp pages, fewer than three snapshots of $sp"
 req kv_check 200 -H "Authorization: Bearer $ADM" "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))"
 expect_has "pool clean" "$BODY" '"clean":true'
 stop_server

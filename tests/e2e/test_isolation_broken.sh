@@ -48,14 +48,16 @@ fi
 # with the tag check that request fails cleanly (one violation); without
 # it, it decodes from the other tenant's state and its output is wrong. The
 # no-scrub build leaves a finished request's state in its freed pages, and
-# the next request starts from it instead of from zero. (No prefix cache
-# for hybrid models: the suite's same-tenant reuse probe is left out.)
+# the next request starts from it instead of from zero. With one root for
+# every tenant (shared_prefix) a tenant resumes from another's cached prompt
+# and its state snapshot.
 "$KS_BIN" mkmodel -o "$TMPD/q35.gguf" --vocab "$KS_SRC/models/kjv-mini.gguf" --arch qwen35 \
     --n-layer 8 --seed 7 >/dev/null || fail "mkmodel qwen35"
-Q35=(LEAK_MODEL_FILE="$TMPD/q35.gguf" LEAK_NO_PREFIX_CACHE=1)
+Q35=(LEAK_MODEL_FILE="$TMPD/q35.gguf" LEAK_KV_PAGES=128)
 expect 0 faults KS_FAULT=swap_state LEAK_EXPECT_VIOLATION=1 "${Q35[@]}"
 expect 1 no_tag_check KS_FAULT=swap_state LEAK_EXPECT_VIOLATION=1 "${Q35[@]}"
 expect 1 no_scrub "${Q35[@]}"
+expect 1 shared_prefix "${Q35[@]}"
 expect 1 no_scrub
 expect 1 placeholder
 expect 1 shared_prefix

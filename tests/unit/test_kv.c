@@ -1236,6 +1236,125 @@ static void t_state_pages(void) {
     }
 }
 
+/* Prefix caching for a hybrid geometry: a cached prefix resumes only where
+ * its recurrent state was kept. publish_state keeps a copy (the cache's own
+ * pages, not the publisher's) with the entry of the last page; attach stops at
+ * the deepest such entry, under the same tenant root (I7), and gives the new
+ * sequence its OWN state pages holding the snapshot; snapshots count in the
+ * cache's pages, within max_pages, and are scrubbed when dropped (I3). */
+static void t_prefix_state(void) {
+    const kv_geom g0 = G;
+    G.state_pages = 2;
+    kv_pool *p = mkpool(24, KV_SCRUB_POISON);
+    viol_log vl = {0};
+    kv_pool_set_violation_cb(p, on_violation, &vl);
+    const size_t pb = kv_pool_page_bytes(p);
+    uint8_t ra[KV_ROOT_BYTES], rb[KV_ROOT_BYTES];
+    root_of("tenant-a", ra);
+    root_of("tenant-b", rb);
+    int32_t toks[16];
+    toks_make(toks, 16, 100);
+    ks_errbuf eb;
+    kv_prefix *c;
+    CHECK_EQ(kv_prefix_create(p, 6, &c, &eb), KS_OK);
+    kv_seq a, b, x;
+    kv_seq_init(p, &a);
+    CHECK_EQ(kv_seq_reserve(p, &a, 14, &eb), KS_OK); // 4 KV + 2 state pages
+    fill(p, &a, 8, 1);
+    void *st;
+    for (uint32_t i = 0; i < 2; i++) {
+        CHECK_EQ(kv_seq_state(p, &a, i, &st), KS_OK);
+        memset(st, 0x51 + (int)i, pb);
+    }
+    kv_prefix_publish_state(c, ra, toks, 7, &a); // not a page boundary: no snapshot
+    CHECK_EQ(kv_prefix_n_pages(c), 1);
+    kv_seq_init(p, &x);
+    CHECK_EQ(kv_prefix_attach(c, ra, toks, 14, &x), 0); // pages, but no state to resume from
+    CHECK(x.st == NULL && x.n_pages == 0);
+    kv_prefix_publish_state(c, ra, toks, 8, &a); // the state after exactly 8 tokens
+    CHECK_EQ(kv_prefix_n_pages(c), 4);           // 2 pages + a 2-page snapshot
+    kv_stats ks;
+    kv_pool_stats(p, &ks);
+    CHECK_EQ(ks.prefix_cached_pages, 4);
+    CHECK_EQ(kv_pool_n_free(p), 24 - 6 - 2);
+    // the publisher's state moves on; the snapshot does not
+    CHECK_EQ(kv_seq_state(p, &a, 0, &st), KS_OK);
+    memset(st, 0x77, pb);
+    CHECK_EQ(kv_prefix_attach(c, rb, toks, 14, &x), 0); // another tenant: nothing
+    CHECK(x.st == NULL);
+    kv_seq_init(p, &b);
+    CHECK_EQ(kv_prefix_attach(c, ra, toks, 14, &b), 8);
+    CHECK(b.st != NULL && b.n_shared == 2);
+    check_content(p, &b, 8, 1);
+    for (uint32_t i = 0; i < 2; i++) {
+        CHECK_EQ(kv_seq_state(p, &b, i, &st), KS_OK); // b's own, writable, a copy
+        CHECK(b.st[i].page != a.st[i].page && b.st[i].tag.seq_uid == b.uid);
+        for (size_t j = 0; j < pb; j++)
+            CHECK(((uint8_t *)st)[j] == 0x51 + i);
+        memset(st, 0x99, pb);
+    }
+    CHECK_EQ(kv_seq_pages_needed(p, &b, 14), 2); // its state pages are taken already
+    // a deeper page without a snapshot does not move the resume point
+    fill(p, &a, 12, 1);
+    kv_prefix_publish(c, ra, toks, 12, &a);
+    kv_seq y;
+    kv_seq_init(p, &y);
+    CHECK_EQ(kv_prefix_attach(c, ra, toks, 16, &y), 8);
+    CHECK_EQ(kv_seq_state(p, &y, 1, &st), KS_OK);
+    CHECK(((uint8_t *)st)[0] == 0x52); // b's writes stayed in b's pages
+    kv_seq_release(p, &y);
+    // no room for the state pages: nothing is attached, nothing is taken
+    uint32_t nf = kv_pool_n_free(p);
+    kv_seq hog;
+    kv_seq_init(p, &hog);
+    CHECK_EQ(kv_seq_reserve(p, &hog, (nf - 1 - 2) * P, &eb), KS_OK); // leaves 1 free
+    CHECK_EQ(kv_pool_n_free(p), 1);
+    CHECK_EQ(kv_prefix_attach(c, ra, toks, 14, &y), 0);
+    CHECK(y.st == NULL && y.n_pages == 0 && kv_pool_n_free(p) == 1);
+    // eviction takes the snapshot of an entry still in use, too
+    CHECK_EQ(kv_prefix_evict(c, 2), 2);
+    CHECK_EQ(kv_prefix_n_pages(c), 3);
+    kv_seq_release(p, &hog);
+    CHECK_EQ(kv_prefix_attach(c, ra, toks, 14, &y), 0); // the state is gone
+    // the snapshot budget (max_pages) drops the least recently used one
+    kv_prefix_publish_state(c, ra, toks, 8, &a); // a's state is that after 12 now: none
+    CHECK_EQ(kv_prefix_n_pages(c), 3);
+    kv_prefix *c2;
+    CHECK_EQ(kv_prefix_create(p, 3, &c2, &eb), KS_OK);
+    int32_t t2[9], t4[5];
+    toks_make(t2, 9, 900);
+    toks_make(t4, 5, 300);
+    kv_seq d, e;
+    kv_seq_init(p, &d);
+    kv_seq_init(p, &e);
+    CHECK_EQ(kv_seq_reserve(p, &d, 8, &eb), KS_OK);
+    CHECK_EQ(kv_seq_reserve(p, &e, 4, &eb), KS_OK);
+    fill(p, &d, 8, 2);
+    fill(p, &e, 4, 3);
+    kv_prefix_publish_state(c2, ra, t2, 8, &d);
+    CHECK_EQ(kv_prefix_n_pages(c2), 4);
+    kv_prefix_publish_state(c2, ra, t4, 4, &e); // 2 + 2 snapshot pages > 3: d's goes
+    CHECK_EQ(kv_prefix_n_pages(c2), 5);
+    kv_seq z;
+    kv_seq_init(p, &z);
+    CHECK_EQ(kv_prefix_attach(c2, ra, t2, 9, &z), 0);
+    CHECK_EQ(kv_prefix_attach(c2, ra, t4, 5, &z), 4);
+    CHECK_EQ(vl.n, 0);
+    kv_seq_release(p, &z);
+    kv_seq_release(p, &e);
+    kv_prefix_destroy(c2);
+    kv_seq_release(p, &z);
+    kv_seq_release(p, &d);
+    kv_seq_release(p, &b);
+    kv_seq_release(p, &a);
+    kv_seq_release(p, &x);
+    kv_prefix_destroy(c);
+    kv_pool_stats(p, &ks);
+    CHECK_EQ(ks.prefix_cached_pages, 0);
+    finish(p);
+    G = g0;
+}
+
 // ----------------------------------------------------------------------------
 
 typedef struct {
@@ -1265,6 +1384,7 @@ static const test_case cases[] = {
     {"threads", t_threads, true},
     {"share_prefix", t_share_prefix, true},
     {"state_pages", t_state_pages, true},
+    {"prefix_state", t_prefix_state, true},
     {"cost", t_cost, false},
 };
 
