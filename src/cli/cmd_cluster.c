@@ -60,13 +60,6 @@ static void cluster__warn_plaintext(const serve__cfg *c) {
 static int cluster__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts *o,
                             uint8_t secret[CLUSTER_SECRET_MAX], size_t *secret_len) {
     int rc = serve__prepare(argc, argv, c, m, o, stderr);
-    if (rc < 0 && model_hp(*m)->ssm_state && c->data_plane) { // the UCX plane stages KV only
-        fprintf(stderr,
-                "kvseal %s: %s is a hybrid recurrent model (%s): the UCX data plane does not "
-                "hand its recurrent state over yet; use the TLS data plane (the default)\n",
-                argv[0], c->model_path, model_hp(*m)->arch_name);
-        rc = 2;
-    }
     if (rc < 0 && !cluster__secret(argv[0], c, secret, secret_len)) rc = 2;
     if (rc >= 0) {
         model_free(*m);
