@@ -31,6 +31,8 @@ typedef enum model_arch {
     MODEL_ARCH_GLM_DSA = 11,    /* GLM-5: the same attention under its own name */
     MODEL_ARCH_QWEN35 = 12,     /* Qwen3.5: Gated DeltaNet layers between gated attention */
     MODEL_ARCH_QWEN35MOE = 13,  /* the same layers with a MoE FFN and a gated shared expert */
+    MODEL_ARCH_MISTRAL3 = 20,   /* Ministral 3 / Mistral Small 3.x: llama's layers, its own YaRN
+                                   magnitude and a per-position query temperature */
 } model_arch;
 
 /* How a mixture-of-experts router turns logits into expert weights. */
@@ -49,7 +51,7 @@ typedef enum model_gating {
 /* The architectures model_load runs, as its refusal lists them. */
 #define MODEL_ARCHS                                                                                \
     "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, glm4, glm4moe, deepseek2, deepseek32, "  \
-    "glm-dsa, qwen35, qwen35moe"
+    "glm-dsa, qwen35, qwen35moe, mistral3"
 
 /* Largest head size (attention.key_length) a model may have. */
 #define MODEL_MAX_HEAD_DIM 1024
@@ -108,6 +110,9 @@ typedef struct model_hparams {
     float attn_softcap;   /* scores = c * tanh(scores / c) before the softmax [0: none] */
     float final_softcap;  /* logits = c * tanh(logits / c) [0: none] */
     float embd_scale;     /* token embeddings are multiplied by this (sqrt(n_embd)) [1] */
+    float attn_temp_scale;    /* mistral3: after RoPE the query at position p is multiplied by
+                                 1 + attn_temp_scale * log(floor(p / attn_temp_floor) + 1) [0] */
+    int32_t attn_temp_floor;  /* its length: rope.scaling.original_context_length [0] */
     bool ffn_gelu;        /* FFN is GELU(gate) * up (tanh approximation) [false: SiLU] */
     bool post_norms;      /* RMSNorm of each sublayer's output before its residual add */
     /* Multi-head latent attention (deepseek2; kv_lora 0: none). The KV row of

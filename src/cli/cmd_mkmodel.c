@@ -43,6 +43,8 @@ typedef struct {
     long idx_heads, idx_dim, idx_topk;     /* deepseek32 / glm-dsa's indexer (0: none) */
     long n_groups, n_group_used;           /* expert groups (DeepSeek-V3's routing; 0: none) */
     double attn_softcap, final_softcap; /* gemma: 0 = key not written */
+    double attn_temp_scale;             /* mistral3: attention.temperature_scale (0: none) */
+    double yarn_log_mul;                /* mistral3: rope.scaling.yarn_log_multiplier (0: none) */
     long ssm_state, ssm_k_heads, ssm_v_heads, ssm_conv; /* qwen35's Gated DeltaNet */
     long attn_interval; /* qwen35: every attn_interval-th layer attends */
     int n_threads;
@@ -418,9 +420,13 @@ static void mk__usage(FILE *fp) {
         fp,
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
         "  --arch "
-        "llama|qwen2|qwen3|qwen3moe|qwen35|qwen35moe|phi3|gemma2|gemma3|glm4|glm4moe|\n"
-        "         deepseek2|deepseek32|glm-dsa  architecture\n"
+        "llama|mistral3|qwen2|qwen3|qwen3moe|qwen35|qwen35moe|phi3|gemma2|gemma3|glm4|\n"
+        "         glm4moe|deepseek2|deepseek32|glm-dsa  architecture\n"
         "                               (default llama); gemma: tied, post-norms, GELU\n"
+        "  --attn-temp-scale F          mistral3: attention.temperature_scale (the query's\n"
+        "                               temperature over --rope-orig-ctx; default none)\n"
+        "  --yarn-log-mul F             mistral3: rope.scaling.yarn_log_multiplier (YaRN's\n"
+        "                               magnitude g(f,1)/g(f,F); default none)\n"
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
         "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
         "                               tq1_0 tq2_0 mxfp4\n"
@@ -643,6 +649,10 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
              (snprintf(k, sizeof k, "%s.rope.dimension_sections", a),
               !gguf_writer_set_arr(w, k, GGUF_TYPE_INT32, sec, 4));
     }
+    if (ok && o->attn_temp_scale) // mistral3's query temperature, over the original context
+        ok = MK__F32("attention.temperature_scale", o->attn_temp_scale);
+    if (ok && o->yarn_log_mul) // mistral3's converter: mscale_all_dim
+        ok = MK__F32("rope.scaling.yarn_log_multiplier", o->yarn_log_mul);
     if (ok && o->longrope) // sqrt(1 + ln(scale) / ln(original context)), scale 32, orig 4096
         ok = MK__F32("rope.scaling.attn_factor", 1.1902380714238083);
     if (ok && o->rope_orig_ctx && o->rope_scale == 1.0)
@@ -689,6 +699,7 @@ static const cli__opt mk__optv[] = {
     {"group-used", 0, true, false},    {"ssm-state", 0, true, false},
     {"ssm-k-heads", 0, true, false},   {"ssm-v-heads", 0, true, false},
     {"ssm-conv", 0, true, false},      {"attn-interval", 0, true, false},
+    {"attn-temp-scale", 0, true, false}, {"yarn-log-mul", 0, true, false},
 };
 
 /* What the options set before the shape is resolved. */
@@ -766,6 +777,10 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
     } else if (!strcmp(a, "--attn-softcap") || !strcmp(a, "--final-softcap")) {
         double *dst = a[2] == 'a' ? &o->attn_softcap : &o->final_softcap;
         if (!cli__parse_float(a, v, dst) || !(*dst > 0)) return 2;
+    } else if (!strcmp(a, "--attn-temp-scale")) {
+        if (!cli__parse_float(a, v, &o->attn_temp_scale) || !(o->attn_temp_scale > 0)) return 2;
+    } else if (!strcmp(a, "--yarn-log-mul")) {
+        if (!cli__parse_float(a, v, &o->yarn_log_mul) || !(o->yarn_log_mul > 0)) return 2;
     } else if (!strcmp(a, "--qk-gain")) {
         if (!cli__parse_float(a, v, &o->qk_gain) || !(o->qk_gain > 0)) return 2;
     } else if (!strcmp(a, "--q-lora")) { // 0: one attn_q matrix
@@ -844,12 +859,19 @@ int cli_mkmodel(int argc, char **argv) {
     const bool dsa = !strcmp(o.arch, "deepseek32") || !strcmp(o.arch, "glm-dsa");
     const bool mla = dsa || !strcmp(o.arch, "deepseek2");
     const bool glm4moe = !strcmp(o.arch, "glm4moe");
-    if (!qwen && !gemma && !mla && !glm4moe && strcmp(o.arch, "llama") && strcmp(o.arch, "phi3") &&
+    // mistral3: llama's tensors, its own rope magnitude and query temperature
+    const bool mistral3 = !strcmp(o.arch, "mistral3");
+    const bool llama = !strcmp(o.arch, "llama") || mistral3;
+    if (!qwen && !gemma && !mla && !glm4moe && !llama && strcmp(o.arch, "phi3") &&
         strcmp(o.arch, "glm4")) {
         fprintf(stderr,
-                "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe qwen35 "
-                "qwen35moe phi3 gemma2 gemma3 glm4 glm4moe deepseek2 deepseek32 glm-dsa\n",
+                "kvseal mkmodel: --arch '%s' is not one of llama mistral3 qwen2 qwen3 qwen3moe "
+                "qwen35 qwen35moe phi3 gemma2 gemma3 glm4 glm4moe deepseek2 deepseek32 glm-dsa\n",
                 o.arch);
+        return 2;
+    }
+    if ((o.attn_temp_scale || o.yarn_log_mul) && !mistral3) {
+        fprintf(stderr, "kvseal mkmodel: --attn-temp-scale and --yarn-log-mul are mistral3's\n");
         return 2;
     }
     if (!qwen35 && (o.ssm_state || o.ssm_k_heads || o.ssm_v_heads || o.ssm_conv || o.attn_interval)) {
@@ -906,7 +928,7 @@ int cli_mkmodel(int argc, char **argv) {
         fprintf(stderr, "kvseal mkmodel: --longrope is phi3's\n");
         return 2;
     }
-    if (o.n_expert && !qwen && !glm4moe && !mla && strcmp(o.arch, "llama")) {
+    if (o.n_expert && !qwen && !glm4moe && !mla && !llama) {
         fprintf(stderr, "kvseal mkmodel: --n-expert is for llama, qwen3moe, glm4moe and the "
                         "deepseek2 family\n");
         return 2;
@@ -972,8 +994,8 @@ int cli_mkmodel(int argc, char **argv) {
     if (o.n_expert) {
         if (!o.n_expert_used) o.n_expert_used = o.n_expert < 2 ? o.n_expert : 2;
         // llama (Mixtral) experts are n_ff wide; qwen3moe's have their own key
-        if (!o.n_ff_exp) o.n_ff_exp = strcmp(o.arch, "llama") ? o.n_ff / 2 : o.n_ff;
-        if (!strcmp(o.arch, "llama") && o.n_ff_exp != o.n_ff) {
+        if (!o.n_ff_exp) o.n_ff_exp = llama ? o.n_ff : o.n_ff / 2;
+        if (llama && o.n_ff_exp != o.n_ff) {
             fprintf(stderr,
                     "kvseal mkmodel: a llama MoE's experts are --n-ff wide (no --n-ff-exp)\n");
             return 2;

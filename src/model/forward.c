@@ -281,6 +281,12 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
         if (L->q_norm) kv->rmsnorm(D, q + h * D, L->q_norm, hp->norm_eps, q + h * D);
         kern_rope_apply(q + h * D, hp->n_rot, cs, hp->rope_neox);
     }
+    if (hp->attn_temp_scale != 0.0f) { // mistral3: the query's temperature at this position
+        const float ts = logf(floorf((float)pos / (float)hp->attn_temp_floor) + 1.0f) *
+                             hp->attn_temp_scale +
+                         1.0f;
+        for (int i = 0; i < H * D; i++) q[i] *= ts;
+    }
     for (int h = 0; h < Hkv; h++) {
         if (L->k_norm) kv->rmsnorm(D, k + h * D, L->k_norm, hp->norm_eps, k + h * D);
         kern_rope_apply(k + h * D, hp->n_rot, cs, hp->rope_neox);

@@ -147,11 +147,11 @@ static ks_err load__experts(load__ctx *c, model_hparams *hp) {
                        &hp->n_expert)))
         return e;
     if (hp->n_expert == 0) return KS_OK;
-    if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_QWEN3MOE && !glm && !q35 &&
-        !model__is_mla(hp->arch))
+    if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_MISTRAL3 &&
+        hp->arch != MODEL_ARCH_QWEN3MOE && !glm && !q35 && !model__is_mla(hp->arch))
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
                          "%s: %s.expert_count %d: mixture-of-experts runs for llama (Mixtral), "
-                         "qwen3moe, glm4moe and the deepseek2 family, not %s",
+                         "mistral3, qwen3moe, glm4moe and the deepseek2 family, not %s",
                          gguf_path(c->f), hp->arch_name, hp->n_expert, hp->arch_name);
     int32_t gf;
     if ((e = load__u32(c, "expert_used_count", true, 0, &hp->n_expert_used)) ||
@@ -333,6 +333,37 @@ static ks_err load__ssm(load__ctx *c, model_hparams *hp) {
     return KS_OK;
 }
 
+/* mistral3 (llama's layers otherwise): with rope.scaling.yarn_log_multiplier
+ * m set (its converter writes mscale_all_dim), the YaRN magnitude factor
+ * handed to RoPE is 1 / (1 + 0.1 m ln f) for the scaling factor f > 1 (so
+ * with m = 1 it cancels YaRN's own 1 + 0.1 ln f: cos/sin stay unit), in
+ * place of the file's attention factors, as llama.cpp computes it (checked
+ * against the anchor for m = 0.5, 1, 2); with
+ * attention.temperature_scale set, the query at position p is multiplied by
+ * 1 + scale * log(floor(p / L) + 1), L the original context length. No
+ * sliding window (the key is not read). */
+static ks_err load__mistral3(load__ctx *c, model_hparams *hp) {
+    float log_mul;
+    ks_err e = load__f32(c, "rope.scaling.yarn_log_multiplier", 0.0f, &log_mul);
+    if (e) return e;
+    if (log_mul != 0.0f) {
+        const float f = 1.0f / hp->rope_scale;
+        hp->rope_attn_factor = f <= 1.0f ? 1.0f : 1.0f / (1.0f + 0.1f * log_mul * logf(f));
+    }
+    if ((e = load__f32(c, "attention.temperature_scale", 0.0f, &hp->attn_temp_scale))) return e;
+    if (!isfinite(hp->attn_temp_scale))
+        return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: %s.attention.temperature_scale is not finite",
+                         gguf_path(c->f), hp->arch_name);
+    hp->attn_temp_floor = hp->rope_orig_ctx;
+    if (hp->attn_temp_scale != 0.0f && hp->attn_temp_floor < 1)
+        return ks_seterr(c->eb, KS_ERR_FORMAT,
+                         "%s: attention temperature scaling needs an original context length "
+                         "(%s.rope.scaling.original_context_length)",
+                         gguf_path(c->f), hp->arch_name);
+    hp->swa_period = 0;
+    return KS_OK;
+}
+
 static ks_err load__hparams(model *m, ks_errbuf *eb) {
     const gguf_file *f = m->gguf;
     model_hparams *hp = &m->hp;
@@ -367,6 +398,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         hp->arch = MODEL_ARCH_QWEN35;
     else if (!strcmp(hp->arch_name, "qwen35moe"))
         hp->arch = MODEL_ARCH_QWEN35MOE;
+    else if (!strcmp(hp->arch_name, "mistral3"))
+        hp->arch = MODEL_ARCH_MISTRAL3;
     else
         return ks_seterr(eb, KS_ERR_UNSUPPORTED,
                          "%s: unsupported architecture '%s' (supported: " MODEL_ARCHS ")",
@@ -495,8 +528,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     // glm4 dense turns adjacent pairs, glm4moe NEOX halves (its converter
     // leaves Q/K unpermuted), the deepseek2 family adjacent pairs: llama.cpp's
     // rope types
-    hp->rope_neox =
-        hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_GLM4 && !model__is_mla(hp->arch);
+    hp->rope_neox = hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_MISTRAL3 &&
+                    hp->arch != MODEL_ARCH_GLM4 && !model__is_mla(hp->arch);
     hp->post_norms = hp->arch == MODEL_ARCH_GLM4; // and gemma's (load__gemma)
     hp->rope_base_swa = hp->rope_base;
     hp->rope_scale_swa = hp->rope_scale;
@@ -510,6 +543,7 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         hp->attn_scale *= mscale * mscale;
         hp->rope_attn_factor /= 1.0f + 0.1f * l; // the rope kernel's YaRN factor, cancelled
     }
+    if (hp->arch == MODEL_ARCH_MISTRAL3) return load__mistral3(&c, hp);
     if (hp->arch == MODEL_ARCH_GEMMA2 || hp->arch == MODEL_ARCH_GEMMA3) return load__gemma(&c, hp);
     // Mistral-style llama files: every layer slides where a window is set, as
     // Hugging Face and vLLM run them (llama.cpp ignores the key for llama)
