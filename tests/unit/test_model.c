@@ -549,29 +549,30 @@ static void test_quantized(const char *type, int n_ff) {
     unlink(dst);
 }
 
-/* qwen35 (hybrid: Gated DeltaNet layers and gated attention), a `kvseal
- * mkmodel` file (skipped as test_mla): batch invariant for every KV type
- * (the recurrence runs token by token whatever the batch), a prompt
- * prefilled token by token, in chunks of 3 or whole gives the same logits
- * bit for bit, and the state pages are released: the pool ends clean. */
-static void test_qwen35(void) {
+/* A hybrid model (qwen35: Gated DeltaNet layers and gated attention;
+ * nemotron_h: Mamba2, attention and MLP layers), a `kvseal mkmodel` file of
+ * `args` with n_attn attention layers (skipped as test_mla): batch
+ * invariant for every KV type (the recurrence runs token by token whatever
+ * the batch), a prompt prefilled token by token, in chunks of 3 or whole
+ * gives the same logits bit for bit, and the state pages are released: the
+ * pool ends clean. */
+static void test_hybrid(const char *args, int n_attn) {
     const char *bin = getenv("KS_BIN"), *shared = getenv("KS_SHARED");
     char vocab[1024], dst[256], cmd[4096];
     snprintf(vocab, sizeof vocab, "%s/vocab/ggml-vocab-llama-spm.gguf", shared ? shared : "");
     if (!bin || !shared || access(vocab, R_OK) || access(bin, X_OK)) {
-        printf("skip qwen35: needs KS_BIN and %s\n", vocab);
+        printf("skip %s: needs KS_BIN and %s\n", args, vocab);
         return;
     }
     snprintf(dst, sizeof dst, "/tmp/ks_test_q35_%d.gguf", (int)getpid());
     snprintf(cmd, sizeof cmd,
-             "'%s' mkmodel -o '%s' --vocab '%s' --arch qwen35 --n-layer 8 --seed 4 --qk-gain 3 "
-             ">/dev/null",
-             bin, dst, vocab);
+             "'%s' mkmodel -o '%s' --vocab '%s' %s --seed 4 --qk-gain 3 >/dev/null", bin, dst,
+             vocab, args);
     CHECK_EQ(system(cmd), 0);
     ks_errbuf eb;
     model *m;
     CHECK_EQ(model_load(dst, &m, &eb), KS_OK);
-    CHECK_EQ(model_hp(m)->n_layer_attn, 2);
+    CHECK_EQ(model_hp(m)->n_layer_attn, n_attn);
     CHECK(model_kv_geom(m, 16, KS_DTYPE_F16).state_pages > 0);
     CHECK_EQ(kern_init(NULL, &eb), KS_OK);
     static const int kv_types[] = {KS_DTYPE_F32, KS_DTYPE_F16, KS_DTYPE_Q8_0};
@@ -665,7 +666,8 @@ int main(void) {
     test_mla("deepseek32");
     test_quantized("q8_0", 800);
     test_quantized("q4_k", 768);
-    test_qwen35();
+    test_hybrid("--arch qwen35 --n-layer 8", 2);
+    test_hybrid("--arch nemotron_h --pattern M-M*-M-M*-", 2);
     printf("model ok\n");
     return 0;
 }
