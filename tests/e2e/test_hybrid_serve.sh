@@ -5,10 +5,12 @@
 # choices (each choice computes the whole prompt: hybrid models share no
 # prompt pages) give the same greedy text; afterwards every page (state pages too) is FREE and scrubbed; and the
 # cluster workers refuse the model with the way out, until the protocol
-# hands the recurrent state over.
+# hands the recurrent state over. HYBRID_MK_ARGS picks another hybrid
+# model (test_hybrid_serve_nemotronh.sh: nemotron_h's Mamba2 layers).
 . "$(dirname "$0")/lib.sh"
-"$KS_BIN" mkmodel -o "$TMPD/q35.gguf" --vocab "$KS_SRC/models/kjv-mini.gguf" --arch qwen35 \
-    --n-layer 8 --seed 11 >/dev/null || fail "mkmodel qwen35"
+read -ra MK_ARGS <<<"${HYBRID_MK_ARGS:---arch qwen35 --n-layer 8 --seed 11}"
+"$KS_BIN" mkmodel -o "$TMPD/q35.gguf" --vocab "$KS_SRC/models/kjv-mini.gguf" "${MK_ARGS[@]}" \
+    >/dev/null || fail "mkmodel ${MK_ARGS[*]}"
 ADM=adm-hybrid-0123456789abcdef
 # 8-token pages: 64 pages for 512 tokens of context, state pages on top
 # (a pool of 100 fits one full-context sequence with them, not 100 - 64)
