@@ -372,6 +372,11 @@ static char load__nh_kind(const gguf_file *f, const char *arch, int il) {
  * time_step_rank heads, inner_size). */
 static ks_err load__nemotron_h(load__ctx *c, model_hparams *hp) {
     const char *path = gguf_path(c->f);
+    // every layer has tensors of its own (load__weights checks it again):
+    // a corrupt block_count is refused before the per-layer scan
+    if ((uint64_t)hp->n_layer > gguf_n_tensors(c->f))
+        return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: block_count %d but the file holds %llu tensors",
+                         path, hp->n_layer, (unsigned long long)gguf_n_tensors(c->f));
     hp->n_head = hp->n_head_kv = hp->n_ff = 0;
     hp->n_layer_attn = hp->n_layer_rec = 0;
     for (int il = 0; il < hp->n_layer; il++) {
