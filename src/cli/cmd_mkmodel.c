@@ -43,7 +43,7 @@ typedef struct {
     long idx_heads, idx_dim, idx_topk;     /* deepseek32 / glm-dsa's indexer (0: none) */
     long n_groups, n_group_used;           /* expert groups (DeepSeek-V3's routing; 0: none) */
     double attn_softcap, final_softcap; /* gemma: 0 = key not written */
-    long ssm_state, ssm_k_heads, ssm_v_heads, ssm_conv; /* qwen35's Gated DeltaNet */
+    long ssm_state, ssm_k_heads, ssm_v_heads, ssm_conv; /* qwen35, nemotron_h: recurrent layers */
     long attn_interval; /* qwen35: every attn_interval-th layer attends */
     const char *pattern; /* nemotron_h: a layer's kind per character, M Mamba2, * attention,
                             - MLP (ssm_k_heads: groups, ssm_v_heads: heads) */
