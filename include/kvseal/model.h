@@ -33,6 +33,7 @@ typedef enum model_arch {
     MODEL_ARCH_QWEN35MOE = 13,  /* the same layers with a MoE FFN and a gated shared expert */
     MODEL_ARCH_MISTRAL3 = 20,   /* Ministral 3 / Mistral Small 3.x: llama's layers, its own YaRN
                                    magnitude and a per-position query temperature */
+    MODEL_ARCH_NEMOTRON_H = 14, /* Nemotron-H: per layer Mamba2, attention or a squared-ReLU MLP */
 } model_arch;
 
 /* How a mixture-of-experts router turns logits into expert weights. */
@@ -51,7 +52,7 @@ typedef enum model_gating {
 /* The architectures model_load runs, as its refusal lists them. */
 #define MODEL_ARCHS                                                                                \
     "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, glm4, glm4moe, deepseek2, deepseek32, "  \
-    "glm-dsa, qwen35, qwen35moe, mistral3"
+    "glm-dsa, qwen35, qwen35moe, mistral3, nemotron_h"
 
 /* Largest head size (attention.key_length) a model may have. */
 #define MODEL_MAX_HEAD_DIM 1024
@@ -146,6 +147,19 @@ typedef struct model_hparams {
     int32_t ssm_v_heads;   /* ssm.time_step_rank: value heads, a multiple of ssm_k_heads;
                               value head h reads key head h % ssm_k_heads */
     int32_t attn_interval; /* full_attention_interval */
+    /* Mamba2 (nemotron_h): each layer is one block x + mixer(norm(x)), the
+     * mixer a Mamba2 layer (head_count_kv and feed_forward_length 0 in the
+     * file's per-layer arrays), attention without RoPE (head_count_kv > 0)
+     * or an MLP of relu(up x)^2 (feed_forward_length > 0). A Mamba2 layer:
+     * ssm_in gives z | x B C | dt; x B C pass a causal convolution (with
+     * bias, then SiLU); per head h of ssm_head_dim elements, a state of
+     * ssm_head_dim x ssm_state decays by exp(softplus(dt + dt_bias) A_h)
+     * and takes in B x dt (B, C of group h / (heads / groups)); y = state C
+     * + D_h x, times silu(z), RMS-normed per group. Here ssm_k_heads is
+     * ssm.group_count, ssm_v_heads the heads (ssm.time_step_rank). */
+    int32_t ssm_inner;     /* ssm.inner_size: d_inner (qwen35: ssm_v_heads x ssm_state) */
+    int32_t ssm_head_dim;  /* state rows per head: d_inner / heads (qwen35: ssm_state) */
+    int32_t n_layer_rec;   /* recurrent layers (they keep state rows, no K/V) */
     bool attn_out_gate;    /* attn_q's rows are per head [query (D) | gate (D)]; the
                               attention output is multiplied by sigmoid(gate) */
 } model_hparams;

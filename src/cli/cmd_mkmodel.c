@@ -45,8 +45,11 @@ typedef struct {
     double attn_softcap, final_softcap; /* gemma: 0 = key not written */
     double attn_temp_scale;             /* mistral3: attention.temperature_scale (0: none) */
     double yarn_log_mul;                /* mistral3: rope.scaling.yarn_log_multiplier (0: none) */
-    long ssm_state, ssm_k_heads, ssm_v_heads, ssm_conv; /* qwen35's Gated DeltaNet */
+    long ssm_state, ssm_k_heads, ssm_v_heads, ssm_conv; /* qwen35, nemotron_h: recurrent layers */
     long attn_interval; /* qwen35: every attn_interval-th layer attends */
+    const char *pattern; /* nemotron_h: a layer's kind per character, M Mamba2, * attention,
+                            - MLP (ssm_k_heads: groups, ssm_v_heads: heads) */
+    long ssm_head_dim;   /* nemotron_h: a Mamba2 head's elements */
     int n_threads;
 } mk__opts;
 
@@ -275,8 +278,54 @@ static bool mk__build_plan_qwen35(mk__plan *p, const mk__opts *o, int64_t n_voca
     return ok;
 }
 
+/* nemotron_h's tensors, as llama.cpp's converter writes Nemotron-H: one
+ * norm and one mixer per layer (o->pattern): Mamba2 (ssm_in rows z | x B C
+ * | dt, the convolution and its bias, dt bias, A = -exp(A_log) and D as
+ * {1, heads}, the gated norm as {d_inner / groups, groups}, ssm_out),
+ * attention without RoPE, or an MLP of up and down. */
+static bool mk__build_plan_nh(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
+    const int64_t E = o->n_embd, HD = o->head_dim, F = o->n_ff, S = o->ssm_state;
+    const int64_t QD = o->n_head * HD, KD = o->n_head_kv * HD, H = o->ssm_v_heads;
+    const int64_t G = o->ssm_k_heads, DI = H * o->ssm_head_dim, C = DI + 2 * G * S;
+    const ks_dtype W = o->type;
+    const float s_in = 1.0f / sqrtf((float)E), res = 1.0f / sqrtf(2.0f * (float)o->n_layer);
+    const float noise = 0.02f, s_qk = s_in * (float)o->qk_gain;
+    bool ok = mk__add(p, o, W, MK__RAND, 1.0f, E, n_vocab, "token_embd.weight", 0);
+    for (int l = 0; ok && l < o->n_layer; l++) {
+        ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l);
+        const char k = o->pattern[l];
+        if (ok && k == 'M')
+            ok = mk__add(p, o, W, MK__RAND, s_in, E, DI + C + H, "blk.%d.ssm_in.weight", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__RAND, 1.0f / sqrtf((float)o->ssm_conv),
+                         o->ssm_conv, C, "blk.%d.ssm_conv1d.weight", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, C, 0, "blk.%d.ssm_conv1d.bias", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.5f, H, 0, "blk.%d.ssm_dt.bias", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__NEG, 0.1f, 1, H, "blk.%d.ssm_a", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, 0.2f, 1, H, "blk.%d.ssm_d", l) &&
+                 mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, DI / G, G, "blk.%d.ssm_norm.weight",
+                         l) &&
+                 mk__add(p, o, W, MK__RAND, res / sqrtf((float)DI), DI, E,
+                         "blk.%d.ssm_out.weight", l);
+        else if (ok && k == '*')
+            ok = mk__add(p, o, W, MK__RAND, s_qk, E, QD, "blk.%d.attn_q.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, s_qk, E, KD, "blk.%d.attn_k.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, s_in, E, KD, "blk.%d.attn_v.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E,
+                         "blk.%d.attn_output.weight", l);
+        else if (ok)
+            ok = mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_up.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight",
+                         l);
+    }
+    ok = ok && mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "output_norm.weight", 0);
+    if (ok && !o->tied)
+        ok = mk__add(p, o, W, MK__RAND, 4.0f / sqrtf((float)E), E, n_vocab, "output.weight", 0);
+    return ok;
+}
+
 /* The llama.cpp tensor set for o, in llama.cpp's file order. */
 static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
+    if (o->pattern) return mk__build_plan_nh(p, o, n_vocab);
     if (o->ssm_state) return mk__build_plan_qwen35(p, o, n_vocab);
     const int64_t E = o->n_embd, HD = o->head_dim, F = o->n_ff;
     const int64_t QD = o->n_head * HD, KD = o->n_head_kv * HD;
@@ -421,7 +470,7 @@ static void mk__usage(FILE *fp) {
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
         "  --arch "
         "llama|mistral3|qwen2|qwen3|qwen3moe|qwen35|qwen35moe|phi3|gemma2|gemma3|glm4|\n"
-        "         glm4moe|deepseek2|deepseek32|glm-dsa  architecture\n"
+        "         glm4moe|deepseek2|deepseek32|glm-dsa|nemotron_h  architecture\n"
         "                               (default llama); gemma: tied, post-norms, GELU\n"
         "  --attn-temp-scale F          mistral3: attention.temperature_scale (the query's\n"
         "                               temperature over --rope-orig-ctx; default none)\n"
@@ -453,6 +502,11 @@ static void mk__usage(FILE *fp) {
         "                               qwen35's Gated DeltaNet: state size (default 32), key\n"
         "                               and value heads (2, 4), convolution width (4), every\n"
         "                               I-th layer attention (4; tiny: 4 layers)\n"
+        "  --pattern P --ssm-head-dim N nemotron_h: a layer per character, M Mamba2, *\n"
+        "                               attention (no RoPE), - squared-ReLU MLP (default\n"
+        "                               M-M*-M-); with --ssm-state (32), --ssm-k-heads (groups,\n"
+        "                               2), --ssm-v-heads (heads, 8), --ssm-head-dim (32),\n"
+        "                               --ssm-conv (4)\n"
         "  --tied                       no output.weight (logits use token_embd)\n"
         "  --seed S                     weight seed (default 1)\n"
         "  --rope-base F --rope-scale F (scaling factor; linear unless --rope-type yarn)\n"
@@ -550,7 +604,9 @@ static bool mk__check_shape(const mk__opts *o) {
                 {"q_lora (rows of attn_q_b)", o->q_lora},
                 {"qk_nope (rows of attn_k_b)", o->qk_nope},
                 {"kv_lora (rows of attn_v_b)", o->kv_lora},
-                {"n_head*v_head (rows of attn_output)", o->n_head * o->v_head}};
+                {"n_head*v_head (rows of attn_output)", o->n_head * o->v_head},
+                {"ssm heads*head_dim (rows of ssm_out)",
+                 o->pattern ? o->ssm_v_heads * o->ssm_head_dim : 0}};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         if (rows[i].n % be) {
             fprintf(stderr,
@@ -562,6 +618,9 @@ static bool mk__check_shape(const mk__opts *o) {
     }
     return true;
 }
+
+/* Most layers a nemotron_h --pattern may name. */
+#define MK__MAX_LAYERS 1024
 
 static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *vocab,
                          int64_t n_vocab) {
@@ -579,10 +638,29 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
     ok = ok && MK__U32("vocab_size", n_vocab) && MK__U32("context_length", o->n_ctx) &&
          MK__U32("embedding_length", o->n_embd) &&
          MK__U32("block_count", o->n_layer + o->n_nextn) &&
-         MK__U32("feed_forward_length", o->n_ff) && MK__U32("attention.head_count", o->n_head) &&
-         MK__U32("attention.head_count_kv", o->n_head_kv) &&
-         MK__F32("rope.freq_base", o->rope_base) && MK__U32("rope.dimension_count", o->n_rot) &&
+         MK__U32("attention.head_count", o->n_head) &&
          MK__F32("attention.layer_norm_rms_epsilon", o->eps);
+    if (ok && !o->pattern)
+        ok = MK__U32("feed_forward_length", o->n_ff) &&
+             MK__U32("attention.head_count_kv", o->n_head_kv) &&
+             MK__F32("rope.freq_base", o->rope_base) && MK__U32("rope.dimension_count", o->n_rot);
+    if (ok && o->pattern) { // nemotron_h: the layer kinds in per-layer arrays, no RoPE
+        int32_t kv[MK__MAX_LAYERS], ff[MK__MAX_LAYERS];
+        for (long l = 0; l < o->n_layer; l++) {
+            kv[l] = o->pattern[l] == '*' ? (int32_t)o->n_head_kv : 0;
+            ff[l] = o->pattern[l] == '-' ? (int32_t)o->n_ff : 0;
+        }
+        ok = (snprintf(k, sizeof k, "%s.attention.head_count_kv", a),
+              !gguf_writer_set_arr(w, k, GGUF_TYPE_INT32, kv, (uint64_t)o->n_layer)) &&
+             (snprintf(k, sizeof k, "%s.feed_forward_length", a),
+              !gguf_writer_set_arr(w, k, GGUF_TYPE_INT32, ff, (uint64_t)o->n_layer)) &&
+             MK__U32("attention.key_length", o->head_dim) &&
+             MK__U32("attention.value_length", o->head_dim) &&
+             MK__U32("ssm.conv_kernel", o->ssm_conv) && MK__U32("ssm.state_size", o->ssm_state) &&
+             MK__U32("ssm.group_count", o->ssm_k_heads) &&
+             MK__U32("ssm.time_step_rank", o->ssm_v_heads) &&
+             MK__U32("ssm.inner_size", o->ssm_v_heads * o->ssm_head_dim);
+    }
     if (ok && o->n_expert)
         ok = MK__U32("expert_count", o->n_expert) &&
              MK__U32("expert_used_count", o->n_expert_used) &&
@@ -631,14 +709,14 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
         if (ok && o->attn_softcap > 0) ok = MK__F32("attn_logit_softcapping", o->attn_softcap);
         if (ok && o->final_softcap > 0) ok = MK__F32("final_logit_softcapping", o->final_softcap);
     }
-    if (ok && !o->kv_lora &&
+    if (ok && !o->kv_lora && !o->pattern &&
         (!strncmp(a, "qwen3", 5) || !strncmp(a, "gemma", 5) ||
          o->head_dim * o->n_head != o->n_embd))
         ok = MK__U32("attention.key_length", o->head_dim) &&
              MK__U32("attention.value_length", o->head_dim);
     if (ok && o->ssm_state && o->n_expert) // qwen35moe: the shared expert's width
         ok = MK__U32("expert_shared_feed_forward_length", o->n_ff_exp * o->n_shared);
-    if (ok && o->ssm_state) { // qwen35, as llama.cpp's converter writes Qwen3.5's config
+    if (ok && o->ssm_state && !o->pattern) { // qwen35, as llama.cpp's converter writes Qwen3.5's config
         const uint32_t a2 = (uint32_t)o->n_rot / 2; // rotary pairs over the first 3 sections
         const int32_t sec[4] = {(int32_t)(a2 + 2) / 3, (int32_t)(a2 + 1) / 3, (int32_t)a2 / 3, 0};
         ok = MK__U32("ssm.conv_kernel", o->ssm_conv) && MK__U32("ssm.state_size", o->ssm_state) &&
@@ -700,6 +778,7 @@ static const cli__opt mk__optv[] = {
     {"ssm-k-heads", 0, true, false},   {"ssm-v-heads", 0, true, false},
     {"ssm-conv", 0, true, false},      {"attn-interval", 0, true, false},
     {"attn-temp-scale", 0, true, false}, {"yarn-log-mul", 0, true, false},
+    {"pattern", 0, true, false},       {"ssm-head-dim", 0, true, false},
 };
 
 /* What the options set before the shape is resolved. */
@@ -743,6 +822,8 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
         c->shape = v;
     else if (!strcmp(a, "--name"))
         o->name = v;
+    else if (!strcmp(a, "--pattern"))
+        o->pattern = v;
     else if (!strcmp(a, "--type")) {
         if (!ks_dtype_parse(v, &o->type) || !kern_quantize_supported(o->type)) {
             fprintf(stderr,
@@ -814,6 +895,7 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
                     : !strcmp(a, "--ssm-v-heads")   ? &o->ssm_v_heads
                     : !strcmp(a, "--ssm-conv")      ? &o->ssm_conv
                     : !strcmp(a, "--attn-interval") ? &o->attn_interval
+                    : !strcmp(a, "--ssm-head-dim")  ? &o->ssm_head_dim
                                                     : NULL;
         KS_ASSERT(dst); // every table entry has a case
         if (!cli__parse_int(a, v, 1, 1L << 20, dst)) return 2;
@@ -862,11 +944,13 @@ int cli_mkmodel(int argc, char **argv) {
     // mistral3: llama's tensors, its own rope magnitude and query temperature
     const bool mistral3 = !strcmp(o.arch, "mistral3");
     const bool llama = !strcmp(o.arch, "llama") || mistral3;
-    if (!qwen && !gemma && !mla && !glm4moe && !llama && strcmp(o.arch, "phi3") &&
+    const bool nh = !strcmp(o.arch, "nemotron_h");
+    if (!qwen && !gemma && !mla && !glm4moe && !nh && !llama && strcmp(o.arch, "phi3") &&
         strcmp(o.arch, "glm4")) {
         fprintf(stderr,
                 "kvseal mkmodel: --arch '%s' is not one of llama mistral3 qwen2 qwen3 qwen3moe "
-                "qwen35 qwen35moe phi3 gemma2 gemma3 glm4 glm4moe deepseek2 deepseek32 glm-dsa\n",
+                "qwen35 qwen35moe phi3 gemma2 gemma3 glm4 glm4moe deepseek2 deepseek32 glm-dsa "
+                "nemotron_h\n",
                 o.arch);
         return 2;
     }
@@ -874,9 +958,36 @@ int cli_mkmodel(int argc, char **argv) {
         fprintf(stderr, "kvseal mkmodel: --attn-temp-scale and --yarn-log-mul are mistral3's\n");
         return 2;
     }
-    if (!qwen35 && (o.ssm_state || o.ssm_k_heads || o.ssm_v_heads || o.ssm_conv || o.attn_interval)) {
-        fprintf(stderr, "kvseal mkmodel: --ssm-* and --attn-interval are qwen35's\n");
+    if ((!qwen35 && !nh && (o.ssm_state || o.ssm_k_heads || o.ssm_v_heads || o.ssm_conv)) ||
+        (!qwen35 && o.attn_interval) || (!nh && (o.pattern || o.ssm_head_dim))) {
+        fprintf(stderr, "kvseal mkmodel: --ssm-* are qwen35's and nemotron_h's, --attn-interval "
+                        "qwen35's, --pattern and --ssm-head-dim nemotron_h's\n");
         return 2;
+    }
+    if (nh) { // tiny: M-M*-M- (3 Mamba2, 1 attention, 3 MLP layers); 8 heads of 32 in 2
+        // groups, state 32; 1.1b: Nemotron-H 8B's Mamba2 (128 heads of 64, 8 groups, 128)
+        const bool big = !strcmp(shape, "1.1b");
+        if (!o.pattern) o.pattern = big ? "M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-" : "M-M*-M-";
+        if (!o.ssm_state) o.ssm_state = big ? 128 : 32;
+        if (!o.ssm_k_heads) o.ssm_k_heads = big ? 8 : 2;
+        if (!o.ssm_v_heads) o.ssm_v_heads = big ? 64 : 8;
+        if (!o.ssm_head_dim) o.ssm_head_dim = big ? 64 : 32;
+        if (!o.ssm_conv) o.ssm_conv = 4;
+        const size_t np = strlen(o.pattern);
+        const bool kinds = np >= 1 && np <= MK__MAX_LAYERS &&
+                           strspn(o.pattern, "M*-") == np && strchr(o.pattern, '*') &&
+                           strchr(o.pattern, '-');
+        if (!kinds || o.ssm_state % 16 || o.ssm_state > 256 || o.ssm_v_heads % o.ssm_k_heads ||
+            o.ssm_head_dim > 256 || (o.ssm_v_heads * o.ssm_head_dim) % o.ssm_state ||
+            o.ssm_conv < 2 || o.ssm_conv > 16) {
+            fprintf(stderr, "kvseal mkmodel: --pattern needs M (Mamba2), * (attention) and - "
+                            "(MLP) only, at least one * and one -, at most %d layers; "
+                            "--ssm-state a multiple of 16 up to 256, --ssm-v-heads (heads) a "
+                            "multiple of --ssm-k-heads (groups), --ssm-head-dim at most 256, "
+                            "heads x head dim a multiple of the state, --ssm-conv 2..16\n",
+                    MK__MAX_LAYERS);
+            return 2;
+        }
     }
     if (qwen35) { // tiny: 4 layers (3 recurrent, 1 attention), 2 key / 4 value heads of 32;
         // 1.1b: Qwen3.5-2B's recurrent layers, 16 key and 16 value heads of 128
@@ -980,6 +1091,14 @@ int cli_mkmodel(int argc, char **argv) {
     }
     if (v_embd) o.n_embd = v_embd;
     if (v_layer) o.n_layer = v_layer;
+    if (nh) {
+        if (v_layer && v_layer != (long)strlen(o.pattern)) {
+            fprintf(stderr, "kvseal mkmodel: nemotron_h's layers are --pattern's (%zu)\n",
+                    strlen(o.pattern));
+            return 2;
+        }
+        o.n_layer = (long)strlen(o.pattern);
+    }
     if (v_head) o.n_head = v_head;
     if (v_head_kv) o.n_head_kv = v_head_kv;
     if (v_ff) o.n_ff = v_ff;

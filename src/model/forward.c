@@ -118,7 +118,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     // largest activation row: K is one of E, H*D, F, q_lora
     size_t Kmax = XN > F ? XN : F;
     if ((size_t)hp->q_lora > Kmax) Kmax = (size_t)hp->q_lora;
-    const size_t S = (size_t)hp->ssm_state, VD = (size_t)hp->ssm_v_heads * S;
+    const size_t S = (size_t)hp->ssm_state, VD = (size_t)hp->ssm_inner;
     if (VD > Kmax) Kmax = VD; // ssm_out's input
     uint64_t rb0 = 0, rbk = 0;
     ks_dtype_row_bytes(KS_DTYPE_Q8_0, (Kmax + 31) / 32 * 32, &rb0);
@@ -138,7 +138,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
         const size_t C = 2 * (size_t)hp->ssm_k_heads * S + VD, HV = (size_t)hp->ssm_v_heads;
         c->st_pages = g->state_pages;
         c->st_rpp = (int64_t)(kv_page_bytes(g) / (4 * S));
-        c->st_rows_layer = (int64_t)((size_t)(hp->ssm_conv - 1) * (C / S) + HV * S);
+        c->st_rows_layer = (int64_t)((size_t)(hp->ssm_conv - 1) * (C / S) + VD);
         c->ssm_x = ks_alloc_aligned(T * C * sizeof(float));
         c->ssm_z = ks_alloc_aligned(T * VD * sizeof(float));
         c->ssm_o = ks_alloc_aligned(T * VD * sizeof(float));
@@ -202,6 +202,7 @@ typedef enum {
     FWD_QKV,           // biases, q/k norm, rope on q[t], k[t]; write k, v to the KV page
     FWD_SWIGLU,        // g[r] = silu(g[r]) * u[r], rows of ff
     FWD_GEGLU,         // g[t] = gelu(g[t]) * u[t]
+    FWD_RELU2,         // g[t] = relu(g[t])^2 (nemotron_h's MLP: no gate)
     FWD_POST_ADD_NORM, // tmp[t] = rmsnorm(tmp[t]) * w2, then FWD_ADD_NORM (gemma post-norms)
     FWD_MOE_GATHER,    // xe[r] = xn[row_tok[r]], rows in expert order
     FWD_MOE_COMBINE,   // tmp[t] = sum over t's slots j of sel_w[t][j] * xe[slot_row[t][j]]
@@ -525,7 +526,8 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             break;
         }
         case FWD_SWIGLU:
-        case FWD_GEGLU: {
+        case FWD_GEGLU:
+        case FWD_RELU2: {
             // row t, or part t of the one row: [e0, e0 + ne)
             const int64_t e0 = a->part ? t * a->part : 0,
                           ne = a->part ? (F - e0 < a->part ? F - e0 : a->part) : F;
@@ -533,8 +535,11 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             const float *u = c->u + (a->part ? 0 : (size_t)t * (size_t)F) + e0;
             if (a->op == FWD_SWIGLU)
                 c->kv->silu_mul(ne, g, u, g);
-            else
+            else if (a->op == FWD_GEGLU)
                 c->kv->gelu_mul(ne, g, u, g);
+            else
+                for (int64_t i = 0; i < ne; i++)
+                    g[i] = g[i] > 0.0f ? g[i] * g[i] : 0.0f;
             if (a->part && a->qfn) { // whole blocks: the bytes the row's quantization writes there
                 uint64_t off = 0;
                 KS_ASSERT(ks_dtype_row_bytes(a->qtype, (uint64_t)e0, &off));
@@ -608,7 +613,7 @@ static void fwd__rows_run2(model_ctx *c, const model_batch *b, fwd__rowop op, co
                    .n = b->n_tokens,
                    .ff = c->m->hp.n_ff};
     const bool to_xn = (op == FWD_NORM || op == FWD_ADD_NORM || op == FWD_POST_ADD_NORM) && w,
-               to_g = op == FWD_SWIGLU || op == FWD_GEGLU;
+               to_g = op == FWD_SWIGLU || op == FWD_GEGLU || op == FWD_RELU2;
     KS_ASSERT(!qw || to_xn || to_g);
     int slot = -1;
     if (qw && kern_act_type(qw->type) != KS_DTYPE_F32) {
@@ -1143,6 +1148,7 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbu
 /* The first weight layer L's attention block reads xn with (NULL for MLA,
  * whose first matmuls fwd__mla_in runs). */
 static const model__mat *fwd__first_w(const model_ctx *c, const model__layer *L) {
+    if (L->ffn_only) return &L->w_up; // nemotron_h's MLP layer
     return L->recurrent ? &L->ssm_qkv : c->m->hp.kv_lora ? NULL : &L->wq;
 }
 
@@ -1167,8 +1173,12 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         // attention block (the first norm; later ones are fused with the
         // residual add, and the quantization of xn for wq with both)
         if (il == 0) fwd__rows_run2(c, b, FWD_NORM, L->attn_norm, NULL, il, fwd__first_w(c, L));
+        if (L->ffn_only) goto ffn_in; // nemotron_h's MLP layer: xn is its input
         if (L->recurrent) {
-            model__gdn_layer(c, b, L);
+            if (L->mamba2)
+                model__mamba2_layer(c, b, L);
+            else
+                model__gdn_layer(c, b, L);
             goto ffn;
         }
         if (hp->kv_lora) {
@@ -1197,10 +1207,16 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         else
             model__matmul(c, &L->wo, c->att, T, c->tmp);
     ffn:
+        if (L->no_ffn) goto next; // nemotron_h: the mixer was the layer
         fwd__residual(c, b, L->post_attn_norm, L->ffn_norm, il, L->gate_exps ? NULL : &L->w_gate);
+    ffn_in:
         // feed-forward block
         if (L->gate_exps) {
             fwd__moe(c, b, L, il);
+        } else if (!L->w_gate.data) { // nemotron_h: down(relu(up x)^2)
+            model__matmul(c, &L->w_up, c->xn, T, c->g);
+            fwd__rows_run2(c, b, FWD_RELU2, NULL, NULL, il, &L->w_down);
+            model__matmul(c, &L->w_down, c->g, T, c->tmp);
         } else {
             const model__mat *gu[] = {&L->w_gate, &L->w_up};
             float *const gu_out[] = {c->g, c->u};
@@ -1208,6 +1224,7 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
             fwd__rows_run2(c, b, hp->ffn_gelu ? FWD_GEGLU : FWD_SWIGLU, NULL, NULL, il, &L->w_down);
             model__matmul(c, &L->w_down, c->g, T, c->tmp);
         }
+    next:;
         const bool last = il + 1 == hp->n_layer;
         fwd__residual(c, b, L->post_ffn_norm, last ? m->output_norm : m->layers[il + 1].attn_norm,
                       il, last ? NULL : fwd__first_w(c, &m->layers[il + 1]));

@@ -324,6 +324,9 @@ static ks_err load__ssm(load__ctx *c, model_hparams *hp) {
                          path, hp->ssm_conv, hp->ssm_state, hp->ssm_k_heads, hp->ssm_v_heads,
                          inner, LOAD__MAX_SSM_DIM, hp->attn_interval);
     hp->n_layer_attn = hp->n_layer / hp->attn_interval;
+    hp->n_layer_rec = hp->n_layer - hp->n_layer_attn;
+    hp->ssm_inner = inner;
+    hp->ssm_head_dim = hp->ssm_state;
     if (hp->n_layer_attn < 1)
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
                          "%s: block_count %d with full_attention_interval %d leaves no attention "
@@ -364,6 +367,97 @@ static ks_err load__mistral3(load__ctx *c, model_hparams *hp) {
     return KS_OK;
 }
 
+/* Value il of per-layer key `suffix` (an array of block_count integers, or
+ * one integer for every layer), or -1 where the array is malformed. */
+static int64_t load__layer_val(const gguf_file *f, const char *arch, const char *suffix, int il) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    const gguf_value *v = gguf_get(f, key);
+    if (!v) return -1;
+    if (v->type == GGUF_TYPE_ARRAY) {
+        if (v->v.arr.items || (uint64_t)il >= v->v.arr.n || v->v.arr.elem_type == GGUF_TYPE_FLOAT32 ||
+            v->v.arr.elem_type == GGUF_TYPE_FLOAT64 || v->v.arr.elem_type == GGUF_TYPE_BOOL)
+            return -1;
+        const int64_t x = gguf_arr_i64(v, (uint64_t)il);
+        return x < 0 || x > INT32_MAX ? -1 : x;
+    }
+    uint32_t u;
+    ks_errbuf eb;
+    if (gguf_get_u32(f, key, &u, &eb)) return -1;
+    return u > INT32_MAX ? -1 : (int64_t)u;
+}
+
+/* nemotron_h layer il's kind from the per-layer arrays, as llama.cpp reads
+ * them: 'M' Mamba2 (no K/V heads, no FFN), '*' attention (K/V heads), '-'
+ * an MLP (an FFN width); 0 when the arrays say neither or both. */
+static char load__nh_kind(const gguf_file *f, const char *arch, int il) {
+    const int64_t kv = load__layer_val(f, arch, "attention.head_count_kv", il),
+                  ff = load__layer_val(f, arch, "feed_forward_length", il);
+    if (kv < 0 || ff < 0 || (kv > 0 && ff > 0)) return 0;
+    return kv > 0 ? '*' : ff > 0 ? '-' : 'M';
+}
+
+/* nemotron_h's keys: the per-layer head_count_kv and feed_forward_length
+ * arrays (the attention and MLP layers share one shape), head_count, and
+ * the Mamba2 shape (ssm.conv_kernel, state_size, group_count,
+ * time_step_rank heads, inner_size). */
+static ks_err load__nemotron_h(load__ctx *c, model_hparams *hp) {
+    const char *path = gguf_path(c->f);
+    // every layer has tensors of its own (load__weights checks it again):
+    // a corrupt block_count is refused before the per-layer scan
+    if ((uint64_t)hp->n_layer > gguf_n_tensors(c->f))
+        return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: block_count %d but the file holds %llu tensors",
+                         path, hp->n_layer, (unsigned long long)gguf_n_tensors(c->f));
+    hp->n_head = hp->n_head_kv = hp->n_ff = 0;
+    hp->n_layer_attn = hp->n_layer_rec = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const char k = load__nh_kind(c->f, c->arch, il);
+        const int64_t h = load__layer_val(c->f, c->arch, "attention.head_count", il),
+                      kv = load__layer_val(c->f, c->arch, "attention.head_count_kv", il),
+                      ff = load__layer_val(c->f, c->arch, "feed_forward_length", il);
+        int32_t *same[] = {&hp->n_head, &hp->n_head_kv, &hp->n_ff};
+        const int64_t val[] = {k == '*' ? h : 0, k == '*' ? kv : 0, k == '-' ? ff : 0};
+        bool ok = k != 0 && (k != '*' || h > 0);
+        for (int i = 0; ok && i < 3; i++) {
+            if (val[i] && *same[i] && *same[i] != val[i]) ok = false;
+            if (val[i]) *same[i] = (int32_t)val[i];
+        }
+        if (!ok)
+            return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                             "%s: layer %d: head_count %lld, head_count_kv %lld, "
+                             "feed_forward_length %lld: want a Mamba2 layer (0, 0), attention "
+                             "(heads, 0) or an MLP (0, width), every attention / MLP layer alike",
+                             path, il, (long long)h, (long long)kv, (long long)ff);
+        hp->n_layer_attn += k == '*';
+        hp->n_layer_rec += k == 'M';
+    }
+    if (hp->n_layer_attn < 1 || !hp->n_ff)
+        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                         "%s: nemotron_h without an attention layer or an MLP layer", path);
+    int32_t inner;
+    ks_err e;
+    if ((e = load__u32(c, "ssm.conv_kernel", true, 0, &hp->ssm_conv)) ||
+        (e = load__u32(c, "ssm.state_size", true, 0, &hp->ssm_state)) ||
+        (e = load__u32(c, "ssm.group_count", true, 0, &hp->ssm_k_heads)) ||
+        (e = load__u32(c, "ssm.time_step_rank", true, 0, &hp->ssm_v_heads)) ||
+        (e = load__u32(c, "ssm.inner_size", true, 0, &inner)))
+        return e;
+    hp->ssm_inner = inner;
+    hp->ssm_head_dim = inner / hp->ssm_v_heads;
+    if (hp->ssm_conv < 2 || hp->ssm_conv > 16 || hp->ssm_state % 16 ||
+        hp->ssm_state > MODEL_MAX_SSM_STATE || inner % hp->ssm_v_heads ||
+        hp->ssm_v_heads % hp->ssm_k_heads || inner % hp->ssm_state ||
+        hp->ssm_head_dim > MODEL_MAX_SSM_STATE || inner > LOAD__MAX_SSM_DIM)
+        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                         "%s: Mamba2 shape: conv_kernel %d (want 2..16), state_size %d (want a "
+                         "multiple of 16, at most 256), group_count %d, time_step_rank %d (heads: "
+                         "a multiple of group_count), inner_size %d (want a multiple of heads and "
+                         "of state_size, at most 256 per head and %d in all)",
+                         path, hp->ssm_conv, hp->ssm_state, hp->ssm_k_heads, hp->ssm_v_heads,
+                         inner, LOAD__MAX_SSM_DIM);
+    return KS_OK;
+}
+
 static ks_err load__hparams(model *m, ks_errbuf *eb) {
     const gguf_file *f = m->gguf;
     model_hparams *hp = &m->hp;
@@ -400,21 +494,29 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         hp->arch = MODEL_ARCH_QWEN35MOE;
     else if (!strcmp(hp->arch_name, "mistral3"))
         hp->arch = MODEL_ARCH_MISTRAL3;
+    else if (!strcmp(hp->arch_name, "nemotron_h"))
+        hp->arch = MODEL_ARCH_NEMOTRON_H;
     else
         return ks_seterr(eb, KS_ERR_UNSUPPORTED,
                          "%s: unsupported architecture '%s' (supported: " MODEL_ARCHS ")",
                          gguf_path(f), hp->arch_name);
     load__ctx c = {f, hp->arch_name, eb};
     if ((e = load__experts(&c, hp))) return e;
+    const bool nh = hp->arch == MODEL_ARCH_NEMOTRON_H;
     if ((e = load__u32(&c, "context_length", true, 0, &hp->n_ctx_train)) ||
         (e = load__u32(&c, "embedding_length", true, 0, &hp->n_embd)) ||
-        (e = load__u32(&c, "block_count", true, 0, &hp->n_layer)) ||
-        (e = load__u32(&c, "feed_forward_length",
-                       hp->n_expert == 0 || hp->n_layer_dense > 0, (uint32_t)hp->n_ff,
-                       &hp->n_ff)) ||
-        (e = load__u32(&c, "attention.head_count", true, 0, &hp->n_head)) ||
-        (e = load__u32(&c, "attention.head_count_kv", false, (uint32_t)hp->n_head, &hp->n_head_kv)))
+        (e = load__u32(&c, "block_count", true, 0, &hp->n_layer)))
         return e;
+    if (nh) { // per-layer arrays
+        if ((e = load__nemotron_h(&c, hp))) return e;
+    } else if ((e = load__u32(&c, "feed_forward_length",
+                              hp->n_expert == 0 || hp->n_layer_dense > 0, (uint32_t)hp->n_ff,
+                              &hp->n_ff)) ||
+               (e = load__u32(&c, "attention.head_count", true, 0, &hp->n_head)) ||
+               (e = load__u32(&c, "attention.head_count_kv", false, (uint32_t)hp->n_head,
+                              &hp->n_head_kv))) {
+        return e;
+    }
     // glm4moe's and the MLA families' block_count counts the NextN blocks
     // after the main ones (as llama.cpp's converter writes GLM-4.5 and GLM-5);
     // they predict further tokens for speculative decoding, and neither
@@ -429,7 +531,7 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
                          "%s: %s.nextn_predict_layers %d must be below block_count %d",
                          gguf_path(f), hp->arch_name, hp->n_layer_nextn, hp->n_layer);
     hp->n_layer -= hp->n_layer_nextn;
-    hp->n_layer_attn = hp->n_layer;
+    if (!nh) hp->n_layer_attn = hp->n_layer;
     if ((hp->arch == MODEL_ARCH_QWEN35 || hp->arch == MODEL_ARCH_QWEN35MOE) &&
         (e = load__ssm(&c, hp)))
         return e;
@@ -530,6 +632,7 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     // rope types
     hp->rope_neox = hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_MISTRAL3 &&
                     hp->arch != MODEL_ARCH_GLM4 && !model__is_mla(hp->arch);
+    if (nh) hp->n_rot = 0; // nemotron_h's attention has no RoPE (llama.cpp: rope type none)
     hp->post_norms = hp->arch == MODEL_ARCH_GLM4; // and gemma's (load__gemma)
     hp->rope_base_swa = hp->rope_base;
     hp->rope_scale_swa = hp->rope_scale;
@@ -618,14 +721,15 @@ static ks_err load__mat_experts(model *m, const char *name, int64_t K, int64_t N
     return KS_OK;
 }
 
-/* Binds vector `name` of n floats (F32 in place; F16/BF16 converted). */
-static ks_err load__vec(model *m, const char *name, int64_t n, bool required, const float **out,
-                        ks_errbuf *eb) {
+/* Binds tensor `name` of n floats as one vector (F32 in place; F16/BF16
+ * converted); flat: of any shape holding n elements. */
+static ks_err load__vec_n(model *m, const char *name, int64_t n, bool required, bool flat,
+                          const float **out, ks_errbuf *eb) {
     ks_err e = KS_OK;
     *out = NULL;
     const gguf_tensor *t = load__tensor(m, name, required, eb, &e);
     if (!t) return e;
-    if (t->n_elems != (uint64_t)n || t->ne[0] != n)
+    if (t->n_elems != (uint64_t)n || (!flat && t->ne[0] != n))
         return ks_seterr(eb, KS_ERR_FORMAT, "%s: tensor '%s' has %llu elements, expected %lld",
                          gguf_path(m->gguf), name, (unsigned long long)t->n_elems, (long long)n);
     if (t->type == KS_DTYPE_F32 && ((uintptr_t)t->data % sizeof(float)) == 0) {
@@ -648,6 +752,12 @@ static ks_err load__vec(model *m, const char *name, int64_t n, bool required, co
     else kern_dequantize_row((ks_dtype)t->type, t->data, v, n);
     *out = v;
     return KS_OK;
+}
+
+/* Binds vector `name` of n floats (load__vec_n, shape [n]). */
+static ks_err load__vec(model *m, const char *name, int64_t n, bool required, const float **out,
+                        ks_errbuf *eb) {
+    return load__vec_n(m, name, n, required, false, out, eb);
 }
 
 /* Binds the optional vector of n_rot/2 RoPE angle divisors `name`, each
@@ -796,6 +906,47 @@ static ks_err load__qwen35_layer(model *m, int il, model__layer *L, ks_errbuf *e
     return KS_OK;
 }
 
+/* Binds nemotron_h layer il of kind k (load__nh_kind): a Mamba2 mixer
+ * (ssm_in cut into z, x|B|C and dt rows), attention, or the MLP (up, down). */
+static ks_err load__nemotron_h_layer(model *m, int il, char k, model__layer *L, ks_errbuf *eb) {
+    const model_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, D = hp->head_dim, F = hp->n_ff, H = hp->ssm_v_heads;
+    const int64_t HD = (int64_t)hp->n_head * D, KVD = (int64_t)hp->n_head_kv * D;
+    const int64_t DI = hp->ssm_inner, CD = DI + 2 * (int64_t)hp->ssm_k_heads * hp->ssm_state;
+    char n[96];
+#define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
+    ks_err e;
+    L->no_ffn = k != '-';
+    L->ffn_only = k == '-';
+    if (k == 'M') {
+        model__mat in = {0};
+        L->mamba2 = true;
+        if ((e = load__mat(m, LNAME("ssm_in.weight"), E, DI + CD + H, &in, eb)) ||
+            (e = load__conv(m, LNAME("ssm_conv1d.weight"), hp->ssm_conv, CD, &L->ssm_conv1d, eb)) ||
+            (e = load__vec(m, LNAME("ssm_conv1d.bias"), CD, true, &L->ssm_conv_b, eb)) ||
+            (e = load__vec(m, LNAME("ssm_dt.bias"), H, true, &L->ssm_dt, eb)) ||
+            (e = load__vec_n(m, LNAME("ssm_a"), H, true, true, &L->ssm_a, eb)) ||
+            (e = load__vec_n(m, LNAME("ssm_d"), H, true, true, &L->ssm_d, eb)) ||
+            (e = load__vec_n(m, LNAME("ssm_norm.weight"), DI, true, true, &L->ssm_norm, eb)) ||
+            (e = load__mat(m, LNAME("ssm_out.weight"), DI, E, &L->ssm_out, eb)))
+            return e;
+        L->ssm_z = load__rows(&in, 0, DI);
+        L->ssm_qkv = load__rows(&in, DI, CD);
+        L->ssm_alpha = load__rows(&in, DI + CD, H);
+    } else if (k == '*') {
+        if ((e = load__mat(m, LNAME("attn_q.weight"), E, HD, &L->wq, eb)) ||
+            (e = load__mat(m, LNAME("attn_k.weight"), E, KVD, &L->wk, eb)) ||
+            (e = load__mat(m, LNAME("attn_v.weight"), E, KVD, &L->wv, eb)) ||
+            (e = load__mat(m, LNAME("attn_output.weight"), HD, E, &L->wo, eb)))
+            return e;
+    } else if ((e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)) ||
+               (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb))) {
+        return e;
+    }
+#undef LNAME
+    return KS_OK;
+}
+
 static ks_err load__weights(model *m, ks_errbuf *eb) {
     model_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, D = hp->head_dim, F = hp->n_ff;
@@ -834,6 +985,7 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return ks_seterr(eb, KS_ERR_NOMEM, "%s: layers", gguf_path(m->gguf));
     const bool glm4moe = hp->arch == MODEL_ARCH_GLM4MOE;
+    int n_kv = 0, n_rec = 0; // nemotron_h: attention and Mamba2 layers so far
     // layers [n_layer, block_count) are the NextN blocks: never run,
     // so never bound (their tensors may be of any type)
     for (int il = 0; il < hp->n_layer; il++) {
@@ -843,6 +995,14 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
         model__mat fused = {0};
         if ((e = load__vec(m, LNAME("attn_norm.weight"), E, true, &L->attn_norm, eb))) return e;
         L->kv_layer = il;
+        if (hp->arch == MODEL_ARCH_NEMOTRON_H) { // KV and state rows in layer order
+            const char k = load__nh_kind(m->gguf, hp->arch_name, il);
+            L->recurrent = k == 'M';
+            L->kv_layer = k == '*' ? n_kv++ : -1;
+            L->rec_layer = k == 'M' ? n_rec++ : -1;
+            if ((e = load__nemotron_h_layer(m, il, k, L, eb))) return e;
+            continue;
+        }
         if (hp->ssm_state) { // hybrid: the KV layers are the attention layers, in order
             L->recurrent = (il + 1) % hp->attn_interval != 0;
             L->kv_layer = L->recurrent ? -1 : (il + 1) / hp->attn_interval - 1;
@@ -1116,10 +1276,10 @@ uint64_t model_bytes_per_token(const model *m) {
 
 int64_t model_state_rows(const model_hparams *hp) {
     if (!hp->ssm_state) return 0;
-    const int64_t S = hp->ssm_state, CD = 2 * (int64_t)hp->ssm_k_heads * S +
-                                             (int64_t)hp->ssm_v_heads * S;
-    return (int64_t)(hp->n_layer - hp->n_layer_attn) *
-           ((hp->ssm_conv - 1) * CD / S + (int64_t)hp->ssm_v_heads * S);
+    // conv channels: qwen35's q | k | v, Mamba2's x | B | C; then the heads'
+    // state rows (qwen35: S per head, Mamba2: head_dim), ssm_inner in all
+    const int64_t S = hp->ssm_state, CD = 2 * (int64_t)hp->ssm_k_heads * S + hp->ssm_inner;
+    return (int64_t)hp->n_layer_rec * ((hp->ssm_conv - 1) * CD / S + hp->ssm_inner);
 }
 
 kv_geom model_kv_geom(const model *m, int page_tokens, int kv_type) {

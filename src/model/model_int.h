@@ -73,6 +73,14 @@ typedef struct model__layer {
     model__mat ssm_out;          // (E, VD)
     const float *shexp_gate;     // (E) qwen35moe: the shared expert's output is weighted by
                                  // sigmoid(shexp_gate . x) per token (NULL: unweighted)
+    // nemotron_h: one mixer per layer (the FFN of an attention or Mamba2
+    // layer is absent; an MLP layer has no attention). A Mamba2 layer binds
+    // ssm_in's row ranges: z to ssm_z, x|B|C to ssm_qkv, dt to ssm_alpha;
+    // C = ssm_inner + 2 G N convolution channels
+    bool no_ffn, ffn_only;
+    bool mamba2;
+    const float *ssm_conv_b; // (C) the convolution's bias
+    const float *ssm_d;      // (heads) the skip: y += D_h x
 } model__layer;
 
 struct model {
@@ -208,6 +216,8 @@ bool model__state_resolve(model_ctx *c, const model_batch *b);
 void model__order_tokens(model_ctx *c, const model_batch *b);
 /* A Gated DeltaNet layer: its input in xn (normed), its output into tmp. */
 void model__gdn_layer(model_ctx *c, const model_batch *b, const model__layer *L);
+/* A Mamba2 layer (nemotron_h): its input in xn (normed), its output into tmp. */
+void model__mamba2_layer(model_ctx *c, const model_batch *b, const model__layer *L);
 
 /* Forgets cached quantized activations (call when an input buffer changes). */
 static inline void model__act_reset(model_ctx *c) { c->act[0].src = c->act[1].src = NULL; }

@@ -1,14 +1,18 @@
-/* recur.c — the Gated DeltaNet layers of hybrid recurrent models (qwen35,
- * model.h): a causal convolution over the q|k|v channels, then per value
+/* recur.c — the recurrent layers of hybrid models (model.h): qwen35's Gated
+ * DeltaNet (a causal convolution over the q|k|v channels, then per value
  * head the gated delta rule over a state of S x S, read by the query, then
- * a gated RMSNorm and the output projection.
+ * a gated RMSNorm and the output projection) and nemotron_h's Mamba2 (the
+ * same convolution over x|B|C, with a bias; per head a state of head_dim x
+ * S decayed and fed by B x dt, read by C (kern_ssm.h); the D skip, the
+ * silu(z) gate, an RMSNorm per group and the output projection).
  *
  * The state of a sequence lives in its state pages (kv.h), resolved through
  * kv's tag check once per pass (model__state_resolve). It is kept as rows
  * of S floats: per recurrent layer, first the convolution window (the last
  * conv - 1 inputs of every channel: row w * C/S + c/S holds channels
  * [c, c + S) of the input w steps back from the oldest, oldest first), then
- * each value head's S rows (kern.h gdn_step). Row g is row g % R of state
+ * each value head's S rows (kern.h gdn_step), or each Mamba2 head's
+ * head_dim rows. Row g is row g % R of state
  * page g / R, R = page bytes / (4 S).
  *
  * Every token of a sequence runs through the recurrence one at a time, in
@@ -16,6 +20,8 @@
  * head): a prompt chunked any way, batched with anything, gives the state
  * and outputs the token-by-token pass gives, bit for bit. */
 #include "model_int.h"
+
+#include "kvseal/kern_ssm.h"
 
 #include <math.h>
 #include <string.h>
@@ -61,20 +67,22 @@ typedef struct {
     const model_batch *b;
     const model__layer *L;
     rec__phase ph;
+    kern_ssm_scan_fn scan; // Mamba2's step (NULL: a Gated DeltaNet layer)
     int64_t n;         // units: (sequence, block), tokens, (sequence, head), tokens
     atomic_llong next; // next unit to claim
 } rec__run;
 
 /* The causal convolution of sequence si's tokens over channels [q S, q S +
- * S), then SiLU, in place in ssm_x; the window moves along. Layout: the
+ * S) (plus the bias, where the layer has one), then SiLU, in place in ssm_x; the window moves along. Layout: the
  * transposed taps (K, C) and the window rows put S channels side by side,
  * so the inner loops run along contiguous channels. */
 static void rec__conv(rec__run *a, int si, int q) {
     model_ctx *c = a->c;
     const model_hparams *hp = &c->m->hp;
     const int S = hp->ssm_state, K = hp->ssm_conv;
-    const int64_t C = 2 * (int64_t)hp->ssm_k_heads * S + (int64_t)hp->ssm_v_heads * S;
+    const int64_t C = 2 * (int64_t)hp->ssm_k_heads * S + hp->ssm_inner;
     const int64_t nb = C / S, g0 = (int64_t)a->L->rec_layer * c->st_rows_layer;
+    const float *bias = a->L->ssm_conv_b ? a->L->ssm_conv_b + (size_t)q * (size_t)S : NULL;
     float *win[16]; // the window's rows for this block, oldest first
     for (int w = 0; w < K - 1; w++)
         win[w] = rec__row(c, si, g0 + w * nb + q);
@@ -88,6 +96,9 @@ static void rec__conv(rec__run *a, int si, int q) {
         for (int w = 0; w < K - 1; w++)
             for (int j = 0; j < S; j++)
                 y[j] = fmaf(win[w][j], wt[(size_t)w * (size_t)C + (size_t)j], y[j]);
+        if (bias) // Mamba2's, after the taps as llama.cpp adds it
+            for (int j = 0; j < S; j++)
+                y[j] += bias[j];
         for (int j = 0; j < S; j++)
             y[j] = y[j] / (1.0f + expf(-y[j]));
         float *oldest = win[0]; // the window moves: the oldest row takes the new input
@@ -169,11 +180,68 @@ static void rec__out(rec__run *a, int t) {
     }
 }
 
+/* Mamba2: token t's heads made ready for the scan: dt = softplus(dt +
+ * dt_bias) into ssm_b, the decay exp(dt A) into ssm_a (over the raw dt). */
+static void rec__m2_prep(rec__run *a, int t) {
+    const model__layer *L = a->L;
+    const int H = a->c->m->hp.ssm_v_heads;
+    float *dt = a->c->ssm_b + (size_t)t * (size_t)H, *da = a->c->ssm_a + (size_t)t * (size_t)H;
+    for (int h = 0; h < H; h++) {
+        const float z = da[h] + L->ssm_dt[h];
+        const float sp = z > 20.0f ? z : log1pf(expf(z)); // softplus
+        dt[h] = sp;
+        da[h] = expf(sp * L->ssm_a[h]);
+    }
+}
+
+/* Mamba2: head h of sequence si over its tokens in order. Token rows of
+ * ssm_x are x (heads of head_dim) | B (groups of S) | C (groups of S);
+ * head h reads group h / (heads / groups) (llama.cpp's repeat_interleave). */
+static void rec__m2_scan(rec__run *a, int si, int h) {
+    model_ctx *c = a->c;
+    const model_hparams *hp = &c->m->hp;
+    const int S = hp->ssm_state, P = hp->ssm_head_dim, G = hp->ssm_k_heads, H = hp->ssm_v_heads;
+    const int64_t DI = hp->ssm_inner, C = DI + 2 * (int64_t)G * S;
+    const int64_t g0 = (int64_t)a->L->rec_layer * c->st_rows_layer +
+                       (int64_t)(hp->ssm_conv - 1) * (C / S) + (int64_t)h * P;
+    float *rows[MODEL_MAX_SSM_STATE];
+    for (int i = 0; i < P; i++)
+        rows[i] = rec__row(c, si, g0 + i);
+    const int g = h / (H / G);
+    for (int32_t i = c->ord_off[si]; i < c->ord_off[si + 1]; i++) {
+        const int t = c->ord[i];
+        const float *x = c->ssm_x + (size_t)t * (size_t)C;
+        a->scan(S, P, rows, x + (size_t)h * (size_t)P, x + (size_t)(DI + (int64_t)g * S),
+                x + (size_t)(DI + (int64_t)(G + g) * S), c->ssm_a[(size_t)t * (size_t)H + (size_t)h],
+                c->ssm_b[(size_t)t * (size_t)H + (size_t)h],
+                c->ssm_o + (size_t)t * (size_t)DI + (size_t)h * (size_t)P);
+    }
+}
+
+/* Mamba2: token t's output, y + D_h x, times silu(z), RMS-normed per group
+ * of d_inner / groups elements, in place in ssm_o. */
+static void rec__m2_out(rec__run *a, int t) {
+    model_ctx *c = a->c;
+    const model_hparams *hp = &c->m->hp;
+    const int P = hp->ssm_head_dim, G = hp->ssm_k_heads, H = hp->ssm_v_heads;
+    const int64_t DI = hp->ssm_inner, C = DI + 2 * (int64_t)G * hp->ssm_state, GD = DI / G;
+    float *y = c->ssm_o + (size_t)t * (size_t)DI;
+    const float *x = c->ssm_x + (size_t)t * (size_t)C;
+    for (int h = 0; h < H; h++)
+        for (int i = h * P; i < (h + 1) * P; i++) {
+            const float d = x[i] * a->L->ssm_d[h];
+            y[i] += d;
+        }
+    c->kv->silu_mul(DI, c->ssm_z + (size_t)t * (size_t)DI, y, y);
+    for (int g = 0; g < G; g++)
+        c->kv->rmsnorm(GD, y + g * GD, a->L->ssm_norm + g * GD, hp->norm_eps, y + g * GD);
+}
+
 static void rec__task(void *arg, int ith, int nth) {
     rec__run *a = arg;
     model_ctx *c = a->c;
     const model_hparams *hp = &c->m->hp;
-    const int64_t nb = (2 * (int64_t)hp->ssm_k_heads + hp->ssm_v_heads); // C / S
+    const int64_t nb = 2 * (int64_t)hp->ssm_k_heads + hp->ssm_inner / hp->ssm_state; // C / S
     (void)ith, (void)nth;
     int64_t u0, u1;
     while (ks_pool_claim(&a->next, a->n, 1, &u0, &u1))
@@ -186,15 +254,25 @@ static void rec__task(void *arg, int ith, int nth) {
                     rec__conv(a, si, (int)(u % nb));
                 break;
             }
-            case REC_PREP: rec__prep(a, (int)u); break;
+            case REC_PREP:
+                if (a->scan)
+                    rec__m2_prep(a, (int)u);
+                else
+                    rec__prep(a, (int)u);
+                break;
             case REC_SCAN: {
                 const int si = (int)(u / hp->ssm_v_heads);
                 if (c->ord_off[si] < c->ord_off[si + 1] &&
                     !atomic_load_explicit(&c->seq_bad[si], memory_order_relaxed))
-                    rec__scan(a, si, (int)(u % hp->ssm_v_heads));
+                    (a->scan ? rec__m2_scan : rec__scan)(a, si, (int)(u % hp->ssm_v_heads));
                 break;
             }
-            case REC_OUT: rec__out(a, (int)u); break;
+            case REC_OUT:
+                if (a->scan)
+                    rec__m2_out(a, (int)u);
+                else
+                    rec__out(a, (int)u);
+                break;
             }
         }
 }
@@ -215,6 +293,23 @@ void model__gdn_layer(model_ctx *c, const model_batch *b, const model__layer *L)
     rec__run a = {.c = c, .b = b, .L = L};
     rec__phase_run(&a, REC_CONV,
                    (int64_t)b->n_seqs * (2 * (int64_t)hp->ssm_k_heads + hp->ssm_v_heads));
+    rec__phase_run(&a, REC_PREP, T);
+    rec__phase_run(&a, REC_SCAN, (int64_t)b->n_seqs * hp->ssm_v_heads);
+    rec__phase_run(&a, REC_OUT, T);
+    model__matmul(c, &L->ssm_out, c->ssm_o, T, c->tmp);
+}
+
+void model__mamba2_layer(model_ctx *c, const model_batch *b, const model__layer *L) {
+    const model_hparams *hp = &c->m->hp;
+    const int T = b->n_tokens;
+    // ssm_in's row ranges: x|B|C (the convolution's channels), z, dt
+    const model__mat *ws[] = {&L->ssm_qkv, &L->ssm_z, &L->ssm_alpha};
+    float *const ys[] = {c->ssm_x, c->ssm_z, c->ssm_a};
+    model__matmuls(c, 3, ws, c->xn, T, ys);
+    rec__run a = {.c = c, .b = b, .L = L, .scan = kern_ssm_scan_for(c->kv)};
+    rec__phase_run(&a, REC_CONV,
+                   (int64_t)b->n_seqs *
+                       (2 * (int64_t)hp->ssm_k_heads + hp->ssm_inner / hp->ssm_state));
     rec__phase_run(&a, REC_PREP, T);
     rec__phase_run(&a, REC_SCAN, (int64_t)b->n_seqs * hp->ssm_v_heads);
     rec__phase_run(&a, REC_OUT, T);

@@ -6,10 +6,12 @@
 # prompt pages) give the same greedy text; the prefix cache resumes prompts
 # from kept recurrent state; afterwards every page (state pages too) is FREE
 # and scrubbed; and the cluster gives serve's answers on the TLS and the UCX
-# data planes.
+# data planes. HYBRID_MK_ARGS picks another hybrid model
+# (test_hybrid_serve_nemotronh.sh: nemotron_h's Mamba2 layers).
 . "$(dirname "$0")/lib.sh"
-"$KS_BIN" mkmodel -o "$TMPD/q35.gguf" --vocab "$KS_SRC/models/kjv-mini.gguf" --arch qwen35 \
-    --n-layer 8 --seed 11 >/dev/null || fail "mkmodel qwen35"
+read -ra MK_ARGS <<<"${HYBRID_MK_ARGS:---arch qwen35 --n-layer 8 --seed 11}"
+"$KS_BIN" mkmodel -o "$TMPD/q35.gguf" --vocab "$KS_SRC/models/kjv-mini.gguf" "${MK_ARGS[@]}" \
+    >/dev/null || fail "mkmodel ${MK_ARGS[*]}"
 ADM=adm-hybrid-0123456789abcdef
 # 8-token pages: 64 pages for 512 tokens of context, state pages on top;
 # the prefix cache may hold a quarter of the pool (100 pages), three

@@ -6,6 +6,7 @@
  *
  * Tolerances (each justified where it is defined, section "Tolerances"). */
 #include "kern/kern_int.h"
+#include "kern/ssm_int.h"
 
 #include "../check.h"
 
@@ -932,6 +933,55 @@ static void test_gdn_step(const kern_vtab *v) {
     printf("  %s: gdn_step vs ref ok\n", v->name);
 }
 
+/* The Mamba2 scan step (kern_ssm.h) of vtab v's ISA against the reference
+ * over several steps, rows scattered and updated in place; and a case
+ * worked by hand. */
+static void test_ssm_scan(const kern_vtab *v) {
+    const kern_ssm_scan_fn fn = kern_ssm_scan_for(v);
+    static const int sizes[][2] = {{16, 16}, {32, 8}, {64, 5}, {128, 64}, {256, 3}};
+    for (size_t is = 0; is < sizeof sizes / sizeof sizes[0]; is++) {
+        const int N = sizes[is][0], P = sizes[is][1];
+        float *st = xmalloc(sizeof(float) * (size_t)P * (size_t)(N + 3));
+        float *sr = xmalloc(sizeof(float) * (size_t)P * (size_t)(N + 3));
+        float *rows[64], *rrows[64];
+        float x[64], B[256], C[256], y[64], yr[64];
+        for (int i = 0; i < P; i++) {
+            rows[i] = st + (size_t)i * (size_t)(N + 3) + 1;
+            rrows[i] = sr + (size_t)i * (size_t)(N + 3) + 1;
+            for (int j = 0; j < N; j++) rows[i][j] = rrows[i][j] = rng_f();
+        }
+        for (int step = 0; step < 6; step++) {
+            for (int j = 0; j < N; j++) B[j] = rng_f(), C[j] = rng_f();
+            for (int i = 0; i < P; i++) x[i] = rng_f() * 2.0f;
+            const float dA = 0.5f + 0.4f * (rng_f() + 1.0f) / 2.0f, dt = 0.3f;
+            fn(N, P, rows, x, B, C, dA, dt, y);
+            kern__ssm_scan_ref(N, P, rrows, x, B, C, dA, dt, yr);
+            for (int i = 0; i < P; i++) {
+                double a = 0.0;
+                for (int j = 0; j < N; j++) a += fabs((double)rrows[i][j] * C[j]);
+                CHECK_NEAR(y[i], yr[i], 1e-5 * a + 1e-6);
+                for (int j = 0; j < N; j++) CHECK(rows[i][j] == rrows[i][j]); // same bits
+            }
+        }
+        free(st);
+        free(sr);
+    }
+    // N = 16, state 0, B = e0, x[i] = i, dt 2: row i becomes 2i e0, y[i] = 2i C[0]
+    float st[4][16] = {{0}}, *rows[4], x[4], B[16] = {1.0f}, C[16], y[4];
+    for (int i = 0; i < 4; i++) rows[i] = st[i], x[i] = (float)i;
+    for (int j = 0; j < 16; j++) C[j] = 0.5f;
+    fn(16, 4, rows, x, B, C, 0.9f, 2.0f, y);
+    for (int i = 0; i < 4; i++) {
+        CHECK(st[i][0] == 2.0f * (float)i && y[i] == (float)i);
+        for (int j = 1; j < 16; j++) CHECK(st[i][j] == 0.0f);
+    }
+    // then decay 0.5 with x 0: the state halves, and so does y
+    for (int i = 0; i < 4; i++) x[i] = 0.0f;
+    fn(16, 4, rows, x, B, C, 0.5f, 2.0f, y);
+    for (int i = 0; i < 4; i++) CHECK(st[i][0] == (float)i && y[i] == 0.5f * (float)i);
+    printf("  %s: ssm_scan vs ref ok\n", v->name);
+}
+
 // ----------------------------------------------------------------------------
 // f16 / bf16 conversions: every bit pattern, through kern_dequantize_row and
 // each vtab's matmul (K=1, x=1 gives w exactly), against base.h.
@@ -1045,6 +1095,7 @@ int main(void) {
         test_quantize_act(v);
         test_vec_ops(v);
         test_gdn_step(v);
+        test_ssm_scan(v);
         test_rows_ops(v);
         test_matmul_vs_ref(v);
         test_batch_invariance(v);

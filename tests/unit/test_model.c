@@ -549,29 +549,83 @@ static void test_quantized(const char *type, int n_ff) {
     unlink(dst);
 }
 
-/* qwen35 (hybrid: Gated DeltaNet layers and gated attention), a `kvseal
- * mkmodel` file (skipped as test_mla): batch invariant for every KV type
- * (the recurrence runs token by token whatever the batch), a prompt
- * prefilled token by token, in chunks of 3 or whole gives the same logits
- * bit for bit, and the state pages are released: the pool ends clean. */
-static void test_qwen35(void) {
+/* A copy of nemotron_h file src whose feed_forward_length array is ff (n
+ * layers): the layer-kind refusals. */
+static void write_nh_ff(const char *src, const char *dst, const int32_t *ff, uint64_t n) {
+    gguf_file *f;
+    ks_errbuf eb;
+    CHECK_EQ(gguf_open(src, &f, &eb), KS_OK);
+    gguf_writer *w = gguf_writer_create();
+    for (uint64_t i = 0; i < gguf_n_kv(f); i++) {
+        const char *key = gguf_kv_at(f, i)->key;
+        if (!strcmp(key, "nemotron_h.feed_forward_length"))
+            CHECK_EQ(gguf_writer_set_arr(w, key, GGUF_TYPE_INT32, ff, n), KS_OK);
+        else
+            CHECK_EQ(gguf_writer_copy_kv(w, f, key), KS_OK);
+    }
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        CHECK_EQ(gguf_writer_add_tensor(w, t->name, t->n_dims, t->ne, (ks_dtype)t->type, t->data,
+                                        t->n_bytes),
+                 KS_OK);
+    }
+    CHECK_EQ(gguf_writer_write(w, dst, &eb), KS_OK);
+    gguf_writer_destroy(w);
+    gguf_close(f);
+}
+
+/* nemotron_h's layer kinds come from its per-layer arrays: a layer with
+ * both K/V heads and an FFN width, and an array shorter than block_count,
+ * are refused with the layer named. src: pattern M-M*-M-M*- (n_ff 512). */
+static void test_nh_refusals(const char *src) {
+    char dst[256];
+    snprintf(dst, sizeof dst, "/tmp/ks_test_nh_%d.gguf", (int)getpid());
+    struct {
+        int32_t ff[10];
+        uint64_t n;
+        const char *msg;
+    } cases[] = {
+        {{0, 512, 0, 512, 0, 0, 512, 0, 0, 512}, 10, // layer 3 attends too
+         "layer 3: head_count 8, head_count_kv 2, feed_forward_length 512"},
+        {{0, 512, 0, 0, 512, 0, 512, 0, 0, 512}, 9, // one layer short
+         "layer 9: head_count 8, head_count_kv 0, feed_forward_length -1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_nh_ff(src, dst, cases[i].ff, cases[i].n);
+        model *m = NULL;
+        ks_errbuf eb;
+        CHECK_EQ(model_load(dst, &m, &eb), KS_ERR_UNSUPPORTED);
+        CHECK(m == NULL);
+        CHECK_STR_HAS(eb.msg, cases[i].msg);
+    }
+    unlink(dst);
+}
+
+/* A hybrid model (qwen35: Gated DeltaNet layers and gated attention;
+ * nemotron_h: Mamba2, attention and MLP layers), a `kvseal mkmodel` file of
+ * `args` with n_attn attention layers (skipped as test_mla): batch
+ * invariant for every KV type (the recurrence runs token by token whatever
+ * the batch), a prompt prefilled token by token, in chunks of 3 or whole
+ * gives the same logits bit for bit, and the state pages are released: the
+ * pool ends clean. */
+static void test_hybrid(const char *args, int n_attn) {
     const char *bin = getenv("KS_BIN"), *shared = getenv("KS_SHARED");
     char vocab[1024], dst[256], cmd[4096];
     snprintf(vocab, sizeof vocab, "%s/vocab/ggml-vocab-llama-spm.gguf", shared ? shared : "");
     if (!bin || !shared || access(vocab, R_OK) || access(bin, X_OK)) {
-        printf("skip qwen35: needs KS_BIN and %s\n", vocab);
+        printf("skip %s: needs KS_BIN and %s\n", args, vocab);
         return;
     }
     snprintf(dst, sizeof dst, "/tmp/ks_test_q35_%d.gguf", (int)getpid());
     snprintf(cmd, sizeof cmd,
-             "'%s' mkmodel -o '%s' --vocab '%s' --arch qwen35 --n-layer 8 --seed 4 --qk-gain 3 "
-             ">/dev/null",
-             bin, dst, vocab);
+             "'%s' mkmodel -o '%s' --vocab '%s' %s --seed 4 --qk-gain 3 >/dev/null", bin, dst,
+             vocab, args);
     CHECK_EQ(system(cmd), 0);
     ks_errbuf eb;
     model *m;
     CHECK_EQ(model_load(dst, &m, &eb), KS_OK);
-    CHECK_EQ(model_hp(m)->n_layer_attn, 2);
+    CHECK_EQ(model_hp(m)->n_layer_attn, n_attn);
+    if (strstr(args, "nemotron_h")) test_nh_refusals(dst);
     CHECK(model_kv_geom(m, 16, KS_DTYPE_F16).state_pages > 0);
     CHECK_EQ(kern_init(NULL, &eb), KS_OK);
     static const int kv_types[] = {KS_DTYPE_F32, KS_DTYPE_F16, KS_DTYPE_Q8_0};
@@ -665,7 +719,8 @@ int main(void) {
     test_mla("deepseek32");
     test_quantized("q8_0", 800);
     test_quantized("q4_k", 768);
-    test_qwen35();
+    test_hybrid("--arch qwen35 --n-layer 8", 2);
+    test_hybrid("--arch nemotron_h --pattern M-M*-M-M*-", 2);
     printf("model ok\n");
     return 0;
 }
