@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# gpt-oss against llama.cpp: a `kvseal mkmodel --arch gpt-oss` model
+# (llama-spm vocabulary; 4 layers, the even ones sliding with a window of 32
+# at context 128, heads of 64 wider than n_embd / n_head, YaRN 32x from 4096
+# at base 150000) with what sets gpt-oss apart: a learned sink logit per head
+# in each softmax's denominator, biased Q/K/V and attn_output, a biased
+# router whose top-4 of 8 logits are weighted by a softmax over those 4, and
+# experts with biases under the clamped SwiGLU (alpha 1.702, limit 7). Through
+# the check_arch matrix (qtypes_lib.sh: perplexity within 0.5% at F16, Q8_0,
+# Q4_K_M, greedy text at F16 and Q8_0), then llama-quantize's MXFP4_MOE
+# preset (the experts in MXFP4, as the released files), and a model with
+# --qk-gain 3 at F16, where attention depends on position (so a RoPE,
+# window or sink mistake shows).
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/qtypes_lib.sh"
+VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
+[ -e "$VOCAB" ] || skip "$VOCAB is absent"
+mkmodel_to "$TMPD/oss.gguf" --arch gpt-oss --seed 5
+"$KS_BIN" inspect "$TMPD/oss.gguf" >"$TMPD/inspect.txt" || fail "inspect failed"
+grep -q "^runs: yes" "$TMPD/inspect.txt" || fail "inspect: $(cat "$TMPD/inspect.txt")"
+check_arch gpt-oss "$TMPD/oss.gguf"
+quantize "$TMPD/oss.gguf" "$TMPD/oss-mxfp4.gguf" MXFP4_MOE
+check_ppl "gpt-oss MXFP4_MOE" "$TMPD/oss-mxfp4.gguf"
+check_greedy "gpt-oss MXFP4_MOE" "$TMPD/oss-mxfp4.gguf"
+mkmodel_to "$TMPD/oss-3.gguf" --arch gpt-oss --seed 6 --qk-gain 3
+check_ppl "gpt-oss qk-gain 3 F16" "$TMPD/oss-3.gguf"
+check_greedy "gpt-oss qk-gain 3" "$TMPD/oss-3.gguf"
+echo "gpt-oss vs llama.cpp ok"
