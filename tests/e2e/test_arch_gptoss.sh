@@ -10,7 +10,10 @@
 # Q4_K_M, greedy text at F16 and Q8_0), then llama-quantize's MXFP4_MOE
 # preset (the experts in MXFP4, as the released files), and a model with
 # --qk-gain 3 at F16, where attention depends on position (so a RoPE,
-# window or sink mistake shows).
+# window or sink mistake shows). Then through `kvseal serve` with gpt-oss's
+# own chat template (harmony; tests/e2e/templates, as ../shared/templates
+# lacks it): chat completions render it and answer, and three different
+# chats sent at once each get the greedy text they get alone.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/qtypes_lib.sh"
 VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
@@ -26,3 +29,33 @@ mkmodel_to "$TMPD/oss-3.gguf" --arch gpt-oss --seed 6 --qk-gain 3
 check_ppl "gpt-oss qk-gain 3 F16" "$TMPD/oss-3.gguf"
 check_greedy "gpt-oss qk-gain 3" "$TMPD/oss-3.gguf"
 echo "gpt-oss vs llama.cpp ok"
+
+command -v curl >/dev/null || { echo "note: no curl: the serve part is skipped" >&2; exit 0; }
+T=$KS_SRC/tests/e2e/templates/openai-gpt-oss-120b.jinja
+start_server "$TMPD/serve.err" -m "$TMPD/oss.gguf" --alias oss --chat-template-file "$T"
+body() {  # USER_TEXT — a greedy chat request
+    printf '{"model":"oss","max_tokens":16,"temperature":0,"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"%s"}]}' "$1"
+}
+content() {  # FILE — the first choice's message content
+    python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"])' "$1"
+}
+Q=("In the beginning" "And the LORD said unto Moses" "For God so loved the world")
+for i in 0 1 2; do
+    code=$(curl -sS -o "$TMPD/alone$i.json" -w '%{http_code}' -H "Content-Type: application/json" \
+        "$KS_URL/v1/chat/completions" -d "$(body "${Q[$i]}")")
+    expect_eq "chat $i alone: status ($(cat "$TMPD/alone$i.json"))" "$code" 200
+done
+grep -q '"prompt_tokens":[1-9]' "$TMPD/alone0.json" || fail "no prompt tokens: $(cat "$TMPD/alone0.json")"
+for i in 0 1 2; do
+    curl -sS -o "$TMPD/batch$i.json" -H "Content-Type: application/json" \
+        "$KS_URL/v1/chat/completions" -d "$(body "${Q[$i]}")" &
+done
+wait $(jobs -p | grep -v "^$KS_PID\$")
+for i in 0 1 2; do
+    a=$(content "$TMPD/alone$i.json") || fail "chat $i: $(cat "$TMPD/alone$i.json")"
+    b=$(content "$TMPD/batch$i.json") || fail "chat $i batched: $(cat "$TMPD/batch$i.json")"
+    [ -n "$a" ] || fail "chat $i: empty content"
+    expect_eq "chat $i batched = alone" "$b" "$a"
+done
+stop_server
+echo "gpt-oss through serve with its chat template ok"
