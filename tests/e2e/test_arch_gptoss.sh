@@ -34,10 +34,12 @@ command -v curl >/dev/null || { echo "note: no curl: the serve part is skipped" 
 T=$KS_SRC/tests/e2e/templates/openai-gpt-oss-120b.jinja
 start_server "$TMPD/serve.err" -m "$TMPD/oss.gguf" --alias oss --chat-template-file "$T"
 body() {  # USER_TEXT — a greedy chat request
-    printf '{"model":"oss","max_tokens":16,"temperature":0,"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"%s"}]}' "$1"
+    printf '{"model":"oss","max_tokens":16,"temperature":0,"messages":[%s,%s]}' \
+        '{"role":"system","content":"Be brief."}' "{\"role\":\"user\",\"content\":\"$1\"}"
 }
 content() {  # FILE — the first choice's message content
-    python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"])' "$1"
+    python3 -c 'import json, sys
+print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"])' "$1"
 }
 Q=("In the beginning" "And the LORD said unto Moses" "For God so loved the world")
 for i in 0 1 2; do
@@ -45,7 +47,8 @@ for i in 0 1 2; do
         "$KS_URL/v1/chat/completions" -d "$(body "${Q[$i]}")")
     expect_eq "chat $i alone: status ($(cat "$TMPD/alone$i.json"))" "$code" 200
 done
-grep -q '"prompt_tokens":[1-9]' "$TMPD/alone0.json" || fail "no prompt tokens: $(cat "$TMPD/alone0.json")"
+grep -q '"prompt_tokens":[1-9]' "$TMPD/alone0.json" ||
+    fail "no prompt tokens: $(cat "$TMPD/alone0.json")"
 for i in 0 1 2; do
     curl -sS -o "$TMPD/batch$i.json" -H "Content-Type: application/json" \
         "$KS_URL/v1/chat/completions" -d "$(body "${Q[$i]}")" &

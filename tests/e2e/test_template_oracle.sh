@@ -19,6 +19,7 @@ rc=$?
 [ $rc -eq 77 ] && skip "the oracle skipped"
 [ $rc -eq 0 ] || fail "kvseal's renderings differ from jinja2's (above)"
 # and the templates kept with the tests (those the shared collection lacks)
-"$PY" "$(dirname "$0")/jinja_oracle.py" "$KS_BIN" "$(dirname "$0")/templates" "${KS_ORACLE_ONLY:-}" ||
+"$PY" "$(dirname "$0")/jinja_oracle.py" "$KS_BIN" "$(dirname "$0")/templates" \
+    "${KS_ORACLE_ONLY:-}" ||
     fail "kvseal's renderings of tests/e2e/templates differ from jinja2's (above)"
 echo "PASS"
