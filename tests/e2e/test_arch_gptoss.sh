@@ -8,12 +8,13 @@
 # experts with biases under the clamped SwiGLU (alpha 1.702, limit 7). Through
 # the check_arch matrix (qtypes_lib.sh: perplexity within 0.5% at F16, Q8_0,
 # Q4_K_M, greedy text at F16 and Q8_0), then llama-quantize's MXFP4_MOE
-# preset (the experts in MXFP4, as the released files), and a model with
+# preset (the experts in MXFP4, as the released files), a model with
 # --qk-gain 3 at F16, where attention depends on position (so a RoPE,
-# window or sink mistake shows). Then through `kvseal serve` with gpt-oss's
-# own chat template (harmony; tests/e2e/templates, as ../shared/templates
-# lacks it): chat completions render it and answer, and three different
-# chats sent at once each get the greedy text they get alone.
+# window or sink mistake shows), and one of the released widths at F16 and
+# MXFP4_MOE. Then through `kvseal serve` with gpt-oss's own chat template
+# (harmony; tests/e2e/templates, as ../shared/templates lacks it): chat
+# completions render it and answer, and three different chats sent at once
+# each get the greedy text they get alone.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/qtypes_lib.sh"
 VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
@@ -28,6 +29,16 @@ check_greedy "gpt-oss MXFP4_MOE" "$TMPD/oss-mxfp4.gguf"
 mkmodel_to "$TMPD/oss-3.gguf" --arch gpt-oss --seed 6 --qk-gain 3
 check_ppl "gpt-oss qk-gain 3 F16" "$TMPD/oss-3.gguf"
 check_greedy "gpt-oss qk-gain 3" "$TMPD/oss-3.gguf"
+# the released models' widths (n_embd 2880 = 45 heads' worth of 64, not a
+# multiple of 256: K-quant presets fall back; the experts 2880 wide, so a
+# row is 90 MXFP4 blocks), two layers of 4 experts
+mkmodel_to "$TMPD/oss-w.gguf" --arch gpt-oss --seed 7 --n-embd 2880 --n-head 64 --n-head-kv 8 \
+    --n-expert 4 --n-expert-used 2 --n-ff 2880 --n-ff-exp 2880 --n-layer 2 --swa 128
+check_ppl "gpt-oss 2880 F16" "$TMPD/oss-w.gguf"
+echo
+quantize "$TMPD/oss-w.gguf" "$TMPD/oss-w-mxfp4.gguf" MXFP4_MOE
+check_ppl "gpt-oss 2880 MXFP4_MOE" "$TMPD/oss-w-mxfp4.gguf"
+echo
 echo "gpt-oss vs llama.cpp ok"
 
 command -v curl >/dev/null || { echo "note: no curl: the serve part is skipped" >&2; exit 0; }
