@@ -1,6 +1,6 @@
 /* model.h — hyper-parameters, weights and the batched forward pass of
  * Llama-family models (llama, qwen2, qwen3, phi3, gemma2, gemma3, glm4;
- * mixture-of-experts llama, qwen3moe and glm4moe) from GGUF.
+ * mixture-of-experts llama, qwen3moe, glm4moe and gpt-oss) from GGUF.
  *
  * The forward pass takes a batch of tokens from any number of sequences at
  * any positions; each sequence reads and writes its K/V through its kv_seq
@@ -33,13 +33,16 @@ typedef enum model_arch {
     MODEL_ARCH_QWEN35MOE = 13,  /* the same layers with a MoE FFN and a gated shared expert */
     MODEL_ARCH_MISTRAL3 = 20,   /* Ministral 3 / Mistral Small 3.x: llama's layers, its own YaRN
                                    magnitude and a per-position query temperature */
-    MODEL_ARCH_NEMOTRON_H = 14, /* Nemotron-H: per layer Mamba2, attention or a squared-ReLU MLP */
+    MODEL_ARCH_NEMOTRON_H = 15, /* Nemotron-H: per layer Mamba2, attention or a squared-ReLU MLP */
+    MODEL_ARCH_GPT_OSS = 14,    /* gpt-oss: attention sinks, biases, clamped SwiGLU experts */
 } model_arch;
 
 /* How a mixture-of-experts router turns logits into expert weights. */
 typedef enum model_gating {
     MODEL_GATING_SOFTMAX = 0, /* softmax over all experts, then top-k */
     MODEL_GATING_SIGMOID = 1, /* sigmoid per expert, then top-k */
+    MODEL_GATING_SOFTMAX_WEIGHT = 2, /* top-k of the logits, then softmax over those k
+                                        (gpt-oss; llama.cpp's SOFTMAX_WEIGHT) */
 } model_gating;
 
 /* Most experts a token may use (<arch>.expert_used_count). */
@@ -52,7 +55,7 @@ typedef enum model_gating {
 /* The architectures model_load runs, as its refusal lists them. */
 #define MODEL_ARCHS                                                                                \
     "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, glm4, glm4moe, deepseek2, deepseek32, "  \
-    "glm-dsa, qwen35, qwen35moe, mistral3, nemotron_h"
+    "glm-dsa, qwen35, qwen35moe, mistral3, nemotron_h, gpt-oss"
 
 /* Largest head size (attention.key_length) a model may have. */
 #define MODEL_MAX_HEAD_DIM 1024
@@ -116,6 +119,11 @@ typedef struct model_hparams {
     int32_t attn_temp_floor;  /* its length: rope.scaling.original_context_length [0] */
     bool ffn_gelu;        /* FFN is GELU(gate) * up (tanh approximation) [false: SiLU] */
     bool post_norms;      /* RMSNorm of each sublayer's output before its residual add */
+    /* gpt-oss's experts (0: the plain SwiGLU silu(g) * u): with alpha > 0 an
+     * expert's hidden value is min(g, limit) * sigmoid(alpha * min(g, limit))
+     * * (clamp(u, -limit, limit) + 1), g and u with their biases */
+    float swiglu_alpha; /* 1.702 */
+    float swiglu_limit; /* 7.0 */
     /* Multi-head latent attention (deepseek2; kv_lora 0: none). The KV row of
      * a position is [rmsnorm(latent) (kv_lora) | RoPE key (n_rot)], one per
      * layer (n_head_kv 1, head_dim kv_lora + n_rot): K is the whole row, V

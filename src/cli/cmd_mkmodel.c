@@ -323,10 +323,57 @@ static bool mk__build_plan_nh(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
     return ok;
 }
 
+/* gpt-oss's tensors, as llama.cpp's converter names them: biased Q/K/V and
+ * attn_output, a sink logit per head, post_attention_norm (the FFN's input
+ * norm), a biased router and experts with biases (2-D: a row per expert).
+ * Sinks uniform with std 1 (the scores' scale: they take a visible share
+ * of the softmax); the gate and up biases std 1.5, so that a few of the
+ * experts' gate and up values pass the SwiGLU's clamp at 7. */
+static bool mk__build_plan_gptoss(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
+    const int64_t E = o->n_embd, HD = o->head_dim, QD = o->n_head * HD, KD = o->n_head_kv * HD;
+    const int64_t X = o->n_expert, FX = o->n_ff_exp;
+    const ks_dtype W = o->type;
+    const float s_in = 1.0f / sqrtf((float)E), res = 1.0f / sqrtf(2.0f * (float)o->n_layer);
+    const float noise = 0.02f, s_qk = s_in * (float)o->qk_gain;
+    bool ok = mk__add(p, o, W, MK__RAND, 1.0f, E, n_vocab, "token_embd.weight", 0);
+    for (int l = 0; ok && l < o->n_layer; l++)
+        ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l) &&
+             mk__add(p, o, W, MK__RAND, s_qk, E, QD, "blk.%d.attn_q.weight", l) &&
+             mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, QD, 0, "blk.%d.attn_q.bias", l) &&
+             mk__add(p, o, W, MK__RAND, s_qk, E, KD, "blk.%d.attn_k.weight", l) &&
+             mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, KD, 0, "blk.%d.attn_k.bias", l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, KD, "blk.%d.attn_v.weight", l) &&
+             mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f, KD, 0, "blk.%d.attn_v.bias", l) &&
+             mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E,
+                     "blk.%d.attn_output.weight", l) &&
+             mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f * res, E, 0, "blk.%d.attn_output.bias",
+                     l) &&
+             mk__add(p, o, KS_DTYPE_F32, MK__RAND, 1.0f, o->n_head, 0, "blk.%d.attn_sinks.weight",
+                     l) &&
+             mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0,
+                     "blk.%d.post_attention_norm.weight", l) &&
+             mk__add(p, o, KS_DTYPE_F32, MK__RAND, 4.0f * s_in, E, X, "blk.%d.ffn_gate_inp.weight",
+                     l) &&
+             mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.5f, X, 0, "blk.%d.ffn_gate_inp.bias", l) &&
+             mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_gate_exps.weight", l) &&
+             mk__add(p, o, KS_DTYPE_F32, MK__RAND, 1.5f, FX, X, "blk.%d.ffn_gate_exps.bias", l) &&
+             mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_up_exps.weight", l) &&
+             mk__add(p, o, KS_DTYPE_F32, MK__RAND, 1.5f, FX, X, "blk.%d.ffn_up_exps.bias", l) &&
+             mk__add3(p, o, W, MK__RAND, 0.3f * res / sqrtf((float)FX), FX, E, X,
+                      "blk.%d.ffn_down_exps.weight", l) &&
+             mk__add(p, o, KS_DTYPE_F32, MK__RAND, 0.1f * res, E, X, "blk.%d.ffn_down_exps.bias",
+                     l);
+    ok = ok && mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "output_norm.weight", 0);
+    if (ok && !o->tied)
+        ok = mk__add(p, o, W, MK__RAND, 4.0f / sqrtf((float)E), E, n_vocab, "output.weight", 0);
+    return ok;
+}
+
 /* The llama.cpp tensor set for o, in llama.cpp's file order. */
 static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
     if (o->pattern) return mk__build_plan_nh(p, o, n_vocab);
     if (o->ssm_state) return mk__build_plan_qwen35(p, o, n_vocab);
+    if (!strcmp(o->arch, "gpt-oss")) return mk__build_plan_gptoss(p, o, n_vocab);
     const int64_t E = o->n_embd, HD = o->head_dim, F = o->n_ff;
     const int64_t QD = o->n_head * HD, KD = o->n_head_kv * HD;
     const ks_dtype W = o->type;
@@ -470,12 +517,15 @@ static void mk__usage(FILE *fp) {
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
         "  --arch "
         "llama|mistral3|qwen2|qwen3|qwen3moe|qwen35|qwen35moe|phi3|gemma2|gemma3|glm4|\n"
-        "         glm4moe|deepseek2|deepseek32|glm-dsa|nemotron_h  architecture\n"
+        "         glm4moe|deepseek2|deepseek32|glm-dsa|nemotron_h|gpt-oss  architecture\n"
         "                               (default llama); gemma: tied, post-norms, GELU\n"
         "  --attn-temp-scale F          mistral3: attention.temperature_scale (the query's\n"
         "                               temperature over --rope-orig-ctx; default none)\n"
         "  --yarn-log-mul F             mistral3: rope.scaling.yarn_log_multiplier (YaRN's\n"
         "                               magnitude g(f,1)/g(f,F); default none)\n"
+        "                               gpt-oss: 4 layers (even ones slide, --swa 32), heads\n"
+        "                               of 64, 8 experts (4 used, n_ff_exp 256), sinks,\n"
+        "                               biases, YaRN factor 32 from 4096, base 150000\n"
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
         "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
         "                               tq1_0 tq2_0 mxfp4\n"
@@ -695,6 +745,12 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
              MK__F32("attention.layer_norm_epsilon", 1e-6);
     if (ok && !strcmp(a, "llama") && o->n_swa) // Mistral style: every layer slides
         ok = MK__U32("attention.sliding_window", o->n_swa);
+    if (ok && !strcmp(a, "gpt-oss")) // as convert_hf_to_gguf.py writes gpt-oss's config
+        ok = MK__U32("attention.sliding_window", o->n_swa) &&
+             (o->n_ff_exp != o->n_ff || MK__U32("expert_feed_forward_length", o->n_ff_exp)) &&
+             (o->head_dim * o->n_head != o->n_embd ||
+              (MK__U32("attention.key_length", o->head_dim) &&
+               MK__U32("attention.value_length", o->head_dim)));
     if (ok && !strcmp(a, "glm4moe")) // as convert_hf_to_gguf.py writes GLM-4.5's config
         ok =
             (o->n_ff_exp != o->n_ff || MK__U32("expert_feed_forward_length", o->n_ff_exp)) &&
@@ -945,12 +1001,13 @@ int cli_mkmodel(int argc, char **argv) {
     const bool mistral3 = !strcmp(o.arch, "mistral3");
     const bool llama = !strcmp(o.arch, "llama") || mistral3;
     const bool nh = !strcmp(o.arch, "nemotron_h");
-    if (!qwen && !gemma && !mla && !glm4moe && !nh && !llama && strcmp(o.arch, "phi3") &&
+    const bool oss = !strcmp(o.arch, "gpt-oss");
+    if (!qwen && !gemma && !mla && !glm4moe && !nh && !oss && !llama && strcmp(o.arch, "phi3") &&
         strcmp(o.arch, "glm4")) {
         fprintf(stderr,
                 "kvseal mkmodel: --arch '%s' is not one of llama mistral3 qwen2 qwen3 qwen3moe "
                 "qwen35 qwen35moe phi3 gemma2 gemma3 glm4 glm4moe deepseek2 deepseek32 glm-dsa "
-                "nemotron_h\n",
+                "nemotron_h gpt-oss\n",
                 o.arch);
         return 2;
     }
@@ -1039,14 +1096,22 @@ int cli_mkmodel(int argc, char **argv) {
         fprintf(stderr, "kvseal mkmodel: --longrope is phi3's\n");
         return 2;
     }
-    if (o.n_expert && !qwen && !glm4moe && !mla && !llama) {
-        fprintf(stderr, "kvseal mkmodel: --n-expert is for llama, qwen3moe, glm4moe and the "
-                        "deepseek2 family\n");
+    if (o.n_expert && !qwen && !glm4moe && !mla && !oss && !llama) {
+        fprintf(stderr, "kvseal mkmodel: --n-expert is for llama, mistral3, qwen3moe, glm4moe, "
+                        "gpt-oss and the deepseek2 family\n");
         return 2;
     }
-    if (o.n_swa && !gemma && strcmp(o.arch, "llama")) {
-        fprintf(stderr, "kvseal mkmodel: --swa is for llama, gemma2 and gemma3\n");
+    if (o.n_swa && !gemma && !oss && strcmp(o.arch, "llama")) {
+        fprintf(stderr, "kvseal mkmodel: --swa is for llama, gemma2, gemma3 and gpt-oss\n");
         return 2;
+    }
+    if (oss) { // as the released models: a window on every other layer, YaRN 32x from 4096
+        if (!o.n_swa) o.n_swa = 32;
+        if (o.rope_scale == 1.0) {
+            o.rope_scale = 32.0;
+            o.rope_type = "yarn";
+            if (!o.rope_orig_ctx) o.rope_orig_ctx = 4096;
+        }
     }
     if (gemma) { // as the released models: tied, gemma2's caps 50 / 30, a window
         o.tied = true;
@@ -1066,6 +1131,7 @@ int cli_mkmodel(int argc, char **argv) {
         return 2;
     }
     if (qwen35 && !strcmp(shape, "tiny")) o.n_layer = 4;
+    if (oss && !strcmp(shape, "tiny")) o.n_layer = 4;
     if (glm4moe) { // (tiny) a dense layer, two MoE ones; the NextN block after them
         if (!strcmp(shape, "tiny")) o.n_layer = 3;
         o.n_dense = v_dense >= 0 ? v_dense : 1;
@@ -1103,7 +1169,9 @@ int cli_mkmodel(int argc, char **argv) {
     if (v_head_kv) o.n_head_kv = v_head_kv;
     if (v_ff) o.n_ff = v_ff;
     if (v_ctx) o.n_ctx = v_ctx;
-    o.head_dim = v_hd ? v_hd : o.n_embd / o.n_head;
+    o.head_dim = v_hd ? v_hd : oss ? 64 : o.n_embd / o.n_head; // gpt-oss: heads of 64
+    if (oss && !o.n_expert) o.n_expert = 8;
+    if (oss && !o.n_expert_used) o.n_expert_used = o.n_expert < 4 ? o.n_expert : 4;
     if ((!strcmp(o.arch, "qwen3moe") || !strcmp(o.arch, "qwen35moe") || glm4moe) && !o.n_expert)
         o.n_expert = 8;
     if (!strcmp(o.arch, "qwen35") && o.n_expert) {
@@ -1138,6 +1206,7 @@ int cli_mkmodel(int argc, char **argv) {
     }
     o.rope_base = rope_base > 0                                  ? rope_base
                   : qwen || glm4moe || !strcmp(o.arch, "gemma3") ? 1000000.0
+                  : oss                                          ? 150000.0
                                                                  : 10000.0;
     o.eps = qwen || gemma ? 1e-6 : 1e-5;
     // glm4, glm4moe: partial rotary (half of each head)

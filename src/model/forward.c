@@ -76,9 +76,11 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
         c->sel_w = malloc(T * KX * sizeof(float));
         c->slot_row = malloc(T * KX * sizeof(int32_t));
         c->row_tok = malloc(T * KS * sizeof(int32_t));
+        c->row_exp = malloc(T * KS * sizeof(int32_t));
         c->x_off = malloc((2 * NX + 1) * sizeof(int32_t));
         c->xe = ks_alloc_aligned(T * KS * E * sizeof(float));
-        moe_ok = c->router && c->sel && c->sel_w && c->slot_row && c->row_tok && c->x_off && c->xe;
+        moe_ok = c->router && c->sel && c->sel_w && c->slot_row && c->row_tok && c->row_exp &&
+                 c->x_off && c->xe;
     }
     if (NX || hp->kv_lora) {
         const size_t NP = 2 * (NX + KS - KX); // every expert's gate and up, the shared one's
@@ -175,6 +177,7 @@ void model_ctx_free(model_ctx *c) {
     free(c->sel_w);
     free(c->slot_row);
     free(c->row_tok);
+    free(c->row_exp);
     free(c->x_off);
     free(c->parts);
     free(c->pf_runs);
@@ -198,9 +201,11 @@ void model_ctx_free(model_ctx *c) {
 typedef enum {
     FWD_EMBED,         // x[t] = token_embd[tok[t]]
     FWD_NORM,          // xn[t] = rmsnorm(x[t]) * w
-    FWD_ADD_NORM,      // x[t] += tmp[t]; xn[t] = rmsnorm(x[t]) * w  (w NULL: add only)
+    FWD_ADD_NORM,      // x[t] += tmp[t] (+ tb); xn[t] = rmsnorm(x[t]) * w  (w NULL: add only)
     FWD_QKV,           // biases, q/k norm, rope on q[t], k[t]; write k, v to the KV page
     FWD_SWIGLU,        // g[r] = silu(g[r]) * u[r], rows of ff
+    FWD_SWIGLU_OAI,    // gpt-oss's expert rows r: g[r] = swiglu_oai(g[r] + gb, u[r] + ub),
+                       // the biases of row r's expert (row_exp)
     FWD_GEGLU,         // g[t] = gelu(g[t]) * u[t]
     FWD_RELU2,         // g[t] = relu(g[t])^2 (nemotron_h's MLP: no gate)
     FWD_POST_ADD_NORM, // tmp[t] = rmsnorm(tmp[t]) * w2, then FWD_ADD_NORM (gemma post-norms)
@@ -219,6 +224,7 @@ typedef struct {
     fwd__rowop op;
     const float *w;  // norm weight
     const float *w2; // FWD_POST_ADD_NORM: the sublayer output's norm weight
+    const float *tb; // FWD_ADD_NORM: a bias (E) of the sublayer output, added to it first
     int layer;
     int n;             // rows to claim: tokens, or (token, expert) rows
     int64_t ff;        // FWD_SWIGLU's row length
@@ -497,8 +503,12 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
         }
             // fall through
         case FWD_ADD_NORM:
-            for (int64_t i = 0; i < E; i++)
-                c->x[xo + (size_t)i] += c->tmp[xo + (size_t)i];
+            if (a->tb) // as llama.cpp: (out + bias) + residual
+                for (int64_t i = 0; i < E; i++)
+                    c->x[xo + (size_t)i] += c->tmp[xo + (size_t)i] + a->tb[i];
+            else
+                for (int64_t i = 0; i < E; i++)
+                    c->x[xo + (size_t)i] += c->tmp[xo + (size_t)i];
             if (!a->w) break;
             // fall through
         case FWD_NORM:
@@ -548,6 +558,22 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             }
             break;
         }
+        case FWD_SWIGLU_OAI: {
+            // g, u: (rows, F) in expert order; the biases (n_expert, F)
+            const model__layer *L = &m->layers[a->layer];
+            const int ex = c->row_exp[t];
+            float *g = c->g + (size_t)t * (size_t)F;
+            const float *u = c->u + (size_t)t * (size_t)F;
+            const float *gb = L->gate_exps_b + (size_t)ex * (size_t)F,
+                        *ub = L->up_exps_b + (size_t)ex * (size_t)F;
+            const float al = m->hp.swiglu_alpha, lim = m->hp.swiglu_limit;
+            for (int64_t i = 0; i < F; i++) { // ggml's swiglu_oai: the gate clamped above,
+                const float x = fminf(g[i] + gb[i], lim); // the up value both ways
+                const float y = fmaxf(fminf(u[i] + ub[i], lim), -lim);
+                g[i] = x / (1.0f + expf(al * (-x))) * (y + 1.0f);
+            }
+            break;
+        }
         case FWD_MOE_GATHER:
             memcpy(c->xe + (size_t)t * (size_t)E, c->xn + (size_t)c->row_tok[t] * (size_t)E,
                    sizeof(float) * (size_t)E);
@@ -558,12 +584,27 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             float *y = c->tmp + (size_t)t * (size_t)E;
             const int32_t *rows = c->slot_row + (size_t)t * (size_t)KX;
             const float *wt = c->sel_w + (size_t)t * (size_t)KX;
-            for (int64_t i = 0; i < E; i++)
-                y[i] = wt[0] * c->xe[(size_t)rows[0] * (size_t)E + (size_t)i];
-            for (int j = 1; j < KX; j++) {
-                const float *xr = c->xe + (size_t)rows[j] * (size_t)E;
+            const float *db = m->layers[a->layer].down_exps_b; // gpt-oss: (n_expert, E)
+            if (db) { // each expert's output with its bias, then weighted (llama.cpp's order)
+                const int32_t *sel = c->sel + (size_t)t * (size_t)KX;
+                for (int j = 0; j < KX; j++) {
+                    const float *xr = c->xe + (size_t)rows[j] * (size_t)E,
+                                *br = db + (size_t)sel[j] * (size_t)E;
+                    if (j == 0)
+                        for (int64_t i = 0; i < E; i++)
+                            y[i] = wt[0] * (xr[i] + br[i]);
+                    else
+                        for (int64_t i = 0; i < E; i++)
+                            y[i] += wt[j] * (xr[i] + br[i]);
+                }
+            } else {
                 for (int64_t i = 0; i < E; i++)
-                    y[i] += wt[j] * xr[i];
+                    y[i] = wt[0] * c->xe[(size_t)rows[0] * (size_t)E + (size_t)i];
+                for (int j = 1; j < KX; j++) {
+                    const float *xr = c->xe + (size_t)rows[j] * (size_t)E;
+                    for (int64_t i = 0; i < E; i++)
+                        y[i] += wt[j] * xr[i];
+                }
             }
             if (c->sh_row0 >= 0) { // as llama.cpp adds it: routed sum + shared
                 const float *xr = c->xe + (size_t)(c->sh_row0 + t) * (size_t)E;
@@ -588,27 +629,30 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
     model__idle_prefetch(c, ith, nth, &a->left);
 }
 
-/* Runs op over n rows (tokens, or (token, expert) rows); ff is
- * FWD_SWIGLU's row length. */
-static void fwd__rows_run_n(model_ctx *c, const model_batch *b, fwd__rowop op, int n, int64_t ff) {
-    fwd__rows a = {.c = c, .b = b, .op = op, .n = n, .ff = ff};
+/* Runs op over n rows (tokens, or (token, expert) rows) of layer `layer`;
+ * ff is FWD_SWIGLU's row length. */
+static void fwd__rows_run_n(model_ctx *c, const model_batch *b, fwd__rowop op, int n, int64_t ff,
+                            int layer) {
+    fwd__rows a = {.c = c, .b = b, .op = op, .n = n, .ff = ff, .layer = layer};
     atomic_init(&a.next, 0);
     atomic_init(&a.left, a.n);
     ks_pool_run(c->threads, fwd__rows_task, &a);
 }
 
-/* Runs row op `op` over every token of the batch (w, w2: its norm weights).
+/* Runs row op `op` over every token of the batch (w, w2: its norm weights;
+ * tb: FWD_ADD_NORM's bias of the sublayer output, or NULL).
  * An op that writes a matmul input (xn: the norms; g: SwiGLU, GeGLU)
  * empties the act cache; with qw (that input's next weight, not read as
  * F32), it fills qw's slot in the same run: one pool run fewer per matmul,
  * and the same bytes model__act would write. */
-static void fwd__rows_run2(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w,
-                           const float *w2, int layer, const model__mat *qw) {
+static void fwd__rows_run3(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w,
+                           const float *w2, const float *tb, int layer, const model__mat *qw) {
     fwd__rows a = {.c = c,
                    .b = b,
                    .op = op,
                    .w = w,
                    .w2 = w2,
+                   .tb = tb,
                    .layer = layer,
                    .n = b->n_tokens,
                    .ff = c->m->hp.n_ff};
@@ -644,6 +688,12 @@ static void fwd__rows_run2(model_ctx *c, const model_batch *b, fwd__rowop op, co
         c->act[slot].src = a.qsrc;
         c->act[slot].K = a.qK;
     }
+}
+
+/* fwd__rows_run3 without a bias. */
+static void fwd__rows_run2(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w,
+                           const float *w2, int layer, const model__mat *qw) {
+    fwd__rows_run3(c, b, op, w, w2, NULL, layer, qw);
 }
 
 /* Runs op over the batch's tokens (w: the norm weight, layer: FWD_QKV's). */
@@ -710,13 +760,16 @@ static void fwd__dsa_run(model_ctx *c, const model_batch *b, int layer) {
     }
 }
 
-/* The residual add after a sublayer whose output is in tmp, then the next
- * norm: gemma first normalizes the sublayer output (post_norm). qw: the
- * first weight to read the normed rows (NULL: not known here). */
+/* The residual add after a sublayer whose output is in tmp (plus bias tb,
+ * gpt-oss's attn_output.bias; NULL: none), then the next norm: gemma first
+ * normalizes the sublayer output (post_norm). qw: the first weight to read
+ * the normed rows (NULL: not known here). */
 static void fwd__residual(model_ctx *c, const model_batch *b, const float *post_norm,
-                          const float *next_norm, int layer, const model__mat *qw) {
-    fwd__rows_run2(c, b, post_norm ? FWD_POST_ADD_NORM : FWD_ADD_NORM, next_norm, post_norm, layer,
-                   qw);
+                          const float *tb, const float *next_norm, int layer,
+                          const model__mat *qw) {
+    KS_ASSERT(!(post_norm && tb)); // no architecture has both
+    fwd__rows_run3(c, b, post_norm ? FWD_POST_ADD_NORM : FWD_ADD_NORM, next_norm, post_norm, tb,
+                   layer, qw);
 }
 
 // ----------------------------------------------------------------------------
@@ -732,8 +785,10 @@ static void fwd__residual(model_ctx *c, const model_batch *b, const float *post_
  * has one, the expert's selection bias (glm4moe's exp_probs_b, DeepSeek-V3's
  * "noaux" balancing); the weights are the probabilities without the bias,
  * renormalized (expert_norm: divided by their sum, at least 2^-14 as
- * llama.cpp clamps it) and multiplied by expert_scale. The shared expert's
- * rows (n_expert_shared) follow the routed ones, in token order.
+ * llama.cpp clamps it) and multiplied by expert_scale. gpt-oss adds the
+ * router's bias to the logits, picks the k largest logits and weights them
+ * by a softmax over those k (MODEL_GATING_SOFTMAX_WEIGHT). The shared
+ * expert's rows (n_expert_shared) follow the routed ones, in token order.
  * Serial: O(T * n_expert). */
 static void fwd__route(model_ctx *c, const model__layer *L, int T) {
     const model_hparams *hp = &c->m->hp;
@@ -743,11 +798,15 @@ static void fwd__route(model_ctx *c, const model__layer *L, int T) {
     memset(c->x_off, 0, sizeof(int32_t) * (size_t)(2 * NX + 1));
     for (int t = 0; t < T; t++) {
         float *p = c->router + (size_t)t * (size_t)NX;
+        if (L->gate_inp_b) // gpt-oss: the router's bias joins the logits
+            for (int e = 0; e < NX; e++)
+                p[e] += L->gate_inp_b[e];
         if (hp->gating == MODEL_GATING_SOFTMAX)
             c->kv->softmax(NX, p);
-        else
+        else if (hp->gating == MODEL_GATING_SIGMOID)
             for (int e = 0; e < NX; e++)
                 p[e] = 1.0f / (1.0f + expf(-p[e]));
+        // MODEL_GATING_SOFTMAX_WEIGHT: the top-k of the logits themselves
         int32_t *sel = c->sel + (size_t)t * (size_t)KX;
         float *w = c->sel_w + (size_t)t * (size_t)KX;
         float sum = 0.0f;
@@ -792,6 +851,17 @@ static void fwd__route(model_ctx *c, const model__layer *L, int T) {
             sum += w[j];
             c->x_off[best + 1]++;
         }
+        if (hp->gating == MODEL_GATING_SOFTMAX_WEIGHT) { // softmax over the k chosen logits
+            // (the first is the largest: top-k is in descending order)
+            const float mx = w[0];
+            double z = 0.0;
+            for (int j = 0; j < KX; j++)
+                z += (double)(w[j] = expf(w[j] - mx));
+            const float inv = (float)(1.0 / z);
+            for (int j = 0; j < KX; j++)
+                w[j] *= inv;
+            continue;
+        }
         if (sum < 6.103515625e-5f) sum = 6.103515625e-5f; // llama.cpp's clamp (smallest f16 normal)
         for (int j = 0; j < KX; j++)
             w[j] = (hp->expert_norm ? w[j] / sum : w[j]) * hp->expert_scale;
@@ -804,10 +874,13 @@ static void fwd__route(model_ctx *c, const model__layer *L, int T) {
             const int32_t r = c->x_off[e] + fill[e]++;
             c->slot_row[(size_t)t * (size_t)KX + (size_t)j] = r;
             c->row_tok[r] = t;
+            c->row_exp[r] = e;
         }
     c->sh_row0 = L->gate_sh.data ? T * KX : -1;
-    for (int t = 0; c->sh_row0 >= 0 && t < T; t++)
+    for (int t = 0; c->sh_row0 >= 0 && t < T; t++) {
         c->row_tok[c->sh_row0 + t] = t;
+        c->row_exp[c->sh_row0 + t] = -1;
+    }
 }
 
 /* The MoE feed-forward block of layer L: xn (T, E) in, tmp (T, E) out. The
@@ -823,7 +896,7 @@ static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L, 
     fwd__route(c, L, T);
     const int RS = c->sh_row0 >= 0 ? R + T : R; // rows: routed, then shared
     const int S = hp->n_expert_shared, RG = c->sh_row0 >= 0 ? R + S * T : R; // FX-wide rows
-    fwd__rows_run_n(c, b, FWD_MOE_GATHER, RS, 0);
+    fwd__rows_run_n(c, b, FWD_MOE_GATHER, RS, 0, il);
     model__act_reset(c); // xe and g hold new rows
     int n = 0;
     for (int e = 0; e <= NX; e++) { // e == NX: the shared expert
@@ -842,7 +915,8 @@ static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L, 
         }
     }
     model__mm_run(c, c->parts, n);
-    fwd__rows_run_n(c, b, FWD_SWIGLU, RG, FX);
+    // gpt-oss: the experts' biases and the clamped SwiGLU (it has no shared expert)
+    fwd__rows_run_n(c, b, hp->swiglu_alpha > 0.0f ? FWD_SWIGLU_OAI : FWD_SWIGLU, RG, FX, il);
     n = 0;
     for (int e = 0; e <= NX; e++) {
         const bool sh = e == NX;
@@ -943,6 +1017,24 @@ typedef struct {
     atomic_llong left; // pairs not yet done
 } fwd__attn;
 
+/* softmax of x[0..n) in place with one more logit, sink, in the
+ * denominator only (gpt-oss's attention sinks: the weights sum to less than
+ * 1, the rest goes to no position). As ggml: the max over x and the sink,
+ * exp(x - max) summed in double, then each scaled by 1/sum. A sink of
+ * -inf is the plain softmax. */
+static void fwd__softmax_sink(uint32_t n, float *x, float sink) {
+    float mx = sink;
+    for (uint32_t j = 0; j < n; j++)
+        mx = x[j] > mx ? x[j] : mx;
+    double sum = 0.0;
+    for (uint32_t j = 0; j < n; j++)
+        sum += (double)(x[j] = expf(x[j] - mx));
+    sum += (double)expf(sink - mx);
+    const float inv = (float)(1.0 / sum);
+    for (uint32_t j = 0; j < n; j++)
+        x[j] *= inv;
+}
+
 /* Attention of G query heads h, h+1, ... (all of one KV head's or a part)
  * for batch token t, into att[t][h*D..]. scores has room for G rows of
  * max_ctx floats. K/V pages come from the per-layer table that fwd__resolve
@@ -1004,8 +1096,12 @@ static void fwd__attn_one(fwd__attn *a, int t, int h, int G, float *scores) {
                 *s = tanhf(*s * inv) * cap;
             }
     }
+    const float *sinks = c->m->layers[a->layer].attn_sinks; // gpt-oss
     for (int g = 0; g < G; g++)
-        kv->softmax(n_ctx - j_lo, scores + (size_t)g * S + j_lo);
+        if (sinks)
+            fwd__softmax_sink(n_ctx - j_lo, scores + (size_t)g * S + j_lo, sinks[h + g]);
+        else
+            kv->softmax(n_ctx - j_lo, scores + (size_t)g * S + j_lo);
     memset(out, 0, sizeof(float) * (size_t)Dv * (size_t)G);
     for (uint32_t j = j_lo; j < n_ctx;) {
         const uint32_t r = j % P, nj = n_ctx - j < P - r ? n_ctx - j : P - r;
@@ -1208,7 +1304,8 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
             model__matmul(c, &L->wo, c->att, T, c->tmp);
     ffn:
         if (L->no_ffn) goto next; // nemotron_h: the mixer was the layer
-        fwd__residual(c, b, L->post_attn_norm, L->ffn_norm, il, L->gate_exps ? NULL : &L->w_gate);
+        fwd__residual(c, b, L->post_attn_norm, L->bo, L->ffn_norm, il,
+                      L->gate_exps ? NULL : &L->w_gate);
     ffn_in:
         // feed-forward block
         if (L->gate_exps) {
@@ -1226,7 +1323,8 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         }
     next:;
         const bool last = il + 1 == hp->n_layer;
-        fwd__residual(c, b, L->post_ffn_norm, last ? m->output_norm : m->layers[il + 1].attn_norm,
+        fwd__residual(c, b, L->post_ffn_norm, NULL,
+                      last ? m->output_norm : m->layers[il + 1].attn_norm,
                       il, last ? NULL : fwd__first_w(c, &m->layers[il + 1]));
     }
     int n_bad = 0, first_bad = -1;

@@ -138,24 +138,25 @@ static ks_err load__experts(load__ctx *c, model_hparams *hp) {
     ks_err e;
     const bool glm = hp->arch == MODEL_ARCH_GLM4MOE;
     const bool q35 = hp->arch == MODEL_ARCH_QWEN35MOE;
+    const bool oss = hp->arch == MODEL_ARCH_GPT_OSS;
     // DeepSeek-V3-style MoE (a shared expert, a selection bias, groups): glm4moe, the MLA family
     const bool ds = glm || model__is_mla(hp->arch);
     hp->gating = MODEL_GATING_SOFTMAX;
     hp->expert_norm = true;
     hp->expert_scale = 1.0f;
-    if ((e = load__u32(c, "expert_count", hp->arch == MODEL_ARCH_QWEN3MOE || glm || q35, 0,
+    if ((e = load__u32(c, "expert_count", hp->arch == MODEL_ARCH_QWEN3MOE || glm || q35 || oss, 0,
                        &hp->n_expert)))
         return e;
     if (hp->n_expert == 0) return KS_OK;
     if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_MISTRAL3 &&
-        hp->arch != MODEL_ARCH_QWEN3MOE && !glm && !q35 && !model__is_mla(hp->arch))
+        hp->arch != MODEL_ARCH_QWEN3MOE && !glm && !q35 && !oss && !model__is_mla(hp->arch))
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
                          "%s: %s.expert_count %d: mixture-of-experts runs for llama (Mixtral), "
-                         "mistral3, qwen3moe, glm4moe and the deepseek2 family, not %s",
+                         "mistral3, qwen3moe, glm4moe, gpt-oss and the deepseek2 family, not %s",
                          gguf_path(c->f), hp->arch_name, hp->n_expert, hp->arch_name);
     int32_t gf;
     if ((e = load__u32(c, "expert_used_count", true, 0, &hp->n_expert_used)) ||
-        (e = load__u32(c, "expert_feed_forward_length", ds, 0, &hp->n_ff_exp)) ||
+        (e = load__u32(c, "expert_feed_forward_length", ds || oss, 0, &hp->n_ff_exp)) ||
         (e = load__u32(c, "expert_gating_func", false,
                        glm || hp->arch == MODEL_ARCH_GLM_DSA ? 2 : 1, &gf)))
         return e;
@@ -164,6 +165,11 @@ static ks_err load__experts(load__ctx *c, model_hparams *hp) {
                          "%s: %s.expert_used_count %d: at most expert_count (%d) and %d",
                          gguf_path(c->f), hp->arch_name, hp->n_expert_used, hp->n_expert,
                          MODEL_MAX_EXPERTS_USED);
+    if (oss) { // llama.cpp's graph fixes gpt-oss's routing whatever the file says
+        hp->gating = MODEL_GATING_SOFTMAX_WEIGHT;
+        hp->expert_norm = false; // the softmax over the k already sums to 1
+        return KS_OK;
+    }
     if (ds && gf == 0) gf = glm || hp->arch == MODEL_ARCH_GLM_DSA ? 2 : 1; // llama.cpp's "none"
     if (gf != 1 && gf != 2) // llama.cpp's numbering: 1 softmax, 2 sigmoid
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
@@ -289,6 +295,26 @@ static ks_err load__gemma(load__ctx *c, model_hparams *hp) {
         return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: rope.freq_base_swa %g must be positive", path,
                          (double)hp->rope_base_swa);
     hp->rope_scale_swa = 1.0f;
+    return KS_OK;
+}
+
+/* gpt-oss, as llama.cpp reads it: a required attention.sliding_window on
+ * every other layer (even il slide, as gemma2's), the same RoPE (YaRN from
+ * the rope.scaling keys) on both kinds; head size rope.dimension_count
+ * (llama.cpp shapes the heads by it: key_length must agree); the experts'
+ * clamped SwiGLU with alpha 1.702 and limit 7, constants of llama.cpp's
+ * graph, not keys. Routing: load__experts. */
+static ks_err load__gptoss(load__ctx *c, model_hparams *hp) {
+    ks_err e;
+    if ((e = load__u32(c, "attention.sliding_window", true, 0, &hp->n_swa))) return e;
+    if (hp->n_rot != hp->head_dim || hp->n_expert < 1)
+        return ks_seterr(c->eb, KS_ERR_FORMAT,
+                         "%s: gpt-oss: rope.dimension_count %d must equal key_length %d, and "
+                         "expert_count (%d) be set",
+                         gguf_path(c->f), hp->n_rot, hp->head_dim, hp->n_expert);
+    hp->swa_period = 2;
+    hp->swiglu_alpha = 1.702f;
+    hp->swiglu_limit = 7.0f;
     return KS_OK;
 }
 
@@ -496,6 +522,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         hp->arch = MODEL_ARCH_MISTRAL3;
     else if (!strcmp(hp->arch_name, "nemotron_h"))
         hp->arch = MODEL_ARCH_NEMOTRON_H;
+    else if (!strcmp(hp->arch_name, "gpt-oss"))
+        hp->arch = MODEL_ARCH_GPT_OSS;
     else
         return ks_seterr(eb, KS_ERR_UNSUPPORTED,
                          "%s: unsupported architecture '%s' (supported: " MODEL_ARCHS ")",
@@ -648,6 +676,7 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     }
     if (hp->arch == MODEL_ARCH_MISTRAL3) return load__mistral3(&c, hp);
     if (hp->arch == MODEL_ARCH_GEMMA2 || hp->arch == MODEL_ARCH_GEMMA3) return load__gemma(&c, hp);
+    if (hp->arch == MODEL_ARCH_GPT_OSS) return load__gptoss(&c, hp);
     // Mistral-style llama files: every layer slides where a window is set, as
     // Hugging Face and vLLM run them (llama.cpp ignores the key for llama)
     if (hp->arch == MODEL_ARCH_LLAMA &&
@@ -721,17 +750,21 @@ static ks_err load__mat_experts(model *m, const char *name, int64_t K, int64_t N
     return KS_OK;
 }
 
-/* Binds tensor `name` of n floats as one vector (F32 in place; F16/BF16
- * converted); flat: of any shape holding n elements. */
-static ks_err load__vec_n(model *m, const char *name, int64_t n, bool required, bool flat,
-                          const float **out, ks_errbuf *eb) {
+/* Binds the floats of `name`, ggml shape [n0, n1] (n1 rows of n0; n1 1: a
+ * vector), F32 in place, F16/BF16 converted; flat: of any shape holding
+ * n0 * n1 elements. */
+static ks_err load__vec2(model *m, const char *name, int64_t n0, int64_t n1, bool required,
+                         bool flat, const float **out, ks_errbuf *eb) {
     ks_err e = KS_OK;
     *out = NULL;
     const gguf_tensor *t = load__tensor(m, name, required, eb, &e);
     if (!t) return e;
-    if (t->n_elems != (uint64_t)n || (!flat && t->ne[0] != n))
-        return ks_seterr(eb, KS_ERR_FORMAT, "%s: tensor '%s' has %llu elements, expected %lld",
-                         gguf_path(m->gguf), name, (unsigned long long)t->n_elems, (long long)n);
+    const int64_t n = n0 * n1;
+    if (t->n_elems != (uint64_t)n || (!flat && t->ne[0] != n0))
+        return ks_seterr(eb, KS_ERR_FORMAT,
+                         "%s: tensor '%s' has %llu elements in rows of %lld, expected %lld x %lld",
+                         gguf_path(m->gguf), name, (unsigned long long)t->n_elems,
+                         (long long)t->ne[0], (long long)n1, (long long)n0);
     if (t->type == KS_DTYPE_F32 && ((uintptr_t)t->data % sizeof(float)) == 0) {
         *out = t->data;
         return KS_OK;
@@ -754,10 +787,17 @@ static ks_err load__vec_n(model *m, const char *name, int64_t n, bool required, 
     return KS_OK;
 }
 
-/* Binds vector `name` of n floats (load__vec_n, shape [n]). */
+/* Binds tensor `name` of n floats as one vector (load__vec2); flat: of any
+ * shape holding n elements. */
+static ks_err load__vec_n(model *m, const char *name, int64_t n, bool required, bool flat,
+                          const float **out, ks_errbuf *eb) {
+    return load__vec2(m, name, n, 1, required, flat, out, eb);
+}
+
+/* Binds vector `name` of n floats (load__vec2, shape [n]). */
 static ks_err load__vec(model *m, const char *name, int64_t n, bool required, const float **out,
                         ks_errbuf *eb) {
-    return load__vec_n(m, name, n, required, false, out, eb);
+    return load__vec2(m, name, n, 1, required, false, out, eb);
 }
 
 /* Binds the optional vector of n_rot/2 RoPE angle divisors `name`, each
@@ -984,7 +1024,7 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
                          (unsigned long long)gguf_n_tensors(m->gguf));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return ks_seterr(eb, KS_ERR_NOMEM, "%s: layers", gguf_path(m->gguf));
-    const bool glm4moe = hp->arch == MODEL_ARCH_GLM4MOE;
+    const bool glm4moe = hp->arch == MODEL_ARCH_GLM4MOE, oss = hp->arch == MODEL_ARCH_GPT_OSS;
     int n_kv = 0, n_rec = 0; // nemotron_h: attention and Mamba2 layers so far
     // layers [n_layer, block_count) are the NextN blocks: never run,
     // so never bound (their tensors may be of any type)
@@ -1025,11 +1065,28 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
                    (e = load__mat(m, LNAME("attn_v.weight"), E, KVD, &L->wv, eb))) {
             return e;
         }
-        // glm4moe's post_attention_norm is the norm before the FFN (on the
-        // residual stream, as other models' ffn_norm), not a post-norm
+        // glm4moe's and gpt-oss's post_attention_norm is the norm before the
+        // FFN (on the residual stream, as other models' ffn_norm), not a post-norm
         if ((e = load__mat(m, LNAME("attn_output.weight"), HO, E, &L->wo, eb)) ||
-            (e = load__vec(m, LNAME(glm4moe ? "post_attention_norm.weight" : "ffn_norm.weight"), E,
-                           true, &L->ffn_norm, eb)))
+            (e = load__vec(m,
+                           LNAME(glm4moe || oss ? "post_attention_norm.weight" : "ffn_norm.weight"),
+                           E, true, &L->ffn_norm, eb)))
+            return e;
+        // gpt-oss: attn_output's bias, the sinks, the router's and experts'
+        // biases. The converter always writes the sinks (llama.cpp requires
+        // them); a layer without them runs the plain softmax, as a sink of
+        // -inf would (unit_model compares the two)
+        if (oss && ((e = load__vec(m, LNAME("attn_output.bias"), E, true, &L->bo, eb)) ||
+                    (e = load__vec(m, LNAME("attn_sinks.weight"), hp->n_head, false,
+                                   &L->attn_sinks, eb)) ||
+                    (e = load__vec(m, LNAME("ffn_gate_inp.bias"), hp->n_expert, true,
+                                   &L->gate_inp_b, eb)) ||
+                    (e = load__vec2(m, LNAME("ffn_gate_exps.bias"), hp->n_ff_exp, hp->n_expert,
+                                    true, false, &L->gate_exps_b, eb)) ||
+                    (e = load__vec2(m, LNAME("ffn_up_exps.bias"), hp->n_ff_exp, hp->n_expert,
+                                    true, false, &L->up_exps_b, eb)) ||
+                    (e = load__vec2(m, LNAME("ffn_down_exps.bias"), E, hp->n_expert, true, false,
+                                    &L->down_exps_b, eb))))
             return e;
         // a dense FFN, or the experts: every layer of a MoE file but the
         // leading dense ones (glm4moe's leading_dense_block_count)
@@ -1065,7 +1122,7 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
              (e = load__mat(m, LNAME("ffn_down_shexp.weight"), SF, E, &L->down_sh, eb))))
             return e;
         // Q/K/V biases: qwen2's always, glm4's where the file has them (all three)
-        const bool need_b = hp->arch == MODEL_ARCH_QWEN2;
+        const bool need_b = hp->arch == MODEL_ARCH_QWEN2 || oss;
         if (!L->bq &&
             (need_b || ((hp->arch == MODEL_ARCH_GLM4 || glm4moe) &&
                         gguf_find_tensor(m->gguf, LNAME("attn_q.bias")))) &&

@@ -29,7 +29,7 @@ static inline bool model__is_mla(model_arch a) {
 typedef struct model__layer {
     const float *attn_norm;           // (E)
     model__mat wq, wk, wv, wo;        // wq: (H*D, E); wk, wv: (Hkv*D, E); wo: (E, H*D)
-    const float *bq, *bk, *bv;        // (H*D), (Hkv*D), (Hkv*D) or NULL (qwen2 only)
+    const float *bq, *bk, *bv;        // (H*D), (Hkv*D), (Hkv*D) or NULL (qwen2, gpt-oss, glm4)
     const float *q_norm, *k_norm;     // (D) or NULL (qwen3, gemma3; glm4moe where present)
     const float *ffn_norm;            // (E) (glm4moe: its post_attention_norm)
     model__mat w_gate, w_up, w_down;  // (F, E), (F, E), (E, F); unused in a MoE layer
@@ -81,6 +81,14 @@ typedef struct model__layer {
     bool mamba2;
     const float *ssm_conv_b; // (C) the convolution's bias
     const float *ssm_d;      // (heads) the skip: y += D_h x
+    // gpt-oss (NULL elsewhere): attn_output's bias, the per-head sink logits,
+    // the router's bias and each expert's biases (expert e's row at e * width)
+    const float *bo;          // (E) attn_output.bias
+    const float *attn_sinks;  // (H) a logit per query head that joins its softmax denominator
+    const float *gate_inp_b;  // (n_expert) ffn_gate_inp.bias
+    const float *gate_exps_b; // (n_expert, F_exp) ffn_gate_exps.bias
+    const float *up_exps_b;   // (n_expert, F_exp) ffn_up_exps.bias
+    const float *down_exps_b; // (n_expert, E) ffn_down_exps.bias
 } model__layer;
 
 struct model {
@@ -151,6 +159,7 @@ struct model_ctx {
     float *sel_w;        // (T, k) their weights
     int32_t *slot_row;   // (T, k) the row of (token, slot) in expert order
     int32_t *row_tok;    // (T*(k+s)) the token of each row
+    int32_t *row_exp;    // (T*(k+s)) the expert of each row (-1: the shared expert's)
     int32_t *x_off;      // (n_expert + 1) first row of each expert's run, then
                          // (n_expert) rows placed so far (fwd__route)
     float *xe;           // (T*(k+s), E) expert inputs gathered, then their outputs

@@ -13,7 +13,8 @@
  *   the reference continuations hold, so routing, grouping by expert and
  *   the weighted sum are right; with distinct experts, batch invariance;
  * - a Mistral-style sliding window (test_sliding_window);
- * - deepseek2's latent attention: batch invariance, poisoned reads (test_mla). */
+ * - deepseek2's latent attention: batch invariance, poisoned reads (test_mla);
+ * - gpt-oss: batch invariance with sliding layers, sinks (test_gptoss). */
 #include "kvseal/kern.h"
 #include "kvseal/model.h"
 
@@ -651,6 +652,110 @@ static void test_hybrid(const char *args, int n_attn) {
     unlink(dst);
 }
 
+/* A copy of the gpt-oss file src with every attn_sinks tensor dropped
+ * (neg_inf false) or set to -inf (true). */
+static void write_sinks(const char *src, const char *dst, bool neg_inf) {
+    gguf_file *f;
+    ks_errbuf eb;
+    CHECK_EQ(gguf_open(src, &f, &eb), KS_OK);
+    gguf_writer *w = gguf_writer_create();
+    for (uint64_t i = 0; i < gguf_n_kv(f); i++)
+        CHECK_EQ(gguf_writer_copy_kv(w, f, gguf_kv_at(f, i)->key), KS_OK);
+    float *inf = NULL;
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        const void *data = t->data;
+        if (strstr(t->name, "attn_sinks")) {
+            if (!neg_inf) continue;
+            CHECK_EQ(t->type, KS_DTYPE_F32);
+            free(inf);
+            inf = malloc(t->n_bytes);
+            for (uint64_t j = 0; j < t->n_elems; j++)
+                inf[j] = -INFINITY;
+            data = inf;
+        }
+        CHECK_EQ(gguf_writer_add_tensor(w, t->name, t->n_dims, t->ne, (ks_dtype)t->type, data,
+                                        t->n_bytes),
+                 KS_OK);
+    }
+    CHECK_EQ(gguf_writer_write(w, dst, &eb), KS_OK);
+    gguf_writer_destroy(w);
+    free(inf);
+    gguf_close(f);
+}
+
+/* gpt-oss, a `kvseal mkmodel` file (skipped as test_mla) with a window of 8
+ * on its even layers (the prompts here reach 22): batch invariant for every
+ * KV type (sinks, biases, the router's softmax over its top-k, the clamped
+ * SwiGLU are all per token); a sink of -inf is no sink (the same greedy
+ * tokens, logits equal to rounding: the sink softmax is not the kernels'
+ * softmax), and the file's own sinks change the logits. */
+static void test_gptoss(void) {
+    const char *bin = getenv("KS_BIN"), *shared = getenv("KS_SHARED");
+    char vocab[1024], dst[256], dst2[256], cmd[4096];
+    snprintf(vocab, sizeof vocab, "%s/vocab/ggml-vocab-llama-spm.gguf", shared ? shared : "");
+    if (!bin || !shared || access(vocab, R_OK) || access(bin, X_OK)) {
+        printf("skip gpt-oss: needs KS_BIN and %s\n", vocab);
+        return;
+    }
+    snprintf(dst, sizeof dst, "/tmp/ks_test_oss_%d.gguf", (int)getpid());
+    snprintf(dst2, sizeof dst2, "/tmp/ks_test_oss2_%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd,
+             "'%s' mkmodel -o '%s' --vocab '%s' --arch gpt-oss --seed 4 --qk-gain 3 --swa 8 "
+             ">/dev/null",
+             bin, dst, vocab);
+    CHECK_EQ(system(cmd), 0);
+    ks_errbuf eb;
+    model *m;
+    CHECK_EQ(model_load(dst, &m, &eb), KS_OK);
+    const model_hparams *hp = model_hp(m);
+    CHECK_EQ(hp->arch, MODEL_ARCH_GPT_OSS);
+    CHECK_EQ(hp->n_swa, 8);
+    CHECK_EQ(hp->swa_period, 2);
+    CHECK_EQ(hp->head_dim, 64);
+    CHECK(hp->gating == MODEL_GATING_SOFTMAX_WEIGHT && !hp->expert_norm);
+    CHECK(hp->swiglu_alpha == 1.702f && hp->swiglu_limit == 7.0f);
+    CHECK(hp->rope_ext_factor > 0.0f); // YaRN
+    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
+    static const int kv_types[] = {KS_DTYPE_F32, KS_DTYPE_F16, KS_DTYPE_Q8_0};
+    for (int i = 0; i < 3; i++)
+        test_batch_invariance(m, kv_types[i]);
+    // sinks: none, -inf, the file's own
+    model *none, *ninf;
+    write_sinks(dst, dst2, false);
+    CHECK_EQ(model_load(dst2, &none, &eb), KS_OK);
+    write_sinks(dst, dst2, true);
+    CHECK_EQ(model_load(dst2, &ninf, &eb), KS_OK);
+    enum { NG = 8 };
+    const int32_t V = hp->n_vocab;
+    float *lg[3];
+    int32_t toks[3][NG];
+    const model *ms[3] = {none, ninf, m};
+    for (int k = 0; k < 3; k++) {
+        env e;
+        env_open(&e, ms[k], 2);
+        lg[k] = malloc(sizeof(float) * (size_t)V * NG);
+        greedy(&e, P2, 10, NG, 4, toks[k], lg[k]);
+        env_close(&e);
+    }
+    CHECK_MEM_EQ(toks[1], toks[0], sizeof toks[0]);
+    double max_d = 0.0, max_own = 0.0;
+    for (size_t i = 0; i < (size_t)V * NG; i++) {
+        const double d = fabs((double)lg[1][i] - lg[0][i]), o = fabs((double)lg[2][i] - lg[0][i]);
+        max_d = d > max_d ? d : max_d;
+        max_own = o > max_own ? o : max_own;
+    }
+    CHECK_NEAR(max_d, 0.0, 1e-3);
+    CHECK(max_own > 0.1);
+    for (int k = 0; k < 3; k++)
+        free(lg[k]);
+    model_free(none);
+    model_free(ninf);
+    model_free(m);
+    unlink(dst);
+    unlink(dst2);
+}
+
 static void test_load_errors(const char *src) {
     struct {
         mutation mu;
@@ -721,6 +826,7 @@ int main(void) {
     test_quantized("q4_k", 768);
     test_hybrid("--arch qwen35 --n-layer 8", 2);
     test_hybrid("--arch nemotron_h --pattern M-M*-M-M*-", 2);
+    test_gptoss();
     printf("model ok\n");
     return 0;
 }

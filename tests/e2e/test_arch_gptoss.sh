@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# gpt-oss against llama.cpp: a `kvseal mkmodel --arch gpt-oss` model
+# (llama-spm vocabulary; 4 layers, the even ones sliding with a window of 32
+# at context 128, heads of 64 wider than n_embd / n_head, YaRN 32x from 4096
+# at base 150000) with what sets gpt-oss apart: a learned sink logit per head
+# in each softmax's denominator, biased Q/K/V and attn_output, a biased
+# router whose top-4 of 8 logits are weighted by a softmax over those 4, and
+# experts with biases under the clamped SwiGLU (alpha 1.702, limit 7). Through
+# the check_arch matrix (qtypes_lib.sh: perplexity within 0.5% at F16, Q8_0,
+# Q4_K_M, greedy text at F16 and Q8_0), then llama-quantize's MXFP4_MOE
+# preset (the experts in MXFP4, as the released files), a model with
+# --qk-gain 3 at F16, where attention depends on position (so a RoPE,
+# window or sink mistake shows), and one of the released widths at F16 and
+# MXFP4_MOE. Then through `kvseal serve` with gpt-oss's own chat template
+# (harmony; tests/e2e/templates, as ../shared/templates lacks it): chat
+# completions render it and answer, and three different chats sent at once
+# each get the greedy text they get alone.
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/qtypes_lib.sh"
+VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
+[ -e "$VOCAB" ] || skip "$VOCAB is absent"
+mkmodel_to "$TMPD/oss.gguf" --arch gpt-oss --seed 5
+"$KS_BIN" inspect "$TMPD/oss.gguf" >"$TMPD/inspect.txt" || fail "inspect failed"
+grep -q "^runs: yes" "$TMPD/inspect.txt" || fail "inspect: $(cat "$TMPD/inspect.txt")"
+check_arch gpt-oss "$TMPD/oss.gguf"
+quantize "$TMPD/oss.gguf" "$TMPD/oss-mxfp4.gguf" MXFP4_MOE
+check_ppl "gpt-oss MXFP4_MOE" "$TMPD/oss-mxfp4.gguf"
+check_greedy "gpt-oss MXFP4_MOE" "$TMPD/oss-mxfp4.gguf"
+mkmodel_to "$TMPD/oss-3.gguf" --arch gpt-oss --seed 6 --qk-gain 3
+check_ppl "gpt-oss qk-gain 3 F16" "$TMPD/oss-3.gguf"
+check_greedy "gpt-oss qk-gain 3" "$TMPD/oss-3.gguf"
+# the released models' widths (n_embd 2880 = 45 heads' worth of 64, not a
+# multiple of 256: K-quant presets fall back; the experts 2880 wide, so a
+# row is 90 MXFP4 blocks), two layers of 4 experts
+mkmodel_to "$TMPD/oss-w.gguf" --arch gpt-oss --seed 7 --n-embd 2880 --n-head 64 --n-head-kv 8 \
+    --n-expert 4 --n-expert-used 2 --n-ff 2880 --n-ff-exp 2880 --n-layer 2 --swa 128
+check_ppl "gpt-oss 2880 F16" "$TMPD/oss-w.gguf"
+echo
+quantize "$TMPD/oss-w.gguf" "$TMPD/oss-w-mxfp4.gguf" MXFP4_MOE
+check_ppl "gpt-oss 2880 MXFP4_MOE" "$TMPD/oss-w-mxfp4.gguf"
+echo
+echo "gpt-oss vs llama.cpp ok"
+
+command -v curl >/dev/null || { echo "note: no curl: the serve part is skipped" >&2; exit 0; }
+T=$KS_SRC/tests/e2e/templates/openai-gpt-oss-120b.jinja
+start_server "$TMPD/serve.err" -m "$TMPD/oss.gguf" --alias oss --chat-template-file "$T"
+body() {  # USER_TEXT — a greedy chat request
+    printf '{"model":"oss","max_tokens":16,"temperature":0,"messages":[%s,%s]}' \
+        '{"role":"system","content":"Be brief."}' "{\"role\":\"user\",\"content\":\"$1\"}"
+}
+content() {  # FILE — the first choice's message content
+    python3 -c 'import json, sys
+print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"])' "$1"
+}
+Q=("In the beginning" "And the LORD said unto Moses" "For God so loved the world")
+for i in 0 1 2; do
+    code=$(curl -sS -o "$TMPD/alone$i.json" -w '%{http_code}' -H "Content-Type: application/json" \
+        "$KS_URL/v1/chat/completions" -d "$(body "${Q[$i]}")")
+    expect_eq "chat $i alone: status ($(cat "$TMPD/alone$i.json"))" "$code" 200
+done
+grep -q '"prompt_tokens":[1-9]' "$TMPD/alone0.json" ||
+    fail "no prompt tokens: $(cat "$TMPD/alone0.json")"
+for i in 0 1 2; do
+    curl -sS -o "$TMPD/batch$i.json" -H "Content-Type: application/json" \
+        "$KS_URL/v1/chat/completions" -d "$(body "${Q[$i]}")" &
+done
+wait $(jobs -p | grep -v "^$KS_PID\$")
+for i in 0 1 2; do
+    a=$(content "$TMPD/alone$i.json") || fail "chat $i: $(cat "$TMPD/alone$i.json")"
+    b=$(content "$TMPD/batch$i.json") || fail "chat $i batched: $(cat "$TMPD/batch$i.json")"
+    [ -n "$a" ] || fail "chat $i: empty content"
+    expect_eq "chat $i batched = alone" "$b" "$a"
+done
+stop_server
+echo "gpt-oss through serve with its chat template ok"
