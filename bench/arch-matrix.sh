@@ -14,7 +14,7 @@ NAME=arch-matrix
 TYPES=${TYPES:-"Q8_0 Q4_K_M"}
 [ -f "$VOCAB" ] || { echo "arch-matrix: SKIPPED: no vocabulary at $VOCAB" >&2; exit 0; }
 archs=("$@")
-[ ${#archs[@]} -gt 0 ] || archs=(llama qwen2 qwen3 phi3 gemma2 gemma3 glm4 qwen35)
+[ ${#archs[@]} -gt 0 ] || archs=(llama qwen2 qwen3 phi3 gemma2 gemma3 glm4 qwen35 mistral3 nemotron_h gpt-oss)
 mkdir -p "$MODELS"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
