@@ -76,12 +76,27 @@ static const char *const *tc__starts(toolcall_format f) {
     }
 }
 
+/* harmony: the final channel's headers, dropped where content starts */
+static const char *const tc__harmony_final[] = {"<|start|>assistant<|channel|>final<|message|>",
+                                                "<|channel|>final<|message|>", NULL};
+
+/* True when piece (n bytes) occurs in marker. */
+static bool tc__in(const char *marker, const char *piece, size_t n) {
+    if (!marker) return false;
+    for (const char *m = marker; strlen(m) >= n; m++)
+        if (!memcmp(m, piece, n)) return true;
+    return false;
+}
+
 bool toolcall_is_marker(const toolcall_cfg *cfg, const char *piece, size_t n) {
     if (n < 3 || (piece[0] != '<' && piece[0] != '[')) return false;
     if (cfg->think_open && strlen(cfg->think_open) == n && !memcmp(piece, cfg->think_open, n))
         return true;
     if (cfg->think_close && strlen(cfg->think_close) == n && !memcmp(piece, cfg->think_close, n))
         return true;
+    if (cfg->think_open && !strcmp(cfg->think_open, HARMONY_ANALYSIS)) // "<|channel|>", ...
+        return tc__in(HARMONY_ANALYSIS, piece, n) || tc__in(HARMONY_END, piece, n) ||
+               tc__in(tc__harmony_final[0], piece, n);
     // every marker of the format, one after another
     static const char *const all[TOOLCALL__COUNT] = {
         [TOOLCALL_HERMES] = "<tool_call></tool_call>",
@@ -123,6 +138,8 @@ struct toolcall_parser {
     srv_buf pend; /* text pushed and not settled yet */
     tc__phase phase;
     bool after_think;   /* content starts: its leading whitespace is formatting */
+    bool harmony;       /* think_open is HARMONY_ANALYSIS */
+    bool harmony_head;  /* content starts: harmony's final header, if it comes, is dropped */
     bool content_nonws; /* content has something other than whitespace */
     bool finished;
     srv_buf content, reasoning; /* everything settled so far */
@@ -142,6 +159,7 @@ ks_err toolcall_parser_create(const toolcall_cfg *cfg, toolcall_parser **out) {
         p->cfg.in_reasoning = false;
     }
     p->phase = p->cfg.in_reasoning ? TC_REASONING : p->cfg.think_open ? TC_START : TC_CONTENT;
+    p->harmony = p->cfg.think_open && !strcmp(p->cfg.think_open, HARMONY_ANALYSIS);
     *out = p;
     return KS_OK;
 }
@@ -838,6 +856,25 @@ static void tc__run(toolcall_parser *p, bool final) {
     while (pos < len && !p->oom) {
         const char *s = buf + pos;
         size_t n = len - pos;
+        // harmony: the final channel's header, first or after the analysis,
+        // is formatting: dropped (with the whitespace before it)
+        if (p->harmony && (p->phase == TC_START || p->harmony_head)) {
+            size_t k = tc__skip_ws(s, n), hl = 0;
+            int m = k < n ? -1 : 0; // only whitespace so far: undecided
+            for (int i = 0; k < n && tc__harmony_final[i] && m != 1; i++) {
+                int mi = tc__lit(s + k, n - k, tc__harmony_final[i]);
+                if (mi == 1) m = 1, hl = strlen(tc__harmony_final[i]);
+                else if (mi == 0) m = 0;
+            }
+            if (m == 1) {
+                pos += k + hl;
+                p->phase = TC_CONTENT;
+                p->harmony_head = p->after_think = false;
+                continue;
+            }
+            if (m == 0 && !final) break;
+            p->harmony_head = false; // no header: the think check, or content, goes on
+        }
         if (p->phase == TC_START) {
             size_t k = tc__skip_ws(s, n);
             int m = k < n ? tc__lit(s + k, n - k, c->think_open) : 0;
@@ -858,6 +895,7 @@ static void tc__run(toolcall_parser *p, bool final) {
                 pos += (size_t)(e - s) + strlen(c->think_close);
                 p->phase = TC_CONTENT;
                 p->after_think = true;
+                p->harmony_head = p->harmony;
                 continue;
             }
             const char *const close[] = {c->think_close, NULL};

@@ -63,6 +63,10 @@ typedef struct srv_error srv_error;
 #define KIMI_CALL_BEGIN "<|tool_call_begin|>"
 #define KIMI_SEP "<|tool_call_argument_begin|>"
 #define KIMI_CALL_END "<|tool_call_end|>"
+/* gpt-oss's harmony format: the analysis channel is the reasoning, the
+ * final channel (after its header) the content. */
+#define HARMONY_ANALYSIS "<|channel|>analysis<|message|>"
+#define HARMONY_END "<|end|>"
 
 /* Tool-call formats (append-only). */
 typedef enum toolcall_format {
@@ -103,8 +107,10 @@ const char *toolcall_format_name(toolcall_format f);
  * "kimi-k2", "glm", "glm-4.5") into *out; false when unknown. */
 bool toolcall_format_parse(const char *name, toolcall_format *out /* OUT */);
 
-/* The think markers of a template's source ("<think>"/"</think>", or Seed's
- * "<seed:think>"/"</seed:think>"); false (and NULLs) when it has none.
+/* The think markers of a template's source ("<think>"/"</think>", Seed's
+ * "<seed:think>"/"</seed:think>", or harmony's HARMONY_ANALYSIS /
+ * HARMONY_END, whose content then starts after the final channel's header,
+ * which the parser drops); false (and NULLs) when it has none.
  * The strings are static. Pure; can't fail. */
 bool toolcall_think_detect(const char *template_src, const char **open /* OUT */,
                            const char **close /* OUT */);
@@ -122,8 +128,9 @@ typedef struct toolcall_cfg {
                                              types for the XML-style formats' values */
 } toolcall_cfg;
 
-/* True when piece (a special token's text) is one of cfg's markers: the
- * think markers or a tool-call marker of its format. The server feeds such
+/* True when piece (a special token's text) is one of cfg's markers, or
+ * part of one (harmony's markers are several tokens): the think markers or
+ * a tool-call marker of its format. The server feeds such
  * tokens' text to the parser (the detokenizer drops control tokens' text,
  * and some families' markers are control tokens), and no other special
  * token's. Pure; can't fail. */

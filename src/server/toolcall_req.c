@@ -87,6 +87,10 @@ bool toolcall_think_detect(const char *src, const char **open, const char **clos
         *open = "<seed:think>", *close = "</seed:think>";
         return true;
     }
+    if (strstr(src, "<|channel|>") && strstr(src, "analysis")) {
+        *open = HARMONY_ANALYSIS, *close = HARMONY_END;
+        return true;
+    }
     if (strstr(src, "</think>")) {
         *open = "<think>", *close = "</think>";
         return true;

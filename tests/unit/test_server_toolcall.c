@@ -439,6 +439,32 @@ static void test_reasoning(void) {
 // ----------------------------------------------------------------------------
 // Limits
 
+/* gpt-oss's harmony format: the analysis channel is the reasoning, the
+ * final channel's header is dropped, however the text is split (its markers
+ * are several tokens: each special token of them is a marker). */
+static void test_harmony(void) {
+    const char *o, *cl;
+    CHECK(toolcall_think_detect("{{ '<|channel|>analysis<|message|>' }}{{ '<|channel|>final' }}", &o,
+                                &cl));
+    CHECK(!strcmp(o, HARMONY_ANALYSIS) && !strcmp(cl, HARMONY_END));
+    toolcall_cfg c = {.format = TOOLCALL_NONE, .think_open = o, .think_close = cl};
+    expect(&c,
+           "<|channel|>analysis<|message|>The user greets.<|end|><|start|>assistant<|channel|>"
+           "final<|message|>Hello!",
+           "Hello!", "The user greets.", NULL);
+    expect(&c, "<|channel|>final<|message|>Hi there", "Hi there", NULL, NULL);
+    expect(&c, "<|channel|>analysis<|message|>unfinished", "", "unfinished", NULL);
+    expect(&c, "plain text", "plain text", NULL, NULL);
+    expect(&c, "<|channel|>analysis<|message|>a<|end|>no header", "no header", "a", NULL);
+    CHECK(toolcall_is_marker(&c, "<|channel|>", 11));
+    CHECK(toolcall_is_marker(&c, "<|message|>", 11));
+    CHECK(toolcall_is_marker(&c, "<|start|>", 9));
+    CHECK(toolcall_is_marker(&c, "<|end|>", 7));
+    CHECK(!toolcall_is_marker(&c, "<|return|>", 10));
+    toolcall_cfg t = {.format = TOOLCALL_NONE, .think_open = "<think>", .think_close = "</think>"};
+    CHECK(!toolcall_is_marker(&t, "<|channel|>", 11));
+}
+
 static void test_limits(void) {
     toolcall_cfg c = cfg_of(TOOLCALL_HERMES);
     // past TOOLCALL_MAX_CALLS calls, the rest is content
@@ -769,6 +795,7 @@ int main(void) {
     test_kimi();
     test_json_lists();
     test_reasoning();
+    test_harmony();
     test_limits();
     test_detect();
     test_request();
