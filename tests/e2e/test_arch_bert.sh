@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# test_arch_bert.sh — the bert (embedding encoder) architecture, so far:
+# test_arch_bert.sh — the bert (embedding encoder) architecture:
 # `kvseal mkmodel --arch bert` writes the keys and tensors a converted BERT
-# file has (checked with inspect), in F16 and Q8_0, with mean or CLS
-# pooling; llama.cpp's llama-server (the anchor) loads each file and serves
-# unit-length embeddings of the model's width from /v1/embeddings; kvseal
-# itself still refuses to run the architecture, by name (the encoder is the
-# next step of issue 41). Needs $KS_SHARED/vocab-wpm (the bert-bge vocab).
+# file has (checked with inspect), in F16 (mean pooling) and Q8_0 (CLS);
+# `kvseal serve` embeds several inputs (one request, and each alone: the
+# same vectors) within cosine 0.9999 of llama.cpp's llama-server (the
+# anchor) on the same file; completions and chat are a clear 400 (no LM
+# head); an input past the batch (the encoder reads it whole) is a 400
+# context_length_exceeded; the OpenAI npm client's embeddings.create works
+# (js/embed_client.mjs). Needs $KS_SHARED/vocab-wpm (the bert-bge vocab).
 . "$(dirname "$0")/lib.sh"
 
 VOCAB=$KS_SHARED/vocab-wpm/ggml-vocab-bert-bge.gguf
@@ -28,7 +30,7 @@ for f in f16 q8; do
     has '^  position_embd\.weight +F32 +\[256, 512\] ' $f
     has '^  token_types\.weight +F32 +\[256, 2\] ' $f
     has '^  blk\.1\.layer_output_norm\.bias +F32 +\[256\] ' $f
-    has "^runs: no: .*unsupported architecture 'bert'" $f
+    has '^runs: yes$' $f
 done
 "$KS_BIN" inspect "$TMPD/f16.gguf" >"$TMPD/out" 2>&1
 has 'bert\.pooling_type +uint32 += 1$' f16
@@ -40,7 +42,47 @@ has '^  blk\.0\.ffn_up\.weight +Q8_0 +\[256, 512\] ' q8
     fail "--pooling accepted for llama"
 grep -q "pooling is bert's" "$TMPD/err" || fail "--pooling refusal: $(cat "$TMPD/err")"
 
-[ -x "$A" ] || { echo "note: no llama.cpp anchor at $A: the files are not loaded there"; echo "ok"; exit 0; }
+
+INPUTS='["Hello world","The quick brown fox jumps over the lazy dog.","Äpfel, café & naïve Zürich: 3.14159!","你好，世界 — こんにちは","a"]'
+# embed URL FILE — POSTs the inputs to URL/v1/embeddings, the answer to FILE
+AUTH=(-H "Authorization: Bearer sk-bert-test" -H 'Content-Type: application/json')
+echo '{"tenants":[{"name":"t","keys":["sk-bert-test"],"max_concurrent":8}]}' >"$TMPD/t.json"
+embed() {
+    curl -fsS "$1/v1/embeddings" "${AUTH[@]}" \
+        -d "{\"model\":\"m\",\"input\":$INPUTS}" >"$2" || fail "POST $1/v1/embeddings"
+}
+for f in f16 q8; do
+    start_server "$TMPD/ks_$f.log" -m "$TMPD/$f.gguf" --alias m --threads 2 --batch 128 \
+        --tenants "$TMPD/t.json"
+    embed "$KS_URL" "$TMPD/ks_$f.json"
+    # one input alone gives the same vector as in the batch of five
+    curl -fsS "$KS_URL/v1/embeddings" "${AUTH[@]}" \
+        -d '{"model":"m","input":"The quick brown fox jumps over the lazy dog."}' >"$TMPD/one_$f.json" ||
+        fail "POST one input"
+    # no LM head: completions and chat are refused
+    for ep in completions chat/completions; do
+        body='{"model":"m","prompt":"Hello","max_tokens":2}'
+        [ $ep = completions ] || body='{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+        code=$(curl -sS -o "$TMPD/r.json" -w '%{http_code}' "$KS_URL/v1/$ep" \
+            "${AUTH[@]}" -d "$body")
+        expect_eq "$f /v1/$ep status" "$code" 400
+        expect_has "$f /v1/$ep" "$(cat "$TMPD/r.json")" "embedding encoder"
+    done
+    # the input is read whole in one batch: past --batch 128 it is refused
+    long=$(printf 'word %.0s' $(seq 200))
+    code=$(curl -sS -o "$TMPD/r.json" -w '%{http_code}' "$KS_URL/v1/embeddings" \
+        "${AUTH[@]}" -d "{\"model\":\"m\",\"input\":\"$long\"}")
+    expect_eq "$f long input status" "$code" 400
+    expect_has "$f long input" "$(cat "$TMPD/r.json")" "context_length_exceeded"
+    if [ $f = f16 ] && command -v node >/dev/null &&
+        [ -d "$(dirname "$0")/js/node_modules/openai" ]; then
+        KS_URL=$KS_URL KS_KEY=sk-bert-test KS_MODEL_NAME=m KS_OUT=$TMPD/node.json \
+            node "$(dirname "$0")/js/embed_client.mjs" || fail "embeddings client checks failed"
+    fi
+    stop_server
+done
+
+[ -x "$A" ] || skip "no llama.cpp anchor at $A (kvseal's own checks passed)"
 for f in f16 q8; do
     port=$((20000 + RANDOM % 20000))
     "$A" -m "$TMPD/$f.gguf" --embedding --host 127.0.0.1 --port $port -t 2 -c 512 \
@@ -48,19 +90,24 @@ for f in f16 q8; do
     LPID=$!
     trap 'kill -KILL $LPID 2>/dev/null; rm_tmpd' EXIT
     wait_for "llama-server on $f" curl -fsS "http://127.0.0.1:$port/health"
-    curl -fsS "http://127.0.0.1:$port/v1/embeddings" \
-        -d '{"input":["Hello world","The quick brown fox jumps over the lazy dog."]}' \
-        >"$TMPD/emb_$f.json" || fail "llama-server /v1/embeddings ($f)"
-    python3 - "$TMPD/emb_$f.json" <<'PY' || fail "llama-server embeddings ($f): $(head -c 300 "$TMPD/emb_$f.json")"
-import json, math, sys
-d = json.load(open(sys.argv[1]))["data"]
-assert len(d) == 2
-for e in d:
-    v = e["embedding"]
-    n = math.sqrt(sum(x * x for x in v))
-    assert len(v) == 256 and abs(n - 1) < 1e-3, (len(v), n)
-PY
+    embed "http://127.0.0.1:$port" "$TMPD/ll_$f.json"
     kill $LPID
     wait $LPID 2>/dev/null
+    python3 - "$TMPD/ks_$f.json" "$TMPD/ll_$f.json" "$TMPD/one_$f.json" "$f" <<'PY' || fail "$f: kvseal and llama.cpp embeddings differ"
+import json, math, sys
+ks = [e["embedding"] for e in sorted(json.load(open(sys.argv[1]))["data"], key=lambda e: e["index"])]
+ll = [e["embedding"] for e in sorted(json.load(open(sys.argv[2]))["data"], key=lambda e: e["index"])]
+one = json.load(open(sys.argv[3]))["data"][0]["embedding"]
+assert len(ks) == len(ll) == 5, (len(ks), len(ll))
+assert one == ks[1], "an input alone differs from it in a batch"
+worst_cos, worst_abs = 1.0, 0.0
+for a, b in zip(ks, ll):
+    assert len(a) == len(b) == 256, (len(a), len(b))
+    cos = sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+    worst_cos = min(worst_cos, cos)
+    worst_abs = max(worst_abs, max(abs(x - y) for x, y in zip(a, b)))
+print("%s: 5 inputs, worst cosine %.7f, max |diff| %.2e" % (sys.argv[4], worst_cos, worst_abs))
+assert worst_cos >= 0.9999 and worst_abs < 5e-3
+PY
 done
-echo "ok: bert files from mkmodel load in llama.cpp (F16 mean, Q8_0 CLS)"
+echo "ok: bert embeddings from kvseal match llama.cpp's (F16 mean, Q8_0 CLS)"
