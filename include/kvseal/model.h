@@ -32,6 +32,7 @@ typedef enum model_arch {
     MODEL_ARCH_QWEN35 = 12,     /* Qwen3.5: Gated DeltaNet layers between gated attention */
     MODEL_ARCH_QWEN35MOE = 13,  /* the same layers with a MoE FFN and a gated shared expert */
     MODEL_ARCH_BERT = 14,       /* an encoder for embeddings: bidirectional, no LM head */
+    MODEL_ARCH_NOMIC_BERT = 15, /* bert with RoPE (no learned positions), SwiGLU, no biases */
 } model_arch;
 
 /* How a mixture-of-experts router turns logits into expert weights. */
@@ -50,7 +51,7 @@ typedef enum model_gating {
 /* The architectures model_load runs, as its refusal lists them. */
 #define MODEL_ARCHS                                                                                \
     "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, glm4, glm4moe, deepseek2, deepseek32, "  \
-    "glm-dsa, qwen35, qwen35moe, bert"
+    "glm-dsa, qwen35, qwen35moe, bert, nomic-bert"
 
 /* Largest head size (attention.key_length) a model may have. */
 #define MODEL_MAX_HEAD_DIM 1024

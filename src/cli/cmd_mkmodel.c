@@ -276,12 +276,40 @@ static bool mk__build_plan_qwen35(mk__plan *p, const mk__opts *o, int64_t n_voca
 }
 
 /* The llama.cpp tensor set for o, in llama.cpp's file order. */
+/* nomic-bert's tensors: bert's without position_embd (RoPE instead) and
+ * without biases, Q/K/V fused in attn_qkv, a SwiGLU FFN (ffn_gate). */
+static bool mk__build_plan_nomic(mk__plan *p, const mk__opts *o, int64_t n_vocab,
+                                 int64_t n_types) {
+    const int64_t E = o->n_embd, F = o->n_ff, QD = o->n_head * o->head_dim;
+    const ks_dtype W = o->type, F32 = KS_DTYPE_F32;
+    const float s_in = 1.0f / sqrtf((float)E), noise = 0.02f;
+    bool ok = mk__add(p, o, W, MK__RAND, 1.0f, E, n_vocab, "token_embd.weight", 0) &&
+              mk__add(p, o, F32, MK__RAND, 0.3f, E, n_types, "token_types.weight", 0) &&
+              mk__add(p, o, F32, MK__ONES, noise, E, 0, "token_embd_norm.weight", 0) &&
+              mk__add(p, o, F32, MK__RAND, noise, E, 0, "token_embd_norm.bias", 0);
+    for (int l = 0; ok && l < o->n_layer; l++)
+        ok = mk__add(p, o, W, MK__RAND, s_in * (float)o->qk_gain, E, 3 * QD,
+                     "blk.%d.attn_qkv.weight", l) &&
+             mk__add(p, o, W, MK__RAND, 1.0f / sqrtf((float)QD), QD, E,
+                     "blk.%d.attn_output.weight", l) &&
+             mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.attn_output_norm.weight", l) &&
+             mk__add(p, o, F32, MK__RAND, noise, E, 0, "blk.%d.attn_output_norm.bias", l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_up.weight", l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_gate.weight", l) &&
+             mk__add(p, o, W, MK__RAND, 1.0f / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight",
+                     l) &&
+             mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.layer_output_norm.weight", l) &&
+             mk__add(p, o, F32, MK__RAND, noise, E, 0, "blk.%d.layer_output_norm.bias", l);
+    return ok;
+}
+
 /* bert's tensors (llama.cpp's LLM_ARCH_BERT names): token, token-type and
  * learned position embeddings with a LayerNorm, then per layer Q/K/V/O with
  * biases, the post-attention LayerNorm (attn_output_norm), a GELU FFN with
  * biases and the post-FFN LayerNorm (layer_output_norm); no output head. */
 static bool mk__build_plan_bert(mk__plan *p, const mk__opts *o, int64_t n_vocab,
                                 int64_t n_types) {
+    if (!strcmp(o->arch, "nomic-bert")) return mk__build_plan_nomic(p, o, n_vocab, n_types);
     const int64_t E = o->n_embd, F = o->n_ff, QD = o->n_head * o->head_dim;
     const ks_dtype W = o->type, F32 = KS_DTYPE_F32;
     const float s_in = 1.0f / sqrtf((float)E), noise = 0.02f, s_qk = s_in * (float)o->qk_gain;
@@ -316,7 +344,8 @@ static bool mk__build_plan_bert(mk__plan *p, const mk__opts *o, int64_t n_vocab,
 
 static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
     if (o->ssm_state) return mk__build_plan_qwen35(p, o, n_vocab);
-    if (!strcmp(o->arch, "bert")) return mk__build_plan_bert(p, o, n_vocab, o->n_types);
+    if (!strcmp(o->arch, "bert") || !strcmp(o->arch, "nomic-bert"))
+        return mk__build_plan_bert(p, o, n_vocab, o->n_types);
     const int64_t E = o->n_embd, HD = o->head_dim, F = o->n_ff;
     const int64_t QD = o->n_head * HD, KD = o->n_head_kv * HD;
     const ks_dtype W = o->type;
@@ -460,10 +489,11 @@ static void mk__usage(FILE *fp) {
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
         "  --arch "
         "llama|qwen2|qwen3|qwen3moe|qwen35|qwen35moe|phi3|gemma2|gemma3|glm4|glm4moe|\n"
-        "         deepseek2|deepseek32|glm-dsa|bert  architecture\n"
+        "         deepseek2|deepseek32|glm-dsa|bert|nomic-bert  architecture\n"
         "                               (default llama); gemma: tied, post-norms, GELU;\n"
         "                               bert: an encoder for embeddings (a WordPiece vocab)\n"
-        "  --pooling mean|cls           bert: pooling_type (default mean)\n"
+        "                               nomic-bert: bert with RoPE and SwiGLU, no biases\n"
+        "  --pooling mean|cls           bert, nomic-bert: pooling_type (default mean)\n"
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
         "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
         "                               tq1_0 tq2_0 mxfp4\n"
@@ -686,7 +716,8 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
              (snprintf(k, sizeof k, "%s.rope.dimension_sections", a),
               !gguf_writer_set_arr(w, k, GGUF_TYPE_INT32, sec, 4));
     }
-    if (ok && !strcmp(a, "bert")) // an encoder: LayerNorm eps, bidirectional, its pooling
+    if (ok && (!strcmp(a, "bert") || !strcmp(a, "nomic-bert"))) // an encoder: LayerNorm eps,
+                                                                  // bidirectional, its pooling
         ok = MK__F32("attention.layer_norm_epsilon", o->eps) &&
              (snprintf(k, sizeof k, "%s.attention.causal", a), !gguf_writer_set_bool(w, k, false)) &&
              MK__U32("pooling_type", o->pooling);
@@ -898,12 +929,13 @@ int cli_mkmodel(int argc, char **argv) {
     const bool dsa = !strcmp(o.arch, "deepseek32") || !strcmp(o.arch, "glm-dsa");
     const bool mla = dsa || !strcmp(o.arch, "deepseek2");
     const bool glm4moe = !strcmp(o.arch, "glm4moe");
-    const bool bert = !strcmp(o.arch, "bert");
+    const bool bert = !strcmp(o.arch, "bert") || !strcmp(o.arch, "nomic-bert");
     if (!qwen && !gemma && !mla && !glm4moe && !bert && strcmp(o.arch, "llama") &&
         strcmp(o.arch, "phi3") && strcmp(o.arch, "glm4")) {
         fprintf(stderr,
                 "kvseal mkmodel: --arch '%s' is not one of llama qwen2 qwen3 qwen3moe qwen35 "
-                "qwen35moe phi3 gemma2 gemma3 glm4 glm4moe deepseek2 deepseek32 glm-dsa bert\n",
+                "qwen35moe phi3 gemma2 gemma3 glm4 glm4moe deepseek2 deepseek32 glm-dsa bert "
+                "nomic-bert\n",
                 o.arch);
         return 2;
     }

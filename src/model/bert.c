@@ -1,13 +1,15 @@
-/* bert.c — the BERT encoder (model_hparams.encoder), as llama.cpp's
- * LLM_ARCH_BERT graph computes it:
+/* bert.c — the BERT encoders (model_hparams.encoder), as llama.cpp's
+ * LLM_ARCH_BERT graph computes them (nomic-bert's differences in brackets):
  *
  *   x = LayerNorm(token_embd[tok] + token_types[0] + position_embd[pos])
+ *                                      [no position_embd: RoPE on q, k]
  *   per layer:
- *     q, k, v = x Wq + bq, x Wk + bk, x Wv + bv
+ *     q, k, v = x Wq + bq, x Wk + bk, x Wv + bv   [no biases; NEOX RoPE]
  *     a = softmax(q k^T / sqrt(D)) v   per head, over every position of the
  *                                      token's own sequence (no causal mask)
  *     x = LayerNorm(x + a Wo + bo)                 (attn_output_norm)
  *     x = LayerNorm(x + gelu(x Wup + bup) Wdown + bdown)  (layer_output_norm)
+ *                                      [silu(x Wgate) * (x Wup), no biases]
  *
  * The hidden rows handed out are the last layer's x (no output norm, no LM
  * head). Keys and values are never stored: a sequence is encoded whole in
@@ -22,10 +24,10 @@
 
 typedef enum {
     BERT_EMBED,    // x[t] = LN(token + type 0 + position rows)
-    BERT_QKV_BIAS, // q[t] += bq, k[t] += bk, v[t] += bv
+    BERT_QKV_BIAS, // q[t] += bq, k[t] += bk, v[t] += bv; RoPE on q[t], k[t] (nomic-bert)
     BERT_ATTN,     // att[t] = every head's attention over t's sequence
     BERT_ADD_LN1,  // x[t] = LN(x[t] + tmp[t] + bo) with attn_output_norm
-    BERT_GELU,     // g[t] = gelu(g[t] + bup)
+    BERT_GELU,     // g[t] = gelu(g[t] + bup); nomic-bert: g[t] = silu(g[t]) * u[t]
     BERT_ADD_LN2,  // x[t] = LN(x[t] + tmp[t] + bdown) with layer_output_norm
 } bert__op;
 
@@ -112,18 +114,34 @@ static void bert__task(void *arg, int ith, int nth) {
             kern_dequantize_row(ty->type, ty->data, tmp, E);
             for (int64_t i = 0; i < E; i++)
                 x[i] += tmp[i];
-            kern_dequantize_row(
-                p->type, (const char *)p->data + (size_t)a->b->pos[t] * p->row_bytes, tmp, E);
-            bert__add_ln(E, x, tmp, NULL, m->embd_norm, m->embd_norm_b, eps);
+            if (p->data) // bert's learned positions (nomic-bert turns q, k instead)
+                kern_dequantize_row(
+                    p->type, (const char *)p->data + (size_t)a->b->pos[t] * p->row_bytes, tmp, E);
+            bert__add_ln(E, x, p->data ? tmp : NULL, NULL, m->embd_norm, m->embd_norm_b, eps);
             break;
         }
         case BERT_QKV_BIAS: {
             float *q = c->q + (size_t)t * (size_t)HD, *k = c->k + (size_t)t * (size_t)HD,
                   *v = c->v + (size_t)t * (size_t)HD;
-            for (int64_t i = 0; i < HD; i++) {
+            for (int64_t i = 0; L->bq && i < HD; i++) {
                 q[i] += L->bq[i];
                 k[i] += L->bk[i];
                 v[i] += L->bv[i];
+            }
+            if (hp->n_rot > 0) { // every head of q and k, one angle table per position
+                float cs[MODEL_MAX_HEAD_DIM];
+                const kern_rope_cfg rc = {.n_rot = hp->n_rot,
+                                          .freq_base = hp->rope_base,
+                                          .freq_scale = hp->rope_scale,
+                                          .ext_factor = hp->rope_ext_factor,
+                                          .attn_factor = hp->rope_attn_factor,
+                                          .corr_lo = hp->rope_corr[0],
+                                          .corr_hi = hp->rope_corr[1]};
+                kern_rope_table_cfg(cs, &rc, a->b->pos[t]);
+                for (int h = 0; h < hp->n_head; h++) {
+                    kern_rope_apply(q + (size_t)h * (size_t)hp->head_dim, hp->n_rot, cs, true);
+                    kern_rope_apply(k + (size_t)h * (size_t)hp->head_dim, hp->n_rot, cs, true);
+                }
             }
             break;
         }
@@ -138,6 +156,10 @@ static void bert__task(void *arg, int ith, int nth) {
             break;
         case BERT_GELU: {
             float *g = c->g + (size_t)t * (size_t)F;
+            if (L->w_gate.data) { // nomic-bert's SwiGLU
+                c->kv->silu_mul(F, g, c->u + (size_t)t * (size_t)F, g);
+                break;
+            }
             for (int64_t i = 0; i < F; i++) { // the tanh approximation, as ggml_gelu
                 const float z = g[i] + L->b_up[i];
                 g[i] =
@@ -191,7 +213,13 @@ ks_err model__bert_forward(model_ctx *c, const model_batch *b, const model_hidde
         model__matmul(c, &L->wo, c->att, T, c->tmp);
         bert__rows(c, b, L, BERT_ADD_LN1);
         model__act_reset(c);
-        model__matmul(c, &L->w_up, c->x, T, c->g);
+        if (L->w_gate.data) { // nomic-bert: gate into g, up into u
+            const model__mat *gu[] = {&L->w_gate, &L->w_up};
+            float *const gu_out[] = {c->g, c->u};
+            model__matmuls(c, 2, gu, c->x, T, gu_out);
+        } else {
+            model__matmul(c, &L->w_up, c->x, T, c->g);
+        }
         bert__rows(c, b, L, BERT_GELU);
         model__act_reset(c);
         model__matmul(c, &L->w_down, c->g, T, c->tmp);

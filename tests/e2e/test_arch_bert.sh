@@ -7,7 +7,12 @@
 # anchor) on the same file; completions and chat are a clear 400 (no LM
 # head); an input past the batch (the encoder reads it whole) is a 400
 # context_length_exceeded; the OpenAI npm client's embeddings.create works
-# (js/embed_client.mjs). Needs $KS_SHARED/vocab-wpm (the bert-bge vocab).
+# (js/embed_client.mjs). nomic-bert (RoPE, SwiGLU, no biases) likewise: F16
+# with --qk-gain 3, so that attention depends on position (the wrong RoPE
+# pairing then misses by cosine 0.3), and Q8_0 at unit gain (at gain 3 the
+# Q8_0 file's rounding moves both engines' vectors by ~1e-3, and they
+# agree only to cosine 0.999 there; see the report in README). Needs
+# $KS_SHARED/vocab-wpm (the bert-bge vocab).
 . "$(dirname "$0")/lib.sh"
 
 VOCAB=$KS_SHARED/vocab-wpm/ggml-vocab-bert-bge.gguf
@@ -20,6 +25,17 @@ has() { grep -qE -- "$1" "$TMPD/out" || fail "$2: inspect output lacks /$1/"; }
 
 mk -o "$TMPD/f16.gguf" --n-head 4
 mk -o "$TMPD/q8.gguf" --n-head 4 --type q8_0 --pooling cls
+mkn() { "$KS_BIN" mkmodel --vocab "$VOCAB" --arch nomic-bert --n-head 4 "$@" \
+        >"$TMPD/mk.out" 2>"$TMPD/mk.err" || fail "mkmodel nomic-bert $*: $(cat "$TMPD/mk.err")"; }
+mkn -o "$TMPD/nf16.gguf" --qk-gain 3
+mkn -o "$TMPD/nq8.gguf" --type q8_0
+"$KS_BIN" inspect "$TMPD/nf16.gguf" >"$TMPD/out" 2>&1
+has '^tensors: +22$' nf16
+has 'nomic-bert\.attention\.causal +bool += false' nf16
+has '^  blk\.0\.attn_qkv\.weight +F16 +\[256, 768\] ' nf16
+has '^  blk\.1\.ffn_gate\.weight +F16 +\[256, 512\] ' nf16
+has '^runs: yes$' nf16
+grep -q 'position_embd' "$TMPD/out" && fail "nf16: nomic-bert has no position_embd"
 for f in f16 q8; do
     "$KS_BIN" inspect "$TMPD/$f.gguf" >"$TMPD/out" 2>&1
     has '^tensors: +37$' $f
@@ -51,7 +67,7 @@ embed() {
     curl -fsS "$1/v1/embeddings" "${AUTH[@]}" \
         -d "{\"model\":\"m\",\"input\":$INPUTS}" >"$2" || fail "POST $1/v1/embeddings"
 }
-for f in f16 q8; do
+for f in f16 q8 nf16 nq8; do
     start_server "$TMPD/ks_$f.log" -m "$TMPD/$f.gguf" --alias m --threads 2 --batch 128 \
         --tenants "$TMPD/t.json"
     embed "$KS_URL" "$TMPD/ks_$f.json"
@@ -83,7 +99,7 @@ for f in f16 q8; do
 done
 
 [ -x "$A" ] || skip "no llama.cpp anchor at $A (kvseal's own checks passed)"
-for f in f16 q8; do
+for f in f16 q8 nf16 nq8; do
     port=$((20000 + RANDOM % 20000))
     "$A" -m "$TMPD/$f.gguf" --embedding --host 127.0.0.1 --port $port -t 2 -c 512 \
         >"$TMPD/ls_$f.log" 2>&1 &
@@ -110,4 +126,4 @@ print("%s: 5 inputs, worst cosine %.7f, max |diff| %.2e" % (sys.argv[4], worst_c
 assert worst_cos >= 0.9999 and worst_abs < 5e-3
 PY
 done
-echo "ok: bert embeddings from kvseal match llama.cpp's (F16 mean, Q8_0 CLS)"
+echo "ok: bert and nomic-bert embeddings from kvseal match llama.cpp's (F16, Q8_0; mean, CLS)"
