@@ -35,6 +35,8 @@ typedef enum model_arch {
                                    magnitude and a per-position query temperature */
     MODEL_ARCH_NEMOTRON_H = 15, /* Nemotron-H: per layer Mamba2, attention or a squared-ReLU MLP */
     MODEL_ARCH_GPT_OSS = 14,    /* gpt-oss: attention sinks, biases, clamped SwiGLU experts */
+    MODEL_ARCH_BERT = 16,       /* an encoder for embeddings: bidirectional, no LM head */
+    MODEL_ARCH_NOMIC_BERT = 17, /* bert with RoPE (no learned positions), SwiGLU, no biases */
 } model_arch;
 
 /* How a mixture-of-experts router turns logits into expert weights. */
@@ -55,7 +57,7 @@ typedef enum model_gating {
 /* The architectures model_load runs, as its refusal lists them. */
 #define MODEL_ARCHS                                                                                \
     "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, glm4, glm4moe, deepseek2, deepseek32, "  \
-    "glm-dsa, qwen35, qwen35moe, mistral3, nemotron_h, gpt-oss"
+    "glm-dsa, qwen35, qwen35moe, mistral3, nemotron_h, gpt-oss, bert, nomic-bert"
 
 /* Largest head size (attention.key_length) a model may have. */
 #define MODEL_MAX_HEAD_DIM 1024
@@ -124,6 +126,11 @@ typedef struct model_hparams {
      * * (clamp(u, -limit, limit) + 1), g and u with their biases */
     float swiglu_alpha; /* 1.702 */
     float swiglu_limit; /* 7.0 */
+    /* BERT-family encoders (bert): bidirectional attention within a sequence,
+     * learned positions, LayerNorms with biases after each sublayer's
+     * residual add, GELU FFN, no LM head: embeddings only, and a sequence's
+     * whole input in one batch [false] */
+    bool encoder;
     /* Multi-head latent attention (deepseek2; kv_lora 0: none). The KV row of
      * a position is [rmsnorm(latent) (kv_lora) | RoPE key (n_rot)], one per
      * layer (n_head_kv 1, head_dim kv_lora + n_rot): K is the whole row, V
@@ -281,31 +288,32 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits /*
 typedef enum model_pooling {
     MODEL_POOL_DEFAULT = 0, /* not chosen: the model's (model_pooling_default) */
     MODEL_POOL_MEAN = 1,    /* mean over every position */
+    MODEL_POOL_CLS = 2,     /* the first position's row (BERT's [CLS]) */
     MODEL_POOL_LAST = 3,    /* the last position's row */
 } model_pooling;
 
 /* The model's pooling: <arch>.pooling_type when the GGUF has it and it is
- * mean or last, else mean. Can't fail. */
+ * mean, cls or last, else mean. Can't fail. */
 model_pooling model_pooling_default(const model *m);
-/* "mean" / "last" (NULL for anything else); static storage. */
+/* "mean" / "cls" / "last" (NULL for anything else); static storage. */
 const char *model_pooling_name(model_pooling p);
-/* Parses "mean" or "last"; false (out untouched) otherwise. */
+/* Parses "mean", "cls" or "last"; false (out untouched) otherwise. */
 bool model_pooling_parse(const char *s, model_pooling *out /* OUT */);
 
 /* Running pooled state of one input, computed by the caller's thread.
  * acc is (n_embd) doubles the caller owns; zero it (model_embd_begin). */
 typedef struct model_embd_acc {
-    model_pooling pooling; /* MEAN or LAST */
+    model_pooling pooling; /* MEAN, CLS or LAST */
     int32_t n_embd;
     int32_t n_rows; /* rows added */
-    double *acc;    /* (n_embd) MEAN: the running sum; LAST: the last row */
+    double *acc;    /* (n_embd) MEAN: the running sum; CLS: the first row; LAST: the last */
 } model_embd_acc;
 
-/* Resets a to an empty state for pooling p (MEAN or LAST) over n_embd
+/* Resets a to an empty state for pooling p (MEAN, CLS or LAST) over n_embd
  * values, acc (n_embd) borrowed. Can't fail. */
 void model_embd_begin(model_embd_acc *a, model_pooling p, int32_t n_embd, double *acc);
 /* Adds the hidden rows of the next n positions, in position order (rows
- * (n, n_embd), row-major). LAST keeps only the newest. Can't fail. */
+ * (n, n_embd), row-major). CLS keeps only the first, LAST the newest. Can't fail. */
 void model_embd_add(model_embd_acc *a, const float *rows, int32_t n);
 /* Writes the pooled, L2-normalized vector (n_embd floats; a zero vector
  * stays zero). Errors: KS_ERR_INVAL when no row was added. */

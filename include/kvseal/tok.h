@@ -19,6 +19,7 @@
 typedef enum tok_kind {
     TOK_KIND_SPM = 1, /* "llama" */
     TOK_KIND_BPE = 2, /* "gpt2" */
+    TOK_KIND_WPM = 3, /* "bert": WordPiece */
 } tok_kind;
 
 /* Token types as stored in tokenizer.ggml.token_type (append-only). */

@@ -50,6 +50,8 @@ typedef struct {
     const char *pattern; /* nemotron_h: a layer's kind per character, M Mamba2, * attention,
                             - MLP (ssm_k_heads: groups, ssm_v_heads: heads) */
     long ssm_head_dim;   /* nemotron_h: a Mamba2 head's elements */
+    long pooling;       /* bert: pooling_type (1 mean, 2 CLS) */
+    long n_types;       /* bert: token types (the vocab's tokenizer.ggml.token_type_count) */
     int n_threads;
 } mk__opts;
 
@@ -370,10 +372,78 @@ static bool mk__build_plan_gptoss(mk__plan *p, const mk__opts *o, int64_t n_voca
 }
 
 /* The llama.cpp tensor set for o, in llama.cpp's file order. */
+/* nomic-bert's tensors: bert's without position_embd (RoPE instead) and
+ * without biases, Q/K/V fused in attn_qkv, a SwiGLU FFN (ffn_gate). */
+static bool mk__build_plan_nomic(mk__plan *p, const mk__opts *o, int64_t n_vocab,
+                                 int64_t n_types) {
+    const int64_t E = o->n_embd, F = o->n_ff, QD = o->n_head * o->head_dim;
+    const ks_dtype W = o->type, F32 = KS_DTYPE_F32;
+    const float s_in = 1.0f / sqrtf((float)E), noise = 0.02f;
+    bool ok = mk__add(p, o, W, MK__RAND, 1.0f, E, n_vocab, "token_embd.weight", 0) &&
+              mk__add(p, o, F32, MK__RAND, 0.3f, E, n_types, "token_types.weight", 0) &&
+              mk__add(p, o, F32, MK__ONES, noise, E, 0, "token_embd_norm.weight", 0) &&
+              mk__add(p, o, F32, MK__RAND, noise, E, 0, "token_embd_norm.bias", 0);
+    for (int l = 0; ok && l < o->n_layer; l++)
+        ok = mk__add(p, o, W, MK__RAND, s_in * (float)o->qk_gain, E, 3 * QD,
+                     "blk.%d.attn_qkv.weight", l) &&
+             mk__add(p, o, W, MK__RAND, 1.0f / sqrtf((float)QD), QD, E,
+                     "blk.%d.attn_output.weight", l) &&
+             mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.attn_output_norm.weight", l) &&
+             mk__add(p, o, F32, MK__RAND, noise, E, 0, "blk.%d.attn_output_norm.bias", l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_up.weight", l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_gate.weight", l) &&
+             mk__add(p, o, W, MK__RAND, 1.0f / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight",
+                     l) &&
+             mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.layer_output_norm.weight", l) &&
+             mk__add(p, o, F32, MK__RAND, noise, E, 0, "blk.%d.layer_output_norm.bias", l);
+    return ok;
+}
+
+/* bert's tensors (llama.cpp's LLM_ARCH_BERT names): token, token-type and
+ * learned position embeddings with a LayerNorm, then per layer Q/K/V/O with
+ * biases, the post-attention LayerNorm (attn_output_norm), a GELU FFN with
+ * biases and the post-FFN LayerNorm (layer_output_norm); no output head. */
+static bool mk__build_plan_bert(mk__plan *p, const mk__opts *o, int64_t n_vocab,
+                                int64_t n_types) {
+    if (!strcmp(o->arch, "nomic-bert")) return mk__build_plan_nomic(p, o, n_vocab, n_types);
+    const int64_t E = o->n_embd, F = o->n_ff, QD = o->n_head * o->head_dim;
+    const ks_dtype W = o->type, F32 = KS_DTYPE_F32;
+    const float s_in = 1.0f / sqrtf((float)E), noise = 0.02f, s_qk = s_in * (float)o->qk_gain;
+    bool ok = mk__add(p, o, W, MK__RAND, 1.0f, E, n_vocab, "token_embd.weight", 0) &&
+              mk__add(p, o, F32, MK__RAND, 0.3f, E, n_types, "token_types.weight", 0) &&
+              mk__add(p, o, F32, MK__RAND, 0.3f, E, o->n_ctx, "position_embd.weight", 0) &&
+              mk__add(p, o, F32, MK__ONES, noise, E, 0, "token_embd_norm.weight", 0) &&
+              mk__add(p, o, F32, MK__RAND, noise, E, 0, "token_embd_norm.bias", 0);
+    static const char *const qkv[3][2] = {{"blk.%d.attn_q.weight", "blk.%d.attn_q.bias"},
+                                          {"blk.%d.attn_k.weight", "blk.%d.attn_k.bias"},
+                                          {"blk.%d.attn_v.weight", "blk.%d.attn_v.bias"}};
+    for (int l = 0; ok && l < o->n_layer; l++) {
+        for (int i = 0; ok && i < 3; i++)
+            ok = mk__add(p, o, W, MK__RAND, i < 2 ? s_qk : s_in, E, QD, qkv[i][0], l) &&
+                 mk__add(p, o, F32, MK__RAND, noise, QD, 0, qkv[i][1], l);
+        ok = ok &&
+             mk__add(p, o, W, MK__RAND, 1.0f / sqrtf((float)QD), QD, E,
+                     "blk.%d.attn_output.weight", l) &&
+             mk__add(p, o, F32, MK__RAND, noise, E, 0, "blk.%d.attn_output.bias", l) &&
+             mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.attn_output_norm.weight", l) &&
+             mk__add(p, o, F32, MK__RAND, noise, E, 0, "blk.%d.attn_output_norm.bias", l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_up.weight", l) &&
+             mk__add(p, o, F32, MK__RAND, noise, F, 0, "blk.%d.ffn_up.bias", l) &&
+             mk__add(p, o, W, MK__RAND, 1.0f / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight",
+                     l) &&
+             mk__add(p, o, F32, MK__RAND, noise, E, 0, "blk.%d.ffn_down.bias", l) &&
+             mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.layer_output_norm.weight", l) &&
+             mk__add(p, o, F32, MK__RAND, noise, E, 0, "blk.%d.layer_output_norm.bias", l);
+    }
+    return ok;
+}
+
 static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
     if (o->pattern) return mk__build_plan_nh(p, o, n_vocab);
     if (o->ssm_state) return mk__build_plan_qwen35(p, o, n_vocab);
     if (!strcmp(o->arch, "gpt-oss")) return mk__build_plan_gptoss(p, o, n_vocab);
+    if (!strcmp(o->arch, "bert") || !strcmp(o->arch, "nomic-bert"))
+        return mk__build_plan_bert(p, o, n_vocab, o->n_types);
     const int64_t E = o->n_embd, HD = o->head_dim, F = o->n_ff;
     const int64_t QD = o->n_head * HD, KD = o->n_head_kv * HD;
     const ks_dtype W = o->type;
@@ -517,15 +587,19 @@ static void mk__usage(FILE *fp) {
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
         "  --arch "
         "llama|mistral3|qwen2|qwen3|qwen3moe|qwen35|qwen35moe|phi3|gemma2|gemma3|glm4|\n"
-        "         glm4moe|deepseek2|deepseek32|glm-dsa|nemotron_h|gpt-oss  architecture\n"
+        "         glm4moe|deepseek2|deepseek32|glm-dsa|nemotron_h|gpt-oss|bert|nomic-bert\n"
+        "         architecture\n"
         "                               (default llama); gemma: tied, post-norms, GELU\n"
-        "  --attn-temp-scale F          mistral3: attention.temperature_scale (the query's\n"
-        "                               temperature over --rope-orig-ctx; default none)\n"
-        "  --yarn-log-mul F             mistral3: rope.scaling.yarn_log_multiplier (YaRN's\n"
-        "                               magnitude g(f,1)/g(f,F); default none)\n"
         "                               gpt-oss: 4 layers (even ones slide, --swa 32), heads\n"
         "                               of 64, 8 experts (4 used, n_ff_exp 256), sinks,\n"
         "                               biases, YaRN factor 32 from 4096, base 150000\n"
+        "                               bert: an encoder for embeddings (a WordPiece vocab)\n"
+        "                               nomic-bert: bert with RoPE and SwiGLU, no biases\n"
+        "  --pooling mean|cls           bert, nomic-bert: pooling_type (default mean)\n"
+        "  --attn-temp-scale F          mistral3: attention.temperature_scale (the query's\n"
+        "                               temperature over --rope-orig-ctx; default none)\n"
+        "  --yarn-log-mul F             mistral3: rope.scaling.yarn_log_multiplier (RoPE's\n"
+        "                               magnitude 1 / (1 + 0.1 F ln factor); default none)\n"
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
         "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
         "                               tq1_0 tq2_0 mxfp4\n"
@@ -787,6 +861,11 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
         ok = MK__F32("attention.temperature_scale", o->attn_temp_scale);
     if (ok && o->yarn_log_mul) // mistral3's converter: mscale_all_dim
         ok = MK__F32("rope.scaling.yarn_log_multiplier", o->yarn_log_mul);
+    if (ok && (!strcmp(a, "bert") || !strcmp(a, "nomic-bert"))) // an encoder: LayerNorm eps,
+                                                                  // bidirectional, its pooling
+        ok = MK__F32("attention.layer_norm_epsilon", o->eps) &&
+             (snprintf(k, sizeof k, "%s.attention.causal", a), !gguf_writer_set_bool(w, k, false)) &&
+             MK__U32("pooling_type", o->pooling);
     if (ok && o->longrope) // sqrt(1 + ln(scale) / ln(original context)), scale 32, orig 4096
         ok = MK__F32("rope.scaling.attn_factor", 1.1902380714238083);
     if (ok && o->rope_orig_ctx && o->rope_scale == 1.0)
@@ -835,6 +914,7 @@ static const cli__opt mk__optv[] = {
     {"ssm-conv", 0, true, false},      {"attn-interval", 0, true, false},
     {"attn-temp-scale", 0, true, false}, {"yarn-log-mul", 0, true, false},
     {"pattern", 0, true, false},       {"ssm-head-dim", 0, true, false},
+    {"pooling", 0, true, false},
 };
 
 /* What the options set before the shape is resolved. */
@@ -895,6 +975,12 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
             return 2;
         }
         o->rope_type = v;
+    } else if (!strcmp(a, "--pooling")) {
+        if (strcmp(v, "mean") && strcmp(v, "cls")) {
+            fprintf(stderr, "kvseal mkmodel: --pooling '%s' is not mean or cls\n", v);
+            return 2;
+        }
+        o->pooling = !strcmp(v, "mean") ? 1 : 2;
     } else if (!strcmp(a, "--n-shared")) {
         if (!cli__parse_int(a, v, 0, 8, &c->v_shared)) return 2;
     } else if (!strcmp(a, "--nextn")) {
@@ -1002,17 +1088,22 @@ int cli_mkmodel(int argc, char **argv) {
     const bool llama = !strcmp(o.arch, "llama") || mistral3;
     const bool nh = !strcmp(o.arch, "nemotron_h");
     const bool oss = !strcmp(o.arch, "gpt-oss");
-    if (!qwen && !gemma && !mla && !glm4moe && !nh && !oss && !llama && strcmp(o.arch, "phi3") &&
-        strcmp(o.arch, "glm4")) {
+    const bool bert = !strcmp(o.arch, "bert") || !strcmp(o.arch, "nomic-bert");
+    if (!qwen && !gemma && !mla && !glm4moe && !nh && !oss && !bert && !llama &&
+        strcmp(o.arch, "phi3") && strcmp(o.arch, "glm4")) {
         fprintf(stderr,
                 "kvseal mkmodel: --arch '%s' is not one of llama mistral3 qwen2 qwen3 qwen3moe "
                 "qwen35 qwen35moe phi3 gemma2 gemma3 glm4 glm4moe deepseek2 deepseek32 glm-dsa "
-                "nemotron_h gpt-oss\n",
+                "nemotron_h gpt-oss bert nomic-bert\n",
                 o.arch);
         return 2;
     }
     if ((o.attn_temp_scale || o.yarn_log_mul) && !mistral3) {
         fprintf(stderr, "kvseal mkmodel: --attn-temp-scale and --yarn-log-mul are mistral3's\n");
+        return 2;
+    }
+    if (o.pooling && !bert) {
+        fprintf(stderr, "kvseal mkmodel: --pooling is bert's\n");
         return 2;
     }
     if ((!qwen35 && !nh && (o.ssm_state || o.ssm_k_heads || o.ssm_v_heads || o.ssm_conv)) ||
@@ -1208,7 +1299,11 @@ int cli_mkmodel(int argc, char **argv) {
                   : qwen || glm4moe || !strcmp(o.arch, "gemma3") ? 1000000.0
                   : oss                                          ? 150000.0
                                                                  : 10000.0;
-    o.eps = qwen || gemma ? 1e-6 : 1e-5;
+    o.eps = qwen || gemma ? 1e-6 : bert ? 1e-12 : 1e-5;
+    if (bert) { // every head its own K/V; mean pooling unless --pooling cls
+        o.n_head_kv = o.n_head;
+        if (!o.pooling) o.pooling = 1;
+    }
     // glm4, glm4moe: partial rotary (half of each head)
     o.n_rot = strcmp(o.arch, "glm4") && !glm4moe ? o.head_dim : o.head_dim / 2;
     if (qwen35) o.n_rot = o.head_dim / 4; // Qwen3.5 turns a quarter of each head
@@ -1242,6 +1337,12 @@ int cli_mkmodel(int argc, char **argv) {
         fprintf(stderr, "kvseal mkmodel: %s: %lld tokens\n", o.vocab, (long long)n_vocab);
         goto done;
     }
+    uint32_t n_types = 2; // BERT's sentence A / B unless the vocabulary says otherwise
+    if (gguf_get(vocab, "tokenizer.ggml.token_type_count") &&
+        gguf_get_u32(vocab, "tokenizer.ggml.token_type_count", &n_types, &eb) == KS_OK &&
+        n_types < 1)
+        n_types = 1;
+    o.n_types = n_types;
     w = gguf_writer_create();
     if (!w || !mk__set_keys(w, &o, vocab, n_vocab) || !mk__build_plan(&p, &o, n_vocab)) {
         fprintf(stderr, "kvseal mkmodel: out of memory\n");

@@ -45,12 +45,12 @@ void serve__usage(const char *cmd) {
         "         [--request-timeout SECONDS (10)] [--max-connections 4096]\n"
         "         [--max-connections-per-ip 256 (0: no limit)] [--chat-template-file FILE]\n"
         "         [--tool-call-format auto|none|NAME] [--reasoning-format auto|none|deepseek]\n"
-        "         [--pooling mean|last] [--grammar-budget-ms 1000] [--grammar-cpu-ms 20000]\n"
+        "         [--pooling mean|cls|last] [--grammar-budget-ms 1000] [--grammar-cpu-ms 20000]\n"
         "  --grammar-budget-ms / --grammar-cpu-ms: the CPU a request's grammar masks may\n"
         "  take for one token / in all (0: no limit); past either it ends with a 400. Masks\n"
         "  run on their own threads and never hold up other requests' tokens.\n"
         "  --pooling: how POST /v1/embeddings pools the final hidden state (default: the\n"
-        "  GGUF's <arch>.pooling_type when mean or last, else mean); on prefill workers too.\n"
+        "  GGUF's <arch>.pooling_type when mean, cls or last, else mean); on prefill workers too.\n"
         "         [--cors-origin ORIGIN|'*']... (browsers; off by default: no CORS headers)\n"
         "  --tool-call-format: how the model writes tool calls (auto: from the chat template;\n"
         "  NAME: %s). --reasoning-format deepseek splits the text between think markers into\n"
@@ -539,7 +539,7 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
     case SO_POOLING: {
         model_pooling pm;
         if (!model_pooling_parse(v, &pm)) {
-            fprintf(stderr, "kvseal: --pooling expects mean or last, got '%s'\n", v);
+            fprintf(stderr, "kvseal: --pooling expects mean, cls or last, got '%s'\n", v);
             return 2;
         }
         c->pooling = (int)pm;

@@ -539,6 +539,11 @@ static void pf__embed(pf__worker *w, uint64_t req_id, const uint8_t *payload, ui
                             .page_tokens = w->page_tokens,
                             .max_pages = kv_pool_n_pages(w->pool),
                             .prompt_only = true};
+        const model_hparams *hp = model_hp(w->m);
+        if (hp->encoder) { // read whole in one forward chunk, within position_embd
+            if (lim.n_ctx > w->B) lim.n_ctx = w->B;
+            if (lim.n_ctx > hp->n_ctx_train) lim.n_ctx = hp->n_ctx_train;
+        }
         e = admit_embed(&lim, toks, m.n_tokens, &eb);
     }
     const model_pooling pool = !e && m.pooling ? (model_pooling)m.pooling : w->pooling;
@@ -566,7 +571,9 @@ static void pf__embed(pf__worker *w, uint64_t req_id, const uint8_t *payload, ui
             w->b_pos[j] = (int32_t)p;
             w->b_seq[j] = 0;
             w->b_out[j] = -1;
-            w->b_hid[j] = pool == MODEL_POOL_MEAN || p == m.n_tokens - 1 ? n_hid++ : -1;
+            bool want = pool == MODEL_POOL_MEAN ||
+                        (pool == MODEL_POOL_CLS ? p == 0 : p == m.n_tokens - 1);
+            w->b_hid[j] = want ? n_hid++ : -1;
         }
         model_batch b = {.n_tokens = chunk,
                          .tokens = w->b_tok,

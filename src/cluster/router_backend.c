@@ -154,7 +154,7 @@ static ks_err rt__embed_submit(void *impl, const engine_embed_params *p, void **
     model_pooling pool = p->pooling ? p->pooling : r->o.pooling;
     if (!err && pool && !model_pooling_name(pool))
         err =
-            admit_refuse(eb, ADMIT_INVALID, "pooling %d is not supported (mean, last)", (int)pool);
+            admit_refuse(eb, ADMIT_INVALID, "pooling %d is not supported (mean, cls, last)", (int)pool);
     if (!err && (!atomic_load(&r->online) || !atomic_load(&md->online)))
         err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
     if (!err && !atomic_load(&md->n_prefill))

@@ -433,6 +433,10 @@ static bool engine__step(engine *e) {
         engine_req *r = e->running[i];
         if (atomic_load(&r->state) != ENGINE_PREFILLING || r->leader) continue;
         int32_t chunk = r->n_prompt - r->n_past;
+        // an encoder (bidirectional: every position reads every other one)
+        // takes an input whole in one batch; admission kept it within the
+        // batch, so it waits for a step with room
+        if (e->encoder && chunk > budget - n) continue;
         if (chunk > budget - n) chunk = budget - n;
         if (r->snap_at > r->n_past && r->n_past + chunk > r->snap_at)
             chunk = r->snap_at - r->n_past;
@@ -444,7 +448,7 @@ static bool engine__step(engine *e) {
             r->lp_pos0 = r->n_past;
             r->lp_n = chunk;
         }
-        if (r->embed) { // hidden rows, no logits: every position's (mean) or the last's
+        if (r->embed) { // hidden rows, no logits: every position's (mean), the first's or the last's
             r->hid_row0 = n_hid;
             r->hid_n = 0;
         }
@@ -456,7 +460,9 @@ static bool engine__step(engine *e) {
             e->b_hid[n] = -1;
             if (r->embed) {
                 e->b_out[n] = -1;
-                if (r->embed == MODEL_POOL_MEAN || last) e->b_hid[n] = n_hid++, r->hid_n++;
+                bool want = r->embed == MODEL_POOL_MEAN ||
+                            (r->embed == MODEL_POOL_CLS ? r->n_past + j == 0 : last);
+                if (want) e->b_hid[n] = n_hid++, r->hid_n++;
             } else {
                 e->b_out[n] = last ? (r->out_row = n_out++) : r->prompt_lp ? n_out++ : -1;
             }
@@ -681,6 +687,7 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
     e->m = o->m;
     e->vocab = model_vocab(o->m);
     e->V = model_hp(o->m)->n_vocab;
+    e->encoder = model_hp(o->m)->encoder;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_mutex_init(&e->vmu, NULL);

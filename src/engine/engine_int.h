@@ -91,6 +91,7 @@ struct engine {
     const model *m;
     const tok_vocab *vocab;
     int32_t V;
+    bool encoder; /* the model is a bidirectional encoder (model_hparams.encoder) */
     kv_pool *pool;
     kv_prefix *prefix;
     model_ctx *ctx;

@@ -197,6 +197,13 @@ ks_err engine_submit_n(engine *e, const engine_params *p, int n, engine_req **ou
                         .page_tokens = (uint32_t)e->o.page_tokens,
                         .max_pages = kv_pool_n_pages(e->pool),
                         .state_pages = (uint32_t)kv_pool_geom(e->pool)->state_pages};
+    if (e->encoder) { // no LM head: nothing to generate from
+        atomic_fetch_add(&e->n_rejected, 1);
+        return admit_refuse(eb, ADMIT_INVALID,
+                            "this model (%s) is an embedding encoder: it has no LM head and serves "
+                            "only /v1/embeddings",
+                            model_hp(e->m)->arch_name);
+    }
     // echo with max_tokens 0: admitted (and reserved) as one token
     engine_params q = *p;
     bool prompt_only = p->prompt_logprobs && p->max_tokens == 0;
@@ -500,10 +507,14 @@ ks_err engine_embed_submit(engine *e, const engine_embed_params *p, engine_req *
                         .max_pages = kv_pool_n_pages(e->pool),
                         .state_pages = (uint32_t)kv_pool_geom(e->pool)->state_pages};
     model_pooling pool = p->pooling ? p->pooling : e->o.pooling;
+    if (e->encoder) { // the whole input in one batch, and its positions in position_embd
+        if (lim.n_ctx > e->o.max_batch_tokens) lim.n_ctx = e->o.max_batch_tokens;
+        if (lim.n_ctx > model_hp(e->m)->n_ctx_train) lim.n_ctx = model_hp(e->m)->n_ctx_train;
+    }
     ks_err err = admit_embed(&lim, p->tokens, p->n_tokens, eb);
     if (!err && !model_pooling_name(pool))
         err =
-            admit_refuse(eb, ADMIT_INVALID, "pooling %d is not supported (mean, last)", (int)pool);
+            admit_refuse(eb, ADMIT_INVALID, "pooling %d is not supported (mean, cls, last)", (int)pool);
     if (!err && !atomic_load(&e->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
     if (err) {
         atomic_fetch_add(&e->n_rejected, 1);

@@ -18,19 +18,21 @@ model_pooling model_pooling_default(const model *m) {
     uint32_t v = 0;
     ks_errbuf eb;
     if (gguf_get(model_gguf(m), key) && gguf_get_u32(model_gguf(m), key, &v, &eb) == KS_OK &&
-        (v == MODEL_POOL_MEAN || v == MODEL_POOL_LAST))
+        (v == MODEL_POOL_MEAN || v == MODEL_POOL_CLS || v == MODEL_POOL_LAST))
         return (model_pooling)v;
     return MODEL_POOL_MEAN;
 }
 
 const char *model_pooling_name(model_pooling p) {
-    return p == MODEL_POOL_MEAN ? "mean" : p == MODEL_POOL_LAST ? "last" : NULL;
+    return p == MODEL_POOL_MEAN ? "mean" : p == MODEL_POOL_CLS ? "cls" : p == MODEL_POOL_LAST ? "last" : NULL;
 }
 
 bool model_pooling_parse(const char *s, model_pooling *out) {
     if (!s) return false;
     if (!strcmp(s, "mean"))
         *out = MODEL_POOL_MEAN;
+    else if (!strcmp(s, "cls"))
+        *out = MODEL_POOL_CLS;
     else if (!strcmp(s, "last"))
         *out = MODEL_POOL_LAST;
     else
@@ -39,7 +41,7 @@ bool model_pooling_parse(const char *s, model_pooling *out) {
 }
 
 void model_embd_begin(model_embd_acc *a, model_pooling p, int32_t n_embd, double *acc) {
-    KS_ASSERT(p == MODEL_POOL_MEAN || p == MODEL_POOL_LAST);
+    KS_ASSERT(p == MODEL_POOL_MEAN || p == MODEL_POOL_CLS || p == MODEL_POOL_LAST);
     a->pooling = p;
     a->n_embd = n_embd;
     a->n_rows = 0;
@@ -50,7 +52,11 @@ void model_embd_begin(model_embd_acc *a, model_pooling p, int32_t n_embd, double
 void model_embd_add(model_embd_acc *a, const float *rows, int32_t n) {
     const size_t E = (size_t)a->n_embd;
     if (n <= 0) return;
-    if (a->pooling == MODEL_POOL_LAST) {
+    if (a->pooling == MODEL_POOL_CLS) {
+        if (a->n_rows == 0)
+            for (size_t i = 0; i < E; i++)
+                a->acc[i] = (double)rows[i];
+    } else if (a->pooling == MODEL_POOL_LAST) {
         const float *r = rows + (size_t)(n - 1) * E;
         for (size_t i = 0; i < E; i++)
             a->acc[i] = (double)r[i];

@@ -153,6 +153,12 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
         moe_ok = moe_ok && c->st_pages > 0 && c->ssm_x && c->ssm_z && c->ssm_o && c->ssm_b &&
                  c->ssm_a && c->ord && c->ord_off && c->ord_fill && c->st_pg;
     }
+    if (hp->encoder) { // bert: a sequence's tokens, for its bidirectional attention
+        c->ord = malloc(T * sizeof(int32_t));
+        c->ord_off = malloc((T + 1) * sizeof(int32_t));
+        c->ord_fill = malloc(T * sizeof(int32_t));
+        moe_ok = moe_ok && c->ord && c->ord_off && c->ord_fill;
+    }
     if (!c->threads || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->g ||
         !c->u || !c->scores || !c->seq_next || !c->seq_bad || !c->seq_first || !c->kp || !c->vp ||
         !c->act[0].buf || !c->act[1].buf || !c->pf_runs || !moe_ok) {
@@ -1254,6 +1260,7 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
     if (e) return e;
     const model *m = c->m;
     const model_hparams *hp = &m->hp;
+    if (hp->encoder) return model__bert_forward(c, b, h, eb);
     const int T = b->n_tokens;
     const int64_t E = hp->n_embd;
     for (int s = 0; s < b->n_seqs; s++) atomic_store_explicit(&c->seq_bad[s], 0, memory_order_relaxed);

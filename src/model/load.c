@@ -494,6 +494,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     memcpy(hp->arch_name, a.ptr, a.len);
     hp->arch_name[a.len] = '\0';
     if (!strcmp(hp->arch_name, "llama")) hp->arch = MODEL_ARCH_LLAMA;
+    else if (!strcmp(hp->arch_name, "bert")) hp->arch = MODEL_ARCH_BERT;
+    else if (!strcmp(hp->arch_name, "nomic-bert")) hp->arch = MODEL_ARCH_NOMIC_BERT;
     else if (!strcmp(hp->arch_name, "qwen2")) hp->arch = MODEL_ARCH_QWEN2;
     else if (!strcmp(hp->arch_name, "qwen3")) hp->arch = MODEL_ARCH_QWEN3;
     else if (!strcmp(hp->arch_name, "qwen3moe"))
@@ -677,6 +679,13 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     if (hp->arch == MODEL_ARCH_MISTRAL3) return load__mistral3(&c, hp);
     if (hp->arch == MODEL_ARCH_GEMMA2 || hp->arch == MODEL_ARCH_GEMMA3) return load__gemma(&c, hp);
     if (hp->arch == MODEL_ARCH_GPT_OSS) return load__gptoss(&c, hp);
+    // LayerNorms (llama.cpp's default eps 1e-12); bert: no RoPE, nomic-bert
+    // NEOX-style RoPE over the whole head
+    if (hp->arch == MODEL_ARCH_BERT || hp->arch == MODEL_ARCH_NOMIC_BERT) {
+        hp->encoder = true;
+        if (hp->arch == MODEL_ARCH_BERT) hp->n_rot = 0;
+        return load__f32(&c, "attention.layer_norm_epsilon", 1e-12f, &hp->norm_eps);
+    }
     // Mistral-style llama files: every layer slides where a window is set, as
     // Hugging Face and vLLM run them (llama.cpp ignores the key for llama)
     if (hp->arch == MODEL_ARCH_LLAMA &&
@@ -987,6 +996,76 @@ static ks_err load__nemotron_h_layer(model *m, int il, char k, model__layer *L, 
     return KS_OK;
 }
 
+/* bert's tensors after token_embd (llama.cpp's LLM_ARCH_BERT names), Q/K/V
+ * split or fused as attn_qkv; every bias and LayerNorm required. nomic-bert:
+ * no position_embd (RoPE), ffn_gate (SwiGLU), the biases optional. */
+static ks_err load__bert(model *m, ks_errbuf *eb) {
+    model_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, F = hp->n_ff, HD = (int64_t)hp->n_head * hp->head_dim;
+    ks_err e;
+    if (hp->n_head_kv != hp->n_head)
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED, "%s: bert with head_count_kv %d != head_count %d",
+                         gguf_path(m->gguf), hp->n_head_kv, hp->n_head);
+    const bool nomic = hp->arch == MODEL_ARCH_NOMIC_BERT, rb = !nomic; // biases required
+    const gguf_tensor *tt = load__tensor(m, "token_types.weight", true, eb, &e);
+    if (!tt) return e;
+    if (tt->n_dims != 2 || tt->ne[1] < 1 || tt->ne[1] > 64)
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: token_types.weight: expected [%lld, 1..64]",
+                         gguf_path(m->gguf), (long long)E);
+    if ((e = load__mat(m, "token_types.weight", E, tt->ne[1], &m->type_embd, eb)) ||
+        (!nomic &&
+         (e = load__mat(m, "position_embd.weight", E, hp->n_ctx_train, &m->pos_embd, eb))) ||
+        (e = load__vec(m, "token_embd_norm.weight", E, true, &m->embd_norm, eb)) ||
+        (e = load__vec(m, "token_embd_norm.bias", E, true, &m->embd_norm_b, eb)))
+        return e;
+    if ((uint64_t)hp->n_layer > gguf_n_tensors(m->gguf))
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: block_count %d but the file holds %llu tensors",
+                         gguf_path(m->gguf), hp->n_layer,
+                         (unsigned long long)gguf_n_tensors(m->gguf));
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) return ks_seterr(eb, KS_ERR_NOMEM, "%s: layers", gguf_path(m->gguf));
+    hp->tied_output = true; // no LM head: nothing reads output
+    m->output = m->tok_embd;
+    for (int il = 0; il < hp->n_layer; il++) {
+        model__layer *L = &m->layers[il];
+        char n[96];
+#define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
+        L->kv_layer = il;
+        if (gguf_find_tensor(m->gguf, LNAME("attn_qkv.weight"))) { // Q, K, V rows in one
+            model__mat fused = {0};
+            const float *b = NULL;
+            if ((e = load__mat(m, n, E, 3 * HD, &fused, eb)) ||
+                (e = load__vec(m, LNAME("attn_qkv.bias"), 3 * HD, rb, &b, eb)))
+                return e;
+            L->wq = load__rows(&fused, 0, HD);
+            L->wk = load__rows(&fused, HD, HD);
+            L->wv = load__rows(&fused, 2 * HD, HD);
+            if (b) L->bq = b, L->bk = b + HD, L->bv = b + 2 * HD;
+        } else if ((e = load__mat(m, LNAME("attn_q.weight"), E, HD, &L->wq, eb)) ||
+                   (e = load__mat(m, LNAME("attn_k.weight"), E, HD, &L->wk, eb)) ||
+                   (e = load__mat(m, LNAME("attn_v.weight"), E, HD, &L->wv, eb)) ||
+                   (e = load__vec(m, LNAME("attn_q.bias"), HD, rb, &L->bq, eb)) ||
+                   (e = load__vec(m, LNAME("attn_k.bias"), HD, rb, &L->bk, eb)) ||
+                   (e = load__vec(m, LNAME("attn_v.bias"), HD, rb, &L->bv, eb))) {
+            return e;
+        }
+        if ((e = load__mat(m, LNAME("attn_output.weight"), HD, E, &L->wo, eb)) ||
+            (e = load__vec(m, LNAME("attn_output.bias"), E, rb, &L->bo, eb)) ||
+            (e = load__vec(m, LNAME("attn_output_norm.weight"), E, true, &L->ln_attn, eb)) ||
+            (e = load__vec(m, LNAME("attn_output_norm.bias"), E, true, &L->ln_attn_b, eb)) ||
+            (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)) ||
+            (e = load__vec(m, LNAME("ffn_up.bias"), F, rb, &L->b_up, eb)) ||
+            (nomic && (e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb))) ||
+            (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb)) ||
+            (e = load__vec(m, LNAME("ffn_down.bias"), E, rb, &L->b_down, eb)) ||
+            (e = load__vec(m, LNAME("layer_output_norm.weight"), E, true, &L->ln_out, eb)) ||
+            (e = load__vec(m, LNAME("layer_output_norm.bias"), E, true, &L->ln_out_b, eb)))
+            return e;
+#undef LNAME
+    }
+    return KS_OK;
+}
+
 static ks_err load__weights(model *m, ks_errbuf *eb) {
     model_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, D = hp->head_dim, F = hp->n_ff;
@@ -1001,6 +1080,7 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
                          gguf_path(m->gguf), (long long)te->ne[0], (long long)te->ne[1], (long long)E);
     hp->n_vocab = (int32_t)te->ne[1];
     if ((e = load__mat(m, "token_embd.weight", E, hp->n_vocab, &m->tok_embd, eb))) return e;
+    if (hp->encoder) return load__bert(m, eb);
     if ((e = load__vec(m, "output_norm.weight", E, true, &m->output_norm, eb))) return e;
     // per-pair angle divisors: Llama 3.x's, or phi3's LongRoPE short and long
     if ((e = load__rope_factors(m, "rope_freqs.weight", &hp->rope_freqs, eb))) return e;

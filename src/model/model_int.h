@@ -71,6 +71,12 @@ typedef struct model__layer {
     const float *ssm_conv1d;     // (K, C) tap r of every channel in row r (transposed)
     const float *ssm_norm;       // (S) the gated RMSNorm of a head's output
     model__mat ssm_out;          // (E, VD)
+    // bert (model_hparams.encoder): the biases of attn_output, ffn_up and
+    // ffn_down, and the LayerNorms after each residual add (w_up / w_down
+    // are the FFN; attn_norm / ffn_norm unused)
+    const float *b_up, *b_down;       // (F), (E): ffn_up / ffn_down biases (bo: below)
+    const float *ln_attn, *ln_attn_b; // (E) attn_output_norm: after the attention's add
+    const float *ln_out, *ln_out_b;   // (E) layer_output_norm: after the FFN's add
     const float *shexp_gate;     // (E) qwen35moe: the shared expert's output is weighted by
                                  // sigmoid(shexp_gate . x) per token (NULL: unweighted)
     // nemotron_h: one mixer per layer (the FFN of an attention or Mamba2
@@ -98,6 +104,10 @@ struct model {
     model__mat tok_embd;  // (V, E)
     model__mat output;    // (V, E); = tok_embd when tied
     const float *output_norm;  // (E)
+    // bert: learned positions, token types, the embeddings' LayerNorm
+    model__mat pos_embd;                  // (n_ctx_train, E) position_embd
+    model__mat type_embd;                 // (n_types, E) token_types (type 0 is used)
+    const float *embd_norm, *embd_norm_b; // (E) token_embd_norm
     model__layer *layers;      // (n_layer)
     float **owned;             // f32 copies of non-F32 vectors (norms, biases)
     int n_owned;
@@ -227,6 +237,12 @@ void model__order_tokens(model_ctx *c, const model_batch *b);
 void model__gdn_layer(model_ctx *c, const model_batch *b, const model__layer *L);
 /* A Mamba2 layer (nemotron_h): its input in xn (normed), its output into tmp. */
 void model__mamba2_layer(model_ctx *c, const model_batch *b, const model__layer *L);
+
+/* The bert encoder's pass over batch b (model_forward_hidden's, once the
+ * batch is validated): each sequence's whole input, every position reading
+ * every other of its sequence; hidden rows to h. No logits (no LM head). */
+ks_err model__bert_forward(model_ctx *c, const model_batch *b, const model_hidden *h,
+                           ks_errbuf *eb);
 
 /* Forgets cached quantized activations (call when an input buffer changes). */
 static inline void model__act_reset(model_ctx *c) { c->act[0].src = c->act[1].src = NULL; }

@@ -435,12 +435,15 @@ ks_err tok_encode_marked(const tok_vocab *v, const char *text, size_t len, bool 
                 }
             }
             ok = ok && spm__encode(&c, c.text.p, c.text.len);
+        } else if (v->kind == TOK_KIND_WPM) {
+            ok = tok__wpm_encode(v, text + fr->off, fr->len, &out, max_ids, &c.text);
         } else {
             ok = bpe__encode(&c, text + fr->off, fr->len);
         }
         prev_special = false;
     }
     if (ok && add_special && v->add_eos && out.n <= max_ids) ok = tok__ids_push(&out, v->eos);
+    if (ok && add_special && v->add_sep && out.n <= max_ids) ok = tok__ids_push(&out, v->sep);
 
     free(frags.p);
     free(tmp.p);

@@ -86,6 +86,9 @@ struct tok_vocab {
     uint32_t *piece_off; /* (n_vocab) offset in piece_pool */
     uint32_t *piece_len; /* (n_vocab) bytes */
     size_t max_piece;    /* longest piece in bytes (at least 1) */
+    size_t max_text;     /* longest token text in bytes (WPM's match window) */
+    bool add_sep;        /* WPM: append the separator ([SEP]) with add_special */
+    int32_t sep;         /* WPM: separator id, TOK_NULL if none */
     tok__pretok pre;     /* BPE only */
 };
 
@@ -130,5 +133,33 @@ static inline size_t tok__utf8_len(uint8_t c) {
 }
 /* Appends the UTF-8 encoding of cpt (< 0x110000) to out; returns bytes (1-4). */
 size_t tok__utf8_put(uint32_t cpt, char *out);
+
+// ----------------------------------------------------------------------------
+// WordPiece (BERT): unicode_wpm.c holds the generated tables, wpm.c the encoder
+
+/* Code point classes of the WordPiece pre-tokenizer. */
+enum { TOK__CLS_OTHER, TOK__CLS_WS, TOK__CLS_CTRL, TOK__CLS_PUNCT, TOK__CLS_SYM, TOK__CLS_MARK };
+typedef struct tok__cls_range {
+    uint32_t start; /* first code point of the range (it runs to the next start) */
+    uint8_t cls;    /* TOK__CLS_* */
+} tok__cls_range;
+typedef struct tok__cpt_pair {
+    uint32_t cpt, to;
+} tok__cpt_pair;
+typedef struct tok__nfd_range {
+    uint32_t first, last, head; /* every code point in [first, last] decomposes to head + ... */
+} tok__nfd_range;
+extern const tok__cls_range tok__cls_ranges[];
+extern const size_t tok__n_cls_ranges;
+extern const tok__cpt_pair tok__lower_map[];
+extern const size_t tok__n_lower_map;
+extern const tok__nfd_range tok__nfd_ranges[];
+extern const size_t tok__n_nfd_ranges;
+
+/* WordPiece-encodes the raw text t[0..n) (no special tokens in it) and
+ * appends the ids to *out, stopping at a word boundary once out holds more
+ * than max_ids; word is scratch. false on NOMEM. */
+bool tok__wpm_encode(const tok_vocab *v, const char *t, size_t n, tok__ids *out, size_t max_ids,
+                     tok__buf *word);
 
 #endif /* KS_TOK_INT_H */

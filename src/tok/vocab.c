@@ -92,7 +92,7 @@ static size_t vocab__make_piece(const tok_vocab *v, int32_t id, char *out) {
     default: /* unused, undefined: nothing, as llama.cpp */
         return 0;
     }
-    if (v->kind == TOK_KIND_SPM) { /* U+2581 -> space */
+    if (v->kind != TOK_KIND_BPE) { /* SPM, WPM: U+2581 -> space */
         for (size_t i = 0; i < n; i++) {
             if (i + 2 < n && (uint8_t)t[i] == 0xE2 && (uint8_t)t[i + 1] == 0x96 &&
                 (uint8_t)t[i + 2] == 0x81) {
@@ -245,6 +245,8 @@ ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out, ks_errbuf *eb) {
         v->kind = TOK_KIND_SPM;
     } else if (model.len == 4 && !memcmp(model.ptr, "gpt2", 4)) {
         v->kind = TOK_KIND_BPE;
+    } else if (model.len == 4 && !memcmp(model.ptr, "bert", 4)) {
+        v->kind = TOK_KIND_WPM;
     } else {
         e = ks_seterr(eb, KS_ERR_UNSUPPORTED, "%s: tokenizer model '%.*s' is not supported", path,
                       (int)(model.len > 64 ? 64 : model.len), model.ptr);
@@ -334,6 +336,10 @@ ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out, ks_errbuf *eb) {
         v->add_bos = true;
         v->add_space_prefix = true;
         snprintf(v->pre.name, sizeof v->pre.name, "spm");
+    } else if (v->kind == TOK_KIND_WPM) { /* [CLS] text [SEP]; [UNK] for a word with no cut */
+        v->bos = 101, v->eos = TOK_NULL, v->unk = 100;
+        v->add_bos = v->add_sep = true;
+        snprintf(v->pre.name, sizeof v->pre.name, "wpm");
     } else {
         v->bos = 11, v->eos = 11, v->unk = TOK_NULL;
         const gguf_value *mg;
@@ -373,6 +379,11 @@ ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out, ks_errbuf *eb) {
         if (!strcmp(v->pre.name, "chatglm4")) v->bos = TOK_NULL; /* GLM: no default BOS */
     }
     v->eot = v->eom = TOK_NULL;
+    v->sep = v->kind == TOK_KIND_WPM ? 102 : TOK_NULL;
+    vocab__opt_id(f, "tokenizer.ggml.seperator_token_id", n, &v->sep); /* sic, as the GGUF key */
+    vocab__opt_bool(f, "tokenizer.ggml.add_sep_token", &v->add_sep);
+    if (v->sep >= n) v->sep = TOK_NULL;
+    if (v->sep == TOK_NULL) v->add_sep = false;
     vocab__opt_id(f, "tokenizer.ggml.bos_token_id", n, &v->bos);
     vocab__opt_id(f, "tokenizer.ggml.eos_token_id", n, &v->eos);
     vocab__opt_id(f, "tokenizer.ggml.unknown_token_id", n, &v->unk);
@@ -485,6 +496,7 @@ ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out, ks_errbuf *eb) {
     }
     v->piece_pool = pp;
     uint32_t po = 0;
+    v->max_text = v->max_piece;
     v->max_piece = 1;
     for (int32_t i = 0; i < n; i++) {
         size_t pl = vocab__make_piece(v, i, pp + po);
@@ -573,6 +585,7 @@ size_t tok_piece(const tok_vocab *v, int32_t id, bool render_special, char *buf,
 size_t tok_max_piece(const tok_vocab *v) { return v->max_piece; }
 
 size_t tok_max_token_bytes(const tok_vocab *v) {
+    if (v->kind == TOK_KIND_WPM) return 0; /* dropped controls, spaces: no bound */
     // A token's piece is exactly the input it covers (U+2581 is the space it
     // escaped; byte tokens, an invalid byte read as U+FFFD and <unk> cover
     // one byte each), except whitespace stripped next to a special token.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_tokenize_oracle.sh — `kvseal tokenize --ids` against llama.cpp's
 # llama-tokenize (the anchor) on every ggml-vocab-*.gguf in $KS_SHARED/vocab
-# and on the shipped kjv-mini model, id for id.
+# and $KS_SHARED/vocab-wpm (WordPiece) and on the shipped kjv-mini model, id
+# for id.
 #
 # Each vocabulary gets a fixed list of strings that stress tokenizers (the
 # list below) plus strings built from its own special tokens (every control
@@ -136,6 +137,12 @@ hex_text() { printf '%b' "$(sed 's/../\\x&/g' <<<"$1")"; }
 
 total_bad=0 n_vocab=0
 vocabs=("$KS_SHARED"/vocab/ggml-vocab-*.gguf "$KS_SRC/models/kjv-mini.gguf")
+# WordPiece (BERT) vocabularies, when the shared folder has them
+if [ -d "$KS_SHARED/vocab-wpm" ]; then
+    vocabs+=("$KS_SHARED"/vocab-wpm/ggml-vocab-*.gguf)
+else
+    echo "note: no $KS_SHARED/vocab-wpm: the WordPiece vocabulary is not checked"
+fi
 for V in "${vocabs[@]}"; do
     name=$(basename "$V")
     [[ "$name" == *"${KS_ORACLE_ONLY:-}"* ]] || continue

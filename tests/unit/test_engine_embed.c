@@ -145,8 +145,9 @@ static void test_pooling(void) {
     // the reference mean and last, by hand
     double *mean = calloc((size_t)E, sizeof(double));
     float *ref_mean = malloc(sizeof(float) * (size_t)E),
-          *ref_last = malloc(sizeof(float) * (size_t)E);
-    double ss = 0, sl = 0;
+          *ref_last = malloc(sizeof(float) * (size_t)E),
+          *ref_cls = malloc(sizeof(float) * (size_t)E);
+    double ss = 0, sl = 0, sc = 0;
     for (int32_t i = 0; i < E; i++) {
         for (size_t t = 0; t < n; t++)
             mean[i] += rows[t * (size_t)E + i];
@@ -154,18 +155,21 @@ static void test_pooling(void) {
         ss += mean[i] * mean[i];
         double l = rows[(n - 1) * (size_t)E + i];
         sl += l * l;
+        sc += (double)rows[i] * rows[i];
     }
     for (int32_t i = 0; i < E; i++) {
         ref_mean[i] = (float)(mean[i] / sqrt(ss));
         ref_last[i] = (float)(rows[(n - 1) * (size_t)E + i] / sqrt(sl));
+        ref_cls[i] = (float)(rows[i] / sqrt(sc));
     }
     // the engine, chunked by 16 (several steps) and by 256 (one)
     float *v = malloc(sizeof(float) * (size_t)E), *w = malloc(sizeof(float) * (size_t)E);
-    float *last = malloc(sizeof(float) * (size_t)E);
+    float *last = malloc(sizeof(float) * (size_t)E), *cls = malloc(sizeof(float) * (size_t)E);
     engine *e = make_engine(16, MODEL_POOL_DEFAULT);
     take(submit(e, ids, n, MODEL_POOL_DEFAULT), v,
          (int32_t)n); // kjv-mini has no pooling_type: mean
     take(submit(e, ids, n, MODEL_POOL_LAST), last, (int32_t)n);
+    take(submit(e, ids, n, MODEL_POOL_CLS), cls, (int32_t)n); // the first position's row
     check_clean(e);
     engine_destroy(e);
     e = make_engine(256, MODEL_POOL_MEAN);
@@ -173,24 +177,30 @@ static void test_pooling(void) {
     check_clean(e);
     engine_destroy(e);
     CHECK_MEM_EQ(v, w, sizeof(float) * (size_t)E); // chunking does not change a bit
-    double diff_mean = 0, diff_last = 0, diff_ml = 0;
+    double diff_mean = 0, diff_last = 0, diff_ml = 0, diff_cls = 0;
     for (int32_t i = 0; i < E; i++) {
         diff_mean = fmax(diff_mean, fabs((double)v[i] - ref_mean[i]));
         diff_last = fmax(diff_last, fabs((double)last[i] - ref_last[i]));
         diff_ml = fmax(diff_ml, fabs((double)v[i] - last[i]));
+        diff_cls = fmax(diff_cls, fabs((double)cls[i] - ref_cls[i]));
     }
     CHECK(diff_mean < 1e-6);
     CHECK(diff_last < 1e-6);
+    CHECK(diff_cls < 1e-6);
     CHECK(diff_ml > 1e-3); // mean and last pooling differ
     CHECK_NEAR(norm2(v), 1.0, 1e-5);
     CHECK_NEAR(norm2(last), 1.0, 1e-5);
     CHECK_EQ(model_pooling_default(g_model), MODEL_POOL_MEAN);
     model_pooling p = MODEL_POOL_DEFAULT;
     CHECK(model_pooling_parse("last", &p) && p == MODEL_POOL_LAST);
-    CHECK(!model_pooling_parse("cls", &p) && p == MODEL_POOL_LAST);
+    CHECK(model_pooling_parse("cls", &p) && p == MODEL_POOL_CLS);
+    CHECK(!model_pooling_parse("max", &p) && p == MODEL_POOL_CLS);
+    CHECK(!strcmp(model_pooling_name(MODEL_POOL_CLS), "cls"));
     free(mean);
     free(ref_mean);
     free(ref_last);
+    free(ref_cls);
+    free(cls);
     free(rows);
     free(rows2);
     free(v);
@@ -295,7 +305,7 @@ static void test_admission(void) {
     ids[3] = -1;
     CHECK_EQ(engine_embed_submit(e, &ep, &r, &eb), KS_ERR_INVAL);
     ids[3] = 7;
-    ep.pooling = (model_pooling)2; // CLS: not supported
+    ep.pooling = (model_pooling)4; // llama.cpp's RANK: not supported
     CHECK_EQ(engine_embed_submit(e, &ep, &r, &eb), KS_ERR_INVAL);
     engine_get_stats(e, &st1);
     CHECK_EQ(st1.n_rejected - st0.n_rejected, 5u);
