@@ -661,18 +661,22 @@ static void write_sinks(const char *src, const char *dst, bool neg_inf) {
     gguf_writer *w = gguf_writer_create();
     for (uint64_t i = 0; i < gguf_n_kv(f); i++)
         CHECK_EQ(gguf_writer_copy_kv(w, f, gguf_kv_at(f, i)->key), KS_OK);
-    float *inf = NULL;
+    // the writer borrows each tensor's data until gguf_writer_write: one
+    // buffer per sinks tensor, freed after it
+    float *inf[64] = {0};
+    int n_inf = 0;
     for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
         const void *data = t->data;
         if (strstr(t->name, "attn_sinks")) {
             if (!neg_inf) continue;
             CHECK_EQ(t->type, KS_DTYPE_F32);
-            free(inf);
-            inf = malloc(t->n_bytes);
+            CHECK(n_inf < 64);
+            float *b = inf[n_inf++] = malloc(t->n_bytes);
+            CHECK(b != NULL);
             for (uint64_t j = 0; j < t->n_elems; j++)
-                inf[j] = -INFINITY;
-            data = inf;
+                b[j] = -INFINITY;
+            data = b;
         }
         CHECK_EQ(gguf_writer_add_tensor(w, t->name, t->n_dims, t->ne, (ks_dtype)t->type, data,
                                         t->n_bytes),
@@ -680,7 +684,8 @@ static void write_sinks(const char *src, const char *dst, bool neg_inf) {
     }
     CHECK_EQ(gguf_writer_write(w, dst, &eb), KS_OK);
     gguf_writer_destroy(w);
-    free(inf);
+    for (int k = 0; k < n_inf; k++)
+        free(inf[k]);
     gguf_close(f);
 }
 
