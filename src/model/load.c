@@ -321,6 +321,19 @@ static ks_err load__gptoss(load__ctx *c, model_hparams *hp) {
 /* Most value heads x state size a Gated DeltaNet layer may have (scratch per token). */
 #define LOAD__MAX_SSM_DIM 65536
 
+/* The recurrent layers' shape keys both hybrid families write:
+ * ssm.conv_kernel, state_size, group_count, time_step_rank, inner_size. */
+static ks_err load__ssm_shape(load__ctx *c, model_hparams *hp, int32_t *inner) {
+    ks_err e;
+    if ((e = load__u32(c, "ssm.conv_kernel", true, 0, &hp->ssm_conv)) ||
+        (e = load__u32(c, "ssm.state_size", true, 0, &hp->ssm_state)) ||
+        (e = load__u32(c, "ssm.group_count", true, 0, &hp->ssm_k_heads)) ||
+        (e = load__u32(c, "ssm.time_step_rank", true, 0, &hp->ssm_v_heads)) ||
+        (e = load__u32(c, "ssm.inner_size", true, 0, inner)))
+        return e;
+    return KS_OK;
+}
+
 /* qwen35's Gated DeltaNet keys, as llama.cpp reads them: ssm.conv_kernel,
  * ssm.state_size (a head's key and value size: they are equal),
  * ssm.group_count key heads, ssm.time_step_rank value heads (a multiple),
@@ -331,11 +344,7 @@ static ks_err load__ssm(load__ctx *c, model_hparams *hp) {
     const char *path = gguf_path(c->f);
     int32_t inner;
     ks_err e;
-    if ((e = load__u32(c, "ssm.conv_kernel", true, 0, &hp->ssm_conv)) ||
-        (e = load__u32(c, "ssm.state_size", true, 0, &hp->ssm_state)) ||
-        (e = load__u32(c, "ssm.group_count", true, 0, &hp->ssm_k_heads)) ||
-        (e = load__u32(c, "ssm.time_step_rank", true, 0, &hp->ssm_v_heads)) ||
-        (e = load__u32(c, "ssm.inner_size", true, 0, &inner)) ||
+    if ((e = load__ssm_shape(c, hp, &inner)) ||
         (e = load__u32(c, "full_attention_interval", false, 4, &hp->attn_interval)))
         return e;
     if (hp->ssm_conv < 2 || hp->ssm_conv > 16 || hp->ssm_state % 16 ||
@@ -462,12 +471,7 @@ static ks_err load__nemotron_h(load__ctx *c, model_hparams *hp) {
                          "%s: nemotron_h without an attention layer or an MLP layer", path);
     int32_t inner;
     ks_err e;
-    if ((e = load__u32(c, "ssm.conv_kernel", true, 0, &hp->ssm_conv)) ||
-        (e = load__u32(c, "ssm.state_size", true, 0, &hp->ssm_state)) ||
-        (e = load__u32(c, "ssm.group_count", true, 0, &hp->ssm_k_heads)) ||
-        (e = load__u32(c, "ssm.time_step_rank", true, 0, &hp->ssm_v_heads)) ||
-        (e = load__u32(c, "ssm.inner_size", true, 0, &inner)))
-        return e;
+    if ((e = load__ssm_shape(c, hp, &inner))) return e;
     hp->ssm_inner = inner;
     hp->ssm_head_dim = inner / hp->ssm_v_heads;
     if (hp->ssm_conv < 2 || hp->ssm_conv > 16 || hp->ssm_state % 16 ||
