@@ -76,9 +76,9 @@ static const char *const *tc__starts(toolcall_format f) {
     }
 }
 
-/* harmony: the final channel's headers, dropped where content starts */
-static const char *const tc__harmony_final[] = {"<|start|>assistant<|channel|>final<|message|>",
-                                                "<|channel|>final<|message|>", NULL};
+/* harmony's control tokens, one after another: every special token among
+ * them is a marker */
+#define TC_HARMONY_TOKENS "<|start|><|channel|><|message|><|end|><|constrain|><|call|><|return|>"
 
 /* True when piece (n bytes) occurs in marker. */
 static bool tc__in(const char *marker, const char *piece, size_t n) {
@@ -94,9 +94,9 @@ bool toolcall_is_marker(const toolcall_cfg *cfg, const char *piece, size_t n) {
         return true;
     if (cfg->think_close && strlen(cfg->think_close) == n && !memcmp(piece, cfg->think_close, n))
         return true;
-    if (cfg->think_open && !strcmp(cfg->think_open, HARMONY_ANALYSIS)) // "<|channel|>", ...
-        return tc__in(HARMONY_ANALYSIS, piece, n) || tc__in(HARMONY_END, piece, n) ||
-               tc__in(tc__harmony_final[0], piece, n);
+    if (cfg->format == TOOLCALL_HARMONY ||
+        (cfg->think_open && !strcmp(cfg->think_open, HARMONY_ANALYSIS)))
+        return tc__in(TC_HARMONY_TOKENS, piece, n);
     // every marker of the format, one after another
     static const char *const all[TOOLCALL__COUNT] = {
         [TOOLCALL_HERMES] = "<tool_call></tool_call>",
@@ -138,8 +138,8 @@ struct toolcall_parser {
     srv_buf pend; /* text pushed and not settled yet */
     tc__phase phase;
     bool after_think;   /* content starts: its leading whitespace is formatting */
-    bool harmony;       /* think_open is HARMONY_ANALYSIS */
-    bool harmony_head;  /* content starts: harmony's final header, if it comes, is dropped */
+    bool harmony;       /* harmony's messages: think_open is HARMONY_ANALYSIS, or the format */
+    bool harmony_next;  /* harmony: a message ended; the whitespace before the next is formatting */
     bool content_nonws; /* content has something other than whitespace */
     bool finished;
     srv_buf content, reasoning; /* everything settled so far */
@@ -159,7 +159,9 @@ ks_err toolcall_parser_create(const toolcall_cfg *cfg, toolcall_parser **out) {
         p->cfg.in_reasoning = false;
     }
     p->phase = p->cfg.in_reasoning ? TC_REASONING : p->cfg.think_open ? TC_START : TC_CONTENT;
-    p->harmony = p->cfg.think_open && !strcmp(p->cfg.think_open, HARMONY_ANALYSIS);
+    p->harmony = p->cfg.format == TOOLCALL_HARMONY ||
+                 (p->cfg.think_open && !strcmp(p->cfg.think_open, HARMONY_ANALYSIS));
+    if (p->harmony && !p->cfg.in_reasoning) p->phase = TC_START; // a header first
     *out = p;
     return KS_OK;
 }
@@ -856,25 +858,6 @@ static void tc__run(toolcall_parser *p, bool final) {
     while (pos < len && !p->oom) {
         const char *s = buf + pos;
         size_t n = len - pos;
-        // harmony: the final channel's header, first or after the analysis,
-        // is formatting: dropped (with the whitespace before it)
-        if (p->harmony && (p->phase == TC_START || p->harmony_head)) {
-            size_t k = tc__skip_ws(s, n), hl = 0;
-            int m = k < n ? -1 : 0; // only whitespace so far: undecided
-            for (int i = 0; k < n && tc__harmony_final[i] && m != 1; i++) {
-                int mi = tc__lit(s + k, n - k, tc__harmony_final[i]);
-                if (mi == 1) m = 1, hl = strlen(tc__harmony_final[i]);
-                else if (mi == 0) m = 0;
-            }
-            if (m == 1) {
-                pos += k + hl;
-                p->phase = TC_CONTENT;
-                p->harmony_head = p->after_think = false;
-                continue;
-            }
-            if (m == 0 && !final) break;
-            p->harmony_head = false; // no header: the think check, or content, goes on
-        }
         if (p->phase == TC_START) {
             size_t k = tc__skip_ws(s, n);
             int m = k < n ? tc__lit(s + k, n - k, c->think_open) : 0;
@@ -895,7 +878,6 @@ static void tc__run(toolcall_parser *p, bool final) {
                 pos += (size_t)(e - s) + strlen(c->think_close);
                 p->phase = TC_CONTENT;
                 p->after_think = true;
-                p->harmony_head = p->harmony;
                 continue;
             }
             const char *const close[] = {c->think_close, NULL};
@@ -958,6 +940,144 @@ static void tc__run(toolcall_parser *p, bool final) {
     }
 }
 
+// ----------------------------------------------------------------------------
+// harmony (gpt-oss): messages, each a header, a body and an end
+
+/* What ends a message (the first three), and what starts a header mid-text. */
+static const char *const tc__h_marks[] = {"<|end|>",   "<|call|>",    "<|return|>",
+                                          "<|start|>", "<|channel|>", NULL};
+#define TC_H_ENDS 3
+#define TC_H_HEAD_MAX 512 /* a header is shorter than this, or it is none */
+
+/* A message's header. */
+typedef struct tc__hhead {
+    size_t len;       /* its bytes, through <|message|> */
+    bool analysis;    /* the analysis channel, to no recipient */
+    const char *name; /* to functions.NAME: NAME (name_len bytes, in the text); else NULL */
+    size_t name_len;
+} tc__hhead;
+
+/* The header at s: 1 whole (*h), 0 more text may make one, -1 none. The
+ * answer's first message, whose "<|start|>assistant" was the prompt's, may
+ * start at its recipient (first: " to=functions.N<|channel|>...", s past
+ * the space). */
+static int tc__hheader(const char *s, size_t n, bool first, bool final, tc__hhead *h) {
+    static const char *const opens[] = {"<|start|>", "<|channel|>", "to=", NULL};
+    int m = -1;
+    for (int i = 0; opens[i] && (i < 2 || first); i++) {
+        int r = tc__lit(s, n, opens[i]);
+        if (r > m) m = r;
+    }
+    if (m < 0) return -1;
+    size_t w = n < TC_H_HEAD_MAX ? n : TC_H_HEAD_MAX;
+    const char *e = m == 1 ? tc__find(s, w, "<|message|>") : NULL;
+    size_t hl = e ? (size_t)(e - s) : w;
+    for (int i = 0; i < TC_H_ENDS; i++) // an end before <|message|>: no header
+        if (tc__find(s, hl, tc__h_marks[i])) return -1;
+    if (!e) return final || n >= TC_H_HEAD_MAX ? -1 : 0;
+    *h = (tc__hhead){.len = hl + strlen("<|message|>")};
+    const char *to = tc__find(s, hl, "to="), *ch = tc__find(s, hl, "<|channel|>");
+    if (to) {
+        const char *r = to + 3, *re = r;
+        while (re < s + hl && !tc__isws(*re) && *re != '<')
+            re++;
+        if (tc__lit(r, (size_t)(re - r), "functions.") == 1)
+            h->name = r + 10, h->name_len = (size_t)(re - r) - 10;
+    } else if (ch) {
+        ch += strlen("<|channel|>");
+        size_t l = (size_t)(s + hl - ch);
+        h->analysis = l >= 8 && !memcmp(ch, "analysis", 8) &&
+                      (l == 8 || tc__isws(ch[8]) || ch[8] == '<');
+    }
+    return 1;
+}
+
+/* A call's text: header h at s, its JSON arguments (within
+ * TOOLCALL_MAX_CALL_BYTES). TC_OK with *end past the arguments; TC_MORE;
+ * TC_BAD with *end past what is content (the header, and the arguments when
+ * they end but do not parse). */
+static tc__res tc__hcall(toolcall_parser *p, const tc__hhead *h, const char *s, size_t n,
+                         bool final, size_t *end) {
+    const char *a = s + h->len;
+    size_t an = n - h->len, w = an < TOOLCALL_MAX_CALL_BYTES ? an : TOOLCALL_MAX_CALL_BYTES;
+    size_t j = tc__skip_ws(a, w), je = 0;
+    tc__res r = tc__json_span(a + j, w - j, &je);
+    if (r == TC_MORE && !final && w == an) return TC_MORE;
+    *end = h->len + (r == TC_OK ? j + je : r == TC_MORE ? w : 0);
+    if (r != TC_OK) return TC_BAD;
+    json_t *args = tc__json(a + j, je, 0);
+    return args && tc__add(p, h->name, h->name_len, args, NULL, 0) ? TC_OK : TC_BAD;
+}
+
+/* tc__run for harmony: TC_START waits for a header, TC_REASONING and
+ * TC_CONTENT are a body up to its end (dropped) or the next header. A
+ * message to functions.N is a call when calls are parsed (else its body is
+ * content); the analysis channel is reasoning when reasoning is split (else
+ * content). The whitespace between messages is formatting. */
+static void tc__run_harmony(toolcall_parser *p, bool final) {
+    const char *buf = p->pend.p ? p->pend.p : "";
+    size_t len = p->pend.len, pos = 0;
+    while (pos < len && !p->oom) {
+        const char *s = buf + pos;
+        size_t n = len - pos;
+        if (p->phase == TC_START) {
+            bool first = !p->harmony_next && !p->content.len && !p->reasoning.len && !p->n_calls;
+            size_t k = tc__skip_ws(s, n), end = 0;
+            if (k == n && !final) break;
+            tc__hhead h;
+            int r = k > 4096 ? -1 : tc__hheader(s + k, n - k, first, final, &h);
+            if (r == 0) break;
+            if (r < 0) { // no header: content (the whitespace after a message is not)
+                if (p->harmony_next) pos += k;
+                p->harmony_next = false;
+                p->phase = TC_CONTENT;
+                continue;
+            }
+            p->harmony_next = false;
+            if (h.name && p->cfg.format == TOOLCALL_HARMONY) {
+                int n0 = p->n_calls;
+                tc__res cr = tc__hcall(p, &h, s + k, n - k, final, &end);
+                if (cr == TC_MORE) break;
+                pos += k + end;
+                if (cr == TC_OK) {
+                    p->harmony_next = true; // its end (<|call|>) follows, if fed
+                } else {                    // not a call: its text is content
+                    while (p->n_calls > n0)
+                        tc__call_free(&p->calls[--p->n_calls]);
+                    tc__content(p, s + k, end);
+                    p->phase = TC_CONTENT;
+                }
+                continue;
+            }
+            pos += k + h.len;
+            p->phase = h.analysis && p->cfg.think_open ? TC_REASONING : TC_CONTENT;
+            continue;
+        }
+        // a body, up to the first end or header
+        size_t at = n;
+        int mi = -1;
+        for (int i = 0; tc__h_marks[i]; i++) {
+            const char *f = tc__find(s, at, tc__h_marks[i]);
+            if (f) at = (size_t)(f - s), mi = i;
+        }
+        if (mi < 0) at = n - (final ? 0 : tc__hold(s, n, tc__h_marks));
+        if (p->phase == TC_REASONING)
+            tc__reasoning(p, s, at);
+        else
+            tc__content(p, s, at);
+        pos += at;
+        if (mi < 0) break;
+        if (mi < TC_H_ENDS) pos += strlen(tc__h_marks[mi]);
+        p->phase = TC_START;
+        p->harmony_next = true;
+    }
+    if (pos) {
+        memmove(p->pend.p, p->pend.p + pos, len - pos);
+        p->pend.len = len - pos;
+        p->pend.p[p->pend.len] = '\0';
+    }
+}
+
 /* The delta since the previous one. Content that is only whitespace so far
  * is held back while calls may come: beside calls it is no content at all
  * (the answer's content is null), so a stream never sends it. */
@@ -984,7 +1104,7 @@ ks_err toolcall_parser_push(toolcall_parser *p, const char *text, size_t len, to
     if (p->oom) return KS_ERR_NOMEM;
     if (p->finished) return KS_OK;
     if (len && !srv_buf_add(&p->pend, text, len)) return p->oom = true, KS_ERR_NOMEM;
-    tc__run(p, false);
+    (p->harmony ? tc__run_harmony : tc__run)(p, false);
     if (p->oom) return KS_ERR_NOMEM;
     tc__delta(p, d, false);
     return KS_OK;
@@ -996,7 +1116,7 @@ ks_err toolcall_parser_finish(toolcall_parser *p, toolcall_delta *d) {
     if (p->oom) return KS_ERR_NOMEM;
     if (p->finished) return KS_OK;
     p->finished = true;
-    tc__run(p, true);
+    (p->harmony ? tc__run_harmony : tc__run)(p, true);
     if (p->oom) return KS_ERR_NOMEM;
     tc__delta(p, d, true);
     return KS_OK;

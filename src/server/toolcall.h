@@ -33,6 +33,9 @@
  *   firefunction functools[{"name": N, "arguments": {...}}, ...]
  *   seed_oss     <seed:tool_call><function=N><parameter=P>V</parameter>...
  *                </function></seed:tool_call>
+ *   harmony      (gpt-oss) a message to functions.N: [<|start|>assistant][ to=functions.N]
+ *                <|channel|>commentary[ to=functions.N] [<|constrain|>]json<|message|>{...}
+ *                [<|call|>] (the recipient in the role header or the channel header)
  * Text that looks like a call but does not parse stays content: no byte of
  * the output is lost, except the whitespace right after a closing think
  * marker and before an opening one (formatting, as the templates strip it).
@@ -63,8 +66,10 @@ typedef struct srv_error srv_error;
 #define KIMI_CALL_BEGIN "<|tool_call_begin|>"
 #define KIMI_SEP "<|tool_call_argument_begin|>"
 #define KIMI_CALL_END "<|tool_call_end|>"
-/* gpt-oss's harmony format: the analysis channel is the reasoning, the
- * final channel (after its header) the content. */
+/* gpt-oss's harmony format: the answer is a run of messages, each a header
+ * up to <|message|>, a body and an end (<|end|>, <|call|>, <|return|>);
+ * the analysis channel is the reasoning, a message to functions.N a call,
+ * any other body content, and the headers and ends are formatting. */
 #define HARMONY_ANALYSIS "<|channel|>analysis<|message|>"
 #define HARMONY_END "<|end|>"
 
@@ -84,7 +89,8 @@ typedef enum toolcall_format {
     TOOLCALL_GRANITE = 11,
     TOOLCALL_FIREFUNCTION = 12,
     TOOLCALL_SEED_OSS = 13,
-    TOOLCALL__COUNT = 14,
+    TOOLCALL_HARMONY = 14,
+    TOOLCALL__COUNT = 15,
 } toolcall_format;
 
 #define TOOLCALL_MAX_CALLS 64   /* calls kept per answer; later ones stay content */

@@ -15,7 +15,7 @@
 
 static const char *const tc__names[TOOLCALL__COUNT] = {
     "none", "hermes",  "qwen3_coder", "llama3", "mistral", "glm45",        "deepseek",
-    "dsml", "kimi_k2", "nemotron",    "apriel", "granite", "firefunction", "seed_oss",
+    "dsml", "kimi_k2", "nemotron",    "apriel", "granite", "firefunction", "seed_oss", "harmony",
 };
 
 const char *toolcall_format_name(toolcall_format f) {
@@ -35,6 +35,7 @@ bool toolcall_format_parse(const char *name, toolcall_format *out) {
         {"kimi-k2", TOOLCALL_KIMI_K2},
         {"glm", TOOLCALL_GLM45},
         {"glm-4.5", TOOLCALL_GLM45},
+        {"gpt-oss", TOOLCALL_HARMONY},
     };
     if (!name) return false;
     for (int i = 0; i < TOOLCALL__COUNT; i++)
@@ -54,13 +55,14 @@ bool server_tool_call_format_parse(const char *name, int *out) {
 
 const char *server_tool_call_format_names(void) {
     return "auto, none, hermes, qwen3_coder, llama3, mistral, glm45, deepseek, dsml, kimi_k2, "
-           "nemotron, apriel, granite, firefunction, seed_oss";
+           "nemotron, apriel, granite, firefunction, seed_oss, harmony";
 }
 
 
 toolcall_format toolcall_format_detect(const char *src) {
     if (!src) return TOOLCALL_NONE;
     // most specific first: several families share "<tool_call>"
+    if (strstr(src, "<|channel|>") && strstr(src, "functions.")) return TOOLCALL_HARMONY;
     if (strstr(src, "｜DSML｜")) return TOOLCALL_DSML;
     if (strstr(src, DS_CALL_BEGIN)) return TOOLCALL_DEEPSEEK;
     if (strstr(src, KIMI_CALLS_BEGIN)) return TOOLCALL_KIMI_K2;
@@ -338,6 +340,8 @@ char *toolcall_grammar(toolcall_format f, const json_t *tools, const char *name)
                              "\", \"arguments\": ", "}]</tool_calls>"},
         [TOOLCALL_GRANITE] = {"<|tool_call|>[{\"name\": \"", "\", \"arguments\": ", "}]"},
         [TOOLCALL_FIREFUNCTION] = {" functools[{\"name\": \"", "\", \"arguments\": ", "}]"},
+        [TOOLCALL_HARMONY] = {"<|channel|>commentary to=functions.", " <|constrain|>json<|message|>",
+                              ""},
     };
     const bool known = (unsigned)f < TOOLCALL__COUNT;
     const char *pre = known ? around[f].pre : NULL, *mid = known ? around[f].mid : NULL,

@@ -71,5 +71,21 @@ for i in 0 1 2; do
     [ -n "$a" ] || fail "chat $i: empty content"
     expect_eq "chat $i batched = alone" "$b" "$a"
 done
+# harmony tool calls: detected from the template; a named tool_choice
+# constrains decoding to "<|channel|>commentary to=functions.now
+# <|constrain|>json<|message|>{}", which comes back as a call
+expect_has "format logged" "$(cat "$TMPD/serve.err")" "tool calls in format harmony"
+TOOLS='"tools":[{"type":"function","function":{"name":"now","description":"The time.","parameters":{"type":"object","properties":{},"additionalProperties":false}}}]'
+code=$(curl -sS -o "$TMPD/call.json" -w '%{http_code}' -H "Content-Type: application/json" \
+    "$KS_URL/v1/chat/completions" -d "{\"model\":\"oss\",\"max_tokens\":64,\"temperature\":0,
+    \"messages\":[{\"role\":\"user\",\"content\":\"Time?\"}],$TOOLS,
+    \"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"now\"}}}")
+expect_eq "named tool call: status ($(cat "$TMPD/call.json"))" "$code" 200
+call=$(python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))["choices"][0]
+t = c["message"]["tool_calls"]
+print(c["finish_reason"], len(t), t[0]["function"]["name"], t[0]["function"]["arguments"])' \
+    "$TMPD/call.json") || fail "named tool call: no tool_calls in $(cat "$TMPD/call.json")"
+expect_eq "named tool call" "$call" "tool_calls 1 now {}"
 stop_server
 echo "gpt-oss through serve with its chat template ok"

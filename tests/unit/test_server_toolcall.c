@@ -460,9 +460,58 @@ static void test_harmony(void) {
     CHECK(toolcall_is_marker(&c, "<|message|>", 11));
     CHECK(toolcall_is_marker(&c, "<|start|>", 9));
     CHECK(toolcall_is_marker(&c, "<|end|>", 7));
-    CHECK(!toolcall_is_marker(&c, "<|return|>", 10));
+    CHECK(toolcall_is_marker(&c, "<|return|>", 10));
+    CHECK(!toolcall_is_marker(&c, "<|endoftext|>", 13));
     toolcall_cfg t = {.format = TOOLCALL_NONE, .think_open = "<think>", .think_close = "</think>"};
     CHECK(!toolcall_is_marker(&t, "<|channel|>", 11));
+    // a later analysis message, a commentary preamble, ends of messages: formatting
+    expect(&c,
+           "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>"
+           "b<|end|><|start|>assistant<|channel|>final<|message|>done<|return|>",
+           "done", "ab", NULL);
+}
+
+/* harmony's tool calls: the recipient functions.NAME in the role header or
+ * the channel header, the arguments JSON up to <|call|> (an end of
+ * generation, so usually the end of the text); each split gives the same. */
+static void test_harmony_calls(void) {
+    CHECK_EQ(toolcall_format_detect("{{- \"<|start|>assistant to=\" }}{{- \"functions.\" + "
+                                    "tool_call.name + \"<|channel|>commentary \" }}"),
+             TOOLCALL_HARMONY);
+    toolcall_cfg c = {.format = TOOLCALL_HARMONY, .think_open = HARMONY_ANALYSIS,
+                      .think_close = HARMONY_END};
+    // the recipient in the channel header, after the analysis
+    expect(&c,
+           "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>"
+           "commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+           "", "Need the weather.", "get_weather {\"city\":\"Paris\"}\n");
+    // in the role header, right after the prompt's <|start|>assistant; <|call|> fed
+    expect(&c, " to=functions.now<|channel|>commentary json<|message|>{}<|call|>", "", NULL,
+           "now {}\n");
+    expect(&c,
+           "<|start|>assistant to=functions.f_1<|channel|>commentary json<|message|> {\"x\": [1, "
+           "{\"y\": \"}<|end|>\"}]} ",
+           "", NULL, "f_1 {\"x\":[1,{\"y\":\"}<|end|>\"}]}\n");
+    // a commentary preamble before the call is content
+    expect(&c,
+           "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary "
+           "to=functions.now <|constrain|>json<|message|>{}<|call|>",
+           "Checking.", NULL, "now {}\n");
+    // arguments that are not JSON: the call stays content, byte for byte
+    expect(&c, "<|channel|>commentary to=functions.now json<|message|>{oops",
+           "<|channel|>commentary to=functions.now json<|message|>{oops", NULL, NULL);
+    // no tools asked for: a call's header is formatting, its text content
+    toolcall_cfg n = c;
+    n.format = TOOLCALL_NONE;
+    expect(&n, "<|channel|>commentary to=functions.now json<|message|>{}", "{}", NULL, NULL);
+    // no reasoning split asked for: calls still parse; analysis is content
+    toolcall_cfg r = cfg_of(TOOLCALL_HARMONY);
+    expect(&r,
+           "<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.now"
+           "<|channel|>commentary json<|message|>{}",
+           "hm", NULL, "now {}\n");
+    CHECK(toolcall_is_marker(&r, "<|constrain|>", 13));
+    CHECK(toolcall_is_marker(&r, "<|call|>", 8));
 }
 
 static void test_limits(void) {
@@ -766,6 +815,7 @@ static void test_grammar(void) {
         [TOOLCALL_GRANITE] = "<|tool_call|>[{\"name\": \"now\", \"arguments\": {}}]",
         [TOOLCALL_FIREFUNCTION] = " functools[{\"name\": \"now\", \"arguments\": {}}]",
         [TOOLCALL_SEED_OSS] = "<seed:tool_call>\n<function=now>\n</function>\n</seed:tool_call>",
+        [TOOLCALL_HARMONY] = "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}",
     };
     for (int f = 1; f < TOOLCALL__COUNT; f++) {
         char *g = toolcall_grammar((toolcall_format)f, tools, "now");
@@ -796,6 +846,7 @@ int main(void) {
     test_json_lists();
     test_reasoning();
     test_harmony();
+    test_harmony_calls();
     test_limits();
     test_detect();
     test_request();
