@@ -105,6 +105,20 @@ req() {
     expect_eq "$name: status ($BODY)" "$code" "$want"
 }
 
+# chat_text URL MODEL USER_TEXT — CHAT gets the reasoning and content of a
+# greedy chat answer (16 tokens, a system message and one user turn),
+# rendered by the server's chat template, as "REASONING|CONTENT"; fails on
+# any status but 200 or an empty answer.
+chat_text() {
+    req "chat ($3)" 200 -H "Content-Type: application/json" "$1/v1/chat/completions" \
+        -d "{\"model\":\"$2\",\"max_tokens\":16,\"temperature\":0,\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"$3\"}]}"
+    CHAT=$(python3 -c 'import json, sys
+m = json.loads(sys.argv[1])["choices"][0]["message"]
+print((m.get("reasoning_content") or "") + "|" + (m["content"] or ""))' "$BODY") ||
+        fail "chat ($3): no content in $BODY"
+    [ "$CHAT" != "|" ] || fail "chat ($3): empty answer in $BODY"
+}
+
 # stall_reader URL MODEL OUT [RAWC_ARGS...] — a streamed request of 500
 # tokens ($RAWC_AUTH as its key) whose client takes the first event, then
 # stops reading (e.g. until --resume-on FILE): its answer cannot fit the

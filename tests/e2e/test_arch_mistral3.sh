@@ -41,3 +41,24 @@ mkmodel_to "$TMPD/m3moe.gguf" "${M[@]}" --yarn-log-mul 1 --attn-temp-scale 1 --n
 check_ppl "mistral3 MoE F16" "$TMPD/m3moe.gguf"
 echo
 echo "mistral3 vs llama.cpp ok"
+
+# through serve and the cluster with Mistral Small 3.2's chat template
+T=$KS_SHARED/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja
+[ -e "$T" ] || skip "$T is absent"
+command -v curl >/dev/null && command -v python3 >/dev/null ||
+    { echo "note: no curl or python3: the serve part is skipped"; exit 0; }
+A=(-m "$TMPD/m3.gguf" --alias m3 --ctx 512 --threads 2 --chat-template-file "$T")
+start_server "$TMPD/serve.log" "${A[@]}"
+URL_A=$KS_URL
+Q=("In the beginning" "And the LORD said unto Moses")
+for i in 0 1; do chat_text "$URL_A" m3 "${Q[$i]}"; SERVED[$i]=$CHAT; done
+SERVE_PID=$KS_PID
+CLUSTER_PROBE_MODEL=m3 start_cluster "$TMPD/c" 1 1 "${A[@]}"
+trap 'kill -KILL $SERVE_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
+for i in 0 1; do
+    chat_text "$KS_URL" m3 "${Q[$i]}"
+    expect_eq "chat through the cluster (${Q[$i]})" "$CHAT" "${SERVED[$i]}"
+done
+stop_cluster
+KS_PID=$SERVE_PID stop_server
+echo "mistral3 through serve and the cluster with its template ok"

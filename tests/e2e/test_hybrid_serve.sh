@@ -6,7 +6,8 @@
 # prompt pages) give the same greedy text; the prefix cache resumes prompts
 # from kept recurrent state; afterwards every page (state pages too) is FREE
 # and scrubbed; and the cluster gives serve's answers on the TLS and the UCX
-# data planes. HYBRID_MK_ARGS picks another hybrid model
+# data planes (and, with HYBRID_TEMPLATE, chat answers rendered by the
+# model's own template). HYBRID_MK_ARGS picks another hybrid model
 # (test_hybrid_serve_nemotronh.sh: nemotron_h's Mamba2 layers).
 . "$(dirname "$0")/lib.sh"
 read -ra MK_ARGS <<<"${HYBRID_MK_ARGS:---arch qwen35 --n-layer 8 --seed 11}"
@@ -80,12 +81,29 @@ stop_server
 # every worker ends FREE and scrubbed
 if command -v node >/dev/null; then
     ARGS=(-m "$TMPD/q35.gguf" --alias q35 --ctx 512 --kv-pages 200 --threads 2)
+    # HYBRID_TEMPLATE: the chat template the model ships (../shared/templates)
+    TEMPLATE=
+    if [ -n "${HYBRID_TEMPLATE:-}" ]; then
+        if [ -e "$HYBRID_TEMPLATE" ]; then
+            TEMPLATE=$HYBRID_TEMPLATE
+            ARGS+=(--chat-template-file "$TEMPLATE")
+        else
+            echo "note: $HYBRID_TEMPLATE is absent: no chat through the cluster"
+        fi
+    fi
     start_server "$TMPD/serve.log" "${ARGS[@]}"
     URL_A=$KS_URL; SERVE_PID=$KS_PID
     CLUSTER_PROBE_MODEL=q35 ROUTER_ARGS="--admin-key $ADM" start_cluster "$TMPD/c" 1 1 "${ARGS[@]}"
     trap 'kill -KILL $SERVE_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
     SAME_MODEL=q35 URL_A=$URL_A URL_B=$KS_URL node "$(dirname "$0")/js/same_tokens.mjs" ||
         { tail -n 20 $KS_CLUSTER_LOGS >&2; fail "cluster outputs differ from serve's"; }
+    if [ -n "$TEMPLATE" ]; then # chat with the model's own template: the same answers
+        for q in "In the beginning" "And the LORD said unto Moses"; do
+            chat_text "$URL_A" q35 "$q"; a=$CHAT
+            chat_text "$KS_URL" q35 "$q"
+            expect_eq "chat through the cluster ($q)" "$CHAT" "$a"
+        done
+    fi
     req cluster_kv_check 200 -H "Authorization: Bearer $ADM" \
         "$KS_URL/admin/kv/check?timeout_ms=$((KS_WAIT_S * 1000))"
     expect_has "cluster pools clean" "$BODY" '"clean":true'
