@@ -1,43 +1,53 @@
 #!/usr/bin/env bash
-# bench/arch-matrix.sh [ARCH...] — single-stream decode of each architecture
-# at the 1.1B shape (kvseal mkmodel --shape 1.1b --arch ARCH, F16, the
-# llama-spm vocabulary, phi3 the phi-3 one, quantized to Q8_0 and Q4_K_M by the anchor's
-# llama-quantize), kvseal against llama.cpp on the same file and threads,
-# alternated for ROUNDS rounds (default 3): tg128 of both (kvseal bench,
-# llama-bench), the median of the per-round ratios, and kvseal's tg as a
-# fraction of the memory-read roofline measured in the same process. The
+# bench/arch-matrix.sh [ARCH...] — prefill and single-stream decode of each
+# architecture at the 1.1B shape (kvseal mkmodel --shape 1.1b --arch ARCH,
+# F16, the llama-spm vocabulary, phi3 the phi-3 one, quantized to Q8_0 and
+# Q4_K_M by the anchor's llama-quantize, and gpt-oss also to MXFP4_MOE),
+# kvseal against llama.cpp on the same file and threads, alternated for
+# ROUNDS rounds (default 3): pp$PP (default 128; PP=0 leaves it out) and
+# tg128 of both (kvseal bench, llama-bench), the medians of the per-round
+# ratios, and kvseal's tg as a fraction of the memory-read roofline
+# measured in the same process. The
 # models are cached in $MODELS (default build/bench-models). A benchmark,
 # not a test; it skips where the anchor or the vocabulary is absent.
 set -euo pipefail
 NAME=arch-matrix
 . "$(dirname "$0")/lib.sh"
 TYPES=${TYPES:-"Q8_0 Q4_K_M"}
+PP=${PP:-128}
 [ -f "$VOCAB" ] || { echo "arch-matrix: SKIPPED: no vocabulary at $VOCAB" >&2; exit 0; }
 archs=("$@")
 [ ${#archs[@]} -gt 0 ] || archs=(llama qwen2 qwen3 phi3 gemma2 gemma3 glm4 qwen35 mistral3 nemotron_h gpt-oss)
 mkdir -p "$MODELS"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-printf '%-8s %-7s %10s %10s %7s %10s\n' arch type "kvseal" "llama.cpp" ratio "roofline"
+printf '%-10s %-9s %9s %9s %7s %9s %9s %7s %9s\n' arch type "pp kvseal" "llama.cpp" ratio \
+    "tg kvseal" "llama.cpp" ratio "roofline"
 for a in "${archs[@]}"; do
     f16=$MODELS/$a-1.1b-f16.gguf
     v=$VOCAB # llama.cpp loads phi3 only with phi-3's special tokens
     [ "$a" != phi3 ] || v=$(dirname "$VOCAB")/ggml-vocab-phi-3.gguf
     [ -f "$f16" ] || "$KS" mkmodel -o "$f16" --vocab "$v" --shape 1.1b --arch "$a" -t "$THREADS" >/dev/null
-    for q in $TYPES; do
+    types=$TYPES # gpt-oss ships MXFP4 experts: llama-quantize's MXFP4_MOE preset
+    if [ "$a" = gpt-oss ]; then types="$TYPES MXFP4_MOE"; fi
+    for q in $types; do
         m=$MODELS/$a-1.1b-$q.gguf
         [ -f "$m" ] || "$A/llama-quantize" "$f16" "$m" "$q" "$THREADS" >/dev/null 2>&1
         : >"$TMP/rows"
         for r in $(seq "$ROUNDS"); do
-            "$KS" bench -m "$m" -p 16 -n 128 -t "$THREADS" -r 1 2>/dev/null >"$TMP/ks"
-            "$A/llama-bench" -m "$m" -t "$THREADS" -p 0 -n 128 -r 1 -o csv 2>/dev/null >"$TMP/lb"
+            p=$PP; [ "$p" -gt 0 ] || p=16
+            "$KS" bench -m "$m" -p "$p" -n 128 -t "$THREADS" -r 1 2>/dev/null >"$TMP/ks"
+            "$A/llama-bench" -m "$m" -t "$THREADS" -p "$PP" -n 128 -r 1 -o csv 2>/dev/null >"$TMP/lb"
+            kp=$(awk -v p="pp$PP:" '$1 == p { print $2 }' "$TMP/ks")
+            lp=$(lb_col "$TMP/lb" "$PP" 0 avg_ts)
             k=$(awk '/^tg128:/ { print $2 }' "$TMP/ks")
             f=$(awk '/^tg \/ roofline:/ { print $4 }' "$TMP/ks")
             l=$(lb_col "$TMP/lb" 0 128 avg_ts)
-            echo "$k $l $f" >>"$TMP/rows"
+            echo "${kp:-0} ${lp:-0} $k $l $f" >>"$TMP/rows"
         done
-        printf '%-8s %-7s %10.1f %10.1f %6.2fx %10.2f\n' "$a" "$q" \
-            "$(awk '{ print $1 }' "$TMP/rows" | median)" "$(awk '{ print $2 }' "$TMP/rows" | median)" \
-            "$(awk '$2 > 0 { print $1 / $2 }' "$TMP/rows" | median)" "$(awk '{ print $3 }' "$TMP/rows" | median)"
+        col() { awk -v c="$1" '{ print $c }' "$TMP/rows" | median; }
+        printf '%-10s %-9s %9.1f %9.1f %6.2fx %9.1f %9.1f %6.2fx %9.2f\n' "$a" "$q" \
+            "$(col 1)" "$(col 2)" "$(awk '$2 > 0 { print $1 / $2 }' "$TMP/rows" | median)" \
+            "$(col 3)" "$(col 4)" "$(awk '$4 > 0 { print $3 / $4 }' "$TMP/rows" | median)" "$(col 5)"
     done
 done
