@@ -212,10 +212,14 @@ ks_err kv_seq_state_span(kv_pool *p, const kv_seq *s, uint32_t i, int layer, voi
  * reference and keeps src's tag (I1), as a prefix-cache hit does. dst must
  * hold only fresh pages (kv_seq_reserve'd, nothing filled, none shared);
  * they become its logical pages n_pages.. . Sets dst->n_shared = n_pages
- * and dst->n_tokens = n_pages * page_tokens. Errors: KS_ERR_INVAL (dst not
- * fresh, n_pages past src), KS_ERR_INTERNAL (a page not full, not READY or
- * with another tag: counted as a violation), KS_ERR_NOMEM; nothing changes
- * on error. Owner thread. (Issue 12: the choices of an n > 1 request.) */
+ * and dst->n_tokens = n_pages * page_tokens. In a pool with recurrent
+ * state, src's state must be that after exactly those pages (src->n_tokens
+ * == n_pages * page_tokens) and dst gets a copy of it in its own state pages
+ * (a state is never shared). Errors: KS_ERR_INVAL (dst not fresh, n_pages
+ * past src, src's state elsewhere), KS_ERR_INTERNAL (a page not full, not
+ * READY or with another tag, a state page failing its check: counted as a
+ * violation), KS_ERR_NOMEM; nothing changes on error. Owner thread. (Issue
+ * 12: the choices of an n > 1 request.) */
 ks_err kv_seq_share_prefix(kv_pool *p, kv_seq *dst, const kv_seq *src, uint32_t n_pages,
                            ks_errbuf *eb) KS_MUST_USE;
 

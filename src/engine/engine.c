@@ -86,20 +86,29 @@ ks_err engine_capacity_check(const engine_opts *o, bool *warn_out, char *buf, si
 // ----------------------------------------------------------------------------
 // Scheduler helpers: choice groups, isolation violations, the fair queue
 
+/* Whether r's prefill stops at the last page boundary before its last
+ * prompt token: a hybrid recurrent model's recurrent state there is what
+ * the prefix cache keeps and what the other choices of its group start
+ * from (prompt logprobs and embeddings run whole). */
+static bool engine__hybrid_stop(const engine *e, const engine_req *r) {
+    return kv_pool_geom(e->pool)->state_pages > 0 && !r->prompt_lp && !r->embed &&
+           (e->prefix || r->n_fol);
+}
+
 /* Prompt pages the other choices of r's group share with choice 0: its full
- * pages before the last prompt token's; none for a hybrid recurrent model,
- * whose state at the end of those pages is not kept (each choice computes
- * the prompt itself). */
+ * pages before the last prompt token's (a hybrid model's only where its
+ * prefill stops there, to hand its state over: engine__hybrid_stop). */
 static uint32_t engine__shared_pages(const engine *e, const engine_req *r) {
-    if (kv_pool_geom(e->pool)->state_pages > 0) return 0;
+    if (kv_pool_geom(e->pool)->state_pages > 0 && !engine__hybrid_stop(e, r)) return 0;
     return (uint32_t)(r->n_prompt - 1) / (uint32_t)e->o.page_tokens;
 }
 
-/* Choice 0 of a group computed the prompt (its pages are READY): every
- * waiting choice now shares its full prompt pages before the last one
- * (read-only, tags kept, I1) and computes the rest of the prompt itself.
- * Runs before choice 0 samples, so the pages are still held even when its
- * first token ends it. */
+/* Choice 0 of a group computed the prompt, or a hybrid model's up to the
+ * shared pages' end (its pages are READY): every waiting choice now shares
+ * its full prompt pages before the last one (read-only, tags kept, I1),
+ * with a copy of its recurrent state there (hybrid), and computes the rest
+ * of the prompt itself. Runs before choice 0 samples, so the pages are
+ * still held even when its first token ends it. */
 static void engine__group_fork(engine *e, engine_req *r) {
     const uint32_t shared = engine__shared_pages(e, r);
     int n = r->n_fol;
@@ -268,10 +277,13 @@ static void engine__admit(engine *e) {
         // end: the prefill stops at the last page boundary before the last prompt
         // token (where an attach of this prompt ends) and the cache keeps that
         // state (kv_prefix_publish_state); its cost is g.state_pages pages
+        // (and there the group's other choices take a copy of it)
         r->snap_at = 0;
-        if (e->prefix && kv_pool_geom(e->pool)->state_pages > 0 && !r->prompt_lp && !r->embed) {
+        bool fork_now = false; // resumed right there: the others take it now
+        if (engine__hybrid_stop(e, r)) {
             int32_t at = (r->n_prompt - 1) / (int32_t)P * (int32_t)P;
             if (at > r->n_past) r->snap_at = at;
+            fork_now = at > 0 && at == r->n_past && r->n_fol;
         }
         r->t_sched = now;
         engine__set_state(r, ENGINE_PREFILLING);
@@ -281,6 +293,7 @@ static void engine__admit(engine *e) {
             engine__set_state(r->fol[i], ENGINE_PREFILLING);
             e->running[e->n_running++] = r->fol[i];
         }
+        if (fork_now) engine__group_fork(e, r);
     }
     atomic_store(&e->st_queued, e->n_waiting);
     pthread_mutex_unlock(&e->mu);
@@ -516,8 +529,10 @@ static bool engine__step(engine *e) {
         } else {
             // its recurrent state is that after exactly snap_at prompt tokens
             if (r->snap_at > 0 && r->n_past == r->snap_at) {
-                kv_prefix_publish_state(e->prefix, r->root, r->prompt, (uint32_t)r->snap_at,
-                                        &r->seq);
+                if (e->prefix)
+                    kv_prefix_publish_state(e->prefix, r->root, r->prompt, (uint32_t)r->snap_at,
+                                            &r->seq);
+                if (r->n_fol) engine__group_fork(e, r);
                 r->snap_at = 0;
             }
             if (r->lp_n > 0) engine__prompt_events(e, r);

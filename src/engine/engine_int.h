@@ -54,7 +54,7 @@ struct engine_req {
     uint64_t mlast_ns, mask_ns; // CPU of the last mask and of them all (e->mmu)
     int32_t n_past;    // prompt tokens computed (or attached from the cache)
     int32_t n_cached;  // prompt tokens attached from the prefix cache
-    int32_t snap_at;   // hybrid models: the page boundary whose state the prefix cache keeps (0: none)
+    int32_t snap_at;   // hybrid models: the page boundary whose state the prefix cache keeps and the group's other choices copy (0: none)
     int32_t n_gen;
     int32_t last;      // last sampled token, fed next step
     int batch_slot;    // index in this step's seqs[], -1 if not in the batch

@@ -467,11 +467,14 @@ void kv_seq_set_filled(kv_pool *p, kv_seq *s, uint32_t n_tokens) {
 
 ks_err kv_seq_share_prefix(kv_pool *p, kv_seq *dst, const kv_seq *src, uint32_t n_pages,
                            ks_errbuf *eb) {
-    const uint32_t P = (uint32_t)p->g.page_tokens;
-    if (p->g.state_pages > 0 && n_pages > 0) // the recurrent state at the boundary is gone
+    const uint32_t P = (uint32_t)p->g.page_tokens, sp = (uint32_t)p->g.state_pages;
+    // a hybrid model's dst resumes from src's recurrent state: it must be the
+    // state at the prefix's end, and dst must hold its own state pages
+    if (sp > 0 && n_pages > 0 && (src->n_tokens != n_pages * P || !src->st || !dst->st))
         return ks_seterr(eb, KS_ERR_INVAL,
-                         "kv: a hybrid recurrent model's pages cannot be shared (the state at "
-                         "the prefix's end is not kept)");
+                         "kv: a hybrid recurrent model shares %u pages only while the source's "
+                         "state is that after them (it has consumed %u tokens)",
+                         n_pages, src->n_tokens);
     if (dst->n_shared != 0 || dst->n_tokens != 0 || n_pages > src->n_pages)
         return ks_seterr(eb, KS_ERR_INVAL,
                          "kv: share %u pages of a %u-page table into one with %u shared, %u filled",
@@ -495,8 +498,20 @@ ks_err kv_seq_share_prefix(kv_pool *p, kv_seq *dst, const kv_seq *src, uint32_t 
                              i);
         }
     }
+    // both states through their checked accessors (I1): dst's own, src's own
+    for (uint32_t k = 0; k < (n_pages ? sp : 0); k++) {
+        void *a, *b;
+        if (kv_seq_state(p, src, k, &a) != KS_OK || kv_seq_state(p, dst, k, &b) != KS_OK)
+            return ks_seterr(eb, KS_ERR_INTERNAL,
+                             "kv: recurrent-state page %u of the shared prefix fails its check", k);
+    }
     ks_err e = kv__seq_grow(dst, dst->n_pages + n_pages, eb);
     if (e) return e;
+    for (uint32_t k = 0; k < (n_pages ? sp : 0); k++) { // checked above; nothing ran since
+        void *a, *b;
+        KS_ASSERT(kv_seq_state(p, src, k, &a) == KS_OK && kv_seq_state(p, dst, k, &b) == KS_OK);
+        memcpy(b, a, p->page_bytes);
+    }
     memmove(dst->ent + n_pages, dst->ent, sizeof(kv_entry) * dst->n_pages);
     for (uint32_t i = 0; i < n_pages; i++) {
         dst->ent[i] = src->ent[i]; // src's tag: the page keeps its owner's identity (I1)

@@ -2,10 +2,10 @@
 # A hybrid recurrent model (qwen35, `kvseal mkmodel` with the kjv-mini
 # vocabulary) through `kvseal serve`: the deploy-time check counts each
 # sequence's recurrent-state pages; a completion, a streamed one and n = 3
-# choices (each choice computes the whole prompt: hybrid models share no
-# prompt pages) give the same greedy text; the prefix cache resumes prompts
-# from kept recurrent state; afterwards every page (state pages too) is FREE
-# and scrubbed; and the cluster gives serve's answers on the TLS and the UCX
+# choices (the others share choice 0's full prompt pages and start from a
+# copy of its recurrent state at their end) give the same greedy text; the
+# prefix cache resumes prompts from kept recurrent state; afterwards every
+# page (state pages too) is FREE and scrubbed; and the cluster gives serve's answers on the TLS and the UCX
 # data planes (and, with HYBRID_TEMPLATE, chat answers rendered by the
 # model's own template). HYBRID_MK_ARGS picks another hybrid model
 # (test_hybrid_serve_nemotronh.sh: nemotron_h's Mamba2 layers).

@@ -1156,7 +1156,8 @@ static void t_share_prefix(void) {
  * first reserve: counted in the reserve (all or nothing), zeroed even in a
  * poison pool, owned and tag-checked (I1: a swapped entry fails, the other
  * sequence's state is untouched), scrubbed on release (I3), quarantined
- * with the KV pages, never shared. */
+ * with the KV pages, never shared: another sequence sharing the pages
+ * before a boundary gets a copy of the state there. */
 static void t_state_pages(void) {
     for (int mode = 0; mode < 2; mode++) {
         const kv_geom g0 = G;
@@ -1222,7 +1223,7 @@ static void t_state_pages(void) {
         CHECK_EQ(info(p, a1.page).state, KV_PAGE_FREE);
         CHECK_EQ(kv_seq_state(p, &b, 1, &st), KS_OK);
         for (size_t j = 0; j < pb; j++) CHECK(((uint8_t *)st)[j] == 0xb2);
-        // a sequence's pages cannot be shared: the state at the boundary is gone
+        // pages are shared only with the state after them: b has consumed none
         fill(p, &c, 1, 3);
         CHECK_EQ(kv_seq_share_prefix(p, &c, &b, 1, &eb), KS_ERR_INVAL);
         kv_seq_release(p, &c);
@@ -1231,6 +1232,35 @@ static void t_state_pages(void) {
         CHECK_EQ(kv_seq_quarantine(p, &b), 4);
         CHECK(b.st == NULL);
         CHECK_EQ(kv_pool_quarantine_free(p, uid), 4);
+        // an n > 1 request's choices: x's state after exactly its full page
+        // is copied into y's own state pages with the page (never shared)
+        kv_seq x, y;
+        kv_seq_init(p, &x);
+        kv_seq_init(p, &y);
+        fill(p, &x, P, 7);
+        for (uint32_t i = 0; i < 2; i++) {
+            CHECK_EQ(kv_seq_state(p, &x, i, &st), KS_OK);
+            memset(st, 0xc3 + (int)i, pb);
+        }
+        CHECK_EQ(kv_seq_reserve(p, &y, 2 * P, &eb), KS_OK);
+        CHECK_EQ(kv_seq_share_prefix(p, &y, &x, 1, &eb), KS_OK);
+        check_content(p, &y, P, 7);
+        for (uint32_t i = 0; i < 2; i++) {
+            CHECK(y.st[i].page != x.st[0].page && y.st[i].page != x.st[1].page);
+            CHECK_EQ(kv_seq_state(p, &y, i, &st), KS_OK);
+            for (size_t j = 0; j < pb; j++) CHECK(((uint8_t *)st)[j] == 0xc3 + i);
+            memset(st, 0xd4, pb); // y's own: x's stays
+            CHECK_EQ(kv_seq_state(p, &x, i, &st), KS_OK);
+            for (size_t j = 0; j < pb; j++) CHECK(((uint8_t *)st)[j] == 0xc3 + i);
+        }
+        kv_seq_release(p, &y);
+        fill(p, &x, P + 1, 7); // x's state is now past the page: no share
+        kv_seq_init(p, &y);
+        CHECK_EQ(kv_seq_reserve(p, &y, P, &eb), KS_OK);
+        CHECK_EQ(kv_seq_share_prefix(p, &y, &x, 1, &eb), KS_ERR_INVAL);
+        CHECK(y.n_shared == 0 && y.n_tokens == 0);
+        kv_seq_release(p, &y);
+        kv_seq_release(p, &x);
         finish(p);
         G = g0;
     }
