@@ -222,4 +222,9 @@ ks_err admit_request(const admit_limits *lim, const engine_params *p, admit_admi
 ks_err admit_embed(const admit_limits *lim, const int32_t *tokens, int64_t n_tokens,
                    ks_errbuf *eb) KS_MUST_USE;
 
+/* The refusal of a generation (completion, chat) on an embedding encoder
+ * (arch: its architecture name), which has no LM head: INVALID, the same
+ * words in kvseal serve and through the router. Pure. */
+ks_err admit_encoder(const char *arch, ks_errbuf *eb) KS_MUST_USE;
+
 #endif

@@ -36,6 +36,7 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     if (p->model < 0 || p->model >= r->n_models)
         return admit_refuse(eb, ADMIT_INVALID, "no catalog entry %d", (int)p->model);
     rt_model *md = &r->models[p->model];
+    if (model_hp(md->m)->encoder) return admit_encoder(model_hp(md->m)->arch_name, eb);
     // the same admission as kvseal serve (I4), against the model's largest decode worker
     admit_limits lim = {.n_ctx = md->n_ctx,
                         .n_vocab = md->V,

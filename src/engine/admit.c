@@ -110,6 +110,13 @@ ks_err admit_request(const admit_limits *lim, const engine_params *p, admit_admi
     return KS_OK;
 }
 
+ks_err admit_encoder(const char *arch, ks_errbuf *eb) {
+    return admit_refuse(eb, ADMIT_INVALID,
+                        "this model (%s) is an embedding encoder: it has no LM head and serves "
+                        "only /v1/embeddings",
+                        arch);
+}
+
 ks_err admit_embed(const admit_limits *lim, const int32_t *tokens, int64_t n_tokens,
                    ks_errbuf *eb) {
     if (n_tokens < 1 || !tokens) return admit_refuse(eb, ADMIT_INVALID, "the input is empty");

@@ -199,10 +199,7 @@ ks_err engine_submit_n(engine *e, const engine_params *p, int n, engine_req **ou
                         .state_pages = (uint32_t)kv_pool_geom(e->pool)->state_pages};
     if (e->encoder) { // no LM head: nothing to generate from
         atomic_fetch_add(&e->n_rejected, 1);
-        return admit_refuse(eb, ADMIT_INVALID,
-                            "this model (%s) is an embedding encoder: it has no LM head and serves "
-                            "only /v1/embeddings",
-                            model_hp(e->m)->arch_name);
+        return admit_encoder(model_hp(e->m)->arch_name, eb);
     }
     // echo with max_tokens 0: admitted (and reserved) as one token
     engine_params q = *p;

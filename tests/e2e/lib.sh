@@ -245,9 +245,11 @@ cluster__router_up() {
 cluster__registered() {
     [ "$(grep -c 'worker [0-9]* registered' "$KS_ROUTER_LOG" 2>/dev/null)" -ge "$KS_CLUSTER_WANT" ]
 }
-cluster__probe() {
-    curl -fsS "$KS_URL/v1/completions" ${CLUSTER_PROBE_AUTH:+-H "Authorization: Bearer $CLUSTER_PROBE_AUTH"} \
-        -H 'Content-Type: application/json' -d '{"model":"'"${CLUSTER_PROBE_MODEL:-kjv-mini}"'","prompt":"In the","max_tokens":1,"temperature":0}'
+cluster__probe() { # a completion, or (CLUSTER_PROBE_EMBED set: an encoder) an embedding
+    local ep=completions body='"prompt":"In the","max_tokens":1,"temperature":0'
+    [ -z "${CLUSTER_PROBE_EMBED:-}" ] || ep=embeddings body='"input":"In the"'
+    curl -fsS "$KS_URL/v1/$ep" ${CLUSTER_PROBE_AUTH:+-H "Authorization: Bearer $CLUSTER_PROBE_AUTH"} \
+        -H 'Content-Type: application/json' -d '{"model":"'"${CLUSTER_PROBE_MODEL:-kjv-mini}"'",'"$body"'}'
 }
 
 # stop_cluster — SIGTERM to every process; fails unless all exit 0 by the deadline.

@@ -7,7 +7,8 @@
 # anchor) on the same file; completions and chat are a clear 400 (no LM
 # head); an input past the batch (the encoder reads it whole) is a 400
 # context_length_exceeded; the OpenAI npm client's embeddings.create works
-# (js/embed_client.mjs). nomic-bert (RoPE, SwiGLU, no biases) likewise: F16
+# (js/embed_client.mjs); through the cluster, serve's vectors bit for bit
+# and the same refusals. nomic-bert (RoPE, SwiGLU, no biases) likewise: F16
 # with --qk-gain 3, so that attention depends on position (the wrong RoPE
 # pairing then misses by cosine 0.3), and Q8_0 at unit gain (at gain 3 the
 # Q8_0 file's rounding moves both engines' vectors by ~1e-3, and they
@@ -97,6 +98,33 @@ for f in f16 q8 nf16 nq8; do
     fi
     stop_server
 done
+
+# through the cluster (router + prefill worker): the same vectors, bit for
+# bit, and the same refusals
+TENANTS_ARGS=(--tenants "$TMPD/t.json")
+CLUSTER_PROBE_MODEL=m CLUSTER_PROBE_EMBED=1 CLUSTER_PROBE_AUTH=sk-bert-test ROUTER_ARGS="${TENANTS_ARGS[*]}" \
+    start_cluster "$TMPD/c" 1 1 -m "$TMPD/f16.gguf" --alias m --threads 2 --batch 128
+embed "$KS_URL" "$TMPD/cl_f16.json"
+python3 - "$TMPD/ks_f16.json" "$TMPD/cl_f16.json" <<'PY' || fail "cluster vectors differ from serve's"
+import json, sys
+a, b = (json.load(open(f))["data"] for f in sys.argv[1:])
+assert len(a) == len(b) == 5, (len(a), len(b))
+for x, y in zip(a, b):
+    assert x["embedding"] == y["embedding"], x["index"]
+PY
+for ep in completions chat/completions; do
+    body='{"model":"m","prompt":"Hello","max_tokens":2}'
+    [ $ep = completions ] || body='{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+    code=$(curl -sS -o "$TMPD/r.json" -w '%{http_code}' "$KS_URL/v1/$ep" "${AUTH[@]}" -d "$body")
+    expect_eq "cluster /v1/$ep status ($(cat "$TMPD/r.json"))" "$code" 400
+    expect_has "cluster /v1/$ep" "$(cat "$TMPD/r.json")" "embedding encoder"
+done
+long=$(printf 'word %.0s' $(seq 200))
+code=$(curl -sS -o "$TMPD/r.json" -w '%{http_code}' "$KS_URL/v1/embeddings" \
+    "${AUTH[@]}" -d "{\"model\":\"m\",\"input\":\"$long\"}")
+expect_eq "cluster long input status" "$code" 400
+expect_has "cluster long input" "$(cat "$TMPD/r.json")" "context_length_exceeded"
+stop_cluster
 
 [ -x "$A" ] || skip "no llama.cpp anchor at $A (kvseal's own checks passed)"
 for f in f16 q8 nf16 nq8; do
