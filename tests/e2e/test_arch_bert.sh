@@ -11,8 +11,9 @@
 # and the same refusals. nomic-bert (RoPE, SwiGLU, no biases) likewise: F16
 # with --qk-gain 3, so that attention depends on position (the wrong RoPE
 # pairing then misses by cosine 0.3), and Q8_0 at unit gain (at gain 3 the
-# Q8_0 file's rounding moves both engines' vectors by ~1e-3, and they
-# agree only to cosine 0.999 there; see the report in README). Needs
+# Q8_0 file's rounding moves each engine's vectors from its own F16 ones
+# by the same cosine 0.9988, in different directions, and they agree only
+# to 0.9994 there; see README). Needs
 # $KS_SHARED/vocab-wpm (the bert-bge vocab).
 . "$(dirname "$0")/lib.sh"
 
