@@ -13,8 +13,9 @@
 # window or sink mistake shows), and one of the released widths at F16 and
 # MXFP4_MOE. Then through `kvseal serve` with gpt-oss's own chat template
 # (harmony; tests/e2e/templates, as ../shared/templates lacks it): chat
-# completions render it and answer, and three different chats sent at once
-# each get the greedy text they get alone.
+# completions render it and answer, three different chats sent at once
+# each get the greedy text they get alone, and a named tool_choice comes
+# back as a harmony call; through the cluster, the same answers.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/qtypes_lib.sh"
 VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
@@ -87,5 +88,23 @@ t = c["message"]["tool_calls"]
 print(c["finish_reason"], len(t), t[0]["function"]["name"], t[0]["function"]["arguments"])' \
     "$TMPD/call.json") || fail "named tool call: no tool_calls in $(cat "$TMPD/call.json")"
 expect_eq "named tool call" "$call" "tool_calls 1 now {}"
-stop_server
+for i in 0 1; do chat_text "$KS_URL" oss "${Q[$i]}"; SERVED[$i]=$CHAT; done
+SERVE_PID=$KS_PID
+# through the cluster: the router renders the template and parses the
+# answers; the same reasoning and content, and the same call
+CLUSTER_PROBE_MODEL=oss start_cluster "$TMPD/c" 1 1 -m "$TMPD/oss.gguf" --alias oss \
+    --chat-template-file "$T"
+trap 'kill -KILL $SERVE_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
+for i in 0 1; do
+    chat_text "$KS_URL" oss "${Q[$i]}"
+    expect_eq "chat through the cluster (${Q[$i]})" "$CHAT" "${SERVED[$i]}"
+done
+code=$(curl -sS -o "$TMPD/ccall.json" -w '%{http_code}' -H "Content-Type: application/json" \
+    "$KS_URL/v1/chat/completions" -d "{\"model\":\"oss\",\"max_tokens\":64,\"temperature\":0,
+    \"messages\":[{\"role\":\"user\",\"content\":\"Time?\"}],$TOOLS,
+    \"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"now\"}}}")
+expect_eq "named tool call through the cluster: status ($(cat "$TMPD/ccall.json"))" "$code" 200
+grep -q '"name":"now"' "$TMPD/ccall.json" || fail "no call through the cluster: $(cat "$TMPD/ccall.json")"
+stop_cluster
+KS_PID=$SERVE_PID stop_server
 echo "gpt-oss through serve with its chat template ok"
