@@ -810,7 +810,8 @@ A512_INLINE __m512 a512__r16m_scale(const uint8_t *e) {
  * exact in int32: isum = corr + the 8 vpdpbusd of codebook + 128
  * (unsigned, doubled E2M1 values) with the activations, which is ref.c's
  * block sum; then acc = fma((float)isum, 2^(e - 128) * dx, acc), blocks in
- * order, as the Q4_0 tile. */
+ * order, as the Q4_0 tile. Group r's rows go to t->Y + t->yr * r, so the
+ * R x 1 tiles also serve a512__run_vecn's R streams. */
 A512_INLINE void a512__r16m_tile(int R, int C, const a512_tile *t, int V) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i cb = _mm512_broadcast_i32x4(
@@ -844,6 +845,9 @@ A512_INLINE void a512__r16m_tile(int R, int C, const a512_tile *t, int V) {
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) A512_FOR_R {
             if (C <= 2) a512__pf_ahead(t->nta, wq[r] + 64 * j, A512_R16_AHEAD);
             __m512i z = _mm512_loadu_si512(wq[r] + 64 * j);
+            // the nibble decode runs once per R group and serves C columns;
+            // vpermb (VBMI, no nibble masks) in place of vpshufb gained
+            // nothing measurable (bench_kern 2048: 645-660 vs 662-671 GFLOP/s)
             __m512i lo = _mm512_shuffle_epi8(cb, _mm512_and_si512(z, m4));
             __m512i hi = _mm512_shuffle_epi8(cb, _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
             A512_FOR_C {
@@ -862,7 +866,7 @@ A512_INLINE void a512__r16m_tile(int R, int C, const a512_tile *t, int V) {
                 _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r][c]), _mm512_mul_ps(wd[r], xd), acc[r][c]);
         }
     }
-    A512_FOR_R A512_FOR_C _mm512_storeu_ps(t->Y + c * t->ys + 16 * r, acc[r][c]);
+    A512_FOR_R A512_FOR_C _mm512_storeu_ps(t->Y + c * t->ys + t->yr * r, acc[r][c]);
 }
 A512_TILES_V(a512__r16m_tile)
 
@@ -1026,9 +1030,11 @@ static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
     // switching at run time, tg / roofline 0.89-0.92 -> 0.96-0.98 by run, and
     // 7 of 8 by tg / roofline in the final build (5 of 8 by tg, +2%); four
     // at a total distance of 4096 or three streams were no better than two,
-    // Q8_0 even.
+    // Q8_0 even. MXFP4 two: against one, tg64 34-35 -> 40-47 tokens/s in 3
+    // of 3 alternated rounds on the 1.1B shape; four no better than two
+    // (Zen 5, 2026-12-06).
     int vec_rb = 1;
-    if (wt == KS_DTYPE_Q8_0 || wt == KS_DTYPE_Q4_0 || wt == KS_DTYPE_Q4_K ||
+    if (wt == KS_DTYPE_Q8_0 || wt == KS_DTYPE_Q4_0 || wt == KS_DTYPE_Q4_K || wt == KS_DTYPE_MXFP4 ||
         (wt == KS_DTYPE_Q6_K && a512__pf_nta()))
         vec_rb = A512_VEC_RB;
     if (wt == KS_DTYPE_Q4_0 && a512__pf_nta() && vec_rb == 2) vec_rb = 4;
@@ -1128,6 +1134,6 @@ void kern__a512_matmul_r16_iq4_xs(kern_matmul_fn plain, int64_t K, int n_rows, i
 void kern__a512_matmul_r16_mxfp4(kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
                                  const void *W, size_t ws, const void *X, size_t xs, float *Y,
                                  size_t ys) {
-    a512__run_r16(KS_DTYPE_MXFP4, a512__r16m_tile_tab[a512__use_vnni()], a512__r16q8_prep_x,
-                  K / 32, sizeof(a512_r16x), plain, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+    a512__run_r16(KS_DTYPE_MXFP4, a512__r16m_tile_tab[a512__use_vnni()], a512__r16q8_prep_x, K / 32,
+                  sizeof(a512_r16x), plain, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
