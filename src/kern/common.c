@@ -305,8 +305,8 @@ void kern_r16_pack(ks_dtype t, int64_t K, const void *W, size_t w_stride, void *
             }
         return;
     }
-    if (t == KS_DTYPE_MXFP4) { // the pad of a last pair's quad stays zero
-        memset(o, 0, kern_r16_group_bytes(t, K));
+    if (t == KS_DTYPE_MXFP4) { // a last pair's quad: its exponent bytes 32..63 zero
+        if (K % 128) memset(o + (size_t)(K / 128) * KERN_R16_MXFP4_QUAD + 32, 0, 32);
         for (int r = 0; r < 16; r++)
             for (int64_t b = 0; b < K / 32; b++) {
                 uint8_t blk[17];
