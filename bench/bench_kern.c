@@ -185,7 +185,7 @@ int main(int argc, char **argv) {
     static const ks_dtype wts[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16,   KS_DTYPE_Q8_0,
                                    KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K,   KS_DTYPE_Q4_1,
                                    KS_DTYPE_Q5_0, KS_DTYPE_Q5_1, KS_DTYPE_IQ4_NL, KS_DTYPE_Q2_K,
-                                   KS_DTYPE_Q3_K, KS_DTYPE_Q5_K, KS_DTYPE_IQ4_XS};
+                                   KS_DTYPE_Q3_K, KS_DTYPE_Q5_K, KS_DTYPE_IQ4_XS, KS_DTYPE_MXFP4};
     static const char *const isas[] = {"ref", "avx2", "avx512"};
     float *xf = bench_alloc(sizeof(float) * (size_t)K * (size_t)NC);
     for (int64_t i = 0; i < K * NC; i++) xf[i] = bench_randf() * 2.0f;

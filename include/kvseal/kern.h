@@ -50,7 +50,7 @@ typedef struct kern_vtab {
     /* the same products over weights repacked by kern_r16_pack: W is the
      * first of n_rows/16 groups (n_rows a multiple of 16) laid out
      * kern_r16_group_bytes apart, w_stride the GGUF row bytes; Q8_0, Q4_0,
-     * Q5_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS only, NULL elsewhere */
+     * Q5_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and MXFP4 only, NULL elsewhere */
     kern_matmul_fn matmul_r16[KS_DTYPE__COUNT];
     /* indexed by activation ks_dtype (F32, Q8_0, Q8_K) */
     kern_quant_fn quantize_act[KS_DTYPE__COUNT];
@@ -159,7 +159,12 @@ ks_dtype kern_act_type(ks_dtype wtype);
  *   s of row r at 16s + r; [320, 1344) qs as Q3_K's
  * IQ4_XS, per super-block (2208 bytes): [0, 32) d: f16 per row; [32, 160)
  *   the 6-bit scale of sub-block j of row r, minus 32, at 16j + r (an
- *   int8); [160, 2208) j < 8, k < 4 x 16 rows x 4 bytes: qs[16j + 4k ..] */
+ *   int8); [160, 2208) j < 8, k < 4 x 16 rows x 4 bytes: qs[16j + 4k ..]
+ * MXFP4, per quad of 4 blocks (1088 bytes = 16 x 4 x 17, so every quad's
+ * quant lines are 64-byte aligned): [0, 64) the E8M0 exponent of block i of
+ * row r at 16i + r; [64, 1088) per block i, 4 steps j x 16 rows x 4 bytes:
+ * qs[4j .. 4j+3] (low nibbles elements 4j.., high 16 + 4j..). K % 128 ==
+ * 64 ends in a quad of 2 blocks (576 bytes, exponent bytes 32..63 zero). */
 
 /* Whether model loading should repack a [K, N] matrix of type t for the
  * chosen vtab: it has a native r16 kernel for t, the layout takes K

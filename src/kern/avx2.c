@@ -1204,6 +1204,7 @@ KERN_R16_VIA(avx2__matmul_r16_q5_K, avx2__matmul_q5_K, KS_DTYPE_Q5_K)
 KERN_R16_VIA(avx2__matmul_r16_q3_K, avx2__matmul_q3_K, KS_DTYPE_Q3_K)
 KERN_R16_VIA(avx2__matmul_r16_q2_K, avx2__matmul_q2_K, KS_DTYPE_Q2_K)
 KERN_R16_VIA(avx2__matmul_r16_iq4_xs, avx2__matmul_iq4_xs, KS_DTYPE_IQ4_XS)
+KERN_R16_VIA(avx2__matmul_r16_mxfp4, avx2__matmul_mxfp4, KS_DTYPE_MXFP4)
 
 const kern_vtab kern__vtab_avx2 = {
     .name = "avx2",
@@ -1246,6 +1247,7 @@ const kern_vtab kern__vtab_avx2 = {
             [KS_DTYPE_Q3_K] = avx2__matmul_r16_q3_K,
             [KS_DTYPE_Q2_K] = avx2__matmul_r16_q2_K,
             [KS_DTYPE_IQ4_XS] = avx2__matmul_r16_iq4_xs,
+            [KS_DTYPE_MXFP4] = avx2__matmul_r16_mxfp4,
         },
     .quantize_act =
         {

@@ -1511,6 +1511,7 @@ A512_R16_VIA(a512__matmul_r16_q5_K, kern__a512_matmul_r16_q5_K, a512__matmul_q5_
 A512_R16_VIA(a512__matmul_r16_q2_K, kern__a512_matmul_r16_q2_K, a512__matmul_q2_K)
 A512_R16_VIA(a512__matmul_r16_q3_K, kern__a512_matmul_r16_q3_K, a512__matmul_q3_K)
 A512_R16_VIA(a512__matmul_r16_iq4_xs, kern__a512_matmul_r16_iq4_xs, a512__matmul_iq4_xs)
+A512_R16_VIA(a512__matmul_r16_mxfp4, kern__a512_matmul_r16_mxfp4, a512__matmul_mxfp4)
 
 // ----------------------------------------------------------------------------
 // Vtab
@@ -1556,6 +1557,7 @@ const kern_vtab kern__vtab_avx512 = {
             [KS_DTYPE_Q3_K] = a512__matmul_r16_q3_K,
             [KS_DTYPE_Q2_K] = a512__matmul_r16_q2_K,
             [KS_DTYPE_IQ4_XS] = a512__matmul_r16_iq4_xs,
+            [KS_DTYPE_MXFP4] = a512__matmul_r16_mxfp4,
         },
     .quantize_act =
         {

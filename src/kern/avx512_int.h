@@ -317,6 +317,9 @@ void kern__a512_matmul_r16_q3_K(kern_matmul_fn plain, int64_t K, int n_rows, int
 void kern__a512_matmul_r16_iq4_xs(kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
                                   const void *W, size_t ws, const void *X, size_t xs, float *Y,
                                   size_t ys);
+void kern__a512_matmul_r16_mxfp4(kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
+                                 const void *W, size_t ws, const void *X, size_t xs, float *Y,
+                                 size_t ys);
 
 // ----------------------------------------------------------------------------
 // The vector and attention ops (avx512_vec.c), as the vtab's entries of the

@@ -1,7 +1,7 @@
 /* avx512_r16.c — the AVX-512 matmuls over the r16 layout (kern.h: 16
  * weight rows interleaved, so that lane l of a vector is row l of the group
  * and a vpdpbusd does 64 useful products with no reduction): Q8_0, Q4_0,
- * Q5_0, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K and IQ4_XS, their activation
+ * Q5_0, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS and MXFP4, their activation
  * preparation, and the matvec drivers that stream the groups. Built with
  * the flags of avx512.c, whose header states the rules these kernels keep
  * too (batch invariance, exact integer lanes, VNNI and plain forms
@@ -793,6 +793,83 @@ A512_INLINE void a512__r16x4_tile(int R, int C, const a512_tile *t, int V) {
 }
 A512_TILES_V(a512__r16x4_tile)
 
+/* The halved E8M0 scales 2^(e - 128) of one block's 16 rows (its exponent
+ * bytes at e), exactly kern__e8m0_half's: vscalefps gives the subnormals
+ * of e = 0, 1 and 2^127 for e = 255. */
+A512_INLINE __m512 a512__r16m_scale(const uint8_t *e) {
+    __m512i ei = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)e));
+    return _mm512_scalef_ps(_mm512_set1_ps(1.0f),
+                            _mm512_cvtepi32_ps(_mm512_sub_epi32(ei, _mm512_set1_epi32(128))));
+}
+
+/* The r16 MXFP4 tile: t->W group 0 (t->ws bytes between groups), t->X
+ * column 0's a512_r16x array with corr = -128 * the block's sum. Quads of
+ * KERN_R16_MXFP4_QUAD bytes (kern.h): 64 exponent bytes (block i, row r at
+ * 16i + r), then per block 4 steps j x 16 rows x 4 bytes of qs[4j ..]
+ * (low nibbles elements 4j.., high 16 + 4j..). Per block and element,
+ * exact in int32: isum = corr + the 8 vpdpbusd of codebook + 128
+ * (unsigned, doubled E2M1 values) with the activations, which is ref.c's
+ * block sum; then acc = fma((float)isum, 2^(e - 128) * dx, acc), blocks in
+ * order, as the Q4_0 tile. Group r's rows go to t->Y + t->yr * r, so the
+ * R x 1 tiles also serve a512__run_vecn's R streams. */
+A512_INLINE void a512__r16m_tile(int R, int C, const a512_tile *t, int V) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i cb = _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)kern_mxfp4_values),
+                      _mm_set1_epi8((char)0x80))); /* codebook + 128 */
+    __m512 acc[4][4];
+    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    const int64_t nb = t->K / 32;
+    for (int64_t b = 0; b < nb; b++) {
+        const size_t qo = (size_t)(b / 4) * KERN_R16_MXFP4_QUAD;
+        const int i = (int)(b % 4);
+        const uint8_t *wq[4];
+        __m512 wd[4];
+        const a512_r16x *x[4];
+        A512_FOR_R {
+            const uint8_t *p = t->W + r * t->ws + qo;
+            if (C <= 2 && i == 0) a512__pf_ahead(t->nta, p, A512_R16_AHEAD);
+            wd[r] = a512__r16m_scale(p + 16 * i);
+            wq[r] = p + 64 + 256 * i;
+        }
+        A512_FOR_C x[c] = (const a512_r16x *)(const void *)(t->X + c * t->xs) + b;
+        // independent partial sums for small tiles, as a512__r16_tile's
+        const int NS = R * C >= 4 ? 1 : R * C == 1 ? 4 : 2;
+        __m512i is[4][4], ip[3][4][4];
+        A512_FOR_R A512_FOR_C {
+            is[r][c] = _mm512_set1_epi32(x[c]->corr);
+            _Pragma("GCC unroll 3") for (int k = 0; k < NS - 1; k++) ip[k][r][c] =
+                _mm512_setzero_si512();
+        }
+#define A512_R16_IS(k) (*((k) % NS ? &ip[(k) % NS - 1][r][c] : &is[r][c]))
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) A512_FOR_R {
+            if (C <= 2) a512__pf_ahead(t->nta, wq[r] + 64 * j, A512_R16_AHEAD);
+            __m512i z = _mm512_loadu_si512(wq[r] + 64 * j);
+            // the nibble decode runs once per R group and serves C columns;
+            // vpermb (VBMI, no nibble masks) in place of vpshufb gained
+            // nothing measurable (bench_kern 2048: 645-660 vs 662-671 GFLOP/s)
+            __m512i lo = _mm512_shuffle_epi8(cb, _mm512_and_si512(z, m4));
+            __m512i hi = _mm512_shuffle_epi8(cb, _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
+            A512_FOR_C {
+                A512_R16_IS(j) =
+                    a512__dpbusd_v(V, A512_R16_IS(j), lo, a512__bcast4(x[c]->qs + 4 * j));
+                A512_R16_IS(j) =
+                    a512__dpbusd_v(V, A512_R16_IS(j), hi, a512__bcast4(x[c]->qs + 16 + 4 * j));
+            }
+        }
+#undef A512_R16_IS
+        A512_FOR_R A512_FOR_C _Pragma("GCC unroll 3") for (int k = 0; k < NS - 1; k++) is[r][c] =
+            _mm512_add_epi32(is[r][c], ip[k][r][c]);
+        A512_FOR_C {
+            __m512 xd = _mm512_set1_ps(x[c]->d);
+            A512_FOR_R acc[r][c] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r][c]), _mm512_mul_ps(wd[r], xd), acc[r][c]);
+        }
+    }
+    A512_FOR_R A512_FOR_C _mm512_storeu_ps(t->Y + c * t->ys + t->yr * r, acc[r][c]);
+}
+A512_TILES_V(a512__r16m_tile)
+
 /* Prepares the nsb super-blocks of one Q8_K activation row for the IQ4_XS
  * tiles: corr[j] = -128 * the sum of sub-block j's 32 quants (j < 8). */
 static void a512__r16x4_prep_x(const uint8_t *X, int64_t nsb, void *out) {
@@ -953,9 +1030,11 @@ static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
     // switching at run time, tg / roofline 0.89-0.92 -> 0.96-0.98 by run, and
     // 7 of 8 by tg / roofline in the final build (5 of 8 by tg, +2%); four
     // at a total distance of 4096 or three streams were no better than two,
-    // Q8_0 even.
+    // Q8_0 even. MXFP4 two: against one, tg64 34-35 -> 40-47 tokens/s in 3
+    // of 3 alternated rounds on the 1.1B shape; four no better than two
+    // (Zen 5, 2026-12-06).
     int vec_rb = 1;
-    if (wt == KS_DTYPE_Q8_0 || wt == KS_DTYPE_Q4_0 || wt == KS_DTYPE_Q4_K ||
+    if (wt == KS_DTYPE_Q8_0 || wt == KS_DTYPE_Q4_0 || wt == KS_DTYPE_Q4_K || wt == KS_DTYPE_MXFP4 ||
         (wt == KS_DTYPE_Q6_K && a512__pf_nta()))
         vec_rb = A512_VEC_RB;
     if (wt == KS_DTYPE_Q4_0 && a512__pf_nta() && vec_rb == 2) vec_rb = 4;
@@ -1048,4 +1127,13 @@ void kern__a512_matmul_r16_iq4_xs(kern_matmul_fn plain, int64_t K, int n_rows, i
                                   size_t ys) {
     a512__run_r16(KS_DTYPE_IQ4_XS, a512__r16x4_tile_tab[a512__use_vnni()], a512__r16x4_prep_x,
                   K / 256, sizeof(a512_r16k6), plain, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
+}
+
+/* Matches kern__matmul_mxfp4_ref over r16 groups; integer block sums exact,
+ * the error as a512__matmul_mxfp4's. */
+void kern__a512_matmul_r16_mxfp4(kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
+                                 const void *W, size_t ws, const void *X, size_t xs, float *Y,
+                                 size_t ys) {
+    a512__run_r16(KS_DTYPE_MXFP4, a512__r16m_tile_tab[a512__use_vnni()], a512__r16q8_prep_x, K / 32,
+                  sizeof(a512_r16x), plain, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }

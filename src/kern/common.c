@@ -103,6 +103,8 @@ size_t kern_r16_group_bytes(ks_dtype t, int64_t K) {
         return K % 256 ? 0 : (size_t)(K / 256) * KERN_R16_Q2K_SB;
     case KS_DTYPE_IQ4_XS:
         return K % 256 ? 0 : (size_t)(K / 256) * KERN_R16_IQ4XS_SB;
+    case KS_DTYPE_MXFP4: // whole quads, then a pair in a quad's 64 + 2 * 256 bytes
+        return K % 64 ? 0 : (size_t)(K / 128) * KERN_R16_MXFP4_QUAD + (K % 128 ? 576 : 0);
     default:
         return 0;
     }
@@ -250,6 +252,20 @@ static void kern__r16_iq4xs(bool pack, uint8_t *g, kern_block_iq4_xs *b, int r) 
 #undef KERN__MV
 }
 
+/* One MXFP4 row's block b into / out of group g (kern.h): its exponent at
+ * 16 (b % 4) + r of quad b / 4, its qs[4j .. 4j+3] at step j of the
+ * block's 256 bytes after the quad's 64 exponent bytes. */
+static void kern__r16_mxfp4(bool pack, uint8_t *g, uint8_t *blk, int64_t b, int r) {
+    uint8_t *q = g + (size_t)(b / 4) * KERN_R16_MXFP4_QUAD;
+    uint8_t *e = q + 16 * (b % 4) + r, *s = q + 64 + 256 * (b % 4) + 4 * r;
+    if (pack)
+        *e = blk[0];
+    else
+        blk[0] = *e;
+    for (int j = 0; j < 4; j++)
+        memcpy(pack ? s + 64 * j : blk + 1 + 4 * j, pack ? blk + 1 + 4 * j : s + 64 * j, 4);
+}
+
 /* Q5_0's qh (bit e = element e, u32 LE) to the r16 order, where element
  * 4s + i sits at byte i, bit s (s: its 4-byte step, low nibbles s < 4), and
  * back. */
@@ -286,6 +302,16 @@ void kern_r16_pack(ks_dtype t, int64_t K, const void *W, size_t w_stride, void *
                 uint8_t blk[22];
                 memcpy(blk, (const uint8_t *)W + (size_t)r * w_stride + (size_t)b * 22, 22);
                 kern__r16_q50(true, o, blk, b, r);
+            }
+        return;
+    }
+    if (t == KS_DTYPE_MXFP4) { // a last pair's quad: its exponent bytes 32..63 zero
+        if (K % 128) memset(o + (size_t)(K / 128) * KERN_R16_MXFP4_QUAD + 32, 0, 32);
+        for (int r = 0; r < 16; r++)
+            for (int64_t b = 0; b < K / 32; b++) {
+                uint8_t blk[17];
+                memcpy(blk, (const uint8_t *)W + (size_t)r * w_stride + (size_t)b * 17, 17);
+                kern__r16_mxfp4(true, o, blk, b, r);
             }
         return;
     }
@@ -364,6 +390,11 @@ void kern_r16_unpack_row(ks_dtype t, int64_t K, const void *group, int r, void *
     if (t == KS_DTYPE_Q5_0) {
         for (int64_t b = 0; b < K / 32; b++)
             kern__r16_q50(false, gm, (uint8_t *)row + (size_t)b * 22, b, r);
+        return;
+    }
+    if (t == KS_DTYPE_MXFP4) {
+        for (int64_t b = 0; b < K / 32; b++)
+            kern__r16_mxfp4(false, gm, (uint8_t *)row + (size_t)b * 17, b, r);
         return;
     }
     if (t == KS_DTYPE_Q5_K) {

@@ -351,6 +351,8 @@ static inline int kern__iq4xs_scale(const kern_block_iq4_xs *b, int j) {
 #define KERN_R16_Q2K_SB 1344
 /* Bytes of one IQ4_XS super-block of a 16-row r16 group (kern.h). */
 #define KERN_R16_IQ4XS_SB 2208
+/* Bytes of one quad (4 blocks) of an MXFP4 r16 group (16 x 4 x 17). */
+#define KERN_R16_MXFP4_QUAD 1088
 
 /* A kern_matmul_fn over r16 groups (kern.h) through fn, the plain matmul of
  * type t: each group's 16 rows are unpacked into scratch, then fn runs on

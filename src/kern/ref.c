@@ -1295,6 +1295,7 @@ KERN_R16_VIA(ref__matmul_r16_q5_K, kern__matmul_q5_K_ref, KS_DTYPE_Q5_K)
 KERN_R16_VIA(ref__matmul_r16_q3_K, kern__matmul_q3_K_ref, KS_DTYPE_Q3_K)
 KERN_R16_VIA(ref__matmul_r16_q2_K, kern__matmul_q2_K_ref, KS_DTYPE_Q2_K)
 KERN_R16_VIA(ref__matmul_r16_iq4_xs, kern__matmul_iq4_xs_ref, KS_DTYPE_IQ4_XS)
+KERN_R16_VIA(ref__matmul_r16_mxfp4, kern__matmul_mxfp4_ref, KS_DTYPE_MXFP4)
 
 const kern_vtab kern__vtab_ref = {
     .name = "ref",
@@ -1337,6 +1338,7 @@ const kern_vtab kern__vtab_ref = {
             [KS_DTYPE_Q3_K] = ref__matmul_r16_q3_K,
             [KS_DTYPE_Q2_K] = ref__matmul_r16_q2_K,
             [KS_DTYPE_IQ4_XS] = ref__matmul_r16_iq4_xs,
+            [KS_DTYPE_MXFP4] = ref__matmul_r16_mxfp4,
         },
     .quantize_act =
         {
