@@ -29,7 +29,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     const kv_geom *g = kv_pool_geom(pool);
     const kv_geom mg = model_kv_geom(m, g->page_tokens, g->kv_type);
     if (g->n_layer != hp->n_layer_attn ||
-        g->kv_dim != hp->n_head_kv * hp->head_dim + hp->idx_dim ||
+        g->kv_dim != hp->kv_dim ||
         g->state_pages != mg.state_pages)
         return ks_seterr(eb, KS_ERR_INVAL, "model context: kv pool geometry does not match the model");
     ks_err te = model_kv_type_check(m, g->kv_type, eb);
@@ -50,8 +50,15 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     c->rope_freqs =
         hp->rope_freqs_long && max_ctx > hp->rope_orig_ctx ? hp->rope_freqs_long : hp->rope_freqs;
     c->threads = ks_pool_create(n_threads);
-    size_t T = (size_t)max_tokens, E = (size_t)hp->n_embd, HD = (size_t)hp->n_head * hp->head_dim;
-    size_t KVD = (size_t)hp->n_head_kv * hp->head_dim, F = (size_t)hp->n_ff;
+    // gemma4's layers differ: buffers fit the largest head, the most K/V
+    // heads, and attention's G query heads per KV head on the layer with fewest
+    const size_t DM = (size_t)(hp->head_dim > hp->head_dim_swa ? hp->head_dim : hp->head_dim_swa);
+    int32_t hkv_min = hp->n_head_kv;
+    for (int il = 0; il < hp->n_layer; il++)
+        if (m->layers[il].n_head_kv > 0 && m->layers[il].n_head_kv < hkv_min)
+            hkv_min = m->layers[il].n_head_kv;
+    size_t T = (size_t)max_tokens, E = (size_t)hp->n_embd, HD = (size_t)hp->n_head * DM;
+    size_t KVD = (size_t)hp->n_head_kv * DM, F = (size_t)hp->n_ff;
     size_t XN = E > HD ? E : HD;
     const size_t NX = (size_t)hp->n_expert, KX = (size_t)hp->n_expert_used;
     const size_t H = (size_t)hp->n_head, NOPE = (size_t)(hp->mla_qk - hp->n_rot);
@@ -108,7 +115,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
             moe_ok && c->dsa_q && c->dsa_k && c->dsa_w && c->dsa_sel && c->dsa_n && c->dsa_score;
     }
     // per thread: G query heads' scores, or the indexer heads' dot products and their sum
-    const size_t G = (size_t)(hp->n_head / hp->n_head_kv), GI = (size_t)hp->idx_heads + 1;
+    const size_t G = (size_t)(hp->n_head / hkv_min), GI = (size_t)hp->idx_heads + 1;
     c->scores =
         ks_alloc_aligned((size_t)n_threads * (G > GI ? G : GI) * (size_t)max_ctx * sizeof(float));
     c->seq_next = malloc(T * sizeof(int32_t));
@@ -231,6 +238,7 @@ typedef struct {
     const float *w;  // norm weight
     const float *w2; // FWD_POST_ADD_NORM: the sublayer output's norm weight
     const float *tb; // FWD_ADD_NORM: a bias (E) of the sublayer output, added to it first
+    float xs;        // FWD_ADD_NORM: the residual stream times this after the add (1: none)
     int layer;
     int n;             // rows to claim: tokens, or (token, expert) rows
     int64_t ff;        // FWD_SWIGLU's row length
@@ -266,7 +274,7 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
     const model_hparams *hp = &c->m->hp;
     const model__layer *L = &c->m->layers[a->layer];
     const kern_vtab *kv = c->kv;
-    const int D = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv, KVD = Hkv * D;
+    const int D = L->head_dim, H = hp->n_head, Hkv = L->n_head_kv, KVD = Hkv * D;
     float *q = c->q + (size_t)t * (size_t)(H * D);
     float *k = c->k + (size_t)t * (size_t)KVD;
     float *v = c->v + (size_t)t * (size_t)KVD;
@@ -282,17 +290,21 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
         for (int i = 0; i < KVD; i++) k[i] += L->bk[i];
         for (int i = 0; i < KVD; i++) v[i] += L->bv[i];
     }
+    if (!L->wv.data) // gemma4's layers without attn_v: V is the K projection (before its norm)
+        memcpy(v, k, sizeof(float) * (size_t)KVD);
     const int32_t pos = a->b->pos[t];
     float cs[MODEL_MAX_HEAD_DIM]; // the position's angles, shared by every head
     kern_rope_cfg rl = fwd__rope_cfg(c);
-    if (L->swa) { // gemma3's sliding layers turn at their own base, unscaled
+    rl.n_rot = L->n_rot;
+    if (L->swa) { // gemma3's and gemma4's sliding layers turn at their own base
         rl.freq_base = hp->rope_base_swa;
         rl.freq_scale = hp->rope_scale_swa;
+        if (hp->rope_freqs_full) rl.freq_factors = NULL; // gemma4: the full layers' only
     }
     kern_rope_table_cfg(cs, &rl, pos);
     for (int h = 0; h < H; h++) {
         if (L->q_norm) kv->rmsnorm(D, q + h * D, L->q_norm, hp->norm_eps, q + h * D);
-        kern_rope_apply(q + h * D, hp->n_rot, cs, hp->rope_neox);
+        kern_rope_apply(q + h * D, L->n_rot, cs, hp->rope_neox);
     }
     if (hp->attn_temp_scale != 0.0f) { // mistral3: the query's temperature at this position
         const float ts = logf(floorf((float)pos / (float)hp->attn_temp_floor) + 1.0f) *
@@ -302,7 +314,8 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
     }
     for (int h = 0; h < Hkv; h++) {
         if (L->k_norm) kv->rmsnorm(D, k + h * D, L->k_norm, hp->norm_eps, k + h * D);
-        kern_rope_apply(k + h * D, hp->n_rot, cs, hp->rope_neox);
+        kern_rope_apply(k + h * D, L->n_rot, cs, hp->rope_neox);
+        if (hp->v_norm) kv->rmsnorm(D, v + h * D, c->m->ones, hp->norm_eps, v + h * D);
     }
     // K/V rows go to their page through kv (the only code that knows addresses)
     const int si = a->b->seq[t];
@@ -515,6 +528,9 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             else
                 for (int64_t i = 0; i < E; i++)
                     c->x[xo + (size_t)i] += c->tmp[xo + (size_t)i];
+            if (a->xs != 1.0f) // gemma4's layer_output_scale: (out + residual) * s, as llama.cpp
+                for (int64_t i = 0; i < E; i++)
+                    c->x[xo + (size_t)i] *= a->xs;
             if (!a->w) break;
             // fall through
         case FWD_NORM:
@@ -652,16 +668,20 @@ static void fwd__rows_run_n(model_ctx *c, const model_batch *b, fwd__rowop op, i
  * F32), it fills qw's slot in the same run: one pool run fewer per matmul,
  * and the same bytes model__act would write. */
 static void fwd__rows_run3(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w,
-                           const float *w2, const float *tb, int layer, const model__mat *qw) {
+                           const float *w2, const float *tb, float xs, int layer,
+                           const model__mat *qw) {
+    const model__layer *L = &c->m->layers[layer];
     fwd__rows a = {.c = c,
                    .b = b,
                    .op = op,
                    .w = w,
                    .w2 = w2,
                    .tb = tb,
+                   .xs = xs,
                    .layer = layer,
                    .n = b->n_tokens,
-                   .ff = c->m->hp.n_ff};
+                   // the layer's FFN width (gemma4's may differ per layer)
+                   .ff = L->w_gate.data ? L->w_gate.N : c->m->hp.n_ff};
     const bool to_xn = (op == FWD_NORM || op == FWD_ADD_NORM || op == FWD_POST_ADD_NORM) && w,
                to_g = op == FWD_SWIGLU || op == FWD_GEGLU || op == FWD_RELU2;
     KS_ASSERT(!qw || to_xn || to_g);
@@ -699,7 +719,7 @@ static void fwd__rows_run3(model_ctx *c, const model_batch *b, fwd__rowop op, co
 /* fwd__rows_run3 without a bias. */
 static void fwd__rows_run2(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w,
                            const float *w2, int layer, const model__mat *qw) {
-    fwd__rows_run3(c, b, op, w, w2, NULL, layer, qw);
+    fwd__rows_run3(c, b, op, w, w2, NULL, 1.0f, layer, qw);
 }
 
 /* Runs op over the batch's tokens (w: the norm weight, layer: FWD_QKV's). */
@@ -767,15 +787,16 @@ static void fwd__dsa_run(model_ctx *c, const model_batch *b, int layer) {
 }
 
 /* The residual add after a sublayer whose output is in tmp (plus bias tb,
- * gpt-oss's attn_output.bias; NULL: none), then the next norm: gemma first
- * normalizes the sublayer output (post_norm). qw: the first weight to read
- * the normed rows (NULL: not known here). */
+ * gpt-oss's attn_output.bias; NULL: none), the sum times xs (gemma4's
+ * layer_output_scale; 1: none), then the next norm: gemma first normalizes
+ * the sublayer output (post_norm). qw: the first weight to read the normed
+ * rows (NULL: not known here). */
 static void fwd__residual(model_ctx *c, const model_batch *b, const float *post_norm,
-                          const float *tb, const float *next_norm, int layer,
+                          const float *tb, float xs, const float *next_norm, int layer,
                           const model__mat *qw) {
     KS_ASSERT(!(post_norm && tb)); // no architecture has both
     fwd__rows_run3(c, b, post_norm ? FWD_POST_ADD_NORM : FWD_ADD_NORM, next_norm, post_norm, tb,
-                   layer, qw);
+                   xs, layer, qw);
 }
 
 // ----------------------------------------------------------------------------
@@ -1049,9 +1070,14 @@ static void fwd__attn_one(fwd__attn *a, int t, int h, int G, float *scores) {
     model_ctx *c = a->c;
     const model_hparams *hp = &c->m->hp;
     const kern_vtab *kv = c->kv;
-    const int D = hp->head_dim, Dv = hp->head_dim_v, H = hp->n_head, kh = h / (H / hp->n_head_kv);
-    const size_t S = (size_t)c->max_ctx;          // scores row stride
-    const size_t koff = (size_t)kh * c->head_row; // this KV head's bytes
+    const model__layer *L = &c->m->layers[a->layer];
+    // the layer's heads (gemma4's differ per layer); MLA: V is the latent, head_dim_v
+    const int D = L->head_dim, Dv = hp->kv_lora ? hp->head_dim_v : D, H = hp->n_head;
+    const int kh = h / (H / L->n_head_kv);
+    uint64_t hrb = c->head_row;
+    if (D != hp->head_dim) KS_ASSERT(ks_dtype_row_bytes((uint32_t)c->kv_type, (uint64_t)D, &hrb));
+    const size_t S = (size_t)c->max_ctx;        // scores row stride
+    const size_t koff = (size_t)kh * hrb;       // this KV head's bytes
     const kern_dot_rows_fn dot_rows = kv->dot_rows[c->kv_type];
     const kern_axpy_rows_fn axpy_rows = kv->axpy_rows[c->kv_type];
     const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
@@ -1143,7 +1169,7 @@ static int fwd__attn_nch(int64_t T, int Hkv, int G, int nth) {
 
 static void fwd__attn_task(void *arg, int ith, int nth) {
     fwd__attn *a = arg;
-    const int Hkv = a->c->m->hp.n_head_kv, G = a->c->m->hp.n_head / Hkv;
+    const int Hkv = a->c->m->layers[a->layer].n_head_kv, G = a->c->m->hp.n_head / Hkv;
     float *scores = a->c->scores + (size_t)ith * (size_t)G * (size_t)a->c->max_ctx;
     const int nch = fwd__attn_nch(a->b->n_tokens, Hkv, G, nth);
     const int Gs = G / nch, per_t = Hkv * nch;
@@ -1289,7 +1315,7 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         } else {
             const model__mat *qkv[] = {&L->wq, &L->wk, &L->wv};
             float *const qkv_out[] = {hp->attn_out_gate ? c->qg : c->q, c->k, c->v};
-            model__matmuls(c, 3, qkv, c->xn, T, qkv_out);
+            model__matmuls(c, L->wv.data ? 3 : 2, qkv, c->xn, T, qkv_out); // gemma4: V may be K
             fwd__rows_run(c, b, FWD_QKV, NULL, il);
         }
         if (L->kv_layer == 0) // rows of every layer at these positions are written before read
@@ -1300,8 +1326,8 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         if (hp->idx_topk) fwd__dsa_run(c, b, il);
         fwd__attn at = {.c = c, .b = b, .layer = il};
         atomic_init(&at.next, 0);
-        atomic_init(&at.left, (int64_t)T * hp->n_head_kv *
-                                  fwd__attn_nch(T, hp->n_head_kv, hp->n_head / hp->n_head_kv,
+        atomic_init(&at.left, (int64_t)T * L->n_head_kv *
+                                  fwd__attn_nch(T, L->n_head_kv, hp->n_head / L->n_head_kv,
                                                 ks_pool_nth(c->threads)));
         ks_pool_run(c->threads, fwd__attn_task, &at);
         if (hp->attn_out_gate) fwd__rows_run(c, b, FWD_ATTN_GATE, NULL, il);
@@ -1311,7 +1337,7 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
             model__matmul(c, &L->wo, c->att, T, c->tmp);
     ffn:
         if (L->no_ffn) goto next; // nemotron_h: the mixer was the layer
-        fwd__residual(c, b, L->post_attn_norm, L->bo, L->ffn_norm, il,
+        fwd__residual(c, b, L->post_attn_norm, L->bo, 1.0f, L->ffn_norm, il,
                       L->gate_exps ? NULL : &L->w_gate);
     ffn_in:
         // feed-forward block
@@ -1330,7 +1356,7 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         }
     next:;
         const bool last = il + 1 == hp->n_layer;
-        fwd__residual(c, b, L->post_ffn_norm, NULL,
+        fwd__residual(c, b, L->post_ffn_norm, NULL, L->out_scale ? L->out_scale[0] : 1.0f,
                       last ? m->output_norm : m->layers[il + 1].attn_norm,
                       il, last ? NULL : fwd__first_w(c, &m->layers[il + 1]));
     }

@@ -488,6 +488,109 @@ static ks_err load__nemotron_h(load__ctx *c, model_hparams *hp) {
     return KS_OK;
 }
 
+/* Layer il's value of the bool-per-layer key `suffix` (an array of
+ * block_count bools or integers, or one bool for every layer): 1, 0, or -1
+ * where it is absent or malformed. */
+static int load__layer_flag(const gguf_file *f, const char *arch, const char *suffix, int il) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    const gguf_value *v = gguf_get(f, key);
+    if (!v) return -1;
+    if (v->type == GGUF_TYPE_BOOL) return v->v.u64 != 0;
+    if (v->type != GGUF_TYPE_ARRAY || v->v.arr.items || (uint64_t)il >= v->v.arr.n ||
+        v->v.arr.elem_type == GGUF_TYPE_FLOAT32 || v->v.arr.elem_type == GGUF_TYPE_FLOAT64)
+        return -1;
+    return gguf_arr_i64(v, (uint64_t)il) != 0;
+}
+
+/* gemma4's head_count and its per-layer head_count_kv and
+ * feed_forward_length (each an array of block_count integers or one for
+ * every layer, as llama.cpp reads them): n_head_kv and n_ff are the largest. */
+static ks_err load__gemma4_counts(load__ctx *c, model_hparams *hp) {
+    const char *path = gguf_path(c->f);
+    if ((uint64_t)hp->n_layer > gguf_n_tensors(c->f))
+        return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: block_count %d but the file holds %llu tensors",
+                         path, hp->n_layer, (unsigned long long)gguf_n_tensors(c->f));
+    ks_err e = load__u32(c, "attention.head_count", true, 0, &hp->n_head);
+    if (e) return e;
+    hp->n_head_kv = hp->n_ff = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const int64_t kv = load__layer_val(c->f, c->arch, "attention.head_count_kv", il),
+                      ff = load__layer_val(c->f, c->arch, "feed_forward_length", il);
+        if (kv < 1 || ff < 1 || hp->n_head % kv)
+            return ks_seterr(c->eb, KS_ERR_FORMAT,
+                             "%s: layer %d: head_count_kv %lld, feed_forward_length %lld: want "
+                             "both set and positive (one value or one per layer), head_count %d "
+                             "a multiple of the first",
+                             path, il, (long long)kv, (long long)ff, hp->n_head);
+        if (kv > hp->n_head_kv) hp->n_head_kv = (int32_t)kv;
+        if (ff > hp->n_ff) hp->n_ff = (int32_t)ff;
+    }
+    return KS_OK;
+}
+
+/* Gemma 4, as llama.cpp reads it (model.h's gemma4 comment): a required
+ * attention.sliding_window and sliding_window_pattern (a bool per layer),
+ * the sliding layers' key_length_swa / value_length_swa (equal; default
+ * key_length), rope.dimension_count_swa (default rope.dimension_count) and
+ * rope.freq_base_swa (default rope.freq_base), final_logit_softcapping
+ * where set; embeddings scaled by sqrt(n_embd), GELU FFN, RMSNorm on each
+ * sublayer's output (the weights as stored: no 1 + w), tied output unless
+ * output.weight. Shared KV layers and per-layer embeddings are refused. */
+static ks_err load__gemma4(load__ctx *c, model_hparams *hp) {
+    const char *path = gguf_path(c->f);
+    int32_t vswa, n_shared, n_pl;
+    ks_err e;
+    hp->embd_scale = sqrtf((float)hp->n_embd);
+    hp->ffn_gelu = true;
+    hp->post_norms = true;
+    hp->attn_scale = 1.0f; // llama.cpp: f_attention_scale 1 (the Q/K norms set the scale)
+    hp->v_norm = true;
+    hp->rope_freqs_full = true;
+    if ((e = load__u32(c, "attention.sliding_window", true, 0, &hp->n_swa)) ||
+        (e = load__u32(c, "attention.key_length_swa", false, (uint32_t)hp->head_dim,
+                       &hp->head_dim_swa)) ||
+        (e = load__u32(c, "attention.value_length_swa", false, (uint32_t)hp->head_dim_swa,
+                       &vswa)) ||
+        (e = load__u32(c, "rope.dimension_count_swa", false, (uint32_t)hp->n_rot,
+                       &hp->n_rot_swa)) ||
+        (e = load__f32(c, "rope.freq_base_swa", hp->rope_base, &hp->rope_base_swa)) ||
+        (e = load__f32(c, "final_logit_softcapping", 0.0f, &hp->final_softcap)) ||
+        (e = load__u32(c, "attention.shared_kv_layers", false, 0, &n_shared)) ||
+        (e = load__u32(c, "embedding_length_per_layer_input", false, 0, &n_pl)))
+        return e;
+    if (hp->head_dim_swa < 1 || hp->head_dim_swa > MODEL_MAX_HEAD_DIM || vswa != hp->head_dim_swa ||
+        hp->n_rot_swa > hp->head_dim_swa || hp->n_rot_swa % 2 || !(hp->rope_base_swa > 0.0f) ||
+        !(hp->final_softcap >= 0.0f && isfinite(hp->final_softcap)))
+        return ks_seterr(c->eb, KS_ERR_FORMAT,
+                         "%s: gemma4 sliding layers: key_length_swa %d (want 1..%d), "
+                         "value_length_swa %d (want the same), rope.dimension_count_swa %d (want "
+                         "even, at most the head), rope.freq_base_swa %g, "
+                         "final_logit_softcapping %g",
+                         path, hp->head_dim_swa, MODEL_MAX_HEAD_DIM, vswa, hp->n_rot_swa,
+                         (double)hp->rope_base_swa, (double)hp->final_softcap);
+    if (n_shared || n_pl)
+        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
+                         "%s: gemma4 with attention.shared_kv_layers %d, "
+                         "embedding_length_per_layer_input %d: shared KV layers and per-layer "
+                         "embeddings (E2B, E4B) are not supported yet",
+                         path, n_shared, n_pl);
+    hp->rope_scale_swa = hp->rope_scale;
+    hp->kv_dim = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const int swa = load__layer_flag(c->f, c->arch, "attention.sliding_window_pattern", il);
+        if (swa < 0)
+            return ks_seterr(c->eb, KS_ERR_FORMAT,
+                             "%s: %s.attention.sliding_window_pattern: missing, or no bool for "
+                             "layer %d",
+                             path, c->arch, il);
+        const int64_t kvd = load__layer_val(c->f, c->arch, "attention.head_count_kv", il) *
+                            (swa ? hp->head_dim_swa : hp->head_dim);
+        if (kvd > hp->kv_dim) hp->kv_dim = (int32_t)kvd;
+    }
+    return KS_OK;
+}
+
 static ks_err load__hparams(model *m, ks_errbuf *eb) {
     const gguf_file *f = m->gguf;
     model_hparams *hp = &m->hp;
@@ -510,6 +613,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         hp->arch = MODEL_ARCH_GEMMA2;
     else if (!strcmp(hp->arch_name, "gemma3"))
         hp->arch = MODEL_ARCH_GEMMA3;
+    else if (!strcmp(hp->arch_name, "gemma4"))
+        hp->arch = MODEL_ARCH_GEMMA4;
     else if (!strcmp(hp->arch_name, "glm4"))
         hp->arch = MODEL_ARCH_GLM4;
     else if (!strcmp(hp->arch_name, "glm4moe"))
@@ -543,6 +648,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         return e;
     if (nh) { // per-layer arrays
         if ((e = load__nemotron_h(&c, hp))) return e;
+    } else if (hp->arch == MODEL_ARCH_GEMMA4) { // per-layer arrays
+        if ((e = load__gemma4_counts(&c, hp))) return e;
     } else if ((e = load__u32(&c, "feed_forward_length",
                               hp->n_expert == 0 || hp->n_layer_dense > 0, (uint32_t)hp->n_ff,
                               &hp->n_ff)) ||
@@ -672,6 +779,9 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     hp->rope_scale_swa = hp->rope_scale;
     hp->attn_scale = 1.0f / sqrtf((float)(hp->kv_lora ? hp->mla_qk : hp->head_dim));
     hp->embd_scale = 1.0f;
+    hp->head_dim_swa = hp->head_dim;
+    hp->n_rot_swa = hp->n_rot;
+    hp->kv_dim = hp->n_head_kv * hp->head_dim + hp->idx_dim; // gemma4: its layers' largest
     if (hp->kv_lora && yarn) { // deepseek2: YaRN's magnitude moves from cos/sin into the scores
         float log_mul;
         if ((e = load__f32(&c, "rope.scaling.yarn_log_multiplier", 0.0f, &log_mul))) return e;
@@ -682,6 +792,7 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     }
     if (hp->arch == MODEL_ARCH_MISTRAL3) return load__mistral3(&c, hp);
     if (hp->arch == MODEL_ARCH_GEMMA2 || hp->arch == MODEL_ARCH_GEMMA3) return load__gemma(&c, hp);
+    if (hp->arch == MODEL_ARCH_GEMMA4) return load__gemma4(&c, hp);
     if (hp->arch == MODEL_ARCH_GPT_OSS) return load__gptoss(&c, hp);
     // LayerNorms (llama.cpp's default eps 1e-12); bert: no RoPE, nomic-bert
     // NEOX-style RoPE over the whole head
@@ -959,6 +1070,54 @@ static ks_err load__qwen35_layer(model *m, int il, model__layer *L, ks_errbuf *e
     return KS_OK;
 }
 
+/* Binds gemma4 layer il (model.h's gemma4 comment): Q/K/V (attn_v optional:
+ * V is then the K projection), attn_output, the Q/K norms, post-norms of
+ * both sublayers, the GELU FFN of the layer's width and the optional
+ * layer_output_scale; sets the layer's attention shape. */
+static ks_err load__gemma4_layer(model *m, int il, model__layer *L, ks_errbuf *eb) {
+    const model_hparams *hp = &m->hp;
+    const int swa = load__layer_flag(m->gguf, hp->arch_name, "attention.sliding_window_pattern", il);
+    const int64_t kvh = load__layer_val(m->gguf, hp->arch_name, "attention.head_count_kv", il),
+                  F = load__layer_val(m->gguf, hp->arch_name, "feed_forward_length", il);
+    KS_ASSERT(swa >= 0 && kvh > 0 && F > 0); // load__gemma4 checked them
+    L->swa = swa;
+    L->head_dim = swa ? hp->head_dim_swa : hp->head_dim;
+    L->n_head_kv = (int32_t)kvh;
+    L->n_rot = swa ? hp->n_rot_swa : hp->n_rot;
+    const int64_t E = hp->n_embd, D = L->head_dim, HD = (int64_t)hp->n_head * D, KVD = kvh * D;
+    char n[96];
+#define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
+    ks_err e;
+    if ((e = load__mat(m, LNAME("attn_q.weight"), E, HD, &L->wq, eb)) ||
+        (e = load__mat(m, LNAME("attn_k.weight"), E, KVD, &L->wk, eb)) ||
+        (gguf_find_tensor(m->gguf, LNAME("attn_v.weight")) &&
+         (e = load__mat(m, n, E, KVD, &L->wv, eb))) ||
+        (e = load__mat(m, LNAME("attn_output.weight"), HD, E, &L->wo, eb)) ||
+        (e = load__vec(m, LNAME("attn_q_norm.weight"), D, true, &L->q_norm, eb)) ||
+        (e = load__vec(m, LNAME("attn_k_norm.weight"), D, true, &L->k_norm, eb)) ||
+        (e = load__vec(m, LNAME("post_attention_norm.weight"), E, true, &L->post_attn_norm, eb)) ||
+        (e = load__vec(m, LNAME("ffn_norm.weight"), E, true, &L->ffn_norm, eb)) ||
+        (e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
+        (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)) ||
+        (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb)) ||
+        (e = load__vec(m, LNAME("post_ffw_norm.weight"), E, true, &L->post_ffn_norm, eb)) ||
+        (e = load__vec_n(m, LNAME("layer_output_scale.weight"), 1, false, true, &L->out_scale,
+                         eb)))
+        return e;
+    if (gguf_find_tensor(m->gguf, LNAME("ffn_gate_inp.weight")))
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED,
+                         "%s: %s: gemma4's mixture-of-experts layers (26B-A4B) are not supported "
+                         "yet",
+                         gguf_path(m->gguf), n);
+    if (!swa && !hp->rope_freqs) // llama.cpp requires it of a full layer
+        return ks_seterr(eb, KS_ERR_FORMAT,
+                         "%s: missing tensor 'rope_freqs.weight' (gemma4's full-attention layers "
+                         "turn by it)",
+                         gguf_path(m->gguf));
+#undef LNAME
+    return KS_OK;
+}
+
 /* Binds nemotron_h layer il of kind k (load__nh_kind): a Mamba2 mixer
  * (ssm_in cut into z, x|B|C and dt rows), attention, or the MLP (up, down). */
 static ks_err load__nemotron_h_layer(model *m, int il, char k, model__layer *L, ks_errbuf *eb) {
@@ -1119,6 +1278,10 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
         model__mat fused = {0};
         if ((e = load__vec(m, LNAME("attn_norm.weight"), E, true, &L->attn_norm, eb))) return e;
         L->kv_layer = il;
+        if (hp->arch == MODEL_ARCH_GEMMA4) {
+            if ((e = load__gemma4_layer(m, il, L, eb))) return e;
+            continue;
+        }
         if (hp->arch == MODEL_ARCH_NEMOTRON_H) { // KV and state rows in layer order
             const char k = load__nh_kind(m->gguf, hp->arch_name, il);
             L->recurrent = k == 'M';
@@ -1305,6 +1468,30 @@ static void load__repack_all(model *m) {
 // ----------------------------------------------------------------------------
 // Public
 
+/* The model's attention shape on every layer load__weights left unset
+ * (all but gemma4's), and the ones vector of unweighted norms. */
+static ks_err load__layer_shapes(model *m, ks_errbuf *eb) {
+    for (int il = 0; m->layers && il < m->hp.n_layer; il++) {
+        model__layer *L = &m->layers[il];
+        if (L->head_dim) continue;
+        L->head_dim = m->hp.head_dim;
+        L->n_head_kv = m->hp.n_head_kv;
+        L->n_rot = m->hp.n_rot;
+    }
+    float *ones = malloc(sizeof(float) * MODEL_MAX_HEAD_DIM);
+    float **owned = realloc(m->owned, sizeof *owned * (size_t)(m->n_owned + 1));
+    if (owned) m->owned = owned;
+    if (!ones || !owned) {
+        free(ones);
+        return ks_seterr(eb, KS_ERR_NOMEM, "%s: model", gguf_path(m->gguf));
+    }
+    for (int i = 0; i < MODEL_MAX_HEAD_DIM; i++)
+        ones[i] = 1.0f;
+    m->owned[m->n_owned++] = ones;
+    m->ones = ones;
+    return KS_OK;
+}
+
 /* model_load of the open file f (taken over: closed with the model or on
  * failure), repacking the weights only when asked. */
 static ks_err load__model_file(gguf_file *f, bool repack, model **out, ks_errbuf *eb) {
@@ -1318,7 +1505,7 @@ static ks_err load__model_file(gguf_file *f, bool repack, model **out, ks_errbuf
     m->gguf = f;
     ks_err e;
     if ((e = load__hparams(m, eb))) goto fail;
-    if ((e = load__weights(m, eb))) goto fail;
+    if ((e = load__weights(m, eb)) || (e = load__layer_shapes(m, eb))) goto fail;
     if (repack) load__repack_all(m);
     // a decode step reads one embedding row at random: with its pages
     // unmapped, each new token took a page fault (~50 us in a VM, 0.4% of
@@ -1425,7 +1612,7 @@ int64_t model_state_rows(const model_hparams *hp) {
 
 kv_geom model_kv_geom(const model *m, int page_tokens, int kv_type) {
     kv_geom g = {.n_layer = m->hp.n_layer_attn,
-                 .kv_dim = m->hp.n_head_kv * m->hp.head_dim + m->hp.idx_dim,
+                 .kv_dim = m->hp.kv_dim,
                  .page_tokens = page_tokens,
                  .kv_type = kv_type,
                  .planes = m->hp.kv_lora ? 1 : 2}; // MLA: V is read from the one row
@@ -1451,11 +1638,11 @@ ks_err model_kv_type_check(const model *m, int kv_type, ks_errbuf *eb) {
                          "KV type %s needs attention.indexer.key_length to be a multiple of %u; "
                          "this model's is %d: use --kv-type f16 or f32",
                          kv_type_name(kv_type), blk, m->hp.idx_dim);
-    if (m->hp.head_dim % (int)blk != 0)
+    if (m->hp.head_dim % (int)blk != 0 || m->hp.head_dim_swa % (int)blk != 0)
         return ks_seterr(eb, KS_ERR_INVAL,
                          "KV type %s needs head_dim to be a multiple of %u (its blocks must not "
-                         "straddle attention heads); this model's head_dim is %d: use "
-                         "--kv-type f16 or f32",
-                         kv_type_name(kv_type), blk, m->hp.head_dim);
+                         "straddle attention heads); this model's head_dim is %d (sliding "
+                         "layers: %d): use --kv-type f16 or f32",
+                         kv_type_name(kv_type), blk, m->hp.head_dim, m->hp.head_dim_swa);
     return KS_OK;
 }

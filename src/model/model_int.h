@@ -44,6 +44,13 @@ typedef struct model__layer {
     const float *post_attn_norm;     // (E) or NULL (gemma2/3 only): post_attention_norm
     const float *post_ffn_norm;      // (E) or NULL (gemma2/3 only): post_ffw_norm
     bool swa;                        // sliding-window layer (model_hparams.n_swa)
+    // the layer's attention shape: the model's everywhere but gemma4, whose
+    // sliding and full layers differ (model_hparams' gemma4 comment)
+    int32_t head_dim;                // D of this layer's heads (Q, K and V alike)
+    int32_t n_head_kv;               // its K/V heads
+    int32_t n_rot;                   // dims RoPE turns in each head
+    const float *out_scale;          // (1) layer_output_scale: the layer's output times it,
+                                     // or NULL (1)
     // multi-head latent attention (deepseek2; wk/wv unused): Q through the
     // q_lora bottleneck (wq_a, q_a_norm, wq_b) or wq alone; the latent and
     // RoPE key from wkv_a; per-head absorption matrices from the 3-D tensors
@@ -109,6 +116,7 @@ struct model {
     model__mat type_embd;                 // (n_types, E) token_types (type 0 is used)
     const float *embd_norm, *embd_norm_b; // (E) token_embd_norm
     model__layer *layers;      // (n_layer)
+    const float *ones;         // (MODEL_MAX_HEAD_DIM) 1.0f: the weight of an unweighted norm
     float **owned;             // f32 copies of non-F32 vectors (norms, biases)
     int n_owned;
     void *arena; // every matrix's r16 copy, one huge-page buffer (ks_alloc_huge)
