@@ -198,6 +198,17 @@ typedef struct model_hparams {
     int32_t n_rot_swa;    /* rope.dimension_count_swa [n_rot] */
     bool rope_freqs_full; /* rope_freqs apply to the full layers only [false: every layer] */
     bool v_norm;          /* V rms-normed per head, no weight [false] */
+    /* Gemma 4 E2B / E4B: the last attention.shared_kv_layers layers keep no
+     * K/V: a sliding one reads layer n_layer_attn - 2's, a full one layer
+     * n_layer_attn - 1's (llama.cpp's rule; those two must be of the two
+     * kinds), so n_layer_attn = n_layer - shared. Per-layer embeddings
+     * (embedding_length_per_layer_input n_embd_pl > 0): each token has
+     * n_layer inputs of n_embd_pl, ((rmsnorm(per_layer_model_proj x / sqrt
+     * (n_embd)) * per_layer_proj_norm) + per_layer_token_embd[tok] *
+     * sqrt(n_embd_pl)) / sqrt(2), x the scaled embedding; layer il ends
+     * with x += rmsnorm(proj (gelu(inp_gate x) * input[il])) * post_norm,
+     * before its layer_output_scale. */
+    int32_t n_embd_pl;    /* embedding_length_per_layer_input [0: none] */
 } model_hparams;
 
 typedef struct model model;

@@ -57,6 +57,10 @@ typedef struct {
      * attn_v (V is the K projection, HF attention_k_eq_v) */
     long head_dim_full, n_head_kv_full, swa_period;
     bool k_eq_v;
+    /* gemma4 E2B / E4B: the last n_kv_shared layers keep no K/V (and have
+     * FFNs twice as wide, use_double_wide_mlp); n_embd_pl: per-layer
+     * embedding width (0: none) */
+    long n_kv_shared, n_embd_pl;
     long n_types;       /* bert: token types (the vocab's tokenizer.ggml.token_type_count) */
     int n_threads;
 } mk__opts;
@@ -456,30 +460,43 @@ static bool mk__g4_swa(const mk__opts *o, long l) {
     return l % o->swa_period != o->swa_period - 1;
 }
 
+/* gemma4 layer l's FFN width: twice n_ff on a shared KV layer. */
+static int64_t mk__g4_ff(const mk__opts *o, long l) {
+    return l >= o->n_layer - o->n_kv_shared ? 2 * o->n_ff : o->n_ff;
+}
+
 /* gemma4's tensors, as llama.cpp's converter writes a 31B-style dense
  * model: per layer Q/K/V (no attn_v on a full layer with k_eq_v), the Q/K
  * norms of the layer's head size, post-norms of both sublayers, a GELU FFN
  * and layer_output_scale (uniform in [0.48, 1.52]); rope_freqs for the full
- * layers (MK__PROP). */
+ * layers (MK__PROP). E2B / E4B style: no K/V tensors on the shared KV
+ * layers, and the per-layer embedding's tensors (model.h's gemma4 comment). */
 static bool mk__build_plan_gemma4(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
-    const int64_t E = o->n_embd, F = o->n_ff;
+    const int64_t E = o->n_embd, PL = o->n_embd_pl, PLA = PL * o->n_layer;
     const ks_dtype W = o->type, F32 = KS_DTYPE_F32;
     const float s_in = 1.0f / sqrtf((float)E), res = 1.0f / sqrtf(2.0f * (float)o->n_layer);
     const float noise = 0.02f, s_qk = s_in * (float)o->qk_gain;
     bool ok = mk__add(p, o, W, MK__RAND, o->tied ? 4.0f / sqrtf((float)E) : 1.0f, E, n_vocab,
                       "token_embd.weight", 0) &&
               mk__add(p, o, F32, MK__PROP, 0.0f, o->head_dim_full / 2, 0, "rope_freqs.weight", 0);
+    if (ok && PL)
+        ok = mk__add(p, o, W, MK__RAND, 1.0f / sqrtf((float)PL), PLA, n_vocab,
+                     "per_layer_token_embd.weight", 0) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, PLA, "per_layer_model_proj.weight", 0) &&
+             mk__add(p, o, F32, MK__ONES, noise, PL, 0, "per_layer_proj_norm.weight", 0);
     for (int l = 0; ok && l < o->n_layer; l++) {
-        const bool swa = mk__g4_swa(o, l);
+        const bool swa = mk__g4_swa(o, l), own = l < o->n_layer - o->n_kv_shared;
+        const int64_t F = mk__g4_ff(o, l);
         const int64_t D = swa ? o->head_dim : o->head_dim_full, QD = o->n_head * D;
         const int64_t KD = (swa ? o->n_head_kv : o->n_head_kv_full) * D;
         ok = mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l) &&
              mk__add(p, o, W, MK__RAND, s_qk, E, QD, "blk.%d.attn_q.weight", l) &&
-             mk__add(p, o, W, MK__RAND, s_qk, E, KD, "blk.%d.attn_k.weight", l) &&
-             ((!swa && o->k_eq_v) ||
+             (!own || mk__add(p, o, W, MK__RAND, s_qk, E, KD, "blk.%d.attn_k.weight", l)) &&
+             (!own || (!swa && o->k_eq_v) ||
               mk__add(p, o, W, MK__RAND, s_in, E, KD, "blk.%d.attn_v.weight", l)) &&
              mk__add(p, o, F32, MK__ONES, noise, D, 0, "blk.%d.attn_q_norm.weight", l) &&
-             mk__add(p, o, F32, MK__ONES, noise, D, 0, "blk.%d.attn_k_norm.weight", l) &&
+             (!own ||
+              mk__add(p, o, F32, MK__ONES, noise, D, 0, "blk.%d.attn_k_norm.weight", l)) &&
              mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E, "blk.%d.attn_output.weight",
                      l) &&
              mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.post_attention_norm.weight", l) &&
@@ -489,6 +506,11 @@ static bool mk__build_plan_gemma4(mk__plan *p, const mk__opts *o, int64_t n_voca
              mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight", l) &&
              mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.post_ffw_norm.weight", l) &&
              mk__add(p, o, F32, MK__ONES, 0.3f, 1, 0, "blk.%d.layer_output_scale.weight", l);
+        if (ok && PL)
+            ok = mk__add(p, o, W, MK__RAND, s_in, E, PL, "blk.%d.inp_gate.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, res / sqrtf((float)PL), PL, E, "blk.%d.proj.weight",
+                         l) &&
+                 mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.post_norm.weight", l);
     }
     ok = ok && mk__add(p, o, F32, MK__ONES, noise, E, 0, "output_norm.weight", 0);
     if (ok && !o->tied)
@@ -652,7 +674,10 @@ static void mk__usage(FILE *fp) {
         "                               gemma4: every --swa-period-th layer (default 6) full,\n"
         "                               with heads of --head-dim-full (default 2x --head-dim)\n"
         "                               and --n-head-kv-full K/V heads (default --n-head-kv),\n"
-        "                               no attn_v there with --k-eq-v; proportional RoPE\n"
+        "                               no attn_v there with --k-eq-v; proportional RoPE;\n"
+        "                               --n-kv-shared S: the last S layers read earlier K/V\n"
+        "                               (FFNs twice as wide); --n-embd-per-layer N: per-layer\n"
+        "                               embeddings of N (E2B / E4B)\n"
         "                               gpt-oss: 4 layers (even ones slide, --swa 32), heads\n"
         "                               of 64, 8 experts (4 used, n_ff_exp 256), sinks,\n"
         "                               biases, YaRN factor 32 from 4096, base 150000\n"
@@ -829,7 +854,7 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
          MK__F32("attention.layer_norm_rms_epsilon", o->eps);
     const bool g4 = !strcmp(a, "gemma4");
     if (ok && !o->pattern)
-        ok = MK__U32("feed_forward_length", o->n_ff) &&
+        ok = ((g4 && o->n_kv_shared) || MK__U32("feed_forward_length", o->n_ff)) &&
              ((g4 && o->n_head_kv_full != o->n_head_kv) || // gemma4: then an array (below)
               MK__U32("attention.head_count_kv", o->n_head_kv)) &&
              MK__F32("rope.freq_base", o->rope_base) && MK__U32("rope.dimension_count", o->n_rot);
@@ -906,10 +931,11 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
     }
     if (ok && g4) { // as llama.cpp's converter writes Gemma 4's config
         uint8_t swa[MK__MAX_LAYERS];
-        int32_t kv[MK__MAX_LAYERS];
+        int32_t kv[MK__MAX_LAYERS], ff[MK__MAX_LAYERS];
         for (long l = 0; l < o->n_layer; l++) {
             swa[l] = mk__g4_swa(o, l);
             kv[l] = (int32_t)(swa[l] ? o->n_head_kv : o->n_head_kv_full);
+            ff[l] = (int32_t)mk__g4_ff(o, l);
         }
         ok = (snprintf(k, sizeof k, "%s.attention.sliding_window_pattern", a),
               !gguf_writer_set_arr(w, k, GGUF_TYPE_BOOL, swa, (uint64_t)o->n_layer)) &&
@@ -921,8 +947,12 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
              MK__U32("attention.key_length_swa", o->head_dim) &&
              MK__U32("attention.value_length_swa", o->head_dim) &&
              MK__U32("rope.dimension_count_swa", o->head_dim) &&
-             MK__F32("rope.freq_base_swa", 10000.0) && MK__U32("attention.shared_kv_layers", 0) &&
-             MK__U32("embedding_length_per_layer_input", 0);
+             MK__F32("rope.freq_base_swa", 10000.0) &&
+             MK__U32("attention.shared_kv_layers", o->n_kv_shared) &&
+             MK__U32("embedding_length_per_layer_input", o->n_embd_pl) &&
+             (!o->n_kv_shared || // the shared layers' FFNs twice as wide: an array
+              (snprintf(k, sizeof k, "%s.feed_forward_length", a),
+               !gguf_writer_set_arr(w, k, GGUF_TYPE_INT32, ff, (uint64_t)o->n_layer)));
     }
     if (ok && !o->kv_lora && !o->pattern && !g4 &&
         (!strncmp(a, "qwen3", 5) || !strncmp(a, "gemma", 5) ||
@@ -977,6 +1007,7 @@ static const cli__opt mk__optv[] = {
     {"longrope", 0, false, false},     {"qk-norm", 0, false, false},
     {"k-eq-v", 0, false, false},       {"head-dim-full", 0, true, false},
     {"n-head-kv-full", 0, true, false}, {"swa-period", 0, true, false},
+    {"n-kv-shared", 0, true, false},   {"n-embd-per-layer", 0, true, false},
     {"output", 'o', true, false},      {"vocab", 0, true, false},
     {"arch", 0, true, false},          {"shape", 0, true, false},
     {"name", 0, true, false},          {"type", 0, true, false},
@@ -1129,6 +1160,8 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
                     : !strcmp(a, "--head-dim-full") ? &o->head_dim_full
                     : !strcmp(a, "--n-head-kv-full") ? &o->n_head_kv_full
                     : !strcmp(a, "--swa-period")    ? &o->swa_period
+                    : !strcmp(a, "--n-kv-shared")   ? &o->n_kv_shared
+                    : !strcmp(a, "--n-embd-per-layer") ? &o->n_embd_pl
                                                     : NULL;
         KS_ASSERT(dst); // every table entry has a case
         if (!cli__parse_int(a, v, 1, 1L << 20, dst)) return 2;
@@ -1194,9 +1227,11 @@ int cli_mkmodel(int argc, char **argv) {
         fprintf(stderr, "kvseal mkmodel: --attn-temp-scale and --yarn-log-mul are mistral3's\n");
         return 2;
     }
-    if ((o.k_eq_v || o.head_dim_full || o.n_head_kv_full || o.swa_period) && !g4) {
+    if ((o.k_eq_v || o.head_dim_full || o.n_head_kv_full || o.swa_period || o.n_kv_shared ||
+         o.n_embd_pl) &&
+        !g4) {
         fprintf(stderr, "kvseal mkmodel: --k-eq-v --head-dim-full --n-head-kv-full --swa-period "
-                        "are gemma4's\n");
+                        "--n-kv-shared --n-embd-per-layer are gemma4's\n");
         return 2;
     }
     if (o.pooling && !bert) {
@@ -1407,6 +1442,20 @@ int cli_mkmodel(int argc, char **argv) {
                             "(and n_head times it of the type's block), --n-head a multiple of "
                             "--n-head-kv-full, at most %d layers\n",
                     MK__MAX_LAYERS);
+            return 2;
+        }
+        // llama.cpp: a shared sliding layer reads layer n - 2, a full one n - 1
+        const long kvfs = o.n_layer - o.n_kv_shared;
+        if (o.n_kv_shared &&
+            (kvfs < 2 || mk__g4_swa(&o, kvfs - 1) || !mk__g4_swa(&o, kvfs - 2))) {
+            fprintf(stderr, "kvseal mkmodel: gemma4: with --n-kv-shared S, layer n_layer - S - 1 "
+                            "must be full and n_layer - S - 2 sliding (the layers shared ones "
+                            "read)\n");
+            return 2;
+        }
+        if (o.n_embd_pl % (long)ks_dtype_block_elems(o.type)) {
+            fprintf(stderr, "kvseal mkmodel: --n-embd-per-layer must be a multiple of the type's "
+                            "block size\n");
             return 2;
         }
     }

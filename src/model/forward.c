@@ -67,6 +67,12 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     size_t TA = NX ? T * KS : T;
     if (hp->kv_lora && TA < T * H) TA = T * H; // MLA: per-head rows of q_nope and the output
     if (NX && KS * (size_t)hp->n_ff_exp > F) F = KS * (size_t)hp->n_ff_exp;
+    const size_t PL = (size_t)hp->n_embd_pl; // gemma4: g holds the per-layer gate rows too
+    if (PL > F) F = PL;
+    if (PL) {
+        c->ple = ks_alloc_aligned(T * (size_t)hp->n_layer * PL * sizeof(float));
+        c->ple_sel = ks_alloc_aligned((size_t)n_threads * PL * sizeof(float));
+    }
     c->x = ks_alloc_aligned(T * E * sizeof(float));
     c->xn = ks_alloc_aligned(T * XN * sizeof(float));
     c->q = ks_alloc_aligned(T * HD * sizeof(float));
@@ -129,6 +135,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     if ((size_t)hp->q_lora > Kmax) Kmax = (size_t)hp->q_lora;
     const size_t S = (size_t)hp->ssm_state, VD = (size_t)hp->ssm_inner;
     if (VD > Kmax) Kmax = VD; // ssm_out's input
+    if (PL > Kmax) Kmax = PL; // gemma4's per-layer proj
     uint64_t rb0 = 0, rbk = 0;
     ks_dtype_row_bytes(KS_DTYPE_Q8_0, (Kmax + 31) / 32 * 32, &rb0);
     ks_dtype_row_bytes(KS_DTYPE_Q8_K, (Kmax + 255) / 256 * 256, &rbk);
@@ -166,6 +173,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
         c->ord_fill = malloc(T * sizeof(int32_t));
         moe_ok = moe_ok && c->ord && c->ord_off && c->ord_fill;
     }
+    if (PL && (!c->ple || !c->ple_sel)) moe_ok = false;
     if (!c->threads || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->g ||
         !c->u || !c->scores || !c->seq_next || !c->seq_bad || !c->seq_first || !c->kp || !c->vp ||
         !c->act[0].buf || !c->act[1].buf || !c->pf_runs || !moe_ok) {
@@ -182,7 +190,8 @@ void model_ctx_free(model_ctx *c) {
     float *bufs[] = {c->x,      c->xn,    c->q,      c->k,      c->v,        c->att,    c->tmp,
                      c->g,      c->u,     c->scores, c->router, c->xe,       c->mla_qa, c->mla_qf,
                      c->mla_qn, c->dsa_q, c->dsa_k,  c->dsa_w,  c->dsa_score, c->qg,
-                     c->gate,   c->ssm_x, c->ssm_z,  c->ssm_o,  c->ssm_b,    c->ssm_a};
+                     c->gate,   c->ssm_x, c->ssm_z,  c->ssm_o,  c->ssm_b,    c->ssm_a,
+                     c->ple,    c->ple_sel};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ks_free_aligned(bufs[i]);
     ks_free_aligned(c->act[0].buf);
     ks_free_aligned(c->act[1].buf);
@@ -229,6 +238,8 @@ typedef enum {
     FWD_MLA_QKV,       // rope q/k, q_nope to mla_qn, latent normed; write the KV row
     FWD_DSA_SELECT,    // the indexer's top_k positions of token t into dsa_sel[t]
     FWD_ATTN_GATE,     // att[t] *= sigmoid(gate[t]) (qwen35's gated attention)
+    FWD_PLE_IN,        // ple[t] (per_layer_model_proj x[t]) into the token's per-layer inputs
+    FWD_PLE_GATE,      // g[t] = gelu(g[t]) * ple[t][layer] (n_embd_pl: gemma4)
 } fwd__rowop;
 
 typedef struct {
@@ -290,7 +301,7 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
         for (int i = 0; i < KVD; i++) k[i] += L->bk[i];
         for (int i = 0; i < KVD; i++) v[i] += L->bv[i];
     }
-    if (!L->wv.data) // gemma4's layers without attn_v: V is the K projection (before its norm)
+    if (L->wk.data && !L->wv.data) // gemma4 without attn_v: V is the K projection (before its norm)
         memcpy(v, k, sizeof(float) * (size_t)KVD);
     const int32_t pos = a->b->pos[t];
     float cs[MODEL_MAX_HEAD_DIM]; // the position's angles, shared by every head
@@ -312,6 +323,7 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
                          1.0f;
         for (int i = 0; i < H * D; i++) q[i] *= ts;
     }
+    if (!L->wk.data) return; // gemma4's shared KV layers: the source layer wrote K/V
     for (int h = 0; h < Hkv; h++) {
         if (L->k_norm) kv->rmsnorm(D, k + h * D, L->k_norm, hp->norm_eps, k + h * D);
         kern_rope_apply(k + h * D, L->n_rot, cs, hp->rope_neox);
@@ -550,6 +562,37 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             const float *gt = c->gate + (size_t)t * (size_t)n;
             for (int64_t i = 0; i < n; i++)
                 o[i] /= 1.0f + expf(-gt[i]);
+            break;
+        }
+        case FWD_PLE_IN: { // model.h's gemma4 comment, in llama.cpp's order of operations
+            const int64_t PL = m->hp.n_embd_pl, NL = m->hp.n_layer;
+            float *p = c->ple + (size_t)t * (size_t)(NL * PL), *sel = c->ple_sel + ith * PL;
+            const model__mat *w = &m->ple_tok;
+            const float s_in = 1.0f / sqrtf((float)E), s_sel = sqrtf((float)PL),
+                        s_out = 1.0f / sqrtf(2.0f);
+            uint64_t off = 0;
+            for (int64_t l = 0; l < NL; l++, p += PL) {
+                for (int64_t i = 0; i < PL; i++)
+                    p[i] *= s_in;
+                c->kv->rmsnorm(PL, p, m->ple_in_norm, m->hp.norm_eps, p);
+                // layer l's part of the token's row: whole blocks (load checked n_embd_pl)
+                KS_ASSERT(ks_dtype_row_bytes(w->type, (uint64_t)(l * PL), &off));
+                kern_dequantize_row(w->type,
+                                    (const char *)w->data +
+                                        (size_t)a->b->tokens[t] * w->row_bytes + off,
+                                    sel, PL);
+                for (int64_t i = 0; i < PL; i++)
+                    p[i] = (p[i] + sel[i] * s_sel) * s_out;
+            }
+            break;
+        }
+        case FWD_PLE_GATE: {
+            const int64_t PL = m->hp.n_embd_pl;
+            float *g = c->g + (size_t)t * (size_t)PL;
+            c->kv->gelu_mul(PL, g,
+                            c->ple + (size_t)t * (size_t)(m->hp.n_layer * PL) +
+                                (size_t)a->layer * (size_t)PL,
+                            g);
             break;
         }
         case FWD_MLA_QNORM: {
@@ -1293,6 +1336,10 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
     c->pf_i = T == 1 ? 0 : -1;
     model__act_reset(c);
     fwd__rows_run(c, b, FWD_EMBED, NULL, 0);
+    if (m->ple_in.data) { // gemma4: every layer's per-layer input, from the scaled embedding
+        model__matmul(c, &m->ple_in, c->x, T, c->ple);
+        fwd__rows_run(c, b, FWD_PLE_IN, NULL, 0);
+    }
     if (hp->ssm_state) { // hybrid: each sequence's state pages, checked once (I1)
         model__order_tokens(c, b);
         (void)model__state_resolve(c, b);
@@ -1315,7 +1362,8 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         } else {
             const model__mat *qkv[] = {&L->wq, &L->wk, &L->wv};
             float *const qkv_out[] = {hp->attn_out_gate ? c->qg : c->q, c->k, c->v};
-            model__matmuls(c, L->wv.data ? 3 : 2, qkv, c->xn, T, qkv_out); // gemma4: V may be K
+            // gemma4: V may be K's projection, and a shared KV layer has neither
+            model__matmuls(c, L->wk.data ? L->wv.data ? 3 : 2 : 1, qkv, c->xn, T, qkv_out);
             fwd__rows_run(c, b, FWD_QKV, NULL, il);
         }
         if (L->kv_layer == 0) // rows of every layer at these positions are written before read
@@ -1356,7 +1404,17 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         }
     next:;
         const bool last = il + 1 == hp->n_layer;
-        fwd__residual(c, b, L->post_ffn_norm, NULL, L->out_scale ? L->out_scale[0] : 1.0f,
+        const float *post = L->post_ffn_norm;
+        if (L->ple_gate.data) { // gemma4: the per-layer embedding joins after the FFN's add
+            fwd__residual(c, b, post, NULL, 1.0f, NULL, il, NULL);
+            model__act_reset(c); // x changed, and no norm run reset the cache
+            model__matmul(c, &L->ple_gate, c->x, T, c->g);
+            fwd__rows_run(c, b, FWD_PLE_GATE, NULL, il);
+            model__act_reset(c);
+            model__matmul(c, &L->ple_proj, c->g, T, c->tmp);
+            post = L->ple_norm;
+        }
+        fwd__residual(c, b, post, NULL, L->out_scale ? L->out_scale[0] : 1.0f,
                       last ? m->output_norm : m->layers[il + 1].attn_norm,
                       il, last ? NULL : fwd__first_w(c, &m->layers[il + 1]));
     }

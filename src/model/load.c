@@ -536,7 +536,8 @@ static ks_err load__gemma4_counts(load__ctx *c, model_hparams *hp) {
  * rope.freq_base_swa (default rope.freq_base), final_logit_softcapping
  * where set; embeddings scaled by sqrt(n_embd), GELU FFN, RMSNorm on each
  * sublayer's output (the weights as stored: no 1 + w), tied output unless
- * output.weight. Shared KV layers and per-layer embeddings are refused. */
+ * output.weight; shared KV layers and per-layer embeddings (E2B, E4B) where
+ * attention.shared_kv_layers / embedding_length_per_layer_input say. */
 static ks_err load__gemma4(load__ctx *c, model_hparams *hp) {
     const char *path = gguf_path(c->f);
     int32_t vswa, n_shared, n_pl;
@@ -569,12 +570,15 @@ static ks_err load__gemma4(load__ctx *c, model_hparams *hp) {
                          "final_logit_softcapping %g",
                          path, hp->head_dim_swa, MODEL_MAX_HEAD_DIM, vswa, hp->n_rot_swa,
                          (double)hp->rope_base_swa, (double)hp->final_softcap);
-    if (n_shared || n_pl)
-        return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
-                         "%s: gemma4 with attention.shared_kv_layers %d, "
-                         "embedding_length_per_layer_input %d: shared KV layers and per-layer "
-                         "embeddings (E2B, E4B) are not supported yet",
-                         path, n_shared, n_pl);
+    // shared KV layers read layer n_layer_attn - 2 (sliding) or - 1 (full)
+    hp->n_layer_attn = hp->n_layer - n_shared;
+    if (n_shared < 0 || hp->n_layer_attn < (n_shared ? 2 : 1) || n_pl < 0 || n_pl > 65536)
+        return ks_seterr(c->eb, KS_ERR_FORMAT,
+                         "%s: gemma4: attention.shared_kv_layers %d of block_count %d (at least "
+                         "2 layers must keep K/V when any share), "
+                         "embedding_length_per_layer_input %d",
+                         path, n_shared, hp->n_layer, n_pl);
+    hp->n_embd_pl = n_pl;
     hp->rope_scale_swa = hp->rope_scale;
     hp->kv_dim = 0;
     for (int il = 0; il < hp->n_layer; il++) {
@@ -586,7 +590,7 @@ static ks_err load__gemma4(load__ctx *c, model_hparams *hp) {
                              path, c->arch, il);
         const int64_t kvd = load__layer_val(c->f, c->arch, "attention.head_count_kv", il) *
                             (swa ? hp->head_dim_swa : hp->head_dim);
-        if (kvd > hp->kv_dim) hp->kv_dim = (int32_t)kvd;
+        if (il < hp->n_layer_attn && kvd > hp->kv_dim) hp->kv_dim = (int32_t)kvd; // owners only
     }
     return KS_OK;
 }
@@ -672,7 +676,7 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
                          "%s: %s.nextn_predict_layers %d must be below block_count %d",
                          gguf_path(f), hp->arch_name, hp->n_layer_nextn, hp->n_layer);
     hp->n_layer -= hp->n_layer_nextn;
-    if (!nh) hp->n_layer_attn = hp->n_layer;
+    if (!nh) hp->n_layer_attn = hp->n_layer; // gemma4: less its shared KV layers (load__gemma4)
     if ((hp->arch == MODEL_ARCH_QWEN35 || hp->arch == MODEL_ARCH_QWEN35MOE) &&
         (e = load__ssm(&c, hp)))
         return e;
@@ -1085,16 +1089,33 @@ static ks_err load__gemma4_layer(model *m, int il, model__layer *L, ks_errbuf *e
     L->n_head_kv = (int32_t)kvh;
     L->n_rot = swa ? hp->n_rot_swa : hp->n_rot;
     const int64_t E = hp->n_embd, D = L->head_dim, HD = (int64_t)hp->n_head * D, KVD = kvh * D;
+    const int64_t PL = hp->n_embd_pl;
+    // a shared KV layer (no K/V of its own) reads its source's pages
+    const bool own = il < hp->n_layer_attn;
+    L->kv_layer = own ? il : hp->n_layer_attn - (swa ? 2 : 1);
+    const model__layer *S = &m->layers[L->kv_layer];
+    if (!own && (S->swa != L->swa || S->head_dim != L->head_dim || S->n_head_kv != L->n_head_kv))
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED,
+                         "%s: gemma4 layer %d (%s, %d K/V heads of %d) shares layer %d's K/V "
+                         "(%s, %d of %d): llama.cpp's rule pairs a sliding shared layer with "
+                         "layer n - 2 and a full one with n - 1 (n = block_count - "
+                         "shared_kv_layers); they must be of the same kind and shape",
+                         gguf_path(m->gguf), il, swa ? "sliding" : "full", L->n_head_kv,
+                         L->head_dim, L->kv_layer, S->swa ? "sliding" : "full", S->n_head_kv,
+                         S->head_dim);
     char n[96];
 #define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
     ks_err e;
     if ((e = load__mat(m, LNAME("attn_q.weight"), E, HD, &L->wq, eb)) ||
-        (e = load__mat(m, LNAME("attn_k.weight"), E, KVD, &L->wk, eb)) ||
-        (gguf_find_tensor(m->gguf, LNAME("attn_v.weight")) &&
+        (own && (e = load__mat(m, LNAME("attn_k.weight"), E, KVD, &L->wk, eb))) ||
+        (own && gguf_find_tensor(m->gguf, LNAME("attn_v.weight")) &&
          (e = load__mat(m, n, E, KVD, &L->wv, eb))) ||
         (e = load__mat(m, LNAME("attn_output.weight"), HD, E, &L->wo, eb)) ||
         (e = load__vec(m, LNAME("attn_q_norm.weight"), D, true, &L->q_norm, eb)) ||
-        (e = load__vec(m, LNAME("attn_k_norm.weight"), D, true, &L->k_norm, eb)) ||
+        (own && (e = load__vec(m, LNAME("attn_k_norm.weight"), D, true, &L->k_norm, eb))) ||
+        (PL && ((e = load__mat(m, LNAME("inp_gate.weight"), E, PL, &L->ple_gate, eb)) ||
+                (e = load__mat(m, LNAME("proj.weight"), PL, E, &L->ple_proj, eb)) ||
+                (e = load__vec(m, LNAME("post_norm.weight"), E, true, &L->ple_norm, eb)))) ||
         (e = load__vec(m, LNAME("post_attention_norm.weight"), E, true, &L->post_attn_norm, eb)) ||
         (e = load__vec(m, LNAME("ffn_norm.weight"), E, true, &L->ffn_norm, eb)) ||
         (e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
@@ -1268,6 +1289,18 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return ks_seterr(eb, KS_ERR_NOMEM, "%s: layers", gguf_path(m->gguf));
     const bool glm4moe = hp->arch == MODEL_ARCH_GLM4MOE, oss = hp->arch == MODEL_ARCH_GPT_OSS;
+    const int64_t PLA = (int64_t)hp->n_embd_pl * hp->n_layer; // gemma4's per-layer inputs
+    if (PLA && ((e = load__mat(m, "per_layer_token_embd.weight", PLA, hp->n_vocab, &m->ple_tok,
+                               eb)) ||
+                (e = load__mat(m, "per_layer_model_proj.weight", E, PLA, &m->ple_in, eb)) ||
+                (e = load__vec(m, "per_layer_proj_norm.weight", hp->n_embd_pl, true,
+                               &m->ple_in_norm, eb))))
+        return e;
+    if (PLA && hp->n_embd_pl % (int64_t)ks_dtype_block_elems(m->ple_tok.type))
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED,
+                         "%s: per_layer_token_embd.weight of type %s: a layer's part (%d) is not "
+                         "whole blocks",
+                         gguf_path(m->gguf), ks_dtype_name(m->ple_tok.type), hp->n_embd_pl);
     int n_kv = 0, n_rec = 0; // nemotron_h: attention and Mamba2 layers so far
     // layers [n_layer, block_count) are the NextN blocks: never run,
     // so never bound (their tensors may be of any type)
@@ -1402,12 +1435,14 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
 static void load__each_mat(model *m, void (*fn)(const gguf_file *, model__mat *, void *),
                            void *arg) {
     if (!m->hp.tied_output) fn(m->gguf, &m->output, arg);
+    if (m->ple_in.data) fn(m->gguf, &m->ple_in, arg);
     for (int il = 0; il < m->hp.n_layer; il++) {
         model__layer *L = &m->layers[il];
         model__mat *ws[] = {&L->wq,     &L->wk,      &L->wv,    &L->wo,      &L->w_gate, &L->w_up,
                             &L->w_down, &L->gate_sh, &L->up_sh, &L->down_sh, &L->wq_a,   &L->wq_b,
                             &L->wkv_a,  &L->idx_q_b, &L->idx_k, &L->idx_proj, &L->ssm_qkv,
-                            &L->ssm_z,  &L->ssm_beta, &L->ssm_alpha, &L->ssm_out};
+                            &L->ssm_z,  &L->ssm_beta, &L->ssm_alpha, &L->ssm_out,
+                            &L->ple_gate, &L->ple_proj};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data) fn(m->gguf, ws[i], arg);
         for (int h = 0; L->wk_b && h < m->hp.n_head; h++) {
@@ -1576,8 +1611,10 @@ static uint64_t load__mat_bytes(const model__mat *w) { return (uint64_t)w->row_b
 
 uint64_t model_bytes_per_token(const model *m) {
     uint64_t b = m->tok_embd.row_bytes + load__mat_bytes(&m->output);
+    if (m->ple_tok.data) b += m->ple_tok.row_bytes + load__mat_bytes(&m->ple_in);
     for (int il = 0; il < m->hp.n_layer; il++) {
         const model__layer *L = &m->layers[il];
+        b += load__mat_bytes(&L->ple_gate) + load__mat_bytes(&L->ple_proj);
         b += load__mat_bytes(&L->wq) + load__mat_bytes(&L->wk) + load__mat_bytes(&L->wv) +
              load__mat_bytes(&L->wo) + load__mat_bytes(&L->wq_a) + load__mat_bytes(&L->wq_b) +
              load__mat_bytes(&L->wkv_a) + load__mat_bytes(&L->idx_q_b) +

@@ -51,6 +51,11 @@ typedef struct model__layer {
     int32_t n_rot;                   // dims RoPE turns in each head
     const float *out_scale;          // (1) layer_output_scale: the layer's output times it,
                                      // or NULL (1)
+    // gemma4's per-layer embedding (NULL data: none): x += rmsnorm(ple_proj
+    // (gelu(ple_gate x) * the token's input for this layer)) * ple_norm
+    model__mat ple_gate;             // (n_embd_pl, E) inp_gate
+    model__mat ple_proj;             // (E, n_embd_pl) proj
+    const float *ple_norm;           // (E) post_norm
     // multi-head latent attention (deepseek2; wk/wv unused): Q through the
     // q_lora bottleneck (wq_a, q_a_norm, wq_b) or wq alone; the latent and
     // RoPE key from wkv_a; per-head absorption matrices from the 3-D tensors
@@ -111,6 +116,10 @@ struct model {
     model__mat tok_embd;  // (V, E)
     model__mat output;    // (V, E); = tok_embd when tied
     const float *output_norm;  // (E)
+    // gemma4's per-layer embeddings (model_hparams.n_embd_pl; NULL data: none)
+    model__mat ple_tok;        // (V, n_layer * n_embd_pl) per_layer_token_embd, rows by token
+    model__mat ple_in;         // (n_layer * n_embd_pl, E) per_layer_model_proj
+    const float *ple_in_norm;  // (n_embd_pl) per_layer_proj_norm
     // bert: learned positions, token types, the embeddings' LayerNorm
     model__mat pos_embd;                  // (n_ctx_train, E) position_embd
     model__mat type_embd;                 // (n_types, E) token_types (type 0 is used)
@@ -167,6 +176,8 @@ struct model_ctx {
     float *v;     // (T, Hkv*D)
     float *att;   // (T, H*Dv) attention output, Dv = head_dim_v
     float *tmp;   // (T, E)
+    float *ple;   // (T, n_layer * n_embd_pl) gemma4's per-layer inputs (NULL: none)
+    float *ple_sel; // (nth, n_embd_pl) scratch: a token's per_layer_token_embd part
     float *g;     // (T, F), or (T*(k+s), F_exp) rows of a MoE layer in expert order
     float *u;     // the same
     // mixture of experts (NULL in a dense model); k = n_expert_used, s =

@@ -13,12 +13,15 @@
 # Q8_0 and Q4_K_M (quantized by llama-quantize), 32 greedy tokens identical
 # (or parting at a near tie) at F16 and Q8_0. The same weights with the
 # window wider than the context are more than 0.5% away, so the check
-# would catch a forward pass that ignored it. (Checked by hand on a build
+# would catch a forward pass that ignored it. Then an E2B-like model through
+# the same matrix: its last 2 layers read earlier layers' K/V (through the
+# same tag-checked page access), FFNs of per-layer widths, per-layer
+# embeddings. (Checked by hand on a build
 # that dropped one piece at a time, seed 6 at F16: without the V norm the
 # perplexity moves +1.1%, without rope_freqs -0.9%, with scores scaled by
 # 1/sqrt(D) +21%, without layer_output_scale x4.1; 2026-12-06.) Then through `kvseal serve`
-# with Gemma 4's chat template: three chats sent at once each get the
-# greedy text they get alone.
+# with Gemma 4's chat template (the E2B-like model): three chats sent at
+# once each get the greedy text they get alone.
 # The perplexity of these random models is ~4e11 (confidently wrong), so
 # quantization noise moves it either way: Q8_0 / Q4_K_M ratios were 0.9992 /
 # 0.9958 (seed 4), 1.0034 / 1.0021 (5), 1.0000 / 1.0042 (6), F16 within
@@ -39,12 +42,18 @@ k=$(kv_ppl "$TMPD/g4-nowin.gguf")
 awk -v a="$k" -v b="$l" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d < 0.005) }' &&
     fail "without the window kvseal's $k is within 0.5% of llama.cpp's $l: the check cannot fail"
 echo "  gemma4 without the window: $k (llama.cpp with it: $l)"
+# E2B / E4B style: 6 layers, the last 2 sharing K/V (layer 4, sliding, reads
+# layer 2's; layer 5, full, reads layer 3's) with FFNs twice as wide (a
+# feed_forward_length array), per-layer embeddings of 64
+E=("${G[@]}" --n-layer 6 --n-kv-shared 2 --n-embd-per-layer 64 --swa 32)
+mkmodel_to "$TMPD/g4e.gguf" "${E[@]}"
+check_arch "gemma4 E2B-like" "$TMPD/g4e.gguf"
 echo "gemma4 vs llama.cpp ok"
 
 command -v curl >/dev/null || { echo "note: no curl: the serve part is skipped" >&2; exit 0; }
 T=$KS_SHARED/templates/google-gemma-4-31B-it-interleaved.jinja
 [ -e "$T" ] || { echo "note: $T is absent: the serve part is skipped" >&2; exit 0; }
-start_server "$TMPD/serve.err" -m "$TMPD/g4.gguf" --alias g4 --chat-template-file "$T"
+start_server "$TMPD/serve.err" -m "$TMPD/g4e.gguf" --alias g4 --chat-template-file "$T"
 body() {  # USER_TEXT — a greedy chat request
     printf '{"model":"g4","max_tokens":16,"temperature":0,"messages":[%s,%s]}' \
         '{"role":"system","content":"Be brief."}' "{\"role\":\"user\",\"content\":\"$1\"}"
