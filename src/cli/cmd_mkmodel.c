@@ -61,6 +61,7 @@ typedef struct {
      * FFNs twice as wide, use_double_wide_mlp); n_embd_pl: per-layer
      * embedding width (0: none) */
     long n_kv_shared, n_embd_pl;
+    bool gate_up_exps; /* gemma4 MoE: the experts' gate and up in one ffn_gate_up_exps */
     long n_types;       /* bert: token types (the vocab's tokenizer.ggml.token_type_count) */
     int n_threads;
 } mk__opts;
@@ -506,6 +507,23 @@ static bool mk__build_plan_gemma4(mk__plan *p, const mk__opts *o, int64_t n_voca
              mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight", l) &&
              mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.post_ffw_norm.weight", l) &&
              mk__add(p, o, F32, MK__ONES, 0.3f, 1, 0, "blk.%d.layer_output_scale.weight", l);
+        const int64_t X = o->n_expert, FX = o->n_ff_exp;
+        if (ok && X) // 26B-A4B: experts beside the dense FFN, with their own norms
+            ok = mk__add(p, o, F32, MK__RAND, 4.0f, E, X, "blk.%d.ffn_gate_inp.weight", l) &&
+                 mk__add(p, o, F32, MK__ONES, 0.1f, E, 0, "blk.%d.ffn_gate_inp.scale", l) &&
+                 mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.pre_ffw_norm_2.weight", l) &&
+                 mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.post_ffw_norm_1.weight", l) &&
+                 mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.post_ffw_norm_2.weight", l) &&
+                 (o->gate_up_exps
+                      ? mk__add3(p, o, W, MK__RAND, s_in, E, 2 * FX, X,
+                                 "blk.%d.ffn_gate_up_exps.weight", l)
+                      : mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_gate_exps.weight",
+                                 l) &&
+                            mk__add3(p, o, W, MK__RAND, s_in, E, FX, X,
+                                     "blk.%d.ffn_up_exps.weight", l)) &&
+                 mk__add3(p, o, W, MK__RAND, res / sqrtf((float)FX), FX, E, X,
+                          "blk.%d.ffn_down_exps.weight", l) &&
+                 mk__add(p, o, F32, MK__ONES, 0.5f, X, 0, "blk.%d.ffn_down_exps.scale", l);
         if (ok && PL)
             ok = mk__add(p, o, W, MK__RAND, s_in, E, PL, "blk.%d.inp_gate.weight", l) &&
                  mk__add(p, o, W, MK__RAND, res / sqrtf((float)PL), PL, E, "blk.%d.proj.weight",
@@ -677,7 +695,9 @@ static void mk__usage(FILE *fp) {
         "                               no attn_v there with --k-eq-v; proportional RoPE;\n"
         "                               --n-kv-shared S: the last S layers read earlier K/V\n"
         "                               (FFNs twice as wide); --n-embd-per-layer N: per-layer\n"
-        "                               embeddings of N (E2B / E4B)\n"
+        "                               embeddings of N (E2B / E4B); --n-expert: experts\n"
+        "                               beside every layer's FFN (26B-A4B), their gate and\n"
+        "                               up in one ffn_gate_up_exps with --gate-up-exps\n"
         "                               gpt-oss: 4 layers (even ones slide, --swa 32), heads\n"
         "                               of 64, 8 experts (4 used, n_ff_exp 256), sinks,\n"
         "                               biases, YaRN factor 32 from 4096, base 150000\n"
@@ -878,7 +898,8 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
     if (ok && o->n_expert)
         ok = MK__U32("expert_count", o->n_expert) &&
              MK__U32("expert_used_count", o->n_expert_used) &&
-             (o->n_ff_exp == o->n_ff || MK__U32("expert_feed_forward_length", o->n_ff_exp));
+             ((o->n_ff_exp == o->n_ff && !g4) || // gemma4: llama.cpp's default is 0
+              MK__U32("expert_feed_forward_length", o->n_ff_exp));
     if (ok && o->kv_lora) // MLA as llama.cpp's converter writes it
         ok = MK__U32("attention.kv_lora_rank", o->kv_lora) &&
              MK__U32("attention.q_lora_rank", o->q_lora) &&
@@ -1005,7 +1026,8 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
 static const cli__opt mk__optv[] = {
     {"tied", 0, false, false},         {"rope-freqs", 0, false, false},
     {"longrope", 0, false, false},     {"qk-norm", 0, false, false},
-    {"k-eq-v", 0, false, false},       {"head-dim-full", 0, true, false},
+    {"k-eq-v", 0, false, false},       {"gate-up-exps", 0, false, false},
+    {"head-dim-full", 0, true, false},
     {"n-head-kv-full", 0, true, false}, {"swa-period", 0, true, false},
     {"n-kv-shared", 0, true, false},   {"n-embd-per-layer", 0, true, false},
     {"output", 'o', true, false},      {"vocab", 0, true, false},
@@ -1058,13 +1080,14 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
     char a[40]; // the option as --name, for messages
     snprintf(a, sizeof a, "--%s", mk__optv[id].name);
     long x;
-    if (id < 5) {
+    if (id < 6) {
         bool on = !strcmp(v, "true");
         *(id == 0   ? &o->tied
           : id == 1 ? &o->rope_freqs
           : id == 2 ? &o->longrope
           : id == 3 ? &o->qk_norm
-                    : &o->k_eq_v) = on;
+          : id == 4 ? &o->k_eq_v
+                    : &o->gate_up_exps) = on;
         return 0;
     }
     if (!strcmp(a, "--output"))
@@ -1228,10 +1251,10 @@ int cli_mkmodel(int argc, char **argv) {
         return 2;
     }
     if ((o.k_eq_v || o.head_dim_full || o.n_head_kv_full || o.swa_period || o.n_kv_shared ||
-         o.n_embd_pl) &&
+         o.n_embd_pl || o.gate_up_exps) &&
         !g4) {
         fprintf(stderr, "kvseal mkmodel: --k-eq-v --head-dim-full --n-head-kv-full --swa-period "
-                        "--n-kv-shared --n-embd-per-layer are gemma4's\n");
+                        "--n-kv-shared --n-embd-per-layer --gate-up-exps are gemma4's\n");
         return 2;
     }
     if (o.pooling && !bert) {
@@ -1319,9 +1342,9 @@ int cli_mkmodel(int argc, char **argv) {
         fprintf(stderr, "kvseal mkmodel: --longrope is phi3's\n");
         return 2;
     }
-    if (o.n_expert && !qwen && !glm4moe && !mla && !oss && !llama) {
+    if (o.n_expert && !qwen && !glm4moe && !mla && !oss && !llama && !g4) {
         fprintf(stderr, "kvseal mkmodel: --n-expert is for llama, mistral3, qwen3moe, glm4moe, "
-                        "gpt-oss and the deepseek2 family\n");
+                        "gpt-oss, gemma4 and the deepseek2 family\n");
         return 2;
     }
     if (o.n_swa && !gemma && !oss && strcmp(o.arch, "llama")) {

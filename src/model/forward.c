@@ -174,6 +174,8 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
         moe_ok = moe_ok && c->ord && c->ord_off && c->ord_fill;
     }
     if (PL && (!c->ple || !c->ple_sel)) moe_ok = false;
+    if (hp->arch == MODEL_ARCH_GEMMA4 && NX && !(c->tmp2 = ks_alloc_aligned(T * E * sizeof(float))))
+        moe_ok = false;
     if (!c->threads || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->g ||
         !c->u || !c->scores || !c->seq_next || !c->seq_bad || !c->seq_first || !c->kp || !c->vp ||
         !c->act[0].buf || !c->act[1].buf || !c->pf_runs || !moe_ok) {
@@ -191,7 +193,7 @@ void model_ctx_free(model_ctx *c) {
                      c->g,      c->u,     c->scores, c->router, c->xe,       c->mla_qa, c->mla_qf,
                      c->mla_qn, c->dsa_q, c->dsa_k,  c->dsa_w,  c->dsa_score, c->qg,
                      c->gate,   c->ssm_x, c->ssm_z,  c->ssm_o,  c->ssm_b,    c->ssm_a,
-                     c->ple,    c->ple_sel};
+                     c->ple,    c->ple_sel, c->tmp2};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ks_free_aligned(bufs[i]);
     ks_free_aligned(c->act[0].buf);
     ks_free_aligned(c->act[1].buf);
@@ -240,6 +242,9 @@ typedef enum {
     FWD_ATTN_GATE,     // att[t] *= sigmoid(gate[t]) (qwen35's gated attention)
     FWD_PLE_IN,        // ple[t] (per_layer_model_proj x[t]) into the token's per-layer inputs
     FWD_PLE_GATE,      // g[t] = gelu(g[t]) * ple[t][layer] (n_embd_pl: gemma4)
+    FWD_G4_MOE_IN,     // gemma4 MoE: tmp2 = rmsnorm(tmp) * post_norm_1 (the dense FFN's),
+                       // xn = rmsnorm(x) * pre_norm_2, tmp = rmsnorm(x) / sqrt(E) * router scale
+    FWD_G4_MOE_OUT,    // gemma4 MoE: tmp = tmp2 + rmsnorm(tmp) * post_norm_2
 } fwd__rowop;
 
 typedef struct {
@@ -586,6 +591,25 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             }
             break;
         }
+        case FWD_G4_MOE_IN: { // llama.cpp's order of operations (model_int.h)
+            const model__layer *L = &m->layers[a->layer];
+            float *o = c->tmp + xo;
+            c->kv->rmsnorm(E, o, L->moe_post_norm1, m->hp.norm_eps, c->tmp2 + xo);
+            c->kv->rmsnorm(E, c->x + xo, L->moe_pre_norm, m->hp.norm_eps, c->xn + xo);
+            c->kv->rmsnorm(E, c->x + xo, m->ones, m->hp.norm_eps, o); // ones: exact
+            const float inv = 1.0f / sqrtf((float)E);
+            for (int64_t i = 0; i < E; i++)
+                o[i] = o[i] * inv * L->gate_inp_s[i];
+            break;
+        }
+        case FWD_G4_MOE_OUT: {
+            const model__layer *L = &m->layers[a->layer];
+            float *o = c->tmp + xo;
+            c->kv->rmsnorm(E, o, L->moe_post_norm2, m->hp.norm_eps, o);
+            for (int64_t i = 0; i < E; i++)
+                o[i] = c->tmp2[xo + (size_t)i] + o[i];
+            break;
+        }
         case FWD_PLE_GATE: {
             const int64_t PL = m->hp.n_embd_pl;
             float *g = c->g + (size_t)t * (size_t)PL;
@@ -661,6 +685,19 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
                     else
                         for (int64_t i = 0; i < E; i++)
                             y[i] += wt[j] * (xr[i] + br[i]);
+                }
+            } else if (m->layers[a->layer].down_exps_s) { // gemma4: (out * s[e]) * weight
+                const float *ds = m->layers[a->layer].down_exps_s;
+                const int32_t *sel = c->sel + (size_t)t * (size_t)KX;
+                for (int j = 0; j < KX; j++) {
+                    const float *xr = c->xe + (size_t)rows[j] * (size_t)E;
+                    const float s = ds[sel[j]];
+                    if (j == 0)
+                        for (int64_t i = 0; i < E; i++)
+                            y[i] = xr[i] * s * wt[0];
+                    else
+                        for (int64_t i = 0; i < E; i++)
+                            y[i] += xr[i] * s * wt[j];
                 }
             } else {
                 for (int64_t i = 0; i < E; i++)
@@ -953,16 +990,18 @@ static void fwd__route(model_ctx *c, const model__layer *L, int T) {
     }
 }
 
-/* The MoE feed-forward block of layer L: xn (T, E) in, tmp (T, E) out. The
+/* The MoE feed-forward block of layer L: xn (T, E) in (the router reads
+ * rin, (T, E): xn but for gemma4), tmp (T, E) out. The
  * shared experts (where L has them: S of them stored as one FFN of S * FX)
  * are one more expert whose rows are every token's, run in the same pool
  * runs as the routed ones; its gate/up output for token t is S rows of FX
  * in g/u from row R + S*t, which SwiGLU treats as rows like any other. */
-static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L, int il) {
+static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L, int il,
+                     const float *rin) {
     const model_hparams *hp = &c->m->hp;
     const int T = b->n_tokens, NX = hp->n_expert, R = T * hp->n_expert_used;
     const int64_t E = hp->n_embd, FX = hp->n_ff_exp;
-    model__matmul(c, &L->gate_inp, c->xn, T, c->router);
+    model__matmul(c, &L->gate_inp, rin, T, c->router);
     fwd__route(c, L, T);
     const int RS = c->sh_row0 >= 0 ? R + T : R; // rows: routed, then shared
     const int S = hp->n_expert_shared, RG = c->sh_row0 >= 0 ? R + S * T : R; // FX-wide rows
@@ -986,7 +1025,11 @@ static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L, 
     }
     model__mm_run(c, c->parts, n);
     // gpt-oss: the experts' biases and the clamped SwiGLU (it has no shared expert)
-    fwd__rows_run_n(c, b, hp->swiglu_alpha > 0.0f ? FWD_SWIGLU_OAI : FWD_SWIGLU, RG, FX, il);
+    fwd__rows_run_n(c, b,
+                    hp->swiglu_alpha > 0.0f ? FWD_SWIGLU_OAI
+                    : hp->ffn_gelu          ? FWD_GEGLU // gemma4's experts
+                                            : FWD_SWIGLU,
+                    RG, FX, il);
     n = 0;
     for (int e = 0; e <= NX; e++) {
         const bool sh = e == NX;
@@ -1386,11 +1429,21 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
     ffn:
         if (L->no_ffn) goto next; // nemotron_h: the mixer was the layer
         fwd__residual(c, b, L->post_attn_norm, L->bo, 1.0f, L->ffn_norm, il,
-                      L->gate_exps ? NULL : &L->w_gate);
+                      L->gate_exps && !L->moe_post_norm1 ? NULL : &L->w_gate);
     ffn_in:
         // feed-forward block
-        if (L->gate_exps) {
-            fwd__moe(c, b, L, il);
+        if (L->gate_exps && L->moe_post_norm1) { // gemma4: the dense FFN, then the experts
+            const model__mat *gu[] = {&L->w_gate, &L->w_up};
+            float *const gu_out[] = {c->g, c->u};
+            model__matmuls(c, 2, gu, c->xn, T, gu_out);
+            fwd__rows_run2(c, b, FWD_GEGLU, NULL, NULL, il, &L->w_down);
+            model__matmul(c, &L->w_down, c->g, T, c->tmp);
+            fwd__rows_run(c, b, FWD_G4_MOE_IN, NULL, il);
+            model__act_reset(c); // xn and tmp hold new rows
+            fwd__moe(c, b, L, il, c->tmp);
+            fwd__rows_run(c, b, FWD_G4_MOE_OUT, NULL, il);
+        } else if (L->gate_exps) {
+            fwd__moe(c, b, L, il, c->xn);
         } else if (!L->w_gate.data) { // nemotron_h: down(relu(up x)^2)
             model__matmul(c, &L->w_up, c->xn, T, c->g);
             fwd__rows_run2(c, b, FWD_RELU2, NULL, NULL, il, &L->w_down);

@@ -149,10 +149,12 @@ static ks_err load__experts(load__ctx *c, model_hparams *hp) {
         return e;
     if (hp->n_expert == 0) return KS_OK;
     if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_MISTRAL3 &&
-        hp->arch != MODEL_ARCH_QWEN3MOE && !glm && !q35 && !oss && !model__is_mla(hp->arch))
+        hp->arch != MODEL_ARCH_QWEN3MOE && hp->arch != MODEL_ARCH_GEMMA4 && !glm && !q35 && !oss &&
+        !model__is_mla(hp->arch))
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
                          "%s: %s.expert_count %d: mixture-of-experts runs for llama (Mixtral), "
-                         "mistral3, qwen3moe, glm4moe, gpt-oss and the deepseek2 family, not %s",
+                         "mistral3, qwen3moe, glm4moe, gpt-oss, gemma4 and the deepseek2 family, "
+                         "not %s",
                          gguf_path(c->f), hp->arch_name, hp->n_expert, hp->arch_name);
     int32_t gf;
     if ((e = load__u32(c, "expert_used_count", true, 0, &hp->n_expert_used)) ||
@@ -165,6 +167,10 @@ static ks_err load__experts(load__ctx *c, model_hparams *hp) {
                          "%s: %s.expert_used_count %d: at most expert_count (%d) and %d",
                          gguf_path(c->f), hp->arch_name, hp->n_expert_used, hp->n_expert,
                          MODEL_MAX_EXPERTS_USED);
+    if (hp->arch == MODEL_ARCH_GEMMA4) { // llama.cpp's graph fixes it: softmax, top-k renormed
+        hp->gating = MODEL_GATING_SOFTMAX;
+        return KS_OK;
+    }
     if (oss) { // llama.cpp's graph fixes gpt-oss's routing whatever the file says
         hp->gating = MODEL_GATING_SOFTMAX_WEIGHT;
         hp->expert_norm = false; // the softmax over the k already sums to 1
@@ -1074,6 +1080,51 @@ static ks_err load__qwen35_layer(model *m, int il, model__layer *L, ks_errbuf *e
     return KS_OK;
 }
 
+/* Binds gemma4 layer il's experts (model_int.h's gemma4 MoE fields): the
+ * router and its scale, the three norms, the experts' gate and up (two 3-D
+ * tensors, or ffn_gate_up_exps with each expert's gate rows first) and
+ * down, and the optional per-expert ffn_down_exps.scale. */
+static ks_err load__gemma4_moe(model *m, int il, model__layer *L, ks_errbuf *eb) {
+    const model_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, X = hp->n_expert, FX = hp->n_ff_exp;
+    char n[96];
+#define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
+    ks_err e;
+    if (!X)
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: %s without %s.expert_count", gguf_path(m->gguf),
+                         LNAME("ffn_gate_inp.weight"), hp->arch_name);
+    if ((e = load__mat(m, LNAME("ffn_gate_inp.weight"), E, X, &L->gate_inp, eb)) ||
+        (e = load__vec(m, LNAME("ffn_gate_inp.scale"), E, true, &L->gate_inp_s, eb)) ||
+        (e = load__vec(m, LNAME("pre_ffw_norm_2.weight"), E, true, &L->moe_pre_norm, eb)) ||
+        (e = load__vec(m, LNAME("post_ffw_norm_1.weight"), E, true, &L->moe_post_norm1, eb)) ||
+        (e = load__vec(m, LNAME("post_ffw_norm_2.weight"), E, true, &L->moe_post_norm2, eb)) ||
+        (e = load__mat_experts(m, LNAME("ffn_down_exps.weight"), FX, E, X, &L->down_exps, eb)) ||
+        (e = load__vec(m, LNAME("ffn_down_exps.scale"), X, false, &L->down_exps_s, eb)))
+        return e;
+    if (!gguf_find_tensor(m->gguf, LNAME("ffn_gate_up_exps.weight"))) {
+        if ((e = load__mat_experts(m, LNAME("ffn_gate_exps.weight"), E, FX, X, &L->gate_exps,
+                                   eb)) ||
+            (e = load__mat_experts(m, LNAME("ffn_up_exps.weight"), E, FX, X, &L->up_exps, eb)))
+            return e;
+        return KS_OK;
+    }
+    model__mat *gu = NULL; // each expert's [gate rows | up rows]
+    if ((e = load__mat_experts(m, n, E, 2 * FX, X, &gu, eb))) return e;
+    L->gate_exps = calloc((size_t)X, sizeof *L->gate_exps);
+    L->up_exps = calloc((size_t)X, sizeof *L->up_exps);
+    if (!L->gate_exps || !L->up_exps) {
+        free(gu);
+        return ks_seterr(eb, KS_ERR_NOMEM, "%s: %s", gguf_path(m->gguf), n);
+    }
+    for (int64_t x = 0; x < X; x++) {
+        L->gate_exps[x] = load__rows(&gu[x], 0, FX);
+        L->up_exps[x] = load__rows(&gu[x], FX, FX);
+    }
+    free(gu);
+#undef LNAME
+    return KS_OK;
+}
+
 /* Binds gemma4 layer il (model.h's gemma4 comment): Q/K/V (attn_v optional:
  * V is then the K projection), attn_output, the Q/K norms, post-norms of
  * both sublayers, the GELU FFN of the layer's width and the optional
@@ -1125,11 +1176,10 @@ static ks_err load__gemma4_layer(model *m, int il, model__layer *L, ks_errbuf *e
         (e = load__vec_n(m, LNAME("layer_output_scale.weight"), 1, false, true, &L->out_scale,
                          eb)))
         return e;
-    if (gguf_find_tensor(m->gguf, LNAME("ffn_gate_inp.weight")))
-        return ks_seterr(eb, KS_ERR_UNSUPPORTED,
-                         "%s: %s: gemma4's mixture-of-experts layers (26B-A4B) are not supported "
-                         "yet",
-                         gguf_path(m->gguf), n);
+    // the MoE layers (26B-A4B): experts beside the dense FFN, as load__gemma4_moe binds them
+    if (gguf_find_tensor(m->gguf, LNAME("ffn_gate_inp.weight")) &&
+        (e = load__gemma4_moe(m, il, L, eb)))
+        return e;
     if (!swa && !hp->rope_freqs) // llama.cpp requires it of a full layer
         return ks_seterr(eb, KS_ERR_FORMAT,
                          "%s: missing tensor 'rope_freqs.weight' (gemma4's full-attention layers "
@@ -1631,7 +1681,10 @@ uint64_t model_bytes_per_token(const model *m) {
                      (load__mat_bytes(&L->gate_exps[0]) + load__mat_bytes(&L->up_exps[0]) +
                       load__mat_bytes(&L->down_exps[0])) +
                  load__mat_bytes(&L->gate_sh) + load__mat_bytes(&L->up_sh) +
-                 load__mat_bytes(&L->down_sh);
+                 load__mat_bytes(&L->down_sh) +
+                 (L->moe_post_norm1 ? load__mat_bytes(&L->w_gate) + load__mat_bytes(&L->w_up) +
+                                          load__mat_bytes(&L->w_down)
+                                    : 0); // gemma4: its dense FFN beside the experts
         else
             b += load__mat_bytes(&L->w_gate) + load__mat_bytes(&L->w_up) +
                  load__mat_bytes(&L->w_down);

@@ -56,6 +56,16 @@ typedef struct model__layer {
     model__mat ple_gate;             // (n_embd_pl, E) inp_gate
     model__mat ple_proj;             // (E, n_embd_pl) proj
     const float *ple_norm;           // (E) post_norm
+    // gemma4's MoE layers (26B-A4B; NULL elsewhere): the dense FFN above runs
+    // beside the experts. Its output normed by moe_post_norm1; the experts'
+    // input is rmsnorm(x) * moe_pre_norm, the router's rmsnorm(x) / sqrt(E)
+    // * gate_inp_s; their weighted sum (each expert's output times
+    // down_exps_s[e] first) normed by moe_post_norm2; the two added.
+    const float *gate_inp_s;         // (E) ffn_gate_inp.scale
+    const float *moe_pre_norm;       // (E) pre_ffw_norm_2
+    const float *moe_post_norm1;     // (E) post_ffw_norm_1
+    const float *moe_post_norm2;     // (E) post_ffw_norm_2
+    const float *down_exps_s;        // (n_expert) ffn_down_exps.scale, or NULL (1)
     // multi-head latent attention (deepseek2; wk/wv unused): Q through the
     // q_lora bottleneck (wq_a, q_a_norm, wq_b) or wq alone; the latent and
     // RoPE key from wkv_a; per-head absorption matrices from the 3-D tensors
@@ -178,6 +188,7 @@ struct model_ctx {
     float *tmp;   // (T, E)
     float *ple;   // (T, n_layer * n_embd_pl) gemma4's per-layer inputs (NULL: none)
     float *ple_sel; // (nth, n_embd_pl) scratch: a token's per_layer_token_embd part
+    float *tmp2;  // (T, E) gemma4's MoE layers: the dense FFN's normed output (NULL: none)
     float *g;     // (T, F), or (T*(k+s), F_exp) rows of a MoE layer in expert order
     float *u;     // the same
     // mixture of experts (NULL in a dense model); k = n_expert_used, s =

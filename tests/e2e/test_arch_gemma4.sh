@@ -16,10 +16,14 @@
 # would catch a forward pass that ignored it. Then an E2B-like model through
 # the same matrix: its last 2 layers read earlier layers' K/V (through the
 # same tag-checked page access), FFNs of per-layer widths, per-layer
-# embeddings. (Checked by hand on a build
+# embeddings. Then a 26B-A4B-like model (experts beside each dense FFN, a
+# router on rmsnorm(x) / sqrt(E) times its scale vector, per-expert output
+# scales, three more norms). (Checked by hand on a build
 # that dropped one piece at a time, seed 6 at F16: without the V norm the
 # perplexity moves +1.1%, without rope_freqs -0.9%, with scores scaled by
-# 1/sqrt(D) +21%, without layer_output_scale x4.1; 2026-12-06.) Then through `kvseal serve`
+# 1/sqrt(D) +21%, without layer_output_scale x4.1; the MoE model, seed 8,
+# without ffn_down_exps.scale +2.5%, with the fused gate and up taken in
+# the other order -12% (seed 6); 2026-12-06.) Then through `kvseal serve`
 # with Gemma 4's chat template (the E2B-like model): three chats sent at
 # once each get the greedy text they get alone.
 # The perplexity of these random models is ~4e11 (confidently wrong), so
@@ -48,6 +52,15 @@ echo "  gemma4 without the window: $k (llama.cpp with it: $l)"
 E=("${G[@]}" --n-layer 6 --n-kv-shared 2 --n-embd-per-layer 64 --swa 32)
 mkmodel_to "$TMPD/g4e.gguf" "${E[@]}"
 check_arch "gemma4 E2B-like" "$TMPD/g4e.gguf"
+# 26B-A4B style: every layer's dense FFN beside 8 experts (2 used), the
+# experts' gate and up in one ffn_gate_up_exps (as the released files);
+# then with them in two tensors, at F16
+M=("${G[@]}" --n-expert 8 --n-expert-used 2 --n-ff-exp 256 --seed 8 --swa 32)
+mkmodel_to "$TMPD/g4m.gguf" "${M[@]}" --gate-up-exps
+check_arch "gemma4 MoE" "$TMPD/g4m.gguf"
+mkmodel_to "$TMPD/g4m2.gguf" "${M[@]}"
+check_ppl "gemma4 MoE split" "$TMPD/g4m2.gguf"
+echo
 echo "gemma4 vs llama.cpp ok"
 
 command -v curl >/dev/null || { echo "note: no curl: the serve part is skipped" >&2; exit 0; }
