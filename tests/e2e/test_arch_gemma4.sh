@@ -61,6 +61,19 @@ check_arch "gemma4 MoE" "$TMPD/g4m.gguf"
 mkmodel_to "$TMPD/g4m2.gguf" "${M[@]}"
 check_ppl "gemma4 MoE split" "$TMPD/g4m2.gguf"
 echo
+# Gemma 4's own tokenizer ("gemma4": SentencePiece-style BPE) on the
+# llama-spm vocabulary made into one (tok_specials --gemma4; the oracle test
+# checks its ids): the dense model's perplexity and greedy text, where
+# pieces turn U+2581 back into spaces and <0xXX> into bytes
+SPECIALS=${KS_BUILD:-}/tok_specials
+if [ -x "$SPECIALS" ]; then
+    "$SPECIALS" --gemma4 "$VOCAB" "$TMPD/v-gemma4.gguf" >/dev/null || fail "tok_specials --gemma4"
+    VOCAB=$TMPD/v-gemma4.gguf mkmodel_to "$TMPD/g4v.gguf" "${G[@]}" --swa 32
+    check_ppl "gemma4 vocab F16" "$TMPD/g4v.gguf"
+    check_greedy "gemma4 vocab F16" "$TMPD/g4v.gguf"
+else
+    echo "note: no $SPECIALS: the gemma4 tokenizer part is skipped" >&2
+fi
 echo "gemma4 vs llama.cpp ok"
 
 command -v curl >/dev/null || { echo "note: no curl: the serve part is skipped" >&2; exit 0; }
