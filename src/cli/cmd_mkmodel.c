@@ -62,6 +62,8 @@ typedef struct {
      * embedding width (0: none) */
     long n_kv_shared, n_embd_pl;
     bool gate_up_exps; /* gemma4 MoE: the experts' gate and up in one ffn_gate_up_exps */
+    int32_t suppress[64]; /* gemma4: tokenizer.ggml.suppress_tokens (n_suppress ids) */
+    int n_suppress;
     long n_types;       /* bert: token types (the vocab's tokenizer.ggml.token_type_count) */
     int n_threads;
 } mk__opts;
@@ -697,7 +699,9 @@ static void mk__usage(FILE *fp) {
         "                               (FFNs twice as wide); --n-embd-per-layer N: per-layer\n"
         "                               embeddings of N (E2B / E4B); --n-expert: experts\n"
         "                               beside every layer's FFN (26B-A4B), their gate and\n"
-        "                               up in one ffn_gate_up_exps with --gate-up-exps\n"
+        "                               up in one ffn_gate_up_exps with --gate-up-exps;\n"
+        "                               --suppress-tokens ID,...: logits llama.cpp's gemma4\n"
+        "                               graph sets to -inf (tokenizer.ggml.suppress_tokens)\n"
         "                               gpt-oss: 4 layers (even ones slide, --swa 32), heads\n"
         "                               of 64, 8 experts (4 used, n_ff_exp 256), sinks,\n"
         "                               biases, YaRN factor 32 from 4096, base 150000\n"
@@ -1017,8 +1021,13 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
 #undef MK__F32
     for (uint64_t i = 0; ok && i < gguf_n_kv(vocab); i++) {
         const char *key = gguf_kv_at(vocab, i)->key;
-        if (!strncmp(key, "tokenizer.", 10)) ok = !gguf_writer_copy_kv(w, vocab, key);
+        if (!strncmp(key, "tokenizer.", 10) &&
+            (!o->n_suppress || strcmp(key, "tokenizer.ggml.suppress_tokens")))
+            ok = !gguf_writer_copy_kv(w, vocab, key);
     }
+    if (ok && o->n_suppress)
+        ok = !gguf_writer_set_arr(w, "tokenizer.ggml.suppress_tokens", GGUF_TYPE_INT32, o->suppress,
+                                  (uint64_t)o->n_suppress);
     return ok;
 }
 
@@ -1030,6 +1039,7 @@ static const cli__opt mk__optv[] = {
     {"head-dim-full", 0, true, false},
     {"n-head-kv-full", 0, true, false}, {"swa-period", 0, true, false},
     {"n-kv-shared", 0, true, false},   {"n-embd-per-layer", 0, true, false},
+    {"suppress-tokens", 0, true, false},
     {"output", 'o', true, false},      {"vocab", 0, true, false},
     {"arch", 0, true, false},          {"shape", 0, true, false},
     {"name", 0, true, false},          {"type", 0, true, false},
@@ -1102,6 +1112,21 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
         o->name = v;
     else if (!strcmp(a, "--pattern"))
         o->pattern = v;
+    else if (!strcmp(a, "--suppress-tokens")) { // ID[,ID...]
+        o->n_suppress = 0;
+        for (const char *p = v; *p;) {
+            char *end;
+            const long tid = strtol(p, &end, 10);
+            if (end == p || tid < 0 || tid > INT32_MAX || o->n_suppress == 64 ||
+                (*end && *end != ',')) {
+                fprintf(stderr, "kvseal mkmodel: --suppress-tokens '%s': up to 64 ids, "
+                                "comma-separated\n", v);
+                return 2;
+            }
+            o->suppress[o->n_suppress++] = (int32_t)tid;
+            p = *end ? end + 1 : end;
+        }
+    }
     else if (!strcmp(a, "--type")) {
         if (!ks_dtype_parse(v, &o->type) || !kern_quantize_supported(o->type)) {
             fprintf(stderr,

@@ -1501,5 +1501,8 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         atomic_init(&a.next, 0);
         ks_pool_run(c->threads, fwd__softcap_task, &a);
     }
+    for (int32_t r = 0; r < b->n_out; r++) // gemma4's suppressed tokens (as llama.cpp: + -inf)
+        for (int32_t i = 0; i < m->n_suppress; i++)
+            logits[(size_t)r * (size_t)hp->n_vocab + (size_t)m->suppress[i]] = -INFINITY;
     return KS_OK;
 }

@@ -1553,6 +1553,28 @@ static void load__repack_all(model *m) {
 // ----------------------------------------------------------------------------
 // Public
 
+/* gemma4's tokenizer.ggml.suppress_tokens (an integer array; absent: none):
+ * llama.cpp's gemma4 graph adds -inf to those logits (ids outside the
+ * vocabulary are skipped, as it does). */
+static ks_err load__suppress(model *m, ks_errbuf *eb) {
+    const gguf_value *a = gguf_get(m->gguf, "tokenizer.ggml.suppress_tokens");
+    if (!a || m->hp.arch != MODEL_ARCH_GEMMA4) return KS_OK;
+    if (a->type != GGUF_TYPE_ARRAY || a->v.arr.items || a->v.arr.elem_type == GGUF_TYPE_FLOAT32 ||
+        a->v.arr.elem_type == GGUF_TYPE_FLOAT64 || a->v.arr.elem_type == GGUF_TYPE_BOOL)
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: tokenizer.ggml.suppress_tokens: want integers",
+                         gguf_path(m->gguf));
+    if (a->v.arr.n > (uint64_t)m->hp.n_vocab)
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: tokenizer.ggml.suppress_tokens: %llu ids",
+                         gguf_path(m->gguf), (unsigned long long)a->v.arr.n);
+    m->suppress = malloc(sizeof *m->suppress * (a->v.arr.n + 1));
+    if (!m->suppress) return ks_seterr(eb, KS_ERR_NOMEM, "%s: suppress_tokens", gguf_path(m->gguf));
+    for (uint64_t i = 0; i < a->v.arr.n; i++) {
+        const int64_t id = gguf_arr_i64(a, i);
+        if (id >= 0 && id < m->hp.n_vocab) m->suppress[m->n_suppress++] = (int32_t)id;
+    }
+    return KS_OK;
+}
+
 /* The model's attention shape on every layer load__weights left unset
  * (all but gemma4's), and the ones vector of unweighted norms. */
 static ks_err load__layer_shapes(model *m, ks_errbuf *eb) {
@@ -1590,7 +1612,9 @@ static ks_err load__model_file(gguf_file *f, bool repack, model **out, ks_errbuf
     m->gguf = f;
     ks_err e;
     if ((e = load__hparams(m, eb))) goto fail;
-    if ((e = load__weights(m, eb)) || (e = load__layer_shapes(m, eb))) goto fail;
+    if ((e = load__weights(m, eb)) || (e = load__layer_shapes(m, eb)) ||
+        (e = load__suppress(m, eb)))
+        goto fail;
     if (repack) load__repack_all(m);
     // a decode step reads one embedding row at random: with its pages
     // unmapped, each new token took a page fault (~50 us in a VM, 0.4% of
@@ -1639,6 +1663,7 @@ ks_err model_check_file(gguf_file *f, ks_errbuf *eb) {
 void model_free(model *m) {
     if (!m) return;
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->suppress);
     free(m->owned);
     ks_free_aligned(m->arena);
     for (int il = 0; m->layers && il < m->hp.n_layer; il++) {

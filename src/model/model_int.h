@@ -136,6 +136,8 @@ struct model {
     const float *embd_norm, *embd_norm_b; // (E) token_embd_norm
     model__layer *layers;      // (n_layer)
     const float *ones;         // (MODEL_MAX_HEAD_DIM) 1.0f: the weight of an unweighted norm
+    int32_t *suppress;         // (n_suppress) gemma4: token ids whose logits are -inf
+    int32_t n_suppress;        //   (tokenizer.ggml.suppress_tokens, as llama.cpp's graph)
     float **owned;             // f32 copies of non-F32 vectors (norms, biases)
     int n_owned;
     void *arena; // every matrix's r16 copy, one huge-page buffer (ks_alloc_huge)

@@ -71,6 +71,18 @@ if [ -x "$SPECIALS" ]; then
     VOCAB=$TMPD/v-gemma4.gguf mkmodel_to "$TMPD/g4v.gguf" "${G[@]}" --swa 32
     check_ppl "gemma4 vocab F16" "$TMPD/g4v.gguf"
     check_greedy "gemma4 vocab F16" "$TMPD/g4v.gguf"
+    # tokenizer.ggml.suppress_tokens: llama.cpp's gemma4 graph sets their
+    # logits to -inf; suppressing the tokens this model repeats (" created",
+    # and the bare U+2581) changes its greedy text in both engines alike
+    sup=$("$KS_BIN" tokenize -m "$TMPD/g4v.gguf" --ids -- " created" | awk '{ print $NF }')
+    VOCAB=$TMPD/v-gemma4.gguf mkmodel_to "$TMPD/g4s.gguf" "${G[@]}" --swa 32 \
+        --suppress-tokens "$sup,29871"
+    ARCH_PROMPTS=("In the beginning God created")
+    printf 'gemma4 suppress_tokens %s,29871' "$sup"
+    check_greedy "gemma4 suppressed" "$TMPD/g4s.gguf"
+    a=$(kv_gen "$TMPD/g4v.gguf" "${ARCH_PROMPTS[0]}")
+    b=$(kv_gen "$TMPD/g4s.gguf" "${ARCH_PROMPTS[0]}")
+    [ "$a" != "$b" ] || fail "suppressing tokens $sup,29871 did not change the greedy text: $a"
 else
     echo "note: no $SPECIALS: the gemma4 tokenizer part is skipped" >&2
 fi
