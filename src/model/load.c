@@ -596,6 +596,9 @@ static ks_err load__gemma4(load__ctx *c, model_hparams *hp) {
                              path, c->arch, il);
         const int64_t kvd = load__layer_val(c->f, c->arch, "attention.head_count_kv", il) *
                             (swa ? hp->head_dim_swa : hp->head_dim);
+        if (kvd > (1 << 24))
+            return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: layer %d keeps %lld K/V elements a position",
+                             path, il, (long long)kvd);
         if (il < hp->n_layer_attn && kvd > hp->kv_dim) hp->kv_dim = (int32_t)kvd; // owners only
     }
     return KS_OK;
