@@ -1,5 +1,5 @@
 /* model.h — hyper-parameters, weights and the batched forward pass of
- * Llama-family models (llama, qwen2, qwen3, phi3, gemma2, gemma3, glm4;
+ * Llama-family models (llama, qwen2, qwen3, phi3, gemma2, gemma3, gemma4, glm4;
  * mixture-of-experts llama, qwen3moe, glm4moe and gpt-oss) from GGUF.
  *
  * The forward pass takes a batch of tokens from any number of sequences at
@@ -37,6 +37,8 @@ typedef enum model_arch {
     MODEL_ARCH_GPT_OSS = 14,    /* gpt-oss: attention sinks, biases, clamped SwiGLU experts */
     MODEL_ARCH_BERT = 16,       /* an encoder for embeddings: bidirectional, no LM head */
     MODEL_ARCH_NOMIC_BERT = 17, /* bert with RoPE (no learned positions), SwiGLU, no biases */
+    MODEL_ARCH_GEMMA4 = 21,     /* Gemma 4: per-layer head sizes and K/V heads, V from K where
+                                   attn_v is absent, a scale on each layer's output */
 } model_arch;
 
 /* How a mixture-of-experts router turns logits into expert weights. */
@@ -56,8 +58,8 @@ typedef enum model_gating {
 
 /* The architectures model_load runs, as its refusal lists them. */
 #define MODEL_ARCHS                                                                                \
-    "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, glm4, glm4moe, deepseek2, deepseek32, "  \
-    "glm-dsa, qwen35, qwen35moe, mistral3, nemotron_h, gpt-oss, bert, nomic-bert"
+    "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, gemma4, glm4, glm4moe, deepseek2, "      \
+    "deepseek32, glm-dsa, qwen35, qwen35moe, mistral3, nemotron_h, gpt-oss, bert, nomic-bert"
 
 /* Largest head size (attention.key_length) a model may have. */
 #define MODEL_MAX_HEAD_DIM 1024
@@ -177,6 +179,36 @@ typedef struct model_hparams {
     int32_t n_layer_rec;   /* recurrent layers (they keep state rows, no K/V) */
     bool attn_out_gate;    /* attn_q's rows are per head [query (D) | gate (D)]; the
                               attention output is multiplied by sigmoid(gate) */
+    /* Elements of one position's KV row in a layer's pages: the most any
+     * layer keeps (n_head_kv * head_dim everywhere but gemma4, whose layers
+     * differ), plus the indexer key (idx_dim). Every layer's row is this
+     * long; a layer with fewer K/V elements uses the front of it. */
+    int32_t kv_dim;
+    /* Gemma 4 (gemma4; neutral values elsewhere). Layers differ: a sliding
+     * layer (attention.sliding_window_pattern, one bool per layer) has heads
+     * of head_dim_swa and rotates n_rot_swa dims at rope_base_swa without
+     * rope_freqs; a full layer has heads of key_length (head_dim above),
+     * rotates n_rot dims with rope_freqs ("proportional" RoPE: unrotated pairs have a divisor
+     * of 1e30). head_count_kv and feed_forward_length may be per-layer
+     * arrays (n_head_kv and n_ff above: their largest values). Scores are
+     * q.k unscaled (attn_scale 1) after the Q/K norms; V is rms-normed
+     * without a weight, and is the K projection where a layer has no attn_v;
+     * layer_output_scale multiplies each layer's output. */
+    int32_t head_dim_swa; /* attention.key_length_swa [head_dim] */
+    int32_t n_rot_swa;    /* rope.dimension_count_swa [n_rot] */
+    bool rope_freqs_full; /* rope_freqs apply to the full layers only [false: every layer] */
+    bool v_norm;          /* V rms-normed per head, no weight [false] */
+    /* Gemma 4 E2B / E4B: the last attention.shared_kv_layers layers keep no
+     * K/V: a sliding one reads layer n_layer_attn - 2's, a full one layer
+     * n_layer_attn - 1's (llama.cpp's rule; those two must be of the two
+     * kinds), so n_layer_attn = n_layer - shared. Per-layer embeddings
+     * (embedding_length_per_layer_input n_embd_pl > 0): each token has
+     * n_layer inputs of n_embd_pl, ((rmsnorm(per_layer_model_proj x / sqrt
+     * (n_embd)) * per_layer_proj_norm) + per_layer_token_embd[tok] *
+     * sqrt(n_embd_pl)) / sqrt(2), x the scaled embedding; layer il ends
+     * with x += rmsnorm(proj (gelu(inp_gate x) * input[il])) * post_norm,
+     * before its layer_output_scale. */
+    int32_t n_embd_pl;    /* embedding_length_per_layer_input [0: none] */
 } model_hparams;
 
 typedef struct model model;

@@ -18,7 +18,7 @@
 /* Vocabulary kinds (tokenizer.ggml.model). */
 typedef enum tok_kind {
     TOK_KIND_SPM = 1, /* "llama" */
-    TOK_KIND_BPE = 2, /* "gpt2" */
+    TOK_KIND_BPE = 2, /* "gpt2"; also "gemma4", SentencePiece-style BPE (tok_vocab_load) */
     TOK_KIND_WPM = 3, /* "bert": WordPiece */
 } tok_kind;
 

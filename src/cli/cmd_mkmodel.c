@@ -51,11 +51,24 @@ typedef struct {
                             - MLP (ssm_k_heads: groups, ssm_v_heads: heads) */
     long ssm_head_dim;   /* nemotron_h: a Mamba2 head's elements */
     long pooling;       /* bert: pooling_type (1 mean, 2 CLS) */
+    /* gemma4: head_dim is the sliding layers' (HF head_dim); the full
+     * layers' heads (global_head_dim) and K/V heads; layer il is full when
+     * il % swa_period == swa_period - 1; k_eq_v: the full layers have no
+     * attn_v (V is the K projection, HF attention_k_eq_v) */
+    long head_dim_full, n_head_kv_full, swa_period;
+    bool k_eq_v;
+    /* gemma4 E2B / E4B: the last n_kv_shared layers keep no K/V (and have
+     * FFNs twice as wide, use_double_wide_mlp); n_embd_pl: per-layer
+     * embedding width (0: none) */
+    long n_kv_shared, n_embd_pl;
+    bool gate_up_exps; /* gemma4 MoE: the experts' gate and up in one ffn_gate_up_exps */
+    int32_t suppress[64]; /* gemma4: tokenizer.ggml.suppress_tokens (n_suppress ids) */
+    int n_suppress;
     long n_types;       /* bert: token types (the vocab's tokenizer.ggml.token_type_count) */
     int n_threads;
 } mk__opts;
 
-enum { MK__RAND = 0, MK__ONES = 1, MK__NEG = 2 };
+enum { MK__RAND = 0, MK__ONES = 1, MK__NEG = 2, MK__PROP = 3 };
 
 typedef struct mk__plan mk__plan;
 
@@ -65,7 +78,9 @@ typedef struct {
     int64_t ne[3]; /* ne[0] = row length (fastest), ne[1] = rows, ne[2] = experts */
     ks_dtype type;
     int kind; /* MK__RAND: uniform, std `scale`; MK__ONES: 1 + uniform noise; MK__NEG:
-               * -0.3 + uniform noise (qwen35's ssm_a, -exp(A_log): a decay per step) */
+               * -0.3 + uniform noise (qwen35's ssm_a, -exp(A_log): a decay per step);
+               * MK__PROP: gemma4's "proportional" rope_freqs, 1 for the first quarter
+               * of the pairs (partial_rotary_factor 0.25) and 1e30 (unrotated) after */
     float scale;
     uint64_t seed; /* per-tensor stream seed */
     mk__plan *plan;
@@ -106,6 +121,11 @@ static void mk__gen_row(const mk__tensor *t, int64_t row, float *x) {
     float a = t->scale * 1.7320508f,
           c = t->kind == MK__ONES ? 1.0f : t->kind == MK__NEG ? -0.3f : 0.0f;
     const float k = 1.0f / 8388608.0f; // 2^-23: u in [0, 2)
+    if (t->kind == MK__PROP) {
+        for (int64_t i = 0; i < n; i++)
+            x[i] = i < n / 4 ? 1.0f : 1e30f;
+        return;
+    }
     for (int64_t i = 0; i < n; i += 2) {
         uint64_t z = mk__mix(s += 0x9e3779b97f4a7c15ull);
         x[i] = c + a * ((float)(z >> 40) * k - 1.0f);
@@ -438,7 +458,88 @@ static bool mk__build_plan_bert(mk__plan *p, const mk__opts *o, int64_t n_vocab,
     return ok;
 }
 
+/* Whether gemma4 layer l slides (mk__opts' swa_period). */
+static bool mk__g4_swa(const mk__opts *o, long l) {
+    return l % o->swa_period != o->swa_period - 1;
+}
+
+/* gemma4 layer l's FFN width: twice n_ff on a shared KV layer. */
+static int64_t mk__g4_ff(const mk__opts *o, long l) {
+    return l >= o->n_layer - o->n_kv_shared ? 2 * o->n_ff : o->n_ff;
+}
+
+/* gemma4's tensors, as llama.cpp's converter writes a 31B-style dense
+ * model: per layer Q/K/V (no attn_v on a full layer with k_eq_v), the Q/K
+ * norms of the layer's head size, post-norms of both sublayers, a GELU FFN
+ * and layer_output_scale (uniform in [0.48, 1.52]); rope_freqs for the full
+ * layers (MK__PROP). E2B / E4B style: no K/V tensors on the shared KV
+ * layers, and the per-layer embedding's tensors (model.h's gemma4 comment). */
+static bool mk__build_plan_gemma4(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
+    const int64_t E = o->n_embd, PL = o->n_embd_pl, PLA = PL * o->n_layer;
+    const ks_dtype W = o->type, F32 = KS_DTYPE_F32;
+    const float s_in = 1.0f / sqrtf((float)E), res = 1.0f / sqrtf(2.0f * (float)o->n_layer);
+    const float noise = 0.02f, s_qk = s_in * (float)o->qk_gain;
+    bool ok = mk__add(p, o, W, MK__RAND, o->tied ? 4.0f / sqrtf((float)E) : 1.0f, E, n_vocab,
+                      "token_embd.weight", 0) &&
+              mk__add(p, o, F32, MK__PROP, 0.0f, o->head_dim_full / 2, 0, "rope_freqs.weight", 0);
+    if (ok && PL)
+        ok = mk__add(p, o, W, MK__RAND, 1.0f / sqrtf((float)PL), PLA, n_vocab,
+                     "per_layer_token_embd.weight", 0) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, PLA, "per_layer_model_proj.weight", 0) &&
+             mk__add(p, o, F32, MK__ONES, noise, PL, 0, "per_layer_proj_norm.weight", 0);
+    for (int l = 0; ok && l < o->n_layer; l++) {
+        const bool swa = mk__g4_swa(o, l), own = l < o->n_layer - o->n_kv_shared;
+        const int64_t F = mk__g4_ff(o, l);
+        const int64_t D = swa ? o->head_dim : o->head_dim_full, QD = o->n_head * D;
+        const int64_t KD = (swa ? o->n_head_kv : o->n_head_kv_full) * D;
+        ok = mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l) &&
+             mk__add(p, o, W, MK__RAND, s_qk, E, QD, "blk.%d.attn_q.weight", l) &&
+             (!own || mk__add(p, o, W, MK__RAND, s_qk, E, KD, "blk.%d.attn_k.weight", l)) &&
+             (!own || (!swa && o->k_eq_v) ||
+              mk__add(p, o, W, MK__RAND, s_in, E, KD, "blk.%d.attn_v.weight", l)) &&
+             mk__add(p, o, F32, MK__ONES, noise, D, 0, "blk.%d.attn_q_norm.weight", l) &&
+             (!own ||
+              mk__add(p, o, F32, MK__ONES, noise, D, 0, "blk.%d.attn_k_norm.weight", l)) &&
+             mk__add(p, o, W, MK__RAND, res / sqrtf((float)QD), QD, E, "blk.%d.attn_output.weight",
+                     l) &&
+             mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.post_attention_norm.weight", l) &&
+             mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.ffn_norm.weight", l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_gate.weight", l) &&
+             mk__add(p, o, W, MK__RAND, s_in, E, F, "blk.%d.ffn_up.weight", l) &&
+             mk__add(p, o, W, MK__RAND, res / sqrtf((float)F), F, E, "blk.%d.ffn_down.weight", l) &&
+             mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.post_ffw_norm.weight", l) &&
+             mk__add(p, o, F32, MK__ONES, 0.3f, 1, 0, "blk.%d.layer_output_scale.weight", l);
+        const int64_t X = o->n_expert, FX = o->n_ff_exp;
+        if (ok && X) // 26B-A4B: experts beside the dense FFN, with their own norms
+            ok = mk__add(p, o, F32, MK__RAND, 4.0f, E, X, "blk.%d.ffn_gate_inp.weight", l) &&
+                 mk__add(p, o, F32, MK__ONES, 0.1f, E, 0, "blk.%d.ffn_gate_inp.scale", l) &&
+                 mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.pre_ffw_norm_2.weight", l) &&
+                 mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.post_ffw_norm_1.weight", l) &&
+                 mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.post_ffw_norm_2.weight", l) &&
+                 (o->gate_up_exps
+                      ? mk__add3(p, o, W, MK__RAND, s_in, E, 2 * FX, X,
+                                 "blk.%d.ffn_gate_up_exps.weight", l)
+                      : mk__add3(p, o, W, MK__RAND, s_in, E, FX, X, "blk.%d.ffn_gate_exps.weight",
+                                 l) &&
+                            mk__add3(p, o, W, MK__RAND, s_in, E, FX, X,
+                                     "blk.%d.ffn_up_exps.weight", l)) &&
+                 mk__add3(p, o, W, MK__RAND, res / sqrtf((float)FX), FX, E, X,
+                          "blk.%d.ffn_down_exps.weight", l) &&
+                 mk__add(p, o, F32, MK__ONES, 0.5f, X, 0, "blk.%d.ffn_down_exps.scale", l);
+        if (ok && PL)
+            ok = mk__add(p, o, W, MK__RAND, s_in, E, PL, "blk.%d.inp_gate.weight", l) &&
+                 mk__add(p, o, W, MK__RAND, res / sqrtf((float)PL), PL, E, "blk.%d.proj.weight",
+                         l) &&
+                 mk__add(p, o, F32, MK__ONES, noise, E, 0, "blk.%d.post_norm.weight", l);
+    }
+    ok = ok && mk__add(p, o, F32, MK__ONES, noise, E, 0, "output_norm.weight", 0);
+    if (ok && !o->tied)
+        ok = mk__add(p, o, W, MK__RAND, 4.0f / sqrtf((float)E), E, n_vocab, "output.weight", 0);
+    return ok;
+}
+
 static bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
+    if (!strcmp(o->arch, "gemma4")) return mk__build_plan_gemma4(p, o, n_vocab);
     if (o->pattern) return mk__build_plan_nh(p, o, n_vocab);
     if (o->ssm_state) return mk__build_plan_qwen35(p, o, n_vocab);
     if (!strcmp(o->arch, "gpt-oss")) return mk__build_plan_gptoss(p, o, n_vocab);
@@ -586,10 +687,21 @@ static void mk__usage(FILE *fp) {
         fp,
         "usage: kvseal mkmodel -o OUT.gguf --vocab VOCAB.gguf [options]\n"
         "  --arch "
-        "llama|mistral3|qwen2|qwen3|qwen3moe|qwen35|qwen35moe|phi3|gemma2|gemma3|glm4|\n"
-        "         glm4moe|deepseek2|deepseek32|glm-dsa|nemotron_h|gpt-oss|bert|nomic-bert\n"
+        "llama|mistral3|qwen2|qwen3|qwen3moe|qwen35|qwen35moe|phi3|gemma2|gemma3|gemma4|\n"
+        "         glm4|glm4moe|deepseek2|deepseek32|glm-dsa|nemotron_h|gpt-oss|bert|nomic-bert\n"
         "         architecture\n"
         "                               (default llama); gemma: tied, post-norms, GELU\n"
+        "                               gemma4: every --swa-period-th layer (default 6) full,\n"
+        "                               with heads of --head-dim-full (default 2x --head-dim)\n"
+        "                               and --n-head-kv-full K/V heads (default --n-head-kv),\n"
+        "                               no attn_v there with --k-eq-v; proportional RoPE;\n"
+        "                               --n-kv-shared S: the last S layers read earlier K/V\n"
+        "                               (FFNs twice as wide); --n-embd-per-layer N: per-layer\n"
+        "                               embeddings of N (E2B / E4B); --n-expert: experts\n"
+        "                               beside every layer's FFN (26B-A4B), their gate and\n"
+        "                               up in one ffn_gate_up_exps with --gate-up-exps;\n"
+        "                               --suppress-tokens ID,...: logits llama.cpp's gemma4\n"
+        "                               graph sets to -inf (tokenizer.ggml.suppress_tokens)\n"
         "                               gpt-oss: 4 layers (even ones slide, --swa 32), heads\n"
         "                               of 64, 8 experts (4 used, n_ff_exp 256), sinks,\n"
         "                               biases, YaRN factor 32 from 4096, base 150000\n"
@@ -764,9 +876,11 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
          MK__U32("block_count", o->n_layer + o->n_nextn) &&
          MK__U32("attention.head_count", o->n_head) &&
          MK__F32("attention.layer_norm_rms_epsilon", o->eps);
+    const bool g4 = !strcmp(a, "gemma4");
     if (ok && !o->pattern)
-        ok = MK__U32("feed_forward_length", o->n_ff) &&
-             MK__U32("attention.head_count_kv", o->n_head_kv) &&
+        ok = ((g4 && o->n_kv_shared) || MK__U32("feed_forward_length", o->n_ff)) &&
+             ((g4 && o->n_head_kv_full != o->n_head_kv) || // gemma4: then an array (below)
+              MK__U32("attention.head_count_kv", o->n_head_kv)) &&
              MK__F32("rope.freq_base", o->rope_base) && MK__U32("rope.dimension_count", o->n_rot);
     if (ok && o->pattern) { // nemotron_h: the layer kinds in per-layer arrays, no RoPE
         int32_t kv[MK__MAX_LAYERS], ff[MK__MAX_LAYERS];
@@ -788,7 +902,8 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
     if (ok && o->n_expert)
         ok = MK__U32("expert_count", o->n_expert) &&
              MK__U32("expert_used_count", o->n_expert_used) &&
-             (o->n_ff_exp == o->n_ff || MK__U32("expert_feed_forward_length", o->n_ff_exp));
+             ((o->n_ff_exp == o->n_ff && !g4) || // gemma4: llama.cpp's default is 0
+              MK__U32("expert_feed_forward_length", o->n_ff_exp));
     if (ok && o->kv_lora) // MLA as llama.cpp's converter writes it
         ok = MK__U32("attention.kv_lora_rank", o->kv_lora) &&
              MK__U32("attention.q_lora_rank", o->q_lora) &&
@@ -839,7 +954,32 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
         if (ok && o->attn_softcap > 0) ok = MK__F32("attn_logit_softcapping", o->attn_softcap);
         if (ok && o->final_softcap > 0) ok = MK__F32("final_logit_softcapping", o->final_softcap);
     }
-    if (ok && !o->kv_lora && !o->pattern &&
+    if (ok && g4) { // as llama.cpp's converter writes Gemma 4's config
+        uint8_t swa[MK__MAX_LAYERS];
+        int32_t kv[MK__MAX_LAYERS], ff[MK__MAX_LAYERS];
+        for (long l = 0; l < o->n_layer; l++) {
+            swa[l] = mk__g4_swa(o, l);
+            kv[l] = (int32_t)(swa[l] ? o->n_head_kv : o->n_head_kv_full);
+            ff[l] = (int32_t)mk__g4_ff(o, l);
+        }
+        ok = (snprintf(k, sizeof k, "%s.attention.sliding_window_pattern", a),
+              !gguf_writer_set_arr(w, k, GGUF_TYPE_BOOL, swa, (uint64_t)o->n_layer)) &&
+             (o->n_head_kv_full == o->n_head_kv ||
+              (snprintf(k, sizeof k, "%s.attention.head_count_kv", a),
+               !gguf_writer_set_arr(w, k, GGUF_TYPE_INT32, kv, (uint64_t)o->n_layer))) &&
+             MK__U32("attention.key_length", o->head_dim_full) &&
+             MK__U32("attention.value_length", o->head_dim_full) &&
+             MK__U32("attention.key_length_swa", o->head_dim) &&
+             MK__U32("attention.value_length_swa", o->head_dim) &&
+             MK__U32("rope.dimension_count_swa", o->head_dim) &&
+             MK__F32("rope.freq_base_swa", 10000.0) &&
+             MK__U32("attention.shared_kv_layers", o->n_kv_shared) &&
+             MK__U32("embedding_length_per_layer_input", o->n_embd_pl) &&
+             (!o->n_kv_shared || // the shared layers' FFNs twice as wide: an array
+              (snprintf(k, sizeof k, "%s.feed_forward_length", a),
+               !gguf_writer_set_arr(w, k, GGUF_TYPE_INT32, ff, (uint64_t)o->n_layer)));
+    }
+    if (ok && !o->kv_lora && !o->pattern && !g4 &&
         (!strncmp(a, "qwen3", 5) || !strncmp(a, "gemma", 5) ||
          o->head_dim * o->n_head != o->n_embd))
         ok = MK__U32("attention.key_length", o->head_dim) &&
@@ -881,8 +1021,13 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
 #undef MK__F32
     for (uint64_t i = 0; ok && i < gguf_n_kv(vocab); i++) {
         const char *key = gguf_kv_at(vocab, i)->key;
-        if (!strncmp(key, "tokenizer.", 10)) ok = !gguf_writer_copy_kv(w, vocab, key);
+        if (!strncmp(key, "tokenizer.", 10) &&
+            (!o->n_suppress || strcmp(key, "tokenizer.ggml.suppress_tokens")))
+            ok = !gguf_writer_copy_kv(w, vocab, key);
     }
+    if (ok && o->n_suppress)
+        ok = !gguf_writer_set_arr(w, "tokenizer.ggml.suppress_tokens", GGUF_TYPE_INT32, o->suppress,
+                                  (uint64_t)o->n_suppress);
     return ok;
 }
 
@@ -890,6 +1035,11 @@ static bool mk__set_keys(gguf_writer *w, const mk__opts *o, const gguf_file *voc
 static const cli__opt mk__optv[] = {
     {"tied", 0, false, false},         {"rope-freqs", 0, false, false},
     {"longrope", 0, false, false},     {"qk-norm", 0, false, false},
+    {"k-eq-v", 0, false, false},       {"gate-up-exps", 0, false, false},
+    {"head-dim-full", 0, true, false},
+    {"n-head-kv-full", 0, true, false}, {"swa-period", 0, true, false},
+    {"n-kv-shared", 0, true, false},   {"n-embd-per-layer", 0, true, false},
+    {"suppress-tokens", 0, true, false},
     {"output", 'o', true, false},      {"vocab", 0, true, false},
     {"arch", 0, true, false},          {"shape", 0, true, false},
     {"name", 0, true, false},          {"type", 0, true, false},
@@ -940,12 +1090,14 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
     char a[40]; // the option as --name, for messages
     snprintf(a, sizeof a, "--%s", mk__optv[id].name);
     long x;
-    if (id < 4) {
+    if (id < 6) {
         bool on = !strcmp(v, "true");
         *(id == 0   ? &o->tied
           : id == 1 ? &o->rope_freqs
           : id == 2 ? &o->longrope
-                    : &o->qk_norm) = on;
+          : id == 3 ? &o->qk_norm
+          : id == 4 ? &o->k_eq_v
+                    : &o->gate_up_exps) = on;
         return 0;
     }
     if (!strcmp(a, "--output"))
@@ -960,6 +1112,21 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
         o->name = v;
     else if (!strcmp(a, "--pattern"))
         o->pattern = v;
+    else if (!strcmp(a, "--suppress-tokens")) { // ID[,ID...]
+        o->n_suppress = 0;
+        for (const char *p = v; *p;) {
+            char *end;
+            const long tid = strtol(p, &end, 10);
+            if (end == p || tid < 0 || tid > INT32_MAX || o->n_suppress == 64 ||
+                (*end && *end != ',')) {
+                fprintf(stderr, "kvseal mkmodel: --suppress-tokens '%s': up to 64 ids, "
+                                "comma-separated\n", v);
+                return 2;
+            }
+            o->suppress[o->n_suppress++] = (int32_t)tid;
+            p = *end ? end + 1 : end;
+        }
+    }
     else if (!strcmp(a, "--type")) {
         if (!ks_dtype_parse(v, &o->type) || !kern_quantize_supported(o->type)) {
             fprintf(stderr,
@@ -1038,6 +1205,11 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
                     : !strcmp(a, "--ssm-conv")      ? &o->ssm_conv
                     : !strcmp(a, "--attn-interval") ? &o->attn_interval
                     : !strcmp(a, "--ssm-head-dim")  ? &o->ssm_head_dim
+                    : !strcmp(a, "--head-dim-full") ? &o->head_dim_full
+                    : !strcmp(a, "--n-head-kv-full") ? &o->n_head_kv_full
+                    : !strcmp(a, "--swa-period")    ? &o->swa_period
+                    : !strcmp(a, "--n-kv-shared")   ? &o->n_kv_shared
+                    : !strcmp(a, "--n-embd-per-layer") ? &o->n_embd_pl
                                                     : NULL;
         KS_ASSERT(dst); // every table entry has a case
         if (!cli__parse_int(a, v, 1, 1L << 20, dst)) return 2;
@@ -1079,7 +1251,8 @@ int cli_mkmodel(int argc, char **argv) {
     const bool qwen35 = !strcmp(o.arch, "qwen35") || !strcmp(o.arch, "qwen35moe");
     bool qwen = !strcmp(o.arch, "qwen2") || !strcmp(o.arch, "qwen3") ||
                 !strcmp(o.arch, "qwen3moe") || qwen35;
-    bool gemma = !strcmp(o.arch, "gemma2") || !strcmp(o.arch, "gemma3");
+    const bool g4 = !strcmp(o.arch, "gemma4");
+    bool gemma = !strcmp(o.arch, "gemma2") || !strcmp(o.arch, "gemma3") || g4;
     const bool dsa = !strcmp(o.arch, "deepseek32") || !strcmp(o.arch, "glm-dsa");
     const bool mla = dsa || !strcmp(o.arch, "deepseek2");
     const bool glm4moe = !strcmp(o.arch, "glm4moe");
@@ -1093,13 +1266,20 @@ int cli_mkmodel(int argc, char **argv) {
         strcmp(o.arch, "phi3") && strcmp(o.arch, "glm4")) {
         fprintf(stderr,
                 "kvseal mkmodel: --arch '%s' is not one of llama mistral3 qwen2 qwen3 qwen3moe "
-                "qwen35 qwen35moe phi3 gemma2 gemma3 glm4 glm4moe deepseek2 deepseek32 glm-dsa "
+                "qwen35 qwen35moe phi3 gemma2 gemma3 gemma4 glm4 glm4moe deepseek2 deepseek32 glm-dsa "
                 "nemotron_h gpt-oss bert nomic-bert\n",
                 o.arch);
         return 2;
     }
     if ((o.attn_temp_scale || o.yarn_log_mul) && !mistral3) {
         fprintf(stderr, "kvseal mkmodel: --attn-temp-scale and --yarn-log-mul are mistral3's\n");
+        return 2;
+    }
+    if ((o.k_eq_v || o.head_dim_full || o.n_head_kv_full || o.swa_period || o.n_kv_shared ||
+         o.n_embd_pl || o.gate_up_exps) &&
+        !g4) {
+        fprintf(stderr, "kvseal mkmodel: --k-eq-v --head-dim-full --n-head-kv-full --swa-period "
+                        "--n-kv-shared --n-embd-per-layer --gate-up-exps are gemma4's\n");
         return 2;
     }
     if (o.pooling && !bert) {
@@ -1187,9 +1367,9 @@ int cli_mkmodel(int argc, char **argv) {
         fprintf(stderr, "kvseal mkmodel: --longrope is phi3's\n");
         return 2;
     }
-    if (o.n_expert && !qwen && !glm4moe && !mla && !oss && !llama) {
+    if (o.n_expert && !qwen && !glm4moe && !mla && !oss && !llama && !g4) {
         fprintf(stderr, "kvseal mkmodel: --n-expert is for llama, mistral3, qwen3moe, glm4moe, "
-                        "gpt-oss and the deepseek2 family\n");
+                        "gpt-oss, gemma4 and the deepseek2 family\n");
         return 2;
     }
     if (o.n_swa && !gemma && !oss && strcmp(o.arch, "llama")) {
@@ -1296,10 +1476,37 @@ int cli_mkmodel(int argc, char **argv) {
         return 2;
     }
     o.rope_base = rope_base > 0                                  ? rope_base
-                  : qwen || glm4moe || !strcmp(o.arch, "gemma3") ? 1000000.0
+                  : qwen || glm4moe || !strcmp(o.arch, "gemma3") || g4 ? 1000000.0
                   : oss                                          ? 150000.0
                                                                  : 10000.0;
     o.eps = qwen || gemma ? 1e-6 : bert ? 1e-12 : 1e-5;
+    if (g4) { // full layers: heads twice the sliding ones', their K/V heads, every 6th layer
+        if (!o.head_dim_full) o.head_dim_full = 2 * o.head_dim;
+        if (!o.n_head_kv_full) o.n_head_kv_full = o.n_head_kv;
+        if (!o.swa_period) o.swa_period = 6;
+        if (o.head_dim_full % 8 || o.n_head % o.n_head_kv_full || o.n_layer > MK__MAX_LAYERS ||
+            (o.n_head * o.head_dim_full) % (long)ks_dtype_block_elems(o.type)) {
+            fprintf(stderr, "kvseal mkmodel: gemma4: --head-dim-full must be a multiple of 8 "
+                            "(and n_head times it of the type's block), --n-head a multiple of "
+                            "--n-head-kv-full, at most %d layers\n",
+                    MK__MAX_LAYERS);
+            return 2;
+        }
+        // llama.cpp: a shared sliding layer reads layer n - 2, a full one n - 1
+        const long kvfs = o.n_layer - o.n_kv_shared;
+        if (o.n_kv_shared &&
+            (kvfs < 2 || mk__g4_swa(&o, kvfs - 1) || !mk__g4_swa(&o, kvfs - 2))) {
+            fprintf(stderr, "kvseal mkmodel: gemma4: with --n-kv-shared S, layer n_layer - S - 1 "
+                            "must be full and n_layer - S - 2 sliding (the layers shared ones "
+                            "read)\n");
+            return 2;
+        }
+        if (o.n_embd_pl % (long)ks_dtype_block_elems(o.type)) {
+            fprintf(stderr, "kvseal mkmodel: --n-embd-per-layer must be a multiple of the type's "
+                            "block size\n");
+            return 2;
+        }
+    }
     if (bert) { // every head its own K/V; mean pooling unless --pooling cls
         o.n_head_kv = o.n_head;
         if (!o.pooling) o.pooling = 1;
@@ -1307,6 +1514,7 @@ int cli_mkmodel(int argc, char **argv) {
     // glm4, glm4moe: partial rotary (half of each head)
     o.n_rot = strcmp(o.arch, "glm4") && !glm4moe ? o.head_dim : o.head_dim / 2;
     if (qwen35) o.n_rot = o.head_dim / 4; // Qwen3.5 turns a quarter of each head
+    if (g4) o.n_rot = o.head_dim_full;    // the full layers': "proportional" (rope_freqs)
     if (mla) { // the KV "head" is the latent row; queries are nope + rope per head
         o.n_rot = qk_rope;
         o.n_head_kv = 1;

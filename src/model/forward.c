@@ -29,7 +29,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     const kv_geom *g = kv_pool_geom(pool);
     const kv_geom mg = model_kv_geom(m, g->page_tokens, g->kv_type);
     if (g->n_layer != hp->n_layer_attn ||
-        g->kv_dim != hp->n_head_kv * hp->head_dim + hp->idx_dim ||
+        g->kv_dim != hp->kv_dim ||
         g->state_pages != mg.state_pages)
         return ks_seterr(eb, KS_ERR_INVAL, "model context: kv pool geometry does not match the model");
     ks_err te = model_kv_type_check(m, g->kv_type, eb);
@@ -50,8 +50,15 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     c->rope_freqs =
         hp->rope_freqs_long && max_ctx > hp->rope_orig_ctx ? hp->rope_freqs_long : hp->rope_freqs;
     c->threads = ks_pool_create(n_threads);
-    size_t T = (size_t)max_tokens, E = (size_t)hp->n_embd, HD = (size_t)hp->n_head * hp->head_dim;
-    size_t KVD = (size_t)hp->n_head_kv * hp->head_dim, F = (size_t)hp->n_ff;
+    // gemma4's layers differ: buffers fit the largest head, the most K/V
+    // heads, and attention's G query heads per KV head on the layer with fewest
+    const size_t DM = (size_t)(hp->head_dim > hp->head_dim_swa ? hp->head_dim : hp->head_dim_swa);
+    int32_t hkv_min = hp->n_head_kv;
+    for (int il = 0; il < hp->n_layer; il++)
+        if (m->layers[il].n_head_kv > 0 && m->layers[il].n_head_kv < hkv_min)
+            hkv_min = m->layers[il].n_head_kv;
+    size_t T = (size_t)max_tokens, E = (size_t)hp->n_embd, HD = (size_t)hp->n_head * DM;
+    size_t KVD = (size_t)hp->n_head_kv * DM, F = (size_t)hp->n_ff;
     size_t XN = E > HD ? E : HD;
     const size_t NX = (size_t)hp->n_expert, KX = (size_t)hp->n_expert_used;
     const size_t H = (size_t)hp->n_head, NOPE = (size_t)(hp->mla_qk - hp->n_rot);
@@ -60,6 +67,12 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     size_t TA = NX ? T * KS : T;
     if (hp->kv_lora && TA < T * H) TA = T * H; // MLA: per-head rows of q_nope and the output
     if (NX && KS * (size_t)hp->n_ff_exp > F) F = KS * (size_t)hp->n_ff_exp;
+    const size_t PL = (size_t)hp->n_embd_pl; // gemma4: g holds the per-layer gate rows too
+    if (PL > F) F = PL;
+    if (PL) {
+        c->ple = ks_alloc_aligned(T * (size_t)hp->n_layer * PL * sizeof(float));
+        c->ple_sel = ks_alloc_aligned((size_t)n_threads * PL * sizeof(float));
+    }
     c->x = ks_alloc_aligned(T * E * sizeof(float));
     c->xn = ks_alloc_aligned(T * XN * sizeof(float));
     c->q = ks_alloc_aligned(T * HD * sizeof(float));
@@ -108,7 +121,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
             moe_ok && c->dsa_q && c->dsa_k && c->dsa_w && c->dsa_sel && c->dsa_n && c->dsa_score;
     }
     // per thread: G query heads' scores, or the indexer heads' dot products and their sum
-    const size_t G = (size_t)(hp->n_head / hp->n_head_kv), GI = (size_t)hp->idx_heads + 1;
+    const size_t G = (size_t)(hp->n_head / hkv_min), GI = (size_t)hp->idx_heads + 1;
     c->scores =
         ks_alloc_aligned((size_t)n_threads * (G > GI ? G : GI) * (size_t)max_ctx * sizeof(float));
     c->seq_next = malloc(T * sizeof(int32_t));
@@ -122,6 +135,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     if ((size_t)hp->q_lora > Kmax) Kmax = (size_t)hp->q_lora;
     const size_t S = (size_t)hp->ssm_state, VD = (size_t)hp->ssm_inner;
     if (VD > Kmax) Kmax = VD; // ssm_out's input
+    if (PL > Kmax) Kmax = PL; // gemma4's per-layer proj
     uint64_t rb0 = 0, rbk = 0;
     ks_dtype_row_bytes(KS_DTYPE_Q8_0, (Kmax + 31) / 32 * 32, &rb0);
     ks_dtype_row_bytes(KS_DTYPE_Q8_K, (Kmax + 255) / 256 * 256, &rbk);
@@ -159,6 +173,9 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
         c->ord_fill = malloc(T * sizeof(int32_t));
         moe_ok = moe_ok && c->ord && c->ord_off && c->ord_fill;
     }
+    if (PL && (!c->ple || !c->ple_sel)) moe_ok = false;
+    if (hp->arch == MODEL_ARCH_GEMMA4 && NX && !(c->tmp2 = ks_alloc_aligned(T * E * sizeof(float))))
+        moe_ok = false;
     if (!c->threads || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->g ||
         !c->u || !c->scores || !c->seq_next || !c->seq_bad || !c->seq_first || !c->kp || !c->vp ||
         !c->act[0].buf || !c->act[1].buf || !c->pf_runs || !moe_ok) {
@@ -175,7 +192,8 @@ void model_ctx_free(model_ctx *c) {
     float *bufs[] = {c->x,      c->xn,    c->q,      c->k,      c->v,        c->att,    c->tmp,
                      c->g,      c->u,     c->scores, c->router, c->xe,       c->mla_qa, c->mla_qf,
                      c->mla_qn, c->dsa_q, c->dsa_k,  c->dsa_w,  c->dsa_score, c->qg,
-                     c->gate,   c->ssm_x, c->ssm_z,  c->ssm_o,  c->ssm_b,    c->ssm_a};
+                     c->gate,   c->ssm_x, c->ssm_z,  c->ssm_o,  c->ssm_b,    c->ssm_a,
+                     c->ple,    c->ple_sel, c->tmp2};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ks_free_aligned(bufs[i]);
     ks_free_aligned(c->act[0].buf);
     ks_free_aligned(c->act[1].buf);
@@ -222,6 +240,11 @@ typedef enum {
     FWD_MLA_QKV,       // rope q/k, q_nope to mla_qn, latent normed; write the KV row
     FWD_DSA_SELECT,    // the indexer's top_k positions of token t into dsa_sel[t]
     FWD_ATTN_GATE,     // att[t] *= sigmoid(gate[t]) (qwen35's gated attention)
+    FWD_PLE_IN,        // ple[t] (per_layer_model_proj x[t]) into the token's per-layer inputs
+    FWD_PLE_GATE,      // g[t] = gelu(g[t]) * ple[t][layer] (n_embd_pl: gemma4)
+    FWD_G4_MOE_IN,     // gemma4 MoE: tmp2 = rmsnorm(tmp) * post_norm_1 (the dense FFN's),
+                       // xn = rmsnorm(x) * pre_norm_2, tmp = rmsnorm(x) / sqrt(E) * router scale
+    FWD_G4_MOE_OUT,    // gemma4 MoE: tmp = tmp2 + rmsnorm(tmp) * post_norm_2
 } fwd__rowop;
 
 typedef struct {
@@ -231,6 +254,7 @@ typedef struct {
     const float *w;  // norm weight
     const float *w2; // FWD_POST_ADD_NORM: the sublayer output's norm weight
     const float *tb; // FWD_ADD_NORM: a bias (E) of the sublayer output, added to it first
+    float xs;        // FWD_ADD_NORM: the residual stream times this after the add (1: none)
     int layer;
     int n;             // rows to claim: tokens, or (token, expert) rows
     int64_t ff;        // FWD_SWIGLU's row length
@@ -266,7 +290,7 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
     const model_hparams *hp = &c->m->hp;
     const model__layer *L = &c->m->layers[a->layer];
     const kern_vtab *kv = c->kv;
-    const int D = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv, KVD = Hkv * D;
+    const int D = L->head_dim, H = hp->n_head, Hkv = L->n_head_kv, KVD = Hkv * D;
     float *q = c->q + (size_t)t * (size_t)(H * D);
     float *k = c->k + (size_t)t * (size_t)KVD;
     float *v = c->v + (size_t)t * (size_t)KVD;
@@ -282,17 +306,21 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
         for (int i = 0; i < KVD; i++) k[i] += L->bk[i];
         for (int i = 0; i < KVD; i++) v[i] += L->bv[i];
     }
+    if (L->wk.data && !L->wv.data) // gemma4 without attn_v: V is the K projection (before its norm)
+        memcpy(v, k, sizeof(float) * (size_t)KVD);
     const int32_t pos = a->b->pos[t];
     float cs[MODEL_MAX_HEAD_DIM]; // the position's angles, shared by every head
     kern_rope_cfg rl = fwd__rope_cfg(c);
-    if (L->swa) { // gemma3's sliding layers turn at their own base, unscaled
+    rl.n_rot = L->n_rot;
+    if (L->swa) { // gemma3's and gemma4's sliding layers turn at their own base
         rl.freq_base = hp->rope_base_swa;
         rl.freq_scale = hp->rope_scale_swa;
+        if (hp->rope_freqs_full) rl.freq_factors = NULL; // gemma4: the full layers' only
     }
     kern_rope_table_cfg(cs, &rl, pos);
     for (int h = 0; h < H; h++) {
         if (L->q_norm) kv->rmsnorm(D, q + h * D, L->q_norm, hp->norm_eps, q + h * D);
-        kern_rope_apply(q + h * D, hp->n_rot, cs, hp->rope_neox);
+        kern_rope_apply(q + h * D, L->n_rot, cs, hp->rope_neox);
     }
     if (hp->attn_temp_scale != 0.0f) { // mistral3: the query's temperature at this position
         const float ts = logf(floorf((float)pos / (float)hp->attn_temp_floor) + 1.0f) *
@@ -300,9 +328,11 @@ static void fwd__qkv_row(fwd__rows *a, int t) {
                          1.0f;
         for (int i = 0; i < H * D; i++) q[i] *= ts;
     }
+    if (!L->wk.data) return; // gemma4's shared KV layers: the source layer wrote K/V
     for (int h = 0; h < Hkv; h++) {
         if (L->k_norm) kv->rmsnorm(D, k + h * D, L->k_norm, hp->norm_eps, k + h * D);
-        kern_rope_apply(k + h * D, hp->n_rot, cs, hp->rope_neox);
+        kern_rope_apply(k + h * D, L->n_rot, cs, hp->rope_neox);
+        if (hp->v_norm) kv->rmsnorm(D, v + h * D, c->m->ones, hp->norm_eps, v + h * D);
     }
     // K/V rows go to their page through kv (the only code that knows addresses)
     const int si = a->b->seq[t];
@@ -515,6 +545,9 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             else
                 for (int64_t i = 0; i < E; i++)
                     c->x[xo + (size_t)i] += c->tmp[xo + (size_t)i];
+            if (a->xs != 1.0f) // gemma4's layer_output_scale: (out + residual) * s, as llama.cpp
+                for (int64_t i = 0; i < E; i++)
+                    c->x[xo + (size_t)i] *= a->xs;
             if (!a->w) break;
             // fall through
         case FWD_NORM:
@@ -534,6 +567,56 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             const float *gt = c->gate + (size_t)t * (size_t)n;
             for (int64_t i = 0; i < n; i++)
                 o[i] /= 1.0f + expf(-gt[i]);
+            break;
+        }
+        case FWD_PLE_IN: { // model.h's gemma4 comment, in llama.cpp's order of operations
+            const int64_t PL = m->hp.n_embd_pl, NL = m->hp.n_layer;
+            float *p = c->ple + (size_t)t * (size_t)(NL * PL), *sel = c->ple_sel + ith * PL;
+            const model__mat *w = &m->ple_tok;
+            const float s_in = 1.0f / sqrtf((float)E), s_sel = sqrtf((float)PL),
+                        s_out = 1.0f / sqrtf(2.0f);
+            uint64_t off = 0;
+            for (int64_t l = 0; l < NL; l++, p += PL) {
+                for (int64_t i = 0; i < PL; i++)
+                    p[i] *= s_in;
+                c->kv->rmsnorm(PL, p, m->ple_in_norm, m->hp.norm_eps, p);
+                // layer l's part of the token's row: whole blocks (load checked n_embd_pl)
+                KS_ASSERT(ks_dtype_row_bytes(w->type, (uint64_t)(l * PL), &off));
+                kern_dequantize_row(w->type,
+                                    (const char *)w->data +
+                                        (size_t)a->b->tokens[t] * w->row_bytes + off,
+                                    sel, PL);
+                for (int64_t i = 0; i < PL; i++)
+                    p[i] = (p[i] + sel[i] * s_sel) * s_out;
+            }
+            break;
+        }
+        case FWD_G4_MOE_IN: { // llama.cpp's order of operations (model_int.h)
+            const model__layer *L = &m->layers[a->layer];
+            float *o = c->tmp + xo;
+            c->kv->rmsnorm(E, o, L->moe_post_norm1, m->hp.norm_eps, c->tmp2 + xo);
+            c->kv->rmsnorm(E, c->x + xo, L->moe_pre_norm, m->hp.norm_eps, c->xn + xo);
+            c->kv->rmsnorm(E, c->x + xo, m->ones, m->hp.norm_eps, o); // ones: exact
+            const float inv = 1.0f / sqrtf((float)E);
+            for (int64_t i = 0; i < E; i++)
+                o[i] = o[i] * inv * L->gate_inp_s[i];
+            break;
+        }
+        case FWD_G4_MOE_OUT: {
+            const model__layer *L = &m->layers[a->layer];
+            float *o = c->tmp + xo;
+            c->kv->rmsnorm(E, o, L->moe_post_norm2, m->hp.norm_eps, o);
+            for (int64_t i = 0; i < E; i++)
+                o[i] = c->tmp2[xo + (size_t)i] + o[i];
+            break;
+        }
+        case FWD_PLE_GATE: {
+            const int64_t PL = m->hp.n_embd_pl;
+            float *g = c->g + (size_t)t * (size_t)PL;
+            c->kv->gelu_mul(PL, g,
+                            c->ple + (size_t)t * (size_t)(m->hp.n_layer * PL) +
+                                (size_t)a->layer * (size_t)PL,
+                            g);
             break;
         }
         case FWD_MLA_QNORM: {
@@ -603,6 +686,19 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
                         for (int64_t i = 0; i < E; i++)
                             y[i] += wt[j] * (xr[i] + br[i]);
                 }
+            } else if (m->layers[a->layer].down_exps_s) { // gemma4: (out * s[e]) * weight
+                const float *ds = m->layers[a->layer].down_exps_s;
+                const int32_t *sel = c->sel + (size_t)t * (size_t)KX;
+                for (int j = 0; j < KX; j++) {
+                    const float *xr = c->xe + (size_t)rows[j] * (size_t)E;
+                    const float s = ds[sel[j]];
+                    if (j == 0)
+                        for (int64_t i = 0; i < E; i++)
+                            y[i] = xr[i] * s * wt[0];
+                    else
+                        for (int64_t i = 0; i < E; i++)
+                            y[i] += xr[i] * s * wt[j];
+                }
             } else {
                 for (int64_t i = 0; i < E; i++)
                     y[i] = wt[0] * c->xe[(size_t)rows[0] * (size_t)E + (size_t)i];
@@ -652,16 +748,20 @@ static void fwd__rows_run_n(model_ctx *c, const model_batch *b, fwd__rowop op, i
  * F32), it fills qw's slot in the same run: one pool run fewer per matmul,
  * and the same bytes model__act would write. */
 static void fwd__rows_run3(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w,
-                           const float *w2, const float *tb, int layer, const model__mat *qw) {
+                           const float *w2, const float *tb, float xs, int layer,
+                           const model__mat *qw) {
+    const model__layer *L = &c->m->layers[layer];
     fwd__rows a = {.c = c,
                    .b = b,
                    .op = op,
                    .w = w,
                    .w2 = w2,
                    .tb = tb,
+                   .xs = xs,
                    .layer = layer,
                    .n = b->n_tokens,
-                   .ff = c->m->hp.n_ff};
+                   // the layer's FFN width (gemma4's may differ per layer)
+                   .ff = L->w_gate.data ? L->w_gate.N : c->m->hp.n_ff};
     const bool to_xn = (op == FWD_NORM || op == FWD_ADD_NORM || op == FWD_POST_ADD_NORM) && w,
                to_g = op == FWD_SWIGLU || op == FWD_GEGLU || op == FWD_RELU2;
     KS_ASSERT(!qw || to_xn || to_g);
@@ -699,7 +799,7 @@ static void fwd__rows_run3(model_ctx *c, const model_batch *b, fwd__rowop op, co
 /* fwd__rows_run3 without a bias. */
 static void fwd__rows_run2(model_ctx *c, const model_batch *b, fwd__rowop op, const float *w,
                            const float *w2, int layer, const model__mat *qw) {
-    fwd__rows_run3(c, b, op, w, w2, NULL, layer, qw);
+    fwd__rows_run3(c, b, op, w, w2, NULL, 1.0f, layer, qw);
 }
 
 /* Runs op over the batch's tokens (w: the norm weight, layer: FWD_QKV's). */
@@ -767,15 +867,16 @@ static void fwd__dsa_run(model_ctx *c, const model_batch *b, int layer) {
 }
 
 /* The residual add after a sublayer whose output is in tmp (plus bias tb,
- * gpt-oss's attn_output.bias; NULL: none), then the next norm: gemma first
- * normalizes the sublayer output (post_norm). qw: the first weight to read
- * the normed rows (NULL: not known here). */
+ * gpt-oss's attn_output.bias; NULL: none), the sum times xs (gemma4's
+ * layer_output_scale; 1: none), then the next norm: gemma first normalizes
+ * the sublayer output (post_norm). qw: the first weight to read the normed
+ * rows (NULL: not known here). */
 static void fwd__residual(model_ctx *c, const model_batch *b, const float *post_norm,
-                          const float *tb, const float *next_norm, int layer,
+                          const float *tb, float xs, const float *next_norm, int layer,
                           const model__mat *qw) {
     KS_ASSERT(!(post_norm && tb)); // no architecture has both
     fwd__rows_run3(c, b, post_norm ? FWD_POST_ADD_NORM : FWD_ADD_NORM, next_norm, post_norm, tb,
-                   layer, qw);
+                   xs, layer, qw);
 }
 
 // ----------------------------------------------------------------------------
@@ -889,16 +990,18 @@ static void fwd__route(model_ctx *c, const model__layer *L, int T) {
     }
 }
 
-/* The MoE feed-forward block of layer L: xn (T, E) in, tmp (T, E) out. The
+/* The MoE feed-forward block of layer L: xn (T, E) in (the router reads
+ * rin, (T, E): xn but for gemma4), tmp (T, E) out. The
  * shared experts (where L has them: S of them stored as one FFN of S * FX)
  * are one more expert whose rows are every token's, run in the same pool
  * runs as the routed ones; its gate/up output for token t is S rows of FX
  * in g/u from row R + S*t, which SwiGLU treats as rows like any other. */
-static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L, int il) {
+static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L, int il,
+                     const float *rin) {
     const model_hparams *hp = &c->m->hp;
     const int T = b->n_tokens, NX = hp->n_expert, R = T * hp->n_expert_used;
     const int64_t E = hp->n_embd, FX = hp->n_ff_exp;
-    model__matmul(c, &L->gate_inp, c->xn, T, c->router);
+    model__matmul(c, &L->gate_inp, rin, T, c->router);
     fwd__route(c, L, T);
     const int RS = c->sh_row0 >= 0 ? R + T : R; // rows: routed, then shared
     const int S = hp->n_expert_shared, RG = c->sh_row0 >= 0 ? R + S * T : R; // FX-wide rows
@@ -922,7 +1025,11 @@ static void fwd__moe(model_ctx *c, const model_batch *b, const model__layer *L, 
     }
     model__mm_run(c, c->parts, n);
     // gpt-oss: the experts' biases and the clamped SwiGLU (it has no shared expert)
-    fwd__rows_run_n(c, b, hp->swiglu_alpha > 0.0f ? FWD_SWIGLU_OAI : FWD_SWIGLU, RG, FX, il);
+    fwd__rows_run_n(c, b,
+                    hp->swiglu_alpha > 0.0f ? FWD_SWIGLU_OAI
+                    : hp->ffn_gelu          ? FWD_GEGLU // gemma4's experts
+                                            : FWD_SWIGLU,
+                    RG, FX, il);
     n = 0;
     for (int e = 0; e <= NX; e++) {
         const bool sh = e == NX;
@@ -1049,9 +1156,14 @@ static void fwd__attn_one(fwd__attn *a, int t, int h, int G, float *scores) {
     model_ctx *c = a->c;
     const model_hparams *hp = &c->m->hp;
     const kern_vtab *kv = c->kv;
-    const int D = hp->head_dim, Dv = hp->head_dim_v, H = hp->n_head, kh = h / (H / hp->n_head_kv);
-    const size_t S = (size_t)c->max_ctx;          // scores row stride
-    const size_t koff = (size_t)kh * c->head_row; // this KV head's bytes
+    const model__layer *L = &c->m->layers[a->layer];
+    // the layer's heads (gemma4's differ per layer); MLA: V is the latent, head_dim_v
+    const int D = L->head_dim, Dv = hp->kv_lora ? hp->head_dim_v : D, H = hp->n_head;
+    const int kh = h / (H / L->n_head_kv);
+    uint64_t hrb = c->head_row;
+    if (D != hp->head_dim) KS_ASSERT(ks_dtype_row_bytes((uint32_t)c->kv_type, (uint64_t)D, &hrb));
+    const size_t S = (size_t)c->max_ctx;        // scores row stride
+    const size_t koff = (size_t)kh * hrb;       // this KV head's bytes
     const kern_dot_rows_fn dot_rows = kv->dot_rows[c->kv_type];
     const kern_axpy_rows_fn axpy_rows = kv->axpy_rows[c->kv_type];
     const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens;
@@ -1143,7 +1255,7 @@ static int fwd__attn_nch(int64_t T, int Hkv, int G, int nth) {
 
 static void fwd__attn_task(void *arg, int ith, int nth) {
     fwd__attn *a = arg;
-    const int Hkv = a->c->m->hp.n_head_kv, G = a->c->m->hp.n_head / Hkv;
+    const int Hkv = a->c->m->layers[a->layer].n_head_kv, G = a->c->m->hp.n_head / Hkv;
     float *scores = a->c->scores + (size_t)ith * (size_t)G * (size_t)a->c->max_ctx;
     const int nch = fwd__attn_nch(a->b->n_tokens, Hkv, G, nth);
     const int Gs = G / nch, per_t = Hkv * nch;
@@ -1267,6 +1379,10 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
     c->pf_i = T == 1 ? 0 : -1;
     model__act_reset(c);
     fwd__rows_run(c, b, FWD_EMBED, NULL, 0);
+    if (m->ple_in.data) { // gemma4: every layer's per-layer input, from the scaled embedding
+        model__matmul(c, &m->ple_in, c->x, T, c->ple);
+        fwd__rows_run(c, b, FWD_PLE_IN, NULL, 0);
+    }
     if (hp->ssm_state) { // hybrid: each sequence's state pages, checked once (I1)
         model__order_tokens(c, b);
         (void)model__state_resolve(c, b);
@@ -1289,7 +1405,8 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         } else {
             const model__mat *qkv[] = {&L->wq, &L->wk, &L->wv};
             float *const qkv_out[] = {hp->attn_out_gate ? c->qg : c->q, c->k, c->v};
-            model__matmuls(c, 3, qkv, c->xn, T, qkv_out);
+            // gemma4: V may be K's projection, and a shared KV layer has neither
+            model__matmuls(c, L->wk.data ? L->wv.data ? 3 : 2 : 1, qkv, c->xn, T, qkv_out);
             fwd__rows_run(c, b, FWD_QKV, NULL, il);
         }
         if (L->kv_layer == 0) // rows of every layer at these positions are written before read
@@ -1300,8 +1417,8 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         if (hp->idx_topk) fwd__dsa_run(c, b, il);
         fwd__attn at = {.c = c, .b = b, .layer = il};
         atomic_init(&at.next, 0);
-        atomic_init(&at.left, (int64_t)T * hp->n_head_kv *
-                                  fwd__attn_nch(T, hp->n_head_kv, hp->n_head / hp->n_head_kv,
+        atomic_init(&at.left, (int64_t)T * L->n_head_kv *
+                                  fwd__attn_nch(T, L->n_head_kv, hp->n_head / L->n_head_kv,
                                                 ks_pool_nth(c->threads)));
         ks_pool_run(c->threads, fwd__attn_task, &at);
         if (hp->attn_out_gate) fwd__rows_run(c, b, FWD_ATTN_GATE, NULL, il);
@@ -1311,12 +1428,22 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
             model__matmul(c, &L->wo, c->att, T, c->tmp);
     ffn:
         if (L->no_ffn) goto next; // nemotron_h: the mixer was the layer
-        fwd__residual(c, b, L->post_attn_norm, L->bo, L->ffn_norm, il,
-                      L->gate_exps ? NULL : &L->w_gate);
+        fwd__residual(c, b, L->post_attn_norm, L->bo, 1.0f, L->ffn_norm, il,
+                      L->gate_exps && !L->moe_post_norm1 ? NULL : &L->w_gate);
     ffn_in:
         // feed-forward block
-        if (L->gate_exps) {
-            fwd__moe(c, b, L, il);
+        if (L->gate_exps && L->moe_post_norm1) { // gemma4: the dense FFN, then the experts
+            const model__mat *gu[] = {&L->w_gate, &L->w_up};
+            float *const gu_out[] = {c->g, c->u};
+            model__matmuls(c, 2, gu, c->xn, T, gu_out);
+            fwd__rows_run2(c, b, FWD_GEGLU, NULL, NULL, il, &L->w_down);
+            model__matmul(c, &L->w_down, c->g, T, c->tmp);
+            fwd__rows_run(c, b, FWD_G4_MOE_IN, NULL, il);
+            model__act_reset(c); // xn and tmp hold new rows
+            fwd__moe(c, b, L, il, c->tmp);
+            fwd__rows_run(c, b, FWD_G4_MOE_OUT, NULL, il);
+        } else if (L->gate_exps) {
+            fwd__moe(c, b, L, il, c->xn);
         } else if (!L->w_gate.data) { // nemotron_h: down(relu(up x)^2)
             model__matmul(c, &L->w_up, c->xn, T, c->g);
             fwd__rows_run2(c, b, FWD_RELU2, NULL, NULL, il, &L->w_down);
@@ -1330,7 +1457,17 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         }
     next:;
         const bool last = il + 1 == hp->n_layer;
-        fwd__residual(c, b, L->post_ffn_norm, NULL,
+        const float *post = L->post_ffn_norm;
+        if (L->ple_gate.data) { // gemma4: the per-layer embedding joins after the FFN's add
+            fwd__residual(c, b, post, NULL, 1.0f, NULL, il, NULL);
+            model__act_reset(c); // x changed, and no norm run reset the cache
+            model__matmul(c, &L->ple_gate, c->x, T, c->g);
+            fwd__rows_run(c, b, FWD_PLE_GATE, NULL, il);
+            model__act_reset(c);
+            model__matmul(c, &L->ple_proj, c->g, T, c->tmp);
+            post = L->ple_norm;
+        }
+        fwd__residual(c, b, post, NULL, L->out_scale ? L->out_scale[0] : 1.0f,
                       last ? m->output_norm : m->layers[il + 1].attn_norm,
                       il, last ? NULL : fwd__first_w(c, &m->layers[il + 1]));
     }
@@ -1364,5 +1501,8 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         atomic_init(&a.next, 0);
         ks_pool_run(c->threads, fwd__softcap_task, &a);
     }
+    for (int32_t r = 0; r < b->n_out; r++) // gemma4's suppressed tokens (as llama.cpp: + -inf)
+        for (int32_t i = 0; i < m->n_suppress; i++)
+            logits[(size_t)r * (size_t)hp->n_vocab + (size_t)m->suppress[i]] = -INFINITY;
     return KS_OK;
 }

@@ -149,10 +149,12 @@ static ks_err load__experts(load__ctx *c, model_hparams *hp) {
         return e;
     if (hp->n_expert == 0) return KS_OK;
     if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_MISTRAL3 &&
-        hp->arch != MODEL_ARCH_QWEN3MOE && !glm && !q35 && !oss && !model__is_mla(hp->arch))
+        hp->arch != MODEL_ARCH_QWEN3MOE && hp->arch != MODEL_ARCH_GEMMA4 && !glm && !q35 && !oss &&
+        !model__is_mla(hp->arch))
         return ks_seterr(c->eb, KS_ERR_UNSUPPORTED,
                          "%s: %s.expert_count %d: mixture-of-experts runs for llama (Mixtral), "
-                         "mistral3, qwen3moe, glm4moe, gpt-oss and the deepseek2 family, not %s",
+                         "mistral3, qwen3moe, glm4moe, gpt-oss, gemma4 and the deepseek2 family, "
+                         "not %s",
                          gguf_path(c->f), hp->arch_name, hp->n_expert, hp->arch_name);
     int32_t gf;
     if ((e = load__u32(c, "expert_used_count", true, 0, &hp->n_expert_used)) ||
@@ -165,6 +167,10 @@ static ks_err load__experts(load__ctx *c, model_hparams *hp) {
                          "%s: %s.expert_used_count %d: at most expert_count (%d) and %d",
                          gguf_path(c->f), hp->arch_name, hp->n_expert_used, hp->n_expert,
                          MODEL_MAX_EXPERTS_USED);
+    if (hp->arch == MODEL_ARCH_GEMMA4) { // llama.cpp's graph fixes it: softmax, top-k renormed
+        hp->gating = MODEL_GATING_SOFTMAX;
+        return KS_OK;
+    }
     if (oss) { // llama.cpp's graph fixes gpt-oss's routing whatever the file says
         hp->gating = MODEL_GATING_SOFTMAX_WEIGHT;
         hp->expert_norm = false; // the softmax over the k already sums to 1
@@ -488,6 +494,116 @@ static ks_err load__nemotron_h(load__ctx *c, model_hparams *hp) {
     return KS_OK;
 }
 
+/* Layer il's value of the bool-per-layer key `suffix` (an array of
+ * block_count bools or integers, or one bool for every layer): 1, 0, or -1
+ * where it is absent or malformed. */
+static int load__layer_flag(const gguf_file *f, const char *arch, const char *suffix, int il) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    const gguf_value *v = gguf_get(f, key);
+    if (!v) return -1;
+    if (v->type == GGUF_TYPE_BOOL) return v->v.u64 != 0;
+    if (v->type != GGUF_TYPE_ARRAY || v->v.arr.items || (uint64_t)il >= v->v.arr.n ||
+        v->v.arr.elem_type == GGUF_TYPE_FLOAT32 || v->v.arr.elem_type == GGUF_TYPE_FLOAT64)
+        return -1;
+    return gguf_arr_i64(v, (uint64_t)il) != 0;
+}
+
+/* gemma4's head_count and its per-layer head_count_kv and
+ * feed_forward_length (each an array of block_count integers or one for
+ * every layer, as llama.cpp reads them): n_head_kv and n_ff are the largest. */
+static ks_err load__gemma4_counts(load__ctx *c, model_hparams *hp) {
+    const char *path = gguf_path(c->f);
+    if ((uint64_t)hp->n_layer > gguf_n_tensors(c->f))
+        return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: block_count %d but the file holds %llu tensors",
+                         path, hp->n_layer, (unsigned long long)gguf_n_tensors(c->f));
+    ks_err e = load__u32(c, "attention.head_count", true, 0, &hp->n_head);
+    if (e) return e;
+    hp->n_head_kv = hp->n_ff = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const int64_t kv = load__layer_val(c->f, c->arch, "attention.head_count_kv", il),
+                      ff = load__layer_val(c->f, c->arch, "feed_forward_length", il);
+        if (kv < 1 || ff < 1 || hp->n_head % kv)
+            return ks_seterr(c->eb, KS_ERR_FORMAT,
+                             "%s: layer %d: head_count_kv %lld, feed_forward_length %lld: want "
+                             "both set and positive (one value or one per layer), head_count %d "
+                             "a multiple of the first",
+                             path, il, (long long)kv, (long long)ff, hp->n_head);
+        if (kv > hp->n_head_kv) hp->n_head_kv = (int32_t)kv;
+        if (ff > hp->n_ff) hp->n_ff = (int32_t)ff;
+    }
+    return KS_OK;
+}
+
+/* Gemma 4, as llama.cpp reads it (model.h's gemma4 comment): a required
+ * attention.sliding_window and sliding_window_pattern (a bool per layer),
+ * the sliding layers' key_length_swa / value_length_swa (equal; default
+ * key_length), rope.dimension_count_swa (default rope.dimension_count) and
+ * rope.freq_base_swa (default rope.freq_base), final_logit_softcapping
+ * where set; embeddings scaled by sqrt(n_embd), GELU FFN, RMSNorm on each
+ * sublayer's output (the weights as stored: no 1 + w), tied output unless
+ * output.weight; shared KV layers and per-layer embeddings (E2B, E4B) where
+ * attention.shared_kv_layers / embedding_length_per_layer_input say. */
+static ks_err load__gemma4(load__ctx *c, model_hparams *hp) {
+    const char *path = gguf_path(c->f);
+    int32_t vswa, n_shared, n_pl;
+    ks_err e;
+    hp->embd_scale = sqrtf((float)hp->n_embd);
+    hp->ffn_gelu = true;
+    hp->post_norms = true;
+    hp->attn_scale = 1.0f; // llama.cpp: f_attention_scale 1 (the Q/K norms set the scale)
+    hp->v_norm = true;
+    hp->rope_freqs_full = true;
+    if ((e = load__u32(c, "attention.sliding_window", true, 0, &hp->n_swa)) ||
+        (e = load__u32(c, "attention.key_length_swa", false, (uint32_t)hp->head_dim,
+                       &hp->head_dim_swa)) ||
+        (e = load__u32(c, "attention.value_length_swa", false, (uint32_t)hp->head_dim_swa,
+                       &vswa)) ||
+        (e = load__u32(c, "rope.dimension_count_swa", false, (uint32_t)hp->n_rot,
+                       &hp->n_rot_swa)) ||
+        (e = load__f32(c, "rope.freq_base_swa", hp->rope_base, &hp->rope_base_swa)) ||
+        (e = load__f32(c, "final_logit_softcapping", 0.0f, &hp->final_softcap)) ||
+        (e = load__u32(c, "attention.shared_kv_layers", false, 0, &n_shared)) ||
+        (e = load__u32(c, "embedding_length_per_layer_input", false, 0, &n_pl)))
+        return e;
+    if (hp->head_dim_swa < 1 || hp->head_dim_swa > MODEL_MAX_HEAD_DIM || vswa != hp->head_dim_swa ||
+        hp->n_rot_swa > hp->head_dim_swa || hp->n_rot_swa % 2 || !(hp->rope_base_swa > 0.0f) ||
+        !(hp->final_softcap >= 0.0f && isfinite(hp->final_softcap)))
+        return ks_seterr(c->eb, KS_ERR_FORMAT,
+                         "%s: gemma4 sliding layers: key_length_swa %d (want 1..%d), "
+                         "value_length_swa %d (want the same), rope.dimension_count_swa %d (want "
+                         "even, at most the head), rope.freq_base_swa %g, "
+                         "final_logit_softcapping %g",
+                         path, hp->head_dim_swa, MODEL_MAX_HEAD_DIM, vswa, hp->n_rot_swa,
+                         (double)hp->rope_base_swa, (double)hp->final_softcap);
+    // shared KV layers read layer n_layer_attn - 2 (sliding) or - 1 (full)
+    hp->n_layer_attn = hp->n_layer - n_shared;
+    if (n_shared < 0 || hp->n_layer_attn < (n_shared ? 2 : 1) || n_pl < 0 || n_pl > 65536)
+        return ks_seterr(c->eb, KS_ERR_FORMAT,
+                         "%s: gemma4: attention.shared_kv_layers %d of block_count %d (at least "
+                         "2 layers must keep K/V when any share), "
+                         "embedding_length_per_layer_input %d",
+                         path, n_shared, hp->n_layer, n_pl);
+    hp->n_embd_pl = n_pl;
+    hp->rope_scale_swa = hp->rope_scale;
+    hp->kv_dim = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const int swa = load__layer_flag(c->f, c->arch, "attention.sliding_window_pattern", il);
+        if (swa < 0)
+            return ks_seterr(c->eb, KS_ERR_FORMAT,
+                             "%s: %s.attention.sliding_window_pattern: missing, or no bool for "
+                             "layer %d",
+                             path, c->arch, il);
+        const int64_t kvd = load__layer_val(c->f, c->arch, "attention.head_count_kv", il) *
+                            (swa ? hp->head_dim_swa : hp->head_dim);
+        if (kvd > (1 << 24))
+            return ks_seterr(c->eb, KS_ERR_FORMAT, "%s: layer %d keeps %lld K/V elements a position",
+                             path, il, (long long)kvd);
+        if (il < hp->n_layer_attn && kvd > hp->kv_dim) hp->kv_dim = (int32_t)kvd; // owners only
+    }
+    return KS_OK;
+}
+
 static ks_err load__hparams(model *m, ks_errbuf *eb) {
     const gguf_file *f = m->gguf;
     model_hparams *hp = &m->hp;
@@ -510,6 +626,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         hp->arch = MODEL_ARCH_GEMMA2;
     else if (!strcmp(hp->arch_name, "gemma3"))
         hp->arch = MODEL_ARCH_GEMMA3;
+    else if (!strcmp(hp->arch_name, "gemma4"))
+        hp->arch = MODEL_ARCH_GEMMA4;
     else if (!strcmp(hp->arch_name, "glm4"))
         hp->arch = MODEL_ARCH_GLM4;
     else if (!strcmp(hp->arch_name, "glm4moe"))
@@ -543,6 +661,8 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
         return e;
     if (nh) { // per-layer arrays
         if ((e = load__nemotron_h(&c, hp))) return e;
+    } else if (hp->arch == MODEL_ARCH_GEMMA4) { // per-layer arrays
+        if ((e = load__gemma4_counts(&c, hp))) return e;
     } else if ((e = load__u32(&c, "feed_forward_length",
                               hp->n_expert == 0 || hp->n_layer_dense > 0, (uint32_t)hp->n_ff,
                               &hp->n_ff)) ||
@@ -565,7 +685,7 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
                          "%s: %s.nextn_predict_layers %d must be below block_count %d",
                          gguf_path(f), hp->arch_name, hp->n_layer_nextn, hp->n_layer);
     hp->n_layer -= hp->n_layer_nextn;
-    if (!nh) hp->n_layer_attn = hp->n_layer;
+    if (!nh) hp->n_layer_attn = hp->n_layer; // gemma4: less its shared KV layers (load__gemma4)
     if ((hp->arch == MODEL_ARCH_QWEN35 || hp->arch == MODEL_ARCH_QWEN35MOE) &&
         (e = load__ssm(&c, hp)))
         return e;
@@ -672,6 +792,9 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     hp->rope_scale_swa = hp->rope_scale;
     hp->attn_scale = 1.0f / sqrtf((float)(hp->kv_lora ? hp->mla_qk : hp->head_dim));
     hp->embd_scale = 1.0f;
+    hp->head_dim_swa = hp->head_dim;
+    hp->n_rot_swa = hp->n_rot;
+    hp->kv_dim = hp->n_head_kv * hp->head_dim + hp->idx_dim; // gemma4: its layers' largest
     if (hp->kv_lora && yarn) { // deepseek2: YaRN's magnitude moves from cos/sin into the scores
         float log_mul;
         if ((e = load__f32(&c, "rope.scaling.yarn_log_multiplier", 0.0f, &log_mul))) return e;
@@ -682,6 +805,7 @@ static ks_err load__hparams(model *m, ks_errbuf *eb) {
     }
     if (hp->arch == MODEL_ARCH_MISTRAL3) return load__mistral3(&c, hp);
     if (hp->arch == MODEL_ARCH_GEMMA2 || hp->arch == MODEL_ARCH_GEMMA3) return load__gemma(&c, hp);
+    if (hp->arch == MODEL_ARCH_GEMMA4) return load__gemma4(&c, hp);
     if (hp->arch == MODEL_ARCH_GPT_OSS) return load__gptoss(&c, hp);
     // LayerNorms (llama.cpp's default eps 1e-12); bert: no RoPE, nomic-bert
     // NEOX-style RoPE over the whole head
@@ -959,6 +1083,115 @@ static ks_err load__qwen35_layer(model *m, int il, model__layer *L, ks_errbuf *e
     return KS_OK;
 }
 
+/* Binds gemma4 layer il's experts (model_int.h's gemma4 MoE fields): the
+ * router and its scale, the three norms, the experts' gate and up (two 3-D
+ * tensors, or ffn_gate_up_exps with each expert's gate rows first) and
+ * down, and the optional per-expert ffn_down_exps.scale. */
+static ks_err load__gemma4_moe(model *m, int il, model__layer *L, ks_errbuf *eb) {
+    const model_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, X = hp->n_expert, FX = hp->n_ff_exp;
+    char n[96];
+#define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
+    ks_err e;
+    if (!X)
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: %s without %s.expert_count", gguf_path(m->gguf),
+                         LNAME("ffn_gate_inp.weight"), hp->arch_name);
+    if ((e = load__mat(m, LNAME("ffn_gate_inp.weight"), E, X, &L->gate_inp, eb)) ||
+        (e = load__vec(m, LNAME("ffn_gate_inp.scale"), E, true, &L->gate_inp_s, eb)) ||
+        (e = load__vec(m, LNAME("pre_ffw_norm_2.weight"), E, true, &L->moe_pre_norm, eb)) ||
+        (e = load__vec(m, LNAME("post_ffw_norm_1.weight"), E, true, &L->moe_post_norm1, eb)) ||
+        (e = load__vec(m, LNAME("post_ffw_norm_2.weight"), E, true, &L->moe_post_norm2, eb)) ||
+        (e = load__mat_experts(m, LNAME("ffn_down_exps.weight"), FX, E, X, &L->down_exps, eb)) ||
+        (e = load__vec(m, LNAME("ffn_down_exps.scale"), X, false, &L->down_exps_s, eb)))
+        return e;
+    if (!gguf_find_tensor(m->gguf, LNAME("ffn_gate_up_exps.weight"))) {
+        if ((e = load__mat_experts(m, LNAME("ffn_gate_exps.weight"), E, FX, X, &L->gate_exps,
+                                   eb)) ||
+            (e = load__mat_experts(m, LNAME("ffn_up_exps.weight"), E, FX, X, &L->up_exps, eb)))
+            return e;
+        return KS_OK;
+    }
+    model__mat *gu = NULL; // each expert's [gate rows | up rows]
+    if ((e = load__mat_experts(m, n, E, 2 * FX, X, &gu, eb))) return e;
+    L->gate_exps = calloc((size_t)X, sizeof *L->gate_exps);
+    L->up_exps = calloc((size_t)X, sizeof *L->up_exps);
+    if (!L->gate_exps || !L->up_exps) {
+        free(gu);
+        return ks_seterr(eb, KS_ERR_NOMEM, "%s: %s", gguf_path(m->gguf), n);
+    }
+    for (int64_t x = 0; x < X; x++) {
+        L->gate_exps[x] = load__rows(&gu[x], 0, FX);
+        L->up_exps[x] = load__rows(&gu[x], FX, FX);
+    }
+    free(gu);
+#undef LNAME
+    return KS_OK;
+}
+
+/* Binds gemma4 layer il (model.h's gemma4 comment): Q/K/V (attn_v optional:
+ * V is then the K projection), attn_output, the Q/K norms, post-norms of
+ * both sublayers, the GELU FFN of the layer's width and the optional
+ * layer_output_scale; sets the layer's attention shape. */
+static ks_err load__gemma4_layer(model *m, int il, model__layer *L, ks_errbuf *eb) {
+    const model_hparams *hp = &m->hp;
+    const int swa = load__layer_flag(m->gguf, hp->arch_name, "attention.sliding_window_pattern", il);
+    const int64_t kvh = load__layer_val(m->gguf, hp->arch_name, "attention.head_count_kv", il),
+                  F = load__layer_val(m->gguf, hp->arch_name, "feed_forward_length", il);
+    KS_ASSERT(swa >= 0 && kvh > 0 && F > 0); // load__gemma4 checked them
+    L->swa = swa;
+    L->head_dim = swa ? hp->head_dim_swa : hp->head_dim;
+    L->n_head_kv = (int32_t)kvh;
+    L->n_rot = swa ? hp->n_rot_swa : hp->n_rot;
+    const int64_t E = hp->n_embd, D = L->head_dim, HD = (int64_t)hp->n_head * D, KVD = kvh * D;
+    const int64_t PL = hp->n_embd_pl;
+    // a shared KV layer (no K/V of its own) reads its source's pages
+    const bool own = il < hp->n_layer_attn;
+    L->kv_layer = own ? il : hp->n_layer_attn - (swa ? 2 : 1);
+    const model__layer *S = &m->layers[L->kv_layer];
+    if (!own && (S->swa != L->swa || S->head_dim != L->head_dim || S->n_head_kv != L->n_head_kv))
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED,
+                         "%s: gemma4 layer %d (%s, %d K/V heads of %d) shares layer %d's K/V "
+                         "(%s, %d of %d): llama.cpp's rule pairs a sliding shared layer with "
+                         "layer n - 2 and a full one with n - 1 (n = block_count - "
+                         "shared_kv_layers); they must be of the same kind and shape",
+                         gguf_path(m->gguf), il, swa ? "sliding" : "full", L->n_head_kv,
+                         L->head_dim, L->kv_layer, S->swa ? "sliding" : "full", S->n_head_kv,
+                         S->head_dim);
+    char n[96];
+#define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
+    ks_err e;
+    if ((e = load__mat(m, LNAME("attn_q.weight"), E, HD, &L->wq, eb)) ||
+        (own && (e = load__mat(m, LNAME("attn_k.weight"), E, KVD, &L->wk, eb))) ||
+        (own && gguf_find_tensor(m->gguf, LNAME("attn_v.weight")) &&
+         (e = load__mat(m, n, E, KVD, &L->wv, eb))) ||
+        (e = load__mat(m, LNAME("attn_output.weight"), HD, E, &L->wo, eb)) ||
+        (e = load__vec(m, LNAME("attn_q_norm.weight"), D, true, &L->q_norm, eb)) ||
+        (own && (e = load__vec(m, LNAME("attn_k_norm.weight"), D, true, &L->k_norm, eb))) ||
+        (PL && ((e = load__mat(m, LNAME("inp_gate.weight"), E, PL, &L->ple_gate, eb)) ||
+                (e = load__mat(m, LNAME("proj.weight"), PL, E, &L->ple_proj, eb)) ||
+                (e = load__vec(m, LNAME("post_norm.weight"), E, true, &L->ple_norm, eb)))) ||
+        (e = load__vec(m, LNAME("post_attention_norm.weight"), E, true, &L->post_attn_norm, eb)) ||
+        (e = load__vec(m, LNAME("ffn_norm.weight"), E, true, &L->ffn_norm, eb)) ||
+        (e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
+        (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)) ||
+        (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb)) ||
+        (e = load__vec(m, LNAME("post_ffw_norm.weight"), E, true, &L->post_ffn_norm, eb)) ||
+        (e = load__vec_n(m, LNAME("layer_output_scale.weight"), 1, false, true, &L->out_scale,
+                         eb)))
+        return e;
+    // the MoE layers (26B-A4B): experts beside the dense FFN, as load__gemma4_moe binds them
+    if (gguf_find_tensor(m->gguf, LNAME("ffn_gate_inp.weight")) &&
+        (e = load__gemma4_moe(m, il, L, eb)))
+        return e;
+    if (!swa && !hp->rope_freqs) // llama.cpp requires it of a full layer
+        return ks_seterr(eb, KS_ERR_FORMAT,
+                         "%s: missing tensor 'rope_freqs.weight' (gemma4's full-attention layers "
+                         "turn by it)",
+                         gguf_path(m->gguf));
+#undef LNAME
+    return KS_OK;
+}
+
 /* Binds nemotron_h layer il of kind k (load__nh_kind): a Mamba2 mixer
  * (ssm_in cut into z, x|B|C and dt rows), attention, or the MLP (up, down). */
 static ks_err load__nemotron_h_layer(model *m, int il, char k, model__layer *L, ks_errbuf *eb) {
@@ -1109,6 +1342,18 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return ks_seterr(eb, KS_ERR_NOMEM, "%s: layers", gguf_path(m->gguf));
     const bool glm4moe = hp->arch == MODEL_ARCH_GLM4MOE, oss = hp->arch == MODEL_ARCH_GPT_OSS;
+    const int64_t PLA = (int64_t)hp->n_embd_pl * hp->n_layer; // gemma4's per-layer inputs
+    if (PLA && ((e = load__mat(m, "per_layer_token_embd.weight", PLA, hp->n_vocab, &m->ple_tok,
+                               eb)) ||
+                (e = load__mat(m, "per_layer_model_proj.weight", E, PLA, &m->ple_in, eb)) ||
+                (e = load__vec(m, "per_layer_proj_norm.weight", hp->n_embd_pl, true,
+                               &m->ple_in_norm, eb))))
+        return e;
+    if (PLA && hp->n_embd_pl % (int64_t)ks_dtype_block_elems(m->ple_tok.type))
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED,
+                         "%s: per_layer_token_embd.weight of type %s: a layer's part (%d) is not "
+                         "whole blocks",
+                         gguf_path(m->gguf), ks_dtype_name(m->ple_tok.type), hp->n_embd_pl);
     int n_kv = 0, n_rec = 0; // nemotron_h: attention and Mamba2 layers so far
     // layers [n_layer, block_count) are the NextN blocks: never run,
     // so never bound (their tensors may be of any type)
@@ -1119,6 +1364,10 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
         model__mat fused = {0};
         if ((e = load__vec(m, LNAME("attn_norm.weight"), E, true, &L->attn_norm, eb))) return e;
         L->kv_layer = il;
+        if (hp->arch == MODEL_ARCH_GEMMA4) {
+            if ((e = load__gemma4_layer(m, il, L, eb))) return e;
+            continue;
+        }
         if (hp->arch == MODEL_ARCH_NEMOTRON_H) { // KV and state rows in layer order
             const char k = load__nh_kind(m->gguf, hp->arch_name, il);
             L->recurrent = k == 'M';
@@ -1239,12 +1488,14 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
 static void load__each_mat(model *m, void (*fn)(const gguf_file *, model__mat *, void *),
                            void *arg) {
     if (!m->hp.tied_output) fn(m->gguf, &m->output, arg);
+    if (m->ple_in.data) fn(m->gguf, &m->ple_in, arg);
     for (int il = 0; il < m->hp.n_layer; il++) {
         model__layer *L = &m->layers[il];
         model__mat *ws[] = {&L->wq,     &L->wk,      &L->wv,    &L->wo,      &L->w_gate, &L->w_up,
                             &L->w_down, &L->gate_sh, &L->up_sh, &L->down_sh, &L->wq_a,   &L->wq_b,
                             &L->wkv_a,  &L->idx_q_b, &L->idx_k, &L->idx_proj, &L->ssm_qkv,
-                            &L->ssm_z,  &L->ssm_beta, &L->ssm_alpha, &L->ssm_out};
+                            &L->ssm_z,  &L->ssm_beta, &L->ssm_alpha, &L->ssm_out,
+                            &L->ple_gate, &L->ple_proj};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data) fn(m->gguf, ws[i], arg);
         for (int h = 0; L->wk_b && h < m->hp.n_head; h++) {
@@ -1305,6 +1556,52 @@ static void load__repack_all(model *m) {
 // ----------------------------------------------------------------------------
 // Public
 
+/* gemma4's tokenizer.ggml.suppress_tokens (an integer array; absent: none):
+ * llama.cpp's gemma4 graph adds -inf to those logits (ids outside the
+ * vocabulary are skipped, as it does). */
+static ks_err load__suppress(model *m, ks_errbuf *eb) {
+    const gguf_value *a = gguf_get(m->gguf, "tokenizer.ggml.suppress_tokens");
+    if (!a || m->hp.arch != MODEL_ARCH_GEMMA4) return KS_OK;
+    if (a->type != GGUF_TYPE_ARRAY || a->v.arr.items || a->v.arr.elem_type == GGUF_TYPE_FLOAT32 ||
+        a->v.arr.elem_type == GGUF_TYPE_FLOAT64 || a->v.arr.elem_type == GGUF_TYPE_BOOL)
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: tokenizer.ggml.suppress_tokens: want integers",
+                         gguf_path(m->gguf));
+    if (a->v.arr.n > (uint64_t)m->hp.n_vocab)
+        return ks_seterr(eb, KS_ERR_FORMAT, "%s: tokenizer.ggml.suppress_tokens: %llu ids",
+                         gguf_path(m->gguf), (unsigned long long)a->v.arr.n);
+    m->suppress = malloc(sizeof *m->suppress * (a->v.arr.n + 1));
+    if (!m->suppress) return ks_seterr(eb, KS_ERR_NOMEM, "%s: suppress_tokens", gguf_path(m->gguf));
+    for (uint64_t i = 0; i < a->v.arr.n; i++) {
+        const int64_t id = gguf_arr_i64(a, i);
+        if (id >= 0 && id < m->hp.n_vocab) m->suppress[m->n_suppress++] = (int32_t)id;
+    }
+    return KS_OK;
+}
+
+/* The model's attention shape on every layer load__weights left unset
+ * (all but gemma4's), and the ones vector of unweighted norms. */
+static ks_err load__layer_shapes(model *m, ks_errbuf *eb) {
+    for (int il = 0; m->layers && il < m->hp.n_layer; il++) {
+        model__layer *L = &m->layers[il];
+        if (L->head_dim) continue;
+        L->head_dim = m->hp.head_dim;
+        L->n_head_kv = m->hp.n_head_kv;
+        L->n_rot = m->hp.n_rot;
+    }
+    float *ones = malloc(sizeof(float) * MODEL_MAX_HEAD_DIM);
+    float **owned = realloc(m->owned, sizeof *owned * (size_t)(m->n_owned + 1));
+    if (owned) m->owned = owned;
+    if (!ones || !owned) {
+        free(ones);
+        return ks_seterr(eb, KS_ERR_NOMEM, "%s: model", gguf_path(m->gguf));
+    }
+    for (int i = 0; i < MODEL_MAX_HEAD_DIM; i++)
+        ones[i] = 1.0f;
+    m->owned[m->n_owned++] = ones;
+    m->ones = ones;
+    return KS_OK;
+}
+
 /* model_load of the open file f (taken over: closed with the model or on
  * failure), repacking the weights only when asked. */
 static ks_err load__model_file(gguf_file *f, bool repack, model **out, ks_errbuf *eb) {
@@ -1318,7 +1615,9 @@ static ks_err load__model_file(gguf_file *f, bool repack, model **out, ks_errbuf
     m->gguf = f;
     ks_err e;
     if ((e = load__hparams(m, eb))) goto fail;
-    if ((e = load__weights(m, eb))) goto fail;
+    if ((e = load__weights(m, eb)) || (e = load__layer_shapes(m, eb)) ||
+        (e = load__suppress(m, eb)))
+        goto fail;
     if (repack) load__repack_all(m);
     // a decode step reads one embedding row at random: with its pages
     // unmapped, each new token took a page fault (~50 us in a VM, 0.4% of
@@ -1367,6 +1666,7 @@ ks_err model_check_file(gguf_file *f, ks_errbuf *eb) {
 void model_free(model *m) {
     if (!m) return;
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->suppress);
     free(m->owned);
     ks_free_aligned(m->arena);
     for (int il = 0; m->layers && il < m->hp.n_layer; il++) {
@@ -1389,8 +1689,10 @@ static uint64_t load__mat_bytes(const model__mat *w) { return (uint64_t)w->row_b
 
 uint64_t model_bytes_per_token(const model *m) {
     uint64_t b = m->tok_embd.row_bytes + load__mat_bytes(&m->output);
+    if (m->ple_tok.data) b += m->ple_tok.row_bytes + load__mat_bytes(&m->ple_in);
     for (int il = 0; il < m->hp.n_layer; il++) {
         const model__layer *L = &m->layers[il];
+        b += load__mat_bytes(&L->ple_gate) + load__mat_bytes(&L->ple_proj);
         b += load__mat_bytes(&L->wq) + load__mat_bytes(&L->wk) + load__mat_bytes(&L->wv) +
              load__mat_bytes(&L->wo) + load__mat_bytes(&L->wq_a) + load__mat_bytes(&L->wq_b) +
              load__mat_bytes(&L->wkv_a) + load__mat_bytes(&L->idx_q_b) +
@@ -1407,7 +1709,10 @@ uint64_t model_bytes_per_token(const model *m) {
                      (load__mat_bytes(&L->gate_exps[0]) + load__mat_bytes(&L->up_exps[0]) +
                       load__mat_bytes(&L->down_exps[0])) +
                  load__mat_bytes(&L->gate_sh) + load__mat_bytes(&L->up_sh) +
-                 load__mat_bytes(&L->down_sh);
+                 load__mat_bytes(&L->down_sh) +
+                 (L->moe_post_norm1 ? load__mat_bytes(&L->w_gate) + load__mat_bytes(&L->w_up) +
+                                          load__mat_bytes(&L->w_down)
+                                    : 0); // gemma4: its dense FFN beside the experts
         else
             b += load__mat_bytes(&L->w_gate) + load__mat_bytes(&L->w_up) +
                  load__mat_bytes(&L->w_down);
@@ -1425,7 +1730,7 @@ int64_t model_state_rows(const model_hparams *hp) {
 
 kv_geom model_kv_geom(const model *m, int page_tokens, int kv_type) {
     kv_geom g = {.n_layer = m->hp.n_layer_attn,
-                 .kv_dim = m->hp.n_head_kv * m->hp.head_dim + m->hp.idx_dim,
+                 .kv_dim = m->hp.kv_dim,
                  .page_tokens = page_tokens,
                  .kv_type = kv_type,
                  .planes = m->hp.kv_lora ? 1 : 2}; // MLA: V is read from the one row
@@ -1451,11 +1756,11 @@ ks_err model_kv_type_check(const model *m, int kv_type, ks_errbuf *eb) {
                          "KV type %s needs attention.indexer.key_length to be a multiple of %u; "
                          "this model's is %d: use --kv-type f16 or f32",
                          kv_type_name(kv_type), blk, m->hp.idx_dim);
-    if (m->hp.head_dim % (int)blk != 0)
+    if (m->hp.head_dim % (int)blk != 0 || m->hp.head_dim_swa % (int)blk != 0)
         return ks_seterr(eb, KS_ERR_INVAL,
                          "KV type %s needs head_dim to be a multiple of %u (its blocks must not "
-                         "straddle attention heads); this model's head_dim is %d: use "
-                         "--kv-type f16 or f32",
-                         kv_type_name(kv_type), blk, m->hp.head_dim);
+                         "straddle attention heads); this model's head_dim is %d (sliding "
+                         "layers: %d): use --kv-type f16 or f32",
+                         kv_type_name(kv_type), blk, m->hp.head_dim, m->hp.head_dim_swa);
     return KS_OK;
 }

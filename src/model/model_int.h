@@ -44,6 +44,28 @@ typedef struct model__layer {
     const float *post_attn_norm;     // (E) or NULL (gemma2/3 only): post_attention_norm
     const float *post_ffn_norm;      // (E) or NULL (gemma2/3 only): post_ffw_norm
     bool swa;                        // sliding-window layer (model_hparams.n_swa)
+    // the layer's attention shape: the model's everywhere but gemma4, whose
+    // sliding and full layers differ (model_hparams' gemma4 comment)
+    int32_t head_dim;                // D of this layer's heads (Q, K and V alike)
+    int32_t n_head_kv;               // its K/V heads
+    int32_t n_rot;                   // dims RoPE turns in each head
+    const float *out_scale;          // (1) layer_output_scale: the layer's output times it,
+                                     // or NULL (1)
+    // gemma4's per-layer embedding (NULL data: none): x += rmsnorm(ple_proj
+    // (gelu(ple_gate x) * the token's input for this layer)) * ple_norm
+    model__mat ple_gate;             // (n_embd_pl, E) inp_gate
+    model__mat ple_proj;             // (E, n_embd_pl) proj
+    const float *ple_norm;           // (E) post_norm
+    // gemma4's MoE layers (26B-A4B; NULL elsewhere): the dense FFN above runs
+    // beside the experts. Its output normed by moe_post_norm1; the experts'
+    // input is rmsnorm(x) * moe_pre_norm, the router's rmsnorm(x) / sqrt(E)
+    // * gate_inp_s; their weighted sum (each expert's output times
+    // down_exps_s[e] first) normed by moe_post_norm2; the two added.
+    const float *gate_inp_s;         // (E) ffn_gate_inp.scale
+    const float *moe_pre_norm;       // (E) pre_ffw_norm_2
+    const float *moe_post_norm1;     // (E) post_ffw_norm_1
+    const float *moe_post_norm2;     // (E) post_ffw_norm_2
+    const float *down_exps_s;        // (n_expert) ffn_down_exps.scale, or NULL (1)
     // multi-head latent attention (deepseek2; wk/wv unused): Q through the
     // q_lora bottleneck (wq_a, q_a_norm, wq_b) or wq alone; the latent and
     // RoPE key from wkv_a; per-head absorption matrices from the 3-D tensors
@@ -104,11 +126,18 @@ struct model {
     model__mat tok_embd;  // (V, E)
     model__mat output;    // (V, E); = tok_embd when tied
     const float *output_norm;  // (E)
+    // gemma4's per-layer embeddings (model_hparams.n_embd_pl; NULL data: none)
+    model__mat ple_tok;        // (V, n_layer * n_embd_pl) per_layer_token_embd, rows by token
+    model__mat ple_in;         // (n_layer * n_embd_pl, E) per_layer_model_proj
+    const float *ple_in_norm;  // (n_embd_pl) per_layer_proj_norm
     // bert: learned positions, token types, the embeddings' LayerNorm
     model__mat pos_embd;                  // (n_ctx_train, E) position_embd
     model__mat type_embd;                 // (n_types, E) token_types (type 0 is used)
     const float *embd_norm, *embd_norm_b; // (E) token_embd_norm
     model__layer *layers;      // (n_layer)
+    const float *ones;         // (MODEL_MAX_HEAD_DIM) 1.0f: the weight of an unweighted norm
+    int32_t *suppress;         // (n_suppress) gemma4: token ids whose logits are -inf
+    int32_t n_suppress;        //   (tokenizer.ggml.suppress_tokens, as llama.cpp's graph)
     float **owned;             // f32 copies of non-F32 vectors (norms, biases)
     int n_owned;
     void *arena; // every matrix's r16 copy, one huge-page buffer (ks_alloc_huge)
@@ -159,6 +188,9 @@ struct model_ctx {
     float *v;     // (T, Hkv*D)
     float *att;   // (T, H*Dv) attention output, Dv = head_dim_v
     float *tmp;   // (T, E)
+    float *ple;   // (T, n_layer * n_embd_pl) gemma4's per-layer inputs (NULL: none)
+    float *ple_sel; // (nth, n_embd_pl) scratch: a token's per_layer_token_embd part
+    float *tmp2;  // (T, E) gemma4's MoE layers: the dense FFN's normed output (NULL: none)
     float *g;     // (T, F), or (T*(k+s), F_exp) rows of a MoE layer in expert order
     float *u;     // the same
     // mixture of experts (NULL in a dense model); k = n_expert_used, s =

@@ -359,8 +359,40 @@ static bool bpe__sanitize(enc__ctx *c, const char *t, size_t n) {
     return true;
 }
 
+/* gemma4 (SentencePiece-style BPE, llama.cpp's pre-type GEMMA4): t[0..n)
+ * with every space as U+2581, made valid UTF-8, cut into runs of newlines
+ * and runs of everything else (its regex "[^\n]+|[\n]+"); a run of newlines
+ * that is a token is taken whole, every other run merged over its UTF-8
+ * characters (bytes with no token: <0xXX> tokens). */
+static bool bpe__encode_ws(enc__ctx *c, const char *t, size_t n) {
+    c->words.len = 0;
+    if (!tok__buf_reserve(&c->words, n * 3 + 1)) return false;
+    for (size_t k = 0; k < n; k++) {
+        if (t[k] == ' ') {
+            memcpy(c->words.p + c->words.len, "\xE2\x96\x81", 3);
+            c->words.len += 3;
+        } else {
+            c->words.p[c->words.len++] = t[k];
+        }
+    }
+    if (!bpe__sanitize(c, c->words.p, c->words.len)) return false;
+    const char *w = c->text.p;
+    for (size_t i = 0, m = c->text.len; i < m && c->out->n <= c->max_ids;) {
+        const bool nl = w[i] == '\n';
+        size_t j = i + 1;
+        while (j < m && (w[j] == '\n') == nl)
+            j++;
+        const int32_t id = nl ? tok_find(c->v, w + i, j - i) : TOK_NULL;
+        if (id != TOK_NULL ? !tok__ids_push(c->out, id) : !bpe__word(c, w + i, j - i))
+            return false;
+        i = j;
+    }
+    return true;
+}
+
 static bool bpe__encode(enc__ctx *c, const char *t, size_t n) {
     if (n == 0) return true;
+    if (c->v->escape_ws) return bpe__encode_ws(c, t, n);
     if (!bpe__sanitize(c, t, n)) return false;
     c->words.len = 0;
     c->lens.n = 0;

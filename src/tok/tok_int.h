@@ -82,6 +82,9 @@ struct tok_vocab {
 
     int32_t bos, eos, eot, eom, unk;
     bool add_bos, add_eos, add_space_prefix, ignore_merges;
+    bool escape_ws;      /* BPE "gemma4": spaces become U+2581 before the merges, which
+                            run over raw UTF-8 (no GPT-2 byte map) in runs of newlines
+                            and of everything else; <0xXX> byte tokens */
     char *piece_pool;    /* every token's piece as rendered with render_special */
     uint32_t *piece_off; /* (n_vocab) offset in piece_pool */
     uint32_t *piece_len; /* (n_vocab) bytes */

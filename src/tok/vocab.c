@@ -81,7 +81,7 @@ static size_t vocab__make_piece(const tok_vocab *v, int32_t id, char *out) {
     case TOK_TYPE_NORMAL:
         break;
     case TOK_TYPE_BYTE:
-        if (v->kind == TOK_KIND_SPM) { /* "<0xXX>" */
+        if (v->kind == TOK_KIND_SPM || v->escape_ws) { /* "<0xXX>" */
             if (n == 6 && isxdigit((unsigned char)t[3]) && isxdigit((unsigned char)t[4])) {
                 char hex[3] = {t[3], t[4], 0};
                 out[0] = (char)strtol(hex, NULL, 16);
@@ -92,7 +92,7 @@ static size_t vocab__make_piece(const tok_vocab *v, int32_t id, char *out) {
     default: /* unused, undefined: nothing, as llama.cpp */
         return 0;
     }
-    if (v->kind != TOK_KIND_BPE) { /* SPM, WPM: U+2581 -> space */
+    if (v->kind != TOK_KIND_BPE || v->escape_ws) { /* SPM, WPM, gemma4: U+2581 -> space */
         for (size_t i = 0; i < n; i++) {
             if (i + 2 < n && (uint8_t)t[i] == 0xE2 && (uint8_t)t[i + 1] == 0x96 &&
                 (uint8_t)t[i + 2] == 0x81) {
@@ -245,6 +245,9 @@ ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out, ks_errbuf *eb) {
         v->kind = TOK_KIND_SPM;
     } else if (model.len == 4 && !memcmp(model.ptr, "gpt2", 4)) {
         v->kind = TOK_KIND_BPE;
+    } else if (model.len == 6 && !memcmp(model.ptr, "gemma4", 6)) {
+        v->kind = TOK_KIND_BPE; // llama.cpp: BPE, pre-tokenizer "gemma4" whatever the file says
+        v->escape_ws = true;
     } else if (model.len == 4 && !memcmp(model.ptr, "bert", 4)) {
         v->kind = TOK_KIND_WPM;
     } else {
@@ -341,7 +344,9 @@ ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out, ks_errbuf *eb) {
         v->add_bos = v->add_sep = true;
         snprintf(v->pre.name, sizeof v->pre.name, "wpm");
     } else {
-        v->bos = 11, v->eos = 11, v->unk = TOK_NULL;
+        // gemma4: no default ids (llama.cpp reads them from the file)
+        v->bos = v->eos = v->escape_ws ? TOK_NULL : 11;
+        v->unk = TOK_NULL;
         const gguf_value *mg;
         if ((e = gguf_get_arr(f, "tokenizer.ggml.merges", GGUF_TYPE_STRING, &mg, eb))) goto fail;
         uint64_t nm = mg->v.arr.n, mbytes = 1;
@@ -369,12 +374,15 @@ ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out, ks_errbuf *eb) {
             mo += (uint32_t)s->len + 1;
         }
         gguf_str pre = {0};
-        if (gguf_get(f, "tokenizer.ggml.pre") &&
+        if (!v->escape_ws && gguf_get(f, "tokenizer.ggml.pre") &&
             (e = gguf_get_str(f, "tokenizer.ggml.pre", &pre, eb)))
             goto fail;
-        if (!pre.len)
+        if (!pre.len && !v->escape_ws)
             ks_log(KS_LOG_WARN, "tokenizer: %s: no pre-tokenizer type, using 'default'", path);
-        if ((e = tok__pretok_init(&v->pre, pre.ptr, pre.len, &v->ignore_merges, &v->add_bos, eb)))
+        if (v->escape_ws) // its split (newline runs) is encode.c's, without a regex
+            snprintf(v->pre.name, sizeof v->pre.name, "gemma4");
+        else if ((e = tok__pretok_init(&v->pre, pre.ptr, pre.len, &v->ignore_merges, &v->add_bos,
+                                       eb)))
             goto fail;
         if (!strcmp(v->pre.name, "chatglm4")) v->bos = TOK_NULL; /* GLM: no default BOS */
     }
@@ -476,7 +484,7 @@ ks_err tok_vocab_load(const gguf_file *f, tok_vocab **out, ks_errbuf *eb) {
     // byte tokens
     for (int b = 0; b < 256; b++) {
         char s[8];
-        if (v->kind == TOK_KIND_SPM) {
+        if (v->kind == TOK_KIND_SPM || v->escape_ws) {
             snprintf(s, sizeof s, "<0x%02X>", b);
             v->byte_tok[b] = tok_find(v, s, 6);
         } else {

@@ -39,7 +39,7 @@ has '^runs: yes$'
 # "llama" value and keys to "mamba", which keeps every offset)
 LC_ALL=C sed 's/llama/mamba/g' "$MODEL" >"$TMP/mamba.gguf"
 "$BIN" inspect "$TMP/mamba.gguf" >"$TMP/out" 2>"$TMP/err" || fail "inspect mamba exited $?"
-has "^runs: no: .*mamba.gguf: unsupported architecture 'mamba' \\(supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, glm4, glm4moe, deepseek2, deepseek32, glm-dsa, qwen35, qwen35moe, mistral3, nemotron_h, gpt-oss, bert, nomic-bert\\)"
+has "^runs: no: .*mamba.gguf: unsupported architecture 'mamba' \\(supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, gemma4, glm4, glm4moe, deepseek2, deepseek32, glm-dsa, qwen35, qwen35moe, mistral3, nemotron_h, gpt-oss, bert, nomic-bert\\)"
 
 # --- broken files: exit 1, message names the file and the problem ------------
 expect_fail() {  # FILE REGEX

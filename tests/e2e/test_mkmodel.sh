@@ -118,6 +118,22 @@ has '^  blk\.1\.attn_k_norm\.weight +F32 +\[32\] ' gemma3
 has '^  blk\.1\.post_ffw_norm\.weight +F32 +\[256\] ' gemma3
 has '^tensors: +28$' gemma3
 has '^runs: yes$' gemma3
+# gemma4: per-layer head sizes and K/V heads, no attn_v on full layers with --k-eq-v
+mk -o "$TMP/g4.gguf" --arch gemma4 --n-layer 3 --n-head 4 --n-head-kv 2 --head-dim 64 \
+    --n-head-kv-full 1 --swa-period 3 --k-eq-v
+inspect "$TMP/g4.gguf"
+has 'gemma4\.attention\.sliding_window_pattern +array\[bool; 3\] += \[true, true, false\]$' gemma4
+has 'gemma4\.attention\.head_count_kv +array\[int32; 3\] += \[2, 2, 1\]$' gemma4
+has 'gemma4\.attention\.key_length +uint32 += 128$' gemma4
+has 'gemma4\.attention\.key_length_swa +uint32 += 64$' gemma4
+has 'gemma4\.rope\.dimension_count +uint32 += 128$' gemma4
+has '^  rope_freqs\.weight +F32 +\[64\] ' gemma4
+has '^  blk\.1\.attn_v\.weight +F16 +\[256, 128\] ' gemma4
+lacks '^  blk\.2\.attn_v\.weight' gemma4
+has '^  blk\.2\.attn_k\.weight +F16 +\[256, 128\] ' gemma4
+has '^  blk\.2\.attn_q_norm\.weight +F32 +\[128\] ' gemma4
+has '^  blk\.2\.layer_output_scale\.weight +F32 +\[1\] ' gemma4
+has '^runs: yes$' gemma4
 mk -o "$TMP/rs.gguf" --rope-scale 4 --rope-base 500000 --ctx 4096
 inspect "$TMP/rs.gguf"
 has 'llama\.rope\.scaling\.type +string += "linear"' rope

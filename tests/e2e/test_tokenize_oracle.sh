@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test_tokenize_oracle.sh — `kvseal tokenize --ids` against llama.cpp's
 # llama-tokenize (the anchor) on every ggml-vocab-*.gguf in $KS_SHARED/vocab
-# and $KS_SHARED/vocab-wpm (WordPiece) and on the shipped kjv-mini model, id
-# for id.
+# and $KS_SHARED/vocab-wpm (WordPiece), on the shipped kjv-mini model and on
+# the llama-spm vocabulary made into a Gemma 4 ("gemma4") one, id for id.
 #
 # Each vocabulary gets a fixed list of strings that stress tokenizers (the
 # list below) plus strings built from its own special tokens (every control
@@ -137,6 +137,15 @@ hex_text() { printf '%b' "$(sed 's/../\\x&/g' <<<"$1")"; }
 
 total_bad=0 n_vocab=0
 vocabs=("$KS_SHARED"/vocab/ggml-vocab-*.gguf "$KS_SRC/models/kjv-mini.gguf")
+# Gemma 4's tokenizer ("gemma4": SentencePiece-style BPE) on the llama-spm
+# vocabulary made into one, merges and newline tokens added (tok_specials --gemma4)
+SPM=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
+if [ -f "$SPM" ]; then
+    mkdir -p "$TMPD/made"
+    "$SPECIALS" --gemma4 "$SPM" "$TMPD/made/ggml-vocab-gemma4-from-llama-spm.gguf" ||
+        fail "tok_specials --gemma4 $SPM"
+    vocabs+=("$TMPD/made/ggml-vocab-gemma4-from-llama-spm.gguf")
+fi
 # WordPiece (BERT) vocabularies, when the shared folder has them
 if [ -d "$KS_SHARED/vocab-wpm" ]; then
     vocabs+=("$KS_SHARED"/vocab-wpm/ggml-vocab-*.gguf)

@@ -652,6 +652,68 @@ static void test_hybrid(const char *args, int n_attn) {
     unlink(dst);
 }
 
+/* gemma4, a `kvseal mkmodel` file (skipped as test_mla) with every feature
+ * at once: sliding layers (heads of 32, window 8: the prompts here reach 22)
+ * and full ones (heads of 64, one K/V head, V the K projection), the last 2
+ * of 6 layers reading layers 2's and 3's K/V, per-layer embeddings, experts
+ * beside the dense FFNs. Only the 4 owners count in the KV geometry, whose
+ * row fits the widest (2 heads of 32 = 1 of 64); batch invariant for every
+ * KV type; a read of poisoned KV gives NaN (the shared layers read their
+ * source's pages through kv); a prompt prefilled token by token, in chunks
+ * of 3 or whole gives the same logits bit for bit; the pool ends clean. */
+static void test_gemma4(void) {
+    const char *bin = getenv("KS_BIN"), *shared = getenv("KS_SHARED");
+    char vocab[1024], dst[256], cmd[4096];
+    snprintf(vocab, sizeof vocab, "%s/vocab/ggml-vocab-llama-spm.gguf", shared ? shared : "");
+    if (!bin || !shared || access(vocab, R_OK) || access(bin, X_OK)) {
+        printf("skip gemma4: needs KS_BIN and %s\n", vocab);
+        return;
+    }
+    snprintf(dst, sizeof dst, "/tmp/ks_test_g4_%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd,
+             "'%s' mkmodel -o '%s' --vocab '%s' --arch gemma4 --n-layer 6 --swa-period 2 "
+             "--swa 8 --head-dim 32 --head-dim-full 64 --n-head-kv-full 1 --k-eq-v "
+             "--n-kv-shared 2 --n-embd-per-layer 64 --n-expert 4 --n-expert-used 2 --seed 4 "
+             "--qk-gain 3 >/dev/null",
+             bin, dst, vocab);
+    CHECK_EQ(system(cmd), 0);
+    ks_errbuf eb;
+    model *m;
+    CHECK_EQ(model_load(dst, &m, &eb), KS_OK);
+    const model_hparams *hp = model_hp(m);
+    CHECK_EQ(hp->arch, MODEL_ARCH_GEMMA4);
+    CHECK_EQ(hp->n_layer_attn, 4);
+    CHECK_EQ(hp->head_dim, 64);
+    CHECK_EQ(hp->head_dim_swa, 32);
+    CHECK_EQ(hp->kv_dim, 64);
+    CHECK_EQ(hp->n_embd_pl, 64);
+    CHECK_EQ(model_kv_geom(m, 16, KS_DTYPE_F16).n_layer, 4);
+    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
+    static const int kv_types[] = {KS_DTYPE_F32, KS_DTYPE_F16, KS_DTYPE_Q8_0};
+    for (int i = 0; i < 3; i++) {
+        test_batch_invariance(m, kv_types[i]);
+        test_poison_reads_nan(m, kv_types[i]);
+    }
+    env e;
+    env_open_kv(&e, m, 2, KS_DTYPE_F16, KV_SCRUB_POISON);
+    enum { NG = 6 };
+    float *lg[3];
+    int32_t toks[3][NG];
+    static const int chunks[3] = {1, 3, 64};
+    for (int k = 0; k < 3; k++) {
+        lg[k] = malloc(sizeof(float) * (size_t)e.V * NG);
+        greedy(&e, P2, 10, NG, chunks[k], toks[k], lg[k]);
+    }
+    for (int k = 1; k < 3; k++)
+        CHECK_MEM_EQ(lg[k], lg[0], sizeof(float) * (size_t)e.V * NG);
+    for (int k = 0; k < 3; k++)
+        free(lg[k]);
+    CHECK(kv_pool_all_free_and_scrubbed(e.pool));
+    env_close(&e);
+    model_free(m);
+    unlink(dst);
+}
+
 /* A copy of the gpt-oss file src with every attn_sinks tensor dropped
  * (neg_inf false) or set to -inf (true). */
 static void write_sinks(const char *src, const char *dst, bool neg_inf) {
@@ -832,6 +894,7 @@ int main(void) {
     test_hybrid("--arch qwen35 --n-layer 8", 2);
     test_hybrid("--arch nemotron_h --pattern M-M*-M-M*-", 2);
     test_gptoss();
+    test_gemma4();
     printf("model ok\n");
     return 0;
 }
