@@ -45,6 +45,7 @@ static const char *const *tc__starts(toolcall_format f) {
     static const char *const granite[] = {"<|tool_call|>", NULL};
     static const char *const firefunction[] = {"functools[", NULL};
     static const char *const seed[] = {"<seed:tool_call>", NULL};
+    static const char *const gemma4[] = {"<|tool_call>", NULL};
     static const char *const none[] = {NULL};
     switch (f) {
     case TOOLCALL_HERMES:
@@ -71,6 +72,8 @@ static const char *const *tc__starts(toolcall_format f) {
         return firefunction;
     case TOOLCALL_SEED_OSS:
         return seed;
+    case TOOLCALL_GEMMA4:
+        return gemma4;
     default:
         return none;
     }
@@ -90,10 +93,8 @@ static bool tc__in(const char *marker, const char *piece, size_t n) {
 
 bool toolcall_is_marker(const toolcall_cfg *cfg, const char *piece, size_t n) {
     if (n < 3 || (piece[0] != '<' && piece[0] != '[')) return false;
-    if (cfg->think_open && strlen(cfg->think_open) == n && !memcmp(piece, cfg->think_open, n))
-        return true;
-    if (cfg->think_close && strlen(cfg->think_close) == n && !memcmp(piece, cfg->think_close, n))
-        return true;
+    // the think markers, or a special token of one (Gemma 4's is "<|channel>" + text)
+    if (tc__in(cfg->think_open, piece, n) || tc__in(cfg->think_close, piece, n)) return true;
     if (cfg->format == TOOLCALL_HARMONY ||
         (cfg->think_open && !strcmp(cfg->think_open, HARMONY_ANALYSIS)))
         return tc__in(TC_HARMONY_TOKENS, piece, n);
@@ -116,6 +117,7 @@ bool toolcall_is_marker(const toolcall_cfg *cfg, const char *piece, size_t n) {
         [TOOLCALL_GRANITE] = "<|tool_call|>",
         [TOOLCALL_SEED_OSS] =
             "<seed:tool_call></seed:tool_call><function=</function><parameter=</parameter>",
+        [TOOLCALL_GEMMA4] = "<|tool_call><tool_call|><|\"|>",
     };
     const char *cat = (unsigned)cfg->format < TOOLCALL__COUNT ? all[cfg->format] : NULL;
     return cat && memmem(cat, strlen(cat), piece, n) != NULL;
@@ -808,6 +810,107 @@ static tc__res tc__dsml(toolcall_parser *p, const char *s, size_t n, bool final,
     }
 }
 
+/* One value of Gemma 4's argument notation at s + *k (*k moves past it):
+ * <|"|>text<|"|> a string, {key:value,...} with bare keys an object,
+ * [value,...] an array, else a JSON number or literal up to the next , } ]
+ * (text that is not JSON: a string). 1 with *out (owned), 0 the text ends
+ * inside it, -1 malformed. */
+static int tc__g4_value(const char *s, size_t n, size_t *k, int depth, json_t **out) {
+    static const char Q[] = "<|\"|>";
+    const size_t ql = sizeof Q - 1;
+    *out = NULL;
+    if (*k >= n) return 0;
+    if (depth > TOOLCALL_MAX_DEPTH) return -1;
+    int m = tc__lit(s + *k, n - *k, Q);
+    if (m == 0) return 0;
+    if (m == 1) {
+        const char *e = tc__find(s + *k + ql, n - *k - ql, Q);
+        if (!e) return 0;
+        const char *b = s + *k + ql;
+        *out = json_stringn(b, (size_t)(e - b)); // NULL: not UTF-8
+        *k = (size_t)(e - s) + ql;
+        return *out ? 1 : -1;
+    }
+    const char c = s[*k];
+    if (c == '{' || c == '[') {
+        json_t *o = c == '{' ? json_object() : json_array();
+        if (!o) return -1;
+        (*k)++;
+        for (int i = 0;; i++) {
+            if (*k >= n) goto more;
+            if (s[*k] == (c == '{' ? '}' : ']') && i == 0) break;
+            char key[257] = "";
+            if (c == '{') { // a bare key up to ':'
+                size_t ks = *k;
+                while (*k < n && s[*k] != ':' && s[*k] != '}' && s[*k] != ',' && *k - ks <= 256)
+                    (*k)++;
+                if (*k >= n) goto more;
+                if (s[*k] != ':' || !tc__name_copy(key, s + ks, *k - ks)) goto bad;
+                (*k)++;
+            }
+            json_t *v;
+            int r = tc__g4_value(s, n, k, depth + 1, &v);
+            if (r <= 0) {
+                json_decref(o);
+                return r;
+            }
+            if (c == '{' ? json_object_set_new(o, key, v) : json_array_append_new(o, v)) goto bad;
+            if (*k >= n) goto more;
+            if (s[*k] == ',') {
+                (*k)++;
+                continue;
+            }
+            if (s[*k] != (c == '{' ? '}' : ']')) goto bad;
+            break;
+        }
+        (*k)++;
+        *out = o;
+        return 1;
+    more:
+        json_decref(o);
+        return 0;
+    bad:
+        json_decref(o);
+        return -1;
+    }
+    size_t b = *k; // a literal: up to , } ]
+    while (*k < n && s[*k] != ',' && s[*k] != '}' && s[*k] != ']' && s[*k] != '<' &&
+           *k - b < 64)
+        (*k)++;
+    if (*k >= n) return 0;
+    if (*k == b || s[*k] == '<') return -1;
+    json_t *j = tc__json(s + b, *k - b, JSON_DECODE_ANY);
+    *out = j && !json_is_object(j) && !json_is_array(j) ? j : json_stringn(s + b, *k - b);
+    if (j && *out != j) json_decref(j);
+    return *out ? 1 : -1;
+}
+
+/* Gemma 4: <|tool_call>call:NAME{args}<tool_call|> (one call a marker). */
+static tc__res tc__gemma4(toolcall_parser *p, const char *s, size_t n, bool final, size_t *end) {
+    size_t k = strlen("<|tool_call>");
+    int m = tc__lit(s + k, n - k, "call:");
+    if (m < 0) return TC_BAD;
+    if (m == 0) return final ? TC_BAD : TC_MORE;
+    k += 5;
+    const char *br = memchr(s + k, '{', n - k > 257 ? 257 : n - k);
+    char name[257];
+    if (!br) return final || n - k > 256 ? TC_BAD : TC_MORE;
+    if (!tc__name_copy(name, s + k, (size_t)(br - s - k))) return TC_BAD;
+    k = (size_t)(br - s);
+    json_t *args;
+    int r = tc__g4_value(s, n, &k, 0, &args);
+    if (r < 0) return TC_BAD;
+    if (r == 0) return final ? TC_BAD : TC_MORE;
+    size_t used;
+    tc__res cr = tc__close(s + k, n - k, "<tool_call|>", final, &used);
+    if (cr == TC_MORE) {
+        json_decref(args);
+        return TC_MORE;
+    }
+    if (!tc__add(p, name, strlen(name), args, NULL, 0)) return TC_BAD;
+    return *end = k + used, TC_OK;
+}
+
 /* The call (or section of calls) at s, which starts with start marker mi
  * of the format (mi -1: llama3's bare JSON object). */
 static tc__res tc__call(toolcall_parser *p, int mi, const char *s, size_t n, bool final,
@@ -842,6 +945,8 @@ static tc__res tc__call(toolcall_parser *p, int mi, const char *s, size_t n, boo
         return tc__sectioned(p, &kimi, s, n, final, end);
     case TOOLCALL_DSML:
         return tc__dsml(p, s, n, final, end);
+    case TOOLCALL_GEMMA4:
+        return tc__gemma4(p, s, n, final, end);
     default:
         return *end = n, TC_BAD;
     }

@@ -36,6 +36,9 @@
  *   harmony      (gpt-oss) a message to functions.N: [<|start|>assistant][ to=functions.N]
  *                <|channel|>commentary[ to=functions.N] [<|constrain|>]json<|message|>{...}
  *                [<|call|>] (the recipient in the role header or the channel header)
+ *   gemma4       <|tool_call>call:N{k:v,...}<tool_call|>, values in the template's
+ *                notation: strings between <|"|> marks, bare keys, JSON numbers and
+ *                literals, nested {k:v} and [v,...]
  * Text that looks like a call but does not parse stays content: no byte of
  * the output is lost, except the whitespace right after a closing think
  * marker and before an opening one (formatting, as the templates strip it).
@@ -72,6 +75,9 @@ typedef struct srv_error srv_error;
  * any other body content, and the headers and ends are formatting. */
 #define HARMONY_ANALYSIS "<|channel|>analysis<|message|>"
 #define HARMONY_END "<|end|>"
+/* Gemma 4's thought channel: the reasoning. */
+#define GEMMA4_THOUGHT "<|channel>thought\n"
+#define GEMMA4_THOUGHT_END "<channel|>"
 
 /* Tool-call formats (append-only). */
 typedef enum toolcall_format {
@@ -90,7 +96,8 @@ typedef enum toolcall_format {
     TOOLCALL_FIREFUNCTION = 12,
     TOOLCALL_SEED_OSS = 13,
     TOOLCALL_HARMONY = 14,
-    TOOLCALL__COUNT = 15,
+    TOOLCALL_GEMMA4 = 15,
+    TOOLCALL__COUNT = 16,
 } toolcall_format;
 
 #define TOOLCALL_MAX_CALLS 64   /* calls kept per answer; later ones stay content */
@@ -114,7 +121,7 @@ const char *toolcall_format_name(toolcall_format f);
 bool toolcall_format_parse(const char *name, toolcall_format *out /* OUT */);
 
 /* The think markers of a template's source ("<think>"/"</think>", Seed's
- * "<seed:think>"/"</seed:think>", or harmony's HARMONY_ANALYSIS /
+ * "<seed:think>"/"</seed:think>", Gemma 4's "<|channel>thought\n"/"<channel|>", or harmony's HARMONY_ANALYSIS /
  * HARMONY_END, whose content then starts after the final channel's header,
  * which the parser drops); false (and NULLs) when it has none.
  * The strings are static. Pure; can't fail. */

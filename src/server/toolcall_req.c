@@ -15,7 +15,7 @@
 
 static const char *const tc__names[TOOLCALL__COUNT] = {
     "none", "hermes",  "qwen3_coder", "llama3", "mistral", "glm45",        "deepseek",
-    "dsml", "kimi_k2", "nemotron",    "apriel", "granite", "firefunction", "seed_oss", "harmony",
+    "dsml", "kimi_k2", "nemotron",    "apriel", "granite", "firefunction", "seed_oss", "harmony", "gemma4",
 };
 
 const char *toolcall_format_name(toolcall_format f) {
@@ -55,7 +55,7 @@ bool server_tool_call_format_parse(const char *name, int *out) {
 
 const char *server_tool_call_format_names(void) {
     return "auto, none, hermes, qwen3_coder, llama3, mistral, glm45, deepseek, dsml, kimi_k2, "
-           "nemotron, apriel, granite, firefunction, seed_oss, harmony";
+           "nemotron, apriel, granite, firefunction, seed_oss, harmony, gemma4";
 }
 
 
@@ -63,6 +63,7 @@ toolcall_format toolcall_format_detect(const char *src) {
     if (!src) return TOOLCALL_NONE;
     // most specific first: several families share "<tool_call>"
     if (strstr(src, "<|channel|>") && strstr(src, "functions.")) return TOOLCALL_HARMONY;
+    if (strstr(src, "<|tool_call>call:")) return TOOLCALL_GEMMA4;
     if (strstr(src, "｜DSML｜")) return TOOLCALL_DSML;
     if (strstr(src, DS_CALL_BEGIN)) return TOOLCALL_DEEPSEEK;
     if (strstr(src, KIMI_CALLS_BEGIN)) return TOOLCALL_KIMI_K2;
@@ -87,6 +88,10 @@ bool toolcall_think_detect(const char *src, const char **open, const char **clos
     if (!src) return false;
     if (strstr(src, "<seed:think>")) {
         *open = "<seed:think>", *close = "</seed:think>";
+        return true;
+    }
+    if (strstr(src, "<|channel>thought")) {
+        *open = GEMMA4_THOUGHT, *close = GEMMA4_THOUGHT_END;
         return true;
     }
     if (strstr(src, "<|channel|>") && strstr(src, "analysis")) {
@@ -321,6 +326,56 @@ static bool tc__gbnf_calls(srv_buf *b, const json_t *tools, const char *name, co
     return ok;
 }
 
+static bool tc__gbnf_s(srv_buf *b, const char *s) { return srv_buf_add(b, s, strlen(s)); }
+
+/* Gemma 4's call grammar: per allowed tool, its name and an object in the
+ * template's notation whose keys are the tool's parameter names (none: the
+ * empty object); values any in that notation (strings between <|"|>
+ * marks: not narrowed by the schema, as the XML-style formats' text values
+ * are not). Malloc'd; NULL on out-of-memory or no such tool. */
+static char *tc__gbnf_gemma4(const json_t *tools, const char *name) {
+    srv_buf b = {0}, pairs = {0};
+    bool ok = tc__gbnf_s(&b, "root ::= \"<|tool_call>call:\" (");
+    size_t i;
+    int n = 0;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        const json_t *fn = json_object_get(t, "function");
+        const char *nm = json_string_value(json_object_get(fn, "name"));
+        if (!nm || (name && strcmp(name, nm))) continue;
+        const json_t *props = json_object_get(json_object_get(fn, "parameters"), "properties");
+        char rule[32];
+        snprintf(rule, sizeof rule, "t%zu-pair", i);
+        ok = ok && (!n++ || tc__gbnf_s(&b, " | ")) && tc__gbnf_lit(&b, nm) &&
+             tc__gbnf_s(&b, " \"{\" ");
+        if (json_object_size(props)) { // tN-pair ::= ("key" | ...) ":" gval
+            ok = ok && tc__gbnf_s(&b, "(") && tc__gbnf_s(&b, rule) && tc__gbnf_s(&b, " (\",\" ") &&
+                 tc__gbnf_s(&b, rule) && tc__gbnf_s(&b, ")*)? ") && tc__gbnf_s(&pairs, rule) &&
+                 tc__gbnf_s(&pairs, " ::= (");
+            const char *key;
+            json_t *v;
+            int nk = 0;
+            json_object_foreach((json_t *)props, key, v) {
+                ok = ok && (!nk++ || tc__gbnf_s(&pairs, " | ")) && tc__gbnf_lit(&pairs, key);
+            }
+            ok = ok && tc__gbnf_s(&pairs, ") \":\" gval\n");
+        }
+        ok = ok && tc__gbnf_s(&b, "\"}\"");
+    }
+    ok = ok && n && tc__gbnf_s(&b, ") \"<tool_call|>\"\n") &&
+         (!pairs.p || srv_buf_add(&b, pairs.p, pairs.len)) &&
+         tc__gbnf_s(&b, "gval ::= \"<|\\\"|>\" [^<]* \"<|\\\"|>\" | \"-\"? [0-9]+ (\".\" [0-9]+)? | "
+                        "\"true\" | \"false\" | \"null\" | \"{\" (gpair (\",\" gpair)*)? \"}\" | "
+                        "\"[\" (gval (\",\" gval)*)? \"]\"\n"
+                        "gpair ::= [a-zA-Z0-9_]{1,64} \":\" gval\n");
+    srv_buf_free(&pairs);
+    if (!ok) {
+        srv_buf_free(&b);
+        return NULL;
+    }
+    return b.p;
+}
+
 char *toolcall_grammar(toolcall_format f, const json_t *tools, const char *name) {
     // the call's text, around NAME (a literal) and ARGS (a JSON object);
     // qwen3_coder, seed_oss, glm45 and dsml write parameters as text instead
@@ -381,6 +436,11 @@ char *toolcall_grammar(toolcall_format f, const json_t *tools, const char *name)
         ok = srv_buf_add(&b, glm, sizeof glm - 1);
     else if (f == TOOLCALL_DSML)
         ok = srv_buf_add(&b, dsml, sizeof dsml - 1);
+    else if (f == TOOLCALL_GEMMA4) {
+        char *g = tc__gbnf_gemma4(tools, name);
+        if (!g) srv_buf_free(&b);
+        return g;
+    }
     else if (pre) { // JSON arguments: per tool, its name then what its parameters accept
         ok = srv_buf_add(&b, "root ::= ", 9) && tc__gbnf_lit(&b, pre) &&
              srv_buf_add(&b, " call ", 6) && tc__gbnf_lit(&b, post) && srv_buf_add(&b, "\n", 1) &&

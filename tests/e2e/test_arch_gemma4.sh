@@ -119,5 +119,39 @@ for i in 0 1 2; do
     [ -n "$a" ] || fail "chat $i: empty content"
     expect_eq "chat $i batched = alone" "$b" "$a"
 done
-stop_server
-echo "gemma4 through serve with its chat template ok"
+# Gemma 4's tool calls and thought channel, detected from the template; a
+# named tool_choice constrains decoding to "<|tool_call>call:now{...}
+# <tool_call|>", which comes back as a call with JSON arguments
+expect_has "format logged" "$(cat "$TMPD/serve.err")" "tool calls in format gemma4, reasoning split at <|channel>thought"
+TOOLS='"tools":[{"type":"function","function":{"name":"now","description":"The time.","parameters":{"type":"object","properties":{}}}}]'
+call_now() { # URL OUT
+    local code
+    code=$(curl -sS -o "$2" -w '%{http_code}' -H "Content-Type: application/json" \
+        "$1/v1/chat/completions" -d "{\"model\":\"g4\",\"max_tokens\":48,\"temperature\":0,
+        \"messages\":[{\"role\":\"user\",\"content\":\"Time?\"}],$TOOLS,
+        \"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"now\"}}}")
+    expect_eq "named tool call: status ($(cat "$2"))" "$code" 200
+    python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))["choices"][0]
+t = c["message"]["tool_calls"]
+assert c["finish_reason"] == "tool_calls" and len(t) == 1 and t[0]["function"]["name"] == "now", c
+json.loads(t[0]["function"]["arguments"])' "$2" || fail "named tool call: not one call to now: $(cat "$2")"
+}
+call_now "$KS_URL" "$TMPD/call.json"
+for i in 0 1; do chat_text "$KS_URL" g4 "${Q[$i]}"; SERVED[$i]=$CHAT; done
+SERVE_PID=$KS_PID
+# through the cluster: the same answers and the same call
+CLUSTER_PROBE_MODEL=g4 start_cluster "$TMPD/c" 1 1 -m "$TMPD/g4e.gguf" --alias g4 \
+    --chat-template-file "$T"
+trap 'kill -KILL $SERVE_PID $KS_PID "${KS_PREFILL_PIDS[@]}" "${KS_DECODE_PIDS[@]}" 2>/dev/null; rm_tmpd' EXIT
+for i in 0 1; do
+    chat_text "$KS_URL" g4 "${Q[$i]}"
+    expect_eq "chat through the cluster (${Q[$i]})" "$CHAT" "${SERVED[$i]}"
+done
+call_now "$KS_URL" "$TMPD/ccall.json"
+cmp -s <(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])' "$TMPD/call.json") \
+    <(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])' "$TMPD/ccall.json") ||
+    fail "the cluster's call arguments differ from serve's"
+stop_cluster
+KS_PID=$SERVE_PID stop_server
+echo "gemma4 through serve and the cluster with its chat template ok"

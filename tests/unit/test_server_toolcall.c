@@ -514,6 +514,65 @@ static void test_harmony_calls(void) {
     CHECK(toolcall_is_marker(&r, "<|call|>", 8));
 }
 
+/* Gemma 4: <|tool_call>call:NAME{key:value,...}<tool_call|>, its values
+ * in the template's own notation (strings between <|"|> marks, bare keys,
+ * JSON numbers and literals, nested {} and []), turned into JSON; the
+ * thought channel (<|channel>thought ... <channel|>) is the reasoning. */
+static bool grammar_takes(const char *g, const char *text);
+
+static void test_gemma4(void) {
+    const char *src = "{{- '<|tool_call>call:' + function['name'] + '{' -}}"
+                      "{{- '<|channel>thought\\n' -}}{{- '<channel|>' -}}";
+    CHECK_EQ(toolcall_format_detect(src), TOOLCALL_GEMMA4);
+    const char *o, *cl;
+    CHECK(toolcall_think_detect(src, &o, &cl));
+    CHECK(!strcmp(o, "<|channel>thought\n") && !strcmp(cl, "<channel|>"));
+    toolcall_cfg c = {.format = TOOLCALL_GEMMA4, .think_open = o, .think_close = cl};
+    expect(&c,
+           "<|channel>thought\nThe weather.<channel|>Let me see.<|tool_call>call:get_weather{"
+           "city:<|\"|>Paris, \"FR\"<|\"|>,days:3,metric:true,tags:[<|\"|>a<|\"|>,2.5],opt:{x:null}}"
+           "<tool_call|>",
+           "Let me see.", "The weather.",
+           "get_weather {\"city\":\"Paris, \\\"FR\\\"\",\"days\":3,\"metric\":true,\"tags\":[\"a\","
+           "2.5],\"opt\":{\"x\":null}}\n");
+    // two calls, no arguments, a string with the notation's own brackets in it
+    expect(&c,
+           "<|tool_call>call:now{}<tool_call|><|tool_call>call:say{text:<|\"|>{a:[b]}<|\"|>}"
+           "<tool_call|>",
+           "", NULL, "now {}\nsay {\"text\":\"{a:[b]}\"}\n");
+    // malformed or unfinished: content, byte for byte
+    static const char *const bad[] = {
+        "<|tool_call>call:f{a:<|\"|>open}<tool_call|>",
+        "<|tool_call>call:f{a 1}<tool_call|>",
+        "<|tool_call>call:{}<tool_call|>",
+        "<|tool_call>call:f{a:[1,}<tool_call|>",
+        "<|tool_call>call:f{a:1",
+        "<|tool_call>f{}<tool_call|>",
+    };
+    expect_content(&c, bad, sizeof bad / sizeof *bad);
+    CHECK(toolcall_is_marker(&c, "<|tool_call>", 12));
+    CHECK(toolcall_is_marker(&c, "<tool_call|>", 12));
+    CHECK(toolcall_is_marker(&c, "<|\"|>", 5));
+    CHECK(toolcall_is_marker(&c, "<|channel>", 10));
+    CHECK(toolcall_is_marker(&c, "<channel|>", 10));
+    CHECK(!toolcall_is_marker(&c, "<turn|>", 7));
+    // the call grammar takes the tool's parameter names as keys, nothing else
+    json_t *tools = json_loads(
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{"
+        "\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{}}}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]",
+        0, NULL);
+    char *g = toolcall_grammar(TOOLCALL_GEMMA4, tools, NULL);
+    CHECK(grammar_takes(g, "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3}<tool_call|>"));
+    CHECK(grammar_takes(g, "<|tool_call>call:get_weather{days:[1,{a:true}]}<tool_call|>"));
+    CHECK(grammar_takes(g, "<|tool_call>call:now{}<tool_call|>"));
+    CHECK(!grammar_takes(g, "<|tool_call>call:get_weather{town:1}<tool_call|>"));
+    CHECK(!grammar_takes(g, "<|tool_call>call:now{x:1}<tool_call|>"));
+    CHECK(!grammar_takes(g, "<|tool_call>call:other{}<tool_call|>"));
+    free(g);
+    json_decref(tools);
+}
+
 static void test_limits(void) {
     toolcall_cfg c = cfg_of(TOOLCALL_HERMES);
     // past TOOLCALL_MAX_CALLS calls, the rest is content
@@ -632,6 +691,7 @@ static void test_detect(void) {
         {"ibm-granite-granite-4.0.jinja", TOOLCALL_HERMES, NULL},
         {"fireworks-ai-llama-3-firefunction-v2.jinja", TOOLCALL_FIREFUNCTION, NULL},
         {"google-gemma-2-2b-it.jinja", TOOLCALL_NONE, NULL},
+        {"google-gemma-4-31B-it-interleaved.jinja", TOOLCALL_GEMMA4, "<|channel>thought\n"},
     };
     char path[1024];
     snprintf(path, sizeof path, "%s/templates/README.md", shared ? shared : "");
@@ -816,6 +876,7 @@ static void test_grammar(void) {
         [TOOLCALL_FIREFUNCTION] = " functools[{\"name\": \"now\", \"arguments\": {}}]",
         [TOOLCALL_SEED_OSS] = "<seed:tool_call>\n<function=now>\n</function>\n</seed:tool_call>",
         [TOOLCALL_HARMONY] = "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}",
+        [TOOLCALL_GEMMA4] = "<|tool_call>call:now{}<tool_call|>",
     };
     for (int f = 1; f < TOOLCALL__COUNT; f++) {
         char *g = toolcall_grammar((toolcall_format)f, tools, "now");
@@ -847,6 +908,7 @@ int main(void) {
     test_reasoning();
     test_harmony();
     test_harmony_calls();
+    test_gemma4();
     test_limits();
     test_detect();
     test_request();
