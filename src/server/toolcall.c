@@ -1133,7 +1133,15 @@ static void tc__run_harmony(toolcall_parser *p, bool final) {
             int r = k > 4096 ? -1 : tc__hheader(s + k, n - k, first, final, &h);
             if (r == 0) break;
             if (r < 0) { // no header: content (the whitespace after a message is not)
-                if (p->harmony_next) pos += k;
+                if (p->harmony_next) s += k, n -= k, pos += k;
+                // a header's mark that starts none is content too (or it would be
+                // read as a header again, forever)
+                for (int i = TC_H_ENDS; tc__h_marks[i]; i++)
+                    if (tc__lit(s, n, tc__h_marks[i]) == 1) {
+                        size_t l = strlen(tc__h_marks[i]);
+                        tc__content(p, s, l);
+                        pos += l;
+                    }
                 p->harmony_next = false;
                 p->phase = TC_CONTENT;
                 continue;

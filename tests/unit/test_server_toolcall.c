@@ -510,6 +510,11 @@ static void test_harmony_calls(void) {
            "<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.now"
            "<|channel|>commentary json<|message|>{}",
            "hm", NULL, "now {}\n");
+    // a header's mark that starts no header is content (it once looped forever)
+    static char longhead[700];
+    snprintf(longhead, sizeof longhead, "<|channel|>%0600d", 0);
+    expect(&c, longhead, longhead, NULL, NULL);
+    expect(&c, "x<|start|>assistant<|end|>y", "x<|start|>assistanty", NULL, NULL);
     CHECK(toolcall_is_marker(&r, "<|constrain|>", 13));
     CHECK(toolcall_is_marker(&r, "<|call|>", 8));
 }
