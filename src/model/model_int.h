@@ -270,6 +270,18 @@ void model__gdn_layer(model_ctx *c, const model_batch *b, const model__layer *L)
 /* A Mamba2 layer (nemotron_h): its input in xn (normed), its output into tmp. */
 void model__mamba2_layer(model_ctx *c, const model_batch *b, const model__layer *L);
 
+/* load_hp.c: m->hp from m->gguf's `<arch>.*` keys, every architecture's,
+ * checked (errors name the file and the key). */
+ks_err model__load_hparams(model *m, ks_errbuf *eb);
+/* Value il of per-layer key `<arch>.suffix` (an array of block_count
+ * integers, or one integer for every layer), or -1 where it is malformed. */
+int64_t model__layer_val(const gguf_file *f, const char *arch, const char *suffix, int il);
+/* nemotron_h layer il's kind: 'M' Mamba2, '*' attention, '-' MLP; 0 neither. */
+char model__nh_kind(const gguf_file *f, const char *arch, int il);
+/* Layer il's value of the bool-per-layer key `<arch>.suffix`: 1, 0, or -1
+ * where it is absent or malformed. */
+int model__layer_flag(const gguf_file *f, const char *arch, const char *suffix, int il);
+
 /* The bert encoder's pass over batch b (model_forward_hidden's, once the
  * batch is validated): each sequence's whole input, every position reading
  * every other of its sequence; hidden rows to h. No logits (no LM head). */
