@@ -119,6 +119,60 @@ print((m.get("reasoning_content") or "") + "|" + (m["content"] or ""))' "$BODY")
     [ "$CHAT" != "|" ] || fail "chat ($3): empty answer in $BODY"
 }
 
+# The greedy chats the chat-template tests send.
+CHAT_QS=("In the beginning" "And the LORD said unto Moses" "For God so loved the world")
+# chats_batched MODEL — each CHAT_QS chat (a system message and one user
+# turn, 16 greedy tokens) alone, then all three at once: the same content
+# both times (batched == alone), not empty, some prompt tokens counted.
+chats_batched() {
+    local i a b
+    chats__body() {
+        printf '{"model":"%s","max_tokens":16,"temperature":0,"messages":[%s,%s]}' "$1" \
+            '{"role":"system","content":"Be brief."}' "{\"role\":\"user\",\"content\":\"$2\"}"
+    }
+    chats__content() {
+        python3 -c 'import json, sys
+print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"])' "$1"
+    }
+    for i in 0 1 2; do
+        req "chat $i alone" 200 -H "Content-Type: application/json" "$KS_URL/v1/chat/completions" \
+            -d "$(chats__body "$1" "${CHAT_QS[$i]}")"
+        cp "$TMPD/body" "$TMPD/alone$i.json"
+    done
+    grep -q '"prompt_tokens":[1-9]' "$TMPD/alone0.json" ||
+        fail "no prompt tokens: $(cat "$TMPD/alone0.json")"
+    local pids=()
+    for i in 0 1 2; do
+        curl -sS -o "$TMPD/batch$i.json" -H "Content-Type: application/json" \
+            "$KS_URL/v1/chat/completions" -d "$(chats__body "$1" "${CHAT_QS[$i]}")" &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    for i in 0 1 2; do
+        a=$(chats__content "$TMPD/alone$i.json") || fail "chat $i: $(cat "$TMPD/alone$i.json")"
+        b=$(chats__content "$TMPD/batch$i.json") || fail "chat $i batched: $(cat "$TMPD/batch$i.json")"
+        [ -n "$a" ] || fail "chat $i: empty content"
+        expect_eq "chat $i batched = alone" "$b" "$a"
+    done
+}
+
+# named_call URL MODEL OUT — a greedy chat whose tool_choice names `now`
+# (the only tool, no parameters): 200, finish_reason tool_calls, exactly
+# one call to now, its arguments JSON; the answer in OUT, and CALL_ARGS
+# its arguments.
+named_call() {
+    local tools='"tools":[{"type":"function","function":{"name":"now","description":"The time.","parameters":{"type":"object","properties":{},"additionalProperties":false}}}]'
+    req "named tool call" 200 -H "Content-Type: application/json" "$1/v1/chat/completions" \
+        -d "{\"model\":\"$2\",\"max_tokens\":64,\"temperature\":0,\"messages\":[{\"role\":\"user\",\"content\":\"Time?\"}],$tools,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"now\"}}}"
+    cp "$TMPD/body" "$3"
+    CALL_ARGS=$(python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))["choices"][0]
+t = c["message"]["tool_calls"]
+assert c["finish_reason"] == "tool_calls" and len(t) == 1 and t[0]["function"]["name"] == "now", c
+json.loads(t[0]["function"]["arguments"])
+print(t[0]["function"]["arguments"])' "$3") || fail "named tool call: not one call to now: $(cat "$3")"
+}
+
 # stall_reader URL MODEL OUT [RAWC_ARGS...] — a streamed request of 500
 # tokens ($RAWC_AUTH as its key) whose client takes the first event, then
 # stops reading (e.g. until --resume-on FILE): its answer cannot fit the

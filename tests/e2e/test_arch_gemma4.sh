@@ -92,52 +92,13 @@ command -v curl >/dev/null || { echo "note: no curl: the serve part is skipped" 
 T=$KS_SHARED/templates/google-gemma-4-31B-it-interleaved.jinja
 [ -e "$T" ] || { echo "note: $T is absent: the serve part is skipped" >&2; exit 0; }
 start_server "$TMPD/serve.err" -m "$TMPD/g4e.gguf" --alias g4 --chat-template-file "$T"
-body() {  # USER_TEXT — a greedy chat request
-    printf '{"model":"g4","max_tokens":16,"temperature":0,"messages":[%s,%s]}' \
-        '{"role":"system","content":"Be brief."}' "{\"role\":\"user\",\"content\":\"$1\"}"
-}
-content() {  # FILE — the first choice's message content
-    python3 -c 'import json, sys
-print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"])' "$1"
-}
-Q=("In the beginning" "And the LORD said unto Moses" "For God so loved the world")
-for i in 0 1 2; do
-    code=$(curl -sS -o "$TMPD/alone$i.json" -w '%{http_code}' -H "Content-Type: application/json" \
-        "$KS_URL/v1/chat/completions" -d "$(body "${Q[$i]}")")
-    expect_eq "chat $i alone: status ($(cat "$TMPD/alone$i.json"))" "$code" 200
-done
-grep -q '"prompt_tokens":[1-9]' "$TMPD/alone0.json" ||
-    fail "no prompt tokens: $(cat "$TMPD/alone0.json")"
-for i in 0 1 2; do
-    curl -sS -o "$TMPD/batch$i.json" -H "Content-Type: application/json" \
-        "$KS_URL/v1/chat/completions" -d "$(body "${Q[$i]}")" &
-done
-wait $(jobs -p | grep -v "^$KS_PID\$")
-for i in 0 1 2; do
-    a=$(content "$TMPD/alone$i.json") || fail "chat $i: $(cat "$TMPD/alone$i.json")"
-    b=$(content "$TMPD/batch$i.json") || fail "chat $i batched: $(cat "$TMPD/batch$i.json")"
-    [ -n "$a" ] || fail "chat $i: empty content"
-    expect_eq "chat $i batched = alone" "$b" "$a"
-done
+chats_batched g4
+Q=("${CHAT_QS[@]}")
 # Gemma 4's tool calls and thought channel, detected from the template; a
 # named tool_choice constrains decoding to "<|tool_call>call:now{...}
 # <tool_call|>", which comes back as a call with JSON arguments
 expect_has "format logged" "$(cat "$TMPD/serve.err")" "tool calls in format gemma4, reasoning split at <|channel>thought"
-TOOLS='"tools":[{"type":"function","function":{"name":"now","description":"The time.","parameters":{"type":"object","properties":{}}}}]'
-call_now() { # URL OUT
-    local code
-    code=$(curl -sS -o "$2" -w '%{http_code}' -H "Content-Type: application/json" \
-        "$1/v1/chat/completions" -d "{\"model\":\"g4\",\"max_tokens\":48,\"temperature\":0,
-        \"messages\":[{\"role\":\"user\",\"content\":\"Time?\"}],$TOOLS,
-        \"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"now\"}}}")
-    expect_eq "named tool call: status ($(cat "$2"))" "$code" 200
-    python3 -c 'import json, sys
-c = json.load(open(sys.argv[1]))["choices"][0]
-t = c["message"]["tool_calls"]
-assert c["finish_reason"] == "tool_calls" and len(t) == 1 and t[0]["function"]["name"] == "now", c
-json.loads(t[0]["function"]["arguments"])' "$2" || fail "named tool call: not one call to now: $(cat "$2")"
-}
-call_now "$KS_URL" "$TMPD/call.json"
+named_call "$KS_URL" g4 "$TMPD/call.json"; SERVED_ARGS=$CALL_ARGS
 for i in 0 1; do chat_text "$KS_URL" g4 "${Q[$i]}"; SERVED[$i]=$CHAT; done
 SERVE_PID=$KS_PID
 # through the cluster: the same answers and the same call
@@ -148,10 +109,8 @@ for i in 0 1; do
     chat_text "$KS_URL" g4 "${Q[$i]}"
     expect_eq "chat through the cluster (${Q[$i]})" "$CHAT" "${SERVED[$i]}"
 done
-call_now "$KS_URL" "$TMPD/ccall.json"
-cmp -s <(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])' "$TMPD/call.json") \
-    <(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])' "$TMPD/ccall.json") ||
-    fail "the cluster's call arguments differ from serve's"
+named_call "$KS_URL" g4 "$TMPD/ccall.json"
+expect_eq "the cluster's call arguments" "$CALL_ARGS" "$SERVED_ARGS"
 stop_cluster
 KS_PID=$SERVE_PID stop_server
 echo "gemma4 through serve and the cluster with its chat template ok"

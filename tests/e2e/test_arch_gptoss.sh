@@ -45,49 +45,14 @@ echo "gpt-oss vs llama.cpp ok"
 command -v curl >/dev/null || { echo "note: no curl: the serve part is skipped" >&2; exit 0; }
 T=$KS_SRC/tests/e2e/templates/openai-gpt-oss-120b.jinja
 start_server "$TMPD/serve.err" -m "$TMPD/oss.gguf" --alias oss --chat-template-file "$T"
-body() {  # USER_TEXT — a greedy chat request
-    printf '{"model":"oss","max_tokens":16,"temperature":0,"messages":[%s,%s]}' \
-        '{"role":"system","content":"Be brief."}' "{\"role\":\"user\",\"content\":\"$1\"}"
-}
-content() {  # FILE — the first choice's message content
-    python3 -c 'import json, sys
-print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"])' "$1"
-}
-Q=("In the beginning" "And the LORD said unto Moses" "For God so loved the world")
-for i in 0 1 2; do
-    code=$(curl -sS -o "$TMPD/alone$i.json" -w '%{http_code}' -H "Content-Type: application/json" \
-        "$KS_URL/v1/chat/completions" -d "$(body "${Q[$i]}")")
-    expect_eq "chat $i alone: status ($(cat "$TMPD/alone$i.json"))" "$code" 200
-done
-grep -q '"prompt_tokens":[1-9]' "$TMPD/alone0.json" ||
-    fail "no prompt tokens: $(cat "$TMPD/alone0.json")"
-for i in 0 1 2; do
-    curl -sS -o "$TMPD/batch$i.json" -H "Content-Type: application/json" \
-        "$KS_URL/v1/chat/completions" -d "$(body "${Q[$i]}")" &
-done
-wait $(jobs -p | grep -v "^$KS_PID\$")
-for i in 0 1 2; do
-    a=$(content "$TMPD/alone$i.json") || fail "chat $i: $(cat "$TMPD/alone$i.json")"
-    b=$(content "$TMPD/batch$i.json") || fail "chat $i batched: $(cat "$TMPD/batch$i.json")"
-    [ -n "$a" ] || fail "chat $i: empty content"
-    expect_eq "chat $i batched = alone" "$b" "$a"
-done
+chats_batched oss
+Q=("${CHAT_QS[@]}")
 # harmony tool calls: detected from the template; a named tool_choice
 # constrains decoding to "<|channel|>commentary to=functions.now
 # <|constrain|>json<|message|>{}", which comes back as a call
 expect_has "format logged" "$(cat "$TMPD/serve.err")" "tool calls in format harmony"
-TOOLS='"tools":[{"type":"function","function":{"name":"now","description":"The time.","parameters":{"type":"object","properties":{},"additionalProperties":false}}}]'
-code=$(curl -sS -o "$TMPD/call.json" -w '%{http_code}' -H "Content-Type: application/json" \
-    "$KS_URL/v1/chat/completions" -d "{\"model\":\"oss\",\"max_tokens\":64,\"temperature\":0,
-    \"messages\":[{\"role\":\"user\",\"content\":\"Time?\"}],$TOOLS,
-    \"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"now\"}}}")
-expect_eq "named tool call: status ($(cat "$TMPD/call.json"))" "$code" 200
-call=$(python3 -c 'import json, sys
-c = json.load(open(sys.argv[1]))["choices"][0]
-t = c["message"]["tool_calls"]
-print(c["finish_reason"], len(t), t[0]["function"]["name"], t[0]["function"]["arguments"])' \
-    "$TMPD/call.json") || fail "named tool call: no tool_calls in $(cat "$TMPD/call.json")"
-expect_eq "named tool call" "$call" "tool_calls 1 now {}"
+named_call "$KS_URL" oss "$TMPD/call.json"
+expect_eq "named tool call arguments" "$CALL_ARGS" "{}"
 for i in 0 1; do chat_text "$KS_URL" oss "${Q[$i]}"; SERVED[$i]=$CHAT; done
 SERVE_PID=$KS_PID
 # through the cluster: the router renders the template and parses the
@@ -99,12 +64,8 @@ for i in 0 1; do
     chat_text "$KS_URL" oss "${Q[$i]}"
     expect_eq "chat through the cluster (${Q[$i]})" "$CHAT" "${SERVED[$i]}"
 done
-code=$(curl -sS -o "$TMPD/ccall.json" -w '%{http_code}' -H "Content-Type: application/json" \
-    "$KS_URL/v1/chat/completions" -d "{\"model\":\"oss\",\"max_tokens\":64,\"temperature\":0,
-    \"messages\":[{\"role\":\"user\",\"content\":\"Time?\"}],$TOOLS,
-    \"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"now\"}}}")
-expect_eq "named tool call through the cluster: status ($(cat "$TMPD/ccall.json"))" "$code" 200
-grep -q '"name":"now"' "$TMPD/ccall.json" || fail "no call through the cluster: $(cat "$TMPD/ccall.json")"
+named_call "$KS_URL" oss "$TMPD/ccall.json"
+expect_eq "named tool call through the cluster" "$CALL_ARGS" "{}"
 stop_cluster
 KS_PID=$SERVE_PID stop_server
-echo "gpt-oss through serve with its chat template ok"
+echo "gpt-oss through serve and the cluster with its chat template ok"
