@@ -602,6 +602,27 @@ static void test_nh_refusals(const char *src) {
     unlink(dst);
 }
 
+/* P2 prefilled token by token, in chunks of 3 and whole gives the same
+ * logits bit for bit over 6 greedy steps; the pool ends FREE and scrubbed. */
+static void check_chunked_prefill(const model *m) {
+    env e;
+    env_open_kv(&e, m, 2, KS_DTYPE_F16, KV_SCRUB_POISON);
+    enum { NG = 6 };
+    float *lg[3];
+    int32_t toks[3][NG];
+    static const int chunks[3] = {1, 3, 64};
+    for (int k = 0; k < 3; k++) {
+        lg[k] = malloc(sizeof(float) * (size_t)e.V * NG);
+        greedy(&e, P2, 10, NG, chunks[k], toks[k], lg[k]);
+    }
+    for (int k = 1; k < 3; k++)
+        CHECK_MEM_EQ(lg[k], lg[0], sizeof(float) * (size_t)e.V * NG);
+    for (int k = 0; k < 3; k++)
+        free(lg[k]);
+    CHECK(kv_pool_all_free_and_scrubbed(e.pool));
+    env_close(&e);
+}
+
 /* A hybrid model (qwen35: Gated DeltaNet layers and gated attention;
  * nemotron_h: Mamba2, attention and MLP layers), a `kvseal mkmodel` file of
  * `args` with n_attn attention layers (skipped as test_mla): batch
@@ -632,22 +653,7 @@ static void test_hybrid(const char *args, int n_attn) {
     static const int kv_types[] = {KS_DTYPE_F32, KS_DTYPE_F16, KS_DTYPE_Q8_0};
     for (int i = 0; i < 3; i++)
         test_batch_invariance(m, kv_types[i]);
-    env e;
-    env_open_kv(&e, m, 2, KS_DTYPE_F16, KV_SCRUB_POISON);
-    enum { NG = 6 };
-    float *lg[3];
-    int32_t toks[3][NG];
-    static const int chunks[3] = {1, 3, 64};
-    for (int k = 0; k < 3; k++) {
-        lg[k] = malloc(sizeof(float) * (size_t)e.V * NG);
-        greedy(&e, P2, 10, NG, chunks[k], toks[k], lg[k]);
-    }
-    for (int k = 1; k < 3; k++)
-        CHECK_MEM_EQ(lg[k], lg[0], sizeof(float) * (size_t)e.V * NG);
-    for (int k = 0; k < 3; k++)
-        free(lg[k]);
-    CHECK(kv_pool_all_free_and_scrubbed(e.pool));
-    env_close(&e);
+    check_chunked_prefill(m);
     model_free(m);
     unlink(dst);
 }
@@ -694,22 +700,7 @@ static void test_gemma4(void) {
         test_batch_invariance(m, kv_types[i]);
         test_poison_reads_nan(m, kv_types[i]);
     }
-    env e;
-    env_open_kv(&e, m, 2, KS_DTYPE_F16, KV_SCRUB_POISON);
-    enum { NG = 6 };
-    float *lg[3];
-    int32_t toks[3][NG];
-    static const int chunks[3] = {1, 3, 64};
-    for (int k = 0; k < 3; k++) {
-        lg[k] = malloc(sizeof(float) * (size_t)e.V * NG);
-        greedy(&e, P2, 10, NG, chunks[k], toks[k], lg[k]);
-    }
-    for (int k = 1; k < 3; k++)
-        CHECK_MEM_EQ(lg[k], lg[0], sizeof(float) * (size_t)e.V * NG);
-    for (int k = 0; k < 3; k++)
-        free(lg[k]);
-    CHECK(kv_pool_all_free_and_scrubbed(e.pool));
-    env_close(&e);
+    check_chunked_prefill(m);
     model_free(m);
     unlink(dst);
 }
