@@ -2,7 +2,9 @@
 # bench/arch-matrix.sh [ARCH...] — prefill and single-stream decode of each
 # architecture at the 1.1B shape (kvseal mkmodel --shape 1.1b --arch ARCH,
 # F16, the llama-spm vocabulary, phi3 the phi-3 one, quantized to Q8_0 and
-# Q4_K_M by the anchor's llama-quantize, and gpt-oss also to MXFP4_MOE),
+# Q4_K_M by the anchor's llama-quantize, and gpt-oss also to MXFP4_MOE;
+# TYPES may name the low-bit types too, the codebook ones quantized with a
+# uniform importance matrix, scripts/uniform_imatrix.py),
 # kvseal against llama.cpp on the same file and threads, alternated for
 # ROUNDS rounds (default 3): pp$PP (default 128; PP=0 leaves it out) and
 # tg128 of both (kvseal bench, llama-bench), the medians of the per-round
@@ -32,7 +34,14 @@ for a in "${archs[@]}"; do
     if [ "$a" = gpt-oss ]; then types="$TYPES MXFP4_MOE"; fi
     for q in $types; do
         m=$MODELS/$a-1.1b-$q.gguf
-        [ -f "$m" ] || "$A/llama-quantize" "$f16" "$m" "$q" "$THREADS" >/dev/null 2>&1
+        im=() # the codebook types need an importance matrix: a uniform one
+        case $q in IQ1_* | IQ2_* | IQ3_XXS)
+            [ -f "$MODELS/$a.imatrix" ] ||
+                "$KS" inspect "$f16" | python3 "$(dirname "$0")/../scripts/uniform_imatrix.py" \
+                    "$MODELS/$a.imatrix"
+            im=(--imatrix "$MODELS/$a.imatrix") ;;
+        esac
+        [ -f "$m" ] || "$A/llama-quantize" "${im[@]}" "$f16" "$m" "$q" "$THREADS" >/dev/null 2>&1
         : >"$TMP/rows"
         for r in $(seq "$ROUNDS"); do
             p=$PP; [ "$p" -gt 0 ] || p=16

@@ -34,29 +34,12 @@ CMP=${KS_BUILD:-}/qdeq_cmp
 LOWBIT=${KS_LOWBIT_PRESETS:-"TQ1_0 TQ2_0 IQ3_S IQ3_XXS IQ2_S IQ2_XS IQ2_XXS IQ1_S IQ1_M"}
 command -v python3 >/dev/null || skip "python3 is absent (it writes the importance matrix)"
 
-# write_imatrix MODEL OUT — a legacy-format importance matrix (llama.cpp's
-# .dat: int32 n_entries; per entry int32 name length, the name, int32 calls,
-# int32 n, n f32; then int32 last call, int32 length, dataset name) of all
-# ones for every 2-D or 3-D weight of MODEL (n = ne[0] * experts), read
-# from `kvseal inspect`: llama-quantize refuses IQ1_*, IQ2_XXS/XS/S and
-# IQ3_XXS without one, and uniform importance is what these tests want.
+# write_imatrix MODEL OUT — a uniform importance matrix of MODEL
+# (scripts/uniform_imatrix.py): llama-quantize refuses IQ1_*, IQ2_XXS/XS/S
+# and IQ3_XXS without one, and uniform importance is what these tests want.
 write_imatrix() {
-    "$KS_BIN" inspect "$1" | python3 -c '
-import struct, sys
-ents = []
-for ln in sys.stdin:
-    f = ln.split()
-    if len(f) >= 3 and f[0].endswith(".weight") and f[2].startswith("["):
-        dims = [int(v) for v in " ".join(f[2:]).split("]")[0].strip("[").split(",")]
-        if len(dims) >= 2:
-            ents.append((f[0].encode(), dims[0] * (dims[2] if len(dims) > 2 else 1)))
-out = open(sys.argv[1], "wb")
-out.write(struct.pack("<i", len(ents)))
-for name, n in ents:
-    out.write(struct.pack("<i", len(name)) + name + struct.pack("<ii", 1, n))
-    out.write(struct.pack("<%df" % n, *([1.0] * n)))
-out.write(struct.pack("<ii", 1, 4) + b"ones")
-' "$2" || fail "could not write the importance matrix of $1"
+    "$KS_BIN" inspect "$1" | python3 "$KS_SRC/scripts/uniform_imatrix.py" "$2" ||
+        fail "could not write the importance matrix of $1"
 }
 write_imatrix "$KS_SRC/models/kjv-mini.gguf" "$TMPD/ones.imatrix"
 
