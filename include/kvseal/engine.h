@@ -84,7 +84,22 @@ typedef struct engine_opts {
      * the limit) as soon as the scheduler sees it over, even mid-mask. */
     uint64_t grammar_budget_us; /* per token, microseconds (1000000; 0: no limit) */
     uint64_t grammar_cpu_us;    /* per request, microseconds (20000000; 0: no limit) */
+    /* Speculative decoding (docs/speculative.md): each decode step a request
+     * proposes up to spec_tokens drafts, the pass computes them beside its
+     * token, and the drafts the request's own draw confirms are kept: one
+     * read of the weights yields several tokens, with the same tokens (and,
+     * seeded, the same draws) as without speculation. Drafts come from the
+     * request's own tokens (prompt lookup: the last spec_ngram_max ..
+     * spec_ngram_min tokens' latest earlier occurrence) and its prediction
+     * (engine_params.prediction); never from another request (I6). */
+    int32_t spec_tokens;    /* drafts per step at most, 0..ENGINE_SPEC_MAX (0: off) */
+    int32_t spec_ngram_min, spec_ngram_max; /* prompt-lookup n-gram sizes (2, 4) */
+    int32_t spec_max_batch; /* no drafts in a step with more decoding requests (4): a
+                               large batch already reads the weights once for many */
 } engine_opts;
+
+/* Drafted tokens per step at most (engine_opts.spec_tokens). */
+#define ENGINE_SPEC_MAX 8
 
 /* Fills defaults for everything but m, n_ctx and kv_pages. Can't fail. */
 void engine_opts_default(engine_opts *o);
@@ -133,6 +148,11 @@ typedef struct engine_params {
     int32_t prompt_top;   /* [0, SAMPLE_MAX_TOP]: alternatives per prompt token */
     int32_t model;        /* the catalog entry the request is for (server_backend's: the
                              router fronts several models); the engine has one, 0 */
+    /* speculative decoding (engine_opts.spec_tokens) */
+    bool no_spec;                /* this request never drafts (opt-out) */
+    const int32_t *prediction;   /* (n_prediction) the expected output's ids (OpenAI's
+                                    predicted outputs), drafted from; copied; NULL: none */
+    int32_t n_prediction;
 } engine_params;
 
 typedef struct engine_req engine_req;
@@ -191,6 +211,7 @@ typedef struct engine_event {
     char errmsg[256];
     int32_t n_prompt, n_gen;    /* usage */
     int32_t n_cached;           /* prompt tokens served from the prefix cache */
+    int32_t n_drafted, n_accepted; /* speculative decoding: drafts computed, and kept */
     double ttft_ms;             /* submit -> first token */
     double queue_ms;            /* submit -> left the wait queue (scheduled); -1: never
                                    scheduled (refused, or aborted while waiting) */
@@ -333,6 +354,7 @@ typedef struct engine_outcome {
     uint16_t reason;         /* REJECTED: the refusal reason (admit_reason), else 0 */
     const char *msg;         /* NULL: none */
     int32_t n_prompt, n_gen, n_cached;
+    int32_t n_drafted, n_accepted;    /* speculative decoding */
     uint64_t t_submit_ns, t_first_ns; /* t_first_ns 0: no token */
     uint64_t t_sched_ns;              /* left the wait queue; 0: never */
     uint64_t mask_ns;                 /* CPU of its grammar masks */
@@ -350,6 +372,9 @@ typedef struct engine_stats {
     uint64_t tokens_in, tokens_out;
     uint64_t n_violations; /* sequences stopped by a KV page check (I1), once each;
                               kv.violations counts every failed check */
+    uint64_t spec_steps;    /* speculative decoding: request-steps that carried drafts */
+    uint64_t spec_drafted;  /* drafted tokens computed */
+    uint64_t spec_accepted; /* drafted tokens kept (the rest were scrubbed at once) */
 } engine_stats;
 /* Snapshot; thread-safe. */
 void engine_get_stats(engine *e, engine_stats *out /* OUT */);

@@ -180,6 +180,13 @@ ks_err kv_seq_reserve(kv_pool *p, kv_seq *s, uint32_t n_tokens, ks_errbuf *eb) K
 /* Records that positions [0, n_tokens) now hold K/V for every layer: pages
  * covering them become READY with their filled counts. Can't fail. */
 void kv_seq_set_filled(kv_pool *p, kv_seq *s, uint32_t n_tokens);
+/* Rolls s back to positions [0, n_tokens) (n_tokens <= s->n_tokens, not
+ * into its shared prefix): the rows of positions [n_tokens, old n_tokens)
+ * in its own pages are scrubbed at once (I3) and their pages' filled counts
+ * drop, so a page past the new end is ALLOCATED again (unreadable); the
+ * pages stay reserved to s. Speculative decoding's rejected drafts. Not for
+ * pools with recurrent state (asserted). Can't fail. */
+void kv_seq_truncate(kv_pool *p, kv_seq *s, uint32_t n_tokens);
 /* Drops the sequence's references; pages nobody else holds are scrubbed and
  * become FREE. Empties the table (the uid stays). Can't fail. */
 void kv_seq_release(kv_pool *p, kv_seq *s);

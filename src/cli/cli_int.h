@@ -138,6 +138,7 @@ typedef struct serve__cfg {
     int n_cors;
     long ctx, kv_pages, page_tokens, threads, max_running, queue_max, queue_timeout_ms, batch;
     long grammar_budget_ms, grammar_cpu_ms; /* engine_opts' mask budgets */
+    long spec_tokens, spec_ngram_min, spec_ngram_max, spec_max_batch; /* engine_opts' spec_* */
     long idle_timeout, request_timeout, max_conns, max_conns_per_ip;
     long embed_max_tokens; /* --embed-max-tokens (0: the server's default) */
     uint64_t kv_memory;

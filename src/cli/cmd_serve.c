@@ -46,6 +46,12 @@ void serve__usage(const char *cmd) {
         "         [--max-connections-per-ip 256 (0: no limit)] [--chat-template-file FILE]\n"
         "         [--tool-call-format auto|none|NAME] [--reasoning-format auto|none|deepseek]\n"
         "         [--pooling mean|cls|last] [--grammar-budget-ms 1000] [--grammar-cpu-ms 20000]\n"
+        "         [--spec-tokens 0..8 (0: off)] [--spec-ngram-min 2] [--spec-ngram-max 4]\n"
+        "         [--spec-max-batch 4]\n"
+        "  --spec-tokens N: speculative decoding, up to N drafts a step from the request's own\n"
+        "  prompt and output (prompt lookup, n-grams of --spec-ngram-min..max tokens) and its\n"
+        "  'prediction'; the same output as without it. No drafts in a step with more than\n"
+        "  --spec-max-batch requests decoding (docs/speculative.md).\n"
         "  --grammar-budget-ms / --grammar-cpu-ms: the CPU a request's grammar masks may\n"
         "  take for one token / in all (0: no limit); past either it ends with a 400. Masks\n"
         "  run on their own threads and never hold up other requests' tokens.\n"
@@ -222,6 +228,10 @@ enum {
     SO_LIMITS_LOCAL_SHARE,
     SO_HEALTH_HOST,
     SO_HEALTH_PORT,
+    SO_SPEC_TOKENS,
+    SO_SPEC_NGRAM_MIN,
+    SO_SPEC_NGRAM_MAX,
+    SO_SPEC_MAX_BATCH,
     SO__N
 };
 
@@ -275,6 +285,10 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_LIMITS_LOCAL_SHARE] = {"limits-local-share", 0, true, false},
     [SO_HEALTH_HOST] = {"health-host", 0, true, false},
     [SO_HEALTH_PORT] = {"health-port", 0, true, false},
+    [SO_SPEC_TOKENS] = {"spec-tokens", 0, true, false},
+    [SO_SPEC_NGRAM_MIN] = {"spec-ngram-min", 0, true, false},
+    [SO_SPEC_NGRAM_MAX] = {"spec-ngram-max", 0, true, false},
+    [SO_SPEC_MAX_BATCH] = {"spec-max-batch", 0, true, false},
 };
 
 /* cli__spec.apply for serve and the cluster roles. String values point
@@ -330,6 +344,18 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
         break;
     case SO_HEALTH_PORT:
         lv = &c->health_port, lo = 0, hi = 65535;
+        break;
+    case SO_SPEC_TOKENS:
+        lv = &c->spec_tokens, lo = 0, hi = ENGINE_SPEC_MAX;
+        break;
+    case SO_SPEC_NGRAM_MIN:
+        lv = &c->spec_ngram_min, lo = 1, hi = 64;
+        break;
+    case SO_SPEC_NGRAM_MAX:
+        lv = &c->spec_ngram_max, lo = 1, hi = 64;
+        break;
+    case SO_SPEC_MAX_BATCH:
+        lv = &c->spec_max_batch, lo = 1, hi = 1 << 16;
         break;
     case SO_CLUSTER_PORT:
         lv = &c->cluster_port, lo = 0, hi = 65535;
@@ -563,6 +589,10 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
     c->queue_max = d.queue_max;
     c->queue_timeout_ms = d.queue_timeout_ms;
     c->batch = d.max_batch_tokens;
+    c->spec_tokens = d.spec_tokens;
+    c->spec_ngram_min = d.spec_ngram_min;
+    c->spec_ngram_max = d.spec_ngram_max;
+    c->spec_max_batch = d.spec_max_batch;
     c->grammar_budget_ms = (long)(d.grammar_budget_us / 1000);
     c->grammar_cpu_ms = (long)(d.grammar_cpu_us / 1000);
     server_opts so;
@@ -636,6 +666,10 @@ void serve__engine_opts(const serve__cfg *c, const model *m, engine_opts *o) {
     o->queue_max = (int32_t)c->queue_max;
     o->queue_timeout_ms = (uint32_t)c->queue_timeout_ms;
     o->max_batch_tokens = (int32_t)c->batch;
+    o->spec_tokens = (int32_t)c->spec_tokens;
+    o->spec_ngram_min = (int32_t)c->spec_ngram_min;
+    o->spec_ngram_max = (int32_t)c->spec_ngram_max;
+    o->spec_max_batch = (int32_t)c->spec_max_batch;
     o->grammar_budget_us = (uint64_t)c->grammar_budget_ms * 1000;
     o->grammar_cpu_us = (uint64_t)c->grammar_cpu_ms * 1000;
     o->prefix_cache = !c->no_prefix_cache;

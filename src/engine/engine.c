@@ -55,6 +55,9 @@ void engine_opts_default(engine_opts *o) {
     o->prefix_cache = true;
     o->grammar_budget_us = 1000000; // a new grammar's first masks build its token classes: 0.1-0.3 s at 150k tokens
     o->grammar_cpu_us = 20000000;
+    o->spec_ngram_min = 2;
+    o->spec_ngram_max = 4;
+    o->spec_max_batch = 4;
 }
 
 ks_err engine_capacity_check(const engine_opts *o, bool *warn_out, char *buf, size_t cap) {
@@ -323,6 +326,42 @@ static bool engine__emit(engine *e, engine_req *r, float *logits_row) {
     return engine__take(e, r, &sr);
 }
 
+/* Speculative decoding: r's logits rows out_row .. out_row + n_draft are
+ * those of its last token and of each draft after it. Draws from them in
+ * order, exactly as that many decode steps would (same rows, bit for bit:
+ * the pass is batch-invariant; same sampler, same draws), as long as each
+ * draw confirms the draft the next row was computed for. So greedy output
+ * is the non-speculative output token for token, and a seeded sampled one
+ * is too: this is rejection sampling with a one-point draft distribution
+ * (a draft d is kept with probability p(d); else the token is drawn from p
+ * without d, renormalized), done with one draw per token. The rows of the
+ * rejected drafts are scrubbed at once (kv_seq_truncate, I3). Returns true
+ * if r finished. */
+static bool engine__verify(engine *e, engine_req *r) {
+    const int32_t nd = r->n_draft;
+    const uint32_t p0 = (uint32_t)(r->n_prompt + r->n_gen - 1); // position of `last`
+    int32_t kept = 0;
+    bool gone = false;
+    r->n_draft = 0;
+    // counted before any draw: a draw may end r (and free it)
+    r->n_drafted += nd;
+    atomic_fetch_add(&e->spec_steps, 1);
+    atomic_fetch_add(&e->spec_drafted, (unsigned long long)nd);
+    for (int32_t i = 0; i <= nd; i++) {
+        if ((gone = engine__emit(e, r, e->logits + (size_t)(r->out_row + i) * (size_t)e->V)))
+            break;
+        if (i == nd || r->last != r->draft[i]) break;
+        kept++;
+        r->n_accepted++;
+        atomic_fetch_add(&e->spec_accepted, 1);
+    }
+    if (gone) return true; // its pages are released (scrubbed) already
+    // rows p0 .. p0 + nd were written; p0 + kept + 1 .. on are rejected drafts'
+    if (kept < nd) kv_seq_truncate(e->pool, engine__seq(r), p0 + (uint32_t)kept + 1);
+    engine__spec_adapt(e, r, nd, kept);
+    return false;
+}
+
 /* Posts the prompt events of this step's prompt positions of r (echo):
  * token 0 without a logprob, then token p+1 with the log-softmax of
  * position p's logits row, as sample_logprobs_row computes it. */
@@ -421,6 +460,13 @@ static bool engine__step(engine *e) {
     // request whose client has not taken its output sits this step out
     int32_t n = 0, n_out = 0, n_hid = 0, budget = e->o.max_batch_tokens;
     unsigned n_paused = 0;
+    // speculation pays while a step reads the weights for few tokens: past
+    // spec_max_batch decoding requests nobody drafts (engine_opts)
+    int n_dec = 0;
+    for (int i = 0; i < e->n_running && e->o.spec_tokens > 0; i++)
+        n_dec += atomic_load(&e->running[i]->state) == ENGINE_DECODING;
+    const bool drafting = e->o.spec_tokens > 0 && n_dec <= e->o.spec_max_batch;
+    int n_dec_left = n_dec; // decoding requests whose token is not in yet: drafts leave them room
     for (int i = 0; i < e->n_running; i++) {
         engine_req *r = e->running[i];
         r->batch_slot = i;
@@ -440,6 +486,23 @@ static bool engine__step(engine *e) {
         e->b_out[n] = r->out_row = n_out++;
         e->b_hid[n] = -1;
         n++;
+        // its drafts follow, each with a logits row: at most what the batch
+        // has room for and what max_tokens leaves (so every row written
+        // lies in the pages reserved at admission)
+        r->n_draft = 0;
+        n_dec_left--;
+        if (drafting && r->spec) {
+            int32_t k = r->max_tokens - r->n_gen - 1;
+            if (k > budget - n - n_dec_left) k = budget - n - n_dec_left;
+            r->n_draft = engine__spec_draft(e, r, k);
+            for (int32_t j = 0; j < r->n_draft; j++, n++) {
+                e->b_tok[n] = r->draft[j];
+                e->b_pos[n] = e->b_pos[n - 1] + 1;
+                e->b_seq[n] = i;
+                e->b_out[n] = n_out++;
+                e->b_hid[n] = -1;
+            }
+        }
     }
     int32_t lp_rows = ENGINE__PROMPT_ROWS; // extra logits rows left for prompt logprobs
     for (int i = 0; i < e->n_running && n < budget; i++) {
@@ -549,6 +612,8 @@ static bool engine__step(engine *e) {
                 if (r->max_tokens == 0) { // echo only: the prompt was all it asked for
                     engine__finish(e, r, ENGINE_FINISHED, ENGINE_FINISH_LENGTH, KS_OK, NULL);
                     gone = true;
+                } else if (r->n_draft > 0) {
+                    gone = engine__verify(e, r);
                 } else {
                     gone = engine__emit(e, r, e->logits + (size_t)r->out_row * (size_t)e->V);
                     posted |= !gone && r->mpending; // gone: r may be freed already
@@ -692,6 +757,15 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
     if (!o->m || o->n_ctx < 1 || o->page_tokens < 1 || o->max_batch_tokens < 1 || o->max_running < 1 ||
         o->queue_max < 0 || o->kv_pages < 1)
         return ks_seterr(eb, KS_ERR_INVAL, "engine: invalid options");
+    if (o->spec_tokens < 0 || o->spec_tokens > ENGINE_SPEC_MAX ||
+        (o->spec_tokens > 0 && (o->spec_ngram_min < 1 || o->spec_ngram_max < o->spec_ngram_min ||
+                                o->spec_max_batch < 1)))
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "engine: speculative decoding takes 0..%d draft tokens, n-gram sizes "
+                         "1 <= min <= max and a batch limit >= 1 (got %d tokens, n-grams %d..%d, "
+                         "batch %d)",
+                         ENGINE_SPEC_MAX, o->spec_tokens, o->spec_ngram_min, o->spec_ngram_max,
+                         o->spec_max_batch);
     char msg[512];
     bool warn;
     if (engine_capacity_check(o, &warn, msg, sizeof msg))
@@ -723,7 +797,9 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
         goto fail;
     size_t R = (size_t)o->max_running, B = (size_t)o->max_batch_tokens;
     e->running = calloc(R, sizeof *e->running);
-    e->logits = malloc(sizeof(float) * (R + ENGINE__PROMPT_ROWS) * (size_t)e->V);
+    // a row per running request and per draft it may carry, and echo's rows
+    e->logits = malloc(sizeof(float) * (R * (1 + (size_t)o->spec_tokens) + ENGINE__PROMPT_ROWS) *
+                       (size_t)e->V);
     e->b_tok = malloc(sizeof(int32_t) * B * 4);
     e->b_seqs = calloc(R, sizeof *e->b_seqs);
     e->b_err = calloc(R, sizeof *e->b_err);
@@ -829,5 +905,8 @@ void engine_get_stats(engine *e, engine_stats *out) {
     out->n_rejected = atomic_load(&e->n_rejected);
     out->tokens_in = atomic_load(&e->tokens_in);
     out->tokens_out = atomic_load(&e->tokens_out);
+    out->spec_steps = atomic_load(&e->spec_steps);
+    out->spec_drafted = atomic_load(&e->spec_drafted);
+    out->spec_accepted = atomic_load(&e->spec_accepted);
     out->n_violations = atomic_load(&e->n_violations);
 }

@@ -77,6 +77,16 @@ struct engine_req {
     double *eacc;            // (n_embd)
     float *evec;             // (n_embd) the result, written before the done event
     int32_t hid_row0, hid_n; // this step: its hidden rows (consecutive), hid_n 0: none
+    // speculative decoding (spec.c); scheduler-owned
+    bool spec;               // drafts (engine_opts.spec_tokens, not opted out, no grammar)
+    int32_t *gen;            // (max_tokens) the tokens taken so far, for prompt lookup; NULL: !spec
+    int32_t *pred;           // (n_pred) the prediction's ids, or NULL
+    int32_t n_pred;
+    int32_t pred_at;         // the prediction's id expected next, -1: out of step with it
+    int32_t spec_k;          // drafts to ask for next step (adapts to what is kept)
+    int32_t n_draft;         // this step: drafts in the batch after `last`, 0: none
+    int32_t draft[ENGINE_SPEC_MAX];
+    int32_t n_drafted, n_accepted; // totals, reported in the done event
 };
 
 typedef struct {
@@ -140,6 +150,7 @@ struct engine {
     atomic_ullong n_violations;
     // stats
     atomic_ullong n_finished, n_aborted, n_rejected, tokens_in, tokens_out;
+    atomic_ullong spec_steps, spec_drafted, spec_accepted;
     atomic_uint st_queued, st_running, st_paused;
     // engine_check_quiescent handshake (mu)
     int check_state;  // 0 idle, 1 requested, 2 answered
@@ -187,6 +198,23 @@ void engine__finish(engine *e, engine_req *r, engine_state to, engine_finish fin
 bool engine__take(engine *e, engine_req *r, const sample_result *sr);
 /* clk's reading in nanoseconds (0 if it cannot be read). */
 uint64_t engine__clock_ns(clockid_t clk);
+
+// ----------------------------------------------------------------------------
+// Speculative decoding's drafts (spec.c)
+
+/* Sets r up to speculate when the engine does and p lets it (r->spec; its
+ * history and prediction buffers). Errors: KS_ERR_NOMEM. Before the
+ * request is queued. */
+ks_err engine__spec_init(engine *e, engine_req *r, const engine_params *p, ks_errbuf *eb);
+/* Writes up to k (and r->spec_k) drafts to follow r->last into r->draft
+ * and returns how many (0: none found). Scheduler thread. */
+int32_t engine__spec_draft(engine *e, engine_req *r, int32_t k);
+/* Records tok, just taken as r's n_gen-th token, in its history and
+ * prediction cursor. A no-op when r does not speculate. */
+void engine__spec_taken(engine_req *r, int32_t tok);
+/* After a verify: r drafted `drafted` tokens and kept `kept`; sets how many
+ * it asks for next (r->spec_k, 1..spec_tokens). */
+void engine__spec_adapt(const engine *e, engine_req *r, int32_t drafted, int32_t kept);
 
 // ----------------------------------------------------------------------------
 // Grammar masks (mask.c)

@@ -58,6 +58,8 @@ static void engine__req_free(engine_req *r) {
     free(r->mlogits);
     engine_stream_destroy(r->out);
     free(r->prompt);
+    free(r->gen);
+    free(r->pred);
     free(r->eacc);
     free(r->evec);
     free(r);
@@ -167,7 +169,8 @@ static ks_err engine__req_build(engine *e, const engine_params *p, const int32_t
     if (!r->prompt || (ce = sampler_create(&r->sp, e->V, &r->smp, eb)) ||
         (ce = sampler_set_bias(r->smp, p->bias, p->n_bias, eb)) ||
         (ce = engine_stream_create(p->stops, p->n_stops, &r->out, eb)) ||
-        (p->grammar && (ce = engine__grammar_init(e, r, p->grammar, eb)))) {
+        (p->grammar && (ce = engine__grammar_init(e, r, p->grammar, eb))) ||
+        (ce = engine__spec_init(e, r, p, eb))) {
         engine__req_free(r);
         return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
     }
@@ -350,6 +353,8 @@ void engine__finish_reason(engine *e, engine_req *r, engine_state to, engine_fin
                         .n_prompt = r->n_prompt,
                         .n_gen = r->n_gen,
                         .n_cached = r->n_cached,
+                        .n_drafted = r->n_drafted,
+                        .n_accepted = r->n_accepted,
                         .t_submit_ns = r->t_submit,
                         .t_first_ns = r->t_first,
                         .t_sched_ns = r->t_sched,
@@ -376,6 +381,7 @@ bool engine__take(engine *e, engine_req *r, const sample_result *sr) {
     sampler_accept(r->smp, sr->token);
     r->n_gen++;
     r->last = sr->token;
+    engine__spec_taken(r, sr->token);
     atomic_fetch_add(&e->tokens_out, 1);
     bool matched = false;
     if (engine_stream_token(r->out, e->vocab, sr, e->piece, e->piece_cap, &matched) != KS_OK) {

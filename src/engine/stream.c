@@ -191,6 +191,8 @@ void engine_stream_finish(engine_stream *s, const engine_outcome *o, char *piece
     ev.n_prompt = o->n_prompt;
     ev.n_gen = o->n_gen;
     ev.n_cached = o->n_cached;
+    ev.n_drafted = o->n_drafted;
+    ev.n_accepted = o->n_accepted;
     ev.ttft_ms = o->t_first_ns ? (double)(o->t_first_ns - o->t_submit_ns) / 1e6 : 0.0;
     ev.queue_ms = o->t_sched_ns && o->t_sched_ns >= o->t_submit_ns
                       ? (double)(o->t_sched_ns - o->t_submit_ns) / 1e6

@@ -143,22 +143,28 @@ uint8_t *kv__page_base(const kv_pool *p, uint32_t id) {
     return p->slab + (size_t)id * p->page_bytes;
 }
 
-/* Fills a page's whole payload (page_bytes) with the scrub pattern (I3).
+/* Fills bytes [b0, b1) of a page's payload with the scrub pattern (I3);
+ * kv__scrub: the whole payload (page_bytes).
  * The poison word is stored bytewise (memcpy). page_bytes is even but, with
  * one plane of F16 or Q8_0 rows, not always a multiple of 4 (and then every
  * other page starts 2 bytes off a word): the tail gets the word's first
  * bytes, which is right because the pattern repeats every 2 bytes. */
-static void kv__scrub(kv_pool *p, uint32_t id) {
+static void kv__scrub_range(kv_pool *p, uint32_t id, size_t b0, size_t b1) {
+    KS_ASSERT(b0 % 2 == 0 && b0 <= b1 && b1 <= p->page_bytes);
     uint8_t *b = kv__page_base(p, id);
     if (p->scrub == KV_SCRUB_ZERO) {
-        memset(b, 0, p->page_bytes);
+        memset(b + b0, 0, b1 - b0);
         return;
     }
     const uint32_t w = KV__POISON_WORD;
-    size_t i = 0;
-    for (; i + 4 <= p->page_bytes; i += 4)
+    size_t i = b0;
+    for (; i + 4 <= b1; i += 4)
         memcpy(b + i, &w, 4);
-    memcpy(b + i, &w, p->page_bytes - i);
+    memcpy(b + i, &w, b1 - i);
+}
+
+static void kv__scrub(kv_pool *p, uint32_t id) {
+    kv__scrub_range(p, id, 0, p->page_bytes);
 }
 
 /* True when bytes [b0, b1) of page id hold the scrub pattern; b0 even (the
@@ -463,6 +469,30 @@ void kv_seq_set_filled(kv_pool *p, kv_seq *s, uint32_t n_tokens) {
         kv__set_state(p, h, f ? KV_PAGE_READY : KV_PAGE_ALLOCATED);
     }
     s->n_tokens = n_tokens;
+}
+
+void kv_seq_truncate(kv_pool *p, kv_seq *s, uint32_t n_tokens) {
+    const uint32_t P = (uint32_t)p->g.page_tokens, old = s->n_tokens;
+    KS_ASSERT(p->g.state_pages == 0); // a recurrent state cannot be rolled back
+    KS_ASSERT(n_tokens <= old && (uint64_t)n_tokens >= (uint64_t)s->n_shared * P);
+    const size_t rb = p->plane_bytes / P;
+    for (uint32_t i = n_tokens / P; i < s->n_pages && (uint64_t)i * P < old; i++) {
+        kv__page *h = kv__entry_hdr(p, s, i);
+        if (!h) { // a corrupt entry: never touch a page this sequence doesn't own
+            (void)kv__span_fail(p, s, i);
+            continue;
+        }
+        if (h->refcount != 1 || (h->state != KV_PAGE_ALLOCATED && h->state != KV_PAGE_READY))
+            continue;
+        const uint64_t lo = (uint64_t)i * P;
+        const uint32_t r0 = n_tokens > lo ? (uint32_t)(n_tokens - lo) : 0;
+        const uint32_t r1 = old - lo >= P ? P : (uint32_t)(old - lo);
+        // rows [r0, r1) of every layer's planes: [layer][plane][P][row]
+        for (int pl = 0; r0 < r1 && pl < p->g.n_layer * p->planes; pl++)
+            kv__scrub_range(p, (uint32_t)(h - p->hdr), (size_t)pl * p->plane_bytes + r0 * rb,
+                            (size_t)pl * p->plane_bytes + r1 * rb);
+    }
+    kv_seq_set_filled(p, s, n_tokens);
 }
 
 ks_err kv_seq_share_prefix(kv_pool *p, kv_seq *dst, const kv_seq *src, uint32_t n_pages,

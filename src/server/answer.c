@@ -420,7 +420,7 @@ enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv_gen *g
         srv_fail(&err, 500, "internal_error", "out of memory");
         return srv__reply_error(s, c, api, &err);
     }
-    json_t *usage = srv_usage_json(total.n_prompt, total.n_gen, total.n_cached);
+    json_t *usage = srv_usage_json(&total);
     json_t *j;
     if (g->route == SRV_ROUTE_WORKERS) {
         const srv_buf *t = &g->ch[0].text;

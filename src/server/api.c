@@ -151,6 +151,40 @@ static bool api__bool(json_t *root, const char *key, bool *out, srv_error *err) 
     return true;
 }
 
+/* prediction (OpenAI's predicted outputs): {"type": "content", "content":
+ * a string, or an array of {"type": "text", "text": string} parts, joined}.
+ * Only a draft source: the output is what it would be without it. */
+static bool api__prediction(srv_request *r, json_t *v, srv_error *err) {
+    if (!v || json_is_null(v)) return true;
+    json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+    json_t *c = json_is_object(v) ? json_object_get(v, "content") : NULL;
+    if (!t || !json_is_string(t) || strcmp(json_string_value(t), "content") != 0 || !c)
+        return INVALID(err, "prediction",
+                       "'prediction' must be {\"type\": \"content\", \"content\": ...}");
+    size_t n = json_is_array(c) ? json_array_size(c) : 1, len = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *p = json_is_array(c) ? json_array_get(c, i) : c;
+        json_t *x = json_is_object(p) ? json_object_get(p, "text") : p;
+        json_t *pt = json_is_object(p) ? json_object_get(p, "type") : NULL;
+        if (!x || !json_is_string(x) ||
+            (json_is_object(p) && (!pt || !json_is_string(pt) ||
+                                   strcmp(json_string_value(pt), "text") != 0)))
+            return INVALID(err, "prediction",
+                           "'prediction.content' must be a string or an array of text parts");
+        len += json_string_length(x);
+    }
+    if (!(r->prediction = malloc(len + 1))) return INVALID(err, "prediction", "out of memory");
+    r->prediction_len = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *p = json_is_array(c) ? json_array_get(c, i) : c;
+        json_t *x = json_is_object(p) ? json_object_get(p, "text") : p;
+        memcpy(r->prediction + r->prediction_len, json_string_value(x), json_string_length(x));
+        r->prediction_len += json_string_length(x);
+    }
+    r->prediction[r->prediction_len] = '\0';
+    return true;
+}
+
 /* prompt: a string, or an array holding exactly one string. */
 static bool api__prompt(srv_request *r, json_t *v, srv_error *err) {
     if (json_is_array(v) && json_array_size(v) == 1)
@@ -343,6 +377,8 @@ static const char *const api__fields_common[] = {
     "stream",
     "ignore_eos",
     "logit_bias",
+    "prediction",  /* speculative decoding's drafts (OpenAI's predicted outputs) */
+    "speculative", /* false: no speculative decoding for this request (kvseal's) */
     NULL,
 };
 static const char *const api__fields_completions[] = {
@@ -541,6 +577,10 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
         goto fail;
     }
     if (!api__bool(root, "ignore_eos", &r->ignore_eos, err)) goto fail;
+    bool spec = true;
+    if (!api__bool(root, "speculative", &spec, err)) goto fail;
+    r->no_spec = !spec;
+    if (!api__prediction(r, json_object_get(root, "prediction"), err)) goto fail;
     if ((v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
         if (!json_is_object(v)) {
             INVALID(err, "stream_options", "'stream_options' must be an object, got %s",
@@ -597,6 +637,7 @@ void srv_request_free(srv_request *r) {
     if (r->tmpl_msgs) json_decref(r->tmpl_msgs);
     grammar_unref(r->grammar);
     free(r->bias);
+    free(r->prediction);
     if (r->root) json_decref(r->root);
     memset(r, 0, sizeof *r);
 }
@@ -643,8 +684,20 @@ bool srv_sse_json(srv_buf *b, const json_t *j) {
 
 bool srv_sse_done(srv_buf *b) { return srv_buf_add(b, "data: [DONE]\n\n", 14); }
 
-json_t *srv_usage_json(int32_t n_prompt, int32_t n_gen, int32_t n_cached) {
-    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (int)n_prompt,
-                     "completion_tokens", (int)n_gen, "total_tokens", (int)(n_prompt + n_gen),
-                     "prompt_tokens_details", "cached_tokens", (int)n_cached);
+json_t *srv_usage_json(const engine_event *t) {
+    json_t *u = json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (int)t->n_prompt,
+                          "completion_tokens", (int)t->n_gen, "total_tokens",
+                          (int)(t->n_prompt + t->n_gen), "prompt_tokens_details", "cached_tokens",
+                          (int)t->n_cached);
+    // speculative decoding (OpenAI's names for its predicted outputs): drafts
+    // kept, and drafts computed but not kept
+    if (u && t->n_drafted > 0 &&
+        json_object_set_new(u, "completion_tokens_details",
+                            json_pack("{s:i, s:i}", "accepted_prediction_tokens",
+                                      (int)t->n_accepted, "rejected_prediction_tokens",
+                                      (int)(t->n_drafted - t->n_accepted))) != 0) {
+        json_decref(u);
+        return NULL;
+    }
+    return u;
 }

@@ -90,8 +90,8 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     char *text = NULL;
     tok_span *spans = NULL; // where the request's text is in a rendered chat
     size_t n_spans = 0;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
+    int32_t *ids = NULL, *pred = NULL; // the prompt's ids, the prediction's
+    size_t n_ids = 0, n_pred = 0;
     srv_gen *g = NULL;
     int held = -1;             // tenant admitted here, until g takes it over
     int64_t held_reserved = 0; // tokens it took from the tenant's bucket
@@ -254,6 +254,16 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     p.prompt_logprobs = g->echo && (rq.logprobs || max_tokens == 0);
     p.prompt_top = rq.top_logprobs;
     p.model = sm->index;
+    p.no_spec = rq.no_spec;
+    if (rq.prediction) { // drafts only (engine_opts.spec_tokens): as text of the answer, no BOS
+        if (tok_encode(sm->vocab, rq.prediction, rq.prediction_len, false, false, &pred,
+                       &n_pred, &eb) != KS_OK) {
+            srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
+            goto fail;
+        }
+        p.prediction = pred;
+        p.n_prediction = n_pred > INT32_MAX ? INT32_MAX : (int32_t)n_pred;
+    }
     if (chat_like && !srv__tool_choice_grammar(sm, &rq, &err)) goto fail;
     p.grammar = rq.grammar;
     if (chat_like) {
@@ -277,6 +287,7 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
         goto fail;
     }
     free(ids);
+    free(pred);
     free(text);
     ids = NULL;
     text = NULL;
@@ -299,6 +310,7 @@ fail:
                              err.reason == ADMIT_CONTEXT_LENGTH ? held_charge : 0);
     srv__gen_free(g);
     free(ids);
+    free(pred);
     free(text);
     free(spans);
     srv_request_free(&rq);

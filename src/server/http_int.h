@@ -159,6 +159,7 @@ struct srv_gen {
     bool probed;      /* the 102 probe went out */
     bool http11;
     int32_t n_prompt, max_tokens, n_gen;
+    int32_t n_drafted, n_accepted; /* speculative decoding, over the choices done */
     int64_t reserved; /* tokens taken from the tenant's bucket */
     char id[16 + SRV_REQUEST_ID_MAX]; /* prefix + the x-request-id */
     char rid[SRV_REQUEST_ID_MAX + 1]; /* the x-request-id, for the log line */

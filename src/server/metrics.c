@@ -164,6 +164,12 @@ static bool met__tenants(srv_buf *b, const srv_tenants *ts) {
         {"kvseal_tenant_grammar_mask_microseconds_total",
          "CPU the tenant's grammar masks took (structured output), in microseconds.",
          offsetof(srv_tenant, m_mask_us)},
+        {"kvseal_tenant_spec_draft_tokens_total",
+         "Speculative decoding: draft tokens computed for the tenant's requests.",
+         offsetof(srv_tenant, m_spec_drafted)},
+        {"kvseal_tenant_spec_accepted_tokens_total",
+         "Speculative decoding: the tenant's draft tokens its own draws kept.",
+         offsetof(srv_tenant, m_spec_accepted)},
     };
     bool ok = true;
     for (size_t k = 0; k < sizeof ctr / sizeof ctr[0] && ok; k++) {
@@ -213,6 +219,15 @@ static bool met__vllm_all(srv_buf *b, srv_metrics *m, const engine_stats *es, co
                        "KV-cache usage. 1 means 100 percent usage.", mname, v) &&
              met__vllm(b, "vllm:gpu_cache_usage_perc", "gauge",
                        "KV-cache usage. 1 means 100 percent usage (the older name).", mname, v);
+        snprintf(v, sizeof v, "%llu", (unsigned long long)es->spec_steps);
+        ok = ok && met__vllm(b, "vllm:spec_decode_num_drafts_total", "counter",
+                             "Number of spec decoding drafts.", mname, v);
+        snprintf(v, sizeof v, "%llu", (unsigned long long)es->spec_drafted);
+        ok = ok && met__vllm(b, "vllm:spec_decode_num_draft_tokens_total", "counter",
+                             "Number of draft tokens.", mname, v);
+        snprintf(v, sizeof v, "%llu", (unsigned long long)es->spec_accepted);
+        ok = ok && met__vllm(b, "vllm:spec_decode_num_accepted_tokens_total", "counter",
+                             "Number of accepted tokens.", mname, v);
     }
     snprintf(v, sizeof v, "%llu", LOAD(m->tokens_in));
     ok = ok && met__vllm(b, "vllm:prompt_tokens_total", "counter",
@@ -357,6 +372,28 @@ char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
                                "fraction of the pool (0..1).\n"
                                "# TYPE kvseal_kv_usage_ratio gauge\nkvseal_kv_usage_ratio %.6f\n",
                                total ? 1.0 - (double)es->kv.pages[0] / (double)total : 0.0);
+        // speculative decoding (docs/speculative.md); vLLM's names below too
+        ok = ok &&
+             met__printf(&b,
+                         "# HELP kvseal_spec_verify_steps_total Request-steps that carried "
+                         "speculative drafts.\n# TYPE kvseal_spec_verify_steps_total counter\n"
+                         "kvseal_spec_verify_steps_total %llu\n"
+                         "# HELP kvseal_spec_draft_tokens_total Draft tokens computed.\n"
+                         "# TYPE kvseal_spec_draft_tokens_total counter\n"
+                         "kvseal_spec_draft_tokens_total %llu\n",
+                         (unsigned long long)es->spec_steps, (unsigned long long)es->spec_drafted) &&
+             met__printf(&b,
+                         "# HELP kvseal_spec_accepted_tokens_total Draft tokens kept (the "
+                         "rest were scrubbed at once).\n"
+                         "# TYPE kvseal_spec_accepted_tokens_total counter\n"
+                         "kvseal_spec_accepted_tokens_total %llu\n"
+                         "# HELP kvseal_spec_acceptance_ratio Draft tokens kept over drafted, "
+                         "since start (0 before any draft).\n"
+                         "# TYPE kvseal_spec_acceptance_ratio gauge\n"
+                         "kvseal_spec_acceptance_ratio %.6f\n",
+                         (unsigned long long)es->spec_accepted,
+                         es->spec_drafted ? (double)es->spec_accepted / (double)es->spec_drafted
+                                          : 0.0);
     }
     const char *mname = m->model_name ? m->model_name : "model";
     ok = ok &&

@@ -180,10 +180,17 @@ int srv__gen_poll(srv_gen *g, engine_event *ev) {
             ch->end = *ev;
             g->n_gen += ev->n_gen - ch->n_gen; // the engine's count is the truth
             ch->n_gen = ev->n_gen;
-            if (g->tenant >= 0) // its grammar's CPU, charged to its tenant
-                atomic_fetch_add_explicit(&g->s->ts->t[g->tenant].m_mask_us,
-                                          (unsigned long long)(ev->mask_ms * 1e3),
+            g->n_drafted += ev->n_drafted;
+            g->n_accepted += ev->n_accepted;
+            if (g->tenant >= 0) { // its grammar's CPU and its drafts, its tenant's
+                srv_tenant *t = &g->s->ts->t[g->tenant];
+                atomic_fetch_add_explicit(&t->m_mask_us, (unsigned long long)(ev->mask_ms * 1e3),
                                           memory_order_relaxed);
+                atomic_fetch_add_explicit(&t->m_spec_drafted, (unsigned long long)ev->n_drafted,
+                                          memory_order_relaxed);
+                atomic_fetch_add_explicit(&t->m_spec_accepted,
+                                          (unsigned long long)ev->n_accepted, memory_order_relaxed);
+            }
             g->done = ++g->n_done == g->n_ch;
         }
         return 1;
@@ -196,6 +203,8 @@ int srv__gen_poll(srv_gen *g, engine_event *ev) {
 engine_event srv__gen_total(const srv_gen *g, const engine_event *ev) {
     engine_event t = *ev;
     t.n_gen = g->n_gen;
+    t.n_drafted = g->n_drafted;
+    t.n_accepted = g->n_accepted;
     return t;
 }
 

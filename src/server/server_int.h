@@ -188,6 +188,10 @@ typedef struct srv_request {
     sample_bias *bias; /* (n_bias) logit_bias, malloc'd; ids checked >= 0 only (the
                           vocabulary's size is checked where the model is known) */
     int n_bias;
+    /* speculative decoding (issue 42) */
+    char *prediction;  /* OpenAI's predicted outputs: the expected text, malloc'd; NULL: none */
+    size_t prediction_len;
+    bool no_spec;      /* "speculative": false: this request never drafts */
 } srv_request;
 
 /* Parses and validates a request body for route (CHAT, COMPLETIONS or
@@ -262,7 +266,7 @@ bool srv_sse_done(srv_buf *b) KS_MUST_USE;
 
 /* The usage object {prompt_tokens, completion_tokens, total_tokens,
  * prompt_tokens_details: {cached_tokens}} (OpenAI's names); new reference. */
-json_t *srv_usage_json(int32_t n_prompt, int32_t n_gen, int32_t n_cached);
+json_t *srv_usage_json(const engine_event *total);
 /* "stop" / "length" (NULL for others). */
 const char *srv_finish_name(engine_finish f);
 
@@ -289,6 +293,7 @@ typedef struct srv_tenant {
     atomic_ullong m_prompt;     /* prompt tokens of its finished generations */
     atomic_ullong m_generation; /* tokens generated for it */
     atomic_ullong m_mask_us;    /* CPU its grammar masks took (engine_event.mask_ms) */
+    atomic_ullong m_spec_drafted, m_spec_accepted; /* its speculative drafts, and those kept */
 } srv_tenant;
 
 /* Tenant rate limits shared between routers through redis (limits_redis.c). */

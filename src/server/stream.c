@@ -71,7 +71,7 @@ static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
                           fin);
         else
             j = json_pack("{s:s, s:o}", "response", "", "usage",
-                          srv_usage_json(ev->n_prompt, ev->n_gen, ev->n_cached));
+                          srv_usage_json(ev));
         ok = j && srv_sse_json(&g->out, j);
         json_decref(j);
     }
@@ -81,7 +81,11 @@ static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
             json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", g->id, "object",
                       srv_route_answer(g->route)->chunk_object,
                       "created", (json_int_t)g->created, "model", g->model, "choices", "usage",
-                      srv_usage_json(ev->n_prompt, g->n_gen, ev->n_cached));
+                      srv_usage_json(&(engine_event){.n_prompt = ev->n_prompt,
+                                                     .n_gen = g->n_gen,
+                                                     .n_cached = ev->n_cached,
+                                                     .n_drafted = g->n_drafted,
+                                                     .n_accepted = g->n_accepted}));
         ok = j && srv_sse_json(&g->out, j);
         json_decref(j);
     }

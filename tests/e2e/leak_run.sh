@@ -4,6 +4,8 @@
 # pool small enough that requests must wait, and the prefix cache on.
 # Exits with the suite's status: 0 clean, 1 a leak or wrong answer found.
 # LEAK_MODEL_FILE: another model file (served under the alias kjv-mini).
+# LEAK_SERVE_ARGS: more server options (e.g. --spec-tokens 4: speculative decoding;
+# LEAK_EXPECT_SPEC=1 then fails the run unless drafts were kept).
 # Extra environment passes through (KS_FAULT for the fault injector;
 # LEAK_EXPECT_VIOLATION=1 when one violation is expected).
 # LEAK_DISAGG=1: the suite runs against `kvseal router` with 2 prefill and 2
@@ -27,7 +29,7 @@ KS_ADMIN_KEY=$(node -e 'console.log(require(process.argv[1]).admin_key)' "$TMPD/
 # snapshots of that size)
 POOL=(-m "${LEAK_MODEL_FILE:-$KS_SRC/models/kjv-mini.gguf}" --alias kjv-mini --ctx 512
       --kv-pages "${LEAK_KV_PAGES:-48}"
-      --queue-timeout-ms 300000 --threads ${LEAK_THREADS:-2})
+      --queue-timeout-ms 300000 --threads ${LEAK_THREADS:-2} ${LEAK_SERVE_ARGS:-})
 if [ "${LEAK_DISAGG:-0}" = 1 ]; then
     start_server "$TMPD/ref.log" "${POOL[@]}" --tenants "$TMPD/tenants.json"
     REF_URL=$KS_URL; REF_PID=$KS_PID
@@ -46,6 +48,11 @@ if [ "${LEAK_DISAGG:-0}" = 1 ]; then
     KS_PID=$REF_PID stop_server
     grep -h "SECURITY" $KS_CLUSTER_LOGS >&2 || true
 else
+    if [ -n "${LEAK_EXPECT_SPEC:-}" ]; then # the suite's requests drafted, and kept drafts
+        kept=$(metric "$KS_URL" kvseal_spec_accepted_tokens_total)
+        echo "leak suite: speculative drafts kept: ${kept:-none}" >&2
+        [ "${kept:-0}" -gt 0 ] || { echo "LEAK SUITE FAILURE: no draft was kept" >&2; rc=1; }
+    fi
     stop_server
     grep -h "SECURITY" "$TMPD/server.log" >&2 || true
 fi

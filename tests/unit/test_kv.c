@@ -1385,6 +1385,64 @@ static void t_prefix_state(void) {
     G = g0;
 }
 
+/* Speculative decoding's rollback (kv_seq_truncate): the rows of rejected
+ * drafts are scrubbed at once (catches a truncate that only moves the
+ * counters, leaving a draft's K/V in the page), a page past the new end is
+ * unreadable again, the kept rows stay, the pages stay reserved, and new
+ * rows are written where the rejected ones were. Shared prefix pages are
+ * never touched. */
+static void t_truncate(void) {
+    kv_pool *p = mkpool(8, KV_SCRUB_ZERO);
+    ks_errbuf eb;
+    kv_seq s;
+    kv_seq_init(p, &s);
+    fill(p, &s, 11, 3); // pages 0, 1 full; page 2 rows 0..2
+    const uint32_t free0 = kv_pool_n_free(p);
+    kv_seq_truncate(p, &s, 6); // keep page 0 and page 1's rows 0..1
+    CHECK_EQ(s.n_tokens, 6u);
+    CHECK_EQ(s.n_pages, 3u);                 // still reserved
+    CHECK_EQ(kv_pool_n_free(p), free0);
+    check_content(p, &s, 6, 3);
+    const size_t rb = kv_row_bytes(&G);
+    for (uint32_t pg = 1; pg < 3; pg++) {
+        const kv_entry e = kv_seq_entry(&s, pg);
+        CHECK_EQ(info(p, e.page).filled, pg == 1 ? 2u : 0u);
+        CHECK_EQ(info(p, e.page).state, pg == 1 ? KV_PAGE_READY : KV_PAGE_ALLOCATED);
+        const uint8_t *b = kv__page_base(p, e.page);
+        for (int pl = 0; pl < G.n_layer * NP; pl++)
+            for (uint32_t r = 0; r < P; r++) {
+                const uint8_t *row = b + ((size_t)pl * P + r) * rb;
+                bool zero = true;
+                for (size_t i = 0; i < rb; i++)
+                    zero = zero && row[i] == 0;
+                // kept: page 1 rows 0..1; everything after was a rejected draft's
+                CHECK(zero == (pg == 2 || r >= 2));
+            }
+    }
+    const void *kb, *vb;
+    CHECK_EQ(kv_seq_span_read(p, &s, 2, 0, 1, &kb, &vb), KS_ERR_INTERNAL); // not readable
+    CHECK_EQ(kv_seq_span_read(p, &s, 1, 0, 3, &kb, &vb), KS_ERR_INTERNAL); // past filled
+    fill(p, &s, 12, 4); // positions 6..11 written again, by another marker
+    for (uint32_t pos = 6; pos < 12; pos++) {
+        CHECK_EQ(kv_seq_span_read(p, &s, pos / P, 1, pos % P + 1, &kb, &vb), KS_OK);
+        CHECK(((const float *)kb)[(pos % P) * (uint32_t)G.kv_dim] == val(4, pos, 1, 0, 0));
+    }
+    check_content(p, &s, 6, 3);
+    // a table that shares a prefix keeps it whole: truncation stops at its end
+    kv_seq t;
+    kv_seq_init(p, &t);
+    CHECK_EQ(kv_seq_reserve(p, &t, 3 * P, &eb), KS_OK);
+    CHECK_EQ(kv_seq_share_prefix(p, &t, &s, 2, &eb), KS_OK);
+    fill(p, &t, 2 * P + 3, 5);
+    kv_seq_truncate(p, &t, 2 * P);
+    CHECK_EQ(t.n_tokens, 2 * P);
+    check_content(p, &s, 6, 3); // s's pages, shared into t, untouched
+    CHECK_EQ(violations(p), 2); // the two refused reads above
+    kv_seq_release(p, &t);
+    kv_seq_release(p, &s);
+    finish(p);
+}
+
 // ----------------------------------------------------------------------------
 
 typedef struct {
@@ -1413,6 +1471,7 @@ static const test_case cases[] = {
     {"prefix_validate", t_prefix_validate, true},
     {"threads", t_threads, true},
     {"share_prefix", t_share_prefix, true},
+    {"truncate", t_truncate, true},
     {"state_pages", t_state_pages, true},
     {"prefix_state", t_prefix_state, true},
     {"cost", t_cost, false},

@@ -602,10 +602,18 @@ static void test_sse(void) {
     CHECK_EQ(b.len, strlen(b.p));
     CHECK_EQ(b.p[b.len - 1], '\n');
     srv_buf_free(&b);
-    j = srv_usage_json(5, 60, 3);
+    j = srv_usage_json(&(engine_event){.n_prompt = 5, .n_gen = 60, .n_cached = 3});
     char *s = json_dumps(j, JSON_COMPACT);
     CHECK_STR_EQ(s, "{\"prompt_tokens\":5,\"completion_tokens\":60,\"total_tokens\":65,"
                     "\"prompt_tokens_details\":{\"cached_tokens\":3}}");
+    free(s);
+    json_decref(j);
+    // speculative decoding: drafts kept, and computed but not kept (OpenAI's names)
+    j = srv_usage_json(
+        &(engine_event){.n_prompt = 5, .n_gen = 60, .n_drafted = 40, .n_accepted = 31});
+    s = json_dumps(j, JSON_COMPACT);
+    CHECK_STR_HAS(s, "\"completion_tokens_details\":{\"accepted_prediction_tokens\":31,"
+                     "\"rejected_prediction_tokens\":9}");
     free(s);
     json_decref(j);
     char id[48];
@@ -858,6 +866,8 @@ static void test_metrics(void) {
     es.kv.prefix_hits_pages = 9;
     es.n_queued = 3;
     es.n_running = 2;
+    es.spec_drafted = 40;
+    es.spec_accepted = 30;
     char *s = srv_metrics_render(&m, &es, true);
     CHECK(s);
     check_exposition(s);
@@ -869,6 +879,8 @@ static void test_metrics(void) {
     CHECK_STR_HAS(s, "kvseal_rejections_total{reason=\"tenant_rate\"} 2\n");
     CHECK_STR_HAS(s, "kvseal_rejections_total{reason=\"auth\"} 0\n"); // all reasons listed
     CHECK_STR_HAS(s, "kvseal_tokens_in_total 12\n");
+    CHECK_STR_HAS(s, "kvseal_spec_accepted_tokens_total 30\n");
+    CHECK_STR_HAS(s, "kvseal_spec_acceptance_ratio 0.750000\n");
     // cumulative buckets; +Inf equals _count
     CHECK_STR_HAS(s, "# TYPE kvseal_ttft_seconds histogram\n");
     CHECK_STR_HAS(s, "kvseal_ttft_seconds_bucket{le=\"0.005\"} 1\n");

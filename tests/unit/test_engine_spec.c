@@ -1,0 +1,276 @@
+/* test_engine_spec.c — speculative decoding (engine_opts.spec_tokens) on
+ * the shipped kjv-mini model. Each case runs the same requests on an
+ * engine without speculation and on one with it, and asks:
+ * - greedy: the same tokens, token for token, and drafts were computed and
+ *   kept (a verify that keeps a draft its draw did not confirm, or that
+ *   reads a rejected draft's K/V, changes the tokens);
+ * - sampled: for 24 seeds the same tokens as without speculation (one draw
+ *   per token, from the same rows: the distribution is the same because
+ *   every seed's draws are);
+ * - a prediction (OpenAI's predicted outputs) equal to the output: every
+ *   draft kept; a wrong one: nothing kept, the same tokens;
+ * - stop strings and max_tokens ending a request in the middle of its kept
+ *   drafts; the per-request opt-out; several requests at once (batch
+ *   invariance with drafts in the batch); spec_max_batch: no drafts in a
+ *   batch over it;
+ * - every page back and scrubbed at the end (check_clean). */
+#include "kvseal/engine.h"
+
+#include "../check.h"
+#include "engine_fixture.h"
+
+#include <stdlib.h>
+
+typedef struct {
+    int32_t toks[256];
+    int n;
+    engine_event done;
+} result;
+
+static engine *make_engine(int spec_tokens, int max_batch) {
+    engine_opts o = efx_opts(512, 256, 8, false);
+    o.spec_tokens = spec_tokens;
+    if (max_batch) o.spec_max_batch = max_batch;
+    return efx_engine(&o);
+}
+
+static void collect(engine_req *r, result *res) {
+    memset(res, 0, sizeof *res);
+    for (;;) {
+        engine_event ev;
+        CHECK_EQ(engine_req_next(r, &ev, 60000), KS_OK);
+        if (ev.token >= 0) {
+            CHECK(res->n < 256);
+            res->toks[res->n++] = ev.token;
+        }
+        if (ev.done) {
+            res->done = ev;
+            return;
+        }
+    }
+}
+
+static void params(engine_params *p, const int32_t *ids, size_t n, int max_tokens, float temp,
+                   uint64_t seed) {
+    memset(p, 0, sizeof *p);
+    p->tenant = "t";
+    p->prompt = ids;
+    p->n_prompt = (int32_t)n;
+    p->max_tokens = max_tokens;
+    sample_params_default(&p->sp);
+    p->sp.temperature = temp;
+    p->sp.seed = seed;
+}
+
+static void run(engine *e, const engine_params *p, result *res) {
+    engine_req *r;
+    ks_errbuf eb;
+    CHECK_EQ(engine_submit(e, p, &r, &eb), KS_OK);
+    collect(r, res);
+    engine_req_release(r);
+    CHECK_EQ(res->done.state, ENGINE_FINISHED);
+}
+
+static void check_same(const result *a, const result *b) {
+    CHECK_EQ(a->n, b->n);
+    for (int i = 0; i < a->n && i < b->n; i++)
+        CHECK_EQ(a->toks[i], b->toks[i]);
+    CHECK_EQ(a->done.finish, b->done.finish);
+    CHECK_EQ(a->done.n_gen, b->done.n_gen);
+}
+
+// a passage the model knows, twice: its second half repeats the first, so
+// the last tokens' earlier occurrence predicts what follows (prompt lookup)
+static const char *const QUOTE =
+    "In the beginning God created the heaven and the earth. And the earth was without form, and "
+    "void; and darkness was upon the face of the deep. And the Spirit of God moved upon the face "
+    "of the waters. In the beginning God created the heaven and the earth. And the earth";
+
+static engine *g_off, *g_on;
+
+static void test_greedy(void) {
+    int32_t *ids;
+    size_t n;
+    tokenize(QUOTE, &ids, &n);
+    engine_params p;
+    params(&p, ids, n, 96, 0.0f, 1);
+    p.ignore_eos = true;
+    result a, b;
+    run(g_off, &p, &a);
+    run(g_on, &p, &b);
+    check_same(&a, &b);
+    CHECK_EQ(a.done.n_drafted, 0);
+    printf("  greedy: %d tokens, %d drafted, %d kept\n", b.n, b.done.n_drafted,
+           b.done.n_accepted);
+    CHECK(b.done.n_drafted > 0);
+    CHECK(b.done.n_accepted > 0 && b.done.n_accepted <= b.done.n_drafted);
+    // opted out: no drafts, the same tokens
+    p.no_spec = true;
+    run(g_on, &p, &b);
+    check_same(&a, &b);
+    CHECK_EQ(b.done.n_drafted, 0);
+    free(ids);
+}
+
+static void test_sampled(void) {
+    int32_t *ids;
+    size_t n;
+    tokenize(QUOTE, &ids, &n);
+    int drafted = 0, kept = 0;
+    for (uint64_t seed = 1; seed <= 24; seed++) {
+        engine_params p;
+        params(&p, ids, n, 48, 0.7f, seed * 7919);
+        p.sp.repeat_penalty = seed % 2 ? 1.0f : 1.1f; // the penalty history moves with each token
+        result a, b;
+        run(g_off, &p, &a);
+        run(g_on, &p, &b);
+        check_same(&a, &b);
+        drafted += b.done.n_drafted;
+        kept += b.done.n_accepted;
+    }
+    printf("  sampled: 24 seeds, %d drafted, %d kept\n", drafted, kept);
+    CHECK(kept > 0);
+    free(ids);
+}
+
+static void test_prediction(void) {
+    int32_t *ids;
+    size_t n;
+    tokenize("And God said, Let there be light:", &ids, &n);
+    engine_params p;
+    params(&p, ids, n, 64, 0.0f, 1);
+    p.ignore_eos = true;
+    result a, b;
+    run(g_off, &p, &a);
+    // the output itself as the prediction: every draft is kept
+    p.prediction = a.toks;
+    p.n_prediction = a.n;
+    run(g_on, &p, &b);
+    check_same(&a, &b);
+    printf("  prediction: %d tokens, %d drafted, %d kept\n", b.n, b.done.n_drafted,
+           b.done.n_accepted);
+    CHECK_EQ(b.done.n_accepted, b.done.n_drafted);
+    CHECK(b.done.n_drafted >= a.n / 2);
+    // a wrong prediction (the output shifted by one id): the same tokens
+    int32_t wrong[256];
+    for (int i = 0; i < a.n; i++)
+        wrong[i] = (a.toks[i] + 1) % model_hp(g_model)->n_vocab;
+    p.prediction = wrong;
+    run(g_on, &p, &b);
+    check_same(&a, &b);
+    // max_tokens inside a run of kept drafts: exactly max_tokens
+    p.prediction = a.toks;
+    p.max_tokens = 7;
+    run(g_on, &p, &b);
+    CHECK_EQ(b.n, 7);
+    for (int i = 0; i < 7; i++)
+        CHECK_EQ(b.toks[i], a.toks[i]);
+    free(ids);
+}
+
+/* A stop string that matches inside a run of kept drafts ends the request
+ * there, as without speculation (the same tokens, text and finish). */
+static void test_stop(void) {
+    int32_t *ids;
+    size_t n;
+    tokenize(QUOTE, &ids, &n);
+    engine_params p;
+    params(&p, ids, n, 96, 0.0f, 1);
+    p.ignore_eos = true;
+    result a, b;
+    run(g_off, &p, &a);
+    // the stop string: the text of a word-like token well into the output
+    char stop[64] = "";
+    for (int i = 12; i < a.n && strlen(stop) < 4; i++) {
+        size_t k = tok_piece(model_vocab(g_model), a.toks[i], false, stop, sizeof stop - 1);
+        stop[k < sizeof stop - 1 ? k : 0] = '\0';
+    }
+    CHECK(strlen(stop) >= 4);
+    const char *stops[] = {stop};
+    p.stops = stops;
+    p.n_stops = 1;
+    run(g_off, &p, &a);
+    run(g_on, &p, &b);
+    check_same(&a, &b);
+    CHECK(a.n < 96);
+    CHECK_EQ(b.done.finish, ENGINE_FINISH_STOP);
+    free(ids);
+}
+
+/* Several requests at once, some drafting, one opted out, on an engine
+ * whose batch limit lets up to 4 draft: each gets its solo tokens. Then a
+ * limit of 1: with three decoding together nobody drafts. */
+static void test_batch(void) {
+    const char *prompts[] = {QUOTE, "And God said, Let there be light:",
+                                    "The LORD is my shepherd; I shall not want.", QUOTE};
+    int32_t *ids[4];
+    size_t n[4];
+    engine_params p[4];
+    result solo[4], got[4];
+    for (int i = 0; i < 4; i++) {
+        tokenize(prompts[i], &ids[i], &n[i]);
+        params(&p[i], ids[i], n[i], 40, i == 2 ? 0.8f : 0.0f, 100 + (uint64_t)i);
+        p[i].ignore_eos = true;
+        p[i].no_spec = i == 3;
+        run(g_off, &p[i], &solo[i]);
+    }
+    engine_req *r[4];
+    ks_errbuf eb;
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(engine_submit(g_on, &p[i], &r[i], &eb), KS_OK);
+    for (int i = 0; i < 4; i++) {
+        collect(r[i], &got[i]);
+        engine_req_release(r[i]);
+        check_same(&solo[i], &got[i]);
+    }
+    CHECK_EQ(got[3].done.n_drafted, 0);
+    // limit 1: the three choices of an n=3 request decode together and draft
+    // nothing; choice 0, a step ahead of the others once (it samples while
+    // they compute their last prompt page), may draft in that one step
+    // (24 tokens: under ENGINE_STREAM_BACKLOG, so no choice sits steps out
+    // unread while this thread reads another, and then decodes alone)
+    engine *e1 = make_engine(4, 1);
+    engine_req *c[3];
+    p[0].max_tokens = 24;
+    CHECK_EQ(engine_submit_n(e1, &p[0], 3, c, &eb), KS_OK);
+    for (int i = 0; i < 3; i++) {
+        collect(c[i], &got[i]);
+        engine_req_release(c[i]);
+        CHECK(got[i].done.n_drafted <= (i == 0 ? 4 : 0));
+    }
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(got[i].n, 24);
+        for (int j = 0; j < 24; j++)
+            CHECK_EQ(got[i].toks[j], solo[0].toks[j]);
+    }
+    check_clean(e1);
+    engine_destroy(e1);
+    for (int i = 0; i < 4; i++)
+        free(ids[i]);
+}
+
+int main(void) {
+    ks_log_set_level(KS_LOG_WARN);
+    g_model = kjv_model_load(true);
+    CHECK(g_model != NULL);
+    g_off = make_engine(0, 0);
+    g_on = make_engine(4, 0);
+    test_greedy();
+    test_sampled();
+    test_prediction();
+    test_stop();
+    test_batch();
+    engine_stats st;
+    engine_get_stats(g_on, &st);
+    printf("  engine: %llu verify steps, %llu drafted, %llu kept\n",
+           (unsigned long long)st.spec_steps, (unsigned long long)st.spec_drafted,
+           (unsigned long long)st.spec_accepted);
+    CHECK(st.spec_drafted > 0 && st.spec_accepted > 0 && st.spec_accepted <= st.spec_drafted);
+    check_clean(g_off);
+    check_clean(g_on);
+    engine_destroy(g_off);
+    engine_destroy(g_on);
+    model_free(g_model);
+    printf("engine_spec ok\n");
+    return 0;
+}
