@@ -96,6 +96,14 @@ typedef struct engine_opts {
     int32_t spec_ngram_min, spec_ngram_max; /* prompt-lookup n-gram sizes (2, 4) */
     int32_t spec_max_batch; /* no drafts in a step with more decoding requests (4): a
                                large batch already reads the weights once for many */
+    /* A draft model (NULL: none; borrowed, outlives the engine): with
+     * spec_tokens > 0, requests without a prediction draft its greedy tokens
+     * instead of prompt lookup. Same vocabulary as m, no recurrent state. Its
+     * KV lives in a pool of its own (draft_kv_pages pages, 0: kv_pages),
+     * tagged, checked and scrubbed like the target's; a request reserves its
+     * draft pages when it first drafts (none left: it does not draft). */
+    const model *draft;
+    uint32_t draft_kv_pages;
 } engine_opts;
 
 /* Drafted tokens per step at most (engine_opts.spec_tokens). */

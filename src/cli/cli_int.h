@@ -128,6 +128,7 @@ void cli__notify(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 typedef struct serve__cfg {
     const char *model_path, *host, *tenants, *admin_key, *metrics_key, *security_log;
     const char *chat_template_file; /* --chat-template-file: overrides the model's template */
+    const char *draft_model;        /* --draft-model: speculative decoding's drafts (serve) */
     long port;
     const char *aliases[SERVE_MAX_ALIASES];
     int n_aliases;

@@ -47,11 +47,13 @@ void serve__usage(const char *cmd) {
         "         [--tool-call-format auto|none|NAME] [--reasoning-format auto|none|deepseek]\n"
         "         [--pooling mean|cls|last] [--grammar-budget-ms 1000] [--grammar-cpu-ms 20000]\n"
         "         [--spec-tokens 0..8 (0: off)] [--spec-ngram-min 2] [--spec-ngram-max 4]\n"
-        "         [--spec-max-batch 4]\n"
+        "         [--spec-max-batch 4] [--draft-model MODEL (serve)]\n"
         "  --spec-tokens N: speculative decoding, up to N drafts a step from the request's own\n"
         "  prompt and output (prompt lookup, n-grams of --spec-ngram-min..max tokens) and its\n"
         "  'prediction'; the same output as without it. No drafts in a step with more than\n"
-        "  --spec-max-batch requests decoding (docs/speculative.md).\n"
+        "  --spec-max-batch requests decoding (docs/speculative.md). --draft-model: a smaller\n"
+        "  model of the same vocabulary drafts instead (its greedy tokens; --spec-tokens 4\n"
+        "  unless given).\n"
         "  --grammar-budget-ms / --grammar-cpu-ms: the CPU a request's grammar masks may\n"
         "  take for one token / in all (0: no limit); past either it ends with a 400. Masks\n"
         "  run on their own threads and never hold up other requests' tokens.\n"
@@ -232,6 +234,7 @@ enum {
     SO_SPEC_NGRAM_MIN,
     SO_SPEC_NGRAM_MAX,
     SO_SPEC_MAX_BATCH,
+    SO_DRAFT_MODEL,
     SO__N
 };
 
@@ -289,6 +292,7 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_SPEC_NGRAM_MIN] = {"spec-ngram-min", 0, true, false},
     [SO_SPEC_NGRAM_MAX] = {"spec-ngram-max", 0, true, false},
     [SO_SPEC_MAX_BATCH] = {"spec-max-batch", 0, true, false},
+    [SO_DRAFT_MODEL] = {"draft-model", 0, true, false},
 };
 
 /* cli__spec.apply for serve and the cluster roles. String values point
@@ -418,6 +422,9 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
         break;
     case SO_CHAT_TEMPLATE_FILE:
         sv = &c->chat_template_file;
+        break;
+    case SO_DRAFT_MODEL:
+        sv = &c->draft_model;
         break;
     case SO_ADMIN_KEY:
         sv = &c->admin_key;
@@ -773,6 +780,11 @@ int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts 
                           FILE *report) {
     int rc = serve__parse(argc, argv, c);
     if (rc) return rc < 0 ? 0 : rc;
+    if (c->draft_model && strcmp(argv[0], "serve") != 0) {
+        fprintf(stderr, "kvseal %s: --draft-model is kvseal serve's (cluster workers do not "
+                        "draft yet)\n", argv[0]);
+        return 2;
+    }
     if (c->n_more_models && strcmp(argv[0], "router") != 0) {
         fprintf(stderr, "kvseal %s: one --model only (kvseal router fronts several)\n", argv[0]);
         return 2;
@@ -865,7 +877,7 @@ int cli_check(int argc, char **argv) {
 
 int cli_serve(int argc, char **argv) {
     serve__cfg c;
-    model *m = NULL;
+    model *m = NULL, *dm = NULL; // the model, the draft model (--draft-model)
     engine_opts o;
     engine *e = NULL;
     server *s = NULL;
@@ -889,6 +901,16 @@ int cli_serve(int argc, char **argv) {
     char name[256];
     serve__model_name(c.model_path, name, sizeof name);
     if (server_seclog_open(c.security_log, &sl, &eb)) goto fail;
+    if (c.draft_model) { // speculative decoding's drafts from a second model (docs/speculative.md)
+        if (model_load(c.draft_model, &dm, &eb) || model_kv_type_check(dm, c.kv_type, &eb)) {
+            ks_log(KS_LOG_ERROR, "serve: draft model %s: %s", c.draft_model, eb.msg);
+            goto done;
+        }
+        o.draft = dm;
+        if (!o.spec_tokens) o.spec_tokens = 4;
+        ks_log(KS_LOG_INFO, "speculative decoding: up to %d drafts a step from %s", o.spec_tokens,
+               c.draft_model);
+    }
     o.on_security_event = server_seclog_write;
     o.event_ctx = sl;
     if (engine_create(&o, &e, &eb)) goto fail;
@@ -917,6 +939,7 @@ done:
     server_destroy(s);
     engine_destroy(e);
     server_seclog_close(sl);
+    model_free(dm);
     model_free(m);
     serve__cfg_free(&c);
     return rc;

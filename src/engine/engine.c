@@ -358,6 +358,9 @@ static bool engine__verify(engine *e, engine_req *r) {
     if (gone) return true; // its pages are released (scrubbed) already
     // rows p0 .. p0 + nd were written; p0 + kept + 1 .. on are rejected drafts'
     if (kept < nd) kv_seq_truncate(e->pool, engine__seq(r), p0 + (uint32_t)kept + 1);
+    // the draft model's KV holds `last` and the drafts it fed: valid up to the kept ones
+    if (r->has_dseq && r->d_valid > p0 + (uint32_t)kept + 1) r->d_valid = p0 + (uint32_t)kept + 1;
+    if (r->has_dseq && r->dseq.n_tokens < r->d_valid) r->d_valid = r->dseq.n_tokens;
     engine__spec_adapt(e, r, nd, kept);
     return false;
 }
@@ -467,6 +470,7 @@ static bool engine__step(engine *e) {
         n_dec += atomic_load(&e->running[i]->state) == ENGINE_DECODING;
     const bool drafting = e->o.spec_tokens > 0 && n_dec <= e->o.spec_max_batch;
     int n_dec_left = n_dec; // decoding requests whose token is not in yet: drafts leave them room
+    engine__spec_dmodel(e, drafting); // the draft model's drafts, if there is one
     for (int i = 0; i < e->n_running; i++) {
         engine_req *r = e->running[i];
         r->batch_slot = i;
@@ -670,7 +674,8 @@ static void *engine__main(void *arg) {
             if (e->prefix) kv_prefix_evict(e->prefix, UINT32_MAX);
             kv_stats st;
             kv_pool_stats(e->pool, &st);
-            bool clean = kv_pool_all_free_and_scrubbed(e->pool);
+            bool clean = kv_pool_all_free_and_scrubbed(e->pool) &&
+                         (!e->dpool || kv_pool_all_free_and_scrubbed(e->dpool));
             pthread_mutex_lock(&e->mu);
             e->check_clean = clean;
             snprintf(e->check_msg, sizeof e->check_msg,
@@ -735,6 +740,7 @@ static void engine__free(engine *e) {
     pthread_cond_destroy(&e->mdone);
     pthread_mutex_destroy(&e->mmu);
     model_ctx_free(e->ctx);
+    engine__spec_dmodel_free(e);
     kv_prefix_destroy(e->prefix);
     kv_pool_destroy(e->pool);
     free(e->running);
@@ -795,6 +801,10 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
         goto fail;
     if ((err = model_ctx_create(o->m, e->pool, o->n_threads, o->max_batch_tokens, o->n_ctx, &e->ctx, eb)))
         goto fail;
+    if (o->draft && o->spec_tokens > 0) { // the draft model: its own pool, checked like the model's
+        if ((err = engine__spec_dmodel_create(e, eb))) goto fail;
+        kv_pool_set_violation_cb(e->dpool, engine__violation_cb, e);
+    }
     size_t R = (size_t)o->max_running, B = (size_t)o->max_batch_tokens;
     e->running = calloc(R, sizeof *e->running);
     // a row per running request and per draft it may carry, and echo's rows

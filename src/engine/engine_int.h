@@ -87,6 +87,11 @@ struct engine_req {
     int32_t n_draft;         // this step: drafts in the batch after `last`, 0: none
     int32_t draft[ENGINE_SPEC_MAX];
     int32_t n_drafted, n_accepted; // totals, reported in the done event
+    kv_seq dseq;             // draft model: its KV of this request (e->dpool)
+    bool has_dseq;           // dseq holds pages the engine must release
+    uint32_t d_valid;        // dseq's positions [0, d_valid) hold the request's own tokens
+    int32_t n_dm;            // this step: drafts the draft model wrote to draft[], 0: none
+    int32_t dm_want;         // this step: drafts asked of the draft model
 };
 
 typedef struct {
@@ -151,6 +156,14 @@ struct engine {
     // stats
     atomic_ullong n_finished, n_aborted, n_rejected, tokens_in, tokens_out;
     atomic_ullong spec_steps, spec_drafted, spec_accepted;
+    // draft model (engine_opts.draft; NULL: none); scheduler-owned
+    kv_pool *dpool;
+    model_ctx *dctx;
+    float *dlogits;                         // (max_running, V)
+    int32_t *d_tok, *d_pos, *d_seq, *d_out; // (max_batch_tokens)
+    kv_seq **d_seqs;                        // (max_running)
+    ks_err *d_err;                          // (max_running)
+    engine_req **d_req;                     // (max_running) the drafting requests of a pass
     atomic_uint st_queued, st_running, st_paused;
     // engine_check_quiescent handshake (mu)
     int check_state;  // 0 idle, 1 requested, 2 answered
@@ -215,6 +228,19 @@ void engine__spec_taken(engine_req *r, int32_t tok);
 /* After a verify: r drafted `drafted` tokens and kept `kept`; sets how many
  * it asks for next (r->spec_k, 1..spec_tokens). */
 void engine__spec_adapt(const engine *e, engine_req *r, int32_t drafted, int32_t kept);
+/* The draft model's part of a step (e->draft set): for every request of
+ * the running set that will decode and draft this step, catches its draft
+ * KV up with its tokens and drafts up to its spec_k greedy tokens
+ * (r->n_dm), in spec_k batched passes of the draft model. Scheduler thread. */
+void engine__spec_dmodel(engine *e, bool drafting);
+/* Creates the draft model's pool, context and buffers (engine_create).
+ * Errors: KS_ERR_INVAL (vocabularies differ, a recurrent draft model),
+ * KS_ERR_NOMEM and the pool's and context's own. */
+ks_err engine__spec_dmodel_create(engine *e, ks_errbuf *eb);
+/* Frees them; accepts what a failed create left. */
+void engine__spec_dmodel_free(engine *e);
+/* Releases r's draft pages (exactly once). */
+void engine__spec_release(engine *e, engine_req *r);
 
 // ----------------------------------------------------------------------------
 // Grammar masks (mask.c)

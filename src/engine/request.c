@@ -345,6 +345,7 @@ void engine__finish_reason(engine *e, engine_req *r, engine_state to, engine_fin
         kv_seq_release(e->pool, &r->seq);
         r->has_seq = false;
     }
+    engine__spec_release(e, r); // its draft model's pages, if it drafted with one
     atomic_fetch_add(to == ENGINE_FINISHED ? &e->n_finished : &e->n_aborted, 1);
     engine_outcome o = {.state = to,
                         .finish = fin,

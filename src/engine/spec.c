@@ -19,6 +19,7 @@
  * depends on nothing but its own request (I6). */
 #include "engine_int.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,10 +111,11 @@ int32_t engine__spec_draft(engine *e, engine_req *r, int32_t k) {
     if (k > r->spec_k) k = r->spec_k;
     if (k <= 0) return 0;
     int32_t m = r->pred ? spec__predicted(e, r, k, r->draft) : 0;
+    if (m == 0 && r->n_dm > 0) m = r->n_dm < k ? r->n_dm : k; // the draft model's, in draft[]
 #ifdef KS_BROKEN_SPEC_SHARED
     if (m == 0) m = spec__shared_lookup(r, k, r->draft);
 #endif
-    if (m == 0) m = spec__lookup(e, r, k, r->draft);
+    if (m == 0 && !e->dctx) m = spec__lookup(e, r, k, r->draft); // with a draft model: its drafts
     return m;
 }
 
@@ -149,4 +151,170 @@ ks_err engine__spec_init(engine *e, engine_req *r, const engine_params *p, ks_er
     r->spec = true;
     r->spec_k = e->o.spec_tokens;
     return KS_OK;
+}
+
+// ----------------------------------------------------------------------------
+// The draft model (engine_opts.draft)
+
+ks_err engine__spec_dmodel_create(engine *e, ks_errbuf *eb) {
+    const engine_opts *o = &e->o;
+    const model_hparams *dh = model_hp(o->draft);
+    if (dh->n_vocab != e->V)
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "draft model: its vocabulary has %d tokens, the model's %d (a draft "
+                         "model must share the model's tokenizer)",
+                         dh->n_vocab, e->V);
+    kv_geom g = model_kv_geom(o->draft, o->page_tokens, o->kv_type);
+    if (g.state_pages > 0 || dh->encoder)
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "draft model: %s cannot draft (its state cannot be rolled back past a "
+                         "rejected draft)",
+                         dh->encoder ? "an encoder" : "a recurrent model");
+    ks_err err = kv_pool_create(&g, o->draft_kv_pages ? o->draft_kv_pages : o->kv_pages, o->scrub,
+                                &e->dpool, eb);
+    if (!err)
+        err = model_ctx_create(o->draft, e->dpool, o->n_threads, o->max_batch_tokens, o->n_ctx,
+                               &e->dctx, eb);
+    if (err) return err;
+    const size_t R = (size_t)o->max_running, B = (size_t)o->max_batch_tokens;
+    e->dlogits = malloc(sizeof(float) * R * (size_t)e->V);
+    e->d_tok = malloc(sizeof(int32_t) * B * 4);
+    e->d_seqs = calloc(R, sizeof *e->d_seqs);
+    e->d_err = calloc(R, sizeof *e->d_err);
+    e->d_req = calloc(R, sizeof *e->d_req);
+    if (!e->dlogits || !e->d_tok || !e->d_seqs || !e->d_err || !e->d_req)
+        return ks_seterr(eb, KS_ERR_NOMEM, "draft model buffers");
+    e->d_pos = e->d_tok + B;
+    e->d_seq = e->d_pos + B;
+    e->d_out = e->d_seq + B;
+    return KS_OK;
+}
+
+void engine__spec_dmodel_free(engine *e) {
+    model_ctx_free(e->dctx);
+    kv_pool_destroy(e->dpool);
+    free(e->dlogits);
+    free(e->d_tok);
+    free(e->d_seqs);
+    free(e->d_err);
+    free(e->d_req);
+}
+
+void engine__spec_release(engine *e, engine_req *r) {
+    if (!r->has_dseq) return;
+    kv_seq_release(e->dpool, &r->dseq);
+    r->has_dseq = false;
+}
+
+/* The greedy token of a logits row (ties: the lower id). */
+static int32_t spec__argmax(const float *x, int32_t n) {
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Runs the draft model over the n tokens of e->d_* (nr requests in
+ * e->d_req); requests whose pass failed stop drafting (their draft pages
+ * released: the target's output never depended on them). Returns false
+ * when the whole pass failed. */
+static bool spec__dpass(engine *e, int nr, int32_t n, int32_t n_out) {
+    model_batch b = {.n_tokens = n,
+                     .tokens = e->d_tok,
+                     .pos = e->d_pos,
+                     .seq = e->d_seq,
+                     .out_row = e->d_out,
+                     .n_out = n_out,
+                     .n_seqs = nr,
+                     .seqs = e->d_seqs,
+                     .seq_err = e->d_err};
+    ks_errbuf eb;
+    ks_err err = model_forward(e->dctx, &b, e->dlogits, &eb);
+    for (int j = 0; j < nr; j++) {
+        if (!err && !e->d_err[j]) continue;
+        engine_req *r = e->d_req[j];
+        ks_log(KS_LOG_ERROR, "request %" PRIu64 ": draft model: %s; it drafts no more", r->id,
+               err ? eb.msg : "KV page check failed (isolation violation)");
+        r->n_dm = 0;
+        r->spec = false;
+        engine__spec_release(e, r);
+    }
+    return !err;
+}
+
+void engine__spec_dmodel(engine *e, bool drafting) {
+    const int32_t B = e->o.max_batch_tokens, V = e->V;
+    int nr = 0;
+    int32_t n = 0, n_out = 0, kmax = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        engine_req *r = e->running[i];
+        r->n_dm = 0;
+        if (!e->dctx || !drafting || !r->spec || r->mpending ||
+            atomic_load(&r->state) != ENGINE_DECODING || engine_stream_backlogged(r->out))
+            continue;
+        if (r->pred && r->pred_at >= 0 && r->pred_at < r->n_pred) continue; // in step: it drafts
+        int32_t k = r->max_tokens - r->n_gen - 1;
+        if (k > r->spec_k) k = r->spec_k;
+        if (k <= 0 || n >= B) continue;
+        const uint32_t L = (uint32_t)(r->n_prompt + r->n_gen); // its tokens so far
+        if (!r->has_dseq) { // its draft pages, for every position it can reach
+            ks_errbuf eb;
+            kv_seq_init(e->dpool, &r->dseq);
+            r->has_dseq = true;
+            r->d_valid = 0;
+            if (kv_seq_reserve(e->dpool, &r->dseq, L + (uint32_t)(r->max_tokens - r->n_gen), &eb)) {
+                engine__spec_release(e, r);
+                continue; // the draft pool is full: this request drafts by lookup
+            }
+        }
+        if (r->d_valid >= L) r->d_valid = L - 1; // its last token's row again: no step ran it
+        if (r->dseq.n_tokens > r->d_valid) kv_seq_truncate(e->dpool, &r->dseq, r->d_valid);
+        // catch its draft KV up with its tokens (a prompt may take steps);
+        // the last one's row gives the first draft
+        uint32_t from = r->dseq.n_tokens, m = L - from;
+        if (m > (uint32_t)(B - n)) m = (uint32_t)(B - n);
+        e->d_req[nr] = r;
+        e->d_seqs[nr] = &r->dseq;
+        for (uint32_t j = 0; j < m; j++, n++) {
+            e->d_tok[n] = spec__tok(r, (int32_t)(from + j));
+            e->d_pos[n] = (int32_t)(from + j);
+            e->d_seq[n] = nr;
+            e->d_out[n] = from + j == L - 1 ? n_out++ : -1;
+        }
+        r->d_valid = from + m;
+        r->dm_want = from + m == L ? k : 0;
+        if (r->dm_want > kmax) kmax = r->dm_want;
+        nr++;
+    }
+    if (nr == 0 || !spec__dpass(e, nr, n, n_out)) return;
+    // draft 1 from the catch-up pass's rows, then one pass per further draft
+    int32_t row = 0;
+    for (int j = 0; j < nr; j++) {
+        engine_req *r = e->d_req[j];
+        if (r->dm_want == 0) continue; // still catching up (or its pass failed: spec off)
+        r->draft[0] = spec__argmax(e->dlogits + (size_t)row++ * (size_t)V, V);
+        r->n_dm = r->spec ? 1 : 0;
+    }
+    for (int32_t d = 1; d < kmax; d++) {
+        int na = 0;
+        for (int j = 0; j < nr; j++) {
+            engine_req *r = e->d_req[j];
+            if (r->n_dm != d || r->dm_want <= d) continue;
+            e->d_req[na] = r;
+            e->d_seqs[na] = &r->dseq;
+            e->d_tok[na] = r->draft[d - 1];
+            e->d_pos[na] = (int32_t)r->dseq.n_tokens;
+            e->d_seq[na] = na;
+            e->d_out[na] = na;
+            na++;
+        }
+        if (na == 0 || !spec__dpass(e, na, na, na)) break;
+        for (int j = 0; j < na; j++) {
+            engine_req *r = e->d_req[j];
+            if (r->n_dm != d) continue; // its pass failed: it drafts no more
+            r->draft[d] = spec__argmax(e->dlogits + (size_t)j * (size_t)V, V);
+            r->n_dm = d + 1;
+        }
+        nr = na;
+    }
 }

@@ -61,6 +61,22 @@ expect 1 shared_prefix "${Q35[@]}"
 expect 1 no_scrub
 expect 1 placeholder
 expect 1 shared_prefix
+# speculative decoding: drafts are positions of the request's own pages,
+# written and read through the same tag check and scrubbed like any row, so
+# with speculation on the suite passes on the fault build and catches the
+# broken ones as without it. A draft source shared across requests (the
+# spec_shared build) changes no output but opens a timing channel: how many
+# of one tenant's drafts are kept moves with another tenant's text.
+SPEC=(LEAK_SERVE_ARGS="--spec-tokens 4")
+expect 0 faults KS_FAULT=swap_page LEAK_EXPECT_VIOLATION=1 LEAK_EXPECT_SPEC=1 "${SPEC[@]}"
+expect 1 no_tag_check KS_FAULT=swap_page LEAK_EXPECT_VIOLATION=1 "${SPEC[@]}"
+expect 1 no_scrub "${SPEC[@]}"
+[ -x "$KS_BUILD/isolation-spec_shared/kvseal" ] || fail "variant spec_shared missing"
+KS_SERVE_BIN="$KS_BUILD/isolation-faults/kvseal" bash "$here/spec_channel_run.sh" \
+    >"$TMPD/channel-ok.log" 2>&1 || { cat "$TMPD/channel-ok.log" >&2; fail "spec channel on the fault build"; }
+KS_SERVE_BIN="$KS_BUILD/isolation-spec_shared/kvseal" bash "$here/spec_channel_run.sh" \
+    >"$TMPD/channel.log" 2>&1 && { cat "$TMPD/channel.log" >&2; fail "spec_shared: the channel was not caught"; }
+grep -E "SPEC CHANNEL|tenant a kept" "$TMPD/channel.log" >&2
 # disaggregated: the same suite against router + 2 prefill + 2 decode
 expect 1 placeholder LEAK_DISAGG=1
 expect 1 shared_prefix LEAK_DISAGG=1  # the prefill workers' prefix cache (I7)

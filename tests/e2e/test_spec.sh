@@ -7,6 +7,8 @@
 # - a chat with a prediction equal to its answer: every draft kept; the
 #   prediction as an array of text parts too;
 # - sampled with a seed: the same text as without speculation;
+# - the model as its own draft model (--draft-model): the same text, every
+#   draft kept; one of another vocabulary refused at start;
 # - bad prediction / speculative values are refused by name (400), and the
 #   server keeps serving;
 # - one tenant's kept drafts do not move with another tenant's text
@@ -100,6 +102,31 @@ v=$(awk '$1 == "kvseal_tenant_spec_accepted_tokens_total{tenant=\"quoter\"}" { p
 stop_server
 grep -q "SECURITY" "$TMPD/spec.log" && fail "security events with speculation on"
 
+# a draft model: the model itself (its greedy drafts are the model's own
+# greedy tokens: every draft kept), the same text
+start_server "$TMPD/draft.log" -m "$MODEL" --alias kjv-mini --ctx 512 --kv-pages 96 \
+    --tenants "$TMPD/tenants.json" --draft-model "$MODEL"
+file_has "$TMPD/draft.log" "speculative decoding: up to 4 drafts a step from" ||
+    fail "the draft model is not announced"
+complete "draft model" ""
+expect_eq "draft model == reference" "$TEXT" "$REF"
+[ "$(usage accepted_prediction_tokens)" -gt 30 ] || fail "draft model: too few drafts kept: $BODY"
+expect_eq "draft model: nothing rejected" "$(usage rejected_prediction_tokens)" 0
+stop_server
+# a draft model of another vocabulary is refused at start, naming both sizes
+if [ -f "$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf" ]; then
+    "$KS_BIN" mkmodel -o "$TMPD/other.gguf" --vocab "$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf" \
+        --shape tiny --seed 3 >/dev/null 2>&1 || fail "mkmodel"
+    out=$("$KS_BIN" serve -m "$MODEL" --port 0 --ctx 512 --kv-pages 96 --draft-model "$TMPD/other.gguf" 2>&1)
+    expect_eq "another vocabulary: status" "$?" 1
+    expect_has "another vocabulary: message" "$out" "draft model: its vocabulary has 32000 tokens"
+else
+    echo "(no ../shared/vocab: the draft model of another vocabulary is left out)" >&2
+fi
+out=$("$KS_BIN" decode -m "$MODEL" --draft-model "$MODEL" 2>&1)
+expect_eq "decode --draft-model: status" "$?" 2
+expect_has "decode --draft-model: message" "$out" "--draft-model is kvseal serve's"
+
 # a tenant's kept drafts depend on its own text only (the timing channel a
 # shared draft source would open; the broken build that shares one is caught
 # by test_isolation_broken.sh)
@@ -110,6 +137,12 @@ if command -v node >/dev/null; then
     LEAK_SERVE_ARGS="--spec-tokens 4" LEAK_EXPECT_SPEC=1 bash "$(dirname "$0")/leak_run.sh" >"$TMPD/leak.log" 2>&1 ||
         { tail -30 "$TMPD/leak.log" >&2; fail "the leak suite failed with speculation on"; }
     grep "drafts kept" "$TMPD/leak.log" >&2
+    # and with a draft model: its KV pages, in a pool of their own, also
+    # come back scrubbed (the engine's quiescent check covers both pools)
+    LEAK_SERVE_ARGS="--draft-model $MODEL" LEAK_EXPECT_SPEC=1 bash "$(dirname "$0")/leak_run.sh" \
+        >"$TMPD/leak-draft.log" 2>&1 ||
+        { tail -30 "$TMPD/leak-draft.log" >&2; fail "the leak suite failed with a draft model"; }
+    grep "drafts kept" "$TMPD/leak-draft.log" >&2
 else
     echo "(node is not installed: the leak suite with speculation is left out)" >&2
 fi
