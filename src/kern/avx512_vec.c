@@ -399,28 +399,39 @@ A512_INLINE void a512__attn_load(ks_dtype t, const kern_attn_blk *a, int j0, int
 }
 
 /* Scores of NH (1 or 2) heads against all 64 key lanes: acc[h][v] lane i =
- * sum_d q_h[d] * kt[d][16v + i], one fma per d in increasing order. */
+ * sum_d q_h[d] * kt[d][16v + i]: one fma per d in increasing order within
+ * each run of 16 d, the runs' sums added in order (closer to a512__dot than
+ * one chain of D fmas on large unscaled scores). D % 16 == 0. */
 A512_INLINE void a512__attn_qk(int NH, int D, const float *kt, const float *q0, const float *q1,
                                __m512 acc[2][4]) {
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
         _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
             acc[h][v] = _mm512_setzero_ps();
-    for (int d = 0; d < D; d++) {
-        const float *kr = kt + (size_t)d * KERN_ATTN_BLOCK;
-        const __m512 k0 = _mm512_load_ps(kr), k1 = _mm512_load_ps(kr + 16),
-                     k2 = _mm512_load_ps(kr + 32), k3 = _mm512_load_ps(kr + 48);
-        const __m512 b0 = _mm512_set1_ps(q0[d]);
-        acc[0][0] = _mm512_fmadd_ps(b0, k0, acc[0][0]);
-        acc[0][1] = _mm512_fmadd_ps(b0, k1, acc[0][1]);
-        acc[0][2] = _mm512_fmadd_ps(b0, k2, acc[0][2]);
-        acc[0][3] = _mm512_fmadd_ps(b0, k3, acc[0][3]);
-        if (NH == 2) {
-            const __m512 b1 = _mm512_set1_ps(q1[d]);
-            acc[1][0] = _mm512_fmadd_ps(b1, k0, acc[1][0]);
-            acc[1][1] = _mm512_fmadd_ps(b1, k1, acc[1][1]);
-            acc[1][2] = _mm512_fmadd_ps(b1, k2, acc[1][2]);
-            acc[1][3] = _mm512_fmadd_ps(b1, k3, acc[1][3]);
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        __m512 r[2][4];
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
+                r[h][v] = _mm512_setzero_ps();
+        for (int d = d0; d < d0 + 16; d++) {
+            const float *kr = kt + (size_t)d * KERN_ATTN_BLOCK;
+            const __m512 k0 = _mm512_load_ps(kr), k1 = _mm512_load_ps(kr + 16),
+                         k2 = _mm512_load_ps(kr + 32), k3 = _mm512_load_ps(kr + 48);
+            const __m512 b0 = _mm512_set1_ps(q0[d]);
+            r[0][0] = _mm512_fmadd_ps(b0, k0, r[0][0]);
+            r[0][1] = _mm512_fmadd_ps(b0, k1, r[0][1]);
+            r[0][2] = _mm512_fmadd_ps(b0, k2, r[0][2]);
+            r[0][3] = _mm512_fmadd_ps(b0, k3, r[0][3]);
+            if (NH == 2) {
+                const __m512 b1 = _mm512_set1_ps(q1[d]);
+                r[1][0] = _mm512_fmadd_ps(b1, k0, r[1][0]);
+                r[1][1] = _mm512_fmadd_ps(b1, k1, r[1][1]);
+                r[1][2] = _mm512_fmadd_ps(b1, k2, r[1][2]);
+                r[1][3] = _mm512_fmadd_ps(b1, k3, r[1][3]);
+            }
         }
+        _Pragma("GCC unroll 2") for (int h = 0; h < NH; h++)
+            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
+                acc[h][v] = _mm512_add_ps(acc[h][v], r[h][v]);
     }
 }
 

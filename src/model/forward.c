@@ -1038,7 +1038,11 @@ static bool fwd__attn_tiled(const model_ctx *c, int il) {
     const model__layer *L = &c->m->layers[il];
     const int D = L->head_dim, Dv = hp->kv_lora ? hp->head_dim_v : D;
     const int q = c->kv_type == KS_DTYPE_Q8_0 ? 32 : 16;
-    return c->kv->attn_block && hp->attn_softcap <= 0.0f && !hp->idx_topk && D % q == 0 &&
+    // gemma4 stays on the old path: with the tiled kernel its Q4_K_M
+    // perplexity against llama.cpp moved from within 0.5% to 0.55%
+    // (e2e_test_arch_gemma4); not yet understood
+    return c->kv->attn_block && hp->arch != MODEL_ARCH_GEMMA4 && hp->attn_softcap <= 0.0f &&
+           !hp->idx_topk && D % q == 0 &&
            Dv % q == 0 && D > 0 && Dv > 0;
 }
 
