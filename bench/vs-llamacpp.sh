@@ -18,6 +18,12 @@
 # --shape 1.1b, F16, the llama-spm vocabulary) and quantizes them with the
 # anchor's llama-quantize to Q8_0, Q4_0 and Q4_K_M, so both engines read the
 # same bytes; they are cached in $MODELS (default build/bench-models).
+# Long context (issue 42): on a 32k-context 1.1B Q4_0 file (mkmodel --ctx
+# 32768, cached in $MODELS), for each depth D in DEPTHS (default 8192; add
+# 32768 for 32k, minutes per round on 2 threads), LONG_ROUNDS rounds
+# (default 2) alternate kvseal bench --streams 1 -p D -n 32 with
+# llama-batched-bench -npp D -ntg 32 -npl 1: prefill of D tokens (pp-D) and
+# decode at depth D (tg32-dD); depth 0 is pp512/tg128 above. LONG=0 skips it.
 # Environment: A (anchor folder), THREADS (2), ROUNDS (3), REPEAT (5),
 # TTFT=0 to skip the server comparison. A benchmark, not a test.
 set -euo pipefail
@@ -125,6 +131,43 @@ for m in "${models[@]}"; do
         summary+=("$line")
     done
 done
+if [ "${LONG:-1}" != 0 ] && [ -f "$VOCAB" ]; then
+    mkdir -p "$MODELS"
+    f16l=$MODELS/tinyllama-1.1b-32k-f16.gguf
+    ml=$MODELS/tinyllama-1.1b-32k-Q4_0.gguf
+    [ -f "$f16l" ] || "$KS" mkmodel -o "$f16l" --vocab "$VOCAB" --shape 1.1b --ctx 32768 --type f16 \
+        --name tinyllama-shape -t "$THREADS" >/dev/null
+    [ -f "$ml" ] || "$A/llama-quantize" "$f16l" "$ml" Q4_0 "$THREADS" >/dev/null 2>&1
+    name=$(basename "$ml" .gguf)
+    echo "== $name long context ($THREADS threads, ${LONG_ROUNDS:-2} rounds, depths ${DEPTHS:-8192})"
+    : >"$TMP/rows"
+    for r in $(seq "${LONG_ROUNDS:-2}"); do
+        for d in ${DEPTHS:-8192}; do
+            "$KS" bench -m "$ml" --streams 1 -p "$d" -n 32 -t "$THREADS" 2>/dev/null >"$TMP/ksl"
+            "$A/llama-batched-bench" -m "$ml" -t "$THREADS" -c $((d + 64)) -b 2048 -ub 512 \
+                -npp "$d" -ntg 32 -npl 1 2>/dev/null >"$TMP/lbl"
+            # streams 1: pp 1 x D: X tokens/s, tg 1 x 32: Y tokens/s aggregate
+            ks_p=$(awk '$1 == "streams" { print $6 }' "$TMP/ksl")
+            ks_t=$(awk '$1 == "streams" { print $(NF - 2) }' "$TMP/ksl")
+            # | PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | T | S |
+            lb_p=$(awk -F'|' -v d="$d" '$2 + 0 == d && $4 + 0 == 1 { gsub(/ /, "", $7); print $7 }' "$TMP/lbl")
+            lb_t=$(awk -F'|' -v d="$d" '$2 + 0 == d && $4 + 0 == 1 { gsub(/ /, "", $9); print $9 }' "$TMP/lbl")
+            echo "round $r depth $d: prefill $ks_p / $lb_p, decode $ks_t / $lb_t tokens/s"
+            echo "pp-$d $ks_p $lb_p" >>"$TMP/rows"
+            echo "tg32-d$d $ks_t $lb_t" >>"$TMP/rows"
+        done
+    done
+    for d in ${DEPTHS:-8192}; do
+        for fig in "pp-$d" "tg32-d$d"; do
+            k=$(awk -v f="$fig" '$1 == f { print $2 }' "$TMP/rows" | median)
+            l=$(awk -v f="$fig" '$1 == f { print $3 }' "$TMP/rows" | median)
+            ratio=$(awk -v f="$fig" '$1 == f && $3 > 0 { print $2 / $3 }' "$TMP/rows" | median)
+            line=$(printf "%-24s %-11s kvseal %8.2f  llama.cpp %8.2f  ratio %.2fx" "$name" "$fig" "$k" "$l" "$ratio")
+            echo "$line"
+            summary+=("$line")
+        done
+    done
+fi
 echo
 echo "== summary (medians; ratio = median of per-round kvseal/llama.cpp)"
 printf '%s\n' "${summary[@]}"

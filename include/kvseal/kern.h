@@ -43,6 +43,46 @@ typedef void (*kern_dot_rows_fn)(int64_t n, int G, const float *q, const void *k
 typedef void (*kern_axpy_rows_fn)(int64_t n, int G, const float *s, size_t s_stride, const void *v,
                                   size_t v_stride, int rows, float *y);
 
+/* Keys per attention block (kern_vtab.attn_block): blocks start at absolute
+ * positions that are multiples of it, so a query row meets the same blocks
+ * whatever else is in its batch. */
+#define KERN_ATTN_BLOCK 64
+/* Query rows of one attention tile, at most. */
+#define KERN_ATTN_ROWS 8
+/* Floats of scratch attn_block needs for heads of D (keys) and Dv (values)
+ * elements: the block's keys transposed, its values and two rows of weights. */
+#define KERN_ATTN_SCRATCH(D, Dv) ((size_t)(KERN_ATTN_BLOCK) * ((size_t)(D) + (size_t)(Dv) + 2))
+
+/* One block of keys for a tile of R query rows x G query heads that share a
+ * KV head, with one online-softmax state per (row, head) (flash attention's
+ * running maximum m, sum l and unnormalised output o; softmax·V = o / l once
+ * every block is in). Row pointers: krow[i], vrow[i] hold block lane i's K and
+ * V row (i < n) in kv_type (F32, F16, Q8_0; Q8_0 needs D % 32 == 0 and, for
+ * V, Dv % 32 == 0); V reads the first Dv elements (MLA: vrow = krow).
+ * Query row r reads lanes [lo[r], hi[r]) (0 <= lo, hi <= n; none if lo >= hi,
+ * then its state is untouched). D and Dv are multiples of 16. */
+typedef struct kern_attn_blk {
+    int D, Dv, G, R;
+    ks_dtype kv_type;
+    const float *q;  /* row r, head g: q + r * q_stride + g * D */
+    size_t q_stride; /* floats */
+    const uint8_t *const *krow, *const *vrow;
+    int n;
+    const int *lo, *hi; /* R entries */
+    float scale;
+    float *m, *l; /* R * G entries, index r * G + g; start at -inf and 0 */
+    float *o;     /* R * G rows of Dv floats; start at 0 */
+    float *scratch; /* KERN_ATTN_SCRATCH(D, Dv) floats, 64-byte aligned */
+} kern_attn_blk;
+/* For each (r, g) with lo < hi, scores s_j = dot(q_rg, K_j) * scale for j in
+ * [lo, hi), M = max(m, max_j s_j), p_j = exp(s_j - M), then
+ * l = l * exp(m - M) + sum p_j, o = o * exp(m - M) + sum_j p_j V_j (j in
+ * order), m = M. Batch invariance: a (row, head)'s new state is a function of
+ * its own q, state, lo, hi and rows only (never of R, G, n or the other
+ * rows), bit for bit within one vtab. Can't fail; thread-safe on disjoint
+ * states and scratch. */
+typedef void (*kern_attn_block_fn)(const kern_attn_blk *a);
+
 typedef struct kern_vtab {
     const char *name; /* "ref", "avx2", "avx512" */
     /* indexed by weight ks_dtype; NULL where the type is unsupported */
@@ -83,6 +123,8 @@ typedef struct kern_vtab {
     void (*gelu_mul)(int64_t n, const float *g, const float *u, float *y);
     /* x = softmax(x) in place */
     void (*softmax)(int64_t n, float *x);
+    /* One block of tiled online-softmax attention (kern_attn_blk above). */
+    kern_attn_block_fn attn_block;
     /* One token of the gated delta rule on one value head (hybrid models'
      * linear attention, model.h): the state is S rows of S floats (rows[j]:
      * value element j against key elements 0..S-1; S a multiple of 16, rows

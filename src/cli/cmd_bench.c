@@ -236,19 +236,24 @@ done:
     return rc;
 }
 
-enum { BO_MODEL, BO_PP, BO_TG, BO_THREADS, BO_REPS, BO_STREAMS, BO_KV_TYPE, BO_OUTPUT, BO__N };
+enum { BO_MODEL, BO_PP, BO_TG, BO_THREADS, BO_REPS, BO_STREAMS, BO_KV_TYPE, BO_OUTPUT, BO_DEPTH, BO__N };
 static const cli__opt bench__opts[BO__N] = {
     [BO_MODEL] = {"model", 'm', true, false},      [BO_PP] = {"n-prompt", 'p', true, false},
     [BO_TG] = {"n-gen", 'n', true, false},         [BO_THREADS] = {"threads", 't', true, false},
     [BO_REPS] = {"repetitions", 'r', true, false}, [BO_STREAMS] = {"streams", 0, true, false},
     [BO_KV_TYPE] = {"kv-type", 0, true, false},    [BO_OUTPUT] = {"output", 'o', true, false},
+    [BO_DEPTH] = {"n-depth", 'd', true, false},
 };
+
+#define BENCH_MAX_DEPTHS 16
 
 typedef enum { BENCH_TEXT, BENCH_MD, BENCH_JSON } bench__fmt;
 
 typedef struct {
     const char *path, *streams;
     long n_pp, n_tg, threads, reps;
+    long depth[BENCH_MAX_DEPTHS]; // -d: tokens already in the cache before each test
+    int n_depth;
     int kv_type;
     bench__fmt fmt;
 } bench__cfg;
@@ -262,6 +267,8 @@ static void bench__usage(const char *cmd) {
         "                    [--streams N,N,...]  (aggregate decode of N streams:\n"
         "                    each prefills PP tokens, then TG steps of one token each)\n"
         "                    [--kv-type f32|f16|q8_0 (f16)]\n"
+        "                    [-d DEPTH,DEPTH,... (0)]  (as llama-bench -d: the pp and tg tests\n"
+        "                    run after DEPTH tokens in the cache; -p 0 or -n 0 skips a test)\n"
         "  -o text: the best of the repetitions and the bandwidth roofline; md and json: each\n"
         "  test's mean and standard deviation over the repetitions, as llama-bench prints them\n");
 }
@@ -274,9 +281,24 @@ static int bench__apply(void *ctx, int id, const char *v, bool reset) {
         c->path = v;
         return 0;
     case BO_PP:
-        return cli__parse_int("-p", v, 1, 1 << 16, &c->n_pp) ? 0 : 2;
+        return cli__parse_int("-p", v, 0, 1 << 16, &c->n_pp) ? 0 : 2;
     case BO_TG:
-        return cli__parse_int("-n", v, 1, 1 << 16, &c->n_tg) ? 0 : 2;
+        return cli__parse_int("-n", v, 0, 1 << 16, &c->n_tg) ? 0 : 2;
+    case BO_DEPTH:
+        c->n_depth = 0;
+        for (const char *p = v; *p;) {
+            char *end;
+            long d = strtol(p, &end, 10);
+            if (end == p || d < 0 || d > (1 << 20) || (*end && *end != ',') ||
+                c->n_depth == BENCH_MAX_DEPTHS) {
+                fprintf(stderr, "kvseal bench: -d wants a list like 0,8192 (each 0..%d, at most %d)\n",
+                        1 << 20, BENCH_MAX_DEPTHS);
+                return 2;
+            }
+            c->depth[c->n_depth++] = d;
+            p = *end ? end + 1 : end;
+        }
+        return 0;
     case BO_THREADS:
         return cli__parse_int("-t", v, 1, 256, &c->threads) ? 0 : 2;
     case BO_REPS:
@@ -315,17 +337,18 @@ void cli__stats(const double *x, int n, double *mean, double *sd) {
 
 /* One test's repetitions: ns[r] the time of repetition r for n tokens. */
 typedef struct {
-    char name[32]; // "pp512", "tg128"
-    long n_prompt, n_gen;
+    char name[48]; // "pp512", "tg128", "tg128 @ d8192"
+    long n_prompt, n_gen, n_depth;
     const double *ns;
     int n;
+    double bpt; // tg: bytes read per generated token (weights + KV at this depth)
 } bench__test;
 
 /* The md table or the json array of the tests, llama-bench's columns and
  * field names (avg_ts/stddev_ts: tokens/s; avg_ns/stddev_ns: a repetition's
  * time); json goes through jansson, so every string is escaped. */
 static int bench__report(const bench__cfg *c, cli__session *s, const bench__test *t, int n_t,
-                         double bw, double bw_peak, double bpt) {
+                         double bw, double bw_peak) {
     const model_hparams *hp = model_hp(s->m);
     const char *base = strrchr(c->path, '/') ? strrchr(c->path, '/') + 1 : c->path;
     double size_mib = (double)model_bytes_per_token(s->m) / 1048576.0;
@@ -361,6 +384,7 @@ static int bench__report(const bench__cfg *c, cli__session *s, const bench__test
         json_object_set_new(o, "test", json_string(t[k].name));
         json_object_set_new(o, "n_prompt", json_integer(t[k].n_prompt));
         json_object_set_new(o, "n_gen", json_integer(t[k].n_gen));
+        json_object_set_new(o, "n_depth", json_integer(t[k].n_depth));
         json_object_set_new(o, "repetitions", json_integer(t[k].n));
         json_object_set_new(o, "avg_ns", json_integer((json_int_t)m_ns));
         json_object_set_new(o, "stddev_ns", json_integer((json_int_t)sd_ns));
@@ -371,7 +395,8 @@ static int bench__report(const bench__cfg *c, cli__session *s, const bench__test
         if (t[k].n_gen) { // the roofline applies to generation
             json_object_set_new(o, "membw_gbs", json_real(bw / 1e9));
             json_object_set_new(o, "membw_peak_gbs", json_real(bw_peak / 1e9));
-            json_object_set_new(o, "roofline_ts", json_real(bw / bpt));
+            json_object_set_new(o, "roofline_ts", json_real(bw / t[k].bpt));
+            json_object_set_new(o, "bytes_per_token", json_real(t[k].bpt));
         }
         json_array_append_new(arr, o);
     }
@@ -390,10 +415,10 @@ static int bench__report(const bench__cfg *c, cli__session *s, const bench__test
 }
 
 int cli_bench(int argc, char **argv) {
-    engine_opts d; // the engine's default KV type is the only copy of it
-    engine_opts_default(&d);
+    engine_opts eo; // the engine's default KV type is the only copy of it
+    engine_opts_default(&eo);
     bench__cfg cf = {
-        .path = cli_default_model(), .n_pp = 512, .n_tg = 128, .reps = 0, .kv_type = d.kv_type};
+        .path = cli_default_model(), .n_pp = 512, .n_tg = 128, .reps = 0, .kv_type = eo.kv_type};
     const cli__spec sp = {"bench", bench__opts, BO__N, bench__apply, bench__usage, false, false};
     int prc = cli__opts_parse(&sp, &cf, argc, argv, NULL);
     if (prc) return prc < 0 ? 0 : prc;
@@ -404,6 +429,10 @@ int cli_bench(int argc, char **argv) {
     if (streams && cf.fmt != BENCH_TEXT) {
         fprintf(stderr,
                 "kvseal bench: -o md|json reports the pp/tg tests; --streams prints text\n");
+        return 2;
+    }
+    if (streams && (cf.n_depth || !n_pp || !n_tg)) {
+        fprintf(stderr, "kvseal bench: --streams wants -p and -n of at least 1, and no -d\n");
         return 2;
     }
     if (streams) {
@@ -429,45 +458,57 @@ int cli_bench(int argc, char **argv) {
         cli__session_close(&s);
         return rc;
     }
-    int32_t ctx = (int32_t)(n_pp > n_tg ? n_pp : n_tg);
+    if (!cf.n_depth) cf.depth[cf.n_depth++] = 0;
+    const int n_d = cf.n_depth;
+    long d_max = 0;
+    for (int i = 0; i < n_d; i++)
+        d_max = cf.depth[i] > d_max ? cf.depth[i] : d_max;
+    int32_t ctx = (int32_t)(d_max + (n_pp > n_tg ? n_pp : n_tg));
     cli__session s;
-    if (cli__session_open(&s, path, (int)threads, ctx, (int32_t)n_pp, kv_type)) return 1;
+    if (cli__session_open(&s, path, (int)threads, ctx, (int32_t)(n_pp ? n_pp : 512), kv_type))
+        return 1;
     const model_hparams *hp = model_hp(s.m);
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)ctx);
     float *logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
+    // per depth: pp and tg repetitions' times (reps <= 100)
+    double *ns = calloc((size_t)n_d * 2 * 100, sizeof(double));
+    double tg_ns_all[BENCH_MAX_DEPTHS] = {0}, pp_best[BENCH_MAX_DEPTHS] = {0},
+           tg_best[BENCH_MAX_DEPTHS] = {0};
     int rc = 1;
     ks_errbuf eb = {0};
-    if (!toks || !logits) goto done;
+    if (!toks || !logits || !ns) goto done;
     bench__tokens(toks, ctx, hp->n_vocab);
-    double pp_best = 0, tg_best = 0, pp_ns[100], tg_ns[100]; // reps <= 100
-    for (long r = 0; r < reps; r++) {
-        kv_seq_release(s.pool, &s.seq);
-        uint64_t t0 = ks_now_ns();
-        if (cli__session_eval(&s, toks, (int32_t)n_pp, 0, NULL, logits, &eb)) goto fail;
-        pp_ns[r] = (double)(ks_now_ns() - t0);
-        double pp = (double)n_pp / (pp_ns[r] / 1e9);
-        pp_best = pp > pp_best ? pp : pp_best;
-    }
     bench__probe probe;
     const bool probe_ok = bench__probe_open(&probe, s.n_threads); // else no roofline (bw 0)
-    double tg_ns_all = 0;
-    for (long r = 0; r < reps; r++) {
+    for (int di = 0; di < n_d; di++) {
+        const int32_t d = (int32_t)cf.depth[di];
+        double *pp_ns = ns + (size_t)di * 200, *tg_ns = pp_ns + 100;
+        // the depth's tokens, once (untimed); each repetition cuts the cache back to them
         kv_seq_release(s.pool, &s.seq);
-        tg_ns[r] = 0;
-        for (int32_t i = 0; i < (int32_t)n_tg;) { // stretches of generation between probe passes
-            const int32_t i1 = i + BENCH_SEG_TOKENS < n_tg ? i + BENCH_SEG_TOKENS : (int32_t)n_tg;
+        if (d && cli__session_eval(&s, toks, d, 0, NULL, logits, &eb)) goto fail_probe;
+        for (long r = 0; r < reps && n_pp; r++) {
+            kv_seq_set_filled(s.pool, &s.seq, (uint32_t)d);
             uint64_t t0 = ks_now_ns();
-            for (; i < i1; i++)
-                if (cli__session_eval(&s, toks + i, 1, 0, NULL, logits, &eb)) {
-                    bench__probe_close(&probe);
-                    goto fail;
-                }
-            tg_ns[r] += (double)(ks_now_ns() - t0);
-            if (probe_ok) bench__probe_interleave(&probe);
+            if (cli__session_eval(&s, toks + d, (int32_t)n_pp, 0, NULL, logits, &eb)) goto fail_probe;
+            pp_ns[r] = (double)(ks_now_ns() - t0);
+            double pp = (double)n_pp / (pp_ns[r] / 1e9);
+            pp_best[di] = pp > pp_best[di] ? pp : pp_best[di];
         }
-        tg_ns_all += tg_ns[r];
-        double tg = (double)n_tg / (tg_ns[r] / 1e9);
-        tg_best = tg > tg_best ? tg : tg_best;
+        for (long r = 0; r < reps && n_tg; r++) {
+            kv_seq_set_filled(s.pool, &s.seq, (uint32_t)d);
+            tg_ns[r] = 0;
+            for (int32_t i = 0; i < (int32_t)n_tg;) { // stretches of generation between probe passes
+                const int32_t i1 = i + BENCH_SEG_TOKENS < n_tg ? i + BENCH_SEG_TOKENS : (int32_t)n_tg;
+                uint64_t t0 = ks_now_ns();
+                for (; i < i1; i++)
+                    if (cli__session_eval(&s, toks + d + i, 1, 0, NULL, logits, &eb)) goto fail_probe;
+                tg_ns[r] += (double)(ks_now_ns() - t0);
+                if (probe_ok) bench__probe_interleave(&probe);
+            }
+            tg_ns_all[di] += tg_ns[r];
+            double tg = (double)n_tg / (tg_ns[r] / 1e9);
+            tg_best[di] = tg > tg_best[di] ? tg : tg_best[di];
+        }
     }
     const double bw = probe_ok ? bench__probe_sustained(&probe) : 0, bw_peak = probe.peak;
     const int n_passes = probe.n_passes;
@@ -475,31 +516,47 @@ int cli_bench(int argc, char **argv) {
     for (int l = 0; l < BENCH_LOOPS; l++)
         loop_bw[l] = probe.ns[l] > 0 ? probe.bytes[l] / probe.ns[l] : 0;
     bench__probe_close(&probe);
-    // tg over all repetitions, an average as the sustained bandwidth is
-    const double tg_mean = (double)n_tg * (double)reps / (tg_ns_all / 1e9);
-    // bytes per generated token: every weight once, plus the KV rows of the
-    // average context (n_tg/2 positions) read by attention, as the pool stores
-    // them (its element type and plane count: K and V, or MLA's one row)
-    double kv_bytes =
-        (double)kv_pool_page_bytes(s.pool) / kv_pool_geom(s.pool)->page_tokens * ((double)n_tg / 2);
-    double bpt = (double)model_bytes_per_token(s.m) + kv_bytes;
-    double roof = bw / bpt;
+    // bytes per generated token at depth d: every weight once, plus the KV
+    // rows of the average context (d + n_tg/2 positions) read by attention,
+    // as the pool stores them (its element type and plane count: K and V, or
+    // MLA's one row)
+    const double kv_tok = (double)kv_pool_page_bytes(s.pool) / kv_pool_geom(s.pool)->page_tokens;
+    const double w_bytes = (double)model_bytes_per_token(s.m);
+    bench__test t[2 * BENCH_MAX_DEPTHS];
+    int n_t = 0;
+    for (int di = 0; di < n_d; di++) {
+        const long d = cf.depth[di];
+        char at[24] = "";
+        if (d) snprintf(at, sizeof at, " @ d%ld", d);
+        if (n_pp) {
+            t[n_t] = (bench__test){.n_prompt = n_pp, .n_depth = d, .ns = ns + (size_t)di * 200, .n = (int)reps};
+            snprintf(t[n_t++].name, sizeof t[0].name, "pp%ld%s", n_pp, at);
+        }
+        if (n_tg) {
+            t[n_t] = (bench__test){.n_gen = n_tg, .n_depth = d, .ns = ns + (size_t)di * 200 + 100,
+                                   .n = (int)reps, .bpt = w_bytes + kv_tok * ((double)d + (double)n_tg / 2)};
+            snprintf(t[n_t++].name, sizeof t[0].name, "tg%ld%s", n_tg, at);
+        }
+    }
     if (cf.fmt != BENCH_TEXT) {
-        bench__test t[2] = {{.n_prompt = n_pp, .ns = pp_ns, .n = (int)reps},
-                            {.n_gen = n_tg, .ns = tg_ns, .n = (int)reps}};
-        snprintf(t[0].name, sizeof t[0].name, "pp%ld", n_pp);
-        snprintf(t[1].name, sizeof t[1].name, "tg%ld", n_tg);
-        rc = bench__report(&cf, &s, t, 2, bw, bw_peak, bpt);
+        rc = bench__report(&cf, &s, t, n_t, bw, bw_peak);
         goto done;
     }
     printf("model: %s (%s, %d layers, n_embd %d, %.1f MiB of weights/token)\n", path, hp->arch_name,
            hp->n_layer, hp->n_embd, (double)model_bytes_per_token(s.m) / 1048576.0);
-    printf("kernels: %s, threads: %d\n", kern_get()->name, s.n_threads);
-    printf("pp%ld: %.2f tokens/s\n", n_pp, pp_best);
-    printf("tg%ld: %.2f tokens/s\n", n_tg, tg_best);
+    printf("kernels: %s, threads: %d, kv: %s (%.0f bytes per position)\n", kern_get()->name,
+           s.n_threads, kv_type_name(kv_type), kv_tok);
+    for (int k = 0; k < n_t; k++) {
+        const int di = (int)((t[k].ns - ns) / 200);
+        printf("%s: %.2f tokens/s\n", t[k].name, t[k].n_gen ? tg_best[di] : pp_best[di]);
+    }
     if (!probe_ok) {
         printf("memory read bandwidth: not measured (no memory for the %zu-byte probe)\n",
                BENCH_PROBE_BYTES);
+        rc = 0;
+        goto done;
+    }
+    if (!n_tg) {
         rc = 0;
         goto done;
     }
@@ -514,16 +571,28 @@ int cli_bench(int argc, char **argv) {
         else
             printf(" %s -", loop_name[l]);
     printf("\n");
-    printf("roofline tg: %.2f tokens/s (%.1f MB read per token)\n", roof, bpt / 1e6);
-    printf("tg / roofline: %.3f\n", tg_mean / roof);
-    printf("tg / best-pass roofline: %.3f\n", tg_mean / (bw_peak / bpt));
+    for (int k = 0; k < n_t; k++) {
+        if (!t[k].n_gen) continue;
+        const int di = (int)((t[k].ns - ns) / 200);
+        // tg over all repetitions, an average as the sustained bandwidth is
+        const double tg_mean = (double)n_tg * (double)reps / (tg_ns_all[di] / 1e9);
+        const double roof = bw / t[k].bpt, kvb = t[k].bpt - w_bytes;
+        char at[24] = "";
+        if (t[k].n_depth) snprintf(at, sizeof at, " @ d%ld", t[k].n_depth);
+        printf("roofline tg%s: %.2f tokens/s (%.1f MB read per token: %.1f weights + %.1f KV)\n",
+               at, roof, t[k].bpt / 1e6, w_bytes / 1e6, kvb / 1e6);
+        printf("tg / roofline%s: %.3f\n", at, tg_mean / roof);
+        printf("tg / best-pass roofline%s: %.3f\n", at, tg_mean / (bw_peak / t[k].bpt));
+    }
     rc = 0;
     goto done;
-fail:
+fail_probe:
+    bench__probe_close(&probe);
     fprintf(stderr, "kvseal bench: %s\n", eb.msg);
 done:
     free(toks);
     free(logits);
+    free(ns);
     cli__session_close(&s);
     return rc;
 }

@@ -1279,5 +1279,6 @@ const kern_vtab kern__vtab_avx2 = {
     .silu_mul = avx2__silu_mul,
     .gelu_mul = avx2__gelu_mul,
     .softmax = avx2__softmax,
+    .attn_block = kern__attn_block_ref, // the reference: long-context speed is the AVX-512 path's
     .gdn_step = kern__avx2_gdn_step,
 };

@@ -1589,5 +1589,6 @@ const kern_vtab kern__vtab_avx512 = {
     .silu_mul = kern__a512_silu_mul,
     .gelu_mul = kern__a512_gelu_mul,
     .softmax = kern__a512_softmax,
+    .attn_block = kern__a512_attn_block,
     .gdn_step = kern__a512_gdn_step,
 };

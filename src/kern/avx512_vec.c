@@ -333,3 +333,215 @@ void kern__a512_softmax(int64_t n, float *x) {
         _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
     }
 }
+
+// ----------------------------------------------------------------------------
+// Tiled online-softmax attention (kern.h attn_block). Matches
+// kern__attn_block_ref within f32 rounding of the scores (fma over d in
+// increasing order per key lane vs a double sum) and a512__exp vs expf. A
+// (row, head)'s operations never depend on R, G, n or the other rows: key
+// lanes outside its [lo, hi) are masked to -inf and weight 0, and its value
+// loop runs over its own [lo, hi) only, so decode (R = 1) and every tiling of
+// a prompt give the same bits.
+
+/* In place: lane c of v[r] becomes lane r of v[c] (a 16 x 16 transpose by
+ * 32-bit unpacks, 64-bit unpacks and two rounds of 128-bit shuffles). */
+A512_INLINE void a512__tr16(__m512 v[16]) {
+    __m512 a[16], b[16], c[16];
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+        a[2 * k] = _mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]);
+        a[2 * k + 1] = _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]);
+    }
+    // b[4m + e], 128-bit lane l: rows 4m..4m+3 of column 4l + e
+    _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++) {
+        const __m512d x0 = _mm512_castps_pd(a[4 * m]), x1 = _mm512_castps_pd(a[4 * m + 1]),
+                      x2 = _mm512_castps_pd(a[4 * m + 2]), x3 = _mm512_castps_pd(a[4 * m + 3]);
+        b[4 * m] = _mm512_castpd_ps(_mm512_unpacklo_pd(x0, x2));
+        b[4 * m + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x0, x2));
+        b[4 * m + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(x1, x3));
+        b[4 * m + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(x1, x3));
+    }
+    // c[e] (rows 0-7) and c[8 + e] (rows 8-15): lanes (l0, l2), (l1, l3) pairs
+    _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) {
+        c[2 * e] = _mm512_shuffle_f32x4(b[e], b[4 + e], 0x88);
+        c[2 * e + 1] = _mm512_shuffle_f32x4(b[e], b[4 + e], 0xDD);
+        c[8 + 2 * e] = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], 0x88);
+        c[8 + 2 * e + 1] = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], 0xDD);
+    }
+    _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) {
+        v[e] = _mm512_shuffle_f32x4(c[2 * e], c[8 + 2 * e], 0x88);         // column e
+        v[8 + e] = _mm512_shuffle_f32x4(c[2 * e], c[8 + 2 * e], 0xDD);     // column 8 + e
+        v[4 + e] = _mm512_shuffle_f32x4(c[2 * e + 1], c[8 + 2 * e + 1], 0x88); // 4 + e
+        v[12 + e] = _mm512_shuffle_f32x4(c[2 * e + 1], c[8 + 2 * e + 1], 0xDD); // 12 + e
+    }
+}
+
+/* The block's key lanes [j0, j1) (j0 % 16 == 0) as f32: kt is (D, 64),
+ * kt[d * 64 + j] = K_j[d], so one vector holds 16 keys' element d; vt is
+ * (64, Dv) row-major. Lanes past j1 in j1's group of 16 are zero. */
+A512_INLINE void a512__attn_load(ks_dtype t, const kern_attn_blk *a, int j0, int j1, float *kt,
+                                 float *vt) {
+    const size_t Dv = (size_t)a->Dv;
+    for (int jg = j0; jg < j1; jg += 16) {
+        const int nr = j1 - jg < 16 ? j1 - jg : 16;
+        for (int d0 = 0; d0 < a->D; d0 += 16) {
+            __m512 v[16];
+            _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)
+                v[i] = i < nr ? a512__kv_ld(t, a->krow[jg + i], d0, 0xFFFF) : _mm512_setzero_ps();
+            a512__tr16(v);
+            _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)
+                _mm512_store_ps(kt + (size_t)(d0 + i) * KERN_ATTN_BLOCK + (size_t)jg, v[i]);
+        }
+        for (int i = 0; i < nr; i++)
+            for (int d0 = 0; d0 < a->Dv; d0 += 16)
+                _mm512_store_ps(vt + (size_t)(jg + i) * Dv + (size_t)d0,
+                                a512__kv_ld(t, a->vrow[jg + i], d0, 0xFFFF));
+    }
+}
+
+/* Scores of NH (1 or 2) heads against all 64 key lanes: acc[h][v] lane i =
+ * sum_d q_h[d] * kt[d][16v + i]: one fma per d in increasing order within
+ * each run of 16 d, the runs' sums added in order (closer to a512__dot than
+ * one chain of D fmas on large unscaled scores). D % 16 == 0. */
+A512_INLINE void a512__attn_qk(int NH, int D, const float *kt, const float *q0, const float *q1,
+                               __m512 acc[2][4]) {
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
+            acc[h][v] = _mm512_setzero_ps();
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        __m512 r[2][4];
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
+                r[h][v] = _mm512_setzero_ps();
+        for (int d = d0; d < d0 + 16; d++) {
+            const float *kr = kt + (size_t)d * KERN_ATTN_BLOCK;
+            const __m512 k0 = _mm512_load_ps(kr), k1 = _mm512_load_ps(kr + 16),
+                         k2 = _mm512_load_ps(kr + 32), k3 = _mm512_load_ps(kr + 48);
+            const __m512 b0 = _mm512_set1_ps(q0[d]);
+            r[0][0] = _mm512_fmadd_ps(b0, k0, r[0][0]);
+            r[0][1] = _mm512_fmadd_ps(b0, k1, r[0][1]);
+            r[0][2] = _mm512_fmadd_ps(b0, k2, r[0][2]);
+            r[0][3] = _mm512_fmadd_ps(b0, k3, r[0][3]);
+            if (NH == 2) {
+                const __m512 b1 = _mm512_set1_ps(q1[d]);
+                r[1][0] = _mm512_fmadd_ps(b1, k0, r[1][0]);
+                r[1][1] = _mm512_fmadd_ps(b1, k1, r[1][1]);
+                r[1][2] = _mm512_fmadd_ps(b1, k2, r[1][2]);
+                r[1][3] = _mm512_fmadd_ps(b1, k3, r[1][3]);
+            }
+        }
+        _Pragma("GCC unroll 2") for (int h = 0; h < NH; h++)
+            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
+                acc[h][v] = _mm512_add_ps(acc[h][v], r[h][v]);
+    }
+}
+
+/* The softmax half of one head's update: masks lanes outside [lo, hi),
+ * updates m and l, writes the weights p_j (0 outside) to p and returns the
+ * factor exp(m_old - M) that o must be scaled by. */
+A512_INLINE float a512__attn_softmax(__m512 acc[4], float scale, int lo, int hi, float *m,
+                                     float *l, float *p) {
+    const uint64_t live = (hi >= 64 ? ~0ull : (1ull << hi) - 1) & ~((1ull << lo) - 1);
+    const __m512 sc = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    __m512 s[4];
+    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
+        s[v] = _mm512_mask_mul_ps(ninf, (__mmask16)(live >> (16 * v)), acc[v], sc);
+    const float mb =
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(s[0], s[1]), _mm512_max_ps(s[2], s[3])));
+    const float M = fmaxf(*m, mb), alpha = expf(*m - M);
+    const __m512 vM = _mm512_set1_ps(M);
+    __m512 e[4];
+    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
+        e[v] = _mm512_maskz_mov_ps((__mmask16)(live >> (16 * v)),
+                                   a512__exp(_mm512_sub_ps(s[v], vM)));
+        _mm512_store_ps(p + 16 * v, e[v]);
+    }
+    *l = *l * alpha + _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(e[0], e[1]),
+                                                         _mm512_add_ps(e[2], e[3])));
+    *m = M;
+    return alpha;
+}
+
+/* o_h = o_h * alpha_h + sum_{j in [lo, hi)} p_h[j] * vt[j] for NH (1 or 2)
+ * heads, NC (1..4) vectors of columns [c0, c0 + 16 NC); j in order. */
+A512_INLINE void a512__attn_pv(int NH, int NC, const float *vt, size_t Dv, int c0, int lo, int hi,
+                               const float *p0, const float *p1, float alpha0, float alpha1,
+                               float *o0, float *o1) {
+    __m512 y[2][4];
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+        y[0][c] = _mm512_mul_ps(_mm512_loadu_ps(o0 + c0 + 16 * c), _mm512_set1_ps(alpha0));
+        if (NH == 2)
+            y[1][c] = _mm512_mul_ps(_mm512_loadu_ps(o1 + c0 + 16 * c), _mm512_set1_ps(alpha1));
+    }
+    for (int j = lo; j < hi; j++) {
+        const float *vr = vt + (size_t)j * Dv + (size_t)c0;
+        const __m512 b0 = _mm512_set1_ps(p0[j]);
+        const __m512 b1 = NH == 2 ? _mm512_set1_ps(p1[j]) : b0;
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+            const __m512 x = _mm512_load_ps(vr + 16 * c);
+            y[0][c] = _mm512_fmadd_ps(b0, x, y[0][c]);
+            if (NH == 2) y[1][c] = _mm512_fmadd_ps(b1, x, y[1][c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+        _mm512_storeu_ps(o0 + c0 + 16 * c, y[0][c]);
+        if (NH == 2) _mm512_storeu_ps(o1 + c0 + 16 * c, y[1][c]);
+    }
+}
+
+/* One or two heads (h0, h0 + 1) of query row r: scores, softmax update, P.V. */
+A512_INLINE void a512__attn_heads(int NH, const kern_attn_blk *a, int r, int h0, const float *kt,
+                                  const float *vt, float *p) {
+    const size_t x0 = (size_t)r * (size_t)a->G + (size_t)h0, Dv = (size_t)a->Dv;
+    const float *q0 = a->q + (size_t)r * a->q_stride + (size_t)h0 * (size_t)a->D;
+    __m512 acc[2][4];
+    a512__attn_qk(NH, a->D, kt, q0, q0 + a->D, acc);
+    const int lo = a->lo[r], hi = a->hi[r];
+    float al[2] = {1.0f, 1.0f};
+    _Pragma("GCC unroll 2") for (int h = 0; h < NH; h++)
+        al[h] = a512__attn_softmax(acc[h], a->scale, lo, hi, a->m + x0 + h, a->l + x0 + h,
+                                   p + KERN_ATTN_BLOCK * h);
+    float *o0 = a->o + x0 * Dv, *o1 = o0 + Dv;
+    for (int c0 = 0; c0 < a->Dv; c0 += 64) {
+        const int nc = a->Dv - c0 >= 64 ? 4 : (a->Dv - c0) / 16;
+#define A512_PV(NC)                                                                                \
+    (NH == 2 ? a512__attn_pv(2, NC, vt, Dv, c0, lo, hi, p, p + KERN_ATTN_BLOCK, al[0], al[1], o0, \
+                             o1)                                                                   \
+             : a512__attn_pv(1, NC, vt, Dv, c0, lo, hi, p, p, al[0], al[0], o0, o0))
+        switch (nc) {
+        case 4: A512_PV(4); break;
+        case 3: A512_PV(3); break;
+        case 2: A512_PV(2); break;
+        default: A512_PV(1); break;
+        }
+#undef A512_PV
+    }
+}
+
+A512_INLINE void a512__attn_block_t(ks_dtype t, const kern_attn_blk *a) {
+    int j0 = a->n, j1 = 0; // the lanes any row reads
+    for (int r = 0; r < a->R; r++)
+        if (a->lo[r] < a->hi[r]) {
+            j0 = a->lo[r] < j0 ? a->lo[r] : j0;
+            j1 = a->hi[r] > j1 ? a->hi[r] : j1;
+        }
+    if (j0 >= j1) return;
+    // scratch: kt (D, 64), vt (64, Dv), then two heads' weights (64 each)
+    float *kt = a->scratch, *vt = kt + (size_t)a->D * KERN_ATTN_BLOCK;
+    float *p = vt + (size_t)a->Dv * KERN_ATTN_BLOCK;
+    a512__attn_load(t, a, j0 & ~15, j1, kt, vt);
+    for (int r = 0; r < a->R; r++) {
+        if (a->lo[r] >= a->hi[r]) continue;
+        int g = 0;
+        for (; g + 2 <= a->G; g += 2)
+            a512__attn_heads(2, a, r, g, kt, vt, p);
+        if (g < a->G) a512__attn_heads(1, a, r, g, kt, vt, p);
+    }
+}
+
+void kern__a512_attn_block(const kern_attn_blk *a) {
+    switch (a->kv_type) {
+    case KS_DTYPE_F16: a512__attn_block_t(KS_DTYPE_F16, a); break;
+    case KS_DTYPE_Q8_0: a512__attn_block_t(KS_DTYPE_Q8_0, a); break;
+    default: a512__attn_block_t(KS_DTYPE_F32, a); break;
+    }
+}

@@ -539,5 +539,6 @@ void kern__a512_gdn_step(int S, float *const *rows, const float *q, const float 
 void kern__silu_mul_ref(int64_t n, const float *g, const float *u, float *y);
 void kern__gelu_mul_ref(int64_t n, const float *g, const float *u, float *y);
 void kern__softmax_ref(int64_t n, float *x);
+void kern__attn_block_ref(const kern_attn_blk *a);
 
 #endif /* KS_KERN_INT_H */

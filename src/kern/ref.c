@@ -1282,6 +1282,38 @@ void kern__softmax_ref(int64_t n, float *x) {
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
 
+/* kern.h attn_block, one (row, head) at a time: scores as ref__dot_rows
+ * (double sum, increasing i), expf, and o's update one fma per element,
+ * lanes in order. Uses no scratch. */
+void kern__attn_block_ref(const kern_attn_blk *a) {
+    for (int r = 0; r < a->R; r++) {
+        const int lo = a->lo[r], hi = a->hi[r];
+        for (int g = 0; g < a->G && lo < hi; g++) {
+            const float *q = a->q + (size_t)r * a->q_stride + (size_t)g * (size_t)a->D;
+            const size_t x = (size_t)r * (size_t)a->G + (size_t)g;
+            float s[KERN_ATTN_BLOCK], mb = -INFINITY;
+            for (int j = lo; j < hi; j++) {
+                double d = 0.0;
+                for (int i = 0; i < a->D; i++)
+                    d += (double)q[i] * (double)ref__kv_at(a->kv_type, a->krow[j], i);
+                s[j] = (float)d * a->scale;
+                mb = fmaxf(mb, s[j]);
+            }
+            const float M = fmaxf(a->m[x], mb), alpha = expf(a->m[x] - M);
+            float *o = a->o + x * (size_t)a->Dv, sum = 0.0f;
+            for (int i = 0; i < a->Dv; i++) o[i] *= alpha;
+            for (int j = lo; j < hi; j++) {
+                const float p = expf(s[j] - M);
+                sum += p;
+                for (int i = 0; i < a->Dv; i++)
+                    o[i] = fmaf(p, ref__kv_at(a->kv_type, a->vrow[j], i), o[i]);
+            }
+            a->l[x] = a->l[x] * alpha + sum;
+            a->m[x] = M;
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // Vtab
 
@@ -1370,5 +1402,6 @@ const kern_vtab kern__vtab_ref = {
     .silu_mul = kern__silu_mul_ref,
     .gelu_mul = kern__gelu_mul_ref,
     .softmax = kern__softmax_ref,
+    .attn_block = kern__attn_block_ref,
     .gdn_step = kern__gdn_step_ref,
 };

@@ -113,6 +113,18 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     const size_t G = (size_t)(hp->n_head / hkv_min), GI = (size_t)hp->idx_heads + 1;
     c->scores =
         ks_alloc_aligned((size_t)n_threads * (G > GI ? G : GI) * (size_t)max_ctx * sizeof(float));
+    // tiled attention: a block's keys and values, then R x G online-softmax states
+    size_t DA = DM, DV = DM;
+    for (int il = 0; il < hp->n_layer; il++)
+        DA = (size_t)m->layers[il].head_dim > DA ? (size_t)m->layers[il].head_dim : DA;
+    if ((size_t)hp->head_dim_v > DV) DV = (size_t)hp->head_dim_v;
+    if (DA > DV) DV = DA;
+    const size_t RG = (size_t)KERN_ATTN_ROWS * G;
+    c->attn_scr_n = (KERN_ATTN_SCRATCH(DA, DV) + RG * (DV + 2) + 15) / 16 * 16;
+    c->attn_scr = ks_alloc_aligned((size_t)n_threads * c->attn_scr_n * sizeof(float));
+    if (c->attn_scr) // stale lanes of a block are masked; zero keeps them finite
+        memset(c->attn_scr, 0, (size_t)n_threads * c->attn_scr_n * sizeof(float));
+    c->attn_tile = malloc((T + 1) * sizeof(int32_t));
     c->seq_next = malloc(T * sizeof(int32_t));
     c->seq_bad = malloc(T * sizeof(atomic_int));
     c->seq_first = malloc(T * sizeof(int32_t));
@@ -166,7 +178,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     if (hp->arch == MODEL_ARCH_GEMMA4 && NX && !(c->tmp2 = ks_alloc_aligned(T * E * sizeof(float))))
         moe_ok = false;
     if (!c->threads || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->g ||
-        !c->u || !c->scores || !c->seq_next || !c->seq_bad || !c->seq_first || !c->kp || !c->vp ||
+        !c->u || !c->scores || !c->attn_scr || !c->attn_tile || !c->seq_next || !c->seq_bad || !c->seq_first || !c->kp || !c->vp ||
         !c->act[0].buf || !c->act[1].buf || !c->pf_runs || !moe_ok) {
         model_ctx_free(c);
         return ks_seterr(eb, KS_ERR_NOMEM, "model context: scratch for %d tokens", max_tokens);
@@ -182,7 +194,7 @@ void model_ctx_free(model_ctx *c) {
                      c->g,      c->u,     c->scores, c->router, c->xe,       c->mla_qa, c->mla_qf,
                      c->mla_qn, c->dsa_q, c->dsa_k,  c->dsa_w,  c->dsa_score, c->qg,
                      c->gate,   c->ssm_x, c->ssm_z,  c->ssm_o,  c->ssm_b,    c->ssm_a,
-                     c->ple,    c->ple_sel, c->tmp2};
+                     c->ple,    c->ple_sel, c->tmp2, c->attn_scr};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ks_free_aligned(bufs[i]);
     ks_free_aligned(c->act[0].buf);
     ks_free_aligned(c->act[1].buf);
@@ -196,6 +208,7 @@ void model_ctx_free(model_ctx *c) {
     free(c->pf_runs);
     free(c->dsa_sel);
     free(c->dsa_n);
+    free(c->attn_tile);
     free(c->seq_next);
     free(c->seq_bad);
     free(c->seq_first);

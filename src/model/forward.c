@@ -924,7 +924,9 @@ typedef struct {
     model_ctx *c;
     const model_batch *b;
     int layer;
-    atomic_llong next; // next (token, KV head) pair to claim
+    bool tiled;        // fwd__attn_tile (kern attn_block) rather than fwd__attn_one
+    int n_items;       // tokens, or tiles (c->attn_tile) when tiled
+    atomic_llong next; // next (token or tile, KV head) pair to claim
     atomic_llong left; // pairs not yet done
 } fwd__attn;
 
@@ -1027,6 +1029,112 @@ static void fwd__attn_one(fwd__attn *a, int t, int h, int G, float *scores) {
     }
 }
 
+/* Whether layer il's attention takes the tiled online-softmax kernel: not
+ * with soft-capping (gemma2) or DSA's sparse selection, nor head sizes the
+ * kernel does not take; a function of the model and layer only, so decode
+ * and prefill of a token always take the same arithmetic. */
+static bool fwd__attn_tiled(const model_ctx *c, int il) {
+    const model_hparams *hp = &c->m->hp;
+    const model__layer *L = &c->m->layers[il];
+    const int D = L->head_dim, Dv = hp->kv_lora ? hp->head_dim_v : D;
+    const int q = c->kv_type == KS_DTYPE_Q8_0 ? 32 : 16;
+    // gemma4 stays on the old path: with the tiled kernel its Q4_K_M
+    // perplexity against llama.cpp moved from within 0.5% to 0.55%
+    // (e2e_test_arch_gemma4); not yet understood
+    return c->kv->attn_block && hp->arch != MODEL_ARCH_GEMMA4 && hp->attn_softcap <= 0.0f &&
+           !hp->idx_topk && D % q == 0 &&
+           Dv % q == 0 && D > 0 && Dv > 0;
+}
+
+/* Cuts the batch into tiles of up to KERN_ATTN_ROWS consecutive tokens of
+ * one sequence at consecutive positions (c->attn_tile: first token of each,
+ * then T); returns their number. How a batch is tiled never changes a
+ * token's values (kern.h attn_block). */
+static int fwd__attn_tiles(model_ctx *c, const model_batch *b) {
+    int n = 0;
+    for (int t = 0; t < b->n_tokens; t++)
+        if (t == 0 || b->seq[t] != b->seq[t - 1] || b->pos[t] != b->pos[t - 1] + 1 ||
+            t - c->attn_tile[n - 1] >= KERN_ATTN_ROWS)
+            c->attn_tile[n++] = t;
+    c->attn_tile[n] = b->n_tokens;
+    return n;
+}
+
+/* Attention of G query heads h, h+1, ... for the tile's R tokens, block by
+ * block of KERN_ATTN_BLOCK positions aligned to absolute positions (kern.h
+ * attn_block: a token's result is the same whatever its tile), into
+ * att[t][h*Dv..]. scr: this thread's c->attn_scr. Pages come from the table
+ * fwd__resolve filled through kv's tag check (I1). */
+static void fwd__attn_tile(fwd__attn *a, int ti, int h, int G, float *scr) {
+    model_ctx *c = a->c;
+    const model_hparams *hp = &c->m->hp;
+    const model__layer *L = &c->m->layers[a->layer];
+    const int D = L->head_dim, Dv = hp->kv_lora ? hp->head_dim_v : D, H = hp->n_head;
+    const int kh = h / (H / L->n_head_kv);
+    uint64_t hrb = c->head_row;
+    if (D != hp->head_dim) KS_ASSERT(ks_dtype_row_bytes((uint32_t)c->kv_type, (uint64_t)D, &hrb));
+    const size_t koff = (size_t)kh * hrb;
+    const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens, W = (uint32_t)hp->n_swa;
+    const int t0 = c->attn_tile[ti], R = c->attn_tile[ti + 1] - t0, si = a->b->seq[t0];
+    const void *const *kp = c->kp + (size_t)si * (size_t)c->max_pages;
+    const void *const *vp = hp->kv_lora ? kp : c->vp + (size_t)si * (size_t)c->max_pages;
+    // scratch: the kernel's, then m, l (R*G) and o (R*G, Dv)
+    float *ks = scr, *m = scr + KERN_ATTN_SCRATCH(D, Dv), *l = m + R * G, *o = l + R * G;
+    uint32_t lo[KERN_ATTN_ROWS], hi[KERN_ATTN_ROWS], j_min = UINT32_MAX, j_max = 0;
+    const float *sinks = L->attn_sinks; // gpt-oss: a logit in the denominator only
+    for (int r = 0; r < R; r++) {
+        hi[r] = (uint32_t)a->b->pos[t0 + r] + 1; // positions [lo, hi) of token t0 + r
+        lo[r] = L->swa && hi[r] > W ? hi[r] - W : 0;
+        j_min = lo[r] < j_min ? lo[r] : j_min;
+        j_max = hi[r] > j_max ? hi[r] : j_max;
+        for (int g = 0; g < G; g++) { // the sink as the state before any key: m = sink, l = 1
+            m[r * G + g] = sinks ? sinks[h + g] : -INFINITY;
+            l[r * G + g] = sinks ? 1.0f : 0.0f;
+        }
+    }
+    memset(o, 0, sizeof(float) * (size_t)(R * G) * (size_t)Dv);
+    const uint8_t *krow[KERN_ATTN_BLOCK], *vrow[KERN_ATTN_BLOCK];
+    int blo[KERN_ATTN_ROWS], bhi[KERN_ATTN_ROWS];
+    kern_attn_blk k = {.D = D, .Dv = Dv, .G = G, .R = R, .kv_type = (ks_dtype)c->kv_type,
+                       .q = c->q + (size_t)t0 * (size_t)(H * D) + (size_t)h * (size_t)D,
+                       .q_stride = (size_t)(H * D), .krow = krow, .vrow = vrow, .lo = blo,
+                       .hi = bhi, .scale = hp->attn_scale, .m = m, .l = l, .o = o,
+                       .scratch = ks};
+    const uint32_t B = KERN_ATTN_BLOCK;
+    for (uint32_t j0 = j_min / B * B; j0 < j_max; j0 += B) {
+        const uint32_t n = j_max - j0 < B ? j_max - j0 : B;
+        for (uint32_t i = 0; i < n; i++) { // layout: position j in page j/P, row j%P
+            const uint32_t j = j0 + i;
+            krow[i] = (const uint8_t *)kp[j / P] + (size_t)(j % P) * c->kv_row + koff;
+            vrow[i] = (const uint8_t *)vp[j / P] + (size_t)(j % P) * c->kv_row + koff;
+        }
+        // the next block's rows of this head, while this one computes
+        // (decode reads each row once: the hardware prefetcher alone trails)
+        for (uint32_t j = j0 + B; j < j0 + 2 * B && j < j_max; j++) {
+            const uint8_t *kr = (const uint8_t *)kp[j / P] + (size_t)(j % P) * c->kv_row + koff;
+            const uint8_t *vr = (const uint8_t *)vp[j / P] + (size_t)(j % P) * c->kv_row + koff;
+            for (size_t x = 0; x < hrb; x += 64) {
+                __builtin_prefetch(kr + x);
+                if (vr != kr) __builtin_prefetch(vr + x);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            blo[r] = lo[r] > j0 ? (int)(lo[r] - j0 < n ? lo[r] - j0 : n) : 0;
+            bhi[r] = hi[r] > j0 ? (int)(hi[r] - j0 < n ? hi[r] - j0 : n) : 0;
+        }
+        k.n = (int)n;
+        c->kv->attn_block(&k);
+    }
+    for (int r = 0; r < R; r++) // softmax . V = o / l
+        for (int g = 0; g < G; g++) {
+            const float inv = 1.0f / l[r * G + g];
+            const float *src = o + (size_t)(r * G + g) * (size_t)Dv;
+            float *out = c->att + (size_t)(t0 + r) * (size_t)(H * Dv) + (size_t)(h + g) * (size_t)Dv;
+            for (int i = 0; i < Dv; i++)
+                out[i] = src[i] * inv;
+        }
+}
+
 /* Resolves every page each sequence of the batch reads at this layer,
  * through kv's tag/state check (I1), once per layer per pass. A sequence
  * whose table fails the check is marked bad and skipped from here on. */
@@ -1055,14 +1163,19 @@ static void fwd__attn_task(void *arg, int ith, int nth) {
     fwd__attn *a = arg;
     const int Hkv = a->c->m->layers[a->layer].n_head_kv, G = a->c->m->hp.n_head / Hkv;
     float *scores = a->c->scores + (size_t)ith * (size_t)G * (size_t)a->c->max_ctx;
-    const int nch = fwd__attn_nch(a->b->n_tokens, Hkv, G, nth);
+    float *scr = a->c->attn_scr + (size_t)ith * a->c->attn_scr_n;
+    const int nch = fwd__attn_nch(a->n_items, Hkv, G, nth);
     const int Gs = G / nch, per_t = Hkv * nch;
     int64_t p0, p1;
-    while (ks_pool_claim(&a->next, (int64_t)a->b->n_tokens * per_t, 1, &p0, &p1)) {
+    while (ks_pool_claim(&a->next, (int64_t)a->n_items * per_t, 1, &p0, &p1)) {
         for (int64_t pi = p0; pi < p1; pi++) {
-            const int t = (int)(pi / per_t), si = a->b->seq[t];
+            const int t = (int)(pi / per_t);
+            const int si = a->b->seq[a->tiled ? a->c->attn_tile[t] : t];
             if (atomic_load_explicit(&a->c->seq_bad[si], memory_order_relaxed)) continue;
-            fwd__attn_one(a, t, (int)(pi % per_t) * Gs, Gs, scores);
+            if (a->tiled)
+                fwd__attn_tile(a, t, (int)(pi % per_t) * Gs, Gs, scr);
+            else
+                fwd__attn_one(a, t, (int)(pi % per_t) * Gs, Gs, scores);
         }
         atomic_fetch_sub_explicit(&a->left, p1 - p0, memory_order_relaxed);
     }
@@ -1213,10 +1326,11 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
                     kv_seq_set_filled(c->pool, b->seqs[s], (uint32_t)c->seq_next[s]);
         fwd__resolve(c, b, L->kv_layer);
         if (hp->idx_topk) fwd__dsa_run(c, b, il);
-        fwd__attn at = {.c = c, .b = b, .layer = il};
+        fwd__attn at = {.c = c, .b = b, .layer = il, .tiled = fwd__attn_tiled(c, il)};
+        at.n_items = at.tiled ? fwd__attn_tiles(c, b) : T;
         atomic_init(&at.next, 0);
-        atomic_init(&at.left, (int64_t)T * L->n_head_kv *
-                                  fwd__attn_nch(T, L->n_head_kv, hp->n_head / L->n_head_kv,
+        atomic_init(&at.left, (int64_t)at.n_items * L->n_head_kv *
+                                  fwd__attn_nch(at.n_items, L->n_head_kv, hp->n_head / L->n_head_kv,
                                                 ks_pool_nth(c->threads)));
         ks_pool_run(c->threads, fwd__attn_task, &at);
         if (hp->attn_out_gate) fwd__rows_run(c, b, FWD_ATTN_GATE, NULL, il);

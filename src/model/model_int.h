@@ -220,6 +220,9 @@ struct model_ctx {
     float *dsa_score;   // (nth, max_ctx) a decode step's scores, several threads per token
     size_t dsa_off;     // byte offset of the indexer key in a KV row
     float *scores;      // (nth, G, max_ctx) attention scratch per thread, G query heads per KV head
+    float *attn_scr;    // (nth, attn_scr_n) tiled attention's scratch (kern.h attn_block) and states
+    size_t attn_scr_n;  // floats per thread, a multiple of 16
+    int32_t *attn_tile; // (max_tokens + 1) the batch's attention tiles: first token of each
     int32_t *seq_next;  // (max_tokens) per-sequence next position, for validation
     atomic_int *seq_bad; // (max_tokens) per-sequence: a page failed to resolve this pass
     int32_t *seq_first;  // (max_tokens) per-sequence n_tokens before this pass (-1: not in it)

@@ -811,6 +811,119 @@ static void test_rows_ops(const kern_vtab *v) {
     free(kv2);
 }
 
+// Tiled online-softmax attention (kern.h attn_block), per KV type and head
+// sizes (D, Dv): a sequence of blocks over NP positions in pages of 16 rows
+// (rows scattered: the kernel reads row pointers), R = 5 query rows x G = 3
+// heads with causal and windowed ranges. Checked:
+// - against kern__attn_block_ref within ATTN_REL of the output's scale: the
+//   final o / l differ by the scores' f32 rounding (exp amplifies it by the
+//   score's size, |s| <= a few here) and a512__exp vs expf;
+// - the final o / l against a plain softmax . V in double (the math);
+// - batch invariance, bit for bit: each row computed alone (R = 1) in its own
+//   call equals its value inside the tile, and so does each head (G = 1).
+#define ATTN_REL 2e-5
+static void attn_run(const kern_vtab *v, int t, int D, int Dv, int G, int R, const float *q,
+                     size_t q_stride, uint8_t *const *rows, uint8_t *const *vrows, int NP,
+                     const int *lo, const int *hi, float *m, float *l, float *o, float *scr) {
+    for (int x = 0; x < R * G; x++)
+        m[x] = -INFINITY, l[x] = 0.0f;
+    memset(o, 0, sizeof(float) * (size_t)(R * G * Dv));
+    int blo[8], bhi[8];
+    for (int j0 = 0; j0 < NP; j0 += KERN_ATTN_BLOCK) {
+        const int n = NP - j0 < KERN_ATTN_BLOCK ? NP - j0 : KERN_ATTN_BLOCK;
+        for (int r = 0; r < R; r++) {
+            blo[r] = lo[r] > j0 ? (lo[r] - j0 < n ? lo[r] - j0 : n) : 0;
+            bhi[r] = hi[r] > j0 ? (hi[r] - j0 < n ? hi[r] - j0 : n) : 0;
+        }
+        kern_attn_blk a = {.D = D, .Dv = Dv, .G = G, .R = R, .kv_type = (ks_dtype)t, .q = q,
+                           .q_stride = q_stride, .krow = (const uint8_t *const *)rows + j0,
+                           .vrow = (const uint8_t *const *)vrows + j0, .n = n, .lo = blo,
+                           .hi = bhi, .scale = 0.3f, .m = m, .l = l, .o = o, .scratch = scr};
+        v->attn_block(&a);
+    }
+    for (int x = 0; x < R * G; x++)
+        for (int i = 0; i < Dv; i++)
+            o[(size_t)x * (size_t)Dv + (size_t)i] /= l[x];
+}
+
+static void test_attn_block(const kern_vtab *v) {
+    static const int dims[][2] = {{64, 64}, {128, 128}, {32, 32}, {96, 64}, {48, 16}};
+    enum { NP = 150, R = 5, G = 3, DM = 128 };
+    CHECK(v->attn_block != NULL);
+    float *src = xmalloc(sizeof(float) * NP * DM), *deq = xmalloc(sizeof(float) * NP * DM);
+    float *vsrc = xmalloc(sizeof(float) * NP * DM), *vdeq = xmalloc(sizeof(float) * NP * DM);
+    uint8_t *pool = xmalloc(8 * (NP / 16 + 1) * 16 * DM), *rows[NP], *vrows[NP];
+    float *scr = ks_alloc_aligned(sizeof(float) * KERN_ATTN_SCRATCH(DM, DM));
+    float q[R * G * DM], m[R * G], l[R * G], o1[R * G * DM], o2[R * G * DM], o3[R * G * DM];
+    CHECK(scr != NULL);
+    // causal rows at the end (decode-like), one mid-way, one windowed
+    const int lo[R] = {0, 0, 0, 70, 0}, hi[R] = {NP, NP - 1, NP - 3, 140, 64};
+    for (int it = 0; it < 3; it++) {
+        const int t = kv_types[it];
+        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
+            const int D = dims[d][0], Dv = dims[d][1];
+            if (t == KS_DTYPE_Q8_0 && (D % 32 || Dv % 32)) continue;
+            const size_t rb = row_bytes((ks_dtype)t, D);
+            for (int j = 0; j < NP; j++) { // pages of 16 rows, in reverse order
+                const size_t slot = (size_t)(NP / 16 - j / 16) * 16 + (size_t)(j % 16);
+                rows[j] = pool + slot * 2 * rb, vrows[j] = rows[j] + rb;
+                for (int i = 0; i < D; i++)
+                    src[j * D + i] = rng_f() * 2.0f, vsrc[j * D + i] = rng_f();
+                kern_quantize_row((ks_dtype)t, src + j * D, rows[j], D);
+                kern_quantize_row((ks_dtype)t, vsrc + j * D, vrows[j], D);
+                kern_dequantize_row((ks_dtype)t, rows[j], deq + j * D, D);
+                kern_dequantize_row((ks_dtype)t, vrows[j], vdeq + j * D, D);
+            }
+            for (int i = 0; i < R * G * D; i++)
+                q[i] = rng_f();
+            const size_t qs = (size_t)(G * D);
+            attn_run(v, t, D, Dv, G, R, q, qs, rows, vrows, NP, lo, hi, m, l, o1, scr);
+            attn_run(&kern__vtab_ref, t, D, Dv, G, R, q, qs, rows, vrows, NP, lo, hi, m, l, o2,
+                     scr);
+            for (int r = 0; r < R; r++)
+                for (int g = 0; g < G; g++) {
+                    const float *qq = q + (size_t)r * qs + (size_t)g * (size_t)D;
+                    double w[NP], mx = -INFINITY, sum = 0.0;
+                    for (int j = lo[r]; j < hi[r]; j++) {
+                        double s = 0.0;
+                        for (int i = 0; i < D; i++)
+                            s += (double)qq[i] * deq[j * D + i];
+                        w[j] = s * 0.3f;
+                        mx = w[j] > mx ? w[j] : mx;
+                    }
+                    for (int j = lo[r]; j < hi[r]; j++)
+                        sum += (w[j] = exp(w[j] - mx));
+                    const size_t x = (size_t)(r * G + g) * (size_t)Dv;
+                    for (int i = 0; i < Dv; i++) {
+                        double y = 0.0;
+                        for (int j = lo[r]; j < hi[r]; j++)
+                            y += w[j] / sum * vdeq[j * D + i];
+                        if (fabs(o1[x + i] - o2[x + i]) > ATTN_REL || fabs(o1[x + i] - y) > ATTN_REL) {
+                            printf("  %s attn_block t%d D%d Dv%d r%d g%d i%d: %g ref %g exact %g\n",
+                                   v->name, t, D, Dv, r, g, i, o1[x + i], o2[x + i], y);
+                            CHECK(!"attn_block differs beyond ATTN_REL");
+                        }
+                    }
+                }
+            // batch invariance: a row alone, a head alone, bit for bit
+            for (int r = 0; r < R; r++) {
+                attn_run(v, t, D, Dv, G, 1, q + (size_t)r * qs, qs, rows, vrows, NP, lo + r,
+                         hi + r, m, l, o3, scr);
+                for (int i = 0; i < G * Dv; i++)
+                    CHECK(same_bits(o3[i], o1[(size_t)r * (size_t)(G * Dv) + (size_t)i]));
+                for (int g = 0; g < G; g++) {
+                    attn_run(v, t, D, Dv, 1, 1, q + (size_t)r * qs + (size_t)g * (size_t)D, qs,
+                             rows, vrows, NP, lo + r, hi + r, m, l, o3, scr);
+                    for (int i = 0; i < Dv; i++)
+                        CHECK(same_bits(o3[i], o1[(size_t)(r * G + g) * (size_t)Dv + (size_t)i]));
+                }
+            }
+        }
+    }
+    ks_free_aligned(scr);
+    free(src), free(deq), free(vsrc), free(vdeq), free(pool);
+}
+
 static void test_vec_ops(const kern_vtab *v) {
     static const int64_t sizes[] = {1,  2,  3,  5,  7,   8,   15,  16,  17,   31,
                                     33, 63, 64, 65, 127, 128, 129, 255, 1000, 4097};
@@ -1100,6 +1213,7 @@ int main(void) {
         test_gdn_step(v);
         test_ssm_scan(v);
         test_rows_ops(v);
+        test_attn_block(v);
         test_matmul_vs_ref(v);
         test_batch_invariance(v);
         test_r16(v);
