@@ -134,6 +134,42 @@ static void bench__probe_close(bench__probe *p) {
     ks_free_aligned(p->buf);
 }
 
+/* Each pool thread's int8 dot-product peak (kern_int8_peak_ops), all at
+ * once, so the sum is the peak of the cores the benchmark ran on. */
+typedef struct {
+    double ops[256];
+} bench__peak;
+
+static void bench__peak_task(void *arg, int ith, int nth) {
+    (void)nth;
+    ((bench__peak *)arg)->ops[ith & 255] = kern_int8_peak_ops(250);
+}
+
+/* The int8 peak of n_threads cores at once, ops/s (0 without AVX512-VNNI or
+ * on failure to start the threads). */
+static double bench__int8_peak(int n_threads) {
+    ks_pool *pool = ks_pool_create(n_threads);
+    if (!pool) return 0;
+    bench__peak pk = {{0}};
+    ks_pool_run(pool, bench__peak_task, &pk);
+    double sum = 0;
+    for (int i = 0; i < n_threads && i < 256; i++)
+        sum += pk.ops[i];
+    ks_pool_destroy(pool);
+    return sum;
+}
+
+/* The ops of a prefill of T tokens from an empty cache: 2 per weight a
+ * token runs through (model_params_per_token), the output for the last
+ * token, and causal attention, 2 (D + Dv) per head and (query, key) pair
+ * (sliding windows and sparse indexers not discounted). */
+static double bench__pp_ops(const model *m, double T) {
+    const model_hparams *hp = model_hp(m);
+    const double dv = hp->head_dim_v ? hp->head_dim_v : hp->head_dim;
+    return 2.0 * (double)model_params_per_token(m) * T + 2.0 * hp->n_vocab * (double)hp->n_embd +
+           2.0 * hp->n_layer_attn * (double)hp->n_head * (hp->head_dim + dv) * T * (T + 1) / 2;
+}
+
 /* n deterministic token ids in [0, n_vocab) (xorshift64). */
 static void bench__tokens(int32_t *toks, int32_t n, int32_t n_vocab) {
     uint64_t x = 0x9e3779b97f4a7c15ull;
@@ -325,7 +361,7 @@ typedef struct {
  * field names (avg_ts/stddev_ts: tokens/s; avg_ns/stddev_ns: a repetition's
  * time); json goes through jansson, so every string is escaped. */
 static int bench__report(const bench__cfg *c, cli__session *s, const bench__test *t, int n_t,
-                         double bw, double bw_peak, double bpt) {
+                         double bw, double bw_peak, double bpt, double peak, double pp_ops) {
     const model_hparams *hp = model_hp(s->m);
     const char *base = strrchr(c->path, '/') ? strrchr(c->path, '/') + 1 : c->path;
     double size_mib = (double)model_bytes_per_token(s->m) / 1048576.0;
@@ -368,6 +404,11 @@ static int bench__report(const bench__cfg *c, cli__session *s, const bench__test
         json_object_set_new(o, "stddev_ts", json_real(sd_ts));
         json_object_set_new(o, "samples_ns", sns);
         json_object_set_new(o, "samples_ts", sts);
+        if (t[k].n_prompt && peak > 0) { // prefill against the int8 dot-product peak
+            json_object_set_new(o, "int8_peak_gops", json_real(peak / 1e9));
+            json_object_set_new(o, "ops", json_real(pp_ops));
+            json_object_set_new(o, "peak_fraction", json_real(pp_ops / (m_ns / 1e9) / peak));
+        }
         if (t[k].n_gen) { // the roofline applies to generation
             json_object_set_new(o, "membw_gbs", json_real(bw / 1e9));
             json_object_set_new(o, "membw_peak_gbs", json_real(bw_peak / 1e9));
@@ -448,6 +489,9 @@ int cli_bench(int argc, char **argv) {
         double pp = (double)n_pp / (pp_ns[r] / 1e9);
         pp_best = pp > pp_best ? pp : pp_best;
     }
+    // the int8 peak of the same cores, right after the prompts (Q8_0/Q4_0/
+    // Q4_K matmuls run on vpdpbusd; pp's ops are counted as 2 x params x T)
+    const double peak = bench__int8_peak(s.n_threads), pp_ops = bench__pp_ops(s.m, (double)n_pp);
     bench__probe probe;
     const bool probe_ok = bench__probe_open(&probe, s.n_threads); // else no roofline (bw 0)
     double tg_ns_all = 0;
@@ -489,7 +533,7 @@ int cli_bench(int argc, char **argv) {
                             {.n_gen = n_tg, .ns = tg_ns, .n = (int)reps}};
         snprintf(t[0].name, sizeof t[0].name, "pp%ld", n_pp);
         snprintf(t[1].name, sizeof t[1].name, "tg%ld", n_tg);
-        rc = bench__report(&cf, &s, t, 2, bw, bw_peak, bpt);
+        rc = bench__report(&cf, &s, t, 2, bw, bw_peak, bpt, peak, pp_ops);
         goto done;
     }
     printf("model: %s (%s, %d layers, n_embd %d, %.1f MiB of weights/token)\n", path, hp->arch_name,
@@ -497,6 +541,13 @@ int cli_bench(int argc, char **argv) {
     printf("kernels: %s, threads: %d\n", kern_get()->name, s.n_threads);
     printf("pp%ld: %.2f tokens/s\n", n_pp, pp_best);
     printf("tg%ld: %.2f tokens/s\n", n_tg, tg_best);
+    if (peak > 0)
+        printf("pp%ld / int8 peak: %.3f (%.1f GOP a prompt: 2 x %.3g params x tokens + "
+               "attention; vpdpbusd peak %.1f GOP/s on %d threads)\n",
+               n_pp, pp_ops * pp_best / (double)n_pp / peak, pp_ops / 1e9,
+               (double)model_params_per_token(s.m), peak / 1e9, s.n_threads);
+    else
+        printf("pp%ld / int8 peak: not measured (no AVX512-VNNI)\n", n_pp);
     if (!probe_ok) {
         printf("memory read bandwidth: not measured (no memory for the %zu-byte probe)\n",
                BENCH_PROBE_BYTES);
