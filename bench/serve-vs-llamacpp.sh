@@ -95,7 +95,7 @@ for c in $CONC; do
     for eng in kvseal llama.cpp; do
         ratio=-
         [ $eng = kvseal ] && ratio=$(awk -v a="$(med kvseal "$c" out_tok_s)" \
-            -v b="$(med llama.cpp "$c" out_tok_s)" 'BEGIN { printf "%.2f", b > 0 ? a / b : 0 }')
+            -v b="$(med llama.cpp "$c" out_tok_s)" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
         printf '%-4s %-9s %9.1f %9.0f %9.0f %9.1f %9.1f %8s\n' "$c" $eng "$(med $eng "$c" out_tok_s)" \
             "$(med $eng "$c" ttft_p50)" "$(med $eng "$c" ttft_p99)" "$(med $eng "$c" tpot_p50)" \
             "$(med $eng "$c" tpot_p99)" "$ratio"
