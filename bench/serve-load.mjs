@@ -67,7 +67,9 @@ async function one(r) {
       }
     }
   }
-  const out = usage ? usage.completion_tokens : chunks;
+  // without a usage chunk (llama-server left it off one stream in a run),
+  // the answer's forced length: ignore_eos runs it to max_tokens
+  const out = usage ? usage.completion_tokens : chunks ? r.a : 0;
   return { ttft: first - t0, tpot: out > 1 ? (last - first) / (out - 1) : NaN, out,
            pin: usage ? usage.prompt_tokens : 0 };
 }
