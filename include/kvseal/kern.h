@@ -208,6 +208,13 @@ ks_dtype kern_act_type(ks_dtype wtype);
  * qs[4j .. 4j+3] (low nibbles elements 4j.., high 16 + 4j..). K % 128 ==
  * 64 ends in a quad of 2 blocks (576 bytes, exponent bytes 32..63 zero). */
 
+/* The int8 dot-product peak of the calling thread's core, in ops/s (a
+ * multiply and an add each, as 2 * params * tokens counts a matmul): 512-bit
+ * vpdpbusd on registers, 128 ops an instruction, the best of 5 runs of about
+ * ms / 5 milliseconds each. 0 where the CPU lacks AVX512-VNNI. Blocks for
+ * about ms; can't fail; any thread (run it on each to load every core). */
+double kern_int8_peak_ops(int ms);
+
 /* Whether model loading should repack a [K, N] matrix of type t for the
  * chosen vtab: it has a native r16 kernel for t, the layout takes K
  * (kern_r16_group_bytes > 0), N % 16 == 0, and KS_NO_REPACK is unset. */

@@ -234,6 +234,11 @@ const gguf_file *model_gguf(const model *m);
  * one embedding row; of a mixture of experts, the router and the
  * n_expert_used experts a token runs), for the roofline in `kvseal bench`. */
 uint64_t model_bytes_per_token(const model *m);
+/* Matmul weight elements one prompt token runs through (as
+ * model_bytes_per_token, but elements, and without the embedding row and the
+ * output, which a prompt runs for its last token only): 2 x this x tokens is
+ * a prefill's matmul ops. Can't fail. */
+uint64_t model_params_per_token(const model *m);
 
 /* K/V geometry for a pool serving this model (page_tokens and the KV
  * element type as given; model_kv_type_check says whether the type fits). */

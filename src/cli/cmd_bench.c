@@ -134,6 +134,42 @@ static void bench__probe_close(bench__probe *p) {
     ks_free_aligned(p->buf);
 }
 
+/* Each pool thread's int8 dot-product peak (kern_int8_peak_ops), all at
+ * once, so the sum is the peak of the cores the benchmark ran on (0.25 s). */
+typedef struct {
+    double ops[256];
+} bench__peak;
+
+static void bench__peak_task(void *arg, int ith, int nth) {
+    (void)nth;
+    ((bench__peak *)arg)->ops[ith & 255] = kern_int8_peak_ops(250);
+}
+
+/* The int8 peak of n_threads cores at once, ops/s (0 without AVX512-VNNI or
+ * on failure to start the threads). */
+static double bench__int8_peak(int n_threads) {
+    ks_pool *pool = ks_pool_create(n_threads);
+    if (!pool) return 0;
+    bench__peak pk = {{0}};
+    ks_pool_run(pool, bench__peak_task, &pk);
+    double sum = 0;
+    for (int i = 0; i < n_threads && i < 256; i++)
+        sum += pk.ops[i];
+    ks_pool_destroy(pool);
+    return sum;
+}
+
+/* The ops of a prefill of T tokens from an empty cache: 2 per weight a
+ * token runs through (model_params_per_token), the output for the last
+ * token, and causal attention, 2 (D + Dv) per head and (query, key) pair
+ * (sliding windows and sparse indexers not discounted). */
+static double bench__pp_ops(const model *m, double T) {
+    const model_hparams *hp = model_hp(m);
+    const double dv = hp->head_dim_v ? hp->head_dim_v : hp->head_dim;
+    return 2.0 * (double)model_params_per_token(m) * T + 2.0 * hp->n_vocab * (double)hp->n_embd +
+           2.0 * hp->n_layer_attn * (double)hp->n_head * (hp->head_dim + dv) * T * (T + 1) / 2;
+}
+
 /* n deterministic token ids in [0, n_vocab) (xorshift64). */
 static void bench__tokens(int32_t *toks, int32_t n, int32_t n_vocab) {
     uint64_t x = 0x9e3779b97f4a7c15ull;
@@ -348,7 +384,7 @@ typedef struct {
  * field names (avg_ts/stddev_ts: tokens/s; avg_ns/stddev_ns: a repetition's
  * time); json goes through jansson, so every string is escaped. */
 static int bench__report(const bench__cfg *c, cli__session *s, const bench__test *t, int n_t,
-                         double bw, double bw_peak) {
+                         double bw, double bw_peak, double peak, double pp_ops) {
     const model_hparams *hp = model_hp(s->m);
     const char *base = strrchr(c->path, '/') ? strrchr(c->path, '/') + 1 : c->path;
     double size_mib = (double)model_bytes_per_token(s->m) / 1048576.0;
@@ -392,6 +428,11 @@ static int bench__report(const bench__cfg *c, cli__session *s, const bench__test
         json_object_set_new(o, "stddev_ts", json_real(sd_ts));
         json_object_set_new(o, "samples_ns", sns);
         json_object_set_new(o, "samples_ts", sts);
+        if (t[k].n_prompt && peak > 0) { // prefill against the int8 dot-product peak
+            json_object_set_new(o, "int8_peak_gops", json_real(peak / 1e9));
+            json_object_set_new(o, "ops", json_real(pp_ops));
+            json_object_set_new(o, "peak_fraction", json_real(pp_ops / (m_ns / 1e9) / peak));
+        }
         if (t[k].n_gen) { // the roofline applies to generation
             json_object_set_new(o, "membw_gbs", json_real(bw / 1e9));
             json_object_set_new(o, "membw_peak_gbs", json_real(bw_peak / 1e9));
@@ -478,6 +519,10 @@ int cli_bench(int argc, char **argv) {
     ks_errbuf eb = {0};
     if (!toks || !logits || !ns) goto done;
     bench__tokens(toks, ctx, hp->n_vocab);
+    // the int8 peak of the same cores before and right after the prompts;
+    // the larger (a busy host only lowers it) is the one pp is held to
+    // (Q8_0/Q4_0/Q4_K matmuls run on vpdpbusd; pp's ops are 2 x params x T)
+    const double peak0 = bench__int8_peak(s.n_threads);
     bench__probe probe;
     const bool probe_ok = bench__probe_open(&probe, s.n_threads); // else no roofline (bw 0)
     for (int di = 0; di < n_d; di++) {
@@ -510,6 +555,8 @@ int cli_bench(int argc, char **argv) {
             tg_best[di] = tg > tg_best[di] ? tg : tg_best[di];
         }
     }
+    const double peak1 = bench__int8_peak(s.n_threads), peak = peak1 > peak0 ? peak1 : peak0;
+    const double pp_ops = bench__pp_ops(s.m, (double)n_pp);
     const double bw = probe_ok ? bench__probe_sustained(&probe) : 0, bw_peak = probe.peak;
     const int n_passes = probe.n_passes;
     double loop_bw[BENCH_LOOPS]; // each loop's own rate over its interleaved passes
@@ -539,7 +586,7 @@ int cli_bench(int argc, char **argv) {
         }
     }
     if (cf.fmt != BENCH_TEXT) {
-        rc = bench__report(&cf, &s, t, n_t, bw, bw_peak);
+        rc = bench__report(&cf, &s, t, n_t, bw, bw_peak, peak, pp_ops);
         goto done;
     }
     printf("model: %s (%s, %d layers, n_embd %d, %.1f MiB of weights/token)\n", path, hp->arch_name,
@@ -550,6 +597,13 @@ int cli_bench(int argc, char **argv) {
         const int di = (int)((t[k].ns - ns) / 200);
         printf("%s: %.2f tokens/s\n", t[k].name, t[k].n_gen ? tg_best[di] : pp_best[di]);
     }
+    if (n_pp && peak > 0)
+        printf("pp%ld / int8 peak: %.3f (%.1f GOP a prompt: 2 x %.3g params x tokens + "
+               "attention; vpdpbusd peak %.1f GOP/s on %d threads)\n",
+               n_pp, pp_ops * pp_best[0] / (double)n_pp / peak, pp_ops / 1e9,
+               (double)model_params_per_token(s.m), peak / 1e9, s.n_threads);
+    else if (n_pp)
+        printf("pp%ld / int8 peak: not measured (no AVX512-VNNI)\n", n_pp);
     if (!probe_ok) {
         printf("memory read bandwidth: not measured (no memory for the %zu-byte probe)\n",
                BENCH_PROBE_BYTES);

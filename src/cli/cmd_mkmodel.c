@@ -124,8 +124,11 @@ static void mk__usage(FILE *fp) {
         "  --type T                     2-D weight type (default f16): f32 f16 bf16 q8_0 q4_0\n"
         "                               q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs\n"
         "                               tq1_0 tq2_0 mxfp4\n"
-        "  --shape tiny|1.1b            preset (default tiny: 256 embd, 2 layers, 8/2 heads,\n"
-        "                               512 ff, ctx 512; 1.1b: TinyLlama 2048/22/32/4/5632/2048)\n"
+        "  --shape tiny|1.1b|moe-3b     preset (default tiny: 256 embd, 2 layers, 8/2 heads,\n"
+        "                               512 ff, ctx 512; 1.1b: TinyLlama 2048/22/32/4/5632/2048;\n"
+        "                               moe-3b: 2048 embd, 14 layers, 16/4 heads of 128, 64\n"
+        "                               experts of 512 (8 used), n_ff 4096, ctx 4096: about\n"
+        "                               3.1B parameters, 0.57B read per token as qwen3moe)\n"
         "  --n-embd N --n-layer N --n-head N --n-head-kv N --n-ff N --ctx N --head-dim N\n"
         "  --n-expert N --n-expert-used K --n-ff-exp N\n"
         "                               mixture of experts (llama: Mixtral style; qwen3moe\n"
@@ -806,8 +809,24 @@ int cli_mkmodel(int argc, char **argv) {
     } else if (!strcmp(shape, "1.1b")) {
         o.n_embd = 2048, o.n_layer = 22, o.n_head = 32, o.n_head_kv = 4, o.n_ff = 5632,
         o.n_ctx = 2048;
+    } else if (!strcmp(shape, "moe-3b")) {
+        // Qwen3-30B-A3B's proportions at a tenth of its size: 64 experts of 512,
+        // 8 used, heads of 128; 14 layers make about 3.1B parameters in all and
+        // 0.57B read per token (the used experts, attention, output). n_ff is
+        // the dense FFN width where the arch has one (glm4moe's first layer)
+        o.n_embd = 2048, o.n_layer = 14, o.n_head = 16, o.n_head_kv = 4, o.n_ff = 4096,
+        o.n_ctx = 4096;
+        if (!o.n_expert) o.n_expert = 64;
+        if (!o.n_expert_used) o.n_expert_used = 8;
+        if (!o.n_ff_exp) o.n_ff_exp = 512;
     } else {
-        fprintf(stderr, "kvseal mkmodel: --shape '%s' is not one of tiny 1.1b\n", shape);
+        fprintf(stderr, "kvseal mkmodel: --shape '%s' is not one of tiny 1.1b moe-3b\n", shape);
+        return 2;
+    }
+    if (!strcmp(shape, "moe-3b") && strcmp(o.arch, "qwen3moe") && strcmp(o.arch, "qwen35moe") &&
+        !glm4moe && !oss && !mla) {
+        fprintf(stderr, "kvseal mkmodel: --shape moe-3b needs an arch with --n-ff-exp (qwen3moe, "
+                        "qwen35moe, glm4moe, gpt-oss, deepseek2)\n");
         return 2;
     }
     if (qwen35 && !strcmp(shape, "tiny")) o.n_layer = 4;

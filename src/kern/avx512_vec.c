@@ -545,3 +545,35 @@ void kern__a512_attn_block(const kern_attn_blk *a) {
     default: a512__attn_block_t(KS_DTYPE_F32, a); break;
     }
 }
+
+// ----------------------------------------------------------------------------
+// The int8 dot-product peak (kern_int8_peak_ops)
+
+/* Runs n rounds of 16 independent vpdpbusd chains on zmm registers (no
+ * memory operand, so only the multiply-add ports limit it) and returns the
+ * lanes' sum so the work cannot be dropped. 16 chains cover the latency
+ * (about 4 cycles) times the issue width (2 per cycle) of current cores. */
+uint64_t kern__a512_vnni_spin(int64_t n) {
+    // sixteen named accumulators, so they stay in registers (an array spills)
+    const __m512i u = _mm512_set1_epi8(1), s = _mm512_set1_epi8(-1);
+    __m512i a0 = _mm512_set1_epi32(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+            a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0, a15 = a0;
+#define A512__DP4(x, y, z, w)                                                                      \
+    __asm__ volatile("vpdpbusd %4, %5, %0\n\tvpdpbusd %4, %5, %1\n\t"                              \
+                     "vpdpbusd %4, %5, %2\n\tvpdpbusd %4, %5, %3"                                  \
+                     : "+v"(x), "+v"(y), "+v"(z), "+v"(w)                                          \
+                     : "v"(s), "v"(u))
+    for (int64_t it = 0; it < n; it++) {
+        A512__DP4(a0, a1, a2, a3);
+        A512__DP4(a4, a5, a6, a7);
+        A512__DP4(a8, a9, a10, a11);
+        A512__DP4(a12, a13, a14, a15);
+    }
+#undef A512__DP4
+    __m512i t = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), a2), a3);
+    t = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(t, a4), a5), a6), a7);
+    t = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(t, a8), a9), a10), a11);
+    t = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(t, a12), a13), a14),
+                         a15);
+    return (uint64_t)(uint32_t)_mm512_reduce_add_epi32(t);
+}

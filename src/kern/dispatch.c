@@ -237,3 +237,29 @@ void kern_rope(float *x, int n_dims, int n_rot, int64_t pos, float freq_base, fl
     kern_rope_table(cs, n_rot, pos, freq_base, freq_scale);
     kern_rope_apply(x, n_rot, cs, neox);
 }
+
+double kern_int8_peak_ops(int ms) {
+    const ks_cpu *cpu = ks_cpu_get();
+    if (!cpu->avx512 || !cpu->avx512vnni || ms < 5) return 0.0;
+    // calibrate a round count lasting about ms / 5, then keep the best of 5
+    int64_t n = 1 << 12;
+    double best = 0.0, run_ns = (double)ms * 1e6 / 5.0;
+    volatile uint64_t sink = 0;
+    for (;;) {
+        uint64_t t0 = ks_now_ns();
+        sink += kern__a512_vnni_spin(n);
+        double dt = (double)(ks_now_ns() - t0);
+        if (dt >= run_ns / 4 || n >= ((int64_t)1 << 40)) break;
+        n *= 2;
+    }
+    const double per_round = 16.0 * 128.0; // 16 instructions of 64 u8 x s8 multiply-adds
+    for (int r = 0; r < 5; r++) {
+        const int64_t nr = n * 4;
+        uint64_t t0 = ks_now_ns();
+        sink += kern__a512_vnni_spin(nr);
+        double dt = (double)(ks_now_ns() - t0) * 1e-9;
+        if (dt > 0 && (double)nr * per_round / dt > best) best = (double)nr * per_round / dt;
+    }
+    (void)sink;
+    return best;
+}

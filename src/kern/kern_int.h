@@ -536,6 +536,9 @@ void kern__avx2_gdn_step(int S, float *const *rows, const float *q, const float 
                          const float *v, float decay, float beta, float *out);
 void kern__a512_gdn_step(int S, float *const *rows, const float *q, const float *k,
                          const float *v, float decay, float beta, float *out);
+/* n rounds of 16 independent vpdpbusd (AVX512-VNNI) chains on registers;
+ * returns their lanes' sum (avx512_vec.c; for kern_int8_peak_ops). */
+uint64_t kern__a512_vnni_spin(int64_t n);
 void kern__silu_mul_ref(int64_t n, const float *g, const float *u, float *y);
 void kern__gelu_mul_ref(int64_t n, const float *g, const float *u, float *y);
 void kern__softmax_ref(int64_t n, float *x);

@@ -875,39 +875,53 @@ const model_hparams *model_hp(const model *m) { return &m->hp; }
 const tok_vocab *model_vocab(const model *m) { return m->vocab; }
 const gguf_file *model_gguf(const model *m) { return m->gguf; }
 
-static uint64_t load__mat_bytes(const model__mat *w) { return (uint64_t)w->row_bytes * (uint64_t)w->N; }
+/* Bytes of w (elems: its K * N elements instead). */
+static uint64_t load__mat_size(const model__mat *w, bool elems) {
+    return (elems ? (uint64_t)w->K : (uint64_t)w->row_bytes) * (uint64_t)w->N;
+}
 
-uint64_t model_bytes_per_token(const model *m) {
-    uint64_t b = m->tok_embd.row_bytes + load__mat_bytes(&m->output);
-    if (m->ple_tok.data) b += m->ple_tok.row_bytes + load__mat_bytes(&m->ple_in);
+/* The matmul weights one token runs through in the layers (bytes, or
+ * elements with elems): every layer's attention and FFN once; of a mixture
+ * of experts, the router, the n_expert_used experts a token runs and the
+ * shared ones. Not the embedding row nor the output. */
+static uint64_t load__layers_per_token(const model *m, bool elems) {
+    uint64_t b = 0;
+#define LOAD__SZ(w) load__mat_size(&(w), elems)
     for (int il = 0; il < m->hp.n_layer; il++) {
         const model__layer *L = &m->layers[il];
-        b += load__mat_bytes(&L->ple_gate) + load__mat_bytes(&L->ple_proj);
-        b += load__mat_bytes(&L->wq) + load__mat_bytes(&L->wk) + load__mat_bytes(&L->wv) +
-             load__mat_bytes(&L->wo) + load__mat_bytes(&L->wq_a) + load__mat_bytes(&L->wq_b) +
-             load__mat_bytes(&L->wkv_a) + load__mat_bytes(&L->idx_q_b) +
-             load__mat_bytes(&L->idx_k) + load__mat_bytes(&L->idx_proj) +
-             load__mat_bytes(&L->ssm_qkv) + load__mat_bytes(&L->ssm_z) +
-             load__mat_bytes(&L->ssm_beta) + load__mat_bytes(&L->ssm_alpha) +
-             load__mat_bytes(&L->ssm_out);
+        b += LOAD__SZ(L->ple_gate) + LOAD__SZ(L->ple_proj);
+        b += LOAD__SZ(L->wq) + LOAD__SZ(L->wk) + LOAD__SZ(L->wv) + LOAD__SZ(L->wo) +
+             LOAD__SZ(L->wq_a) + LOAD__SZ(L->wq_b) + LOAD__SZ(L->wkv_a) + LOAD__SZ(L->idx_q_b) +
+             LOAD__SZ(L->idx_k) + LOAD__SZ(L->idx_proj) + LOAD__SZ(L->ssm_qkv) +
+             LOAD__SZ(L->ssm_z) + LOAD__SZ(L->ssm_beta) + LOAD__SZ(L->ssm_alpha) +
+             LOAD__SZ(L->ssm_out);
         if (L->wk_b) // every head's absorption matrices
-            b += (uint64_t)m->hp.n_head *
-                 (load__mat_bytes(&L->wk_b[0]) + load__mat_bytes(&L->wv_b[0]));
+            b += (uint64_t)m->hp.n_head * (LOAD__SZ(L->wk_b[0]) + LOAD__SZ(L->wv_b[0]));
         if (L->gate_exps) // the router, the experts a token runs, the shared one
-            b += load__mat_bytes(&L->gate_inp) +
+            b += LOAD__SZ(L->gate_inp) +
                  (uint64_t)m->hp.n_expert_used *
-                     (load__mat_bytes(&L->gate_exps[0]) + load__mat_bytes(&L->up_exps[0]) +
-                      load__mat_bytes(&L->down_exps[0])) +
-                 load__mat_bytes(&L->gate_sh) + load__mat_bytes(&L->up_sh) +
-                 load__mat_bytes(&L->down_sh) +
-                 (L->moe_post_norm1 ? load__mat_bytes(&L->w_gate) + load__mat_bytes(&L->w_up) +
-                                          load__mat_bytes(&L->w_down)
+                     (LOAD__SZ(L->gate_exps[0]) + LOAD__SZ(L->up_exps[0]) +
+                      LOAD__SZ(L->down_exps[0])) +
+                 LOAD__SZ(L->gate_sh) + LOAD__SZ(L->up_sh) + LOAD__SZ(L->down_sh) +
+                 (L->moe_post_norm1 ? LOAD__SZ(L->w_gate) + LOAD__SZ(L->w_up) +
+                                          LOAD__SZ(L->w_down)
                                     : 0); // gemma4: its dense FFN beside the experts
         else
-            b += load__mat_bytes(&L->w_gate) + load__mat_bytes(&L->w_up) +
-                 load__mat_bytes(&L->w_down);
+            b += LOAD__SZ(L->w_gate) + LOAD__SZ(L->w_up) + LOAD__SZ(L->w_down);
     }
+#undef LOAD__SZ
     return b;
+}
+
+uint64_t model_bytes_per_token(const model *m) {
+    uint64_t b = m->tok_embd.row_bytes + load__mat_size(&m->output, false);
+    if (m->ple_tok.data) b += m->ple_tok.row_bytes + load__mat_size(&m->ple_in, false);
+    return b + load__layers_per_token(m, false);
+}
+
+uint64_t model_params_per_token(const model *m) {
+    return load__layers_per_token(m, true) +
+           (m->ple_tok.data ? load__mat_size(&m->ple_in, true) : 0);
 }
 
 int64_t model_state_rows(const model_hparams *hp) {

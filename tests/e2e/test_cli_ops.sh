@@ -153,6 +153,50 @@ expect_eq "md header" "$(head -n 1 "$TMPD/bench.md")" "| model | size | arch | k
 grep -qE '^\| kjv-mini\.gguf \| .* \| pp16 \| [0-9.]+ ± [0-9.]+ \|$' "$TMPD/bench.md" || fail "md pp row: $(cat "$TMPD/bench.md")"
 grep -qE '^\| kjv-mini\.gguf \| .* \| tg4 \| [0-9.]+ ± [0-9.]+ \|$' "$TMPD/bench.md" || fail "md tg row: $(cat "$TMPD/bench.md")"
 
+# ---- bench on a mixture of experts: the bytes a token reads and a prompt's
+# ops count only the experts it runs (2 of 8), checked against the tensor
+# list; the prompt's fraction of the int8 (VNNI) peak where the CPU has one
+VOCAB=$KS_SHARED/vocab/ggml-vocab-llama-spm.gguf
+if [ -f "$VOCAB" ]; then
+    "$KS_BIN" mkmodel -o "$TMPD/moe.gguf" --vocab "$VOCAB" --arch qwen3moe -t 2 >/dev/null ||
+        fail "mkmodel qwen3moe"
+    "$KS_BIN" inspect "$TMPD/moe.gguf" >"$TMPD/moe.inspect" || fail "inspect qwen3moe"
+    "$KS_BIN" bench -m "$TMPD/moe.gguf" -p 24 -n 4 -r 1 -t 2 -o json >"$TMPD/moe.json" \
+        2>"$TMPD/bench.err" || fail "bench qwen3moe: $(cat "$TMPD/bench.err")"
+    vnni=0
+    grep -qw avx512_vnni /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && vnni=1
+    python3 - "$TMPD/moe.inspect" "$TMPD/moe.json" $vnni <<'EOF' || fail "bench MoE counts"
+import json, re, sys
+kv, w = {}, {}
+for line in open(sys.argv[1]):
+    m = re.match(r"\s+qwen3moe\.([\w.]+)\s+\w+\s+= (\d+)$", line)
+    if m: kv[m[1]] = int(m[2])
+    m = re.match(r"\s+(\S+\.weight)\s+\w+\s+\[([\d, ]+)\]\s+\d+\s+(\d+)$", line)
+    if m: w[m[1]] = ([int(x) for x in m[2].split(",")], int(m[3]))
+X, K, T = kv["expert_count"], kv["expert_used_count"], 24
+P = B = 0
+for name, (shape, nbytes) in w.items():
+    if not name.startswith("blk.") or len(shape) < 2: continue
+    f = K / X if name.endswith("_exps.weight") else 1  # the used experts only
+    P += shape[0] * shape[1] * (shape[2] if len(shape) > 2 else 1) * f
+    B += nbytes * f
+E, V = w["token_embd.weight"][0]
+B += w["token_embd.weight"][1] / V + w["output.weight"][1]
+H, L = kv["attention.head_count"], kv["block_count"]
+D = kv.get("attention.key_length", E // H)
+ops = 2 * P * T + 2 * V * E + 2 * L * H * 2 * D * T * (T + 1) / 2
+t = json.load(open(sys.argv[2]))
+assert t[0]["model_size"] == B, (t[0]["model_size"], B)
+assert abs(t[0]["ops"] - ops) <= 1e-9 * ops, (t[0]["ops"], ops)
+if sys.argv[3] == "1":
+    assert t[0]["int8_peak_gops"] > 1 and 0 < t[0]["peak_fraction"] < 1, t[0]
+EOF
+    "$KS_BIN" bench -m "$TMPD/moe.gguf" -p 16 -n 4 -t 2 >"$TMPD/moe.txt" 2>/dev/null ||
+        fail "bench qwen3moe text"
+    grep -qE '^pp16 / int8 peak: ([0-9.]+ \(.*GOP/s on 2 threads\)|not measured \(no AVX512-VNNI\))$' \
+        "$TMPD/moe.txt" || fail "bench peak line: $(cat "$TMPD/moe.txt")"
+fi
+
 # ---- the systemd unit
 if command -v systemd-analyze >/dev/null; then
     # verify wants ExecStart's binary to exist: point it at this build's

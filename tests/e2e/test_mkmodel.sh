@@ -160,4 +160,19 @@ expect_fail 2 "--type 'iq2_xs'" -o "$TMP/bad.gguf" --vocab "$VOCAB" --type iq2_x
 expect_fail 2 "--arch 'gpt2'" -o "$TMP/bad.gguf" --vocab "$VOCAB" --arch gpt2
 expect_fail 1 'nope\.gguf: open: No such file' -o "$TMP/bad.gguf" --vocab "$TMP/nope.gguf"
 expect_fail 2 'required' --vocab "$VOCAB"
+expect_fail 2 'moe-3b needs an arch with --n-ff-exp' -o "$TMP/bad.gguf" --vocab "$VOCAB" \
+    --shape moe-3b --arch qwen3
+
+# --- the moe-3b preset, one of its 14 layers (Q4_0 keeps the file small):
+# 64 experts of 512, 8 used, 16/4 heads of 128; a layer 211,947,776
+# parameters, the embeddings and output 131,074,048 (14 layers: 3.10B)
+mk -o "$TMP/moe.gguf" --shape moe-3b --arch qwen3moe --n-layer 1 --type q4_0
+grep -q ' 343021824 parameters' "$TMP/mk.out" || fail "moe-3b, 1 layer: $(cat "$TMP/mk.out")"
+inspect "$TMP/moe.gguf"
+has 'qwen3moe.expert_count +uint32 += 64$' moe-3b
+has 'qwen3moe.expert_used_count +uint32 += 8$' moe-3b
+has 'qwen3moe.expert_feed_forward_length +uint32 += 512$' moe-3b
+has 'qwen3moe.attention.key_length +uint32 += 128$' moe-3b
+has 'blk.0.ffn_down_exps.weight +Q4_0 +\[512, 2048, 64\]' moe-3b
+rm -f "$TMP/moe.gguf"
 echo "test_mkmodel: ok"
