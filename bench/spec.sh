@@ -9,6 +9,9 @@
 #            without drafts, then the same request with that answer as its
 #            prediction, so every draft is kept (the target as its own
 #            draft): the mechanism's ceiling and its overhead, K drafts a step
+#   self-draft  the same model as its own --draft-model (DRAFT=0 skips it):
+#            every draft kept, but each draft costs a pass of the draft
+#            model, here as large as the model: the draft model's overhead
 #   quote    kjv-mini (trained): a passage, then its first words again; the
 #            model quotes it on and prompt lookup drafts from the prompt
 # Reported per workload: decode tokens/s with and without (time from the
@@ -32,9 +35,10 @@ fi
 TMP=$(mktemp -d)
 trap 'kill $PID 2>/dev/null; rm -rf "$TMP"' EXIT
 
-serve() {  # serve MODEL — starts kvseal serve on it; sets URL, PID
-    "$KS" serve -m "$1" --alias m --port 0 --ctx 2048 --kv-pages 512 --threads "$THREADS" \
-        --spec-tokens "$K" >"$TMP/out" 2>"$TMP/log" &
+serve() {  # serve MODEL [ARGS...] — starts kvseal serve on it; sets URL, PID
+    local m=$1; shift
+    "$KS" serve -m "$m" --alias m --port 0 --ctx 2048 --kv-pages 512 --threads "$THREADS" \
+        --spec-tokens "$K" "$@" >"$TMP/out" 2>"$TMP/log" &
     PID=$!
     for _ in $(seq 600); do
         URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$TMP/out" | head -1)
@@ -108,6 +112,11 @@ echo "|---|---|---|---|---|---|"
 serve "$MODEL"
 bench ceiling "In the beginning" "$MODEL"
 kill $PID; wait $PID 2>/dev/null || true
+if [ "${DRAFT:-1}" = 1 ]; then # the model as its own draft model: every draft kept, each costs a pass
+    serve "$MODEL" --draft-model "$MODEL"
+    bench self-draft "In the beginning" "$MODEL"
+    kill $PID; wait $PID 2>/dev/null || true
+fi
 KJV=models/kjv-mini.gguf
 serve "$KJV"
 Q="And God said, Let there be light: and there was light. And God saw the light, that it was good: and God divided the light from the darkness. And God called the light Day, and the darkness he called Night. And the evening and the morning were the first day. And God said, Let there be light: and there was light."

@@ -91,7 +91,7 @@ typedef struct engine_opts {
      * seeded, the same draws) as without speculation. Drafts come from the
      * request's own tokens (prompt lookup: the last spec_ngram_max ..
      * spec_ngram_min tokens' latest earlier occurrence) and its prediction
-     * (engine_params.prediction); never from another request (I6). */
+     * (engine_params.prediction); never from another request (I7, as the prefix cache). */
     int32_t spec_tokens;    /* drafts per step at most, 0..ENGINE_SPEC_MAX (0: off) */
     int32_t spec_ngram_min, spec_ngram_max; /* prompt-lookup n-gram sizes (2, 4) */
     int32_t spec_max_batch; /* no drafts in a step with more decoding requests (4): a

@@ -16,7 +16,7 @@
  *      spec_ngram_min), and the tokens that followed it.
  * Both read only the request's own tokens: a draft never carries another
  * request's text, and whether a draft is kept (the speed a client sees)
- * depends on nothing but its own request (I6). */
+ * depends on nothing but its own request (I7, as the prefix cache). */
 #include "engine_int.h"
 
 #include <inttypes.h>
