@@ -181,6 +181,74 @@ static void bench__tokens(int32_t *toks, int32_t n, int32_t n_vocab) {
     }
 }
 
+/* The greedy token of a logits row (ties: the lower id). */
+static int32_t bench__argmax(const float *x, int32_t n) {
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Speculative verification's ceiling (issue 42; docs/speculative.md): the
+ * target as its own draft. After a prompt of n_pp tokens, n_tg greedy
+ * tokens one pass each (timed: the plain rate, and the drafts), then the
+ * same tokens again with K of them drafted a pass: each pass computes the
+ * last kept token and the K drafts after it (K + 1 logits rows), keeps the
+ * drafts the rows' greedy tokens confirm and rolls the cache back past the
+ * rest, as the engine's verify does. The drafts cost nothing, so the ratio
+ * is the mechanism's ceiling with its overhead; a kept count below the
+ * drafts means the rows of a pass differ from one-token passes'. Best of
+ * reps rounds each. */
+static int bench__spec(cli__session *s, const int32_t *toks, int K, int32_t n_pp, int32_t n_tg,
+                       long reps) {
+    const int32_t V = model_hp(s->m)->n_vocab;
+    int32_t *g = malloc(sizeof(int32_t) * (size_t)(n_tg + K + 1));
+    float *logits = malloc(sizeof(float) * (size_t)V * (size_t)(K + 1));
+    ks_errbuf eb = {0};
+    double best0 = 0, best1 = 0;
+    long kept = 0, drafted = 0;
+    int rc = 1;
+    if (!g || !logits) goto done;
+    for (long r = 0; r < reps; r++) {
+        kv_seq_release(s->pool, &s->seq);
+        if (cli__session_eval(s, toks, n_pp, 0, NULL, logits, &eb)) goto done;
+        g[0] = bench__argmax(logits, V);
+        uint64_t t0 = ks_now_ns();
+        for (int32_t i = 1; i < n_tg + K + 1; i++) { // one pass a token (the drafts run on past n_tg)
+            if (cli__session_eval(s, g + i - 1, 1, 0, NULL, logits, &eb)) goto done;
+            g[i] = bench__argmax(logits, V);
+            if (i == n_tg) t0 = ks_now_ns() - t0;
+        }
+        const double r0 = (double)n_tg / ((double)t0 / 1e9);
+        best0 = r0 > best0 ? r0 : best0;
+        kv_seq_truncate(s->pool, &s->seq, (uint32_t)n_pp);
+        uint64_t t1 = ks_now_ns();
+        kept = drafted = 0;
+        for (int32_t i = 0; i < n_tg;) { // g[i] is the last kept token, not yet in the cache
+            if (cli__session_eval(s, g + i, K + 1, 0, logits, NULL, &eb)) goto done;
+            int32_t k = 0;
+            while (k < K && bench__argmax(logits + (size_t)k * (size_t)V, V) == g[i + k + 1])
+                k++;
+            drafted += K;
+            kept += k;
+            // rows i .. i + k hold kept tokens; the pass wrote K + 1 rows
+            kv_seq_truncate(s->pool, &s->seq, (uint32_t)(n_pp + i + k + 1));
+            i += k + 1;
+        }
+        const double r1 = (double)n_tg / ((double)(ks_now_ns() - t1) / 1e9);
+        best1 = r1 > best1 ? r1 : best1;
+    }
+    printf("spec %d: tg%d greedy %.2f tokens/s; with %d drafts a pass (the target as its own "
+           "draft) %.2f tokens/s: %.2fx; drafts kept %ld of %ld\n",
+           K, n_tg, best0, K, best1, best1 / best0, kept, drafted);
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "kvseal bench: %s\n", eb.msg[0] ? eb.msg : "out of memory");
+    free(g);
+    free(logits);
+    return rc;
+}
+
 /* Aggregate decode with n_streams sequences at once, as llama-batched-bench
  * measures it: each stream's n_pp-token prompt is prefilled (batches of up
  * to 512 tokens), then n_tg steps each decode one token of every stream in
@@ -272,13 +340,14 @@ done:
     return rc;
 }
 
-enum { BO_MODEL, BO_PP, BO_TG, BO_THREADS, BO_REPS, BO_STREAMS, BO_KV_TYPE, BO_OUTPUT, BO_DEPTH, BO__N };
+enum { BO_MODEL, BO_PP, BO_TG, BO_THREADS, BO_REPS, BO_STREAMS, BO_KV_TYPE, BO_OUTPUT, BO_DEPTH,
+       BO_SPEC, BO__N };
 static const cli__opt bench__opts[BO__N] = {
     [BO_MODEL] = {"model", 'm', true, false},      [BO_PP] = {"n-prompt", 'p', true, false},
     [BO_TG] = {"n-gen", 'n', true, false},         [BO_THREADS] = {"threads", 't', true, false},
     [BO_REPS] = {"repetitions", 'r', true, false}, [BO_STREAMS] = {"streams", 0, true, false},
     [BO_KV_TYPE] = {"kv-type", 0, true, false},    [BO_OUTPUT] = {"output", 'o', true, false},
-    [BO_DEPTH] = {"n-depth", 'd', true, false},
+    [BO_DEPTH] = {"n-depth", 'd', true, false},    [BO_SPEC] = {"spec", 0, true, false},
 };
 
 #define BENCH_MAX_DEPTHS 16
@@ -287,6 +356,7 @@ typedef enum { BENCH_TEXT, BENCH_MD, BENCH_JSON } bench__fmt;
 
 typedef struct {
     const char *path, *streams;
+    long spec; // --spec K: speculative verification's ceiling with K drafts (0: off)
     long n_pp, n_tg, threads, reps;
     long depth[BENCH_MAX_DEPTHS]; // -d: tokens already in the cache before each test
     int n_depth;
@@ -303,6 +373,8 @@ static void bench__usage(const char *cmd) {
         "                    [--streams N,N,...]  (aggregate decode of N streams:\n"
         "                    each prefills PP tokens, then TG steps of one token each)\n"
         "                    [--kv-type f32|f16|q8_0 (f16)]\n"
+        "                    [--spec K]  (speculative verification's ceiling: TG greedy tokens\n"
+        "                    one pass each, then again with K of them drafted a pass)\n"
         "                    [-d DEPTH,DEPTH,... (0)]  (as llama-bench -d: the pp and tg tests\n"
         "                    run after DEPTH tokens in the cache; -p 0 or -n 0 skips a test)\n"
         "  -o text: the best of the repetitions and the bandwidth roofline; md and json: each\n"
@@ -335,6 +407,8 @@ static int bench__apply(void *ctx, int id, const char *v, bool reset) {
             p = *end ? end + 1 : end;
         }
         return 0;
+    case BO_SPEC:
+        return cli__parse_int("--spec", v, 1, ENGINE_SPEC_MAX, &c->spec) ? 0 : 2;
     case BO_THREADS:
         return cli__parse_int("-t", v, 1, 256, &c->threads) ? 0 : 2;
     case BO_REPS:
@@ -475,6 +549,28 @@ int cli_bench(int argc, char **argv) {
     if (streams && (cf.n_depth || !n_pp || !n_tg)) {
         fprintf(stderr, "kvseal bench: --streams wants -p and -n of at least 1, and no -d\n");
         return 2;
+    }
+    if (cf.spec) { // speculative verification's ceiling (bench__spec)
+        if (streams || cf.n_depth || cf.fmt != BENCH_TEXT || !n_pp || !n_tg) {
+            fprintf(stderr, "kvseal bench: --spec wants -p and -n of at least 1, text output, "
+                            "no -d and no --streams\n");
+            return 2;
+        }
+        cli__session s;
+        const int32_t ctx = (int32_t)(n_pp + n_tg + cf.spec + 2);
+        if (cli__session_open(&s, path, (int)threads, ctx, (int32_t)(n_pp > 64 ? n_pp : 64),
+                              kv_type))
+            return 1;
+        int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_pp);
+        int rc = toks ? 0 : 1;
+        if (toks) {
+            bench__tokens(toks, (int32_t)n_pp, model_hp(s.m)->n_vocab);
+            printf("model: %s, kernels: %s, threads: %d\n", path, kern_get()->name, s.n_threads);
+            rc = bench__spec(&s, toks, (int)cf.spec, (int32_t)n_pp, (int32_t)n_tg, reps);
+        }
+        free(toks);
+        cli__session_close(&s);
+        return rc;
     }
     if (streams) {
         cli__session s;
