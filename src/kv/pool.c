@@ -450,19 +450,27 @@ static kv__page *kv__entry_hdr(kv_pool *p, const kv_seq *s, uint32_t i) {
     return &p->hdr[e->page];
 }
 
+/* Entry i's page header if s alone owns it and it is ALLOCATED or READY
+ * (published pages, refcount > 1, are full and immutable), else NULL; a
+ * corrupt entry is reported as a violation and never touched. */
+static kv__page *kv__owned_hdr(kv_pool *p, const kv_seq *s, uint32_t i) {
+    kv__page *h = kv__entry_hdr(p, s, i);
+    if (!h) {
+        (void)kv__span_fail(p, s, i);
+        return NULL;
+    }
+    if (h->refcount != 1 || (h->state != KV_PAGE_ALLOCATED && h->state != KV_PAGE_READY))
+        return NULL;
+    return h;
+}
+
 void kv_seq_set_filled(kv_pool *p, kv_seq *s, uint32_t n_tokens) {
     const uint32_t P = (uint32_t)p->g.page_tokens;
     KS_ASSERT((uint64_t)n_tokens <= (uint64_t)s->n_pages * P);
     KS_ASSERT((uint64_t)n_tokens >= (uint64_t)s->n_shared * P);
     for (uint32_t i = s->n_shared; i < s->n_pages; i++) {
-        kv__page *h = kv__entry_hdr(p, s, i);
-        if (!h) {  // a corrupt entry: never touch a page this sequence doesn't own
-            (void)kv__span_fail(p, s, i);
-            continue;
-        }
-        // published pages (refcount > 1) are full and immutable; owned pages only
-        if (h->refcount != 1 || (h->state != KV_PAGE_ALLOCATED && h->state != KV_PAGE_READY))
-            continue;
+        kv__page *h = kv__owned_hdr(p, s, i);
+        if (!h) continue;
         uint64_t lo = (uint64_t)i * P;
         uint32_t f = n_tokens <= lo ? 0 : n_tokens - lo >= P ? P : (uint32_t)(n_tokens - lo);
         h->filled = f;
@@ -477,13 +485,8 @@ void kv_seq_truncate(kv_pool *p, kv_seq *s, uint32_t n_tokens) {
     KS_ASSERT(n_tokens <= old && (uint64_t)n_tokens >= (uint64_t)s->n_shared * P);
     const size_t rb = p->plane_bytes / P;
     for (uint32_t i = n_tokens / P; i < s->n_pages && (uint64_t)i * P < old; i++) {
-        kv__page *h = kv__entry_hdr(p, s, i);
-        if (!h) { // a corrupt entry: never touch a page this sequence doesn't own
-            (void)kv__span_fail(p, s, i);
-            continue;
-        }
-        if (h->refcount != 1 || (h->state != KV_PAGE_ALLOCATED && h->state != KV_PAGE_READY))
-            continue;
+        kv__page *h = kv__owned_hdr(p, s, i);
+        if (!h) continue;
         const uint64_t lo = (uint64_t)i * P;
         const uint32_t r0 = n_tokens > lo ? (uint32_t)(n_tokens - lo) : 0;
         const uint32_t r1 = old - lo >= P ? P : (uint32_t)(old - lo);
