@@ -358,8 +358,10 @@ static bool engine__verify(engine *e, engine_req *r) {
     if (gone) return true; // its pages are released (scrubbed) already
     // rows p0 .. p0 + nd were written; p0 + kept + 1 .. on are rejected drafts'
     if (kept < nd) kv_seq_truncate(e->pool, engine__seq(r), p0 + (uint32_t)kept + 1);
-    // the draft model's KV holds `last` and the drafts it fed: valid up to the kept ones
-    if (r->has_dseq && r->d_valid > p0 + (uint32_t)kept + 1) r->d_valid = p0 + (uint32_t)kept + 1;
+    // the draft model's KV holds `last` and the drafts it fed: valid up to the
+    // kept ones, if the drafts were its own (not the prediction's)
+    const uint32_t dv = p0 + 1 + (r->n_dm > 0 ? (uint32_t)kept : 0);
+    if (r->has_dseq && r->d_valid > dv) r->d_valid = dv;
     if (r->has_dseq && r->dseq.n_tokens < r->d_valid) r->d_valid = r->dseq.n_tokens;
     engine__spec_adapt(e, r, nd, kept);
     return false;

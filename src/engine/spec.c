@@ -111,6 +111,7 @@ int32_t engine__spec_draft(engine *e, engine_req *r, int32_t k) {
     if (k > r->spec_k) k = r->spec_k;
     if (k <= 0) return 0;
     int32_t m = r->pred ? spec__predicted(e, r, k, r->draft) : 0;
+    if (m > 0) r->n_dm = 0; // the prediction's drafts replaced the draft model's in draft[]
     if (m == 0 && r->n_dm > 0) m = r->n_dm < k ? r->n_dm : k; // the draft model's, in draft[]
 #ifdef KS_BROKEN_SPEC_SHARED
     if (m == 0) m = spec__shared_lookup(r, k, r->draft);

@@ -255,14 +255,15 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     p.prompt_top = rq.top_logprobs;
     p.model = sm->index;
     p.no_spec = rq.no_spec;
-    if (rq.prediction) { // drafts only (engine_opts.spec_tokens): as text of the answer, no BOS
-        if (tok_encode(sm->vocab, rq.prediction, rq.prediction_len, false, false, &pred,
-                       &n_pred, &eb) != KS_OK) {
+    if (rq.prediction) { // drafts only (engine_opts.spec_tokens): as text of the answer, no BOS;
+        // past n_ctx tokens nothing could be drafted from it, so no more is tokenized
+        if (tok_encode_max(sm->vocab, rq.prediction, rq.prediction_len, false, false,
+                           (size_t)sm->n_ctx, &pred, &n_pred, &eb) != KS_OK) {
             srv_fail(&err, 500, "internal_error", "tokenizer: %s", eb.msg);
             goto fail;
         }
         p.prediction = pred;
-        p.n_prediction = n_pred > INT32_MAX ? INT32_MAX : (int32_t)n_pred;
+        p.n_prediction = n_pred > (size_t)sm->n_ctx ? sm->n_ctx : (int32_t)n_pred;
     }
     if (chat_like && !srv__tool_choice_grammar(sm, &rq, &err)) goto fail;
     p.grammar = rq.grammar;
