@@ -575,5 +575,10 @@ uint64_t kern__a512_vnni_spin(int64_t n) {
     t = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(t, a8), a9), a10), a11);
     t = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(t, a12), a13), a14),
                          a15);
-    return (uint64_t)(uint32_t)_mm512_reduce_add_epi32(t);
+    // the chains wrap (vpdpbusd does not saturate): sum the lanes unsigned,
+    // since _mm512_reduce_add_epi32 adds as signed int and may overflow
+    uint32_t lane[16], sum = 0;
+    _mm512_storeu_si512(lane, t);
+    for (int i = 0; i < 16; i++) sum += lane[i];
+    return sum;
 }
