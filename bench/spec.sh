@@ -14,10 +14,15 @@
 #            model, here as large as the model: the draft model's overhead
 #   quote    kjv-mini (trained): a passage, then its first words again; the
 #            model quotes it on and prompt lookup drafts from the prompt
+#   nextn    a glm4moe file of GLM_SHAPE (mkmodel, random weights, kjv-mini's
+#            vocabulary) drafting with its NextN block (--spec-nextn): what
+#            a head costs, with what random weights keep (next to nothing;
+#            unit_engine_spec's probes show what it predicts)
 # Reported per workload: decode tokens/s with and without (time from the
 # first streamed token to the last, over the tokens after the first), the
 # median of the per-round ratios, and drafts kept / drafted. A benchmark,
-# not a test. Environment: MODEL, K (4), N (128), ROUNDS (3), THREADS (2).
+# not a test. Environment: MODEL, K (4), N (128), ROUNDS (3), THREADS (2),
+# WORKLOADS ("ceiling self-draft quote nextn"), GLM_SHAPE (mkmodel options).
 set -euo pipefail
 NAME=spec
 . "$(dirname "$0")/lib.sh"
@@ -109,15 +114,28 @@ bench() {  # bench NAME PROMPT — ROUNDS alternated rounds, the ceiling or the 
 
 echo "| workload | model | decode t/s, off | decode t/s, spec $K | ratio | drafts kept |"
 echo "|---|---|---|---|---|---|"
-serve "$MODEL"
-bench ceiling "In the beginning" "$MODEL"
-kill $PID; wait $PID 2>/dev/null || true
-if [ "${DRAFT:-1}" = 1 ]; then # the model as its own draft model: every draft kept, each costs a pass
+W=" ${WORKLOADS:-ceiling self-draft quote nextn} "
+if [[ $W == *" ceiling "* ]]; then
+    serve "$MODEL"
+    bench ceiling "In the beginning" "$MODEL"
+    kill $PID; wait $PID 2>/dev/null || true
+fi
+if [[ $W == *" self-draft "* ]] && [ "${DRAFT:-1}" = 1 ]; then # every draft kept, each costs a pass
     serve "$MODEL" --draft-model "$MODEL"
     bench self-draft "In the beginning" "$MODEL"
     kill $PID; wait $PID 2>/dev/null || true
 fi
 KJV=models/kjv-mini.gguf
-serve "$KJV"
 Q="And God said, Let there be light: and there was light. And God saw the light, that it was good: and God divided the light from the darkness. And God called the light Day, and the darkness he called Night. And the evening and the morning were the first day. And God said, Let there be light: and there was light."
-bench quote "$Q" "$KJV"
+if [[ $W == *" quote "* ]]; then
+    serve "$KJV"
+    bench quote "$Q" "$KJV"
+    kill $PID; wait $PID 2>/dev/null || true
+fi
+if [[ $W == *" nextn "* ]]; then
+    GLM=$TMP/glm4moe-nextn.gguf
+    # shellcheck disable=SC2086 # GLM_SHAPE is a list of options
+    "$KS" mkmodel -o "$GLM" --vocab "$KJV" --arch glm4moe --seed 12 ${GLM_SHAPE:-} >/dev/null
+    serve "$GLM" --spec-nextn
+    bench nextn "$Q" "$GLM"
+fi

@@ -104,6 +104,12 @@ typedef struct engine_opts {
      * draft pages when it first drafts (none left: it does not draft). */
     const model *draft;
     uint32_t draft_kv_pages;
+    /* Draft with the model's own NextN (multi-token prediction) block
+     * instead (model_has_mtp: GLM-4.5+, DeepSeek-V3; not with draft): it
+     * reads the model's final hidden state at each position and the next
+     * token, so the engine keeps it in step with every token a request
+     * computes, and its KV lives in a pool of its own as a draft model's. */
+    bool spec_nextn;
 } engine_opts;
 
 /* Drafted tokens per step at most (engine_opts.spec_tokens). */

@@ -224,8 +224,21 @@ ks_err model_check(const char *path, ks_errbuf *eb) KS_MUST_USE;
 /* model_check of an open file (gguf_open_mem for the fuzz harness), which it
  * takes over: f is closed on return, whatever the result. */
 ks_err model_check_file(gguf_file *f, ks_errbuf *eb) KS_MUST_USE;
-/* Frees the model and unmaps the file; accepts NULL. */
+/* Frees the model and unmaps the file; accepts NULL. A NextN head
+ * (model_mtp_create) frees only what is its own. */
 void model_free(model *m);
+
+/* Whether m carries a NextN (multi-token prediction) block that
+ * model_mtp_create can run: GLM-4.5+'s and DeepSeek-V3's files
+ * (<arch>.nextn_predict_layers > 0), not a hybrid's. */
+bool model_has_mtp(const model *m);
+/* The first NextN block of base as a one-layer model of its own (its KV
+ * geometry: one layer; model_ctx_create and model_forward_mtp run it). It
+ * borrows base's file, vocabulary, embedding and output matrix (unless the
+ * block has its own): base must outlive it. Errors: KS_ERR_INVAL (no
+ * block: model_has_mtp), KS_ERR_FORMAT (a tensor missing or misshapen),
+ * KS_ERR_NOMEM. */
+ks_err model_mtp_create(const model *base, model **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 /* Read-only views; can't fail. */
 const model_hparams *model_hp(const model *m);
 const tok_vocab *model_vocab(const model *m);
@@ -309,6 +322,17 @@ ks_err model_forward(model_ctx *c, const model_batch *b, float *logits /* OUT */
  * model_forward's, and KS_ERR_INVAL for a bad row map (nothing ran). */
 ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits /* OUT */,
                             const model_hidden *h, ks_errbuf *eb) KS_MUST_USE;
+/* A NextN head's pass (c made for a model_mtp_create head): token i's input
+ * is [enorm(embedding of tokens[i]) | hnorm(h_in row i)] through eh_proj,
+ * where h_in (n_tokens, n_embd) holds the model's final hidden rows
+ * (model_forward_hidden's) or the head's own; the logits are the head's
+ * (shared_head_norm, then the output matrix). The hidden rows h asks for
+ * are the block's output before shared_head_norm, the h_in of the next
+ * draft. Errors as model_forward_hidden's; KS_ERR_INVAL on a model that is
+ * not a head. */
+ks_err model_forward_mtp(model_ctx *c, const model_batch *b, const float *h_in,
+                         float *logits /* OUT */, const model_hidden *h,
+                         ks_errbuf *eb) KS_MUST_USE;
 
 // ----------------------------------------------------------------------------
 // Embeddings: pooling of the final hidden state (model_forward_hidden)

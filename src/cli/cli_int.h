@@ -144,6 +144,7 @@ typedef struct serve__cfg {
     long embed_max_tokens; /* --embed-max-tokens (0: the server's default) */
     uint64_t kv_memory;
     bool no_prefix_cache, log_content;
+    bool spec_nextn; /* --spec-nextn: drafts from the model's NextN block (serve) */
     bool insecure_plaintext; /* cluster roles: --insecure-plaintext (no TLS) */
     int data_plane; /* prefill/decode: --data-plane (PD_PLANE_TLS 0, PD_PLANE_UCX 1) */
     kv_scrub scrub;

@@ -143,6 +143,8 @@ static void mk__usage(FILE *fp) {
         "  --nextn N                    glm4moe, deepseek2/32, glm-dsa, qwen35(moe): N NextN (MTP)\n"
         "                               blocks after the layers, which inference\n"
         "                               skips (glm4moe default 1, others 0)\n"
+        "  --nextn-head                 the NextN blocks' own output matrix\n"
+        "                               (nextn.shared_head_head, as large as output.weight)\n"
         "  --expert-groups G --group-used U  expert groups: the top-k is drawn from the U\n"
         "                               groups whose two best experts score highest\n"
         "  --qk-norm                    glm4moe: attn_q_norm / attn_k_norm tensors\n"
@@ -448,7 +450,7 @@ static const cli__opt mk__optv[] = {
     {"tied", 0, false, false},         {"rope-freqs", 0, false, false},
     {"longrope", 0, false, false},     {"qk-norm", 0, false, false},
     {"k-eq-v", 0, false, false},       {"gate-up-exps", 0, false, false},
-    {"head-dim-full", 0, true, false},
+    {"nextn-head", 0, false, false},   {"head-dim-full", 0, true, false},
     {"n-head-kv-full", 0, true, false}, {"swa-period", 0, true, false},
     {"n-kv-shared", 0, true, false},   {"n-embd-per-layer", 0, true, false},
     {"suppress-tokens", 0, true, false},
@@ -502,14 +504,15 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
     char a[40]; // the option as --name, for messages
     snprintf(a, sizeof a, "--%s", mk__optv[id].name);
     long x;
-    if (id < 6) {
+    if (id < 7) {
         bool on = !strcmp(v, "true");
         *(id == 0   ? &o->tied
           : id == 1 ? &o->rope_freqs
           : id == 2 ? &o->longrope
           : id == 3 ? &o->qk_norm
           : id == 4 ? &o->k_eq_v
-                    : &o->gate_up_exps) = on;
+          : id == 5 ? &o->gate_up_exps
+                    : &o->nextn_head) = on;
         return 0;
     }
     if (!strcmp(a, "--output"))

@@ -47,13 +47,14 @@ void serve__usage(const char *cmd) {
         "         [--tool-call-format auto|none|NAME] [--reasoning-format auto|none|deepseek]\n"
         "         [--pooling mean|cls|last] [--grammar-budget-ms 1000] [--grammar-cpu-ms 20000]\n"
         "         [--spec-tokens 0..8 (0: off)] [--spec-ngram-min 2] [--spec-ngram-max 4]\n"
-        "         [--spec-max-batch 4] [--draft-model MODEL (serve)]\n"
+        "         [--spec-max-batch 4] [--draft-model MODEL | --spec-nextn (serve)]\n"
         "  --spec-tokens N: speculative decoding, up to N drafts a step from the request's own\n"
         "  prompt and output (prompt lookup, n-grams of --spec-ngram-min..max tokens) and its\n"
         "  'prediction'; the same output as without it. No drafts in a step with more than\n"
         "  --spec-max-batch requests decoding (docs/speculative.md). --draft-model: a smaller\n"
         "  model of the same vocabulary drafts instead (its greedy tokens; --spec-tokens 4\n"
-        "  unless given).\n"
+        "  unless given). --spec-nextn: the model's own NextN (MTP) block drafts instead\n"
+        "  (GLM-4.5+, DeepSeek-V3 files; --spec-tokens 4 unless given).\n"
         "  --grammar-budget-ms / --grammar-cpu-ms: the CPU a request's grammar masks may\n"
         "  take for one token / in all (0: no limit); past either it ends with a 400. Masks\n"
         "  run on their own threads and never hold up other requests' tokens.\n"
@@ -235,6 +236,7 @@ enum {
     SO_SPEC_NGRAM_MAX,
     SO_SPEC_MAX_BATCH,
     SO_DRAFT_MODEL,
+    SO_SPEC_NEXTN,
     SO__N
 };
 
@@ -293,6 +295,7 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_SPEC_NGRAM_MAX] = {"spec-ngram-max", 0, true, false},
     [SO_SPEC_MAX_BATCH] = {"spec-max-batch", 0, true, false},
     [SO_DRAFT_MODEL] = {"draft-model", 0, true, false},
+    [SO_SPEC_NEXTN] = {"spec-nextn", 0, false, false},
 };
 
 /* cli__spec.apply for serve and the cluster roles. String values point
@@ -456,6 +459,7 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
     bool *bv = id == SO_NO_PREFIX_CACHE      ? &c->no_prefix_cache
                : id == SO_LOG_CONTENT        ? &c->log_content
                : id == SO_INSECURE_PLAINTEXT ? &c->insecure_plaintext
+               : id == SO_SPEC_NEXTN         ? &c->spec_nextn
                                              : NULL;
     if (bv) {
         *bv = !strcmp(v, "true");
@@ -780,9 +784,13 @@ int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts 
                           FILE *report) {
     int rc = serve__parse(argc, argv, c);
     if (rc) return rc < 0 ? 0 : rc;
-    if (c->draft_model && strcmp(argv[0], "serve") != 0) {
-        fprintf(stderr, "kvseal %s: --draft-model is kvseal serve's (cluster workers do not "
-                        "draft yet)\n", argv[0]);
+    if ((c->draft_model || c->spec_nextn) && strcmp(argv[0], "serve") != 0) {
+        fprintf(stderr, "kvseal %s: --%s is kvseal serve's (cluster workers do not draft yet)\n",
+                argv[0], c->draft_model ? "draft-model" : "spec-nextn");
+        return 2;
+    }
+    if (c->draft_model && c->spec_nextn) {
+        fprintf(stderr, "kvseal %s: --draft-model or --spec-nextn, not both\n", argv[0]);
         return 2;
     }
     if (c->n_more_models && strcmp(argv[0], "router") != 0) {
@@ -910,6 +918,19 @@ int cli_serve(int argc, char **argv) {
         if (!o.spec_tokens) o.spec_tokens = 4;
         ks_log(KS_LOG_INFO, "speculative decoding: up to %d drafts a step from %s", o.spec_tokens,
                c.draft_model);
+    }
+    if (c.spec_nextn) { // drafts from the model's own NextN block
+        if (!model_has_mtp(m)) {
+            ks_log(KS_LOG_ERROR,
+                   "serve: --spec-nextn: %s has no NextN (multi-token prediction) block to draft "
+                   "with (%s.nextn_predict_layers is 0, or its blocks are not plain ones)",
+                   c.model_path, model_hp(m)->arch_name);
+            goto done;
+        }
+        o.spec_nextn = true;
+        if (!o.spec_tokens) o.spec_tokens = 4;
+        ks_log(KS_LOG_INFO, "speculative decoding: up to %d drafts a step from the model's NextN "
+               "block", o.spec_tokens);
     }
     o.on_security_event = server_seclog_write;
     o.event_ctx = sl;

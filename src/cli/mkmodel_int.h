@@ -21,6 +21,7 @@ typedef struct {
     long n_shared;         /* glm4moe, MLA MoE: shared experts (one FFN n_shared * n_ff_exp) */
     bool tied, rope_freqs, longrope;
     bool qk_norm; /* glm4moe: attn_q_norm / attn_k_norm (GLM-4.5 355B has them) */
+    bool nextn_head; /* NextN blocks: their own nextn.shared_head_head */
     uint64_t seed;
     double rope_base, rope_scale, eps;
     double qk_gain;        /* attn_q/k (attn_qkv) weights' std times this: sharper attention */

@@ -57,10 +57,13 @@ static bool mk__add(mk__plan *p, const mk__opts *o, ks_dtype type, int kind, flo
 
 /* The tensors a NextN (multi-token prediction) block l adds to a whole
  * layer, named as llama.cpp's converter writes them (the optional
- * embed_tokens and shared_head_head, each as large as token_embd, left out). */
-static bool mk__add_nextn(mk__plan *p, const mk__opts *o, int l) {
+ * embed_tokens left out; shared_head_head with --nextn-head). */
+static bool mk__add_nextn(mk__plan *p, const mk__opts *o, int l, int64_t n_vocab) {
     const int64_t E = o->n_embd;
     const float noise = 0.02f;
+    if (o->nextn_head && !mk__add(p, o, o->type, MK__RAND, 4.0f / sqrtf((float)E), E, n_vocab,
+                                  "blk.%d.nextn.shared_head_head.weight", l))
+        return false;
     return mk__add(p, o, o->type, MK__RAND, 1.0f / sqrtf(2.0f * (float)E), 2 * E, E,
                    "blk.%d.nextn.eh_proj.weight", l) &&
            mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.nextn.enorm.weight", l) &&
@@ -86,7 +89,7 @@ static bool mk__build_plan_qwen35(mk__plan *p, const mk__opts *o, int64_t n_voca
         const bool mtp = l >= o->n_layer;
         ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.attn_norm.weight", l);
         if (ok && mtp)
-            ok = mk__add_nextn(p, o, l);
+            ok = mk__add_nextn(p, o, l, n_vocab);
         if (ok && !mtp && (l + 1) % o->attn_interval != 0) // a Gated DeltaNet layer
             ok = mk__add(p, o, W, MK__RAND, s_qk, E, C, "blk.%d.attn_qkv.weight", l) &&
                  mk__add(p, o, W, MK__RAND, s_in, E, VD, "blk.%d.attn_gate.weight", l) &&
@@ -509,11 +512,10 @@ bool mk__build_plan(mk__plan *p, const mk__opts *o, int64_t n_vocab) {
         if (ok && (gemma || glm4))
             ok = mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "blk.%d.post_ffw_norm.weight",
                          l);
-        // a NextN (multi-token prediction) block: a whole layer plus these,
-        // named as llama.cpp's converter writes them (the optional
-        // embed_tokens and shared_head_head, each as large as token_embd, left out)
+        // a NextN (multi-token prediction) block: a whole layer plus these
+        // (mk__add_nextn)
         if (ok && l >= o->n_layer)
-            ok = mk__add_nextn(p, o, l);
+            ok = mk__add_nextn(p, o, l, n_vocab);
     }
     ok = ok && mk__add(p, o, KS_DTYPE_F32, MK__ONES, noise, E, 0, "output_norm.weight", 0);
     if (ok && !o->tied)

@@ -358,11 +358,13 @@ static bool engine__verify(engine *e, engine_req *r) {
     if (gone) return true; // its pages are released (scrubbed) already
     // rows p0 .. p0 + nd were written; p0 + kept + 1 .. on are rejected drafts'
     if (kept < nd) kv_seq_truncate(e->pool, engine__seq(r), p0 + (uint32_t)kept + 1);
+    // the NextN head reads the rows of `last` and the kept drafts
+    if (r->mh_n > 0) r->mh_n = kept + 1;
     // the draft model's KV holds `last` and the drafts it fed: valid up to the
     // kept ones, if the drafts were its own (not the prediction's)
     const uint32_t dv = p0 + 1 + (r->n_dm > 0 ? (uint32_t)kept : 0);
-    if (r->has_dseq && r->d_valid > dv) r->d_valid = dv;
-    if (r->has_dseq && r->dseq.n_tokens < r->d_valid) r->d_valid = r->dseq.n_tokens;
+    if (!e->mtp && r->has_dseq && r->d_valid > dv) r->d_valid = dv;
+    if (!e->mtp && r->has_dseq && r->dseq.n_tokens < r->d_valid) r->d_valid = r->dseq.n_tokens;
     engine__spec_adapt(e, r, nd, kept);
     return false;
 }
@@ -472,7 +474,10 @@ static bool engine__step(engine *e) {
         n_dec += atomic_load(&e->running[i]->state) == ENGINE_DECODING;
     const bool drafting = e->o.spec_tokens > 0 && n_dec <= e->o.spec_max_batch;
     int n_dec_left = n_dec; // decoding requests whose token is not in yet: drafts leave them room
-    engine__spec_dmodel(e, drafting); // the draft model's drafts, if there is one
+    if (e->mtp) // the NextN head's drafts, or the draft model's, if there is one
+        engine__spec_mtp(e, drafting);
+    else
+        engine__spec_dmodel(e, drafting);
     for (int i = 0; i < e->n_running; i++) {
         engine_req *r = e->running[i];
         r->batch_slot = i;
@@ -486,18 +491,22 @@ static bool engine__step(engine *e) {
             n_paused++;
             continue;
         }
+        const bool mh = e->mtp && r->spec && !r->m_lost; // the NextN head reads its rows
         e->b_tok[n] = r->last;
         e->b_pos[n] = r->n_prompt + r->n_gen - 1;
         e->b_seq[n] = i;
         e->b_out[n] = r->out_row = n_out++;
-        e->b_hid[n] = -1;
+        e->b_hid[n] = mh ? n_hid++ : -1;
+        if (mh) r->mh_row0 = e->b_hid[n], r->mh_pos0 = e->b_pos[n], r->mh_n = 1;
         n++;
         // its drafts follow, each with a logits row: at most what the batch
         // has room for and what max_tokens leaves (so every row written
         // lies in the pages reserved at admission)
         r->n_draft = 0;
         n_dec_left--;
-        if (drafting && r->spec) {
+        if (drafting && r->spec && r->spec_rest > 0) {
+            r->spec_rest--; // resting after lost drafts (engine__spec_adapt)
+        } else if (drafting && r->spec) {
             int32_t k = r->max_tokens - r->n_gen - 1;
             if (k > budget - n - n_dec_left) k = budget - n - n_dec_left;
             r->n_draft = engine__spec_draft(e, r, k);
@@ -506,7 +515,8 @@ static bool engine__step(engine *e) {
                 e->b_pos[n] = e->b_pos[n - 1] + 1;
                 e->b_seq[n] = i;
                 e->b_out[n] = n_out++;
-                e->b_hid[n] = -1;
+                e->b_hid[n] = mh ? n_hid++ : -1;
+                r->mh_n += mh; // engine__verify keeps the kept drafts' rows
             }
         }
     }
@@ -534,12 +544,14 @@ static bool engine__step(engine *e) {
             r->hid_row0 = n_hid;
             r->hid_n = 0;
         }
+        const bool mh = e->mtp && r->spec && !r->m_lost; // the NextN head reads every row
+        if (mh) r->mh_row0 = n_hid, r->mh_pos0 = r->n_past, r->mh_n = chunk;
         for (int32_t j = 0; j < chunk; j++) {
             e->b_tok[n] = r->prompt[r->n_past + j];
             e->b_pos[n] = r->n_past + j;
             e->b_seq[n] = i;
             bool last = r->n_past + j == r->n_prompt - 1;
-            e->b_hid[n] = -1;
+            e->b_hid[n] = mh ? n_hid++ : -1;
             if (r->embed) {
                 e->b_out[n] = -1;
                 bool want = r->embed == MODEL_POOL_MEAN ||
@@ -803,7 +815,7 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
         goto fail;
     if ((err = model_ctx_create(o->m, e->pool, o->n_threads, o->max_batch_tokens, o->n_ctx, &e->ctx, eb)))
         goto fail;
-    if (o->draft && o->spec_tokens > 0) { // the draft model: its own pool, checked like the model's
+    if ((o->draft || o->spec_nextn) && o->spec_tokens > 0) { // the draft model: its own pool, checked like the model's
         if ((err = engine__spec_dmodel_create(e, eb))) goto fail;
         kv_pool_set_violation_cb(e->dpool, engine__violation_cb, e);
     }

@@ -84,6 +84,8 @@ struct engine_req {
     int32_t n_pred;
     int32_t pred_at;         // the prediction's id expected next, -1: out of step with it
     int32_t spec_k;          // drafts to ask for next step (adapts to what is kept)
+    int32_t spec_rest;       // decode steps left without drafts (engine__spec_adapt)
+    int32_t spec_rest_len;   // the last rest's length, doubling while single drafts fail
     int32_t n_draft;         // this step: drafts in the batch after `last`, 0: none
     int32_t draft[ENGINE_SPEC_MAX];
     int32_t n_drafted, n_accepted; // totals, reported in the done event
@@ -92,6 +94,13 @@ struct engine_req {
     uint32_t d_valid;        // dseq's positions [0, d_valid) hold the request's own tokens
     int32_t n_dm;            // this step: drafts the draft model wrote to draft[], 0: none
     int32_t dm_want;         // this step: drafts asked of the draft model
+    // NextN drafting (engine_opts.spec_nextn): dseq's position j is the head's
+    // slot m_base + j, which reads the model's hidden row of position
+    // m_base + j and the token after it
+    int32_t m_base;          // the first position the head saw (after a cached prefix)
+    int32_t mh_row0, mh_pos0, mh_n; // last step: its hidden rows (e->hidden), their positions
+    int32_t m_row;           // this step's latest head pass: its hidden-out row (e->m_hout)
+    bool m_lost;             // the head missed a position: it drafts by lookup from here on
 };
 
 typedef struct {
@@ -156,7 +165,9 @@ struct engine {
     // stats
     atomic_ullong n_finished, n_aborted, n_rejected, tokens_in, tokens_out;
     atomic_ullong spec_steps, spec_drafted, spec_accepted;
-    // draft model (engine_opts.draft; NULL: none); scheduler-owned
+    // draft model (engine_opts.draft, or the NextN head; NULL: none); scheduler-owned
+    model *mtp;                             // the NextN head (engine_opts.spec_nextn), owned
+    float *m_hin, *m_hout;                  // (max_batch_tokens, E) its hidden rows in, out
     kv_pool *dpool;
     model_ctx *dctx;
     float *dlogits;                         // (max_running, V)
@@ -225,17 +236,29 @@ int32_t engine__spec_draft(engine *e, engine_req *r, int32_t k);
 /* Records tok, just taken as r's n_gen-th token, in its history and
  * prediction cursor. A no-op when r does not speculate. */
 void engine__spec_taken(engine_req *r, int32_t tok);
+/* Longest rest of a request whose single drafts keep failing (steps). */
+#define ENGINE__SPEC_REST_MAX 32
 /* After a verify: r drafted `drafted` tokens and kept `kept`; sets how many
- * it asks for next (r->spec_k, 1..spec_tokens). */
+ * it asks for next (r->spec_k, 1..spec_tokens), and, drafting with a draft
+ * model or NextN, after a lost single draft how many steps it rests
+ * (r->spec_rest: 2, 4, .. 32). */
 void engine__spec_adapt(const engine *e, engine_req *r, int32_t drafted, int32_t kept);
 /* The draft model's part of a step (e->draft set): for every request of
  * the running set that will decode and draft this step, catches its draft
  * KV up with its tokens and drafts up to its spec_k greedy tokens
  * (r->n_dm), in spec_k batched passes of the draft model. Scheduler thread. */
 void engine__spec_dmodel(engine *e, bool drafting);
-/* Creates the draft model's pool, context and buffers (engine_create).
- * Errors: KS_ERR_INVAL (vocabularies differ, a recurrent draft model),
- * KS_ERR_NOMEM and the pool's and context's own. */
+/* The NextN head's part of a step (e->mtp set), before the batch is built:
+ * runs the head over every position the last step computed for a request
+ * (its hidden rows, mh_n of them), then, for a request that will decode
+ * and draft now, chains up to spec_k greedy drafts (r->n_dm), each pass
+ * reading the previous one's hidden row. A request that sat the last step
+ * out keeps the drafts it had. Scheduler thread. */
+void engine__spec_mtp(engine *e, bool drafting);
+/* Creates the draft model's (or the NextN head's: spec_nextn) pool,
+ * context and buffers (engine_create). Errors: KS_ERR_INVAL (vocabularies
+ * differ, a recurrent draft model, no NextN block), KS_ERR_NOMEM and the
+ * pool's and context's own. */
 ks_err engine__spec_dmodel_create(engine *e, ks_errbuf *eb);
 /* Frees them; accepts what a failed create left. */
 void engine__spec_dmodel_free(engine *e);

@@ -116,7 +116,8 @@ int32_t engine__spec_draft(engine *e, engine_req *r, int32_t k) {
 #ifdef KS_BROKEN_SPEC_SHARED
     if (m == 0) m = spec__shared_lookup(r, k, r->draft);
 #endif
-    if (m == 0 && !e->dctx) m = spec__lookup(e, r, k, r->draft); // with a draft model: its drafts
+    if (m == 0 && (!e->dctx || r->m_lost)) // with a draft model: its drafts
+        m = spec__lookup(e, r, k, r->draft);
     return m;
 }
 
@@ -134,6 +135,19 @@ void engine__spec_adapt(const engine *e, engine_req *r, int32_t drafted, int32_t
         r->spec_k = r->spec_k * 2 > e->o.spec_tokens ? e->o.spec_tokens : r->spec_k * 2;
     else if (kept == 0)
         r->spec_k = r->spec_k / 2 > 1 ? r->spec_k / 2 : 1;
+    // with a draft model or NextN, a single draft lost too: rest 2, 4, .. 32
+    // steps (their drafts cost passes of their own, and a source that is
+    // never right should not cost them every step; a lookup's or a
+    // prediction's cost a row). Any draft kept ends the rests.
+    if (kept > 0) {
+        r->spec_rest_len = 0;
+    } else if (drafted == 1 && e->dctx) {
+        r->spec_rest_len = r->spec_rest_len ? (r->spec_rest_len * 2 > ENGINE__SPEC_REST_MAX
+                                                   ? ENGINE__SPEC_REST_MAX
+                                                   : r->spec_rest_len * 2)
+                                            : 2;
+        r->spec_rest = r->spec_rest_len;
+    }
 }
 
 ks_err engine__spec_init(engine *e, engine_req *r, const engine_params *p, ks_errbuf *eb) {
@@ -159,13 +173,21 @@ ks_err engine__spec_init(engine *e, engine_req *r, const engine_params *p, ks_er
 
 ks_err engine__spec_dmodel_create(engine *e, ks_errbuf *eb) {
     const engine_opts *o = &e->o;
-    const model_hparams *dh = model_hp(o->draft);
+    if (o->spec_nextn) {
+        if (o->draft)
+            return ks_seterr(eb, KS_ERR_INVAL,
+                             "engine: draft with a draft model or the NextN block, not both");
+        ks_err err = model_mtp_create(o->m, &e->mtp, eb);
+        if (err) return err;
+    }
+    const model *dm = e->mtp ? e->mtp : o->draft;
+    const model_hparams *dh = model_hp(dm);
     if (dh->n_vocab != e->V)
         return ks_seterr(eb, KS_ERR_INVAL,
                          "draft model: its vocabulary has %d tokens, the model's %d (a draft "
                          "model must share the model's tokenizer)",
                          dh->n_vocab, e->V);
-    kv_geom g = model_kv_geom(o->draft, o->page_tokens, o->kv_type);
+    kv_geom g = model_kv_geom(dm, o->page_tokens, o->kv_type);
     if (g.state_pages > 0 || dh->encoder)
         return ks_seterr(eb, KS_ERR_INVAL,
                          "draft model: %s cannot draft (its state cannot be rolled back past a "
@@ -174,10 +196,16 @@ ks_err engine__spec_dmodel_create(engine *e, ks_errbuf *eb) {
     ks_err err = kv_pool_create(&g, o->draft_kv_pages ? o->draft_kv_pages : o->kv_pages, o->scrub,
                                 &e->dpool, eb);
     if (!err)
-        err = model_ctx_create(o->draft, e->dpool, o->n_threads, o->max_batch_tokens, o->n_ctx,
+        err = model_ctx_create(dm, e->dpool, o->n_threads, o->max_batch_tokens, o->n_ctx,
                                &e->dctx, eb);
     if (err) return err;
     const size_t R = (size_t)o->max_running, B = (size_t)o->max_batch_tokens;
+    if (e->mtp) {
+        const size_t E = (size_t)dh->n_embd;
+        e->m_hin = malloc(sizeof(float) * B * E);
+        e->m_hout = malloc(sizeof(float) * B * E);
+        if (!e->m_hin || !e->m_hout) return ks_seterr(eb, KS_ERR_NOMEM, "NextN buffers");
+    }
     e->dlogits = malloc(sizeof(float) * R * (size_t)e->V);
     e->d_tok = malloc(sizeof(int32_t) * B * 4);
     e->d_seqs = calloc(R, sizeof *e->d_seqs);
@@ -199,6 +227,9 @@ void engine__spec_dmodel_free(engine *e) {
     free(e->d_seqs);
     free(e->d_err);
     free(e->d_req);
+    free(e->m_hin);
+    free(e->m_hout);
+    model_free(e->mtp);
 }
 
 void engine__spec_release(engine *e, engine_req *r) {
@@ -230,14 +261,19 @@ static bool spec__dpass(engine *e, int nr, int32_t n, int32_t n_out) {
                      .seqs = e->d_seqs,
                      .seq_err = e->d_err};
     ks_errbuf eb;
-    ks_err err = model_forward(e->dctx, &b, e->dlogits, &eb);
+    // the NextN head: hidden rows in (m_hin, one per token) and out (with the logits)
+    model_hidden h = {.row = e->d_out, .n_rows = n_out, .out = e->m_hout};
+    ks_err err = e->mtp ? model_forward_mtp(e->dctx, &b, e->m_hin, e->dlogits, &h, &eb)
+                        : model_forward(e->dctx, &b, e->dlogits, &eb);
     for (int j = 0; j < nr; j++) {
         if (!err && !e->d_err[j]) continue;
         engine_req *r = e->d_req[j];
-        ks_log(KS_LOG_ERROR, "request %" PRIu64 ": draft model: %s; it drafts no more", r->id,
+        ks_log(KS_LOG_ERROR, "request %" PRIu64 ": %s: %s; it drafts no more", r->id,
+               e->mtp ? "NextN head" : "draft model",
                err ? eb.msg : "KV page check failed (isolation violation)");
         r->n_dm = 0;
         r->spec = false;
+        r->dm_want = 0;
         engine__spec_release(e, r);
     }
     return !err;
@@ -250,7 +286,7 @@ void engine__spec_dmodel(engine *e, bool drafting) {
     for (int i = 0; i < e->n_running; i++) {
         engine_req *r = e->running[i];
         r->n_dm = 0;
-        if (!e->dctx || !drafting || !r->spec || r->mpending ||
+        if (!e->dctx || !drafting || !r->spec || r->mpending || r->spec_rest > 0 ||
             atomic_load(&r->state) != ENGINE_DECODING || engine_stream_backlogged(r->out))
             continue;
         if (r->pred && r->pred_at >= 0 && r->pred_at < r->n_pred) continue; // in step: it drafts
@@ -307,6 +343,117 @@ void engine__spec_dmodel(engine *e, bool drafting) {
             e->d_pos[na] = (int32_t)r->dseq.n_tokens;
             e->d_seq[na] = na;
             e->d_out[na] = na;
+            na++;
+        }
+        if (na == 0 || !spec__dpass(e, na, na, na)) break;
+        for (int j = 0; j < na; j++) {
+            engine_req *r = e->d_req[j];
+            if (r->n_dm != d) continue; // its pass failed: it drafts no more
+            r->draft[d] = spec__argmax(e->dlogits + (size_t)j * (size_t)V, V);
+            r->n_dm = d + 1;
+        }
+        nr = na;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// The NextN head (engine_opts.spec_nextn)
+//
+// The head's slot i reads the model's final hidden row of position i and
+// the token at i + 1, and predicts the token at i + 2; its KV row of slot i
+// is written at dseq position i - m_base. Every position the model computes
+// for a request (prompt chunks, a decode step's token and kept drafts)
+// gives one slot, caught up at the start of the next step from the rows
+// that step's pass left in e->hidden. The last slot (position L - 2, with
+// the request's newest token) gives draft 1; draft d + 1 is a further slot
+// reading the head's own hidden row of draft d (not the model's: the
+// drafts are guesses), and those slots are dropped at the next catch-up.
+
+/* Whether r asks the head for drafts this step: it decodes in it. */
+static int32_t spec__mtp_want(const engine *e, const engine_req *r, bool drafting) {
+    if (!drafting || r->mpending || r->spec_rest > 0 ||
+        atomic_load(&r->state) != ENGINE_DECODING || engine_stream_backlogged(r->out))
+        return 0;
+    if (r->pred && r->pred_at >= 0 && r->pred_at < r->n_pred) return 0; // its prediction drafts
+    int32_t k = r->max_tokens - r->n_gen - 1;
+    (void)e;
+    return k < r->spec_k ? (k > 0 ? k : 0) : r->spec_k;
+}
+
+/* r's head stops (a position was missed, or no pages): lookup from here on. */
+static void spec__mtp_lose(engine *e, engine_req *r, const char *why) {
+    ks_log(KS_LOG_DEBUG, "request %" PRIu64 ": NextN head: %s; it drafts by lookup", r->id, why);
+    r->m_lost = true;
+    r->n_dm = 0;
+    engine__spec_release(e, r);
+}
+
+void engine__spec_mtp(engine *e, bool drafting) {
+    const int32_t V = e->V;
+    const size_t E = (size_t)model_hp(e->m)->n_embd;
+    int nr = 0;
+    int32_t n = 0, n_out = 0, kmax = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        engine_req *r = e->running[i];
+        const int32_t hn = r->mh_n;
+        r->mh_n = 0;
+        if (!r->spec || r->m_lost) continue;
+        if (hn == 0) continue; // nothing new computed: the drafts it had still stand
+        r->n_dm = 0;
+        if (!r->has_dseq) { // its head pages, for every position it can reach
+            ks_errbuf eb;
+            kv_seq_init(e->dpool, &r->dseq);
+            r->has_dseq = true;
+            r->d_valid = 0;
+            r->m_base = r->mh_pos0;
+            const uint32_t need = (uint32_t)(r->n_prompt + r->max_tokens - r->m_base);
+            if (kv_seq_reserve(e->dpool, &r->dseq, need, &eb)) {
+                spec__mtp_lose(e, r, "its KV pool is full");
+                continue;
+            }
+        }
+        if (r->mh_pos0 - r->m_base != (int32_t)r->d_valid) {
+            spec__mtp_lose(e, r, "a position was not computed in step");
+            continue;
+        }
+        if (r->dseq.n_tokens > r->d_valid) kv_seq_truncate(e->dpool, &r->dseq, r->d_valid);
+        e->d_req[nr] = r;
+        e->d_seqs[nr] = &r->dseq;
+        r->dm_want = spec__mtp_want(e, r, drafting);
+        for (int32_t j = 0; j < hn; j++, n++) {
+            const int32_t slot = r->mh_pos0 + j; // its token: the one after it
+            e->d_tok[n] = spec__tok(r, slot + 1);
+            e->d_pos[n] = slot - r->m_base;
+            e->d_seq[n] = nr;
+            e->d_out[n] = j == hn - 1 && r->dm_want ? (r->m_row = n_out++) : -1;
+            memcpy(e->m_hin + (size_t)n * E, e->hidden + (size_t)(r->mh_row0 + j) * E,
+                   sizeof(float) * E);
+        }
+        r->d_valid += (uint32_t)hn;
+        if (r->dm_want > kmax) kmax = r->dm_want;
+        nr++;
+    }
+    if (nr == 0 || !spec__dpass(e, nr, n, n_out)) return;
+    for (int j = 0; j < nr; j++) {
+        engine_req *r = e->d_req[j];
+        if (r->dm_want == 0) continue;
+        r->draft[0] = spec__argmax(e->dlogits + (size_t)r->m_row * (size_t)V, V);
+        r->n_dm = 1;
+    }
+    // draft d + 1: a slot after the last, with draft d and the head's own row
+    for (int32_t d = 1; d < kmax; d++) {
+        int na = 0;
+        for (int j = 0; j < nr; j++) {
+            engine_req *r = e->d_req[j];
+            if (r->n_dm != d || r->dm_want <= d) continue;
+            e->d_req[na] = r;
+            e->d_seqs[na] = &r->dseq;
+            e->d_tok[na] = r->draft[d - 1];
+            e->d_pos[na] = (int32_t)r->dseq.n_tokens;
+            e->d_seq[na] = na;
+            e->d_out[na] = na;
+            memcpy(e->m_hin + (size_t)na * E, e->m_hout + (size_t)r->m_row * E, sizeof(float) * E);
+            r->m_row = na;
             na++;
         }
         if (na == 0 || !spec__dpass(e, na, na, na)) break;

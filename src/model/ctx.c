@@ -137,6 +137,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     const size_t S = (size_t)hp->ssm_state, VD = (size_t)hp->ssm_inner;
     if (VD > Kmax) Kmax = VD; // ssm_out's input
     if (PL > Kmax) Kmax = PL; // gemma4's per-layer proj
+    if (m->mtp_eh.data && 2 * E > Kmax) Kmax = 2 * E; // a NextN head's eh_proj
     uint64_t rb0 = 0, rbk = 0;
     ks_dtype_row_bytes(KS_DTYPE_Q8_0, (Kmax + 31) / 32 * 32, &rb0);
     ks_dtype_row_bytes(KS_DTYPE_Q8_K, (Kmax + 255) / 256 * 256, &rbk);
@@ -175,6 +176,8 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
         moe_ok = moe_ok && c->ord && c->ord_off && c->ord_fill;
     }
     if (PL && (!c->ple || !c->ple_sel)) moe_ok = false;
+    if (m->mtp_eh.data && !(c->mtp_cat = ks_alloc_aligned(T * 2 * E * sizeof(float))))
+        moe_ok = false;
     if (hp->arch == MODEL_ARCH_GEMMA4 && NX && !(c->tmp2 = ks_alloc_aligned(T * E * sizeof(float))))
         moe_ok = false;
     if (!c->threads || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->g ||
@@ -194,7 +197,7 @@ void model_ctx_free(model_ctx *c) {
                      c->g,      c->u,     c->scores, c->router, c->xe,       c->mla_qa, c->mla_qf,
                      c->mla_qn, c->dsa_q, c->dsa_k,  c->dsa_w,  c->dsa_score, c->qg,
                      c->gate,   c->ssm_x, c->ssm_z,  c->ssm_o,  c->ssm_b,    c->ssm_a,
-                     c->ple,    c->ple_sel, c->tmp2, c->attn_scr};
+                     c->ple,    c->ple_sel, c->tmp2, c->attn_scr, c->mtp_cat};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ks_free_aligned(bufs[i]);
     ks_free_aligned(c->act[0].buf);
     ks_free_aligned(c->act[1].buf);

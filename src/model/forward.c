@@ -22,6 +22,7 @@
 
 typedef enum {
     FWD_EMBED,         // x[t] = token_embd[tok[t]]
+    FWD_MTP_IN,        // cat[t] = [enorm(token_embd[tok[t]]) | hnorm(mtp_in[t])]
     FWD_NORM,          // xn[t] = rmsnorm(x[t]) * w
     FWD_ADD_NORM,      // x[t] += tmp[t] (+ tb); xn[t] = rmsnorm(x[t]) * w  (w NULL: add only)
     FWD_QKV,           // biases, q/k norm, rope on q[t], k[t]; write k, v to the KV page
@@ -329,6 +330,17 @@ static void fwd__rows_task(void *arg, int ith, int nth) {
             if (m->hp.embd_scale != 1.0f)
                 for (int64_t i = 0; i < E; i++)
                     c->x[xo + (size_t)i] *= m->hp.embd_scale;
+            break;
+        }
+        case FWD_MTP_IN: { // layout: cat rows of 2E, the embedding's half first
+            const model__mat *w = &m->tok_embd;
+            float *cat = c->mtp_cat + (size_t)t * 2 * (size_t)E;
+            kern_dequantize_row(w->type,
+                                (const char *)w->data + (size_t)a->b->tokens[t] * w->row_bytes,
+                                cat, E);
+            c->kv->rmsnorm(E, cat, m->mtp_enorm, m->hp.norm_eps, cat);
+            c->kv->rmsnorm(E, c->mtp_in + (size_t)t * (size_t)E, m->mtp_hnorm, m->hp.norm_eps,
+                           cat + E);
             break;
         }
         case FWD_POST_ADD_NORM: {
@@ -1277,8 +1289,20 @@ static const model__mat *fwd__first_w(const model_ctx *c, const model__layer *L)
     return L->recurrent ? &L->ssm_qkv : c->m->hp.kv_lora ? NULL : &L->wq;
 }
 
+ks_err model_forward_mtp(model_ctx *c, const model_batch *b, const float *h_in, float *logits,
+                         const model_hidden *h, ks_errbuf *eb) {
+    if (!c->m->mtp_eh.data || !h_in)
+        return ks_seterr(eb, KS_ERR_INVAL, "a NextN pass needs a NextN head and its hidden rows");
+    c->mtp_in = h_in;
+    ks_err e = model_forward_hidden(c, b, logits, h, eb);
+    c->mtp_in = NULL;
+    return e;
+}
+
 ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
                             const model_hidden *h, ks_errbuf *eb) {
+    if (c->m->mtp_eh.data && !c->mtp_in)
+        return ks_seterr(eb, KS_ERR_INVAL, "a NextN head runs by model_forward_mtp");
     ks_err e = fwd__validate(c, b, h, eb);
     if (e) return e;
     const model *m = c->m;
@@ -1289,7 +1313,13 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
     for (int s = 0; s < b->n_seqs; s++) atomic_store_explicit(&c->seq_bad[s], 0, memory_order_relaxed);
     c->pf_i = T == 1 ? 0 : -1;
     model__act_reset(c);
-    fwd__rows_run(c, b, FWD_EMBED, NULL, 0);
+    if (m->mtp_eh.data) { // a NextN head: x = eh_proj [enorm(embedding) | hnorm(hidden)]
+        fwd__rows_run(c, b, FWD_MTP_IN, NULL, 0);
+        model__matmul(c, &m->mtp_eh, c->mtp_cat, T, c->x);
+        model__act_reset(c);
+    } else {
+        fwd__rows_run(c, b, FWD_EMBED, NULL, 0);
+    }
     if (m->ple_in.data) { // gemma4: every layer's per-layer input, from the scaled embedding
         model__matmul(c, &m->ple_in, c->x, T, c->ple);
         fwd__rows_run(c, b, FWD_PLE_IN, NULL, 0);
@@ -1392,10 +1422,12 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
     if (n_bad && !b->seq_err)
         return ks_seterr(eb, KS_ERR_INTERNAL, "sequence %d: a block-table entry failed the page check",
                          first_bad);
-    // hidden rows (embeddings): the normed final state, before the LM head
+    // hidden rows (embeddings): the normed final state, before the LM head;
+    // a NextN head's: the block's output before shared_head_norm
+    const float *hsrc = m->mtp_eh.data ? c->x : c->xn;
     for (int t = 0; h && h->n_rows > 0 && t < T; t++)
         if (h->row[t] >= 0)
-            memcpy(h->out + (size_t)h->row[t] * (size_t)E, c->xn + (size_t)t * (size_t)E,
+            memcpy(h->out + (size_t)h->row[t] * (size_t)E, hsrc + (size_t)t * (size_t)E,
                    sizeof(float) * (size_t)E);
     if (b->n_out == 0) return KS_OK;
     // gather the normed rows that want logits, in output-row order (rows of a

@@ -493,12 +493,121 @@ static ks_err load__bert(model *m, ks_errbuf *eb) {
     return KS_OK;
 }
 
-static ks_err load__weights(model *m, ks_errbuf *eb) {
-    model_hparams *hp = &m->hp;
+/* Binds layer il's tensors of a plain transformer block (attention or
+ * MLA, then a dense FFN or the experts) into L: every architecture's but
+ * gemma4's, nemotron_h's and the hybrids' (load__weights). Also the NextN
+ * block's (model_mtp_create), whose il is past hp->n_layer. */
+static ks_err load__std_layer(model *m, int il, model__layer *L, ks_errbuf *eb) {
+    const model_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, D = hp->head_dim, F = hp->n_ff;
     const int64_t HD = (int64_t)hp->n_head * D, KVD = (int64_t)hp->n_head_kv * D;
-    // attn_output's input: H heads of D, or of mla_v under MLA
     const int64_t HO = hp->kv_lora ? (int64_t)hp->n_head * hp->mla_v : HD;
+    const bool glm4moe = hp->arch == MODEL_ARCH_GLM4MOE, oss = hp->arch == MODEL_ARCH_GPT_OSS;
+    char n[96];
+#define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
+    model__mat fused = {0};
+    ks_err e;
+    if (hp->kv_lora) {
+        if ((e = load__mla_layer(m, il, L, eb))) return e;
+    } else if (gguf_find_tensor(m->gguf, LNAME("attn_qkv.weight"))) { // Q, K, V rows in one
+        if ((e = load__mat(m, n, E, HD + 2 * KVD, &fused, eb))) return e;
+        L->wq = load__rows(&fused, 0, HD);
+        L->wk = load__rows(&fused, HD, KVD);
+        L->wv = load__rows(&fused, HD + KVD, KVD);
+        const float *b = NULL; // and its bias, when there is one, split the same way
+        if ((e = load__vec(m, LNAME("attn_qkv.bias"), HD + 2 * KVD, false, &b, eb))) return e;
+        if (b) L->bq = b, L->bk = b + HD, L->bv = b + HD + KVD;
+    } else if ((e = load__mat(m, LNAME("attn_q.weight"), E, HD, &L->wq, eb)) ||
+               (e = load__mat(m, LNAME("attn_k.weight"), E, KVD, &L->wk, eb)) ||
+               (e = load__mat(m, LNAME("attn_v.weight"), E, KVD, &L->wv, eb))) {
+        return e;
+    }
+    // glm4moe's and gpt-oss's post_attention_norm is the norm before the
+    // FFN (on the residual stream, as other models' ffn_norm), not a post-norm
+    if ((e = load__mat(m, LNAME("attn_output.weight"), HO, E, &L->wo, eb)) ||
+        (e = load__vec(m,
+                       LNAME(glm4moe || oss ? "post_attention_norm.weight" : "ffn_norm.weight"),
+                       E, true, &L->ffn_norm, eb)))
+        return e;
+    // gpt-oss: attn_output's bias, the sinks, the router's and experts'
+    // biases. The converter always writes the sinks (llama.cpp requires
+    // them); a layer without them runs the plain softmax, as a sink of
+    // -inf would (unit_model compares the two)
+    if (oss && ((e = load__vec(m, LNAME("attn_output.bias"), E, true, &L->bo, eb)) ||
+                (e = load__vec(m, LNAME("attn_sinks.weight"), hp->n_head, false,
+                               &L->attn_sinks, eb)) ||
+                (e = load__vec(m, LNAME("ffn_gate_inp.bias"), hp->n_expert, true,
+                               &L->gate_inp_b, eb)) ||
+                (e = load__vec2(m, LNAME("ffn_gate_exps.bias"), hp->n_ff_exp, hp->n_expert,
+                                true, false, &L->gate_exps_b, eb)) ||
+                (e = load__vec2(m, LNAME("ffn_up_exps.bias"), hp->n_ff_exp, hp->n_expert,
+                                true, false, &L->up_exps_b, eb)) ||
+                (e = load__vec2(m, LNAME("ffn_down_exps.bias"), E, hp->n_expert, true, false,
+                                &L->down_exps_b, eb))))
+        return e;
+    // a dense FFN, or the experts: every layer of a MoE file but the
+    // leading dense ones (glm4moe's leading_dense_block_count)
+    const bool moe = hp->n_expert > 0 && il >= hp->n_layer_dense;
+    const bool fused_ffn = hp->arch == MODEL_ARCH_PHI3 || hp->arch == MODEL_ARCH_GLM4;
+    if (!moe && fused_ffn) { // gate rows, then up rows
+        if ((e = load__mat(m, LNAME("ffn_up.weight"), E, 2 * F, &fused, eb))) return e;
+        L->w_gate = load__rows(&fused, 0, F);
+        L->w_up = load__rows(&fused, F, F);
+    } else if (!moe && ((e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
+                        (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)))) {
+        return e;
+    }
+    if (!moe && (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb))) return e;
+    const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
+    if (moe &&
+        ((e = load__mat(m, LNAME("ffn_gate_inp.weight"), E, X, &L->gate_inp, eb)) ||
+         (e = load__mat_experts(m, LNAME("ffn_gate_exps.weight"), E, FX, X, &L->gate_exps,
+                                eb)) ||
+         (e = load__mat_experts(m, LNAME("ffn_up_exps.weight"), E, FX, X, &L->up_exps, eb)) ||
+         (e = load__mat_experts(m, LNAME("ffn_down_exps.weight"), FX, E, X, &L->down_exps,
+                                eb))))
+        return e;
+    // glm4moe: the router's selection bias and the shared expert
+    if (moe && (glm4moe || model__is_mla(hp->arch)) && // DeepSeek-V2 has none
+        (e = load__vec(m, LNAME("exp_probs_b.bias"), X, glm4moe, &L->exp_probs_b, eb)))
+        return e;
+    // the shared experts as one FFN n_expert_shared times as wide (DeepSeek-V2: 2)
+    const int64_t SF = FX * hp->n_expert_shared;
+    if (moe && hp->n_expert_shared &&
+        ((e = load__mat(m, LNAME("ffn_gate_shexp.weight"), E, SF, &L->gate_sh, eb)) ||
+         (e = load__mat(m, LNAME("ffn_up_shexp.weight"), E, SF, &L->up_sh, eb)) ||
+         (e = load__mat(m, LNAME("ffn_down_shexp.weight"), SF, E, &L->down_sh, eb))))
+        return e;
+    // Q/K/V biases: qwen2's always, glm4's where the file has them (all three)
+    const bool need_b = hp->arch == MODEL_ARCH_QWEN2 || oss;
+    if (!L->bq &&
+        (need_b || ((hp->arch == MODEL_ARCH_GLM4 || glm4moe) &&
+                    gguf_find_tensor(m->gguf, LNAME("attn_q.bias")))) &&
+        ((e = load__vec(m, LNAME("attn_q.bias"), HD, true, &L->bq, eb)) ||
+         (e = load__vec(m, LNAME("attn_k.bias"), KVD, true, &L->bk, eb)) ||
+         (e = load__vec(m, LNAME("attn_v.bias"), KVD, true, &L->bv, eb))))
+        return e;
+    if (hp->post_norms &&
+        ((e = load__vec(m, LNAME("post_attention_norm.weight"), E, true, &L->post_attn_norm,
+                        eb)) ||
+         (e = load__vec(m, LNAME("post_ffw_norm.weight"), E, true, &L->post_ffn_norm, eb))))
+        return e;
+    L->swa = hp->n_swa > 0 && (hp->swa_period == 0 || il % hp->swa_period < hp->swa_period - 1);
+    // per-head Q/K norms: qwen3's and gemma3's always; glm4moe's where
+    // present (the GLM-4.5 355B release has them, Air not), each on its own
+    const bool need_qk = hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE ||
+                         hp->arch == MODEL_ARCH_GEMMA3;
+    if ((need_qk || glm4moe) &&
+        ((e = load__vec(m, LNAME("attn_q_norm.weight"), D, need_qk, &L->q_norm, eb)) ||
+         (e = load__vec(m, LNAME("attn_k_norm.weight"), D, need_qk, &L->k_norm, eb))))
+        return e;
+#undef LNAME
+    return KS_OK;
+}
+
+static ks_err load__weights(model *m, ks_errbuf *eb) {
+    model_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd;
     ks_err e;
     const gguf_tensor *te = load__tensor(m, "token_embd.weight", true, eb, &e);
     if (!te) return e;
@@ -531,7 +640,6 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
                          (unsigned long long)gguf_n_tensors(m->gguf));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return ks_seterr(eb, KS_ERR_NOMEM, "%s: layers", gguf_path(m->gguf));
-    const bool glm4moe = hp->arch == MODEL_ARCH_GLM4MOE, oss = hp->arch == MODEL_ARCH_GPT_OSS;
     const int64_t PLA = (int64_t)hp->n_embd_pl * hp->n_layer; // gemma4's per-layer inputs
     if (PLA && ((e = load__mat(m, "per_layer_token_embd.weight", PLA, hp->n_vocab, &m->ple_tok,
                                eb)) ||
@@ -551,7 +659,6 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
         model__layer *L = &m->layers[il];
         char n[96];
 #define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
-        model__mat fused = {0};
         if ((e = load__vec(m, LNAME("attn_norm.weight"), E, true, &L->attn_norm, eb))) return e;
         L->kv_layer = il;
         if (hp->arch == MODEL_ARCH_GEMMA4) {
@@ -573,100 +680,7 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
             if ((e = load__qwen35_layer(m, il, L, eb))) return e;
             continue;
         }
-        if (hp->kv_lora) {
-            if ((e = load__mla_layer(m, il, L, eb))) return e;
-        } else if (gguf_find_tensor(m->gguf, LNAME("attn_qkv.weight"))) { // Q, K, V rows in one
-            if ((e = load__mat(m, n, E, HD + 2 * KVD, &fused, eb))) return e;
-            L->wq = load__rows(&fused, 0, HD);
-            L->wk = load__rows(&fused, HD, KVD);
-            L->wv = load__rows(&fused, HD + KVD, KVD);
-            const float *b = NULL; // and its bias, when there is one, split the same way
-            if ((e = load__vec(m, LNAME("attn_qkv.bias"), HD + 2 * KVD, false, &b, eb))) return e;
-            if (b) L->bq = b, L->bk = b + HD, L->bv = b + HD + KVD;
-        } else if ((e = load__mat(m, LNAME("attn_q.weight"), E, HD, &L->wq, eb)) ||
-                   (e = load__mat(m, LNAME("attn_k.weight"), E, KVD, &L->wk, eb)) ||
-                   (e = load__mat(m, LNAME("attn_v.weight"), E, KVD, &L->wv, eb))) {
-            return e;
-        }
-        // glm4moe's and gpt-oss's post_attention_norm is the norm before the
-        // FFN (on the residual stream, as other models' ffn_norm), not a post-norm
-        if ((e = load__mat(m, LNAME("attn_output.weight"), HO, E, &L->wo, eb)) ||
-            (e = load__vec(m,
-                           LNAME(glm4moe || oss ? "post_attention_norm.weight" : "ffn_norm.weight"),
-                           E, true, &L->ffn_norm, eb)))
-            return e;
-        // gpt-oss: attn_output's bias, the sinks, the router's and experts'
-        // biases. The converter always writes the sinks (llama.cpp requires
-        // them); a layer without them runs the plain softmax, as a sink of
-        // -inf would (unit_model compares the two)
-        if (oss && ((e = load__vec(m, LNAME("attn_output.bias"), E, true, &L->bo, eb)) ||
-                    (e = load__vec(m, LNAME("attn_sinks.weight"), hp->n_head, false,
-                                   &L->attn_sinks, eb)) ||
-                    (e = load__vec(m, LNAME("ffn_gate_inp.bias"), hp->n_expert, true,
-                                   &L->gate_inp_b, eb)) ||
-                    (e = load__vec2(m, LNAME("ffn_gate_exps.bias"), hp->n_ff_exp, hp->n_expert,
-                                    true, false, &L->gate_exps_b, eb)) ||
-                    (e = load__vec2(m, LNAME("ffn_up_exps.bias"), hp->n_ff_exp, hp->n_expert,
-                                    true, false, &L->up_exps_b, eb)) ||
-                    (e = load__vec2(m, LNAME("ffn_down_exps.bias"), E, hp->n_expert, true, false,
-                                    &L->down_exps_b, eb))))
-            return e;
-        // a dense FFN, or the experts: every layer of a MoE file but the
-        // leading dense ones (glm4moe's leading_dense_block_count)
-        const bool moe = hp->n_expert > 0 && il >= hp->n_layer_dense;
-        const bool fused_ffn = hp->arch == MODEL_ARCH_PHI3 || hp->arch == MODEL_ARCH_GLM4;
-        if (!moe && fused_ffn) { // gate rows, then up rows
-            if ((e = load__mat(m, LNAME("ffn_up.weight"), E, 2 * F, &fused, eb))) return e;
-            L->w_gate = load__rows(&fused, 0, F);
-            L->w_up = load__rows(&fused, F, F);
-        } else if (!moe && ((e = load__mat(m, LNAME("ffn_gate.weight"), E, F, &L->w_gate, eb)) ||
-                            (e = load__mat(m, LNAME("ffn_up.weight"), E, F, &L->w_up, eb)))) {
-            return e;
-        }
-        if (!moe && (e = load__mat(m, LNAME("ffn_down.weight"), F, E, &L->w_down, eb))) return e;
-        const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
-        if (moe &&
-            ((e = load__mat(m, LNAME("ffn_gate_inp.weight"), E, X, &L->gate_inp, eb)) ||
-             (e = load__mat_experts(m, LNAME("ffn_gate_exps.weight"), E, FX, X, &L->gate_exps,
-                                    eb)) ||
-             (e = load__mat_experts(m, LNAME("ffn_up_exps.weight"), E, FX, X, &L->up_exps, eb)) ||
-             (e = load__mat_experts(m, LNAME("ffn_down_exps.weight"), FX, E, X, &L->down_exps,
-                                    eb))))
-            return e;
-        // glm4moe: the router's selection bias and the shared expert
-        if (moe && (glm4moe || model__is_mla(hp->arch)) && // DeepSeek-V2 has none
-            (e = load__vec(m, LNAME("exp_probs_b.bias"), X, glm4moe, &L->exp_probs_b, eb)))
-            return e;
-        // the shared experts as one FFN n_expert_shared times as wide (DeepSeek-V2: 2)
-        const int64_t SF = FX * hp->n_expert_shared;
-        if (moe && hp->n_expert_shared &&
-            ((e = load__mat(m, LNAME("ffn_gate_shexp.weight"), E, SF, &L->gate_sh, eb)) ||
-             (e = load__mat(m, LNAME("ffn_up_shexp.weight"), E, SF, &L->up_sh, eb)) ||
-             (e = load__mat(m, LNAME("ffn_down_shexp.weight"), SF, E, &L->down_sh, eb))))
-            return e;
-        // Q/K/V biases: qwen2's always, glm4's where the file has them (all three)
-        const bool need_b = hp->arch == MODEL_ARCH_QWEN2 || oss;
-        if (!L->bq &&
-            (need_b || ((hp->arch == MODEL_ARCH_GLM4 || glm4moe) &&
-                        gguf_find_tensor(m->gguf, LNAME("attn_q.bias")))) &&
-            ((e = load__vec(m, LNAME("attn_q.bias"), HD, true, &L->bq, eb)) ||
-             (e = load__vec(m, LNAME("attn_k.bias"), KVD, true, &L->bk, eb)) ||
-             (e = load__vec(m, LNAME("attn_v.bias"), KVD, true, &L->bv, eb))))
-            return e;
-        if (hp->post_norms &&
-            ((e = load__vec(m, LNAME("post_attention_norm.weight"), E, true, &L->post_attn_norm,
-                            eb)) ||
-             (e = load__vec(m, LNAME("post_ffw_norm.weight"), E, true, &L->post_ffn_norm, eb))))
-            return e;
-        L->swa = hp->n_swa > 0 && (hp->swa_period == 0 || il % hp->swa_period < hp->swa_period - 1);
-        // per-head Q/K norms: qwen3's and gemma3's always; glm4moe's where
-        // present (the GLM-4.5 355B release has them, Air not), each on its own
-        const bool need_qk = hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE ||
-                             hp->arch == MODEL_ARCH_GEMMA3;
-        if ((need_qk || glm4moe) &&
-            ((e = load__vec(m, LNAME("attn_q_norm.weight"), D, need_qk, &L->q_norm, eb)) ||
-             (e = load__vec(m, LNAME("attn_k_norm.weight"), D, need_qk, &L->k_norm, eb))))
-            return e;
+        if ((e = load__std_layer(m, il, L, eb))) return e;
 #undef LNAME
     }
     return KS_OK;
@@ -677,7 +691,8 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
  * fixed order. */
 static void load__each_mat(model *m, void (*fn)(const gguf_file *, model__mat *, void *),
                            void *arg) {
-    if (!m->hp.tied_output) fn(m->gguf, &m->output, arg);
+    if (!m->hp.tied_output && (!m->base || m->own_output)) fn(m->gguf, &m->output, arg);
+    if (m->mtp_eh.data) fn(m->gguf, &m->mtp_eh, arg);
     if (m->ple_in.data) fn(m->gguf, &m->ple_in, arg);
     for (int il = 0; il < m->hp.n_layer; il++) {
         model__layer *L = &m->layers[il];
@@ -866,9 +881,72 @@ void model_free(model *m) {
             free(ps[i]);
     }
     free(m->layers);
-    tok_vocab_free(m->vocab);
-    gguf_close(m->gguf);
+    if (!m->base) { // a NextN head borrows these
+        tok_vocab_free(m->vocab);
+        gguf_close(m->gguf);
+    }
     free(m);
+}
+
+bool model_has_mtp(const model *m) {
+    const model_hparams *hp = &m->hp;
+    // a plain block after the layers (not a hybrid's: its state cannot roll back)
+    return hp->n_layer_nextn > 0 && !m->base && !hp->ssm_state && !hp->encoder &&
+           hp->arch != MODEL_ARCH_GEMMA4 && hp->arch != MODEL_ARCH_NEMOTRON_H;
+}
+
+ks_err model_mtp_create(const model *base, model **out, ks_errbuf *eb) {
+    *out = NULL;
+    if (!model_has_mtp(base))
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "%s: no NextN (multi-token prediction) block to draft with (%s.nextn_"
+                         "predict_layers is 0, or the architecture's blocks are not plain ones)",
+                         gguf_path(base->gguf), base->hp.arch_name);
+    model *m = calloc(1, sizeof *m);
+    if (!m) return ks_seterr(eb, KS_ERR_NOMEM, "NextN head");
+    m->base = base;
+    m->gguf = base->gguf;
+    m->vocab = base->vocab;
+    m->hp = base->hp;
+    m->tok_embd = base->tok_embd;
+    m->output = base->output;
+    m->hp.n_layer = m->hp.n_layer_attn = 1; // the first NextN block (the one every draft runs)
+    m->hp.n_layer_nextn = 0;
+    const int il = base->hp.n_layer;
+    const int64_t E = m->hp.n_embd;
+    char n[96];
+#define LNAME(s) (snprintf(n, sizeof n, "blk.%d.%s", il, s), n)
+    ks_err e;
+    model__layer *L = m->layers = calloc(1, sizeof *m->layers);
+    if (!L) {
+        e = ks_seterr(eb, KS_ERR_NOMEM, "NextN head");
+        goto fail;
+    }
+    if ((e = load__vec(m, LNAME("attn_norm.weight"), E, true, &L->attn_norm, eb)) ||
+        (e = load__std_layer(m, il, L, eb)) ||
+        (e = load__mat(m, LNAME("nextn.eh_proj.weight"), 2 * E, E, &m->mtp_eh, eb)) ||
+        (e = load__vec(m, LNAME("nextn.enorm.weight"), E, true, &m->mtp_enorm, eb)) ||
+        (e = load__vec(m, LNAME("nextn.hnorm.weight"), E, true, &m->mtp_hnorm, eb)) ||
+        (e = load__vec(m, LNAME("nextn.shared_head_norm.weight"), E, true, &m->output_norm, eb)))
+        goto fail;
+    // its own embedding and head where the file keeps them (else the model's)
+    if (gguf_find_tensor(m->gguf, LNAME("nextn.embed_tokens.weight")) &&
+        (e = load__mat(m, n, E, m->hp.n_vocab, &m->tok_embd, eb)))
+        goto fail;
+    if (gguf_find_tensor(m->gguf, LNAME("nextn.shared_head_head.weight"))) {
+        if ((e = load__mat(m, n, E, m->hp.n_vocab, &m->output, eb))) goto fail;
+        m->own_output = true;
+        m->hp.tied_output = false;
+    }
+#undef LNAME
+    L->kv_layer = 0;
+    if ((e = load__layer_shapes(m, eb))) goto fail;
+    load__repack_all(m);
+    *out = m;
+    return KS_OK;
+fail:
+    model_free(m);
+    return e;
 }
 
 const model_hparams *model_hp(const model *m) { return &m->hp; }

@@ -141,6 +141,12 @@ struct model {
     float **owned;             // f32 copies of non-F32 vectors (norms, biases)
     int n_owned;
     void *arena; // every matrix's r16 copy, one huge-page buffer (ks_alloc_huge)
+    // a NextN (multi-token prediction) head (model_mtp_create): a one-layer
+    // model that borrows base's file, vocabulary, embedding and output
+    const model *base;                  // NULL: a model of its own
+    model__mat mtp_eh;                  // (E, 2E) eh_proj: [enorm(embd) | hnorm(hidden)] -> E
+    const float *mtp_enorm, *mtp_hnorm; // (E)
+    bool own_output;                    // output is the block's shared_head_head, not base's
 };
 
 // ----------------------------------------------------------------------------
@@ -191,6 +197,8 @@ struct model_ctx {
     float *ple;   // (T, n_layer * n_embd_pl) gemma4's per-layer inputs (NULL: none)
     float *ple_sel; // (nth, n_embd_pl) scratch: a token's per_layer_token_embd part
     float *tmp2;  // (T, E) gemma4's MoE layers: the dense FFN's normed output (NULL: none)
+    float *mtp_cat;     // (T, 2E) a NextN head's eh_proj input (NULL: not a head)
+    const float *mtp_in; // (T, E) this pass's hidden input rows (model_forward_mtp)
     float *g;     // (T, F), or (T*(k+s), F_exp) rows of a MoE layer in expert order
     float *u;     // the same
     // mixture of experts (NULL in a dense model); k = n_expert_used, s =

@@ -5,7 +5,8 @@
 # Exits with the suite's status: 0 clean, 1 a leak or wrong answer found.
 # LEAK_MODEL_FILE: another model file (served under the alias kjv-mini).
 # LEAK_SERVE_ARGS: more server options (e.g. --spec-tokens 4: speculative decoding;
-# LEAK_EXPECT_SPEC=1 then fails the run unless drafts were kept).
+# LEAK_EXPECT_SPEC=1 then fails the run unless drafts were kept; =drafted:
+# unless drafts were computed).
 # Extra environment passes through (KS_FAULT for the fault injector;
 # LEAK_EXPECT_VIOLATION=1 when one violation is expected).
 # LEAK_DISAGG=1: the suite runs against `kvseal router` with 2 prefill and 2
@@ -50,8 +51,13 @@ if [ "${LEAK_DISAGG:-0}" = 1 ]; then
 else
     if [ -n "${LEAK_EXPECT_SPEC:-}" ]; then # the suite's requests drafted, and kept drafts
         kept=$(metric "$KS_URL" kvseal_spec_accepted_tokens_total)
-        echo "leak suite: speculative drafts kept: ${kept:-none}" >&2
-        [ "${kept:-0}" -gt 0 ] || { echo "LEAK SUITE FAILURE: no draft was kept" >&2; rc=1; }
+        drafted=$(metric "$KS_URL" kvseal_spec_draft_tokens_total)
+        echo "leak suite: speculative drafts kept: ${kept:-none} of ${drafted:-none}" >&2
+        if [ "$LEAK_EXPECT_SPEC" = drafted ]; then # random weights: drafts, kept or not
+            [ "${drafted:-0}" -gt 0 ] || { echo "LEAK SUITE FAILURE: nothing was drafted" >&2; rc=1; }
+        else
+            [ "${kept:-0}" -gt 0 ] || { echo "LEAK SUITE FAILURE: no draft was kept" >&2; rc=1; }
+        fi
     fi
     stop_server
     grep -h "SECURITY" "$TMPD/server.log" >&2 || true

@@ -9,12 +9,15 @@
 # - sampled with a seed: the same text as without speculation;
 # - the model as its own draft model (--draft-model): the same text, every
 #   draft kept; one of another vocabulary refused at start;
+# - a glm4moe file's NextN block (--spec-nextn): the same text, drafts
+#   computed; a model without the block refused at start;
 # - bad prediction / speculative values are refused by name (400), and the
 #   server keeps serving;
 # - one tenant's kept drafts do not move with another tenant's text
 #   (spec_channel_run.sh);
 # - the leak suite (six tenants, canaries, a small pool) passes with
-#   speculation on, and every page comes back scrubbed.
+#   speculation on (lookup, a draft model, NextN), and every page comes back
+#   scrubbed.
 . "$(dirname "$0")/lib.sh"
 MODEL=$KS_SRC/models/kjv-mini.gguf
 KEY=sk-spec-$RANDOM$RANDOM
@@ -127,6 +130,37 @@ out=$("$KS_BIN" decode -m "$MODEL" --draft-model "$MODEL" 2>&1)
 expect_eq "decode --draft-model: status" "$?" 2
 expect_has "decode --draft-model: message" "$out" "--draft-model is kvseal serve's"
 
+# the NextN block of a glm4moe file drafts (--spec-nextn): the same text as
+# without speculation, drafts computed (random weights: few kept, the
+# probes of unit_engine_spec check what it predicts); a model without the
+# block, or with --draft-model too, is refused at start
+"$KS_BIN" mkmodel -o "$TMPD/glm.gguf" --vocab "$MODEL" --arch glm4moe --seed 12 >/dev/null ||
+    fail "mkmodel glm4moe"
+glm() {  # glm NAME — a greedy completion of QUOTE by the glm4moe model; sets BODY, TEXT
+    req "$1" 200 "$KS_URL/v1/completions" -H "Content-Type: application/json" \
+        -d "{\"model\":\"glm\",\"prompt\":\"$QUOTE\",\"max_tokens\":48,\"temperature\":0,\"ignore_eos\":true}"
+    TEXT=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["choices"][0]["text"])' "$BODY")
+}
+start_server "$TMPD/glm-ref.log" -m "$TMPD/glm.gguf" --ctx 512 --kv-pages 96
+glm "glm reference"
+GLM_REF=$TEXT
+stop_server
+start_server "$TMPD/glm.log" -m "$TMPD/glm.gguf" --ctx 512 --kv-pages 96 --spec-nextn
+file_has "$TMPD/glm.log" "speculative decoding: up to 4 drafts a step from the model's NextN block" ||
+    fail "NextN drafting is not announced"
+glm "glm, NextN drafts"
+expect_eq "NextN drafts == reference" "$TEXT" "$GLM_REF"
+n=$(( $(usage accepted_prediction_tokens) + $(usage rejected_prediction_tokens) ))
+[ "$n" -gt 4 ] || fail "NextN: too few drafts ($BODY)"
+echo "NextN (random weights): $(usage accepted_prediction_tokens) of $n drafts kept" >&2
+stop_server
+out=$("$KS_BIN" serve -m "$MODEL" --port 0 --ctx 512 --kv-pages 96 --spec-nextn 2>&1)
+expect_eq "--spec-nextn without a NextN block: status" "$?" 1
+expect_has "--spec-nextn without a NextN block: message" "$out" "has no NextN (multi-token prediction) block"
+out=$("$KS_BIN" serve -m "$TMPD/glm.gguf" --port 0 --spec-nextn --draft-model "$TMPD/glm.gguf" 2>&1)
+expect_eq "--spec-nextn with --draft-model: status" "$?" 2
+expect_has "--spec-nextn with --draft-model: message" "$out" "--draft-model or --spec-nextn, not both"
+
 # a tenant's kept drafts depend on its own text only (the timing channel a
 # shared draft source would open; the broken build that shares one is caught
 # by test_isolation_broken.sh)
@@ -143,6 +177,11 @@ if command -v node >/dev/null; then
         >"$TMPD/leak-draft.log" 2>&1 ||
         { tail -30 "$TMPD/leak-draft.log" >&2; fail "the leak suite failed with a draft model"; }
     grep "drafts kept" "$TMPD/leak-draft.log" >&2
+    # and with NextN drafting: the head's pool too
+    LEAK_MODEL_FILE="$TMPD/glm.gguf" LEAK_SERVE_ARGS="--spec-nextn" LEAK_EXPECT_SPEC=drafted \
+        bash "$(dirname "$0")/leak_run.sh" >"$TMPD/leak-nextn.log" 2>&1 ||
+        { tail -30 "$TMPD/leak-nextn.log" >&2; fail "the leak suite failed with NextN drafting"; }
+    grep "drafts kept" "$TMPD/leak-nextn.log" >&2
 else
     echo "(node is not installed: the leak suite with speculation is left out)" >&2
 fi

@@ -13,11 +13,13 @@
  *   drafts; the per-request opt-out; several requests at once (batch
  *   invariance with drafts in the batch); spec_max_batch: no drafts in a
  *   batch over it;
+ * - a draft model, and the NextN block of a glm4moe file (test_nextn);
  * - every page back and scrubbed at the end (check_clean). */
 #include "kvseal/engine.h"
 
 #include "../check.h"
 #include "engine_fixture.h"
+#include "gguf_patch.h"
 
 #include <stdlib.h>
 
@@ -291,6 +293,143 @@ static void test_draft_model(void) {
     free(ids);
 }
 
+/* An engine over m drafting with its NextN block (spec_nextn). */
+static engine *nextn_engine(const model *m, bool nextn, int max_batch_tokens, bool prefix) {
+    engine_opts o = efx_opts(512, 256, 8, prefix);
+    o.m = m;
+    o.spec_tokens = nextn ? 4 : 0;
+    o.spec_nextn = nextn;
+    o.max_batch_tokens = max_batch_tokens;
+    return efx_engine(&o);
+}
+
+/* NextN drafting (engine_opts.spec_nextn) on glm4moe `kvseal mkmodel`
+ * files (blk.3 the NextN block; gguf_patch.h):
+ * - random weights: greedy and seeded sampled tokens as without
+ *   speculation, drafts computed, and fewer once single drafts are lost
+ *   (rests); the same drafts kept whether the prompt
+ *   is computed in one step or in chunks of 8 (the head reads, at each
+ *   position, that position's hidden row and the token after it, whichever
+ *   step computed it);
+ * - a model whose layers add nothing (its next token: the one whose output
+ *   row best matches the last token's normed embedding) and a NextN probe
+ *   passing the embedding of its token through: the head predicts the
+ *   model's token after next exactly, so every draft is kept, also with a
+ *   prompt computed in chunks and after a cached prefix (slots start past
+ *   it). A head fed the wrong token, or a chain fed the wrong draft, loses
+ *   drafts;
+ * - the pass-through model with a NextN probe passing the hidden row
+ *   through: the head repeats the model's token at that row's position, so
+ *   the drafts kept are exactly the output's repeats (a row from another
+ *   position keeps others).
+ * Pages of the head's pool back and scrubbed at the end (check_clean). */
+static void test_nextn(void) {
+    char dst[256];
+    snprintf(dst, sizeof dst, "/tmp/ks_test_nextn_%d.gguf", (int)getpid());
+    if (!gp_mkmodel(dst, "--arch glm4moe --seed 12")) return;
+    ks_errbuf eb;
+    model *m;
+    CHECK_EQ(model_load(dst, &m, &eb), KS_OK);
+    int32_t *ids;
+    size_t n;
+    tokenize(QUOTE, &ids, &n);
+    engine_params p;
+    result a, b, c;
+    engine *off = nextn_engine(m, false, 64, false), *on = nextn_engine(m, true, 64, false);
+    engine *chunked = nextn_engine(m, true, 8, false);
+    params(&p, ids, n, 40, 0.0f, 1);
+    p.ignore_eos = true;
+    run(off, &p, &a);
+    run(on, &p, &b);
+    run(chunked, &p, &c);
+    check_same(&a, &b);
+    check_same(&a, &c);
+    printf("  NextN, random weights, greedy: %d drafted, %d kept (chunked prompt: %d, %d)\n",
+           b.done.n_drafted, b.done.n_accepted, c.done.n_drafted, c.done.n_accepted);
+    // next to nothing kept: 4, 2, 1 drafts, then single drafts after rests of
+    // 2, 4, 8, .. steps (engine__spec_adapt; a draft every step: 42)
+    CHECK(b.done.n_drafted > 0 && b.done.n_drafted <= 16);
+    CHECK_EQ(b.done.n_drafted, c.done.n_drafted);
+    CHECK_EQ(b.done.n_accepted, c.done.n_accepted);
+    for (uint64_t seed = 1; seed <= 6; seed++) {
+        params(&p, ids, n, 24, 0.9f, seed);
+        run(off, &p, &a);
+        run(on, &p, &b);
+        check_same(&a, &b);
+    }
+    check_clean(on);
+    check_clean(chunked);
+    engine_destroy(on);
+    engine_destroy(chunked);
+    engine_destroy(off);
+    model_free(m);
+    // the counting model: its layers add nothing and output row v is token
+    // v - 1's embedding, so its greedy tokens count up by one. Its NextN
+    // block, from a file with the block's own output matrix, as a probe
+    gp_mkmodel(dst, "--arch glm4moe --seed 12 --nextn-head");
+    for (int l = 0; l < 3; l++) gp_silence_glm4moe_block(dst, l, l == 0);
+    gp_fill(dst, "output_norm.weight", 1.0f, -1);
+    gp_rows_shifted(dst, "output.weight", "token_embd.weight", 1);
+    for (int probe = 0; probe < 2; probe++) {
+        // embedding probe, the head's output as the model's: it predicts its
+        // token + 1, the token after next (each draft feeds the next slot);
+        // hidden probe, its output counting by two: it predicts the token
+        // at its hidden row's position + 2, the token after next again for
+        // draft 1, and for further drafts the same token (they read the
+        // head's own row, not a new hidden state): one kept a step
+        const bool embd = probe == 0;
+        gp_nextn_probe(dst, 3, 256, embd);
+        gp_rows_shifted(dst, "blk.3.nextn.shared_head_head.weight", "token_embd.weight",
+                        embd ? 1 : 2);
+        CHECK_EQ(model_load(dst, &m, &eb), KS_OK);
+        off = nextn_engine(m, false, 64, false);
+        on = nextn_engine(m, true, 8, true); // prompts in chunks of 8, prefix cache
+        params(&p, ids, n, 48, 0.0f, 1);
+        p.ignore_eos = true;
+        run(off, &p, &a);
+        for (int i = 1; i < a.n; i++) CHECK_EQ(a.toks[i], (a.toks[i - 1] + 1) % 2048);
+        for (int k = 0; k < 2; k++) { // the second time its prompt pages come from the cache
+            run(on, &p, &b);
+            check_same(&a, &b);
+            // the drafts as the head should make them: from `last` = toks[i],
+            // the token after it at position L - 2 (toks[i - 1], or the prompt's)
+            int drafted = 0, kept = 0;
+            for (int i = 0, kk = 4, rest = 0, rest_len = 0; i + 1 < b.n;) {
+                int want = p.max_tokens - (i + 1) - 1, kp = 0;
+                if (want > kk) want = kk;
+                if (want <= 0) break;
+                if (rest > 0) { // a step without drafts (engine__spec_adapt's rest)
+                    rest--, i++;
+                    continue;
+                }
+                const int32_t prev = i > 0 ? b.toks[i - 1] : ids[n - 1];
+                for (int d = 0; d < want && i + 1 + d < b.n; d++, kp++) {
+                    const int32_t draft = embd ? (b.toks[i] + 1 + d) % 2048 : (prev + 2) % 2048;
+                    if (b.toks[i + 1 + d] != draft) break;
+                }
+                drafted += want, kept += kp;
+                kk = kp == want ? (2 * kk > 4 ? 4 : 2 * kk) : kp == 0 ? (kk / 2 > 1 ? kk / 2 : 1) : kk;
+                if (kp > 0) rest_len = 0;
+                else if (want == 1) rest = rest_len = rest_len ? (2 * rest_len > 32 ? 32 : 2 * rest_len) : 2;
+                i += kp + 1;
+            }
+            printf("  NextN %s probe: %d tokens, %d cached, %d drafted, %d kept (expected %d, %d)\n",
+                   embd ? "embedding" : "hidden", b.n, b.done.n_cached, b.done.n_drafted,
+                   b.done.n_accepted, drafted, kept);
+            CHECK(k == 0 ? b.done.n_cached == 0 : b.done.n_cached >= 16);
+            CHECK_EQ(b.done.n_drafted, drafted);
+            CHECK_EQ(b.done.n_accepted, kept);
+            CHECK(kept >= (embd ? 32 : 8));
+        }
+        check_clean(on);
+        engine_destroy(off);
+        engine_destroy(on);
+        model_free(m);
+    }
+    free(ids);
+    unlink(dst);
+}
+
 int main(void) {
     ks_log_set_level(KS_LOG_WARN);
     g_model = kjv_model_load(true);
@@ -303,6 +442,7 @@ int main(void) {
     test_stop();
     test_batch();
     test_draft_model();
+    test_nextn();
     engine_stats st;
     engine_get_stats(g_on, &st);
     printf("  engine: %llu verify steps, %llu drafted, %llu kept\n",

@@ -14,11 +14,14 @@
  *   the weighted sum are right; with distinct experts, batch invariance;
  * - a Mistral-style sliding window (test_sliding_window);
  * - deepseek2's latent attention: batch invariance, poisoned reads (test_mla);
- * - gpt-oss: batch invariance with sliding layers, sinks (test_gptoss). */
+ * - gpt-oss: batch invariance with sliding layers, sinks (test_gptoss);
+ * - a NextN (multi-token prediction) head: its wiring against probes whose
+ *   output is known, batch invariance over its own KV (test_mtp). */
 #include "kvseal/kern.h"
 #include "kvseal/model.h"
 
 #include "../check.h"
+#include "gguf_patch.h"
 
 #include <math.h>
 #include <string.h>
@@ -847,6 +850,140 @@ static void test_load_errors(const char *src) {
     unlink(dst);
 }
 
+/* One pass of n tokens of sequence s at positions pos0.., every row's
+ * logits and hidden row asked for; through the NextN head when h_in. */
+static void mtp_pass(env *e, kv_seq *s, const int32_t *toks, int n, int pos0, const float *h_in,
+                     float *logits, float *hid) {
+    int32_t pos[16], seqi[16] = {0}, rows[16];
+    for (int i = 0; i < n; i++)
+        pos[i] = pos0 + i, rows[i] = i;
+    kv_seq *seqs[1] = {s};
+    model_batch b = {.n_tokens = n, .tokens = toks, .pos = pos, .seq = seqi, .out_row = rows,
+                     .n_out = n, .n_seqs = 1, .seqs = seqs};
+    model_hidden h = {.row = rows, .n_rows = n, .out = hid};
+    ks_errbuf eb;
+    if (h_in)
+        CHECK_EQ(model_forward_mtp(e->ctx, &b, h_in, logits, &h, &eb), KS_OK);
+    else
+        CHECK_EQ(model_forward_hidden(e->ctx, &b, logits, &h, &eb), KS_OK);
+}
+
+/* NextN (model_mtp_create, model_forward_mtp) on a glm4moe `kvseal mkmodel`
+ * file (blk.3 its NextN block), with the block as it is and as probes
+ * (gguf_patch.h: adding nothing, unweighted norms):
+ * - as it is: the head's rows are bit-identical one slot a pass and all at
+ *   once (its own KV, positions and batch invariance);
+ * - eh_proj passing the hidden row through: slot i's logits are the
+ *   model's own at position i times 1/rms, and its hidden rows the normed
+ *   input (the hidden half, hnorm, shared_head_norm and the output head);
+ * - passing the embedding through: output . (embd(token) / rms), computed
+ *   here from the file's tensors (the embedding half and enorm).
+ * Also refused: a head of a model without the block, a head run as a model. */
+static void test_mtp(const model *plain) {
+    char dst[256];
+    snprintf(dst, sizeof dst, "/tmp/ks_test_mtp_%d.gguf", (int)getpid());
+    if (!gp_mkmodel(dst, "--arch glm4moe --seed 12")) return;
+    ks_errbuf eb;
+    model *none;
+    CHECK(!model_has_mtp(plain));
+    CHECK_EQ(model_mtp_create(plain, &none, &eb), KS_ERR_INVAL);
+    enum { N = 10 };
+    static const int32_t x[N] = {1, 50, 300, 700, 1200, 33, 9, 1500, 2000, 12};
+    for (int probe = -1; probe < 2; probe++) { // as it is, hidden probe, embedding probe
+        if (probe >= 0) gp_nextn_probe(dst, 3, 256, probe == 1);
+        model *m, *hm;
+        CHECK_EQ(model_load(dst, &m, &eb), KS_OK);
+        CHECK(model_has_mtp(m));
+        CHECK_EQ(model_mtp_create(m, &hm, &eb), KS_OK);
+        const int64_t E = model_hp(m)->n_embd, V = model_hp(m)->n_vocab;
+        const float eps = model_hp(m)->norm_eps;
+        CHECK_EQ(model_hp(hm)->n_layer, 1);
+        CHECK_EQ(model_kv_geom(hm, 16, KS_DTYPE_F32).n_layer, 1);
+        env em, eh;
+        env_open(&em, m, 2);
+        env_open(&eh, hm, 2);
+        float *lm = malloc(sizeof(float) * N * (size_t)V), *hid = malloc(sizeof(float) * N * E);
+        float *lh = malloc(sizeof(float) * N * (size_t)V), *hh = malloc(sizeof(float) * N * E);
+        float *l1 = malloc(sizeof(float) * (size_t)V), *h1 = malloc(sizeof(float) * E);
+        kv_seq s, t;
+        kv_seq_init(em.pool, &s);
+        kv_seq_init(eh.pool, &t);
+        CHECK_EQ(kv_seq_reserve(em.pool, &s, N, &eb), KS_OK);
+        CHECK_EQ(kv_seq_reserve(eh.pool, &t, 2 * N, &eb), KS_OK);
+        mtp_pass(&em, &s, x, N, 0, NULL, lm, hid);
+        // slot i: the token after position i and position i's hidden row
+        mtp_pass(&eh, &t, x + 1, N - 1, 0, hid, lh, hh);
+        {
+            int32_t pos0 = 0, row0 = 0, seq0 = 0;
+            kv_seq *seqs[1] = {&t};
+            model_batch b = {.n_tokens = 1, .tokens = x, .pos = &pos0, .seq = &seq0,
+                             .out_row = &row0, .n_out = 1, .n_seqs = 1, .seqs = seqs};
+            CHECK_EQ(model_forward(eh.ctx, &b, l1, &eb), KS_ERR_INVAL); // no hidden rows in
+        }
+        double err = 0, big = 0;
+        for (int i = 0; i < N - 1; i++) {
+            const float *hi = hid + (size_t)i * (size_t)E, *row = lh + (size_t)i * (size_t)V;
+            double ss = 0, ss2 = 0;
+            const float *in = hi; // the row eh_proj passes through, before its norm
+            const float *emb = NULL, *out = NULL;
+            if (probe == 1) {
+                gguf_file *f;
+                CHECK_EQ(gguf_open(dst, &f, &eb), KS_OK);
+                emb = (const float *)gguf_find_tensor(f, "token_embd.weight")->data;
+                out = (const float *)gguf_find_tensor(f, "output.weight")->data;
+                in = emb + (size_t)x[i + 1] * (size_t)E;
+                for (int64_t k = 0; k < E; k++) ss += (double)in[k] * in[k];
+                const double c = 1.0 / sqrt(ss / (double)E + eps);
+                for (int64_t k = 0; k < E; k++) ss2 += (double)in[k] * c * in[k] * c;
+                const double c2 = 1.0 / sqrt(ss2 / (double)E + eps);
+                for (int64_t v = 0; v < V; v++) {
+                    double dot = 0;
+                    for (int64_t k = 0; k < E; k++) dot += (double)out[(size_t)v * (size_t)E + (size_t)k] * in[k];
+                    const double want = dot * c * c2;
+                    big = fmax(big, fabs(want));
+                    err = fmax(err, fabs(want - row[v]));
+                }
+                gguf_close(f);
+            } else if (probe == 0) {
+                for (int64_t k = 0; k < E; k++) ss += (double)in[k] * in[k];
+                const double c = 1.0 / sqrt(ss / (double)E + eps);
+                for (int64_t k = 0; k < E; k++) ss2 += (double)in[k] * c * in[k] * c;
+                const double c2 = 1.0 / sqrt(ss2 / (double)E + eps);
+                for (int64_t v = 0; v < V; v++) {
+                    const double want = (double)lm[(size_t)i * (size_t)V + (size_t)v] * c * c2;
+                    big = fmax(big, fabs(want));
+                    err = fmax(err, fabs(want - row[v]));
+                }
+                for (int64_t k = 0; k < E; k++) // its hidden row: the block's input, hnorm(h)
+                    CHECK(fabs(hh[(size_t)i * (size_t)E + (size_t)k] - in[k] * c) < 1e-4);
+            }
+        }
+        if (probe >= 0) {
+            printf("  NextN %s probe: largest logit error %.2e of %.2f\n",
+                   probe ? "embedding" : "hidden", err, big);
+            CHECK(big > 0.1 && err < 1e-3 * big);
+        } else { // one slot a pass, on fresh KV: the same rows bit for bit
+            kv_seq u;
+            kv_seq_init(eh.pool, &u);
+            CHECK_EQ(kv_seq_reserve(eh.pool, &u, N, &eb), KS_OK);
+            for (int i = 0; i < N - 1; i++) {
+                mtp_pass(&eh, &u, x + 1 + i, 1, i, hid + (size_t)i * (size_t)E, l1, h1);
+                CHECK(!memcmp(l1, lh + (size_t)i * (size_t)V, sizeof(float) * (size_t)V));
+                CHECK(!memcmp(h1, hh + (size_t)i * (size_t)E, sizeof(float) * (size_t)E));
+            }
+            kv_seq_release(eh.pool, &u);
+        }
+        kv_seq_release(em.pool, &s);
+        kv_seq_release(eh.pool, &t);
+        free(lm), free(hid), free(lh), free(hh), free(l1), free(h1);
+        env_close(&eh);
+        env_close(&em);
+        model_free(hm);
+        model_free(m);
+    }
+    unlink(dst);
+}
+
 int main(void) {
     char path[1024];
     model *m;
@@ -874,6 +1011,7 @@ int main(void) {
     }
     test_kv_type_refusal(m);
     test_bad_batches(m);
+    test_mtp(m);
     model_free(m);
     test_load_errors(path);
     test_moe(path);
