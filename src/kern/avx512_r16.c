@@ -13,6 +13,9 @@
 
 #include <math.h>
 
+/* A512_FOR_C for tiles of up to 8 columns (the wide tiles). */
+#define A512_FOR_C8 _Pragma("GCC unroll 8") for (int c = 0; c < C; c++)
+
 // ----------------------------------------------------------------------------
 // Q8_0 / Q4_0 weights in the r16 layout (kern.h) x Q8_0 activations
 // Lane l of a row vector is row l of a 16-row group, so one vpdpbusd does 64
@@ -125,7 +128,8 @@ A512_INLINE void a512__r16_vec(int T, int R, const a512_tile *t, int V) {
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _mm512_storeu_ps(t->Y + t->yr * r, acc[r]);
 }
 
-/* An r16 tile of R groups (16 rows each) x C columns. t->W: group 0 (t->ws
+/* An r16 tile of R groups (16 rows each) x C columns (C up to 8 with R = 1:
+ * a512__run_r16's wide tiles). t->W: group 0 (t->ws
  * bytes between groups); t->X: column 0's a512_r16x array (t->xs bytes
  * between columns); t->Y: (row 0, column 0). T: 0 Q8_0, 1 Q4_0, 2 Q5_0
  * weights. Per pair of blocks (kern.h): 64 bytes of scales, then per block
@@ -138,29 +142,33 @@ A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) 
     const int qb = T == 0 ? 512 : T == 1 ? 256 : 320; /* quant bytes per block and group */
     const size_t pb = 64 + 2 * (size_t)qb;            /* bytes per pair of blocks */
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512 acc[4][4];
-    A512_FOR_R A512_FOR_C acc[r][c] = _mm512_setzero_ps();
+    // small tiles and the wide ones (a single weight stream) prefetch
+    const bool PF = C <= 2 || C > 4;
+    __m512 acc[4][8];
+    A512_FOR_R A512_FOR_C8 acc[r][c] = _mm512_setzero_ps();
     const int64_t nb = t->K / 32;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wq[4];
         __m512 wd[4];
-        const a512_r16x *x[4];
+        const a512_r16x *x[8];
         // small tiles prefetch A512_R16_AHEAD ahead, one line per line
         // loaded, spread as the loads are (not a pair's 9-17 lines at once)
         A512_FOR_R {
             const uint8_t *p = t->W + r * t->ws + (size_t)(b / 2) * pb;
-            if (C <= 2 && b % 2 == 0) a512__pf_ahead(t->nta, p, A512_R16_AHEAD);
+            if (PF && b % 2 == 0) a512__pf_ahead(t->nta, p, A512_R16_AHEAD);
             wd[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + (b % 2) * 32)));
             wq[r] = p + 64 + (b % 2) * qb;
         }
-        A512_FOR_C x[c] = (const a512_r16x *)(const void *)(t->X + c * t->xs) + b;
+        A512_FOR_C8 x[c] = (const a512_r16x *)(const void *)(t->X + c * t->xs) + b;
         // NS partial sums per output vector, so a small tile (a matvec's
         // 1x1) has independent vpdpbusd chains in flight, not one chain of 8
         // (latency-bound: from L2 the Q8_0 matvec ran 54 GB/s a core with
         // one chain, 82 with four); int32 sums are exact: no value changes
-        const int NS = R * C >= 4 ? 1 : R * C == 1 ? 4 : 2;
-        __m512i is[4][4], ip[3][4][4];
-        A512_FOR_R A512_FOR_C {
+        // (a wide tile, one group x 5..8 columns: two per column, its
+        // 2C chains then cover the vpdpbusd latency as a 4x4 tile's 16 do)
+        const int NS = R == 1 && C > 4 ? 2 : R * C >= 4 ? 1 : R * C == 1 ? 4 : 2;
+        __m512i is[4][8], ip[3][4][8];
+        A512_FOR_R A512_FOR_C8 {
             is[r][c] = _mm512_set1_epi32(x[c]->corr);
             _Pragma("GCC unroll 3") for (int k = 0; k < NS - 1; k++) ip[k][r][c] =
                 _mm512_setzero_si512();
@@ -168,8 +176,8 @@ A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) 
 #define A512_R16_IS(k) (*((k) % NS ? &ip[(k) % NS - 1][r][c] : &is[r][c]))
         if (T) {
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) A512_FOR_R {
-                if (C <= 2) a512__pf_ahead(t->nta, wq[r] + 64 * j, A512_R16_AHEAD);
-                if (C <= 2 && T == 2 && j == 0) a512__pf_ahead(t->nta, wq[r] + 256, A512_R16_AHEAD);
+                if (PF) a512__pf_ahead(t->nta, wq[r] + 64 * j, A512_R16_AHEAD);
+                if (PF && T == 2 && j == 0) a512__pf_ahead(t->nta, wq[r] + 256, A512_R16_AHEAD);
                 __m512i z = _mm512_loadu_si512(wq[r] + 64 * j);
                 __m512i lo = _mm512_and_si512(z, m4);
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
@@ -178,7 +186,7 @@ A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) 
                     lo = a512__or_bit4(lo, a512__bit_to4(h, j));
                     hi = a512__or_bit4(hi, a512__bit_to4(h, 4 + j));
                 }
-                A512_FOR_C {
+                A512_FOR_C8 {
                     A512_R16_IS(j) =
                         a512__dpbusd_v(V, A512_R16_IS(j), lo, a512__bcast4(x[c]->qs + 4 * j));
                     A512_R16_IS(j) =
@@ -187,22 +195,22 @@ A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) 
             }
         } else {
             _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) A512_FOR_R {
-                if (C <= 2) a512__pf_ahead(t->nta, wq[r] + 64 * s, A512_R16_AHEAD);
+                if (PF) a512__pf_ahead(t->nta, wq[r] + 64 * s, A512_R16_AHEAD);
                 __m512i w = _mm512_loadu_si512(wq[r] + 64 * s);
-                A512_FOR_C A512_R16_IS(s) =
+                A512_FOR_C8 A512_R16_IS(s) =
                     a512__dpbusd_v(V, A512_R16_IS(s), w, a512__bcast4(x[c]->qs + 4 * s));
             }
         }
 #undef A512_R16_IS
-        A512_FOR_R A512_FOR_C _Pragma("GCC unroll 3") for (int k = 0; k < NS - 1; k++) is[r][c] =
+        A512_FOR_R A512_FOR_C8 _Pragma("GCC unroll 3") for (int k = 0; k < NS - 1; k++) is[r][c] =
             _mm512_add_epi32(is[r][c], ip[k][r][c]);
-        A512_FOR_C {
+        A512_FOR_C8 {
             __m512 xd = _mm512_set1_ps(x[c]->d);
             A512_FOR_R acc[r][c] =
                 _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r][c]), _mm512_mul_ps(wd[r], xd), acc[r][c]);
         }
     }
-    A512_FOR_R A512_FOR_C _mm512_storeu_ps(t->Y + c * t->ys + 16 * r, acc[r][c]);
+    A512_FOR_R A512_FOR_C8 _mm512_storeu_ps(t->Y + c * t->ys + 16 * r, acc[r][c]);
 }
 
 #define a512__r16q8_tile(R, C, t, V) a512__r16_tile(0, R, C, t, V)
@@ -211,6 +219,32 @@ A512_INLINE void a512__r16_tile(int T, int R, int C, const a512_tile *t, int V) 
 A512_TILES_V(a512__r16q8_tile)
 A512_TILES_V(a512__r16q4_tile)
 A512_TILES_V(a512__r16q5_tile)
+
+/* Wide tiles: one group x 5..8 columns, body##_wide[V][C - 5]. A pass of
+ * 5..8 tokens (a decode step with speculative drafts, a few requests
+ * decoding) then reads and unpacks each weight once for all its columns;
+ * with tiles of at most 4 columns the fifth column read every weight
+ * again, unpacked again (a 5-token Q4_0 pass cost 2.3x a one-token one).
+ * One weight stream, so it prefetches as the matvec does, and two partial
+ * sums per column keep enough vpdpbusd chains in flight. 1.1B Q4_0, 2
+ * threads, Zen 5, alternated with the 4 + 1 column split (2026-12-06):
+ * `kvseal bench --spec 4` 2.38-2.40x -> 2.72-2.75x, 6 streams' decode
+ * 212-213 -> 254-257 tokens/s. Without the prefetch it was slower than
+ * the split (190 against 216 tokens/s). */
+#define A512_WIDE_V1(body, V)                                                                      \
+    static void body##_##V##_w5(const a512_tile *t) { body(1, 5, t, V); }                          \
+    static void body##_##V##_w6(const a512_tile *t) { body(1, 6, t, V); }                          \
+    static void body##_##V##_w7(const a512_tile *t) { body(1, 7, t, V); }                          \
+    static void body##_##V##_w8(const a512_tile *t) { body(1, 8, t, V); }                          \
+    static const a512_tile_fn body##_wide##V[4] = {body##_##V##_w5, body##_##V##_w6,              \
+                                                   body##_##V##_w7, body##_##V##_w8};
+#define A512_WIDE_V(body)                                                                          \
+    A512_WIDE_V1(body, 0)                                                                          \
+    A512_WIDE_V1(body, 1)                                                                          \
+    static const a512_tile_fn *const body##_wide[2] = {body##_wide0, body##_wide1};
+A512_WIDE_V(a512__r16q8_tile)
+A512_WIDE_V(a512__r16q4_tile)
+A512_WIDE_V(a512__r16q5_tile)
 
 /* One Q8_K super-block of an activation row, prepared for the r16 Q4_K
  * tiles: bs[j] = the sum of sub-block j's 32 quants (|bs| <= 4064). */
@@ -1000,7 +1034,7 @@ static void a512__run_vecn(const a512_tile_fn tab[4][4], int R, int64_t K, int64
  * bytes, by prep), then a512__run_tiles over the groups. Without memory
  * for the prepared columns, falls back to unpacking (plain, the same
  * tolerance). */
-static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
+static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4], const a512_tile_fn *wide,
                           void (*prep)(const uint8_t *X, int64_t nu, void *out), int64_t nu,
                           size_t xunit, kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
                           const void *W, size_t ws, const void *X, size_t xs, float *Y, size_t ys) {
@@ -1038,9 +1072,17 @@ static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
         (wt == KS_DTYPE_Q6_K && a512__pf_nta()))
         vec_rb = A512_VEC_RB;
     if (wt == KS_DTYPE_Q4_0 && a512__pf_nta() && vec_rb == 2) vec_rb = 4;
-    if (n_cols == 1 && vec_rb > 1)
-        a512__run_vecn(tab, vec_rb, K, n_rows / 16, W, kern_r16_group_bytes(wt, K), xp, Y);
-    else
+    const size_t us = kern_r16_group_bytes(wt, K);
+    if (n_cols == 1 && vec_rb > 1) {
+        a512__run_vecn(tab, vec_rb, K, n_rows / 16, W, us, xp, Y);
+    } else if (wide && n_cols >= 5 && n_cols <= 8) { // each group once, every column
+        const int nta = a512__pf_nta();
+        for (int64_t u = 0; u < n_rows / 16; u++) {
+            a512_tile t = {.K = K, .W = (const uint8_t *)W + (size_t)u * us, .ws = us, .X = xp,
+                           .xs = xps, .Y = Y + 16 * u, .ys = ys, .yr = 16, .nta = nta};
+            wide[n_cols - 5](&t);
+        }
+    } else
         a512__run_tiles(tab, n_cols == 1 ? 1 : 4, 16, K, n_rows / 16, n_cols, W,
                         kern_r16_group_bytes(wt, K), xp, xps, Y, ys);
     if (xp != small && xp != a512__xcache.xp) ks_free_aligned(xp);
@@ -1051,7 +1093,8 @@ static void a512__run_r16(ks_dtype wt, const a512_tile_fn tab[4][4],
 void kern__a512_matmul_r16_q8_0(kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
                                 const void *W, size_t ws, const void *X, size_t xs, float *Y,
                                 size_t ys) {
-    a512__run_r16(KS_DTYPE_Q8_0, a512__r16q8_tile_tab[a512__use_vnni()], a512__r16q8_prep_x, K / 32,
+    a512__run_r16(KS_DTYPE_Q8_0, a512__r16q8_tile_tab[a512__use_vnni()],
+                  a512__r16q8_tile_wide[a512__use_vnni()], a512__r16q8_prep_x, K / 32,
                   sizeof(a512_r16x), plain, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
@@ -1059,7 +1102,8 @@ void kern__a512_matmul_r16_q8_0(kern_matmul_fn plain, int64_t K, int n_rows, int
 void kern__a512_matmul_r16_q4_0(kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
                                 const void *W, size_t ws, const void *X, size_t xs, float *Y,
                                 size_t ys) {
-    a512__run_r16(KS_DTYPE_Q4_0, a512__r16q4_tile_tab[a512__use_vnni()], a512__r16q4_prep_x, K / 32,
+    a512__run_r16(KS_DTYPE_Q4_0, a512__r16q4_tile_tab[a512__use_vnni()],
+                  a512__r16q4_tile_wide[a512__use_vnni()], a512__r16q4_prep_x, K / 32,
                   sizeof(a512_r16x), plain, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
@@ -1068,7 +1112,8 @@ void kern__a512_matmul_r16_q4_0(kern_matmul_fn plain, int64_t K, int n_rows, int
 void kern__a512_matmul_r16_q5_0(kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
                                 const void *W, size_t ws, const void *X, size_t xs, float *Y,
                                 size_t ys) {
-    a512__run_r16(KS_DTYPE_Q5_0, a512__r16q5_tile_tab[a512__use_vnni()], a512__r16q5_prep_x, K / 32,
+    a512__run_r16(KS_DTYPE_Q5_0, a512__r16q5_tile_tab[a512__use_vnni()],
+                  a512__r16q5_tile_wide[a512__use_vnni()], a512__r16q5_prep_x, K / 32,
                   sizeof(a512_r16x), plain, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
@@ -1077,7 +1122,7 @@ void kern__a512_matmul_r16_q5_0(kern_matmul_fn plain, int64_t K, int n_rows, int
 void kern__a512_matmul_r16_q4_K(kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
                                 const void *W, size_t ws, const void *X, size_t xs, float *Y,
                                 size_t ys) {
-    a512__run_r16(KS_DTYPE_Q4_K, a512__r16k_tile_tab[a512__use_vnni()], a512__r16k_prep_x, K / 256,
+    a512__run_r16(KS_DTYPE_Q4_K, a512__r16k_tile_tab[a512__use_vnni()], NULL, a512__r16k_prep_x, K / 256,
                   sizeof(a512_r16k), plain, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
@@ -1088,7 +1133,7 @@ void kern__a512_matmul_r16_q6_K(kern_matmul_fn plain, int64_t K, int n_rows, int
                                 size_t ys) {
     const int V = a512__use_vnni();
     a512__run_r16(KS_DTYPE_Q6_K,
-                  a512__use_gfni() ? a512__r16k6g_tile_tab[V] : a512__r16k6_tile_tab[V],
+                  a512__use_gfni() ? a512__r16k6g_tile_tab[V] : a512__r16k6_tile_tab[V], NULL,
                   a512__r16k6_prep_x, K / 256, sizeof(a512_r16k6), plain, K, n_rows, n_cols, W, ws,
                   X, xs, Y, ys);
 }
@@ -1098,7 +1143,7 @@ void kern__a512_matmul_r16_q6_K(kern_matmul_fn plain, int64_t K, int n_rows, int
 void kern__a512_matmul_r16_q5_K(kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
                                 const void *W, size_t ws, const void *X, size_t xs, float *Y,
                                 size_t ys) {
-    a512__run_r16(KS_DTYPE_Q5_K, a512__r16k5_tile_tab[a512__use_vnni()], a512__r16k_prep_x, K / 256,
+    a512__run_r16(KS_DTYPE_Q5_K, a512__r16k5_tile_tab[a512__use_vnni()], NULL, a512__r16k_prep_x, K / 256,
                   sizeof(a512_r16k), plain, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
@@ -1107,7 +1152,7 @@ void kern__a512_matmul_r16_q5_K(kern_matmul_fn plain, int64_t K, int n_rows, int
 void kern__a512_matmul_r16_q2_K(kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
                                 const void *W, size_t ws, const void *X, size_t xs, float *Y,
                                 size_t ys) {
-    a512__run_r16(KS_DTYPE_Q2_K, a512__r16k2_tile_tab[a512__use_vnni()], a512__r16k2_prep_x,
+    a512__run_r16(KS_DTYPE_Q2_K, a512__r16k2_tile_tab[a512__use_vnni()], NULL, a512__r16k2_prep_x,
                   K / 256, sizeof(a512_r16k6), plain, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
@@ -1116,7 +1161,7 @@ void kern__a512_matmul_r16_q2_K(kern_matmul_fn plain, int64_t K, int n_rows, int
 void kern__a512_matmul_r16_q3_K(kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
                                 const void *W, size_t ws, const void *X, size_t xs, float *Y,
                                 size_t ys) {
-    a512__run_r16(KS_DTYPE_Q3_K, a512__r16k3_tile_tab[a512__use_vnni()], a512__r16k3_prep_x,
+    a512__run_r16(KS_DTYPE_Q3_K, a512__r16k3_tile_tab[a512__use_vnni()], NULL, a512__r16k3_prep_x,
                   K / 256, sizeof(a512_r16k6), plain, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
@@ -1125,7 +1170,7 @@ void kern__a512_matmul_r16_q3_K(kern_matmul_fn plain, int64_t K, int n_rows, int
 void kern__a512_matmul_r16_iq4_xs(kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
                                   const void *W, size_t ws, const void *X, size_t xs, float *Y,
                                   size_t ys) {
-    a512__run_r16(KS_DTYPE_IQ4_XS, a512__r16x4_tile_tab[a512__use_vnni()], a512__r16x4_prep_x,
+    a512__run_r16(KS_DTYPE_IQ4_XS, a512__r16x4_tile_tab[a512__use_vnni()], NULL, a512__r16x4_prep_x,
                   K / 256, sizeof(a512_r16k6), plain, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }
 
@@ -1134,6 +1179,6 @@ void kern__a512_matmul_r16_iq4_xs(kern_matmul_fn plain, int64_t K, int n_rows, i
 void kern__a512_matmul_r16_mxfp4(kern_matmul_fn plain, int64_t K, int n_rows, int n_cols,
                                  const void *W, size_t ws, const void *X, size_t xs, float *Y,
                                  size_t ys) {
-    a512__run_r16(KS_DTYPE_MXFP4, a512__r16m_tile_tab[a512__use_vnni()], a512__r16q8_prep_x, K / 32,
+    a512__run_r16(KS_DTYPE_MXFP4, a512__r16m_tile_tab[a512__use_vnni()], NULL, a512__r16q8_prep_x, K / 32,
                   sizeof(a512_r16x), plain, K, n_rows, n_cols, W, ws, X, xs, Y, ys);
 }

@@ -361,12 +361,13 @@ static void test_r16(const kern_vtab *v) {
                     for (size_t r = (size_t)NR; r < c.y_stride; r++)
                         CHECK(Y[c.y_stride * (size_t)j + r] == -7.0f);
                 }
-                // every tile shape (1..4 groups x 1..4 columns, at offsets
-                // 1, 1 where they fit) gives the same bits as the full call
+                // every tile shape (1..4 groups x 1..4 columns, and the wide
+                // tiles' 5..8 columns, at offsets 1, 1 where they fit) gives
+                // the same bits as the full call
                 for (int ng = 1; ng <= 4; ng++)
-                    for (int nc = 1; nc <= 4 && nc <= NC; nc++) {
+                    for (int nc = 1; nc <= 8 && nc <= NC; nc++) {
                         const int g0 = ng < NR / 16 ? 1 : 0, c0 = nc < NC ? 1 : 0;
-                        float ys[4 * 64];
+                        float ys[8 * 64];
                         v->matmul_r16[wt](K, 16 * ng, nc, pk + 1 + gb * (size_t)g0, rb,
                                           c.xbuf + 1 + c.x_stride * (size_t)c0, c.x_stride, ys, 64);
                         for (int j = 0; j < nc; j++)
