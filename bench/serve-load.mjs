@@ -8,7 +8,12 @@
 // (ignore_eos). Each prompt starts with a unique salt, so no prefix is
 // shared. Prints one JSON line: output tokens/s over the level's wall time,
 // time to first token and time per output token (after the first) p50/p99
-// in ms, prompt tokens, requests done and failed.
+// in ms, prompt tokens, requests done and failed; and the time to first
+// token per 100 prompt tokens asked for (ttft_n_p50/p99, ms), the same
+// requests' prompt lengths p50/p99 (plen_p50/p99): a log-normal spread of
+// prompts spreads the time to first token as much, so this is the figure
+// that shows whether a request waited for others (starvation) or only for
+// its own prompt.
 const [URL_, MODEL, C_, N_, SEED_] = process.argv.slice(2);
 const C = Number(C_), N = Number(N_);
 let seed = BigInt(SEED_ || 1) * 0x9e3779b97f4a7c15n & 0xffffffffffffffffn;
@@ -34,9 +39,10 @@ function prompt(tokens, salt) {  // about `tokens` tokens: ~1.3 tokens a word of
   return w.join(' ');
 }
 const reqs = [];
-for (let i = 0; i < N; i++)
-  reqs.push({ p: prompt(lognormal(PMED, 1.0, PMIN, PMAX), Number(SEED_) * 100003 + i),
-              a: lognormal(AMED, 0.8, AMIN, AMAX) });
+for (let i = 0; i < N; i++) {
+  const n = lognormal(PMED, 1.0, PMIN, PMAX);
+  reqs.push({ p: prompt(n, Number(SEED_) * 100003 + i), n, a: lognormal(AMED, 0.8, AMIN, AMAX) });
+}
 
 async function one(r) {
   const t0 = performance.now();
@@ -71,7 +77,7 @@ async function one(r) {
   // the answer's forced length: ignore_eos runs it to max_tokens
   const out = usage ? usage.completion_tokens : chunks ? r.a : 0;
   return { ttft: first - t0, tpot: out > 1 ? (last - first) / (out - 1) : NaN, out,
-           pin: usage ? usage.prompt_tokens : 0 };
+           pin: usage ? usage.prompt_tokens : 0, ttft_n: (first - t0) * 100 / r.n, n: r.n };
 }
 
 const pct = (a, q) => { const s = a.filter(Number.isFinite).sort((x, y) => x - y);
@@ -92,5 +98,8 @@ console.log(JSON.stringify({
   c: C, n: done.length, failed, out_tok_s: r2(outTok / wall), wall_s: r2(wall),
   ttft_p50: r2(pct(done.map((d) => d.ttft), 0.5)), ttft_p99: r2(pct(done.map((d) => d.ttft), 0.99)),
   tpot_p50: r2(pct(done.map((d) => d.tpot), 0.5)), tpot_p99: r2(pct(done.map((d) => d.tpot), 0.99)),
+  ttft_n_p50: r2(pct(done.map((d) => d.ttft_n), 0.5)),
+  ttft_n_p99: r2(pct(done.map((d) => d.ttft_n), 0.99)),
+  plen_p50: pct(done.map((d) => d.n), 0.5), plen_p99: pct(done.map((d) => d.n), 0.99),
   prompt_tokens: done.reduce((s, d) => s + d.pin, 0), out_tokens: outTok, ...(err ? { err } : {}),
 }));

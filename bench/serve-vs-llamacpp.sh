@@ -13,7 +13,8 @@
 # kvseal then llama.cpp with the same requests (a new seed each round, so
 # no prompt is cached from a round before). Reports per engine the medians
 # over rounds of output tokens/s, TTFT p50/p99 and time per output token
-# p50/p99, the throughput ratio, and kvseal's TTFT p99/p50.
+# p50/p99, the throughput ratio, and kvseal's TTFT p99/p50, also per
+# prompt token (the prompts' own spread sets TTFT's: serve-load.mjs).
 # Without MODEL it uses the 1.1B-shape Q4_0 file vs-llamacpp.sh makes.
 # Environment: A, THREADS (2), ROUNDS (2), CONC, REQS, PMED, PMAX, AMED,
 # MODELS. A benchmark, not a test; it skips where the anchor or node is absent.
@@ -101,5 +102,7 @@ for c in $CONC; do
             "$(med $eng "$c" tpot_p99)" "$ratio"
     done
     awk -v a="$(med kvseal "$c" ttft_p99)" -v b="$(med kvseal "$c" ttft_p50)" \
-        'BEGIN { if (b > 0) printf "     kvseal TTFT p99 / p50: %.2f\n", a / b }'
+        -v na="$(med kvseal "$c" ttft_n_p99)" -v nb="$(med kvseal "$c" ttft_n_p50)" \
+        -v pa="$(med kvseal "$c" plen_p99)" -v pb="$(med kvseal "$c" plen_p50)" \
+        'BEGIN { if (b > 0) printf "     kvseal TTFT p99 / p50: %.2f; per prompt token: %.2f (the prompts: %.2f)\n", a / b, (nb > 0 ? na / nb : 0), (pb > 0 ? pa / pb : 0) }'
 done
