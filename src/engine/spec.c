@@ -279,6 +279,42 @@ static bool spec__dpass(engine *e, int nr, int32_t n, int32_t n_out) {
     return !err;
 }
 
+/* Drafts 2 .. kmax of the nr requests in e->d_req with their draft 1 in
+ * (n_dm 1): one greedy pass of the draft model or NextN head per draft,
+ * each fed the draft before it (the head also its own hidden row of it,
+ * e->m_hout row r->m_row). A request whose pass fails drafts no more. */
+static void spec__chain(engine *e, int nr, int32_t kmax) {
+    const int32_t V = e->V;
+    const size_t E = (size_t)model_hp(e->m)->n_embd;
+    for (int32_t d = 1; d < kmax; d++) {
+        int na = 0;
+        for (int j = 0; j < nr; j++) {
+            engine_req *r = e->d_req[j];
+            if (r->n_dm != d || r->dm_want <= d) continue;
+            e->d_req[na] = r;
+            e->d_seqs[na] = &r->dseq;
+            e->d_tok[na] = r->draft[d - 1];
+            e->d_pos[na] = (int32_t)r->dseq.n_tokens;
+            e->d_seq[na] = na;
+            e->d_out[na] = na;
+            if (e->mtp) {
+                memcpy(e->m_hin + (size_t)na * E, e->m_hout + (size_t)r->m_row * E,
+                       sizeof(float) * E);
+                r->m_row = na;
+            }
+            na++;
+        }
+        if (na == 0 || !spec__dpass(e, na, na, na)) break;
+        for (int j = 0; j < na; j++) {
+            engine_req *r = e->d_req[j];
+            if (r->n_dm != d) continue; // its pass failed: it drafts no more
+            r->draft[d] = spec__argmax(e->dlogits + (size_t)j * (size_t)V, V);
+            r->n_dm = d + 1;
+        }
+        nr = na;
+    }
+}
+
 void engine__spec_dmodel(engine *e, bool drafting) {
     const int32_t B = e->o.max_batch_tokens, V = e->V;
     int nr = 0;
@@ -332,28 +368,7 @@ void engine__spec_dmodel(engine *e, bool drafting) {
         r->draft[0] = spec__argmax(e->dlogits + (size_t)row++ * (size_t)V, V);
         r->n_dm = r->spec ? 1 : 0;
     }
-    for (int32_t d = 1; d < kmax; d++) {
-        int na = 0;
-        for (int j = 0; j < nr; j++) {
-            engine_req *r = e->d_req[j];
-            if (r->n_dm != d || r->dm_want <= d) continue;
-            e->d_req[na] = r;
-            e->d_seqs[na] = &r->dseq;
-            e->d_tok[na] = r->draft[d - 1];
-            e->d_pos[na] = (int32_t)r->dseq.n_tokens;
-            e->d_seq[na] = na;
-            e->d_out[na] = na;
-            na++;
-        }
-        if (na == 0 || !spec__dpass(e, na, na, na)) break;
-        for (int j = 0; j < na; j++) {
-            engine_req *r = e->d_req[j];
-            if (r->n_dm != d) continue; // its pass failed: it drafts no more
-            r->draft[d] = spec__argmax(e->dlogits + (size_t)j * (size_t)V, V);
-            r->n_dm = d + 1;
-        }
-        nr = na;
-    }
+    spec__chain(e, nr, kmax);
 }
 
 // ----------------------------------------------------------------------------
@@ -441,28 +456,5 @@ void engine__spec_mtp(engine *e, bool drafting) {
         r->n_dm = 1;
     }
     // draft d + 1: a slot after the last, with draft d and the head's own row
-    for (int32_t d = 1; d < kmax; d++) {
-        int na = 0;
-        for (int j = 0; j < nr; j++) {
-            engine_req *r = e->d_req[j];
-            if (r->n_dm != d || r->dm_want <= d) continue;
-            e->d_req[na] = r;
-            e->d_seqs[na] = &r->dseq;
-            e->d_tok[na] = r->draft[d - 1];
-            e->d_pos[na] = (int32_t)r->dseq.n_tokens;
-            e->d_seq[na] = na;
-            e->d_out[na] = na;
-            memcpy(e->m_hin + (size_t)na * E, e->m_hout + (size_t)r->m_row * E, sizeof(float) * E);
-            r->m_row = na;
-            na++;
-        }
-        if (na == 0 || !spec__dpass(e, na, na, na)) break;
-        for (int j = 0; j < na; j++) {
-            engine_req *r = e->d_req[j];
-            if (r->n_dm != d) continue; // its pass failed: it drafts no more
-            r->draft[d] = spec__argmax(e->dlogits + (size_t)j * (size_t)V, V);
-            r->n_dm = d + 1;
-        }
-        nr = na;
-    }
+    spec__chain(e, nr, kmax);
 }

@@ -31,6 +31,19 @@ static inline bool gp_mkmodel(const char *dst, const char *args) {
     return true;
 }
 
+/* Writes buf (t->n_bytes) over tensor t of the file at path, which f (then
+ * closed) has open; frees buf. */
+static inline void gp_write(const char *path, gguf_file *f, const gguf_tensor *t, float *buf) {
+    const off_t at = (off_t)(gguf_data_offset(f) + t->offset);
+    const size_t n = t->n_bytes;
+    gguf_close(f);
+    int fd = open(path, O_WRONLY);
+    CHECK(fd >= 0);
+    CHECK_EQ(pwrite(fd, buf, n, at), (ssize_t)n);
+    close(fd);
+    free(buf);
+}
+
 /* Sets every element of the F32 tensor `name` of the file at path to v,
  * then, with eye >= 0, element (row r, column r + eye) of each row to 1:
  * a matrix that copies its input's columns [eye, eye + rows). */
@@ -52,14 +65,7 @@ static inline void gp_fill(const char *path, const char *name, float v, int64_t 
         buf[i] = v;
     for (int64_t r = 0; eye >= 0 && r < rows && r + eye < cols; r++)
         buf[r * cols + r + eye] = 1.0f;
-    const off_t at = (off_t)(gguf_data_offset(f) + t->offset);
-    const size_t n = t->n_bytes;
-    gguf_close(f);
-    int fd = open(path, O_WRONLY);
-    CHECK(fd >= 0);
-    CHECK_EQ(pwrite(fd, buf, n, at), (ssize_t)n);
-    close(fd);
-    free(buf);
+    gp_write(path, f, t, buf);
 }
 
 /* Sets row v of the F32 matrix dst (V rows) to row (v - shift) mod V of the
@@ -77,14 +83,7 @@ static inline void gp_rows_shifted(const char *path, const char *dst, const char
     for (int64_t v = 0; v < rows; v++)
         memcpy(buf + v * cols, (const float *)s->data + ((v - shift) % rows + rows) % rows * cols,
                sizeof(float) * (size_t)cols);
-    const off_t at = (off_t)(gguf_data_offset(f) + d->offset);
-    const size_t n = d->n_bytes;
-    gguf_close(f);
-    int fd = open(path, O_WRONLY);
-    CHECK(fd >= 0);
-    CHECK_EQ(pwrite(fd, buf, n, at), (ssize_t)n);
-    close(fd);
-    free(buf);
+    gp_write(path, f, d, buf);
 }
 
 /* gp_fill of blk.<layer>.<what>. */
