@@ -385,13 +385,12 @@ void engine__spec_dmodel(engine *e, bool drafting) {
 // drafts are guesses), and those slots are dropped at the next catch-up.
 
 /* Whether r asks the head for drafts this step: it decodes in it. */
-static int32_t spec__mtp_want(const engine *e, const engine_req *r, bool drafting) {
+static int32_t spec__mtp_want(const engine_req *r, bool drafting) {
     if (!drafting || r->mpending || r->spec_rest > 0 ||
         atomic_load(&r->state) != ENGINE_DECODING || engine_stream_backlogged(r->out))
         return 0;
     if (r->pred && r->pred_at >= 0 && r->pred_at < r->n_pred) return 0; // its prediction drafts
     int32_t k = r->max_tokens - r->n_gen - 1;
-    (void)e;
     return k < r->spec_k ? (k > 0 ? k : 0) : r->spec_k;
 }
 
@@ -434,7 +433,7 @@ void engine__spec_mtp(engine *e, bool drafting) {
         if (r->dseq.n_tokens > r->d_valid) kv_seq_truncate(e->dpool, &r->dseq, r->d_valid);
         e->d_req[nr] = r;
         e->d_seqs[nr] = &r->dseq;
-        r->dm_want = spec__mtp_want(e, r, drafting);
+        r->dm_want = spec__mtp_want(r, drafting);
         for (int32_t j = 0; j < hn; j++, n++) {
             const int32_t slot = r->mh_pos0 + j; // its token: the one after it
             e->d_tok[n] = spec__tok(r, slot + 1);

@@ -653,8 +653,8 @@ static ks_err load__weights(model *m, ks_errbuf *eb) {
                          "whole blocks",
                          gguf_path(m->gguf), ks_dtype_name(m->ple_tok.type), hp->n_embd_pl);
     int n_kv = 0, n_rec = 0; // nemotron_h: attention and Mamba2 layers so far
-    // layers [n_layer, block_count) are the NextN blocks: never run,
-    // so never bound (their tensors may be of any type)
+    // layers [n_layer, block_count) are the NextN blocks: not part of the
+    // pass, bound only by model_mtp_create (--spec-nextn)
     for (int il = 0; il < hp->n_layer; il++) {
         model__layer *L = &m->layers[il];
         char n[96];
