@@ -50,8 +50,8 @@ typedef void (*kern_axpy_rows_fn)(int64_t n, int G, const float *s, size_t s_str
 /* Query rows of one attention tile, at most. */
 #define KERN_ATTN_ROWS 8
 /* Floats of scratch attn_block needs for heads of D (keys) and Dv (values)
- * elements: the block's keys transposed, its values and two rows of weights. */
-#define KERN_ATTN_SCRATCH(D, Dv) ((size_t)(KERN_ATTN_BLOCK) * ((size_t)(D) + (size_t)(Dv) + 2))
+ * elements: the block's keys transposed and its values. */
+#define KERN_ATTN_SCRATCH(D, Dv) ((size_t)(KERN_ATTN_BLOCK) * ((size_t)(D) + (size_t)(Dv)))
 
 /* One block of keys for a tile of R query rows x G query heads that share a
  * KV head, with one online-softmax state per (row, head) (flash attention's

@@ -379,7 +379,7 @@ A512_INLINE void a512__tr16(__m512 v[16]) {
  * kt[d * 64 + j] = K_j[d], so one vector holds 16 keys' element d; vt is
  * (64, Dv) row-major. Lanes past j1 in j1's group of 16 are zero. */
 A512_INLINE void a512__attn_load(ks_dtype t, const kern_attn_blk *a, int j0, int j1, float *kt,
-                                 float *vt) {
+                                 float *vt) { // vt NULL: keys only
     const size_t Dv = (size_t)a->Dv;
     for (int jg = j0; jg < j1; jg += 16) {
         const int nr = j1 - jg < 16 ? j1 - jg : 16;
@@ -391,7 +391,7 @@ A512_INLINE void a512__attn_load(ks_dtype t, const kern_attn_blk *a, int j0, int
             _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)
                 _mm512_store_ps(kt + (size_t)(d0 + i) * KERN_ATTN_BLOCK + (size_t)jg, v[i]);
         }
-        for (int i = 0; i < nr; i++)
+        for (int i = 0; i < nr && vt; i++)
             for (int d0 = 0; d0 < a->Dv; d0 += 16)
                 _mm512_store_ps(vt + (size_t)(jg + i) * Dv + (size_t)d0,
                                 a512__kv_ld(t, a->vrow[jg + i], d0, 0xFFFF));
@@ -447,7 +447,8 @@ A512_INLINE float a512__attn_softmax(__m512 acc[4], float scale, int lo, int hi,
         s[v] = _mm512_mask_mul_ps(ninf, (__mmask16)(live >> (16 * v)), acc[v], sc);
     const float mb =
         _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(s[0], s[1]), _mm512_max_ps(s[2], s[3])));
-    const float M = fmaxf(*m, mb), alpha = expf(*m - M);
+    const float M = *m > mb ? *m : mb; // *m - M <= 0: a512__exp, as for the weights
+    const float alpha = _mm512_cvtss_f32(a512__exp(_mm512_set1_ps(*m - M)));
     const __m512 vM = _mm512_set1_ps(M);
     __m512 e[4];
     _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
@@ -461,80 +462,99 @@ A512_INLINE float a512__attn_softmax(__m512 acc[4], float scale, int lo, int hi,
     return alpha;
 }
 
-/* o_h = o_h * alpha_h + sum_{j in [lo, hi)} p_h[j] * vt[j] for NH (1 or 2)
- * heads, NC (1..4) vectors of columns [c0, c0 + 16 NC); j in order. */
-A512_INLINE void a512__attn_pv(int NH, int NC, const float *vt, size_t Dv, int c0, int lo, int hi,
-                               const float *p0, const float *p1, float alpha0, float alpha1,
-                               float *o0, float *o1) {
-    __m512 y[2][4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
-        y[0][c] = _mm512_mul_ps(_mm512_loadu_ps(o0 + c0 + 16 * c), _mm512_set1_ps(alpha0));
-        if (NH == 2)
-            y[1][c] = _mm512_mul_ps(_mm512_loadu_ps(o1 + c0 + 16 * c), _mm512_set1_ps(alpha1));
-    }
+/* o_h = o_h * alpha_h + sum_{j in [lo, hi)} p_h[j] * V_j for NH (1..8)
+ * heads h (weights p + 64 h, outputs o + h Dv), NC (1 or 2) vectors of
+ * columns [c0, c0 + 16 NC); j in order, so a (head, column)'s arithmetic is
+ * the same whatever NH, NC or where V_j comes from: vt (the block's values
+ * as f32, row j at vt + j Dv) or, vt NULL, converted from a->vrow[j] here
+ * (decode: each value is converted once for all NH heads, never stored). */
+A512_INLINE void a512__attn_pv(ks_dtype t, int NH, int NC, const kern_attn_blk *a, const float *vt,
+                               int c0, int lo, int hi, const float *p, const float *alpha,
+                               float *o) {
+    const size_t Dv = (size_t)a->Dv;
+    __m512 y[8][2];
+    _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
+        _Pragma("GCC unroll 2") for (int c = 0; c < NC; c++)
+            y[h][c] = _mm512_mul_ps(_mm512_loadu_ps(o + h * Dv + c0 + 16 * c),
+                                    _mm512_set1_ps(alpha[h]));
     for (int j = lo; j < hi; j++) {
-        const float *vr = vt + (size_t)j * Dv + (size_t)c0;
-        const __m512 b0 = _mm512_set1_ps(p0[j]);
-        const __m512 b1 = NH == 2 ? _mm512_set1_ps(p1[j]) : b0;
-        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
-            const __m512 x = _mm512_load_ps(vr + 16 * c);
-            y[0][c] = _mm512_fmadd_ps(b0, x, y[0][c]);
-            if (NH == 2) y[1][c] = _mm512_fmadd_ps(b1, x, y[1][c]);
+        __m512 x[2];
+        _Pragma("GCC unroll 2") for (int c = 0; c < NC; c++)
+            x[c] = vt ? _mm512_load_ps(vt + (size_t)j * Dv + (size_t)(c0 + 16 * c))
+                      : a512__kv_ld(t, a->vrow[j], c0 + 16 * c, 0xFFFF);
+        _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) {
+            const __m512 b = _mm512_set1_ps(p[KERN_ATTN_BLOCK * h + j]);
+            _Pragma("GCC unroll 2") for (int c = 0; c < NC; c++)
+                y[h][c] = _mm512_fmadd_ps(b, x[c], y[h][c]);
         }
     }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
-        _mm512_storeu_ps(o0 + c0 + 16 * c, y[0][c]);
-        if (NH == 2) _mm512_storeu_ps(o1 + c0 + 16 * c, y[1][c]);
-    }
+    _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
+        _Pragma("GCC unroll 2") for (int c = 0; c < NC; c++)
+            _mm512_storeu_ps(o + h * Dv + c0 + 16 * c, y[h][c]);
 }
 
-/* One or two heads (h0, h0 + 1) of query row r: scores, softmax update, P.V. */
-A512_INLINE void a512__attn_heads(int NH, const kern_attn_blk *a, int r, int h0, const float *kt,
-                                  const float *vt, float *p) {
-    const size_t x0 = (size_t)r * (size_t)a->G + (size_t)h0, Dv = (size_t)a->Dv;
-    const float *q0 = a->q + (size_t)r * a->q_stride + (size_t)h0 * (size_t)a->D;
-    __m512 acc[2][4];
-    a512__attn_qk(NH, a->D, kt, q0, q0 + a->D, acc);
+/* P.V for NH (1..8) heads of one row, all columns, two vectors at a time. */
+A512_INLINE void a512__attn_pv_cols(ks_dtype t, int NH, const kern_attn_blk *a, const float *vt,
+                                    int lo, int hi, const float *p, const float *alpha, float *o) {
+    int c0 = 0;
+    for (; c0 + 32 <= a->Dv; c0 += 32)
+        a512__attn_pv(t, NH, 2, a, vt, c0, lo, hi, p, alpha, o);
+    if (c0 < a->Dv) a512__attn_pv(t, NH, 1, a, vt, c0, lo, hi, p, alpha, o);
+}
+
+/* Heads [g0, g0 + ng) (ng <= 8) of query row r: scores two heads at a
+ * time, their softmax updates, then P.V of all ng heads together. */
+A512_INLINE void a512__attn_heads(ks_dtype t, const kern_attn_blk *a, int r, int g0, int ng,
+                                  const float *kt, const float *vt) {
+    const size_t x0 = (size_t)r * (size_t)a->G + (size_t)g0, Dv = (size_t)a->Dv;
+    const float *q = a->q + (size_t)r * a->q_stride + (size_t)g0 * (size_t)a->D;
     const int lo = a->lo[r], hi = a->hi[r];
-    float al[2] = {1.0f, 1.0f};
-    _Pragma("GCC unroll 2") for (int h = 0; h < NH; h++)
-        al[h] = a512__attn_softmax(acc[h], a->scale, lo, hi, a->m + x0 + h, a->l + x0 + h,
-                                   p + KERN_ATTN_BLOCK * h);
-    float *o0 = a->o + x0 * Dv, *o1 = o0 + Dv;
-    for (int c0 = 0; c0 < a->Dv; c0 += 64) {
-        const int nc = a->Dv - c0 >= 64 ? 4 : (a->Dv - c0) / 16;
-#define A512_PV(NC)                                                                                \
-    (NH == 2 ? a512__attn_pv(2, NC, vt, Dv, c0, lo, hi, p, p + KERN_ATTN_BLOCK, al[0], al[1], o0, \
-                             o1)                                                                   \
-             : a512__attn_pv(1, NC, vt, Dv, c0, lo, hi, p, p, al[0], al[0], o0, o0))
-        switch (nc) {
-        case 4: A512_PV(4); break;
-        case 3: A512_PV(3); break;
-        case 2: A512_PV(2); break;
-        default: A512_PV(1); break;
-        }
-#undef A512_PV
+    _Alignas(64) float p[8 * KERN_ATTN_BLOCK];
+    float al[8];
+    for (int h = 0; h < ng; h += 2) {
+        const int nh = ng - h >= 2 ? 2 : 1;
+        __m512 acc[2][4];
+        const float *qh = q + (size_t)h * (size_t)a->D;
+        if (nh == 2)
+            a512__attn_qk(2, a->D, kt, qh, qh + a->D, acc);
+        else
+            a512__attn_qk(1, a->D, kt, qh, qh, acc);
+        for (int i = 0; i < nh; i++)
+            al[h + i] = a512__attn_softmax(acc[i], a->scale, lo, hi, a->m + x0 + h + i,
+                                           a->l + x0 + h + i, p + KERN_ATTN_BLOCK * (h + i));
     }
+    float *o = a->o + x0 * Dv;
+    int h = 0; // heads in runs of 8, 4, 2, 1
+    for (; h + 8 <= ng; h += 8)
+        a512__attn_pv_cols(t, 8, a, vt, lo, hi, p + KERN_ATTN_BLOCK * h, al + h, o + h * Dv);
+    if (h + 4 <= ng) {
+        a512__attn_pv_cols(t, 4, a, vt, lo, hi, p + KERN_ATTN_BLOCK * h, al + h, o + h * Dv);
+        h += 4;
+    }
+    if (h + 2 <= ng) {
+        a512__attn_pv_cols(t, 2, a, vt, lo, hi, p + KERN_ATTN_BLOCK * h, al + h, o + h * Dv);
+        h += 2;
+    }
+    if (h < ng) a512__attn_pv_cols(t, 1, a, vt, lo, hi, p + KERN_ATTN_BLOCK * h, al + h, o + h * Dv);
 }
 
 A512_INLINE void a512__attn_block_t(ks_dtype t, const kern_attn_blk *a) {
-    int j0 = a->n, j1 = 0; // the lanes any row reads
+    int j0 = a->n, j1 = 0, rows = 0; // the lanes any row reads
     for (int r = 0; r < a->R; r++)
         if (a->lo[r] < a->hi[r]) {
             j0 = a->lo[r] < j0 ? a->lo[r] : j0;
             j1 = a->hi[r] > j1 ? a->hi[r] : j1;
+            rows++;
         }
     if (j0 >= j1) return;
-    // scratch: kt (D, 64), vt (64, Dv), then two heads' weights (64 each)
-    float *kt = a->scratch, *vt = kt + (size_t)a->D * KERN_ATTN_BLOCK;
-    float *p = vt + (size_t)a->Dv * KERN_ATTN_BLOCK;
+    // scratch: kt (D, 64), then vt (64, Dv) when more than one row reads the
+    // values (one row converts them as it goes)
+    float *kt = a->scratch, *vt = rows > 1 ? kt + (size_t)a->D * KERN_ATTN_BLOCK : NULL;
     a512__attn_load(t, a, j0 & ~15, j1, kt, vt);
     for (int r = 0; r < a->R; r++) {
         if (a->lo[r] >= a->hi[r]) continue;
-        int g = 0;
-        for (; g + 2 <= a->G; g += 2)
-            a512__attn_heads(2, a, r, g, kt, vt, p);
-        if (g < a->G) a512__attn_heads(1, a, r, g, kt, vt, p);
+        for (int g = 0; g < a->G; g += 8)
+            a512__attn_heads(t, a, r, g, a->G - g < 8 ? a->G - g : 8, kt, vt);
     }
 }
 

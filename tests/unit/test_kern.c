@@ -814,8 +814,9 @@ static void test_rows_ops(const kern_vtab *v) {
 
 // Tiled online-softmax attention (kern.h attn_block), per KV type and head
 // sizes (D, Dv): a sequence of blocks over NP positions in pages of 16 rows
-// (rows scattered: the kernel reads row pointers), R = 5 query rows x G = 3
-// heads with causal and windowed ranges. Checked:
+// (rows scattered: the kernel reads row pointers), R = 5 query rows x G = 3,
+// 6 or 9 heads (P.V takes heads in runs of 8, 4, 2 and 1) with causal and
+// windowed ranges. Checked:
 // - against kern__attn_block_ref within ATTN_REL of the output's scale: the
 //   final o / l differ by the scores' f32 rounding (exp amplifies it by the
 //   score's size, |s| <= a few here) and a512__exp vs expf;
@@ -849,18 +850,19 @@ static void attn_run(const kern_vtab *v, int t, int D, int Dv, int G, int R, con
 
 static void test_attn_block(const kern_vtab *v) {
     static const int dims[][2] = {{64, 64}, {128, 128}, {32, 32}, {96, 64}, {48, 16}};
-    enum { NP = 150, R = 5, G = 3, DM = 128 };
+    enum { NP = 150, R = 5, GM = 9, DM = 128 };
     CHECK(v->attn_block != NULL);
     float *src = xmalloc(sizeof(float) * NP * DM), *deq = xmalloc(sizeof(float) * NP * DM);
     float *vsrc = xmalloc(sizeof(float) * NP * DM), *vdeq = xmalloc(sizeof(float) * NP * DM);
     uint8_t *pool = xmalloc(8 * (NP / 16 + 1) * 16 * DM), *rows[NP], *vrows[NP];
     float *scr = ks_alloc_aligned(sizeof(float) * KERN_ATTN_SCRATCH(DM, DM));
-    float q[R * G * DM], m[R * G], l[R * G], o1[R * G * DM], o2[R * G * DM], o3[R * G * DM];
+    static float q[R * GM * DM], m[R * GM], l[R * GM], o1[R * GM * DM], o2[R * GM * DM],
+        o3[R * GM * DM];
     CHECK(scr != NULL);
     // causal rows at the end (decode-like), one mid-way, one windowed
     const int lo[R] = {0, 0, 0, 70, 0}, hi[R] = {NP, NP - 1, NP - 3, 140, 64};
-    for (int it = 0; it < 3; it++) {
-        const int t = kv_types[it];
+    for (int it = 0; it < 9; it++) {
+        const int t = kv_types[it % 3], G = 3 * (1 + it / 3);
         for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
             const int D = dims[d][0], Dv = dims[d][1];
             if (t == KS_DTYPE_Q8_0 && (D % 32 || Dv % 32)) continue;
