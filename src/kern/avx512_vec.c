@@ -414,8 +414,11 @@ A512_INLINE void a512__attn_qk(int NH, int D, const float *kt, const float *q0, 
                 r[h][v] = _mm512_setzero_ps();
         for (int d = d0; d < d0 + 16; d++) {
             const float *kr = kt + (size_t)d * KERN_ATTN_BLOCK;
-            const __m512 k0 = _mm512_load_ps(kr), k1 = _mm512_load_ps(kr + 16),
-                         k2 = _mm512_load_ps(kr + 32), k3 = _mm512_load_ps(kr + 48);
+            __m512 k0 = _mm512_load_ps(kr), k1 = _mm512_load_ps(kr + 16),
+                   k2 = _mm512_load_ps(kr + 32), k3 = _mm512_load_ps(kr + 48);
+            // in registers: GCC would fold each load into both heads' fmas,
+            // 10 loads for 8 fmas, and the load ports would set the pace
+            __asm__("" : "+v"(k0), "+v"(k1), "+v"(k2), "+v"(k3));
             const __m512 b0 = _mm512_set1_ps(q0[d]);
             r[0][0] = _mm512_fmadd_ps(b0, k0, r[0][0]);
             r[0][1] = _mm512_fmadd_ps(b0, k1, r[0][1]);
@@ -511,6 +514,8 @@ A512_INLINE void a512__attn_heads(ks_dtype t, const kern_attn_blk *a, int r, int
     const int lo = a->lo[r], hi = a->hi[r];
     _Alignas(64) float p[8 * KERN_ATTN_BLOCK];
     float al[8];
+    // every head's scores first, then their softmax updates, whose chains
+    // of reductions are independent and overlap
     for (int h = 0; h < ng; h += 2) {
         const int nh = ng - h >= 2 ? 2 : 1;
         __m512 acc[2][4];
@@ -520,8 +525,14 @@ A512_INLINE void a512__attn_heads(ks_dtype t, const kern_attn_blk *a, int r, int
         else
             a512__attn_qk(1, a->D, kt, qh, qh, acc);
         for (int i = 0; i < nh; i++)
-            al[h + i] = a512__attn_softmax(acc[i], a->scale, lo, hi, a->m + x0 + h + i,
-                                           a->l + x0 + h + i, p + KERN_ATTN_BLOCK * (h + i));
+            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
+                _mm512_store_ps(p + KERN_ATTN_BLOCK * (h + i) + 16 * v, acc[i][v]);
+    }
+    for (int h = 0; h < ng; h++) {
+        float *ph = p + KERN_ATTN_BLOCK * h;
+        __m512 acc[4];
+        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) acc[v] = _mm512_load_ps(ph + 16 * v);
+        al[h] = a512__attn_softmax(acc, a->scale, lo, hi, a->m + x0 + h, a->l + x0 + h, ph);
     }
     float *o = a->o + x0 * Dv;
     int h = 0; // heads in runs of 8, 4, 2, 1
