@@ -314,7 +314,7 @@ static void test_r16(const kern_vtab *v) {
                                   KS_DTYPE_Q3_K, KS_DTYPE_Q2_K, KS_DTYPE_IQ4_XS,
                                   KS_DTYPE_MXFP4};
     static const int64_t Ks[] = {256, 768, 2048 + 256};
-    static const int ncs[] = {1, 5, 40};
+    static const int ncs[] = {1, 5, 70}; // 70: slices of 64 columns and 6 (wide tiles)
     bool native = strcmp(v->name, "avx512") == 0;
     for (int it = 0; it < (int)(sizeof ts / sizeof ts[0]); it++)
         for (int ik = 0; ik < 3; ik++)
