@@ -546,7 +546,8 @@ A512_INLINE void a512__attn_heads(ks_dtype t, const kern_attn_blk *a, int r, int
         a512__attn_pv_cols(t, 2, a, vt, lo, hi, p + KERN_ATTN_BLOCK * h, al + h, o + h * Dv);
         h += 2;
     }
-    if (h < ng) a512__attn_pv_cols(t, 1, a, vt, lo, hi, p + KERN_ATTN_BLOCK * h, al + h, o + h * Dv);
+    if (h < ng)
+        a512__attn_pv_cols(t, 1, a, vt, lo, hi, p + KERN_ATTN_BLOCK * h, al + h, o + h * Dv);
 }
 
 A512_INLINE void a512__attn_block_t(ks_dtype t, const kern_attn_blk *a) {

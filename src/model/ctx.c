@@ -113,13 +113,13 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     const size_t G = (size_t)(hp->n_head / hkv_min), GI = (size_t)hp->idx_heads + 1;
     c->scores =
         ks_alloc_aligned((size_t)n_threads * (G > GI ? G : GI) * (size_t)max_ctx * sizeof(float));
-    // tiled attention: a block's keys and values, then R x G online-softmax states
+    // tiled attention: a block's keys and values, then R x n_head online-softmax states
     size_t DA = DM, DV = DM;
     for (int il = 0; il < hp->n_layer; il++)
         DA = (size_t)m->layers[il].head_dim > DA ? (size_t)m->layers[il].head_dim : DA;
     if ((size_t)hp->head_dim_v > DV) DV = (size_t)hp->head_dim_v;
     if (DA > DV) DV = DA;
-    const size_t RG = (size_t)KERN_ATTN_ROWS * G;
+    const size_t RG = (size_t)KERN_ATTN_ROWS * (size_t)hp->n_head; // every KV head's group
     c->attn_scr_n = (KERN_ATTN_SCRATCH(DA, DV) + RG * (DV + 2) + 15) / 16 * 16;
     c->attn_scr = ks_alloc_aligned((size_t)n_threads * c->attn_scr_n * sizeof(float));
     if (c->attn_scr) // stale lanes of a block are masked; zero keeps them finite

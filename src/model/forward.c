@@ -1072,12 +1072,17 @@ static int fwd__attn_tiles(model_ctx *c, const model_batch *b) {
     return n;
 }
 
-/* Attention of G query heads h, h+1, ... for the tile's R tokens, block by
- * block of KERN_ATTN_BLOCK positions aligned to absolute positions (kern.h
- * attn_block: a token's result is the same whatever its tile), into
- * att[t][h*Dv..]. scr: this thread's c->attn_scr. Pages come from the table
- * fwd__resolve filled through kv's tag check (I1). */
-static void fwd__attn_tile(fwd__attn *a, int ti, int h, int G, float *scr) {
+/* Attention of nkv KV heads' G query heads each (heads h .. h + nkv G - 1;
+ * nkv > 1 only with the whole group, G = n_head / n_head_kv) for the
+ * tile's R tokens, block by block of KERN_ATTN_BLOCK positions aligned to
+ * absolute positions (kern.h attn_block: a token's result is the same
+ * whatever its tile), into att[t][h*Dv..]. The KV heads of one block go one
+ * after another, so a thread reads nkv adjacent head slices of each cached
+ * row together (one run of nkv x 128 bytes at f16 and D = 64), which the
+ * prefetchers follow better than one slice per pass; each head's
+ * arithmetic is as alone. scr: this thread's c->attn_scr. Pages come from
+ * the table fwd__resolve filled through kv's tag check (I1). */
+static void fwd__attn_tile(fwd__attn *a, int ti, int h, int G, int nkv, float *scr) {
     model_ctx *c = a->c;
     const model_hparams *hp = &c->m->hp;
     const model__layer *L = &c->m->layers[a->layer];
@@ -1088,10 +1093,11 @@ static void fwd__attn_tile(fwd__attn *a, int ti, int h, int G, float *scr) {
     const size_t koff = (size_t)kh * hrb;
     const uint32_t P = (uint32_t)kv_pool_geom(c->pool)->page_tokens, W = (uint32_t)hp->n_swa;
     const int t0 = c->attn_tile[ti], R = c->attn_tile[ti + 1] - t0, si = a->b->seq[t0];
+    const int S = R * G; // states per KV head
     const void *const *kp = c->kp + (size_t)si * (size_t)c->max_pages;
     const void *const *vp = hp->kv_lora ? kp : c->vp + (size_t)si * (size_t)c->max_pages;
-    // scratch: the kernel's, then m, l (R*G) and o (R*G, Dv)
-    float *ks = scr, *m = scr + KERN_ATTN_SCRATCH(D, Dv), *l = m + R * G, *o = l + R * G;
+    // scratch: the kernel's, then m, l (nkv R G) and o (nkv R G, Dv)
+    float *ks = scr, *m = scr + KERN_ATTN_SCRATCH(D, Dv), *l = m + nkv * S, *o = l + nkv * S;
     uint32_t lo[KERN_ATTN_ROWS], hi[KERN_ATTN_ROWS], j_min = UINT32_MAX, j_max = 0;
     const float *sinks = L->attn_sinks; // gpt-oss: a logit in the denominator only
     for (int r = 0; r < R; r++) {
@@ -1099,52 +1105,81 @@ static void fwd__attn_tile(fwd__attn *a, int ti, int h, int G, float *scr) {
         lo[r] = L->swa && hi[r] > W ? hi[r] - W : 0;
         j_min = lo[r] < j_min ? lo[r] : j_min;
         j_max = hi[r] > j_max ? hi[r] : j_max;
-        for (int g = 0; g < G; g++) { // the sink as the state before any key: m = sink, l = 1
-            m[r * G + g] = sinks ? sinks[h + g] : -INFINITY;
-            l[r * G + g] = sinks ? 1.0f : 0.0f;
-        }
+        for (int x = 0; x < nkv; x++)
+            for (int g = 0; g < G; g++) { // the sink as the state before any key: m = sink, l = 1
+                m[x * S + r * G + g] = sinks ? sinks[h + x * G + g] : -INFINITY;
+                l[x * S + r * G + g] = sinks ? 1.0f : 0.0f;
+            }
     }
-    memset(o, 0, sizeof(float) * (size_t)(R * G) * (size_t)Dv);
+    memset(o, 0, sizeof(float) * (size_t)(nkv * S) * (size_t)Dv);
+    const uint8_t *kb[KERN_ATTN_BLOCK], *vb[KERN_ATTN_BLOCK]; // rows' starts, then head slices
     const uint8_t *krow[KERN_ATTN_BLOCK], *vrow[KERN_ATTN_BLOCK];
     int blo[KERN_ATTN_ROWS], bhi[KERN_ATTN_ROWS];
-    kern_attn_blk k = {.D = D, .Dv = Dv, .G = G, .R = R, .kv_type = (ks_dtype)c->kv_type,
-                       .q = c->q + (size_t)t0 * (size_t)(H * D) + (size_t)h * (size_t)D,
-                       .q_stride = (size_t)(H * D), .krow = krow, .vrow = vrow, .lo = blo,
-                       .hi = bhi, .scale = hp->attn_scale, .m = m, .l = l, .o = o,
+    kern_attn_blk k = {.D = D,
+                       .Dv = Dv,
+                       .G = G,
+                       .R = R,
+                       .kv_type = (ks_dtype)c->kv_type,
+                       .q_stride = (size_t)(H * D),
+                       .krow = krow,
+                       .vrow = vrow,
+                       .lo = blo,
+                       .hi = bhi,
+                       .scale = hp->attn_scale,
                        .scratch = ks};
     const uint32_t B = KERN_ATTN_BLOCK;
-    for (uint32_t j0 = j_min / B * B; j0 < j_max; j0 += B) {
-        const uint32_t n = j_max - j0 < B ? j_max - j0 : B;
-        for (uint32_t i = 0; i < n; i++) { // layout: position j in page j/P, row j%P
-            const uint32_t j = j0 + i;
-            krow[i] = (const uint8_t *)kp[j / P] + (size_t)(j % P) * c->kv_row + koff;
-            vrow[i] = (const uint8_t *)vp[j / P] + (size_t)(j % P) * c->kv_row + koff;
-        }
-        // the next block's rows of this head, while this one computes
-        // (decode reads each row once: the hardware prefetcher alone trails)
-        for (uint32_t j = j0 + B; j < j0 + 2 * B && j < j_max; j++) {
-            const uint8_t *kr = (const uint8_t *)kp[j / P] + (size_t)(j % P) * c->kv_row + koff;
-            const uint8_t *vr = (const uint8_t *)vp[j / P] + (size_t)(j % P) * c->kv_row + koff;
-            for (size_t x = 0; x < hrb; x += 64) {
-                __builtin_prefetch(kr + x);
-                if (vr != kr) __builtin_prefetch(vr + x);
+    // one row (decode) takes its heads one pass each: together they were
+    // slower (tg64 at depth 4096 53 -> 48 tokens/s), where 8192-token
+    // prefill gained (pp4096 239-243 -> 258-261)
+    const int xs = R == 1 ? 1 : nkv;
+    const size_t span = (size_t)xs * hrb; // the bytes of a row one pass reads
+    for (int x0 = 0; x0 < nkv; x0 += xs) {
+        const size_t xoff = koff + (size_t)x0 * hrb; // this pass's first head slice
+        for (uint32_t j0 = j_min / B * B; j0 < j_max; j0 += B) {
+            const uint32_t n = j_max - j0 < B ? j_max - j0 : B;
+            for (uint32_t i = 0; i < n; i++) { // layout: position j in page j/P, row j%P
+                const uint32_t j = j0 + i;
+                kb[i] = (const uint8_t *)kp[j / P] + (size_t)(j % P) * c->kv_row + xoff;
+                vb[i] = (const uint8_t *)vp[j / P] + (size_t)(j % P) * c->kv_row + xoff;
+            }
+            // the next block's rows of these heads, while this one computes
+            // (decode reads each row once: the hardware prefetcher alone trails)
+            for (uint32_t j = j0 + B; j < j0 + 2 * B && j < j_max; j++) {
+                const size_t off = (size_t)(j % P) * c->kv_row + xoff;
+                const uint8_t *kr = (const uint8_t *)kp[j / P] + off;
+                const uint8_t *vr = (const uint8_t *)vp[j / P] + off;
+                for (size_t x = 0; x < span; x += 64) {
+                    __builtin_prefetch(kr + x);
+                    if (vr != kr) __builtin_prefetch(vr + x);
+                }
+            }
+            for (int r = 0; r < R; r++) {
+                blo[r] = lo[r] > j0 ? (int)(lo[r] - j0 < n ? lo[r] - j0 : n) : 0;
+                bhi[r] = hi[r] > j0 ? (int)(hi[r] - j0 < n ? hi[r] - j0 : n) : 0;
+            }
+            k.n = (int)n;
+            for (int x = x0; x < x0 + xs; x++) {
+                for (uint32_t i = 0; i < n; i++) {
+                    krow[i] = kb[i] + (size_t)(x - x0) * hrb;
+                    vrow[i] = vb[i] + (size_t)(x - x0) * hrb;
+                }
+                k.q = c->q + (size_t)t0 * (size_t)(H * D) + (size_t)(h + x * G) * (size_t)D;
+                k.m = m + x * S, k.l = l + x * S, k.o = o + (size_t)(x * S) * (size_t)Dv;
+                c->kv->attn_block(&k);
             }
         }
-        for (int r = 0; r < R; r++) {
-            blo[r] = lo[r] > j0 ? (int)(lo[r] - j0 < n ? lo[r] - j0 : n) : 0;
-            bhi[r] = hi[r] > j0 ? (int)(hi[r] - j0 < n ? hi[r] - j0 : n) : 0;
-        }
-        k.n = (int)n;
-        c->kv->attn_block(&k);
     }
-    for (int r = 0; r < R; r++) // softmax . V = o / l
-        for (int g = 0; g < G; g++) {
-            const float inv = 1.0f / l[r * G + g];
-            const float *src = o + (size_t)(r * G + g) * (size_t)Dv;
-            float *out = c->att + (size_t)(t0 + r) * (size_t)(H * Dv) + (size_t)(h + g) * (size_t)Dv;
-            for (int i = 0; i < Dv; i++)
-                out[i] = src[i] * inv;
-        }
+    for (int x = 0; x < nkv; x++)
+        for (int r = 0; r < R; r++) // softmax . V = o / l
+            for (int g = 0; g < G; g++) {
+                const int st = x * S + r * G + g;
+                const float inv = 1.0f / l[st];
+                const float *src = o + (size_t)st * (size_t)Dv;
+                float *out = c->att + (size_t)(t0 + r) * (size_t)(H * Dv) +
+                             (size_t)(h + x * G + g) * (size_t)Dv;
+                for (int i = 0; i < Dv; i++)
+                    out[i] = src[i] * inv;
+            }
 }
 
 /* Resolves every page each sequence of the batch reads at this layer,
@@ -1152,7 +1187,8 @@ static void fwd__attn_tile(fwd__attn *a, int ti, int h, int G, float *scr) {
  * whose table fails the check is marked bad and skipped from here on. */
 static void fwd__resolve(model_ctx *c, const model_batch *b, int layer) {
     for (int s = 0; s < b->n_seqs; s++) {
-        if (c->seq_first[s] < 0 || atomic_load_explicit(&c->seq_bad[s], memory_order_relaxed)) continue;
+        if (c->seq_first[s] < 0 || atomic_load_explicit(&c->seq_bad[s], memory_order_relaxed))
+            continue;
         size_t off = (size_t)s * (size_t)c->max_pages;
         if (kv_seq_span_read_all(c->pool, b->seqs[s], layer, (uint32_t)c->seq_next[s], c->kp + off,
                                  c->vp + off) != KS_OK)
@@ -1171,13 +1207,23 @@ static int fwd__attn_nch(int64_t T, int Hkv, int G, int nth) {
     return nch;
 }
 
+/* The KV heads one tiled work item takes together: the most (a divisor of
+ * Hkv) that still leaves an item per thread. */
+static int fwd__attn_nkv(int64_t T, int Hkv, int nth) {
+    int nkv = Hkv;
+    while (nkv > 1 && (Hkv % nkv || T * (Hkv / nkv) < (int64_t)nth))
+        nkv--;
+    return nkv;
+}
+
 static void fwd__attn_task(void *arg, int ith, int nth) {
     fwd__attn *a = arg;
     const int Hkv = a->c->m->layers[a->layer].n_head_kv, G = a->c->m->hp.n_head / Hkv;
     float *scores = a->c->scores + (size_t)ith * (size_t)G * (size_t)a->c->max_ctx;
     float *scr = a->c->attn_scr + (size_t)ith * a->c->attn_scr_n;
     const int nch = fwd__attn_nch(a->n_items, Hkv, G, nth);
-    const int Gs = G / nch, per_t = Hkv * nch;
+    const int nkv = a->tiled && nch == 1 ? fwd__attn_nkv(a->n_items, Hkv, nth) : 1;
+    const int Gs = G / nch, per_t = Hkv * nch / nkv;
     int64_t p0, p1;
     while (ks_pool_claim(&a->next, (int64_t)a->n_items * per_t, 1, &p0, &p1)) {
         for (int64_t pi = p0; pi < p1; pi++) {
@@ -1185,7 +1231,7 @@ static void fwd__attn_task(void *arg, int ith, int nth) {
             const int si = a->b->seq[a->tiled ? a->c->attn_tile[t] : t];
             if (atomic_load_explicit(&a->c->seq_bad[si], memory_order_relaxed)) continue;
             if (a->tiled)
-                fwd__attn_tile(a, t, (int)(pi % per_t) * Gs, Gs, scr);
+                fwd__attn_tile(a, t, (int)(pi % per_t) * Gs * nkv, Gs, nkv, scr);
             else
                 fwd__attn_one(a, t, (int)(pi % per_t) * Gs, Gs, scores);
         }
