@@ -938,6 +938,7 @@ typedef struct {
     int layer;
     bool tiled;        // fwd__attn_tile (kern attn_block) rather than fwd__attn_one
     int n_items;       // tokens, or tiles (c->attn_tile) when tiled
+    int nch, nkv;      // parts a KV head's group is cut into; KV heads an item takes
     atomic_llong next; // next (token or tile, KV head) pair to claim
     atomic_llong left; // pairs not yet done
 } fwd__attn;
@@ -1221,9 +1222,7 @@ static void fwd__attn_task(void *arg, int ith, int nth) {
     const int Hkv = a->c->m->layers[a->layer].n_head_kv, G = a->c->m->hp.n_head / Hkv;
     float *scores = a->c->scores + (size_t)ith * (size_t)G * (size_t)a->c->max_ctx;
     float *scr = a->c->attn_scr + (size_t)ith * a->c->attn_scr_n;
-    const int nch = fwd__attn_nch(a->n_items, Hkv, G, nth);
-    const int nkv = a->tiled && nch == 1 ? fwd__attn_nkv(a->n_items, Hkv, nth) : 1;
-    const int Gs = G / nch, per_t = Hkv * nch / nkv;
+    const int nch = a->nch, nkv = a->nkv, Gs = G / nch, per_t = Hkv * nch / nkv;
     int64_t p0, p1;
     while (ks_pool_claim(&a->next, (int64_t)a->n_items * per_t, 1, &p0, &p1)) {
         for (int64_t pi = p0; pi < p1; pi++) {
@@ -1405,9 +1404,10 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         fwd__attn at = {.c = c, .b = b, .layer = il, .tiled = fwd__attn_tiled(c, il)};
         at.n_items = at.tiled ? fwd__attn_tiles(c, b) : T;
         atomic_init(&at.next, 0);
-        atomic_init(&at.left, (int64_t)at.n_items * L->n_head_kv *
-                                  fwd__attn_nch(at.n_items, L->n_head_kv, hp->n_head / L->n_head_kv,
-                                                ks_pool_nth(c->threads)));
+        const int nth = ks_pool_nth(c->threads), Hkv = L->n_head_kv;
+        at.nch = fwd__attn_nch(at.n_items, Hkv, hp->n_head / Hkv, nth);
+        at.nkv = at.tiled && at.nch == 1 ? fwd__attn_nkv(at.n_items, Hkv, nth) : 1;
+        atomic_init(&at.left, (int64_t)at.n_items * Hkv * at.nch / at.nkv);
         ks_pool_run(c->threads, fwd__attn_task, &at);
         if (hp->attn_out_gate) fwd__rows_run(c, b, FWD_ATTN_GATE, NULL, il);
         if (hp->kv_lora)
