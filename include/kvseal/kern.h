@@ -125,6 +125,11 @@ typedef struct kern_vtab {
     void (*softmax)(int64_t n, float *x);
     /* One block of tiled online-softmax attention (kern_attn_blk above). */
     kern_attn_block_fn attn_block;
+    /* The same with q and K rounded to bf16 for the scores and the weights
+     * p and V for P.V (bf16 dot products: two exact products a lane); m, l
+     * (the sum of the rounded weights), the exponentials and o stay f32.
+     * NULL where absent; kern_attn_block picks between the two. */
+    kern_attn_block_fn attn_block_bf16;
     /* One token of the gated delta rule on one value head (hybrid models'
      * linear attention, model.h): the state is S rows of S floats (rows[j]:
      * value element j against key elements 0..S-1; S a multiple of 16, rows
@@ -140,14 +145,24 @@ typedef struct kern_vtab {
 
 /* Selects the best vtab the CPU and OS support, or the one named by isa
  * ("ref", "avx2", "avx512"); isa NULL reads KS_FORCE_ISA from the
- * environment. Errors: KS_ERR_UNSUPPORTED if the named ISA is unavailable,
- * KS_ERR_INVAL for an unknown name. Call once at startup; thread-safe after. */
+ * environment. Errors: KS_ERR_UNSUPPORTED if the named ISA is unavailable
+ * or KS_ATTN=bf16 (kern_attn_block) is set on a CPU without it, KS_ERR_INVAL
+ * for an unknown name or KS_ATTN value. Call once at startup; thread-safe
+ * after. */
 ks_err kern_init(const char *isa, ks_errbuf *eb) KS_MUST_USE;
 /* The vtab chosen by kern_init (the best available if kern_init was never
  * called). Never NULL; static storage. */
 const kern_vtab *kern_get(void);
 /* The vtab for isa if this CPU supports it, else NULL. Static storage. */
 const kern_vtab *kern_vtab_for(const char *isa);
+/* The attention block kernel a context on v runs: v's attn_block_bf16 where
+ * the environment says KS_ATTN=bf16 (kern_init refuses it on a CPU without
+ * AVX512-BF16; every vtab's bf16 entry computes the same values), v has one
+ * and this CPU has the instructions; else v's attn_block (f32, the default:
+ * its greedy tokens are llama.cpp's). The same for every call of a process. */
+kern_attn_block_fn kern_attn_block(const kern_vtab *v);
+/* Whether kern_attn_block(v) is v's BF16 kernel. */
+bool kern_attn_bf16(const kern_vtab *v);
 
 /* The weight types the matmul supports, as errors list them. */
 #define KERN_WTYPES                                                                                \

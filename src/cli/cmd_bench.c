@@ -687,8 +687,9 @@ int cli_bench(int argc, char **argv) {
     }
     printf("model: %s (%s, %d layers, n_embd %d, %.1f MiB of weights/token)\n", path, hp->arch_name,
            hp->n_layer, hp->n_embd, (double)model_bytes_per_token(s.m) / 1048576.0);
-    printf("kernels: %s, threads: %d, kv: %s (%.0f bytes per position)\n", kern_get()->name,
-           s.n_threads, kv_type_name(kv_type), kv_tok);
+    printf("kernels: %s, threads: %d, kv: %s (%.0f bytes per position), attention: %s\n",
+           kern_get()->name, s.n_threads, kv_type_name(kv_type), kv_tok,
+           kern_attn_bf16(kern_get()) ? "bf16" : "f32");
     for (int k = 0; k < n_t; k++) {
         const int di = (int)((t[k].ns - ns) / 200);
         printf("%s: %.2f tokens/s\n", t[k].name, t[k].n_gen ? tg_best[di] : pp_best[di]);

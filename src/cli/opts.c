@@ -290,7 +290,8 @@ void cli__version_print(FILE *f) {
         fprintf(f, "kernels: %s%s%s%s\n", kern_get()->name, forced ? " (KS_FORCE_ISA=" : "",
                 forced ? force : "", forced ? ")" : "");
     else
-        fprintf(f, "kernels: %s (KS_FORCE_ISA: %s)\n", kern_get()->name, eb.msg);
+        fprintf(f, "kernels: %s (%s)\n", kern_get()->name, eb.msg);
+    fprintf(f, "attention: %s\n", kern_attn_bf16(kern_get()) ? "bf16 (KS_ATTN=bf16)" : "f32");
     fprintf(f, "sd_notify: %s\n", cli__notify_available() ? "yes (libsystemd)" : "no");
     if (KS_BROKEN_BUILD[0])
         fprintf(f, "build: TEST-ONLY KS_BROKEN=%s (a safeguard is switched off: never deploy)\n",

@@ -1280,5 +1280,6 @@ const kern_vtab kern__vtab_avx2 = {
     .gelu_mul = avx2__gelu_mul,
     .softmax = avx2__softmax,
     .attn_block = kern__attn_block_ref, // the reference: long-context speed is the AVX-512 path's
+    .attn_block_bf16 = kern__attn_block_ref_bf16,
     .gdn_step = kern__avx2_gdn_step,
 };

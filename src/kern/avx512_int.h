@@ -345,5 +345,6 @@ void kern__a512_silu_mul(int64_t n, const float *g, const float *u, float *y);
 void kern__a512_gelu_mul(int64_t n, const float *g, const float *u, float *y);
 void kern__a512_softmax(int64_t n, float *x);
 void kern__a512_attn_block(const kern_attn_blk *a);
+void kern__a512_attn_block_bf16(const kern_attn_blk *a);
 
 #endif /* KS_KERN_AVX512_INT_H */

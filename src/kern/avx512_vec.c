@@ -579,6 +579,264 @@ void kern__a512_attn_block(const kern_attn_blk *a) {
 }
 
 // ----------------------------------------------------------------------------
+// The same block with BF16 dot products (kern.h attn_block_bf16). vdpbf16ps
+// adds two products a lane, each exact in f32 (8-bit mantissas), at about
+// 1.8x the multiply-adds per cycle of f32 fmas on these cores: q and K are
+// rounded to bf16 (RNE) for the scores, the weights p and V for P.V. m, l,
+// the exponentials and o stay f32, and l sums the rounded weights, so o / l
+// is a true average of the rounded values. Pairs: a dword holds elements
+// (2i, 2i + 1), the lower one in its low half: keys pair along d, values
+// along the block's lanes (rows 2i and 2i + 1, whatever a row's lo and hi,
+// so the pairing never depends on the tile). A pair's row outside the lanes
+// read is a zero value with weight 0. Batch invariance as above.
+
+// the BF16 instructions for these functions alone (kern_attn_block runs
+// them only where the CPU has them); GCC and clang both take the attribute
+#define A512_BF16 __attribute__((target("avx512bf16")))
+
+/* 32 floats (lo: elements 0-15, hi: 16-31) as 16 bf16 pairs, in order. */
+A512_INLINE A512_BF16 __m512i a512__bf_pairs(__m512 lo, __m512 hi) {
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+/* Columns [c0, c0 + 16) of value rows j and j + 1 as 16 bf16 pairs (row j
+ * low); a row at or past jend, or NULL, is zero. */
+A512_INLINE A512_BF16 __m512i a512__bf_vpair(ks_dtype t, const kern_attn_blk *a, int j, int jlo,
+                                             int jend, int c0) {
+    const __m512i ix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                        8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512 x0 =
+        j >= jlo && j < jend ? a512__kv_ld(t, a->vrow[j], c0, 0xFFFF) : _mm512_setzero_ps();
+    const __m512 x1 = j + 1 >= jlo && j + 1 < jend ? a512__kv_ld(t, a->vrow[j + 1], c0, 0xFFFF)
+                                                   : _mm512_setzero_ps();
+    return _mm512_permutexvar_epi16(ix, a512__bf_pairs(x0, x1));
+}
+
+/* The block's lanes [j0, j1) (j0 % 16 == 0) as bf16 pairs: kb is (D / 2,
+ * 64) dwords, kb[i * 64 + j] = K_j[2i], K_j[2i + 1], zero past j1 in j1's
+ * group of 16; vb (optional) is (32, Dv) dwords, vb[i * Dv + c] = V_2i[c],
+ * V_2i+1[c] for the pairs that meet [j0, j1). */
+A512_INLINE A512_BF16 void a512__attn_load_bf(ks_dtype t, const kern_attn_blk *a, int j0, int j1,
+                                              uint32_t *kb, uint32_t *vb) {
+    const int D = a->D, Dv = a->Dv;
+    for (int jg = j0; jg < j1; jg += 16) {
+        const int nr = j1 - jg < 16 ? j1 - jg : 16;
+        for (int d0 = 0; d0 < D; d0 += 32) {
+            const bool two = d0 + 16 < D; // D % 32 == 16: the last run has 8 pairs
+            __m512 v[16];
+            _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) {
+                if (i >= nr) {
+                    v[i] = _mm512_setzero_ps();
+                    continue;
+                }
+                const __m512 lo = a512__kv_ld(t, a->krow[jg + i], d0, 0xFFFF);
+                const __m512 hi =
+                    two ? a512__kv_ld(t, a->krow[jg + i], d0 + 16, 0xFFFF) : _mm512_setzero_ps();
+                v[i] = _mm512_castsi512_ps(a512__bf_pairs(lo, hi));
+            }
+            a512__tr16(v);
+            const int np = two ? 16 : 8;
+            for (int i = 0; i < np; i++)
+                _mm512_store_ps((float *)kb + (size_t)(d0 / 2 + i) * KERN_ATTN_BLOCK + jg, v[i]);
+        }
+    }
+    for (int j = j0; j < j1 && vb; j += 2)
+        for (int c0 = 0; c0 < Dv; c0 += 16)
+            _mm512_store_si512(vb + (size_t)(j / 2) * (size_t)Dv + (size_t)c0,
+                               a512__bf_vpair(t, a, j, j0, j1, c0));
+}
+
+/* Scores of NH (1 or 2) heads against the 64 lanes, as a512__attn_qk with
+ * the heads' q as bf16 pairs (q0, q1: D / 2 dwords): one vdpbf16ps per pair
+ * in increasing order within each run of 8 pairs, the runs' sums added in
+ * order. D % 16 == 0. */
+A512_INLINE A512_BF16 void a512__attn_qk_bf(int NH, int D, const uint32_t *kb, const uint32_t *q0,
+                                            const uint32_t *q1, __m512 acc[2][4]) {
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) acc[h][v] = _mm512_setzero_ps();
+    for (int i0 = 0; i0 < D / 2; i0 += 8) {
+        __m512 r[2][4];
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) r[h][v] = _mm512_setzero_ps();
+        for (int i = i0; i < i0 + 8; i++) {
+            const uint32_t *kr = kb + (size_t)i * KERN_ATTN_BLOCK;
+            __m512i k0 = _mm512_load_si512(kr), k1 = _mm512_load_si512(kr + 16),
+                    k2 = _mm512_load_si512(kr + 32), k3 = _mm512_load_si512(kr + 48);
+            __asm__("" : "+v"(k0), "+v"(k1), "+v"(k2), "+v"(k3)); // as a512__attn_qk
+            const __m512bh b0 = (__m512bh)_mm512_set1_epi32((int)q0[i]);
+            r[0][0] = _mm512_dpbf16_ps(r[0][0], b0, (__m512bh)k0);
+            r[0][1] = _mm512_dpbf16_ps(r[0][1], b0, (__m512bh)k1);
+            r[0][2] = _mm512_dpbf16_ps(r[0][2], b0, (__m512bh)k2);
+            r[0][3] = _mm512_dpbf16_ps(r[0][3], b0, (__m512bh)k3);
+            if (NH == 2) {
+                const __m512bh b1 = (__m512bh)_mm512_set1_epi32((int)q1[i]);
+                r[1][0] = _mm512_dpbf16_ps(r[1][0], b1, (__m512bh)k0);
+                r[1][1] = _mm512_dpbf16_ps(r[1][1], b1, (__m512bh)k1);
+                r[1][2] = _mm512_dpbf16_ps(r[1][2], b1, (__m512bh)k2);
+                r[1][3] = _mm512_dpbf16_ps(r[1][3], b1, (__m512bh)k3);
+            }
+        }
+        _Pragma("GCC unroll 2") for (int h = 0; h < NH; h++)
+            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) acc[h][v] =
+                _mm512_add_ps(acc[h][v], r[h][v]);
+    }
+}
+
+/* a512__attn_softmax with the weights rounded to bf16: writes them as 32
+ * pairs to pb and adds the rounded values to l. */
+A512_INLINE A512_BF16 float a512__attn_softmax_bf(__m512 acc[4], float scale, int lo, int hi,
+                                                  float *m, float *l, uint32_t *pb) {
+    const uint64_t live = (hi >= 64 ? ~0ull : (1ull << hi) - 1) & ~((1ull << lo) - 1);
+    const __m512 sc = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    __m512 s[4];
+    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) s[v] =
+        _mm512_mask_mul_ps(ninf, (__mmask16)(live >> (16 * v)), acc[v], sc);
+    const float mb =
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(s[0], s[1]), _mm512_max_ps(s[2], s[3])));
+    const float M = *m > mb ? *m : mb;
+    const float alpha = _mm512_cvtss_f32(a512__exp(_mm512_set1_ps(*m - M)));
+    const __m512 vM = _mm512_set1_ps(M);
+    __m512 e[4];
+    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) e[v] =
+        _mm512_maskz_mov_ps((__mmask16)(live >> (16 * v)), a512__exp(_mm512_sub_ps(s[v], vM)));
+    const __m512i w0 = a512__bf_pairs(e[0], e[1]), w1 = a512__bf_pairs(e[2], e[3]);
+    _mm512_store_si512(pb, w0);
+    _mm512_store_si512(pb + 16, w1);
+    // the rounded weights back in f32: a pair's high half masked, its low half shifted up
+    const __m512i hm = _mm512_set1_epi32((int)0xFFFF0000u);
+    const __m512 u = _mm512_add_ps(_mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)),
+                                                 _mm512_castsi512_ps(_mm512_and_si512(w0, hm))),
+                                   _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)),
+                                                 _mm512_castsi512_ps(_mm512_and_si512(w1, hm))));
+    *l = *l * alpha + _mm512_reduce_add_ps(u);
+    *m = M;
+    return alpha;
+}
+
+/* a512__attn_pv with bf16 pairs: o_h = o_h * alpha_h + sum over the pairs
+ * meeting [lo, hi) of the pair's two weights times its two values, pairs in
+ * order; values from vb or, vb NULL, converted from a->vrow here. */
+A512_INLINE A512_BF16 void a512__attn_pv_bf(ks_dtype t, int NH, int NC, const kern_attn_blk *a,
+                                            const uint32_t *vb, int c0, int lo, int hi,
+                                            const uint32_t *pb, const float *alpha, float *o) {
+    const size_t Dv = (size_t)a->Dv;
+    __m512 y[8][2];
+    _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
+        _Pragma("GCC unroll 2") for (int c = 0; c < NC; c++) y[h][c] =
+            _mm512_mul_ps(_mm512_loadu_ps(o + h * Dv + c0 + 16 * c), _mm512_set1_ps(alpha[h]));
+    for (int i = lo / 2; i < (hi + 1) / 2; i++) {
+        __m512i x[2];
+        _Pragma("GCC unroll 2") for (int c = 0; c < NC; c++) x[c] =
+            vb ? _mm512_load_si512(vb + (size_t)i * Dv + (size_t)(c0 + 16 * c))
+               : a512__bf_vpair(t, a, 2 * i, lo, hi, c0 + 16 * c);
+        _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) {
+            const __m512bh b = (__m512bh)_mm512_set1_epi32((int)pb[32 * h + i]);
+            _Pragma("GCC unroll 2") for (int c = 0; c < NC; c++) y[h][c] =
+                _mm512_dpbf16_ps(y[h][c], b, (__m512bh)x[c]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
+        _Pragma("GCC unroll 2") for (int c = 0; c < NC; c++)
+            _mm512_storeu_ps(o + h * Dv + c0 + 16 * c, y[h][c]);
+}
+
+A512_INLINE A512_BF16 void a512__attn_pv_cols_bf(ks_dtype t, int NH, const kern_attn_blk *a,
+                                                 const uint32_t *vb, int lo, int hi,
+                                                 const uint32_t *pb, const float *alpha, float *o) {
+    int c0 = 0;
+    for (; c0 + 32 <= a->Dv; c0 += 32)
+        a512__attn_pv_bf(t, NH, 2, a, vb, c0, lo, hi, pb, alpha, o);
+    if (c0 < a->Dv) a512__attn_pv_bf(t, NH, 1, a, vb, c0, lo, hi, pb, alpha, o);
+}
+
+/* a512__attn_heads in bf16; qb and pb: scratch for the heads' q pairs
+ * (8 x D / 2 dwords) and weights (8 x 32 dwords). */
+A512_INLINE A512_BF16 void a512__attn_heads_bf(ks_dtype t, const kern_attn_blk *a, int r, int g0,
+                                               int ng, const uint32_t *kb, const uint32_t *vb,
+                                               uint32_t *qb, uint32_t *pb) {
+    const size_t x0 = (size_t)r * (size_t)a->G + (size_t)g0, Dv = (size_t)a->Dv;
+    const int D = a->D, lo = a->lo[r], hi = a->hi[r];
+    const float *q = a->q + (size_t)r * a->q_stride + (size_t)g0 * (size_t)D;
+    for (int h = 0; h < ng; h++) // D % 32 == 16: the last run is 8 pairs
+        for (int d0 = 0; d0 < D; d0 += 32)
+            _mm512_mask_storeu_epi32(
+                qb + (size_t)h * (size_t)(D / 2) + d0 / 2, d0 + 16 < D ? 0xFFFF : 0xFF,
+                a512__bf_pairs(_mm512_loadu_ps(q + (size_t)h * D + d0),
+                               d0 + 16 < D ? _mm512_loadu_ps(q + (size_t)h * D + d0 + 16)
+                                           : _mm512_setzero_ps()));
+    _Alignas(64) float p[8 * KERN_ATTN_BLOCK];
+    float al[8];
+    for (int h = 0; h < ng; h += 2) {
+        const int nh = ng - h >= 2 ? 2 : 1;
+        __m512 acc[2][4];
+        const uint32_t *qh = qb + (size_t)h * (size_t)(D / 2);
+        if (nh == 2)
+            a512__attn_qk_bf(2, D, kb, qh, qh + D / 2, acc);
+        else
+            a512__attn_qk_bf(1, D, kb, qh, qh, acc);
+        for (int i = 0; i < nh; i++)
+            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
+                _mm512_store_ps(p + KERN_ATTN_BLOCK * (h + i) + 16 * v, acc[i][v]);
+    }
+    for (int h = 0; h < ng; h++) {
+        __m512 acc[4];
+        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) acc[v] =
+            _mm512_load_ps(p + KERN_ATTN_BLOCK * h + 16 * v);
+        al[h] =
+            a512__attn_softmax_bf(acc, a->scale, lo, hi, a->m + x0 + h, a->l + x0 + h, pb + 32 * h);
+    }
+    float *o = a->o + x0 * Dv;
+    int h = 0; // heads in runs of 8, 4, 2, 1
+    for (; h + 8 <= ng; h += 8)
+        a512__attn_pv_cols_bf(t, 8, a, vb, lo, hi, pb + 32 * h, al + h, o + h * Dv);
+    if (h + 4 <= ng) {
+        a512__attn_pv_cols_bf(t, 4, a, vb, lo, hi, pb + 32 * h, al + h, o + h * Dv);
+        h += 4;
+    }
+    if (h + 2 <= ng) {
+        a512__attn_pv_cols_bf(t, 2, a, vb, lo, hi, pb + 32 * h, al + h, o + h * Dv);
+        h += 2;
+    }
+    if (h < ng) a512__attn_pv_cols_bf(t, 1, a, vb, lo, hi, pb + 32 * h, al + h, o + h * Dv);
+}
+
+A512_INLINE A512_BF16 void a512__attn_block_bf_t(ks_dtype t, const kern_attn_blk *a) {
+    int j0 = a->n, j1 = 0, rows = 0;
+    for (int r = 0; r < a->R; r++)
+        if (a->lo[r] < a->hi[r]) {
+            j0 = a->lo[r] < j0 ? a->lo[r] : j0;
+            j1 = a->hi[r] > j1 ? a->hi[r] : j1;
+            rows++;
+        }
+    if (j0 >= j1) return;
+    // scratch (floats): kb 32 D, vb 32 Dv (more than one row), then the q
+    // pairs 4 D and the weights 256: within KERN_ATTN_SCRATCH's 64 (D + Dv)
+    uint32_t *kb = (uint32_t *)a->scratch, *vbuf = kb + (size_t)a->D * 32;
+    uint32_t *qb = vbuf + (size_t)a->Dv * 32, *pb = qb + (size_t)a->D * 4;
+    const uint32_t *vb = rows > 1 ? vbuf : NULL;
+    a512__attn_load_bf(t, a, j0 & ~15, j1, kb, rows > 1 ? vbuf : NULL);
+    for (int r = 0; r < a->R; r++) {
+        if (a->lo[r] >= a->hi[r]) continue;
+        for (int g = 0; g < a->G; g += 8)
+            a512__attn_heads_bf(t, a, r, g, a->G - g < 8 ? a->G - g : 8, kb, vb, qb, pb);
+    }
+}
+
+A512_BF16 void kern__a512_attn_block_bf16(const kern_attn_blk *a) {
+    switch (a->kv_type) {
+    case KS_DTYPE_F16:
+        a512__attn_block_bf_t(KS_DTYPE_F16, a);
+        break;
+    case KS_DTYPE_Q8_0:
+        a512__attn_block_bf_t(KS_DTYPE_Q8_0, a);
+        break;
+    default:
+        a512__attn_block_bf_t(KS_DTYPE_F32, a);
+        break;
+    }
+}
+
+// ----------------------------------------------------------------------------
 // The int8 dot-product peak (kern_int8_peak_ops)
 
 /* Runs n rounds of 16 independent vpdpbusd chains on zmm registers (no

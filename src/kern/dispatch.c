@@ -32,6 +32,15 @@ const kern_vtab *kern_vtab_for(const char *isa) {
     return &kern__vtab_ref;
 }
 
+bool kern_attn_bf16(const kern_vtab *v) {
+    const char *e = getenv("KS_ATTN");
+    return e && strcmp(e, "bf16") == 0 && v->attn_block_bf16 && ks_cpu_get()->avx512bf16;
+}
+
+kern_attn_block_fn kern_attn_block(const kern_vtab *v) {
+    return kern_attn_bf16(v) ? v->attn_block_bf16 : v->attn_block;
+}
+
 static const kern_vtab *kern__best(void) {
     const kern_vtab *v = kern_vtab_for("avx512");
     if (!v) v = kern_vtab_for("avx2");
@@ -46,6 +55,12 @@ ks_err kern_init(const char *isa, ks_errbuf *eb) {
         src = "KS_FORCE_ISA";
         if (isa && !*isa) isa = NULL;
     }
+    const char *at = getenv("KS_ATTN");
+    if (at && *at && strcmp(at, "f32") != 0 && strcmp(at, "bf16") != 0)
+        return ks_seterr(eb, KS_ERR_INVAL, "kern: unknown KS_ATTN '%s'; want f32 or bf16", at);
+    if (at && strcmp(at, "bf16") == 0 && !ks_cpu_get()->avx512bf16)
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED,
+                         "kern: KS_ATTN=bf16 needs AVX512-BF16 dot products, which this CPU lacks");
     const kern_vtab *v;
     if (!isa) {
         v = kern__best();

@@ -543,5 +543,6 @@ void kern__silu_mul_ref(int64_t n, const float *g, const float *u, float *y);
 void kern__gelu_mul_ref(int64_t n, const float *g, const float *u, float *y);
 void kern__softmax_ref(int64_t n, float *x);
 void kern__attn_block_ref(const kern_attn_blk *a);
+void kern__attn_block_ref_bf16(const kern_attn_blk *a);
 
 #endif /* KS_KERN_INT_H */

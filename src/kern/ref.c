@@ -11,6 +11,7 @@
  * Block layouts: kern_int.h. */
 #include "kern/kern_int.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -1314,6 +1315,47 @@ void kern__attn_block_ref(const kern_attn_blk *a) {
     }
 }
 
+/* x rounded to bf16 (RNE) and back, a subnormal as 0 (vdpbf16ps reads
+ * subnormal inputs as 0). */
+static float ref__bf16(float x) {
+    if (fabsf(x) < FLT_MIN) return 0.0f;
+    union { uint32_t u; float f; } v = {.u = (uint32_t)ks_f32_to_bf16(x) << 16};
+    return v.f;
+}
+
+/* kern.h attn_block_bf16, as kern__attn_block_ref with q, K, the weights
+ * and V rounded to bf16 (the products then exact, their sum in double) and
+ * l the sum of the rounded weights. Uses no scratch. */
+void kern__attn_block_ref_bf16(const kern_attn_blk *a) {
+    for (int r = 0; r < a->R; r++) {
+        const int lo = a->lo[r], hi = a->hi[r];
+        for (int g = 0; g < a->G && lo < hi; g++) {
+            const float *q = a->q + (size_t)r * a->q_stride + (size_t)g * (size_t)a->D;
+            const size_t x = (size_t)r * (size_t)a->G + (size_t)g;
+            float s[KERN_ATTN_BLOCK], mb = -INFINITY;
+            for (int j = lo; j < hi; j++) {
+                double d = 0.0;
+                for (int i = 0; i < a->D; i++)
+                    d += (double)ref__bf16(q[i]) *
+                         (double)ref__bf16(ref__kv_at(a->kv_type, a->krow[j], i));
+                s[j] = (float)d * a->scale;
+                mb = fmaxf(mb, s[j]);
+            }
+            const float M = fmaxf(a->m[x], mb), alpha = expf(a->m[x] - M);
+            float *o = a->o + x * (size_t)a->Dv, sum = 0.0f;
+            for (int i = 0; i < a->Dv; i++) o[i] *= alpha;
+            for (int j = lo; j < hi; j++) {
+                const float p = ref__bf16(expf(s[j] - M));
+                sum += p;
+                for (int i = 0; i < a->Dv; i++)
+                    o[i] = fmaf(p, ref__bf16(ref__kv_at(a->kv_type, a->vrow[j], i)), o[i]);
+            }
+            a->l[x] = a->l[x] * alpha + sum;
+            a->m[x] = M;
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // Vtab
 
@@ -1403,5 +1445,6 @@ const kern_vtab kern__vtab_ref = {
     .gelu_mul = kern__gelu_mul_ref,
     .softmax = kern__softmax_ref,
     .attn_block = kern__attn_block_ref,
+    .attn_block_bf16 = kern__attn_block_ref_bf16,
     .gdn_step = kern__gdn_step_ref,
 };

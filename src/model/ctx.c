@@ -28,6 +28,7 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     c->m = m;
     c->pool = pool;
     c->kv = kern_get();
+    c->attn_block = kern_attn_block(c->kv);
     c->kv_type = g->kv_type;
     c->kv_row = kv_row_bytes(g);
     uint64_t hrb = 0;

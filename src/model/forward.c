@@ -1054,7 +1054,7 @@ static bool fwd__attn_tiled(const model_ctx *c, int il) {
     // gemma4 stays on the old path: with the tiled kernel its Q4_K_M
     // perplexity against llama.cpp moved from within 0.5% to 0.55%
     // (e2e_test_arch_gemma4); not yet understood
-    return c->kv->attn_block && hp->arch != MODEL_ARCH_GEMMA4 && hp->attn_softcap <= 0.0f &&
+    return c->attn_block && hp->arch != MODEL_ARCH_GEMMA4 && hp->attn_softcap <= 0.0f &&
            !hp->idx_topk && D % q == 0 &&
            Dv % q == 0 && D > 0 && Dv > 0;
 }
@@ -1166,7 +1166,7 @@ static void fwd__attn_tile(fwd__attn *a, int ti, int h, int G, int nkv, float *s
                 }
                 k.q = c->q + (size_t)t0 * (size_t)(H * D) + (size_t)(h + x * G) * (size_t)D;
                 k.m = m + x * S, k.l = l + x * S, k.o = o + (size_t)(x * S) * (size_t)Dv;
-                c->kv->attn_block(&k);
+                c->attn_block(&k);
             }
         }
     }

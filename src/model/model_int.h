@@ -184,6 +184,7 @@ struct model_ctx {
     kv_pool *pool;
     ks_pool *threads;
     const kern_vtab *kv;  // kernels
+    kern_attn_block_fn attn_block; // kern_attn_block(kv): the tiled attention's kernel
     int32_t max_tokens, max_ctx;
     const float *rope_freqs; // RoPE angle divisors: LongRoPE's long ones past rope_orig_ctx
     // activations, all (T, ...) row-major

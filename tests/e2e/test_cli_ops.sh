@@ -108,6 +108,11 @@ re_ver="^kvseal ${want//./\\.}( \\(git [^)]+\\))?\$"
 [[ $(echo "$ver" | head -n 1) =~ $re_ver ]] || fail "--version: [$ver], want $want"
 expect_eq "kvseal version = --version" "$("$KS_BIN" version)" "$ver"
 expect_has "--version kernels" "$ver" "kernels: "
+expect_has "--version attention" "$ver" "attention: f32"
+# an unknown attention precision is refused by name, before any model loads
+KS_ATTN=fp8 "$KS_BIN" run -m "$M" -p hi -n 2 >/dev/null 2>"$TMPD/attn.err"
+expect_eq "KS_ATTN=fp8: status" "$?" 1
+expect_has "KS_ATTN=fp8: message" "$(cat "$TMPD/attn.err")" "unknown KS_ATTN 'fp8'; want f32 or bf16"
 
 # ---- perplexity's final line, on the head of the README (always present)
 head -c 12000 "$KS_SRC/README.md" >"$TMPD/text.txt"

@@ -823,8 +823,15 @@ static void test_rows_ops(const kern_vtab *v) {
 // - the final o / l against a plain softmax . V in double (the math);
 // - batch invariance, bit for bit: each row computed alone (R = 1) in its own
 //   call equals its value inside the tile, and so does each head (G = 1).
+// The BF16 kernel (attn_block_bf16, where this CPU runs it) the same way,
+// against kern__attn_block_ref_bf16 (the same roundings) within
+// ATTN_REL_BF16_REF (a weight whose f32 value differs in its last bits from
+// the reference's can round to the next bf16: 2^-8 of its share) and against
+// the math within ATTN_REL_BF16 (q, K, p and V to 8 bits).
 #define ATTN_REL 2e-5
-static void attn_run(const kern_vtab *v, int t, int D, int Dv, int G, int R, const float *q,
+#define ATTN_REL_BF16_REF 1e-4
+#define ATTN_REL_BF16 2e-2
+static void attn_run(kern_attn_block_fn fn, int t, int D, int Dv, int G, int R, const float *q,
                      size_t q_stride, uint8_t *const *rows, uint8_t *const *vrows, int NP,
                      const int *lo, const int *hi, float *m, float *l, float *o, float *scr) {
     for (int x = 0; x < R * G; x++)
@@ -841,17 +848,26 @@ static void attn_run(const kern_vtab *v, int t, int D, int Dv, int G, int R, con
                            .q_stride = q_stride, .krow = (const uint8_t *const *)rows + j0,
                            .vrow = (const uint8_t *const *)vrows + j0, .n = n, .lo = blo,
                            .hi = bhi, .scale = 0.3f, .m = m, .l = l, .o = o, .scratch = scr};
-        v->attn_block(&a);
+        fn(&a);
     }
     for (int x = 0; x < R * G; x++)
         for (int i = 0; i < Dv; i++)
             o[(size_t)x * (size_t)Dv + (size_t)i] /= l[x];
 }
 
-static void test_attn_block(const kern_vtab *v) {
+static void test_attn_block(const kern_vtab *v, bool bf16) {
     static const int dims[][2] = {{64, 64}, {128, 128}, {32, 32}, {96, 64}, {48, 16}};
     enum { NP = 150, R = 5, GM = 9, DM = 128 };
     CHECK(v->attn_block != NULL);
+    const kern_attn_block_fn fn = bf16 ? v->attn_block_bf16 : v->attn_block;
+    const kern_attn_block_fn ref = bf16 ? kern__attn_block_ref_bf16 : kern__attn_block_ref;
+    const double rel_ref = bf16 ? ATTN_REL_BF16_REF : ATTN_REL,
+                 rel_exact = bf16 ? ATTN_REL_BF16 : ATTN_REL;
+    if (bf16 && (!fn || !ks_cpu_get()->avx512bf16)) {
+        printf("  %s attn_block_bf16: %s, skipped\n", v->name,
+               fn ? "this CPU has no AVX512-BF16" : "none");
+        return;
+    }
     float *src = xmalloc(sizeof(float) * NP * DM), *deq = xmalloc(sizeof(float) * NP * DM);
     float *vsrc = xmalloc(sizeof(float) * NP * DM), *vdeq = xmalloc(sizeof(float) * NP * DM);
     uint8_t *pool = xmalloc(8 * (NP / 16 + 1) * 16 * DM), *rows[NP], *vrows[NP];
@@ -880,9 +896,8 @@ static void test_attn_block(const kern_vtab *v) {
             for (int i = 0; i < R * G * D; i++)
                 q[i] = rng_f();
             const size_t qs = (size_t)(G * D);
-            attn_run(v, t, D, Dv, G, R, q, qs, rows, vrows, NP, lo, hi, m, l, o1, scr);
-            attn_run(&kern__vtab_ref, t, D, Dv, G, R, q, qs, rows, vrows, NP, lo, hi, m, l, o2,
-                     scr);
+            attn_run(fn, t, D, Dv, G, R, q, qs, rows, vrows, NP, lo, hi, m, l, o1, scr);
+            attn_run(ref, t, D, Dv, G, R, q, qs, rows, vrows, NP, lo, hi, m, l, o2, scr);
             for (int r = 0; r < R; r++)
                 for (int g = 0; g < G; g++) {
                     const float *qq = q + (size_t)r * qs + (size_t)g * (size_t)D;
@@ -901,21 +916,23 @@ static void test_attn_block(const kern_vtab *v) {
                         double y = 0.0;
                         for (int j = lo[r]; j < hi[r]; j++)
                             y += w[j] / sum * vdeq[j * D + i];
-                        if (fabs(o1[x + i] - o2[x + i]) > ATTN_REL || fabs(o1[x + i] - y) > ATTN_REL) {
-                            printf("  %s attn_block t%d D%d Dv%d r%d g%d i%d: %g ref %g exact %g\n",
-                                   v->name, t, D, Dv, r, g, i, o1[x + i], o2[x + i], y);
+                        if (fabs(o1[x + i] - o2[x + i]) > rel_ref ||
+                            fabs(o1[x + i] - y) > rel_exact) {
+                            printf("  %s attn_block%s t%d D%d Dv%d r%d g%d i%d: %g ref %g exact %g\n",
+                                   v->name, bf16 ? "_bf16" : "", t, D, Dv, r, g, i, o1[x + i],
+                                   o2[x + i], y);
                             CHECK(!"attn_block differs beyond ATTN_REL");
                         }
                     }
                 }
             // batch invariance: a row alone, a head alone, bit for bit
             for (int r = 0; r < R; r++) {
-                attn_run(v, t, D, Dv, G, 1, q + (size_t)r * qs, qs, rows, vrows, NP, lo + r,
+                attn_run(fn, t, D, Dv, G, 1, q + (size_t)r * qs, qs, rows, vrows, NP, lo + r,
                          hi + r, m, l, o3, scr);
                 for (int i = 0; i < G * Dv; i++)
                     CHECK(same_bits(o3[i], o1[(size_t)r * (size_t)(G * Dv) + (size_t)i]));
                 for (int g = 0; g < G; g++) {
-                    attn_run(v, t, D, Dv, 1, 1, q + (size_t)r * qs + (size_t)g * (size_t)D, qs,
+                    attn_run(fn, t, D, Dv, 1, 1, q + (size_t)r * qs + (size_t)g * (size_t)D, qs,
                              rows, vrows, NP, lo + r, hi + r, m, l, o3, scr);
                     for (int i = 0; i < Dv; i++)
                         CHECK(same_bits(o3[i], o1[(size_t)(r * G + g) * (size_t)Dv + (size_t)i]));
@@ -1216,7 +1233,8 @@ int main(void) {
         test_gdn_step(v);
         test_ssm_scan(v);
         test_rows_ops(v);
-        test_attn_block(v);
+        test_attn_block(v, false);
+        test_attn_block(v, true);
         test_matmul_vs_ref(v);
         test_batch_invariance(v);
         test_r16(v);

@@ -109,6 +109,11 @@ static const int32_t G3[] = {472, 2001, 270, 261, 472, 301, 425, 290, 261, 502, 
 static void test_golden(const model *m, const char *isa, int kv_type) {
     ks_errbuf eb;
     CHECK_EQ(kern_init(isa, &eb), KS_OK);
+    if (kern_attn_bf16(kern_get())) { // unit_model_bf16: the invariance tests are what it runs for
+        printf("  %s golden: skipped (llama.cpp's tokens, from f32-precision attention; "
+               "KS_ATTN=bf16 rounds q, K, p and V to 8 bits)\n", isa);
+        return;
+    }
     env e;
     env_open_kv(&e, m, 2, kv_type, KV_SCRUB_ZERO);
     float *lg = malloc(sizeof(float) * (size_t)e.V * N_GEN);
@@ -482,7 +487,11 @@ static void test_sliding_window(const char *src) {
         d_win = fmaxf(d_win, fabsf(a[i] - b[i]));
         d_full = fmaxf(d_full, fabsf(a[i] - c[i]));
     }
-    CHECK(d_win < 1e-3f);
+    // bf16 attention rounds q and K after RoPE, which turns them by absolute
+    // position: the two runs round differently (3.4e-3 seen; d_full is ~4)
+    const float tol = kern_attn_bf16(kern_get()) ? 2e-2f : 1e-3f;
+    if (d_win >= tol) fprintf(stderr, "d_win %g (tolerance %g), d_full %g\n", d_win, tol, d_full);
+    CHECK(d_win < tol);
     CHECK(d_full > 0.1f);
     free(a);
     model_free(win);
@@ -988,6 +997,11 @@ int main(void) {
     char path[1024];
     model *m;
     ks_errbuf eb;
+    const char *at = getenv("KS_ATTN");
+    if (at && strcmp(at, "bf16") == 0 && !ks_cpu_get()->avx512bf16) {
+        printf("test_model: KS_ATTN=bf16 but this CPU has no AVX512-BF16, skipped\n");
+        return 77;
+    }
     if (model_load(model_path(path, sizeof path), &m, &eb) != KS_OK) {
         fprintf(stderr, "%s\n", eb.msg);
         return 1;
