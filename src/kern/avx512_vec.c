@@ -550,15 +550,24 @@ A512_INLINE void a512__attn_heads(ks_dtype t, const kern_attn_blk *a, int r, int
         a512__attn_pv_cols(t, 1, a, vt, lo, hi, p + KERN_ATTN_BLOCK * h, al + h, o + h * Dv);
 }
 
-A512_INLINE void a512__attn_block_t(ks_dtype t, const kern_attn_blk *a) {
-    int j0 = a->n, j1 = 0, rows = 0; // the lanes any row reads
+/* The lanes [*j0, *j1) any row of the tile reads; returns how many rows
+ * read any (0: none, the block is skipped). */
+A512_INLINE int a512__attn_lanes(const kern_attn_blk *a, int *j0, int *j1) {
+    int rows = 0;
+    *j0 = a->n, *j1 = 0;
     for (int r = 0; r < a->R; r++)
         if (a->lo[r] < a->hi[r]) {
-            j0 = a->lo[r] < j0 ? a->lo[r] : j0;
-            j1 = a->hi[r] > j1 ? a->hi[r] : j1;
+            *j0 = a->lo[r] < *j0 ? a->lo[r] : *j0;
+            *j1 = a->hi[r] > *j1 ? a->hi[r] : *j1;
             rows++;
         }
-    if (j0 >= j1) return;
+    return rows;
+}
+
+A512_INLINE void a512__attn_block_t(ks_dtype t, const kern_attn_blk *a) {
+    int j0, j1;
+    const int rows = a512__attn_lanes(a, &j0, &j1);
+    if (rows == 0) return;
     // scratch: kt (D, 64), then vt (64, Dv) when more than one row reads the
     // values (one row converts them as it goes)
     float *kt = a->scratch, *vt = rows > 1 ? kt + (size_t)a->D * KERN_ATTN_BLOCK : NULL;
@@ -801,14 +810,9 @@ A512_INLINE A512_BF16 void a512__attn_heads_bf(ks_dtype t, const kern_attn_blk *
 }
 
 A512_INLINE A512_BF16 void a512__attn_block_bf_t(ks_dtype t, const kern_attn_blk *a) {
-    int j0 = a->n, j1 = 0, rows = 0;
-    for (int r = 0; r < a->R; r++)
-        if (a->lo[r] < a->hi[r]) {
-            j0 = a->lo[r] < j0 ? a->lo[r] : j0;
-            j1 = a->hi[r] > j1 ? a->hi[r] : j1;
-            rows++;
-        }
-    if (j0 >= j1) return;
+    int j0, j1;
+    const int rows = a512__attn_lanes(a, &j0, &j1);
+    if (rows == 0) return;
     // scratch (floats): kb 32 D, vb 32 Dv (more than one row), then the q
     // pairs 4 D and the weights 256: within KERN_ATTN_SCRATCH's 64 (D + Dv)
     uint32_t *kb = (uint32_t *)a->scratch, *vbuf = kb + (size_t)a->D * 32;

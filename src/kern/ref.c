@@ -1283,38 +1283,6 @@ void kern__softmax_ref(int64_t n, float *x) {
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
 
-/* kern.h attn_block, one (row, head) at a time: scores as ref__dot_rows
- * (double sum, increasing i), expf, and o's update one fma per element,
- * lanes in order. Uses no scratch. */
-void kern__attn_block_ref(const kern_attn_blk *a) {
-    for (int r = 0; r < a->R; r++) {
-        const int lo = a->lo[r], hi = a->hi[r];
-        for (int g = 0; g < a->G && lo < hi; g++) {
-            const float *q = a->q + (size_t)r * a->q_stride + (size_t)g * (size_t)a->D;
-            const size_t x = (size_t)r * (size_t)a->G + (size_t)g;
-            float s[KERN_ATTN_BLOCK], mb = -INFINITY;
-            for (int j = lo; j < hi; j++) {
-                double d = 0.0;
-                for (int i = 0; i < a->D; i++)
-                    d += (double)q[i] * (double)ref__kv_at(a->kv_type, a->krow[j], i);
-                s[j] = (float)d * a->scale;
-                mb = fmaxf(mb, s[j]);
-            }
-            const float M = fmaxf(a->m[x], mb), alpha = expf(a->m[x] - M);
-            float *o = a->o + x * (size_t)a->Dv, sum = 0.0f;
-            for (int i = 0; i < a->Dv; i++) o[i] *= alpha;
-            for (int j = lo; j < hi; j++) {
-                const float p = expf(s[j] - M);
-                sum += p;
-                for (int i = 0; i < a->Dv; i++)
-                    o[i] = fmaf(p, ref__kv_at(a->kv_type, a->vrow[j], i), o[i]);
-            }
-            a->l[x] = a->l[x] * alpha + sum;
-            a->m[x] = M;
-        }
-    }
-}
-
 /* x rounded to bf16 (RNE) and back, a subnormal as 0 (vdpbf16ps reads
  * subnormal inputs as 0). */
 static float ref__bf16(float x) {
@@ -1323,10 +1291,12 @@ static float ref__bf16(float x) {
     return v.f;
 }
 
-/* kern.h attn_block_bf16, as kern__attn_block_ref with q, K, the weights
- * and V rounded to bf16 (the products then exact, their sum in double) and
- * l the sum of the rounded weights. Uses no scratch. */
-void kern__attn_block_ref_bf16(const kern_attn_blk *a) {
+/* kern.h attn_block, one (row, head) at a time: scores as ref__dot_rows
+ * (double sum, increasing i), expf, and o's update one fma per element,
+ * lanes in order; bf: attn_block_bf16, with q, K, the weights and V
+ * rounded to bf16 (the products then exact) and l the sum of the rounded
+ * weights. Uses no scratch. */
+static void ref__attn_block(const kern_attn_blk *a, bool bf) {
     for (int r = 0; r < a->R; r++) {
         const int lo = a->lo[r], hi = a->hi[r];
         for (int g = 0; g < a->G && lo < hi; g++) {
@@ -1335,9 +1305,11 @@ void kern__attn_block_ref_bf16(const kern_attn_blk *a) {
             float s[KERN_ATTN_BLOCK], mb = -INFINITY;
             for (int j = lo; j < hi; j++) {
                 double d = 0.0;
-                for (int i = 0; i < a->D; i++)
-                    d += (double)ref__bf16(q[i]) *
-                         (double)ref__bf16(ref__kv_at(a->kv_type, a->krow[j], i));
+                for (int i = 0; i < a->D; i++) {
+                    const float k = ref__kv_at(a->kv_type, a->krow[j], i);
+                    d += bf ? (double)ref__bf16(q[i]) * (double)ref__bf16(k)
+                            : (double)q[i] * (double)k;
+                }
                 s[j] = (float)d * a->scale;
                 mb = fmaxf(mb, s[j]);
             }
@@ -1345,16 +1317,22 @@ void kern__attn_block_ref_bf16(const kern_attn_blk *a) {
             float *o = a->o + x * (size_t)a->Dv, sum = 0.0f;
             for (int i = 0; i < a->Dv; i++) o[i] *= alpha;
             for (int j = lo; j < hi; j++) {
-                const float p = ref__bf16(expf(s[j] - M));
+                const float p = bf ? ref__bf16(expf(s[j] - M)) : expf(s[j] - M);
                 sum += p;
-                for (int i = 0; i < a->Dv; i++)
-                    o[i] = fmaf(p, ref__bf16(ref__kv_at(a->kv_type, a->vrow[j], i)), o[i]);
+                for (int i = 0; i < a->Dv; i++) {
+                    const float v = ref__kv_at(a->kv_type, a->vrow[j], i);
+                    o[i] = fmaf(p, bf ? ref__bf16(v) : v, o[i]);
+                }
             }
             a->l[x] = a->l[x] * alpha + sum;
             a->m[x] = M;
         }
     }
 }
+
+void kern__attn_block_ref(const kern_attn_blk *a) { ref__attn_block(a, false); }
+
+void kern__attn_block_ref_bf16(const kern_attn_blk *a) { ref__attn_block(a, true); }
 
 // ----------------------------------------------------------------------------
 // Vtab
