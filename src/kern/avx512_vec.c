@@ -54,30 +54,36 @@ A512_INLINE __m512 a512__kv_ld(ks_dtype t, const uint8_t *row, int64_t i, __mmas
     return _mm512_maskz_loadu_ps(m, row + 4 * i);
 }
 
-/* Lane j = _mm512_reduce_add_ps(v[j]), bit for bit: GCC's tree (lane i plus
- * lane i+8, then +4, then +2, then +1) run on 16 rows at once by 128-bit
- * and in-lane shuffles, where 16 separate reductions cost ~4x the shuffles. */
+/* Lanes 0-7 of the result: x[h]'s 16 lanes reduced by addition (max where
+ * mx) bit for bit as _mm512_reduce_add_ps (_max_) does it: GCC's tree, lane
+ * i plus lane i + 8, then + 4, + 2, + 1, the same for every h, so a row's
+ * result never depends on its place or on the others. By 128-bit and
+ * in-lane shuffles: a quarter of the shuffles of 8 reductions one at a
+ * time. Lanes 8-15 undefined. */
+A512_INLINE __m512 a512__reduce8(const __m512 x[8], bool mx) {
+#define A512__OP(a, b) (mx ? _mm512_max_ps((a), (b)) : _mm512_add_ps((a), (b)))
+    __m512 t[4], u[2];
+    // t[k]: lanes 0-7 row 2k's i and i + 8, lanes 8-15 row 2k + 1's
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) t[k] =
+        A512__OP(_mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0x44),
+                 _mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0xEE));
+    // u[k]: 128-bit lane c row 4k + c's i and i + 4
+    _Pragma("GCC unroll 2") for (int k = 0; k < 2; k++) u[k] =
+        A512__OP(_mm512_shuffle_f32x4(t[2 * k], t[2 * k + 1], 0x88),
+                 _mm512_shuffle_f32x4(t[2 * k], t[2 * k + 1], 0xDD));
+    // 128-bit lane c: rows c and c + 4, lanes i and i + 2 (i < 2), then i and i + 1
+    const __m512 v =
+        A512__OP(_mm512_shuffle_ps(u[0], u[1], 0x44), _mm512_shuffle_ps(u[0], u[1], 0xEE));
+    const __m512 w = A512__OP(_mm512_shuffle_ps(v, v, 0x88), _mm512_shuffle_ps(v, v, 0xDD));
+#undef A512__OP
+    // lane 4c: row c, lane 4c + 1: row c + 4
+    return _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 13, 9, 5, 1, 12, 8, 4, 0),
+                                 w);
+}
+
+/* Lane j = _mm512_reduce_add_ps(v[j]), bit for bit (a512__reduce8). */
 A512_INLINE __m512 a512__reduce16(const __m512 v[16]) {
-    __m512 l1[8], l2[4], l3[2];
-    _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) {
-        // rows n, n+4 | n+8, n+12: u_i = a_i + a_{i+8} in 8 lanes each
-        for (int h = 0; h < 2; h++) {
-            const __m512 a = v[n + 8 * h], b = v[n + 4 + 8 * h];
-            l1[2 * n + h] =
-                _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-        }
-    }
-    // 128-bit lane k of l2[n] holds row n + 4k: w_i = u_i + u_{i+4}
-    _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) l2[n] =
-        _mm512_add_ps(_mm512_shuffle_f32x4(l1[2 * n], l1[2 * n + 1], 0x88),
-                      _mm512_shuffle_f32x4(l1[2 * n], l1[2 * n + 1], 0xDD));
-    // lane k of l3[p]: x0, x1 (w0 + w2, w1 + w3) of rows 2p + 4k, 2p + 1 + 4k
-    _Pragma("GCC unroll 2") for (int p = 0; p < 2; p++) l3[p] =
-        _mm512_add_ps(_mm512_shuffle_ps(l2[2 * p], l2[2 * p + 1], 0x44),
-                      _mm512_shuffle_ps(l2[2 * p], l2[2 * p + 1], 0xEE));
-    // x0 + x1 of rows 4k + 0..3, in row order
-    return _mm512_add_ps(_mm512_shuffle_ps(l3[0], l3[1], 0x88),
-                         _mm512_shuffle_ps(l3[0], l3[1], 0xDD));
+    return _mm512_shuffle_f32x4(a512__reduce8(v, false), a512__reduce8(v + 8, false), 0x44);
 }
 
 /* Rows [j0, j0 + nr) of a plane (nr <= 16, n % 16 == 0, n <= 128) as f32
@@ -438,31 +444,54 @@ A512_INLINE void a512__attn_qk(int NH, int D, const float *kt, const float *q0, 
     }
 }
 
-/* The softmax half of one head's update: masks lanes outside [lo, hi),
- * updates m and l, writes the weights p_j (0 outside) to p and returns the
- * factor exp(m_old - M) that o must be scaled by. */
-A512_INLINE float a512__attn_softmax(__m512 acc[4], float scale, int lo, int hi, float *m,
-                                     float *l, float *p) {
-    const uint64_t live = (hi >= 64 ? ~0ull : (1ull << hi) - 1) & ~((1ull << lo) - 1);
+/* The first half of ng (1..8) heads' softmax update: their running maxima
+ * m[0..ng) against the block's score maxima mx[h]. Writes M = max(m, the
+ * block's) to m and exp(m_old - M), the factor o and l are scaled by, to
+ * alpha; returns M (lane h). mx[ng..8) are overwritten. */
+A512_INLINE __m512 a512__attn_newmax(int ng, __m512 mx[8], float *m, float *alpha) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int h = ng; h < 8; h++)
+        mx[h] = ninf;
+    const __mmask16 k = (__mmask16)((1u << ng) - 1);
+    const __m512 mo = _mm512_mask_loadu_ps(ninf, k, m);
+    const __m512 M = _mm512_max_ps(mo, a512__reduce8(mx, true)); // mo - M <= 0
+    _mm512_mask_storeu_ps(alpha, k, a512__exp(_mm512_sub_ps(mo, M)));
+    _mm512_mask_storeu_ps(m, k, M);
+    return M;
+}
+
+/* The second half: l[h] = l[h] alpha[h] + the sum of u[h]'s lanes (the
+ * block's weights, ng heads; u[ng..8) overwritten). */
+A512_INLINE void a512__attn_newsum(int ng, __m512 u[8], const float *alpha, float *l) {
+    for (int h = ng; h < 8; h++)
+        u[h] = _mm512_setzero_ps();
+    const __mmask16 k = (__mmask16)((1u << ng) - 1);
+    const __m512 lo = _mm512_maskz_loadu_ps(k, l), al = _mm512_maskz_loadu_ps(k, alpha);
+    _mm512_mask_storeu_ps(l, k, _mm512_add_ps(_mm512_mul_ps(lo, al), a512__reduce8(u, false)));
+}
+
+/* A head's scores acc (key lanes 0-63) scaled, -inf outside [lo, hi),
+ * stored to s; returns their lanewise maximum over the four vectors. */
+A512_INLINE __m512 a512__attn_scale(const __m512 acc[4], float scale, uint64_t live, float *s) {
     const __m512 sc = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
-    __m512 s[4];
-    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
-        s[v] = _mm512_mask_mul_ps(ninf, (__mmask16)(live >> (16 * v)), acc[v], sc);
-    const float mb =
-        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(s[0], s[1]), _mm512_max_ps(s[2], s[3])));
-    const float M = *m > mb ? *m : mb; // *m - M <= 0: a512__exp, as for the weights
-    const float alpha = _mm512_cvtss_f32(a512__exp(_mm512_set1_ps(*m - M)));
-    const __m512 vM = _mm512_set1_ps(M);
-    __m512 e[4];
+    __m512 x[4];
     _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
-        e[v] = _mm512_maskz_mov_ps((__mmask16)(live >> (16 * v)),
-                                   a512__exp(_mm512_sub_ps(s[v], vM)));
-        _mm512_store_ps(p + 16 * v, e[v]);
+        x[v] = _mm512_mask_mul_ps(ninf, (__mmask16)(live >> (16 * v)), acc[v], sc);
+        _mm512_store_ps(s + 16 * v, x[v]);
     }
-    *l = *l * alpha + _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(e[0], e[1]),
-                                                         _mm512_add_ps(e[2], e[3])));
-    *m = M;
-    return alpha;
+    return _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]));
+}
+
+/* The weights exp(s - M) of a head's 64 lanes (0 outside live) into e. */
+A512_INLINE void a512__attn_weights(const float *s, float M, uint64_t live, __m512 e[4]) {
+    const __m512 vM = _mm512_set1_ps(M);
+    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) e[v] = _mm512_maskz_mov_ps(
+        (__mmask16)(live >> (16 * v)), a512__exp(_mm512_sub_ps(_mm512_load_ps(s + 16 * v), vM)));
+}
+
+/* The key lanes [lo, hi) as a 64-bit mask. */
+A512_INLINE uint64_t a512__attn_live(int lo, int hi) {
+    return (hi >= 64 ? ~0ull : (1ull << hi) - 1) & ~((1ull << lo) - 1);
 }
 
 /* o_h = o_h * alpha_h + sum_{j in [lo, hi)} p_h[j] * V_j for NH (1..8)
@@ -514,8 +543,10 @@ A512_INLINE void a512__attn_heads(ks_dtype t, const kern_attn_blk *a, int r, int
     const int lo = a->lo[r], hi = a->hi[r];
     _Alignas(64) float p[8 * KERN_ATTN_BLOCK];
     float al[8];
-    // every head's scores first, then their softmax updates, whose chains
-    // of reductions are independent and overlap
+    const uint64_t live = a512__attn_live(lo, hi);
+    __m512 mx[8], u[8];
+    // scores two heads at a time into p, then the heads' maxima together,
+    // then the weights over p and the heads' sums together
     for (int h = 0; h < ng; h += 2) {
         const int nh = ng - h >= 2 ? 2 : 1;
         __m512 acc[2][4];
@@ -525,15 +556,18 @@ A512_INLINE void a512__attn_heads(ks_dtype t, const kern_attn_blk *a, int r, int
         else
             a512__attn_qk(1, a->D, kt, qh, qh, acc);
         for (int i = 0; i < nh; i++)
-            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
-                _mm512_store_ps(p + KERN_ATTN_BLOCK * (h + i) + 16 * v, acc[i][v]);
+            mx[h + i] = a512__attn_scale(acc[i], a->scale, live, p + KERN_ATTN_BLOCK * (h + i));
     }
+    _Alignas(64) float M[16];
+    _mm512_store_ps(M, a512__attn_newmax(ng, mx, a->m + x0, al));
     for (int h = 0; h < ng; h++) {
         float *ph = p + KERN_ATTN_BLOCK * h;
-        __m512 acc[4];
-        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) acc[v] = _mm512_load_ps(ph + 16 * v);
-        al[h] = a512__attn_softmax(acc, a->scale, lo, hi, a->m + x0 + h, a->l + x0 + h, ph);
+        __m512 e[4];
+        a512__attn_weights(ph, M[h], live, e);
+        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) _mm512_store_ps(ph + 16 * v, e[v]);
+        u[h] = _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3]));
     }
+    a512__attn_newsum(ng, u, al, a->l + x0);
     float *o = a->o + x0 * Dv;
     int h = 0; // heads in runs of 8, 4, 2, 1
     for (; h + 8 <= ng; h += 8)
@@ -655,71 +689,45 @@ A512_INLINE A512_BF16 void a512__attn_load_bf(ks_dtype t, const kern_attn_blk *a
                                a512__bf_vpair(t, a, j, j0, j1, c0));
 }
 
-/* Scores of NH (1 or 2) heads against the 64 lanes, as a512__attn_qk with
- * the heads' q as bf16 pairs (q0, q1: D / 2 dwords): one vdpbf16ps per pair
- * in increasing order within each run of 8 pairs, the runs' sums added in
- * order. D % 16 == 0. */
-A512_INLINE A512_BF16 void a512__attn_qk_bf(int NH, int D, const uint32_t *kb, const uint32_t *q0,
-                                            const uint32_t *q1, __m512 acc[2][4]) {
-    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+/* Scores of NH (1..4) heads against the 64 lanes: acc[h][v] lane i = the
+ * sum over the pairs of q_h's pair times key 16v + i's, one vdpbf16ps chain
+ * per (head, vector) over the D / 2 pairs in increasing order (products of
+ * bf16 are exact in f32, so the runs a512__attn_qk sums apart buy nothing
+ * here). Four heads make 16 independent chains: vdpbf16ps's latency is
+ * about six cycles, and the 8 chains of two heads ran at half its
+ * throughput. A head's chain is the same whatever NH. */
+A512_INLINE A512_BF16 void a512__attn_qk_bf(int NH, int D, const uint32_t *kb, const uint32_t *qh,
+                                            __m512 acc[4][4]) {
+    _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++)
         _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) acc[h][v] = _mm512_setzero_ps();
-    for (int i0 = 0; i0 < D / 2; i0 += 8) {
-        __m512 r[2][4];
-        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
-            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) r[h][v] = _mm512_setzero_ps();
-        for (int i = i0; i < i0 + 8; i++) {
-            const uint32_t *kr = kb + (size_t)i * KERN_ATTN_BLOCK;
-            __m512i k0 = _mm512_load_si512(kr), k1 = _mm512_load_si512(kr + 16),
-                    k2 = _mm512_load_si512(kr + 32), k3 = _mm512_load_si512(kr + 48);
-            __asm__("" : "+v"(k0), "+v"(k1), "+v"(k2), "+v"(k3)); // as a512__attn_qk
-            const __m512bh b0 = (__m512bh)_mm512_set1_epi32((int)q0[i]);
-            r[0][0] = _mm512_dpbf16_ps(r[0][0], b0, (__m512bh)k0);
-            r[0][1] = _mm512_dpbf16_ps(r[0][1], b0, (__m512bh)k1);
-            r[0][2] = _mm512_dpbf16_ps(r[0][2], b0, (__m512bh)k2);
-            r[0][3] = _mm512_dpbf16_ps(r[0][3], b0, (__m512bh)k3);
-            if (NH == 2) {
-                const __m512bh b1 = (__m512bh)_mm512_set1_epi32((int)q1[i]);
-                r[1][0] = _mm512_dpbf16_ps(r[1][0], b1, (__m512bh)k0);
-                r[1][1] = _mm512_dpbf16_ps(r[1][1], b1, (__m512bh)k1);
-                r[1][2] = _mm512_dpbf16_ps(r[1][2], b1, (__m512bh)k2);
-                r[1][3] = _mm512_dpbf16_ps(r[1][3], b1, (__m512bh)k3);
-            }
+    const size_t qs = (size_t)D / 2; // a head's pairs
+    for (int i = 0; i < D / 2; i++) {
+        const uint32_t *kr = kb + (size_t)i * KERN_ATTN_BLOCK;
+        __m512i k0 = _mm512_load_si512(kr), k1 = _mm512_load_si512(kr + 16),
+                k2 = _mm512_load_si512(kr + 32), k3 = _mm512_load_si512(kr + 48);
+        __asm__("" : "+v"(k0), "+v"(k1), "+v"(k2), "+v"(k3)); // as a512__attn_qk
+        _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) {
+            const __m512bh b = (__m512bh)_mm512_set1_epi32((int)qh[(size_t)h * qs + (size_t)i]);
+            acc[h][0] = _mm512_dpbf16_ps(acc[h][0], b, (__m512bh)k0);
+            acc[h][1] = _mm512_dpbf16_ps(acc[h][1], b, (__m512bh)k1);
+            acc[h][2] = _mm512_dpbf16_ps(acc[h][2], b, (__m512bh)k2);
+            acc[h][3] = _mm512_dpbf16_ps(acc[h][3], b, (__m512bh)k3);
         }
-        _Pragma("GCC unroll 2") for (int h = 0; h < NH; h++)
-            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) acc[h][v] =
-                _mm512_add_ps(acc[h][v], r[h][v]);
     }
 }
 
-/* a512__attn_softmax with the weights rounded to bf16: writes them as 32
- * pairs to pb and adds the rounded values to l. */
-A512_INLINE A512_BF16 float a512__attn_softmax_bf(__m512 acc[4], float scale, int lo, int hi,
-                                                  float *m, float *l, uint32_t *pb) {
-    const uint64_t live = (hi >= 64 ? ~0ull : (1ull << hi) - 1) & ~((1ull << lo) - 1);
-    const __m512 sc = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
-    __m512 s[4];
-    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) s[v] =
-        _mm512_mask_mul_ps(ninf, (__mmask16)(live >> (16 * v)), acc[v], sc);
-    const float mb =
-        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(s[0], s[1]), _mm512_max_ps(s[2], s[3])));
-    const float M = *m > mb ? *m : mb;
-    const float alpha = _mm512_cvtss_f32(a512__exp(_mm512_set1_ps(*m - M)));
-    const __m512 vM = _mm512_set1_ps(M);
-    __m512 e[4];
-    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) e[v] =
-        _mm512_maskz_mov_ps((__mmask16)(live >> (16 * v)), a512__exp(_mm512_sub_ps(s[v], vM)));
+/* A head's weights e (64 lanes) rounded to bf16: stored as 32 pairs to pb;
+ * returns the rounded values' lanewise sums (a pair's high half masked,
+ * its low half shifted up), so l sums what P.V multiplies. */
+A512_INLINE A512_BF16 __m512 a512__attn_round_bf(const __m512 e[4], uint32_t *pb) {
     const __m512i w0 = a512__bf_pairs(e[0], e[1]), w1 = a512__bf_pairs(e[2], e[3]);
     _mm512_store_si512(pb, w0);
     _mm512_store_si512(pb + 16, w1);
-    // the rounded weights back in f32: a pair's high half masked, its low half shifted up
     const __m512i hm = _mm512_set1_epi32((int)0xFFFF0000u);
-    const __m512 u = _mm512_add_ps(_mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)),
-                                                 _mm512_castsi512_ps(_mm512_and_si512(w0, hm))),
-                                   _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)),
-                                                 _mm512_castsi512_ps(_mm512_and_si512(w1, hm))));
-    *l = *l * alpha + _mm512_reduce_add_ps(u);
-    *m = M;
-    return alpha;
+    return _mm512_add_ps(_mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)),
+                                       _mm512_castsi512_ps(_mm512_and_si512(w0, hm))),
+                         _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)),
+                                       _mm512_castsi512_ps(_mm512_and_si512(w1, hm))));
 }
 
 /* a512__attn_pv with bf16 pairs: o_h = o_h * alpha_h + sum over the pairs
@@ -775,25 +783,31 @@ A512_INLINE A512_BF16 void a512__attn_heads_bf(ks_dtype t, const kern_attn_blk *
                                            : _mm512_setzero_ps()));
     _Alignas(64) float p[8 * KERN_ATTN_BLOCK];
     float al[8];
-    for (int h = 0; h < ng; h += 2) {
-        const int nh = ng - h >= 2 ? 2 : 1;
-        __m512 acc[2][4];
+    const uint64_t live = a512__attn_live(lo, hi);
+    __m512 mx[8], u[8];
+    for (int h = 0; h < ng; h += 4) { // as a512__attn_heads, four heads a pass
+        const int nh = ng - h >= 4 ? 4 : ng - h;
+        __m512 acc[4][4];
         const uint32_t *qh = qb + (size_t)h * (size_t)(D / 2);
-        if (nh == 2)
-            a512__attn_qk_bf(2, D, kb, qh, qh + D / 2, acc);
+        if (nh == 4)
+            a512__attn_qk_bf(4, D, kb, qh, acc);
+        else if (nh == 3)
+            a512__attn_qk_bf(3, D, kb, qh, acc);
+        else if (nh == 2)
+            a512__attn_qk_bf(2, D, kb, qh, acc);
         else
-            a512__attn_qk_bf(1, D, kb, qh, qh, acc);
+            a512__attn_qk_bf(1, D, kb, qh, acc);
         for (int i = 0; i < nh; i++)
-            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
-                _mm512_store_ps(p + KERN_ATTN_BLOCK * (h + i) + 16 * v, acc[i][v]);
+            mx[h + i] = a512__attn_scale(acc[i], a->scale, live, p + KERN_ATTN_BLOCK * (h + i));
     }
+    _Alignas(64) float M[16];
+    _mm512_store_ps(M, a512__attn_newmax(ng, mx, a->m + x0, al));
     for (int h = 0; h < ng; h++) {
-        __m512 acc[4];
-        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) acc[v] =
-            _mm512_load_ps(p + KERN_ATTN_BLOCK * h + 16 * v);
-        al[h] =
-            a512__attn_softmax_bf(acc, a->scale, lo, hi, a->m + x0 + h, a->l + x0 + h, pb + 32 * h);
+        __m512 e[4];
+        a512__attn_weights(p + KERN_ATTN_BLOCK * h, M[h], live, e);
+        u[h] = a512__attn_round_bf(e, pb + 32 * h);
     }
+    a512__attn_newsum(ng, u, al, a->l + x0);
     float *o = a->o + x0 * Dv;
     int h = 0; // heads in runs of 8, 4, 2, 1
     for (; h + 8 <= ng; h += 8)
