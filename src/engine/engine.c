@@ -158,17 +158,22 @@ static void engine__report_violations(engine *e) {
     static const char *states[] = {"FREE", "ALLOCATED", "READY", "QUARANTINE"};
     for (int i = 0; i < n; i++) {
         const engine_req *r = NULL;
-        for (int j = 0; j < e->n_running; j++)
-            if (engine__seq(e->running[j])->uid == v[i].seq_uid) r = e->running[j];
+        bool draft = false; // the sequence is a request's draft-model KV (e->dpool)
+        for (int j = 0; j < e->n_running; j++) {
+            engine_req *x = e->running[j];
+            if (engine__seq(x)->uid == v[i].seq_uid || (x->d_uid && x->d_uid == v[i].seq_uid))
+                r = x, draft = engine__seq(x)->uid != v[i].seq_uid;
+        }
         char json[768];
         snprintf(json, sizeof json,
                  "{\"event\":\"isolation_violation\",\"request_id\":%" PRIu64 ",\"tenant\":\"%s\","
-                 "\"seq_uid\":\"%016" PRIx64 "\",\"page\":%u,\"expected\":{\"seq_uid\":\"%016" PRIx64
-                 "\",\"gen\":%" PRIu64 "},\"found\":{\"seq_uid\":\"%016" PRIx64 "\",\"gen\":%" PRIu64
+                 "\"pool\":\"%s\",\"seq_uid\":\"%016" PRIx64
+                 "\",\"page\":%u,\"expected\":{\"seq_uid\":\"%016" PRIx64 "\",\"gen\":%" PRIu64
+                 "},\"found\":{\"seq_uid\":\"%016" PRIx64 "\",\"gen\":%" PRIu64
                  "},\"page_state\":\"%s\"}",
-                 r ? r->id : 0, r ? r->tenant : "?", v[i].seq_uid, v[i].page, v[i].expected.seq_uid,
-                 v[i].expected.gen, v[i].found.seq_uid, v[i].found.gen,
-                 (unsigned)v[i].state < 4 ? states[v[i].state] : "?");
+                 r ? r->id : 0, r ? r->tenant : "?", draft ? "draft" : "model", v[i].seq_uid,
+                 v[i].page, v[i].expected.seq_uid, v[i].expected.gen, v[i].found.seq_uid,
+                 v[i].found.gen, (unsigned)v[i].state < 4 ? states[v[i].state] : "?");
         if (e->o.on_security_event) e->o.on_security_event(e->o.event_ctx, json);
         else
             ks_log_fields(KS_LOG_ERROR, json, "SECURITY %s", json);
@@ -397,28 +402,37 @@ static void engine__prompt_events(engine *e, engine_req *r) {
 /* TEST ONLY (I9): with KS_FAULT=swap_page, once two requests are decoding,
  * point the newer one's first block-table entry at the older one's page;
  * with KS_FAULT=swap_state (a hybrid model), its last recurrent-state entry
- * at the older one's state page. */
+ * at the older one's state page; with KS_FAULT=swap_draft, once two
+ * decoding requests have draft-model pages, the newer one's first draft
+ * page at the older one's. */
 static void engine__inject_fault(engine *e) {
     const char *f = getenv("KS_FAULT");
-    const bool state = f && !strcmp(f, "swap_state");
-    if (e->fault_done || !f || (strcmp(f, "swap_page") != 0 && !state)) return;
+    const bool state = f && !strcmp(f, "swap_state"), draft = f && !strcmp(f, "swap_draft");
+    if (e->fault_done || !f || (strcmp(f, "swap_page") != 0 && !state && !draft)) return;
     engine_req *a = NULL, *b = NULL;
     for (int i = 0; i < e->n_running; i++) {
         engine_req *r = e->running[i];
-        if (atomic_load(&r->state) != ENGINE_DECODING || engine__seq(r)->n_shared) continue;
+        if (atomic_load(&r->state) != ENGINE_DECODING) continue;
+        // swap_draft: requests with draft pages (never shared) and drafts still to make
+        if (draft ? !r->has_dseq || r->dseq.n_tokens == 0 || r->max_tokens - r->n_gen < 8
+                  : engine__seq(r)->n_shared != 0)
+            continue;
         if (!a) a = r;
         else b = r;
     }
     if (!a || !b) return;
     const int sp = kv_pool_geom(e->pool)->state_pages;
-    if (state && sp > 0)
+    if (draft)
+        kv_fault_swap_entry(&b->dseq, &a->dseq, 0);
+    else if (state && sp > 0)
         kv_fault_swap_state(engine__seq(b), engine__seq(a), (uint32_t)sp - 1);
     else
         kv_fault_swap_entry(engine__seq(b), engine__seq(a), 0);
     e->fault_done = true;
+    const char *what = draft ? "draft-model KV" : state ? "recurrent-state" : "KV";
     ks_log(KS_LOG_WARN,
            "TEST FAULT: request %" PRIu64 " now points at a %s page of request %" PRIu64, b->id,
-           state ? "recurrent-state" : "KV", a->id);
+           what, a->id);
 }
 #endif
 

@@ -91,6 +91,7 @@ struct engine_req {
     int32_t n_drafted, n_accepted; // totals, reported in the done event
     kv_seq dseq;             // draft model: its KV of this request (e->dpool)
     bool has_dseq;           // dseq holds pages the engine must release
+    uint64_t d_uid;          // dseq's last identity, kept past its release (security events)
     uint32_t d_valid;        // dseq's positions [0, d_valid) hold the request's own tokens
     int32_t n_dm;            // this step: drafts the draft model wrote to draft[], 0: none
     int32_t dm_want;         // this step: drafts asked of the draft model

@@ -333,6 +333,7 @@ void engine__spec_dmodel(engine *e, bool drafting) {
         if (!r->has_dseq) { // its draft pages, for every position it can reach
             ks_errbuf eb;
             kv_seq_init(e->dpool, &r->dseq);
+            r->d_uid = r->dseq.uid;
             r->has_dseq = true;
             r->d_valid = 0;
             if (kv_seq_reserve(e->dpool, &r->dseq, L + (uint32_t)(r->max_tokens - r->n_gen), &eb)) {
@@ -417,6 +418,7 @@ void engine__spec_mtp(engine *e, bool drafting) {
         if (!r->has_dseq) { // its head pages, for every position it can reach
             ks_errbuf eb;
             kv_seq_init(e->dpool, &r->dseq);
+            r->d_uid = r->dseq.uid;
             r->has_dseq = true;
             r->d_valid = 0;
             r->m_base = r->mh_pos0;

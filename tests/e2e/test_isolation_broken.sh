@@ -77,6 +77,16 @@ KS_SERVE_BIN="$KS_BUILD/isolation-faults/kvseal" bash "$here/spec_channel_run.sh
 KS_SERVE_BIN="$KS_BUILD/isolation-spec_shared/kvseal" bash "$here/spec_channel_run.sh" \
     >"$TMPD/channel.log" 2>&1 && { cat "$TMPD/channel.log" >&2; fail "spec_shared: the channel was not caught"; }
 grep -E "SPEC CHANNEL|tenant a kept" "$TMPD/channel.log" >&2
+# A draft model keeps its rows in a pool of its own, read through the same
+# tag check (spec_draft_fault_run.sh: the injector points one request's
+# first draft page at another tenant's request's): the fault build refuses
+# the read, the no_tag_check build lets that request draft from the other
+# tenant's rows (a timing channel: its answer stays right).
+KS_SERVE_BIN="$KS_BUILD/isolation-faults/kvseal" bash "$here/spec_draft_fault_run.sh" \
+    >"$TMPD/draft-ok.log" 2>&1 || { cat "$TMPD/draft-ok.log" >&2; fail "draft pool on the fault build"; }
+KS_SERVE_BIN="$KS_BUILD/isolation-no_tag_check/kvseal" bash "$here/spec_draft_fault_run.sh" \
+    >"$TMPD/draft.log" 2>&1 && { cat "$TMPD/draft.log" >&2; fail "no_tag_check: the draft pool read was not caught"; }
+grep -E "DRAFT POOL" "$TMPD/draft.log" >&2 || { cat "$TMPD/draft.log" >&2; fail "no_tag_check: the draft run failed otherwise"; }
 # disaggregated: the same suite against router + 2 prefill + 2 decode
 expect 1 placeholder LEAK_DISAGG=1
 expect 1 shared_prefix LEAK_DISAGG=1  # the prefill workers' prefix cache (I7)
