@@ -330,7 +330,8 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
         MHD_get_connection_values(c, MHD_HEADER_KIND, srv__framing_it, &f);
         if (bad_path)
             srv_refuse(&err, ADMIT_INVALID_PATH, NULL,
-                       "the path may not contain an encoded slash (%%2F) or NUL (%%00)");
+                       "the path may not contain an encoded slash (%%2F) outside a model "
+                       "id, or an encoded NUL (%%00)");
         if (bad_path || !srv_framing_check(&f, &err)) {
             sc->refused = true;
             return srv__reply_error(s, c, srv__route_of(url), &err);
