@@ -55,9 +55,11 @@ if ! echo 'int main(void) { return 0; }' | gcc -x c -fsanitize=thread -o /dev/nu
 fi
 
 # the end-to-end tests drive the server with the official openai and
-# @anthropic-ai/sdk npm clients (versions pinned in tests/e2e/js/package-lock.json)
+# @anthropic-ai/sdk npm clients (versions pinned in tests/e2e/js/package-lock.json);
+# openai twice: 4.x as "openai", 6.x under the alias "openai6"
 js="$(dirname "$0")/../tests/e2e/js"
-if [ ! -d "$js/node_modules/openai" ] || [ ! -d "$js/node_modules/@anthropic-ai/sdk" ]; then
+if [ ! -d "$js/node_modules/openai" ] || [ ! -d "$js/node_modules/openai6" ] ||
+  [ ! -d "$js/node_modules/@anthropic-ai/sdk" ]; then
   echo "install-deps: npm ci in tests/e2e/js" >&2
   (cd "$js" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi
