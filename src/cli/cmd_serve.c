@@ -6,7 +6,8 @@
  * the context and never below 1x. Both print engine_capacity_check's
  * arithmetic; serve refuses to start (exit 1) when one request of the
  * advertised context cannot fit and warns below 2x. serve prints one line
- * "listening on http://HOST:PORT" to stdout once bound, then waits for
+ * "listening on http://HOST:PORT" (https:// with --ssl-cert-file) to
+ * stdout once bound, then waits for
  * SIGTERM/SIGINT, drains (new requests get 503, running ones finish, up to
  * --drain-timeout-ms), aborts what is left and exits 0 after freeing all.
  * Options come from the command line and a --config FILE (opts.c); under a
