@@ -389,7 +389,7 @@ static bool api__sampling(srv_request *r, json_t *root, srv_error *err) {
     return srv_sampling_read(root, sp, err); // SAMPLE_PARAM_MAP's rows (sampling_json.c)
 }
 
-/* The fields each generation route implements (README "Routes"); every
+/* The fields each generation route implements (docs/api.md "Request fields"); every
  * other field is refused by name rather than silently ignored, so a client
  * never gets an answer that quietly differs from what it asked for (chat's echo,
  * suffix, tools outside chat, ...). Accepted without an effect on the
