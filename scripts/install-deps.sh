@@ -14,8 +14,9 @@ for p in "${pkgs[@]}"; do
 done
 # tools are looked up as commands: a machine may have them from elsewhere
 # (e.g. a node build that bundles npm, which Debian's npm package conflicts with)
+# openssl (the CLI): test_https.sh makes its test CA and certificate with it
 # ip and tc (iproute2): the netns tests (tests/e2e/netns.sh) put cluster nodes in namespaces
-for c in cmake:cmake make:make gcc:gcc clang:clang curl:curl node:nodejs npm:npm spin:spin jq:jq ip:iproute2 tc:iproute2; do
+for c in cmake:cmake make:make gcc:gcc clang:clang curl:curl node:nodejs npm:npm spin:spin jq:jq ip:iproute2 tc:iproute2 openssl:openssl; do
   command -v "${c%%:*}" >/dev/null 2>&1 || missing+=("${c#*:}")
 done
 # jinja2 is the oracle of the chat-template engine (tests/e2e/jinja_oracle.py):
