@@ -1185,6 +1185,29 @@ static void test_masks(const char *path) {
     check_mask(v, gv, json, "{\"name\": \"\xc3"); // inside a character
     check_mask(v, gv, json, "{\"name\":\"x\",\"n\":1");
     {
+        // pattern, bounds and formats: the masks of their rules against brute force
+        json_t *s = json_pack("{s:s,s:{s:{s:s,s:s},s:{s:s,s:i,s:i},s:{s:s,s:i,s:i},s:{s:s,s:s},s:{"
+                              "s:s,s:s}},s:[sssss]}",
+                              "type", "object", "properties", "p", "type", "string", "pattern",
+                              "^[^a-c\"]{1,4}\\.(x|\\d+)$", "n", "type", "integer", "minimum", -150,
+                              "maximum", 2024, "r", "type", "number", "exclusiveMinimum", -1,
+                              "maximum", 9, "d", "type", "string", "format", "date", "e", "type",
+                              "string", "format", "email", "required", "p", "n", "r", "d", "e");
+        CHECK(s);
+        char *t = NULL;
+        CHECK_EQ(grammar_schema_gbnf(s, "", &t, &eb), KS_OK);
+        json_decref(s);
+        check_mask(v, gv, t, "{\"p\":\"");
+        check_mask(v, gv, t, "{\"p\":\"\\");              // inside an escape
+        check_mask(v, gv, t, "{\"p\":\"z\\\\\xc3\xa9.1"); // an escaped backslash, a raw é
+        check_mask(v, gv, t, "{\"p\":\"zz.x\",\"n\":20");
+        check_mask(v, gv, t, "{\"p\":\"zz.x\",\"n\":-");
+        check_mask(v, gv, t, "{\"p\":\"zz.x\",\"n\":7,\"r\":-0.");
+        check_mask(v, gv, t, "{\"p\":\"zz.x\",\"n\":7,\"r\":2,\"d\":\"2024-02-");
+        check_mask(v, gv, t, "{\"p\":\"zz.x\",\"n\":7,\"r\":2,\"d\":\"2024-02-29\",\"e\":\"a.b@x");
+        free(t);
+    }
+    {
         json_t *s = json_loads("{\"type\":\"object\"}", 0, NULL);
         char *t = NULL;
         CHECK_EQ(grammar_schema_gbnf(s, "", &t, &eb), KS_OK);
