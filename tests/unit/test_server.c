@@ -312,8 +312,8 @@ static void test_request_invalid(void) {
     expect_invalid(
         C,
         "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
-        "\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}}",
-        "response_format.json_schema.schema", "unsupported_parameter", "'pattern'");
+        "\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":\"string\",\"pattern\":\"(?=a)\"}}}}",
+        "response_format.json_schema.schema", "unsupported_parameter", "a lookahead at offset 0");
     expect_invalid(
         C,
         "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
