@@ -16,7 +16,9 @@ done
 # (e.g. a node build that bundles npm, which Debian's npm package conflicts with)
 # openssl (the CLI): test_https.sh makes its test CA and certificate with it
 # ip and tc (iproute2): the netns tests (tests/e2e/netns.sh) put cluster nodes in namespaces
-for c in cmake:cmake make:make gcc:gcc clang:clang curl:curl node:nodejs npm:npm spin:spin jq:jq ip:iproute2 tc:iproute2 openssl:openssl; do
+# chromium: the web pages' browser test (tests/e2e/test_webui.sh, through puppeteer-core)
+for c in cmake:cmake make:make gcc:gcc clang:clang curl:curl node:nodejs npm:npm spin:spin jq:jq ip:iproute2 tc:iproute2 \
+         openssl:openssl chromium:chromium; do
   command -v "${c%%:*}" >/dev/null 2>&1 || missing+=("${c#*:}")
 done
 # jinja2 is the oracle of the chat-template engine (tests/e2e/jinja_oracle.py):
@@ -56,11 +58,11 @@ if ! echo 'int main(void) { return 0; }' | gcc -x c -fsanitize=thread -o /dev/nu
 fi
 
 # the end-to-end tests drive the server with the official openai and
-# @anthropic-ai/sdk npm clients (versions pinned in tests/e2e/js/package-lock.json);
-# openai twice: 4.x as "openai", 6.x under the alias "openai6"
+# @anthropic-ai/sdk npm clients, and the web pages with puppeteer-core (versions pinned in
+# tests/e2e/js/package-lock.json); openai twice: 4.x as "openai", 6.x under the alias "openai6"
 js="$(dirname "$0")/../tests/e2e/js"
 if [ ! -d "$js/node_modules/openai" ] || [ ! -d "$js/node_modules/openai6" ] ||
-  [ ! -d "$js/node_modules/@anthropic-ai/sdk" ]; then
+  [ ! -d "$js/node_modules/@anthropic-ai/sdk" ] || [ ! -d "$js/node_modules/puppeteer-core" ]; then
   echo "install-deps: npm ci in tests/e2e/js" >&2
   (cd "$js" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi

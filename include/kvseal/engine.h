@@ -301,6 +301,33 @@ bool engine_is_online(const engine *e);
  * leak suite and the admin route; thread-safe. */
 ks_err engine_check_quiescent(engine *e, uint32_t timeout_ms, ks_errbuf *eb) KS_MUST_USE;
 
+/* The admin page's map of the model's KV pool: every page's state and the
+ * tenant whose running request holds it. Owner names are for the admin
+ * alone (the route that shows them takes the admin key). */
+enum { ENGINE_MAP_OWNERS = 64 };
+enum {
+    ENGINE_MAP_FREE = -1,   /* no owner: FREE */
+    ENGINE_MAP_CACHED = -2, /* held by the prefix cache only, or a sequence no running
+                               request names (an adopted transfer, a queued resume) */
+    ENGINE_MAP_OTHER = -3   /* a running request past ENGINE_MAP_OWNERS tenants */
+};
+typedef struct engine_map {
+    uint32_t n_pages; /* pages of the model pool */
+    uint8_t *state;   /* (n_pages) kv_page_state */
+    int8_t *owner;    /* (n_pages) index into tenant[], or ENGINE_MAP_* */
+    int n_tenants;
+    char tenant[ENGINE_MAP_OWNERS][128];
+    uint32_t running[ENGINE_MAP_OWNERS]; /* running requests of each tenant */
+} engine_map;
+/* Snapshots the pool's pages on the scheduler thread between two steps
+ * (each page's header only, never a payload byte). KS_ERR_TIMEOUT when the
+ * scheduler did not get to it within timeout_ms; KS_ERR_NOMEM. Thread-safe;
+ * the caller frees *out with engine_map_free. */
+ks_err engine_map_pages(engine *e, uint32_t timeout_ms, engine_map **out /* OUT */,
+                        ks_errbuf *eb) KS_MUST_USE;
+/* Frees a map; accepts NULL. */
+void engine_map_free(engine_map *m);
+
 // ----------------------------------------------------------------------------
 // Event streams: what engine_req_next reads, reusable by other producers
 // (the cluster router), so that every front end emits the same events.

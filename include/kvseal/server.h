@@ -139,6 +139,10 @@ typedef struct server_backend {
     /* Prometheus text the backend adds to /metrics (series labelled by model, say),
      * malloc'd, the caller frees it; NULL: none (also the member NULL). Any thread. */
     char *(*metrics_text)(void *impl);
+    /* engine_map_pages (NULL: the backend holds no pool, as a router; /admin
+     * then shows its counters without a map) */
+    ks_err (*map_pages)(void *impl, uint32_t timeout_ms, engine_map **out /* OUT */,
+                        ks_errbuf *eb);
 } server_backend;
 
 /* Parses --tool-call-format's value into server_opts.tool_call_format:

@@ -680,6 +680,47 @@ kv_pool *engine_pool(engine *e) {
     return e->pool;
 }
 
+typedef struct {
+    uint64_t uid;
+    int8_t owner;
+} engine__uid_owner;
+
+static int engine__uid_cmp(const void *a, const void *b) {
+    uint64_t x = ((const engine__uid_owner *)a)->uid, y = ((const engine__uid_owner *)b)->uid;
+    return x < y ? -1 : x > y;
+}
+
+/* Fills m on the scheduler thread between steps, e->mu held (so an asker
+ * that timed out cannot free m meanwhile): each page's state, and the
+ * tenant of the running request whose sequence's tag the page carries. */
+static void engine__map_fill(engine *e, engine_map *m) {
+    engine__uid_owner *uo = malloc(sizeof *uo * (size_t)(e->n_running ? e->n_running : 1));
+    int n = 0;
+    for (int i = 0; uo && i < e->n_running; i++) {
+        const engine_req *r = e->running[i];
+        int t = 0;
+        while (t < m->n_tenants && strcmp(m->tenant[t], r->tenant))
+            t++;
+        if (t == m->n_tenants && t < ENGINE_MAP_OWNERS)
+            snprintf(m->tenant[m->n_tenants++], sizeof m->tenant[0], "%s", r->tenant);
+        if (t < ENGINE_MAP_OWNERS) m->running[t]++;
+        uo[n++] = (engine__uid_owner){engine__seq((engine_req *)r)->uid,
+                                      (int8_t)(t < ENGINE_MAP_OWNERS ? t : ENGINE_MAP_OTHER)};
+    }
+    if (n) qsort(uo, (size_t)n, sizeof *uo, engine__uid_cmp);
+    for (uint32_t p = 0; p < m->n_pages; p++) {
+        kv_page_info pi;
+        if (kv_pool_page_info(e->pool, p, &pi) != KS_OK) pi = (kv_page_info){0};
+        m->state[p] = (uint8_t)pi.state;
+        engine__uid_owner key = {.uid = pi.tag.seq_uid}, *hit;
+        hit = n ? bsearch(&key, uo, (size_t)n, sizeof *uo, engine__uid_cmp) : NULL;
+        m->owner[p] = pi.state == KV_PAGE_FREE ? ENGINE_MAP_FREE
+                      : hit                    ? hit->owner
+                                               : ENGINE_MAP_CACHED;
+    }
+    free(uo);
+}
+
 static void *engine__main(void *arg) {
     engine *e = arg;
     e->sched_tid = pthread_self();
@@ -688,6 +729,11 @@ static void *engine__main(void *arg) {
         pthread_mutex_lock(&e->mu);
         bool stop = e->stop;
         uint64_t kick = e->kick;
+        if (e->map_out) { // an admin's page map, between two steps
+            engine__map_fill(e, e->map_out);
+            e->map_out = NULL;
+            pthread_cond_broadcast(&e->cv);
+        }
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
         // decode workers: the network first, so a request adopted now joins
@@ -918,6 +964,53 @@ ks_err engine_check_quiescent(engine *e, uint32_t timeout_ms, ks_errbuf *eb) {
     e->check_state = 0;
     pthread_mutex_unlock(&e->mu);
     return err;
+}
+
+ks_err engine_map_pages(engine *e, uint32_t timeout_ms, engine_map **out, ks_errbuf *eb) {
+    *out = NULL;
+    const uint32_t n = kv_pool_n_pages(e->pool);
+    engine_map *m = calloc(1, sizeof *m);
+    if (m) m->state = malloc(n ? n : 1), m->owner = malloc(n ? n : 1);
+    if (!m || !m->state || !m->owner) {
+        engine_map_free(m);
+        return ks_seterr(eb, KS_ERR_NOMEM, "no memory for a map of %u pages", n);
+    }
+    m->n_pages = n;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
+    ts.tv_sec += (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    pthread_mutex_lock(&e->mu);
+    bool timed_out = false;
+    while (e->map_out && !timed_out) // another asker's map first
+        timed_out = pthread_cond_timedwait(&e->cv, &e->mu, &ts) != 0;
+    if (!timed_out) {
+        e->map_out = m;
+        e->kick++;
+        pthread_cond_broadcast(&e->cv);
+        while (e->map_out == m && !timed_out)
+            timed_out = pthread_cond_timedwait(&e->cv, &e->mu, &ts) != 0;
+        if (e->map_out == m)
+            e->map_out = NULL; // not taken: withdrawn under the lock
+        else
+            timed_out = false;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (timed_out) {
+        engine_map_free(m);
+        return ks_seterr(eb, KS_ERR_TIMEOUT, "the scheduler did not reach a step boundary in %u ms",
+                         timeout_ms);
+    }
+    *out = m;
+    return KS_OK;
+}
+
+void engine_map_free(engine_map *m) {
+    if (!m) return;
+    free(m->state);
+    free(m->owner);
+    free(m);
 }
 
 void engine_set_online(engine *e, bool online, bool abort_running) {

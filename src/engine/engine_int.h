@@ -181,6 +181,8 @@ struct engine {
     int check_state;  // 0 idle, 1 requested, 2 answered
     bool check_clean;
     char check_msg[256];
+    engine_map *map_out; // engine_map_pages: the map asked for (NULL: none); filled by the
+                         // scheduler, which then clears it
 #ifdef KS_TEST_FAULTS
     bool fault_done;
 #endif

@@ -42,6 +42,10 @@ static ks_err srv__eng_check(void *impl, uint32_t timeout_ms, ks_errbuf *eb) {
     return engine_check_quiescent(impl, timeout_ms, eb);
 }
 
+static ks_err srv__eng_map(void *impl, uint32_t timeout_ms, engine_map **out, ks_errbuf *eb) {
+    return engine_map_pages(impl, timeout_ms, out, eb);
+}
+
 static ks_err srv__eng_embed_submit(void *impl, const engine_embed_params *p, void **req,
                                     ks_errbuf *eb) {
     engine_req *r = NULL;
@@ -66,6 +70,7 @@ void server_engine_backend(engine *e, server_backend *out) {
                             .check_quiescent = srv__eng_check,
                             .submit_n = srv__eng_submit_n,
                             .embed_submit = srv__eng_embed_submit,
-                            .embed_vector = srv__eng_embed_vector};
+                            .embed_vector = srv__eng_embed_vector,
+                            .map_pages = srv__eng_map};
 }
 

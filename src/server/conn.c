@@ -194,7 +194,8 @@ enum MHD_Result srv__reply(server *s, struct MHD_Connection *c, srv_route route,
     if (status == 405) {
         // /admin/kv/check is the one GET among the admin routes
         const char *allow =
-            route == SRV_ROUTE_MODELS || route == SRV_ROUTE_HEALTH || route == SRV_ROUTE_METRICS
+            route == SRV_ROUTE_MODELS || route == SRV_ROUTE_HEALTH ||
+                    route == SRV_ROUTE_METRICS || route == SRV_ROUTE_UI
                 ? "GET"
             : route == SRV_ROUTE_ADMIN ? "GET, POST"
                                        : "POST";

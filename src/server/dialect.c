@@ -105,6 +105,7 @@ static const struct {
     [SRV_ROUTE_MESSAGES] = {"messages", SRV_DIALECT_ANTHROPIC},
     [SRV_ROUTE_WORKERS_CHAT] = {"workers_ai_chat", SRV_DIALECT_WORKERS},
     [SRV_ROUTE_COUNT_TOKENS] = {"messages_count_tokens", SRV_DIALECT_ANTHROPIC},
+    [SRV_ROUTE_UI] = {"ui", SRV_DIALECT_OPENAI},
 };
 
 const srv_dialect_info *srv_dialect_get(srv_dialect d) {

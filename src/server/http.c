@@ -135,6 +135,11 @@ static const srv_route_def srv__routes[] = {
     {"POST", SRV_MATCH_UNDER, "/admin/models/", SRV_ROUTE_ADMIN, SRV_AUTH_ADMIN,
      srv__admin_model},
     {"GET", SRV_MATCH_EXACT, "/admin/kv/check", SRV_ROUTE_ADMIN, SRV_AUTH_ADMIN, srv__kv_check},
+    {"GET", SRV_MATCH_EXACT, "/admin/pool", SRV_ROUTE_ADMIN, SRV_AUTH_ADMIN, srv__pool},
+    /* the web pages: static, no key (ui.c) */
+    {"GET", SRV_MATCH_EXACT, "/", SRV_ROUTE_UI, SRV_AUTH_NONE, srv__ui},
+    {"GET", SRV_MATCH_EXACT, "/admin", SRV_ROUTE_UI, SRV_AUTH_NONE, srv__ui},
+    {"GET", SRV_MATCH_PREFIX, "/ui/", SRV_ROUTE_UI, SRV_AUTH_NONE, srv__ui},
     /* Anthropic */
     {"POST", SRV_MATCH_EXACT, "/v1/messages", SRV_ROUTE_MESSAGES, SRV_AUTH_TENANT, srv__generate},
     {"POST", SRV_MATCH_EXACT, "/v1/messages/count_tokens", SRV_ROUTE_COUNT_TOKENS,
@@ -224,7 +229,7 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
                    s->o.max_body_bytes);
         return srv__reply_error(s, c, d->route, &err);
     }
-    srv_call q = {.sc = sc, .route = d->route, .rest = rest, .tenant = -1};
+    srv_call q = {.sc = sc, .route = d->route, .rest = rest, .tenant = -1, .path = url};
     bool ok = true;
     switch (d->auth) {
     case SRV_AUTH_NONE:
@@ -308,7 +313,7 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
                                : srv__gen_collect(s, c, sc->gen, sc);
     if (sc && sc->job) {  // resumed: the admin job finished (or a spurious call)
         if (!atomic_load(&sc->job->done)) return MHD_YES;
-        return srv__kv_check_answer(s, c, sc);
+        return sc->job->pool_map ? srv__pool_answer(s, c, sc) : srv__kv_check_answer(s, c, sc);
     }
     // the request deadline: a connection past it is being closed by the sweeper
     const union MHD_ConnectionInfo *si = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);

@@ -96,6 +96,9 @@ typedef struct srv_job {
     ks_err err;
     ks_errbuf eb;
     atomic_bool done;
+    bool pool_map;        /* GET /admin/pool (ui.c), not the KV check */
+    engine_map *map;      /* its answer: the backend's page map */
+    engine_stats st;      /* and the engine's counters */
 } srv_job;
 
 /* Per-connection request state (MHD's con_cls): the buffered body. */
@@ -222,6 +225,7 @@ typedef struct srv_call {
     const char *rest; /* a prefix row: the path past the prefix (Workers AI's model,
                          a model id, an admin path); NULL for an exact row */
     int tenant;       /* SRV_AUTH_TENANT: the caller's tenant; else -1 */
+    const char *path; /* the request's path (MHD's, decoded) */
 } srv_call;
 
 /* A route's handler: answers (or suspends) the request. Only from MHD's
@@ -387,6 +391,13 @@ srv_handler srv__health;
 srv_handler srv__metrics;
 /* The KV check's answer once its job is done (the access handler, resumed). */
 enum MHD_Result srv__kv_check_answer(server *s, struct MHD_Connection *c, srv_conn *sc);
+/* GET /admin/pool's answer once its job is done (ui.c; the access handler, resumed). */
+enum MHD_Result srv__pool_answer(server *s, struct MHD_Connection *c, srv_conn *sc);
+/* The web pages and their files (ui.c): GET /, /admin, /ui/...; no key. */
+srv_handler srv__ui;
+/* GET /admin/pool (ui.c): the KV pool's pages by state and tenant, the
+ * queue, the tenants' usage and the isolation counters, for /admin. */
+srv_handler srv__pool;
 /* GET /admin/kv/check[?timeout_ms=N]. */
 srv_handler srv__kv_check;
 /* POST /admin/models/{name}/offline|online (q->rest: "{name}/offline"). */

@@ -38,7 +38,8 @@ typedef enum srv_route {
     SRV_ROUTE_WORKERS_CHAT = 11, /* POST /accounts/{a}/ai/v1/chat/completions: chat, with
                                     errors in Workers AI's envelope */
     SRV_ROUTE_COUNT_TOKENS = 12, /* POST /v1/messages/count_tokens (Anthropic) */
-    SRV_ROUTE__COUNT = 13,
+    SRV_ROUTE_UI = 13,           /* GET /, /admin, /ui/...: the web pages (ui.c) */
+    SRV_ROUTE__COUNT = 14,
 } srv_route;
 
 /* Label of a route for metrics ("chat_completions", ...); static storage. */
