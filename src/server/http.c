@@ -542,13 +542,17 @@ static void *srv__sweeper_main(void *arg) {
 }
 
 static void srv__mhd_log(void *cls, const char *fmt, va_list ap) {
-    (void)cls;
+    server *s = cls;
+    // a failed start is reported once, by server_create's error ("cannot
+    // listen on ...: Address already in use"): MHD's own line then is debug
+    ks_log_level lvl =
+        atomic_load_explicit(&s->mhd_starting, memory_order_acquire) ? KS_LOG_DEBUG : KS_LOG_WARN;
     char buf[512];
     vsnprintf(buf, sizeof buf, fmt, ap);
     size_t n = strlen(buf);
     while (n && buf[n - 1] == '\n')
         buf[--n] = '\0';
-    ks_log(KS_LOG_WARN, "http: %s", buf);
+    ks_log(lvl, "http: %s", buf);
 }
 
 // ----------------------------------------------------------------------------
@@ -720,6 +724,7 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    atomic_store_explicit(&s->mhd_starting, true, memory_order_release);
     s->d = MHD_start_daemon(
         flags, (uint16_t)o->port, NULL, NULL, srv__access, s, MHD_OPTION_EXTERNAL_LOGGER,
         srv__mhd_log, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED,
@@ -730,6 +735,7 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_connections_per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s, MHD_OPTION_END);
     int bind_errno = errno;
+    atomic_store_explicit(&s->mhd_starting, false, memory_order_release);
     freeaddrinfo(ai);
     if (!s->d) {
         err = ks_seterr(eb, KS_ERR_IO, "cannot listen on %s:%d: %s", o->host, o->port,

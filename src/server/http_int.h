@@ -52,6 +52,7 @@ struct server {
     bool log_content;
     srv_metrics met;
     struct MHD_Daemon *d;
+    atomic_bool mhd_starting; /* in MHD_start_daemon: its errors are ours to say, once */
     int port;
     atomic_bool stopping;
     atomic_bool draining; /* server_drain: refuse new generations */
