@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Operating kvseal serve, end to end (docs/h-ops.md):
-#  - --log-format json: a real completion's log line is one JSON object with
-#    request_id (the client's x-request-id), tenant, route, model, status,
-#    token counts, finish_reason, ttft_ms and duration_ms, and never the
+# Operating kvseal serve and router, end to end (docs/h-ops.md):
+#  - --log-format json: a real completion's log line (serve and the
+#    cluster router) is one JSON object with request_id (the client's
+#    x-request-id), tenant, route, model, status, token counts, finish_reason, ttft_ms and duration_ms, and never the
 #    prompt's or the output's text; a refused request's line has its status;
 #    every other stderr line is a {ts, level, msg} object;
 #  - KVSEAL_<NAME> environment variables: one takes effect (KVSEAL_ALIAS
@@ -137,4 +137,19 @@ rc=0
 expect_eq "small pool: exit status ($(cat "$TMPD/small"))" "$rc" "1"
 expect_eq "small pool: error lines ($(cat "$TMPD/small"))" "$(grep -c ' error: ' "$TMPD/small")" "1"
 expect_has "small pool" "$(cat "$TMPD/small")" "DOES NOT FIT"
+# ---- the router's request line has the same fields; each role says its pool once
+ROUTER_ARGS="--log-format json" start_cluster "$TMPD/c" 1 1 -m "$M" --ctx 256 --kv-pages 64
+req "router completion" 200 -H "Content-Type: application/json" -H "X-Request-Id: ops-rt-1" \
+    "$KS_URL/v1/completions" -d '{"model":"kjv-mini","prompt":"In","max_tokens":4,"temperature":0}'
+wait_for "the router's request line" file_has "$TMPD/c.router" '"request_id":"ops-rt-1"'
+python3 - "$TMPD/c.router" <<'EOF' || fail "router json line: $(grep ops-rt-1 "$TMPD/c.router")"
+import json, sys
+d = [o for o in map(json.loads, open(sys.argv[1])) if o.get("request_id") == "ops-rt-1"]
+assert len(d) == 1, d
+d = d[0]
+assert (d["tenant"], d["route"], d["status"], d["completion_tokens"]) == \
+    ("default", "completions", 200, 4), d
+assert d["ttft_ms"] > 0 and d["duration_ms"] >= d["ttft_ms"], d
+EOF
+expect_eq "decode worker's kv pool lines" "$(grep -c 'kv pool: 64 pages' "$TMPD/c.decode1")" "1"
 echo "ok"
