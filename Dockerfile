@@ -1,5 +1,5 @@
-# Dockerfile — kvseal serve on Debian bookworm (README "Deploying: Docker and
-# systemd"). The build stage runs the README's install and build
+# Dockerfile — kvseal serve on Debian bookworm (docs/operations.md "Deploying:
+# Docker and systemd"). The build stage runs the README's install and build
 # (scripts/install-deps.sh && make); the runtime stage holds the binary, its
 # shared libraries and the shipped model, and runs as an unprivileged user.
 #   docker build -t kvseal .

@@ -14,8 +14,9 @@ for p in "${pkgs[@]}"; do
 done
 # tools are looked up as commands: a machine may have them from elsewhere
 # (e.g. a node build that bundles npm, which Debian's npm package conflicts with)
+# openssl (the CLI): test_https.sh makes its test CA and certificate with it
 # ip and tc (iproute2): the netns tests (tests/e2e/netns.sh) put cluster nodes in namespaces
-for c in cmake:cmake make:make gcc:gcc clang:clang curl:curl node:nodejs npm:npm spin:spin jq:jq ip:iproute2 tc:iproute2; do
+for c in cmake:cmake make:make gcc:gcc clang:clang curl:curl node:nodejs npm:npm spin:spin jq:jq ip:iproute2 tc:iproute2 openssl:openssl; do
   command -v "${c%%:*}" >/dev/null 2>&1 || missing+=("${c#*:}")
 done
 # jinja2 is the oracle of the chat-template engine (tests/e2e/jinja_oracle.py):
@@ -55,9 +56,11 @@ if ! echo 'int main(void) { return 0; }' | gcc -x c -fsanitize=thread -o /dev/nu
 fi
 
 # the end-to-end tests drive the server with the official openai and
-# @anthropic-ai/sdk npm clients (versions pinned in tests/e2e/js/package-lock.json)
+# @anthropic-ai/sdk npm clients (versions pinned in tests/e2e/js/package-lock.json);
+# openai twice: 4.x as "openai", 6.x under the alias "openai6"
 js="$(dirname "$0")/../tests/e2e/js"
-if [ ! -d "$js/node_modules/openai" ] || [ ! -d "$js/node_modules/@anthropic-ai/sdk" ]; then
+if [ ! -d "$js/node_modules/openai" ] || [ ! -d "$js/node_modules/openai6" ] ||
+  [ ! -d "$js/node_modules/@anthropic-ai/sdk" ]; then
   echo "install-deps: npm ci in tests/e2e/js" >&2
   (cd "$js" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi

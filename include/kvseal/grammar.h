@@ -76,14 +76,18 @@ struct json_t; /* jansson's */
  * (emitted in the schema's order), required, additionalProperties, items,
  * minItems, maxItems, enum, const, anyOf, oneOf, $ref to #/$defs/x or
  * #/definitions/x (or "#"), minLength, maxLength, format (date, time,
- * date-time, uuid); annotations (title, description, default, examples,
- * $schema, $id, $comment) are ignored. Numbers have at most 16 integer
- * digits, 16 fraction digits and 3 exponent digits. Objects hold only the
- * declared properties (still valid against the schema). On success *gbnf
- * is malloc'd (caller frees). Errors: KS_ERR_UNSUPPORTED with the keyword
- * and its JSON path in eb ("at /properties/a: unsupported keyword
- * 'pattern'"), KS_ERR_INVAL (malformed schema, an unresolved $ref),
- * KS_ERR_NOSPACE (too large), KS_ERR_NOMEM. Thread-safe. */
+ * date-time, uuid, email, ipv4), pattern (a regex subset; the whole string
+ * matches), minimum, maximum, exclusiveMinimum, exclusiveMaximum (exact
+ * for integers; docs/structured-output.md says what a bounded number
+ * emits); annotations (title, description, default, examples, $schema,
+ * $id, $comment) are ignored. Numbers have at most 16 integer digits, 16
+ * fraction digits and 3 exponent digits. Objects hold only the declared
+ * properties (still valid against the schema). On success *gbnf is
+ * malloc'd (caller frees). Errors: KS_ERR_UNSUPPORTED with the keyword (or
+ * the regex construct and its byte offset) and its JSON path in eb ("at
+ * /properties/a: unsupported keyword 'multipleOf'"), KS_ERR_INVAL
+ * (malformed schema or pattern, an unresolved $ref, bounds no integer
+ * meets), KS_ERR_NOSPACE (too large), KS_ERR_NOMEM. Thread-safe. */
 ks_err grammar_schema_gbnf(const struct json_t *schema, const char *prefix, char **gbnf /* OUT */,
                            ks_errbuf *eb) KS_MUST_USE;
 /* grammar_schema_gbnf(schema, "") then grammar_parse; same errors. */

@@ -75,6 +75,10 @@ typedef struct server_opts {
     const char *limits_redis_prefix; /* its key prefix (NULL: "kvseal:") */
     double limits_local_share;       /* redis unreachable: the fraction of each rate limit this
                                         process admits on its own (0: 1) */
+    const char *tls_cert_pem;        /* HTTPS: the certificate chain, PEM text (server_tls_load);
+                                        NULL with tls_key_pem NULL: plain HTTP. Borrowed, outliving
+                                        the server */
+    const char *tls_key_pem;         /* HTTPS: tls_cert_pem's private key, PEM text; borrowed */
 } server_opts;
 
 #define SERVER_EMBED_MAX_TOKENS 32768 /* server_opts.embed_max_tokens's default */
@@ -154,6 +158,19 @@ const char *server_tool_call_format_names(void);
 void server_engine_backend(engine *e, server_backend *out /* OUT */);
 
 typedef struct server server;
+
+/* Reads the PEM certificate chain cert_path and its private key key_path for
+ * server_opts.tls_cert_pem/tls_key_pem, and checks them before anything
+ * loads: libmicrohttpd built with TLS (else KS_ERR_UNSUPPORTED), both files
+ * readable (KS_ERR_IO, naming the file and errno), a certificate and an
+ * unencrypted private key in them (KS_ERR_FORMAT), the key the
+ * certificate's (KS_ERR_INVAL). On success *cert_pem and *key_pem are
+ * NUL-terminated copies the caller frees (the key with server_tls_free).
+ * Blocks on the files; thread-safe. */
+ks_err server_tls_load(const char *cert_path, const char *key_path, char **cert_pem /* OUT */,
+                       char **key_pem /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* Wipes and frees a PEM text server_tls_load returned; accepts NULL. */
+void server_tls_free(char *pem);
 
 /* Loads the tenants file, binds and starts serving on internal threads.
  * e and m are borrowed and must outlive the server. Errors: KS_ERR_IO

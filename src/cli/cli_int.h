@@ -166,6 +166,9 @@ typedef struct serve__cfg {
     const char *routers[SERVE_MAX_ROUTERS]; /* --router HOST:PORT (repeatable, or a comma list) */
     int n_routers;
     long data_port, cluster_port, health_interval_ms, drain_timeout_ms; // cluster_port -1: unset
+    const char *ssl_cert_file, *ssl_key_file; /* serve/router: HTTPS (both or neither) */
+    char *tls_cert_pem, *tls_key_pem;         /* their PEM text, read and checked by serve__prepare
+                                                 before the model loads (serve__cfg_free frees) */
     const char *health_host; /* workers: --health-host (127.0.0.1) */
     long health_port;        /* workers: --health-port (-1: no health endpoint; 0: any) */
     char **strings; /* private: copies of string values (serve__cfg_free) */

@@ -3,7 +3,7 @@
  * They take serve's options (cmd_serve.c) plus the cluster's: every node
  * reads the same secret file; workers name the router's control address.
  *
- * The router prints "cluster port N" and then "listening on http://HOST:PORT"
+ * The router prints "cluster port N" and then "listening on http[s]://HOST:PORT"
  * to stdout; the decode worker prints "data link on HOST:PORT", a worker with
  * --health-port "health on http://HOST:PORT". All three
  * run until SIGTERM/SIGINT, drain (the router as serve does; a worker as

@@ -6,7 +6,8 @@
  * the context and never below 1x. Both print engine_capacity_check's
  * arithmetic; serve refuses to start (exit 1) when one request of the
  * advertised context cannot fit and warns below 2x. serve prints one line
- * "listening on http://HOST:PORT" to stdout once bound, then waits for
+ * "listening on http://HOST:PORT" (https:// with --ssl-cert-file) to
+ * stdout once bound, then waits for
  * SIGTERM/SIGINT, drains (new requests get 503, running ones finish, up to
  * --drain-timeout-ms), aborts what is left and exits 0 after freeing all.
  * Options come from the command line and a --config FILE (opts.c); under a
@@ -67,6 +68,9 @@ void serve__usage(const char *cmd) {
         "  --pooling: how POST /v1/embeddings pools the final hidden state (default: the\n"
         "  GGUF's <arch>.pooling_type when mean, cls or last, else mean); on prefill workers too.\n"
         "         [--cors-origin ORIGIN|'*']... (browsers; off by default: no CORS headers)\n"
+        "         [--ssl-cert-file FILE --ssl-key-file FILE] (serve, router: HTTPS)\n"
+        "  --ssl-cert-file / --ssl-key-file: serve HTTPS (TLS) instead of HTTP on --port with\n"
+        "  this PEM certificate chain and its unencrypted PEM private key; both or neither.\n"
         "  --tool-call-format: how the model writes tool calls (auto: from the chat template;\n"
         "  NAME: %s). --reasoning-format deepseek splits the text between think markers into\n"
         "  reasoning_content (auto: when the template has them; none: it stays content).\n"
@@ -243,6 +247,8 @@ enum {
     SO_SPEC_MAX_BATCH,
     SO_DRAFT_MODEL,
     SO_SPEC_NEXTN,
+    SO_SSL_CERT_FILE,
+    SO_SSL_KEY_FILE,
     SO__N
 };
 
@@ -302,6 +308,8 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_SPEC_MAX_BATCH] = {"spec-max-batch", 0, true, false},
     [SO_DRAFT_MODEL] = {"draft-model", 0, true, false},
     [SO_SPEC_NEXTN] = {"spec-nextn", 0, false, false},
+    [SO_SSL_CERT_FILE] = {"ssl-cert-file", 0, true, false},
+    [SO_SSL_KEY_FILE] = {"ssl-key-file", 0, true, false},
 };
 
 /* cli__spec.apply for serve and the cluster roles. String values point
@@ -449,6 +457,12 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
         break;
     case SO_LIMITS_REDIS_PREFIX:
         sv = &c->limits_redis_prefix;
+        break;
+    case SO_SSL_CERT_FILE:
+        sv = &c->ssl_cert_file;
+        break;
+    case SO_SSL_KEY_FILE:
+        sv = &c->ssl_key_file;
         break;
     default:
         break;
@@ -652,6 +666,9 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
 
 void serve__cfg_free(serve__cfg *c) {
     if (!c) return;
+    server_tls_free(c->tls_cert_pem);
+    server_tls_free(c->tls_key_pem);
+    c->tls_cert_pem = c->tls_key_pem = NULL;
     for (int i = 0; i < c->n_strings; i++)
         free(c->strings[i]);
     free(c->strings);
@@ -764,6 +781,8 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     so.reasoning_format = c->reasoning_format;
     so.more = more;
     so.n_more = n_more;
+    so.tls_cert_pem = c->tls_cert_pem;
+    so.tls_key_pem = c->tls_key_pem;
     // room for every connection: raise the soft descriptor limit toward the hard one
     struct rlimit rl;
     rlim_t want = (rlim_t)so.max_connections + 256;
@@ -776,11 +795,13 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     ks_err e = server_create_backend(&so, be, m, s, eb);
     if (e) return e;
     bool v6 = strchr(c->host, ':') != NULL;
-    printf("listening on http://%s%s%s:%d\n", v6 ? "[" : "", c->host, v6 ? "]" : "", server_port(*s));
+    const char *scheme = c->tls_cert_pem ? "https" : "http";
+    printf("listening on %s://%s%s%s:%d\n", scheme, v6 ? "[" : "", c->host, v6 ? "]" : "",
+           server_port(*s));
     fflush(stdout);
     // the port is bound and the model loaded: a Type=notify unit is up
-    cli__notify("READY=1\nSTATUS=serving %s on http://%s%s%s:%d", name, v6 ? "[" : "", c->host,
-                v6 ? "]" : "", server_port(*s));
+    cli__notify("READY=1\nSTATUS=serving %s on %s://%s%s%s:%d", name, scheme, v6 ? "[" : "",
+                c->host, v6 ? "]" : "", server_port(*s));
     return KS_OK;
 }
 
@@ -884,6 +905,31 @@ int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts 
     if (c->n_more_models && strcmp(argv[0], "router") != 0) {
         fprintf(stderr, "kvseal %s: one --model only (kvseal router fronts several)\n", argv[0]);
         return 2;
+    }
+    // HTTPS: the certificate and key read and checked before the model loads
+    if (c->ssl_cert_file || c->ssl_key_file) {
+        if (!strcmp(argv[0], "prefill") || !strcmp(argv[0], "decode")) {
+            fprintf(stderr,
+                    "kvseal %s: --ssl-cert-file/--ssl-key-file are kvseal serve's and "
+                    "router's (workers serve no HTTP API)\n",
+                    argv[0]);
+            return 2;
+        }
+        if (!c->ssl_cert_file || !c->ssl_key_file) {
+            fprintf(stderr,
+                    "kvseal %s: %s needs %s too (HTTPS takes the certificate and its "
+                    "key)\n",
+                    argv[0], c->ssl_cert_file ? "--ssl-cert-file" : "--ssl-key-file",
+                    c->ssl_cert_file ? "--ssl-key-file" : "--ssl-cert-file");
+            return 2;
+        }
+        ks_errbuf teb = {0};
+        ks_err te = server_tls_load(c->ssl_cert_file, c->ssl_key_file, &c->tls_cert_pem,
+                                    &c->tls_key_pem, &teb);
+        if (te) {
+            fprintf(stderr, "kvseal %s: %s\n", argv[0], teb.msg[0] ? teb.msg : ks_strerror(te));
+            return 2;
+        }
     }
     ks_errbuf eb = {0};
     // the HTTP port before the model: "address in use" in a moment, not after the load

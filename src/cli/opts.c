@@ -5,7 +5,7 @@
  * --log-level), and --config FILE for the server and cluster roles.
  *
  * A config file holds `key = value` lines whose keys are the long option
- * names (README "Deploying: Docker and systemd"). It is applied first and
+ * names (docs/operations.md "Options, logs and the config file"). It is applied first and
  * the command line after it, so a flag given on the command line wins; a
  * repeatable option (--alias) given on the command line replaces the file's
  * list rather than adding to it. Unknown keys, a key given twice (other than

@@ -16,7 +16,7 @@
  * its checks ("Bad input"), 3003 a missing field, 3042 an unknown model, 3006
  * too large, 3007 a timeout, 3008 aborted, 3036 the account's (here: the
  * key's) limits, 3040 out of capacity (retry), 10000 Cloudflare's API
- * authentication error. README "Refusals" has the table. */
+ * authentication error. docs/api.md "Errors" has the table. */
 static const admit_info admit__table[ADMIT__COUNT] = {
     [ADMIT_OK] = {"ok", 200, NULL, NULL, 200, KS_OK, ""},
 #define ADMIT__ROW(E, v, kind, name, status, type, code, wcode, err, msg)                          \

@@ -11,10 +11,13 @@
  * Keywords outside the supported set are refused by name and JSON path:
  * silently ignoring one would let the output break the schema. Keywords
  * that constrain only another type (maxLength on an integer) are no-ops,
- * as JSON Schema says. */
+ * as JSON Schema says. `pattern` is compiled from its regex (a subset of
+ * ECMA-262, refused construct by construct) into the string's body;
+ * numeric bounds become digit-range rules (see the sections below). */
 #include "kvseal/grammar.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,12 +132,16 @@ static const char *const sc_annotations[] = {
     "title",      "description", "default",   "examples", "$schema",     "$id", "$comment",
     "deprecated", "readOnly",    "writeOnly", "$defs",    "definitions", NULL,
 };
+// clang-format off
 static const char *const sc_keywords[] = {
-    "type",   "enum",     "const",      "anyOf",     "oneOf",
-    "allOf",  "$ref",     "properties", "required",  "additionalProperties",
-    "items",  "minItems", "maxItems",   "minLength", "maxLength",
-    "format", NULL,
+    "type",      "enum",       "const",            "anyOf",            "oneOf",  "allOf",
+    "$ref",      "properties", "required",         "additionalProperties",
+    "items",     "minItems",   "maxItems",
+    "minLength", "maxLength",  "format",           "pattern",
+    "minimum",   "maximum",    "exclusiveMinimum", "exclusiveMaximum",
+    NULL,
 };
+// clang-format on
 
 static bool sc_in(const char *const *set, const char *k) {
     for (; *set; set++)
@@ -288,6 +295,751 @@ static bool sc_array(sc_ctx *c, const json_t *s, const char *path, sc_buf *b) {
                      rep);
 }
 
+// ----------------------------------------------------------------------------
+// pattern: a subset of ECMA-262 regular expressions -> the body of a JSON
+// string. The whole string must match (anchors or not; see
+// docs/structured-output.md); each character the regex allows is emitted
+// as JSON spells it: '"', '\' and control characters as escapes.
+
+#define RX_MAX_RANGES 256 /* ranges of one character set */
+#define RX_MAX_DEPTH 32   /* group nesting */
+#define RX_MAX_CP 0x10ffffu
+
+typedef struct rx_range {
+    uint32_t lo, hi;
+} rx_range;
+
+typedef struct rx_set {
+    rx_range r[RX_MAX_RANGES];
+    uint32_t n;
+} rx_set;
+
+typedef struct sc_rx {
+    sc_ctx *c;
+    const char *s; // the pattern (UTF-8, n bytes)
+    size_t n, i;   // i: the cursor
+    const char *path;
+    int depth;
+} sc_rx;
+
+static bool rx_refuse(sc_rx *x, size_t at, const char *what) {
+    return sc_fail(x->c, KS_ERR_UNSUPPORTED,
+                   "schema at %s: pattern: %s at offset %zu is not supported", x->path, what, at);
+}
+
+static bool rx_invalid(sc_rx *x, size_t at, const char *what) {
+    return sc_fail(x->c, KS_ERR_INVAL, "schema at %s: pattern: %s at offset %zu", x->path, what,
+                   at);
+}
+
+static bool rx_add(sc_rx *x, rx_set *s, uint32_t lo, uint32_t hi) {
+    if (s->n >= RX_MAX_RANGES) return rx_refuse(x, x->i, "a character set of more than 256 ranges");
+    s->r[s->n++] = (rx_range){lo, hi};
+    return true;
+}
+
+static int rx_cmp(const void *a, const void *b) {
+    const rx_range *p = a, *q = b;
+    return p->lo < q->lo ? -1 : p->lo > q->lo;
+}
+
+/* Sorts and merges the ranges of s. */
+static void rx_norm(rx_set *s) {
+    if (!s->n) return;
+    qsort(s->r, s->n, sizeof *s->r, rx_cmp);
+    uint32_t k = 0;
+    for (uint32_t i = 1; i < s->n; i++) {
+        if (s->r[i].lo <= s->r[k].hi + 1) {
+            if (s->r[i].hi > s->r[k].hi) s->r[k].hi = s->r[i].hi;
+        } else
+            s->r[++k] = s->r[i];
+    }
+    s->n = k + 1;
+}
+
+/* s := every code point (surrogates excluded) not in s. */
+static bool rx_negate(sc_rx *x, rx_set *s) {
+    rx_norm(s);
+    rx_set t = {.n = 0};
+    uint32_t next = 0;
+    for (uint32_t i = 0; i < s->n; i++) {
+        if (s->r[i].lo > next && !rx_add(x, &t, next, s->r[i].lo - 1)) return false;
+        next = s->r[i].hi + 1;
+    }
+    if (next <= RX_MAX_CP && !rx_add(x, &t, next, RX_MAX_CP)) return false;
+    *s = t;
+    return true;
+}
+
+/* s minus [lo, hi]. */
+static bool rx_remove(sc_rx *x, rx_set *s, uint32_t lo, uint32_t hi) {
+    rx_set t = {.n = 0};
+    for (uint32_t i = 0; i < s->n; i++) {
+        rx_range r = s->r[i];
+        if (r.hi < lo || r.lo > hi) {
+            if (!rx_add(x, &t, r.lo, r.hi)) return false;
+            continue;
+        }
+        if (r.lo < lo && !rx_add(x, &t, r.lo, lo - 1)) return false;
+        if (r.hi > hi && !rx_add(x, &t, hi + 1, r.hi)) return false;
+    }
+    *s = t;
+    return true;
+}
+
+static bool rx_has(const rx_set *s, uint32_t cp) {
+    for (uint32_t i = 0; i < s->n; i++)
+        if (cp >= s->r[i].lo && cp <= s->r[i].hi) return true;
+    return false;
+}
+
+/* Adds the class of \d \w \s (lower case) or its complement (upper case). */
+static bool rx_class_escape(sc_rx *x, rx_set *s, char e) {
+    static const rx_range d[] = {{'0', '9'}};
+    static const rx_range w[] = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
+    static const rx_range sp[] = {
+        {'\t', '\r'},     {' ', ' '},       {0xa0, 0xa0},     {0x1680, 0x1680}, {0x2000, 0x200a},
+        {0x2028, 0x2029}, {0x202f, 0x202f}, {0x205f, 0x205f}, {0x3000, 0x3000}, {0xfeff, 0xfeff}};
+    const rx_range *r;
+    uint32_t n;
+    char l = (char)(e | 0x20);
+    if (l == 'd')
+        r = d, n = 1;
+    else if (l == 'w')
+        r = w, n = 4;
+    else
+        r = sp, n = sizeof sp / sizeof sp[0];
+    rx_set t = {.n = 0};
+    for (uint32_t i = 0; i < n; i++)
+        if (!rx_add(x, &t, r[i].lo, r[i].hi)) return false;
+    if (e != l && !rx_negate(x, &t)) return false;
+    for (uint32_t i = 0; i < t.n; i++)
+        if (!rx_add(x, s, t.r[i].lo, t.r[i].hi)) return false;
+    return true;
+}
+
+static int rx_hex(char ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+/* Reads n hex digits at the cursor into *v; false (no error set) if absent. */
+static bool rx_hexn(sc_rx *x, int n, uint32_t *v) {
+    if (x->n - x->i < (size_t)n) return false;
+    uint32_t a = 0;
+    for (int k = 0; k < n; k++) {
+        int h = rx_hex(x->s[x->i + (size_t)k]);
+        if (h < 0) return false;
+        a = a << 4 | (uint32_t)h;
+    }
+    x->i += (size_t)n;
+    *v = a;
+    return true;
+}
+
+/* Decodes one UTF-8 character at the cursor. */
+static bool rx_utf8(sc_rx *x, uint32_t *cp) {
+    const unsigned char *q = (const unsigned char *)x->s + x->i;
+    size_t left = x->n - x->i;
+    uint32_t v, k;
+    if (q[0] < 0x80)
+        v = q[0], k = 1;
+    else if (q[0] >= 0xc2 && q[0] <= 0xdf)
+        v = q[0] & 0x1f, k = 2;
+    else if (q[0] >= 0xe0 && q[0] <= 0xef)
+        v = q[0] & 0x0f, k = 3;
+    else if (q[0] >= 0xf0 && q[0] <= 0xf4)
+        v = q[0] & 0x07, k = 4;
+    else
+        return rx_invalid(x, x->i, "invalid UTF-8");
+    if (left < k) return rx_invalid(x, x->i, "truncated UTF-8");
+    for (uint32_t j = 1; j < k; j++) {
+        if ((q[j] & 0xc0) != 0x80) return rx_invalid(x, x->i, "invalid UTF-8");
+        v = v << 6 | (q[j] & 0x3f);
+    }
+    x->i += k;
+    *cp = v;
+    return true;
+}
+
+/* An escape after '\' (the cursor past the backslash; at: the backslash):
+ * a class escape is added to s and *cp set to UINT32_MAX, a single
+ * character is returned in *cp. in_class: inside [...] (\b is backspace). */
+static bool rx_escape(sc_rx *x, size_t at, bool in_class, rx_set *s, uint32_t *cp) {
+    if (x->i >= x->n) return rx_invalid(x, at, "'\\' at the end");
+    char e = x->s[x->i++];
+    *cp = UINT32_MAX;
+    switch (e) {
+    case 'd':
+    case 'D':
+    case 'w':
+    case 'W':
+    case 's':
+    case 'S':
+        return rx_class_escape(x, s, e);
+    case 'n':
+        *cp = '\n';
+        return true;
+    case 'r':
+        *cp = '\r';
+        return true;
+    case 't':
+        *cp = '\t';
+        return true;
+    case 'f':
+        *cp = '\f';
+        return true;
+    case 'v':
+        *cp = '\v';
+        return true;
+    case '0':
+        if (x->i < x->n && x->s[x->i] >= '0' && x->s[x->i] <= '9')
+            return rx_refuse(x, at, "an octal escape");
+        *cp = 0;
+        return true;
+    case 'b':
+        if (in_class) {
+            *cp = '\b';
+            return true;
+        }
+        return rx_refuse(x, at, "a word boundary '\\b'");
+    case 'B':
+        return rx_refuse(x, at, "a word boundary '\\B'");
+    case 'k':
+        return rx_refuse(x, at, "a named backreference '\\k'");
+    case 'p':
+    case 'P':
+        return rx_refuse(x, at, "a Unicode property escape");
+    case 'c':
+        return rx_refuse(x, at, "a control escape '\\c'");
+    case 'x':
+        if (!rx_hexn(x, 2, cp)) return rx_invalid(x, at, "'\\x' needs two hex digits");
+        return true;
+    case 'u': {
+        if (x->i < x->n && x->s[x->i] == '{') {
+            size_t j = x->i + 1;
+            uint32_t v = 0;
+            int nd = 0;
+            for (; j < x->n && rx_hex(x->s[j]) >= 0 && nd < 7; j++, nd++)
+                v = v << 4 | (uint32_t)rx_hex(x->s[j]);
+            if (!nd || j >= x->n || x->s[j] != '}' || v > RX_MAX_CP)
+                return rx_invalid(x, at, "a malformed '\\u{...}'");
+            x->i = j + 1;
+            *cp = v;
+        } else if (!rx_hexn(x, 4, cp))
+            return rx_invalid(x, at, "'\\u' needs four hex digits");
+        if (*cp >= 0xd800 && *cp <= 0xdbff && x->n - x->i >= 6 && x->s[x->i] == '\\' &&
+            x->s[x->i + 1] == 'u') {
+            size_t save = x->i;
+            uint32_t lo;
+            x->i += 2;
+            if (rx_hexn(x, 4, &lo) && lo >= 0xdc00 && lo <= 0xdfff) {
+                *cp = 0x10000 + ((*cp - 0xd800) << 10) + (lo - 0xdc00);
+                return true;
+            }
+            x->i = save;
+        }
+        if (*cp >= 0xd800 && *cp <= 0xdfff) return rx_refuse(x, at, "a lone surrogate");
+        return true;
+    }
+    default:
+        break;
+    }
+    if (e >= '1' && e <= '9') return rx_refuse(x, at, "a backreference");
+    if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (unsigned char)e >= 0x80)
+        return rx_invalid(x, at, "an unknown escape");
+    *cp = (unsigned char)e; // \. \\ \/ \- \^ \$ \| \( \) \[ \] \{ \} \* \+ \? ...
+    return true;
+}
+
+/* Appends one code point to a GBNF character class. */
+static bool rx_class_cp(sc_ctx *c, sc_buf *b, uint32_t cp) {
+    if ((cp >= '0' && cp <= '9') || (cp >= 'A' && cp <= 'Z') || (cp >= 'a' && cp <= 'z'))
+        return sc_printf(c, b, "%c", (char)cp);
+    if (cp < 0x100) return sc_printf(c, b, "\\x%02X", cp);
+    if (cp < 0x10000) return sc_printf(c, b, "\\u%04X", cp);
+    return sc_printf(c, b, "\\U%08X", cp);
+}
+
+/* Emits one character of s as JSON string content spells it: a GBNF
+ * term (parenthesized when it has alternatives). */
+static bool rx_emit_set(sc_rx *x, sc_buf *b, rx_set *s, size_t at) {
+    sc_ctx *c = x->c;
+    rx_norm(s);
+    if (!rx_remove(x, s, 0xd800, 0xdfff)) return false;
+    rx_set raw = *s;
+    if (!rx_remove(x, &raw, 0, 0x1f) || !rx_remove(x, &raw, '"', '"') ||
+        !rx_remove(x, &raw, '\\', '\\'))
+        return false;
+    const char *alt[40];
+    char esc[32][24];
+    int n = 0, ne = 0;
+    if (rx_has(s, '"')) alt[n++] = "\"\\\\\\\"\"";
+    if (rx_has(s, '\\')) alt[n++] = "\"\\\\\\\\\"";
+    bool all_ctl = true;
+    for (uint32_t ch = 0; ch < 0x20; ch++)
+        all_ctl = all_ctl && rx_has(s, ch);
+    if (all_ctl)
+        alt[n++] = "\"\\\\u00\" [01] [0-9a-fA-F] | \"\\\\\" [bfnrt]";
+    else
+        for (uint32_t ch = 0; ch < 0x20; ch++) {
+            if (!rx_has(s, ch)) continue;
+            const char *sh = ch == '\n'   ? "n"
+                             : ch == '\t' ? "t"
+                             : ch == '\r' ? "r"
+                             : ch == '\b' ? "b"
+                             : ch == '\f' ? "f"
+                                          : NULL;
+            if (sh)
+                snprintf(esc[ne], sizeof esc[ne], "\"\\\\%s\"", sh);
+            else if ((ch & 0xf) < 10) // the hex digits in either case
+                snprintf(esc[ne], sizeof esc[ne], "\"\\\\u00%u%u\"", ch >> 4, ch & 0xf);
+            else
+                snprintf(esc[ne], sizeof esc[ne], "\"\\\\u00%u\" [%c%c]", ch >> 4,
+                         'a' + (ch & 0xf) - 10, 'A' + (ch & 0xf) - 10);
+            alt[n++] = esc[ne++];
+        }
+    if (!raw.n && !n) return rx_refuse(x, at, "a character set that matches nothing");
+    int terms = n + (raw.n ? 1 : 0);
+    if (terms > 1 && !sc_add(c, b, "( ", 2)) return false;
+    if (raw.n == 1 && raw.r[0].lo == raw.r[0].hi) {
+        char u[8];
+        uint32_t cp = raw.r[0].lo;
+        size_t k = 0;
+        if (cp < 0x80)
+            u[k++] = (char)cp;
+        else if (cp < 0x800)
+            u[k++] = (char)(0xc0 | cp >> 6), u[k++] = (char)(0x80 | (cp & 0x3f));
+        else if (cp < 0x10000)
+            u[k++] = (char)(0xe0 | cp >> 12), u[k++] = (char)(0x80 | (cp >> 6 & 0x3f)),
+            u[k++] = (char)(0x80 | (cp & 0x3f));
+        else
+            u[k++] = (char)(0xf0 | cp >> 18), u[k++] = (char)(0x80 | (cp >> 12 & 0x3f)),
+            u[k++] = (char)(0x80 | (cp >> 6 & 0x3f)), u[k++] = (char)(0x80 | (cp & 0x3f));
+        if (!sc_lit(c, b, u, k)) return false;
+    } else if (raw.n) {
+        if (!sc_add(c, b, "[", 1)) return false;
+        for (uint32_t i = 0; i < raw.n; i++) {
+            if (!rx_class_cp(c, b, raw.r[i].lo)) return false;
+            if (raw.r[i].hi != raw.r[i].lo &&
+                (!sc_add(c, b, "-", 1) || !rx_class_cp(c, b, raw.r[i].hi)))
+                return false;
+        }
+        if (!sc_add(c, b, "]", 1)) return false;
+    }
+    for (int i = 0; i < n; i++) {
+        if ((i || raw.n) && !sc_add(c, b, " | ", 3)) return false;
+        if (!sc_add(c, b, alt[i], strlen(alt[i]))) return false;
+    }
+    return terms > 1 ? sc_add(c, b, " )", 2) : true;
+}
+
+/* [...] at the cursor (on '['). */
+static bool rx_class(sc_rx *x, rx_set *s) {
+    size_t at = x->i++;
+    bool neg = x->i < x->n && x->s[x->i] == '^';
+    if (neg) x->i++;
+    while (x->i < x->n && x->s[x->i] != ']') {
+        size_t a0 = x->i;
+        uint32_t lo, hi;
+        if (x->s[x->i] == '\\') {
+            x->i++;
+            if (!rx_escape(x, a0, true, s, &lo)) return false;
+        } else if (!rx_utf8(x, &lo))
+            return false;
+        if (x->i + 1 < x->n && x->s[x->i] == '-' && x->s[x->i + 1] != ']') {
+            size_t a1 = ++x->i;
+            if (x->s[x->i] == '\\') {
+                x->i++;
+                if (!rx_escape(x, a1, true, s, &hi)) return false;
+            } else if (!rx_utf8(x, &hi))
+                return false;
+            if (lo == UINT32_MAX || hi == UINT32_MAX)
+                return rx_invalid(x, a0, "a range with a class escape as an end");
+            if (hi < lo) return rx_invalid(x, a0, "a range out of order");
+            if (!rx_add(x, s, lo, hi)) return false;
+        } else if (lo != UINT32_MAX && !rx_add(x, s, lo, lo))
+            return false;
+    }
+    if (x->i >= x->n) return rx_invalid(x, at, "an unterminated '['");
+    x->i++;
+    if (!neg && !s->n) return rx_refuse(x, at, "an empty class '[]' (it matches nothing)");
+    return !neg || rx_negate(x, s);
+}
+
+static bool rx_alts(sc_rx *x, sc_buf *b);
+
+/* One atom at the cursor, as a GBNF term in b. */
+static bool rx_atom(sc_rx *x, sc_buf *b) {
+    sc_ctx *c = x->c;
+    size_t at = x->i;
+    char ch = x->s[x->i];
+    rx_set s = {.n = 0};
+    if (ch == '(') {
+        x->i++;
+        if (x->i < x->n && x->s[x->i] == '?') {
+            const char *q = x->s + x->i + 1;
+            size_t left = x->n - x->i - 1;
+            if (left >= 1 && q[0] == ':')
+                x->i += 2;
+            else if (left >= 1 && (q[0] == '=' || q[0] == '!'))
+                return rx_refuse(x, at, "a lookahead");
+            else if (left >= 2 && q[0] == '<' && (q[1] == '=' || q[1] == '!'))
+                return rx_refuse(x, at, "a lookbehind");
+            else if (left >= 1 && q[0] == '<') {
+                const char *e = memchr(q, '>', left);
+                if (!e) return rx_invalid(x, at, "an unterminated group name");
+                x->i = (size_t)(e - x->s) + 1; // a named group: just a group here
+            } else
+                return rx_refuse(x, at, "a group modifier '(?'");
+        }
+        if (++x->depth > RX_MAX_DEPTH) return rx_refuse(x, at, "groups nested deeper than 32");
+        if (!sc_add(c, b, "( ", 2) || !rx_alts(x, b)) return false;
+        x->depth--;
+        if (x->i >= x->n || x->s[x->i] != ')') return rx_invalid(x, at, "an unclosed '('");
+        x->i++;
+        return sc_add(c, b, " )", 2);
+    }
+    if (ch == '[') {
+        if (!rx_class(x, &s)) return false;
+    } else if (ch == '.') {
+        x->i++;
+        if (!rx_add(x, &s, '\n', '\n') || !rx_add(x, &s, '\r', '\r') ||
+            !rx_add(x, &s, 0x2028, 0x2029) || !rx_negate(x, &s))
+            return false;
+    } else if (ch == '\\') {
+        x->i++;
+        uint32_t cp;
+        if (!rx_escape(x, at, false, &s, &cp)) return false;
+        if (cp != UINT32_MAX && !rx_add(x, &s, cp, cp)) return false;
+    } else if (ch == '*' || ch == '+' || ch == '?' || ch == '{') {
+        return rx_invalid(x, at, "a quantifier with nothing to repeat");
+    } else if (ch == '^') {
+        return rx_refuse(x, at, "an anchor '^' other than at the start");
+    } else if (ch == '$') {
+        return rx_refuse(x, at, "an anchor '$' other than at the end");
+    } else {
+        uint32_t cp;
+        if (!rx_utf8(x, &cp) || !rx_add(x, &s, cp, cp)) return false;
+    }
+    return rx_emit_set(x, b, &s, at);
+}
+
+/* Reads a decimal at the cursor (up to GRAMMAR_MAX_REPEAT); false: none. */
+static bool rx_num(sc_rx *x, long long *v) {
+    size_t j = x->i;
+    long long a = 0;
+    while (j < x->n && x->s[j] >= '0' && x->s[j] <= '9' && a <= GRAMMAR_MAX_REPEAT)
+        a = a * 10 + (x->s[j++] - '0');
+    if (j == x->i) return false;
+    x->i = j;
+    *v = a;
+    return true;
+}
+
+/* A quantifier at the cursor, if any, applied to the term b[start..). */
+static bool rx_quant(sc_rx *x, sc_buf *b, size_t start) {
+    if (x->i >= x->n) return true;
+    size_t at = x->i;
+    char ch = x->s[x->i];
+    char q[48];
+    if (ch == '*' || ch == '+' || ch == '?') {
+        x->i++;
+        snprintf(q, sizeof q, "%c", ch);
+    } else if (ch == '{') {
+        long long lo, hi;
+        x->i++;
+        if (!rx_num(x, &lo)) return rx_invalid(x, at, "a malformed '{' quantifier");
+        hi = lo;
+        if (x->i < x->n && x->s[x->i] == ',') {
+            x->i++;
+            hi = -1;
+            if (x->i < x->n && x->s[x->i] != '}' && !rx_num(x, &hi))
+                return rx_invalid(x, at, "a malformed '{' quantifier");
+        }
+        if (x->i >= x->n || x->s[x->i] != '}')
+            return rx_invalid(x, at, "a malformed '{' quantifier");
+        x->i++;
+        if (lo > GRAMMAR_MAX_REPEAT || hi > GRAMMAR_MAX_REPEAT)
+            return rx_refuse(x, at, "a repetition count above 1000");
+        if (hi >= 0 && hi < lo) return rx_invalid(x, at, "a quantifier {n,m} with m below n");
+        sc_rep(q, sizeof q, lo, hi);
+    } else
+        return true;
+    if (x->i < x->n && x->s[x->i] == '?') return rx_refuse(x, x->i, "a lazy quantifier");
+    if (x->i < x->n && (x->s[x->i] == '*' || x->s[x->i] == '+' || x->s[x->i] == '{'))
+        return rx_refuse(x, x->i, "a quantifier after a quantifier");
+    // ( term )q: the term was written at b[start..)
+    if (!sc_add(x->c, b, " )", 2) || !sc_add(x->c, b, q, strlen(q))) return false;
+    if (!sc_add(x->c, b, "  ", 2)) return false; // room for "( " in front
+    memmove(b->p + start + 2, b->p + start, b->n - 2 - start);
+    memcpy(b->p + start, "( ", 2);
+    return true;
+}
+
+/* Alternatives up to ')' or the end, as one GBNF term group body. */
+static bool rx_alts(sc_rx *x, sc_buf *b) {
+    bool first_item = true;
+    for (;;) {
+        if (x->i >= x->n || x->s[x->i] == ')') {
+            if (first_item && !sc_add(x->c, b, "\"\"", 2)) return false; // an empty alternative
+            return true;
+        }
+        char ch = x->s[x->i];
+        if (ch == '|') {
+            x->i++;
+            if (first_item && !sc_add(x->c, b, "\"\"", 2)) return false;
+            if (!sc_add(x->c, b, " | ", 3)) return false;
+            first_item = true;
+            continue;
+        }
+        if (!first_item && !sc_add(x->c, b, " ", 1)) return false;
+        size_t start = b->n;
+        if (!rx_atom(x, b) || !rx_quant(x, b, start)) return false;
+        first_item = false;
+    }
+}
+
+/* The body of a string rule for pattern pat: the quotes and the regex. */
+static bool sc_pattern(sc_ctx *c, const char *pat, size_t n, const char *path, sc_buf *b) {
+    sc_rx x = {.c = c, .s = pat, .n = n, .path = path};
+    if (x.n && pat[0] == '^') x.i = 1;
+    // a trailing '$' not escaped: an odd number of backslashes before it escapes it
+    if (x.n > x.i && pat[x.n - 1] == '$') {
+        size_t k = 0;
+        while (k + 2 <= x.n && pat[x.n - 2 - k] == '\\')
+            k++;
+        if (k % 2 == 0) x.n--;
+    }
+    if (!sc_add(c, b, "\"\\\"\" ( ", 7) || !rx_alts(&x, b)) return false;
+    if (x.i < x.n) return rx_invalid(&x, x.i, "an unmatched ')'");
+    return sc_add(c, b, " ) \"\\\"\"", 7);
+}
+
+// ----------------------------------------------------------------------------
+// minimum / maximum / exclusiveMinimum / exclusiveMaximum: digit-range
+// grammars. An integer range becomes, per digit count, the decimal strings
+// between two equal-length bounds (no leading zeros, no "-0"). A bounded
+// number is an integer in range, or a fraction (its last digit non-zero,
+// no exponent) whose whole unit interval (I, I+1) lies in range: always
+// valid, complete for integers; see docs/structured-output.md.
+
+#define SC_NUM_CAP 9999999999999999LL    /* an unbounded side: 16 digits, as `integer` */
+#define SC_NUM_BIG 1000000000000000000LL /* 10^18: the largest bound accepted */
+
+/* The decimal strings of every value in [x, y], both n digits. */
+static bool sc_same_len(sc_ctx *c, sc_buf *b, const char *x, const char *y, int n) {
+    int k = 0;
+    while (k < n && x[k] == y[k])
+        k++;
+    if (k == n) return sc_lit(c, b, x, (size_t)n);
+    if (k && (!sc_lit(c, b, x, (size_t)k) || !sc_add(c, b, " ", 1))) return false;
+    int r = n - k - 1;
+    bool xz = true, y9 = true;
+    for (int i = k + 1; i < n; i++)
+        xz = xz && x[i] == '0', y9 = y9 && y[i] == '9';
+    int mlo = x[k] - '0' + (xz ? 0 : 1), mhi = y[k] - '0' - (y9 ? 0 : 1);
+    char nines[24], zeros[24];
+    memset(nines, '9', sizeof nines);
+    memset(zeros, '0', sizeof zeros);
+    bool any = false;
+    if (!sc_add(c, b, "( ", 2)) return false;
+    if (!xz) {
+        if (!sc_printf(c, b, "\"%c\" ", x[k]) || !sc_same_len(c, b, x + k + 1, nines, r))
+            return false;
+        any = true;
+    }
+    if (mlo <= mhi) {
+        if (any && !sc_add(c, b, " | ", 3)) return false;
+        if (!sc_printf(c, b, "[%d-%d]", mlo, mhi)) return false;
+        if (r && !sc_printf(c, b, " [0-9]{%d}", r)) return false;
+        any = true;
+    }
+    if (!y9) {
+        if (any && !sc_add(c, b, " | ", 3)) return false;
+        if (!sc_printf(c, b, "\"%c\" ", y[k]) || !sc_same_len(c, b, zeros, y + k + 1, r))
+            return false;
+    }
+    return sc_add(c, b, " )", 2);
+}
+
+/* Alternatives for the decimal strings of [lo, hi] (0 <= lo <= hi): "0"
+ * and numbers without leading zeros. *first: nothing emitted yet. */
+static bool sc_uint_range(sc_ctx *c, sc_buf *b, unsigned long long lo, unsigned long long hi,
+                          bool *first) {
+    if (lo == 0) {
+        if (!*first && !sc_add(c, b, " | ", 3)) return false;
+        if (!sc_add(c, b, "\"0\"", 3)) return false;
+        *first = false;
+        if (hi == 0) return true;
+        lo = 1;
+    }
+    unsigned long long p = 1; // 10^(d-1)
+    for (int d = 1; d <= 19; d++, p *= 10) {
+        unsigned long long top = p * 10 - 1; // 10^d - 1 (fits: d <= 19)
+        if (top < lo) continue;
+        if (p > hi) break;
+        unsigned long long a = lo > p ? lo : p, z = hi < top ? hi : top;
+        char xs[24], ys[24];
+        snprintf(xs, sizeof xs, "%llu", a);
+        snprintf(ys, sizeof ys, "%llu", z);
+        if (!*first && !sc_add(c, b, " | ", 3)) return false;
+        if (!sc_same_len(c, b, xs, ys, d)) return false;
+        *first = false;
+    }
+    return true;
+}
+
+/* Alternatives for the integers of [lo, hi] (|lo|, |hi| <= 10^18). */
+static bool sc_int_range(sc_ctx *c, sc_buf *b, long long lo, long long hi, bool *first) {
+    if (lo > hi) return true;
+    if (lo < 0) {
+        unsigned long long mlo = hi < 0 ? (unsigned long long)-hi : 1;
+        bool f2 = true;
+        if (!*first && !sc_add(c, b, " | ", 3)) return false;
+        if (!sc_add(c, b, "\"-\" ( ", 6) ||
+            !sc_uint_range(c, b, mlo, (unsigned long long)-lo, &f2) || !sc_add(c, b, " )", 2))
+            return false;
+        *first = false;
+    }
+    if (hi >= 0)
+        return sc_uint_range(c, b, (unsigned long long)(lo > 0 ? lo : 0), (unsigned long long)hi,
+                             first);
+    return true;
+}
+
+/* One bound keyword: false with the error set if malformed. *has: present
+ * (as a number); v its value; is_int: an exact JSON integer (iv). */
+typedef struct sc_bound {
+    bool has, excl;
+    bool is_int;
+    long long iv;
+    double v;
+} sc_bound;
+
+static bool sc_bound_read(sc_ctx *c, const json_t *s, const char *key, bool excl, const char *path,
+                          sc_bound *out) {
+    const json_t *x = json_object_get(s, key);
+    memset(out, 0, sizeof *out);
+    if (!x || (excl && json_is_boolean(x))) return true; // draft 4's form: read by the caller
+    if (!json_is_number(x))
+        return sc_fail(c, KS_ERR_INVAL, "schema at %s: '%s' must be a number", path, key);
+    out->has = true;
+    out->excl = excl;
+    if (json_is_integer(x)) {
+        out->is_int = true;
+        out->iv = json_integer_value(x);
+        if (out->iv > SC_NUM_BIG || out->iv < -SC_NUM_BIG)
+            return sc_fail(c, KS_ERR_UNSUPPORTED,
+                           "schema at %s: '%s' beyond +-10^18 is not supported", path, key);
+        return true;
+    }
+    out->v = json_real_value(x);
+    if (!(out->v >= -1e15 && out->v <= 1e15))
+        return sc_fail(c, KS_ERR_UNSUPPORTED,
+                       "schema at %s: a fractional '%s' beyond +-10^15 is not supported", path,
+                       key);
+    return true;
+}
+
+/* floor (up false) or ceil of a bound's value. */
+static long long sc_bound_round(const sc_bound *bd, bool up) {
+    if (bd->is_int) return bd->iv;
+    return (long long)(up ? ceil(bd->v) : floor(bd->v));
+}
+
+/* The integer limits the bounds of s put on integers (*alo..*ahi) and on
+ * the unit intervals of fractions (*flo: ceil of the lower bound, *fhi:
+ * floor of the upper; *has_lo / *has_hi: a side is bounded). */
+static bool sc_bounds(sc_ctx *c, const json_t *s, const char *path, long long *alo, long long *ahi,
+                      long long *flo, long long *fhi, bool *has_lo, bool *has_hi) {
+    sc_bound bd[4];
+    static const char *const keys[] = {"minimum", "exclusiveMinimum", "maximum",
+                                       "exclusiveMaximum"};
+    for (int k = 0; k < 4; k++)
+        if (!sc_bound_read(c, s, keys[k], k == 1 || k == 3, path, &bd[k])) return false;
+    for (int k = 1; k < 4; k += 2) { // draft 4: "exclusiveMinimum": true makes minimum exclusive
+        const json_t *x = json_object_get(s, keys[k]);
+        if (!json_is_boolean(x)) continue;
+        if (json_is_true(x) && !bd[k - 1].has)
+            return sc_fail(c, KS_ERR_INVAL, "schema at %s: '%s': true needs '%s'", path, keys[k],
+                           keys[k - 1]);
+        bd[k - 1].excl = json_is_true(x);
+    }
+    *has_lo = bd[0].has || bd[1].has;
+    *has_hi = bd[2].has || bd[3].has;
+    *alo = *flo = -SC_NUM_BIG - 1;
+    *ahi = *fhi = SC_NUM_BIG + 1;
+    for (int k = 0; k < 2; k++) {
+        if (!bd[k].has) continue;
+        long long f = sc_bound_round(&bd[k], true);
+        long long a = bd[k].excl ? sc_bound_round(&bd[k], false) + 1 : f;
+        if (a > *alo) *alo = a;
+        if (f > *flo) *flo = f;
+    }
+    for (int k = 2; k < 4; k++) {
+        if (!bd[k].has) continue;
+        long long f = sc_bound_round(&bd[k], false);
+        long long a = bd[k].excl ? sc_bound_round(&bd[k], true) - 1 : f;
+        if (a < *ahi) *ahi = a;
+        if (f < *fhi) *fhi = f;
+    }
+    // an unbounded side stops at 16 digits, or at 10^18 past a bound that is already longer
+    if (!*has_lo) *alo = *flo = *ahi < -SC_NUM_CAP ? -SC_NUM_BIG : -SC_NUM_CAP;
+    if (!*has_hi) *ahi = *fhi = *alo > SC_NUM_CAP ? SC_NUM_BIG : SC_NUM_CAP;
+    return true;
+}
+
+static bool sc_has_bounds(const json_t *s) {
+    return json_object_get(s, "minimum") || json_object_get(s, "maximum") ||
+           json_object_get(s, "exclusiveMinimum") || json_object_get(s, "exclusiveMaximum");
+}
+
+/* An integer or number schema with bounds; integer: only integers. */
+static bool sc_bounded(sc_ctx *c, const json_t *s, const char *path, bool integer, sc_buf *b) {
+    long long alo = 0, ahi = 0, flo = 0, fhi = 0;
+    bool has_lo = false, has_hi = false;
+    if (!sc_bounds(c, s, path, &alo, &ahi, &flo, &fhi, &has_lo, &has_hi)) return false;
+    bool first = true;
+    if (!sc_add(c, b, "( ", 2) || !sc_int_range(c, b, alo, ahi, &first)) return false;
+    if (!integer) {
+        // I "." f with (I, I+1) inside the bounds; "-" I "." f with (-I-1, -I) inside
+        const char *frac = " \".\" [0-9]{0,15} [1-9]";
+        long long blo = flo > 0 ? flo : 0, bhi = fhi - 1;
+        long long chi = -flo - 1, clo = -fhi > 0 ? -fhi : 0;
+        if (!has_hi) bhi = fhi;
+        if (!has_lo) chi = -flo;
+        if (blo <= bhi) {
+            bool f2 = true;
+            if (!first && !sc_add(c, b, " | ", 3)) return false;
+            if (!sc_add(c, b, "( ", 2) ||
+                !sc_uint_range(c, b, (unsigned long long)blo, (unsigned long long)bhi, &f2) ||
+                !sc_add(c, b, " )", 2) || !sc_add(c, b, frac, strlen(frac)))
+                return false;
+            first = false;
+        }
+        if (clo <= chi) {
+            bool f2 = true;
+            if (!first && !sc_add(c, b, " | ", 3)) return false;
+            if (!sc_add(c, b, "\"-\" ( ", 6) ||
+                !sc_uint_range(c, b, (unsigned long long)clo, (unsigned long long)chi, &f2) ||
+                !sc_add(c, b, " )", 2) || !sc_add(c, b, frac, strlen(frac)))
+                return false;
+            first = false;
+        }
+    }
+    if (first)
+        return integer ? sc_fail(c, KS_ERR_INVAL, "schema at %s: no integer lies within the bounds",
+                                 path)
+                       : sc_fail(c, KS_ERR_UNSUPPORTED,
+                                 "schema at %s: no number within the bounds is an integer or "
+                                 "lies in a whole unit interval within them (what is generated)",
+                                 path);
+    return sc_add(c, b, " )", 2);
+}
+
 static bool sc_string(sc_ctx *c, const json_t *s, const char *path, sc_buf *b) {
     const char *P = c->prefix;
     const json_t *f = json_object_get(s, "format");
@@ -295,19 +1047,32 @@ static bool sc_string(sc_ctx *c, const json_t *s, const char *path, sc_buf *b) {
         if (!json_is_string(f))
             return sc_fail(c, KS_ERR_INVAL, "schema at %s: 'format' must be a string", path);
         const char *fs = json_string_value(f);
-        static const char *const formats[] = {"date", "time", "date-time", "uuid", NULL};
+        static const char *const formats[] = {"date",  "time", "date-time", "uuid",
+                                              "email", "ipv4", NULL};
         if (!sc_in(formats, fs))
             return sc_fail(c, KS_ERR_UNSUPPORTED,
                            "schema at %s: format '%.40s' is not supported (date, time, date-time, "
-                           "uuid are)",
+                           "uuid, email, ipv4 are)",
                            path, fs);
-        // a fixed shape; minLength/maxLength are not combined with it
-        if (json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
+        // a fixed shape; minLength/maxLength/pattern are not combined with it
+        if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") ||
+            json_object_get(s, "pattern"))
             return sc_fail(c, KS_ERR_UNSUPPORTED,
-                           "schema at %s: 'minLength'/'maxLength' together with 'format' is not "
-                           "supported",
+                           "schema at %s: 'minLength'/'maxLength'/'pattern' together with "
+                           "'format' is not supported",
                            path);
         return sc_printf(c, b, "\"\\\"\" %s%s \"\\\"\"", P, fs);
+    }
+    const json_t *pat = json_object_get(s, "pattern");
+    if (pat) {
+        if (!json_is_string(pat))
+            return sc_fail(c, KS_ERR_INVAL, "schema at %s: 'pattern' must be a string", path);
+        if (json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
+            return sc_fail(c, KS_ERR_UNSUPPORTED,
+                           "schema at %s: 'minLength'/'maxLength' together with 'pattern' is not "
+                           "supported (bound the length in the pattern)",
+                           path);
+        return sc_pattern(c, json_string_value(pat), json_string_length(pat), path, b);
     }
     long long lo = 0, hi = -1;
     if (!sc_count(c, s, "minLength", path, &lo) || !sc_count(c, s, "maxLength", path, &hi))
@@ -328,8 +1093,11 @@ static bool sc_typed(sc_ctx *c, const json_t *s, const char *type, const char *p
     if (!strcmp(type, "object")) return sc_object(c, s, path, self, b);
     if (!strcmp(type, "array")) return sc_array(c, s, path, b);
     if (!strcmp(type, "string")) return sc_string(c, s, path, b);
-    if (!strcmp(type, "number")) return sc_printf(c, b, "%snumber", P);
-    if (!strcmp(type, "integer")) return sc_printf(c, b, "%sinteger", P);
+    if (!strcmp(type, "number") || !strcmp(type, "integer")) {
+        bool integer = type[0] == 'i';
+        if (sc_has_bounds(s)) return sc_bounded(c, s, path, integer, b);
+        return sc_printf(c, b, "%s%s", P, type);
+    }
     if (!strcmp(type, "boolean")) return sc_printf(c, b, "%sboolean", P);
     if (!strcmp(type, "null")) return sc_printf(c, b, "%snull", P);
     return sc_fail(c, KS_ERR_INVAL, "schema at %s: unknown type '%.40s'", path, type);
@@ -541,8 +1309,10 @@ static bool sc_schema(sc_ctx *c, const json_t *s, const char *path, const char *
     } else if (json_object_get(s, "items") || json_object_get(s, "minItems") ||
                json_object_get(s, "maxItems")) {
         ok = sc_array(c, s, path, &b);
+    } else if (sc_has_bounds(s)) {
+        ok = sc_bounded(c, s, path, false, &b); // minimum / maximum: a number
     } else {
-        ok = sc_string(c, s, path, &b); // minLength / maxLength / format
+        ok = sc_string(c, s, path, &b); // minLength / maxLength / format / pattern
     }
 emit:
     if (ok) ok = sc_rule(c, name, &b);
@@ -580,9 +1350,16 @@ static bool sc_primitives(sc_ctx *c) {
                      "%sarray ::= \"[\" %sws ( %svalue %sws ( \",\" %sws %svalue %sws )* )? "
                      "\"]\"\n",
                      P, P, P, P, P, P, P) &&
+           // days per month; 29 February only in leap years (Gregorian, RFC 3339)
            sc_printf(c, &c->out,
-                     "%sdate ::= [0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] "
-                     "| [12] [0-9] | \"3\" [01] )\n",
+                     "%sdate ::= [0-9]{4} \"-\" ( ( \"0\" [13578] | \"1\" [02] ) \"-\" ( \"0\" "
+                     "[1-9] | [12] [0-9] | \"3\" [01] ) | ( \"0\" [469] | \"11\" ) \"-\" ( \"0\" "
+                     "[1-9] | [12] [0-9] | \"30\" ) | \"02-\" ( \"0\" [1-9] | \"1\" [0-9] | \"2\" "
+                     "[0-8] ) ) | %sleap \"-02-29\"\n",
+                     P, P) &&
+           sc_printf(c, &c->out,
+                     "%sleap ::= [0-9]{2} ( \"0\" [48] | [2468] [048] | [13579] [26] ) | ( \"0\" "
+                     "[48] | [2468] [048] | [13579] [26] | \"00\" ) \"00\"\n",
                      P) &&
            sc_printf(c, &c->out,
                      "%stime ::= ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] "
@@ -593,6 +1370,22 @@ static bool sc_primitives(sc_ctx *c) {
            sc_printf(c, &c->out,
                      "%suuid ::= [0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" "
                      "[0-9a-f]{4} \"-\" [0-9a-f]{12}\n",
+                     P) &&
+           // a practical subset of RFC 5321: dot-atoms of atext, a domain of
+           // at least two labels ending in a letters-only top-level label; within
+           // its length limits (64 bytes of local part, 253 of domain)
+           sc_printf(
+               c, &c->out,
+               "%semail ::= %satom ( \".\" %satom ){0,3} \"@\" %slabel ( \".\" %slabel ){0,3} "
+               "\".\" [a-zA-Z]{2,24}\n",
+               P, P, P, P, P) &&
+           sc_printf(c, &c->out, "%satom ::= [a-zA-Z0-9!#$%%&'*+/=?^_`{|}~-]{1,15}\n", P) &&
+           sc_printf(c, &c->out, "%slabel ::= [a-zA-Z0-9] ( [a-zA-Z0-9-]{0,30} [a-zA-Z0-9] )?\n",
+                     P) &&
+           sc_printf(c, &c->out, "%sipv4 ::= %soctet ( \".\" %soctet ){3}\n", P, P, P) &&
+           sc_printf(c, &c->out,
+                     "%soctet ::= \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] "
+                     "[0-9] | [0-9]\n",
                      P);
 }
 

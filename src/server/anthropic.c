@@ -31,7 +31,7 @@ static bool anth__in(const char *const *set, const char *s) {
     return false;
 }
 
-/* The request fields this route implements (README "Anthropic Messages"). */
+/* The request fields this route implements (docs/api.md "Anthropic Messages and Workers AI"). */
 static const char *const anth__fields[] = {
     "model",  "messages",    "system",   "max_tokens", "stop_sequences", "stream",
     "tools",  "tool_choice", "thinking", "metadata",   NULL, /* + srv_sampling_known(k, true) */

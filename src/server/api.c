@@ -106,12 +106,43 @@ bool srv_framing_check(const srv_framing *f, srv_error *err) {
     return true;
 }
 
+/* Where a raw path's model id starts, when the path is a route that takes
+ * one as its last part (literally spelled up to it, so percent-decoding
+ * cannot move the request to another route): /v1/models/{id},
+ * [/client/v4]/accounts/{a}/ai/run/{id} and /admin/models/{id}/{action};
+ * *end: where the id ends (the action's literal '/', else the path's end).
+ * NULL for any other path. */
+static const char *api__model_segment(const char *raw, const char *path_end, const char **end) {
+    *end = path_end;
+    if (!strncmp(raw, "/v1/models/", 11)) return raw + 11;
+    if (!strncmp(raw, "/admin/models/", 14)) {
+        const char *slash = NULL; // the action's: the last literal '/'
+        for (const char *p = raw + 14; p < path_end; p++)
+            if (*p == '/') slash = p;
+        if (!slash) return NULL;
+        *end = slash;
+        return raw + 14;
+    }
+    const char *acct = !strncmp(raw, "/client/v4/accounts/", 20) ? raw + 20
+                       : !strncmp(raw, "/accounts/", 10)         ? raw + 10
+                                                                 : NULL;
+    const char *slash = acct ? memchr(acct, '/', (size_t)(path_end - acct)) : NULL;
+    if (!slash || strncmp(slash, "/ai/run/", 8) != 0) return NULL;
+    return slash + 8;
+}
+
 bool srv_path_check(const char *raw, srv_error *err) {
-    for (const char *p = raw; *p && *p != '?'; p++) {
+    const char *path_end = raw + strcspn(raw, "?"), *id_end;
+    const char *id = api__model_segment(raw, path_end, &id_end);
+    for (const char *p = raw; p < path_end; p++) {
         if (p[0] != '%' || !p[1] || !p[2]) continue;
-        if (p[1] == '2' && (p[2] == 'F' || p[2] == 'f'))
+        // a slash inside a model id (openai 6.x encodes "org/model" so) stays
+        // in that id once decoded; anywhere else it would make another route
+        bool in_id = id && p >= id && p + 3 <= id_end;
+        if (p[1] == '2' && (p[2] == 'F' || p[2] == 'f') && !in_id)
             return FRAMING(err, ADMIT_INVALID_PATH,
-                           "the path may not contain an encoded slash (%%2F)");
+                           "the path may not contain an encoded slash (%%2F) outside a "
+                           "model id");
         if (p[1] == '0' && p[2] == '0')
             return FRAMING(err, ADMIT_INVALID_PATH,
                            "the path may not contain an encoded NUL (%%00)");
@@ -358,7 +389,7 @@ static bool api__sampling(srv_request *r, json_t *root, srv_error *err) {
     return srv_sampling_read(root, sp, err); // SAMPLE_PARAM_MAP's rows (sampling_json.c)
 }
 
-/* The fields each generation route implements (README "Routes"); every
+/* The fields each generation route implements (docs/api.md "Request fields"); every
  * other field is refused by name rather than silently ignored, so a client
  * never gets an answer that quietly differs from what it asked for (chat's echo,
  * suffix, tools outside chat, ...). Accepted without an effect on the

@@ -170,7 +170,7 @@ fail:
  * date_string and builtin_tools, Command-R/Granite documents). Anything
  * else is refused: a key would otherwise shadow the template's globals
  * (bos_token, eos_token, raise_exception, range, namespace, ...) or the
- * request's own fields (messages, tools, add_generation_prompt). README
+ * request's own fields (messages, tools, add_generation_prompt). docs/api.md
  * "Chat templates" lists them. */
 static const struct {
     const char *key;

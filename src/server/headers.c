@@ -3,7 +3,7 @@
  * x-request-id (a client's kept when sane, else a new random one) and the
  * Retry-After estimate for a busy queue. http.c's srv__decorate puts them
  * on each answer; the tenant buckets behind x-ratelimit-* are tenants.c's.
- * Operator's view: README "Operating it", docs/metrics.md. */
+ * Operator's view: docs/api.md "CORS, request ids, rate-limit headers", docs/metrics.md. */
 #include "server_int.h"
 
 #include <ctype.h>

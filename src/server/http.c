@@ -68,6 +68,9 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <poll.h>
 #include <sodium.h>
 #include <stdio.h>
@@ -330,7 +333,8 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
         MHD_get_connection_values(c, MHD_HEADER_KIND, srv__framing_it, &f);
         if (bad_path)
             srv_refuse(&err, ADMIT_INVALID_PATH, NULL,
-                       "the path may not contain an encoded slash (%%2F) or NUL (%%00)");
+                       "the path may not contain an encoded slash (%%2F) outside a model "
+                       "id, or an encoded NUL (%%00)");
         if (bad_path || !srv_framing_check(&f, &err)) {
             sc->refused = true;
             return srv__reply_error(s, c, srv__route_of(url), &err);
@@ -544,14 +548,17 @@ static void *srv__sweeper_main(void *arg) {
 static void srv__mhd_log(void *cls, const char *fmt, va_list ap) {
     server *s = cls;
     // a failed start is reported once, by server_create's error ("cannot
-    // listen on ...: Address already in use"): MHD's own line then is debug
-    ks_log_level lvl =
-        atomic_load_explicit(&s->mhd_starting, memory_order_acquire) ? KS_LOG_DEBUG : KS_LOG_WARN;
+    // listen on ...: Address already in use"), which quotes MHD's first
+    // message where it says more (a TLS key MHD refused): MHD's line is debug
+    bool starting = atomic_load_explicit(&s->mhd_starting, memory_order_acquire);
+    ks_log_level lvl = starting ? KS_LOG_DEBUG : KS_LOG_WARN;
     char buf[512];
     vsnprintf(buf, sizeof buf, fmt, ap);
     size_t n = strlen(buf);
     while (n && buf[n - 1] == '\n')
         buf[--n] = '\0';
+    if (starting && pthread_equal(pthread_self(), s->mhd_starter) && !s->mhd_start_msg[0])
+        snprintf(s->mhd_start_msg, sizeof s->mhd_start_msg, "%s", buf);
     ks_log(lvl, "http: %s", buf);
 }
 
@@ -682,6 +689,10 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
                             o->cors_origins[i]);
             goto fail;
         }
+    if (!o->tls_cert_pem != !o->tls_key_pem) {
+        err = ks_seterr(eb, KS_ERR_INVAL, "HTTPS needs both a certificate and its key");
+        goto fail;
+    }
     s->log_content = o->log_content || s->ts->log_content;
     // the chat template: compiled and test-rendered now, so a template this
     // server cannot run stops it here, naming the file and the reason
@@ -724,13 +735,23 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    // HTTPS: MHD's TLS (GnuTLS) with the certificate and key server_tls_load checked;
+    // without them the array ends at once (MHD_OPTION_END); after the logger, which
+    // MHD wants first
+    bool tls = o->tls_cert_pem && o->tls_key_pem;
+    if (tls) flags |= MHD_USE_TLS;
+    struct MHD_OptionItem tls_opts[] = {
+        {tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, (void *)o->tls_cert_pem},
+        {tls ? MHD_OPTION_HTTPS_MEM_KEY : MHD_OPTION_END, 0, (void *)o->tls_key_pem},
+        {MHD_OPTION_END, 0, NULL}};
+    s->mhd_starter = pthread_self();
     atomic_store_explicit(&s->mhd_starting, true, memory_order_release);
     s->d = MHD_start_daemon(
         flags, (uint16_t)o->port, NULL, NULL, srv__access, s, MHD_OPTION_EXTERNAL_LOGGER,
-        srv__mhd_log, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED,
-        srv__completed, s, MHD_OPTION_NOTIFY_CONNECTION, srv__conn_notify, s,
-        MHD_OPTION_URI_LOG_CALLBACK, srv__uri_log, s, MHD_OPTION_THREAD_POOL_SIZE,
-        (unsigned)SRV_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
+        srv__mhd_log, s, MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        MHD_OPTION_NOTIFY_COMPLETED, srv__completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+        srv__conn_notify, s, MHD_OPTION_URI_LOG_CALLBACK, srv__uri_log, s,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)SRV_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)(o->max_connections ? o->max_connections : 4096),
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_connections_per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s, MHD_OPTION_END);
@@ -738,8 +759,12 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
     atomic_store_explicit(&s->mhd_starting, false, memory_order_release);
     freeaddrinfo(ai);
     if (!s->d) {
-        err = ks_seterr(eb, KS_ERR_IO, "cannot listen on %s:%d: %s", o->host, o->port,
-                        strerror(bind_errno));
+        // MHD's message, where it says more than errno (a TLS setup failure)
+        const char *why = strerror(bind_errno), *mm = s->mhd_start_msg;
+        bool more = mm[0] && !strstr(mm, why);
+        err = ks_seterr(eb, KS_ERR_IO, "cannot listen on %s:%d%s: %s%s%s%s", o->host, o->port,
+                        tls ? " with TLS" : "", why, more ? " (" : "", more ? mm : "",
+                        more ? ")" : "");
         goto fail;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
@@ -760,6 +785,93 @@ fail:
     free(s->mods);
     pthread_mutex_destroy(&s->lmu);
     free(s);
+    return err;
+}
+
+// ----------------------------------------------------------------------------
+// HTTPS: the certificate and key, checked before the model loads
+
+/* The whole of path, NUL-terminated, in *out (caller frees); at most 1 MiB. */
+static ks_err srv__read_pem(const char *what, const char *path, char **out, ks_errbuf *eb) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return ks_seterr(eb, KS_ERR_IO, "%s '%s': %s", what, path, strerror(errno));
+    size_t cap = 1 << 20, n = 0;
+    char *buf = malloc(cap + 1);
+    if (buf) n = fread(buf, 1, cap + 1, f);
+    bool bad = buf && ferror(f);
+    int read_errno = errno;
+    fclose(f);
+    if (!buf) return ks_seterr(eb, KS_ERR_NOMEM, "%s '%s': out of memory", what, path);
+    if (bad || n > cap) {
+        free(buf);
+        return bad ? ks_seterr(eb, KS_ERR_IO, "%s '%s': %s", what, path, strerror(read_errno))
+                   : ks_seterr(eb, KS_ERR_FORMAT, "%s '%s': larger than 1 MiB", what, path);
+    }
+    buf[n] = 0;
+    *out = buf;
+    return KS_OK;
+}
+
+/* OpenSSL's passphrase callback: none is given, so an encrypted key fails
+ * (instead of OpenSSL prompting on the terminal). */
+static int srv__no_passphrase(char *buf, int size, int rwflag, void *u) {
+    (void)buf, (void)size, (void)rwflag, (void)u;
+    return -1;
+}
+
+void server_tls_free(char *pem) {
+    if (!pem) return;
+    sodium_memzero(pem, strlen(pem));
+    free(pem);
+}
+
+ks_err server_tls_load(const char *cert_path, const char *key_path, char **cert_pem, char **key_pem,
+                       ks_errbuf *eb) {
+    *cert_pem = *key_pem = NULL;
+    if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
+        return ks_seterr(eb, KS_ERR_UNSUPPORTED,
+                         "HTTPS: this libmicrohttpd was built without TLS support (GnuTLS); "
+                         "serve plain HTTP behind a TLS proxy instead");
+    char *cert = NULL, *key = NULL;
+    X509 *x = NULL;
+    EVP_PKEY *pk = NULL;
+    BIO *b = NULL;
+    ks_err err = srv__read_pem("--ssl-cert-file", cert_path, &cert, eb);
+    if (!err) err = srv__read_pem("--ssl-key-file", key_path, &key, eb);
+    if (err) goto out;
+    ERR_clear_error();
+    if (!(b = BIO_new_mem_buf(cert, -1)) || !(x = PEM_read_bio_X509(b, NULL, NULL, NULL))) {
+        err = ks_seterr(eb, KS_ERR_FORMAT, "--ssl-cert-file '%s': no PEM certificate in it",
+                        cert_path);
+        goto out;
+    }
+    BIO_free(b);
+    ERR_clear_error();
+    if (!(b = BIO_new_mem_buf(key, -1)) ||
+        !(pk = PEM_read_bio_PrivateKey(b, NULL, srv__no_passphrase, NULL))) {
+        err = ks_seterr(eb, KS_ERR_FORMAT,
+                        "--ssl-key-file '%s': no PEM private key in it (or it is encrypted: "
+                        "give it without a passphrase)",
+                        key_path);
+        goto out;
+    }
+    ERR_clear_error();
+    if (X509_check_private_key(x, pk) != 1) {
+        err = ks_seterr(eb, KS_ERR_INVAL,
+                        "--ssl-key-file '%s' is not the private key of the certificate in "
+                        "--ssl-cert-file '%s'",
+                        key_path, cert_path);
+        goto out;
+    }
+    *cert_pem = cert, *key_pem = key;
+    cert = key = NULL;
+out:
+    ERR_clear_error();
+    BIO_free(b);
+    X509_free(x);
+    EVP_PKEY_free(pk);
+    free(cert);
+    server_tls_free(key);
     return err;
 }
 

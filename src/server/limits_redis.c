@@ -1,5 +1,5 @@
 /* limits_redis.c — tenant rate limits shared by every router of a fleet
- * through redis (hiredis; README "Tenant limits across routers").
+ * through redis (hiredis; docs/cluster.md "Tenant limits across routers").
  *
  * Each tenant's token and request buckets live in one redis hash,
  * PREFIX "tenant:" NAME, fields tok, req and ts (the redis server's clock in

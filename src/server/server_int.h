@@ -142,9 +142,12 @@ void srv_framing_add(srv_framing *f, const char *name, const char *value);
  * once, and so is x-api-key (which key would be meant is ambiguous). Pure. */
 bool srv_framing_check(const srv_framing *f, srv_error *err /* OUT */);
 /* True when the raw request target's path (before percent-decoding, up to
- * '?') has no %2F (a slash decoding would make out of a path segment) and
- * no %00 (a NUL that would cut the decoded path short); otherwise fills
- * *err (400) and returns false. Pure. */
+ * '?') has no %2F (a slash decoding would make out of a path segment, and
+ * so another route) outside the model id of /v1/models/{id},
+ * [/client/v4]/accounts/{a}/ai/run/{id} and /admin/models/{id}/{action}
+ * (whose route the literal prefix already fixed), and no %00 (a NUL that
+ * would cut the decoded path short); otherwise fills *err (400) and
+ * returns false. Pure. */
 bool srv_path_check(const char *raw_target, srv_error *err /* OUT */);
 
 // ----------------------------------------------------------------------------

@@ -204,7 +204,7 @@ start_server() {
 # server__up — true once the server printed its URL and answers /health;
 # fails at once if it exited.
 server__up() {
-    KS_URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$KS_SERVER_LOG.out" | head -1)
+    KS_URL=$(sed -n 's/^listening on \(https\{0,1\}:[^ ]*\).*/\1/p' "$KS_SERVER_LOG.out" | head -1)
     [ -n "$KS_URL" ] && curl -fsS "$KS_URL/health" >/dev/null 2>&1 && return 0
     kill -0 $KS_PID 2>/dev/null || { cat "$KS_SERVER_LOG" >&2; fail "server exited during start"; }
     return 1
@@ -291,7 +291,7 @@ start_router() {
     KS_CPORTS+=("$(sed -n 's/^cluster port \([0-9]*\).*/\1/p' "$rl.out" | head -1)")
 }
 cluster__router_up() {
-    KS_URL=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$KS_ROUTER_LOG.out" | head -1)
+    KS_URL=$(sed -n 's/^listening on \(https\{0,1\}:[^ ]*\).*/\1/p' "$KS_ROUTER_LOG.out" | head -1)
     [ -n "$KS_URL" ] && grep -q '^cluster port [0-9]' "$KS_ROUTER_LOG.out" && return 0
     kill -0 $KS_PID 2>/dev/null || { cat "$KS_ROUTER_LOG" >&2; fail "router exited during start"; }
     return 1

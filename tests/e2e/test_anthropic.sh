@@ -9,6 +9,9 @@
 #   tool_use, its tool_result sent back, the answer); errors in Anthropic's
 #   shape (missing max_tokens, a bad role, an image, an unknown model 404
 #   not_found_error, a wrong x-api-key 401 authentication_error);
+#   messages.countTokens equal to messages.create's prompt tokens (plain,
+#   system, tools, a tool round trip, thinking off; thinking on counted)
+#   and its errors;
 # - curl: the Workers AI run route under /client/v4 answers as without it;
 #   the OpenAI-compatible /accounts/{id}/ai/v1/chat/completions (both
 #   prefixes) answers OpenAI's shape with the chat route's text; refusals
@@ -99,8 +102,9 @@ expect_has "count_tokens 400 in Anthropic's shape" "$BODY" '{"type":"error","err
 req "count_tokens: wrong key" 401 -H "x-api-key: sk-nope" "$U/v1/messages/count_tokens" -d "$CT"
 expect_has "count_tokens 401 in Anthropic's shape" "$BODY" '"authentication_error"'
 req "count_tokens: GET" 405 "${X[@]}" "$U/v1/messages/count_tokens"
+# (8: the SDK client's seven messages.countTokens above, then this one)
 expect_has "count_tokens: metrics" "$(metrics_text "$KS_URL")" \
-    'kvseal_requests_total{route="messages_count_tokens",status="200"} 1'
+    'kvseal_requests_total{route="messages_count_tokens",status="200"} 8'
 # the tokens count against the tenant's tokens per minute (10): the prompt is more
 req "count_tokens: the key's token limit" 429 -H "x-api-key: sk-tiny" "$U/v1/messages/count_tokens" -d "$CT"
 

@@ -13,7 +13,7 @@
 # pairing then misses by cosine 0.3), and Q8_0 at unit gain (at gain 3 the
 # Q8_0 file's rounding moves each engine's vectors from its own F16 ones
 # by the same cosine 0.9988, in different directions, and they agree only
-# to 0.9994 there; see README). Needs
+# to 0.9994 there; see docs/models.md). Needs
 # $KS_SHARED/vocab-wpm (the bert-bge vocab).
 . "$(dirname "$0")/lib.sh"
 

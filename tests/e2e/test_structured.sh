@@ -2,7 +2,9 @@
 # Structured output through `kvseal serve` (issue 12 section 3): the official
 # openai npm client (tests/e2e/js/structured.mjs: json_schema, json_object,
 # parse, streaming, grammar, refusals), then curl for what the client does
-# not reach: the raw error bodies, a grammar above the size limit, and
+# not reach: the raw error bodies, generation under pattern, numeric bounds
+# and formats checked by an independent validator (schema_check.py), a
+# grammar above the size limit, and
 # Workers AI refusing the fields it does not implement, and the grammar
 # refusals of issue 38 (too ambiguous, tool schemas the compiler refuses);
 # then the client checks again through router + prefill + decode workers.
@@ -31,10 +33,39 @@ expect_eq "curl json_schema" "$content" "ok"
 # the error shape, with the parameter named
 req "unsupported keyword" 400 "${H[@]}" "$KS_URL/v1/chat/completions" -d '{"model":"@cf/kvseal/kjv-mini",
   "messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"t",
-  "schema":{"type":"object","properties":{"a":{"type":"string","pattern":"x"}}}}}}'
+  "schema":{"type":"object","properties":{"a":{"type":"integer","multipleOf":2}}}}}}'
 expect_has "unsupported keyword" "$BODY" '"param":"response_format.json_schema.schema"'
-expect_has "unsupported keyword" "$BODY" "unsupported keyword 'pattern'"
+expect_has "unsupported keyword" "$BODY" "unsupported keyword 'multipleOf'"
 expect_has "unsupported keyword" "$BODY" '/properties/a'
+# pattern, numeric bounds and formats: what kjv-mini generates under them
+# validates (tests/e2e/schema_check.py: Python's re, datetime, ipaddress),
+# greedy and sampled over three seeds
+kw_schema='{"type":"object","properties":{
+  "code":{"type":"string","pattern":"^[A-Z]{2}-\\d{3}(x|yz)?$"},
+  "q":{"type":"string","pattern":"\"[^\"]{0,3}\\\\"},
+  "n":{"type":"integer","minimum":-20,"maximum":20},
+  "big":{"type":"integer","exclusiveMinimum":999,"maximum":100000},
+  "r":{"type":"number","minimum":-1.5,"exclusiveMaximum":2},
+  "d":{"type":"string","format":"date"},"t":{"type":"string","format":"date-time"},
+  "e":{"type":"string","format":"email"},"ip":{"type":"string","format":"ipv4"},
+  "u":{"type":"string","format":"uuid"}},
+  "required":["code","q","n","big","r","d","t","e","ip","u"],"additionalProperties":false}'
+kw_files=()
+for run in "0 0" "1 1" "1 2" "1 3"; do
+    set -- $run
+    req "keywords t=$1 seed=$2" 200 "${H[@]}" "$KS_URL/v1/chat/completions" -d "{\"model\":\"@cf/kvseal/kjv-mini\",
+      \"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":500,\"temperature\":$1,\"seed\":$2,
+      \"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"k\",\"schema\":$kw_schema}}}"
+    printf '%s' "$BODY" >"$TMPD/kw_$1_$2.json"
+    kw_files+=("$TMPD/kw_$1_$2.json")
+done
+python3 "$(dirname "$0")/schema_check.py" "${kw_files[@]}" || fail "keywords: an answer does not validate"
+# a pattern outside the subset: refused with the construct and its offset
+req "pattern refused" 400 "${H[@]}" "$KS_URL/v1/chat/completions" -d '{"model":"@cf/kvseal/kjv-mini",
+  "messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"t",
+  "schema":{"type":"object","properties":{"a":{"type":"string","pattern":"^(?=x)y$"}}}}}}'
+expect_has "pattern refused" "$BODY" '"param":"response_format.json_schema.schema"'
+expect_has "pattern refused" "$BODY" "pattern: a lookahead at offset 1 is not supported"
 req "unknown json_schema key" 400 "${H[@]}" "$KS_URL/v1/completions" -d '{"model":"@cf/kvseal/kjv-mini",
   "prompt":"Hi","response_format":{"type":"json_schema","json_schema":{"name":"t","schema":{},"frob":1}}}'
 expect_has "unknown json_schema key" "$BODY" '"param":"response_format.json_schema.frob"'
@@ -81,11 +112,11 @@ Assistant:{% elif m.role == "assistant" %}{{ m.content }}
 EOF
 start_server "$TMPD/tools.log" --alias @cf/kvseal/kjv-mini --tenants "$TMPD/t.json" \
     --tool-call-format hermes --chat-template-file "$TMPD/t.jinja"
-tools='[{"type":"function","function":{"name":"get","parameters":{"type":"object","properties":{"city":{"type":"string","pattern":"^[A-Z]"}},"required":["city"]}}}]'
+tools='[{"type":"function","function":{"name":"get","parameters":{"type":"object","properties":{"city":{"type":"string","pattern":"^[A-Z]"},"n":{"type":"integer","multipleOf":2}},"required":["city"]}}}]'
 req "tool schema refused" 400 "${H[@]}" "$KS_URL/v1/chat/completions" -d "{\"model\":\"@cf/kvseal/kjv-mini\",
   \"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":30,\"tools\":$tools,\"tool_choice\":\"required\"}"
 expect_has "tool schema refused" "$BODY" '"param":"tools[0].function.parameters"'
-expect_has "tool schema refused" "$BODY" "unsupported keyword 'pattern'"
+expect_has "tool schema refused" "$BODY" "unsupported keyword 'multipleOf'"
 req "tool schema auto" 200 "${H[@]}" "$KS_URL/v1/chat/completions" -d "{\"model\":\"@cf/kvseal/kjv-mini\",
   \"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":4,\"tools\":$tools,\"tool_choice\":\"auto\"}"
 req "input_schema refused" 400 -H "x-api-key: sk-acme-test" -H "anthropic-version: 2023-06-01" \

@@ -2,7 +2,8 @@
  * grammar_sample, the engine's draw under a grammar, too): the GBNF parser
  * (each construct, errors with their positions, the bounds), the matcher (accepted and
  * rejected strings, completion, UTF-8 split across calls, pathological
- * grammars staying bounded), JSON schema compilation (each keyword;
+ * grammars staying bounded), JSON schema compilation (each keyword, the
+ * pattern regex subset, numeric bounds and formats at their edges;
  * unsupported ones refused by name) and the token mask against a
  * brute-force check over real vocabularies from ../shared/vocab. */
 #include "kvseal/admit.h"
@@ -648,13 +649,12 @@ static void test_schema(void) {
 
     // refused, by keyword and path
     static const fcase refused[] = {
-        {GC_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^a$\"}", KS_ERR_UNSUPPORTED, "'pattern'",
-         NULL},
+        {GC_SCHEMA, "{\"type\":\"object\",\"patternProperties\":{\"^a\":{}}}", KS_ERR_UNSUPPORTED,
+         "'patternProperties'", NULL},
         {GC_SCHEMA,
-         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"minimum\":0}}}",
-         KS_ERR_UNSUPPORTED, "/properties/a", "'minimum'"},
-        {GC_SCHEMA, "{\"type\":\"string\",\"format\":\"email\"}", KS_ERR_UNSUPPORTED, "email",
-         NULL},
+         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"multipleOf\":2}}}",
+         KS_ERR_UNSUPPORTED, "/properties/a", "'multipleOf'"},
+        {GC_SCHEMA, "{\"type\":\"string\",\"format\":\"uri\"}", KS_ERR_UNSUPPORTED, "uri", NULL},
         {GC_SCHEMA, "{\"type\":\"array\",\"items\":[{}]}", KS_ERR_UNSUPPORTED, NULL, NULL},
         {GC_SCHEMA, "{\"allOf\":[{},{}]}", KS_ERR_UNSUPPORTED, NULL, NULL},
         {GC_SCHEMA, "{\"$ref\":\"http://x/y\"}", KS_ERR_UNSUPPORTED, NULL, NULL},
@@ -702,6 +702,335 @@ static void test_schema(void) {
         free(b);
         json_decref(s);
     }
+}
+
+// ----------------------------------------------------------------------------
+// JSON schema: pattern, numeric bounds, formats
+
+/* The grammar of {"type":"string","pattern":re} (re as plain C text). */
+static grammar *gpattern(const char *re) {
+    json_t *s = json_pack("{s:s,s:s}", "type", "string", "pattern", re);
+    CHECK(s);
+    ks_errbuf eb;
+    ks_errbuf_clear(&eb);
+    grammar *g = NULL;
+    ks_err e = grammar_from_schema(s, &g, &eb);
+    if (e) fprintf(stderr, "pattern '%s': %s\n", re, eb.msg);
+    CHECK_EQ(e, KS_OK);
+    json_decref(s);
+    return g;
+}
+
+/* gmatch of the JSON string that encodes v (jansson's escapes). */
+static int gmatch_str(grammar *g, const char *v) {
+    json_t *j = json_string(v);
+    CHECK(j);
+    char *t = json_dumps(j, JSON_ENCODE_ANY);
+    CHECK(t);
+    int r = gmatch(g, t);
+    free(t);
+    json_decref(j);
+    return r;
+}
+
+/* Every value in yes matches the pattern as a whole string, none in no. */
+static void check_pattern(const char *re, const char *const *yes, const char *const *no) {
+    grammar *g = gpattern(re);
+    for (; yes && *yes; yes++) {
+        if (gmatch_str(g, *yes) != 2) fprintf(stderr, "pattern '%s': '%s' refused\n", re, *yes);
+        CHECK_EQ(gmatch_str(g, *yes), 2);
+    }
+    for (; no && *no; no++) {
+        if (gmatch_str(g, *no) == 2) fprintf(stderr, "pattern '%s': '%s' accepted\n", re, *no);
+        CHECK(gmatch_str(g, *no) != 2);
+    }
+    grammar_unref(g);
+}
+
+#define L(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* The refusal of pattern re: code want, message with has and has2. */
+static void check_pattern_fail(const char *re, ks_err want, const char *has, const char *has2) {
+    json_t *s = json_pack("{s:s,s:s}", "type", "string", "pattern", re);
+    CHECK(s);
+    char *t = json_dumps(s, JSON_COMPACT);
+    const char *m = gschema_fail(t, want);
+    if (has) CHECK_STR_HAS(m, has);
+    if (has2) CHECK_STR_HAS(m, has2);
+    free(t);
+    json_decref(s);
+}
+
+static void test_schema_pattern(void) {
+    // literals and escapes
+    check_pattern("^a\\.b$", L("a.b"), L("axb", "a.bc", ""));
+    check_pattern("^\\d{3}-\\d{4}$", L("555-1234", "000-0000"),
+                  L("55-1234", "555-12345", "5a5-1234"));
+    check_pattern("\\w+", L("a_Z9", "_"), L("", "a-1", "\xc3\xa9"));
+    check_pattern("^\\s\\S\\D\\W$", L(" x_-", "\tA .", "\xe3\x80\x80yz!"),
+                  L("xx_-", " x1-", " x_a"));
+    check_pattern("^a\\/b\\\\c\\-\\(\\)\\[\\]\\{\\}\\*\\+\\?\\|\\^\\$$", L("a/b\\c-()[]{}*+?|^$"),
+                  L("a/bc-()[]{}*+?|^$"));
+    check_pattern("^\\u00e9\\x41\\u{1F600}\\uD83D\\uDE00\\t\\n$",
+                  L("\xc3\xa9"
+                    "A\xf0\x9f\x98\x80\xf0\x9f\x98\x80\t\n"),
+                  L("eA"));
+    // '.' is any character but a line terminator; what JSON escapes is escaped
+    check_pattern("^.$", L("x", "\"", "\\", "\x01", "\x1f", "\t", "\xe2\x82\xac"),
+                  L("\n", "\r", "\xe2\x80\xa8", "", "xy"));
+    // classes: ranges, negation, escapes inside, '-' at the ends, \b is backspace
+    check_pattern("^[a-c1-3_]+$", L("a1_", "cc33"), L("d", "4", "a-"));
+    check_pattern("^[^a-z\"]$", L("A", "\\", "\n", "\x7f"), L("a", "q", "\""));
+    check_pattern("^[-\\d\\s.\\]]*$", L("-1 .]", ""), L("a", "["));
+    check_pattern("^[\\b]$", L("\b"), L("b"));
+    check_pattern("^[^]$", L("\n", "x"), L(""));
+    // groups, alternation, quantifiers
+    check_pattern("^(ab|cd)+$", L("ab", "abcd", "cdcdab"), L("", "abc", "ac"));
+    check_pattern("^(?:x|y)(?<n>z)?|w$", L("x", "yz", "w"), L("xw", "z", ""));
+    check_pattern("^a{2}b{2,}c{2,3}d?e*$", L("aabbcc", "aabbbbccc", "aabbccdeee"),
+                  L("abbcc", "aabcc", "aabbc", "aabbcccc", "aabbccdd"));
+    check_pattern("^(a|)$", L("a", ""), L("aa"));
+    // unanchored: the whole string must match all the same
+    check_pattern("abc", L("abc"), L("xabc", "abcx"));
+    check_pattern("^ab", L("ab"), L("abc"));
+    // quotes in the pattern come out escaped
+    check_pattern("^\"[a-z]\"$", L("\"q\""), L("q"));
+    {
+        grammar *g = gpattern("^.$");
+        NOPE(g, "\"\"\"");   // a raw quote would end the string
+        NOPE(g, "\"\x01\""); // a raw control character is not JSON
+        FULL(g, "\"\\u001f\"");
+        FULL(g, "\"\\u001F\"");
+        grammar_unref(g);
+    }
+    // outside the subset: refused, the construct and its offset named
+    check_pattern_fail("(?=a)b", KS_ERR_UNSUPPORTED, "lookahead", "offset 0");
+    check_pattern_fail("a(?!b)", KS_ERR_UNSUPPORTED, "lookahead", "offset 1");
+    check_pattern_fail("a(?<=b)", KS_ERR_UNSUPPORTED, "lookbehind", "offset 1");
+    check_pattern_fail("(a)\\1", KS_ERR_UNSUPPORTED, "backreference", "offset 3");
+    check_pattern_fail("(?<x>a)\\k<x>", KS_ERR_UNSUPPORTED, "named backreference", "offset 7");
+    check_pattern_fail("ab*?", KS_ERR_UNSUPPORTED, "lazy quantifier", "offset 3");
+    check_pattern_fail("a{2,3}?", KS_ERR_UNSUPPORTED, "lazy quantifier", "offset 6");
+    check_pattern_fail("a++", KS_ERR_UNSUPPORTED, "quantifier after a quantifier", "offset 2");
+    check_pattern_fail("\\bfoo", KS_ERR_UNSUPPORTED, "word boundary", "offset 0");
+    check_pattern_fail("a^b", KS_ERR_UNSUPPORTED, "anchor '^'", "offset 1");
+    check_pattern_fail("a$b", KS_ERR_UNSUPPORTED, "anchor '$'", "offset 1");
+    check_pattern_fail("x\\p{L}", KS_ERR_UNSUPPORTED, "Unicode property", "offset 1");
+    check_pattern_fail("(?i)a", KS_ERR_UNSUPPORTED, "group modifier", "offset 0");
+    check_pattern_fail("a[]", KS_ERR_UNSUPPORTED, "empty class", "offset 1");
+    check_pattern_fail("a{1001}", KS_ERR_UNSUPPORTED, "above 1000", "offset 1");
+    check_pattern_fail("\\cA", KS_ERR_UNSUPPORTED, "control escape", "offset 0");
+    check_pattern_fail("\\012", KS_ERR_UNSUPPORTED, "octal", "offset 0");
+    check_pattern_fail("\\uD800", KS_ERR_UNSUPPORTED, "lone surrogate", "offset 0");
+    // malformed
+    check_pattern_fail("(a", KS_ERR_INVAL, "unclosed '('", "offset 0");
+    check_pattern_fail("a)", KS_ERR_INVAL, "unmatched ')'", "offset 1");
+    check_pattern_fail("[a", KS_ERR_INVAL, "unterminated '['", "offset 0");
+    check_pattern_fail("*a", KS_ERR_INVAL, "nothing to repeat", "offset 0");
+    check_pattern_fail("x[z-a]", KS_ERR_INVAL, "out of order", "offset 2");
+    check_pattern_fail("a{3,2}", KS_ERR_INVAL, "below n", "offset 1");
+    check_pattern_fail("\\q", KS_ERR_INVAL, "unknown escape", "offset 0");
+    gschema_fail("{\"type\":\"string\",\"pattern\":\"^a$\",\"maxLength\":3}", KS_ERR_UNSUPPORTED);
+    gschema_fail("{\"type\":\"string\",\"pattern\":\"^a$\",\"format\":\"date\"}",
+                 KS_ERR_UNSUPPORTED);
+    gschema_fail("{\"type\":\"string\",\"pattern\":1}", KS_ERR_INVAL);
+    // the path of a nested pattern is named
+    CHECK_STR_HAS(
+        gschema_fail("{\"properties\":{\"a\":{\"pattern\":\"(?=x)\"}}}", KS_ERR_UNSUPPORTED),
+        "/properties/a: pattern: a lookahead at offset 0");
+}
+
+/* Every integer of [from, to] matches the schema iff lo <= v <= hi. */
+static void check_int_sweep(grammar *g, const char *src, long long lo, long long hi, long long from,
+                            long long to) {
+    for (long long v = from; v <= to; v++) {
+        char t[32];
+        snprintf(t, sizeof t, "%lld", v);
+        int want = v >= lo && v <= hi ? 2 : 0, got = gmatch(g, t) == 2 ? 2 : 0;
+        if (got != want) fprintf(stderr, "schema %s on %s: %d, want %d\n", src, t, got, want);
+        CHECK_EQ(got, want);
+    }
+}
+
+static void test_schema_bounds(void) {
+    // integers: every integer in range and no other, swept around every bound
+    static const struct {
+        const char *schema;
+        long long lo, hi;
+    } ranges[] = {
+        {"{\"type\":\"integer\",\"minimum\":0,\"maximum\":100}", 0, 100},
+        {"{\"type\":\"integer\",\"minimum\":-15,\"maximum\":7}", -15, 7},
+        {"{\"type\":\"integer\",\"minimum\":-1234,\"maximum\":-99}", -1234, -99},
+        {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":5}", 5, 5},
+        {"{\"type\":\"integer\",\"minimum\":7,\"maximum\":1234}", 7, 1234},
+        {"{\"type\":\"integer\",\"minimum\":190,\"maximum\":2099}", 190, 2099},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":10}", 1, 9},
+        {"{\"type\":\"integer\",\"minimum\":-3,\"exclusiveMinimum\":-1,\"maximum\":3,"
+         "\"exclusiveMaximum\":8}",
+         0, 3}, // the tighter of two
+        {"{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true,\"maximum\":10,"
+         "\"exclusiveMaximum\":true}",
+         1, 9}, // draft 4's boolean form
+        {"{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":false,\"maximum\":10}", 0, 10},
+        {"{\"type\":\"integer\",\"minimum\":1.5,\"maximum\":4.5}", 2, 4},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":-2.5,\"exclusiveMaximum\":-1.0}", -2, -2},
+        {"{\"minimum\":-1,\"maximum\":1,\"type\":[\"integer\",\"null\"]}", -1, 1},
+    };
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
+        grammar *g = gschema(ranges[i].schema);
+        check_int_sweep(g, ranges[i].schema, ranges[i].lo, ranges[i].hi, ranges[i].lo - 150,
+                        ranges[i].hi + 150);
+        NOPE(g, "-0");
+        NOPE(g, "+1");
+        grammar_unref(g);
+    }
+    // large bounds: around each bound and each power of ten between
+    {
+        const char *sc = "{\"type\":\"integer\",\"minimum\":-98765432109,\"maximum\":"
+                         "123456789012345678}";
+        grammar *g = gschema(sc);
+        check_int_sweep(g, sc, -98765432109LL, 123456789012345678LL, -98765432109LL - 20,
+                        -98765432109LL + 20);
+        check_int_sweep(g, sc, -98765432109LL, 123456789012345678LL, 123456789012345678LL - 20,
+                        123456789012345678LL + 20);
+        long long p = 1;
+        for (int d = 0; d < 18; d++, p *= 10) {
+            check_int_sweep(g, sc, -98765432109LL, 123456789012345678LL, p - 2, p + 2);
+            if (p < 98765432109LL)
+                check_int_sweep(g, sc, -98765432109LL, 123456789012345678LL, -p - 2, -p + 2);
+        }
+        grammar_unref(g);
+    }
+    // one side open: 16 digits, as for every integer
+    {
+        grammar *g = gschema("{\"type\":\"integer\",\"minimum\":10}");
+        check_int_sweep(g, "minimum 10", 10, 1000000, -30, 200);
+        FULL(g, "9999999999999999");
+        NOPE(g, "10000000000000000");
+        grammar_unref(g);
+        g = gschema("{\"type\":\"integer\",\"exclusiveMaximum\":-5}");
+        check_int_sweep(g, "exclusiveMaximum -5", -1000000, -6, -200, 30);
+        FULL(g, "-9999999999999999");
+        grammar_unref(g);
+    }
+    static const gcase cases[] = {
+        // numbers: integers in range, and fractions whose unit interval is
+        T_SCHEMA("{\"type\":\"number\",\"minimum\":0,\"maximum\":10}"),
+        T_FULL("0"),
+        T_FULL("10"),
+        T_FULL("9.5"),
+        T_FULL("0.25"),
+        T_FULL("0.000001"),
+        T_NOPE("10.5"),
+        T_NOPE("11"),
+        T_NOPE("-0.5"),
+        T_NOPE("-1"),
+        T_NOPE("1e1"), // no exponent under bounds
+        T_PART("5.0"), // a fraction's last digit is not 0 (5 is emitted as 5)
+        T_NOPE("-0"),
+        T_SCHEMA("{\"type\":\"number\",\"minimum\":-2.5,\"exclusiveMaximum\":3}"),
+        T_FULL("-2"),
+        T_FULL("2"),
+        T_FULL("2.999"),
+        T_FULL("-1.5"),
+        T_FULL("-0.5"),
+        T_NOPE("3"),
+        T_NOPE("3.5"),
+        T_NOPE("-3"),
+        T_NOPE("-2.1"), // valid, but in the unit interval of a fractional bound: not generated
+        T_SCHEMA("{\"type\":\"number\",\"exclusiveMinimum\":0}"),
+        T_FULL("0.5"),
+        T_FULL("1"),
+        T_PART("0"), // only as the start of 0.x
+        T_NOPE("-0.5"),
+        T_SCHEMA("{\"type\":\"number\",\"maximum\":-1}"),
+        T_FULL("-1"),
+        T_FULL("-1.5"),
+        T_FULL("-123"),
+        T_NOPE("-0.5"),
+        T_NOPE("0"),
+        T_SCHEMA("{\"maximum\":1}"), // no type: a number
+        T_FULL("0.5"),
+        T_NOPE("\"x\""),
+        T_SCHEMA("{\"type\":\"string\",\"minimum\":3}"), // a string: the bound is a no-op
+        T_FULL("\"x\""),
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+    static const fcase refused[] = {
+        {GC_SCHEMA, "{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", KS_ERR_INVAL,
+         "no integer lies within the bounds", NULL},
+        {GC_SCHEMA, "{\"type\":\"integer\",\"exclusiveMinimum\":4,\"exclusiveMaximum\":5}",
+         KS_ERR_INVAL, "no integer", NULL},
+        {GC_SCHEMA, "{\"type\":\"number\",\"minimum\":0.2,\"maximum\":0.7}", KS_ERR_UNSUPPORTED,
+         "whole unit interval", NULL},
+        {GC_SCHEMA, "{\"type\":\"integer\",\"minimum\":\"1\"}", KS_ERR_INVAL,
+         "'minimum' must be a number", NULL},
+        {GC_SCHEMA, "{\"type\":\"integer\",\"minimum\":true}", KS_ERR_INVAL,
+         "'minimum' must be a number", NULL},
+        {GC_SCHEMA, "{\"type\":\"integer\",\"exclusiveMinimum\":true}", KS_ERR_INVAL,
+         "'exclusiveMinimum': true needs 'minimum'", NULL},
+        {GC_SCHEMA, "{\"type\":\"number\",\"maximum\":1e20}", KS_ERR_UNSUPPORTED, "10^15", NULL},
+        {GC_SCHEMA, "{\"type\":\"integer\",\"maximum\":2000000000000000000}", KS_ERR_UNSUPPORTED,
+         "10^18", NULL},
+        {GC_SCHEMA, "{\"properties\":{\"n\":{\"type\":\"integer\",\"multipleOf\":2}}}",
+         KS_ERR_UNSUPPORTED, "/properties/n", "'multipleOf'"},
+    };
+    run_fails(refused, sizeof refused / sizeof refused[0]);
+}
+
+static void test_schema_formats(void) {
+    static const gcase cases[] = {
+        T_SCHEMA("{\"type\":\"string\",\"format\":\"date\"}"),
+        T_FULL("\"2024-02-29\""),
+        T_FULL("\"2000-02-29\""),
+        T_FULL("\"0400-02-29\""),
+        T_FULL("\"2023-02-28\""),
+        T_FULL("\"2023-04-30\""),
+        T_FULL("\"2023-12-31\""),
+        T_FULL("\"2023-01-01\""),
+        T_NOPE("\"2023-02-29\""), // not a leap year
+        T_NOPE("\"1900-02-29\""), // a century not divisible by 400
+        T_NOPE("\"2024-02-30\""),
+        T_NOPE("\"2023-04-31\""),
+        T_NOPE("\"2023-11-31\""),
+        T_NOPE("\"2023-00-10\""),
+        T_NOPE("\"2023-01-00\""),
+        T_NOPE("\"2023-01-32\""),
+        T_SCHEMA("{\"type\":\"string\",\"format\":\"date-time\"}"),
+        T_FULL("\"2024-02-29T23:59:59.123456-08:00\""),
+        T_NOPE("\"2023-02-29T00:00:00Z\""),
+        T_NOPE("\"2024-01-01T00:00:60Z\""),
+        T_NOPE("\"2024-01-01T00:00:00\""), // an offset is required
+        T_SCHEMA("{\"type\":\"string\",\"format\":\"email\"}"),
+        T_FULL("\"a.b+c@example.com\""),
+        T_FULL("\"x_y!#$%&'*.+/=?^`{|}~-@mail-1.sub.example.org\""),
+        T_FULL("\"abcdefghijklmno.b.c.d@a.b.c.d.io\""),
+        T_NOPE("\"abcdefghijklmnop@x.com\""), // an atom of 16 (the local part stays <= 64)
+        T_NOPE("\"a.b.c.d.e@x.com\""),
+        T_NOPE("\"a@a.b.c.d.e.io\""),
+        T_NOPE("\".a@example.com\""),
+        T_NOPE("\"a.@example.com\""),
+        T_NOPE("\"a..b@example.com\""),
+        T_NOPE("\"a@com\""),
+        T_NOPE("\"a@-x.com\""),
+        T_NOPE("\"a@x-.com\""),
+        T_NOPE("\"a@x.c0m\""),
+        T_NOPE("\"a b@x.com\""),
+        T_NOPE("\"@x.com\""),
+        T_SCHEMA("{\"type\":\"string\",\"format\":\"ipv4\"}"),
+        T_FULL("\"192.168.0.1\""),
+        T_FULL("\"255.255.255.255\""),
+        T_FULL("\"0.0.0.0\""),
+        T_FULL("\"10.200.249.9\""),
+        T_NOPE("\"256.1.1.1\""),
+        T_NOPE("\"1.1.1.260\""),
+        T_NOPE("\"01.1.1.1\""),
+        T_NOPE("\"1.1.1\""),
+        T_NOPE("\"1.1.1.1.1\""),
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+    CHECK_STR_HAS(gschema_fail("{\"type\":\"string\",\"format\":\"hostname\"}", KS_ERR_UNSUPPORTED),
+                  "format 'hostname' is not supported");
 }
 
 // ----------------------------------------------------------------------------
@@ -856,6 +1185,29 @@ static void test_masks(const char *path) {
     check_mask(v, gv, json, "{\"name\": \"\xc3"); // inside a character
     check_mask(v, gv, json, "{\"name\":\"x\",\"n\":1");
     {
+        // pattern, bounds and formats: the masks of their rules against brute force
+        json_t *s = json_pack("{s:s,s:{s:{s:s,s:s},s:{s:s,s:i,s:i},s:{s:s,s:i,s:i},s:{s:s,s:s},s:{"
+                              "s:s,s:s}},s:[sssss]}",
+                              "type", "object", "properties", "p", "type", "string", "pattern",
+                              "^[^a-c\"]{1,4}\\.(x|\\d+)$", "n", "type", "integer", "minimum", -150,
+                              "maximum", 2024, "r", "type", "number", "exclusiveMinimum", -1,
+                              "maximum", 9, "d", "type", "string", "format", "date", "e", "type",
+                              "string", "format", "email", "required", "p", "n", "r", "d", "e");
+        CHECK(s);
+        char *t = NULL;
+        CHECK_EQ(grammar_schema_gbnf(s, "", &t, &eb), KS_OK);
+        json_decref(s);
+        check_mask(v, gv, t, "{\"p\":\"");
+        check_mask(v, gv, t, "{\"p\":\"\\");              // inside an escape
+        check_mask(v, gv, t, "{\"p\":\"z\\\\\xc3\xa9.1"); // an escaped backslash, a raw é
+        check_mask(v, gv, t, "{\"p\":\"zz.x\",\"n\":20");
+        check_mask(v, gv, t, "{\"p\":\"zz.x\",\"n\":-");
+        check_mask(v, gv, t, "{\"p\":\"zz.x\",\"n\":7,\"r\":-0.");
+        check_mask(v, gv, t, "{\"p\":\"zz.x\",\"n\":7,\"r\":2,\"d\":\"2024-02-");
+        check_mask(v, gv, t, "{\"p\":\"zz.x\",\"n\":7,\"r\":2,\"d\":\"2024-02-29\",\"e\":\"a.b@x");
+        free(t);
+    }
+    {
         json_t *s = json_loads("{\"type\":\"object\"}", 0, NULL);
         char *t = NULL;
         CHECK_EQ(grammar_schema_gbnf(s, "", &t, &eb), KS_OK);
@@ -890,6 +1242,9 @@ int main(void) {
     test_refusals();
     test_threads();
     test_schema();
+    test_schema_pattern();
+    test_schema_bounds();
+    test_schema_formats();
     const char *sh = getenv("KS_SHARED");
     char path[1024];
     snprintf(path, sizeof path, "%s/vocab/ggml-vocab-llama-spm.gguf", sh ? sh : "../shared");

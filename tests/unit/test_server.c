@@ -315,8 +315,8 @@ static void test_request_invalid(void) {
     expect_invalid(
         C,
         "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
-        "\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}}",
-        "response_format.json_schema.schema", "unsupported_parameter", "'pattern'");
+        "\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":\"string\",\"pattern\":\"(?=a)\"}}}}",
+        "response_format.json_schema.schema", "unsupported_parameter", "a lookahead at offset 0");
     expect_invalid(
         C,
         "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
@@ -526,6 +526,20 @@ static void test_framing(void) {
     CHECK_STR_EQ(e.code, "invalid_path");
     CHECK(!srv_path_check("/accounts/a%2fb/ai/run/kjv", &e));
     CHECK(!srv_path_check("/v1/completions%00", &e));
+    // a model id may hold an encoded slash (openai 6.x sends "org/model" so) ...
+    CHECK(srv_path_check("/v1/models/%40cf%2Fkvseal%2Fkjv-mini", &e));
+    CHECK(srv_path_check("/v1/models/org%2fmodel?x=1", &e));
+    CHECK(srv_path_check("/accounts/a/ai/run/%40cf%2Fkvseal%2Fkjv-mini", &e));
+    CHECK(srv_path_check("/client/v4/accounts/a/ai/run/org%2Fm", &e));
+    CHECK(srv_path_check("/admin/models/org%2Fm/offline", &e));
+    // ... but nowhere a decoded slash would pick another route
+    CHECK(!srv_path_check("/v1%2Fmodels/kjv", &e));
+    CHECK(!srv_path_check("/v1/models%2Fkjv", &e));
+    CHECK(!srv_path_check("/accounts/a%2Fai/run/kjv", &e));
+    CHECK(!srv_path_check("/accounts/a/ai%2Frun/kjv", &e));
+    CHECK(!srv_path_check("/admin/models/m%2Foffline", &e));
+    CHECK(!srv_path_check("/admin/models%2Fm/offline", &e));
+    CHECK(!srv_path_check("/v1/models/a%00b", &e));
 }
 
 static void test_error_shapes(void) {

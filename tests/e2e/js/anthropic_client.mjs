@@ -5,7 +5,8 @@
 // dropped or reordered anything shows as different tokens.
 // KS_MODE=serve: messages.create and messages.stream (text, usage, event
 // order), stop_sequences, max_tokens, a tool round trip (a forced tool_use,
-// its tool_result sent back, the answer), and the errors.
+// its tool_result sent back, the answer), messages.countTokens (equal to the
+// prompt tokens messages.create reports for the same request), and the errors.
 // KS_MODE=cluster: create and stream through the cluster router, equal to
 // KS_REF (serve's answer).
 import Anthropic from '@anthropic-ai/sdk';
@@ -135,6 +136,39 @@ if (process.env.KS_MODE === 'cluster') {
   const sa = await streamed({ ...base, messages: round, tools });
   check(textOf(sa.msg) === textOf(a) && sa.msg.stop_reason === a.stop_reason,
     `streamed answer after tool_result: ${J(sa.msg)}`);
+
+  // ---- messages.countTokens: exactly the prompt tokens messages.create prefills for the same
+  // request (its usage: input_tokens plus what the prefix cache served), for a plain turn, a
+  // system prompt, tools and a tool_choice, a tool round trip and thinking; no max_tokens needed
+  const counted = [
+    ['plain', base],
+    ['system', { ...base, system: sys }],
+    ['tools', { ...base, messages: ask, tools, tool_choice: { type: 'tool', name: 'get_weather' } }],
+    ['tool round trip', { ...base, messages: round, tools }],
+    ['thinking disabled', { ...base, thinking: { type: 'disabled' } }],
+  ];
+  for (const [what, body] of counted) {
+    const { max_tokens, temperature, ...req } = body; // what countTokens takes
+    const ct = await client.messages.countTokens(req);
+    const mc = await client.messages.create({ ...body, max_tokens: 1 });
+    const prefilled = mc.usage.input_tokens + mc.usage.cache_read_input_tokens;
+    check(J(Object.keys(ct)) === '["input_tokens"]' && ct.input_tokens === prefilled && prefilled > 0,
+      `countTokens ${what}: ${J(ct)} vs messages usage ${J(mc.usage)}`);
+  }
+  const ctBase = await client.messages.countTokens({ model, messages: base.messages });
+  check(ctBase.input_tokens === o.usage.prompt_tokens,
+    `countTokens vs the OpenAI route's prompt_tokens: ${J(ctBase)} vs ${J(o.usage)}`);
+  // thinking enabled needs no max_tokens here (kjv-mini's 512-token context cannot hold a create
+  // with a budget of 1024); this template ignores enable_thinking, so the count is the plain one
+  const ctThink = await client.messages.countTokens({ model, messages: base.messages,
+    thinking: { type: 'enabled', budget_tokens: 1024 } });
+  check(ctThink.input_tokens === ctBase.input_tokens, `countTokens thinking: ${J(ctThink)} vs ${J(ctBase)}`);
+  await refused('countTokens unknown model', () => client.messages.countTokens({ model: 'nope', messages: base.messages }),
+    404, 'not_found_error', "The model 'nope' does not exist");
+  await refused('countTokens bad role', () => client.messages.countTokens({ model, messages: [{ role: 'system', content: 'x' }] }),
+    400, 'invalid_request_error', "messages.0.role: Input should be 'user' or 'assistant'");
+  await refused('countTokens wrong key', () => new Anthropic({ baseURL: url, apiKey: 'sk-wrong', maxRetries: 0 })
+    .messages.countTokens({ model, messages: base.messages }), 401, 'authentication_error', 'invalid API key');
 
   // ---- errors, in Anthropic's shape, through the SDK's error classes
   await refused('missing max_tokens', () => client.messages.create({ model, messages: base.messages }), 400,

@@ -2,7 +2,11 @@
 // chat and text completions, streaming and not, checking content against
 // the kjv-mini reference continuation, usage, logprobs, and errors as the
 // client surfaces them (APIError with status and code).
-import OpenAI from 'openai';
+// KS_OPENAI_PKG picks the client's major: 'openai' (4.x, the default) or
+// 'openai6' (6.x, npm alias in package.json); 6.x percent-encodes the path
+// parameter of models.retrieve, so a model id with a slash arrives as %2F.
+const pkg = process.env.KS_OPENAI_PKG || 'openai';
+const { default: OpenAI } = await import(pkg);
 
 const REF = ' of the Lord, and in the Lord Jesus Christ. And I will send my voice, and will not hear the ' +
   'word of God, but that the Lord Jesus Christ is in the Lord Jesus. And I say unto you, that ye may be ' +
@@ -14,6 +18,9 @@ const check = (cond, msg) => { if (!cond) { failures++; console.error('FAIL: ' +
 
 const models = await client.models.list();
 check(models.data.some((m) => m.id === model), `models.list lacks ${model}: ${JSON.stringify(models.data)}`);
+const one = await client.models.retrieve(model);
+check(one.id === model && one.object === 'model', `models.retrieve(${model}): ${JSON.stringify(one)}`);
+await expectError(() => client.models.retrieve('org/nope'), 404, 'model_not_found', 'retrieve unknown');
 
 const c1 = await client.completions.create({ model, prompt: 'In the beginning', max_tokens: 60, temperature: 0 });
 check(c1.choices[0].text === REF, `completions text: ${JSON.stringify(c1.choices[0].text)}`);
@@ -52,7 +59,7 @@ for await (const chunk of await client.completions.create({ model, prompt: 'In t
   ctext += chunk.choices[0] ? chunk.choices[0].text : '';
 check(ctext === REF, `completions stream text ${JSON.stringify(ctext)}`);
 
-async function expectError(fn, status, code, what) {
+async function expectError(fn, status, code, what) { // (hoisted: used above too)
   try { await fn(); check(false, `${what}: no error`); } catch (e) {
     check(e.status === status && (!code || e.code === code), `${what}: got ${e.status} ${e.code} ${e.message}`);
   }
@@ -62,5 +69,5 @@ await expectError(() => client.completions.create({ model, prompt: 'In the begin
 await expectError(() => new OpenAI({ baseURL: `${process.env.KS_URL}/v1`, apiKey: 'sk-wrong', maxRetries: 0 })
   .completions.create({ model, prompt: 'x', max_tokens: 5 }), 401, null, 'wrong key');
 
-console.log(`openai client: ${failures} failures`);
+console.log(`openai client (${pkg}): ${failures} failures`);
 process.exit(failures ? 1 : 0);
