@@ -464,6 +464,13 @@ static void test_env(void) {
     CHECK_EQ(c.max_running, 5);
     CHECK(c.log_content);
     serve__cfg_free(&c);
+    // an option added by another change gets its variable with no code of its own
+    CHECK_EQ(setenv("KVSEAL_SSL_CERT_FILE", "/etc/kvseal/cert.pem", 1), 0);
+    CHECK_EQ(parse(&c, &err, NULL), 0);
+    CHECK(c.ssl_cert_file != NULL);
+    CHECK_STR_EQ(c.ssl_cert_file, "/etc/kvseal/cert.pem");
+    serve__cfg_free(&c);
+    CHECK_EQ(unsetenv("KVSEAL_SSL_CERT_FILE"), 0);
     // the command line over the environment, either spelling
     CHECK_EQ(parse(&c, &err, "--port", "9102", "--max-running=6", NULL), 0);
     CHECK_EQ(c.port, 9102);
