@@ -278,7 +278,11 @@ int cli__opts_parse(const cli__spec *sp, void *ctx, int argc, char **argv, int *
             fprintf(stderr, "kvseal %s: (from environment variable KVSEAL_CONFIG)\n", sp->cmd);
         goto done;
     }
-    if ((rc = opts__apply_env(sp, ctx))) goto done;
+    // --help answers whatever the environment holds (a bad variable included)
+    bool help = false;
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+        help = help || !strcmp(argv[i], "--help");
+    if (!help && (rc = opts__apply_env(sp, ctx))) goto done;
     optind = 0; // glibc: 0 re-initializes, so the parser can run more than once a process
     opterr = 0;
     for (;;) {

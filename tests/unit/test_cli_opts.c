@@ -514,6 +514,9 @@ static void test_env(void) {
     CHECK_STR_HAS(err, "environment variable KVSEAL_LOG_CONTENT");
     CHECK_STR_HAS(err, "1, 0, true or false, got 'yes'");
     serve__cfg_free(&c);
+    CHECK_EQ(parse(&c, &err, "--help", NULL), -1); // help whatever the environment holds
+    CHECK_STR_HAS(err, "usage: kvseal serve");
+    serve__cfg_free(&c);
     CHECK_EQ(unsetenv("KVSEAL_LOG_CONTENT"), 0);
     CHECK_EQ(setenv("KVSEAL_PORT", "http", 1), 0);
     CHECK_EQ(parse(&c, &err, NULL), 2);
