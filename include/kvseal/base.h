@@ -94,6 +94,8 @@ typedef enum ks_log_format {
 
 /* Sets the line format (default text); thread-safe (atomic). */
 void ks_log_set_format(ks_log_format fmt);
+/* The current line format; thread-safe (atomic), can't fail. */
+ks_log_format ks_log_get_format(void);
 /* "debug|info|warn|error|off" -> *out; false (and *out untouched) otherwise. */
 bool ks_log_level_parse(const char *s, ks_log_level *out /* OUT */);
 /* "text|json" -> *out; false (and *out untouched) otherwise. */

@@ -110,6 +110,10 @@ typedef struct engine_opts {
      * token, so the engine keeps it in step with every token a request
      * computes, and its KV lives in a pool of its own as a draft model's. */
     bool spec_nextn;
+    /* The caller already logged engine_capacity_check's pool line (kvseal
+     * serve and the cluster roles at startup): engine_create then says it
+     * at debug level only, so that it appears once. */
+    bool sizing_logged;
 } engine_opts;
 
 /* Drafted tokens per step at most (engine_opts.spec_tokens). */

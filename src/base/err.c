@@ -73,6 +73,10 @@ void ks_log_set_format(ks_log_format fmt) {
     atomic_store_explicit(&ks__log_format, (int)fmt, memory_order_relaxed);
 }
 
+ks_log_format ks_log_get_format(void) {
+    return (ks_log_format)atomic_load_explicit(&ks__log_format, memory_order_relaxed);
+}
+
 bool ks_log_level_parse(const char *s, ks_log_level *out) {
     for (int i = 0; s && i < 5; i++)
         if (strcmp(s, ks__log_names[i]) == 0) {

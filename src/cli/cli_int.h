@@ -80,13 +80,20 @@ typedef struct cli__spec {
 
 /* Parses argv (argv[0] the subcommand) by getopt_long: sp's options, plus
  * -h/--help, --log-format text|json and --log-level LEVEL (applied at once)
- * and, where sp->config, --config FILE (applied before the command line's
- * options, which override it). With first_arg NULL a positional argument is
- * an error; else *first_arg is the index of the first one (argv permuted:
- * the positional arguments last). Returns 0, 2 after printing the error and
+ * and, where sp->config, --config FILE or KVSEAL_CONFIG (applied first).
+ * Each option's KVSEAL_<NAME> environment variable (cli__opt_env_name) is
+ * applied after the file and before the command line, which overrides both.
+ * With first_arg NULL a positional argument is an error; else *first_arg is
+ * the index of the first one (argv permuted: the positional arguments
+ * last). Returns 0, 2 after printing the error and
  * the usage (unknown option, missing value, bad value or config line), or
  * -1 once help is printed. Not thread-safe (getopt's globals). */
 int cli__opts_parse(const cli__spec *sp, void *ctx, int argc, char **argv, int *first_arg);
+/* Writes the environment variable of the long option opt into buf:
+ * "KVSEAL_" + opt upper-cased with '-' as '_' ("ssl-cert-file":
+ * KVSEAL_SSL_CERT_FILE). Returns its length, or -1 when cap is too small;
+ * can't fail otherwise. */
+int cli__opt_env_name(const char *opt, char *buf, size_t cap);
 /* Applies the `key = value` lines of the config file at path through sp
  * (keys: sp's long option names, log-format, log-level; '#' starts a comment
  * line; a value in double quotes keeps its blanks). Returns 0, or 2 after

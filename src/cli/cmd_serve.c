@@ -19,14 +19,20 @@
 #include "kvseal/kern.h"
 #include "kvseal/server.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 
 
@@ -799,6 +805,88 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     return KS_OK;
 }
 
+/* Reads the model file through once before model_load maps it, reporting
+ * progress: on a terminal (text logs) one line updated in place with the
+ * percent and MB/s, else a log line at each 25%. The weights are mmapped
+ * (never copied); this read only brings the file into the page cache, which
+ * is where a cold start spends its time, so that the wait is visible. The
+ * rate is said once more, in the "model loaded" line, after model_load.
+ * Reports the file's size in *bytes_out (0 if it cannot be read: model_load
+ * then says why). */
+static void serve__preload(const char *path, uint64_t *bytes_out) {
+    *bytes_out = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0) return;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
+        close(fd);
+        return;
+    }
+    uint64_t size = (uint64_t)st.st_size, done = 0;
+    *bytes_out = size;
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    bool tty = isatty(2) && ks_log_get_format() == KS_LOG_TEXT;
+    enum { CHUNK = 1 << 22 };
+    char *buf = malloc(CHUNK);
+    uint64_t t0 = ks_now_ns(), t_shown = 0;
+    int next_q = 1; // the next quarter to log
+    while (buf && done < size) {
+        ssize_t n = read(fd, buf, CHUNK);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        done += (uint64_t)n;
+        uint64_t now = ks_now_ns();
+        double mb = (double)done / 1e6, s = (double)(now - t0) * 1e-9;
+        double rate = s > 0 ? mb / s : 0;
+        int pct = (int)(done * 100 / size);
+        if (tty && (now - t_shown > 100000000ull || done == size)) { // 10 a second at most
+            t_shown = now;
+            fprintf(stderr, "\rloading model: %3d%% (%.0f of %.0f MB, %.0f MB/s)", pct, mb,
+                    (double)size / 1e6, rate);
+            fflush(stderr);
+        } else if (!tty && next_q < 4 && done * 4 >= size * (uint64_t)next_q) {
+            while (next_q < 4 && done * 4 >= size * (uint64_t)(next_q + 1))
+                next_q++; // a read that jumps several quarters says the last
+            ks_log(KS_LOG_INFO, "loading model: %d%% (%.0f of %.0f MB, %.0f MB/s)", pct, mb,
+                   (double)size / 1e6, rate);
+            next_q++;
+        }
+    }
+    if (tty) fputc('\n', stderr);
+    free(buf);
+    close(fd);
+}
+
+/* Whether host:port can be bound now: a trial bind (SO_REUSEADDR, as
+ * libmicrohttpd binds) closed at once, so that a port in use fails the start
+ * in a moment rather than after the model's load. The HTTP server binds for
+ * real later; a race in between still fails there, with the same message.
+ * Port 0 (any free port) always passes. */
+static bool serve__port_free(const char *host, long port, char *why, size_t cap) {
+    if (port == 0) return true;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
+                    *ai = NULL;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%ld", port);
+    int gai = getaddrinfo(host, ps, &hints, &ai);
+    if (gai != 0 || !ai) {
+        snprintf(why, cap, "cannot resolve listen address '%s': %s", host, gai_strerror(gai));
+        return false;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, err = 0;
+    if (fd < 0)
+        err = errno;
+    else if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+             bind(fd, ai->ai_addr, ai->ai_addrlen) != 0)
+        err = errno;
+    if (fd >= 0) close(fd);
+    freeaddrinfo(ai);
+    if (err) snprintf(why, cap, "cannot listen on %s:%ld: %s", host, port, strerror(err));
+    return err == 0;
+}
+
 /* Shared start of serve and check: parse, load, size, check. Returns -1 to
  * continue, else the exit status. */
 int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts *o,
@@ -843,12 +931,29 @@ int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts 
             return 2;
         }
     }
-    cli__notify("STATUS=loading %s", c->model_path);
     ks_errbuf eb = {0};
-    if (kern_init(NULL, &eb) || model_load(c->model_path, m, &eb) ||
-        model_kv_type_check(*m, c->kv_type, &eb)) {
+    // the HTTP port before the model: "address in use" in a moment, not after the load
+    bool http = !strcmp(argv[0], "serve") || !strcmp(argv[0], "router");
+    if (http && report == stderr && !serve__port_free(c->host, c->port, eb.msg, sizeof eb.msg)) {
+        ks_log(KS_LOG_ERROR, "%s: %s", argv[0], eb.msg);
+        cli__notify("STATUS=failed: %s", eb.msg);
+        return 1;
+    }
+    cli__notify("STATUS=loading %s", c->model_path);
+    if (kern_init(NULL, &eb)) {
         ks_log(KS_LOG_ERROR, "%s: %s", argv[0], eb.msg);
         return 1;
+    }
+    uint64_t t_load = ks_now_ns(), bytes = 0;
+    if (report == stderr) serve__preload(c->model_path, &bytes);
+    if (model_load(c->model_path, m, &eb) || model_kv_type_check(*m, c->kv_type, &eb)) {
+        ks_log(KS_LOG_ERROR, "%s: %s", argv[0], eb.msg);
+        return 1;
+    }
+    if (bytes) {
+        double s = (double)(ks_now_ns() - t_load) * 1e-9;
+        ks_log(KS_LOG_INFO, "model loaded: %.0f MB in %.2f s (%.0f MB/s)", (double)bytes / 1e6, s,
+               s > 0 ? (double)bytes / 1e6 / s : 0.0);
     }
     serve__engine_opts(c, *m, o);
     char buf[1024];
@@ -858,8 +963,10 @@ int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts 
         for (char *line = buf, *nl; line && *line; line = nl ? nl + 1 : NULL) {
             nl = strchr(line, '\n');
             if (nl) *nl = '\0';
-            ks_log(e ? KS_LOG_ERROR : KS_LOG_INFO, "%s", line);
+            // info even when it does not fit: the refusal below is the one error
+            ks_log(KS_LOG_INFO, "%s", line);
         }
+        o->sizing_logged = true; // engine_create does not say it again
     } else {
         fprintf(report, "%s\n", buf);
         fflush(report);

@@ -12,6 +12,13 @@
  * a repeatable one such as alias), a missing '=' or a flag with a value
  * other than true/false are errors naming the file and line.
  *
+ * Every option also has an environment variable, KVSEAL_ and its long name
+ * upper-cased with '-' as '_' (--port: KVSEAL_PORT), derived here from the
+ * table so that a new option gets one without more code. Precedence: the
+ * command line, then the environment, then the config file, then the
+ * default. A flag's variable takes 1, 0, true or false; a bad value is an
+ * error naming the variable.
+ *
  * Also `kvseal --version`: the version comes from CMake's project VERSION
  * through the generated kvseal_version.h, with git describe when the build
  * saw a git checkout. */
@@ -147,6 +154,59 @@ int cli__config_load(const cli__spec *sp, void *ctx, const char *path) {
     return rc;
 }
 
+// ----------------------------------------------------------------------------
+// Environment variables: KVSEAL_<NAME> for every option
+
+int cli__opt_env_name(const char *opt, char *buf, size_t cap) {
+    size_t n = strlen(opt);
+    if (cap < n + sizeof "KVSEAL_") return -1;
+    memcpy(buf, "KVSEAL_", 7);
+    for (size_t i = 0; i <= n; i++) {
+        char c = opt[i];
+        buf[7 + i] = c == '-' ? '_' : c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : c;
+    }
+    return (int)(n + 7);
+}
+
+/* Applies the environment's KVSEAL_<NAME> variables of sp's options (and
+ * the layer's log-format and log-level; config is read by the caller) in
+ * table order. Returns 0, or 2 after printing the error with the
+ * variable's name. */
+static int opts__apply_env(const cli__spec *sp, void *ctx) {
+    for (int i = 0; i < sp->n_opts + OPT__N; i++) {
+        const cli__opt *o = opts__at(sp, i);
+        if (i - sp->n_opts == OPT_HELP || i - sp->n_opts == OPT_CONFIG) continue;
+        char var[128];
+        if (cli__opt_env_name(o->name, var, sizeof var) < 0) continue;
+        const char *val = getenv(var);
+        if (!val) continue;
+        if (!o->has_arg) {
+            if (!strcmp(val, "1") || !strcmp(val, "true"))
+                val = "true";
+            else if (!strcmp(val, "0") || !strcmp(val, "false"))
+                val = "false";
+            else {
+                fprintf(stderr,
+                        "kvseal %s: environment variable %s: --%s is a flag: its value is 1, 0, "
+                        "true or false, got '%s'\n",
+                        sp->cmd, var, o->name, val);
+                return 2;
+            }
+        } else if (!*val) {
+            fprintf(stderr, "kvseal %s: environment variable %s: empty value for --%s\n", sp->cmd,
+                    var, o->name);
+            return 2;
+        }
+        bool ok = i >= sp->n_opts ? opts__log(sp->cmd, i - sp->n_opts, val)
+                                  : sp->apply(ctx, i, val, o->repeat) == 0;
+        if (!ok) {
+            fprintf(stderr, "kvseal %s: (from environment variable %s)\n", sp->cmd, var);
+            return 2;
+        }
+    }
+    return 0;
+}
+
 /* Why getopt_long refused arg: a flag given a value, a prefix of several
  * long names, or an unknown name. */
 static const char *opts__why(const cli__spec *sp, const char *arg) {
@@ -210,7 +270,19 @@ int cli__opts_parse(const cli__spec *sp, void *ctx, int argc, char **argv, int *
         else if (!strncmp(argv[i], "--config=", 9))
             config = argv[i] + 9;
     }
-    if (config && (rc = cli__config_load(sp, ctx, config))) goto done;
+    const char *config_env = NULL; // KVSEAL_CONFIG, where the command line names no file
+    if (sp->config && !config && (config_env = getenv("KVSEAL_CONFIG")) && *config_env)
+        config = config_env;
+    if (config && (rc = cli__config_load(sp, ctx, config))) {
+        if (config == config_env)
+            fprintf(stderr, "kvseal %s: (from environment variable KVSEAL_CONFIG)\n", sp->cmd);
+        goto done;
+    }
+    // --help answers whatever the environment holds (a bad variable included)
+    bool help = false;
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+        help = help || !strcmp(argv[i], "--help");
+    if (!help && (rc = opts__apply_env(sp, ctx))) goto done;
     optind = 0; // glibc: 0 re-initializes, so the parser can run more than once a process
     opterr = 0;
     for (;;) {
@@ -237,6 +309,11 @@ int cli__opts_parse(const cli__spec *sp, void *ctx, int argc, char **argv, int *
         KS_ASSERT(id >= 0);
         if (id - sp->n_opts == OPT_HELP) {
             if (sp->usage) sp->usage(sp->cmd);
+            fprintf(stderr,
+                    "\nEvery option can also be set by an environment variable: KVSEAL_ and its\n"
+                    "long name upper-cased, '-' as '_' (--log-level: KVSEAL_LOG_LEVEL; flags\n"
+                    "take 1, 0, true or false). The command line wins over the environment,\n"
+                    "the environment over a config file.\n");
             rc = -1;
             goto done;
         }

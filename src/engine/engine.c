@@ -922,7 +922,10 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
         err = ks_seterr(eb, KS_ERR_NOMEM, "engine: cannot start the scheduler thread");
         goto fail;
     }
-    if (warn) ks_log(KS_LOG_WARN, "%s", msg);
+    if (o->sizing_logged)
+        ks_log(KS_LOG_DEBUG, "%s", msg); // said once (engine_opts)
+    else if (warn)
+        ks_log(KS_LOG_WARN, "%s", msg);
     else ks_log(KS_LOG_INFO, "%s", msg);
 #ifdef KS_BROKEN_NAME
     ks_log(KS_LOG_WARN, "TEST BUILD: safeguard '%s' is switched off — never deploy this binary",

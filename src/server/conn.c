@@ -160,7 +160,15 @@ void srv__decorate(server *s, struct MHD_Connection *c, struct MHD_Response *r, 
         if (status >= 400) {
             char rid[4 * SRV_REQUEST_ID_MAX + 3];
             srv_log_value(ri->rid, rid, sizeof rid);
-            ks_log(KS_LOG_INFO, "http %d %s request_id=%s", status, ri->line, rid);
+            // json: the same fields as a completion's line, where known
+            const char *tn =
+                ri->tenant >= 0 && (size_t)ri->tenant < s->ts->n ? s->ts->t[ri->tenant].name : NULL;
+            json_t *f = json_pack("{s:s, s:s?, s:s, s:i}", "request_id", ri->rid, "tenant", tn,
+                                  "request", ri->line, "status", status);
+            char *fields = f ? json_dumps(f, JSON_COMPACT) : NULL;
+            json_decref(f);
+            ks_log_fields(KS_LOG_INFO, fields, "http %d %s request_id=%s", status, ri->line, rid);
+            free(fields);
         }
     }
     if (status == 503) { // busy or draining: the queue's expected wait

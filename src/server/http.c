@@ -551,13 +551,20 @@ static void *srv__sweeper_main(void *arg) {
 }
 
 static void srv__mhd_log(void *cls, const char *fmt, va_list ap) {
-    (void)cls;
+    server *s = cls;
+    // a failed start is reported once, by server_create's error ("cannot
+    // listen on ...: Address already in use"), which quotes MHD's first
+    // message where it says more (a TLS key MHD refused): MHD's line is debug
+    bool starting = atomic_load_explicit(&s->mhd_starting, memory_order_acquire);
+    ks_log_level lvl = starting ? KS_LOG_DEBUG : KS_LOG_WARN;
     char buf[512];
     vsnprintf(buf, sizeof buf, fmt, ap);
     size_t n = strlen(buf);
     while (n && buf[n - 1] == '\n')
         buf[--n] = '\0';
-    ks_log(KS_LOG_WARN, "http: %s", buf);
+    if (starting && pthread_equal(pthread_self(), s->mhd_starter) && !s->mhd_start_msg[0])
+        snprintf(s->mhd_start_msg, sizeof s->mhd_start_msg, "%s", buf);
+    ks_log(lvl, "http: %s", buf);
 }
 
 // ----------------------------------------------------------------------------
@@ -742,6 +749,8 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
         {tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, (void *)o->tls_cert_pem},
         {tls ? MHD_OPTION_HTTPS_MEM_KEY : MHD_OPTION_END, 0, (void *)o->tls_key_pem},
         {MHD_OPTION_END, 0, NULL}};
+    s->mhd_starter = pthread_self();
+    atomic_store_explicit(&s->mhd_starting, true, memory_order_release);
     s->d = MHD_start_daemon(
         flags, (uint16_t)o->port, NULL, NULL, srv__access, s, MHD_OPTION_EXTERNAL_LOGGER,
         srv__mhd_log, s, MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
@@ -752,10 +761,15 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_connections_per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s, MHD_OPTION_END);
     int bind_errno = errno;
+    atomic_store_explicit(&s->mhd_starting, false, memory_order_release);
     freeaddrinfo(ai);
     if (!s->d) {
-        err = ks_seterr(eb, KS_ERR_IO, "cannot listen on %s:%d%s: %s", o->host, o->port,
-                        tls ? " with TLS" : "", strerror(bind_errno));
+        // MHD's message, where it says more than errno (a TLS setup failure)
+        const char *why = strerror(bind_errno), *mm = s->mhd_start_msg;
+        bool more = mm[0] && !strstr(mm, why);
+        err = ks_seterr(eb, KS_ERR_IO, "cannot listen on %s:%d%s: %s%s%s%s", o->host, o->port,
+                        tls ? " with TLS" : "", why, more ? " (" : "", more ? mm : "",
+                        more ? ")" : "");
         goto fail;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);

@@ -52,6 +52,9 @@ struct server {
     bool log_content;
     srv_metrics met;
     struct MHD_Daemon *d;
+    atomic_bool mhd_starting; /* in MHD_start_daemon: its errors are ours to say, once */
+    pthread_t mhd_starter;    /* the thread in MHD_start_daemon */
+    char mhd_start_msg[256];  /* MHD's first message then (mhd_starter's), for the error */
     int port;
     atomic_bool stopping;
     atomic_bool draining; /* server_drain: refuse new generations */

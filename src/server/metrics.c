@@ -6,14 +6,18 @@
  * and adds the engine's gauges (queue, running, KV pages by state,
  * isolation violations, prefix-cache hits) from engine_get_stats. The text
  * follows the exposition format 0.0.4: # HELP / # TYPE, cumulative
- * histogram buckets with le="+Inf", _sum and _count. */
+ * histogram buckets with le="+Inf", _sum and _count. The process_* series
+ * (Prometheus's standard names for a process) come from /proc/self. */
 #include "server_int.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 static const int met__status[SRV_N_STATUS] = {200, 400, 401, 403, 404, 405, 408, 413,
                                               415, 429, 499, 500, 501, 503, 204, 0};
@@ -253,6 +257,96 @@ static bool met__vllm_all(srv_buf *b, srv_metrics *m, const engine_stats *es, co
                        "Histogram of time spent in WAITING phase for request.", &m->queue, mname);
 }
 
+// ----------------------------------------------------------------------------
+// process_*: the standard series every Prometheus client library exports
+
+/* The process's CPU, memory and start figures from /proc/self/stat (fields
+ * 14-15 utime/stime and 22 starttime in clock ticks, 23 vsize in bytes, 24
+ * rss in pages; comm, field 2, may hold blanks and parentheses, so fields
+ * are counted from its last ')') and the boot time from /proc/stat. False
+ * when /proc cannot be read (then no process_* series are written). */
+static bool met__proc_stat(double *cpu_s, double *rss, double *vsize, double *start_s) {
+    char buf[1024];
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (!f) return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    if (!p) return false;
+    unsigned long long v[22] = {0}; // fields 3.. (state is read as a skipped %*c)
+    int got =
+        sscanf(p + 1,
+               " %*c %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu "
+               "%llu %llu %llu %llu %llu %llu %llu",
+               &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11],
+               &v[12], &v[13], &v[14], &v[15], &v[16], &v[17], &v[18], &v[19], &v[20]);
+    if (got < 21) return false;
+    // v[k] is field k + 4: utime 14, stime 15, starttime 22, vsize 23, rss 24
+    double tick = (double)sysconf(_SC_CLK_TCK), page = (double)sysconf(_SC_PAGESIZE);
+    if (tick <= 0 || page <= 0) return false;
+    *cpu_s = (double)(v[10] + v[11]) / tick;
+    *vsize = (double)v[19];
+    *rss = (double)v[20] * page;
+    unsigned long long btime = 0;
+    if ((f = fopen("/proc/stat", "r"))) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "btime %llu", &btime) == 1) break;
+        fclose(f);
+    }
+    *start_s = btime ? (double)btime + (double)v[18] / tick : 0;
+    return true;
+}
+
+/* process_cpu_seconds_total, process_resident_memory_bytes,
+ * process_virtual_memory_bytes, process_open_fds, process_max_fds and
+ * process_start_time_seconds; writes nothing (and succeeds) off Linux. */
+static bool met__process(srv_buf *b) {
+    double cpu_s, rss, vsize, start_s;
+    if (!met__proc_stat(&cpu_s, &rss, &vsize, &start_s)) return true;
+    long n_fds = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        for (struct dirent *e; (e = readdir(d));)
+            n_fds += e->d_name[0] != '.';
+        closedir(d);
+        n_fds--; // opendir's own descriptor
+    }
+    struct rlimit rl;
+    double max_fds = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                         ? (double)rl.rlim_cur
+                         : -1;
+    bool ok = met__printf(b,
+                          "# HELP process_cpu_seconds_total Total user and system CPU time spent "
+                          "in seconds.\n# TYPE process_cpu_seconds_total counter\n"
+                          "process_cpu_seconds_total %.2f\n"
+                          "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+                          "# TYPE process_resident_memory_bytes gauge\n"
+                          "process_resident_memory_bytes %.0f\n"
+                          "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+                          "# TYPE process_virtual_memory_bytes gauge\n"
+                          "process_virtual_memory_bytes %.0f\n",
+                          cpu_s, rss, vsize);
+    if (ok && d)
+        ok = met__printf(b,
+                         "# HELP process_open_fds Number of open file descriptors.\n"
+                         "# TYPE process_open_fds gauge\nprocess_open_fds %ld\n",
+                         n_fds);
+    if (ok && max_fds > 0)
+        ok = met__printf(b,
+                         "# HELP process_max_fds Maximum number of open file descriptors.\n"
+                         "# TYPE process_max_fds gauge\nprocess_max_fds %.0f\n",
+                         max_fds);
+    if (ok && start_s > 0)
+        ok = met__printf(b,
+                         "# HELP process_start_time_seconds Start time of the process since unix "
+                         "epoch in seconds.\n# TYPE process_start_time_seconds gauge\n"
+                         "process_start_time_seconds %.2f\n",
+                         start_s);
+    return ok;
+}
+
 char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
     srv_buf b = {0};
     bool ok = met__printf(&b, "# HELP kvseal_requests_total HTTP requests answered, by route "
@@ -401,7 +495,7 @@ char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
                          "# TYPE kvseal_model_info gauge\n") &&
          met__model_sample(&b, "kvseal_model_info", mname, "1");
     if (m->ts && ok) ok = met__tenants(&b, m->ts);
-    ok = ok && met__vllm_all(&b, m, es, mname);
+    ok = ok && met__vllm_all(&b, m, es, mname) && met__process(&b);
     if (!ok) {
         srv_buf_free(&b);
         return NULL;

@@ -208,6 +208,53 @@ engine_event srv__gen_total(const srv_gen *g, const engine_event *ev) {
     return t;
 }
 
+/* The HTTP status the request's answer has (or had): 200 once it finished
+ * or its stream's head went out, else the status of the error it gets. */
+static int srv__gen_status(const srv_gen *g, const engine_event *ev) {
+    if (srv_finish_name(ev->finish) || (g->stream && g->head_sent)) return 200;
+    srv_error err;
+    if (atomic_load(&g->gone) && ev->state != ENGINE_FINISHED)
+        srv__gone_error(g->s, &err);
+    else
+        srv__gen_error(g, ev, &err);
+    return err.status;
+}
+
+/* The request's one completion line: text as before, or with --log-format
+ * json its fields as members of the line's object (built by jansson, so
+ * every string is escaped). Counts, names and times only: never the
+ * prompt's or the output's text (log_content writes that apart). */
+static void srv__gen_log(const srv_gen *g, const engine_event *ev, const char *tenant,
+                         double ttft_ms, double duration_ms) {
+    // the ids hold the client's x-request-id: log values, never raw text
+    char id[4 * sizeof g->id + 3], rid[4 * sizeof g->rid + 3], em[4 * sizeof ev->errmsg + 3];
+    srv_log_value(g->id, id, sizeof id);
+    srv_log_value(g->rid, rid, sizeof rid);
+    // an error may quote what the request or a worker sent: a value too
+    srv_log_value(ev->errmsg, em, sizeof em);
+    const char *fin = srv_finish_name(ev->finish);
+    if (!fin) fin = ev->finish == ENGINE_FINISH_ABORT ? "abort" : "error";
+    json_t *f =
+        json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:f}", "request_id", g->rid,
+                  "tenant", tenant, "route", srv_route_name(g->api), "model", g->model, "status",
+                  srv__gen_status(g, ev), "prompt_tokens", (int)ev->n_prompt, "cached_tokens",
+                  (int)ev->n_cached, "completion_tokens", (int)ev->n_gen, "finish_reason", fin,
+                  "duration_ms", duration_ms);
+    if (f) {
+        json_object_set_new(f, "ttft_ms", ttft_ms >= 0 ? json_real(ttft_ms) : json_null());
+        if (ev->errmsg[0]) json_object_set_new(f, "error", json_string(em));
+    }
+    // 7 significant digits: the milliseconds to the microsecond, no binary noise
+    char *fields = f ? json_dumps(f, JSON_COMPACT | JSON_REAL_PRECISION(7)) : NULL;
+    json_decref(f);
+    ks_log_fields(KS_LOG_INFO, fields,
+                  "request %s: %s, %d prompt tokens (%d cached), %d generated, finish %d%s%s "
+                  "request_id=%s",
+                  id, srv_route_name(g->api), ev->n_prompt, ev->n_cached, ev->n_gen,
+                  (int)ev->finish, ev->errmsg[0] ? ": " : "", ev->errmsg[0] ? em : "", rid);
+    free(fields);
+}
+
 /* Metrics and tenant refund once the done event arrived; the connection's
  * idle timeout, suspended while generating, applies again (MHD restarts
  * the idle clock when a timeout is set on a connection that had none). */
@@ -238,22 +285,18 @@ void srv__gen_account(srv_gen *g, const engine_event *ev) {
             srv_hist_observe(&s->met.tpot,
                              (double)(ks_now_ns() - g->t_first_ns) * 1e-9 / (ev->n_gen - 1));
     }
-    srv__gen_release_tenant(g);
-    // the ids hold the client's x-request-id: log values, never raw text
-    char id[4 * sizeof g->id + 3], rid[4 * sizeof g->rid + 3], em[4 * sizeof ev->errmsg + 3];
-    srv_log_value(g->id, id, sizeof id);
-    srv_log_value(g->rid, rid, sizeof rid);
-    // an error may quote what the request or a worker sent: a value too
-    srv_log_value(ev->errmsg, em, sizeof em);
-    if (s->log_content) {
+    const char *tenant = g->tenant >= 0 ? s->ts->t[g->tenant].name : "";
+    double ttft_ms = -1;
+    if (ev->n_gen > 0 && g->t_first_ns)
+        ttft_ms = ev->ttft_ms > 0 ? ev->ttft_ms : (double)(g->t_first_ns - g->t_submit_ns) * 1e-6;
+    if (s->log_content) { // opted in by the operator (log_content): a line of its own
+        char id[4 * sizeof g->id + 3];
+        srv_log_value(g->id, id, sizeof id);
         const srv_buf *t = g->stream ? &g->text : &g->ch[0].text;
         ks_log(KS_LOG_INFO, "request %s output: %.*s", id, (int)t->len, t->p ? t->p : "");
     }
-    ks_log(KS_LOG_INFO,
-           "request %s: %s, %d prompt tokens (%d cached), %d generated, finish %d%s%s "
-           "request_id=%s",
-           id, srv_route_name(g->api), ev->n_prompt, ev->n_cached, ev->n_gen, (int)ev->finish,
-           ev->errmsg[0] ? ": " : "", ev->errmsg[0] ? em : "", rid);
+    srv__gen_log(g, ev, tenant, ttft_ms, (double)(now - g->t_submit_ns) * 1e-6);
+    srv__gen_release_tenant(g);
 }
 
 /* One logprobs entry for a chat answer: {token, logprob, bytes, top_logprobs}. */

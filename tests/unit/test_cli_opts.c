@@ -4,6 +4,8 @@
  * errors that name the option (exit 2), a --config FILE whose `key = value`
  * lines the command line overrides (in either order; a repeated option
  * replaces the file's list), a config error naming the file, line and key;
+ * KVSEAL_<NAME> environment variables (over the file, under the command
+ * line; a bad value refused naming the variable);
  * --log-format json lines; `kvseal --version`'s report (the version from
  * CMakeLists.txt's project VERSION); and the arithmetic behind perplexity's
  * "+/-" and bench's mean/stddev. (test_cli.c is the mkmodel-driven model
@@ -441,11 +443,112 @@ static void test_routers(void) {
     serve__cfg_free(&c);
 }
 
+/* The environment: every option's KVSEAL_<NAME> (derived from the table),
+ * over the config file and under the command line; flags take 1/0/true/
+ * false; a bad value is refused naming the variable; --help says so once. */
+static void test_env(void) {
+    char var[64];
+    CHECK_EQ(cli__opt_env_name("port", var, sizeof var), 11);
+    CHECK_STR_EQ(var, "KVSEAL_PORT");
+    CHECK_EQ(cli__opt_env_name("ssl-cert-file", var, sizeof var), 20);
+    CHECK_STR_EQ(var, "KVSEAL_SSL_CERT_FILE");
+    CHECK_EQ(cli__opt_env_name("ssl-cert-file", var, 20), -1); // no room for the NUL
+    serve__cfg c;
+    const char *err;
+    // environment over the default
+    CHECK_EQ(setenv("KVSEAL_PORT", "9101", 1), 0);
+    CHECK_EQ(setenv("KVSEAL_MAX_RUNNING", "5", 1), 0);
+    CHECK_EQ(setenv("KVSEAL_LOG_CONTENT", "1", 1), 0);
+    CHECK_EQ(parse(&c, &err, NULL), 0);
+    CHECK_EQ(c.port, 9101);
+    CHECK_EQ(c.max_running, 5);
+    CHECK(c.log_content);
+    serve__cfg_free(&c);
+    // an option added by another change gets its variable with no code of its own
+    CHECK_EQ(setenv("KVSEAL_SSL_CERT_FILE", "/etc/kvseal/cert.pem", 1), 0);
+    CHECK_EQ(parse(&c, &err, NULL), 0);
+    CHECK(c.ssl_cert_file != NULL);
+    CHECK_STR_EQ(c.ssl_cert_file, "/etc/kvseal/cert.pem");
+    serve__cfg_free(&c);
+    CHECK_EQ(unsetenv("KVSEAL_SSL_CERT_FILE"), 0);
+    // the command line over the environment, either spelling
+    CHECK_EQ(parse(&c, &err, "--port", "9102", "--max-running=6", NULL), 0);
+    CHECK_EQ(c.port, 9102);
+    CHECK_EQ(c.max_running, 6);
+    serve__cfg_free(&c);
+    // flags: 0 and false turn one off, true on
+    CHECK_EQ(setenv("KVSEAL_LOG_CONTENT", "0", 1), 0);
+    CHECK_EQ(parse(&c, &err, NULL), 0);
+    CHECK(!c.log_content);
+    serve__cfg_free(&c);
+    CHECK_EQ(setenv("KVSEAL_LOG_CONTENT", "true", 1), 0);
+    CHECK_EQ(parse(&c, &err, NULL), 0);
+    CHECK(c.log_content);
+    serve__cfg_free(&c);
+    // the environment over a config file (KVSEAL_CONFIG names one too)
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/ks_test_cli_opts_env_%d.conf", (int)getpid());
+    write_file(path, "port = 9300\nctx = 64\nalias = f1\n");
+    CHECK_EQ(setenv("KVSEAL_ALIAS", "e1", 1), 0);
+    CHECK_EQ(parse(&c, &err, "--config", path, NULL), 0);
+    CHECK_EQ(c.port, 9101);   // the environment's
+    CHECK_EQ(c.ctx, 64);      // the file's
+    CHECK_EQ(c.n_aliases, 1); // a repeatable option: the variable replaces the file's list
+    CHECK_STR_EQ(c.aliases[0], "e1");
+    serve__cfg_free(&c);
+    CHECK_EQ(parse(&c, &err, "--config", path, "--alias", "c1", NULL), 0);
+    CHECK_EQ(c.n_aliases, 1); // ... and the command line replaces the variable's
+    CHECK_STR_EQ(c.aliases[0], "c1");
+    serve__cfg_free(&c);
+    CHECK_EQ(unsetenv("KVSEAL_ALIAS"), 0);
+    CHECK_EQ(setenv("KVSEAL_CONFIG", path, 1), 0);
+    CHECK_EQ(parse(&c, &err, NULL), 0);
+    CHECK_EQ(c.ctx, 64);
+    CHECK_EQ(c.port, 9101);
+    serve__cfg_free(&c);
+    CHECK_EQ(unsetenv("KVSEAL_CONFIG"), 0);
+    unlink(path);
+    // malformed values: refused (exit 2) naming the variable
+    CHECK_EQ(setenv("KVSEAL_LOG_CONTENT", "yes", 1), 0);
+    CHECK_EQ(parse(&c, &err, NULL), 2);
+    CHECK_STR_HAS(err, "environment variable KVSEAL_LOG_CONTENT");
+    CHECK_STR_HAS(err, "1, 0, true or false, got 'yes'");
+    serve__cfg_free(&c);
+    CHECK_EQ(parse(&c, &err, "--help", NULL), -1); // help whatever the environment holds
+    CHECK_STR_HAS(err, "usage: kvseal serve");
+    serve__cfg_free(&c);
+    CHECK_EQ(unsetenv("KVSEAL_LOG_CONTENT"), 0);
+    CHECK_EQ(setenv("KVSEAL_PORT", "http", 1), 0);
+    CHECK_EQ(parse(&c, &err, NULL), 2);
+    CHECK_STR_HAS(err, "--port expects an integer");
+    CHECK_STR_HAS(err, "(from environment variable KVSEAL_PORT)");
+    serve__cfg_free(&c);
+    CHECK_EQ(setenv("KVSEAL_PORT", "", 1), 0);
+    CHECK_EQ(parse(&c, &err, NULL), 2);
+    CHECK_STR_HAS(err, "environment variable KVSEAL_PORT: empty value for --port");
+    serve__cfg_free(&c);
+    CHECK_EQ(unsetenv("KVSEAL_PORT"), 0);
+    CHECK_EQ(setenv("KVSEAL_LOG_LEVEL", "loud", 1), 0); // the layer's own options too
+    CHECK_EQ(parse(&c, &err, NULL), 2);
+    CHECK_STR_HAS(err, "(from environment variable KVSEAL_LOG_LEVEL)");
+    serve__cfg_free(&c);
+    CHECK_EQ(unsetenv("KVSEAL_LOG_LEVEL"), 0);
+    CHECK_EQ(unsetenv("KVSEAL_MAX_RUNNING"), 0);
+    // --help says it once
+    CHECK_EQ(parse(&c, &err, "--help", NULL), -1);
+    const char *hit = strstr(err, "environment variable: KVSEAL_");
+    CHECK(hit != NULL);
+    CHECK(strstr(hit + 1, "environment variable: KVSEAL_") == NULL);
+    serve__cfg_free(&c);
+    ks_log_set_level(KS_LOG_INFO);
+}
+
 int main(void) {
     test_routers();
     test_forms();
     test_errors();
     test_config();
+    test_env();
     test_log_format();
     test_version();
     test_stats();

@@ -7,6 +7,9 @@
 #include "server/server_int.h"
 
 #include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 // ----------------------------------------------------------------------------
@@ -849,7 +852,8 @@ static void check_exposition(const char *text) {
             const char *rb = memchr(p, '}', (size_t)(nl - p));
             const char *sp = memchr(rb ? rb : p, ' ', (size_t)(nl - (rb ? rb : p)));
             CHECK(sp != NULL);
-            CHECK(!strncmp(p, "kvseal_", 7) || !strncmp(p, "vllm:", 5));
+            CHECK(!strncmp(p, "kvseal_", 7) || !strncmp(p, "vllm:", 5) ||
+                  !strncmp(p, "process_", 8)); // Prometheus's standard process series
             char *end;
             strtod(sp + 1, &end);
             CHECK(end == nl);
@@ -911,6 +915,23 @@ static void test_metrics(void) {
     CHECK_STR_HAS(s, "kvseal_prefix_cache_hit_pages_total 9\n");
     CHECK_STR_HAS(s, "kvseal_queue_requests 3\n");
     CHECK_STR_HAS(s, "kvseal_running_requests 2\n");
+    // the process's standard series (from /proc/self), each with HELP and TYPE
+    CHECK_STR_HAS(s, "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total ");
+    CHECK_STR_HAS(s, "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes ");
+    CHECK_STR_HAS(s, "# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes ");
+    CHECK_STR_HAS(s, "# TYPE process_open_fds gauge\nprocess_open_fds ");
+    CHECK_STR_HAS(s, "# TYPE process_max_fds gauge\nprocess_max_fds ");
+    CHECK_STR_HAS(s, "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds ");
+    double rss = 0, start = 0;
+    long fds = 0;
+    CHECK(sscanf(strstr(s, "\nprocess_resident_memory_bytes ") + 1,
+                 "process_resident_memory_bytes %lf", &rss) == 1);
+    CHECK(sscanf(strstr(s, "\nprocess_open_fds ") + 1, "process_open_fds %ld", &fds) == 1);
+    CHECK(sscanf(strstr(s, "\nprocess_start_time_seconds ") + 1, "process_start_time_seconds %lf",
+                 &start) == 1);
+    CHECK(rss > 1e6); // this test's own RSS: over a MB
+    CHECK(fds >= 3);  // stdin, stdout, stderr at least
+    CHECK(start > (double)time(NULL) - 3600 && start <= (double)time(NULL) + 1); // started now
     free(s);
 }
 
