@@ -380,6 +380,55 @@ static engine_req *submit_unread(engine *e, const char *tenant) {
     return r;
 }
 
+/* The admin page's map (engine_map_pages): two tenants' paused requests
+ * hold pages; every page not FREE is named for the tenant whose sequence
+ * it carries, the counts agree with the pool's, and once both are gone the
+ * map is all FREE with no tenant. */
+static void test_page_map(void) {
+    engine *e = make_engine(128, 4, false);
+    engine_req *a = submit_unread(e, "alice"), *b = submit_unread(e, "bob");
+    wait_paused(e, 2);
+    engine_map *m;
+    ks_errbuf eb;
+    CHECK_EQ(engine_map_pages(e, 30000, &m, &eb), KS_OK);
+    engine_stats st;
+    engine_get_stats(e, &st);
+    CHECK_EQ(m->n_pages, 128u);
+    CHECK_EQ(m->n_tenants, 2);
+    uint32_t held[2] = {0}, free_pages = 0;
+    for (uint32_t p = 0; p < m->n_pages; p++) {
+        if (m->state[p] == KV_PAGE_FREE) {
+            CHECK_EQ(m->owner[p], ENGINE_MAP_FREE);
+            free_pages++;
+            continue;
+        }
+        CHECK(m->owner[p] == 0 || m->owner[p] == 1);  // no page unnamed: no cache here
+        held[m->owner[p]]++;
+    }
+    CHECK_EQ(free_pages, st.kv.pages[KV_PAGE_FREE]);
+    for (int t = 0; t < 2; t++) {
+        CHECK(!strcmp(m->tenant[t], "alice") || !strcmp(m->tenant[t], "bob"));
+        CHECK_EQ(m->running[t], 1u);
+        CHECK(held[t] >= 1);  // 5 prompt + 32 generated tokens: 3 pages of 16
+    }
+    CHECK(strcmp(m->tenant[0], m->tenant[1]) != 0);
+    CHECK_EQ(held[0], held[1]);  // the same prompt, paused at the same backlog
+    engine_map_free(m);
+    result ra, rb;
+    collect(a, &ra);
+    collect(b, &rb);
+    engine_req_release(a);
+    engine_req_release(b);
+    wait_paused(e, 0);
+    check_clean(e);
+    CHECK_EQ(engine_map_pages(e, 30000, &m, &eb), KS_OK);
+    CHECK_EQ(m->n_tenants, 0);
+    for (uint32_t p = 0; p < m->n_pages; p++)
+        CHECK(m->state[p] == KV_PAGE_FREE && m->owner[p] == ENGINE_MAP_FREE);
+    engine_map_free(m);
+    engine_destroy(e);
+}
+
 /* Issue 38: a freed slot goes to the tenant with the fewest sequences
  * running, not to the oldest waiting request. Tenant a holds both slots
  * (two requests paused) and has two more waiting; b's one request came
@@ -553,6 +602,7 @@ int main(void) {
     test_cancel_and_exhaustion();
     test_backlog_pauses();
     test_fair_admission();
+    test_page_map();
     test_prefix_cache();
     test_batched_equals_alone();
     test_grammar_batched();
