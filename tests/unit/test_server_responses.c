@@ -252,6 +252,9 @@ static void test_parse_and_store(void) {
     CHECK_EQ(srv_resp_store_put(st, "acme", "resp_a2", resp, conv, t0 + 3), KS_OK);
     CHECK_EQ(srv_resp_store_put(st, "acme", "resp_a3", resp, conv, t0 + 4), KS_OK);
     CHECK(srv_resp_store_get(st, "acme", "resp_a", false, t0 + 5) == NULL);
+    // beta's are now the oldest in the store, and still acme's fourth evicts acme's
+    CHECK_EQ(srv_resp_store_put(st, "acme", "resp_a4", resp, conv, t0 + 5), KS_OK);
+    CHECK(srv_resp_store_get(st, "acme", "resp_a2", false, t0 + 5) == NULL);
     g = srv_resp_store_get(st, "beta", "resp_b1", true, t0 + 5);
     CHECK(json_is_array(g));
     json_decref(g);
@@ -260,9 +263,9 @@ static void test_parse_and_store(void) {
     CHECK_EQ(n, 2);
     CHECK(bytes > 0);
     // delete
-    CHECK(srv_resp_store_delete(st, "acme", "resp_a2", t0 + 5));
-    CHECK(srv_resp_store_get(st, "acme", "resp_a2", false, t0 + 5) == NULL);
-    CHECK(!srv_resp_store_delete(st, "acme", "resp_a2", t0 + 5));
+    CHECK(srv_resp_store_delete(st, "acme", "resp_a4", t0 + 5));
+    CHECK(srv_resp_store_get(st, "acme", "resp_a4", false, t0 + 5) == NULL);
+    CHECK(!srv_resp_store_delete(st, "acme", "resp_a4", t0 + 5));
     // TTL: gone 60 s after it was stored
     g = srv_resp_store_get(st, "acme", "resp_a3", false, t0 + 59000000000ull);
     CHECK(g);
