@@ -76,9 +76,9 @@ typedef struct server_opts {
     double limits_local_share;       /* redis unreachable: the fraction of each rate limit this
                                         process admits on its own (0: 1) */
     /* /v1/responses' store of finished responses (docs/responses.md), per tenant: */
-    uint64_t responses_ttl_s;     /* kept this long (3600; 0: nothing is kept) */
-    size_t responses_max;         /* at most this many, oldest evicted first (1000) */
-    size_t responses_max_bytes;   /* at most this many bytes of JSON (64 MiB) */
+    uint64_t responses_ttl_s;   /* kept this long (3600; 0: nothing is kept) */
+    size_t responses_max;       /* at most this many, oldest evicted first (1000) */
+    size_t responses_max_bytes; /* at most this many bytes of JSON (64 MiB) */
 } server_opts;
 
 #define SERVER_EMBED_MAX_TOKENS 32768 /* server_opts.embed_max_tokens's default */

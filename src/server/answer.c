@@ -364,7 +364,7 @@ bool srv__resp_event(srv_gen *g, const engine_event *ev) {
         ok = srv_buf_add(g->stream ? &g->text : &g->ch[0].text, ev->text, ev->text_len);
     if (!ok || !ev->done) return ok;
     if (!srv_finish_name(ev->finish)) { // failed or aborted
-        if (!g->stream) return true;     // the collector answers the error
+        if (!g->stream) return true;    // the collector answers the error
         srv_error err;
         srv__gen_error(g, ev, &err);
         return srv_resp_out_error(&g->ro, &err);

@@ -199,7 +199,7 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     g->logprobs = rq.logprobs;
     g->top = rq.top_logprobs;
     g->include_usage = rq.include_usage;
-    g->rx = rx; // g frees it from here on
+    g->rx = rx;                         // g frees it from here on
     g->etenant = s->ts->t[tenant].name; // whose store keeps the response
     memset(&rx, 0, sizeof rx);
     // the completion's id is the request's x-request-id behind OpenAI's (or

@@ -204,8 +204,8 @@ struct srv_gen {
     srv_buf raw;  /* messages with stops: the generated tokens' text, stops not removed */
     bool raw_oom; /* raw is incomplete (out of memory): the answer fails */
     /* responses (route RESPONSES) */
-    srv_resp_req rx;  /* its echoed parameters, conversation items, store */
-    srv_resp_out ro;  /* its output items (and events, streamed) */
+    srv_resp_req rx; /* its echoed parameters, conversation items, store */
+    srv_resp_out ro; /* its output items (and events, streamed) */
 };
 
 // ----------------------------------------------------------------------------

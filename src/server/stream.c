@@ -99,8 +99,8 @@ static bool srv__stream_head(srv_gen *g) {
     if (g->route == SRV_ROUTE_MESSAGES)
         return srv_anth_sse_start(&g->anth, &g->out, g->id, g->model, g->n_prompt, 0);
     if (g->route == SRV_ROUTE_RESPONSES) { // the object as it starts: no output, no usage
-        json_t *r = srv_resp_object(g->rx.echo, g->id, g->created, g->model, "in_progress", NULL,
-                                    NULL);
+        json_t *r =
+            srv_resp_object(g->rx.echo, g->id, g->created, g->model, "in_progress", NULL, NULL);
         bool ok = r && srv_resp_out_start(&g->ro, &g->out, r);
         json_decref(r);
         return ok;

@@ -172,6 +172,30 @@ req "create (none kept)" 200 -H "Content-Type: application/json" "$U/v1/response
 req "not kept" 404 "$U/v1/responses/$(jq -r .id <<<"$BODY")"
 stop_server
 
+# ---- reasoning: an answer inside a think block is a reasoning item, the
+# chat route's reasoning_content, its tokens counted as reasoning_tokens
+start_server "$TMPD/think.log" -m "$M" --alias kjv --reasoning-format deepseek
+U=$KS_URL
+J=(-H "Content-Type: application/json")
+TB='"model":"kjv","max_output_tokens":24,"temperature":0'
+req "chat reasoning" 200 "${J[@]}" "$U/v1/chat/completions" \
+    -d '{"model":"kjv","messages":[{"role":"user","content":"<think>\n"}],"max_tokens":24,"temperature":0}'
+WANT=$(jq -c .choices[0].message.reasoning_content <<<"$BODY")
+[ "$WANT" != null ] && [ "$WANT" != '""' ] || fail "chat answered no reasoning: $BODY"
+req "responses reasoning" 200 "${J[@]}" "$U/v1/responses" -d "{$TB,\"input\":\"<think>\\n\"}"
+expect_eq "reasoning item" "$(jq -c '[.output[] | .type]' <<<"$BODY")" '["reasoning"]'
+expect_eq "reasoning text" "$(jq -c '.output[0].summary[0].text' <<<"$BODY")" "$WANT"
+expect_eq "reasoning content" "$(jq -c '.output[0].content[0].text' <<<"$BODY")" "$WANT"
+expect_eq "reasoning tokens" "$(jq -c '.usage.output_tokens_details.reasoning_tokens' <<<"$BODY")" \
+    "$(jq -c '.usage.output_tokens' <<<"$BODY")"
+curl -sSN "${J[@]}" "$U/v1/responses" -d "{$TB,\"stream\":true,\"input\":\"<think>\\n\"}" \
+    -o "$TMPD/think.sse" || fail "reasoning stream: curl failed"
+expect_eq "streamed reasoning deltas" \
+    "$(sed -n 's/^data: //p' "$TMPD/think.sse" | jq -sc '[.[] | select(.type == "response.reasoning_summary_text.delta") | .delta] | join("")')" "$WANT"
+expect_eq "streamed reasoning item" "$(sed -n 's/^data: //p' "$TMPD/think.sse" |
+    jq -c 'select(.type == "response.output_item.done") | .item.summary[0].text')" "$WANT"
+stop_server
+
 # ---- the same client through a cluster router (the store lives there)
 start_cluster "$TMPD/c" 1 1 -m "$M" "${OPTS[@]}"
 KS_URL=$KS_URL KS_REF=$REF KS_MODEL_NAME=kjv KS_MODE=cluster node "$JS" ||
