@@ -79,14 +79,19 @@ typedef struct server_opts {
                                         NULL with tls_key_pem NULL: plain HTTP. Borrowed, outliving
                                         the server */
     const char *tls_key_pem;         /* HTTPS: tls_cert_pem's private key, PEM text; borrowed */
+    /* /v1/responses' store of finished responses (docs/responses.md), per tenant: */
+    uint64_t responses_ttl_s;   /* kept this long (3600; 0: nothing is kept) */
+    size_t responses_max;       /* at most this many, oldest evicted first (1000) */
+    size_t responses_max_bytes; /* at most this many bytes of JSON (64 MiB) */
 } server_opts;
 
 #define SERVER_EMBED_MAX_TOKENS 32768 /* server_opts.embed_max_tokens's default */
 
 /* Fills defaults (host 127.0.0.1, port 8080, 1 MiB bodies, 4096
  * connections, 256 per address, 120 s idle timeout, 10 s request timeout,
- * tool-call and reasoning formats from the template (-1); everything else
- * zero/NULL). Can't fail. */
+ * tool-call and reasoning formats from the template (-1), the responses
+ * store's bounds (1 hour, 1000 responses, 64 MiB per tenant); everything
+ * else zero/NULL). Can't fail. */
 void server_opts_default(server_opts *o);
 
 /* What the HTTP front runs requests on: the local engine (`kvseal serve`) or

@@ -48,6 +48,8 @@ void serve__usage(const char *cmd) {
         "         [--queue-max 64] [--queue-timeout-ms 30000] [--no-prefix-cache]\n"
         "         [--scrub zero|poison] [--tenants FILE] [--admin-key KEY] [--metrics-key KEY]\n"
         "         [--log-content] [--embed-max-tokens 32768]\n"
+        "         [--responses-ttl SECONDS (3600; 0: keep none)] [--responses-max 1000]\n"
+        "         [--responses-max-bytes BYTES (67108864)]\n"
         "         [--security-log FILE] [--idle-timeout SECONDS (120)] [--drain-timeout-ms 30000]\n"
         "         [--request-timeout SECONDS (10)] [--max-connections 4096]\n"
         "         [--max-connections-per-ip 256 (0: no limit)] [--chat-template-file FILE]\n"
@@ -71,6 +73,9 @@ void serve__usage(const char *cmd) {
         "         [--ssl-cert-file FILE --ssl-key-file FILE] (serve, router: HTTPS)\n"
         "  --ssl-cert-file / --ssl-key-file: serve HTTPS (TLS) instead of HTTP on --port with\n"
         "  this PEM certificate chain and its unencrypted PEM private key; both or neither.\n"
+        "  --responses-ttl / --responses-max / --responses-max-bytes: how long, how many and\n"
+        "  how many bytes of /v1/responses answers each tenant's store keeps (the oldest are\n"
+        "  evicted and wiped first; docs/responses.md).\n"
         "  --tool-call-format: how the model writes tool calls (auto: from the chat template;\n"
         "  NAME: %s). --reasoning-format deepseek splits the text between think markers into\n"
         "  reasoning_content (auto: when the template has them; none: it stays content).\n"
@@ -233,6 +238,9 @@ enum {
     SO_POOLING,
     SO_METRICS_KEY,
     SO_EMBED_MAX_TOKENS,
+    SO_RESPONSES_TTL,
+    SO_RESPONSES_MAX,
+    SO_RESPONSES_MAX_BYTES,
     SO_GRAMMAR_BUDGET,
     SO_GRAMMAR_CPU,
     SO_DATA_PLANE,
@@ -294,6 +302,9 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_POOLING] = {"pooling", 0, true, false},
     [SO_METRICS_KEY] = {"metrics-key", 0, true, false},
     [SO_EMBED_MAX_TOKENS] = {"embed-max-tokens", 0, true, false},
+    [SO_RESPONSES_TTL] = {"responses-ttl", 0, true, false},
+    [SO_RESPONSES_MAX] = {"responses-max", 0, true, false},
+    [SO_RESPONSES_MAX_BYTES] = {"responses-max-bytes", 0, true, false},
     [SO_GRAMMAR_BUDGET] = {"grammar-budget-ms", 0, true, false},
     [SO_GRAMMAR_CPU] = {"grammar-cpu-ms", 0, true, false},
     [SO_DATA_PLANE] = {"data-plane", 0, true, false},
@@ -386,6 +397,15 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
         break;
     case SO_DRAIN_TIMEOUT:
         lv = &c->drain_timeout_ms, lo = 0, hi = 3600000;
+        break;
+    case SO_RESPONSES_TTL:
+        lv = &c->responses_ttl, lo = 0, hi = 30L * 86400;
+        break;
+    case SO_RESPONSES_MAX:
+        lv = &c->responses_max, lo = 0, hi = 1L << 20;
+        break;
+    case SO_RESPONSES_MAX_BYTES:
+        lv = &c->responses_max_bytes, lo = 0, hi = 1L << 40;
         break;
     case SO_EMBED_MAX_TOKENS:
         lv = &c->embed_max_tokens, lo = 1, hi = INT32_MAX;
@@ -629,6 +649,9 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
     server_opts so;
     server_opts_default(&so);  // the server's defaults are the only copy of them
     c->idle_timeout = so.idle_timeout_s;
+    c->responses_ttl = (long)so.responses_ttl_s;
+    c->responses_max = (long)so.responses_max;
+    c->responses_max_bytes = (long)so.responses_max_bytes;
     c->request_timeout = so.request_timeout_s;
     c->max_conns = so.max_connections;
     c->max_conns_per_ip = so.max_connections_per_ip;
@@ -771,6 +794,9 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     so.limits_redis_prefix = c->limits_redis_prefix;
     so.limits_local_share = c->limits_local_share;
     so.embed_max_tokens = (int32_t)c->embed_max_tokens;
+    so.responses_ttl_s = (uint64_t)c->responses_ttl;
+    so.responses_max = (size_t)c->responses_max;
+    so.responses_max_bytes = (size_t)c->responses_max_bytes;
     so.log_content = c->log_content;
     so.n_ctx = n_ctx;
     so.idle_timeout_s = (unsigned)c->idle_timeout;

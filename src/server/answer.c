@@ -308,6 +308,76 @@ static json_t *srv__anth_answer(srv_gen *g, const srv_buf *text, const engine_ev
 }
 
 // ----------------------------------------------------------------------------
+// Generation: OpenAI's Responses answers (responses.h builds the shapes)
+
+/* The items of one parser delta: reasoning, message text, each new call
+ * as a whole function_call item (parallel_tool_calls false: the first). */
+static bool srv__resp_emit(srv_gen *g, const toolcall_delta *d) {
+    bool ok = srv_resp_out_text(&g->ro, true, d->reasoning, d->reasoning_len) &&
+              srv_resp_out_text(&g->ro, false, d->content, d->content_len);
+    srv_choice *ch = &g->ch[0]; // Responses answers have one choice
+    for (int i = 0; ok && i < d->n_calls && (g->tc_parallel || ch->tc_sent == 0); i++) {
+        const toolcall_call *c = toolcall_parser_call(ch->tc, d->first_call + i);
+        ch->tc_sent++;
+        ok = srv_resp_out_call(&g->ro, c->id, c->name, c->arguments);
+    }
+    return ok;
+}
+
+json_t *srv__resp_final(srv_gen *g, const engine_event *ev) {
+    const char *status = ev->finish == ENGINE_FINISH_LENGTH ? "incomplete" : "completed";
+    json_t *usage = srv_resp_usage(ev->n_prompt, ev->n_cached, ev->n_gen, g->ro.n_reasoning);
+    json_t *resp =
+        srv_resp_object(g->rx.echo, g->id, g->created, g->model, status, g->ro.output, usage);
+    if (!resp || !g->rx.store || !g->s->resp) return resp;
+    // the conversation a later previous_response_id continues: inputs, then outputs
+    json_t *conv = json_copy(g->rx.items);
+    if (!conv || json_array_extend(conv, g->ro.output)) {
+        json_decref(conv);
+        json_decref(resp);
+        return NULL;
+    }
+    // etenant: set when the generation was created (g->tenant is released by then)
+    ks_err e = srv_resp_store_put(g->s->resp, g->etenant, g->id, resp, conv, ks_now_ns());
+    json_decref(conv);
+    if (e) // not kept: a later GET answers 404, as for store false
+        ks_log(KS_LOG_WARN, "response %s not stored: %s", g->id, ks_strerror(e));
+    return resp;
+}
+
+bool srv__resp_event(srv_gen *g, const engine_event *ev) {
+    bool ok = true;
+    toolcall_parser *tc = g->ch[0].tc;
+    if (tc) {
+        srv_buf t = {0};
+        toolcall_delta d;
+        ok =
+            srv__tc_text(g, ev, &t) && toolcall_parser_push(tc, t.p ? t.p : "", t.len, &d) == KS_OK;
+        srv_buf_free(&t);
+        if (ok && d.reasoning_len && ev->token >= 0) g->ro.n_reasoning++;
+        ok = ok && srv__resp_emit(g, &d);
+        if (ok && ev->done) ok = toolcall_parser_finish(tc, &d) == KS_OK && srv__resp_emit(g, &d);
+    } else {
+        ok = srv_resp_out_text(&g->ro, false, ev->text, ev->text_len);
+    }
+    if (ok && g->s->log_content && ev->text_len) // the log line's output (srv__gen_account)
+        ok = srv_buf_add(g->stream ? &g->text : &g->ch[0].text, ev->text, ev->text_len);
+    if (!ok || !ev->done) return ok;
+    if (!srv_finish_name(ev->finish)) { // failed or aborted
+        if (!g->stream) return true;    // the collector answers the error
+        srv_error err;
+        srv__gen_error(g, ev, &err);
+        return srv_resp_out_error(&g->ro, &err);
+    }
+    if (!srv_resp_out_close(&g->ro)) return false;
+    if (!g->stream) return true; // srv__gen_collect answers with srv__resp_final
+    json_t *resp = srv__resp_final(g, ev);
+    ok = resp && srv_resp_out_end(&g->ro, resp);
+    json_decref(resp);
+    return ok;
+}
+
+// ----------------------------------------------------------------------------
 // Generation: non-streaming
 
 
@@ -380,6 +450,11 @@ enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv_gen *g
             return r;
         }
         srv_choice *ch = &g->ch[g->cur];
+        if (g->route == SRV_ROUTE_RESPONSES) { // its items built as they come
+            ok = ok && !g->ro.oom && srv__resp_event(g, &ev);
+            if (ev.done) break;
+            continue;
+        }
         if (ev.prompt) { // echo: the prompt's logprobs, shared by every choice
             if (g->logprobs && g->plp) srv__lp_completion(g, g->plp, &ev, &g->ptext_off);
             continue;
@@ -410,6 +485,15 @@ enum MHD_Result srv__gen_collect(server *s, struct MHD_Connection *c, srv_gen *g
         enum MHD_Result r = srv__reply_error(s, c, g->api, &err);
         srv__gen_free(g);
         return r;
+    }
+    if (g->route == SRV_ROUTE_RESPONSES) {
+        json_t *m = srv__resp_final(g, &total);
+        srv_route api = g->api;
+        srv__gen_free(g);
+        if (m) return srv__reply_json(s, c, api, 200, m);
+        srv_error err;
+        srv_fail(&err, 500, "internal_error", "out of memory");
+        return srv__reply_error(s, c, api, &err);
     }
     if (g->route == SRV_ROUTE_MESSAGES) {
         json_t *m = srv__anth_answer(g, &g->ch[0].text, &total);

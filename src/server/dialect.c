@@ -106,6 +106,7 @@ static const struct {
     [SRV_ROUTE_WORKERS_CHAT] = {"workers_ai_chat", SRV_DIALECT_WORKERS},
     [SRV_ROUTE_COUNT_TOKENS] = {"messages_count_tokens", SRV_DIALECT_ANTHROPIC},
     [SRV_ROUTE_UI] = {"ui", SRV_DIALECT_OPENAI},
+    [SRV_ROUTE_RESPONSES] = {"responses", SRV_DIALECT_OPENAI},
 };
 
 const srv_dialect_info *srv_dialect_get(srv_dialect d) {
@@ -131,6 +132,7 @@ static const srv_answer_info dia__answers[SRV_ROUTE__COUNT] = {
     [SRV_ROUTE_MESSAGES] = {SRV_ROUTE_MESSAGES, true, "msg_", -1, "message", NULL},
     [SRV_ROUTE_WORKERS_CHAT] = {SRV_ROUTE_CHAT, true, "chatcmpl-", -1, "chat.completion",
                                 "chat.completion.chunk"},
+    [SRV_ROUTE_RESPONSES] = {SRV_ROUTE_RESPONSES, true, "resp_", -1, "response", NULL},
 };
 
 const srv_answer_info *srv_route_answer(srv_route r) {

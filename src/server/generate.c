@@ -82,10 +82,14 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
         return srv__reply_error(s, c, api, &err);
     }
     srv_request rq;
+    srv_resp_req rx = {0}; // responses: what the answer echoes and stores
     const char *body = sc->body.p ? sc->body.p : "";
-    if (route == SRV_ROUTE_MESSAGES ? !srv_anth_parse(body, sc->body.len, &rq, &err)
-                                    : !srv_request_parse(route, body, sc->body.len, &rq, &err))
-        return srv__reply_error(s, c, api, &err);
+    bool parsed = route == SRV_ROUTE_MESSAGES ? srv_anth_parse(body, sc->body.len, &rq, &err)
+                  : route == SRV_ROUTE_RESPONSES
+                      ? srv_resp_parse(body, sc->body.len, s->resp, s->ts->t[tenant].name,
+                                       ks_now_ns(), &rq, &rx, &err)
+                      : srv_request_parse(route, body, sc->body.len, &rq, &err);
+    if (!parsed) return srv__reply_error(s, c, api, &err);
     const char *model_name = url_model ? url_model : rq.model;
     char *text = NULL;
     tok_span *spans = NULL; // where the request's text is in a rendered chat
@@ -195,6 +199,9 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     g->logprobs = rq.logprobs;
     g->top = rq.top_logprobs;
     g->include_usage = rq.include_usage;
+    g->rx = rx;                         // g frees it from here on
+    g->etenant = s->ts->t[tenant].name; // whose store keeps the response
+    memset(&rx, 0, sizeof rx);
     // the completion's id is the request's x-request-id behind OpenAI's (or
     // Anthropic's) prefix, as vLLM does; without request state, a random one
     // of the same form
@@ -203,6 +210,8 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     else
         srv_request_id_new(g->rid, sizeof g->rid);
     snprintf(g->id, sizeof g->id, "%s%s", ans->id_prefix, g->rid);
+    // a stored response's id is a key a client must not choose: random
+    if (route == SRV_ROUTE_RESPONSES) srv_make_id(ans->id_prefix, g->id, sizeof g->id);
     for (int i = 0; route == SRV_ROUTE_MESSAGES && i < rq.n_stops; i++) {
         if (!(g->stops[i] = strdup(rq.stops[i]))) {
             srv_fail(&err, 500, "internal_error", "out of memory");
@@ -315,6 +324,7 @@ fail:
     free(text);
     free(spans);
     srv_request_free(&rq);
+    srv_resp_req_free(&rx);
     return srv__reply_error(s, c, api, &err);
 }
 

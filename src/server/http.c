@@ -104,7 +104,7 @@ typedef enum srv_match {
  * auth and handed to fn. The route gives the metrics label and, through
  * dialect.c, the error envelope of every answer before and in fn. */
 typedef struct srv_route_def {
-    const char *method; /* "GET" (HEAD too) or "POST" */
+    const char *method; /* "GET" (HEAD too), "POST" or "DELETE" */
     srv_match match;
     const char *path;
     srv_route route;
@@ -135,6 +135,12 @@ static const srv_route_def srv__routes[] = {
     {"POST", SRV_MATCH_UNDER, "/admin/models/", SRV_ROUTE_ADMIN, SRV_AUTH_ADMIN,
      srv__admin_model},
     {"GET", SRV_MATCH_EXACT, "/admin/kv/check", SRV_ROUTE_ADMIN, SRV_AUTH_ADMIN, srv__kv_check},
+    {"POST", SRV_MATCH_EXACT, "/v1/responses", SRV_ROUTE_RESPONSES, SRV_AUTH_TENANT,
+     srv__generate},
+    {"GET", SRV_MATCH_PREFIX, "/v1/responses/", SRV_ROUTE_RESPONSES, SRV_AUTH_TENANT,
+     srv__response_get},
+    {"DELETE", SRV_MATCH_PREFIX, "/v1/responses/", SRV_ROUTE_RESPONSES, SRV_AUTH_TENANT,
+     srv__response_delete},
     {"GET", SRV_MATCH_EXACT, "/admin/pool", SRV_ROUTE_ADMIN, SRV_AUTH_ADMIN, srv__pool},
     /* the web pages: static, no key (ui.c) */
     {"GET", SRV_MATCH_EXACT, "/", SRV_ROUTE_UI, SRV_AUTH_NONE, srv__ui},
@@ -209,7 +215,7 @@ static srv_route srv__route_of(const char *url) {
  * limit, the row's auth, then its handler. */
 static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const char *url,
                                      const char *method, srv_conn *sc) {
-    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     const char *rest;
     const srv_route_def *d = srv__route_find(url, &rest);
     srv_error err;
@@ -217,8 +223,18 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
         srv_refuse(&err, ADMIT_UNKNOWN_URL, NULL, "Invalid URL (%s %s)", method, url);
         return srv__reply_error(s, c, srv__route_of(url), &err);
     }
+    // rows of the same path for other methods (GET and DELETE /v1/responses/{id})
+    for (size_t i = (size_t)(d - srv__routes); i < sizeof srv__routes / sizeof srv__routes[0];
+         i++) {
+        const srv_route_def *o = &srv__routes[i];
+        if (o->match != d->match || strcmp(o->path, d->path) != 0) continue;
+        if (!strcmp(o->method, "GET") ? get : !strcmp(o->method, method)) {
+            d = o;
+            break;
+        }
+    }
     bool want_get = !strcmp(d->method, "GET");
-    if (want_get ? !get : !post) {
+    if (want_get ? !get : strcmp(method, d->method) != 0) {
         srv_refuse(&err, ADMIT_METHOD, NULL, "Method %s is not allowed on %s; use %s", method, url,
                    d->method);
         return srv__reply_error(s, c, d->route, &err);
@@ -271,7 +287,7 @@ static enum MHD_Result srv__preflight(server *s, struct MHD_Connection *c, const
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers"), allow,
         sizeof allow);
     srv__decorate(s, c, r, 204);
-    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, HEAD, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, DELETE, HEAD, OPTIONS");
     if (allow[0]) MHD_add_response_header(r, "Access-Control-Allow-Headers", allow);
     MHD_add_response_header(r, "Access-Control-Max-Age", SRV_CORS_MAX_AGE);
     enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_NO_CONTENT, r);
@@ -581,6 +597,9 @@ void server_opts_default(server_opts *o) {
     o->request_timeout_s = 10;
     o->tool_call_format = -1;
     o->reasoning_format = -1;
+    o->responses_ttl_s = 3600;
+    o->responses_max = 1000;
+    o->responses_max_bytes = (size_t)64 << 20;
 }
 
 ks_err server_create(const server_opts *o, engine *e, const model *m, server **out, ks_errbuf *eb) {
@@ -661,6 +680,12 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
             goto fail;
         }
     } else if (!(s->ts = srv_tenants_anonymous())) {
+        err = ks_seterr(eb, KS_ERR_NOMEM, "server: out of memory");
+        goto fail;
+    }
+    if (o->responses_ttl_s && o->responses_max &&
+        !(s->resp = srv_resp_store_create(o->responses_max, o->responses_max_bytes,
+                                          o->responses_ttl_s))) {
         err = ks_seterr(eb, KS_ERR_NOMEM, "server: out of memory");
         goto fail;
     }
@@ -786,6 +811,7 @@ fail:
         pthread_join(s->sweeper, NULL);
     }
     srv_tenants_free(s->ts);
+    srv_resp_store_destroy(s->resp);
     for (int k = 0; s->mods && k < s->n_mods; k++) chat_tmpl_free(s->mods[k].chat);
     free(s->mods);
     pthread_mutex_destroy(&s->lmu);
@@ -909,6 +935,7 @@ void server_destroy(server *s) {
     atomic_store(&s->sweeper_stop, true);
     pthread_join(s->sweeper, NULL);
     srv_tenants_free(s->ts);
+    srv_resp_store_destroy(s->resp);
     for (int k = 0; s->mods && k < s->n_mods; k++) chat_tmpl_free(s->mods[k].chat);
     free(s->mods);
     pthread_mutex_destroy(&s->lmu);

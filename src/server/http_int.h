@@ -49,6 +49,7 @@ struct server {
     srv_model *mods;        /* (n_mods) the catalog, owned; mods[0] is server_create's model */
     int n_mods;
     srv_tenants *ts;        /* owned */
+    srv_resp_store *resp;   /* owned: /v1/responses' stored responses; NULL: none kept */
     bool log_content;
     srv_metrics met;
     struct MHD_Daemon *d;
@@ -208,6 +209,9 @@ struct srv_gen {
     int n_stops;
     srv_buf raw;  /* messages with stops: the generated tokens' text, stops not removed */
     bool raw_oom; /* raw is incomplete (out of memory): the answer fails */
+    /* responses (route RESPONSES) */
+    srv_resp_req rx; /* its echoed parameters, conversation items, store */
+    srv_resp_out ro; /* its output items (and events, streamed) */
 };
 
 // ----------------------------------------------------------------------------
@@ -344,6 +348,13 @@ ks_err srv__gen_toolcall(server *s, srv_gen *g, const srv_request *rq, const cha
                          size_t len);
 /* Streams choice idx's event through its parser; false on out-of-memory. */
 bool srv__tc_stream(srv_gen *g, int idx, const engine_event *ev);
+/* Takes ev of a Responses answer into g->ro (its events too when
+ * streamed); the done event ends it (response.completed or .incomplete,
+ * or an error event) and stores it when asked. False on out-of-memory. */
+bool srv__resp_event(srv_gen *g, const engine_event *ev);
+/* The response object of g's finished answer (ev: its done event, totals
+ * counted), stored when the request asked; NULL on out-of-memory. */
+json_t *srv__resp_final(srv_gen *g, const engine_event *ev);
 /* Streams ev as Anthropic's named events; false on out-of-memory. */
 bool srv__anth_stream_event(srv_gen *g, const engine_event *ev);
 /* A non-streamed answer: takes the events there are; answers and frees g
@@ -384,6 +395,11 @@ srv_handler srv__detokenize;
 /* POST /v1/messages/count_tokens: {"input_tokens": N}, the prompt tokens
  * /v1/messages would have for the same body. */
 srv_handler srv__count_tokens;
+/* GET /v1/responses/{id} (q->rest): the caller's tenant's stored response,
+ * else 404 (unknown, expired and another tenant's alike). */
+srv_handler srv__response_get;
+/* DELETE /v1/responses/{id}: removes (wipes) it; 404 as GET. */
+srv_handler srv__response_delete;
 /* GET /v1/models/{id} (q->rest). */
 srv_handler srv__model_get;
 /* GET /v1/models. */

@@ -94,6 +94,8 @@ void srv__gen_free(srv_gen *g) {
     for (int i = 0; i < ENGINE_MAX_N; i++)
         toolcall_parser_destroy(g->ch[i].tc);
     json_decref(g->tc_tools);
+    srv_resp_req_free(&g->rx);
+    srv_resp_out_free(&g->ro);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }

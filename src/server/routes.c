@@ -506,6 +506,29 @@ out:
 // ----------------------------------------------------------------------------
 // Other routes
 
+/* GET /v1/responses/{id}: the response the caller's tenant stored under
+ * id. Anything else (unknown, expired, not stored, another tenant's) is the
+ * same 404, so an id says nothing about whether another tenant has it. */
+enum MHD_Result srv__response_get(server *s, struct MHD_Connection *c, const srv_call *q) {
+    json_t *r = srv_resp_store_get(s->resp, s->ts->t[q->tenant].name, q->rest, false, ks_now_ns());
+    if (r) return srv__reply_json(s, c, SRV_ROUTE_RESPONSES, 200, r);
+    srv_error err;
+    srv_fail(&err, 404, NULL, "Response with id '%.80s' not found.", q->rest);
+    return srv__reply_error(s, c, SRV_ROUTE_RESPONSES, &err);
+}
+
+/* DELETE /v1/responses/{id}: {id, object:"response", deleted:true} once
+ * the entry is wiped; 404 as GET. */
+enum MHD_Result srv__response_delete(server *s, struct MHD_Connection *c, const srv_call *q) {
+    if (srv_resp_store_delete(s->resp, s->ts->t[q->tenant].name, q->rest, ks_now_ns()))
+        return srv__reply_json(
+            s, c, SRV_ROUTE_RESPONSES, 200,
+            json_pack("{s:s, s:s, s:b}", "id", q->rest, "object", "response", "deleted", 1));
+    srv_error err;
+    srv_fail(&err, 404, NULL, "Response with id '%.80s' not found.", q->rest);
+    return srv__reply_error(s, c, SRV_ROUTE_RESPONSES, &err);
+}
+
 /* GET /v1/models/{id}: the model object of a name or alias this server
  * serves, else 404 model_not_found in OpenAI's shape. */
 enum MHD_Result srv__model_get(server *s, struct MHD_Connection *c, const srv_call *q) {

@@ -9,6 +9,7 @@
 #define KS_SERVER_INT_H
 
 #include "anthropic.h"
+#include "responses.h"
 #include "kvseal/admit.h"
 #include "kvseal/chat.h"
 #include "kvseal/engine.h"
@@ -38,8 +39,9 @@ typedef enum srv_route {
     SRV_ROUTE_WORKERS_CHAT = 11, /* POST /accounts/{a}/ai/v1/chat/completions: chat, with
                                     errors in Workers AI's envelope */
     SRV_ROUTE_COUNT_TOKENS = 12, /* POST /v1/messages/count_tokens (Anthropic) */
-    SRV_ROUTE_UI = 13,           /* GET /, /admin, /ui/...: the web pages (ui.c) */
-    SRV_ROUTE__COUNT = 14,
+    SRV_ROUTE_RESPONSES = 13,    /* POST, GET, DELETE /v1/responses[/{id}] (responses.c) */
+    SRV_ROUTE_UI = 14,           /* GET /, /admin, /ui/...: the web pages (ui.c) */
+    SRV_ROUTE__COUNT = 15,
 } srv_route;
 
 /* Label of a route for metrics ("chat_completions", ...); static storage. */

@@ -29,6 +29,7 @@ static bool srv__sse_put(srv_gen *g, json_t *j, bool oom) {
 
 static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
     if (g->route == SRV_ROUTE_MESSAGES) return srv__anth_stream_event(g, ev);
+    if (g->route == SRV_ROUTE_RESPONSES) return srv__resp_event(g, ev);
     bool oom = false, ok = true;
     int idx = g->cur;
     if (ev->prompt) { // echo: a prompt token's logprobs, the same in every choice
@@ -97,6 +98,13 @@ static bool srv__stream_event(srv_gen *g, const engine_event *ev) {
 static bool srv__stream_head(srv_gen *g) {
     if (g->route == SRV_ROUTE_MESSAGES)
         return srv_anth_sse_start(&g->anth, &g->out, g->id, g->model, g->n_prompt, 0);
+    if (g->route == SRV_ROUTE_RESPONSES) { // the object as it starts: no output, no usage
+        json_t *r =
+            srv_resp_object(g->rx.echo, g->id, g->created, g->model, "in_progress", NULL, NULL);
+        bool ok = r && srv_resp_out_start(&g->ro, &g->out, r);
+        json_decref(r);
+        return ok;
+    }
     bool ok = true;
     for (int i = 0; ok && i < g->n_ch * srv__fanout(g); i++) {
         json_t *j = NULL;
