@@ -579,7 +579,8 @@ static void srv__mhd_log(void *cls, const char *fmt, va_list ap) {
     while (n && buf[n - 1] == '\n')
         buf[--n] = '\0';
     if (starting && pthread_equal(pthread_self(), s->mhd_starter) && !s->mhd_start_msg[0])
-        snprintf(s->mhd_start_msg, sizeof s->mhd_start_msg, "%s", buf);
+        snprintf(s->mhd_start_msg, sizeof s->mhd_start_msg, "%.*s",
+                 (int)sizeof s->mhd_start_msg - 1, buf); // its first line, cut to fit
     ks_log(lvl, "http: %s", buf);
 }
 
