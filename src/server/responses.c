@@ -13,6 +13,7 @@
  * deleted, expired or evicted. */
 #include "responses.h"
 
+#include "http_int.h" /* srv__jstr: token pieces as JSON strings */
 #include "server_int.h"
 
 #include <pthread.h>
@@ -864,46 +865,6 @@ static bool resp__ev(srv_resp_out *o, const char *type, json_t *j) {
     return ok;
 }
 
-/* Length of the valid UTF-8 sequence at s[0..n), or 0 (strict: no
- * overlongs, surrogates or code points past U+10FFFF). */
-static size_t resp__utf8(const unsigned char *s, size_t n) {
-    unsigned char c = s[0], lo = 0x80, hi = 0xbf;
-    size_t len;
-    if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        len = 2;
-    else if (c >= 0xe0 && c <= 0xef)
-        len = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
-    else if (c >= 0xf0 && c <= 0xf4)
-        len = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
-    else
-        return 0;
-    if (len > n || s[1] < lo || s[1] > hi) return 0;
-    for (size_t i = 2; i < len; i++)
-        if (s[i] < 0x80 || s[i] > 0xbf) return 0;
-    return len;
-}
-
-/* s[0..n) as a JSON string, each byte that starts no valid UTF-8 sequence
- * replaced by U+FFFD (a token's piece can be a lone byte); NULL on
- * out-of-memory. */
-static json_t *resp__jstr(const char *s, size_t n) {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0, l;
-    while (i < n && (l = resp__utf8(u + i, n - i)) && u[i])
-        i += l;
-    if (i == n) return json_stringn_nocheck(n ? s : "", n);
-    srv_buf b = {0};
-    bool ok = true;
-    for (i = 0; ok && i < n; i += l ? l : 1) {
-        l = u[i] ? resp__utf8(u + i, n - i) : 0;
-        ok = l ? srv_buf_add(&b, s + i, l) : srv_buf_add(&b, "\xef\xbf\xbd", 3);
-    }
-    json_t *j = ok ? json_stringn_nocheck(b.p, b.len) : NULL;
-    srv_buf_free(&b);
-    return j;
-}
-
 static bool resp__out_text(srv_resp_out *o, bool reasoning, const char *s, size_t n);
 
 /* The output array exists (a non-streamed answer never called start). */
@@ -921,7 +882,7 @@ bool srv_resp_out_start(srv_resp_out *o, srv_buf *b, const json_t *resp) {
 
 /* The open item's text as a JSON string (new). */
 static json_t *resp__text_json(const srv_resp_out *o) {
-    return resp__jstr(o->text ? o->text : "", o->text_len);
+    return srv__jstr(o->text ? o->text : "", o->text_len);
 }
 
 /* The open item as it stands, status given. */
@@ -1059,7 +1020,7 @@ static bool resp__out_text(srv_resp_out *o, bool reasoning, const char *s, size_
     o->text_len += n;
     o->text[o->text_len] = 0;
     int idx = (int)json_array_size(o->output);
-    json_t *d = resp__jstr(s, n);
+    json_t *d = srv__jstr(s, n);
     if (!d) return false;
     if (reasoning)
         return resp__ev(o, "response.reasoning_summary_text.delta",
