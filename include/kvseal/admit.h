@@ -127,7 +127,10 @@ typedef struct engine_params engine_params;
       "the server is shutting down; the request was aborted")                                      \
     /* aborted while it ran (model taken offline, queue timeout) */                                \
     X(RUN_ABORTED, 33, ADMIT_FAILURE, "run_aborted", 503, ADMIT_SE, "request_aborted", 503,        \
-      KS_ERR_CANCELLED, "the request was aborted")
+      KS_ERR_CANCELLED, "the request was aborted")                                                 \
+    /* kvseal serve with several models: the request's model is being loaded (retry) */           \
+    X(MODEL_LOADING, 34, ADMIT_HTTP, "model_loading", 503, ADMIT_SE, "model_loading", 3040,        \
+      KS_ERR_AGAIN, "the model is loading; retry shortly")
 
 typedef enum admit_reason {
     ADMIT_OK = 0,

@@ -218,6 +218,11 @@ typedef struct model model;
  * (architecture or weight type, named), KS_ERR_FORMAT (missing key or
  * tensor, wrong shape, named), KS_ERR_NOMEM. Caller owns *out. Blocks. */
 ks_err model_load(const char *path, model **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* model_load without repacking the weights into the kernels' layout: the
+ * matrices stay in the file's mapped rows (correct, slower; nothing is
+ * copied). For holders of a model's tokenizer, chat template and shape
+ * only (a catalog entry that is not loaded yet). Same errors. */
+ks_err model_load_unpacked(const char *path, model **out /* OUT */, ks_errbuf *eb) KS_MUST_USE;
 /* What model_load would say of path (every check, no weight repacking):
  * KS_OK when kvseal can run it. */
 ks_err model_check(const char *path, ks_errbuf *eb) KS_MUST_USE;

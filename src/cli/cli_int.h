@@ -170,6 +170,10 @@ typedef struct serve__cfg {
     const char *ssl_cert_file, *ssl_key_file; /* serve/router: HTTPS (both or neither) */
     char *tls_cert_pem, *tls_key_pem;         /* their PEM text, read and checked by serve__prepare
                                                  before the model loads (serve__cfg_free frees) */
+    const char *models_dir;    /* serve: --models-dir DIR (every *.gguf a model) */
+    const char *models_config; /* serve: --models-config FILE (default DIR/models.json) */
+    uint64_t models_memory;    /* serve, several models: --models-memory (0: 3/4 MemAvailable) */
+    long models_max_loaded;    /* serve, several models: --models-max-loaded (0: no limit) */
     const char *health_host; /* workers: --health-host (127.0.0.1) */
     long health_port;        /* workers: --health-port (-1: no health endpoint; 0: any) */
     char **strings; /* private: copies of string values (serve__cfg_free) */
@@ -201,6 +205,20 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
  * (stderr: through the log). Returns -1 to continue, else the exit status;
  * either way the caller frees c (serve__cfg_free) and *m. */
 int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts *o, FILE *report);
+/* True when c asks `kvseal serve` or `check` (cmd) for several models: -m
+ * repeated or --models-dir (serve_models.c serves them; the router has its
+ * own catalog). */
+bool serve__multi(const serve__cfg *c, const char *cmd);
+/* kvseal serve / check with several models (serve__multi): builds the
+ * catalog, loads each model's tokenizer and checks its pool (I8, reported
+ * to `report`), then (serve) starts the HTTP front over a backend that loads
+ * each model's engine on first use and unloads the least recently used under
+ * --models-memory, until a signal. Returns the exit status. */
+int serve__models_main(const char *cmd, serve__cfg *c, FILE *report);
+/* MemAvailable in bytes, 0 if unknown. */
+uint64_t serve__mem_available(void);
+/* "512M", "4G", "1048576" -> bytes (binary suffixes); false when malformed. */
+bool serve__parse_bytes(const char *v, uint64_t *out);
 /* Runs an HTTP front until the first signal in sigs (blocked in every
  * thread), then shuts it down: s refuses new generations (server_drain)
  * while those in flight run to their end for up to drain_ms (a second

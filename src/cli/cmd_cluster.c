@@ -70,7 +70,7 @@ static int cluster__prepare(int argc, char **argv, serve__cfg *c, model **m, eng
 }
 
 /* The router's further catalog entries (-m PATH[,ALIAS...] after the first):
- * each loaded (mmap: its tokenizer, template and geometry), named by its
+ * each loaded unpacked (mmap: its tokenizer, template and geometry), named by its
  * file and its aliases. Freed by cluster__catalog_free. */
 typedef struct cluster__catalog {
     int n;
@@ -102,7 +102,7 @@ static ks_err cluster__catalog_load(const serve__cfg *c, const engine_opts *o, c
         for (char *a; na < SERVE_MAX_ALIASES && (a = strtok_r(NULL, ",", &save));)
             k->aliases[k->n][na++] = a;
         if (!path || !*path) return ks_seterr(eb, KS_ERR_INVAL, "--model '%s': no path", c->more_models[i]);
-        ks_err e = model_load(path, &k->m[k->n], eb);
+        ks_err e = model_load_unpacked(path, &k->m[k->n], eb); // tokenizer and shape only
         if (!e) e = model_kv_type_check(k->m[k->n], o->kv_type, eb);
         k->n++; // (freed from here on)
         if (e) return e;

@@ -82,9 +82,16 @@ void serve__usage(const char *cmd) {
         "  --config FILE: 'key = value' lines, the keys the long options' names (port = 8080,\n"
         "  alias = a, a line per alias; flags take true or false); the command line overrides\n"
         "  the file. --opt=value and --opt value both work; -- ends the options.\n"
-        "  -m PATH,ALIAS[,ALIAS...] is -m PATH --alias ALIAS... kvseal router only: more\n"
-        "  -m PATH[,ALIAS...] add models to its catalog (one router, many models; a request's\n"
-        "  \"model\" picks one); in a config file a `model = PATH[,ALIAS...]` line each.\n"
+        "  -m PATH,ALIAS[,ALIAS...] is -m PATH --alias ALIAS... More -m PATH[,ALIAS...]\n"
+        "  add models (one serve or router, many models; a request's \"model\" picks one);\n"
+        "  in a config file a `model = PATH[,ALIAS...]` line each.\n"
+        "         [--models-dir DIR] [--models-config FILE] [--models-memory BYTES]\n"
+        "         [--models-max-loaded N] (serve)\n"
+        "  --models-dir: every *.gguf in DIR is a model, named by its file; DIR/models.json\n"
+        "  (or --models-config) gives aliases, ctx, kv_pages, kv_memory, preload per model.\n"
+        "  With several models each loads on first use (503 model_loading meanwhile) and the\n"
+        "  least recently used idle one is unloaded when another would exceed --models-memory\n"
+        "  (default 3/4 of MemAvailable: weights + KV pool) or --models-max-loaded.\n"
         "  --ctx defaults to the model's training context. Without --kv-pages/--kv-memory the\n"
         "  pool takes at most 25%% of MemAvailable, between 1x and 8x the context.\n"
         "  --kv-type: the KV cache element type (f16 and q8_0 hold 2x and ~3.8x the tokens of\n"
@@ -141,8 +148,7 @@ void serve__usage(const char *cmd) {
         cmd, server_tool_call_format_names());
 }
 
-/* "512M", "4G", "1048576" -> bytes (binary suffixes). */
-static bool serve__parse_bytes(const char *v, uint64_t *out) {
+bool serve__parse_bytes(const char *v, uint64_t *out) {
     char *end;
     double x = strtod(v, &end);
     if (end == v || !(x > 0)) return false;
@@ -257,6 +263,10 @@ enum {
     SO_SPEC_NEXTN,
     SO_SSL_CERT_FILE,
     SO_SSL_KEY_FILE,
+    SO_MODELS_DIR,
+    SO_MODELS_CONFIG,
+    SO_MODELS_MEMORY,
+    SO_MODELS_MAX_LOADED,
     SO__N
 };
 
@@ -321,6 +331,10 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_SPEC_NEXTN] = {"spec-nextn", 0, false, false},
     [SO_SSL_CERT_FILE] = {"ssl-cert-file", 0, true, false},
     [SO_SSL_KEY_FILE] = {"ssl-key-file", 0, true, false},
+    [SO_MODELS_DIR] = {"models-dir", 0, true, false},
+    [SO_MODELS_CONFIG] = {"models-config", 0, true, false},
+    [SO_MODELS_MEMORY] = {"models-memory", 0, true, false},
+    [SO_MODELS_MAX_LOADED] = {"models-max-loaded", 0, true, false},
 };
 
 /* cli__spec.apply for serve and the cluster roles. String values point
@@ -416,6 +430,9 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
     case SO_GRAMMAR_CPU:
         lv = &c->grammar_cpu_ms, lo = 0, hi = 86400000;
         break;
+    case SO_MODELS_MAX_LOADED:
+        lv = &c->models_max_loaded, lo = 0, hi = 1 << 16;
+        break;
     default:
         break;
     }
@@ -484,6 +501,12 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
     case SO_SSL_KEY_FILE:
         sv = &c->ssl_key_file;
         break;
+    case SO_MODELS_DIR:
+        sv = &c->models_dir;
+        break;
+    case SO_MODELS_CONFIG:
+        sv = &c->models_config;
+        break;
     default:
         break;
     }
@@ -516,6 +539,12 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
         c->limits_local_share = f;
         return 0;
     }
+    case SO_MODELS_MEMORY:
+        if (!serve__parse_bytes(v, &c->models_memory)) {
+            fprintf(stderr, "kvseal: --models-memory expects a size such as 8G, got '%s'\n", v);
+            return 2;
+        }
+        return 0;
     case SO_KV_MEMORY:
         if (!serve__parse_bytes(v, &c->kv_memory)) {
             fprintf(stderr, "kvseal: --kv-memory expects a size such as 512M or 4G, got '%s'\n", v);
@@ -699,8 +728,7 @@ void serve__cfg_free(serve__cfg *c) {
     c->n_strings = 0;
 }
 
-/* MemAvailable in bytes, 0 if unknown. */
-static uint64_t serve__mem_available(void) {
+uint64_t serve__mem_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f) return 0;
     char line[256];
@@ -928,8 +956,21 @@ int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts 
         fprintf(stderr, "kvseal %s: --draft-model or --spec-nextn, not both\n", argv[0]);
         return 2;
     }
-    if (c->n_more_models && strcmp(argv[0], "router") != 0) {
-        fprintf(stderr, "kvseal %s: one --model only (kvseal router fronts several)\n", argv[0]);
+    const bool multi_cmd = !strcmp(argv[0], "serve") || !strcmp(argv[0], "check");
+    if (c->n_more_models && strcmp(argv[0], "router") != 0 && !multi_cmd) {
+        fprintf(stderr, "kvseal %s: one --model only (kvseal serve and router front several)\n",
+                argv[0]);
+        return 2;
+    }
+    if ((c->models_dir || c->models_config || c->models_memory || c->models_max_loaded) &&
+        !multi_cmd) {
+        fprintf(stderr, "kvseal %s: --models-dir, --models-config, --models-memory and "
+                "--models-max-loaded are kvseal serve's\n", argv[0]);
+        return 2;
+    }
+    if (serve__multi(c, argv[0]) && (c->draft_model || c->spec_nextn)) {
+        fprintf(stderr, "kvseal %s: --%s works with one model only (not with -m repeated or "
+                "--models-dir)\n", argv[0], c->draft_model ? "draft-model" : "spec-nextn");
         return 2;
     }
     // HTTPS: the certificate and key read and checked before the model loads
@@ -965,14 +1006,18 @@ int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts 
         cli__notify("STATUS=failed: %s", eb.msg);
         return 1;
     }
-    cli__notify("STATUS=loading %s", c->model_path);
     if (kern_init(NULL, &eb)) {
         ks_log(KS_LOG_ERROR, "%s: %s", argv[0], eb.msg);
         return 1;
     }
+    if (serve__multi(c, argv[0])) return -1; // serve__models_main loads and checks each model
+    cli__notify("STATUS=loading %s", c->model_path);
     uint64_t t_load = ks_now_ns(), bytes = 0;
     if (report == stderr) serve__preload(c->model_path, &bytes);
-    if (model_load(c->model_path, m, &eb) || model_kv_type_check(*m, c->kv_type, &eb)) {
+    // the router only tokenizes: its model's weights stay in the file, unpacked
+    ks_err (*load)(const char *, model **, ks_errbuf *) =
+        strcmp(argv[0], "router") ? model_load : model_load_unpacked;
+    if (load(c->model_path, m, &eb) || model_kv_type_check(*m, c->kv_type, &eb)) {
         ks_log(KS_LOG_ERROR, "%s: %s", argv[0], eb.msg);
         return 1;
     }
@@ -1057,6 +1102,7 @@ int cli_check(int argc, char **argv) {
     model *m = NULL;
     engine_opts o;
     int rc = serve__prepare(argc, argv, &c, &m, &o, stdout);
+    if (rc < 0 && serve__multi(&c, argv[0])) rc = serve__models_main(argv[0], &c, stdout);
     model_free(m);
     serve__cfg_free(&c);
     return rc < 0 ? 0 : rc;
@@ -1070,6 +1116,7 @@ int cli_serve(int argc, char **argv) {
     server *s = NULL;
     server_seclog *sl = NULL;
     int rc = serve__prepare(argc, argv, &c, &m, &o, stderr);
+    if (rc < 0 && serve__multi(&c, argv[0])) rc = serve__models_main(argv[0], &c, stderr);
     if (rc >= 0) {
         model_free(m);
         serve__cfg_free(&c);

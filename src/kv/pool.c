@@ -237,9 +237,14 @@ fail:
 
 void kv_pool_destroy(kv_pool *p) {
     if (!p) return;
-    if (p->hdr && p->n_free != p->n_pages)
+    if (p->hdr && p->n_free != p->n_pages) {
         ks_log(KS_LOG_WARN, "kv pool: destroyed with %u of %u pages still held", p->n_pages - p->n_free,
                p->n_pages);
+        // their payloads are a tenant's KV: scrubbed before the memory goes back (I3),
+        // as a release would (a model unloaded from a running server frees its pool)
+        for (uint32_t id = 0; p->slab && id < p->n_pages; id++)
+            if (p->hdr[id].state != KV_PAGE_FREE) kv__scrub(p, id);
+    }
     ks_free_aligned(p->slab);
     free(p->hdr);
     free(p->free_ids);

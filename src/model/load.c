@@ -854,6 +854,10 @@ ks_err model_load(const char *path, model **out, ks_errbuf *eb) {
     return load__model(path, true, out, eb);
 }
 
+ks_err model_load_unpacked(const char *path, model **out, ks_errbuf *eb) {
+    return load__model(path, false, out, eb);
+}
+
 ks_err model_check(const char *path, ks_errbuf *eb) {
     model *m;
     ks_err e = load__model(path, false, &m, eb);

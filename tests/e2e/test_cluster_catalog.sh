@@ -28,9 +28,11 @@ PIDS=()
 trap 'kill -KILL "${PIDS[@]}" $KS_PID 2>/dev/null; rm_tmpd' EXIT
 
 # only the router fronts several models
-out=$("$KS_BIN" serve -m "$TMPD/alpha.gguf" -m "$TMPD/beta.gguf" --port 0 2>&1); rc=$?
-expect_eq "serve with two models: status" "$rc" 2
-expect_has "serve with two models: message" "$out" "one --model only (kvseal router fronts several)"
+out=$("$KS_BIN" prefill -m "$TMPD/alpha.gguf" -m "$TMPD/beta.gguf" --router 127.0.0.1:1 \
+    --secret-file /nonexistent 2>&1); rc=$?
+expect_eq "a prefill worker with two models: status" "$rc" 2
+expect_has "a prefill worker with two models: message" "$out" \
+    "one --model only (kvseal serve and router front several)"
 
 # --- references: kvseal serve on each file ------------------------------------
 BODY_A='{"model":"alpha","prompt":"In the beginning","max_tokens":12,"temperature":0,"ignore_eos":true}'
