@@ -489,7 +489,7 @@ static void pull__progress(pull__ctx *c, bool final) {
         return;
     }
     int decile = (int)(pct / 10);
-    if (decile <= c->last_decile && !final) return;
+    if (decile <= c->last_decile && (!final || decile == 10)) return;
     c->last_decile = decile;
     ks_log(KS_LOG_INFO, "pull: %s: %.0f%% (%.1f of %.1f MB, %.1f MB/s)", c->name, pct,
            (double)c->off / 1e6, (double)c->total / 1e6, rate / 1e6);

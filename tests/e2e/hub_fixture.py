@@ -28,6 +28,7 @@ The control file (--control, JSON, re-read at every request) sets:
   drop_limit:  K                       for the first K answers (since the
                control file last changed), then closes the connection
   corrupt:     true                    the CDN flips one byte in the middle
+  slow:        true                    the CDN sends 64 KiB every 50 ms
 Every request is logged to --log as one JSON line: {"server": "hub"|"cdn",
 "path", "range", "auth"}. The ports go to --port-file as "HUB CDN" once both
 listen (written to a temporary name, then renamed).
@@ -41,6 +42,7 @@ import os
 import ssl
 import sys
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -227,6 +229,14 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        if ctl.get("slow"):
+            # 64 KiB every 50 ms (about 1.3 MB/s): a download still running
+            # when the test interrupts it
+            for i in range(0, len(body), 65536):
+                self.wfile.write(body[i:i + 65536])
+                self.wfile.flush()
+                time.sleep(0.05)
+            return
         if drop is not None and drop < len(body):
             self.wfile.write(body[:drop])
             self.wfile.flush()

@@ -6,8 +6,8 @@
 # several quant names. Checks: ORG/REPO:q8_0 picks the Q8_0 file, its
 # sha256 is verified and the pulled file runs (inspect: "runs: yes");
 # the listing is read over several pages; a second pull of it downloads
-# nothing; a download cut off is resumed by the next run with Range
-# bytes=N- (and within one run, retried); corrupted bytes fail with exit 1,
+# nothing; a download cut off, or interrupted by SIGINT (exit 130), is
+# resumed by the next run with Range bytes=N- (and within one run, retried); corrupted bytes fail with exit 1,
 # expected vs got and no file left; an unknown repository, a gated one
 # without a token (the message names HF_TOKEN), with a wrong token, and with
 # the right one (HF_TOKEN or --token-file: the hub saw it, the CDN never);
@@ -111,6 +111,24 @@ since_last_pull | grep -q "\"server\": \"cdn\".*\"range\": \"bytes=$N-\"" ||
     fail "the second run did not ask for bytes=$N-: $(since_last_pull)"
 cmp -s "$OUT" "$MODEL" || fail "the resumed file differs"
 [ ! -e "$PART" ] || fail "the part file is left after the resume"
+
+# --- interrupted (SIGINT, as Ctrl-C): exit 130, the part kept, resumed ------------
+control '"slow": true'
+"$KS_BIN" pull kjv/mini-GGUF:q8_0 --dir "$TMPD/m-int" >"$TMPD/out" 2>"$TMPD/err" &
+PULL=$!
+part_grows() { [ "$(stat -c %s "$TMPD/m-int/kjv-mini-Q8_0.gguf.part" 2>/dev/null || echo 0)" -gt 0 ]; }
+wait_for "a part file with bytes in it" part_grows
+kill -INT $PULL
+wait $PULL
+expect_eq "exit status after SIGINT" "$?" 130
+expect_has "interrupted" "$(cat "$TMPD/err")" "run again to resume"
+N=$(stat -c %s "$TMPD/m-int/kjv-mini-Q8_0.gguf.part")
+[ "$N" -gt 0 ] && [ "$N" -lt "$SIZE" ] || fail "part of $N bytes after SIGINT (file $SIZE)"
+control ""
+pull 0 kjv/mini-GGUF:q8_0 --dir "$TMPD/m-int"
+since_last_pull | grep -q "\"server\": \"cdn\".*\"range\": \"bytes=$N-\"" ||
+    fail "the run after SIGINT did not ask for bytes=$N-: $(since_last_pull)"
+cmp -s "$OUT" "$MODEL" || fail "the file resumed after SIGINT differs"
 
 # --- cut off twice within one run: retried from where it stopped ------------------
 control '"drop_after": 4000000, "drop_limit": 2'
