@@ -24,10 +24,12 @@ The control file (--control, JSON, re-read at every request) sets:
   extra:       {"ORG/REPO": [entries]} listing entries added as they are
                (hostile names: "../x.gguf"; never served)
   page_size:   N                       listing entries per page
+  next_elsewhere: true                 the next page's link names the CDN's port
   drop_after:  N                       the CDN sends N bytes of an answer
   drop_limit:  K                       for the first K answers (since the
                control file last changed), then closes the connection
   corrupt:     true                    the CDN flips one byte in the middle
+  bad_range:   true                    a Range gets a 206 from byte 0 (whole file)
   slow:        true                    the CDN sends 64 KiB every 50 ms
 Every request is logged to --log as one JSON line: {"server": "hub"|"cdn",
 "path", "range", "auth"}. The ports go to --port-file as "HUB CDN" once both
@@ -173,7 +175,8 @@ class Handler(BaseHTTPRequestHandler):
         headers = {"Content-Type": "application/json"}
         if start + size < len(entries):
             nq = dict(q, cursor=[str(start + size)])
-            nxt = "http://127.0.0.1:%d%s?%s" % (PORTS["hub"], url.path,
+            port = PORTS["cdn" if ctl.get("next_elsewhere") else "hub"]
+            nxt = "http://127.0.0.1:%d%s?%s" % (port, url.path,
                                                 urllib.parse.urlencode(nq, doseq=True))
             headers["Link"] = '<%s>; rel="next"' % nxt
         self.send(200, json.dumps(page).encode(), headers)
@@ -214,6 +217,8 @@ class Handler(BaseHTTPRequestHandler):
             if not rng.startswith("bytes=") or not rng[6:].endswith("-"):
                 return self.send(400, b"only bytes=N- ranges")
             start = int(rng[6:-1])
+            if ctl.get("bad_range"):
+                start = 0  # a 206 for another range than asked
             if start >= len(data):
                 return self.send(416, b"", {"Content-Range": "bytes */%d" % len(data)})
             status = 206

@@ -7,10 +7,12 @@
 # sha256 is verified and the pulled file runs (inspect: "runs: yes");
 # the listing is read over several pages; a second pull of it downloads
 # nothing; a download cut off, or interrupted by SIGINT (exit 130), is
-# resumed by the next run with Range bytes=N- (and within one run, retried); corrupted bytes fail with exit 1,
+# resumed by the next run with Range bytes=N- (and within one run, retried;
+# a 206 for another range than asked restarts from byte 0); corrupted bytes fail with exit 1,
 # expected vs got and no file left; an unknown repository, a gated one
 # without a token (the message names HF_TOKEN), with a wrong token, and with
-# the right one (HF_TOKEN or --token-file: the hub saw it, the CDN never);
+# the right one (HF_TOKEN or --token-file: the hub saw it, the CDN never,
+# nor a listing page whose link names another port: refused);
 # an ambiguous tag and no tag list the choices; a tag that matches nothing
 # lists what is there; a split model is refused; a hub file name with '..'
 # is refused and nothing is written outside the directory; a directory that
@@ -112,6 +114,15 @@ since_last_pull | grep -q "\"server\": \"cdn\".*\"range\": \"bytes=$N-\"" ||
 cmp -s "$OUT" "$MODEL" || fail "the resumed file differs"
 [ ! -e "$PART" ] || fail "the part file is left after the resume"
 
+# --- a 206 for another range than asked: started over, never spliced ---------------
+control '"drop_after": 3000000, "drop_limit": 1'
+pull 1 kjv/mini-GGUF:q8_0 --dir "$TMPD/m-range" --retries 0
+control '"bad_range": true'
+pull 0 kjv/mini-GGUF:q8_0 --dir "$TMPD/m-range"
+expect_has "bad range noticed" "$ERR" "starting over"
+cmp -s "$OUT" "$MODEL" || fail "the file after a wrong 206 differs"
+control ""
+
 # --- interrupted (SIGINT, as Ctrl-C): exit 130, the part kept, resumed ------------
 control '"slow": true'
 "$KS_BIN" pull kjv/mini-GGUF:q8_0 --dir "$TMPD/m-int" >"$TMPD/out" 2>"$TMPD/err" &
@@ -152,6 +163,11 @@ pull 1 kjv/mini-GGUF:q8_0 --revision v9 --dir "$TMPD/m-rev"
 expect_has "unknown revision" "$ERR" "revision not found"
 
 # --- gated: no token, a wrong one, the right one (never sent to the CDN) ----------
+control '"next_elsewhere": true'
+HF_TOKEN=hf_good pull 1 kjv/mini-GGUF:q8_0 --dir "$TMPD/m-next"
+expect_has "next page elsewhere" "$ERR" "the next page of the list is elsewhere"
+since_last_pull | grep -q '"server": "cdn"' && fail "a listing page was fetched from another port"
+control ""
 pull 1 kjv/gated-GGUF:q8_0 --dir "$TMPD/m-gated"
 expect_has "gated without token" "$ERR" "set HF_TOKEN"
 HF_TOKEN=hf_wrong pull 1 kjv/gated-GGUF:q8_0 --dir "$TMPD/m-gated"
