@@ -283,6 +283,14 @@ static void pull__say_curl(const pull__ctx *c, CURLcode rc, const char *url) {
 /* Prints what an HTTP error answer from the hub means. */
 static void pull__say_status(const pull__ctx *c, const char *what, const char *url) {
     const char *code = c->x_error_code, *msg = c->x_error_msg;
+    char *last = NULL; // where the answer came from: the hub, or the host it redirected to
+    curl_easy_getinfo(c->h, CURLINFO_EFFECTIVE_URL, &last);
+    size_t ne = strlen(c->endpoint);
+    if (last && (strncmp(last, c->endpoint, ne) != 0 || (last[ne] != '/' && last[ne] != '\0'))) {
+        fprintf(stderr, "kvseal pull: %s: the download host answered HTTP %ld (%.200s)\n", what,
+                c->status, last);
+        return;
+    }
     if (c->status == 401 || c->status == 403) {
         if (c->have_token)
             fprintf(stderr,

@@ -31,6 +31,7 @@ The control file (--control, JSON, re-read at every request) sets:
   corrupt:     true                    the CDN flips one byte in the middle
   bad_range:   true                    a Range gets a 206 from byte 0 (whole file)
   slow:        true                    the CDN sends 64 KiB every 50 ms
+  cdn_status:  N                       the CDN answers every request with status N
 Every request is logged to --log as one JSON line: {"server": "hub"|"cdn",
 "path", "range", "auth"}. The ports go to --port-file as "HUB CDN" once both
 listen (written to a temporary name, then renamed).
@@ -201,6 +202,8 @@ class Handler(BaseHTTPRequestHandler):
                              "X-Repo-Commit": "0" * 40})
 
     def cdn(self, url, ctl):
+        if ctl.get("cdn_status"):  # e.g. 403: an expired signed URL
+            return self.send(int(ctl["cdn_status"]), b"<Error>AccessDenied</Error>")
         parts = urllib.parse.unquote(url.path).split("/")  # /cdn/ORG/REPO/PATH
         d = repo_dir(parts[2], parts[3]) if len(parts) >= 5 else None
         p = os.path.normpath(os.path.join(d, "/".join(parts[4:]))) if d else ""

@@ -11,7 +11,8 @@
 # a 206 for another range than asked restarts from byte 0); corrupted bytes fail with exit 1,
 # expected vs got and no file left; an unknown repository, a gated one
 # without a token (the message names HF_TOKEN), with a wrong token, and with
-# the right one (HF_TOKEN or --token-file: the hub saw it, the CDN never,
+# the right one (HF_TOKEN, --token-file or the token huggingface-cli login
+# saved: the hub saw it, the CDN never,
 # nor a listing page whose link names another port: refused);
 # an ambiguous tag and no tag list the choices; a tag that matches nothing
 # lists what is there; a split model is refused; a hub file name with '..'
@@ -156,6 +157,13 @@ expect_has "expected" "$ERR" "expected $SHA, got "
 [ -z "$(ls -A "$TMPD/m-bad")" ] || fail "files left after a mismatch: $(ls -A "$TMPD/m-bad")"
 control ""
 
+# --- the CDN refuses (403): said as the download host's answer, not the hub's ------
+control '"cdn_status": 403'
+pull 1 kjv/mini-GGUF:q8_0 --dir "$TMPD/m-cdn"
+expect_has "CDN 403" "$ERR" "the download host answered HTTP 403"
+case "$ERR" in *HF_TOKEN*) fail "a CDN refusal blamed on the token: $ERR";; esac
+control ""
+
 # --- unknown repository, revision -----------------------------------------------
 pull 1 nobody/nothing-GGUF
 expect_has "unknown repo" "$ERR" "repository nobody/nothing-GGUF not found"
@@ -178,6 +186,11 @@ since_last_pull | grep -q '"server": "hub".*"auth": "Bearer hf_good"' || fail "t
 since_last_pull | grep -q '"server": "cdn"' || fail "no CDN request"
 since_last_pull | grep '"server": "cdn"' | grep -qv '"auth": null' &&
     fail "the CDN saw an Authorization header: $(since_last_pull | grep '"server": "cdn"')"
+mkdir -p "$TMPD/hf-login"
+printf 'hf_good\n' >"$TMPD/hf-login/token" # as huggingface-cli login saves it
+rm -f "$TMPD/m-gated"/*
+HF_HOME=$TMPD/hf-login pull 0 kjv/gated-GGUF:q8_0 --dir "$TMPD/m-gated"
+since_last_pull | grep -q '"server": "hub".*"auth": "Bearer hf_good"' || fail "the saved token was not used"
 printf 'hf_good\n' >"$TMPD/token"
 rm -f "$TMPD/m-gated"/*
 pull 0 kjv/gated-GGUF:q8_0 --dir "$TMPD/m-gated" --token-file "$TMPD/token"
