@@ -149,8 +149,8 @@ static void test_list_parse(void) {
         "[{\"type\":\"file\",\"path\":\"x.gguf\",\"size\":-1}]",
         "[{\"type\":\"file\",\"path\":\"x.gguf\",\"size\":5,\"lfs\":{\"oid\":\"xyz\",\"size\":5}}]",
         "[{\"type\":\"file\",\"path\":\"x.gguf\",\"size\":5,\"lfs\":{\"size\":5}}]",
-        "[{\"type\":\"file\",\"path\":\"x.gguf\",\"size\":5,\"lfs\":{\"oid\":\"" /* 63 hex */
-        "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a0\",\"size\":5}}]",
+        ("[{\"type\":\"file\",\"path\":\"x.gguf\",\"size\":5,\"lfs\":{\"oid\":\"" /* 63 hex */
+         "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a0\",\"size\":5}}]"),
         "[3]",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
