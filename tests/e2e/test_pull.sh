@@ -63,14 +63,15 @@ unset HF_TOKEN HF_TOKEN_PATH KVSEAL_DIR KVSEAL_ENDPOINT KVSEAL_TOKEN_FILE KVSEAL
     KVSEAL_REVISION KVSEAL_RETRIES KVSEAL_FORCE
 DIR=$KVSEAL_MODELS_DIR
 
-# pull WANT_RC ARGS... — runs kvseal pull; OUT its stdout, ERR its stderr
+# pull WANT_RC ARGS... — runs kvseal pull (without the variable $PULL_UNSET
+# names, if set); OUT its stdout, ERR its stderr
 N_PULL=0
 pull() {
     local want=$1 rc
     shift
     N_PULL=$((N_PULL + 1))
     echo "--- pull $N_PULL: $*" >>"$LOG"
-    "$KS_BIN" pull "$@" >"$TMPD/out" 2>"$TMPD/err"
+    env ${PULL_UNSET:+-u "$PULL_UNSET"} "$KS_BIN" pull "$@" >"$TMPD/out" 2>"$TMPD/err"
     rc=$?
     OUT=$(cat "$TMPD/out")
     ERR=$(cat "$TMPD/err")
@@ -169,6 +170,13 @@ pull 1 nobody/nothing-GGUF
 expect_has "unknown repo" "$ERR" "repository nobody/nothing-GGUF not found"
 pull 1 kjv/mini-GGUF:q8_0 --revision v9 --dir "$TMPD/m-rev"
 expect_has "unknown revision" "$ERR" "revision not found"
+KVSEAL_REVISION=v9 pull 1 kjv/mini-GGUF:q8_0 --dir "$TMPD/m-rev" # options from the environment
+expect_has "unknown revision (KVSEAL_REVISION)" "$ERR" "revision not found"
+
+# --- the default directory: ~/.cache/kvseal/models without KVSEAL_MODELS_DIR -------
+PULL_UNSET=KVSEAL_MODELS_DIR HOME=$TMPD/home pull 0 kjv/mini-GGUF:q8_0
+expect_eq "default dir" "$OUT" "$TMPD/home/.cache/kvseal/models/kjv-mini-Q8_0.gguf"
+expect_eq "default dir mode" "$(stat -c %a "$TMPD/home/.cache/kvseal/models")" 700
 
 # --- gated: no token, a wrong one, the right one (never sent to the CDN) ----------
 control '"next_elsewhere": true'
