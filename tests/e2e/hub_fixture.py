@@ -29,6 +29,7 @@ The control file (--control, JSON, re-read at every request) sets:
   drop_limit:  K                       for the first K answers (since the
                control file last changed), then closes the connection
   corrupt:     true                    the CDN flips one byte in the middle
+  ignore_range: true                   a Range gets the whole file with a 200
   bad_range:   true                    a Range gets a 206 from byte 0 (whole file)
   slow:        true                    the CDN sends 64 KiB every 50 ms
   cdn_status:  N                       the CDN answers every request with status N
@@ -216,7 +217,7 @@ class Handler(BaseHTTPRequestHandler):
         start, status, headers = 0, 200, {"Content-Type": "application/octet-stream",
                                            "Accept-Ranges": "bytes"}
         rng = self.headers.get("Range")
-        if rng:
+        if rng and not ctl.get("ignore_range"):
             if not rng.startswith("bytes=") or not rng[6:].endswith("-"):
                 return self.send(400, b"only bytes=N- ranges")
             start = int(rng[6:-1])

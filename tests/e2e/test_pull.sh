@@ -8,7 +8,7 @@
 # the listing is read over several pages; a second pull of it downloads
 # nothing; a download cut off, or interrupted by SIGINT (exit 130), is
 # resumed by the next run with Range bytes=N- (and within one run, retried;
-# a 206 for another range than asked restarts from byte 0); corrupted bytes fail with exit 1,
+# a 206 for another range than asked, or a 200, restarts from byte 0); corrupted bytes fail with exit 1,
 # expected vs got and no file left; an unknown repository, a gated one
 # without a token (the message names HF_TOKEN), with a wrong token, and with
 # the right one (HF_TOKEN, --token-file or the token huggingface-cli login
@@ -123,6 +123,15 @@ control '"bad_range": true'
 pull 0 kjv/mini-GGUF:q8_0 --dir "$TMPD/m-range"
 expect_has "bad range noticed" "$ERR" "starting over"
 cmp -s "$OUT" "$MODEL" || fail "the file after a wrong 206 differs"
+control ""
+
+# --- a server that ignores the Range (200, the whole file): started over -------------
+control '"drop_after": 3000000, "drop_limit": 1'
+pull 1 kjv/mini-GGUF:q8_0 --dir "$TMPD/m-200" --retries 0
+control '"ignore_range": true'
+pull 0 kjv/mini-GGUF:q8_0 --dir "$TMPD/m-200"
+expect_has "200 to a Range noticed" "$ERR" "the server ignored the Range"
+cmp -s "$OUT" "$MODEL" || fail "the file after a 200 to a Range differs"
 control ""
 
 # --- interrupted (SIGINT, as Ctrl-C): exit 130, the part kept, resumed ------------
