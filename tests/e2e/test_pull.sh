@@ -4,20 +4,24 @@
 # CDN on another port, Range requests, faults from a control file). The
 # hosted file is kjv-mini (../shared/models, else the repo's models/) under
 # several quant names. Checks: ORG/REPO:q8_0 picks the Q8_0 file, its
-# sha256 is verified and the pulled file runs (inspect: "runs: yes");
-# the listing is read over several pages; a second pull of it downloads
-# nothing; a download cut off, or interrupted by SIGINT (exit 130), is
-# resumed by the next run with Range bytes=N- (and within one run, retried;
-# a 206 for another range than asked, or a 200, restarts from byte 0); corrupted bytes fail with exit 1,
-# expected vs got and no file left; an unknown repository, a gated one
-# without a token (the message names HF_TOKEN), with a wrong token, and with
-# the right one (HF_TOKEN, --token-file or the token huggingface-cli login
-# saved: the hub saw it, the CDN never,
-# nor a listing page whose link names another port: refused);
-# an ambiguous tag and no tag list the choices; a tag that matches nothing
-# lists what is there; a split model is refused; a hub file name with '..'
-# is refused and nothing is written outside the directory; a directory that
-# cannot be made; an HTTPS hub whose certificate is not trusted (TLS failure).
+# sha256 is verified and the pulled file runs (inspect: "runs: yes"); the
+# listing is read over several pages; a second pull downloads nothing; a
+# download cut off, or interrupted by SIGINT (exit 130), is resumed by the
+# next run with Range bytes=N- (and within one run, retried); a 206 for
+# another range than asked, or a 200, restarts from byte 0; corrupted bytes
+# fail with exit 1, expected vs got and no file left; a CDN refusal is said
+# as the download host's; an unknown repository and revision; a gated
+# repository without a token (the message names HF_TOKEN), with a wrong
+# one, and with the right one (HF_TOKEN, --token-file or the token
+# huggingface-cli login saved: the hub saw it, the CDN never, nor a listing
+# page whose link names another port: refused); options from KVSEAL_*
+# variables and the default directory under HOME (mode 0700); an ambiguous
+# tag and no tag list the choices; a tag that matches nothing lists what is
+# there; --file and ORG/REPO/FILE; a split model is refused; a hub file name
+# with '..' is refused and nothing is written outside the directory; a
+# directory that cannot be made; a file of the same name with other
+# contents (kept, or replaced with --force); a full disk (a small tmpfs in
+# a mount namespace); an HTTPS hub whose certificate is not trusted.
 . "$(dirname "$0")/lib.sh"
 
 command -v python3 >/dev/null || skip "python3 absent (the hub fixture)"
@@ -252,6 +256,19 @@ pull 1 kjv/mini-GGUF:q8_0 --dir "$TMPD/m-other"
 expect_has "other contents" "$ERR" "exists with other contents"
 pull 0 kjv/mini-GGUF:q8_0 --dir "$TMPD/m-other" --force
 cmp -s "$OUT" "$MODEL" || fail "--force did not replace the file"
+
+# --- a full disk: refused before downloading (a 4 MB tmpfs, mounted in a mount
+# namespace of its own, so nothing outlives the test; skipped without one) ----------
+if unshare -rm true 2>/dev/null; then
+    mkdir -p "$TMPD/m-full"
+    unshare -rm sh -c 'mount -t tmpfs -o size=4m tmpfs "$1" && shift && exec "$@"' sh \
+        "$TMPD/m-full" "$KS_BIN" pull kjv/mini-GGUF:q8_0 --dir "$TMPD/m-full" >"$TMPD/out" 2>"$TMPD/err"
+    rc=$?
+    expect_eq "exit status on a full disk ($(cat "$TMPD/err"))" "$rc" 1
+    expect_has "disk full" "$(cat "$TMPD/err")" "disk full: kjv-mini-Q8_0.gguf needs 11.0 MB more"
+else
+    echo "test_pull: no mount namespace here: the full-disk check is skipped" >&2
+fi
 
 # --- TLS: an HTTPS hub whose certificate nobody trusts -------------------------------
 if command -v openssl >/dev/null; then
