@@ -626,8 +626,7 @@ static int pull__fetch(pull__ctx *c, const char *url, const char *part) {
         if (c->too_long) {
             fprintf(stderr, "kvseal pull: %s: the server sent more than the %lld bytes listed\n",
                     url, (long long)c->total);
-            c->off = 0; // what came is not the listed file
-            return 1;
+            return 1; // the part holds the first bytes only; the next run verifies them
         }
         if (c->status == 416 && !restarted_416) {
             // the server thinks the part is complete or past the end: start over once
@@ -899,8 +898,9 @@ static int pull__one(pull__ctx *c, const char *rev, const cli__hub_file *f, cons
         goto done;
     }
     snprintf(url, sizeof url, "%s/%s/resolve/", c->endpoint, c->repo);
-    if (!pull__url_add(c, url, sizeof url, rev, false) || strlen(url) + 2 >= sizeof url ||
-        !strcat(url, "/") || !pull__url_add(c, url, sizeof url, f->path, true)) {
+    bool fits = pull__url_add(c, url, sizeof url, rev, false) && strlen(url) + 2 < sizeof url;
+    if (fits) strcat(url, "/");
+    if (!fits || !pull__url_add(c, url, sizeof url, f->path, true)) {
         fprintf(stderr, "kvseal pull: the URL of %s is too long\n", f->path);
         goto done;
     }
