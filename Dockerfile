@@ -16,7 +16,7 @@ FROM debian:bookworm-slim
 # and curl for the health check
 RUN apt-get update && apt-get install -y --no-install-recommends \
         libpcre2-8-0 libjansson4 libmicrohttpd12 libsodium23 libxxhash0 libssl3 libsystemd0 libucx0 \
-        libhiredis0.14 \
+        libhiredis0.14 libcurl4 \
         curl ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin kvseal

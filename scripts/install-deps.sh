@@ -5,9 +5,10 @@
 set -euo pipefail
 # libsystemd-dev: sd_notify readiness for packaging/kvseal.service (optional to the build)
 # libucx-dev: the UCX data plane (src/pd/ucx.c; required)
+# libcurl4-openssl-dev: kvseal pull's downloads from Hugging Face (src/cli/cmd_pull.c)
 # libhiredis-dev: tenant limits shared between routers (--limits-redis); redis-server: its e2e test
 pkgs=(pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev libsodium-dev libxxhash-dev libssl-dev
-      libsystemd-dev libucx-dev libhiredis-dev redis-server)
+      libsystemd-dev libucx-dev libhiredis-dev libcurl4-openssl-dev redis-server)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -19,6 +19,7 @@ int cli_router(int argc, char **argv);     /* kvseal router: HTTP front of a clu
 int cli_prefill(int argc, char **argv);    /* kvseal prefill: a prefill worker */
 int cli_decode(int argc, char **argv);     /* kvseal decode: a decode worker */
 int cli_template(int argc, char **argv);   /* kvseal template --file F --context JSON */
+int cli_pull(int argc, char **argv);       /* kvseal pull ORG/REPO[:QUANT]: download a GGUF */
 
 /* Path of the model shipped with kvseal (models/kjv-mini.gguf in the source
  * tree, or $KS_MODEL); static storage. */

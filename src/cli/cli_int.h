@@ -111,6 +111,69 @@ void cli__stats(const double *x, int n, double *mean /* OUT */, double *sd /* OU
 void cli__version_print(FILE *f);
 
 // ----------------------------------------------------------------------------
+// The models directory (util.c) and `kvseal pull`'s pure parts (pull_hub.c):
+// the spec, the hub's file list, choosing a file, checking a name
+
+/* The models directory's default, written into buf: $KVSEAL_MODELS_DIR when
+ * set and non-empty, else $HOME/.cache/kvseal/models. Returns buf, or NULL
+ * when neither variable is set or the path does not fit in cap. Creates
+ * nothing (the caller does, mode 0700); reads the environment only. */
+const char *cli__models_dir_default(char *buf, size_t cap);
+
+/* What `kvseal pull` was asked for: ORG/REPO[:QUANT] or ORG/REPO/path.gguf
+ * (an "hf.co/" or "https://huggingface.co/" prefix is dropped). */
+typedef struct cli__pull_spec {
+    char repo[200];  // "org/name": [A-Za-z0-9._-], no "..", no leading '.' or '-'
+    char quant[64];  // the ":QUANT" tag ([A-Za-z0-9._-]), "" when none
+    char path[1024]; // the file's path in the repository (third form), "" when none
+} cli__pull_spec;
+
+/* Parses s into *sp. Returns KS_OK, or KS_ERR_INVAL with eb saying what is
+ * wrong (no '/', a bad character, a path that cli__pull_name_check refuses). */
+ks_err cli__pull_spec_parse(const char *s, cli__pull_spec *sp /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+
+/* One file of a repository, as the hub's tree API lists it. */
+typedef struct cli__hub_file {
+    char *path;      // path in the repository (malloc'd, owned by the list); untrusted
+    int64_t size;    // bytes (lfs.size for an LFS file)
+    char sha256[65]; // lfs.oid, lowercase hex; "" when the file is not in LFS
+} cli__hub_file;
+
+/* A repository's files (every page of the listing); zero-initialize. */
+typedef struct cli__hub_list {
+    cli__hub_file *v;
+    int n, cap;
+} cli__hub_list;
+
+/* Appends the files (type "file"; directories are skipped) of one page of
+ * the tree API's JSON array to l. Returns KS_OK, KS_ERR_FORMAT (eb names the
+ * entry and field) or KS_ERR_NOMEM; on error l keeps the earlier entries. */
+ks_err cli__hub_list_parse(cli__hub_list *l, const char *json, size_t len, ks_errbuf *eb) KS_MUST_USE;
+/* Frees l's entries and array and zeroes it; accepts a zeroed list. */
+void cli__hub_list_free(cli__hub_list *l);
+
+/* The .gguf files of l that quant picks: those whose file name contains it
+ * case-insensitively, narrowed, when several do, to those where it stands
+ * alone (no letter, digit or '_' beside it: "Q4_K" then matches
+ * "x-Q4_K.gguf" but not "x-Q4_K_M.gguf"). quant NULL or "": every .gguf.
+ * Multimodal projectors (names containing "mmproj") are never picked.
+ * Writes up to cap indexes of l->v into idx and returns how many matched
+ * (possibly more than cap); can't fail. */
+int cli__pull_choose(const cli__hub_list *l, const char *quant, int *idx /* OUT */, int cap);
+
+/* True when path's file name is one shard of a split GGUF
+ * ("...-00001-of-00003.gguf"); can't fail. */
+bool cli__pull_is_shard(const char *path);
+
+/* Checks a file path that came from the hub or the command line before any
+ * part of it names a file here: refuses an empty or over-long path, a
+ * leading '/', an empty, "." or ".." component, a backslash, control
+ * characters, a file name that starts with '.' or does not end in ".gguf".
+ * On KS_OK *base points at the file name inside path (what is written to
+ * the models directory); else KS_ERR_INVAL with eb saying why. */
+ks_err cli__pull_name_check(const char *path, const char **base /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+
+// ----------------------------------------------------------------------------
 // Service manager readiness (notify.c): sd_notify when built with libsystemd
 
 /* True when built with libsystemd's sd_notify. */

@@ -33,6 +33,7 @@ int cli_main(int argc, char **argv) {
         {"router", cli_router, "HTTP front of a prefill/decode cluster (see serve --help)"},
         {"prefill", cli_prefill, "prefill worker of a cluster (see serve --help)"},
         {"decode", cli_decode, "decode worker of a cluster (see serve --help)"},
+        {"pull", cli_pull, "download a GGUF model from Hugging Face (ORG/REPO[:QUANT])"},
         {"template", cli_template, "render a Jinja (chat) template with a JSON context"},
         {"version", NULL, "version, git describe, CPU features, kernels, build kind"},
     };

@@ -1,4 +1,5 @@
-/* util.c — shared subcommand plumbing (see cli_int.h) and the default model path (cli.h). */
+/* util.c — shared subcommand plumbing (see cli_int.h), the default model path (cli.h) and
+ * the default models directory (cli__models_dir_default: kvseal pull's --dir). */
 #include "cli_int.h"
 
 #include "kvseal/kern.h"
@@ -29,6 +30,18 @@ const char *cli_default_model(void) {
         }
     }
     return built_in;
+}
+
+const char *cli__models_dir_default(char *buf, size_t cap) {
+    const char *e = getenv("KVSEAL_MODELS_DIR");
+    int n;
+    if (e && *e)
+        n = snprintf(buf, cap, "%s", e);
+    else if ((e = getenv("HOME")) && *e)
+        n = snprintf(buf, cap, "%s/.cache/kvseal/models", e);
+    else
+        return NULL;
+    return n < 0 || (size_t)n >= cap ? NULL : buf;
 }
 
 int cli__default_threads(void) {
