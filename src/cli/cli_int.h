@@ -282,6 +282,10 @@ int serve__models_main(const char *cmd, serve__cfg *c, FILE *report);
 uint64_t serve__mem_available(void);
 /* "512M", "4G", "1048576" -> bytes (binary suffixes); false when malformed. */
 bool serve__parse_bytes(const char *v, uint64_t *out);
+/* Blocks SIGINT and SIGTERM in this thread and every thread it starts from
+ * here on (only serve__run_until_signal's sigwait sees them; sigs is the
+ * set), and ignores SIGPIPE. */
+void serve__block_signals(sigset_t *sigs /* OUT */);
 /* Runs an HTTP front until the first signal in sigs (blocked in every
  * thread), then shuts it down: s refuses new generations (server_drain)
  * while those in flight run to their end for up to drain_ms (a second

@@ -25,14 +25,6 @@
 
 /* Blocks SIGINT/SIGTERM in every thread started after this (sigwait or the
  * stop flag sees them); ignores SIGPIPE. */
-static void cluster__block_signals(sigset_t *sigs) {
-    sigemptyset(sigs);
-    sigaddset(sigs, SIGINT);
-    sigaddset(sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
-}
-
 static bool cluster__secret(const char *cmd, const serve__cfg *c, uint8_t *buf, size_t *len) {
     if (!c->secret_file) {
         fprintf(stderr, "kvseal %s: --secret-file is required (the shared cluster secret)\n", cmd);
@@ -130,7 +122,7 @@ int cli_router(int argc, char **argv) {
     rc = 1;
     ks_errbuf eb = {0};
     sigset_t sigs;
-    cluster__block_signals(&sigs);
+    serve__block_signals(&sigs);
     cluster_router *r = NULL;
     server *s = NULL;
     static cluster__catalog cat; // borrowed by the router and the server for their lifetime
@@ -224,7 +216,7 @@ static int cluster__worker(int argc, char **argv, bool decode) {
         return 2;
     }
     sigset_t sigs;
-    cluster__block_signals(&sigs);
+    serve__block_signals(&sigs);
     pthread_t waiter;
     if (pthread_create(&waiter, NULL, cluster__sigwaiter, &sigs) != 0) {
         fprintf(stderr, "kvseal %s: cannot start the signal thread\n", argv[0]);

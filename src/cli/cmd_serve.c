@@ -923,11 +923,7 @@ int cli_serve(int argc, char **argv) {
     // every thread started from here on inherits this mask: only sigwait below
     // sees SIGINT/SIGTERM
     sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    serve__block_signals(&sigs);
     char name[256];
     serve__model_name(c.model_path, name, sizeof name);
     if (server_seclog_open(c.security_log, &sl, &eb)) goto fail;

@@ -8,6 +8,7 @@
 #include "kvseal/server.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,4 +215,12 @@ void serve__run_until_signal(server *s, const server_backend *be, const sigset_t
     serve__drain(s, sigs, drain_ms);
     server_stop_accepting(s);
     be->set_online(be->impl, false, true);  // abort what is left: answers end now
+}
+
+void serve__block_signals(sigset_t *sigs) {
+    sigemptyset(sigs);
+    sigaddset(sigs, SIGINT);
+    sigaddset(sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
 }

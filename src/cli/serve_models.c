@@ -339,14 +339,22 @@ static ks_err ms__wrap(ms_set *s, ms_slot *sl, void *inner, void **out, ks_errbu
     return KS_OK;
 }
 
+/* Catalog entry k's slot in *out with a handle taken for a request
+ * (ms__pin_for_request), or its refusal. */
+static ks_err ms__pin_entry(ms_set *s, int32_t k, ms_slot **out, ks_errbuf *eb) {
+    *out = ms__slot(s, k, eb);
+    if (!*out) return KS_ERR_INVAL;
+    pthread_mutex_lock(&s->mu);
+    ks_err err = ms__pin_for_request(s, *out, eb);
+    pthread_mutex_unlock(&s->mu);
+    return err;
+}
+
 static ks_err ms__submit(void *impl, const engine_params *p, void **out, ks_errbuf *eb) {
     ms_set *s = impl;
     *out = NULL;
-    ms_slot *sl = ms__slot(s, p->model, eb);
-    if (!sl) return KS_ERR_INVAL;
-    pthread_mutex_lock(&s->mu);
-    ks_err err = ms__pin_for_request(s, sl, eb);
-    pthread_mutex_unlock(&s->mu);
+    ms_slot *sl;
+    ks_err err = ms__pin_entry(s, p->model, &sl, eb);
     if (err) return err;
     engine_params q = *p;
     q.model = 0; // the slot's engine serves one model
@@ -402,11 +410,8 @@ static ks_err ms__submit_n(void *impl, const engine_params *p, int n, void **req
 static ks_err ms__embed_submit(void *impl, const engine_embed_params *p, void **out, ks_errbuf *eb) {
     ms_set *s = impl;
     *out = NULL;
-    ms_slot *sl = ms__slot(s, p->model, eb);
-    if (!sl) return KS_ERR_INVAL;
-    pthread_mutex_lock(&s->mu);
-    ks_err err = ms__pin_for_request(s, sl, eb);
-    pthread_mutex_unlock(&s->mu);
+    ms_slot *sl;
+    ks_err err = ms__pin_entry(s, p->model, &sl, eb);
     if (err) return err;
     engine_embed_params q = *p;
     q.model = 0;
@@ -965,11 +970,7 @@ int serve__models_main(const char *cmd, serve__cfg *c, FILE *report) {
     // serve: as a one-model serve from here, over the backend above
     ks_errbuf eb = {0};
     sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    serve__block_signals(&sigs);
     server_seclog *sl = NULL;
     server *srv = NULL;
     server_model *more = calloc((size_t)s->n, sizeof *more);

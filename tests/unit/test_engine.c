@@ -1133,7 +1133,9 @@ static void test_admit(void) {
         CHECK_EQ(admit_reason_on_wire((uint32_t)r), r >= 1 && r <= 10);
     // the failures after admission (499/502/503/504) are rows too, but no refusals
     for (int r = 0; r <= ADMIT__COUNT + 1; r++)
-        CHECK_EQ(admit_reason_is_refusal((uint32_t)r), r >= 1 && r <= ADMIT_INVALID_PATH);
+        CHECK_EQ(admit_reason_is_refusal((uint32_t)r),
+                 (r >= 1 && r <= ADMIT_INVALID_PATH) || r == ADMIT_MODEL_LOADING);
+    CHECK_EQ(admit_reason_info(ADMIT_MODEL_LOADING)->http_status, 503); // serve, several models
     CHECK_EQ(admit_reason_info(ADMIT_CLIENT_CLOSED)->http_status, 499);
     CHECK_EQ(admit_reason_info(ADMIT_UPSTREAM_ERROR)->http_status, 502);
     CHECK_EQ(admit_reason_info(ADMIT_WORKER_UNAVAILABLE)->http_status, 503);
