@@ -107,11 +107,10 @@ static uint64_t ms__bytes(const ms_slot *sl) { return sl->file_bytes + sl->kv_by
 // ----------------------------------------------------------------------------
 // Loading and unloading (the loader thread)
 
-/* Loads sl's weights and creates its engine (mu not held). */
+/* Loads sl's weights and creates its engine (mu not held; sl is LOADING). */
 static ks_err ms__load(ms_slot *sl, ks_errbuf *eb) {
     model *m = NULL;
     engine *e = NULL;
-    uint64_t t0 = ks_now_ns();
     ks_err err = model_load(sl->path, &m, eb);
     if (!err) err = model_kv_type_check(m, sl->o.kv_type, eb);
     if (!err) {
@@ -127,7 +126,6 @@ static ks_err ms__load(ms_slot *sl, ks_errbuf *eb) {
     sl->m = m;
     sl->e = e;
     server_engine_backend(e, &sl->eb);
-    sl->load_s = (double)(ks_now_ns() - t0) * 1e-9;
     return KS_OK;
 }
 
@@ -148,16 +146,19 @@ static void ms__stats_add_counters(engine_stats *acc, const engine_stats *st) {
 }
 
 /* Destroys sl's engine and weights (mu not held; sl is UNLOADING, with no
- * handle). Its pool's pages are released and scrubbed on the way (I3). */
-static void ms__unload(ms_slot *sl) {
+ * handle, or the loader is stopped). Its pool's pages are released and
+ * scrubbed on the way (I3); its counters are kept in sl->retired. */
+static void ms__unload(ms_set *s, ms_slot *sl) {
     engine_stats st;
     engine_get_stats(sl->e, &st);
-    ms__stats_add_counters(&sl->retired, &st);
     engine_destroy(sl->e);
     model_free(sl->m);
+    pthread_mutex_lock(&s->mu);
+    ms__stats_add_counters(&sl->retired, &st);
     sl->e = NULL;
     sl->m = NULL;
     memset(&sl->eb, 0, sizeof sl->eb);
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* The least recently used loaded slot without handles, other than keep;
@@ -235,7 +236,7 @@ static void *ms__loader(void *arg) {
             pthread_mutex_unlock(&s->mu);
             ks_log(KS_LOG_INFO, "model %s: unloading (least recently used) to make room for %s",
                    v->name, sl->name);
-            ms__unload(v);
+            ms__unload(s, v);
             pthread_mutex_lock(&s->mu);
             v->state = MS_UNLOADED;
             v->unloads++;
@@ -256,7 +257,9 @@ static void *ms__loader(void *arg) {
         ks_log(KS_LOG_INFO, "model %s: loading %s (%.0f MB of weights, %.0f MB of KV pool)",
                sl->name, sl->path, (double)sl->file_bytes / 1e6, (double)sl->kv_bytes / 1e6);
         ks_errbuf eb = {0};
+        uint64_t t0 = ks_now_ns();
         ks_err err = ms__load(sl, &eb);
+        double secs = (double)(ks_now_ns() - t0) * 1e-9;
         pthread_mutex_lock(&s->mu);
         if (err) {
             sl->state = MS_UNLOADED;
@@ -266,6 +269,7 @@ static void *ms__loader(void *arg) {
         } else {
             sl->want = false;
             sl->state = MS_LOADED;
+            sl->load_s = secs;
             sl->loads++;
             sl->err_ns = 0;
             sl->last_used_ns = ks_now_ns();
@@ -664,7 +668,7 @@ static char *ms__metrics_text(void *impl) {
 static void ms__free(ms_set *s) {
     for (int i = 0; i < s->n; i++) {
         ms_slot *sl = &s->slots[i];
-        if (sl->e) ms__unload(sl);
+        if (sl->e) ms__unload(s, sl);
         model_free(sl->hm);
         free(sl->path);
         for (int k = 0; k < sl->n_aliases; k++) free(sl->alias_buf[k]);
