@@ -141,6 +141,14 @@ typedef struct server_backend {
      * all (NULL: the backend has one model; /admin's model parameter then names it) */
     void (*set_model_online)(void *impl, int entry, bool online, bool abort_running);
     bool (*is_model_online)(void *impl, int entry); /* NULL with set_model_online */
+    /* POST /admin/models/{id}/load (load true) or /unload: queues catalog entry
+     * entry's load, or its unload once idle. KS_OK when queued or already so;
+     * KS_ERR_AGAIN (eb says why: requests running) when it cannot unload now;
+     * NULL member: the routes answer 404. Any thread. */
+    ks_err (*model_load)(void *impl, int entry, bool load, ks_errbuf *eb);
+    /* Catalog entry entry's state for /v1/models' "status": "loaded", "loading",
+     * "unloaded" (static strings; NULL member: no status is listed). Any thread. */
+    const char *(*model_status)(void *impl, int entry);
     /* Prometheus text the backend adds to /metrics (series labelled by model, say),
      * malloc'd, the caller frees it; NULL: none (also the member NULL). Any thread. */
     char *(*metrics_text)(void *impl);

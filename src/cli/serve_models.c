@@ -69,6 +69,7 @@ typedef struct ms_slot {
     /* the rest under ms_set.mu */
     int state;
     bool want;         /* a request asked for it: the loader loads it */
+    bool drop;         /* /admin/models/{id}/unload: the loader unloads it once idle */
     uint64_t want_ns;  /* when it was first asked for (the loader takes the oldest) */
     model *m;          /* loaded: the repacked model */
     engine *e;
@@ -215,6 +216,22 @@ static void *ms__loader(void *arg) {
     ms_set *s = arg;
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
+        for (int i = 0; i < s->n; i++) { // the admin's unloads first
+            ms_slot *v = &s->slots[i];
+            if (!v->drop) continue;
+            v->drop = false;
+            if (v->state != MS_LOADED || v->active > 0) continue; // busy again: it stays
+            v->state = MS_UNLOADING;
+            pthread_mutex_unlock(&s->mu);
+            ks_log(KS_LOG_INFO, "model %s: unloading (asked by the admin)", v->name);
+            ms__unload(s, v);
+            pthread_mutex_lock(&s->mu);
+            v->state = MS_UNLOADED;
+            v->unloads++;
+            s->n_loaded--;
+            s->used -= ms__bytes(v);
+            pthread_cond_broadcast(&s->cv);
+        }
         ms_slot *sl = NULL;
         for (int i = 0; i < s->n; i++)
             if (s->slots[i].want && s->slots[i].state == MS_UNLOADED &&
@@ -480,6 +497,38 @@ static void ms__set_model_online(void *impl, int entry, bool online, bool abort_
     sl->online = online;
     if (sl->state == MS_LOADED) sl->eb.set_online(sl->eb.impl, online && s->online, abort_running);
     pthread_mutex_unlock(&s->mu);
+}
+
+static ks_err ms__model_load(void *impl, int entry, bool load, ks_errbuf *eb) {
+    ms_set *s = impl;
+    if (entry < 0 || entry >= s->n) return ks_seterr(eb, KS_ERR_INVAL, "no such model");
+    ks_err err = KS_OK;
+    pthread_mutex_lock(&s->mu);
+    ms_slot *sl = &s->slots[entry];
+    if (load && sl->state != MS_LOADED && !sl->want) {
+        sl->want = true;
+        sl->want_ns = ks_now_ns();
+        sl->err_ns = 0; // the admin asks again: no wait after a failure
+    } else if (!load && sl->state == MS_LOADED) {
+        if (sl->active > 0)
+            err = ks_seterr(eb, KS_ERR_AGAIN, "the model '%s' has %d request(s) running; retry "
+                            "once they end, or take it offline first", sl->name, sl->active);
+        else
+            sl->drop = true;
+    }
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return err;
+}
+
+static const char *ms__model_status(void *impl, int entry) {
+    ms_set *s = impl;
+    if (entry < 0 || entry >= s->n) return NULL;
+    pthread_mutex_lock(&s->mu);
+    int st = s->slots[entry].state;
+    if (st == MS_UNLOADED && s->slots[entry].want) st = MS_LOADING; // queued
+    pthread_mutex_unlock(&s->mu);
+    return st == MS_UNLOADING ? "unloaded" : ms__state_name[st];
 }
 
 static bool ms__is_model_online(void *impl, int entry) {
@@ -1009,6 +1058,8 @@ int serve__models_main(const char *cmd, serve__cfg *c, FILE *report) {
         .embed_vector = ms__embed_vector,
         .set_model_online = ms__set_model_online,
         .is_model_online = ms__is_model_online,
+        .model_status = ms__model_status,
+        .model_load = ms__model_load,
         .metrics_text = ms__metrics_text,
         .map_pages = ms__map_pages,
     };

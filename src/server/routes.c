@@ -549,17 +549,18 @@ enum MHD_Result srv__models(server *s, struct MHD_Connection *c, const srv_call 
     long long t = (long long)time(NULL);
     for (int k = 0; k < s->n_mods; k++) { // every catalog entry: its aliases, then its name
         const srv_model *sm = &s->mods[k];
-        for (int i = 0; i < sm->n_aliases; i++)
-            json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s}", "id", sm->aliases[i],
-                                                  "object", "model", "created", (json_int_t)t,
-                                                  "owned_by", "kvseal"));
+        // serve with several models: whether it is loaded (as llama-server's router mode says)
+        const char *st = s->b.model_status ? s->b.model_status(s->b.impl, k) : NULL;
         bool listed = false;
-        for (int i = 0; i < sm->n_aliases; i++)
-            if (sm->name && !strcmp(sm->aliases[i], sm->name)) listed = true;
-        if (sm->name && !listed)
-            json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s}", "id", sm->name, "object",
-                                                  "model", "created", (json_int_t)t, "owned_by",
-                                                  "kvseal"));
+        for (int i = 0; i <= sm->n_aliases; i++) {
+            const char *id = i < sm->n_aliases ? sm->aliases[i] : listed ? NULL : sm->name;
+            if (i < sm->n_aliases && sm->name && !strcmp(sm->aliases[i], sm->name)) listed = true;
+            if (!id) continue;
+            json_t *o = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "model", "created",
+                                  (json_int_t)t, "owned_by", "kvseal");
+            if (o && st) json_object_set_new(o, "status", json_pack("{s:s}", "value", st));
+            json_array_append_new(data, o);
+        }
     }
     return srv__reply_json(s, c, SRV_ROUTE_MODELS, 200,
                            json_pack("{s:s, s:o}", "object", "list", "data", data));
@@ -662,8 +663,9 @@ enum MHD_Result srv__kv_check(server *s, struct MHD_Connection *c, const srv_cal
     return MHD_YES;
 }
 
-/* POST /admin/models/{name}/offline|online, body or ?abort_running= (the
- * admin key checked by srv__auth_admin). */
+/* POST /admin/models/{name}/offline|online, body or ?abort_running=, and
+ * /load|/unload where the backend loads models (the admin key checked by
+ * srv__auth_admin). */
 enum MHD_Result srv__admin_model(server *s, struct MHD_Connection *c, const srv_call *q) {
     const char *rest = q->rest;
     srv_conn *sc = q->sc;
@@ -672,7 +674,24 @@ enum MHD_Result srv__admin_model(server *s, struct MHD_Connection *c, const srv_
     char name[256];
     if (!slash || slash == rest || (size_t)(slash - rest) >= sizeof name) goto notfound;
     snprintf(name, sizeof name, "%.*s", (int)(slash - rest), rest);
-    bool online;
+    bool online = false, load = !strcmp(slash + 1, "load");
+    if (load || !strcmp(slash + 1, "unload")) { // serve with several models
+        const srv_model *lm = s->b.model_load ? srv__model_find(s, name) : NULL;
+        if (!s->b.model_load) goto notfound;
+        if (!lm) {
+            srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, NULL, "The model '%s' does not exist", name);
+            return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
+        }
+        ks_errbuf eb = {0};
+        if (s->b.model_load(s->b.impl, lm->index, load, &eb)) {
+            srv_fail(&err, 409, "model_busy", "%s", eb.msg);
+            return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
+        }
+        ks_log(KS_LOG_WARN, "admin: model %s %s", name, load ? "load asked" : "unload asked");
+        return srv__reply_json(s, c, SRV_ROUTE_ADMIN, 202,
+                               json_pack("{s:s, s:s}", "model", name, "status",
+                                         s->b.model_status(s->b.impl, lm->index)));
+    }
     if (!strcmp(slash + 1, "offline"))
         online = false;
     else if (!strcmp(slash + 1, "online"))
@@ -712,7 +731,8 @@ enum MHD_Result srv__admin_model(server *s, struct MHD_Connection *c, const srv_
                                      "abort_running", abort_running));
 notfound:
     srv_refuse(&err, ADMIT_UNKNOWN_URL, NULL,
-               "Invalid URL: use /admin/models/{name}/offline or /online");
+               "Invalid URL: use /admin/models/{name}/offline or /online (and, serving several "
+               "models, /load or /unload)");
     return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
 }
 

@@ -10,7 +10,9 @@
 #    one-model serve of the same file;
 #  - under --models-max-loaded 2 the least recently used idle model is
 #    unloaded for a third (kvseal_model_unloads_total), never one with a
-#    request running (a stalled stream holds one);
+#    request running (a stalled stream holds one); /v1/models says which
+#    are loaded; the admin's /unload is 409 while a request runs, then
+#    unloads, and /load loads;
 #  - a model whose file was replaced after the start (its tokenizer is the
 #    old file's) is not loaded: a clear 503 naming the change, nothing
 #    unloaded for it, the others keep serving; the server stops cleanly.
@@ -69,7 +71,8 @@ REF=$TEXT
 stop_server
 
 # ---- several models
-start_server "$TMPD/s" --models-dir "$D" "${POOL[@]}" --models-max-loaded 2
+ADMIN=adm-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
+start_server "$TMPD/s" --models-dir "$D" "${POOL[@]}" --models-max-loaded 2 --admin-key "$ADMIN"
 IDS=$(curl -fsS "$KS_URL/v1/models" | python3 -c 'import json, sys; print(" ".join(sorted(m["id"] for m in json.load(sys.stdin)["data"])))')
 expect_eq "/v1/models" "$IDS" "@cf/test/alpha a alpha beta delta gamma"
 loaded() { metric_is "$KS_URL" "kvseal_model_loaded{model=\"$1\",state=\"loaded\"}" 1; }
@@ -81,6 +84,10 @@ expect_has "503 body" "$(cat "$TMPD/body")" '"code":"model_loading"'
 expect_has "503 body" "$(cat "$TMPD/body")" "the model 'alpha' is loading"
 grep -qi '^retry-after: [1-9]' "$TMPD/h" || fail "no Retry-After on the 503: $(cat "$TMPD/h")"
 wait_for "alpha to load" loaded alpha
+STATUS=$(curl -fsS "$KS_URL/v1/models" | python3 -c 'import json, sys
+print(" ".join("%s=%s" % (m["id"], m["status"]["value"]) for m in sorted(json.load(sys.stdin)["data"], key=lambda m: m["id"])))')
+expect_eq "/v1/models status" "$STATUS" \
+    "@cf/test/alpha=loaded a=loaded alpha=loaded beta=unloaded delta=unloaded gamma=unloaded"
 complete "$KS_URL" a
 expect_eq "alpha's greedy text beside others = alone" "$TEXT" "$REF"
 # beta, then gamma: with two loaded, gamma evicts alpha (the least recently used)
@@ -104,7 +111,18 @@ expect_eq "gamma unloaded" "$(metric "$KS_URL" 'kvseal_model_unloads_total{model
 expect_eq "busy beta kept" "$(metric "$KS_URL" 'kvseal_model_unloads_total{model="beta"}')" 0
 complete "$KS_URL" alpha
 expect_eq "alpha after a reload" "$TEXT" "$REF"
+# the operator's unload: refused while beta runs a request, done once it ended
+admin() { req "admin $1 $2" "$3" -X POST -H "Authorization: Bearer $ADMIN" "$KS_URL/admin/models/$1/$2"; }
+admin beta unload 409
+expect_has "busy unload's message" "$BODY" "has 1 request(s) running"
 kill $STALL_PID 2>/dev/null; wait $STALL_PID 2>/dev/null
+admin_ok() { [ "$(curl -sS -o /dev/null -w '%{http_code}' -X POST -H "Authorization: Bearer $ADMIN" \
+    "$KS_URL/admin/models/$1/$2")" = 202 ]; }
+wait_for "beta's unload, once its request is gone" admin_ok beta unload
+wait_for "beta to unload" metric_is "$KS_URL" 'kvseal_model_unloads_total{model="beta"}' 1
+admin gamma load 202
+expect_has "load's answer" "$BODY" '"status":"loading"'
+wait_for "gamma to load (asked by the admin)" loaded gamma
 # a file gone bad after the start: its load fails with a clear 503, the rest serve on
 rm -f "$D/delta.gguf"
 head -c 4096 /dev/urandom >"$D/delta.gguf"
@@ -122,5 +140,5 @@ expect_eq "alpha after delta's failure" "$TEXT" "$REF"
 req "unknown model" 404 -H "Content-Type: application/json" "$KS_URL/v1/completions" \
     -d '{"model":"epsilon","prompt":"x","max_tokens":2}'
 stop_server
-grep -q "model beta: unloading" "$TMPD/s" && fail "beta was unloaded while busy"
+grep -q "model beta: unloading (least" "$TMPD/s" && fail "beta was unloaded while busy"
 echo "PASS"
