@@ -300,6 +300,21 @@ int model__layer_flag(const gguf_file *f, const char *arch, const char *suffix, 
 ks_err model__bert_forward(model_ctx *c, const model_batch *b, const model_hidden *h,
                            ks_errbuf *eb);
 
+/* The matrices a LoRA adapter may target (lora.c), in a layer's order. */
+typedef enum model__lora_tgt {
+    MODEL__LORA_Q, MODEL__LORA_K, MODEL__LORA_V, MODEL__LORA_O,
+    MODEL__LORA_GATE, MODEL__LORA_UP, MODEL__LORA_DOWN, MODEL__LORA_N
+} model__lora_tgt;
+
+/* Adds each token's LoRA delta to Y (T, N) for matrix tgt of layer il:
+ * Y[t] += scale * B (A X[t]) with X (T, K) the matmul's input, for the
+ * tokens whose sequence has an adapter targeting it (b->lora). Per token,
+ * a fixed reduction order: batch invariant. No-op without adapters. */
+void model__lora_apply(model_ctx *c, const model_batch *b, int il, model__lora_tgt tgt,
+                       const float *X, float *Y);
+/* Whether b's adapters all belong to c's model (KS_ERR_INVAL otherwise). */
+ks_err model__lora_check(const model_ctx *c, const model_batch *b, ks_errbuf *eb);
+
 /* Forgets cached quantized activations (call when an input buffer changes). */
 static inline void model__act_reset(model_ctx *c) { c->act[0].src = c->act[1].src = NULL; }
 
