@@ -7,7 +7,8 @@
  * with a standard deviation of 1/sqrt(K), B (ne [r, N]) uniform with one
  * set so that the applied delta (alpha / r) B A has entries of about
  * --delta times W's RMS: the adapter changes the output measurably, but
- * sanely. */
+ * sanely (on kjv-mini, every matrix at 0.2 moves the perplexity by about
+ * 3%; random low-rank deltas of 0.03-0.05, by only about 0.1%). */
 #include "cli_int.h"
 
 #include "kvseal/gguf.h"
@@ -44,7 +45,7 @@ static void lo__usage(const char *cmd) {
     fprintf(stderr,
             "usage: kvseal mklora -m BASE.gguf -o ADAPTER.gguf [--rank R (8)] [--alpha A (R)]\n"
             "                     [--seed S (1)] [--type f32|f16|q8_0 (f32)]\n"
-            "                     [--targets q,k,v,o,gate,up,down (all)] [--delta F (0.03)]\n"
+            "                     [--targets q,k,v,o,gate,up,down (all)] [--delta F (0.2)]\n"
             "  writes a random LoRA adapter for BASE in llama.cpp's format (its --lora reads\n"
             "  it): per targeted matrix W, factors whose delta (alpha / rank) B A has entries\n"
             "  of about F times W's RMS. q8_0 needs a rank that is a multiple of 32.\n");
@@ -144,7 +145,7 @@ static void *lo__encode(ks_dtype type, const float *x, int64_t cols, int64_t row
 }
 
 int cli_mklora(int argc, char **argv) {
-    lo__cfg cf = {.rank = 8, .alpha = -1, .delta = 0.03, .seed = 1, .type = KS_DTYPE_F32,
+    lo__cfg cf = {.rank = 8, .alpha = -1, .delta = 0.2, .seed = 1, .type = KS_DTYPE_F32,
                   .targets = 0x7f};
     const cli__spec sp = {"mklora", lo__opts, LO__N, lo__apply, lo__usage, false, false};
     int prc = cli__opts_parse(&sp, &cf, argc, argv, NULL);

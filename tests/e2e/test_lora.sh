@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # LoRA adapters against llama.cpp's --lora: an adapter made by `kvseal
 # mklora` for kjv-mini (F32 and Q8_0 factors) moves the perplexity (the
-# adapter does something), `kvseal perplexity --lora` is within 1% of
+# adapter does something), `kvseal perplexity --lora` is within 0.2% of
 # llama-perplexity --lora on the same files, and 32 greedy tokens of
 # `kvseal run --lora` equal llama-completion --lora's. Skips the llama.cpp
 # half where ../shared or the anchor is absent.
@@ -12,10 +12,10 @@ T=$KS_SHARED/models/kjv-heldout.txt
 [ -f "$T" ] || skip "$T is absent (../shared not present)"
 head -c 6000 "$T" >"$TMPD/text.txt"
 
-"$KS_BIN" mklora -m "$M" -o "$TMPD/f32.gguf" --rank 16 --seed 5 --delta 0.05 2>"$TMPD/mk.err" ||
+"$KS_BIN" mklora -m "$M" -o "$TMPD/f32.gguf" --rank 16 --seed 5 --delta 0.2 2>"$TMPD/mk.err" ||
     fail "mklora f32: $(cat "$TMPD/mk.err")"
 "$KS_BIN" mklora -m "$M" -o "$TMPD/q8.gguf" --rank 32 --alpha 16 --seed 9 --type q8_0 \
-    --targets q,v,o,down --delta 0.05 2>"$TMPD/mk.err" || fail "mklora q8_0: $(cat "$TMPD/mk.err")"
+    --targets q,v,o,down --delta 0.4 2>"$TMPD/mk.err" || fail "mklora q8_0: $(cat "$TMPD/mk.err")"
 # an adapter for another architecture's shapes is refused, named
 "$KS_BIN" mklora -m "$M" -o "$TMPD/bad.gguf" --type q8_0 --rank 8 2>"$TMPD/mk.err" &&
     fail "mklora accepted q8_0 with rank 8"
@@ -64,7 +64,9 @@ for ad in f32 q8; do
     [ -n "$lp" ] || fail "llama-perplexity --lora $ad: $(tail -n 5 "$TMPD/ll.log")"
     eval "kp=\$ppl_$ad"
     echo "$ad: perplexity kvseal $kp llama.cpp $lp"
-    within "$kp" "$lp" 0.01 || fail "$ad: kvseal's perplexity $kp is not within 1% of llama.cpp's $lp"
+    # measured within 0.03%; 0.2% (not the 1% first asked for) so that an
+    # adapter matrix left unapplied (attn_output: 0.4% off) fails
+    within "$kp" "$lp" 0.002 || fail "$ad: kvseal's perplexity $kp is not within 0.2% of llama.cpp's $lp"
 done
 
 # greedy text: the prompt + kvseal's 32 tokens against llama-completion's
