@@ -14,8 +14,12 @@ head -c 6000 "$T" >"$TMPD/text.txt"
 
 "$KS_BIN" mklora -m "$M" -o "$TMPD/f32.gguf" --rank 16 --seed 5 --delta 0.2 2>"$TMPD/mk.err" ||
     fail "mklora f32: $(cat "$TMPD/mk.err")"
-"$KS_BIN" mklora -m "$M" -o "$TMPD/q8.gguf" --rank 32 --alpha 16 --seed 9 --type q8_0 \
+# (mkmodel --lora-of is mklora under mkmodel's name: the same file)
+"$KS_BIN" mkmodel --lora-of "$M" -o "$TMPD/q8.gguf" --rank 32 --alpha 16 --seed 9 --lora-type q8_0 \
+    --lora-targets q,v,o,down --delta 0.4 2>"$TMPD/mk.err" || fail "mkmodel --lora-of: $(cat "$TMPD/mk.err")"
+"$KS_BIN" mklora -m "$M" -o "$TMPD/q8b.gguf" --rank 32 --alpha 16 --seed 9 --type q8_0 \
     --targets q,v,o,down --delta 0.4 2>"$TMPD/mk.err" || fail "mklora q8_0: $(cat "$TMPD/mk.err")"
+cmp -s "$TMPD/q8.gguf" "$TMPD/q8b.gguf" || fail "mkmodel --lora-of and mklora wrote different files"
 # an adapter for another architecture's shapes is refused, named
 "$KS_BIN" mklora -m "$M" -o "$TMPD/bad.gguf" --type q8_0 --rank 8 2>"$TMPD/mk.err" &&
     fail "mklora accepted q8_0 with rank 8"
