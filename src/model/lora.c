@@ -63,7 +63,8 @@ static bool lora__parse_name(const char *name, int32_t n_layer, int *il, int *tg
     long v = 0;
     int digits = 0;
     while (*p >= '0' && *p <= '9' && digits < 6) v = v * 10 + (*p++ - '0'), digits++;
-    if (!digits || *p++ != '.' || v >= n_layer) return false;
+    if (!digits || (digits > 1 && p[-digits] == '0') || *p++ != '.' || v >= n_layer)
+        return false; // "blk.01." names no base tensor
     for (int t = 0; t < MODEL__LORA_N; t++) {
         const size_t n = strlen(lora__names[t]);
         if (strncmp(p, lora__names[t], n) != 0) continue;
@@ -194,6 +195,11 @@ ks_err model_lora_load_file(const model *base, gguf_file *f, model_lora **out, k
         if (t->type != KS_DTYPE_F32 && t->type != KS_DTYPE_F16 && t->type != KS_DTYPE_Q8_0) {
             e = ks_seterr(eb, KS_ERR_UNSUPPORTED, "%s: tensor '%s' is %s (F32, F16 or Q8_0 only)",
                           path, t->name, ks_dtype_name(t->type));
+            break;
+        }
+        if (t->ne[0] % (int64_t)ks_dtype_block_elems(t->type) != 0) {
+            e = ks_seterr(eb, KS_ERR_FORMAT, "%s: tensor '%s': ne[0] %lld is not a multiple of "
+                          "%s's block", path, t->name, (long long)t->ne[0], ks_dtype_name(t->type));
             break;
         }
         // A: ne [K, r]; B: ne [r, N] (llama.cpp's layout: A's rows are the rank)

@@ -9,7 +9,8 @@
  *   the base logits and one with it exactly its logits alone (batch
  *   invariance), and --lora-scale's multiplier scales the delta;
  * - loading refusals: wrong general.type / adapter.type, architecture
- *   mismatch, unknown tensor, layer out of range, wrong dims, rank mismatch
+ *   mismatch, unknown tensor, layer out of range (or misspelt), a base
+ *   matrix that cannot be targeted, wrong dims, rank mismatch
  *   between A and B, a missing factor, an unsupported type, no tensors. */
 #include "kvseal/kern.h"
 #include "kvseal/model.h"
@@ -307,6 +308,9 @@ static void test_refusals(const char *base_path) {
     t[0].name = "blk.7.attn_q.weight.lora_a"; // the tiny shape has 2 layers
     write_adapter(p, "llama", "adapter", "lora", ALPHA, t, 2);
     expect_refusal(base, p, KS_ERR_FORMAT, "'blk.7.attn_q.weight.lora_a' names no matrix");
+    t[0].name = "blk.00.attn_q.weight.lora_a"; // not the base's spelling of layer 0
+    write_adapter(p, "llama", "adapter", "lora", ALPHA, t, 2);
+    expect_refusal(base, p, KS_ERR_FORMAT, "'blk.00.attn_q.weight.lora_a' names no matrix");
     t[0] = ok[0];
     t[0].name = "output.weight.lora_a"; // a base matrix the pass does not target
     t[1].name = "output.weight.lora_b";
