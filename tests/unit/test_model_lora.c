@@ -4,10 +4,12 @@
  *   adapter match those of a base whose matrices are W + scale B A,
  *   computed here in double, within float tolerance (and the adapter does
  *   move the logits far more than that tolerance);
- * - an adapter with B = 0 gives exactly the base logits;
+ * - an adapter with B = 0 gives exactly the base logits; F16 factors act
+ *   as the F32 ones within their rounding;
  * - per sequence: in one batch a sequence without the adapter gets exactly
  *   the base logits and one with it exactly its logits alone (batch
- *   invariance), and --lora-scale's multiplier scales the delta;
+ *   invariance), on any number of threads, and a user scale of 0 gives
+ *   the base exactly;
  * - loading refusals: wrong general.type / adapter.type, architecture
  *   mismatch, unknown tensor, layer out of range (or misspelt), a base
  *   matrix that cannot be targeted, wrong dims, rank mismatch
@@ -27,6 +29,7 @@
 #define NTOK 12
 
 static char g_dir[256];
+static int g_nth = 2; // threads of the passes run() makes
 
 typedef struct {
     const char *name;
@@ -87,7 +90,7 @@ static void run(const model *m, const model_lora *lora, const model_lora *lora2,
     kv_pool *pool;
     model_ctx *ctx;
     CHECK_EQ(kv_pool_create(&g, 64, KV_SCRUB_ZERO, &pool, &eb), KS_OK);
-    CHECK_EQ(model_ctx_create(m, pool, 2, 2 * NTOK, 64, &ctx, &eb), KS_OK);
+    CHECK_EQ(model_ctx_create(m, pool, g_nth, 2 * NTOK, 64, &ctx, &eb), KS_OK);
     kv_seq s[2];
     kv_seq *seqs[2] = {&s[0], &s[1]};
     const int ns = two ? 2 : 1;
@@ -220,6 +223,12 @@ static void test_reference(const char *base_path, const char *merged_path) {
     run(base, l, NULL, true, l2, lm);
     CHECK(all_equal(l2, ll, n));
     CHECK(all_equal(lm, lb, n));
+    // and on 1 or 3 threads
+    for (g_nth = 1; g_nth <= 3; g_nth += 2) {
+        run(base, l, NULL, false, l2, NULL);
+        CHECK(all_equal(l2, ll, n));
+    }
+    g_nth = 2;
     // the user's scale multiplies the delta: 0 gives the base exactly
     model_lora_set_scale(l, 0.0f);
     CHECK(model_lora_scale(l) == 0.0f);
