@@ -362,8 +362,10 @@ typedef struct model_lora model_lora;
 
 /* Loads the adapter at path for base (which must outlive it), checking its
  * type keys, architecture, every tensor's name, shape and type (each
- * names an existing base matrix of matching dims; one rank throughout; A
- * and B both present). A and B are kept as f32. Errors: those of
+ * names an existing base matrix of matching dims; A and B both present,
+ * of one rank, which may differ between matrices as llama.cpp allows;
+ * each matrix is scaled by alpha over its own rank). A and B are kept as
+ * f32. Errors: those of
  * gguf_open, KS_ERR_FORMAT (malformed or not matching base, named),
  * KS_ERR_UNSUPPORTED (a tensor type other than F32, F16, Q8_0, or a base
  * whose layers it cannot apply to), KS_ERR_NOMEM. Caller owns *out
@@ -380,7 +382,8 @@ void model_lora_free(model_lora *l);
  * times B A x. Not while a pass uses the adapter. Can't fail. */
 void model_lora_set_scale(model_lora *l, float user_scale);
 /* The delta's whole multiplier (user_scale * alpha / r, or user_scale
- * without alpha), the rank, and the number of targeted matrices. Can't fail. */
+ * without alpha; r the largest rank), that rank, and the number of
+ * targeted matrices. Can't fail. */
 float model_lora_scale(const model_lora *l);
 int32_t model_lora_rank(const model_lora *l);
 int32_t model_lora_n_mats(const model_lora *l);

@@ -1323,12 +1323,6 @@ static ks_err fwd__validate(model_ctx *c, const model_batch *b, const model_hidd
     return KS_OK;
 }
 
-/* The LoRA deltas of a dense FFN's gate and up matmuls (their input xn). */
-static void fwd__lora_gate_up(model_ctx *c, const model_batch *b, int il) {
-    model__lora_apply(c, b, il, MODEL__LORA_GATE, c->xn, c->g);
-    model__lora_apply(c, b, il, MODEL__LORA_UP, c->xn, c->u);
-}
-
 ks_err model_forward(model_ctx *c, const model_batch *b, float *logits, ks_errbuf *eb) {
     return model_forward_hidden(c, b, logits, NULL, eb);
 }
@@ -1355,7 +1349,7 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
     if (c->m->mtp_eh.data && !c->mtp_in)
         return ks_seterr(eb, KS_ERR_INVAL, "a NextN head runs by model_forward_mtp");
     ks_err e = fwd__validate(c, b, h, eb);
-    if (!e) e = model__lora_check(c, b, eb);
+    if (!e) e = model__lora_begin(c, b, eb); // model__matmuls adds the adapters' deltas
     if (e) return e;
     const model *m = c->m;
     const model_hparams *hp = &m->hp;
@@ -1400,10 +1394,6 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
             float *const qkv_out[] = {hp->attn_out_gate ? c->qg : c->q, c->k, c->v};
             // gemma4: V may be K's projection, and a shared KV layer has neither
             model__matmuls(c, L->wk.data ? L->wv.data ? 3 : 2 : 1, qkv, c->xn, T, qkv_out);
-            for (int i = 0; i < 3; i++)
-                if (qkv[i]->data)
-                    model__lora_apply(c, b, il, (model__lora_tgt)(MODEL__LORA_Q + i), c->xn,
-                                      qkv_out[i]);
             fwd__rows_run(c, b, FWD_QKV, NULL, il);
         }
         if (L->kv_layer == 0) // rows of every layer at these positions are written before read
@@ -1423,10 +1413,8 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
         if (hp->attn_out_gate) fwd__rows_run(c, b, FWD_ATTN_GATE, NULL, il);
         if (hp->kv_lora)
             fwd__mla_out(c, b, L);
-        else {
+        else
             model__matmul(c, &L->wo, c->att, T, c->tmp);
-            model__lora_apply(c, b, il, MODEL__LORA_O, c->att, c->tmp);
-        }
     ffn:
         if (L->no_ffn) goto next; // nemotron_h: the mixer was the layer
         fwd__residual(c, b, L->post_attn_norm, L->bo, 1.0f, L->ffn_norm, il,
@@ -1437,10 +1425,8 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
             const model__mat *gu[] = {&L->w_gate, &L->w_up};
             float *const gu_out[] = {c->g, c->u};
             model__matmuls(c, 2, gu, c->xn, T, gu_out);
-            fwd__lora_gate_up(c, b, il);
             fwd__rows_run2(c, b, FWD_GEGLU, NULL, NULL, il, &L->w_down);
             model__matmul(c, &L->w_down, c->g, T, c->tmp);
-            model__lora_apply(c, b, il, MODEL__LORA_DOWN, c->g, c->tmp);
             fwd__rows_run(c, b, FWD_G4_MOE_IN, NULL, il);
             model__act_reset(c); // xn and tmp hold new rows
             fwd__moe(c, b, L, il, c->tmp);
@@ -1449,18 +1435,14 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
             fwd__moe(c, b, L, il, c->xn);
         } else if (!L->w_gate.data) { // nemotron_h: down(relu(up x)^2)
             model__matmul(c, &L->w_up, c->xn, T, c->g);
-            model__lora_apply(c, b, il, MODEL__LORA_UP, c->xn, c->g);
             fwd__rows_run2(c, b, FWD_RELU2, NULL, NULL, il, &L->w_down);
             model__matmul(c, &L->w_down, c->g, T, c->tmp);
-            model__lora_apply(c, b, il, MODEL__LORA_DOWN, c->g, c->tmp);
         } else {
             const model__mat *gu[] = {&L->w_gate, &L->w_up};
             float *const gu_out[] = {c->g, c->u};
             model__matmuls(c, 2, gu, c->xn, T, gu_out);
-            fwd__lora_gate_up(c, b, il);
             fwd__rows_run2(c, b, hp->ffn_gelu ? FWD_GEGLU : FWD_SWIGLU, NULL, NULL, il, &L->w_down);
             model__matmul(c, &L->w_down, c->g, T, c->tmp);
-            model__lora_apply(c, b, il, MODEL__LORA_DOWN, c->g, c->tmp);
         }
     next:;
         const bool last = il + 1 == hp->n_layer;

@@ -1,6 +1,9 @@
 /* lora.c — LoRA adapters (model.h "LoRA adapters"): loading llama.cpp's
  * adapter GGUF against a base model, and the per-token delta the forward
- * pass adds after a targeted matmul: y += scale * B (A x).
+ * pass adds after a targeted matmul: y += scale * B (A x). model__matmuls
+ * calls model__lora_apply after each run; it finds the layer and target
+ * from the weight's address, so the layer loop needs no call of its own
+ * and every dense path (qkv, attention output, each FFN shape) is covered.
  *
  * A (r, K) and B (N, r) are kept as f32 rows, whatever the file's type. The
  * delta runs per token in a fixed order (r dots of K, then N dots of r), so
@@ -280,11 +283,16 @@ int32_t model_lora_rank(const model_lora *l) { return l->rank; }
 
 int32_t model_lora_n_mats(const model_lora *l) { return l->n_mats; }
 
-ks_err model__lora_check(const model_ctx *c, const model_batch *b, ks_errbuf *eb) {
-    for (int32_t s = 0; b->lora && s < b->n_seqs; s++)
+ks_err model__lora_begin(model_ctx *c, const model_batch *b, ks_errbuf *eb) {
+    c->lora_b = NULL;
+    bool any = false;
+    for (int32_t s = 0; b->lora && s < b->n_seqs; s++) {
         if (b->lora[s] && b->lora[s]->base != c->m)
             return ks_seterr(eb, KS_ERR_INVAL, "sequence %d: its LoRA adapter was loaded for "
                              "another model", s);
+        any = any || b->lora[s];
+    }
+    c->lora_b = any ? b : NULL;
     return KS_OK;
 }
 
@@ -334,16 +342,34 @@ static void lora__task(void *arg, int ith, int nth) {
         }
 }
 
-void model__lora_apply(model_ctx *c, const model_batch *b, int il, model__lora_tgt tgt,
-                       const float *X, float *Y) {
-    if (!b->lora) return;
+/* The layer and target of w when it is one of a layer's targetable
+ * matrices (the fields lora__base_mat reads), else false. */
+static bool lora__which(const model *m, const model__mat *w, int *il, model__lora_tgt *tgt) {
+    const char *p = (const char *)w, *l0 = (const char *)m->layers;
+    if (p < l0 || p >= l0 + sizeof(model__layer) * (size_t)m->hp.n_layer) return false;
+    *il = (int)((size_t)(p - l0) / sizeof(model__layer));
+    const model__layer *L = &m->layers[*il];
+    for (int t = 0; t < MODEL__LORA_N; t++)
+        if (lora__base_mat(L, (model__lora_tgt)t) == w) {
+            *tgt = (model__lora_tgt)t;
+            return true;
+        }
+    return false;
+}
+
+void model__lora_apply(model_ctx *c, const model__mat *w, const float *X, float *Y) {
+    const model_batch *b = c->lora_b;
+    int il = 0;
+    model__lora_tgt tgt = MODEL__LORA_Q;
+    if (!b || !lora__which(c->m, w, &il, &tgt)) return;
     bool any = false;
     for (int32_t s = 0; s < b->n_seqs && !any; s++)
         any = b->lora[s] && b->lora[s]->mats[(size_t)il * MODEL__LORA_N + tgt].a;
     if (!any) return;
-    const model__mat *w = lora__base_mat(&c->m->layers[il], tgt);
-    KS_ASSERT(w);
     lora__run a = {.b = b, .il = il, .tgt = tgt, .X = X, .Y = Y, .K = w->K, .N = w->N};
     atomic_init(&a.next, 0);
-    model__run_rows(c, b->n_tokens, lora__task, &a);
+    if (b->n_tokens == 1) // one token: on this thread (model__run_rows' rule; matmul.c
+        lora__task(&a, 0, 1); // calls down into this file, never the other way)
+    else
+        ks_pool_run(c->threads, lora__task, &a);
 }
