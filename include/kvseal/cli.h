@@ -12,6 +12,7 @@ int cli_tokenize(int argc, char **argv);   /* kvseal tokenize -m MODEL [--ids] T
 int cli_run(int argc, char **argv);        /* kvseal run -m MODEL -p PROMPT ... */
 int cli_perplexity(int argc, char **argv); /* kvseal perplexity -m MODEL -f FILE [-c CTX] */
 int cli_mkmodel(int argc, char **argv);    /* kvseal mkmodel ... */
+int cli_mklora(int argc, char **argv);     /* kvseal mklora ... */
 int cli_bench(int argc, char **argv);      /* kvseal bench -m MODEL */
 int cli_serve(int argc, char **argv);      /* kvseal serve [-m MODEL] [--port N] ... */
 int cli_check(int argc, char **argv);      /* kvseal check: KV pool sizing (I8) */

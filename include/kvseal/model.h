@@ -289,6 +289,9 @@ typedef struct model_batch {
     int32_t n_seqs;         /* entries in seqs (<= the context's max_tokens) */
     kv_seq *const *seqs;    /* (n_seqs) block tables, reserved for every pos in the batch */
     ks_err *seq_err;        /* OUT (n_seqs) or NULL: per-sequence result, see model_forward */
+    const struct model_lora *const *lora; /* (n_seqs) or NULL: each sequence's LoRA adapter
+                                             (model_lora_load against this model; a NULL
+                                             entry: none) */
 } model_batch;
 
 /* Hidden rows a pass hands out (embeddings, model_forward_hidden): row[i]
@@ -338,6 +341,52 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits /*
 ks_err model_forward_mtp(model_ctx *c, const model_batch *b, const float *h_in,
                          float *logits /* OUT */, const model_hidden *h,
                          ks_errbuf *eb) KS_MUST_USE;
+
+// ----------------------------------------------------------------------------
+// LoRA adapters (lora.c): y = W x + scale * B (A x) for the matrices an
+// adapter targets, per sequence of a batch (model_batch.lora)
+//
+// The file is llama.cpp's (convert_lora_to_gguf.py): general.type "adapter",
+// adapter.type "lora", general.architecture the base's, adapter.lora.alpha
+// (float32; absent or 0: scale 1), and per targeted matrix W of ne [K, N]
+// `<W's name>.lora_a` of ne [K, r] and `.lora_b` of ne [r, N] in F32, F16
+// or Q8_0. The scale is user_scale * alpha / r (user_scale * 1 without
+// alpha), as llama.cpp's --lora-scaled. Targets now: attn_q, attn_k,
+// attn_v, attn_output, ffn_gate, ffn_up, ffn_down of the dense layers
+// (attention with its own Q/K/V projections; a dense FFN).
+
+typedef struct model_lora model_lora;
+
+/* Most rank an adapter may have. */
+#define MODEL_LORA_MAX_RANK 256
+
+/* Loads the adapter at path for base (which must outlive it), checking its
+ * type keys, architecture, every tensor's name, shape and type (each
+ * names an existing base matrix of matching dims; A and B both present,
+ * of one rank, which may differ between matrices as llama.cpp allows;
+ * each matrix is scaled by alpha over its own rank). A and B are kept as
+ * f32. Errors: those of
+ * gguf_open, KS_ERR_FORMAT (malformed or not matching base, named),
+ * KS_ERR_UNSUPPORTED (a tensor type other than F32, F16, Q8_0, or a base
+ * whose layers it cannot apply to), KS_ERR_NOMEM. Caller owns *out
+ * (model_lora_free). Blocks. */
+ks_err model_lora_load(const model *base, const char *path, model_lora **out /* OUT */,
+                       ks_errbuf *eb) KS_MUST_USE;
+/* model_lora_load of an open file (gguf_open_mem for tests and fuzzing),
+ * which it takes over: f is closed on return, whatever the result. */
+ks_err model_lora_load_file(const model *base, gguf_file *f, model_lora **out /* OUT */,
+                            ks_errbuf *eb) KS_MUST_USE;
+/* Frees the adapter; accepts NULL. */
+void model_lora_free(model_lora *l);
+/* Sets the user's scale (default 1): the delta is user_scale * alpha / r
+ * times B A x. Not while a pass uses the adapter. Can't fail. */
+void model_lora_set_scale(model_lora *l, float user_scale);
+/* The delta's whole multiplier (user_scale * alpha / r, or user_scale
+ * without alpha; r the largest rank), that rank, and the number of
+ * targeted matrices. Can't fail. */
+float model_lora_scale(const model_lora *l);
+int32_t model_lora_rank(const model_lora *l);
+int32_t model_lora_n_mats(const model_lora *l);
 
 // ----------------------------------------------------------------------------
 // Embeddings: pooling of the final hidden state (model_forward_hidden)

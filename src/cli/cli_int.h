@@ -19,6 +19,7 @@ typedef struct cli__session {
     int32_t n_ctx;      // positions available to the sequence
     int32_t n_batch;    // tokens per forward call
     int kv_type;        // KV element type of the pool (kv.h)
+    model_lora *lora;   // the sequence's LoRA adapter (NULL: none; cli__session_lora)
 } cli__session;
 
 /* Default thread count: online CPUs. */
@@ -29,6 +30,10 @@ int cli__default_threads(void);
  * On failure prints the error (naming the file) to stderr and returns it. */
 ks_err cli__session_open(cli__session *s, const char *path, int n_threads, int32_t n_ctx,
                          int32_t n_batch, int kv_type);
+/* Loads the LoRA adapter at path (scale: --lora-scale) for the session's
+ * sequence. On failure prints the error (naming the file) to stderr and
+ * returns it; the session is unchanged. */
+ks_err cli__session_lora(cli__session *s, const char *path, double scale);
 /* Frees everything; accepts a zeroed session. */
 void cli__session_close(cli__session *s);
 

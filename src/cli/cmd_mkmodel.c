@@ -179,6 +179,8 @@ static void mk__usage(FILE *fp) {
         "  --qk-gain G                  attn_q/k weights G times larger: attention that depends\n"
         "                               on position (so a RoPE mistake shows in perplexity)\n"
         "  --name NAME                  general.name\n"
+        "  --lora-of BASE.gguf          a LoRA adapter for BASE instead (kvseal mklora: see\n"
+        "                               its --help; --lora-type, --lora-targets, --rank, ...)\n"
         "  -t N                         threads (output does not depend on it)\n");
 }
 
@@ -632,7 +634,27 @@ static int mk__apply(void *ctx, int id, const char *v, bool reset) {
     return 0;
 }
 
+/* `mkmodel --lora-of BASE.gguf ...`: kvseal mklora under mkmodel's name,
+ * with --lora-of for -m, --lora-type for --type, --lora-targets for
+ * --targets (the other options as mklora's). */
+static int mk__lora_of(int argc, char **argv) {
+    char **av = calloc((size_t)argc + 1, sizeof *av);
+    if (!av) return 1;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        av[i] = !strcmp(a, "--lora-of")       ? "--model"
+                : !strcmp(a, "--lora-type")    ? "--type"
+                : !strcmp(a, "--lora-targets") ? "--targets"
+                                               : argv[i];
+    }
+    const int rc = cli_mklora(argc, av);
+    free(av);
+    return rc;
+}
+
 int cli_mkmodel(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--lora-of")) return mk__lora_of(argc, argv);
     mk__cfg cf = {.o = {.arch = "llama",
                         .type = KS_DTYPE_F16,
                         .seed = 1,

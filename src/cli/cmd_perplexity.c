@@ -24,15 +24,17 @@ static void ppl__score(const float *logits, int32_t V, int32_t target, double *n
     *nll2 += x * x;
 }
 
-enum { PO_MODEL, PO_FILE, PO_CTX, PO_THREADS, PO_BATCH, PO_KV_TYPE, PO__N };
+enum { PO_MODEL, PO_FILE, PO_CTX, PO_THREADS, PO_BATCH, PO_KV_TYPE, PO_LORA, PO_LORA_SCALE, PO__N };
 static const cli__opt ppl__opts[PO__N] = {
     [PO_MODEL] = {"model", 'm', true, false}, [PO_FILE] = {"file", 'f', true, false},
     [PO_CTX] = {"ctx", 'c', true, false},     [PO_THREADS] = {"threads", 't', true, false},
     [PO_BATCH] = {"batch", 'b', true, false}, [PO_KV_TYPE] = {"kv-type", 0, true, false},
+    [PO_LORA] = {"lora", 0, true, false},     [PO_LORA_SCALE] = {"lora-scale", 0, true, false},
 };
 
 typedef struct {
-    const char *path, *file;
+    const char *path, *file, *lora;
+    double lora_scale;
     long ctx, threads, batch;
     int kv_type;
 } ppl__cfg;
@@ -43,6 +45,7 @@ static void ppl__usage(const char *cmd) {
         stderr,
         "usage: kvseal perplexity [-m MODEL] -f TEXTFILE [-c CTX (512)] [-t THREADS] [-b BATCH]\n"
         "                         [--kv-type f32|f16|q8_0 (f16)] [--log-format text|json]\n"
+        "                         [--lora ADAPTER.gguf [--lora-scale S (1)]]\n"
         "  prints 'perplexity: P' and, last, 'Final estimate: PPL = P +/- E' as llama.cpp's\n"
         "  llama-perplexity does (E: the standard error of the mean NLL, times P)\n");
 }
@@ -65,6 +68,11 @@ static int ppl__apply(void *ctx, int id, const char *v, bool reset) {
         return cli__parse_int("-b", v, 1, 1 << 20, &c->batch) ? 0 : 2;
     case PO_KV_TYPE:
         return cli__parse_kv_type(v, &c->kv_type) ? 0 : 2;
+    case PO_LORA:
+        c->lora = v;
+        return 0;
+    case PO_LORA_SCALE:
+        return cli__parse_float("--lora-scale", v, &c->lora_scale) ? 0 : 2;
     }
     return 2;
 }
@@ -82,7 +90,7 @@ double cli__ppl_stderr(double nll, double nll2, long count) {
 int cli_perplexity(int argc, char **argv) {
     engine_opts d; // the engine's default KV type is the only copy of it
     engine_opts_default(&d);
-    ppl__cfg cf = {.path = cli_default_model(), .ctx = 512, .kv_type = d.kv_type};
+    ppl__cfg cf = {.path = cli_default_model(), .ctx = 512, .kv_type = d.kv_type, .lora_scale = 1};
     const cli__spec sp = {"perplexity", ppl__opts, PO__N, ppl__apply, ppl__usage, false, false};
     int prc = cli__opts_parse(&sp, &cf, argc, argv, NULL);
     if (prc) return prc < 0 ? 0 : prc;
@@ -99,6 +107,11 @@ int cli_perplexity(int argc, char **argv) {
     cli__session s;
     if (cli__session_open(&s, path, (int)threads, (int32_t)ctx,
                           batch ? (int32_t)batch : (int32_t)ctx, kv_type)) {
+        free(text);
+        return 1;
+    }
+    if (cf.lora && cli__session_lora(&s, cf.lora, cf.lora_scale)) {
+        cli__session_close(&s);
         free(text);
         return 1;
     }

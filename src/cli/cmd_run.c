@@ -25,6 +25,10 @@ static void run__usage(const char *cmd) {
             "                  [--n-probs K] [--stop STR]...\n"
             "                  [--ignore-eos] [--special] [-c CTX] [-t THREADS]\n"
             "                  [--kv-type f32|f16|q8_0] [--logprobs]\n"
+            "                  [--lora ADAPTER.gguf [--lora-scale S (1)]]\n"
+            "  --lora applies a LoRA adapter (llama.cpp's GGUF; kvseal mklora makes one);\n"
+            "    with it the text comes from one sequence outside the engine, without\n"
+            "    --stop and --logprobs.\n"
             "  --logprobs prints, for each generated token, a stderr line\n"
             "    'logprobs: STEP ID OFFSET LP1 LP2': its id, the byte offset of its text in\n"
             "    the output, and the log-probabilities of the two most likely tokens.\n"
@@ -47,6 +51,8 @@ enum {
     RO_IGNORE_EOS,
     RO_SPECIAL,
     RO_LOGPROBS,
+    RO_LORA,
+    RO_LORA_SCALE,
     RO__N
 };
 static const cli__opt run__opts[RO__N] = {
@@ -65,10 +71,13 @@ static const cli__opt run__opts[RO__N] = {
     [RO_IGNORE_EOS] = {"ignore-eos", 0, false, false},
     [RO_SPECIAL] = {"special", 0, false, false},
     [RO_LOGPROBS] = {"logprobs", 0, false, false},
+    [RO_LORA] = {"lora", 0, true, false},
+    [RO_LORA_SCALE] = {"lora-scale", 0, true, false},
 };
 
 typedef struct {
-    const char *path, *prompt;
+    const char *path, *prompt, *lora;
+    double lora_scale;
     const char *stops[RUN_MAX_STOPS];
     int n_stops;
     long n_predict, threads, ctx;
@@ -139,12 +148,80 @@ static int run__apply(void *ctx, int id, const char *v, bool reset) {
     case RO_LOGPROBS:
         c->logprobs = !strcmp(v, "true");
         return 0;
+    case RO_LORA:
+        c->lora = v;
+        return 0;
+    case RO_LORA_SCALE:
+        return cli__parse_float("--lora-scale", v, &c->lora_scale) ? 0 : 2;
     }
     return 2;
 }
 
+/* `run --lora`: one sequence through a session (the engine runs no
+ * adapters yet): the prompt, then n_predict tokens from the sampler with the
+ * prompt in its history (llama.cpp's), until an end-of-generation token. */
+static int run__lora(const run__cfg *cf, const sample_params *sp) {
+    cli__session s;
+    ks_errbuf eb = {0};
+    sampler *smp = NULL;
+    int32_t *toks = NULL;
+    float *logits = NULL;
+    size_t n_toks = 0;
+    int rc = 1;
+    if (cli__session_open(&s, cf->path, (int)cf->threads, (int32_t)cf->ctx, 0, cf->kv_type)) return 1;
+    if (cli__session_lora(&s, cf->lora, cf->lora_scale)) goto done;
+    const tok_vocab *vocab = model_vocab(s.m);
+    const int32_t V = model_hp(s.m)->n_vocab;
+    if (tok_encode(vocab, cf->prompt, strlen(cf->prompt), true, cf->special, &toks, &n_toks, &eb))
+        goto fail;
+    if (n_toks == 0 || (int64_t)n_toks >= s.n_ctx) {
+        fprintf(stderr, "kvseal run: a prompt of %zu tokens does not fit the context of %d\n",
+                n_toks, s.n_ctx);
+        goto done;
+    }
+    long n_predict = cf->n_predict;
+    if (n_predict > s.n_ctx - (int64_t)n_toks) n_predict = s.n_ctx - (int64_t)n_toks;
+    if (!(logits = malloc(sizeof(float) * (size_t)V))) {
+        ks_seterr(&eb, KS_ERR_NOMEM, "logits");
+        goto fail;
+    }
+    if (sampler_create(sp, V, &smp, &eb)) goto fail;
+    sampler_accept_n(smp, toks, (int64_t)n_toks);
+    const uint64_t t0 = ks_now_ns();
+    if (cli__session_eval(&s, toks, (int32_t)n_toks, 0, NULL, logits, &eb)) goto fail;
+    const uint64_t t1 = ks_now_ns();
+    int n_gen = 0;
+    for (; n_gen < n_predict; n_gen++) {
+        sample_result r;
+        sampler_sample(smp, logits, &r);
+        if (!cf->ignore_eos && tok_is_eog(vocab, r.token)) break;
+        char piece[256];
+        const size_t n = tok_piece(vocab, r.token, cf->special, piece, sizeof piece);
+        fwrite(piece, 1, n < sizeof piece ? n : sizeof piece, stdout);
+        fflush(stdout);
+        sampler_accept(smp, r.token);
+        if (n_gen + 1 < n_predict &&
+            cli__session_eval(&s, &r.token, 1, 0, NULL, logits, &eb))
+            goto fail;
+    }
+    const double pp_ms = (double)(t1 - t0) / 1e6, tg_ms = (double)(ks_now_ns() - t1) / 1e6;
+    fprintf(stderr, "\nkvseal: prompt %zu tokens in %.1f ms (%.1f t/s), generated %d tokens in "
+            "%.1f ms (%.1f t/s)\n", n_toks, pp_ms, pp_ms > 0 ? (double)n_toks / (pp_ms / 1e3) : 0.0,
+            n_gen, tg_ms, n_gen > 1 && tg_ms > 0 ? (n_gen - 1) / (tg_ms / 1e3) : 0.0);
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "kvseal run: %s\n", eb.msg[0] ? eb.msg : "failed");
+done:
+    sampler_destroy(smp);
+    free(logits);
+    free(toks);
+    cli__session_close(&s);
+    return rc;
+}
+
 int cli_run(int argc, char **argv) {
-    run__cfg rcf = {.path = cli_default_model(), .n_predict = 128};
+    run__cfg rcf = {.path = cli_default_model(), .n_predict = 128, .lora_scale = 1};
     sample_params_default(&rcf.sp);
     engine_opts od; // the engine's default KV type is the only copy of it
     engine_opts_default(&od);
@@ -172,6 +249,13 @@ int cli_run(int argc, char **argv) {
     if (sample_params_validate(&sp, &eb)) {
         fprintf(stderr, "kvseal run: %s\n", eb.msg);
         return 2;
+    }
+    if (rcf.lora) {
+        if (n_stops || logprobs) {
+            fprintf(stderr, "kvseal run: --stop and --logprobs are not available with --lora yet\n");
+            return 2;
+        }
+        return run__lora(&rcf, &sp);
     }
     // the engine, as every front end drives it: one request, the same
     // admission, sampler history and stop strings as `kvseal serve`

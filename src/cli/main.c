@@ -27,6 +27,7 @@ int cli_main(int argc, char **argv) {
         {"tokenize", cli_tokenize, "print the tokens of a text"},
         {"inspect", cli_inspect, "print a GGUF file's metadata and tensors"},
         {"mkmodel", cli_mkmodel, "write a deterministic random-weight GGUF model"},
+        {"mklora", cli_mklora, "write a deterministic random LoRA adapter for a GGUF model"},
         {"bench", cli_bench, "prompt/generation speed against the memory roofline"},
         {"serve", cli_serve, "OpenAI-compatible HTTP server with tenants (see serve --help)"},
         {"check", cli_check, "print the KV pool sizing arithmetic and exit 0/1 (I8)"},

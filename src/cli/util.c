@@ -88,8 +88,25 @@ fail:
     return e;
 }
 
+ks_err cli__session_lora(cli__session *s, const char *path, double scale) {
+    ks_errbuf eb = {0};
+    model_lora *l = NULL;
+    ks_err e = model_lora_load(s->m, path, &l, &eb);
+    if (e) {
+        fprintf(stderr, "kvseal: %s\n", eb.msg[0] ? eb.msg : ks_strerror(e));
+        return e;
+    }
+    model_lora_set_scale(l, (float)scale);
+    model_lora_free(s->lora);
+    s->lora = l;
+    ks_log(KS_LOG_INFO, "lora %s: %d matrices, rank %d, scale %g", path, model_lora_n_mats(l),
+           model_lora_rank(l), (double)model_lora_scale(l));
+    return KS_OK;
+}
+
 void cli__session_close(cli__session *s) {
     if (s->pool) kv_seq_release(s->pool, &s->seq);
+    model_lora_free(s->lora);
     model_ctx_free(s->ctx);
     kv_pool_destroy(s->pool);
     model_free(s->m);
@@ -109,6 +126,7 @@ ks_err cli__session_eval(cli__session *s, const int32_t *toks, int32_t n, int32_
     if (!pos) return ks_seterr(eb, KS_ERR_NOMEM, "batch");
     int32_t *seqi = pos + s->n_batch, *outr = seqi + s->n_batch;
     kv_seq *seqs[1] = {&s->seq};
+    const model_lora *loras[1] = {s->lora};
     for (int32_t i0 = 0; i0 < n && !e; i0 += s->n_batch) {
         int32_t nb = n - i0 < s->n_batch ? n - i0 : s->n_batch, n_out = 0;
         int32_t first_out = -1;
@@ -132,7 +150,8 @@ ks_err cli__session_eval(cli__session *s, const int32_t *toks, int32_t n, int32_
             }
         }
         model_batch b = {.n_tokens = nb, .tokens = toks + i0, .pos = pos, .seq = seqi, .out_row = outr,
-                         .n_out = n_out, .n_seqs = 1, .seqs = seqs};
+                         .n_out = n_out, .n_seqs = 1, .seqs = seqs,
+                         .lora = s->lora ? loras : NULL};
         e = model_forward(s->ctx, &b, dst, eb);
         if (!e && last_logits && i0 + nb == n)
             memcpy(last_logits, dst + (size_t)(n_out - 1) * (size_t)V, sizeof(float) * (size_t)V);

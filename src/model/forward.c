@@ -1349,6 +1349,7 @@ ks_err model_forward_hidden(model_ctx *c, const model_batch *b, float *logits,
     if (c->m->mtp_eh.data && !c->mtp_in)
         return ks_seterr(eb, KS_ERR_INVAL, "a NextN head runs by model_forward_mtp");
     ks_err e = fwd__validate(c, b, h, eb);
+    if (!e) e = model__lora_begin(c, b, eb); // model__matmuls adds the adapters' deltas
     if (e) return e;
     const model *m = c->m;
     const model_hparams *hp = &m->hp;

@@ -277,7 +277,7 @@ void model__act(model_ctx *c, const model__mat *w, const float *X, int T, const 
 }
 
 /* Ys[i] = X @ ws[i]^T for T rows of X (K floats each), i < n (<= 4), in one
- * pool run. */
+ * pool run; then the LoRA deltas of the pass's adapters (lora.c). */
 void model__matmuls(model_ctx *c, int n, const model__mat *const *ws, const float *X, int T,
                     float *const *Ys) {
     model__mm_part p[4] = {0};
@@ -289,6 +289,8 @@ void model__matmuls(model_ctx *c, int n, const model__mat *const *ws, const floa
         model__act(c, ws[i], X, T, &p[i].X, &p[i].x_stride);
     }
     model__mm_run(c, p, n);
+    for (int i = 0; c->lora_b && T == c->lora_b->n_tokens && i < n; i++)
+        model__lora_apply(c, ws[i], X, Ys[i]);
 }
 
 /* Y = X @ W^T for T rows of X: model__matmuls of one weight. */

@@ -266,6 +266,7 @@ struct model_ctx {
     int st_pages;        // state pages a sequence holds (kv_geom.state_pages)
     int64_t st_rpp;      // state rows (S floats) per page
     int64_t st_rows_layer; // state rows of one recurrent layer
+    const model_batch *lora_b; // this pass's batch when it carries adapters (NULL: none)
 };
 
 /* Most ssm.state_size (S) a hybrid model may have (stack scratch per head). */
@@ -300,6 +301,23 @@ int model__layer_flag(const gguf_file *f, const char *arch, const char *suffix, 
 ks_err model__bert_forward(model_ctx *c, const model_batch *b, const model_hidden *h,
                            ks_errbuf *eb);
 
+/* The matrices a LoRA adapter may target (lora.c), in a layer's order. */
+typedef enum model__lora_tgt {
+    MODEL__LORA_Q, MODEL__LORA_K, MODEL__LORA_V, MODEL__LORA_O,
+    MODEL__LORA_GATE, MODEL__LORA_UP, MODEL__LORA_DOWN, MODEL__LORA_N
+} model__lora_tgt;
+
+/* Adds each token's LoRA delta to Y (T, N) after the matmul Y = X @ w^T
+ * when w is matrix tgt of a layer (wq, wk, wv, wo, w_gate, w_up, w_down):
+ * Y[t] += scale * B (A X[t]) for the tokens of the pass's batch whose
+ * sequence has an adapter targeting it (c->lora_b). Per token, a fixed
+ * reduction order: batch invariant. No-op otherwise (model__matmuls calls
+ * it after every run). */
+void model__lora_apply(model_ctx *c, const model__mat *w, const float *X, float *Y);
+/* Starts a pass over b: checks that b's adapters all belong to c's model
+ * (KS_ERR_INVAL otherwise) and sets c->lora_b (NULL: no adapters). */
+ks_err model__lora_begin(model_ctx *c, const model_batch *b, ks_errbuf *eb);
+
 /* Forgets cached quantized activations (call when an input buffer changes). */
 static inline void model__act_reset(model_ctx *c) { c->act[0].src = c->act[1].src = NULL; }
 
@@ -322,7 +340,7 @@ int model__act_slot(const model_ctx *c, const model__mat *w, size_t *rb);
 void model__act(model_ctx *c, const model__mat *w, const float *X, int T, const void **Xa,
                 size_t *stride);
 /* Ys[i] = X @ ws[i]^T for T rows of X (K floats each), i < n (<= 4), in one
- * pool run. */
+ * pool run; then the LoRA deltas of the pass's adapters (model__lora_apply). */
 void model__matmuls(model_ctx *c, int n, const model__mat *const *ws, const float *X, int T,
                     float *const *Ys);
 /* Y = X @ W^T for T rows of X: model__matmuls of one weight. */

@@ -47,7 +47,7 @@ static void run_greedy(const char *path, const char *isa, int32_t *toks, float *
         pos[i] = i;
         outr[i] = i == N_PROMPT - 1 ? 0 : -1;
     }
-    model_batch b = {N_PROMPT, prompt, pos, sq, outr, 1, 1, seqs, NULL};
+    model_batch b = {N_PROMPT, prompt, pos, sq, outr, 1, 1, seqs, NULL, NULL};
     CHECK_EQ(model_forward(ctx, &b, lg, &eb), KS_OK);
     for (int i = 0; i < N_GEN; i++) {
         const float *l = lg + (size_t)i * (size_t)*V;
@@ -58,7 +58,7 @@ static void run_greedy(const char *path, const char *isa, int32_t *toks, float *
         if (i + 1 == N_GEN) break;
         pos[0] = N_PROMPT + i;
         outr[0] = 0;
-        model_batch d = {1, &toks[i], pos, sq, outr, 1, 1, seqs, NULL};
+        model_batch d = {1, &toks[i], pos, sq, outr, 1, 1, seqs, NULL, NULL};
         CHECK_EQ(model_forward(ctx, &d, lg + (size_t)(i + 1) * (size_t)*V, &eb), KS_OK);
     }
     kv_seq_release(pool, &s);
@@ -113,7 +113,7 @@ static void solo_run(const model *m, const int32_t *prompt, int n_prompt, float 
             tk[0] = tok, pos[0] = p++, outr[0] = 0, n = 1;
         }
         bool out = outr[n - 1] == 0;
-        model_batch b = {n, tk, pos, sq, outr, out ? 1 : 0, 1, seqs, NULL};
+        model_batch b = {n, tk, pos, sq, outr, out ? 1 : 0, 1, seqs, NULL, NULL};
         CHECK_EQ(model_forward(ctx, &b, lg + (size_t)step * (size_t)V, &eb), KS_OK);
         if (!out) continue;
         const float *l = lg + (size_t)step * (size_t)V;
@@ -157,7 +157,7 @@ static void test_batch_invariance(const char *path) {
             tk[n] = ps[k][j], pos[n] = j, sq[n] = k, outr[n] = j == np[k] - 1 ? k : -1;
     }
     for (int step = 0; step < NG; step++) {
-        model_batch b = {n, tk, pos, sq, outr, 2, 2, seqs, NULL};
+        model_batch b = {n, tk, pos, sq, outr, 2, 2, seqs, NULL, NULL};
         CHECK_EQ(model_forward(ctx, &b, lg, &eb), KS_OK);
         int32_t next[2], p_next[2];
         for (int k = 0; k < 2; k++) {

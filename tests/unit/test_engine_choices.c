@@ -298,7 +298,7 @@ static void test_prompt_logprobs(void) {
     for (size_t i = 0; i < n; i++)
         pos[i] = (int32_t)i, sq[i] = 0, outr[i] = (int32_t)i;
     kv_seq *seqs[1] = {&seq};
-    model_batch b = {(int32_t)n, ids, pos, sq, outr, (int32_t)n, 1, seqs, NULL};
+    model_batch b = {(int32_t)n, ids, pos, sq, outr, (int32_t)n, 1, seqs, NULL, NULL};
     CHECK_EQ(model_forward(ctx, &b, logits, &eb), KS_OK);
 
     engine *e = make_engine(64, 4);

@@ -82,7 +82,7 @@ static void greedy(env *e, const int32_t *prompt, int n_prompt, int n_gen, int c
             outr[j] = (i0 + j == n_prompt - 1) ? 0 : -1;
         }
         int n_out = i0 + nb == n_prompt;
-        model_batch b = {nb, prompt + i0, pos, seqi, outr, n_out, 1, seqs, NULL};
+        model_batch b = {nb, prompt + i0, pos, seqi, outr, n_out, 1, seqs, NULL, NULL};
         CHECK_EQ(model_forward(e->ctx, &b, all, &eb), KS_OK);
     }
     for (int i = 0; i < n_gen; i++) {
@@ -91,7 +91,7 @@ static void greedy(env *e, const int32_t *prompt, int n_prompt, int n_gen, int c
         if (i + 1 == n_gen) break;
         pos[0] = n_prompt + i;
         outr[0] = 0;
-        model_batch b = {1, &cur, pos, seqi, outr, 1, 1, seqs, NULL};
+        model_batch b = {1, &cur, pos, seqi, outr, 1, 1, seqs, NULL, NULL};
         CHECK_EQ(model_forward(e->ctx, &b, all + (size_t)(i + 1) * (size_t)e->V, &eb), KS_OK);
     }
     kv_seq_release(e->pool, &s);
@@ -183,7 +183,7 @@ static void test_batch_invariance(const model *m, int kv_type) {
             who[n_out++] = k;
         }
         if (!n) break;
-        model_batch b = {n, tk, pos, sq, outr, n_out, 3, seqs, NULL};
+        model_batch b = {n, tk, pos, sq, outr, n_out, 3, seqs, NULL, NULL};
         CHECK_EQ(model_forward(multi.ctx, &b, lg, &eb), KS_OK);
         for (int o = 0; o < n_out; o++) {
             int k = who[o];
@@ -214,7 +214,7 @@ static void test_bad_batches(const model *m) {
     ks_errbuf eb;
     float *lg = malloc(sizeof(float) * (size_t)e.V);
     int32_t tk[2] = {1, 5}, pos[2] = {0, 1}, sq[2] = {0, 0}, outr[2] = {-1, 0};
-    model_batch b = {2, tk, pos, sq, outr, 1, 1, seqs, NULL};
+    model_batch b = {2, tk, pos, sq, outr, 1, 1, seqs, NULL, NULL};
     CHECK_EQ(model_forward(e.ctx, &b, lg, &eb), KS_ERR_INVAL);  // no pages reserved
     CHECK_STR_HAS(eb.msg, "no reserved page");
     CHECK_EQ(kv_seq_reserve(e.pool, &s, 32, &eb), KS_OK);
@@ -247,7 +247,7 @@ static void test_poison_reads_nan(const model *m, int kv_type) {
     kv_seq_set_filled(e.pool, &s, 20); // rows 0..19: scrubbed pages, nothing written
     float *lg = malloc(sizeof(float) * (size_t)e.V);
     int32_t tk = 5, pos = 20, sq = 0, outr = 0;
-    model_batch b = {1, &tk, &pos, &sq, &outr, 1, 1, seqs, NULL};
+    model_batch b = {1, &tk, &pos, &sq, &outr, 1, 1, seqs, NULL, NULL};
     CHECK_EQ(model_forward(e.ctx, &b, lg, &eb), KS_OK);
     for (int32_t i = 0; i < e.V; i++)
         CHECK(isnan(lg[i]));
