@@ -128,13 +128,21 @@ expect_has "cluster long input" "$(cat "$TMPD/r.json")" "context_length_exceeded
 stop_cluster
 
 [ -x "$A" ] || skip "no llama.cpp anchor at $A (kvseal's own checks passed)"
+# llama-server's up: its /health answers; false at once (LS_DEAD set) if it exited
+ls_up() { curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
+          kill -0 $LPID 2>/dev/null || { LS_DEAD=1; return 0; }; return 1; }
 for f in f16 q8 nf16 nq8; do
-    port=$((20000 + RANDOM % 20000))
-    "$A" -m "$TMPD/$f.gguf" --embedding --host 127.0.0.1 --port $port -t 2 -c 512 \
-        >"$TMPD/ls_$f.log" 2>&1 &
-    LPID=$!
-    trap 'kill -KILL $LPID 2>/dev/null; rm_tmpd' EXIT
-    wait_for "llama-server on $f" curl -fsS "http://127.0.0.1:$port/health"
+    for try in 1 2 3 4 5; do # a random port below the ephemeral range; another if it is taken
+        port=$((20000 + RANDOM % 12000))
+        "$A" -m "$TMPD/$f.gguf" --embedding --host 127.0.0.1 --port $port -t 2 -c 512 \
+            >"$TMPD/ls_$f.log" 2>&1 &
+        LPID=$!
+        trap 'kill -KILL $LPID 2>/dev/null; rm_tmpd' EXIT
+        LS_DEAD=
+        wait_for "llama-server on $f" ls_up
+        [ -z "$LS_DEAD" ] && break
+        [ $try -lt 5 ] || fail "llama-server on $f exited: $(tail -3 "$TMPD/ls_$f.log")"
+    done
     embed "http://127.0.0.1:$port" "$TMPD/ll_$f.json"
     kill $LPID
     wait $LPID 2>/dev/null
