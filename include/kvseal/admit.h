@@ -130,7 +130,10 @@ typedef struct engine_params engine_params;
       KS_ERR_CANCELLED, "the request was aborted")                                                 \
     /* kvseal serve with several models: the request's model is being loaded (retry) */           \
     X(MODEL_LOADING, 34, ADMIT_HTTP, "model_loading", 503, ADMIT_SE, "model_loading", 3040,        \
-      KS_ERR_AGAIN, "the model is loading; retry shortly")
+      KS_ERR_AGAIN, "the model is loading; retry shortly")                                        \
+    /* a LoRA adapter name the tenant has none of (another tenant's reads the same) */            \
+    X(ADAPTER_NOT_FOUND, 35, ADMIT_WIRE, "adapter_not_found", 404, ADMIT_IRE, "adapter_not_found", \
+      3042, KS_ERR_INVAL, "the adapter does not exist")
 
 typedef enum admit_reason {
     ADMIT_OK = 0,

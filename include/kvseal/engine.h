@@ -119,6 +119,10 @@ typedef struct engine_opts {
 /* Drafted tokens per step at most (engine_opts.spec_tokens). */
 #define ENGINE_SPEC_MAX 8
 
+#define ENGINE_ADAPTER_NAME_MAX 65     /* an adapter name's bytes, NUL included */
+#define ENGINE_ADAPTER_DIGEST_BYTES 32 /* SHA-256 */
+#define ENGINE_ADAPTERS_MAX 1024       /* adapters one engine holds */
+
 /* Fills defaults for everything but m, n_ctx and kv_pages. Can't fail. */
 void engine_opts_default(engine_opts *o);
 
@@ -171,13 +175,82 @@ typedef struct engine_params {
     const int32_t *prediction;   /* (n_prediction) the expected output's ids (OpenAI's
                                     predicted outputs), drafted from; copied; NULL: none */
     int32_t n_prediction;
+    const char *adapter; /* LoRA adapter name (NULL or "": none), resolved at submit among the
+                            tenant's own adapters and the public ones (engine_adapter_add);
+                            any other name, another tenant's included, is refused alike with
+                            ADMIT_ADAPTER_NOT_FOUND */
 } engine_params;
 
 typedef struct engine_req engine_req;
 
 /* The prefix-cache / tenant domain root of a request (I7): the tenant, or
- * the operator's sharing group. Can't fail. */
+ * the operator's sharing group. Without an adapter, the prefix-cache key;
+ * with one, engine_root_with_adapter of it is. Can't fail. */
 void engine_domain_root(const engine_params *p, uint8_t root[KV_ROOT_BYTES] /* OUT */);
+/* Mixes an adapter's digest into a domain root (in place): SHA-256 of a
+ * label, the root and the digest, so no prefix computed under one adapter
+ * (or none) is found under another (I7). Can't fail. */
+void engine_root_with_adapter(uint8_t root[KV_ROOT_BYTES] /* IN/OUT */,
+                              const uint8_t digest[ENGINE_ADAPTER_DIGEST_BYTES]);
+
+// ----------------------------------------------------------------------------
+// LoRA adapters (adapter.c): a tenant's private data
+//
+// Each adapter belongs to one tenant and is named within it; the admin may
+// mark one public (usable by every tenant; its name then unique among the
+// public ones). A request names an adapter (engine_params.adapter) and is
+// resolved against its own tenant's first, then the public ones; any other
+// name is "not found", whether or not another tenant has it. Requests hold
+// a reference: engine_adapter_remove unlinks the adapter at once (new
+// requests no longer find it) and its factors are scrubbed and freed when
+// the last request using it ends. The prefix cache is keyed by the domain
+// root mixed with the adapter's digest (SHA-256 of its file bytes and
+// scale), so prefixes never pass between adapters, and the cluster's
+// workers derive the same key from the same file.
+
+typedef struct engine_adapter_spec {
+    const char *tenant;  /* the owner (the name authentication gives); copied */
+    const char *name;    /* [A-Za-z0-9._-], 1..ENGINE_ADAPTER_NAME_MAX-1 bytes, not starting
+                            with '.'; unique within the owner; copied */
+    bool is_public;      /* every tenant may use it */
+    float scale;         /* the user scale (llama.cpp's --lora-scaled); 0 means 1 */
+    const void *data;    /* (len) the adapter's GGUF file (llama.cpp's format, model.h
+                            "LoRA adapters"); read during the call only */
+    size_t len;
+} engine_adapter_spec;
+
+typedef struct engine_adapter_info {
+    char tenant[128];
+    char name[ENGINE_ADAPTER_NAME_MAX];
+    bool is_public;
+    float scale;                  /* the user scale */
+    int32_t rank, n_mats;
+    uint64_t bytes;               /* memory its factors hold */
+    uint32_t running;             /* requests holding it now */
+    uint8_t digest[ENGINE_ADAPTER_DIGEST_BYTES];
+} engine_adapter_info;
+
+/* The digest engine_adapter_add gives the adapter of (data, len) at scale
+ * (0 means 1): SHA-256 of the bytes and the scale as a little-endian f32.
+ * Can't fail. */
+void engine_adapter_digest(const void *data, size_t len, float scale,
+                           uint8_t out[ENGINE_ADAPTER_DIGEST_BYTES] /* OUT */);
+/* Loads the adapter of s against the engine's model and registers it.
+ * Errors: KS_ERR_INVAL (a bad name or scale; the owner already has that
+ * name; a public adapter of that name exists; ENGINE_ADAPTERS_MAX reached),
+ * model_lora_load's (KS_ERR_FORMAT, KS_ERR_UNSUPPORTED: the file does not
+ * fit the model), KS_ERR_NOMEM. Blocks while it loads; thread-safe. */
+ks_err engine_adapter_add(engine *e, const engine_adapter_spec *s, ks_errbuf *eb) KS_MUST_USE;
+/* Unregisters tenant's adapter name (its own, not a public one of another
+ * owner); the memory is scrubbed and freed once no request holds it.
+ * Errors: KS_ERR_INVAL with reason ADMIT_ADAPTER_NOT_FOUND. Thread-safe. */
+ks_err engine_adapter_remove(engine *e, const char *tenant, const char *name,
+                             ks_errbuf *eb) KS_MUST_USE;
+/* Writes up to cap registered adapters (oldest first) to out and returns
+ * how many there are; tenant non-NULL: only those it may use. Can't fail. */
+int engine_adapter_list(engine *e, const char *tenant, engine_adapter_info *out, int cap);
+/* Whether tenant may use an adapter named name (its own or a public one). */
+bool engine_adapter_visible(engine *e, const char *tenant, const char *name);
 
 /* Admission, then enqueue. On success *out is a handle owned by the caller
  * (engine_req_release). Rejections never touch the pool:
@@ -275,6 +348,8 @@ typedef struct engine_adopt_args {
                               when its text is complete) and advances it */
     const sample_bias *bias; /* (n_bias) logit_bias, validated here; copied */
     int n_bias;
+    const char *adapter;   /* LoRA adapter name as engine_params.adapter (NULL: none),
+                              resolved under tenant */
 } engine_adopt_args;
 
 /* Starts generation of an adopted request at once in DECODING: the first
@@ -420,6 +495,9 @@ typedef struct engine_stats {
     uint64_t spec_steps;    /* speculative decoding: request-steps that carried drafts */
     uint64_t spec_drafted;  /* drafted tokens computed */
     uint64_t spec_accepted; /* drafted tokens kept (the rest were scrubbed at once) */
+    uint32_t adapters;      /* LoRA adapters registered */
+    uint64_t adapter_bytes; /* memory their factors hold (removed ones still in use included) */
+    uint64_t adapter_requests; /* requests admitted with an adapter */
 } engine_stats;
 /* Snapshot; thread-safe. */
 void engine_get_stats(engine *e, engine_stats *out /* OUT */);

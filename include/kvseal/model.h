@@ -376,8 +376,10 @@ ks_err model_lora_load(const model *base, const char *path, model_lora **out /* 
  * which it takes over: f is closed on return, whatever the result. */
 ks_err model_lora_load_file(const model *base, gguf_file *f, model_lora **out /* OUT */,
                             ks_errbuf *eb) KS_MUST_USE;
-/* Frees the adapter; accepts NULL. */
+/* Scrubs (zeroes) the adapter's factors and frees it; accepts NULL. */
 void model_lora_free(model_lora *l);
+/* Bytes its factors hold (f32 A and B of every targeted matrix). Can't fail. */
+size_t model_lora_bytes(const model_lora *l);
 /* Sets the user's scale (default 1): the delta is user_scale * alpha / r
  * times B A x. Not while a pass uses the adapter. Can't fail. */
 void model_lora_set_scale(model_lora *l, float user_scale);

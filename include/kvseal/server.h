@@ -83,6 +83,8 @@ typedef struct server_opts {
     uint64_t responses_ttl_s;   /* kept this long (3600; 0: nothing is kept) */
     size_t responses_max;       /* at most this many, oldest evicted first (1000) */
     size_t responses_max_bytes; /* at most this many bytes of JSON (64 MiB) */
+    size_t max_adapter_bytes;   /* POST /admin/adapters' body (a GGUF file) may be this large,
+                                   when the admin key came with it (1 GiB) */
 } server_opts;
 
 #define SERVER_EMBED_MAX_TOKENS 32768 /* server_opts.embed_max_tokens's default */
@@ -156,6 +158,15 @@ typedef struct server_backend {
      * then shows its counters without a map) */
     ks_err (*map_pages)(void *impl, uint32_t timeout_ms, engine_map **out /* OUT */,
                         ks_errbuf *eb);
+    /* LoRA adapters of catalog entry entry: engine_adapter_add, _remove and _list's
+     * contracts (engine.h "LoRA adapters"). NULL members: the backend holds none (a
+     * request naming an adapter is refused as not found; the admin routes answer 501).
+     * Any thread. */
+    ks_err (*adapter_add)(void *impl, int entry, const engine_adapter_spec *s, ks_errbuf *eb);
+    ks_err (*adapter_remove)(void *impl, int entry, const char *tenant, const char *name,
+                             ks_errbuf *eb);
+    int (*adapter_list)(void *impl, int entry, const char *tenant, engine_adapter_info *out,
+                        int cap);
 } server_backend;
 
 /* Parses --tool-call-format's value into server_opts.tool_call_format:

@@ -47,6 +47,17 @@
 #include <time.h>
 
 enum { MS_UNLOADED, MS_LOADING, MS_LOADED, MS_UNLOADING };
+
+/* A LoRA adapter of a model (server_backend.adapter_add): its file is kept
+ * so that each load of the model loads it again (scrubbed when removed). */
+typedef struct ms_adapter {
+    char tenant[128], name[ENGINE_ADAPTER_NAME_MAX];
+    bool is_public;
+    float scale;
+    uint8_t *data;
+    size_t len;
+    struct ms_adapter *next;
+} ms_adapter;
 static const char *const ms__state_name[] = {"unloaded", "loading", "loaded", "unloading"};
 
 #define MS_RETRY_FAILED_NS (5ull * 1000000000ull) /* a failed load is retried after 5 s */
@@ -82,6 +93,7 @@ typedef struct ms_slot {
     char err[KS_ERRMSG_CAP]; /* the last failed load's message */
     uint64_t err_ns;   /* when it failed (0: the last load did not fail) */
     engine_stats retired; /* the counters of its engines already unloaded */
+    ms_adapter *adapters; /* its LoRA adapters, oldest first, loaded into e at each load */
 } ms_slot;
 
 typedef struct ms_set {
@@ -141,6 +153,7 @@ static void ms__stats_add_counters(engine_stats *acc, const engine_stats *st) {
     acc->spec_steps += st->spec_steps;
     acc->spec_drafted += st->spec_drafted;
     acc->spec_accepted += st->spec_accepted;
+    acc->adapter_requests += st->adapter_requests;
     acc->kv.violations += st->kv.violations;
     acc->kv.prefix_hits_pages += st->kv.prefix_hits_pages;
     acc->kv.allocations += st->kv.allocations;
@@ -291,6 +304,15 @@ static void *ms__loader(void *arg) {
             sl->err_ns = 0;
             sl->last_used_ns = ks_now_ns();
             if (!s->online || !sl->online) sl->eb.set_online(sl->eb.impl, false, false);
+            for (ms_adapter *a = sl->adapters; a; a = a->next) { // checked when added
+                engine_adapter_spec sp = {.tenant = a->tenant, .name = a->name,
+                                          .is_public = a->is_public, .scale = a->scale,
+                                          .data = a->data, .len = a->len};
+                ks_errbuf aeb = {0};
+                if (engine_adapter_add(sl->e, &sp, &aeb))
+                    ks_log(KS_LOG_ERROR, "model %s: a LoRA adapter did not load again: %s",
+                           sl->name, aeb.msg);
+            }
             ks_log(KS_LOG_INFO, "model %s: loaded in %.2f s (%d of %d models loaded, %.0f of %.0f MB)",
                    sl->name, sl->load_s, s->n_loaded, s->n, (double)s->used / 1e6,
                    (double)s->budget / 1e6);
@@ -558,7 +580,10 @@ static void ms__get_stats(void *impl, engine_stats *out) {
         out->n_queued += st.n_queued;
         out->n_running += st.n_running;
         out->n_paused += st.n_paused;
+        out->adapter_bytes += st.adapter_bytes;
     }
+    for (int i = 0; i < s->n; i++) // an unloaded model's adapters count: they load with it
+        for (ms_adapter *a = s->slots[i].adapters; a; a = a->next) out->adapters++;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -714,10 +739,103 @@ static char *ms__metrics_text(void *impl) {
 // The catalog
 
 /* Frees the set's models (engines first); the loader must be stopped. */
+static void ms__adapter_free(ms_adapter *a) {
+    if (a->data) explicit_bzero(a->data, a->len); // the tenant's fine-tune
+    free(a->data);
+    free(a);
+}
+
+static ks_err ms__adapter_add(void *impl, int entry, const engine_adapter_spec *sp, ks_errbuf *eb) {
+    ms_set *s = impl;
+    ms_slot *sl = &s->slots[entry];
+    // checked against the model's shape now (its unpacked copy), loaded into
+    // its engine now if it runs, and at every later load
+    gguf_file *f = NULL;
+    model_lora *l = NULL;
+    ks_err err = gguf_open_mem(sp->data, sp->len, sp->name, &f, eb);
+    if (!err) err = model_lora_load_file(sl->hm, f, &l, eb);
+    model_lora_free(l);
+    if (err) return err;
+    ms_adapter *a = calloc(1, sizeof *a);
+    if (!a || !(a->data = malloc(sp->len ? sp->len : 1))) {
+        free(a);
+        return ks_seterr(eb, KS_ERR_NOMEM, "adapter");
+    }
+    snprintf(a->tenant, sizeof a->tenant, "%s", sp->tenant ? sp->tenant : "default");
+    snprintf(a->name, sizeof a->name, "%s", sp->name);
+    a->is_public = sp->is_public;
+    a->scale = sp->scale;
+    memcpy(a->data, sp->data, sp->len);
+    a->len = sp->len;
+    pthread_mutex_lock(&s->mu);
+    ms_adapter **tail = &sl->adapters;
+    for (ms_adapter *b = *tail; b && !err; tail = &b->next, b = b->next)
+        if (!strcmp(b->name, a->name) &&
+            (!strcmp(b->tenant, a->tenant) || (b->is_public && a->is_public)))
+            err = ks_seterr(eb, KS_ERR_INVAL, "%s '%s'",
+                            strcmp(b->tenant, a->tenant) ? "a public adapter is already named"
+                                                         : "this tenant already has an adapter named",
+                            a->name);
+    if (!err && sl->state == MS_LOADED) err = engine_adapter_add(sl->e, sp, eb);
+    if (!err) *tail = a;
+    pthread_mutex_unlock(&s->mu);
+    if (err) ms__adapter_free(a);
+    return err;
+}
+
+static ks_err ms__adapter_remove(void *impl, int entry, const char *tenant, const char *name,
+                                 ks_errbuf *eb) {
+    ms_set *s = impl;
+    ms_slot *sl = &s->slots[entry];
+    ms_adapter *found = NULL;
+    pthread_mutex_lock(&s->mu);
+    for (ms_adapter **pp = &sl->adapters; *pp; pp = &(*pp)->next)
+        if (!strcmp((*pp)->tenant, tenant) && !strcmp((*pp)->name, name)) {
+            found = *pp;
+            *pp = found->next;
+            break;
+        }
+    if (found && sl->state == MS_LOADED && engine_adapter_remove(sl->e, tenant, name, eb))
+        ks_log(KS_LOG_ERROR, "model %s: a LoRA adapter was not in its engine", sl->name);
+    pthread_mutex_unlock(&s->mu);
+    if (!found)
+        return admit_refuse(eb, ADMIT_ADAPTER_NOT_FOUND, "The adapter '%.64s' does not exist", name);
+    ms__adapter_free(found);
+    return KS_OK;
+}
+
+static int ms__adapter_list(void *impl, int entry, const char *tenant, engine_adapter_info *out,
+                            int cap) {
+    ms_set *s = impl;
+    ms_slot *sl = &s->slots[entry];
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    if (sl->state == MS_LOADED) n = engine_adapter_list(sl->e, tenant, out, cap);
+    else
+        for (ms_adapter *a = sl->adapters; a; a = a->next) { // loaded with the model
+            if (tenant && strcmp(a->tenant, tenant) && !a->is_public) continue;
+            if (n < cap) {
+                memset(&out[n], 0, sizeof out[n]);
+                snprintf(out[n].tenant, sizeof out[n].tenant, "%s", a->tenant);
+                snprintf(out[n].name, sizeof out[n].name, "%s", a->name);
+                out[n].is_public = a->is_public;
+                out[n].scale = a->scale;
+            }
+            n++;
+        }
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 static void ms__free(ms_set *s) {
     for (int i = 0; i < s->n; i++) {
         ms_slot *sl = &s->slots[i];
         if (sl->e) ms__unload(s, sl);
+        while (sl->adapters) {
+            ms_adapter *a = sl->adapters;
+            sl->adapters = a->next;
+            ms__adapter_free(a);
+        }
         model_free(sl->hm);
         free(sl->path);
         for (int k = 0; k < sl->n_aliases; k++) free(sl->alias_buf[k]);
@@ -1062,6 +1180,9 @@ int serve__models_main(const char *cmd, serve__cfg *c, FILE *report) {
         .model_load = ms__model_load,
         .metrics_text = ms__metrics_text,
         .map_pages = ms__map_pages,
+        .adapter_add = ms__adapter_add,
+        .adapter_remove = ms__adapter_remove,
+        .adapter_list = ms__adapter_list,
     };
     serve__cfg c0 = *c; // entry 0's aliases are its slot's (models.json may add some)
     c0.n_aliases = s->slots[0].n_aliases;

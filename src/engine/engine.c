@@ -499,6 +499,7 @@ static bool engine__step(engine *e) {
         r->lp_n = 0;
         r->hid_n = 0;
         e->b_seqs[i] = engine__seq(r);
+        e->b_lora[i] = r->adapter ? r->adapter->lora : NULL;
         if (atomic_load(&r->state) != ENGINE_DECODING || n >= budget) continue;
         if (r->mpending) continue; // its next token is still being drawn (mask thread)
         if (engine_stream_backlogged(r->out)) {
@@ -598,7 +599,8 @@ static bool engine__step(engine *e) {
                      .n_out = n_out,
                      .n_seqs = e->n_running,
                      .seqs = e->b_seqs,
-                     .seq_err = e->b_err};
+                     .seq_err = e->b_err,
+                     .lora = e->b_lora};
     model_hidden hid = {.row = e->b_hid, .n_rows = n_hid, .out = e->hidden};
     ks_errbuf eb;
     uint64_t t_fwd = ks_now_ns();
@@ -825,7 +827,10 @@ static void engine__free(engine *e) {
     free(e->b_tok);
     free(e->b_seqs);
     free(e->b_err);
+    free(e->b_lora);
     free(e->piece);
+    engine__adapters_free(e); // every request ended: these are the registry's last references
+    pthread_mutex_destroy(&e->amu);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->vmu);
@@ -860,6 +865,7 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_mutex_init(&e->vmu, NULL);
+    pthread_mutex_init(&e->amu, NULL);
     pthread_mutex_init(&e->mmu, NULL);
     pthread_cond_init(&e->mcv, NULL);
     pthread_cond_init(&e->mdone, NULL);
@@ -887,13 +893,14 @@ ks_err engine_create(const engine_opts *o, engine **out, ks_errbuf *eb) {
     e->b_tok = malloc(sizeof(int32_t) * B * 4);
     e->b_seqs = calloc(R, sizeof *e->b_seqs);
     e->b_err = calloc(R, sizeof *e->b_err);
+    e->b_lora = calloc(R, sizeof *e->b_lora);
     e->piece_cap = tok_stream_bound(e->vocab);
     e->piece = malloc(e->piece_cap);
     e->hidden = malloc(sizeof(float) * B * (size_t)model_hp(o->m)->n_embd);
     e->b_hid = malloc(sizeof(int32_t) * B);
     if (!e->o.pooling) e->o.pooling = model_pooling_default(o->m);
-    if (!e->running || !e->logits || !e->b_tok || !e->b_seqs || !e->b_err || !e->piece ||
-        !e->hidden || !e->b_hid) {
+    if (!e->running || !e->logits || !e->b_tok || !e->b_seqs || !e->b_err || !e->b_lora ||
+        !e->piece || !e->hidden || !e->b_hid) {
         err = ks_seterr(eb, KS_ERR_NOMEM, "engine buffers");
         goto fail;
     }
@@ -1043,4 +1050,7 @@ void engine_get_stats(engine *e, engine_stats *out) {
     out->spec_drafted = atomic_load(&e->spec_drafted);
     out->spec_accepted = atomic_load(&e->spec_accepted);
     out->n_violations = atomic_load(&e->n_violations);
+    out->adapters = atomic_load(&e->n_adapters);
+    out->adapter_bytes = atomic_load(&e->adapter_bytes);
+    out->adapter_requests = atomic_load(&e->adapter_requests);
 }

@@ -13,13 +13,28 @@
 #include <stdatomic.h>
 #include <time.h>
 
+/* A registered LoRA adapter (adapter.c); immutable once registered. */
+typedef struct engine__adapter {
+    atomic_int refs;   // the registry's (until removed) + one per request holding it
+    char tenant[128];  // the owner
+    char name[ENGINE_ADAPTER_NAME_MAX];
+    bool pub;          // every tenant may use it
+    float scale;
+    model_lora *lora;
+    uint64_t bytes;    // model_lora_bytes
+    uint8_t digest[ENGINE_ADAPTER_DIGEST_BYTES]; // SHA-256 of the file and the scale
+    struct engine__adapter *next; // e->adapters, oldest first (e->amu)
+} engine__adapter;
+
 struct engine_req {
     atomic_int refs;  // the caller's handle + the scheduler's
     engine *e;
     uint64_t id;
     // immutable after submit
     char tenant[128];
-    uint8_t root[KV_ROOT_BYTES];  // prefix-cache domain of the tenant (I7)
+    uint8_t root[KV_ROOT_BYTES];  // prefix-cache key: the tenant's domain and adapter (I7)
+    engine__adapter *adapter;     // its LoRA adapter (a reference; NULL: none), dropped when
+                                  // the request ends (engine__req_drop_adapter)
     int32_t *prompt;              // (n_prompt)
     int32_t n_prompt, max_tokens;
     sample_params sp;
@@ -183,6 +198,12 @@ struct engine {
     char check_msg[256];
     engine_map *map_out; // engine_map_pages: the map asked for (NULL: none); filled by the
                          // scheduler, which then clears it
+    // LoRA adapters (adapter.c)
+    pthread_mutex_t amu;
+    engine__adapter *adapters;  // registered, oldest first (amu)
+    atomic_uint n_adapters;
+    atomic_ullong adapter_bytes, adapter_requests;
+    const model_lora **b_lora;  // (max_running) this step's adapter per sequence
 #ifdef KS_TEST_FAULTS
     bool fault_done;
 #endif
@@ -225,6 +246,19 @@ void engine__finish(engine *e, engine_req *r, engine_state to, engine_finish fin
 bool engine__take(engine *e, engine_req *r, const sample_result *sr);
 /* clk's reading in nanoseconds (0 if it cannot be read). */
 uint64_t engine__clock_ns(clockid_t clk);
+
+// ----------------------------------------------------------------------------
+// LoRA adapters (adapter.c)
+
+/* Drops a reference to a (accepts NULL); the last scrubs and frees it. Any thread. */
+void engine__adapter_unref(engine *e, engine__adapter *a);
+/* The adapter tenant's request named name resolves to (*out a reference;
+ * NULL with KS_OK when name is NULL or empty). Errors: KS_ERR_INVAL with
+ * reason ADMIT_ADAPTER_NOT_FOUND. Any thread. */
+ks_err engine__adapter_resolve(engine *e, const char *tenant, const char *name,
+                               engine__adapter **out /* OUT */, ks_errbuf *eb);
+/* Drops the registry's references (engine_destroy, after every request ended). */
+void engine__adapters_free(engine *e);
 
 // ----------------------------------------------------------------------------
 // Speculative decoding's drafts (spec.c)

@@ -52,6 +52,7 @@ ks_err engine_req_next(engine_req *r, engine_event *ev, uint32_t timeout_ms) {
 
 static void engine__req_free(engine_req *r) {
     KS_ASSERT(!r->has_seq);  // pages are released by the scheduler, exactly once
+    engine__adapter_unref(r->e, r->adapter); // a request that never ran (ended ones hold none)
     sampler_destroy(r->smp);
     grammar_matcher_destroy(r->gm);
     free(r->gmask);
@@ -148,13 +149,18 @@ static ks_err engine__grammar_init(engine *e, engine_req *r, grammar *g, ks_errb
 /* Builds one QUEUED request of p for choice i (seed p->sp.seed + i) into
  * *out; prompt/n_prompt/max_tokens are the admitted ones. Errors: NOMEM,
  * INVAL (sampler). */
-static ks_err engine__req_build(engine *e, const engine_params *p, const int32_t *prompt,
-                                int32_t n_prompt, int32_t max_tokens, int i, engine_req **out,
-                                ks_errbuf *eb) {
+static ks_err engine__req_build(engine *e, const engine_params *p, engine__adapter *ad,
+                                const int32_t *prompt, int32_t n_prompt, int32_t max_tokens,
+                                int i, engine_req **out, ks_errbuf *eb) {
     *out = NULL;
     engine_req *r = engine__req_new(e, p->tenant);
     if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "request");
     engine_domain_root(p, r->root);
+    if (ad) { // (tenant domain, adapter): no prefix passes between adapters (I7)
+        atomic_fetch_add(&ad->refs, 1);
+        r->adapter = ad;
+        engine_root_with_adapter(r->root, ad->digest);
+    }
     r->prompt = malloc(sizeof(int32_t) * (size_t)n_prompt);
     r->n_prompt = n_prompt;
     r->max_tokens = max_tokens;
@@ -237,16 +243,19 @@ ks_err engine_submit_n(engine *e, const engine_params *p, int n, engine_req **ou
                                n, n_prompt, ad.max_tokens, need, lim.max_pages);
     }
     if (!err && !atomic_load(&e->online)) err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
+    engine__adapter *adp = NULL;
+    if (!err) err = engine__adapter_resolve(e, p->tenant, p->adapter, &adp, eb);
     if (err) {
         atomic_fetch_add(&e->n_rejected, 1);
         return err;
     }
     engine_req *rs[ENGINE_MAX_N] = {0};
     for (int i = 0; i < n; i++) {
-        ks_err be = engine__req_build(e, p, prompt, n_prompt, max_tokens, i, &rs[i], eb);
+        ks_err be = engine__req_build(e, p, adp, prompt, n_prompt, max_tokens, i, &rs[i], eb);
         if (be) {
             for (int k = 0; k < i; k++)
                 engine__req_free(rs[k]);
+            engine__adapter_unref(e, adp);
             return be;
         }
         if (i > 0) { // choice 0 leads: it alone sits in the queue and prefills the prompt
@@ -254,6 +263,8 @@ ks_err engine_submit_n(engine *e, const engine_params *p, int n, engine_req **ou
             rs[0]->fol[rs[0]->n_fol++] = rs[i];
         }
     }
+    if (adp) atomic_fetch_add(&e->adapter_requests, 1);
+    engine__adapter_unref(e, adp); // each choice holds its own reference
     engine_req *r = rs[0];
     pthread_mutex_lock(&e->mu);
     if (e->n_waiting >= (uint32_t)e->o.queue_max || e->stop) {
@@ -346,6 +357,8 @@ void engine__finish_reason(engine *e, engine_req *r, engine_state to, engine_fin
         r->has_seq = false;
     }
     engine__spec_release(e, r); // its draft model's pages, if it drafted with one
+    engine__adapter_unref(e, r->adapter); // a removed adapter is scrubbed with its last request
+    r->adapter = NULL;
     atomic_fetch_add(to == ENGINE_FINISHED ? &e->n_finished : &e->n_aborted, 1);
     engine_outcome o = {.state = to,
                         .finish = fin,
@@ -441,12 +454,19 @@ ks_err engine_adopt(engine *e, const engine_adopt_args *a, engine_req **out, ks_
         err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
     if (!err && e->n_running >= e->o.max_running)
         err = admit_refuse(eb, ADMIT_BUSY, "decode batch full: %d requests running", e->n_running);
+    engine__adapter *adp = NULL;
+    if (!err) err = engine__adapter_resolve(e, a->tenant, a->adapter, &adp, eb);
     if (err) {
         atomic_fetch_add(&e->n_rejected, 1);
         return err;
     }
     engine_req *r = engine__req_new(e, a->tenant);
-    if (!r) return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    if (!r) {
+        engine__adapter_unref(e, adp);
+        return ks_seterr(eb, KS_ERR_NOMEM, "request");
+    }
+    r->adapter = adp; // the resolve's reference
+    if (adp) atomic_fetch_add(&e->adapter_requests, 1);
     r->n_prompt = n_prompt;  // the prompt's ids stay with the prefill side (r->prompt NULL)
     r->max_tokens = max_tokens;
     r->sp = a->sp;

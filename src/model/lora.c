@@ -260,9 +260,33 @@ done:
     return KS_OK;
 }
 
+/* The bytes of matrix i's factors (A (r, K) and B (N, r)), 0 when untargeted. */
+static size_t lora__mat_bytes(const model_lora *l, int32_t i, size_t *na, size_t *nb) {
+    const lora__mat *m = &l->mats[i];
+    *na = *nb = 0;
+    if (!m->a) return 0;
+    const model__mat *w = lora__base_mat(&l->base->layers[i / MODEL__LORA_N],
+                                         (model__lora_tgt)(i % MODEL__LORA_N));
+    *na = sizeof(float) * (size_t)m->r * (size_t)w->K;
+    *nb = sizeof(float) * (size_t)w->N * (size_t)m->r;
+    return *na + *nb;
+}
+
+size_t model_lora_bytes(const model_lora *l) {
+    size_t n = 0, na, nb;
+    for (int32_t i = 0; l->mats && i < l->n_layer * MODEL__LORA_N; i++)
+        n += lora__mat_bytes(l, i, &na, &nb);
+    return n;
+}
+
 void model_lora_free(model_lora *l) {
     if (!l) return;
     for (int32_t i = 0; l->mats && i < l->n_layer * MODEL__LORA_N; i++) {
+        size_t na, nb;
+        lora__mat_bytes(l, i, &na, &nb);
+        // the factors are a tenant's fine-tune: scrubbed before the memory is reused
+        if (l->mats[i].a) explicit_bzero(l->mats[i].a, na);
+        if (l->mats[i].b) explicit_bzero(l->mats[i].b, nb);
         free(l->mats[i].a);
         free(l->mats[i].b);
     }

@@ -410,6 +410,7 @@ static const char *const api__fields_common[] = {
     "logit_bias",
     "prediction",  /* speculative decoding's drafts (OpenAI's predicted outputs) */
     "speculative", /* false: no speculative decoding for this request (kvseal's) */
+    "adapter",     /* a LoRA adapter's name (kvseal's; also "model": "base:adapter") */
     NULL,
 };
 static const char *const api__fields_completions[] = {
@@ -445,7 +446,7 @@ static const char *const api__fields_chat[] = {
 /* Chat's tool fields, validated by toolcall_req_parse (toolcall.c). */
 static const char *const api__fields_tools[] = {"tools", "tool_choice", "parallel_tool_calls",
                                                 NULL};
-static const char *const api__fields_workers[] = {"prompt", "messages", NULL};
+static const char *const api__fields_workers[] = {"prompt", "messages", "lora", NULL};
 /* Workers AI has no logit_bias: the common list's entry does not apply to it. */
 
 /* True when key is in the NULL-terminated set. */
@@ -541,6 +542,22 @@ bool srv_request_parse(srv_route route, const char *body, size_t len, srv_reques
             goto fail;
         }
         r->model = json_string_value(v);
+    }
+    // the LoRA adapter: "adapter" (kvseal's), or Workers AI's "lora" on its route
+    const char *akey = route == SRV_ROUTE_WORKERS && json_object_get(root, "lora") ? "lora"
+                                                                                   : "adapter";
+    if (route == SRV_ROUTE_WORKERS && json_object_get(root, "lora") &&
+        json_object_get(root, "adapter")) {
+        INVALID(err, "lora", "give the adapter as 'lora' or 'adapter', not both");
+        goto fail;
+    }
+    if ((v = json_object_get(root, akey)) && !json_is_null(v)) {
+        if (!json_is_string(v) || !json_string_length(v)) {
+            INVALID(err, akey, "'%s' must be a non-empty string (an adapter's name), got %s", akey,
+                    json_is_string(v) ? "an empty string" : srv_json_type(v));
+            goto fail;
+        }
+        r->adapter = json_string_value(v);
     }
     json_t *prompt = json_object_get(root, "prompt"), *msgs = json_object_get(root, "messages");
     if (prompt && json_is_null(prompt)) prompt = NULL;

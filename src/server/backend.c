@@ -57,6 +57,22 @@ static ks_err srv__eng_embed_vector(void *req, float *out, int32_t cap) {
     return engine_req_embedding(req, out, cap);
 }
 
+static ks_err srv__eng_adapter_add(void *impl, int entry, const engine_adapter_spec *s,
+                                   ks_errbuf *eb) {
+    (void)entry; // one model
+    return engine_adapter_add(impl, s, eb);
+}
+static ks_err srv__eng_adapter_remove(void *impl, int entry, const char *tenant, const char *name,
+                                      ks_errbuf *eb) {
+    (void)entry;
+    return engine_adapter_remove(impl, tenant, name, eb);
+}
+static int srv__eng_adapter_list(void *impl, int entry, const char *tenant,
+                                 engine_adapter_info *out, int cap) {
+    (void)entry;
+    return engine_adapter_list(impl, tenant, out, cap);
+}
+
 void server_engine_backend(engine *e, server_backend *out) {
     *out = (server_backend){.impl = e,
                             .submit = srv__eng_submit,
@@ -71,6 +87,9 @@ void server_engine_backend(engine *e, server_backend *out) {
                             .submit_n = srv__eng_submit_n,
                             .embed_submit = srv__eng_embed_submit,
                             .embed_vector = srv__eng_embed_vector,
-                            .map_pages = srv__eng_map};
+                            .map_pages = srv__eng_map,
+                            .adapter_add = srv__eng_adapter_add,
+                            .adapter_remove = srv__eng_adapter_remove,
+                            .adapter_list = srv__eng_adapter_list};
 }
 

@@ -54,6 +54,30 @@ const srv_model *srv__model_find(const server *s, const char *name) {
     return NULL;
 }
 
+const srv_model *srv__model_split(const server *s, const char *name, const char **adapter) {
+    *adapter = NULL;
+    const srv_model *sm = srv__model_find(s, name);
+    if (sm || !name) return sm;
+    // "base:adapter": the longest model name before a colon wins ("a:b:c" tries "a:b" first)
+    for (const char *c = strrchr(name, ':'); c; ) {
+        size_t n = (size_t)(c - name);
+        char base[256];
+        if (n > 0 && n < sizeof base && c[1]) {
+            memcpy(base, name, n);
+            base[n] = 0;
+            if ((sm = srv__model_find(s, base))) {
+                *adapter = c + 1;
+                return sm;
+            }
+        }
+        const char *prev = NULL;
+        for (const char *q = name; q < c; q++)
+            if (*q == ':') prev = q;
+        c = prev;
+    }
+    return NULL;
+}
+
 const char *srv__model_primary(const srv_model *sm) {
     if (sm->n_aliases > 0) return sm->aliases[0];
     return sm->name ? sm->name : "model";

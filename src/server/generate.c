@@ -100,12 +100,26 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     int held = -1;             // tenant admitted here, until g takes it over
     int64_t held_reserved = 0; // tokens it took from the tenant's bucket
     int64_t held_charge = 0;   // tokens to charge if refused as too long
-    const srv_model *sm = srv__model_find(s, model_name);
+    const char *adapter = NULL; // "base:adapter", or the "adapter" / "lora" field
+    const srv_model *sm = srv__model_split(s, model_name, &adapter);
     if (!sm) {
         char served[512];
         srv_refuse(&err, ADMIT_MODEL_NOT_FOUND, "model",
                    "The model '%s' does not exist; this server serves %s", model_name,
                    srv__served_names(s, served, sizeof served));
+        goto fail;
+    }
+    if (adapter && rq.adapter && strcmp(adapter, rq.adapter)) {
+        srv_refuse(&err, ADMIT_INVALID, "adapter",
+                   "the model names adapter '%.64s' and 'adapter' names '%.64s': give one", adapter,
+                   rq.adapter);
+        goto fail;
+    }
+    if (!adapter) adapter = rq.adapter;
+    if (adapter && !s->b.adapter_add) { // never run without the adapter the request named
+        srv_refuse(&err, ADMIT_ADAPTER_NOT_FOUND, "adapter",
+                   "The adapter '%.64s' does not exist (this server holds no LoRA adapters)",
+                   adapter);
         goto fail;
     }
     ks_errbuf eb = {0};
@@ -263,6 +277,7 @@ enum MHD_Result srv__generate(server *s, struct MHD_Connection *c, const srv_cal
     p.prompt_logprobs = g->echo && (rq.logprobs || max_tokens == 0);
     p.prompt_top = rq.top_logprobs;
     p.model = sm->index;
+    p.adapter = adapter; // resolved by the engine under p.tenant: another's is not found
     p.no_spec = rq.no_spec;
     if (rq.prediction) { // drafts only (engine_opts.spec_tokens): as text of the answer, no BOS;
         // past n_ctx tokens nothing could be drafted from it, so no more is tokenized

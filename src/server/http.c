@@ -142,6 +142,12 @@ static const srv_route_def srv__routes[] = {
     {"DELETE", SRV_MATCH_PREFIX, "/v1/responses/", SRV_ROUTE_RESPONSES, SRV_AUTH_TENANT,
      srv__response_delete},
     {"GET", SRV_MATCH_EXACT, "/admin/pool", SRV_ROUTE_ADMIN, SRV_AUTH_ADMIN, srv__pool},
+    {"GET", SRV_MATCH_EXACT, "/admin/adapters", SRV_ROUTE_ADMIN, SRV_AUTH_ADMIN,
+     srv__admin_adapters},
+    {"POST", SRV_MATCH_EXACT, "/admin/adapters", SRV_ROUTE_ADMIN, SRV_AUTH_ADMIN,
+     srv__admin_adapters},
+    {"DELETE", SRV_MATCH_PREFIX, "/admin/adapters/", SRV_ROUTE_ADMIN, SRV_AUTH_ADMIN,
+     srv__admin_adapters},
     /* the web pages: static, no key (ui.c) */
     {"GET", SRV_MATCH_EXACT, "/", SRV_ROUTE_UI, SRV_AUTH_NONE, srv__ui},
     {"GET", SRV_MATCH_EXACT, "/admin", SRV_ROUTE_UI, SRV_AUTH_NONE, srv__ui},
@@ -242,10 +248,11 @@ static enum MHD_Result srv__dispatch(server *s, struct MHD_Connection *c, const 
     if (sc->too_large) {
         srv_refuse(&err, ADMIT_TOO_LARGE, NULL,
                    "request body of %zu bytes exceeds the limit of %zu bytes", sc->body_seen,
-                   s->o.max_body_bytes);
+                   sc->body_limit);
         return srv__reply_error(s, c, d->route, &err);
     }
-    srv_call q = {.sc = sc, .route = d->route, .rest = rest, .tenant = -1, .path = url};
+    srv_call q = {.sc = sc, .route = d->route, .rest = rest, .tenant = -1, .path = url,
+                  .method = d->method};
     bool ok = true;
     switch (d->auth) {
     case SRV_AUTH_NONE:
@@ -367,18 +374,25 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
             sc->refused = true;
             return srv__preflight(s, c, url);
         }
+        // an adapter upload may be larger, once the admin key came with it
+        sc->body_limit = s->o.max_body_bytes;
+        if (!strcmp(method, "POST") && !strcmp(url, "/admin/adapters")) {
+            srv_error aerr;
+            if (srv__auth_admin(s, c, &aerr) && s->o.max_adapter_bytes > sc->body_limit)
+                sc->body_limit = s->o.max_adapter_bytes;
+        }
         // refuse an announced oversized body before reading any of it
         const char *cl =
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             char *end;
             unsigned long long n = strtoull(cl, &end, 10);
-            if (*end == '\0' && n > s->o.max_body_bytes) {
+            if (*end == '\0' && n > sc->body_limit) {
                 sc->too_large = true;
                 sc->body_seen = (size_t)n;
                 srv_refuse(&err, ADMIT_TOO_LARGE, NULL,
                            "request body of %llu bytes exceeds the limit of %zu bytes", n,
-                           s->o.max_body_bytes);
+                           sc->body_limit);
                 return srv__reply_error(s, c, srv__route_of(url), &err);
             }
         }
@@ -391,7 +405,7 @@ static enum MHD_Result srv__access(void *cls, struct MHD_Connection *c, const ch
     if (*upload_size) {
         // past the limit (chunked bodies): keep counting, stop buffering
         sc->body_seen += *upload_size;
-        if (!sc->too_large && sc->body.len + *upload_size > s->o.max_body_bytes) {
+        if (!sc->too_large && sc->body.len + *upload_size > sc->body_limit) {
             sc->too_large = true;
             srv_buf_free(&sc->body);
         }
@@ -592,6 +606,7 @@ void server_opts_default(server_opts *o) {
     o->host = "127.0.0.1";
     o->port = 8080;
     o->max_body_bytes = 1u << 20;
+    o->max_adapter_bytes = (size_t)1 << 30;
     o->max_connections = 4096;
     o->max_connections_per_ip = 256;
     o->idle_timeout_s = 120;
@@ -743,6 +758,7 @@ ks_err server_create_backend(const server_opts *o, const server_backend *b, cons
                        : "");
         srv__toolcall_setup(s, sm); // its formats come from the template
     }
+    if ((err = srv__load_adapters(s, eb))) goto fail; // the tenants file's LoRA adapters
 
     // resolve the listen address (numeric or a name such as localhost)
     struct addrinfo hints = {.ai_family = AF_UNSPEC,

@@ -109,6 +109,7 @@ typedef struct srv_job {
 typedef struct srv_conn {
     srv_buf body;
     size_t body_seen; /* bytes received (counted past the limit too) */
+    size_t body_limit; /* this request's body bound: max_body_bytes, or an adapter upload's */
     bool too_large;
     bool started;
     bool http11;      /* HTTP/1.1: 1xx interim answers allowed */
@@ -233,6 +234,7 @@ typedef struct srv_call {
                          a model id, an admin path); NULL for an exact row */
     int tenant;       /* SRV_AUTH_TENANT: the caller's tenant; else -1 */
     const char *path; /* the request's path (MHD's, decoded) */
+    const char *method; /* the row's method ("GET" also for HEAD) */
 } srv_call;
 
 /* A route's handler: answers (or suspends) the request. Only from MHD's
@@ -248,6 +250,18 @@ json_t *srv__jstr(const char *s, size_t n);
 /* The catalog entry name (NULL: none given, entry 0) names, by its own name
  * or an alias; NULL when no entry has that name. */
 const srv_model *srv__model_find(const server *s, const char *name);
+/* srv__model_find, and else name read as "MODEL:ADAPTER" (the longest MODEL
+ * before a colon that is served): *adapter then points into name at the
+ * adapter's name, else NULL. */
+/* Whether a query value reads as yes ("1", "true", "yes", any case). */
+bool srv__truthy(const char *v);
+/* GET, POST /admin/adapters and DELETE /admin/adapters/{tenant}/{name}
+ * (adapters.c; the admin key checked by the route's auth). */
+enum MHD_Result srv__admin_adapters(server *s, struct MHD_Connection *c, const srv_call *q);
+/* Loads the tenants file's adapters into the backend (server_create).
+ * Errors name the tenant, the adapter and the cause. */
+ks_err srv__load_adapters(server *s, ks_errbuf *eb) KS_MUST_USE;
+const srv_model *srv__model_split(const server *s, const char *name, const char **adapter /* OUT */);
 /* The name the server answers with: the first alias, else the model name (entry 0's). */
 const char *srv__primary_name(const server *s);
 /* Entry sm's answer name: its first alias, else its own name. */

@@ -487,7 +487,19 @@ char *srv_metrics_render(srv_metrics *m, const engine_stats *es, bool online) {
                          "kvseal_spec_acceptance_ratio %.6f\n",
                          (unsigned long long)es->spec_accepted,
                          es->spec_drafted ? (double)es->spec_accepted / (double)es->spec_drafted
-                                          : 0.0);
+                                          : 0.0) &&
+             // LoRA adapters: counts only, never a name (a name is its tenant's)
+             met__printf(&b,
+                         "# HELP kvseal_lora_adapters LoRA adapters registered.\n"
+                         "# TYPE kvseal_lora_adapters gauge\nkvseal_lora_adapters %u\n"
+                         "# HELP kvseal_lora_adapter_bytes Memory the adapters' factors hold "
+                         "(removed ones still in use included).\n"
+                         "# TYPE kvseal_lora_adapter_bytes gauge\nkvseal_lora_adapter_bytes %llu\n"
+                         "# HELP kvseal_lora_requests_total Requests admitted with an adapter.\n"
+                         "# TYPE kvseal_lora_requests_total counter\n"
+                         "kvseal_lora_requests_total %llu\n",
+                         es->adapters, (unsigned long long)es->adapter_bytes,
+                         (unsigned long long)es->adapter_requests);
     }
     const char *mname = m->model_name ? m->model_name : "model";
     ok = ok &&

@@ -485,7 +485,12 @@ void srv__submit_error(ks_err e, const ks_errbuf *eb, srv_route route, srv_error
     const char *pparam = route == SRV_ROUTE_COMPLETIONS  ? "prompt"
                          : route == SRV_ROUTE_EMBEDDINGS ? "input"
                                                          : "messages";
-    srv_refuse(err, r, r == ADMIT_CONTEXT_LENGTH || r == ADMIT_KV_CAPACITY ? pparam : NULL, "%s",
+    if (r == ADMIT_ADAPTER_NOT_FOUND) pparam = "adapter";
+    srv_refuse(err, r,
+               r == ADMIT_CONTEXT_LENGTH || r == ADMIT_KV_CAPACITY || r == ADMIT_ADAPTER_NOT_FOUND
+                   ? pparam
+                   : NULL,
+               "%s",
                eb->msg[0] ? eb->msg : admit_reason_info(r)->msg);
 }
 

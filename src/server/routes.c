@@ -600,7 +600,7 @@ enum MHD_Result srv__metrics(server *s, struct MHD_Connection *c, const srv_call
     return r;
 }
 
-static bool srv__truthy(const char *v) {
+bool srv__truthy(const char *v) {
     return v && (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes"));
 }
 

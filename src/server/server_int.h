@@ -168,6 +168,7 @@ typedef struct srv_request {
     srv_route route;
     json_t *root;       /* owns every string below */
     const char *model;  /* requested model name, NULL if absent */
+    const char *adapter; /* LoRA adapter name ("adapter", Workers AI's "lora"), NULL if absent */
     const char *prompt; /* completions / workers prompt, or NULL */
     chat_message *msgs; /* (n_msgs) malloc'd; strings in root or in owned */
     size_t n_msgs;
@@ -279,8 +280,19 @@ const char *srv_finish_name(engine_finish f);
 // ----------------------------------------------------------------------------
 // Tenants and keys
 
+/* A LoRA adapter a tenants file gives a tenant (loaded at start). */
+typedef struct srv_tenant_adapter {
+    char name[ENGINE_ADAPTER_NAME_MAX];
+    char *path;     /* the GGUF file */
+    char *model;    /* the catalog entry's name it is for (NULL: the first model) */
+    float scale;    /* 0: 1 */
+    bool is_public; /* every tenant may use it */
+} srv_tenant_adapter;
+
 typedef struct srv_tenant {
     char name[64];           /* from the file; engine_params.tenant */
+    srv_tenant_adapter *adapters; /* (n_adapters) its "adapters" entries */
+    size_t n_adapters;
     char cache_domain[80];   /* prefix-cache domain: the name, or "share:<group>" when the
                                 operator put this tenant in a prefix-sharing group (I7) */
     uint8_t (*key_hash)[32]; /* (n_keys) SHA-256 of each key; keys are never stored */

@@ -88,6 +88,11 @@ void srv_tenants_free(srv_tenants *ts) {
     for (size_t i = 0; i < ts->n; i++) {
         if (ts->t[i].key_hash) sodium_memzero(ts->t[i].key_hash, ts->t[i].n_keys * 32);
         free(ts->t[i].key_hash);
+        for (size_t k = 0; k < ts->t[i].n_adapters; k++) {
+            free(ts->t[i].adapters[k].path);
+            free(ts->t[i].adapters[k].model);
+        }
+        free(ts->t[i].adapters);
     }
     srv_redis_destroy(ts->redis);
     sodium_memzero(ts->admin_hash, sizeof ts->admin_hash);
@@ -107,6 +112,76 @@ static ks_err ten__limit(json_t *t, const char *key, size_t i, int64_t max, int6
                          "tenants[%zu].%s must be an integer in [0, %lld] (0: unlimited)", i, key,
                          (long long)max);
     *out = json_integer_value(v);
+    return KS_OK;
+}
+
+/* A tenant's "adapters": [{"name", "path", "scale"?, "public"?, "model"?}, ...]
+ * (loaded at start by srv__load_adapters; here only their shape). */
+static ks_err ten__adapters(json_t *t, size_t i, srv_tenant *tt, ks_errbuf *eb) {
+    json_t *arr = json_object_get(t, "adapters");
+    if (!arr || json_is_null(arr)) return KS_OK;
+    if (!json_is_array(arr))
+        return ks_seterr(eb, KS_ERR_FORMAT, "tenants[%zu] (\"%s\"): \"adapters\" must be an array",
+                         i, tt->name);
+    size_t n = json_array_size(arr);
+    if (n > ENGINE_ADAPTERS_MAX)
+        return ks_seterr(eb, KS_ERR_FORMAT, "tenants[%zu] (\"%s\"): more than %d adapters", i,
+                         tt->name, ENGINE_ADAPTERS_MAX);
+    if (n && !(tt->adapters = calloc(n, sizeof *tt->adapters)))
+        return ks_seterr(eb, KS_ERR_NOMEM, "tenants file: out of memory");
+    for (size_t k = 0; k < n; k++) {
+        json_t *a = json_array_get(arr, k), *v;
+        srv_tenant_adapter *ta = &tt->adapters[tt->n_adapters++];
+        const char *key;
+        json_object_foreach(json_is_object(a) ? a : NULL, key, v) {
+            if (strcmp(key, "name") && strcmp(key, "path") && strcmp(key, "scale") &&
+                strcmp(key, "public") && strcmp(key, "model"))
+                return ks_seterr(eb, KS_ERR_FORMAT,
+                                 "tenants[%zu] (\"%s\").adapters[%zu]: unknown key \"%.64s\" "
+                                 "(name, path, scale, public, model)",
+                                 i, tt->name, k, key);
+        }
+        json_t *name = json_object_get(a, "name"), *path = json_object_get(a, "path");
+        if (!json_is_object(a) || !json_is_string(name) || !json_is_string(path) ||
+            json_string_length(name) == 0 || json_string_length(name) >= sizeof ta->name ||
+            json_string_length(path) == 0)
+            return ks_seterr(eb, KS_ERR_FORMAT,
+                             "tenants[%zu] (\"%s\").adapters[%zu]: needs \"name\" (1-%zu bytes) "
+                             "and \"path\" strings",
+                             i, tt->name, k, sizeof ta->name - 1);
+        snprintf(ta->name, sizeof ta->name, "%s", json_string_value(name));
+        for (size_t j = 0; j < k; j++)
+            if (!strcmp(tt->adapters[j].name, ta->name))
+                return ks_seterr(eb, KS_ERR_FORMAT,
+                                 "tenants[%zu] (\"%s\"): two adapters named \"%s\"", i, tt->name,
+                                 ta->name);
+        if (!(ta->path = strdup(json_string_value(path))))
+            return ks_seterr(eb, KS_ERR_NOMEM, "tenants file: out of memory");
+        if ((v = json_object_get(a, "scale")) && !json_is_null(v)) {
+            if (!json_is_number(v))
+                return ks_seterr(eb, KS_ERR_FORMAT,
+                                 "tenants[%zu] (\"%s\").adapters[%zu]: \"scale\" must be a number",
+                                 i, tt->name, k);
+            ta->scale = (float)json_number_value(v);
+        }
+        if ((v = json_object_get(a, "public")) && !json_is_null(v)) {
+            if (!json_is_boolean(v))
+                return ks_seterr(eb, KS_ERR_FORMAT,
+                                 "tenants[%zu] (\"%s\").adapters[%zu]: \"public\" must be true "
+                                 "or false",
+                                 i, tt->name, k);
+            ta->is_public = json_is_true(v);
+        }
+        if ((v = json_object_get(a, "model")) && !json_is_null(v)) {
+            if (!json_is_string(v))
+                return ks_seterr(eb, KS_ERR_FORMAT,
+                                 "tenants[%zu] (\"%s\").adapters[%zu]: \"model\" must be a "
+                                 "model's name",
+                                 i, tt->name, k);
+            if (!(ta->model = strdup(json_string_value(v))))
+                return ks_seterr(eb, KS_ERR_NOMEM, "tenants file: out of memory");
+        }
+    }
     return KS_OK;
 }
 
@@ -184,6 +259,7 @@ ks_err srv_tenants_parse(const char *text, size_t len, srv_tenants **out, ks_err
         } else {
             snprintf(tt->cache_domain, sizeof tt->cache_domain, "tenant:%s", tt->name);
         }
+        if ((e = ten__adapters(t, i, tt, eb))) goto fail;
         int64_t v;
         if ((e = ten__limit(t, "max_concurrent", i, INT32_MAX, &v, eb))) goto fail;
         tt->max_concurrent = (int32_t)v;

@@ -8,6 +8,8 @@
 #   no_coverage               (every KS_BROKEN build has the fault injectors)
 #   spec_shared               -DKS_BROKEN=spec_shared: speculative drafts from a table
 #                             shared by every request (a timing channel)
+#   adapter_shared_prefix,    -DKS_BROKEN=NAME: a LoRA safeguard off (prefixes pass
+#   adapter_any_tenant        between adapters; any tenant's adapter answers its name)
 # Used by test_isolation_broken.sh, test_cluster_faults.sh (I9) and
 # test_cluster_catalog.sh (faults: KS_ROUTER_FAULT=mispair). Release
 # suite only: under sanitizers the variants are not built (those tests skip).
@@ -28,7 +30,8 @@ build_variant() {  # build_variant NAME CMAKE-ARGS... -> $KS_BUILD/isolation-NAM
         { tail -30 "$dir.build.log" >&2; fail "building $dir failed"; }
 }
 build_variant faults -DKS_BROKEN= -DKS_TEST_FAULTS=ON
-for v in no_scrub no_tag_check placeholder shared_prefix free_before_quiesce no_coverage spec_shared; do
+for v in no_scrub no_tag_check placeholder shared_prefix free_before_quiesce no_coverage spec_shared \
+    adapter_shared_prefix adapter_any_tenant; do
     build_variant $v -DKS_BROKEN=$v -DKS_TEST_FAULTS=ON
 done
 echo "variants built"

@@ -3,6 +3,7 @@
 # `kvseal serve` from $KS_SERVE_BIN (default $KS_BIN) with 6 tenants, a KV
 # pool small enough that requests must wait, and the prefix cache on.
 # Exits with the suite's status: 0 clean, 1 a leak or wrong answer found.
+# On kjv-mini it also makes two LoRA adapters (js/leak.mjs LEAK_ADAPTERS).
 # LEAK_MODEL_FILE: another model file (served under the alias kjv-mini).
 # LEAK_SERVE_ARGS: more server options (e.g. --spec-tokens 4: speculative decoding;
 # LEAK_EXPECT_SPEC=1 then fails the run unless drafts were kept; =drafted:
@@ -40,6 +41,15 @@ if [ "${LEAK_DISAGG:-0}" = 1 ]; then
     export LEAK_REF_URL=$REF_URL  # the prefill workers cache prefixes as serve does
 fi
 [ "${LEAK_DISAGG:-0}" = 1 ] || start_server "$TMPD/server.log" "${POOL[@]}" --tenants "$TMPD/tenants.json"
+# two LoRA adapters of kjv-mini, uploaded by the suite (serve on the default
+# model only; LEAK_NO_ADAPTERS=1 leaves them out)
+if [ "${LEAK_DISAGG:-0}" != 1 ] && [ -z "${LEAK_MODEL_FILE:-}" ] && [ "${LEAK_NO_ADAPTERS:-0}" != 1 ]; then
+    for s in 1 2; do
+        "$KS_BIN" mklora -m "$KS_SRC/models/kjv-mini.gguf" -o "$TMPD/ad$s.gguf" \
+            --rank 16 --seed $s --delta 0.5 2>"$TMPD/mklora.err" || fail "mklora: $(cat "$TMPD/mklora.err")"
+    done
+    export LEAK_ADAPTERS="[\"$TMPD/ad1.gguf\",\"$TMPD/ad2.gguf\"]"
+fi
 export KS_URL KS_ADMIN_KEY LEAK_TENANTS LEAK_MODEL=kjv-mini
 node "$(dirname "$0")/js/leak.mjs"
 rc=$?

@@ -23,12 +23,19 @@ expect() {  # expect WANT_RC NAME ENV... : runs the suite on build NAME
     [ "$rc" = "$want" ] || { tail -40 "$TMPD/$name.log" >&2; fail "$name: leak suite exited $rc, expected $want"; }
 }
 
-for v in faults no_scrub no_tag_check placeholder shared_prefix; do  # built by build_variants.sh
+for v in faults no_scrub no_tag_check placeholder shared_prefix adapter_shared_prefix \
+    adapter_any_tenant; do  # built by build_variants.sh
     [ -x "$KS_BUILD/isolation-$v/kvseal" ] || fail "variant $v missing (the build_variants fixture failed)"
 done
 
 expect 0 faults KS_FAULT=swap_page LEAK_EXPECT_VIOLATION=1
 expect 1 no_tag_check KS_FAULT=swap_page LEAK_EXPECT_VIOLATION=1
+# LoRA adapters (the suite uploads one adapter named "ft" for each of two
+# tenants): with prefixes shared between adapters, a request with an adapter
+# reuses KV its tenant computed without one; with the owner check off, a
+# third tenant guessing "ft" runs another tenant's adapter.
+expect 1 adapter_shared_prefix
+expect 1 adapter_any_tenant
 # DeepSeek sparse attention: the indexer scores positions and attention
 # reads only its picks, both through the page table the tag check resolved,
 # so the swapped entry fails its request there too; without the check the

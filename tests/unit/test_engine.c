@@ -1130,12 +1130,14 @@ static void test_admit(void) {
     CHECK_EQ(ADMIT_INTERNAL, 10);
     // the wire column: 1..10 may cross the cluster wire, the HTTP front's never
     for (int r = 0; r <= ADMIT__COUNT + 1; r++)
-        CHECK_EQ(admit_reason_on_wire((uint32_t)r), r >= 1 && r <= 10);
+        CHECK_EQ(admit_reason_on_wire((uint32_t)r),
+                 (r >= 1 && r <= 10) || r == ADMIT_ADAPTER_NOT_FOUND); // a worker refuses it too
     // the failures after admission (499/502/503/504) are rows too, but no refusals
     for (int r = 0; r <= ADMIT__COUNT + 1; r++)
         CHECK_EQ(admit_reason_is_refusal((uint32_t)r),
-                 (r >= 1 && r <= ADMIT_INVALID_PATH) || r == ADMIT_MODEL_LOADING);
+                 (r >= 1 && r <= ADMIT_INVALID_PATH) || (r >= ADMIT_MODEL_LOADING && r < ADMIT__COUNT));
     CHECK_EQ(admit_reason_info(ADMIT_MODEL_LOADING)->http_status, 503); // serve, several models
+    CHECK_EQ(admit_reason_info(ADMIT_ADAPTER_NOT_FOUND)->http_status, 404); // LoRA (I7)
     CHECK_EQ(admit_reason_info(ADMIT_CLIENT_CLOSED)->http_status, 499);
     CHECK_EQ(admit_reason_info(ADMIT_UPSTREAM_ERROR)->http_status, 502);
     CHECK_EQ(admit_reason_info(ADMIT_WORKER_UNAVAILABLE)->http_status, 503);

@@ -243,8 +243,17 @@ static void test_request_invalid(void) {
     // every route, rather than ignored
     static const char *const unsupported[] = {
         "suffix", "tool_choice", "functions",     "raw", "json_schema", "parallel_tool_calls",
-        "lora",   "tenant",      "unknown_field",
+        "lora_request", "tenant",  "unknown_field",
     };
+    // LoRA: "adapter" (every route) and Workers AI's "lora" name an adapter by a string
+    expect_invalid(C, "{\"model\":\"m\",\"prompt\":\"x\",\"adapter\":1}", "adapter",
+                   "invalid_parameter", "must be a non-empty string");
+    expect_invalid(W, "{\"prompt\":\"x\",\"lora\":\"\"}", "lora", "invalid_parameter",
+                   "an empty string");
+    expect_invalid(W, "{\"prompt\":\"x\",\"lora\":\"a\",\"adapter\":\"a\"}", "lora",
+                   "invalid_parameter", "not both");
+    expect_invalid(C, "{\"model\":\"m\",\"prompt\":\"x\",\"lora\":\"a\"}", "lora",
+                   "unsupported_parameter", "lora");
     // issue 12: chat takes tools and chat_template_kwargs (tests/e2e/
     // test_chat_template.sh); the other routes still refuse them by name
     static const char *const chat_only[] = {"tools", "chat_template_kwargs"};

@@ -22,6 +22,15 @@
 // cross-tenant one stays); LEAK_EXPECT_FAILED=1 (fault injection) requires
 // at least one request to fail, cleanly (an error answer, never wrong or
 // foreign tokens), and skips the prefix probe.
+//
+// LoRA adapters (LEAK_ADAPTERS: JSON [path, path], two adapter files of the
+// model): the admin uploads the first as tenant 0's "ft" and the second as
+// tenant 1's "ft" (one name, two owners). Each tenant's "ft" requests must
+// equal their references alone and run its own file; tenant 2 naming "ft"
+// must get 404 adapter_not_found (never tokens computed with another's
+// adapter); a prompt cached without an adapter must not be reused under
+// one; the adapter requests join the concurrent mix; the adapters are
+// removed before the pool check.
 
 const URL_ = process.env.KS_URL;
 const ADMIN = process.env.KS_ADMIN_KEY;
@@ -31,6 +40,7 @@ const MODEL = process.env.LEAK_MODEL || 'kjv-mini';
 const REF_URL = process.env.LEAK_REF_URL || URL_;
 const NO_PREFIX = process.env.LEAK_NO_PREFIX_CACHE === '1';
 const EXPECT_FAILED = process.env.LEAK_EXPECT_FAILED === '1';
+const ADAPTERS = process.env.LEAK_ADAPTERS ? JSON.parse(process.env.LEAK_ADAPTERS) : [];
 
 const failures = [];
 const fail = (msg) => { failures.push(msg); console.error('LEAK SUITE FAILURE: ' + msg); };
@@ -102,6 +112,63 @@ async function metric(name) {
   return m ? Number(m[1]) : NaN;
 }
 
+async function admin(method, path, body) {
+  const res = await fetch(`${URL_}${path}`, {
+    method, headers: { authorization: `Bearer ${ADMIN}` }, body,
+  });
+  return { status: res.status, raw: await res.text() };
+}
+
+// LoRA: uploads tenant 0's and tenant 1's "ft", makes their references, and
+// checks the guess and the prefix probe; returns the adapter jobs for the mix.
+async function adapterPhase() {
+  if (!ADAPTERS.length) return [];
+  const fs = await import('node:fs');
+  for (let i = 0; i < 2; i++) {
+    const r = await admin('POST', `/admin/adapters?tenant=${TENANTS[i].name}&name=ft`, fs.readFileSync(ADAPTERS[i]));
+    if (r.status !== 201) { fail(`adapter upload for ${TENANTS[i].name}: ${r.status} ${r.raw}`); return []; }
+  }
+  const jobs = [];
+  for (let i = 0; i < 2; i++) {
+    const prompt = `${canary(i)} ${TEXTS[(i + 3) % TEXTS.length]}`;
+    const j = { tenant: TENANTS[i], ti: i, prompt, max_tokens: 24, adapter: 'ft' };
+    const r = await complete(j.tenant.key, { prompt, max_tokens: j.max_tokens, adapter: 'ft' }, { base: REF_URL });
+    if (r.status !== 200) { fail(`adapter reference ${j.tenant.name}: ${r.status} ${r.raw}`); continue; }
+    j.ref = r.json.choices[0].text;
+    const plain = await complete(j.tenant.key, { prompt, max_tokens: j.max_tokens }, { base: REF_URL });
+    if (plain.status === 200 && plain.json.choices[0].text === j.ref)
+      fail(`adapter ${j.tenant.name}: the adapter did not change the output (not applied?)`);
+    checkNoCanary(`adapter reference ${j.tenant.name}`, j.ref);
+    jobs.push(j);
+  }
+  if (jobs.length === 2) { // one name, two owners: each ran its own file
+    const cross = await complete(TENANTS[1].key, { prompt: jobs[0].prompt, max_tokens: 24, adapter: 'ft' });
+    if (cross.status === 200 && cross.json.choices[0].text === jobs[0].ref)
+      fail(`adapter: ${TENANTS[1].name}'s "ft" computed ${TENANTS[0].name}'s output`);
+  }
+  // a guess of another tenant's name: not found, no tokens
+  for (const who of [2, 3]) {
+    const g = await complete(TENANTS[who].key, { prompt: `${canary(who)} ${TEXTS[0]}`, max_tokens: 8, adapter: 'ft' });
+    const code = g.json && g.json.error && g.json.error.code;
+    if (g.status !== 404 || code !== 'adapter_not_found' || (g.json && g.json.choices))
+      fail(`adapter guess: ${TENANTS[who].name} naming another tenant's "ft" got ${g.status} ${g.raw.slice(0, 200)}`);
+  }
+  // the prefix cache keyed by (tenant, adapter): tenant 0's document cached
+  // without an adapter is not reused with one, and the answer is the cold one
+  const doc = `${canary(0)} ${SHARED_DOC}`;
+  if (!EXPECT_FAILED) {
+    await complete(TENANTS[0].key, { prompt: doc, max_tokens: 4 });
+    const warm = await complete(TENANTS[0].key, { prompt: doc, max_tokens: 4 });
+    const ad = await complete(TENANTS[0].key, { prompt: doc, max_tokens: 8, adapter: 'ft' });
+    const ct = (r) => (r.json && r.json.usage && r.json.usage.prompt_tokens_details &&
+      r.json.usage.prompt_tokens_details.cached_tokens) || 0;
+    if (ad.status !== 200) fail(`adapter prefix probe: ${ad.status} ${ad.raw}`);
+    else if (warm.status === 200 && ct(ad) !== 0)
+      fail(`adapter prefix probe: a request with an adapter reused ${ct(ad)} tokens cached without it`);
+  }
+  return jobs;
+}
+
 function allCanaries() { return TENANTS.map((_, i) => canary(i)); }
 
 function checkNoCanary(where, text) {
@@ -138,9 +205,17 @@ async function main() {
       fail('prefix cache: cached and uncached outputs differ');
   }
 
+  // 2b. LoRA adapters: uploads, references, the guess, the prefix probe
+  const adJobs = await adapterPhase();
   // 3. everything at once
   const longPrompt = 'And the LORD said unto Moses, '.repeat(120);
   const tasks = [];
+  for (const j of adJobs) {
+    tasks.push(complete(j.tenant.key, { prompt: j.prompt, max_tokens: j.max_tokens, adapter: 'ft' })
+      .then((r) => ({ j, r, kind: 'adapter' })));
+    tasks.push(complete(j.tenant.key, { prompt: j.prompt, max_tokens: j.max_tokens, adapter: 'ft' }, { stream: true })
+      .then((r) => ({ j, r, kind: 'adapter-stream' })));
+  }
   for (const j of jobs) {
     tasks.push(complete(j.tenant.key, { prompt: j.prompt, max_tokens: j.max_tokens })
       .then((r) => ({ j, r, kind: 'plain' })));
@@ -170,12 +245,13 @@ async function main() {
     }
     if (kind === 'disconnect') { checkNoCanary(who, r.text || ''); continue; }
     let text = null;
-    if (r.status === 200 && kind === 'plain') text = r.json.choices[0].text;
-    if (r.status === 200 && kind === 'stream' && r.done && !r.error) text = r.text;
+    const streamed = kind === 'stream' || kind === 'adapter-stream';
+    if (r.status === 200 && !streamed) text = r.json.choices[0].text;
+    if (r.status === 200 && streamed && r.done && !r.error) text = r.text;
     if (text === null) {
       serverErrors++;
       const clean = (r.status >= 400 && r.json && r.json.error && !r.json.choices) ||
-        (r.status === 200 && kind === 'stream' && r.error);
+        (r.status === 200 && streamed && r.error);
       if (EXPECT_FAILED && clean) {
         checkNoCanary(who, r.text || '');
         // what streamed before the error must be the start of the right answer
@@ -201,7 +277,12 @@ async function main() {
     fail('fault injected, but no request failed or started over (the fault never fired?)');
   if (EXPECT_FAILED) console.log(`fault run: ${serverErrors} requests failed cleanly, ${replaced} started over`);
 
+  // the adapters go (scrubbed once no request holds them), then
   // 4. afterwards: every page FREE and scrubbed
+  for (let i = 0; i < adJobs.length; i++) {
+    const r = await admin('DELETE', `/admin/adapters/${TENANTS[i].name}/ft`);
+    if (r.status !== 200) fail(`adapter removal: ${r.status} ${r.raw}`);
+  }
   const chk = await fetch(`${URL_}/admin/kv/check?timeout_ms=${1000 * Number(process.env.KS_WAIT_S || 60)}`, { headers: { authorization: `Bearer ${ADMIN}` } });
   const cj = await chk.json().catch(() => ({}));
   if (chk.status !== 200 || cj.clean !== true) fail(`kv pool after the run: ${chk.status} ${JSON.stringify(cj)}`);
