@@ -218,6 +218,7 @@ typedef struct serve__cfg {
     long idle_timeout, request_timeout, max_conns, max_conns_per_ip;
     long embed_max_tokens; /* --embed-max-tokens (0: the server's default) */
     long responses_ttl, responses_max, responses_max_bytes; /* /v1/responses' store bounds */
+    long max_adapter_mb; /* POST /admin/adapters' largest body, MiB */
     uint64_t kv_memory;
     bool no_prefix_cache, log_content;
     bool spec_nextn; /* --spec-nextn: drafts from the model's NextN block (serve) */

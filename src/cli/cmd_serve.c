@@ -47,7 +47,7 @@ void serve__usage(const char *cmd) {
         "         [--scrub zero|poison] [--tenants FILE] [--admin-key KEY] [--metrics-key KEY]\n"
         "         [--log-content] [--embed-max-tokens 32768]\n"
         "         [--responses-ttl SECONDS (3600; 0: keep none)] [--responses-max 1000]\n"
-        "         [--responses-max-bytes BYTES (67108864)]\n"
+        "         [--responses-max-bytes BYTES (67108864)] [--max-adapter-mb 1024]\n"
         "         [--security-log FILE] [--idle-timeout SECONDS (120)] [--drain-timeout-ms 30000]\n"
         "         [--request-timeout SECONDS (10)] [--max-connections 4096]\n"
         "         [--max-connections-per-ip 256 (0: no limit)] [--chat-template-file FILE]\n"
@@ -74,6 +74,7 @@ void serve__usage(const char *cmd) {
         "  --responses-ttl / --responses-max / --responses-max-bytes: how long, how many and\n"
         "  how many bytes of /v1/responses answers each tenant's store keeps (the oldest are\n"
         "  evicted and wiped first; docs/responses.md).\n"
+        "  --max-adapter-mb: the largest LoRA adapter POST /admin/adapters takes (docs/api.md).\n"
         "  --tool-call-format: how the model writes tool calls (auto: from the chat template;\n"
         "  NAME: %s). --reasoning-format deepseek splits the text between think markers into\n"
         "  reasoning_content (auto: when the template has them; none: it stays content).\n"
@@ -228,6 +229,7 @@ enum {
     SO_MODELS_CONFIG,
     SO_MODELS_MEMORY,
     SO_MODELS_MAX_LOADED,
+    SO_MAX_ADAPTER_MB,
     SO__N
 };
 
@@ -296,6 +298,7 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_MODELS_CONFIG] = {"models-config", 0, true, false},
     [SO_MODELS_MEMORY] = {"models-memory", 0, true, false},
     [SO_MODELS_MAX_LOADED] = {"models-max-loaded", 0, true, false},
+    [SO_MAX_ADAPTER_MB] = {"max-adapter-mb", 0, true, false},
 };
 
 /* cli__spec.apply for serve and the cluster roles. String values point
@@ -381,6 +384,9 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
         break;
     case SO_RESPONSES_MAX_BYTES:
         lv = &c->responses_max_bytes, lo = 0, hi = 1L << 40;
+        break;
+    case SO_MAX_ADAPTER_MB:
+        lv = &c->max_adapter_mb, lo = 1, hi = 1L << 16;
         break;
     case SO_EMBED_MAX_TOKENS:
         lv = &c->embed_max_tokens, lo = 1, hi = INT32_MAX;
@@ -642,6 +648,7 @@ int serve__parse(int argc, char **argv, serve__cfg *c) {
     c->responses_ttl = (long)so.responses_ttl_s;
     c->responses_max = (long)so.responses_max;
     c->responses_max_bytes = (long)so.responses_max_bytes;
+    c->max_adapter_mb = (long)(so.max_adapter_bytes >> 20);
     c->request_timeout = so.request_timeout_s;
     c->max_conns = so.max_connections;
     c->max_conns_per_ip = so.max_connections_per_ip;

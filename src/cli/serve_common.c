@@ -149,6 +149,7 @@ ks_err serve__http_start(const serve__cfg *c, int32_t n_ctx, const char *name, c
     so.responses_ttl_s = (uint64_t)c->responses_ttl;
     so.responses_max = (size_t)c->responses_max;
     so.responses_max_bytes = (size_t)c->responses_max_bytes;
+    so.max_adapter_bytes = (size_t)c->max_adapter_mb << 20;
     so.log_content = c->log_content;
     so.n_ctx = n_ctx;
     so.idle_timeout_s = (unsigned)c->idle_timeout;

@@ -155,4 +155,40 @@ wait_for "the adapter gauge" metric_is "$KS_URL" kvseal_lora_adapters 3
 req "pool clean" 200 -H "Authorization: Bearer $ADM" "$KS_URL/admin/kv/check"
 grep -q "SECURITY" "$TMPD/server.log" && fail "security events: $(grep SECURITY "$TMPD/server.log")"
 stop_server
+
+# serving several models (--models-dir): a model's adapters load with it
+# and again after it was unloaded; the adapter is checked against the
+# model when added, even while the model is not loaded
+mkdir -p "$TMPD/models"
+cp "$M" "$TMPD/models/alpha.gguf"
+cp "$M" "$TMPD/models/beta.gguf"
+start_server "$TMPD/multi.log" --models-dir "$TMPD/models" --ctx 512 --kv-pages 64 -t 2 \
+    --models-max-loaded 1 --tenants "$TMPD/tenants.json"
+# mc MODEL KEY EXTRA — a greedy completion, retried while the model loads (503)
+mc() {
+    local code
+    for _ in $(seq 1 200); do
+        code=$(curl -sS -o "$TMPD/body" -w '%{http_code}' -H "Authorization: Bearer $2" \
+            -H "Content-Type: application/json" "$KS_URL/v1/completions" \
+            -d "{\"model\":\"$1\",\"prompt\":\"$P\",\"max_tokens\":16,\"temperature\":0$3}")
+        [ "$code" = 503 ] && grep -q model_loading "$TMPD/body" && { sleep 0.1; continue; }
+        break
+    done
+    BODY=$(cat "$TMPD/body")
+    expect_eq "$1$3: status ($BODY)" "$code" 200
+    TEXT=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["choices"][0]["text"])' "$BODY")
+}
+req "upload to an unloaded model" 201 -H "Authorization: Bearer $ADM" --data-binary "@$TMPD/a4.gguf" \
+    "$KS_URL/admin/adapters?tenant=tenant2&name=mine&model=beta"
+req "a file that is no adapter, unloaded model" 400 -H "Authorization: Bearer $ADM" --data-binary "@$M" \
+    "$KS_URL/admin/adapters?tenant=tenant2&name=x&model=beta"
+mc beta "$K2" ',"adapter":"mine"'
+expect_eq "beta:mine" "$TEXT" "$a4_ref"
+mc alpha "$K0" ',"adapter":"sql"'   # the tenants file's, loaded with alpha (beta unloaded)
+expect_eq "alpha:sql" "$TEXT" "$a1_ref"
+req "beta's adapter asked of alpha" 404 -H "Authorization: Bearer $K2" -H "Content-Type: application/json" \
+    "$KS_URL/v1/completions" -d "{\"model\":\"alpha\",\"prompt\":\"$P\",\"adapter\":\"mine\"}"
+mc beta:mine "$K2" ''               # beta loads again, its adapter with it
+expect_eq "beta:mine after a reload" "$TEXT" "$a4_ref"
+stop_server
 echo "PASS"
