@@ -13,7 +13,8 @@
 // requests' prompt lengths p50/p99 (plen_p50/p99): a log-normal spread of
 // prompts spreads the time to first token as much, so this is the figure
 // that shows whether a request waited for others (starvation) or only for
-// its own prompt.
+// its own prompt. Env KEY: a bearer key to send; ADAPTERS: a comma list of
+// LoRA adapter names, request i naming the (i mod n)-th (bench/lora-serve.sh).
 const [URL_, MODEL, C_, N_, SEED_] = process.argv.slice(2);
 const C = Number(C_), N = Number(N_);
 let seed = BigInt(SEED_ || 1) * 0x9e3779b97f4a7c15n & 0xffffffffffffffffn;
@@ -44,13 +45,19 @@ for (let i = 0; i < N; i++) {
   reqs.push({ p: prompt(n, Number(SEED_) * 100003 + i), n, a: lognormal(AMED, 0.8, AMIN, AMAX) });
 }
 
+const ADAPTERS = process.env.ADAPTERS ? process.env.ADAPTERS.split(',') : [];
+reqs.forEach((r, i) => { if (ADAPTERS.length) r.adapter = ADAPTERS[i % ADAPTERS.length]; });
+
 async function one(r) {
   const t0 = performance.now();
+  const headers = { 'content-type': 'application/json' };
+  if (process.env.KEY) headers.authorization = `Bearer ${process.env.KEY}`;
   const res = await fetch(`${URL_}/v1/completions`, {
-    method: 'POST', headers: { 'content-type': 'application/json' },
+    method: 'POST', headers,
     body: JSON.stringify({ model: MODEL, prompt: r.p, max_tokens: r.a, temperature: 0,
                            ignore_eos: true, stream: true,
-                           stream_options: { include_usage: true } }),
+                           stream_options: { include_usage: true },
+                           ...(r.adapter ? { adapter: r.adapter } : {}) }),
   });
   if (res.status !== 200) throw new Error(`${res.status} ${await res.text()}`);
   const reader = res.body.getReader(), dec = new TextDecoder();

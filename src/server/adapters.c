@@ -223,3 +223,21 @@ enum MHD_Result srv__admin_adapters(server *s, struct MHD_Connection *c, const s
     if (!strcmp(q->method, "DELETE")) return srv__adapter_delete(s, c, q->rest);
     return !strcmp(q->method, "POST") ? srv__adapter_post(s, c, q) : srv__adapter_list(s, c);
 }
+
+void srv__models_adapters(server *s, int entry, int tenant, long long created, json_t *data) {
+    if (!s->b.adapter_list || tenant < 0) return;
+    const char *who = s->ts->t[tenant].name;
+    int n = s->b.adapter_list(s->b.impl, entry, who, NULL, 0);
+    engine_adapter_info *all = n > 0 ? calloc((size_t)n, sizeof *all) : NULL;
+    if (all) n = s->b.adapter_list(s->b.impl, entry, who, all, n);
+    const char *base = srv__model_primary(&s->mods[entry]);
+    for (int i = 0; all && i < n; i++) {
+        char id[320];
+        snprintf(id, sizeof id, "%s:%s", base, all[i].name);
+        // vLLM lists its LoRA modules so: the model's id, its "parent" the base
+        json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", id, "object",
+                                              "model", "created", (json_int_t)created, "owned_by",
+                                              all[i].is_public ? "kvseal" : who, "parent", base));
+    }
+    free(all);
+}

@@ -258,6 +258,10 @@ bool srv__truthy(const char *v);
 /* GET, POST /admin/adapters and DELETE /admin/adapters/{tenant}/{name}
  * (adapters.c; the admin key checked by the route's auth). */
 enum MHD_Result srv__admin_adapters(server *s, struct MHD_Connection *c, const srv_call *q);
+/* Appends to data (/v1/models' list) catalog entry entry's adapters the
+ * tenant (an index of s->ts) may use, as "MODEL:ADAPTER" entries whose
+ * "parent" is the model (as vLLM lists LoRA modules). */
+void srv__models_adapters(server *s, int entry, int tenant, long long created, json_t *data);
 /* Loads the tenants file's adapters into the backend (server_create).
  * Errors name the tenant, the adapter and the cause. */
 ks_err srv__load_adapters(server *s, ks_errbuf *eb) KS_MUST_USE;

@@ -544,7 +544,6 @@ enum MHD_Result srv__model_get(server *s, struct MHD_Connection *c, const srv_ca
 }
 
 enum MHD_Result srv__models(server *s, struct MHD_Connection *c, const srv_call *q) {
-    (void)q;
     json_t *data = json_array();
     long long t = (long long)time(NULL);
     for (int k = 0; k < s->n_mods; k++) { // every catalog entry: its aliases, then its name
@@ -561,6 +560,7 @@ enum MHD_Result srv__models(server *s, struct MHD_Connection *c, const srv_call 
             if (o && st) json_object_set_new(o, "status", json_pack("{s:s}", "value", st));
             json_array_append_new(data, o);
         }
+        srv__models_adapters(s, k, q->tenant, t, data); // the caller's own and public ones
     }
     return srv__reply_json(s, c, SRV_ROUTE_MODELS, 200,
                            json_pack("{s:s, s:o}", "object", "list", "data", data));

@@ -74,6 +74,14 @@ expect_has "workers lora" "$BODY" "$(printf '%s' "$a1_ref" | head -c 20)"
 complete "$K2" ',"adapter":"style"'
 expect_eq "the public adapter, another tenant" "$TEXT" "$a3_ref"
 
+# /v1/models lists the caller's own adapters and the public ones (vLLM's "parent")
+req "models, tenant0" 200 -H "Authorization: Bearer $K0" "$KS_URL/v1/models"
+ids=$(python3 -c 'import json,sys; print(" ".join(sorted(m["id"] for m in json.loads(sys.argv[1])["data"] if m.get("parent"))))' "$BODY")
+expect_eq "tenant0's adapters" "$ids" "kjv-mini:sql kjv-mini:style"
+req "models, tenant2" 200 -H "Authorization: Bearer $K2" "$KS_URL/v1/models"
+ids=$(python3 -c 'import json,sys; print(" ".join(sorted(m["id"] for m in json.loads(sys.argv[1])["data"] if m.get("parent"))))' "$BODY")
+expect_eq "tenant2 sees the public one only" "$ids" "kjv-mini:style"
+
 # another tenant's name reads exactly as a name nobody has
 req "tenant2 guesses sql" 404 -H "Authorization: Bearer $K2" -H "Content-Type: application/json" \
     "$KS_URL/v1/completions" -d "{\"model\":\"kjv-mini\",\"prompt\":\"$P\",\"adapter\":\"sql\"}"
