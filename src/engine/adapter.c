@@ -61,12 +61,16 @@ void engine_adapter_digest(const void *data, size_t len, float scale,
     crypto_hash_sha256_final(&st, out);
 }
 
-/* Frees a's factors (model_lora_free scrubs them) and a itself. */
+/* Frees a's factors (model_lora_free scrubs them) and a itself, and has the
+ * scheduler drop the cached prefixes no request uses: KV computed under a
+ * removed adapter is its tenant's data too. The last reference goes with a
+ * request's end, after its pages were released, so its prefixes go too. */
 static void adapter__free(engine *e, engine__adapter *a) {
     atomic_fetch_sub(&e->adapter_bytes, a->bytes);
     model_lora_free(a->lora);
     sodium_memzero(a, sizeof *a); // the name is the tenant's too
     free(a);
+    atomic_store(&e->prefix_flush, true);
 }
 
 void engine__adapter_unref(engine *e, engine__adapter *a) {
@@ -193,6 +197,7 @@ ks_err engine_adapter_remove(engine *e, const char *tenant, const char *name, ks
         return admit_refuse(eb, ADMIT_ADAPTER_NOT_FOUND, "The adapter '%.64s' does not exist",
                             name ? name : "");
     engine__adapter_unref(e, found); // the registry's reference
+    engine__wake(e); // an idle scheduler drops the prefixes now
     return KS_OK;
 }
 

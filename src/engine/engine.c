@@ -738,6 +738,10 @@ static void *engine__main(void *arg) {
         }
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
+        // a LoRA adapter went: every cached prefix no request uses is dropped
+        // (and scrubbed), those computed under it with them
+        if (atomic_exchange(&e->prefix_flush, false) && e->prefix)
+            kv_prefix_evict(e->prefix, UINT32_MAX);
         // decode workers: the network first, so a request adopted now joins
         // this step's batch (after an idle iteration the hook just ran)
         if (e->o.poll && busy) engine__hook(e, 1, 0);

@@ -204,6 +204,7 @@ struct engine {
     atomic_uint n_adapters;
     atomic_ullong adapter_bytes, adapter_requests;
     const model_lora **b_lora;  // (max_running) this step's adapter per sequence
+    atomic_bool prefix_flush;   // an adapter was freed: the scheduler drops the unused prefixes
 #ifdef KS_TEST_FAULTS
     bool fault_done;
 #endif

@@ -234,6 +234,14 @@ static void test_adapters(void) {
     engine_get_stats(e, &st1);
     CHECK_EQ(st1.adapters, 2);
     CHECK(st1.adapter_bytes < st0.adapter_bytes); // freed with its last request
+    // and the cached prefixes no request uses are dropped with it (those
+    // computed under it among them)
+    CHECK(st0.kv.prefix_cached_pages > 0);
+    for (int i = 0; i < 1000 && st1.kv.prefix_cached_pages; i++) {
+        usleep(10000);
+        engine_get_stats(e, &st1);
+    }
+    CHECK_EQ(st1.kv.prefix_cached_pages, 0);
     free(ids);
     check_clean(e);
     engine_destroy(e);
