@@ -3,8 +3,9 @@
 # mklora` for kjv-mini (F32 and Q8_0 factors) moves the perplexity (the
 # adapter does something), `kvseal perplexity --lora` is within 0.2% of
 # llama-perplexity --lora on the same files, and 32 greedy tokens of
-# `kvseal run --lora` equal llama-completion --lora's. Skips the llama.cpp
-# half where ../shared or the anchor is absent.
+# `kvseal run --lora` equal llama-completion --lora's; a qwen3moe model's
+# attention adapter agrees too. Skips the llama.cpp half where ../shared or
+# the anchor is absent.
 . "$(dirname "$0")/lib.sh"
 M=$KS_SRC/models/kjv-mini.gguf
 A=$KS_SHARED/anchors/llama.cpp
@@ -96,3 +97,18 @@ for p in "In the beginning God created" "And the LORD said unto Moses,"; do
         echo "$ad: greedy ok [$kv]"
     done
 done
+
+# a MoE model: the adapter targets its attention (the experts are not
+# targeted), and agrees with llama.cpp's --lora as the dense one does
+"$KS_BIN" mkmodel -o "$TMPD/moe.gguf" --vocab "$M" --arch qwen3moe --seed 3 >/dev/null 2>&1 ||
+    fail "mkmodel qwen3moe"
+"$KS_BIN" mklora -m "$TMPD/moe.gguf" -o "$TMPD/moe-lora.gguf" --rank 16 --seed 2 --delta 0.3 \
+    2>"$TMPD/mk.err" || fail "mklora on a MoE model: $(cat "$TMPD/mk.err")"
+expect_has "MoE adapter: attention only" "$(cat "$TMPD/mk.err")" "8 matrices"
+M=$TMPD/moe.gguf
+mb=$(kv_ppl) mk=$(kv_ppl --lora "$TMPD/moe-lora.gguf") ml=$(ll_ppl --lora "$TMPD/moe-lora.gguf")
+[ -n "$mb" ] && [ -n "$mk" ] && [ -n "$ml" ] || fail "MoE perplexities: [$mb] [$mk] [$ml]"
+echo "qwen3moe: perplexity kvseal $mk llama.cpp $ml (base $mb)"
+within "$mk" "$mb" 0.001 && fail "MoE: the adapter moved the perplexity less than 0.1%"
+within "$mk" "$ml" 0.002 || fail "MoE: kvseal's perplexity $mk is not within 0.2% of llama.cpp's $ml"
+echo PASS
