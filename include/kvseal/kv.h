@@ -85,7 +85,8 @@ ks_err kv_geom_check(const kv_geom *g, ks_errbuf *eb) KS_MUST_USE;
 
 typedef struct kv_tag {
     uint64_t seq_uid; /* the allocating sequence (I2) */
-    uint64_t gen;     /* the page's allocation count (I2) */
+    uint64_t gen;     /* the pool's allocation count when the page was allocated: grows
+                         with every life of a page, and no two pages share one (I2) */
 } kv_tag;
 
 typedef enum kv_page_state {
@@ -137,7 +138,7 @@ bool kv_pool_all_free_and_scrubbed(const kv_pool *p);
 
 /* One page's header, for tests, metrics and the pd receiver. */
 typedef struct kv_page_info {
-    kv_tag tag;          /* seq_uid 0 while FREE; gen = allocations so far */
+    kv_tag tag;          /* seq_uid 0 while FREE; gen: the pool's allocation count at its allocation */
     kv_page_state state;
     uint32_t refcount;   /* sequences + prefix cache holding it */
     uint32_t filled;     /* rows [0, filled) readable */
@@ -172,7 +173,7 @@ typedef struct kv_seq {
 /* Initializes an empty block table with a fresh uid; can't fail. */
 void kv_seq_init(kv_pool *p, kv_seq *s);
 /* Makes sure positions [0, n_tokens) have pages, allocating fresh ones
- * (FREE -> ALLOCATED, gen+1, tagged with s->uid); with g.state_pages, the
+ * (FREE -> ALLOCATED, a new gen, tagged with s->uid); with g.state_pages, the
  * first reserve also takes the sequence's state pages, zeroed (the zero
  * state a recurrence starts from). Errors: KS_ERR_NOSPACE when the pool is
  * short (nothing is allocated then), KS_ERR_NOMEM. */

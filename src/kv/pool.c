@@ -311,8 +311,11 @@ uint32_t kv__page_alloc(kv_pool *p, uint64_t uid) {
 #endif
 #endif
     h->tag.seq_uid = uid;
-    h->tag.gen++;
-    atomic_fetch_add_explicit(&p->allocations, 1, memory_order_relaxed);
+    // the pool's allocation count: larger than any gen this page had, and
+    // no two pages ever share one, so a tag names one page of one life (a
+    // corrupted entry's page is then found by its tag alone, never another
+    // page of the same sequence)
+    h->tag.gen = atomic_fetch_add_explicit(&p->allocations, 1, memory_order_relaxed) + 1;
     h->refcount = 1;
     h->filled = 0;
     kv__set_state(p, h, KV_PAGE_ALLOCATED);

@@ -1272,6 +1272,53 @@ static void t_state_pages(void) {
  * the deepest such entry, under the same tenant root (I7), and gives the new
  * sequence its OWN state pages holding the snapshot; snapshots count in the
  * cache's pages, within max_pages, and are scrubbed when dropped (I3). */
+/* A corrupted state entry is released by the page found under its tag; a
+ * tag names one page only, so that search can never pick another page of
+ * the same sequence still held elsewhere (here its KV page the prefix
+ * cache keeps; in a fresh pool every page's first allocation used to get
+ * the same gen, so the search found that page, took the cache's reference
+ * away and left the real state page ALLOCATED forever: the leak suite's
+ * rare "1 page ALLOCATED" after a swap_state run). */
+static void t_state_tag_unique(void) {
+    const kv_geom g0 = G;
+    G.state_pages = 2;
+    kv_pool *p = mkpool(12, KV_SCRUB_ZERO);
+    viol_log vl = {0};
+    kv_pool_set_violation_cb(p, on_violation, &vl);
+    kv_prefix *c;
+    ks_errbuf eb;
+    CHECK_EQ(kv_prefix_create(p, 4, &c, &eb), KS_OK);
+    uint8_t r[KV_ROOT_BYTES];
+    root_of("acme", r);
+    int32_t toks[2 * P];
+    toks_make(toks, 2 * P, 3);
+    kv_seq a, b;
+    kv_seq_init(p, &a);
+    kv_seq_init(p, &b);
+    fill(p, &a, 2 * P, 1); // 2 KV pages + 2 state pages
+    fill(p, &b, P, 2);
+    kv_prefix_publish(c, r, toks, 2 * P, &a); // the cache keeps a's KV pages
+    CHECK_EQ(kv_prefix_n_pages(c), 2);
+    // every page of a, KV and state, has a tag of its own
+    kv_tag tags[4] = {a.ent[0].tag, a.ent[1].tag, a.st[0].tag, a.st[1].tag};
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < i; j++) CHECK(tags[i].gen != tags[j].gen);
+    const uint32_t real = a.st[1].page, kv0 = a.ent[0].page, kv1 = a.ent[1].page;
+    a.st[1].page = b.st[1].page; // the swap_state fault, by hand
+    kv_seq_release(p, &a);
+    CHECK(vl.n >= 1);
+    CHECK_EQ(info(p, real).state, KV_PAGE_FREE); // found by its own tag
+    CHECK_EQ(info(p, real).refcount, 0);
+    CHECK_EQ(info(p, kv0).refcount, 1); // the cache's, untouched
+    CHECK_EQ(info(p, kv1).refcount, 1);
+    kv_seq_release(p, &b);
+    CHECK_EQ(kv_prefix_n_pages(c), 2); // the cache's references are intact
+    kv_prefix_destroy(c);
+    CHECK(kv_pool_all_free_and_scrubbed(p));
+    kv_pool_destroy(p);
+    G = g0;
+}
+
 static void t_prefix_state(void) {
     const kv_geom g0 = G;
     G.state_pages = 2;
@@ -1474,6 +1521,7 @@ static const test_case cases[] = {
     {"truncate", t_truncate, true},
     {"state_pages", t_state_pages, true},
     {"prefix_state", t_prefix_state, true},
+    {"state_tag_unique", t_state_tag_unique, true},
     {"cost", t_cost, false},
 };
 
