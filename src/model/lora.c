@@ -15,6 +15,7 @@
 
 #include "kvseal/kern_lora.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -316,15 +317,19 @@ ks_err model__lora_begin(model_ctx *c, const model_batch *b, ks_errbuf *eb) {
 #define LORA__U_CAP 8192    // floats of U a window may use (on the stack)
 #define LORA__ROWS 8        // ranks a shrink item covers
 #define LORA__COLS 128      // output columns an expand item covers
+#define LORA__INLINE 262144 // multiply-adds under which a window runs on this thread
 
 /* The tokens of a window that share one adapter's matrix: slots [off, off + n). */
 typedef struct {
     const lora__mat *m;
     int32_t off, n;
-    int64_t it0; // the group's first work item in the current phase
+    int32_t n_shrink;     // its shrink items
+    atomic_int shrunk;    // of which done: its expand items wait for all
 } lora__grp;
 
-/* One window: its groups, each token's rows by slot, and U (slot, ldu). */
+/* One window: its groups, each token's rows by slot, and U (slot, ldu).
+ * Items: every group's shrink items (LORA__ROWS ranks each) in group order,
+ * then every group's expand items (LORA__COLS columns each). */
 typedef struct {
     const kern_lora *k;
     lora__grp g[LORA__WIN];
@@ -333,53 +338,63 @@ typedef struct {
     float *y[LORA__WIN];
     float *U;
     int64_t ldu, K, N;
-    int64_t n_items;
-    bool expand; // the phase: shrink (false) or expand
+    int64_t n_shrink, n_cols; // shrink items in all; expand items per group
     atomic_llong next;
 } lora__run;
 
-/* Work item it of the current phase: shrink covers LORA__ROWS ranks of a
- * group's tokens, expand LORA__COLS columns of them. Each U or Y element is
- * written by one item, whole, so the split never changes a value. */
+/* Work item it. Each U or Y element is written by one item, whole, so the
+ * split never changes a value. Items are claimed in order, so every shrink
+ * item is claimed (and being run) before any expand item: an expand item
+ * waits only on running shrinks of its own group, never on a thread that
+ * has not started. */
 static void lora__item(lora__run *a, int64_t it) {
     int gi = 0;
-    while (gi + 1 < a->ng && a->g[gi + 1].it0 <= it) gi++;
-    const lora__grp *g = &a->g[gi];
-    const int64_t p = it - g->it0;
-    const float *const *x = a->x + g->off;
-    float *U = a->U + (size_t)g->off * (size_t)a->ldu;
-    if (!a->expand) {
-        const int32_t i0 = (int32_t)(p * LORA__ROWS);
+    if (it < a->n_shrink) {
+        while (it >= a->g[gi].n_shrink) it -= a->g[gi++].n_shrink;
+        lora__grp *g = &a->g[gi];
+        const int32_t i0 = (int32_t)it * LORA__ROWS;
         const int32_t i1 = i0 + LORA__ROWS < g->m->r ? i0 + LORA__ROWS : g->m->r;
-        a->k->shrink(a->K, g->m->a, i0, i1, g->n, x, U, a->ldu);
-    } else {
-        const int64_t c0 = p * LORA__COLS, c1 = c0 + LORA__COLS < a->N ? c0 + LORA__COLS : a->N;
-        a->k->expand(g->m->r, a->N, g->m->bt, c0, c1, g->n, U, a->ldu, g->m->scale,
-                     a->y + g->off);
+        a->k->shrink(a->K, g->m->a, i0, i1, g->n, a->x + g->off,
+                     a->U + (size_t)g->off * (size_t)a->ldu, a->ldu);
+        atomic_fetch_add_explicit(&g->shrunk, 1, memory_order_release);
+        return;
     }
+    it -= a->n_shrink;
+    gi = (int)(it / a->n_cols);
+    lora__grp *g = &a->g[gi];
+    for (int spins = 0; atomic_load_explicit(&g->shrunk, memory_order_acquire) < g->n_shrink; spins++)
+        if (spins > 64) sched_yield(); // its shrink's thread was descheduled
+    const int64_t c0 = (it % a->n_cols) * LORA__COLS;
+    const int64_t c1 = c0 + LORA__COLS < a->N ? c0 + LORA__COLS : a->N;
+    a->k->expand(g->m->r, a->N, g->m->bt, c0, c1, g->n, a->U + (size_t)g->off * (size_t)a->ldu,
+                 a->ldu, g->m->scale, a->y + g->off);
 }
 
 static void lora__task(void *arg, int ith, int nth) {
     lora__run *a = arg;
     (void)ith, (void)nth;
     int64_t i0, i1;
-    while (ks_pool_claim(&a->next, a->n_items, 1, &i0, &i1))
+    const int64_t n = a->n_shrink + (int64_t)a->ng * a->n_cols;
+    while (ks_pool_claim(&a->next, n, 1, &i0, &i1))
         for (int64_t it = i0; it < i1; it++) lora__item(a, it);
 }
 
-/* Numbers the current phase's items (each group's it0) and runs them: on
- * this thread for a one-token pass (model__run_rows' rule; matmul.c calls
- * down into this file, never the other way), else in a pool run. */
-static void lora__phase(model_ctx *c, lora__run *a, bool expand) {
-    a->expand = expand;
-    a->n_items = 0;
+/* Runs a window's items: on this thread when they are few multiply-adds
+ * (a pool run's hand-off would cost more; matmul.c calls down into this
+ * file, never the other way), else in one pool run. */
+static void lora__window(model_ctx *c, lora__run *a) {
+    int64_t work = 0;
+    a->n_shrink = 0;
+    a->n_cols = (a->N + LORA__COLS - 1) / LORA__COLS;
     for (int gi = 0; gi < a->ng; gi++) {
-        a->g[gi].it0 = a->n_items;
-        a->n_items += expand ? (a->N + LORA__COLS - 1) / LORA__COLS
-                             : (a->g[gi].m->r + LORA__ROWS - 1) / LORA__ROWS;
+        lora__grp *g = &a->g[gi];
+        g->n_shrink = (g->m->r + LORA__ROWS - 1) / LORA__ROWS;
+        atomic_init(&g->shrunk, 0);
+        a->n_shrink += g->n_shrink;
+        work += (int64_t)g->n * g->m->r * (a->K + a->N);
     }
     atomic_store_explicit(&a->next, 0, memory_order_relaxed);
-    if (c->lora_b->n_tokens == 1)
+    if (work < LORA__INLINE)
         lora__task(a, 0, 1);
     else
         ks_pool_run(c->threads, lora__task, a);
@@ -451,7 +466,6 @@ void model__lora_apply(model_ctx *c, const model__mat *w, const float *X, float 
             a.x[slot] = X + (size_t)tok[j] * (size_t)w->K;
             a.y[slot] = Y + (size_t)tok[j] * (size_t)w->N;
         }
-        lora__phase(c, &a, false);
-        lora__phase(c, &a, true);
+        lora__window(c, &a);
     }
 }

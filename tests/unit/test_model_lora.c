@@ -271,12 +271,16 @@ static void test_reference(const char *base_path, const char *merged_path) {
         CHECK(all_equal(l2, ll, n));
     }
     g_nth = 2;
-    // a second adapter on four of the targets: mixed batches of both and none
+    // a second adapter, of rank 36, on four of the targets: mixed batches of
+    // both and none (its tokens make the batched delta's work large enough
+    // for pool runs; the rank-4 adapter's alone run on the calling thread)
     float *f2[8];
     ad_tensor t2[8];
     for (int i = 0; i < 8; i++) {
         t2[i] = t[i];
-        f2[i] = rand_mat(t[i].ne0 * t[i].ne1, 700u + (uint32_t)i, 0.08f);
+        if (i % 2) t2[i].ne0 = 36; // B: ne [r, N]
+        else t2[i].ne1 = 36;       // A: ne [K, r]
+        f2[i] = rand_mat(t2[i].ne0 * t2[i].ne1, 700u + (uint32_t)i, 0.03f);
         t2[i].x = f2[i];
     }
     char ad2[300];
