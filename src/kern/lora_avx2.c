@@ -29,32 +29,44 @@ AVX2__INLINE void avx2__shrink_tile(const int nt, const int ni, int64_t K, const
                                     int32_t i, const float *const *X, float *U, int64_t ldu) {
     const float *a[2], *x[4];
     __m256 acc[4][2];
+    #pragma GCC unroll 4
     for (int q = 0; q < ni; q++) a[q] = A + (size_t)(i + q) * (size_t)K;
+    #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
         x[t] = X[t];
+        #pragma GCC unroll 4
         for (int q = 0; q < ni; q++) acc[t][q] = _mm256_setzero_ps();
     }
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
         __m256 av[2];
+        #pragma GCC unroll 4
         for (int q = 0; q < ni; q++) av[q] = _mm256_loadu_ps(a[q] + k);
+        #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
             const __m256 xv = _mm256_loadu_ps(x[t] + k);
+            #pragma GCC unroll 4
             for (int q = 0; q < ni; q++) acc[t][q] = _mm256_fmadd_ps(av[q], xv, acc[t][q]);
         }
     }
     if (k < K) {
         const __m256i m = avx2__lora_mask(K - k);
         __m256 av[2];
+        #pragma GCC unroll 4
         for (int q = 0; q < ni; q++) av[q] = _mm256_maskload_ps(a[q] + k, m);
+        #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
             const __m256 xv = _mm256_maskload_ps(x[t] + k, m);
+            #pragma GCC unroll 4
             for (int q = 0; q < ni; q++) acc[t][q] = _mm256_fmadd_ps(av[q], xv, acc[t][q]);
         }
     }
-    for (int t = 0; t < nt; t++)
+    #pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) {
+        #pragma GCC unroll 4
         for (int q = 0; q < ni; q++)
             U[(size_t)t * (size_t)ldu + (size_t)(i + q)] = avx2__lora_hsum(acc[t][q]);
+    }
 }
 
 static void avx2__shrink_blk(int nt, int ni, int64_t K, const float *A, int32_t i,
@@ -88,24 +100,33 @@ AVX2__INLINE void avx2__expand_tile(const int nt, const int nv, __m256i m, int32
                                     __m256 sc, float *const *Y) {
     const __m256i all = _mm256_set1_epi32(-1);
     __m256 acc[4][2];
-    for (int t = 0; t < nt; t++)
+    #pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) {
+        #pragma GCC unroll 4
         for (int v = 0; v < nv; v++) acc[t][v] = _mm256_setzero_ps();
+    }
     for (int32_t i = 0; i < r; i++) {
         const float *b = Bt + (size_t)i * (size_t)N + (size_t)c;
         __m256 bv[2];
+        #pragma GCC unroll 4
         for (int v = 0; v < nv; v++) bv[v] = _mm256_maskload_ps(b + 8 * v, v == nv - 1 ? m : all);
+        #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
             const __m256 u = _mm256_broadcast_ss(U + (size_t)t * (size_t)ldu + (size_t)i);
+            #pragma GCC unroll 4
             for (int v = 0; v < nv; v++) acc[t][v] = _mm256_fmadd_ps(bv[v], u, acc[t][v]);
         }
     }
-    for (int t = 0; t < nt; t++)
+    #pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) {
+        #pragma GCC unroll 4
         for (int v = 0; v < nv; v++) {
             float *y = Y[t] + c + 8 * v;
             const __m256i mv = v == nv - 1 ? m : all;
             const __m256 yv = _mm256_add_ps(_mm256_maskload_ps(y, mv), _mm256_mul_ps(sc, acc[t][v]));
             _mm256_maskstore_ps(y, mv, yv);
         }
+    }
 }
 
 static void avx2__expand_blk(int nt, int nv, __m256i m, int32_t r, int64_t N, const float *Bt,
