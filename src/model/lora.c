@@ -317,7 +317,7 @@ ks_err model__lora_begin(model_ctx *c, const model_batch *b, ks_errbuf *eb) {
 #define LORA__U_CAP 8192    // floats of U a window may use (on the stack)
 #define LORA__ROWS 8        // ranks a shrink item covers
 #define LORA__COLS 128      // output columns an expand item covers
-#define LORA__INLINE (1 << 21) // multiply-adds under which a window runs on this thread
+#define LORA__INLINE (1 << 15) // multiply-adds under which a window runs on this thread
 
 /* The tokens of a window that share one adapter's matrix: slots [off, off + n). */
 typedef struct {
