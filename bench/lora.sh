@@ -8,7 +8,7 @@
 # repo's) and a larger llama made by `kvseal mkmodel` (SHAPE), where the
 # dense matmuls dominate a step. A benchmark, not a test.
 # Environment: STREAMS (16), RANK (16), N_LORA (4), PP (32), TG (32),
-# THREADS (2), REPS (3: the best of each side), MODELS (which to run:
+# THREADS (2), REPS (5 rounds: the median of their ratios), MODELS (which to run:
 # "kjv big"), SHAPE (mkmodel options of "big"), TYPE (its weights, q8_0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ N_LORA=${N_LORA:-4}
 PP=${PP:-32}
 TG=${TG:-32}
 THREADS=${THREADS:-2}
-REPS=${REPS:-3}
+REPS=${REPS:-5}
 MODELS=${MODELS:-kjv big}
 SHAPE=${SHAPE:---n-embd 1024 --n-layer 8 --n-head 16 --n-head-kv 4 --n-ff 2816 --ctx 1024}
 TYPE=${TYPE:-q8_0}

@@ -387,7 +387,7 @@ static void bench__usage(const char *cmd) {
         "                    each prefills PP tokens, then TG steps of one token each)\n"
         "                    [--lora FILE]...  (with --streams, up to %d: each count runs\n"
         "                    without adapters, then with them taken round-robin by the\n"
-        "                    streams, and prints the decode ratio; -r: best of REPS each)\n"
+        "                    streams, -r REPS rounds, and prints the median decode ratio)\n"
         "                    [--kv-type f32|f16|q8_0 (f16)]\n"
         "                    [--spec K]  (speculative verification's ceiling: TG greedy tokens\n"
         "                    one pass each, then again with K of them drafted a pass)\n"
@@ -629,20 +629,33 @@ int cli_bench(int argc, char **argv) {
                 rc = 2;
                 break;
             }
-            // with adapters: each repetition runs without, then with, on the same
-            // streams and tokens; the best decode rate of each
-            double best[2] = {0, 0};
-            for (long r = 0; !rc && r < (cf.n_lora ? reps : 1); r++)
-                for (int w = 0; !rc && w < (cf.n_lora ? 2 : 1); w++) {
-                    double ts = 0;
+            // with adapters: each repetition runs without and with them on the same
+            // streams and tokens (the order alternating), its ratio kept; the
+            // median of the ratios, and each side's best rate
+            double best[2] = {0, 0}, ratio[100];
+            const long nr = cf.n_lora ? reps : 1;
+            for (long r = 0; !rc && r < nr; r++) {
+                double ts[2] = {0, 0};
+                for (int k = 0; !rc && k < (cf.n_lora ? 2 : 1); k++) {
+                    const int w = cf.n_lora ? (int)((k + r) % 2) : 0;
                     rc = bench__streams(&s, toks, (int)n, (int32_t)n_pp, (int32_t)n_tg, lora,
-                                        w ? cf.n_lora : 0, &ts);
-                    best[w] = ts > best[w] ? ts : best[w];
+                                        w ? cf.n_lora : 0, &ts[w]);
+                    best[w] = ts[w] > best[w] ? ts[w] : best[w];
                 }
-            if (!rc && cf.n_lora)
-                printf("streams %ld: decode with %d LoRA adapter%s / without: %.2f / %.2f tokens/s "
-                       "= %.3f\n", n, cf.n_lora, cf.n_lora > 1 ? "s" : "", best[1], best[0],
-                       best[0] > 0 ? best[1] / best[0] : 0.0);
+                ratio[r] = ts[0] > 0 ? ts[1] / ts[0] : 0.0;
+            }
+            if (!rc && cf.n_lora) {
+                for (long i = 1; i < nr; i++) // insertion sort: at most 100
+                    for (long j = i; j > 0 && ratio[j - 1] > ratio[j]; j--) {
+                        const double t = ratio[j];
+                        ratio[j] = ratio[j - 1];
+                        ratio[j - 1] = t;
+                    }
+                const double med = nr % 2 ? ratio[nr / 2] : (ratio[nr / 2 - 1] + ratio[nr / 2]) / 2;
+                printf("streams %ld: decode with %d LoRA adapter%s / without: best %.2f / %.2f "
+                       "tokens/s; median of %ld rounds' ratios = %.3f\n", n, cf.n_lora,
+                       cf.n_lora > 1 ? "s" : "", best[1], best[0], nr, med);
+            }
             p = *end ? end + 1 : end;
         }
         for (int i = 0; i < cf.n_lora; i++) model_lora_free(lora[i]);
