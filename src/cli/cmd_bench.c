@@ -249,12 +249,16 @@ done:
     return rc;
 }
 
+#define BENCH_MAX_LORA 16 // --lora files
+
 /* Aggregate decode with n_streams sequences at once, as llama-batched-bench
  * measures it: each stream's n_pp-token prompt is prefilled (batches of up
  * to 512 tokens), then n_tg steps each decode one token of every stream in
- * one batch. Prints prefill and decode tokens/s over all streams. */
+ * one batch. Stream i runs with adapter lora[i % n_lora] (n_lora 0: none).
+ * Prints prefill and decode tokens/s over all streams; the decode rate into
+ * *tg_ts. */
 static int bench__streams(cli__session *s, const int32_t *toks, int n_streams, int32_t n_pp,
-                          int32_t n_tg) {
+                          int32_t n_tg, model_lora *const *lora, int n_lora, double *tg_ts) {
     const model_hparams *hp = model_hp(s->m);
     const int32_t ctx = n_pp + n_tg, ub = 512;
     kv_geom g = model_kv_geom(s->m, 16, s->kv_type);
@@ -275,9 +279,11 @@ static int bench__streams(cli__session *s, const int32_t *toks, int n_streams, i
         model_ctx_create(s->m, pool, s->n_threads, ub, ctx, &mc, &eb))
         goto done;
     kv_seq *sp[512];
+    const model_lora *lr[512];
     for (int i = 0; i < n_streams; i++) {
         kv_seq_init(pool, &seqs[i]);
         sp[i] = &seqs[i];
+        lr[i] = n_lora ? lora[i % n_lora] : NULL;
         if (kv_seq_reserve(pool, &seqs[i], (uint32_t)ctx, &eb)) goto done;
     }
     int32_t *tok = bt, *pos = bt + ub, *seq = bt + 2 * ub, *out = bt + 3 * ub;
@@ -301,7 +307,8 @@ static int bench__streams(cli__session *s, const int32_t *toks, int n_streams, i
                          .out_row = out,
                          .n_out = n_out,
                          .n_seqs = last - first + 1,
-                         .seqs = sp + first};
+                         .seqs = sp + first,
+                         .lora = n_lora ? lr + first : NULL};
         if (model_forward(mc, &b, logits, &eb)) goto done;
     }
     double t_pp = (double)(ks_now_ns() - t0) / 1e9;
@@ -320,13 +327,16 @@ static int bench__streams(cli__session *s, const int32_t *toks, int n_streams, i
                          .out_row = out,
                          .n_out = n_streams,
                          .n_seqs = n_streams,
-                         .seqs = sp};
+                         .seqs = sp,
+                         .lora = n_lora ? lr : NULL};
         if (model_forward(mc, &b, logits, &eb)) goto done;
     }
     double t_tg = (double)(ks_now_ns() - t0) / 1e9;
-    printf("streams %d: pp %d x %d: %.2f tokens/s, tg %d x %d: %.2f tokens/s aggregate\n",
-           n_streams, n_streams, n_pp, total / t_pp, n_streams, n_tg,
-           (double)n_streams * n_tg / t_tg);
+    *tg_ts = (double)n_streams * n_tg / t_tg;
+    char with[48] = "";
+    if (n_lora) snprintf(with, sizeof with, " (%d LoRA adapter%s)", n_lora, n_lora > 1 ? "s" : "");
+    printf("streams %d%s: pp %d x %d: %.2f tokens/s, tg %d x %d: %.2f tokens/s aggregate\n",
+           n_streams, with, n_streams, n_pp, total / t_pp, n_streams, n_tg, *tg_ts);
     rc = 0;
 done:
     if (rc) fprintf(stderr, "kvseal bench: %s\n", eb.msg);
@@ -341,13 +351,14 @@ done:
 }
 
 enum { BO_MODEL, BO_PP, BO_TG, BO_THREADS, BO_REPS, BO_STREAMS, BO_KV_TYPE, BO_OUTPUT, BO_DEPTH,
-       BO_SPEC, BO__N };
+       BO_SPEC, BO_LORA, BO__N };
 static const cli__opt bench__opts[BO__N] = {
     [BO_MODEL] = {"model", 'm', true, false},      [BO_PP] = {"n-prompt", 'p', true, false},
     [BO_TG] = {"n-gen", 'n', true, false},         [BO_THREADS] = {"threads", 't', true, false},
     [BO_REPS] = {"repetitions", 'r', true, false}, [BO_STREAMS] = {"streams", 0, true, false},
     [BO_KV_TYPE] = {"kv-type", 0, true, false},    [BO_OUTPUT] = {"output", 'o', true, false},
     [BO_DEPTH] = {"n-depth", 'd', true, false},    [BO_SPEC] = {"spec", 0, true, false},
+    [BO_LORA] = {"lora", 0, true, true},
 };
 
 #define BENCH_MAX_DEPTHS 16
@@ -362,6 +373,8 @@ typedef struct {
     int n_depth;
     int kv_type;
     bench__fmt fmt;
+    const char *lora[BENCH_MAX_LORA]; // --lora FILE: the streams' adapters, round-robin
+    int n_lora;
 } bench__cfg;
 
 static void bench__usage(const char *cmd) {
@@ -372,18 +385,21 @@ static void bench__usage(const char *cmd) {
         "                    [-r REPS (1; 5 with -o md|json)] [-o text|md|json]\n"
         "                    [--streams N,N,...]  (aggregate decode of N streams:\n"
         "                    each prefills PP tokens, then TG steps of one token each)\n"
+        "                    [--lora FILE]...  (with --streams, up to %d: each count runs\n"
+        "                    without adapters, then with them taken round-robin by the\n"
+        "                    streams, -r REPS rounds, and prints the median decode ratio)\n"
         "                    [--kv-type f32|f16|q8_0 (f16)]\n"
         "                    [--spec K]  (speculative verification's ceiling: TG greedy tokens\n"
         "                    one pass each, then again with K of them drafted a pass)\n"
         "                    [-d DEPTH,DEPTH,... (0)]  (as llama-bench -d: the pp and tg tests\n"
         "                    run after DEPTH tokens in the cache; -p 0 or -n 0 skips a test)\n"
         "  -o text: the best of the repetitions and the bandwidth roofline; md and json: each\n"
-        "  test's mean and standard deviation over the repetitions, as llama-bench prints them\n");
+        "  test's mean and standard deviation over the repetitions, as llama-bench prints them\n",
+        BENCH_MAX_LORA);
 }
 
 static int bench__apply(void *ctx, int id, const char *v, bool reset) {
     bench__cfg *c = ctx;
-    (void)reset;
     switch (id) {
     case BO_MODEL:
         c->path = v;
@@ -415,6 +431,14 @@ static int bench__apply(void *ctx, int id, const char *v, bool reset) {
         return cli__parse_int("-r", v, 1, 100, &c->reps) ? 0 : 2;
     case BO_STREAMS:
         c->streams = v;
+        return 0;
+    case BO_LORA:
+        if (reset) c->n_lora = 0;
+        if (c->n_lora == BENCH_MAX_LORA) {
+            fprintf(stderr, "kvseal bench: at most %d --lora files\n", BENCH_MAX_LORA);
+            return 2;
+        }
+        c->lora[c->n_lora++] = v;
         return 0;
     case BO_KV_TYPE:
         return cli__parse_kv_type(v, &c->kv_type) ? 0 : 2;
@@ -550,6 +574,10 @@ int cli_bench(int argc, char **argv) {
         fprintf(stderr, "kvseal bench: --streams wants -p and -n of at least 1, and no -d\n");
         return 2;
     }
+    if (cf.n_lora && !streams) {
+        fprintf(stderr, "kvseal bench: --lora measures aggregate decode: it wants --streams\n");
+        return 2;
+    }
     if (cf.spec) { // speculative verification's ceiling (bench__spec)
         if (streams || cf.n_depth || cf.fmt != BENCH_TEXT || !n_pp || !n_tg) {
             fprintf(stderr, "kvseal bench: --spec wants -p and -n of at least 1, text output, "
@@ -577,9 +605,22 @@ int cli_bench(int argc, char **argv) {
         if (cli__session_open(&s, path, (int)threads, (int32_t)n_pp, 1, kv_type)) return 1;
         int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_pp);
         int rc = toks ? 0 : 1;
+        model_lora *lora[BENCH_MAX_LORA] = {0};
+        for (int i = 0; !rc && i < cf.n_lora; i++) {
+            ks_errbuf eb = {0};
+            if (model_lora_load(s.m, cf.lora[i], &lora[i], &eb)) {
+                fprintf(stderr, "kvseal bench: %s\n", eb.msg);
+                rc = 1;
+            }
+        }
         if (toks) bench__tokens(toks, (int32_t)n_pp, model_hp(s.m)->n_vocab);
-        printf("model: %s, kernels: %s, threads: %d, kv: %s\n", path, kern_get()->name, s.n_threads,
-               kv_type_name(kv_type));
+        if (!rc) {
+            printf("model: %s, kernels: %s, threads: %d, kv: %s\n", path, kern_get()->name,
+                   s.n_threads, kv_type_name(kv_type));
+            for (int i = 0; i < cf.n_lora; i++)
+                printf("lora %d: %s (rank %d, %d matrices)\n", i, cf.lora[i],
+                       model_lora_rank(lora[i]), model_lora_n_mats(lora[i]));
+        }
         for (const char *p = streams; !rc && *p;) {
             char *end;
             long n = strtol(p, &end, 10);
@@ -588,9 +629,36 @@ int cli_bench(int argc, char **argv) {
                 rc = 2;
                 break;
             }
-            rc = bench__streams(&s, toks, (int)n, (int32_t)n_pp, (int32_t)n_tg);
+            // with adapters: each repetition runs without and with them on the same
+            // streams and tokens (the order alternating), its ratio kept; the
+            // median of the ratios, and each side's best rate
+            double best[2] = {0, 0}, ratio[100];
+            const long nr = cf.n_lora ? reps : 1;
+            for (long r = 0; !rc && r < nr; r++) {
+                double ts[2] = {0, 0};
+                for (int k = 0; !rc && k < (cf.n_lora ? 2 : 1); k++) {
+                    const int w = cf.n_lora ? (int)((k + r) % 2) : 0;
+                    rc = bench__streams(&s, toks, (int)n, (int32_t)n_pp, (int32_t)n_tg, lora,
+                                        w ? cf.n_lora : 0, &ts[w]);
+                    best[w] = ts[w] > best[w] ? ts[w] : best[w];
+                }
+                ratio[r] = ts[0] > 0 ? ts[1] / ts[0] : 0.0;
+            }
+            if (!rc && cf.n_lora) {
+                for (long i = 1; i < nr; i++) // insertion sort: at most 100
+                    for (long j = i; j > 0 && ratio[j - 1] > ratio[j]; j--) {
+                        const double t = ratio[j];
+                        ratio[j] = ratio[j - 1];
+                        ratio[j - 1] = t;
+                    }
+                const double med = nr % 2 ? ratio[nr / 2] : (ratio[nr / 2 - 1] + ratio[nr / 2]) / 2;
+                printf("streams %ld: decode with %d LoRA adapter%s / without: best %.2f / %.2f "
+                       "tokens/s; median of %ld rounds' ratios = %.3f\n", n, cf.n_lora,
+                       cf.n_lora > 1 ? "s" : "", best[1], best[0], nr, med);
+            }
             p = *end ? end + 1 : end;
         }
+        for (int i = 0; i < cf.n_lora; i++) model_lora_free(lora[i]);
         free(toks);
         cli__session_close(&s);
         return rc;

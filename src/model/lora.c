@@ -5,17 +5,23 @@
  * from the weight's address, so the layer loop needs no call of its own
  * and every dense path (qkv, attention output, each FFN shape) is covered.
  *
- * A (r, K) and B (N, r) are kept as f32 rows, whatever the file's type. The
- * delta runs per token in a fixed order (r dots of K, then N dots of r), so
- * a token's result never depends on what else shares the batch. */
+ * A (r, K) and B transposed (r, N) are kept as f32 rows, whatever the
+ * file's type. The delta is batched as punica's SGMV: the tokens of a pass
+ * that share an adapter form a group, and kern_lora.h's shrink (U = X A^T)
+ * and expand (Y += scale U B^T) stream each factor once per group. Every
+ * element is summed in an order the kernels fix by the shapes alone, so a
+ * token's result never depends on what else shares the batch. */
 #include "model_int.h"
 
+#include "kvseal/kern_lora.h"
+
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* One targeted matrix: a (r, K) and b (N, r) row-major (NULL: untargeted). */
+/* One targeted matrix: a (r, K) and bt = B^T (r, N) row-major (NULL: untargeted). */
 typedef struct lora__mat {
-    float *a, *b;
+    float *a, *bt;
     int32_t r;
     float scale; // user_scale * alpha / r (user_scale without alpha)
 } lora__mat;
@@ -82,16 +88,24 @@ static bool lora__parse_name(const char *name, int32_t n_layer, int *il, int *tg
     return false;
 }
 
-/* Rows of tensor t (ne [cols, rows]) dequantized into a new f32 array. */
-static float *lora__to_f32(const gguf_tensor *t) {
+/* Rows of tensor t (ne [cols, rows]) dequantized into a new f32 array,
+ * (rows, cols) row-major, or transposed (cols, rows) when trans. */
+static float *lora__to_f32(const gguf_tensor *t, bool trans) {
     const int64_t cols = t->ne[0], rows = t->ne[1];
     uint64_t rb = 0;
     if (!ks_dtype_row_bytes(t->type, (uint64_t)cols, &rb)) return NULL;
     float *y = malloc(sizeof(float) * (size_t)cols * (size_t)rows);
-    if (!y) return NULL;
-    for (int64_t r = 0; r < rows; r++)
-        kern_dequantize_row((ks_dtype)t->type, (const char *)t->data + (size_t)r * rb,
-                            y + (size_t)r * (size_t)cols, cols);
+    float *row = trans ? malloc(sizeof(float) * (size_t)cols) : NULL;
+    if (!y || (trans && !row)) {
+        free(y);
+        return NULL;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        float *dst = trans ? row : y + (size_t)r * (size_t)cols;
+        kern_dequantize_row((ks_dtype)t->type, (const char *)t->data + (size_t)r * rb, dst, cols);
+        for (int64_t c = 0; trans && c < cols; c++) y[(size_t)c * (size_t)rows + (size_t)r] = row[c];
+    }
+    free(row);
     return y;
 }
 
@@ -238,9 +252,9 @@ ks_err model_lora_load_file(const model *base, gguf_file *f, model_lora **out, k
         }
         lora__mat *m = &l->mats[i];
         m->r = (int32_t)ta->ne[1];
-        m->a = lora__to_f32(ta);
-        m->b = lora__to_f32(tb);
-        if (!m->a || !m->b) {
+        m->a = lora__to_f32(ta, false); // ne [K, r]: r rows of K
+        m->bt = lora__to_f32(tb, true); // ne [r, N]: N rows of r, kept as r rows of N
+        if (!m->a || !m->bt) {
             e = ks_seterr(eb, KS_ERR_NOMEM, "%s: '%s'", path, ta->name);
             break;
         }
@@ -288,7 +302,7 @@ void model_lora_free(model_lora *l) {
         if (l->mats[i].a) explicit_bzero(l->mats[i].a, na);
         if (l->mats[i].b) explicit_bzero(l->mats[i].b, nb);
         free(l->mats[i].a);
-        free(l->mats[i].b);
+        free(l->mats[i].bt);
     }
     free(l->mats);
     free(l);
@@ -323,47 +337,91 @@ ks_err model__lora_begin(model_ctx *c, const model_batch *b, ks_errbuf *eb) {
 // ----------------------------------------------------------------------------
 // The delta
 
+#define LORA__WIN 64        // most tokens of one window (its groups run together)
+#define LORA__U_CAP 8192    // floats of U a window may use (on the stack)
+#define LORA__ROWS 8        // ranks a shrink item covers
+#define LORA__COLS 128      // output columns an expand item covers
+#define LORA__INLINE (1 << 15) // multiply-adds under which a window runs on this thread
+
+/* The tokens of a window that share one adapter's matrix: slots [off, off + n). */
 typedef struct {
-    const model_batch *b;
-    int il;
-    model__lora_tgt tgt;
-    const float *X; // (T, K)
-    float *Y;       // (T, N)
-    int64_t K, N;
+    const lora__mat *m;
+    int32_t off, n;
+    int32_t n_shrink;     // its shrink items
+    atomic_int shrunk;    // of which done: its expand items wait for all
+} lora__grp;
+
+/* One window: its groups, each token's rows by slot, and U (slot, ldu).
+ * Items: every group's shrink items (LORA__ROWS ranks each) in group order,
+ * then every group's expand items (LORA__COLS columns each). */
+typedef struct {
+    const kern_lora *k;
+    lora__grp g[LORA__WIN];
+    int ng;
+    const float *x[LORA__WIN];
+    float *y[LORA__WIN];
+    float *U;
+    int64_t ldu, K, N;
+    int64_t n_shrink, n_cols; // shrink items in all; expand items per group
     atomic_llong next;
 } lora__run;
 
-/* Token t's delta: u = A x (r dots of K), then y[n] += scale * (B_n . u),
- * each dot summed in index order. */
-static void lora__token(const lora__mat *m, const float *x, float *y, int64_t K, int64_t N) {
-    float u[MODEL_LORA_MAX_RANK];
-    for (int32_t i = 0; i < m->r; i++) {
-        const float *a = m->a + (size_t)i * (size_t)K;
-        float acc = 0.0f;
-        for (int64_t k = 0; k < K; k++) acc += a[k] * x[k];
-        u[i] = acc;
+/* Work item it. Each U or Y element is written by one item, whole, so the
+ * split never changes a value. Items are claimed in order, so every shrink
+ * item is claimed (and being run) before any expand item: an expand item
+ * waits only on running shrinks of its own group, never on a thread that
+ * has not started. */
+static void lora__item(lora__run *a, int64_t it) {
+    int gi = 0;
+    if (it < a->n_shrink) {
+        while (it >= a->g[gi].n_shrink) it -= a->g[gi++].n_shrink;
+        lora__grp *g = &a->g[gi];
+        const int32_t i0 = (int32_t)it * LORA__ROWS;
+        const int32_t i1 = i0 + LORA__ROWS < g->m->r ? i0 + LORA__ROWS : g->m->r;
+        a->k->shrink(a->K, g->m->a, i0, i1, g->n, a->x + g->off,
+                     a->U + (size_t)g->off * (size_t)a->ldu, a->ldu);
+        atomic_fetch_add_explicit(&g->shrunk, 1, memory_order_release);
+        return;
     }
-    for (int64_t n = 0; n < N; n++) {
-        const float *bn = m->b + (size_t)n * (size_t)m->r;
-        float acc = 0.0f;
-        for (int32_t i = 0; i < m->r; i++) acc += bn[i] * u[i];
-        y[n] += m->scale * acc;
-    }
+    it -= a->n_shrink;
+    gi = (int)(it / a->n_cols);
+    lora__grp *g = &a->g[gi];
+    for (int spins = 0; atomic_load_explicit(&g->shrunk, memory_order_acquire) < g->n_shrink; spins++)
+        if (spins > 64) sched_yield(); // its shrink's thread was descheduled
+    const int64_t c0 = (it % a->n_cols) * LORA__COLS;
+    const int64_t c1 = c0 + LORA__COLS < a->N ? c0 + LORA__COLS : a->N;
+    a->k->expand(g->m->r, a->N, g->m->bt, c0, c1, g->n, a->U + (size_t)g->off * (size_t)a->ldu,
+                 a->ldu, g->m->scale, a->y + g->off);
 }
 
 static void lora__task(void *arg, int ith, int nth) {
     lora__run *a = arg;
     (void)ith, (void)nth;
-    int64_t t0, t1;
-    while (ks_pool_claim(&a->next, a->b->n_tokens, 1, &t0, &t1))
-        for (int64_t t = t0; t < t1; t++) {
-            const model_lora *l = a->b->lora[a->b->seq[t]];
-            if (!l) continue;
-            const lora__mat *m = &l->mats[(size_t)a->il * MODEL__LORA_N + a->tgt];
-            if (!m->a) continue;
-            lora__token(m, a->X + (size_t)t * (size_t)a->K, a->Y + (size_t)t * (size_t)a->N,
-                        a->K, a->N);
-        }
+    int64_t i0, i1;
+    const int64_t n = a->n_shrink + (int64_t)a->ng * a->n_cols;
+    while (ks_pool_claim(&a->next, n, 1, &i0, &i1))
+        for (int64_t it = i0; it < i1; it++) lora__item(a, it);
+}
+
+/* Runs a window's items: on this thread when they are few multiply-adds
+ * (a pool run's hand-off would cost more; matmul.c calls down into this
+ * file, never the other way), else in one pool run. */
+static void lora__window(model_ctx *c, lora__run *a) {
+    int64_t work = 0;
+    a->n_shrink = 0;
+    a->n_cols = (a->N + LORA__COLS - 1) / LORA__COLS;
+    for (int gi = 0; gi < a->ng; gi++) {
+        lora__grp *g = &a->g[gi];
+        g->n_shrink = (g->m->r + LORA__ROWS - 1) / LORA__ROWS;
+        atomic_init(&g->shrunk, 0);
+        a->n_shrink += g->n_shrink;
+        work += (int64_t)g->n * g->m->r * (a->K + a->N);
+    }
+    atomic_store_explicit(&a->next, 0, memory_order_relaxed);
+    if (work < LORA__INLINE)
+        lora__task(a, 0, 1);
+    else
+        ks_pool_run(c->threads, lora__task, a);
 }
 
 /* The layer and target of w when it is one of a layer's targetable
@@ -381,19 +439,57 @@ static bool lora__which(const model *m, const model__mat *w, int *il, model__lor
     return false;
 }
 
+/* Token t's matrix for (il, tgt), or NULL: no adapter or it leaves w alone. */
+static const lora__mat *lora__mat_of(const model_batch *b, int64_t t, int il, model__lora_tgt tgt) {
+    const model_lora *l = b->lora[b->seq[t]];
+    const lora__mat *m = l ? &l->mats[(size_t)il * MODEL__LORA_N + tgt] : NULL;
+    return m && m->a ? m : NULL;
+}
+
 void model__lora_apply(model_ctx *c, const model__mat *w, const float *X, float *Y) {
     const model_batch *b = c->lora_b;
     int il = 0;
     model__lora_tgt tgt = MODEL__LORA_Q;
     if (!b || !lora__which(c->m, w, &il, &tgt)) return;
-    bool any = false;
-    for (int32_t s = 0; s < b->n_seqs && !any; s++)
-        any = b->lora[s] && b->lora[s]->mats[(size_t)il * MODEL__LORA_N + tgt].a;
-    if (!any) return;
-    lora__run a = {.b = b, .il = il, .tgt = tgt, .X = X, .Y = Y, .K = w->K, .N = w->N};
+    int32_t rmax = 0;
+    for (int32_t s = 0; s < b->n_seqs; s++) {
+        const lora__mat *m = b->lora[s] ? &b->lora[s]->mats[(size_t)il * MODEL__LORA_N + tgt] : NULL;
+        if (m && m->a && m->r > rmax) rmax = m->r;
+    }
+    if (!rmax) return;
+    // windows of up to cap tokens in batch order, grouped by matrix
+    float U[LORA__U_CAP];
+    lora__run a = {.k = kern_lora_for(c->kv), .U = U, .ldu = rmax, .K = w->K, .N = w->N};
     atomic_init(&a.next, 0);
-    if (b->n_tokens == 1) // one token: on this thread (model__run_rows' rule; matmul.c
-        lora__task(&a, 0, 1); // calls down into this file, never the other way)
-    else
-        ks_pool_run(c->threads, lora__task, &a);
+    const int cap = LORA__U_CAP / rmax < LORA__WIN ? LORA__U_CAP / rmax : LORA__WIN;
+    int64_t t = 0;
+    while (t < b->n_tokens) {
+        int32_t tok[LORA__WIN];
+        int8_t grp[LORA__WIN];
+        int n = 0;
+        a.ng = 0;
+        for (; t < b->n_tokens && n < cap; t++) {
+            const lora__mat *m = lora__mat_of(b, t, il, tgt);
+            if (!m) continue;
+            int gi = 0;
+            while (gi < a.ng && a.g[gi].m != m) gi++;
+            if (gi == a.ng) a.g[a.ng++] = (lora__grp){.m = m};
+            a.g[gi].n++;
+            tok[n] = (int32_t)t;
+            grp[n++] = (int8_t)gi;
+        }
+        if (!n) break;
+        for (int gi = 0, off = 0; gi < a.ng; gi++) {
+            a.g[gi].off = off;
+            off += a.g[gi].n;
+            a.g[gi].n = 0;
+        }
+        for (int j = 0; j < n; j++) { // each group's tokens in batch order
+            lora__grp *g = &a.g[grp[j]];
+            const int slot = g->off + g->n++;
+            a.x[slot] = X + (size_t)tok[j] * (size_t)w->K;
+            a.y[slot] = Y + (size_t)tok[j] * (size_t)w->N;
+        }
+        lora__window(c, &a);
+    }
 }

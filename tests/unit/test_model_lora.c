@@ -10,6 +10,10 @@
  *   the base logits and one with it exactly its logits alone (batch
  *   invariance), on any number of threads, and a user scale of 0 gives
  *   the base exactly;
+ * - mixed batches of two adapters and none, over more tokens than one of
+ *   the batched delta's windows: each sequence exactly as alone, on 1-3
+ *   threads, with the SIMD kernels and with the reference forced; the two
+ *   within rounding of each other;
  * - loading refusals: wrong general.type / adapter.type, architecture
  *   mismatch, unknown tensor, layer out of range (or misspelt), a base
  *   matrix that cannot be targeted, wrong dims, rank mismatch
@@ -79,47 +83,58 @@ static float *rand_mat(int64_t n, uint32_t seed, float amp) {
     return x;
 }
 
-/* Logits (NTOK, V) of one sequence of tokens run in one batch, with lora
- * (NULL: none); or, with lora2, a second sequence of the same tokens in the
- * same batch with lora2 (its logits into out2). */
-static void run(const model *m, const model_lora *lora, const model_lora *lora2, bool two,
-                float *out, float *out2) {
+/* Logits (NTOK, V) of ns sequences run in one batch, their tokens
+ * interleaved: sequence q with adapter loras[q] (NULL: none) reads tokens
+ * drawn with offset tok_off[q] (NULL: all 0); its logits into outs[q]. */
+static void run_n(const model *m, int ns, const model_lora *const *loras, const int *tok_off,
+                  float *const *outs) {
     const int32_t V = model_hp(m)->n_vocab;
     kv_geom g = model_kv_geom(m, 16, KS_DTYPE_F32);
     ks_errbuf eb;
     kv_pool *pool;
     model_ctx *ctx;
-    CHECK_EQ(kv_pool_create(&g, 64, KV_SCRUB_ZERO, &pool, &eb), KS_OK);
-    CHECK_EQ(model_ctx_create(m, pool, g_nth, 2 * NTOK, 64, &ctx, &eb), KS_OK);
-    kv_seq s[2];
-    kv_seq *seqs[2] = {&s[0], &s[1]};
-    const int ns = two ? 2 : 1;
+    enum { MAX_NS = 8 };
+    CHECK(ns >= 1 && ns <= MAX_NS);
+    CHECK_EQ(kv_pool_create(&g, 16 * MAX_NS, KV_SCRUB_ZERO, &pool, &eb), KS_OK);
+    CHECK_EQ(model_ctx_create(m, pool, g_nth, MAX_NS * NTOK, 64, &ctx, &eb), KS_OK);
+    kv_seq s[MAX_NS];
+    kv_seq *seqs[MAX_NS];
     for (int i = 0; i < ns; i++) {
+        seqs[i] = &s[i];
         kv_seq_init(pool, &s[i]);
         CHECK_EQ(kv_seq_reserve(pool, &s[i], NTOK, &eb), KS_OK);
     }
-    int32_t tk[2 * NTOK], pos[2 * NTOK], sq[2 * NTOK], outr[2 * NTOK];
+    int32_t tk[MAX_NS * NTOK], pos[MAX_NS * NTOK], sq[MAX_NS * NTOK], outr[MAX_NS * NTOK];
+    bool any = false;
     for (int i = 0; i < ns * NTOK; i++) {
-        // the second sequence's tokens interleave with the first's
-        const int j = two ? i / 2 : i, q = two ? i % 2 : 0;
-        tk[i] = (int32_t)((j * 37 + 5) % V);
+        const int j = i / ns, q = i % ns; // sequence q's j-th token
+        tk[i] = (int32_t)((j * 37 + 5 + (tok_off ? tok_off[q] : 0)) % V);
         pos[i] = j;
         sq[i] = q;
         outr[i] = q * NTOK + j;
     }
-    const model_lora *loras[2] = {lora, lora2};
+    for (int q = 0; q < ns; q++) any = any || loras[q];
     float *logits = malloc(sizeof(float) * (size_t)V * (size_t)(ns * NTOK));
     CHECK(logits != NULL);
     model_batch b = {.n_tokens = ns * NTOK, .tokens = tk, .pos = pos, .seq = sq, .out_row = outr,
-                     .n_out = ns * NTOK, .n_seqs = ns, .seqs = seqs,
-                     .lora = lora || lora2 ? loras : NULL};
+                     .n_out = ns * NTOK, .n_seqs = ns, .seqs = seqs, .lora = any ? loras : NULL};
     CHECK_EQ(model_forward(ctx, &b, logits, &eb), KS_OK);
-    memcpy(out, logits, sizeof(float) * (size_t)V * NTOK);
-    if (two) memcpy(out2, logits + (size_t)V * NTOK, sizeof(float) * (size_t)V * NTOK);
+    for (int q = 0; q < ns; q++)
+        memcpy(outs[q], logits + (size_t)V * NTOK * (size_t)q, sizeof(float) * (size_t)V * NTOK);
     free(logits);
     for (int i = 0; i < ns; i++) kv_seq_release(pool, &s[i]);
     model_ctx_free(ctx);
     kv_pool_destroy(pool);
+}
+
+/* Logits (NTOK, V) of one sequence of tokens run in one batch, with lora
+ * (NULL: none); or, with two, a second sequence of the same tokens in the
+ * same batch with lora2 (its logits into out2). */
+static void run(const model *m, const model_lora *lora, const model_lora *lora2, bool two,
+                float *out, float *out2) {
+    const model_lora *loras[2] = {lora, lora2};
+    float *outs[2] = {out, out2};
+    run_n(m, two ? 2 : 1, loras, NULL, outs);
 }
 
 static double max_abs_diff(const float *a, const float *b, size_t n) {
@@ -135,6 +150,33 @@ static bool all_equal(const float *a, const float *b, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (a[i] != b[i]) return false;
     return true;
+}
+
+/* Eight sequences mixing adapter l, adapter l2 and none, each reading its
+ * own tokens (84 with an adapter: more than one of lora.c's 64-token
+ * windows), under the kernels kern_init chose: each sequence's logits are
+ * exactly those it gets alone, on 1, 2 and 3 threads. The lone runs'
+ * logits into alone[8]. */
+static void check_mixed(const model *base, const model_lora *l, const model_lora *l2,
+                        float *const *alone) {
+    const size_t n = (size_t)model_hp(base)->n_vocab * NTOK;
+    const model_lora *mix[8] = {l, NULL, l2, l, l2, l, l2, l};
+    const int offs[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int q = 0; q < 8; q++) run_n(base, 1, &mix[q], &offs[q], &alone[q]);
+    CHECK(!all_equal(alone[0], alone[3], n)); // the sequences do differ
+    float *got[8];
+    for (int q = 0; q < 8; q++) CHECK((got[q] = malloc(sizeof(float) * n)) != NULL);
+    for (g_nth = 1; g_nth <= 3; g_nth++) {
+        run_n(base, 8, mix, offs, got);
+        for (int q = 0; q < 8; q++) {
+            if (!all_equal(got[q], alone[q], n))
+                fprintf(stderr, "%s, %d threads: sequence %d differs from alone by %.3g\n",
+                        kern_get()->name, g_nth, q, max_abs_diff(got[q], alone[q], n));
+            CHECK(all_equal(got[q], alone[q], n));
+        }
+    }
+    g_nth = 2;
+    for (int q = 0; q < 8; q++) free(got[q]);
 }
 
 /* The targets the reference merges: layer, name, K, N of the tiny shape. */
@@ -229,6 +271,46 @@ static void test_reference(const char *base_path, const char *merged_path) {
         CHECK(all_equal(l2, ll, n));
     }
     g_nth = 2;
+    // a second adapter, of rank 36, on four of the targets: mixed batches of
+    // both and none (its tokens make the batched delta's work large enough
+    // for pool runs; the rank-4 adapter's alone run on the calling thread)
+    float *f2[8];
+    ad_tensor t2[8];
+    for (int i = 0; i < 8; i++) {
+        t2[i] = t[i];
+        if (i % 2) t2[i].ne0 = 36; // B: ne [r, N]
+        else t2[i].ne1 = 36;       // A: ne [K, r]
+        f2[i] = rand_mat(t2[i].ne0 * t2[i].ne1, 700u + (uint32_t)i, 0.03f);
+        t2[i].x = f2[i];
+    }
+    char ad2[300];
+    snprintf(ad2, sizeof ad2, "%s/ad2.gguf", g_dir);
+    write_adapter(ad2, "llama", "adapter", "lora", ALPHA, t2, 8);
+    model_lora *lb2 = NULL;
+    CHECK_EQ(model_lora_load(base, ad2, &lb2, &eb), KS_OK);
+    float *simd[8], *refk[8];
+    for (int q = 0; q < 8; q++) {
+        simd[q] = malloc(sizeof(float) * n);
+        refk[q] = malloc(sizeof(float) * n);
+        CHECK(simd[q] && refk[q]);
+    }
+    check_mixed(base, l, lb2, simd);
+    // the reference kernels forced (KS_FORCE_ISA=ref's kern_init): the same
+    // invariance, and the same logits within rounding
+    CHECK_EQ(kern_init("ref", &eb), KS_OK);
+    check_mixed(base, l, lb2, refk);
+    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
+    double d_isa = 0;
+    for (int q = 0; q < 8; q++) {
+        const double d = max_abs_diff(simd[q], refk[q], n);
+        d_isa = d > d_isa ? d : d_isa;
+    }
+    printf("mixed batch: |%s - ref| %.3g\n", kern_get()->name, d_isa);
+    CHECK(d_isa <= 1e-4 * span + 1e-5);
+    for (int q = 0; q < 8; q++) free(simd[q]), free(refk[q]);
+    for (int i = 0; i < 8; i++) free(f2[i]);
+    model_lora_free(lb2);
+    unlink(ad2);
     // the user's scale multiplies the delta: 0 gives the base exactly
     model_lora_set_scale(l, 0.0f);
     CHECK(model_lora_scale(l) == 0.0f);
