@@ -274,7 +274,7 @@ done:
     return KS_OK;
 }
 
-/* The bytes of matrix i's factors (A (r, K) and B (N, r)), 0 when untargeted. */
+/* The bytes of matrix i's factors (A (r, K) and B transposed (r, N)), 0 when untargeted. */
 static size_t lora__mat_bytes(const model_lora *l, int32_t i, size_t *na, size_t *nb) {
     const lora__mat *m = &l->mats[i];
     *na = *nb = 0;
@@ -300,7 +300,7 @@ void model_lora_free(model_lora *l) {
         lora__mat_bytes(l, i, &na, &nb);
         // the factors are a tenant's fine-tune: scrubbed before the memory is reused
         if (l->mats[i].a) explicit_bzero(l->mats[i].a, na);
-        if (l->mats[i].b) explicit_bzero(l->mats[i].b, nb);
+        if (l->mats[i].bt) explicit_bzero(l->mats[i].bt, nb);
         free(l->mats[i].a);
         free(l->mats[i].bt);
     }
