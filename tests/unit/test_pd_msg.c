@@ -1366,7 +1366,7 @@ static void test_sampling_ext(void) {
     pd_store_u32(buf + 12, flags | PD_FLAG_PROMPT_LP); // echo's prompt logprobs: a known bit
     CHECK_EQ(pd_msg_admit_decode(buf, n, &ra, &eb), KS_OK);
     CHECK(ra.s.flags & PD_FLAG_PROMPT_LP);
-    pd_store_u32(buf + 12, flags | 16u);
+    pd_store_u32(buf + 12, flags | 64u);
     REJECTS(PD_MSG_ADMIT, buf, n, "unknown bits");
     pd_store_u32(buf + 12, flags);
     // counts over their bounds, non-finite penalties, bad entries, a NUL in the text
