@@ -465,7 +465,8 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
     }
     rt_model *md = &r->models[mi];
     if (cl_register_refused(&m, pd_conn_peer_role(w->c), md->model_id, &md->g, md->n_ctx, md->name,
-                            why, sizeof why)) {
+                            why, sizeof why) ||
+        rt__adapters_missing(r, mi, m.adapters, m.n_adapters, why, sizeof why)) {
         ks_log(KS_LOG_WARN, "router: refusing worker at %s: %s", pd_conn_peer_addr(w->c), why);
         cl_error_close(w->c, KS_ERR_INVAL, why);
         return;
@@ -1160,6 +1161,9 @@ static void rt__free(cluster_router *r) {
     free(r->models);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->amu);
+    if (r->adapters) sodium_memzero(r->adapters, (size_t)r->cap_adapters * sizeof *r->adapters);
+    free(r->adapters); // (tenants' adapter names)
     sodium_memzero(r->secret, sizeof r->secret);
     free(r);
 }
@@ -1204,6 +1208,7 @@ ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out,
     r->secret_len = o->secret_len;
     r->o.secret = r->secret;
     pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->amu, NULL);
     pthread_cond_init(&r->cv, NULL);
     do randombytes_buf(&r->router_id, sizeof r->router_id);
     while (r->router_id == 0);
