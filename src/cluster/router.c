@@ -471,6 +471,18 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
         cl_error_close(w->c, KS_ERR_INVAL, why);
         return;
     }
+    free(w->adapters); // (a REGISTER again on this connection: the latest list)
+    w->adapters = NULL;
+    w->n_adapters = 0;
+    if (m.n_adapters) {
+        w->adapters = malloc((size_t)m.n_adapters * PD_MSG_ADAPTER_BYTES);
+        if (!w->adapters) {
+            cl_error_close(w->c, KS_ERR_NOMEM, "router: out of memory");
+            return;
+        }
+        memcpy(w->adapters, m.adapters, (size_t)m.n_adapters * PD_MSG_ADAPTER_BYTES);
+        w->n_adapters = m.n_adapters;
+    }
     w->id = ++r->next_worker_id;
     w->role = m.role;
     w->mi = mi;
@@ -519,6 +531,20 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
         }
     }
     rt__schedule(r);
+}
+
+/* pd_loop_post callback of cluster_router_adapters_seal: a worker that
+ * registered while the tenants file's adapters were still being read is
+ * checked again, and refused (closed) when it lacks one. */
+void rt__on_adapters_sealed(void *arg) {
+    cluster_router *r = arg;
+    char why[512];
+    for (rt_worker *w = r->workers; w; w = w->next)
+        if (w->id && rt__adapters_missing(r, w->mi, w->adapters, w->n_adapters, why, sizeof why)) {
+            ks_log(KS_LOG_WARN, "router: refusing worker %u at %s: %s", w->id,
+                   pd_conn_peer_addr(w->c), why);
+            cl_error_close(w->c, KS_ERR_INVAL, why);
+        }
 }
 
 /* TOKEN for q: detokenize, stop strings, post. */
@@ -982,6 +1008,7 @@ static void rt__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
             }
         }
     }
+    free(w->adapters);
     free(w);
 }
 
@@ -1155,6 +1182,7 @@ static void rt__free(cluster_router *r) {
     while (r->workers) {       // never opened ones
         rt_worker *w = r->workers;
         r->workers = w->next;
+        free(w->adapters);
         free(w);
     }
     free(r->piece);

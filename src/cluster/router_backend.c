@@ -52,6 +52,9 @@ void cluster_router_adapters_seal(cluster_router *r) {
     pthread_mutex_lock(&r->amu);
     r->adapters_sealed = true;
     pthread_mutex_unlock(&r->amu);
+    // a worker may have registered before the table was complete
+    if (pd_loop_post(r->loop, rt__on_adapters_sealed, r) != KS_OK)
+        ks_log(KS_LOG_ERROR, "router: out of memory re-checking the workers' adapters");
 }
 
 /* server_backend.adapter_add: records (tenant, name, public, digest) for

@@ -61,6 +61,9 @@ typedef struct rt_worker {
     uint64_t last_ack_ms;
     bool check_pending;
     pd_msg_pool_check_ack check;
+    uint8_t *adapters;      /* (n_adapters, 32) REGISTER's adapter digests, owned: checked
+                               again when the tenants file's table is complete (seal) */
+    uint32_t n_adapters;
     struct rt_worker *next;
 } rt_worker;
 
@@ -203,6 +206,9 @@ void rt__on_cancel(void *arg);
  * table for mi; then why names the first missing digest. Any thread. */
 bool rt__adapters_missing(cluster_router *r, int mi, const uint8_t *have, uint32_t n, char *why,
                           size_t cap);
+/* pd_loop_post callback of cluster_router_adapters_seal (arg: the router):
+ * registered workers lacking an adapter of the table are refused. Loop thread. */
+void rt__on_adapters_sealed(void *arg);
 
 // ----------------------------------------------------------------------------
 // The pairing policy (router_pair.c); loop thread, pure over the worker list
