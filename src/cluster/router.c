@@ -533,6 +533,31 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
     rt__schedule(r);
 }
 
+bool rt__adapters_missing(cluster_router *r, int mi, const uint8_t *have, uint32_t n, char *why,
+                          size_t cap) {
+    bool missing = false;
+    pthread_mutex_lock(&r->amu);
+    for (int i = 0; i < r->n_adapters && !missing; i++) {
+        const rt_adapter *a = &r->adapters[i];
+        if (a->mi != mi) continue;
+        bool held = false;
+        for (uint32_t j = 0; j < n && !held; j++)
+            held = !memcmp(have + (size_t)j * PD_MSG_ADAPTER_BYTES, a->digest,
+                           PD_MSG_ADAPTER_BYTES);
+        if (held) continue;
+        missing = true;
+        char hex[2 * ENGINE_ADAPTER_DIGEST_BYTES + 1];
+        cl_hex(a->digest, sizeof a->digest, hex);
+        // the digest, never the owner or the name: the worker's operator sees it too
+        snprintf(why, cap,
+                 "the worker lacks LoRA adapter sha256 %s, which the router's tenants file "
+                 "names (start the worker with --lora for that file)",
+                 hex);
+    }
+    pthread_mutex_unlock(&r->amu);
+    return missing;
+}
+
 /* pd_loop_post callback of cluster_router_adapters_seal: a worker that
  * registered while the tenants file's adapters were still being read is
  * checked again, and refused (closed) when it lacks one. */

@@ -573,6 +573,7 @@ uint64_t pd_msg_sext_size(const pd_msg_sampling *s) {
 static ks_err adapter_trailer(const char *name, const uint8_t *p, uint32_t len, uint32_t fixed,
                               pd_msg_sampling *s, uint32_t *body_len, ks_errbuf *eb) {
     *body_len = len;
+    memset(s->adapter, 0, sizeof s->adapter);
     if (!(pd_load_u32(p + 12) & PD_FLAG_ADAPTER)) return KS_OK;
     if ((uint64_t)len < (uint64_t)fixed + PD_MSG_ADAPTER_BYTES)
         return PROTO("%s: PD_FLAG_ADAPTER but %u payload bytes leave no room for the digest", name,
