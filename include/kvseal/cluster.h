@@ -44,6 +44,12 @@ typedef struct cluster_router_addr {
     int port;
 } cluster_router_addr;
 
+/* One LoRA adapter a worker holds (`--lora PATH[:SCALE]`). */
+typedef struct cluster_lora {
+    const char *path; /* the adapter's GGUF file (llama.cpp's format); borrowed */
+    float scale;      /* the user scale (0 means 1), part of its digest */
+} cluster_lora;
+
 /* Options of a prefill or decode worker. */
 typedef struct cluster_worker_opts {
     const model *m;          /* borrowed; outlives the worker */
@@ -83,6 +89,12 @@ typedef struct cluster_worker_opts {
                                 liveness, GET /ready: registered and not draining);
                                 NULL: none */
     int health_port;         /* its port (0: any free one); prints "health on http://H:P" */
+    /* both: the LoRA adapters it holds (n_lora of them, borrowed), each loaded
+     * against m at start (a file that does not fit refuses the start, named)
+     * and known by its digest (engine_adapter_digest of the file's bytes and
+     * the scale), which REGISTER lists and requests name (PD_FLAG_ADAPTER) */
+    const cluster_lora *lora;
+    int n_lora;
 } cluster_worker_opts;
 
 /* Runs a prefill worker until *stop becomes non-zero (then drains, see
@@ -155,6 +167,12 @@ int cluster_router_port(const cluster_router *r);
 /* The server backend that runs requests on the cluster (server_create_backend).
  * Valid until cluster_router_destroy. Can't fail. */
 void cluster_router_backend(cluster_router *r, server_backend *out /* OUT */);
+/* Ends the router's adapter table's loading: the tenants file's adapters
+ * (server_backend.adapter_add, called while the HTTP front starts) are in,
+ * and from here on adapter_add refuses with KS_ERR_UNSUPPORTED (POST
+ * /admin/adapters answers 501: an adapter is added to the workers' --lora
+ * and the router's tenants file, then they restart). Thread-safe; can't fail. */
+void cluster_router_adapters_seal(cluster_router *r);
 /* Aborts every request, closes every connection, joins the loop thread and
  * frees everything; accepts NULL. Call after server_destroy. Blocks. */
 void cluster_router_destroy(cluster_router *r);

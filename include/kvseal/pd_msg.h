@@ -85,6 +85,8 @@ typedef enum pd_msg_type {
 #define PD_MSG_LINK_LEN 48u             /* 8 + the model_id + the router identity (v3) */
 #define PD_MSG_REGISTER_FIXED 64u       /* v3: names_len at 60 */
 #define PD_MSG_MAX_NAMES 1024u          /* REGISTER names_len */
+#define PD_MSG_MAX_ADAPTERS 1024u       /* REGISTER n_adapters (ENGINE_ADAPTERS_MAX) */
+#define PD_MSG_ADAPTER_BYTES 32u        /* a LoRA adapter's digest (engine_adapter_digest) */
 #define PD_MSG_HASH_BYTES 32u           /* model_id, domain_hash */
 #define PD_MSG_UCX_ADDR_MAX 8192u       /* LINK_ACK's UCX worker address (the UCX data plane) */
 #define PD_MSG_UCX_KEY_MAX 4096u        /* GRANT's packed UCX remote key */
@@ -107,7 +109,14 @@ enum { PD_ROLE_ROUTER = 1, PD_ROLE_PREFILL = 2, PD_ROLE_DECODE = 3 };
  * every prompt position (no prefix-cache attach) and sends the prompt's
  * logprob records, with n_probs alternatives each, to the router in
  * PROMPT_LP messages before its DONE; decode ignores it. */
-enum { PD_FLAG_IGNORE_EOS = 1u, PD_FLAG_LOGPROBS = 2u, PD_FLAG_EXT = 4u, PD_FLAG_PROMPT_LP = 8u };
+/* PD_FLAG_ADAPTER: the request runs with a LoRA adapter; its digest
+ * (pd_msg_sampling.adapter) is the payload's last 32 bytes, after the
+ * sampling extension when there is one. Encoders set it from a non-zero
+ * digest; a decoded digest is all zero without it (and never with it). */
+enum {
+    PD_FLAG_IGNORE_EOS = 1u, PD_FLAG_LOGPROBS = 2u, PD_FLAG_EXT = 4u, PD_FLAG_PROMPT_LP = 8u,
+    PD_FLAG_ADAPTER = 16u
+};
 /* DENY reasons. */
 enum {
     PD_DENY_NOSPACE = 1,
@@ -155,7 +164,7 @@ pd_msg_top pd_msg_top_at(const uint8_t *raw, uint32_t i);
 // ----------------------------------------------------------------------------
 // Connection-level messages (req_id 0)
 
-/* REGISTER (64 + host_len + names_len): P/D -> R. */
+/* REGISTER (64 + host_len + names_len + 32 n_adapters): P/D -> R. */
 typedef struct pd_msg_register {
     uint8_t role; /* PD_ROLE_PREFILL or PD_ROLE_DECODE */
     uint8_t kv_type; /* KV element type (kv.h, a ks_dtype: 0 F32, 1 F16, 8 Q8_0) */
@@ -174,6 +183,10 @@ typedef struct pd_msg_register {
     const char *names; /* names_len bytes, not NUL-terminated: the names the worker serves
                           its model as (file name, then aliases), comma-separated; may be empty */
     uint16_t names_len; /* <= PD_MSG_MAX_NAMES; no NUL byte */
+    const uint8_t *adapters; /* n_adapters x 32 bytes after the names: the digests of the LoRA
+                                adapters the worker holds (engine_adapter_digest); wire bytes
+                                62..63 are n_adapters (0 from a sender before them) */
+    uint16_t n_adapters;     /* <= PD_MSG_MAX_ADAPTERS */
 } pd_msg_register;
 
 /* REGISTER_ACK (16). */
@@ -301,6 +314,9 @@ typedef struct pd_msg_sampling {
                                 (pd_msg_bias_at / pd_msg_bias_store) */
     const char *grammar;     /* GBNF text, not NUL-terminated; NULL when none */
     uint32_t grammar_len;    /* <= PD_MSG_MAX_GRAMMAR; 0: unconstrained */
+    /* the request's LoRA adapter (PD_FLAG_ADAPTER, the payload's last 32 bytes):
+     * its digest, all zero for none */
+    uint8_t adapter[PD_MSG_ADAPTER_BYTES];
 } pd_msg_sampling;
 
 /* Loads bias entry i (< s->n_bias) of a sampling extension. Can't fail. */
@@ -311,7 +327,8 @@ void pd_msg_bias_store(uint8_t *raw, uint32_t i, int32_t token, float bias);
 /* Payload bytes the sampling extension of s adds (0 without PD_FLAG_EXT). */
 uint64_t pd_msg_sext_size(const pd_msg_sampling *s);
 
-/* ADMIT (112, + the sampling extension with PD_FLAG_EXT): R -> D. */
+/* ADMIT (112, + the sampling extension with PD_FLAG_EXT, + 32 with
+ * PD_FLAG_ADAPTER): R -> D. */
 typedef struct pd_msg_admit {
     uint32_t n_prompt; /* >= 1 */
     uint32_t prefill_worker_id;
@@ -369,7 +386,7 @@ typedef struct pd_msg_deny {
 } pd_msg_deny;
 
 /* PREFILL (80 + grant_len + 4 n_prompt [+ the sampling extension with
- * PD_FLAG_EXT], <= 16 MiB): R -> P. The decoder
+ * PD_FLAG_EXT] [+ 32 with PD_FLAG_ADAPTER], <= 16 MiB): R -> P. The decoder
  * checks the layout (grant_len consistent with the embedded grant's n_pages
  * and with len). It does NOT check the embedded grant's content: an
  * inconsistent grant is a re-validation failure (REJECT INVALID, doc

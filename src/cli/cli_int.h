@@ -199,6 +199,7 @@ void cli__notify(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define SERVE_MAX_MODELS 16 /* further -m values (the router's catalog) */
 #define SERVE_MAX_CORS 16
 #define SERVE_MAX_ROUTERS 16 /* CLUSTER_MAX_ROUTERS */
+#define SERVE_MAX_LORA 64    /* --lora adapters of a cluster worker */
 
 typedef struct serve__cfg {
     const char *model_path, *host, *tenants, *admin_key, *metrics_key, *security_log;
@@ -235,6 +236,8 @@ typedef struct serve__cfg {
     double limits_local_share;                      /* --limits-local-share (0: default 1) */
     const char *routers[SERVE_MAX_ROUTERS]; /* --router HOST:PORT (repeatable, or a comma list) */
     int n_routers;
+    const char *lora[SERVE_MAX_LORA]; /* prefill/decode: --lora PATH[:SCALE] (repeatable) */
+    int n_lora;
     long data_port, cluster_port, health_interval_ms, drain_timeout_ms; // cluster_port -1: unset
     const char *ssl_cert_file, *ssl_key_file; /* serve/router: HTTPS (both or neither) */
     char *tls_cert_pem, *tls_key_pem;         /* their PEM text, read and checked by serve__prepare

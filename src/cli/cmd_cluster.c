@@ -154,6 +154,7 @@ int cli_router(int argc, char **argv) {
     server_backend be;
     cluster_router_backend(r, &be);
     if (serve__http_start(&c, o.n_ctx, name, &be, m, cat.sm, cat.n, &s, &eb)) goto fail;
+    cluster_router_adapters_seal(r); // the tenants file's adapters are in: no more (POST 501)
     ks_log(KS_LOG_INFO, "router for %s, context %d, cluster control on %s:%d", c.model_path, o.n_ctx,
            ro.host, cluster_router_port(r));
     serve__run_until_signal(s, &be, &sigs, c.drain_timeout_ms);
@@ -181,6 +182,29 @@ static void *cluster__sigwaiter(void *arg) {
     ks_log(KS_LOG_INFO, "signal %d: shutting down", sig);
     atomic_store_explicit(&cluster__stop, 1, memory_order_release);
     return NULL;
+}
+
+/* --lora PATH[:SCALE] into l: the text after the last ':' is the scale when
+ * it reads whole as a non-zero number, else part of the path. Returns
+ * false (printed) when the path is empty. The path is copied into buf. */
+static bool cluster__lora(const char *cmd, const char *v, char *buf, size_t cap, cluster_lora *l) {
+    snprintf(buf, cap, "%s", v);
+    l->path = buf;
+    l->scale = 1.0f;
+    char *colon = strrchr(buf, ':');
+    if (colon && colon[1]) {
+        char *end;
+        float f = strtof(colon + 1, &end);
+        if (!*end && f != 0.0f) {
+            *colon = 0;
+            l->scale = f;
+        }
+    }
+    if (!buf[0] || strlen(v) >= cap) {
+        fprintf(stderr, "kvseal %s: --lora expects PATH[:SCALE], got '%s'\n", cmd, v);
+        return false;
+    }
+    return true;
 }
 
 /* Shared body of prefill and decode. */
@@ -215,6 +239,15 @@ static int cluster__worker(int argc, char **argv, bool decode) {
         serve__cfg_free(&c);
         return 2;
     }
+    static char lpath[SERVE_MAX_LORA][1024];
+    static cluster_lora lora[SERVE_MAX_LORA];
+    for (int i = 0; i < c.n_lora; i++)
+        if (!cluster__lora(argv[0], c.lora[i], lpath[i], sizeof lpath[i], &lora[i])) {
+            sodium_memzero(secret, sizeof secret);
+            model_free(m);
+            serve__cfg_free(&c);
+            return 2;
+        }
     sigset_t sigs;
     serve__block_signals(&sigs);
     pthread_t waiter;
@@ -238,7 +271,8 @@ static int cluster__worker(int argc, char **argv, bool decode) {
                               .data_port = (int)c.data_port, .advertise_host = c.advertise_host,
                               .eng = o, .drain_ms = (uint32_t)c.drain_timeout_ms,
                               .insecure_plaintext = c.insecure_plaintext,
-                              .data_plane = (uint8_t)c.data_plane};
+                              .data_plane = (uint8_t)c.data_plane,
+                              .lora = lora, .n_lora = c.n_lora};
     if (c.health_port >= 0) { // --health-port: the probes' endpoint (cluster_int.h cl_health)
         wo.health_host = c.health_host ? c.health_host : "127.0.0.1";
         wo.health_port = (int)c.health_port;

@@ -129,6 +129,9 @@ void serve__usage(const char *cmd) {
         "                 [--kv-type f32|f16|q8_0] [--drain-timeout-ms 30000]\n"
         "                 [--grammar-budget-ms 1000] [--grammar-cpu-ms 20000] [--data-plane tls|ucx]\n"
         "                 [--health-port N] [--health-host 127.0.0.1]\n"
+        "  --lora PATH[:SCALE] (prefill and decode alike; repeatable): a LoRA adapter the\n"
+        "  worker holds, known by the SHA-256 of its file and scale; the router's tenants\n"
+        "  file names it for tenants (docs/cluster.md \"LoRA adapters\").\n"
         "  --data-plane ucx (prefill and decode alike; the router pairs only workers of one\n"
         "  plane): KV pages go as one-sided UCX puts (transports from UCX_TLS), each sealed\n"
         "  with AES-GCM under keys exported from the TLS data link.\n"
@@ -230,6 +233,7 @@ enum {
     SO_MODELS_MEMORY,
     SO_MODELS_MAX_LOADED,
     SO_MAX_ADAPTER_MB,
+    SO_LORA,
     SO__N
 };
 
@@ -299,6 +303,7 @@ static const cli__opt serve__opts[SO__N] = {
     [SO_MODELS_MEMORY] = {"models-memory", 0, true, false},
     [SO_MODELS_MAX_LOADED] = {"models-max-loaded", 0, true, false},
     [SO_MAX_ADAPTER_MB] = {"max-adapter-mb", 0, true, false},
+    [SO_LORA] = {"lora", 0, true, true},
 };
 
 /* cli__spec.apply for serve and the cluster roles. String values point
@@ -593,6 +598,15 @@ static int serve__apply(void *ctx, int id, const char *v, bool reset) {
         }
         fprintf(stderr, "kvseal: --data-plane expects tls or ucx, got '%s'\n", v);
         return 2;
+    case SO_LORA: // PATH[:SCALE], cut by cmd_cluster.c
+        if (reset) c->n_lora = 0; // the command line's adapters replace the file's
+        if (c->n_lora == SERVE_MAX_LORA) {
+            fprintf(stderr, "kvseal: at most %d --lora adapters\n", SERVE_MAX_LORA);
+            return 2;
+        }
+        if (!(c->lora[c->n_lora] = serve__keep(c, v))) return 2;
+        c->n_lora++;
+        return 0;
     case SO_CORS_ORIGIN:
         if (reset) c->n_cors = 0; // the command line's origins replace the file's
         if (c->n_cors == SERVE_MAX_CORS) {
@@ -787,6 +801,11 @@ int serve__prepare(int argc, char **argv, serve__cfg *c, model **m, engine_opts 
     if ((c->draft_model || c->spec_nextn) && strcmp(argv[0], "serve") != 0) {
         fprintf(stderr, "kvseal %s: --%s is kvseal serve's (cluster workers do not draft yet)\n",
                 argv[0], c->draft_model ? "draft-model" : "spec-nextn");
+        return 2;
+    }
+    if (c->n_lora && strcmp(argv[0], "prefill") != 0 && strcmp(argv[0], "decode") != 0) {
+        fprintf(stderr, "kvseal %s: --lora is the cluster workers' (kvseal serve and the router "
+                "take adapters from the tenants file's \"adapters\")\n", argv[0]);
         return 2;
     }
     if (c->draft_model && c->spec_nextn) {

@@ -30,6 +30,17 @@ void cl_sampling_from_msg(const pd_msg_sampling *m, sample_params *sp /* OUT */,
  * returns their count. Pure. */
 int cl_bias_from_msg(const pd_msg_sampling *m, sample_bias *out /* OUT: (m->n_bias) */);
 
+// ----------------------------------------------------------------------------
+// LoRA adapters (common.c)
+
+/* Reads adapter l's file into *buf (malloc'd; the caller scrubs it with
+ * sodium_memzero and frees it) and *len, and its digest (engine_adapter_digest
+ * at l->scale). Errors: KS_ERR_IO naming the path, KS_ERR_NOMEM. Blocks. */
+ks_err cl_lora_read(const cluster_lora *l, uint8_t **buf /* OUT */, size_t *len /* OUT */,
+                    uint8_t digest[ENGINE_ADAPTER_DIGEST_BYTES] /* OUT */, ks_errbuf *eb) KS_MUST_USE;
+/* Lower-case hex of n bytes into out (2 n + 1 bytes, NUL-terminated). Can't fail. */
+void cl_hex(const uint8_t *d, size_t n, char *out);
+
 /* A worker's HEALTH_ACK load fields from its pool: active (transfers or
  * requests in flight), free and quarantined pages, the DRAINING flag. */
 void cl_health_fill(const kv_pool *pool, uint32_t active, bool draining,

@@ -49,14 +49,19 @@ static void ctrl__fail(cl_ctrl *c, ks_err err, const char *msg) {
 }
 
 static void ctrl__send_register(cl_ctrl *c) {
-    uint8_t buf[PD_MSG_REGISTER_FIXED + PD_MSG_MAX_HOST + PD_MSG_MAX_NAMES];
+    // (up to 34 KiB with the most adapters: on the heap)
+    const size_t cap = PD_MSG_REGISTER_FIXED + PD_MSG_MAX_HOST + PD_MSG_MAX_NAMES +
+                       PD_MSG_ADAPTER_BYTES * (size_t)c->cfg.reg.n_adapters;
+    uint8_t *buf = malloc(cap);
     uint32_t len = 0;
     ks_errbuf eb;
-    ks_err e = pd_msg_register_encode(&c->cfg.reg, buf, sizeof buf, &len, &eb);
+    ks_err e = buf ? pd_msg_register_encode(&c->cfg.reg, buf, cap, &len, &eb)
+                   : ks_seterr(&eb, KS_ERR_NOMEM, "out of memory");
     if (e == KS_OK) {
         struct iovec iov = {buf, len};
         e = pd_conn_send(c->conn, PD_MSG_REGISTER, 0, &iov, 1, &eb);
     }
+    free(buf);
     if (e != KS_OK) {
         ks_log(KS_LOG_ERROR, "router %s:%d: cannot send REGISTER: %s", c->router_host,
                c->cfg.router_port, eb.msg);

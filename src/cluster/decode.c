@@ -112,6 +112,7 @@ typedef struct dec__worker {
      * site flushes right after it: one slot would do */
     dec__commit commits[DEC__MAX_COMMITS];
     uint32_t n_commits;
+    uint8_t *adapters;     /* (o->n_lora, 32) the digests of the --lora adapters (REGISTER) */
 } dec__worker;
 
 // ----------------------------------------------------------------------------
@@ -333,6 +334,13 @@ static void dec__flush(dec__worker *w) {
                 a.first.top_logprobs[j] = c->top[j].logprob;
             }
             a.rng_draws = c->rng_state;
+            // the adapter ADMIT named: registered under its digest's hex (dec__adapters)
+            static const uint8_t none[PD_MSG_ADAPTER_BYTES];
+            char ahex[2 * PD_MSG_ADAPTER_BYTES + 1];
+            if (memcmp(q->s.adapter, none, sizeof none)) {
+                cl_hex(q->s.adapter, sizeof q->s.adapter, ahex);
+                a.adapter = ahex;
+            }
             a.grammar = q->g;
             a.bias = q->bias;
             a.n_bias = q->n_bias;
@@ -857,6 +865,42 @@ static ks_err dec__type_tables(dec__worker *w, ks_errbuf *eb) {
     return KS_OK;
 }
 
+/* The --lora adapters into the engine, each PUBLIC and named by its
+ * digest's hex (what ADMIT's PD_FLAG_ADAPTER digest resolves to at
+ * engine_adopt, whoever the request's domain): loaded before REGISTER lists
+ * them, so no request can name one that is not here yet. */
+static ks_err dec__adapters(dec__worker *w, engine *e, ks_errbuf *eb) {
+    const cluster_worker_opts *o = w->o;
+    if (o->n_lora <= 0) return KS_OK;
+    if (o->n_lora > (int)PD_MSG_MAX_ADAPTERS)
+        return ks_seterr(eb, KS_ERR_INVAL, "at most %u --lora adapters", PD_MSG_MAX_ADAPTERS);
+    w->adapters = calloc((size_t)o->n_lora, PD_MSG_ADAPTER_BYTES);
+    if (!w->adapters) return ks_seterr(eb, KS_ERR_NOMEM, "adapters");
+    for (int i = 0; i < o->n_lora; i++) {
+        uint8_t *buf = NULL, *dig = w->adapters + (size_t)i * PD_MSG_ADAPTER_BYTES;
+        size_t len = 0;
+        ks_errbuf aeb;
+        ks_errbuf_clear(&aeb);
+        ks_err err = cl_lora_read(&o->lora[i], &buf, &len, dig, &aeb);
+        char hex[2 * PD_MSG_ADAPTER_BYTES + 1];
+        cl_hex(dig, PD_MSG_ADAPTER_BYTES, hex);
+        engine_adapter_spec sp = {.tenant = "cluster", .name = hex, .is_public = true,
+                                  .scale = o->lora[i].scale, .data = buf, .len = len};
+        if (!err) err = engine_adapter_add(e, &sp, &aeb);
+        if (buf) sodium_memzero(buf, len);
+        free(buf);
+        if (err) {
+            if (err == KS_ERR_INVAL && strstr(aeb.msg, "already"))
+                return ks_seterr(eb, err, "--lora %s: the same adapter is given twice",
+                                 o->lora[i].path);
+            return ks_seterr(eb, err, "--lora %s: %s", o->lora[i].path, aeb.msg);
+        }
+        ks_log(KS_LOG_INFO, "decode worker: LoRA adapter %s (sha256 %s) loaded", o->lora[i].path,
+               hex);
+    }
+    return KS_OK;
+}
+
 static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
     const cluster_worker_opts *o = w->o;
     w->e = e;
@@ -864,6 +908,7 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
     w->g = *kv_pool_geom(w->pool);
     ks_err err = dec__type_tables(w, eb);
     if (err != KS_OK) return err;
+    if ((err = dec__adapters(w, e, eb)) != KS_OK) return err;
     pd_loop_cfg lc = {.secret = o->secret, .secret_len = o->secret_len, .role = PD_ROLE_DECODE,
                       .max_payload = PD_MSG_MAX_FRAME, .insecure_plaintext = o->insecure_plaintext};
     if ((err = pd_loop_create(&lc, &w->l, eb)) != KS_OK) return err;
@@ -910,6 +955,8 @@ static ks_err dec__start(dec__worker *w, engine *e, ks_errbuf *eb) {
     cc.reg.host_len = (uint16_t)strlen(w->host);
     cc.reg.names = o->names ? o->names : "";
     cc.reg.names_len = (uint16_t)strlen(cc.reg.names);
+    cc.reg.adapters = w->adapters;
+    cc.reg.n_adapters = (uint16_t)(w->adapters ? w->o->n_lora : 0);
     cc.type_max = w->tm_ctrl;
     cc.t_router_ms = o->t_router_ms;
     cl_ctrl_cbs cb = {.on_frame = dec__on_ctrl_frame,
@@ -1072,6 +1119,7 @@ ks_err cluster_decode_run(const cluster_worker_opts *o, const atomic_int *stop,
                         w->start_eb.msg);
         cl_health_destroy(w->health);
         free(w->req);
+        free(w->adapters);
         free(w);
         return err;
     }
@@ -1092,6 +1140,7 @@ ks_err cluster_decode_run(const cluster_worker_opts *o, const atomic_int *stop,
     engine_destroy(e);  // runs poll_end: abort, links closed, receiver freed
     cl_health_destroy(w->health);
     free(w->req);
+    free(w->adapters);
     free(w);
     return KS_OK;
 }

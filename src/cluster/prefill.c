@@ -19,6 +19,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,7 +152,54 @@ typedef struct pf__worker {
     float *lp_lp;           /* (PF_LP_ROWS) */
     pd_msg_top *lp_top;     /* (PF_LP_ROWS, SAMPLE_MAX_TOP) */
     uint8_t *lp_buf;        /* one encoded PROMPT_LP of PF_LP_ROWS records */
+    // LoRA adapters (--lora), each known by its digest (REGISTER, PD_FLAG_ADAPTER)
+    int n_lora;
+    uint8_t *lora_digest;         /* (n_lora, 32) */
+    model_lora **lora;            /* (n_lora) loaded against m */
+    const model_lora *cur_lora;   /* the adapter of the PREFILL being handled (pf__admit) */
+    uint8_t cur_adapter[PD_MSG_ADAPTER_BYTES]; /* its digest (zero: none) */
 } pf__worker;
+
+/* The --lora adapters: each file read, digested and loaded against the
+ * model (a file that does not fit refuses the start, named); the bytes are
+ * scrubbed once loaded. */
+static ks_err pf__adapters(pf__worker *w, ks_errbuf *eb) {
+    const cluster_worker_opts *o = w->o;
+    if (o->n_lora <= 0) return KS_OK;
+    if (o->n_lora > (int)PD_MSG_MAX_ADAPTERS)
+        return ks_seterr(eb, KS_ERR_INVAL, "at most %u --lora adapters", PD_MSG_MAX_ADAPTERS);
+    w->lora = calloc((size_t)o->n_lora, sizeof *w->lora);
+    w->lora_digest = calloc((size_t)o->n_lora, PD_MSG_ADAPTER_BYTES);
+    if (!w->lora || !w->lora_digest) return ks_seterr(eb, KS_ERR_NOMEM, "adapters");
+    for (int i = 0; i < o->n_lora; i++) {
+        uint8_t *buf = NULL, *dig = w->lora_digest + (size_t)i * PD_MSG_ADAPTER_BYTES;
+        size_t len = 0;
+        ks_errbuf aeb;
+        ks_errbuf_clear(&aeb);
+        const float scale = o->lora[i].scale == 0.0f ? 1.0f : o->lora[i].scale;
+        ks_err e = KS_OK;
+        if (!(scale > -100.0f && scale < 100.0f)) // engine_adapter_add's bound
+            e = ks_seterr(&aeb, KS_ERR_INVAL, "scale %g: must be in (-100, 100)", (double)scale);
+        if (!e) e = cl_lora_read(&o->lora[i], &buf, &len, dig, &aeb);
+        gguf_file *f = NULL;
+        if (!e) e = gguf_open_mem(buf, len, o->lora[i].path, &f, &aeb);
+        if (!e) e = model_lora_load_file(w->m, f, &w->lora[i], &aeb); // closes f
+        if (buf) sodium_memzero(buf, len);
+        free(buf);
+        for (int j = 0; !e && j < i; j++)
+            if (!memcmp(w->lora_digest + (size_t)j * PD_MSG_ADAPTER_BYTES, dig,
+                        PD_MSG_ADAPTER_BYTES))
+                e = ks_seterr(&aeb, KS_ERR_INVAL, "the same adapter is given twice");
+        w->n_lora = i + 1; // (freed from here on)
+        if (e) return ks_seterr(eb, e, "--lora %s: %s", o->lora[i].path, aeb.msg);
+        model_lora_set_scale(w->lora[i], scale);
+        char hex[2 * PD_MSG_ADAPTER_BYTES + 1];
+        cl_hex(dig, PD_MSG_ADAPTER_BYTES, hex);
+        ks_log(KS_LOG_INFO, "prefill worker: LoRA adapter %s (sha256 %s) loaded", o->lora[i].path,
+               hex);
+    }
+    return KS_OK;
+}
 
 static void pf__op_run(pf__worker *w, pf__op *op);
 
@@ -272,6 +320,20 @@ static ks_err pf__admit(void *ctx, const int32_t *toks, uint32_t n, const pd_msg
     admit_admitted ad;
     ks_err e = admit_request(&lim, &p, &ad, eb);
     w->cur_lp = (msp->flags & PD_FLAG_PROMPT_LP) != 0; // for pf__reserve: no cache attach
+    // the adapter the router resolved for the request's tenant, by digest
+    static const uint8_t none[PD_MSG_ADAPTER_BYTES];
+    w->cur_lora = NULL;
+    memcpy(w->cur_adapter, msp->adapter, sizeof w->cur_adapter);
+    for (int i = 0; i < w->n_lora && memcmp(msp->adapter, none, sizeof none); i++)
+        if (!memcmp(w->lora_digest + (size_t)i * PD_MSG_ADAPTER_BYTES, msp->adapter,
+                    PD_MSG_ADAPTER_BYTES))
+            w->cur_lora = w->lora[i];
+    if (!e && memcmp(msp->adapter, none, sizeof none) && !w->cur_lora) {
+        char hex[2 * PD_MSG_ADAPTER_BYTES + 1];
+        cl_hex(msp->adapter, PD_MSG_ADAPTER_BYTES, hex);
+        e = admit_refuse(eb, ADMIT_ADAPTER_NOT_FOUND,
+                         "the prefill worker holds no adapter %s (its --lora)", hex);
+    }
     // the sampling extension, checked before any compute (I4)
     ks_errbuf xeb;
     sample_bias bias[PD_MSG_MAX_BIAS];
@@ -291,9 +353,12 @@ static ks_err pf__admit(void *ctx, const int32_t *toks, uint32_t n, const pd_msg
 static ks_err pf__reserve(void *ctx, kv_pool *pool, const uint8_t domain[32], const int32_t *toks,
                           uint32_t n, kv_seq *seq, ks_errbuf *eb) {
     pf__worker *w = ctx;
+    // the cache key: the domain, mixed with the adapter's digest when there
+    // is one (I7: no prefix passes between adapters, as in the engine)
     memcpy(w->cur_domain, domain, sizeof w->cur_domain);
+    if (w->cur_lora) engine_root_with_adapter(w->cur_domain, w->cur_adapter);
     // echo computes every position (each needs its logits row), as the engine does
-    if (w->prefix && !w->cur_lp) (void)kv_prefix_attach(w->prefix, domain, toks, n, seq);
+    if (w->prefix && !w->cur_lp) (void)kv_prefix_attach(w->prefix, w->cur_domain, toks, n, seq);
     ks_err e = kv_seq_reserve(pool, seq, n, eb);
     if (e == KS_ERR_NOSPACE && w->prefix) {
         uint32_t more = kv_seq_pages_needed(pool, seq, n), nfree = kv_pool_n_free(pool);
@@ -311,8 +376,11 @@ static ks_err pf__reserve(void *ctx, kv_pool *pool, const uint8_t domain[32], co
 static void pf__computed(void *ctx, kv_pool *pool, const uint8_t domain[32], const int32_t *toks,
                          uint32_t n, kv_seq *seq) {
     pf__worker *w = ctx;
+    uint8_t root[32]; // as pf__reserve keyed it
+    memcpy(root, domain, sizeof root);
+    if (w->cur_lora) engine_root_with_adapter(root, w->cur_adapter);
     if (w->prefix && !kv_pool_geom(pool)->state_pages)
-        kv_prefix_publish(w->prefix, domain, toks, n, seq);
+        kv_prefix_publish(w->prefix, root, toks, n, seq);
 }
 
 // ----------------------------------------------------------------------------
@@ -432,9 +500,10 @@ static ks_err pf__compute(void *ctx, kv_pool *pool, kv_seq *seq, const int32_t *
             // logits only for the last prompt token, or (echo) for every position
             w->b_out[j] = lp || p == n - 1 ? n_out++ : -1;
         }
+        const model_lora *lr[1] = {w->cur_lora};
         model_batch b = {.n_tokens = chunk, .tokens = w->b_tok, .pos = w->b_pos, .seq = w->b_seq,
                          .out_row = w->b_out, .n_out = n_out, .n_seqs = 1, .seqs = seqs,
-                         .seq_err = NULL};
+                         .seq_err = NULL, .lora = w->cur_lora ? lr : NULL};
         w->job_logits = lp ? w->lp_logits : w->logits;
         e = pf__forward(w, &b, eb);
         w->job_logits = NULL;
@@ -1146,6 +1215,9 @@ static void pf__free(pf__worker *w) {
     free(w->lp_lp);
     free(w->lp_top);
     free(w->lp_buf);
+    for (int i = 0; i < w->n_lora; i++) model_lora_free(w->lora[i]); // scrubs the factors
+    free(w->lora);
+    free(w->lora_digest);
 }
 
 ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
@@ -1193,6 +1265,7 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
     }
     if ((e = kv_pool_create(&g, eo->kv_pages, eo->scrub, &w.pool, eb))) goto fail;
     if ((e = model_ctx_create(o->m, w.pool, eo->n_threads, w.B, eo->n_ctx, &w.mctx, eb))) goto fail;
+    if ((e = pf__adapters(&w, eb))) goto fail;
     if (eo->prefix_cache &&
         (e = kv_prefix_create(w.pool, eo->prefix_max_pages ? eo->prefix_max_pages : eo->kv_pages / 4,
                               &w.prefix, eb)))
@@ -1233,6 +1306,8 @@ ks_err cluster_prefill_run(const cluster_worker_opts *o, const atomic_int *stop,
     cc.reg.host_len = 0;
     cc.reg.names = o->names ? o->names : "";
     cc.reg.names_len = (uint16_t)strlen(cc.reg.names);
+    cc.reg.adapters = w.lora_digest;
+    cc.reg.n_adapters = (uint16_t)w.n_lora;
     memcpy(cc.reg.model_id, w.model_id, sizeof cc.reg.model_id);
     cl_ctrl_cbs cb = {.on_registered = pf__on_registered, .on_synced = pf__on_synced,
                       .on_frame = pf__router_frame, .on_lost = pf__on_lost, .health = pf__health,

@@ -465,10 +465,23 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
     }
     rt_model *md = &r->models[mi];
     if (cl_register_refused(&m, pd_conn_peer_role(w->c), md->model_id, &md->g, md->n_ctx, md->name,
-                            why, sizeof why)) {
+                            why, sizeof why) ||
+        rt__adapters_missing(r, mi, m.adapters, m.n_adapters, why, sizeof why)) {
         ks_log(KS_LOG_WARN, "router: refusing worker at %s: %s", pd_conn_peer_addr(w->c), why);
         cl_error_close(w->c, KS_ERR_INVAL, why);
         return;
+    }
+    free(w->adapters); // (a REGISTER again on this connection: the latest list)
+    w->adapters = NULL;
+    w->n_adapters = 0;
+    if (m.n_adapters) {
+        w->adapters = malloc((size_t)m.n_adapters * PD_MSG_ADAPTER_BYTES);
+        if (!w->adapters) {
+            cl_error_close(w->c, KS_ERR_NOMEM, "router: out of memory");
+            return;
+        }
+        memcpy(w->adapters, m.adapters, (size_t)m.n_adapters * PD_MSG_ADAPTER_BYTES);
+        w->n_adapters = m.n_adapters;
     }
     w->id = ++r->next_worker_id;
     w->role = m.role;
@@ -518,6 +531,45 @@ static void rt__on_register(cluster_router *r, rt_worker *w, const pd_frame *f) 
         }
     }
     rt__schedule(r);
+}
+
+bool rt__adapters_missing(cluster_router *r, int mi, const uint8_t *have, uint32_t n, char *why,
+                          size_t cap) {
+    bool missing = false;
+    pthread_mutex_lock(&r->amu);
+    for (int i = 0; i < r->n_adapters && !missing; i++) {
+        const rt_adapter *a = &r->adapters[i];
+        if (a->mi != mi) continue;
+        bool held = false;
+        for (uint32_t j = 0; j < n && !held; j++)
+            held = !memcmp(have + (size_t)j * PD_MSG_ADAPTER_BYTES, a->digest,
+                           PD_MSG_ADAPTER_BYTES);
+        if (held) continue;
+        missing = true;
+        char hex[2 * ENGINE_ADAPTER_DIGEST_BYTES + 1];
+        cl_hex(a->digest, sizeof a->digest, hex);
+        // the digest, never the owner or the name: the worker's operator sees it too
+        snprintf(why, cap,
+                 "the worker lacks LoRA adapter sha256 %s, which the router's tenants file "
+                 "names (start the worker with --lora for that file)",
+                 hex);
+    }
+    pthread_mutex_unlock(&r->amu);
+    return missing;
+}
+
+/* pd_loop_post callback of cluster_router_adapters_seal: a worker that
+ * registered while the tenants file's adapters were still being read is
+ * checked again, and refused (closed) when it lacks one. */
+void rt__on_adapters_sealed(void *arg) {
+    cluster_router *r = arg;
+    char why[512];
+    for (rt_worker *w = r->workers; w; w = w->next)
+        if (w->id && rt__adapters_missing(r, w->mi, w->adapters, w->n_adapters, why, sizeof why)) {
+            ks_log(KS_LOG_WARN, "router: refusing worker %u at %s: %s", w->id,
+                   pd_conn_peer_addr(w->c), why);
+            cl_error_close(w->c, KS_ERR_INVAL, why);
+        }
 }
 
 /* TOKEN for q: detokenize, stop strings, post. */
@@ -981,6 +1033,7 @@ static void rt__on_close(pd_conn *c, void *ud, ks_err why, const char *msg) {
             }
         }
     }
+    free(w->adapters);
     free(w);
 }
 
@@ -1154,12 +1207,16 @@ static void rt__free(cluster_router *r) {
     while (r->workers) {       // never opened ones
         rt_worker *w = r->workers;
         r->workers = w->next;
+        free(w->adapters);
         free(w);
     }
     free(r->piece);
     free(r->models);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->amu);
+    if (r->adapters) sodium_memzero(r->adapters, (size_t)r->cap_adapters * sizeof *r->adapters);
+    free(r->adapters); // (tenants' adapter names)
     sodium_memzero(r->secret, sizeof r->secret);
     free(r);
 }
@@ -1204,6 +1261,7 @@ ks_err cluster_router_create(const cluster_router_opts *o, cluster_router **out,
     r->secret_len = o->secret_len;
     r->o.secret = r->secret;
     pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->amu, NULL);
     pthread_cond_init(&r->cv, NULL);
     do randombytes_buf(&r->router_id, sizeof r->router_id);
     while (r->router_id == 0);

@@ -28,6 +28,162 @@ static void rt__set_notify(void *req, void (*notify)(void *ctx), void *ctx) {
 }
 
 // ----------------------------------------------------------------------------
+// LoRA adapters: the table the tenants file fills (any thread, under amu)
+//
+// The same visibility rule as the engine's (src/engine/adapter.c): a name
+// resolves among the tenant's own adapters first, then the public ones; any
+// other name is "not found" in the same words whether or not another tenant
+// has it, after a scan of the whole table. What a request carries to the
+// workers is the adapter's digest, never its name or owner.
+
+static bool rt__adapter_name_ok(const char *n) {
+    size_t len = n ? strlen(n) : 0;
+    if (len == 0 || len >= ENGINE_ADAPTER_NAME_MAX || n[0] == '.') return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = n[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+void cluster_router_adapters_seal(cluster_router *r) {
+    pthread_mutex_lock(&r->amu);
+    r->adapters_sealed = true;
+    pthread_mutex_unlock(&r->amu);
+    // a worker may have registered before the table was complete
+    if (pd_loop_post(r->loop, rt__on_adapters_sealed, r) != KS_OK)
+        ks_log(KS_LOG_ERROR, "router: out of memory re-checking the workers' adapters");
+}
+
+/* server_backend.adapter_add: records (tenant, name, public, digest) for
+ * catalog entry mi; the file's bytes are only hashed. */
+static ks_err rt__adapter_add(void *impl, int mi, const engine_adapter_spec *sp, ks_errbuf *eb) {
+    cluster_router *r = impl;
+    const char *tenant = sp->tenant ? sp->tenant : "default";
+    if (mi < 0 || mi >= r->n_models) return ks_seterr(eb, KS_ERR_INVAL, "no catalog entry %d", mi);
+    if (!rt__adapter_name_ok(sp->name))
+        return ks_seterr(eb, KS_ERR_INVAL,
+                         "adapter name '%.64s': 1-%d of [A-Za-z0-9._-], not starting with '.'",
+                         sp->name ? sp->name : "", ENGINE_ADAPTER_NAME_MAX - 1);
+    if (strlen(tenant) >= sizeof r->adapters->tenant)
+        return ks_seterr(eb, KS_ERR_INVAL, "tenant name too long");
+    float scale = sp->scale == 0.0f ? 1.0f : sp->scale;
+    if (!(scale > -100.0f && scale < 100.0f))
+        return ks_seterr(eb, KS_ERR_INVAL, "adapter scale %g: must be in (-100, 100)",
+                         (double)sp->scale);
+    rt_adapter a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.tenant, sizeof a.tenant, "%s", tenant);
+    snprintf(a.name, sizeof a.name, "%s", sp->name);
+    a.pub = sp->is_public;
+    a.scale = scale;
+    a.mi = mi;
+    engine_adapter_digest(sp->data, sp->len, scale, a.digest);
+    ks_err err = KS_OK;
+    pthread_mutex_lock(&r->amu);
+    if (r->adapters_sealed)
+        err = ks_seterr(eb, KS_ERR_UNSUPPORTED,
+                        "add adapters to the workers' --lora and the router's tenants file");
+    for (int i = 0; !err && i < r->n_adapters; i++) {
+        const rt_adapter *b = &r->adapters[i];
+        if (b->mi != mi || strcmp(b->name, a.name)) continue;
+        if (!strcmp(b->tenant, a.tenant))
+            err = ks_seterr(eb, KS_ERR_INVAL, "this tenant already has an adapter named '%s'",
+                            a.name);
+        else if (b->pub && a.pub)
+            err = ks_seterr(eb, KS_ERR_INVAL, "a public adapter is already named '%s'", a.name);
+    }
+    if (!err && r->n_adapters >= ENGINE_ADAPTERS_MAX)
+        err = ks_seterr(eb, KS_ERR_INVAL, "the adapter limit is reached; not added: '%s'", a.name);
+    if (!err && r->n_adapters == r->cap_adapters) {
+        int nc = r->cap_adapters ? 2 * r->cap_adapters : 8;
+        rt_adapter *na = realloc(r->adapters, (size_t)nc * sizeof *na);
+        if (!na) err = ks_seterr(eb, KS_ERR_NOMEM, "adapter");
+        else {
+            r->adapters = na;
+            r->cap_adapters = nc;
+        }
+    }
+    if (!err) r->adapters[r->n_adapters++] = a;
+    pthread_mutex_unlock(&r->amu);
+    return err;
+}
+
+/* server_backend.adapter_remove: tenant's own adapter name of entry mi. */
+static ks_err rt__adapter_remove(void *impl, int mi, const char *tenant, const char *name,
+                                 ks_errbuf *eb) {
+    cluster_router *r = impl;
+    tenant = tenant ? tenant : "default";
+    bool found = false;
+    pthread_mutex_lock(&r->amu);
+    for (int i = 0; i < r->n_adapters && !found; i++) {
+        rt_adapter *a = &r->adapters[i];
+        if (a->mi != mi || strcmp(a->tenant, tenant) || strcmp(a->name, name ? name : ""))
+            continue;
+        found = true;
+        memmove(a, a + 1, (size_t)(r->n_adapters - i - 1) * sizeof *a);
+        r->n_adapters--;
+    }
+    pthread_mutex_unlock(&r->amu);
+    if (!found)
+        return admit_refuse(eb, ADMIT_ADAPTER_NOT_FOUND, "The adapter '%.64s' does not exist",
+                            name ? name : "");
+    return KS_OK;
+}
+
+/* server_backend.adapter_list: entry mi's adapters (tenant non-NULL: those
+ * it may use), oldest first. The factors are the workers': rank, n_mats,
+ * bytes and running read 0. */
+static int rt__adapter_list(void *impl, int mi, const char *tenant, engine_adapter_info *out,
+                            int cap) {
+    cluster_router *r = impl;
+    int n = 0;
+    pthread_mutex_lock(&r->amu);
+    for (int i = 0; i < r->n_adapters; i++) {
+        const rt_adapter *a = &r->adapters[i];
+        if (a->mi != mi || (tenant && strcmp(a->tenant, tenant) && !a->pub)) continue;
+        if (n < cap) {
+            engine_adapter_info *x = &out[n];
+            memset(x, 0, sizeof *x);
+            snprintf(x->tenant, sizeof x->tenant, "%s", a->tenant);
+            snprintf(x->name, sizeof x->name, "%s", a->name);
+            x->is_public = a->pub;
+            x->scale = a->scale;
+            memcpy(x->digest, a->digest, sizeof x->digest);
+        }
+        n++;
+    }
+    pthread_mutex_unlock(&r->amu);
+    return n;
+}
+
+/* The digest of the adapter tenant's request for entry mi names: its own
+ * first, then a public one (the whole table is scanned either way). Errors:
+ * KS_ERR_INVAL with reason ADMIT_ADAPTER_NOT_FOUND, the engine's words. */
+static ks_err rt__adapter_resolve(cluster_router *r, int mi, const char *tenant, const char *name,
+                                  uint8_t digest[ENGINE_ADAPTER_DIGEST_BYTES], ks_errbuf *eb) {
+    int own = -1, pub = -1;
+    pthread_mutex_lock(&r->amu);
+    for (int i = 0; i < r->n_adapters; i++) {
+        const rt_adapter *a = &r->adapters[i];
+        bool mine = !strcmp(a->tenant, tenant), named = !strcmp(a->name, name),
+             here = a->mi == mi;
+        if (here & named & mine && own < 0) own = i;
+        else if (here & named & a->pub && pub < 0) pub = i;
+    }
+    int k = own >= 0 ? own : pub;
+    if (k >= 0) memcpy(digest, r->adapters[k].digest, ENGINE_ADAPTER_DIGEST_BYTES);
+    pthread_mutex_unlock(&r->amu);
+    if (k >= 0) return KS_OK;
+    char shown[ENGINE_ADAPTER_NAME_MAX];
+    snprintf(shown, sizeof shown, "%s", name);
+    return admit_refuse(eb, ADMIT_ADAPTER_NOT_FOUND, "The adapter '%s%s' does not exist", shown,
+                        strlen(name) >= sizeof shown ? "..." : "");
+}
+
+// ----------------------------------------------------------------------------
 // Submitting (HTTP threads)
 
 static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errbuf *eb) {
@@ -81,6 +237,11 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
                             (uint32_t)(p->n_bias > 0 ? p->n_bias : 0), &ws, why, sizeof why))
         err = admit_refuse(eb, ADMIT_INVALID, "%s", why);
     if (!err && p->prompt_logprobs) ws.flags |= PD_FLAG_PROMPT_LP;
+    // the adapter: resolved under the authenticated tenant, carried as its
+    // digest in ADMIT and PREFILL (PD_FLAG_ADAPTER)
+    if (!err && p->adapter && *p->adapter)
+        err = rt__adapter_resolve(r, p->model, p->tenant ? p->tenant : "default", p->adapter,
+                                  ws.adapter, eb);
     if (!err && (!atomic_load(&r->online) || !atomic_load(&md->online)))
         err = admit_refuse(eb, ADMIT_OFFLINE, NULL);
     if (!err && (!atomic_load(&md->n_decode) || !atomic_load(&md->n_prefill)))
@@ -122,7 +283,13 @@ static ks_err rt__submit(void *impl, const engine_params *p, void **out, ks_errb
     q->t_submit_ns = ks_now_ns();
     ks_err ce = KS_OK;
     if (q->prompt) memcpy(q->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
-    if (q->prompt) rt__affinity(q->domain, q->prompt, n_prompt, md->g.page_tokens, q->affinity);
+    if (q->prompt) { // the prefill worker's cache key: the domain, with the adapter mixed in
+        uint8_t key[32];
+        memcpy(key, q->domain, sizeof key);
+        static const uint8_t none[PD_MSG_ADAPTER_BYTES];
+        if (memcmp(ws.adapter, none, sizeof none)) engine_root_with_adapter(key, ws.adapter);
+        rt__affinity(key, q->prompt, n_prompt, md->g.page_tokens, q->affinity);
+    }
     if (!q->prompt || (ce = engine_stream_create(p->stops, p->n_stops, &q->out, eb))) {
         rt__req_free(q);
         return ce ? ce : ks_seterr(eb, KS_ERR_NOMEM, "request");
@@ -439,5 +606,8 @@ void cluster_router_backend(cluster_router *r, server_backend *out) {
                             .check_quiescent = rt__check_quiescent,
                             .submit_n = rt__submit_n,
                             .embed_submit = rt__embed_submit,
-                            .embed_vector = rt__embed_vector};
+                            .embed_vector = rt__embed_vector,
+                            .adapter_add = rt__adapter_add,
+                            .adapter_remove = rt__adapter_remove,
+                            .adapter_list = rt__adapter_list};
 }

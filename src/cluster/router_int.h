@@ -61,6 +61,9 @@ typedef struct rt_worker {
     uint64_t last_ack_ms;
     bool check_pending;
     pd_msg_pool_check_ack check;
+    uint8_t *adapters;      /* (n_adapters, 32) REGISTER's adapter digests, owned: checked
+                               again when the tenants file's table is complete (seal) */
+    uint32_t n_adapters;
     struct rt_worker *next;
 } rt_worker;
 
@@ -120,6 +123,18 @@ typedef struct rt_held {
     uint8_t payload[];
 } rt_held;
 
+/* One LoRA adapter of the router's table (the tenants file's "adapters"):
+ * who may name it and the digest its requests carry. The factors live on
+ * the workers (--lora); the router never loads them. */
+typedef struct rt_adapter {
+    char tenant[128];
+    char name[ENGINE_ADAPTER_NAME_MAX];
+    bool pub;
+    float scale;
+    int mi; /* its catalog entry */
+    uint8_t digest[ENGINE_ADAPTER_DIGEST_BYTES];
+} rt_adapter;
+
 struct cluster_router {
     cluster_router_opts o;
     rt_model *models; /* (n_models) the catalog; models[0] is o.m */
@@ -161,6 +176,11 @@ struct cluster_router {
     bool check_clean, check_busy;
     char check_msg[512];
     uint64_t check_id;
+    // LoRA adapters (amu): any thread (router_backend.c rt__adapter_*)
+    pthread_mutex_t amu;
+    rt_adapter *adapters;
+    int n_adapters, cap_adapters;
+    bool adapters_sealed; /* cluster_router_adapters_seal: adapter_add refuses */
 };
 
 // ----------------------------------------------------------------------------
@@ -180,6 +200,15 @@ void rt__on_submit(void *arg);
 /* pd_loop_post callback of a cancel: q ends ABORTED if it is still in
  * flight, then the cancel's reference is dropped. Loop thread. */
 void rt__on_cancel(void *arg);
+
+/* Whether the worker registering for catalog entry mi with the n digests
+ * at have (32 bytes each, REGISTER's) lacks an adapter of the router's
+ * table for mi; then why names the first missing digest. Any thread. */
+bool rt__adapters_missing(cluster_router *r, int mi, const uint8_t *have, uint32_t n, char *why,
+                          size_t cap);
+/* pd_loop_post callback of cluster_router_adapters_seal (arg: the router):
+ * registered workers lacking an adapter of the table are refused. Loop thread. */
+void rt__on_adapters_sealed(void *arg);
 
 // ----------------------------------------------------------------------------
 // The pairing policy (router_pair.c); loop thread, pure over the worker list

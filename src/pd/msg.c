@@ -171,14 +171,15 @@ ks_err pd_msg_type_max(const kv_geom *g, uint32_t out[PD_MSG_N_TYPES], ks_errbuf
         if (e) return e;
         kv = (uint32_t)pd_msg_kv_page_len(g, (uint32_t)g->page_tokens, (uint32_t)g->n_layer);
     }
-    out[PD_MSG_REGISTER] = PD_MSG_REGISTER_FIXED + PD_MSG_MAX_HOST + PD_MSG_MAX_NAMES;
+    out[PD_MSG_REGISTER] = PD_MSG_REGISTER_FIXED + PD_MSG_MAX_HOST + PD_MSG_MAX_NAMES +
+                           PD_MSG_ADAPTER_BYTES * PD_MSG_MAX_ADAPTERS;
     out[PD_MSG_REGISTER_ACK] = 16;
     out[PD_MSG_HEALTH] = 8;
     out[PD_MSG_HEALTH_ACK] = 24;
     out[PD_MSG_PEER] = 8 + PD_MSG_MAX_HOST;
     out[PD_MSG_LINK] = PD_MSG_LINK_LEN;
     out[PD_MSG_LINK_ACK] = 12 + PD_MSG_UCX_ADDR_MAX;
-    out[PD_MSG_ADMIT] = PD_MSG_ADMIT_FIXED + PD_MSG_SEXT_MAX;
+    out[PD_MSG_ADMIT] = PD_MSG_ADMIT_FIXED + PD_MSG_SEXT_MAX + PD_MSG_ADAPTER_BYTES;
     out[PD_MSG_GRANT] = PD_MSG_GRANT_MAX;
     out[PD_MSG_DENY] = 8 + PD_MSG_MAX_TEXT;
     out[PD_MSG_PREFILL] = PD_MSG_PREFILL_MAX;
@@ -206,13 +207,17 @@ ks_err pd_msg_register_decode(const uint8_t *p, uint32_t len, pd_msg_register *o
                               ks_errbuf *eb) {
     ks_err e = want_min("REGISTER", len, PD_MSG_REGISTER_FIXED, eb);
     if (e) return e;
-    uint16_t host_len = pd_load_u16(p + 26), names_len = pd_load_u16(p + 60);
+    uint16_t host_len = pd_load_u16(p + 26), names_len = pd_load_u16(p + 60),
+             n_adapters = pd_load_u16(p + 62); // 0 from a sender before the field
     if (host_len > PD_MSG_MAX_HOST)
         return PROTO("REGISTER: host_len %u exceeds %u", host_len, PD_MSG_MAX_HOST);
     if (names_len > PD_MSG_MAX_NAMES)
         return PROTO("REGISTER: names_len %u exceeds %u", names_len, PD_MSG_MAX_NAMES);
-    if ((e = want_var("REGISTER", "host_len and names_len", len, PD_MSG_REGISTER_FIXED,
-                      (uint64_t)host_len + names_len, eb)))
+    if (n_adapters > PD_MSG_MAX_ADAPTERS)
+        return PROTO("REGISTER: n_adapters %u exceeds %u", n_adapters, PD_MSG_MAX_ADAPTERS);
+    if ((e = want_var("REGISTER", "host_len, names_len and n_adapters", len, PD_MSG_REGISTER_FIXED,
+                      (uint64_t)host_len + names_len + PD_MSG_ADAPTER_BYTES * (uint64_t)n_adapters,
+                      eb)))
         return e;
     if (memchr(p + PD_MSG_REGISTER_FIXED + host_len, 0, names_len))
         return PROTO("REGISTER: the names hold a NUL byte");
@@ -240,6 +245,8 @@ ks_err pd_msg_register_decode(const uint8_t *p, uint32_t len, pd_msg_register *o
     m.host = (const char *)(p + PD_MSG_REGISTER_FIXED);
     m.names_len = names_len;
     m.names = m.host + host_len;
+    m.n_adapters = n_adapters;
+    m.adapters = n_adapters ? (const uint8_t *)m.names + names_len : NULL;
     *out = m;
     return KS_OK;
 }
@@ -252,9 +259,13 @@ ks_err pd_msg_register_encode(const pd_msg_register *m, uint8_t *buf, size_t cap
     if (m->names_len > PD_MSG_MAX_NAMES)
         return ks_seterr(eb, KS_ERR_INVAL, "REGISTER: names_len %u exceeds %u", m->names_len,
                          PD_MSG_MAX_NAMES);
+    if (m->n_adapters > PD_MSG_MAX_ADAPTERS || (m->n_adapters && !m->adapters))
+        return ks_seterr(eb, KS_ERR_INVAL, "REGISTER: n_adapters %u exceeds %u", m->n_adapters,
+                         PD_MSG_MAX_ADAPTERS);
+    const size_t ad_bytes = PD_MSG_ADAPTER_BYTES * (size_t)m->n_adapters;
     ks_err ret;
-    if (enc_begin((uint64_t)PD_MSG_REGISTER_FIXED + m->host_len + m->names_len, buf, cap,
-                  out_len, &ret, "REGISTER", eb))
+    if (enc_begin((uint64_t)PD_MSG_REGISTER_FIXED + m->host_len + m->names_len + ad_bytes, buf,
+                  cap, out_len, &ret, "REGISTER", eb))
         return ret;
     buf[0] = m->role;
     buf[1] = m->kv_type;
@@ -269,9 +280,11 @@ ks_err pd_msg_register_encode(const pd_msg_register *m, uint8_t *buf, size_t cap
     pd_store_u16(buf + 26, m->host_len);
     memcpy(buf + 28, m->model_id, PD_MSG_HASH_BYTES);
     pd_store_u16(buf + 60, m->names_len);
-    pd_store_u16(buf + 62, 0);
+    pd_store_u16(buf + 62, m->n_adapters);
     if (m->host_len) memcpy(buf + PD_MSG_REGISTER_FIXED, m->host, m->host_len);
     if (m->names_len) memcpy(buf + PD_MSG_REGISTER_FIXED + m->host_len, m->names, m->names_len);
+    if (ad_bytes)
+        memcpy(buf + PD_MSG_REGISTER_FIXED + m->host_len + m->names_len, m->adapters, ad_bytes);
     pd_msg_register chk;
     ks_errbuf tmp;
     return enc_check(pd_msg_register_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
@@ -529,17 +542,46 @@ static ks_err sampling_decode(const char *name, const uint8_t *p, uint32_t mt_of
     s->n_bias = s->grammar_len = 0;
     s->bias = NULL;
     s->grammar = NULL;
-    if (s->flags &
-        ~(uint32_t)(PD_FLAG_IGNORE_EOS | PD_FLAG_LOGPROBS | PD_FLAG_EXT | PD_FLAG_PROMPT_LP))
+    memset(s->adapter, 0, sizeof s->adapter);
+    if (s->flags & ~(uint32_t)(PD_FLAG_IGNORE_EOS | PD_FLAG_LOGPROBS | PD_FLAG_EXT |
+                               PD_FLAG_PROMPT_LP | PD_FLAG_ADAPTER))
         return PROTO("%s: flags 0x%x has unknown bits", name, s->flags);
     if ((uint32_t)s->n_probs > PD_MSG_MAX_TOP)
         return PROTO("%s: n_probs %u exceeds %u", name, (uint32_t)s->n_probs, PD_MSG_MAX_TOP);
     return KS_OK;
 }
 
-uint64_t pd_msg_sext_size(const pd_msg_sampling *s) {
+static bool adapter_set(const pd_msg_sampling *s) {
+    uint8_t any = 0;
+    for (size_t i = 0; i < sizeof s->adapter; i++) any |= s->adapter[i];
+    return any != 0;
+}
+
+/* Bytes of the sampling extension alone. */
+static uint64_t sext_only_size(const pd_msg_sampling *s) {
     if (!(s->flags & PD_FLAG_EXT)) return 0;
     return PD_MSG_SEXT_FIXED + 8u * (uint64_t)s->n_bias + s->grammar_len;
+}
+
+uint64_t pd_msg_sext_size(const pd_msg_sampling *s) {
+    return sext_only_size(s) + (adapter_set(s) ? PD_MSG_ADAPTER_BYTES : 0u);
+}
+
+/* The adapter trailer (PD_FLAG_ADAPTER) of a len-byte payload p: checks
+ * there is room for it above fixed, loads it into s->adapter and returns
+ * the payload length without it in *body_len. */
+static ks_err adapter_trailer(const char *name, const uint8_t *p, uint32_t len, uint32_t fixed,
+                              pd_msg_sampling *s, uint32_t *body_len, ks_errbuf *eb) {
+    *body_len = len;
+    memset(s->adapter, 0, sizeof s->adapter);
+    if (!(pd_load_u32(p + 12) & PD_FLAG_ADAPTER)) return KS_OK;
+    if ((uint64_t)len < (uint64_t)fixed + PD_MSG_ADAPTER_BYTES)
+        return PROTO("%s: PD_FLAG_ADAPTER but %u payload bytes leave no room for the digest", name,
+                     len);
+    *body_len = len - PD_MSG_ADAPTER_BYTES;
+    memcpy(s->adapter, p + *body_len, PD_MSG_ADAPTER_BYTES);
+    if (!adapter_set(s)) return PROTO("%s: PD_FLAG_ADAPTER with an all-zero adapter digest", name);
+    return KS_OK;
 }
 
 void pd_msg_bias_at(const pd_msg_sampling *s, uint32_t i, int32_t *token, float *bias) {
@@ -636,7 +678,9 @@ static ks_err sext_pre(const char *name, const pd_msg_sampling *s, ks_errbuf *eb
 
 static void sampling_encode(uint8_t *p, uint32_t mt_off, const pd_msg_sampling *s) {
     pd_store_u32(p + mt_off, s->max_tokens);
-    pd_store_u32(p + 12, s->flags);
+    // PD_FLAG_ADAPTER follows the digest: set exactly when one is given
+    pd_store_u32(p + 12, (s->flags & ~(uint32_t)PD_FLAG_ADAPTER) |
+                             (adapter_set(s) ? (uint32_t)PD_FLAG_ADAPTER : 0u));
     pd_store_u64(p + 48, s->seed);
     store_f32(p + 56, s->temperature);
     store_f32(p + 60, s->top_p);
@@ -648,6 +692,12 @@ static void sampling_encode(uint8_t *p, uint32_t mt_off, const pd_msg_sampling *
 ks_err pd_msg_admit_decode(const uint8_t *p, uint32_t len, pd_msg_admit *out, ks_errbuf *eb) {
     ks_err e = want_min("ADMIT", len, PD_MSG_ADMIT_FIXED, eb);
     if (e) return e;
+    uint8_t digest[PD_MSG_ADAPTER_BYTES];
+    {
+        pd_msg_sampling t;
+        if ((e = adapter_trailer("ADMIT", p, len, PD_MSG_ADMIT_FIXED, &t, &len, eb))) return e;
+        memcpy(digest, t.adapter, sizeof digest);
+    }
     if (!(pd_load_u32(p + 12) & PD_FLAG_EXT) && (e = want_len("ADMIT", len, PD_MSG_ADMIT_FIXED, eb)))
         return e;
     pd_msg_admit m;
@@ -660,6 +710,7 @@ ks_err pd_msg_admit_decode(const uint8_t *p, uint32_t len, pd_msg_admit *out, ks
     if ((m.s.flags & PD_FLAG_EXT) &&
         (e = sext_decode("ADMIT", p + PD_MSG_ADMIT_FIXED, len - PD_MSG_ADMIT_FIXED, &m.s, eb)))
         return e;
+    memcpy(m.s.adapter, digest, sizeof digest);
     *out = m;
     return KS_OK;
 }
@@ -676,6 +727,8 @@ ks_err pd_msg_admit_encode(const pd_msg_admit *m, uint8_t *buf, size_t cap, uint
     sampling_encode(buf, 4, &m->s);
     memcpy(buf + 80, m->model_id, PD_MSG_HASH_BYTES);
     if (m->s.flags & PD_FLAG_EXT) sext_encode(buf + PD_MSG_ADMIT_FIXED, &m->s);
+    if (adapter_set(&m->s))
+        memcpy(buf + *out_len - PD_MSG_ADAPTER_BYTES, m->s.adapter, PD_MSG_ADAPTER_BYTES);
     pd_msg_admit chk;
     ks_errbuf tmp;
     return enc_check(pd_msg_admit_decode(buf, *out_len, &chk, &tmp), &tmp, eb);
@@ -857,6 +910,12 @@ ks_err pd_msg_prefill_decode(const uint8_t *p, uint32_t len, pd_msg_prefill *out
         return PROTO("PREFILL: payload is %u bytes, over the %u-byte bound", len,
                      PD_MSG_PREFILL_MAX);
     pd_msg_prefill m;
+    uint8_t digest[PD_MSG_ADAPTER_BYTES];
+    {
+        pd_msg_sampling t;
+        if ((e = adapter_trailer("PREFILL", p, len, PD_MSG_PREFILL_FIXED, &t, &len, eb))) return e;
+        memcpy(digest, t.adapter, sizeof digest);
+    }
     m.decode_worker_id = pd_load_u32(p);
     m.n_prompt = pd_load_u32(p + 4);
     m.grant_len = pd_load_u32(p + 76);
@@ -877,6 +936,7 @@ ks_err pd_msg_prefill_decode(const uint8_t *p, uint32_t len, pd_msg_prefill *out
     if (ext && (e = sext_decode("PREFILL", p + PD_MSG_PREFILL_FIXED + body,
                                 len - (PD_MSG_PREFILL_FIXED + body), &m.s, eb)))
         return e;
+    memcpy(m.s.adapter, digest, sizeof digest);
     *out = m;
     return KS_OK;
 }
@@ -911,6 +971,8 @@ ks_err pd_msg_prefill_encode(const pd_msg_prefill *m, const int32_t *tokens, uin
     uint8_t *t = buf + PD_MSG_PREFILL_FIXED + m->grant_len;
     for (uint32_t i = 0; i < m->n_prompt; i++) pd_store_u32(t + 4u * (size_t)i, (uint32_t)tokens[i]);
     if (m->s.flags & PD_FLAG_EXT) sext_encode(t + 4u * (size_t)m->n_prompt, &m->s);
+    if (adapter_set(&m->s))
+        memcpy(buf + *out_len - PD_MSG_ADAPTER_BYTES, m->s.adapter, PD_MSG_ADAPTER_BYTES);
     pd_msg_prefill chk;
     ks_errbuf tmp;
     return enc_check(pd_msg_prefill_decode(buf, *out_len, &chk, &tmp), &tmp, eb);

@@ -275,14 +275,14 @@ static void test_names_and_bounds(void) {
     CHECK_EQ(tm[PD_MSG_POOL_CHECK_ACK], 24);
     CHECK_EQ(tm[PD_MSG_RETIRE], 48);
     CHECK_STR_EQ(pd_msg_type_name(PD_MSG_RETIRE), "RETIRE");
-    CHECK_EQ(tm[PD_MSG_REGISTER], 64 + 255 + 1024); /* v3: + names */
+    CHECK_EQ(tm[PD_MSG_REGISTER], 64 + 255 + 1024 + 32 * 1024); /* v3: + names; + adapter digests */
     CHECK_EQ(tm[PD_MSG_REGISTER_ACK], 16);
     CHECK_EQ(tm[PD_MSG_HEALTH], 8);
     CHECK_EQ(tm[PD_MSG_HEALTH_ACK], 24);
     CHECK_EQ(tm[PD_MSG_PEER], 263);
     CHECK_EQ(tm[PD_MSG_LINK], 48); /* v3: + the model_id, the router identity */
     CHECK_EQ(tm[PD_MSG_LINK_ACK], 12 + 8192); // with a UCX worker address
-    CHECK_EQ(tm[PD_MSG_ADMIT], 112 + 28 + 8 * 1024 + 262144); // with the largest extension
+    CHECK_EQ(tm[PD_MSG_ADMIT], 112 + 28 + 8 * 1024 + 262144 + 32); // the largest extension, an adapter
     CHECK_EQ(tm[PD_MSG_GRANT], 4194304);
     CHECK_EQ(tm[PD_MSG_DENY], 520);
     CHECK_EQ(tm[PD_MSG_PREFILL], 16777216);
@@ -300,7 +300,7 @@ static void test_names_and_bounds(void) {
 
     CHECK_EQ(pd_msg_type_max(NULL, tm, &eb), KS_OK);
     CHECK_EQ(tm[PD_MSG_KV_PAGE], PD_TYPE_FORBIDDEN);
-    CHECK_EQ(tm[PD_MSG_ADMIT], 112 + 28 + 8 * 1024 + 262144);         // with the largest extension
+    CHECK_EQ(tm[PD_MSG_ADMIT], 112 + 28 + 8 * 1024 + 262144 + 32);    // the largest extension, an adapter
     kv_geom big = {.n_layer = 64, .kv_dim = 8192, .page_tokens = 64}; /* 256 MiB page */
     CHECK_EQ(pd_msg_type_max(&big, tm, &eb), KS_ERR_INVAL);
     kv_geom zero = {.n_layer = 0, .kv_dim = 8, .page_tokens = 16};
@@ -955,7 +955,7 @@ static void test_enums_and_ranges(void) {
     REJECTS(PD_MSG_ADMIT, cp, n, "n_prompt");
     put_u32(cp, buf, n, 4, 0);
     REJECTS(PD_MSG_ADMIT, cp, n, "max_tokens");
-    put_u32(cp, buf, n, 12, 16); /* 8 is PD_FLAG_PROMPT_LP */
+    put_u32(cp, buf, n, 12, 32); /* 8 is PD_FLAG_PROMPT_LP, 16 PD_FLAG_ADAPTER */
     REJECTS(PD_MSG_ADMIT, cp, n, "flags");
     put_u32(cp, buf, n, 72, 65);
     REJECTS(PD_MSG_ADMIT, cp, n, "n_probs 65");
@@ -1366,7 +1366,7 @@ static void test_sampling_ext(void) {
     pd_store_u32(buf + 12, flags | PD_FLAG_PROMPT_LP); // echo's prompt logprobs: a known bit
     CHECK_EQ(pd_msg_admit_decode(buf, n, &ra, &eb), KS_OK);
     CHECK(ra.s.flags & PD_FLAG_PROMPT_LP);
-    pd_store_u32(buf + 12, flags | 16u);
+    pd_store_u32(buf + 12, flags | 64u);
     REJECTS(PD_MSG_ADMIT, buf, n, "unknown bits");
     pd_store_u32(buf + 12, flags);
     // counts over their bounds, non-finite penalties, bad entries, a NUL in the text
