@@ -197,7 +197,10 @@ ks_err engine_adapter_remove(engine *e, const char *tenant, const char *name, ks
         return admit_refuse(eb, ADMIT_ADAPTER_NOT_FOUND, "The adapter '%.64s' does not exist",
                             name ? name : "");
     engine__adapter_unref(e, found); // the registry's reference
-    engine__wake(e); // an idle scheduler drops the prefixes now
+    pthread_mutex_lock(&e->mu); // an idle scheduler drops the prefixes now
+    e->kick++;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
     return KS_OK;
 }
 

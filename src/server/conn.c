@@ -54,6 +54,10 @@ const srv_model *srv__model_find(const server *s, const char *name) {
     return NULL;
 }
 
+bool srv__truthy(const char *v) {
+    return v && (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes"));
+}
+
 const srv_model *srv__model_split(const server *s, const char *name, const char **adapter) {
     *adapter = NULL;
     const srv_model *sm = srv__model_find(s, name);

@@ -600,9 +600,6 @@ enum MHD_Result srv__metrics(server *s, struct MHD_Connection *c, const srv_call
     return r;
 }
 
-bool srv__truthy(const char *v) {
-    return v && (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes"));
-}
 
 static void *srv__job_main(void *arg) {
     srv_job *j = arg;
