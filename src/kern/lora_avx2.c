@@ -4,7 +4,9 @@
  * As lora_avx512.c with 8 lanes: shrink sums each U element in one
  * 8-lane accumulator along K (a masked tail last) and a fixed halving
  * tree; expand runs an fma chain over i per column, then y + scale * acc.
- * Tiles of up to 4 tokens (x 2 ranks in shrink, the 16 registers' worth). */
+ * Tiles of up to 4 tokens (x 2 ranks in shrink, the 16 registers' worth).
+ * The f16 variants are the same code with each factor load widened by
+ * F16C (h, a constant the tiles are inlined with). */
 #include "kern/kern_int.h"
 #include "kern/lora_int.h"
 
@@ -92,7 +94,7 @@ AVX2__INLINE void avx2__shrink_tile(const int nt, const int ni, int64_t K, const
 }
 
 AVX2__INLINE void avx2__shrink_blk(int nt, int ni, int64_t K, const void *A, int32_t i,
-                             const float *const *X, float *U, int64_t ldu, const int h) {
+                                   const float *const *X, float *U, int64_t ldu, const int h) {
     switch (nt * 8 + ni) {
     case 8 + 2: avx2__shrink_tile(1, 2, K, A, i, X, U, ldu, h); break;
     case 16 + 2: avx2__shrink_tile(2, 2, K, A, i, X, U, ldu, h); break;
@@ -131,7 +133,8 @@ AVX2__INLINE void avx2__expand_tile(const int nt, const int nv, __m256i m, int32
         const size_t b = (size_t)i * (size_t)N + (size_t)c;
         __m256 bv[2];
         #pragma GCC unroll 4
-        for (int v = 0; v < nv; v++) bv[v] = avx2__ldf(Bt, b + 8 * (size_t)v, v == nv - 1 ? m : all, h);
+        for (int v = 0; v < nv; v++)
+            bv[v] = avx2__ldf(Bt, b + 8 * (size_t)v, v == nv - 1 ? m : all, h);
         #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
             const __m256 u = _mm256_broadcast_ss(U + (size_t)t * (size_t)ldu + (size_t)i);
@@ -152,7 +155,8 @@ AVX2__INLINE void avx2__expand_tile(const int nt, const int nv, __m256i m, int32
 }
 
 AVX2__INLINE void avx2__expand_blk(int nt, int nv, __m256i m, int32_t r, int64_t N, const void *Bt,
-                             int64_t c, const float *U, int64_t ldu, __m256 sc, float *const *Y, const int h) {
+                                   int64_t c, const float *U, int64_t ldu, __m256 sc,
+                                   float *const *Y, const int h) {
     switch (nt * 8 + nv) {
     case 8 + 2: avx2__expand_tile(1, 2, m, r, N, Bt, c, U, ldu, sc, Y, h); break;
     case 16 + 2: avx2__expand_tile(2, 2, m, r, N, Bt, c, U, ldu, sc, Y, h); break;
@@ -166,14 +170,16 @@ AVX2__INLINE void avx2__expand_blk(int nt, int nv, __m256i m, int32_t r, int64_t
 }
 
 AVX2__INLINE void avx2__expand(int32_t r, int64_t N, const void *Bt, int64_t c0, int64_t c1, int n,
-                            const float *U, int64_t ldu, float scale, float *const *Y, const int h) {
+                               const float *U, int64_t ldu, float scale, float *const *Y,
+                               const int h) {
     const __m256 sc = _mm256_set1_ps(scale);
     const __m256i all = _mm256_set1_epi32(-1);
     for (int j = 0; j < n; j += 4) {
         const int nt = n - j < 4 ? n - j : 4;
         const float *Uj = U + (size_t)j * (size_t)ldu;
         int64_t c = c0;
-        for (; c + 16 <= c1; c += 16) avx2__expand_blk(nt, 2, all, r, N, Bt, c, Uj, ldu, sc, Y + j, h);
+        for (; c + 16 <= c1; c += 16)
+            avx2__expand_blk(nt, 2, all, r, N, Bt, c, Uj, ldu, sc, Y + j, h);
         for (; c < c1; c += 8) {
             const int64_t rem = c1 - c;
             avx2__expand_blk(nt, 1, rem >= 8 ? all : avx2__lora_mask(rem), r, N, Bt, c, Uj, ldu, sc,

@@ -5,7 +5,9 @@
  * k = l mod 16 in order, a masked tail last), then a fixed halving tree.
  * Expand: 16 columns a vector, each column an fma chain over i from zero,
  * then y + scale * acc. Tiles of up to 4 tokens share each load of A or Bt;
- * a token's element sees the same operations in a tile of 1 or of 4. */
+ * a token's element sees the same operations in a tile of 1 or of 4.
+ * The f16 variants are the same code with each factor load widened by
+ * vcvtph2ps (h, a constant the tiles are inlined with). */
 #include "kern/kern_int.h"
 #include "kern/lora_int.h"
 
@@ -77,7 +79,7 @@ A512__INLINE void a512__shrink_tile(const int nt, const int ni, int64_t K, const
 
 /* One tile, its sizes made constants so the accumulators stay in registers. */
 A512__INLINE void a512__shrink_blk(int nt, int ni, int64_t K, const void *A, int32_t i,
-                             const float *const *X, float *U, int64_t ldu, const int h) {
+                                   const float *const *X, float *U, int64_t ldu, const int h) {
     switch (nt * 8 + ni) {
     case 8 + 4: a512__shrink_tile(1, 4, K, A, i, X, U, ldu, h); break;
     case 16 + 4: a512__shrink_tile(2, 4, K, A, i, X, U, ldu, h); break;
@@ -136,8 +138,9 @@ A512__INLINE void a512__expand_tile(const int nt, const int nv, __mmask16 m, int
         }
 }
 
-A512__INLINE void a512__expand_blk(int nt, int nv, __mmask16 m, int32_t r, int64_t N, const void *Bt,
-                             int64_t c, const float *U, int64_t ldu, __m512 sc, float *const *Y, const int h) {
+A512__INLINE void a512__expand_blk(int nt, int nv, __mmask16 m, int32_t r, int64_t N,
+                                   const void *Bt, int64_t c, const float *U, int64_t ldu,
+                                   __m512 sc, float *const *Y, const int h) {
     switch (nt * 8 + nv) {
     case 8 + 4: a512__expand_tile(1, 4, m, r, N, Bt, c, U, ldu, sc, Y, h); break;
     case 16 + 4: a512__expand_tile(2, 4, m, r, N, Bt, c, U, ldu, sc, Y, h); break;
@@ -151,13 +154,15 @@ A512__INLINE void a512__expand_blk(int nt, int nv, __mmask16 m, int32_t r, int64
 }
 
 A512__INLINE void a512__expand(int32_t r, int64_t N, const void *Bt, int64_t c0, int64_t c1, int n,
-                            const float *U, int64_t ldu, float scale, float *const *Y, const int h) {
+                               const float *U, int64_t ldu, float scale, float *const *Y,
+                               const int h) {
     const __m512 sc = _mm512_set1_ps(scale);
     for (int j = 0; j < n; j += 4) {
         const int nt = n - j < 4 ? n - j : 4;
         const float *Uj = U + (size_t)j * (size_t)ldu;
         int64_t c = c0;
-        for (; c + 64 <= c1; c += 64) a512__expand_blk(nt, 4, 0xffff, r, N, Bt, c, Uj, ldu, sc, Y + j, h);
+        for (; c + 64 <= c1; c += 64)
+            a512__expand_blk(nt, 4, 0xffff, r, N, Bt, c, Uj, ldu, sc, Y + j, h);
         for (; c < c1; c += 16) {
             const int64_t rem = c1 - c;
             const __mmask16 m = rem >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rem) - 1u);

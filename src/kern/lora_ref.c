@@ -36,7 +36,8 @@ void kern__lora_shrink16_ref(int64_t K, const uint16_t *A, int32_t i0, int32_t i
             const uint16_t *a = A + (size_t)i * (size_t)K;
             const float *x = X[j];
             float acc = 0.0f;
-            for (int64_t k = 0; k < K; k++) acc += ks_f16_to_f32(a[k]) * x[k];
+            for (int64_t k = 0; k < K; k++)
+                acc += ks_f16_to_f32(a[k]) * x[k];
             U[(size_t)j * (size_t)ldu + (size_t)i] = acc;
         }
 }
@@ -58,9 +59,8 @@ static const kern_lora kern__lora_ref = {"ref", kern__lora_shrink_ref, kern__lor
                                          kern__lora_shrink16_ref, kern__lora_expand16_ref};
 static const kern_lora kern__lora_avx2 = {"avx2", kern__avx2_lora_shrink, kern__avx2_lora_expand,
                                           kern__avx2_lora_shrink16, kern__avx2_lora_expand16};
-static const kern_lora kern__lora_a512 = {"avx512", kern__a512_lora_shrink,
-                                          kern__a512_lora_expand, kern__a512_lora_shrink16,
-                                          kern__a512_lora_expand16};
+static const kern_lora kern__lora_a512 = {"avx512", kern__a512_lora_shrink, kern__a512_lora_expand,
+                                          kern__a512_lora_shrink16, kern__a512_lora_expand16};
 
 const kern_lora *kern_lora_for(const kern_vtab *v) {
     if (!strcmp(v->name, "avx512")) return &kern__lora_a512;

@@ -24,7 +24,7 @@
 
 /* One targeted matrix: a (r, K) and bt = B^T (r, N) row-major (NULL: untargeted). */
 typedef struct lora__mat {
-    void *a, *bt;      // f32, or binary16 when a16 / b16
+    void *a, *bt; // f32, or binary16 when a16 / b16
     bool a16, b16;
     int32_t r;
     float scale; // user_scale * alpha / r (user_scale without alpha)
@@ -122,7 +122,8 @@ static uint16_t *lora__to_f16(const gguf_tensor *t, bool trans) {
     const uint16_t *src = t->data;
     if (!trans) memcpy(y, src, sizeof *y * cols * rows);
     for (size_t r = 0; trans && r < rows; r++)
-        for (size_t c = 0; c < cols; c++) y[c * rows + r] = src[r * cols + c];
+        for (size_t c = 0; c < cols; c++)
+            y[c * rows + r] = src[r * cols + c];
     return y;
 }
 
@@ -415,7 +416,8 @@ static void lora__item(lora__run *a, int64_t it) {
     const int64_t c1 = c0 + LORA__COLS < a->N ? c0 + LORA__COLS : a->N;
     const float *U = a->U + (size_t)g->off * (size_t)a->ldu;
     if (g->m->b16)
-        a->k->expand_f16(g->m->r, a->N, g->m->bt, c0, c1, g->n, U, a->ldu, g->m->scale, a->y + g->off);
+        a->k->expand_f16(g->m->r, a->N, g->m->bt, c0, c1, g->n, U, a->ldu, g->m->scale,
+                         a->y + g->off);
     else
         a->k->expand(g->m->r, a->N, g->m->bt, c0, c1, g->n, U, a->ldu, g->m->scale, a->y + g->off);
 }

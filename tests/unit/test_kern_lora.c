@@ -133,11 +133,14 @@ static void check_f16(const kern_lora *k, int64_t K, int32_t r, int64_t N, int o
     uint16_t *Bt = rand_f16((size_t)(r * N) + (size_t)off, 6u + (uint32_t)N, &Btw) + off;
     float *xs = rand_vec((size_t)(NT * (K + 1)), 7u + (uint32_t)r);
     const float *X[NT];
-    for (int j = 0; j < NT; j++) X[j] = xs + (size_t)j * (size_t)(K + 1) + (size_t)off;
+    for (int j = 0; j < NT; j++)
+        X[j] = xs + (size_t)j * (size_t)(K + 1) + (size_t)off;
     const int64_t ldu = r + 3;
-    float *U = calloc((size_t)(NT * ldu), sizeof(float)), *Uw = calloc((size_t)(NT * ldu), sizeof(float));
+    float *U = calloc((size_t)(NT * ldu), sizeof(float)),
+          *Uw = calloc((size_t)(NT * ldu), sizeof(float));
     float *U1 = calloc((size_t)ldu, sizeof(float));
-    float *ys = rand_vec((size_t)(NT * (N + 1)), 8u), *yw = malloc(sizeof(float) * (size_t)(NT * (N + 1)));
+    float *ys = rand_vec((size_t)(NT * (N + 1)), 8u),
+          *yw = malloc(sizeof(float) * (size_t)(NT * (N + 1)));
     float *y1 = malloc(sizeof(float) * (size_t)(N + 1));
     CHECK(U && Uw && U1 && yw && y1);
     memcpy(yw, ys, sizeof(float) * (size_t)(NT * (N + 1)));
@@ -152,7 +155,8 @@ static void check_f16(const kern_lora *k, int64_t K, int32_t r, int64_t N, int o
     CHECK(memcmp(U, Uw, sizeof(float) * (size_t)(NT * ldu)) == 0);
     for (int j = 0; j < NT; j++) {
         memset(U1, 0, sizeof(float) * (size_t)ldu);
-        for (int32_t i = 0; i < r; i += 3) k->shrink_f16(K, A, i, i + 3 < r ? i + 3 : r, 1, &X[j], U1, ldu);
+        for (int32_t i = 0; i < r; i += 3)
+            k->shrink_f16(K, A, i, i + 3 < r ? i + 3 : r, 1, &X[j], U1, ldu);
         CHECK(memcmp(U1, U + j * ldu, sizeof(float) * (size_t)r) == 0);
     }
     k->shrink_f16(K, A, 0, r, NT - 2, X + 2, Uw, ldu);
@@ -160,7 +164,8 @@ static void check_f16(const kern_lora *k, int64_t K, int32_t r, int64_t N, int o
     const float scale = 0.75f;
     k->expand_f16(r, N, Bt, 0, N, NT, U, ldu, scale, Y);
     k->expand(r, N, Btw + off, 0, N, NT, U, ldu, scale, Yw);
-    for (int j = 0; j < NT; j++) CHECK(memcmp(Y[j], Yw[j], sizeof(float) * (size_t)N) == 0);
+    for (int j = 0; j < NT; j++)
+        CHECK(memcmp(Y[j], Yw[j], sizeof(float) * (size_t)N) == 0);
     for (int64_t c = 0; c < N; c += 7)
         k->expand_f16(r, N, Bt, c, c + 7 < N ? c + 7 : N, 1, U + ldu, ldu, scale, &y1);
     CHECK(memcmp(y1, Y[1], sizeof(float) * (size_t)N) == 0);

@@ -311,8 +311,10 @@ static void test_reference(const char *base_path, const char *merged_path) {
     // both adapters with F16 factors (kept as binary16, the kernels' f16
     // variants): the same invariance under the SIMD and the reference kernels
     ad_tensor t16[2 * N_TGTS], t2_16[8];
-    for (int i = 0; i < 2 * N_TGTS; i++) t16[i] = t[i], t16[i].type = KS_DTYPE_F16;
-    for (int i = 0; i < 8; i++) t2_16[i] = t2[i], t2_16[i].type = KS_DTYPE_F16;
+    for (int i = 0; i < 2 * N_TGTS; i++)
+        t16[i] = t[i], t16[i].type = KS_DTYPE_F16;
+    for (int i = 0; i < 8; i++)
+        t2_16[i] = t2[i], t2_16[i].type = KS_DTYPE_F16;
     char ad16[300], ad2_16[300];
     snprintf(ad16, sizeof ad16, "%s/ad16.gguf", g_dir);
     snprintf(ad2_16, sizeof ad2_16, "%s/ad2_16.gguf", g_dir);
