@@ -5,8 +5,11 @@
  * from the weight's address, so the layer loop needs no call of its own
  * and every dense path (qkv, attention output, each FFN shape) is covered.
  *
- * A (r, K) and B transposed (r, N) are kept as f32 rows, whatever the
- * file's type. The delta is batched as punica's SGMV: the tokens of a pass
+ * A (r, K) and B transposed (r, N) are kept as rows of the file's F16
+ * (binary16, as llama.cpp keeps them: half the bytes each decode step
+ * streams) or else as f32 (F32, and Q8_0 dequantized once: its blocks'
+ * values are not all binary16 values, so f16 would round them a second
+ * time). The delta is batched as punica's SGMV: the tokens of a pass
  * that share an adapter form a group, and kern_lora.h's shrink (U = X A^T)
  * and expand (Y += scale U B^T) stream each factor once per group. Every
  * element is summed in an order the kernels fix by the shapes alone, so a
@@ -21,7 +24,8 @@
 
 /* One targeted matrix: a (r, K) and bt = B^T (r, N) row-major (NULL: untargeted). */
 typedef struct lora__mat {
-    float *a, *bt;
+    void *a, *bt; // f32, or binary16 when a16 / b16
+    bool a16, b16;
     int32_t r;
     float scale; // user_scale * alpha / r (user_scale without alpha)
 } lora__mat;
@@ -106,6 +110,20 @@ static float *lora__to_f32(const gguf_tensor *t, bool trans) {
         for (int64_t c = 0; trans && c < cols; c++) y[(size_t)c * (size_t)rows + (size_t)r] = row[c];
     }
     free(row);
+    return y;
+}
+
+/* Tensor t (ne [cols, rows], F16) copied as binary16 into a new array,
+ * (rows, cols) row-major, or transposed (cols, rows) when trans. */
+static uint16_t *lora__to_f16(const gguf_tensor *t, bool trans) {
+    const size_t cols = (size_t)t->ne[0], rows = (size_t)t->ne[1];
+    uint16_t *y = malloc(sizeof *y * cols * rows);
+    if (!y) return NULL;
+    const uint16_t *src = t->data;
+    if (!trans) memcpy(y, src, sizeof *y * cols * rows);
+    for (size_t r = 0; trans && r < rows; r++)
+        for (size_t c = 0; c < cols; c++)
+            y[c * rows + r] = src[r * cols + c];
     return y;
 }
 
@@ -252,8 +270,11 @@ ks_err model_lora_load_file(const model *base, gguf_file *f, model_lora **out, k
         }
         lora__mat *m = &l->mats[i];
         m->r = (int32_t)ta->ne[1];
-        m->a = lora__to_f32(ta, false); // ne [K, r]: r rows of K
-        m->bt = lora__to_f32(tb, true); // ne [r, N]: N rows of r, kept as r rows of N
+        m->a16 = ta->type == KS_DTYPE_F16;
+        m->b16 = tb->type == KS_DTYPE_F16;
+        // ne [K, r]: r rows of K; B ne [r, N]: N rows of r, kept as r rows of N
+        m->a = m->a16 ? (void *)lora__to_f16(ta, false) : (void *)lora__to_f32(ta, false);
+        m->bt = m->b16 ? (void *)lora__to_f16(tb, true) : (void *)lora__to_f32(tb, true);
         if (!m->a || !m->bt) {
             e = ks_seterr(eb, KS_ERR_NOMEM, "%s: '%s'", path, ta->name);
             break;
@@ -281,8 +302,8 @@ static size_t lora__mat_bytes(const model_lora *l, int32_t i, size_t *na, size_t
     if (!m->a) return 0;
     const model__mat *w = lora__base_mat(&l->base->layers[i / MODEL__LORA_N],
                                          (model__lora_tgt)(i % MODEL__LORA_N));
-    *na = sizeof(float) * (size_t)m->r * (size_t)w->K;
-    *nb = sizeof(float) * (size_t)w->N * (size_t)m->r;
+    *na = (m->a16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)m->r * (size_t)w->K;
+    *nb = (m->b16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)w->N * (size_t)m->r;
     return *na + *nb;
 }
 
@@ -378,8 +399,11 @@ static void lora__item(lora__run *a, int64_t it) {
         lora__grp *g = &a->g[gi];
         const int32_t i0 = (int32_t)it * LORA__ROWS;
         const int32_t i1 = i0 + LORA__ROWS < g->m->r ? i0 + LORA__ROWS : g->m->r;
-        a->k->shrink(a->K, g->m->a, i0, i1, g->n, a->x + g->off,
-                     a->U + (size_t)g->off * (size_t)a->ldu, a->ldu);
+        float *U = a->U + (size_t)g->off * (size_t)a->ldu;
+        if (g->m->a16)
+            a->k->shrink_f16(a->K, g->m->a, i0, i1, g->n, a->x + g->off, U, a->ldu);
+        else
+            a->k->shrink(a->K, g->m->a, i0, i1, g->n, a->x + g->off, U, a->ldu);
         atomic_fetch_add_explicit(&g->shrunk, 1, memory_order_release);
         return;
     }
@@ -390,8 +414,12 @@ static void lora__item(lora__run *a, int64_t it) {
         if (spins > 64) sched_yield(); // its shrink's thread was descheduled
     const int64_t c0 = (it % a->n_cols) * LORA__COLS;
     const int64_t c1 = c0 + LORA__COLS < a->N ? c0 + LORA__COLS : a->N;
-    a->k->expand(g->m->r, a->N, g->m->bt, c0, c1, g->n, a->U + (size_t)g->off * (size_t)a->ldu,
-                 a->ldu, g->m->scale, a->y + g->off);
+    const float *U = a->U + (size_t)g->off * (size_t)a->ldu;
+    if (g->m->b16)
+        a->k->expand_f16(g->m->r, a->N, g->m->bt, c0, c1, g->n, U, a->ldu, g->m->scale,
+                         a->y + g->off);
+    else
+        a->k->expand(g->m->r, a->N, g->m->bt, c0, c1, g->n, U, a->ldu, g->m->scale, a->y + g->off);
 }
 
 static void lora__task(void *arg, int ith, int nth) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # LoRA adapters against llama.cpp's --lora: an adapter made by `kvseal
-# mklora` for kjv-mini (F32 and Q8_0 factors) moves the perplexity (the
+# mklora` for kjv-mini (F32, F16 and Q8_0 factors; F16 kept as f16) moves the perplexity (the
 # adapter does something), `kvseal perplexity --lora` is within 0.2% of
 # llama-perplexity --lora on the same files, and 32 greedy tokens of
 # `kvseal run --lora` equal llama-completion --lora's; a qwen3moe model's
@@ -15,6 +15,8 @@ head -c 6000 "$T" >"$TMPD/text.txt"
 
 "$KS_BIN" mklora -m "$M" -o "$TMPD/f32.gguf" --rank 16 --seed 5 --delta 0.2 2>"$TMPD/mk.err" ||
     fail "mklora f32: $(cat "$TMPD/mk.err")"
+"$KS_BIN" mklora -m "$M" -o "$TMPD/f16.gguf" --rank 16 --alpha 32 --seed 7 --type f16 --delta 0.3 \
+    2>"$TMPD/mk.err" || fail "mklora f16: $(cat "$TMPD/mk.err")"
 # (mkmodel --lora-of is mklora under mkmodel's name: the same file)
 "$KS_BIN" mkmodel --lora-of "$M" -o "$TMPD/q8.gguf" --rank 32 --alpha 16 --seed 9 --lora-type q8_0 \
     --lora-targets q,v,o,down --delta 0.4 2>"$TMPD/mk.err" || fail "mkmodel --lora-of: $(cat "$TMPD/mk.err")"
@@ -49,7 +51,7 @@ base=$(kv_ppl)
 [ -n "$base" ] || fail "perplexity: $(tail -n 3 "$TMPD/kv.err")"
 "$KS_BIN" perplexity -m "$M" -f "$TMPD/text.txt" -c 128 -t 2 --lora "$TMPD/missing.gguf" \
     >/dev/null 2>"$TMPD/err" && fail "perplexity ran with a missing adapter"
-for ad in f32 q8; do
+for ad in f32 f16 q8; do
     p=$(kv_ppl --lora "$TMPD/$ad.gguf")
     [ -n "$p" ] || fail "perplexity --lora $ad: $(tail -n 3 "$TMPD/kv.err")"
     within "$p" "$base" 0.01 && fail "$ad: perplexity with the adapter $p is within 1% of the base's $base"
@@ -64,7 +66,7 @@ for f in "$A/llama-perplexity" "$A/llama-completion"; do
     [ -e "$f" ] || { echo "SKIP: $f is absent (the llama.cpp anchor not present): no comparison"; exit 0; }
 done
 [ -n "${KS_SANITIZE:-}" ] && { echo "SKIP: llama.cpp comparisons are not run under a sanitizer"; exit 0; }
-for ad in f32 q8; do
+for ad in f32 f16 q8; do
     lp=$(ll_ppl --lora "$TMPD/$ad.gguf")
     [ -n "$lp" ] || fail "llama-perplexity --lora $ad: $(tail -n 5 "$TMPD/ll.log")"
     eval "kp=\$ppl_$ad"
@@ -77,7 +79,7 @@ done
 # greedy text: the prompt + kvseal's 32 tokens against llama-completion's
 # (asked for 40, its leading SentencePiece space dropped: qtypes_lib.sh)
 for p in "In the beginning God created" "And the LORD said unto Moses,"; do
-    for ad in f32 q8; do
+    for ad in f32 f16 q8; do
         kv=$(printf '%s' "$p"; "$KS_BIN" run -m "$M" -p "$p" -n 32 --temp 0 -t 2 \
             --lora "$TMPD/$ad.gguf" 2>"$TMPD/run.err") || fail "run --lora: $(cat "$TMPD/run.err")"
         expect_has "run --lora" "$(cat "$TMPD/run.err")" "generated 32 tokens"

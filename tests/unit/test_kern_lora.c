@@ -6,7 +6,10 @@
  * - batch invariance: a token's U and Y elements are bit-identical whether
  *   it runs alone or at any place in a call of up to 9 tokens, and whatever
  *   slice of ranks or columns one call covers (the splits lora.c makes
- *   across threads), for the reference as for the SIMD kernels. */
+ *   across threads), for the reference as for the SIMD kernels;
+ * - the f16 variants: bit-identical to the same ISA's f32 kernels on the
+ *   factors widened to f32 (so the above carries over), and batch
+ *   invariant alone / at another place in a call / in any slice. */
 #include "kvseal/kern_lora.h"
 
 #include "../check.h"
@@ -109,6 +112,67 @@ static void check_shape(const kern_lora *k, const kern_lora *ref, int64_t K, int
     free(y1), free(y_start);
 }
 
+/* Binary16 copies of n random values (bits) and their exact f32 widening. */
+static uint16_t *rand_f16(size_t n, uint32_t seed, float **wide) {
+    float *x = rand_vec(n, seed);
+    uint16_t *h = malloc(sizeof *h * n + 64);
+    CHECK(h != NULL);
+    for (size_t i = 0; i < n; i++) {
+        h[i] = ks_f32_to_f16(x[i]);
+        x[i] = ks_f16_to_f32(h[i]);
+    }
+    *wide = x;
+    return h;
+}
+
+/* The f16 kernels of k on one shape: the same bits as k's f32 kernels on
+ * the widened factors, for the whole call, each token alone and in slices. */
+static void check_f16(const kern_lora *k, int64_t K, int32_t r, int64_t N, int off) {
+    float *Aw, *Btw;
+    uint16_t *A = rand_f16((size_t)(r * K) + (size_t)off, 5u + (uint32_t)K, &Aw) + off;
+    uint16_t *Bt = rand_f16((size_t)(r * N) + (size_t)off, 6u + (uint32_t)N, &Btw) + off;
+    float *xs = rand_vec((size_t)(NT * (K + 1)), 7u + (uint32_t)r);
+    const float *X[NT];
+    for (int j = 0; j < NT; j++)
+        X[j] = xs + (size_t)j * (size_t)(K + 1) + (size_t)off;
+    const int64_t ldu = r + 3;
+    float *U = calloc((size_t)(NT * ldu), sizeof(float)),
+          *Uw = calloc((size_t)(NT * ldu), sizeof(float));
+    float *U1 = calloc((size_t)ldu, sizeof(float));
+    float *ys = rand_vec((size_t)(NT * (N + 1)), 8u),
+          *yw = malloc(sizeof(float) * (size_t)(NT * (N + 1)));
+    float *y1 = malloc(sizeof(float) * (size_t)(N + 1));
+    CHECK(U && Uw && U1 && yw && y1);
+    memcpy(yw, ys, sizeof(float) * (size_t)(NT * (N + 1)));
+    memcpy(y1, ys + (N + 1), sizeof(float) * (size_t)N); // token 1's row before the expand
+    float *Y[NT], *Yw[NT];
+    for (int j = 0; j < NT; j++) {
+        Y[j] = ys + (size_t)j * (size_t)(N + 1);
+        Yw[j] = yw + (size_t)j * (size_t)(N + 1);
+    }
+    k->shrink_f16(K, A, 0, r, NT, X, U, ldu);
+    k->shrink(K, Aw + off, 0, r, NT, X, Uw, ldu);
+    CHECK(memcmp(U, Uw, sizeof(float) * (size_t)(NT * ldu)) == 0);
+    for (int j = 0; j < NT; j++) {
+        memset(U1, 0, sizeof(float) * (size_t)ldu);
+        for (int32_t i = 0; i < r; i += 3)
+            k->shrink_f16(K, A, i, i + 3 < r ? i + 3 : r, 1, &X[j], U1, ldu);
+        CHECK(memcmp(U1, U + j * ldu, sizeof(float) * (size_t)r) == 0);
+    }
+    k->shrink_f16(K, A, 0, r, NT - 2, X + 2, Uw, ldu);
+    CHECK(memcmp(Uw, U + 2 * ldu, sizeof(float) * (size_t)((NT - 2) * ldu - (ldu - r))) == 0);
+    const float scale = 0.75f;
+    k->expand_f16(r, N, Bt, 0, N, NT, U, ldu, scale, Y);
+    k->expand(r, N, Btw + off, 0, N, NT, U, ldu, scale, Yw);
+    for (int j = 0; j < NT; j++)
+        CHECK(memcmp(Y[j], Yw[j], sizeof(float) * (size_t)N) == 0);
+    for (int64_t c = 0; c < N; c += 7)
+        k->expand_f16(r, N, Bt, c, c + 7 < N ? c + 7 : N, 1, U + ldu, ldu, scale, &y1);
+    CHECK(memcmp(y1, Y[1], sizeof(float) * (size_t)N) == 0);
+    free(A - off), free(Bt - off), free(Aw), free(Btw), free(xs), free(U), free(Uw), free(U1);
+    free(ys), free(yw), free(y1);
+}
+
 int main(void) {
     ks_log_set_level(KS_LOG_WARN);
     const kern_lora *ref = kern_lora_for(kern_vtab_for("ref"));
@@ -128,6 +192,10 @@ int main(void) {
             for (size_t b = 0; b < sizeof Rs / sizeof Rs[0]; b++)
                 check_shape(k, ref, Ks[a], Rs[b], Ns[(a + b) % (sizeof Ns / sizeof Ns[0])],
                             (int)((a + b) & 1));
+        for (size_t a = 0; a < sizeof Ks / sizeof Ks[0]; a++)
+            for (size_t b = 0; b < sizeof Rs / sizeof Rs[0]; b++)
+                check_f16(k, Ks[a], Rs[b], Ns[(a + 2 * b) % (sizeof Ns / sizeof Ns[0])],
+                          (int)((a + b) & 1));
         printf("  %s: ok\n", isas[iv]);
     }
     printf("test_kern_lora: ok\n");

@@ -13,7 +13,8 @@
  * - mixed batches of two adapters and none, over more tokens than one of
  *   the batched delta's windows: each sequence exactly as alone, on 1-3
  *   threads, with the SIMD kernels and with the reference forced; the two
- *   within rounding of each other;
+ *   within rounding of each other; the same with both adapters' factors
+ *   F16 (kept as f16: model_lora_bytes half the F32 adapter's);
  * - loading refusals: wrong general.type / adapter.type, architecture
  *   mismatch, unknown tensor, layer out of range (or misspelt), a base
  *   matrix that cannot be targeted, wrong dims, rank mismatch
@@ -307,6 +308,38 @@ static void test_reference(const char *base_path, const char *merged_path) {
     }
     printf("mixed batch: |%s - ref| %.3g\n", kern_get()->name, d_isa);
     CHECK(d_isa <= 1e-4 * span + 1e-5);
+    // both adapters with F16 factors (kept as binary16, the kernels' f16
+    // variants): the same invariance under the SIMD and the reference kernels
+    ad_tensor t16[2 * N_TGTS], t2_16[8];
+    for (int i = 0; i < 2 * N_TGTS; i++)
+        t16[i] = t[i], t16[i].type = KS_DTYPE_F16;
+    for (int i = 0; i < 8; i++)
+        t2_16[i] = t2[i], t2_16[i].type = KS_DTYPE_F16;
+    char ad16[300], ad2_16[300];
+    snprintf(ad16, sizeof ad16, "%s/ad16.gguf", g_dir);
+    snprintf(ad2_16, sizeof ad2_16, "%s/ad2_16.gguf", g_dir);
+    write_adapter(ad16, "llama", "adapter", "lora", ALPHA, t16, 2 * N_TGTS);
+    write_adapter(ad2_16, "llama", "adapter", "lora", ALPHA, t2_16, 8);
+    model_lora *l16 = NULL, *lb2_16 = NULL;
+    CHECK_EQ(model_lora_load(base, ad16, &l16, &eb), KS_OK);
+    CHECK_EQ(model_lora_load(base, ad2_16, &lb2_16, &eb), KS_OK);
+    CHECK(model_lora_bytes(l16) > 0 && 2 * model_lora_bytes(l16) == model_lora_bytes(l));
+    CHECK(2 * model_lora_bytes(lb2_16) == model_lora_bytes(lb2));
+    check_mixed(base, l16, lb2_16, simd);
+    CHECK_EQ(kern_init("ref", &eb), KS_OK);
+    check_mixed(base, l16, lb2_16, refk);
+    CHECK_EQ(kern_init(NULL, &eb), KS_OK);
+    d_isa = 0;
+    for (int q = 0; q < 8; q++) {
+        const double d = max_abs_diff(simd[q], refk[q], n);
+        d_isa = d > d_isa ? d : d_isa;
+    }
+    printf("mixed batch, f16 factors: |%s - ref| %.3g\n", kern_get()->name, d_isa);
+    CHECK(d_isa <= 1e-4 * span + 1e-5);
+    model_lora_free(l16);
+    model_lora_free(lb2_16);
+    unlink(ad16);
+    unlink(ad2_16);
     for (int q = 0; q < 8; q++) free(simd[q]), free(refk[q]);
     for (int i = 0; i < 8; i++) free(f2[i]);
     model_lora_free(lb2);
