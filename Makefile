@@ -26,7 +26,7 @@ asan: ## build with AddressSanitizer+UBSan in build-asan and run the suite
 # too) are written to build-tsan/tsan-report.PID and fail the run. UCX_MEM_EVENTS=no:
 # libucm's madvise hook (libucx, the UCX data plane) takes a lock TSan's
 # interceptor crashes in when a thread's stack is released; nothing here needs it.
-TSAN_TESTS ?= ^(unit_(grammar|engine|server|cluster).*|e2e_test_(serve_(drain|half_close|slow_clients|queue)|leak|openai|embeddings|fairness|structured|cluster_(roles|drain|same_tokens)))$$
+TSAN_TESTS ?= ^(unit_(grammar|engine|server|cluster).*|e2e_test_(serve_(drain|half_close|slow_clients|queue|models)|lora_serve|leak|openai|embeddings|fairness|structured|cluster_(roles|drain|same_tokens)))$$
 TSAN_EXCLUDE ?= ^$$
 TSAN_TARGETS = kvseal rawc $(patsubst tests/unit/%.c,%,\
 	$(wildcard tests/unit/test_grammar*.c tests/unit/test_engine*.c tests/unit/test_server*.c \

@@ -5,7 +5,8 @@
 # adapters of rank RANK (16) — so each decode batch mixes them — and once
 # with none, alternated twice on one server so the machine's drift hits
 # both. Prints each run's output tokens/s and the ratio adapters / none
-# (issue 44 asks for >= 0.8 at rank 16).
+# (issue 44 asks for >= 0.8 at rank 16). The adapters are F16 files (llama.cpp's
+# converter's default), kept f16.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-models/kjv-mini.gguf}
@@ -15,7 +16,7 @@ T=$(mktemp -d)
 trap 'kill $PID 2>/dev/null; rm -rf "$T"' EXIT
 ads=""
 for s in 1 2 3 4; do
-    ./build/kvseal mklora -m "$MODEL" -o "$T/a$s.gguf" --rank "$RANK" --seed $s --delta 0.2 2>/dev/null
+    ./build/kvseal mklora -m "$MODEL" -o "$T/a$s.gguf" --rank "$RANK" --seed $s --delta 0.2 --type f16 2>/dev/null
     ads+="${ads:+,}{\"name\":\"a$s\",\"path\":\"$T/a$s.gguf\"}"
 done
 KEY=sk-bench-$RANDOM$RANDOM
