@@ -230,6 +230,8 @@ typedef struct engine_adapter_info {
     uint8_t digest[ENGINE_ADAPTER_DIGEST_BYTES];
 } engine_adapter_info;
 
+/* Whether name is a valid adapter name (engine_adapter_spec.name's rule). Pure. */
+bool engine_adapter_name_ok(const char *name);
 /* The digest engine_adapter_add gives the adapter of (data, len) at scale
  * (0 means 1): SHA-256 of the bytes and the scale as a little-endian f32.
  * Can't fail. */

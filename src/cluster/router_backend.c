@@ -36,18 +36,6 @@ static void rt__set_notify(void *req, void (*notify)(void *ctx), void *ctx) {
 // has it, after a scan of the whole table. What a request carries to the
 // workers is the adapter's digest, never its name or owner.
 
-static bool rt__adapter_name_ok(const char *n) {
-    size_t len = n ? strlen(n) : 0;
-    if (len == 0 || len >= ENGINE_ADAPTER_NAME_MAX || n[0] == '.') return false;
-    for (size_t i = 0; i < len; i++) {
-        char c = n[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-'))
-            return false;
-    }
-    return true;
-}
-
 void cluster_router_adapters_seal(cluster_router *r) {
     pthread_mutex_lock(&r->amu);
     r->adapters_sealed = true;
@@ -63,7 +51,7 @@ static ks_err rt__adapter_add(void *impl, int mi, const engine_adapter_spec *sp,
     cluster_router *r = impl;
     const char *tenant = sp->tenant ? sp->tenant : "default";
     if (mi < 0 || mi >= r->n_models) return ks_seterr(eb, KS_ERR_INVAL, "no catalog entry %d", mi);
-    if (!rt__adapter_name_ok(sp->name))
+    if (!engine_adapter_name_ok(sp->name))
         return ks_seterr(eb, KS_ERR_INVAL,
                          "adapter name '%.64s': 1-%d of [A-Za-z0-9._-], not starting with '.'",
                          sp->name ? sp->name : "", ENGINE_ADAPTER_NAME_MAX - 1);

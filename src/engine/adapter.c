@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool adapter__name_ok(const char *n) {
+bool engine_adapter_name_ok(const char *n) {
     size_t len = n ? strlen(n) : 0;
     if (len == 0 || len >= ENGINE_ADAPTER_NAME_MAX || n[0] == '.') return false;
     for (size_t i = 0; i < len; i++) {
@@ -128,7 +128,7 @@ ks_err engine__adapter_resolve(engine *e, const char *tenant, const char *name,
 
 ks_err engine_adapter_add(engine *e, const engine_adapter_spec *s, ks_errbuf *eb) {
     const char *tenant = s->tenant ? s->tenant : "default";
-    if (!adapter__name_ok(s->name))
+    if (!engine_adapter_name_ok(s->name))
         return ks_seterr(eb, KS_ERR_INVAL,
                          "adapter name '%.64s': 1-%d of [A-Za-z0-9._-], not starting with '.'",
                          s->name ? s->name : "", ENGINE_ADAPTER_NAME_MAX - 1);
