@@ -27,7 +27,8 @@
     XX(PEER_CLOSED, "peer closed the connection")                              \
     XX(CANCELLED, "cancelled")                                                 \
     XX(AGAIN, "try again")                                                     \
-    XX(INTERNAL, "internal error")
+    XX(INTERNAL, "internal error")                                             \
+    XX(EXISTS, "already exists")
 
 typedef enum ks_err {
     KS_OK = 0,

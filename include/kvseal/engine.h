@@ -238,8 +238,9 @@ bool engine_adapter_name_ok(const char *name);
 void engine_adapter_digest(const void *data, size_t len, float scale,
                            uint8_t out[ENGINE_ADAPTER_DIGEST_BYTES] /* OUT */);
 /* Loads the adapter of s against the engine's model and registers it.
- * Errors: KS_ERR_INVAL (a bad name or scale; the owner already has that
- * name; a public adapter of that name exists; ENGINE_ADAPTERS_MAX reached),
+ * Errors: KS_ERR_INVAL (a bad name or scale), KS_ERR_EXISTS (the owner
+ * already has that name; a public adapter of that name exists),
+ * KS_ERR_NOSPACE (ENGINE_ADAPTERS_MAX reached),
  * model_lora_load's (KS_ERR_FORMAT, KS_ERR_UNSUPPORTED: the file does not
  * fit the model), KS_ERR_NOMEM. Blocks while it loads; thread-safe. */
 ks_err engine_adapter_add(engine *e, const engine_adapter_spec *s, ks_errbuf *eb) KS_MUST_USE;

@@ -159,6 +159,7 @@ ks_err engine_adapter_add(engine *e, const engine_adapter_spec *s, ks_errbuf *eb
     engine_adapter_digest(s->data, s->len, scale, a->digest);
     pthread_mutex_lock(&e->amu);
     const char *clash = NULL;
+    ks_err why = KS_ERR_EXISTS;
     uint32_t n = 0;
     engine__adapter **tail = &e->adapters;
     for (engine__adapter *b = *tail; b; tail = &b->next, b = b->next, n++) {
@@ -166,7 +167,10 @@ ks_err engine_adapter_add(engine *e, const engine_adapter_spec *s, ks_errbuf *eb
         if (!strcmp(b->tenant, tenant)) clash = "this tenant already has an adapter named";
         else if (b->pub && a->pub) clash = "a public adapter is already named";
     }
-    if (!clash && n >= ENGINE_ADAPTERS_MAX) clash = "the adapter limit is reached; not added:";
+    if (!clash && n >= ENGINE_ADAPTERS_MAX) {
+        clash = "the adapter limit is reached; not added:";
+        why = KS_ERR_NOSPACE;
+    }
     if (!clash) {
         *tail = a;
         atomic_fetch_add(&e->adapter_bytes, a->bytes);
@@ -176,7 +180,7 @@ ks_err engine_adapter_add(engine *e, const engine_adapter_spec *s, ks_errbuf *eb
     if (clash) {
         model_lora_free(a->lora);
         free(a);
-        return ks_seterr(eb, KS_ERR_INVAL, "%s '%s'", clash, s->name);
+        return ks_seterr(eb, why, "%s '%s'", clash, s->name);
     }
     return KS_OK;
 }

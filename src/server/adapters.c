@@ -162,8 +162,8 @@ static enum MHD_Result srv__adapter_post(server *s, struct MHD_Connection *c, co
         if (e == KS_ERR_NOMEM) srv_fail(&err, 507, "insufficient_storage", "%s", eb.msg);
         else if (e == KS_ERR_UNSUPPORTED) // a backend that takes adapters only at start (router)
             srv_fail(&err, 501, "not_implemented", "%s", eb.msg);
-        else if (e == KS_ERR_INVAL && strstr(eb.msg, "already"))
-            srv_fail(&err, 409, "adapter_exists", "%s", eb.msg);
+        else if (e == KS_ERR_EXISTS) srv_fail(&err, 409, "adapter_exists", "%s", eb.msg);
+        else if (e == KS_ERR_NOSPACE) srv_fail(&err, 507, "insufficient_storage", "%s", eb.msg);
         else srv_refuse(&err, ADMIT_INVALID, NULL, "the adapter was not added: %s", eb.msg);
         return srv__reply_error(s, c, SRV_ROUTE_ADMIN, &err);
     }

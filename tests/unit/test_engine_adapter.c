@@ -155,10 +155,10 @@ static void test_adapters(void) {
     CHECK(add(e, "a", "junk", false, 1, (const uint8_t *)"GGUF....", 8, &eb) != KS_OK);
     CHECK_EQ(add(e, "a", "ft", false, 0, f1, n1, &eb), KS_OK);
     CHECK_EQ(add(e, "b", "ft", false, 0, f2, n2, &eb), KS_OK); // one name, two owners
-    CHECK_EQ(add(e, "a", "ft", false, 0, f2, n2, &eb), KS_ERR_INVAL);
+    CHECK_EQ(add(e, "a", "ft", false, 0, f2, n2, &eb), KS_ERR_EXISTS); // the 409 rests on this code
     CHECK_STR_HAS(eb.msg, "already");
     CHECK_EQ(add(e, "a", "pub", true, 0.5f, f2, n2, &eb), KS_OK);
-    CHECK_EQ(add(e, "b", "pub", true, 1, f1, n1, &eb), KS_ERR_INVAL);
+    CHECK_EQ(add(e, "b", "pub", true, 1, f1, n1, &eb), KS_ERR_EXISTS);
     engine_adapter_info info[8];
     CHECK_EQ(engine_adapter_list(e, NULL, info, 8), 3);
     CHECK_EQ(engine_adapter_list(e, "c", info, 8), 1); // the public one only
