@@ -389,6 +389,12 @@ void model_lora_set_scale(model_lora *l, float user_scale);
 float model_lora_scale(const model_lora *l);
 int32_t model_lora_rank(const model_lora *l);
 int32_t model_lora_n_mats(const model_lora *l);
+/* The memory of the factors of slot i (0 .. n_layer * 7 - 1, layer-major,
+ * attn_q .. ffn_down): A at *a (*na bytes) and B^T at *bt (*nb bytes), all
+ * NULL and 0 for an untargeted matrix; for checks that model_lora_free
+ * scrubs them. Returns the number of slots. Can't fail. */
+int32_t model_lora_factors(const model_lora *l, int32_t i, const void **a /* OUT */,
+                           size_t *na /* OUT */, const void **bt /* OUT */, size_t *nb /* OUT */);
 
 // ----------------------------------------------------------------------------
 // Embeddings: pooling of the final hidden state (model_forward_hidden)

@@ -342,6 +342,18 @@ int32_t model_lora_rank(const model_lora *l) { return l->rank; }
 
 int32_t model_lora_n_mats(const model_lora *l) { return l->n_mats; }
 
+int32_t model_lora_factors(const model_lora *l, int32_t i, const void **a, size_t *na,
+                           const void **bt, size_t *nb) {
+    int32_t n = l->mats ? l->n_layer * MODEL__LORA_N : 0;
+    *a = *bt = NULL;
+    *na = *nb = 0;
+    if (i < 0 || i >= n || !l->mats[i].a) return n;
+    lora__mat_bytes(l, i, na, nb);
+    *a = l->mats[i].a;
+    *bt = l->mats[i].bt;
+    return n;
+}
+
 ks_err model__lora_begin(model_ctx *c, const model_batch *b, ks_errbuf *eb) {
     c->lora_b = NULL;
     bool any = false;

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "../check.h"
+#include "free_watch.h"
 
 /* The geometry of mkpool; main sets G.planes for each run of a per_planes case. */
 static kv_geom G = {.n_layer = 2, .kv_dim = 8, .page_tokens = 4};
@@ -1490,6 +1491,27 @@ static void t_truncate(void) {
     finish(p);
 }
 
+/* A pool destroyed with pages still held (a model unloaded while a request
+ * ran) scrubs their payloads before the slab goes back to the allocator
+ * (I3): the slab's free finds every held page zero. */
+static void t_destroy_scrubs(void) {
+    kv_pool *p = mkpool(8, KV_SCRUB_ZERO);
+    ks_errbuf eb;
+    kv_seq a;
+    kv_seq_init(p, &a);
+    CHECK_EQ(kv_seq_reserve(p, &a, 2 * P + 1, &eb), KS_OK);
+    fill(p, &a, 2 * P + 1, 9);
+    check_content(p, &a, 2 * P + 1, 9); // a tenant's KV is there
+    for (uint32_t i = 0; i < a.n_pages; i++)
+        free_watch_add(kv__page_base(p, kv_seq_entry(&a, i).page), kv_pool_page_bytes(p));
+    kv_pool_destroy(p); // a is never released
+    int freed, dirty;
+    const int w = free_watch_end(&freed, &dirty);
+    CHECK_EQ(w, (int)a.n_pages);
+    CHECK_EQ(freed, w);
+    CHECK_EQ(dirty, 0);
+}
+
 // ----------------------------------------------------------------------------
 
 typedef struct {
@@ -1522,6 +1544,7 @@ static const test_case cases[] = {
     {"state_pages", t_state_pages, true},
     {"prefix_state", t_prefix_state, true},
     {"state_tag_unique", t_state_tag_unique, true},
+    {"destroy_scrubs", t_destroy_scrubs, true},
     {"cost", t_cost, false},
 };
 

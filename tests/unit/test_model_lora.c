@@ -23,6 +23,7 @@
 #include "kvseal/model.h"
 
 #include "../check.h"
+#include "free_watch.h"
 #include "gguf_patch.h"
 
 #include <math.h>
@@ -190,6 +191,27 @@ static const tgt k_tgts[] = {{0, "attn_q"}, {0, "attn_v"},   {1, "attn_output"},
                              {1, "ffn_up"}, {0, "ffn_down"}, {1, "ffn_gate"}, {1, "attn_k"}};
 #define N_TGTS (int)(sizeof k_tgts / sizeof k_tgts[0])
 
+/* model_lora_free(l), checking that every factor was zero when freed (an
+ * adapter is a tenant's fine-tune: I3 for weights). */
+static void free_scrubbed(model_lora *l) {
+    const int32_t n = model_lora_factors(l, 0, &(const void *){0}, &(size_t){0},
+                                         &(const void *){0}, &(size_t){0});
+    for (int32_t i = 0; i < n; i++) {
+        const void *a, *bt;
+        size_t na, nb;
+        model_lora_factors(l, i, &a, &na, &bt, &nb);
+        free_watch_add(a, na);
+        free_watch_add(bt, nb);
+    }
+    model_lora_free(l);
+    int freed, dirty;
+    const int w = free_watch_end(&freed, &dirty);
+    printf("scrub: %d factor blocks watched, %d freed, %d not zero when freed\n", w, freed, dirty);
+    CHECK(w >= 2);
+    CHECK_EQ(freed, w);
+    CHECK_EQ(dirty, 0);
+}
+
 static void test_reference(const char *base_path, const char *merged_path) {
     ks_errbuf eb;
     model *base = NULL;
@@ -349,7 +371,7 @@ static void test_reference(const char *base_path, const char *merged_path) {
     CHECK(model_lora_scale(l) == 0.0f);
     run(base, l, NULL, false, l2, NULL);
     CHECK(all_equal(l2, lb, n));
-    model_lora_free(l);
+    free_scrubbed(l); // f32 factors
     // B = 0: exactly the base's logits
     for (int i = 0; i < N_TGTS; i++) memset(facs[2 * i + 1], 0, sizeof(float) * (size_t)(R * t[2 * i + 1].ne1));
     snprintf(ad0, sizeof ad0, "%s/ad0.gguf", g_dir);
@@ -373,7 +395,7 @@ static void test_reference(const char *base_path, const char *merged_path) {
     const double d16 = max_abs_diff(l2, lm, n);
     printf("f16 factors: |lora - merged| %.3g\n", d16);
     CHECK(d16 < 0.05 * d_base);
-    model_lora_free(l);
+    free_scrubbed(l); // f16 factors
     for (int i = 0; i < 2 * N_TGTS; i++) free(facs[i]);
     free(lb), free(ll), free(lm), free(l2);
     model_free(merged);
