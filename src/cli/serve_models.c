@@ -93,7 +93,12 @@ typedef struct ms_slot {
     char err[KS_ERRMSG_CAP]; /* the last failed load's message */
     uint64_t err_ns;   /* when it failed (0: the last load did not fail) */
     engine_stats retired; /* the counters of its engines already unloaded */
-    ms_adapter *adapters; /* its LoRA adapters, oldest first, loaded into e at each load */
+    /* its LoRA adapters, oldest first, loaded into e at each load. Changed
+     * with amu and mu held (amu first), read with either: amu serializes the
+     * slow part (an adapter loaded into e, mu released) against the loader's
+     * replay, so other models' admission never waits on it. */
+    ms_adapter *adapters;
+    pthread_mutex_t amu;
 } ms_slot;
 
 typedef struct ms_set {
@@ -222,6 +227,18 @@ static void ms__failed(ms_set *s, ms_slot *sl, const char *why) {
     ks_log(KS_LOG_ERROR, "model %s: load failed: %s", sl->name, sl->err);
 }
 
+/* Loads sl's adapters into its new engine (amu held, sl LOADING). */
+static void ms__adapters_replay(ms_slot *sl) {
+    for (ms_adapter *a = sl->adapters; a; a = a->next) { // checked when added
+        engine_adapter_spec sp = {.tenant = a->tenant, .name = a->name, .is_public = a->is_public,
+                                  .scale = a->scale, .data = a->data, .len = a->len};
+        ks_errbuf aeb = {0};
+        if (engine_adapter_add(sl->e, &sp, &aeb))
+            ks_log(KS_LOG_ERROR, "model %s: a LoRA adapter did not load again: %s", sl->name,
+                   aeb.msg);
+    }
+}
+
 /* The loader thread: takes the longest-waiting wanted slot, unloads the
  * least recently used idle models until it fits, loads it. A model that
  * cannot fit yet (the others are busy) waits for a handle's release. */
@@ -290,7 +307,13 @@ static void *ms__loader(void *arg) {
         uint64_t t0 = ks_now_ns();
         ks_err err = ms__load(sl, &eb);
         double secs = (double)(ks_now_ns() - t0) * 1e-9;
+        // its adapters, into the new engine before anyone sees it loaded;
+        // amu held until it is (an adapter added meanwhile waits, then finds
+        // it loaded and adds itself)
+        pthread_mutex_lock(&sl->amu);
+        if (!err) ms__adapters_replay(sl);
         pthread_mutex_lock(&s->mu);
+        pthread_mutex_unlock(&sl->amu); // mu held: the state below is set before anyone looks
         if (err) {
             sl->state = MS_UNLOADED;
             s->used -= ms__bytes(sl);
@@ -304,15 +327,6 @@ static void *ms__loader(void *arg) {
             sl->err_ns = 0;
             sl->last_used_ns = ks_now_ns();
             if (!s->online || !sl->online) sl->eb.set_online(sl->eb.impl, false, false);
-            for (ms_adapter *a = sl->adapters; a; a = a->next) { // checked when added
-                engine_adapter_spec sp = {.tenant = a->tenant, .name = a->name,
-                                          .is_public = a->is_public, .scale = a->scale,
-                                          .data = a->data, .len = a->len};
-                ks_errbuf aeb = {0};
-                if (engine_adapter_add(sl->e, &sp, &aeb))
-                    ks_log(KS_LOG_ERROR, "model %s: a LoRA adapter did not load again: %s",
-                           sl->name, aeb.msg);
-            }
             ks_log(KS_LOG_INFO, "model %s: loaded in %.2f s (%d of %d models loaded, %.0f of %.0f MB)",
                    sl->name, sl->load_s, s->n_loaded, s->n, (double)s->used / 1e6,
                    (double)s->budget / 1e6);
@@ -745,6 +759,16 @@ static void ms__adapter_free(ms_adapter *a) {
     free(a);
 }
 
+/* Pins sl's engine if it is loaded (amu held): the caller then works on it
+ * with mu released and unpins. NULL: not loaded (its list is what counts). */
+static engine *ms__adapter_pin(ms_set *s, ms_slot *sl) {
+    pthread_mutex_lock(&s->mu);
+    engine *e = sl->state == MS_LOADED ? sl->e : NULL;
+    if (e) sl->active++;
+    pthread_mutex_unlock(&s->mu);
+    return e;
+}
+
 static ks_err ms__adapter_add(void *impl, int entry, const engine_adapter_spec *sp, ks_errbuf *eb) {
     ms_set *s = impl;
     ms_slot *sl = &s->slots[entry];
@@ -767,18 +791,26 @@ static ks_err ms__adapter_add(void *impl, int entry, const engine_adapter_spec *
     a->scale = sp->scale;
     memcpy(a->data, sp->data, sp->len);
     a->len = sp->len;
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(&sl->amu);
     ms_adapter **tail = &sl->adapters;
     for (ms_adapter *b = *tail; b && !err; tail = &b->next, b = b->next)
         if (!strcmp(b->name, a->name) &&
             (!strcmp(b->tenant, a->tenant) || (b->is_public && a->is_public)))
-            err = ks_seterr(eb, KS_ERR_INVAL, "%s '%s'",
+            err = ks_seterr(eb, KS_ERR_EXISTS, "%s '%s'",
                             strcmp(b->tenant, a->tenant) ? "a public adapter is already named"
                                                          : "this tenant already has an adapter named",
                             a->name);
-    if (!err && sl->state == MS_LOADED) err = engine_adapter_add(sl->e, sp, eb);
-    if (!err) *tail = a;
-    pthread_mutex_unlock(&s->mu);
+    engine *e = err ? NULL : ms__adapter_pin(s, sl);
+    if (e) { // the slow part, with mu released: other models admit meanwhile
+        err = engine_adapter_add(e, sp, eb);
+        ms__unpin(s, sl, 1);
+    }
+    if (!err) {
+        pthread_mutex_lock(&s->mu);
+        *tail = a;
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_mutex_unlock(&sl->amu);
     if (err) ms__adapter_free(a);
     return err;
 }
@@ -788,6 +820,7 @@ static ks_err ms__adapter_remove(void *impl, int entry, const char *tenant, cons
     ms_set *s = impl;
     ms_slot *sl = &s->slots[entry];
     ms_adapter *found = NULL;
+    pthread_mutex_lock(&sl->amu);
     pthread_mutex_lock(&s->mu);
     for (ms_adapter **pp = &sl->adapters; *pp; pp = &(*pp)->next)
         if (!strcmp((*pp)->tenant, tenant) && !strcmp((*pp)->name, name)) {
@@ -795,9 +828,14 @@ static ks_err ms__adapter_remove(void *impl, int entry, const char *tenant, cons
             *pp = found->next;
             break;
         }
-    if (found && sl->state == MS_LOADED && engine_adapter_remove(sl->e, tenant, name, eb))
-        ks_log(KS_LOG_ERROR, "model %s: a LoRA adapter was not in its engine", sl->name);
     pthread_mutex_unlock(&s->mu);
+    engine *e = found ? ms__adapter_pin(s, sl) : NULL;
+    if (e) {
+        if (engine_adapter_remove(e, tenant, name, eb))
+            ks_log(KS_LOG_ERROR, "model %s: a LoRA adapter was not in its engine", sl->name);
+        ms__unpin(s, sl, 1);
+    }
+    pthread_mutex_unlock(&sl->amu);
     if (!found)
         return admit_refuse(eb, ADMIT_ADAPTER_NOT_FOUND, "The adapter '%.64s' does not exist", name);
     ms__adapter_free(found);
@@ -836,6 +874,7 @@ static void ms__free(ms_set *s) {
             sl->adapters = a->next;
             ms__adapter_free(a);
         }
+        pthread_mutex_destroy(&sl->amu);
         model_free(sl->hm);
         free(sl->path);
         for (int k = 0; k < sl->n_aliases; k++) free(sl->alias_buf[k]);
@@ -1130,6 +1169,8 @@ int serve__models_main(const char *cmd, serve__cfg *c, FILE *report) {
     if (!s->budget) s->budget = UINT64_MAX; // MemAvailable unknown: no budget but the count
     s->max_loaded = (int)c->models_max_loaded;
     int rc = ms__catalog(s, c);
+    for (int i = 0; i < s->n; i++) // here: the catalog's realloc may move a slot
+        pthread_mutex_init(&s->slots[i].amu, NULL);
     if (!rc) rc = ms__prepare(s, c, report);
     if (rc || strcmp(cmd, "serve") != 0) {
         if (!rc && report != stderr)
