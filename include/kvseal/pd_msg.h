@@ -523,6 +523,11 @@ ks_err pd_msg_kv_page_encode(const pd_msg_kv_page *m, const kv_geom *g, uint8_t 
 
 /* DONE (32 + 8 n_top): P -> D. Decoded: top points at n_top raw pairs.
  * n_top <= n_probs of the request is the caller's check. */
+/* DONE flags (wire offset 28). PD_DONE_ADAPTER: the KV was computed under
+ * a LoRA adapter, whose digest is the payload's last 32 bytes (after the
+ * top entries); decode fails a request whose ADMIT named another (or none). */
+enum { PD_DONE_ADAPTER = 1u };
+
 typedef struct pd_msg_done {
     uint32_t covered;
     int32_t first_token;
@@ -531,6 +536,8 @@ typedef struct pd_msg_done {
     uint64_t rng_state;
     uint32_t cached; /* <= covered: of those, tokens prefill took from its prefix cache */
     const uint8_t *top;
+    uint8_t adapter[PD_MSG_ADAPTER_BYTES]; /* the adapter the KV was computed under (all
+                                              zero: none; encoded as PD_DONE_ADAPTER) */
 } pd_msg_done;
 
 ks_err pd_msg_done_decode(const uint8_t *payload, uint32_t len, pd_msg_done *out,

@@ -585,8 +585,19 @@ static void dl__on_frame(pd_conn *c, void *ud, const pd_frame *f) {
             dec__proto_close(k->c, eb.msg);
             return;
         }
+        dec__req *q = dec__find(w, id);
+        if (q && memcmp(q->s.adapter, d.adapter, sizeof d.adapter)) {
+            // KV computed under another LoRA adapter than the request's (or
+            // with one where it named none, or the reverse): not one of its
+            // pages is used; freed (scrubbed) as a prefill REJECT would
+            ks_log(KS_LOG_WARN, "decode: request %llu: prefill computed its KV under another "
+                   "LoRA adapter than its ADMIT named; refused", (unsigned long long)id);
+            pd_recv_reject(w->rcv, id, k->epoch, ADMIT_INTERNAL,
+                           "the prompt's KV was computed under another LoRA adapter than the "
+                           "request's; no page of it was used");
+            break;
+        }
         if (w->ucx) { // the UCX plane: every put landed before DONE; open them into the pages
-            dec__req *q = dec__find(w, id);
             uint64_t t0 = ks_now_ns(), n = cl_ucxd_deliver(w->ucx, id, w->rcv);
             if (q && n) {
                 q->kv_bytes += n;

@@ -1188,17 +1188,35 @@ ks_err pd_msg_kv_page_encode(const pd_msg_kv_page *m, const kv_geom *g, uint8_t 
                      &tmp, eb);
 }
 
+static bool done_adapter_set(const pd_msg_done *m) {
+    uint8_t any = 0;
+    for (size_t i = 0; i < sizeof m->adapter; i++) any |= m->adapter[i];
+    return any != 0;
+}
+
 ks_err pd_msg_done_decode(const uint8_t *p, uint32_t len, pd_msg_done *out, ks_errbuf *eb) {
     pd_msg_done m;
-    ks_err e = top_decode("DONE", p, len, 32, 12, &m.n_top, eb);
+    ks_err e = want_min("DONE", len, 32, eb);
     if (e) return e;
+    const uint32_t flags = pd_load_u32(p + 28);
+    if (flags & ~(uint32_t)PD_DONE_ADAPTER) return PROTO("DONE: unknown flags 0x%x", flags);
+    memset(m.adapter, 0, sizeof m.adapter);
+    uint32_t body = len; // the payload without the adapter trailer
+    if (flags & PD_DONE_ADAPTER) {
+        if (len < 32u + PD_MSG_ADAPTER_BYTES)
+            return PROTO("DONE: PD_DONE_ADAPTER but %u payload bytes leave no room for the "
+                         "digest", len);
+        body = len - PD_MSG_ADAPTER_BYTES;
+        memcpy(m.adapter, p + body, PD_MSG_ADAPTER_BYTES);
+        if (!done_adapter_set(&m)) return PROTO("DONE: PD_DONE_ADAPTER with an all-zero digest");
+    }
+    if ((e = top_decode("DONE", p, body, 32, 12, &m.n_top, eb))) return e;
     m.covered = pd_load_u32(p);
     m.first_token = (int32_t)pd_load_u32(p + 4);
     m.logprob = load_f32(p + 8);
     m.rng_state = pd_load_u64(p + 16);
     m.cached = pd_load_u32(p + 24);
     if (m.cached > m.covered) return PROTO("DONE: cached %u exceeds covered %u", m.cached, m.covered);
-    if (pd_load_u32(p + 28) != 0) return PROTO("DONE: reserved field is not 0");
     m.top = p + 32;
     *out = m;
     return KS_OK;
@@ -1211,15 +1229,19 @@ ks_err pd_msg_done_encode(const pd_msg_done *m, const pd_msg_top *top, uint8_t *
     if (m->cached > m->covered)
         return ks_seterr(eb, KS_ERR_INVAL, "DONE: cached %u exceeds covered %u", m->cached,
                          m->covered);
-    if (enc_begin(32u + 8u * m->n_top, buf, cap, out_len, &ret, "DONE", eb)) return ret;
+    const bool ad = done_adapter_set(m);
+    const uint32_t body = 32u + 8u * m->n_top;
+    if (enc_begin(body + (ad ? PD_MSG_ADAPTER_BYTES : 0u), buf, cap, out_len, &ret, "DONE", eb))
+        return ret;
     pd_store_u32(buf, m->covered);
     pd_store_u32(buf + 4, (uint32_t)m->first_token);
     store_f32(buf + 8, m->logprob);
     pd_store_u32(buf + 12, m->n_top);
     pd_store_u64(buf + 16, m->rng_state);
     pd_store_u32(buf + 24, m->cached);
-    pd_store_u32(buf + 28, 0);
+    pd_store_u32(buf + 28, ad ? (uint32_t)PD_DONE_ADAPTER : 0u);
     store_top(buf + 32, top, m->n_top);
+    if (ad) memcpy(buf + body, m->adapter, PD_MSG_ADAPTER_BYTES);
     return KS_OK;
 }
 

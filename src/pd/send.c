@@ -35,6 +35,7 @@ typedef struct snd__req {
     pd_msg_grant_entry *ent; /* n_pages grant entries */
     kv_seq seq;              /* local pages (SENDING only) */
     pd_send_first first;
+    uint8_t adapter[PD_MSG_ADAPTER_BYTES]; /* the LoRA adapter compute ran under (DONE says it) */
     uint64_t tomb_until_ms;  /* terminal: forgotten after this */
 } snd__req;
 
@@ -353,6 +354,7 @@ ks_err pd_send_prefill(pd_send *s, uint64_t req_id, const uint8_t *payload, uint
     s->st.started++;
     ks_errbuf ceb;
     ks_errbuf_clear(&ceb);
+    memcpy(q->adapter, p.s.adapter, sizeof q->adapter); // compute runs under it (or refuses)
     e = s->cfg.compute(s->cfg.compute_ctx, s->pool, &q->seq, toks, p.n_prompt, &p.s, &q->first,
                        &ceb);
     if (e == KS_OK) {
@@ -474,7 +476,8 @@ static void snd__send_done(pd_send *s, snd__req *q) {
     pd_msg_done d = {.covered = q->n_prompt, .first_token = q->first.first_token,
                      .logprob = q->first.logprob, .n_top = q->first.n_top,
                      .rng_state = q->first.rng_state, .cached = q->cached};
-    uint8_t buf[32 + 8 * PD_MSG_MAX_TOP];
+    memcpy(d.adapter, q->adapter, sizeof d.adapter); // what the KV was computed under
+    uint8_t buf[32 + 8 * PD_MSG_MAX_TOP + PD_MSG_ADAPTER_BYTES];
     uint32_t len = 0;
     ks_errbuf eb;
     ks_err e = pd_msg_done_encode(&d, q->first.top, buf, sizeof buf, &len, &eb);

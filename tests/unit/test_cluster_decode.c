@@ -17,6 +17,8 @@
  *   coverage  — DONE covering less than the prompt: FINISH ERROR, no TOKEN (I6;
  *               fails under KS_BROKEN=no_coverage)
  *   reject    — prefill's REJECT: FINISH carries its reason and message
+ *   adapter   — DONE for KV computed under a LoRA adapter the ADMIT did not
+ *               name: FINISH ERROR, no TOKEN, pages freed
  *   abort     — router ABORT while GRANTED: ABORT to prefill, pages held in
  *               QUARANTINE until ABORT_ACK (F4; fails under free_before_quiesce)
  *   link_loss — data link closed mid-transfer: FINISH ERROR, pages freed (F5)
@@ -514,14 +516,17 @@ static void pre_send_pages(harness *h, pre *p, uint64_t id, uint32_t n_pages_sen
     }
 }
 
+static uint8_t g_done_adapter[PD_MSG_ADAPTER_BYTES]; /* the digest DONE claims (zero: none) */
+
 static void pre_send_done(harness *h, pre *p, uint64_t id, uint32_t covered) {
     pd_msg_done d = {.covered = covered, .first_token = p->first.token,
                      .logprob = p->first.logprob, .n_top = (uint32_t)p->first.n_top,
                      .rng_state = p->draws};
+    memcpy(d.adapter, g_done_adapter, sizeof d.adapter);
     pd_msg_top top[SAMPLE_MAX_TOP];
     for (int i = 0; i < p->first.n_top; i++)
         top[i] = (pd_msg_top){.id = p->first.top_ids[i], .logprob = p->first.top_logprobs[i]};
-    uint8_t buf[24 + 8 * SAMPLE_MAX_TOP];
+    uint8_t buf[32 + 8 * SAMPLE_MAX_TOP + PD_MSG_ADAPTER_BYTES];
     uint32_t len;
     CHECK(pd_msg_done_encode(&d, top, buf, sizeof buf, &len, NULL) == KS_OK);
     send1(h->pc, PD_MSG_DONE, id, buf, len);
@@ -710,6 +715,32 @@ static void phase_coverage(harness *h) {
     expect_clean(h);
 }
 
+/* A DONE whose KV was computed under a LoRA adapter the ADMIT did not name
+ * (a router or prefill mixing requests up): every page arrived and covers
+ * the prompt, yet none is used; FINISH ERROR INTERNAL, no TOKEN, the pages
+ * freed and scrubbed. */
+static void phase_adapter(harness *h) {
+    pre p;
+    pre_compute(h, &p, N_PROMPT);
+    admit(h, 12, N_PROMPT);
+    pre_send_pages(h, &p, 12, 3);
+    memset(g_done_adapter, 0x5a, sizeof g_done_adapter);
+    pre_send_done(h, &p, 12, N_PROMPT);
+    memset(g_done_adapter, 0, sizeof g_done_adapter);
+    wait_for(h, p_finish, 12, "FINISH 12");
+    const rframe *ff = find_rf(h, 12, PD_MSG_FINISH);
+    pd_msg_finish fin;
+    CHECK(pd_msg_finish_decode(ff->data, ff->len, &fin, NULL) == KS_OK);
+    CHECK_EQ(fin.finish, PD_FINISH_ERROR);
+    CHECK_EQ(fin.reason, ADMIT_INTERNAL);
+    char msg[PD_MSG_MAX_TEXT + 1];
+    snprintf(msg, sizeof msg, "%.*s", (int)fin.msg_len, fin.msg);
+    CHECK_STR_HAS(msg, "another LoRA adapter");
+    CHECK_EQ(count_rf(h, 12, PD_MSG_TOKEN), 0);
+    pre_free(&p);
+    expect_clean(h);
+}
+
 /* Prefill's REJECT on the link (F3): the grant is freed at once and the
  * FINISH carries the REJECT's reason and message, so the router decides the
  * same whichever of prefill's REJECT and this FINISH reaches it first (a
@@ -857,6 +888,8 @@ int main(void) {
     printf("ok coverage\n");
     phase_reject(h);
     printf("ok reject\n");
+    phase_adapter(h);
+    printf("ok adapter\n");
     phase_model(h);
     printf("ok model\n");
     phase_abort(h);

@@ -689,14 +689,14 @@ static void test_round_trip_small(void) {
         pd_msg_top t = pd_msg_top_at(r.top, 63);
         CHECK(t.id == top[63].id && t.logprob == top[63].logprob);
         CHECK_EQ(pd_msg_done_encode(&m, top, buf, 32 + 8 * 64 - 1, &n, &eb), KS_ERR_NOSPACE);
-        // cached beyond covered, or a reserved field that is not 0: refused
+        // cached beyond covered, or an unknown flag: refused
         m.cached = 2;
         CHECK_EQ(pd_msg_done_encode(&m, top, buf, sizeof buf, &n, &eb), KS_ERR_INVAL);
         m.cached = 0;
         CHECK_EQ(pd_msg_done_encode(&m, top, buf, sizeof buf, &n, &eb), KS_OK);
-        buf[28] = 1;
+        buf[28] = 2; // flags other than PD_DONE_ADAPTER (test_pd_msg_adapter.c)
         CHECK_EQ(pd_msg_done_decode(buf, n, &r, &eb), KS_ERR_PROTO);
-        CHECK_STR_HAS(eb.msg, "reserved");
+        CHECK_STR_HAS(eb.msg, "flags");
     }
     {
         pd_msg_finish m = {PD_FINISH_STOP, 60, 100, 0, TEXT512, 512, 48, 0}, r;

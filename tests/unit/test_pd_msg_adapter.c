@@ -6,7 +6,9 @@
  * Round trips keep every byte; the flag follows the digest on encode; a
  * truncated list, a count past its bound, a flag without room for the
  * digest or with an all-zero one are PROTO; old-layout payloads still read
- * as "no adapter". */
+ * as "no adapter". DONE's PD_DONE_ADAPTER (flags at 28): the adapter the
+ * prefill worker computed under, after the top entries, so that decode can
+ * refuse KV computed under another adapter than its ADMIT's. */
 #include "kvseal/pd.h"
 #include "kvseal/pd_msg.h"
 
@@ -173,8 +175,45 @@ static void test_prefill_adapter(void) {
     CHECK_MEM_EQ(r.s.adapter, zero, 32);
 }
 
+static void test_done_adapter(void) {
+    ks_errbuf eb;
+    uint8_t buf[32 + 8 * 2 + 32 + 8];
+    uint32_t n = 0;
+    pd_msg_top top[2] = {{5, -0.5f}, {9, -1.5f}};
+    pd_msg_done m = {.covered = 40, .first_token = 5, .logprob = -0.5f, .n_top = 2,
+                     .rng_state = 77, .cached = 16};
+    for (int i = 0; i < 32; i++) m.adapter[i] = (uint8_t)(0xa0 + i);
+    CHECK_EQ(pd_msg_done_encode(&m, top, buf, sizeof buf, &n, &eb), KS_OK);
+    CHECK_EQ(n, 32u + 16 + 32);
+    CHECK_EQ(pd_load_u32(buf + 28), PD_DONE_ADAPTER); // the flag follows the digest
+    CHECK_MEM_EQ(buf + 48, m.adapter, 32);           // after the top entries
+    pd_msg_done r;
+    CHECK_EQ(pd_msg_done_decode(buf, n, &r, &eb), KS_OK);
+    CHECK_MEM_EQ(r.adapter, m.adapter, 32);
+    CHECK(r.n_top == 2 && r.covered == 40 && r.cached == 16 && r.rng_state == 77);
+    CHECK(pd_msg_top_at(r.top, 1).id == 9);
+    // one byte short: the top entries no longer fit beside the digest
+    CHECK_EQ(pd_msg_done_decode(buf, n - 1, &r, &eb), KS_ERR_PROTO);
+    // the flag with an all-zero digest, or with no room for one
+    uint8_t z[32 + 32] = {0};
+    pd_store_u32(z + 28, PD_DONE_ADAPTER);
+    CHECK_EQ(pd_msg_done_decode(z, sizeof z, &r, &eb), KS_ERR_PROTO);
+    CHECK_STR_HAS(eb.msg, "all-zero");
+    CHECK_EQ(pd_msg_done_decode(z, 40, &r, &eb), KS_ERR_PROTO);
+    CHECK_STR_HAS(eb.msg, "no room");
+    // no adapter: the old layout, byte for byte, reads as all zero
+    memset(m.adapter, 0, sizeof m.adapter);
+    CHECK_EQ(pd_msg_done_encode(&m, top, buf, sizeof buf, &n, &eb), KS_OK);
+    CHECK_EQ(n, 32u + 16);
+    CHECK_EQ(pd_load_u32(buf + 28), 0);
+    CHECK_EQ(pd_msg_done_decode(buf, n, &r, &eb), KS_OK);
+    static const uint8_t zero[32];
+    CHECK_MEM_EQ(r.adapter, zero, 32);
+}
+
 int main(void) {
     test_register_adapters();
+    test_done_adapter();
     test_admit_adapter();
     test_prefill_adapter();
     printf("test_pd_msg_adapter: ok\n");
