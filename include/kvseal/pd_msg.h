@@ -521,13 +521,14 @@ ks_err pd_msg_kv_page_encode(const pd_msg_kv_page *m, const kv_geom *g, uint8_t 
                              size_t cap, uint32_t *out_len /* OUT */,
                              ks_errbuf *eb) KS_MUST_USE;
 
-/* DONE (32 + 8 n_top): P -> D. Decoded: top points at n_top raw pairs.
- * n_top <= n_probs of the request is the caller's check. */
 /* DONE flags (wire offset 28). PD_DONE_ADAPTER: the KV was computed under
  * a LoRA adapter, whose digest is the payload's last 32 bytes (after the
  * top entries); decode fails a request whose ADMIT named another (or none). */
 enum { PD_DONE_ADAPTER = 1u };
 
+/* DONE (32 + 8 n_top, + 32 with PD_DONE_ADAPTER): P -> D. Decoded: top
+ * points at n_top raw pairs. n_top <= n_probs of the request is the
+ * caller's check. */
 typedef struct pd_msg_done {
     uint32_t covered;
     int32_t first_token;
