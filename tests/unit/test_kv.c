@@ -1510,6 +1510,8 @@ static void t_destroy_scrubs(void) {
     CHECK_EQ(w, (int)a.n_pages);
     CHECK_EQ(freed, w);
     CHECK_EQ(dirty, 0);
+    free(a.ent); // the table is the caller's memory and outlived its pool here
+    free(a.st);
 }
 
 // ----------------------------------------------------------------------------
