@@ -715,6 +715,21 @@ static void phase_coverage(harness *h) {
     expect_clean(h);
 }
 
+/* Waits for request id's FINISH: ERROR with reason, a message holding
+ * what, and no TOKEN before it (nothing generated). */
+static void expect_failed(harness *h, uint64_t id, uint32_t reason, const char *what) {
+    wait_for(h, p_finish, id, "FINISH");
+    const rframe *ff = find_rf(h, id, PD_MSG_FINISH);
+    pd_msg_finish fin;
+    CHECK(pd_msg_finish_decode(ff->data, ff->len, &fin, NULL) == KS_OK);
+    CHECK_EQ(fin.finish, PD_FINISH_ERROR);
+    CHECK_EQ(fin.reason, reason);
+    char msg[PD_MSG_MAX_TEXT + 1];
+    snprintf(msg, sizeof msg, "%.*s", (int)fin.msg_len, fin.msg);
+    CHECK_STR_HAS(msg, what);
+    CHECK_EQ(count_rf(h, id, PD_MSG_TOKEN), 0);
+}
+
 /* A DONE whose KV was computed under a LoRA adapter the ADMIT did not name
  * (a router or prefill mixing requests up): every page arrived and covers
  * the prompt, yet none is used; FINISH ERROR INTERNAL, no TOKEN, the pages
@@ -727,16 +742,7 @@ static void phase_adapter(harness *h) {
     memset(g_done_adapter, 0x5a, sizeof g_done_adapter);
     pre_send_done(h, &p, 12, N_PROMPT);
     memset(g_done_adapter, 0, sizeof g_done_adapter);
-    wait_for(h, p_finish, 12, "FINISH 12");
-    const rframe *ff = find_rf(h, 12, PD_MSG_FINISH);
-    pd_msg_finish fin;
-    CHECK(pd_msg_finish_decode(ff->data, ff->len, &fin, NULL) == KS_OK);
-    CHECK_EQ(fin.finish, PD_FINISH_ERROR);
-    CHECK_EQ(fin.reason, ADMIT_INTERNAL);
-    char msg[PD_MSG_MAX_TEXT + 1];
-    snprintf(msg, sizeof msg, "%.*s", (int)fin.msg_len, fin.msg);
-    CHECK_STR_HAS(msg, "another LoRA adapter");
-    CHECK_EQ(count_rf(h, 12, PD_MSG_TOKEN), 0);
+    expect_failed(h, 12, ADMIT_INTERNAL, "another LoRA adapter");
     pre_free(&p);
     expect_clean(h);
 }
@@ -753,14 +759,7 @@ static void phase_reject(harness *h) {
     uint32_t len;
     CHECK(pd_msg_reject_encode(&rj, buf, sizeof buf, &len, NULL) == KS_OK);
     send1(h->pc, PD_MSG_REJECT, 9, buf, len);
-    wait_for(h, p_finish, 9, "FINISH 9");
-    const rframe *ff = find_rf(h, 9, PD_MSG_FINISH);
-    pd_msg_finish fin;
-    CHECK(pd_msg_finish_decode(ff->data, ff->len, &fin, NULL) == KS_OK);
-    CHECK_EQ(fin.finish, PD_FINISH_ERROR);
-    CHECK_EQ(fin.reason, ADMIT_DRAINING);
-    CHECK(fin.msg_len == 35 && memcmp(fin.msg, rj.msg, 35) == 0);
-    CHECK_EQ(count_rf(h, 9, PD_MSG_TOKEN), 0);
+    expect_failed(h, 9, ADMIT_DRAINING, rj.msg);
     expect_clean(h); // freed directly: nothing quarantined
 }
 
