@@ -44,8 +44,8 @@ tsan: ## build with ThreadSanitizer in build-tsan and run the grammar, engine, s
 stress-test: ## the whole suite 10x (STRESS_RUNS) with ctest -j4 beside a CPU hog, then once under ASan
 	@scripts/stress-test.sh
 
-bench: all ## build the kernel micro-benchmarks (build/bench_kern, build/bench_stream)
-	@cmake --build $(BUILD) --target bench_kern bench_stream -j$(JOBS)
+bench: all ## build the kernel micro-benchmarks (build/bench_kern, build/bench_stream, build/bench_attn)
+	@cmake --build $(BUILD) --target bench_kern bench_stream bench_attn -j$(JOBS)
 
 fuzz: ## build the libFuzzer harnesses (clang) in build-fuzz; run each FUZZ_SECONDS (60), FUZZ_JOBS at a time
 	@cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DKS_FUZZ=ON -DKS_WERROR=ON >/dev/null

@@ -53,6 +53,18 @@ typedef void (*kern_axpy_rows_fn)(int64_t n, int G, const float *s, size_t s_str
  * elements: the block's keys transposed and its values. */
 #define KERN_ATTN_SCRATCH(D, Dv) ((size_t)(KERN_ATTN_BLOCK) * ((size_t)(D) + (size_t)(Dv)))
 
+/* Rows the attention kernel prefetches, a line at a time, spread over its
+ * arithmetic (the next block's K and V rows: a burst of prefetches at the
+ * block's start would stall on the core's miss buffers instead of
+ * overlapping the block's arithmetic). k[i], v[i]: row i's first byte
+ * (v == k: one plane); lines: 64-byte lines a row; row, line, side: the
+ * cursor, start at 0. Only a hint: never changes a result. */
+typedef struct kern_attn_pf {
+    const uint8_t *const *k, *const *v;
+    int n, lines;
+    int row, line, side;
+} kern_attn_pf;
+
 /* One block of keys for a tile of R query rows x G query heads that share a
  * KV head, with one online-softmax state per (row, head) (flash attention's
  * running maximum m, sum l and unnormalised output o; softmax·V = o / l once
@@ -73,6 +85,7 @@ typedef struct kern_attn_blk {
     float *m, *l; /* R * G entries, index r * G + g; start at -inf and 0 */
     float *o;     /* R * G rows of Dv floats; start at 0 */
     float *scratch; /* KERN_ATTN_SCRATCH(D, Dv) floats, 64-byte aligned */
+    struct kern_attn_pf *pf; /* optional (NULL: none): lines to prefetch as it computes */
 } kern_attn_blk;
 /* For each (r, g) with lo < hi, scores s_j = dot(q_rg, K_j) * scale for j in
  * [lo, hi), M = max(m, max_j s_j), p_j = exp(s_j - M), then
@@ -130,6 +143,9 @@ typedef struct kern_vtab {
      * (the sum of the rounded weights), the exponentials and o stay f32.
      * NULL where absent; kern_attn_block picks between the two. */
     kern_attn_block_fn attn_block_bf16;
+    /* Whether both attention blocks issue kern_attn_blk.pf's prefetches
+     * (else the caller prefetches the next block itself). */
+    bool attn_prefetch;
     /* One token of the gated delta rule on one value head (hybrid models'
      * linear attention, model.h): the state is S rows of S floats (rows[j]:
      * value element j against key elements 0..S-1; S a multiple of 16, rows

@@ -1591,5 +1591,6 @@ const kern_vtab kern__vtab_avx512 = {
     .softmax = kern__a512_softmax,
     .attn_block = kern__a512_attn_block,
     .attn_block_bf16 = kern__a512_attn_block_bf16, // kern_attn_block: only where the CPU has it
+    .attn_prefetch = true,
     .gdn_step = kern__a512_gdn_step,
 };

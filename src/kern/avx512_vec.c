@@ -404,12 +404,27 @@ A512_INLINE void a512__attn_load(ks_dtype t, const kern_attn_blk *a, int j0, int
     }
 }
 
+/* Issues the next of a->pf's prefetches, if any are left. */
+A512_INLINE void a512__pf_step(const kern_attn_blk *a) {
+    kern_attn_pf *f = a->pf;
+    if (!f || f->row >= f->n) return;
+    _mm_prefetch((const char *)(f->side ? f->v : f->k)[f->row] + 64 * f->line, _MM_HINT_T0);
+    if (++f->line < f->lines) return;
+    f->line = 0;
+    if (f->v != f->k && !f->side) {
+        f->side = 1;
+        return;
+    }
+    f->side = 0;
+    f->row++;
+}
+
 /* Scores of NH (1 or 2) heads against all 64 key lanes: acc[h][v] lane i =
  * sum_d q_h[d] * kt[d][16v + i]: one fma per d in increasing order within
  * each run of 16 d, the runs' sums added in order (closer to a512__dot than
  * one chain of D fmas on large unscaled scores). D % 16 == 0. */
-A512_INLINE void a512__attn_qk(int NH, int D, const float *kt, const float *q0, const float *q1,
-                               __m512 acc[2][4]) {
+A512_INLINE void a512__attn_qk(const kern_attn_blk *a, int NH, int D, const float *kt,
+                               const float *q0, const float *q1, __m512 acc[2][4]) {
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
         _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
             acc[h][v] = _mm512_setzero_ps();
@@ -419,6 +434,7 @@ A512_INLINE void a512__attn_qk(int NH, int D, const float *kt, const float *q0, 
             _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)
                 r[h][v] = _mm512_setzero_ps();
         for (int d = d0; d < d0 + 16; d++) {
+            a512__pf_step(a);
             const float *kr = kt + (size_t)d * KERN_ATTN_BLOCK;
             __m512 k0 = _mm512_load_ps(kr), k1 = _mm512_load_ps(kr + 16),
                    k2 = _mm512_load_ps(kr + 32), k3 = _mm512_load_ps(kr + 48);
@@ -510,6 +526,7 @@ A512_INLINE void a512__attn_pv(ks_dtype t, int NH, int NC, const kern_attn_blk *
             y[h][c] = _mm512_mul_ps(_mm512_loadu_ps(o + h * Dv + c0 + 16 * c),
                                     _mm512_set1_ps(alpha[h]));
     for (int j = lo; j < hi; j++) {
+        a512__pf_step(a);
         __m512 x[2];
         _Pragma("GCC unroll 2") for (int c = 0; c < NC; c++)
             x[c] = vt ? _mm512_load_ps(vt + (size_t)j * Dv + (size_t)(c0 + 16 * c))
@@ -552,9 +569,9 @@ A512_INLINE void a512__attn_heads(ks_dtype t, const kern_attn_blk *a, int r, int
         __m512 acc[2][4];
         const float *qh = q + (size_t)h * (size_t)a->D;
         if (nh == 2)
-            a512__attn_qk(2, a->D, kt, qh, qh + a->D, acc);
+            a512__attn_qk(a, 2, a->D, kt, qh, qh + a->D, acc);
         else
-            a512__attn_qk(1, a->D, kt, qh, qh, acc);
+            a512__attn_qk(a, 1, a->D, kt, qh, qh, acc);
         for (int i = 0; i < nh; i++)
             mx[h + i] = a512__attn_scale(acc[i], a->scale, live, p + KERN_ATTN_BLOCK * (h + i));
     }
@@ -696,12 +713,15 @@ A512_INLINE A512_BF16 void a512__attn_load_bf(ks_dtype t, const kern_attn_blk *a
  * here). Four heads make 16 independent chains and share each key load
  * (about 4% faster a block than two heads' 8 chains). A head's chain is
  * the same whatever NH. */
-A512_INLINE A512_BF16 void a512__attn_qk_bf(int NH, int D, const uint32_t *kb, const uint32_t *qh,
+A512_INLINE A512_BF16 void a512__attn_qk_bf(const kern_attn_blk *a, int NH, int D,
+                                            const uint32_t *kb, const uint32_t *qh,
                                             __m512 acc[4][4]) {
     _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++)
         _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) acc[h][v] = _mm512_setzero_ps();
     const size_t qs = (size_t)D / 2; // a head's pairs
     for (int i = 0; i < D / 2; i++) {
+        a512__pf_step(a);
+        a512__pf_step(a);
         const uint32_t *kr = kb + (size_t)i * KERN_ATTN_BLOCK;
         __m512i k0 = _mm512_load_si512(kr), k1 = _mm512_load_si512(kr + 16),
                 k2 = _mm512_load_si512(kr + 32), k3 = _mm512_load_si512(kr + 48);
@@ -742,6 +762,8 @@ A512_INLINE A512_BF16 void a512__attn_pv_bf(ks_dtype t, int NH, int NC, const ke
         _Pragma("GCC unroll 2") for (int c = 0; c < NC; c++) y[h][c] =
             _mm512_mul_ps(_mm512_loadu_ps(o + h * Dv + c0 + 16 * c), _mm512_set1_ps(alpha[h]));
     for (int i = lo / 2; i < (hi + 1) / 2; i++) {
+        a512__pf_step(a);
+        a512__pf_step(a);
         __m512i x[2];
         _Pragma("GCC unroll 2") for (int c = 0; c < NC; c++) x[c] =
             vb ? _mm512_load_si512(vb + (size_t)i * Dv + (size_t)(c0 + 16 * c))
@@ -790,13 +812,13 @@ A512_INLINE A512_BF16 void a512__attn_heads_bf(ks_dtype t, const kern_attn_blk *
         __m512 acc[4][4];
         const uint32_t *qh = qb + (size_t)h * (size_t)(D / 2);
         if (nh == 4)
-            a512__attn_qk_bf(4, D, kb, qh, acc);
+            a512__attn_qk_bf(a, 4, D, kb, qh, acc);
         else if (nh == 3)
-            a512__attn_qk_bf(3, D, kb, qh, acc);
+            a512__attn_qk_bf(a, 3, D, kb, qh, acc);
         else if (nh == 2)
-            a512__attn_qk_bf(2, D, kb, qh, acc);
+            a512__attn_qk_bf(a, 2, D, kb, qh, acc);
         else
-            a512__attn_qk_bf(1, D, kb, qh, acc);
+            a512__attn_qk_bf(a, 1, D, kb, qh, acc);
         for (int i = 0; i < nh; i++)
             mx[h + i] = a512__attn_scale(acc[i], a->scale, live, p + KERN_ATTN_BLOCK * (h + i));
     }

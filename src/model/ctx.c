@@ -121,7 +121,14 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     if ((size_t)hp->head_dim_v > DV) DV = (size_t)hp->head_dim_v;
     if (DA > DV) DV = DA;
     const size_t RG = (size_t)KERN_ATTN_ROWS * (size_t)hp->n_head; // every KV head's group
-    c->attn_scr_n = (KERN_ATTN_SCRATCH(DA, DV) + RG * (DV + 2) + 15) / 16 * 16;
+    // the kernel's, then a chunk's states and the merged ones (attn.c)
+    c->attn_scr_n = (KERN_ATTN_SCRATCH(DA, DV) + 2 * RG * (DV + 2) + 15) / 16 * 16;
+    c->attn_slots = 2 * n_threads - 1;
+    c->attn_part_n = ((size_t)max_ctx / MODEL_ATTN_CHUNK + 2) * (size_t)hp->n_head * (DV + 2);
+    c->attn_part = malloc((size_t)c->attn_slots * c->attn_part_n * sizeof(float));
+    c->attn_ck = malloc(((size_t)c->attn_slots + 1) * sizeof(int32_t));
+    c->attn_ck0 = malloc((size_t)c->attn_slots * sizeof(uint32_t));
+    c->attn_left = malloc((size_t)c->attn_slots * sizeof(atomic_int));
     c->attn_scr = ks_alloc_aligned((size_t)n_threads * c->attn_scr_n * sizeof(float));
     if (c->attn_scr) // stale lanes of a block are masked; zero keeps them finite
         memset(c->attn_scr, 0, (size_t)n_threads * c->attn_scr_n * sizeof(float));
@@ -182,7 +189,8 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     if (hp->arch == MODEL_ARCH_GEMMA4 && NX && !(c->tmp2 = ks_alloc_aligned(T * E * sizeof(float))))
         moe_ok = false;
     if (!c->threads || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->tmp || !c->g ||
-        !c->u || !c->scores || !c->attn_scr || !c->attn_tile || !c->seq_next || !c->seq_bad || !c->seq_first || !c->kp || !c->vp ||
+        !c->u || !c->scores || !c->attn_scr || !c->attn_part || !c->attn_ck ||
+        !c->attn_ck0 || !c->attn_left || !c->attn_tile || !c->seq_next || !c->seq_bad || !c->seq_first || !c->kp || !c->vp ||
         !c->act[0].buf || !c->act[1].buf || !c->pf_runs || !moe_ok) {
         model_ctx_free(c);
         return ks_seterr(eb, KS_ERR_NOMEM, "model context: scratch for %d tokens", max_tokens);
@@ -202,6 +210,10 @@ void model_ctx_free(model_ctx *c) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ks_free_aligned(bufs[i]);
     ks_free_aligned(c->act[0].buf);
     ks_free_aligned(c->act[1].buf);
+    free(c->attn_part);
+    free(c->attn_ck);
+    free(c->attn_ck0);
+    free(c->attn_left);
     free(c->sel);
     free(c->sel_w);
     free(c->slot_row);

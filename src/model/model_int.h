@@ -179,6 +179,11 @@ typedef struct {
     int64_t units; // over all the run's parts
 } model__pf_run;
 
+/* Positions per attention chunk (attn.c): a token's attention state is
+ * computed chunk by chunk at absolute multiples of it and the chunks'
+ * states merged in order. A multiple of KERN_ATTN_BLOCK. */
+#define MODEL_ATTN_CHUNK 512u
+
 struct model_ctx {
     const model *m;
     kv_pool *pool;
@@ -231,6 +236,12 @@ struct model_ctx {
     float *scores;      // (nth, G, max_ctx) attention scratch per thread, G query heads per KV head
     float *attn_scr;    // (nth, attn_scr_n) tiled attention's scratch (kern.h attn_block) and states
     size_t attn_scr_n;  // floats per thread, a multiple of 16
+    float *attn_part;  // (attn_slots, attn_part_n) decode chunks' states (attn.c attn__join)
+    size_t attn_part_n;      // floats per slot: MODEL_ATTN_CHUNKs of max_ctx x n_head x (Dv + 2)
+    int attn_slots;          // decode tiles that can run chunk by chunk: 2 nth - 1
+    int32_t *attn_ck;        // (attn_slots + 1) first (tile, chunk) item of each tile
+    uint32_t *attn_ck0;      // (attn_slots) each tile's first chunk
+    atomic_int *attn_left;   // (attn_slots) chunks of each tile not yet done
     int32_t *attn_tile; // (max_tokens + 1) the batch's attention tiles: first token of each
     int32_t *seq_next;  // (max_tokens) per-sequence next position, for validation
     atomic_int *seq_bad; // (max_tokens) per-sequence: a page failed to resolve this pass
@@ -328,6 +339,10 @@ void model__mm_run(model_ctx *c, model__mm_part *parts, int n);
  * into L2 the head of its range in the next matmul run (no value depends
  * on it). */
 void model__idle_prefetch(const model_ctx *c, int ith, int nth, const atomic_llong *left);
+/* Layer il's attention for the batch into c->att (attn.c), once the layer's
+ * K/V rows are stored and its page tables resolved (c->kp, c->vp); a
+ * sequence marked bad (c->seq_bad) is skipped. */
+void model__attn(model_ctx *c, const model_batch *b, int il);
 /* Runs a row op's task over n rows: on the calling thread alone for one
  * row, else in a pool run. */
 void model__run_rows(model_ctx *c, int64_t n, ks_pool_fn fn, void *arg);

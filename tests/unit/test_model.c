@@ -204,6 +204,60 @@ static void test_batch_invariance(const model *m, int kv_type) {
     env_close(&multi);
 }
 
+/* Long contexts (attn.c's chunks of MODEL_ATTN_CHUNK positions): a decode
+ * step at position 1100 or so runs its attention chunk by chunk on the
+ * threads and joins their states; the same token inside a prefill walks
+ * its chunks in one tile. Both give bit-identical logits, on 2 threads and
+ * on 1 (a decode step's join against a prefill's running merge). */
+static void test_long_context(const model *m, int kv_type) {
+    enum { NP = 1100, NG = 4, CTX = 1280 };
+    const int32_t V = model_hp(m)->n_vocab;
+    int32_t prompt[NP + NG], toks[2][NG];
+    uint32_t x = 12345u;
+    for (int i = 0; i < NP; i++) {
+        x = x * 1664525u + 1013904223u;
+        prompt[i] = i ? 3 + (int32_t)((x >> 8) % (uint32_t)(V - 3)) : 1;
+    }
+    float *ref = malloc(sizeof(float) * (size_t)V * NG * 2);
+    env e[2];
+    ks_errbuf eb;
+    for (int k = 0; k < 2; k++) { // 2 threads, then 1
+        kv_geom g = model_kv_geom(m, 16, kv_type);
+        CHECK_EQ(kv_pool_create(&g, CTX / 16 + 8, KV_SCRUB_ZERO, &e[k].pool, &eb), KS_OK);
+        CHECK_EQ(model_ctx_create(m, e[k].pool, 2 - k, 64, CTX, &e[k].ctx, &eb), KS_OK);
+        e[k].V = V;
+        greedy(&e[k], prompt, NP, NG, 64, toks[k], ref + (size_t)k * NG * (size_t)V);
+    }
+    CHECK_MEM_EQ(ref, ref + (size_t)NG * (size_t)V, sizeof(float) * (size_t)V * NG);
+    CHECK_MEM_EQ(toks[0], toks[1], sizeof toks[0]);
+    // one prefill of the prompt and the generated tokens: the logits at
+    // positions NP - 1 .. NP + NG - 2 are the decode's, each from a tile
+    memcpy(prompt + NP, toks[0], sizeof(int32_t) * (NG - 1));
+    kv_seq s;
+    kv_seq *seqs[1] = {&s};
+    kv_seq_init(e[0].pool, &s);
+    CHECK_EQ(kv_seq_reserve(e[0].pool, &s, NP + NG, &eb), KS_OK);
+    float *lg = malloc(sizeof(float) * (size_t)V * NG);
+    const int n = NP + NG - 1;
+    for (int i0 = 0; i0 < n; i0 += 64) {
+        int32_t pos[64], sq[64] = {0}, outr[64], n_out = 0;
+        const int nb = n - i0 < 64 ? n - i0 : 64;
+        for (int j = 0; j < nb; j++) {
+            pos[j] = i0 + j;
+            outr[j] = i0 + j >= NP - 1 ? n_out++ : -1;
+        }
+        model_batch b = {nb, prompt + i0, pos, sq, outr, n_out, 1, seqs, NULL, NULL};
+        CHECK_EQ(model_forward(e[0].ctx, &b, lg, &eb), KS_OK);
+        if (n_out) CHECK_EQ(n_out, NG);
+    }
+    CHECK_MEM_EQ(lg, ref, sizeof(float) * (size_t)V * NG);
+    kv_seq_release(e[0].pool, &s);
+    for (int k = 0; k < 2; k++)
+        env_close(&e[k]);
+    free(lg);
+    free(ref);
+}
+
 /* Batches that would read unwritten KV or overflow are refused, untouched. */
 static void test_bad_batches(const model *m) {
     env e;
@@ -531,6 +585,7 @@ static void test_mla(const char *arch) {
     for (int i = 0; i < 3; i++) {
         test_batch_invariance(m, kv_types[i]);
         test_poison_reads_nan(m, kv_types[i]);
+        test_long_context(m, kv_types[i]);
     }
     model_free(m);
     unlink(dst);
@@ -790,6 +845,7 @@ static void test_gptoss(void) {
     static const int kv_types[] = {KS_DTYPE_F32, KS_DTYPE_F16, KS_DTYPE_Q8_0};
     for (int i = 0; i < 3; i++)
         test_batch_invariance(m, kv_types[i]);
+    test_long_context(m, KS_DTYPE_F16); // sinks and sliding layers
     // sinks: none, -inf, the file's own
     model *none, *ninf;
     write_sinks(dst, dst2, false);
