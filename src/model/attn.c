@@ -347,8 +347,8 @@ static void attn__join(attn__ctx *a, int ti) {
     const model_hparams *hp = &c->m->hp;
     const int Dv = hp->kv_lora ? hp->head_dim_v : c->m->layers[a->layer].head_dim, H = hp->n_head;
     const int nck = c->attn_ck[ti + 1] - c->attn_ck[ti];
-    const float *part = c->attn_part + (size_t)ti * c->attn_part_n;
     const size_t hs = (size_t)(Dv + 2);
+    const float *part = c->attn_part + (size_t)c->attn_ck[ti] * (size_t)H * hs;
     for (int q = 0; q < H; q++) {
         float m = -INFINITY, l = 0.0f;
         float *out = c->att + (size_t)c->attn_tile[ti] * (size_t)(H * Dv) + (size_t)q * (size_t)Dv;
@@ -368,8 +368,7 @@ static void attn__join(attn__ctx *a, int ti) {
  * an item per thread. Fills c->attn_ck (item prefix sums), attn_ck0 (each
  * tile's first chunk) and attn_left (chunks to go). */
 static bool attn__chunks(model_ctx *c, const model_batch *b, int il, int n, int nth) {
-    if (!c->kv->attn_prefetch || n > c->attn_slots || n >= 2 * nth ||
-        c->attn_tile[n] != n)
+    if (!c->kv->attn_prefetch || n > c->attn_slots || n >= 2 * nth || c->attn_tile[n] != n)
         return false;
     const model__layer *L = &c->m->layers[il];
     const uint32_t W = (uint32_t)c->m->hp.n_swa;
@@ -381,7 +380,11 @@ static bool attn__chunks(model_ctx *c, const model_batch *b, int il, int n, int 
         c->attn_ck[t + 1] = c->attn_ck[t] + nck;
         atomic_init(&c->attn_left[t], nck);
     }
-    return c->attn_ck[n] >= nth && c->attn_ck[n] > n;
+    // every chunk's state is kept for the join: items past the buffer walk
+    // their tiles whole instead (the same arithmetic)
+    const size_t hs = (size_t)(c->m->hp.kv_lora ? c->m->hp.head_dim_v : L->head_dim) + 2;
+    return c->attn_ck[n] >= nth && c->attn_ck[n] > n &&
+           (size_t)c->attn_ck[n] * (size_t)c->m->hp.n_head * hs <= c->attn_part_n;
 }
 
 /* The parts a KV head's G query heads are cut into: more than one when
@@ -427,8 +430,7 @@ static void attn__task(void *arg, int ith, int nth) {
                     continue;
                 const uint32_t k0 = c->attn_ck0[t] + (uint32_t)ck;
                 attn__tile(a, t, 0, G, Hkv, scr, k0, k0 + 1,
-                           c->attn_part + (size_t)t * c->attn_part_n +
-                               (size_t)ck * (size_t)(G * Hkv) * hs);
+                           c->attn_part + (size_t)pi * (size_t)(G * Hkv) * hs);
                 if (atomic_fetch_sub_explicit(&c->attn_left[t], 1, memory_order_acq_rel) == 1)
                     attn__join(a, t);
             }

@@ -124,8 +124,12 @@ ks_err model_ctx_create(const model *m, kv_pool *pool, int n_threads, int32_t ma
     // the kernel's, then a chunk's states and the merged ones (attn.c)
     c->attn_scr_n = (KERN_ATTN_SCRATCH(DA, DV) + 2 * RG * (DV + 2) + 15) / 16 * 16;
     c->attn_slots = 2 * n_threads - 1;
-    c->attn_part_n = ((size_t)max_ctx / MODEL_ATTN_CHUNK + 2) * (size_t)hp->n_head * (DV + 2);
-    c->attn_part = malloc((size_t)c->attn_slots * c->attn_part_n * sizeof(float));
+    // chunk states for the decode steps of up to 3 full contexts (more
+    // chunks than that walk their tiles whole): bounded whatever the threads
+    const size_t n_slots = c->attn_slots < 3 ? (size_t)c->attn_slots : 3;
+    c->attn_part_n =
+        n_slots * ((size_t)max_ctx / MODEL_ATTN_CHUNK + 2) * (size_t)hp->n_head * (DV + 2);
+    c->attn_part = malloc(c->attn_part_n * sizeof(float));
     c->attn_ck = malloc(((size_t)c->attn_slots + 1) * sizeof(int32_t));
     c->attn_ck0 = malloc((size_t)c->attn_slots * sizeof(uint32_t));
     c->attn_left = malloc((size_t)c->attn_slots * sizeof(atomic_int));

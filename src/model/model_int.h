@@ -236,8 +236,8 @@ struct model_ctx {
     float *scores;      // (nth, G, max_ctx) attention scratch per thread, G query heads per KV head
     float *attn_scr;    // (nth, attn_scr_n) tiled attention's scratch (kern.h attn_block) and states
     size_t attn_scr_n;  // floats per thread, a multiple of 16
-    float *attn_part;  // (attn_slots, attn_part_n) decode chunks' states (attn.c attn__join)
-    size_t attn_part_n;      // floats per slot: MODEL_ATTN_CHUNKs of max_ctx x n_head x (Dv + 2)
+    float *attn_part;  // (attn_part_n) decode chunks' states, by item (attn.c attn__join)
+    size_t attn_part_n;      // floats: 3 contexts' MODEL_ATTN_CHUNKs x n_head x (Dv + 2) at most
     int attn_slots;          // decode tiles that can run chunk by chunk: 2 nth - 1
     int32_t *attn_ck;        // (attn_slots + 1) first (tile, chunk) item of each tile
     uint32_t *attn_ck0;      // (attn_slots) each tile's first chunk
