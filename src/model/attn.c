@@ -45,7 +45,7 @@ static void attn__softmax_sink(uint32_t n, float *x, float sink) {
 
 /* Attention of G query heads h, h+1, ... (all of one KV head's or a part)
  * for batch token t, into att[t][h*D..]. scores has room for G rows of
- * max_ctx floats. K/V pages come from the per-layer table that attn__resolve
+ * max_ctx floats. K/V pages come from the per-layer table that forward.c's fwd__resolve
  * filled through kv's tag check (I1). */
 static void attn__one(attn__ctx *a, int t, int h, int G, float *scores) {
     model_ctx *c = a->c;
@@ -154,18 +154,14 @@ static int attn__tiles(model_ctx *c, const model_batch *b) {
     return n;
 }
 
-/* Attention chunks (MODEL_ATTN_CHUNK positions). A (token, head)'s state is computed chunk
- * by chunk, at absolute multiples of MODEL_ATTN_CHUNK: each chunk's online
- * softmax starts from the empty state (or from the sink, gpt-oss, in the
- * chunk that holds the token's first position), and the chunks' states are
- * merged in order (attn__merge). The arithmetic is the same whether one
- * thread walks a token's chunks or several threads take one each (a decode
- * step of a few sequences), so batch invariance holds, and a context within
- * one chunk gives exactly the one-pass values. A multiple of
- * KERN_ATTN_BLOCK. */
-
 /* A = merge(A, B) for one (token, head) state (running maximum m, sum l and
- * Dv unnormalised outputs o): an empty B (m == -inf: no key yet, weight 0)
+ * Dv unnormalised outputs o), the step that joins a token's chunks
+ * (MODEL_ATTN_CHUNK): each chunk's online softmax starts empty (or from
+ * gpt-oss's sink, in the chunk that holds the token's first position) and
+ * the chunks merge in order, whether one thread walks them (a prefill tile)
+ * or several take one each (a decode step of few sequences, attn__join), so
+ * batch invariance holds and a context within one chunk gives the one-pass
+ * values. An empty B (m == -inf: no key yet, weight 0)
  * leaves A, an empty A becomes B, else both scale to the larger maximum.
  * One scalar order for every caller. */
 static void attn__merge(int Dv, float *m, float *l, float *o, float m2, float l2, const float *o2) {
@@ -192,7 +188,7 @@ static void attn__merge(int Dv, float *m, float *l, float *o, float m2, float l2
  * part + q (Dv + 2): m, l, then o. The KV heads of one block go one after
  * another (xs of them a pass), so a thread reads adjacent head slices of
  * each cached row together; each head's arithmetic is as alone. scr: this
- * thread's c->attn_scr. Pages come from the table attn__resolve filled
+ * thread's c->attn_scr. Pages come from the table forward.c's fwd__resolve filled
  * through kv's tag check (I1). */
 static void attn__tile(attn__ctx *a, int ti, int h, int G, int nkv, float *scr, uint32_t ck_lo,
                        uint32_t ck_hi, float *part) {
@@ -260,9 +256,9 @@ static void attn__tile(attn__ctx *a, int ti, int h, int G, int nkv, float *scr, 
         const uint32_t jb = j_min > c0 ? j_min : c0; // this chunk's first position read
         for (int r = 0; r < R; r++) {
             const bool first = lo[r] / MODEL_ATTN_CHUNK == c0 / MODEL_ATTN_CHUNK;
+            // the sink as the state before any key: m = sink, l = 1
             for (int x = 0; x < nkv; x++)
-                for (int g = 0; g < G;
-                     g++) { // the sink as the state before any key: m = sink, l = 1
+                for (int g = 0; g < G; g++) {
                     m[x * S + r * G + g] = sinks && first ? sinks[h + x * G + g] : -INFINITY;
                     l[x * S + r * G + g] = sinks && first ? 1.0f : 0.0f;
                 }
